@@ -1,0 +1,340 @@
+"""Benchmark harness: ``python -m studylog bench <chapter|all> [--out DIR]``.
+
+Every chapter module with a benchmark defines ``bench(run: BenchRun)``. The harness
+
+* refuses to run without a GPU (interpreter timings say nothing about GPU speed);
+* measures the device's ceilings in the same run (copy bandwidth, an empty kernel's launch
+  time), so that floors and ratios never mix numbers from different runs or machines;
+* times with ``triton.testing.do_bench`` and reports its **median**; do_bench also flushes
+  the L2 cache before every repetition, so small inputs are not flattered by the cache;
+* writes one JSON file per chapter to ``assets/bench/<gpu-name>/<chapter>.json`` holding the
+  device, the versions, the date, the git commit, the command line and every measurement
+  (our kernels and the baselines, each with its parameters, and a floor where one applies).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from studylog import runtime
+
+#: chapter name -> module that defines ``bench(run)``.
+CHAPTERS: dict[str, str] = {
+    "env": "studylog.bench",
+    "masked_lm_head": "studylog.masked_lm_head",
+    "ngram": "studylog.ngram",
+    "ctc": "studylog.ctc",
+    "ternary": "studylog.ternary",
+    "multi_item": "studylog.multi_item",
+}
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "assets" / "bench"
+
+CPU_REFUSAL = (
+    "python -m studylog bench needs a CUDA GPU, and torch sees none on this machine. "
+    "Here Triton kernels run in its CPU interpreter, whose timings say nothing about GPU speed. "
+    "The committed GPU results are under assets/bench/; the notebooks plot from them."
+)
+
+
+class NoGPUError(RuntimeError):
+    """Raised when a benchmark is asked for on a machine without a GPU."""
+
+
+def gpu_slug(name: str) -> str:
+    """Folder name for a GPU: ``'NVIDIA H100 80GB HBM3'`` -> ``'nvidia-h100-80gb-hbm3'``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def git_commit() -> str:
+    """The commit being measured: git if available, else ``$STUDYLOG_COMMIT`` (set it when the
+    working tree travels without ``.git``, as on a lent GPU machine), else ``"unknown"``."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if out.returncode == 0:
+            dirty = subprocess.run(
+                ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True, text=True, timeout=10,
+            ).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("STUDYLOG_COMMIT", "unknown")
+
+
+def device_info() -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(0)
+    info: dict[str, Any] = {
+        "name": props.name,
+        "sm_count": props.multi_processor_count,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "memory_bytes": props.total_memory,
+        "l2_cache_bytes": getattr(props, "L2_cache_size", None),
+        "cuda_runtime": torch.version.cuda,
+    }
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )
+        driver, max_sm, max_mem = [s.strip() for s in smi.stdout.splitlines()[0].split(",")]
+        info.update(driver=driver, max_sm_clock=max_sm, max_mem_clock=max_mem)
+    except Exception:
+        info["driver"] = "unknown"
+    return info
+
+
+def versions() -> dict[str, str]:
+    import triton
+
+    import studylog
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "studylog": studylog.__version__,
+    }
+    try:
+        from importlib.metadata import version
+
+        out["cuda-bindings"] = version("cuda-bindings")
+    except Exception:
+        pass
+    return out
+
+
+class BenchRun:
+    """One chapter's benchmark run: measures, records and saves."""
+
+    def __init__(self, chapter: str, *, command: str, quick: bool = False):
+        if not torch.cuda.is_available():
+            raise NoGPUError(CPU_REFUSAL)
+        self.chapter = chapter
+        self.command = command
+        self.quick = quick
+        self.rows: list[dict[str, Any]] = []
+        self.checks: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.started = _dt.datetime.now(_dt.timezone.utc)
+        self.device = device_info()
+        self.copy_bandwidth_gbs = measure_copy_bandwidth_gbs()
+        self.empty_launch_ms = measure_empty_launch_ms()
+
+    # -- timing --------------------------------------------------------------------------
+    def time(self, fn: Callable[[], Any], *, warmup: int = 25, rep: int = 100) -> float:
+        """Median time of ``fn()`` in milliseconds (``triton.testing.do_bench``).
+
+        ``warmup`` and ``rep`` are in milliseconds, as do_bench takes them.
+        """
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+    def floor_ms(self, nbytes: float) -> float:
+        """Time to move ``nbytes`` through device memory at the copy bandwidth measured in this run."""
+        return nbytes / (self.copy_bandwidth_gbs * 1e9) * 1e3
+
+    # -- recording -----------------------------------------------------------------------
+    def record(
+        self,
+        series: str,
+        ms: float,
+        *,
+        params: dict[str, Any],
+        role: str = "kernel",
+        floor_ms: float | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Record one timing. ``role`` is ``"kernel"`` (ours) or ``"baseline"``."""
+        if role not in ("kernel", "baseline"):
+            raise ValueError(f"role must be 'kernel' or 'baseline', got {role!r}")
+        row = {"series": series, "role": role, "params": dict(params), "ms": float(ms)}
+        if floor_ms is not None:
+            row["floor_ms"] = float(floor_ms)
+        row.update(extra)
+        self.rows.append(row)
+        return row
+
+    def check(self, name: str, passed: bool, *, params: dict[str, Any] | None = None, **detail: Any) -> bool:
+        """Record a correctness check made on a benchmark input (failures fail the run)."""
+        self.checks.append({"name": name, "passed": bool(passed), "params": params or {}, **detail})
+        return bool(passed)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def progress(self, iterable: Iterable, desc: str, total: int | None = None):
+        """A progress bar over a sweep (tqdm, on stderr)."""
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, desc=f"{self.chapter}: {desc}", total=total, leave=False, file=sys.stderr)
+
+    # -- output --------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chapter": self.chapter,
+            "device": self.device,
+            "versions": versions(),
+            "date": self.started.isoformat(timespec="seconds"),
+            "git_commit": git_commit(),
+            "command": self.command,
+            "quick": self.quick,
+            "timing": "triton.testing.do_bench, median, L2 flushed before each repetition",
+            "ceilings": {
+                "copy_bandwidth_gbs": self.copy_bandwidth_gbs,
+                "empty_launch_ms": self.empty_launch_ms,
+            },
+            "measurements": self.rows,
+            "checks": self.checks,
+            "notes": self.notes,
+        }
+
+    def save(self, out_dir: Path = DEFAULT_OUT) -> Path:
+        folder = Path(out_dir) / gpu_slug(self.device["name"])
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.chapter}.json"
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+
+# --------------------------------------------------------------------------------------
+# Ceilings, measured in every run
+# --------------------------------------------------------------------------------------
+
+def measure_copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    import triton.testing
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    del src, dst
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def _empty_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def empty_kernel(x_ptr, n):
+        pid = tl.program_id(0)
+        if pid < 0:  # never true: the kernel does no work
+            tl.store(x_ptr + pid, n)
+
+    return empty_kernel
+
+
+def measure_empty_launch_ms() -> float:
+    """Median time of launching a Triton kernel that does nothing (one program)."""
+    import triton.testing
+
+    kernel = _empty_kernel()
+    x = torch.empty(1, device="cuda")
+    kernel[(1,)](x, 0)
+    return float(triton.testing.do_bench(lambda: kernel[(1,)](x, 0), warmup=25, rep=100, return_mode="median"))
+
+
+# --------------------------------------------------------------------------------------
+# The "env" chapter: the GPU's ceilings, shown in notebook 00
+# --------------------------------------------------------------------------------------
+
+_EMPTY_CU = r"""
+extern "C" __global__ void empty_kernel(float* out, int n) {
+    if (n < 0) out[0] = 0.0f;  // never true: the kernel does no work
+}
+"""
+
+
+def bench(run: BenchRun) -> None:
+    """Copy bandwidth at several sizes, bf16/fp32 matmul rates and empty-launch times."""
+    from studylog import cuda
+
+    sizes = [1 << 24, 1 << 26, 1 << 28, 1 << 30, 1 << 32]
+    for nbytes in run.progress(sizes, "copy bandwidth"):
+        src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+        dst = torch.empty_like(src)
+        ms = run.time(lambda: dst.copy_(src))
+        run.record("copy", ms, params={"bytes": nbytes}, role="baseline",
+                   gbs=2 * nbytes / (ms * 1e-3) / 1e9)
+        del src, dst
+    for dtype, n in run.progress([(torch.bfloat16, 4096), (torch.bfloat16, 8192), (torch.float32, 8192)], "matmul"):
+        a = torch.randn(n, n, dtype=dtype, device="cuda")
+        b = torch.randn(n, n, dtype=dtype, device="cuda")
+        ms = run.time(lambda: a @ b)
+        run.record(f"matmul_{str(dtype).removeprefix('torch.')}", ms, params={"n": n}, role="baseline",
+                   tflops=2 * n**3 / (ms * 1e-3) / 1e12)
+        del a, b
+    run.record("empty_triton_launch", run.empty_launch_ms, params={}, role="baseline")
+    kernel = cuda.load(_EMPTY_CU).kernel("empty_kernel", ["ptr", "i32"])
+    x = torch.empty(1, device="cuda")
+    kernel((1,), (32,), x, 1)
+    torch.cuda.synchronize()
+    run.record("empty_nvrtc_launch", run.time(lambda: kernel((1,), (32,), x, 1)), params={}, role="baseline")
+    y = torch.empty(1, device="cuda")
+    run.record("torch_add_launch", run.time(lambda: y.add_(1.0)), params={}, role="baseline")
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+
+def available_chapters() -> list[str]:
+    """Chapters whose module exists and defines ``bench``."""
+    names = []
+    for chapter, module in CHAPTERS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        if hasattr(mod, "bench"):
+            names.append(chapter)
+    return names
+
+
+def run_chapters(chapters: list[str], *, out_dir: Path, command: str, quick: bool = False) -> list[Path]:
+    if not torch.cuda.is_available():
+        raise NoGPUError(CPU_REFUSAL)
+    if chapters == ["all"]:
+        chapters = available_chapters()
+    unknown = [c for c in chapters if c not in CHAPTERS]
+    if unknown:
+        raise ValueError(f"unknown benchmark {unknown}; choose from {sorted(CHAPTERS)} or 'all'")
+    paths, failures = [], []
+    for chapter in chapters:
+        module = importlib.import_module(CHAPTERS[chapter])
+        if not hasattr(module, "bench"):
+            raise ValueError(f"chapter {chapter!r} has no benchmark yet")
+        run = BenchRun(chapter, command=command, quick=quick)
+        try:
+            module.bench(run)
+        except Exception:  # keep going: one broken chapter should not cost the others' GPU time
+            import traceback
+
+            traceback.print_exc()
+            failures.append(f"{chapter}: the benchmark raised (traceback above); no results saved")
+            continue
+        path = run.save(out_dir)
+        paths.append(path)
+        bad = [c for c in run.checks if not c["passed"]]
+        print(f"{chapter}: {len(run.rows)} measurements, {len(run.checks)} checks "
+              f"({len(bad)} failed) -> {path}", flush=True)
+        failures += [f"{chapter}: {c['name']} {c['params']}" for c in bad]
+    if failures:
+        raise RuntimeError("benchmark failures:\n" + "\n".join(failures))
+    return paths

@@ -1,0 +1,205 @@
+"""Turn the committed benchmark JSON into the chapters' tables and figures.
+
+Notebooks never time anything on the CPU: they load the results a GPU run wrote under
+``assets/bench/<gpu-name>/<chapter>.json`` and say on which GPU and date they were measured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from studylog.bench import DEFAULT_OUT, REPO_ROOT
+
+FIGURES = REPO_ROOT / "assets" / "figures"
+
+
+@dataclass
+class Results:
+    """One chapter's benchmark file."""
+
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.data["measurements"]
+
+    @property
+    def gpu(self) -> str:
+        return self.data["device"]["name"]
+
+    @property
+    def date(self) -> str:
+        return self.data["date"][:10]
+
+    def caption(self) -> str:
+        """``Measured on <GPU> on <date> (commit ..., torch ..., triton ...)``."""
+        v = self.data["versions"]
+        commit = self.data.get("git_commit", "unknown")[:12]
+        return (f"Measured on {self.gpu} on {self.date} (commit {commit}, torch {v['torch']}, "
+                f"triton {v['triton']}; copy bandwidth {self.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s).")
+
+    def select(self, series: str | None = None, role: str | None = None, **params: Any) -> list[dict[str, Any]]:
+        """Rows matching a series name, a role and parameter values."""
+        out = []
+        for row in self.rows:
+            if series is not None and row["series"] != series:
+                continue
+            if role is not None and row["role"] != role:
+                continue
+            if any(row["params"].get(k) != v for k, v in params.items()):
+                continue
+            out.append(row)
+        return out
+
+    def series(self, role: str | None = None) -> list[str]:
+        """Series names in the order they were first recorded."""
+        seen: dict[str, None] = {}
+        for row in self.rows:
+            if role is None or row["role"] == role:
+                seen.setdefault(row["series"], None)
+        return list(seen)
+
+    def ms(self, series: str, **params: Any) -> float:
+        """The time of exactly one matching row."""
+        rows = self.select(series, **params)
+        if len(rows) != 1:
+            raise KeyError(f"{len(rows)} rows match series={series!r} {params}")
+        return rows[0]["ms"]
+
+
+def result_files(chapter: str, root: Path = DEFAULT_OUT) -> list[Path]:
+    """Every committed result file of a chapter, one per GPU."""
+    return sorted(Path(root).glob(f"*/{chapter}.json"))
+
+
+def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT) -> Results:
+    """The chapter's results on ``gpu`` (a folder name such as ``nvidia-h100-80gb-hbm3``), or the
+    newest results of any GPU when ``gpu`` is None."""
+    files = result_files(chapter, root)
+    if gpu is not None:
+        files = [f for f in files if f.parent.name == gpu]
+    if not files:
+        raise FileNotFoundError(
+            f"no benchmark results for {chapter!r} under {root}; run `python -m studylog bench {chapter}` on a GPU"
+        )
+    loaded = [Results(f, json.loads(f.read_text())) for f in files]
+    return max(loaded, key=lambda r: r.data["date"])
+
+
+def table(results: Results, columns: Sequence[str], series: Sequence[str], where: dict[str, Any] | None = None,
+          fmt: str = "{:.1f}", unit_scale: float = 1e3) -> str:
+    """A Markdown table: one line per distinct parameter tuple, one column per series (µs by default)."""
+    where = where or {}
+    keys: dict[tuple, None] = {}
+    for row in results.rows:
+        if row["series"] in series and all(row["params"].get(k) == v for k, v in where.items()):
+            keys.setdefault(tuple(row["params"].get(c) for c in columns), None)
+    head = "| " + " | ".join(list(columns) + [f"{s} (µs)" if unit_scale == 1e3 else s for s in series]) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + len(series))]
+    for key in keys:
+        params = dict(zip(columns, key)) | where
+        cells = []
+        for s in series:
+            rows = results.select(s, **params)
+            cells.append(fmt.format(rows[0]["ms"] * unit_scale) if rows else "–")
+        lines.append("| " + " | ".join([str(k) for k in key] + cells) + " |")
+    return "\n".join(lines)
+
+
+def _xy(results: Results, series: str, x: str, where: dict[str, Any], value) -> tuple[list, list]:
+    pts = sorted((row["params"][x], value(row)) for row in results.select(series, **where))
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_times(results: Results, x: str, series: Iterable[str], *, where: dict[str, Any] | None = None,
+               floor: bool = True, ax=None, logx: bool = True, logy: bool = True, title: str | None = None):
+    """Time (µs) against a swept parameter, one line per series, with the row floors dashed."""
+    import matplotlib.pyplot as plt
+
+    where = where or {}
+    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    floor_pts: dict = {}
+    for s in series:
+        xs, ys = _xy(results, s, x, where, lambda r: r["ms"] * 1e3)
+        if xs:
+            ax.plot(xs, ys, marker="o", ms=3, label=s)
+        for row in results.select(s, **where):
+            if "floor_ms" in row:
+                floor_pts[row["params"][x]] = max(floor_pts.get(row["params"][x], 0), row["floor_ms"] * 1e3)
+    if floor and floor_pts:
+        xs = sorted(floor_pts)
+        ax.plot(xs, [floor_pts[v] for v in xs], "k--", lw=1, label="floor (bytes / measured bandwidth)")
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_xlabel(x)
+    ax.set_ylabel("time (µs, median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{results.data['chapter']} on {results.gpu}", fontsize=10)
+    return ax
+
+
+def plot_speedup(results: Results, x: str, baseline: str, series: Iterable[str], *,
+                 where: dict[str, Any] | None = None, ax=None, logx: bool = True, title: str | None = None):
+    """Speedup over ``baseline`` (baseline time / series time) against a swept parameter."""
+    import matplotlib.pyplot as plt
+
+    where = where or {}
+    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    base = {row["params"][x]: row["ms"] for row in results.select(baseline, **where)}
+    for s in series:
+        pts = sorted((row["params"][x], base[row["params"][x]] / row["ms"])
+                     for row in results.select(s, **where) if row["params"][x] in base)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=s)
+    ax.axhline(1.0, color="k", lw=1, ls=":")
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log")
+    ax.set_xlabel(x)
+    ax.set_ylabel(f"speedup over {baseline}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{results.data['chapter']} on {results.gpu}", fontsize=10)
+    return ax
+
+
+def save_figure(fig, name: str) -> Path:
+    """Save a figure under ``assets/figures/<name>.png`` (the book and the README link these)."""
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    path = FIGURES / f"{name}.png"
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    return path
+
+
+def save_chapter_figures(chapters: Sequence[str]) -> list[Path]:
+    """Redraw figures from committed results: every chapter module with a benchmark may define
+    ``figures(results) -> dict[name, Figure]``; each is saved as ``assets/figures/<chapter>_<name>.png``.
+    The notebooks call the same ``figures`` function, so the book and the files never differ."""
+    import importlib
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from studylog.bench import CHAPTERS
+
+    names = list(CHAPTERS) if list(chapters) == ["all"] else list(chapters)
+    saved = []
+    for chapter in names:
+        if chapter not in CHAPTERS:
+            raise ValueError(f"unknown chapter {chapter!r}; choose from {sorted(CHAPTERS)} or 'all'")
+        try:
+            module = importlib.import_module(CHAPTERS[chapter])
+        except ModuleNotFoundError:
+            continue
+        if not hasattr(module, "figures") or not result_files(chapter):
+            continue
+        for name, fig in module.figures(load_results(chapter)).items():
+            saved.append(save_figure(fig, f"{chapter}_{name}"))
+            plt.close(fig)
+    return saved

@@ -1,0 +1,65 @@
+"""Where kernels run: on the GPU when torch sees one, else through Triton's interpreter.
+
+Triton reads ``TRITON_INTERPRET`` when a kernel is *defined* (at ``@triton.jit``), so this
+module must be imported before any kernel module. ``studylog/__init__.py`` imports it first,
+which means ``import studylog.<chapter>`` is always enough: no manual environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+_HAS_GPU = torch.cuda.is_available()
+
+if not _HAS_GPU:
+    if os.environ.get("TRITON_INTERPRET", "1") != "1":
+        warnings.warn(
+            "TRITON_INTERPRET is set to something other than 1 but no GPU is visible; "
+            "studylog switches Triton to its interpreter so kernels can still run on the CPU.",
+            stacklevel=2,
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+
+#: ``"gpu"``: Triton compiles kernels for the GPU.  ``"interpreter"``: Triton runs them on the
+#: CPU, one program at a time, with numpy semantics (slow; use small sizes).
+MODE = "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "gpu"
+
+
+def mode() -> str:
+    """Return ``"gpu"`` or ``"interpreter"``."""
+    return MODE
+
+
+def has_gpu() -> bool:
+    """True when torch sees a CUDA device (CUDA C++ kernels can run)."""
+    return _HAS_GPU
+
+
+def device() -> torch.device:
+    """The device to put kernel inputs on: ``cuda`` on a GPU machine, else ``cpu``."""
+    return torch.device("cuda" if _HAS_GPU else "cpu")
+
+
+def describe() -> str:
+    """One line a reader can print to see how kernels will run."""
+    if MODE == "gpu":
+        props = torch.cuda.get_device_properties(0)
+        return (
+            f"GPU mode: {props.name} ({props.multi_processor_count} SMs, "
+            f"compute capability {props.major}.{props.minor}); Triton kernels are compiled; "
+            "CUDA C++ kernels are compiled with NVRTC and launched."
+        )
+    where = "on a GPU machine (TRITON_INTERPRET=1 was set)" if _HAS_GPU else "no GPU visible"
+    return (
+        f"Interpreter mode ({where}): Triton kernels run on the CPU through Triton's interpreter; "
+        "CUDA C++ kernels can be compiled to PTX but not run. Timings here mean nothing."
+    )
+
+
+def require_gpu(what: str) -> None:
+    """Raise a clear error when ``what`` needs a GPU and none is visible."""
+    if not _HAS_GPU:
+        raise RuntimeError(f"{what} needs a CUDA GPU, and torch sees none on this machine.")

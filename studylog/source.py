@@ -1,0 +1,162 @@
+"""Show a kernel's source, and the diff between two steps of a kernel.
+
+Both render as self-contained HTML (inline styles, no CSS file), so they look the same in
+JupyterLab and in the built book, and as plain text in a terminal.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import inspect
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from studylog.cuda import CSRC
+
+_ADDED_BG = "#d7f5dd"
+_REMOVED_BG = "#fbdada"
+_HUNK_FG = "#6a737d"
+_BOX = ("font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; "
+        "line-height: 1.45; background: #f8f8f8; color: #1f2328; border: 1px solid #d0d7de; "
+        "border-radius: 6px; padding: 8px 0; overflow-x: auto; margin: 0.5em 0;")
+
+
+def _unwrap(obj: Any) -> Any:
+    """The Python function behind a Triton kernel (JITFunction, InterpretedFunction, Autotuner...)."""
+    seen = 0
+    while hasattr(obj, "fn") and seen < 5:
+        obj = obj.fn
+        seen += 1
+    return obj
+
+
+def _cuda_function(text: str, name: str) -> str:
+    """One function of a CUDA source, from the line that declares it to its closing brace."""
+    m = re.search(r"^[^\n;{}]*\b" + re.escape(name) + r"\s*\(", text, flags=re.MULTILINE)
+    if not m:
+        raise KeyError(f"no function {name!r} in the source")
+    start = m.start()
+    # include a comment block and template line right above the declaration
+    before = text[:start].rstrip("\n").split("\n")
+    while before and (before[-1].strip().startswith(("//", "template", "/*", "*")) or before[-1].strip().endswith("*/")):
+        start -= len(before.pop()) + 1
+    brace = text.index("{", m.end())
+    depth = 0
+    for i in range(brace, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[max(start, 0):i + 1].strip("\n") + "\n"
+    raise ValueError(f"unbalanced braces in {name!r}")
+
+
+def source_of(obj: Any, function: str | None = None) -> tuple[str, str]:
+    """(source text, language) of a Python/Triton function, a ``.cu`` file name in ``studylog/csrc``
+    (optionally one ``function`` of it), or a plain string of code."""
+    if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh")):
+        path = Path(obj) if Path(obj).is_file() else CSRC / str(obj)
+        text = path.read_text()
+        return (_cuda_function(text, function) if function else text), "cuda"
+    if isinstance(obj, str):
+        return obj, "python"
+    return textwrap.dedent(inspect.getsource(_unwrap(obj))), "python"
+
+
+class Code:
+    """Highlighted source that renders in notebooks and the book."""
+
+    def __init__(self, text: str, language: str, title: str | None = None):
+        self.text, self.language, self.title = text, language, title
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import CudaLexer, PythonLexer
+
+        lexer = CudaLexer() if self.language == "cuda" else PythonLexer()
+        body = highlight(self.text, lexer, HtmlFormatter(noclasses=True, nobackground=True, style="default"))
+        body = body.replace('<div class="highlight"', '<div class="studylog-code"')
+        body = body.replace("<pre", '<pre style="margin: 0 12px; background: transparent;"', 1)
+        title = f'<div style="{_title_style()}">{html.escape(self.title)}</div>' if self.title else ""
+        return f'<div style="{_BOX}">{title}{body}</div>'
+
+
+def _title_style() -> str:
+    return "padding: 0 12px 6px; font-weight: 600; color: #57606a;"
+
+
+def show_source(obj: Any, function: str | None = None, title: str | None = None) -> Code:
+    """Display a kernel's source (Triton/Python function, or ``.cu`` file [+ function name])."""
+    text, language = source_of(obj, function)
+    return Code(text, language, title)
+
+
+class Diff:
+    """A unified diff between two sources; added lines green, removed lines red."""
+
+    def __init__(self, old: str, new: str, old_name: str, new_name: str, context: int):
+        self.old_name, self.new_name = old_name, new_name
+        self.lines = list(difflib.unified_diff(
+            old.splitlines(), new.splitlines(), fromfile=old_name, tofile=new_name, n=context, lineterm=""))
+
+    @property
+    def added(self) -> list[str]:
+        return [line[1:] for line in self.lines[2:] if line.startswith("+")]
+
+    @property
+    def removed(self) -> list[str]:
+        return [line[1:] for line in self.lines[2:] if line.startswith("-")]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines) if self.lines else f"(no difference between {self.old_name} and {self.new_name})"
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        if not self.lines:
+            return f"<p><em>No difference between {html.escape(self.old_name)} and {html.escape(self.new_name)}.</em></p>"
+        out = [f'<div style="{_BOX}">',
+               f'<div style="{_title_style()}">{html.escape(self.old_name)} → {html.escape(self.new_name)}'
+               f' &nbsp;<span style="font-weight: 400;">(+{len(self.added)} / −{len(self.removed)} lines)</span></div>']
+        for line in self.lines[2:]:
+            text = html.escape(line) or "&nbsp;"
+            if line.startswith("@@"):
+                style = f"color: {_HUNK_FG}; background: #eef1f4;"
+            elif line.startswith("+"):
+                style = f"background: {_ADDED_BG};"
+            elif line.startswith("-"):
+                style = f"background: {_REMOVED_BG};"
+            else:
+                style = ""
+            out.append(f'<div style="white-space: pre; padding: 0 12px; {style}">{text}</div>')
+        out.append("</div>")
+        return "\n".join(out)
+
+
+def show_diff(old: Any, new: Any, *, old_function: str | None = None, new_function: str | None = None,
+              context: int = 3, names: tuple[str, str] | None = None) -> Diff:
+    """The diff from one step of a kernel to the next (functions, ``.cu`` files, or strings).
+
+    For two functions with different names, the name in the ``def``/``__global__`` line is part
+    of the diff; that is on purpose, since the reader sees which step is which.
+    """
+    old_text, _ = source_of(old, old_function)
+    new_text, _ = source_of(new, new_function)
+    if names is None:
+        names = (_label(old, old_function), _label(new, new_function))
+    return Diff(old_text, new_text, names[0], names[1], context)
+
+
+def _label(obj: Any, function: str | None) -> str:
+    if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh")):
+        return f"{Path(obj).name}:{function}" if function else Path(obj).name
+    if isinstance(obj, str):
+        return "source"
+    return getattr(_unwrap(obj), "__name__", "source")

@@ -1,0 +1,88 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from studylog import bench, plotting
+
+REQUIRED = {"chapter", "device", "versions", "date", "git_commit", "command", "ceilings", "measurements"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cli_refuses_without_gpu(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "studylog", "bench", "env", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert "needs a CUDA GPU" in out.stderr and "interpreter" in out.stderr
+    assert not any(tmp_path.iterdir()), "nothing may be written on a refusal"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_bench_run_refuses_without_gpu():
+    with pytest.raises(bench.NoGPUError):
+        bench.BenchRun("env", command="test")
+
+
+def test_info_command():
+    out = subprocess.run([sys.executable, "-m", "studylog", "info"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "mode" in out.stdout
+
+
+def test_gpu_slug():
+    assert bench.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_every_chapter_with_a_benchmark_is_registered():
+    for chapter in bench.available_chapters():
+        assert chapter in bench.CHAPTERS
+
+
+@pytest.mark.parametrize("path", sorted(bench.DEFAULT_OUT.glob("*/*.json")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_results_are_complete(path):
+    """Committed results carry what makes them reproducible, and no failed check."""
+    data = json.loads(path.read_text())
+    assert REQUIRED <= set(data), REQUIRED - set(data)
+    assert data["chapter"] == path.stem
+    assert bench.gpu_slug(data["device"]["name"]) == path.parent.name
+    assert data["command"].startswith("python -m studylog bench")
+    assert data["ceilings"]["copy_bandwidth_gbs"] > 100
+    assert data["measurements"], "no measurements"
+    assert all(r["ms"] > 0 and r["role"] in ("kernel", "baseline") for r in data["measurements"])
+    assert all(c["passed"] for c in data.get("checks", [])), "a correctness check failed in this run"
+
+
+def _fake_results(tmp_path):
+    rows = []
+    for n in (10, 100, 1000):
+        rows.append({"series": "dense", "role": "baseline", "params": {"n": n, "b": 1}, "ms": 1.0})
+        rows.append({"series": "ours", "role": "kernel", "params": {"n": n, "b": 1}, "ms": n / 1000,
+                     "floor_ms": n / 2000})
+    data = {"chapter": "demo", "device": {"name": "Test GPU"}, "versions": {"torch": "x", "triton": "y"},
+            "date": "2026-01-02T00:00:00+00:00", "git_commit": "abc", "command": "python -m studylog bench demo",
+            "ceilings": {"copy_bandwidth_gbs": 3000.0}, "measurements": rows}
+    (tmp_path / "test-gpu").mkdir()
+    (tmp_path / "test-gpu" / "demo.json").write_text(json.dumps(data))
+    return plotting.load_results("demo", root=tmp_path)
+
+
+def test_plot_helpers_on_a_small_results_file(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    res = _fake_results(tmp_path)
+    assert res.gpu == "Test GPU" and "2026-01-02" in res.caption()
+    assert res.ms("ours", n=100) == pytest.approx(0.1)
+    ax = plotting.plot_speedup(res, "n", "dense", ["ours"])
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "ours"]
+    assert list(line.get_ydata()) == pytest.approx([100.0, 10.0, 1.0])
+    ax = plotting.plot_times(res, "n", ["dense", "ours"])
+    assert any("floor" in ln.get_label() for ln in ax.get_lines())
+    md = plotting.table(res, ["n"], ["dense", "ours"], where={"b": 1})
+    assert md.splitlines()[2] == "| 10 | 1000.0 | 10.0 |"
+
+
+def test_missing_results_say_how_to_make_them(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m studylog bench nope"):
+        plotting.load_results("nope", root=tmp_path)
