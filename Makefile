@@ -26,7 +26,7 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu tests -p no:cacheprovider
 
 book: $(STAMP)
-	rm -rf _build/html
+	rm -rf _build
 	$(BIN)/jupyter-book build . --path-output . -W --keep-going
 
 bench: $(STAMP)
