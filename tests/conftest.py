@@ -15,10 +15,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+class SeededGenerator(torch.Generator):
+    """A CPU generator that remembers its seed, so a failing draw can be replayed."""
+
+    seed_value: int
+
+
 @pytest.fixture
-def rng():
-    """A fresh generator with a random seed (printed on failure), so every run draws new inputs."""
-    seed = torch.seed() % (2**31)
-    gen = torch.Generator().manual_seed(seed)
+def rng(record_property):
+    """A fresh generator with a random seed (recorded in the test report), so every run draws new inputs."""
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(torch.seed())).item())
+    gen = SeededGenerator()
+    gen.manual_seed(seed)
     gen.seed_value = seed
+    record_property("seed", seed)
+    print(f"rng seed: {seed}")  # shown with the output of a failing test
     return gen
