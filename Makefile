@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.studylog-installed
 JOBS   ?= 2
 
-.PHONY: install test test-gpu book bench plot lab clean
+.PHONY: install test test-site test-gpu book bench plot lab clean
 
 install: $(STAMP)
 
@@ -19,8 +19,14 @@ $(STAMP): pyproject.toml tools/install_torch.py
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile tests notebooks \
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile tests notebooks -m "not site" \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 -p no:cacheprovider
+	$(MAKE) book
+	$(BIN)/python -m pytest tests/test_site.py -m site -p no:cacheprovider
+
+# the built site in headless Chromium (screenshots in _build/screenshots)
+test-site: $(STAMP)
+	$(BIN)/python -m pytest tests/test_site.py -m site -p no:cacheprovider
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu tests -p no:cacheprovider

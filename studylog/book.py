@@ -1,0 +1,191 @@
+"""Sphinx extension that makes the Jupyter Book read like a blog.
+
+* ``{studylog-posts}`` lists the chapters as posts, newest first: title, date, tags, a one-paragraph
+  summary and a teaser figure. Post metadata lives in ``posts.yml`` at the book root; titles come from
+  each notebook's first heading, so they are never written twice.
+* ``{studylog-headlines}`` is the table of every chapter's headline result (kernel, baseline, speedup,
+  GPU, date), computed from the committed benchmark JSON by the chapter's ``headline(results)``.
+* every post page gets a box saying how to open its notebook in JupyterLab locally;
+* an Atom feed, ``feed.xml``, is written next to the HTML and announced in every page's head.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+import yaml
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.util.docutils import SphinxDirective
+
+POSTS_FILE = "posts.yml"
+FEED_FILE = "feed.xml"
+
+
+def load_posts(srcdir: Path) -> list[dict[str, Any]]:
+    """Posts from ``posts.yml``, newest first, each with its notebook's title filled in."""
+    path = Path(srcdir) / POSTS_FILE
+    posts = yaml.safe_load(path.read_text())["posts"] if path.is_file() else []
+    for post in posts:
+        for key in ("notebook", "date", "summary", "tags"):
+            if key not in post:
+                raise ValueError(f"{POSTS_FILE}: post {post.get('notebook', '?')} has no {key!r}")
+        post["date"] = str(post["date"])
+        _dt.date.fromisoformat(post["date"])  # a clear error on a malformed date
+        post["title"] = notebook_title(Path(srcdir) / post["notebook"])
+    return sorted(posts, key=lambda p: (p["date"], p["notebook"]), reverse=True)
+
+
+def notebook_title(path: Path) -> str:
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    raise ValueError(f"{path} has no '# Title' heading")
+
+
+class PostsDirective(SphinxDirective):
+    """The landing page's list of posts."""
+
+    def run(self) -> list[nodes.Node]:
+        posts = load_posts(Path(self.env.srcdir))
+        self.env.note_dependency(str(Path(self.env.srcdir) / POSTS_FILE))
+        lines: list[str] = []
+        for post in posts:
+            doc = post["notebook"]
+            tags = " ".join(f"`{t}`" for t in post["tags"])
+            lines += [
+                f"### [{post['title']}]({doc})",
+                "",
+                f"*{_dt.date.fromisoformat(post['date']):%d %B %Y}* · {tags}",
+                "",
+            ]
+            if post.get("teaser") and (Path(self.env.srcdir) / post["teaser"]).is_file():
+                lines += [f"[![{post['title']}: main benchmark figure](/{post['teaser']})]({doc})", ""]
+            lines += [post["summary"].strip(), "", "---", ""]
+        container = nodes.container(classes=["studylog-posts"])
+        self.state.nested_parse(StringList(lines, source="posts.yml"), self.content_offset, container)
+        return [container]
+
+
+def headline_rows(srcdir: Path) -> list[dict[str, Any]]:
+    """One row per chapter with committed GPU results and a ``headline`` function."""
+    from studylog import plotting
+    from studylog.bench import CHAPTERS
+
+    rows = []
+    for chapter, module_name in CHAPTERS.items():
+        if chapter == "env" or not plotting.result_files(chapter):
+            continue
+        module = importlib.import_module(module_name)
+        if not hasattr(module, "headline"):
+            continue
+        results = plotting.load_results(chapter)
+        for row in module.headline(results):
+            rows.append({"chapter": chapter, "gpu": results.gpu, "date": results.date, **row})
+    return rows
+
+
+class HeadlinesDirective(SphinxDirective):
+    """The table of headline results, computed from the committed JSON at build time."""
+
+    def run(self) -> list[nodes.Node]:
+        rows = headline_rows(Path(self.env.srcdir))
+        lines = ["| chapter | kernel | baseline | case | speedup | GPU, date |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['chapter']} | {r['kernel']} | {r['baseline']} | {r['case']} | "
+                         f"**{r['speedup']:.2f}×** | {r['gpu']}, {r['date']} |")
+        if not rows:
+            lines = ["No GPU results are committed yet."]
+        container = nodes.container(classes=["studylog-headlines"])
+        self.state.nested_parse(StringList(lines, source="assets/bench"), self.content_offset, container)
+        return [container]
+
+
+def _add_open_locally_note(app, doctree) -> None:
+    docname = app.env.docname
+    posts = {Path(p["notebook"]).with_suffix("").as_posix(): p for p in load_posts(Path(app.srcdir))}
+    if docname not in posts:
+        return
+    notebook = posts[docname]["notebook"]
+    note = nodes.admonition(classes=["tip", "studylog-open-locally"])
+    note += nodes.title(text="Run this chapter yourself")
+    para = nodes.paragraph()
+    para += nodes.Text("Clone the repository, run ")
+    para += nodes.literal(text="make lab")
+    para += nodes.Text(" (it installs everything into .venv and opens JupyterLab), then open ")
+    para += nodes.literal(text=notebook)
+    para += nodes.Text(". It runs top to bottom on a CPU (Triton's interpreter, small sizes) or on a GPU. "
+                       "The download button at the top of this page gives the .ipynb file.")
+    note += para
+    sections = list(doctree.findall(nodes.section))
+    if sections:
+        title = sections[0].next_node(nodes.title)
+        sections[0].insert(sections[0].index(title) + 1, note)
+
+
+def _page_context(app, pagename, templatename, context, doctree) -> None:
+    # Jupyter Book 1 registers sphinx-thebe's inline configuration twice, which makes browsers throw
+    # "Identifier 'THEBE_JS_URL' has already been declared" on every page: keep the first copy only.
+    seen, scripts = set(), []
+    for script in context.get("script_files", []):
+        key = (getattr(script, "filename", str(script)) or "", repr(getattr(script, "attributes", {})))
+        if key not in seen:
+            seen.add(key)
+            scripts.append(script)
+    context["script_files"] = scripts
+    depth = pagename.count("/")
+    href = "../" * depth + FEED_FILE
+    context["metatags"] = context.get("metatags", "") + (
+        f'\n<link rel="alternate" type="application/atom+xml" title="studylog" href="{href}" />')
+
+
+def _write_feed(app, exception) -> None:
+    if exception is not None or app.builder.name != "html":
+        return
+    posts = load_posts(Path(app.srcdir))
+    base = (app.config.html_baseurl or "").rstrip("/")
+    title = escape(app.config.html_title or "studylog")
+    updated = max((p["date"] for p in posts), default="2026-01-01")
+    entries = []
+    for post in posts:
+        link = f"{base}/{Path(post['notebook']).with_suffix('.html').as_posix()}" if base else \
+            Path(post["notebook"]).with_suffix(".html").as_posix()
+        entries.append(
+            "  <entry>\n"
+            f"    <title>{escape(post['title'])}</title>\n"
+            f'    <link href="{escape(link)}" />\n'
+            f"    <id>{escape(link)}</id>\n"
+            f"    <updated>{post['date']}T00:00:00Z</updated>\n"
+            f"    <summary>{escape(post['summary'].strip())}</summary>\n"
+            + "".join(f'    <category term="{escape(t)}" />\n' for t in post["tags"])
+            + "  </entry>\n"
+        )
+    feed = (
+        '<?xml version="1.0" encoding="utf-8"?>\n'
+        '<feed xmlns="http://www.w3.org/2005/Atom">\n'
+        f"  <title>{title}</title>\n"
+        f'  <link href="{escape(base or "index.html")}" />\n'
+        f"  <id>{escape(base or 'studylog')}</id>\n"
+        f"  <updated>{updated}T00:00:00Z</updated>\n"
+        "  <author><name>the studylog authors</name></author>\n"
+        + "".join(entries)
+        + "</feed>\n"
+    )
+    (Path(app.outdir) / FEED_FILE).write_text(feed)
+
+
+def setup(app):
+    app.add_directive("studylog-posts", PostsDirective)
+    app.add_directive("studylog-headlines", HeadlinesDirective)
+    app.connect("doctree-read", _add_open_locally_note)
+    app.connect("html-page-context", _page_context, priority=900)
+    app.connect("build-finished", _write_feed)
+    return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}

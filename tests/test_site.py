@@ -1,0 +1,171 @@
+"""The built site, read as a reader would: headless Chromium opens the landing page, the results page and
+every post, saves a screenshot of each, and fails on a blank page, a missing image, a broken internal link
+or a JavaScript error.
+
+Needs a built site (``make book``) and Chromium; ``make test`` builds the site and then runs this file.
+Without Chromium the test is skipped, unless ``STUDYLOG_REQUIRE_BROWSER=1`` (as in CI) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import urldefrag, urljoin, urlparse
+
+import pytest
+
+from studylog.book import load_posts
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = Path(os.environ.get("STUDYLOG_SITE", ROOT / "_build" / "html"))
+SHOTS = ROOT / "_build" / "screenshots"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.site
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+def _require(condition: bool, reason: str) -> None:
+    if condition:
+        return
+    if os.environ.get("STUDYLOG_REQUIRE_BROWSER") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def server():
+    _require((SITE / "index.html").is_file(), f"no built site at {SITE}: run `make book` first")
+    handler = functools.partial(_QuietHandler, directory=str(SITE))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/"
+    srv.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = _chromium()
+    _require(chromium is not None, "Chromium is not installed (Debian: apt-get install chromium)")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield b
+        b.close()
+
+
+def _pages() -> list[str]:
+    posts = load_posts(ROOT)
+    return ["index.html", "results.html"] + [Path(p["notebook"]).with_suffix(".html").as_posix() for p in posts]
+
+
+def _visit(browser, url: str, shot: Path) -> dict:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors, failed = [], []
+    origin = urlparse(url).netloc
+    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    page.on("console", lambda msg: errors.append(f"console.error: {msg.text}") if msg.type == "error" else None)
+    page.on("requestfailed", lambda req: failed.append(f"failed: {req.url}") if urlparse(req.url).netloc == origin else None)
+    page.on("response", lambda res: failed.append(f"HTTP {res.status}: {res.url}") if res.status >= 400 else None)
+    page.goto(url, wait_until="networkidle")
+    # load lazy images: scroll through the page, then wait for the network to settle
+    page.evaluate("""async () => { for (let y = 0; y < document.body.scrollHeight; y += 600) {
+        window.scrollTo(0, y); await new Promise(r => setTimeout(r, 30)); } window.scrollTo(0, 0); }""")
+    page.wait_for_load_state("networkidle")
+    info = page.evaluate("""() => ({
+        text: (document.querySelector('main') || document.body).innerText.trim(),
+        h1: Array.from(document.querySelectorAll('main h1')).map(h => h.innerText),
+        images: Array.from(document.images).map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
+        links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+        final: location.href,
+    })""")
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shot), full_page=True)
+    page.close()
+    return info | {"errors": errors, "failed": failed}
+
+
+@pytest.fixture(scope="module")
+def visits(server, browser):
+    return {path: _visit(browser, server + path, SHOTS / (path.replace("/", "_").removesuffix(".html") + ".png"))
+            for path in _pages()}
+
+
+@pytest.mark.parametrize("path", _pages())
+def test_page_renders_without_errors(visits, path):
+    v = visits[path]
+    assert not v["errors"], f"{path}: JavaScript errors: {v['errors']}"
+    assert not v["failed"], f"{path}: failed requests: {v['failed']}"
+    assert len(v["text"]) > 300, f"{path}: the page is (nearly) blank: {v['text'][:200]!r}"
+    assert v["h1"], f"{path}: no title heading"
+    broken = [i["src"] for i in v["images"] if not i["ok"]]
+    assert not broken, f"{path}: images that did not load: {broken}"
+
+
+def test_landing_page_lists_every_post_newest_first(visits):
+    v = visits["index.html"]
+    posts = load_posts(ROOT)
+    positions = [v["text"].find(p["title"]) for p in posts]
+    assert all(pos >= 0 for pos in positions), "a post is missing from the landing page"
+    assert positions == sorted(positions), "posts are not listed newest first"
+    teasers = [p for p in posts if p.get("teaser")]
+    shown = [i for i in v["images"] if i["ok"]]
+    assert len(shown) >= len(teasers), "a teaser figure is missing"
+
+
+@pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
+def test_post_pages_show_figures_and_how_to_run_them(visits, path):
+    v = visits[path]
+    assert [i for i in v["images"] if i["ok"]], f"{path}: no figure on the page"
+    assert "make lab" in v["text"], f"{path}: no note on opening the notebook in JupyterLab"
+
+
+def test_internal_links_resolve(visits, server, browser):
+    """Every same-site link of every visited page points to an existing page, and its #anchor exists."""
+    page = browser.new_page()
+    checked: dict[str, str] = {}
+    broken = []
+    for path, v in visits.items():
+        for href in v["links"]:
+            if not href.startswith(server):
+                continue
+            target, fragment = urldefrag(href)
+            if target not in checked:
+                res = page.request.get(target)
+                checked[target] = res.text() if res.ok else ""
+                if not res.ok:
+                    broken.append(f"{path} -> {href} (HTTP {res.status})")
+                    continue
+            html = checked[target]
+            if fragment and html and not re.search(r'id="' + re.escape(fragment) + '"', html):
+                broken.append(f"{path} -> {href} (no #{fragment} on the page)")
+    page.close()
+    assert not broken, "broken internal links:\n" + "\n".join(broken)
+
+
+def test_feed_lists_every_post(server, browser):
+    page = browser.new_page()
+    res = page.request.get(urljoin(server, "feed.xml"))
+    ok, body = res.ok, res.text() if res.ok else ""
+    page.close()
+    assert ok, "feed.xml is missing"
+    assert body.startswith("<?xml") and "<feed" in body
+    for post in load_posts(ROOT):
+        assert f"<title>{post['title']}</title>" in body.replace("&amp;", "&")
