@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -75,35 +74,13 @@ class PostsDirective(SphinxDirective):
         return [container]
 
 
-def headline_rows(srcdir: Path) -> list[dict[str, Any]]:
-    """One row per chapter with committed GPU results and a ``headline`` function."""
-    from studylog import plotting
-    from studylog.bench import CHAPTERS
-
-    rows = []
-    for chapter, module_name in CHAPTERS.items():
-        if chapter == "env" or not plotting.result_files(chapter):
-            continue
-        module = importlib.import_module(module_name)
-        if not hasattr(module, "headline"):
-            continue
-        results = plotting.load_results(chapter)
-        for row in module.headline(results):
-            rows.append({"chapter": chapter, "gpu": results.gpu, "date": results.date, **row})
-    return rows
-
-
 class HeadlinesDirective(SphinxDirective):
     """The table of headline results, computed from the committed JSON at build time."""
 
     def run(self) -> list[nodes.Node]:
-        rows = headline_rows(Path(self.env.srcdir))
-        lines = ["| chapter | kernel | baseline | case | speedup | GPU, date |", "|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['chapter']} | {r['kernel']} | {r['baseline']} | {r['case']} | "
-                         f"**{r['speedup']:.2f}×** | {r['gpu']}, {r['date']} |")
-        if not rows:
-            lines = ["No GPU results are committed yet."]
+        from studylog.plotting import headline_markdown
+
+        lines = headline_markdown().splitlines()
         container = nodes.container(classes=["studylog-headlines"])
         self.state.nested_parse(StringList(lines, source="assets/bench"), self.content_offset, container)
         return [container]

@@ -86,3 +86,9 @@ def test_plot_helpers_on_a_small_results_file(tmp_path):
 def test_missing_results_say_how_to_make_them(tmp_path):
     with pytest.raises(FileNotFoundError, match="python -m studylog bench nope"):
         plotting.load_results("nope", root=tmp_path)
+
+
+def test_readme_results_are_generated_from_the_committed_json():
+    """The README's numbers are never typed by hand: its results block equals what the JSON gives."""
+    readme = (bench.REPO_ROOT / "README.md").read_text()
+    assert plotting.readme_results_block() in readme, "README results are stale: run `python -m studylog plot all`"
