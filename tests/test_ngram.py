@@ -1,0 +1,511 @@
+"""Chapter 3: n-gram matching. The Python reference against hand-worked cases; the C CPU path and
+the Python models of the GPU algorithms against the reference on fresh random batches; every
+CUDA kernel bit-identical to the reference on the GPU (``gpu`` marker)."""
+
+import random
+
+import pytest
+import torch
+
+from studylog import cuda, ngram, runtime
+from studylog.ngram import NgramConfig, NgramInputs
+
+I32, I64 = torch.int32, torch.int64
+POISON = -7  # draft_tokens entries nobody may write keep this value
+
+
+def batch_of(prompts, gens, steps, *, enc=None, dec=None, dtn=None, max_dec=None, this_time=None,
+             draft_width=8, prompt_width=None, gen_width=None):
+    """A batch from Python lists (rows padded with junk ids that must never be read)."""
+    b = len(prompts)
+    pw = prompt_width or max(1, max(len(p) for p in prompts))
+    gw = gen_width or max(len(g) for g in gens)
+    prompt = torch.full((b, pw), 10_000, dtype=I64)
+    gen = torch.full((b, gw), 20_000, dtype=I64)
+    for i, (p, g) in enumerate(zip(prompts, gens)):
+        if p:
+            prompt[i, :len(p)] = torch.tensor(p, dtype=I64)
+        gen[i, :len(g)] = torch.tensor(g, dtype=I64)
+    t = lambda v, d: torch.tensor(v if v is not None else [d] * b, dtype=I32)  # noqa: E731
+    inputs = NgramInputs(prompt, t([len(p) for p in prompts], 0), gen, t(steps, 0), t(dtn, draft_width - 1),
+                         t(max_dec, 1 << 20), t(enc, 0), t(dec, 100))
+    draft = torch.full((b, draft_width), POISON, dtype=I64)
+    return inputs, draft, t(this_time, 0)
+
+
+def run_ref(inputs, draft, this_time, config=NgramConfig(), trace=None):
+    return ngram.reference_ngram_match(inputs, draft, this_time, config, trace=trace)
+
+
+# -----------------------------------------------------------------------------------------
+# The reference, by hand
+# -----------------------------------------------------------------------------------------
+
+def test_no_match_keeps_one_token_and_writes_nothing():
+    inputs, draft, this_time = batch_of([[1, 2, 3, 4]], [[5, 6, 7, 8]], [3], this_time=[9])
+    out_draft, out_len = run_ref(inputs, draft, this_time)
+    assert out_len.tolist() == [1]
+    assert torch.equal(out_draft, draft)
+
+
+def test_match_at_the_very_end_has_no_continuation_and_is_skipped():
+    # pattern [1, 2] (gen[1:3]) sits only at the end of the prompt: nothing follows it, so no draft.
+    inputs, draft, this_time = batch_of([[7, 8, 1, 2]], [[4, 1, 2]], [2])
+    out_draft, out_len = run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=2))
+    assert out_len.tolist() == [1] and torch.equal(out_draft, draft)
+    # the same pattern earlier in the prompt: the leftmost occurrence with a continuation wins
+    inputs, draft, this_time = batch_of([[7, 1, 2, 8, 1, 2, 9]], [[4, 1, 2]], [2])
+    trace = []
+    out_draft, out_len = run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=2), trace)
+    assert out_len.tolist() == [1 + 4]
+    assert out_draft[0, 1:5].tolist() == [8, 1, 2, 9]
+    assert (trace[0]["n"], trace[0]["source"], trace[0]["start"]) == (2, "prompt", 1)
+
+
+def test_an_end_match_without_continuation_does_not_hide_a_later_n():
+    # n=2 matches only at the prompt's end; n=1 ([2]) matches earlier with a continuation
+    inputs, draft, this_time = batch_of([[2, 5, 1, 2]], [[9, 1, 2]], [2])
+    trace = []
+    _, out_len = run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=2), trace)
+    assert (trace[0]["n"], trace[0]["source"], trace[0]["start"]) == (1, "prompt", 0)
+    assert out_len.tolist() == [1 + 3]
+
+
+def test_prompt_is_preferred_over_generated_tokens():
+    # [3, 4] occurs in the generated tokens (position 0) and late in the prompt: the prompt wins
+    inputs, draft, this_time = batch_of([[9, 9, 9, 3, 4, 50, 51]], [[3, 4, 60, 61, 3, 4]], [5])
+    trace = []
+    out_draft, _ = run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=2), trace)
+    assert trace[0]["source"] == "prompt" and out_draft[0, 1:3].tolist() == [50, 51]
+    # but a longer n found only in the generated tokens beats a shorter one in the prompt
+    inputs, draft, this_time = batch_of([[9, 4, 50, 51]], [[3, 4, 60, 61, 3, 4]], [5])
+    trace = []
+    out_draft, out_len = run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=2), trace)
+    assert (trace[0]["n"], trace[0]["source"], trace[0]["start"]) == (2, "generated", 0)
+    # the generated haystack stops before the newest token: drafts are gen[2:5] = [60, 61, 3]
+    assert out_draft[0, 1:4].tolist() == [60, 61, 3] and out_len.tolist() == [4]
+
+
+def test_cap_comes_from_max_dec_len():
+    prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
+    gen = [[0, 1, 2]]
+    inputs, draft, this_time = batch_of(prompt, gen, [2], dtn=[5], max_dec=[2 + 1 + 2])  # room for 2 more
+    out_draft, out_len = run_ref(inputs, draft, this_time)
+    assert out_len.tolist() == [3] and out_draft[0, 1:3].tolist() == [3, 4]
+    assert (out_draft[0, 3:] == POISON).all()
+    inputs, draft, this_time = batch_of(prompt, gen, [2], dtn=[5], max_dec=[3])  # the request is done
+    out_draft, out_len = run_ref(inputs, draft, this_time)
+    assert out_len.tolist() == [1] and torch.equal(out_draft, draft)
+
+
+def test_budget_runs_out_in_the_middle_of_the_batch():
+    # four slots that would each draft 5; threshold 12: worked by hand in the notebook
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    inputs, draft, this_time = batch_of([prompt] * 4, [[0, 1, 2]] * 4, [2] * 4, dtn=[5] * 4)
+    _, out_len = run_ref(inputs, draft, this_time, NgramConfig(threshold=12))
+    assert out_len.tolist() == [6, 4, 1, 1]
+    _, out_len = run_ref(inputs, draft, this_time, NgramConfig(threshold=10))
+    assert out_len.tolist() == [6, 1, 1, 1]  # slot 1 would get one draft: the rule wants room for two
+
+
+def test_prefill_and_inactive_slots():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    inputs, draft, this_time = batch_of([prompt] * 3, [[0, 1, 2]] * 3, [2] * 3, enc=[37, 0, 0], dec=[0, 0, 5],
+                                        this_time=[37, 4, 2], dtn=[5] * 3)
+    out_draft, out_len = run_ref(inputs, draft, this_time, NgramConfig(threshold=1000))
+    assert out_len.tolist() == [37, 0, 6]  # prefill untouched, inactive zeroed, active drafts 5
+    assert (out_draft[:2] == POISON).all()
+    # the prefill slot's 37 tokens count against the budget, and it stays "unprocessed" for the slots after it
+    _, out_len = run_ref(inputs, draft, this_time, NgramConfig(threshold=44))
+    # slot 2: total = 37 + 0 + 1 = 38, left = 1 (the prefill slot) -> room 44 - 38 - 1 = 5
+    assert out_len.tolist() == [37, 0, 6]
+    _, out_len = run_ref(inputs, draft, this_time, NgramConfig(threshold=43))
+    assert out_len.tolist() == [37, 0, 5]
+
+
+def test_pattern_needs_a_token_before_it():
+    # step_idx = 1: n = 2 and 3 are skipped (deployed rule: step_idx >= n); n = 1 still searches
+    inputs, draft, this_time = batch_of([[5, 6, 7, 8]], [[5, 6]], [1])
+    trace = []
+    _, out_len = run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=3), trace)
+    assert trace[0]["n"] == 1 and out_len.tolist() == [1 + 2]
+
+
+def test_hybrid_writes_after_existing_tokens_and_respects_min_ngram():
+    prompt = [[1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    gen = [[0, 2, 3]]
+    inputs, draft, this_time = batch_of(prompt, gen, [2], this_time=[3], dec=[5])
+    cfg = NgramConfig.hybrid_variant(max_ngram_size=3, min_ngram_size=2, max_draft_tokens=6)
+    out_draft, out_len = run_ref(inputs, draft, this_time, cfg)
+    # cap = 6 - 3 + 1 = 4 drafts after the 3 MTP tokens: prompt[3:7]
+    assert out_len.tolist() == [7] and out_draft[0, 3:7].tolist() == [4, 5, 6, 7]
+    assert (out_draft[0, :3] == POISON).all()
+    # with min_ngram_size = 3 the 2-gram is not enough
+    out_draft, out_len = run_ref(inputs, draft, this_time, NgramConfig.hybrid_variant(3, 3, max_draft_tokens=6))
+    assert out_len.tolist() == [3] and torch.equal(out_draft, draft)
+    # a slot with no MTP tokens is left alone (hybrid has no "inactive -> 0" rule)
+    inputs, draft, this_time = batch_of(prompt, gen, [2], this_time=[0], dec=[0])
+    assert run_ref(inputs, draft, this_time, cfg)[1].tolist() == [0]
+
+
+def test_hybrid_threshold_is_its_own():
+    assert NgramConfig.hybrid_variant().threshold == ngram.HYBRID_DEFAULT_THRESHOLD != NgramConfig().threshold
+
+
+def test_ids_differing_only_in_high_bits_do_not_match():
+    big = 1 << 40
+    # position 0 equals the pattern in its low 32 bits only; a 32-bit comparison would draft 99
+    inputs, draft, this_time = batch_of([[big + (1 << 32) + 2, 99, big + 2, 77]], [[0, big + 2]], [1])
+    trace = []
+    out_draft, _ = run_ref(inputs, draft, this_time, trace=trace)
+    assert trace[0]["start"] == 2 and out_draft[0, 1].item() == 77
+
+
+# -----------------------------------------------------------------------------------------
+# Properties on fresh random batches
+# -----------------------------------------------------------------------------------------
+
+def random_case(seed: int, *, max_batch: int = 12, max_width: int = 48):
+    r = random.Random(seed)
+    b = r.randint(1, max_batch)
+    pw, gw, dw = r.randint(1, max_width), r.randint(1, max_width // 2 + 2), r.randint(2, 9)
+    hybrid = r.random() < 0.3
+    kinds = [r.choice(ngram.SLOT_KINDS) for _ in range(b)]
+    inputs, draft, this_time = ngram.make_batch(
+        b, pw, gw, kinds=kinds, draft_width=dw, vocab=r.choice([2, 3, 5, 50]), id_base=r.choice([0, 1 << 40]),
+        decoys=r.random() < 0.5, capped_fraction=0.3, hybrid=hybrid, seed=seed)
+    max_n = r.randint(1, 4)
+    config = NgramConfig(max_n, r.randint(1, max_n), r.choice([0, 1, 2, 3, 5, 8, 13, 21, 40, 1 << 30]), hybrid,
+                         r.randint(dw // 2, dw - 1) if hybrid else 10)
+    return inputs, draft, this_time, config
+
+
+@pytest.fixture
+def seeds(rng):
+    return [rng.seed_value * 1000 + i for i in range(120)]
+
+
+def test_cpu_path_matches_reference(seeds):
+    for seed in seeds:
+        inputs, draft, this_time, config = random_case(seed)
+        expected = run_ref(inputs, draft, this_time, config)
+        d, t = draft.clone(), this_time.clone()
+        ngram.cpu_path_inplace(inputs, d, t, config)
+        assert torch.equal(d, expected[0]) and torch.equal(t, expected[1]), (seed, config)
+
+
+def test_reference_outputs_obey_the_rules(seeds):
+    for seed in seeds:
+        inputs, draft, this_time, config = random_case(seed)
+        trace = []
+        out_draft, out_len = run_ref(inputs, draft, this_time, config, trace)
+        for b, note in enumerate(trace):
+            if note["kind"] in ("prefill", "untouched"):
+                assert out_len[b] == this_time[b] and torch.equal(out_draft[b], draft[b])
+            elif note["kind"] == "inactive":
+                assert out_len[b] == 0 and torch.equal(out_draft[b], draft[b])
+            else:
+                base = 1 if not config.hybrid else int(this_time[b])
+                k = note["drafted"]
+                assert out_len[b] == base + k
+                assert torch.equal(out_draft[b, :base], draft[b, :base])
+                assert torch.equal(out_draft[b, base + k:], draft[b, base + k:])
+                if k:  # the drafts follow a real occurrence of the last n generated tokens
+                    n, start, step = note["n"], note["start"], int(inputs.step_idx[b])
+                    hay = inputs.prompt_ids[b] if note["source"] == "prompt" else inputs.generated_ids[b]
+                    assert torch.equal(hay[start:start + n], inputs.generated_ids[b, step + 1 - n:step + 1])
+                    assert torch.equal(out_draft[b, base:base + k], hay[start + n:start + n + k])
+                    assert config.min_ngram_size <= n <= min(config.max_ngram_size, step)
+
+
+def test_one_pass_keys_match_the_per_n_search(seeds):
+    """Phase 1 of step 5 (one suffix comparison per end position) finds the reference's match."""
+    for seed in seeds:
+        inputs, draft, this_time, config = random_case(seed)
+        free = NgramConfig(config.max_ngram_size, config.min_ngram_size, 1 << 30, config.hybrid,
+                           config.max_draft_tokens)  # no budget: every active slot searches
+        trace = []
+        run_ref(inputs, draft, this_time, free, trace)
+        keys = ngram.model_one_pass_keys(inputs, free, this_time)
+        for b, note in enumerate(trace):
+            expected = ngram.NONE_KEY if note["n"] is None else \
+                ngram.match_key(note["n"], note["source"] == "generated", note["start"])
+            assert keys[b] == expected, (seed, b, note)
+
+
+def test_budget_scan_matches_the_sequential_rule(seeds):
+    """Phase 2 of steps 4-5 from prefix sums, walked in chunks of any size, is exact."""
+    for seed in seeds[:60]:
+        inputs, draft, this_time, config = random_case(seed, max_batch=30)
+        expected = run_ref(inputs, draft, this_time, config)
+        keys = ngram.model_one_pass_keys(inputs, config, this_time)
+        for chunk in (1, 3, 32, 1024):
+            got = ngram.model_budget_scan(inputs, keys, draft, this_time, config, chunk=chunk)
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (seed, chunk)
+
+
+def test_published_blockscan_rule_departs_from_the_sequential_one():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    # (a) a budget of exactly 2: the sequential rule refuses a single draft, the published one grants it
+    inputs, draft, this_time = batch_of([prompt], [[0, 1, 2]], [2], dtn=[5])
+    config = NgramConfig(threshold=2)
+    keys = ngram.model_one_pass_keys(inputs, config, this_time)
+    assert run_ref(inputs, draft, this_time, config)[1].tolist() == [1]
+    assert ngram.published_blockscan_counts(inputs, keys, this_time, config).tolist() == [2]
+    # (b) a prefill slot before: the sequential rule still reserves its token, the published one does not
+    inputs, draft, this_time = batch_of([prompt] * 2, [[0, 1, 2]] * 2, [2] * 2, enc=[5, 0], this_time=[5, 0],
+                                        dtn=[5] * 2)
+    config = NgramConfig(threshold=10)
+    keys = ngram.model_one_pass_keys(inputs, config, this_time)
+    assert run_ref(inputs, draft, this_time, config)[1].tolist() == [5, 4]
+    assert ngram.published_blockscan_counts(inputs, keys, this_time, config).tolist() == [5, 5]
+    # the exact scan agrees with the sequential rule on both
+    assert ngram.model_budget_scan(inputs, keys, draft, this_time, config)[1].tolist() == [5, 4]
+
+
+def test_make_batch_kinds_do_what_they_say():
+    kinds = ["early", "late", "generated", "short", "never", "prefill", "inactive"]
+    inputs, draft, this_time = ngram.make_batch(7, 400, 64, kinds=kinds, capped_fraction=0.0, seed=3)
+    inputs.draft_token_num.fill_(10)
+    trace = []
+    run_ref(inputs, draft, this_time, NgramConfig(threshold=1 << 30), trace)
+    early, late, gen, short, never, prefill, inactive = trace
+    assert early["n"] == 3 and early["source"] == "prompt" and early["start"] < int(inputs.prompt_lens[0]) // 10
+    assert late["n"] == 3 and late["source"] == "prompt" and late["start"] >= int(inputs.prompt_lens[1]) * 9 // 10 - 3
+    assert gen["n"] == 3 and gen["source"] == "generated"
+    assert short["n"] == 1
+    assert never["n"] is None and never["searched"]
+    assert prefill["kind"] == "prefill" and inactive["kind"] == "inactive"
+    assert (draft == -1).all() and draft.dtype == I64 and this_time.dtype == I32
+
+
+def test_cpu_step_through_the_matcher_on_cpu_tensors(rng):
+    inputs, draft, this_time, config = random_case(rng.seed_value)
+    expected = run_ref(inputs, draft, this_time, config)
+    out = ngram.ngram_match(inputs, draft, this_time, step="cpu", config=config)
+    assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1])
+    assert out[0] is draft and out[1] is this_time  # in place, as the deployed operator
+
+
+def test_fused_chunks_fit_the_grid():
+    assert ngram.fused_chunk_len(1, 512, 256) == ngram.TILE
+    assert ngram.fused_chunk_len(256, 131072, 2048) % ngram.TILE == 0
+    assert ngram.fused_chunk_len(256, 131072, 2048) <= 8 * ngram.TILE
+    cl = ngram.fused_chunk_len(1, 2**31 - 1, 16, chunk_tiles=1)
+    assert -(-(2**31 - 1) // cl) + 1 <= 65535
+
+
+# -----------------------------------------------------------------------------------------
+# Bad input
+# -----------------------------------------------------------------------------------------
+
+def _good():
+    return batch_of([[1, 2, 3, 4]] * 2, [[1, 2, 3]] * 2, [2, 2])
+
+
+@pytest.mark.parametrize("mutate, error, match", [
+    (lambda i, d, t: (i.__setattr__("prompt_lens", i.prompt_lens[:1]), None), ValueError,
+     "prompt_lens has batch size 1"),
+    (lambda i, d, t: (i.__setattr__("step_idx", i.step_idx.long()), None), TypeError, "step_idx must be int32"),
+    (lambda i, d, t: (i.__setattr__("prompt_ids", i.prompt_ids.int()), None), TypeError, "prompt_ids must be int64"),
+    (lambda i, d, t: (i.__setattr__("generated_ids", i.generated_ids.float()), None), TypeError, "generated_ids"),
+    (lambda i, d, t: (i.__setattr__("seq_lens_decoder", torch.tensor([1, -1], dtype=I32)), None), ValueError,
+     "seq_lens_decoder has negative values"),
+    (lambda i, d, t: (i.__setattr__("prompt_lens", torch.tensor([-2, 1], dtype=I32)), None), ValueError,
+     "prompt_lens has negative values"),
+    (lambda i, d, t: (i.__setattr__("prompt_lens", torch.tensor([5, 1], dtype=I32)), None), ValueError,
+     "prompt_lens exceeds"),
+    (lambda i, d, t: (i.__setattr__("step_idx", torch.tensor([3, 1], dtype=I32)), None), ValueError,
+     "step_idx must index"),
+    (lambda i, d, t: (i.__setattr__("draft_token_num", torch.tensor([8, 1], dtype=I32)), None), ValueError,
+     "draft_token_num must be <"),
+    (lambda i, d, t: (i.__setattr__("prompt_ids", i.prompt_ids.t().contiguous().t()), None), ValueError, "contiguous"),
+    (lambda i, d, t: (i.__setattr__("max_dec_len", [1, 2]), None), TypeError, "max_dec_len must be a torch.Tensor"),
+])
+def test_bad_inputs_are_named(mutate, error, match):
+    inputs, draft, this_time = _good()
+    mutate(inputs, draft, this_time)
+    with pytest.raises(error, match=match):
+        run_ref(inputs, draft, this_time)
+    with pytest.raises(error, match=match):
+        ngram.ngram_match(inputs, draft, this_time, step="cpu")
+
+
+def test_bad_state_and_config_are_named():
+    inputs, draft, this_time = _good()
+    with pytest.raises(ValueError, match="seq_lens_this_time has batch size 3"):
+        run_ref(inputs, draft, torch.zeros(3, dtype=I32))
+    with pytest.raises(TypeError, match="draft_tokens must be int64"):
+        run_ref(inputs, draft.int(), this_time)
+    with pytest.raises(ValueError, match="seq_lens_this_time has negative values"):
+        run_ref(inputs, draft, torch.tensor([0, -3], dtype=I32))
+    for bad in (0, -1, ngram.NGRAM_MAX + 1):
+        with pytest.raises(ValueError, match="max_ngram_size"):
+            run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=bad))
+    with pytest.raises(ValueError, match="min_ngram_size"):
+        run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=2, min_ngram_size=3))
+    with pytest.raises(ValueError, match="max_draft_tokens=8 does not fit"):
+        run_ref(inputs, draft, this_time, NgramConfig.hybrid_variant(max_draft_tokens=8))
+    with pytest.raises(ValueError, match="step must be one of"):
+        ngram.ngram_match(inputs, draft, this_time, step="fastest")
+
+
+@pytest.mark.skipif(runtime.has_gpu(), reason="checks the message on a machine without a GPU")
+def test_gpu_steps_say_they_need_a_gpu():
+    inputs, draft, this_time = _good()
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        ngram.ngram_match(inputs, draft, this_time, step="one_pass_fused")
+
+
+# -----------------------------------------------------------------------------------------
+# The CUDA sources (compiled on the CPU with NVRTC)
+# -----------------------------------------------------------------------------------------
+
+def test_kernels_compile_without_spills_and_use_64bit_atomics():
+    for source, kernels in (("ngram_serial", ["ngram_serial"]),
+                            ("ngram_two_phase", ["ngram_search_per_n", "ngram_budget_serial", "ngram_budget_scan"]),
+                            ("ngram_one_pass", ["ngram_search_one_pass", "ngram_one_pass_fused"])):
+        compiled = cuda.compile_source(source)
+        report = compiled.ptxas_report()
+        assert set(kernels) <= set(report), report
+        assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in report.values()), report
+    two_phase = cuda.compile_source("ngram_two_phase")
+    assert "atom.shared.min.u64" in two_phase.ptx_function("ngram_search_per_n")
+    fused = cuda.compile_source("ngram_one_pass").ptx_function("ngram_one_pass_fused")
+    assert "atom.global.min.u64" in fused and "membar.gl" in fused
+    # every kernel in KERNELS exists with the shared signature
+    for step, launches in ngram.KERNELS.items():
+        for source, name in launches:
+            assert name in cuda.compile_source(source).ptxas_report(), (step, name)
+
+
+# -----------------------------------------------------------------------------------------
+# On the GPU: every kernel bit-identical to the reference
+# -----------------------------------------------------------------------------------------
+
+def _check_all_steps(inputs, draft, this_time, config, expected, steps=ngram.STEPS):
+    for step in steps:
+        d, t = draft.clone(), this_time.clone()
+        matcher = ngram.NgramMatcher(inputs, d, t, step=step, config=config)
+        matcher()
+        torch.cuda.synchronize()
+        assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step, config)
+        d.copy_(draft), t.copy_(this_time)  # same state again (the hybrid variant reads what it wrote)
+        matcher()  # a second launch: same answer, so the fused kernel left its scratch clean
+        torch.cuda.synchronize()
+        assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step, "second call")
+        if step == "one_pass_fused":
+            assert bool((matcher.match_keys == -1).all()) and int(matcher.blocks_done) == 0
+
+
+@pytest.mark.gpu
+def test_every_kernel_matches_the_reference_on_random_batches(seeds):
+    for seed in seeds[:80]:
+        inputs, draft, this_time, config = random_case(seed, max_batch=40, max_width=300)
+        expected = run_ref(inputs, draft, this_time, config)
+        _check_all_steps(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected)
+
+
+@pytest.mark.gpu
+def test_every_kernel_on_edge_batches():
+    cases = [
+        batch_of([[1, 2, 3, 4]], [[9, 1, 2]], [2]),                                    # end match only
+        batch_of([[]], [[5]], [0], prompt_width=1),                                      # empty prompt, step 0
+        batch_of([[1, 2, 3]] * 3, [[1, 2, 3]] * 3, [2] * 3, enc=[4, 4, 4], this_time=[4, 4, 4]),  # all prefill
+        batch_of([[1, 2, 3]] * 3, [[1, 2, 3]] * 3, [2] * 3, dec=[0, 0, 0], this_time=[1, 2, 3]),  # all inactive
+    ]
+    for inputs, draft, this_time in cases:
+        for config in (NgramConfig(), NgramConfig(threshold=0), NgramConfig.hybrid_variant(max_draft_tokens=5)):
+            expected = run_ref(inputs, draft, this_time, config)
+            _check_all_steps(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected)
+
+
+@pytest.mark.gpu
+def test_scan_phase_walks_batches_larger_than_its_block():
+    """B > 1024 slots: the scan carries its sums across chunks; a tight budget bites in a later chunk."""
+    for threshold in (1 << 30, 6000, 3000, 900):
+        inputs, draft, this_time = ngram.make_batch(2500, 64, 32, vocab=4, seed=threshold)
+        config = NgramConfig(threshold=threshold)
+        expected = (draft.clone(), this_time.clone())
+        ngram.cpu_path_inplace(inputs, *expected, config)
+        _check_all_steps(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected,
+                         steps=("two_phase", "two_phase_scan", "one_pass", "one_pass_fused"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, seq_len, threshold", [(32, 512, 128), (1, 131072, 1 << 30), (16, 131072, 1 << 30),
+                                                       (512, 16384, 1 << 30), (128, 32768, 128)])
+def test_full_size_bench_inputs(batch, seq_len, threshold):
+    kinds = ["short"] if batch == 1 else None
+    inputs, draft, this_time = ngram.make_batch(batch, seq_len, ngram.gen_width_for(seq_len), kinds=kinds,
+                                                decoys=True, id_base=1 << 40, seed=seq_len + batch, device="cuda")
+    config = NgramConfig(threshold=threshold)
+    expected = (draft.cpu(), this_time.cpu())
+    ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+    steps = [s for s in ngram.STEPS if s != "serial" or batch * seq_len <= 16 * 131072]
+    _check_all_steps(inputs, draft, this_time, config, expected, steps=steps)
+    for tiles in (1, 3, 16):  # any split of the haystacks gives the same answer
+        d, t = draft.clone(), this_time.clone()
+        ngram.NgramMatcher(inputs, d, t, config=config, chunk_tiles=tiles)()
+        assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), tiles
+
+
+@pytest.mark.gpu
+def test_kernels_run_on_the_current_stream():
+    inputs, draft, this_time = ngram.make_batch(64, 4096, 512, seed=5, device="cuda")
+    expected = (draft.cpu(), this_time.cpu())
+    ngram.cpu_path_inplace(inputs.to("cpu"), *expected, NgramConfig())
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        ngram.ngram_match(inputs, draft, this_time)
+        snapshot = (draft.clone(), this_time.clone())  # same stream: sees the kernel's result
+    stream.synchronize()
+    assert torch.equal(snapshot[0].cpu(), expected[0]) and torch.equal(snapshot[1].cpu(), expected[1])
+
+
+@pytest.mark.gpu
+def test_gpu_steps_refuse_cpu_tensors():
+    inputs, draft, this_time = _good()
+    with pytest.raises(ValueError, match="runs on the GPU"):
+        ngram.ngram_match(inputs, draft, this_time, step="two_phase")
+
+
+# -----------------------------------------------------------------------------------------
+# Reporting code (figures, table, verdicts) on a synthetic results file: no numbers are claimed
+# -----------------------------------------------------------------------------------------
+
+def _synthetic_results(kernel_us: float):
+    from studylog.plotting import Results
+
+    rows = []
+    for batch, seq_len, threshold in ngram.BENCH_GRID:
+        params = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
+        floor_ms = batch * seq_len * 8 / 4e12 * 1e3
+        for k, step in enumerate(ngram.STEPS):
+            us = 1000.0 if step == "cpu" else kernel_us * (len(ngram.STEPS) - k)
+            rows.append({"series": step, "role": "kernel", "params": params, "ms": us / 1e3, "floor_ms": floor_ms})
+    data = {"chapter": "ngram", "device": {"name": "Test GPU"}, "versions": {"torch": "x", "triton": "y"},
+            "date": "2000-01-01T00:00:00", "git_commit": "abc", "ceilings": {"copy_bandwidth_gbs": 4000.0},
+            "measurements": rows, "checks": [{"name": "bit-identical", "passed": True, "params": {}}], "notes": []}
+    return Results(path=None, data=data)
+
+
+@pytest.mark.parametrize("kernel_us, verdict", [(2.0, "met"), (500.0, "missed")])
+def test_reporting_code_runs_and_judges(kernel_us, verdict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = _synthetic_results(kernel_us)
+    figs = ngram.figures(results)
+    assert {"latency", "vs_floor"} <= set(figs)
+    for fig in figs.values():
+        plt.close(fig)
+    table = ngram.summary_table(results)
+    assert table.count("\n") == len(ngram.BENCH_GRID) + 1
+    verdicts = ngram.target_verdicts(results)
+    assert "1 of 1 checks passed" in verdicts
+    assert f"10x faster than the CPU path at batch >= 32: {verdict}" in verdicts
+    assert f"32x512 under 15 µs: {verdict}" in verdicts
