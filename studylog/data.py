@@ -75,6 +75,6 @@ def save_masks(path: Path, masks: list[np.ndarray], states: list[int], sources: 
 def load_masks(path: Path = MASKS_FILE) -> MaskSet:
     """Read a mask file; raises FileNotFoundError (saying how to make it) when it is missing."""
     if not Path(path).is_file():
-        raise FileNotFoundError(f"{path} is missing; notebook 01 (FSM compression) exports it")
+        raise FileNotFoundError(f"{path} is missing; make it with `python -m studylog.fsm export-masks`")
     z = np.load(path, allow_pickle=False)
     return MaskSet(int(z["vocab_size"]), z["offsets"], z["ids"], z["state"], z["source"], str(z["tokenizer"]))

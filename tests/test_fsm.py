@@ -1,0 +1,393 @@
+"""Chapter 1 (FSM compression): automata, jump tables, the decode loop, the suite and the mask file.
+
+The suite's automata are built once per module (outlines-core needs about a second per index over the
+100k-token vocabulary). Every decode uses fresh random seeds from the ``rng`` fixture.
+"""
+
+import json
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+
+# The chapter runs on the CPU; the GPU machine does not carry these packages, so skip rather than fail there.
+for _name in ("outlines_core", "outlines", "bpe_openai", "jsonschema", "pydantic"):
+    pytest.importorskip(_name)
+
+import jsonschema  # noqa: E402
+
+from studylog import data, fsm, fsm_schemas  # noqa: E402
+
+SUITE = fsm_schemas.suite()
+NAMES = [e.name for e in SUITE]
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return fsm.load_vocabulary("cl100k_base")
+
+
+@pytest.fixture(scope="module")
+def automata(vocab):
+    """Every suite entry with outlines' default whitespace, plus two entries with compact JSON."""
+    out = {(e.name, "default"): (e, fsm.ConstrainedFSM(e.regex("default"), vocab, e.name)) for e in SUITE}
+    for name in ("weather_call", "calendar_event"):
+        e = fsm_schemas.entry(name)
+        out[(name, "compact")] = (e, fsm.ConstrainedFSM(e.regex("compact"), vocab, name))
+    return out
+
+
+CASES = [(n, "default") for n in NAMES] + [("weather_call", "compact"), ("calendar_event", "compact")]
+
+
+def _case_id(case):
+    return f"{case[0]}-{case[1]}"
+
+
+def _py_rng(rng, salt: str) -> random.Random:
+    return random.Random(f"{rng.seed_value}/{salt}")
+
+
+def _check_valid(entry, regex: str, text: bytes) -> None:
+    """Independent checks of an output: Python's re module on the regex, and JSON parsing for JSON entries."""
+    s = text.decode("utf-8")
+    assert re.fullmatch(regex, s, flags=re.DOTALL), f"{entry.name}: {s!r} does not match the regex"
+    if entry.kind == "json":
+        json.loads(s)
+
+
+# --- vocabulary ------------------------------------------------------------------------------------------
+
+def test_cl100k_vocabulary(vocab, rng):
+    assert vocab.vocab_size == 100277 and vocab.eos_id == 100257
+    assert vocab.byte_complete
+    text_tokens = sum(b is not None for b in vocab.token_bytes)
+    assert text_tokens == 100256 and len(vocab.outlines_vocabulary()) == text_tokens + 1  # outlines counts EOS
+    words = ["alpha", " beta", '{"k": 1}', "ünïcode", "  ", "\n", "Zebra", "42"]
+    r = _py_rng(rng, "vocab")
+    text = "".join(r.choice(words) for _ in range(40))
+    ids = vocab.encode(text)
+    assert vocab.decode(ids) == text.encode()
+    assert vocab.show(vocab.eos_id) == "<EOS>"
+
+
+def test_vocabulary_without_eos_is_refused():
+    with pytest.raises(ValueError, match="no EOS token"):
+        fsm.make_vocabulary({"a": 0, "b": 1}, None)
+    with pytest.raises(ValueError, match="no EOS token"):
+        fsm.TokenVocabulary("toy", [b"a", b"b"], None)
+    with pytest.raises(ValueError, match="EOS token id 7 .* outside"):
+        fsm.TokenVocabulary("toy", [b"a", b"b"], 7)
+    with pytest.raises(ValueError, match="EOS token id 1 .* text token"):
+        fsm.TokenVocabulary("toy", [b"a", b"b"], 1)
+    with pytest.raises(ValueError, match="EOS token id 1 is also given"):
+        fsm.make_vocabulary({"a": 0, "b": 1}, 1)
+
+
+# --- bad input ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("regex", ["(unclosed", "[z-a]", "a{3,1}"])
+def test_invalid_regex_is_refused(vocab, regex):
+    with pytest.raises(ValueError, match="invalid regex"):
+        fsm.compile_fsm(regex, vocab)
+
+
+def test_regex_the_vocabulary_cannot_write():
+    toy = fsm.make_vocabulary({"a": 0, "b": 1}, 2)
+    with pytest.raises(ValueError, match="cannot write any text matching"):
+        fsm.compile_fsm("c+", toy)
+
+
+@pytest.mark.parametrize(
+    "schema, match",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ({"type": "nonsense"}, "invalid"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}, "JSON schema"),
+        (42, "schema must be"),
+    ],
+)
+def test_invalid_json_schema_is_refused(schema, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        fsm.regex_from_schema(schema)
+
+
+def test_pydantic_model_dict_and_json_text_give_the_same_regex():
+    model = fsm_schemas.WeatherCall
+    from_model = fsm.regex_from_schema(model)
+    assert from_model == fsm.regex_from_schema(model.model_json_schema())
+    assert from_model == fsm.regex_from_schema(json.dumps(model.model_json_schema()))
+    assert '"get_weather"' in from_model and "celsius" in from_model
+    assert "[ ]?" not in fsm.regex_from_schema(model, whitespace_pattern="")
+
+
+def test_token_id_outside_the_vocabulary(vocab, automata):
+    _, f = automata[("classifier", "default")]
+    for bad in (vocab.vocab_size, -1, 10**12):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            f.next_state(f.initial, bad)
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            f.walk([bad])
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            vocab.decode([bad])
+    with pytest.raises(TypeError, match="must be an int"):
+        f.next_state(f.initial, 1.5)
+    with pytest.raises(ValueError, match="not allowed in state"):
+        f.walk(vocab.encode("maybe"))
+
+
+def test_decode_refuses_bad_arguments(vocab, automata):
+    _, f = automata[("classifier", "default")]
+    good = fsm.toy_model(vocab)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        fsm.decode(good, f, "bytes")
+    with pytest.raises(ValueError, match="max_tokens"):
+        fsm.decode(good, f, max_tokens=0)
+    with pytest.raises(ValueError, match=r"shape \(100277,\)"):
+        fsm.decode(lambda ids: torch.zeros(1000), f)
+    with pytest.raises(ValueError, match=r"shape \(100277,\)"):
+        fsm.decode(lambda ids: torch.zeros(2, vocab.vocab_size), f)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        fsm.decode(lambda ids: [0.0] * vocab.vocab_size, f)
+    with pytest.raises(TypeError, match="floating-point"):
+        fsm.decode(lambda ids: torch.zeros(vocab.vocab_size, dtype=torch.int64), f)
+    no_encoder = fsm.TokenVocabulary("toy", [b"a", b"b", None], 2)
+    with pytest.raises(ValueError, match="no encoder"):
+        fsm.decode(fsm.toy_model(no_encoder), fsm.compile_fsm("ab", no_encoder), "char")
+
+
+# --- the automaton and its jump tables -------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_token_index_and_char_automaton_share_state_ids(automata, vocab, rng, case):
+    """Walking a token's bytes through the character-level automaton lands where the token index says."""
+    _, f = automata[case]
+    r = _py_rng(rng, "share")
+    checked = 0
+    for s in f.states:
+        ids = f.index.get_allowed_tokens(s)
+        if ids is None:
+            continue
+        for t in r.sample(ids, min(len(ids), 60)):
+            if t == vocab.eos_id:
+                assert f.is_final(s)
+                continue
+            assert f.char_walk(vocab.token_bytes[t], s) == f.index.get_next_state(s, t), (s, vocab.show(t))
+            checked += 1
+    assert checked > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_token_jumps_are_exactly_the_forced_states(automata, vocab, case):
+    """Full scan (every state, every allowed token) against the precompute's shortcut."""
+    _, f = automata[case]
+    forced = {}
+    for s in f.states:
+        ids = f.index.get_allowed_tokens(s)
+        if ids is not None and len(ids) == 1 and not f.is_final(s):
+            assert ids[0] != vocab.eos_id
+            forced[s] = ids[0]
+    assert set(f.token_jumps) == set(forced)
+    for s, jump in f.token_jumps.items():
+        states = f.walk(jump.tokens, s)
+        assert states[-1] == jump.end
+        assert all(st in forced for st in states[:-1]), "a jump passes through an unforced state"
+        assert jump.end not in forced, "a jump stops before the end of its chain"
+        assert jump.data == b"".join(vocab.token_bytes[t] for t in jump.tokens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_char_jumps_follow_forced_bytes(automata, case):
+    _, f = automata[case]
+
+    def forced(s):
+        return s not in f.char_finals and len(f.char_out.get(s, {})) == 1
+
+    assert set(f.char_jumps) == {s for s in f.char_out if forced(s)}
+    for s, jump in f.char_jumps.items():
+        assert jump.data and jump.tokens == ()
+        cur = s
+        for b in jump.data:
+            assert forced(cur) and b in f.char_out[cur]
+            cur = f.char_out[cur][b]
+        assert cur == jump.end and not forced(cur)
+
+
+def test_chains_cut_a_forced_cycle():
+    jumps = fsm._chains({1: ((5,), b"a", 2), 2: ((6,), b"b", 1), 3: ((7,), b"c", 1)})
+    assert jumps[3].tokens[:2] == (7, 5) and set(jumps) == {1, 2, 3}
+
+
+def test_small_vocabulary_without_every_byte(rng):
+    """The slow path of the precompute (a vocabulary that is not byte-complete) finds the forced state."""
+    toy = fsm.make_vocabulary({"ab": 0, "c": 1, "abc": 2, "d": 3}, 4)
+    assert not toy.byte_complete
+    f = fsm.compile_fsm("abc(d)?", toy)
+    after_ab = f.next_state(f.initial, 0)
+    assert set(f.token_jumps) == {after_ab}
+    assert f.token_jumps[after_ab].tokens == (1,)
+    model = fsm.toy_model(toy, seed=rng.seed_value)
+    none = fsm.decode(model, f, "none")
+    token = fsm.decode(model, f, "token")
+    assert none.ids == token.ids and none.finished and f.matches(none.text)
+
+
+# --- the decode loop on the suite ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_token_jumps_write_exactly_the_same_tokens(automata, rng, vocab, case):
+    """Greedy decoding of a deterministic toy model: token-level compression changes nothing but the passes."""
+    entry, f = automata[case]
+    jumped = 0
+    for k in range(2):
+        model = fsm.toy_model(vocab, seed=rng.seed_value + k)
+        none = fsm.decode(model, f, "none", max_tokens=300)
+        token = fsm.decode(model, f, "token", max_tokens=300)
+        assert none.finished, f"toy model did not finish: {none.text[:200]!r}"
+        assert token.ids == none.ids and token.text == none.text and token.finished
+        assert none.jumped_tokens == 0
+        assert token.forward_passes == none.forward_passes - token.jumped_tokens
+        _check_valid(entry, f.regex, none.text)
+        jumped += token.jumped_tokens
+    # the writer model visits the forced states of real outputs: there the jumps must fire
+    r = _py_rng(rng, case[0])
+    for _ in range(2):
+        sample = entry.sample(r, case[1])
+        model = fsm.writer_model(vocab, sample)
+        none = fsm.decode(model, f, "none")
+        token = fsm.decode(model, f, "token")
+        assert token.ids == none.ids == vocab.encode(sample)
+        assert token.forward_passes == none.forward_passes - token.jumped_tokens
+        jumped += token.jumped_tokens
+    if f.token_jumps and case[0] in ("classifier", "us_phone", "datetime", "ipv4", "calendar_event"):
+        assert jumped > 0, "no token jump fired, so the equivalence above was not exercised"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_char_jumps_still_match_the_regex(automata, rng, vocab, case):
+    entry, f = automata[case]
+    jumped = 0
+    for k in range(2):
+        out = fsm.decode(fsm.toy_model(vocab, seed=rng.seed_value + 100 + k), f, "char", max_tokens=300)
+        assert out.finished, f"toy model did not finish: {out.text[:200]!r}"
+        assert vocab.decode(out.ids) == out.text
+        assert f.matches(out.text)
+        _check_valid(entry, f.regex, out.text)
+        jumped += out.jumped_bytes
+    assert jumped > 0 or not f.char_jumps
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_every_mode_writes_the_sample(automata, rng, vocab, case):
+    """Samples are valid (regex and JSON schema); the writer model writes them exactly in all three modes."""
+    entry, f = automata[case]
+    r = _py_rng(rng, "writer/" + case[0])
+    for _ in range(2):
+        sample = entry.sample(r, case[1])
+        assert re.fullmatch(f.regex, sample) and f.matches(sample), sample
+        if entry.kind == "json":
+            jsonschema.validate(json.loads(sample), entry.schema)
+        canon = vocab.encode(sample)
+        results = {}
+        for mode in fsm.MODES:
+            out = fsm.decode(fsm.writer_model(vocab, sample), f, mode, record_steps=True)
+            assert out.finished and out.text == sample.encode(), (mode, out.text)
+            assert sum(s.kind in ("pass", "eos") for s in out.steps) == out.forward_passes
+            results[mode] = out
+        assert results["none"].ids == canon
+        assert results["none"].forward_passes >= len(canon)
+        assert results["token"].forward_passes <= results["none"].forward_passes
+
+
+def test_retokenization_rewrites_a_split_the_model_would_not_make(automata, vocab):
+    """The concrete case of the chapter: with optional whitespace, a forced key ends at its closing quote;
+    the writer then has to emit ':' alone, and the next jump's retokenization merges the pair back into
+    the one token '":' the tokenizer prefers, dropping tokens already emitted."""
+    _, f = automata[("weather_call", "default")]
+    sample = '{"name": "get_weather", "arguments": {"location": "Paris", "unit": "celsius"}}'
+    out = fsm.decode(fsm.writer_model(vocab, sample), f, "char", record_steps=True)
+    quote, colon, quote_colon = (vocab.token_id(b) for b in (b'"', b":", b'":'))
+    passes = [s.tokens[0] for s in out.steps if s.kind == "pass"]
+    assert colon in passes, "the writer never had to emit ':' on its own"
+    jumps = [s for s in out.steps if s.kind == "char-jump"]
+    assert any(s.dropped > 0 and quote_colon in s.tokens for s in jumps)
+    assert out.retokenized > 0 and out.ids[-1] != quote
+
+
+# --- suite measurement and the mask file --------------------------------------------------------------------
+
+def test_measure_entry_counts(automata, vocab):
+    entry, f = automata[("us_phone", "default")]
+    res, _ = fsm.measure_entry(entry, vocab, "default", n_samples=4, seed=3, fsm=f)
+    assert res.passes["none"] >= res.tokens > 0
+    assert res.passes["char"] <= res.passes["token"] < res.passes["none"]
+    assert 0 < res.saved("token") <= res.saved("char") < 1
+    assert res.visited and all(n == f.n_allowed(s) for s, n in res.visited.items())
+    table = fsm.savings_table([res])
+    assert "us_phone" in table and table.count("\n") == 3
+
+
+def test_select_masks_spans_bins_within_budget():
+    counts = [("a", s, n) for s, n in enumerate([1, 1, 2, 3, 5, 9, 17, 33, 800, 900, 60000, 70000, 90000])]
+    picked = fsm.select_masks(counts, per_bin=1, max_ids=100_000)
+    sizes = sorted(n for _, _, n in picked)
+    assert sum(sizes) <= 100_000
+    assert sizes[0] == 1 and sizes[-1] >= 60000
+    assert len({int(np.log2(n)) for n in sizes}) == len(sizes)
+
+
+def test_mask_file(vocab):
+    path = data.MASKS_FILE
+    assert path.is_file(), "run `python -m studylog.fsm export-masks`"
+    assert path.stat().st_size < 1_000_000
+    ms = data.load_masks(path)
+    assert ms.tokenizer == "cl100k_base" and ms.vocab_size == vocab.vocab_size
+    counts = ms.counts()
+    assert 100 <= len(ms) <= 400
+    assert counts.min() == 1 and counts.max() > 50_000, "masks must span sparse to dense"
+    assert len({int(np.log2(c)) for c in counts}) >= 8
+    names = {n for n in NAMES} | {f"{n}[compact]" for n in NAMES}
+    assert set(ms.source.tolist()) <= names
+    for i in range(len(ms)):
+        ids = ms.allowed(i)
+        assert np.all(np.diff(ids) > 0) and ids[0] >= 0 and ids[-1] < ms.vocab_size
+
+
+def test_mask_file_holds_the_real_masks(automata, vocab):
+    """Masks of the default-whitespace entries are recomputed from the index and compared id by id."""
+    ms = data.load_masks()
+    compared = 0
+    for i in range(len(ms)):
+        key = (str(ms.source[i]), "default")
+        if key not in automata:
+            continue
+        _, f = automata[key]
+        np.testing.assert_array_equal(ms.allowed(i), f.allowed(int(ms.state[i])).numpy())
+        compared += 1
+    assert compared >= 50
+
+
+# --- figures ---------------------------------------------------------------------------------------------
+
+def test_automaton_graphs(automata, vocab):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _, f = automata[("classifier", "default")]
+    full = fsm.automaton_graph(f, "token")
+    small = fsm.automaton_graph(f, "token", compressed=True)
+    chars = fsm.automaton_graph(f, "char", compressed=True)
+    assert small.number_of_nodes() < full.number_of_nodes()
+    assert any(d["jump"] for *_, d in small.edges(data=True))
+    assert any(full.nodes[n]["final"] for n in full.nodes)
+    labels = [lab for *_, d in chars.edges(data=True) for lab in d["labels"]]
+    assert any("rue" in lab for lab in labels), labels
+    fig, axes = plt.subplots(1, 2)
+    fsm.draw_automaton(f, "token", ax=axes[0])
+    fsm.draw_automaton(f, "char", compressed=True, ax=axes[1])
+    plt.close(fig)
