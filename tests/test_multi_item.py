@@ -1,0 +1,371 @@
+"""Chapter 6: multi-item scoring attention.
+
+Interpreter-mode tests run every step at tiny, awkward shapes (sequences under 100 tokens, block 16) against
+a float64 reference; the ``gpu`` tests run the benchmark's shapes in bf16 against a float32 reference.
+"""
+
+import math
+
+import pytest
+import torch
+
+from studylog import multi_item as mi
+from studylog import runtime
+
+DEV = runtime.device()
+
+# (prefix length, item lengths): the issue's edge cases, at lengths no tile size divides
+SHAPES = {
+    "awkward": (37, [5, 13, 2, 8]),       # 70 tokens
+    "empty_prefix": (0, [5, 3, 9]),
+    "items_of_length_1": (11, [1, 1, 1, 1, 1]),
+    "one_item": (20, [7]),
+    "item_longer_than_tiles": (9, [40, 3]),
+    "many_short_items": (3, [2] * 10),
+}
+
+
+def rule_mask(prefix_len: int, item_lens: list[int]) -> torch.Tensor:
+    """The rule, written token by token from its statement (shares no code with the package)."""
+    n = prefix_len + sum(item_lens) + len(item_lens) + 1
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for t in range(prefix_len):  # prefix: causal
+        mask[t, : t + 1] = True
+    delim = prefix_len
+    for length in item_lens + [None]:
+        mask[delim, :prefix_len] = True  # a delimiter: the prefix and itself
+        mask[delim, delim] = True
+        if length is None:
+            break
+        for t in range(delim + 1, delim + 1 + length):  # an item token: the prefix, its delimiter, its item so far
+            mask[t, :prefix_len] = True
+            mask[t, delim: t + 1] = True
+        delim += length + 1
+    return mask
+
+
+def random_qkv(heads, tokens, head_dim, rng, dtype=torch.float32):
+    return [torch.randn(heads, tokens, head_dim, generator=rng).to(DEV, dtype) for _ in range(3)]
+
+
+def poisoned(q):
+    return torch.full_like(q, float("nan"))
+
+
+# --------------------------------------------------------------------------------------------
+# The layout and the mask
+# --------------------------------------------------------------------------------------------
+
+def test_layout_matches_the_seed_example():
+    batch = mi.MultiItemBatch.from_item_lens([4], [[3, 2, 4]], device="cpu")
+    assert batch.token_pos[0].tolist() == [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0]
+    assert batch.seq_lens == (4 + 13,)
+    assert batch.max_item_lens_t.tolist() == [4]
+    # the token before each closing delimiter: the last token of items 1, 2, 3
+    assert batch.score_positions() == [4 + 3, 4 + 6, 4 + 11]
+
+
+def test_layout_from_the_seeds_padded_positions():
+    pos = [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0] + [0] * 7 + [0, 1, 0] + [0] * 17
+    batch = mi.MultiItemBatch.from_token_positions(
+        torch.tensor([5, 0], dtype=torch.uint32), torch.tensor(pos, dtype=torch.uint16),
+        torch.tensor([4, 1], dtype=torch.uint16), token_pos_in_items_len=20, seq_lens=[18, 3], device="cpu")
+    assert batch.item_lens == ((3, 2, 4), (1,))
+    assert batch.seq_lens == (18, 3) and batch.seq_starts == (0, 18)
+    assert batch.cu_seqlens.tolist() == [0, 18, 21]
+    assert batch.score_positions() == [8, 11, 16, 18 + 1]
+    assert batch.score_positions(1) == [19]
+
+
+@pytest.mark.parametrize("prefix_len, item_lens", list(SHAPES.values()) + [(10, []), (0, [1])], ids=str)
+def test_dense_mask_is_the_stated_rule(prefix_len, item_lens):
+    batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
+    assert torch.equal(mi.dense_mask(batch).cpu(), rule_mask(prefix_len, item_lens))
+
+
+def test_each_item_sees_what_a_separate_pass_over_prefix_delimiter_item_sees(rng):
+    """Why this rule: the rows of ``<d> item_i`` equal causal attention over ``prefix <d> item_i``."""
+    prefix_len, item_lens = 13, [4, 9, 1, 6]
+    batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
+    q, k, v = random_qkv(2, batch.total_tokens, 16, rng, torch.float64)
+    packed = mi.reference_attention(q, k, v, batch)
+    delim = prefix_len
+    for n in item_lens:
+        idx = list(range(prefix_len)) + list(range(delim, delim + n + 1))
+        alone = torch.nn.functional.scaled_dot_product_attention(q[:, idx], k[:, idx], v[:, idx], is_causal=True)
+        torch.testing.assert_close(packed[:, delim: delim + n + 1], alone[:, prefix_len:], rtol=1e-12, atol=1e-12)
+        delim += n + 1
+
+
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 32), (128, 64)], ids=str)
+def test_tile_map_skips_only_invisible_tiles_and_unmasks_only_whole_ones(blocks):
+    bm, bn = blocks
+    for prefix_len, item_lens in list(SHAPES.values()) + [(300, [20] * 12), (130, [1, 60, 2, 33])]:
+        batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
+        mask, tiles = rule_mask(prefix_len, item_lens), mi.tile_map(batch, bm, bn)
+        for t in range(tiles.shape[0]):
+            for u in range(tiles.shape[1]):
+                block = mask[t * bm:(t + 1) * bm, u * bn:(u + 1) * bn]
+                if tiles[t, u] == mi.TILE_SKIPPED:
+                    assert not block.any(), f"tile {(t, u)} holds visible pairs but is skipped"
+                elif tiles[t, u] == mi.TILE_WHOLE:
+                    assert block.all() and block.shape[1] == bn, f"tile {(t, u)} is not whole but unmasked"
+
+
+def test_tile_stats_order():
+    batch = mi.MultiItemBatch.from_item_lens([300], [[20] * 12], device=DEV)
+    stats = mi.tile_stats(batch, 32, 16)
+    assert stats.total > stats.causal > stats.visited >= stats.needed > 0
+    assert stats.visible_pairs < stats.causal_pairs
+    assert 0 < stats.skipped_vs_causal < stats.skipped_fraction < 1
+
+
+# --------------------------------------------------------------------------------------------
+# Every step against the float64 reference, in the interpreter at tiny shapes
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("step", mi.STEPS)
+@pytest.mark.parametrize("shape", list(SHAPES), ids=str)
+def test_every_step_matches_the_float64_reference(step, shape, rng):
+    prefix_len, item_lens = SHAPES[shape]
+    batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
+    head_dim = 32 if shape == "awkward" else 16
+    q, k, v = random_qkv(2, batch.total_tokens, head_dim, rng)
+    out = mi.multi_item_attention(q, k, v, batch, step=step, out=poisoned(q))
+    assert not torch.isnan(out).any(), f"step {step} left rows unwritten (seed {rng.seed_value})"
+    torch.testing.assert_close(out.double(), mi.reference_attention(q, k, v, batch), rtol=1e-5, atol=1e-5,
+                               msg=lambda m: f"step {step}, seed {rng.seed_value}: {m}")
+
+
+@pytest.mark.parametrize("step", [4, 5])
+@pytest.mark.parametrize("blocks", [(32, 16), (16, 32)], ids=str)
+def test_tile_skipping_with_unequal_blocks(step, blocks, rng):
+    """Block rows and columns of different sizes move every phase boundary of steps 4 and 5."""
+    batch = mi.MultiItemBatch.from_item_lens([21], [[6, 17, 1, 9, 3]], device=DEV)
+    q, k, v = random_qkv(3, batch.total_tokens, 16, rng)
+    out, info = mi.run_step(q, k, v, batch, step=step, out=poisoned(q), blocks=blocks, count_tiles=True)
+    torch.testing.assert_close(out.double(), mi.reference_attention(q, k, v, batch), rtol=1e-5, atol=1e-5)
+    assert (info.block_m, info.block_n) == blocks
+    assert info.tile_counts == mi.planned_key_tiles(batch, *blocks)
+
+
+def test_tile_skipping_visits_fewer_tiles_than_causal():
+    batch = mi.MultiItemBatch.from_item_lens([40], [[5] * 9], device=DEV)  # 95 tokens
+    q, k, v = [torch.ones(1, batch.total_tokens, 16, device=DEV) for _ in range(3)]
+    _, info = mi.run_step(q, k, v, batch, step=4, count_tiles=True, blocks=(16, 16))
+    stats = mi.tile_stats(batch, 16, 16)
+    assert info.tile_counts == mi.planned_key_tiles(batch, 16, 16)
+    assert sum(info.tile_counts[0]) == stats.visited < stats.causal
+    # the last query tile (rows 80..94) sees the prefix (tiles 0-2) and its own items (tiles 4-5), not tile 3
+    assert info.tile_counts[0][-1] == 5
+
+
+def test_float16_steps(rng):
+    batch = mi.MultiItemBatch.from_item_lens([26], [[3, 11, 1, 7]], device=DEV)
+    q, k, v = random_qkv(2, batch.total_tokens, 32, rng, torch.float16)
+    ref = mi.reference_attention(q, k, v, batch)
+    for step in (2, 3, 4, 5):
+        out = mi.multi_item_attention(q, k, v, batch, step=step, out=poisoned(q))
+        assert out.dtype == torch.float16
+        torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3, msg=lambda m: f"step {step}: {m}")
+
+
+def test_step5_batches_prompts_of_different_shapes(rng):
+    prefixes = [17, 0, 40, 5]
+    items = [[4, 9, 1], [6, 6], [3], []]
+    batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device=DEV)
+    heads = 2
+    # the model's usual [tokens, heads, head_dim] layout, passed as a transposed view (no copy)
+    q, k, v = [torch.randn(batch.total_tokens, heads, 16, generator=rng).to(DEV).transpose(0, 1) for _ in range(3)]
+    out, info = mi.run_step(q, k, v, batch, step=5, out=poisoned(q), count_tiles=True)
+    ref = mi.reference_attention(q, k, v, batch)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert info.tile_counts == mi.planned_key_tiles(batch, info.block_m, info.block_n)
+    # and each prompt alone through step 4 gives the same rows
+    for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
+        alone = mi.MultiItemBatch.from_item_lens([prefixes[b]], [items[b]], device=DEV)
+        rows = slice(start, start + s)
+        torch.testing.assert_close(mi.multi_item_attention(q[:, rows], k[:, rows], v[:, rows], alone, step=4),
+                                   out[:, rows], rtol=1e-6, atol=1e-6)
+
+
+def test_scores_are_label_log_probs_at_the_last_token_of_each_item(rng):
+    batch = mi.MultiItemBatch.from_item_lens([6, 3], [[2, 5, 1], [4, 4]], device=DEV)
+    hidden = torch.randn(batch.total_tokens, 24, generator=rng).to(DEV)
+    lm_head = torch.randn(50, 24, generator=rng).to(DEV)
+    labels = [7, 3, 41]
+    scores = mi.score_items(hidden, lm_head, labels, batch)
+    assert [tuple(s.shape) for s in scores] == [(3, 3), (2, 3)]
+    # by hand: the last token of item i is prefix + sum of (length + 1) of the items before + its length
+    for b, (start, p, lens) in enumerate(zip(batch.seq_starts, [6, 3], [[2, 5, 1], [4, 4]])):
+        cursor = start + p
+        for i, n in enumerate(lens):
+            logits = lm_head.double() @ hidden[cursor + n].double()
+            want = logits[labels] - torch.logsumexp(logits, 0)
+            torch.testing.assert_close(scores[b][i].double(), want, rtol=1e-5, atol=1e-5)
+            cursor += n + 1
+
+
+def test_scores_end_to_end_from_the_attention_output(rng):
+    batch = mi.MultiItemBatch.from_item_lens([9, 14], [[3, 7], [1, 1, 5]], device=DEV)
+    q, k, v = random_qkv(2, batch.total_tokens, 16, rng)
+    lm_head = torch.randn(64, 32, generator=rng).to(DEV)
+    hidden = mi.multi_item_attention(q, k, v, batch).transpose(0, 1).reshape(batch.total_tokens, 32)
+    ref_hidden = mi.reference_attention(q, k, v, batch).transpose(0, 1).reshape(batch.total_tokens, 32)
+    for got, want in zip(mi.score_items(hidden, lm_head, [1, 2], batch),
+                         mi.score_items(ref_hidden, lm_head.double(), [1, 2], batch)):
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------
+
+SEED_POS = [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(token_pos_in_items=[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 5, 0], max_item_lens=[4]), "past max_item_lens"),
+    (dict(token_pos_in_items=[0, 1, 2, 4, 0], max_item_lens=[4]), "must follow 2 with 3"),
+    (dict(token_pos_in_items=[1, 2, 0], max_item_lens=[4]), "must start with 0"),
+    (dict(token_pos_in_items=[0, 1, 2, 3], max_item_lens=[4]), "must end with the delimiter"),
+    (dict(token_pos_in_items=[0, 1, 0, 0, 1, 0], max_item_lens=[4]), "after the final delimiter"),
+    (dict(token_pos_in_items=SEED_POS, max_item_lens=[4], seq_lens=[16]), "does not fit the sequence"),
+    (dict(token_pos_in_items=SEED_POS, max_item_lens=[4], seq_lens=[3]), "prefix_lens.0.=5 does not fit"),
+    (dict(token_pos_in_items=SEED_POS, max_item_lens=[4, 4]), "mismatched batch metadata"),
+    (dict(token_pos_in_items=SEED_POS, max_item_lens=[4], seq_lens=[18, 4]), "mismatched batch metadata"),
+    (dict(token_pos_in_items=[1.0, 0.0], max_item_lens=[4]), "must hold integers"),
+])
+def test_bad_token_positions(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        mi.MultiItemBatch.from_token_positions([5], device="cpu", **kwargs)
+
+
+def test_bad_batched_positions():
+    pos = SEED_POS + [0] * 3
+    with pytest.raises(ValueError, match="mismatched batch metadata"):  # 16 entries are not 2 prompts x 10
+        mi.MultiItemBatch.from_token_positions([5, 2], pos, [4, 4], token_pos_in_items_len=10, device="cpu")
+    with pytest.raises(ValueError, match="pass token_pos_in_items_len"):
+        mi.MultiItemBatch.from_token_positions([5, 2], pos, [4, 4], device="cpu")
+    with pytest.raises(ValueError, match="mismatched batch metadata: token_pos_in_items has 1 rows"):
+        mi.MultiItemBatch.from_token_positions([5, 2], torch.tensor([pos]), [4, 4], device="cpu")
+
+
+@pytest.mark.parametrize("prefix_lens, item_lens, match", [
+    ([4], [[3, 0, 2]], r"item_lens\[0\]\[1\] must be >= 1"),
+    ([-1], [[3]], r"prefix_lens\[0\] must be >= 0"),
+    ([4, 5], [[3]], "mismatched batch metadata"),
+    ([4], [[2.5]], "must be an integer"),
+])
+def test_bad_item_lengths(prefix_lens, item_lens, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        mi.MultiItemBatch.from_item_lens(prefix_lens, item_lens, device="cpu")
+
+
+def _inputs(tokens=20, heads=2, head_dim=16, dtype=torch.float32):
+    return [torch.randn(heads, tokens, head_dim, device=DEV, dtype=dtype) for _ in range(3)]
+
+
+ONE = dict(prefix_lens=[5], item_lens=[[3, 2, 6]])  # 5 + 11 + 4 delimiters = 20 tokens
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda q, k, v: (q.double(), k, v), "q must be float16, bfloat16 or float32"),
+    (lambda q, k, v: (q, k.to(torch.int32), v), "k must be float16"),
+    (lambda q, k, v: (q, k, v.half()), "one dtype"),
+    (lambda q, k, v: (q[0], k, v), r"q must be \[heads, tokens, head_dim\]"),
+    (lambda q, k, v: (q[:, :19], k[:, :19], v[:, :19]), "mismatched batch metadata: q has 19 tokens"),
+    (lambda q, k, v: (q, k[:1], v), "one shape"),
+    (lambda q, k, v: (q, k, v.transpose(1, 2).contiguous().transpose(1, 2)), "v must be contiguous in head_dim"),
+    (lambda q, k, v: (q[..., ::2], k[..., ::2], v[..., ::2]), "q must be contiguous in head_dim"),
+    (lambda q, k, v: ([1.0], k, v), "q must be a torch.Tensor"),
+])
+def test_bad_attention_inputs(change, match):
+    batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
+    q, k, v = change(*_inputs())
+    with pytest.raises((TypeError, ValueError), match=match):
+        mi.multi_item_attention(q, k, v, batch)
+
+
+def test_bad_attention_options():
+    batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match="step must be one of"):
+        mi.multi_item_attention(q, k, v, batch, step=6)
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        mi.multi_item_attention(*_inputs(head_dim=24), batch)
+    with pytest.raises(ValueError, match="out must be"):
+        mi.multi_item_attention(q, k, v, batch, out=torch.empty(2, 20, 8, device=DEV))
+    with pytest.raises(ValueError, match="powers of two"):
+        mi.multi_item_attention(q, k, v, batch, blocks=(24, 16))
+    with pytest.raises(ValueError, match="count_tiles needs step 4 or 5"):
+        mi.run_step(q, k, v, batch, step=3, count_tiles=True)
+    two = mi.MultiItemBatch.from_item_lens([6, 1], [[3, 2, 6], [1]], device=DEV)
+    q2, k2, v2 = _inputs(tokens=two.total_tokens)
+    with pytest.raises(ValueError, match="step 4 handles one prompt"):
+        mi.multi_item_attention(q2, k2, v2, two, step=4)
+    with pytest.raises(TypeError, match="batch must be a MultiItemBatch"):
+        mi.multi_item_attention(q, k, v, [6, [3, 2, 6]])
+
+
+@pytest.mark.skipif(runtime.mode() != "interpreter", reason="an interpreter limitation")
+def test_bfloat16_is_refused_in_the_interpreter():
+    batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
+    with pytest.raises(TypeError, match="bfloat16 is not supported in interpreter mode"):
+        mi.multi_item_attention(*_inputs(dtype=torch.bfloat16), batch, step=5)
+
+
+def test_bad_score_inputs():
+    batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
+    hidden, lm_head = torch.randn(20, 8, device=DEV), torch.randn(30, 8, device=DEV)
+    with pytest.raises(ValueError, match=r"label_ids must lie in \[0, 30\)"):
+        mi.score_items(hidden, lm_head, [3, 30], batch)
+    with pytest.raises(ValueError, match="label_ids must be a non-empty"):
+        mi.score_items(hidden, lm_head, [], batch)
+    with pytest.raises(ValueError, match="hidden has 19 rows"):
+        mi.score_items(hidden[:19], lm_head, [3], batch)
+    with pytest.raises(ValueError, match="lm_head is"):
+        mi.score_items(hidden, lm_head[:, :4], [3], batch)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: the benchmark's shapes, bf16, against a float32 reference
+# --------------------------------------------------------------------------------------------
+
+def _float32_reference(q, k, v, batch):
+    ref = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    return mi.attention_dense_sdpa(q.float(), k.float(), v.float(), batch, 1 / math.sqrt(q.shape[-1]), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", range(3), ids=["prefix2048_32x32", "prefix512_128x16", "8_mixed_prompts"])
+def test_gpu_full_size_bf16(shape):
+    name, prefixes, items = mi.bench_shapes()[shape]
+    batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device="cuda")
+    q, k, v = [torch.randn(32, batch.total_tokens, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    ref = _float32_reference(q, k, v, batch)
+    for step in ([1, 2, 3, 4, 5] if batch.batch_size == 1 else [1, 5]):
+        out, info = mi.run_step(q, k, v, batch, step=step, out=poisoned(q))
+        assert not torch.isnan(out).any(), f"step {step} left rows unwritten"
+        torch.testing.assert_close(out.float(), ref, rtol=1.6e-2, atol=1e-2, msg=lambda m: f"step {step}: {m}")
+        if step in (4, 5):
+            _, counted = mi.run_step(q, k, v, batch, step=step, count_tiles=True, blocks=(info.block_m, info.block_n))
+            assert counted.tile_counts == mi.planned_key_tiles(batch, info.block_m, info.block_n)
+    lm_head = torch.randn(4096, 32 * 128, device="cuda", dtype=torch.bfloat16) / 16
+    hidden = out.transpose(0, 1).reshape(batch.total_tokens, -1)
+    for got, want in zip(mi.score_items(hidden, lm_head, [5, 77], batch),
+                         mi.score_items(ref.transpose(0, 1).reshape(batch.total_tokens, -1), lm_head.float(),
+                                        [5, 77], batch)):
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, head_dim, blocks", [(torch.float16, 64, None), (torch.float32, 64, (32, 32)),
+                                                     (torch.bfloat16, 128, (128, 64)), (torch.bfloat16, 32, (64, 32))])
+def test_gpu_other_dtypes_and_tiles(dtype, head_dim, blocks):
+    batch = mi.MultiItemBatch.from_item_lens([700, 0, 129], [[33] * 20, [1] * 50, [7, 100, 5]], device="cuda")
+    q, k, v = [torch.randn(8, batch.total_tokens, head_dim, device="cuda", dtype=dtype) for _ in range(3)]
+    out, info = mi.run_step(q, k, v, batch, step=5, out=poisoned(q), blocks=blocks, count_tiles=True)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), _float32_reference(q, k, v, batch), rtol=tol, atol=tol)
+    assert info.tile_counts == mi.planned_key_tiles(batch, info.block_m, info.block_n)
