@@ -1,0 +1,1263 @@
+"""Chapter 5: ternary (-1/0/+1) matmul in Triton.
+
+``z = x @ W.T / scale`` with every weight in {-1, 0, +1}, as in BitNet b1.58. ``W`` is stored like an
+``nn.Linear`` weight, ``(N, K)``: N outputs, K inputs, one output's weights in one row. ``x`` is
+``(M, K)`` (or a vector ``(K,)``); ``z`` is float32.
+
+The steps, each a kernel next to the previous one so that the diff is the lesson:
+
+1. :func:`sign_v1_kernel`: the seed's idea made correct. Dense float weights, sign selection
+   instead of a multiply, masks on every edge, autotuned block sizes, float32 out.
+2. :func:`int8_v2_kernel`: the same kernel reading int8 weights (half the bytes of bf16).
+3. 2-bit packing, 16 weights per int32 word (:func:`pack_2bit`). :func:`packed2_v3_kernel` decodes
+   with shifts and masks; :func:`gemv_2bit_kernel` makes M=1 fast: wide tiles, many programs
+   (split-K when there are few rows), and a decode of two instructions per weight.
+4. :func:`dot_2bit_kernel`: batched activations (M > 1); decoded weights feed ``tl.dot``.
+5. 1.6-bit packing, 5 weights per byte in base 3 (:func:`pack_base3`); a 256-entry table turns a
+   byte into five 2-bit fields, then the same decode (:func:`gemv_base3_kernel`, :func:`dot_base3_kernel`).
+6. BitNet's scales (:func:`quantize_absmean`, per tensor or per output channel) and int8
+   activations (:func:`quantize_activations`, :func:`w2a8_dot_kernel`).
+
+Packed layouts. Both are a small transpose, so that one decode step over a tile of words yields
+weights whose activations are *contiguous* in memory (one vector load of x serves a whole field):
+
+* **2-bit**: each row's K weights are cut into groups of 256, stored as 16 int32 words. Word ``t``
+  of a group holds weights ``16 j + t`` (j = 0..15) in bits ``2j, 2j+1``, as the code ``w + 1``.
+* **base 3**: groups of 80 weights stored as 16 bytes. Byte ``t`` of a group holds weights
+  ``16 d + t`` (d = 0..4) as the number ``sum_d (w + 1) 3^d`` (0..242).
+
+Padding (K up to a whole group) holds zero weights, so rows are a whole number of 64- or 16-byte
+groups: every row starts aligned and loads stay vectorised.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float, Int8, Int32, Shaped, UInt8
+from torch import Tensor
+
+from studylog import runtime
+
+# ----------------------------------------------------------------------------------------------
+# Packed formats
+# ----------------------------------------------------------------------------------------------
+
+GROUP_WORDS = 16  #: int32 words in a 2-bit group
+GROUP_WEIGHTS_2BIT = 256  #: weights in a 2-bit group (16 words x 16 fields)
+GROUP_BYTES = 16  #: bytes in a base-3 group
+GROUP_WEIGHTS_BASE3 = 80  #: weights in a base-3 group (16 bytes x 5 digits)
+ZERO_WORD = 0x55555555  #: a 2-bit word of 16 zero weights (every code is 01)
+ZERO_BYTE = 121  #: a base-3 byte of 5 zero weights (1 + 3 + 9 + 27 + 81)
+FORMATS = ("2bit", "base3")
+
+
+def packed_cols(k: int, fmt: str) -> int:
+    """Row length of the packed tensor for ``k`` weights: int32 words (2bit) or bytes (base3)."""
+    if fmt == "2bit":
+        return GROUP_WORDS * triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    if fmt == "base3":
+        return GROUP_BYTES * triton.cdiv(k, GROUP_WEIGHTS_BASE3)
+    raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+
+
+def _as_ternary(w: Any, name: str = "w") -> Tensor:
+    """``w`` as int64 after checking that it is a 2-D tensor of -1, 0 and +1 only."""
+    if not isinstance(w, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    if w.dtype == torch.bool or w.is_complex():
+        raise TypeError(f"{name} must hold integers or floats equal to -1, 0 or +1, got dtype {w.dtype}")
+    if w.ndim != 2 or w.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D (N, K) tensor, got shape {tuple(w.shape)}")
+    bad = ~((w == -1) | (w == 0) | (w == 1))  # NaN compares unequal to everything: bad too
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} must be ternary (-1, 0, +1); found {w[idx].item()!r} at index {idx}")
+    return w.to(torch.int64)
+
+
+def _as_int32_bits(v: Tensor) -> Tensor:
+    """int64 values in [0, 2^32) -> int32 holding the same 32 bits."""
+    return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
+
+
+def pack_2bit(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
+    """Pack ternary ``w`` (N, K) into int32 words, 16 weights a word (layout in the module doc)."""
+    codes = _as_ternary(w) + 1
+    n, k = codes.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    padded = torch.ones(n, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int64, device=codes.device)
+    padded[:, :k] = codes
+    fields = padded.view(n, groups, 16, 16)  # [row, group, field j, word t]: weight 16 j + t
+    shifts = (2 * torch.arange(16, device=codes.device)).view(1, 1, 16, 1)
+    words = (fields << shifts).sum(dim=2)  # the fields do not overlap, so the sum is an OR
+    return _as_int32_bits(words).reshape(n, groups * GROUP_WORDS).contiguous()
+
+
+def unpack_2bit(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
+    """Inverse of :func:`pack_2bit`: the first ``k`` weights of every row, as int8."""
+    _check_packed_data(packed, k, "2bit", "packed")
+    n = packed.shape[0]
+    words = (packed.to(torch.int64) & 0xFFFFFFFF).view(n, -1, 1, 16)  # [row, group, 1, word t]
+    shifts = (2 * torch.arange(16, device=packed.device)).view(1, 1, 16, 1)
+    codes = (words >> shifts) & 3  # [row, group, field j, word t]
+    return (codes.reshape(n, -1)[:, :k] - 1).to(torch.int8)
+
+
+def pack_base3(w: Shaped[Tensor, "n k"]) -> UInt8[Tensor, "n kb"]:
+    """Pack ternary ``w`` (N, K) into bytes, 5 weights a byte in base 3 (1.6 bits a weight)."""
+    digits = _as_ternary(w) + 1
+    n, k = digits.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_BASE3)
+    padded = torch.ones(n, groups * GROUP_WEIGHTS_BASE3, dtype=torch.int64, device=digits.device)
+    padded[:, :k] = digits
+    d = padded.view(n, groups, 5, 16)  # [row, group, digit d, byte t]: weight 16 d + t
+    powers = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int64, device=digits.device).view(1, 1, 5, 1)
+    return (d * powers).sum(dim=2).to(torch.uint8).reshape(n, groups * GROUP_BYTES).contiguous()
+
+
+def unpack_base3(packed: UInt8[Tensor, "n kb"], k: int) -> Int8[Tensor, "n k"]:
+    """Inverse of :func:`pack_base3` (by division; the kernels use a table instead)."""
+    _check_packed_data(packed, k, "base3", "packed")
+    n = packed.shape[0]
+    v = packed.to(torch.int64).view(n, -1, 1, 16)
+    powers = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int64, device=packed.device).view(1, 1, 5, 1)
+    digits = (v // powers) % 3  # [row, group, digit d, byte t]
+    return (digits.reshape(n, -1)[:, :k] - 1).to(torch.int8)
+
+
+def base3_table_values() -> list[int]:
+    """The kernels' decode table: entry ``v`` holds the 5 base-3 digits of ``v`` as 2-bit fields
+    (digit d in bits 2d, 2d+1, like the 2-bit format's fields) under the float exponent bits that
+    :func:`_field_to_float` expects. Entries 243..255 are not base-3 bytes and decode to zeros."""
+    out = []
+    for v in range(256):
+        u = v if v < 243 else ZERO_BYTE
+        fields = sum(((u // 3**d) % 3) << (2 * d) for d in range(5))
+        out.append(_as_int32_bits(torch.tensor(0x7F800000 | fields)).item())
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def base3_table(device: str) -> Int32[Tensor, " 256"]:
+    return torch.tensor(base3_table_values(), dtype=torch.int32, device=device)
+
+
+def _check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] = None) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if not isinstance(data, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(data).__name__}")
+    want = torch.int32 if fmt == "2bit" else torch.uint8
+    if data.dtype != want:
+        raise TypeError(f"{name} must be {want} for the {fmt} format, got {data.dtype}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if data.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (N, packed columns), got shape {tuple(data.shape)}")
+    cols = packed_cols(k, fmt)
+    if data.shape[1] != cols or (n is not None and data.shape[0] != n):
+        raise ValueError(f"{name} has shape {tuple(data.shape)}, but N={n if n is not None else 'any'}, "
+                         f"K={k} in the {fmt} format need ({n if n is not None else 'N'}, {cols})")
+    if not data.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+@dataclass(frozen=True)
+class PackedTernary:
+    """A packed ternary matrix of logical shape (n, k), checked once when it is built: dtype,
+    shape against (n, k), and that every code is a valid one (2-bit code 3 and bytes above 242
+    would otherwise decode to a wrong weight without any error)."""
+
+    data: Tensor
+    n: int
+    k: int
+    fmt: str = "2bit"
+
+    def __post_init__(self):
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be a positive int, got {self.n!r}")
+        _check_packed_data(self.data, self.k, self.fmt, "data", n=self.n)
+        if self.fmt == "2bit":
+            words = self.data.to(torch.int64) & 0xFFFFFFFF
+            invalid = ((words & 0x55555555) & ((words >> 1) & 0x55555555)) != 0  # a field 0b11
+        else:
+            invalid = self.data > 242
+        if bool(invalid.any()):
+            raise ValueError(f"data holds codes that are not ternary weights in the {self.fmt} format "
+                             f"(first at {tuple(int(i) for i in invalid.nonzero()[0])})")
+
+    @classmethod
+    def pack(cls, w: Shaped[Tensor, "n k"], fmt: str = "2bit") -> "PackedTernary":
+        if fmt not in FORMATS:
+            raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+        data = pack_2bit(w) if fmt == "2bit" else pack_base3(w)
+        return cls(data, int(w.shape[0]), int(w.shape[1]), fmt)
+
+    def unpack(self) -> Int8[Tensor, "n k"]:
+        return unpack_2bit(self.data, self.k) if self.fmt == "2bit" else unpack_base3(self.data, self.k)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 6 helpers: BitNet b1.58 quantisation
+# ----------------------------------------------------------------------------------------------
+
+def quantize_absmean(w: Float[Tensor, "n k"], *, per_channel: bool = False, eps: float = 1e-5
+                     ) -> tuple[Int8[Tensor, "n k"], Float[Tensor, "..."]]:
+    """BitNet b1.58 weights: ``scale = 1 / mean|W|`` (over the tensor, or over each output row
+    when ``per_channel``) and ``W_t = clamp(round(W * scale), -1, 1)``. Then ``W ~= W_t / scale``,
+    so ``x @ W.T ~= x @ W_t.T / scale``: the product every kernel here computes."""
+    if not isinstance(w, Tensor) or not w.is_floating_point():
+        raise TypeError(f"w must be a floating-point torch.Tensor, got {getattr(w, 'dtype', type(w).__name__)}")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
+    w32 = w.float()
+    mean_abs = w32.abs().mean(dim=1) if per_channel else w32.abs().mean()
+    scale = 1.0 / mean_abs.clamp(min=eps)
+    ternary = (w32 * (scale[:, None] if per_channel else scale)).round().clamp(-1, 1)
+    return ternary.to(torch.int8), scale
+
+
+def quantize_activations(x: Float[Tensor, "m k"], eps: float = 1e-5) -> tuple[Int8[Tensor, "m k"], Float[Tensor, " m"]]:
+    """BitNet's per-token absmax int8 activations: ``scale = 127 / max|x_row|``,
+    ``x_q = clamp(round(x * scale), -128, 127)``, so that ``x ~= x_q / scale``."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    x32 = x.float()
+    scale = 127.0 / x32.abs().amax(dim=1).clamp(min=eps)
+    xq = (x32 * scale[:, None]).round().clamp(-128, 127).to(torch.int8)
+    return xq.contiguous(), scale.contiguous()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference and tolerance
+# ----------------------------------------------------------------------------------------------
+
+#: Largest accepted |z - reference| as a fraction of sum_k |x_k w_nk| / |scale_n|: about 32 float32
+#: rounding steps of the magnitude sum. One wrong weight moves z by 2 |x_k|, far above this for
+#: every size used here (the tests check that the tolerance does catch one flipped weight).
+FP32_TOLERANCE = 4e-6
+
+
+def _as_scale64(scale: Union[float, Tensor], device) -> Tensor:
+    return (scale.double() if isinstance(scale, Tensor) else torch.tensor(float(scale), dtype=torch.float64)).to(device)
+
+
+def reference(x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1.0) -> Tensor:
+    """``x @ w.T / scale`` in float64 (x: (K,) or (M, K); w: (N, K); scale: number or (N,))."""
+    return (x.double() @ w.double().T) / _as_scale64(scale, x.device)
+
+
+def error_ratio(z: Tensor, x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1.0) -> float:
+    """``max |z - reference| / (sum_k |x_k||w_nk| / |scale_n|)``; a NaN anywhere counts as infinite."""
+    s = _as_scale64(scale, x.device)
+    ref = (x.double() @ w.double().T) / s
+    magnitude = (x.double().abs() @ w.double().abs().T) / s.abs()
+    return _ratio(z, ref, magnitude)
+
+
+def _ratio(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:
+    err = (z.double() - ref).abs()
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / magnitude.clamp(min=1e-300))
+    ratio = torch.nan_to_num(ratio, nan=math.inf)
+    return float(ratio.max()) if ratio.numel() else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# The seed, kept only to show its bugs (notebook and tests). Guarded: not part of the API.
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _seed_kernel(x_ptr, w_ptr, z_ptr, scale, M, N, stride_xm, stride_wm, stride_wn,
+                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, X_ALONG_N: tl.constexpr):
+    # The seed's kernel as it was: x is (1, M), W is (M, N), z = x W / scale stored as float16.
+    # X_ALONG_N=True is the earlier version whose output stayed in the seed's last cell: it
+    # broadcasts x along N instead of M, which compiles only because the seed's blocks are square.
+    pid = tl.program_id(axis=0)
+    offs_m = tl.arange(0, BLOCK_SIZE_M)
+    offs_n = (pid * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+    x_ptrs = x_ptr + offs_m
+    w_ptrs = w_ptr + (offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn)
+    accumulator = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
+    for m in range(0, tl.cdiv(M, BLOCK_SIZE_M)):
+        if X_ALONG_N:
+            x = tl.load(x_ptrs, mask=offs_m < M - m * BLOCK_SIZE_M, other=0.0)[None, :]
+        else:
+            x = tl.load(x_ptrs, mask=offs_m < M - m * BLOCK_SIZE_M, other=0.0)[:, None]
+        w = tl.load(w_ptrs, mask=offs_m[:, None] < M - m * BLOCK_SIZE_M, other=0.0)
+        elements_to_sum = tl.where(w > 0, x, tl.where(w < 0, -x, tl.zeros_like(x)))
+        accumulator = accumulator + tl.sum(elements_to_sum, axis=0)
+        x_ptrs += BLOCK_SIZE_M * stride_xm
+        w_ptrs += BLOCK_SIZE_M * stride_wm
+    accumulator = accumulator / scale
+    z = accumulator.to(tl.float16)
+    offs_z = pid * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    tl.store(z_ptr + offs_z, z, mask=offs_z < N)
+
+
+def ternary_seed(x: Tensor, w: Tensor, scale: float, *, x_along_n: bool = False,
+                 i_know_this_is_the_buggy_seed: bool = False) -> Tensor:
+    """Run the seed's kernel (W is (K, N) here; 2x2 blocks; float16 out). Wrong on purpose: only
+    the notebook and the tests call it, to show which check catches which bug."""
+    if not i_know_this_is_the_buggy_seed:
+        raise RuntimeError("ternary_seed reproduces the seed's bugs; use ternary_matmul, or pass "
+                           "i_know_this_is_the_buggy_seed=True to look at the bugs on purpose")
+    k, n = w.shape
+    z = torch.full((n,), float("nan"), dtype=torch.float16, device=x.device)
+    _seed_kernel[(triton.cdiv(n, 2),)](x, w, z, scale, k, n, x.stride(0), w.stride(0), w.stride(1),
+                                       BLOCK_SIZE_M=2, BLOCK_SIZE_N=2, X_ALONG_N=x_along_n)
+    return z
+
+
+# ----------------------------------------------------------------------------------------------
+# Autotuning: few configs on the GPU. The interpreter cannot time, so it keeps the first one;
+# the tests run every config explicitly (the ``config=`` argument of the wrappers).
+# ----------------------------------------------------------------------------------------------
+
+def _zero_output(nargs):
+    """pre_hook of split-K configs: their programs add partial sums into z with atomics."""
+    nargs["z_ptr"].zero_()
+
+
+def _cfg(num_warps: int = 4, num_stages: int = 3, **meta) -> triton.Config:
+    hook = _zero_output if meta.get("SPLIT_K", 1) > 1 else None
+    return triton.Config(meta, num_warps=num_warps, num_stages=num_stages, pre_hook=hook)
+
+
+def _autotune(configs: list, key: list[str]):
+    chosen = configs if runtime.mode() == "gpu" else configs[:1]
+    return triton.autotune(configs=chosen, key=key)
+
+
+def config_dict(config: triton.Config) -> dict:
+    """A triton.Config as the ``config=`` argument of the wrappers."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+# Dense steps: many rows a program is fine, the kernels are memory-bound on 1-2 bytes a weight.
+V1_CONFIGS = [_cfg(BLOCK_N=16, BLOCK_K=256), _cfg(BLOCK_N=64, BLOCK_K=64)]
+V3_CONFIGS = [_cfg(BLOCK_N=16), _cfg(BLOCK_N=4)]
+# M=1 kernels: 8 rows a program, all in each thread (x is loaded once for the 8), and 4 words (or
+# 4 bytes) a thread along K; BLOCK_KW = 128 x num_warps keeps every warp on different words.
+GEMV_CONFIGS = [
+    _cfg(BLOCK_N=8, BLOCK_KW=512, SPLIT_K=1, num_warps=4),
+    _cfg(BLOCK_N=8, BLOCK_KW=256, SPLIT_K=1, num_warps=2),
+    _cfg(BLOCK_N=8, BLOCK_KW=128, SPLIT_K=4, num_warps=1),
+]
+GEMV3_CONFIGS = [
+    _cfg(BLOCK_N=8, BLOCK_KB=512, SPLIT_K=1, num_warps=4),
+    _cfg(BLOCK_N=8, BLOCK_KB=256, SPLIT_K=1, num_warps=2),
+    _cfg(BLOCK_N=8, BLOCK_KB=128, SPLIT_K=4, num_warps=1),
+]
+# tl.dot kernels. Few rows of x (BLOCK_M <= 32): pipelined loads; many: no pipelining, or the
+# 16 x-tiles a step would not fit in shared memory.
+# With N = 4096 and 64 rows a program there are only 64 programs for 132 SMs: split K.
+DOT_CONFIGS_FEW = [
+    _cfg(BLOCK_N=64, BLOCK_KW=64, SPLIT_K=1, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=8, num_stages=2),
+]
+DOT_CONFIGS_MANY = [
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
+    _cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
+]
+DOT3_CONFIGS_FEW = [
+    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=4, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=8, num_stages=2),
+]
+DOT3_CONFIGS_MANY = [
+    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_stages=1),
+    _cfg(BLOCK_N=128, BLOCK_KB=64, SPLIT_K=1, num_stages=1, num_warps=8),
+]
+W2A8_CONFIGS_FEW = [
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=2),
+]
+W2A8_CONFIGS_MANY = [  # int8 MMA steps over 32 k: BLOCK_KW >= 32
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
+    _cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 1: the seed's idea, made correct
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def sign_v1_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x. W is (N, K), dense, values -1, 0, +1.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N  # a mask, not a modulo: rows past N are neither read nor written
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # reduced over K once, after the loop
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w = w.to(tl.float32)  # any float type: the sign test is exact (and right in the interpreter)
+        acc += tl.where(w > 0, x, tl.where(w < 0, -x, 0.0))  # sign selection: no multiply
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)  # float32 out
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 2: int8 weights
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def int8_v2_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x. W is (N, K), int8, values -1, 0, +1.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N  # a mask, not a modulo: rows past N are neither read nor written
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # reduced over K once, after the loop
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0)
+        acc += tl.where(w > 0, x, tl.where(w < 0, -x, 0.0))  # sign selection: no multiply
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)  # float32 out
+
+
+sign_v1 = _autotune(V1_CONFIGS, key=["N", "K"])(sign_v1_kernel)
+int8_v2 = _autotune(V1_CONFIGS, key=["N", "K"])(int8_v2_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 3: 2-bit packing. First the direct decode, then a kernel built for M=1.
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def packed2_v3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                      BLOCK_N: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x, one group (16 words, 256 weights) a step.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    word = tl.arange(0, 16)  # word t of a group
+    field = tl.arange(0, 16)  # field j of a word: bits 2j, 2j+1, the code of weight 16 j + t
+    acc = tl.zeros([BLOCK_N, 16, 16], dtype=tl.float32)
+    for g in range(0, KW // 16):
+        words = tl.load(p_rows + g * 16 + word[None, :], mask=row_mask[:, None], other=0x55555555)
+        codes = (words[:, None, :] >> (2 * field)[None, :, None]) & 3  # [n, j, t], code = weight + 1
+        offs_k = g * 256 + field[:, None] * 16 + word[None, :]  # [j, t]: the group's 256 k, in order
+        x = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :, :]
+        acc += tl.where(codes == 2, x, tl.where(codes == 0, -x, 0.0))  # sign selection: no multiply
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(tl.sum(acc, axis=2), axis=1) / scale
+    tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)
+
+
+packed2_v3 = _autotune(V3_CONFIGS, key=["N", "K"])(packed2_v3_kernel)
+
+
+@triton.jit
+def _with_exponent(words):
+    # The low 16 bits of every word (fields 0..7) under an all-ones float exponent: sign and bits
+    # 16..22 cleared, bits 23..30 set. Once a word, so that each field then costs one AND.
+    return (words & 0xFFFF) | 0x7F800000
+
+
+@triton.jit
+def _field_to_float(src, f: tl.constexpr):
+    # Field f (bits 2f, 2f+1; f < 8) of words prepared by _with_exponent, as the weight -1.0, 0.0 or
+    # +1.0 in two instructions, with no shift and no int->float conversion. One AND keeps the field
+    # and the exponent of 2^(23-2f), where the field's lowest bit weighs exactly 1: the float is
+    # 2^(23-2f) + code. Subtracting 2^(23-2f) + 1 leaves code - 1, the weight.
+    bits = src & (((150 - 2 * f) << 23) | (3 << (2 * f)))
+    return bits.to(tl.float32, bitcast=True) - (2.0 ** (23 - 2 * f) + 1.0)
+
+
+@triton.jit
+def gemv_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16  # k of field 0 of each word, from the tile start
+    acc = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        # A wide tile of packed words, BLOCK_N x BLOCK_KW int32 of 16 weights each.
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        low = _with_exponent(words)  # fields 0..7
+        for f in tl.static_range(8):
+            x = tl.load(x_row + offs_k + 16 * f, mask=offs_k + 16 * f < K, other=0.0).to(tl.float32)
+            acc += _field_to_float(low, f) * x[None, :]  # one x load serves the BLOCK_N rows
+        high = _with_exponent(words >> 16)  # fields 8..15, moved down: one shift a word
+        for f in tl.static_range(8):
+            x = tl.load(x_row + offs_k + 16 * (f + 8), mask=offs_k + 16 * (f + 8) < K, other=0.0).to(tl.float32)
+            acc += _field_to_float(high, f) * x[None, :]
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    z_ptrs = z_ptr + m.to(tl.int64) * stride_zm + rows
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask)
+    else:  # z was zeroed; the slices of K add up in it
+        tl.atomic_add(z_ptrs, z, mask=row_mask, sem="relaxed")
+
+
+gemv_2bit = _autotune(GEMV_CONFIGS, key=["N", "K"])(gemv_2bit_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 4: batched activations, decoded weights into tl.dot
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["M"])
+def dot_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K. The
+    # weights are the MMA's wide side (BLOCK_N >= 64 rows), the few rows of x its narrow side.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        low = _with_exponent(words)
+        high = _with_exponent(words >> 16)
+        for f in tl.static_range(8):
+            k_f = offs_k + 16 * f
+            xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
+            acc = tl.dot(_field_to_float(low, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+        for f in tl.static_range(8):
+            k_f = offs_k + 16 * (f + 8)
+            xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
+            acc = tl.dot(_field_to_float(high, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = acc / scale[:, None]
+    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+dot_2bit_few = _autotune(DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(dot_2bit_kernel)
+dot_2bit_many = _autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_2bit_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 5: 1.6-bit packing, 5 weights a byte in base 3
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def gemv_base3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, stride_xm, stride_pn, stride_zm,
+                      scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    bytes_per_split = tl.cdiv(tl.cdiv(KB, SPLIT_K), BLOCK_KB) * BLOCK_KB
+    kb_start = pid_k * bytes_per_split
+    kb_end = tl.minimum(kb_start + bytes_per_split, KB)
+    offs_b = tl.arange(0, BLOCK_KB)
+    x_of_byte = (offs_b // 16) * 80 + offs_b % 16  # k of digit 0 of each byte, from the tile start
+    acc = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
+    for kb0 in range(kb_start, kb_end, BLOCK_KB):
+        kb = tl.max_contiguous(kb0 + offs_b, 4)  # 4 bytes a thread, like the 4 x values they meet
+        # A wide tile of packed bytes, BLOCK_N x BLOCK_KB of 5 weights each (121: five zeros).
+        v = tl.load(p_rows + kb[None, :], mask=row_mask[:, None] & (kb < kb_end)[None, :], other=121)
+        # One table lookup a byte gives its 5 digits as 2-bit fields under the float exponent,
+        # ready for the same two-instruction decode as the 2-bit format. (The 1 KB table stays in L1.)
+        fields = tl.load(table_ptr + v.to(tl.int32))
+        offs_k = kb0 * 5 + x_of_byte
+        for d in tl.static_range(5):
+            x = tl.load(x_row + offs_k + 16 * d, mask=offs_k + 16 * d < K, other=0.0).to(tl.float32)
+            acc += _field_to_float(fields, d) * x[None, :]
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    z_ptrs = z_ptr + m.to(tl.int64) * stride_zm + rows
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask)
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["M"])
+def dot_base3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, KB, stride_xm, stride_pn, stride_zm,
+                     scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    bytes_per_split = tl.cdiv(tl.cdiv(KB, SPLIT_K), BLOCK_KB) * BLOCK_KB
+    kb_start = pid_k * bytes_per_split
+    kb_end = tl.minimum(kb_start + bytes_per_split, KB)
+    offs_b = tl.arange(0, BLOCK_KB)
+    x_of_byte = (offs_b // 16) * 80 + offs_b % 16
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for kb0 in range(kb_start, kb_end, BLOCK_KB):
+        kb = kb0 + offs_b
+        v = tl.load(p_rows + kb[None, :], mask=row_mask[:, None] & (kb < kb_end)[None, :], other=121)
+        fields = tl.load(table_ptr + v.to(tl.int32))
+        offs_k = kb0 * 5 + x_of_byte
+        for d in tl.static_range(5):
+            k_d = offs_k + 16 * d
+            xt = tl.load(x_cols + k_d[:, None], mask=(k_d < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
+            acc = tl.dot(_field_to_float(fields, d).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = acc / scale[:, None]
+    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+gemv_base3 = _autotune(GEMV3_CONFIGS, key=["N", "K"])(gemv_base3_kernel)
+dot_base3_few = _autotune(DOT3_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(dot_base3_kernel)
+dot_base3_many = _autotune(DOT3_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_base3_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 6: int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores, scales at the end
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _field_to_int8(words, f: tl.constexpr):
+    return (((words >> (2 * f)) & 3) - 1).to(tl.int8)
+
+
+@triton.jit(do_not_specialize=["M"])
+def w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
+                    scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)  # exact: |sum| <= 128 K < 2^31
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        for f in tl.static_range(16):
+            k_f = offs_k + 16 * f
+            xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0)
+            acc = tl.dot(_field_to_int8(words, f), xt, acc)
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    x_scale = tl.load(x_scale_ptr + cols, mask=col_mask, other=1.0)
+    z = acc.to(tl.float32) / (scale[:, None] * x_scale[None, :])
+    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+w2a8_dot_few = _autotune(W2A8_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(w2a8_dot_kernel)
+w2a8_dot_many = _autotune(W2A8_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(w2a8_dot_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Python wrappers: check, allocate, launch. Nothing here waits for the GPU (no .item(), no
+# host copies), so a timed call measures the kernels and nothing else.
+# ----------------------------------------------------------------------------------------------
+
+X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+Scale = Union[float, Tensor]
+
+
+def _check_device(t: Tensor, name: str, like: Optional[Tensor] = None) -> None:
+    want = runtime.device().type
+    if t.device.type != want:
+        raise ValueError(f"{name} must be on {want} (kernels run in {runtime.mode()} mode), got {t.device}")
+    if like is not None and t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but x is on {like.device}")
+
+
+def _check_x(x: Any, k: Optional[int], dtypes: tuple = X_DTYPES, name: str = "x") -> tuple[Tensor, bool]:
+    """``x`` as a 2-D (M, K) tensor, and whether it came as a vector."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name} must be one of {[str(d) for d in dtypes]}, got {x.dtype}")
+    if x.ndim not in (1, 2):
+        raise ValueError(f"{name} must be 1-D (K,) or 2-D (M, K), got shape {tuple(x.shape)}")
+    vector = x.ndim == 1
+    x2 = x[None, :] if vector else x
+    if x2.shape[0] < 1:
+        raise ValueError(f"{name} must have at least one row, got shape {tuple(x.shape)}")
+    if k is not None and x2.shape[1] != k:
+        raise ValueError(f"{name} has K={x2.shape[1]} but the weights have K={k}")
+    if x2.stride(1) != 1:
+        raise ValueError(f"{name} must be contiguous along its last dimension (K)")
+    _check_device(x2, name)
+    return x2, vector
+
+
+@functools.lru_cache(maxsize=64)
+def _scalar_tensor(value: float, device: str) -> Tensor:
+    return torch.tensor([value], dtype=torch.float32, device=device)
+
+
+def _check_scale(scale: Any, n: int, like: Tensor) -> tuple[Tensor, int]:
+    """(float32 tensor, stride): stride 0 for one scale, 1 for one per output channel. Tensor values
+    are not inspected (that would wait for the GPU); a Python number must be finite and nonzero."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, Tensor)):
+        raise TypeError(f"scale must be a number or a float32 tensor of shape ({n},), got {type(scale).__name__}")
+    if not isinstance(scale, Tensor):
+        if not math.isfinite(scale) or scale == 0:
+            raise ValueError(f"scale must be finite and nonzero, got {scale}")
+        return _scalar_tensor(float(scale), str(like.device)), 0
+    if scale.dtype != torch.float32:
+        raise TypeError(f"scale must be float32, got {scale.dtype}")
+    _check_device(scale, "scale", like)
+    if scale.numel() == 1:
+        return scale.reshape(1), 0
+    if scale.shape != (n,) or not scale.is_contiguous():
+        raise ValueError(f"scale must be a number, a one-element tensor or a contiguous ({n},) tensor, "
+                         f"got shape {tuple(scale.shape)}")
+    return scale, 1
+
+
+def _prepare_out(out: Optional[Tensor], m: int, n: int, like: Tensor) -> Tensor:
+    if out is None:
+        return torch.empty((m, n), dtype=torch.float32, device=like.device)
+    if not isinstance(out, Tensor) or out.dtype != torch.float32:
+        raise TypeError(f"out must be a float32 torch.Tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    if out.numel() != m * n or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of {m}x{n} elements, got shape {tuple(out.shape)}")
+    _check_device(out, "out", like)
+    return out.view(m, n)
+
+
+def _check_dense(w: Any, dtypes: tuple, k: int, like: Tensor) -> Tensor:
+    if not isinstance(w, Tensor):
+        raise TypeError(f"w must be a torch.Tensor, got {type(w).__name__}")
+    if w.dtype not in dtypes:
+        raise TypeError(f"w must be one of {[str(d) for d in dtypes]}, got {w.dtype}")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
+    if w.shape[1] != k:
+        raise ValueError(f"x has K={k} but w has K={w.shape[1]}")
+    if w.stride(1) != 1:
+        raise ValueError("w must be contiguous along its last dimension (K)")
+    _check_device(w, "w", like)
+    return w
+
+
+def _check_packed(w: Any, fmt: str, k: int, like: Tensor) -> PackedTernary:
+    if not isinstance(w, PackedTernary):
+        raise TypeError(f"w must be a PackedTernary (see PackedTernary.pack), got {type(w).__name__}")
+    if w.fmt != fmt:
+        raise ValueError(f"this kernel reads the {fmt} format, got a PackedTernary in {w.fmt}")
+    if w.k != k:
+        raise ValueError(f"x has K={k} but w has K={w.k}")
+    _check_device(w.data, "w", like)
+    return w
+
+
+def _launch(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict) -> None:
+    """The autotuned kernel, or one explicit config (the tests run every config this way)."""
+    if config is None:
+        kernel[grid](*args, **meta)
+        return
+    config = dict(config)
+    num_warps, num_stages = config.pop("num_warps", 4), config.pop("num_stages", 3)
+    if config.get("SPLIT_K", 1) > 1:
+        args[2].zero_()  # z: the slices of K add into it
+    kernel.fn[grid](*args, **meta, **config, num_warps=num_warps, num_stages=num_stages)
+
+
+def _x_k(w: Any) -> Optional[int]:
+    if isinstance(w, PackedTernary):
+        return w.k
+    return w.shape[1] if isinstance(w, Tensor) and w.ndim == 2 else None
+
+
+def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
+             dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False):
+    """Launch a kernel with one program column per row of x (steps 1-3 and the M=1 kernels)."""
+    x2, vector = _check_x(x, _x_k(w))
+    m, k = x2.shape
+    if dense_dtypes is not None:
+        w = _check_dense(w, dense_dtypes, k, x2)
+        n, data, extra = w.shape[0], w, ()
+    else:
+        w = _check_packed(w, fmt, k, x2)
+        n, data = w.n, w.data
+        extra = (data.shape[1],)
+    s, s_stride = _check_scale(scale, n, x2)
+    z = _prepare_out(out, m, n, x2)
+    table = (base3_table(str(x2.device)),) if fmt == "base3" else ()
+    args = (x2, data, z, s, *table, n, k, *extra, x2.stride(0), data.stride(0), z.stride(0), s_stride)
+    if split:
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], m)  # noqa: E731
+    else:
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m)  # noqa: E731
+    _launch(kernel, grid, args, config, {})
+    return z[0] if vector else z
+
+
+def matmul_sign_v1(x: Float[Tensor, "*m k"], w: Float[Tensor, "n k"], scale: Scale = 1.0, *,
+                   out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 1: dense float weights, each -1, 0 or +1 (not checked here; the packers check)."""
+    return _rowwise(sign_v1, x, w, scale, out, config, dense_dtypes=X_DTYPES)
+
+
+def matmul_int8_v2(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale = 1.0, *,
+                   out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 2: int8 weights."""
+    return _rowwise(int8_v2, x, w, scale, out, config, dense_dtypes=(torch.int8,))
+
+
+def matmul_2bit_v3(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                   out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 3: 2-bit weights decoded with shifts and masks."""
+    return _rowwise(packed2_v3, x, w, scale, out, config, fmt="2bit")
+
+
+def gemv_2bit_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                     out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 3, built for M=1: 2-bit weights, wide tiles, the two-instruction decode, split-K.
+    (Any M works; each row of x re-reads the weights.)"""
+    return _rowwise(gemv_2bit, x, w, scale, out, config, fmt="2bit", split=True)
+
+
+def gemv_base3_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 5, built for M=1: base-3 (1.6-bit) weights."""
+    return _rowwise(gemv_base3, x, w, scale, out, config, fmt="base3", split=True)
+
+
+def block_m_for(m: int) -> int:
+    """Rows of x a tl.dot program covers: at least 16 (the MMA's smallest), at most 128."""
+    return min(128, max(16, triton.next_power_of_2(m)))
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _dot_types(x_dtype: torch.dtype) -> tuple:
+    """(operand dtype, input_precision) of the tl.dot kernels. Weights are exact in any of them.
+    float32 x: "ieee", not TF32, which would round x. The interpreter of Triton 3.9 computes bf16
+    tl.dot wrongly, so there bf16 operands are widened to float32 (exactly; only on the CPU)."""
+    if x_dtype == torch.float32 or (x_dtype == torch.bfloat16 and runtime.mode() == "interpreter"):
+        return tl.float32, "ieee"
+    return _TL_DTYPES[x_dtype], "tf32"  # the precision argument only matters for float32 operands
+
+
+def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
+             fmt: str, x_dtypes: tuple = X_DTYPES, x_scale: Optional[Tensor] = None, x_name: str = "x"):
+    """Launch a tl.dot kernel: the program grid is (N blocks, K slices, M blocks)."""
+    x2, vector = _check_x(x, _x_k(w), dtypes=x_dtypes, name=x_name)
+    m, k = x2.shape
+    w = _check_packed(w, fmt, k, x2)
+    s, s_stride = _check_scale(scale, w.n, x2)
+    z = _prepare_out(out, m, w.n, x2)
+    block_m = block_m_for(m)
+    meta = {"BLOCK_M": block_m}
+    if x_scale is None:
+        meta["DOT_DTYPE"], meta["DOT_PRECISION"] = _dot_types(x2.dtype)
+        head = (x2, w.data, z, s) + ((base3_table(str(x2.device)),) if fmt == "base3" else ())
+    else:
+        head = (x2, w.data, z, s, x_scale)
+    args = head + (m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0), s_stride)
+    grid = lambda meta: (triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, block_m))  # noqa: E731
+    kernel = kernels[0] if block_m <= 32 else kernels[1]
+    _launch(kernel, grid, args, config, meta)
+    return z[0] if vector else z
+
+
+def dot_2bit_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                    out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 4: 2-bit weights decoded in registers and multiplied with ``tl.dot`` (for M > 1)."""
+    return _dotwise((dot_2bit_few, dot_2bit_many), x, w, scale, out, config, "2bit")
+
+
+def dot_base3_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                     out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 5: base-3 (1.6-bit) weights with ``tl.dot`` (for M > 1)."""
+    return _dotwise((dot_base3_few, dot_base3_many), x, w, scale, out, config, "base3")
+
+
+def w2a8_matmul(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: PackedTernary, scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 6: ``z = (xq @ W.T) / (x_scale[:, None] * scale)`` with int8 activations (from
+    :func:`quantize_activations`), 2-bit weights and exact int32 sums on the tensor cores."""
+    m = xq.shape[0] if isinstance(xq, Tensor) and xq.ndim == 2 else 1
+    if not isinstance(x_scale, Tensor) or x_scale.dtype != torch.float32:
+        got = getattr(x_scale, "dtype", type(x_scale).__name__)
+        raise TypeError(f"x_scale must be a float32 torch.Tensor, got {got}")
+    if x_scale.shape != (m,) or not x_scale.is_contiguous():
+        raise ValueError(f"x_scale must be a contiguous ({m},) tensor, one scale per row of xq; "
+                         f"got shape {tuple(x_scale.shape)}")
+    _check_device(x_scale, "x_scale")
+    return _dotwise((w2a8_dot_few, w2a8_dot_many), xq, w, scale, out, config, "2bit", x_dtypes=(torch.int8,),
+                    x_scale=x_scale, x_name="xq")
+
+
+def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                   out: Optional[Tensor] = None) -> Float[Tensor, "*m n"]:
+    """``x @ W.T / scale`` for packed ternary ``W``: the M=1 kernel for one row of x, tl.dot above."""
+    one_row = isinstance(x, Tensor) and (x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1))
+    if isinstance(w, PackedTernary) and w.fmt == "base3":
+        return (gemv_base3_matmul if one_row else dot_base3_matmul)(x, w, scale, out=out)
+    return (gemv_2bit_matmul if one_row else dot_2bit_matmul)(x, w, scale, out=out)
+
+
+#: Every step's wrapper, the weights it reads, and its configs (the tests run each one).
+STEPS: dict[str, tuple[Callable, str, list]] = {
+    "v1_sign": (matmul_sign_v1, "dense", V1_CONFIGS),
+    "v2_int8": (matmul_int8_v2, "int8", V1_CONFIGS),
+    "v3_2bit": (matmul_2bit_v3, "2bit", V3_CONFIGS),
+    "gemv_2bit": (gemv_2bit_matmul, "2bit", GEMV_CONFIGS),
+    "dot_2bit": (dot_2bit_matmul, "2bit", DOT_CONFIGS_FEW + DOT_CONFIGS_MANY),
+    "gemv_base3": (gemv_base3_matmul, "base3", GEMV3_CONFIGS),
+    "dot_base3": (dot_base3_matmul, "base3", DOT3_CONFIGS_FEW + DOT3_CONFIGS_MANY),
+}
+W2A8_CONFIGS = W2A8_CONFIGS_FEW + W2A8_CONFIGS_MANY
+
+
+# ----------------------------------------------------------------------------------------------
+# Benchmark (GPU only): python -m studylog bench ternary
+# ----------------------------------------------------------------------------------------------
+
+#: (family, N, K): BitNet b1.58 2B4T-style and Llama-style projections, as the issue lists them.
+BENCH_SHAPES = [
+    ("bitnet", 2560, 2560), ("bitnet", 13824, 2560), ("bitnet", 2560, 6912), ("bitnet", 20480, 3200),
+    ("llama", 4096, 14336), ("llama", 14336, 4096), ("llama", 8192, 28672),
+]
+BENCH_MS = (1, 16, 128)
+QUICK_SHAPES = [("llama", 4096, 14336), ("bitnet", 2560, 2560)]
+QUICK_MS = (1, 16)
+#: Series timed at M=1 (every step), and at M > 1 (the tl.dot kernels).
+M1_SERIES = ["v1_sign_bf16", "v2_int8", "v3_2bit", "gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8"]
+BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8"]
+
+
+def _autotuner_for(series: str, m: int):
+    few = block_m_for(m) <= 32
+    return {
+        "v1_sign_bf16": sign_v1, "v2_int8": int8_v2, "v3_2bit": packed2_v3, "gemv_2bit": gemv_2bit,
+        "gemv_base3": gemv_base3, "dot_2bit": dot_2bit_few if few else dot_2bit_many,
+        "dot_base3": dot_base3_few if few else dot_base3_many, "w2a8": w2a8_dot_few if few else w2a8_dot_many,
+    }.get(series)
+
+
+def _peak_tflops(run, dtype) -> float:
+    """Dense matmul rate of this GPU, measured in this run (bf16: cuBLAS; int8: torch._int_mm)."""
+    n = 8192
+    if dtype == torch.int8:
+        a = torch.randint(-127, 128, (n, n), dtype=torch.int8, device="cuda")
+        b = torch.randint(-127, 128, (n, n), dtype=torch.int8, device="cuda").T.contiguous().T
+        ms = run.time(lambda: torch._int_mm(a, b))
+    else:
+        a = torch.randn(n, n, dtype=dtype, device="cuda")
+        b = torch.randn(n, n, dtype=dtype, device="cuda")
+        ms = run.time(lambda: a @ b)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def bench(run) -> None:
+    """cuBLAS bf16 against every step, per shape and M; correctness checked on the same inputs."""
+    shapes, ms_list = (QUICK_SHAPES, QUICK_MS) if run.quick else (BENCH_SHAPES, BENCH_MS)
+    peak = {"bf16": _peak_tflops(run, torch.bfloat16), "int8": _peak_tflops(run, torch.int8)}
+    run.record("peak_bf16_matmul", 0.0, params={}, role="baseline", tflops=peak["bf16"])
+    run.record("peak_int8_matmul", 0.0, params={}, role="baseline", tops=peak["int8"])
+    run.note("Weights: quantize_absmean(randn(N, K)), one scale per tensor; x: randn(M, K) in bf16. Baseline: "
+             "cuBLAS bf16 x @ W.T on the same ternary matrix stored densely (bf16 out, no scale). Ours: float32 out, "
+             "divided by the scale. w2a8 times the matmul alone, x already quantised to int8.")
+    run.note("floor_ms = max(bytes moved / copy bandwidth of this run, 2MNK / measured matmul peak of the MMA the "
+             "kernel uses); bytes = weights + x + z.")
+    torch.manual_seed(0)
+    for family, n, k in run.progress(shapes, "shapes"):
+        _bench_shape(run, family, n, k, ms_list, peak)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
+    dev = runtime.device()
+    w_t, scale_t = quantize_absmean(torch.randn(n, k, device=dev))
+    scale = float(scale_t)  # one number: no per-call tensor
+    w_bf16 = w_t.to(torch.bfloat16)
+    p2, p3 = PackedTernary.pack(w_t, "2bit"), PackedTernary.pack(w_t, "base3")
+    w64 = w_t.double()
+    for m in ms_list:
+        params = {"shape": f"{n}x{k}", "family": family, "n": n, "k": k, "m": m}
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        xq, x_scale = quantize_activations(x)
+        x64, xq64 = x.double(), xq.double()
+        ref = (x64 @ w64.T) / scale
+        magnitude = (x64.abs() @ w64.abs().T) / abs(scale)
+        ref_q = (xq64 @ w64.T) / (x_scale.double()[:, None] * scale)
+        magnitude_q = (xq64.abs() @ w64.abs().T) / (x_scale.double()[:, None] * abs(scale))
+        flops = 2 * m * n * k
+        x_bytes, z_bytes = m * k * 2, m * n * 4
+
+        def record(series, fn, weight_bytes, mma, reference, mag, role="kernel", out_bytes=z_bytes,
+                   in_bytes=x_bytes, check=True):
+            z = fn()  # the first call autotunes
+            if check:
+                ratio = _ratio(z.float(), reference, mag)
+                run.check(f"{series} equals float64 reference", ratio <= FP32_TOLERANCE, params=params,
+                          error_ratio=ratio, tolerance=FP32_TOLERANCE)
+            ms = run.time(fn)
+            nbytes = weight_bytes + in_bytes + out_bytes
+            mem = run.floor_ms(nbytes)
+            compute = flops / (peak[mma] * 1e12) * 1e3 if mma else 0.0
+            best = str(getattr(_autotuner_for(series, m), "best_config", ""))
+            run.record(series, ms, params=params, role=role, floor_ms=max(mem, compute), floor_mem_ms=mem,
+                       floor_compute_ms=compute, weight_bytes=weight_bytes, bytes=nbytes,
+                       gbs=nbytes / (ms * 1e-3) / 1e9, config=best)
+
+        record("cublas_bf16", lambda: x @ w_bf16.T, n * k * 2, "bf16", ref, magnitude, role="baseline",
+               out_bytes=m * n * 2, check=False)
+        exact = ref * scale
+        z_bf16 = (x @ w_bf16.T).double()
+        # a sanity check that the baseline computes the same product (cuBLAS may reduce in bf16)
+        run.check("cublas_bf16 within bf16 rounding of float64", bool(
+            ((z_bf16 - exact).abs() <= 2**-7 * exact.abs() + 2**-10 * magnitude * abs(scale)).all()), params=params)
+        runs = {
+            "v1_sign_bf16": (lambda: matmul_sign_v1(x, w_bf16, scale), n * k * 2, None),
+            "v2_int8": (lambda: matmul_int8_v2(x, w_t, scale), n * k, None),
+            "v3_2bit": (lambda: matmul_2bit_v3(x, p2, scale), p2.nbytes, None),
+            "gemv_2bit": (lambda: gemv_2bit_matmul(x, p2, scale), p2.nbytes, None),
+            "gemv_base3": (lambda: gemv_base3_matmul(x, p3, scale), p3.nbytes, None),
+            "dot_2bit": (lambda: dot_2bit_matmul(x, p2, scale), p2.nbytes, "bf16"),
+            "dot_base3": (lambda: dot_base3_matmul(x, p3, scale), p3.nbytes, "bf16"),
+        }
+        for name in M1_SERIES if m == 1 else BATCH_SERIES:
+            if name == "w2a8":
+                record(name, lambda: w2a8_matmul(xq, x_scale, p2, scale), p2.nbytes, "int8", ref_q, magnitude_q,
+                       in_bytes=m * k + m * 4)
+            else:
+                fn, weight_bytes, mma = runs[name]
+                record(name, fn, weight_bytes, mma, ref, magnitude)
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures and target checks, from a results file (python -m studylog plot ternary; the notebook)
+# ----------------------------------------------------------------------------------------------
+
+SERIES_LABELS = {
+    "cublas_bf16": "cuBLAS bf16", "v1_sign_bf16": "1: sign, bf16 W", "v2_int8": "2: int8 W", "v3_2bit": "3: 2-bit",
+    "gemv_2bit": "3: 2-bit, M=1 kernel", "dot_2bit": "4: 2-bit, tl.dot", "gemv_base3": "5: 1.6-bit, M=1 kernel",
+    "dot_base3": "5: 1.6-bit, tl.dot", "w2a8": "6: W2A8, tl.dot",
+}
+
+
+def _shapes_in(results) -> list[str]:
+    seen: dict[str, None] = {}
+    for row in results.rows:
+        if "shape" in row["params"]:
+            seen.setdefault(row["params"]["shape"], None)
+    return list(seen)
+
+
+def _ms(results, series: str, **params) -> Optional[float]:
+    rows = results.select(series, **params)
+    return rows[0]["ms"] if rows else None
+
+
+def speedup_table(results, m: int) -> str:
+    """Markdown: time per series (µs) and speedup over cuBLAS bf16, one line per shape."""
+    series = [s for s in (M1_SERIES if m == 1 else BATCH_SERIES) if results.select(s, m=m)]
+    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{SERIES_LABELS[s]} (µs, x)" for s in series] + ["2-bit floor (µs)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in _shapes_in(results):
+        base = _ms(results, "cublas_bf16", shape=shape, m=m)
+        if base is None:
+            continue
+        cells = [shape, f"{base * 1e3:.1f}"]
+        for s in series:
+            t = _ms(results, s, shape=shape, m=m)
+            cells.append("–" if t is None else f"{t * 1e3:.1f} ({base / t:.1f}x)")
+        floor = results.select("gemv_2bit" if m == 1 else "dot_2bit", shape=shape, m=m)
+        cells.append(f"{floor[0]['floor_ms'] * 1e3:.1f}" if floor else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
+    """The issue's targets, each as (target, met?, the numbers behind it); None when not measured."""
+    out = []
+
+    def best(shape, m, series):
+        found = [(results.select(s, shape=shape, m=m), s) for s in series]
+        found = [(rows[0], s) for rows, s in found if rows]
+        return min(found, key=lambda t: t[0]["ms"]) if found else (None, None)
+
+    for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
+        base = _ms(results, "cublas_bf16", shape=shape, m=m)
+        row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8"])
+        if base is None or row is None:
+            out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
+            continue
+        speedup = base / row["ms"]
+        out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want,
+                    f"{SERIES_LABELS[s]} {row['ms'] * 1e3:.1f} µs vs {base * 1e3:.1f} µs: {speedup:.2f}x"))
+    for shape in ("4096x14336", "8192x28672"):
+        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit"])
+        if row is None:
+            out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
+            continue
+        ratio = row["ms"] / row["floor_ms"]
+        detail = f"{SERIES_LABELS[s]} {row['ms'] * 1e3:.1f} µs, floor {row['floor_ms'] * 1e3:.1f} µs: {ratio:.2f}x"
+        out.append((f"M=1, {shape}: within 2x of the 2-bit floor", ratio <= 2.0, detail))
+    checks = results.data.get("checks", [])
+    bad = [c for c in checks if not c["passed"]]
+    out.append(("results equal a float64 reference within float32 tolerance", not bad and bool(checks),
+                f"{len(checks) - len(bad)} of {len(checks)} checks passed"))
+    return out
+
+
+def figures(results) -> dict:
+    """speedup: over cuBLAS bf16 per shape and M. floor: M=1 time against each format's floor.
+    steps: M=1 time of every step on the Llama shapes."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    shapes = _shapes_in(results)
+    ms_present = sorted({r["params"]["m"] for r in results.rows if "m" in r["params"]})
+    figs = {}
+
+    fig, axes = plt.subplots(1, len(ms_present), figsize=(5.2 * len(ms_present), 4.2), squeeze=False)
+    for ax, m in zip(axes[0], ms_present):
+        series = [s for s in (["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8"] if m == 1 else BATCH_SERIES)
+                  if results.select(s, m=m)]
+        width = 0.8 / max(1, len(series))
+        for i, s in enumerate(series):
+            vals = []
+            for shape in shapes:
+                base, t = _ms(results, "cublas_bf16", shape=shape, m=m), _ms(results, s, shape=shape, m=m)
+                vals.append(base / t if base and t else np.nan)
+            ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width, label=SERIES_LABELS[s])
+        ax.axhline(1.0, color="k", lw=1)
+        targets = {1: ((4.0, "4096x14336"), (6.0, "8192x28672")), 16: ((3.0, "4096x14336"),)}.get(m, ())
+        for want, shape in targets:
+            if shape in shapes:
+                j = shapes.index(shape)
+                ax.plot([j - 0.45, j + 0.45], [want, want], "r--", lw=1.2)
+        ax.set_xticks(range(len(shapes)), shapes, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("speedup over cuBLAS bf16")
+        ax.set_title(f"M = {m}" + ("  (red: the issue's targets)" if m in (1, 16) else ""), fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(results.caption(), fontsize=8)
+    fig.tight_layout()
+    figs["speedup"] = fig
+
+    fig, ax = plt.subplots(figsize=(6.4, 5))
+    lo, hi = math.inf, 0.0
+    for s, marker in (("cublas_bf16", "s"), ("gemv_2bit", "o"), ("gemv_base3", "^"), ("dot_2bit", "v")):
+        rows = results.select(s, m=1)
+        if not rows:
+            continue
+        xs = [r["floor_ms"] * 1e3 for r in rows]
+        ys = [r["ms"] * 1e3 for r in rows]
+        lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+        ax.scatter(xs, ys, marker=marker, label=f"{SERIES_LABELS[s]} (vs its own format's floor)")
+    if hi > 0:
+        line = np.array([lo / 1.5, hi * 1.5])
+        ax.plot(line, line, "k-", lw=1, label="time = floor")
+        ax.plot(line, 2 * line, "k--", lw=1, label="time = 2 x floor")
+        env = results.data["ceilings"].get("empty_launch_ms")
+        if env:
+            ax.axhline(env * 1e3, color="gray", ls=":", lw=1, label="empty Triton kernel")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bandwidth floor (µs): bytes / measured copy bandwidth")
+    ax.set_ylabel("measured time (µs, median)")
+    ax.set_title(f"M = 1: time against the floor\n{results.caption()}", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    figs["floor"] = fig
+
+    llama = [s for s in shapes if results.select("cublas_bf16", shape=s, family="llama", m=1)]
+    if llama:
+        steps = [s for s in ["cublas_bf16"] + M1_SERIES if results.select(s, m=1)]
+        fig, ax = plt.subplots(figsize=(8.5, 4.2))
+        width = 0.8 / len(llama)
+        for i, shape in enumerate(llama):
+            vals = [(_ms(results, s, shape=shape, m=1) or np.nan) * 1e3 for s in steps]
+            ax.bar(np.arange(len(steps)) + (i - (len(llama) - 1) / 2) * width, vals, width, label=shape)
+        ax.set_xticks(range(len(steps)), [SERIES_LABELS[s] for s in steps], rotation=30, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("time (µs, median)")
+        ax.set_title(f"M = 1, step by step\n{results.caption()}", fontsize=8)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        figs["steps"] = fig
+    return figs

@@ -1,0 +1,397 @@
+"""Chapter 5, ternary matmul: formats, every step's kernel, the seed's bugs, bad input.
+
+In the interpreter the kernels run at small, awkward sizes: K and N are not multiples of the
+blocks, of the 16 weights of a word, of the 256 of a 2-bit group or of the 80 of a base-3 group.
+Every config each kernel can be autotuned to is run explicitly. The same checks run at full
+size on a GPU (``-m gpu``).
+"""
+
+import math
+
+import pytest
+import torch
+
+from studylog import runtime
+from studylog import ternary as T
+
+DEV = runtime.device()
+TOL = T.FP32_TOLERANCE
+
+
+def ternary(n, k, rng, zeros=1 / 3):
+    """Random ternary weights with about ``zeros`` of them 0 (int8)."""
+    u = torch.rand(n, k, generator=rng)
+    sign = torch.where(torch.rand(n, k, generator=rng) < 0.5, -1, 1)
+    return torch.where(u < zeros, 0, sign).to(torch.int8)
+
+
+def weights_for(kind, w):
+    return {"dense": lambda: w.to(DEV, torch.float32), "int8": lambda: w.to(DEV),
+            "2bit": lambda: T.PackedTernary.pack(w.to(DEV), "2bit"),
+            "base3": lambda: T.PackedTernary.pack(w.to(DEV), "base3")}[kind]()
+
+
+def poisoned(m, n):
+    return torch.full((m, n), float("nan"), device=DEV)
+
+
+def assert_matches(z, x, w, scale=1.0):
+    assert not torch.isnan(z).any(), "the kernel left outputs unwritten (NaN poison survived)"
+    ratio = T.error_ratio(z, x, w, scale)
+    assert ratio <= TOL, f"max error is {ratio:.2e} of sum |x||w|; tolerance {TOL:.0e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Formats
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, k", [(1, 1), (3, 15), (2, 16), (5, 17), (4, 79), (3, 80), (2, 81), (3, 255),
+                                  (2, 256), (3, 257), (2, 700)])
+@pytest.mark.parametrize("fmt", T.FORMATS)
+def test_pack_unpack_round_trip(n, k, fmt, rng):
+    w = ternary(n, k, rng)
+    packed = T.PackedTernary.pack(w, fmt)
+    assert packed.data.shape == (n, T.packed_cols(k, fmt))
+    assert torch.equal(packed.unpack(), w)
+
+
+def test_padding_holds_zero_weights(rng):
+    w = ternary(3, 300, rng)  # 2-bit: 2 groups (512 weights, 212 padding); base 3: 4 groups (320, 20 padding)
+    data2 = T.pack_2bit(w)
+    assert data2.shape == (3, 32)
+    assert torch.equal(T.unpack_2bit(data2, 512)[:, 300:], torch.zeros(3, 212, dtype=torch.int8))
+    # group 2 holds weights 256..299 in fields j = 0, 1 (all words) and j = 2 (words t < 12); every
+    # field from j = 3 up is padding, code 01, in every word of the group
+    group2 = data2[:, 16:].to(torch.int64) & 0xFFFFFFFF
+    assert (group2 >> 6 == T.ZERO_WORD >> 6).all()
+    assert (group2[:, 12:] >> 4 == T.ZERO_WORD >> 4).all()
+    data3 = T.pack_base3(w)
+    assert data3.shape == (3, 64)
+    assert torch.equal(T.unpack_base3(data3, 320)[:, 300:], torch.zeros(3, 20, dtype=torch.int8))
+
+
+def test_2bit_layout_is_the_documented_one():
+    # weight 16 j + t of a group sits in word t, bits 2j..2j+1, as the code w + 1
+    w = torch.zeros(1, 256, dtype=torch.int8)
+    w[0, 16 * 5 + 3] = 1  # j = 5, t = 3: code 2
+    w[0, 16 * 15 + 0] = -1  # j = 15, t = 0: code 0
+    words = T.pack_2bit(w)[0].to(torch.int64) & 0xFFFFFFFF
+    assert words[3] == (T.ZERO_WORD & ~(3 << 10)) | (2 << 10)
+    assert words[0] == T.ZERO_WORD & ~(3 << 30)
+
+
+def test_every_base3_byte_and_the_kernel_table():
+    # all 243 combinations of 5 weights: pack, unpack, and the table the kernels decode with
+    digits = torch.cartesian_prod(*[torch.arange(3)] * 5)  # (243, 5), digit d of weight 16 d
+    w = torch.zeros(243, 80, dtype=torch.int8)
+    for d in range(5):
+        w[:, 16 * d] = digits[:, d] - 1
+    data = T.pack_base3(w)
+    v = data[:, 0].to(torch.int64)
+    assert sorted(v.tolist()) == list(range(243))
+    assert torch.equal(T.unpack_base3(data, 80), w)
+    table = torch.tensor(T.base3_table_values(), dtype=torch.int64) & 0xFFFFFFFF
+    assert ((table >> 23) & 0xFF == 0xFF).all()  # the exponent bits the decode expects
+    fields = table[v]
+    for d in range(5):
+        assert torch.equal((fields >> (2 * d)) & 3, digits[:, d])
+    assert (table[243:] == table[T.ZERO_BYTE]).all()
+
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.tensor([[0, 2]]), "ternary"),
+    (torch.tensor([[0.5, 1.0]]), "ternary"),
+    (torch.tensor([[float("nan"), 1.0]]), "ternary"),
+    (torch.tensor([[-2, 0]]), "ternary"),
+    (torch.tensor([1, 0, -1]), "2-D"),
+    (torch.tensor([[True, False]]), "dtype"),
+    ([[1, 0]], "torch.Tensor"),
+])
+@pytest.mark.parametrize("fmt", T.FORMATS)
+def test_pack_rejects_non_ternary(bad, match, fmt):
+    with pytest.raises((TypeError, ValueError), match=match):
+        T.PackedTernary.pack(bad, fmt)
+
+
+def test_packed_shape_and_dtype_must_match_n_and_k(rng):
+    w = ternary(4, 300, rng)
+    data2, data3 = T.pack_2bit(w), T.pack_base3(w)
+    T.PackedTernary(data2, 4, 300)  # fine
+    T.PackedTernary(data2, 4, 257)  # fine too: 257..512 weights take the same 32 words
+    with pytest.raises(ValueError, match=r"K=600 in the 2bit format need \(4, 48\)"):
+        T.PackedTernary(data2, 4, 600)
+    with pytest.raises(ValueError, match="N=5"):
+        T.PackedTernary(data2, 5, 300)
+    with pytest.raises(ValueError, match=r"K=400 in the base3 format need \(4, 80\)"):
+        T.PackedTernary(data3, 4, 400, "base3")
+    with pytest.raises(TypeError, match="int32"):
+        T.PackedTernary(data3, 4, 300, "2bit")
+    with pytest.raises(TypeError, match="uint8"):
+        T.PackedTernary(data2, 4, 300, "base3")
+    with pytest.raises(ValueError, match="fmt"):
+        T.PackedTernary(data2, 4, 300, "3bit")
+    with pytest.raises(ValueError, match="contiguous"):
+        T.PackedTernary(torch.cat([data2, data2], dim=1)[:, ::2], 4, 300)
+    with pytest.raises(ValueError, match="k must be"):
+        T.unpack_2bit(data2, 0)
+
+
+def test_packed_rejects_invalid_codes(rng):
+    data2 = T.pack_2bit(ternary(2, 256, rng))
+    data2[1, 7] |= 3 << 20  # a field with code 3
+    with pytest.raises(ValueError, match="not ternary"):
+        T.PackedTernary(data2, 2, 256)
+    data3 = T.pack_base3(ternary(2, 80, rng))
+    data3[0, 4] = 243
+    with pytest.raises(ValueError, match="not ternary"):
+        T.PackedTernary(data3, 2, 80, "base3")
+
+
+# ------------------------------------------------------------------------------------------------
+# The tolerance has teeth, and the seed's bugs are caught
+# ------------------------------------------------------------------------------------------------
+
+def test_tolerance_catches_one_flipped_weight(rng):
+    n, k = 9, 3000
+    x, w = torch.randn(2, k, generator=rng), ternary(n, k, rng)
+    exact = T.reference(x, w).float()
+    assert T.error_ratio(exact, x, w) <= TOL
+    nonzero = w.nonzero()
+    i, j = nonzero[torch.randint(len(nonzero), (1,), generator=rng)][0].tolist()
+    flipped = w.clone()
+    flipped[i, j] = -flipped[i, j]
+    assert T.error_ratio(T.reference(x, flipped).float(), x, w) > TOL
+
+
+def seed_example():
+    s = torch.tensor([1.0, 2, 4, 8], device=DEV)
+    w = torch.tensor([[1.0, 0, 0, 0], [0, 1, 1, 0], [0, -1, 0, 1], [0, 0, 1, -1]], device=DEV)
+    return s, w
+
+
+def test_the_seed_is_guarded():
+    s, w = seed_example()
+    with pytest.raises(RuntimeError, match="seed's bugs"):
+        T.ternary_seed(s, w, 1.0)
+
+
+def test_the_seed_reproduces_both_of_its_outputs():
+    s, w = seed_example()
+    right = T.ternary_seed(s, w, 1.0, i_know_this_is_the_buggy_seed=True)
+    stale = T.ternary_seed(s, w, 1.0, x_along_n=True, i_know_this_is_the_buggy_seed=True)
+    assert right.tolist() == [1.0, -2.0, 10.0, -4.0]  # its last cell: right, on a 4x4 made of 2x2 blocks
+    assert stale.tolist() == [1.0, -6.0, 5.0, 0.0]  # the wrong output left in the seed's notebook
+
+
+def test_the_seed_fails_fresh_awkward_inputs(rng):
+    # the seed's layout: W is (K, N). K = 37, N = 23: not multiples of its 2x2 blocks.
+    k, n = 13, 7
+    x = torch.randn(k, generator=rng).to(DEV)
+    w = ternary(n, k, rng).to(DEV)
+    seed_w = w.T.contiguous().float()
+    z = T.ternary_seed(x, seed_w, 1.0, i_know_this_is_the_buggy_seed=True)
+    assert T.error_ratio(z.float(), x, w) > TOL  # float16 output: about 1e-3 relative error
+    z = T.ternary_seed(x, seed_w, 1.0, x_along_n=True, i_know_this_is_the_buggy_seed=True)
+    assert T.error_ratio(z.float(), x, w) > 1e-2  # x broadcast along the wrong axis
+    assert_matches(T.matmul_sign_v1(x, w.float()), x, w)  # step 1 on the same input
+
+
+# ------------------------------------------------------------------------------------------------
+# Every step, every config
+# ------------------------------------------------------------------------------------------------
+
+CASES = [(step, i) for step, (_, _, configs) in T.STEPS.items() for i in range(len(configs))]
+
+
+@pytest.mark.parametrize("step, config_index", CASES, ids=[f"{s}-cfg{i}" for s, i in CASES])
+def test_every_step_every_config(step, config_index, rng):
+    fn, kind, configs = T.STEPS[step]
+    config = T.config_dict(configs[config_index])
+    m = 3 if step.startswith("dot") else 2
+    n, k = 37, 300
+    x = torch.randn(m, k, generator=rng).to(DEV)
+    w = ternary(n, k, rng)
+    scale = 0.75 + torch.rand(1, generator=rng).item()
+    out = poisoned(m, n)
+    z = fn(x, weights_for(kind, w), scale, out=out, config=config)
+    assert z.data_ptr() == out.data_ptr()
+    assert_matches(z, x, w.to(DEV), scale)
+
+
+@pytest.mark.parametrize("step", ["gemv_2bit", "dot_2bit", "gemv_base3", "dot_base3"])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_activations(step, x_dtype, rng):
+    fn, kind, _ = T.STEPS[step]
+    n, k = 19, 161
+    x = torch.randn(2, k, generator=rng).to(DEV, x_dtype)
+    w = ternary(n, k, rng)
+    z = fn(x, weights_for(kind, w), 1.5, out=poisoned(2, n))
+    assert_matches(z, x, w.to(DEV), 1.5)
+
+
+@pytest.mark.parametrize("step", ["v1_sign", "gemv_2bit", "dot_2bit", "gemv_base3", "dot_base3"])
+def test_per_channel_scales_from_absmean(step, rng):
+    fn, kind, _ = T.STEPS[step]
+    n, k = 23, 333
+    w_float = torch.randn(n, k, generator=rng) * torch.rand(n, 1, generator=rng)
+    w, scale = T.quantize_absmean(w_float.to(DEV), per_channel=True)
+    x = torch.randn(2, k, generator=rng).to(DEV)
+    z = fn(x, weights_for(kind, w.cpu()), scale, out=poisoned(2, n))
+    assert_matches(z, x, w, scale)
+
+
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float16])
+def test_step1_reads_half_precision_weights(w_dtype, rng):
+    n, k = 19, 200
+    x, w = torch.randn(2, k, generator=rng).to(DEV), ternary(n, k, rng)
+    assert_matches(T.matmul_sign_v1(x, w.to(DEV, w_dtype), 1.0, out=poisoned(2, n)), x, w.to(DEV))
+
+
+def test_vector_input_and_the_dispatcher(rng):
+    n, k = 21, 290
+    w = ternary(n, k, rng)
+    x = torch.randn(k, generator=rng).to(DEV)
+    for fmt in T.FORMATS:
+        packed = T.PackedTernary.pack(w.to(DEV), fmt)
+        z = T.ternary_matmul(x, packed, 2.0)
+        assert z.shape == (n,)
+        assert_matches(z, x, w.to(DEV), 2.0)
+        xs = torch.randn(3, k, generator=rng).to(DEV)
+        assert_matches(T.ternary_matmul(xs, packed, 2.0), xs, w.to(DEV), 2.0)
+
+
+def test_rows_of_zero_weights_give_exact_zeros(rng):
+    w = ternary(12, 100, rng)
+    w[3] = 0
+    x = torch.randn(1, 100, generator=rng).to(DEV)
+    for fmt in T.FORMATS:
+        z = T.ternary_matmul(x, T.PackedTernary.pack(w.to(DEV), fmt))
+        assert z[0, 3].item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 6: BitNet scales, W2A8
+# ------------------------------------------------------------------------------------------------
+
+def test_quantize_absmean_follows_bitnet(rng):
+    w = torch.randn(6, 50, generator=rng)
+    t, scale = T.quantize_absmean(w)
+    assert t.dtype == torch.int8 and set(t.unique().tolist()) <= {-1, 0, 1}
+    assert math.isclose(scale.item(), 1 / w.abs().mean().item(), rel_tol=1e-6)
+    assert torch.equal(t, (w * scale).round().clamp(-1, 1).to(torch.int8))
+    tc, sc = T.quantize_absmean(w, per_channel=True)
+    assert sc.shape == (6,)
+    torch.testing.assert_close(sc, 1 / w.abs().mean(dim=1))
+    assert torch.equal(tc, (w * sc[:, None]).round().clamp(-1, 1).to(torch.int8))
+
+
+def test_quantize_activations_follows_bitnet(rng):
+    x = torch.randn(3, 40, generator=rng)
+    xq, s = T.quantize_activations(x)
+    assert xq.dtype == torch.int8
+    torch.testing.assert_close(s, 127 / x.abs().amax(dim=1))
+    assert (xq.abs().amax(dim=1) == 127).all()
+    assert (xq.float() / s[:, None] - x).abs().max() <= 0.5 / s.min() + 1e-6
+
+
+@pytest.mark.parametrize("config_index", range(len(T.W2A8_CONFIGS)))
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_w2a8_is_exact_integer_math(config_index, per_channel, rng):
+    m, n, k = 3, 37, 300
+    x = torch.randn(m, k, generator=rng).to(DEV)
+    w, w_scale = T.quantize_absmean(torch.randn(n, k, generator=rng).to(DEV), per_channel=per_channel)
+    xq, x_scale = T.quantize_activations(x)
+    z = T.w2a8_matmul(xq, x_scale, T.PackedTernary.pack(w), w_scale, out=poisoned(m, n),
+                      config=T.config_dict(T.W2A8_CONFIGS[config_index]))
+    exact = (xq.long() @ w.long().T).double()  # integers: no rounding at all
+    ws = w_scale.double() if per_channel else w_scale.double().reshape(1)
+    expected = exact / (x_scale.double()[:, None] * ws)
+    assert not torch.isnan(z).any()
+    torch.testing.assert_close(z.double(), expected, rtol=2e-7, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input
+# ------------------------------------------------------------------------------------------------
+
+def test_bad_inputs_raise_clear_errors(rng):
+    n, k = 8, 64
+    w = ternary(n, k, rng).to(DEV)
+    p2 = T.PackedTernary.pack(w)
+    p3 = T.PackedTernary.pack(w, "base3")
+    x = torch.randn(2, k).to(DEV)
+    cases = [
+        (lambda: T.gemv_2bit_matmul(x.to(torch.float64), p2), TypeError, "x must be one of"),
+        (lambda: T.gemv_2bit_matmul(x.to(torch.int32), p2), TypeError, "x must be one of"),
+        (lambda: T.gemv_2bit_matmul(torch.randn(2, k + 1).to(DEV), p2), ValueError, "K=65 but the weights have K=64"),
+        (lambda: T.dot_2bit_matmul(torch.randn(k, 2).to(DEV).T, p2), ValueError, "contiguous"),
+        (lambda: T.dot_2bit_matmul(torch.randn(1, 2, k).to(DEV), p2), ValueError, "1-D"),
+        (lambda: T.gemv_2bit_matmul(x, w), TypeError, "PackedTernary"),
+        (lambda: T.gemv_2bit_matmul(x, p3), ValueError, "2bit format"),
+        (lambda: T.dot_base3_matmul(x, p2), ValueError, "base3 format"),
+        (lambda: T.gemv_2bit_matmul(x, p2, 0.0), ValueError, "nonzero"),
+        (lambda: T.gemv_2bit_matmul(x, p2, float("inf")), ValueError, "finite"),
+        (lambda: T.gemv_2bit_matmul(x, p2, torch.ones(n + 1).to(DEV)), ValueError, r"\(8,\)"),
+        (lambda: T.gemv_2bit_matmul(x, p2, torch.ones(n, dtype=torch.float64).to(DEV)), TypeError, "float32"),
+        (lambda: T.gemv_2bit_matmul(x, p2, "2"), TypeError, "scale"),
+        (lambda: T.gemv_2bit_matmul(x, p2, out=torch.empty(2, n + 1).to(DEV)), ValueError, "out"),
+        (lambda: T.gemv_2bit_matmul(x, p2, out=torch.empty(2, n, dtype=torch.float16).to(DEV)), TypeError, "out"),
+        (lambda: T.matmul_sign_v1(x, w), TypeError, "w must be one of"),
+        (lambda: T.matmul_int8_v2(x, w[:, :32].contiguous()), ValueError, "K=64 but the weights have K=32"),
+        (lambda: T.matmul_int8_v2(x, w.to(torch.int16)), TypeError, "w must be one of"),
+        (lambda: T.w2a8_matmul(x, torch.ones(2).to(DEV), p2), TypeError, "xq must be one of"),
+        (lambda: T.w2a8_matmul(x.to(torch.int8), torch.ones(3).to(DEV), p2), ValueError, "x_scale"),
+        (lambda: T.quantize_absmean(w), TypeError, "floating-point"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match):
+            call()
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: full size (the bench shapes and awkward neighbours)
+# ------------------------------------------------------------------------------------------------
+
+GPU_SHAPES = [(4096, 14336), (4099, 14335), (2563, 2557)]  # the bench checks every bench shape too
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, k", GPU_SHAPES)
+@pytest.mark.parametrize("m", [1, 16, 128])
+def test_gpu_full_size(n, k, m):
+    gen = torch.Generator(device="cuda").manual_seed(n * 131 + k * 7 + m)
+    w_float = torch.randn(n, k, device="cuda", generator=gen)
+    w, scale = T.quantize_absmean(w_float, per_channel=True)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    p2, p3 = T.PackedTernary.pack(w), T.PackedTernary.pack(w, "base3")
+    runs = {"dot_2bit": lambda o: T.dot_2bit_matmul(x, p2, scale, out=o),
+            "dot_base3": lambda o: T.dot_base3_matmul(x, p3, scale, out=o)}
+    if m == 1:
+        runs.update({
+            "v1_sign": lambda o: T.matmul_sign_v1(x, w.to(torch.bfloat16), scale, out=o),
+            "v2_int8": lambda o: T.matmul_int8_v2(x, w, scale, out=o),
+            "v3_2bit": lambda o: T.matmul_2bit_v3(x, p2, scale, out=o),
+            "gemv_2bit": lambda o: T.gemv_2bit_matmul(x, p2, scale, out=o),
+            "gemv_base3": lambda o: T.gemv_base3_matmul(x, p3, scale, out=o),
+        })
+    for name, run in runs.items():
+        z = run(poisoned(m, n))
+        assert not torch.isnan(z).any(), name
+        ratio = T.error_ratio(z, x, w, scale)
+        assert ratio <= TOL, f"{name}: {ratio:.2e}"
+    xq, x_scale = T.quantize_activations(x)
+    z = T.w2a8_matmul(xq, x_scale, p2, scale, out=poisoned(m, n))
+    expected = (xq.double() @ w.double().T) / (x_scale.double()[:, None] * scale.double())
+    torch.testing.assert_close(z.double(), expected, rtol=1e-6, atol=1e-6 * expected.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step, config_index", CASES, ids=[f"{s}-cfg{i}" for s, i in CASES])
+def test_gpu_every_config(step, config_index):
+    fn, kind, configs = T.STEPS[step]
+    gen = torch.Generator().manual_seed(config_index)
+    n, k, m = 4099, 3331, 1 if step.startswith(("v", "gemv")) else 17
+    x = torch.randn(m, k, generator=gen).to(DEV, torch.bfloat16)
+    w = ternary(n, k, gen)
+    z = fn(x, weights_for(kind, w), 1.25, out=poisoned(m, n), config=T.config_dict(configs[config_index]))
+    assert_matches(z, x, w.to(DEV), 1.25)
