@@ -711,7 +711,7 @@ def w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K, KW, st
         for f in tl.static_range(16):
             k_f = offs_k + 16 * f
             xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0)
-            acc = tl.dot(_field_to_int8(words, f), xt, acc)
+            acc = tl.dot(_field_to_int8(words, f), xt, acc, out_dtype=tl.int32)  # triton 3.6 needs it spelled out
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     x_scale = tl.load(x_scale_ptr + cols, mask=col_mask, other=1.0)
     z = acc.to(tl.float32) / (scale[:, None] * x_scale[None, :])

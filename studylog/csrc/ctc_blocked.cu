@@ -1,0 +1,459 @@
+// CTC loss and gradient, warp-ctc style with register blocking: steps 4 to 6 of chapter 4.
+// Same layouts and conventions as ctc_warpctc.cu (steps 1 to 3). The kernels are templates on
+// the grain size VT (positions per thread) and on how a thread's positions are laid out.
+
+#define NEG_INF __int_as_float(0xff800000)
+#define NEG_INF_D __longlong_as_double((long long)0xfff0000000000000ULL)
+#define FULL_MASK 0xffffffffu
+
+// log(exp(a) + exp(b)), with -inf as the identity.
+__device__ __forceinline__ float log_plus(float a, float b) {
+    if (a == NEG_INF) return b;
+    if (b == NEG_INF) return a;
+    return fmaxf(a, b) + log1pf(expf(-fabsf(a - b)));
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    return v;
+}
+
+// Maximum of the per-warp values written in the previous step; 0 when the row was all -inf.
+__device__ __forceinline__ float row_max(const float* warp_values, int nwarps) {
+    float m = NEG_INF;
+    for (int w = 0; w < nwarps; ++w) m = fmaxf(m, warp_values[w]);
+    return m == NEG_INF ? 0.0f : m;
+}
+
+// ==========================================================================================
+// Step 4: register blocking. Each thread owns VT positions for the whole utterance, so their
+// labels and skip flags are loaded once into registers, and the VT updates of a frame are
+// independent instructions. Positions are strided by the block, as in warp-ctc
+// (s = threadIdx.x + i * blockDim.x); BLOCKED gives each thread VT consecutive positions instead.
+// ==========================================================================================
+template <int VT, bool BLOCKED>
+__device__ __forceinline__ int position(int i) {
+    return BLOCKED ? threadIdx.x * VT + i : threadIdx.x + i * blockDim.x;
+}
+
+template <int VT, bool BLOCKED>
+__global__ void ctc_alpha_step4(
+    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
+    int N, int A, int Lmax) {
+    const int n = blockIdx.x;
+    const int Tn = __ldg(input_lengths + n);
+    const int S = 2 * __ldg(target_lengths + n) + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __shared__ float warp_maxima[2][32];
+    int label[VT];
+    bool skip[VT];  // position s may also be reached from s - 2
+#pragma unroll
+    for (int i = 0; i < VT; ++i) {
+        const int s = position<VT, BLOCKED>(i);
+        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
+        skip[i] = s < S && (s & 1) && s >= 3 && label[i] != __ldg(labels + n * Lmax + (s >> 1) - 1);
+    }
+    float* a = alphas + (size_t)n * T * Smax;
+    double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
+    float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it
+    for (int t = 0; t < Tn; ++t) {
+        if (t > 0) {
+            prev_max = row_max(warp_maxima[(t - 1) & 1], nwarps);
+            shift += prev_max;
+        }
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        const float* prev = a + (size_t)(t > 0 ? t - 1 : 0) * Smax;
+        float local_max = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < VT; ++i) {
+            const int s = position<VT, BLOCKED>(i);
+            if (s < S) {
+                float v;
+                if (t == 0) {
+                    v = (s <= 1) ? 0.0f : NEG_INF;
+                } else {
+                    v = prev[s] - prev_max;
+                    if (s >= 1) v = log_plus(v, prev[s - 1] - prev_max);
+                    if (skip[i]) v = log_plus(v, prev[s - 2] - prev_max);
+                }
+                v += __ldg(lp + label[i]);
+                a[(size_t)t * Smax + s] = v;
+                local_max = fmaxf(local_max, v);
+            }
+        }
+        local_max = warp_max(local_max);
+        if (lane == 0) warp_maxima[t & 1][warp] = local_max;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float* last = a + (size_t)(Tn - 1) * Smax;
+        float tail = last[S - 1];
+        if (S > 1) tail = log_plus(tail, last[S - 2]);
+        log_likelihood[n] = (double)tail + shift;
+    }
+}
+
+template <int VT, bool BLOCKED>
+__global__ void ctc_beta_grad_step4(
+    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, const int* __restrict__ slot_class, const int* __restrict__ slot_start,
+    const int* __restrict__ slot_members, const int* __restrict__ num_slots, const float* __restrict__ alphas,
+    const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss, int T, int N,
+    int A, int Lmax, int Umax, int zero_infinity) {
+    extern __shared__ float shared[];  // beta rows [2][Smax], then the posterior of each position [Smax]
+    __shared__ float warp_maxima[2][32];
+    __shared__ float warp_top[32], warp_total[32], warp_blank[32];
+    const int n = blockIdx.x;
+    const int Tn = __ldg(input_lengths + n);
+    const int S = 2 * __ldg(target_lengths + n) + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    float* post = shared + 2 * Smax;
+    const double ll = __ldg(log_likelihood + n);
+    const bool infinite = ll == NEG_INF_D;
+    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
+    for (int t = Tn; t < T; ++t)  // frames past the input length do not touch the loss
+        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = 0.0f;
+    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
+        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
+        for (int t = 0; t < Tn; ++t)
+            for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = fill;
+        return;
+    }
+    int label[VT];
+    bool skip[VT];  // position s may also go on to s + 2
+#pragma unroll
+    for (int i = 0; i < VT; ++i) {
+        const int s = position<VT, BLOCKED>(i);
+        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
+        skip[i] = (s & 1) && s + 2 < S && label[i] != __ldg(labels + n * Lmax + (s >> 1) + 1);
+    }
+    const float* a = alphas + (size_t)n * T * Smax;
+    const int U = __ldg(num_slots + n);
+    float next_max = 0.0f;    // maximum of row t + 1, subtracted while reading it
+    for (int t = Tn - 1; t >= 0; --t) {
+        if (t < Tn - 1) next_max = row_max(warp_maxima[(t + 1) & 1], nwarps);
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        float* g = grad + ((size_t)t * N + n) * A;
+        float* cur = shared + (t & 1) * Smax;
+        const float* nxt = shared + ((t + 1) & 1) * Smax;
+        float local_max = NEG_INF, top = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < VT; ++i) {
+            const int s = position<VT, BLOCKED>(i);
+            if (s < S) {
+                const float e = __ldg(lp + label[i]);
+                float v;
+                if (t == Tn - 1) {
+                    v = (s >= S - 2) ? 0.0f : NEG_INF;
+                } else {
+                    v = nxt[s] - next_max;
+                    if (s + 1 < S) v = log_plus(v, nxt[s + 1] - next_max);
+                    if (skip[i]) v = log_plus(v, nxt[s + 2] - next_max);
+                }
+                v += e;
+                cur[s] = v;
+                local_max = fmaxf(local_max, v);
+                post[s] = __ldg(a + (size_t)t * Smax + s) + v - e;  // log of alpha beta / y, up to the offsets
+                top = fmaxf(top, post[s]);
+            }
+        }
+        local_max = warp_max(local_max);
+        top = warp_max(top);
+        if (lane == 0) {
+            warp_maxima[t & 1][warp] = local_max;
+            warp_top[warp] = top;
+        }
+        __syncthreads();
+        top = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) top = fmaxf(top, warp_top[w]);
+        float total = 0.0f, blank = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VT; ++i) {
+            const int s = position<VT, BLOCKED>(i);
+            if (s < S) {
+                const float p = expf(post[s] - top);
+                post[s] = p;
+                total += p;
+                if (!(s & 1)) blank += p;
+            }
+        }
+        total = warp_sum(total);
+        blank = warp_sum(blank);
+        if (lane == 0) {
+            warp_total[warp] = total;
+            warp_blank[warp] = blank;
+        }
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(__ldg(lp + k));
+        __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
+        total = 0.0f;
+        for (int w = 0; w < nwarps; ++w) total += warp_total[w];
+        const float inv_total = 1.0f / total;
+        for (int u = threadIdx.x; u < U; u += blockDim.x) {
+            const int cls = __ldg(slot_class + n * Umax + u);
+            float sum = 0.0f;
+            if (u == 0) {
+                for (int w = 0; w < nwarps; ++w) sum += warp_blank[w];
+            } else {
+                const int end = __ldg(slot_start + n * (Umax + 1) + u + 1);
+                for (int m = __ldg(slot_start + n * (Umax + 1) + u); m < end; ++m)
+                    sum += post[2 * __ldg(slot_members + n * Lmax + m) - 1];
+            }
+            g[cls] = expf(__ldg(lp + cls)) - sum * inv_total;
+        }
+        __syncthreads();  // post and the per-warp sums are rewritten by the next frame
+    }
+}
+
+// ==========================================================================================
+// Step 5: the alpha kernel keeps the two live rows in shared memory. The recursion reads the
+// previous row on chip; the row still goes to global memory, write-only, for the gradient.
+// (The beta kernel already worked this way: step 5 uses ctc_beta_grad_step4.)
+// ==========================================================================================
+template <int VT, bool BLOCKED>
+__global__ void ctc_alpha_step5(
+    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
+    int N, int A, int Lmax) {
+    extern __shared__ float rows[];  // [2][Smax]: row t - 1 and row t
+    const int n = blockIdx.x;
+    const int Tn = __ldg(input_lengths + n);
+    const int S = 2 * __ldg(target_lengths + n) + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __shared__ float warp_maxima[2][32];
+    int label[VT];
+    bool skip[VT];  // position s may also be reached from s - 2
+#pragma unroll
+    for (int i = 0; i < VT; ++i) {
+        const int s = position<VT, BLOCKED>(i);
+        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
+        skip[i] = s < S && (s & 1) && s >= 3 && label[i] != __ldg(labels + n * Lmax + (s >> 1) - 1);
+    }
+    float* a = alphas + (size_t)n * T * Smax;
+    double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
+    float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it
+    for (int t = 0; t < Tn; ++t) {
+        if (t > 0) {
+            prev_max = row_max(warp_maxima[(t - 1) & 1], nwarps);
+            shift += prev_max;
+        }
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        const float* prev = rows + ((t + 1) & 1) * Smax;  // row t - 1
+        float* cur = rows + (t & 1) * Smax;
+        float local_max = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < VT; ++i) {
+            const int s = position<VT, BLOCKED>(i);
+            if (s < S) {
+                float v;
+                if (t == 0) {
+                    v = (s <= 1) ? 0.0f : NEG_INF;
+                } else {
+                    v = prev[s] - prev_max;
+                    if (s >= 1) v = log_plus(v, prev[s - 1] - prev_max);
+                    if (skip[i]) v = log_plus(v, prev[s - 2] - prev_max);
+                }
+                v += __ldg(lp + label[i]);
+                cur[s] = v;
+                a[(size_t)t * Smax + s] = v;
+                local_max = fmaxf(local_max, v);
+            }
+        }
+        local_max = warp_max(local_max);
+        if (lane == 0) warp_maxima[t & 1][warp] = local_max;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float* last = rows + ((Tn - 1) & 1) * Smax;
+        float tail = last[S - 1];
+        if (S > 1) tail = log_plus(tail, last[S - 2]);
+        log_likelihood[n] = (double)tail + shift;
+    }
+}
+
+// ==========================================================================================
+// Step 6: probability space with per-frame rescaling (Graves): step 5 with products and sums in
+// place of log_plus. Each row is divided by the previous row's sum, whose log goes into the
+// offset. Cheaper arithmetic, but a position whose probability is below float's range relative
+// to the row's sum becomes exactly 0, and stays 0.
+// ==========================================================================================
+template <int VT, bool BLOCKED>
+__global__ void ctc_alpha_step6(
+    const float* __restrict__ probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
+    int N, int A, int Lmax) {
+    extern __shared__ float rows[];  // [2][Smax]: row t - 1 and row t
+    const int n = blockIdx.x;
+    const int Tn = __ldg(input_lengths + n);
+    const int S = 2 * __ldg(target_lengths + n) + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __shared__ float warp_sums[2][32];
+    int label[VT];
+    bool skip[VT];  // position s may also be reached from s - 2
+#pragma unroll
+    for (int i = 0; i < VT; ++i) {
+        const int s = position<VT, BLOCKED>(i);
+        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
+        skip[i] = s < S && (s & 1) && s >= 3 && label[i] != __ldg(labels + n * Lmax + (s >> 1) - 1);
+    }
+    float* a = alphas + (size_t)n * T * Smax;
+    double shift = 0.0;       // alpha_t(s) = a[t][s] * exp(shift)
+    float prev_scale = 1.0f;  // 1 / (sum of row t - 1), applied while reading it
+    for (int t = 0; t < Tn; ++t) {
+        if (t > 0) {
+            float total = 0.0f;
+            for (int w = 0; w < nwarps; ++w) total += warp_sums[(t - 1) & 1][w];
+            prev_scale = total > 0.0f ? 1.0f / total : 1.0f;
+            if (total > 0.0f) shift += log((double)total);
+        }
+        const float* y = probs + ((size_t)t * N + n) * A;
+        const float* prev = rows + ((t + 1) & 1) * Smax;  // row t - 1
+        float* cur = rows + (t & 1) * Smax;
+        float local_sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VT; ++i) {
+            const int s = position<VT, BLOCKED>(i);
+            if (s < S) {
+                float v;
+                if (t == 0) {
+                    v = (s <= 1) ? 1.0f : 0.0f;
+                } else {
+                    v = prev[s];
+                    if (s >= 1) v += prev[s - 1];
+                    if (skip[i]) v += prev[s - 2];
+                    v *= prev_scale;
+                }
+                v *= __ldg(y + label[i]);
+                cur[s] = v;
+                a[(size_t)t * Smax + s] = v;
+                local_sum += v;
+            }
+        }
+        local_sum = warp_sum(local_sum);
+        if (lane == 0) warp_sums[t & 1][warp] = local_sum;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float* last = rows + ((Tn - 1) & 1) * Smax;
+        float tail = last[S - 1];
+        if (S > 1) tail += last[S - 2];
+        log_likelihood[n] = tail > 0.0f ? log((double)tail) + shift : NEG_INF_D;
+    }
+}
+
+template <int VT, bool BLOCKED>
+__global__ void ctc_beta_grad_step6(
+    const float* __restrict__ probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, const int* __restrict__ slot_class, const int* __restrict__ slot_start,
+    const int* __restrict__ slot_members, const int* __restrict__ num_slots, const float* __restrict__ alphas,
+    const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss, int T, int N,
+    int A, int Lmax, int Umax, int zero_infinity) {
+    extern __shared__ float shared[];  // beta rows [2][Smax], then the posterior of each position [Smax]
+    __shared__ float warp_sums[2][32];
+    __shared__ float warp_total[32], warp_blank[32];
+    const int n = blockIdx.x;
+    const int Tn = __ldg(input_lengths + n);
+    const int S = 2 * __ldg(target_lengths + n) + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    float* post = shared + 2 * Smax;
+    const double ll = __ldg(log_likelihood + n);
+    const bool infinite = ll == NEG_INF_D;
+    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
+    for (int t = Tn; t < T; ++t)  // frames past the input length do not touch the loss
+        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = 0.0f;
+    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
+        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
+        for (int t = 0; t < Tn; ++t)
+            for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = fill;
+        return;
+    }
+    int label[VT];
+    bool skip[VT];  // position s may also go on to s + 2
+#pragma unroll
+    for (int i = 0; i < VT; ++i) {
+        const int s = position<VT, BLOCKED>(i);
+        label[i] = (s < S && (s & 1)) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
+        skip[i] = (s & 1) && s + 2 < S && label[i] != __ldg(labels + n * Lmax + (s >> 1) + 1);
+    }
+    const float* a = alphas + (size_t)n * T * Smax;
+    const int U = __ldg(num_slots + n);
+    float next_scale = 1.0f;  // 1 / (sum of row t + 1), applied while reading it
+    for (int t = Tn - 1; t >= 0; --t) {
+        if (t < Tn - 1) {
+            float sum = 0.0f;
+            for (int w = 0; w < nwarps; ++w) sum += warp_sums[(t + 1) & 1][w];
+            next_scale = sum > 0.0f ? 1.0f / sum : 1.0f;
+        }
+        const float* y = probs + ((size_t)t * N + n) * A;
+        float* g = grad + ((size_t)t * N + n) * A;
+        float* cur = shared + (t & 1) * Smax;
+        const float* nxt = shared + ((t + 1) & 1) * Smax;
+        float local_sum = 0.0f, total = 0.0f, blank = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VT; ++i) {
+            const int s = position<VT, BLOCKED>(i);
+            if (s < S) {
+                const float e = __ldg(y + label[i]);
+                float v;
+                if (t == Tn - 1) {
+                    v = (s >= S - 2) ? 1.0f : 0.0f;
+                } else {
+                    v = nxt[s];
+                    if (s + 1 < S) v += nxt[s + 1];
+                    if (skip[i]) v += nxt[s + 2];
+                    v *= next_scale;
+                }
+                v *= e;
+                cur[s] = v;
+                local_sum += v;
+                const float p = e > 0.0f ? __ldg(a + (size_t)t * Smax + s) * v / e : 0.0f;  // alpha beta / y
+                post[s] = p;
+                total += p;
+                if (!(s & 1)) blank += p;
+            }
+        }
+        local_sum = warp_sum(local_sum);
+        total = warp_sum(total);
+        blank = warp_sum(blank);
+        if (lane == 0) {
+            warp_sums[t & 1][warp] = local_sum;
+            warp_total[warp] = total;
+            warp_blank[warp] = blank;
+        }
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = __ldg(y + k);
+        __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
+        total = 0.0f;
+        for (int w = 0; w < nwarps; ++w) total += warp_total[w];
+        const float inv_total = 1.0f / total;  // inf (a NaN gradient) if every alignment underflowed
+        for (int u = threadIdx.x; u < U; u += blockDim.x) {
+            const int cls = __ldg(slot_class + n * Umax + u);
+            float sum = 0.0f;
+            if (u == 0) {
+                for (int w = 0; w < nwarps; ++w) sum += warp_blank[w];
+            } else {
+                const int end = __ldg(slot_start + n * (Umax + 1) + u + 1);
+                for (int m = __ldg(slot_start + n * (Umax + 1) + u); m < end; ++m)
+                    sum += post[2 * __ldg(slot_members + n * Lmax + m) - 1];
+            }
+            g[cls] = __ldg(y + cls) - sum * inv_total;
+        }
+        __syncthreads();  // post and the per-warp sums are rewritten by the next frame
+    }
+}
+
+// One instance is compiled with the file itself, so that the source has an entry even when no
+// name expressions are given (the package's tests compile every .cu that way); the others are
+// compiled on request (studylog.ctc asks NVRTC for the grain sizes it launches).
+template __global__ void ctc_alpha_step4<1, false>(
+    const float* __restrict__, const int* __restrict__, const int* __restrict__, const int* __restrict__,
+    float* __restrict__, double* __restrict__, int, int, int, int);

@@ -1,0 +1,516 @@
+// CTC loss and gradient, warp-ctc style: steps 1 to 3 of chapter 4 (steps 4 to 6: ctc_blocked.cu).
+//
+// Layouts (all row-major, int32 indices from studylog.ctc.prepare_targets):
+//   activations, log_probs, probs, grad : (T, N, A)       frame t of utterance n is row t * N + n
+//   labels, slot_members                : (N, Lmax)       Lmax = label_stride (>= 1)
+//   slot_class                          : (N, Umax)       slot 0 is the blank, slot u >= 1 a label
+//   slot_start                          : (N, Umax + 1)   members of slot u: slot_start[u] .. [u + 1]
+//   alphas                              : (N, T, Smax)    Smax = 2 Lmax + 1
+//
+// Position s of the extended target is the blank for even s and label (s + 1) / 2 (1-based) for
+// odd s, stored at labels[n * Lmax + s / 2]. Every row is renormalised by the previous row's
+// maximum, so the stored rows stay near 0 whatever T; the alpha kernel adds the maxima up (in
+// double) for the loss. The posterior of frame t is normalised by its own sum over positions,
+// which cancels the offsets of both rows: no offset needs to be stored.
+
+#define NEG_INF __int_as_float(0xff800000)
+#define NEG_INF_D __longlong_as_double((long long)0xfff0000000000000ULL)
+#define FULL_MASK 0xffffffffu
+
+// log(exp(a) + exp(b)), with -inf as the identity.
+__device__ __forceinline__ float log_plus(float a, float b) {
+    if (a == NEG_INF) return b;
+    if (b == NEG_INF) return a;
+    return fmaxf(a, b) + log1pf(expf(-fabsf(a - b)));
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    return v;
+}
+
+// Maximum of the per-warp values written in the previous step; 0 when the row was all -inf.
+__device__ __forceinline__ float row_max(const float* warp_values, int nwarps) {
+    float m = NEG_INF;
+    for (int w = 0; w < nwarps; ++w) m = fmaxf(m, warp_values[w]);
+    return m == NEG_INF ? 0.0f : m;
+}
+
+// ------------------------------------------------------------------------------------------
+// Softmax over each row of A activations (one warp per row): log-probabilities for the
+// log-space steps, probabilities for step 6.
+// ------------------------------------------------------------------------------------------
+template <bool LOG>
+__device__ __forceinline__ void softmax_rows(const float* __restrict__ x, float* __restrict__ out, int rows, int A) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;  // the whole warp leaves together; no block barrier below
+    const float* xr = x + (size_t)row * A;
+    float* out_row = out + (size_t)row * A;
+    float m = NEG_INF;
+    for (int k = lane; k < A; k += 32) m = fmaxf(m, xr[k]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int k = lane; k < A; k += 32) sum += expf(xr[k] - m);
+    const float lse = m + logf(warp_sum(sum));
+    for (int k = lane; k < A; k += 32) out_row[k] = LOG ? xr[k] - lse : expf(xr[k] - lse);
+}
+
+extern "C" __global__ void ctc_log_softmax_rows(const float* __restrict__ x, float* __restrict__ out, int rows, int A) {
+    softmax_rows<true>(x, out, rows, A);
+}
+
+extern "C" __global__ void ctc_softmax_rows(const float* __restrict__ x, float* __restrict__ out, int rows, int A) {
+    softmax_rows<false>(x, out, rows, A);
+}
+
+// ==========================================================================================
+// Step 1: baseline. One block per utterance; the alpha kernel reads the previous row from the
+// alpha matrix in global memory and re-reads labels every frame.
+// ==========================================================================================
+extern "C" __global__ void ctc_alpha_step1(
+    const float* log_probs, const int* labels, const int* input_lengths, const int* target_lengths,
+    float* alphas, double* log_likelihood, int T, int N, int A, int Lmax) {
+    const int n = blockIdx.x;
+    const int Tn = input_lengths[n];
+    const int S = 2 * target_lengths[n] + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __shared__ float warp_maxima[2][32];
+    float* a = alphas + (size_t)n * T * Smax;
+    double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
+    float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it
+    for (int t = 0; t < Tn; ++t) {
+        if (t > 0) {
+            prev_max = row_max(warp_maxima[(t - 1) & 1], nwarps);
+            shift += prev_max;
+        }
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        const float* prev = a + (size_t)(t > 0 ? t - 1 : 0) * Smax;
+        float local_max = NEG_INF;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const int label = (s & 1) ? labels[n * Lmax + (s >> 1)] : 0;
+            float v;
+            if (t == 0) {
+                v = (s <= 1) ? 0.0f : NEG_INF;
+            } else {
+                v = prev[s] - prev_max;
+                if (s >= 1) v = log_plus(v, prev[s - 1] - prev_max);
+                if ((s & 1) && s >= 3 && label != labels[n * Lmax + (s >> 1) - 1])
+                    v = log_plus(v, prev[s - 2] - prev_max);
+            }
+            v += lp[label];
+            a[(size_t)t * Smax + s] = v;
+            local_max = fmaxf(local_max, v);
+        }
+        local_max = warp_max(local_max);
+        if (lane == 0) warp_maxima[t & 1][warp] = local_max;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float* last = a + (size_t)(Tn - 1) * Smax;
+        float tail = last[S - 1];
+        if (S > 1) tail = log_plus(tail, last[S - 2]);
+        log_likelihood[n] = (double)tail + shift;
+    }
+}
+
+// Beta recursion (two live rows in shared memory) and the gradient of frame t:
+// grad[t][n][k] = softmax_k - (sum over positions s with label k of alpha_t(s) beta_t(s) / y_t(k)) / P,
+// where P = the same sum over all positions (the likelihood, up to the rows' offsets).
+extern "C" __global__ void ctc_beta_grad_step1(
+    const float* log_probs, const int* labels, const int* input_lengths, const int* target_lengths,
+    const int* slot_class, const int* slot_start, const int* slot_members, const int* num_slots,
+    const float* alphas, const double* log_likelihood, float* grad, float* loss,
+    int T, int N, int A, int Lmax, int Umax, int zero_infinity) {
+    extern __shared__ float smem[];  // beta rows [2][Smax], then the posterior of each position [Smax]
+    __shared__ float warp_maxima[2][32];
+    __shared__ float warp_top[32], warp_total[32], warp_blank[32];
+    const int n = blockIdx.x;
+    const int Tn = input_lengths[n];
+    const int S = 2 * target_lengths[n] + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    float* post = smem + 2 * Smax;
+    const double ll = log_likelihood[n];
+    const bool infinite = ll == NEG_INF_D;
+    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
+    for (int t = Tn; t < T; ++t)  // frames past the input length do not touch the loss
+        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = 0.0f;
+    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
+        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
+        for (int t = 0; t < Tn; ++t)
+            for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = fill;
+        return;
+    }
+    const float* a = alphas + (size_t)n * T * Smax;
+    const int U = num_slots[n];
+    float next_max = 0.0f;    // maximum of row t + 1, subtracted while reading it
+    for (int t = Tn - 1; t >= 0; --t) {
+        if (t < Tn - 1) next_max = row_max(warp_maxima[(t + 1) & 1], nwarps);
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        float* g = grad + ((size_t)t * N + n) * A;
+        float* cur = smem + (t & 1) * Smax;
+        const float* nxt = smem + ((t + 1) & 1) * Smax;
+        float local_max = NEG_INF, top = NEG_INF;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const int label = (s & 1) ? labels[n * Lmax + (s >> 1)] : 0;
+            const float e = lp[label];
+            float v;
+            if (t == Tn - 1) {
+                v = (s >= S - 2) ? 0.0f : NEG_INF;
+            } else {
+                v = nxt[s] - next_max;
+                if (s + 1 < S) v = log_plus(v, nxt[s + 1] - next_max);
+                if ((s & 1) && s + 2 < S && label != labels[n * Lmax + (s >> 1) + 1])
+                    v = log_plus(v, nxt[s + 2] - next_max);
+            }
+            v += e;
+            cur[s] = v;
+            local_max = fmaxf(local_max, v);
+            post[s] = a[(size_t)t * Smax + s] + v - e;  // log of alpha beta / y, up to the offsets
+            top = fmaxf(top, post[s]);
+        }
+        local_max = warp_max(local_max);
+        top = warp_max(top);
+        if (lane == 0) {
+            warp_maxima[t & 1][warp] = local_max;
+            warp_top[warp] = top;
+        }
+        __syncthreads();
+        top = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) top = fmaxf(top, warp_top[w]);
+        float total = 0.0f, blank = 0.0f;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const float p = expf(post[s] - top);
+            post[s] = p;
+            total += p;
+            if (!(s & 1)) blank += p;
+        }
+        total = warp_sum(total);
+        blank = warp_sum(blank);
+        if (lane == 0) {
+            warp_total[warp] = total;
+            warp_blank[warp] = blank;
+        }
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(lp[k]);
+        __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
+        total = 0.0f;
+        for (int w = 0; w < nwarps; ++w) total += warp_total[w];
+        const float inv_total = 1.0f / total;
+        for (int u = threadIdx.x; u < U; u += blockDim.x) {
+            const int cls = slot_class[n * Umax + u];
+            float sum = 0.0f;
+            if (u == 0) {
+                for (int w = 0; w < nwarps; ++w) sum += warp_blank[w];
+            } else {
+                for (int m = slot_start[n * (Umax + 1) + u]; m < slot_start[n * (Umax + 1) + u + 1]; ++m)
+                    sum += post[2 * slot_members[n * Lmax + m] - 1];
+            }
+            g[cls] = expf(lp[cls]) - sum * inv_total;
+        }
+        __syncthreads();  // post and the per-warp sums are rewritten by the next frame
+    }
+}
+
+// ==========================================================================================
+// Step 2: the same kernels, with every pointer __restrict__: the compiler may assume that the
+// stores to alphas and grad never change what the other pointers point at.
+// ==========================================================================================
+extern "C" __global__ void ctc_alpha_step2(
+    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
+    int N, int A, int Lmax) {
+    const int n = blockIdx.x;
+    const int Tn = input_lengths[n];
+    const int S = 2 * target_lengths[n] + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __shared__ float warp_maxima[2][32];
+    float* a = alphas + (size_t)n * T * Smax;
+    double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
+    float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it
+    for (int t = 0; t < Tn; ++t) {
+        if (t > 0) {
+            prev_max = row_max(warp_maxima[(t - 1) & 1], nwarps);
+            shift += prev_max;
+        }
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        const float* prev = a + (size_t)(t > 0 ? t - 1 : 0) * Smax;
+        float local_max = NEG_INF;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const int label = (s & 1) ? labels[n * Lmax + (s >> 1)] : 0;
+            float v;
+            if (t == 0) {
+                v = (s <= 1) ? 0.0f : NEG_INF;
+            } else {
+                v = prev[s] - prev_max;
+                if (s >= 1) v = log_plus(v, prev[s - 1] - prev_max);
+                if ((s & 1) && s >= 3 && label != labels[n * Lmax + (s >> 1) - 1])
+                    v = log_plus(v, prev[s - 2] - prev_max);
+            }
+            v += lp[label];
+            a[(size_t)t * Smax + s] = v;
+            local_max = fmaxf(local_max, v);
+        }
+        local_max = warp_max(local_max);
+        if (lane == 0) warp_maxima[t & 1][warp] = local_max;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float* last = a + (size_t)(Tn - 1) * Smax;
+        float tail = last[S - 1];
+        if (S > 1) tail = log_plus(tail, last[S - 2]);
+        log_likelihood[n] = (double)tail + shift;
+    }
+}
+
+extern "C" __global__ void ctc_beta_grad_step2(
+    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, const int* __restrict__ slot_class, const int* __restrict__ slot_start,
+    const int* __restrict__ slot_members, const int* __restrict__ num_slots, const float* __restrict__ alphas,
+    const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss, int T, int N,
+    int A, int Lmax, int Umax, int zero_infinity) {
+    extern __shared__ float smem[];  // beta rows [2][Smax], then the posterior of each position [Smax]
+    __shared__ float warp_maxima[2][32];
+    __shared__ float warp_top[32], warp_total[32], warp_blank[32];
+    const int n = blockIdx.x;
+    const int Tn = input_lengths[n];
+    const int S = 2 * target_lengths[n] + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    float* post = smem + 2 * Smax;
+    const double ll = log_likelihood[n];
+    const bool infinite = ll == NEG_INF_D;
+    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
+    for (int t = Tn; t < T; ++t)  // frames past the input length do not touch the loss
+        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = 0.0f;
+    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
+        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
+        for (int t = 0; t < Tn; ++t)
+            for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = fill;
+        return;
+    }
+    const float* a = alphas + (size_t)n * T * Smax;
+    const int U = num_slots[n];
+    float next_max = 0.0f;    // maximum of row t + 1, subtracted while reading it
+    for (int t = Tn - 1; t >= 0; --t) {
+        if (t < Tn - 1) next_max = row_max(warp_maxima[(t + 1) & 1], nwarps);
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        float* g = grad + ((size_t)t * N + n) * A;
+        float* cur = smem + (t & 1) * Smax;
+        const float* nxt = smem + ((t + 1) & 1) * Smax;
+        float local_max = NEG_INF, top = NEG_INF;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const int label = (s & 1) ? labels[n * Lmax + (s >> 1)] : 0;
+            const float e = lp[label];
+            float v;
+            if (t == Tn - 1) {
+                v = (s >= S - 2) ? 0.0f : NEG_INF;
+            } else {
+                v = nxt[s] - next_max;
+                if (s + 1 < S) v = log_plus(v, nxt[s + 1] - next_max);
+                if ((s & 1) && s + 2 < S && label != labels[n * Lmax + (s >> 1) + 1])
+                    v = log_plus(v, nxt[s + 2] - next_max);
+            }
+            v += e;
+            cur[s] = v;
+            local_max = fmaxf(local_max, v);
+            post[s] = a[(size_t)t * Smax + s] + v - e;  // log of alpha beta / y, up to the offsets
+            top = fmaxf(top, post[s]);
+        }
+        local_max = warp_max(local_max);
+        top = warp_max(top);
+        if (lane == 0) {
+            warp_maxima[t & 1][warp] = local_max;
+            warp_top[warp] = top;
+        }
+        __syncthreads();
+        top = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) top = fmaxf(top, warp_top[w]);
+        float total = 0.0f, blank = 0.0f;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const float p = expf(post[s] - top);
+            post[s] = p;
+            total += p;
+            if (!(s & 1)) blank += p;
+        }
+        total = warp_sum(total);
+        blank = warp_sum(blank);
+        if (lane == 0) {
+            warp_total[warp] = total;
+            warp_blank[warp] = blank;
+        }
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(lp[k]);
+        __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
+        total = 0.0f;
+        for (int w = 0; w < nwarps; ++w) total += warp_total[w];
+        const float inv_total = 1.0f / total;
+        for (int u = threadIdx.x; u < U; u += blockDim.x) {
+            const int cls = slot_class[n * Umax + u];
+            float sum = 0.0f;
+            if (u == 0) {
+                for (int w = 0; w < nwarps; ++w) sum += warp_blank[w];
+            } else {
+                for (int m = slot_start[n * (Umax + 1) + u]; m < slot_start[n * (Umax + 1) + u + 1]; ++m)
+                    sum += post[2 * slot_members[n * Lmax + m] - 1];
+            }
+            g[cls] = expf(lp[cls]) - sum * inv_total;
+        }
+        __syncthreads();  // post and the per-warp sums are rewritten by the next frame
+    }
+}
+
+// ==========================================================================================
+// Step 3: step 2 with every load of read-only data through __ldg (the read-only data cache).
+// The alpha matrix stays a plain load in the alpha kernel: that kernel writes it.
+// ==========================================================================================
+extern "C" __global__ void ctc_alpha_step3(
+    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
+    int N, int A, int Lmax) {
+    const int n = blockIdx.x;
+    const int Tn = __ldg(input_lengths + n);
+    const int S = 2 * __ldg(target_lengths + n) + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __shared__ float warp_maxima[2][32];
+    float* a = alphas + (size_t)n * T * Smax;
+    double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
+    float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it
+    for (int t = 0; t < Tn; ++t) {
+        if (t > 0) {
+            prev_max = row_max(warp_maxima[(t - 1) & 1], nwarps);
+            shift += prev_max;
+        }
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        const float* prev = a + (size_t)(t > 0 ? t - 1 : 0) * Smax;
+        float local_max = NEG_INF;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const int label = (s & 1) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
+            float v;
+            if (t == 0) {
+                v = (s <= 1) ? 0.0f : NEG_INF;
+            } else {
+                v = prev[s] - prev_max;
+                if (s >= 1) v = log_plus(v, prev[s - 1] - prev_max);
+                if ((s & 1) && s >= 3 && label != __ldg(labels + n * Lmax + (s >> 1) - 1))
+                    v = log_plus(v, prev[s - 2] - prev_max);
+            }
+            v += __ldg(lp + label);
+            a[(size_t)t * Smax + s] = v;
+            local_max = fmaxf(local_max, v);
+        }
+        local_max = warp_max(local_max);
+        if (lane == 0) warp_maxima[t & 1][warp] = local_max;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float* last = a + (size_t)(Tn - 1) * Smax;
+        float tail = last[S - 1];
+        if (S > 1) tail = log_plus(tail, last[S - 2]);
+        log_likelihood[n] = (double)tail + shift;
+    }
+}
+
+extern "C" __global__ void ctc_beta_grad_step3(
+    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, const int* __restrict__ slot_class, const int* __restrict__ slot_start,
+    const int* __restrict__ slot_members, const int* __restrict__ num_slots, const float* __restrict__ alphas,
+    const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss, int T, int N,
+    int A, int Lmax, int Umax, int zero_infinity) {
+    extern __shared__ float smem[];  // beta rows [2][Smax], then the posterior of each position [Smax]
+    __shared__ float warp_maxima[2][32];
+    __shared__ float warp_top[32], warp_total[32], warp_blank[32];
+    const int n = blockIdx.x;
+    const int Tn = __ldg(input_lengths + n);
+    const int S = 2 * __ldg(target_lengths + n) + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    float* post = smem + 2 * Smax;
+    const double ll = __ldg(log_likelihood + n);
+    const bool infinite = ll == NEG_INF_D;
+    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
+    for (int t = Tn; t < T; ++t)  // frames past the input length do not touch the loss
+        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = 0.0f;
+    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
+        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
+        for (int t = 0; t < Tn; ++t)
+            for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = fill;
+        return;
+    }
+    const float* a = alphas + (size_t)n * T * Smax;
+    const int U = __ldg(num_slots + n);
+    float next_max = 0.0f;    // maximum of row t + 1, subtracted while reading it
+    for (int t = Tn - 1; t >= 0; --t) {
+        if (t < Tn - 1) next_max = row_max(warp_maxima[(t + 1) & 1], nwarps);
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        float* g = grad + ((size_t)t * N + n) * A;
+        float* cur = smem + (t & 1) * Smax;
+        const float* nxt = smem + ((t + 1) & 1) * Smax;
+        float local_max = NEG_INF, top = NEG_INF;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const int label = (s & 1) ? __ldg(labels + n * Lmax + (s >> 1)) : 0;
+            const float e = __ldg(lp + label);
+            float v;
+            if (t == Tn - 1) {
+                v = (s >= S - 2) ? 0.0f : NEG_INF;
+            } else {
+                v = nxt[s] - next_max;
+                if (s + 1 < S) v = log_plus(v, nxt[s + 1] - next_max);
+                if ((s & 1) && s + 2 < S && label != __ldg(labels + n * Lmax + (s >> 1) + 1))
+                    v = log_plus(v, nxt[s + 2] - next_max);
+            }
+            v += e;
+            cur[s] = v;
+            local_max = fmaxf(local_max, v);
+            post[s] = __ldg(a + (size_t)t * Smax + s) + v - e;  // log of alpha beta / y, up to the offsets
+            top = fmaxf(top, post[s]);
+        }
+        local_max = warp_max(local_max);
+        top = warp_max(top);
+        if (lane == 0) {
+            warp_maxima[t & 1][warp] = local_max;
+            warp_top[warp] = top;
+        }
+        __syncthreads();
+        top = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) top = fmaxf(top, warp_top[w]);
+        float total = 0.0f, blank = 0.0f;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const float p = expf(post[s] - top);
+            post[s] = p;
+            total += p;
+            if (!(s & 1)) blank += p;
+        }
+        total = warp_sum(total);
+        blank = warp_sum(blank);
+        if (lane == 0) {
+            warp_total[warp] = total;
+            warp_blank[warp] = blank;
+        }
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(__ldg(lp + k));
+        __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
+        total = 0.0f;
+        for (int w = 0; w < nwarps; ++w) total += warp_total[w];
+        const float inv_total = 1.0f / total;
+        for (int u = threadIdx.x; u < U; u += blockDim.x) {
+            const int cls = __ldg(slot_class + n * Umax + u);
+            float sum = 0.0f;
+            if (u == 0) {
+                for (int w = 0; w < nwarps; ++w) sum += warp_blank[w];
+            } else {
+                const int end = __ldg(slot_start + n * (Umax + 1) + u + 1);
+                for (int m = __ldg(slot_start + n * (Umax + 1) + u); m < end; ++m)
+                    sum += post[2 * __ldg(slot_members + n * Lmax + m) - 1];
+            }
+            g[cls] = expf(__ldg(lp + cls)) - sum * inv_total;
+        }
+        __syncthreads();  // post and the per-warp sums are rewritten by the next frame
+    }
+}

@@ -1,0 +1,399 @@
+"""Chapter 4: CTC loss. CPU: the float64 reference against torch, edge cases, validation, the
+compiled code (PTX loads, registers). GPU: every step against the reference."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from studylog import ctc, cuda
+
+SENTINEL = -12345.0  # poison for outputs: no correct loss or gradient entry takes this value
+
+
+def random_case(rng, T, N, A, *, max_target=12, repeats=False):
+    """Activations, padded int64 targets and varied lengths; small A makes repeated labels common."""
+    x = torch.randn(T, N, A, generator=rng) * 1.5
+    input_lengths = torch.randint(1, T + 1, (N,), generator=rng)
+    target_lengths = torch.randint(0, max_target + 1, (N,), generator=rng)
+    targets = torch.randint(1, A, (N, max(1, max_target)), generator=rng)
+    if repeats:  # force neighbours to repeat in every other pair
+        targets[:, 1::2] = targets[:, 0::2][:, : targets[:, 1::2].shape[1]]
+    return x, targets, input_lengths, target_lengths
+
+
+def torch_float64(x, targets, input_lengths, target_lengths, zero_infinity=False):
+    leaf = x.double().requires_grad_(True)
+    loss = torch.nn.functional.ctc_loss(leaf.log_softmax(2), targets, input_lengths, target_lengths,
+                                        reduction="none", zero_infinity=zero_infinity)
+    (grad,) = torch.autograd.grad(loss.sum(), leaf)
+    return loss.detach(), grad
+
+
+def assert_same(loss, grad, ref_loss, ref_grad, *, loss_tol=1e-9, grad_tol=1e-9):
+    """Same infinities and NaNs, and close finite values."""
+    assert torch.equal(torch.isinf(loss.cpu()), torch.isinf(ref_loss.cpu()))
+    assert torch.equal(torch.isnan(grad.cpu()), torch.isnan(ref_grad.cpu()))
+    err = ctc.errors(loss, grad, ref_loss, ref_grad)
+    assert err["mismatched"] == 0, err
+    assert err["loss_rel"] <= loss_tol and err["grad_rel"] <= grad_tol, err
+
+
+# --------------------------------------------------------------------------------------
+# The float64 reference against torch (CPU)
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T, N, A", [(1, 1, 2), (5, 3, 4), (17, 4, 7), (40, 3, 30)])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_reference_matches_torch(T, N, A, zero_infinity, rng):
+    x, targets, il, tl = random_case(rng, T, N, A, repeats=A < 10)
+    loss, grad = ctc.reference_ctc(x, targets, il, tl, zero_infinity=zero_infinity)
+    ref_loss, ref_grad = torch_float64(x, targets, il, tl, zero_infinity)
+    assert loss.dtype == grad.dtype == torch.float64
+    assert_same(loss, grad, ref_loss, ref_grad)
+
+
+def test_reference_takes_concatenated_targets(rng):
+    x, targets, il, tl = random_case(rng, 12, 4, 9)
+    flat = torch.cat([targets[i, :l] for i, l in enumerate(tl.tolist())]).to(torch.int32)
+    a = ctc.reference_ctc(x, targets, il, tl)
+    b = ctc.reference_ctc(x, flat, il.tolist(), tuple(tl.tolist()))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1].nan_to_num(7.0), b[1].nan_to_num(7.0))
+
+
+def test_repeated_labels_need_a_blank_between_them(rng):
+    x = torch.randn(3, 1, 5, generator=rng)
+    lp = x.double().log_softmax(2)[:, 0]
+    assert ctc.min_frames([3, 3]) == 3 and ctc.min_frames([3, 4]) == 2 and ctc.min_frames([]) == 0
+    two_frames, _ = ctc.reference_ctc(x[:2], torch.tensor([[3, 3]]), [2], [2])
+    assert math.isinf(two_frames.item())  # "3 3" cannot be emitted in 2 frames: it would read "3"
+    three_frames, _ = ctc.reference_ctc(x, torch.tensor([[3, 3]]), [3], [2])
+    only_path = -(lp[0, 3] + lp[1, 0] + lp[2, 3])  # 3, blank, 3
+    torch.testing.assert_close(three_frames[0], only_path, rtol=1e-12, atol=0)
+    distinct, _ = ctc.reference_ctc(x[:2], torch.tensor([[3, 4]]), [2], [2])
+    torch.testing.assert_close(distinct[0], -(lp[0, 3] + lp[1, 4]), rtol=1e-12, atol=0)
+
+
+def test_empty_target_is_all_blanks(rng):
+    x = torch.randn(6, 2, 4, generator=rng)
+    loss, grad = ctc.reference_ctc(x, torch.zeros(2, 1, dtype=torch.long), [6, 4], [0, 0])
+    probs = x.double().softmax(2)
+    torch.testing.assert_close(loss, -probs[:, :, 0].log().cumsum(0)[[5, 3], [0, 1]], rtol=1e-12, atol=0)
+    expected = probs.clone()
+    expected[:, :, 0] -= 1.0  # every frame is the blank with posterior 1
+    expected[4:, 1] = 0.0  # past utterance 1's input length
+    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-12)
+
+
+def test_target_too_long_gives_infinite_loss(rng):
+    x = torch.randn(4, 2, 6, generator=rng)
+    targets = torch.tensor([[1, 2, 3, 4, 5], [2, 2, 0, 0, 0]])
+    il, tl = [4, 3], [5, 2]  # 5 labels in 4 frames; "2 2" fits 3 frames
+    loss, grad = ctc.reference_ctc(x, targets, il, tl)
+    ref_loss, ref_grad = torch_float64(x, targets, torch.tensor(il), torch.tensor(tl))
+    assert math.isinf(loss[0]) and math.isfinite(loss[1])
+    assert torch.isnan(grad[:, 0]).all() and not torch.isnan(grad[:, 1]).any()
+    assert_same(loss, grad, ref_loss, ref_grad)
+    loss, grad = ctc.reference_ctc(x, targets, il, tl, zero_infinity=True)
+    assert loss[0] == 0 and (grad[:, 0] == 0).all()
+    assert_same(loss, grad, *torch_float64(x, targets, torch.tensor(il), torch.tensor(tl), zero_infinity=True))
+
+
+def test_probability_space_rescaling_breaks_on_long_blank_heavy_input():
+    gen = torch.Generator().manual_seed(0)
+    for T, breaks in [(60, False), (240, True)]:
+        x, lists = ctc.stress_inputs(T, 2, 12, gen, "cpu")
+        targets, tl = ctc.padded(lists), [len(l) for l in lists]
+        ref, _ = ctc.reference_ctc(x, targets, [T, T], tl)
+        prob32 = ctc.probability_space_nll(x, targets, [T, T], tl, dtype=torch.float32)
+        prob64 = ctc.probability_space_nll(x, targets, [T, T], tl, dtype=torch.float64)
+        assert torch.isfinite(ref).all()
+        torch.testing.assert_close(prob64, ref, rtol=1e-10, atol=0)  # double still holds at this length
+        if breaks:
+            assert torch.isinf(prob32).all(), prob32
+        else:
+            torch.testing.assert_close(prob32, ref, rtol=1e-5, atol=0)
+
+
+def test_prepared_slots_list_every_position_once(rng):
+    x, targets, il, tl = random_case(rng, 20, 6, 5, max_target=15, repeats=True)
+    batch = ctc.prepare_targets(targets, il, tl, num_classes=5, max_time=20, device="cpu")
+    for i, length in enumerate(tl.tolist()):
+        labels = targets[i, :length].tolist()
+        u = int(batch.num_slots[i])
+        classes = batch.slot_class[i, :u].tolist()
+        assert classes[0] == 0 and len(set(classes)) == u == len(set(labels)) + 1
+        positions = []
+        for slot in range(1, u):
+            start, end = int(batch.slot_start[i, slot]), int(batch.slot_start[i, slot + 1])
+            members = batch.slot_members[i, start:end].tolist()
+            assert all(labels[j - 1] == classes[slot] for j in members)
+            positions += members
+        assert sorted(positions) == list(range(1, length + 1))
+    assert batch.labels.dtype == torch.int32 and batch.max_positions == 2 * batch.label_stride + 1
+
+
+def test_launch_shapes():
+    assert ctc.default_grain(301) == 3 and ctc.block_threads(301, 3) == 128
+    assert ctc.block_threads(301, 1) == 320 and ctc.block_threads(3, 8) == 32
+    assert ctc.warp_grain(3) == 2 and ctc.warp_grain(301) == 10 and ctc.warp_grain(1023) == 32
+    with pytest.raises(ValueError, match="one warp"):
+        ctc.warp_grain(1025)
+    assert ctc.dram_bytes(150, 256, 5000) == 2 * 4 * 150 * 256 * 5000
+
+
+def test_bank_conflict_model():
+    assert [ctc.bank_ways(g, blocked=False) for g in range(1, 9)] == [1] * 8
+    assert [ctc.bank_ways(g, blocked=True) for g in range(1, 9)] == [1, 2, 1, 4, 1, 2, 1, 8]
+
+
+# --------------------------------------------------------------------------------------
+# Bad input: a clear error naming the argument, before any launch
+# --------------------------------------------------------------------------------------
+
+def _args(**change):
+    args = dict(activations=torch.randn(6, 2, 5), targets=torch.tensor([[1, 2, 3], [4, 4, 0]]),
+                input_lengths=torch.tensor([6, 5]), target_lengths=torch.tensor([3, 2]))
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(targets=torch.tensor([[1, 0, 3], [4, 4, 0]])), ValueError, "blank"),
+    (dict(targets=torch.tensor([[1, 2, 5], [4, 4, 0]])), ValueError, "outside"),
+    (dict(targets=torch.tensor([[1, -2, 3], [4, 4, 0]])), ValueError, "outside"),
+    (dict(targets=torch.tensor([[1.0, 2.0, 3.0], [4.0, 4.0, 0.0]])), TypeError, "int32 or int64"),
+    (dict(targets=torch.tensor([1, 2, 3, 4])), ValueError, "concatenated"),
+    (dict(targets=torch.tensor([[1, 2], [4, 4]])), ValueError, "columns"),
+    (dict(targets=torch.zeros(2, 3, 1, dtype=torch.long)), ValueError, "1-D .* or 2-D"),
+    (dict(input_lengths=torch.tensor([6, 0])), ValueError, "input_lengths"),
+    (dict(input_lengths=torch.tensor([7, 5])), ValueError, "input_lengths"),
+    (dict(input_lengths=torch.tensor([6.0, 5.0])), TypeError, "input_lengths"),
+    (dict(input_lengths=torch.tensor([6, 5, 4])), ValueError, "input_lengths .* N = 2"),
+    (dict(target_lengths=torch.tensor([3, -1])), ValueError, "target_lengths"),
+    (dict(target_lengths=torch.tensor([3, ctc.MAX_TARGET_LENGTH + 1])), ValueError, "target_lengths"),
+    (dict(target_lengths="3, 2"), TypeError, "target_lengths"),
+    (dict(activations=torch.randn(6, 2, 5, dtype=torch.float64)), TypeError, "float32"),
+    (dict(activations=torch.randn(6, 5)), ValueError, r"\(T, N, A\)"),
+    (dict(activations=torch.randn(5, 2, 6).transpose(0, 2)), ValueError, "contiguous"),
+    (dict(activations=torch.randn(6, 2, 5)), ValueError, "CUDA device"),
+])
+def test_bad_input_is_named(change, error, match):
+    with pytest.raises(error, match=match):
+        ctc.ctc_loss(**_args(**change))
+
+
+def test_bad_call_options_are_named():
+    args = _args()
+    batch = ctc.prepare_targets(args["targets"], args["input_lengths"], args["target_lengths"], num_classes=5,
+                                max_time=6, device="cpu")
+    x = args["activations"]
+    with pytest.raises(ValueError, match="either prepared"):
+        ctc.ctc_loss(x, batch, args["input_lengths"], args["target_lengths"])
+    with pytest.raises(ValueError, match="A = 6"):
+        ctc.ctc_loss(torch.randn(6, 2, 6), batch)
+    with pytest.raises(ValueError, match="N = 3"):
+        ctc.ctc_loss(torch.randn(6, 3, 5), batch)
+    with pytest.raises(ValueError, match="T = 4"):
+        ctc.ctc_loss(torch.randn(4, 2, 5), batch)
+    with pytest.raises(ValueError, match="step must be"):
+        ctc.ctc_loss(x, batch, step=8)
+    with pytest.raises(ValueError, match="grain and blocked"):
+        ctc.ctc_loss(x, batch, step=7, grain=3)
+    with pytest.raises(ValueError, match="grain must be one of"):
+        ctc.kernel_names(4, 9)
+    with pytest.raises(ValueError, match="grain must be one of"):
+        ctc.ctc_loss(x, batch, step=5, grain=0)
+    with pytest.raises(ValueError, match="share memory"):
+        ctc.ctc_loss(x, batch, out_grad=x)
+    with pytest.raises(ValueError, match="num_classes"):
+        ctc.prepare_targets(args["targets"], [6, 5], [3, 2], num_classes=1, max_time=6)
+
+
+# --------------------------------------------------------------------------------------
+# The compiled code (NVRTC runs without a GPU)
+# --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def steps_1_to_3():
+    return ctc.compile_step(1)
+
+
+def test_restrict_and_ldg_make_the_read_only_loads_non_coherent(steps_1_to_3):
+    table = {row["kernel"]: row for row in ctc.load_table(steps_1_to_3, [
+        f"ctc_{kind}_step{s}" for s in (1, 2, 3) for kind in ("alpha", "beta_grad")])}
+    for kind in ("alpha", "beta_grad"):
+        assert table[f"ctc_{kind}_step1"]["ld.global.nc"] == 0  # aliasing possible: every load coherent
+        assert table[f"ctc_{kind}_step2"]["ld.global.nc"] > 0   # __restrict__ alone is enough
+        assert table[f"ctc_{kind}_step3"]["ld.global.nc"] >= table[f"ctc_{kind}_step2"]["ld.global.nc"]
+    for step in (2, 3):
+        assert table[f"ctc_beta_grad_step{step}"]["ld.global"] == 0  # nothing it reads is written
+        assert table[f"ctc_alpha_step{step}"]["ld.global"] > 0  # the alpha matrix it writes itself
+    assert all(row["spill_stores"] == 0 and row["registers"] > 0 for row in table.values())
+
+
+@pytest.fixture(scope="module")
+def blocked_kernels():
+    """Steps 4 to 6 in one NVRTC call: step 4 at several grain sizes, steps 5 and 6 at one."""
+    names = [n for g in TESTED_GRAINS for n in ctc.kernel_names(4, g)]
+    names += [n for b in (False, True) for n in ctc.kernel_names(5, 3, b)] + list(ctc.kernel_names(6, 2))
+    return names, cuda.compile_source(ctc.BLOCKED_SOURCE, name_expressions=list(dict.fromkeys(names)))
+
+
+TESTED_GRAINS = (1, 2, 3, 4, 8)
+
+
+def test_register_report_per_grain_size(blocked_kernels):
+    names, compiled = blocked_kernels
+    rows = ctc.load_table(compiled, [n for g in TESTED_GRAINS for n in ctc.kernel_names(4, g)])
+    assert len(rows) == 2 * len(TESTED_GRAINS)
+    for row in rows:
+        assert row["registers"] > 0 and row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+        assert row["ld.global.nc"] > 0
+    alpha = {g: rows[2 * i]["registers"] for i, g in enumerate(TESTED_GRAINS)}
+    assert alpha[8] > alpha[1]  # more positions per thread, more live registers
+
+
+def test_template_instances_of_steps_5_to_7_compile(blocked_kernels):
+    names, compiled = blocked_kernels
+    assert set(names) <= set(compiled.lowered_names)
+    report = compiled.ptxas_report()
+    assert all(compiled.lowered_names[n] in report for n in names)
+    seven = ctc.compile_step(7, grains=[2])
+    report = seven.ptxas_report()
+    assert {"ctc_fused_stats", "ctc_fused_grad", seven.lowered_names["ctc_fused_recursion<2>"]} <= set(report)
+    assert all(r["spill_stores"] == 0 for r in report.values())
+
+
+# --------------------------------------------------------------------------------------
+# GPU: every step against the float64 reference
+# --------------------------------------------------------------------------------------
+
+def _run_on_gpu(x, targets, il, tl, step, zero_infinity=False, **kw):
+    T, N, A = x.shape
+    out_loss = torch.full((N,), SENTINEL, device="cuda")
+    out_grad = torch.full((T, N, A), SENTINEL, device="cuda")
+    loss, grad = ctc.ctc_loss(x.cuda(), targets.cuda(), il, tl, step=step, zero_infinity=zero_infinity,
+                              out_loss=out_loss, out_grad=out_grad, **kw)
+    torch.cuda.synchronize()
+    assert loss.data_ptr() == out_loss.data_ptr() and grad.data_ptr() == out_grad.data_ptr()
+    assert not (loss == SENTINEL).any() and not (grad == SENTINEL).any(), "outputs left unwritten"
+    return loss, grad
+
+
+def _check_against_reference(x, targets, il, tl, step, zero_infinity=False, **kw):
+    loss, grad = _run_on_gpu(x, targets, il, tl, step, zero_infinity, **kw)
+    ref_loss, ref_grad = ctc.reference_ctc(x.cuda(), targets, il, tl, zero_infinity=zero_infinity)
+    assert_same(loss, grad, ref_loss, ref_grad, loss_tol=ctc.LOSS_TOLERANCE, grad_tol=ctc.GRAD_TOLERANCE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step", list(ctc.STEPS))
+@pytest.mark.parametrize("T, N, A", [(1, 1, 2), (33, 7, 5), (60, 9, 37), (45, 5, 1001)])
+def test_step_matches_reference_on_gpu(step, T, N, A, rng):
+    x, targets, il, tl = random_case(rng, T, N, A, max_target=min(T, 40), repeats=A < 10)
+    _check_against_reference(x, targets, il, tl, step)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step", list(ctc.STEPS))
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_edge_cases_on_gpu(step, zero_infinity, rng):
+    x = torch.randn(8, 5, 6, generator=rng)
+    targets = torch.tensor([[1, 1, 2, 0, 0, 0], [3, 3, 3, 3, 3, 0], [0, 0, 0, 0, 0, 0],
+                            [1, 2, 3, 4, 5, 1], [2, 2, 2, 0, 0, 0]])
+    il = [8, 8, 5, 4, 3]
+    tl = [3, 5, 0, 6, 3]  # repeats; 5 repeats need 9 frames (infinite); empty; too long; repeats too long
+    _check_against_reference(x, targets, il, tl, step, zero_infinity)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step, blocked, grains", [
+    (4, False, (1, 2, 3, 8)), (5, True, ctc.GRAIN_SIZES), (5, False, (1, 4, 7)), (6, False, (1, 2, 3)),
+    (6, True, (3, 4)),
+])  # every grain where the index arithmetic is most intricate (blocked); a few elsewhere (NVRTC time)
+def test_grain_sizes_on_gpu(step, blocked, grains, rng):
+    x, targets, il, tl = random_case(rng, 40, 4, 11, max_target=30)
+    ctc.preload(step, grains, (blocked,))
+    for grain in grains:
+        _check_against_reference(x, targets, il, tl, step, grain=grain, blocked=blocked)
+
+
+def _benchmark_sized(gen, A, N=16):
+    lists = ctc.random_targets(ctc.BENCH_T, N, A, gen)
+    x = torch.randn(ctc.BENCH_T, N, A, generator=gen)
+    il = torch.randint(ctc.BENCH_T // 2, ctc.BENCH_T + 1, (N,), generator=gen)
+    tl = torch.tensor([min(len(l), int(i)) for l, i in zip(lists, il)])
+    return x, ctc.padded(lists), il, tl
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step", [s for s in ctc.STEPS if s != 6])
+def test_benchmark_sized_inputs_on_gpu(step, rng):
+    gen = torch.Generator().manual_seed(rng.seed_value)
+    for A in ctc.BENCH_A:
+        _check_against_reference(*_benchmark_sized(gen, A), step)
+
+
+@pytest.mark.gpu
+def test_probability_space_at_benchmark_size_on_gpu(rng):
+    """Step 6 is right where float32 holds the alignments; where it loses them, it loses them
+    honestly (an infinite loss) and only for long targets, whose alignments have little slack."""
+    gen = torch.Generator().manual_seed(rng.seed_value)
+    for A in ctc.BENCH_A:
+        x, targets, il, tl = _benchmark_sized(gen, A, N=32)
+        loss, grad = _run_on_gpu(x, targets, il, tl, 6)
+        ref_loss, ref_grad = ctc.reference_ctc(x.cuda(), targets, il, tl)
+        held = torch.isfinite(loss.cpu()) & torch.isfinite(ref_loss)
+        lost = torch.isfinite(ref_loss) & ~torch.isfinite(loss.cpu())
+        assert (tl[lost] > il[lost] // 2).all(), (tl[lost], il[lost])
+        err = ctc.errors(loss[held.cuda()], grad[:, held.cuda()], ref_loss[held], ref_grad[:, held.cuda()])
+        assert err["mismatched"] == 0 and err["loss_rel"] <= 1e-3 and err["grad_rel"] <= 1e-2, err
+
+
+@pytest.mark.gpu
+def test_step7_scalar_and_vector_paths_on_gpu(rng):
+    for A, offset in [(5000, 0), (5000, 1), (4999, 0), (28, 0)]:  # offset 1: rows not 16-byte aligned
+        x, targets, il, tl = random_case(rng, 20, 3, A, max_target=10)
+        storage = torch.empty(x.numel() + offset, device="cuda")
+        shifted = storage[offset:].view(x.shape)  # contiguous, 16-byte aligned only when offset == 0
+        shifted.copy_(x)
+        assert (shifted.data_ptr() % 16 == 0) == (offset == 0)
+        _check_against_reference(shifted, targets, il, tl, 7)
+
+
+@pytest.mark.gpu
+def test_long_targets_up_to_the_limit_on_gpu(rng):
+    T, A = 1100, 40
+    lists = [np.array([(j % (A - 1)) + 1 for j in range(ctc.MAX_TARGET_LENGTH)]),
+             torch.randint(1, A, (300,), generator=rng).numpy()]
+    x = torch.randn(T, 2, A, generator=rng)
+    for step in (1, 5, 7):
+        _check_against_reference(x, ctc.padded(lists), [T, T], [len(l) for l in lists], step)
+
+
+@pytest.mark.gpu
+def test_rescaling_fails_where_log_space_holds_on_gpu():
+    gen = torch.Generator().manual_seed(1)
+    x, lists = ctc.stress_inputs(400, 4, 28, gen, "cpu")
+    targets, tl = ctc.padded(lists), [len(l) for l in lists]
+    for step in (5, 7):
+        _check_against_reference(x, targets, [400] * 4, tl, step)
+    loss, _ = ctc.ctc_loss(x.cuda(), targets.cuda(), [400] * 4, tl, step=6)
+    assert torch.isinf(loss).all()  # every alignment underflowed in float32 probability space
+
+
+@pytest.mark.gpu
+def test_agrees_with_both_torch_paths_on_gpu(rng):
+    gen = torch.Generator().manual_seed(rng.seed_value)
+    lists = ctc.random_targets(50, 6, 29, gen)
+    x = torch.randn(50, 6, 29, generator=gen).cuda()
+    tl = [len(l) for l in lists]
+    ours, our_grad = ctc.ctc_loss(x, ctc.padded(lists).cuda(), [50] * 6, tl)
+    for targets in (ctc.concatenated(lists, torch.int32), ctc.padded(lists).cuda()):  # cuDNN, native
+        loss, grad = ctc.torch_ctc(x, targets, [50] * 6, tl)
+        # torch's float32 gradient is itself only ~1e-4 accurate: this is a sanity check, the
+        # strict comparison is against the float64 reference above
+        torch.testing.assert_close(ours, loss, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(our_grad, grad, rtol=0, atol=1e-3)
