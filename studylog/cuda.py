@@ -17,6 +17,7 @@ import ctypes
 import functools
 import hashlib
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -248,44 +249,60 @@ def _ensure_context(device_index: int) -> None:
 
 
 class CudaKernel:
-    """One ``__global__`` function, launched on torch tensors on torch's current stream."""
+    """One ``__global__`` function, launched on torch tensors on torch's current stream.
+
+    Launching from Python has a cost of its own, which matters for kernels of a few microseconds:
+    the argument block and the array of pointers into it are built once per kernel, and a launch
+    only packs the values (``struct.pack``) into that block. The driver copies the arguments during
+    ``cuLaunchKernel``, so reusing the block for the next launch is safe.
+    """
+
+    _FORMATS = {"ptr": "Q", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "f32": "f4x", "f64": "d"}
 
     def __init__(self, module: "CudaModule", name: str, function, signature: Sequence[str]):
         unknown = [s for s in signature if s not in ARG_TYPES]
         if unknown:
             raise ValueError(f"unknown argument kinds {unknown}; use {sorted(ARG_TYPES)}")
         self.module, self.name, self.function, self.signature = module, name, function, tuple(signature)
+        self._pointer_slots = [i for i, kind in enumerate(self.signature) if kind == "ptr"]
+        self._struct = struct.Struct("<" + "".join(self._FORMATS[k] for k in self.signature))  # 8 bytes a slot
+        self._block = ctypes.create_string_buffer(max(self._struct.size, 8))
+        base = ctypes.addressof(self._block)
+        self._params = (ctypes.c_void_p * max(len(self.signature), 1))(*[base + 8 * i for i in range(len(self.signature))])
+        self._params_address = ctypes.addressof(self._params)
+        self._streams: dict[int, object] = {}
 
     def __call__(self, grid, block, *args, shared_mem: int = 0, stream: torch.cuda.Stream | None = None) -> None:
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes {len(self.signature)} arguments ({self.signature}), got {len(args)}")
-        grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
-        block = tuple(block) + (1,) * (3 - len(tuple(block)))
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        block = tuple(block) + (1,) * (3 - len(block))
         if min(grid) < 1 or min(block) < 1:
             raise ValueError(f"{self.name}: grid {grid} and block {block} must be positive")
-        values = []
-        for i, (kind, arg) in enumerate(zip(self.signature, args)):
-            if kind == "ptr":
-                if isinstance(arg, torch.Tensor):
-                    if arg.device.type != "cuda":
-                        raise ValueError(f"{self.name}: argument {i} is a tensor on {arg.device}, not on the GPU")
-                    arg = arg.data_ptr()
-                elif arg is not None and not isinstance(arg, int):
-                    raise TypeError(f"{self.name}: argument {i} must be a CUDA tensor or an address")
-                values.append(ctypes.c_void_p(arg or 0))
-            else:
-                values.append(ARG_TYPES[kind](arg))
-        pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        values = list(args)
+        for i in self._pointer_slots:
+            arg = values[i]
+            if isinstance(arg, torch.Tensor):
+                if not arg.is_cuda:
+                    raise ValueError(f"{self.name}: argument {i} is a tensor on {arg.device}, not on the GPU")
+                values[i] = arg.data_ptr()
+            elif arg is None:
+                values[i] = 0
+            elif not isinstance(arg, int):
+                raise TypeError(f"{self.name}: argument {i} must be a CUDA tensor or an address")
+        try:
+            packed = self._struct.pack(*values)
+        except struct.error as exc:
+            raise TypeError(f"{self.name}: arguments {args!r} do not fit {self.signature}: {exc}") from None
+        ctypes.memmove(self._block, packed, len(packed))
+        handle = stream.cuda_stream if stream is not None else torch.cuda.current_stream().cuda_stream
+        cu_stream = self._streams.get(handle)
         driver = _driver()
-        if stream is None:
-            stream = torch.cuda.current_stream()
-        _check_cu(
-            driver.cuLaunchKernel(
-                self.function, *grid, *block, shared_mem, driver.CUstream(stream.cuda_stream),
-                ctypes.addressof(pointers), 0,
-            ),
-            f"cuLaunchKernel({self.name}, grid={grid}, block={block})",
-        )
+        if cu_stream is None:
+            cu_stream = self._streams[handle] = driver.CUstream(handle)
+        err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, self._params_address, 0)
+        if err[0] != driver.CUresult.CUDA_SUCCESS:
+            _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
 
     def set_max_dynamic_shared_memory(self, nbytes: int) -> None:
         """Allow more than 48 KiB of dynamic shared memory for this kernel."""
