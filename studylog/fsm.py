@@ -1072,7 +1072,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     exp.add_argument("--samples", type=int, default=8, help="samples per suite entry (default 8)")
     rep = sub.add_parser("report", help="print the suite's savings table")
     rep.add_argument("--samples", type=int, default=8)
+    fig = sub.add_parser("figure", help="draw the suite's savings plot into assets/figures/fsm_savings.png "
+                                       "(the chapter's teaser on the blog's landing page)")
+    fig.add_argument("--samples", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.command == "figure":
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from studylog.plotting import save_figure
+
+        ax = plot_savings(run_suite(n_samples=args.samples, progress=True))
+        print(save_figure(ax.figure, "fsm_savings"))
+        return 0
     if args.command == "export-masks":
         from studylog import data
 
