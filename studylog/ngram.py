@@ -19,6 +19,8 @@ Steps (each a kernel next to the previous one; ``step=`` picks it):
 5. ``"one_pass"``: one pass per haystack for every ``n`` at once, with early exit;
    ``"one_pass_fused"``: the same split over many blocks per slot, phase 2 run by the last block
    to finish, so the whole step is a single launch (``csrc/ngram_one_pass.cu``).
+6. ``"stream"``: the fused kernel without barriers in its loop, with wider loads, and skipping
+   slots the budget refuses whatever the searches find (``csrc/ngram_stream.cu``).
 
 Dtypes are explicit: token ids are int64, every per-slot length is int32.
 """
@@ -49,7 +51,7 @@ NGRAM_MAX = 32
 #: "No match" as a key: larger than every real key.
 NONE_KEY = (1 << 64) - 1
 #: The steps, in the order the chapter builds them.
-STEPS = ("cpu", "serial", "two_phase", "two_phase_scan", "one_pass", "one_pass_fused")
+STEPS = ("cpu", "serial", "two_phase", "two_phase_scan", "one_pass", "one_pass_fused", "stream")
 #: Steps run on the GPU (everything but the CPU path).
 GPU_STEPS = STEPS[1:]
 #: The deployed default budget of the n-gram proposer, and the hybrid (MTP + n-gram) one.
@@ -60,6 +62,38 @@ THREADS = 256          # threads per search block
 SCAN_THREADS = 1024    # threads of the phase-2 scan kernel
 ITEMS = 4              # end positions per thread per tile (ITEMS in ngram_one_pass.cu)
 TILE = THREADS * ITEMS
+
+#: How step 6 loads haystack tokens (``CACHE`` in ``ngram_stream.cu``).
+STREAM_CACHE = {"ldg": 0, "ldcs": 1, "evict_first": 2}
+#: How step 6 skips slots the budget refuses (``BUDGET_SKIP``): not at all; the block decides
+#: before searching (two barriers); or the warps search at once and stop when the bound says so.
+STREAM_SKIP = {"off": 0, "eager": 1, "lazy": 2}
+
+
+@dataclass(frozen=True)
+class StreamVariant:
+    """The knobs of step 6 (``ngram_stream<LOADS, VEC, BUDGET_SKIP, CACHE>``): loads in flight per
+    thread per tile; how slots the budget refuses skip the search (``STREAM_SKIP``); the loads' L2
+    policy (``STREAM_CACHE``). ``VEC`` (tokens per load) follows the rows' alignment
+    (:func:`stream_vec`)."""
+
+    loads: int = 4
+    budget_skip: str = "lazy"
+    cache: str = "evict_first"
+
+    def instance(self, vec: int) -> str:
+        """The C++ name of this variant's kernel for ``vec`` tokens per load."""
+        return f"ngram_stream<{self.loads}, {vec}, {STREAM_SKIP[self.budget_skip]}, {STREAM_CACHE[self.cache]}>"
+
+    def params(self) -> dict:
+        return {"loads": self.loads, "budget_skip": self.budget_skip, "cache": self.cache}
+
+
+#: The chapter's step 6.
+STREAM_DEFAULT = StreamVariant()
+#: The variants the benchmark measures side by side (each differs from the default in one knob).
+STREAM_VARIANTS = (STREAM_DEFAULT, StreamVariant(loads=2), StreamVariant(loads=8), StreamVariant(budget_skip="off"),
+                   StreamVariant(budget_skip="eager"), StreamVariant(cache="ldg"), StreamVariant(cache="ldcs"))
 
 
 # =========================================================================================
@@ -425,6 +459,23 @@ def model_budget_scan(inputs: NgramInputs, keys: list[int], draft_tokens: Tensor
         torch.tensor(this_time, dtype=torch.int32)
 
 
+def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[bool]:
+    """Step 6's skip rule in plain Python (``budget_bound_part`` in ``ngram_stream.cu``): an active
+    slot is refused whatever the searches find when the smallest possible running total (every
+    earlier slot at its base, no drafts) plus ``left`` already reaches ``threshold - 1``."""
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
+    plans = [_slot_plan(b, config, *lists) for b in range(inputs.batch)]
+    left = sum(p[1] for p in plans)
+    smallest_total = 0
+    refused = []
+    for kind, _, base, _ in plans:
+        smallest_total += base  # an empty slot's base is 0
+        left -= kind == "active"
+        refused.append(kind == "active" and smallest_total + left >= config.threshold - 1)
+    return refused
+
+
 def published_blockscan_counts(inputs: NgramInputs, keys: list[int], seq_lens_this_time: Tensor,
                                config: NgramConfig) -> Tensor:
     """seq_lens_this_time as the published BlockScan phase 2 (ngram variant) computes it: the
@@ -556,6 +607,29 @@ def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tile
     return chunk_len
 
 
+#: Every instance compiled for step 6 (one NVRTC compile serves them all).
+STREAM_INSTANCES = tuple(v.instance(vec) for v in STREAM_VARIANTS for vec in (2, 1))
+
+
+def stream_vec(*haystacks: Tensor) -> int:
+    """2 (16-byte loads) when every row of every haystack starts 16 bytes aligned, else 1."""
+    return 2 if all(t.data_ptr() % 16 == 0 and t.shape[1] % 2 == 0 for t in haystacks) else 1
+
+
+def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *,
+                     chunk_len: int | None = None) -> int:
+    """Haystack positions per block of step 6: a whole number of tiles (``tile`` positions each),
+    about four blocks per SM when the haystacks are long, 2 to 8 tiles per block (``chunk_len``
+    overrides, rounded up to whole tiles). The range comes from the benchmark's chunk sweep."""
+    if chunk_len is None:
+        tiles = batch * (-(-prompt_width // tile) + -(-gen_width // tile))
+        chunk_len = max(2, min(8, tiles // (4 * _sm_count()))) * tile
+    chunk_len = -(-chunk_len // tile) * tile
+    while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:  # gridDim.y limit
+        chunk_len *= 2
+    return chunk_len
+
+
 def _require_cuda(step: str, device: torch.device) -> None:
     runtime.require_gpu(f"the {step!r} n-gram kernels")
     if device.type != "cuda":
@@ -569,8 +643,9 @@ class NgramMatcher:
     leaves its scratch clean after every launch."""
 
     def __init__(self, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
-                 step: str = "one_pass_fused", config: NgramConfig = NgramConfig(), check_values: bool = True,
-                 chunk_tiles: int | None = None):
+                 step: str = "stream", config: NgramConfig = NgramConfig(), check_values: bool = True,
+                 chunk_tiles: int | None = None, chunk_len: int | None = None,
+                 variant: StreamVariant = STREAM_DEFAULT, vec: int | None = None):
         if step not in STEPS:
             raise ValueError(f"step must be one of {STEPS}, got {step!r}")
         validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=check_values)
@@ -586,9 +661,21 @@ class NgramMatcher:
         _require_cuda(step, device)
         from studylog import cuda
 
-        self.kernels = [cuda.load(src).kernel(name, SIGNATURE) for src, name in KERNELS[step]]
         prompt_width, gen_width = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
-        self.chunk_len = fused_chunk_len(self.batch, prompt_width, gen_width, chunk_tiles=chunk_tiles)
+        if step == "stream":
+            auto_vec = stream_vec(inputs.prompt_ids, inputs.generated_ids)
+            if vec not in (None, 1, 2) or (vec == 2 and auto_vec == 1):
+                raise ValueError(f"vec must be None, 1, or 2 with 16-byte aligned rows of even width, got {vec!r}")
+            self.vec = vec or auto_vec
+            name = variant.instance(self.vec)
+            if name not in STREAM_INSTANCES:
+                raise ValueError(f"no compiled instance {name}; the variants are {STREAM_VARIANTS}")
+            self.kernels = [cuda.load("ngram_stream", name_expressions=STREAM_INSTANCES).kernel(name, SIGNATURE)]
+            self.chunk_len = stream_chunk_len(self.batch, prompt_width, gen_width, THREADS * variant.loads * self.vec,
+                                              chunk_len=chunk_len)
+        else:
+            self.kernels = [cuda.load(src).kernel(name, SIGNATURE) for src, name in KERNELS[step]]
+            self.chunk_len = fused_chunk_len(self.batch, prompt_width, gen_width, chunk_tiles=chunk_tiles)
         self.prompt_chunks = -(-prompt_width // self.chunk_len)
         self.gen_chunks = -(-gen_width // self.chunk_len)
         self.match_keys = torch.full((max(self.batch, 1),), -1, dtype=torch.int64, device=device)  # all NONE_KEY
@@ -606,6 +693,7 @@ class NgramMatcher:
             "two_phase_scan": [((b,), (THREADS,)), ((1,), (SCAN_THREADS,))],
             "one_pass": [((b,), (THREADS,)), ((1,), (SCAN_THREADS,))],
             "one_pass_fused": [((b, self.prompt_chunks + self.gen_chunks), (THREADS,))],
+            "stream": [((b, self.prompt_chunks + self.gen_chunks), (THREADS,))],
         }[step]
 
     def __call__(self) -> None:
@@ -633,7 +721,7 @@ class NgramMatcher:
 
 
 def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                seq_lens_this_time: Int32[Tensor, " batch"], *, step: str = "one_pass_fused",
+                seq_lens_this_time: Int32[Tensor, " batch"], *, step: str = "stream",
                 config: NgramConfig = NgramConfig()) -> tuple[Tensor, Tensor]:
     """Propose draft tokens in place (as the deployed operator does) with the kernel of ``step``;
     returns ``(draft_tokens, seq_lens_this_time)``. Inputs are validated first."""
@@ -765,6 +853,32 @@ def haystack_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ngra
     return total
 
 
+def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
+    """Bytes a perfect early exit reads (budget ignored): a searching slot reads its prompt up to
+    the end of the first window of the top n with a token after it; without one, the whole prompt,
+    then its generated tokens the same way. (Only a top-n match lets the scan stop: a shorter one
+    can still be beaten further on.) Compare with :func:`haystack_bytes`, the floor's numerator."""
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
+    prompt_lens = inputs.prompt_lens.tolist()
+    total = 0
+    for b in range(inputs.batch):
+        kind, _, _, cap = _slot_plan(b, config, *lists)
+        step = lists[0][b]
+        top = min(config.max_ngram_size, step)
+        if kind != "active" or cap < 1 or top < config.min_ngram_size:
+            continue
+        pattern = inputs.generated_ids[b, step + 1 - top: step + 1]
+        for hay, hay_len in ((inputs.prompt_ids[b], prompt_lens[b]), (inputs.generated_ids[b], step)):
+            windows = hay[: max(hay_len - 1, 0)].unfold(0, top, 1) if hay_len - 1 >= top else None
+            hits = (windows == pattern).all(1).nonzero() if windows is not None else torch.empty(0)
+            if len(hits):
+                total += (int(hits[0, 0]) + top) * 8
+                break
+            total += hay_len * 8
+    return total
+
+
 # =========================================================================================
 # Benchmark (GPU only) and figures
 # =========================================================================================
@@ -846,6 +960,27 @@ def bench(run) -> None:
                 serial_ms_per_window = max(serial_ms_per_window, ms / windows)
             run.record(step, ms, params=params, role=role, floor_ms=floor, haystack_bytes=nbytes,
                        windows_compared_by_cpu_loop=windows, drafted_tokens=drafted, timing=how)
+        same_chunks = stream_chunk_len(batch, seq_len, gen_width_for(seq_len), THREADS * STREAM_DEFAULT.loads * 2)
+        for stream_variant in STREAM_VARIANTS:  # step 6's candidates, measured side by side, same chunks
+            for vec in (2, 1) if stream_variant == STREAM_DEFAULT else (2,):
+                state = (draft0.clone(), this0.clone())
+                matcher = NgramMatcher(inputs, *state, step="stream", config=config, check_values=False,
+                                       variant=stream_variant, vec=vec, chunk_len=same_chunks)
+                matcher()
+                variant = stream_variant.params() | {"vec": vec, "chunk_len": matcher.chunk_len}
+                run.check("bit-identical to the CPU path", _same(state, expected),
+                          params=params | {"step": "stream"} | variant)
+                run.record("stream_variants", run.time(matcher), params=params | variant, floor_ms=floor)
+        if batch * seq_len >= 16 * 131072 and not run.quick:
+            for chunk_len in (2048, 4096, 8192, 16384, 32768, 65536):
+                state = (draft0.clone(), this0.clone())
+                matcher = NgramMatcher(inputs, *state, step="stream", config=config, check_values=False,
+                                       chunk_len=chunk_len)
+                matcher()
+                run.check("bit-identical to the CPU path", _same(state, expected),
+                          params=params | {"step": "stream", "chunk_len": matcher.chunk_len})
+                run.record("stream_chunks", run.time(matcher), params=params | {"chunk_len": matcher.chunk_len},
+                           floor_ms=floor)
         if (batch, seq_len) in ((16, 131072), (256, 131072)) and not run.quick:
             for tiles in (1, 2, 4, 8, 16):
                 state = (draft0.clone(), this0.clone())
@@ -872,7 +1007,10 @@ SERIES_STYLE = {
     "two_phase_scan": ("two-phase, scan phase 2", "#2ca02c", "o"),
     "one_pass": ("one pass, early exit", "#ff7f0e", "D"),
     "one_pass_fused": ("one pass, split + fused (1 launch)", "#d62728", "D"),
+    "stream": ("fused, streamed + budget skip", "#9467bd", "*"),
 }
+#: The steps that are this chapter's kernels (the others are baselines).
+KERNEL_STEPS = ("two_phase_scan", "one_pass", "one_pass_fused", "stream")
 
 
 def _configs(results) -> list[tuple[int, int, int]]:
@@ -922,7 +1060,7 @@ def figures(results) -> dict:
     figs["latency"] = fig
 
     fig, ax = plt.subplots(figsize=(10, 4.2))
-    kernel_series = ["two_phase_scan", "one_pass", "one_pass_fused"]
+    kernel_series = [s for s in KERNEL_STEPS if results.select(s)]
     width = 0.8 / len(kernel_series)
     for k, series in enumerate(kernel_series):
         label, color, _ = SERIES_STYLE[series]
@@ -930,7 +1068,7 @@ def figures(results) -> dict:
         for c in configs:
             rows = results.select(series, batch=c[0], seq_len=c[1], threshold=c[2])
             vals.append(rows[0]["ms"] / rows[0]["floor_ms"] if rows and rows[0].get("floor_ms") else float("nan"))
-        ax.bar([x + (k - 1) * width for x in xs], vals, width, color=color, label=label)
+        ax.bar([x + (k - (len(kernel_series) - 1) / 2) * width for x in xs], vals, width, color=color, label=label)
     ax.axhline(1.0, color="k", lw=1)
     ax.axhline(1.5, color="k", lw=1, ls=":", label="1.5x floor (target at 256x131072)")
     ax.set_xticks(xs, [_label(c) for c in configs], fontsize=8)
@@ -943,20 +1081,26 @@ def figures(results) -> dict:
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     figs["vs_floor"] = fig
 
-    sweep = results.select("one_pass_fused_chunks")
-    if sweep:
-        fig, ax = plt.subplots(figsize=(6, 3.8))
-        for cfg in sorted({(r["params"]["batch"], r["params"]["seq_len"]) for r in sweep}):
-            rows = sorted((r for r in sweep if (r["params"]["batch"], r["params"]["seq_len"]) == cfg),
-                          key=lambda r: r["params"]["chunk_len"])
-            ax.plot([r["params"]["chunk_len"] for r in rows], [r["ms"] / r["floor_ms"] for r in rows], marker="o",
-                    label=f"{cfg[0]}x{cfg[1]}")
+    sweeps = [(s, results.select(s)) for s in ("one_pass_fused_chunks", "stream_chunks")]
+    if any(rows for _, rows in sweeps):
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        for series, sweep in sweeps:
+            kernel = "5b fused" if series == "one_pass_fused_chunks" else "6 stream"
+            for cfg in sorted({(r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) for r in sweep}):
+                rows = sorted((r for r in sweep if (r["params"]["batch"], r["params"]["seq_len"],
+                                                    r["params"]["threshold"]) == cfg),
+                              key=lambda r: r["params"]["chunk_len"])
+                ax.plot([r["params"]["chunk_len"] for r in rows], [r["ms"] / r["floor_ms"] for r in rows],
+                        marker="o" if series == "stream_chunks" else "x",
+                        ls="-" if series == "stream_chunks" else ":",
+                        label=f"{kernel}, {_label(cfg).replace(chr(10), ' ')}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("haystack positions per block (chunk_len)")
         ax.set_ylabel("time / floor")
+        ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title("fused kernel: how finely to split each slot", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_title("fused kernels: how finely to split each slot", fontsize=10)
         fig.text(0.5, 0.005, results.caption(), ha="center", fontsize=7)
         fig.tight_layout(rect=(0, 0.04, 1, 1))
         figs["chunks"] = fig
@@ -975,10 +1119,10 @@ def summary_table(results) -> str:
             if rows:
                 ms[s] = rows[0]["ms"]
             cells.append(f"{ms[s] * 1e3:,.1f}" if s in ms else "skipped")
-        kernels = {s: v for s, v in ms.items() if s in ("two_phase_scan", "one_pass", "one_pass_fused")}
+        kernels = {s: v for s, v in ms.items() if s in KERNEL_STEPS}
         if kernels and "cpu" in ms:
             best = min(kernels.values())
-            floor = results.select("one_pass_fused", batch=c[0], seq_len=c[1], threshold=c[2])[0]["floor_ms"]
+            floor = results.select(next(iter(kernels)), batch=c[0], seq_len=c[1], threshold=c[2])[0]["floor_ms"]
             cells += [f"{ms['cpu'] / best:,.0f}x", f"{best / floor:.2f}" if floor else "–"]
         else:
             cells += ["–", "–"]
@@ -986,12 +1130,64 @@ def summary_table(results) -> str:
     return "\n".join(lines)
 
 
+_VARIANT_KNOBS = ("loads", "vec", "budget_skip", "cache")
+
+
+def variant_label(params: dict) -> str:
+    """How a measured step-6 variant differs from the chapter's default (``"default"`` if not at all)."""
+    default = STREAM_DEFAULT.params() | {"vec": 2}
+    words = {"loads": lambda v: f"{v} loads/thread", "vec": lambda v: f"{v * 8}-byte loads",
+             "budget_skip": lambda v: "no budget skip" if v == "off" else f"{v} budget skip",
+             "cache": lambda v: f"{v} loads"}
+    diffs = [words[k](params[k]) for k in _VARIANT_KNOBS if params.get(k, default[k]) != default[k]]
+    return ", ".join(diffs) or "default"
+
+
+def variants_table(results) -> str:
+    """Markdown: µs per call of each step-6 variant (each differs from the default in one knob)."""
+    rows = results.select("stream_variants")
+    if not rows:
+        return "No step-6 variants in these results."
+    variants = list(dict.fromkeys(tuple(r["params"].get(k) for k in _VARIANT_KNOBS) for r in rows))
+    head = ["config", "threshold"] + [variant_label(dict(zip(_VARIANT_KNOBS, v))) for v in variants]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in _configs(results):
+        cells = [f"{c[0]}x{c[1]}", "none" if c[2] == NO_BUDGET else str(c[2])]
+        for v in variants:
+            got = results.select("stream_variants", batch=c[0], seq_len=c[1], threshold=c[2],
+                                 **dict(zip(_VARIANT_KNOBS, v)))
+            cells.append(f"{got[0]['ms'] * 1e3:,.1f}" if got else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: The cases the book's headline page quotes: the deployed budget at the small and the issue's
+#: mid-size batch, and the largest batch with no budget.
+HEADLINE_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
+
+
+def headline(results) -> list[dict]:
+    """For each headline case, the fastest of the chapter's kernels against the CPU path it replaces
+    (the kernel's name says which step won), from the committed results."""
+    out = []
+    for batch, seq_len, threshold in HEADLINE_CASES:
+        cpu = results.select("cpu", batch=batch, seq_len=seq_len, threshold=threshold)
+        kernels = [r for s in KERNEL_STEPS for r in results.select(s, batch=batch, seq_len=seq_len, threshold=threshold)]
+        if cpu and kernels:
+            best = min(kernels, key=lambda r: r["ms"])
+            budget = f", budget {threshold}" if threshold != NO_BUDGET else ", no budget"
+            out.append({"kernel": f"n-gram matching, {SERIES_STYLE[best['series']][0]}",
+                        "baseline": "CPU path (copies + C loop)", "case": f"{batch} slots x {seq_len} tokens{budget}",
+                        "speedup": cpu[0]["ms"] / best["ms"]})
+    return out
+
+
 PUBLISHED_US = {(32, 512): 19.0, (256, 131072): 151.0}  # the seed's two-phase kernel, H100/H20 class
 
 
 def target_verdicts(results) -> str:
     """The issue's targets, each with the measured number that meets or misses it (Markdown list)."""
-    kernels = ("two_phase_scan", "one_pass", "one_pass_fused")
+    kernels = KERNEL_STEPS
     checks = results.data.get("checks", [])
     failed = [c for c in checks if not c["passed"]]
     lines = [f"- bit-identical on every benchmark input: {len(checks) - len(failed)} of {len(checks)} checks passed"
@@ -1031,5 +1227,5 @@ def target_verdicts(results) -> str:
 
 __all__ = ["NgramInputs", "NgramConfig", "NgramMatcher", "ngram_match", "reference_ngram_match", "validate",
            "make_batch", "cpu_path_inplace", "model_one_pass_keys", "model_budget_scan",
-           "published_blockscan_counts", "match_key", "decode_key", "STEPS", "bench", "figures", "summary_table",
-           "target_verdicts"]
+           "published_blockscan_counts", "model_budget_refused", "early_exit_bytes", "haystack_bytes", "match_key", "decode_key", "STEPS", "bench",
+           "figures", "summary_table", "variants_table", "target_verdicts", "headline"]

@@ -244,6 +244,55 @@ def test_budget_scan_matches_the_sequential_rule(seeds):
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (seed, chunk)
 
 
+def test_budget_skip_is_exact(seeds):
+    """Step 6 skips the search of slots the bound refuses: the reference never searches them either,
+    and phase 2 on keys with those slots emptied still gives the reference's answer."""
+    skipped = 0
+    for seed in seeds:
+        inputs, draft, this_time, config = random_case(seed, max_batch=30)
+        trace = []
+        expected = run_ref(inputs, draft, this_time, config, trace)
+        refused = ngram.model_budget_refused(inputs, config, this_time)
+        assert all(not note["searched"] for note, r in zip(trace, refused) if r), seed
+        keys = ngram.model_one_pass_keys(inputs, config, this_time)
+        keys = [ngram.NONE_KEY if r else k for k, r in zip(keys, refused)]
+        skipped += sum(refused)
+        for chunk in (1, 7, 1024):
+            got = ngram.model_budget_scan(inputs, keys, draft, this_time, config, chunk=chunk)
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (seed, chunk)
+    assert skipped > 0  # the random budgets do refuse slots, so the test exercises the skip
+
+
+def test_budget_skip_bound_by_hand():
+    # threshold 12, four active slots: the bound is 1 + 3 = 4, 2 + 2, 3 + 1, 4 + 0: nobody is refused ...
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    inputs, draft, this_time = batch_of([prompt] * 4, [[0, 1, 2]] * 4, [2] * 4, dtn=[5] * 4)
+    assert ngram.model_budget_refused(inputs, NgramConfig(threshold=12), this_time) == [False] * 4
+    # ... although the reference refuses slots 2 and 3 (slot 0's drafts used the room): the bound is
+    # a lower bound, and phase 2 does the rest
+    trace = []
+    run_ref(inputs, draft, this_time, NgramConfig(threshold=12), trace)
+    assert [n["searched"] for n in trace] == [True, True, False, False]
+    # a prefill slot of 37 tokens first: the bound is 37 + 1 + 2 = 40 for slot 1 and 39 + 1 for slot 2
+    # (each active slot adds its base and leaves `left`), so thresholds up to 41 refuse both before any
+    # search, and 42 refuses neither (the reference then drafts 2 for slot 1 and refuses slot 2)
+    inputs, draft, this_time = batch_of([prompt] * 3, [[0, 1, 2]] * 3, [2] * 3, enc=[37, 0, 0], this_time=[37, 0, 0])
+    assert ngram.model_budget_refused(inputs, NgramConfig(threshold=41), this_time) == [False, True, True]
+    assert ngram.model_budget_refused(inputs, NgramConfig(threshold=42), this_time) == [False, False, False]
+    assert run_ref(inputs, draft, this_time, NgramConfig(threshold=42))[1].tolist() == [37, 3, 1]
+
+
+def test_early_exit_bytes_by_hand():
+    # slot 0: [1, 2] first at prompt position 1 -> reads 3 tokens; slot 1: only in the generated tokens
+    # (whole prompt of 4, then 2 tokens); slot 2: nowhere (prompt 3 + generated 2); slot 3: prefill (nothing)
+    inputs, draft, this_time = batch_of([[7, 1, 2, 8, 1, 2], [5, 5, 5, 5], [9, 9, 9], [1, 2, 3]],
+                                        [[1, 2, 3, 1, 2], [1, 2, 6, 1, 2], [4, 6, 3, 1, 2], [1, 2, 3, 1, 2]],
+                                        [4, 4, 4, 4], enc=[0, 0, 0, 5])
+    config = NgramConfig(max_ngram_size=2, threshold=1 << 30)
+    assert ngram.early_exit_bytes(inputs, this_time, config) == 8 * (3 + (4 + 2) + (3 + 4))
+    assert ngram.haystack_bytes(inputs, this_time, config) == 8 * ((6 + 4) + (4 + 4) + (3 + 4))
+
+
 def test_published_blockscan_rule_departs_from_the_sequential_one():
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     # (a) a budget of exactly 2: the sequential rule refuses a single draft, the published one grants it
@@ -288,6 +337,12 @@ def test_cpu_step_through_the_matcher_on_cpu_tensors(rng):
 
 
 def test_fused_chunks_fit_the_grid():
+    for tile in (512, 2048, 4096):
+        assert ngram.stream_chunk_len(1, 512, 256, tile) == 2 * tile
+        assert ngram.stream_chunk_len(256, 131072, 2048, tile) == 8 * tile
+        assert ngram.stream_chunk_len(256, 131072, 2048, tile, chunk_len=3000) % tile == 0
+        cl = ngram.stream_chunk_len(1, 2**31 - 1, 16, tile)
+        assert -(-(2**31 - 1) // cl) + 1 <= 65535
     assert ngram.fused_chunk_len(1, 512, 256) == ngram.TILE
     assert ngram.fused_chunk_len(256, 131072, 2048) % ngram.TILE == 0
     assert ngram.fused_chunk_len(256, 131072, 2048) <= 8 * ngram.TILE
@@ -373,6 +428,18 @@ def test_kernels_compile_without_spills_and_use_64bit_atomics():
     assert "atom.shared.min.u64" in two_phase.ptx_function("ngram_search_per_n")
     fused = cuda.compile_source("ngram_one_pass").ptx_function("ngram_one_pass_fused")
     assert "atom.global.min.u64" in fused and "membar.gl" in fused
+    # step 6: the shipped instances (both load widths) do not spill, have no barrier in the scan
+    # loop (one in the budget bound, two around the ticket, the rest in phase 2) and load 16 bytes
+    shipped = [ngram.STREAM_DEFAULT.instance(vec) for vec in (1, 2)]
+    stream = cuda.compile_source("ngram_stream", name_expressions=shipped)
+    report = stream.ptxas_report()
+    for name in shipped:
+        r = report[stream.lowered_names[name]]
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+        body = stream.ptx_function(stream.lowered_names[name])
+        assert "atom.global.min.u64" in body and "membar.gl" in body
+    wide = stream.ptx_function(stream.lowered_names[shipped[1]])
+    assert "ld.global.nc.L1::no_allocate.L2::cache_hint.v2.s64" in wide and "createpolicy" in wide
     # every kernel in KERNELS exists with the shared signature
     for step, launches in ngram.KERNELS.items():
         for source, name in launches:
@@ -394,7 +461,7 @@ def _check_all_steps(inputs, draft, this_time, config, expected, steps=ngram.STE
         matcher()  # a second launch: same answer, so the fused kernel left its scratch clean
         torch.cuda.synchronize()
         assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step, "second call")
-        if step == "one_pass_fused":
+        if step in ("one_pass_fused", "stream"):
             assert bool((matcher.match_keys == -1).all()) and int(matcher.blocks_done) == 0
 
 
@@ -446,8 +513,59 @@ def test_full_size_bench_inputs(batch, seq_len, threshold):
     _check_all_steps(inputs, draft, this_time, config, expected, steps=steps)
     for tiles in (1, 3, 16):  # any split of the haystacks gives the same answer
         d, t = draft.clone(), this_time.clone()
-        ngram.NgramMatcher(inputs, d, t, config=config, chunk_tiles=tiles)()
+        ngram.NgramMatcher(inputs, d, t, step="one_pass_fused", config=config, chunk_tiles=tiles)()
         assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), tiles
+    _check_stream_variants(inputs, draft, this_time, config, expected, chunk_lens=(None, 2048, 6144, 65536))
+
+
+def _check_stream_variants(inputs, draft, this_time, config, expected, chunk_lens=(None,)):
+    """Every compiled step-6 instance (and both load widths where the rows allow 16-byte loads)."""
+    wide = ngram.stream_vec(inputs.prompt_ids, inputs.generated_ids) == 2
+    for variant in ngram.STREAM_VARIANTS:
+        for vec in (1, 2) if wide else (1,):
+            for chunk_len in chunk_lens:
+                d, t = draft.clone(), this_time.clone()
+                m = ngram.NgramMatcher(inputs, d, t, step="stream", config=config, variant=variant, vec=vec,
+                                       chunk_len=chunk_len)
+                m()
+                torch.cuda.synchronize()
+                what = (variant, vec, m.chunk_len, config)
+                assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), what
+                assert bool((m.match_keys == -1).all()) and int(m.blocks_done) == 0, what
+
+
+@pytest.mark.gpu
+def test_stream_variants_on_random_batches(seeds):
+    for seed in seeds[:40]:
+        inputs, draft, this_time, config = random_case(seed, max_batch=40, max_width=300)
+        expected = run_ref(inputs, draft, this_time, config)
+        _check_stream_variants(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected,
+                               chunk_lens=(None, 2))
+
+
+@pytest.mark.gpu
+def test_stream_takes_rows_that_are_not_16_byte_aligned():
+    inputs, draft, this_time = ngram.make_batch(24, 1001, 200, vocab=5, seed=11)
+    config = NgramConfig(threshold=1 << 30)
+    expected = run_ref(inputs, draft, this_time, config)
+    gpu = inputs.to("cuda")
+    gpu.prompt_ids = torch.cat([torch.zeros(1, dtype=I64, device="cuda"), gpu.prompt_ids.flatten()])[1:].view(24, 1001)
+    assert gpu.prompt_ids.data_ptr() % 16 == 8 and ngram.stream_vec(gpu.prompt_ids, gpu.generated_ids) == 1
+    _check_all_steps(gpu, draft.cuda(), this_time.cuda(), config, expected, steps=("stream",))
+    with pytest.raises(ValueError, match="vec must be"):
+        ngram.NgramMatcher(gpu, draft.cuda(), this_time.cuda(), step="stream", vec=2)
+
+
+@pytest.mark.gpu
+def test_stream_budget_skip_at_scale():
+    """The deployed budget over many long slots: most slots are skipped, the answer is unchanged."""
+    for threshold in (128, 300, 1500):
+        inputs, draft, this_time = ngram.make_batch(128, 4096, 512, seed=threshold, device="cuda")
+        config = NgramConfig(threshold=threshold)
+        expected = (draft.cpu(), this_time.cpu())
+        ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+        assert any(ngram.model_budget_refused(inputs.to("cpu"), config, this_time.cpu()))
+        _check_stream_variants(inputs, draft, this_time, config, expected)
 
 
 @pytest.mark.gpu

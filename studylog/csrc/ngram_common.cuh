@@ -89,6 +89,13 @@ __device__ __forceinline__ int key_n(u64 key) { return NGRAM_MAX - (int)(key >> 
 __device__ __forceinline__ int key_src(u64 key) { return (int)((key >> 32) & 1ull); }
 __device__ __forceinline__ i64 key_start(u64 key) { return (i64)(key & 0xffffffffull); }
 
+// The smallest key a tile whose ends start at `tile` could still produce (early exit: once the
+// best key found is at most this, nothing from `tile` on can win).
+__device__ __forceinline__ u64 tile_floor_key(int top, int src, i64 tile) {
+    const i64 first_start = tile - top + 1;
+    return make_key(top, src, first_start > 0 ? first_start : 0);
+}
+
 // Reads a value other blocks update with atomics (bypasses the SM's L1, which may be stale).
 __device__ __forceinline__ u64 load_shared_key(const u64 *p) { return *(const volatile u64 *)p; }
 

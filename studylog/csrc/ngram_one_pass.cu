@@ -42,12 +42,6 @@ __device__ __forceinline__ u64 scan_tile(const i64 *__restrict__ hay, i64 tile, 
     return best;
 }
 
-// The smallest key a tile whose ends start at `tile` could still produce.
-__device__ __forceinline__ u64 tile_floor_key(int top, int src, i64 tile) {
-    const i64 first_start = tile - top + 1;
-    return make_key(top, src, first_start > 0 ? first_start : 0);
-}
-
 extern "C" __global__ void ngram_search_one_pass(NGRAM_KERNEL_PARAMS) {
     const int b = blockIdx.x;
     if (b >= batch) return;  // uniform over the block
