@@ -16,6 +16,11 @@ tokens and ``-inf`` for the others; weights and hidden states in bf16 or fp16; f
 * step 3 ``row_skip_kernel``: the same idea written for ``[V, D]``, where a token is a contiguous
   row, so skipping it saves whole cache lines and leaves the loads vectorised;
 * step 4 ``compact_rows_kernel``: programs work only on the list of allowed ids (batch 1);
+* step 4b ``compact_stream_kernel``: step 4 with each row read in one burst of loads, the fill
+  programs first and an L2 evict-first hint on the rows (a candidate with a persistent grid,
+  ``compact_persistent_kernel``, is measured next to it);
+* step 4c ``few_ids_kernel``: up to eight ids passed as launch arguments, so the row read is the
+  only memory access any program waits for;
 * step 5 ``batched_union_kernel``: B sequences with their own masks in one launch; each row of
   the union of their allowed sets is read once and multiplied with all B hidden states;
 * step 6 ``reordered_rows_kernel``: step 3 on a vocabulary reordered so that tokens allowed
@@ -46,6 +51,9 @@ from studylog import runtime  # noqa: F401  (selects GPU or interpreter before k
 VOCAB = 128_256
 HIDDEN = 3072
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
+#: Allowed sets up to this size also keep their ids on the host: step 4c passes them to the
+#: kernel as launch arguments (it has this many id slots).
+FEW_IDS_MAX = 8
 
 # --------------------------------------------------------------------------------------------
 # Dispatch thresholds (step 7). Data-driven: `bench` times every path at every density and writes
@@ -53,9 +61,13 @@ WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 # --------------------------------------------------------------------------------------------
 
 #: Batch size -> the largest fraction of the vocabulary (rows of the union of the batch's allowed
-#: sets) for which the compacted kernels (step 4 at batch 1, step 5 above) are used. Batches use
-#: the entry of the largest key not above them.
-COMPACT_MAX_FRACTION: dict[int, float] = {1: 0.35, 8: 0.35, 64: 0.35}
+#: sets) for which the compacted kernels (step 4b/4c at batch 1, step 5 above) are used. Batches
+#: use the entry of the largest key not above them. From the H200 run of 2026-11-21: at batch 1
+#: step 4b was never slower than the dense paths, even with every token allowed; at batch 8 step 5
+#: still won at a union of 48% of V (random masks); at batch 64 it lost from 41% (clustered masks).
+COMPACT_MAX_FRACTION: dict[int, float] = {1: 1.0, 8: 0.5, 64: 0.35}
+#: Batch 1 sets of at most this many ids take step 4c (ids as launch arguments) instead of step 4b.
+FEW_PATH_MAX = 8
 #: Batch size -> the dense path used above that fraction: ``"row_skip"`` (step 3, our Triton
 #: kernel, fused masking) or ``"cublas"`` (torch matmul with fp32 output, then masked_fill).
 DENSE_PATH: dict[int, str] = {1: "row_skip", 8: "row_skip", 64: "row_skip"}
@@ -71,14 +83,16 @@ class AllowedTokens:
 
     ``mask[b, v]`` is True when sequence ``b`` may produce token ``v``; ``union_ids`` holds, sorted,
     the ids at least one sequence allows (int32, on the mask's device); ``counts[b]`` is how many
-    tokens sequence ``b`` allows. Build it once per FSM state with :meth:`from_ids` or
-    :meth:`from_mask`: they check every id, so the kernels' wrappers need no device round trip.
+    tokens sequence ``b`` allows; ``few_ids`` is ``union_ids`` as host integers when there are at
+    most :data:`FEW_IDS_MAX` of them (else None). Build it once per FSM state with :meth:`from_ids`
+    or :meth:`from_mask`: they check every id, so the kernels' wrappers need no device round trip.
     """
 
     vocab_size: int
     mask: Bool[Tensor, "b v"]
     union_ids: Int[Tensor, " u"]
     counts: tuple[int, ...]
+    few_ids: tuple[int, ...] | None = None
 
     @property
     def batch(self) -> int:
@@ -160,7 +174,8 @@ class AllowedTokens:
     def _build(cls, mask: Tensor) -> "AllowedTokens":
         counts = tuple(int(c) for c in mask.sum(dim=1).tolist())
         union = mask.any(dim=0).nonzero().flatten().to(torch.int32)
-        return cls(vocab_size=mask.shape[1], mask=mask, union_ids=union, counts=counts)
+        few = tuple(int(i) for i in union.tolist()) if union.numel() <= FEW_IDS_MAX else None
+        return cls(vocab_size=mask.shape[1], mask=mask, union_ids=union, counts=counts, few_ids=few)
 
     def permuted(self, order: "VocabOrder") -> "AllowedTokens":
         """The same sets in a reordered vocabulary (position ``j`` holds token ``order.perm[j]``)."""
@@ -220,6 +235,18 @@ def default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
     if block_b <= 16:
         return Tiles(block_b=block_b, block_v=64, block_d=128, num_warps=4, num_stages=4)
     return Tiles(block_b=block_b, block_v=128, block_d=64, num_warps=4, num_stages=4)
+
+
+def stream_tiles(allowed_rows: int) -> Tiles:
+    """Tile sizes of step 4b (and the persistent candidate). 4b's tile sweep on the H200: one row per
+    program and 4 warps was fastest at 1,000 and 10,000 rows; at 40,000 one and two rows tied."""
+    return Tiles(block_b=1, block_v=1 if allowed_rows <= 16384 else 2, fill_block=4096, num_warps=4, num_stages=1)
+
+
+def few_tiles() -> Tiles:
+    """Step 4c's launch: one row per program, and fill programs of 1,024 outputs (more, smaller
+    fill programs than step 4b's were faster on the H200 at 1-8 allowed ids)."""
+    return Tiles(block_b=1, block_v=1, fill_block=1024, num_warps=4, num_stages=1)
 
 
 def _dot_dtype(dtype: torch.dtype):
@@ -438,7 +465,7 @@ def compact_rows_kernel(
         rows = tl.load(ids_ptr + slots, mask=live, other=0)
         row_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv
         acc = tl.zeros((BLOCK_V,), dtype=tl.float32)
-        for k in tl.static_range(0, D, BLOCK_D):  # unrolled: every chunk's load can be in flight at once
+        for k in tl.static_range(0, D, BLOCK_D):  # unrolled; but each tl.sum ends in a barrier (step 4b)
             offs_d = k + tl.arange(0, BLOCK_D)
             in_d = offs_d < D
             h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
@@ -451,6 +478,119 @@ def compact_rows_kernel(
         keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
         tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
 
+
+# --------------------------------------------------------------------------------------------
+# Step 4b: step 4 made to stream. Three changes, all about waiting:
+# * the whole row is one tile ([BLOCK_V, D rounded up to a power of two], the padding masked off,
+#   so it costs registers, not bytes): all of a row's loads are issued back to back and reduced
+#   once. In step 4 each chunk's tl.sum ends in a barrier, and the next chunk's loads come after
+#   it, so a program waited for memory once per chunk;
+# * the fill programs come first in the grid: dispatched last, their mask-load -> store chain
+#   was the tail of the launch;
+# * the weight rows are read with an L2 evict-first policy: they are used once, so they recycle
+#   their own L2 lines rather than evict lines that other data (often dirty) occupies.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def compact_stream_kernel(
+    h_ptr, w_ptr, out_ptr, allowed_ptr, ids_ptr, n_ids, V, n_fill, stride_wv,
+    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    EVICTION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid >= n_fill:
+        offs_d = tl.arange(0, D_POW2)[None, :]
+        in_d = offs_d < D
+        # h as a [1, D] tile: already in the rows' layout (a 1-D h would be converted through
+        # shared memory, with barriers that hold back the row loads until h has arrived)
+        h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
+        slots = (pid - n_fill) * BLOCK_V + tl.arange(0, BLOCK_V)
+        live = slots < n_ids
+        rows = tl.load(ids_ptr + slots, mask=live, other=0)
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
+                    mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION).to(tl.float32)
+        tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
+    else:
+        offs = pid * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+        inside = offs < V
+        keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
+        tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
+
+
+# --------------------------------------------------------------------------------------------
+# A candidate the bench measures next to step 4b: a persistent grid. A fixed number of programs
+# loop over the blocks of ids; each issues the next block's row loads (and the ids of the block
+# after it) before it reduces the current one, so a program always has a block of rows in flight
+# and h is loaded once per program instead of once per block.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def compact_persistent_kernel(
+    h_ptr, w_ptr, out_ptr, allowed_ptr, ids_ptr, n_ids, V, n_fill, n_programs, stride_wv,
+    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    EVICTION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid >= n_fill:
+        p = pid - n_fill
+        stride_slots = n_programs * BLOCK_V  # slots a program advances per iteration
+        offs_d = tl.arange(0, D_POW2)[None, :]  # whole rows, h as a [1, D] tile, as in step 4b
+        in_d = offs_d < D
+        h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
+        slots = p * BLOCK_V + tl.arange(0, BLOCK_V)
+        live = slots < n_ids
+        rows = tl.load(ids_ptr + slots, mask=live, other=0)
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
+                    mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION)
+        next_slots = slots + stride_slots
+        next_live = next_slots < n_ids
+        next_rows = tl.load(ids_ptr + next_slots, mask=next_live, other=0)
+        for _ in range(tl.cdiv(n_ids - p * BLOCK_V, stride_slots)):
+            # in flight while this block is reduced: the next block's rows and the ids after it
+            w_next = tl.load(w_ptr + next_rows[:, None].to(tl.int64) * stride_wv + offs_d,
+                             mask=next_live[:, None] & in_d, other=0.0, eviction_policy=EVICTION)
+            after_slots = next_slots + stride_slots
+            after_live = after_slots < n_ids
+            after_rows = tl.load(ids_ptr + after_slots, mask=after_live, other=0)
+            acc = tl.sum(w.to(tl.float32) * h, axis=1)
+            tl.store(out_ptr + rows, acc, mask=live)
+            rows, live, w = next_rows, next_live, w_next
+            next_slots, next_live, next_rows = after_slots, after_live, after_rows
+    else:
+        offs = pid * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+        inside = offs < V
+        keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
+        tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
+
+
+# --------------------------------------------------------------------------------------------
+# Step 4c: a handful of ids (a grammar state that forces one token, or allows a few) travel as
+# launch arguments. A row program knows its row without loading an id, and a fill program knows
+# which outputs to leave alone without loading the mask: the row read is the only memory access
+# any program waits for. Unused slots hold -1, which no output position equals. The ids must not
+# be specialised on (Triton would compile a variant for every id equal to 1 or divisible by 16).
+# --------------------------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["n_ids", "id0", "id1", "id2", "id3", "id4", "id5", "id6", "id7"])
+def few_ids_kernel(
+    h_ptr, w_ptr, out_ptr, n_ids, id0, id1, id2, id3, id4, id5, id6, id7, V, stride_wv,
+    D: tl.constexpr, D_POW2: tl.constexpr, FILL_BLOCK: tl.constexpr, EVICTION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < n_ids:  # row programs first: their row read is the critical path
+        row = tl.where(pid == 0, id0, tl.where(pid == 1, id1, tl.where(pid == 2, id2, tl.where(
+            pid == 3, id3, tl.where(pid == 4, id4, tl.where(pid == 5, id5, tl.where(pid == 6, id6, id7)))))))
+        offs_d = tl.arange(0, D_POW2)  # the whole row at once, as in step 4b
+        in_d = offs_d < D
+        h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + row.to(tl.int64) * stride_wv + offs_d, mask=in_d, other=0.0,
+                    eviction_policy=EVICTION).to(tl.float32)
+        tl.store(out_ptr + row, tl.sum(w * h, axis=0))
+    else:
+        offs = (pid - n_ids) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+        keep = ((offs == id0) | (offs == id1) | (offs == id2) | (offs == id3) | (offs == id4) | (offs == id5)
+                | (offs == id6) | (offs == id7))
+        tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=(offs < V) & ~keep)
 
 # --------------------------------------------------------------------------------------------
 # Step 5: batched, each sequence its own mask. Programs take BLOCK_V ids of the union of the
@@ -706,6 +846,90 @@ def step4_compact(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed
     return out
 
 
+EVICTIONS = ("evict_first", "", "evict_last")
+
+
+def _check_batch1(step: str, batch: int, eviction: str) -> None:
+    if batch != 1:
+        raise ValueError(f"{step} handles one sequence; h has batch {batch} (use step 5 or masked_logits)")
+    if eviction not in EVICTIONS:
+        raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
+
+
+def step4b_stream(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
+                  layout: str = "vd", out: Float[Tensor, "1 v"] | None = None, tiles: Tiles | None = None,
+                  eviction: str = "evict_first") -> Float[Tensor, "1 v"]:
+    """Step 4b (batch 1): step 4 with the fill programs first in the grid and the weight rows read
+    with an L2 ``eviction`` policy (``"evict_first"``: they are read once; ``""`` for none)."""
+    _need_layout("step 4b", layout)
+    batch, vocab, hidden = _check_inputs(h, weight, allowed, layout, out)
+    _check_batch1("step 4b", batch, eviction)
+    n_ids = allowed.union_count
+    t = tiles or stream_tiles(n_ids)
+    out = _output(out, batch, vocab, h.device)
+    n_fill = triton.cdiv(vocab, t.fill_block)
+    grid = (n_fill + triton.cdiv(n_ids, t.block_v),)
+    compact_stream_kernel[grid](
+        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_fill, weight.stride(0),
+        D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block,
+        EVICTION=eviction, num_warps=t.num_warps, num_stages=t.num_stages)
+    return out
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (2 in the interpreter, so loops run more than once)."""
+    if device.type != "cuda":
+        return 2
+    if device not in _SM_COUNTS:
+        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[device]
+
+
+_SM_COUNTS: dict[torch.device, int] = {}
+
+
+def step4_persistent(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
+                     out: Float[Tensor, "1 v"] | None = None, tiles: Tiles | None = None,
+                     programs_per_sm: int = 4, eviction: str = "evict_first") -> Float[Tensor, "1 v"]:
+    """A candidate for step 4b (batch 1): at most ``programs_per_sm`` programs per SM loop over the
+    blocks of ids, prefetching the next block's rows while they reduce the current one."""
+    batch, vocab, hidden = _check_inputs(h, weight, allowed, "vd", out)
+    _check_batch1("the persistent kernel", batch, eviction)
+    if programs_per_sm < 1:
+        raise ValueError(f"programs_per_sm must be at least 1, got {programs_per_sm}")
+    n_ids = allowed.union_count
+    t = tiles or stream_tiles(n_ids)
+    out = _output(out, batch, vocab, h.device)
+    n_fill = triton.cdiv(vocab, t.fill_block)
+    n_programs = min(triton.cdiv(n_ids, t.block_v), _sm_count(h.device) * programs_per_sm)
+    compact_persistent_kernel[(n_fill + n_programs,)](
+        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_fill, max(n_programs, 1),
+        weight.stride(0), D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v,
+        FILL_BLOCK=t.fill_block, EVICTION=eviction, num_warps=t.num_warps, num_stages=t.num_stages)
+    return out
+
+
+def step4c_few(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
+               out: Float[Tensor, "1 v"] | None = None, tiles: Tiles | None = None,
+               eviction: str = "evict_first") -> Float[Tensor, "1 v"]:
+    """Step 4c (batch 1, at most :data:`FEW_IDS_MAX` allowed ids): the ids are launch arguments,
+    so no program loads an id or the mask."""
+    batch, vocab, hidden = _check_inputs(h, weight, allowed, "vd", out)
+    _check_batch1("step 4c", batch, eviction)
+    if allowed.few_ids is None:
+        raise ValueError(f"step 4c takes at most {FEW_IDS_MAX} allowed ids, got {allowed.union_count} "
+                         "(use step 4b or masked_logits)")
+    t = tiles or few_tiles()
+    out = _output(out, batch, vocab, h.device)
+    ids = list(allowed.few_ids) + [-1] * (FEW_IDS_MAX - len(allowed.few_ids))
+    grid = (len(allowed.few_ids) + triton.cdiv(vocab, t.fill_block),)
+    few_ids_kernel[grid](
+        h, weight, out, len(allowed.few_ids), *ids, vocab, weight.stride(0),
+        D=hidden, D_POW2=triton.next_power_of_2(hidden), FILL_BLOCK=t.fill_block,
+        EVICTION=eviction, num_warps=t.num_warps, num_stages=t.num_stages)
+    return out
+
+
 def step5_batched(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                   layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                   tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
@@ -854,10 +1078,12 @@ _MM_OUT_DTYPE: bool | None = None
 
 
 def choose_path(batch: int, vocab: int, union_count: int) -> str:
-    """The path :func:`masked_logits` takes: ``"compact"`` (step 4), ``"batched"`` (step 5),
-    ``"row_skip"`` (step 3) or ``"cublas"``."""
+    """The path :func:`masked_logits` takes: ``"few"`` (step 4c), ``"compact"`` (step 4b),
+    ``"batched"`` (step 5), ``"row_skip"`` (step 3) or ``"cublas"``."""
     if union_count <= _for_batch(COMPACT_MAX_FRACTION, batch) * vocab:
-        return "compact" if batch == 1 else "batched"
+        if batch > 1:
+            return "batched"
+        return "few" if union_count <= min(FEW_PATH_MAX, FEW_IDS_MAX) else "compact"
     return _for_batch(DENSE_PATH, batch)
 
 
@@ -870,8 +1096,10 @@ def masked_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed
     """
     batch, vocab, _ = _check_inputs(h, weight, allowed, "vd", out)
     path = choose_path(batch, vocab, allowed.union_count)
+    if path == "few":
+        return step4c_few(h, weight, allowed, out=out)
     if path == "compact":
-        return step4_compact(h, weight, allowed, out=out)
+        return step4b_stream(h, weight, allowed, out=out)
     if path == "batched":
         return step5_batched(h, weight, allowed, out=out)
     if path == "row_skip":
@@ -889,6 +1117,8 @@ STEPS = {
     4: step4_compact,
     5: step5_batched,
 }
+#: Batch-1 steps (one sequence), by name.
+BATCH1_STEPS = {"4": step4_compact, "4b": step4b_stream, "4c": step4c_few}
 
 
 # --------------------------------------------------------------------------------------------
@@ -925,6 +1155,77 @@ def ptx_loads(cases: Sequence[tuple[int, str, int]]) -> dict[tuple[int, str, int
     if proc.returncode != 0:
         raise RuntimeError(f"offline compile failed:\n{proc.stderr[-3000:]}")
     return {tuple(c): counts for c, counts in zip(cases, json.loads(proc.stdout.strip().splitlines()[-1]))}
+
+
+def ptx_row_load_groups(steps: Sequence[str] = ("4", "4b"), rows: int = 2) -> dict[str, list[int]]:
+    """For batch-1 steps ``"4"`` and ``"4b"``, compiled for sm_90 with ``rows`` rows per program
+    and D = 3072: the weight-row load instructions of a program, grouped by the barriers between
+    them. ``[2, 2, 2]`` means two loads, a barrier, two more, a barrier, two more: the program waits
+    for memory three times in a row. ``[8]``: every row load is issued before the first barrier.
+    Compiled offline in a fresh process (see :func:`ptx_loads`); no GPU is needed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    for step in steps:
+        if step not in ("4", "4b"):
+            raise ValueError(f"step must be '4' or '4b', got {step!r}")
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"rows must be a power of two, got {rows}")
+    code = ("import json, sys, triton\n"
+            "from studylog.masked_lm_head import _ptx_row_load_groups_here\n"
+            "print(json.dumps({s: _ptx_row_load_groups_here(s, int(sys.argv[2])) for s in json.loads(sys.argv[1])}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(list(steps)), str(rows)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"offline compile failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ptx_row_load_groups_here(step: str, rows: int) -> list[int]:
+    import inspect
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    kernel = {"4": compact_rows_kernel, "4b": compact_stream_kernel}[step]
+    raw = getattr(kernel, "fn", kernel)
+    fn = JITFunction(raw)
+    # the source lines of the statement that loads the weight rows ("w = tl.load(...)", 1-2 lines)
+    lines, first = inspect.getsourcelines(raw)
+    start = next(i for i, text in enumerate(lines) if text.strip().startswith("w = tl.load("))
+    w_lines = {first + start, first + start + 1}
+    constexprs = {"D": HIDDEN, "BLOCK_V": rows, "FILL_BLOCK": 4096}
+    constexprs |= {"BLOCK_D": 1024} if step == "4" else {"D_POW2": triton.next_power_of_2(HIDDEN),
+                                                         "EVICTION": "evict_first"}
+    types = dict(h_ptr="*bf16", w_ptr="*bf16", out_ptr="*fp32", allowed_ptr="*u8", ids_ptr="*i32", n_ids="i32",
+                 V="i32", n_compute="i32", n_fill="i32", stride_wv="i32")
+    signature = {name: ("constexpr" if name in constexprs else types[name]) for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in fn.arg_names
+             if name not in constexprs and name not in ("n_ids", "n_compute", "n_fill")}
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1})
+    ptx = compiled.asm["ptx"]
+    source_file = {m.group(1) for m in re.finditer(r'\.file\s+(\d+)\s+"[^"]*masked_lm_head\.py"', ptx)}
+    groups: list[int] = []
+    current, line_now = 0, None
+    for text in ptx.splitlines():
+        text = text.strip()
+        loc = re.match(r"\.loc\s+(\d+)\s+(\d+)", text)
+        if loc:
+            line_now = int(loc.group(2)) if loc.group(1) in source_file else None
+        elif text.startswith("bar.sync") and current:
+            groups.append(current)
+            current = 0
+        elif re.search(r"ld\.global\S*\.v\d", text) and line_now in w_lines:
+            current += 1
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _ptx_loads_here(step: int, layout: str, batch: int) -> dict[str, int]:
@@ -1223,8 +1524,13 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
             t_row = measure("step3_row_skip", lambda out: step3_row_skip(h, weight, allowed, out=out), vd,
                             floor=floor, checked=mine, **extra)
             if batch == 1:
-                t_compact = measure("step4_compact", lambda out: step4_compact(h, weight, allowed, out=out), vd,
+                measure("step4_compact", lambda out: step4_compact(h, weight, allowed, out=out), vd, floor=floor,
+                        checked=mine, **extra)
+                t_compact = measure("step4b_stream", lambda out: step4b_stream(h, weight, allowed, out=out), vd,
                                     floor=floor, checked=mine, **extra)
+                if allowed.few_ids is not None:
+                    t_compact = min(t_compact, measure("step4c_few", lambda out: step4c_few(h, weight, allowed, out=out),
+                                                       vd, floor=floor, checked=mine, **extra))
             else:
                 t_compact = measure("step5_batched", lambda out: step5_batched(h, weight, allowed, out=out), vd,
                                     floor=floor, checked=mine, **extra)
@@ -1262,6 +1568,44 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
     if tile_sweep:  # around the defaults, at the points the targets name: to tune default_tiles
         h1 = torch.randn(1, hidden, device=dev).to(dtype)
         set_reference(h1)
+        # batch 1 candidates, each measured on the same set as step 4 and step 4b (series "cand_*")
+        for count in [1, 3, 8, 100, 1000, 3000, 10_000, 44_026]:
+            for kind in ("random", "clustered") if count == 10_000 else ("random",):
+                sets = (random_sets if kind == "random" else clustered_sets)(count, vocab, 1, gen)
+                allowed = AllowedTokens.from_ids(sets, vocab, device=dev)
+                p = {"batch": 1, "kind": kind, "allowed": count}
+                floor = max(run.floor_ms(allowed.union_count * row_bytes), run.empty_launch_ms)
+                mine = (h1, allowed)
+                cands = {"cand_step4_compact": lambda out: step4_compact(h1, weight, allowed, out=out),
+                         "cand_step4b_stream": lambda out: step4b_stream(h1, weight, allowed, out=out),
+                         "cand_step4b_no_hint": lambda out: step4b_stream(h1, weight, allowed, out=out, eviction="")}
+                if allowed.few_ids is not None:
+                    cands["cand_step4c_few"] = lambda out: step4c_few(h1, weight, allowed, out=out)
+                    cands["cand_step4c_no_hint"] = lambda out: step4c_few(h1, weight, allowed, out=out, eviction="")
+                for series, fn in cands.items():
+                    measure(series, fn, p, floor=floor, checked=mine)
+                if allowed.few_ids is not None:  # step 4c's launch shape: fewer warps, smaller fill chunks
+                    for warps, fill in ((1, 1024), (2, 1024), (2, 2048), (4, 1024), (4, 2048), (8, 8192)):
+                        t = Tiles(block_b=1, block_v=1, fill_block=fill, num_warps=warps, num_stages=1)
+                        measure("cand_step4c_tiles", lambda out, t=t: step4c_few(h1, weight, allowed, out=out, tiles=t),
+                                p | {"num_warps": warps, "fill_block": fill}, floor=floor, checked=mine)
+                measure("cand_index_select", lambda: torch.matmul(h1, weight.index_select(0, allowed.union_ids).t()),
+                        p, role="baseline")
+                for rows, warps, per_sm in ((1, 4, 4), (2, 4, 4), (2, 4, 8)):
+                    t = Tiles(block_b=1, block_v=rows, fill_block=4096, num_warps=warps, num_stages=1)
+                    measure("cand_persistent",
+                            lambda out, t=t, k=per_sm: step4_persistent(h1, weight, allowed, out=out, tiles=t,
+                                                                        programs_per_sm=k),
+                            p | {"rows": rows, "num_warps": warps, "programs_per_sm": per_sm}, floor=floor,
+                            checked=mine)
+        for count in ([1000, 10_000] if run.quick else [1000, 10_000, 40_000]):
+            allowed = AllowedTokens.from_ids(random_sets(count, vocab, 1, gen), vocab, device=dev)
+            for rows in (1, 2, 4):
+                for warps in (2, 4, 8):
+                    t = Tiles(block_b=1, block_v=rows, fill_block=4096, num_warps=warps, num_stages=1)
+                    measure("step4b_tiles", lambda out, t=t: step4b_stream(h1, weight, allowed, out=out, tiles=t),
+                            {"batch": 1, "kind": "random", "allowed": count, "rows": rows, "num_warps": warps},
+                            floor=run.floor_ms(count * row_bytes), checked=(h1, allowed))
         for count in ([10_000] if run.quick else [1000, 10_000, 40_000]):
             allowed = AllowedTokens.from_ids(random_sets(count, vocab, 1, gen), vocab, device=dev)
             for rows in (1, 2, 4, 8):
@@ -1305,8 +1649,11 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 # Figures and the targets' table (from the committed JSON)
 # --------------------------------------------------------------------------------------------
 
-B1_SERIES = ["step1_block_skip", "step2_column_skip", "step3_row_skip", "step4_compact", "step7_dispatch",
-             "index_select"]
+B1_SERIES = ["step1_block_skip", "step2_column_skip", "step3_row_skip", "step4_compact", "step4b_stream",
+             "step4c_few", "step7_dispatch", "index_select"]
+#: The batch-1 candidates, measured on the same allowed set at each count (random masks).
+CANDIDATE_SERIES = ["cand_step4_compact", "cand_step4b_no_hint", "cand_step4b_stream", "cand_step4c_few",
+                    "cand_persistent", "cand_index_select"]
 BATCH_SERIES = ["step1_block_skip", "step3_row_skip", "step5_batched", "cublas_fp32_mask", "step7_dispatch",
                 "index_select"]
 
@@ -1385,10 +1732,34 @@ def figures(results) -> dict[str, Any]:
 
     fig, ax = plt.subplots(figsize=(7, 4.4))
     plot_times(results, "allowed", ["dense_mask", "index_select", "step3_row_skip", "step4_compact",
-                                    "step7_dispatch"], where={"batch": 1, "kind": "random"}, ax=ax,
+                                    "step4b_stream", "step7_dispatch"], where={"batch": 1, "kind": "random"}, ax=ax,
                title="batch 1, random masks: time against the floor max(bytes of allowed rows / bandwidth, launch)")
     ax.title.set_fontsize(8)
     figs["floor_b1"] = fig
+
+    cand = candidate_rows(results)
+    if cand:
+        fig, ax = plt.subplots(figsize=(7.5, 4.6))
+        counts = sorted(cand)
+        for series in CANDIDATE_SERIES:
+            pts = [(c, cand[c][series]["ms"] * 1e3) for c in counts if series in cand[c]]
+            if pts:
+                label = "cand_persistent (best of its shapes)" if series == "cand_persistent" else series
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label,
+                        ls=":" if series == "cand_index_select" else "-")
+        floors = [(c, cand[c]["cand_step4b_stream"]["floor_ms"] * 1e3) for c in counts
+                  if "cand_step4b_stream" in cand[c]]
+        ax.plot([p[0] for p in floors], [p[1] for p in floors], "k--", lw=1,
+                label="floor: max(row bytes / bandwidth, empty launch)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("allowed tokens (batch 1, random masks; every series on the same set)")
+        ax.set_ylabel("time (µs, median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title("step 4 and its candidates\n" + caption, fontsize=8)
+        fig.tight_layout()
+        figs["step4_variants"] = fig
 
     batches = sorted({r["params"]["batch"] for r in results.rows if r["params"].get("batch", 1) > 1})
     if batches:
@@ -1407,7 +1778,8 @@ def figures(results) -> dict[str, Any]:
     if rows6:
         kind = rows6[0]["params"]["kind"]
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        _speedup_lines(results, ax1, ["step3_row_skip", "step6_reordered", "step6_in_sample", "step4_compact"],
+        _speedup_lines(results, ax1, ["step3_row_skip", "step6_reordered", "step6_in_sample", "step4_compact",
+                                      "step4b_stream"],
                        {"batch": 1, "kind": kind, "layout": "vd"})
         ax1.set_title(f"reordering: batch 1, {kind} masks", fontsize=10)
         ax1.legend(fontsize=7)
@@ -1432,8 +1804,62 @@ def figures(results) -> dict[str, Any]:
 
 #: Series that count as "our kernel" in the targets. Left out: cublas_fp32_mask (torch's), and
 #: step6_in_sample (its vocabulary order was fitted on the very mask it is measured on).
-OUR_KERNELS = ["step1_block_skip", "step2_column_skip", "step3_row_skip", "step4_compact", "step5_batched",
-               "step6_reordered", "step7_dispatch"]
+OUR_KERNELS = ["step1_block_skip", "step2_column_skip", "step3_row_skip", "step4_compact", "step4b_stream",
+               "step4c_few", "step5_batched", "step6_reordered", "step7_dispatch"]
+
+
+def candidate_rows(results) -> dict[int, dict[str, dict]]:
+    """allowed count -> candidate series -> its row (random masks, batch 1); for the persistent
+    candidate, its fastest shape."""
+    out: dict[int, dict[str, dict]] = {}
+    for r in results.rows:
+        p = r["params"]
+        if r["series"] in CANDIDATE_SERIES and p.get("kind") == "random" and p.get("batch") == 1:
+            best = out.setdefault(p["allowed"], {}).get(r["series"])
+            if best is None or r["ms"] < best["ms"]:
+                out[p["allowed"]][r["series"]] = r
+    return out
+
+
+def candidate_table(results) -> str:
+    """Markdown: the batch-1 candidates at each count, µs, on the same set per count."""
+    cand = candidate_rows(results)
+    head = ["allowed"] + [s.removeprefix("cand_") for s in CANDIDATE_SERIES] + ["floor", "4b / floor",
+                                                                               "index_select / 4b"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for count in sorted(cand):
+        row = cand[count]
+        cells = [f"{count:,}"]
+        for s in CANDIDATE_SERIES:
+            if s not in row:
+                cells.append("–")
+            elif s == "cand_persistent":
+                p = row[s]["params"]
+                cells.append(f"{row[s]['ms'] * 1e3:.1f} ({p['rows']} rows, {p['num_warps']} warps, "
+                             f"{p['programs_per_sm']}/SM)")
+            else:
+                cells.append(f"{row[s]['ms'] * 1e3:.1f}")
+        b = row.get("cand_step4b_stream")
+        cells.append(f"{b['floor_ms'] * 1e3:.1f}" if b else "–")
+        cells.append(f"{b['ms'] / b['floor_ms']:.2f}×" if b else "–")
+        cells.append(f"{row['cand_index_select']['ms'] / b['ms']:.2f}×" if b and "cand_index_select" in row else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def headline(results) -> list[dict]:
+    """The book's headline rows: speedups over torch at the issue's target points (random masks)."""
+    rows = []
+    cases = [("step7_dispatch", "dense_mask", 1, 1000, "batch 1, 1,000 of 128,256 tokens allowed"),
+             ("step4b_stream", "index_select", 1, 10_000, "batch 1, 10,000 allowed"),
+             ("step7_dispatch", "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (own masks)")]
+    for kernel, baseline, batch, allowed, case in cases:
+        mine = results.select(kernel, batch=batch, kind="random", allowed=allowed, layout="vd")
+        base = results.select(baseline, batch=batch, kind="random", allowed=allowed)
+        if mine and base:
+            rows.append({"kernel": kernel, "baseline": f"torch {baseline}", "case": case,
+                         "speedup": base[0]["ms"] / mine[0]["ms"]})
+    return rows
 
 
 def _best(results, batch: int, kind: str, allowed: int) -> dict | None:

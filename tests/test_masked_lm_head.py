@@ -103,6 +103,66 @@ def test_step4_compact(kind, tiles, rng):
     assert_logits(out, h, weight, allowed)
 
 
+@pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_step4b_stream(kind, tiles, rng):
+    h, weight, allowed = inputs(rng, 1, kind=kind)
+    out = mlh.step4b_stream(h, weight, allowed, out=poisoned(1), tiles=tiles)
+    assert_logits(out, h, weight, allowed)
+
+
+@pytest.mark.parametrize("eviction", ["", "evict_last"])
+def test_step4b_other_eviction_policies(eviction, rng):
+    h, weight, allowed = inputs(rng, 1, kind="random")
+    out = mlh.step4b_stream(h, weight, allowed, out=poisoned(1), tiles=SMALL_ROWS, eviction=eviction)
+    assert_logits(out, h, weight, allowed)
+
+
+@pytest.mark.parametrize("programs_per_sm", [1, 3])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_step4_persistent(kind, programs_per_sm, rng):
+    """Few programs (2 'SMs' in the interpreter), so each loops over many blocks of ids."""
+    h, weight, allowed = inputs(rng, 1, kind=kind)
+    out = mlh.step4_persistent(h, weight, allowed, out=poisoned(1), tiles=SMALL_ROWS, programs_per_sm=programs_per_sm)
+    assert_logits(out, h, weight, allowed)
+
+
+@pytest.mark.parametrize("ids", [[], [0], [V - 1], [1, 16, 17, 32], list(range(V - 8, V))],
+                         ids=["none", "first", "last", "aligned", "eight"])
+@pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
+def test_step4c_few(ids, tiles, rng):
+    h, weight, _ = inputs(rng, 1)
+    allowed = mlh.AllowedTokens.from_ids([ids], V, device=DEV)
+    assert allowed.few_ids == tuple(sorted(ids))
+    out = mlh.step4c_few(h, weight, allowed, out=poisoned(1), tiles=tiles)
+    assert_logits(out, h, weight, allowed)
+
+
+def test_step4c_refuses_more_than_its_slots(rng):
+    h, weight, _ = inputs(rng, 1)
+    allowed = mlh.AllowedTokens.from_ids([np.arange(mlh.FEW_IDS_MAX + 1)], V, device=DEV)
+    assert allowed.few_ids is None
+    with pytest.raises(ValueError, match=f"at most {mlh.FEW_IDS_MAX} allowed ids"):
+        mlh.step4c_few(h, weight, allowed)
+
+
+@pytest.mark.parametrize("step", ["4b", "4c"])
+def test_batch1_steps_odd_hidden_size(step, rng):
+    h, weight, allowed = inputs(rng, 1, vocab=97, hidden=1100, kind="few")  # D padded to 2048 in the tile
+    out = mlh.BATCH1_STEPS[step](h, weight, allowed, out=poisoned(1, 97))
+    assert_logits(out, h, weight, allowed)
+
+
+def test_batch1_steps_refuse_a_batch_and_a_bad_eviction(rng):
+    h, weight, allowed = inputs(rng, 2, kind="few")
+    for fn in (mlh.step4b_stream, mlh.step4c_few, mlh.step4_persistent):
+        with pytest.raises(ValueError, match="one sequence"):
+            fn(h, weight, allowed)
+    h, weight, allowed = inputs(rng, 1, kind="few")
+    with pytest.raises(ValueError, match="eviction must be one of"):
+        mlh.step4b_stream(h, weight, allowed, eviction="evict_sometimes")
+
+
 def test_step4_odd_hidden_size(rng):
     h, weight, allowed = inputs(rng, 1, vocab=97, hidden=1100)  # two 1024-wide chunks, the second ragged
     out = mlh.step4_compact(h, weight, allowed, out=poisoned(1, 97))
@@ -183,23 +243,28 @@ def test_step6_reordered_writes_original_order(batch, kind, rng):
 # Step 7: dispatch
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fraction, dense, batch, path", [
-    (1.0, "row_skip", 1, "compact"), (1.0, "row_skip", 4, "batched"),
-    (0.0, "row_skip", 1, "row_skip"), (0.0, "cublas", 4, "cublas"),
+@pytest.mark.parametrize("fraction, dense, batch, kind, path", [
+    (1.0, "row_skip", 1, "all", "compact"), (1.0, "row_skip", 1, "few", "few"), (1.0, "row_skip", 4, "random", "batched"),
+    (0.0, "row_skip", 1, "random", "row_skip"), (0.0, "cublas", 4, "random", "cublas"),
 ])
-def test_dispatch_paths(fraction, dense, batch, path, rng, monkeypatch):
+def test_dispatch_paths(fraction, dense, batch, kind, path, rng, monkeypatch):
     monkeypatch.setattr(mlh, "COMPACT_MAX_FRACTION", {1: fraction})
     monkeypatch.setattr(mlh, "DENSE_PATH", {1: dense})
-    h, weight, allowed = inputs(rng, batch)
+    monkeypatch.setattr(mlh, "FEW_PATH_MAX", mlh.FEW_IDS_MAX)
+    h, weight, allowed = inputs(rng, batch, kind=kind)
     assert mlh.choose_path(batch, V, allowed.union_count) == path
     out = mlh.masked_logits(h, weight, allowed, out=poisoned(batch))
     assert_logits(out, h, weight, allowed)
 
 
-def test_dispatch_thresholds_pick_by_batch():
-    frac = mlh._for_batch(mlh.COMPACT_MAX_FRACTION, 1)
-    assert mlh.choose_path(1, 1000, int(frac * 1000)) == "compact"
-    assert mlh.choose_path(1, 1000, 1000) == mlh._for_batch(mlh.DENSE_PATH, 1)
+def test_dispatch_thresholds_pick_by_batch(monkeypatch):
+    monkeypatch.setattr(mlh, "COMPACT_MAX_FRACTION", {1: 0.9, 8: 0.5, 64: 0.2})
+    monkeypatch.setattr(mlh, "DENSE_PATH", {1: "row_skip", 64: "cublas"})
+    monkeypatch.setattr(mlh, "FEW_PATH_MAX", 8)
+    assert mlh.choose_path(1, 1000, 900) == "compact" and mlh.choose_path(1, 1000, 901) == "row_skip"
+    assert mlh.choose_path(1, 1000, 8) == "few" and mlh.choose_path(1, 1000, 9) == "compact"
+    assert mlh.choose_path(8, 1000, 500) == "batched" and mlh.choose_path(63, 1000, 501) == "row_skip"
+    assert mlh.choose_path(100, 1000, 200) == "batched" and mlh.choose_path(100, 1000, 201) == "cublas"
     assert mlh.choose_path(100, 1000, 0) == "batched"
     assert mlh._for_batch({1: "a", 8: "b", 64: "c"}, 63) == "b"
 
@@ -215,7 +280,8 @@ def test_dispatch_default_output_allocation(rng):
 
 def test_allowed_tokens_from_ids_and_mask_agree():
     a = mlh.AllowedTokens.from_ids([[5, 1, 5, 9], []], 12, device="cpu")
-    assert a.counts == (3, 0) and a.batch == 2 and a.union_ids.tolist() == [1, 5, 9]
+    assert a.counts == (3, 0) and a.batch == 2 and a.union_ids.tolist() == [1, 5, 9] and a.few_ids == (1, 5, 9)
+    assert mlh.AllowedTokens.from_ids([np.arange(12)], 12, device="cpu").few_ids is None
     assert a.union_ids.dtype == torch.int32
     b = mlh.AllowedTokens.from_mask(a.mask)
     assert torch.equal(b.mask, a.mask) and b.counts == a.counts
@@ -346,7 +412,8 @@ def _full_sets(kind, batch, gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["random_1000", "random_10000", "clustered_5000", "random", "empty", "all", "last"])
+@pytest.mark.parametrize("kind", ["random_1000", "random_10000", "clustered_5000", "random", "empty", "all", "last",
+                                  "few"])
 @pytest.mark.parametrize("batch", [1, 8, 64])
 def test_full_size_every_step(batch, kind, full_head, rng):
     weight, weight_dv = full_head
@@ -367,6 +434,14 @@ def test_full_size_every_step(batch, kind, full_head, rng):
     }
     if batch == 1:
         runs["step4"] = lambda out: mlh.step4_compact(h, weight, allowed, out=out)
+        runs["step4b"] = lambda out: mlh.step4b_stream(h, weight, allowed, out=out)
+        runs["step4b_no_hint"] = lambda out: mlh.step4b_stream(h, weight, allowed, out=out, eviction="")
+        for rows, per_sm in ((1, 4), (2, 8)):
+            t = mlh.Tiles(block_b=1, block_v=rows, num_warps=4, num_stages=1)
+            runs[f"persistent_{rows}_{per_sm}"] = (
+                lambda out, t=t, k=per_sm: mlh.step4_persistent(h, weight, allowed, out=out, tiles=t, programs_per_sm=k))
+        if allowed.few_ids is not None:
+            runs["step4c"] = lambda out: mlh.step4c_few(h, weight, allowed, out=out)
     for name, fn in runs.items():
         out = fn(torch.full((batch, mlh.VOCAB), float("nan"), device="cuda"))
         torch.cuda.synchronize()
@@ -474,3 +549,11 @@ def test_column_mask_on_the_seed_layout_costs_the_vector_loads():
     assert loads[(2, "dv", 1)].get("ld 2 B", 0) > 0
     for case in [(2, "vd", 1), (3, "vd", 1)]:
         assert loads[case].get("ld 2 B", 0) == 0 and loads[case].get("cp.async 16 B", 0) > 0, loads[case]
+
+
+def test_step4b_issues_every_row_load_before_the_first_barrier():
+    """Step 4 reduces each 1,024-wide chunk (a barrier) before loading the next, so a program
+    waits for memory once per chunk; step 4b loads the whole row, then reduces once."""
+    groups = mlh.ptx_row_load_groups(("4", "4b"), rows=2)
+    assert groups["4"] == [2, 2, 2], groups  # 3 chunks of D = 3072, one 16-byte load per row each
+    assert groups["4b"] == [8], groups  # D padded to 4096: 4 loads per row, the 4th predicated off
