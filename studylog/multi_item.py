@@ -33,15 +33,16 @@ Steps (each its own kernel; the diff between two steps is the lesson):
 3. :func:`attn_fwd_mask_on_the_fly`: the mask computed from the prefix length and item positions.
 4. :func:`attn_fwd_tile_skip`: key/value tiles no row of a query tile can see are never loaded, and tiles
    every row sees whole skip the mask arithmetic.
-5. :func:`attn_fwd_batched`: prompts of different shapes in one launch, heaviest query tiles first;
-   :func:`score_items` turns the outputs into one ``N x K`` score matrix per prompt.
+5. :func:`attn_fwd_batched`: prompts of different shapes in one launch, programs in an order planned on the
+   host (:func:`schedule_table`: heads in groups whose keys and values fit in L2, heaviest query tiles first
+   within a group); :func:`score_items` turns the outputs into one ``N x K`` score matrix per prompt.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Sequence
 
@@ -105,6 +106,8 @@ class MultiItemBatch:
     token_pos: Int[Tensor, "b l"]
     #: ``[B]`` int32: the longest item of each prompt (an upper bound, as the seed passes it)
     max_item_lens_t: Int[Tensor, " b"]
+    #: step 5's work schedules, built once per (heads, order) on first use (see :func:`schedule_table`)
+    _schedules: dict = field(default_factory=dict, init=False, repr=False)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -240,6 +243,19 @@ class MultiItemBatch:
     def num_items(self) -> tuple[int, ...]:
         return tuple(len(it) for it in self.item_lens)
 
+    @cached_property
+    def host_item_starts(self) -> tuple[tuple[int, ...], ...]:
+        """Per prompt, for every token from the prefix's end on, the index (in the prompt) of the delimiter
+        that opens its item: ``row - pos[row]``, computed on the host from the item lengths (no device sync)."""
+        out = []
+        for p, lens in zip(self.prefix_lens, self.item_lens):
+            starts, delim = [p], p
+            for n in lens:
+                starts += [delim] * n + [delim + n + 1]
+                delim += n + 1
+            out.append(tuple(starts))
+        return tuple(out)
+
     def score_positions(self, prompt: int | None = None) -> list[int]:
         """Indices in the packed sequence of the last token of every item (the token just before the
         delimiter that closes it), where the item's score is read; all prompts, or one."""
@@ -335,6 +351,11 @@ _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
 ]
 #: steps 2 and 3 are way stations: tune them over fewer configs (each config is a compile)
 _FEW_GPU_CONFIGS = [_GPU_CONFIGS[0], _GPU_CONFIGS[3]]
@@ -352,21 +373,28 @@ def _prune_configs(configs, named_args, **kwargs):
     kept = []
     for cfg in configs:
         bm, bn, stages = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_stages
-        smem = (bm * head_dim + stages * 2 * bn * head_dim) * elem + stages * bm * bn  # q, k+v stages, mask
+        # q, then the tiles of k and v (and of step 2's mask) the pipeliner keeps in flight: num_stages - 1 each
+        smem = (bm * head_dim + (stages - 1) * 2 * bn * head_dim) * elem + (stages - 1) * bm * bn
         if smem <= _SMEM_BUDGET:
             kept.append(cfg)
     return kept or [_SMALL_CONFIG]
 
 
-def _tuned(configs):
-    """On the GPU, let Triton pick the tile shape among ``configs`` (per head dim and dtype); in the
-    interpreter, the wrapper passes small blocks itself."""
+def _tuned(configs, key=("HEAD_DIM",)):
+    """On the GPU, let Triton pick the tile shape among ``configs`` (per value of the ``key`` arguments, and
+    dtype); in the interpreter, the wrapper passes small blocks itself."""
     def wrap(kernel):
         if runtime.mode() != "gpu":
             return kernel
-        return triton.autotune(configs=configs, key=["HEAD_DIM"],
+        return triton.autotune(configs=configs, key=list(key),
                                prune_configs_by={"early_config_prune": _prune_configs})(kernel)
     return wrap
+
+
+def _size_bucket(tokens: int) -> int:
+    """The autotuning key of steps 4 and 5 besides the head dim: a 3,000-token prompt and an 18,000-token
+    batch want different tiles, and one tuning per power of two of the token count is enough."""
+    return max(int(tokens), 1).bit_length()
 
 
 # -- step 2 -----------------------------------------------------------------------------------
@@ -498,12 +526,12 @@ def _attend_key_tiles(
     return acc, l_i, m_i
 
 
-@_tuned(_GPU_CONFIGS)
+@_tuned(_GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
 @triton.jit
 def attn_fwd_tile_skip(
     Q, K, V, Out, Pos, TileCounts,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
-    seq_len, prefix_len, qk_scale,
+    seq_len, prefix_len, qk_scale, size_bucket,
     HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -552,26 +580,27 @@ def attn_fwd_tile_skip(
 
 # -- step 5 -----------------------------------------------------------------------------------
 
-@_tuned(_GPU_CONFIGS)
+@_tuned(_GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
 @triton.jit
 def attn_fwd_batched(
-    Q, K, V, Out, CuSeqlens, PrefixLens, Pos, stride_pos, TileCounts,
+    Q, K, V, Out, Schedule, stride_schedule, Pos, stride_pos, TileCounts, stride_counts,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
-    num_heads, qk_scale,
+    qk_scale, size_bucket,
     HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # one program per (query tile, prompt, head); axis 1 counts query tiles from each prompt's end, so the
-    # first programs to run are the last tiles of every prompt: the ones with the most keys to visit
-    prompt = tl.program_id(0) // num_heads
-    off_h = (tl.program_id(0) % num_heads).to(tl.int64)
-    seq_begin = tl.load(CuSeqlens + prompt)
-    seq_len = tl.load(CuSeqlens + prompt + 1) - seq_begin
-    prefix_len = tl.load(PrefixLens + prompt)
-    num_tiles = tl.cdiv(seq_len, BLOCK_M)
-    if tl.program_id(1) >= num_tiles:  # this prompt is shorter than the longest one
-        return
-    start_m = num_tiles - 1 - tl.program_id(1)
+    # One program per (prompt, query tile, head), in the order the host planned (schedule_table): the GPU
+    # starts programs roughly in index order, so entry i says what program i computes. The table has one row
+    # per tile height (16, 32, 64, 128 rows); each entry carries its prompt's offsets, so one round of loads
+    # from a single 32-byte entry is all the lookup a program does, and no program is empty.
+    work = Schedule + ((BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)) * stride_schedule \
+        + tl.program_id(0) * 8
+    prompt = tl.load(work)
+    start_m = tl.load(work + 1)
+    off_h = tl.load(work + 2).to(tl.int64)
+    seq_begin = tl.load(work + 3)
+    seq_len = tl.load(work + 4)
+    prefix_len = tl.load(work + 5)
     Q += seq_begin.to(tl.int64) * stride_qt
     K += seq_begin.to(tl.int64) * stride_kt
     V += seq_begin.to(tl.int64) * stride_vt
@@ -611,7 +640,7 @@ def attn_fwd_batched(
                                       True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
         visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
-        tl.store(TileCounts + prompt * tl.num_programs(1) + start_m, visited, mask=off_h == 0)
+        tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_h == 0)
     # a row that saw no key (only padding rows past the sequence can) would divide 0 by 0
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
@@ -619,6 +648,108 @@ def attn_fwd_batched(
 
 
 KERNELS = {2: attn_fwd_dense_mask, 3: attn_fwd_mask_on_the_fly, 4: attn_fwd_tile_skip, 5: attn_fwd_batched}
+
+
+# -- step 5's schedule: which program computes what, in which order -----------------------------
+
+#: the program orders step 5 can run in (the benchmark times them all; the first is the default):
+#:
+#: * ``"head_groups"``: the heads in a few groups, each as large as fits :data:`GROUP_KV_BYTES` of keys and
+#:   values of the whole batch; group after group, and within a group every (prompt, query tile, head) with
+#:   the most keys first. The programs running at once read one group's keys and values, which stay in L2,
+#:   and the last group ends with its lightest tiles, which fill the tail of the launch;
+#: * ``"heads_outer"``: the same with groups of one head;
+#: * ``"prompts_outer"``: prompt by prompt (most work first), then head by head, then tiles from the
+#:   prompt's end: what a launch per prompt of step 4 does, without the gaps between launches;
+#: * ``"first_run"``: the order of step 5's first version: tiles counted from each prompt's end, with every
+#:   (prompt, head) pair side by side, so the programs running at once read every head of every prompt.
+SCHEDULE_ORDERS = ("head_groups", "heads_outer", "prompts_outer", "first_run")
+DEFAULT_ORDER = SCHEDULE_ORDERS[0]
+#: the tile heights a schedule table has a row for (the kernel picks its row from BLOCK_M)
+SCHEDULE_BLOCK_MS = (16, 32, 64, 128)
+#: keys and values one head group may span: well under an H200's 60 MB of L2 (an H100 has 50 MB)
+GROUP_KV_BYTES = 24 * 2**20
+
+
+def head_groups(batch: MultiItemBatch, heads: int, kv_bytes_per_token: int) -> list[range]:
+    """The heads split into as few groups of near-equal size as keep each group's keys and values (every
+    token of the batch, ``kv_bytes_per_token`` per head) within :data:`GROUP_KV_BYTES`; one head at least."""
+    size = max(1, min(heads, GROUP_KV_BYTES // max(batch.total_tokens * kv_bytes_per_token, 1)))
+    n = -(-heads // size)
+    bounds = [round(i * heads / n) for i in range(n + 1)]
+    return [range(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def query_tile_costs(batch: MultiItemBatch, block_m: int) -> list[tuple[int, int, int]]:
+    """``(prompt, query tile, keys it visits)`` for every query tile of the batch: the keys of steps 4 and
+    5's three ranges counted one by one (at key-tile granularity they round up a little)."""
+    out = []
+    for b, (s, p) in enumerate(zip(batch.seq_lens, batch.prefix_lens)):
+        starts = batch.host_item_starts[b]
+        for t, m_lo in enumerate(range(0, s, block_m)):
+            m_hi = min(m_lo + block_m, s)
+            prefix_keys = min(p, m_hi)
+            first_item_row = max(m_lo, p)  # == p (starts[0] == p) for a tile wholly inside the prefix
+            out.append((b, t, prefix_keys + max(0, m_hi - max(starts[first_item_row - p], prefix_keys))))
+    return out
+
+
+def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEFAULT_ORDER,
+               kv_bytes_per_token: int = 2 * 128 * 2) -> Int[Tensor, "n 3"]:
+    """Step 5's programs in launch order: rows of ``(prompt, query tile, head)``, one per program.
+    ``kv_bytes_per_token`` (a key and a value of one head: ``2 * head_dim * element size``) sizes the head
+    groups of the ``"head_groups"`` order."""
+    if order not in SCHEDULE_ORDERS:
+        raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
+    tiles = query_tile_costs(batch, block_m)
+    if order in ("head_groups", "heads_outer"):
+        ranked = torch.tensor([(b, t) for b, t, _ in sorted(tiles, key=lambda w: (-w[2], w[0], w[1]))])
+        groups = (head_groups(batch, heads, kv_bytes_per_token) if order == "head_groups"
+                  else [range(h, h + 1) for h in range(heads)])
+        # within a group: tile by tile in that ranking, the group's heads side by side
+        return torch.cat([torch.cat([ranked.repeat_interleave(len(g), dim=0),
+                                     torch.tensor(list(g)).repeat(len(ranked))[:, None]], dim=1) for g in groups])
+    if order == "prompts_outer":
+        work = [0] * batch.batch_size
+        for b, _, cost in tiles:
+            work[b] += cost
+        rows = [(b, t, h) for b in sorted(range(batch.batch_size), key=lambda b: -work[b])
+                for h in range(heads) for t in reversed(range(-(-batch.seq_lens[b] // block_m)))]
+        return torch.tensor(rows)
+    n_tiles = [-(-s // block_m) for s in batch.seq_lens]  # "first_run"
+    return torch.tensor([(b, n - 1 - r, h) for r in range(max(n_tiles)) for b, n in enumerate(n_tiles) if r < n
+                         for h in range(heads)])
+
+
+def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER,
+                   block_ms: Sequence[int] = SCHEDULE_BLOCK_MS,
+                   kv_bytes_per_token: int = 2 * 128 * 2) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
+    """Step 5's program table on the batch's device, and how many programs each tile height launches.
+
+    Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]`` (only the heights in ``block_ms`` are filled); entry
+    ``i`` of a row is program ``i``'s ``(prompt, query tile, head, seq_begin, seq_len, prefix_len, 0, 0)``.
+    Built on the host once per (batch, heads, order, heights, bytes per token) and cached on the batch, so the attention calls
+    of every layer reuse it.
+    """
+    key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token)
+    if key not in batch._schedules:
+        if not key[2] or any(h not in SCHEDULE_BLOCK_MS for h in key[2]):
+            raise ValueError(f"block_ms must be among {SCHEDULE_BLOCK_MS}, got {block_ms!r}")
+        begins = torch.tensor(batch.seq_starts)
+        lens = torch.tensor(batch.seq_lens)
+        prefixes = torch.tensor(batch.prefix_lens)
+        rows = {}
+        for block_m in key[2]:
+            w = work_order(batch, heads, block_m, order, kv_bytes_per_token)
+            b = w[:, 0]
+            rows[block_m] = torch.cat([w, begins[b, None], lens[b, None], prefixes[b, None],
+                                       torch.zeros(len(w), 2, dtype=w.dtype)], dim=1)
+        width = max(len(r) for r in rows.values())
+        table = torch.zeros(len(SCHEDULE_BLOCK_MS), width, 8, dtype=torch.int32)
+        for block_m, r in rows.items():
+            table[SCHEDULE_BLOCK_MS.index(block_m), : len(r)] = r.to(torch.int32)
+        batch._schedules[key] = (table.to(batch.device), {bm: len(r) for bm, r in rows.items()})
+    return batch._schedules[key]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -662,35 +793,55 @@ def _strides(*tensors: Tensor) -> list[int]:
 
 @dataclass(frozen=True)
 class LaunchInfo:
-    """What a kernel step ran with: its tile shape, and (when asked) the key tiles each query tile visited."""
+    """What a kernel step ran with: its tile shape (and, on the GPU, warps and pipeline stages), and (when
+    asked) the key tiles each query tile visited."""
 
     step: int
     block_m: int
     block_n: int
     tile_counts: list[list[int]] | None = None
+    config: str = ""
 
 
-def _launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None) -> tuple[int, int]:
+def config_name(block_m: int, block_n: int, num_warps: int | None = None, num_stages: int | None = None) -> str:
+    name = f"{block_m} x {block_n}"
+    return name if num_warps is None else f"{name}, {num_warps} warps, {num_stages} stages"
+
+
+def _check_blocks(blocks: Any) -> None:
+    if blocks is None:
+        return
+    if (not isinstance(blocks, (tuple, list)) or len(blocks) != 2
+            or not all(isinstance(b, int) and 16 <= b <= 128 and not b & (b - 1) for b in blocks)):
+        raise ValueError(f"blocks must be (BLOCK_M, BLOCK_N), powers of two from 16 to 128, got {blocks!r}")
+
+
+def _launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None) -> tuple[int, int, str]:
     """Launch with given blocks (interpreter, or a fixed config on the GPU) or let the autotuner pick."""
     if runtime.mode() == "gpu" and blocks is None:
         kernel[grid](*args, **constexprs)
-        return kernel.best_config.kwargs["BLOCK_M"], kernel.best_config.kwargs["BLOCK_N"]
+        best = kernel.best_config
+        bm, bn = best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"]
+        return bm, bn, config_name(bm, bn, best.num_warps, best.num_stages)
     block_m, block_n = blocks if blocks is not None else INTERPRETER_BLOCKS
-    if block_m < 16 or block_n < 16 or block_m & (block_m - 1) or block_n & (block_n - 1):
-        raise ValueError(f"blocks must be powers of two >= 16, got {(block_m, block_n)}")
     jit_fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
     extra = {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2} if runtime.mode() == "gpu" else {}
     jit_fn[grid](*args, **constexprs, BLOCK_M=block_m, BLOCK_N=block_n, **extra)
-    return block_m, block_n
+    return block_m, block_n, config_name(block_m, block_n, *extra.values())
 
 
 def run_step(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v: Float[Tensor, "h t d"], batch: MultiItemBatch,
              *, step: int = 5, sm_scale: float | None = None, out: Float[Tensor, "h t d"] | None = None,
-             blocks: tuple[int, int] | None = None, count_tiles: bool = False) -> tuple[Tensor, LaunchInfo]:
-    """Run one step; returns the output and a :class:`LaunchInfo`. See :func:`multi_item_attention`."""
+             blocks: tuple[int, int] | None = None, count_tiles: bool = False,
+             order: str = DEFAULT_ORDER) -> tuple[Tensor, LaunchInfo]:
+    """Run one step; returns the output and a :class:`LaunchInfo`. See :func:`multi_item_attention`;
+    ``order`` picks step 5's program order (one of :data:`SCHEDULE_ORDERS`, for experiments)."""
     _check_qkv(q, k, v, batch, out)
     if step not in STEPS:
         raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    _check_blocks(blocks)
+    if order not in SCHEDULE_ORDERS:
+        raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
     if step in (2, 3, 4) and batch.batch_size != 1:
         raise ValueError(f"step {step} handles one prompt, the batch has {batch.batch_size}; use step 5 "
                          "(or call it once per prompt)")
@@ -719,28 +870,35 @@ def run_step(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v: Float[Tens
             args = [q, k, v, out, batch.token_pos[0], *strides, seq_len, prefix_len, qk_scale]
         else:
             counts = torch.full((triton.cdiv(seq_len, 16),), -1, dtype=torch.int32, device=q.device)
-            args = [q, k, v, out, batch.token_pos[0], counts, *strides, seq_len, prefix_len, qk_scale]
+            args = [q, k, v, out, batch.token_pos[0], counts, *strides, seq_len, prefix_len, qk_scale,
+                    _size_bucket(seq_len)]
             common["COUNT_TILES"] = count_tiles
-        block_m, block_n = _launch(KERNELS[step], grid, args, common, blocks)
+        block_m, block_n, config = _launch(KERNELS[step], grid, args, common, blocks)
         tile_counts = None
         if count_tiles:
             tile_counts = [counts[: triton.cdiv(seq_len, block_m)].tolist()]
-        return out, LaunchInfo(step, block_m, block_n, tile_counts)
+        return out, LaunchInfo(step, block_m, block_n, tile_counts, config)
 
-    # step 5: every prompt in one launch
+    # step 5: every prompt in one launch, programs in the order the host planned
+    if blocks is not None:
+        heights = (blocks[0],)
+    elif runtime.mode() == "gpu":  # every tile height the autotuner may pick
+        heights = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in _GPU_CONFIGS}))
+    else:
+        heights = (INTERPRETER_BLOCKS[0],)
+    table, programs = schedule_table(batch, heads, order, heights, 2 * head_dim * q.element_size())
     max_tiles_16 = triton.cdiv(batch.max_seq_len, 16)
     counts = torch.full((batch.batch_size * max_tiles_16,), -1, dtype=torch.int32, device=q.device)
-    grid = lambda meta: (batch.batch_size * heads, triton.cdiv(batch.max_seq_len, meta["BLOCK_M"]))  # noqa: E731
-    args = [q, k, v, out, batch.cu_seqlens, batch.prefix_lens_t, batch.token_pos, batch.token_pos.stride(0), counts,
-            *strides, heads, qk_scale]
+    grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
+    args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles_16,
+            *strides, qk_scale, _size_bucket(batch.total_tokens)]
     common["COUNT_TILES"] = count_tiles
-    block_m, block_n = _launch(attn_fwd_batched, grid, args, common, blocks)
+    block_m, block_n, config = _launch(attn_fwd_batched, grid, args, common, blocks)
     tile_counts = None
     if count_tiles:
-        per_prompt = triton.cdiv(batch.max_seq_len, block_m)
-        rows = counts[: batch.batch_size * per_prompt].view(batch.batch_size, per_prompt).tolist()
+        rows = counts.view(batch.batch_size, max_tiles_16).tolist()
         tile_counts = [row[: triton.cdiv(s, block_m)] for row, s in zip(rows, batch.seq_lens)]
-    return out, LaunchInfo(5, block_m, block_n, tile_counts)
+    return out, LaunchInfo(5, block_m, block_n, tile_counts, config)
 
 
 def multi_item_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v: Float[Tensor, "h t d"],
@@ -978,8 +1136,15 @@ def bench(run) -> None:
 
         # --- our steps (2 to 4 take one prompt) ---
         for step in ([2, 3, 4, 5] if single else [5]):
+            kernel = KERNELS[step]
+            tunings_before = len(getattr(kernel, "cache", {}))
             out, info = run_step(q, k, v, batch, step=step, sm_scale=sm_scale)  # autotunes on first use
             check(f"step {step}", out)
+            extra: dict[str, Any] = {"config": info.config, **({"order": DEFAULT_ORDER} if step == 5 else {})}
+            if len(getattr(kernel, "cache", {})) > tunings_before and getattr(kernel, "configs_timings", None):
+                extra["autotune_ms"] = {  # what the tuner measured for each config, on this shape
+                    config_name(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages):
+                        float(t[0] if isinstance(t, (list, tuple)) else t) for c, t in kernel.configs_timings.items()}
             stats = None
             if step in (4, 5):
                 _, counted = run_step(q, k, v, batch, step=step, sm_scale=sm_scale, count_tiles=True,
@@ -988,7 +1153,14 @@ def bench(run) -> None:
                           passed=counted.tile_counts == planned_key_tiles(batch, info.block_m, info.block_n))
                 stats = tile_stats(batch, info.block_m, info.block_n)
             ms = run.time(lambda: multi_item_attention(q, k, v, batch, step=step, sm_scale=sm_scale), rep=rep)
-            record(f"step {step}", ms, "kernel", stats)
+            record(f"step {step}", ms, "kernel", stats, **extra)
+        # step 5's other program orders: same kernel, same tiles, only the order the GPU starts programs in
+        for order in SCHEDULE_ORDERS[1:]:
+            got, info = run_step(q, k, v, batch, step=5, sm_scale=sm_scale, order=order)
+            check(f"step 5 ({order} order)", got)
+            ms = run.time(lambda: run_step(q, k, v, batch, step=5, sm_scale=sm_scale, order=order), rep=rep)
+            record(f"step 5 ({order} order)", ms, "kernel", order=order, config=info.config)
+            del got
         if not single:  # step 4 once per prompt, to show what one launch saves
             views = []
             for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
@@ -1166,4 +1338,65 @@ def figures(results) -> dict[str, Any]:
     block = results.select("step 5")[0]
     ax.set_title(f"Tiles skipped ({block.get('block_m')} x {block.get('block_n')} tiles; steps 2-3 skip none)",
                  fontsize=10)
-    return {"times": fig_t, "tiles": fig_k}
+    return {"times": fig_t, "tiles": fig_k, "schedule": schedule_figure(results)}
+
+
+def order_series() -> list[str]:
+    return ["step 5"] + [f"step 5 ({order} order)" for order in SCHEDULE_ORDERS[1:]]
+
+
+def schedule_figure(results):
+    """Step 5 in each program order against step 4 launched once per prompt, shape by shape."""
+    import matplotlib.pyplot as plt
+
+    shapes = shape_names(results)
+    labels = {"step 5": f"step 5 ({DEFAULT_ORDER} order, the default)", "step 4, a launch per prompt":
+              "step 4, a launch per prompt"}
+    series = [s for s in order_series() + ["step 4, a launch per prompt"] if results.select(s)]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.84 / max(len(series), 1)
+    for j, s in enumerate(series):
+        xs, ys = [], []
+        for i, shape in enumerate(shapes):
+            rows = results.select(s, shape=shape)
+            if rows:
+                xs.append(i + (j - (len(series) - 1) / 2) * width)
+                ys.append(rows[0]["ms"] * 1e3)
+        bars = ax.bar(xs, ys, width=width, label=labels.get(s, s))
+        ax.bar_label(bars, labels=[f"{y:.0f}" for y in ys], fontsize=7)
+    ax.set_xticks(range(len(shapes)), shapes, fontsize=9)
+    ax.set_ylabel("time (µs, median)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"Step 5: the same kernel and tiles, programs started in different orders ({results.gpu})",
+                 fontsize=10)
+    return fig
+
+
+def headline(results) -> list[dict]:
+    """The book's headline rows: step 5 against FlexAttention on the mixed batch and against SDPA with the
+    dense mask and causal SDPA on the many-items prompt (whichever of these shapes the results hold)."""
+    rows = []
+    for baseline, shape in (("FlexAttention", "8 prompts, mixed"), ("SDPA, dense mask", "prefix 512, 128 items x 16"),
+                            ("causal SDPA (superset)", "prefix 512, 128 items x 16")):
+        base, ours = results.select(baseline, shape=shape), results.select("step 5", shape=shape)
+        if base and ours:
+            rows.append({"kernel": "step 5 (Triton, tile skipping, one launch)", "baseline": baseline,
+                         "case": f"{shape}, bf16, {BENCH_HEADS} heads x {BENCH_HEAD_DIM}",
+                         "speedup": base[0]["ms"] / ours[0]["ms"]})
+    return rows
+
+
+def kv_in_flight(batch: MultiItemBatch, heads: int, head_dim: int, block_m: int, order: str,
+                 programs_at_once: int, elem_bytes: int = 2) -> float:
+    """Bytes of keys and values that ``programs_at_once`` consecutive programs of step 5 read, averaged over
+    the launch: an upper bound per window, taking each (prompt, head) in the window to read its keys up to
+    the highest row it computes. Compare it with the L2 cache: above it, the tiles reread keys from DRAM."""
+    order_rows = work_order(batch, heads, block_m, order, 2 * head_dim * elem_bytes).tolist()
+    windows = []
+    for lo in range(0, len(order_rows), programs_at_once):
+        reach: dict[tuple[int, int], int] = {}
+        for b, t, h in order_rows[lo:lo + programs_at_once]:
+            reach[b, h] = max(reach.get((b, h), 0), min((t + 1) * block_m, batch.seq_lens[b]))
+        windows.append(sum(reach.values()) * 2 * head_dim * elem_bytes)
+    return sum(windows) / len(windows)

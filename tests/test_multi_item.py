@@ -189,6 +189,108 @@ def test_step5_batches_prompts_of_different_shapes(rng):
                                    out[:, rows], rtol=1e-6, atol=1e-6)
 
 
+MIXED = ([17, 0, 40, 5, 29], [[4, 9, 1], [6, 6], [3], [], [2, 30, 1, 1]])
+
+
+@pytest.mark.parametrize("order", mi.SCHEDULE_ORDERS)
+@pytest.mark.parametrize("block_m", mi.SCHEDULE_BLOCK_MS)
+def test_every_schedule_runs_every_program_once(order, block_m):
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device="cpu")
+    heads = 5
+    bytes_per_token = mi.GROUP_KV_BYTES // (2 * batch.total_tokens)  # two heads fit a group: 3 groups
+    rows = [tuple(r) for r in mi.work_order(batch, heads, block_m, order, bytes_per_token).tolist()]
+    want = {(b, t, h) for b, s in enumerate(batch.seq_lens) for t in range(-(-s // block_m)) for h in range(heads)}
+    assert len(rows) == len(want) and set(rows) == want
+    cost = {(b, t): c for b, t, c in mi.query_tile_costs(batch, block_m)}
+    if order in ("heads_outer", "head_groups"):  # group by group; within a group, most keys first
+        groups = ([list(g) for g in mi.head_groups(batch, heads, bytes_per_token)] if order == "head_groups"
+                  else [[h] for h in range(heads)])
+        assert len(groups) == (3 if order == "head_groups" else heads)
+        per_group = sum(-(-s // block_m) for s in batch.seq_lens)
+        for i, group in enumerate(groups):
+            start = sum(len(g) for g in groups[:i]) * per_group
+            chunk = rows[start:start + len(group) * per_group]
+            assert {h for _, _, h in chunk} == set(group)
+            costs = [cost[b, t] for b, t, _ in chunk]
+            assert costs == sorted(costs, reverse=True)
+    elif order == "first_run":  # tiles counted from each prompt's end, heads innermost
+        from_end = [-(-batch.seq_lens[b] // block_m) - 1 - t for b, t, _ in rows]
+        assert from_end == sorted(from_end) and [h for _, _, h in rows[:heads]] == list(range(heads))
+    else:  # prompt by prompt, heaviest prompt first, then head by head, then tiles from the end
+        prompts = [b for b, _, _ in rows]
+        firsts = list(dict.fromkeys(prompts))
+        assert prompts == sorted(prompts, key=firsts.index)
+        work = [sum(c for (b, _), c in cost.items() if b == p) for p in firsts]
+        assert work == sorted(work, reverse=True)
+
+
+def test_head_groups_fit_the_budget():
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device="cpu")
+    per_head = lambda heads_per_group: mi.GROUP_KV_BYTES // (heads_per_group * batch.total_tokens)  # noqa: E731
+    assert [len(g) for g in mi.head_groups(batch, 32, per_head(32))] == [32]
+    assert [len(g) for g in mi.head_groups(batch, 32, per_head(15))] == [11, 10, 11]  # 3 near-equal groups
+    assert [list(g) for g in mi.head_groups(batch, 3, 10**9)] == [[0], [1], [2]]  # one head at least
+    for size in (1, 3, 7, 16):
+        groups = mi.head_groups(batch, 16, per_head(size))
+        assert [h for g in groups for h in g] == list(range(16)) and max(map(len, groups)) <= size
+
+
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 32), (128, 64)], ids=str)
+def test_tile_costs_are_the_planned_ranges_counted_key_by_key(blocks):
+    """The schedule's cost of a query tile is the number of keys of the kernel's three ranges: the planned
+    key tiles at key tiles of one key (tile_map computes them with different code)."""
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device="cpu")
+    costs = [c for _, _, c in mi.query_tile_costs(batch, blocks[0])]
+    assert costs == [n for per_prompt in mi.planned_key_tiles(batch, blocks[0], 1) for n in per_prompt]
+    # and host_item_starts is row - pos[row], the positions the kernels read
+    for b, starts in enumerate(batch.host_item_starts):
+        p, s = batch.prefix_lens[b], batch.seq_lens[b]
+        assert list(starts) == (torch.arange(p, s) - batch.token_pos[b, : s - p].cpu()).tolist()
+
+
+def test_schedule_table_entries():
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
+    table, programs = mi.schedule_table(batch, 2, "heads_outer", (32, 128))
+    assert mi.schedule_table(batch, 2, "heads_outer", (128, 32))[0] is table  # cached per batch
+    assert set(programs) == {32, 128}
+    table = table.cpu()
+    for block_m in (16, 32, 64, 128):
+        row = table[mi.SCHEDULE_BLOCK_MS.index(block_m)]
+        if block_m not in programs:
+            assert not row.any()
+            continue
+        entries = row[: programs[block_m]]
+        assert entries[:, :3].tolist() == mi.work_order(batch, 2, block_m, "heads_outer").tolist()
+        for prompt, _, _, begin, length, prefix, pad0, pad1 in entries.tolist():
+            assert (begin, length, prefix, pad0, pad1) == (batch.seq_starts[prompt], batch.seq_lens[prompt],
+                                                          batch.prefix_lens[prompt], 0, 0)
+        assert not row[programs[block_m]:].any()
+    with pytest.raises(ValueError, match="block_ms must be among"):
+        mi.schedule_table(batch, 2, "heads_outer", (48,))
+
+
+@pytest.mark.parametrize("order", mi.SCHEDULE_ORDERS)
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16)], ids=str)
+def test_step5_every_order_matches_the_reference(order, blocks, rng):
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
+    q, k, v = random_qkv(2, batch.total_tokens, 16, rng)
+    out, info = mi.run_step(q, k, v, batch, step=5, out=poisoned(q), blocks=blocks, count_tiles=True, order=order)
+    assert not torch.isnan(out).any(), f"order {order} left rows unwritten (seed {rng.seed_value})"
+    torch.testing.assert_close(out.double(), mi.reference_attention(q, k, v, batch), rtol=1e-5, atol=1e-5)
+    assert info.tile_counts == mi.planned_key_tiles(batch, *blocks)
+
+
+def test_grouped_orders_keep_the_keys_in_flight_within_the_budget():
+    """The benchmark's mixed batch (18k tokens, 32 heads of 128 in bf16): the first order keeps every head of
+    every prompt in flight, far more than L2; grouping heads keeps a group's keys and values."""
+    _, prefixes, items = mi.bench_shapes()[2]
+    batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device="cpu")
+    first = mi.kv_in_flight(batch, 32, 128, 64, "first_run", programs_at_once=264)
+    assert first > 4 * mi.GROUP_KV_BYTES
+    for order in ("heads_outer", "head_groups", "prompts_outer"):
+        assert 0 < mi.kv_in_flight(batch, 32, 128, 64, order, programs_at_once=264) <= mi.GROUP_KV_BYTES
+
+
 def test_scores_are_label_log_probs_at_the_last_token_of_each_item(rng):
     batch = mi.MultiItemBatch.from_item_lens([6, 3], [[2, 5, 1], [4, 4]], device=DEV)
     hidden = torch.randn(batch.total_tokens, 24, generator=rng).to(DEV)
@@ -298,6 +400,10 @@ def test_bad_attention_options():
         mi.multi_item_attention(q, k, v, batch, out=torch.empty(2, 20, 8, device=DEV))
     with pytest.raises(ValueError, match="powers of two"):
         mi.multi_item_attention(q, k, v, batch, blocks=(24, 16))
+    with pytest.raises(ValueError, match="powers of two from 16 to 128"):
+        mi.multi_item_attention(q, k, v, batch, blocks=(256, 64))
+    with pytest.raises(ValueError, match="order must be one of"):
+        mi.run_step(q, k, v, batch, order="random")
     with pytest.raises(ValueError, match="count_tiles needs step 4 or 5"):
         mi.run_step(q, k, v, batch, step=3, count_tiles=True)
     two = mi.MultiItemBatch.from_item_lens([6, 1], [[3, 2, 6], [1]], device=DEV)
@@ -351,6 +457,9 @@ def test_gpu_full_size_bf16(shape):
         if step in (4, 5):
             _, counted = mi.run_step(q, k, v, batch, step=step, count_tiles=True, blocks=(info.block_m, info.block_n))
             assert counted.tile_counts == mi.planned_key_tiles(batch, info.block_m, info.block_n)
+    for order in mi.SCHEDULE_ORDERS[1:]:  # step 5's other program orders write the same numbers
+        other, _ = mi.run_step(q, k, v, batch, step=5, out=poisoned(q), order=order)
+        torch.testing.assert_close(other.float(), ref, rtol=1.6e-2, atol=1e-2, msg=lambda m: f"order {order}: {m}")
     lm_head = torch.randn(4096, 32 * 128, device="cuda", dtype=torch.bfloat16) / 16
     hidden = out.transpose(0, 1).reshape(batch.total_tokens, -1)
     for got, want in zip(mi.score_items(hidden, lm_head, [5, 77], batch),
