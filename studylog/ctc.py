@@ -5,7 +5,7 @@ The operation is the one warp-ctc and cuDNN provide: activations (pre-softmax lo
 The output is the per-utterance negative log-likelihood ``loss[N]`` and the gradient of
 ``loss.sum()`` with respect to the activations, ``grad[T, N, A]`` (softmax included).
 
-Seven steps, each a kernel (or a small set of kernels) next to the previous one:
+Ten steps, each a kernel (or a small set of kernels) next to the previous one:
 
 1. ``baseline``: warp-ctc style. A log-softmax kernel writes log-probabilities; one block per
    utterance runs the alpha recursion with the whole alpha matrix in global memory; a second
@@ -22,6 +22,15 @@ Seven steps, each a kernel (or a small set of kernels) next to the previous one:
    log-sum-exp and gathers the emissions of the target's labels; one warp per utterance and
    direction runs alpha and beta at the same time from those emissions, rows in registers;
    a last pass writes ``softmax - posterior`` straight from the activations.
+8. ``branch-free recursion``: step 7's warp recursion without the divergent branch it took at
+   every label position (three-term log-sum-exp everywhere, the skip term masked to -inf), with
+   flush-to-zero ``ex2``/``lg2`` and the row maximum as one ``redux.sync`` (template options).
+9. ``two passes``: the first pass also writes the softmax as the gradient (it holds the frame in
+   registers), and the last pass only corrects the target's classes in place: the activations
+   cross DRAM once.
+10. ``several warps per direction``: the recursion spread over a block of W warps (2 or 4
+    positions per thread), boundary values and row maxima exchanged through shared memory with
+    one barrier per frame.
 
 Every log-space step renormalises its rows by their maximum at every frame (the loss adds the
 maxima up in float64) and divides each frame's posterior by its own sum: plain float32 log space
@@ -36,7 +45,12 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
+import subprocess
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -58,11 +72,34 @@ STEPS: dict[int, str] = {
     5: "shared alpha rows",
     6: "probability space",
     7: "fused softmax",
+    8: "branch-free recursion",
+    9: "two passes",
+    10: "several warps per direction",
 }
+#: The last step: what the chapter's headline and targets are measured on.
+FINAL_STEP = max(STEPS)
 #: Grain sizes (positions per thread) compiled for steps 4 to 6.
 GRAIN_SIZES = tuple(range(1, 9))
 #: Positions per lane compiled for step 7's warp recursion (even: a lane starts on a blank).
 WARP_GRAINS = (2, 4, 6, 8, 10, 12, 16, 20, 24, 32)
+#: Template options of the branch-free recursion of steps 8 and 9:
+#: (frames of emissions prefetched, flush-to-zero ex2/lg2, warp maximum with redux.sync).
+RECURSION_OPTIONS: dict[str, tuple[int, bool, bool]] = {
+    "branch-free": (4, False, False),
+    "+ ftz ex2/lg2": (4, True, False),
+    "+ redux max": (4, True, True),
+    "+ prefetch 8": (8, True, True),
+}
+#: The options steps 8 and 9 use unless told otherwise (the fastest in the first H200 run, where the
+#: redux.sync maximum was about 3 % slower than the shuffles at 10 positions per lane).
+DEFAULT_RECURSION = "+ ftz ex2/lg2"
+#: The step whose recursion options the benchmark compares.
+OPTIONS_STEP = 9
+#: Positions per thread compiled for step 10's block recursion, and the one it uses by default.
+BLOCK_GRAINS = (2, 4)
+DEFAULT_BLOCK_GRAIN = 4
+#: Most warps one direction of step 10 may use (the kernel's shared exchange has this many slots).
+MAX_RECURSION_WARPS = 16
 
 WARPCTC_SOURCE = "ctc_warpctc.cu"
 BLOCKED_SOURCE = "ctc_blocked.cu"
@@ -463,6 +500,13 @@ _SIG_BETA = ["ptr"] * 12 + ["i32"] * 6
 _SIG_STATS = ["ptr"] * 6 + ["i32"] * 5
 _SIG_RECURSION = ["ptr"] * 6 + ["i32"] * 3
 _SIG_GRAD = ["ptr"] * 13 + ["i32"] * 8
+_SIG_STATS_SOFTMAX = ["ptr"] * 7 + ["i32"] * 5
+_SIG_TARGET_GRAD = ["ptr"] * 13 + ["i32"] * 7
+#: Signature of each kernel of steps 7 to 9, by name without template arguments.
+_FUSED_SIGNATURES = {"ctc_fused_stats": _SIG_STATS, "ctc_fused_recursion": _SIG_RECURSION,
+                     "ctc_branchless_recursion": _SIG_RECURSION, "ctc_fused_grad": _SIG_GRAD,
+                     "ctc_stats_softmax": _SIG_STATS_SOFTMAX, "ctc_target_grad": _SIG_TARGET_GRAD,
+                     "ctc_warps_recursion": _SIG_RECURSION}
 
 _KERNELS: dict[tuple[str, str], cuda.CudaKernel] = {}
 
@@ -483,12 +527,16 @@ def _kernels(source: str, wanted: Sequence[tuple[str, Sequence[str]]]) -> list:
     return [_KERNELS[(source, name)] for name, _ in wanted]
 
 
-def preload(step: int, grains: Sequence[int] = (), layouts: Sequence[bool] = (False,)) -> None:
-    """Compile several template instances of a step in one NVRTC call (the grain-size sweep)."""
-    if step not in (4, 5, 6):
-        return
-    names = [n for vt in grains for blocked in layouts for n in kernel_names(step, vt, blocked)]
-    _kernels(BLOCKED_SOURCE, [(n, _SIG_ALPHA if "alpha" in n else _SIG_BETA) for n in dict.fromkeys(names)])
+def preload(step: int, grains: Sequence[int] = (), layouts: Sequence[bool] = (False,),
+            recursions: Sequence[str | None] = (None,)) -> None:
+    """Compile several template instances in one NVRTC call: grain sizes ``grains`` of steps 4 to 6
+    (in the ``layouts``), or positions per lane ``grains`` of steps 7 to 9 (with the ``recursions``)."""
+    if step in (4, 5, 6):
+        names = [n for vt in grains for blocked in layouts for n in kernel_names(step, vt, blocked)]
+        _kernels(BLOCKED_SOURCE, [(n, _SIG_ALPHA if "alpha" in n else _SIG_BETA) for n in dict.fromkeys(names)])
+    elif step in (7, 8, 9, 10):
+        names = [n for v in grains for option in recursions for n in fused_kernel_names(step, v, option)]
+        _kernels(FUSED_SOURCE, [(n, _FUSED_SIGNATURES[n.split("<")[0]]) for n in dict.fromkeys(names)])
 
 
 
@@ -523,9 +571,53 @@ def kernel_names(step: int, grain: int | None = None, blocked: bool = False) -> 
     raise ValueError(f"steps 1 to 6 have alpha/beta kernels; got step {step!r}")
 
 
+def recursion_name(v: int, option: str | None = None) -> str:
+    """Name expression of the branch-free recursion (steps 8 and 9) with ``v`` positions per lane."""
+    option = DEFAULT_RECURSION if option is None else option
+    if option not in RECURSION_OPTIONS:
+        raise ValueError(f"recursion must be one of {sorted(RECURSION_OPTIONS)}, got {option!r}")
+    if v not in WARP_GRAINS:
+        raise ValueError(f"positions per lane must be one of {WARP_GRAINS}, got {v!r}")
+    prefetch, ftz, redux = RECURSION_OPTIONS[option]
+    return f"ctc_branchless_recursion<{v}, {prefetch}, {str(ftz).lower()}, {str(redux).lower()}>"
+
+
+def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple[str, str, str]:
+    """(first pass, recursion, last pass) of steps 7 to 10 with ``v`` positions per lane (thread)."""
+    if step == 10:
+        if recursion is not None:
+            raise ValueError("step 10 has one recursion; recursion options apply to steps 8 and 9")
+        if v not in BLOCK_GRAINS:
+            raise ValueError(f"step 10 takes {BLOCK_GRAINS} positions per thread, got {v!r}")
+        return "ctc_stats_softmax", f"ctc_warps_recursion<{v}>", "ctc_target_grad"
+    if step == 7:
+        if recursion is not None:
+            raise ValueError("step 7 has one recursion; recursion options apply to steps 8 and 9")
+        return "ctc_fused_stats", f"ctc_fused_recursion<{v}>", "ctc_fused_grad"
+    if step == 8:
+        return "ctc_fused_stats", recursion_name(v, recursion), "ctc_fused_grad"
+    if step == 9:
+        return "ctc_stats_softmax", recursion_name(v, recursion), "ctc_target_grad"
+    raise ValueError(f"steps 7 to 10 have fused kernels; got step {step!r}")
+
+
+def recursion_warps(max_positions: int, grain: int) -> int:
+    """Warps per direction of step 10: enough for ``max_positions`` at ``grain`` positions per thread."""
+    warps = math.ceil(max_positions / (32 * grain))
+    if warps > MAX_RECURSION_WARPS:
+        raise ValueError(f"{max_positions} positions need {warps} warps at {grain} per thread; "
+                         f"at most {MAX_RECURSION_WARPS}")
+    return warps
+
+
 def _row_threads(num_classes: int) -> int:
     """Threads of the per-frame blocks of step 7 (a frame of A activations per block)."""
     return 64 if num_classes <= 512 else 256
+
+
+def _target_threads(max_positions: int) -> int:
+    """Threads of step 9's last pass (a frame's S positions per block; A does not matter)."""
+    return 64 if max_positions <= 256 else 128
 
 
 def _check_activations(activations: Tensor, batch: CTCTargets) -> None:
@@ -573,6 +665,7 @@ def ctc_loss(
     zero_infinity: bool = False,
     grain: int | None = None,
     blocked: bool = False,
+    recursion: str | None = None,
     out_loss: Float[Tensor, " n"] | None = None,
     out_grad: Float[Tensor, "t n a"] | None = None,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
@@ -581,7 +674,9 @@ def ctc_loss(
     ``targets`` is a :class:`CTCTargets` from :func:`prepare_targets` (then leave the lengths out),
     or raw targets and lengths (validated and prepared on every call). ``grain`` (positions per
     thread) and ``blocked`` (consecutive instead of strided positions) choose the instance of
-    steps 4 to 6. ``out_loss`` / ``out_grad`` let a caller supply (say, poisoned) output buffers.
+    steps 4 to 6, and ``grain`` the positions per thread of step 10 (``BLOCK_GRAINS``);
+    ``recursion`` (a key of ``RECURSION_OPTIONS``) the warp recursion of steps 8 and 9.
+    ``out_loss`` / ``out_grad`` let a caller supply (say, poisoned) output buffers.
     """
     if step not in STEPS:
         raise ValueError(f"step must be one of {sorted(STEPS)}, got {step!r}")
@@ -595,10 +690,14 @@ def ctc_loss(
         batch = prepare_targets(targets, input_lengths, target_lengths, num_classes=activations.shape[2],
                                 max_time=activations.shape[0], device=activations.device,
                                 batch_size=activations.shape[1])
-    if step in (1, 2, 3, 7) and (grain is not None or blocked):
-        raise ValueError(f"grain and blocked only apply to steps 4 to 6, not step {step}")
-    if grain is not None and grain not in GRAIN_SIZES:
-        raise ValueError(f"grain must be one of {GRAIN_SIZES}, got {grain!r}")
+    if (step in (1, 2, 3, 7, 8, 9) and (grain is not None or blocked)) or (step == 10 and blocked):
+        raise ValueError(f"grain and blocked only apply to steps 4 to 6 (grain also to step 10), not step {step}")
+    allowed = BLOCK_GRAINS if step == 10 else GRAIN_SIZES
+    if grain is not None and grain not in allowed:
+        raise ValueError(f"grain must be one of {allowed} for step {step}, got {grain!r}")
+    if recursion is not None and (step not in (8, 9) or recursion not in RECURSION_OPTIONS):
+        raise ValueError(f"recursion must be one of {sorted(RECURSION_OPTIONS)} and only applies to steps 8 "
+                         f"and 9; got {recursion!r} for step {step}")
     _check_activations(activations, batch)
     T, N, A = activations.shape
     loss = _output(out_loss, "out_loss", (N,), activations)
@@ -607,8 +706,8 @@ def ctc_loss(
         raise ValueError("out_grad must not share memory with activations (the kernels read them after "
                          "writing the gradient)")
     _check_device(activations, batch)
-    if step == 7:
-        _fused(activations, batch, loss, grad, zero_infinity)
+    if step >= 7:
+        _fused(activations, batch, loss, grad, zero_infinity, step, recursion, grain)
     else:
         _warpctc(activations, batch, loss, grad, step, zero_infinity, grain, blocked)
     return loss, grad
@@ -656,24 +755,62 @@ def _warpctc(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int
          T, N, A, lmax, umax, int(zero_infinity), shared_mem=3 * smax * 4)
 
 
-def _fused(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool) -> None:
+def _workspace_addresses(device: torch.device, nbytes: Sequence[int]) -> tuple[Tensor, list[int]]:
+    """One allocation carved into 256-byte aligned segments, returned as device addresses: the
+    launcher takes plain integers for pointers, and building tensor views costs microseconds of
+    Python per call. The caller keeps the buffer alive until the launches are queued (the caching
+    allocator only hands the memory out again in stream order)."""
+    offsets, total = [], 0
+    for size in nbytes:
+        offsets.append(total)
+        total += -(-size // 256) * 256
+    buffer = torch.empty((max(total, 1),), dtype=torch.uint8, device=device)
+    base = buffer.data_ptr()
+    return buffer, [base + o for o in offsets]
+
+
+_FUSED_LAUNCH: dict[tuple[int, int, str | None], list] = {}
+
+
+def _fused(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
+           recursion: str | None, grain: int | None = None) -> None:
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
-    v = warp_grain(smax)
-    stats, recursion, gradient = _kernels(FUSED_SOURCE, [
-        ("ctc_fused_stats", _SIG_STATS), (f"ctc_fused_recursion<{v}>", _SIG_RECURSION), ("ctc_fused_grad", _SIG_GRAD)])
+    if step == 10:  # a block of warps per direction, ``v`` positions per thread
+        v = DEFAULT_BLOCK_GRAIN if grain is None else grain
+        recursion_threads = 32 * recursion_warps(smax, v)
+    else:  # one warp per direction, ``v`` positions per lane
+        v = warp_grain(smax)
+        recursion_threads = 32
+    row_stride = recursion_threads * v
+    key = (step, v, recursion)
+    kernels = _FUSED_LAUNCH.get(key)
+    if kernels is None:
+        names = fused_kernel_names(step, v, recursion)
+        kernels = _FUSED_LAUNCH[key] = _kernels(FUSED_SOURCE, [(n, _FUSED_SIGNATURES[n.split("<")[0]]) for n in names])
+    first, warp_recursion, last = kernels
     vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
     threads = _row_threads(A)
-    row_lse, emissions, rows, row_shift = _workspace(x.device, [
-        ((T * N,), torch.float32), ((N, T, lmax + 1), torch.float32), ((2, N, T, 32 * v), torch.float32),
-        ((2, N, T), torch.float64)])
-    stats((T * N,), (threads,), x, batch.labels, batch.input_lengths, batch.target_lengths, row_lse, emissions,
-          T, N, A, lmax, vectorised)
-    recursion((N, 2), (32,), emissions, batch.labels, batch.input_lengths, batch.target_lengths, rows, row_shift,
-              T, N, lmax)
-    gradient((T * N,), (threads,), x, row_lse, emissions, rows, row_shift, batch.input_lengths,
-             batch.target_lengths, batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad,
-             loss, T, N, A, lmax, umax, 32 * v, vectorised, int(zero_infinity))
+    buffer, (row_lse, emissions, rows, row_shift) = _workspace_addresses(
+        x.device, [T * N * 4, N * T * (lmax + 1) * 4, 2 * N * T * row_stride * 4, 2 * N * T * 8])
+    labels, input_lengths, target_lengths = batch.labels, batch.input_lengths, batch.target_lengths
+    if step >= 9:  # the softmax goes out with the statistics; the last pass corrects the target's classes
+        first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, grad,
+              T, N, A, lmax, vectorised)
+    else:
+        first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, T, N, A, lmax,
+              vectorised)
+    warp_recursion((N, 2), (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows, row_shift,
+                   T, N, lmax)
+    if step >= 9:
+        last((T * N,), (_target_threads(smax),), x, row_lse, emissions, rows, row_shift, input_lengths,
+             target_lengths, batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad, loss,
+             T, N, A, lmax, umax, row_stride, int(zero_infinity))
+    else:
+        last((T * N,), (threads,), x, row_lse, emissions, rows, row_shift, input_lengths, target_lengths,
+             batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad, loss,
+             T, N, A, lmax, umax, row_stride, vectorised, int(zero_infinity))
+    del buffer  # queued: the memory may be reused by the next allocation on this stream
 
 
 # --------------------------------------------------------------------------------------
@@ -681,16 +818,18 @@ def _fused(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
 # --------------------------------------------------------------------------------------
 
 def compile_step(step: int, *, grains: Sequence[int] = (), layouts: Sequence[bool] = (False,),
-                 arch: str = cuda.DEFAULT_ARCH) -> cuda.CompiledSource:
-    """NVRTC output (PTX, cubin, ptxas report) of a step's source, with the requested grain sizes."""
+                 recursions: Sequence[str | None] = (None,), arch: str = cuda.DEFAULT_ARCH) -> cuda.CompiledSource:
+    """NVRTC output (PTX, cubin, ptxas report) of a step's source, with the requested grain sizes
+    (positions per lane for steps 7 to 9, with the recursion options ``recursions`` for 8 and 9)."""
     if step in (1, 2, 3):
         return cuda.compile_source(WARPCTC_SOURCE, arch=arch)
     if step in (4, 5, 6):
         names = [n for vt in grains for b in layouts for n in kernel_names(step, vt, b)]
         return cuda.compile_source(BLOCKED_SOURCE, arch=arch, name_expressions=list(dict.fromkeys(names)))
-    if step == 7:
-        return cuda.compile_source(FUSED_SOURCE, arch=arch,
-                                   name_expressions=[f"ctc_fused_recursion<{v}>" for v in grains])
+    if step in (7, 8, 9, 10):
+        names = [fused_kernel_names(step, v, option)[1] for v in grains
+                 for option in (recursions if step in (8, 9) else (None,))]
+        return cuda.compile_source(FUSED_SOURCE, arch=arch, name_expressions=list(dict.fromkeys(names)))
     raise ValueError(f"step must be one of {sorted(STEPS)}, got {step!r}")
 
 
@@ -709,6 +848,62 @@ def load_table(compiled: cuda.CompiledSource, kernels: Sequence[str]) -> list[di
         mangled = compiled.lowered_names.get(name, name)
         loads = global_loads(compiled.ptx_function(name))
         rows.append({"kernel": name, **loads, **report.get(mangled, {})})
+    return rows
+
+
+def nvdisasm_path() -> Path | None:
+    """``nvdisasm`` from a CUDA toolkit on the PATH, or the copy Triton's wheel bundles; None if neither."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return Path(found)
+    try:
+        import triton
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return None
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    return bundled if bundled.is_file() else None
+
+
+def sass(compiled: cuda.CompiledSource) -> dict[str, list[str]]:
+    """The SASS (machine code) of every kernel of a cubin, as opcode lines per mangled kernel name.
+
+    Needs ``nvdisasm`` (see :func:`nvdisasm_path`); raises ``FileNotFoundError`` without it.
+    """
+    tool = nvdisasm_path()
+    if tool is None:
+        raise FileNotFoundError("nvdisasm not found (neither on the PATH nor in Triton's wheel)")
+    if compiled.cubin is None:
+        raise ValueError("SASS needs a cubin: compile for an sm_XX target")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(compiled.cubin)
+        handle.flush()
+        text = subprocess.run([str(tool), "-c", handle.name], check=True, capture_output=True, text=True).stdout
+    kernels: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"^\s*\.text\.(\S+):\s*$", line)
+        if m:
+            current = kernels.setdefault(m.group(1), [])
+            continue
+        m = re.match(r"^\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+        if m and current is not None:
+            current.append(re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(1)))  # drop the predicate
+    return kernels
+
+
+def sass_counts(compiled: cuda.CompiledSource, kernels: Sequence[str]) -> list[dict[str, object]]:
+    """Per kernel: SASS instructions, divergent regions (``BSSY``, one per branch the warp may split
+    at), transcendental ops (``MUFU``: ex2, lg2), shuffles (``SHFL``) and warp reductions (``REDUX``)."""
+    code = sass(compiled)
+    rows = []
+    for name in kernels:
+        ops = code[compiled.lowered_names.get(name, name)]
+        first = [op.split()[0] for op in ops]
+        rows.append({"kernel": name, "instructions": len(ops),
+                     "BSSY": sum(f == "BSSY" for f in first),
+                     "MUFU": sum(f.startswith("MUFU") for f in first),
+                     "SHFL": sum(f.startswith("SHFL") for f in first),
+                     "REDUX": sum(f.startswith("REDUX") for f in first)})
     return rows
 
 
@@ -751,6 +946,11 @@ SWEEP_N = 64
 STRESS_T = (50, 100, 200, 400)
 STRESS_A, STRESS_N = 28, 8
 BENCH_DEVICE = "cuda"
+#: Batch sizes at which every recursion option of the last step is measured.
+VARIANT_N = BENCH_N
+#: (A, N) where the benchmark also records per-kernel device times, host time per call and the
+#: time of a CUDA-graph replay (no Python in the loop) for steps 7 to 9.
+PROFILE_CASES = ((28, 1), (28, 2), (28, 256), (5000, 2), (5000, 256))
 #: Targets (and the tolerance of the checks) for the log-space steps.
 LOSS_TOLERANCE = 1e-5
 GRAD_TOLERANCE = 1e-4
@@ -811,6 +1011,72 @@ def _torch_kernel_names(fn) -> list[str]:
     return sorted({e.key for e in prof.key_averages()})
 
 
+def _short_kernel_name(name: str) -> str:
+    """``void ctc_branchless_recursion<10, 4, true, true>(float const*, ...)`` -> ``ctc_branchless_recursion<10, 4, true, true>``."""
+    name = name.removeprefix("void ")
+    depth = 0
+    for i, ch in enumerate(name):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "(" and depth == 0:
+            return name[:i]
+    return name
+
+
+def kernel_times_us(fn, calls: int = 10) -> dict[str, float]:
+    """Mean device time per call (µs) of every kernel or copy ``fn`` runs, from torch.profiler (CUPTI).
+    No L2 flush between calls, unlike the benchmark's timings."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        # only work that ran on the device: API calls (cudaLaunchKernel, cuLaunchKernel, ...) may carry
+        # the time of the kernel they launched, which would count it twice
+        if getattr(event, "device_type", DeviceType.CUDA) != DeviceType.CUDA or re.match(r"cu(da)?[A-Z]", event.key):
+            continue
+        total = getattr(event, "device_time_total", None)
+        total = getattr(event, "cuda_time_total", 0.0) if total is None else total
+        if total:
+            key = _short_kernel_name(event.key)
+            times[key] = times.get(key, 0.0) + total / calls
+    return times
+
+
+def host_us(fn, calls: int = 30) -> float:
+    """Python/driver time (µs) to *queue* one call of ``fn``, measured while the GPU is held busy, so
+    that nothing waits for the GPU: the cost a call has even when its kernels take no time."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)  # tens of ms of spinning: the queue never drains while we time
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def graph_replay(fn):
+    """``fn`` captured once in a CUDA graph; returns the replay function (GPU work without Python)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def stress_inputs(T: int, N: int, A: int, generator: torch.Generator, device) -> tuple[Tensor, list[np.ndarray]]:
     """Long utterances whose frames strongly prefer the blank, with targets that must still be
     emitted (L about T / 3): the surviving alignments are, at every frame, far less likely than
@@ -823,13 +1089,21 @@ def stress_inputs(T: int, N: int, A: int, generator: torch.Generator, device) ->
 
 def bench(run) -> None:
     """Forward + backward from activations for T = 150, N = 1..256, A in {28, 5000}: torch's cuDNN
-    and native paths and the seven steps; then the grain-size sweep and the rescaling stress test."""
+    and native paths and the ten steps (with step 9's other recursion options and step 10's other
+    grain at every N, and per-kernel, host and CUDA-graph times at a few points); then the grain-size
+    sweep and the rescaling stress test."""
+    started = time.perf_counter()
     device = torch.device(BENCH_DEVICE)
     ns = (BENCH_N[0], BENCH_N[len(BENCH_N) // 2], BENCH_N[-1]) if run.quick else BENCH_N
     generator = torch.Generator().manual_seed(2024)
     T = BENCH_T
     torch.backends.cudnn.enabled = True
     paths_checked: set[int] = set()
+    profile_points: list = []
+    # the positions per lane these inputs need, compiled in three NVRTC calls instead of one per new shape
+    preload(7, (4, 6, 8, 10))
+    preload(OPTIONS_STEP, (4, 6, 8, 10), recursions=list(RECURSION_OPTIONS))
+    preload(10, BLOCK_GRAINS)
     for A in BENCH_A:
         for N in run.progress(ns, f"A={A}"):
             lists = random_targets(T, N, A, generator)
@@ -866,6 +1140,9 @@ def bench(run) -> None:
             run.record("torch-best", best, params=params, role="baseline", floor_ms=floor,
                        note="the faster of torch-cuDNN and torch-native in this run")
             batch = prepare_targets(padded(lists), lengths_in, lengths_out, num_classes=A, max_time=T, device=device)
+            shape = {"max_positions": batch.max_positions, "positions_per_lane": warp_grain(batch.max_positions)}
+            block_shape = {"max_positions": batch.max_positions, "positions_per_lane": DEFAULT_BLOCK_GRAIN,
+                           "warps": recursion_warps(batch.max_positions, DEFAULT_BLOCK_GRAIN)}
             for step in STEPS:
                 loss, grad = ctc_loss(x, batch, step=step)
                 err = errors(loss, grad, ref_loss, ref_grad)
@@ -876,7 +1153,27 @@ def bench(run) -> None:
                               params=params, **err)
                 del loss, grad
                 ms = run.time(lambda: ctc_loss(x, batch, step=step))
-                run.record(f"step{step}", ms, params=params, floor_ms=floor, title=STEPS[step], **err)
+                run.record(f"step{step}", ms, params=params, floor_ms=floor, title=STEPS[step],
+                           **(block_shape if step == 10 else shape), **err)
+            if N in VARIANT_N:  # the other recursion options of step 9, and step 10's other grain
+                variants = [(f"step{OPTIONS_STEP} recursion {o}", {"step": OPTIONS_STEP, "recursion": o},
+                             {"options": dict(zip(("prefetch", "ftz", "redux"), RECURSION_OPTIONS[o])), **shape})
+                            for o in RECURSION_OPTIONS if o != DEFAULT_RECURSION]
+                variants += [(f"step10 grain {g}", {"step": 10, "grain": g},
+                              {**block_shape, "positions_per_lane": g,
+                               "warps": recursion_warps(batch.max_positions, g)})
+                             for g in BLOCK_GRAINS if g != DEFAULT_BLOCK_GRAIN]
+                for series, how, extra in variants:
+                    loss, grad = ctc_loss(x, batch, **how)
+                    err = errors(loss, grad, ref_loss, ref_grad)
+                    run.check(f"{series} matches the float64 reference", err["mismatched"] == 0 and
+                              err["loss_rel"] <= LOSS_TOLERANCE and err["grad_rel"] <= GRAD_TOLERANCE,
+                              params=params, **err)
+                    del loss, grad
+                    ms = run.time(lambda: ctc_loss(x, batch, **how))
+                    run.record(series, ms, params=params, floor_ms=floor, **extra, **err)
+            if (A, N) in PROFILE_CASES:  # profiled at the very end, on these same inputs
+                profile_points.append((x, batch, baselines, params))
             del x, ref_grad, batch
             torch.cuda.empty_cache()
 
@@ -914,7 +1211,7 @@ def bench(run) -> None:
         batch = prepare_targets(padded(lists), (T_long,) * N, lengths_out, num_classes=A, max_time=T_long,
                                 device=device)
         ref_loss, ref_grad = reference_ctc(x, padded(lists).to(device), (T_long,) * N, lengths_out)
-        for step in (5, 6, 7):
+        for step in (5, 6, 7, 8, 9, 10):
             loss, grad = ctc_loss(x, batch, step=step)
             err = errors(loss, grad, ref_loss, ref_grad)
             if step != 6:
@@ -928,6 +1225,41 @@ def bench(run) -> None:
         torch.cuda.empty_cache()
     run.note("Timed calls take prepared targets (CTCTargets on the GPU); torch-native gets int64 GPU targets and "
              "both torch paths get lengths as tuples, so no call copies lengths from the device.")
+    run.note(f"Recursion options of steps 8 and 9 (prefetch, ftz, redux): {RECURSION_OPTIONS}; "
+             f"steps 8 and 9 use {DEFAULT_RECURSION!r}. Step 10 uses {DEFAULT_BLOCK_GRAIN} positions per thread.")
+    # last, so that nothing it might break (a failed graph capture) can cost the measurements above
+    for x, batch, baselines, params in run.progress(profile_points, "kernel times, host time, CUDA graphs"):
+        _profile_point(run, x, batch, baselines, params)
+    run.note(f"The ctc benchmark took {time.perf_counter() - started:.0f} s.")
+
+
+def _profile_point(run, x: Tensor, batch: CTCTargets, baselines: dict, params: dict) -> None:
+    """Per-kernel device times, host time per call and CUDA-graph replay time at one point."""
+    calls = {"torch-cuDNN": baselines["torch-cuDNN"], "torch-native": baselines["torch-native"]}
+    calls.update({f"step{step}": (lambda step=step: ctc_loss(x, batch, step=step)) for step in (7, 8, 9, 10)})
+    for series, fn in calls.items():
+        try:
+            kernels = kernel_times_us(fn)
+            run.record(f"{series} kernels", sum(kernels.values()) / 1e3, params=params,
+                       role="baseline" if series.startswith("torch") else "kernel", kernels_us=kernels,
+                       method="torch.profiler: device time per call, summed over kernels and copies (no L2 flush)")
+        except Exception as exc:  # the profile is extra information: never lose the run to it
+            run.note(f"profiling {series} at {params} failed: {exc!r}")
+        try:
+            queued = host_us(fn)
+            # a call that waits for the GPU inside waits for the spinning kernel: far above any queuing cost
+            run.record(f"{series} host", queued / 1e3, params=params, role="baseline" if series.startswith("torch")
+                       else "kernel", synchronises=queued > 1000.0,
+                       method="time.perf_counter: Python and driver time to queue one call, GPU held busy")
+        except Exception as exc:
+            run.note(f"host time of {series} at {params} failed: {exc!r}")
+        if series.startswith("torch"):
+            continue
+        try:
+            run.record(f"{series} graph", run.time(graph_replay(fn)), params=params,
+                       method="do_bench of a CUDA-graph replay of one call (no Python between the kernels)")
+        except Exception as exc:
+            run.note(f"CUDA graph of {series} at {params} failed: {exc!r}")
 
 
 # --------------------------------------------------------------------------------------
@@ -948,11 +1280,13 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         plotting.plot_times(results, "N", MAIN_SERIES, where={"A": A}, ax=ax,
                             title=f"CTC loss + gradient, T = {BENCH_T}, A = {A} ({results.gpu})")
         figs[f"times_A{A}"] = fig
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
     for ax, A in zip(axes, BENCH_A):
         plotting.plot_speedup(results, "N", "torch-best", [f"step{k}" for k in STEPS], where={"A": A}, ax=ax,
-                              title=f"speedup over the faster torch path, A = {A}")
+                              title=f"speedup over the faster torch path, A = {A} (dashed: the target)")
         ax.axhline(2.0 if A == 5000 else 1.0, color="tab:red", lw=1, ls="--")
+    axes[0].get_legend().remove()  # one legend, beside the plots, where it hides no line
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     figs["speedup"] = fig
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -981,4 +1315,116 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         ax.legend(fontsize=8)
         ax.set_title(f"log space vs probability space on long utterances ({results.gpu})", fontsize=10)
         figs["rescaling"] = fig
+    if any(results.select(f"step{step} kernels") for step in (7, 8, 9, 10)):
+        figs["kernels"] = _kernel_breakdown_figure(results)
+    bars = recursion_series()
+    if any(results.select(series) for series, label in bars if "default" not in label):
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+        for ax, A in zip(axes, BENCH_A):
+            ns = sorted({r["params"]["N"] for series, _ in bars for r in results.select(series, A=A)})
+            width = 0.84 / len(bars)
+            for i, (series, label) in enumerate(bars):
+                ys = [(results.select(series, A=A, N=n) or [{"ms": float("nan")}])[0]["ms"] * 1e3 for n in ns]
+                ax.bar([j + (i - (len(bars) - 1) / 2) * width for j in range(len(ns))], ys, width, label=label)
+            ax.set_xticks(range(len(ns)), [str(n) for n in ns])
+            ax.set_xlabel("N")
+            ax.set_yscale("log")
+            ax.set_ylabel("time (µs, median)")
+            ax.set_title(f"the recursion's options, A = {A}", fontsize=10)
+            ax.legend(fontsize=7)
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+        fig.tight_layout()
+        figs["recursion_options"] = fig
     return figs
+
+
+def recursion_series() -> list[tuple[str, str]]:
+    """(series, label) of every recursion measured between step 9's two passes: the options of the
+    branch-free warp (step 9 itself uses the default) and step 10's block of warps."""
+    out = []
+    for option in RECURSION_OPTIONS:
+        series = f"step{OPTIONS_STEP}" if option == DEFAULT_RECURSION else f"step{OPTIONS_STEP} recursion {option}"
+        out.append((series, f"step {OPTIONS_STEP}, {option}" + (" (default)" if option == DEFAULT_RECURSION else "")))
+    for grain in BLOCK_GRAINS:
+        series = "step10" if grain == DEFAULT_BLOCK_GRAIN else f"step10 grain {grain}"
+        out.append((series, f"step 10, {grain} per thread" + (" (default)" if grain == DEFAULT_BLOCK_GRAIN else "")))
+    return out
+
+
+def _kernel_role(name: str) -> str:
+    if "recursion" in name:
+        return "recursion"
+    if name.startswith("ctc_"):
+        return "first pass" if ("stats" in name) else "last pass"
+    return "other"
+
+
+def _kernel_breakdown_figure(results):
+    """Stacked per-kernel device times of steps 7 to 10 at the profiled points, with the benchmark's
+    median (do_bench, L2 flushed) and the CUDA-graph replay as markers."""
+    import matplotlib.pyplot as plt
+
+    cases = sorted({(r["params"]["A"], r["params"]["N"]) for step in (7, 8, 9, 10)
+                    for r in results.select(f"step{step} kernels")})
+    steps = [7, 8, 9, 10]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    colors = {"first pass": "tab:blue", "recursion": "tab:orange", "last pass": "tab:green", "other": "tab:gray"}
+    width = 0.8 / len(steps)
+    used = set()
+    for j, (A, N) in enumerate(cases):
+        for i, step in enumerate(steps):
+            rows = results.select(f"step{step} kernels", A=A, N=N)
+            if not rows:
+                continue
+            xpos = j + (i - (len(steps) - 1) / 2) * width
+            bottom = 0.0
+            for name, us in sorted(rows[0]["kernels_us"].items(), key=lambda kv: ("first", "recursion", "last",
+                                   "other").index(_kernel_role(kv[0]).split()[0])):
+                role = _kernel_role(name)
+                ax.bar(xpos, us, width * 0.9, bottom=bottom, color=colors[role],
+                       label=role if role not in used else None)
+                used.add(role)
+                bottom += us
+            timed = results.select(f"step{step}", A=A, N=N)
+            top = max([bottom] + [r["ms"] * 1e3 for r in timed + results.select(f"step{step} graph", A=A, N=N)])
+            ax.text(xpos, top * 1.12, str(step), ha="center", va="bottom", fontsize=7)
+            if timed:
+                ax.plot(xpos, timed[0]["ms"] * 1e3, "k_", ms=12, mew=2,
+                        label="benchmark median" if "median" not in used else None)
+                used.add("median")
+            graph = results.select(f"step{step} graph", A=A, N=N)
+            if graph:
+                ax.plot(xpos, graph[0]["ms"] * 1e3, "rv", ms=5, label="CUDA-graph replay" if "graph" not in used else None)
+                used.add("graph")
+    ax.set_xticks(range(len(cases)), [f"A = {A}, N = {N}" for A, N in cases])
+    ax.set_yscale("log")
+    ax.set_ylabel("µs per call")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"device time per kernel of steps 7 to 10 (torch.profiler) against the timed call ({results.gpu})",
+                 fontsize=10)
+    return fig
+
+
+def headline(results) -> list[dict]:
+    """The book's headline rows: the last step against the faster torch path, at the smallest speedup
+    over N for each alphabet, and at the largest batch of the large alphabet."""
+    steps = [k for k in sorted(STEPS, reverse=True) if results.select(f"step{k}")]
+    if not steps:
+        return []
+    step = steps[0]
+    rows = []
+    for A in BENCH_A:
+        ratios = {r["params"]["N"]: r["ms"] / results.ms(f"step{step}", **r["params"])
+                  for r in results.select("torch-best", A=A, T=BENCH_T) if results.select(f"step{step}", **r["params"])}
+        if not ratios:
+            continue
+        worst = min(ratios, key=ratios.get)
+        rows.append({"kernel": f"step {step} ({STEPS[step]}, CUDA C++)", "baseline": "faster of torch cuDNN / native",
+                     "case": f"T = {BENCH_T}, A = {A}, N = {worst} (smallest speedup over N = "
+                             f"{min(ratios)}..{max(ratios)})", "speedup": ratios[worst]})
+        if A == max(BENCH_A):
+            n = max(ratios)
+            rows.append({"kernel": f"step {step} ({STEPS[step]}, CUDA C++)", "baseline": "faster of torch cuDNN / native",
+                         "case": f"T = {BENCH_T}, A = {A}, N = {n}", "speedup": ratios[n]})
+    return rows[:3]

@@ -141,6 +141,10 @@ def test_launch_shapes():
     with pytest.raises(ValueError, match="one warp"):
         ctc.warp_grain(1025)
     assert ctc.dram_bytes(150, 256, 5000) == 2 * 4 * 150 * 256 * 5000
+    assert ctc.recursion_warps(301, 4) == 3 and ctc.recursion_warps(301, 2) == 5
+    assert ctc.recursion_warps(1023, 4) == 8 and ctc.recursion_warps(1023, 2) == 16 and ctc.recursion_warps(3, 4) == 1
+    with pytest.raises(ValueError, match="at most"):
+        ctc.recursion_warps(1100, 2)
 
 
 def test_bank_conflict_model():
@@ -198,7 +202,7 @@ def test_bad_call_options_are_named():
     with pytest.raises(ValueError, match="T = 4"):
         ctc.ctc_loss(torch.randn(4, 2, 5), batch)
     with pytest.raises(ValueError, match="step must be"):
-        ctc.ctc_loss(x, batch, step=8)
+        ctc.ctc_loss(x, batch, step=len(ctc.STEPS) + 1)
     with pytest.raises(ValueError, match="grain and blocked"):
         ctc.ctc_loss(x, batch, step=7, grain=3)
     with pytest.raises(ValueError, match="grain must be one of"):
@@ -209,6 +213,26 @@ def test_bad_call_options_are_named():
         ctc.ctc_loss(x, batch, out_grad=x)
     with pytest.raises(ValueError, match="num_classes"):
         ctc.prepare_targets(args["targets"], [6, 5], [3, 2], num_classes=1, max_time=6)
+    with pytest.raises(ValueError, match="grain and blocked"):
+        ctc.ctc_loss(x, batch, step=9, grain=2)
+    with pytest.raises(ValueError, match="recursion must be one of"):
+        ctc.ctc_loss(x, batch, step=7, recursion="branch-free")
+    with pytest.raises(ValueError, match="recursion must be one of"):
+        ctc.ctc_loss(x, batch, step=9, recursion="fastest")
+    with pytest.raises(ValueError, match="recursion must be one of"):
+        ctc.recursion_name(10, "fastest")
+    with pytest.raises(ValueError, match="positions per lane"):
+        ctc.recursion_name(7)
+    with pytest.raises(ValueError, match="steps 8 and 9"):
+        ctc.fused_kernel_names(7, 10, "branch-free")
+    with pytest.raises(ValueError, match="steps 8 and 9"):
+        ctc.fused_kernel_names(10, 4, "branch-free")
+    with pytest.raises(ValueError, match=r"grain must be one of \(2, 4\) for step 10"):
+        ctc.ctc_loss(x, batch, step=10, grain=3)
+    with pytest.raises(ValueError, match="grain and blocked"):
+        ctc.ctc_loss(x, batch, step=10, blocked=True)
+    with pytest.raises(ValueError, match="positions per thread"):
+        ctc.fused_kernel_names(10, 3)
 
 
 # --------------------------------------------------------------------------------------
@@ -264,6 +288,51 @@ def test_template_instances_of_steps_5_to_7_compile(blocked_kernels):
     report = seven.ptxas_report()
     assert {"ctc_fused_stats", "ctc_fused_grad", seven.lowered_names["ctc_fused_recursion<2>"]} <= set(report)
     assert all(r["spill_stores"] == 0 for r in report.values())
+
+
+@pytest.fixture(scope="module")
+def recursions_at_v10():
+    """Step 7's recursion and step 8's (every option) for 32 x 10 positions, the benchmark's usual size."""
+    return ctc.compile_step(7, grains=[10]), ctc.compile_step(8, grains=[10], recursions=list(ctc.RECURSION_OPTIONS))
+
+
+def test_steps_8_and_9_compile_without_spills(recursions_at_v10):
+    _, eight = recursions_at_v10
+    report = eight.ptxas_report()
+    names = [ctc.recursion_name(10, option) for option in ctc.RECURSION_OPTIONS]
+    assert {"ctc_stats_softmax", "ctc_target_grad"} | {eight.lowered_names[n] for n in names} <= set(report)
+    assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in report.values()), report
+    ptx = {option: eight.ptx_function(ctc.recursion_name(10, option)) for option in ctc.RECURSION_OPTIONS}
+    assert "ex2.approx.ftz.f32" not in ptx["branch-free"] and "redux.sync" not in ptx["branch-free"]
+    assert "ex2.approx.ftz.f32" in ptx["+ ftz ex2/lg2"] and "redux.sync" not in ptx["+ ftz ex2/lg2"]
+    assert "ex2.approx.ftz.f32" in ptx["+ redux max"] and "redux.sync" in ptx["+ redux max"]
+
+
+def test_branch_free_recursion_has_no_divergent_regions_per_frame(recursions_at_v10):
+    """SASS: step 7 opens a divergent region (BSSY) at every label position of every unrolled frame;
+    step 8 only in its set-up, and computes fewer transcendentals (no duplicated ex2 per branch)."""
+    if ctc.nvdisasm_path() is None:
+        pytest.skip("nvdisasm is not available (neither on the PATH nor in Triton's wheel)")
+    seven, eight = recursions_at_v10
+    old = ctc.sass_counts(seven, ["ctc_fused_recursion<10>"])[0]
+    rows = ctc.sass_counts(eight, [ctc.recursion_name(10, o) for o in ctc.RECURSION_OPTIONS])  # one disassembly
+    new = dict(zip(ctc.RECURSION_OPTIONS, rows))
+    frames = 2 * 4  # two directions, four frames unrolled
+    # the set-up (skip flags) has the same regions in both; step 7 adds one per label position of
+    # every unrolled frame (5 labels per lane at V = 10), step 8 none: unrolling twice as many
+    # frames (prefetch 8) adds no region
+    assert old["BSSY"] - new["branch-free"]["BSSY"] >= frames * 5
+    assert len({row["BSSY"] for row in new.values()}) == 1
+    for option, row in new.items():
+        assert row["MUFU"] == frames * (5 * 2 + 5 * 3) * RECURSION_PREFETCH_SCALE[option], (option, row)
+        assert row["MUFU"] < old["MUFU"] * RECURSION_PREFETCH_SCALE[option]
+    assert new["+ redux max"]["REDUX"] > 0 and new["+ ftz ex2/lg2"]["REDUX"] == 0
+    assert new["+ redux max"]["SHFL"] < new["+ ftz ex2/lg2"]["SHFL"]
+    assert new["+ ftz ex2/lg2"]["instructions"] < new["branch-free"]["instructions"]
+
+
+#: Frames unrolled per direction relative to the default (the prefetch distance sets the unrolling).
+RECURSION_PREFETCH_SCALE = {o: ctc.RECURSION_OPTIONS[o][0] // 4 for o in ctc.RECURSION_OPTIONS}
 
 
 # --------------------------------------------------------------------------------------
@@ -339,28 +408,34 @@ def test_benchmark_sized_inputs_on_gpu(step, rng):
 @pytest.mark.gpu
 def test_probability_space_at_benchmark_size_on_gpu(rng):
     """Step 6 is right where float32 holds the alignments; where it loses them, it loses them
-    honestly (an infinite loss) and only for long targets, whose alignments have little slack."""
+    visibly and only for long targets, whose alignments have little slack: an infinite loss when
+    alpha underflows, or a finite loss with a NaN gradient when, at some frame, no position keeps
+    both an alpha and a beta above float's range (the frame's posteriors sum to 0)."""
     gen = torch.Generator().manual_seed(rng.seed_value)
     for A in ctc.BENCH_A:
         x, targets, il, tl = _benchmark_sized(gen, A, N=32)
         loss, grad = _run_on_gpu(x, targets, il, tl, 6)
         ref_loss, ref_grad = ctc.reference_ctc(x.cuda(), targets, il, tl)
-        held = torch.isfinite(loss.cpu()) & torch.isfinite(ref_loss)
-        lost = torch.isfinite(ref_loss) & ~torch.isfinite(loss.cpu())
+        ref_loss = ref_loss.cpu()
+        nan_gradient = torch.isnan(grad).any(dim=2).any(dim=0).cpu()
+        held = torch.isfinite(loss.cpu()) & torch.isfinite(ref_loss) & ~nan_gradient
+        lost = torch.isfinite(ref_loss) & ~held
         assert (tl[lost] > il[lost] // 2).all(), (tl[lost], il[lost])
         err = ctc.errors(loss[held.cuda()], grad[:, held.cuda()], ref_loss[held], ref_grad[:, held.cuda()])
         assert err["mismatched"] == 0 and err["loss_rel"] <= 1e-3 and err["grad_rel"] <= 1e-2, err
 
 
 @pytest.mark.gpu
-def test_step7_scalar_and_vector_paths_on_gpu(rng):
-    for A, offset in [(5000, 0), (5000, 1), (4999, 0), (28, 0)]:  # offset 1: rows not 16-byte aligned
+@pytest.mark.parametrize("step", [7, 8, 9, 10])
+def test_fused_scalar_and_vector_paths_on_gpu(step, rng):
+    # offset 1: rows not 16-byte aligned; 8200: aligned, but too long for step 9's frame in registers
+    for A, offset in [(5000, 0), (5000, 1), (4999, 0), (28, 0), (8200, 0)]:
         x, targets, il, tl = random_case(rng, 20, 3, A, max_target=10)
         storage = torch.empty(x.numel() + offset, device="cuda")
         shifted = storage[offset:].view(x.shape)  # contiguous, 16-byte aligned only when offset == 0
         shifted.copy_(x)
         assert (shifted.data_ptr() % 16 == 0) == (offset == 0)
-        _check_against_reference(shifted, targets, il, tl, 7)
+        _check_against_reference(shifted, targets, il, tl, step)
 
 
 @pytest.mark.gpu
@@ -369,8 +444,9 @@ def test_long_targets_up_to_the_limit_on_gpu(rng):
     lists = [np.array([(j % (A - 1)) + 1 for j in range(ctc.MAX_TARGET_LENGTH)]),
              torch.randint(1, A, (300,), generator=rng).numpy()]
     x = torch.randn(T, 2, A, generator=rng)
-    for step in (1, 5, 7):
+    for step in (1, 5, 7, 9, 10):
         _check_against_reference(x, ctc.padded(lists), [T, T], [len(l) for l in lists], step)
+    _check_against_reference(x, ctc.padded(lists), [T, T], [len(l) for l in lists], 10, grain=2)  # 16 warps
 
 
 @pytest.mark.gpu
@@ -378,10 +454,37 @@ def test_rescaling_fails_where_log_space_holds_on_gpu():
     gen = torch.Generator().manual_seed(1)
     x, lists = ctc.stress_inputs(400, 4, 28, gen, "cpu")
     targets, tl = ctc.padded(lists), [len(l) for l in lists]
-    for step in (5, 7):
+    for step in (5, 7, 9, 10):
         _check_against_reference(x, targets, [400] * 4, tl, step)
     loss, _ = ctc.ctc_loss(x.cuda(), targets.cuda(), [400] * 4, tl, step=6)
     assert torch.isinf(loss).all()  # every alignment underflowed in float32 probability space
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recursion", list(ctc.RECURSION_OPTIONS))
+def test_recursion_options_on_gpu(recursion, rng):
+    """Every option of the branch-free recursion, in both steps that use it, on awkward sizes:
+    repeated labels (skips masked), up to 81 positions (several per lane), varied input lengths,
+    impossible targets with zero_infinity and the vectorised first pass (A = 4000)."""
+    x, targets, il, tl = random_case(rng, 70, 6, 9, max_target=40, repeats=True)
+    for step in (8, 9):
+        _check_against_reference(x, targets, il, tl, step, recursion=recursion)
+    x, targets, il, tl = random_case(rng, 30, 3, 4000, max_target=14)
+    _check_against_reference(x, targets, il, tl, 9, zero_infinity=True, recursion=recursion)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grain", ctc.BLOCK_GRAINS)
+def test_block_recursion_on_gpu(grain, rng):
+    """Step 10 with several warps per direction: targets long enough for 2 to 5 warps, repeated
+    labels, varied input lengths (some targets too long for their input), both zero_infinity modes."""
+    x, targets, il, tl = random_case(rng, 160, 6, 11, max_target=150, repeats=True)
+    tl[0], il[0] = 150, 160  # 301 positions: 3 warps at 4 per thread, 5 at 2
+    assert ctc.recursion_warps(2 * int(tl.max()) + 1, grain) >= 3
+    for zero_infinity in (False, True):
+        _check_against_reference(x, targets, il, tl, 10, zero_infinity=zero_infinity, grain=grain)
+    x, targets, il, tl = random_case(rng, 90, 4, 4000, max_target=80)
+    _check_against_reference(x, targets, il, tl, 10, grain=grain)
 
 
 @pytest.mark.gpu
@@ -390,7 +493,7 @@ def test_agrees_with_both_torch_paths_on_gpu(rng):
     lists = ctc.random_targets(50, 6, 29, gen)
     x = torch.randn(50, 6, 29, generator=gen).cuda()
     tl = [len(l) for l in lists]
-    ours, our_grad = ctc.ctc_loss(x, ctc.padded(lists).cuda(), [50] * 6, tl)
+    ours, our_grad = ctc.ctc_loss(x, ctc.padded(lists).cuda(), [50] * 6, tl, step=ctc.FINAL_STEP)
     for targets in (ctc.concatenated(lists, torch.int32), ctc.padded(lists).cuda()):  # cuDNN, native
         loss, grad = ctc.torch_ctc(x, targets, [50] * 6, tl)
         # torch's float32 gradient is itself only ~1e-4 accurate: this is a sanity check, the
