@@ -35,6 +35,17 @@ def cu_sources() -> list[Path]:
     return sorted(CSRC.rglob("*.cu"))
 
 
+#: Template instances each source is launched with (file stem -> C++ name expressions). A source
+#: made only of templates compiles to no kernel until it is instantiated, so chapter modules declare
+#: their instances here and the tests compile every ``.cu`` file with them.
+INSTANCES: dict[str, tuple[str, ...]] = {}
+
+
+def declare_instances(source: str, name_expressions: Sequence[str]) -> None:
+    """Record the template instances a chapter launches from ``source`` (a file stem in ``csrc``)."""
+    INSTANCES[source.removesuffix(".cu")] = tuple(dict.fromkeys(INSTANCES.get(source, ()) + tuple(name_expressions)))
+
+
 def source_path(name: str) -> Path:
     """Path of a kernel source in ``studylog/csrc`` (``name`` with or without ``.cu``)."""
     path = CSRC / (name if name.endswith((".cu", ".cuh")) else f"{name}.cu")
@@ -248,6 +259,15 @@ def _ensure_context(device_index: int) -> None:
     _check_cu(driver.cuInit(0), "cuInit")
 
 
+def _current_stream_handle() -> int:
+    """Torch's current stream as a raw handle; the private call Triton also uses is a few microseconds
+    cheaper per launch than building a ``torch.cuda.Stream`` object."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(torch.cuda.current_device())
+    return torch.cuda.current_stream().cuda_stream
+
+
 class CudaKernel:
     """One ``__global__`` function, launched on torch tensors on torch's current stream.
 
@@ -295,7 +315,7 @@ class CudaKernel:
         except struct.error as exc:
             raise TypeError(f"{self.name}: arguments {args!r} do not fit {self.signature}: {exc}") from None
         ctypes.memmove(self._block, packed, len(packed))
-        handle = stream.cuda_stream if stream is not None else torch.cuda.current_stream().cuda_stream
+        handle = stream.cuda_stream if stream is not None else _current_stream_handle()
         cu_stream = self._streams.get(handle)
         driver = _driver()
         if cu_stream is None:

@@ -44,6 +44,7 @@ from jaxtyping import Int32, Int64
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (first: selects GPU or interpreter)
+from studylog import cuda
 from studylog.cuda import CSRC
 
 #: Largest n the kernels accept (``NGRAM_MAX`` in ``ngram_common.cuh``).
@@ -609,6 +610,7 @@ def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tile
 
 #: Every instance compiled for step 6 (one NVRTC compile serves them all).
 STREAM_INSTANCES = tuple(v.instance(vec) for v in STREAM_VARIANTS for vec in (2, 1))
+cuda.declare_instances("ngram_stream", STREAM_INSTANCES)
 
 
 def stream_vec(*haystacks: Tensor) -> int:
