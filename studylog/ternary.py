@@ -17,6 +17,10 @@ The steps, each a kernel next to the previous one so that the diff is the lesson
    byte into five 2-bit fields, then the same decode (:func:`gemv_base3_kernel`, :func:`dot_base3_kernel`).
 6. BitNet's scales (:func:`quantize_absmean`, per tensor or per output channel) and int8
    activations (:func:`quantize_activations`, :func:`w2a8_dot_kernel`).
+7. A 2-bit layout for the tensor cores (:func:`pack_2bit_mma`) and :func:`mma_2bit_kernel`, one kernel
+   for every M: a word's two 16-bit halves decode together into two bf16 (or fp16) weights with one
+   AND and one packed fused multiply-add, already in the register layout of the MMA's A operand;
+   split-K partial sums meet in a self-cleaning workspace (no memset launch).
 
 Packed layouts. Both are a small transpose, so that one decode step over a tile of words yields
 weights whose activations are *contiguous* in memory (one vector load of x serves a whole field):
@@ -25,6 +29,11 @@ weights whose activations are *contiguous* in memory (one vector load of x serve
   of a group holds weights ``16 j + t`` (j = 0..15) in bits ``2j, 2j+1``, as the code ``w + 1``.
 * **base 3**: groups of 80 weights stored as 16 bytes. Byte ``t`` of a group holds weights
   ``16 d + t`` (d = 0..4) as the number ``sum_d (w + 1) 3^d`` (0..242).
+
+* **2-bit, MMA order** (step 7): groups of 256 weights in 16 int32 words again, but word ``t`` holds
+  weights ``32 p + 2 t + h`` (p = 0..7, h = 0, 1) in bits ``16 h + 2 p``: the low half holds an even
+  weight and the high half the next one. Field p of both halves of words 0..15 is then the 32
+  consecutive weights ``32 p .. 32 p + 31``, pair by pair, which is how the MMA wants its A operand.
 
 Padding (K up to a whole group) holds zero weights, so rows are a whole number of 64- or 16-byte
 groups: every row starts aligned and loads stay vectorised.
@@ -55,12 +64,13 @@ GROUP_BYTES = 16  #: bytes in a base-3 group
 GROUP_WEIGHTS_BASE3 = 80  #: weights in a base-3 group (16 bytes x 5 digits)
 ZERO_WORD = 0x55555555  #: a 2-bit word of 16 zero weights (every code is 01)
 ZERO_BYTE = 121  #: a base-3 byte of 5 zero weights (1 + 3 + 9 + 27 + 81)
-FORMATS = ("2bit", "base3")
+FORMATS = ("2bit", "base3", "2bit_mma")
+INT32_FORMATS = ("2bit", "2bit_mma")
 
 
 def packed_cols(k: int, fmt: str) -> int:
     """Row length of the packed tensor for ``k`` weights: int32 words (2bit) or bytes (base3)."""
-    if fmt == "2bit":
+    if fmt in INT32_FORMATS:
         return GROUP_WORDS * triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if fmt == "base3":
         return GROUP_BYTES * triton.cdiv(k, GROUP_WEIGHTS_BASE3)
@@ -110,6 +120,33 @@ def unpack_2bit(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
     return (codes.reshape(n, -1)[:, :k] - 1).to(torch.int8)
 
 
+def _mma_shifts(device) -> Tensor:
+    """[pair p, half h] -> bit position 16 h + 2 p of the 2-bit MMA order."""
+    return 16 * torch.arange(2, device=device).view(1, 2) + 2 * torch.arange(8, device=device).view(8, 1)
+
+
+def pack_2bit_mma(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
+    """Pack ternary ``w`` (N, K) into int32 words in MMA order: in each group of 256 weights, word t
+    holds weight ``32 p + 2 t + h`` in bits ``16 h + 2 p`` (p = 0..7, h = 0, 1), as the code w + 1."""
+    codes = _as_ternary(w) + 1
+    n, k = codes.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    padded = torch.ones(n, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int64, device=codes.device)
+    padded[:, :k] = codes
+    fields = padded.view(n, groups, 8, 16, 2)  # [row, group, pair p, word t, half h]: weight 32 p + 2 t + h
+    words = (fields << _mma_shifts(codes.device).view(1, 1, 8, 1, 2)).sum(dim=(2, 4))  # disjoint: a sum is an OR
+    return _as_int32_bits(words).reshape(n, groups * GROUP_WORDS).contiguous()
+
+
+def unpack_2bit_mma(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
+    """Inverse of :func:`pack_2bit_mma`: the first ``k`` weights of every row, as int8."""
+    _check_packed_data(packed, k, "2bit_mma", "packed")
+    n = packed.shape[0]
+    words = (packed.to(torch.int64) & 0xFFFFFFFF).view(n, -1, 1, 16, 1)  # [row, group, 1, word t, 1]
+    codes = (words >> _mma_shifts(packed.device).view(1, 1, 8, 1, 2)) & 3  # [row, group, pair p, word t, half h]
+    return (codes.reshape(n, -1)[:, :k] - 1).to(torch.int8)
+
+
 def pack_base3(w: Shaped[Tensor, "n k"]) -> UInt8[Tensor, "n kb"]:
     """Pack ternary ``w`` (N, K) into bytes, 5 weights a byte in base 3 (1.6 bits a weight)."""
     digits = _as_ternary(w) + 1
@@ -154,7 +191,7 @@ def _check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] 
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     if not isinstance(data, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(data).__name__}")
-    want = torch.int32 if fmt == "2bit" else torch.uint8
+    want = torch.int32 if fmt in INT32_FORMATS else torch.uint8
     if data.dtype != want:
         raise TypeError(f"{name} must be {want} for the {fmt} format, got {data.dtype}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -184,7 +221,7 @@ class PackedTernary:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be a positive int, got {self.n!r}")
         _check_packed_data(self.data, self.k, self.fmt, "data", n=self.n)
-        if self.fmt == "2bit":
+        if self.fmt in INT32_FORMATS:
             words = self.data.to(torch.int64) & 0xFFFFFFFF
             invalid = ((words & 0x55555555) & ((words >> 1) & 0x55555555)) != 0  # a field 0b11
         else:
@@ -197,11 +234,11 @@ class PackedTernary:
     def pack(cls, w: Shaped[Tensor, "n k"], fmt: str = "2bit") -> "PackedTernary":
         if fmt not in FORMATS:
             raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
-        data = pack_2bit(w) if fmt == "2bit" else pack_base3(w)
+        data = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma}[fmt](w)
         return cls(data, int(w.shape[0]), int(w.shape[1]), fmt)
 
     def unpack(self) -> Int8[Tensor, "n k"]:
-        return unpack_2bit(self.data, self.k) if self.fmt == "2bit" else unpack_base3(self.data, self.k)
+        return {"2bit": unpack_2bit, "base3": unpack_base3, "2bit_mma": unpack_2bit_mma}[self.fmt](self.data, self.k)
 
     @property
     def nbytes(self) -> int:
@@ -331,8 +368,8 @@ def _zero_output(nargs):
     nargs["z_ptr"].zero_()
 
 
-def _cfg(num_warps: int = 4, num_stages: int = 3, **meta) -> triton.Config:
-    hook = _zero_output if meta.get("SPLIT_K", 1) > 1 else None
+def _cfg(num_warps: int = 4, num_stages: int = 3, zero_output: bool = True, **meta) -> triton.Config:
+    hook = _zero_output if zero_output and meta.get("SPLIT_K", 1) > 1 else None
     return triton.Config(meta, num_warps=num_warps, num_stages=num_stages, pre_hook=hook)
 
 
@@ -389,6 +426,32 @@ W2A8_CONFIGS_FEW = [
 W2A8_CONFIGS_MANY = [  # int8 MMA steps over 32 k: BLOCK_KW >= 32
     _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
     _cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
+]
+def _mma_cfg(**kw) -> triton.Config:
+    return _cfg(zero_output=False, **kw)  # step 7 reduces split-K itself: z needs no zeroing
+
+
+# Step 7. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma (64 x BLOCK_M x 16, the weights
+# from registers). Each dot waits for its wgmma before the next decode (Triton 3.6), so the SM hides
+# that wait with other programs: small tiles (BLOCK_KW = 16: 69 registers, 32 KB of shared memory)
+# let 7 programs share an SM. K is split so that N = 4096 still makes 256-512 programs; the workspace
+# reduction makes a split cost a few atomics, not a launch.
+MMA_CONFIGS_FEW = [
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=2, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=8, num_stages=2),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=1, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=8, num_stages=3),
+    _mma_cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=8, num_stages=3, num_warps=8),
+]
+# Many rows: the rows of x a program covers are tuned too (a 64-row block decodes the weights twice
+# for M = 128, but takes half the shared memory of a 128-row one).
+MMA_CONFIGS_MANY = [
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=128, num_stages=2),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, BLOCK_M=64, num_stages=3),
+    _mma_cfg(BLOCK_N=128, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3, num_warps=8),
 ]
 
 
@@ -727,6 +790,129 @@ w2a8_dot_many = _autotune(W2A8_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(w2a8_dot
 
 
 # ----------------------------------------------------------------------------------------------
+# Step 7: a layout for the tensor cores. Two weights a 32-bit op, decoded straight into the MMA's
+# A operand; one kernel for every M; split-K without a memset.
+# ----------------------------------------------------------------------------------------------
+
+#: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see _pair_weights):
+#: bf16 0.5 (exponent 126: bits 8..13 set, bit 7 clear) and fp16 1.0 (exponent 15: bits 10..13).
+#: (The kernels spell them out: Triton kernels read only constexpr globals.)
+BF16_HALF_BITS = 0x3F003F00
+FP16_ONE_BITS = 0x3C003C00
+
+
+@triton.jit
+def _with_pair_exponent(words, q: tl.constexpr, MAGIC: tl.constexpr):
+    # Byte q of each 16-bit half (pairs 4q..4q+3) moved to the bottom of the half, under the exponent
+    # bits of the decode. The other byte's bits stay: every decode AND clears them.
+    if MAGIC == tl.float16:
+        return (words >> (8 * q)) | 0x3C003C00
+    else:
+        return (words >> (8 * q)) | 0x3F003F00
+
+
+@triton.jit
+def _pair_weights(src, f: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # Field f (bits 2f, 2f+1; f < 4) of both halves of words prepared by _with_pair_exponent, as two
+    # weights (-1, 0, +1) in a [..., 2] tensor of DOT_DTYPE. One AND keeps the two fields and the
+    # exponent bits: in bf16 each half then reads 0.5 + code * 2^(2f-8) exactly (for f = 3 the code's
+    # high bit is the exponent's lowest, and 0.5, 0.75, 1.0 are still 0.5 + code / 4); in fp16,
+    # 1 + code * 2^(2f-10). One fused multiply-add on the pair (HFMA2) turns that into code - 1.
+    if MAGIC == tl.float16:
+        bits = src & ((0x00030003 << (2 * f)) | 0x3C003C00)
+    else:
+        bits = src & ((0x00030003 << (2 * f)) | 0x3F003F00)
+    lo = bits.to(tl.int16).to(MAGIC, bitcast=True).to(DOT_DTYPE)
+    hi = (bits >> 16).to(tl.int16).to(MAGIC, bitcast=True).to(DOT_DTYPE)
+    if MAGIC == tl.float16:
+        lo = lo * (2.0 ** (10 - 2 * f)) - (2.0 ** (10 - 2 * f) + 1.0)
+        hi = hi * (2.0 ** (10 - 2 * f)) - (2.0 ** (10 - 2 * f) + 1.0)
+    else:
+        lo = lo * (2.0 ** (8 - 2 * f)) - (2.0 ** (7 - 2 * f) + 1.0)
+        hi = hi * (2.0 ** (8 - 2 * f)) - (2.0 ** (7 - 2 * f) + 1.0)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+              MASK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One tile of BLOCK_KW words a row: 8 dots, one per pair p, each over the tile's 2 * BLOCK_KW
+    # weights of that pair. Their activations are runs of 32 consecutive k (r_k), loaded as is.
+    for q in tl.static_range(2):
+        src = _with_pair_exponent(words, q, MAGIC)
+        for f in tl.static_range(4):
+            a = tl.reshape(_pair_weights(src, f, MAGIC, DOT_DTYPE), (BLOCK_N, 2 * BLOCK_KW))
+            k = kw0 * 16 + r_k + 32 * (4 * q + f)
+            if MASK_K:
+                xt = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & col_mask[None, :], other=0.0)
+            else:
+                xt = tl.load(x_cols + k[:, None], mask=col_mask[None, :], other=0.0)
+            acc = tl.dot(a, xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def mma_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
+                    scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
+                    BLOCK_M: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K, in tiles
+    # of BLOCK_KW words a row (whole groups: the activations of a pair are runs of 32 k).
+    tl.static_assert(BLOCK_KW % 16 == 0)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    rows_in = tl.minimum(rows, N - 1)  # rows past N read row N-1 (no mask, no select) and are not stored
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows_in.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    # Tiles whose k all lie below K need no mask on x: every tile but the last one or two.
+    full_end = tl.minimum(kw_end, (K // (16 * BLOCK_KW)) * BLOCK_KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    r = tl.arange(0, 2 * BLOCK_KW)
+    r_k = (r // 32) * 256 + r % 32  # column r of a pair's dot: word r // 2, half r % 2
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for kw0 in range(kw_start, full_end, BLOCK_KW):
+        words = tl.load(p_rows + (kw0 + offs_w)[None, :])
+        acc = _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
+                        DOT_PRECISION)
+    for kw0 in range(tl.maximum(kw_start, full_end), kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=(kw < kw_end)[None, :], other=0x55555555)
+        acc = _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
+                        DOT_PRECISION)
+    scale = tl.load(scale_ptr + rows_in * scale_stride)
+    z = acc / scale[:, None]
+    out_mask = row_mask[:, None] & col_mask[None, :]
+    z_offs = cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptr + z_offs, z, mask=out_mask)
+    else:
+        # The slices add into a workspace that is all zeros between launches; the last slice of a tile
+        # to arrive (a counter per tile) swaps the sums out for zeros and stores them. No memset, and
+        # z is written once, by a plain store.
+        ws_offs = cols.to(tl.int64)[None, :] * N + rows[:, None]
+        tl.atomic_add(ws_ptr + ws_offs, z, mask=out_mask, sem="relaxed")
+        tl.debug_barrier()  # every thread's partial sums are in before the tile's counter moves
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            # (exchanged as int32 bits: the interpreter has no float exchange)
+            bits = tl.atomic_xchg(ws_ptr.to(tl.pointer_type(tl.int32)) + ws_offs, 0, mask=out_mask, sem="relaxed")
+            tl.store(z_ptr + z_offs, bits.to(tl.float32, bitcast=True), mask=out_mask)
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed")
+
+
+mma_2bit_few = _autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(mma_2bit_kernel)
+mma_2bit_many = _autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(mma_2bit_kernel)  # BLOCK_M is tuned too
+
+
+# ----------------------------------------------------------------------------------------------
 # Python wrappers: check, allocate, launch. Nothing here waits for the GPU (no .item(), no
 # host copies), so a timed call measures the kernels and nothing else.
 # ----------------------------------------------------------------------------------------------
@@ -825,14 +1011,14 @@ def _check_packed(w: Any, fmt: str, k: int, like: Tensor) -> PackedTernary:
     return w
 
 
-def _launch(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict) -> None:
+def _launch(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict, zero_output: bool = True) -> None:
     """The autotuned kernel, or one explicit config (the tests run every config this way)."""
     if config is None:
         kernel[grid](*args, **meta)
         return
     config = dict(config)
     num_warps, num_stages = config.pop("num_warps", 4), config.pop("num_stages", 3)
-    if config.get("SPLIT_K", 1) > 1:
+    if zero_output and config.get("SPLIT_K", 1) > 1:
         args[2].zero_()  # z: the slices of K add into it
     kernel.fn[grid](*args, **meta, **config, num_warps=num_warps, num_stages=num_stages)
 
@@ -965,9 +1151,81 @@ def w2a8_matmul(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: Packe
                     x_scale=x_scale, x_name="xq")
 
 
+class _SplitWorkspace:
+    """Step 7's split-K scratch on one device: float32 partial sums (M x N at most, all zeros between
+    launches) and one arrival counter per output tile (zeros too). The last slice of a tile to
+    arrive restores both, so the workspace is allocated and zeroed once, not every call. Launches
+    that share it must not overlap: one stream at a time, like a cuBLAS workspace."""
+
+    def __init__(self):
+        self.sums: dict[str, Tensor] = {}
+        self.counts: dict[str, Tensor] = {}
+
+    def get(self, device: torch.device, m: int, n: int) -> tuple[Tensor, Tensor]:
+        key = str(device)
+        tiles = triton.cdiv(n, 64) * triton.cdiv(m, 16)  # the most tiles any config makes
+        if key not in self.sums or self.sums[key].numel() < m * n:
+            self.sums[key] = torch.zeros(max(m * n, 1 << 16), dtype=torch.float32, device=device)
+        if key not in self.counts or self.counts[key].numel() < tiles:
+            self.counts[key] = torch.zeros(max(tiles, 1 << 10), dtype=torch.int32, device=device)
+        return self.sums[key], self.counts[key]
+
+
+SPLIT_WORKSPACE = _SplitWorkspace()
+
+
+MMA_X_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _mma_types(x_dtype: torch.dtype) -> tuple:
+    """(MAGIC, DOT_DTYPE, DOT_PRECISION) of step 7: the 16-bit float the weights are decoded in (x's
+    type), the operand type of tl.dot and its precision. On the GPU the operands are x's type, on the
+    tensor cores, exact for weights of -1, 0, +1. The interpreter computes the decode and the dot in
+    float32 (its bf16 arithmetic is wrong), from the same bits."""
+    magic = _TL_DTYPES[x_dtype]
+    if runtime.mode() == "interpreter":
+        return magic, tl.float32, "ieee"
+    return magic, magic, "tf32"  # the precision argument only matters for float32 operands
+
+
+def mma_block_m(m: int) -> int:
+    """Rows of x a step-7 program covers for M <= 32: 16 or 32 (above, the configs choose 64 or 128)."""
+    return min(128, max(16, triton.next_power_of_2(m)))
+
+
+def mma_2bit_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                    out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 7: weights in the MMA-order 2-bit format (``PackedTernary.pack(w, "2bit_mma")``), decoded
+    two at a time into the tensor cores' operand; one kernel for M = 1 and for batches. x is bf16 or
+    fp16, the types the tensor cores multiply exactly (float32 x: :func:`dot_2bit_matmul`)."""
+    x2, vector = _check_x(x, _x_k(w), dtypes=MMA_X_DTYPES)
+    m, k = x2.shape
+    w = _check_packed(w, "2bit_mma", k, x2)
+    s, s_stride = _check_scale(scale, w.n, x2)
+    z = _prepare_out(out, m, w.n, x2)
+    sums, counts = SPLIT_WORKSPACE.get(x2.device, m, w.n)
+    few = mma_block_m(m) <= 32
+    magic, dot_dtype, precision = _mma_types(x2.dtype)
+    meta = {"MAGIC": magic, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision}
+    if (config is None and few) or (config is not None and "BLOCK_M" not in config):
+        meta["BLOCK_M"] = mma_block_m(m)  # (the many-rows configs choose their own)
+    args = (x2, w.data, z, s, sums, counts, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0),
+            z.stride(0), s_stride)
+
+    def grid(meta):
+        return triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, meta["BLOCK_M"])
+
+    kernel = mma_2bit_few if few else mma_2bit_many
+    _launch(kernel, grid, args, config, meta, zero_output=False)
+    return z[0] if vector else z
+
+
 def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                    out: Optional[Tensor] = None) -> Float[Tensor, "*m n"]:
-    """``x @ W.T / scale`` for packed ternary ``W``: the M=1 kernel for one row of x, tl.dot above."""
+    """``x @ W.T / scale`` for packed ternary ``W``: step 7 for the MMA-order format (bf16 or fp16 x);
+    for the others, the M=1 kernel for one row of x and tl.dot above."""
+    if isinstance(w, PackedTernary) and w.fmt == "2bit_mma":
+        return mma_2bit_matmul(x, w, scale, out=out)
     one_row = isinstance(x, Tensor) and (x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1))
     if isinstance(w, PackedTernary) and w.fmt == "base3":
         return (gemv_base3_matmul if one_row else dot_base3_matmul)(x, w, scale, out=out)
@@ -983,6 +1241,7 @@ STEPS: dict[str, tuple[Callable, str, list]] = {
     "dot_2bit": (dot_2bit_matmul, "2bit", DOT_CONFIGS_FEW + DOT_CONFIGS_MANY),
     "gemv_base3": (gemv_base3_matmul, "base3", GEMV3_CONFIGS),
     "dot_base3": (dot_base3_matmul, "base3", DOT3_CONFIGS_FEW + DOT3_CONFIGS_MANY),
+    "mma_2bit": (mma_2bit_matmul, "2bit_mma", MMA_CONFIGS_FEW + MMA_CONFIGS_MANY),
 }
 W2A8_CONFIGS = W2A8_CONFIGS_FEW + W2A8_CONFIGS_MANY
 
@@ -997,11 +1256,14 @@ BENCH_SHAPES = [
     ("llama", 4096, 14336), ("llama", 14336, 4096), ("llama", 8192, 28672),
 ]
 BENCH_MS = (1, 16, 128)
-QUICK_SHAPES = [("llama", 4096, 14336), ("bitnet", 2560, 2560)]
-QUICK_MS = (1, 16)
+QUICK_SHAPES = [("llama", 4096, 14336), ("llama", 8192, 28672), ("llama", 14336, 4096)]
+QUICK_MS = (1, 16, 128)
 #: Series timed at M=1 (every step), and at M > 1 (the tl.dot kernels).
-M1_SERIES = ["v1_sign_bf16", "v2_int8", "v3_2bit", "gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8"]
-BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8"]
+M1_SERIES = ["v1_sign_bf16", "v2_int8", "v3_2bit", "gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8",
+             "mma_2bit"]
+BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit"]
+#: A --quick run: the previous best kernels and step 7 only.
+QUICK_SERIES = ["mma_2bit"]
 
 
 def _autotuner_for(series: str, m: int):
@@ -1010,11 +1272,13 @@ def _autotuner_for(series: str, m: int):
         "v1_sign_bf16": sign_v1, "v2_int8": int8_v2, "v3_2bit": packed2_v3, "gemv_2bit": gemv_2bit,
         "gemv_base3": gemv_base3, "dot_2bit": dot_2bit_few if few else dot_2bit_many,
         "dot_base3": dot_base3_few if few else dot_base3_many, "w2a8": w2a8_dot_few if few else w2a8_dot_many,
+        "mma_2bit": mma_2bit_few if mma_block_m(m) <= 32 else mma_2bit_many,
     }.get(series)
 
 
-def _peak_tflops(run, dtype) -> float:
-    """Dense matmul rate of this GPU, measured in this run (bf16: cuBLAS; int8: torch._int_mm)."""
+def _peak_matmul(run, dtype) -> tuple[float, float]:
+    """(median ms, rate in T(FL)OP/s) of a dense 8192^3 matmul measured in this run (bf16: cuBLAS;
+    int8: torch._int_mm)."""
     n = 8192
     if dtype == torch.int8:
         a = torch.randint(-127, 128, (n, n), dtype=torch.int8, device="cuda")
@@ -1024,20 +1288,23 @@ def _peak_tflops(run, dtype) -> float:
         a = torch.randn(n, n, dtype=dtype, device="cuda")
         b = torch.randn(n, n, dtype=dtype, device="cuda")
         ms = run.time(lambda: a @ b)
-    return 2 * n**3 / (ms * 1e-3) / 1e12
+    return ms, 2 * n**3 / (ms * 1e-3) / 1e12
 
 
 def bench(run) -> None:
     """cuBLAS bf16 against every step, per shape and M; correctness checked on the same inputs."""
     shapes, ms_list = (QUICK_SHAPES, QUICK_MS) if run.quick else (BENCH_SHAPES, BENCH_MS)
-    peak = {"bf16": _peak_tflops(run, torch.bfloat16), "int8": _peak_tflops(run, torch.int8)}
-    run.record("peak_bf16_matmul", 0.0, params={}, role="baseline", tflops=peak["bf16"])
-    run.record("peak_int8_matmul", 0.0, params={}, role="baseline", tops=peak["int8"])
+    (bf16_ms, bf16_rate), (int8_ms, int8_rate) = _peak_matmul(run, torch.bfloat16), _peak_matmul(run, torch.int8)
+    peak = {"bf16": bf16_rate, "int8": int8_rate}
+    run.record("peak_bf16_matmul", bf16_ms, params={"n": 8192}, role="baseline", tflops=bf16_rate)
+    run.record("peak_int8_matmul", int8_ms, params={"n": 8192}, role="baseline", tops=int8_rate)
     run.note("Weights: quantize_absmean(randn(N, K)), one scale per tensor; x: randn(M, K) in bf16. Baseline: "
              "cuBLAS bf16 x @ W.T on the same ternary matrix stored densely (bf16 out, no scale). Ours: float32 out, "
              "divided by the scale. w2a8 times the matmul alone, x already quantised to int8.")
     run.note("floor_ms = max(bytes moved / copy bandwidth of this run, 2MNK / measured matmul peak of the MMA the "
              "kernel uses); bytes = weights + x + z.")
+    run.note("mma_2bit (step 7): the same 2 bits a weight in MMA order (PackedTernary.pack(w, '2bit_mma')); its "
+             "split-K slices add into a workspace that the last slice of each tile empties, so no memset is timed.")
     torch.manual_seed(0)
     for family, n, k in run.progress(shapes, "shapes"):
         _bench_shape(run, family, n, k, ms_list, peak)
@@ -1051,6 +1318,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
     scale = float(scale_t)  # one number: no per-call tensor
     w_bf16 = w_t.to(torch.bfloat16)
     p2, p3 = PackedTernary.pack(w_t, "2bit"), PackedTernary.pack(w_t, "base3")
+    pm = PackedTernary.pack(w_t, "2bit_mma")
     w64 = w_t.double()
     for m in ms_list:
         params = {"shape": f"{n}x{k}", "family": family, "n": n, "k": k, "m": m}
@@ -1065,7 +1333,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
         x_bytes, z_bytes = m * k * 2, m * n * 4
 
         def record(series, fn, weight_bytes, mma, reference, mag, role="kernel", out_bytes=z_bytes,
-                   in_bytes=x_bytes, check=True):
+                   in_bytes=x_bytes, check=True, config_text=""):
             z = fn()  # the first call autotunes
             if check:
                 ratio = _ratio(z.float(), reference, mag)
@@ -1075,7 +1343,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             nbytes = weight_bytes + in_bytes + out_bytes
             mem = run.floor_ms(nbytes)
             compute = flops / (peak[mma] * 1e12) * 1e3 if mma else 0.0
-            best = str(getattr(_autotuner_for(series, m), "best_config", ""))
+            best = str(getattr(_autotuner_for(series, m), "best_config", "")) or config_text
             run.record(series, ms, params=params, role=role, floor_ms=max(mem, compute), floor_mem_ms=mem,
                        floor_compute_ms=compute, weight_bytes=weight_bytes, bytes=nbytes,
                        gbs=nbytes / (ms * 1e-3) / 1e9, config=best)
@@ -1095,14 +1363,24 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             "gemv_base3": (lambda: gemv_base3_matmul(x, p3, scale), p3.nbytes, None),
             "dot_2bit": (lambda: dot_2bit_matmul(x, p2, scale), p2.nbytes, "bf16"),
             "dot_base3": (lambda: dot_base3_matmul(x, p3, scale), p3.nbytes, "bf16"),
+            "mma_2bit": (lambda: mma_2bit_matmul(x, pm, scale), pm.nbytes, "bf16"),
         }
-        for name in M1_SERIES if m == 1 else BATCH_SERIES:
+        names = M1_SERIES if m == 1 else BATCH_SERIES
+        if run.quick:
+            names = [s for s in names if s in QUICK_SERIES]
+            # every step-7 config on its own too: which split of K, which tile, wins where
+            configs = MMA_CONFIGS_FEW if mma_block_m(m) <= 32 else MMA_CONFIGS_MANY
+            for i, config in enumerate(configs):
+                runs[f"mma_2bit_cfg{i}"] = (lambda c=config_dict(config): mma_2bit_matmul(x, pm, scale, config=c),
+                                           pm.nbytes, "bf16", str(config))
+                names = names + [f"mma_2bit_cfg{i}"]
+        for name in names:
             if name == "w2a8":
                 record(name, lambda: w2a8_matmul(xq, x_scale, p2, scale), p2.nbytes, "int8", ref_q, magnitude_q,
                        in_bytes=m * k + m * 4)
             else:
-                fn, weight_bytes, mma = runs[name]
-                record(name, fn, weight_bytes, mma, ref, magnitude)
+                fn, weight_bytes, mma, *text = runs[name]
+                record(name, fn, weight_bytes, mma, ref, magnitude, config_text="".join(text))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1112,7 +1390,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
 SERIES_LABELS = {
     "cublas_bf16": "cuBLAS bf16", "v1_sign_bf16": "1: sign, bf16 W", "v2_int8": "2: int8 W", "v3_2bit": "3: 2-bit",
     "gemv_2bit": "3: 2-bit, M=1 kernel", "dot_2bit": "4: 2-bit, tl.dot", "gemv_base3": "5: 1.6-bit, M=1 kernel",
-    "dot_base3": "5: 1.6-bit, tl.dot", "w2a8": "6: W2A8, tl.dot",
+    "dot_base3": "5: 1.6-bit, tl.dot", "w2a8": "6: W2A8, tl.dot", "mma_2bit": "7: 2-bit pairs, MMA",
 }
 
 
@@ -1159,7 +1437,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
 
     for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
         base = _ms(results, "cublas_bf16", shape=shape, m=m)
-        row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8"])
+        row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit"])
         if base is None or row is None:
             out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
             continue
@@ -1167,7 +1445,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want,
                     f"{SERIES_LABELS[s]} {row['ms'] * 1e3:.1f} µs vs {base * 1e3:.1f} µs: {speedup:.2f}x"))
     for shape in ("4096x14336", "8192x28672"):
-        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit"])
+        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
             continue
@@ -1179,6 +1457,26 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
     out.append(("results equal a float64 reference within float32 tolerance", not bad and bool(checks),
                 f"{len(checks) - len(bad)} of {len(checks)} checks passed"))
     return out
+
+
+#: The kernels that take the activations as they come (bf16), for the headline.
+FLOAT_X_SERIES = ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "mma_2bit"]
+
+
+def headline(results) -> list[dict]:
+    """The book's headline rows: the chapter's fastest bf16-activation kernel against cuBLAS bf16 on the
+    issue's three target cases (M = 1 and 16 at 4096 x 14336, M = 1 at 8192 x 28672)."""
+    rows = []
+    for shape, m in (("4096x14336", 1), ("4096x14336", 16), ("8192x28672", 1)):
+        base = _ms(results, "cublas_bf16", shape=shape, m=m)
+        found = [(r[0], s) for s in FLOAT_X_SERIES if (r := results.select(s, shape=shape, m=m))]
+        if base is None or not found:
+            continue
+        row, series = min(found, key=lambda t: t[0]["ms"])
+        n, k = shape.split("x")
+        rows.append({"kernel": f"step {SERIES_LABELS[series]} (Triton)", "baseline": "cuBLAS bf16 (torch x @ W.T)",
+                     "case": f"M = {m}, N x K = {n} x {k}, bf16 x", "speedup": base / row["ms"]})
+    return rows
 
 
 def figures(results) -> dict:
@@ -1193,7 +1491,7 @@ def figures(results) -> dict:
 
     fig, axes = plt.subplots(1, len(ms_present), figsize=(5.2 * len(ms_present), 4.2), squeeze=False)
     for ax, m in zip(axes[0], ms_present):
-        series = [s for s in (["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8"] if m == 1 else BATCH_SERIES)
+        series = [s for s in (["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8", "mma_2bit"] if m == 1 else BATCH_SERIES)
                   if results.select(s, m=m)]
         width = 0.8 / max(1, len(series))
         for i, s in enumerate(series):
@@ -1219,7 +1517,8 @@ def figures(results) -> dict:
 
     fig, ax = plt.subplots(figsize=(6.4, 5))
     lo, hi = math.inf, 0.0
-    for s, marker in (("cublas_bf16", "s"), ("gemv_2bit", "o"), ("gemv_base3", "^"), ("dot_2bit", "v")):
+    for s, marker in (("cublas_bf16", "s"), ("gemv_2bit", "o"), ("gemv_base3", "^"), ("dot_2bit", "v"),
+                      ("mma_2bit", "*")):
         rows = results.select(s, m=1)
         if not rows:
             continue

@@ -26,9 +26,14 @@ def ternary(n, k, rng, zeros=1 / 3):
 
 
 def weights_for(kind, w):
-    return {"dense": lambda: w.to(DEV, torch.float32), "int8": lambda: w.to(DEV),
-            "2bit": lambda: T.PackedTernary.pack(w.to(DEV), "2bit"),
-            "base3": lambda: T.PackedTernary.pack(w.to(DEV), "base3")}[kind]()
+    if kind in T.FORMATS:
+        return T.PackedTernary.pack(w.to(DEV), kind)
+    return {"dense": lambda: w.to(DEV, torch.float32), "int8": lambda: w.to(DEV)}[kind]()
+
+
+def x_for(step_or_fmt, x):
+    """Step 7 takes bf16 or fp16 x (the tensor cores' types); the other steps any float x."""
+    return x.to(torch.bfloat16) if step_or_fmt in ("mma_2bit", "2bit_mma") and x.dtype == torch.float32 else x
 
 
 def poisoned(m, n):
@@ -78,6 +83,29 @@ def test_2bit_layout_is_the_documented_one():
     words = T.pack_2bit(w)[0].to(torch.int64) & 0xFFFFFFFF
     assert words[3] == (T.ZERO_WORD & ~(3 << 10)) | (2 << 10)
     assert words[0] == T.ZERO_WORD & ~(3 << 30)
+
+
+def test_2bit_mma_layout_is_the_documented_one():
+    # weight 32 p + 2 t + h of a group sits in word t, bits 16 h + 2 p, as the code w + 1
+    w = torch.zeros(1, 512, dtype=torch.int8)
+    w[0, 32 * 5 + 2 * 3 + 1] = 1  # p = 5, t = 3, h = 1: bits 26, 27 of word 3, code 2
+    w[0, 256 + 32 * 7 + 2 * 15] = -1  # second group, p = 7, t = 15, h = 0: bits 14, 15 of word 16 + 15
+    words = T.pack_2bit_mma(w)[0].to(torch.int64) & 0xFFFFFFFF
+    assert words[3] == (T.ZERO_WORD & ~(3 << 26)) | (2 << 26)
+    assert words[31] == T.ZERO_WORD & ~(3 << 14)
+    assert (words[[i for i in range(32) if i not in (3, 31)]] == T.ZERO_WORD).all()
+
+
+def test_the_pair_decode_bit_by_bit():
+    # The decode of step 7 on the CPU: for every field f < 4 of each half, (word | exponent) & mask is a
+    # 16-bit float equal to 0.5 + code 2^(2f-8) (bf16) or 1 + code 2^(2f-10) (fp16), exactly
+    codes = torch.cartesian_prod(*[torch.arange(3)] * 4)  # (81, 4): fields 0..3 of a half
+    half = (codes << (2 * torch.arange(4))).sum(1)
+    for dtype, exp_bits, base, unit in ((torch.bfloat16, 0x3F00, 0.5, 2.0**-8), (torch.float16, 0x3C00, 1.0, 2.0**-10)):
+        for f in range(4):
+            bits = (half | exp_bits) & ((3 << (2 * f)) | exp_bits)
+            value = bits.to(torch.int16).view(dtype).double()
+            assert torch.equal(value, base + codes[:, f].double() * unit * 4**f), (dtype, f)
 
 
 def test_every_base3_byte_and_the_kernel_table():
@@ -137,10 +165,11 @@ def test_packed_shape_and_dtype_must_match_n_and_k(rng):
 
 
 def test_packed_rejects_invalid_codes(rng):
-    data2 = T.pack_2bit(ternary(2, 256, rng))
-    data2[1, 7] |= 3 << 20  # a field with code 3
-    with pytest.raises(ValueError, match="not ternary"):
-        T.PackedTernary(data2, 2, 256)
+    for fmt in T.INT32_FORMATS:
+        data2 = T.PackedTernary.pack(ternary(2, 256, rng), fmt).data.clone()
+        data2[1, 7] |= 3 << 20  # a field with code 3
+        with pytest.raises(ValueError, match="not ternary"):
+            T.PackedTernary(data2, 2, 256, fmt)
     data3 = T.pack_base3(ternary(2, 80, rng))
     data3[0, 4] = 243
     with pytest.raises(ValueError, match="not ternary"):
@@ -209,7 +238,7 @@ def test_every_step_every_config(step, config_index, rng):
     config = T.config_dict(configs[config_index])
     m = 3 if step.startswith("dot") else 2
     n, k = 37, 300
-    x = torch.randn(m, k, generator=rng).to(DEV)
+    x = x_for(step, torch.randn(m, k, generator=rng).to(DEV))
     w = ternary(n, k, rng)
     scale = 0.75 + torch.rand(1, generator=rng).item()
     out = poisoned(m, n)
@@ -218,7 +247,7 @@ def test_every_step_every_config(step, config_index, rng):
     assert_matches(z, x, w.to(DEV), scale)
 
 
-@pytest.mark.parametrize("step", ["gemv_2bit", "dot_2bit", "gemv_base3", "dot_base3"])
+@pytest.mark.parametrize("step", ["gemv_2bit", "dot_2bit", "gemv_base3", "dot_base3", "mma_2bit"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_activations(step, x_dtype, rng):
     fn, kind, _ = T.STEPS[step]
@@ -229,13 +258,13 @@ def test_half_precision_activations(step, x_dtype, rng):
     assert_matches(z, x, w.to(DEV), 1.5)
 
 
-@pytest.mark.parametrize("step", ["v1_sign", "gemv_2bit", "dot_2bit", "gemv_base3", "dot_base3"])
+@pytest.mark.parametrize("step", ["v1_sign", "gemv_2bit", "dot_2bit", "gemv_base3", "dot_base3", "mma_2bit"])
 def test_per_channel_scales_from_absmean(step, rng):
     fn, kind, _ = T.STEPS[step]
     n, k = 23, 333
     w_float = torch.randn(n, k, generator=rng) * torch.rand(n, 1, generator=rng)
     w, scale = T.quantize_absmean(w_float.to(DEV), per_channel=True)
-    x = torch.randn(2, k, generator=rng).to(DEV)
+    x = x_for(step, torch.randn(2, k, generator=rng).to(DEV))
     z = fn(x, weights_for(kind, w.cpu()), scale, out=poisoned(2, n))
     assert_matches(z, x, w, scale)
 
@@ -250,21 +279,64 @@ def test_step1_reads_half_precision_weights(w_dtype, rng):
 def test_vector_input_and_the_dispatcher(rng):
     n, k = 21, 290
     w = ternary(n, k, rng)
-    x = torch.randn(k, generator=rng).to(DEV)
     for fmt in T.FORMATS:
+        x = x_for(fmt, torch.randn(k, generator=rng).to(DEV))
         packed = T.PackedTernary.pack(w.to(DEV), fmt)
         z = T.ternary_matmul(x, packed, 2.0)
         assert z.shape == (n,)
         assert_matches(z, x, w.to(DEV), 2.0)
-        xs = torch.randn(3, k, generator=rng).to(DEV)
+        xs = x_for(fmt, torch.randn(3, k, generator=rng).to(DEV))
         assert_matches(T.ternary_matmul(xs, packed, 2.0), xs, w.to(DEV), 2.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 7: one kernel for every M, split-K through a self-cleaning workspace
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m, config_index", [(1, 0), (17, 5), (40, 8), (130, 7)])
+def test_mma_more_row_blocks_and_tiles(m, config_index, rng):
+    # 17 rows: one 32-row block; 40: one 64-row block (a many-rows config); 130: two 128-row blocks,
+    # the last nearly empty.
+    # K = 777 is 4 groups, the last one partial; the split configs have more slices than tiles.
+    configs = T.MMA_CONFIGS_FEW + T.MMA_CONFIGS_MANY
+    n, k = 67, 777
+    x = torch.randn(m, k, generator=rng).to(DEV, torch.bfloat16)
+    w = ternary(n, k, rng)
+    z = T.mma_2bit_matmul(x, weights_for("2bit_mma", w), 0.8, out=poisoned(m, n),
+                          config=T.config_dict(configs[config_index]))
+    assert_matches(z, x, w.to(DEV), 0.8)
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (1, 17), (65, 256), (64, 512), (3, 1300)])
+def test_mma_edge_shapes(n, k, rng):
+    for m, dtype in ((1, torch.bfloat16), (5, torch.float16)):
+        x = torch.randn(m, k, generator=rng).to(DEV, dtype)
+        w = ternary(n, k, rng)
+        for config in (T.MMA_CONFIGS_FEW[0], T.MMA_CONFIGS_FEW[-1]):
+            z = T.mma_2bit_matmul(x, weights_for("2bit_mma", w), 1.0, out=poisoned(m, n), config=T.config_dict(config))
+            assert_matches(z, x, w.to(DEV))
+
+
+def test_mma_split_workspace_is_left_clean(rng):
+    n, k = 45, 600
+    x = torch.randn(3, k, generator=rng).to(DEV, torch.bfloat16)
+    w = ternary(n, k, rng)
+    packed = weights_for("2bit_mma", w)
+    split = T.config_dict(T.MMA_CONFIGS_FEW[-1])
+    assert split["SPLIT_K"] > 1
+    first = T.mma_2bit_matmul(x, packed, 1.0, config=split)
+    sums, counts = T.SPLIT_WORKSPACE.get(x.device, 3, n)
+    assert (sums == 0).all() and (counts == 0).all()
+    again = T.mma_2bit_matmul(x, packed, 1.0, config=split)  # a second call sees zeros again
+    assert_matches(first, x, w.to(DEV))
+    torch.testing.assert_close(again, first, rtol=1e-6, atol=1e-6 * first.abs().max().item())
 
 
 def test_rows_of_zero_weights_give_exact_zeros(rng):
     w = ternary(12, 100, rng)
     w[3] = 0
-    x = torch.randn(1, 100, generator=rng).to(DEV)
     for fmt in T.FORMATS:
+        x = x_for(fmt, torch.randn(1, 100, generator=rng).to(DEV))
         z = T.ternary_matmul(x, T.PackedTernary.pack(w.to(DEV), fmt))
         assert z[0, 3].item() == 0.0
 
@@ -329,6 +401,8 @@ def test_bad_inputs_raise_clear_errors(rng):
         (lambda: T.gemv_2bit_matmul(x, w), TypeError, "PackedTernary"),
         (lambda: T.gemv_2bit_matmul(x, p3), ValueError, "2bit format"),
         (lambda: T.dot_base3_matmul(x, p2), ValueError, "base3 format"),
+        (lambda: T.mma_2bit_matmul(x.to(torch.bfloat16), p2), ValueError, "2bit_mma format"),
+        (lambda: T.mma_2bit_matmul(x, T.PackedTernary.pack(w, "2bit_mma")), TypeError, "x must be one of"),
         (lambda: T.gemv_2bit_matmul(x, p2, 0.0), ValueError, "nonzero"),
         (lambda: T.gemv_2bit_matmul(x, p2, float("inf")), ValueError, "finite"),
         (lambda: T.gemv_2bit_matmul(x, p2, torch.ones(n + 1).to(DEV)), ValueError, r"\(8,\)"),
@@ -355,6 +429,18 @@ def test_bad_inputs_raise_clear_errors(rng):
 GPU_SHAPES = [(4096, 14336), (4099, 14335), (2563, 2557)]  # the bench checks every bench shape too
 
 
+def full_size_config(step, m):
+    """One config per step for the full-size tests (every config runs in test_gpu_every_config; the
+    autotuned path runs, checked, in the benchmark): split-K where there is one, the MMA configs for M."""
+    configs = T.STEPS[step][2]
+    if step == "mma_2bit":
+        configs = T.MMA_CONFIGS_FEW if T.mma_block_m(m) <= 32 else T.MMA_CONFIGS_MANY
+    elif step.startswith("dot"):
+        configs = configs[:3] if T.block_m_for(m) <= 32 else configs[3:]
+    split = [c for c in configs if c.kwargs.get("SPLIT_K", 1) > 1]
+    return T.config_dict((split or configs)[-1])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, k", GPU_SHAPES)
 @pytest.mark.parametrize("m", [1, 16, 128])
@@ -363,24 +449,23 @@ def test_gpu_full_size(n, k, m):
     w_float = torch.randn(n, k, device="cuda", generator=gen)
     w, scale = T.quantize_absmean(w_float, per_channel=True)
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    p2, p3 = T.PackedTernary.pack(w), T.PackedTernary.pack(w, "base3")
-    runs = {"dot_2bit": lambda o: T.dot_2bit_matmul(x, p2, scale, out=o),
-            "dot_base3": lambda o: T.dot_base3_matmul(x, p3, scale, out=o)}
+    packed = {fmt: T.PackedTernary.pack(w, fmt) for fmt in T.FORMATS}
+    steps = ["dot_2bit", "dot_base3", "mma_2bit"]
     if m == 1:
-        runs.update({
-            "v1_sign": lambda o: T.matmul_sign_v1(x, w.to(torch.bfloat16), scale, out=o),
-            "v2_int8": lambda o: T.matmul_int8_v2(x, w, scale, out=o),
-            "v3_2bit": lambda o: T.matmul_2bit_v3(x, p2, scale, out=o),
-            "gemv_2bit": lambda o: T.gemv_2bit_matmul(x, p2, scale, out=o),
-            "gemv_base3": lambda o: T.gemv_base3_matmul(x, p3, scale, out=o),
-        })
-    for name, run in runs.items():
-        z = run(poisoned(m, n))
-        assert not torch.isnan(z).any(), name
+        steps += ["v1_sign", "v2_int8", "v3_2bit", "gemv_2bit", "gemv_base3"]
+    weights = {"dense": w.to(torch.bfloat16), "int8": w, **packed}
+    for step in steps:
+        fn, kind, _ = T.STEPS[step]
+        z = fn(x, weights[kind], scale, out=poisoned(m, n), config=full_size_config(step, m))
+        assert not torch.isnan(z).any(), step
         ratio = T.error_ratio(z, x, w, scale)
-        assert ratio <= TOL, f"{name}: {ratio:.2e}"
+        assert ratio <= TOL, f"{step}: {ratio:.2e}"
+    if m == 16:  # step 7 decodes fp16 weights for fp16 x
+        xh = x.half()
+        z = T.mma_2bit_matmul(xh, packed["2bit_mma"], scale, out=poisoned(m, n))
+        assert T.error_ratio(z, xh, w, scale) <= TOL
     xq, x_scale = T.quantize_activations(x)
-    z = T.w2a8_matmul(xq, x_scale, p2, scale, out=poisoned(m, n))
+    z = T.w2a8_matmul(xq, x_scale, packed["2bit"], scale, out=poisoned(m, n))
     expected = (xq.double() @ w.double().T) / (x_scale.double()[:, None] * scale.double())
     torch.testing.assert_close(z.double(), expected, rtol=1e-6, atol=1e-6 * expected.abs().max().item())
 
@@ -390,7 +475,12 @@ def test_gpu_full_size(n, k, m):
 def test_gpu_every_config(step, config_index):
     fn, kind, configs = T.STEPS[step]
     gen = torch.Generator().manual_seed(config_index)
-    n, k, m = 4099, 3331, 1 if step.startswith(("v", "gemv")) else 17
+    # N, K: multiples of 16 (Triton specializes on that, so these are the benchmark's compiled
+    # kernels), but not of any block, of the 256-weight groups or of the 80-weight base-3 groups.
+    # (test_gpu_full_size runs N = 4099, K = 14335.)
+    n, k, m = 4112, 3344, 1 if step.startswith(("v", "gemv")) else 17
+    if step == "mma_2bit" and config_index >= len(T.MMA_CONFIGS_FEW):
+        m = 130  # the many-rows configs: 64- and 128-row blocks, two or three blocks of x rows
     x = torch.randn(m, k, generator=gen).to(DEV, torch.bfloat16)
     w = ternary(n, k, gen)
     z = fn(x, weights_for(kind, w), 1.25, out=poisoned(m, n), config=T.config_dict(configs[config_index]))

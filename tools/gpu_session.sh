@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: the gpu-marked tests, then the benchmarks, everything logged.
-#   tools/gpu_session.sh [--quick] [--tests-only] [chapter ...]      (default: all chapters)
+#   tools/gpu_session.sh [--quick] [--tests-only | --bench-only] [chapter ...]   (default: all chapters)
 # Run from the repository root. Results go to $OUT (or /tmp/studylog-out) as results.tgz + logs,
 # holding <gpu>/<chapter>.json exactly as `python -m studylog bench` wrote them.
 # The working tree travels without .git: pass STUDYLOG_COMMIT=<hash> so the JSON records the commit.
@@ -8,11 +8,12 @@ set -u
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/studylog-out}"
 mkdir -p "$OUT"
-quick=""; tests_only=0; chapters=()
+quick=""; tests_only=0; bench_only=0; chapters=()
 for arg in "$@"; do
     case "$arg" in
         --quick) quick="--quick" ;;
         --tests-only) tests_only=1 ;;
+        --bench-only) bench_only=1 ;;
         *) chapters+=("$arg") ;;
     esac
 done
@@ -27,8 +28,10 @@ if [ "${chapters[0]}" = all ]; then
 else
     for c in "${chapters[@]}"; do [ -f "tests/test_$c.py" ] && test_files+=("tests/test_$c.py"); done
 fi
-echo "=== gpu tests: ${test_files[*]}"
-python3 -m pytest -m gpu "${test_files[@]}" -q -p no:cacheprovider -rfE --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
+if [ "$bench_only" = 0 ]; then
+    echo "=== gpu tests: ${test_files[*]}"
+    python3 -m pytest -m gpu "${test_files[@]}" -q -p no:cacheprovider -rfE --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
+fi
 
 if [ "$tests_only" = 0 ]; then
     echo "=== bench: ${chapters[*]} $quick"
