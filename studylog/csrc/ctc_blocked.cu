@@ -2,33 +2,7 @@
 // Same layouts and conventions as ctc_warpctc.cu (steps 1 to 3). The kernels are templates on
 // the grain size VT (positions per thread) and on how a thread's positions are laid out.
 
-#define NEG_INF __int_as_float(0xff800000)
-#define NEG_INF_D __longlong_as_double((long long)0xfff0000000000000ULL)
-#define FULL_MASK 0xffffffffu
-
-// log(exp(a) + exp(b)), with -inf as the identity.
-__device__ __forceinline__ float log_plus(float a, float b) {
-    if (a == NEG_INF) return b;
-    if (b == NEG_INF) return a;
-    return fmaxf(a, b) + log1pf(expf(-fabsf(a - b)));
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
-    return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
-    return v;
-}
-
-// Maximum of the per-warp values written in the previous step; 0 when the row was all -inf.
-__device__ __forceinline__ float row_max(const float* warp_values, int nwarps) {
-    float m = NEG_INF;
-    for (int w = 0; w < nwarps; ++w) m = fmaxf(m, warp_values[w]);
-    return m == NEG_INF ? 0.0f : m;
-}
+#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, log_plus, warp_max, warp_sum, row_max
 
 // ==========================================================================================
 // Step 4: register blocking. Each thread owns VT positions for the whole utterance, so their

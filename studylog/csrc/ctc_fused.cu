@@ -16,25 +16,14 @@
 // once (three passes), against four for steps 1 to 6 (activations read, log-probabilities
 // written and read back, gradient written); the emission and row arrays are small.
 
-#define NEG_INF __int_as_float(0xff800000)
-#define NEG_INF_D __longlong_as_double((long long)0xfff0000000000000ULL)
-#define FULL_MASK 0xffffffffu
+#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
+
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453
 
 // ------------------------------------------------------------------------------------------
 // Block-wide reductions (blockDim.x a multiple of 32, every thread calls them).
 // ------------------------------------------------------------------------------------------
-__device__ __forceinline__ float warp_max(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
-    return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
-    return v;
-}
-
 // Combine two (max, sum of exp(x - max)) pairs.
 __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
     const float mm = fmaxf(m, m2);
