@@ -52,7 +52,7 @@ import triton.language as tl
 from jaxtyping import Float, Int8, Int32, Shaped, UInt8
 from torch import Tensor
 
-from studylog import runtime
+from studylog import cuda, runtime
 
 # ----------------------------------------------------------------------------------------------
 # Packed formats
@@ -1163,7 +1163,7 @@ class _SplitWorkspace:
 
     def get(self, device: torch.device, m: int, n: int) -> tuple[Tensor, Tensor]:
         key = str(device)
-        tiles = triton.cdiv(n, 64) * triton.cdiv(m, 16)  # the most tiles any config makes
+        tiles = triton.cdiv(n, 16) * triton.cdiv(m, 8)  # the most tiles any config makes (of 16 x 8 and up)
         if key not in self.sums or self.sums[key].numel() < m * n:
             self.sums[key] = torch.zeros(max(m * n, 1 << 16), dtype=torch.float32, device=device)
         if key not in self.counts or self.counts[key].numel() < tiles:
@@ -1217,6 +1217,98 @@ def mma_2bit_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
 
     kernel = mma_2bit_few if few else mma_2bit_many
     _launch(kernel, grid, args, config, meta, zero_output=False)
+    return z[0] if vector else z
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 8: the same layout and decode in CUDA C++ (studylog/csrc/ternary_mma.cu), on mma.sync
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CudaMmaConfig:
+    """A launch of step 8: ``row_tiles`` tiles of 16 weight rows a warp, ``warps`` a block, ``stages``
+    groups of 256 weights a row in flight per thread, and K cut into ``slices`` (grid.y)."""
+
+    row_tiles: int = 1
+    stages: int = 4
+    warps: int = 4
+    slices: int = 1
+
+    def __post_init__(self):
+        if self.row_tiles not in (1, 2) or self.stages not in (2, 4):
+            raise ValueError(f"row_tiles must be 1 or 2 and stages 2 or 4, got {self.row_tiles}, {self.stages}")
+        if self.warps not in (1, 2, 4, 8) or not isinstance(self.slices, int) or self.slices < 1:
+            raise ValueError(f"warps must be 1, 2, 4 or 8 and slices a positive int, got {self.warps}, {self.slices}")
+
+    @property
+    def rows(self) -> int:
+        """Weight rows a block covers."""
+        return 16 * self.row_tiles * self.warps
+
+
+def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int) -> str:
+    return f"ternary_mma<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}>"
+
+
+#: The instances step 8 launches: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp.
+CUDA_MMA_INSTANCES = tuple(_cuda_mma_instance(b, mt, rt, st) for b in (True, False) for mt in (1, 2)
+                           for rt, st in ((1, 4), (2, 2)))
+CUDA_MMA_SIGNATURE = ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
+cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current GPU (132 on an H100/H200 SXM when none is visible)."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+        if runtime.has_gpu() else 132
+
+
+def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
+    """Step 8's launch for an (M, N, K) problem: enough warps to keep every SM's loads in flight
+    (about 16 a SM), from as few K slices as that takes (each slice adds partial sums to reduce)."""
+    sms = sms or sm_count()
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    base = CudaMmaConfig(row_tiles=1, stages=4, warps=4)
+    blocks = triton.cdiv(n, base.rows) * triton.cdiv(m, 16)
+    want = 4 * sms  # blocks of 4 warps
+    slices = max(1, min(groups // 4, triton.cdiv(want, blocks)))  # at least 4 groups a slice
+    return CudaMmaConfig(row_tiles=1, stages=4, warps=4, slices=slices)
+
+
+CUDA_WORKSPACE = _SplitWorkspace()  # not step 7's: its sums must stay zeros, these need not
+
+
+def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                    out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 8: step 7's format and decode in CUDA C++ on ``mma.sync`` (GPU only). Built for few rows
+    of x (M <= 16 a block; larger M runs, re-decoding the weights once per 16 rows of x)."""
+    runtime.require_gpu("step 8 (CUDA C++ ternary_mma)")
+    x2, vector = _check_x(x, _x_k(w), dtypes=MMA_X_DTYPES)
+    m, k = x2.shape
+    w = _check_packed(w, "2bit_mma", k, x2)
+    if w.data.data_ptr() % 16:
+        raise ValueError("w.data must start on a 16-byte boundary (the kernel loads 16 bytes at a time)")
+    s, s_stride = _check_scale(scale, w.n, x2)
+    z = _prepare_out(out, m, w.n, x2)
+    if config is not None and not isinstance(config, CudaMmaConfig):
+        raise TypeError(f"config must be a CudaMmaConfig, got {type(config).__name__}")
+    if x2.data_ptr() % 16 or (x2.stride(0) * x2.element_size()) % 16:
+        # the kernel loads x 16 bytes at a time: rows must start on 16-byte boundaries
+        padded = torch.zeros(m, triton.cdiv(k, 8) * 8, dtype=x2.dtype, device=x2.device)
+        padded[:, :k] = x2
+        x2 = padded
+    cfg = config or cuda_mma_config(m, w.n, k)
+    groups = w.data.shape[1] // GROUP_WORDS
+    slices = min(cfg.slices, groups)
+    per_slice = triton.cdiv(groups, slices)
+    slices = triton.cdiv(groups, per_slice)  # no empty slice
+    col_tiles = 1 if m <= 8 else 2
+    grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
+    sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
+    name = _cuda_mma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages)
+    kernel = cuda.load("ternary_mma", name_expressions=CUDA_MMA_INSTANCES).kernel(name, CUDA_MMA_SIGNATURE)
+    kernel(grid, (32 * cfg.warps,), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0), s_stride,
+           per_slice)
     return z[0] if vector else z
 
 
