@@ -1257,10 +1257,22 @@ CUDA_MMA_SIGNATURE = ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i
 cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def sm_count() -> int:
     """Streaming multiprocessors of the current GPU (132 on an H100/H200 SXM when none is visible)."""
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
-        if runtime.has_gpu() else 132
+    return _sm_count(torch.cuda.current_device()) if runtime.has_gpu() else 132
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.CudaKernel":
+    # Looked up once: compiling, loading and finding a kernel cost far more than the launch itself
+    # (tens of microseconds, which would show up in the timings of a 5-microsecond kernel).
+    module = cuda.load("ternary_mma", name_expressions=instances, device=device_index)
+    return module.kernel(name, CUDA_MMA_SIGNATURE)
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
@@ -1306,7 +1318,7 @@ def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
     grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     name = _cuda_mma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages)
-    kernel = cuda.load("ternary_mma", name_expressions=CUDA_MMA_INSTANCES).kernel(name, CUDA_MMA_SIGNATURE)
+    kernel = _cuda_mma_kernel(name, x2.device.index or 0, CUDA_MMA_INSTANCES)
     kernel(grid, (32 * cfg.warps,), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0), s_stride,
            per_slice)
     return z[0] if vector else z
