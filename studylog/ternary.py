@@ -64,12 +64,15 @@ GROUP_BYTES = 16  #: bytes in a base-3 group
 GROUP_WEIGHTS_BASE3 = 80  #: weights in a base-3 group (16 bytes x 5 digits)
 ZERO_WORD = 0x55555555  #: a 2-bit word of 16 zero weights (every code is 01)
 ZERO_BYTE = 121  #: a base-3 byte of 5 zero weights (1 + 3 + 9 + 27 + 81)
-FORMATS = ("2bit", "base3", "2bit_mma")
-INT32_FORMATS = ("2bit", "2bit_mma")
+FORMATS = ("2bit", "base3", "2bit_mma", "2bit_tiles")
+INT32_FORMATS = ("2bit", "2bit_mma", "2bit_tiles")
+TILE_ROWS = 16  #: rows of W in one tile of the 2bit_tiles format (the MMA's M)
 
 
 def packed_cols(k: int, fmt: str) -> int:
     """Row length of the packed tensor for ``k`` weights: int32 words (2bit) or bytes (base3)."""
+    if fmt == "2bit_tiles":
+        return TILE_ROWS * GROUP_WORDS * triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if fmt in INT32_FORMATS:
         return GROUP_WORDS * triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if fmt == "base3":
@@ -147,6 +150,31 @@ def unpack_2bit_mma(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"
     return (codes.reshape(n, -1)[:, :k] - 1).to(torch.int8)
 
 
+def pack_2bit_tiles(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "tiles kt"]:
+    """Step 8's layout: the words of :func:`pack_2bit_mma`, reordered so that what one warp loads
+    for one group is 1 KiB of consecutive memory. Rows are cut into tiles of 16 (the last one padded
+    with zero weights); tile i is row i of the result, its groups one after another, and a group holds
+    [half h][row g][word 4 t + i] for the tile's row 8 h + g: lane 4 g + t of a warp reads words
+    4 t .. 4 t + 3 of rows g and 8 + g with two 16-byte loads, 512 consecutive bytes each."""
+    words = pack_2bit_mma(w)
+    n, kw = words.shape
+    tiles = triton.cdiv(n, TILE_ROWS)
+    padded = torch.full((tiles * TILE_ROWS, kw), ZERO_WORD, dtype=torch.int64, device=words.device)
+    padded[:n] = words
+    groups = kw // GROUP_WORDS
+    # [tile, half h, row g, group, word] -> [tile, group, half h, row g, word]
+    tiled = padded.view(tiles, 2, 8, groups, GROUP_WORDS).permute(0, 3, 1, 2, 4)
+    return _as_int32_bits(tiled.reshape(tiles, -1)).contiguous()
+
+
+def unpack_2bit_tiles(packed: Int32[Tensor, "tiles kt"], k: int) -> Int8[Tensor, "n k"]:
+    """Inverse of :func:`pack_2bit_tiles`: every row of every tile (padding rows too), as int8."""
+    _check_packed_data(packed, k, "2bit_tiles", "packed")
+    tiles, groups = packed.shape[0], packed.shape[1] // (TILE_ROWS * GROUP_WORDS)
+    words = packed.view(tiles, groups, 2, 8, GROUP_WORDS).permute(0, 2, 3, 1, 4)
+    return unpack_2bit_mma(words.reshape(tiles * TILE_ROWS, groups * GROUP_WORDS).contiguous(), k)
+
+
 def pack_base3(w: Shaped[Tensor, "n k"]) -> UInt8[Tensor, "n kb"]:
     """Pack ternary ``w`` (N, K) into bytes, 5 weights a byte in base 3 (1.6 bits a weight)."""
     digits = _as_ternary(w) + 1
@@ -199,9 +227,10 @@ def _check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] 
     if data.ndim != 2:
         raise ValueError(f"{name} must be 2-D (N, packed columns), got shape {tuple(data.shape)}")
     cols = packed_cols(k, fmt)
-    if data.shape[1] != cols or (n is not None and data.shape[0] != n):
+    rows = n if n is None or fmt != "2bit_tiles" else triton.cdiv(n, TILE_ROWS)  # 2bit_tiles: one row a tile
+    if data.shape[1] != cols or (rows is not None and data.shape[0] != rows):
         raise ValueError(f"{name} has shape {tuple(data.shape)}, but N={n if n is not None else 'any'}, "
-                         f"K={k} in the {fmt} format need ({n if n is not None else 'N'}, {cols})")
+                         f"K={k} in the {fmt} format need ({rows if rows is not None else 'N'}, {cols})")
     if not data.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
 
@@ -234,11 +263,13 @@ class PackedTernary:
     def pack(cls, w: Shaped[Tensor, "n k"], fmt: str = "2bit") -> "PackedTernary":
         if fmt not in FORMATS:
             raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
-        data = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma}[fmt](w)
+        data = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma, "2bit_tiles": pack_2bit_tiles}[fmt](w)
         return cls(data, int(w.shape[0]), int(w.shape[1]), fmt)
 
     def unpack(self) -> Int8[Tensor, "n k"]:
-        return {"2bit": unpack_2bit, "base3": unpack_base3, "2bit_mma": unpack_2bit_mma}[self.fmt](self.data, self.k)
+        unpack = {"2bit": unpack_2bit, "base3": unpack_base3, "2bit_mma": unpack_2bit_mma,
+                  "2bit_tiles": unpack_2bit_tiles}[self.fmt]
+        return unpack(self.data, self.k)[: self.n]
 
     @property
     def nbytes(self) -> int:
@@ -1287,17 +1318,32 @@ def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMm
     return CudaMmaConfig(row_tiles=1, stages=4, warps=4, slices=slices)
 
 
+#: Shared memory a block of step 8 may take for its copy of x (the most without opting in).
+CUDA_MMA_SMEM_LIMIT = 48 * 1024
+
+
+def cuda_mma_smem_bytes(x_rows: int, groups_per_slice: int) -> int:
+    """Shared memory of a step-8 block: x_rows rows of x over one slice of K, 64 bytes of padding a row."""
+    return x_rows * (groups_per_slice * 32 + 4) * 16
+
+
+def cuda_mma_max_groups_per_slice(x_rows: int) -> int:
+    """The longest slice of K (in groups of 256) whose copy of x fits CUDA_MMA_SMEM_LIMIT."""
+    return max(1, (CUDA_MMA_SMEM_LIMIT // (16 * x_rows) - 4) // 32)
+
+
 CUDA_WORKSPACE = _SplitWorkspace()  # not step 7's: its sums must stay zeros, these need not
 
 
 def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                     out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 8: step 7's format and decode in CUDA C++ on ``mma.sync`` (GPU only). Built for few rows
+    """Step 8: step 7's words and decode in CUDA C++ on ``mma.sync`` (GPU only), weights in the
+    ``2bit_tiles`` format (``PackedTernary.pack(w, "2bit_tiles")``). Built for few rows
     of x (M <= 16 a block; larger M runs, re-decoding the weights once per 16 rows of x)."""
     runtime.require_gpu("step 8 (CUDA C++ ternary_mma)")
     x2, vector = _check_x(x, _x_k(w), dtypes=MMA_X_DTYPES)
     m, k = x2.shape
-    w = _check_packed(w, "2bit_mma", k, x2)
+    w = _check_packed(w, "2bit_tiles", k, x2)
     if w.data.data_ptr() % 16:
         raise ValueError("w.data must start on a 16-byte boundary (the kernel loads 16 bytes at a time)")
     s, s_stride = _check_scale(scale, w.n, x2)
@@ -1311,16 +1357,15 @@ def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
         x2 = padded
     cfg = config or cuda_mma_config(m, w.n, k)
     groups = w.data.shape[1] // GROUP_WORDS
-    slices = min(cfg.slices, groups)
-    per_slice = triton.cdiv(groups, slices)
-    slices = triton.cdiv(groups, per_slice)  # no empty slice
     col_tiles = 1 if m <= 8 else 2
+    per_slice = min(triton.cdiv(groups, cfg.slices), cuda_mma_max_groups_per_slice(min(m, 8 * col_tiles)))
+    slices = triton.cdiv(groups, per_slice)  # (more slices than asked when x's slice would not fit)
     grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     name = _cuda_mma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages)
     kernel = _cuda_mma_kernel(name, x2.device.index or 0, CUDA_MMA_INSTANCES)
     kernel(grid, (32 * cfg.warps,), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0), s_stride,
-           per_slice)
+           per_slice, shared_mem=cuda_mma_smem_bytes(min(m, 8 * col_tiles), per_slice))
     return z[0] if vector else z
 
 

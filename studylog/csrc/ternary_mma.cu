@@ -25,6 +25,9 @@
 // Weights are the "MMA's A" (16 rows of W a step) and x the B (8 of its rows a step): for M = 1 the
 // tensor cores do 8x the useful work, which costs less than any decode on the CUDA cores would.
 
+#ifndef TM_VARIANT
+#define TM_VARIANT 0
+#endif
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
@@ -85,7 +88,7 @@ __device__ __forceinline__ uint4 load_weights(const uint4 *p) {
     return v;
 }
 
-// 8 activations x[k .. k + 7] of one row, zeros past K, one by one (the last group of a row only).
+// 8 activations x[k .. k + 7] of one row, zeros past K, one by one (the end of a row only).
 __device__ __forceinline__ uint4 load_x8_tail(const unsigned short *row, int k, int K) {
     u32 h[8];
 #pragma unroll
@@ -100,7 +103,11 @@ __device__ __forceinline__ u32 part(const uint4 &v, int i) { return i == 0 ? v.x
 // 2 i2 + 1 (a2, a3): their activations are neighbours, so b0 and b1 are two halves of one 8-byte
 // piece of xv[j][p], an aligned register pair that the MMA takes without a move.
 template <bool BF16, int MT, int RT>
-__device__ __forceinline__ void group_mma(float (&acc)[RT][MT][4], const uint4 (&a)[RT][2], const uint4 (&xv)[MT][8]) {
+__device__ __forceinline__ void group_mma(float (&acc)[2][RT][MT][4], const uint4 (&a)[RT][2], const uint4 (&xv)[MT][8]) {
+#if TM_VARIANT == 1
+    for (int r = 0; r < RT; ++r) acc[0][r][0][0] += __uint_as_float((a[r][0].x ^ a[r][1].y ^ a[r][0].z ^ a[r][1].w ^ xv[0][0].x ^ xv[0][7].y) & 0x3f);
+    return;
+#endif
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
         u32 src[2][4][2];  // [row g / g + 8][word][pairs 0..3 / 4..7], magic OR-ed in
@@ -119,97 +126,101 @@ __device__ __forceinline__ void group_mma(float (&acc)[RT][MT][4], const uint4 (
                 const u32 a1 = decode_pair<BF16>(src[1][2 * i2][p >> 2], p & 3);
                 const u32 a2 = decode_pair<BF16>(src[0][2 * i2 + 1][p >> 2], p & 3);
                 const u32 a3 = decode_pair<BF16>(src[1][2 * i2 + 1][p >> 2], p & 3);
+#if TM_VARIANT == 2
+                acc[i2][r][0][0] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ part(xv[0][p], 2 * i2)) & 0x3f);
+                continue;
+#endif
 #pragma unroll
                 for (int j = 0; j < MT; ++j)
-                    mma16816<BF16>(acc[r][j], a0, a1, a2, a3, part(xv[j][p], 2 * i2), part(xv[j][p], 2 * i2 + 1));
+                    mma16816<BF16>(acc[i2][r][j], a0, a1, a2, a3, part(xv[j][p], 2 * i2), part(xv[j][p], 2 * i2 + 1));
             }
     }
 }
 
 // z[m, n] = sum_k x[m, k] W[n, k] / scale[n * scale_stride], W packed in the "2bit_mma" format
 // (`groups` groups of 16 words a row). A block: `warps` warps, each RT tiles of 16 rows of W, all on
-// the same slice of K and the same 8 MT rows of x. With gridDim.y > 1 the slices store partial sums
-// in partials[slice][m][n] and arrivals[tile] counts them in (it is 0 again when the kernel ends).
+// the same slice of K (groups_per_slice groups) and the same 8 MT rows of x, which the block first
+// copies into shared memory: every warp reads them from there, at shared-memory latency, instead
+// of waiting on L2 once per group (dynamic shared memory: x_smem_bytes(), see the wrapper).
+// With gridDim.y > 1 the slices store partial sums in partials[slice][m][n] and arrivals[tile]
+// counts them in (it is 0 again when the kernel ends).
 template <bool BF16, int MT, int RT, int STAGES>
 __global__ void __launch_bounds__(256) ternary_mma(const unsigned short *__restrict__ x, const uint4 *__restrict__ w,
                                                    float *__restrict__ z, const float *__restrict__ scale,
                                                    float *__restrict__ partials, u32 *__restrict__ arrivals, int M,
                                                    int N, int K, int groups, int x_stride, int scale_stride,
                                                    int groups_per_slice) {
+    extern __shared__ uint4 xs[];  // [x row][32 pieces of 8 activations a group, + 4 of padding]
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int warps = blockDim.x >> 5;
     const int row0 = (blockIdx.x * warps + (threadIdx.x >> 5)) * RT * 16;
-    const int m0 = blockIdx.z * 8 * MT;
+    const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
     const int g_begin = blockIdx.y * groups_per_slice;
     const int g_end = min(g_begin + groups_per_slice, groups);
+    // 64 bytes of padding a row: the 8 threads of one phase of a 16-byte shared load (rows g, g + 1,
+    // pieces t) then hit 8 different 16-byte bank groups.
+    const int xs_stride = groups_per_slice * 32 + 4;
 
-    // Rows past N read row N - 1 (no branch in the loop) and are not stored.
+    // "2bit_tiles": a group of a tile is 64 16-byte pieces, [half h][lane]. Tiles past the last one
+    // read the last one (no branch in the loop); their rows are not stored.
+    const int tiles = (N + 15) / 16;
     const uint4 *wrow[RT][2];
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            wrow[r][h] = w + (size_t)min(row0 + 16 * r + 8 * h + g, N - 1) * groups * 4 + t;
-    const unsigned short *xrow[MT];
-#pragma unroll
-    for (int j = 0; j < MT; ++j) xrow[j] = m0 + 8 * j + g < M ? x + (size_t)(m0 + 8 * j + g) * x_stride : nullptr;
+            wrow[r][h] = w + (size_t)min(row0 / 16 + r, tiles - 1) * groups * 64 + 32 * h + lane;
 
-    // x rows as 16-byte pieces (aligned: the wrapper checks); null past M (their B is zero)
-    const uint4 *xvec[MT];
-#pragma unroll
-    for (int j = 0; j < MT; ++j) xvec[j] = reinterpret_cast<const uint4 *>(xrow[j]);
-
-    float acc[RT][MT][4] = {};
-    // Groups whose 256 activations all lie below K: a ring of STAGES groups of weights in flight.
-    const int full_end = min(g_end, K / 256);
+    // The first STAGES groups of weights go out before the copy of x, and arrive during it.
     uint4 ring[STAGES][RT][2];
 #pragma unroll
     for (int s = 0; s < STAGES; ++s)
-        if (g_begin + s < full_end)
+        if (g_begin + s < g_end)
 #pragma unroll
             for (int r = 0; r < RT; ++r)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) ring[s][r][h] = load_weights(wrow[r][h] + (size_t)(g_begin + s) * 4);
+                for (int h = 0; h < 2; ++h) ring[s][r][h] = load_weights(wrow[r][h] + (size_t)(g_begin + s) * 64);
 
-    for (int gi = g_begin; gi < full_end; gi += STAGES) {
+    // x[m0 .., this slice of K] into shared memory, zeros past K (the padding weights are zeros too,
+    // so the last group needs no special case below).
+    const int pieces = (g_end - g_begin) * 32;
+    for (int idx = threadIdx.x + (TM_VARIANT == 3 ? 1 << 30 : 0); idx < x_rows * pieces; idx += blockDim.x) {
+        const int row = idx / pieces, piece = idx - row * pieces;
+        const int k = g_begin * 256 + piece * 8;
+        const unsigned short *xr = x + (size_t)(m0 + row) * x_stride;
+        xs[row * xs_stride + piece] =
+            k + 8 <= K ? __ldg(reinterpret_cast<const uint4 *>(xr + k)) : load_x8_tail(xr, k, K);
+    }
+    __syncthreads();
+
+    float acc[2][RT][MT][4] = {};  // two sets: each MMA waits for the one before the one before it
+    for (int gi = g_begin; gi < g_end; gi += STAGES) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            if (gi + s < full_end) {
+            if (gi + s < g_end) {
+                // Column n of the product depends on column n of B only, held by the lanes g = n. Lanes
+                // whose x row is past M read the last row instead of zeros: their columns are never
+                // stored, and no branch or zeroing is spent on them.
                 uint4 xv[MT][8];
 #pragma unroll
                 for (int j = 0; j < MT; ++j)
 #pragma unroll
                     for (int q = 0; q < 8; ++q)
-                        xv[j][q] = xvec[j] ? __ldg(xvec[j] + (size_t)(gi + s) * 32 + 4 * q + t) : make_uint4(0, 0, 0, 0);
+                        xv[j][q] = xs[min(8 * j + g, x_rows - 1) * xs_stride + (gi + s - g_begin) * 32 + 4 * q + t];
                 uint4 a[RT][2];
 #pragma unroll
                 for (int r = 0; r < RT; ++r)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) a[r][h] = ring[s][r][h];
-                if (gi + s + STAGES < full_end)  // the slot is free again: refill it STAGES groups ahead
+                if (gi + s + STAGES < g_end)  // the slot is free again: refill it STAGES groups ahead
 #pragma unroll
                     for (int r = 0; r < RT; ++r)
 #pragma unroll
                         for (int h = 0; h < 2; ++h)
-                            ring[s][r][h] = load_weights(wrow[r][h] + (size_t)(gi + s + STAGES) * 4);
+                            ring[s][r][h] = load_weights(wrow[r][h] + (size_t)(gi + s + STAGES) * 64);
                 group_mma<BF16, MT, RT>(acc, a, xv);
             }
         }
-    }
-    // The last group of a row when K is not a multiple of 256 (its padding weights are zeros).
-    if (full_end < g_end) {
-        const int k0 = full_end * 256;
-        uint4 xv[MT][8], a[RT][2];
-#pragma unroll
-        for (int j = 0; j < MT; ++j)
-#pragma unroll
-            for (int q = 0; q < 8; ++q)
-                xv[j][q] = xrow[j] ? load_x8_tail(xrow[j], k0 + 32 * q + 8 * t, K) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) a[r][h] = load_weights(wrow[r][h] + (size_t)full_end * 4);
-        group_mma<BF16, MT, RT>(acc, a, xv);
     }
 
     // C fragments: rows n = row0 + 16 r + 8 h + g, columns m = m0 + 8 j + 2 t + e.
@@ -223,9 +234,9 @@ __global__ void __launch_bounds__(256) ternary_mma(const unsigned short *__restr
                 const int n = row0 + 16 * r + 8 * (c >> 1) + g, m = m0 + 8 * j + 2 * t + (c & 1);
                 if (n >= N || m >= M) continue;
                 if (split)
-                    partials[((size_t)blockIdx.y * M + m) * N + n] = acc[r][j][c];
+                    partials[((size_t)blockIdx.y * M + m) * N + n] = acc[0][r][j][c] + acc[1][r][j][c];
                 else
-                    z[(size_t)m * N + n] = acc[r][j][c] / scale[(size_t)n * scale_stride];
+                    z[(size_t)m * N + n] = (acc[0][r][j][c] + acc[1][r][j][c]) / scale[(size_t)n * scale_stride];
             }
     if (!split) return;
 
