@@ -1356,7 +1356,7 @@ def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
         padded[:, :k] = x2
         x2 = padded
     cfg = config or cuda_mma_config(m, w.n, k)
-    groups = w.data.shape[1] // GROUP_WORDS
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2
     per_slice = min(triton.cdiv(groups, cfg.slices), cuda_mma_max_groups_per_slice(min(m, 8 * col_tiles)))
     slices = triton.cdiv(groups, per_slice)  # (more slices than asked when x's slice would not fit)
