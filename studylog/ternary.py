@@ -1258,17 +1258,20 @@ def mma_2bit_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
 @dataclass(frozen=True)
 class CudaMmaConfig:
     """A launch of step 8: ``row_tiles`` tiles of 16 weight rows a warp, ``warps`` a block, ``stages``
-    groups of 256 weights a row in flight per thread, and K cut into ``slices`` (grid.y)."""
+    groups of 256 weights a row in flight per thread, and K cut into ``slices`` (grid.y; more when
+    a slice of x would not fit in shared memory)."""
 
-    row_tiles: int = 1
-    stages: int = 4
-    warps: int = 4
+    row_tiles: int = 2
+    stages: int = 2
+    warps: int = 8
     slices: int = 1
 
     def __post_init__(self):
-        if self.row_tiles not in (1, 2) or self.stages not in (2, 4):
-            raise ValueError(f"row_tiles must be 1 or 2 and stages 2 or 4, got {self.row_tiles}, {self.stages}")
-        if self.warps not in (1, 2, 4, 8) or not isinstance(self.slices, int) or self.slices < 1:
+        if self.row_tiles not in (1, 2) or self.stages != 2:
+            raise ValueError(f"row_tiles must be 1 or 2 and stages 2 (the compiled instances), "
+                             f"got {self.row_tiles}, {self.stages}")
+        if self.warps not in (1, 2, 4, 8) or isinstance(self.slices, bool) or not isinstance(self.slices, int) \
+                or self.slices < 1:
             raise ValueError(f"warps must be 1, 2, 4 or 8 and slices a positive int, got {self.warps}, {self.slices}")
 
     @property
@@ -1281,9 +1284,9 @@ def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int) 
     return f"ternary_mma<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}>"
 
 
-#: The instances step 8 launches: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp.
-CUDA_MMA_INSTANCES = tuple(_cuda_mma_instance(b, mt, rt, st) for b in (True, False) for mt in (1, 2)
-                           for rt, st in ((1, 4), (2, 2)))
+#: The instances step 8 launches: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp,
+#: 2 groups in flight. (On the H200, 4 in flight was never faster: more registers, fewer warps.)
+CUDA_MMA_INSTANCES = tuple(_cuda_mma_instance(b, mt, rt, 2) for b in (True, False) for mt in (1, 2) for rt in (1, 2))
 CUDA_MMA_SIGNATURE = ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
 cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
 
@@ -1307,15 +1310,16 @@ def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.Cu
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
-    """Step 8's launch for an (M, N, K) problem: enough warps to keep every SM's loads in flight
-    (about 16 a SM), from as few K slices as that takes (each slice adds partial sums to reduce)."""
+    """Step 8's launch for an (M, N, K) problem, from a sweep on the H200 (the notebook shows it).
+    One row of x: blocks of 8 warps x 2 row tiles (256 rows of W), and K cut until there is about
+    one block per SM. More rows of x: one row tile a warp (the MMAs double, registers too), and K
+    cut as far as the copy of x in shared memory needs."""
     sms = sms or sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    base = CudaMmaConfig(row_tiles=1, stages=4, warps=4)
-    blocks = triton.cdiv(n, base.rows) * triton.cdiv(m, 16)
-    want = 4 * sms  # blocks of 4 warps
-    slices = max(1, min(groups // 4, triton.cdiv(want, blocks)))  # at least 4 groups a slice
-    return CudaMmaConfig(row_tiles=1, stages=4, warps=4, slices=slices)
+    if m <= 8:
+        row_blocks = triton.cdiv(n, 256)
+        return CudaMmaConfig(row_tiles=2, stages=2, warps=8, slices=max(1, min(groups, triton.cdiv(sms, row_blocks))))
+    return CudaMmaConfig(row_tiles=1, stages=2, warps=8, slices=1)
 
 
 #: Shared memory a block of step 8 may take for its copy of x (the most without opting in).
@@ -1340,7 +1344,6 @@ def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
     """Step 8: step 7's words and decode in CUDA C++ on ``mma.sync`` (GPU only), weights in the
     ``2bit_tiles`` format (``PackedTernary.pack(w, "2bit_tiles")``). Built for few rows
     of x (M <= 16 a block; larger M runs, re-decoding the weights once per 16 rows of x)."""
-    runtime.require_gpu("step 8 (CUDA C++ ternary_mma)")
     x2, vector = _check_x(x, _x_k(w), dtypes=MMA_X_DTYPES)
     m, k = x2.shape
     w = _check_packed(w, "2bit_tiles", k, x2)
@@ -1350,6 +1353,7 @@ def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
     z = _prepare_out(out, m, w.n, x2)
     if config is not None and not isinstance(config, CudaMmaConfig):
         raise TypeError(f"config must be a CudaMmaConfig, got {type(config).__name__}")
+    runtime.require_gpu("step 8 (CUDA C++ ternary_mma)")  # after the checks: they run on the CPU too
     if x2.data_ptr() % 16 or (x2.stride(0) * x2.element_size()) % 16:
         # the kernel loads x 16 bytes at a time: rows must start on 16-byte boundaries
         padded = torch.zeros(m, triton.cdiv(k, 8) * 8, dtype=x2.dtype, device=x2.device)
@@ -1371,8 +1375,11 @@ def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
 
 def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                    out: Optional[Tensor] = None) -> Float[Tensor, "*m n"]:
-    """``x @ W.T / scale`` for packed ternary ``W``: step 7 for the MMA-order format (bf16 or fp16 x);
-    for the others, the M=1 kernel for one row of x and tl.dot above."""
+    """``x @ W.T / scale`` for packed ternary ``W``: step 8 (CUDA C++, GPU only) for the 2bit_tiles
+    format, step 7 for the MMA-order format (bf16 or fp16 x); for the others, the M=1 kernel for one
+    row of x and tl.dot above."""
+    if isinstance(w, PackedTernary) and w.fmt == "2bit_tiles":
+        return cuda_mma_matmul(x, w, scale, out=out)
     if isinstance(w, PackedTernary) and w.fmt == "2bit_mma":
         return mma_2bit_matmul(x, w, scale, out=out)
     one_row = isinstance(x, Tensor) and (x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1))
@@ -1409,10 +1416,10 @@ QUICK_SHAPES = [("llama", 4096, 14336), ("llama", 8192, 28672), ("llama", 14336,
 QUICK_MS = (1, 16, 128)
 #: Series timed at M=1 (every step), and at M > 1 (the tl.dot kernels).
 M1_SERIES = ["v1_sign_bf16", "v2_int8", "v3_2bit", "gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8",
-             "mma_2bit"]
-BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit"]
-#: A --quick run: the previous best kernels and step 7 only.
-QUICK_SERIES = ["mma_2bit"]
+             "mma_2bit", "cuda_mma"]
+BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma"]
+#: A --quick run: steps 7 and 8 only.
+QUICK_SERIES = ["mma_2bit", "cuda_mma"]
 
 
 def _autotuner_for(series: str, m: int):
@@ -1454,6 +1461,9 @@ def bench(run) -> None:
              "kernel uses); bytes = weights + x + z.")
     run.note("mma_2bit (step 7): the same 2 bits a weight in MMA order (PackedTernary.pack(w, '2bit_mma')); its "
              "split-K slices add into a workspace that the last slice of each tile empties, so no memset is timed.")
+    run.note("cuda_mma (step 8): CUDA C++ (studylog/csrc/ternary_mma.cu) on mma.sync, weights in the 2bit_tiles format "
+             "(step 7's words, a warp's 16 rows x 256 weights in 1 KiB of consecutive memory), launch from "
+             "cuda_mma_config; the last K slice of each tile sums the slices' partial sums, so no memset is timed.")
     torch.manual_seed(0)
     for family, n, k in run.progress(shapes, "shapes"):
         _bench_shape(run, family, n, k, ms_list, peak)
@@ -1468,6 +1478,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
     w_bf16 = w_t.to(torch.bfloat16)
     p2, p3 = PackedTernary.pack(w_t, "2bit"), PackedTernary.pack(w_t, "base3")
     pm = PackedTernary.pack(w_t, "2bit_mma")
+    pt = PackedTernary.pack(w_t, "2bit_tiles")
     w64 = w_t.double()
     for m in ms_list:
         params = {"shape": f"{n}x{k}", "family": family, "n": n, "k": k, "m": m}
@@ -1513,6 +1524,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             "dot_2bit": (lambda: dot_2bit_matmul(x, p2, scale), p2.nbytes, "bf16"),
             "dot_base3": (lambda: dot_base3_matmul(x, p3, scale), p3.nbytes, "bf16"),
             "mma_2bit": (lambda: mma_2bit_matmul(x, pm, scale), pm.nbytes, "bf16"),
+            "cuda_mma": (lambda: cuda_mma_matmul(x, pt, scale), pt.nbytes, "bf16", str(cuda_mma_config(m, n, k))),
         }
         names = M1_SERIES if m == 1 else BATCH_SERIES
         if run.quick:
@@ -1540,6 +1552,7 @@ SERIES_LABELS = {
     "cublas_bf16": "cuBLAS bf16", "v1_sign_bf16": "1: sign, bf16 W", "v2_int8": "2: int8 W", "v3_2bit": "3: 2-bit",
     "gemv_2bit": "3: 2-bit, M=1 kernel", "dot_2bit": "4: 2-bit, tl.dot", "gemv_base3": "5: 1.6-bit, M=1 kernel",
     "dot_base3": "5: 1.6-bit, tl.dot", "w2a8": "6: W2A8, tl.dot", "mma_2bit": "7: 2-bit pairs, MMA",
+    "cuda_mma": "8: CUDA C++ mma.sync",
 }
 
 
@@ -1586,7 +1599,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
 
     for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
         base = _ms(results, "cublas_bf16", shape=shape, m=m)
-        row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit"])
+        row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma"])
         if base is None or row is None:
             out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
             continue
@@ -1594,7 +1607,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want,
                     f"{SERIES_LABELS[s]} {row['ms'] * 1e3:.1f} µs vs {base * 1e3:.1f} µs: {speedup:.2f}x"))
     for shape in ("4096x14336", "8192x28672"):
-        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit"])
+        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
             continue
@@ -1609,7 +1622,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
 
 
 #: The kernels that take the activations as they come (bf16), for the headline.
-FLOAT_X_SERIES = ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "mma_2bit"]
+FLOAT_X_SERIES = ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "mma_2bit", "cuda_mma"]
 
 
 def headline(results) -> list[dict]:
@@ -1623,7 +1636,8 @@ def headline(results) -> list[dict]:
             continue
         row, series = min(found, key=lambda t: t[0]["ms"])
         n, k = shape.split("x")
-        rows.append({"kernel": f"step {SERIES_LABELS[series]} (Triton)", "baseline": "cuBLAS bf16 (torch x @ W.T)",
+        language = "CUDA C++" if series == "cuda_mma" else "Triton"
+        rows.append({"kernel": f"step {SERIES_LABELS[series]} ({language})", "baseline": "cuBLAS bf16 (torch x @ W.T)",
                      "case": f"M = {m}, N x K = {n} x {k}, bf16 x", "speedup": base / row["ms"]})
     return rows
 
@@ -1640,7 +1654,8 @@ def figures(results) -> dict:
 
     fig, axes = plt.subplots(1, len(ms_present), figsize=(5.2 * len(ms_present), 4.2), squeeze=False)
     for ax, m in zip(axes[0], ms_present):
-        series = [s for s in (["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8", "mma_2bit"] if m == 1 else BATCH_SERIES)
+        series = [s for s in (["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8", "mma_2bit", "cuda_mma"] if m == 1
+                              else BATCH_SERIES)
                   if results.select(s, m=m)]
         width = 0.8 / max(1, len(series))
         for i, s in enumerate(series):
@@ -1667,7 +1682,7 @@ def figures(results) -> dict:
     fig, ax = plt.subplots(figsize=(6.4, 5))
     lo, hi = math.inf, 0.0
     for s, marker in (("cublas_bf16", "s"), ("gemv_2bit", "o"), ("gemv_base3", "^"), ("dot_2bit", "v"),
-                      ("mma_2bit", "*")):
+                      ("mma_2bit", "*"), ("cuda_mma", "P")):
         rows = results.select(s, m=1)
         if not rows:
             continue

@@ -32,8 +32,9 @@ def weights_for(kind, w):
 
 
 def x_for(step_or_fmt, x):
-    """Step 7 takes bf16 or fp16 x (the tensor cores' types); the other steps any float x."""
-    return x.to(torch.bfloat16) if step_or_fmt in ("mma_2bit", "2bit_mma") and x.dtype == torch.float32 else x
+    """Steps 7 and 8 take bf16 or fp16 x (the tensor cores' types); the other steps any float x."""
+    half_only = ("mma_2bit", "2bit_mma", "2bit_tiles")  # steps 7 and 8
+    return x.to(torch.bfloat16) if step_or_fmt in half_only and x.dtype == torch.float32 else x
 
 
 def poisoned(m, n):
@@ -56,7 +57,8 @@ def assert_matches(z, x, w, scale=1.0):
 def test_pack_unpack_round_trip(n, k, fmt, rng):
     w = ternary(n, k, rng)
     packed = T.PackedTernary.pack(w, fmt)
-    assert packed.data.shape == (n, T.packed_cols(k, fmt))
+    rows = -(-n // T.TILE_ROWS) if fmt == "2bit_tiles" else n  # 2bit_tiles: one row of data a tile of 16
+    assert packed.data.shape == (rows, T.packed_cols(k, fmt))
     assert torch.equal(packed.unpack(), w)
 
 
@@ -167,7 +169,7 @@ def test_packed_shape_and_dtype_must_match_n_and_k(rng):
 def test_packed_rejects_invalid_codes(rng):
     for fmt in T.INT32_FORMATS:
         data2 = T.PackedTernary.pack(ternary(2, 256, rng), fmt).data.clone()
-        data2[1, 7] |= 3 << 20  # a field with code 3
+        data2.view(-1)[23] |= 3 << 20  # a field with code 3 (row 1, word 7 of the row-major formats)
         with pytest.raises(ValueError, match="not ternary"):
             T.PackedTernary(data2, 2, 256, fmt)
     data3 = T.pack_base3(ternary(2, 80, rng))
@@ -282,6 +284,10 @@ def test_vector_input_and_the_dispatcher(rng):
     for fmt in T.FORMATS:
         x = x_for(fmt, torch.randn(k, generator=rng).to(DEV))
         packed = T.PackedTernary.pack(w.to(DEV), fmt)
+        if fmt == "2bit_tiles" and not runtime.has_gpu():  # step 8 is CUDA C++
+            with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+                T.ternary_matmul(x, packed, 2.0)
+            continue
         z = T.ternary_matmul(x, packed, 2.0)
         assert z.shape == (n,)
         assert_matches(z, x, w.to(DEV), 2.0)
@@ -335,7 +341,7 @@ def test_mma_split_workspace_is_left_clean(rng):
 def test_rows_of_zero_weights_give_exact_zeros(rng):
     w = ternary(12, 100, rng)
     w[3] = 0
-    for fmt in T.FORMATS:
+    for fmt in T.FORMATS if runtime.has_gpu() else [f for f in T.FORMATS if f != "2bit_tiles"]:
         x = x_for(fmt, torch.randn(1, 100, generator=rng).to(DEV))
         z = T.ternary_matmul(x, T.PackedTernary.pack(w.to(DEV), fmt))
         assert z[0, 3].item() == 0.0
@@ -485,3 +491,135 @@ def test_gpu_every_config(step, config_index):
     w = ternary(n, k, gen)
     z = fn(x, weights_for(kind, w), 1.25, out=poisoned(m, n), config=T.config_dict(configs[config_index]))
     assert_matches(z, x, w.to(DEV), 1.25)
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 8: CUDA C++ on mma.sync (compiled and checked here; run on the GPU)
+# ------------------------------------------------------------------------------------------------
+
+def test_2bit_tiles_is_the_mma_words_reordered(rng):
+    n, k = 37, 600  # 3 tiles (the last one 5 rows + 11 of padding), 3 groups (the last one part padding)
+    w = ternary(n, k, rng)
+    mma, tiles = T.pack_2bit_mma(w), T.pack_2bit_tiles(w)
+    groups = mma.shape[1] // T.GROUP_WORDS
+    assert tiles.shape == (3, 16 * 16 * groups)
+    for tile in range(3):
+        for gi in range(groups):
+            for h in range(2):
+                for g in range(8):
+                    row = 16 * tile + 8 * h + g
+                    got = tiles[tile, ((gi * 2 + h) * 8 + g) * 16:][:16]
+                    want = mma[row, gi * 16:][:16] if row < n else torch.full((16,), T.ZERO_WORD - 2**32)
+                    assert torch.equal(got, want.to(torch.int32)), (tile, gi, h, g)
+
+
+def _cu_constants(bf16: bool) -> tuple[int, list[int], list[int]]:
+    """(magic, mul[p], add[p]) of decode_pair in ternary_mma.cu, read from the source itself."""
+    import re
+    from studylog import cuda
+    src = cuda.read_source("ternary_mma")
+    body = src.split(f"decode_pair<{'true' if bf16 else 'false'}>(u32 src, int p)")[1].split("return w;")[0]
+    magic = int(re.search(r"\| (0x[0-9A-Fa-f]+)u\);", body).group(1), 16)
+    mul = [int(v, 16) for v in re.findall(r"0x[0-9A-Fa-f]+", re.search(r"mul = (.*);", body).group(1))]
+    add = [int(v, 16) for v in re.findall(r"0x[0-9A-Fa-f]+", re.search(r"add = (.*);", body).group(1))]
+    return magic, mul, add
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_step8_decode_constants_give_every_weight_exactly(bf16):
+    # decode_pair of the .cu file, emulated: OR the magic, AND field p with the magic, then the packed
+    # FMA (exact here: every product and sum is a small integer times a power of two). A wrong
+    # constant in the source fails this test without a GPU.
+    dtype = torch.bfloat16 if bf16 else torch.float16
+    magic, mul, add = _cu_constants(bf16)
+    assert len(mul) == len(add) == 4
+    codes = torch.cartesian_prod(*[torch.arange(3)] * 4)  # (81, 4): pairs 0..3 of a half
+    half = (codes << (2 * torch.arange(4))).sum(1)
+    for p in range(4):
+        bits = (half | (magic & 0xFFFF)) & ((3 << (2 * p)) | (magic & 0xFFFF))
+        value = bits.to(torch.int16).view(dtype).double()
+        factor = torch.tensor([mul[p] & 0xFFFF], dtype=torch.int32).to(torch.int16).view(dtype).double()
+        offset = torch.tensor([add[p] & 0xFFFF], dtype=torch.int32).to(torch.int16).view(dtype).double()
+        assert mul[p] >> 16 == mul[p] & 0xFFFF and add[p] >> 16 == add[p] & 0xFFFF  # both halves alike
+        assert torch.equal(value * factor + offset, codes[:, p].double() - 1), (dtype, p)
+
+
+def test_step8_compiles_to_mma_sync_without_spills():
+    from studylog import cuda
+    compiled = cuda.compile_source("ternary_mma", arch="sm_90", name_expressions=T.CUDA_MMA_INSTANCES)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in compiled.ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in compiled.ptx
+    assert "ld.global.nc.L1::no_allocate.v4.u32" in compiled.ptx  # weights: 16 bytes, around L1
+    report = compiled.ptxas_report()
+    assert len(report) == len(T.CUDA_MMA_INSTANCES)
+    for name, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (16, 4096, 14336), (3, 17, 1), (1, 1, 1)])
+def test_step8_launch_heuristic(m, n, k):
+    cfg = T.cuda_mma_config(m, n, k, sms=132)
+    groups = -(-k // 256)
+    assert 1 <= cfg.slices <= groups
+    rows_x = min(m, 8 if m <= 8 else 16)
+    per_slice = min(-(-groups // cfg.slices), T.cuda_mma_max_groups_per_slice(rows_x))
+    assert T.cuda_mma_smem_bytes(rows_x, per_slice) <= T.CUDA_MMA_SMEM_LIMIT
+    if (m, n, k) == (1, 4096, 14336):  # 16 blocks of 256 rows, K in 9 slices: about one block per SM
+        assert (cfg.rows, cfg.slices) == (256, 9)
+
+
+def test_step8_bad_inputs_raise_clear_errors(rng):
+    w = ternary(20, 300, rng)
+    tiles = T.PackedTernary.pack(w.to(DEV), "2bit_tiles")
+    x = torch.randn(2, 300).to(DEV, torch.bfloat16)
+    with pytest.raises(TypeError, match="x must be one of"):
+        T.cuda_mma_matmul(x.float(), tiles)
+    with pytest.raises(ValueError, match="reads the 2bit_tiles format"):
+        T.cuda_mma_matmul(x, T.PackedTernary.pack(w.to(DEV), "2bit_mma"))
+    with pytest.raises(ValueError, match="K=301"):
+        T.cuda_mma_matmul(torch.randn(2, 301).to(DEV, torch.bfloat16), tiles)
+    with pytest.raises(TypeError, match="CudaMmaConfig"):
+        T.cuda_mma_matmul(x, tiles, config={"warps": 4})
+    with pytest.raises(ValueError, match="row_tiles"):
+        T.CudaMmaConfig(row_tiles=3)
+    with pytest.raises(ValueError, match="slices"):
+        T.CudaMmaConfig(slices=0)
+    with pytest.raises(ValueError, match=r"need \(3, 512\)"):
+        T.PackedTernary(tiles.data, 33, 300, "2bit_tiles")  # 33 rows take 3 tiles, not 2
+    if not runtime.has_gpu():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            T.cuda_mma_matmul(x, tiles)
+
+
+STEP8_CONFIGS = [T.CudaMmaConfig(rt, 2, warps, slices) for rt in (1, 2) for warps in (1, 4, 8) for slices in (1, 3, 16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 17, 300), (3, 130, 2000), (8, 33, 256), (9, 77, 513),
+                                     (16, 300, 5000), (17, 40, 777), (40, 200, 1000)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step8_every_config(m, n, k, x_dtype):
+    gen = torch.Generator(device="cuda").manual_seed(m * 1000 + n + k)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen), per_channel=(k % 2 == 1))
+    x = torch.randn(m, k, device="cuda", generator=gen).to(x_dtype)
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    for cfg in [None] + STEP8_CONFIGS:
+        z = T.cuda_mma_matmul(x, tiles, scale, out=poisoned(m, n), config=cfg)
+        assert_matches(z, x, w, scale)
+        again = T.cuda_mma_matmul(x, tiles, scale, config=cfg)  # the arrival counters were left at zero
+        assert torch.equal(z, again), f"{cfg}: not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_step8_full_size_unaligned_x_and_the_dispatcher():
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    n, k = 4099, 14335
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    for m in (1, 16):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        assert_matches(T.ternary_matmul(x, tiles, scale), x, w, scale)
+    wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
+    x = wide[:, 1:]  # rows start 2 bytes past a 16-byte boundary: the wrapper copies them
+    assert_matches(T.cuda_mma_matmul(x, tiles, scale, out=poisoned(2, n)), x, w, scale)
+    assert_matches(T.cuda_mma_matmul(x[0], tiles, scale)[None], x[:1], w, scale)

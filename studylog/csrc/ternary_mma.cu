@@ -25,9 +25,6 @@
 // Weights are the "MMA's A" (16 rows of W a step) and x the B (8 of its rows a step): for M = 1 the
 // tensor cores do 8x the useful work, which costs less than any decode on the CUDA cores would.
 
-#ifndef TM_VARIANT
-#define TM_VARIANT 0
-#endif
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
@@ -104,10 +101,6 @@ __device__ __forceinline__ u32 part(const uint4 &v, int i) { return i == 0 ? v.x
 // piece of xv[j][p], an aligned register pair that the MMA takes without a move.
 template <bool BF16, int MT, int RT>
 __device__ __forceinline__ void group_mma(float (&acc)[2][RT][MT][4], const uint4 (&a)[RT][2], const uint4 (&xv)[MT][8]) {
-#if TM_VARIANT == 1
-    for (int r = 0; r < RT; ++r) acc[0][r][0][0] += __uint_as_float((a[r][0].x ^ a[r][1].y ^ a[r][0].z ^ a[r][1].w ^ xv[0][0].x ^ xv[0][7].y) & 0x3f);
-    return;
-#endif
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
         u32 src[2][4][2];  // [row g / g + 8][word][pairs 0..3 / 4..7], magic OR-ed in
@@ -126,10 +119,6 @@ __device__ __forceinline__ void group_mma(float (&acc)[2][RT][MT][4], const uint
                 const u32 a1 = decode_pair<BF16>(src[1][2 * i2][p >> 2], p & 3);
                 const u32 a2 = decode_pair<BF16>(src[0][2 * i2 + 1][p >> 2], p & 3);
                 const u32 a3 = decode_pair<BF16>(src[1][2 * i2 + 1][p >> 2], p & 3);
-#if TM_VARIANT == 2
-                acc[i2][r][0][0] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ part(xv[0][p], 2 * i2)) & 0x3f);
-                continue;
-#endif
 #pragma unroll
                 for (int j = 0; j < MT; ++j)
                     mma16816<BF16>(acc[i2][r][j], a0, a1, a2, a3, part(xv[j][p], 2 * i2), part(xv[j][p], 2 * i2 + 1));
@@ -184,7 +173,7 @@ __global__ void __launch_bounds__(256) ternary_mma(const unsigned short *__restr
     // x[m0 .., this slice of K] into shared memory, zeros past K (the padding weights are zeros too,
     // so the last group needs no special case below).
     const int pieces = (g_end - g_begin) * 32;
-    for (int idx = threadIdx.x + (TM_VARIANT == 3 ? 1 << 30 : 0); idx < x_rows * pieces; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < x_rows * pieces; idx += blockDim.x) {
         const int row = idx / pieces, piece = idx - row * pieces;
         const int k = g_begin * 256 + piece * 8;
         const unsigned short *xr = x + (size_t)(m0 + row) * x_stride;
