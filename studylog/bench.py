@@ -59,8 +59,10 @@ def gpu_slug(name: str) -> str:
 
 
 def git_commit() -> str:
-    """The commit being measured: git if available, else ``$STUDYLOG_COMMIT`` (set it when the
-    working tree travels without ``.git``, as on a lent GPU machine), else ``"unknown"``."""
+    """The commit being measured: ``$STUDYLOG_COMMIT`` when set (a working tree copied to a lent GPU
+    machine may carry no ``.git``, or a stale one), else git, else ``"unknown"``."""
+    if os.environ.get("STUDYLOG_COMMIT"):
+        return os.environ["STUDYLOG_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
@@ -73,7 +75,7 @@ def git_commit() -> str:
             return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("STUDYLOG_COMMIT", "unknown")
+    return "unknown"
 
 
 def device_info() -> dict[str, Any]:

@@ -1311,14 +1311,15 @@ def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.Cu
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
     """Step 8's launch for an (M, N, K) problem, from a sweep on the H200 (the notebook shows it).
-    One row of x: blocks of 8 warps x 2 row tiles (256 rows of W), and K cut until there is about
-    one block per SM. More rows of x: one row tile a warp (the MMAs double, registers too), and K
+    One row of x: blocks of 8 warps x 2 row tiles (256 rows of W), and K cut until there are about
+    two blocks per SM (at most 8 slices on 132 SMs: 4096 rows make 16 row blocks, 8 slices). More rows of x: one row tile a warp (the MMAs double, registers too), and K
     cut as far as the copy of x in shared memory needs."""
     sms = sms or sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if m <= 8:
         row_blocks = triton.cdiv(n, 256)
-        return CudaMmaConfig(row_tiles=2, stages=2, warps=8, slices=max(1, min(groups, triton.cdiv(sms, row_blocks))))
+        slices = round(2 * sms / max(row_blocks, 32))  # about 2 blocks a SM; 8 slices at most on 132 SMs
+        return CudaMmaConfig(row_tiles=2, stages=2, warps=8, slices=max(1, min(groups, slices)))
     return CudaMmaConfig(row_tiles=1, stages=2, warps=8, slices=1)
 
 

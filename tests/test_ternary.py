@@ -564,8 +564,8 @@ def test_step8_launch_heuristic(m, n, k):
     rows_x = min(m, 8 if m <= 8 else 16)
     per_slice = min(-(-groups // cfg.slices), T.cuda_mma_max_groups_per_slice(rows_x))
     assert T.cuda_mma_smem_bytes(rows_x, per_slice) <= T.CUDA_MMA_SMEM_LIMIT
-    if (m, n, k) == (1, 4096, 14336):  # 16 blocks of 256 rows, K in 9 slices: about one block per SM
-        assert (cfg.rows, cfg.slices) == (256, 9)
+    if (m, n, k) == (1, 4096, 14336):  # 16 blocks of 256 rows, K in 8 slices: the best of the H200 sweep
+        assert (cfg.rows, cfg.slices) == (256, 8)
 
 
 def test_step8_bad_inputs_raise_clear_errors(rng):
