@@ -592,16 +592,12 @@ KERNELS = {
 }
 
 
-def _sm_count() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count if runtime.has_gpu() else 132
-
-
 def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
     """Haystack positions per block of the fused kernel: enough blocks to fill the GPU about
     eight blocks per SM, at most 8 tiles of TILE positions per block (``chunk_tiles`` overrides)."""
     if chunk_tiles is None:
         tiles = batch * (-(-prompt_width // TILE) + -(-gen_width // TILE))
-        chunk_tiles = max(1, min(8, tiles // (8 * _sm_count())))
+        chunk_tiles = max(1, min(8, tiles // (8 * runtime.sm_count())))
     chunk_len = chunk_tiles * TILE
     while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:  # gridDim.y limit
         chunk_len *= 2
@@ -625,7 +621,7 @@ def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *
     overrides, rounded up to whole tiles). The range comes from the benchmark's chunk sweep."""
     if chunk_len is None:
         tiles = batch * (-(-prompt_width // tile) + -(-gen_width // tile))
-        chunk_len = max(2, min(8, tiles // (4 * _sm_count()))) * tile
+        chunk_len = max(2, min(8, tiles // (4 * runtime.sm_count()))) * tile
     chunk_len = -(-chunk_len // tile) * tile
     while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:  # gridDim.y limit
         chunk_len *= 2

@@ -7,6 +7,7 @@ which means ``import studylog.<chapter>`` is always enough: no manual environmen
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -41,6 +42,17 @@ def has_gpu() -> bool:
 def device() -> torch.device:
     """The device to put kernel inputs on: ``cuda`` on a GPU machine, else ``cpu``."""
     return torch.device("cuda" if _HAS_GPU else "cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current GPU, for launch heuristics (132, an H100/H200 SXM's,
+    when none is visible, so that the heuristics give on a CPU what they give on the benchmark GPU)."""
+    return _device_sm_count(torch.cuda.current_device()) if _HAS_GPU else 132
 
 
 def describe() -> str:

@@ -1183,10 +1183,10 @@ def w2a8_matmul(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: Packe
 
 
 class _SplitWorkspace:
-    """Step 7's split-K scratch on one device: float32 partial sums (M x N at most, all zeros between
-    launches) and one arrival counter per output tile (zeros too). The last slice of a tile to
-    arrive restores both, so the workspace is allocated and zeroed once, not every call. Launches
-    that share it must not overlap: one stream at a time, like a cuBLAS workspace."""
+    """Split-K scratch on one device (steps 7 and 8 each have their own): float32 partial sums (step 7
+    keeps them all zeros between launches) and one arrival counter per output tile (zeros too). The
+    last slice of a tile to arrive restores them, so the workspace is allocated and zeroed once, not
+    every call. Launches that share it must not overlap: one stream at a time, like a cuBLAS workspace."""
 
     def __init__(self):
         self.sums: dict[str, Tensor] = {}
@@ -1292,16 +1292,6 @@ cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def sm_count() -> int:
-    """Streaming multiprocessors of the current GPU (132 on an H100/H200 SXM when none is visible)."""
-    return _sm_count(torch.cuda.current_device()) if runtime.has_gpu() else 132
-
-
-@functools.lru_cache(maxsize=None)
 def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.CudaKernel":
     # Looked up once: compiling, loading and finding a kernel cost far more than the launch itself
     # (tens of microseconds, which would show up in the timings of a 5-microsecond kernel).
@@ -1312,9 +1302,10 @@ def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.Cu
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
     """Step 8's launch for an (M, N, K) problem, from a sweep on the H200 (the notebook shows it).
     One row of x: blocks of 8 warps x 2 row tiles (256 rows of W), and K cut until there are about
-    two blocks per SM (at most 8 slices on 132 SMs: 4096 rows make 16 row blocks, 8 slices). More rows of x: one row tile a warp (the MMAs double, registers too), and K
-    cut as far as the copy of x in shared memory needs."""
-    sms = sms or sm_count()
+    two blocks per SM (at most 8 slices on 132 SMs: 4096 rows make 16 row blocks, 8 slices). More
+    rows of x: one row tile a warp (the MMAs double, registers too), and K cut as far as the copy of
+    x in shared memory needs."""
+    sms = sms or runtime.sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if m <= 8:
         row_blocks = triton.cdiv(n, 256)

@@ -4,9 +4,11 @@
 // Step 7 (Triton) decodes two weights per AND and one packed FMA straight into the MMA's A operand,
 // yet on the H200 it ran at 4x the 2-bit floor for M = 1: Triton 3.6 waits for each MMA before it
 // decodes the next operand, so the loads, the decode and the tensor cores take turns. Here the same
-// bits ("2bit_mma" format) meet the same decode, but the schedule is ours:
+// words (step 7's "2bit_mma" words, reordered as "2bit_tiles") meet the same decode, but the
+// schedule is ours:
 //   * each thread loads its own A fragments with 16-byte loads, STAGES groups of 256 weights ahead
-//     of the one it decodes (a ring of registers; no shared memory, no barrier in the loop);
+//     of the one it decodes (a ring of registers, no barrier in the loop); x is copied into shared
+//     memory once per block;
 //   * the decode is a LOP3 and an HFMA2 per two weights, and the products are mma.sync m16n8k16
 //     with float32 accumulators: the decode of the next step overlaps the MMA of this one;
 //   * K is split over blockIdx.y; each slice stores its partial sums, and the last slice of a
@@ -77,7 +79,7 @@ __device__ __forceinline__ void mma16816(float *c, u32 a0, u32 a1, u32 a2, u32 a
             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Weights are read once: keep them out of L1 (x, read by every warp, stays there).
+// Weights are read once: keep them out of L1.
 __device__ __forceinline__ uint4 load_weights(const uint4 *p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
