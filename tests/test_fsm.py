@@ -13,10 +13,11 @@ import pytest
 import torch
 
 # The chapter runs on the CPU; the GPU machine does not carry these packages, so skip rather than fail there.
-for _name in ("outlines_core", "outlines", "bpe_openai", "jsonschema", "pydantic"):
+for _name in ("outlines_core", "outlines", "bpe_openai", "jsonschema", "pydantic", "regex"):
     pytest.importorskip(_name)
 
 import jsonschema  # noqa: E402
+import regex as regex_module  # noqa: E402  (current Unicode tables, see _check_valid)
 
 from studylog import data, fsm, fsm_schemas  # noqa: E402
 
@@ -51,11 +52,24 @@ def _py_rng(rng, salt: str) -> random.Random:
 
 
 def _check_valid(entry, regex: str, text: bytes) -> None:
-    """Independent checks of an output: Python's re module on the regex, and JSON parsing for JSON entries."""
+    """Independent checks of an output: the `regex` module on the regex, and JSON parsing for JSON entries.
+
+    Not Python's `re`: its classes such as `\\d` follow the Unicode version of the interpreter (14.0 in
+    Python 3.11), while outlines-core's follow a newer one, so a walk that writes U+1E4F7 (a Nag Mundari
+    digit, new in Unicode 15) is a digit to the FSM and not to `re`. `regex` ships current Unicode tables.
+    """
     s = text.decode("utf-8")
-    assert re.fullmatch(regex, s, flags=re.DOTALL), f"{entry.name}: {s!r} does not match the regex"
+    assert regex_module.fullmatch(regex, s, flags=regex_module.DOTALL), f"{entry.name}: {s!r} does not match the regex"
     if entry.kind == "json":
         json.loads(s)
+
+
+def test_independent_check_knows_new_unicode_digits():
+    """The seed that once failed: outlines-core counts U+1E4F7 (Unicode 15) as \\d; so must the check."""
+    entry = type("Entry", (), {"name": "digits", "kind": "regex"})()
+    _check_valid(entry, r"\d{2}", "4\U0001E4F7".encode())
+    with pytest.raises(AssertionError, match="does not match"):
+        _check_valid(entry, r"\d{2}", "4x".encode())
 
 
 # --- vocabulary ------------------------------------------------------------------------------------------
