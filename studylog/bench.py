@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +147,48 @@ class BenchRun:
         import triton.testing
 
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+    def kernel_time(self, fn: Callable[[], Any], *, reps: int = 40) -> float:
+        """Median GPU time of ``fn()``'s kernels in milliseconds, as the profiler (CUPTI) records them:
+        from the start of its first kernel to the end of its last, L2 flushed before each repetition.
+
+        do_bench's events add the launch and the events themselves (about 3 µs on an H100/H200, see
+        ``ceilings.empty_launch_ms``); that matters for kernels of a few microseconds, so chapters that
+        have them record both.
+        """
+        from torch.profiler import ProfilerActivity, profile
+
+        flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+
+        def gpu_events(prof):
+            return sorted((e.start_ns(), e.start_ns() + e.duration_ns(), e.name())
+                          for e in prof.profiler.kineto_results.events()
+                          if e.device_type() == torch.autograd.DeviceType.CUDA)
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            flush.zero_()
+            torch.cuda.synchronize()
+        flush_names = {name for _, _, name in gpu_events(prof)}
+        for _ in range(3):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                flush.zero_()
+                fn()
+            torch.cuda.synchronize()
+        spans, current = [], None
+        for start, end, name in gpu_events(prof):
+            if name in flush_names:
+                current = []
+                spans.append(current)
+            elif current is not None:
+                current.append((start, end))
+        spans = [(max(e for _, e in s) - min(b for b, _ in s)) / 1e6 for s in spans if s]
+        if len(spans) < reps // 2:
+            raise RuntimeError(f"the profiler saw kernels in {len(spans)} of {reps} repetitions")
+        return float(statistics.median(spans))
 
     def floor_ms(self, nbytes: float) -> float:
         """Time to move ``nbytes`` through device memory at the copy bandwidth measured in this run."""

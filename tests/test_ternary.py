@@ -514,19 +514,25 @@ def test_2bit_tiles_is_the_mma_words_reordered(rng):
 
 
 def _cu_constants(bf16: bool) -> tuple[int, list[int], list[int]]:
-    """(magic, mul[p], add[p]) of decode_pair in ternary_mma.cu, read from the source itself."""
+    """(magic, mul[p], add[p]) of the decode in ternary_common.cuh (steps 8 and 9), read from the source:
+    the magic of with_magic, decode_pair and step 9's kernel (all three must agree), the FMA's factors."""
     import re
     from studylog import cuda
-    src = cuda.read_source("ternary_mma")
-    body = src.split(f"decode_pair<{'true' if bf16 else 'false'}>(u32 src, int p)")[1].split("return w;")[0]
-    magic = int(re.search(r"\| (0x[0-9A-Fa-f]+)u\);", body).group(1), 16)
+    src = cuda.read_source("ternary_common.cuh")
+    magics = {int(v, 16) for v in re.findall(r"BF16 \? (0x[0-9A-Fa-f]+)u : 0x", src)} if bf16 else \
+        {int(v, 16) for v in re.findall(r"BF16 \? 0x[0-9A-Fa-f]+u : (0x[0-9A-Fa-f]+)u", src)}
+    magics |= {int(v, 16) for v in re.findall(r"BF16 \? (0x[0-9A-Fa-f]+)u : (0x[0-9A-Fa-f]+)u",
+                                             cuda.read_source("ternary_bulk"))[0][0 if bf16 else 1:][:1]}
+    assert len(magics) == 1, f"the sources disagree on the magic: {sorted(map(hex, magics))}"
+    body = src.split("decode_fma(u32 v, int p)")[1].split("return w;")[0]
+    body = body.split("} else {")[0 if bf16 else 1]
     mul = [int(v, 16) for v in re.findall(r"0x[0-9A-Fa-f]+", re.search(r"mul = (.*);", body).group(1))]
     add = [int(v, 16) for v in re.findall(r"0x[0-9A-Fa-f]+", re.search(r"add = (.*);", body).group(1))]
-    return magic, mul, add
+    return magics.pop(), mul, add
 
 
 @pytest.mark.parametrize("bf16", [True, False])
-def test_step8_decode_constants_give_every_weight_exactly(bf16):
+def test_steps_8_and_9_decode_constants_give_every_weight_exactly(bf16):
     # decode_pair of the .cu file, emulated: OR the magic, AND field p with the magic, then the packed
     # FMA (exact here: every product and sum is a small integer times a power of two). A wrong
     # constant in the source fails this test without a GPU.
@@ -623,3 +629,139 @@ def test_gpu_step8_full_size_unaligned_x_and_the_dispatcher():
     x = wide[:, 1:]  # rows start 2 bytes past a 16-byte boundary: the wrapper copies them
     assert_matches(T.cuda_mma_matmul(x, tiles, scale, out=poisoned(2, n)), x, w, scale)
     assert_matches(T.cuda_mma_matmul(x[0], tiles, scale)[None], x[:1], w, scale)
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 9: step 8 fed by the TMA (compiled and checked here; run on a Hopper GPU)
+# ------------------------------------------------------------------------------------------------
+
+def test_step9_compiles_to_bulk_copies_and_mbarriers_without_spills():
+    from studylog import cuda
+    compiled = cuda.compile_source("ternary_bulk", arch="sm_90", name_expressions=T.BULK_INSTANCES)
+    ptx = compiled.ptx
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # the copy engine
+    assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    import re
+    assert not re.search(r"ld\.global[.\w:]*\.v[24]", ptx)  # no vector loads: weights and x come by the engine
+    report = compiled.ptxas_report()
+    assert len(report) == len(T.BULK_INSTANCES)
+    for name, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+
+
+def test_step9_decode_keeps_the_magic_in_a_register():
+    """The point of decode_pair_reg: no IMAD.MOV of the magic before each LOP3 (read from the SASS)."""
+    import shutil, subprocess, tempfile
+    from pathlib import Path
+    from studylog import cuda
+    tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.is_file() and not shutil.which("cuobjdump"):
+        pytest.skip("no cuobjdump to read SASS with")
+    counts = {}
+    for step, source, name in [(8, "ternary_mma", "ternary_mma<true, 1, 1, 2>"),
+                               (9, "ternary_bulk", "ternary_bulk<true, 1, 1, 4, 1>")]:
+        cubin = cuda.compile_source(source, arch="sm_90", name_expressions=[name]).cubin
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            sass = subprocess.run([str(tool) if tool.is_file() else "cuobjdump", "-sass", f.name],
+                                  capture_output=True, text=True, check=True).stdout
+        counts[step] = (sass.count("IMAD.MOV.U32"), sass.count("0x43004300"), sass.count("HMMA"))
+    assert counts[8][1] >= 16 and counts[9][1] <= 2, counts  # the constant: everywhere in 8, once in 9
+    assert counts[9][0] < counts[8][0] // 2, counts
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (1, 14336, 4096), (8, 2560, 6912),
+                                     (16, 4096, 14336), (3, 17, 1), (1, 1, 1)])
+def test_step9_launch_heuristic_fits_shared_memory(m, n, k):
+    cfg = T.bulk_config(m, n, k, sms=132)
+    groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
+    per_slice = min(-(-groups // cfg.slices), T.bulk_max_groups_per_slice(cfg, rows_x))
+    assert T.bulk_smem_bytes(cfg, rows_x, per_slice) <= T.BULK_SMEM_LIMIT
+    if m == 1 and k <= 28672:  # all of x in one block: K is not split across blocks
+        assert -(-groups // per_slice) == 1
+
+
+def test_step9_bad_inputs_raise_clear_errors(rng):
+    w = ternary(20, 300, rng)
+    tiles = T.PackedTernary.pack(w.to(DEV), "2bit_tiles")
+    x = torch.randn(2, 300).to(DEV, torch.bfloat16)
+    with pytest.raises(TypeError, match="x must be one of"):
+        T.bulk_matmul(x.float(), tiles)
+    with pytest.raises(ValueError, match="reads the 2bit_tiles format"):
+        T.bulk_matmul(x, T.PackedTernary.pack(w.to(DEV), "2bit_mma"))
+    with pytest.raises(ValueError, match="K=301"):
+        T.bulk_matmul(torch.randn(2, 301).to(DEV, torch.bfloat16), tiles)
+    with pytest.raises(TypeError, match="BulkConfig"):
+        T.bulk_matmul(x, tiles, config=T.CudaMmaConfig())
+    with pytest.raises(ValueError, match="row_tiles, stages, chunk"):
+        T.BulkConfig(row_tiles=3)
+    with pytest.raises(ValueError, match="warps"):
+        T.BulkConfig(warps=3)
+    with pytest.raises(ValueError, match="slices"):
+        T.BulkConfig(slices=0)
+    if not runtime.has_gpu():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            T.bulk_matmul(x, tiles)
+
+
+STEP9_CONFIGS = [T.BulkConfig(rt, warps, st, ch, slices) for (rt, st, ch) in T.BULK_SHAPES
+                 for warps in (1, 4, 8) for slices in (1, 3)] + [T.BulkConfig(1, 16, 4, 1, 1), T.BulkConfig(1, 16, 4, 2, 2)]
+
+
+def _gpu_is_hopper() -> bool:
+    return runtime.has_gpu() and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 17, 300), (3, 130, 2000), (8, 33, 256), (9, 77, 513),
+                                     (16, 300, 5000), (17, 40, 777), (1, 50, 7)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step9_every_config(m, n, k, x_dtype):
+    if not _gpu_is_hopper():
+        pytest.skip("step 9 needs a Hopper GPU (the TMA)")
+    gen = torch.Generator(device="cuda").manual_seed(m * 1000 + n + k)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen), per_channel=(k % 2 == 1))
+    x = torch.randn(m, k, device="cuda", generator=gen).to(x_dtype)
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    for cfg in [None] + STEP9_CONFIGS:
+        if cfg is not None and cfg.warps > 8 and m > 8:
+            with pytest.raises(ValueError, match="more than 8 warps"):
+                T.bulk_matmul(x, tiles, scale, config=cfg)
+            continue
+        z = T.bulk_matmul(x, tiles, scale, out=poisoned(m, n), config=cfg)
+        assert_matches(z, x, w, scale)
+        again = T.bulk_matmul(x, tiles, scale, config=cfg)  # the arrival counters were left at zero
+        assert torch.equal(z, again), f"{cfg}: not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_step9_full_size_unaligned_x_and_the_dispatcher():
+    if not _gpu_is_hopper():
+        pytest.skip("step 9 needs a Hopper GPU (the TMA)")
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for n, k in [(4099, 14335), (8192, 28672)]:
+        w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
+        tiles = T.PackedTernary.pack(w, "2bit_tiles")
+        for m in (1, 5, 16):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            assert_matches(T.bulk_matmul(x, tiles, scale, out=poisoned(m, n)), x, w, scale)
+            assert_matches(T.ternary_matmul(x, tiles, scale), x, w, scale)
+    wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
+    x = wide[:, 1:]  # rows start 2 bytes past a 16-byte boundary: the wrapper copies them
+    assert_matches(T.bulk_matmul(x, tiles, scale, out=poisoned(2, n)), x, w, scale)
+    assert_matches(T.bulk_matmul(x[0], tiles, scale)[None], x[:1], w, scale)
+
+
+@pytest.mark.gpu
+def test_gpu_step9_probes_run():
+    """The BULK_PROBE builds the benchmark times (copies only, arithmetic only, launch only) launch."""
+    if not _gpu_is_hopper():
+        pytest.skip("step 9 needs a Hopper GPU (the TMA)")
+    w, scale = T.quantize_absmean(torch.randn(64, 1024, device="cuda"))
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    x = torch.randn(1, 1024, device="cuda").to(torch.bfloat16)
+    for probe in (1, 2, 3):
+        T.bulk_probe(x, tiles, scale, probe)()
+    torch.cuda.synchronize()

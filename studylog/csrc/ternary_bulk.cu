@@ -1,0 +1,220 @@
+// Step 9: step 8's decode and MMAs, fed by the Tensor Memory Accelerator (ternary_bulk <<<(row
+// tiles / RT, K slices, M blocks), 32 x (warps + 1)>>>, Hopper and later).
+//
+// Step 8 kept each thread's next weights in registers: two groups of 16 bytes a thread, which a
+// version that only loaded the weights showed was too little to stream at the copy bandwidth, and
+// it split K across blocks, which costs a round trip through L2 at the end (partial sums, a fence,
+// a counter). Probes on the H200 (BULK_PROBE below) then showed what else it paid for: about 2.5 us
+// a call that did not depend on the size (launch, the first DRAM wait, the copy of x, the split-K
+// ending), on top of the streaming itself. Step 9 changes the plumbing, not the arithmetic:
+//   * one producer warp (the block's last) has the copy engine move the weights from global to
+//     shared memory (cp.async.bulk, no registers, no address arithmetic per thread) into a ring of
+//     STAGES stages; a stage's "full" mbarrier counts its bytes in, its "empty" mbarrier counts the
+//     consumer warps out, and the producer refills it then;
+//   * a block owns RT tiles of 16 rows and its consumer warps share the block's K: in each stage,
+//     warp i takes groups i CHUNK .. i CHUNK + CHUNK - 1 of the stage's warps x CHUNK groups, which
+//     are consecutive in the "2bit_tiles" format, so a stage is one copy per tile (few, large
+//     copies: 1 KiB copies per warp were slower, the copy engine has a cost per copy);
+//   * x comes in by the same engine, issued first, so its wait overlaps the weights' wait;
+//   * the warps add their partial sums in shared memory at the end, in a fixed order: no split of K
+//     across blocks, no round trip through L2, and the result is deterministic. (K is split across
+//     blocks only when a block's x would not fit in shared memory; then as in step 8.)
+//   * the decode's magic constant sits in a register (decode_pair_reg), which saves ptxas's
+//     IMAD.MOV before each of its LOP3s: 219 instead of 239 instructions a group.
+#include "ternary_common.cuh"
+
+__device__ __forceinline__ u32 smem_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbarrier_init(u64 *bar, u32 arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
+}
+
+// One arrival that also announces `bytes` still to come from the copy engine.
+__device__ __forceinline__ void mbarrier_expect_bytes(u64 *bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(u64 *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
+// Wait until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbarrier_wait(u64 *bar, u32 parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(smem_address(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// `bytes` (a multiple of 16) from global to shared memory by the copy engine; the barrier counts them.
+// The weights are read once: the cache hint lets L2 evict them first.
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, u32 bytes, u64 *bar, u64 policy) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(smem_address(dst)), "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
+        : "memory");
+}
+
+__device__ __forceinline__ u64 evict_first_policy() {
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// Probes for the notebook's "what limits it" (compiled with -DBULK_PROBE=...): 1 keeps the copies and
+// drops the arithmetic, 2 keeps the arithmetic (on whatever shared memory holds) and drops the copies,
+// 3 returns at once. 0, the kernel itself, by default.
+#ifndef BULK_PROBE
+#define BULK_PROBE 0
+#endif
+
+// Bytes of dynamic shared memory before the stages: the 2 x STAGES + 1 mbarriers, rounded up to 128.
+constexpr int BARRIER_BYTES = 512;
+
+// z[m, n] = sum_k x[m, k] W[n, k] / scale[n * scale_stride], W in the "2bit_tiles" format, as step 8,
+// but a block owns RT tiles (16 RT rows of W) and its `warps` consumer warps split the block's slice
+// of K among themselves: warp i takes the i-th of `warps` equal runs of groups. A block's x (its
+// x rows over its slice of K) and its weights all come in by the copy engine, started at once by
+// the producer; the warps add their sums in shared memory, in a fixed order, at the end. K is split
+// over blockIdx.y as well only when the block's x would not fit in shared memory (M > 1, long K);
+// then finish_split sums the slices as in step 8. K must be a multiple of 8 and x's rows must start
+// on 16-byte boundaries (the wrapper pads x otherwise). blockDim.x = 32 (warps + 1).
+// Dynamic shared memory: BARRIER_BYTES, STAGES stages of warps x RT x CHUNK groups (1 KiB each),
+// then x (x rows of groups_per_slice x 32 pieces + 4 of padding).
+// Up to 16 consumer warps a block with one tile of W and of x (51 registers), 8 with more (up to 131).
+template <bool BF16, int MT, int RT, int STAGES, int CHUNK>
+__global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const unsigned short *__restrict__ x, const uint4 *__restrict__ w,
+                                                    float *__restrict__ z, const float *__restrict__ scale,
+                                                    float *__restrict__ partials, u32 *__restrict__ arrivals,
+                                                    int M, int N, int K, int groups, int x_stride,
+                                                    int scale_stride, int groups_per_slice) {
+    static_assert(2 * STAGES * sizeof(u64) + 2 * sizeof(u64) <= BARRIER_BYTES, "the mbarriers must fit before the stages");
+    extern __shared__ __align__(128) unsigned char smem[];
+    u64 *full = reinterpret_cast<u64 *>(smem), *empty = full + STAGES, *x_ready = empty + STAGES;
+    const int warps = (blockDim.x >> 5) - 1, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int stage_pieces = warps * RT * CHUNK * 64;  // 16-byte pieces a stage
+    uint4 *stages = reinterpret_cast<uint4 *>(smem + BARRIER_BYTES);
+    uint4 *xs = stages + STAGES * stage_pieces;
+    const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
+    const int g_begin = blockIdx.y * groups_per_slice;
+    const int g_end = min(g_begin + groups_per_slice, groups);
+    const int per_chunk = warps * CHUNK;  // groups a stage holds of each tile, CHUNK for each warp
+    const int chunks = (g_end - g_begin + per_chunk - 1) / per_chunk;
+    const int xs_stride = groups_per_slice * 32 + 4;
+    const int tile0 = blockIdx.x * RT, tiles = (N + 15) / 16;
+    const int k_begin = g_begin * 256, k_end = min(g_end * 256, K);
+
+    if (BULK_PROBE == 3) return;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(&full[s], 1);        // the producer's arrival (and the bytes it announces)
+            mbarrier_init(&empty[s], warps);   // one arrival per consumer warp
+        }
+        mbarrier_init(x_ready, 1);
+        *reinterpret_cast<u32 *>(x_ready + 1) = BF16 ? 0x43004300u : 0x64006400u;  // the decode's magic
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (warp == warps) {
+        // The producer: one thread; x first, then the chunks. A stage is refilled once every warp has
+        // read its part of it.
+        if (lane == 0) {
+            const u64 policy = evict_first_policy();
+            const u32 x_bytes = (u32)(k_end - k_begin) * 2u;
+            mbarrier_expect_bytes(x_ready, x_bytes * x_rows);
+            for (int row = 0; row < x_rows; ++row)
+                bulk_copy(xs + row * xs_stride, x + (size_t)(m0 + row) * x_stride + k_begin, x_bytes, x_ready,
+                          policy);
+            for (int c = 0; BULK_PROBE != 2 && c < chunks; ++c) {
+                const int s = c % STAGES;
+                if (c >= STAGES) mbarrier_wait(&empty[s], ((c / STAGES) - 1) & 1);
+                // The stage's groups of a tile are consecutive in memory: one copy per tile.
+                const int gc = g_begin + c * per_chunk;
+                const u32 bytes = (u32)min(per_chunk, g_end - gc) * 1024u;
+                mbarrier_expect_bytes(&full[s], bytes * RT);
+                // Tiles past the last one copy the last one again; their rows are not stored.
+                for (int r = 0; r < RT; ++r)
+                    bulk_copy(stages + s * stage_pieces + r * per_chunk * 64,
+                              w + ((size_t)min(tile0 + r, tiles - 1) * groups + gc) * 64, bytes, &full[s], policy);
+            }
+        }
+        __syncwarp();
+    } else {
+        // Past K the weights are zeros, and x must be finite there (0 x NaN is NaN): zero its tail.
+        const int pieces = (g_end - g_begin) * 32, valid = (k_end - k_begin) / 8;
+        for (int idx = threadIdx.x; idx < x_rows * (pieces - valid); idx += warps * 32)
+            xs[(idx / (pieces - valid)) * xs_stride + valid + idx % (pieces - valid)] = make_uint4(0, 0, 0, 0);
+        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");  // the consumers only
+        mbarrier_wait(x_ready, 0);
+
+        const u32 magic = *reinterpret_cast<volatile u32 *>(x_ready + 1);  // see decode_pair_reg
+        float acc[2][RT][MT][4] = {};
+        for (int c = 0; c < chunks; ++c) {
+            const int s = c % STAGES;
+            // this warp's CHUNK groups of the stage: gc, gc + 1, ..., fewer at the end of the slice
+            const int gc = g_begin + c * per_chunk + warp * CHUNK, ng = min(CHUNK, g_end - gc);
+            if (BULK_PROBE != 2) mbarrier_wait(&full[s], (c / STAGES) & 1);
+            // [row tile][warp][group][half]
+            const uint4 *mine = stages + s * stage_pieces + warp * CHUNK * 64 + lane;
+            uint4 a[CHUNK][RT][2];
+#pragma unroll
+            for (int cg = 0; cg < CHUNK; ++cg)
+                if (cg < ng)
+#pragma unroll
+                    for (int r = 0; r < RT; ++r)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) a[cg][r][h] = mine[(r * per_chunk + cg) * 64 + 32 * h];
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&empty[s]);  // the stage is in registers: free to refill
+            if (BULK_PROBE == 1) {  // keep the loads: fold the words into the accumulators' bits
+#pragma unroll
+                for (int cg = 0; cg < CHUNK; ++cg)
+                    if (cg < ng) acc[0][0][0][0] += __int_as_float(a[cg][0][0].x ^ a[cg][RT - 1][1].w) * 0.0f;
+                continue;
+            }
+#pragma unroll
+            for (int cg = 0; cg < CHUNK; ++cg)
+                if (cg < ng) {
+                    uint4 xv[MT][8];
+                    load_x_group<MT>(xv, xs, gc + cg - g_begin, g, t, x_rows, xs_stride);
+                    group_mma<BF16, MT, RT, true>(acc, a[cg], xv, magic);
+                }
+        }
+
+        // The warps' sums, in the stages (every copy has landed and been read: all warps are past
+        // their last wait): red[warp][row][column], then added warp by warp, in order.
+        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
+        float *red = reinterpret_cast<float *>(stages);
+        const int rows = 16 * RT, cols = 8 * MT;
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    red[(warp * rows + 16 * r + 8 * (c >> 1) + g) * cols + 8 * j + 2 * t + (c & 1)] =
+                        acc[0][r][j][c] + acc[1][r][j][c];
+        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
+        for (int idx = threadIdx.x; idx < rows * x_rows; idx += warps * 32) {
+            const int row = idx % rows, col = idx / rows, n = tile0 * 16 + row, m = m0 + col;
+            if (n >= N) continue;
+            float sum = 0.0f;
+            for (int wi = 0; wi < warps; ++wi) sum += red[(wi * rows + row) * cols + col];
+            if (gridDim.y > 1)
+                partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
+            else
+                z[(size_t)m * N + n] = sum / scale[(size_t)n * scale_stride];
+        }
+    }
+    if (gridDim.y > 1)
+        finish_split(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, z, scale, scale_stride, M,
+                     N, tile0 * 16, 16 * RT, m0, x_rows);
+}
