@@ -1452,14 +1452,15 @@ def _bulk_kernel(name: str, device_index: int, instances: tuple, options: tuple 
 
 def bulk_config(m: int, n: int, k: int, sms: Optional[int] = None) -> BulkConfig:
     """Step 9's launch for an (M, N, K) problem, from a sweep on the H200 (4096 x 14336, 8192 x 28672,
-    14336 x 4096, M = 1 and 16): 4 stages of 1 group a warp and tile. One block a tile of 16 rows
-    (8 warps, 4 with K <= 8192) until the tiles outnumber the SMs 4 to 1; then two tiles a block and
-    4 warps, so fewer, busier blocks copy x. Above 8 rows of x, two tiles and 8 warps."""
+    14336 x 4096, M = 1 and 16): 4 stages of 1 group a warp and tile. One tile of 16 rows a block,
+    with 8 warps for a long K and 4 for K <= 8192; two tiles and 4 warps a block when there are more
+    than two tiles an SM and K is long (8192 x 28672: fewer blocks, each copying x once for two
+    tiles). Above 8 rows of x, two tiles and 8 warps."""
     sms = sms or runtime.sm_count()
     tiles = triton.cdiv(n, 16)
     if m > 8:
         return BulkConfig(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
-    if tiles > 4 * sms:
+    if tiles > 2 * sms and k > 8192:
         return BulkConfig(row_tiles=2, warps=4, stages=4, chunk=1, slices=1)
     return BulkConfig(row_tiles=1, warps=8 if k > 8192 else 4, stages=4, chunk=1, slices=1)
 
