@@ -92,3 +92,18 @@ def test_readme_results_are_generated_from_the_committed_json():
     """The README's numbers are never typed by hand: its results block equals what the JSON gives."""
     readme = (bench.REPO_ROOT / "README.md").read_text()
     assert plotting.readme_results_block() in readme, "README results are stale: run `python -m studylog plot all`"
+
+
+@pytest.mark.gpu
+def test_kernel_time_sees_the_kernel_without_the_launch():
+    """BenchRun.kernel_time: the profiler's span of fn's kernels, below do_bench's event time for a short
+    kernel (no launch or event overhead) and close to it for a long one."""
+    run = bench.BenchRun("ternary", command="test")
+    a = torch.empty(64 * 1024 * 1024, device="cuda")
+    long_event, long_kernel = run.time(lambda: a.mul_(1.0)), run.kernel_time(lambda: a.mul_(1.0))
+    assert 0.8 * long_event <= long_kernel <= 1.05 * long_event, (long_event, long_kernel)
+    b = torch.empty(1024, device="cuda")
+    short_event, short_kernel = run.time(lambda: b.mul_(1.0)), run.kernel_time(lambda: b.mul_(1.0))
+    assert 0 < short_kernel < short_event, (short_event, short_kernel)
+    two = run.kernel_time(lambda: (a.mul_(1.0), a.mul_(1.0)))  # both kernels of a call are in its span
+    assert 1.7 * long_kernel <= two <= 2.3 * long_kernel, (long_kernel, two)
