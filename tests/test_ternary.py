@@ -574,27 +574,40 @@ def test_step8_launch_heuristic(m, n, k):
         assert (cfg.rows, cfg.slices) == (256, 8)
 
 
-def test_step8_bad_inputs_raise_clear_errors(rng):
+@pytest.mark.parametrize("step", [8, 9])
+def test_steps_8_and_9_bad_inputs_raise_clear_errors(step, rng):
+    matmul, config_type, other = {8: (T.cuda_mma_matmul, "CudaMmaConfig", T.BulkConfig()),
+                                  9: (T.bulk_matmul, "BulkConfig", T.CudaMmaConfig())}[step]
     w = ternary(20, 300, rng)
     tiles = T.PackedTernary.pack(w.to(DEV), "2bit_tiles")
     x = torch.randn(2, 300).to(DEV, torch.bfloat16)
     with pytest.raises(TypeError, match="x must be one of"):
-        T.cuda_mma_matmul(x.float(), tiles)
+        matmul(x.float(), tiles)
     with pytest.raises(ValueError, match="reads the 2bit_tiles format"):
-        T.cuda_mma_matmul(x, T.PackedTernary.pack(w.to(DEV), "2bit_mma"))
+        matmul(x, T.PackedTernary.pack(w.to(DEV), "2bit_mma"))
     with pytest.raises(ValueError, match="K=301"):
-        T.cuda_mma_matmul(torch.randn(2, 301).to(DEV, torch.bfloat16), tiles)
-    with pytest.raises(TypeError, match="CudaMmaConfig"):
-        T.cuda_mma_matmul(x, tiles, config={"warps": 4})
-    with pytest.raises(ValueError, match="row_tiles"):
-        T.CudaMmaConfig(row_tiles=3)
-    with pytest.raises(ValueError, match="slices"):
-        T.CudaMmaConfig(slices=0)
+        matmul(torch.randn(2, 301).to(DEV, torch.bfloat16), tiles)
+    for wrong in ({"warps": 4}, other):
+        with pytest.raises(TypeError, match=config_type):
+            matmul(x, tiles, config=wrong)
     with pytest.raises(ValueError, match=r"need \(3, 512\)"):
         T.PackedTernary(tiles.data, 33, 300, "2bit_tiles")  # 33 rows take 3 tiles, not 2
     if not runtime.has_gpu():
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-            T.cuda_mma_matmul(x, tiles)
+            matmul(x, tiles)
+
+
+def test_step8_and_9_configs_refuse_what_is_not_compiled():
+    with pytest.raises(ValueError, match="row_tiles"):
+        T.CudaMmaConfig(row_tiles=3)
+    with pytest.raises(ValueError, match="slices"):
+        T.CudaMmaConfig(slices=0)
+    with pytest.raises(ValueError, match="row_tiles, stages, chunk"):
+        T.BulkConfig(row_tiles=3)
+    with pytest.raises(ValueError, match="warps"):
+        T.BulkConfig(warps=3)
+    with pytest.raises(ValueError, match="slices"):
+        T.BulkConfig(slices=0)
 
 
 STEP8_CONFIGS = [T.CudaMmaConfig(rt, 2, warps, slices) for rt in (1, 2) for warps in (1, 4, 8) for slices in (1, 3, 16)]
@@ -684,29 +697,6 @@ def test_step9_launch_heuristic_fits_shared_memory(m, n, k):
     best_on_the_h200 = {(1, 4096, 14336): (1, 8), (1, 8192, 28672): (2, 4), (1, 14336, 4096): (1, 4)}
     if (m, n, k) in best_on_the_h200:
         assert (cfg.row_tiles, cfg.warps) == best_on_the_h200[m, n, k]
-
-
-def test_step9_bad_inputs_raise_clear_errors(rng):
-    w = ternary(20, 300, rng)
-    tiles = T.PackedTernary.pack(w.to(DEV), "2bit_tiles")
-    x = torch.randn(2, 300).to(DEV, torch.bfloat16)
-    with pytest.raises(TypeError, match="x must be one of"):
-        T.bulk_matmul(x.float(), tiles)
-    with pytest.raises(ValueError, match="reads the 2bit_tiles format"):
-        T.bulk_matmul(x, T.PackedTernary.pack(w.to(DEV), "2bit_mma"))
-    with pytest.raises(ValueError, match="K=301"):
-        T.bulk_matmul(torch.randn(2, 301).to(DEV, torch.bfloat16), tiles)
-    with pytest.raises(TypeError, match="BulkConfig"):
-        T.bulk_matmul(x, tiles, config=T.CudaMmaConfig())
-    with pytest.raises(ValueError, match="row_tiles, stages, chunk"):
-        T.BulkConfig(row_tiles=3)
-    with pytest.raises(ValueError, match="warps"):
-        T.BulkConfig(warps=3)
-    with pytest.raises(ValueError, match="slices"):
-        T.BulkConfig(slices=0)
-    if not runtime.has_gpu():
-        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-            T.bulk_matmul(x, tiles)
 
 
 STEP9_CONFIGS = [T.BulkConfig(rt, warps, st, ch, slices) for (rt, st, ch) in T.BULK_SHAPES
