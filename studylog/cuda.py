@@ -291,8 +291,14 @@ class CudaKernel:
         self._params = (ctypes.c_void_p * max(len(self.signature), 1))(*[base + 8 * i for i in range(len(self.signature))])
         self._params_address = ctypes.addressof(self._params)
         self._streams: dict[int, object] = {}
+        self._early_configs: dict[tuple, object] = {}
 
-    def __call__(self, grid, block, *args, shared_mem: int = 0, stream: torch.cuda.Stream | None = None) -> None:
+    def __call__(self, grid, block, *args, shared_mem: int = 0, stream: torch.cuda.Stream | None = None,
+                 early: bool = False) -> None:
+        """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (Hopper and later):
+        the kernel may start before the previous kernel in the stream has finished, as soon as that
+        one has run ``griddepcontrol.launch_dependents`` in every block; it must then run
+        ``griddepcontrol.wait`` before it reads anything the previous kernel writes."""
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes {len(self.signature)} arguments ({self.signature}), got {len(args)}")
         grid = tuple(grid) + (1,) * (3 - len(grid))
@@ -320,9 +326,31 @@ class CudaKernel:
         driver = _driver()
         if cu_stream is None:
             cu_stream = self._streams[handle] = driver.CUstream(handle)
-        err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, self._params_address, 0)
+        if early:
+            err = driver.cuLaunchKernelEx(self._early_config(grid, block, shared_mem, cu_stream), self.function,
+                                          self._params_address, 0)
+        else:
+            err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, self._params_address, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
+
+    def _early_config(self, grid, block, shared_mem: int, cu_stream):
+        """The launch configuration of an early launch, built once per shape and stream (building it
+        costs more than the launch)."""
+        key = (grid, block, shared_mem, int(cu_stream))
+        cache = self._early_configs
+        if key not in cache:
+            driver = _driver()
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = block
+            config.sharedMemBytes, config.hStream = shared_mem, cu_stream
+            config.attrs, config.numAttrs = [attr], 1
+            cache[key] = config
+        return cache[key]
 
     def set_max_dynamic_shared_memory(self, nbytes: int) -> None:
         """Allow more than 48 KiB of dynamic shared memory for this kernel."""

@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 import triton
 import triton.language as tl
-from jaxtyping import Float, Int8, Int32, Shaped, UInt8
+from jaxtyping import Float, Int8, Int32, Int64, Shaped, UInt8
 from torch import Tensor
 
 from studylog import cuda, runtime
@@ -1342,15 +1342,21 @@ def _cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: A
         raise ValueError("w.data must start on a 16-byte boundary (the kernel loads 16 bytes at a time)")
     s, s_stride = _check_scale(scale, w.n, x2)
     z = _prepare_out(out, m, w.n, x2)
-    if config is not None and not isinstance(config, config_type):
+    if config is not None and type(config) is not config_type:  # (a W2A8Config is a BulkConfig too)
         raise TypeError(f"config must be a {config_type.__name__}, got {type(config).__name__}")
     runtime.require_gpu(what)
-    if x2.data_ptr() % 16 or (x2.stride(0) * x2.element_size()) % 16:
-        # the kernels load x 16 bytes at a time: rows must start on 16-byte boundaries
-        padded = torch.zeros(m, triton.cdiv(k, 8) * 8, dtype=x2.dtype, device=x2.device)
-        padded[:, :k] = x2
-        x2 = padded
-    return x2, vector, w, s, s_stride, z
+    return _aligned_rows(x2), vector, w, s, s_stride, z
+
+
+def _aligned_rows(x2: Tensor) -> Tensor:
+    """x2, or a zero-padded copy whose rows start on 16-byte boundaries: the kernels load x 16 bytes
+    at a time."""
+    if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0:
+        return x2
+    m, k = x2.shape
+    padded = torch.zeros(m, triton.cdiv(k, 8) * 8, dtype=x2.dtype, device=x2.device)
+    padded[:, :k] = x2
+    return padded
 
 
 def cuda_mma_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
@@ -1394,13 +1400,17 @@ class BulkConfig:
     slices: int = 1
 
     def __post_init__(self):
-        if (self.row_tiles, self.stages, self.chunk) not in BULK_SHAPES:
-            raise ValueError(f"(row_tiles, stages, chunk) must be one of the compiled {BULK_SHAPES}, "
+        if (self.row_tiles, self.stages, self.chunk) not in self.compiled_shapes():
+            raise ValueError(f"(row_tiles, stages, chunk) must be one of the compiled {self.compiled_shapes()}, "
                              f"got {(self.row_tiles, self.stages, self.chunk)}")
         if self.warps not in (1, 2, 4, 8, 16) or isinstance(self.slices, bool) or not isinstance(self.slices, int) \
                 or self.slices < 1:
             raise ValueError(f"warps must be 1, 2, 4, 8 or 16 and slices a positive int, got {self.warps}, "
                              f"{self.slices}")
+
+    @staticmethod
+    def compiled_shapes() -> tuple:
+        return BULK_SHAPES
 
     @property
     def rows(self) -> int:
@@ -1532,6 +1542,200 @@ def _launch_bulk(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tens
     return z
 
 
+
+# ----------------------------------------------------------------------------------------------
+# Step 10: W2A8 in CUDA C++ (studylog/csrc/ternary_w2a8.cu): x quantised to int8 by a small kernel,
+# then step 9's plumbing with the int8 MMA, one AND per 4 weights
+# ----------------------------------------------------------------------------------------------
+
+class W2A8Config(BulkConfig):
+    """A launch of step 10: as :class:`BulkConfig` (step 9's blocks, warps, stages and slices), from
+    step 10's compiled shapes."""
+
+    @staticmethod
+    def compiled_shapes() -> tuple:
+        return W2A8_SHAPES
+
+
+#: (row_tiles, stages, chunk) of the compiled step-10 instances.
+W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
+
+
+def _w2a8_instance(fused: bool, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
+    b = lambda v: "true" if v else "false"
+    return f"ternary_w2a8<{b(fused)}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+
+
+W2A8_QUANTIZE_INSTANCES = ("quantize_x<true>", "quantize_x<false>")
+#: After quantize_x: 8 or 16 rows of x a block (16 only with 1 or 2 row tiles: 4 spill). Fused: 8 rows
+#: of x at most, bf16 or fp16.
+W2A8_INSTANCES = tuple(_w2a8_instance(False, True, mt, *shape) for mt in (1, 2) for shape in W2A8_SHAPES
+                       if mt == 1 or shape[0] <= 2) + \
+    tuple(_w2a8_instance(True, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_SHAPES)
+cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
+W2A8_SIGNATURE = ["ptr"] * 9 + ["i32"] * 7
+W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
+#: The longest K step 10 takes: its int32 sums and their float32 conversion stay exact below it
+#: (|sum_k x_k w_k| <= 128 K <= 2^24).
+W2A8_MAX_K = 1 << 17
+
+
+def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
+    """The order in which step 10 keeps a row of quantised x: byte ``b`` of a row (K padded to a
+    multiple of 256) holds ``x[order[b]]``. In each group of 256, byte ``64 p + 16 t + 4 i + j``
+    is the activation that meets code ``p`` of byte ``j`` of word ``4 t + i`` of a weight row in the
+    int8 MMA (w2a8_k_of in ternary_w2a8.cu): B register ``i`` of the lanes ``4 g + t``."""
+    b = torch.arange(triton.cdiv(k, GROUP_WEIGHTS_2BIT) * GROUP_WEIGHTS_2BIT, device=device)
+    within = b % 256
+    p, t, i, j = within >> 6, (within >> 4) & 3, (within >> 2) & 3, within & 3
+    return b - within + 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1)
+
+
+def w2a8_smem_bytes(cfg: BulkConfig, x_rows: int, groups_per_slice: int, fused: bool = False) -> int:
+    """Dynamic shared memory of a step-10 block: mbarriers, stages, int8 x (and, fused, x as it is)."""
+    raw = x_rows * groups_per_slice * 512 if fused else 0
+    return BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_rows * (groups_per_slice * 256 + 64) + raw
+
+
+def w2a8_max_groups_per_slice(cfg: BulkConfig, x_rows: int) -> int:
+    """The longest slice of K (in groups of 256) whose int8 x fits beside the stages."""
+    room = BULK_SMEM_LIMIT - BULK_BARRIER_BYTES - cfg.stages * cfg.stage_bytes
+    return max(1, (room // x_rows - 64) // 256)
+
+
+@functools.lru_cache(maxsize=None)
+def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
+    module = cuda.load("ternary_w2a8", name_expressions=W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES,
+                       device=device_index, options=options)
+    quantize = {bf16: module.kernel(f"quantize_x<{'true' if bf16 else 'false'}>", W2A8_QUANTIZE_SIGNATURE)
+                for bf16 in (True, False)}
+    kernels = {}
+    for name in W2A8_INSTANCES:
+        kernels[name] = module.kernel(name, W2A8_SIGNATURE)
+        kernels[name].set_max_dynamic_shared_memory(BULK_SMEM_LIMIT)
+    return quantize, kernels
+
+
+#: Shared memory of one SM of the H100/H200 (blocks on an SM share it; each block also takes 1 KiB).
+SM_SMEM_BYTES = 228 * 1024
+
+
+def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8Config:
+    """Step 10's launch for an (M, N, K) problem: 4 stages of 1 group a warp and tile, 8 warps for a
+    long K (4 for K <= 8192), and the fewest row tiles a block (1, 2 or 4) that still let every block
+    run at once (one wave) with x quantised inside the kernel; above 8 rows of x, step 9's choice."""
+    sms = sms or runtime.sm_count()
+    warps = 8 if k > 8192 else 4
+    if m > 8:
+        return W2A8Config(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
+    tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    for rt in (1, 2, 4):
+        cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
+        per_block = w2a8_smem_bytes(cfg, m, groups, fused=True) + 1024
+        if per_block <= BULK_SMEM_LIMIT and triton.cdiv(tiles, rt) <= sms * (SM_SMEM_BYTES // per_block):
+            return cfg
+    return W2A8Config(row_tiles=4, warps=warps, stages=4, chunk=1, slices=1)
+
+
+def w2a8_quantize(x2: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
+    """Step 10's quantisation kernel (when not fused) on (M, K) or (K,) bf16/fp16 x: (xq, x_scale, row_sum). xq is int8,
+    (M, K padded to 256) in :func:`w2a8_x_order`; x_scale and xq are what
+    :func:`quantize_activations` gives (bit for bit); row_sum is sum_k xq[m, k] (int32)."""
+    x2, _ = _check_x(x2, None, dtypes=MMA_X_DTYPES)
+    runtime.require_gpu("step 10's quantisation (CUDA C++ quantize_x)")
+    x2 = _aligned_rows(x2)
+    m, k = x2.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    xq = torch.empty(m, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=x2.device)
+    x_scale = torch.empty(m, dtype=torch.float32, device=x2.device)
+    row_sum = torch.empty(m, dtype=torch.int32, device=x2.device)
+    quantize, _ = _w2a8_kernels(x2.device.index or 0)
+    quantize[x2.dtype == torch.bfloat16]((m,), (1024,), x2, xq, x_scale, row_sum, k, x2.stride(0), groups)
+    return xq, x_scale, row_sum
+
+
+def w2a8_bulk_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                     out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
+                     fuse_quantize: Optional[bool] = None) -> Float[Tensor, "*m n"]:
+    """Step 10 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
+    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU by a first kernel, then exact int32
+    sums of 2-bit weights (``2bit_tiles``) and int8 x on the tensor cores, fed by the TMA as in step 9.
+    The product of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the
+    activations' rounding (about 0.4% of |x| a row), not by the arithmetic. ``fuse_quantize``: quantise
+    x inside the matmul kernel (one launch; up to 8 rows of x whose whole K fits in shared memory,
+    the default where it does) or in a kernel of its own before it (False)."""
+    return _w2a8_call(x, w, scale, out, config, probe=0, fused=fuse_quantize)()
+
+
+#: What each W2A8_PROBE build of step 10 keeps.
+W2A8_PROBES = BULK_PROBES
+
+
+def w2a8_bulk_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
+                    config: Optional[W2A8Config] = None) -> Callable[[], Tensor]:
+    """As :func:`bulk_probe`, for step 10's matmul kernel (the quantisation kernel runs in full)."""
+    if probe not in W2A8_PROBES:
+        raise ValueError(f"probe must be one of {sorted(W2A8_PROBES)} ({W2A8_PROBES}), got {probe!r}")
+    return _w2a8_call(x, w, scale, None, config, probe=probe)
+
+
+def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, probe: int,
+               early: bool = True, fused: Optional[bool] = None) -> Callable[[], Tensor]:
+    """Checks and launch plan of step 10; returns the call (both kernels) as a function. ``early=False``
+    launches the matmul only once the quantisation has finished (to measure what the early launch saves)."""
+    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8Config,
+                                                    "step 10 (CUDA C++ ternary_w2a8)")
+    m, k = x2.shape
+    if k > W2A8_MAX_K:
+        raise ValueError(f"step 10 takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
+    if torch.cuda.get_device_capability(x2.device)[0] < 9:
+        raise RuntimeError("step 10 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
+                           f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
+    cfg = config or w2a8_config(m, w.n, k)
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    col_tiles = 1 if m <= 8 else 2
+    x_rows = min(m, 8 * col_tiles)
+    if w2a8_smem_bytes(cfg, x_rows, 1) > BULK_SMEM_LIMIT:
+        raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
+                         f"{BULK_SMEM_LIMIT} bytes of shared memory")
+    if cfg.warps > 8:
+        raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
+    fits = m <= 8 and w2a8_smem_bytes(cfg, x_rows, groups, fused=True) <= BULK_SMEM_LIMIT
+    if fused and not fits:
+        raise ValueError(f"{cfg}: quantising inside the matmul needs M <= 8 and all of K in shared memory beside "
+                         f"the stages; M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, fused=True)} "
+                         f"bytes, more than {BULK_SMEM_LIMIT}")
+    fused = fits if fused is None else fused
+    if fused:
+        x2 = _pad_k_to_8(x2)  # the copy engine moves x in 16-byte pieces
+        per_slice = groups
+    else:
+        per_slice = min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
+    slices = triton.cdiv(groups, per_slice)
+    grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
+    sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
+    partials = sums.view(torch.int32) if sums is not None else None
+    name = _w2a8_instance(fused, fused and x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages,
+                          cfg.chunk)
+    _, kernels = _w2a8_kernels(x2.device.index or 0, (f"-DW2A8_PROBE={probe}",) if probe else ())
+    if name not in kernels:
+        raise ValueError(f"{cfg}: step 10 has no compiled instance of {cfg.row_tiles} row tiles for more than 8 "
+                         f"rows of x (M = {m}); compiled: {W2A8_INSTANCES}")
+    kernel, smem = kernels[name], w2a8_smem_bytes(cfg, x_rows, per_slice, fused)
+
+    def call() -> Tensor:
+        if fused:
+            kernel(grid, (32 * (cfg.warps + 1),), None, x2, w.data, z, s, None, None, None, None, m, w.n, k,
+                   groups, x2.stride(0), s_stride, per_slice, shared_mem=smem)
+        else:
+            xq, x_scale, row_sum = w2a8_quantize(x2)
+            # launched early (programmatic dependent launch): its weights stream in while x is quantised
+            kernel(grid, (32 * (cfg.warps + 1),), xq, None, w.data, z, s, x_scale, row_sum, partials, counts, m,
+                   w.n, k, groups, x2.stride(0), s_stride, per_slice, shared_mem=smem, early=early)
+        return z[0] if vector else z
+    return call
+
+
 def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                    out: Optional[Tensor] = None) -> Float[Tensor, "*m n"]:
     """``x @ W.T / scale`` for packed ternary ``W``: for the 2bit_tiles format, step 9 (CUDA C++ on the
@@ -1579,12 +1783,12 @@ QUICK_SHAPES = [("llama", 4096, 14336), ("llama", 8192, 28672), ("llama", 14336,
 QUICK_MS = (1, 16, 128)
 #: Series timed at M=1 (every step), and at M > 1 (the tl.dot kernels).
 M1_SERIES = ["v1_sign_bf16", "v2_int8", "v3_2bit", "gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8",
-             "mma_2bit", "cuda_mma", "bulk"]
-BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk"]
+             "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
+BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: A --quick run: steps 7 and 8 only.
-QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk"]
+QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
-KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk")
+KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk")
 
 
 def _autotuner_for(series: str, m: int):
@@ -1636,6 +1840,11 @@ def bench(run) -> None:
     run.note("kernel_ms: the same call timed by the profiler (CUPTI kernel start to end, L2 flushed before each "
              "repetition), without do_bench's launch and event overhead (ceilings.empty_launch_ms). Targets are "
              "judged on ms (do_bench); kernel_ms is reported beside it.")
+    run.note("w2a8_bulk (step 10): CUDA C++ (studylog/csrc/ternary_w2a8.cu), timed from bf16 x: a first kernel "
+             "quantises x as quantize_activations does (int8, per-row absmax) into the int8 MMA's order, then step 9's "
+             "plumbing feeds mma.sync m16n8k32 (u8 codes x s8 x, int32 sums), one AND per 4 weights, same 2bit_tiles "
+             "weights. Checked against float64 of the quantised x (ref_q), the product W2A8 defines. "
+             "w2a8_probe_* as bulk_probe_*, for its matmul kernel (the quantisation kernel runs in full).")
     torch.manual_seed(0)
     for family, n, k in run.progress(shapes, "shapes"):
         _bench_shape(run, family, n, k, ms_list, peak)
@@ -1713,16 +1922,23 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             if name == "w2a8":
                 record(name, lambda: w2a8_matmul(xq, x_scale, p2, scale), p2.nbytes, "int8", ref_q, magnitude_q,
                        in_bytes=m * k + m * 4)
+            elif name == "w2a8_bulk":
+                record(name, lambda: w2a8_bulk_matmul(x, pt, scale), pt.nbytes, "int8", ref_q, magnitude_q,
+                       config_text=str(w2a8_config(m, n, k)))
             else:
                 fn, weight_bytes, mma, *text = runs[name]
                 record(name, fn, weight_bytes, mma, ref, magnitude, config_text="".join(text))
-        if m == 1 and family == "llama" and "bulk" in names:
-            # what limits step 9: the same launch with parts left out (its outputs mean nothing)
-            for probe, what in BULK_PROBES.items():
-                fn = bulk_probe(x, pt, scale, probe)
-                fn()
-                run.record(f"bulk_probe_{probe}", run.time(fn), params=params, kernel_ms=run.kernel_time(fn),
-                           probe=what, config=str(bulk_config(m, n, k)))
+        if m == 1 and family == "llama":
+            # what limits steps 9 and 10: the same launch with parts left out (its outputs mean nothing)
+            for series, make_probe, config in (("bulk", bulk_probe, bulk_config(m, n, k)),
+                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k))):
+                if series not in names:
+                    continue
+                for probe, what in BULK_PROBES.items():
+                    fn = make_probe(x, pt, scale, probe)
+                    fn()
+                    run.record(f"{series.replace('_bulk', '')}_probe_{probe}", run.time(fn), params=params,
+                               kernel_ms=run.kernel_time(fn), probe=what, config=str(config))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1735,6 +1951,8 @@ SERIES_LABELS = {
     "dot_base3": "5: 1.6-bit, tl.dot", "w2a8": "6: W2A8, tl.dot", "mma_2bit": "7: 2-bit pairs, MMA",
     "cuda_mma": "8: CUDA C++ mma.sync", "bulk": "9: CUDA C++, TMA copies",
     "bulk_probe_1": "9, copies only", "bulk_probe_2": "9, arithmetic only", "bulk_probe_3": "9, launch only",
+    "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
+    "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
 }
 
 
@@ -1782,7 +2000,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
     for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
         base = _ms(results, "cublas_bf16", shape=shape, m=m)
         row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma",
-                                 "bulk"])
+                                 "bulk", "w2a8_bulk"])
         if base is None or row is None:
             out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
             continue
@@ -1794,7 +2012,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
                        f"{base_row['kernel_ms'] / row['kernel_ms']:.2f}x)")
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want, detail))
     for shape in ("4096x14336", "8192x28672"):
-        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk"])
+        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
             continue
@@ -1843,7 +2061,8 @@ def figures(results) -> dict:
 
     fig, axes = plt.subplots(1, len(ms_present), figsize=(5.2 * len(ms_present), 4.2), squeeze=False)
     for ax, m in zip(axes[0], ms_present):
-        series = [s for s in (["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8", "mma_2bit", "cuda_mma", "bulk"] if m == 1
+        series = [s for s in (["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8", "mma_2bit", "cuda_mma", "bulk",
+                               "w2a8_bulk"] if m == 1
                               else BATCH_SERIES)
                   if results.select(s, m=m)]
         width = 0.8 / max(1, len(series))
@@ -1871,7 +2090,7 @@ def figures(results) -> dict:
     fig, ax = plt.subplots(figsize=(6.4, 5))
     lo, hi = math.inf, 0.0
     for s, marker in (("cublas_bf16", "s"), ("gemv_2bit", "o"), ("gemv_base3", "^"), ("dot_2bit", "v"),
-                      ("mma_2bit", "*"), ("cuda_mma", "P"), ("bulk", "X")):
+                      ("mma_2bit", "*"), ("cuda_mma", "P"), ("bulk", "X"), ("w2a8_bulk", "D")):
         rows = results.select(s, m=1)
         if not rows:
             continue

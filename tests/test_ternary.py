@@ -574,10 +574,11 @@ def test_step8_launch_heuristic(m, n, k):
         assert (cfg.rows, cfg.slices) == (256, 8)
 
 
-@pytest.mark.parametrize("step", [8, 9])
-def test_steps_8_and_9_bad_inputs_raise_clear_errors(step, rng):
+@pytest.mark.parametrize("step", [8, 9, 10])
+def test_steps_8_9_and_10_bad_inputs_raise_clear_errors(step, rng):
     matmul, config_type, other = {8: (T.cuda_mma_matmul, "CudaMmaConfig", T.BulkConfig()),
-                                  9: (T.bulk_matmul, "BulkConfig", T.CudaMmaConfig())}[step]
+                                  9: (T.bulk_matmul, "BulkConfig", T.W2A8Config()),
+                                  10: (T.w2a8_bulk_matmul, "W2A8Config", T.BulkConfig())}[step]
     w = ternary(20, 300, rng)
     tiles = T.PackedTernary.pack(w.to(DEV), "2bit_tiles")
     x = torch.randn(2, 300).to(DEV, torch.bfloat16)
@@ -608,6 +609,11 @@ def test_step8_and_9_configs_refuse_what_is_not_compiled():
         T.BulkConfig(warps=3)
     with pytest.raises(ValueError, match="slices"):
         T.BulkConfig(slices=0)
+    with pytest.raises(ValueError, match="row_tiles, stages, chunk"):
+        T.W2A8Config(row_tiles=3)
+    assert T.W2A8Config(row_tiles=4).rows == 64  # compiled for step 10, not for step 9
+    with pytest.raises(ValueError, match="row_tiles, stages, chunk"):
+        T.BulkConfig(row_tiles=4)
 
 
 STEP8_CONFIGS = [T.CudaMmaConfig(rt, 2, warps, slices) for rt in (1, 2) for warps in (1, 4, 8) for slices in (1, 3, 16)]
@@ -757,4 +763,168 @@ def test_gpu_step9_probes_run():
     x = torch.randn(1, 1024, device="cuda").to(torch.bfloat16)
     for probe in (1, 2, 3):
         T.bulk_probe(x, tiles, scale, probe)()
+    torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 10: W2A8 (int8 x, the int8 MMA on the 2bit_tiles words) on step 9's plumbing
+# ------------------------------------------------------------------------------------------------
+
+def test_step10_compiles_to_int8_mma_and_bulk_copies_without_spills():
+    import re, shutil, subprocess, tempfile
+    from pathlib import Path
+    from studylog import cuda
+    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90",
+                                   name_expressions=T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
+    ptx = compiled.ptx
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32" in ptx
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "fma.rn.bf16x2" not in ptx  # no float decode: the codes go to the tensor cores as they are
+    assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx  # the early launch
+    matmul_only = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=T.W2A8_INSTANCES).ptx
+    assert not re.search(r"ld\.global[.\w:]*\.v[24]", matmul_only)  # weights and x come by the engine
+    report = compiled.ptxas_report()
+    assert len(report) == len(T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
+    for name, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+    tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.is_file() and not shutil.which("cuobjdump"):
+        pytest.skip("no cuobjdump to read SASS with")
+    cubin = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=["ternary_w2a8<true, true, 1, 1, 4, 1>"]).cubin
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tool) if tool.is_file() else "cuobjdump", "-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    # a group: 8 int8 MMAs, each fed by 4 ANDs (one a register of 4 codes), in the SASS as written
+    assert sass.count("IMMA.16832.U8.S8") == 8 and "HMMA" not in sass
+    for mask in ("0x3030303", "0xc0c0c0c", "0x30303030", "0xc0c0c0c0"):
+        assert len(re.findall(rf"LOP3\.LUT R\d+, R\d+, {mask}, RZ", sass)) == 8, mask
+
+
+def test_step10_x_order_is_a_permutation_of_each_group():
+    order = T.w2a8_x_order(300)
+    assert order.shape == (512,)
+    assert torch.equal(order.sort().values, torch.arange(512))
+    assert torch.equal(order[:256] + 256, order[256:])
+
+
+@pytest.mark.parametrize("n, k", [(16, 256), (5, 300), (33, 777)])
+def test_step10_fragments_emulated_on_the_cpu_give_the_product(n, k, rng):
+    """The kernel's data flow in torch, from the mma.m16n8k32 fragment layout (PTX ISA): for each
+    group, code p' of word 4 t + 2 q (+ 1) of rows g, g + 8 meets the B registers 2 q (+ 1) of xv[p'],
+    in the order of w2a8_x_order. Summed over every step it must be sum_k x_k (w_k + 1)."""
+    w = ternary(n, k, rng)
+    x = torch.randint(-128, 128, (k,), generator=rng)
+    words = T.PackedTernary.pack(w, "2bit_tiles").data.long() & 0xFFFFFFFF
+    tiles, groups = words.shape[0], words.shape[1] // 256
+    words = words.view(tiles, groups, 2, 8, 16)  # [tile, group, half h, row g, word]
+    xk = torch.zeros(groups * 256, dtype=torch.long)
+    xk[:k] = x
+    xb = xk[T.w2a8_x_order(k)].view(groups, 4, 4, 4, 4)  # [group, p', t, i, byte j]
+    total = torch.zeros(tiles, 16, dtype=torch.long)
+    for p in range(4):
+        for q in range(2):
+            for col in range(32):  # the MMA's k: (a0, a1) columns 4 t + j, (a2, a3) 16 + 4 t + j
+                t, j, half = (col % 16) // 4, col % 4, col // 16
+                word = words[:, :, :, :, 4 * t + 2 * q + half]  # [tile, group, h, g]
+                code = (word >> (8 * j + 2 * p)) & 3
+                xv = xb[:, p, t, 2 * q + half, j]  # [group]
+                total += (code * xv[None, :, None, None]).sum(1).reshape(tiles, 16)
+    expect = (w.long() + 1) @ x
+    assert torch.equal(total.view(-1)[:n], expect)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (1, 14336, 4096), (8, 2560, 6912),
+                                     (16, 4096, 14336), (3, 17, 1), (1, 1, 1), (1, 10, 131072)])
+def test_step10_launch_heuristic_fits_shared_memory(m, n, k):
+    cfg = T.w2a8_config(m, n, k, sms=132)
+    assert isinstance(cfg, T.W2A8Config)
+    groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
+    per_slice = min(-(-groups // cfg.slices), T.w2a8_max_groups_per_slice(cfg, rows_x))
+    assert T.w2a8_smem_bytes(cfg, rows_x, per_slice) <= T.BULK_SMEM_LIMIT
+    if m == 1 and k <= 28672:
+        assert -(-groups // per_slice) == 1
+        fused = T.w2a8_smem_bytes(cfg, 1, groups, fused=True)
+        assert fused <= T.BULK_SMEM_LIMIT
+        # one wave: every block resident at once
+        assert -(-(-(-n // 16)) // cfg.row_tiles) <= 132 * (T.SM_SMEM_BYTES // (fused + 1024))
+
+
+def test_step10_refuses_a_k_past_exact_int32_sums(rng):
+    w = ternary(3, T.W2A8_MAX_K + 1, rng)
+    tiles = T.PackedTernary.pack(w.to(DEV), "2bit_tiles")
+    x = torch.zeros(1, T.W2A8_MAX_K + 1).to(DEV, torch.bfloat16)
+    with pytest.raises((ValueError, RuntimeError), match="K <= 131072|needs a CUDA GPU"):
+        T.w2a8_bulk_matmul(x, tiles)
+
+
+STEP10_CONFIGS = [T.W2A8Config(rt, warps, st, ch, slices) for (rt, st, ch) in T.W2A8_SHAPES
+                  for warps in (1, 4, 8) for slices in (1, 3)]
+
+
+def assert_matches_w2a8(z, x, w, scale):
+    """Step 10 against float64 on its own inputs: x quantised as quantize_activations does."""
+    assert not torch.isnan(z).any(), "the kernel left outputs unwritten (NaN poison survived)"
+    xq, x_scale = T.quantize_activations(x.float())
+    xq64, s64 = xq.double(), T._as_scale64(scale, x.device)
+    ref = (xq64 @ w.double().T) / (x_scale.double()[:, None] * s64)
+    magnitude = (xq64.abs() @ w.double().abs().T) / (x_scale.double()[:, None] * s64.abs())
+    ratio = T._ratio(z, ref, magnitude)
+    assert ratio <= TOL, f"max error is {ratio:.2e} of sum |x_q||w|; tolerance {TOL:.0e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 17, 300), (3, 130, 2000), (8, 33, 256), (9, 77, 513),
+                                     (16, 300, 5000), (17, 40, 777), (1, 50, 7)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step10_every_config(m, n, k, x_dtype):
+    if not _gpu_is_hopper():
+        pytest.skip("step 10 needs a Hopper GPU (the TMA)")
+    gen = torch.Generator(device="cuda").manual_seed(m * 1000 + n + k)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen), per_channel=(k % 2 == 1))
+    x = (3 * torch.randn(m, k, device="cuda", generator=gen)).to(x_dtype)
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    # the first kernel: quantize_activations' bytes and scales, bit for bit, in the MMA's order
+    xq, x_scale, row_sum = T.w2a8_quantize(x)
+    want_q, want_scale = T.quantize_activations(x.float())
+    order = T.w2a8_x_order(k, device="cuda")
+    padded = torch.zeros(m, order.numel(), dtype=torch.int8, device="cuda")
+    padded[:, :k] = want_q
+    assert torch.equal(xq, padded[:, order]) and torch.equal(x_scale, want_scale)
+    assert torch.equal(row_sum, want_q.int().sum(1, dtype=torch.int32))
+    for cfg in [None] + STEP10_CONFIGS:
+        if cfg is not None and m > 8 and cfg.row_tiles == 4:
+            with pytest.raises(ValueError, match="no compiled instance"):
+                T.w2a8_bulk_matmul(x, tiles, scale, config=cfg)
+            continue
+        for fuse in (None, False):  # quantised in the matmul where it fits (M <= 8), and by quantize_x
+            z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), config=cfg, fuse_quantize=fuse)
+            assert_matches_w2a8(z, x, w, scale)
+            again = T.w2a8_bulk_matmul(x, tiles, scale, config=cfg, fuse_quantize=fuse)
+            assert torch.equal(z, again), f"{cfg}, fused {fuse}: not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_step10_full_size_unaligned_x_and_probes():
+    if not _gpu_is_hopper():
+        pytest.skip("step 10 needs a Hopper GPU (the TMA)")
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    for n, k in [(4099, 14335), (8192, 28672)]:
+        w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
+        tiles = T.PackedTernary.pack(w, "2bit_tiles")
+        for m in (1, 5, 16):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            for fuse in (None, False):
+                z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), fuse_quantize=fuse)
+                assert_matches_w2a8(z, x, w, scale)
+            if m == 16:
+                with pytest.raises(ValueError, match="M <= 8"):
+                    T.w2a8_bulk_matmul(x, tiles, scale, fuse_quantize=True)
+    wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
+    x = wide[:, 1:]
+    assert_matches_w2a8(T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(2, n)), x, w, scale)
+    assert_matches_w2a8(T.w2a8_bulk_matmul(x[0], tiles, scale)[None], x[:1], w, scale)
+    for probe in (1, 2, 3):
+        T.w2a8_bulk_probe(x[:1], tiles, scale, probe)()
     torch.cuda.synchronize()

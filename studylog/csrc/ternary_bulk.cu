@@ -22,50 +22,7 @@
 //   * the decode's magic constant sits in a register (decode_pair_reg), which saves ptxas's
 //     IMAD.MOV before each of its LOP3s: 219 instead of 239 instructions a group.
 #include "ternary_common.cuh"
-
-__device__ __forceinline__ u32 smem_address(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbarrier_init(u64 *bar, u32 arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
-}
-
-// One arrival that also announces `bytes` still to come from the copy engine.
-__device__ __forceinline__ void mbarrier_expect_bytes(u64 *bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbarrier_arrive(u64 *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
-}
-
-// Wait until the barrier's phase with this parity has completed.
-__device__ __forceinline__ void mbarrier_wait(u64 *bar, u32 parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}\n" ::"r"(smem_address(bar)),
-        "r"(parity)
-        : "memory");
-}
-
-// `bytes` (a multiple of 16) from global to shared memory by the copy engine; the barrier counts them.
-// The weights are read once: the cache hint lets L2 evict them first.
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, u32 bytes, u64 *bar, u64 policy) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-        ::"r"(smem_address(dst)), "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
-        : "memory");
-}
-
-__device__ __forceinline__ u64 evict_first_policy() {
-    u64 policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
+#include "bulk_copy.cuh"
 
 // Probes for the notebook's "what limits it" (compiled with -DBULK_PROBE=...): 1 keeps the copies and
 // drops the arithmetic, 2 keeps the arithmetic (on whatever shared memory holds) and drops the copies,

@@ -184,11 +184,12 @@ __device__ __forceinline__ void store_warp_sums(const float (&acc)[2][RT][MT][4]
 
 // Split K, after every thread of the block stored its partial sums: the last of the `slices` blocks
 // of output tile `tile` (rows n_base .., x rows m0 .. m0 + cols) to arrive adds the partial sums
-// slice by slice (a fixed order, so the result is deterministic), divides by the scale, and resets
-// arrivals[tile] to 0 for the next launch. Every thread of the block calls it.
-__device__ __forceinline__ void finish_split(u32 *arrivals, u32 tile, int slices, const float *partials, float *z,
-                                             const float *scale, int scale_stride, int M, int N, int n_base,
-                                             int rows, int m0, int cols) {
+// slice by slice (a fixed order, so the result is deterministic), hands each total to
+// store(m, n, sum), and resets arrivals[tile] to 0 for the next launch. Every thread of the block
+// calls it. (T: float in steps 8 and 9, int in step 10.)
+template <typename T, typename Store>
+__device__ __forceinline__ void finish_split_with(u32 *arrivals, u32 tile, int slices, const T *partials, int M,
+                                                  int N, int n_base, int rows, int m0, int cols, Store store) {
     __shared__ bool last;
     __threadfence();  // this thread's partial sums are visible to every SM before the count moves
     __syncthreads();
@@ -199,9 +200,18 @@ __device__ __forceinline__ void finish_split(u32 *arrivals, u32 tile, int slices
     for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
         const int n = n_base + idx % rows, m = m0 + idx / rows;
         if (n >= N) continue;
-        float sum = 0.0f;
+        T sum = 0;
         for (int s = 0; s < slices; ++s) sum += __ldcg(&partials[((size_t)s * M + m) * N + n]);
-        z[(size_t)m * N + n] = sum / scale[(size_t)n * scale_stride];
+        store(m, n, sum);
     }
     if (threadIdx.x == 0) arrivals[tile] = 0;
+}
+
+// Steps 8 and 9: z = (sum of the slices) / scale.
+__device__ __forceinline__ void finish_split(u32 *arrivals, u32 tile, int slices, const float *partials, float *z,
+                                             const float *scale, int scale_stride, int M, int N, int n_base,
+                                             int rows, int m0, int cols) {
+    finish_split_with(arrivals, tile, slices, partials, M, N, n_base, rows, m0, cols, [&](int m, int n, float sum) {
+        z[(size_t)m * N + n] = sum / scale[(size_t)n * scale_stride];
+    });
 }

@@ -1,0 +1,374 @@
+// Step 10: W2A8. The weights of steps 8 and 9 ("2bit_tiles"), x quantised to int8 as BitNet b1.58
+// does it (one absmax scale a row of x), and exact int32 sums on the tensor cores' int8 MMA.
+//
+// Step 9's probes put the arithmetic above the copies: to turn 2 weights into bf16 it spends two
+// instructions (a LOP3 and a packed FMA). With int8 activations the tensor cores take the weights'
+// codes as they lie in the words, 4 at a time:
+//   * a 2bit_tiles word holds a code (weight + 1, in {0, 1, 2}) at bits 2 p' of each of its 4 bytes
+//     for p' = 0..3. One AND with 0x03030303 << 2 p' leaves, in every byte, code << 2 p': four
+//     unsigned 8-bit numbers, an A register of mma.m16n8k32.u8.s8 as it is. One LOP3 per 4 weights,
+//     no other decode;
+//   * code << 2 p' is 4^p' times the code, so each p' gets its own int32 accumulator, and the four
+//     are added at the end as acc0 + acc1 / 4 + acc2 / 16 + acc3 / 64 (exact shifts);
+//   * the codes are weight + 1: sum_k x_k code_k = sum_k x_k w_k + sum_k x_k. The row sums of the
+//     quantised x are subtracted once, at the end;
+//   * which 32 weights of a row form one MMA step is ours to choose, as long as x matches: the
+//     quantisation kernel writes x's bytes in the order the B fragments want them (below), so that a
+//     thread's B registers for a whole group are 4 conflict-free 16-byte loads from shared memory.
+// Everything else (the TMA ring, the producer warp, the sums across warps in shared memory, the split
+// of K only when x would not fit) is step 9's.
+#include "ternary_common.cuh"
+#include "bulk_copy.cuh"
+
+// x's order in one group (256 activations, 256 bytes): byte 64 p' + 16 t + 4 i + j holds x[k] with
+// k = 32 p' + 2 (4 t + i) + 128 (j & 1) + (j >> 1): the activation that meets code p' of byte j of
+// word 4 t + i of a weight row, in the B register i of thread t (mma fragments: lane = 4 g + t).
+__device__ __forceinline__ int w2a8_k_of(int byte) {
+    const int p = byte >> 6, t = (byte >> 4) & 3, i = (byte >> 2) & 3, j = byte & 3;
+    return 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1);
+}
+
+template <bool BF16>
+__device__ __forceinline__ float half_to_float(unsigned short bits) {
+    if constexpr (BF16) {
+        return __uint_as_float((u32)bits << 16);
+    } else {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+        return f;
+    }
+}
+
+// 16 activations of x row `row`, the unit u = 16 G + 4 p' + t of its order: x[k0 .. k0 + 7] and
+// x[k0 + 128 .. k0 + 135] for k0 = 256 G + 32 p' + 8 t, zeros past K (16-byte loads: rows start
+// on 16-byte boundaries, the wrapper sees to it).
+__device__ __forceinline__ void load_unit(uint4 (&v)[2], const unsigned short *row, int u, int K) {
+    const int k0 = (u >> 4) * 256 + 32 * ((u >> 2) & 3) + 8 * (u & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int k = k0 + 128 * h;
+        v[h] = k + 8 <= K ? __ldg(reinterpret_cast<const uint4 *>(row + k)) : load_x8_tail(row, k, K);
+    }
+}
+
+template <bool BF16>
+__device__ __forceinline__ float piece_absmax(const uint4 &v) {
+    float a = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const u32 word = part(v, e);
+        a = fmaxf(a, fmaxf(fabsf(half_to_float<BF16>(word & 0xFFFF)), fabsf(half_to_float<BF16>(word >> 16))));
+    }
+    return a;
+}
+
+// The 16 bytes of a unit (v: its two pieces of 8 activations): word w holds q of x[k0 + 2 w],
+// x[k0 + 128 + 2 w], x[k0 + 2 w + 1], x[k0 + 128 + 2 w + 1]; adds the q to `sum`.
+template <bool BF16>
+__device__ __forceinline__ uint4 quantize_unit(const uint4 (&v)[2], float scale, int &sum) {
+    u32 words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        words[w] = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // byte j: x[k0 + 128 (j & 1) + 2 w + (j >> 1)]
+            const u32 pair = part(v[j & 1], w);
+            const float f = half_to_float<BF16>((j >> 1) ? pair >> 16 : pair & 0xFFFF);
+            const int q = (int)fminf(fmaxf(rintf(f * scale), -128.0f), 127.0f);
+            sum += q;
+            words[w] |= (u32)(q & 0xFF) << (8 * j);
+        }
+    }
+    return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// BitNet's scale of a row from its largest |x|: torch's 127 / t is a reciprocal, then a product.
+__device__ __forceinline__ float row_scale(float amax) { return (1.0f / fmaxf(amax, 1e-5f)) * 127.0f; }
+
+// BitNet's activation quantisation, as quantize_activations in Python computes it (float32
+// throughout, so both give the same bytes): scale = (1 / max(max_k |x_k|, 1e-5)) * 127 (torch's
+// 127 / t is a reciprocal, then a product), q = clamp(round-half-even(x * scale), -128, 127). One
+// block a row of x, UNITS units of 16 activations a thread held in registers between the two passes
+// (so x is read once while K <= UNITS x 16 x blockDim.x, 65536 at 1024 threads). Writes the row's
+// bytes in the order above (zeros past K; unit u is bytes 16 u .. 16 u + 15: words i hold q of
+// x[k0 + 2 i], x[k0 + 128 + 2 i], x[k0 + 2 i + 1], x[k0 + 128 + 2 i + 1]), its scale and the sum of
+// its q. It lets step 10's matmul launch at once (griddepcontrol): the weights need nothing from here.
+template <bool BF16>
+__global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restrict__ x, uint4 *__restrict__ xq,
+                                                   float *__restrict__ x_scale, int *__restrict__ row_sum, int K,
+                                                   int x_stride, int groups) {
+    constexpr int UNITS = 4;
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    __shared__ float warp_max[32];
+    __shared__ int warp_sum[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const unsigned short *row = x + (size_t)blockIdx.x * x_stride;
+    const int units = groups * 16, per_round = UNITS * blockDim.x;
+    uint4 v[UNITS][2];
+    float amax = 0.0f;
+    for (int r0 = 0; r0 < units; r0 += per_round) {
+#pragma unroll
+        for (int i = 0; i < UNITS; ++i) {
+            const int u = r0 + threadIdx.x + i * blockDim.x;
+            if (u < units) {
+                load_unit(v[i], row, u, K);
+                amax = fmaxf(amax, fmaxf(piece_absmax<BF16>(v[i][0]), piece_absmax<BF16>(v[i][1])));
+            }
+        }
+    }
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
+    if (lane == 0) warp_max[warp] = amax;
+    __syncthreads();
+    amax = 0.0f;
+    for (int i = 0; i < warps; ++i) amax = fmaxf(amax, warp_max[i]);
+    const float scale = row_scale(amax);  // IEEE division (NVRTC's -prec-div=true)
+
+    int sum = 0;
+    uint4 *out = xq + (size_t)blockIdx.x * units;
+    for (int r0 = 0; r0 < units; r0 += per_round) {
+#pragma unroll
+        for (int i = 0; i < UNITS; ++i) {
+            const int u = r0 + threadIdx.x + i * blockDim.x;
+            if (u >= units) continue;
+            if (units > per_round) load_unit(v[i], row, u, K);  // a long row: read again (from L2)
+            out[u] = quantize_unit<BF16>(v[i], scale, sum);
+        }
+    }
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
+    if (lane == 0) warp_sum[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int total = 0;
+        for (int i = 0; i < warps; ++i) total += warp_sum[i];
+        row_sum[blockIdx.x] = total;
+        x_scale[blockIdx.x] = scale;
+    }
+}
+
+// c += a b for a 16 x 32 block of unsigned 8-bit codes and a 32 x 8 block of signed 8-bit x, in int32.
+__device__ __forceinline__ void mma_u8s8(int *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One group (256 weights a row) of RT row tiles against MT tiles of 8 x rows. a[r][h] holds words
+// 4 t .. 4 t + 3 of row 8 h + g of tile r (step 8's load); xv[j][p'] holds thread t's B registers of
+// x row 8 j + g for code p'. Step (p', q): A = code p' of words 4 t + 2 q (columns 4 t ..) and
+// 4 t + 2 q + 1 (columns 16 + 4 t ..) of rows g and g + 8; B = registers 2 q and 2 q + 1 of xv[j][p'].
+template <int MT, int RT>
+__device__ __forceinline__ void group_w2a8(int (&acc)[4][RT][MT][4], const uint4 (&a)[RT][2],
+                                           const uint4 (&xv)[MT][4]) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const u32 mask = 0x03030303u << (2 * p);
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const u32 a0 = part(a[r][0], 2 * q) & mask, a1 = part(a[r][1], 2 * q) & mask;
+                const u32 a2 = part(a[r][0], 2 * q + 1) & mask, a3 = part(a[r][1], 2 * q + 1) & mask;
+#pragma unroll
+                for (int j = 0; j < MT; ++j)
+                    mma_u8s8(acc[p][r][j], a0, a1, a2, a3, part(xv[j][p], 2 * q), part(xv[j][p], 2 * q + 1));
+            }
+        }
+}
+
+// Probes (compiled with -DW2A8_PROBE=...), as step 9's: 1 keeps the copies and drops the arithmetic,
+// 2 the reverse, 3 returns at once.
+#ifndef W2A8_PROBE
+#define W2A8_PROBE 0
+#endif
+
+constexpr int BARRIER_BYTES = 512;
+
+// z[m, n] = (sum_k xq[m, k] W[n, k]) / (x_scale[m] scale[n * scale_stride]), xq from quantize_x (its
+// order, rows of `groups` x 256 bytes), W in the "2bit_tiles" format. Blocks, warps, stages and the
+// split of K as step 9 (ternary_bulk <<<(row tiles / RT, K slices, M blocks), 32 (warps + 1)>>>);
+// split K leaves int32 partial sums in `partials`. Dynamic shared memory: BARRIER_BYTES, STAGES
+// stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of groups_per_slice x 256 bytes
+// + 64 of padding, so that the 8 lanes of a quarter warp reading 2 rows hit 8 different banks).
+//
+// FUSED (at most 8 rows of x and all of K in one block): no quantize_x. The producer copies the
+// block's rows of x as they are (bf16 or fp16, after the int8 x in shared memory), and the consumers
+// quantise them there while the first stages of weights arrive: absmax of each row, then the bytes
+// in the MMA's order, their row sums and scales in shared memory. One kernel, one launch.
+template <bool FUSED, bool BF16, int MT, int RT, int STAGES, int CHUNK>
+__global__ void __launch_bounds__(288) ternary_w2a8(const uint4 *__restrict__ xq, const unsigned short *__restrict__ x,
+                                                   const uint4 *__restrict__ w, float *__restrict__ z,
+                                                   const float *__restrict__ scale, const float *__restrict__ x_scale,
+                                                   const int *__restrict__ row_sum, int *__restrict__ partials,
+                                                   u32 *__restrict__ arrivals, int M, int N, int K, int groups,
+                                                   int x_stride, int scale_stride, int groups_per_slice) {
+    static_assert(!FUSED || MT == 1, "the fused quantisation takes at most 8 rows of x");
+    __shared__ float fused_max[8][8];  // [consumer warp][row]: FUSED only
+    __shared__ float fused_scale[8];
+    __shared__ int fused_sum[8];
+    static_assert(2 * STAGES * sizeof(u64) + sizeof(u64) <= BARRIER_BYTES, "the mbarriers must fit before the stages");
+    extern __shared__ __align__(128) unsigned char smem[];
+    u64 *full = reinterpret_cast<u64 *>(smem), *empty = full + STAGES, *x_ready = empty + STAGES;
+    const int warps = (blockDim.x >> 5) - 1, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int stage_pieces = warps * RT * CHUNK * 64;  // 16-byte pieces a stage
+    uint4 *stages = reinterpret_cast<uint4 *>(smem + BARRIER_BYTES);
+    uint4 *xs = stages + STAGES * stage_pieces;
+    const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
+    const int g_begin = blockIdx.y * groups_per_slice;
+    const int g_end = min(g_begin + groups_per_slice, groups);
+    const int per_chunk = warps * CHUNK;
+    const int chunks = (g_end - g_begin + per_chunk - 1) / per_chunk;
+    const int xs_stride = groups_per_slice * 16 + 4;  // pieces a row of x
+    const int tile0 = blockIdx.x * RT, tiles = (N + 15) / 16;
+
+    if (W2A8_PROBE == 3) return;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(&full[s], 1);
+            mbarrier_init(&empty[s], warps);
+        }
+        mbarrier_init(x_ready, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == warps) {
+        if (lane == 0) {  // the producer, as in step 9, but the weights first: when launched early
+            // (a programmatic dependent launch), x is still being quantised while the first STAGES
+            // stages fill; griddepcontrol.wait (a no-op otherwise) holds the copy of x until it is done.
+            const u64 policy = evict_first_policy();
+            auto copy_chunk = [&](int c) {
+                const int s = c % STAGES;
+                if (c >= STAGES) mbarrier_wait(&empty[s], ((c / STAGES) - 1) & 1);
+                const int gc = g_begin + c * per_chunk;
+                const u32 bytes = (u32)min(per_chunk, g_end - gc) * 1024u;
+                mbarrier_expect_bytes(&full[s], bytes * RT);
+                for (int r = 0; r < RT; ++r)
+                    bulk_copy(stages + s * stage_pieces + r * per_chunk * 64,
+                              w + ((size_t)min(tile0 + r, tiles - 1) * groups + gc) * 64, bytes, &full[s], policy);
+            };
+            const int first = W2A8_PROBE == 2 ? 0 : min(STAGES, chunks);
+            for (int c = 0; c < first; ++c) copy_chunk(c);
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            if constexpr (FUSED) {  // x as it is, K x 2 bytes a row (K is a multiple of 8)
+                mbarrier_expect_bytes(x_ready, (u32)K * 2u * x_rows);
+                for (int row = 0; row < x_rows; ++row)
+                    bulk_copy(xs + x_rows * xs_stride + row * groups * 32, x + (size_t)(m0 + row) * x_stride,
+                              (u32)K * 2u, x_ready, policy);
+            } else {
+                const u32 x_bytes = (u32)(g_end - g_begin) * 256u;
+                mbarrier_expect_bytes(x_ready, x_bytes * x_rows);
+                for (int row = 0; row < x_rows; ++row)
+                    bulk_copy(xs + row * xs_stride, xq + ((size_t)(m0 + row) * groups + g_begin) * 16, x_bytes,
+                              x_ready, policy);
+            }
+            for (int c = first; W2A8_PROBE != 2 && c < chunks; ++c) copy_chunk(c);
+        }
+        __syncwarp();
+    } else {
+        mbarrier_wait(x_ready, 0);
+        if constexpr (FUSED) {
+            // quantize_x's two passes, on the copy of x in shared memory (rows of groups x 32 pieces)
+            const uint4 *raw = xs + x_rows * xs_stride;
+            const int nthreads = warps * 32, units = groups * 16;
+            for (int row = 0; row < x_rows; ++row) {
+                float amax = 0.0f;
+                for (int idx = threadIdx.x; idx < K / 8; idx += nthreads)
+                    amax = fmaxf(amax, piece_absmax<BF16>(raw[row * groups * 32 + idx]));
+                for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
+                if (lane == 0) fused_max[warp][row] = amax;
+            }
+            if (threadIdx.x < x_rows) fused_sum[threadIdx.x] = 0;
+            asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
+            if (threadIdx.x < x_rows) {
+                float amax = 0.0f;
+                for (int wi = 0; wi < warps; ++wi) amax = fmaxf(amax, fused_max[wi][threadIdx.x]);
+                fused_scale[threadIdx.x] = row_scale(amax);
+            }
+            asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
+            for (int idx = threadIdx.x; idx < x_rows * units; idx += nthreads) {
+                const int row = idx / units, u = idx - row * units;
+                const int k0 = (u >> 4) * 256 + 32 * ((u >> 2) & 3) + 8 * (u & 3);
+                uint4 v[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    v[h] = k0 + 128 * h < K ? raw[row * groups * 32 + (k0 + 128 * h) / 8] : make_uint4(0, 0, 0, 0);
+                int sum = 0;
+                xs[row * xs_stride + u] = quantize_unit<BF16>(v, fused_scale[row], sum);
+                atomicAdd(&fused_sum[row], sum);  // integers: the order does not change the total
+            }
+            asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
+        }
+        int acc[4][RT][MT][4] = {};
+        for (int c = 0; c < chunks; ++c) {
+            const int s = c % STAGES;
+            const int gc = g_begin + c * per_chunk + warp * CHUNK, ng = min(CHUNK, g_end - gc);
+            if (W2A8_PROBE != 2) mbarrier_wait(&full[s], (c / STAGES) & 1);
+            const uint4 *mine = stages + s * stage_pieces + warp * CHUNK * 64 + lane;
+            uint4 a[CHUNK][RT][2];
+#pragma unroll
+            for (int cg = 0; cg < CHUNK; ++cg)
+                if (cg < ng)
+#pragma unroll
+                    for (int r = 0; r < RT; ++r)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) a[cg][r][h] = mine[(r * per_chunk + cg) * 64 + 32 * h];
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&empty[s]);
+            if (W2A8_PROBE == 1) {
+#pragma unroll
+                for (int cg = 0; cg < CHUNK; ++cg)
+                    if (cg < ng) acc[0][0][0][0] ^= (int)(a[cg][0][0].x & a[cg][RT - 1][1].w & 0x80000000u);
+                continue;
+            }
+#pragma unroll
+            for (int cg = 0; cg < CHUNK; ++cg)
+                if (cg < ng) {
+                    uint4 xv[MT][4];
+                    const int gl = gc + cg - g_begin;
+#pragma unroll
+                    for (int j = 0; j < MT; ++j)
+#pragma unroll
+                        for (int p = 0; p < 4; ++p) xv[j][p] = xs[min(8 * j + g, x_rows - 1) * xs_stride + gl * 16 + 4 * p + t];
+                    group_w2a8<MT, RT>(acc, a[cg], xv);
+                }
+        }
+
+        // acc[p'] counts code p' four^p' times over: exact shifts bring the four to one sum.
+        asm volatile("griddepcontrol.wait;" ::: "memory");  // row_sum and x_scale, below, are quantize_x's
+        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
+        int *red = reinterpret_cast<int *>(stages);
+        const int rows = 16 * RT, cols = 8 * MT;
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    red[(warp * rows + 16 * r + 8 * (c >> 1) + g) * cols + 8 * j + 2 * t + (c & 1)] =
+                        acc[0][r][j][c] + (acc[1][r][j][c] >> 2) + (acc[2][r][j][c] >> 4) + (acc[3][r][j][c] >> 6);
+        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
+        for (int idx = threadIdx.x; idx < rows * x_rows; idx += warps * 32) {
+            const int row = idx % rows, col = idx / rows, n = tile0 * 16 + row, m = m0 + col;
+            if (n >= N) continue;
+            int sum = 0;
+            for (int wi = 0; wi < warps; ++wi) sum += red[(wi * rows + row) * cols + col];
+            if (gridDim.y > 1) {
+                partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
+            } else {  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and in float (|.| < 2^24)
+                const int xsum = FUSED ? fused_sum[col] : row_sum[m];
+                const float xsc = FUSED ? fused_scale[col] : x_scale[m];
+                z[(size_t)m * N + n] = (float)(sum - xsum) / (xsc * scale[(size_t)n * scale_stride]);
+            }
+        }
+    }
+    if (!FUSED && gridDim.y > 1) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");  // every thread that may read row_sum and x_scale
+        finish_split_with(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, M, N, tile0 * 16, 16 * RT,
+                          m0, x_rows, [&](int m, int n, int sum) {
+                              z[(size_t)m * N + n] =
+                                  (float)(sum - row_sum[m]) / (x_scale[m] * scale[(size_t)n * scale_stride]);
+                          });
+    }
+}
