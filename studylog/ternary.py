@@ -1715,7 +1715,8 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
     grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
-    name = _w2a8_instance(fused, fused and x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages,
+    # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
+    name = _w2a8_instance(fused, x2.dtype == torch.bfloat16 or not fused, col_tiles, cfg.row_tiles, cfg.stages,
                           cfg.chunk)
     _, kernels = _w2a8_kernels(x2.device.index or 0, (f"-DW2A8_PROBE={probe}",) if probe else ())
     if name not in kernels:
