@@ -1620,10 +1620,10 @@ def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
 SM_SMEM_BYTES = 228 * 1024
 
 
-def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8Config:
-    """Step 10's launch for an (M, N, K) problem: 4 stages of 1 group a warp and tile, 8 warps for a
-    long K (4 for K <= 8192), and the fewest row tiles a block (1, 2 or 4) that still let every block
-    run at once (one wave) with x quantised inside the kernel; above 8 rows of x, step 9's choice."""
+def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, fused: bool = False) -> W2A8Config:
+    """Step 10's launch for an (M, N, K) problem (from a sweep on the H200): 4 stages of 1 group a warp
+    and tile, 8 warps for a long K (4 for K <= 8192), and the fewest row tiles a block (1, 2 or 4)
+    that still let every block run at once (one wave); above 8 rows of x, 2 tiles and 8 warps."""
     sms = sms or runtime.sm_count()
     warps = 8 if k > 8192 else 4
     if m > 8:
@@ -1631,7 +1631,7 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8Config
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     for rt in (1, 2, 4):
         cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
-        per_block = w2a8_smem_bytes(cfg, m, groups, fused=True) + 1024
+        per_block = w2a8_smem_bytes(cfg, m, groups, fused=fused) + 1024
         if per_block <= BULK_SMEM_LIMIT and triton.cdiv(tiles, rt) <= sms * (SM_SMEM_BYTES // per_block):
             return cfg
     return W2A8Config(row_tiles=4, warps=warps, stages=4, chunk=1, slices=1)
@@ -1656,14 +1656,15 @@ def w2a8_quantize(x2: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Floa
 
 def w2a8_bulk_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
-                     fuse_quantize: Optional[bool] = None) -> Float[Tensor, "*m n"]:
+                     fuse_quantize: bool = False) -> Float[Tensor, "*m n"]:
     """Step 10 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
     ``x_q, x_scale = quantize_activations(x)`` computed on the GPU by a first kernel, then exact int32
     sums of 2-bit weights (``2bit_tiles``) and int8 x on the tensor cores, fed by the TMA as in step 9.
     The product of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the
     activations' rounding (about 0.4% of |x| a row), not by the arithmetic. ``fuse_quantize``: quantise
-    x inside the matmul kernel (one launch; up to 8 rows of x whose whole K fits in shared memory,
-    the default where it does) or in a kernel of its own before it (False)."""
+    x inside the matmul kernel (True: one launch, up to 8 rows of x whose whole K fits in shared
+    memory) or in a kernel of its own before it (the default: on the H200 it was 2-3 us faster, as the
+    matmul, launched early, streams its first weights while x is quantised)."""
     return _w2a8_call(x, w, scale, out, config, probe=0, fused=fuse_quantize)()
 
 
@@ -1680,7 +1681,7 @@ def w2a8_bulk_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, pr
 
 
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, probe: int,
-               early: bool = True, fused: Optional[bool] = None) -> Callable[[], Tensor]:
+               early: bool = True, fused: bool = False) -> Callable[[], Tensor]:
     """Checks and launch plan of step 10; returns the call (both kernels) as a function. ``early=False``
     launches the matmul only once the quantisation has finished (to measure what the early launch saves)."""
     x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8Config,
@@ -1691,7 +1692,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
     if torch.cuda.get_device_capability(x2.device)[0] < 9:
         raise RuntimeError("step 10 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
-    cfg = config or w2a8_config(m, w.n, k)
+    cfg = config or w2a8_config(m, w.n, k, fused=bool(fused))
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2
     x_rows = min(m, 8 * col_tiles)
@@ -1705,7 +1706,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
         raise ValueError(f"{cfg}: quantising inside the matmul needs M <= 8 and all of K in shared memory beside "
                          f"the stages; M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, fused=True)} "
                          f"bytes, more than {BULK_SMEM_LIMIT}")
-    fused = fits if fused is None else fused
+    fused = bool(fused)
     if fused:
         x2 = _pad_k_to_8(x2)  # the copy engine moves x in 16-byte pieces
         per_slice = groups
