@@ -1622,13 +1622,21 @@ SM_SMEM_BYTES = 228 * 1024
 
 def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, fused: bool = False) -> W2A8Config:
     """Step 10's launch for an (M, N, K) problem (from a sweep on the H200): 4 stages of 1 group a warp
-    and tile, 8 warps for a long K (4 for K <= 8192), and the fewest row tiles a block (1, 2 or 4)
-    that still let every block run at once (one wave); above 8 rows of x, 2 tiles and 8 warps."""
+    and tile, 8 warps for a long K (4 for K <= 8192). Row tiles a block: with x quantised in the
+    kernel (``fused``), every block quantises x again, so the most (4, 2 or 1) that still leave about
+    a block per SM; after quantize_x, the fewest that let every block run at once (one wave). Above
+    8 rows of x, 2 tiles and 8 warps."""
     sms = sms or runtime.sm_count()
     warps = 8 if k > 8192 else 4
     if m > 8:
         return W2A8Config(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    if fused:
+        for rt in (4, 2, 1):
+            cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
+            if triton.cdiv(tiles, rt) >= 0.9 * sms and w2a8_smem_bytes(cfg, m, groups, fused=True) <= BULK_SMEM_LIMIT:
+                return cfg
+        return W2A8Config(row_tiles=1, warps=warps, stages=4, chunk=1, slices=1)
     for rt in (1, 2, 4):
         cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
         per_block = w2a8_smem_bytes(cfg, m, groups, fused=fused) + 1024
@@ -1656,15 +1664,16 @@ def w2a8_quantize(x2: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Floa
 
 def w2a8_bulk_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
-                     fuse_quantize: bool = False) -> Float[Tensor, "*m n"]:
+                     fuse_quantize: Optional[bool] = None) -> Float[Tensor, "*m n"]:
     """Step 10 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
     ``x_q, x_scale = quantize_activations(x)`` computed on the GPU by a first kernel, then exact int32
     sums of 2-bit weights (``2bit_tiles``) and int8 x on the tensor cores, fed by the TMA as in step 9.
     The product of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the
     activations' rounding (about 0.4% of |x| a row), not by the arithmetic. ``fuse_quantize``: quantise
-    x inside the matmul kernel (True: one launch, up to 8 rows of x whose whole K fits in shared
-    memory) or in a kernel of its own before it (the default: on the H200 it was 2-3 us faster, as the
-    matmul, launched early, streams its first weights while x is quantised)."""
+    x inside the matmul kernel (one launch; up to 8 rows of x whose whole K fits in shared memory,
+    the default where it does: None) or in a kernel of its own before it, the matmul launched early
+    so that its first weights stream in while x is quantised (False). The second needs the host to
+    launch the two kernels back to back: on a slow host the GPU waits for it in between."""
     return _w2a8_call(x, w, scale, out, config, probe=0, fused=fuse_quantize)()
 
 
@@ -1681,7 +1690,7 @@ def w2a8_bulk_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, pr
 
 
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, probe: int,
-               early: bool = True, fused: bool = False) -> Callable[[], Tensor]:
+               early: bool = True, fused: Optional[bool] = None) -> Callable[[], Tensor]:
     """Checks and launch plan of step 10; returns the call (both kernels) as a function. ``early=False``
     launches the matmul only once the quantisation has finished (to measure what the early launch saves)."""
     x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8Config,
@@ -1692,10 +1701,13 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
     if torch.cuda.get_device_capability(x2.device)[0] < 9:
         raise RuntimeError("step 10 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
-    cfg = config or w2a8_config(m, w.n, k, fused=bool(fused))
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2
     x_rows = min(m, 8 * col_tiles)
+    if fused is None:  # fused where the default launch for it fits
+        fused = m <= 8 and w2a8_smem_bytes(config or w2a8_config(m, w.n, k, fused=True), x_rows, groups,
+                                           fused=True) <= BULK_SMEM_LIMIT
+    cfg = config or w2a8_config(m, w.n, k, fused=fused)
     if w2a8_smem_bytes(cfg, x_rows, 1) > BULK_SMEM_LIMIT:
         raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
                          f"{BULK_SMEM_LIMIT} bytes of shared memory")
@@ -1706,7 +1718,6 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
         raise ValueError(f"{cfg}: quantising inside the matmul needs M <= 8 and all of K in shared memory beside "
                          f"the stages; M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, fused=True)} "
                          f"bytes, more than {BULK_SMEM_LIMIT}")
-    fused = bool(fused)
     if fused:
         x2 = _pad_k_to_8(x2)  # the copy engine moves x in 16-byte pieces
         per_slice = groups
@@ -1790,7 +1801,7 @@ BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk",
 #: A --quick run: steps 7 and 8 only.
 QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
-KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk")
+KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k")
 
 
 def _autotuner_for(series: str, m: int):
@@ -1846,7 +1857,9 @@ def bench(run) -> None:
              "quantises x as quantize_activations does (int8, per-row absmax) into the int8 MMA's order, then step 9's "
              "plumbing feeds mma.sync m16n8k32 (u8 codes x s8 x, int32 sums), one AND per 4 weights, same 2bit_tiles "
              "weights. Checked against float64 of the quantised x (ref_q), the product W2A8 defines. "
-             "w2a8_probe_* as bulk_probe_*, for its matmul kernel (the quantisation kernel runs in full).")
+             "x is quantised inside the matmul where it fits (M <= 8, fused=True in config), else by a kernel of its "
+             "own before it; w2a8_bulk_2k: the latter where the former is the default (the matmul launched early, "
+             "programmatic dependent launch). w2a8_probe_* as bulk_probe_*, for the default path.")
     torch.manual_seed(0)
     for family, n, k in run.progress(shapes, "shapes"):
         _bench_shape(run, family, n, k, ms_list, peak)
@@ -1925,15 +1938,20 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
                 record(name, lambda: w2a8_matmul(xq, x_scale, p2, scale), p2.nbytes, "int8", ref_q, magnitude_q,
                        in_bytes=m * k + m * 4)
             elif name == "w2a8_bulk":
+                fused = m <= 8 and w2a8_smem_bytes(w2a8_config(m, n, k, fused=True), m, triton.cdiv(k, 256),
+                                                   fused=True) <= BULK_SMEM_LIMIT
                 record(name, lambda: w2a8_bulk_matmul(x, pt, scale), pt.nbytes, "int8", ref_q, magnitude_q,
-                       config_text=str(w2a8_config(m, n, k)))
+                       config_text=f"{w2a8_config(m, n, k, fused=fused)}, fused={fused}")
+                if fused:  # the other way: quantize_x, then the matmul launched early
+                    record("w2a8_bulk_2k", lambda: w2a8_bulk_matmul(x, pt, scale, fuse_quantize=False), pt.nbytes,
+                           "int8", ref_q, magnitude_q, config_text=str(w2a8_config(m, n, k)))
             else:
                 fn, weight_bytes, mma, *text = runs[name]
                 record(name, fn, weight_bytes, mma, ref, magnitude, config_text="".join(text))
         if m == 1 and family == "llama":
             # what limits steps 9 and 10: the same launch with parts left out (its outputs mean nothing)
             for series, make_probe, config in (("bulk", bulk_probe, bulk_config(m, n, k)),
-                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k))):
+                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k, fused=True))):
                 if series not in names:
                     continue
                 for probe, what in BULK_PROBES.items():
@@ -1954,6 +1972,7 @@ SERIES_LABELS = {
     "cuda_mma": "8: CUDA C++ mma.sync", "bulk": "9: CUDA C++, TMA copies",
     "bulk_probe_1": "9, copies only", "bulk_probe_2": "9, arithmetic only", "bulk_probe_3": "9, launch only",
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
+    "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
     "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
 }
 
@@ -2002,7 +2021,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
     for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
         base = _ms(results, "cublas_bf16", shape=shape, m=m)
         row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma",
-                                 "bulk", "w2a8_bulk"])
+                                 "bulk", "w2a8_bulk", "w2a8_bulk_2k"])
         if base is None or row is None:
             out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
             continue
@@ -2014,7 +2033,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
                        f"{base_row['kernel_ms'] / row['kernel_ms']:.2f}x)")
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want, detail))
     for shape in ("4096x14336", "8192x28672"):
-        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"])
+        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
             continue

@@ -851,9 +851,13 @@ def test_step10_launch_heuristic_fits_shared_memory(m, n, k):
             assert per_block <= T.BULK_SMEM_LIMIT
             # one wave: every block resident at once
             assert -(-(-(-n // 16)) // c.row_tiles) <= 132 * (T.SM_SMEM_BYTES // (per_block + 1024))
-    best_on_the_h200 = {(1, 4096, 14336): (1, 8), (1, 8192, 28672): (2, 8)}
-    if (m, n, k) in best_on_the_h200:
-        assert (cfg.row_tiles, cfg.warps) == best_on_the_h200[m, n, k]
+    best_on_the_h200 = {(1, 4096, 14336): ((1, 8), (2, 8)), (1, 8192, 28672): ((2, 8), (4, 8)),
+                        (1, 14336, 4096): (None, (4, 4))}  # (after quantize_x, fused)
+    for fused in (False, True):
+        best = best_on_the_h200.get((m, n, k), (None, None))[fused]
+        if best:
+            c = T.w2a8_config(m, n, k, sms=132, fused=fused)
+            assert (c.row_tiles, c.warps) == best, (fused, c)
 
 
 def test_step10_refuses_a_k_past_exact_int32_sums(rng):
@@ -903,7 +907,7 @@ def test_gpu_step10_every_config(m, n, k, x_dtype):
             with pytest.raises(ValueError, match="no compiled instance"):
                 T.w2a8_bulk_matmul(x, tiles, scale, config=cfg)
             continue
-        for fuse in (False, m <= 8):  # quantised by quantize_x, and in the matmul (M <= 8)
+        for fuse in (None, False) + ((True,) if m <= 8 else ()):  # default, by quantize_x, in the matmul
             z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), config=cfg, fuse_quantize=fuse)
             assert_matches_w2a8(z, x, w, scale)
             again = T.w2a8_bulk_matmul(x, tiles, scale, config=cfg, fuse_quantize=fuse)
@@ -920,7 +924,7 @@ def test_gpu_step10_full_size_unaligned_x_and_probes():
         tiles = T.PackedTernary.pack(w, "2bit_tiles")
         for m in (1, 5, 16):
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            for fuse in (False, m <= 8):
+            for fuse in (False, m == 1):  # (5 rows of K = 14335 do not fit in shared memory with the stages)
                 z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), fuse_quantize=fuse)
                 assert_matches_w2a8(z, x, w, scale)
             if m == 16:
