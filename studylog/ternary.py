@@ -1561,19 +1561,25 @@ class W2A8Config(BulkConfig):
 W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
 
 
-def _w2a8_instance(fused: bool, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
+#: Where step 10 quantises x (QUANT in ternary_w2a8.cu): once, in the first block of the matmul (the
+#: default up to 8 rows of x); in every block of the matmul; or in a kernel of its own before it
+#: (quantize_x, the matmul launched early; the default above 8 rows of x).
+W2A8_QUANTIZE = {"first block": 2, "every block": 1, "separate": 0}
+
+
+def _w2a8_instance(quant: int, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
     b = lambda v: "true" if v else "false"
-    return f"ternary_w2a8<{b(fused)}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+    return f"ternary_w2a8<{quant}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
 
 
 W2A8_QUANTIZE_INSTANCES = ("quantize_x<true>", "quantize_x<false>")
-#: After quantize_x: 8 or 16 rows of x a block (16 only with 1 or 2 row tiles: 4 spill). Fused: 8 rows
-#: of x at most, bf16 or fp16.
-W2A8_INSTANCES = tuple(_w2a8_instance(False, True, mt, *shape) for mt in (1, 2) for shape in W2A8_SHAPES
+#: After quantize_x: 8 or 16 rows of x a block (16 only with 1 or 2 row tiles: 4 spill), x's type no
+#: longer matters. Quantised in the matmul: 8 rows of x a block, bf16 or fp16.
+W2A8_INSTANCES = tuple(_w2a8_instance(0, True, mt, *shape) for mt in (1, 2) for shape in W2A8_SHAPES
                        if mt == 1 or shape[0] <= 2) + \
-    tuple(_w2a8_instance(True, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_SHAPES)
+    tuple(_w2a8_instance(q, bf16, 1, *shape) for q in (1, 2) for bf16 in (True, False) for shape in W2A8_SHAPES)
 cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
-W2A8_SIGNATURE = ["ptr"] * 9 + ["i32"] * 7
+W2A8_SIGNATURE = ["ptr"] * 10 + ["i32"] * 8
 W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
 #: The longest K step 10 takes: its int32 sums and their float32 conversion stay exact below it
 #: (|sum_k x_k w_k| <= 128 K <= 2^24).
@@ -1620,12 +1626,13 @@ def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
 SM_SMEM_BYTES = 228 * 1024
 
 
-def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, fused: bool = False) -> W2A8Config:
+def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: str = "first block") -> W2A8Config:
     """Step 10's launch for an (M, N, K) problem (from a sweep on the H200): 4 stages of 1 group a warp
     and tile, 8 warps for a long K (4 for K <= 8192). Row tiles a block: with x quantised in the
-    kernel (``fused``), every block quantises x again, so the most (4, 2 or 1) that still leave about
-    a block per SM; after quantize_x, the fewest that let every block run at once (one wave). Above
-    8 rows of x, 2 tiles and 8 warps."""
+    kernel's every block (``quantize="every block"``), each block quantises x again, so the most (4, 2
+    or 1) that still leave about a block per SM; otherwise the fewest that let every block run at once
+    (one wave). Above 8 rows of x, 2 tiles and 8 warps."""
+    fused = quantize == "every block"
     sms = sms or runtime.sm_count()
     warps = 8 if k > 8192 else 4
     if m > 8:
@@ -1664,17 +1671,19 @@ def w2a8_quantize(x2: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Floa
 
 def w2a8_bulk_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
-                     fuse_quantize: Optional[bool] = None) -> Float[Tensor, "*m n"]:
+                     quantize: Optional[str] = None) -> Float[Tensor, "*m n"]:
     """Step 10 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
-    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU by a first kernel, then exact int32
-    sums of 2-bit weights (``2bit_tiles``) and int8 x on the tensor cores, fed by the TMA as in step 9.
-    The product of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the
-    activations' rounding (about 0.4% of |x| a row), not by the arithmetic. ``fuse_quantize``: quantise
-    x inside the matmul kernel (one launch; up to 8 rows of x whose whole K fits in shared memory,
-    the default where it does: None) or in a kernel of its own before it, the matmul launched early
-    so that its first weights stream in while x is quantised (False). The second needs the host to
-    launch the two kernels back to back: on a slow host the GPU waits for it in between."""
-    return _w2a8_call(x, w, scale, out, config, probe=0, fused=fuse_quantize)()
+    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU, then exact int32 sums of 2-bit
+    weights (``2bit_tiles``) and int8 x on the tensor cores, fed by the TMA as in step 9. The product
+    of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the activations'
+    rounding (about 0.4% of |x| a row), not by the arithmetic.
+
+    ``quantize`` (one of ``W2A8_QUANTIZE``): "first block" (one launch; the first block quantises x
+    for all, the others stream weights meanwhile; the default up to 8 rows of x), "every block" (one
+    launch, every block quantises x itself; up to 8 rows of x whose whole K fits in shared memory), or
+    "separate" (quantize_x, then the matmul launched early; two launches from the host, back to back,
+    and on a slow host the GPU waits for the second; the default above 8 rows of x)."""
+    return _w2a8_call(x, w, scale, out, config, probe=0, quantize=quantize)()
 
 
 #: What each W2A8_PROBE build of step 10 keeps.
@@ -1683,41 +1692,74 @@ W2A8_PROBES = BULK_PROBES
 
 def w2a8_bulk_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
                     config: Optional[W2A8Config] = None) -> Callable[[], Tensor]:
-    """As :func:`bulk_probe`, for step 10's matmul kernel (the quantisation kernel runs in full)."""
+    """As :func:`bulk_probe`, for step 10's default launch (the quantisation of x is kept in full)."""
     if probe not in W2A8_PROBES:
         raise ValueError(f"probe must be one of {sorted(W2A8_PROBES)} ({W2A8_PROBES}), got {probe!r}")
     return _w2a8_call(x, w, scale, None, config, probe=probe)
 
 
+class _W2A8Workspace:
+    """Per device: the int8 x, scales and row sums that the first block of step 10 writes for the
+    others, and the flags it raises, one per 8 rows of x, with a new value (epoch) every call. Shared by
+    the calls on a device, as CUDA_WORKSPACE is: calls on different streams at once would race."""
+
+    def __init__(self):
+        self._buffers: dict[tuple, tuple] = {}
+        self._flags: dict[torch.device, Tensor] = {}
+        self._epoch = 0
+
+    def get(self, device: torch.device, m: int, groups: int, blocks: int) -> tuple:
+        key = (device, m, groups)
+        if key not in self._buffers:
+            self._buffers[key] = (torch.zeros(m, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=device),
+                                  torch.zeros(m, dtype=torch.float32, device=device),
+                                  torch.zeros(m, dtype=torch.int32, device=device))
+        flags = self._flags.get(device)
+        if flags is None or flags.numel() < blocks:
+            flags = self._flags[device] = torch.zeros(max(blocks, 64), dtype=torch.int32, device=device)
+        return self._buffers[key] + (flags,)
+
+    def next_epoch(self) -> int:
+        self._epoch = self._epoch % (2**31 - 1) + 1  # never 0, the flags' first value
+        return self._epoch
+
+
+W2A8_WORKSPACE = _W2A8Workspace()
+
+
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, probe: int,
-               early: bool = True, fused: Optional[bool] = None) -> Callable[[], Tensor]:
-    """Checks and launch plan of step 10; returns the call (both kernels) as a function. ``early=False``
-    launches the matmul only once the quantisation has finished (to measure what the early launch saves)."""
+               early: bool = True, quantize: Optional[str] = None) -> Callable[[], Tensor]:
+    """Checks and launch plan of step 10; returns the call as a function. ``early=False`` launches the
+    matmul of "separate" only once quantize_x has finished (to measure what the early launch saves)."""
     x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8Config,
                                                     "step 10 (CUDA C++ ternary_w2a8)")
     m, k = x2.shape
+    if quantize is not None and quantize not in W2A8_QUANTIZE:
+        raise ValueError(f"quantize must be one of {list(W2A8_QUANTIZE)} or None, got {quantize!r}")
     if k > W2A8_MAX_K:
         raise ValueError(f"step 10 takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
     if torch.cuda.get_device_capability(x2.device)[0] < 9:
         raise RuntimeError("step 10 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
+    quantize = quantize or ("first block" if m <= 8 else "separate")
+    quant = W2A8_QUANTIZE[quantize]
+    if quant and m > 8:
+        raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
+                         f"use 'separate'")
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2
     x_rows = min(m, 8 * col_tiles)
-    if fused is None:  # fused where the default launch for it fits
-        fused = m <= 8 and w2a8_smem_bytes(config or w2a8_config(m, w.n, k, fused=True), x_rows, groups,
-                                           fused=True) <= BULK_SMEM_LIMIT
-    cfg = config or w2a8_config(m, w.n, k, fused=fused)
+    cfg = config or w2a8_config(m, w.n, k, quantize=quantize)
     if w2a8_smem_bytes(cfg, x_rows, 1) > BULK_SMEM_LIMIT:
         raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
                          f"{BULK_SMEM_LIMIT} bytes of shared memory")
     if cfg.warps > 8:
         raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
-    fits = m <= 8 and w2a8_smem_bytes(cfg, x_rows, groups, fused=True) <= BULK_SMEM_LIMIT
-    if fused and not fits:
-        raise ValueError(f"{cfg}: quantising inside the matmul needs M <= 8 and all of K in shared memory beside "
-                         f"the stages; M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, fused=True)} "
-                         f"bytes, more than {BULK_SMEM_LIMIT}")
+    fused = quant == 1
+    if fused and w2a8_smem_bytes(cfg, x_rows, groups, fused=True) > BULK_SMEM_LIMIT:
+        raise ValueError(f"{cfg}: quantising in every block needs all of K in shared memory beside the stages; "
+                         f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, fused=True)} bytes, more "
+                         f"than {BULK_SMEM_LIMIT}")
     if fused:
         x2 = _pad_k_to_8(x2)  # the copy engine moves x in 16-byte pieces
         per_slice = groups
@@ -1728,23 +1770,28 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
     # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
-    name = _w2a8_instance(fused, x2.dtype == torch.bfloat16 or not fused, col_tiles, cfg.row_tiles, cfg.stages,
+    name = _w2a8_instance(quant, x2.dtype == torch.bfloat16 or quant == 0, col_tiles, cfg.row_tiles, cfg.stages,
                           cfg.chunk)
     _, kernels = _w2a8_kernels(x2.device.index or 0, (f"-DW2A8_PROBE={probe}",) if probe else ())
     if name not in kernels:
         raise ValueError(f"{cfg}: step 10 has no compiled instance of {cfg.row_tiles} row tiles for more than 8 "
                          f"rows of x (M = {m}); compiled: {W2A8_INSTANCES}")
     kernel, smem = kernels[name], w2a8_smem_bytes(cfg, x_rows, per_slice, fused)
+    block = (32 * (cfg.warps + 1),)
 
     def call() -> Tensor:
-        if fused:
-            kernel(grid, (32 * (cfg.warps + 1),), None, x2, w.data, z, s, None, None, None, None, m, w.n, k,
-                   groups, x2.stride(0), s_stride, per_slice, shared_mem=smem)
-        else:
+        if quant == 0:
             xq, x_scale, row_sum = w2a8_quantize(x2)
             # launched early (programmatic dependent launch): its weights stream in while x is quantised
-            kernel(grid, (32 * (cfg.warps + 1),), xq, None, w.data, z, s, x_scale, row_sum, partials, counts, m,
-                   w.n, k, groups, x2.stride(0), s_stride, per_slice, shared_mem=smem, early=early)
+            kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, None, m, w.n, k, groups,
+                   x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, early=early)
+        elif quant == 1:
+            kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, None, m, w.n, k, groups,
+                   x2.stride(0), s_stride, per_slice, 0, shared_mem=smem)
+        else:
+            xq, x_scale, row_sum, flags = W2A8_WORKSPACE.get(x2.device, m, groups, grid[2])
+            kernel(grid, block, xq, x2, w.data, z, s, x_scale, row_sum, partials, counts, flags, m, w.n, k, groups,
+                   x2.stride(0), s_stride, per_slice, W2A8_WORKSPACE.next_epoch(), shared_mem=smem)
         return z[0] if vector else z
     return call
 
@@ -1801,7 +1848,7 @@ BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk",
 #: A --quick run: steps 7 and 8 only.
 QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
-KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k")
+KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_every", "w2a8_bulk_2k")
 
 
 def _autotuner_for(series: str, m: int):
@@ -1857,9 +1904,10 @@ def bench(run) -> None:
              "quantises x as quantize_activations does (int8, per-row absmax) into the int8 MMA's order, then step 9's "
              "plumbing feeds mma.sync m16n8k32 (u8 codes x s8 x, int32 sums), one AND per 4 weights, same 2bit_tiles "
              "weights. Checked against float64 of the quantised x (ref_q), the product W2A8 defines. "
-             "x is quantised inside the matmul where it fits (M <= 8, fused=True in config), else by a kernel of its "
-             "own before it; w2a8_bulk_2k: the latter where the former is the default (the matmul launched early, "
-             "programmatic dependent launch). w2a8_probe_* as bulk_probe_*, for the default path.")
+             "x is quantised once by the first block of the matmul (quantize='first block', the default up to 8 rows "
+             "of x), or by a kernel of its own before it ('separate', above 8 rows). At M = 1 also: w2a8_bulk_every "
+             "(every block quantises x itself) and w2a8_bulk_2k ('separate': quantize_x, then the matmul launched "
+             "early by a programmatic dependent launch). w2a8_probe_* as bulk_probe_*, for the default.")
     torch.manual_seed(0)
     for family, n, k in run.progress(shapes, "shapes"):
         _bench_shape(run, family, n, k, ms_list, peak)
@@ -1938,20 +1986,20 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
                 record(name, lambda: w2a8_matmul(xq, x_scale, p2, scale), p2.nbytes, "int8", ref_q, magnitude_q,
                        in_bytes=m * k + m * 4)
             elif name == "w2a8_bulk":
-                fused = m <= 8 and w2a8_smem_bytes(w2a8_config(m, n, k, fused=True), m, triton.cdiv(k, 256),
-                                                   fused=True) <= BULK_SMEM_LIMIT
+                default = "first block" if m <= 8 else "separate"
                 record(name, lambda: w2a8_bulk_matmul(x, pt, scale), pt.nbytes, "int8", ref_q, magnitude_q,
-                       config_text=f"{w2a8_config(m, n, k, fused=fused)}, fused={fused}")
-                if fused:  # the other way: quantize_x, then the matmul launched early
-                    record("w2a8_bulk_2k", lambda: w2a8_bulk_matmul(x, pt, scale, fuse_quantize=False), pt.nbytes,
-                           "int8", ref_q, magnitude_q, config_text=str(w2a8_config(m, n, k)))
+                       config_text=f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}")
+                if m == 1:  # the other places to quantise x
+                    for series, where in (("w2a8_bulk_every", "every block"), ("w2a8_bulk_2k", "separate")):
+                        record(series, lambda q=where: w2a8_bulk_matmul(x, pt, scale, quantize=q), pt.nbytes, "int8",
+                               ref_q, magnitude_q, config_text=f"{w2a8_config(m, n, k, quantize=where)}")
             else:
                 fn, weight_bytes, mma, *text = runs[name]
                 record(name, fn, weight_bytes, mma, ref, magnitude, config_text="".join(text))
         if m == 1 and family == "llama":
             # what limits steps 9 and 10: the same launch with parts left out (its outputs mean nothing)
             for series, make_probe, config in (("bulk", bulk_probe, bulk_config(m, n, k)),
-                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k, fused=True))):
+                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k))):
                 if series not in names:
                     continue
                 for probe, what in BULK_PROBES.items():
@@ -1972,6 +2020,7 @@ SERIES_LABELS = {
     "cuda_mma": "8: CUDA C++ mma.sync", "bulk": "9: CUDA C++, TMA copies",
     "bulk_probe_1": "9, copies only", "bulk_probe_2": "9, arithmetic only", "bulk_probe_3": "9, launch only",
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
+    "w2a8_bulk_every": "10: W2A8, x quantised in every block",
     "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
     "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
 }
@@ -2021,7 +2070,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
     for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
         base = _ms(results, "cublas_bf16", shape=shape, m=m)
         row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma",
-                                 "bulk", "w2a8_bulk", "w2a8_bulk_2k"])
+                                 "bulk", "w2a8_bulk", "w2a8_bulk_every", "w2a8_bulk_2k"])
         if base is None or row is None:
             out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
             continue
@@ -2033,7 +2082,8 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
                        f"{base_row['kernel_ms'] / row['kernel_ms']:.2f}x)")
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want, detail))
     for shape in ("4096x14336", "8192x28672"):
-        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k"])
+        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_every",
+                                 "w2a8_bulk_2k"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
             continue

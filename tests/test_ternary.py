@@ -781,8 +781,10 @@ def test_step10_compiles_to_int8_mma_and_bulk_copies_without_spills():
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
     assert "fma.rn.bf16x2" not in ptx  # no float decode: the codes go to the tensor cores as they are
     assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx  # the early launch
-    matmul_only = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=T.W2A8_INSTANCES).ptx
-    assert not re.search(r"ld\.global[.\w:]*\.v[24]", matmul_only)  # weights and x come by the engine
+    # weights and x come by the engine (but the first block of "first block", QUANT 2, reads x itself)
+    copied = [i for i in T.W2A8_INSTANCES if not i.startswith("ternary_w2a8<2,")]
+    matmul_only = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=copied[:4] + copied[-2:]).ptx
+    assert not re.search(r"ld\.global[.\w:]*\.v[24]", matmul_only)
     report = compiled.ptxas_report()
     assert len(report) == len(T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
     for name, r in report.items():
@@ -790,7 +792,7 @@ def test_step10_compiles_to_int8_mma_and_bulk_copies_without_spills():
     tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
     if not tool.is_file() and not shutil.which("cuobjdump"):
         pytest.skip("no cuobjdump to read SASS with")
-    cubin = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=["ternary_w2a8<true, true, 1, 1, 4, 1>"]).cubin
+    cubin = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=["ternary_w2a8<2, true, 1, 1, 4, 1>"]).cubin
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -846,7 +848,7 @@ def test_step10_launch_heuristic_fits_shared_memory(m, n, k):
     if m == 1 and k <= 28672:
         assert -(-groups // per_slice) == 1
         for fused in (False, True):
-            c = T.w2a8_config(m, n, k, sms=132, fused=fused)
+            c = T.w2a8_config(m, n, k, sms=132, quantize="every block" if fused else "first block")
             per_block = T.w2a8_smem_bytes(c, 1, groups, fused=fused)
             assert per_block <= T.BULK_SMEM_LIMIT
             # one wave: every block resident at once
@@ -856,7 +858,7 @@ def test_step10_launch_heuristic_fits_shared_memory(m, n, k):
     for fused in (False, True):
         best = best_on_the_h200.get((m, n, k), (None, None))[fused]
         if best:
-            c = T.w2a8_config(m, n, k, sms=132, fused=fused)
+            c = T.w2a8_config(m, n, k, sms=132, quantize="every block" if fused else "first block")
             assert (c.row_tiles, c.warps) == best, (fused, c)
 
 
@@ -907,11 +909,11 @@ def test_gpu_step10_every_config(m, n, k, x_dtype):
             with pytest.raises(ValueError, match="no compiled instance"):
                 T.w2a8_bulk_matmul(x, tiles, scale, config=cfg)
             continue
-        for fuse in (None, False) + ((True,) if m <= 8 else ()):  # default, by quantize_x, in the matmul
-            z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), config=cfg, fuse_quantize=fuse)
+        for where in [None, "separate"] + (["first block", "every block"] if m <= 8 else []):
+            z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), config=cfg, quantize=where)
             assert_matches_w2a8(z, x, w, scale)
-            again = T.w2a8_bulk_matmul(x, tiles, scale, config=cfg, fuse_quantize=fuse)
-            assert torch.equal(z, again), f"{cfg}, fused {fuse}: not deterministic"
+            again = T.w2a8_bulk_matmul(x, tiles, scale, config=cfg, quantize=where)
+            assert torch.equal(z, again), f"{cfg}, quantize {where}: not deterministic"
 
 
 @pytest.mark.gpu
@@ -924,12 +926,16 @@ def test_gpu_step10_full_size_unaligned_x_and_probes():
         tiles = T.PackedTernary.pack(w, "2bit_tiles")
         for m in (1, 5, 16):
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            for fuse in (False, m == 1):  # (5 rows of K = 14335 do not fit in shared memory with the stages)
-                z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), fuse_quantize=fuse)
+            # (5 rows of K = 14335 do not fit in shared memory beside the stages: not "every block" there)
+            for where in [None, "separate"] + (["first block"] if m <= 8 else []) + (["every block"] if m == 1 else []):
+                z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), quantize=where)
                 assert_matches_w2a8(z, x, w, scale)
             if m == 16:
-                with pytest.raises(ValueError, match="M <= 8"):
-                    T.w2a8_bulk_matmul(x, tiles, scale, fuse_quantize=True)
+                with pytest.raises(ValueError, match="at most 8 rows of x"):
+                    T.w2a8_bulk_matmul(x, tiles, scale, quantize="first block")
+            if m == 5:
+                with pytest.raises(ValueError, match="all of K in shared memory"):
+                    T.w2a8_bulk_matmul(x, tiles, scale, quantize="every block")
     wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
     x = wide[:, 1:]
     assert_matches_w2a8(T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(2, n)), x, w, scale)

@@ -85,31 +85,27 @@ __device__ __forceinline__ uint4 quantize_unit(const uint4 (&v)[2], float scale,
 // BitNet's scale of a row from its largest |x|: torch's 127 / t is a reciprocal, then a product.
 __device__ __forceinline__ float row_scale(float amax) { return (1.0f / fmaxf(amax, 1e-5f)) * 127.0f; }
 
-// BitNet's activation quantisation, as quantize_activations in Python computes it (float32
-// throughout, so both give the same bytes): scale = (1 / max(max_k |x_k|, 1e-5)) * 127 (torch's
-// 127 / t is a reciprocal, then a product), q = clamp(round-half-even(x * scale), -128, 127). One
-// block a row of x, UNITS units of 16 activations a thread held in registers between the two passes
-// (so x is read once while K <= UNITS x 16 x blockDim.x, 65536 at 1024 threads). Writes the row's
-// bytes in the order above (zeros past K; unit u is bytes 16 u .. 16 u + 15: words i hold q of
-// x[k0 + 2 i], x[k0 + 128 + 2 i], x[k0 + 2 i + 1], x[k0 + 128 + 2 i + 1]), its scale and the sum of
-// its q. It lets step 10's matmul launch at once (griddepcontrol): the weights need nothing from here.
-template <bool BF16>
-__global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restrict__ x, uint4 *__restrict__ xq,
-                                                   float *__restrict__ x_scale, int *__restrict__ row_sum, int K,
-                                                   int x_stride, int groups) {
+// BitNet's activation quantisation of one row of x, as quantize_activations in Python computes it
+// (float32 throughout, so both give the same bytes): scale = (1 / max(max_k |x_k|, 1e-5)) * 127
+// (torch's 127 / t is a reciprocal, then a product), q = clamp(round-half-even(x * scale), -128, 127).
+// Threads tid = 0 .. nthreads - 1 (whole warps) share it, `sync` a barrier of exactly them; UNITS units
+// of 16 activations a thread stay in registers between the two passes (x is read once while K <=
+// UNITS x 16 x nthreads). Writes the row's bytes in the order above to `out` (zeros past K; unit u is
+// bytes 16 u .. 16 u + 15), and returns (to every thread) its scale and the sum of its q.
+template <bool BF16, typename Sync>
+__device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, uint4 *out, int tid,
+                                             int nthreads, Sync sync, float &scale, int &total) {
     constexpr int UNITS = 4;
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     __shared__ float warp_max[32];
     __shared__ int warp_sum[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const unsigned short *row = x + (size_t)blockIdx.x * x_stride;
-    const int units = groups * 16, per_round = UNITS * blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5, warps = nthreads >> 5;
+    const int units = groups * 16, per_round = UNITS * nthreads;
     uint4 v[UNITS][2];
     float amax = 0.0f;
     for (int r0 = 0; r0 < units; r0 += per_round) {
 #pragma unroll
         for (int i = 0; i < UNITS; ++i) {
-            const int u = r0 + threadIdx.x + i * blockDim.x;
+            const int u = r0 + tid + i * nthreads;
             if (u < units) {
                 load_unit(v[i], row, u, K);
                 amax = fmaxf(amax, fmaxf(piece_absmax<BF16>(v[i][0]), piece_absmax<BF16>(v[i][1])));
@@ -118,17 +114,16 @@ __global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restr
     }
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
     if (lane == 0) warp_max[warp] = amax;
-    __syncthreads();
+    sync();
     amax = 0.0f;
     for (int i = 0; i < warps; ++i) amax = fmaxf(amax, warp_max[i]);
-    const float scale = row_scale(amax);  // IEEE division (NVRTC's -prec-div=true)
+    scale = row_scale(amax);  // IEEE division (NVRTC's -prec-div=true)
 
     int sum = 0;
-    uint4 *out = xq + (size_t)blockIdx.x * units;
     for (int r0 = 0; r0 < units; r0 += per_round) {
 #pragma unroll
         for (int i = 0; i < UNITS; ++i) {
-            const int u = r0 + threadIdx.x + i * blockDim.x;
+            const int u = r0 + tid + i * nthreads;
             if (u >= units) continue;
             if (units > per_round) load_unit(v[i], row, u, K);  // a long row: read again (from L2)
             out[u] = quantize_unit<BF16>(v[i], scale, sum);
@@ -136,10 +131,24 @@ __global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restr
     }
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
     if (lane == 0) warp_sum[warp] = sum;
-    __syncthreads();
+    sync();
+    total = 0;
+    for (int i = 0; i < warps; ++i) total += warp_sum[i];
+    sync();  // warp_max and warp_sum are free for the next row
+}
+
+// Step 10's own quantisation kernel, one block a row of x: the row's bytes, its scale and the sum of
+// its q. It lets the matmul launch at once (griddepcontrol): the weights need nothing from here.
+template <bool BF16>
+__global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restrict__ x, uint4 *__restrict__ xq,
+                                                   float *__restrict__ x_scale, int *__restrict__ row_sum, int K,
+                                                   int x_stride, int groups) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    float scale;
+    int total;
+    quantize_row<BF16>(x + (size_t)blockIdx.x * x_stride, K, groups, xq + (size_t)blockIdx.x * groups * 16,
+                       threadIdx.x, blockDim.x, [] { __syncthreads(); }, scale, total);
     if (threadIdx.x == 0) {
-        int total = 0;
-        for (int i = 0; i < warps; ++i) total += warp_sum[i];
         row_sum[blockIdx.x] = total;
         x_scale[blockIdx.x] = scale;
     }
@@ -191,18 +200,27 @@ constexpr int BARRIER_BYTES = 512;
 // stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of groups_per_slice x 256 bytes
 // + 64 of padding, so that the 8 lanes of a quarter warp reading 2 rows hit 8 different banks).
 //
-// FUSED (at most 8 rows of x and all of K in one block): no quantize_x. The producer copies the
-// block's rows of x as they are (bf16 or fp16, after the int8 x in shared memory), and the consumers
-// quantise them there while the first stages of weights arrive: absmax of each row, then the bytes
-// in the MMA's order, their row sums and scales in shared memory. One kernel, one launch.
-template <bool FUSED, bool BF16, int MT, int RT, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(288) ternary_w2a8(const uint4 *__restrict__ xq, const unsigned short *__restrict__ x,
+// Where x is quantised (QUANT):
+//   0: before, by quantize_x (xq, x_scale and row_sum are its outputs);
+//   1: in every block (at most 8 rows of x and all of K in one block). The producer copies the block's
+//      rows of x as they are (bf16 or fp16, after the int8 x in shared memory), and the consumers
+//      quantise them there while the first stages of weights arrive. One launch, but every block
+//      reads and quantises all of x;
+//   2: once, by the first block of each 8 rows of x (block (0, 0, z)), into xq, x_scale and row_sum
+//      in global memory; it then stores `epoch` into flags[z] (a release). Every block's producer fills
+//      its first stages with weights, waits for that value (an acquire), and copies the int8 x as in
+//      0. One launch, x quantised once. Blocks start in order, so the first block runs before any
+//      block that waits for it.
+template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
+__global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, const unsigned short *__restrict__ x,
                                                    const uint4 *__restrict__ w, float *__restrict__ z,
-                                                   const float *__restrict__ scale, const float *__restrict__ x_scale,
-                                                   const int *__restrict__ row_sum, int *__restrict__ partials,
-                                                   u32 *__restrict__ arrivals, int M, int N, int K, int groups,
-                                                   int x_stride, int scale_stride, int groups_per_slice) {
-    static_assert(!FUSED || MT == 1, "the fused quantisation takes at most 8 rows of x");
+                                                   const float *__restrict__ scale, float *__restrict__ x_scale,
+                                                   int *__restrict__ row_sum, int *__restrict__ partials,
+                                                   u32 *__restrict__ arrivals, int *__restrict__ flags, int M, int N,
+                                                   int K, int groups, int x_stride, int scale_stride,
+                                                   int groups_per_slice, int epoch) {
+    constexpr bool FUSED = QUANT == 1;
+    static_assert(QUANT == 0 || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
     __shared__ float fused_max[8][8];  // [consumer warp][row]: FUSED only
     __shared__ float fused_scale[8];
     __shared__ int fused_sum[8];
@@ -250,7 +268,17 @@ __global__ void __launch_bounds__(288) ternary_w2a8(const uint4 *__restrict__ xq
             };
             const int first = W2A8_PROBE == 2 ? 0 : min(STAGES, chunks);
             for (int c = 0; c < first; ++c) copy_chunk(c);
-            asm volatile("griddepcontrol.wait;" ::: "memory");
+            if constexpr (QUANT == 2) {  // the first block's x, then the copy engine may read it
+                int seen;
+                while (true) {
+                    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flags + blockIdx.z) : "memory");
+                    if (seen == epoch) break;
+                    __nanosleep(64);
+                }
+                asm volatile("fence.proxy.async.global;" ::: "memory");
+            } else {
+                asm volatile("griddepcontrol.wait;" ::: "memory");
+            }
             if constexpr (FUSED) {  // x as it is, K x 2 bytes a row (K is a multiple of 8)
                 mbarrier_expect_bytes(x_ready, (u32)K * 2u * x_rows);
                 for (int row = 0; row < x_rows; ++row)
@@ -267,6 +295,29 @@ __global__ void __launch_bounds__(288) ternary_w2a8(const uint4 *__restrict__ xq
         }
         __syncwarp();
     } else {
+        if constexpr (QUANT == 2) {
+            if (blockIdx.x == 0 && blockIdx.y == 0) {  // this block quantises x for all the others
+                const int nthreads = warps * 32;
+                auto sync = [nthreads] { asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory"); };
+                for (int row = 0; row < x_rows; ++row) {
+                    const int m = m0 + row;
+                    float sc;
+                    int total;
+                    quantize_row<BF16>(x + (size_t)m * x_stride, K, groups, xq + (size_t)m * groups * 16, threadIdx.x,
+                                       nthreads, sync, sc, total);
+                    if (threadIdx.x == 0) {
+                        x_scale[m] = sc;
+                        row_sum[m] = total;
+                    }
+                }
+                __threadfence();  // every thread's bytes, before the flag
+                sync();
+                if (threadIdx.x == 0) {
+                    asm volatile("fence.proxy.async.global;" ::: "memory");
+                    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flags + blockIdx.z), "r"(epoch) : "memory");
+                }
+            }
+        }
         mbarrier_wait(x_ready, 0);
         if constexpr (FUSED) {
             // quantize_x's two passes, on the copy of x in shared memory (rows of groups x 32 pieces)
@@ -357,18 +408,18 @@ __global__ void __launch_bounds__(288) ternary_w2a8(const uint4 *__restrict__ xq
             if (gridDim.y > 1) {
                 partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
             } else {  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and in float (|.| < 2^24)
-                const int xsum = FUSED ? fused_sum[col] : row_sum[m];
-                const float xsc = FUSED ? fused_scale[col] : x_scale[m];
+                const int xsum = FUSED ? fused_sum[col] : __ldcg(&row_sum[m]);  // (another block's, in 2)
+                const float xsc = FUSED ? fused_scale[col] : __ldcg(&x_scale[m]);
                 z[(size_t)m * N + n] = (float)(sum - xsum) / (xsc * scale[(size_t)n * scale_stride]);
             }
         }
     }
-    if (!FUSED && gridDim.y > 1) {
+    if (QUANT != 1 && gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // every thread that may read row_sum and x_scale
         finish_split_with(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, M, N, tile0 * 16, 16 * RT,
                           m0, x_rows, [&](int m, int n, int sum) {
                               z[(size_t)m * N + n] =
-                                  (float)(sum - row_sum[m]) / (x_scale[m] * scale[(size_t)n * scale_stride]);
+                                  (float)(sum - __ldcg(&row_sum[m])) / (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
                           });
     }
 }
