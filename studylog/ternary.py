@@ -1561,9 +1561,9 @@ class W2A8Config(BulkConfig):
 W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
 
 
-#: Where step 10 quantises x (QUANT in ternary_w2a8.cu): once, in the first block of the matmul (the
-#: default up to 8 rows of x); in every block of the matmul; or in a kernel of its own before it
-#: (quantize_x, the matmul launched early; the default above 8 rows of x).
+#: Where step 10 quantises x (QUANT in ternary_w2a8.cu): in every block of the matmul (the default where
+#: it fits: up to 8 rows of x, all of K in shared memory); once, in the first block of the matmul; or in
+#: a kernel of its own before it (quantize_x, the matmul launched early; the default elsewhere).
 W2A8_QUANTIZE = {"first block": 2, "every block": 1, "separate": 0}
 
 
@@ -1626,13 +1626,13 @@ def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
 SM_SMEM_BYTES = 228 * 1024
 
 
-def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: str = "first block") -> W2A8Config:
+def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Optional[str] = None) -> W2A8Config:
     """Step 10's launch for an (M, N, K) problem (from a sweep on the H200): 4 stages of 1 group a warp
     and tile, 8 warps for a long K (4 for K <= 8192). Row tiles a block: with x quantised in the
     kernel's every block (``quantize="every block"``), each block quantises x again, so the most (4, 2
     or 1) that still leave about a block per SM; otherwise the fewest that let every block run at once
     (one wave). Above 8 rows of x, 2 tiles and 8 warps."""
-    fused = quantize == "every block"
+    fused = (quantize or w2a8_default_quantize(m, n, k, sms)) == "every block"
     sms = sms or runtime.sm_count()
     warps = 8 if k > 8192 else 4
     if m > 8:
@@ -1678,11 +1678,12 @@ def w2a8_bulk_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 
     of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the activations'
     rounding (about 0.4% of |x| a row), not by the arithmetic.
 
-    ``quantize`` (one of ``W2A8_QUANTIZE``): "first block" (one launch; the first block quantises x
-    for all, the others stream weights meanwhile; the default up to 8 rows of x), "every block" (one
-    launch, every block quantises x itself; up to 8 rows of x whose whole K fits in shared memory), or
-    "separate" (quantize_x, then the matmul launched early; two launches from the host, back to back,
-    and on a slow host the GPU waits for the second; the default above 8 rows of x)."""
+    ``quantize`` (one of ``W2A8_QUANTIZE``; None: the fastest on the H200 that applies): "every block"
+    (one launch, every block quantises x itself; up to 8 rows of x whose whole K fits in shared
+    memory; the default there), "first block" (one launch; the first block quantises x for all while
+    the others stream weights; up to 8 rows of x), or "separate" (quantize_x, then the matmul launched
+    early; two launches from the host, back to back, and on a slow host the GPU waits for the second;
+    the default elsewhere)."""
     return _w2a8_call(x, w, scale, out, config, probe=0, quantize=quantize)()
 
 
@@ -1696,6 +1697,15 @@ def w2a8_bulk_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, pr
     if probe not in W2A8_PROBES:
         raise ValueError(f"probe must be one of {sorted(W2A8_PROBES)} ({W2A8_PROBES}), got {probe!r}")
     return _w2a8_call(x, w, scale, None, config, probe=probe)
+
+
+def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None) -> str:
+    """Where step 10 quantises x by default: in every block where its launch fits shared memory (on
+    the H200 the fastest of the three at M = 1), else in quantize_x."""
+    every = w2a8_config(m, n, k, sms, quantize="every block")
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    fits = m <= 8 and w2a8_smem_bytes(every, m, groups, fused=True) <= BULK_SMEM_LIMIT
+    return "every block" if fits else "separate"
 
 
 class _W2A8Workspace:
@@ -1741,7 +1751,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
     if torch.cuda.get_device_capability(x2.device)[0] < 9:
         raise RuntimeError("step 10 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
-    quantize = quantize or ("first block" if m <= 8 else "separate")
+    quantize = quantize or w2a8_default_quantize(m, w.n, k)
     quant = W2A8_QUANTIZE[quantize]
     if quant and m > 8:
         raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
@@ -1848,7 +1858,7 @@ BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk",
 #: A --quick run: steps 7 and 8 only.
 QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
-KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_every", "w2a8_bulk_2k")
+KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k")
 
 
 def _autotuner_for(series: str, m: int):
@@ -1904,10 +1914,11 @@ def bench(run) -> None:
              "quantises x as quantize_activations does (int8, per-row absmax) into the int8 MMA's order, then step 9's "
              "plumbing feeds mma.sync m16n8k32 (u8 codes x s8 x, int32 sums), one AND per 4 weights, same 2bit_tiles "
              "weights. Checked against float64 of the quantised x (ref_q), the product W2A8 defines. "
-             "x is quantised once by the first block of the matmul (quantize='first block', the default up to 8 rows "
-             "of x), or by a kernel of its own before it ('separate', above 8 rows). At M = 1 also: w2a8_bulk_every "
-             "(every block quantises x itself) and w2a8_bulk_2k ('separate': quantize_x, then the matmul launched "
-             "early by a programmatic dependent launch). w2a8_probe_* as bulk_probe_*, for the default.")
+             "By default every block of the matmul quantises x itself (quantize='every block', where M <= 8 and K "
+             "fit), else a kernel of its own does it first ('separate'). At M = 1 also: w2a8_bulk_first (the first "
+             "block quantises x once and publishes it to the others by a flag) and w2a8_bulk_2k ('separate': "
+             "quantize_x, then the matmul launched early by a programmatic dependent launch). w2a8_probe_* as "
+             "bulk_probe_*, for the default.")
     torch.manual_seed(0)
     for family, n, k in run.progress(shapes, "shapes"):
         _bench_shape(run, family, n, k, ms_list, peak)
@@ -1986,11 +1997,11 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
                 record(name, lambda: w2a8_matmul(xq, x_scale, p2, scale), p2.nbytes, "int8", ref_q, magnitude_q,
                        in_bytes=m * k + m * 4)
             elif name == "w2a8_bulk":
-                default = "first block" if m <= 8 else "separate"
+                default = w2a8_default_quantize(m, n, k)
                 record(name, lambda: w2a8_bulk_matmul(x, pt, scale), pt.nbytes, "int8", ref_q, magnitude_q,
                        config_text=f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}")
                 if m == 1:  # the other places to quantise x
-                    for series, where in (("w2a8_bulk_every", "every block"), ("w2a8_bulk_2k", "separate")):
+                    for series, where in (("w2a8_bulk_first", "first block"), ("w2a8_bulk_2k", "separate")):
                         record(series, lambda q=where: w2a8_bulk_matmul(x, pt, scale, quantize=q), pt.nbytes, "int8",
                                ref_q, magnitude_q, config_text=f"{w2a8_config(m, n, k, quantize=where)}")
             else:
@@ -1999,7 +2010,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
         if m == 1 and family == "llama":
             # what limits steps 9 and 10: the same launch with parts left out (its outputs mean nothing)
             for series, make_probe, config in (("bulk", bulk_probe, bulk_config(m, n, k)),
-                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k))):
+                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k, quantize=w2a8_default_quantize(m, n, k)))):
                 if series not in names:
                     continue
                 for probe, what in BULK_PROBES.items():
@@ -2020,7 +2031,7 @@ SERIES_LABELS = {
     "cuda_mma": "8: CUDA C++ mma.sync", "bulk": "9: CUDA C++, TMA copies",
     "bulk_probe_1": "9, copies only", "bulk_probe_2": "9, arithmetic only", "bulk_probe_3": "9, launch only",
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
-    "w2a8_bulk_every": "10: W2A8, x quantised in every block",
+    "w2a8_bulk_first": "10: W2A8, x quantised by the first block",
     "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
     "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
 }
@@ -2070,7 +2081,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
     for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
         base = _ms(results, "cublas_bf16", shape=shape, m=m)
         row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma",
-                                 "bulk", "w2a8_bulk", "w2a8_bulk_every", "w2a8_bulk_2k"])
+                                 "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k"])
         if base is None or row is None:
             out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
             continue
@@ -2082,7 +2093,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
                        f"{base_row['kernel_ms'] / row['kernel_ms']:.2f}x)")
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want, detail))
     for shape in ("4096x14336", "8192x28672"):
-        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_every",
+        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first",
                                  "w2a8_bulk_2k"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
