@@ -13,10 +13,11 @@
 //   * the codes are weight + 1: sum_k x_k code_k = sum_k x_k w_k + sum_k x_k. The row sums of the
 //     quantised x are subtracted once, at the end;
 //   * which 32 weights of a row form one MMA step is ours to choose, as long as x matches: the
-//     quantisation kernel writes x's bytes in the order the B fragments want them (below), so that a
+//     quantisation writes x's bytes in the order the B fragments want them (below), so that a
 //     thread's B registers for a whole group are 4 conflict-free 16-byte loads from shared memory.
 // Everything else (the TMA ring, the producer warp, the sums across warps in shared memory, the split
-// of K only when x would not fit) is step 9's.
+// of K only when x would not fit) is step 9's. On the H200 this took the arithmetic off the critical
+// path but not the time: the copies (and quantising x) became the longer side (notebook 05).
 #include "ternary_common.cuh"
 #include "bulk_copy.cuh"
 
