@@ -34,8 +34,9 @@ def _unwrap(obj: Any) -> Any:
 
 
 def _cuda_function(text: str, name: str) -> str:
-    """One function of a CUDA source, from the line that declares it to its closing brace."""
-    m = re.search(r"^[^\n;{}]*\b" + re.escape(name) + r"\s*\(", text, flags=re.MULTILINE)
+    """One function (or struct) of a CUDA source, from the line that declares it to its closing brace."""
+    m = re.search(r"^[^\n;{}]*\b(?:struct|class)\s+" + re.escape(name) + r"\b[^;{]*(?=\{)", text, flags=re.MULTILINE) \
+        or re.search(r"^[^\n;{}]*\b" + re.escape(name) + r"\s*\(", text, flags=re.MULTILINE)
     if not m:
         raise KeyError(f"no function {name!r} in the source")
     start = m.start()

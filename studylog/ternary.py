@@ -1590,7 +1590,7 @@ def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
     """The order in which step 10 keeps a row of quantised x: byte ``b`` of a row (K padded to a
     multiple of 256) holds ``x[order[b]]``. In each group of 256, byte ``64 p + 16 t + 4 i + j``
     is the activation that meets code ``p`` of byte ``j`` of word ``4 t + i`` of a weight row in the
-    int8 MMA (w2a8_k_of in ternary_w2a8.cu): B register ``i`` of the lanes ``4 g + t``."""
+    int8 MMA (the order comment in ternary_w2a8.cu): B register ``i`` of the lanes ``4 g + t``."""
     b = torch.arange(triton.cdiv(k, GROUP_WEIGHTS_2BIT) * GROUP_WEIGHTS_2BIT, device=device)
     within = b % 256
     p, t, i, j = within >> 6, (within >> 4) & 3, (within >> 2) & 3, within & 3
@@ -1652,13 +1652,17 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
     return W2A8Config(row_tiles=4, warps=warps, stages=4, chunk=1, slices=1)
 
 
-def w2a8_quantize(x2: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
-    """Step 10's quantisation kernel (when not fused) on (M, K) or (K,) bf16/fp16 x: (xq, x_scale, row_sum). xq is int8,
-    (M, K padded to 256) in :func:`w2a8_x_order`; x_scale and xq are what
+def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
+    """Step 10's quantisation kernel (quantize="separate") on (M, K) or (K,) bf16/fp16 x: (xq, x_scale,
+    row_sum). xq is int8, (M, K padded to 256) in :func:`w2a8_x_order`; x_scale and xq are what
     :func:`quantize_activations` gives (bit for bit); row_sum is sum_k xq[m, k] (int32)."""
-    x2, _ = _check_x(x2, None, dtypes=MMA_X_DTYPES)
+    x2, _ = _check_x(x, None, dtypes=MMA_X_DTYPES)
     runtime.require_gpu("step 10's quantisation (CUDA C++ quantize_x)")
-    x2 = _aligned_rows(x2)
+    return _quantize_x(_aligned_rows(x2))
+
+
+def _quantize_x(x2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """quantize_x on checked x (2-D, rows on 16-byte boundaries): the launch inside a step-10 call."""
     m, k = x2.shape
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     xq = torch.empty(m, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=x2.device)
@@ -1791,7 +1795,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
 
     def call() -> Tensor:
         if quant == 0:
-            xq, x_scale, row_sum = w2a8_quantize(x2)
+            xq, x_scale, row_sum = _quantize_x(x2)
             # launched early (programmatic dependent launch): its weights stream in while x is quantised
             kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, None, m, w.n, k, groups,
                    x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, early=early)

@@ -33,3 +33,10 @@ def test_show_one_function_of_a_cuda_file():
     diff = source.show_diff("tour_axpy.cu", "tour_axpy.cu", old_function="axpy_plain",
                             new_function="axpy_restrict_ldg")
     assert any("__ldg" in line for line in diff.added)
+
+
+def test_show_one_struct_of_a_cuda_header():
+    text = str(source.show_source("ternary_ring.cuh", function="WeightRing"))
+    assert text.lstrip().startswith("//") and "struct WeightRing" in text  # its comment and declaration
+    assert "__device__ void fill" in text and "add_warp_sums" not in text
+    assert text.rstrip().endswith("}")

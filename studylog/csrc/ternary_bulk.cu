@@ -22,7 +22,7 @@
 //   * the decode's magic constant sits in a register (decode_pair_reg), which saves ptxas's
 //     IMAD.MOV before each of its LOP3s: 219 instead of 239 instructions a group.
 #include "ternary_common.cuh"
-#include "bulk_copy.cuh"
+#include "ternary_ring.cuh"
 
 // Probes for the notebook's "what limits it" (compiled with -DBULK_PROBE=...): 1 keeps the copies and
 // drops the arithmetic, 2 keeps the arithmetic (on whatever shared memory holds) and drops the copies,
@@ -53,27 +53,23 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
                                                     int scale_stride, int groups_per_slice) {
     static_assert(2 * STAGES * sizeof(u64) + 2 * sizeof(u64) <= BARRIER_BYTES, "the mbarriers must fit before the stages");
     extern __shared__ __align__(128) unsigned char smem[];
-    u64 *full = reinterpret_cast<u64 *>(smem), *empty = full + STAGES, *x_ready = empty + STAGES;
     const int warps = (blockDim.x >> 5) - 1, warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int stage_pieces = warps * RT * CHUNK * 64;  // 16-byte pieces a stage
-    uint4 *stages = reinterpret_cast<uint4 *>(smem + BARRIER_BYTES);
-    uint4 *xs = stages + STAGES * stage_pieces;
     const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
     const int g_begin = blockIdx.y * groups_per_slice;
     const int g_end = min(g_begin + groups_per_slice, groups);
-    const int per_chunk = warps * CHUNK;  // groups a stage holds of each tile, CHUNK for each warp
-    const int chunks = (g_end - g_begin + per_chunk - 1) / per_chunk;
+    const int tile0 = blockIdx.x * RT;
+    const WeightRing<RT, STAGES, CHUNK> ring(reinterpret_cast<u64 *>(smem), reinterpret_cast<uint4 *>(smem + BARRIER_BYTES),
+                                             w, warps, g_begin, g_end, tile0, (N + 15) / 16, groups);
+    u64 *x_ready = ring.empty + STAGES;
+    uint4 *xs = ring.stages + STAGES * ring.stage_pieces;
+    const int chunks = ring.chunks();
     const int xs_stride = groups_per_slice * 32 + 4;
-    const int tile0 = blockIdx.x * RT, tiles = (N + 15) / 16;
     const int k_begin = g_begin * 256, k_end = min(g_end * 256, K);
 
     if (BULK_PROBE == 3) return;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(&full[s], 1);        // the producer's arrival (and the bytes it announces)
-            mbarrier_init(&empty[s], warps);   // one arrival per consumer warp
-        }
+        ring.init(warps);
         mbarrier_init(x_ready, 1);
         *reinterpret_cast<u32 *>(x_ready + 1) = BF16 ? 0x43004300u : 0x64006400u;  // the decode's magic
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the copy engine
@@ -81,8 +77,7 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
     __syncthreads();
 
     if (warp == warps) {
-        // The producer: one thread; x first, then the chunks. A stage is refilled once every warp has
-        // read its part of it.
+        // The producer: one thread; x first, then the chunks.
         if (lane == 0) {
             const u64 policy = evict_first_policy();
             const u32 x_bytes = (u32)(k_end - k_begin) * 2u;
@@ -90,18 +85,7 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
             for (int row = 0; row < x_rows; ++row)
                 bulk_copy(xs + row * xs_stride, x + (size_t)(m0 + row) * x_stride + k_begin, x_bytes, x_ready,
                           policy);
-            for (int c = 0; BULK_PROBE != 2 && c < chunks; ++c) {
-                const int s = c % STAGES;
-                if (c >= STAGES) mbarrier_wait(&empty[s], ((c / STAGES) - 1) & 1);
-                // The stage's groups of a tile are consecutive in memory: one copy per tile.
-                const int gc = g_begin + c * per_chunk;
-                const u32 bytes = (u32)min(per_chunk, g_end - gc) * 1024u;
-                mbarrier_expect_bytes(&full[s], bytes * RT);
-                // Tiles past the last one copy the last one again; their rows are not stored.
-                for (int r = 0; r < RT; ++r)
-                    bulk_copy(stages + s * stage_pieces + r * per_chunk * 64,
-                              w + ((size_t)min(tile0 + r, tiles - 1) * groups + gc) * 64, bytes, &full[s], policy);
-            }
+            for (int c = 0; BULK_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);
         }
         __syncwarp();
     } else {
@@ -109,28 +93,14 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
         const int pieces = (g_end - g_begin) * 32, valid = (k_end - k_begin) / 8;
         for (int idx = threadIdx.x; idx < x_rows * (pieces - valid); idx += warps * 32)
             xs[(idx / (pieces - valid)) * xs_stride + valid + idx % (pieces - valid)] = make_uint4(0, 0, 0, 0);
-        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");  // the consumers only
+        consumer_barrier(warps);
         mbarrier_wait(x_ready, 0);
 
         const u32 magic = *reinterpret_cast<volatile u32 *>(x_ready + 1);  // see decode_pair_reg
         float acc[2][RT][MT][4] = {};
         for (int c = 0; c < chunks; ++c) {
-            const int s = c % STAGES;
-            // this warp's CHUNK groups of the stage: gc, gc + 1, ..., fewer at the end of the slice
-            const int gc = g_begin + c * per_chunk + warp * CHUNK, ng = min(CHUNK, g_end - gc);
-            if (BULK_PROBE != 2) mbarrier_wait(&full[s], (c / STAGES) & 1);
-            // [row tile][warp][group][half]
-            const uint4 *mine = stages + s * stage_pieces + warp * CHUNK * 64 + lane;
             uint4 a[CHUNK][RT][2];
-#pragma unroll
-            for (int cg = 0; cg < CHUNK; ++cg)
-                if (cg < ng)
-#pragma unroll
-                    for (int r = 0; r < RT; ++r)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) a[cg][r][h] = mine[(r * per_chunk + cg) * 64 + 32 * h];
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&empty[s]);  // the stage is in registers: free to refill
+            const int gc = ring.group(c, warp), ng = ring.take(c, warp, lane, a, BULK_PROBE != 2);
             if (BULK_PROBE == 1) {  // keep the loads: fold the words into the accumulators' bits
 #pragma unroll
                 for (int cg = 0; cg < CHUNK; ++cg)
@@ -146,30 +116,17 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
                 }
         }
 
-        // The warps' sums, in the stages (every copy has landed and been read: all warps are past
-        // their last wait): red[warp][row][column], then added warp by warp, in order.
-        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
-        float *red = reinterpret_cast<float *>(stages);
-        const int rows = 16 * RT, cols = 8 * MT;
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int j = 0; j < MT; ++j)
-#pragma unroll
-                for (int c = 0; c < 4; ++c)
-                    red[(warp * rows + 16 * r + 8 * (c >> 1) + g) * cols + 8 * j + 2 * t + (c & 1)] =
-                        acc[0][r][j][c] + acc[1][r][j][c];
-        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
-        for (int idx = threadIdx.x; idx < rows * x_rows; idx += warps * 32) {
-            const int row = idx % rows, col = idx / rows, n = tile0 * 16 + row, m = m0 + col;
-            if (n >= N) continue;
-            float sum = 0.0f;
-            for (int wi = 0; wi < warps; ++wi) sum += red[(wi * rows + row) * cols + col];
-            if (gridDim.y > 1)
-                partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
-            else
-                z[(size_t)m * N + n] = sum / scale[(size_t)n * scale_stride];
-        }
+        // The warps' sums, in the stages (every copy has landed and been read).
+        add_warp_sums<RT, MT>(reinterpret_cast<float *>(ring.stages), warps, x_rows,
+                              [&](int r, int j, int c) { return acc[0][r][j][c] + acc[1][r][j][c]; },
+                              [&](int row, int col, float sum) {
+                                  const int n = tile0 * 16 + row, m = m0 + col;
+                                  if (n >= N) return;
+                                  if (gridDim.y > 1)
+                                      partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
+                                  else
+                                      z[(size_t)m * N + n] = sum / scale[(size_t)n * scale_stride];
+                              });
     }
     if (gridDim.y > 1)
         finish_split(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, z, scale, scale_stride, M,

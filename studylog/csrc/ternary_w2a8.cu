@@ -15,19 +15,16 @@
 //   * which 32 weights of a row form one MMA step is ours to choose, as long as x matches: the
 //     quantisation writes x's bytes in the order the B fragments want them (below), so that a
 //     thread's B registers for a whole group are 4 conflict-free 16-byte loads from shared memory.
-// Everything else (the TMA ring, the producer warp, the sums across warps in shared memory, the split
+// Everything else (the TMA ring and the sums across warps, ternary_ring.cuh, the producer warp, the split
 // of K only when x would not fit) is step 9's. On the H200 this took the arithmetic off the critical
 // path but not the time: the copies (and quantising x) became the longer side (notebook 05).
 #include "ternary_common.cuh"
-#include "bulk_copy.cuh"
+#include "ternary_ring.cuh"
 
 // x's order in one group (256 activations, 256 bytes): byte 64 p' + 16 t + 4 i + j holds x[k] with
 // k = 32 p' + 2 (4 t + i) + 128 (j & 1) + (j >> 1): the activation that meets code p' of byte j of
-// word 4 t + i of a weight row, in the B register i of thread t (mma fragments: lane = 4 g + t).
-__device__ __forceinline__ int w2a8_k_of(int byte) {
-    const int p = byte >> 6, t = (byte >> 4) & 3, i = (byte >> 2) & 3, j = byte & 3;
-    return 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1);
-}
+// word 4 t + i of a weight row, in the B register i of thread t (mma fragments: lane = 4 g + t);
+// w2a8_x_order in Python computes the same. The quantisation writes it 16 bytes (a unit) at a time.
 
 template <bool BF16>
 __device__ __forceinline__ float half_to_float(unsigned short bits) {
@@ -40,15 +37,20 @@ __device__ __forceinline__ float half_to_float(unsigned short bits) {
     }
 }
 
-// 16 activations of x row `row`, the unit u = 16 G + 4 p' + t of its order: x[k0 .. k0 + 7] and
-// x[k0 + 128 .. k0 + 135] for k0 = 256 G + 32 p' + 8 t, zeros past K (16-byte loads: rows start
-// on 16-byte boundaries, the wrapper sees to it).
+// The 16 activations of unit u = 16 G + 4 p' + t of a row: x[k0 .. k0 + 7] and x[k0 + 128 .. k0 + 135]
+// for k0 = 256 G + 32 p' + 8 t, zeros past K (16-byte loads: rows start on 16-byte boundaries, the
+// wrapper sees to it). From global memory (GLOBAL), or from the block's copy of x in shared memory,
+// where K is a multiple of 8.
+template <bool GLOBAL>
 __device__ __forceinline__ void load_unit(uint4 (&v)[2], const unsigned short *row, int u, int K) {
     const int k0 = (u >> 4) * 256 + 32 * ((u >> 2) & 3) + 8 * (u & 3);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int k = k0 + 128 * h;
-        v[h] = k + 8 <= K ? __ldg(reinterpret_cast<const uint4 *>(row + k)) : load_x8_tail(row, k, K);
+        if constexpr (GLOBAL)
+            v[h] = k + 8 <= K ? __ldg(reinterpret_cast<const uint4 *>(row + k)) : load_x8_tail(row, k, K);
+        else
+            v[h] = k < K ? *reinterpret_cast<const uint4 *>(row + k) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -92,8 +94,9 @@ __device__ __forceinline__ float row_scale(float amax) { return (1.0f / fmaxf(am
 // Threads tid = 0 .. nthreads - 1 (whole warps) share it, `sync` a barrier of exactly them; UNITS units
 // of 16 activations a thread stay in registers between the two passes (x is read once while K <=
 // UNITS x 16 x nthreads). Writes the row's bytes in the order above to `out` (zeros past K; unit u is
-// bytes 16 u .. 16 u + 15), and returns (to every thread) its scale and the sum of its q.
-template <bool BF16, typename Sync>
+// bytes 16 u .. 16 u + 15), and returns (to every thread) its scale and the sum of its q. The row is
+// in global memory (GLOBAL) or in shared memory.
+template <bool BF16, bool GLOBAL, typename Sync>
 __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, uint4 *out, int tid,
                                              int nthreads, Sync sync, float &scale, int &total) {
     constexpr int UNITS = 4;
@@ -108,7 +111,7 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
         for (int i = 0; i < UNITS; ++i) {
             const int u = r0 + tid + i * nthreads;
             if (u < units) {
-                load_unit(v[i], row, u, K);
+                load_unit<GLOBAL>(v[i], row, u, K);
                 amax = fmaxf(amax, fmaxf(piece_absmax<BF16>(v[i][0]), piece_absmax<BF16>(v[i][1])));
             }
         }
@@ -126,7 +129,7 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
         for (int i = 0; i < UNITS; ++i) {
             const int u = r0 + tid + i * nthreads;
             if (u >= units) continue;
-            if (units > per_round) load_unit(v[i], row, u, K);  // a long row: read again (from L2)
+            if (units > per_round) load_unit<GLOBAL>(v[i], row, u, K);  // a long row: read again (from L2)
             out[u] = quantize_unit<BF16>(v[i], scale, sum);
         }
     }
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restr
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     float scale;
     int total;
-    quantize_row<BF16>(x + (size_t)blockIdx.x * x_stride, K, groups, xq + (size_t)blockIdx.x * groups * 16,
+    quantize_row<BF16, true>(x + (size_t)blockIdx.x * x_stride, K, groups, xq + (size_t)blockIdx.x * groups * 16,
                        threadIdx.x, blockDim.x, [] { __syncthreads(); }, scale, total);
     if (threadIdx.x == 0) {
         row_sum[blockIdx.x] = total;
@@ -222,31 +225,27 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
                                                    int groups_per_slice, int epoch) {
     constexpr bool FUSED = QUANT == 1;
     static_assert(QUANT == 0 || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
-    __shared__ float fused_max[8][8];  // [consumer warp][row]: FUSED only
-    __shared__ float fused_scale[8];
-    __shared__ int fused_sum[8];
     static_assert(2 * STAGES * sizeof(u64) + sizeof(u64) <= BARRIER_BYTES, "the mbarriers must fit before the stages");
+    __shared__ float row_scales[8];  // FUSED: the block's rows of x
+    __shared__ int row_sums[8];
     extern __shared__ __align__(128) unsigned char smem[];
-    u64 *full = reinterpret_cast<u64 *>(smem), *empty = full + STAGES, *x_ready = empty + STAGES;
-    const int warps = (blockDim.x >> 5) - 1, warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x >> 5) - 1, warp = threadIdx.x >> 5, nthreads = warps * 32;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int stage_pieces = warps * RT * CHUNK * 64;  // 16-byte pieces a stage
-    uint4 *stages = reinterpret_cast<uint4 *>(smem + BARRIER_BYTES);
-    uint4 *xs = stages + STAGES * stage_pieces;
     const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
     const int g_begin = blockIdx.y * groups_per_slice;
     const int g_end = min(g_begin + groups_per_slice, groups);
-    const int per_chunk = warps * CHUNK;
-    const int chunks = (g_end - g_begin + per_chunk - 1) / per_chunk;
+    const int tile0 = blockIdx.x * RT;
+    const WeightRing<RT, STAGES, CHUNK> ring(reinterpret_cast<u64 *>(smem), reinterpret_cast<uint4 *>(smem + BARRIER_BYTES),
+                                             w, warps, g_begin, g_end, tile0, (N + 15) / 16, groups);
+    u64 *x_ready = ring.empty + STAGES;
+    uint4 *xs = ring.stages + STAGES * ring.stage_pieces;
+    const int chunks = ring.chunks();
     const int xs_stride = groups_per_slice * 16 + 4;  // pieces a row of x
-    const int tile0 = blockIdx.x * RT, tiles = (N + 15) / 16;
+    const auto consumers_sync = [warps] { consumer_barrier(warps); };
 
     if (W2A8_PROBE == 3) return;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(&full[s], 1);
-            mbarrier_init(&empty[s], warps);
-        }
+        ring.init(warps);
         mbarrier_init(x_ready, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -257,18 +256,8 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
             // (a programmatic dependent launch), x is still being quantised while the first STAGES
             // stages fill; griddepcontrol.wait (a no-op otherwise) holds the copy of x until it is done.
             const u64 policy = evict_first_policy();
-            auto copy_chunk = [&](int c) {
-                const int s = c % STAGES;
-                if (c >= STAGES) mbarrier_wait(&empty[s], ((c / STAGES) - 1) & 1);
-                const int gc = g_begin + c * per_chunk;
-                const u32 bytes = (u32)min(per_chunk, g_end - gc) * 1024u;
-                mbarrier_expect_bytes(&full[s], bytes * RT);
-                for (int r = 0; r < RT; ++r)
-                    bulk_copy(stages + s * stage_pieces + r * per_chunk * 64,
-                              w + ((size_t)min(tile0 + r, tiles - 1) * groups + gc) * 64, bytes, &full[s], policy);
-            };
             const int first = W2A8_PROBE == 2 ? 0 : min(STAGES, chunks);
-            for (int c = 0; c < first; ++c) copy_chunk(c);
+            for (int c = 0; c < first; ++c) ring.fill(c, policy);
             if constexpr (QUANT == 2) {  // the first block's x, then the copy engine may read it
                 int seen;
                 while (true) {
@@ -292,27 +281,25 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
                     bulk_copy(xs + row * xs_stride, xq + ((size_t)(m0 + row) * groups + g_begin) * 16, x_bytes,
                               x_ready, policy);
             }
-            for (int c = first; W2A8_PROBE != 2 && c < chunks; ++c) copy_chunk(c);
+            for (int c = first; W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);
         }
         __syncwarp();
     } else {
         if constexpr (QUANT == 2) {
             if (blockIdx.x == 0 && blockIdx.y == 0) {  // this block quantises x for all the others
-                const int nthreads = warps * 32;
-                auto sync = [nthreads] { asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory"); };
                 for (int row = 0; row < x_rows; ++row) {
                     const int m = m0 + row;
                     float sc;
                     int total;
-                    quantize_row<BF16>(x + (size_t)m * x_stride, K, groups, xq + (size_t)m * groups * 16, threadIdx.x,
-                                       nthreads, sync, sc, total);
+                    quantize_row<BF16, true>(x + (size_t)m * x_stride, K, groups, xq + (size_t)m * groups * 16,
+                                             threadIdx.x, nthreads, consumers_sync, sc, total);
                     if (threadIdx.x == 0) {
                         x_scale[m] = sc;
                         row_sum[m] = total;
                     }
                 }
                 __threadfence();  // every thread's bytes, before the flag
-                sync();
+                consumer_barrier(warps);
                 if (threadIdx.x == 0) {
                     asm volatile("fence.proxy.async.global;" ::: "memory");
                     asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flags + blockIdx.z), "r"(epoch) : "memory");
@@ -320,54 +307,24 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
             }
         }
         mbarrier_wait(x_ready, 0);
-        if constexpr (FUSED) {
-            // quantize_x's two passes, on the copy of x in shared memory (rows of groups x 32 pieces)
-            const uint4 *raw = xs + x_rows * xs_stride;
-            const int nthreads = warps * 32, units = groups * 16;
+        if constexpr (FUSED) {  // quantize_x's work, on the block's copy of x (rows of groups x 256)
+            const unsigned short *raw = reinterpret_cast<const unsigned short *>(xs + x_rows * xs_stride);
             for (int row = 0; row < x_rows; ++row) {
-                float amax = 0.0f;
-                for (int idx = threadIdx.x; idx < K / 8; idx += nthreads)
-                    amax = fmaxf(amax, piece_absmax<BF16>(raw[row * groups * 32 + idx]));
-                for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
-                if (lane == 0) fused_max[warp][row] = amax;
+                float sc;
+                int total;
+                quantize_row<BF16, false>(raw + row * groups * 256, K, groups, xs + row * xs_stride, threadIdx.x,
+                                          nthreads, consumers_sync, sc, total);
+                if (threadIdx.x == 0) {
+                    row_scales[row] = sc;
+                    row_sums[row] = total;
+                }
             }
-            if (threadIdx.x < x_rows) fused_sum[threadIdx.x] = 0;
-            asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
-            if (threadIdx.x < x_rows) {
-                float amax = 0.0f;
-                for (int wi = 0; wi < warps; ++wi) amax = fmaxf(amax, fused_max[wi][threadIdx.x]);
-                fused_scale[threadIdx.x] = row_scale(amax);
-            }
-            asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
-            for (int idx = threadIdx.x; idx < x_rows * units; idx += nthreads) {
-                const int row = idx / units, u = idx - row * units;
-                const int k0 = (u >> 4) * 256 + 32 * ((u >> 2) & 3) + 8 * (u & 3);
-                uint4 v[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    v[h] = k0 + 128 * h < K ? raw[row * groups * 32 + (k0 + 128 * h) / 8] : make_uint4(0, 0, 0, 0);
-                int sum = 0;
-                xs[row * xs_stride + u] = quantize_unit<BF16>(v, fused_scale[row], sum);
-                atomicAdd(&fused_sum[row], sum);  // integers: the order does not change the total
-            }
-            asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
+            consumer_barrier(warps);
         }
         int acc[4][RT][MT][4] = {};
         for (int c = 0; c < chunks; ++c) {
-            const int s = c % STAGES;
-            const int gc = g_begin + c * per_chunk + warp * CHUNK, ng = min(CHUNK, g_end - gc);
-            if (W2A8_PROBE != 2) mbarrier_wait(&full[s], (c / STAGES) & 1);
-            const uint4 *mine = stages + s * stage_pieces + warp * CHUNK * 64 + lane;
             uint4 a[CHUNK][RT][2];
-#pragma unroll
-            for (int cg = 0; cg < CHUNK; ++cg)
-                if (cg < ng)
-#pragma unroll
-                    for (int r = 0; r < RT; ++r)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) a[cg][r][h] = mine[(r * per_chunk + cg) * 64 + 32 * h];
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&empty[s]);
+            const int gc = ring.group(c, warp), ng = ring.take(c, warp, lane, a, W2A8_PROBE != 2);
             if (W2A8_PROBE == 1) {
 #pragma unroll
                 for (int cg = 0; cg < CHUNK; ++cg)
@@ -387,40 +344,32 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
                 }
         }
 
-        // acc[p'] counts code p' four^p' times over: exact shifts bring the four to one sum.
         asm volatile("griddepcontrol.wait;" ::: "memory");  // row_sum and x_scale, below, are quantize_x's
-        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
-        int *red = reinterpret_cast<int *>(stages);
-        const int rows = 16 * RT, cols = 8 * MT;
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int j = 0; j < MT; ++j)
-#pragma unroll
-                for (int c = 0; c < 4; ++c)
-                    red[(warp * rows + 16 * r + 8 * (c >> 1) + g) * cols + 8 * j + 2 * t + (c & 1)] =
-                        acc[0][r][j][c] + (acc[1][r][j][c] >> 2) + (acc[2][r][j][c] >> 4) + (acc[3][r][j][c] >> 6);
-        asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
-        for (int idx = threadIdx.x; idx < rows * x_rows; idx += warps * 32) {
-            const int row = idx % rows, col = idx / rows, n = tile0 * 16 + row, m = m0 + col;
-            if (n >= N) continue;
-            int sum = 0;
-            for (int wi = 0; wi < warps; ++wi) sum += red[(wi * rows + row) * cols + col];
-            if (gridDim.y > 1) {
-                partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
-            } else {  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and in float (|.| < 2^24)
-                const int xsum = FUSED ? fused_sum[col] : __ldcg(&row_sum[m]);  // (another block's, in 2)
-                const float xsc = FUSED ? fused_scale[col] : __ldcg(&x_scale[m]);
-                z[(size_t)m * N + n] = (float)(sum - xsum) / (xsc * scale[(size_t)n * scale_stride]);
-            }
-        }
+        // acc[p'] counts code p' four^p' times over: exact shifts bring the four to one sum
+        add_warp_sums<RT, MT>(reinterpret_cast<int *>(ring.stages), warps, x_rows,
+                              [&](int r, int j, int c) {
+                                  return acc[0][r][j][c] + (acc[1][r][j][c] >> 2) + (acc[2][r][j][c] >> 4) +
+                                         (acc[3][r][j][c] >> 6);
+                              },
+                              [&](int row, int col, int sum) {
+                                  const int n = tile0 * 16 + row, m = m0 + col;
+                                  if (n >= N) return;
+                                  if (gridDim.y > 1) {
+                                      partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
+                                  } else {  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and in float (|.| < 2^24)
+                                      const int xsum = FUSED ? row_sums[col] : __ldcg(&row_sum[m]);  // (another block's, in 2)
+                                      const float xsc = FUSED ? row_scales[col] : __ldcg(&x_scale[m]);
+                                      z[(size_t)m * N + n] = (float)(sum - xsum) / (xsc * scale[(size_t)n * scale_stride]);
+                                  }
+                              });
     }
     if (QUANT != 1 && gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // every thread that may read row_sum and x_scale
         finish_split_with(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, M, N, tile0 * 16, 16 * RT,
                           m0, x_rows, [&](int m, int n, int sum) {
                               z[(size_t)m * N + n] =
-                                  (float)(sum - __ldcg(&row_sum[m])) / (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
+                                  (float)(sum - __ldcg(&row_sum[m])) /
+                                  (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
                           });
     }
 }
