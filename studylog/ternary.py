@@ -1439,7 +1439,7 @@ cuda.declare_instances("ternary_bulk", BULK_INSTANCES)
 #: Dynamic shared memory of a step-9 block: its mbarriers, the stages and x (the H100/H200 allow 227 KiB
 #: a block, static shared memory included; finish_split has a little).
 BULK_SMEM_LIMIT = 224 * 1024
-BULK_BARRIER_BYTES = 512  # BARRIER_BYTES in the .cu
+BULK_BARRIER_BYTES = 512  # RING_BARRIER_BYTES in ternary_ring.cuh
 
 
 def bulk_smem_bytes(cfg: BulkConfig, x_rows: int, groups_per_slice: int) -> int:

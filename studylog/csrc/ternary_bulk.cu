@@ -31,9 +31,6 @@
 #define BULK_PROBE 0
 #endif
 
-// Bytes of dynamic shared memory before the stages: the 2 x STAGES + 1 mbarriers, rounded up to 128.
-constexpr int BARRIER_BYTES = 512;
-
 // z[m, n] = sum_k x[m, k] W[n, k] / scale[n * scale_stride], W in the "2bit_tiles" format, as step 8,
 // but a block owns RT tiles (16 RT rows of W) and its `warps` consumer warps split the block's slice
 // of K among themselves: warp i takes the i-th of `warps` equal runs of groups. A block's x (its
@@ -42,7 +39,7 @@ constexpr int BARRIER_BYTES = 512;
 // over blockIdx.y as well only when the block's x would not fit in shared memory (M > 1, long K);
 // then finish_split sums the slices as in step 8. K must be a multiple of 8 and x's rows must start
 // on 16-byte boundaries (the wrapper pads x otherwise). blockDim.x = 32 (warps + 1).
-// Dynamic shared memory: BARRIER_BYTES, STAGES stages of warps x RT x CHUNK groups (1 KiB each),
+// Dynamic shared memory: RING_BARRIER_BYTES (the mbarriers), STAGES stages of warps x RT x CHUNK groups (1 KiB each),
 // then x (x rows of groups_per_slice x 32 pieces + 4 of padding).
 // Up to 16 consumer warps a block with one tile of W and of x (51 registers), 8 with more (up to 131).
 template <bool BF16, int MT, int RT, int STAGES, int CHUNK>
@@ -51,18 +48,14 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
                                                     float *__restrict__ partials, u32 *__restrict__ arrivals,
                                                     int M, int N, int K, int groups, int x_stride,
                                                     int scale_stride, int groups_per_slice) {
-    static_assert(2 * STAGES * sizeof(u64) + 2 * sizeof(u64) <= BARRIER_BYTES, "the mbarriers must fit before the stages");
     extern __shared__ __align__(128) unsigned char smem[];
     const int warps = (blockDim.x >> 5) - 1, warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
-    const int g_begin = blockIdx.y * groups_per_slice;
-    const int g_end = min(g_begin + groups_per_slice, groups);
-    const int tile0 = blockIdx.x * RT;
-    const WeightRing<RT, STAGES, CHUNK> ring(reinterpret_cast<u64 *>(smem), reinterpret_cast<uint4 *>(smem + BARRIER_BYTES),
-                                             w, warps, g_begin, g_end, tile0, (N + 15) / 16, groups);
-    u64 *x_ready = ring.empty + STAGES;
-    uint4 *xs = ring.stages + STAGES * ring.stage_pieces;
+    const WeightRing<RT, STAGES, CHUNK> ring(smem, w, warps, N, groups, groups_per_slice);
+    const int g_begin = ring.g_begin, g_end = ring.g_end, tile0 = ring.tile0;
+    u64 *x_ready = ring.spare_barriers();
+    uint4 *xs = ring.after();
     const int chunks = ring.chunks();
     const int xs_stride = groups_per_slice * 32 + 4;
     const int k_begin = g_begin * 256, k_end = min(g_end * 256, K);

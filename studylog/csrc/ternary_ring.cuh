@@ -3,7 +3,12 @@
 #pragma once
 #include "bulk_copy.cuh"
 
-// A block's `warps` consumer warps share its RT tiles of 16 weight rows ("2bit_tiles": a tile's groups
+// Dynamic shared memory of a block starts with RING_BARRIER_BYTES of mbarriers (the ring's 2 x STAGES,
+// then the kernel's own), then the STAGES stages (BULK_BARRIER_BYTES in ternary.py).
+constexpr int RING_BARRIER_BYTES = 512;
+
+// A block (blockIdx.x: its RT tiles of 16 weight rows; blockIdx.y: its slice of K, groups_per_slice
+// groups of 256) and its `warps` consumer warps share its RT tiles of 16 weight rows ("2bit_tiles": a tile's groups
 // of 256 weights, 1 KiB each, one after another) over groups g_begin .. g_end. Chunk c of the ring
 // holds, for each tile, groups g_begin + c warps CHUNK .. + warps CHUNK - 1, consecutive in memory, so
 // a stage is one copy per tile: [row tile][warp][group][half], 64 pieces of 16 bytes a group. A
@@ -11,18 +16,24 @@
 // and the producer (one thread) refills it then.
 template <int RT, int STAGES, int CHUNK>
 struct WeightRing {
+    static_assert(2 * STAGES * sizeof(u64) + 2 * sizeof(u64) <= RING_BARRIER_BYTES, "the mbarriers must fit");
     u64 *full, *empty;  // STAGES each
     uint4 *stages;
     const uint4 *w;
     int per_chunk, stage_pieces, g_begin, g_end, tile0, tiles, groups;
 
-    __device__ WeightRing(u64 *barriers, uint4 *stages_, const uint4 *w_, int warps, int g_begin_, int g_end_,
-                          int tile0_, int tiles_, int groups_)
-        : full(barriers), empty(barriers + STAGES), stages(stages_), w(w_), per_chunk(warps * CHUNK),
-          stage_pieces(warps * RT * CHUNK * 64), g_begin(g_begin_), g_end(g_end_), tile0(tile0_), tiles(tiles_),
+    __device__ WeightRing(unsigned char *smem, const uint4 *w_, int warps, int N, int groups_, int groups_per_slice)
+        : full(reinterpret_cast<u64 *>(smem)), empty(full + STAGES),
+          stages(reinterpret_cast<uint4 *>(smem + RING_BARRIER_BYTES)), w(w_), per_chunk(warps * CHUNK),
+          stage_pieces(warps * RT * CHUNK * 64), g_begin(blockIdx.y * groups_per_slice),
+          g_end(min(g_begin + groups_per_slice, groups_)), tile0(blockIdx.x * RT), tiles((N + 15) / 16),
           groups(groups_) {}
 
     __device__ int chunks() const { return (g_end - g_begin + per_chunk - 1) / per_chunk; }
+    // Room for two more mbarriers (8 bytes each), after the ring's.
+    __device__ u64 *spare_barriers() const { return empty + STAGES; }
+    // The shared memory after the stages.
+    __device__ uint4 *after() const { return stages + STAGES * stage_pieces; }
 
     // One thread, before any other use (then fence.mbarrier_init and a barrier of the block).
     __device__ void init(int warps) const {

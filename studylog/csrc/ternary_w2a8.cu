@@ -195,12 +195,10 @@ __device__ __forceinline__ void group_w2a8(int (&acc)[4][RT][MT][4], const uint4
 #define W2A8_PROBE 0
 #endif
 
-constexpr int BARRIER_BYTES = 512;
-
 // z[m, n] = (sum_k xq[m, k] W[n, k]) / (x_scale[m] scale[n * scale_stride]), xq from quantize_x (its
 // order, rows of `groups` x 256 bytes), W in the "2bit_tiles" format. Blocks, warps, stages and the
 // split of K as step 9 (ternary_bulk <<<(row tiles / RT, K slices, M blocks), 32 (warps + 1)>>>);
-// split K leaves int32 partial sums in `partials`. Dynamic shared memory: BARRIER_BYTES, STAGES
+// split K leaves int32 partial sums in `partials`. Dynamic shared memory: RING_BARRIER_BYTES, STAGES
 // stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of groups_per_slice x 256 bytes
 // + 64 of padding, so that the 8 lanes of a quarter warp reading 2 rows hit 8 different banks).
 //
@@ -225,20 +223,16 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
                                                    int groups_per_slice, int epoch) {
     constexpr bool FUSED = QUANT == 1;
     static_assert(QUANT == 0 || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
-    static_assert(2 * STAGES * sizeof(u64) + sizeof(u64) <= BARRIER_BYTES, "the mbarriers must fit before the stages");
     __shared__ float row_scales[8];  // FUSED: the block's rows of x
     __shared__ int row_sums[8];
     extern __shared__ __align__(128) unsigned char smem[];
     const int warps = (blockDim.x >> 5) - 1, warp = threadIdx.x >> 5, nthreads = warps * 32;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
-    const int g_begin = blockIdx.y * groups_per_slice;
-    const int g_end = min(g_begin + groups_per_slice, groups);
-    const int tile0 = blockIdx.x * RT;
-    const WeightRing<RT, STAGES, CHUNK> ring(reinterpret_cast<u64 *>(smem), reinterpret_cast<uint4 *>(smem + BARRIER_BYTES),
-                                             w, warps, g_begin, g_end, tile0, (N + 15) / 16, groups);
-    u64 *x_ready = ring.empty + STAGES;
-    uint4 *xs = ring.stages + STAGES * ring.stage_pieces;
+    const WeightRing<RT, STAGES, CHUNK> ring(smem, w, warps, N, groups, groups_per_slice);
+    const int g_begin = ring.g_begin, g_end = ring.g_end, tile0 = ring.tile0;
+    u64 *x_ready = ring.spare_barriers();
+    uint4 *xs = ring.after();
     const int chunks = ring.chunks();
     const int xs_stride = groups_per_slice * 16 + 4;  // pieces a row of x
     const auto consumers_sync = [warps] { consumer_barrier(warps); };
