@@ -1741,9 +1741,43 @@ class _W2A8Workspace:
 W2A8_WORKSPACE = _W2A8Workspace()
 
 
+@functools.lru_cache(maxsize=256)
+def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config], quantize: Optional[str],
+               sms: int) -> tuple:
+    """Step 10's launch for one shape, checked once and kept (a call then only launches): (QUANT, config,
+    groups a K slice, grid, instance name, dynamic shared memory)."""
+    quantize = quantize or w2a8_default_quantize(m, n, k, sms)
+    quant = W2A8_QUANTIZE[quantize]
+    if quant and m > 8:
+        raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
+                         f"use 'separate'")
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    col_tiles = 1 if m <= 8 else 2
+    x_rows = min(m, 8 * col_tiles)
+    cfg = config or w2a8_config(m, n, k, sms, quantize=quantize)
+    if w2a8_smem_bytes(cfg, x_rows, 1) > BULK_SMEM_LIMIT:
+        raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
+                         f"{BULK_SMEM_LIMIT} bytes of shared memory")
+    if cfg.warps > 8:
+        raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
+    fused = quant == 1
+    if fused and w2a8_smem_bytes(cfg, x_rows, groups, fused=True) > BULK_SMEM_LIMIT:
+        raise ValueError(f"{cfg}: quantising in every block needs all of K in shared memory beside the stages; "
+                         f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, fused=True)} bytes, more "
+                         f"than {BULK_SMEM_LIMIT}")
+    per_slice = groups if fused else min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
+    grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
+    # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
+    name = _w2a8_instance(quant, bf16 or quant == 0, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
+    if name not in W2A8_INSTANCES:
+        raise ValueError(f"{cfg}: step 10 has no compiled instance of {cfg.row_tiles} row tiles for more than 8 "
+                         f"rows of x (M = {m}); compiled: {W2A8_INSTANCES}")
+    return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, fused)
+
+
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, probe: int,
                early: bool = True, quantize: Optional[str] = None) -> Callable[[], Tensor]:
-    """Checks and launch plan of step 10; returns the call as a function. ``early=False`` launches the
+    """Checks of step 10 and its plan (_w2a8_plan); returns the call as a function. ``early=False`` launches the
     matmul of "separate" only once quantize_x has finished (to measure what the early launch saves)."""
     x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8Config,
                                                     "step 10 (CUDA C++ ternary_w2a8)")
@@ -1755,42 +1789,14 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
     if torch.cuda.get_device_capability(x2.device)[0] < 9:
         raise RuntimeError("step 10 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
-    quantize = quantize or w2a8_default_quantize(m, w.n, k)
-    quant = W2A8_QUANTIZE[quantize]
-    if quant and m > 8:
-        raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
-                         f"use 'separate'")
-    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    col_tiles = 1 if m <= 8 else 2
-    x_rows = min(m, 8 * col_tiles)
-    cfg = config or w2a8_config(m, w.n, k, quantize=quantize)
-    if w2a8_smem_bytes(cfg, x_rows, 1) > BULK_SMEM_LIMIT:
-        raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
-                         f"{BULK_SMEM_LIMIT} bytes of shared memory")
-    if cfg.warps > 8:
-        raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
-    fused = quant == 1
-    if fused and w2a8_smem_bytes(cfg, x_rows, groups, fused=True) > BULK_SMEM_LIMIT:
-        raise ValueError(f"{cfg}: quantising in every block needs all of K in shared memory beside the stages; "
-                         f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, fused=True)} bytes, more "
-                         f"than {BULK_SMEM_LIMIT}")
-    if fused:
+    quant, cfg, per_slice, grid, name, smem = _w2a8_plan(m, w.n, k, x2.dtype == torch.bfloat16, config, quantize,
+                                                          runtime.sm_count())
+    groups, slices = triton.cdiv(k, GROUP_WEIGHTS_2BIT), grid[1]
+    if quant == 1:
         x2 = _pad_k_to_8(x2)  # the copy engine moves x in 16-byte pieces
-        per_slice = groups
-    else:
-        per_slice = min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
-    slices = triton.cdiv(groups, per_slice)
-    grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
-    # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
-    name = _w2a8_instance(quant, x2.dtype == torch.bfloat16 or quant == 0, col_tiles, cfg.row_tiles, cfg.stages,
-                          cfg.chunk)
-    _, kernels = _w2a8_kernels(x2.device.index or 0, (f"-DW2A8_PROBE={probe}",) if probe else ())
-    if name not in kernels:
-        raise ValueError(f"{cfg}: step 10 has no compiled instance of {cfg.row_tiles} row tiles for more than 8 "
-                         f"rows of x (M = {m}); compiled: {W2A8_INSTANCES}")
-    kernel, smem = kernels[name], w2a8_smem_bytes(cfg, x_rows, per_slice, fused)
+    kernel = _w2a8_kernels(x2.device.index or 0, (f"-DW2A8_PROBE={probe}",) if probe else ())[1][name]
     block = (32 * (cfg.warps + 1),)
 
     def call() -> Tensor:

@@ -842,6 +842,11 @@ def test_step10_fragments_emulated_on_the_cpu_give_the_product(n, k, rng):
 def test_step10_launch_heuristic_fits_shared_memory(m, n, k):
     cfg = T.w2a8_config(m, n, k, sms=132)
     assert isinstance(cfg, T.W2A8Config)
+    for bf16 in (True, False):  # the plan a call launches: a compiled instance, within shared memory
+        quant, planned, _, grid, name, smem = T._w2a8_plan(m, n, k, bf16, None, None, 132)
+        assert name in T.W2A8_INSTANCES and smem <= T.BULK_SMEM_LIMIT
+        assert quant == (1 if T.w2a8_default_quantize(m, n, k, 132) == "every block" else 0)
+        assert grid[0] * planned.rows >= n and grid[2] * (8 if m <= 8 else 16) >= m
     groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
     per_slice = min(-(-groups // cfg.slices), T.w2a8_max_groups_per_slice(cfg, rows_x))
     assert T.w2a8_smem_bytes(cfg, rows_x, per_slice) <= T.BULK_SMEM_LIMIT
@@ -868,6 +873,10 @@ def test_step10_refuses_a_k_past_exact_int32_sums(rng):
     x = torch.zeros(1, T.W2A8_MAX_K + 1).to(DEV, torch.bfloat16)
     with pytest.raises((ValueError, RuntimeError), match="K <= 131072|needs a CUDA GPU"):
         T.w2a8_bulk_matmul(x, tiles)
+    with pytest.raises(ValueError, match="at most 8 rows of x"):
+        T._w2a8_plan(16, 4096, 14336, True, None, "every block", 132)
+    with pytest.raises(ValueError, match="no compiled instance"):
+        T._w2a8_plan(16, 4096, 14336, True, T.W2A8Config(4, 8, 4, 1, 1), None, 132)
 
 
 STEP10_CONFIGS = [T.W2A8Config(rt, warps, st, ch, slices) for (rt, st, ch) in T.W2A8_SHAPES
