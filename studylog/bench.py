@@ -295,6 +295,22 @@ def measure_empty_launch_ms() -> float:
     return float(triton.testing.do_bench(lambda: kernel[(1,)](x, 0), warmup=25, rep=100, return_mode="median"))
 
 
+def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[], None]:
+    """A launch of ``read_only`` (csrc/read_only.cu) over ``t``'s bytes: the time a kernel that only
+    reads them takes, the floor under any kernel that must read them once (setup and the first bytes'
+    latency included, which the bandwidth floor leaves out). The kernel writes ``sink[0]`` (an int32)
+    only where a thread's XOR of its 16-byte pieces is 0x9E3779B9 (a test plants one)."""
+    from . import cuda, runtime
+
+    if not t.is_cuda or not t.is_contiguous() or t.numel() * t.element_size() % 16 or t.data_ptr() % 16:
+        raise ValueError("read_only takes a contiguous CUDA tensor of a multiple of 16 bytes, 16-byte aligned")
+    kernel = cuda.load("read_only").kernel("read_only", ["ptr", "u64", "ptr"])
+    n16 = t.numel() * t.element_size() // 16
+    sink = torch.empty(1, dtype=torch.int32, device=t.device) if sink is None else sink
+    grid = (2 * runtime.sm_count(),)
+    return lambda: kernel(grid, (1024,), t, n16, sink)
+
+
 # --------------------------------------------------------------------------------------
 # The "env" chapter: the GPU's ceilings, shown in notebook 00
 # --------------------------------------------------------------------------------------

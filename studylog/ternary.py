@@ -1597,10 +1597,9 @@ def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
     return b - within + 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1)
 
 
-def w2a8_smem_bytes(cfg: BulkConfig, x_rows: int, groups_per_slice: int, fused: bool = False) -> int:
-    """Dynamic shared memory of a step-10 block: mbarriers, stages, int8 x (and, fused, x as it is)."""
-    raw = x_rows * groups_per_slice * 512 if fused else 0
-    return BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_rows * (groups_per_slice * 256 + 64) + raw
+def w2a8_smem_bytes(cfg: BulkConfig, x_rows: int, groups_per_slice: int) -> int:
+    """Dynamic shared memory of a step-10 block: mbarriers, stages and its int8 x."""
+    return BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_rows * (groups_per_slice * 256 + 64)
 
 
 def w2a8_max_groups_per_slice(cfg: BulkConfig, x_rows: int) -> int:
@@ -1627,29 +1626,36 @@ SM_SMEM_BYTES = 228 * 1024
 
 
 def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Optional[str] = None) -> W2A8Config:
-    """Step 10's launch for an (M, N, K) problem (from a sweep on the H200): 4 stages of 1 group a warp
-    and tile, 8 warps for a long K (4 for K <= 8192). Row tiles a block: with x quantised in the
-    kernel's every block (``quantize="every block"``), each block quantises x again, so the most (4, 2
-    or 1) that still leave about a block per SM; otherwise the fewest that let every block run at once
-    (one wave). Above 8 rows of x, 2 tiles and 8 warps."""
-    fused = (quantize or w2a8_default_quantize(m, n, k, sms)) == "every block"
+    """Step 10's launch for an (M, N, K) problem, from sweeps on the H200 (the seven bench shapes at
+    M = 1): 4 stages of 1 group a warp and tile. Quantising x in every block (the default up to 8 rows
+    of x): one tile a block and 8 warps while there are at most two tiles an SM (every block then
+    shares in reading x), else two tiles a block and 8 warps for a long K (4 for K <= 8192). After
+    quantize_x: the fewest tiles a block that let every block run at once (one wave), 8 warps for a
+    long K (4 for K <= 8192); above 8 rows of x, 2 tiles and 8 warps."""
     sms = sms or runtime.sm_count()
-    warps = 8 if k > 8192 else 4
+    long_k = k > 8192
     if m > 8:
         return W2A8Config(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    if fused:
-        for rt in (4, 2, 1):
-            cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
-            if triton.cdiv(tiles, rt) >= 0.9 * sms and w2a8_smem_bytes(cfg, m, groups, fused=True) <= BULK_SMEM_LIMIT:
-                return cfg
-        return W2A8Config(row_tiles=1, warps=warps, stages=4, chunk=1, slices=1)
+    if (quantize or w2a8_default_quantize(m, n, k, sms)) == "every block":
+        few = tiles <= 2 * sms
+        return W2A8Config(row_tiles=1 if few else 2, warps=8 if few or long_k else 4, stages=4, chunk=1, slices=1)
+    warps = 8 if long_k else 4
     for rt in (1, 2, 4):
         cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
-        per_block = w2a8_smem_bytes(cfg, m, groups, fused=fused) + 1024
-        if per_block <= BULK_SMEM_LIMIT and triton.cdiv(tiles, rt) <= sms * (SM_SMEM_BYTES // per_block):
+        if w2a8_smem_bytes(cfg, m, groups) <= BULK_SMEM_LIMIT and \
+                triton.cdiv(tiles, rt) <= sms * w2a8_blocks_per_sm(cfg, m, groups):
             return cfg
     return W2A8Config(row_tiles=4, warps=warps, stages=4, chunk=1, slices=1)
+
+
+def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
+    """Step-10 blocks one SM holds at once: by shared memory (each block also takes 1 KiB) and by
+    registers (ptxas gives the kernels of 8 rows of x at most 96 a thread with one or two row tiles, 136 with
+    four: the launch bounds ask for two blocks an SM below four tiles; a test checks it)."""
+    smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
+    registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
+    return min(smem, registers)
 
 
 def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
@@ -1708,7 +1714,7 @@ def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None) -> 
     the H200 the fastest of the three at M = 1), else in quantize_x."""
     every = w2a8_config(m, n, k, sms, quantize="every block")
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    fits = m <= 8 and w2a8_smem_bytes(every, m, groups, fused=True) <= BULK_SMEM_LIMIT
+    fits = m <= 8 and w2a8_smem_bytes(every, m, groups) <= BULK_SMEM_LIMIT
     return "every block" if fits else "separate"
 
 
@@ -1761,9 +1767,9 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     if cfg.warps > 8:
         raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
     fused = quant == 1
-    if fused and w2a8_smem_bytes(cfg, x_rows, groups, fused=True) > BULK_SMEM_LIMIT:
+    if fused and w2a8_smem_bytes(cfg, x_rows, groups) > BULK_SMEM_LIMIT:
         raise ValueError(f"{cfg}: quantising in every block needs all of K in shared memory beside the stages; "
-                         f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, fused=True)} bytes, more "
+                         f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups)} bytes, more "
                          f"than {BULK_SMEM_LIMIT}")
     per_slice = groups if fused else min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
     grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
@@ -1772,7 +1778,7 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     if name not in W2A8_INSTANCES:
         raise ValueError(f"{cfg}: step 10 has no compiled instance of {cfg.row_tiles} row tiles for more than 8 "
                          f"rows of x (M = {m}); compiled: {W2A8_INSTANCES}")
-    return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, fused)
+    return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice)
 
 
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, probe: int,
@@ -1792,8 +1798,6 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
     quant, cfg, per_slice, grid, name, smem = _w2a8_plan(m, w.n, k, x2.dtype == torch.bfloat16, config, quantize,
                                                           runtime.sm_count())
     groups, slices = triton.cdiv(k, GROUP_WEIGHTS_2BIT), grid[1]
-    if quant == 1:
-        x2 = _pad_k_to_8(x2)  # the copy engine moves x in 16-byte pieces
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
     kernel = _w2a8_kernels(x2.device.index or 0, (f"-DW2A8_PROBE={probe}",) if probe else ())[1][name]
@@ -2017,6 +2021,12 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             else:
                 fn, weight_bytes, mma, *text = runs[name]
                 record(name, fn, weight_bytes, mma, ref, magnitude, config_text="".join(text))
+        if m == 1:
+            # the floor a real kernel meets: one that only reads the 2-bit weights, launch and latency included
+            from studylog.bench import read_only
+            read = read_only(pt.data)
+            run.record("read_weights", run.time(read), params=params, role="baseline", kernel_ms=run.kernel_time(read),
+                       weight_bytes=pt.nbytes, floor_ms=run.floor_ms(pt.nbytes))
         if m == 1 and family == "llama":
             # what limits steps 9 and 10: the same launch with parts left out (its outputs mean nothing)
             for series, make_probe, config in (("bulk", bulk_probe, bulk_config(m, n, k)),
@@ -2043,7 +2053,7 @@ SERIES_LABELS = {
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
     "w2a8_bulk_first": "10: W2A8, x quantised by the first block",
     "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
-    "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
+    "read_weights": "only reading the 2-bit weights", "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
 }
 
 
@@ -2112,6 +2122,10 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
         detail = f"{SERIES_LABELS[s]} {row['ms'] * 1e3:.1f} µs, floor {row['floor_ms'] * 1e3:.1f} µs: {ratio:.2f}x"
         if "kernel_ms" in row:
             detail += f" (kernel time {row['kernel_ms'] * 1e3:.1f} µs: {row['kernel_ms'] / row['floor_ms']:.2f}x)"
+        read = results.select("read_weights", shape=shape, m=1)
+        if read:
+            detail += (f"; a kernel that only reads the weights: {read[0]['ms'] * 1e3:.1f} µs, kernel time "
+                       f"{read[0]['kernel_ms'] * 1e3:.1f} µs ({read[0]['kernel_ms'] / row['floor_ms']:.2f}x the floor)")
         out.append((f"M=1, {shape}: within 2x of the 2-bit floor", ratio <= 2.0, detail))
     checks = results.data.get("checks", [])
     bad = [c for c in checks if not c["passed"]]

@@ -107,3 +107,27 @@ def test_kernel_time_sees_the_kernel_without_the_launch():
     assert 0 < short_kernel < short_event, (short_event, short_kernel)
     two = run.kernel_time(lambda: (a.mul_(1.0), a.mul_(1.0)))  # both kernels of a call are in its span
     assert 1.7 * long_kernel <= two <= 2.3 * long_kernel, (long_kernel, two)
+
+
+def test_read_only_refuses_what_it_cannot_read():
+    with pytest.raises(ValueError, match="contiguous CUDA tensor"):
+        bench.read_only(torch.zeros(64, dtype=torch.uint8))  # on the CPU (and on a GPU machine too)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nbytes", [16, 4096, 1 << 20, (1 << 20) + 48])
+def test_gpu_read_only_reads_every_16_bytes(nbytes):
+    """Zeros but one 16-byte piece, whose first word the kernel's sink test looks for: wherever the
+    piece lies (the first, the last of the grid's strides, the odd one out), the sink must see it."""
+    magic = 0x9E3779B9 - (1 << 32)  # as an int32
+    n16 = nbytes // 16
+    for piece in sorted({0, n16 // 2, n16 - 1}):
+        data = torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda")
+        data[4 * piece] = magic
+        sink = torch.full((1,), -1, dtype=torch.int32, device="cuda")
+        bench.read_only(data, sink)()
+        torch.cuda.synchronize()
+        assert int(sink.item()) == magic, f"piece {piece} of {n16} not read"
+    quiet = torch.full((1,), -1, dtype=torch.int32, device="cuda")
+    bench.read_only(torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda"), quiet)()
+    assert int(quiet.item()) == -1

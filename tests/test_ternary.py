@@ -781,12 +781,17 @@ def test_step10_compiles_to_int8_mma_and_bulk_copies_without_spills():
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
     assert "fma.rn.bf16x2" not in ptx  # no float decode: the codes go to the tensor cores as they are
     assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx  # the early launch
-    # weights and x come by the engine (but the first block of "first block", QUANT 2, reads x itself)
-    copied = [i for i in T.W2A8_INSTANCES if not i.startswith("ternary_w2a8<2,")]
-    matmul_only = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=copied[:4] + copied[-2:]).ptx
-    assert not re.search(r"ld\.global[.\w:]*\.v[24]", matmul_only)
+    # the weights come by the engine; after quantize_x the consumers load int8 x themselves, 16 bytes
+    # at a time through L2 (.cg: another kernel's bytes), and nothing else in 16-byte loads
+    separate = [i for i in T.W2A8_INSTANCES if i.startswith("ternary_w2a8<0,")]
+    matmul_only = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=separate).ptx
+    assert set(re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", matmul_only)) == {"ld.global.cg.v4.u32"}
     report = compiled.ptxas_report()
     assert len(report) == len(T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
+    for name, r in report.items():  # what w2a8_blocks_per_sm counts on (8 rows of x a block)
+        args = re.search(r"ternary_w2a8ILi(\d)ELb(\d)ELi(\d)ELi(\d)E", name)
+        if args and args.group(3) == "1":
+            assert r["registers"] <= (96 if int(args.group(4)) <= 2 else 136), (name, r)
     for name, r in report.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
     tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
@@ -852,19 +857,19 @@ def test_step10_launch_heuristic_fits_shared_memory(m, n, k):
     assert T.w2a8_smem_bytes(cfg, rows_x, per_slice) <= T.BULK_SMEM_LIMIT
     if m == 1 and k <= 28672:
         assert -(-groups // per_slice) == 1
-        for fused in (False, True):
-            c = T.w2a8_config(m, n, k, sms=132, quantize="every block" if fused else "first block")
-            per_block = T.w2a8_smem_bytes(c, 1, groups, fused=fused)
+        for where in ("separate", "every block"):
+            c = T.w2a8_config(m, n, k, sms=132, quantize=where)
+            per_block = T.w2a8_smem_bytes(c, 1, groups)
             assert per_block <= T.BULK_SMEM_LIMIT
             # one wave: every block resident at once
-            assert -(-(-(-n // 16)) // c.row_tiles) <= 132 * (T.SM_SMEM_BYTES // (per_block + 1024))
-    best_on_the_h200 = {(1, 4096, 14336): ((1, 8), (2, 8)), (1, 8192, 28672): ((2, 8), (4, 8)),
-                        (1, 14336, 4096): (None, (4, 4))}  # (after quantize_x, fused)
-    for fused in (False, True):
-        best = best_on_the_h200.get((m, n, k), (None, None))[fused]
+            assert -(-(-(-n // 16)) // c.row_tiles) <= 132 * T.w2a8_blocks_per_sm(c, 1, groups), (where, c)
+    # the fastest on the H200 in the sweeps (kernel time, M = 1): (after quantize_x, every block)
+    best_on_the_h200 = {(1, 4096, 14336): ((1, 8), (1, 8)), (1, 8192, 28672): ((2, 8), (2, 8)),
+                        (1, 14336, 4096): (None, (2, 4)), (1, 2560, 2560): (None, (1, 8))}
+    for where, best in zip(("separate", "every block"), best_on_the_h200.get((m, n, k), (None, None))):
         if best:
-            c = T.w2a8_config(m, n, k, sms=132, quantize="every block" if fused else "first block")
-            assert (c.row_tiles, c.warps) == best, (fused, c)
+            c = T.w2a8_config(m, n, k, sms=132, quantize=where)
+            assert (c.row_tiles, c.warps) == best, (where, c)
 
 
 def test_step10_refuses_a_k_past_exact_int32_sums(rng):
@@ -933,16 +938,18 @@ def test_gpu_step10_full_size_unaligned_x_and_probes():
     for n, k in [(4099, 14335), (8192, 28672)]:
         w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
         tiles = T.PackedTernary.pack(w, "2bit_tiles")
-        for m in (1, 5, 16):
+        for m in (1, 5, 8, 16):
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            # (5 rows of K = 14335 do not fit in shared memory beside the stages: not "every block" there)
-            for where in [None, "separate"] + (["first block"] if m <= 8 else []) + (["every block"] if m == 1 else []):
+            # every block needs its rows of int8 x over all of K beside the stages (8 rows of K = 28672 do not fit)
+            every = T.w2a8_config(m, n, k, quantize="every block")
+            fits = m <= 8 and T.w2a8_smem_bytes(every, m, -(-k // 256)) <= T.BULK_SMEM_LIMIT
+            for where in [None, "separate"] + (["first block"] if m <= 8 else []) + (["every block"] if fits else []):
                 z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), quantize=where)
                 assert_matches_w2a8(z, x, w, scale)
             if m == 16:
                 with pytest.raises(ValueError, match="at most 8 rows of x"):
                     T.w2a8_bulk_matmul(x, tiles, scale, quantize="first block")
-            if m == 5:
+            if m <= 8 and not fits:
                 with pytest.raises(ValueError, match="all of K in shared memory"):
                     T.w2a8_bulk_matmul(x, tiles, scale, quantize="every block")
     wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)

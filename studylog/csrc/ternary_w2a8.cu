@@ -39,18 +39,13 @@ __device__ __forceinline__ float half_to_float(unsigned short bits) {
 
 // The 16 activations of unit u = 16 G + 4 p' + t of a row: x[k0 .. k0 + 7] and x[k0 + 128 .. k0 + 135]
 // for k0 = 256 G + 32 p' + 8 t, zeros past K (16-byte loads: rows start on 16-byte boundaries, the
-// wrapper sees to it). From global memory (GLOBAL), or from the block's copy of x in shared memory,
-// where K is a multiple of 8.
-template <bool GLOBAL>
+// wrapper sees to it).
 __device__ __forceinline__ void load_unit(uint4 (&v)[2], const unsigned short *row, int u, int K) {
     const int k0 = (u >> 4) * 256 + 32 * ((u >> 2) & 3) + 8 * (u & 3);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int k = k0 + 128 * h;
-        if constexpr (GLOBAL)
-            v[h] = k + 8 <= K ? __ldg(reinterpret_cast<const uint4 *>(row + k)) : load_x8_tail(row, k, K);
-        else
-            v[h] = k < K ? *reinterpret_cast<const uint4 *>(row + k) : make_uint4(0, 0, 0, 0);
+        v[h] = k + 8 <= K ? __ldg(reinterpret_cast<const uint4 *>(row + k)) : load_x8_tail(row, k, K);
     }
 }
 
@@ -65,6 +60,17 @@ __device__ __forceinline__ float piece_absmax(const uint4 &v) {
     return a;
 }
 
+// q = round-half-even(f x scale) as the low byte of a float's bits. Adding 1.5 x 2^23 to a float t
+// with |t| < 2^22 leaves a float whose unit in the last place is 1, so the addition itself rounds t
+// to an integer, half to even, and its low mantissa byte is that integer's two's-complement byte: an
+// FMUL and an FADD (full rate) instead of rintf and a float-to-int conversion (quarter rate, and
+// the larger cost of quantising x). Kept apart (__fmul_rn, __fadd_rn: no fused multiply-add), so the
+// product is rounded to float first, as torch rounds it. |f x scale| <= 127 since |f| <= the row's
+// max; the lower clamp keeps the old answer to a NaN product (-128).
+__device__ __forceinline__ u32 rounded_bits(float f, float scale) {
+    return __float_as_uint(__fadd_rn(fmaxf(__fmul_rn(f, scale), -128.0f), 12582912.0f));
+}
+
 // The 16 bytes of a unit (v: its two pieces of 8 activations): word w holds q of x[k0 + 2 w],
 // x[k0 + 128 + 2 w], x[k0 + 2 w + 1], x[k0 + 128 + 2 w + 1]; adds the q to `sum`.
 template <bool BF16>
@@ -72,15 +78,15 @@ __device__ __forceinline__ uint4 quantize_unit(const uint4 (&v)[2], float scale,
     u32 words[4];
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-        words[w] = 0;
+        u32 b[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {  // byte j: x[k0 + 128 (j & 1) + 2 w + (j >> 1)]
             const u32 pair = part(v[j & 1], w);
-            const float f = half_to_float<BF16>((j >> 1) ? pair >> 16 : pair & 0xFFFF);
-            const int q = (int)fminf(fmaxf(rintf(f * scale), -128.0f), 127.0f);
-            sum += q;
-            words[w] |= (u32)(q & 0xFF) << (8 * j);
+            b[j] = rounded_bits(half_to_float<BF16>((j >> 1) ? pair >> 16 : pair & 0xFFFF), scale);
         }
+        // the four low bytes into one word, then their sum (signed bytes, one dp4a)
+        words[w] = __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
+        sum = __dp4a((int)words[w], 0x01010101, sum);
     }
     return make_uint4(words[0], words[1], words[2], words[3]);
 }
@@ -88,18 +94,23 @@ __device__ __forceinline__ uint4 quantize_unit(const uint4 (&v)[2], float scale,
 // BitNet's scale of a row from its largest |x|: torch's 127 / t is a reciprocal, then a product.
 __device__ __forceinline__ float row_scale(float amax) { return (1.0f / fmaxf(amax, 1e-5f)) * 127.0f; }
 
+// Unit i of a row of `units`, counted from unit rot (< units). All the blocks of the matmul read the same
+// x; starting each at a different unit spreads their loads over L2's slices. Read in the same order,
+// they queued on the same few lines: on the H200, 256 blocks took 3 to 6 us to read 28 to 57 KB of x.
+__device__ __forceinline__ int rotated(int i, int rot, int units) { return i + rot < units ? i + rot : i + rot - units; }
+
 // BitNet's activation quantisation of one row of x, as quantize_activations in Python computes it
 // (float32 throughout, so both give the same bytes): scale = (1 / max(max_k |x_k|, 1e-5)) * 127
 // (torch's 127 / t is a reciprocal, then a product), q = clamp(round-half-even(x * scale), -128, 127).
 // Threads tid = 0 .. nthreads - 1 (whole warps) share it, `sync` a barrier of exactly them; UNITS units
 // of 16 activations a thread stay in registers between the two passes (x is read once while K <=
-// UNITS x 16 x nthreads). Writes the row's bytes in the order above to `out` (zeros past K; unit u is
-// bytes 16 u .. 16 u + 15), and returns (to every thread) its scale and the sum of its q. The row is
-// in global memory (GLOBAL) or in shared memory.
-template <bool BF16, bool GLOBAL, typename Sync>
+// UNITS x 16 x nthreads: 32768 for 8 warps and 8 units). Every thread calls after_read() once the row has been read
+// (its first pass). The threads take the units from unit `rot` on (see rotated). Writes the row's bytes in the order above to `out` (zeros past K; unit u is
+// bytes 16 u .. 16 u + 15), and returns (to every thread) its scale and the sum of its q.
+template <bool BF16, int UNITS, typename Sync, typename AfterRead>
 __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, uint4 *out, int tid,
-                                             int nthreads, Sync sync, float &scale, int &total) {
-    constexpr int UNITS = 4;
+                                             int nthreads, int rot, Sync sync, AfterRead after_read, float &scale,
+                                             int &total) {
     __shared__ float warp_max[32];
     __shared__ int warp_sum[32];
     const int lane = tid & 31, warp = tid >> 5, warps = nthreads >> 5;
@@ -109,9 +120,9 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
     for (int r0 = 0; r0 < units; r0 += per_round) {
 #pragma unroll
         for (int i = 0; i < UNITS; ++i) {
-            const int u = r0 + tid + i * nthreads;
-            if (u < units) {
-                load_unit<GLOBAL>(v[i], row, u, K);
+            const int u = rotated(r0 + tid + i * nthreads, rot, units);
+            if (r0 + tid + i * nthreads < units) {
+                load_unit(v[i], row, u, K);
                 amax = fmaxf(amax, fmaxf(piece_absmax<BF16>(v[i][0]), piece_absmax<BF16>(v[i][1])));
             }
         }
@@ -119,6 +130,7 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
     if (lane == 0) warp_max[warp] = amax;
     sync();
+    after_read();
     amax = 0.0f;
     for (int i = 0; i < warps; ++i) amax = fmaxf(amax, warp_max[i]);
     scale = row_scale(amax);  // IEEE division (NVRTC's -prec-div=true)
@@ -127,9 +139,9 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
     for (int r0 = 0; r0 < units; r0 += per_round) {
 #pragma unroll
         for (int i = 0; i < UNITS; ++i) {
-            const int u = r0 + tid + i * nthreads;
-            if (u >= units) continue;
-            if (units > per_round) load_unit<GLOBAL>(v[i], row, u, K);  // a long row: read again (from L2)
+            if (r0 + tid + i * nthreads >= units) continue;
+            const int u = rotated(r0 + tid + i * nthreads, rot, units);
+            if (units > per_round) load_unit(v[i], row, u, K);  // a long row: read again (from L2)
             out[u] = quantize_unit<BF16>(v[i], scale, sum);
         }
     }
@@ -150,8 +162,8 @@ __global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restr
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     float scale;
     int total;
-    quantize_row<BF16, true>(x + (size_t)blockIdx.x * x_stride, K, groups, xq + (size_t)blockIdx.x * groups * 16,
-                       threadIdx.x, blockDim.x, [] { __syncthreads(); }, scale, total);
+    quantize_row<BF16, 4>(x + (size_t)blockIdx.x * x_stride, K, groups, xq + (size_t)blockIdx.x * groups * 16,
+                          threadIdx.x, blockDim.x, 0, [] { __syncthreads(); }, [] {}, scale, total);
     if (threadIdx.x == 0) {
         row_sum[blockIdx.x] = total;
         x_scale[blockIdx.x] = scale;
@@ -194,6 +206,12 @@ __device__ __forceinline__ void group_w2a8(int (&acc)[4][RT][MT][4], const uint4
 #ifndef W2A8_PROBE
 #define W2A8_PROBE 0
 #endif
+// Quantising in every block (QUANT 1), the producer fills this many stages, then waits until the
+// consumers have read x: a block's x comes from DRAM first (it is the same for all blocks), and a
+// flood of weight copies queued ahead of it held it back by several microseconds on the H200.
+#ifndef W2A8_EARLY_STAGES
+#define W2A8_EARLY_STAGES 1
+#endif
 
 // z[m, n] = (sum_k xq[m, k] W[n, k]) / (x_scale[m] scale[n * scale_stride]), xq from quantize_x (its
 // order, rows of `groups` x 256 bytes), W in the "2bit_tiles" format. Blocks, warps, stages and the
@@ -202,19 +220,21 @@ __device__ __forceinline__ void group_w2a8(int (&acc)[4][RT][MT][4], const uint4
 // stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of groups_per_slice x 256 bytes
 // + 64 of padding, so that the 8 lanes of a quarter warp reading 2 rows hit 8 different banks).
 //
-// Where x is quantised (QUANT):
-//   0: before, by quantize_x (xq, x_scale and row_sum are its outputs);
-//   1: in every block (at most 8 rows of x and all of K in one block). The producer copies the block's
-//      rows of x as they are (bf16 or fp16, after the int8 x in shared memory), and the consumers
-//      quantise them there while the first stages of weights arrive. One launch, but every block
-//      reads and quantises all of x;
+// The producer only streams weights: it starts at once and never waits for x. The consumer warps
+// bring the block's int8 x into shared memory themselves, with plain loads (a copy of x by the
+// engine would queue behind the first stages of weights: on the H200 that held the consumers back
+// by 3 to 5 us while the ring sat full). Where x is quantised (QUANT):
+//   0: before, by quantize_x (xq, x_scale and row_sum are its outputs); the consumers wait for it
+//      (griddepcontrol.wait), then load their slice of xq;
+//   1: in every block (at most 8 rows of x and all of K in one block): the consumers quantise the
+//      block's rows of x from global memory straight into shared memory while the first stages of
+//      weights arrive. One launch, but every block reads and quantises all of x;
 //   2: once, by the first block of each 8 rows of x (block (0, 0, z)), into xq, x_scale and row_sum
-//      in global memory; it then stores `epoch` into flags[z] (a release). Every block's producer fills
-//      its first stages with weights, waits for that value (an acquire), and copies the int8 x as in
-//      0. One launch, x quantised once. Blocks start in order, so the first block runs before any
-//      block that waits for it.
+//      in global memory; it then stores `epoch` into flags[z] (a release). The consumers of every
+//      block wait for that value (an acquire) and load xq as in 0. One launch, x quantised once.
+//      Blocks start in order, so the first block runs before any block that waits for it.
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, const unsigned short *__restrict__ x,
+__global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(uint4 *__restrict__ xq, const unsigned short *__restrict__ x,
                                                    const uint4 *__restrict__ w, float *__restrict__ z,
                                                    const float *__restrict__ scale, float *__restrict__ x_scale,
                                                    int *__restrict__ row_sum, int *__restrict__ partials,
@@ -231,7 +251,6 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
     const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
     const WeightRing<RT, STAGES, CHUNK> ring(smem, w, warps, N, groups, groups_per_slice);
     const int g_begin = ring.g_begin, g_end = ring.g_end, tile0 = ring.tile0;
-    u64 *x_ready = ring.spare_barriers();
     uint4 *xs = ring.after();
     const int chunks = ring.chunks();
     const int xs_stride = groups_per_slice * 16 + 4;  // pieces a row of x
@@ -240,81 +259,85 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
     if (W2A8_PROBE == 3) return;
     if (threadIdx.x == 0) {
         ring.init(warps);
-        mbarrier_init(x_ready, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
-    if (warp == warps) {
-        if (lane == 0) {  // the producer, as in step 9, but the weights first: when launched early
-            // (a programmatic dependent launch), x is still being quantised while the first STAGES
-            // stages fill; griddepcontrol.wait (a no-op otherwise) holds the copy of x until it is done.
-            const u64 policy = evict_first_policy();
-            const int first = W2A8_PROBE == 2 ? 0 : min(STAGES, chunks);
-            for (int c = 0; c < first; ++c) ring.fill(c, policy);
-            if constexpr (QUANT == 2) {  // the first block's x, then the copy engine may read it
-                int seen;
-                while (true) {
-                    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flags + blockIdx.z) : "memory");
-                    if (seen == epoch) break;
-                    __nanosleep(64);
-                }
-                asm volatile("fence.proxy.async.global;" ::: "memory");
-            } else {
-                asm volatile("griddepcontrol.wait;" ::: "memory");
-            }
-            if constexpr (FUSED) {  // x as it is, K x 2 bytes a row (K is a multiple of 8)
-                mbarrier_expect_bytes(x_ready, (u32)K * 2u * x_rows);
-                for (int row = 0; row < x_rows; ++row)
-                    bulk_copy(xs + x_rows * xs_stride + row * groups * 32, x + (size_t)(m0 + row) * x_stride,
-                              (u32)K * 2u, x_ready, policy);
-            } else {
-                const u32 x_bytes = (u32)(g_end - g_begin) * 256u;
-                mbarrier_expect_bytes(x_ready, x_bytes * x_rows);
-                for (int row = 0; row < x_rows; ++row)
-                    bulk_copy(xs + row * xs_stride, xq + ((size_t)(m0 + row) * groups + g_begin) * 16, x_bytes,
-                              x_ready, policy);
-            }
-            for (int c = first; W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);
+    if (warp == warps) {  // the producer (its lane 0): the weights, as in step 9
+        const u64 policy = evict_first_policy();
+        const int first = W2A8_PROBE == 2 ? 0 : QUANT == 1 ? min(W2A8_EARLY_STAGES, chunks) : chunks;
+        for (int c = 0; lane == 0 && c < first; ++c) ring.fill(c, policy);
+        if constexpr (QUANT == 1) {  // the rest once the consumers have read x (X_READ below)
+            __syncwarp();
+            asm volatile("bar.sync 2, %0;" ::"r"((warps + 1) * 32) : "memory");
+            for (int c = first; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);
         }
         __syncwarp();
     } else {
-        if constexpr (QUANT == 2) {
-            if (blockIdx.x == 0 && blockIdx.y == 0) {  // this block quantises x for all the others
-                for (int row = 0; row < x_rows; ++row) {
-                    const int m = m0 + row;
-                    float sc;
-                    int total;
-                    quantize_row<BF16, true>(x + (size_t)m * x_stride, K, groups, xq + (size_t)m * groups * 16,
-                                             threadIdx.x, nthreads, consumers_sync, sc, total);
-                    if (threadIdx.x == 0) {
-                        x_scale[m] = sc;
-                        row_sum[m] = total;
-                    }
-                }
-                __threadfence();  // every thread's bytes, before the flag
-                consumer_barrier(warps);
-                if (threadIdx.x == 0) {
-                    asm volatile("fence.proxy.async.global;" ::: "memory");
-                    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flags + blockIdx.z), "r"(epoch) : "memory");
-                }
-            }
-        }
-        mbarrier_wait(x_ready, 0);
-        if constexpr (FUSED) {  // quantize_x's work, on the block's copy of x (rows of groups x 256)
-            const unsigned short *raw = reinterpret_cast<const unsigned short *>(xs + x_rows * xs_stride);
+        const int tid = threadIdx.x;
+        const int rot = (blockIdx.x % (g_end - g_begin)) * 16;  // the unit of x this block reads first
+        if constexpr (QUANT == 1) {  // quantize_x's work, for the block's rows, into shared memory
             for (int row = 0; row < x_rows; ++row) {
                 float sc;
                 int total;
-                quantize_row<BF16, false>(raw + row * groups * 256, K, groups, xs + row * xs_stride, threadIdx.x,
-                                          nthreads, consumers_sync, sc, total);
-                if (threadIdx.x == 0) {
+                quantize_row<BF16, 8>(x + (size_t)(m0 + row) * x_stride, K, groups, xs + row * xs_stride, tid, nthreads,
+                                   rot, consumers_sync, [&] {  // X_READ: the producer may go on
+                                       if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
+                                   }, sc, total);
+                if (tid == 0) {
                     row_scales[row] = sc;
                     row_sums[row] = total;
                 }
             }
-            consumer_barrier(warps);
+        } else {
+            if constexpr (QUANT == 2) {
+                if (blockIdx.x == 0 && blockIdx.y == 0) {  // this block quantises x for all the others
+                    for (int row = 0; row < x_rows; ++row) {
+                        const int m = m0 + row;
+                        float sc;
+                        int total;
+                        quantize_row<BF16, 8>(x + (size_t)m * x_stride, K, groups, xq + (size_t)m * groups * 16, tid,
+                                           nthreads, 0, consumers_sync, [] {}, sc, total);
+                        if (tid == 0) {
+                            x_scale[m] = sc;
+                            row_sum[m] = total;
+                        }
+                    }
+                    __threadfence();  // every thread's bytes, before the flag
+                    consumer_barrier(warps);
+                    if (tid == 0)
+                        asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flags + blockIdx.z), "r"(epoch) : "memory");
+                }
+                if (tid == 0) {
+                    int seen;
+                    while (true) {
+                        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flags + blockIdx.z) : "memory");
+                        if (seen == epoch) break;
+                        __nanosleep(64);
+                    }
+                }
+                consumer_barrier(warps);
+            } else {
+                asm volatile("griddepcontrol.wait;" ::: "memory");  // quantize_x's xq, x_scale and row_sum
+            }
+            // the block's slice of xq (from L2: another kernel's or block's bytes), 4 loads in flight a thread
+            const int units = (g_end - g_begin) * 16;
+            for (int i0 = tid; i0 < x_rows * units; i0 += 4 * nthreads) {
+                uint4 v[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int idx = i0 + i * nthreads, row = idx / units;
+                    if (idx < x_rows * units)
+                        v[i] = __ldcg(xq + ((size_t)(m0 + row) * groups + g_begin) * 16 + rotated(idx % units, rot, units));
+                }
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int idx = i0 + i * nthreads;
+                    if (idx < x_rows * units) xs[(idx / units) * xs_stride + rotated(idx % units, rot, units)] = v[i];
+                }
+            }
         }
+        consumer_barrier(warps);
         int acc[4][RT][MT][4] = {};
         for (int c = 0; c < chunks; ++c) {
             uint4 a[CHUNK][RT][2];
@@ -338,7 +361,6 @@ __global__ void __launch_bounds__(288) ternary_w2a8(uint4 *__restrict__ xq, cons
                 }
         }
 
-        asm volatile("griddepcontrol.wait;" ::: "memory");  // row_sum and x_scale, below, are quantize_x's
         // acc[p'] counts code p' four^p' times over: exact shifts bring the four to one sum
         add_warp_sums<RT, MT>(reinterpret_cast<int *>(ring.stages), warps, x_rows,
                               [&](int r, int j, int c) {
