@@ -2196,7 +2196,7 @@ def figures(results) -> dict:
     fig, ax = plt.subplots(figsize=(6.4, 5))
     lo, hi = math.inf, 0.0
     for s, marker in (("cublas_bf16", "s"), ("gemv_2bit", "o"), ("gemv_base3", "^"), ("dot_2bit", "v"),
-                      ("mma_2bit", "*"), ("cuda_mma", "P"), ("bulk", "X"), ("w2a8_bulk", "D")):
+                      ("mma_2bit", "*"), ("cuda_mma", "P"), ("bulk", "X"), ("w2a8_bulk", "D"), ("read_weights", "_")):
         rows = results.select(s, m=1)
         if not rows:
             continue

@@ -959,3 +959,19 @@ def test_gpu_step10_full_size_unaligned_x_and_probes():
     for probe in (1, 2, 3):
         T.w2a8_bulk_probe(x[:1], tiles, scale, probe)()
     torch.cuda.synchronize()
+
+
+def test_step10_experiments_compile():
+    """tools/experiments (GPU-only scripts behind step 10's numbers): their CUDA sources still compile, the
+    timeline's too (it adds stamps to ternary_w2a8.cu as it is now, and fails if the anchors moved)."""
+    from pathlib import Path
+    from studylog import cuda
+    folder = Path(__file__).resolve().parents[1] / "tools" / "experiments"
+    sweep = cuda.compile_source((folder / "stream_read_sweep.cu").read_text(), arch="sm_90",
+                                name_expressions=["stream_ldg<2>"])
+    assert "cp.async.bulk" in sweep.ptx and "ld.global.nc.L1::no_allocate.v4" in sweep.ptx
+    text = (folder / "w2a8_timeline.py").read_text()
+    helpers = {"__file__": str(folder / "w2a8_timeline.py")}
+    exec(compile(text.split("run = bench.BenchRun")[0], "w2a8_timeline.py", "exec"), helpers)
+    traced = cuda.compile_source(helpers["traced_source"](), arch="sm_90", name_expressions=T.W2A8_INSTANCES[-1:])
+    assert "globaltimer" in traced.ptx

@@ -1,0 +1,67 @@
+"""Experiment (GPU): step 10 over its compiled configs x where x is quantised x W2A8_EARLY_STAGES, at M = 1;
+the sweep behind w2a8_config. PYTHONPATH=$PWD python tools/experiments/w2a8_config_sweep.py"""
+import itertools, json, os, sys
+from pathlib import Path
+import torch, triton
+from studylog import bench, runtime, ternary as T
+
+run = bench.BenchRun("scratch", command="tools/experiments/w2a8_config_sweep.py")
+sms = runtime.sm_count()
+res = []
+shapes = [(4096, 14336), (8192, 28672)]
+def launcher(x, pw, cfg, q, early_stages):
+    m, k = x.shape
+    n = pw.n
+    quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(m, n, k, True, cfg, q, sms)
+    opts = (f"-DW2A8_EARLY_STAGES={early_stages}",) if early_stages != 1 else ()
+    kern = T._w2a8_kernels(0, opts)[1][name]
+    groups = triton.cdiv(k, 256)
+    s = torch.full((1,), 0.7, device="cuda")
+    z = torch.empty(m, n, device="cuda")
+    block = (32 * (cfg.warps + 1),)
+    def call():
+        if quant == 0:
+            xq, xs, rs = T._quantize_x(x)
+            kern(grid, block, xq, x, pw.data, z, s, xs, rs, None, None, None, m, n, k, groups, x.stride(0), 0,
+                 per_slice, 0, shared_mem=smem, early=True)
+        else:
+            kern(grid, block, None, x, pw.data, z, s, None, None, None, None, None, m, n, k, groups, x.stride(0), 0,
+                 per_slice, 0, shared_mem=smem)
+        return z
+    return call
+for n, k in shapes:
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda"))
+    pw = T.PackedTernary.pack(w, "2bit_tiles")
+    wd = w.to(torch.bfloat16)
+    for m in (1,):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        row = dict(n=n, k=k, m=m, cublas_us=run.kernel_time(lambda: x @ wd.T) * 1e3,
+                   step9_us=run.kernel_time(lambda: T.bulk_matmul(x, pw, scale)) * 1e3)
+        if m == 1:
+            row["quantize_x_us"] = run.kernel_time(lambda: T.w2a8_quantize(x)) * 1e3
+        print(row, flush=True); res.append(row)
+        ref = T.w2a8_bulk_matmul(x, pw, 0.7, quantize="separate")
+        plans = []
+        for shape, warps in itertools.product(T.W2A8_SHAPES, (4, 8)):
+            cfg = T.W2A8Config(shape[0], warps=warps, stages=shape[1], chunk=shape[2])
+            if m == 1:
+                for es in (1, 4):
+                    plans.append(("every block", cfg, es))
+            plans.append(("separate", cfg, 1))
+        for q, cfg, es in plans:
+            r = dict(n=n, k=k, m=m, q=q, rt=cfg.row_tiles, st=cfg.stages, ch=cfg.chunk, warps=cfg.warps, es=es)
+            try:
+                fn = launcher(x, pw, cfg, q, es)
+                assert torch.equal(fn(), ref), "differs from the separate default"
+                r.update(us=run.kernel_time(fn) * 1e3, bench_us=run.time(fn, warmup=10, rep=40) * 1e3)
+            except Exception as e:
+                r.update(error=str(e)[:150])
+            res.append(r)
+        for q in ("separate", "every block") if m == 1 else ("separate",):
+            best = sorted([r for r in res if r.get("q") == q and (r["n"], r["k"], r["m"]) == (n, k, m) and "us" in r],
+                          key=lambda r: r["us"])[:5]
+            print(n, k, m, q, [(b["rt"], b["st"], b["ch"], b["warps"], b["es"], round(b["us"], 2), round(b["bench_us"], 1)) for b in best], flush=True)
+        errs = [r for r in res if "error" in r and (r["n"], r["k"], r["m"]) == (n, k, m) and "shared memory" not in r["error"] and "compiled instance" not in r["error"]]
+        if errs:
+            print("ERRORS", errs[:3], flush=True)
+Path(os.environ.get("OUT", "/tmp"), "sweep11.json").write_text(json.dumps(res, indent=1))
