@@ -1651,8 +1651,8 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
 
 def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
     """Step-10 blocks one SM holds at once: by shared memory (each block also takes 1 KiB) and by
-    registers (ptxas gives the kernels of 8 rows of x at most 96 a thread with one or two row tiles, 136 with
-    four: the launch bounds ask for two blocks an SM below four tiles; a test checks it)."""
+    registers (ptxas gives the kernels of 8 rows of x at most 96 a thread with one or two row tiles, 136
+    with four: the launch bounds ask for two blocks an SM below four tiles; a test checks it)."""
     smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
     registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
     return min(smem, registers)
@@ -2025,12 +2025,12 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             # the floor a real kernel meets: one that only reads the 2-bit weights, launch and latency included
             from studylog.bench import read_only
             read = read_only(pt.data)
-            run.record("read_weights", run.time(read), params=params, role="baseline", kernel_ms=run.kernel_time(read),
-                       weight_bytes=pt.nbytes, floor_ms=run.floor_ms(pt.nbytes))
+            run.record("read_weights", run.time(read), params=params, role="baseline",
+                       kernel_ms=run.kernel_time(read), weight_bytes=pt.nbytes, floor_ms=run.floor_ms(pt.nbytes))
         if m == 1 and family == "llama":
             # what limits steps 9 and 10: the same launch with parts left out (its outputs mean nothing)
             for series, make_probe, config in (("bulk", bulk_probe, bulk_config(m, n, k)),
-                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k, quantize=w2a8_default_quantize(m, n, k)))):
+                                               ("w2a8_bulk", w2a8_bulk_probe, w2a8_config(m, n, k))):
                 if series not in names:
                     continue
                 for probe, what in BULK_PROBES.items():
@@ -2053,7 +2053,8 @@ SERIES_LABELS = {
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
     "w2a8_bulk_first": "10: W2A8, x quantised by the first block",
     "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
-    "read_weights": "only reading the 2-bit weights", "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
+    "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
+    "read_weights": "only reading the 2-bit weights",
 }
 
 
@@ -2113,8 +2114,8 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
                        f"{base_row['kernel_ms'] / row['kernel_ms']:.2f}x)")
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want, detail))
     for shape in ("4096x14336", "8192x28672"):
-        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first",
-                                 "w2a8_bulk_2k"])
+        row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk",
+                                 "w2a8_bulk_first", "w2a8_bulk_2k"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
             continue
@@ -2124,8 +2125,9 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
             detail += f" (kernel time {row['kernel_ms'] * 1e3:.1f} µs: {row['kernel_ms'] / row['floor_ms']:.2f}x)"
         read = results.select("read_weights", shape=shape, m=1)
         if read:
-            detail += (f"; a kernel that only reads the weights: {read[0]['ms'] * 1e3:.1f} µs, kernel time "
-                       f"{read[0]['kernel_ms'] * 1e3:.1f} µs ({read[0]['kernel_ms'] / row['floor_ms']:.2f}x the floor)")
+            r = read[0]
+            detail += (f"; a kernel that only reads the weights: {r['ms'] * 1e3:.1f} µs, kernel time "
+                       f"{r['kernel_ms'] * 1e3:.1f} µs ({r['kernel_ms'] / row['floor_ms']:.2f}x the floor)")
         out.append((f"M=1, {shape}: within 2x of the 2-bit floor", ratio <= 2.0, detail))
     checks = results.data.get("checks", [])
     bad = [c for c in checks if not c["passed"]]

@@ -97,18 +97,21 @@ __device__ __forceinline__ uint4 quantize_unit(const uint4 (&v)[2], float scale,
 __device__ __forceinline__ float row_scale(float amax) { return (1.0f / fmaxf(amax, 1e-5f)) * 127.0f; }
 
 // Unit i of a row of `units`, counted from unit rot (< units). All the blocks of the matmul read the same
-// x; starting each at a different unit spreads their loads over L2's slices. Read in the same order,
-// they queued on the same few lines: on the H200, 256 blocks took 3 to 6 us to read 28 to 57 KB of x.
-__device__ __forceinline__ int rotated(int i, int rot, int units) { return i + rot < units ? i + rot : i + rot - units; }
+// x; starting each at a different unit spreads their loads over L2's slices (on the H200, 256 blocks
+// reading the same 57 KB of x in the same order took about 5.5 us, from their own units about 4.5).
+__device__ __forceinline__ int rotated(int i, int rot, int units) {
+    return i + rot < units ? i + rot : i + rot - units;
+}
 
 // BitNet's activation quantisation of one row of x, as quantize_activations in Python computes it
 // (float32 throughout, so both give the same bytes): scale = (1 / max(max_k |x_k|, 1e-5)) * 127
 // (torch's 127 / t is a reciprocal, then a product), q = clamp(round-half-even(x * scale), -128, 127).
 // Threads tid = 0 .. nthreads - 1 (whole warps) share it, `sync` a barrier of exactly them; UNITS units
 // of 16 activations a thread stay in registers between the two passes (x is read once while K <=
-// UNITS x 16 x nthreads: 32768 for 8 warps and 8 units). Every thread calls after_read() once the row has been read
-// (its first pass). The threads take the units from unit `rot` on (see rotated). Writes the row's bytes in the order above to `out` (zeros past K; unit u is
-// bytes 16 u .. 16 u + 15), and returns (to every thread) its scale and the sum of its q.
+// UNITS x 16 x nthreads: 32768 for 8 warps and 8 units). The threads take the units from unit `rot` on
+// (see rotated), and every thread calls after_read() once the row has been read (its first pass).
+// Writes the row's bytes in the order above to `out` (zeros past K; unit u is bytes 16 u .. 16 u + 15),
+// and returns (to every thread) its scale and the sum of its q.
 template <bool BF16, int UNITS, typename Sync, typename AfterRead>
 __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, uint4 *out, int tid,
                                              int nthreads, int rot, Sync sync, AfterRead after_read, float &scale,
@@ -122,9 +125,9 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
     for (int r0 = 0; r0 < units; r0 += per_round) {
 #pragma unroll
         for (int i = 0; i < UNITS; ++i) {
-            const int u = rotated(r0 + tid + i * nthreads, rot, units);
-            if (r0 + tid + i * nthreads < units) {
-                load_unit(v[i], row, u, K);
+            const int n = r0 + tid + i * nthreads;  // the thread's n-th unit of the row, from rot on
+            if (n < units) {
+                load_unit(v[i], row, rotated(n, rot, units), K);
                 amax = fmaxf(amax, fmaxf(piece_absmax<BF16>(v[i][0]), piece_absmax<BF16>(v[i][1])));
             }
         }
@@ -141,8 +144,9 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
     for (int r0 = 0; r0 < units; r0 += per_round) {
 #pragma unroll
         for (int i = 0; i < UNITS; ++i) {
-            if (r0 + tid + i * nthreads >= units) continue;
-            const int u = rotated(r0 + tid + i * nthreads, rot, units);
+            const int n = r0 + tid + i * nthreads;
+            if (n >= units) continue;
+            const int u = rotated(n, rot, units);
             if (units > per_round) load_unit(v[i], row, u, K);  // a long row: read again (from L2)
             out[u] = quantize_unit<BF16>(v[i], scale, sum);
         }
@@ -224,8 +228,8 @@ __device__ __forceinline__ void group_w2a8(int (&acc)[4][RT][MT][4], const uint4
 //
 // The producer only streams weights: it starts at once and never waits for x. The consumer warps
 // bring the block's int8 x into shared memory themselves, with plain loads (a copy of x by the
-// engine would queue behind the first stages of weights: on the H200 that held the consumers back
-// by 3 to 5 us while the ring sat full). Where x is quantised (QUANT):
+// engine queued behind the first stages of weights: on the H200 the consumers then started 6 to 11 us
+// after the launch, while the ring sat full and DRAM idle). Where x is quantised (QUANT):
 //   0: before, by quantize_x (xq, x_scale and row_sum are its outputs); the consumers wait for it
 //      (griddepcontrol.wait), then load their slice of xq;
 //   1: in every block (at most 8 rows of x and all of K in one block): the consumers quantise the
@@ -235,14 +239,14 @@ __device__ __forceinline__ void group_w2a8(int (&acc)[4][RT][MT][4], const uint4
 //      in global memory; it then stores `epoch` into flags[z] (a release). The consumers of every
 //      block wait for that value (an acquire) and load xq as in 0. One launch, x quantised once.
 //      Blocks start in order, so the first block runs before any block that waits for it.
+// Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
+// (w2a8_blocks_per_sm in ternary.py counts on it; a test checks it).
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(uint4 *__restrict__ xq, const unsigned short *__restrict__ x,
-                                                   const uint4 *__restrict__ w, float *__restrict__ z,
-                                                   const float *__restrict__ scale, float *__restrict__ x_scale,
-                                                   int *__restrict__ row_sum, int *__restrict__ partials,
-                                                   u32 *__restrict__ arrivals, int *__restrict__ flags, int M, int N,
-                                                   int K, int groups, int x_stride, int scale_stride,
-                                                   int groups_per_slice, int epoch) {
+__global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
+    uint4 *__restrict__ xq, const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
+    const float *__restrict__ scale, float *__restrict__ x_scale, int *__restrict__ row_sum,
+    int *__restrict__ partials, u32 *__restrict__ arrivals, int *__restrict__ flags, int M, int N, int K, int groups,
+    int x_stride, int scale_stride, int groups_per_slice, int epoch) {
     constexpr bool FUSED = QUANT == 1;
     static_assert(QUANT == 0 || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
     __shared__ float row_scales[8];  // FUSED: the block's rows of x
@@ -282,10 +286,11 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(uint4 
             for (int row = 0; row < x_rows; ++row) {
                 float sc;
                 int total;
-                quantize_row<BF16, 8>(x + (size_t)(m0 + row) * x_stride, K, groups, xs + row * xs_stride, tid, nthreads,
-                                   rot, consumers_sync, [&] {  // X_READ: the producer may go on
-                                       if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
-                                   }, sc, total);
+                const auto x_read = [&] {  // X_READ: the producer may go on
+                    if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
+                };
+                quantize_row<BF16, 8>(x + (size_t)(m0 + row) * x_stride, K, groups, xs + row * xs_stride, tid,
+                                      nthreads, rot, consumers_sync, x_read, sc, total);
                 if (tid == 0) {
                     row_scales[row] = sc;
                     row_sums[row] = total;
@@ -298,8 +303,8 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(uint4 
                         const int m = m0 + row;
                         float sc;
                         int total;
-                        quantize_row<BF16, 8>(x + (size_t)m * x_stride, K, groups, xq + (size_t)m * groups * 16, tid,
-                                           nthreads, 0, consumers_sync, [] {}, sc, total);
+                        quantize_row<BF16, 8>(x + (size_t)m * x_stride, K, groups, xq + (size_t)m * groups * 16,
+                                              tid, nthreads, 0, consumers_sync, [] {}, sc, total);
                         if (tid == 0) {
                             x_scale[m] = sc;
                             row_sum[m] = total;
@@ -308,12 +313,14 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(uint4 
                     __threadfence();  // every thread's bytes, before the flag
                     consumer_barrier(warps);
                     if (tid == 0)
-                        asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flags + blockIdx.z), "r"(epoch) : "memory");
+                        asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flags + blockIdx.z), "r"(epoch)
+                                     : "memory");
                 }
                 if (tid == 0) {
                     int seen;
                     while (true) {
-                        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flags + blockIdx.z) : "memory");
+                        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];"
+                                     : "=r"(seen) : "l"(flags + blockIdx.z) : "memory");
                         if (seen == epoch) break;
                         __nanosleep(64);
                     }
@@ -324,13 +331,14 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(uint4 
             }
             // the block's slice of xq (from L2: another kernel's or block's bytes), 4 loads in flight a thread
             const int units = (g_end - g_begin) * 16;
+            const uint4 *slice = xq + ((size_t)m0 * groups + g_begin) * 16;  // row r: slice + r * groups * 16
             for (int i0 = tid; i0 < x_rows * units; i0 += 4 * nthreads) {
                 uint4 v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int idx = i0 + i * nthreads, row = idx / units;
+                    const int idx = i0 + i * nthreads;
                     if (idx < x_rows * units)
-                        v[i] = __ldcg(xq + ((size_t)(m0 + row) * groups + g_begin) * 16 + rotated(idx % units, rot, units));
+                        v[i] = __ldcg(slice + (size_t)(idx / units) * groups * 16 + rotated(idx % units, rot, units));
                 }
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -358,7 +366,8 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(uint4 
 #pragma unroll
                     for (int j = 0; j < MT; ++j)
 #pragma unroll
-                        for (int p = 0; p < 4; ++p) xv[j][p] = xs[min(8 * j + g, x_rows - 1) * xs_stride + gl * 16 + 4 * p + t];
+                        for (int p = 0; p < 4; ++p)
+                            xv[j][p] = xs[min(8 * j + g, x_rows - 1) * xs_stride + gl * 16 + 4 * p + t];
                     group_w2a8<MT, RT>(acc, a[cg], xv);
                 }
         }
@@ -374,10 +383,12 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(uint4 
                                   if (n >= N) return;
                                   if (gridDim.y > 1) {
                                       partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
-                                  } else {  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and in float (|.| < 2^24)
-                                      const int xsum = FUSED ? row_sums[col] : __ldcg(&row_sum[m]);  // (another block's, in 2)
+                                  } else {  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and float (< 2^24)
+                                      // (row_sum, x_scale: another kernel's or, in 2, another block's)
+                                      const int xsum = FUSED ? row_sums[col] : __ldcg(&row_sum[m]);
                                       const float xsc = FUSED ? row_scales[col] : __ldcg(&x_scale[m]);
-                                      z[(size_t)m * N + n] = (float)(sum - xsum) / (xsc * scale[(size_t)n * scale_stride]);
+                                      z[(size_t)m * N + n] =
+                                          (float)(sum - xsum) / (xsc * scale[(size_t)n * scale_stride]);
                                   }
                               });
     }

@@ -66,15 +66,4 @@ for n, k in ((4096, 14336), (8192, 28672)):
         except Exception as e:
             r = dict(step=10, q=q, n=n, k=k, cfg=repr(cfg), error=str(e)[:200])
         results["steps"].append(r); print(r, flush=True)
-    # graph timing of the defaults and cuBLAS
-    wd = w.to(torch.bfloat16)
-    for name, fn in (("cublas", lambda: x @ wd.T), ("step9", lambda: T.bulk_matmul(x, pw, scale)),
-                     ("step10", lambda: T.w2a8_bulk_matmul(x, pw, scale)),
-                     ("step10_sep", lambda: T.w2a8_bulk_matmul(x, pw, scale, quantize="separate"))):
-        try:
-            g = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
-        except Exception as e:
-            g = str(e)[:300]
-        r = dict(graph=name, n=n, k=k, graph_us=g, kernel_us=kt(fn), bench_us=run.time(fn) * 1e3)
-        results["steps"].append(r); print(r, flush=True)
-(out_dir / "stream_probe.json").write_text(json.dumps(results, indent=1))
+(out_dir / "stream_read_sweep.json").write_text(json.dumps(results, indent=1))

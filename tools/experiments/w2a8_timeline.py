@@ -31,9 +31,9 @@ __device__ __forceinline__ unsigned long long gtime() { unsigned long long t; as
         '''        for (int c = 0; lane == 0 && c < first; ++c) { ring.fill(c, policy); if (c < 24) TRC(32 + c); }''')
     rep('''            for (int c = first; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);''',
         '''            for (int c = first; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) { ring.fill(c, policy); if (c < 24) TRC(32 + c); }''')
-    rep('''                                       if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");''',
-        '''                                       if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
-                                       if (row == 0 && tid == 0) TRC(56);''')
+    rep('''                    if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");''',
+        '''                    if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
+                    if (row == 0 && tid == 0) TRC(56);''')
     rep('''        consumer_barrier(warps);
         int acc[4][RT][MT][4] = {};''', '''        consumer_barrier(warps);
         if (tid == 0) TRC(1);
@@ -83,7 +83,6 @@ for n, k, q, probe in cases:
     groups = triton.cdiv(k, 256)
     quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(1, n, k, True, None, q, sms)
     if probe:
-        tb_probe = True
         m2 = cuda.load(src, name_expressions=[name], options=(f"-DW2A8_PROBE={probe}",))
         kern = m2.kernel(name, T.W2A8_SIGNATURE); dp = drv.cuModuleGetGlobal(m2.handle, b"g_trace")[1]
     else:
