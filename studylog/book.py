@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
@@ -159,10 +160,21 @@ def _write_feed(app, exception) -> None:
     (Path(app.outdir) / FEED_FILE).write_text(feed)
 
 
+def _favicon_at_site_root(app, exception) -> None:
+    """Browsers ask for /favicon.ico on pages without an icon link, such as Jupyter Book's redirecting
+    index.html; serve the site's icon there too, so that request is not a 404."""
+    if exception is not None or app.builder.name != "html" or not app.config.html_favicon:
+        return
+    icon = Path(app.srcdir) / app.config.html_favicon
+    if icon.is_file():
+        shutil.copyfile(icon, Path(app.outdir) / "favicon.ico")
+
+
 def setup(app):
     app.add_directive("studylog-posts", PostsDirective)
     app.add_directive("studylog-headlines", HeadlinesDirective)
     app.connect("doctree-read", _add_open_locally_note)
     app.connect("html-page-context", _page_context, priority=900)
     app.connect("build-finished", _write_feed)
+    app.connect("build-finished", _favicon_at_site_root)
     return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}

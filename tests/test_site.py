@@ -82,7 +82,8 @@ def _visit(browser, url: str, shot: Path) -> dict:
     errors, failed = [], []
     origin = urlparse(url).netloc
     page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-    page.on("console", lambda msg: errors.append(f"console.error: {msg.text}") if msg.type == "error" else None)
+    page.on("console", lambda msg: errors.append(f"console.error: {msg.text} ({msg.location.get('url') or 'no url'})")
+            if msg.type == "error" else None)
     page.on("requestfailed", lambda req: failed.append(f"failed: {req.url}") if urlparse(req.url).netloc == origin else None)
     page.on("response", lambda res: failed.append(f"HTTP {res.status}: {res.url}") if res.status >= 400 else None)
     page.goto(url, wait_until="networkidle")
@@ -170,3 +171,14 @@ def test_feed_lists_every_post(server, browser):
     assert body.startswith("<?xml") and "<feed" in body
     for post in load_posts(ROOT):
         assert f"<title>{post['title']}</title>" in body.replace("&amp;", "&")
+
+
+def test_favicon_served_at_site_root(server, browser):
+    """Pages without an icon link (the redirecting index.html) make Chromium ask for /favicon.ico; a 404
+    there is a console error on the landing page."""
+    page = browser.new_page()
+    res = page.request.get(urljoin(server, "favicon.ico"))
+    ok, body = res.ok, res.body() if res.ok else b""
+    page.close()
+    assert ok, "favicon.ico is missing at the site root"
+    assert body.startswith(b"\x89PNG"), "favicon.ico is not the site's PNG icon"
