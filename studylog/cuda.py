@@ -291,20 +291,24 @@ class CudaKernel:
         self._params = (ctypes.c_void_p * max(len(self.signature), 1))(*[base + 8 * i for i in range(len(self.signature))])
         self._params_address = ctypes.addressof(self._params)
         self._streams: dict[int, object] = {}
-        self._early_configs: dict[tuple, object] = {}
+        self._launch_configs: dict[tuple, object] = {}
 
     def __call__(self, grid, block, *args, shared_mem: int = 0, stream: torch.cuda.Stream | None = None,
-                 early: bool = False) -> None:
+                 early: bool = False, cluster: int = 1) -> None:
         """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (Hopper and later):
         the kernel may start before the previous kernel in the stream has finished, as soon as that
         one has run ``griddepcontrol.launch_dependents`` in every block; it must then run
-        ``griddepcontrol.wait`` before it reads anything the previous kernel writes."""
+        ``griddepcontrol.wait`` before it reads anything the previous kernel writes. ``cluster``: blocks
+        ``cluster`` at a time along x form a thread block cluster (Hopper and later; at most 8, dividing
+        grid x), which run at once and may use each other's shared memory."""
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes {len(self.signature)} arguments ({self.signature}), got {len(args)}")
         grid = tuple(grid) + (1,) * (3 - len(grid))
         block = tuple(block) + (1,) * (3 - len(block))
         if min(grid) < 1 or min(block) < 1:
             raise ValueError(f"{self.name}: grid {grid} and block {block} must be positive")
+        if cluster not in (1, 2, 4, 8) or grid[0] % cluster:
+            raise ValueError(f"{self.name}: cluster must be 1, 2, 4 or 8 and divide grid x {grid[0]}, got {cluster}")
         values = list(args)
         for i in self._pointer_slots:
             arg = values[i]
@@ -326,29 +330,37 @@ class CudaKernel:
         driver = _driver()
         if cu_stream is None:
             cu_stream = self._streams[handle] = driver.CUstream(handle)
-        if early:
-            err = driver.cuLaunchKernelEx(self._early_config(grid, block, shared_mem, cu_stream), self.function,
-                                          self._params_address, 0)
+        if early or cluster > 1:
+            err = driver.cuLaunchKernelEx(self._launch_config(grid, block, shared_mem, cu_stream, early, cluster),
+                                          self.function, self._params_address, 0)
         else:
             err = driver.cuLaunchKernel(self.function, *grid, *block, shared_mem, cu_stream, self._params_address, 0)
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
 
-    def _early_config(self, grid, block, shared_mem: int, cu_stream):
-        """The launch configuration of an early launch, built once per shape and stream (building it
-        costs more than the launch)."""
-        key = (grid, block, shared_mem, int(cu_stream))
-        cache = self._early_configs
+    def _launch_config(self, grid, block, shared_mem: int, cu_stream, early: bool, cluster: int):
+        """The configuration of an early or clustered launch, built once per shape and stream (building
+        it costs more than the launch)."""
+        key = (grid, block, shared_mem, int(cu_stream), early, cluster)
+        cache = self._launch_configs
         if key not in cache:
             driver = _driver()
-            attr = driver.CUlaunchAttribute()
-            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs = []
+            if early:
+                attr = driver.CUlaunchAttribute()
+                attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                attr.value.programmaticStreamSerializationAllowed = 1
+                attrs.append(attr)
+            if cluster > 1:
+                attr = driver.CUlaunchAttribute()
+                attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+                attrs.append(attr)
             config = driver.CUlaunchConfig()
             config.gridDimX, config.gridDimY, config.gridDimZ = grid
             config.blockDimX, config.blockDimY, config.blockDimZ = block
             config.sharedMemBytes, config.hStream = shared_mem, cu_stream
-            config.attrs, config.numAttrs = [attr], 1
+            config.attrs, config.numAttrs = attrs, len(attrs)
             cache[key] = config
         return cache[key]
 

@@ -1548,9 +1548,18 @@ def _launch_bulk(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tens
 # then step 9's plumbing with the int8 MMA, one AND per 4 weights
 # ----------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
 class W2A8Config(BulkConfig):
     """A launch of step 10: as :class:`BulkConfig` (step 9's blocks, warps, stages and slices), from
-    step 10's compiled shapes."""
+    step 10's compiled shapes. ``cluster`` (quantize="cluster" only): blocks a thread block cluster,
+    which share the quantisation of x."""
+
+    cluster: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.cluster not in (1, 2, 4, 8):
+            raise ValueError(f"cluster must be 1, 2, 4 or 8 blocks, got {self.cluster!r}")
 
     @staticmethod
     def compiled_shapes() -> tuple:
@@ -1564,7 +1573,12 @@ W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
 #: Where step 10 quantises x (QUANT in ternary_w2a8.cu): in every block of the matmul (the default where
 #: it fits: up to 8 rows of x, all of K in shared memory); once, in the first block of the matmul; or in
 #: a kernel of its own before it (quantize_x, the matmul launched early; the default elsewhere).
-W2A8_QUANTIZE = {"first block": 2, "every block": 1, "separate": 0}
+W2A8_QUANTIZE = {"first block": 2, "every block": 1, "separate": 0, "cluster": 3}
+#: (row_tiles, stages, chunk) of the compiled "cluster" instances.
+W2A8_CLUSTER_SHAPES = ((1, 4, 1), (2, 4, 1))
+#: Blocks a cluster shares x's quantisation among (quantize="cluster"; fewer where they do not divide the
+#: blocks).
+W2A8_CLUSTER = 4
 
 
 def _w2a8_instance(quant: int, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
@@ -1577,7 +1591,8 @@ W2A8_QUANTIZE_INSTANCES = ("quantize_x<true>", "quantize_x<false>")
 #: longer matters. Quantised in the matmul: 8 rows of x a block, bf16 or fp16.
 W2A8_INSTANCES = tuple(_w2a8_instance(0, True, mt, *shape) for mt in (1, 2) for shape in W2A8_SHAPES
                        if mt == 1 or shape[0] <= 2) + \
-    tuple(_w2a8_instance(q, bf16, 1, *shape) for q in (1, 2) for bf16 in (True, False) for shape in W2A8_SHAPES)
+    tuple(_w2a8_instance(q, bf16, 1, *shape) for q in (1, 2) for bf16 in (True, False) for shape in W2A8_SHAPES) + \
+    tuple(_w2a8_instance(3, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_CLUSTER_SHAPES)
 cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
 W2A8_SIGNATURE = ["ptr"] * 10 + ["i32"] * 8
 W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
@@ -1637,9 +1652,14 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
     if m > 8:
         return W2A8Config(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    if (quantize or w2a8_default_quantize(m, n, k, sms)) == "every block":
+    quantize = quantize or w2a8_default_quantize(m, n, k, sms)
+    if quantize in ("every block", "cluster"):
         few = tiles <= 2 * sms
-        return W2A8Config(row_tiles=1 if few else 2, warps=8 if few or long_k else 4, stages=4, chunk=1, slices=1)
+        rt = 1 if few else 2
+        blocks = triton.cdiv(tiles, rt)
+        cluster = next(c for c in (W2A8_CLUSTER, 2, 1) if blocks % c == 0) if quantize == "cluster" else 1
+        return W2A8Config(row_tiles=rt, warps=8 if few or long_k else 4, stages=4, chunk=1, slices=1,
+                          cluster=cluster)
     warps = 8 if long_k else 4
     for rt in (1, 2, 4):
         cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
@@ -1690,7 +1710,9 @@ def w2a8_bulk_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 
 
     ``quantize`` (one of ``W2A8_QUANTIZE``; None: the fastest on the H200 that applies): "every block"
     (one launch, every block quantises x itself; up to 8 rows of x whose whole K fits in shared
-    memory; the default there), "first block" (one launch; the first block quantises x for all while
+    memory; the default there), "cluster" (as "every block", but the blocks of a thread block cluster
+    of ``config.cluster`` share the work: each quantises its part of x into the shared memory of all),
+    "first block" (one launch; the first block quantises x for all while
     the others stream weights; up to 8 rows of x), or "separate" (quantize_x, then the matmul launched
     early; two launches from the host, back to back, and on a slow host the GPU waits for the second;
     the default elsewhere)."""
@@ -1754,6 +1776,8 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     groups a K slice, grid, instance name, dynamic shared memory)."""
     quantize = quantize or w2a8_default_quantize(m, n, k, sms)
     quant = W2A8_QUANTIZE[quantize]
+    if config is not None and config.cluster > 1 and quantize != "cluster":
+        raise ValueError(f"{config}: a cluster of blocks shares only quantize='cluster', not {quantize!r}")
     if quant and m > 8:
         raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
                          f"use 'separate'")
@@ -1766,7 +1790,7 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
                          f"{BULK_SMEM_LIMIT} bytes of shared memory")
     if cfg.warps > 8:
         raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
-    fused = quant == 1
+    fused = quant in (1, 3)
     if fused and w2a8_smem_bytes(cfg, x_rows, groups) > BULK_SMEM_LIMIT:
         raise ValueError(f"{cfg}: quantising in every block needs all of K in shared memory beside the stages; "
                          f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups)} bytes, more "
@@ -1775,6 +1799,11 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
     # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
     name = _w2a8_instance(quant, bf16 or quant == 0, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
+    if quant == 3 and (cfg.row_tiles, cfg.stages, cfg.chunk) not in W2A8_CLUSTER_SHAPES:
+        raise ValueError(f"{cfg}: quantize='cluster' is compiled for (row_tiles, stages, chunk) in "
+                         f"{W2A8_CLUSTER_SHAPES} only")
+    if grid[0] % cfg.cluster:
+        raise ValueError(f"{cfg}: a cluster of {cfg.cluster} blocks must divide the {grid[0]} blocks of weight rows")
     if name not in W2A8_INSTANCES:
         raise ValueError(f"{cfg}: step 10 has no compiled instance of {cfg.row_tiles} row tiles for more than 8 "
                          f"rows of x (M = {m}); compiled: {W2A8_INSTANCES}")
@@ -1809,9 +1838,9 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
             # launched early (programmatic dependent launch): its weights stream in while x is quantised
             kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, None, m, w.n, k, groups,
                    x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, early=early)
-        elif quant == 1:
+        elif quant in (1, 3):
             kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, None, m, w.n, k, groups,
-                   x2.stride(0), s_stride, per_slice, 0, shared_mem=smem)
+                   x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, cluster=cfg.cluster)
         else:
             xq, x_scale, row_sum, flags = W2A8_WORKSPACE.get(x2.device, m, groups, grid[2])
             kernel(grid, block, xq, x2, w.data, z, s, x_scale, row_sum, partials, counts, flags, m, w.n, k, groups,
@@ -1872,7 +1901,8 @@ BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk",
 #: A --quick run: steps 7 and 8 only.
 QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
-KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k")
+KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k",
+                      "w2a8_bulk_every", "w2a8_bulk_cluster")
 
 
 def _autotuner_for(series: str, m: int):
@@ -1931,8 +1961,10 @@ def bench(run) -> None:
              "By default every block of the matmul quantises x itself (quantize='every block', where M <= 8 and K "
              "fit), else a kernel of its own does it first ('separate'). At M = 1 also: w2a8_bulk_first (the first "
              "block quantises x once and publishes it to the others by a flag) and w2a8_bulk_2k ('separate': "
-             "quantize_x, then the matmul launched early by a programmatic dependent launch). w2a8_probe_* as "
-             "bulk_probe_*, for the default.")
+             "quantize_x, then the matmul launched early by a programmatic dependent launch), and where x fits, "
+             "w2a8_bulk_every ('every block') and w2a8_bulk_cluster ('cluster': the blocks of a thread block "
+             "cluster share the quantisation, each writing its part into all their shared memories). "
+             "w2a8_probe_* as bulk_probe_*, for the default.")
     torch.manual_seed(0)
     for family, n, k in run.progress(shapes, "shapes"):
         _bench_shape(run, family, n, k, ms_list, peak)
@@ -2015,7 +2047,10 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
                 record(name, lambda: w2a8_bulk_matmul(x, pt, scale), pt.nbytes, "int8", ref_q, magnitude_q,
                        config_text=f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}")
                 if m == 1:  # the other places to quantise x
-                    for series, where in (("w2a8_bulk_first", "first block"), ("w2a8_bulk_2k", "separate")):
+                    for series, where in (("w2a8_bulk_first", "first block"), ("w2a8_bulk_2k", "separate"),
+                                          ("w2a8_bulk_every", "every block"), ("w2a8_bulk_cluster", "cluster")):
+                        if where in ("every block", "cluster") and w2a8_default_quantize(m, n, k) == "separate":
+                            continue  # x's row does not fit beside the stages
                         record(series, lambda q=where: w2a8_bulk_matmul(x, pt, scale, quantize=q), pt.nbytes, "int8",
                                ref_q, magnitude_q, config_text=f"{w2a8_config(m, n, k, quantize=where)}")
             else:
@@ -2053,6 +2088,8 @@ SERIES_LABELS = {
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
     "w2a8_bulk_first": "10: W2A8, x quantised by the first block",
     "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
+    "w2a8_bulk_every": "10: W2A8, x quantised by every block",
+    "w2a8_bulk_cluster": "10: W2A8, x quantised once a cluster",
     "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
     "read_weights": "only reading the 2-bit weights",
 }
@@ -2102,7 +2139,8 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
     for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
         base = _ms(results, "cublas_bf16", shape=shape, m=m)
         row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma",
-                                 "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k"])
+                                 "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_every",
+                                 "w2a8_bulk_cluster"])
         if base is None or row is None:
             out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
             continue
@@ -2115,7 +2153,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want, detail))
     for shape in ("4096x14336", "8192x28672"):
         row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk",
-                                 "w2a8_bulk_first", "w2a8_bulk_2k"])
+                                 "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_every", "w2a8_bulk_cluster"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
             continue

@@ -884,6 +884,25 @@ def test_step10_refuses_a_k_past_exact_int32_sums(rng):
         T._w2a8_plan(16, 4096, 14336, True, T.W2A8Config(4, 8, 4, 1, 1), None, 132)
 
 
+def test_step10_cluster_plan_and_its_errors():
+    # the cluster shares one launch's rows of x: its size divides the blocks, and only "cluster" takes one
+    quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(1, 8192, 28672, True, None, "cluster", 132)
+    assert quant == 3 and name.startswith("ternary_w2a8<3,") and name in T.W2A8_INSTANCES
+    assert grid[0] % cfg.cluster == 0 and cfg.cluster == T.W2A8_CLUSTER and per_slice == -(-28672 // 256)
+    assert T.w2a8_config(1, 16 * 6, 512, 132, quantize="cluster").cluster == 2  # 6 blocks: 4 does not divide
+    assert T.w2a8_config(1, 16 * 7, 512, 132, quantize="cluster").cluster == 1
+    with pytest.raises(ValueError, match="cluster must be 1, 2, 4 or 8"):
+        T.W2A8Config(cluster=3)
+    with pytest.raises(ValueError, match="only quantize='cluster'"):
+        T._w2a8_plan(1, 4096, 14336, True, T.W2A8Config(cluster=2), "every block", 132)
+    with pytest.raises(ValueError, match="must divide the 3 blocks"):
+        T._w2a8_plan(1, 48, 512, True, T.W2A8Config(cluster=2), "cluster", 132)
+    with pytest.raises(ValueError, match="compiled for"):
+        T._w2a8_plan(1, 4096, 512, True, T.W2A8Config(1, 8, 8, 1, cluster=2), "cluster", 132)
+    with pytest.raises(ValueError, match="at most 8 rows of x"):
+        T._w2a8_plan(9, 4096, 512, True, None, "cluster", 132)
+
+
 STEP10_CONFIGS = [T.W2A8Config(rt, warps, st, ch, slices) for (rt, st, ch) in T.W2A8_SHAPES
                   for warps in (1, 4, 8) for slices in (1, 3)]
 
@@ -931,6 +950,35 @@ def test_gpu_step10_every_config(m, n, k, x_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 125, 7), (1, 250, 300), (3, 509, 2000), (8, 127, 5000), (1, 1024, 14335),
+                                     (2, 64, 4097)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step10_cluster_shares_the_quantisation(m, n, k, x_dtype):
+    """quantize="cluster": each block of a cluster quantises its share of x into all the cluster's shared
+    memory. Same bytes, same sums: equal, bit for bit, to every block quantising all of x; shares of no
+    group (K of fewer groups than blocks) included."""
+    if not _gpu_is_hopper():
+        pytest.skip("step 10 needs a Hopper GPU (the TMA and clusters)")
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen), per_channel=(k % 2 == 1))
+    x = (3 * torch.randn(m, k, device="cuda", generator=gen)).to(x_dtype)
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    every = T.w2a8_bulk_matmul(x, tiles, scale, quantize="every block")
+    assert_matches_w2a8(every, x, w, scale)
+    for rt, st, ch in T.W2A8_CLUSTER_SHAPES:
+        for warps in (1, 4, 8):
+            for cluster in (1, 2, 4, 8):
+                cfg = T.W2A8Config(rt, warps, st, ch, cluster=cluster)
+                if -(-n // cfg.rows) % cluster:
+                    with pytest.raises(ValueError, match="must divide"):
+                        T.w2a8_bulk_matmul(x, tiles, scale, config=cfg, quantize="cluster")
+                    continue
+                z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), config=cfg, quantize="cluster")
+                assert torch.equal(z, every), f"{cfg}: differs from every block quantising x"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
 def test_gpu_step10_full_size_unaligned_x_and_probes():
     if not _gpu_is_hopper():
         pytest.skip("step 10 needs a Hopper GPU (the TMA)")
@@ -943,15 +991,17 @@ def test_gpu_step10_full_size_unaligned_x_and_probes():
             # every block needs its rows of int8 x over all of K beside the stages (8 rows of K = 28672 do not fit)
             every = T.w2a8_config(m, n, k, quantize="every block")
             fits = m <= 8 and T.w2a8_smem_bytes(every, m, -(-k // 256)) <= T.BULK_SMEM_LIMIT
-            for where in [None, "separate"] + (["first block"] if m <= 8 else []) + (["every block"] if fits else []):
+            for where in [None, "separate"] + (["first block"] if m <= 8 else []) + \
+                    (["every block", "cluster"] if fits else []):
                 z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), quantize=where)
                 assert_matches_w2a8(z, x, w, scale)
             if m == 16:
                 with pytest.raises(ValueError, match="at most 8 rows of x"):
                     T.w2a8_bulk_matmul(x, tiles, scale, quantize="first block")
             if m <= 8 and not fits:
-                with pytest.raises(ValueError, match="all of K in shared memory"):
-                    T.w2a8_bulk_matmul(x, tiles, scale, quantize="every block")
+                for where in ("every block", "cluster"):
+                    with pytest.raises(ValueError, match="all of K in shared memory"):
+                        T.w2a8_bulk_matmul(x, tiles, scale, quantize=where)
     wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
     x = wide[:, 1:]
     assert_matches_w2a8(T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(2, n)), x, w, scale)

@@ -103,23 +103,69 @@ __device__ __forceinline__ int rotated(int i, int rot, int units) {
     return i + rot < units ? i + rot : i + rot - units;
 }
 
+// A thread block cluster (Hopper): blocks that read and write each other's shared memory (DSMEM).
+__device__ __forceinline__ int cluster_rank() {
+    u32 r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+}
+__device__ __forceinline__ int cluster_size() {
+    u32 r;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return (int)r;
+}
+// Every thread of every block of the cluster arrives (release: its earlier stores, shared memory of
+// other blocks included, are seen after the wait), then waits for all of them (acquire).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+// The address of `p` (this block's shared memory) in the shared memory of block `rank` of the cluster.
+__device__ __forceinline__ u32 cluster_address(const void *p, int rank) {
+    u32 a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(a) : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
+    return a;
+}
+__device__ __forceinline__ void cluster_store(u32 address, uint4 v) {
+    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void cluster_store(u32 address, int v) {
+    asm volatile("st.shared::cluster.s32 [%0], %1;" ::"r"(address), "r"(v) : "memory");
+}
+__device__ __forceinline__ float cluster_load(u32 address) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(address) : "memory");
+    return v;
+}
+
+// The part of a row of x (in groups of 256 activations, 16 units each) that block `part` of `parts`
+// quantises: groups first .. first + count - 1. RowShare(0, 1, groups): the whole row.
+struct RowShare {
+    int first, count;
+    __device__ RowShare(int part, int parts, int groups)
+        : first(part * groups / parts), count((part + 1) * groups / parts - part * groups / parts) {}
+};
+
 // BitNet's activation quantisation of one row of x, as quantize_activations in Python computes it
 // (float32 throughout, so both give the same bytes): scale = (1 / max(max_k |x_k|, 1e-5)) * 127
 // (torch's 127 / t is a reciprocal, then a product), q = clamp(round-half-even(x * scale), -128, 127).
-// Threads tid = 0 .. nthreads - 1 (whole warps) share it, `sync` a barrier of exactly them; UNITS units
-// of 16 activations a thread stay in registers between the two passes (x is read once while K <=
-// UNITS x 16 x nthreads: 32768 for 8 warps and 8 units). The threads take the units from unit `rot` on
-// (see rotated), and every thread calls after_read() once the row has been read (its first pass).
-// Writes the row's bytes in the order above to `out` (zeros past K; unit u is bytes 16 u .. 16 u + 15),
-// and returns (to every thread) its scale and the sum of its q.
-template <bool BF16, int UNITS, typename Sync, typename AfterRead>
-__device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, uint4 *out, int tid,
-                                             int nthreads, int rot, Sync sync, AfterRead after_read, float &scale,
-                                             int &total) {
+// Threads tid = 0 .. nthreads - 1 (whole warps) share the block's part of it (`share`: all of it but in
+// a cluster), `sync` a barrier of exactly them; UNITS units of 16 activations a thread stay in registers
+// between the two passes (x is read once while K <= UNITS x 16 x nthreads: 32768 for 8 warps and 8
+// units). The threads take the units from their `spread`-th group on (see rotated). After the first pass
+// every thread calls max_all(the block's max |x|), which returns the row's (after_read and a cluster's
+// exchange), and after the second sum_all(the block's sum of q), which returns the row's. Hands each
+// unit of bytes in the order above to store(u, bytes) (zeros past K; unit u is bytes 16 u .. 16 u + 15
+// of the row), and returns (to every thread) the row's scale and the sum of its q.
+template <bool BF16, int UNITS, typename Sync, typename MaxAll, typename Store, typename SumAll>
+__device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, RowShare share,
+                                             int tid, int nthreads, int spread, Sync sync, MaxAll max_all,
+                                             Store store, SumAll sum_all, float &scale, int &total) {
     __shared__ float warp_max[32];
     __shared__ int warp_sum[32];
     const int lane = tid & 31, warp = tid >> 5, warps = nthreads >> 5;
-    const int units = groups * 16, per_round = UNITS * nthreads;
+    const int units = share.count * 16, per_round = UNITS * nthreads, first = share.first * 16;
+    const int rot = share.count ? (spread % share.count) * 16 : 0;
     uint4 v[UNITS][2];
     float amax = 0.0f;
     for (int r0 = 0; r0 < units; r0 += per_round) {
@@ -127,7 +173,7 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
         for (int i = 0; i < UNITS; ++i) {
             const int n = r0 + tid + i * nthreads;  // the thread's n-th unit of the row, from rot on
             if (n < units) {
-                load_unit(v[i], row, rotated(n, rot, units), K);
+                load_unit(v[i], row, first + rotated(n, rot, units), K);
                 amax = fmaxf(amax, fmaxf(piece_absmax<BF16>(v[i][0]), piece_absmax<BF16>(v[i][1])));
             }
         }
@@ -135,10 +181,9 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
     if (lane == 0) warp_max[warp] = amax;
     sync();
-    after_read();
     amax = 0.0f;
     for (int i = 0; i < warps; ++i) amax = fmaxf(amax, warp_max[i]);
-    scale = row_scale(amax);  // IEEE division (NVRTC's -prec-div=true)
+    scale = row_scale(max_all(amax));  // IEEE division (NVRTC's -prec-div=true)
 
     int sum = 0;
     for (int r0 = 0; r0 < units; r0 += per_round) {
@@ -146,9 +191,9 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
         for (int i = 0; i < UNITS; ++i) {
             const int n = r0 + tid + i * nthreads;
             if (n >= units) continue;
-            const int u = rotated(n, rot, units);
+            const int u = first + rotated(n, rot, units);
             if (units > per_round) load_unit(v[i], row, u, K);  // a long row: read again (from L2)
-            out[u] = quantize_unit<BF16>(v[i], scale, sum);
+            store(u, quantize_unit<BF16>(v[i], scale, sum));
         }
     }
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
@@ -156,6 +201,7 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
     sync();
     total = 0;
     for (int i = 0; i < warps; ++i) total += warp_sum[i];
+    total = sum_all(total);
     sync();  // warp_max and warp_sum are free for the next row
 }
 
@@ -168,8 +214,10 @@ __global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restr
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     float scale;
     int total;
-    quantize_row<BF16, 4>(x + (size_t)blockIdx.x * x_stride, K, groups, xq + (size_t)blockIdx.x * groups * 16,
-                          threadIdx.x, blockDim.x, 0, [] { __syncthreads(); }, [] {}, scale, total);
+    uint4 *out = xq + (size_t)blockIdx.x * groups * 16;
+    quantize_row<BF16, 4>(x + (size_t)blockIdx.x * x_stride, K, groups, RowShare(0, 1, groups), threadIdx.x, blockDim.x, 0,
+                          [] { __syncthreads(); }, [](float a) { return a; }, [=](int u, uint4 q) { out[u] = q; },
+                          [](int s) { return s; }, scale, total);
     if (threadIdx.x == 0) {
         row_sum[blockIdx.x] = total;
         x_scale[blockIdx.x] = scale;
@@ -247,7 +295,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
     const float *__restrict__ scale, float *__restrict__ x_scale, int *__restrict__ row_sum,
     int *__restrict__ partials, u32 *__restrict__ arrivals, int *__restrict__ flags, int M, int N, int K, int groups,
     int x_stride, int scale_stride, int groups_per_slice, int epoch) {
-    constexpr bool FUSED = QUANT == 1;
+    constexpr bool CLUSTER = QUANT == 3, FUSED = QUANT == 1 || CLUSTER;
     static_assert(QUANT == 0 || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
     __shared__ float row_scales[8];  // FUSED: the block's rows of x
     __shared__ int row_sums[8];
@@ -271,40 +319,91 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
 
     if (warp == warps) {  // the producer (its lane 0): the weights, as in step 9
         const u64 policy = evict_first_policy();
-        const int first = W2A8_PROBE == 2 ? 0 : QUANT == 1 ? min(W2A8_EARLY_STAGES, chunks) : chunks;
+        const int first = W2A8_PROBE == 2 ? 0 : FUSED ? min(W2A8_EARLY_STAGES, chunks) : chunks;
         for (int c = 0; lane == 0 && c < first; ++c) ring.fill(c, policy);
         if constexpr (QUANT == 1) {  // the rest once the consumers have read x (X_READ below)
             __syncwarp();
             asm volatile("bar.sync 2, %0;" ::"r"((warps + 1) * 32) : "memory");
             for (int c = first; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);
+        } else if constexpr (CLUSTER) {  // the cluster's barriers A and B of each row (below) with the
+            __syncwarp();                  // consumers; the ring's free stages after A of row 0
+            const int free_stages = W2A8_PROBE == 2 ? first : max(first, min(STAGES, chunks));
+            for (int row = 0; row < x_rows; ++row) {
+                cluster_arrive();
+                cluster_wait();
+                cluster_arrive();
+                for (int c = first; row == 0 && lane == 0 && c < free_stages; ++c) ring.fill(c, policy);
+                __syncwarp();
+                if (row + 1 < x_rows) cluster_wait();
+            }
+            for (int c = free_stages; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);
+            __syncwarp();
+            cluster_wait();
         }
         __syncwarp();
     } else {
         const int tid = threadIdx.x;
-        const int rot = (blockIdx.x % (g_end - g_begin)) * 16;  // the unit of x this block reads first
-        if constexpr (QUANT == 1) {  // quantize_x's work, for the block's rows, into shared memory
+        if constexpr (FUSED) {  // quantize_x's work, for the block's rows, into shared memory
+            // CLUSTER: in a cluster of C blocks (same rows of x, other weights), each quantises 1 / C of
+            // x and writes its bytes into the shared memory of all C; the row's max |x| and sum of q are
+            // exchanged the same way. Else the block quantises all of x.
+            __shared__ float cluster_max;  // this block's max |x| of the row, read by the others
+            __shared__ int cluster_sums[8];  // each block's sum of q of the row, written by that block
+            const int crank = CLUSTER ? cluster_rank() : 0, csize = CLUSTER ? cluster_size() : 1;
             for (int row = 0; row < x_rows; ++row) {
                 float sc;
                 int total;
-                const auto x_read = [&] {  // X_READ: the producer may go on
-                    if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
+                uint4 *out = xs + row * xs_stride;
+                const auto max_all = [&](float amax) {
+                    if constexpr (!CLUSTER) {  // X_READ: the producer may go on
+                        if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
+                        return amax;
+                    }
+                    if (tid == 0) cluster_max = amax;
+                    cluster_arrive();  // A (with the producers): the cluster has read the row
+                    cluster_wait();
+                    for (int c = 0; c < csize; ++c) amax = fmaxf(amax, cluster_load(cluster_address(&cluster_max, c)));
+                    return amax;
                 };
-                quantize_row<BF16, 8>(x + (size_t)(m0 + row) * x_stride, K, groups, xs + row * xs_stride, tid,
-                                      nthreads, rot, consumers_sync, x_read, sc, total);
+                const auto sum_all = [&](int sum) {
+                    if constexpr (!CLUSTER) return sum;
+                    // the block's units (in shared memory since the barrier before) into the others', and its sum
+                    const RowShare share(crank, csize, groups);
+                    for (int n = tid; n < share.count * 16; n += nthreads) {
+                        const uint4 *unit = out + share.first * 16 + n;
+                        const uint4 q = *unit;
+                        for (int c = 1; c < csize; ++c) cluster_store(cluster_address(unit, (crank + c) % csize), q);
+                    }
+                    if (tid < csize) cluster_store(cluster_address(&cluster_sums[crank], tid), sum);
+                    cluster_arrive();  // B (with the producers): every byte and sum of the row is in place
+                    cluster_wait();
+                    sum = 0;
+                    for (int c = 0; c < csize; ++c) sum += cluster_sums[c];
+                    return sum;
+                };
+                // (a cluster's blocks quantise 1 / C of the row: 4 units a thread in registers are plenty)
+                quantize_row<BF16, CLUSTER ? 4 : 8>(x + (size_t)(m0 + row) * x_stride, K, groups,
+                                      RowShare(crank, csize, groups), tid,
+                                      nthreads, blockIdx.x / csize, consumers_sync, max_all,
+                                      [=](int u, uint4 q) { out[u] = q; }, sum_all, sc, total);
                 if (tid == 0) {
                     row_scales[row] = sc;
                     row_sums[row] = total;
                 }
             }
         } else {
+            const int rot = (blockIdx.x % (g_end - g_begin)) * 16;  // the unit of x this block reads first
             if constexpr (QUANT == 2) {
                 if (blockIdx.x == 0 && blockIdx.y == 0) {  // this block quantises x for all the others
                     for (int row = 0; row < x_rows; ++row) {
                         const int m = m0 + row;
                         float sc;
                         int total;
-                        quantize_row<BF16, 8>(x + (size_t)m * x_stride, K, groups, xq + (size_t)m * groups * 16,
-                                              tid, nthreads, 0, consumers_sync, [] {}, sc, total);
+                        uint4 *out = xq + (size_t)m * groups * 16;
+                        quantize_row<BF16, 8>(x + (size_t)m * x_stride, K, groups, RowShare(0, 1, groups), tid, nthreads, 0,
+                                              consumers_sync, [](float a) { return a; },
+                                              [=](int u, uint4 q) { out[u] = q; }, [](int s) { return s; }, sc,
+                                              total);
                         if (tid == 0) {
                             x_scale[m] = sc;
                             row_sum[m] = total;
@@ -392,7 +491,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                                   }
                               });
     }
-    if (QUANT != 1 && gridDim.y > 1) {
+    if (!FUSED && gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // every thread that may read row_sum and x_scale
         finish_split_with(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, M, N, tile0 * 16, 16 * RT,
                           m0, x_rows, [&](int m, int n, int sum) {

@@ -1,11 +1,18 @@
-"""Experiment (GPU): step 10 over its compiled configs x where x is quantised x W2A8_EARLY_STAGES, at M = 1;
-the sweep behind w2a8_config. PYTHONPATH=$PWD python tools/experiments/w2a8_config_sweep.py"""
-import itertools, json, os, sys
+"""Experiment (GPU): step 10 over its compiled configs x where x is quantised (x cluster sizes) x
+W2A8_EARLY_STAGES, at M = 1; the sweep behind w2a8_config.
+PYTHONPATH=$PWD python tools/experiments/w2a8_config_sweep.py [--quantize cluster,"every block"] [--warps 8]"""
+import argparse, itertools, json, os, sys
 from pathlib import Path
 import torch, triton
 from studylog import bench, runtime, ternary as T
 
-run = bench.BenchRun("scratch", command="tools/experiments/w2a8_config_sweep.py")
+parser = argparse.ArgumentParser()
+parser.add_argument("--quantize", default="separate,every block,cluster", help="comma-separated places")
+parser.add_argument("--warps", default="4,8")
+parser.add_argument("--early-stages", default="1,4", help="W2A8_EARLY_STAGES builds of 'every block'")
+args = parser.parse_args()
+places, warp_counts = args.quantize.split(","), [int(w) for w in args.warps.split(",")]
+run = bench.BenchRun("scratch", command="tools/experiments/w2a8_config_sweep.py " + " ".join(sys.argv[1:]))
 sms = runtime.sm_count()
 res = []
 shapes = [(4096, 14336), (8192, 28672)]
@@ -27,7 +34,7 @@ def launcher(x, pw, cfg, q, early_stages):
                  per_slice, 0, shared_mem=smem, early=True)
         else:
             kern(grid, block, None, x, pw.data, z, s, None, None, None, None, None, m, n, k, groups, x.stride(0), 0,
-                 per_slice, 0, shared_mem=smem)
+                 per_slice, 0, shared_mem=smem, cluster=cfg.cluster)
         return z
     return call
 for n, k in shapes:
@@ -43,14 +50,19 @@ for n, k in shapes:
         print(row, flush=True); res.append(row)
         ref = T.w2a8_bulk_matmul(x, pw, 0.7, quantize="separate")
         plans = []
-        for shape, warps in itertools.product(T.W2A8_SHAPES, (4, 8)):
+        for shape, warps in itertools.product(T.W2A8_SHAPES, warp_counts):
             cfg = T.W2A8Config(shape[0], warps=warps, stages=shape[1], chunk=shape[2])
-            if m == 1:
-                for es in (1, 4):
+            if m == 1 and "every block" in places:
+                for es in [int(e) for e in args.early_stages.split(",")]:
                     plans.append(("every block", cfg, es))
-            plans.append(("separate", cfg, 1))
+            if "separate" in places:
+                plans.append(("separate", cfg, 1))
+            if m == 1 and "cluster" in places and shape in T.W2A8_CLUSTER_SHAPES:
+                for c in (2, 4, 8):
+                    plans.append(("cluster", T.W2A8Config(shape[0], warps, shape[1], shape[2], cluster=c), 1))
         for q, cfg, es in plans:
-            r = dict(n=n, k=k, m=m, q=q, rt=cfg.row_tiles, st=cfg.stages, ch=cfg.chunk, warps=cfg.warps, es=es)
+            r = dict(n=n, k=k, m=m, q=q, rt=cfg.row_tiles, st=cfg.stages, ch=cfg.chunk, warps=cfg.warps, es=es,
+                     cluster=cfg.cluster)
             try:
                 fn = launcher(x, pw, cfg, q, es)
                 assert torch.equal(fn(), ref), "differs from the separate default"
@@ -58,10 +70,11 @@ for n, k in shapes:
             except Exception as e:
                 r.update(error=str(e)[:150])
             res.append(r)
-        for q in ("separate", "every block") if m == 1 else ("separate",):
+        for q in places if m == 1 else ("separate",):
             best = sorted([r for r in res if r.get("q") == q and (r["n"], r["k"], r["m"]) == (n, k, m) and "us" in r],
                           key=lambda r: r["us"])[:5]
-            print(n, k, m, q, [(b["rt"], b["st"], b["ch"], b["warps"], b["es"], round(b["us"], 2), round(b["bench_us"], 1)) for b in best], flush=True)
+            print(n, k, m, q, [(b["rt"], b["st"], b["ch"], b["warps"], b["es"], b["cluster"], round(b["us"], 2),
+                                round(b["bench_us"], 1)) for b in best], flush=True)
         errs = [r for r in res if "error" in r and (r["n"], r["k"], r["m"]) == (n, k, m) and "shared memory" not in r["error"] and "compiled instance" not in r["error"]]
         if errs:
             print("ERRORS", errs[:3], flush=True)

@@ -44,16 +44,20 @@ __device__ __forceinline__ unsigned long long gtime() { unsigned long long t; as
 ''')
     rep('''        // acc[p']''', '''        if (threadIdx.x == 0) TRC(2);
         // acc[p']''')
-    rep('''    if (QUANT != 1 && gridDim.y > 1) {
+    rep('''    if (!FUSED && gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // every thread''', '''    if (threadIdx.x == 0) { TRC(3); g_trace[64 * BLK + 63] = gtime(); }
-    if (QUANT != 1 && gridDim.y > 1) {
+    if (!FUSED && gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // every thread''')
     rep('''    float scale;
     int total;
-    quantize_row<BF16, 4>(''', '''    if (threadIdx.x == 0) g_trace[120000] = gtime();
+    uint4 *out = xq''', '''    if (threadIdx.x == 0) g_trace[120000] = gtime();
     float scale;
     int total;
-    quantize_row<BF16, 4>(''')
+    uint4 *out = xq''')
+    rep('''                    cluster_arrive();  // A (with the producers): the cluster has read the row
+                    cluster_wait();''', '''                    cluster_arrive();  // A (with the producers): the cluster has read the row
+                    cluster_wait();
+                    if (row == 0 && tid == 0) TRC(56);''')
     rep('''        x_scale[blockIdx.x] = scale;
     }''', '''        x_scale[blockIdx.x] = scale;
         g_trace[120001] = gtime();
@@ -72,8 +76,7 @@ _, dptr, size = drv.cuModuleGetGlobal(mod.handle, b"g_trace")
 trace = torch.zeros(1 << 17, dtype=torch.int64, device="cuda")
 flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 out = {}
-cases = [(8192, 28672, "separate", None), (8192, 28672, "every block", None), (4096, 14336, "separate", None),
-         (4096, 14336, "every block", None)]
+cases = [(n, k, q, None) for n, k in ((8192, 28672), (4096, 14336)) for q in ("separate", "every block", "cluster")]
 for n, k, q, probe in cases:
     w = T.quantize_absmean(torch.randn(n, k, device="cuda"))[0]
     pw = T.PackedTernary.pack(w, "2bit_tiles")
@@ -95,7 +98,7 @@ for n, k, q, probe in cases:
         if quant == 0:
             qk((1,), (1024,), x, xq, xs, rs, k, x.stride(0), groups)
         kern(grid, block, xq, x, pw.data, z, s, xs, rs, None, None, None, 1, n, k, groups, x.stride(0), 0,
-             per_slice, 0, shared_mem=smem, early=quant == 0)
+             per_slice, 0, shared_mem=smem, early=quant == 0, cluster=cfg.cluster)
     call(); torch.cuda.synchronize()
     if not probe:
         assert torch.equal(z, T.w2a8_bulk_matmul(x, pw, 0.7, quantize=q))
