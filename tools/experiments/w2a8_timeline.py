@@ -1,7 +1,9 @@
 """Experiment (GPU): a timeline of step 10's blocks (notebook 05, "x queued behind the weights"): per block,
 when it starts, has read x, has quantised it, takes each chunk, and ends; per producer, when it issues each
-fill. Run on a GPU machine: PYTHONPATH=$PWD python tools/experiments/w2a8_timeline.py (writes $OUT/trace2.json)."""
-import json, os
+fill. Run on a GPU machine: PYTHONPATH=$PWD python tools/experiments/w2a8_timeline.py [CASE ...] (writes
+$OUT/trace2.json); a case is N,K,place[,cluster], e.g. "8192,28672,cluster,2" (default: both bench shapes,
+every place, the default cluster)."""
+import dataclasses, json, os, sys
 from pathlib import Path
 import torch, triton
 from studylog import cuda, bench, runtime, ternary as T
@@ -77,14 +79,20 @@ trace = torch.zeros(1 << 17, dtype=torch.int64, device="cuda")
 flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 out = {}
 cases = [(n, k, q, None) for n, k in ((8192, 28672), (4096, 14336)) for q in ("separate", "every block", "cluster")]
-for n, k, q, probe in cases:
+if sys.argv[1:]:
+    cases = [(int(c.split(",")[0]), int(c.split(",")[1]), c.split(",")[2], None, int((c.split(",") + ["0"])[3]))
+             for c in sys.argv[1:]]
+else:
+    cases = [case + (0,) for case in cases]
+for n, k, q, probe, cluster in cases:
     w = T.quantize_absmean(torch.randn(n, k, device="cuda"))[0]
     pw = T.PackedTernary.pack(w, "2bit_tiles")
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     s = torch.full((1,), 0.7, device="cuda")
     z = torch.empty(1, n, device="cuda")
     groups = triton.cdiv(k, 256)
-    quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(1, n, k, True, None, q, sms)
+    chosen = dataclasses.replace(T.w2a8_config(1, n, k, sms, quantize=q), cluster=cluster) if cluster else None
+    quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(1, n, k, True, chosen, q, sms)
     if probe:
         m2 = cuda.load(src, name_expressions=[name], options=(f"-DW2A8_PROBE={probe}",))
         kern = m2.kernel(name, T.W2A8_SIGNATURE); dp = drv.cuModuleGetGlobal(m2.handle, b"g_trace")[1]
@@ -130,7 +138,7 @@ for n, k, q, probe in cases:
         r["take_median"] = [round(at(4 + c).median().item(), 2) for c in range(min(24, triton.cdiv(per_slice, cfg.warps)))]
         r["fill_median"] = [round(at(32 + c).median().item(), 2) for c in range(min(24, triton.cdiv(per_slice, cfg.warps)))]
         runs.append(r)
-    out[f"{n}x{k} {q} probe{probe}"] = {"kernel_us": kt, "cfg": repr(cfg), "runs": runs}
+    out[f"{n}x{k} {q} probe{probe} cluster{cfg.cluster}"] = {"kernel_us": kt, "cfg": repr(cfg), "runs": runs}
     print(f"{n}x{k} {q} probe{probe} {cfg} kernel {kt:.2f}", flush=True)
     for r in runs[-1:]:
         for key, v in r.items():
