@@ -90,6 +90,18 @@ def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT)
     return max(loaded, key=lambda r: r.data["date"])
 
 
+EXPERIMENTS = REPO_ROOT / "assets" / "experiments"
+
+
+def load_experiment(name: str, gpu: str = "nvidia-h200", root: Path = EXPERIMENTS) -> Any:
+    """The output of a GPU experiment (``tools/experiments``) kept under ``assets/experiments/<gpu>/<name>.json``;
+    its provenance is in ``assets/experiments/README.md``."""
+    path = Path(root) / gpu / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no experiment output {path} (see assets/experiments/README.md)")
+    return json.loads(path.read_text())
+
+
 def table(results: Results, columns: Sequence[str], series: Sequence[str], where: dict[str, Any] | None = None,
           fmt: str = "{:.1f}", unit_scale: float = 1e3) -> str:
     """A Markdown table: one line per distinct parameter tuple, one column per series (µs by default)."""

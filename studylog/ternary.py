@@ -1902,7 +1902,7 @@ BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk",
 QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
 KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k",
-                      "w2a8_bulk_every", "w2a8_bulk_cluster")
+                      "w2a8_bulk_cluster")
 
 
 def _autotuner_for(series: str, m: int):
@@ -1962,8 +1962,8 @@ def bench(run) -> None:
              "fit), else a kernel of its own does it first ('separate'). At M = 1 also: w2a8_bulk_first (the first "
              "block quantises x once and publishes it to the others by a flag) and w2a8_bulk_2k ('separate': "
              "quantize_x, then the matmul launched early by a programmatic dependent launch), and where x fits, "
-             "w2a8_bulk_every ('every block') and w2a8_bulk_cluster ('cluster': the blocks of a thread block "
-             "cluster share the quantisation, each writing its part into all their shared memories). "
+             "w2a8_bulk_cluster ('cluster': the blocks of a thread block cluster share the quantisation, each "
+             "writing its part into all their shared memories). "
              "w2a8_probe_* as bulk_probe_*, for the default.")
     torch.manual_seed(0)
     for family, n, k in run.progress(shapes, "shapes"):
@@ -2048,8 +2048,8 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
                        config_text=f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}")
                 if m == 1:  # the other places to quantise x
                     for series, where in (("w2a8_bulk_first", "first block"), ("w2a8_bulk_2k", "separate"),
-                                          ("w2a8_bulk_every", "every block"), ("w2a8_bulk_cluster", "cluster")):
-                        if where in ("every block", "cluster") and w2a8_default_quantize(m, n, k) == "separate":
+                                          ("w2a8_bulk_cluster", "cluster")):
+                        if where == "cluster" and default != "every block":
                             continue  # x's row does not fit beside the stages
                         record(series, lambda q=where: w2a8_bulk_matmul(x, pt, scale, quantize=q), pt.nbytes, "int8",
                                ref_q, magnitude_q, config_text=f"{w2a8_config(m, n, k, quantize=where)}")
@@ -2088,7 +2088,6 @@ SERIES_LABELS = {
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
     "w2a8_bulk_first": "10: W2A8, x quantised by the first block",
     "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
-    "w2a8_bulk_every": "10: W2A8, x quantised by every block",
     "w2a8_bulk_cluster": "10: W2A8, x quantised once a cluster",
     "w2a8_probe_1": "10, copies only", "w2a8_probe_2": "10, arithmetic only", "w2a8_probe_3": "10, launch only",
     "read_weights": "only reading the 2-bit weights",
@@ -2139,8 +2138,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
     for shape, m, want in (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0)):
         base = _ms(results, "cublas_bf16", shape=shape, m=m)
         row, s = best(shape, m, ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma",
-                                 "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_every",
-                                 "w2a8_bulk_cluster"])
+                                 "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster"])
         if base is None or row is None:
             out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", None, "not measured"))
             continue
@@ -2153,7 +2151,7 @@ def target_checks(results) -> list[tuple[str, Optional[bool], str]]:
         out.append((f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", speedup >= want, detail))
     for shape in ("4096x14336", "8192x28672"):
         row, s = best(shape, 1, ["gemv_2bit", "dot_2bit", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk",
-                                 "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_every", "w2a8_bulk_cluster"])
+                                 "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster"])
         if row is None:
             out.append((f"M=1, {shape}: within 2x of the 2-bit floor", None, "not measured"))
             continue
@@ -2193,6 +2191,38 @@ def headline(results) -> list[dict]:
         rows.append({"kernel": f"step {SERIES_LABELS[series]} ({language})", "baseline": "cuBLAS bf16 (torch x @ W.T)",
                      "case": f"M = {m}, N x K = {n} x {k}, bf16 x", "speedup": base / row["ms"]})
     return rows
+
+
+def step10_timeline_figure(timeline: dict):
+    """Step 10's blocks over time, from ``tools/experiments/w2a8_timeline.py``'s output: for each case the
+    median (over blocks) of when a block has read x, has quantised it, has taken its last weights and has
+    ended, from the first block's start (the last of the script's repetitions), and when the last block ended."""
+    import matplotlib.pyplot as plt
+
+    cases = timeline.get("cases", timeline)
+    phases = (("reading x", "start", "x_read"), ("quantising x (and, in a cluster, sharing it)", "x_read", "x_ready"),
+              ("the weights", "x_ready", "loop_end"), ("the sums", "loop_end", "end"))
+    colors = ("tab:orange", "tab:red", "tab:blue", "tab:gray")
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(cases) + 1.6))
+    labels = []
+    for i, (name, case) in enumerate(cases.items()):
+        run = case["runs"][-1]
+        for j, ((label, begin, end), color) in enumerate(zip(phases, colors)):
+            lo, hi = run[begin][1], run[end][1]
+            ax.barh(i, hi - lo, left=lo, color=color, label=label if i == 0 else None)
+        ax.plot(run["end"][2], i, "k|", markersize=16, mew=2, label="the last block ends" if i == 0 else None)
+        shape, place = name.split(" probe")[0].split(" ", 1)
+        size = int(name.rsplit("cluster", 1)[1])
+        where = f"cluster of {size}" if place == "cluster" else place
+        labels.append(f"{shape}, {where}\n{case['kernel_us']:.1f} µs kernel time")
+    ax.set_yticks(range(len(cases)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs since the first block started (medians over the blocks)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Step 10 at M = 1: where a block's time goes (in-kernel timestamps, H200)", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def figures(results) -> dict:

@@ -1025,3 +1025,27 @@ def test_step10_experiments_compile():
     exec(compile(text.split("run = bench.BenchRun")[0], "w2a8_timeline.py", "exec"), helpers)
     traced = cuda.compile_source(helpers["traced_source"](), arch="sm_90", name_expressions=T.W2A8_INSTANCES[-1:])
     assert "globaltimer" in traced.ptx
+
+
+def test_step10_timeline_figure_from_the_committed_experiment(tmp_path):
+    """Notebook 05 plots the cluster experiment from assets/experiments: every case gets its four phases, in
+    time order, and a mark for its last block; a missing file says where experiments live."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from studylog import plotting
+    timeline = plotting.load_experiment("w2a8_cluster_timeline")
+    cases = timeline.get("cases", timeline)
+    assert {"every block", "cluster"} <= {name.split(" probe")[0].split(" ", 1)[1] for name in cases}
+    for case in cases.values():
+        run = case["runs"][-1]
+        medians = [run[key][1] for key in ("start", "x_read", "x_ready", "loop_end", "end")]
+        assert medians == sorted(medians) and run["end"][2] >= run["end"][1]
+    fig = T.step10_timeline_figure(timeline)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 4 * len(cases) and len(ax.get_yticklabels()) == len(cases)
+    assert all(p.get_width() >= 0 for p in ax.patches)
+    sweep = plotting.load_experiment("w2a8_cluster_sweep")
+    rows = sweep["results"] if isinstance(sweep, dict) else sweep
+    assert {r.get("q") for r in rows} >= {"every block", "cluster"}
+    with pytest.raises(FileNotFoundError, match="assets/experiments/README.md"):
+        plotting.load_experiment("no_such_experiment", root=tmp_path)

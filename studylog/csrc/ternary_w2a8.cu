@@ -154,13 +154,13 @@ struct RowShare {
 // between the two passes (x is read once while K <= UNITS x 16 x nthreads: 32768 for 8 warps and 8
 // units). The threads take the units from their `spread`-th group on (see rotated). After the first pass
 // every thread calls max_all(the block's max |x|), which returns the row's (after_read and a cluster's
-// exchange), and after the second sum_all(the block's sum of q), which returns the row's. Hands each
-// unit of bytes in the order above to store(u, bytes) (zeros past K; unit u is bytes 16 u .. 16 u + 15
-// of the row), and returns (to every thread) the row's scale and the sum of its q.
-template <bool BF16, int UNITS, typename Sync, typename MaxAll, typename Store, typename SumAll>
-__device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, RowShare share,
+// exchange), and after the second sum_all(the block's sum of q), which returns the row's. Writes the
+// share's bytes in the order above to `out` (zeros past K; unit u is bytes 16 u .. 16 u + 15 of the row),
+// and returns (to every thread) the row's scale and the sum of its q.
+template <bool BF16, int UNITS, typename Sync, typename MaxAll, typename SumAll>
+__device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, RowShare share, uint4 *out,
                                              int tid, int nthreads, int spread, Sync sync, MaxAll max_all,
-                                             Store store, SumAll sum_all, float &scale, int &total) {
+                                             SumAll sum_all, float &scale, int &total) {
     __shared__ float warp_max[32];
     __shared__ int warp_sum[32];
     const int lane = tid & 31, warp = tid >> 5, warps = nthreads >> 5;
@@ -193,7 +193,7 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
             if (n >= units) continue;
             const int u = first + rotated(n, rot, units);
             if (units > per_round) load_unit(v[i], row, u, K);  // a long row: read again (from L2)
-            store(u, quantize_unit<BF16>(v[i], scale, sum));
+            out[u] = quantize_unit<BF16>(v[i], scale, sum);
         }
     }
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
@@ -214,10 +214,9 @@ __global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restr
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     float scale;
     int total;
-    uint4 *out = xq + (size_t)blockIdx.x * groups * 16;
-    quantize_row<BF16, 4>(x + (size_t)blockIdx.x * x_stride, K, groups, RowShare(0, 1, groups), threadIdx.x, blockDim.x, 0,
-                          [] { __syncthreads(); }, [](float a) { return a; }, [=](int u, uint4 q) { out[u] = q; },
-                          [](int s) { return s; }, scale, total);
+    quantize_row<BF16, 4>(x + (size_t)blockIdx.x * x_stride, K, groups, RowShare(0, 1, groups),
+                          xq + (size_t)blockIdx.x * groups * 16, threadIdx.x, blockDim.x, 0, [] { __syncthreads(); },
+                          [](float a) { return a; }, [](int s) { return s; }, scale, total);
     if (threadIdx.x == 0) {
         row_sum[blockIdx.x] = total;
         x_scale[blockIdx.x] = scale;
@@ -362,12 +361,14 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                     if (tid == 0) cluster_max = amax;
                     cluster_arrive();  // A (with the producers): the cluster has read the row
                     cluster_wait();
-                    for (int c = 0; c < csize; ++c) amax = fmaxf(amax, cluster_load(cluster_address(&cluster_max, c)));
+                    for (int c = 0; c < csize; ++c)
+                        amax = fmaxf(amax, cluster_load(cluster_address(&cluster_max, c)));
                     return amax;
                 };
                 const auto sum_all = [&](int sum) {
                     if constexpr (!CLUSTER) return sum;
-                    // the block's units (in shared memory since the barrier before) into the others', and its sum
+                    // the block's units (in shared memory since the barrier before) into the others', and its
+                    // sum of q
                     const RowShare share(crank, csize, groups);
                     for (int n = tid; n < share.count * 16; n += nthreads) {
                         const uint4 *unit = out + share.first * 16 + n;
@@ -383,9 +384,8 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                 };
                 // (a cluster's blocks quantise 1 / C of the row: 4 units a thread in registers are plenty)
                 quantize_row<BF16, CLUSTER ? 4 : 8>(x + (size_t)(m0 + row) * x_stride, K, groups,
-                                      RowShare(crank, csize, groups), tid,
-                                      nthreads, blockIdx.x / csize, consumers_sync, max_all,
-                                      [=](int u, uint4 q) { out[u] = q; }, sum_all, sc, total);
+                                                    RowShare(crank, csize, groups), out, tid, nthreads,
+                                                    blockIdx.x / csize, consumers_sync, max_all, sum_all, sc, total);
                 if (tid == 0) {
                     row_scales[row] = sc;
                     row_sums[row] = total;
@@ -399,11 +399,9 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                         const int m = m0 + row;
                         float sc;
                         int total;
-                        uint4 *out = xq + (size_t)m * groups * 16;
-                        quantize_row<BF16, 8>(x + (size_t)m * x_stride, K, groups, RowShare(0, 1, groups), tid, nthreads, 0,
-                                              consumers_sync, [](float a) { return a; },
-                                              [=](int u, uint4 q) { out[u] = q; }, [](int s) { return s; }, sc,
-                                              total);
+                        quantize_row<BF16, 8>(x + (size_t)m * x_stride, K, groups, RowShare(0, 1, groups),
+                                              xq + (size_t)m * groups * 16, tid, nthreads, 0, consumers_sync,
+                                              [](float a) { return a; }, [](int s) { return s; }, sc, total);
                         if (tid == 0) {
                             x_scale[m] = sc;
                             row_sum[m] = total;

@@ -78,4 +78,5 @@ for n, k in shapes:
         errs = [r for r in res if "error" in r and (r["n"], r["k"], r["m"]) == (n, k, m) and "shared memory" not in r["error"] and "compiled instance" not in r["error"]]
         if errs:
             print("ERRORS", errs[:3], flush=True)
-Path(os.environ.get("OUT", "/tmp"), "sweep11.json").write_text(json.dumps(res, indent=1))
+meta = {key: v for key, v in run.to_json().items() if key not in ("measurements", "checks", "notes")}
+Path(os.environ.get("OUT", "/tmp"), "sweep11.json").write_text(json.dumps({"meta": meta, "results": res}, indent=1))

@@ -33,6 +33,10 @@ __device__ __forceinline__ unsigned long long gtime() { unsigned long long t; as
         '''        for (int c = 0; lane == 0 && c < first; ++c) { ring.fill(c, policy); if (c < 24) TRC(32 + c); }''')
     rep('''            for (int c = first; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);''',
         '''            for (int c = first; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) { ring.fill(c, policy); if (c < 24) TRC(32 + c); }''')
+    rep('''                for (int c = first; row == 0 && lane == 0 && c < free_stages; ++c) ring.fill(c, policy);''',
+        '''                for (int c = first; row == 0 && lane == 0 && c < free_stages; ++c) { ring.fill(c, policy); if (c < 24) TRC(32 + c); }''')
+    rep('''            for (int c = free_stages; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);''',
+        '''            for (int c = free_stages; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) { ring.fill(c, policy); if (c < 24) TRC(32 + c); }''')
     rep('''                    if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");''',
         '''                    if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
                     if (row == 0 && tid == 0) TRC(56);''')
@@ -52,10 +56,10 @@ __device__ __forceinline__ unsigned long long gtime() { unsigned long long t; as
         asm volatile("griddepcontrol.wait;" ::: "memory");  // every thread''')
     rep('''    float scale;
     int total;
-    uint4 *out = xq''', '''    if (threadIdx.x == 0) g_trace[120000] = gtime();
+    quantize_row<BF16, 4>(''', '''    if (threadIdx.x == 0) g_trace[120000] = gtime();
     float scale;
     int total;
-    uint4 *out = xq''')
+    quantize_row<BF16, 4>(''')
     rep('''                    cluster_arrive();  // A (with the producers): the cluster has read the row
                     cluster_wait();''', '''                    cluster_arrive();  // A (with the producers): the cluster has read the row
                     cluster_wait();
@@ -143,4 +147,5 @@ for n, k, q, probe, cluster in cases:
     for r in runs[-1:]:
         for key, v in r.items():
             print("   ", key, v, flush=True)
-Path(os.environ.get("OUT", "/tmp"), "trace2.json").write_text(json.dumps(out, indent=1))
+meta = {key: v for key, v in run.to_json().items() if key not in ("measurements", "checks", "notes")}
+Path(os.environ.get("OUT", "/tmp"), "trace2.json").write_text(json.dumps({"meta": meta, "cases": out}, indent=1))
