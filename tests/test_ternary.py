@@ -918,6 +918,14 @@ def assert_matches_w2a8(z, x, w, scale):
     assert ratio <= TOL, f"max error is {ratio:.2e} of sum |x_q||w|; tolerance {TOL:.0e}"
 
 
+def step10_inputs(m, n, k, x_dtype, seed, device="cuda"):
+    """Fresh ternary weights (a per-channel scale for odd K), their 2bit_tiles packing and x of 3 randn."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device=device, generator=gen), per_channel=(k % 2 == 1))
+    x = (3 * torch.randn(m, k, device=device, generator=gen)).to(x_dtype)
+    return w, scale, x, T.PackedTernary.pack(w, "2bit_tiles")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 17, 300), (3, 130, 2000), (8, 33, 256), (9, 77, 513),
                                      (16, 300, 5000), (17, 40, 777), (1, 50, 7)])
@@ -925,10 +933,7 @@ def assert_matches_w2a8(z, x, w, scale):
 def test_gpu_step10_every_config(m, n, k, x_dtype):
     if not _gpu_is_hopper():
         pytest.skip("step 10 needs a Hopper GPU (the TMA)")
-    gen = torch.Generator(device="cuda").manual_seed(m * 1000 + n + k)
-    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen), per_channel=(k % 2 == 1))
-    x = (3 * torch.randn(m, k, device="cuda", generator=gen)).to(x_dtype)
-    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    w, scale, x, tiles = step10_inputs(m, n, k, x_dtype, seed=m * 1000 + n + k)
     # the first kernel: quantize_activations' bytes and scales, bit for bit, in the MMA's order
     xq, x_scale, row_sum = T.w2a8_quantize(x)
     want_q, want_scale = T.quantize_activations(x.float())
@@ -959,10 +964,7 @@ def test_gpu_step10_cluster_shares_the_quantisation(m, n, k, x_dtype):
     group (K of fewer groups than blocks) included."""
     if not _gpu_is_hopper():
         pytest.skip("step 10 needs a Hopper GPU (the TMA and clusters)")
-    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
-    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen), per_channel=(k % 2 == 1))
-    x = (3 * torch.randn(m, k, device="cuda", generator=gen)).to(x_dtype)
-    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    w, scale, x, tiles = step10_inputs(m, n, k, x_dtype, seed=m * 7 + n + k)
     every = T.w2a8_bulk_matmul(x, tiles, scale, quantize="every block")
     assert_matches_w2a8(every, x, w, scale)
     for rt, st, ch in T.W2A8_CLUSTER_SHAPES:
