@@ -1,7 +1,8 @@
 """Experiment (GPU): step 10 over its compiled configs x where x is quantised (x cluster sizes) x
-W2A8_EARLY_STAGES, at M = 1; the sweep behind w2a8_config.
-PYTHONPATH=$PWD python tools/experiments/w2a8_config_sweep.py [--quantize cluster,"every block"] [--warps 8]"""
-import argparse, itertools, json, os, sys
+W2A8_EARLY_STAGES x splits of K, per M; the sweep behind w2a8_config.
+PYTHONPATH=$PWD python tools/experiments/w2a8_config_sweep.py [--quantize cluster,"every block"] [--warps 8]
+    [--m 1,16] [--slices 1,2,4] [--shapes 4096x14336]"""
+import argparse, dataclasses, itertools, json, os, sys
 from pathlib import Path
 import torch, triton
 from studylog import bench, runtime, ternary as T
@@ -10,14 +11,20 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--quantize", default="separate,every block,cluster", help="comma-separated places")
 parser.add_argument("--warps", default="4,8")
 parser.add_argument("--early-stages", default="1,4", help="W2A8_EARLY_STAGES builds of 'every block'")
+parser.add_argument("--m", default="1", help="rows of x (above 8 only 'separate' applies)")
+parser.add_argument("--slices", default="1", help="splits of K across blocks ('separate' only)")
+parser.add_argument("--shapes", default="4096x14336,8192x28672", help="N x K, comma-separated")
 args = parser.parse_args()
 places, warp_counts = args.quantize.split(","), [int(w) for w in args.warps.split(",")]
 run = bench.BenchRun("scratch", command="tools/experiments/w2a8_config_sweep.py " + " ".join(sys.argv[1:]))
 sms = runtime.sm_count()
 res = []
-shapes = [(4096, 14336), (8192, 28672)]
+shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
 def launcher(x, pw, cfg, q, early_stages):
     m, k = x.shape
+    if early_stages == 1:  # the library's own launch
+        out = torch.empty(m, pw.n, device="cuda")
+        return lambda: T.w2a8_bulk_matmul(x, pw, 0.7, out=out, config=cfg, quantize=q)
     n = pw.n
     quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(m, n, k, True, cfg, q, sms)
     assert grid[1] == 1, "this launcher passes no split-K workspace: M = 1 shapes only"
@@ -41,10 +48,13 @@ for n, k in shapes:
     w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda"))
     pw = T.PackedTernary.pack(w, "2bit_tiles")
     wd = w.to(torch.bfloat16)
-    for m in (1,):
+    pm = T.PackedTernary.pack(w, "2bit_mma")
+    for m in [int(v) for v in args.m.split(",")]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         row = dict(n=n, k=k, m=m, cublas_us=run.kernel_time(lambda: x @ wd.T) * 1e3,
-                   step9_us=run.kernel_time(lambda: T.bulk_matmul(x, pw, scale)) * 1e3)
+                   step9_us=run.kernel_time(lambda: T.bulk_matmul(x, pw, scale)) * 1e3,
+                   step7_us=run.kernel_time(lambda: T.mma_2bit_matmul(x, pm, scale)) * 1e3,
+                   default=str(T.w2a8_config(m, n, k)), default_us=run.kernel_time(lambda: T.w2a8_bulk_matmul(x, pw, scale)) * 1e3)
         if m == 1:
             row["quantize_x_us"] = run.kernel_time(lambda: T.w2a8_quantize(x)) * 1e3
         print(row, flush=True); res.append(row)
@@ -56,13 +66,14 @@ for n, k in shapes:
                 for es in [int(e) for e in args.early_stages.split(",")]:
                     plans.append(("every block", cfg, es))
             if "separate" in places:
-                plans.append(("separate", cfg, 1))
+                for sl in [int(v) for v in args.slices.split(",")]:
+                    plans.append(("separate", dataclasses.replace(cfg, slices=sl), 1))
             if m == 1 and "cluster" in places and shape in T.W2A8_CLUSTER_SHAPES:
                 for c in (2, 4, 8):
                     plans.append(("cluster", T.W2A8Config(shape[0], warps, shape[1], shape[2], cluster=c), 1))
         for q, cfg, es in plans:
             r = dict(n=n, k=k, m=m, q=q, rt=cfg.row_tiles, st=cfg.stages, ch=cfg.chunk, warps=cfg.warps, es=es,
-                     cluster=cfg.cluster)
+                     cluster=cfg.cluster, slices=cfg.slices)
             try:
                 fn = launcher(x, pw, cfg, q, es)
                 assert torch.equal(fn(), ref), "differs from the separate default"
@@ -73,7 +84,7 @@ for n, k in shapes:
         for q in places if m == 1 else ("separate",):
             best = sorted([r for r in res if r.get("q") == q and (r["n"], r["k"], r["m"]) == (n, k, m) and "us" in r],
                           key=lambda r: r["us"])[:5]
-            print(n, k, m, q, [(b["rt"], b["st"], b["ch"], b["warps"], b["es"], b["cluster"], round(b["us"], 2),
+            print(n, k, m, q, [(b["rt"], b["st"], b["ch"], b["warps"], b["es"], b["cluster"], b["slices"], round(b["us"], 2),
                                 round(b["bench_us"], 1)) for b in best], flush=True)
         errs = [r for r in res if "error" in r and (r["n"], r["k"], r["m"]) == (n, k, m) and "shared memory" not in r["error"] and "compiled instance" not in r["error"]]
         if errs:
