@@ -1,0 +1,56 @@
+"""Experiment (GPU): which of step 10's in-matmul quantisations hangs with several rows of x. The cluster test
+stopped at its first M = 3 case (it runs quantize="every block", then "cluster" with clusters of 1 to 8);
+ternary.py now refuses "cluster" above M = 1, so this launches the compiled instances directly. Each case runs
+in its own process with a time limit, so a hang is reported and the next case still runs.
+PYTHONPATH=$PWD python tools/experiments/w2a8_rows_hang.py   (writes $OUT/rows_hang.json)"""
+import json, multiprocessing as mp, os, sys
+from pathlib import Path
+
+CASES = [("every block", 1, 1), ("every block", 3, 1), ("every block", 8, 1), ("cluster", 1, 2),
+         ("cluster", 2, 1), ("cluster", 2, 2), ("cluster", 3, 1), ("cluster", 3, 2), ("cluster", 8, 4)]
+
+
+def run_case(place: str, m: int, cluster: int, warps: int, queue) -> None:
+    import torch, triton
+    from studylog import cuda, ternary as T
+    n, k = 509, 2000
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    cfg = T.W2A8Config(1, warps, 4, 1, cluster=cluster)
+    groups = triton.cdiv(k, 256)
+    name = T._w2a8_instance(T.W2A8_QUANTIZE[place], True, 1, 1, 4, 1)
+    kernel = cuda.load("ternary_w2a8", name_expressions=[name]).kernel(name, T.W2A8_SIGNATURE)  # this one only
+    kernel.set_max_dynamic_shared_memory(T.BULK_SMEM_LIMIT)
+    z = torch.full((m, n), float("nan"), device="cuda")
+    s = torch.full((1,), float(scale), device="cuda")
+    kernel((triton.cdiv(n, 16), 1, 1), (32 * (warps + 1),), None, x, tiles.data, z, s, None, None, None, None, None,
+           m, n, k, groups, x.stride(0), 0, groups, 0, shared_mem=T.w2a8_smem_bytes(cfg, m, groups), cluster=cluster)
+    torch.cuda.synchronize()
+    # the W2A8 product as the kernel forms it: exact integer sums, then one float32 division
+    xq, x_scale = T.quantize_activations(x.float())
+    sums = (xq.double() @ w.double().T).float()  # exact: |sum| < 2^24
+    ref = sums / (x_scale[:, None] * s)
+    queue.put({"equal": bool(torch.equal(z, ref)), "nan": int(torch.isnan(z).sum())})
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    results = []
+    for place, m, cluster in CASES:
+        for warps in (1, 8):
+            queue = ctx.Queue()
+            proc = ctx.Process(target=run_case, args=(place, m, cluster, warps, queue))
+            proc.start()
+            proc.join(timeout=float(os.environ.get("CASE_TIMEOUT_S", "60")))
+            if proc.is_alive():
+                proc.kill()
+                outcome = {"hung": True}
+            else:
+                outcome = queue.get() if not queue.empty() else {"exit_code": proc.exitcode}
+            row = {"place": place, "m": m, "cluster": cluster, "warps": warps, **outcome}
+            print(row, flush=True)
+            results.append(row)
+    Path(os.environ.get("OUT", "/tmp"), "rows_hang.json").write_text(json.dumps(results, indent=1))
+    sys.exit(0)
