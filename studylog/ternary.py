@@ -1783,7 +1783,7 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
         raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
                          f"use 'separate'")
     if quant == 3 and m > 1:
-        # (the kernel's loop over rows hung in the H200 test at M = 3; refused until that is understood)
+        # (an H200 test at M = 3 did not finish, "every block" or "cluster"; refused until that is known)
         raise ValueError(f"quantize='cluster' takes one row of x (M = 1), got M = {m}: use 'every block'")
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2

@@ -963,8 +963,8 @@ def test_gpu_step10_every_config(m, n, k, x_dtype):
 def test_gpu_step10_cluster_shares_the_quantisation(m, n, k, x_dtype):
     """quantize="cluster": each block of a cluster quantises its share of x into all the cluster's shared
     memory. Same bytes, same sums: equal, bit for bit, to every block quantising all of x; shares of no
-    group (K of fewer groups than blocks) included. One row of x: with 3 rows the test hung on the H200
-    (the wrapper refuses M > 1)."""
+    group (K of fewer groups than blocks) included. One row of x: with 3 rows this test did not finish on the
+    H200 (tools/experiments/w2a8_rows_hang.py finds which path stalls; the wrapper refuses M > 1)."""
     if not _gpu_is_hopper():
         pytest.skip("step 10 needs a Hopper GPU (the TMA and clusters)")
     w, scale, x, tiles = step10_inputs(m, n, k, x_dtype, seed=m * 7 + n + k)
