@@ -1,16 +1,19 @@
 """Experiment (GPU): which of step 10's in-matmul quantisations hangs with several rows of x. The cluster test
 stopped at its first M = 3 case (it runs quantize="every block", then "cluster" with clusters of 1 to 8);
-ternary.py now refuses "cluster" above M = 1, so this launches the compiled instances directly. Each case runs
-in its own process with a time limit, so a hang is reported and the next case still runs.
+ternary.py now refuses "cluster" above M = 1, so this launches the compiled instances directly. The cases run
+one after another in a worker process (one compile); a case that outlives its time limit is reported as hung,
+the worker is killed and a new one goes on with the next case.
 PYTHONPATH=$PWD python tools/experiments/w2a8_rows_hang.py   (writes $OUT/rows_hang.json)"""
-import json, multiprocessing as mp, os, sys
+import json, multiprocessing as mp, os, queue as queue_mod, sys
 from pathlib import Path
 
-CASES = [("every block", 1, 1), ("every block", 3, 1), ("every block", 8, 1), ("cluster", 1, 2),
-         ("cluster", 2, 1), ("cluster", 2, 2), ("cluster", 3, 1), ("cluster", 3, 2), ("cluster", 8, 4)]
+CASES = [(place, m, cluster, warps) for place, m, cluster in
+         [("every block", 1, 1), ("every block", 3, 1), ("every block", 8, 1), ("cluster", 1, 2),
+          ("cluster", 2, 1), ("cluster", 2, 2), ("cluster", 3, 1), ("cluster", 3, 2), ("cluster", 8, 4)]
+         for warps in (1, 8)]
 
 
-def run_case(place: str, m: int, cluster: int, warps: int, queue) -> None:
+def run_case(place: str, m: int, cluster: int, warps: int) -> dict:
     import torch, triton
     from studylog import cuda, ternary as T
     n, k = 509, 2000
@@ -25,6 +28,7 @@ def run_case(place: str, m: int, cluster: int, warps: int, queue) -> None:
     kernel.set_max_dynamic_shared_memory(T.BULK_SMEM_LIMIT)
     z = torch.full((m, n), float("nan"), device="cuda")
     s = torch.full((1,), float(scale), device="cuda")
+    # grid x: 32 blocks of one tile each (509 rows), a multiple of every cluster size
     kernel((triton.cdiv(n, 16), 1, 1), (32 * (warps + 1),), None, x, tiles.data, z, s, None, None, None, None, None,
            m, n, k, groups, x.stride(0), 0, groups, 0, shared_mem=T.w2a8_smem_bytes(cfg, m, groups), cluster=cluster)
     torch.cuda.synchronize()
@@ -32,25 +36,43 @@ def run_case(place: str, m: int, cluster: int, warps: int, queue) -> None:
     xq, x_scale = T.quantize_activations(x.float())
     sums = (xq.double() @ w.double().T).float()  # exact: |sum| < 2^24
     ref = sums / (x_scale[:, None] * s)
-    queue.put({"equal": bool(torch.equal(z, ref)), "nan": int(torch.isnan(z).sum())})
+    return {"equal": bool(torch.equal(z, ref)), "nan": int(torch.isnan(z).sum())}
+
+
+def worker(cases, results) -> None:
+    for case in cases:
+        try:
+            outcome = run_case(*case)
+        except Exception as e:  # a launch error: report it and stop (the context may be gone)
+            results.put({"error": repr(e)[:300]})
+            return
+        results.put(outcome)
 
 
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
-    results = []
-    for place, m, cluster in CASES:
-        for warps in (1, 8):
-            queue = ctx.Queue()
-            proc = ctx.Process(target=run_case, args=(place, m, cluster, warps, queue))
-            proc.start()
-            proc.join(timeout=float(os.environ.get("CASE_TIMEOUT_S", "60")))
-            if proc.is_alive():
-                proc.kill()
+    limit = float(os.environ.get("CASE_TIMEOUT_S", "60"))
+    rows, todo = [], list(CASES)
+    while todo:
+        results = ctx.Queue()
+        proc = ctx.Process(target=worker, args=(todo, results))
+        proc.start()
+        done = 0
+        while done < len(todo):
+            try:  # the first case of a worker also waits for its compile
+                outcome = results.get(timeout=limit + (120 if done == 0 else 0))
+            except queue_mod.Empty:
                 outcome = {"hung": True}
-            else:
-                outcome = queue.get() if not queue.empty() else {"exit_code": proc.exitcode}
+            place, m, cluster, warps = todo[done]
             row = {"place": place, "m": m, "cluster": cluster, "warps": warps, **outcome}
             print(row, flush=True)
-            results.append(row)
-    Path(os.environ.get("OUT", "/tmp"), "rows_hang.json").write_text(json.dumps(results, indent=1))
+            rows.append(row)
+            done += 1
+            if "hung" in outcome or "error" in outcome:
+                break
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        todo = todo[done:]
+    Path(os.environ.get("OUT", "/tmp"), "rows_hang.json").write_text(json.dumps(rows, indent=1))
     sys.exit(0)
