@@ -190,6 +190,55 @@ class BenchRun:
             raise RuntimeError(f"the profiler saw kernels in {len(spans)} of {reps} repetitions")
         return float(statistics.median(spans))
 
+    def rotation(self, nbytes: int) -> int:
+        """How many copies of an input of ``nbytes`` to rotate among so that each call finds its copy
+        out of L2: together at least four times the L2 cache (at least one)."""
+        l2 = self.device.get("l2_cache_bytes") or 64 * 2**20
+        return max(1, -(-4 * l2 // max(int(nbytes), 1)))
+
+    def graph_time(self, calls: list[Callable[[], Any]], *, min_calls: int = 60, reps: int = 15) -> float:
+        """Median GPU time per call, in milliseconds, of ``calls`` replayed in a CUDA graph, as a serving
+        engine runs decode steps: no host in the loop, so neither Python's launch cost nor do_bench's
+        events are in the number; the launches the GPU itself makes between kernels are.
+
+        ``calls`` are the same call on different copies of its large input (see :meth:`rotation`), so
+        each call reads its copy from DRAM, not from L2; small inputs (x) stay in L2, where the kernel
+        before them would have left them. The graph holds ``calls`` in turn, at least ``min_calls``
+        calls in all; each replay follows a 256 MB memset, so the host's launch of the replay
+        overlaps the GPU's work, and is timed with events. Calls must be graph-safe: no host
+        synchronisation, and no argument that must change from call to call.
+        """
+        if not calls:
+            raise ValueError("graph_time needs at least one call")
+        sequence = calls * -(-min_calls // len(calls))
+        for call in calls:  # compile, autotune and allocate before the capture
+            call()
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up on a side stream, as torch's graph capture asks
+            for call in calls:
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for call in sequence:
+                call()
+        flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush.zero_()
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / len(sequence))
+        del graph
+        return float(statistics.median(times))
+
     def floor_ms(self, nbytes: float) -> float:
         """Time to move ``nbytes`` through device memory at the copy bandwidth measured in this run."""
         return nbytes / (self.copy_bandwidth_gbs * 1e9) * 1e3

@@ -294,20 +294,23 @@ class CudaKernel:
         self._launch_configs: dict[tuple, object] = {}
 
     def __call__(self, grid, block, *args, shared_mem: int = 0, stream: torch.cuda.Stream | None = None,
-                 early: bool = False, cluster: int = 1) -> None:
+                 early: bool = False, cluster: int | None = None) -> None:
         """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (Hopper and later):
         the kernel may start before the previous kernel in the stream has finished, as soon as that
         one has run ``griddepcontrol.launch_dependents`` in every block; it must then run
         ``griddepcontrol.wait`` before it reads anything the previous kernel writes. ``cluster``: blocks
         ``cluster`` at a time along x form a thread block cluster (Hopper and later; at most 8, dividing
-        grid x), which run at once and may use each other's shared memory."""
+        grid x), which run at once and may use each other's shared memory. A kernel that uses cluster
+        barriers needs a cluster launch, a cluster of 1 included: launched without one (``None``), the
+        same kernel deadlocked on the H200 once a barrier.cluster.arrive and its wait were apart
+        (notebook 05)."""
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes {len(self.signature)} arguments ({self.signature}), got {len(args)}")
         grid = tuple(grid) + (1,) * (3 - len(grid))
         block = tuple(block) + (1,) * (3 - len(block))
         if min(grid) < 1 or min(block) < 1:
             raise ValueError(f"{self.name}: grid {grid} and block {block} must be positive")
-        if cluster not in (1, 2, 4, 8) or grid[0] % cluster:
+        if cluster is not None and (cluster not in (1, 2, 4, 8) or grid[0] % cluster):
             raise ValueError(f"{self.name}: cluster must be 1, 2, 4 or 8 and divide grid x {grid[0]}, got {cluster}")
         values = list(args)
         for i in self._pointer_slots:
@@ -330,7 +333,7 @@ class CudaKernel:
         driver = _driver()
         if cu_stream is None:
             cu_stream = self._streams[handle] = driver.CUstream(handle)
-        if early or cluster > 1:
+        if early or cluster is not None:
             err = driver.cuLaunchKernelEx(self._launch_config(grid, block, shared_mem, cu_stream, early, cluster),
                                           self.function, self._params_address, 0)
         else:
@@ -338,7 +341,7 @@ class CudaKernel:
         if err[0] != driver.CUresult.CUDA_SUCCESS:
             _check_cu(err, f"cuLaunchKernel({self.name}, grid={grid}, block={block})")
 
-    def _launch_config(self, grid, block, shared_mem: int, cu_stream, early: bool, cluster: int):
+    def _launch_config(self, grid, block, shared_mem: int, cu_stream, early: bool, cluster: int | None):
         """The configuration of an early or clustered launch, built once per shape and stream (building
         it costs more than the launch)."""
         key = (grid, block, shared_mem, int(cu_stream), early, cluster)
@@ -351,7 +354,7 @@ class CudaKernel:
                 attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
                 attr.value.programmaticStreamSerializationAllowed = 1
                 attrs.append(attr)
-            if cluster > 1:
+            if cluster is not None:
                 attr = driver.CUlaunchAttribute()
                 attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
                 attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1

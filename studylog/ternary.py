@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -1711,8 +1711,8 @@ def w2a8_bulk_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 
     ``quantize`` (one of ``W2A8_QUANTIZE``; None: the fastest on the H200 that applies): "every block"
     (one launch, every block quantises x itself; up to 8 rows of x whose whole K fits in shared
     memory; the default there), "cluster" (as "every block", but the blocks of a thread block cluster
-    of ``config.cluster`` share the work: each quantises its part of x into the shared memory of all; one
-    row of x; slower than "every block" on the H200, notebook 05),
+    of ``config.cluster`` share the work: each quantises its part of x into the shared memory of all; a
+    cluster launch, also of one block; slower than "every block" on the H200, notebook 05),
     "first block" (one launch; the first block quantises x for all while
     the others stream weights; up to 8 rows of x), or "separate" (quantize_x, then the matmul launched
     early; two launches from the host, back to back, and on a slow host the GPU waits for the second;
@@ -1782,9 +1782,6 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     if quant and m > 8:
         raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
                          f"use 'separate'")
-    if quant == 3 and m > 1:
-        # (an H200 test at M = 3 did not finish, "every block" or "cluster"; refused until that is known)
-        raise ValueError(f"quantize='cluster' takes one row of x (M = 1), got M = {m}: use 'every block'")
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2
     x_rows = min(m, 8 * col_tiles)
@@ -1844,7 +1841,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
                    x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, early=early)
         elif quant in (1, 3):
             kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, None, m, w.n, k, groups,
-                   x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, cluster=cfg.cluster)
+                   x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, cluster=cfg.cluster if quant == 3 else None)
         else:
             xq, x_scale, row_sum, flags = W2A8_WORKSPACE.get(x2.device, m, groups, grid[2])
             kernel(grid, block, xq, x2, w.data, z, s, x_scale, row_sum, partials, counts, flags, m, w.n, k, groups,
@@ -1907,6 +1904,10 @@ QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
 KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k",
                       "w2a8_bulk_cluster")
+#: Also timed in a CUDA graph (BenchRun.graph_time), up to 16 rows of x: the baseline and our last steps.
+#: Not "first block": its per-call flag value would be frozen into the graph.
+GRAPH_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k", "w2a8_bulk_cluster",
+                     "read_weights")
 
 
 def _autotuner_for(series: str, m: int):
@@ -1985,6 +1986,17 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
     pm = PackedTernary.pack(w_t, "2bit_mma")
     pt = PackedTernary.pack(w_t, "2bit_tiles")
     w64 = w_t.double()
+    copies: dict[int, list] = {}
+
+    def rotated(weights) -> list:
+        """The weights and copies of them, enough that each call of a graph replay reads its own from DRAM."""
+        if id(weights) not in copies:
+            nbytes = weights.nbytes if isinstance(weights, PackedTernary) else weights.numel() * weights.element_size()
+            clone = (lambda: replace(weights, data=weights.data.clone())) if isinstance(weights, PackedTernary) \
+                else weights.clone
+            copies[id(weights)] = [weights] + [clone() for _ in range(run.rotation(nbytes) - 1)]
+        return copies[id(weights)]
+
     for m in ms_list:
         params = {"shape": f"{n}x{k}", "family": family, "n": n, "k": k, "m": m}
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -1997,6 +2009,27 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
         flops = 2 * m * n * k
         x_bytes, z_bytes = m * k * 2, m * n * 4
 
+        # the calls timed in a CUDA graph too: (their weights, the call on a copy of them)
+        graphed = {
+            "cublas_bf16": (w_bf16, lambda w: x @ w.T),
+            "mma_2bit": (pm, lambda w: mma_2bit_matmul(x, w, scale)),
+            "cuda_mma": (pt, lambda w: cuda_mma_matmul(x, w, scale)),
+            "bulk": (pt, lambda w: bulk_matmul(x, w, scale)),
+            "w2a8_bulk": (pt, lambda w: w2a8_bulk_matmul(x, w, scale)),
+            "w2a8_bulk_2k": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="separate")),
+            "w2a8_bulk_cluster": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="cluster")),
+        }
+
+        def timings(series, fn) -> dict:
+            """kernel_ms and graph_ms where the series has them (up to 16 rows of x)."""
+            out = {}
+            if series in KERNEL_TIME_SERIES and m <= 16:
+                out["kernel_ms"] = run.kernel_time(fn)
+            if series in graphed and m <= 16:
+                weights, call = graphed[series]
+                out["graph_ms"] = run.graph_time([functools.partial(call, w) for w in rotated(weights)])
+            return out
+
         def record(series, fn, weight_bytes, mma, reference, mag, role="kernel", out_bytes=z_bytes,
                    in_bytes=x_bytes, check=True, config_text=""):
             z = fn()  # the first call autotunes
@@ -2005,7 +2038,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
                 run.check(f"{series} equals float64 reference", ratio <= FP32_TOLERANCE, params=params,
                           error_ratio=ratio, tolerance=FP32_TOLERANCE)
             ms = run.time(fn)
-            kernel = {"kernel_ms": run.kernel_time(fn)} if series in KERNEL_TIME_SERIES and m <= 16 else {}
+            kernel = timings(series, fn)
             nbytes = weight_bytes + in_bytes + out_bytes
             mem = run.floor_ms(nbytes)
             compute = flops / (peak[mma] * 1e12) * 1e3 if mma else 0.0
@@ -2064,8 +2097,9 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             # the floor a real kernel meets: one that only reads the 2-bit weights, launch and latency included
             from studylog.bench import read_only
             read = read_only(pt.data)
-            run.record("read_weights", run.time(read), params=params, role="baseline",
-                       kernel_ms=run.kernel_time(read), weight_bytes=pt.nbytes, floor_ms=run.floor_ms(pt.nbytes))
+            graphed["read_weights"] = (pt, lambda w: read_only(w.data)())
+            run.record("read_weights", run.time(read), params=params, role="baseline", **timings("read_weights", read),
+                       weight_bytes=pt.nbytes, floor_ms=run.floor_ms(pt.nbytes))
         if m == 1 and family == "llama":
             # what limits steps 9 and 10: the same launch with parts left out (its outputs mean nothing)
             for series, make_probe, config in (("bulk", bulk_probe, bulk_config(m, n, k)),

@@ -109,6 +109,39 @@ def test_kernel_time_sees_the_kernel_without_the_launch():
     assert 1.7 * long_kernel <= two <= 2.3 * long_kernel, (long_kernel, two)
 
 
+def test_rotation_covers_four_times_the_l2():
+    run = bench.BenchRun.__new__(bench.BenchRun)  # no GPU needed: only the device record
+    run.device = {"l2_cache_bytes": 60 * 2**20}
+    assert run.rotation(15 * 2**20) == 16 and run.rotation(61 * 2**20) == 4 and run.rotation(10**9) == 1
+    run.device = {"l2_cache_bytes": None}  # unknown: 64 MiB
+    assert run.rotation(2**20) == 256
+    with pytest.raises(ValueError, match="at least one call"):
+        run.graph_time([])
+
+
+@pytest.mark.gpu
+def test_graph_time_leaves_the_host_out_and_the_weights_cold():
+    """BenchRun.graph_time: a kernel behind a slow host costs the GPU time alone in a graph (do_bench
+    waits for the host), and rotating copies of a tensor larger than L2 in total keeps it out of L2."""
+    import time
+    run = bench.BenchRun("ternary", command="test")
+    b = torch.empty(1024, device="cuda")
+
+    def slow_host():
+        time.sleep(200e-6)  # a host that takes 200 µs to launch
+        b.mul_(1.0)
+    assert run.graph_time([slow_host]) < 0.05 < run.time(slow_host)
+    # a read of 24 MB: from L2 when one copy is replayed, from DRAM when they rotate
+    copies = [torch.ones(6 * 1024 * 1024, device="cuda") for _ in range(run.rotation(24 * 2**20))]
+    hot = run.graph_time([lambda: copies[0].sum()])
+    cold = run.graph_time([lambda c=c: c.sum() for c in copies])
+    assert cold > 1.2 * hot, (hot, cold)
+    # a long kernel: graph time is the kernel's time
+    a = torch.empty(64 * 1024 * 1024, device="cuda")
+    long_kernel = run.kernel_time(lambda: a.mul_(1.0))
+    assert 0.9 * long_kernel <= run.graph_time([lambda: a.mul_(1.0)], min_calls=10) <= 1.1 * long_kernel
+
+
 def test_read_only_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match="contiguous CUDA tensor"):
         bench.read_only(torch.zeros(64, dtype=torch.uint8))  # on the CPU (and on a GPU machine too)

@@ -345,9 +345,9 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
         if constexpr (FUSED) {  // quantize_x's work, for the block's rows, into shared memory
             // CLUSTER: in a cluster of C blocks (same rows of x, other weights), each quantises 1 / C of
             // x and writes its bytes into the shared memory of all C; the row's max |x| and sum of q are
-            // exchanged the same way (ternary.py launches it for one row of x only: a test on the H200 with
-            // three rows did not finish, and which path stalled is not known yet). Else the block quantises
-            // all of x.
+            // exchanged the same way. Launched as a cluster even of one block: without cluster dimensions
+            // the H200 deadlocked once the producer went on between its arrive and its wait (below) and
+            // waited on the consumers (tools/experiments/w2a8_rows_hang.py). Else the block quantises all of x.
             __shared__ float cluster_max;  // this block's max |x| of the row, read by the others
             __shared__ int cluster_sums[8];  // each block's sum of q of the row, written by that block
             const int crank = CLUSTER ? cluster_rank() : 0, csize = CLUSTER ? cluster_size() : 1;

@@ -41,7 +41,7 @@ def launcher(x, pw, cfg, q, early_stages):
                  per_slice, 0, shared_mem=smem, early=True)
         else:
             kern(grid, block, None, x, pw.data, z, s, None, None, None, None, None, m, n, k, groups, x.stride(0), 0,
-                 per_slice, 0, shared_mem=smem, cluster=cfg.cluster)
+                 per_slice, 0, shared_mem=smem, cluster=cfg.cluster if quant == 3 else None)
         return z
     return call
 for n, k in shapes:

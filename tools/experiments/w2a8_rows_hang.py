@@ -1,19 +1,24 @@
-"""Experiment (GPU): which of step 10's in-matmul quantisations hangs with several rows of x. The cluster test
-stopped at its first M = 3 case (it runs quantize="every block", then "cluster" with clusters of 1 to 8);
-ternary.py now refuses "cluster" above M = 1, so this launches the compiled instances directly. The cases run
-one after another in a worker process (one compile); a case that outlives its time limit is reported as hung,
-the worker is killed and a new one goes on with the next case.
+"""Experiment (GPU): which of step 10's in-matmul quantisations hangs. The cluster test stopped at its first
+M = 3 case (it runs quantize="every block", then "cluster" with clusters of 1 to 8), so this launches the compiled
+instances directly with 1 to 8 rows of x. The first run (H200, 2026-11-25) hung only in "cluster" with a cluster
+of 1 block and 1 consumer warp (M = 2 and 3), a launch that was then made without cluster dimensions; each case
+now also says how it is launched: "plain" (no cluster dimensions, as then) or "cluster" (cuLaunchKernelEx with
+the cluster's size, 1 included, as ternary.py launches it now). The cases run one after another in a worker
+process (one compile); a case that outlives its time limit is reported as hung, the worker is killed and a new
+one goes on with the next case.
 PYTHONPATH=$PWD python tools/experiments/w2a8_rows_hang.py   (writes $OUT/rows_hang.json)"""
 import json, multiprocessing as mp, os, queue as queue_mod, sys
 from pathlib import Path
 
-CASES = [(place, m, cluster, warps) for place, m, cluster in
-         [("every block", 1, 1), ("every block", 3, 1), ("every block", 8, 1), ("cluster", 1, 2),
-          ("cluster", 2, 1), ("cluster", 2, 2), ("cluster", 3, 1), ("cluster", 3, 2), ("cluster", 8, 4)]
+CASES = [(place, m, cluster, warps, launch) for place, m, cluster, launch in
+         [("every block", 1, 1, "plain"), ("every block", 3, 1, "plain"), ("every block", 8, 1, "plain"),
+          ("cluster", 1, 1, "cluster"), ("cluster", 2, 1, "cluster"), ("cluster", 3, 1, "cluster"),
+          ("cluster", 1, 2, "cluster"), ("cluster", 3, 2, "cluster"), ("cluster", 8, 4, "cluster"),
+          ("cluster", 1, 1, "plain"), ("cluster", 3, 1, "plain")]
          for warps in (1, 8)]
 
 
-def run_case(place: str, m: int, cluster: int, warps: int) -> dict:
+def run_case(place: str, m: int, cluster: int, warps: int, launch: str) -> dict:
     import torch, triton
     from studylog import cuda, ternary as T
     n, k = 509, 2000
@@ -30,7 +35,8 @@ def run_case(place: str, m: int, cluster: int, warps: int) -> dict:
     s = torch.full((1,), float(scale), device="cuda")
     # grid x: 32 blocks of one tile each (509 rows), a multiple of every cluster size
     kernel((triton.cdiv(n, 16), 1, 1), (32 * (warps + 1),), None, x, tiles.data, z, s, None, None, None, None, None,
-           m, n, k, groups, x.stride(0), 0, groups, 0, shared_mem=T.w2a8_smem_bytes(cfg, m, groups), cluster=cluster)
+           m, n, k, groups, x.stride(0), 0, groups, 0, shared_mem=T.w2a8_smem_bytes(cfg, m, groups),
+           cluster=cluster if launch == "cluster" else None)
     torch.cuda.synchronize()
     # the W2A8 product as the kernel forms it: exact integer sums, then one float32 division
     xq, x_scale = T.quantize_activations(x.float())
@@ -63,8 +69,8 @@ if __name__ == "__main__":
                 outcome = results.get(timeout=limit + (120 if done == 0 else 0))
             except queue_mod.Empty:
                 outcome = {"hung": True}
-            place, m, cluster, warps = todo[done]
-            row = {"place": place, "m": m, "cluster": cluster, "warps": warps, **outcome}
+            place, m, cluster, warps, launch = todo[done]
+            row = {"place": place, "m": m, "cluster": cluster, "warps": warps, "launch": launch, **outcome}
             print(row, flush=True)
             rows.append(row)
             done += 1

@@ -110,7 +110,8 @@ for n, k, q, probe, cluster in cases:
         if quant == 0:
             qk((1,), (1024,), x, xq, xs, rs, k, x.stride(0), groups)
         kern(grid, block, xq, x, pw.data, z, s, xs, rs, None, None, None, 1, n, k, groups, x.stride(0), 0,
-             per_slice, 0, shared_mem=smem, early=quant == 0, cluster=cfg.cluster)
+             per_slice, 0, shared_mem=smem, early=quant == 0,
+             cluster=cfg.cluster if quant == 3 else None)
     call(); torch.cuda.synchronize()
     if not probe:
         assert torch.equal(z, T.w2a8_bulk_matmul(x, pw, 0.7, quantize=q))
