@@ -1903,11 +1903,7 @@ BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk",
 QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
 KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k",
-                      "w2a8_bulk_cluster")
-#: Also timed in a CUDA graph (BenchRun.graph_time), up to 16 rows of x: the baseline and our last steps.
-#: Not "first block": its per-call flag value would be frozen into the graph.
-GRAPH_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k", "w2a8_bulk_cluster",
-                     "read_weights")
+                      "w2a8_bulk_cluster", "read_weights")
 
 
 def _autotuner_for(series: str, m: int):
@@ -2009,7 +2005,8 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
         flops = 2 * m * n * k
         x_bytes, z_bytes = m * k * 2, m * n * 4
 
-        # the calls timed in a CUDA graph too: (their weights, the call on a copy of them)
+        # the calls also timed in a CUDA graph, up to 16 rows of x (BenchRun.graph_time): (their weights, the
+        # call on a copy of them). Not "first block": its per-call flag value would be frozen into the graph.
         graphed = {
             "cublas_bf16": (w_bf16, lambda w: x @ w.T),
             "mma_2bit": (pm, lambda w: mma_2bit_matmul(x, w, scale)),
