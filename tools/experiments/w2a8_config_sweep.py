@@ -1,5 +1,6 @@
 """Experiment (GPU): step 10 over its compiled configs x where x is quantised (x cluster sizes) x
-W2A8_EARLY_STAGES x splits of K, per M; the sweep behind w2a8_config.
+W2A8_EARLY_STAGES x splits of K, per M; the sweep behind w2a8_config. Each config: profiler kernel time (us),
+do_bench (bench_us) and CUDA-graph replay over rotated weight copies (graph_us, BenchRun.graph_time).
 PYTHONPATH=$PWD python tools/experiments/w2a8_config_sweep.py [--quantize cluster,"every block"] [--warps 8]
     [--m 1,16] [--slices 1,2,4] [--shapes 4096x14336]"""
 import argparse, dataclasses, itertools, json, os, sys
@@ -47,6 +48,8 @@ def launcher(x, pw, cfg, q, early_stages):
 for n, k in shapes:
     w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda"))
     pw = T.PackedTernary.pack(w, "2bit_tiles")
+    # copies of the weights for the CUDA-graph timing: each call of a replay reads its own from DRAM
+    rotation = [pw] + [dataclasses.replace(pw, data=pw.data.clone()) for _ in range(run.rotation(pw.nbytes) - 1)]
     wd = w.to(torch.bfloat16)
     pm = T.PackedTernary.pack(w, "2bit_mma")
     for m in [int(v) for v in args.m.split(",")]:
@@ -54,7 +57,9 @@ for n, k in shapes:
         row = dict(n=n, k=k, m=m, cublas_us=run.kernel_time(lambda: x @ wd.T) * 1e3,
                    step9_us=run.kernel_time(lambda: T.bulk_matmul(x, pw, scale)) * 1e3,
                    step7_us=run.kernel_time(lambda: T.mma_2bit_matmul(x, pm, scale)) * 1e3,
-                   default=str(T.w2a8_config(m, n, k)), default_us=run.kernel_time(lambda: T.w2a8_bulk_matmul(x, pw, scale)) * 1e3)
+                   default=str(T.w2a8_config(m, n, k)), default_us=run.kernel_time(lambda: T.w2a8_bulk_matmul(x, pw, scale)) * 1e3,
+                   cublas_graph_us=run.graph_time([lambda c=c: x @ c.T for c in [wd] + [wd.clone() for _ in range(run.rotation(wd.numel() * 2) - 1)]]) * 1e3,
+                   default_graph_us=run.graph_time([lambda c=c: T.w2a8_bulk_matmul(x, c, scale) for c in rotation]) * 1e3)
         if m == 1:
             row["quantize_x_us"] = run.kernel_time(lambda: T.w2a8_quantize(x)) * 1e3
         print(row, flush=True); res.append(row)
@@ -77,15 +82,17 @@ for n, k in shapes:
             try:
                 fn = launcher(x, pw, cfg, q, es)
                 assert torch.equal(fn(), ref), "differs from the separate default"
-                r.update(us=run.kernel_time(fn) * 1e3, bench_us=run.time(fn, warmup=10, rep=40) * 1e3)
+                r.update(us=run.kernel_time(fn) * 1e3, bench_us=run.time(fn, warmup=10, rep=40) * 1e3,
+                         graph_us=run.graph_time([launcher(x, c, cfg, q, es) for c in rotation]) * 1e3)
             except Exception as e:
                 r.update(error=str(e)[:150])
             res.append(r)
         for q in places if m == 1 else ("separate",):
             best = sorted([r for r in res if r.get("q") == q and (r["n"], r["k"], r["m"]) == (n, k, m) and "us" in r],
-                          key=lambda r: r["us"])[:5]
-            print(n, k, m, q, [(b["rt"], b["st"], b["ch"], b["warps"], b["es"], b["cluster"], b["slices"], round(b["us"], 2),
-                                round(b["bench_us"], 1)) for b in best], flush=True)
+                          key=lambda r: r["graph_us"])[:5]
+            print(n, k, m, q, "(rt, st, ch, warps, es, cluster, slices, kernel, do_bench, graph us)",
+                  [(b["rt"], b["st"], b["ch"], b["warps"], b["es"], b["cluster"], b["slices"], round(b["us"], 2),
+                    round(b["bench_us"], 1), round(b["graph_us"], 2)) for b in best], flush=True)
         errs = [r for r in res if "error" in r and (r["n"], r["k"], r["m"]) == (n, k, m) and "shared memory" not in r["error"] and "compiled instance" not in r["error"]]
         if errs:
             print("ERRORS", errs[:3], flush=True)
