@@ -8,14 +8,20 @@ Chapters keep their kernels as ``.cu`` files in ``studylog/csrc``. One loader se
 * :func:`load` compiles for the visible GPU and returns a :class:`CudaModule` whose kernels
   launch on torch's current stream, with typed arguments and launch errors checked.
 
-NVRTC takes about 0.1 s per source, against about 30 s for ``torch.utils.cpp_extension``.
+NVRTC takes about 0.1 s per source, against about 30 s for ``torch.utils.cpp_extension``; a source of
+many template instances takes longer (step 10's, 20 s), so compiles are kept on disk
+(:func:`compile_cache_dir`), keyed by everything NVRTC sees: the tests, the notebooks and the book build
+compile the same sources.
 """
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import functools
 import hashlib
+import json
+import os
 import re
 import struct
 from dataclasses import dataclass, field
@@ -173,6 +179,50 @@ def compile_source(
     name = name or default_name
     if not re.fullmatch(r"(sm|compute)_\d+a?", arch):
         raise ValueError(f"arch must look like 'sm_90' or 'compute_90', got {arch!r}")
+    cache = _cache_file(text, name, arch, options, name_expressions)
+    if cache is not None and cache.is_file():
+        try:
+            entry = json.loads(cache.read_text())
+            entry["cubin"] = None if entry["cubin"] is None else base64.b64decode(entry["cubin"])
+            return CompiledSource(**entry)
+        except Exception:  # a damaged entry: compile again (and replace it)
+            pass
+    compiled = _compile(text, name, arch, options, name_expressions)
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            partial = cache.with_suffix(f".{os.getpid()}.tmp")
+            entry = dict(compiled.__dict__)
+            entry["cubin"] = None if compiled.cubin is None else base64.b64encode(compiled.cubin).decode()
+            partial.write_text(json.dumps(entry))
+            os.replace(partial, cache)  # whole or not at all: test workers share the folder
+        except OSError:
+            pass
+    return compiled
+
+
+def compile_cache_dir() -> Path | None:
+    """Where compiled sources are kept between processes (the tests, the notebooks and the book compile
+    the same sources): ``$STUDYLOG_NVRTC_CACHE``, else ``~/.cache/studylog/nvrtc``; ``off`` keeps none."""
+    folder = os.environ.get("STUDYLOG_NVRTC_CACHE", str(Path.home() / ".cache" / "studylog" / "nvrtc"))
+    return None if folder == "off" else Path(folder)
+
+
+def _cache_file(text: str, name: str, arch: str, options: Sequence[str], name_expressions: Sequence[str]):
+    """The cache entry of one compile: keyed by everything NVRTC sees (the source, every header of
+    ``csrc``, the options and include folders, NVRTC's version), so an edit anywhere compiles anew."""
+    folder = compile_cache_dir()
+    if folder is None:
+        return None
+    digest = hashlib.sha256()
+    version = _check_nvrtc(_nvrtc().nvrtcVersion(), "version")
+    for part in (text, name, arch, repr(tuple(options)), repr(tuple(name_expressions)), repr(_include_dirs()),
+                 repr(version), *(h.read_text() for h in sorted(CSRC.rglob("*.cuh")))):
+        digest.update(part.encode() + b"\0")
+    return folder / f"{digest.hexdigest()}.json"
+
+
+def _compile(text: str, name: str, arch: str, options: Sequence[str], name_expressions: Sequence[str]) -> CompiledSource:
     nvrtc = _nvrtc()
     prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "create")
     try:

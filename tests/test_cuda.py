@@ -32,6 +32,40 @@ def test_restrict_and_ldg_become_non_coherent_loads():
     assert "ld.global.nc" in ldg
 
 
+KERNEL = 'extern "C" __global__ void k(int *p) { p[threadIdx.x] = %d; }\n'
+
+
+def test_compiles_are_kept_between_processes_and_keyed_by_what_nvrtc_sees(tmp_path, monkeypatch):
+    """The compile cache: a second compile of the same source, options and headers reads the first's
+    entry (NVRTC is not called); a different source, option or header compiles anew; damaged entries
+    are compiled again; "off" keeps nothing."""
+    monkeypatch.setenv("STUDYLOG_NVRTC_CACHE", str(tmp_path / "cache"))
+    first = cuda.compile_source(KERNEL % 1, arch="sm_90")
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    calls = []
+    real = cuda._compile
+    monkeypatch.setattr(cuda, "_compile", lambda *a: calls.append(a) or real(*a))
+    assert cuda.compile_source(KERNEL % 1, arch="sm_90") == first and not calls  # from the cache, equal
+    cuda.compile_source(KERNEL % 2, arch="sm_90")
+    cuda.compile_source(KERNEL % 1, arch="sm_90", options=["-DX=1"])
+    cuda.compile_source(KERNEL % 1, arch="compute_90")
+    assert len(calls) == 3
+    headers = tmp_path / "csrc"
+    headers.mkdir()
+    (headers / "h.cuh").write_text("#pragma once\n")
+    monkeypatch.setattr(cuda, "CSRC", headers)
+    before = cuda._cache_file(KERNEL % 1, "kernel.cu", "sm_90", (), ())
+    (headers / "h.cuh").write_text("#pragma once\n#define EDITED 1\n")
+    assert cuda._cache_file(KERNEL % 1, "kernel.cu", "sm_90", (), ()) != before
+    monkeypatch.setattr(cuda, "CSRC", real.__globals__["CSRC"])
+    entry = cuda._cache_file(KERNEL % 1, "kernel.cu", "sm_90", (), ())
+    entry.write_text("{not json")
+    again = cuda.compile_source(KERNEL % 1, arch="sm_90")  # compiled anew (ptxas' log holds its own time)
+    assert (again.ptx, again.cubin) == (first.ptx, first.cubin) and len(calls) == 4
+    monkeypatch.setenv("STUDYLOG_NVRTC_CACHE", "off")
+    assert cuda.compile_cache_dir() is None and cuda._cache_file(KERNEL % 1, "kernel.cu", "sm_90", (), ()) is None
+
+
 def test_compile_error_carries_the_log():
     with pytest.raises(cuda.CudaCompileError, match="undefined"):
         cuda.compile_source('extern "C" __global__ void k() { undefined_thing(); }\n')
