@@ -254,6 +254,29 @@ __device__ __forceinline__ void group_w2a8(int (&acc)[4][RT][MT][4], const uint4
         }
 }
 
+// Rows m0 .. m0 + x_rows - 1 of int8 x (xq, in quantize_x's order: rows of `groups` x 16 units), groups
+// g_begin .. g_end - 1, into shared memory (row r from xs + r * xs_stride), from L2 (another kernel's or
+// block's bytes): 4 loads in flight a thread, each block from its own unit `rot` on (see rotated).
+__device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0, int x_rows, int groups, int g_begin,
+                                              int g_end, int xs_stride, int rot, int tid, int nthreads) {
+    const int units = (g_end - g_begin) * 16;
+    const uint4 *slice = xq + ((size_t)m0 * groups + g_begin) * 16;  // row r: slice + r * groups * 16
+    for (int i0 = tid; i0 < x_rows * units; i0 += 4 * nthreads) {
+        uint4 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int idx = i0 + i * nthreads;
+            if (idx < x_rows * units)
+                v[i] = __ldcg(slice + (size_t)(idx / units) * groups * 16 + rotated(idx % units, rot, units));
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int idx = i0 + i * nthreads;
+            if (idx < x_rows * units) xs[(idx / units) * xs_stride + rotated(idx % units, rot, units)] = v[i];
+        }
+    }
+}
+
 // Probes (compiled with -DW2A8_PROBE=...), as step 9's: 1 keeps the copies and drops the arithmetic,
 // 2 the reverse, 3 returns at once.
 #ifndef W2A8_PROBE
@@ -428,23 +451,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
             } else {
                 asm volatile("griddepcontrol.wait;" ::: "memory");  // quantize_x's xq, x_scale and row_sum
             }
-            // the block's slice of xq (from L2: another kernel's or block's bytes), 4 loads in flight a thread
-            const int units = (g_end - g_begin) * 16;
-            const uint4 *slice = xq + ((size_t)m0 * groups + g_begin) * 16;  // row r: slice + r * groups * 16
-            for (int i0 = tid; i0 < x_rows * units; i0 += 4 * nthreads) {
-                uint4 v[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int idx = i0 + i * nthreads;
-                    if (idx < x_rows * units)
-                        v[i] = __ldcg(slice + (size_t)(idx / units) * groups * 16 + rotated(idx % units, rot, units));
-                }
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int idx = i0 + i * nthreads;
-                    if (idx < x_rows * units) xs[(idx / units) * xs_stride + rotated(idx % units, rot, units)] = v[i];
-                }
-            }
+            load_xq_slice(xs, xq, m0, x_rows, groups, g_begin, g_end, xs_stride, rot, tid, nthreads);
         }
         consumer_barrier(warps);
         int acc[4][RT][MT][4] = {};
@@ -498,6 +505,86 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                               z[(size_t)m * N + n] =
                                   (float)(sum - __ldcg(&row_sum[m])) /
                                   (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
+                          });
+    }
+}
+
+// Step 11: several rows of x (up to 16 a block: a short prefill, or the tokens speculative decoding
+// checks at once). Step 10 gives a block RT tiles of 16 weight rows and lets its warps share the block's
+// K; every block then needs its rows of x over all of its K (16 rows of K = 14336 are 229 KB, more than
+// shared memory), and step 10 above 8 rows is slower than step 7. Here the warps share the rows instead:
+// consumer warp w owns tile w of the block's WARPS tiles, so a block covers 16 WARPS weight rows over a
+// slice of K (grid.y), and its x is that slice only (16 rows of 3584 for a quarter of K = 14336: 57 KB).
+// Each warp sums its own tile: no sums across warps, only across the slices of K (finish_split_with).
+// A stage of the ring holds CHUNK groups of each tile (the ring of ternary_ring.cuh made for one warp a
+// tile: WARPS copies of CHUNK KiB a stage). x comes from quantize_x (the matmul launched early: its
+// weights stream in meanwhile); its rows sit in shared memory in step 10's order, so the arithmetic is
+// step 10's group_w2a8, one tile a warp.
+template <int MT, int WARPS, int STAGES, int CHUNK>
+__global__ void __launch_bounds__(32 * (WARPS + 1), 1) ternary_w2a8_tiles(
+    const uint4 *__restrict__ xq, const uint4 *__restrict__ w, float *__restrict__ z, const float *__restrict__ scale,
+    const float *__restrict__ x_scale, const int *__restrict__ row_sum, int *__restrict__ partials,
+    u32 *__restrict__ arrivals, int M, int N, int groups, int scale_stride, int groups_per_slice) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
+    // tiles blockIdx.x WARPS .. + WARPS - 1, CHUNK groups of each a stage
+    const WeightRing<WARPS, STAGES, CHUNK> ring(smem, w, 1, N, groups, groups_per_slice);
+    uint4 *xs = ring.after();
+    const int chunks = ring.chunks(), xs_stride = groups_per_slice * 16 + 4;
+    if (threadIdx.x == 0) {
+        ring.init(WARPS);  // a stage is free once every consumer warp has its tile's groups
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == WARPS) {  // the producer: the weights (they need nothing from quantize_x), every chunk as soon
+                          // as its stage is free
+        const u64 policy = evict_first_policy();
+        for (int c = 0; lane == 0 && c < chunks; ++c) ring.fill(c, policy);
+        __syncwarp();
+    } else {
+        const int tid = threadIdx.x;
+        asm volatile("griddepcontrol.wait;" ::: "memory");  // quantize_x's xq, x_scale and row_sum
+        load_xq_slice(xs, xq, m0, x_rows, groups, ring.g_begin, ring.g_end, xs_stride,
+                      (blockIdx.x % (ring.g_end - ring.g_begin)) * 16, tid, WARPS * 32);
+        consumer_barrier(WARPS);
+        int acc[4][1][MT][4] = {};
+        for (int c = 0; c < chunks; ++c) {
+            uint4 a[CHUNK][1][2];
+            const int gl = ring.group(c, 0) - ring.g_begin, ng = ring.take_tile(c, warp, lane, a);
+#pragma unroll
+            for (int cg = 0; cg < CHUNK; ++cg)
+                if (cg < ng) {
+                    uint4 xv[MT][4];
+#pragma unroll
+                    for (int j = 0; j < MT; ++j)
+#pragma unroll
+                        for (int p = 0; p < 4; ++p)
+                            xv[j][p] = xs[min(8 * j + g, x_rows - 1) * xs_stride + (gl + cg) * 16 + 4 * p + t];
+                    group_w2a8<MT, 1>(acc, a[cg], xv);
+                }
+        }
+        // the warp's tile: rows n of W (C fragment rows g, g + 8), columns m of x (2 t, 2 t + 1 of each 8)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int n = (ring.tile0 + warp) * 16 + 8 * (c >> 1) + g, m = m0 + 8 * j + 2 * t + (c & 1);
+                if (n >= N || m >= M) continue;
+                const int sum = acc[0][0][j][c] + (acc[1][0][j][c] >> 2) + (acc[2][0][j][c] >> 4) + (acc[3][0][j][c] >> 6);
+                if (gridDim.y > 1)
+                    partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
+                else  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and float (< 2^24)
+                    z[(size_t)m * N + n] = (float)(sum - __ldcg(&row_sum[m])) /
+                                           (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
+            }
+    }
+    if (gridDim.y > 1) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");  // the producer's threads may store too
+        finish_split_with(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, M, N,
+                          ring.tile0 * 16, 16 * WARPS, m0, x_rows, [&](int m, int n, int sum) {
+                              z[(size_t)m * N + n] = (float)(sum - __ldcg(&row_sum[m])) /
+                                                     (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
                           });
     }
 }

@@ -1,0 +1,59 @@
+"""Experiment (GPU): step 11 (ternary_w2a8_tiles) over its compiled configs x splits of K, per M and shape, by
+CUDA-graph replay (rotated weight copies) and profiler kernel time, each config checked bit for bit against
+step 10; the sweep behind w2a8_tiles_config. Step 7 and cuBLAS bf16 are timed in the same run.
+PYTHONPATH=$PWD python tools/experiments/w2a8_tiles_sweep.py [--m 1,16] [--shapes 4096x14336] [--slices 1,2,4]
+(writes $OUT/w2a8_tiles_sweep.json)"""
+import argparse, dataclasses, json, os, sys
+from pathlib import Path
+import torch
+from studylog import bench, ternary as T
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--m", default="1,16", help="rows of x, comma-separated")
+parser.add_argument("--shapes", default="4096x14336,8192x28672", help="N x K, comma-separated")
+parser.add_argument("--slices", default="1,2,3,4,6,8", help="splits of K to try (more where x would not fit)")
+args = parser.parse_args()
+run = bench.BenchRun("scratch", command="tools/experiments/w2a8_tiles_sweep.py " + " ".join(sys.argv[1:]))
+results = []
+for shape in args.shapes.split(","):
+    n, k = (int(v) for v in shape.split("x"))
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda"))
+    tiles, pm, wd = T.PackedTernary.pack(w, "2bit_tiles"), T.PackedTernary.pack(w, "2bit_mma"), w.to(torch.bfloat16)
+    copies = lambda p: [p] + [dataclasses.replace(p, data=p.data.clone()) for _ in range(run.rotation(p.nbytes) - 1)]
+    rotation, rotation_mma = copies(tiles), copies(pm)
+    rotation_bf16 = [wd] + [wd.clone() for _ in range(run.rotation(wd.numel() * 2) - 1)]
+    for m in (int(v) for v in args.m.split(",")):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        want = T.w2a8_bulk_matmul(x, tiles, scale, quantize="separate")
+        row = dict(n=n, k=k, m=m, default=str(T.w2a8_tiles_config(m, n, k)),
+                   cublas_graph_us=run.graph_time([lambda c=c: x @ c.T for c in rotation_bf16]) * 1e3,
+                   step7_graph_us=run.graph_time([lambda c=c: T.mma_2bit_matmul(x, c, scale) for c in rotation_mma]) * 1e3,
+                   step10_graph_us=run.graph_time([lambda c=c: T.w2a8_bulk_matmul(x, c, scale) for c in rotation]) * 1e3)
+        print(row, flush=True)
+        results.append(row)
+        seen = set()
+        for warps in (4, 8):
+            for stages, chunk in T.W2A8_TILES_SHAPES:
+                for slices in (int(v) for v in args.slices.split(",")):
+                    cfg = T.W2A8TilesConfig(warps, stages, chunk, slices)
+                    plan = T._w2a8_tiles_plan(m, n, k, cfg, run.device["sm_count"])
+                    if (plan[0].warps, plan[0].stages, plan[0].chunk, plan[2]) in seen:
+                        continue  # asked for fewer slices than x needs: the same launch as one already timed
+                    seen.add((plan[0].warps, plan[0].stages, plan[0].chunk, plan[2]))
+                    r = dict(n=n, k=k, m=m, warps=warps, stages=stages, chunk=chunk, slices=slices, grid=plan[2])
+                    fn = lambda: T.w2a8_tiles_matmul(x, tiles, scale, config=cfg)
+                    r["equal"] = bool(torch.equal(fn(), want))
+                    r["kernel_us"] = run.kernel_time(fn) * 1e3
+                    r["graph_us"] = run.graph_time(
+                        [lambda c=c, cfg=cfg: T.w2a8_tiles_matmul(x, c, scale, config=cfg) for c in rotation]) * 1e3
+                    results.append(r)
+        mine = sorted((r for r in results if (r.get("n"), r.get("k"), r.get("m")) == (n, k, m) and "graph_us" in r),
+                      key=lambda r: r["graph_us"])
+        print(n, k, m, "(warps, stages, chunk, grid, kernel us, graph us, equal):",
+              [(r["warps"], r["stages"], r["chunk"], r["grid"], round(r["kernel_us"], 2), round(r["graph_us"], 2),
+                r["equal"]) for r in mine[:6]], flush=True)
+        if not all(r["equal"] for r in mine):
+            print("NOT EQUAL to step 10:", [r for r in mine if not r["equal"]][:3], flush=True)
+meta = {key: v for key, v in run.to_json().items() if key not in ("measurements", "checks", "notes")}
+Path(os.environ.get("OUT", "/tmp"), "w2a8_tiles_sweep.json").write_text(
+    json.dumps({"meta": meta, "results": results}, indent=1))
