@@ -12,6 +12,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--m", default="1,16", help="rows of x, comma-separated")
 parser.add_argument("--shapes", default="4096x14336,8192x28672", help="N x K, comma-separated")
 parser.add_argument("--slices", default="1,2,3,4,6,8", help="splits of K to try (more where x would not fit)")
+parser.add_argument("--parts", action="store_true", help="only the default config, timed whole and in parts: "
+                    "quantize_x alone, the matmul alone (x quantised beforehand, a plain launch)")
 args = parser.parse_args()
 run = bench.BenchRun("scratch", command="tools/experiments/w2a8_tiles_sweep.py " + " ".join(sys.argv[1:]))
 results = []
@@ -31,6 +33,24 @@ for shape in args.shapes.split(","):
                    step10_graph_us=run.graph_time([lambda c=c: T.w2a8_bulk_matmul(x, c, scale) for c in rotation]) * 1e3)
         print(row, flush=True)
         results.append(row)
+        if args.parts:
+            cfg, per_slice, grid, name, smem = T._w2a8_tiles_plan(m, n, k, None, run.device["sm_count"])
+            kernel = T._w2a8_kernels(0)[1][name]
+            xq, x_scale, row_sum = T._quantize_x(x)
+            z, s = torch.empty(m, n, device="cuda"), torch.full((1,), float(scale), device="cuda")
+            sums, counts = T.CUDA_WORKSPACE.get(x.device, grid[1] * m, n) if grid[1] > 1 else (None, None)
+            partials = sums.view(torch.int32) if sums is not None else None
+            matmul = lambda c: kernel(grid, (32 * (cfg.warps + 1),), xq, c.data, z, s, x_scale, row_sum, partials,
+                                      counts, m, n, -(-k // 256), 0, per_slice, shared_mem=smem)
+            matmul(tiles)
+            parts = dict(n=n, k=k, m=m, parts=str(cfg), equal=bool(torch.equal(z, want)),
+                         whole_graph_us=run.graph_time([lambda c=c: T.w2a8_tiles_matmul(x, c, scale) for c in rotation]) * 1e3,
+                         quantize_x_graph_us=run.graph_time([lambda: T._quantize_x(x)]) * 1e3,
+                         matmul_graph_us=run.graph_time([lambda c=c: matmul(c) for c in rotation]) * 1e3,
+                         read_weights_graph_us=run.graph_time([bench.read_only(c.data) for c in rotation]) * 1e3)
+            print(parts, flush=True)
+            results.append(parts)
+            continue
         seen = set()
         for warps in (4, 8):
             for stages, chunk in T.W2A8_TILES_SHAPES:
