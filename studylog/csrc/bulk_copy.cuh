@@ -48,3 +48,10 @@ __device__ __forceinline__ u64 evict_first_policy() {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     return policy;
 }
+
+// For data that many blocks read (x): the hint lets L2 keep it.
+__device__ __forceinline__ u64 evict_last_policy() {
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
