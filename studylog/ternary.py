@@ -1857,41 +1857,43 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
 
 @dataclass(frozen=True)
 class W2A8TilesConfig:
-    """A launch of step 11: ``warps`` consumer warps (plus a producer), each owning one tile of 16 weight
-    rows, so a block covers ``16 * warps`` rows; ``stages`` stages of ``chunk`` groups (1 KiB each) a
-    tile in flight; ``slices`` cuts K across blocks (grid.y; more where a block's x would not fit)."""
+    """A launch of step 11: ``warps`` consumer warps (plus a producer), each owning ``tiles`` tiles of 16
+    weight rows, so a block covers ``16 * warps * tiles`` rows; ``stages`` stages of ``chunk`` groups
+    (1 KiB each) a tile in flight; ``slices`` cuts K across blocks (grid.y; more where a block's x would
+    not fit)."""
 
     warps: int = 8
+    tiles: int = 2
     stages: int = 4
-    chunk: int = 4
+    chunk: int = 2
     slices: int = 1
 
     def __post_init__(self):
         if self.warps not in (4, 8):
             raise ValueError(f"warps must be 4 or 8 (the compiled instances), got {self.warps!r}")
-        if (self.stages, self.chunk) not in W2A8_TILES_SHAPES:
-            raise ValueError(f"(stages, chunk) must be one of the compiled {W2A8_TILES_SHAPES}, got "
-                             f"{(self.stages, self.chunk)}")
+        if (self.tiles, self.stages, self.chunk) not in W2A8_TILES_SHAPES:
+            raise ValueError(f"(tiles, stages, chunk) must be one of the compiled {W2A8_TILES_SHAPES}, got "
+                             f"{(self.tiles, self.stages, self.chunk)}")
         if isinstance(self.slices, bool) or not isinstance(self.slices, int) or self.slices < 1:
             raise ValueError(f"slices must be a positive int, got {self.slices!r}")
 
     @property
     def rows(self) -> int:
         """Weight rows a block covers."""
-        return 16 * self.warps
+        return 16 * self.warps * self.tiles
 
     @property
     def stage_bytes(self) -> int:
         """Bytes of weights one stage holds."""
-        return 1024 * self.warps * self.chunk
+        return 1024 * self.warps * self.tiles * self.chunk
 
 
-#: (stages, chunk) of the compiled step-11 instances.
-W2A8_TILES_SHAPES = ((4, 4), (4, 2), (2, 8))
+#: (tiles a warp, stages, chunk) of the compiled step-11 instances, the preferred first.
+W2A8_TILES_SHAPES = ((2, 4, 2), (1, 4, 4), (1, 4, 2), (1, 2, 8))  # (2 tiles of 16 rows of x in 4 KiB stages spill)
 
 
-def _w2a8_tiles_instance(col_tiles: int, warps: int, stages: int, chunk: int) -> str:
-    return f"ternary_w2a8_tiles<{col_tiles}, {warps}, {stages}, {chunk}>"
+def _w2a8_tiles_instance(col_tiles: int, warps: int, tiles: int, stages: int, chunk: int) -> str:
+    return f"ternary_w2a8_tiles<{col_tiles}, {warps}, {tiles}, {stages}, {chunk}>"
 
 
 #: 8 or 16 rows of x a block (grid.z: more), 4 or 8 warps, each compiled shape.
@@ -1907,19 +1909,19 @@ def w2a8_tiles_smem_bytes(cfg: W2A8TilesConfig, x_rows: int, groups_per_slice: i
 
 
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
-    """Step 11's launch for an (M, N, K) problem: 8 warps, and of the compiled shapes the one that needs
-    the fewest waves of blocks (preferring larger chunks): for each, the slices of K that fill the GPU
-    once, or more where a block's x would not fit beside its stages."""
+    """Step 11's launch for an (M, N, K) problem: 8 warps, and of the compiled shapes the first (in
+    W2A8_TILES_SHAPES' order) that needs the fewest waves of blocks: for each, the slices of K that fill
+    the GPU once, or more where a block's x would not fit beside its stages."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
-    column_blocks = triton.cdiv(n, 16 * 8) * triton.cdiv(m, 16 if m > 8 else 8)
     best = None
-    for stages, chunk in W2A8_TILES_SHAPES:
-        cfg = W2A8TilesConfig(8, stages, chunk, 1)
+    for tiles, stages, chunk in W2A8_TILES_SHAPES:
+        cfg = W2A8TilesConfig(8, tiles, stages, chunk, 1)
         room = BULK_SMEM_LIMIT - w2a8_tiles_smem_bytes(cfg, 0, 0)
         most = (room // x_rows - 64) // GROUP_WEIGHTS_2BIT  # groups of x a block holds
         if most < 1:
             continue
+        column_blocks = triton.cdiv(n, cfg.rows) * triton.cdiv(m, 16 if m > 8 else 8)
         slices = max(triton.cdiv(groups, most), min(groups, max(1, sms // column_blocks)))
         per_slice = triton.cdiv(groups, slices)
         blocks = column_blocks * triton.cdiv(groups, per_slice)
@@ -1944,7 +1946,7 @@ def _w2a8_tiles_plan(m: int, n: int, k: int, config: Optional[W2A8TilesConfig], 
                          f"rows of x in {BULK_SMEM_LIMIT} bytes of shared memory")
     per_slice = min(triton.cdiv(groups, cfg.slices), most)  # (more slices than asked where x would not fit)
     grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
-    name = _w2a8_tiles_instance(col_tiles, cfg.warps, cfg.stages, cfg.chunk)
+    name = _w2a8_tiles_instance(col_tiles, cfg.warps, cfg.tiles, cfg.stages, cfg.chunk)
     return cfg, per_slice, grid, name, w2a8_tiles_smem_bytes(cfg, x_rows, per_slice)
 
 

@@ -1039,8 +1039,8 @@ def test_step11_compiles_to_int8_mma_and_bulk_copies_without_spills():
 def test_step11_configs_and_launch_plan():
     with pytest.raises(ValueError, match="warps must be 4 or 8"):
         T.W2A8TilesConfig(warps=2)
-    with pytest.raises(ValueError, match=r"\(stages, chunk\)"):
-        T.W2A8TilesConfig(stages=3, chunk=3)
+    with pytest.raises(ValueError, match=r"\(tiles, stages, chunk\)"):
+        T.W2A8TilesConfig(tiles=2, stages=3, chunk=3)
     with pytest.raises(ValueError, match="slices"):
         T.W2A8TilesConfig(slices=0)
     for m, n, k in [(16, 4096, 14336), (1, 4096, 14336), (16, 8192, 28672), (128, 4096, 14336), (9, 77, 513),
@@ -1050,14 +1050,14 @@ def test_step11_configs_and_launch_plan():
         assert name in T.W2A8_TILES_INSTANCES and smem <= T.BULK_SMEM_LIMIT
         assert grid[0] * cfg.rows >= n and grid[1] * per_slice >= groups > (grid[1] - 1) * per_slice
         assert grid[2] * (8 if m <= 8 else 16) >= m
-        if (m, n, k) == (16, 4096, 14336):  # the target case: K in 4 slices, 128 blocks, one wave
-            assert (grid, per_slice) == ((32, 4, 1), 14)
+        if (m, n, k) == (16, 4096, 14336):  # the target case: blocks of 256 rows, K in 8 slices, one wave
+            assert (cfg.rows, grid, per_slice) == (256, (16, 8, 1), 7)
     # a config whose x would not fit gets more slices than it asks for
-    cfg, per_slice, grid, _, smem = T._w2a8_tiles_plan(16, 4096, 14336, T.W2A8TilesConfig(8, 4, 4, 1), 132)
+    cfg, per_slice, grid, _, smem = T._w2a8_tiles_plan(16, 4096, 14336, T.W2A8TilesConfig(8, 1, 4, 4, 1), 132)
     assert grid[1] > 1 and smem <= T.BULK_SMEM_LIMIT
 
 
-STEP11_CONFIGS = [T.W2A8TilesConfig(warps, st, ch, slices) for warps in (4, 8) for st, ch in T.W2A8_TILES_SHAPES
+STEP11_CONFIGS = [T.W2A8TilesConfig(warps, *shape, slices) for warps in (4, 8) for shape in T.W2A8_TILES_SHAPES
                   for slices in (1, 3)]
 
 

@@ -78,9 +78,11 @@ struct WeightRing {
         return ng;
     }
 
-    // Step 11 (a ring made with warps = 1: a stage holds CHUNK groups of each of the RT tiles): consumer
-    // warp r owns tile r. Waits for chunk c, loads its tile's groups (as take) and frees the stage.
-    __device__ int take_tile(int c, int r, int lane, uint4 (&a)[CHUNK][1][2]) const {
+    // Step 11 (a ring made with warps = 1: a stage holds CHUNK groups of each of the RT tiles): a consumer
+    // warp owns the TILES tiles from tile r on. Waits for chunk c, loads their groups (as take) and frees
+    // the stage.
+    template <int TILES>
+    __device__ int take_tiles(int c, int r, int lane, uint4 (&a)[CHUNK][TILES][2]) const {
         const int s = c % STAGES, ng = min(CHUNK, g_end - group(c, 0));
         mbarrier_wait(&full[s], (c / STAGES) & 1);
         const uint4 *mine = stages + s * stage_pieces + r * per_chunk * 64 + lane;
@@ -88,7 +90,9 @@ struct WeightRing {
         for (int cg = 0; cg < CHUNK; ++cg)
             if (cg < ng)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) a[cg][0][h] = mine[cg * 64 + 32 * h];
+                for (int i = 0; i < TILES; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) a[cg][i][h] = mine[(i * per_chunk + cg) * 64 + 32 * h];
         __syncwarp();
         if (lane == 0) mbarrier_arrive(&empty[s]);
         return ng;

@@ -513,8 +513,10 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
 // checks at once). Step 10 gives a block RT tiles of 16 weight rows and lets its warps share the block's
 // K; every block then needs its rows of x over all of its K (16 rows of K = 14336 are 229 KB, more than
 // shared memory), and step 10 above 8 rows is slower than step 7. Here the warps share the rows instead:
-// consumer warp w owns tile w of the block's WARPS tiles, so a block covers 16 WARPS weight rows over a
-// slice of K (grid.y), and its x is that slice only (16 rows of 3584 for a quarter of K = 14336: 57 KB).
+// consumer warp w owns TILES tiles of the block's WARPS x TILES, so a block covers 16 WARPS TILES weight
+// rows over a slice of K (grid.y), and its x is that slice only (16 rows of 3584 for a quarter of
+// K = 14336: 57 KB). Every warp reads all of the block's x from shared memory, once a group for its
+// TILES tiles: with one tile a warp, x's reads were 2/3 of the shared memory's traffic at M = 16.
 // Each warp sums its own tile: no sums across warps, only across the slices of K (finish_split_with).
 // A stage of the ring holds CHUNK groups of each tile (the ring of ternary_ring.cuh made for one warp a
 // tile: WARPS copies of CHUNK KiB a stage). x comes from quantize_x (the matmul launched early: its
@@ -523,7 +525,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
 // producer thread once quantize_x is done: the consumers' own loads (step 10's load_xq_slice, 4 in
 // flight a thread) took 57 KB a block through L2 behind the weights' flood, and the matmul alone ran
 // 17.5 us at M = 16 (8.7 at M = 1) on the H200.
-template <int MT, int WARPS, int STAGES, int CHUNK>
+template <int MT, int WARPS, int TILES, int STAGES, int CHUNK>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1) ternary_w2a8_tiles(
     const uint4 *__restrict__ xq, const uint4 *__restrict__ w, float *__restrict__ z, const float *__restrict__ scale,
     const float *__restrict__ x_scale, const int *__restrict__ row_sum, int *__restrict__ partials,
@@ -531,8 +533,8 @@ __global__ void __launch_bounds__(32 * (WARPS + 1), 1) ternary_w2a8_tiles(
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = blockIdx.z * 8 * MT, x_rows = min(8 * MT, M - m0);
-    // tiles blockIdx.x WARPS .. + WARPS - 1, CHUNK groups of each a stage
-    const WeightRing<WARPS, STAGES, CHUNK> ring(smem, w, 1, N, groups, groups_per_slice);
+    // tiles blockIdx.x WARPS TILES .. + WARPS TILES - 1, CHUNK groups of each a stage
+    const WeightRing<WARPS * TILES, STAGES, CHUNK> ring(smem, w, 1, N, groups, groups_per_slice);
     uint4 *xs = ring.after();
     const int chunks = ring.chunks(), xs_stride = groups_per_slice * 16 + 4;
     u64 *x_full = ring.spare_barriers();  // x's rows are in shared memory
@@ -559,10 +561,10 @@ __global__ void __launch_bounds__(32 * (WARPS + 1), 1) ternary_w2a8_tiles(
     } else {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // quantize_x's x_scale and row_sum (the epilogue)
         mbarrier_wait(x_full, 0);
-        int acc[4][1][MT][4] = {};
+        int acc[4][TILES][MT][4] = {};
         for (int c = 0; c < chunks; ++c) {
-            uint4 a[CHUNK][1][2];
-            const int gl = ring.group(c, 0) - ring.g_begin, ng = ring.take_tile(c, warp, lane, a);
+            uint4 a[CHUNK][TILES][2];
+            const int gl = ring.group(c, 0) - ring.g_begin, ng = ring.take_tiles(c, warp * TILES, lane, a);
 #pragma unroll
             for (int cg = 0; cg < CHUNK; ++cg)
                 if (cg < ng) {
@@ -572,28 +574,32 @@ __global__ void __launch_bounds__(32 * (WARPS + 1), 1) ternary_w2a8_tiles(
 #pragma unroll
                         for (int p = 0; p < 4; ++p)
                             xv[j][p] = xs[min(8 * j + g, x_rows - 1) * xs_stride + (gl + cg) * 16 + 4 * p + t];
-                    group_w2a8<MT, 1>(acc, a[cg], xv);
+                    group_w2a8<MT, TILES>(acc, a[cg], xv);
                 }
         }
-        // the warp's tile: rows n of W (C fragment rows g, g + 8), columns m of x (2 t, 2 t + 1 of each 8)
+        // the warp's tiles: rows n of W (C fragment rows g, g + 8), columns m of x (2 t, 2 t + 1 of each 8)
 #pragma unroll
-        for (int j = 0; j < MT; ++j)
+        for (int i = 0; i < TILES; ++i)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int n = (ring.tile0 + warp) * 16 + 8 * (c >> 1) + g, m = m0 + 8 * j + 2 * t + (c & 1);
-                if (n >= N || m >= M) continue;
-                const int sum = acc[0][0][j][c] + (acc[1][0][j][c] >> 2) + (acc[2][0][j][c] >> 4) + (acc[3][0][j][c] >> 6);
-                if (gridDim.y > 1)
-                    partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
-                else  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and float (< 2^24)
-                    z[(size_t)m * N + n] = (float)(sum - __ldcg(&row_sum[m])) /
-                                           (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
-            }
+            for (int j = 0; j < MT; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int n = (ring.tile0 + warp * TILES + i) * 16 + 8 * (c >> 1) + g;
+                    const int m = m0 + 8 * j + 2 * t + (c & 1);
+                    if (n >= N || m >= M) continue;
+                    const int sum = acc[0][i][j][c] + (acc[1][i][j][c] >> 2) + (acc[2][i][j][c] >> 4) +
+                                    (acc[3][i][j][c] >> 6);
+                    if (gridDim.y > 1)
+                        partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
+                    else  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and float (< 2^24)
+                        z[(size_t)m * N + n] = (float)(sum - __ldcg(&row_sum[m])) /
+                                               (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
+                }
     }
     if (gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // the producer's threads may store too
         finish_split_with(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, M, N,
-                          ring.tile0 * 16, 16 * WARPS, m0, x_rows, [&](int m, int n, int sum) {
+                          ring.tile0 * 16, 16 * WARPS * TILES, m0, x_rows, [&](int m, int n, int sum) {
                               z[(size_t)m * N + n] = (float)(sum - __ldcg(&row_sum[m])) /
                                                      (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
                           });

@@ -53,14 +53,15 @@ for shape in args.shapes.split(","):
             continue
         seen = set()
         for warps in (4, 8):
-            for stages, chunk in T.W2A8_TILES_SHAPES:
+            for tiles_a_warp, stages, chunk in T.W2A8_TILES_SHAPES:
                 for slices in (int(v) for v in args.slices.split(",")):
-                    cfg = T.W2A8TilesConfig(warps, stages, chunk, slices)
+                    cfg = T.W2A8TilesConfig(warps, tiles_a_warp, stages, chunk, slices)
                     plan = T._w2a8_tiles_plan(m, n, k, cfg, run.device["sm_count"])
-                    if (plan[0].warps, plan[0].stages, plan[0].chunk, plan[2]) in seen:
+                    if (cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, plan[2]) in seen:
                         continue  # asked for fewer slices than x needs: the same launch as one already timed
-                    seen.add((plan[0].warps, plan[0].stages, plan[0].chunk, plan[2]))
-                    r = dict(n=n, k=k, m=m, warps=warps, stages=stages, chunk=chunk, slices=slices, grid=plan[2])
+                    seen.add((cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, plan[2]))
+                    r = dict(n=n, k=k, m=m, warps=warps, tiles=tiles_a_warp, stages=stages, chunk=chunk, slices=slices,
+                             grid=plan[2])
                     fn = lambda: T.w2a8_tiles_matmul(x, tiles, scale, config=cfg)
                     r["equal"] = bool(torch.equal(fn(), want))
                     r["kernel_us"] = run.kernel_time(fn) * 1e3
@@ -69,8 +70,8 @@ for shape in args.shapes.split(","):
                     results.append(r)
         mine = sorted((r for r in results if (r.get("n"), r.get("k"), r.get("m")) == (n, k, m) and "graph_us" in r),
                       key=lambda r: r["graph_us"])
-        print(n, k, m, "(warps, stages, chunk, grid, kernel us, graph us, equal):",
-              [(r["warps"], r["stages"], r["chunk"], r["grid"], round(r["kernel_us"], 2), round(r["graph_us"], 2),
+        print(n, k, m, "(warps, tiles, stages, chunk, grid, kernel us, graph us, equal):",
+              [(r["warps"], r["tiles"], r["stages"], r["chunk"], r["grid"], round(r["kernel_us"], 2), round(r["graph_us"], 2),
                 r["equal"]) for r in mine[:6]], flush=True)
         if not all(r["equal"] for r in mine):
             print("NOT EQUAL to step 10:", [r for r in mine if not r["equal"]][:3], flush=True)
