@@ -1862,8 +1862,8 @@ class W2A8TilesConfig:
     (1 KiB each) a tile in flight; ``slices`` cuts K across blocks (grid.y; more where a block's x would
     not fit)."""
 
-    warps: int = 8
-    tiles: int = 2
+    warps: int = 4
+    tiles: int = 1
     stages: int = 4
     chunk: int = 2
     slices: int = 1
@@ -1889,7 +1889,7 @@ class W2A8TilesConfig:
 
 
 #: (tiles a warp, stages, chunk) of the compiled step-11 instances, the preferred first.
-W2A8_TILES_SHAPES = ((2, 4, 2), (1, 4, 4), (1, 4, 2), (1, 2, 8))  # (2 tiles of 16 rows of x in 4 KiB stages spill)
+W2A8_TILES_SHAPES = ((1, 4, 2), (1, 2, 8), (1, 4, 4), (2, 4, 2))  # (2 tiles of 16 rows of x in 4 KiB stages spill)
 
 
 def _w2a8_tiles_instance(col_tiles: int, warps: int, tiles: int, stages: int, chunk: int) -> str:
@@ -1909,14 +1909,15 @@ def w2a8_tiles_smem_bytes(cfg: W2A8TilesConfig, x_rows: int, groups_per_slice: i
 
 
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
-    """Step 11's launch for an (M, N, K) problem: 8 warps, and of the compiled shapes the first (in
+    """Step 11's launch for an (M, N, K) problem: 4 warps of one tile each (the H200 sweep's best at
+    4096 x 14336, M = 1 and 16: two tiles a warp were slower), and of the compiled shapes the first (in
     W2A8_TILES_SHAPES' order) that needs the fewest waves of blocks: for each, the slices of K that fill
     the GPU once, or more where a block's x would not fit beside its stages."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
     best = None
     for tiles, stages, chunk in W2A8_TILES_SHAPES:
-        cfg = W2A8TilesConfig(8, tiles, stages, chunk, 1)
+        cfg = W2A8TilesConfig(4, tiles, stages, chunk, 1)
         room = BULK_SMEM_LIMIT - w2a8_tiles_smem_bytes(cfg, 0, 0)
         most = (room // x_rows - 64) // GROUP_WEIGHTS_2BIT  # groups of x a block holds
         if most < 1:

@@ -1051,8 +1051,8 @@ def test_step11_configs_and_launch_plan():
         assert name in T.W2A8_TILES_INSTANCES and smem <= T.BULK_SMEM_LIMIT
         assert grid[0] * cfg.rows >= n and grid[1] * per_slice >= groups > (grid[1] - 1) * per_slice
         assert grid[2] * (8 if m <= 8 else 16) >= m
-        if (m, n, k) == (16, 4096, 14336):  # the target case: blocks of 256 rows, K in 8 slices, one wave
-            assert (cfg.rows, grid, per_slice) == (256, (16, 8, 1), 7)
+        if (m, n, k) == (16, 4096, 14336):  # the target case: blocks of 64 rows, K in 2 slices, one wave
+            assert (cfg.rows, grid, per_slice) == (64, (64, 2, 1), 28)
     # a config whose x would not fit gets more slices than it asks for
     cfg, per_slice, grid, _, smem = T._w2a8_tiles_plan(16, 4096, 14336, T.W2A8TilesConfig(8, 1, 4, 4, 1), 132)
     assert grid[1] > 1 and smem <= T.BULK_SMEM_LIMIT
