@@ -2,7 +2,7 @@
 CUDA-graph replay (rotated weight copies) and profiler kernel time, each config checked bit for bit against
 step 10; the sweep behind w2a8_tiles_config. Step 7 and cuBLAS bf16 are timed in the same run.
 PYTHONPATH=$PWD python tools/experiments/w2a8_tiles_sweep.py [--m 1,16] [--shapes 4096x14336] [--slices 1,2,4]
-(writes $OUT/w2a8_tiles_sweep.json)"""
+(writes $OUT/w2a8_tiles_sweep.json, or w2a8_tiles_parts.json with --parts)"""
 import argparse, dataclasses, json, os, sys
 from pathlib import Path
 import torch
@@ -76,5 +76,5 @@ for shape in args.shapes.split(","):
         if not all(r["equal"] for r in mine):
             print("NOT EQUAL to step 10:", [r for r in mine if not r["equal"]][:3], flush=True)
 meta = {key: v for key, v in run.to_json().items() if key not in ("measurements", "checks", "notes")}
-Path(os.environ.get("OUT", "/tmp"), "w2a8_tiles_sweep.json").write_text(
+Path(os.environ.get("OUT", "/tmp"), "w2a8_tiles_parts.json" if args.parts else "w2a8_tiles_sweep.json").write_text(
     json.dumps({"meta": meta, "results": results}, indent=1))
