@@ -235,20 +235,24 @@ def _compile(text: str, name: str, arch: str, options: Sequence[str], name_expre
         opts += list(options)
         encoded = [o.encode() for o in opts]
         (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
+        # NVRTC writes into the buffers it is given: they must be mutable and our own. (b" " * size was
+        # neither: for an empty log, size 1, it is Python's shared b" ", which NVRTC then turned into b"\0"
+        # for the whole process, and outlines-core lost the space token.)
         size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        log = b" " * size
+        log = bytearray(size)
         _check_nvrtc((nvrtc.nvrtcGetProgramLog(prog, log)[0], None), "log")
         log_text = log.decode(errors="replace").rstrip("\x00").strip()
         if compile_err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CudaCompileError(f"NVRTC could not compile {name} for {arch}:\n{log_text}")
         size = _check_nvrtc(nvrtc.nvrtcGetPTXSize(prog), "PTX size")
-        ptx = b" " * size
+        ptx = bytearray(size)
         _check_nvrtc((nvrtc.nvrtcGetPTX(prog, ptx)[0], None), "PTX")
         cubin = None
         if arch.startswith("sm_"):
             size = _check_nvrtc(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-            cubin = b" " * size
+            cubin = bytearray(size)
             _check_nvrtc((nvrtc.nvrtcGetCUBIN(prog, cubin)[0], None), "cubin")
+            cubin = bytes(cubin)
         lowered = {}
         for expr in name_expressions:
             lowered[expr] = _check_nvrtc(nvrtc.nvrtcGetLoweredName(prog, expr.encode()), "lowered name").decode()

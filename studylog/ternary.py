@@ -2457,9 +2457,10 @@ def figures(results) -> dict:
         "cublas_bf16", m=m)[0]]
     if graph_ms:
         fig, axes = plt.subplots(1, len(graph_ms), figsize=(5.6 * len(graph_ms), 4.2), squeeze=False)
+        graphed = ("mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k", "w2a8_tiles")
+        colors = dict(zip(graphed, plt.rcParams["axes.prop_cycle"].by_key()["color"]))  # the same in both panels
         for ax, m in zip(axes[0], graph_ms):
-            series = [s for s in ("mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k", "w2a8_tiles")
-                      if any("graph_ms" in r for r in results.select(s, m=m))]
+            series = [s for s in graphed if any("graph_ms" in r for r in results.select(s, m=m))]
             width = 0.8 / max(1, len(series))
             for i, s in enumerate(series):
                 vals = []
@@ -2468,7 +2469,7 @@ def figures(results) -> dict:
                     ok = base and mine and "graph_ms" in base[0] and "graph_ms" in mine[0]
                     vals.append(base[0]["graph_ms"] / mine[0]["graph_ms"] if ok else np.nan)
                 ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width,
-                       label=SERIES_LABELS[s])
+                       label=SERIES_LABELS[s], color=colors[s])
             ax.axhline(1.0, color="k", lw=1)
             for want, shape in {1: ((4.0, "4096x14336"), (6.0, "8192x28672")), 16: ((3.0, "4096x14336"),)}.get(m, ()):
                 if shape in shapes:

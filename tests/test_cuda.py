@@ -66,6 +66,16 @@ def test_compiles_are_kept_between_processes_and_keyed_by_what_nvrtc_sees(tmp_pa
     assert cuda.compile_cache_dir() is None and cuda._cache_file(KERNEL % 1, "kernel.cu", "sm_90", (), ()) is None
 
 
+def test_compiling_leaves_python_s_shared_bytes_alone(tmp_path, monkeypatch):
+    """NVRTC writes its log into the buffer it is given: a PTX-only compile has an empty log (1 byte), and a
+    buffer made as b" " * 1 is Python's one shared b" ", which NVRTC overwrote with a NUL for the whole
+    process (outlines-core then lost its space token, in whichever test ran next)."""
+    monkeypatch.setenv("STUDYLOG_NVRTC_CACHE", "off")
+    for arch in ("compute_90", "sm_90"):
+        cuda.compile_source(KERNEL % 3, arch=arch)
+    assert b" " * 1 == bytes([32]) and b"a"[0] == 97
+
+
 def test_compile_error_carries_the_log():
     with pytest.raises(cuda.CudaCompileError, match="undefined"):
         cuda.compile_source('extern "C" __global__ void k() { undefined_thing(); }\n')
