@@ -73,7 +73,7 @@ def test_compiling_leaves_python_s_shared_bytes_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLOG_NVRTC_CACHE", "off")
     for arch in ("compute_90", "sm_90"):
         cuda.compile_source(KERNEL % 3, arch=arch)
-    assert b" " * 1 == bytes([32]) and b"a"[0] == 97
+    assert bytes([32])[0] == 32 and " ".encode()[0] == 32  # (Python's one-byte b" " reads as a space still)
 
 
 def test_compile_error_carries_the_log():
