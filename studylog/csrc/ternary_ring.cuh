@@ -63,29 +63,24 @@ struct WeightRing {
     // into a (words 4 t .. 4 t + 3 of rows g and g + 8 of each tile, as step 8), and frees the stage.
     // Returns how many groups it got.
     __device__ int take(int c, int warp, int lane, uint4 (&a)[CHUNK][RT][2], bool wait) const {
-        const int s = c % STAGES, ng = min(CHUNK, g_end - group(c, warp));
-        if (wait) mbarrier_wait(&full[s], (c / STAGES) & 1);
-        const uint4 *mine = stages + s * stage_pieces + warp * CHUNK * 64 + lane;
-#pragma unroll
-        for (int cg = 0; cg < CHUNK; ++cg)
-            if (cg < ng)
-#pragma unroll
-                for (int r = 0; r < RT; ++r)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) a[cg][r][h] = mine[(r * per_chunk + cg) * 64 + 32 * h];
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&empty[s]);  // the stage is in registers: free to refill
-        return ng;
+        return take_from<RT>(c, warp * CHUNK * 64, group(c, warp), lane, a, wait);
     }
 
     // Step 11 (a ring made with warps = 1: a stage holds CHUNK groups of each of the RT tiles): a consumer
-    // warp owns the TILES tiles from tile r on. Waits for chunk c, loads their groups (as take) and frees
-    // the stage.
+    // warp owns the TILES tiles from tile r on. Waits for chunk c, loads their groups and frees the stage.
     template <int TILES>
     __device__ int take_tiles(int c, int r, int lane, uint4 (&a)[CHUNK][TILES][2]) const {
-        const int s = c % STAGES, ng = min(CHUNK, g_end - group(c, 0));
-        mbarrier_wait(&full[s], (c / STAGES) & 1);
-        const uint4 *mine = stages + s * stage_pieces + r * per_chunk * 64 + lane;
+        return take_from<TILES>(c, r * per_chunk * 64, group(c, 0), lane, a, true);
+    }
+
+  private:
+    // Both takes: TILES tiles' groups of chunk c, from piece `offset` of its stage on (each tile
+    // per_chunk groups further), the first of them group `first`.
+    template <int TILES>
+    __device__ int take_from(int c, int offset, int first, int lane, uint4 (&a)[CHUNK][TILES][2], bool wait) const {
+        const int s = c % STAGES, ng = min(CHUNK, g_end - first);
+        if (wait) mbarrier_wait(&full[s], (c / STAGES) & 1);
+        const uint4 *mine = stages + s * stage_pieces + offset + lane;
 #pragma unroll
         for (int cg = 0; cg < CHUNK; ++cg)
             if (cg < ng)
@@ -94,7 +89,7 @@ struct WeightRing {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) a[cg][i][h] = mine[(i * per_chunk + cg) * 64 + 32 * h];
         __syncwarp();
-        if (lane == 0) mbarrier_arrive(&empty[s]);
+        if (lane == 0) mbarrier_arrive(&empty[s]);  // the stage is in registers: free to refill
         return ng;
     }
 };
