@@ -1612,12 +1612,12 @@ def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
     return b - within + 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1)
 
 
-def w2a8_smem_bytes(cfg: BulkConfig, x_rows: int, groups_per_slice: int) -> int:
-    """Dynamic shared memory of a step-10 block: mbarriers, stages and its int8 x."""
+def w2a8_smem_bytes(cfg: Union[BulkConfig, "W2A8TilesConfig"], x_rows: int, groups_per_slice: int) -> int:
+    """Dynamic shared memory of a step-10 or step-11 block: mbarriers, stages and its int8 x."""
     return BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_rows * (groups_per_slice * 256 + 64)
 
 
-def w2a8_max_groups_per_slice(cfg: BulkConfig, x_rows: int) -> int:
+def w2a8_max_groups_per_slice(cfg: Union[BulkConfig, "W2A8TilesConfig"], x_rows: int) -> int:
     """The longest slice of K (in groups of 256) whose int8 x fits beside the stages."""
     room = BULK_SMEM_LIMIT - BULK_BARRIER_BYTES - cfg.stages * cfg.stage_bytes
     return max(1, (room // x_rows - 64) // 256)
@@ -1903,11 +1903,6 @@ cuda.declare_instances("ternary_w2a8", W2A8_TILES_INSTANCES)
 W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
 
 
-def w2a8_tiles_smem_bytes(cfg: W2A8TilesConfig, x_rows: int, groups_per_slice: int) -> int:
-    """Dynamic shared memory of a step-11 block: mbarriers, stages and its rows of int8 x."""
-    return BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_rows * (groups_per_slice * 256 + 64)
-
-
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
     """Step 11's launch for an (M, N, K) problem: 4 warps of one tile each (the H200 sweep's best at
     4096 x 14336, M = 1 and 16: two tiles a warp were slower), and of the compiled shapes the first (in
@@ -1918,15 +1913,12 @@ def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8
     best = None
     for tiles, stages, chunk in W2A8_TILES_SHAPES:
         cfg = W2A8TilesConfig(4, tiles, stages, chunk, 1)
-        room = BULK_SMEM_LIMIT - w2a8_tiles_smem_bytes(cfg, 0, 0)
-        most = (room // x_rows - 64) // GROUP_WEIGHTS_2BIT  # groups of x a block holds
-        if most < 1:
-            continue
         column_blocks = triton.cdiv(n, cfg.rows) * triton.cdiv(m, 16 if m > 8 else 8)
-        slices = max(triton.cdiv(groups, most), min(groups, max(1, sms // column_blocks)))
+        slices = max(triton.cdiv(groups, w2a8_max_groups_per_slice(cfg, x_rows)),
+                     min(groups, max(1, sms // column_blocks)))
         per_slice = triton.cdiv(groups, slices)
         blocks = column_blocks * triton.cdiv(groups, per_slice)
-        per_sm = SM_SMEM_BYTES // (w2a8_tiles_smem_bytes(cfg, x_rows, per_slice) + 1024)
+        per_sm = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, per_slice) + 1024)
         waves = triton.cdiv(blocks, sms * max(per_sm, 1))
         if best is None or waves < best[0]:
             best = (waves, replace(cfg, slices=slices))
@@ -1940,15 +1932,11 @@ def _w2a8_tiles_plan(m: int, n: int, k: int, config: Optional[W2A8TilesConfig], 
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2
     x_rows = min(m, 8 * col_tiles)
-    room = BULK_SMEM_LIMIT - w2a8_tiles_smem_bytes(cfg, 0, 0)
-    most = (room // x_rows - 64) // GROUP_WEIGHTS_2BIT
-    if most < 1:
-        raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for {x_rows} "
-                         f"rows of x in {BULK_SMEM_LIMIT} bytes of shared memory")
-    per_slice = min(triton.cdiv(groups, cfg.slices), most)  # (more slices than asked where x would not fit)
+    # (more slices than asked where x would not fit; every compiled shape leaves room for 23 groups of 16 rows)
+    per_slice = min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
     grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
     name = _w2a8_tiles_instance(col_tiles, cfg.warps, cfg.tiles, cfg.stages, cfg.chunk)
-    return cfg, per_slice, grid, name, w2a8_tiles_smem_bytes(cfg, x_rows, per_slice)
+    return cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice)
 
 
 def w2a8_tiles_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
