@@ -2413,64 +2413,48 @@ def figures(results) -> dict:
     ms_present = sorted({r["params"]["m"] for r in results.rows if "m" in r["params"]})
     figs = {}
 
-    fig, axes = plt.subplots(1, len(ms_present), figsize=(5.2 * len(ms_present), 4.2), squeeze=False)
-    for ax, m in zip(axes[0], ms_present):
-        series = [s for s in (["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8", "mma_2bit", "cuda_mma", "bulk",
-                               "w2a8_bulk", "w2a8_tiles"] if m == 1
-                              else BATCH_SERIES)
-                  if results.select(s, m=m)]
-        width = 0.8 / max(1, len(series))
-        for i, s in enumerate(series):
-            vals = []
-            for shape in shapes:
-                base, t = _ms(results, "cublas_bf16", shape=shape, m=m), _ms(results, s, shape=shape, m=m)
-                vals.append(base / t if base and t else np.nan)
-            ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width, label=SERIES_LABELS[s])
-        ax.axhline(1.0, color="k", lw=1)
-        targets = {1: ((4.0, "4096x14336"), (6.0, "8192x28672")), 16: ((3.0, "4096x14336"),)}.get(m, ())
-        for want, shape in targets:
-            if shape in shapes:
-                j = shapes.index(shape)
-                ax.plot([j - 0.45, j + 0.45], [want, want], "r--", lw=1.2)
-        ax.set_xticks(range(len(shapes)), shapes, rotation=35, ha="right", fontsize=8)
-        ax.set_ylabel("speedup over cuBLAS bf16 (do_bench)")
-        ax.set_title(f"M = {m}" + ("  (red: the issue's targets)" if m in (1, 16) else ""), fontsize=10)
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(results.caption(), fontsize=8)
-    fig.tight_layout()
-    figs["speedup"] = fig
-
-    graph_ms = [m for m in ms_present if results.select("cublas_bf16", m=m) and "graph_ms" in results.select(
-        "cublas_bf16", m=m)[0]]
-    if graph_ms:
-        fig, axes = plt.subplots(1, len(graph_ms), figsize=(5.6 * len(graph_ms), 4.2), squeeze=False)
-        graphed = ("mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k", "w2a8_tiles")
-        colors = dict(zip(graphed, plt.rcParams["axes.prop_cycle"].by_key()["color"]))  # the same in both panels
-        for ax, m in zip(axes[0], graph_ms):
-            series = [s for s in graphed if any("graph_ms" in r for r in results.select(s, m=m))]
-            width = 0.8 / max(1, len(series))
+    def speedup_figure(panels, clock, label, width_each):
+        """One panel per M: for each series, cuBLAS bf16's time over its own by `clock`, per shape; the
+        issue's targets as red dashes. panels: (M, series, title) each; a series keeps its colour."""
+        colours = {}
+        cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        fig, axes = plt.subplots(1, len(panels), figsize=(width_each * len(panels), 4.2), squeeze=False)
+        for ax, (m, series, title) in zip(axes[0], panels):
+            bar = 0.8 / max(1, len(series))
             for i, s in enumerate(series):
                 vals = []
                 for shape in shapes:
                     base, mine = results.select("cublas_bf16", shape=shape, m=m), results.select(s, shape=shape, m=m)
-                    ok = base and mine and "graph_ms" in base[0] and "graph_ms" in mine[0]
-                    vals.append(base[0]["graph_ms"] / mine[0]["graph_ms"] if ok else np.nan)
-                ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width,
-                       label=SERIES_LABELS[s], color=colors[s])
+                    ok = base and mine and clock in base[0] and clock in mine[0]
+                    vals.append(base[0][clock] / mine[0][clock] if ok else np.nan)
+                colour = colours.setdefault(s, cycle[len(colours) % len(cycle)])
+                ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * bar, vals, bar, label=SERIES_LABELS[s],
+                       color=colour)
             ax.axhline(1.0, color="k", lw=1)
             for want, shape in {1: ((4.0, "4096x14336"), (6.0, "8192x28672")), 16: ((3.0, "4096x14336"),)}.get(m, ()):
                 if shape in shapes:
                     j = shapes.index(shape)
                     ax.plot([j - 0.45, j + 0.45], [want, want], "r--", lw=1.2)
             ax.set_xticks(range(len(shapes)), shapes, rotation=35, ha="right", fontsize=8)
-            ax.set_ylabel("speedup over cuBLAS bf16 (CUDA graph)")
-            ax.set_title(f"M = {m}, each replayed in a CUDA graph (red: the issue's targets)", fontsize=10)
+            ax.set_ylabel(f"speedup over cuBLAS bf16 ({label})")
+            ax.set_title(title, fontsize=10)
             ax.grid(True, axis="y", alpha=0.3)
             ax.legend(fontsize=7)
         fig.suptitle(results.caption(), fontsize=8)
         fig.tight_layout()
-        figs["speedup_graph"] = fig
+        return fig
+
+    m1 = ["gemv_2bit", "gemv_base3", "dot_2bit", "w2a8", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_tiles"]
+    figs["speedup"] = speedup_figure(
+        [(m, [s for s in (m1 if m == 1 else BATCH_SERIES) if results.select(s, m=m)],
+          f"M = {m}" + ("  (red: the issue's targets)" if m in (1, 16) else "")) for m in ms_present],
+        "ms", "do_bench", 5.2)
+    graphed = ("mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k", "w2a8_tiles")
+    graph_panels = [(m, [s for s in graphed if any("graph_ms" in r for r in results.select(s, m=m))],
+                     f"M = {m}, each replayed in a CUDA graph (red: the issue's targets)")
+                    for m in ms_present if any("graph_ms" in r for r in results.select("cublas_bf16", m=m))]
+    if graph_panels:
+        figs["speedup_graph"] = speedup_figure(graph_panels, "graph_ms", "CUDA graph", 5.6)
 
     fig, ax = plt.subplots(figsize=(6.4, 5))
     lo, hi = math.inf, 0.0
