@@ -232,6 +232,15 @@ __device__ __forceinline__ void mma_u8s8(int *c, u32 a0, u32 a1, u32 a2, u32 a3,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// acc[p'] counts code p' four^p' times over (group_w2a8): exact shifts bring the four to one sum.
+__device__ __forceinline__ int w2a8_sum(int a0, int a1, int a2, int a3) { return a0 + (a1 >> 2) + (a2 >> 4) + (a3 >> 6); }
+
+// z from a row's sum of x_q (w + 1): sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and in float (< 2^24),
+// over the scales of the row of x and of the weights.
+__device__ __forceinline__ float w2a8_z(int sum, int x_sum, float x_scale, float w_scale) {
+    return (float)(sum - x_sum) / (x_scale * w_scale);
+}
+
 // One group (256 weights a row) of RT row tiles against MT tiles of 8 x rows. a[r][h] holds words
 // 4 t .. 4 t + 3 of row 8 h + g of tile r (step 8's load); xv[j][p'] holds thread t's B registers of
 // x row 8 j + g for code p'. Step (p', q): A = code p' of words 4 t + 2 q (columns 4 t ..) and
@@ -479,23 +488,19 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                 }
         }
 
-        // acc[p'] counts code p' four^p' times over: exact shifts bring the four to one sum
         add_warp_sums<RT, MT>(reinterpret_cast<int *>(ring.stages), warps, x_rows,
                               [&](int r, int j, int c) {
-                                  return acc[0][r][j][c] + (acc[1][r][j][c] >> 2) + (acc[2][r][j][c] >> 4) +
-                                         (acc[3][r][j][c] >> 6);
+                                  return w2a8_sum(acc[0][r][j][c], acc[1][r][j][c], acc[2][r][j][c], acc[3][r][j][c]);
                               },
                               [&](int row, int col, int sum) {
                                   const int n = tile0 * 16 + row, m = m0 + col;
                                   if (n >= N) return;
                                   if (gridDim.y > 1) {
                                       partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
-                                  } else {  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and float (< 2^24)
-                                      // (row_sum, x_scale: another kernel's or, in 2, another block's)
+                                  } else {  // (row_sum, x_scale: another kernel's or, in 2, another block's)
                                       const int xsum = FUSED ? row_sums[col] : __ldcg(&row_sum[m]);
                                       const float xsc = FUSED ? row_scales[col] : __ldcg(&x_scale[m]);
-                                      z[(size_t)m * N + n] =
-                                          (float)(sum - xsum) / (xsc * scale[(size_t)n * scale_stride]);
+                                      z[(size_t)m * N + n] = w2a8_z(sum, xsum, xsc, scale[(size_t)n * scale_stride]);
                                   }
                               });
     }
@@ -504,8 +509,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
         finish_split_with(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, M, N, tile0 * 16, 16 * RT,
                           m0, x_rows, [&](int m, int n, int sum) {
                               z[(size_t)m * N + n] =
-                                  (float)(sum - __ldcg(&row_sum[m])) /
-                                  (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
+                                  w2a8_z(sum, __ldcg(&row_sum[m]), __ldcg(&x_scale[m]), scale[(size_t)n * scale_stride]);
                           });
     }
 }
@@ -588,21 +592,20 @@ __global__ void __launch_bounds__(32 * (WARPS + 1), 1) ternary_w2a8_tiles(
                     const int n = (ring.tile0 + warp * TILES + i) * 16 + 8 * (c >> 1) + g;
                     const int m = m0 + 8 * j + 2 * t + (c & 1);
                     if (n >= N || m >= M) continue;
-                    const int sum = acc[0][i][j][c] + (acc[1][i][j][c] >> 2) + (acc[2][i][j][c] >> 4) +
-                                    (acc[3][i][j][c] >> 6);
+                    const int sum = w2a8_sum(acc[0][i][j][c], acc[1][i][j][c], acc[2][i][j][c], acc[3][i][j][c]);
                     if (gridDim.y > 1)
                         partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
-                    else  // sum_k x_k (w_k + 1) - sum_k x_k, exact in int32 and float (< 2^24)
-                        z[(size_t)m * N + n] = (float)(sum - __ldcg(&row_sum[m])) /
-                                               (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
+                    else
+                        z[(size_t)m * N + n] =
+                            w2a8_z(sum, __ldcg(&row_sum[m]), __ldcg(&x_scale[m]), scale[(size_t)n * scale_stride]);
                 }
     }
     if (gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // the producer's threads may store too
         finish_split_with(arrivals, blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, partials, M, N,
                           ring.tile0 * 16, 16 * WARPS * TILES, m0, x_rows, [&](int m, int n, int sum) {
-                              z[(size_t)m * N + n] = (float)(sum - __ldcg(&row_sum[m])) /
-                                                     (__ldcg(&x_scale[m]) * scale[(size_t)n * scale_stride]);
+                              z[(size_t)m * N + n] =
+                                  w2a8_z(sum, __ldcg(&row_sum[m]), __ldcg(&x_scale[m]), scale[(size_t)n * scale_stride]);
                           });
     }
 }
