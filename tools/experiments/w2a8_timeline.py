@@ -48,8 +48,8 @@ __device__ __forceinline__ unsigned long long gtime() { unsigned long long t; as
 ''', '''            const int gc = ring.group(c, warp), ng = ring.take(c, warp, lane, a, W2A8_PROBE != 2);
             if (threadIdx.x == 0 && c < 24) TRC(4 + c);
 ''')
-    rep('''        // acc[p']''', '''        if (threadIdx.x == 0) TRC(2);
-        // acc[p']''')
+    rep('''        add_warp_sums<RT, MT>(''', '''        if (threadIdx.x == 0) TRC(2);
+        add_warp_sums<RT, MT>(''')
     rep('''    if (!FUSED && gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // every thread''', '''    if (threadIdx.x == 0) { TRC(3); g_trace[64 * BLK + 63] = gtime(); }
     if (!FUSED && gridDim.y > 1) {
