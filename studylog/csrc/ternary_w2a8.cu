@@ -521,7 +521,8 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
 // consumer warp w owns TILES tiles of the block's WARPS x TILES, so a block covers 16 WARPS TILES weight
 // rows over a slice of K (grid.y), and its x is that slice only (16 rows of 3584 for a quarter of
 // K = 14336: 57 KB). Every warp reads all of the block's x from shared memory, once a group for its
-// TILES tiles: with one tile a warp, x's reads were 2/3 of the shared memory's traffic at M = 16.
+// TILES tiles. Two tiles a warp halve those reads (2/3 of the shared memory's traffic at M = 16 with one)
+// but were slower on the H200 (20.6 against 16.5 us at 4096 x 14336, M = 16): one is the default.
 // Each warp sums its own tile: no sums across warps, only across the slices of K (finish_split_with).
 // A stage of the ring holds CHUNK groups of each tile (the ring of ternary_ring.cuh made for one warp a
 // tile: WARPS copies of CHUNK KiB a stage). x comes from quantize_x (the matmul launched early: its
