@@ -196,6 +196,15 @@ class BenchRun:
         l2 = self.device.get("l2_cache_bytes") or 64 * 2**20
         return max(1, -(-4 * l2 // max(int(nbytes), 1)))
 
+    def rotated(self, weights: Any) -> list:
+        """``weights`` and copies of it, :meth:`rotation` of them in all: a tensor, or a dataclass that keeps
+        its bytes in a tensor ``data`` (a packed weight format), copied with that tensor cloned."""
+        import dataclasses
+
+        data = weights if isinstance(weights, torch.Tensor) else weights.data
+        clone = weights.clone if data is weights else lambda: dataclasses.replace(weights, data=data.clone())
+        return [weights] + [clone() for _ in range(self.rotation(data.numel() * data.element_size()) - 1)]
+
     def graph_time(self, calls: list[Callable[[], Any]], *, min_calls: int = 60, reps: int = 15) -> float:
         """Median GPU time per call, in milliseconds, of ``calls`` replayed in a CUDA graph, as a serving
         engine runs decode steps: no host in the loop, so neither Python's launch cost nor do_bench's

@@ -2106,12 +2106,9 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
     copies: dict[int, list] = {}
 
     def rotated(weights) -> list:
-        """The weights and copies of them, enough that each call of a graph replay reads its own from DRAM."""
+        """The weights and copies of them (BenchRun.rotated), made once a shape for the series that share them."""
         if id(weights) not in copies:
-            nbytes = weights.nbytes if isinstance(weights, PackedTernary) else weights.numel() * weights.element_size()
-            clone = (lambda: replace(weights, data=weights.data.clone())) if isinstance(weights, PackedTernary) \
-                else weights.clone
-            copies[id(weights)] = [weights] + [clone() for _ in range(run.rotation(nbytes) - 1)]
+            copies[id(weights)] = run.rotated(weights)
         return copies[id(weights)]
 
     for m in ms_list:

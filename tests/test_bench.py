@@ -115,6 +115,21 @@ def test_rotation_covers_four_times_the_l2():
     assert run.rotation(15 * 2**20) == 16 and run.rotation(61 * 2**20) == 4 and run.rotation(10**9) == 1
     run.device = {"l2_cache_bytes": None}  # unknown: 64 MiB
     assert run.rotation(2**20) == 256
+    # BenchRun.rotated: that many copies, equal and apart, of a tensor or of a dataclass holding one in .data
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Packed:
+        data: torch.Tensor
+        n: int
+
+    t = torch.arange(2**18, dtype=torch.int32)  # 1 MiB: 256 copies in all
+    for weights, data in ((t, lambda c: c), (Packed(t, 7), lambda c: c.data)):
+        copies = run.rotated(weights)
+        assert len(copies) == 256 and copies[0] is weights
+        assert all(torch.equal(data(c), t) for c in copies)
+        assert len({data(c).data_ptr() for c in copies}) == 256
+        assert all(c.n == 7 for c in copies if isinstance(c, Packed))
     with pytest.raises(ValueError, match="at least one call"):
         run.graph_time([])
 

@@ -49,7 +49,7 @@ for n, k in shapes:
     w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda"))
     pw = T.PackedTernary.pack(w, "2bit_tiles")
     # copies of the weights for the CUDA-graph timing: each call of a replay reads its own from DRAM
-    rotation = [pw] + [dataclasses.replace(pw, data=pw.data.clone()) for _ in range(run.rotation(pw.nbytes) - 1)]
+    rotation = run.rotated(pw)
     wd = w.to(torch.bfloat16)
     pm = T.PackedTernary.pack(w, "2bit_mma")
     for m in [int(v) for v in args.m.split(",")]:
@@ -58,7 +58,7 @@ for n, k in shapes:
                    step9_us=run.kernel_time(lambda: T.bulk_matmul(x, pw, scale)) * 1e3,
                    step7_us=run.kernel_time(lambda: T.mma_2bit_matmul(x, pm, scale)) * 1e3,
                    default=str(T.w2a8_config(m, n, k)), default_us=run.kernel_time(lambda: T.w2a8_bulk_matmul(x, pw, scale)) * 1e3,
-                   cublas_graph_us=run.graph_time([lambda c=c: x @ c.T for c in [wd] + [wd.clone() for _ in range(run.rotation(wd.numel() * 2) - 1)]]) * 1e3,
+                   cublas_graph_us=run.graph_time([lambda c=c: x @ c.T for c in run.rotated(wd)]) * 1e3,
                    default_graph_us=run.graph_time([lambda c=c: T.w2a8_bulk_matmul(x, c, scale) for c in rotation]) * 1e3)
         if m == 1:
             row["quantize_x_us"] = run.kernel_time(lambda: T.w2a8_quantize(x)) * 1e3

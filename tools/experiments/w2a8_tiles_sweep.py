@@ -3,7 +3,7 @@ CUDA-graph replay (rotated weight copies) and profiler kernel time, each config 
 step 10; the sweep behind w2a8_tiles_config. Step 7 and cuBLAS bf16 are timed in the same run.
 PYTHONPATH=$PWD python tools/experiments/w2a8_tiles_sweep.py [--m 1,16] [--shapes 4096x14336] [--slices 1,2,4]
 (writes $OUT/w2a8_tiles_sweep.json, or w2a8_tiles_parts.json with --parts)"""
-import argparse, dataclasses, json, os, sys
+import argparse, json, os, sys
 from pathlib import Path
 import torch
 from studylog import bench, ternary as T
@@ -21,9 +21,7 @@ for shape in args.shapes.split(","):
     n, k = (int(v) for v in shape.split("x"))
     w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda"))
     tiles, pm, wd = T.PackedTernary.pack(w, "2bit_tiles"), T.PackedTernary.pack(w, "2bit_mma"), w.to(torch.bfloat16)
-    copies = lambda p: [p] + [dataclasses.replace(p, data=p.data.clone()) for _ in range(run.rotation(p.nbytes) - 1)]
-    rotation, rotation_mma = copies(tiles), copies(pm)
-    rotation_bf16 = [wd] + [wd.clone() for _ in range(run.rotation(wd.numel() * 2) - 1)]
+    rotation, rotation_mma, rotation_bf16 = run.rotated(tiles), run.rotated(pm), run.rotated(wd)
     for m in (int(v) for v in args.m.split(",")):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         want = T.w2a8_bulk_matmul(x, tiles, scale, quantize="separate")
