@@ -1563,17 +1563,22 @@ class W2A8Config(BulkConfig):
 
     @staticmethod
     def compiled_shapes() -> tuple:
-        return W2A8_SHAPES
+        return W2A8_SHAPES + tuple(s for s in W2A8_STAGED_SHAPES if s not in W2A8_SHAPES)
 
 
 #: (row_tiles, stages, chunk) of the compiled step-10 instances.
 W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
+#: (row_tiles, stages, chunk) of the compiled "staged" instances: deeper rings where shared memory allows
+#: (two blocks an SM of 1 tile and 8 stages, or of 2 tiles and 3 stages, with 8 warps and K = 14336 / 28672).
+W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1))
 
 
 #: Where step 10 quantises x (QUANT in ternary_w2a8.cu): in every block of the matmul (the default where
-#: it fits: up to 8 rows of x, all of K in shared memory); once, in the first block of the matmul; or in
-#: a kernel of its own before it (quantize_x, the matmul launched early; the default elsewhere).
-W2A8_QUANTIZE = {"first block": 2, "every block": 1, "separate": 0, "cluster": 3}
+#: it fits: up to 8 rows of x, all of K in shared memory), from global memory or ("staged") from a copy
+#: the copy engine brought into shared memory ahead of the weights; once, in the first block of the
+#: matmul; in a thread block cluster; or in a kernel of its own before it (quantize_x, the matmul launched
+#: early; the default elsewhere).
+W2A8_QUANTIZE = {"first block": 2, "every block": 1, "separate": 0, "cluster": 3, "staged": 4}
 #: (row_tiles, stages, chunk) of the compiled "cluster" instances.
 W2A8_CLUSTER_SHAPES = ((1, 4, 1), (2, 4, 1))
 #: Blocks a cluster shares x's quantisation among (quantize="cluster"; fewer where they do not divide the
@@ -1592,7 +1597,8 @@ W2A8_QUANTIZE_INSTANCES = ("quantize_x<true>", "quantize_x<false>")
 W2A8_INSTANCES = tuple(_w2a8_instance(0, True, mt, *shape) for mt in (1, 2) for shape in W2A8_SHAPES
                        if mt == 1 or shape[0] <= 2) + \
     tuple(_w2a8_instance(q, bf16, 1, *shape) for q in (1, 2) for bf16 in (True, False) for shape in W2A8_SHAPES) + \
-    tuple(_w2a8_instance(3, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_CLUSTER_SHAPES)
+    tuple(_w2a8_instance(3, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_CLUSTER_SHAPES) + \
+    tuple(_w2a8_instance(4, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_STAGED_SHAPES)
 cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
 W2A8_SIGNATURE = ["ptr"] * 10 + ["i32"] * 8
 W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
@@ -1612,9 +1618,17 @@ def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
     return b - within + 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1)
 
 
-def w2a8_smem_bytes(cfg: Union[BulkConfig, "W2A8TilesConfig"], x_rows: int, groups_per_slice: int) -> int:
-    """Dynamic shared memory of a step-10 or step-11 block: mbarriers, stages and its int8 x."""
-    return BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_rows * (groups_per_slice * 256 + 64)
+def w2a8_smem_bytes(cfg: Union[BulkConfig, "W2A8TilesConfig"], x_rows: int, groups_per_slice: int,
+                    staged: bool = False) -> int:
+    """Dynamic shared memory of a step-10 or step-11 block: mbarriers, stages and its int8 x (``staged``:
+    room for its rows of 16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
+    x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
+    return BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_bytes
+
+
+#: "staged" quantises a row with every activation in registers (8 units of 16 a consumer thread) before it
+#: writes a byte over the row it read: groups of 256 a row, at most, per consumer warp.
+W2A8_STAGED_GROUPS_PER_WARP = 16
 
 
 def w2a8_max_groups_per_slice(cfg: Union[BulkConfig, "W2A8TilesConfig"], x_rows: int) -> int:
@@ -1653,6 +1667,17 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
         return W2A8Config(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     quantize = quantize or w2a8_default_quantize(m, n, k, sms)
+    if quantize == "staged":
+        # as "every block", with the deepest compiled ring that keeps every block resident at once
+        few = tiles <= 2 * sms
+        warps = 8 if few or long_k or groups > 4 * W2A8_STAGED_GROUPS_PER_WARP else 4
+        shapes = sorted((s for s in W2A8_STAGED_SHAPES if s[0] == (1 if few else 2)), key=lambda s: -s[1])
+        for rt, st, ch in shapes:
+            cfg = W2A8Config(row_tiles=rt, warps=warps, stages=st, chunk=ch, slices=1)
+            if w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT and \
+                    triton.cdiv(tiles, rt) <= sms * w2a8_blocks_per_sm(cfg, m, groups, staged=True):
+                return cfg
+        return W2A8Config(row_tiles=shapes[0][0], warps=warps, stages=4, chunk=1, slices=1)  # more than a wave
     if quantize in ("every block", "cluster"):
         few = tiles <= 2 * sms
         rt = 1 if few else 2
@@ -1669,11 +1694,11 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
     return W2A8Config(row_tiles=4, warps=warps, stages=4, chunk=1, slices=1)
 
 
-def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
+def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int, staged: bool = False) -> int:
     """Step-10 blocks one SM holds at once: by shared memory (each block also takes 1 KiB) and by
     registers (ptxas gives the kernels of 8 rows of x at most 96 a thread with one or two row tiles, 136
     with four: the launch bounds ask for two blocks an SM below four tiles; a test checks it)."""
-    smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
+    smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice, staged) + 1024)
     registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
     return min(smem, registers)
 
@@ -1791,24 +1816,29 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
                          f"{BULK_SMEM_LIMIT} bytes of shared memory")
     if cfg.warps > 8:
         raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
-    fused = quant in (1, 3)
-    if fused and w2a8_smem_bytes(cfg, x_rows, groups) > BULK_SMEM_LIMIT:
+    fused, staged = quant in (1, 3, 4), quant == 4
+    if fused and w2a8_smem_bytes(cfg, x_rows, groups, staged) > BULK_SMEM_LIMIT:
         raise ValueError(f"{cfg}: quantising in every block needs all of K in shared memory beside the stages; "
-                         f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups)} bytes, more "
+                         f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, staged)} bytes, more "
                          f"than {BULK_SMEM_LIMIT}")
+    if staged and groups > W2A8_STAGED_GROUPS_PER_WARP * cfg.warps:
+        raise ValueError(f"{cfg}: quantize='staged' holds a row of x in its consumers' registers: K <= "
+                         f"{W2A8_STAGED_GROUPS_PER_WARP * GROUP_WEIGHTS_2BIT * cfg.warps} with {cfg.warps} "
+                         f"warps, got K = {k}")
     per_slice = groups if fused else min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
     grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
     # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
     name = _w2a8_instance(quant, bf16 or quant == 0, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
-    if quant == 3 and (cfg.row_tiles, cfg.stages, cfg.chunk) not in W2A8_CLUSTER_SHAPES:
-        raise ValueError(f"{cfg}: quantize='cluster' is compiled for (row_tiles, stages, chunk) in "
-                         f"{W2A8_CLUSTER_SHAPES} only")
+    for q, shapes in ((3, W2A8_CLUSTER_SHAPES), (4, W2A8_STAGED_SHAPES)):
+        if quant == q and (cfg.row_tiles, cfg.stages, cfg.chunk) not in shapes:
+            raise ValueError(f"{cfg}: quantize={quantize!r} is compiled for (row_tiles, stages, chunk) in "
+                             f"{shapes} only")
     if grid[0] % cfg.cluster:
         raise ValueError(f"{cfg}: a cluster of {cfg.cluster} blocks must divide the {grid[0]} blocks of weight rows")
     if name not in W2A8_INSTANCES:
-        raise ValueError(f"{cfg}: step 10 has no compiled instance of {cfg.row_tiles} row tiles for more than 8 "
-                         f"rows of x (M = {m}); compiled: {W2A8_INSTANCES}")
-    return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice)
+        raise ValueError(f"{cfg}: step 10 has no compiled instance for it with quantize={quantize!r} and M = {m} "
+                         f"({name}); compiled: {W2A8_INSTANCES}")
+    return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, staged)
 
 
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, probe: int,
@@ -1839,7 +1869,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
             # launched early (programmatic dependent launch): its weights stream in while x is quantised
             kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, None, m, w.n, k, groups,
                    x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, early=early)
-        elif quant in (1, 3):
+        elif quant in (1, 3, 4):
             kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, None, m, w.n, k, groups,
                    x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, cluster=cfg.cluster if quant == 3 else None)
         else:

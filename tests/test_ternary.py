@@ -906,6 +906,59 @@ def test_step10_cluster_plan_and_its_errors():
     assert T._w2a8_plan(3, 4096, 512, True, None, "cluster", 132)[1].cluster == 4  # several rows of x too
 
 
+def test_step10_staged_x_comes_by_the_copy_engine():
+    """quantize="staged": the producer's copy engine brings x (no 16-byte loads of x by the consumers: only
+    the last K % 8 activations of a row, one by one), ahead of the weights, and nothing spills."""
+    import re
+    from studylog import cuda
+    staged = [i for i in T.W2A8_INSTANCES if i.startswith("ternary_w2a8<4,")]
+    assert len(staged) == 2 * len(T.W2A8_STAGED_SHAPES)
+    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=staged)
+    ptx = compiled.ptx
+    assert not re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", ptx)
+    assert "ld.global.nc.u16" in ptx  # the tail of a row
+    assert "createpolicy.fractional.L2::evict_last" in ptx  # x: every block reads it
+    assert "bar.arrive 2" not in ptx and "bar.sync 2" not in ptx  # no pause of the weights for x
+    for name, r in compiled.ptxas_report().items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (1, 14336, 4096), (1, 2560, 2560),
+                                     (1, 13824, 2560), (1, 2560, 6912), (1, 20480, 3200), (3, 130, 2000)])
+def test_step10_staged_plan(m, n, k):
+    """The staged launch: room for 16-bit x (which its int8 bytes overwrite) beside the deepest ring that
+    keeps every block resident at once, where one wave is possible at all."""
+    quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(m, n, k, True, None, "staged", 132)
+    groups = -(-k // 256)
+    assert quant == 4 and name in T.W2A8_INSTANCES and name.startswith("ternary_w2a8<4, true, 1,")
+    assert per_slice == groups and grid[1] == 1 and grid[0] * cfg.rows >= n
+    assert smem == T.w2a8_smem_bytes(cfg, m, groups, staged=True) <= T.BULK_SMEM_LIMIT
+    assert smem >= cfg.stages * cfg.stage_bytes + m * k * 2  # the 16-bit rows fit
+    assert groups <= T.W2A8_STAGED_GROUPS_PER_WARP * cfg.warps
+    blocks, per_sm = grid[0], T.w2a8_blocks_per_sm(cfg, m, groups, staged=True)
+    deeper = [s for s in T.W2A8_STAGED_SHAPES if s[0] == cfg.row_tiles and s[1] > cfg.stages]
+    if blocks <= 132 * per_sm:  # one wave, and no deeper compiled ring would keep it
+        for rt, st, ch in deeper:
+            c = T.W2A8Config(rt, cfg.warps, st, ch)
+            assert blocks > 132 * T.w2a8_blocks_per_sm(c, m, groups, staged=True) or \
+                T.w2a8_smem_bytes(c, m, groups, staged=True) > T.BULK_SMEM_LIMIT
+    if (m, n, k) == (1, 4096, 14336):  # every weight of a block in its ring: 7 chunks, 8 stages
+        assert (cfg.row_tiles, cfg.warps, cfg.stages) == (1, 8, 8) and per_sm == 2
+
+
+def test_step10_staged_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="holds a row of x in its consumers' registers: K <= 16384 with 4"):
+        T._w2a8_plan(1, 4096, 28672, True, T.W2A8Config(2, 4, 4, 1), "staged", 132)
+    with pytest.raises(ValueError, match="compiled for"):
+        T._w2a8_plan(1, 4096, 4096, True, T.W2A8Config(1, 8, 4, 2), "staged", 132)
+    with pytest.raises(ValueError, match="all of K in shared memory"):
+        T._w2a8_plan(8, 4096, 28672, True, T.W2A8Config(1, 8, 4, 1), "staged", 132)
+    with pytest.raises(ValueError, match="at most 8 rows of x"):
+        T._w2a8_plan(9, 4096, 512, True, None, "staged", 132)
+    with pytest.raises(ValueError, match="no compiled instance"):  # a staged-only shape, quantised elsewhere
+        T._w2a8_plan(1, 4096, 4096, True, T.W2A8Config(2, 8, 3, 1), "every block", 132)
+
+
 STEP10_CONFIGS = [T.W2A8Config(rt, warps, st, ch, slices) for (rt, st, ch) in T.W2A8_SHAPES
                   for warps in (1, 4, 8) for slices in (1, 3)]
 
@@ -986,6 +1039,39 @@ def test_gpu_step10_cluster_shares_the_quantisation(m, n, k, x_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 125, 7), (1, 250, 300), (1, 509, 2001), (3, 509, 2000), (1, 127, 5003),
+                                     (8, 1024, 4000), (1, 1024, 14335), (2, 64, 4097), (1, 40, 8), (5, 33, 1000)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step10_staged_equals_every_block(m, n, k, x_dtype):
+    """quantize="staged": x by the copy engine into shared memory, quantised there (the int8 bytes over the
+    16-bit row), the weights all asked for at once. The same bytes and sums as every block quantising x
+    from global memory: equal, bit for bit, for every compiled shape and warp count (K < 8: no copy at
+    all; K % 8: the tail from global memory; several rows of x, whose int8 rows overlap the 16-bit ones)."""
+    if not _gpu_is_hopper():
+        pytest.skip("step 10 needs a Hopper GPU (the TMA)")
+    w, scale, x, tiles = step10_inputs(m, n, k, x_dtype, seed=m * 11 + n + k)
+    every = T.w2a8_bulk_matmul(x, tiles, scale, quantize="every block")
+    assert_matches_w2a8(every, x, w, scale)
+    groups = -(-k // 256)
+    for rt, st, ch in T.W2A8_STAGED_SHAPES:
+        for warps in (1, 4, 8):
+            cfg = T.W2A8Config(rt, warps, st, ch)
+            if groups > T.W2A8_STAGED_GROUPS_PER_WARP * warps:
+                with pytest.raises(ValueError, match="holds a row of x"):
+                    T.w2a8_bulk_matmul(x, tiles, scale, config=cfg, quantize="staged")
+                continue
+            if T.w2a8_smem_bytes(cfg, m, groups, staged=True) > T.BULK_SMEM_LIMIT:
+                with pytest.raises(ValueError, match="all of K in shared memory"):
+                    T.w2a8_bulk_matmul(x, tiles, scale, config=cfg, quantize="staged")
+                continue
+            z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), config=cfg, quantize="staged")
+            assert torch.equal(z, every), f"{cfg}: differs from every block quantising x"
+            again = T.w2a8_bulk_matmul(x, tiles, scale, config=cfg, quantize="staged")
+            assert torch.equal(z, again), f"{cfg}: not deterministic"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
 def test_gpu_step10_full_size_unaligned_x_and_probes():
     if not _gpu_is_hopper():
         pytest.skip("step 10 needs a Hopper GPU (the TMA)")
@@ -998,8 +1084,10 @@ def test_gpu_step10_full_size_unaligned_x_and_probes():
             # every block needs its rows of int8 x over all of K beside the stages (8 rows of K = 28672 do not fit)
             every = T.w2a8_config(m, n, k, quantize="every block")
             fits = m <= 8 and T.w2a8_smem_bytes(every, m, -(-k // 256)) <= T.BULK_SMEM_LIMIT
+            staged = m <= 8 and T.w2a8_smem_bytes(T.w2a8_config(m, n, k, quantize="staged"), m, -(-k // 256),
+                                                   staged=True) <= T.BULK_SMEM_LIMIT
             for where in [None, "separate"] + (["first block"] if m <= 8 else []) + \
-                    (["every block", "cluster"] if fits else []):
+                    (["every block", "cluster"] if fits else []) + (["staged"] if staged else []):
                 z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), quantize=where)
                 assert_matches_w2a8(z, x, w, scale)
             if m == 16:
@@ -1013,6 +1101,7 @@ def test_gpu_step10_full_size_unaligned_x_and_probes():
     x = wide[:, 1:]
     assert_matches_w2a8(T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(2, n)), x, w, scale)
     assert_matches_w2a8(T.w2a8_bulk_matmul(x[0], tiles, scale)[None], x[:1], w, scale)
+    assert_matches_w2a8(T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(2, n), quantize="staged"), x, w, scale)
     for probe in (1, 2, 3):
         T.w2a8_bulk_probe(x[:1], tiles, scale, probe)()
     torch.cuda.synchronize()

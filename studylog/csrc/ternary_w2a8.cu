@@ -40,16 +40,32 @@ __device__ __forceinline__ float half_to_float(unsigned short bits) {
     }
 }
 
+// Where quantize_row reads a row of x from, 8 activations x[k .. k + 7] (k a multiple of 8) at a time,
+// zeros past K. GlobalRow: from global memory (16-byte loads: rows start on 16-byte boundaries, the
+// wrapper sees to it). StagedRow (QUANT 4): the copy engine has put the row's first K & ~7 activations
+// into shared memory (`staged`), which holds every 16-byte piece GlobalRow would load; the last K % 8,
+// one by one, still come from global memory.
+struct GlobalRow {
+    const unsigned short *row;
+    int K;
+    __device__ uint4 operator()(int k) const {
+        return k + 8 <= K ? __ldg(reinterpret_cast<const uint4 *>(row + k)) : load_x8_tail(row, k, K);
+    }
+};
+struct StagedRow {
+    const uint4 *staged;
+    const unsigned short *row;
+    int K;
+    __device__ uint4 operator()(int k) const { return k + 8 <= K ? staged[k >> 3] : load_x8_tail(row, k, K); }
+};
+
 // The 16 activations of unit u = 16 G + 4 p' + t of a row: x[k0 .. k0 + 7] and x[k0 + 128 .. k0 + 135]
-// for k0 = 256 G + 32 p' + 8 t, zeros past K (16-byte loads: rows start on 16-byte boundaries, the
-// wrapper sees to it).
-__device__ __forceinline__ void load_unit(uint4 (&v)[2], const unsigned short *row, int u, int K) {
+// for k0 = 256 G + 32 p' + 8 t.
+template <typename Row>
+__device__ __forceinline__ void load_unit(uint4 (&v)[2], const Row &row, int u) {
     const int k0 = (u >> 4) * 256 + 32 * ((u >> 2) & 3) + 8 * (u & 3);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int k = k0 + 128 * h;
-        v[h] = k + 8 <= K ? __ldg(reinterpret_cast<const uint4 *>(row + k)) : load_x8_tail(row, k, K);
-    }
+    for (int h = 0; h < 2; ++h) v[h] = row(k0 + 128 * h);
 }
 
 template <bool BF16>
@@ -158,8 +174,8 @@ struct RowShare {
 // exchange), and after the second sum_all(the block's sum of q), which returns the row's. Writes the
 // share's bytes in the order above to `out` (zeros past K; unit u is bytes 16 u .. 16 u + 15 of the row),
 // and returns (to every thread) the row's scale and the sum of its q.
-template <bool BF16, int UNITS, typename Sync, typename MaxAll, typename SumAll>
-__device__ __forceinline__ void quantize_row(const unsigned short *row, int K, int groups, RowShare share, uint4 *out,
+template <bool BF16, int UNITS, typename Row, typename Sync, typename MaxAll, typename SumAll>
+__device__ __forceinline__ void quantize_row(const Row &row, int groups, RowShare share, uint4 *out,
                                              int tid, int nthreads, int spread, Sync sync, MaxAll max_all,
                                              SumAll sum_all, float &scale, int &total) {
     __shared__ float warp_max[32];
@@ -174,7 +190,7 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
         for (int i = 0; i < UNITS; ++i) {
             const int n = r0 + tid + i * nthreads;  // the thread's n-th unit of the row, from rot on
             if (n < units) {
-                load_unit(v[i], row, first + rotated(n, rot, units), K);
+                load_unit(v[i], row, first + rotated(n, rot, units));
                 amax = fmaxf(amax, fmaxf(piece_absmax<BF16>(v[i][0]), piece_absmax<BF16>(v[i][1])));
             }
         }
@@ -193,7 +209,7 @@ __device__ __forceinline__ void quantize_row(const unsigned short *row, int K, i
             const int n = r0 + tid + i * nthreads;
             if (n >= units) continue;
             const int u = first + rotated(n, rot, units);
-            if (units > per_round) load_unit(v[i], row, u, K);  // a long row: read again (from L2)
+            if (units > per_round) load_unit(v[i], row, u);  // a long row: read again (from L2)
             out[u] = quantize_unit<BF16>(v[i], scale, sum);
         }
     }
@@ -215,7 +231,7 @@ __global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restr
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     float scale;
     int total;
-    quantize_row<BF16, 4>(x + (size_t)blockIdx.x * x_stride, K, groups, RowShare(0, 1, groups),
+    quantize_row<BF16, 4>(GlobalRow{x + (size_t)blockIdx.x * x_stride, K}, groups, RowShare(0, 1, groups),
                           xq + (size_t)blockIdx.x * groups * 16, threadIdx.x, blockDim.x, 0, [] { __syncthreads(); },
                           [](float a) { return a; }, [](int s) { return s; }, scale, total);
     if (threadIdx.x == 0) {
@@ -319,6 +335,16 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
 //      in global memory; it then stores `epoch` into flags[z] (a release). The consumers of every
 //      block wait for that value (an acquire) and load xq as in 0. One launch, x quantised once.
 //      Blocks start in order, so the first block runs before any block that waits for it.
+//   3: in a thread block cluster (CLUSTER below), each block quantising a share of x for all.
+//   4 ("staged"): as 1, but the producer first has the copy engine bring the block's rows of x (bf16
+//      or fp16, K & ~7 activations a row) into shared memory, then every chunk of weights at once, with
+//      no pause: x's copy is ahead of every weight this SM asks for, and the ring can be as deep as
+//      shared memory allows (in 1, every stage the producer filled before x was read delayed x, by
+//      about 0.6 us a stage at 4096 x 14336 on the H200). The consumers wait for x's barrier and
+//      quantise from shared memory; the int8 bytes overwrite the row they were read from (a row of
+//      int8 x, K + 64 bytes, never reaches the next row of bf16 x, 2 K on; quantize_row has every
+//      activation of a row in registers before its first write, which the wrapper sees to: K at most
+//      8 x 16 activations a consumer thread).
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
 // (w2a8_blocks_per_sm in ternary.py counts on it; a test checks it).
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
@@ -327,7 +353,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
     const float *__restrict__ scale, float *__restrict__ x_scale, int *__restrict__ row_sum,
     int *__restrict__ partials, u32 *__restrict__ arrivals, int *__restrict__ flags, int M, int N, int K, int groups,
     int x_stride, int scale_stride, int groups_per_slice, int epoch) {
-    constexpr bool CLUSTER = QUANT == 3, FUSED = QUANT == 1 || CLUSTER;
+    constexpr bool CLUSTER = QUANT == 3, STAGED = QUANT == 4, FUSED = QUANT == 1 || CLUSTER || STAGED;
     static_assert(QUANT == 0 || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
     __shared__ float row_scales[8];  // FUSED: the block's rows of x
     __shared__ int row_sums[8];
@@ -341,17 +367,30 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
     const int chunks = ring.chunks();
     const int xs_stride = groups_per_slice * 16 + 4;  // pieces a row of x
     const auto consumers_sync = [warps] { consumer_barrier(warps); };
+    u64 *x_full = ring.spare_barriers();  // STAGED: the block's rows of x are in shared memory
 
     if (W2A8_PROBE == 3) return;
     if (threadIdx.x == 0) {
         ring.init(warps);
+        if (STAGED) mbarrier_init(x_full, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
     if (warp == warps) {  // the producer (its lane 0): the weights, as in step 9
         const u64 policy = evict_first_policy();
-        const int first = W2A8_PROBE == 2 ? 0 : FUSED ? min(W2A8_EARLY_STAGES, chunks) : chunks;
+        if (STAGED && lane == 0) {  // x first: row r of x at 16-byte piece r x 32 groups of xs
+            const u32 bytes = (u32)(K & ~7) * 2u;
+            if (bytes == 0) {
+                mbarrier_arrive(x_full);  // K < 8: every activation comes from global memory
+            } else {
+                mbarrier_expect_bytes(x_full, bytes * x_rows);
+                const u64 keep = evict_last_policy();  // every block reads it
+                for (int r = 0; r < x_rows; ++r)
+                    bulk_copy(xs + r * groups * 32, x + (size_t)(m0 + r) * x_stride, bytes, x_full, keep);
+            }
+        }
+        const int first = W2A8_PROBE == 2 ? 0 : (QUANT == 1 || CLUSTER) ? min(W2A8_EARLY_STAGES, chunks) : chunks;
         for (int c = 0; lane == 0 && c < first; ++c) ring.fill(c, policy);
         if constexpr (QUANT == 1) {  // the rest once the consumers have read x (X_READ below)
             __syncwarp();
@@ -384,13 +423,15 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
             __shared__ float cluster_max;  // this block's max |x| of the row, read by the others
             __shared__ int cluster_sums[8];  // each block's sum of q of the row, written by that block
             const int crank = CLUSTER ? cluster_rank() : 0, csize = CLUSTER ? cluster_size() : 1;
+            if (STAGED) mbarrier_wait(x_full, 0);
             for (int row = 0; row < x_rows; ++row) {
                 float sc;
                 int total;
                 uint4 *out = xs + row * xs_stride;
                 const auto max_all = [&](float amax) {
-                    if constexpr (!CLUSTER) {  // X_READ: the producer may go on
-                        if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
+                    if constexpr (!CLUSTER) {  // X_READ (QUANT 1): the producer may go on
+                        if (QUANT == 1 && row == 0)
+                            asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
                         return amax;
                     }
                     if (tid == 0) cluster_max = amax;
@@ -418,9 +459,16 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                     return sum;
                 };
                 // (a cluster's blocks quantise 1 / C of the row: 4 units a thread in registers are plenty)
-                quantize_row<BF16, CLUSTER ? 4 : 8>(x + (size_t)(m0 + row) * x_stride, K, groups,
-                                                    RowShare(crank, csize, groups), out, tid, nthreads,
-                                                    blockIdx.x / csize, consumers_sync, max_all, sum_all, sc, total);
+                const unsigned short *x_row = x + (size_t)(m0 + row) * x_stride;
+                const auto quantize = [&](const auto &from) {
+                    quantize_row<BF16, CLUSTER ? 4 : 8>(from, groups, RowShare(crank, csize, groups), out, tid,
+                                                        nthreads, blockIdx.x / csize, consumers_sync, max_all,
+                                                        sum_all, sc, total);
+                };
+                if constexpr (STAGED)
+                    quantize(StagedRow{xs + row * groups * 32, x_row, K});
+                else
+                    quantize(GlobalRow{x_row, K});
                 if (tid == 0) {
                     row_scales[row] = sc;
                     row_sums[row] = total;
@@ -434,7 +482,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                         const int m = m0 + row;
                         float sc;
                         int total;
-                        quantize_row<BF16, 8>(x + (size_t)m * x_stride, K, groups, RowShare(0, 1, groups),
+                        quantize_row<BF16, 8>(GlobalRow{x + (size_t)m * x_stride, K}, groups, RowShare(0, 1, groups),
                                               xq + (size_t)m * groups * 16, tid, nthreads, 0, consumers_sync,
                                               [](float a) { return a; }, [](int s) { return s; }, sc, total);
                         if (tid == 0) {

@@ -1,8 +1,9 @@
 """Experiment (GPU): step 10 over its compiled configs x where x is quantised (x cluster sizes) x
 W2A8_EARLY_STAGES x splits of K, per M; the sweep behind w2a8_config. Each config: profiler kernel time (us),
-do_bench (bench_us) and CUDA-graph replay over rotated weight copies (graph_us, BenchRun.graph_time).
-PYTHONPATH=$PWD python tools/experiments/w2a8_config_sweep.py [--quantize cluster,"every block"] [--warps 8]
-    [--m 1,16] [--slices 1,2,4] [--shapes 4096x14336]"""
+do_bench (bench_us) and CUDA-graph replay over rotated weight copies (graph_us, BenchRun.graph_time); per
+shape also cuBLAS, the default and a kernel that only reads the weights, by the same clocks.
+PYTHONPATH=$PWD python tools/experiments/w2a8_config_sweep.py [--quantize cluster,"every block",staged]
+    [--warps 8] [--m 1,16] [--slices 1,2,4] [--shapes 4096x14336] [--name sweep11]  (writes $OUT/NAME.json)"""
 import argparse, dataclasses, itertools, json, os, sys
 from pathlib import Path
 import torch, triton
@@ -15,6 +16,7 @@ parser.add_argument("--early-stages", default="1,4", help="W2A8_EARLY_STAGES bui
 parser.add_argument("--m", default="1", help="rows of x (above 8 only 'separate' applies)")
 parser.add_argument("--slices", default="1", help="splits of K across blocks ('separate' only)")
 parser.add_argument("--shapes", default="4096x14336,8192x28672", help="N x K, comma-separated")
+parser.add_argument("--name", default="sweep11", help="the output file's name, without .json")
 args = parser.parse_args()
 places, warp_counts = args.quantize.split(","), [int(w) for w in args.warps.split(",")]
 run = bench.BenchRun("scratch", command="tools/experiments/w2a8_config_sweep.py " + " ".join(sys.argv[1:]))
@@ -61,11 +63,13 @@ for n, k in shapes:
                    cublas_graph_us=run.graph_time([lambda c=c: x @ c.T for c in run.rotated(wd)]) * 1e3,
                    default_graph_us=run.graph_time([lambda c=c: T.w2a8_bulk_matmul(x, c, scale) for c in rotation]) * 1e3)
         if m == 1:
+            from studylog.bench import read_only
             row["quantize_x_us"] = run.kernel_time(lambda: T.w2a8_quantize(x)) * 1e3
+            row["read_weights_graph_us"] = run.graph_time([lambda c=c: read_only(c.data)() for c in rotation]) * 1e3
         print(row, flush=True); res.append(row)
         ref = T.w2a8_bulk_matmul(x, pw, 0.7, quantize="separate")
         plans = []
-        for shape, warps in itertools.product(T.W2A8_SHAPES, warp_counts):
+        for shape, warps in itertools.product(T.W2A8Config.compiled_shapes(), warp_counts):
             cfg = T.W2A8Config(shape[0], warps=warps, stages=shape[1], chunk=shape[2])
             if m == 1 and "every block" in places:
                 for es in [int(e) for e in args.early_stages.split(",")]:
@@ -73,6 +77,8 @@ for n, k in shapes:
             if "separate" in places:
                 for sl in [int(v) for v in args.slices.split(",")]:
                     plans.append(("separate", dataclasses.replace(cfg, slices=sl), 1))
+            if m == 1 and "staged" in places and shape in T.W2A8_STAGED_SHAPES:
+                plans.append(("staged", cfg, 1))
             if m == 1 and "cluster" in places and shape in T.W2A8_CLUSTER_SHAPES:
                 for c in (2, 4, 8):
                     plans.append(("cluster", T.W2A8Config(shape[0], warps, shape[1], shape[2], cluster=c), 1))
@@ -97,4 +103,4 @@ for n, k in shapes:
         if errs:
             print("ERRORS", errs[:3], flush=True)
 meta = {key: v for key, v in run.to_json().items() if key not in ("measurements", "checks", "notes")}
-Path(os.environ.get("OUT", "/tmp"), "sweep11.json").write_text(json.dumps({"meta": meta, "results": res}, indent=1))
+Path(os.environ.get("OUT", "/tmp"), f"{args.name}.json").write_text(json.dumps({"meta": meta, "results": res}, indent=1))

@@ -37,9 +37,9 @@ __device__ __forceinline__ unsigned long long gtime() { unsigned long long t; as
         '''                for (int c = first; row == 0 && lane == 0 && c < free_stages; ++c) { ring.fill(c, policy); if (c < 24) TRC(32 + c); }''')
     rep('''            for (int c = free_stages; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);''',
         '''            for (int c = free_stages; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) { ring.fill(c, policy); if (c < 24) TRC(32 + c); }''')
-    rep('''                    if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");''',
-        '''                    if (row == 0) asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
-                    if (row == 0 && tid == 0) TRC(56);''')
+    rep('''                            asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");''',
+        '''                            asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
+                        if (row == 0 && tid == 0) TRC(56);''')
     rep('''        consumer_barrier(warps);
         int acc[4][RT][MT][4] = {};''', '''        consumer_barrier(warps);
         if (tid == 0) TRC(1);
