@@ -1668,9 +1668,15 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     quantize = quantize or w2a8_default_quantize(m, n, k, sms)
     if quantize == "staged":
-        # as "every block", with the deepest compiled ring that keeps every block resident at once
+        # one block an SM where the fewest row tiles a block allow it (the H100 sweep's fastest at 4096 x 14336
+        # and 8192 x 28672), else as "every block", with the deepest compiled ring that keeps every block
+        # resident at once
         few = tiles <= 2 * sms
         warps = 8 if few or long_k or groups > 4 * W2A8_STAGED_GROUPS_PER_WARP else 4
+        for rt in (1, 2, 4):
+            cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
+            if triton.cdiv(tiles, rt) <= sms and w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT:
+                return cfg
         shapes = sorted((s for s in W2A8_STAGED_SHAPES if s[0] == (1 if few else 2)), key=lambda s: -s[1])
         for rt, st, ch in shapes:
             cfg = W2A8Config(row_tiles=rt, warps=warps, stages=st, chunk=ch, slices=1)
@@ -1757,9 +1763,23 @@ def w2a8_bulk_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, pr
     return _w2a8_call(x, w, scale, None, config, probe=probe)
 
 
+def w2a8_staged_fits(m: int, n: int, k: int, sms: Optional[int] = None) -> bool:
+    """Whether quantize="staged" takes the problem: up to 8 rows of x, each held in its consumers'
+    registers, and their 16-bit rows in shared memory beside the stages."""
+    if m > 8:
+        return False
+    cfg, groups = w2a8_config(m, n, k, sms, quantize="staged"), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    return groups <= W2A8_STAGED_GROUPS_PER_WARP * cfg.warps and \
+        w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT
+
+
 def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None) -> str:
-    """Where step 10 quantises x by default: in every block where its launch fits shared memory (on
-    the H200 the fastest of the three at M = 1), else in quantize_x."""
+    """Where step 10 quantises x by default: for one row of x, in every block from a copy the copy
+    engine stages ahead of the weights ("staged", where it fits; faster than "every block" at every M = 1
+    shape of the sweeps, notebook 05); else in every block where its launch fits shared memory (up to 8
+    rows of x), else in quantize_x."""
+    if m == 1 and w2a8_staged_fits(m, n, k, sms):
+        return "staged"
     every = w2a8_config(m, n, k, sms, quantize="every block")
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     fits = m <= 8 and w2a8_smem_bytes(every, m, groups) <= BULK_SMEM_LIMIT
@@ -2047,8 +2067,11 @@ BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk",
 #: A --quick run: steps 7 to 11 only.
 QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_tiles"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
-KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_first", "w2a8_bulk_2k",
-                      "w2a8_bulk_cluster", "w2a8_tiles", "read_weights")
+KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_every", "w2a8_bulk_staged",
+                      "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster", "w2a8_tiles", "read_weights")
+#: Step 10's other places to quantise x, each a series of its own at M = 1 where it is not the default.
+W2A8_PLACE_SERIES = (("w2a8_bulk_every", "every block"), ("w2a8_bulk_staged", "staged"),
+                     ("w2a8_bulk_first", "first block"), ("w2a8_bulk_2k", "separate"), ("w2a8_bulk_cluster", "cluster"))
 
 
 def _autotuner_for(series: str, m: int):
@@ -2104,8 +2127,11 @@ def bench(run) -> None:
              "quantises x as quantize_activations does (int8, per-row absmax) into the int8 MMA's order, then step 9's "
              "plumbing feeds mma.sync m16n8k32 (u8 codes x s8 x, int32 sums), one AND per 4 weights, same 2bit_tiles "
              "weights. Checked against float64 of the quantised x (ref_q), the product W2A8 defines. "
-             "By default every block of the matmul quantises x itself (quantize='every block', where M <= 8 and K "
-             "fit), else a kernel of its own does it first ('separate'). At M = 1 also: w2a8_bulk_first (the first "
+             "By default every block of the matmul quantises x itself: at M = 1 from a copy of x that the copy engine "
+             "brings into shared memory ahead of the weights (quantize='staged', where it fits), else from global "
+             "memory (quantize='every block', where M <= 8 and K fit), else a kernel of its own does it first "
+             "('separate'). At M = 1 also, each where it is not the default: w2a8_bulk_every ('every block'), "
+             "w2a8_bulk_staged ('staged'), w2a8_bulk_first (the first "
              "block quantises x once and publishes it to the others by a flag) and w2a8_bulk_2k ('separate': "
              "quantize_x, then the matmul launched early by a programmatic dependent launch), and where x fits, "
              "w2a8_bulk_cluster ('cluster': the blocks of a thread block cluster share the quantisation, each "
@@ -2161,6 +2187,8 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             "cuda_mma": (pt, lambda w: cuda_mma_matmul(x, w, scale)),
             "bulk": (pt, lambda w: bulk_matmul(x, w, scale)),
             "w2a8_bulk": (pt, lambda w: w2a8_bulk_matmul(x, w, scale)),
+            "w2a8_bulk_every": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="every block")),
+            "w2a8_bulk_staged": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="staged")),
             "w2a8_bulk_2k": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="separate")),
             "w2a8_bulk_cluster": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="cluster")),
             "w2a8_tiles": (pt, lambda w: w2a8_tiles_matmul(x, w, scale)),
@@ -2233,10 +2261,12 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
                 record(name, lambda: w2a8_bulk_matmul(x, pt, scale), pt.nbytes, "int8", ref_q, magnitude_q,
                        config_text=f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}")
                 if m == 1:  # the other places to quantise x
-                    for series, where in (("w2a8_bulk_first", "first block"), ("w2a8_bulk_2k", "separate"),
-                                          ("w2a8_bulk_cluster", "cluster")):
-                        if where == "cluster" and default != "every block":
-                            continue  # x's row does not fit beside the stages
+                    every_fits = w2a8_smem_bytes(w2a8_config(m, n, k, quantize="every block"), m,
+                                                 triton.cdiv(k, GROUP_WEIGHTS_2BIT)) <= BULK_SMEM_LIMIT
+                    for series, where in W2A8_PLACE_SERIES:
+                        if where == default or (where in ("every block", "cluster") and not every_fits) or \
+                                (where == "staged" and not w2a8_staged_fits(m, n, k)):
+                            continue  # the default's own series, or x's row does not fit beside the stages
                         record(series, lambda q=where: w2a8_bulk_matmul(x, pt, scale, quantize=q), pt.nbytes, "int8",
                                ref_q, magnitude_q, config_text=f"{w2a8_config(m, n, k, quantize=where)}")
             else:
@@ -2273,6 +2303,8 @@ SERIES_LABELS = {
     "cuda_mma": "8: CUDA C++ mma.sync", "bulk": "9: CUDA C++, TMA copies",
     "bulk_probe_1": "9, copies only", "bulk_probe_2": "9, arithmetic only", "bulk_probe_3": "9, launch only",
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
+    "w2a8_bulk_every": "10: W2A8, x read in every block",
+    "w2a8_bulk_staged": "10: W2A8, x staged by the copy engine",
     "w2a8_bulk_first": "10: W2A8, x quantised by the first block",
     "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
     "w2a8_bulk_cluster": "10: W2A8, x quantised once a cluster",
@@ -2318,7 +2350,8 @@ def speedup_table(results, m: int) -> str:
 TIMERS = {"ms": "do_bench", "kernel_ms": "kernel time", "graph_ms": "CUDA graph"}
 #: Every series of ours a target may be met by.
 TARGET_SERIES = ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk",
-                 "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster", "w2a8_tiles"]
+                 "w2a8_bulk_every", "w2a8_bulk_staged", "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster",
+                 "w2a8_tiles"]
 
 
 def target_checks(results) -> list[dict[str, Any]]:
@@ -2476,7 +2509,7 @@ def figures(results) -> dict:
         [(m, [s for s in (m1 if m == 1 else BATCH_SERIES) if results.select(s, m=m)],
           f"M = {m}" + ("  (red: the issue's targets)" if m in (1, 16) else "")) for m in ms_present],
         "ms", "do_bench", 5.2)
-    graphed = ("mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_2k", "w2a8_tiles")
+    graphed = ("mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_every", "w2a8_bulk_2k", "w2a8_tiles")
     graph_panels = [(m, [s for s in graphed if any("graph_ms" in r for r in results.select(s, m=m))],
                      f"M = {m}, each replayed in a CUDA graph (red: the issue's targets)")
                     for m in ms_present if any("graph_ms" in r for r in results.select("cublas_bf16", m=m))]

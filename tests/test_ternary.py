@@ -852,7 +852,7 @@ def test_step10_launch_heuristic_fits_shared_memory(m, n, k):
     for bf16 in (True, False):  # the plan a call launches: a compiled instance, within shared memory
         quant, planned, _, grid, name, smem = T._w2a8_plan(m, n, k, bf16, None, None, 132)
         assert name in T.W2A8_INSTANCES and smem <= T.BULK_SMEM_LIMIT
-        assert quant == (1 if T.w2a8_default_quantize(m, n, k, 132) == "every block" else 0)
+        assert quant == T.W2A8_QUANTIZE[T.w2a8_default_quantize(m, n, k, 132)]
         assert grid[0] * planned.rows >= n and grid[2] * (8 if m <= 8 else 16) >= m
     groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
     per_slice = min(-(-groups // cfg.slices), T.w2a8_max_groups_per_slice(cfg, rows_x))
@@ -926,8 +926,9 @@ def test_step10_staged_x_comes_by_the_copy_engine():
 @pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (1, 14336, 4096), (1, 2560, 2560),
                                      (1, 13824, 2560), (1, 2560, 6912), (1, 20480, 3200), (3, 130, 2000)])
 def test_step10_staged_plan(m, n, k):
-    """The staged launch: room for 16-bit x (which its int8 bytes overwrite) beside the deepest ring that
-    keeps every block resident at once, where one wave is possible at all."""
+    """The staged launch: room for 16-bit x (which its int8 bytes overwrite) beside its ring; one block an
+    SM with the fewest row tiles that allow it, else the deepest ring that keeps every block resident at
+    once, where one wave is possible at all. The default for one row of x wherever it fits."""
     quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(m, n, k, True, None, "staged", 132)
     groups = -(-k // 256)
     assert quant == 4 and name in T.W2A8_INSTANCES and name.startswith("ternary_w2a8<4, true, 1,")
@@ -935,15 +936,19 @@ def test_step10_staged_plan(m, n, k):
     assert smem == T.w2a8_smem_bytes(cfg, m, groups, staged=True) <= T.BULK_SMEM_LIMIT
     assert smem >= cfg.stages * cfg.stage_bytes + m * k * 2  # the 16-bit rows fit
     assert groups <= T.W2A8_STAGED_GROUPS_PER_WARP * cfg.warps
-    blocks, per_sm = grid[0], T.w2a8_blocks_per_sm(cfg, m, groups, staged=True)
-    deeper = [s for s in T.W2A8_STAGED_SHAPES if s[0] == cfg.row_tiles and s[1] > cfg.stages]
-    if blocks <= 132 * per_sm:  # one wave, and no deeper compiled ring would keep it
-        for rt, st, ch in deeper:
+    blocks, per_sm, tiles = grid[0], T.w2a8_blocks_per_sm(cfg, m, groups, staged=True), -(-n // 16)
+    if blocks <= 132:  # a block an SM, and no fewer row tiles a block would do
+        assert cfg.stages == 4 and all(-(-tiles // rt) > 132 for rt in (1, 2, 4) if rt < cfg.row_tiles)
+    elif blocks <= 132 * per_sm:  # one wave, and no deeper compiled ring would keep it
+        for rt, st, ch in [s for s in T.W2A8_STAGED_SHAPES if s[0] == cfg.row_tiles and s[1] > cfg.stages]:
             c = T.W2A8Config(rt, cfg.warps, st, ch)
             assert blocks > 132 * T.w2a8_blocks_per_sm(c, m, groups, staged=True) or \
                 T.w2a8_smem_bytes(c, m, groups, staged=True) > T.BULK_SMEM_LIMIT
-    if (m, n, k) == (1, 4096, 14336):  # every weight of a block in its ring: 7 chunks, 8 stages
-        assert (cfg.row_tiles, cfg.warps, cfg.stages) == (1, 8, 8) and per_sm == 2
+    if (m, n, k) == (1, 4096, 14336):  # 128 blocks of 2 tiles
+        assert (cfg.row_tiles, cfg.warps, cfg.stages, blocks) == (2, 8, 4, 128)
+    if (m, n, k) == (1, 8192, 28672):  # 128 blocks of 4 tiles
+        assert (cfg.row_tiles, cfg.warps, cfg.stages, blocks) == (4, 8, 4, 128)
+    assert T.w2a8_default_quantize(m, n, k, 132) == ("staged" if m == 1 else "every block")
 
 
 def test_step10_staged_refuses_what_it_cannot_hold():
