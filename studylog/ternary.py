@@ -1668,22 +1668,17 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     quantize = quantize or w2a8_default_quantize(m, n, k, sms)
     if quantize == "staged":
-        # one block an SM where the fewest row tiles a block allow it (the H100 sweep's fastest at 4096 x 14336
-        # and 8192 x 28672), else as "every block", with the deepest compiled ring that keeps every block
-        # resident at once
+        # one block an SM, with the fewest row tiles a block that give at least 3/4 of the SMs a block (the
+        # H100 sweep's fastest at 4096 x 14336 and 8192 x 28672); else every block's launch. (Deeper rings
+        # were no faster in the sweep.)
         few = tiles <= 2 * sms
         warps = 8 if few or long_k or groups > 4 * W2A8_STAGED_GROUPS_PER_WARP else 4
         for rt in (1, 2, 4):
             cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
-            if triton.cdiv(tiles, rt) <= sms and w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT:
+            if 3 * sms <= 4 * triton.cdiv(tiles, rt) <= 4 * sms and \
+                    w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT:
                 return cfg
-        shapes = sorted((s for s in W2A8_STAGED_SHAPES if s[0] == (1 if few else 2)), key=lambda s: -s[1])
-        for rt, st, ch in shapes:
-            cfg = W2A8Config(row_tiles=rt, warps=warps, stages=st, chunk=ch, slices=1)
-            if w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT and \
-                    triton.cdiv(tiles, rt) <= sms * w2a8_blocks_per_sm(cfg, m, groups, staged=True):
-                return cfg
-        return W2A8Config(row_tiles=shapes[0][0], warps=warps, stages=4, chunk=1, slices=1)  # more than a wave
+        return W2A8Config(row_tiles=1 if few else 2, warps=warps, stages=4, chunk=1, slices=1)
     if quantize in ("every block", "cluster"):
         few = tiles <= 2 * sms
         rt = 1 if few else 2
@@ -1763,22 +1758,26 @@ def w2a8_bulk_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, pr
     return _w2a8_call(x, w, scale, None, config, probe=probe)
 
 
-def w2a8_staged_fits(m: int, n: int, k: int, sms: Optional[int] = None) -> bool:
-    """Whether quantize="staged" takes the problem: up to 8 rows of x, each held in its consumers'
-    registers, and their 16-bit rows in shared memory beside the stages."""
-    if m > 8:
-        return False
-    cfg, groups = w2a8_config(m, n, k, sms, quantize="staged"), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    return groups <= W2A8_STAGED_GROUPS_PER_WARP * cfg.warps and \
+def _w2a8_staged_takes(cfg: W2A8Config, m: int, k: int) -> bool:
+    """Whether a staged launch of ``cfg`` takes M rows of K: a compiled shape, up to 8 rows of x, each held
+    in its consumers' registers, and their 16-bit rows in shared memory beside the stages."""
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    return m <= 8 and (cfg.row_tiles, cfg.stages, cfg.chunk) in W2A8_STAGED_SHAPES and \
+        groups <= W2A8_STAGED_GROUPS_PER_WARP * cfg.warps and \
         w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT
 
 
-def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None) -> str:
+def w2a8_staged_fits(m: int, n: int, k: int, sms: Optional[int] = None) -> bool:
+    """Whether quantize="staged" takes the problem with its own launch (w2a8_config)."""
+    return m <= 8 and _w2a8_staged_takes(w2a8_config(m, n, k, sms, quantize="staged"), m, k)
+
+
+def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
     """Where step 10 quantises x by default: for one row of x, in every block from a copy the copy
-    engine stages ahead of the weights ("staged", where it fits; faster than "every block" at every M = 1
-    shape of the sweeps, notebook 05); else in every block where its launch fits shared memory (up to 8
-    rows of x), else in quantize_x."""
-    if m == 1 and w2a8_staged_fits(m, n, k, sms):
+    engine stages ahead of the weights ("staged", where it fits; faster than "every block" at the Llama
+    shapes of the sweeps, notebook 05); else (or with ``staged=False``) in every block where its launch fits
+    shared memory (up to 8 rows of x), else in quantize_x."""
+    if staged and m == 1 and w2a8_staged_fits(m, n, k, sms):
         return "staged"
     every = w2a8_config(m, n, k, sms, quantize="every block")
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
@@ -1820,7 +1819,10 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
                sms: int) -> tuple:
     """Step 10's launch for one shape, checked once and kept (a call then only launches): (QUANT, config,
     groups a K slice, grid, instance name, dynamic shared memory)."""
-    quantize = quantize or w2a8_default_quantize(m, n, k, sms)
+    if quantize is None:
+        quantize = w2a8_default_quantize(m, n, k, sms)
+        if quantize == "staged" and config is not None and not _w2a8_staged_takes(config, m, k):
+            quantize = w2a8_default_quantize(m, n, k, sms, staged=False)  # the default, less staged
     quant = W2A8_QUANTIZE[quantize]
     if config is not None and config.cluster > 1 and quantize != "cluster":
         raise ValueError(f"{config}: a cluster of blocks shares only quantize='cluster', not {quantize!r}")
