@@ -1,8 +1,8 @@
 """Experiment (GPU): a timeline of step 10's blocks (notebook 05, "x queued behind the weights"): per block,
 when it starts, has read x, has quantised it, takes each chunk, and ends; per producer, when it issues each
 fill. Run on a GPU machine: PYTHONPATH=$PWD python tools/experiments/w2a8_timeline.py [CASE ...] (writes
-$OUT/trace2.json); a case is N,K,place[,cluster], e.g. "8192,28672,cluster,2" (default: both bench shapes,
-every place, the default cluster)."""
+$OUT/trace2.json); a case is N,K,place[,cluster[,row_tiles,stages]], e.g. "8192,28672,cluster,2" or
+"4096,14336,staged,0,2,8" (default: both bench shapes, every place, the default cluster and launch)."""
 import dataclasses, json, os, sys
 from pathlib import Path
 import torch, triton
@@ -84,11 +84,11 @@ flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 out = {}
 cases = [(n, k, q, None) for n, k in ((8192, 28672), (4096, 14336)) for q in ("separate", "every block", "cluster")]
 if sys.argv[1:]:
-    cases = [(int(c.split(",")[0]), int(c.split(",")[1]), c.split(",")[2], None, int((c.split(",") + ["0"])[3]))
-             for c in sys.argv[1:]]
+    cases = [(int(c.split(",")[0]), int(c.split(",")[1]), c.split(",")[2], None, int((c.split(",") + ["0"])[3]),
+              tuple(int(v) for v in c.split(",")[4:6])) for c in sys.argv[1:]]
 else:
-    cases = [case + (0,) for case in cases]
-for n, k, q, probe, cluster in cases:
+    cases = [case + (0, ()) for case in cases]
+for n, k, q, probe, cluster, shape in cases:
     w = T.quantize_absmean(torch.randn(n, k, device="cuda"))[0]
     pw = T.PackedTernary.pack(w, "2bit_tiles")
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
@@ -96,6 +96,9 @@ for n, k, q, probe, cluster in cases:
     z = torch.empty(1, n, device="cuda")
     groups = triton.cdiv(k, 256)
     chosen = dataclasses.replace(T.w2a8_config(1, n, k, sms, quantize=q), cluster=cluster) if cluster else None
+    if shape:  # a launch of these row tiles and stages
+        chosen = dataclasses.replace(chosen or T.w2a8_config(1, n, k, sms, quantize=q), row_tiles=shape[0],
+                                     stages=shape[1])
     quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(1, n, k, True, chosen, q, sms)
     if probe:
         m2 = cuda.load(src, name_expressions=[name], options=(f"-DW2A8_PROBE={probe}",))
@@ -143,7 +146,7 @@ for n, k, q, probe, cluster in cases:
         r["take_median"] = [round(at(4 + c).median().item(), 2) for c in range(min(24, triton.cdiv(per_slice, cfg.warps)))]
         r["fill_median"] = [round(at(32 + c).median().item(), 2) for c in range(min(24, triton.cdiv(per_slice, cfg.warps)))]
         runs.append(r)
-    out[f"{n}x{k} {q} probe{probe} cluster{cfg.cluster}"] = {"kernel_us": kt, "cfg": repr(cfg), "runs": runs}
+    out[f"{n}x{k} {q} probe{probe} cluster{cfg.cluster}" + (f" rt{shape[0]} st{shape[1]}" if shape else "")] = {"kernel_us": kt, "cfg": repr(cfg), "runs": runs}
     print(f"{n}x{k} {q} probe{probe} {cfg} kernel {kt:.2f}", flush=True)
     for r in runs[-1:]:
         for key, v in r.items():
