@@ -1735,9 +1735,12 @@ def w2a8_bulk_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 
     of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the activations'
     rounding (about 0.4% of |x| a row), not by the arithmetic.
 
-    ``quantize`` (one of ``W2A8_QUANTIZE``; None: the fastest on the H200 that applies): "every block"
-    (one launch, every block quantises x itself; up to 8 rows of x whose whole K fits in shared
-    memory; the default there), "cluster" (as "every block", but the blocks of a thread block cluster
+    ``quantize`` (one of ``W2A8_QUANTIZE``; None: the fastest in the sweeps that applies, see
+    :func:`w2a8_default_quantize`): "staged" (one launch; the copy engine brings every block's rows of x
+    into its shared memory ahead of the weights, and the block quantises them there; up to 8 rows of x
+    whose 16-bit rows fit beside the stages, K <= 4096 x warps; the default for one row of x), "every block"
+    (one launch, every block quantises x itself from global memory; up to 8 rows of x whose whole K fits in
+    shared memory; the default for 2 to 8), "cluster" (as "every block", but the blocks of a thread block cluster
     of ``config.cluster`` share the work: each quantises its part of x into the shared memory of all; a
     cluster launch, also of one block; slower than "every block" on the H200, notebook 05),
     "first block" (one launch; the first block quantises x for all while

@@ -16,10 +16,11 @@
 //     quantisation writes x's bytes in the order the B fragments want them (below), so that a
 //     thread's B registers for a whole group are 4 conflict-free 16-byte loads from shared memory.
 // The TMA ring and the sums across warps (ternary_ring.cuh), the producer warp and the split of K only
-// when x would not fit are step 9's; x is not: the consumers fetch it themselves, before the weights
-// flood DRAM (the kernel's comment below says why). On the H200 this is the chapter's fastest kernel at
-// M = 1, for the W2A8 product: 19.4 us in a CUDA graph at 8192 x 28672 (22.2 of kernel time), 4.3 us above
-// a kernel that only reads the weights (notebook 05). Step 11, the same product for several rows of x, is
+// when x would not fit are step 9's; x is not: it must come before the weights flood DRAM (the kernel's
+// comment below says how, QUANT 1 and 4). This is the chapter's fastest kernel at M = 1, for the W2A8
+// product: with x staged (QUANT 4), 24.0 us in a CUDA graph at 8192 x 28672 on the H100 (26.4 of kernel
+// time), 3.6 us above a kernel that only reads the weights; on the H200, quantising in every block
+// (QUANT 1), 19.4 us, 4.3 us above the read (notebook 05). Step 11, the same product for several rows of x, is
 // at the end of this file.
 #include "ternary_common.cuh"
 #include "ternary_ring.cuh"
