@@ -1673,7 +1673,7 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
         # H100 sweep's fastest at 4096 x 14336 and 8192 x 28672); else every block's launch. (Deeper rings
         # were no faster in the sweep.)
         few = tiles <= 2 * sms
-        warps = 8 if few or long_k or groups > 4 * W2A8_STAGED_GROUPS_PER_WARP else 4
+        warps = 8 if few or long_k else 4  # (4 warps hold K <= 16384 in registers: long_k covers the rest)
         for rt in (1, 2, 4):
             cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
             if 3 * sms <= 4 * triton.cdiv(tiles, rt) <= 4 * sms and \
@@ -1823,6 +1823,7 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
                sms: int) -> tuple:
     """Step 10's launch for one shape, checked once and kept (a call then only launches): (QUANT, config,
     groups a K slice, grid, instance name, dynamic shared memory)."""
+    asked = quantize
     if quantize is None:
         quantize = w2a8_default_quantize(m, n, k, sms)
         if quantize == "staged" and config is not None and not _w2a8_staged_takes(config, m, k):
@@ -1844,9 +1845,10 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
         raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
     fused, staged = quant in (1, 3, 4), quant == 4
     if fused and w2a8_smem_bytes(cfg, x_rows, groups, staged) > BULK_SMEM_LIMIT:
-        raise ValueError(f"{cfg}: quantising in every block needs all of K in shared memory beside the stages; "
-                         f"M = {m}, K = {k} needs {w2a8_smem_bytes(cfg, x_rows, groups, staged)} bytes, more "
-                         f"than {BULK_SMEM_LIMIT}")
+        what = "quantize='staged' needs all of K in shared memory, as 16-bit x," if staged else \
+            "quantising in every block needs all of K in shared memory"
+        raise ValueError(f"{cfg}: {what} beside the stages; M = {m}, K = {k} needs "
+                         f"{w2a8_smem_bytes(cfg, x_rows, groups, staged)} bytes, more than {BULK_SMEM_LIMIT}")
     if staged and groups > W2A8_STAGED_GROUPS_PER_WARP * cfg.warps:
         raise ValueError(f"{cfg}: quantize='staged' holds a row of x in its consumers' registers: K <= "
                          f"{W2A8_STAGED_GROUPS_PER_WARP * GROUP_WEIGHTS_2BIT * cfg.warps} with {cfg.warps} "
@@ -1862,8 +1864,9 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     if grid[0] % cfg.cluster:
         raise ValueError(f"{cfg}: a cluster of {cfg.cluster} blocks must divide the {grid[0]} blocks of weight rows")
     if name not in W2A8_INSTANCES:
-        raise ValueError(f"{cfg}: step 10 has no compiled instance for it with quantize={quantize!r} and M = {m} "
-                         f"({name}); compiled: {W2A8_INSTANCES}")
+        default = "" if asked else " (no quantize given: the default for this config)"
+        raise ValueError(f"{cfg}: step 10 has no compiled instance for it with quantize={quantize!r}{default} and "
+                         f"M = {m} ({name}); compiled: {W2A8_INSTANCES}")
     return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, staged)
 
 

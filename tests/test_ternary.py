@@ -853,10 +853,12 @@ def test_step10_launch_heuristic_fits_shared_memory(m, n, k):
         quant, planned, _, grid, name, smem = T._w2a8_plan(m, n, k, bf16, None, None, 132)
         assert name in T.W2A8_INSTANCES and smem <= T.BULK_SMEM_LIMIT
         assert quant == T.W2A8_QUANTIZE[T.w2a8_default_quantize(m, n, k, 132)]
+        if m == 1 and k <= 32768:  # one row of x: staged, wherever K fits the consumers' registers
+            assert quant == 4 and smem == T.w2a8_smem_bytes(planned, 1, -(-k // 256), staged=True)
         assert grid[0] * planned.rows >= n and grid[2] * (8 if m <= 8 else 16) >= m
     groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
     per_slice = min(-(-groups // cfg.slices), T.w2a8_max_groups_per_slice(cfg, rows_x))
-    assert T.w2a8_smem_bytes(cfg, rows_x, per_slice) <= T.BULK_SMEM_LIMIT
+    assert T.w2a8_smem_bytes(cfg, rows_x, per_slice, staged=quant == 4) <= T.BULK_SMEM_LIMIT
     if m == 1 and k <= 28672:
         assert -(-groups // per_slice) == 1
         for where in ("separate", "every block"):
@@ -956,7 +958,7 @@ def test_step10_staged_refuses_what_it_cannot_hold():
         T._w2a8_plan(1, 4096, 28672, True, T.W2A8Config(2, 4, 4, 1), "staged", 132)
     with pytest.raises(ValueError, match="compiled for"):
         T._w2a8_plan(1, 4096, 4096, True, T.W2A8Config(1, 8, 4, 2), "staged", 132)
-    with pytest.raises(ValueError, match="all of K in shared memory"):
+    with pytest.raises(ValueError, match="'staged' needs all of K in shared memory, as 16-bit x"):
         T._w2a8_plan(8, 4096, 28672, True, T.W2A8Config(1, 8, 4, 1), "staged", 132)
     with pytest.raises(ValueError, match="at most 8 rows of x"):
         T._w2a8_plan(9, 4096, 512, True, None, "staged", 132)
@@ -966,6 +968,8 @@ def test_step10_staged_refuses_what_it_cannot_hold():
     assert T._w2a8_plan(1, 17, 300, True, T.W2A8Config(1, 1, 4, 2), None, 132)[0] == 1
     assert T._w2a8_plan(1, 4096, 8192, True, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == 1  # K past 1 warp's 4096
     assert T._w2a8_plan(1, 17, 300, True, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == 4
+    with pytest.raises(ValueError, match="no quantize given"):  # a staged-only shape, 2 rows of x: every block's
+        T._w2a8_plan(2, 4096, 4096, True, T.W2A8Config(2, 8, 3, 1), None, 132)
 
 
 STEP10_CONFIGS = [T.W2A8Config(rt, warps, st, ch, slices) for (rt, st, ch) in T.W2A8_SHAPES

@@ -323,10 +323,10 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
 // stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of groups_per_slice x 256 bytes
 // + 64 of padding, so that the 8 lanes of a quarter warp reading 2 rows hit 8 different banks).
 //
-// The producer only streams weights: it starts at once and never waits for x. The consumer warps
-// bring the block's int8 x into shared memory themselves, with plain loads (a copy of x by the
+// Except in QUANT 4, the producer only streams weights: it starts at once and never waits for x. The
+// consumer warps bring the block's x into shared memory themselves, with plain loads (a copy of x by the
 // engine queued behind the first stages of weights: on the H200 the consumers then started 6 to 11 us
-// after the launch, while the ring sat full and DRAM idle). Where x is quantised (QUANT):
+// after the launch, while the ring sat full and DRAM idle; QUANT 4 has the engine copy x *before* them). Where x is quantised (QUANT):
 //   0: before, by quantize_x (xq, x_scale and row_sum are its outputs); the consumers wait for it
 //      (griddepcontrol.wait), then load their slice of xq;
 //   1: in every block (at most 8 rows of x and all of K in one block): the consumers quantise the
@@ -343,9 +343,9 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
 //      shared memory allows (in 1, every stage the producer filled before x was read delayed x, by
 //      about 0.6 us a stage at 4096 x 14336 on the H200). The consumers wait for x's barrier and
 //      quantise from shared memory; the int8 bytes overwrite the row they were read from (a row of
-//      int8 x, K + 64 bytes, never reaches the next row of bf16 x, 2 K on; quantize_row has every
-//      activation of a row in registers before its first write, which the wrapper sees to: K at most
-//      8 x 16 activations a consumer thread).
+//      int8 x, groups x 256 + 64 bytes, never reaches the next row of 16-bit x, groups x 512 bytes on;
+//      quantize_row has every activation of a row in registers before its first write, which the
+//      wrapper sees to: K at most 8 x 16 activations a consumer thread).
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
 // (w2a8_blocks_per_sm in ternary.py counts on it; a test checks it).
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                 mbarrier_expect_bytes(x_full, bytes * x_rows);
                 const u64 keep = evict_last_policy();  // every block reads it
                 for (int r = 0; r < x_rows; ++r)
-                    bulk_copy(xs + r * groups * 32, x + (size_t)(m0 + r) * x_stride, bytes, x_full, keep);
+                    bulk_copy(xs + r * groups_per_slice * 32, x + (size_t)(m0 + r) * x_stride, bytes, x_full, keep);
             }
         }
         const int first = W2A8_PROBE == 2 ? 0 : (QUANT == 1 || CLUSTER) ? min(W2A8_EARLY_STAGES, chunks) : chunks;
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                                                         sum_all, sc, total);
                 };
                 if constexpr (STAGED)
-                    quantize(StagedRow{xs + row * groups * 32, x_row, K});
+                    quantize(StagedRow{xs + row * groups_per_slice * 32, x_row, K});  // (all of K: the slice)
                 else
                     quantize(GlobalRow{x_row, K});
                 if (tid == 0) {
