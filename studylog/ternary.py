@@ -1579,7 +1579,10 @@ W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1), (2,
 #: the copy engine brought into shared memory ahead of the weights; once, in the first block of the
 #: matmul; in a thread block cluster; or in a kernel of its own before it (quantize_x, the matmul launched
 #: early; the default elsewhere).
-W2A8_QUANTIZE = {"first block": 2, "every block": 1, "separate": 0, "cluster": 3, "staged": 4}
+W2A8_QUANTIZE = {"first block": 2, "every block": 1, "separate": 0, "cluster": 3, "staged": 4, "per warp": 5}
+#: (row_tiles, stages, chunk) of the compiled "per warp" instances (one row of x, staged; each warp quantises
+#: the groups it takes): the staged launches w2a8_config picks.
+W2A8_PER_WARP_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1))
 #: (row_tiles, stages, chunk) of the compiled "cluster" instances.
 W2A8_CLUSTER_SHAPES = ((1, 4, 1), (2, 4, 1))
 #: Blocks a cluster shares x's quantisation among (quantize="cluster"; fewer where they do not divide the
@@ -1599,7 +1602,8 @@ W2A8_INSTANCES = tuple(_w2a8_instance(0, True, mt, *shape) for mt in (1, 2) for 
                        if mt == 1 or shape[0] <= 2) + \
     tuple(_w2a8_instance(q, bf16, 1, *shape) for q in (1, 2) for bf16 in (True, False) for shape in W2A8_SHAPES) + \
     tuple(_w2a8_instance(3, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_CLUSTER_SHAPES) + \
-    tuple(_w2a8_instance(4, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_STAGED_SHAPES)
+    tuple(_w2a8_instance(4, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_STAGED_SHAPES) + \
+    tuple(_w2a8_instance(5, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_PER_WARP_SHAPES)
 cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
 W2A8_SIGNATURE = ["ptr"] * 10 + ["i32"] * 8
 W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
@@ -1620,10 +1624,14 @@ def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
 
 
 def w2a8_smem_bytes(cfg: Union[BulkConfig, "W2A8TilesConfig"], x_rows: int, groups_per_slice: int,
-                    staged: bool = False) -> int:
+                    staged: bool = False, per_warp: bool = False) -> int:
     """Dynamic shared memory of a step-10 or step-11 block: mbarriers, stages and its int8 x (``staged``:
-    room for its rows of 16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
-    x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
+    room for its rows of 16-bit x, 512 bytes a group, which the int8 bytes then overwrite; ``per_warp``: one
+    row of 16-bit x, then its int8 bytes, 256 a group)."""
+    if per_warp:
+        x_bytes = groups_per_slice * (512 + 256)
+    else:
+        x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
     return BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_bytes
 
 
@@ -1668,7 +1676,7 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
         return W2A8Config(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     quantize = quantize or w2a8_default_quantize(m, n, k, sms)
-    if quantize == "staged":
+    if quantize in ("staged", "per warp"):
         # one block an SM, with the fewest row tiles a block that give at least 3/4 of the SMs a block (the
         # H100 sweep's fastest at 4096 x 14336 and 8192 x 28672); else every block's launch. (Deeper rings
         # were no faster in the sweep.)
@@ -1843,13 +1851,16 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
                          f"{BULK_SMEM_LIMIT} bytes of shared memory")
     if cfg.warps > 8:
         raise ValueError(f"{cfg}: step 10 runs at most 8 consumer warps a block (its launch bounds)")
-    fused, staged = quant in (1, 3, 4), quant == 4
-    if fused and w2a8_smem_bytes(cfg, x_rows, groups, staged) > BULK_SMEM_LIMIT:
-        what = "quantize='staged' needs all of K in shared memory, as 16-bit x," if staged else \
+    fused, staged, per_warp = quant in (1, 3, 4, 5), quant in (4, 5), quant == 5
+    if per_warp and m != 1:
+        raise ValueError(f"quantize='per warp' takes one row of x, got M = {m}: use 'staged'")
+    smem_x = w2a8_smem_bytes(cfg, x_rows, groups, staged, per_warp)
+    if fused and smem_x > BULK_SMEM_LIMIT:
+        what = f"quantize={quantize!r} needs all of K in shared memory, as 16-bit x," if staged else \
             "quantising in every block needs all of K in shared memory"
-        raise ValueError(f"{cfg}: {what} beside the stages; M = {m}, K = {k} needs "
-                         f"{w2a8_smem_bytes(cfg, x_rows, groups, staged)} bytes, more than {BULK_SMEM_LIMIT}")
-    if staged and groups > W2A8_STAGED_GROUPS_PER_WARP * cfg.warps:
+        raise ValueError(f"{cfg}: {what} beside the stages; M = {m}, K = {k} needs {smem_x} bytes, more than "
+                         f"{BULK_SMEM_LIMIT}")
+    if quant == 4 and groups > W2A8_STAGED_GROUPS_PER_WARP * cfg.warps:
         raise ValueError(f"{cfg}: quantize='staged' holds a row of x in its consumers' registers: K <= "
                          f"{W2A8_STAGED_GROUPS_PER_WARP * GROUP_WEIGHTS_2BIT * cfg.warps} with {cfg.warps} "
                          f"warps, got K = {k}")
@@ -1857,7 +1868,7 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
     # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
     name = _w2a8_instance(quant, bf16 or quant == 0, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
-    for q, shapes in ((3, W2A8_CLUSTER_SHAPES), (4, W2A8_STAGED_SHAPES)):
+    for q, shapes in ((3, W2A8_CLUSTER_SHAPES), (4, W2A8_STAGED_SHAPES), (5, W2A8_PER_WARP_SHAPES)):
         if quant == q and (cfg.row_tiles, cfg.stages, cfg.chunk) not in shapes:
             raise ValueError(f"{cfg}: quantize={quantize!r} is compiled for (row_tiles, stages, chunk) in "
                              f"{shapes} only")
@@ -1867,7 +1878,16 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
         default = "" if asked else " (no quantize given: the default for this config)"
         raise ValueError(f"{cfg}: step 10 has no compiled instance for it with quantize={quantize!r}{default} and "
                          f"M = {m} ({name}); compiled: {W2A8_INSTANCES}")
-    return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, staged)
+    return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, staged, per_warp)
+
+
+def _w2a8_plan_takes(m: int, n: int, k: int, quantize: str) -> bool:
+    """Whether step 10's own launch for the problem takes x quantised at ``quantize`` (bf16 x)."""
+    try:
+        _w2a8_plan(m, n, k, True, None, quantize, runtime.sm_count())
+        return True
+    except ValueError:
+        return False
 
 
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, probe: int,
@@ -1898,7 +1918,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, p
             # launched early (programmatic dependent launch): its weights stream in while x is quantised
             kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, None, m, w.n, k, groups,
                    x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, early=early)
-        elif quant in (1, 3, 4):
+        elif quant in (1, 3, 4, 5):
             kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, None, m, w.n, k, groups,
                    x2.stride(0), s_stride, per_slice, 0, shared_mem=smem, cluster=cfg.cluster if quant == 3 else None)
         else:
@@ -2077,10 +2097,11 @@ BATCH_SERIES = ["dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk",
 QUICK_SERIES = ["mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_tiles"]
 #: Also timed by kernel time (the profiler), beside do_bench: our last steps and the baseline.
 KERNEL_TIME_SERIES = ("cublas_bf16", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk", "w2a8_bulk_every", "w2a8_bulk_staged",
-                      "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster", "w2a8_tiles", "read_weights")
+                      "w2a8_bulk_per_warp", "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster", "w2a8_tiles", "read_weights")
 #: Step 10's other places to quantise x, each a series of its own at M = 1 where it is not the default.
 W2A8_PLACE_SERIES = (("w2a8_bulk_every", "every block"), ("w2a8_bulk_staged", "staged"),
-                     ("w2a8_bulk_first", "first block"), ("w2a8_bulk_2k", "separate"), ("w2a8_bulk_cluster", "cluster"))
+                     ("w2a8_bulk_per_warp", "per warp"), ("w2a8_bulk_first", "first block"),
+                     ("w2a8_bulk_2k", "separate"), ("w2a8_bulk_cluster", "cluster"))
 
 
 def _autotuner_for(series: str, m: int):
@@ -2198,6 +2219,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             "w2a8_bulk": (pt, lambda w: w2a8_bulk_matmul(x, w, scale)),
             "w2a8_bulk_every": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="every block")),
             "w2a8_bulk_staged": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="staged")),
+            "w2a8_bulk_per_warp": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="per warp")),
             "w2a8_bulk_2k": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="separate")),
             "w2a8_bulk_cluster": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="cluster")),
             "w2a8_tiles": (pt, lambda w: w2a8_tiles_matmul(x, w, scale)),
@@ -2270,11 +2292,8 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
                 record(name, lambda: w2a8_bulk_matmul(x, pt, scale), pt.nbytes, "int8", ref_q, magnitude_q,
                        config_text=f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}")
                 if m == 1:  # the other places to quantise x
-                    every_fits = w2a8_smem_bytes(w2a8_config(m, n, k, quantize="every block"), m,
-                                                 triton.cdiv(k, GROUP_WEIGHTS_2BIT)) <= BULK_SMEM_LIMIT
                     for series, where in W2A8_PLACE_SERIES:
-                        if where == default or (where in ("every block", "cluster") and not every_fits) or \
-                                (where == "staged" and not w2a8_staged_fits(m, n, k)):
+                        if where == default or not _w2a8_plan_takes(m, n, k, where):
                             continue  # the default's own series, or x's row does not fit beside the stages
                         record(series, lambda q=where: w2a8_bulk_matmul(x, pt, scale, quantize=q), pt.nbytes, "int8",
                                ref_q, magnitude_q, config_text=f"{w2a8_config(m, n, k, quantize=where)}")
@@ -2314,6 +2333,7 @@ SERIES_LABELS = {
     "w2a8_bulk": "10: W2A8, CUDA C++ int8 MMA",
     "w2a8_bulk_every": "10: W2A8, x read in every block",
     "w2a8_bulk_staged": "10: W2A8, x staged by the copy engine",
+    "w2a8_bulk_per_warp": "10: W2A8, x staged, quantised a warp's groups at a time",
     "w2a8_bulk_first": "10: W2A8, x quantised by the first block",
     "w2a8_bulk_2k": "10: W2A8, quantize_x + early launch",
     "w2a8_bulk_cluster": "10: W2A8, x quantised once a cluster",
@@ -2359,7 +2379,7 @@ def speedup_table(results, m: int) -> str:
 TIMERS = {"ms": "do_bench", "kernel_ms": "kernel time", "graph_ms": "CUDA graph"}
 #: Every series of ours a target may be met by.
 TARGET_SERIES = ["gemv_2bit", "gemv_base3", "dot_2bit", "dot_base3", "w2a8", "mma_2bit", "cuda_mma", "bulk", "w2a8_bulk",
-                 "w2a8_bulk_every", "w2a8_bulk_staged", "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster",
+                 "w2a8_bulk_every", "w2a8_bulk_staged", "w2a8_bulk_per_warp", "w2a8_bulk_first", "w2a8_bulk_2k", "w2a8_bulk_cluster",
                  "w2a8_tiles"]
 
 

@@ -792,8 +792,9 @@ def test_step10_compiles_to_int8_mma_and_bulk_copies_without_spills():
     assert len(report) == len(T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
     for name, r in report.items():  # what w2a8_blocks_per_sm counts on (8 rows of x a block)
         args = re.search(r"ternary_w2a8ILi(\d)ELb(\d)ELi(\d)ELi(\d)E", name)
-        if args and args.group(3) == "1":
-            assert r["registers"] <= (96 if int(args.group(4)) <= 2 else 136), (name, r)
+        if args and args.group(3) == "1":  # ("per warp" of 4 tiles: one block an SM, 9 warps' registers)
+            most = 65536 // (32 * 9) if args.group(1) == "5" else 136
+            assert r["registers"] <= (96 if int(args.group(4)) <= 2 else most), (name, r)
     for name, r in report.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
     tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
@@ -953,6 +954,20 @@ def test_step10_staged_plan(m, n, k):
     assert T.w2a8_default_quantize(m, n, k, 132) == ("staged" if m == 1 else "every block")
 
 
+def test_step10_per_warp_plan_and_errors():
+    """quantize="per warp": one row of x, staged, and no limit of K from registers (only shared memory)."""
+    quant, cfg, per_slice, grid, name, smem = T._w2a8_plan(1, 4096, 14336, True, None, "per warp", 132)
+    assert quant == 5 and name.startswith("ternary_w2a8<5, true, 1, 2, 4, 1>") and name in T.W2A8_INSTANCES
+    assert smem == T.BULK_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + 56 * (512 + 256) <= T.BULK_SMEM_LIMIT
+    assert T._w2a8_plan(1, 1024, 28672, True, T.W2A8Config(1, 4, 4, 1), "per warp", 132)[0] == 5  # past 4 warps' 16384
+    with pytest.raises(ValueError, match="one row of x"):
+        T._w2a8_plan(2, 4096, 512, True, None, "per warp", 132)
+    with pytest.raises(ValueError, match="compiled for"):
+        T._w2a8_plan(1, 4096, 4096, True, T.W2A8Config(1, 8, 8, 1), "per warp", 132)
+    with pytest.raises(ValueError, match="'per warp' needs all of K in shared memory"):
+        T._w2a8_plan(1, 4096, 131072, True, None, "per warp", 132)
+
+
 def test_step10_staged_refuses_what_it_cannot_hold():
     with pytest.raises(ValueError, match="holds a row of x in its consumers' registers: K <= 16384 with 4"):
         T._w2a8_plan(1, 4096, 28672, True, T.W2A8Config(2, 4, 4, 1), "staged", 132)
@@ -1085,6 +1100,29 @@ def test_gpu_step10_staged_equals_every_block(m, n, k, x_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n, k", [(125, 7), (250, 300), (509, 2001), (127, 5003), (1024, 14335), (64, 4097), (40, 8),
+                                  (300, 20000)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step10_per_warp_equals_every_block(n, k, x_dtype):
+    """quantize="per warp": each warp quantises the groups it takes and subtracts its own sum of q. The same
+    integers: equal, bit for bit, to every block quantising x, for every compiled launch (K past what 'staged'
+    holds in registers too)."""
+    if not _gpu_is_hopper():
+        pytest.skip("step 10 needs a Hopper GPU (the TMA)")
+    w, scale, x, tiles = step10_inputs(1, n, k, x_dtype, seed=n + 3 * k)
+    every = T.w2a8_bulk_matmul(x, tiles, scale, quantize="every block")
+    assert_matches_w2a8(every, x, w, scale)
+    for rt, st, ch in T.W2A8_PER_WARP_SHAPES:
+        for warps in (1, 4, 8):
+            cfg = T.W2A8Config(rt, warps, st, ch)
+            if T.w2a8_smem_bytes(cfg, 1, -(-k // 256), per_warp=True) > T.BULK_SMEM_LIMIT:
+                continue
+            z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(1, n), config=cfg, quantize="per warp")
+            assert torch.equal(z, every), f"{cfg}: differs from every block quantising x"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
 def test_gpu_step10_full_size_unaligned_x_and_probes():
     if not _gpu_is_hopper():
         pytest.skip("step 10 needs a Hopper GPU (the TMA)")
@@ -1100,7 +1138,8 @@ def test_gpu_step10_full_size_unaligned_x_and_probes():
             staged = m <= 8 and T.w2a8_smem_bytes(T.w2a8_config(m, n, k, quantize="staged"), m, -(-k // 256),
                                                    staged=True) <= T.BULK_SMEM_LIMIT
             for where in [None, "separate"] + (["first block"] if m <= 8 else []) + \
-                    (["every block", "cluster"] if fits else []) + (["staged"] if staged else []):
+                    (["every block", "cluster"] if fits else []) + (["staged"] if staged else []) + \
+                    (["per warp"] if m == 1 else []):
                 z = T.w2a8_bulk_matmul(x, tiles, scale, out=poisoned(m, n), quantize=where)
                 assert_matches_w2a8(z, x, w, scale)
             if m == 16:

@@ -346,6 +346,11 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
 //      int8 x, groups x 256 + 64 bytes, never reaches the next row of 16-bit x, groups x 512 bytes on;
 //      quantize_row has every activation of a row in registers before its first write, which the
 //      wrapper sees to: K at most 8 x 16 activations a consumer thread).
+//   5 ("per warp"; one row of x): x staged as in 4, but the block only takes the row's largest |x| before
+//      its first MMA (one pass and one barrier); each consumer warp then quantises the groups it takes,
+//      in its loop, into int8 x after the 16-bit row (lanes 0-15 a unit each), and subtracts its own sum
+//      of q from its sums. The same exact integers, so the same z as 4, with the second pass and its
+//      barriers off the path to the first MMA.
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
 // (w2a8_blocks_per_sm in ternary.py counts on it; a test checks it).
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
@@ -354,7 +359,8 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
     const float *__restrict__ scale, float *__restrict__ x_scale, int *__restrict__ row_sum,
     int *__restrict__ partials, u32 *__restrict__ arrivals, int *__restrict__ flags, int M, int N, int K, int groups,
     int x_stride, int scale_stride, int groups_per_slice, int epoch) {
-    constexpr bool CLUSTER = QUANT == 3, STAGED = QUANT == 4, FUSED = QUANT == 1 || CLUSTER || STAGED;
+    constexpr bool CLUSTER = QUANT == 3, LAZY = QUANT == 5, STAGED = QUANT == 4 || LAZY;
+    constexpr bool FUSED = QUANT == 1 || CLUSTER || STAGED;
     static_assert(QUANT == 0 || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
     __shared__ float row_scales[8];  // FUSED: the block's rows of x
     __shared__ int row_sums[8];
@@ -425,7 +431,26 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
             __shared__ int cluster_sums[8];  // each block's sum of q of the row, written by that block
             const int crank = CLUSTER ? cluster_rank() : 0, csize = CLUSTER ? cluster_size() : 1;
             if (STAGED) mbarrier_wait(x_full, 0);
-            for (int row = 0; row < x_rows; ++row) {
+            if constexpr (LAZY) {  // one row: its largest |x| (the loop below quantises)
+                __shared__ float lazy_max[32];
+                const StagedRow from{xs, x + (size_t)m0 * x_stride, K};
+                float amax = 0.0f;
+                for (int n = tid; n < groups * 16; n += nthreads) {
+                    uint4 v[2];
+                    load_unit(v, from, n);
+                    amax = fmaxf(amax, fmaxf(piece_absmax<BF16>(v[0]), piece_absmax<BF16>(v[1])));
+                }
+                for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
+                if (lane == 0) lazy_max[warp] = amax;
+                consumer_barrier(warps);
+                amax = 0.0f;
+                for (int i = 0; i < warps; ++i) amax = fmaxf(amax, lazy_max[i]);
+                if (tid == 0) {
+                    row_scales[0] = row_scale(amax);
+                    row_sums[0] = 0;  // each warp takes its own off (below)
+                }
+            }
+            for (int row = 0; row < x_rows && !LAZY; ++row) {
                 float sc;
                 int total;
                 uint4 *out = xs + row * xs_stride;
@@ -514,6 +539,9 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
         }
         consumer_barrier(warps);
         int acc[4][RT][MT][4] = {};
+        int q_sum = 0;  // LAZY: the sum of the q this warp's lanes quantised
+        const float q_scale = LAZY ? row_scales[0] : 0.0f;
+        uint4 *const xq_lazy = xs + groups_per_slice * 32;  // LAZY: int8 x, after the 16-bit row
         for (int c = 0; c < chunks; ++c) {
             uint4 a[CHUNK][RT][2];
             const int gc = ring.group(c, warp), ng = ring.take(c, warp, lane, a, W2A8_PROBE != 2);
@@ -528,18 +556,30 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                 if (cg < ng) {
                     uint4 xv[MT][4];
                     const int gl = gc + cg - g_begin;
+                    if constexpr (LAZY) {  // the group's 16 units, a lane each, before its lanes read them
+                        if (lane < 16) {
+                            uint4 v[2];
+                            load_unit(v, StagedRow{xs, x + (size_t)m0 * x_stride, K}, gl * 16 + lane);
+                            xq_lazy[gl * 16 + lane] = quantize_unit<BF16>(v, q_scale, q_sum);
+                        }
+                        __syncwarp();
+                    }
+                    const uint4 *xin = LAZY ? xq_lazy : xs;
 #pragma unroll
                     for (int j = 0; j < MT; ++j)
 #pragma unroll
                         for (int p = 0; p < 4; ++p)
-                            xv[j][p] = xs[min(8 * j + g, x_rows - 1) * xs_stride + gl * 16 + 4 * p + t];
+                            xv[j][p] = xin[min(8 * j + g, x_rows - 1) * xs_stride + gl * 16 + 4 * p + t];
                     group_w2a8<MT, RT>(acc, a[cg], xv);
                 }
         }
 
+        if constexpr (LAZY)
+            for (int o = 16; o; o >>= 1) q_sum += __shfl_xor_sync(~0u, q_sum, o);
         add_warp_sums<RT, MT>(reinterpret_cast<int *>(ring.stages), warps, x_rows,
                               [&](int r, int j, int c) {
-                                  return w2a8_sum(acc[0][r][j][c], acc[1][r][j][c], acc[2][r][j][c], acc[3][r][j][c]);
+                                  return w2a8_sum(acc[0][r][j][c], acc[1][r][j][c], acc[2][r][j][c], acc[3][r][j][c]) -
+                                         (LAZY ? q_sum : 0);
                               },
                               [&](int row, int col, int sum) {
                                   const int n = tile0 * 16 + row, m = m0 + col;

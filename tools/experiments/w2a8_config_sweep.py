@@ -79,6 +79,8 @@ for n, k in shapes:
                     plans.append(("separate", dataclasses.replace(cfg, slices=sl), 1))
             if m == 1 and "staged" in places and shape in T.W2A8_STAGED_SHAPES:
                 plans.append(("staged", cfg, 1))
+            if m == 1 and "per warp" in places and shape in T.W2A8_PER_WARP_SHAPES:
+                plans.append(("per warp", cfg, 1))
             if m == 1 and "cluster" in places and shape in T.W2A8_CLUSTER_SHAPES:
                 for c in (2, 4, 8):
                     plans.append(("cluster", T.W2A8Config(shape[0], warps, shape[1], shape[2], cluster=c), 1))
