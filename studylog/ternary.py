@@ -1677,17 +1677,16 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
     tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     quantize = quantize or w2a8_default_quantize(m, n, k, sms)
     if quantize in ("staged", "per warp"):
-        # one block an SM, with the fewest row tiles a block that give at least 3/4 of the SMs a block (the
-        # H100 sweep's fastest at 4096 x 14336 and 8192 x 28672); else every block's launch. (Deeper rings
-        # were no faster in the sweep.)
-        few = tiles <= 2 * sms
-        warps = 8 if few or long_k else 4  # (4 warps hold K <= 16384 in registers: long_k covers the rest)
+        # every block's launch, but one block an SM with the fewest row tiles a block that give at least 3/4
+        # of the SMs a block where there is one (the H100 sweep's fastest at 4096 x 14336 and 8192 x 28672;
+        # deeper rings were no faster)
+        every = w2a8_config(m, n, k, sms, quantize="every block")
         for rt in (1, 2, 4):
-            cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
+            cfg = replace(every, row_tiles=rt)
             if 3 * sms <= 4 * triton.cdiv(tiles, rt) <= 4 * sms and \
                     w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT:
                 return cfg
-        return W2A8Config(row_tiles=1 if few else 2, warps=warps, stages=4, chunk=1, slices=1)
+        return every
     if quantize in ("every block", "cluster"):
         few = tiles <= 2 * sms
         rt = 1 if few else 2
@@ -1770,31 +1769,14 @@ def w2a8_bulk_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, pr
     return _w2a8_call(x, w, scale, None, config, probe=probe)
 
 
-def _w2a8_staged_takes(cfg: W2A8Config, m: int, k: int) -> bool:
-    """Whether a staged launch of ``cfg`` takes M rows of K: a compiled shape, up to 8 rows of x, each held
-    in its consumers' registers, and their 16-bit rows in shared memory beside the stages."""
-    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    return m <= 8 and (cfg.row_tiles, cfg.stages, cfg.chunk) in W2A8_STAGED_SHAPES and \
-        groups <= W2A8_STAGED_GROUPS_PER_WARP * cfg.warps and \
-        w2a8_smem_bytes(cfg, m, groups, staged=True) <= BULK_SMEM_LIMIT
-
-
-def w2a8_staged_fits(m: int, n: int, k: int, sms: Optional[int] = None) -> bool:
-    """Whether quantize="staged" takes the problem with its own launch (w2a8_config)."""
-    return m <= 8 and _w2a8_staged_takes(w2a8_config(m, n, k, sms, quantize="staged"), m, k)
-
-
 def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
     """Where step 10 quantises x by default: for one row of x, in every block from a copy the copy
     engine stages ahead of the weights ("staged", where it fits; faster than "every block" at the Llama
     shapes of the sweeps, notebook 05); else (or with ``staged=False``) in every block where its launch fits
     shared memory (up to 8 rows of x), else in quantize_x."""
-    if staged and m == 1 and w2a8_staged_fits(m, n, k, sms):
+    if staged and m == 1 and _w2a8_plan_takes(m, n, k, "staged", sms=sms):
         return "staged"
-    every = w2a8_config(m, n, k, sms, quantize="every block")
-    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    fits = m <= 8 and w2a8_smem_bytes(every, m, groups) <= BULK_SMEM_LIMIT
-    return "every block" if fits else "separate"
+    return "every block" if _w2a8_plan_takes(m, n, k, "every block", sms=sms) else "separate"
 
 
 class _W2A8Workspace:
@@ -1834,7 +1816,7 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     asked = quantize
     if quantize is None:
         quantize = w2a8_default_quantize(m, n, k, sms)
-        if quantize == "staged" and config is not None and not _w2a8_staged_takes(config, m, k):
+        if quantize == "staged" and config is not None and not _w2a8_plan_takes(m, n, k, "staged", config, sms):
             quantize = w2a8_default_quantize(m, n, k, sms, staged=False)  # the default, less staged
     quant = W2A8_QUANTIZE[quantize]
     if config is not None and config.cluster > 1 and quantize != "cluster":
@@ -1881,10 +1863,12 @@ def _w2a8_plan(m: int, n: int, k: int, bf16: bool, config: Optional[W2A8Config],
     return quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, staged, per_warp)
 
 
-def _w2a8_plan_takes(m: int, n: int, k: int, quantize: str) -> bool:
-    """Whether step 10's own launch for the problem takes x quantised at ``quantize`` (bf16 x)."""
+def _w2a8_plan_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Config] = None,
+                     sms: Optional[int] = None) -> bool:
+    """Whether step 10 takes the problem with x quantised at ``quantize`` (bf16 x), with ``config`` (None: its
+    own launch)."""
     try:
-        _w2a8_plan(m, n, k, True, None, quantize, runtime.sm_count())
+        _w2a8_plan(m, n, k, True, config, quantize, sms or runtime.sm_count())
         return True
     except ValueError:
         return False
@@ -2218,12 +2202,9 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict) -> None:
             "cuda_mma": (pt, lambda w: cuda_mma_matmul(x, w, scale)),
             "bulk": (pt, lambda w: bulk_matmul(x, w, scale)),
             "w2a8_bulk": (pt, lambda w: w2a8_bulk_matmul(x, w, scale)),
-            "w2a8_bulk_every": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="every block")),
-            "w2a8_bulk_staged": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="staged")),
-            "w2a8_bulk_per_warp": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="per warp")),
-            "w2a8_bulk_2k": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="separate")),
-            "w2a8_bulk_cluster": (pt, lambda w: w2a8_bulk_matmul(x, w, scale, quantize="cluster")),
             "w2a8_tiles": (pt, lambda w: w2a8_tiles_matmul(x, w, scale)),
+            **{series: (pt, lambda w, q=where: w2a8_bulk_matmul(x, w, scale, quantize=q))
+               for series, where in W2A8_PLACE_SERIES if where != "first block"},
         }
 
         def timings(series, fn) -> dict:
