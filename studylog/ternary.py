@@ -1703,11 +1703,11 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
     return W2A8Config(row_tiles=4, warps=warps, stages=4, chunk=1, slices=1)
 
 
-def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int, staged: bool = False) -> int:
+def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
     """Step-10 blocks one SM holds at once: by shared memory (each block also takes 1 KiB) and by
     registers (ptxas gives the kernels of 8 rows of x at most 96 a thread with one or two row tiles, 136
     with four: the launch bounds ask for two blocks an SM below four tiles; a test checks it)."""
-    smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice, staged) + 1024)
+    smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
     registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
     return min(smem, registers)
 
