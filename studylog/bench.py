@@ -1,6 +1,6 @@
 """Benchmark harness: ``python -m studylog bench <chapter|all> [--out DIR]``.
 
-Every chapter module with a benchmark defines ``bench(run: BenchRun)``. The harness
+Every chapter with a benchmark declares it (``CHAPTER.bench``, see :mod:`studylog.chapter`). The harness
 
 * refuses to run without a GPU (interpreter timings say nothing about GPU speed);
 * measures the device's ceilings in the same run (copy bandwidth, an empty kernel's launch
@@ -15,7 +15,6 @@ Every chapter module with a benchmark defines ``bench(run: BenchRun)``. The harn
 from __future__ import annotations
 
 import datetime as _dt
-import importlib
 import json
 import os
 import platform
@@ -30,18 +29,8 @@ import torch
 
 from studylog import runtime
 
-#: chapter name -> module that defines ``bench(run)``.
-CHAPTERS: dict[str, str] = {
-    "env": "studylog.bench",
-    "masked_lm_head": "studylog.masked_lm_head",
-    "ngram": "studylog.ngram",
-    "ctc": "studylog.ctc",
-    "ternary": "studylog.ternary",
-    "multi_item": "studylog.multi_item",
-}
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO_ROOT / "assets" / "bench"
+from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
+from studylog.paths import REPO_ROOT
 
 CPU_REFUSAL = (
     "python -m studylog bench needs a CUDA GPU, and torch sees none on this machine. "
@@ -370,78 +359,20 @@ def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[],
 
 
 # --------------------------------------------------------------------------------------
-# The "env" chapter: the GPU's ceilings, shown in notebook 00
-# --------------------------------------------------------------------------------------
-
-_EMPTY_CU = r"""
-extern "C" __global__ void empty_kernel(float* out, int n) {
-    if (n < 0) out[0] = 0.0f;  // never true: the kernel does no work
-}
-"""
-
-
-def bench(run: BenchRun) -> None:
-    """Copy bandwidth at several sizes, bf16/fp32 matmul rates and empty-launch times."""
-    from studylog import cuda
-
-    sizes = [1 << 24, 1 << 26, 1 << 28, 1 << 30, 1 << 32]
-    for nbytes in run.progress(sizes, "copy bandwidth"):
-        src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
-        dst = torch.empty_like(src)
-        ms = run.time(lambda: dst.copy_(src))
-        run.record("copy", ms, params={"bytes": nbytes}, role="baseline",
-                   gbs=2 * nbytes / (ms * 1e-3) / 1e9)
-        del src, dst
-    for dtype, n in run.progress([(torch.bfloat16, 4096), (torch.bfloat16, 8192), (torch.float32, 8192)], "matmul"):
-        a = torch.randn(n, n, dtype=dtype, device="cuda")
-        b = torch.randn(n, n, dtype=dtype, device="cuda")
-        ms = run.time(lambda: a @ b)
-        run.record(f"matmul_{str(dtype).removeprefix('torch.')}", ms, params={"n": n}, role="baseline",
-                   tflops=2 * n**3 / (ms * 1e-3) / 1e12)
-        del a, b
-    run.record("empty_triton_launch", run.empty_launch_ms, params={}, role="baseline")
-    kernel = cuda.load(_EMPTY_CU).kernel("empty_kernel", ["ptr", "i32"])
-    x = torch.empty(1, device="cuda")
-    kernel((1,), (32,), x, 1)
-    torch.cuda.synchronize()
-    run.record("empty_nvrtc_launch", run.time(lambda: kernel((1,), (32,), x, 1)), params={}, role="baseline")
-    y = torch.empty(1, device="cuda")
-    run.record("torch_add_launch", run.time(lambda: y.add_(1.0)), params={}, role="baseline")
-
-
-# --------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------
-
-def available_chapters() -> list[str]:
-    """Chapters whose module exists and defines ``bench``."""
-    names = []
-    for chapter, module in CHAPTERS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError:
-            continue
-        if hasattr(mod, "bench"):
-            names.append(chapter)
-    return names
-
 
 def run_chapters(chapters: list[str], *, out_dir: Path, command: str, quick: bool = False) -> list[Path]:
     if not torch.cuda.is_available():
         raise NoGPUError(CPU_REFUSAL)
-    if chapters == ["all"]:
-        chapters = available_chapters()
-    unknown = [c for c in chapters if c not in CHAPTERS]
-    if unknown:
-        raise ValueError(f"unknown benchmark {unknown}; choose from {sorted(CHAPTERS)} or 'all'")
+    from studylog import chapter as registry
+
     paths, failures = [], []
-    for chapter in chapters:
-        module = importlib.import_module(CHAPTERS[chapter])
-        if not hasattr(module, "bench"):
-            raise ValueError(f"chapter {chapter!r} has no benchmark yet")
+    for declared in registry.select(chapters, need="bench"):
+        chapter = declared.name
         run = BenchRun(chapter, command=command, quick=quick)
         try:
-            module.bench(run)
+            declared.bench(run)
         except Exception:  # keep going: one broken chapter should not cost the others' GPU time
             import traceback
 
@@ -457,27 +388,3 @@ def run_chapters(chapters: list[str], *, out_dir: Path, command: str, quick: boo
     if failures:
         raise RuntimeError("benchmark failures:\n" + "\n".join(failures))
     return paths
-
-
-def figures(results) -> dict:
-    """The env chapter's figure: copy bandwidth against size, beside the matmul rates."""
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    copies = sorted(results.select("copy"), key=lambda r: r["params"]["bytes"])
-    left.plot([r["params"]["bytes"] / 2**20 for r in copies], [r["gbs"] for r in copies], marker="o")
-    left.set_xscale("log", base=2)
-    left.set_xlabel("bytes copied (MiB)")
-    left.set_ylabel("GB/s (read + write)")
-    left.set_title("device-to-device copy", fontsize=10)
-    left.grid(True, which="both", alpha=0.3)
-    mm = [r for r in results.rows if r["series"].startswith("matmul_")]
-    labels = [f"{r['series'].removeprefix('matmul_')}\n{r['params']['n']}³" for r in mm]
-    right.bar(labels, [r["tflops"] for r in mm], color="#4c72b0")
-    right.set_ylabel("TFLOP/s")
-    right.set_title("torch matmul (cuBLAS), random inputs", fontsize=10)
-    for i, r in enumerate(mm):
-        right.text(i, r["tflops"], f"{r['tflops']:.0f}", ha="center", va="bottom", fontsize=9)
-    fig.suptitle(results.caption(), fontsize=8, y=0.02)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return {"ceilings": fig}

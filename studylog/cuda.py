@@ -30,15 +30,20 @@ from typing import Sequence
 
 import torch
 
-CSRC = Path(__file__).parent / "csrc"
+from studylog.paths import SHARED_CSRC as CSRC
+from studylog.paths import csrc_folders
 
 #: The architecture to compile for when no GPU is visible (Hopper: H100/H200).
 DEFAULT_ARCH = "sm_90"
 
 
 def cu_sources() -> list[Path]:
-    """Every ``.cu`` file shipped in the package, sorted by name."""
-    return sorted(CSRC.rglob("*.cu"))
+    """Every ``.cu`` file shipped in the package (the shared ``csrc`` and each chapter's), sorted by name."""
+    return sorted((p for folder in csrc_folders() for p in folder.glob("*.cu")), key=lambda p: p.name)
+
+
+def _headers() -> list[Path]:
+    return sorted((p for folder in csrc_folders() for p in folder.glob("*.cuh")), key=lambda p: p.name)
 
 
 #: Template instances each source is launched with (file stem -> C++ name expressions). A source
@@ -53,11 +58,13 @@ def declare_instances(source: str, name_expressions: Sequence[str]) -> None:
 
 
 def source_path(name: str) -> Path:
-    """Path of a kernel source in ``studylog/csrc`` (``name`` with or without ``.cu``)."""
-    path = CSRC / (name if name.endswith((".cu", ".cuh")) else f"{name}.cu")
-    if not path.is_file():
-        raise FileNotFoundError(f"no CUDA source {name!r} in {CSRC}")
-    return path
+    """Path of a kernel source in the package's ``csrc`` folders (``name`` with or without ``.cu``; file
+    names are unique across chapters, each prefixed by its chapter)."""
+    file = name if name.endswith((".cu", ".cuh", ".c")) else f"{name}.cu"
+    for folder in csrc_folders():
+        if (folder / file).is_file():
+            return folder / file
+    raise FileNotFoundError(f"no CUDA source {name!r} in {[str(f) for f in csrc_folders()]}")
 
 
 def read_source(name: str) -> str:
@@ -146,8 +153,9 @@ def _check_nvrtc(result, what: str):
 
 
 def _include_dirs() -> list[str]:
-    """Folders holding the CUDA runtime headers NVRTC may need (``cuda_fp16.h`` and friends)."""
-    dirs = [str(CSRC)]
+    """Folders holding the package's headers (every ``csrc``) and the CUDA runtime headers NVRTC may need
+    (``cuda_fp16.h`` and friends)."""
+    dirs = [str(folder) for folder in csrc_folders()]
     try:
         import nvidia.cuda_runtime as rt  # pip's nvidia-cuda-runtime
 
@@ -217,7 +225,7 @@ def _cache_file(text: str, name: str, arch: str, options: Sequence[str], name_ex
     digest = hashlib.sha256()
     version = _check_nvrtc(_nvrtc().nvrtcVersion(), "version")
     for part in (text, name, arch, repr(tuple(options)), repr(tuple(name_expressions)), repr(_include_dirs()),
-                 repr(version), *(h.read_text() for h in sorted(CSRC.rglob("*.cuh")))):
+                 repr(version), *(h.read_text() for h in _headers())):
         digest.update(part.encode() + b"\0")
     return folder / f"{digest.hexdigest()}.json"
 

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from studylog.bench import REPO_ROOT
-
-DATA = REPO_ROOT / "assets" / "data"
+from studylog.paths import DATA
 MASKS_FILE = DATA / "fsm_masks.npz"
 
 

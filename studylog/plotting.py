@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from studylog.bench import DEFAULT_OUT, REPO_ROOT
-
-FIGURES = REPO_ROOT / "assets" / "figures"
+from studylog import paths
+from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
+from studylog.paths import FIGURES, REPO_ROOT
 
 
 @dataclass
@@ -63,6 +63,16 @@ class Results:
                 seen.setdefault(row["series"], None)
         return list(seen)
 
+    def with_series_names(self, names: dict[str, str]) -> "Results":
+        """The same results with series renamed by ``names`` (old -> new): results measured before a
+        chapter named its series after its steps are read under today's names. The file is not changed."""
+        import copy
+
+        data = copy.deepcopy(self.data)
+        for row in data["measurements"]:
+            row["series"] = names.get(row["series"], row["series"])
+        return Results(self.path, data)
+
     def ms(self, series: str, **params: Any) -> float:
         """The time of exactly one matching row."""
         rows = self.select(series, **params)
@@ -78,7 +88,10 @@ def result_files(chapter: str, root: Path = DEFAULT_OUT) -> list[Path]:
 
 def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT) -> Results:
     """The chapter's results on ``gpu`` (a folder name such as ``nvidia-h100-80gb-hbm3``), or the
-    newest results of any GPU when ``gpu`` is None."""
+    newest results of any GPU when ``gpu`` is None. Files written before the chapter named its series
+    after its steps (no ``"schema"`` 2) are read under today's names (``CHAPTER.renamed_series``)."""
+    from studylog import chapter as registry
+
     files = result_files(chapter, root)
     if gpu is not None:
         files = [f for f in files if f.parent.name == gpu]
@@ -87,19 +100,21 @@ def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT)
             f"no benchmark results for {chapter!r} under {root}; run `python -m studylog bench {chapter}` on a GPU"
         )
     loaded = [Results(f, json.loads(f.read_text())) for f in files]
-    return max(loaded, key=lambda r: r.data["date"])
+    newest = max(loaded, key=lambda r: r.data["date"])
+    if chapter in registry.CHAPTERS and newest.data.get("schema", 1) < 2:
+        newest = newest.with_series_names(dict(registry.get(chapter).renamed_series))
+    return newest
 
 
-EXPERIMENTS = REPO_ROOT / "assets" / "experiments"
-
-
-def load_experiment(name: str, gpu: str = "nvidia-h200", root: Path = EXPERIMENTS) -> Any:
-    """The output of a GPU experiment (``tools/experiments``) kept under ``assets/experiments/<gpu>/<name>.json``;
-    its provenance is in ``assets/experiments/README.md``."""
-    path = Path(root) / gpu / f"{name}.json"
+def load_lab(chapter: str, name: str, gpu: str = "nvidia-h200", root: Path | None = None) -> Any:
+    """The output of one of a chapter's experiments, kept under ``lab/<chapter>/results/<gpu>/``: ``name``
+    is a file name (``.json`` is read as JSON, anything else as text) or a JSON file's stem. Its provenance
+    (command, commit, what it answers) is in ``lab/<chapter>/README.md``."""
+    folder = Path(root) / chapter / "results" / gpu if root is not None else paths.lab_results(chapter, gpu)
+    path = folder / (name if Path(name).suffix else f"{name}.json")
     if not path.is_file():
-        raise FileNotFoundError(f"no experiment output {path} (see assets/experiments/README.md)")
-    return json.loads(path.read_text())
+        raise FileNotFoundError(f"no experiment output {path} (see lab/{chapter}/README.md)")
+    return json.loads(path.read_text()) if path.suffix == ".json" else path.read_text()
 
 
 def table(results: Results, columns: Sequence[str], series: Sequence[str], where: dict[str, Any] | None = None,
@@ -188,31 +203,22 @@ def save_figure(fig, name: str) -> Path:
 
 
 def save_chapter_figures(chapters: Sequence[str]) -> list[Path]:
-    """Redraw figures from committed results: every chapter module with a benchmark may define
-    ``figures(results) -> dict[name, Figure]``; each is saved as ``assets/figures/<chapter>_<name>.png``.
-    The notebooks call the same ``figures`` function, so the book and the files never differ."""
-    import importlib
-
+    """Redraw figures from committed results: each chapter that declares ``figures`` (see
+    :mod:`studylog.chapter`) draws ``{name: Figure}``, saved as ``assets/figures/<chapter>_<name>.png``.
+    The notebooks call the same function, so the book and the files never differ."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from studylog.bench import CHAPTERS
+    from studylog import chapter as registry
 
-    names = list(CHAPTERS) if list(chapters) == ["all"] else list(chapters)
     saved = []
-    for chapter in names:
-        if chapter not in CHAPTERS:
-            raise ValueError(f"unknown chapter {chapter!r}; choose from {sorted(CHAPTERS)} or 'all'")
-        try:
-            module = importlib.import_module(CHAPTERS[chapter])
-        except ModuleNotFoundError:
+    for declared in registry.select(list(chapters), need="figures"):
+        if not result_files(declared.name):
             continue
-        if not hasattr(module, "figures") or not result_files(chapter):
-            continue
-        for name, fig in module.figures(load_results(chapter)).items():
-            saved.append(save_figure(fig, f"{chapter}_{name}"))
+        for name, fig in declared.figures(load_results(declared.name)).items():
+            saved.append(save_figure(fig, f"{declared.name}_{name}"))
             plt.close(fig)
     if update_readme():
         saved.append(REPO_ROOT / "README.md")
@@ -220,22 +226,17 @@ def save_chapter_figures(chapters: Sequence[str]) -> list[Path]:
 
 
 def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
-    """One row per headline of every chapter with committed results and a ``headline(results)`` function
+    """One row per headline of every chapter with committed results that declares a ``headline``
     (a list of dicts with ``kernel``, ``baseline``, ``case`` and ``speedup``)."""
-    import importlib
-
-    from studylog.bench import CHAPTERS
+    from studylog import chapter as registry
 
     rows = []
-    for chapter, module_name in CHAPTERS.items():
-        if chapter == "env" or not result_files(chapter, root):
+    for declared in registry.select(["all"], need="headline"):
+        if not result_files(declared.name, root):
             continue
-        module = importlib.import_module(module_name)
-        if not hasattr(module, "headline"):
-            continue
-        results = load_results(chapter, root=root)
-        for row in module.headline(results):
-            rows.append({"chapter": chapter, "gpu": results.gpu, "date": results.date, **row})
+        results = load_results(declared.name, root=root)
+        for row in declared.headline(results):
+            rows.append({"chapter": declared.name, "gpu": results.gpu, "date": results.date, **row})
     return rows
 
 

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from studylog.cuda import CSRC
+from studylog import cuda
 
 _ADDED_BG = "#d7f5dd"
 _REMOVED_BG = "#fbdada"
@@ -54,10 +54,10 @@ def _cuda_function(text: str, name: str) -> str:
 
 
 def source_of(obj: Any, function: str | None = None) -> tuple[str, str]:
-    """(source text, language) of a Python/Triton function, a ``.cu`` file name in ``studylog/csrc``
+    """(source text, language) of a Python/Triton function, a ``.cu`` file (a path, or a name in the package)
     (optionally one ``function`` of it), or a plain string of code."""
     if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh")):
-        path = Path(obj) if Path(obj).is_file() else CSRC / str(obj)
+        path = Path(obj) if Path(obj).is_file() else cuda.source_path(str(obj))
         text = path.read_text()
         return (_cuda_function(text, function) if function else text), "cuda"
     if isinstance(obj, str):

@@ -34,11 +34,6 @@ def test_gpu_slug():
     assert bench.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
-def test_every_chapter_with_a_benchmark_is_registered():
-    for chapter in bench.available_chapters():
-        assert chapter in bench.CHAPTERS
-
-
 @pytest.mark.parametrize("path", sorted(bench.DEFAULT_OUT.glob("*/*.json")), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_committed_results_are_complete(path):
     """Committed results carry what makes them reproducible, and no failed check."""

@@ -3,10 +3,10 @@ import importlib
 import pytest
 import torch
 
-from studylog import bench, cuda
+from studylog import chapter, cuda
 
-# chapter modules declare the template instances of their sources when imported
-for _module in set(bench.CHAPTERS.values()):
+# chapter packages declare the template instances of their sources when imported
+for _module in chapter.CHAPTERS.values():
     importlib.import_module(_module)
 
 
@@ -50,14 +50,14 @@ def test_compiles_are_kept_between_processes_and_keyed_by_what_nvrtc_sees(tmp_pa
     cuda.compile_source(KERNEL % 1, arch="sm_90", options=["-DX=1"])
     cuda.compile_source(KERNEL % 1, arch="compute_90")
     assert len(calls) == 3
-    headers, csrc = tmp_path / "csrc", cuda.CSRC
+    headers, folders = tmp_path / "csrc", cuda.csrc_folders
     headers.mkdir()
     (headers / "h.cuh").write_text("#pragma once\n")
-    monkeypatch.setattr(cuda, "CSRC", headers)
+    monkeypatch.setattr(cuda, "csrc_folders", lambda: [headers])
     before = cuda._cache_file(KERNEL % 1, "kernel.cu", "sm_90", (), ())
     (headers / "h.cuh").write_text("#pragma once\n#define EDITED 1\n")
     assert cuda._cache_file(KERNEL % 1, "kernel.cu", "sm_90", (), ()) != before
-    monkeypatch.setattr(cuda, "CSRC", csrc)  # the package's headers again
+    monkeypatch.setattr(cuda, "csrc_folders", folders)  # the package's headers again
     entry = cuda._cache_file(KERNEL % 1, "kernel.cu", "sm_90", (), ())
     entry.write_text("{not json")
     again = cuda.compile_source(KERNEL % 1, arch="sm_90")  # compiled anew (ptxas' log holds its own time)

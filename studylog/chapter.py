@@ -1,0 +1,184 @@
+"""The chapter protocol: what every chapter declares, and the one registry that finds chapters.
+
+A chapter is a package ``studylog/<name>/`` whose ``__init__`` is its public API and defines
+``CHAPTER``, a :class:`Chapter`. The chapter says explicitly
+
+* its **steps**, in the order the lesson builds them: number, short name, one line on what changed,
+  the public function that runs the step, the language, and the source that ``show_diff`` compares
+  (a Triton/Python function, or a ``.cu`` file and one function of it);
+* its **benchmark** (``bench(run)``, given a :class:`studylog.bench.BenchRun`), its **figures**
+  (``figures(results) -> {name: Figure}``) and its **headline** (``headline(results) -> [row, ...]``),
+  each ``None`` when the chapter has none.
+
+The harness (``python -m studylog bench``), the plot command, the book and the tests all go through
+:func:`get` and :func:`chapters`; nothing looks a chapter's functions up by ``hasattr``.
+
+A step has one name everywhere: ``step.name`` (``"step09_tma"``) is its public function's name and its
+legend label, ``step.series`` (``"step09"``) its series in the benchmark JSON.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:
+    from studylog.bench import BenchRun
+    from studylog.plotting import Results
+    from studylog.source import Code, Diff
+
+LANGUAGES = ("python", "triton", "cuda", "c", "torch")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a lesson."""
+
+    number: int
+    slug: str
+    title: str
+    language: str
+    function: Callable[..., Any] | None = None
+    #: What ``show_source``/``show_diff`` read: a Triton/Python function, or the path of a ``.cu`` file.
+    source: Any = None
+    #: With a ``.cu`` source: the one kernel (or function) of it that this step is.
+    source_function: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.number, int) or self.number < 0:
+            raise ValueError(f"a step's number must be a non-negative int, got {self.number!r}")
+        if not self.slug or not self.slug.replace("_", "").isalnum() or not self.slug.islower():
+            raise ValueError(f"a step's slug must be lower-case letters, digits and '_', got {self.slug!r}")
+        if self.language not in LANGUAGES:
+            raise ValueError(f"a step's language must be one of {LANGUAGES}, got {self.language!r}")
+
+    @property
+    def name(self) -> str:
+        """``step09_tma``: the public function's name, and the legend label."""
+        return f"step{self.number:02d}_{self.slug}"
+
+    @property
+    def series(self) -> str:
+        """``step09``: the step's series in the benchmark JSON."""
+        return f"step{self.number:02d}"
+
+    @property
+    def label(self) -> str:
+        """What a figure legend or a table row says: the step's name and what changed."""
+        return f"{self.name}: {self.title}"
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """What a chapter declares (see the module docstring)."""
+
+    name: str
+    number: int
+    title: str
+    notebooks: tuple[str, ...]
+    steps: tuple[Step, ...]
+    bench: Callable[["BenchRun"], None] | None = None
+    figures: Callable[["Results"], Mapping[str, Any]] | None = None
+    headline: Callable[["Results"], list[dict]] | None = None
+    #: Series that are not steps (baselines, floors, peers): series name -> what it is.
+    baselines: Mapping[str, str] = field(default_factory=dict)
+    #: Series names of results measured before the steps had their names (old -> new):
+    #: :func:`studylog.plotting.load_results` reads such files under today's names.
+    renamed_series: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        numbers = [s.number for s in self.steps]
+        if len(set(numbers)) != len(numbers):
+            raise ValueError(f"chapter {self.name!r} numbers two steps the same: {numbers}")
+        if numbers != sorted(numbers):
+            raise ValueError(f"chapter {self.name!r} lists its steps out of order: {numbers}")
+        clash = set(self.baselines) & {s.series for s in self.steps}
+        if clash:
+            raise ValueError(f"chapter {self.name!r} uses step series as baseline names: {sorted(clash)}")
+
+    def step(self, key: int | str) -> Step:
+        """A step by number (``9``), name (``"step09_tma"``) or series (``"step09"``)."""
+        for s in self.steps:
+            if key == s.number or key == s.name or key == s.series:
+                return s
+        known = ", ".join(s.name for s in self.steps)
+        raise KeyError(f"chapter {self.name!r} has no step {key!r}; its steps are {known}")
+
+    @property
+    def final(self) -> Step:
+        """The last step: the chapter's result."""
+        return self.steps[-1]
+
+    def label(self, series: str) -> str:
+        """The legend label of a benchmark series: a step's name, or a baseline's description."""
+        for s in self.steps:
+            if series == s.series:
+                return s.name
+        return self.baselines.get(series, series)
+
+    def show_source(self, key: int | str, title: str | None = None) -> "Code":
+        """The source of one step (its kernel, or its function of a ``.cu`` file)."""
+        from studylog import source
+
+        s = self.step(key)
+        return source.show_source(s.source, s.source_function, title=title or s.label)
+
+    def show_diff(self, old: int | str, new: int | str, *, context: int = 3) -> "Diff":
+        """The diff from one step's source to another's: the lesson of the step."""
+        from studylog import source
+
+        a, b = self.step(old), self.step(new)
+        return source.show_diff(a.source, b.source, old_function=a.source_function,
+                                new_function=b.source_function, context=context, names=(a.name, b.name))
+
+    def steps_table(self) -> str:
+        """The chapter's table of steps (Markdown): number, name, language, what changed."""
+        lines = ["| step | name | language | what changed |", "|---|---|---|---|"]
+        for s in self.steps:
+            lines.append(f"| {s.number} | `{s.name}` | {s.language} | {s.title} |")
+        return "\n".join(lines)
+
+
+#: chapter name -> the package (or module) that defines ``CHAPTER``. The order is the course's.
+CHAPTERS: dict[str, str] = {
+    "env": "studylog.env",
+    "fsm": "studylog.fsm",
+    "masked_lm_head": "studylog.masked_lm_head",
+    "ngram": "studylog.ngram",
+    "ctc": "studylog.ctc",
+    "ternary": "studylog.ternary",
+    "multi_item": "studylog.multi_item",
+}
+
+
+def get(name: str) -> Chapter:
+    """The chapter called ``name`` (its ``CHAPTER``)."""
+    if name not in CHAPTERS:
+        raise ValueError(f"unknown chapter {name!r}; choose from {list(CHAPTERS)}")
+    chapter = importlib.import_module(CHAPTERS[name]).CHAPTER
+    if chapter.name != name:
+        raise RuntimeError(f"{CHAPTERS[name]}.CHAPTER is named {chapter.name!r}, registered as {name!r}")
+    return chapter
+
+
+def chapters() -> list[Chapter]:
+    """Every registered chapter, in the course's order."""
+    return [get(name) for name in CHAPTERS]
+
+
+def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> list[Chapter]:
+    """Chapters named on a command line (``["all"]`` for every one); with ``need`` (``"bench"``,
+    ``"figures"`` or ``"headline"``), ``"all"`` keeps those that declare it and a named chapter
+    without it is an error."""
+    if list(names) == ["all"]:
+        picked = chapters()
+        return [c for c in picked if need is None or getattr(c, need) is not None]
+    out = []
+    for name in names:
+        chapter = get(name)
+        if need is not None and getattr(chapter, need) is None:
+            raise ValueError(f"chapter {name!r} declares no {need}")
+        out.append(chapter)
+    return out
+

@@ -1,0 +1,86 @@
+"""One way to check a public function's arguments: a clear error that names the argument.
+
+Every chapter's entry points check what they are given before a kernel sees it, so that bad input
+is a ``TypeError`` (wrong kind of thing, wrong dtype) or a ``ValueError`` (wrong shape, device,
+layout or value) whose message starts with the argument's name, never a crash inside a kernel or a
+silently wrong answer. Checks look only at metadata (no device synchronisation) unless a function
+says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_tensor(
+    name: str,
+    t: Any,
+    *,
+    dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+    ndim: int | Sequence[int] | None = None,
+    shape: Sequence[int | None] | None = None,
+    device: str | torch.device | None = None,
+    like: Tensor | None = None,
+    contiguous: bool = False,
+    last_dim_contiguous: bool = False,
+) -> Tensor:
+    """Check ``t`` and return it.
+
+    ``dtype`` and ``ndim`` take one value or several; ``shape`` gives each dimension's size, ``None``
+    for any; ``device`` is a device type (``"cuda"``/``"cpu"``) or a device; ``like`` is a tensor that
+    ``t`` must share a device with; ``contiguous`` asks for a contiguous tensor, ``last_dim_contiguous``
+    only for stride 1 along the last dimension.
+    """
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None:
+        dtypes = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        if t.dtype not in dtypes:
+            want = " or ".join(_dtype_name(d) for d in dtypes)
+            raise TypeError(f"{name} must be {want}, got {_dtype_name(t.dtype)}")
+    if ndim is not None:
+        dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.ndim not in dims:
+            want = " or ".join(f"{d}-D" for d in dims)
+            raise ValueError(f"{name} must be {want}, got shape {tuple(t.shape)}")
+    if shape is not None:
+        if t.ndim != len(shape) or any(s is not None and s != got for s, got in zip(shape, t.shape)):
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if device is not None:
+        want_dev = torch.device(device)
+        if t.device.type != want_dev.type or (want_dev.index is not None and t.device != want_dev):
+            raise ValueError(f"{name} must be on {want_dev}, got {t.device}")
+    if like is not None and t.device != like.device:
+        raise ValueError(f"{name} is on {t.device}, but the other inputs are on {like.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if last_dim_contiguous and t.ndim and t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must be contiguous along its last dimension")
+    return t
+
+
+def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high]`` (either bound may be left open); bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        lo = "-inf" if low is None else low
+        hi = "inf" if high is None else high
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` if it is one of ``choices``."""
+    options = list(choices)
+    if value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
