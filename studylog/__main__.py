@@ -1,4 +1,5 @@
-"""Command line: ``python -m studylog info`` and ``python -m studylog bench <chapter|all>``."""
+"""Command line: ``python -m studylog info``, ``python -m studylog bench <chapter|all>``,
+``python -m studylog bench verify <results-dir>`` and ``python -m studylog plot <chapter|all>``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="say how kernels run on this machine")
     bench = sub.add_parser("bench", help="run a chapter's GPU benchmark and write its JSON results")
     bench.add_argument("chapters", nargs="+", help="chapter names (env, masked_lm_head, ngram, ctc, "
-                       "ternary, multi_item) or 'all'")
+                       "ternary, multi_item) or 'all'; or 'verify DIR' to compare a fresh run's results "
+                       "(DIR/<gpu>/<chapter>.json) with the committed ones")
+    bench.add_argument("--report", type=Path, default=None,
+                       help="with verify: also write the report to REPORT.md and REPORT.json")
+    bench.add_argument("--tolerance", type=float, default=0.15, help="with verify: how far a number may move")
     bench.add_argument("--out", type=Path, default=None,
                        help="results folder (default: assets/bench); files go to OUT/<gpu-name>/<chapter>.json")
     bench.add_argument("--quick", action="store_true", help="a reduced sweep, for trying the harness out")
@@ -36,6 +41,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from studylog import bench as harness
+
+    if args.chapters[0] == "verify":
+        if len(args.chapters) != 2:
+            parser.error("bench verify takes one results folder: python -m studylog bench verify DIR")
+        import json
+
+        try:
+            report = harness.verify(Path(args.chapters[1]), tolerance=args.tolerance)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        text = harness.verify_markdown(report)
+        print(text)
+        if args.report is not None:
+            args.report.parent.mkdir(parents=True, exist_ok=True)
+            args.report.with_suffix(".md").write_text(text + "\n")
+            args.report.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        broken = [h for f in report["files"] for h in f.get("headlines", []) if h.get("holds") is False]
+        return 3 if broken else 0
 
     command = "python -m studylog " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     try:

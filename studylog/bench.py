@@ -1,21 +1,36 @@
-"""Benchmark harness: ``python -m studylog bench <chapter|all> [--out DIR]``.
+"""Benchmark harness: ``python -m studylog bench <chapter|all> [--out DIR]`` and ``bench verify DIR``.
 
 Every chapter with a benchmark declares it (``CHAPTER.bench``, see :mod:`studylog.chapter`). The harness
 
 * refuses to run without a GPU (interpreter timings say nothing about GPU speed);
-* measures the device's ceilings in the same run (copy bandwidth, an empty kernel's launch
-  time), so that floors and ratios never mix numbers from different runs or machines;
-* times with ``triton.testing.do_bench`` and reports its **median**; do_bench also flushes
-  the L2 cache before every repetition, so small inputs are not flattered by the cache;
+* measures the device's ceilings in the same run (copy bandwidth, an empty kernel's launch time on the
+  GPU and on the host), so that floors and ratios never mix numbers from different runs or machines;
+* times by **one policy** (the book's "How we measure" page says it in prose):
+
+  - the headline clock of a kernel is its **GPU time** (:meth:`BenchRun.gpu_time`): the call replayed in
+    a CUDA graph, with its large inputs rotated among copies that together exceed the L2 cache, so each
+    call reads them from DRAM as a real step would; no host in the loop;
+  - beside it, the **host time per call** (:meth:`BenchRun.host_time`): back-to-back Python calls with no
+    synchronisation, per call; when it exceeds the GPU time, the host bounds a decode step, not the GPU;
+  - each is measured in several independent repetitions (fresh inputs, a new graph) and the JSON keeps
+    their minimum, median and maximum; the headline is the median;
+  - ``do_bench`` (:meth:`BenchRun.time`) and the profiler's kernel time (:meth:`BenchRun.kernel_time`)
+    stay for long kernels and for comparison; every row says which clock it is (``"clock"``);
+
 * writes one JSON file per chapter to ``assets/bench/<gpu-name>/<chapter>.json`` holding the
   device, the versions, the date, the git commit, the command line and every measurement
-  (our kernels and the baselines, each with its parameters, and a floor where one applies).
+  (our kernels and the baselines, each with its parameters, and a floor where one applies);
+* compares a fresh run with the committed one (:func:`verify`): series by series and headline by
+  headline, so a reader can see whether our numbers hold on their machine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
+import math
+import time as _time
 import os
 import platform
 import re
@@ -110,6 +125,51 @@ def versions() -> dict[str, str]:
     return out
 
 
+#: The layout of a results file: 2 since every row names its clock and steps name their series.
+SCHEMA = 2
+ROLES = ("kernel", "baseline", "peer")
+#: The clocks a row can be timed on, and what each one is.
+CLOCKS = {
+    "gpu": "GPU time per call: the call replayed in a CUDA graph, large inputs rotated among copies "
+           "larger than L2 together, after a 256 MB memset; median of the replays (BenchRun.gpu_time)",
+    "host": "host time per call: back-to-back Python calls, no synchronisation (BenchRun.host_time)",
+    "do_bench": "triton.testing.do_bench, median, L2 flushed before each repetition; includes the host's "
+                "launch whenever it is longer than the flush before it",
+    "kernel": "the profiler's (CUPTI) span from the first kernel's start to the last one's end, "
+              "L2 flushed before each repetition (BenchRun.kernel_time)",
+    "cpu": "wall time of a CPU computation (time.perf_counter), median",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Repeated measurements of one thing on one clock, in milliseconds."""
+
+    samples: tuple[float, ...]
+    clock: str
+
+    @classmethod
+    def of(cls, samples: Iterable[float], clock: str) -> "Timing":
+        samples = tuple(float(x) for x in samples)
+        if not samples:
+            raise ValueError("a Timing needs at least one sample")
+        return cls(samples, clock)
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.samples))
+
+    @property
+    def spread(self) -> list[float]:
+        """[min, median, max]."""
+        return [min(self.samples), self.median, max(self.samples)]
+
+    @property
+    def relative_spread(self) -> float:
+        """(max - min) / median."""
+        return (max(self.samples) - min(self.samples)) / self.median
+
+
 class BenchRun:
     """One chapter's benchmark run: measures, records and saves."""
 
@@ -126,6 +186,7 @@ class BenchRun:
         self.device = device_info()
         self.copy_bandwidth_gbs = measure_copy_bandwidth_gbs()
         self.empty_launch_ms = measure_empty_launch_ms()
+        self.empty_launch_host = self.host_time(empty_launch())
 
     # -- timing --------------------------------------------------------------------------
     def time(self, fn: Callable[[], Any], *, warmup: int = 25, rep: int = 100) -> float:
@@ -237,6 +298,36 @@ class BenchRun:
         del graph
         return float(statistics.median(times))
 
+    def gpu_time(self, make_calls: Callable[[], list[Callable[[], Any]]], *, repeats: int = 3,
+                 min_calls: int = 60, reps: int = 15) -> "Timing":
+        """The headline clock: :meth:`graph_time` in ``repeats`` independent repetitions, each with the
+        calls ``make_calls()`` returns (build fresh inputs, and their rotated copies, in it) and a graph
+        of its own. Returns the minimum, median and maximum of the repetitions' medians."""
+        if repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {repeats}")
+        samples = []
+        for _ in range(repeats):
+            calls = make_calls()
+            samples.append(self.graph_time(calls, min_calls=min_calls, reps=reps))
+            del calls
+        return Timing.of(samples, clock="gpu")
+
+    def host_time(self, fn: Callable[[], Any], *, calls: int = 200, repeats: int = 3) -> "Timing":
+        """Host time per call, in milliseconds: ``calls`` back-to-back Python calls of ``fn`` with no
+        synchronisation, divided by ``calls``; ``repeats`` repetitions (min, median, max). The GPU works
+        behind the host meanwhile; a host time above the GPU time means the host bounds the step."""
+        fn()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = _time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((_time.perf_counter() - start) / calls * 1e3)
+            torch.cuda.synchronize()
+        return Timing.of(samples, clock="host")
+
     def floor_ms(self, nbytes: float) -> float:
         """Time to move ``nbytes`` through device memory at the copy bandwidth measured in this run."""
         return nbytes / (self.copy_bandwidth_gbs * 1e9) * 1e3
@@ -245,22 +336,49 @@ class BenchRun:
     def record(
         self,
         series: str,
-        ms: float,
+        ms: "float | Timing",
         *,
         params: dict[str, Any],
         role: str = "kernel",
         floor_ms: float | None = None,
+        clock: str | None = None,
+        host: "Timing | None" = None,
         **extra: Any,
     ) -> dict[str, Any]:
-        """Record one timing. ``role`` is ``"kernel"`` (ours) or ``"baseline"``."""
-        if role not in ("kernel", "baseline"):
-            raise ValueError(f"role must be 'kernel' or 'baseline', got {role!r}")
-        row = {"series": series, "role": role, "params": dict(params), "ms": float(ms)}
+        """Record one timing. ``role`` is ``"kernel"`` (ours), ``"baseline"`` or ``"peer"`` (another library).
+
+        ``ms`` is a number of milliseconds on ``clock`` (``"do_bench"`` unless said), or a :class:`Timing`,
+        whose median becomes ``ms`` and whose spread is kept (``"spread_ms"``: min, median, max); ``host``
+        is the call's host time per call, kept beside it (``"host_ms"``, ``"host_spread_ms"``)."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if isinstance(ms, Timing):
+            if clock is not None and clock != ms.clock:
+                raise ValueError(f"a {ms.clock} timing recorded as clock {clock!r}")
+            row = {"series": series, "role": role, "params": dict(params), "ms": ms.median,
+                   "clock": ms.clock, "spread_ms": ms.spread}
+        else:
+            clock = clock or "do_bench"
+            if clock not in CLOCKS:
+                raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+            row = {"series": series, "role": role, "params": dict(params), "ms": float(ms), "clock": clock}
+        if host is not None:
+            row["host_ms"] = host.median
+            row["host_spread_ms"] = host.spread
         if floor_ms is not None:
             row["floor_ms"] = float(floor_ms)
         row.update(extra)
         self.rows.append(row)
         return row
+
+    def measure(self, series: str, make_calls: Callable[[], list[Callable[[], Any]]], *, params: dict[str, Any],
+                role: str = "kernel", host: Callable[[], Any] | None = None, floor_ms: float | None = None,
+                repeats: int = 3, **extra: Any) -> dict[str, Any]:
+        """Time a series by the policy: its GPU time (:meth:`gpu_time` of ``make_calls``) and, when ``host``
+        is given (the public call a user makes, eager), its host time per call; record both."""
+        timing = self.gpu_time(make_calls, repeats=repeats)
+        host_timing = self.host_time(host) if host is not None else None
+        return self.record(series, timing, params=params, role=role, floor_ms=floor_ms, host=host_timing, **extra)
 
     def check(self, name: str, passed: bool, *, params: dict[str, Any] | None = None, **detail: Any) -> bool:
         """Record a correctness check made on a benchmark input (failures fail the run)."""
@@ -286,10 +404,13 @@ class BenchRun:
             "git_commit": git_commit(),
             "command": self.command,
             "quick": self.quick,
-            "timing": "triton.testing.do_bench, median, L2 flushed before each repetition",
+            "schema": SCHEMA,
+            "clocks": CLOCKS,
             "ceilings": {
                 "copy_bandwidth_gbs": self.copy_bandwidth_gbs,
                 "empty_launch_ms": self.empty_launch_ms,
+                "empty_launch_host_ms": self.empty_launch_host.median,
+                "empty_launch_host_spread_ms": self.empty_launch_host.spread,
             },
             "measurements": self.rows,
             "checks": self.checks,
@@ -332,14 +453,20 @@ def _empty_kernel():
     return empty_kernel
 
 
-def measure_empty_launch_ms() -> float:
-    """Median time of launching a Triton kernel that does nothing (one program)."""
-    import triton.testing
-
+def empty_launch() -> Callable[[], None]:
+    """A launch of a Triton kernel that does nothing (one program), compiled: the least a Python call of a
+    Triton kernel can cost the host."""
     kernel = _empty_kernel()
     x = torch.empty(1, device="cuda")
     kernel[(1,)](x, 0)
-    return float(triton.testing.do_bench(lambda: kernel[(1,)](x, 0), warmup=25, rep=100, return_mode="median"))
+    return lambda: kernel[(1,)](x, 0)
+
+
+def measure_empty_launch_ms() -> float:
+    """Median do_bench time of launching a Triton kernel that does nothing (one program)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(empty_launch(), warmup=25, rep=100, return_mode="median"))
 
 
 def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[], None]:
@@ -388,3 +515,113 @@ def run_chapters(chapters: list[str], *, out_dir: Path, command: str, quick: boo
     if failures:
         raise RuntimeError("benchmark failures:\n" + "\n".join(failures))
     return paths
+
+
+# --------------------------------------------------------------------------------------
+# bench verify: does a fresh run repeat the committed one?
+# --------------------------------------------------------------------------------------
+
+def _row_key(row: dict[str, Any]) -> tuple:
+    return (row["series"], row["role"], row.get("clock", "do_bench"), json.dumps(row["params"], sort_keys=True))
+
+
+def _headline_key(row: dict[str, Any]) -> tuple:
+    return (row["kernel"], row["baseline"], row["case"])
+
+
+def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: float = 0.15) -> dict[str, Any]:
+    """Compare every results file under ``fresh_root/<gpu>/<chapter>.json`` with the committed file of the
+    same GPU and chapter (or, where that GPU has none, the newest committed file of any GPU, said so).
+
+    Returns ``{"files": [...]}``, one entry per fresh file: the series rows whose time moved by more than
+    ``tolerance`` (a row is the same series, role, clock and parameters in both), the rows found in only one
+    of the two, and every headline (``CHAPTER.headline``) with its committed and fresh speedup and whether
+    it holds (the fresh speedup within ``tolerance`` of the committed one)."""
+    from studylog import chapter as registry
+    from studylog.plotting import Results, load_results
+
+    fresh_root, committed_root = Path(fresh_root), Path(committed_root)
+    files = sorted(fresh_root.glob("*/*.json"))
+    if not files:
+        raise ValueError(f"no results files under {fresh_root} (expected <gpu>/<chapter>.json)")
+    report: dict[str, Any] = {"tolerance": tolerance, "fresh_root": str(fresh_root), "files": []}
+    for path in files:
+        chapter_name, gpu = path.stem, path.parent.name
+        if chapter_name not in registry.CHAPTERS:
+            continue
+        fresh = load_results(chapter_name, gpu=gpu, root=fresh_root)
+        try:
+            committed, same_gpu = load_results(chapter_name, gpu=gpu, root=committed_root), True
+        except FileNotFoundError:
+            try:
+                committed, same_gpu = load_results(chapter_name, root=committed_root), False
+            except FileNotFoundError:
+                report["files"].append({"chapter": chapter_name, "gpu": gpu, "committed": None})
+                continue
+        old = {_row_key(r): r for r in committed.rows}
+        new = {_row_key(r): r for r in fresh.rows}
+        moved = []
+        for key in old.keys() & new.keys():
+            a, b = old[key]["ms"], new[key]["ms"]
+            if a > 0 and abs(b / a - 1) > tolerance:
+                moved.append({"series": key[0], "clock": key[2], "params": old[key]["params"],
+                              "committed_ms": a, "fresh_ms": b, "ratio": b / a})
+        moved.sort(key=lambda m: -abs(math.log(m["ratio"])))
+        entry = {
+            "chapter": chapter_name, "gpu": gpu, "fresh_gpu": fresh.gpu, "committed_gpu": committed.gpu,
+            "same_gpu": same_gpu, "committed_commit": committed.data.get("git_commit"),
+            "fresh_commit": fresh.data.get("git_commit"), "rows_compared": len(old.keys() & new.keys()),
+            "only_committed": len(old.keys() - new.keys()), "only_fresh": len(new.keys() - old.keys()),
+            "moved": moved, "headlines": [],
+        }
+        declared = registry.get(chapter_name)
+        if declared.headline is not None:
+            before = {_headline_key(r): r for r in declared.headline(committed)}
+            for row in declared.headline(fresh):
+                old_row = before.get(_headline_key(row))
+                if old_row is None:
+                    entry["headlines"].append({**_headline_summary(row), "committed_speedup": None, "holds": None})
+                    continue
+                ratio = row["speedup"] / old_row["speedup"]
+                entry["headlines"].append({**_headline_summary(row), "committed_speedup": old_row["speedup"],
+                                           "fresh_speedup": row["speedup"], "ratio": ratio,
+                                           "holds": abs(ratio - 1) <= tolerance})
+        report["files"].append(entry)
+    return report
+
+
+def _headline_summary(row: dict[str, Any]) -> dict[str, Any]:
+    return {"kernel": row["kernel"], "baseline": row["baseline"], "case": row["case"]}
+
+
+def verify_markdown(report: dict[str, Any]) -> str:
+    """The verify report as Markdown: per chapter, the headlines (held or not) and what moved."""
+    tol = report["tolerance"]
+    lines = [f"# bench verify: {report['fresh_root']} against the committed results (±{tol:.0%})", ""]
+    for f in report["files"]:
+        if f.get("committed") is None and "rows_compared" not in f:
+            lines += [f"## {f['chapter']} ({f['gpu']})", "", "No committed results to compare with.", ""]
+            continue
+        where = "the same GPU" if f["same_gpu"] else f"another GPU ({f['committed_gpu']})"
+        lines += [f"## {f['chapter']}: {f['fresh_gpu']} against {where}", "",
+                  f"{f['rows_compared']} rows compared ({f['only_committed']} only committed, {f['only_fresh']} only "
+                  f"fresh); {len(f['moved'])} moved by more than ±{tol:.0%}.", ""]
+        if f["headlines"]:
+            lines += ["| headline | case | committed | fresh | holds |", "|---|---|---|---|---|"]
+            for h in f["headlines"]:
+                if h["committed_speedup"] is None:
+                    lines.append(f"| {h['kernel']} vs {h['baseline']} | {h['case']} | – | new | – |")
+                else:
+                    lines.append(f"| {h['kernel']} vs {h['baseline']} | {h['case']} | {h['committed_speedup']:.2f}× | "
+                                 f"{h['fresh_speedup']:.2f}× | {'yes' if h['holds'] else '**no**'} |")
+            lines.append("")
+        if f["moved"]:
+            lines += ["| series | clock | params | committed (µs) | fresh (µs) | fresh / committed |", "|---|---|---|---|---|---|"]
+            for m in f["moved"][:40]:
+                params = ", ".join(f"{k}={v}" for k, v in m["params"].items())
+                lines.append(f"| {m['series']} | {m['clock']} | {params} | {m['committed_ms'] * 1e3:.1f} | "
+                             f"{m['fresh_ms'] * 1e3:.1f} | {m['ratio']:.2f} |")
+            if len(f["moved"]) > 40:
+                lines.append(f"| … {len(f['moved']) - 40} more | | | | | |")
+            lines.append("")
+    return "\n".join(lines)

@@ -174,3 +174,99 @@ def test_gpu_read_only_reads_every_16_bytes(nbytes):
     quiet = torch.full((1,), -1, dtype=torch.int32, device="cuda")
     bench.read_only(torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda"), quiet)()
     assert int(quiet.item()) == -1
+
+
+def test_timing_keeps_the_spread():
+    t = bench.Timing.of([0.012, 0.010, 0.011], clock="gpu")
+    assert t.median == pytest.approx(0.011) and t.spread == pytest.approx([0.010, 0.011, 0.012])
+    assert t.relative_spread == pytest.approx(0.002 / 0.011)
+    with pytest.raises(ValueError, match="at least one sample"):
+        bench.Timing.of([], clock="gpu")
+
+
+def test_record_says_which_clock_and_keeps_spread_and_host_time():
+    run = bench.BenchRun.__new__(bench.BenchRun)  # recording needs no GPU
+    run.rows = []
+    gpu = bench.Timing.of([2e-3, 3e-3, 4e-3], clock="gpu")
+    host = bench.Timing.of([5e-3, 6e-3, 9e-3], clock="host")
+    row = run.record("step04", gpu, params={"n": 1}, host=host)
+    assert row["ms"] == 3e-3 and row["clock"] == "gpu" and row["spread_ms"] == [2e-3, 3e-3, 4e-3]
+    assert row["host_ms"] == 6e-3 and row["host_spread_ms"] == [5e-3, 6e-3, 9e-3]
+    assert run.record("cublas", 0.5, params={}, role="baseline")["clock"] == "do_bench"
+    assert run.record("xgrammar", 0.5, params={}, role="peer", clock="cpu")["clock"] == "cpu"
+    with pytest.raises(ValueError, match="clock must be one of"):
+        run.record("x", 0.5, params={}, clock="stopwatch")
+    with pytest.raises(ValueError, match="recorded as clock 'host'"):
+        run.record("x", gpu, params={}, clock="host")
+    with pytest.raises(ValueError, match="role must be one of"):
+        run.record("x", 0.5, params={}, role="ours")
+
+
+def _results_file(root, chapter, rows, gpu="Test GPU", commit="abc"):
+    data = {"chapter": chapter, "device": {"name": gpu}, "versions": {"torch": "x", "triton": "y"},
+            "date": "2026-01-02T00:00:00+00:00", "git_commit": commit, "command": f"python -m studylog bench {chapter}",
+            "ceilings": {"copy_bandwidth_gbs": 3000.0}, "measurements": rows, "schema": 2}
+    folder = root / bench.gpu_slug(gpu)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{chapter}.json").write_text(json.dumps(data))
+
+
+def test_verify_reports_what_moved_and_which_headlines_no_longer_hold(tmp_path, monkeypatch):
+    import types
+
+    from studylog import chapter
+    from studylog.chapter import Chapter
+
+    def headline(results):
+        return [{"kernel": "step02", "baseline": "torch", "case": f"n = {n}",
+                 "speedup": results.ms("torch", n=n) / results.ms("step02", n=n)} for n in (1, 2)]
+
+    demo = types.ModuleType("studylog_demo_chapter")
+    demo.CHAPTER = Chapter("demo", 9, "Demo", (), (), headline=headline)
+    monkeypatch.setitem(sys.modules, "studylog_demo_chapter", demo)
+    monkeypatch.setitem(chapter.CHAPTERS, "demo", "studylog_demo_chapter")
+
+    def rows(step_ms):
+        return [{"series": s, "role": r, "params": {"n": n}, "ms": ms, "clock": "gpu"}
+                for n in (1, 2) for s, r, ms in (("torch", "baseline", 1.0), ("step02", "kernel", step_ms[n]))]
+
+    committed, fresh = tmp_path / "committed", tmp_path / "fresh"
+    _results_file(committed, "demo", rows({1: 0.10, 2: 0.10}))
+    _results_file(fresh, "demo", rows({1: 0.11, 2: 0.20}))  # n=1 within 15%, n=2 twice as slow
+    report = bench.verify(fresh, committed)
+    (entry,) = report["files"]
+    assert entry["same_gpu"] and entry["rows_compared"] == 4
+    assert [(m["series"], m["params"]["n"]) for m in entry["moved"]] == [("step02", 2)]
+    holds = {h["case"]: h["holds"] for h in entry["headlines"]}
+    assert holds == {"n = 1": True, "n = 2": False}
+    text = bench.verify_markdown(report)
+    assert "**no**" in text and "step02" in text
+    # the command line: exit status 3 when a headline no longer holds, and the report files
+    from studylog.__main__ import main
+
+    monkeypatch.setattr(bench, "DEFAULT_OUT", committed)
+    monkeypatch.setattr(bench.verify, "__defaults__", (committed,))
+    assert main(["bench", "verify", str(fresh), "--report", str(tmp_path / "out" / "verify")]) == 3
+    assert (tmp_path / "out" / "verify.md").read_text().startswith("# bench verify")
+    with pytest.raises(ValueError, match="no results files"):
+        bench.verify(tmp_path / "empty", committed)
+
+
+@pytest.mark.gpu
+def test_gpu_time_and_host_time_tell_a_slow_host_from_a_slow_kernel():
+    """A kernel behind a slow host: its GPU time stays the kernel's, its host time per call shows the host;
+    each is three repetitions, kept as [min, median, max]."""
+    import time
+    run = bench.BenchRun("env", command="test")
+    b = torch.empty(1024, device="cuda")
+
+    def slow_host():
+        time.sleep(200e-6)
+        b.mul_(1.0)
+    gpu = run.gpu_time(lambda: [slow_host])
+    host = run.host_time(slow_host, calls=50)
+    assert gpu.clock == "gpu" and host.clock == "host" and len(gpu.samples) == len(host.samples) == 3
+    assert gpu.median < 0.05 < 0.2 <= host.median, (gpu, host)
+    assert run.empty_launch_host.median < host.median
+    row = run.measure("demo", lambda: [lambda: b.mul_(1.0)], params={}, host=lambda: b.mul_(1.0))
+    assert row["clock"] == "gpu" and row["spread_ms"][0] <= row["ms"] <= row["spread_ms"][2] and row["host_ms"] > 0
