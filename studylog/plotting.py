@@ -240,15 +240,69 @@ def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
     return rows
 
 
+def headline_row(results: Results, kernel: str, baseline: str, case: str, *, kernel_label: str | None = None,
+                 baseline_label: str | None = None, **params: Any) -> dict[str, Any]:
+    """One headline of a chapter: ``kernel``'s and ``baseline``'s rows at ``params`` (one row each), the
+    speedup (baseline median over kernel median), and what the headline page shows beside it: the clock,
+    both times with their spread, the kernel's host time per call and the empty launch's of the same run.
+    Both rows must be on the same clock."""
+    k, b = results.select(kernel, **params), results.select(baseline, **params)
+    if len(k) != 1 or len(b) != 1:
+        raise KeyError(f"headline {kernel} vs {baseline} at {params}: {len(k)} and {len(b)} rows match")
+    k, b = k[0], b[0]
+    clock_k, clock_b = k.get("clock", "do_bench"), b.get("clock", "do_bench")
+    if clock_k != clock_b:
+        raise ValueError(f"headline {kernel} ({clock_k}) vs {baseline} ({clock_b}): not the same clock")
+    row = {"kernel": kernel_label or kernel, "baseline": baseline_label or baseline, "case": case,
+           "speedup": b["ms"] / k["ms"], "clock": clock_k, "kernel_ms": k["ms"], "baseline_ms": b["ms"]}
+    for key, source in (("kernel_spread_ms", k), ("baseline_spread_ms", b)):
+        if "spread_ms" in source:
+            row[key] = source["spread_ms"]
+    if "host_ms" in k:
+        row["host_ms"] = k["host_ms"]
+    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
+    if empty is not None:
+        row["empty_launch_host_ms"] = empty
+    if "kernel_spread_ms" in row and "baseline_spread_ms" in row:  # the ratio's range over the repetitions
+        row["speedup_range"] = [row["baseline_spread_ms"][0] / row["kernel_spread_ms"][2],
+                                row["baseline_spread_ms"][2] / row["kernel_spread_ms"][0]]
+    return row
+
+
+def _us(ms: float | None) -> str:
+    return "–" if ms is None else f"{ms * 1e3:,.1f}"
+
+
+def _spread_note(row: dict[str, Any]) -> str:
+    """`` (±x%)`` when the kernel's repetitions spread by more than 10% of its median."""
+    spread = row.get("kernel_spread_ms")
+    if not spread:
+        return ""
+    width = (spread[2] - spread[0]) / spread[1]
+    return f" (spread {width:.0%})" if width > 0.10 else ""
+
+
 def headline_markdown(root: Path = DEFAULT_OUT) -> str:
-    """The headline table (Markdown), computed from the committed JSON: used by the book and the README."""
+    """The headline table (Markdown), computed from the committed JSON: used by the book and the README.
+    Beside each speedup: the clock, our time and the baseline's (µs, medians; min–max of the repetitions
+    where the file has them) and our host time per call."""
     rows = headline_rows(root)
     if not rows:
         return "No GPU results are committed yet."
-    lines = ["| chapter | kernel | baseline | case | speedup | GPU, date |", "|---|---|---|---|---|---|"]
+    lines = ["| chapter | kernel | baseline | case | speedup | ours (µs) | baseline (µs) | host per call (µs) "
+             "| clock | GPU, date |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        ours = _us(r.get("kernel_ms"))
+        if r.get("kernel_spread_ms"):
+            lo, _, hi = r["kernel_spread_ms"]
+            ours += f" ({_us(lo)}–{_us(hi)})"
+        base = _us(r.get("baseline_ms"))
+        if r.get("baseline_spread_ms"):
+            lo, _, hi = r["baseline_spread_ms"]
+            base += f" ({_us(lo)}–{_us(hi)})"
         lines.append(f"| {r['chapter']} | {r['kernel']} | {r['baseline']} | {r['case']} | "
-                     f"**{r['speedup']:.2f}×** | {r['gpu']}, {r['date']} |")
+                     f"**{r['speedup']:.2f}×**{_spread_note(r)} | {ours} | {base} | {_us(r.get('host_ms'))} | "
+                     f"{r.get('clock', 'do_bench')} | {r['gpu']}, {r['date']} |")
     return "\n".join(lines)
 
 

@@ -270,3 +270,20 @@ def test_gpu_time_and_host_time_tell_a_slow_host_from_a_slow_kernel():
     assert run.empty_launch_host.median < host.median
     row = run.measure("demo", lambda: [lambda: b.mul_(1.0)], params={}, host=lambda: b.mul_(1.0))
     assert row["clock"] == "gpu" and row["spread_ms"][0] <= row["ms"] <= row["spread_ms"][2] and row["host_ms"] > 0
+
+
+def test_headline_row_takes_both_times_their_spread_and_the_host_time(tmp_path):
+    rows = [{"series": "step04", "role": "kernel", "params": {"n": 1}, "ms": 0.010, "clock": "gpu",
+             "spread_ms": [0.009, 0.010, 0.012], "host_ms": 0.020},
+            {"series": "torch", "role": "baseline", "params": {"n": 1}, "ms": 0.100, "clock": "gpu",
+             "spread_ms": [0.095, 0.100, 0.110]},
+            {"series": "torch_eager", "role": "baseline", "params": {"n": 1}, "ms": 0.200, "clock": "do_bench"}]
+    _results_file(tmp_path, "demo", rows)
+    res = plotting.load_results("demo", root=tmp_path)
+    row = plotting.headline_row(res, "step04", "torch", "n = 1", n=1)
+    assert row["speedup"] == pytest.approx(10.0) and row["clock"] == "gpu" and row["host_ms"] == 0.020
+    assert row["speedup_range"] == pytest.approx([0.095 / 0.012, 0.110 / 0.009])
+    with pytest.raises(ValueError, match="not the same clock"):
+        plotting.headline_row(res, "step04", "torch_eager", "n = 1", n=1)
+    with pytest.raises(KeyError, match="0 and 1 rows"):
+        plotting.headline_row(res, "step04", "torch", "n = 2", n=2)
