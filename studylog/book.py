@@ -170,7 +170,26 @@ def _favicon_at_site_root(app, exception) -> None:
         shutil.copyfile(icon, Path(app.outdir) / "favicon.ico")
 
 
+#: Every figure that the page shows smaller than it is gets a link to itself at full size (a zoom link), so
+#: a wide figure stays readable: the site test checks that no shrunk figure lacks one.
+ZOOM_SCRIPT = """
+window.addEventListener("load", function () {
+  document.querySelectorAll("main img").forEach(function (img) {
+    if (img.closest("a") || img.naturalWidth <= img.clientWidth + 2) return;
+    var link = document.createElement("a");
+    link.href = img.currentSrc || img.src;
+    link.target = "_blank";
+    link.className = "studylog-zoom";
+    link.title = "Open the figure at full size";
+    img.parentNode.insertBefore(link, img);
+    link.appendChild(img);
+  });
+});
+"""
+
+
 def setup(app):
+    app.add_js_file(None, body=ZOOM_SCRIPT)
     app.add_directive("studylog-posts", PostsDirective)
     app.add_directive("studylog-headlines", HeadlinesDirective)
     app.connect("doctree-read", _add_open_locally_note)

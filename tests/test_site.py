@@ -74,7 +74,7 @@ def browser():
 
 def _pages() -> list[str]:
     posts = load_posts(ROOT)
-    return ["index.html", "results.html"] + [Path(p["notebook"]).with_suffix(".html").as_posix() for p in posts]
+    return ["index.html", "results.html", "how_we_measure.html"] + [Path(p["notebook"]).with_suffix(".html").as_posix() for p in posts]
 
 
 def _visit(browser, url: str, shot: Path) -> dict:
@@ -94,7 +94,10 @@ def _visit(browser, url: str, shot: Path) -> dict:
     info = page.evaluate("""() => ({
         text: (document.querySelector('main') || document.body).innerText.trim(),
         h1: Array.from(document.querySelectorAll('main h1')).map(h => h.innerText),
-        images: Array.from(document.images).map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
+        images: Array.from(document.images).map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0,
+            natural: i.naturalWidth, shown: i.clientWidth, linked: !!i.closest('a[href]'),
+            inMain: !!i.closest('main')})),
+        tables: document.querySelectorAll('main table').length,
         links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
         final: location.href,
     })""")
@@ -119,6 +122,32 @@ def test_page_renders_without_errors(visits, path):
     assert v["h1"], f"{path}: no title heading"
     broken = [i["src"] for i in v["images"] if not i["ok"]]
     assert not broken, f"{path}: images that did not load: {broken}"
+
+
+#: A Markdown table that reached the page as text: a row of pipes and dashes (or of the dashes that smart
+#: quotes make of them).
+RAW_TABLE = re.compile(r"^\s*\|?\s*:?[-—–]{3,}:?\s*(\|\s*:?[-—–]{3,}:?\s*)+\|?\s*$", re.MULTILINE)
+#: Link syntax that was not parsed: ``[text](http...)`` or ``<http...>`` left as text.
+RAW_LINK = re.compile(r"\]\((https?://|\.{0,2}/)[^)]*\)|<https?://[^>]+>")
+
+
+@pytest.mark.parametrize("path", _pages())
+def test_tables_and_links_render(visits, path):
+    """Tables a cell prints render as tables, not as walls of pipes; link syntax renders as links."""
+    v = visits[path]
+    raw = RAW_TABLE.findall(v["text"])
+    assert not raw, f"{path}: a Markdown table shown as raw text ({len(raw)} separator rows)"
+    links = RAW_LINK.findall(v["text"])
+    assert not links, f"{path}: link syntax shown as text: {links[:3]}"
+
+
+@pytest.mark.parametrize("path", _pages())
+def test_figures_are_readable_at_page_width(visits, path):
+    """A figure shown much smaller than it is must link to itself at full size (the book adds the link)."""
+    v = visits[path]
+    shrunk = [i["src"][-60:] for i in v["images"]
+              if i["ok"] and i["inMain"] and i["natural"] > 1.05 * i["shown"] and not i["linked"]]
+    assert not shrunk, f"{path}: figures shrunk to the page with no zoom link: {shrunk}"
 
 
 def test_landing_page_lists_every_post_newest_first(visits):
