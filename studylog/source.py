@@ -56,7 +56,7 @@ def _cuda_function(text: str, name: str) -> str:
 def source_of(obj: Any, function: str | None = None) -> tuple[str, str]:
     """(source text, language) of a Python/Triton function, a ``.cu`` file (a path, or a name in the package)
     (optionally one ``function`` of it), or a plain string of code."""
-    if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh")):
+    if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh", ".c")):
         path = Path(obj) if Path(obj).is_file() else cuda.source_path(str(obj))
         text = path.read_text()
         return (_cuda_function(text, function) if function else text), "cuda"
@@ -156,7 +156,7 @@ def show_diff(old: Any, new: Any, *, old_function: str | None = None, new_functi
 
 
 def _label(obj: Any, function: str | None) -> str:
-    if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh")):
+    if isinstance(obj, (str, Path)) and str(obj).endswith((".cu", ".cuh", ".c")):
         return f"{Path(obj).name}:{function}" if function else Path(obj).name
     if isinstance(obj, str):
         return "source"
