@@ -181,7 +181,8 @@ def figures(results) -> dict:
     fig, ax = plt.subplots(figsize=(10, 4.6))
     for step in chapter.steps:
         color, marker = STYLE[step.number]
-        pts = [(i, results.select(step.series, batch=c[0], seq_len=c[1], threshold=c[2])) for i, c in enumerate(configs)]
+        pts = [(i, results.select(step.series, batch=c[0], seq_len=c[1], threshold=c[2]))
+               for i, c in enumerate(configs)]
         pts = [(i, rows[0]["ms"] * 1e3) for i, rows in pts if rows]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color,
@@ -232,7 +233,8 @@ def figures(results) -> dict:
         fig, ax = plt.subplots(figsize=(6.4, 3.8))
         for step, sweep in sweeps:
             final = step is step07_stream
-            for cfg in sorted({(r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) for r in sweep}):
+            cfgs = {(r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) for r in sweep}
+            for cfg in sorted(cfgs):
                 rows = sorted((r for r in sweep if (r["params"]["batch"], r["params"]["seq_len"],
                                                     r["params"]["threshold"]) == cfg),
                               key=lambda r: r["params"]["chunk_len"])
