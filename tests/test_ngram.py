@@ -1,6 +1,7 @@
 """Chapter 3: n-gram matching. The Python reference against hand-worked cases; the C CPU path and
 the Python models of the GPU algorithms against the reference on fresh random batches; every
-CUDA kernel bit-identical to the reference on the GPU (``gpu`` marker)."""
+CUDA kernel bit-identical to the reference on the GPU (``gpu`` marker); the committed results read
+under today's series names."""
 
 import random
 
@@ -10,6 +11,7 @@ import torch
 from studylog import cuda, ngram, runtime
 from studylog.ngram import NgramConfig, NgramInputs
 
+STEPS = [s.function for s in ngram.CHAPTER.steps]  # every step, in order
 I32, I64 = torch.int32, torch.int64
 POISON = -7  # draft_tokens entries nobody may write keep this value
 
@@ -234,7 +236,7 @@ def test_one_pass_keys_match_the_per_n_search(seeds):
 
 
 def test_budget_scan_matches_the_sequential_rule(seeds):
-    """Phase 2 of steps 4-5 from prefix sums, walked in chunks of any size, is exact."""
+    """Phase 2 of steps 4 to 7 from prefix sums, walked in chunks of any size, is exact."""
     for seed in seeds[:60]:
         inputs, draft, this_time, config = random_case(seed, max_batch=30)
         expected = run_ref(inputs, draft, this_time, config)
@@ -245,7 +247,7 @@ def test_budget_scan_matches_the_sequential_rule(seeds):
 
 
 def test_budget_skip_is_exact(seeds):
-    """Step 6 skips the search of slots the bound refuses: the reference never searches them either,
+    """Step 7 skips the search of slots the bound refuses: the reference never searches them either,
     and phase 2 on keys with those slots emptied still gives the reference's answer."""
     skipped = 0
     for seed in seeds:
@@ -331,7 +333,7 @@ def test_make_batch_kinds_do_what_they_say():
 def test_cpu_step_through_the_matcher_on_cpu_tensors(rng):
     inputs, draft, this_time, config = random_case(rng.seed_value)
     expected = run_ref(inputs, draft, this_time, config)
-    out = ngram.ngram_match(inputs, draft, this_time, step="cpu", config=config)
+    out = ngram.step01_cpu_path(inputs, draft, this_time, config=config)
     assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1])
     assert out[0] is draft and out[1] is this_time  # in place, as the deployed operator
 
@@ -383,7 +385,7 @@ def test_bad_inputs_are_named(mutate, error, match):
     with pytest.raises(error, match=match):
         run_ref(inputs, draft, this_time)
     with pytest.raises(error, match=match):
-        ngram.ngram_match(inputs, draft, this_time, step="cpu")
+        ngram.step01_cpu_path(inputs, draft, this_time)
 
 
 def test_bad_state_and_config_are_named():
@@ -401,15 +403,21 @@ def test_bad_state_and_config_are_named():
         run_ref(inputs, draft, this_time, NgramConfig(max_ngram_size=2, min_ngram_size=3))
     with pytest.raises(ValueError, match="max_draft_tokens=8 does not fit"):
         run_ref(inputs, draft, this_time, NgramConfig.hybrid_variant(max_draft_tokens=8))
-    with pytest.raises(ValueError, match="step must be one of"):
-        ngram.ngram_match(inputs, draft, this_time, step="fastest")
+    with pytest.raises(ValueError, match="step must be one of the chapter's step functions"):
+        ngram.NgramMatcher(ngram.reference_ngram_match, inputs, draft, this_time)
+    with pytest.raises(ValueError, match=r"step05_one_pass takes no option \['chunk_len'\]"):
+        ngram.NgramMatcher(ngram.step05_one_pass, inputs, draft, this_time, chunk_len=4096)
+    with pytest.raises(ValueError, match=r"step01_cpu_path takes no option \['vec'\]"):
+        ngram.NgramMatcher(ngram.step01_cpu_path, inputs, draft, this_time, vec=2)
 
 
 @pytest.mark.skipif(runtime.has_gpu(), reason="checks the message on a machine without a GPU")
 def test_gpu_steps_say_they_need_a_gpu():
     inputs, draft, this_time = _good()
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        ngram.ngram_match(inputs, draft, this_time, step="one_pass_fused")
+        ngram.step06_one_pass_fused(inputs, draft, this_time)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        ngram.ngram_match(inputs, draft, this_time)  # the chapter's final kernel
 
 
 # -----------------------------------------------------------------------------------------
@@ -428,9 +436,10 @@ def test_kernels_compile_without_spills_and_use_64bit_atomics():
     assert "atom.shared.min.u64" in two_phase.ptx_function("ngram_search_per_n")
     fused = cuda.compile_source("ngram_one_pass").ptx_function("ngram_one_pass_fused")
     assert "atom.global.min.u64" in fused and "membar.gl" in fused
-    # step 6: the shipped instances (both load widths) do not spill, have no barrier in the scan
+    # step 7: the compiled instances (both load widths) do not spill, have no barrier in the scan
     # loop (one in the budget bound, two around the ticket, the rest in phase 2) and load 16 bytes
-    shipped = [ngram.STREAM_DEFAULT.instance(vec) for vec in (1, 2)]
+    shipped = list(ngram.STREAM_INSTANCES)
+    assert shipped == ["ngram_stream<4, 2, 2, 2>", "ngram_stream<4, 1, 2, 2>"]
     stream = cuda.compile_source("ngram_stream", name_expressions=shipped)
     report = stream.ptxas_report()
     for name in shipped:
@@ -438,30 +447,34 @@ def test_kernels_compile_without_spills_and_use_64bit_atomics():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
         body = stream.ptx_function(stream.lowered_names[name])
         assert "atom.global.min.u64" in body and "membar.gl" in body
-    wide = stream.ptx_function(stream.lowered_names[shipped[1]])
+    wide = stream.ptx_function(stream.lowered_names[shipped[0]])
     assert "ld.global.nc.L1::no_allocate.L2::cache_hint.v2.s64" in wide and "createpolicy" in wide
-    # every kernel in KERNELS exists with the shared signature
-    for step, launches in ngram.KERNELS.items():
-        for source, name in launches:
-            assert name in cuda.compile_source(source).ptxas_report(), (step, name)
+    # every kernel a step launches exists
+    for step, plan in ngram.launch_plans().items():
+        for source, name, _ in plan.launches:
+            if source == "ngram_stream":
+                assert all(stream.lowered_names[i] in report for i in shipped), step
+            else:
+                assert name in cuda.compile_source(source).ptxas_report(), (step.__name__, name)
+    assert set(ngram.launch_plans()) == set(STEPS[1:])  # every step but the CPU path is a GPU step
 
 
 # -----------------------------------------------------------------------------------------
 # On the GPU: every kernel bit-identical to the reference
 # -----------------------------------------------------------------------------------------
 
-def _check_all_steps(inputs, draft, this_time, config, expected, steps=ngram.STEPS):
+def _check_all_steps(inputs, draft, this_time, config, expected, steps=STEPS):
     for step in steps:
         d, t = draft.clone(), this_time.clone()
-        matcher = ngram.NgramMatcher(inputs, d, t, step=step, config=config)
+        matcher = ngram.NgramMatcher(step, inputs, d, t, config=config)
         matcher()
         torch.cuda.synchronize()
-        assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step, config)
+        assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step.__name__, config)
         d.copy_(draft), t.copy_(this_time)  # same state again (the hybrid variant reads what it wrote)
         matcher()  # a second launch: same answer, so the fused kernel left its scratch clean
         torch.cuda.synchronize()
-        assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step, "second call")
-        if step in ("one_pass_fused", "stream"):
+        assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step.__name__, "second call")
+        if step in (ngram.step06_one_pass_fused, ngram.step07_stream):
             assert bool((matcher.match_keys == -1).all()) and int(matcher.blocks_done) == 0
 
 
@@ -496,7 +509,8 @@ def test_scan_phase_walks_batches_larger_than_its_block():
         expected = (draft.clone(), this_time.clone())
         ngram.cpu_path_inplace(inputs, *expected, config)
         _check_all_steps(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected,
-                         steps=("two_phase", "two_phase_scan", "one_pass", "one_pass_fused"))
+                         steps=(ngram.step03_two_phase, ngram.step04_two_phase_scan, ngram.step05_one_pass,
+                                ngram.step06_one_pass_fused))
 
 
 @pytest.mark.gpu
@@ -509,38 +523,35 @@ def test_full_size_bench_inputs(batch, seq_len, threshold):
     config = NgramConfig(threshold=threshold)
     expected = (draft.cpu(), this_time.cpu())
     ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
-    steps = [s for s in ngram.STEPS if s != "serial" or batch * seq_len <= 16 * 131072]
+    steps = [s for s in STEPS if s is not ngram.step02_serial or batch * seq_len <= 16 * 131072]
     _check_all_steps(inputs, draft, this_time, config, expected, steps=steps)
     for tiles in (1, 3, 16):  # any split of the haystacks gives the same answer
         d, t = draft.clone(), this_time.clone()
-        ngram.NgramMatcher(inputs, d, t, step="one_pass_fused", config=config, chunk_tiles=tiles)()
+        ngram.NgramMatcher(ngram.step06_one_pass_fused, inputs, d, t, config=config, chunk_tiles=tiles)()
         assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), tiles
-    _check_stream_variants(inputs, draft, this_time, config, expected, chunk_lens=(None, 2048, 6144, 65536))
+    _check_stream(inputs, draft, this_time, config, expected, chunk_lens=(None, 2048, 6144, 65536))
 
 
-def _check_stream_variants(inputs, draft, this_time, config, expected, chunk_lens=(None,)):
-    """Every compiled step-6 instance (and both load widths where the rows allow 16-byte loads)."""
+def _check_stream(inputs, draft, this_time, config, expected, chunk_lens=(None,)):
+    """Both compiled step-7 instances (8- and 16-byte loads, where the rows allow 16), at several splits."""
     wide = ngram.stream_vec(inputs.prompt_ids, inputs.generated_ids) == 2
-    for variant in ngram.STREAM_VARIANTS:
-        for vec in (1, 2) if wide else (1,):
-            for chunk_len in chunk_lens:
-                d, t = draft.clone(), this_time.clone()
-                m = ngram.NgramMatcher(inputs, d, t, step="stream", config=config, variant=variant, vec=vec,
-                                       chunk_len=chunk_len)
-                m()
-                torch.cuda.synchronize()
-                what = (variant, vec, m.chunk_len, config)
-                assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), what
-                assert bool((m.match_keys == -1).all()) and int(m.blocks_done) == 0, what
+    for vec in (1, 2) if wide else (1,):
+        for chunk_len in chunk_lens:
+            d, t = draft.clone(), this_time.clone()
+            m = ngram.NgramMatcher(ngram.step07_stream, inputs, d, t, config=config, vec=vec, chunk_len=chunk_len)
+            m()
+            torch.cuda.synchronize()
+            what = (vec, m.chunk_len, config)
+            assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), what
+            assert bool((m.match_keys == -1).all()) and int(m.blocks_done) == 0, what
 
 
 @pytest.mark.gpu
-def test_stream_variants_on_random_batches(seeds):
+def test_stream_load_widths_and_splits_on_random_batches(seeds):
     for seed in seeds[:40]:
         inputs, draft, this_time, config = random_case(seed, max_batch=40, max_width=300)
         expected = run_ref(inputs, draft, this_time, config)
-        _check_stream_variants(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected,
-                               chunk_lens=(None, 2))
+        _check_stream(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected, chunk_lens=(None, 2))
 
 
 @pytest.mark.gpu
@@ -551,9 +562,9 @@ def test_stream_takes_rows_that_are_not_16_byte_aligned():
     gpu = inputs.to("cuda")
     gpu.prompt_ids = torch.cat([torch.zeros(1, dtype=I64, device="cuda"), gpu.prompt_ids.flatten()])[1:].view(24, 1001)
     assert gpu.prompt_ids.data_ptr() % 16 == 8 and ngram.stream_vec(gpu.prompt_ids, gpu.generated_ids) == 1
-    _check_all_steps(gpu, draft.cuda(), this_time.cuda(), config, expected, steps=("stream",))
+    _check_all_steps(gpu, draft.cuda(), this_time.cuda(), config, expected, steps=(ngram.step07_stream,))
     with pytest.raises(ValueError, match="vec must be"):
-        ngram.NgramMatcher(gpu, draft.cuda(), this_time.cuda(), step="stream", vec=2)
+        ngram.NgramMatcher(ngram.step07_stream, gpu, draft.cuda(), this_time.cuda(), vec=2)
 
 
 @pytest.mark.gpu
@@ -565,7 +576,7 @@ def test_stream_budget_skip_at_scale():
         expected = (draft.cpu(), this_time.cpu())
         ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
         assert any(ngram.model_budget_refused(inputs.to("cpu"), config, this_time.cpu()))
-        _check_stream_variants(inputs, draft, this_time, config, expected)
+        _check_stream(inputs, draft, this_time, config, expected)
 
 
 @pytest.mark.gpu
@@ -586,7 +597,7 @@ def test_kernels_run_on_the_current_stream():
 def test_gpu_steps_refuse_cpu_tensors():
     inputs, draft, this_time = _good()
     with pytest.raises(ValueError, match="runs on the GPU"):
-        ngram.ngram_match(inputs, draft, this_time, step="two_phase")
+        ngram.step03_two_phase(inputs, draft, this_time)
 
 
 # -----------------------------------------------------------------------------------------
@@ -600,9 +611,10 @@ def _synthetic_results(kernel_us: float):
     for batch, seq_len, threshold in ngram.BENCH_GRID:
         params = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
         floor_ms = batch * seq_len * 8 / 4e12 * 1e3
-        for k, step in enumerate(ngram.STEPS):
-            us = 1000.0 if step == "cpu" else kernel_us * (len(ngram.STEPS) - k)
-            rows.append({"series": step, "role": "kernel", "params": params, "ms": us / 1e3, "floor_ms": floor_ms})
+        for k, step in enumerate(ngram.CHAPTER.steps):
+            us = 1000.0 if k == 0 else kernel_us * (len(ngram.CHAPTER.steps) - k)
+            rows.append({"series": step.series, "role": "kernel", "params": params, "ms": us / 1e3,
+                         "floor_ms": floor_ms})
     data = {"chapter": "ngram", "device": {"name": "Test GPU"}, "versions": {"torch": "x", "triton": "y"},
             "date": "2000-01-01T00:00:00", "git_commit": "abc", "ceilings": {"copy_bandwidth_gbs": 4000.0},
             "measurements": rows, "checks": [{"name": "bit-identical", "passed": True, "params": {}}], "notes": []}
@@ -627,3 +639,27 @@ def test_reporting_code_runs_and_judges(kernel_us, verdict):
     assert "1 of 1 checks passed" in verdicts
     assert f"10x faster than the CPU path at batch >= 32: {verdict}" in verdicts
     assert f"32x512 under 15 µs: {verdict}" in verdicts
+
+
+def test_committed_results_read_under_the_step_names():
+    """The committed H200 file predates the step names: it is read through CHAPTER.renamed_series, and the
+    figures, tables and headline draw from it (the variants it also holds are no series of the library)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from studylog.plotting import load_results
+
+    results = load_results("ngram", "nvidia-h200")
+    series = set(results.series())
+    assert {s.series for s in ngram.CHAPTER.steps} <= series
+    assert set(ngram.CHAPTER.baselines) <= series
+    assert not set(ngram.CHAPTER.renamed_series) & series
+    figs = ngram.figures(results)
+    assert set(figs) == {"latency", "vs_floor", "chunks"}
+    for fig in figs.values():
+        plt.close(fig)
+    assert ngram.CHAPTER.step(7).name in ngram.summary_table(results)
+    rows = ngram.headline(results)
+    assert len(rows) == len(ngram.report.HEADLINE_CASES)
+    assert all(r["baseline"].startswith("step01_cpu_path") and r["speedup"] > 1 for r in rows)

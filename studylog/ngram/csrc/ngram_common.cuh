@@ -142,7 +142,7 @@ __device__ __forceinline__ i64 block_inclusive_scan(i64 v, i64 *s_warp, i64 *tot
 }
 
 // ---------------------------------------------------------------------------------------
-// Phase 2, exact and parallel (steps 4 and 5). Until the first slot where the budget bites,
+// Phase 2, exact and parallel (steps 4 to 7). Until the first slot where the budget bites,
 // every slot keeps its tentative count, so an exclusive prefix sum of tentative counts is the
 // true running sum; that first slot gets what room is left; every active slot after it gets
 // no drafts (the notebook proves both). One block walks the batch blockDim.x slots at a time,

@@ -1,4 +1,4 @@
-// Step 5: one pass over each haystack for every n at once.
+// Steps 5 and 6: one pass over each haystack for every n at once.
 //
 // A window of size n that ends at position e matches the last n generated tokens exactly when
 // hay[.. e] and the generated tokens share a common suffix of length >= n. So a thread looks at
@@ -6,9 +6,9 @@
 // token rarely matches), and the largest n it allows is that end's best candidate. Keys
 // (ngram_common.cuh) rank candidates, so the block keeps the best with one atomicMin.
 //
-//   5a, ngram_search_one_pass <<<batch, 256>>>: one block per slot, early exit once nothing left
+//   step 5, ngram_search_one_pass <<<batch, 256>>>: one block per slot, early exit once nothing left
 //       can beat the best key; phase 2 is still ngram_budget_scan (a second launch).
-//   5b, ngram_one_pass_fused <<<(batch, chunks), 256>>>: each slot's haystacks are split into
+//   step 6, ngram_one_pass_fused <<<(batch, chunks), 256>>>: each slot's haystacks are split into
 //       chunks, one block each, so a few long slots still fill the GPU; blocks publish their best
 //       key with a global atomicMin and skip what can no longer win; the last block to finish
 //       runs phase 2, so the whole step is one launch.

@@ -1,0 +1,90 @@
+"""Chapter 3: n-gram matching for speculative decoding, from a CPU loop to one GPU launch.
+
+Every decoding step, each active slot of a batch looks up its last ``n`` generated tokens in its
+prompt, then in its earlier generated tokens, and proposes the tokens that followed the leftmost
+earlier occurrence as drafts, under a batch-wide token budget. :func:`reference_ngram_match` is the
+specification (the deployed operator's rules, line by line); every step reproduces it bit for bit.
+
+The steps (``CHAPTER.steps``; each a function of :mod:`studylog.ngram.kernels` that runs in place):
+step 1 is the deployed CPU path (C, with its copies), steps 2 to 7 are CUDA C++ kernels in
+``studylog/ngram/csrc/``. :func:`ngram_match` is the chapter's result, step 7, under the operator's
+name; :class:`NgramMatcher` binds any step to one batch's buffers (the benchmark times it).
+
+Modules: ``formats`` (inputs, config, checks), ``reference`` (the specification), ``models`` (the GPU
+algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), ``batches`` (realistic
+batches), ``report`` (benchmark, figures, headline).
+"""
+
+from __future__ import annotations
+
+from studylog.chapter import Chapter, Step
+from studylog.ngram.batches import BENCH_MIX, SLOT_KINDS, early_exit_bytes, haystack_bytes, make_batch
+from studylog.ngram.cpu_path import CPU_SOURCE, cpu_path_inplace
+from studylog.ngram.formats import (DEFAULT_THRESHOLD, HYBRID_DEFAULT_THRESHOLD, NGRAM_MAX, NONE_KEY, NgramConfig,
+                                    NgramInputs, same_state, validate)
+from studylog.ngram.kernels import (ITEMS, SIGNATURE, STREAM_INSTANCES, STREAM_LOADS, THREADS, TILE, LaunchPlan,
+                                    NgramMatcher, launch_plans,
+                                    fused_chunk_len, ngram_match, step01_cpu_path, step02_serial, step03_two_phase,
+                                    step04_two_phase_scan, step05_one_pass, step06_one_pass_fused, step07_stream,
+                                    stream_chunk_len, stream_vec)
+from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_budget_refused, model_budget_scan,
+                                   model_one_pass_keys, published_blockscan_counts, slot_plan)
+from studylog.ngram.reference import reference_ngram_match
+from studylog.ngram.report import (BENCH_GRID, NO_BUDGET, QUICK_GRID, bench, figures, gen_width_for, headline,
+                                   summary_table, sweep_series, target_verdicts)
+from studylog.paths import chapter_csrc
+
+_CSRC = chapter_csrc("ngram")
+
+CHAPTER = Chapter(
+    name="ngram",
+    number=3,
+    title="N-gram matching for speculative decoding",
+    notebooks=("03_ngram_matching",),
+    steps=(
+        # Step 1's source is C (csrc/ngram_cpu_path.c); show_source reads .cu/.cuh files only.
+        Step(1, "cpu_path", "the deployed path: copies to the host, the serial C loop, copies back", "c",
+             step01_cpu_path),
+        Step(2, "serial", "the same loop as one GPU thread (<<<1, 1>>>)", "cuda", step02_serial,
+             _CSRC / "ngram_serial.cu", "ngram_serial"),
+        Step(3, "two_phase", "a parallel search per slot and n, then the budget on one thread", "cuda",
+             step03_two_phase, _CSRC / "ngram_two_phase.cu", "ngram_budget_serial"),
+        Step(4, "two_phase_scan", "the budget exactly, from block-wide prefix sums", "cuda", step04_two_phase_scan,
+             _CSRC / "ngram_common.cuh", "budget_scan_block"),
+        Step(5, "one_pass", "one pass over each haystack for every n, with early exit", "cuda", step05_one_pass,
+             _CSRC / "ngram_one_pass.cu", "ngram_search_one_pass"),
+        Step(6, "one_pass_fused", "each slot split over many blocks, the budget in the last one: one launch",
+             "cuda", step06_one_pass_fused, _CSRC / "ngram_one_pass.cu", "ngram_one_pass_fused"),
+        Step(7, "stream", "no barrier in the loop, 16-byte evict-first loads, refused slots skip their search",
+             "cuda", step07_stream, _CSRC / "ngram_stream.cu", "ngram_stream"),
+    ),
+    bench=bench,
+    figures=figures,
+    headline=headline,
+    baselines={
+        sweep_series(step06_one_pass_fused): "step06_one_pass_fused over a range of haystack positions per block",
+        sweep_series(step07_stream): "step07_stream over a range of haystack positions per block",
+    },
+    renamed_series={"cpu": "step01", "serial": "step02", "two_phase": "step03", "two_phase_scan": "step04",
+                    "one_pass": "step05", "one_pass_fused": "step06", "stream": "step07",
+                    "one_pass_fused_chunks": sweep_series(step06_one_pass_fused),
+                    "stream_chunks": sweep_series(step07_stream)},
+)
+
+__all__ = [
+    "CHAPTER",
+    # formats
+    "NGRAM_MAX", "NONE_KEY", "DEFAULT_THRESHOLD", "HYBRID_DEFAULT_THRESHOLD", "NgramInputs", "NgramConfig",
+    "validate", "same_state",
+    # the specification and the models of the GPU algorithms
+    "reference_ngram_match", "match_key", "decode_key", "slot_plan", "SCAN_THREADS", "model_one_pass_keys",
+    "model_budget_scan", "model_budget_refused", "published_blockscan_counts",
+    # the steps
+    "step01_cpu_path", "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass",
+    "step06_one_pass_fused", "step07_stream", "ngram_match", "NgramMatcher", "CPU_SOURCE", "cpu_path_inplace",
+    "THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "LaunchPlan", "launch_plans",
+    "fused_chunk_len", "stream_vec", "stream_chunk_len",
+    # batches and the benchmark
+    "SLOT_KINDS", "BENCH_MIX", "make_batch", "haystack_bytes", "early_exit_bytes", "NO_BUDGET", "BENCH_GRID",
+    "QUICK_GRID", "gen_width_for", "bench", "figures", "summary_table", "target_verdicts", "headline",
+]

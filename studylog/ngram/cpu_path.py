@@ -1,0 +1,102 @@
+"""Step 1, the CPU path: the serial loop the serving engine ran on the host, as C.
+
+``csrc/ngram_cpu_path.c`` is the Python reference written as the C loop a serving engine would ship
+(the reference is the specification; this is its fast twin, tested bit-identical to it). It is compiled
+with the system C compiler at first use and called through ``ctypes``. :class:`CpuPathCall` adds the
+device<->host copies the deployed path made around it every decoding step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from torch import Tensor
+
+from studylog.ngram.formats import NgramConfig, NgramInputs
+from studylog.paths import chapter_csrc
+
+CPU_SOURCE = chapter_csrc("ngram") / "ngram_cpu_path.c"
+
+def _cache_dir() -> Path:
+    for root in (os.environ.get("XDG_CACHE_HOME"), str(Path.home() / ".cache"), tempfile.gettempdir()):
+        if not root:
+            continue
+        folder = Path(root) / "studylog"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return folder
+        except OSError:
+            continue
+    raise RuntimeError("no writable cache folder for the compiled CPU path")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_library() -> ctypes.CDLL:
+    """The CPU path as a shared library, compiled with the system C compiler once per source."""
+    text = CPU_SOURCE.read_bytes()
+    target = _cache_dir() / f"ngram_cpu_path_{hashlib.sha256(text).hexdigest()[:16]}.so"
+    if not target.exists():
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        if compiler is None:
+            raise RuntimeError("the CPU path (step 1) needs a C compiler (cc, gcc or clang), and none is on PATH")
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        out = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(CPU_SOURCE)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"compiling {CPU_SOURCE.name} failed:\n{out.stderr}")
+        os.replace(tmp, target)  # atomic: parallel test workers never load a half-written file
+    lib = ctypes.CDLL(str(target))
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ngram_match_cpu.argtypes = [p, p, i64, p, p, i64, p, p, p, p, p, p, i64, i64, i32, i32, i64, i32, i32]
+    lib.ngram_match_cpu.restype = i64
+    return lib
+
+
+def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
+                     config: NgramConfig) -> int:
+    """Run the C loop on CPU tensors, in place; returns the number of windows it compared."""
+    ts = [inputs.prompt_ids, inputs.prompt_lens, inputs.generated_ids, inputs.step_idx, inputs.draft_token_num,
+          inputs.max_dec_len, inputs.seq_lens_encoder, inputs.seq_lens_decoder, seq_lens_this_time, draft_tokens]
+    if any(t.device.type != "cpu" for t in ts):
+        raise ValueError("cpu_path_inplace takes CPU tensors; step01_cpu_path does the copies")
+    ptr = [t.data_ptr() for t in ts]
+    return int(cpu_library().ngram_match_cpu(
+        ptr[0], ptr[1], inputs.prompt_ids.shape[1], ptr[2], ptr[3], inputs.generated_ids.shape[1],
+        ptr[4], ptr[5], ptr[6], ptr[7], ptr[8], ptr[9], draft_tokens.shape[1], inputs.batch,
+        config.max_ngram_size, config.min_ngram_size, config.threshold, int(config.hybrid), config.max_draft_tokens))
+
+
+class CpuPathCall:
+    """The CPU path bound to one batch: as deployed, the prompt lives on the host from admission on
+    (copied once, here); each call copies the generated tokens, the per-slot lengths and the draft
+    buffers to the host, runs the C loop, and copies the drafts back. On CPU tensors it only runs the loop."""
+
+    def __init__(self, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig):
+        self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config = (
+            inputs, draft_tokens, seq_lens_this_time, config)
+        self.host_prompt = inputs.prompt_ids.cpu()
+        self.host_prompt_lens = inputs.prompt_lens.cpu()
+
+    def __call__(self) -> None:
+        i, draft, this_time = self.inputs, self.draft_tokens, self.seq_lens_this_time
+        if i.prompt_ids.device.type == "cpu":
+            cpu_path_inplace(i, draft, this_time, self.config)
+            return
+        # Each .cpu() waits for the GPU: the copies are where the deployed path lost its time.
+        host = NgramInputs(self.host_prompt, self.host_prompt_lens, i.generated_ids.cpu(), i.step_idx.cpu(),
+                           i.draft_token_num.cpu(), i.max_dec_len.cpu(), i.seq_lens_encoder.cpu(),
+                           i.seq_lens_decoder.cpu())
+        host_draft, host_this_time = draft.cpu(), this_time.cpu()
+        cpu_path_inplace(host, host_draft, host_this_time, self.config)
+        draft.copy_(host_draft)
+        this_time.copy_(host_this_time)
+
+
+__all__ = ["CPU_SOURCE", "cpu_library", "cpu_path_inplace", "CpuPathCall"]

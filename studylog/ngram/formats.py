@@ -1,0 +1,162 @@
+"""What the n-gram matcher reads and writes, its parameters, and the checks every step runs first.
+
+Dtypes are explicit: token ids are int64, every per-slot length is int32. The output state
+(``draft_tokens``, ``seq_lens_this_time``) is passed beside the inputs because every step updates it
+in place, as the deployed operator did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+import torch
+from jaxtyping import Int32, Int64
+from torch import Tensor
+
+from studylog.checks import check_int, check_tensor
+
+#: Largest n the kernels accept (``NGRAM_MAX`` in ``ngram_common.cuh``).
+NGRAM_MAX = 32
+#: "No match" as a key: larger than every real key.
+NONE_KEY = (1 << 64) - 1
+#: The deployed default budget of the n-gram proposer, and the hybrid (MTP + n-gram) one.
+DEFAULT_THRESHOLD = 128
+HYBRID_DEFAULT_THRESHOLD = 1024
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class NgramInputs:
+    """What the matcher reads. ``B`` slots; the output state (``draft_tokens``,
+    ``seq_lens_this_time``) is passed separately because the kernels update it in place.
+
+    * ``prompt_ids[b, :prompt_lens[b]]``: slot ``b``'s prompt.
+    * ``generated_ids[b, :step_idx[b] + 1]``: its generated tokens; the newest is at ``step_idx[b]``
+      (the deployed convention), so the pattern of size ``n`` is ``generated_ids[b, step+1-n : step+1]``.
+    * ``draft_token_num[b]``: drafts wanted (ngram variant); ``max_dec_len[b]``: the request's length
+      limit, which caps the drafts at ``max_dec_len - step_idx - 1``.
+    * ``seq_lens_encoder[b] > 0``: the slot is in prefill; ``seq_lens_decoder[b] == 0``: empty slot.
+    """
+
+    prompt_ids: Int64[Tensor, "batch prompt_width"]
+    prompt_lens: Int32[Tensor, " batch"]
+    generated_ids: Int64[Tensor, "batch gen_width"]
+    step_idx: Int32[Tensor, " batch"]
+    draft_token_num: Int32[Tensor, " batch"]
+    max_dec_len: Int32[Tensor, " batch"]
+    seq_lens_encoder: Int32[Tensor, " batch"]
+    seq_lens_decoder: Int32[Tensor, " batch"]
+
+    def to(self, device: torch.device | str) -> "NgramInputs":
+        return NgramInputs(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    @property
+    def batch(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """The operator's parameters.
+
+    ``hybrid=False`` is the n-gram proposer: active slots restart at one token, drafts go to
+    ``draft_tokens[b, 1:]``, the cap is ``draft_token_num[b]``. ``hybrid=True`` is the variant run
+    after MTP drafting: a slot keeps its ``seq_lens_this_time`` tokens and drafts go after them,
+    capped by ``max_draft_tokens - seq_lens_this_time + 1``; ``seq_lens_encoder`` is ignored.
+    Both are the same kernels with a flag (see the notebook).
+    """
+
+    max_ngram_size: int = 3
+    min_ngram_size: int = 1
+    threshold: int = DEFAULT_THRESHOLD
+    hybrid: bool = False
+    max_draft_tokens: int = 10
+
+    @classmethod
+    def hybrid_variant(cls, max_ngram_size: int = 3, min_ngram_size: int = 1,
+                       threshold: int = HYBRID_DEFAULT_THRESHOLD, max_draft_tokens: int = 10) -> "NgramConfig":
+        return cls(max_ngram_size, min_ngram_size, threshold, True, max_draft_tokens)
+
+
+# =========================================================================================
+# Validation (in every step, before any launch)
+# =========================================================================================
+
+_ID_FIELDS = ("prompt_ids", "generated_ids")
+_LEN_FIELDS = ("prompt_lens", "step_idx", "draft_token_num", "max_dec_len", "seq_lens_encoder", "seq_lens_decoder")
+
+
+def _check_config(config: NgramConfig) -> None:
+    if not isinstance(config, NgramConfig):
+        raise TypeError(f"config must be an NgramConfig, got {type(config).__name__}")
+    check_int("max_ngram_size", config.max_ngram_size, low=1, high=NGRAM_MAX)
+    check_int("min_ngram_size", config.min_ngram_size, low=1, high=config.max_ngram_size)
+    check_int("threshold", config.threshold, low=-(2**31), high=_INT32_MAX)
+    check_int("max_draft_tokens", config.max_draft_tokens, low=0, high=_INT32_MAX - 1)
+
+
+def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig,
+             *, check_values: bool = True) -> None:
+    """Raise a clear error naming the argument for any input the kernels cannot take.
+
+    Shapes, dtypes, devices and contiguity are checked always; ``check_values`` also reads the
+    per-slot lengths (a device sync on the GPU) to check their ranges.
+    """
+    if not isinstance(inputs, NgramInputs):
+        raise TypeError(f"inputs must be an NgramInputs, got {type(inputs).__name__}")
+    _check_config(config)
+    for name in _ID_FIELDS:
+        check_tensor(name, getattr(inputs, name), dtype=torch.int64, ndim=2, contiguous=True)
+    for name in _LEN_FIELDS:
+        check_tensor(name, getattr(inputs, name), dtype=torch.int32, ndim=1, contiguous=True)
+    check_tensor("draft_tokens", draft_tokens, dtype=torch.int64, ndim=2, contiguous=True)
+    check_tensor("seq_lens_this_time", seq_lens_this_time, dtype=torch.int32, ndim=1, contiguous=True)
+    batch = inputs.prompt_ids.shape[0]
+    named = [(n, getattr(inputs, n)) for n in _ID_FIELDS + _LEN_FIELDS]
+    named += [("draft_tokens", draft_tokens), ("seq_lens_this_time", seq_lens_this_time)]
+    for name, t in named:
+        if t.shape[0] != batch:
+            raise ValueError(f"{name} has batch size {t.shape[0]} but prompt_ids has {batch}")
+    device = inputs.prompt_ids.device
+    for name, t in named:
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but prompt_ids is on {device}")
+    prompt_width, gen_width = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
+    draft_width = draft_tokens.shape[1]
+    if prompt_width >= 2**31 or gen_width >= 2**31:
+        raise ValueError("prompt_ids and generated_ids must have fewer than 2**31 columns")
+    if batch and gen_width < 1:
+        raise ValueError("generated_ids must have at least one column (the newest token)")
+    if batch and draft_width < 1:
+        raise ValueError("draft_tokens must have at least one column (the slot's own token)")
+    if config.hybrid and batch and config.max_draft_tokens >= draft_width:
+        raise ValueError(f"max_draft_tokens={config.max_draft_tokens} does not fit draft_tokens "
+                         f"with {draft_width} columns (needs max_draft_tokens < columns)")
+    if not check_values or batch == 0:
+        return
+
+    def first_bad(name: str, values: Tensor, bad: Tensor, what: str) -> None:
+        if bool(bad.any()):
+            slot = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{name} {what} (slot {slot} has {int(values[slot])})")
+
+    for name in _LEN_FIELDS:
+        values = getattr(inputs, name)
+        first_bad(name, values, values < 0, "has negative values")
+    first_bad("seq_lens_this_time", seq_lens_this_time, seq_lens_this_time < 0, "has negative values")
+    first_bad("prompt_lens", inputs.prompt_lens, inputs.prompt_lens > prompt_width,
+              f"exceeds prompt_ids' width {prompt_width}")
+    first_bad("step_idx", inputs.step_idx, inputs.step_idx >= gen_width,
+              f"must index generated_ids' columns (< {gen_width}): the newest token is generated_ids[b, step_idx]")
+    if not config.hybrid:
+        first_bad("draft_token_num", inputs.draft_token_num, inputs.draft_token_num >= draft_width,
+                  f"must be < draft_tokens' width {draft_width} (drafts go to columns 1..draft_token_num)")
+
+
+def same_state(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> bool:
+    """Whether two (draft_tokens, seq_lens_this_time) pairs are bit-identical (on any devices)."""
+    return bool(torch.equal(a[0].cpu(), b[0].cpu()) and torch.equal(a[1].cpu(), b[1].cpu()))
+
+
+__all__ = ["NGRAM_MAX", "NONE_KEY", "DEFAULT_THRESHOLD", "HYBRID_DEFAULT_THRESHOLD", "NgramInputs", "NgramConfig",
+           "validate", "same_state"]

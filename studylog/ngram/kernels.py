@@ -1,0 +1,272 @@
+"""The steps of chapter 3, each a public function that runs it in place, and :class:`NgramMatcher`, a
+step bound to one batch's buffers (validated once, then launched as often as needed).
+
+1. :func:`step01_cpu_path`: the deployed path: copy to the host, run the serial C loop, copy back.
+2. :func:`step02_serial`: the same loop as a one-thread GPU kernel (``csrc/ngram_serial.cu``).
+3. :func:`step03_two_phase`: phase 1 searches every slot in parallel (one block per slot, one ``n``
+   at a time, leftmost match by 64-bit ``atomicMin``); phase 2 applies the budget on one thread
+   (``csrc/ngram_two_phase.cu``).
+4. :func:`step04_two_phase_scan`: phase 2 from block-wide prefix sums, exact (``csrc/ngram_common.cuh``).
+5. :func:`step05_one_pass`: one pass per haystack for every ``n`` at once, with early exit.
+6. :func:`step06_one_pass_fused`: the same split over many blocks per slot, phase 2 run by the last
+   block to finish, so the whole step is a single launch (``csrc/ngram_one_pass.cu``, with step 5).
+7. :func:`step07_stream`: the fused kernel without barriers in its loop, with wider evict-first
+   loads, skipping slots the budget refuses whatever the searches find (``csrc/ngram_stream.cu``).
+
+:func:`ngram_match` is the chapter's result, step 7, under the operator's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from jaxtyping import Int32, Int64
+from torch import Tensor
+
+from studylog import runtime  # noqa: F401  (first: selects GPU or interpreter)
+from studylog import cuda
+from studylog.ngram.cpu_path import CpuPathCall
+from studylog.ngram.formats import NgramConfig, NgramInputs, validate
+from studylog.ngram.models import SCAN_THREADS
+
+THREADS = 256          # threads per search block
+ITEMS = 4              # end positions per thread per tile (ITEMS in ngram_one_pass.cu)
+TILE = THREADS * ITEMS
+
+#: Argument kinds of NGRAM_KERNEL_PARAMS (ngram_common.cuh), in order: every kernel takes them all.
+SIGNATURE = ["ptr", "ptr", "i64", "ptr", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64",
+             "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
+
+#: Step 7's loads in flight per thread per tile (``LOADS`` of ``ngram_stream``).
+STREAM_LOADS = 4
+#: Step 7's compiled instances, ``ngram_stream<LOADS, VEC, BUDGET_SKIP, CACHE>`` for each load width
+#: (``VEC`` tokens per load, :func:`stream_vec`); 2 and 2 are ``SKIP_LAZY`` and ``CACHE_EVICT_FIRST``.
+STREAM_INSTANCES = tuple(f"ngram_stream<{STREAM_LOADS}, {vec}, 2, 2>" for vec in (2, 1))
+cuda.declare_instances("ngram_stream", STREAM_INSTANCES)
+
+
+def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
+    """Haystack positions per block of step 6: enough blocks to fill the GPU about eight blocks per
+    SM, at most 8 tiles of TILE positions per block (``chunk_tiles`` overrides)."""
+    if chunk_tiles is None:
+        tiles = batch * (-(-prompt_width // TILE) + -(-gen_width // TILE))
+        chunk_tiles = max(1, min(8, tiles // (8 * runtime.sm_count())))
+    chunk_len = chunk_tiles * TILE
+    while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:  # gridDim.y limit
+        chunk_len *= 2
+    return chunk_len
+
+
+def stream_vec(*haystacks: Tensor) -> int:
+    """2 (16-byte loads) when every row of every haystack starts 16 bytes aligned, else 1."""
+    return 2 if all(t.data_ptr() % 16 == 0 and t.shape[1] % 2 == 0 for t in haystacks) else 1
+
+
+def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *,
+                     chunk_len: int | None = None) -> int:
+    """Haystack positions per block of step 7: a whole number of tiles (``tile`` positions each),
+    about four blocks per SM when the haystacks are long, 2 to 8 tiles per block (``chunk_len``
+    overrides, rounded up to whole tiles). The range comes from the benchmark's chunk sweep."""
+    if chunk_len is None:
+        tiles = batch * (-(-prompt_width // tile) + -(-gen_width // tile))
+        chunk_len = max(2, min(8, tiles // (4 * runtime.sm_count()))) * tile
+    chunk_len = -(-chunk_len // tile) * tile
+    while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:  # gridDim.y limit
+        chunk_len *= 2
+    return chunk_len
+
+
+# =========================================================================================
+# The launch plan of each GPU step
+# =========================================================================================
+
+ONE_THREAD, PER_SLOT, SCAN, SPLIT = "one thread", "a block per slot", "one scan block", "blocks per chunk"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a GPU step launches, in order: (source, kernel, grid shape) per launch. Step 7's kernel is a
+    template: its instance (:data:`STREAM_INSTANCES`) depends on the load width."""
+
+    launches: tuple[tuple[str, str, str], ...]
+    options: tuple[str, ...] = ()  # keyword options the step takes
+
+
+def launch_plans() -> dict[Callable, LaunchPlan]:
+    """Each GPU step function's launch plan."""
+    search_per_n = ("ngram_two_phase", "ngram_search_per_n", PER_SLOT)
+    budget_scan = ("ngram_two_phase", "ngram_budget_scan", SCAN)
+    return {
+        step02_serial: LaunchPlan((("ngram_serial", "ngram_serial", ONE_THREAD),)),
+        step03_two_phase: LaunchPlan((search_per_n, ("ngram_two_phase", "ngram_budget_serial", ONE_THREAD))),
+        step04_two_phase_scan: LaunchPlan((search_per_n, budget_scan)),
+        step05_one_pass: LaunchPlan((("ngram_one_pass", "ngram_search_one_pass", PER_SLOT), budget_scan)),
+        step06_one_pass_fused: LaunchPlan((("ngram_one_pass", "ngram_one_pass_fused", SPLIT),), ("chunk_tiles",)),
+        step07_stream: LaunchPlan((("ngram_stream", "ngram_stream", SPLIT),), ("chunk_len", "vec")),
+    }
+
+
+def _require_cuda(name: str, device: torch.device) -> None:
+    runtime.require_gpu(f"the {name} n-gram kernels")
+    if device.type != "cuda":
+        raise ValueError(f"{name} runs on the GPU; prompt_ids is on {device}")
+
+
+class NgramMatcher:
+    """One step bound to its buffers: ``NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time)``
+    validates once, then each call runs the step in place on ``draft_tokens`` and ``seq_lens_this_time``
+    (nothing is checked per call, so the benchmark times only the work). ``step`` is one of the step
+    functions of this module. Scratch buffers belong to the matcher; the fused kernels leave theirs clean
+    after every launch.
+
+    Options: ``chunk_tiles`` (step 6) and ``chunk_len`` (step 7) set how many haystack positions a block
+    scans; ``vec`` (step 7) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
+    For a GPU step, ``launches`` lists ``(kernel, grid, block)`` and ``args`` the kernels' arguments.
+    """
+
+    def __init__(self, step: Callable, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
+                 config: NgramConfig = NgramConfig(), check_values: bool = True, chunk_tiles: int | None = None,
+                 chunk_len: int | None = None, vec: int | None = None):
+        plans = launch_plans()
+        if step is not step01_cpu_path and step not in plans:
+            names = ", ".join(f.__name__ for f in (step01_cpu_path, *plans))
+            raise ValueError(f"step must be one of the chapter's step functions ({names}), got {step!r}")
+        name = step.__name__
+        given = {k for k, v in (("chunk_tiles", chunk_tiles), ("chunk_len", chunk_len), ("vec", vec)) if v is not None}
+        takes = set(plans[step].options) if step in plans else set()
+        if given - takes:
+            raise ValueError(f"{name} takes no option {sorted(given - takes)}")
+        validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=check_values)
+        self.step, self.inputs, self.config = step, inputs, config
+        self.draft_tokens, self.seq_lens_this_time = draft_tokens, seq_lens_this_time
+        self.batch = inputs.batch
+        if step is step01_cpu_path:
+            self._call = CpuPathCall(inputs, draft_tokens, seq_lens_this_time, config)
+            self.launches = []
+            return
+        device = inputs.prompt_ids.device
+        _require_cuda(name, device)
+        prompt_width, gen_width = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
+        if step is step07_stream:
+            auto_vec = stream_vec(inputs.prompt_ids, inputs.generated_ids)
+            if vec not in (None, 1, 2) or (vec == 2 and auto_vec == 1):
+                raise ValueError(f"vec must be None, 1, or 2 with 16-byte aligned rows of even width, got {vec!r}")
+            self.vec = vec or auto_vec
+            self.chunk_len = stream_chunk_len(self.batch, prompt_width, gen_width, THREADS * STREAM_LOADS * self.vec,
+                                              chunk_len=chunk_len)
+        else:
+            self.chunk_len = fused_chunk_len(self.batch, prompt_width, gen_width, chunk_tiles=chunk_tiles)
+        self.prompt_chunks = -(-prompt_width // self.chunk_len)
+        self.gen_chunks = -(-gen_width // self.chunk_len)
+        self.match_keys = torch.full((max(self.batch, 1),), -1, dtype=torch.int64, device=device)  # all NONE_KEY
+        self.blocks_done = torch.zeros(1, dtype=torch.int32, device=device)
+        c = config
+        self.args = (inputs.prompt_ids, inputs.prompt_lens, prompt_width, inputs.generated_ids, inputs.step_idx,
+                     gen_width, inputs.draft_token_num, inputs.max_dec_len, inputs.seq_lens_encoder,
+                     inputs.seq_lens_decoder, seq_lens_this_time, draft_tokens, draft_tokens.shape[1],
+                     self.match_keys, self.blocks_done, self.batch, c.max_ngram_size, c.min_ngram_size,
+                     c.threshold, int(c.hybrid), c.max_draft_tokens, self.prompt_chunks, self.chunk_len)
+        b = self.batch
+        geometry = {ONE_THREAD: ((1,), (1,)), PER_SLOT: ((b,), (THREADS,)), SCAN: ((1,), (SCAN_THREADS,)),
+                    SPLIT: ((b, self.prompt_chunks + self.gen_chunks), (THREADS,))}
+        self.launches = []
+        for source, kernel, shape in plans[step].launches:
+            if step is step07_stream:
+                instance = STREAM_INSTANCES[0 if self.vec == 2 else 1]
+                compiled = cuda.load(source, name_expressions=STREAM_INSTANCES).kernel(instance, SIGNATURE)
+            else:
+                compiled = cuda.load(source).kernel(kernel, SIGNATURE)
+            self.launches.append((compiled, *geometry[shape]))
+
+    def __call__(self) -> None:
+        if self.batch == 0:
+            return
+        if self.step is step01_cpu_path:
+            self._call()
+            return
+        for kernel, grid, block in self.launches:
+            kernel(grid, block, *self.args)
+
+
+# =========================================================================================
+# The steps
+# =========================================================================================
+
+Drafts = tuple[Int64[Tensor, "batch draft_width"], Int32[Tensor, " batch"]]
+
+
+def step01_cpu_path(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                    seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
+    """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``),
+    copy the drafts back (on CPU tensors: only the loop). Updates ``draft_tokens`` and
+    ``seq_lens_this_time`` in place and returns them."""
+    NgramMatcher(step01_cpu_path, inputs, draft_tokens, seq_lens_this_time, config=config)()
+    return draft_tokens, seq_lens_this_time
+
+
+def step02_serial(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                  seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
+    """Step 2: the CPU loop as a one-thread GPU kernel (``ngram_serial``), in place."""
+    NgramMatcher(step02_serial, inputs, draft_tokens, seq_lens_this_time, config=config)()
+    return draft_tokens, seq_lens_this_time
+
+
+def step03_two_phase(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                     seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
+    """Step 3: a parallel search per slot and ``n`` (``ngram_search_per_n``), then the budget on one
+    thread (``ngram_budget_serial``), in place."""
+    NgramMatcher(step03_two_phase, inputs, draft_tokens, seq_lens_this_time, config=config)()
+    return draft_tokens, seq_lens_this_time
+
+
+def step04_two_phase_scan(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                          seq_lens_this_time: Int32[Tensor, " batch"], *,
+                          config: NgramConfig = NgramConfig()) -> Drafts:
+    """Step 4: step 3's search, then the exact budget from block-wide prefix sums (``ngram_budget_scan``),
+    in place."""
+    NgramMatcher(step04_two_phase_scan, inputs, draft_tokens, seq_lens_this_time, config=config)()
+    return draft_tokens, seq_lens_this_time
+
+
+def step05_one_pass(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                    seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
+    """Step 5: one pass over each haystack for every ``n``, with early exit (``ngram_search_one_pass``),
+    then step 4's budget scan, in place."""
+    NgramMatcher(step05_one_pass, inputs, draft_tokens, seq_lens_this_time, config=config)()
+    return draft_tokens, seq_lens_this_time
+
+
+def step06_one_pass_fused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                          seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                          chunk_tiles: int | None = None) -> Drafts:
+    """Step 6: step 5 split over many blocks per slot (``chunk_tiles`` tiles each, :func:`fused_chunk_len`
+    by default) with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``), in place."""
+    NgramMatcher(step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config,
+                 chunk_tiles=chunk_tiles)()
+    return draft_tokens, seq_lens_this_time
+
+
+def step07_stream(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                  seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                  chunk_len: int | None = None, vec: int | None = None) -> Drafts:
+    """Step 7: step 6 without barriers in its loop, with 16-byte evict-first loads where the rows allow
+    (``vec``), skipping the slots the budget refuses (``ngram_stream``), in place. ``chunk_len``:
+    haystack positions per block (:func:`stream_chunk_len` by default)."""
+    NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time, config=config, chunk_len=chunk_len,
+                 vec=vec)()
+    return draft_tokens, seq_lens_this_time
+
+
+def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
+    """The chapter's operator: propose draft tokens in place, as the deployed operator does, with the
+    final kernel (:func:`step07_stream`); returns ``(draft_tokens, seq_lens_this_time)``."""
+    return step07_stream(inputs, draft_tokens, seq_lens_this_time, config=config)
+
+
+__all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len",
+           "LaunchPlan", "launch_plans",
+           "stream_vec", "stream_chunk_len", "NgramMatcher", "step01_cpu_path", "step02_serial", "step03_two_phase",
+           "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_fused", "step07_stream", "ngram_match"]

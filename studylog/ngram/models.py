@@ -1,0 +1,198 @@
+"""Python models of the GPU algorithms: what the kernels compute, in plain Python, so that the tests and
+the notebook check each algorithm against the reference on any machine.
+
+* :func:`model_one_pass_keys`: phase 1 of step 5 (one pass over each haystack for every n);
+* :func:`model_budget_scan`: phase 2 of steps 4 to 7 (the exact budget from prefix sums);
+* :func:`model_budget_refused`: step 7's skip rule (slots the budget refuses whatever the searches find);
+* :func:`published_blockscan_counts`: the published BlockScan phase 2, kept to show where it departs
+  from the sequential rule.
+
+A match is one 64-bit key (:func:`match_key`), as in ``make_key`` of ``csrc/ngram_common.cuh``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from studylog.ngram.formats import NGRAM_MAX, NONE_KEY, NgramConfig, NgramInputs
+
+#: Threads of the phase-2 scan block (``SCAN_THREADS`` of the launches): the chunk the scan walks.
+SCAN_THREADS = 1024
+
+
+def match_key(n: int, source: int, start: int) -> int:
+    """The 64-bit key of a match (``make_key`` in ``ngram_common.cuh``): larger n first, then the
+    prompt (source 0) before the generated tokens (1), then the leftmost start."""
+    return ((2 * (NGRAM_MAX - n) + source) << 32) | start
+
+
+def decode_key(key: int) -> tuple[int, int, int]:
+    """(n, source, start) of a key."""
+    return NGRAM_MAX - (key >> 33), (key >> 32) & 1, key & 0xFFFFFFFF
+
+
+def slot_plan(b: int, config: NgramConfig, step_idx, draft_token_num, max_dec_len, encoder, decoder, this_time):
+    """(kind, counted, base, cap) of slot b, as ``plan_slot`` in ``ngram_common.cuh``."""
+    dec_room = max_dec_len[b] - step_idx[b] - 1
+    if not config.hybrid:
+        counted = encoder[b] > 0 or decoder[b] > 0
+        cap = min(draft_token_num[b], dec_room)
+        if encoder[b] > 0:
+            return "keep", counted, this_time[b], cap
+        if decoder[b] == 0:
+            return "zero", counted, 0, cap
+        return "active", counted, 1, cap
+    ori = this_time[b]
+    room = config.max_draft_tokens - ori + 1
+    kind = "keep" if (ori == 0 or room <= 0 or dec_room <= 0) else "active"
+    return kind, decoder[b] > 0, ori, min(room, dec_room)
+
+
+def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
+                        seq_lens_this_time: Tensor | None = None) -> list[int]:
+    """Phase 1 of step 5 in plain Python: for every end position e of each haystack, the length
+    of the common suffix of ``hay[:e+1]`` and the generated tokens (up to the top n) names the best
+    candidate ending there; the smallest key over all ends is the slot's match."""
+    prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()
+    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
+    this_time = seq_lens_this_time.tolist() if seq_lens_this_time is not None else [0] * inputs.batch
+    lists = (step_idx, inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), this_time)
+    keys = []
+    for b in range(inputs.batch):
+        kind, _, _, cap = slot_plan(b, config, *lists)
+        step = step_idx[b]
+        top = min(config.max_ngram_size, step)
+        best = NONE_KEY
+        if kind == "active" and cap >= 1 and top >= config.min_ngram_size:
+            for source, hay, hay_len in ((0, prompt[b], prompt_lens[b]), (1, gen[b], step)):
+                for end in range(hay_len - 1):  # end <= hay_len - 2: a token follows the window
+                    length = 0
+                    while length < top and length <= end and hay[end - length] == gen[b][step - length]:
+                        length += 1
+                    if length >= config.min_ngram_size:
+                        best = min(best, match_key(length, source, end - length + 1))
+        keys.append(best)
+    return keys
+
+
+def model_budget_scan(inputs: NgramInputs, keys: list[int], draft_tokens: Tensor, seq_lens_this_time: Tensor,
+                      config: NgramConfig, *, chunk: int = SCAN_THREADS) -> tuple[Tensor, Tensor]:
+    """Phase 2 of steps 4 to 7 in plain Python, chunk by chunk as ``budget_scan_block`` walks the
+    batch: an exclusive prefix sum of tentative counts, the first slot where the budget bites,
+    and no drafts for any active slot after it."""
+    prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()
+    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
+    draft, this_time = draft_tokens.tolist(), seq_lens_this_time.tolist()
+    lists = (step_idx, inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), list(this_time))
+    batch = inputs.batch
+    plans = [slot_plan(b, config, *lists) for b in range(batch)]
+    counted_total = sum(p[1] for p in plans)
+
+    def tentative(b: int) -> int:
+        kind, _, _, cap = plans[b]
+        if kind != "active" or keys[b] == NONE_KEY or cap < 1:
+            return 0
+        n, source, start = decode_key(keys[b])
+        hay_len = step_idx[b] if source else prompt_lens[b]
+        return min(cap, hay_len - start - n)
+
+    total_before = active_before = 0
+    crossed = False
+    for first_slot in range(0, batch, chunk):
+        slots = range(first_slot, min(first_slot + chunk, batch))
+        drafted_t = {b: tentative(b) for b in slots}
+        final_t = {b: plans[b][2] + drafted_t[b] for b in slots}
+        sums, rooms, running, active = {}, {}, total_before, active_before
+        for b in slots:  # the block's exclusive / inclusive scans
+            active += plans[b][0] == "active"
+            sums[b] = running + plans[b][2]
+            rooms[b] = config.threshold - sums[b] - (counted_total - active)
+            running += final_t[b]
+        crossing = [b for b in slots if plans[b][0] == "active" and drafted_t[b] > 0
+                    and (rooms[b] < 2 or drafted_t[b] > rooms[b])]
+        first = crossing[0] if crossing else None
+        for b in slots:
+            kind, _, base, _ = plans[b]
+            drafted = drafted_t[b]
+            if crossed or (first is not None and b > first):
+                drafted = 0
+            elif b == first:
+                drafted = rooms[b] if rooms[b] >= 2 else 0
+            if kind == "active":
+                this_time[b] = base + drafted
+                if drafted:
+                    n, source, start = decode_key(keys[b])
+                    hay = gen[b] if source else prompt[b]
+                    draft[b][base: base + drafted] = hay[start + n: start + n + drafted]
+            elif kind == "zero":
+                this_time[b] = 0
+        total_before = running
+        active_before = active
+        crossed = crossed or first is not None
+    return torch.tensor(draft, dtype=torch.int64).reshape(draft_tokens.shape), \
+        torch.tensor(this_time, dtype=torch.int32)
+
+
+def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[bool]:
+    """Step 7's skip rule in plain Python (``budget_bound_part`` in ``ngram_stream.cu``): an active
+    slot is refused whatever the searches find when the smallest possible running total (every
+    earlier slot at its base, no drafts) plus ``left`` already reaches ``threshold - 1``."""
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
+    plans = [slot_plan(b, config, *lists) for b in range(inputs.batch)]
+    left = sum(p[1] for p in plans)
+    smallest_total = 0
+    refused = []
+    for kind, _, base, _ in plans:
+        smallest_total += base  # an empty slot's base is 0
+        left -= kind == "active"
+        refused.append(kind == "active" and smallest_total + left >= config.threshold - 1)
+    return refused
+
+
+def published_blockscan_counts(inputs: NgramInputs, keys: list[int], seq_lens_this_time: Tensor,
+                               config: NgramConfig) -> Tensor:
+    """seq_lens_this_time as the published BlockScan phase 2 (ngram variant) computes it: the
+    budget of slot b is ``threshold - (tentative counts before b) - (active slots after b)``, and a
+    budget <= 1 means no drafts. Kept to show where it departs from the sequential rule."""
+    if config.hybrid:
+        raise ValueError("published_blockscan_counts models the ngram variant only")
+    this_time = seq_lens_this_time.tolist()
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), list(this_time))
+    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
+    batch = inputs.batch
+    tentative, is_active = [], []
+    for b in range(batch):
+        kind, _, base, cap = slot_plan(b, config, *lists)
+        if kind == "keep":  # prefill: its own count, and it counts as active
+            tentative.append(base)
+            is_active.append(1)
+            continue
+        drafted = 0
+        if kind == "active" and keys[b] != NONE_KEY and cap >= 1:
+            n, source, start = decode_key(keys[b])
+            drafted = min(cap, (step_idx[b] if source else prompt_lens[b]) - start - n)
+        tentative.append(base + drafted if kind == "active" else 0)
+        is_active.append(1 if tentative[-1] > 0 else 0)
+    out = list(this_time)
+    token_prefix = active_prefix = 0
+    total_active = sum(is_active)
+    for b in range(batch):
+        token_prefix += tentative[b]
+        active_prefix += is_active[b]
+        if inputs.seq_lens_encoder[b] > 0:
+            continue
+        if tentative[b] == 0:
+            out[b] = 0
+            continue
+        budget = config.threshold - (token_prefix - tentative[b]) - (total_active - active_prefix)
+        out[b] = 1 if budget <= 1 else min(tentative[b], budget)
+    return torch.tensor(out, dtype=torch.int32)
+
+
+__all__ = ["SCAN_THREADS", "match_key", "decode_key", "slot_plan", "model_one_pass_keys", "model_budget_scan",
+           "model_budget_refused", "published_blockscan_counts"]

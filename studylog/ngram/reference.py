@@ -1,0 +1,110 @@
+"""The specification of n-gram matching: the deployed operator's rules, line by line.
+
+Every decoding step, each active slot of a batch looks up its last ``n`` generated tokens
+(``n`` from ``max_ngram_size`` down to ``min_ngram_size``) in its prompt, then in its earlier
+generated tokens, and proposes the tokens that followed the **leftmost** earlier occurrence as
+draft tokens for the target model to verify. A batch-wide token budget (``threshold``) limits
+how many drafts the whole batch gets. The rules come from the serial CPU operator that serving
+engines ran; :func:`reference_ngram_match` writes them down line by line and is the
+specification every step must reproduce bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Int32, Int64
+from torch import Tensor
+
+from studylog.ngram.formats import NgramConfig, NgramInputs, validate
+
+def _leftmost_continuation(hay: list[int], hay_len: int, pattern: list[int], cap: int):
+    """(start of the leftmost window ``hay[i:i+n] == pattern`` followed by at least one draft
+    token, the draft tokens), or None. A window at the very end has no continuation: the search
+    goes on to the next window, as the deployed loop does. ``cap <= 0`` never yields drafts."""
+    n = len(pattern)
+    for i in range(hay_len - n + 1):
+        if hay[i:i + n] == pattern:
+            start = i + n
+            end = min(start + cap, hay_len)
+            if start >= end:
+                continue
+            return i, hay[start:end]
+    return None
+
+
+def reference_ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                          seq_lens_this_time: Int32[Tensor, " batch"], config: NgramConfig = NgramConfig(),
+                          *, trace: list | None = None) -> tuple[Tensor, Tensor]:
+    """The specification: returns new (draft_tokens, seq_lens_this_time) on the CPU; the inputs are
+    not modified. Pass a list as ``trace`` to get one dict per slot saying what happened and why."""
+    validate(inputs, draft_tokens, seq_lens_this_time, config)
+    prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()
+    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
+    draft_token_num, max_dec_len = inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist()
+    encoder, decoder = inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist()
+    draft = draft_tokens.tolist()
+    this_time = seq_lens_this_time.tolist()
+    batch, threshold = len(this_time), config.threshold
+
+    # Slots that still need at least one token this step. The budget reserves one token for each
+    # of them that the loop has not reached yet. (The ngram variant counts prefill slots too and
+    # never takes them off the count; the hybrid variant counts slots with decoder tokens.)
+    if config.hybrid:
+        unprocessed = sum(1 for b in range(batch) if decoder[b] > 0)
+    else:
+        unprocessed = sum(1 for b in range(batch) if encoder[b] > 0 or decoder[b] > 0)
+
+    for b in range(batch):
+        note = {"slot": b, "kind": None, "searched": False, "n": None, "source": None, "start": None, "drafted": 0}
+        if trace is not None:
+            trace.append(note)
+        dec_room = max_dec_len[b] - step_idx[b] - 1  # tokens the request may still produce after this one
+        if not config.hybrid:
+            cap = min(draft_token_num[b], dec_room)
+            if encoder[b] > 0:  # prefill: no drafts, the slot is left as it is
+                note["kind"] = "prefill"
+                continue
+            if decoder[b] == 0:  # an empty slot
+                note["kind"] = "inactive"
+                this_time[b] = 0
+                continue
+            this_time[b] = 1  # the token the target model verifies anyway
+            base = 1  # drafts go after it
+        else:
+            base = this_time[b]  # MTP already placed `base` tokens; drafts go after them
+            room = config.max_draft_tokens - base + 1
+            if base == 0 or room <= 0 or dec_room <= 0:
+                note["kind"] = "untouched"
+                continue
+            cap = min(room, dec_room)
+        note["kind"] = "active"
+        unprocessed -= 1  # this slot is being served now
+
+        total = sum(this_time[: b + 1])  # tokens of this step so far, this slot's own included
+        left = unprocessed  # one token reserved for every counted slot not served yet
+        if total + cap + left > threshold:  # the batch budget cuts the cap ...
+            cap = min(cap, threshold - total - left)
+        note.update(cap=cap, total=total, left=left)
+        if total + left >= threshold - 1:  # ... and leaves no drafts at all when fewer than 2 fit
+            continue
+
+        note["searched"] = True
+        step = step_idx[b]
+        for n in range(config.max_ngram_size, config.min_ngram_size - 1, -1):
+            if step < n:  # as deployed: the pattern must leave a generated token before it
+                continue
+            pattern = gen[b][step + 1 - n: step + 1]  # the last n generated tokens
+            found, source = _leftmost_continuation(prompt[b], prompt_lens[b], pattern, cap), "prompt"
+            if found is None:  # only if the prompt has none: the generated tokens before the newest
+                found, source = _leftmost_continuation(gen[b], step, pattern, cap), "generated"
+            if found is not None:
+                start, tokens = found
+                draft[b][base: base + len(tokens)] = tokens
+                this_time[b] = base + len(tokens)
+                note.update(n=n, source=source, start=start, drafted=len(tokens))
+                break
+    return torch.tensor(draft, dtype=torch.int64).reshape(draft_tokens.shape), \
+        torch.tensor(this_time, dtype=torch.int32)
+
+
+__all__ = ["reference_ngram_match"]
