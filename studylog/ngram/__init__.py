@@ -42,9 +42,8 @@ CHAPTER = Chapter(
     title="N-gram matching for speculative decoding",
     notebooks=("03_ngram_matching",),
     steps=(
-        # Step 1's source is C (csrc/ngram_cpu_path.c); show_source reads .cu/.cuh files only.
         Step(1, "cpu_path", "the deployed path: copies to the host, the serial C loop, copies back", "c",
-             step01_cpu_path),
+             step01_cpu_path, CPU_SOURCE, "ngram_match_cpu"),
         Step(2, "serial", "the same loop as one GPU thread (<<<1, 1>>>)", "cuda", step02_serial,
              _CSRC / "ngram_serial.cu", "ngram_serial"),
         Step(3, "two_phase", "a parallel search per slot and n, then the budget on one thread", "cuda",
