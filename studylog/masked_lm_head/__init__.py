@@ -69,10 +69,10 @@ CHAPTER = Chapter(
     figures=figures,
     headline=headline,
     baselines={
-        "dense_mask": "torch dense + mask: (h @ W.T).masked_fill_(~mask, -inf), bf16",
-        "index_select": "torch index_select: h @ W.index_select(0, union_ids).T, no scatter",
-        "cublas_fp32_mask": "cuBLAS with fp32 output, then masked_fill (cublas_masked, a dense path of step 9)",
-        "reordered_in_sample": "step08_reordered with an order fitted on every mask, the measured one included",
+        "dense_mask": "torch: (h @ W.T).masked_fill_, bf16",
+        "index_select": "torch: h @ W.index_select(0, ids).T",
+        "cublas_fp32_mask": "cuBLAS, fp32 output, then masked_fill",
+        "reordered_in_sample": "step08_reordered, order fitted on every mask",
     },
     renamed_series={
         "step0_dense": "step00",
