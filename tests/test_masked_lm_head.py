@@ -1,5 +1,6 @@
 """Masked LM head (chapter 2): every step against a float64 reference, on fresh random inputs,
-with the output poisoned (NaN) before each launch."""
+with the output poisoned (NaN) before each launch. (The variants that were tried and not kept are tested
+in lab/masked_lm_head/test_variants.py.)"""
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ V, D = 203, 77
 SMALL = mlh.Tiles(block_b=16, block_v=32, block_d=32, group=2, fill_block=64, num_warps=4, num_stages=2)
 SMALL_ROWS = mlh.Tiles(block_b=1, block_v=4, block_d=32, fill_block=64, num_warps=4, num_stages=1)
 MASK_KINDS = ["random", "empty", "all", "last", "few"]
+#: step number -> its public function, from the chapter's table of steps
+STEP = {s.number: s.function for s in mlh.CHAPTER.steps}
 
 
 def make_sets(kind: str, vocab: int, batch: int, gen: np.random.Generator) -> list[np.ndarray]:
@@ -65,7 +68,7 @@ def assert_logits(out, h, weight_vd, allowed):
 def test_matmul_steps_batch1(step, layout, kind, rng):
     h, weight, allowed = inputs(rng, 1, kind=kind)
     w = weight if layout == "vd" else weight.t().contiguous()
-    out = mlh.STEPS[step](h, w, allowed, layout=layout, out=poisoned(1), tiles=SMALL)
+    out = STEP[step](h, w, allowed, layout=layout, out=poisoned(1), tiles=SMALL)
     assert_logits(out, h, weight, allowed)
 
 
@@ -74,105 +77,80 @@ def test_matmul_steps_batch1(step, layout, kind, rng):
 def test_matmul_steps_batched(step, layout, batch, rng):
     h, weight, allowed = inputs(rng, batch)
     w = weight if layout == "vd" else weight.t().contiguous()
-    out = mlh.STEPS[step](h, w, allowed, layout=layout, out=poisoned(batch), tiles=SMALL)
+    out = STEP[step](h, w, allowed, layout=layout, out=poisoned(batch), tiles=SMALL)
     assert_logits(out, h, weight, allowed)
 
 
 @pytest.mark.parametrize("step", [0, 1, 2, 3])
 def test_matmul_steps_default_tiles(step, rng):
     h, weight, allowed = inputs(rng, 3, vocab=301, hidden=150)
-    out = mlh.STEPS[step](h, weight, allowed, out=poisoned(3, 301))
+    out = STEP[step](h, weight, allowed, out=poisoned(3, 301))
     assert_logits(out, h, weight, allowed)
 
 
 def test_block_skip_leaves_no_block_unwritten_when_everything_is_skipped(rng):
     h, weight, allowed = inputs(rng, 2, kind="empty")
-    out = mlh.step1_block_skip(h, weight, allowed, out=poisoned(2), tiles=SMALL)
+    out = mlh.step01_block_skip(h, weight, allowed, out=poisoned(2), tiles=SMALL)
     assert torch.all(out == float("-inf"))
 
 
 # ------------------------------------------------------------------------------------------
-# Step 4 (compacted ids) and step 5 (batched union)
+# Steps 4-6 (compacted ids, batch 1) and step 7 (batched union)
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
 @pytest.mark.parametrize("kind", MASK_KINDS)
-def test_step4_compact(kind, tiles, rng):
+def test_step04_compact(kind, tiles, rng):
     h, weight, allowed = inputs(rng, 1, kind=kind)
-    out = mlh.step4_compact(h, weight, allowed, out=poisoned(1), tiles=tiles)
+    out = mlh.step04_compact(h, weight, allowed, out=poisoned(1), tiles=tiles)
     assert_logits(out, h, weight, allowed)
 
 
 @pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
 @pytest.mark.parametrize("kind", MASK_KINDS)
-def test_step4b_stream(kind, tiles, rng):
+def test_step05_stream(kind, tiles, rng):
     h, weight, allowed = inputs(rng, 1, kind=kind)
-    out = mlh.step4b_stream(h, weight, allowed, out=poisoned(1), tiles=tiles)
-    assert_logits(out, h, weight, allowed)
-
-
-@pytest.mark.parametrize("eviction", ["", "evict_last"])
-def test_step4b_other_eviction_policies(eviction, rng):
-    h, weight, allowed = inputs(rng, 1, kind="random")
-    out = mlh.step4b_stream(h, weight, allowed, out=poisoned(1), tiles=SMALL_ROWS, eviction=eviction)
-    assert_logits(out, h, weight, allowed)
-
-
-@pytest.mark.parametrize("programs_per_sm", [1, 3])
-@pytest.mark.parametrize("kind", MASK_KINDS)
-def test_step4_persistent(kind, programs_per_sm, rng):
-    """Few programs (2 'SMs' in the interpreter), so each loops over many blocks of ids."""
-    h, weight, allowed = inputs(rng, 1, kind=kind)
-    out = mlh.step4_persistent(h, weight, allowed, out=poisoned(1), tiles=SMALL_ROWS, programs_per_sm=programs_per_sm)
+    out = mlh.step05_stream(h, weight, allowed, out=poisoned(1), tiles=tiles)
     assert_logits(out, h, weight, allowed)
 
 
 @pytest.mark.parametrize("ids", [[], [0], [V - 1], [1, 16, 17, 32], list(range(V - 8, V))],
                          ids=["none", "first", "last", "aligned", "eight"])
 @pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
-def test_step4c_few(ids, tiles, rng):
+def test_step06_few_ids(ids, tiles, rng):
     h, weight, _ = inputs(rng, 1)
     allowed = mlh.AllowedTokens.from_ids([ids], V, device=DEV)
     assert allowed.few_ids == tuple(sorted(ids))
-    out = mlh.step4c_few(h, weight, allowed, out=poisoned(1), tiles=tiles)
+    out = mlh.step06_few_ids(h, weight, allowed, out=poisoned(1), tiles=tiles)
     assert_logits(out, h, weight, allowed)
 
 
-def test_step4c_refuses_more_than_its_slots(rng):
+def test_step06_refuses_more_than_its_slots(rng):
     h, weight, _ = inputs(rng, 1)
     allowed = mlh.AllowedTokens.from_ids([np.arange(mlh.FEW_IDS_MAX + 1)], V, device=DEV)
     assert allowed.few_ids is None
     with pytest.raises(ValueError, match=f"at most {mlh.FEW_IDS_MAX} allowed ids"):
-        mlh.step4c_few(h, weight, allowed)
+        mlh.step06_few_ids(h, weight, allowed)
 
 
-@pytest.mark.parametrize("step", ["4b", "4c"])
+@pytest.mark.parametrize("step", [5, 6])
 def test_batch1_steps_odd_hidden_size(step, rng):
     h, weight, allowed = inputs(rng, 1, vocab=97, hidden=1100, kind="few")  # D padded to 2048 in the tile
-    out = mlh.BATCH1_STEPS[step](h, weight, allowed, out=poisoned(1, 97))
+    out = STEP[step](h, weight, allowed, out=poisoned(1, 97))
     assert_logits(out, h, weight, allowed)
 
 
-def test_batch1_steps_refuse_a_batch_and_a_bad_eviction(rng):
+def test_batch1_steps_refuse_a_batch(rng):
     h, weight, allowed = inputs(rng, 2, kind="few")
-    for fn in (mlh.step4b_stream, mlh.step4c_few, mlh.step4_persistent):
+    for fn in (mlh.step04_compact, mlh.step05_stream, mlh.step06_few_ids):
         with pytest.raises(ValueError, match="one sequence"):
             fn(h, weight, allowed)
-    h, weight, allowed = inputs(rng, 1, kind="few")
-    with pytest.raises(ValueError, match="eviction must be one of"):
-        mlh.step4b_stream(h, weight, allowed, eviction="evict_sometimes")
 
 
-def test_step4_odd_hidden_size(rng):
+def test_step04_odd_hidden_size(rng):
     h, weight, allowed = inputs(rng, 1, vocab=97, hidden=1100)  # two 1024-wide chunks, the second ragged
-    out = mlh.step4_compact(h, weight, allowed, out=poisoned(1, 97))
+    out = mlh.step04_compact(h, weight, allowed, out=poisoned(1, 97))
     assert_logits(out, h, weight, allowed)
-
-
-def test_step4_refuses_a_batch(rng):
-    h, weight, allowed = inputs(rng, 2)
-    with pytest.raises(ValueError, match="one sequence"):
-        mlh.step4_compact(h, weight, allowed)
 
 
 SMALL_UNION = mlh.Tiles(block_b=16, block_v=16, block_d=32, fill_block=128, num_warps=4, num_stages=2)
@@ -180,31 +158,31 @@ SMALL_UNION = mlh.Tiles(block_b=16, block_v=16, block_d=32, fill_block=128, num_
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("batch", [1, 5, 33])
-def test_step5_batched(batch, kind, rng):
+def test_step07_batched(batch, kind, rng):
     h, weight, allowed = inputs(rng, batch, kind=kind)
-    out = mlh.step5_batched(h, weight, allowed, out=poisoned(batch), tiles=SMALL_UNION)
+    out = mlh.step07_batched(h, weight, allowed, out=poisoned(batch), tiles=SMALL_UNION)
     assert_logits(out, h, weight, allowed)
 
 
-def test_step5_sequences_keep_their_own_masks(rng):
+def test_step07_sequences_keep_their_own_masks(rng):
     """Sequence 0 allows token 7 only, sequence 1 everything but 7: the union is the whole
     vocabulary, yet each row must see only its own set."""
     h = torch.randn(2, D, generator=rng).to(torch.bfloat16).to(DEV)
     weight = torch.randn(V, D, generator=rng).to(torch.bfloat16).to(DEV)
     allowed = mlh.AllowedTokens.from_ids([[7], [i for i in range(V) if i != 7]], V, device=DEV)
-    out = mlh.step5_batched(h, weight, allowed, out=poisoned(2), tiles=SMALL_UNION)
+    out = mlh.step07_batched(h, weight, allowed, out=poisoned(2), tiles=SMALL_UNION)
     assert_logits(out, h, weight, allowed)
     assert torch.isfinite(out[0, 7]) and out[1, 7] == float("-inf")
 
 
-def test_step5_default_tiles_fp16(rng):
+def test_step07_default_tiles_fp16(rng):
     h, weight, allowed = inputs(rng, 9, vocab=150, hidden=200, dtype=torch.float16)
-    out = mlh.step5_batched(h, weight, allowed, out=poisoned(9, 150))
+    out = mlh.step07_batched(h, weight, allowed, out=poisoned(9, 150))
     assert_logits(out, h, weight, allowed)
 
 
 # ------------------------------------------------------------------------------------------
-# Step 6: reordering
+# Step 8: reordering
 # ------------------------------------------------------------------------------------------
 
 def test_cluster_order_is_a_permutation_that_makes_small_sets_contiguous():
@@ -230,43 +208,99 @@ def test_active_blocks_counts_distinct_blocks():
 
 @pytest.mark.parametrize("kind", ["random", "few", "all", "last"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_step6_reordered_writes_original_order(batch, kind, rng):
+def test_step08_reordered_writes_original_order(batch, kind, rng):
     h, weight, allowed = inputs(rng, batch, kind=kind)
     gen = np.random.default_rng(rng.seed_value)
     order = mlh.cluster_order(mlh.grammar_like_sets(10, V, gen, n_classes=12), V)
     head = mlh.ReorderedHead.build(weight, mlh.VocabOrder(order.perm.to(DEV)))
-    out = mlh.step6_reordered(h, head, allowed.permuted(head.order), out=poisoned(batch), tiles=SMALL)
+    out = mlh.step08_reordered(h, head, allowed.permuted(head.order), out=poisoned(batch), tiles=SMALL)
     assert_logits(out, h, weight, allowed)
 
 
 # ------------------------------------------------------------------------------------------
-# Step 7: dispatch
+# Step 9: dispatch, and the rule it reads from the committed results
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fraction, dense, batch, kind, path", [
-    (1.0, "row_skip", 1, "all", "compact"), (1.0, "row_skip", 1, "few", "few"), (1.0, "row_skip", 4, "random", "batched"),
-    (0.0, "row_skip", 1, "random", "row_skip"), (0.0, "cublas", 4, "random", "cublas"),
+    (1.0, "row_skip", 1, "all", "stream"), (1.0, "row_skip", 1, "few", "few_ids"),
+    (1.0, "row_skip", 4, "random", "batched"), (0.0, "row_skip", 1, "random", "row_skip"),
+    (0.0, "cublas", 4, "random", "cublas"),
 ])
-def test_dispatch_paths(fraction, dense, batch, kind, path, rng, monkeypatch):
-    monkeypatch.setattr(mlh, "COMPACT_MAX_FRACTION", {1: fraction})
-    monkeypatch.setattr(mlh, "DENSE_PATH", {1: dense})
-    monkeypatch.setattr(mlh, "FEW_PATH_MAX", mlh.FEW_IDS_MAX)
+def test_dispatch_paths(fraction, dense, batch, kind, path, rng):
+    rule = mlh.DispatchRule({1: fraction}, {1: dense}, mlh.FEW_IDS_MAX, "test")
     h, weight, allowed = inputs(rng, batch, kind=kind)
-    assert mlh.choose_path(batch, V, allowed.union_count) == path
-    out = mlh.masked_logits(h, weight, allowed, out=poisoned(batch))
+    assert mlh.choose_path(batch, V, allowed.union_count, rule) == path
+    out = mlh.step09_dispatch(h, weight, allowed, out=poisoned(batch), rule=rule)
     assert_logits(out, h, weight, allowed)
 
 
-def test_dispatch_thresholds_pick_by_batch(monkeypatch):
-    monkeypatch.setattr(mlh, "COMPACT_MAX_FRACTION", {1: 0.9, 8: 0.5, 64: 0.2})
-    monkeypatch.setattr(mlh, "DENSE_PATH", {1: "row_skip", 64: "cublas"})
-    monkeypatch.setattr(mlh, "FEW_PATH_MAX", 8)
-    assert mlh.choose_path(1, 1000, 900) == "compact" and mlh.choose_path(1, 1000, 901) == "row_skip"
-    assert mlh.choose_path(1, 1000, 8) == "few" and mlh.choose_path(1, 1000, 9) == "compact"
-    assert mlh.choose_path(8, 1000, 500) == "batched" and mlh.choose_path(63, 1000, 501) == "row_skip"
-    assert mlh.choose_path(100, 1000, 200) == "batched" and mlh.choose_path(100, 1000, 201) == "cublas"
-    assert mlh.choose_path(100, 1000, 0) == "batched"
-    assert mlh._for_batch({1: "a", 8: "b", 64: "c"}, 63) == "b"
+def test_dispatch_thresholds_pick_by_batch():
+    rule = mlh.DispatchRule({1: 0.9, 8: 0.5, 64: 0.2}, {1: "row_skip", 8: "row_skip", 64: "cublas"}, 8, "test")
+    choose = mlh.choose_path
+    assert choose(1, 1000, 900, rule) == "stream" and choose(1, 1000, 901, rule) == "row_skip"
+    assert choose(1, 1000, 8, rule) == "few_ids" and choose(1, 1000, 9, rule) == "stream"
+    assert choose(8, 1000, 500, rule) == "batched" and choose(63, 1000, 501, rule) == "row_skip"
+    assert choose(100, 1000, 200, rule) == "batched" and choose(100, 1000, 201, rule) == "cublas"
+    assert choose(100, 1000, 0, rule) == "batched"
+    with pytest.raises(ValueError, match="unknown dense path"):
+        mlh.DispatchRule({1: 1.0}, {1: "dense"}, 8, "test")
+    with pytest.raises(ValueError, match="few_max"):
+        mlh.DispatchRule({1: 1.0}, {1: "row_skip"}, mlh.FEW_IDS_MAX + 1, "test")
+
+
+def _row(series, batch, allowed, union, ms, kind="random"):
+    return {"series": series, "role": "kernel", "params": {"batch": batch, "kind": kind, "allowed": allowed,
+                                                            "layout": "vd"}, "ms": ms, "union": union}
+
+
+def test_rule_from_results_follows_its_documented_rule():
+    """Batch 1: the compacted kernel wins at unions 1, 3, 100 and loses at 1,000 (and wins again at
+    5,000, which does not count); step 6 wins at 1 and loses at 3. Batch 4 never loses, and cuBLAS is
+    the cheaper dense path there."""
+    from studylog.plotting import Results
+
+    s = {n: mlh.CHAPTER.step(n).series for n in range(10)}
+    rows = []
+    for allowed, stream, few, dense in ((1, 5.0, 4.0, 9.0), (3, 5.0, 6.0, 9.0), (100, 6.0, None, 9.0),
+                                        (1000, 10.0, None, 9.0), (5000, 8.0, None, 9.0)):
+        rows += [_row(s[5], 1, allowed, allowed, stream), _row(s[3], 1, allowed, allowed, dense),
+                 _row("cublas_fp32_mask", 1, allowed, allowed, dense + 1)]
+        if few is not None:
+            rows.append(_row(s[6], 1, allowed, allowed, few))
+    for allowed in (10, 10_000):
+        rows += [_row(s[7], 4, allowed, 2 * allowed, 1.0), _row(s[3], 4, allowed, 2 * allowed, 3.0),
+                 _row("cublas_fp32_mask", 4, allowed, 2 * allowed, 2.0)]
+    results = Results(None, {"device": {"name": "stub"}, "date": "2000-01-01T00:00:00", "git_commit": "abc",
+                             "measurements": rows})
+    rule = mlh.rule_from_results(results, vocab=10_000)
+    assert rule.compact_max_fraction == {1: 100 / 10_000, 4: 1.0}
+    assert rule.dense_path == {1: "row_skip", 4: "cublas"} and rule.few_max == 1
+    assert "stub" in rule.source
+
+
+def test_dispatch_rule_reads_the_committed_results():
+    from studylog import plotting
+
+    if not plotting.result_files("masked_lm_head"):
+        pytest.skip("no committed benchmark results")
+    rule = mlh.dispatch_rule()
+    results = plotting.load_results("masked_lm_head")
+    assert rule == mlh.rule_from_results(results) and rule.source.startswith("measured on")
+    # at every measured point below its threshold, the compacted path was no slower than the dense paths
+    for (batch, _), pts in mlh.crossover_points(results.rows).items():
+        for q in pts:
+            if q["union"] <= rule.compact_max_fraction[batch] * mlh.VOCAB:
+                assert q["compact"] <= min(q["row_skip"], q["cublas"]), (batch, q)
+
+
+def test_dispatch_rule_falls_back_without_results(monkeypatch):
+    from studylog import plotting
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("no results")
+
+    monkeypatch.setattr(plotting, "load_results", missing)
+    assert mlh.dispatch_rule.__wrapped__() is mlh.FALLBACK_RULE
 
 
 def test_dispatch_default_output_allocation(rng):
@@ -350,7 +384,7 @@ def test_bad_input(mutate, error, match):
     if runtime.mode() == "gpu":
         pytest.skip("these inputs are built on the CPU; the GPU run has its own device check")
     h, w, a = mutate(*_good())
-    for fn in (mlh.masked_logits, mlh.step1_block_skip, mlh.step3_row_skip, mlh.step5_batched):
+    for fn in (mlh.masked_logits, mlh.step01_block_skip, mlh.step03_row_skip, mlh.step07_batched):
         with pytest.raises(error, match=match):
             fn(h, w, a)
 
@@ -382,13 +416,13 @@ def test_bad_mask(mask, error, match):
 def test_bad_layout_and_out():
     h, w, a = _good()
     with pytest.raises(ValueError, match="layout must be"):
-        mlh.step1_block_skip(h, w, a, layout="vdx")
+        mlh.step01_block_skip(h, w, a, layout="vdx")
     with pytest.raises(ValueError, match="needs layout 'vd'"):
-        mlh.step3_row_skip(h, w.t().contiguous(), a, layout="dv")
+        mlh.step03_row_skip(h, w.t().contiguous(), a, layout="dv")
     with pytest.raises(ValueError, match="hidden size 10"):  # a [D, V] weight passed as if it were [V, D]
-        mlh.step1_block_skip(h, torch.randn(8, 10).to(torch.bfloat16), a)
+        mlh.step01_block_skip(h, torch.randn(8, 10).to(torch.bfloat16), a)
     with pytest.raises(ValueError, match="out must be a float32 tensor of shape"):
-        mlh.step4_compact(h, w, a, out=torch.empty(1, 10, dtype=torch.float16))
+        mlh.step04_compact(h, w, a, out=torch.empty(1, 10, dtype=torch.float16))
     with pytest.raises(ValueError, match="power of two"):
         mlh.Tiles(block_v=48)
 
@@ -421,27 +455,23 @@ def test_full_size_every_step(batch, kind, full_head, rng):
     h = torch.randn(batch, mlh.HIDDEN, generator=rng).to(torch.bfloat16).cuda()
     allowed = mlh.AllowedTokens.from_ids(_full_sets(kind, batch, gen), mlh.VOCAB, device="cuda")
     runs = {
-        "step0_vd": lambda out: mlh.step0_dense(h, weight, allowed, out=out),
-        "step0_dv": lambda out: mlh.step0_dense(h, weight_dv, allowed, layout="dv", out=out),
-        "step1_dv": lambda out: mlh.step1_block_skip(h, weight_dv, allowed, layout="dv", out=out),
-        "step2_dv": lambda out: mlh.step2_column_skip(h, weight_dv, allowed, layout="dv", out=out),
-        "step1_vd": lambda out: mlh.step1_block_skip(h, weight, allowed, out=out),
-        "step2_vd": lambda out: mlh.step2_column_skip(h, weight, allowed, out=out),
-        "step3": lambda out: mlh.step3_row_skip(h, weight, allowed, out=out),
-        "step5": lambda out: mlh.step5_batched(h, weight, allowed, out=out),
+        "step00_vd": lambda out: mlh.step00_dense(h, weight, allowed, out=out),
+        "step00_dv": lambda out: mlh.step00_dense(h, weight_dv, allowed, layout="dv", out=out),
+        "step01_dv": lambda out: mlh.step01_block_skip(h, weight_dv, allowed, layout="dv", out=out),
+        "step02_dv": lambda out: mlh.step02_column_skip(h, weight_dv, allowed, layout="dv", out=out),
+        "step01_vd": lambda out: mlh.step01_block_skip(h, weight, allowed, out=out),
+        "step02_vd": lambda out: mlh.step02_column_skip(h, weight, allowed, out=out),
+        "step03": lambda out: mlh.step03_row_skip(h, weight, allowed, out=out),
+        "step07": lambda out: mlh.step07_batched(h, weight, allowed, out=out),
         "cublas": lambda out: mlh.cublas_masked(h, weight, allowed, out=out),
-        "dispatch": lambda out: mlh.masked_logits(h, weight, allowed, out=out),
+        "step09": lambda out: mlh.step09_dispatch(h, weight, allowed, out=out),
+        "masked_logits": lambda out: mlh.masked_logits(h, weight, allowed, out=out),
     }
     if batch == 1:
-        runs["step4"] = lambda out: mlh.step4_compact(h, weight, allowed, out=out)
-        runs["step4b"] = lambda out: mlh.step4b_stream(h, weight, allowed, out=out)
-        runs["step4b_no_hint"] = lambda out: mlh.step4b_stream(h, weight, allowed, out=out, eviction="")
-        for rows, per_sm in ((1, 4), (2, 8)):
-            t = mlh.Tiles(block_b=1, block_v=rows, num_warps=4, num_stages=1)
-            runs[f"persistent_{rows}_{per_sm}"] = (
-                lambda out, t=t, k=per_sm: mlh.step4_persistent(h, weight, allowed, out=out, tiles=t, programs_per_sm=k))
+        runs["step04"] = lambda out: mlh.step04_compact(h, weight, allowed, out=out)
+        runs["step05"] = lambda out: mlh.step05_stream(h, weight, allowed, out=out)
         if allowed.few_ids is not None:
-            runs["step4c"] = lambda out: mlh.step4c_few(h, weight, allowed, out=out)
+            runs["step06"] = lambda out: mlh.step06_few_ids(h, weight, allowed, out=out)
     for name, fn in runs.items():
         out = fn(torch.full((batch, mlh.VOCAB), float("nan"), device="cuda"))
         torch.cuda.synchronize()
@@ -451,7 +481,7 @@ def test_full_size_every_step(batch, kind, full_head, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 8])
-def test_full_size_step6(batch, full_head, rng):
+def test_full_size_step08(batch, full_head, rng):
     weight, _ = full_head
     gen = np.random.default_rng(rng.seed_value)
     data = mlh.structured_sets()
@@ -460,7 +490,7 @@ def test_full_size_step6(batch, full_head, rng):
     h = torch.randn(batch, mlh.HIDDEN, generator=rng).to(torch.bfloat16).cuda()
     chosen = gen.choice(len(data.sets), batch)
     allowed = mlh.AllowedTokens.from_ids([data.sets[i] for i in chosen], mlh.VOCAB, device="cuda")
-    out = mlh.step6_reordered(h, head, allowed.permuted(head.order),
+    out = mlh.step08_reordered(h, head, allowed.permuted(head.order),
                               out=torch.full((batch, mlh.VOCAB), float("nan"), device="cuda"))
     torch.cuda.synchronize()
     res = mlh.check_logits(out, h, weight, allowed)
@@ -517,14 +547,12 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     run = StubRun()
     gen = np.random.default_rng(0)
     sets = mlh.grammar_like_sets(12, 150, gen, n_classes=20)
-    mlh.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1, 3), tile_sweep=False,
+    mlh.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1, 3),
                   structured=mlh.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic"),
                   counts=[8, 150])
     assert run.checks and all(c["passed"] for c in run.checks), [c for c in run.checks if not c["passed"]]
     series = {r["series"] for r in run.rows}
-    assert {"dense_mask", "index_select", "step1_block_skip", "step3_row_skip", "step4_compact", "step5_batched",
-            "step7_dispatch", "cublas_fp32_mask", "step6_reordered", "step6_in_sample", "step2_column_skip",
-            "step0_dense"} <= series
+    assert {s.series for s in mlh.CHAPTER.steps} | set(mlh.CHAPTER.baselines) == series
     assert any(n.startswith("crossover batch=1") for n in run.notes)
     results = Results(tmp_path / "x.json", {
         "chapter": "masked_lm_head", "device": {"name": "stub"}, "date": "2000-01-01T00:00:00",
@@ -551,9 +579,9 @@ def test_column_mask_on_the_seed_layout_costs_the_vector_loads():
         assert loads[case].get("ld 2 B", 0) == 0 and loads[case].get("cp.async 16 B", 0) > 0, loads[case]
 
 
-def test_step4b_issues_every_row_load_before_the_first_barrier():
+def test_step05_issues_every_row_load_before_the_first_barrier():
     """Step 4 reduces each 1,024-wide chunk (a barrier) before loading the next, so a program
-    waits for memory once per chunk; step 4b loads the whole row, then reduces once."""
-    groups = mlh.ptx_row_load_groups(("4", "4b"), rows=2)
-    assert groups["4"] == [2, 2, 2], groups  # 3 chunks of D = 3072, one 16-byte load per row each
-    assert groups["4b"] == [8], groups  # D padded to 4096: 4 loads per row, the 4th predicated off
+    waits for memory once per chunk; step 5 loads the whole row, then reduces once."""
+    groups = mlh.ptx_row_load_groups((4, 5), rows=2)
+    assert groups[4] == [2, 2, 2], groups  # 3 chunks of D = 3072, one 16-byte load per row each
+    assert groups[5] == [8], groups  # D padded to 4096: 4 loads per row, the 4th predicated off

@@ -1,0 +1,113 @@
+"""Chapter 2: a masked LM head that computes logits only for the tokens a grammar allows.
+
+In constrained decoding the next token must belong to an allowed set (from an FSM state). The
+usual path computes every logit, ``h @ W.T`` over the whole vocabulary, then overwrites the
+disallowed ones with ``-inf``. At batch 1 that is a GEMV over a ``[V, D]`` bf16 weight: it reads
+all of ``W`` (788 MB for V=128256, D=3072) to keep, perhaps, a thousand of its rows.
+
+Every step has the same output contract: fp32 logits ``[B, V]``, the logit for allowed tokens and
+``-inf`` for the others; weights and hidden states in bf16 or fp16; fp32 accumulation. The steps, in
+the lesson's order, are ``CHAPTER.steps`` (``CHAPTER.steps_table()``): steps 0-3 in :mod:`.dense`,
+4-7 in :mod:`.compact`, 8 in :mod:`.reorder`, 9 in :mod:`.dispatch`. :func:`masked_logits` is the
+general entry point: it runs the final step.
+
+The allowed sets travel as :class:`AllowedTokens`, built (and validated) once per FSM state, so the
+steps never synchronise with the device.
+"""
+
+from __future__ import annotations
+
+from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
+from studylog.chapter import Chapter, Step
+from studylog.masked_lm_head.compact import (EVICTION, batched_union_kernel, compact_rows_kernel,
+                                             compact_stream_kernel, few_ids_kernel, step04_compact, step05_stream,
+                                             step06_few_ids, step07_batched)
+from studylog.masked_lm_head.dense import (block_skip_kernel, column_skip_kernel, dense_matmul_kernel,
+                                           row_skip_kernel, step00_dense, step01_block_skip, step02_column_skip,
+                                           step03_row_skip)
+from studylog.masked_lm_head.dispatch import (FALLBACK_RULE, PATHS, DispatchRule, choose_path, crossover_points,
+                                              cublas_masked, dispatch_rule, masked_logits, rule_from_results,
+                                              step09_dispatch)
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, HIDDEN, LAYOUTS, VOCAB, WEIGHT_DTYPES, AllowedTokens,
+                                             Tiles, batch_tile, check_logits, default_tiles, error_bound,
+                                             few_tiles, reference_logits, stream_tiles)
+from studylog.masked_lm_head.masks import (StructuredSets, clustered_sets, cross_fit_orders, grammar_like_sets,
+                                           random_sets, real_sets, structured_sets)
+from studylog.masked_lm_head.ptx import ptx_loads, ptx_row_load_groups
+from studylog.masked_lm_head.reorder import (ReorderedHead, VocabOrder, active_blocks, cluster_order,
+                                             reordered_rows_kernel, step08_reordered)
+from studylog.masked_lm_head.report import bench, figures, headline, run_sweep, sweep_counts, target_report
+
+CHAPTER = Chapter(
+    name="masked_lm_head",
+    number=2,
+    title="Masked LM head: logits only for the tokens a grammar allows",
+    notebooks=("02_masked_lm_head",),
+    steps=(
+        Step(0, "dense", "the Triton matmul tutorial's structure, all logits, then masked_fill", "triton",
+             step00_dense, dense_matmul_kernel),
+        Step(1, "block_skip", "a program whose block of tokens has nothing allowed returns at once", "triton",
+             step01_block_skip, block_skip_kernel),
+        Step(2, "column_skip", "inside an active block, disallowed columns are not loaded", "triton",
+             step02_column_skip, column_skip_kernel),
+        Step(3, "row_skip", "the same on the [V, D] layout, where a token is one contiguous row", "triton",
+             step03_row_skip, row_skip_kernel),
+        Step(4, "compact", "programs walk the list of allowed ids: no empty programs, no wasted rows", "triton",
+             step04_compact, compact_rows_kernel),
+        Step(5, "stream", "each row read in one burst of loads, fill programs first, an L2 evict-first hint",
+             "triton", step05_stream, compact_stream_kernel),
+        Step(6, "few_ids", "up to eight ids passed as launch arguments: nothing to look up before the row read",
+             "triton", step06_few_ids, few_ids_kernel),
+        Step(7, "batched", "B sequences with their own masks, each allowed row read once for all of them",
+             "triton", step07_batched, batched_union_kernel),
+        Step(8, "reordered", "step 3 on a vocabulary reordered so that tokens allowed together sit together",
+             "triton", step08_reordered, reordered_rows_kernel),
+        Step(9, "dispatch", "one function that picks the path from the batch size and the allowed count",
+             "python", step09_dispatch, choose_path),
+    ),
+    bench=bench,
+    figures=figures,
+    headline=headline,
+    baselines={
+        "dense_mask": "torch: (h @ W.T).masked_fill_, bf16",
+        "index_select": "torch: h @ W.index_select(0, ids).T",
+        "cublas_fp32_mask": "cuBLAS, fp32 output, then masked_fill",
+        "reordered_in_sample": "step08_reordered, order fitted on every mask",
+    },
+    renamed_series={
+        "step0_dense": "step00",
+        "step1_block_skip": "step01",
+        "step2_column_skip": "step02",
+        "step3_row_skip": "step03",
+        "step4_compact": "step04",
+        "step4b_stream": "step05",
+        "step4c_few": "step06",
+        "step5_batched": "step07",
+        "step6_reordered": "step08",
+        "step6_in_sample": "reordered_in_sample",
+        "step7_dispatch": "step09",
+    },
+)
+
+__all__ = [
+    "CHAPTER",
+    # the steps, and the general entry point (the final step)
+    "step00_dense", "step01_block_skip", "step02_column_skip", "step03_row_skip", "step04_compact",
+    "step05_stream", "step06_few_ids", "step07_batched", "step08_reordered", "step09_dispatch", "masked_logits",
+    # their kernels
+    "dense_matmul_kernel", "block_skip_kernel", "column_skip_kernel", "row_skip_kernel", "compact_rows_kernel",
+    "compact_stream_kernel", "few_ids_kernel", "batched_union_kernel", "reordered_rows_kernel",
+    # formats, tiles and the reference
+    "VOCAB", "HIDDEN", "WEIGHT_DTYPES", "FEW_IDS_MAX", "LAYOUTS", "EVICTION", "AllowedTokens", "Tiles",
+    "batch_tile", "default_tiles", "stream_tiles", "few_tiles", "reference_logits", "error_bound", "check_logits",
+    # step 8's vocabulary order, step 9's rule and paths
+    "VocabOrder", "ReorderedHead", "cluster_order", "active_blocks",
+    "DispatchRule", "FALLBACK_RULE", "PATHS", "dispatch_rule", "rule_from_results", "crossover_points",
+    "choose_path", "cublas_masked",
+    # allowed sets to measure on
+    "StructuredSets", "random_sets", "clustered_sets", "grammar_like_sets", "real_sets", "structured_sets",
+    "cross_fit_orders",
+    # the compiler's view, the benchmark and its report
+    "ptx_loads", "ptx_row_load_groups", "bench", "run_sweep", "sweep_counts", "figures", "headline",
+    "target_report",
+]

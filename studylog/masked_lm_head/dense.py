@@ -1,0 +1,281 @@
+"""Steps 0-3: the Triton matmul tutorial's structure, then three ways for a tiled matmul to skip what the
+grammar forbids.
+
+* step 0 (``step00_dense``, ``dense_matmul_kernel``): all logits, then torch's ``masked_fill``;
+* step 1 (``step01_block_skip``, ``block_skip_kernel``): a program whose vocabulary block holds no allowed
+  token writes ``-inf`` and returns; active blocks mask their output;
+* step 2 (``step02_column_skip``, ``column_skip_kernel``): disallowed columns of an active block are not loaded;
+* step 3 (``step03_row_skip``, ``row_skip_kernel``): the same idea written for ``[V, D]``, where a token is a
+  contiguous row, so skipping it saves whole cache lines and leaves the loads vectorised.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from jaxtyping import Float
+from torch import Tensor
+
+from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
+from studylog.masked_lm_head.formats import (AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype,
+                                             need_layout, output)
+
+# --------------------------------------------------------------------------------------------
+# Step 0: dense, the Triton matmul tutorial's structure (C[M, N] = A[M, K] @ B[K, N])
+# Here A = h [B, D] and "B" is the head seen as [D, V]: its strides say which layout it has.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def dense_matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc, mask=c_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Step 1: block-level skip (the seed's 3.1)
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def block_skip_kernel(
+    a_ptr, b_ptr, c_ptr, allowed_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_allowed_m,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
+        return
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Step 2: column-level skip (the seed's 3.2): disallowed columns are not loaded
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def column_skip_kernel(
+    a_ptr, b_ptr, c_ptr, allowed_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_allowed_m,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
+        return
+    column_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows it
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N) & column_wanted[None, :],
+                    other=0.0)
+        acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Step 3: the [V, D] layout written as rows: a token is one contiguous row of the weight
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def row_skip_kernel(
+    a_ptr, b_ptr, c_ptr, allowed_ptr, M, N, K,
+    stride_am, stride_bn, stride_cm, stride_allowed_m,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
+        return
+    row_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows this token
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]: rows
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_n[:, None] < N) & row_wanted[:, None] & (offs_k[None, :] < k_left),
+                    other=0.0)
+        acc = tl.dot(a.to(DOT_DTYPE), tl.trans(b.to(DOT_DTYPE)), acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+
+
+
+# --------------------------------------------------------------------------------------------
+# The steps' wrappers
+# --------------------------------------------------------------------------------------------
+
+def _matmul_strides(weight: Tensor, layout: str) -> tuple[int, int]:
+    """(stride along D, stride along V) of the weight, i.e. of the [D, V] matrix 'B' in C = A @ B."""
+    return (weight.stride(1), weight.stride(0)) if layout == "vd" else (weight.stride(0), weight.stride(1))
+
+
+def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
+                 allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
+                 tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+    """Step 0: every logit (tutorial matmul), then torch's ``masked_fill`` writes the ``-inf``."""
+    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
+    t = tiles or default_tiles(0, batch)
+    out = output(out, batch, vocab, h.device)
+    s_bk, s_bn = _matmul_strides(weight, layout)
+    grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
+    dense_matmul_kernel[grid](
+        h, weight, out, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn, out.stride(0), out.stride(1),
+        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    return out.masked_fill_(allowed.disallowed, float("-inf"))
+
+
+def _masked_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
+    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
+    t = tiles or default_tiles(step, batch)
+    out = output(out, batch, vocab, h.device)
+    s_bk, s_bn = _matmul_strides(weight, layout)
+    grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
+    kernel[grid](
+        h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
+        out.stride(0), out.stride(1), allowed.mask.stride(0),
+        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    return out
+
+
+def step01_block_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
+                      allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
+                      tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+    """Step 1: blocks without an allowed token are skipped; active blocks mask their output."""
+    return _masked_matmul(block_skip_kernel, h, weight, allowed, layout, out, tiles, 1)
+
+
+def step02_column_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
+                       allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
+                       tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+    """Step 2: step 1, and inside an active block the disallowed columns are not loaded."""
+    return _masked_matmul(column_skip_kernel, h, weight, allowed, layout, out, tiles, 2)
+
+
+def step03_row_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
+                    layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
+                    tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+    """Step 3: block skip + row skip on the ``[V, D]`` layout (a disallowed token = a row not read)."""
+    need_layout("step03_row_skip", layout)
+    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
+    t = tiles or default_tiles(3, batch)
+    out = output(out, batch, vocab, h.device)
+    grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
+    row_skip_kernel[grid](
+        h, weight, out, allowed.mask_u8, batch, vocab, hidden,
+        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0),
+        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    return out

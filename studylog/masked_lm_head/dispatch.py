@@ -1,0 +1,218 @@
+"""Step 9: one function that picks the path from the batch size and the allowed count, and the chapter's
+general entry point :func:`masked_logits`.
+
+Which path is fastest is measured, not guessed: the thresholds are a :class:`DispatchRule` computed from
+the chapter's committed benchmark results (:func:`rule_from_results`, the rule is in its docstring), or,
+when no results are committed, the :data:`FALLBACK_RULE`. Choosing needs only the allowed count, which
+:class:`~studylog.masked_lm_head.formats.AllowedTokens` knows on the host: no device round trip.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from studylog.masked_lm_head.compact import step05_stream, step06_few_ids, step07_batched
+from studylog.masked_lm_head.dense import step03_row_skip
+from studylog.masked_lm_head.formats import FEW_IDS_MAX, VOCAB, AllowedTokens, check_inputs, output
+
+#: The paths :func:`choose_path` names, and the step (or baseline) each one runs.
+PATHS = {"few_ids": "step06_few_ids", "stream": "step05_stream", "batched": "step07_batched",
+         "row_skip": "step03_row_skip", "cublas": "cublas_masked"}
+#: The dense paths: ``"row_skip"`` (step 3, our Triton kernel, fused masking) or ``"cublas"`` (torch matmul
+#: with fp32 output, then ``masked_fill``).
+DENSE_PATHS = ("row_skip", "cublas")
+
+
+@dataclass(frozen=True)
+class DispatchRule:
+    """The thresholds of :func:`choose_path`.
+
+    ``compact_max_fraction``: batch size -> the largest fraction of the vocabulary (rows of the union of the
+    batch's allowed sets) for which a compacted kernel is used (step 5 or 6 at batch 1, step 7 above);
+    ``dense_path``: batch size -> the dense path used above it; a batch uses the entries of the largest key not
+    above it. ``few_max``: batch-1 sets of at most this many ids take step 6 (at most :data:`FEW_IDS_MAX`).
+    ``source`` says where the numbers come from.
+    """
+
+    compact_max_fraction: Mapping[int, float]
+    dense_path: Mapping[int, str]
+    few_max: int
+    source: str
+
+    def __post_init__(self):
+        if not self.compact_max_fraction or set(self.compact_max_fraction) != set(self.dense_path):
+            raise ValueError("compact_max_fraction and dense_path must name the same batch sizes")
+        for path in self.dense_path.values():
+            if path not in DENSE_PATHS:
+                raise ValueError(f"unknown dense path {path!r}; use one of {DENSE_PATHS}")
+        if not 0 <= self.few_max <= FEW_IDS_MAX:
+            raise ValueError(f"few_max must be in [0, {FEW_IDS_MAX}], got {self.few_max}")
+
+
+#: The rule when no benchmark results are committed: at batch 1 a compacted kernel reads only the allowed
+#: rows, never more than a dense path, so it is always used; above batch 1 step 7's gathered tiles lose to a
+#: streaming dense kernel as the union nears the whole vocabulary, and the switch is put at half of it;
+#: the dense path is our own step 3; step 6 takes every set it has slots for.
+FALLBACK_RULE = DispatchRule({1: 1.0, 2: 0.5}, {1: "row_skip", 2: "row_skip"}, FEW_IDS_MAX,
+                             "fallback rule (no committed benchmark results)")
+
+
+def _series(number: int) -> str:
+    from studylog.masked_lm_head import CHAPTER
+
+    return CHAPTER.step(number).series
+
+
+def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
+    """(batch, mask kind) -> one point per measured allowed count, sorted by union: ``union`` (rows of the
+    union of the allowed sets), ``compact`` (the fastest compacted step: 5 or 6 at batch 1, 7 above),
+    ``row_skip`` (step 3) and ``cublas`` (``cublas_fp32_mask``), in ms, where all were measured (``[V, D]``)."""
+    compact_b1, few, batched, row = _series(5), _series(6), _series(7), _series(3)
+    by_case: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        p = r["params"]
+        if "union" not in r or p.get("layout", "vd") != "vd" or "kind" not in p:
+            continue
+        by_case.setdefault((p["batch"], p["kind"], p["allowed"]), {})[r["series"]] = r
+    out: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for (batch, kind, _), series in by_case.items():
+        compact = [series[s]["ms"] for s in ((compact_b1, few) if batch == 1 else (batched,)) if s in series]
+        if not compact or row not in series or "cublas_fp32_mask" not in series:
+            continue
+        out.setdefault((batch, kind), []).append({
+            "union": series[row]["union"], "compact": min(compact), "row_skip": series[row]["ms"],
+            "cublas": series["cublas_fp32_mask"]["ms"],
+            "few": series[few]["ms"] if few in series else None, "stream": series.get(compact_b1, {}).get("ms")})
+    return {key: sorted(pts, key=lambda q: q["union"]) for key, pts in sorted(out.items())}
+
+
+def _last_win(points: list[tuple[int, bool]]) -> tuple[int | None, int | None]:
+    """(largest union won below the first loss, smallest union lost) of (union, won) points."""
+    first_loss = min((u for u, won in points if not won), default=None)
+    last_win = max((u for u, won in points if won and (first_loss is None or u < first_loss)), default=None)
+    return last_win, first_loss
+
+
+def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
+    """The dispatch thresholds measured in one benchmark run (a :class:`studylog.plotting.Results`).
+
+    The rule, per batch size of the run, over all its mask kinds together: a compacted kernel is used up
+    to the largest union at which it was measured no slower than the best dense path with no slower point
+    below it (everywhere, fraction 1.0, if it never lost); the dense path is the one of step 3 and
+    cuBLAS + mask with the smaller total time over the batch's points; batch-1 sets take step 6 up to the
+    largest count at which it was no slower than step 5 with no slower count below it (all it has slots
+    for if it never lost). ``vocab`` is the benchmark's vocabulary (:data:`VOCAB`).
+    """
+    points = crossover_points(results.rows)
+    if not points:
+        raise ValueError(f"{results.path} holds no points where both a compacted and a dense path were measured")
+    fraction: dict[int, float] = {}
+    dense: dict[int, str] = {}
+    for batch in sorted({b for b, _ in points}):
+        pts = [q for (b, _), qs in points.items() if b == batch for q in qs]
+        last_win, first_loss = _last_win([(q["union"], q["compact"] <= min(q["row_skip"], q["cublas"])) for q in pts])
+        fraction[batch] = 1.0 if first_loss is None else (last_win or 0) / vocab
+        dense[batch] = "row_skip" if sum(q["row_skip"] for q in pts) <= sum(q["cublas"] for q in pts) else "cublas"
+    few = [(q["union"], q["few"] <= q["stream"]) for (b, _), qs in points.items() if b == 1 for q in qs
+           if q["few"] is not None and q["stream"] is not None]
+    last_win, first_loss = _last_win(few)
+    few_max = FEW_IDS_MAX if first_loss is None else min(last_win or 0, FEW_IDS_MAX)
+    commit = results.data.get("git_commit", "unknown")[:12]
+    return DispatchRule(fraction, dense, few_max, f"measured on {results.gpu} on {results.date} (commit {commit})")
+
+
+@functools.lru_cache(maxsize=None)
+def dispatch_rule() -> DispatchRule:
+    """The rule :func:`masked_logits` uses: from the committed results of this GPU when there are some
+    (of the newest run of any GPU otherwise, as on a CPU), else :data:`FALLBACK_RULE`. Read once."""
+    from studylog import plotting
+
+    try:
+        results = None
+        if torch.cuda.is_available():
+            from studylog.bench import gpu_slug
+
+            try:
+                results = plotting.load_results("masked_lm_head", gpu=gpu_slug(torch.cuda.get_device_name()))
+            except FileNotFoundError:
+                pass
+        return rule_from_results(results or plotting.load_results("masked_lm_head"))
+    except FileNotFoundError:
+        return FALLBACK_RULE
+
+
+def _for_batch(table: Mapping[int, Any], batch: int) -> Any:
+    keys = [k for k in sorted(table) if k <= batch]
+    return table[keys[-1] if keys else min(table)]
+
+
+def choose_path(batch: int, vocab: int, union_count: int, rule: DispatchRule | None = None) -> str:
+    """The path :func:`step09_dispatch` takes (a key of :data:`PATHS`): ``"few_ids"`` (step 6), ``"stream"``
+    (step 5), ``"batched"`` (step 7), ``"row_skip"`` (step 3) or ``"cublas"``; ``rule`` defaults to
+    :func:`dispatch_rule`."""
+    rule = rule or dispatch_rule()
+    if union_count <= _for_batch(rule.compact_max_fraction, batch) * vocab:
+        if batch > 1:
+            return "batched"
+        return "few_ids" if union_count <= rule.few_max else "stream"
+    return _for_batch(rule.dense_path, batch)
+
+
+def cublas_masked(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
+                  out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
+    """The dense path through torch: ``h @ W.T`` with fp32 output (cuBLAS on the GPU), then
+    ``masked_fill``. Used by :func:`step09_dispatch` when the rule's dense path is ``"cublas"``."""
+    global _MM_OUT_DTYPE
+    batch, vocab, _ = check_inputs(h, weight, allowed, "vd", out)
+    out = output(out, batch, vocab, h.device)
+    if h.device.type != "cuda":  # CPU torch has no bf16 -> fp32 mm; widen first (exact), accumulate in fp32
+        torch.mm(h.float(), weight.float().t(), out=out)
+    elif _MM_OUT_DTYPE is not False:
+        try:
+            torch.mm(h, weight.t(), out_dtype=torch.float32, out=out)
+            _MM_OUT_DTYPE = True
+        except (RuntimeError, TypeError):
+            if _MM_OUT_DTYPE:  # it worked before: this is a real error
+                raise
+            _MM_OUT_DTYPE = False  # this torch has no fp32-output mm: round through bf16 below
+    if h.device.type == "cuda" and _MM_OUT_DTYPE is False:
+        out.copy_(torch.mm(h, weight.t()))
+    return out.masked_fill_(allowed.disallowed, float("-inf"))
+
+
+#: Whether this torch's CUDA ``torch.mm`` takes ``out_dtype`` (found on first use).
+_MM_OUT_DTYPE: bool | None = None
+
+
+def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
+                    out: Float[Tensor, "b v"] | None = None, rule: DispatchRule | None = None) -> Float[Tensor, "b v"]:
+    """Step 9: the fastest path for this batch size and allowed count, by :func:`choose_path` and ``rule``
+    (default :func:`dispatch_rule`, from the committed benchmark results)."""
+    batch, vocab, _ = check_inputs(h, weight, allowed, "vd", out)
+    path = choose_path(batch, vocab, allowed.union_count, rule)
+    if path == "few_ids":
+        return step06_few_ids(h, weight, allowed, out=out)
+    if path == "stream":
+        return step05_stream(h, weight, allowed, out=out)
+    if path == "batched":
+        return step07_batched(h, weight, allowed, out=out)
+    if path == "row_skip":
+        return step03_row_skip(h, weight, allowed, out=out)
+    return cublas_masked(h, weight, allowed, out=out)
+
+
+def masked_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
+                  out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
+    """Masked LM head, the chapter's general entry point: fp32 logits where ``allowed``, ``-inf`` elsewhere,
+    by the final step (:func:`step09_dispatch`, which picks the fastest path for this batch size and allowed
+    count).
+
+    ``weight`` is PyTorch's ``lm_head.weight``, ``[V, D]``, bf16 or fp16.
+    """
+    return step09_dispatch(h, weight, allowed, out=out)

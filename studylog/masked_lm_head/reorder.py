@@ -1,0 +1,165 @@
+"""Step 8: step 3 on a vocabulary reordered so that tokens allowed together sit together (fewer active
+blocks), writing the logits back in the original order; and the reordering itself (built once, offline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
+from studylog.masked_lm_head.formats import AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype, output
+
+# --------------------------------------------------------------------------------------------
+# Step 8: step 3 on a reordered vocabulary. Row j of the weight is token perm[j]; the masks are
+# in the same order; the logits go back to their tokens' original positions.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def reordered_rows_kernel(
+    a_ptr, b_ptr, c_ptr, allowed_ptr, perm_ptr, M, N, K,
+    stride_am, stride_bn, stride_cm, stride_allowed_m,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
+        tokens = tl.load(perm_ptr + offs_n, mask=offs_n < N, other=0)  # original id of each reordered row
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + tokens[None, :]
+        tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
+        return
+    row_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows this token
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]: rows
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_n[:, None] < N) & row_wanted[:, None] & (offs_k[None, :] < k_left),
+                    other=0.0)
+        acc = tl.dot(a.to(DOT_DTYPE), tl.trans(b.to(DOT_DTYPE)), acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+
+    tokens = tl.load(perm_ptr + offs_n, mask=offs_n < N, other=0)  # original id of each reordered row
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + tokens[None, :]
+    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# The vocabulary order
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class VocabOrder:
+    """A vocabulary permutation: reordered position ``j`` holds original token ``perm[j]``."""
+
+    perm: Int[Tensor, " v"]
+    vocab_size: int = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "vocab_size", self.perm.numel())
+
+    @classmethod
+    def identity(cls, vocab_size: int) -> "VocabOrder":
+        return cls(torch.arange(vocab_size, dtype=torch.int32))
+
+    @cached_property
+    def position(self) -> np.ndarray:
+        """``position[token]``: where an original token sits in the reordered vocabulary."""
+        pos = np.empty(self.vocab_size, dtype=np.int64)
+        pos[self.perm.cpu().numpy()] = np.arange(self.vocab_size)
+        return pos
+
+
+def cluster_order(train_sets: Sequence[np.ndarray], vocab_size: int) -> VocabOrder:
+    """Reorder the vocabulary so that tokens allowed by the same sets are neighbours.
+
+    Each token gets a signature: which of the training sets allow it. Sorting the tokens by that
+    signature, smallest sets as the leading keys, makes each small set one contiguous run and the
+    larger sets runs of runs; tokens no training set allows go last. The sort is stable, so ties
+    keep their id order.
+    """
+    sets = [np.unique(np.asarray(s, dtype=np.int64)) for s in train_sets]
+    sets = [s for s in sets if s.size]
+    if not sets:
+        return VocabOrder.identity(vocab_size)
+    for s in sets:
+        if s[0] < 0 or s[-1] >= vocab_size:
+            raise ValueError(f"a training set holds ids outside [0, vocab_size={vocab_size})")
+    sets.sort(key=len)
+    outside = np.ones((len(sets), vocab_size), dtype=bool)  # False where allowed, so allowed sorts first
+    for i, s in enumerate(sets):
+        outside[i, s] = False
+    packed = np.packbits(outside, axis=0)  # 8 sets per byte, first set in the high bit
+    perm = np.lexsort(packed[::-1])  # np.lexsort's last key is the primary one
+    return VocabOrder(torch.from_numpy(perm.astype(np.int32)))
+
+
+def active_blocks(ids: np.ndarray, block: int, order: VocabOrder | None = None) -> int:
+    """How many vocabulary blocks of ``block`` tokens hold at least one of ``ids`` (in ``order``)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    pos = ids if order is None else order.position[ids]
+    return int(np.unique(pos // block).size)
+
+
+@dataclass(frozen=True, eq=False)
+class ReorderedHead:
+    """A head whose rows are stored in a :class:`VocabOrder` (built once, offline)."""
+
+    weight: Float[Tensor, "v d"]
+    order: VocabOrder
+
+    @classmethod
+    def build(cls, weight: Float[Tensor, "v d"], order: VocabOrder) -> "ReorderedHead":
+        if weight.ndim != 2 or weight.shape[0] != order.vocab_size:
+            raise ValueError(f"weight must be [V, D] with V = {order.vocab_size}, got {tuple(weight.shape)}")
+        perm = order.perm.to(weight.device)
+        return cls(weight.index_select(0, perm).contiguous(), VocabOrder(perm.to(torch.int32)))
+
+
+def step08_reordered(h: Float[Tensor, "b d"], head: ReorderedHead, allowed_reordered: AllowedTokens, *,
+                      out: Float[Tensor, "b v"] | None = None, tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
+    """Step 8: step 3 on a reordered vocabulary. ``allowed_reordered`` is
+    ``allowed.permuted(head.order)`` (computed once per FSM state); logits come out in the original
+    token order."""
+    if not isinstance(head, ReorderedHead):
+        raise TypeError(f"head must be a ReorderedHead, got {type(head).__name__}")
+    batch, vocab, hidden = check_inputs(h, head.weight, allowed_reordered, "vd", out)
+    if head.order.perm.device != h.device:
+        raise ValueError(f"head.order is on {head.order.perm.device}, h on {h.device}")
+    t = tiles or default_tiles(8, batch)
+    out = output(out, batch, vocab, h.device)
+    grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
+    reordered_rows_kernel[grid](
+        h, head.weight, out, allowed_reordered.mask_u8, head.order.perm, batch, vocab, hidden,
+        h.stride(0), head.weight.stride(0), out.stride(0), allowed_reordered.mask.stride(0),
+        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    return out
+
