@@ -143,8 +143,10 @@ def _xy(results: Results, series: str, x: str, where: dict[str, Any], value) -> 
 
 
 def plot_times(results: Results, x: str, series: Iterable[str], *, where: dict[str, Any] | None = None,
-               floor: bool = True, ax=None, logx: bool = True, logy: bool = True, title: str | None = None):
-    """Time (µs) against a swept parameter, one line per series, with the row floors dashed."""
+               floor: bool = True, ax=None, logx: bool = True, logy: bool = True, title: str | None = None,
+               label=None):
+    """Time (µs) against a swept parameter, one line per series, with the row floors dashed; ``label`` maps a
+    series to its legend label (for example ``CHAPTER.label``)."""
     import matplotlib.pyplot as plt
 
     where = where or {}
@@ -153,7 +155,7 @@ def plot_times(results: Results, x: str, series: Iterable[str], *, where: dict[s
     for s in series:
         xs, ys = _xy(results, s, x, where, lambda r: r["ms"] * 1e3)
         if xs:
-            ax.plot(xs, ys, marker="o", ms=3, label=s)
+            ax.plot(xs, ys, marker="o", ms=3, label=label(s) if label else s)
         for row in results.select(s, **where):
             if "floor_ms" in row:
                 floor_pts[row["params"][x]] = max(floor_pts.get(row["params"][x], 0), row["floor_ms"] * 1e3)
@@ -171,7 +173,8 @@ def plot_times(results: Results, x: str, series: Iterable[str], *, where: dict[s
 
 
 def plot_speedup(results: Results, x: str, baseline: str, series: Iterable[str], *,
-                 where: dict[str, Any] | None = None, ax=None, logx: bool = True, title: str | None = None):
+                 where: dict[str, Any] | None = None, ax=None, logx: bool = True, title: str | None = None,
+                 label=None):
     """Speedup over ``baseline`` (baseline time / series time) against a swept parameter."""
     import matplotlib.pyplot as plt
 
@@ -182,7 +185,7 @@ def plot_speedup(results: Results, x: str, baseline: str, series: Iterable[str],
         pts = sorted((row["params"][x], base[row["params"][x]] / row["ms"])
                      for row in results.select(s, **where) if row["params"][x] in base)
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=s)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label(s) if label else s)
     ax.axhline(1.0, color="k", lw=1, ls=":")
     ax.set_xscale("log" if logx else "linear")
     ax.set_yscale("log")
