@@ -405,3 +405,74 @@ def test_automaton_graphs(automata, vocab):
     fsm.draw_automaton(f, "token", ax=axes[0])
     fsm.draw_automaton(f, "char", compressed=True, ax=axes[1])
     plt.close(fig)
+
+
+# --- defects: the cap on tokens, and what `format: date` allows -------------------------------------------
+
+def test_token_jumps_stop_at_the_cap_on_the_smallest_case():
+    table = {"a": 0, "b": 1, "c": 2, "x": 3}
+    toy = fsm.make_vocabulary(table, eos_id=4, encoder=lambda s: [table[c] for c in s])
+    f = fsm.compile_fsm("abc(x)*", toy)
+    model = lambda ids: torch.zeros(5)  # noqa: E731
+    for cap in range(1, 6):
+        none = fsm.decode(model, f, "none", max_tokens=cap)
+        token = fsm.decode(model, f, "token", max_tokens=cap)
+        assert len(none.ids) <= cap and token.ids == none.ids, (cap, none.ids, token.ids)
+
+
+def _caps(rng, full, jumped):
+    """Caps to try: the smallest, the length of the output and one past it, some at random, and every cap
+    that falls inside a token jump of the uncapped decode (where a jump must be cut)."""
+    n = len(full.ids)
+    caps = {1, 2, 3, n, n + 1, *rng.sample(range(1, n + 2), min(n + 1, 6))}
+    pos = 0
+    for s in jumped.steps:
+        if s.kind == "token-jump":
+            caps.update(range(pos + 1, pos + len(s.tokens)))
+        pos += len(s.tokens) if s.kind in ("pass", "token-jump") else 0
+    return sorted(caps)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_token_jumps_give_the_ids_of_uncompressed_decoding_under_every_cap(automata, rng, vocab, case):
+    """``max_tokens`` caps the ids in every mode; token jumps are cut there, so their ids stay those of mode none."""
+    entry, f = automata[case]
+    r = _py_rng(rng, "caps/" + case[0])
+    sample = entry.sample(r, case[1])
+    cut = 0
+    for model in (fsm.writer_model(vocab, sample), fsm.toy_model(vocab, seed=rng.seed_value)):
+        full = fsm.decode(model, f, "none", max_tokens=300)
+        jumped = fsm.decode(model, f, "token", max_tokens=300, record_steps=True)
+        assert jumped.ids == full.ids
+        caps = _caps(r, full, jumped)
+        for cap in caps:
+            token = fsm.decode(model, f, "token", max_tokens=cap)
+            assert token.ids == full.ids[:cap], (cap, token.ids, full.ids[:cap])
+            assert token.finished == (full.finished and cap > len(full.ids))
+            cut += cap < len(full.ids)
+    assert cut > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_char_jumps_respect_the_cap(automata, rng, vocab, case):
+    """Under a cap, character jumps give at most ``max_tokens`` ids, a valid walk whose text begins the
+    uncapped output's."""
+    entry, f = automata[case]
+    r = _py_rng(rng, "char-caps/" + case[0])
+    sample = entry.sample(r, case[1])
+    for model in (fsm.writer_model(vocab, sample), fsm.toy_model(vocab, seed=rng.seed_value)):
+        full = fsm.decode(model, f, "char", max_tokens=300)
+        for cap in sorted({1, 2, 3, *r.sample(range(1, len(full.ids) + 2), min(len(full.ids) + 1, 8))}):
+            char = fsm.decode(model, f, "char", max_tokens=cap)
+            assert len(char.ids) <= cap, (cap, char.ids)
+            f.walk(char.ids)
+            assert char.text == vocab.decode(char.ids) and full.text.startswith(char.text)
+            if char.finished:
+                assert full.finished and char.text == full.text
+
+
+def test_a_date_field_accepts_only_ascii_digits(vocab):
+    """RFC 3339 dates are ASCII; outlines-core's `\\d` is any Unicode digit (U+1E4F2, Nag Mundari two)."""
+    f = fsm.compile_fsm(fsm.regex_from_schema({"type": "string", "format": "date"}), vocab)
+    assert f.matches('"2064-02-04"')
+    assert not f.matches('"206\U0001E4F2-02-04"')
