@@ -22,6 +22,7 @@ from studylog.fsm.vocabulary import load_vocabulary
 #: file; ``ascii_digits=True`` (``--ascii-digits``) exports the masks of the suite as the chapter now compiles it.
 COMMITTED_MASKS_ASCII_DIGITS = False
 
+
 def select_masks(counts: Sequence[tuple[str, int, int]], per_bin: int = 24, max_ids: int = 450_000,
                  seed: int = 0) -> list[tuple[str, int, int]]:
     """Pick masks spanning the distribution of allowed-token counts: up to ``per_bin`` from each power-of-two

@@ -198,4 +198,4 @@ def extra_tokens(wide: ConstrainedFSM, narrow: ConstrainedFSM, ids: Sequence[int
     texts (the same schema with ``[0-9]`` instead of Unicode ``\\d``): for each state on the way, from the
     start to the state after the last token, the ids that ``wide`` allows there and ``narrow`` does not."""
     return [np.setdiff1d(wide.allowed_array(s), narrow.allowed_array(t))
-            for s, t in zip(wide.walk(ids), narrow.walk(ids))]
+            for s, t in zip(wide.walk(ids), narrow.walk(ids), strict=True)]
