@@ -427,6 +427,18 @@ def test_token_jumps_stop_at_the_cap_on_the_smallest_case():
         none = fsm.decode(model, f, "none", max_tokens=cap)
         token = fsm.decode(model, f, "token", max_tokens=cap)
         assert len(none.ids) <= cap and token.ids == none.ids, (cap, none.ids, token.ids)
+    # character mode: the forced "abc" is retokenized to [0, 1, 2] and cut to the cap
+    for cap, ids in [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]:
+        char = fsm.decode(model, f, "char", max_tokens=cap, record_events=True)
+        assert char.ids == ids and char.text == b"abc"[:cap] and char.jumped_bytes == cap
+        assert char.forward_passes == 0 and not char.finished
+        assert [(e.kind, e.tokens, e.data) for e in char.events] == [("char-jump", tuple(ids), b"abc"[:cap])]
+
+
+def test_each_mode_runs_its_step():
+    """``decode``'s modes are the chapter's steps, in the lesson's order."""
+    assert [fsm.STEP_OF_MODE[m] for m in fsm.MODES] == [s.function for s in fsm.CHAPTER.steps]
+    assert [s.name for s in fsm.CHAPTER.steps] == ["step01_uncompressed", "step02_token_jumps", "step03_char_jumps"]
 
 
 def _caps(rng, full, jumped):
