@@ -19,9 +19,10 @@ for _name in ("outlines_core", "outlines", "bpe_openai", "jsonschema", "pydantic
 import jsonschema  # noqa: E402
 import regex as regex_module  # noqa: E402  (current Unicode tables, see _check_valid)
 
-from studylog import data, fsm, fsm_schemas  # noqa: E402
+from studylog import data, fsm  # noqa: E402
+from studylog.fsm import schemas  # noqa: E402
 
-SUITE = fsm_schemas.suite()
+SUITE = schemas.suite()
 NAMES = [e.name for e in SUITE]
 
 
@@ -35,7 +36,7 @@ def automata(vocab):
     """Every suite entry with outlines' default whitespace, plus two entries with compact JSON."""
     out = {(e.name, "default"): (e, fsm.ConstrainedFSM(e.regex("default"), vocab, e.name)) for e in SUITE}
     for name in ("weather_call", "calendar_event"):
-        e = fsm_schemas.entry(name)
+        e = schemas.entry(name)
         out[(name, "compact")] = (e, fsm.ConstrainedFSM(e.regex("compact"), vocab, name))
     return out
 
@@ -130,7 +131,7 @@ def test_invalid_json_schema_is_refused(schema, match):
 
 
 def test_pydantic_model_dict_and_json_text_give_the_same_regex():
-    model = fsm_schemas.WeatherCall
+    model = schemas.WeatherCall
     from_model = fsm.regex_from_schema(model)
     assert from_model == fsm.regex_from_schema(model.model_json_schema())
     assert from_model == fsm.regex_from_schema(json.dumps(model.model_json_schema()))
@@ -231,7 +232,7 @@ def test_char_jumps_follow_forced_bytes(automata, case):
 
 
 def test_chains_cut_a_forced_cycle():
-    jumps = fsm._chains({1: ((5,), b"a", 2), 2: ((6,), b"b", 1), 3: ((7,), b"c", 1)})
+    jumps = fsm.forced_chains({1: ((5,), b"a", 2), 2: ((6,), b"b", 1), 3: ((7,), b"c", 1)})
     assert jumps[3].tokens[:2] == (7, 5) and set(jumps) == {1, 2, 3}
 
 
@@ -307,9 +308,9 @@ def test_every_mode_writes_the_sample(automata, rng, vocab, case):
         canon = vocab.encode(sample)
         results = {}
         for mode in fsm.MODES:
-            out = fsm.decode(fsm.writer_model(vocab, sample), f, mode, record_steps=True)
+            out = fsm.decode(fsm.writer_model(vocab, sample), f, mode, record_events=True)
             assert out.finished and out.text == sample.encode(), (mode, out.text)
-            assert sum(s.kind in ("pass", "eos") for s in out.steps) == out.forward_passes
+            assert sum(s.kind in ("pass", "eos") for s in out.events) == out.forward_passes
             results[mode] = out
         assert results["none"].ids == canon
         assert results["none"].forward_passes >= len(canon)
@@ -322,11 +323,11 @@ def test_retokenization_rewrites_a_split_the_model_would_not_make(automata, voca
     the one token '":' the tokenizer prefers, dropping tokens already emitted."""
     _, f = automata[("weather_call", "default")]
     sample = '{"name": "get_weather", "arguments": {"location": "Paris", "unit": "celsius"}}'
-    out = fsm.decode(fsm.writer_model(vocab, sample), f, "char", record_steps=True)
+    out = fsm.decode(fsm.writer_model(vocab, sample), f, "char", record_events=True)
     quote, colon, quote_colon = (vocab.token_id(b) for b in (b'"', b":", b'":'))
-    passes = [s.tokens[0] for s in out.steps if s.kind == "pass"]
+    passes = [s.tokens[0] for s in out.events if s.kind == "pass"]
     assert colon in passes, "the writer never had to emit ':' on its own"
-    jumps = [s for s in out.steps if s.kind == "char-jump"]
+    jumps = [s for s in out.events if s.kind == "char-jump"]
     assert any(s.dropped > 0 and quote_colon in s.tokens for s in jumps)
     assert out.retokenized > 0 and out.ids[-1] != quote
 
@@ -371,17 +372,25 @@ def test_mask_file(vocab):
 
 
 def test_mask_file_holds_the_real_masks(automata, vocab):
-    """Masks of the default-whitespace entries are recomputed from the index and compared id by id."""
+    """Masks of the default-whitespace entries are recomputed from the index (with the digit class the file
+    was exported with) and compared id by id; so are the date entries' masks, whose automata differ."""
     ms = data.load_masks()
-    compared = 0
+    digits = fsm.COMMITTED_MASKS_ASCII_DIGITS
+    compared, dates = 0, 0
     for i in range(len(ms)):
         key = (str(ms.source[i]), "default")
         if key not in automata:
             continue
-        _, f = automata[key]
+        entry, f = automata[key]
+        if entry.regex("default", ascii_digits=digits) != f.regex:
+            automata[key + ("file",)] = automata.get(key + ("file",)) or (
+                entry, fsm.ConstrainedFSM(entry.regex("default", ascii_digits=digits), vocab, entry.name))
+            f = automata[key + ("file",)][1]
+            dates += 1
         np.testing.assert_array_equal(ms.allowed(i), f.allowed(int(ms.state[i])).numpy())
         compared += 1
-    assert compared >= 50
+    assert compared >= 50 and dates > 0
+
 
 
 # --- figures ---------------------------------------------------------------------------------------------
@@ -405,3 +414,173 @@ def test_automaton_graphs(automata, vocab):
     fsm.draw_automaton(f, "token", ax=axes[0])
     fsm.draw_automaton(f, "char", compressed=True, ax=axes[1])
     plt.close(fig)
+
+
+# --- defects: the cap on tokens, and what `format: date` allows -------------------------------------------
+
+def test_token_jumps_stop_at_the_cap_on_the_smallest_case():
+    table = {"a": 0, "b": 1, "c": 2, "x": 3}
+    toy = fsm.make_vocabulary(table, eos_id=4, encoder=lambda s: [table[c] for c in s])
+    f = fsm.compile_fsm("abc(x)*", toy)
+    model = lambda ids: torch.zeros(5)  # noqa: E731
+    for cap in range(1, 6):
+        none = fsm.decode(model, f, "none", max_tokens=cap)
+        token = fsm.decode(model, f, "token", max_tokens=cap)
+        assert len(none.ids) <= cap and token.ids == none.ids, (cap, none.ids, token.ids)
+    # character mode: the forced "abc" is retokenized to [0, 1, 2] and cut to the cap
+    for cap, ids in [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]:
+        char = fsm.decode(model, f, "char", max_tokens=cap, record_events=True)
+        assert char.ids == ids and char.text == b"abc"[:cap] and char.jumped_bytes == cap
+        assert char.forward_passes == 0 and not char.finished
+        assert [(e.kind, e.tokens, e.data) for e in char.events] == [("char-jump", tuple(ids), b"abc"[:cap])]
+
+
+def test_each_mode_runs_its_step():
+    """``decode``'s modes are the chapter's steps, in the lesson's order."""
+    assert [fsm.STEP_OF_MODE[m] for m in fsm.MODES] == [s.function for s in fsm.CHAPTER.steps]
+    assert [s.name for s in fsm.CHAPTER.steps] == ["step01_uncompressed", "step02_token_jumps", "step03_char_jumps"]
+
+
+def _caps(rng, full, jumped):
+    """Caps to try: the smallest, the length of the output and one past it, some at random, and every cap
+    that falls inside a token jump of the uncapped decode (where a jump must be cut)."""
+    n = len(full.ids)
+    caps = {1, 2, 3, n, n + 1, *rng.sample(range(1, n + 2), min(n + 1, 6))}
+    pos = 0
+    for s in jumped.events:
+        if s.kind == "token-jump":
+            caps.update(range(pos + 1, pos + len(s.tokens)))
+        pos += len(s.tokens) if s.kind in ("pass", "token-jump") else 0
+    return sorted(caps)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_token_jumps_give_the_ids_of_uncompressed_decoding_under_every_cap(automata, rng, vocab, case):
+    """``max_tokens`` caps the ids in every mode; token jumps are cut there, so their ids stay those of mode none."""
+    entry, f = automata[case]
+    r = _py_rng(rng, "caps/" + case[0])
+    sample = entry.sample(r, case[1])
+    cut = 0
+    for model in (fsm.writer_model(vocab, sample), fsm.toy_model(vocab, seed=rng.seed_value)):
+        full = fsm.decode(model, f, "none", max_tokens=300)
+        jumped = fsm.decode(model, f, "token", max_tokens=300, record_events=True)
+        assert jumped.ids == full.ids
+        caps = _caps(r, full, jumped)
+        for cap in caps:
+            token = fsm.decode(model, f, "token", max_tokens=cap)
+            assert token.ids == full.ids[:cap], (cap, token.ids, full.ids[:cap])
+            assert token.finished == (full.finished and cap > len(full.ids))
+            cut += cap < len(full.ids)
+    assert cut > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_char_jumps_respect_the_cap(automata, rng, vocab, case):
+    """Under a cap, character jumps give at most ``max_tokens`` ids, a valid walk whose text begins the
+    uncapped output's."""
+    entry, f = automata[case]
+    r = _py_rng(rng, "char-caps/" + case[0])
+    sample = entry.sample(r, case[1])
+    for model in (fsm.writer_model(vocab, sample), fsm.toy_model(vocab, seed=rng.seed_value)):
+        full = fsm.decode(model, f, "char", max_tokens=300)
+        for cap in sorted({1, 2, 3, *r.sample(range(1, len(full.ids) + 2), min(len(full.ids) + 1, 8))}):
+            char = fsm.decode(model, f, "char", max_tokens=cap)
+            assert len(char.ids) <= cap, (cap, char.ids)
+            f.walk(char.ids)
+            assert char.text == vocab.decode(char.ids) and full.text.startswith(char.text)
+            if char.finished:
+                assert full.finished and char.text == full.text
+
+
+NAG_MUNDARI_DATE = '"206\U0001E4F2-02-04"'  # U+1E4F2 NAG MUNDARI DIGIT TWO (Unicode 15), a `\\d` to outlines-core
+DATE = {"type": "string", "format": "date"}
+
+
+def test_a_date_field_accepts_only_ascii_digits(vocab):
+    """RFC 3339 dates are ASCII; outlines-core's `\\d` is any Unicode digit. By default the schema's regex
+    says `[0-9]`; `ascii_digits=False` keeps outlines' regex, and with it the Nag Mundari date."""
+    f = fsm.compile_fsm(fsm.regex_from_schema(DATE), vocab)
+    assert f.matches('"2064-02-04"')
+    assert not f.matches(NAG_MUNDARI_DATE)
+    assert "\\d" not in f.regex
+    unicode = fsm.compile_fsm(fsm.regex_from_schema(DATE, ascii_digits=False), vocab)
+    assert unicode.matches('"2064-02-04"') and unicode.matches(NAG_MUNDARI_DATE)
+
+
+@pytest.mark.parametrize("name", ["tool_call", "calendar_event", "datetime"])
+def test_the_suites_dates_accept_only_ascii_digits(automata, rng, name):
+    """A valid sample with its year's first digit made U+1E4F2: outlines' own regex accepts it (checked with
+    the `regex` module), the suite's automaton, built with ASCII digits by default, refuses it."""
+    entry, f = automata[(name, "default")]
+    sample = entry.sample(_py_rng(rng, "date/" + name), "default")
+    year = regex_module.search(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", sample).start()
+    bad = sample[:year] + "\U0001E4F2" + sample[year + 1:]
+    assert f.matches(sample) and not f.matches(bad)
+    assert regex_module.fullmatch(entry.regex("default", ascii_digits=False), bad, flags=regex_module.DOTALL)
+    assert "\\d" not in f.regex
+
+
+@pytest.mark.parametrize(
+    "regex, ascii",
+    [
+        (r"\d{4}", "[0-9]{4}"),
+        (r"[\d.]+", "[0-9.]+"),
+        (r"[^\d]", "[^0-9]"),
+        (r"\D", "[^0-9]"),
+        (r"\\d", r"\\d"),                 # an escaped backslash, then a letter d
+        (r"\\\d", r"\\[0-9]"),
+        (r"[]\d]", "[]0-9]"),                # ']' first in a class is a literal
+        (r"[\]\d]x\d", r"[\]0-9]x[0-9]"),
+        (r"[[:alpha:]\d]", "[[:alpha:]0-9]"),  # a nested (POSIX) class
+        (r"\p{Nd}\w\s", r"\p{Nd}\w\s"),      # other classes are left alone
+    ],
+)
+def test_ascii_digit_classes(regex, ascii):
+    """The rewrite, and (where Python's `regex` reads the syntax the same way) the same matches as the
+    original regex read with ASCII classes."""
+    assert fsm.ascii_digit_classes(regex) == ascii
+    if "[:" not in regex and "\\p" not in regex:
+        for text in ("7", "\U0001E4F2", "x", "]", "."):
+            want = regex_module.fullmatch(regex, text, flags=regex_module.ASCII)
+            assert bool(regex_module.fullmatch(ascii, text)) == bool(want), text
+
+
+def test_ascii_digit_classes_refuses_what_it_cannot_write():
+    with pytest.raises(ValueError, match="inside a character class"):
+        fsm.ascii_digit_classes(r"[\Da]")
+    with pytest.raises(TypeError, match="regex must be a str"):
+        fsm.ascii_digit_classes(None)
+
+
+def _unicode_digit_prefix(b: bytes, digits: set[str], partial: set[bytes], n: int) -> bool:
+    """Whether ``b`` begins a string of at most ``n`` Unicode digits (``digits``, from the `regex` module's
+    tables) and holds a non-ASCII byte: whole digits, then possibly the first bytes of one more (``partial``)."""
+    for cut in range(len(b), -1, -1):
+        try:
+            head = b[:cut].decode()
+        except UnicodeDecodeError:
+            continue
+        rest = b[cut:]
+        if not all(c in digits for c in head) or (rest and rest not in partial):
+            return False
+        return max(b) >= 0x80 and len(head) + bool(rest) <= n
+    return False
+
+
+def test_what_the_unicode_digit_class_adds_to_a_date_mask(vocab):
+    """The tokens a Unicode `\\d` adds where a date's year begins, against an independent count: every
+    cl100k token that begins a string of at most four Unicode digits and is not ASCII."""
+    ascii_date = fsm.compile_fsm(fsm.regex_from_schema(DATE), vocab)
+    unicode_date = fsm.compile_fsm(fsm.regex_from_schema(DATE, ascii_digits=False), vocab)
+    ids = vocab.encode('"2024-02-29"')
+    extra = fsm.extra_tokens(unicode_date, ascii_date, ids)
+    assert len(extra) == len(ids) + 1
+    for s, t in zip(unicode_date.walk(ids), ascii_date.walk(ids)):  # the ASCII masks are subsets
+        assert set(ascii_date.allowed(t).tolist()) <= set(unicode_date.allowed(s).tolist())
+    every_char = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    digits = set(regex_module.findall(r"\d", every_char))
+    partial = {d.encode()[:k] for d in digits for k in range(1, len(d.encode()))}
+    expected = {i for i, b in enumerate(vocab.token_bytes)
+                if b is not None and _unicode_digit_prefix(b, digits, partial, 4)}
+    assert set(extra[1].tolist()) == expected and len(expected) > 0
+    assert extra[0].size == 0 and sum(e.size for e in extra) > len(expected)

@@ -152,13 +152,17 @@ class SuiteEntry:
     pattern: Optional[str] = None
     sampler: Optional[Callable[[random.Random, str], str]] = field(default=None, repr=False)
 
-    def regex(self, whitespace: str = "default") -> str:
-        """The regex outlines builds for this entry (JSON entries depend on the whitespace pattern)."""
-        from studylog.fsm import regex_from_schema
+    def regex(self, whitespace: str = "default", *, ascii_digits: bool = True) -> str:
+        """The regex outlines builds for this entry (JSON entries depend on the whitespace pattern).
+
+        ``ascii_digits`` (default True) writes ``\\d`` as ``[0-9]`` in JSON and regex entries alike (see
+        :func:`studylog.fsm.ascii_digit_classes`); False gives outlines' regex, where ``\\d`` is any Unicode
+        digit."""
+        from studylog.fsm.automaton import ascii_digit_classes, regex_from_schema
 
         if self.kind == "regex":
-            return self.pattern
-        return regex_from_schema(self.schema, whitespace_pattern=WHITESPACE[whitespace])
+            return ascii_digit_classes(self.pattern) if ascii_digits else self.pattern
+        return regex_from_schema(self.schema, whitespace_pattern=WHITESPACE[whitespace], ascii_digits=ascii_digits)
 
     def sample(self, rng: random.Random, whitespace: str = "default") -> str:
         if self.sampler is not None:

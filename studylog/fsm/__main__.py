@@ -1,0 +1,52 @@
+"""Chapter 1's tools: ``python -m studylog.fsm export-masks | report | figure``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+from studylog.fsm.masks import export_masks
+from studylog.fsm.report import plot_savings, run_suite, savings_table
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studylog.fsm", description="Chapter 1 (FSM compression) tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export-masks", help="write assets/data/fsm_masks.npz from the suite's visited states")
+    exp.add_argument("--out", type=Path, default=None, help="output file (default: assets/data/fsm_masks.npz)")
+    exp.add_argument("--samples", type=int, default=8, help="samples per suite entry (default 8)")
+    exp.add_argument("--ascii-digits", action="store_true",
+                     help="write \\d as [0-9] in the suite's regexes, as the chapter compiles them (the default "
+                          "reproduces the committed file, exported with outlines' Unicode \\d)")
+    rep = sub.add_parser("report", help="print the suite's savings table")
+    rep.add_argument("--samples", type=int, default=8)
+    fig = sub.add_parser("figure", help="draw the suite's savings plot into assets/figures/fsm_savings.png "
+                                       "(the chapter's teaser on the blog's landing page)")
+    fig.add_argument("--samples", type=int, default=8)
+    args = parser.parse_args(argv)
+    if args.command == "figure":
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from studylog.plotting import save_figure
+
+        ax = plot_savings(run_suite(n_samples=args.samples, progress=True))
+        print(save_figure(ax.figure, "fsm_savings"))
+        return 0
+    if args.command == "export-masks":
+        from studylog import data
+
+        path = export_masks(args.out, n_samples=args.samples, ascii_digits=args.ascii_digits)
+        ms = data.load_masks(path)
+        counts = ms.counts()
+        print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): {len(ms)} masks over {ms.vocab_size} ids "
+              f"({ms.tokenizer}), allowed tokens from {counts.min()} to {counts.max()}")
+        return 0
+    print(savings_table(run_suite(n_samples=args.samples, progress=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""The automaton of constrained decoding and its two jump tables.
+
+A regex (or a JSON schema turned into a regex by outlines) is indexed over a vocabulary by
+``outlines_core.Index``: every state maps to the tokens allowed there. :class:`ConstrainedFSM` holds that
+index, the character-level automaton of the same regex, and the jump tables the lesson's steps read:
+
+* ``token_jumps`` (step 2): a state whose only allowed token is forced (a final state also allows EOS, so
+  it is never forced); chains of forced states collapse into one :class:`Jump` that appends several tokens;
+* ``char_jumps`` (step 3): a state whose next *bytes* are forced jumps over the whole forced string.
+
+:func:`regex_from_schema` builds a schema's regex; by default it writes outlines-core's ``\\d`` as the
+ASCII class ``[0-9]`` (see :func:`ascii_digit_classes`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocabulary
+
+
+# --- regexes and schemas ------------------------------------------------------------------------------
+
+def ascii_digit_classes(regex: str) -> str:
+    """``regex`` with every ``\\d`` written as the ASCII class ``[0-9]`` (``0-9`` inside a class) and every
+    ``\\D`` outside a class as ``[^0-9]``.
+
+    outlines-core compiles regexes with Rust's ``regex`` syntax, where ``\\d`` is any Unicode decimal digit
+    (Arabic-Indic, Devanagari, fullwidth, Nag Mundari...): hundreds of code points, not ten. JSON Schema's own
+    ``pattern`` keyword and its ``format`` values follow ECMA-262 and RFC 3339, where digits are ASCII, so
+    the rewrite gives a schema the meaning it has there. Escaped backslashes (``\\\\d``) are left alone;
+    a ``\\D`` inside a class has no flat ASCII spelling and is refused (outlines never writes one)."""
+    if not isinstance(regex, str):
+        raise TypeError(f"regex must be a str, got {type(regex).__name__}")
+    out, i, depth = [], 0, 0  # depth: nesting of character classes (Rust's syntax nests them)
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\" and i + 1 < len(regex):
+            nxt = regex[i + 1]
+            if nxt == "d":
+                out.append("0-9" if depth else "[0-9]")
+            elif nxt == "D":
+                if depth:
+                    raise ValueError(f"regex has \\D inside a character class at position {i}; "
+                                     "ascii_digit_classes cannot rewrite it")
+                out.append("[^0-9]")
+            else:
+                out.append(regex[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            depth += 1
+            out.append(c)
+            i += 1
+            if regex.startswith("^", i):
+                out.append("^")
+                i += 1
+            if regex.startswith("]", i):  # a ']' first in a class is a literal
+                out.append("]")
+                i += 1
+            continue
+        if c == "]" and depth:
+            depth -= 1
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True) -> str:
+    """The regex outlines builds for a JSON schema (a dict, a JSON string, or a pydantic model class).
+
+    ``whitespace_pattern`` is where optional whitespace may go between JSON tokens (outlines' default,
+    None, is ``[ ]?``; ``""`` allows none). Invalid JSON or an unsupported schema raises ValueError.
+
+    ``ascii_digits`` (default True) rewrites the regex with :func:`ascii_digit_classes`: outlines-core
+    writes ``"format": "date"`` (and ``date-time``, ``time``...) with ``\\d``, which it treats as any
+    Unicode digit, so ``"206\\U0001E4F2-02-04"`` (a Nag Mundari digit) would be a valid date. RFC 3339
+    dates are ASCII. ``ascii_digits=False`` gives outlines' regex unchanged."""
+    from outlines.types import JsonSchema
+    from outlines_core.json_schema import build_regex_from_schema
+
+    if isinstance(schema, type):
+        try:
+            text = JsonSchema(schema).schema  # pydantic model, dataclass or TypedDict -> JSON schema text
+        except Exception as exc:
+            raise ValueError(f"cannot turn {schema.__name__} into a JSON schema: {exc}") from exc
+    elif isinstance(schema, dict):
+        text = json.dumps(schema)
+    elif isinstance(schema, str):
+        text = schema
+    else:
+        raise TypeError(f"schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON schema: not valid JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f"invalid JSON schema: expected a JSON object, got {type(parsed).__name__}")
+    try:
+        import jsonschema
+
+        jsonschema.validators.validator_for(parsed).check_schema(parsed)
+    except ImportError:  # pragma: no cover - outlines depends on jsonschema
+        pass
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"invalid JSON schema: {exc.message}") from exc
+    try:
+        regex = build_regex_from_schema(text, whitespace_pattern)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"invalid or unsupported JSON schema: {str(exc).splitlines()[0]}") from exc
+    return ascii_digit_classes(regex) if ascii_digits else regex
+
+
+def _build_index(regex: str, vocabulary, vocab_name: str):
+    from outlines_core import Index
+
+    try:
+        return Index(regex, vocabulary)
+    except ValueError as exc:
+        msg = str(exc)
+        short = regex if len(regex) <= 80 else regex[:77] + "..."
+        if "DFA" in msg or "NFA" in msg or "regex parse" in msg.lower():
+            detail = ""
+            try:
+                re.compile(regex)
+            except re.error as py_exc:
+                detail = f" (Python's re module says: {py_exc})"
+            raise ValueError(f"invalid regex {short!r}: {msg}{detail}") from exc
+        if "incompatible" in msg:
+            raise ValueError(f"vocabulary {vocab_name!r} cannot write any text matching regex {short!r}: "
+                             f"{msg.splitlines()[0]}") from exc
+        raise ValueError(f"outlines-core could not index regex {short!r}: {msg}") from exc
+
+
+# --- the automaton and its jump tables ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Jump:
+    """A chain of forced steps from one state: the tokens (token level) or bytes it emits, and where it ends."""
+
+    tokens: tuple[int, ...]
+    data: bytes
+    end: int
+
+
+def forced_chains(step: dict[int, tuple[tuple[int, ...], bytes, int]]) -> dict[int, Jump]:
+    """Collapse forced single steps ``state -> (tokens, bytes, next)`` into maximal jumps, in O(states +
+    total jump length). A cycle of forced states (no way out, so no accepting path) is cut where it closes.
+
+    Each state's jump runs to the end of its chain, so a jump that starts inside another one is its tail."""
+    jumps: dict[int, Jump] = {}
+    for start in step:
+        if start in jumps:
+            continue
+        path, on_path, cur = [], set(), start
+        while cur in step and cur not in jumps and cur not in on_path:
+            on_path.add(cur)
+            path.append(cur)
+            cur = step[cur][2]
+        if cur in jumps:
+            tokens, data, end = jumps[cur].tokens, jumps[cur].data, jumps[cur].end
+        else:
+            tokens, data, end = (), b"", cur
+        for s in reversed(path):
+            t, d, _ = step[s]
+            tokens, data = t + tokens, d + data
+            jumps[s] = Jump(tokens, data, end)
+    return jumps
+
+
+class ConstrainedFSM:
+    """An outlines-core index over a vocabulary, plus the two jump tables of the chapter.
+
+    ``build_seconds`` is outlines-core's index build; ``precompute_seconds`` is everything the compressions
+    add (the character-level automaton and both jump tables), both measured with ``time.perf_counter``.
+    A jump lookup during decoding is one dict lookup.
+
+    The character-level automaton is the index of the same regex over a vocabulary of the 256 single
+    bytes. Both indexes number their states with the ids of the same regex DFA, so a state of one is the
+    same state of the other (``tests/test_fsm.py`` checks this on the whole suite).
+    """
+
+    def __init__(self, regex: str, vocab: TokenVocabulary, name: str = ""):
+        if not isinstance(regex, str):
+            raise TypeError(f"regex must be a str, got {type(regex).__name__}")
+        if not regex:
+            raise ValueError("regex is empty")
+        if not isinstance(vocab, TokenVocabulary):
+            raise TypeError(f"vocab must be a TokenVocabulary, got {type(vocab).__name__}")
+        self.regex, self.vocab, self.name = regex, vocab, name or regex[:40]
+        t0 = time.perf_counter()
+        self.index = _build_index(regex, vocab.outlines_vocabulary(), vocab.name)
+        self.build_seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.precompute_jumps()
+        self.precompute_seconds = time.perf_counter() - t0
+        self._allowed: dict[int, np.ndarray] = {}
+        self._count: dict[int, int] = {}
+
+    # -- precompute ---------------------------------------------------------------------------------
+    def precompute_jumps(self) -> None:
+        """Build the character-level automaton and both jump tables (run once, by the constructor)."""
+        self.initial: int = self.index.get_initial_state()
+        self.finals: frozenset[int] = frozenset(self.index.get_final_states())
+        byte_index = _build_index(self.regex, byte_vocabulary(), "bytes")
+        if byte_index.get_initial_state() != self.initial:
+            raise RuntimeError("the byte-level and token-level indexes do not share state ids; "
+                               "this outlines-core version numbers states differently")
+        #: character-level automaton: state -> {byte: next state}
+        self.char_out: dict[int, dict[int, int]] = {
+            s: {b: n for b, n in d.items() if b != 256} for s, d in byte_index.get_transitions().items()}
+        self.char_finals: frozenset[int] = frozenset(byte_index.get_final_states())
+
+        forced_bytes = {s: next(iter(d.items())) for s, d in self.char_out.items()
+                        if len(d) == 1 and s not in self.char_finals}
+        self.char_jumps: dict[int, Jump] = forced_chains({s: ((), bytes([b]), n) for s, (b, n) in forced_bytes.items()})
+
+        # With every byte a token, a state allowing exactly one token must have exactly one allowed next
+        # byte: any allowed byte is itself an allowed one-byte token. So only those states need a look.
+        candidates = forced_bytes if self.vocab.byte_complete else self.char_out
+        step = {}
+        for s in candidates:
+            if s in self.finals:
+                continue
+            allowed = self.index.get_allowed_tokens(s)
+            if allowed is not None and len(allowed) == 1:
+                t = allowed[0]
+                step[s] = ((t,), self.vocab.token_bytes[t], self.index.get_next_state(s, t))
+        self.token_jumps: dict[int, Jump] = forced_chains(step)
+
+    # -- queries ---------------------------------------------------------------------------------------
+    @property
+    def states(self) -> list[int]:
+        """States of the character-level automaton (a superset of the token-level states)."""
+        return sorted(set(self.char_out) | self.char_finals)
+
+    def is_final(self, state: int) -> bool:
+        return state in self.finals
+
+    def allowed(self, state: int) -> Int[Tensor, " n"]:
+        """Allowed token ids of a state, sorted, EOS included in final states."""
+        return torch.from_numpy(self.allowed_array(state).copy())
+
+    def allowed_array(self, state: int) -> np.ndarray:
+        """The same ids as :meth:`allowed`, as a cached read-only int64 numpy array (no copy)."""
+        out = self._allowed.get(state)
+        if out is None:
+            ids = self.index.get_allowed_tokens(state)
+            if ids is None:
+                raise ValueError(f"state {state} is not a state of the automaton of {self.name!r}")
+            out = np.sort(np.asarray(ids, dtype=np.int64))
+            out.flags.writeable = False
+            self._allowed[state] = out
+            self._count[state] = out.size
+        return out
+
+    def n_allowed(self, state: int) -> int:
+        """How many tokens a state allows (EOS counts in final states)."""
+        n = self._count.get(state)
+        if n is None:
+            ids = self.index.get_allowed_tokens(state)
+            if ids is None:
+                raise ValueError(f"state {state} is not a state of the automaton of {self.name!r}")
+            n = self._count[state] = len(ids)
+        return n
+
+    def only_eos(self, state: int) -> bool:
+        """A final state where nothing but EOS is allowed: decoding stops there without a forward pass."""
+        return state in self.finals and self.n_allowed(state) == 1
+
+    def next_state(self, state: int, token_id: int) -> Optional[int]:
+        """The state after ``token_id``, None when the token is not allowed (EOS ends decoding: None)."""
+        token_id = self.vocab.check_id(token_id)
+        return self.index.get_next_state(state, token_id)
+
+    def is_allowed(self, state: int, token_id: int) -> bool:
+        if token_id == self.vocab.eos_id:
+            return state in self.finals
+        return self.index.get_next_state(state, token_id) is not None
+
+    def walk(self, ids: Sequence[int], state: Optional[int] = None) -> list[int]:
+        """States after each prefix of ``ids`` (``len(ids) + 1`` of them); raises on a disallowed token."""
+        states = [self.initial if state is None else state]
+        for pos, t in enumerate(ids):
+            nxt = self.next_state(states[-1], t)
+            if nxt is None:
+                raise ValueError(f"token id {t} ({self.vocab.show(t)!r}) at position {pos} is not allowed in "
+                                 f"state {states[-1]} of {self.name!r}")
+            states.append(nxt)
+        return states
+
+    def char_walk(self, text: str | bytes, state: Optional[int] = None) -> Optional[int]:
+        """The character-level state after ``text``, None when the automaton rejects it on the way."""
+        data = text.encode() if isinstance(text, str) else text
+        s = self.initial if state is None else state
+        for b in data:
+            s = self.char_out.get(s, {}).get(b)
+            if s is None:
+                return None
+        return s
+
+    def matches(self, text: str | bytes) -> bool:
+        """True when the automaton accepts ``text`` whole."""
+        s = self.char_walk(text)
+        return s is not None and s in self.char_finals
+
+    def __repr__(self) -> str:
+        return (f"ConstrainedFSM({self.name!r}: {len(self.states)} states, {len(self.token_jumps)} token-forced, "
+                f"{len(self.char_jumps)} char-forced, index {self.build_seconds:.2f}s, "
+                f"jumps {self.precompute_seconds * 1e3:.1f}ms)")
+
+
+def compile_fsm(regex: str, vocab: Optional[TokenVocabulary] = None, name: str = "") -> ConstrainedFSM:
+    """Index ``regex`` over ``vocab`` (default cl100k_base) and precompute its jump tables."""
+    return ConstrainedFSM(regex, vocab if vocab is not None else load_vocabulary(), name)

@@ -1,0 +1,294 @@
+"""The decode loop, one step of the lesson at a time, and two deterministic stand-ins for a model.
+
+Each step is a complete greedy decode loop over any ``next_logits(token_ids)`` callable (one forward
+pass), so ``CHAPTER.show_diff`` shows what each step adds to the one before:
+
+1. :func:`step01_uncompressed`: one forward pass per token;
+2. :func:`step02_token_jumps`: a chain of states that allow exactly one token is appended without a pass;
+   the ids are those of step 1, for any model and any ``max_tokens``;
+3. :func:`step03_char_jumps`: a chain of forced *bytes* is appended and the whole text re-encoded with the
+   tokenizer (SGLang's compressed FSM); the text still matches the regex, possibly split into other tokens.
+
+:func:`decode` is the general entry point: it runs the step that ``mode`` names (``"none"``, ``"token"``,
+``"char"``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from studylog.checks import check_choice, check_int
+from studylog.fsm.automaton import ConstrainedFSM
+from studylog.fsm.vocabulary import TokenVocabulary
+
+Mode = Literal["none", "token", "char"]
+#: The modes of :func:`decode`, in the order of the lesson's steps.
+MODES: tuple[str, ...] = ("none", "token", "char")
+
+NextLogits = Callable[[list[int]], Float[Tensor, " vocab"]]
+
+
+@dataclass
+class Event:
+    """One event of a decode: a forward pass that picked ``tokens[0]``, a token jump, a character jump
+    (``dropped`` tokens already emitted were replaced by retokenization), EOS, or the end (a state where
+    only EOS is allowed, reached without a pass)."""
+
+    kind: Literal["pass", "token-jump", "char-jump", "eos", "end"]
+    tokens: tuple[int, ...] = ()
+    data: bytes = b""
+    dropped: int = 0
+
+
+@dataclass
+class DecodeResult:
+    ids: list[int]
+    text: bytes
+    forward_passes: int
+    finished: bool                 # reached EOS (or a state where only EOS is allowed)
+    jumped_tokens: int = 0         # tokens appended without a forward pass (after retokenization in char mode)
+    jumped_bytes: int = 0          # bytes emitted by character jumps
+    retokenized: int = 0           # tokens already emitted that a retokenization replaced (KV entries to redo)
+    skipped_jumps: int = 0         # character jumps not taken because the text ended inside a UTF-8 character
+    events: list[Event] = field(default_factory=list)  # filled with record_events=True
+
+
+def check_logits(logits: Any, vocab_size: int) -> Tensor:
+    """``logits`` if they are one forward pass's output over ``vocab_size`` ids (a 1-D float tensor)."""
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"next_logits must return a torch.Tensor, got {type(logits).__name__}")
+    if logits.ndim != 1 or logits.shape[0] != vocab_size:
+        raise ValueError(f"next_logits must return logits of shape ({vocab_size},) (the vocabulary size), "
+                         f"got {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise TypeError(f"next_logits must return floating-point logits, got {logits.dtype}")
+    return logits
+
+
+def greedy(fsm: ConstrainedFSM, state: int, logits: Tensor) -> int:
+    """argmax over the allowed tokens, ties to the lowest id (numpy: no thread pool for one small vector)."""
+    values = logits.detach().to("cpu", torch.float32).numpy()
+    best = int(np.argmax(values))  # first maximum = lowest id; if it is allowed it wins the masked argmax too
+    if fsm.is_allowed(state, best):
+        return best
+    allowed = fsm.allowed_array(state)
+    return int(allowed[np.argmax(values[allowed])])
+
+
+def _start(fsm: ConstrainedFSM, max_tokens: int) -> DecodeResult:
+    if not isinstance(fsm, ConstrainedFSM):
+        raise TypeError(f"fsm must be a ConstrainedFSM, got {type(fsm).__name__}")
+    check_int("max_tokens", max_tokens, low=1)
+    return DecodeResult([], b"", 0, False)
+
+
+def _forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, state: int, res: DecodeResult,
+                  record: bool) -> int | None:
+    """One forward pass in ``state``: the greedy token, appended to ``res.ids``; None (and finished) on EOS."""
+    logits = check_logits(next_logits(list(res.ids)), fsm.vocab.vocab_size)
+    res.forward_passes += 1
+    tok = greedy(fsm, state, logits)
+    if tok == fsm.vocab.eos_id:
+        res.finished = True
+        if record:
+            res.events.append(Event("eos", (tok,)))
+        return None
+    res.ids.append(tok)
+    if record:
+        res.events.append(Event("pass", (tok,), fsm.vocab.token_bytes[tok]))
+    return tok
+
+
+def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
+                        record_events: bool = False) -> DecodeResult:
+    """Step 1: greedy constrained decoding, one forward pass per token.
+
+    ``next_logits(ids)`` is one forward pass: the logits of the token after ``ids`` (shape ``[vocab]``).
+    Decoding stops at EOS, in a state where only EOS is allowed (no pass needed), or after ``max_tokens``
+    ids; ``finished`` says whether it ended."""
+    res = _start(fsm, max_tokens)
+    ids, states = res.ids, [fsm.initial]
+    while len(ids) < max_tokens:
+        state = states[-1]
+        if fsm.only_eos(state):
+            res.finished = True
+            if record_events:
+                res.events.append(Event("end"))
+            break
+        tok = _forward_pass(next_logits, fsm, state, res, record_events)
+        if tok is None:
+            break
+        states.append(fsm.index.get_next_state(state, tok))
+    res.text = fsm.vocab.decode(ids)
+    return res
+
+
+def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
+                       record_events: bool = False) -> DecodeResult:
+    """Step 2: token-level jumps. In a state that allows exactly one token, that token is what any pass
+    would pick, so the chain of such tokens is appended without a pass.
+
+    The ids are those of :func:`step01_uncompressed` for any model and any ``max_tokens``: a jump that
+    would cross the cap is cut there. A pass after a jump feeds the jumped tokens to the model together,
+    as a chunked prefill does; it still counts as one pass."""
+    res = _start(fsm, max_tokens)
+    ids, states = res.ids, [fsm.initial]
+    while len(ids) < max_tokens:
+        state = states[-1]
+        if fsm.only_eos(state):
+            res.finished = True
+            if record_events:
+                res.events.append(Event("end"))
+            break
+        jump = fsm.token_jumps.get(state)
+        if jump is not None:
+            tokens = jump.tokens[:max_tokens - len(ids)]  # cut at the cap, where step 1 stops too
+            ids.extend(tokens)
+            states.extend(fsm.walk(tokens, state)[1:])
+            res.jumped_tokens += len(tokens)
+            if record_events:
+                res.events.append(Event("token-jump", tokens, fsm.vocab.decode(tokens)))
+            continue
+        tok = _forward_pass(next_logits, fsm, state, res, record_events)
+        if tok is None:
+            break
+        states.append(fsm.index.get_next_state(state, tok))
+    res.text = fsm.vocab.decode(ids)
+    return res
+
+
+def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
+                      record_events: bool = False) -> DecodeResult:
+    """Step 3: character-level jumps with retokenization (SGLang's compressed FSM). In a state whose next
+    bytes are forced, the forced string is appended and the whole text re-encoded with the tokenizer, so
+    the model is fed the split it was trained on; that can replace tokens already emitted (``retokenized``:
+    KV-cache entries to recompute). The text still matches the regex, possibly in other tokens than step 1.
+
+    A jump whose retokenized ids would pass ``max_tokens`` is cut: the result is the first ``max_tokens`` ids
+    of the retokenized text (a valid walk of the automaton whose text ends inside the jump, or, when the
+    tokenizer splits the earlier text into more tokens than were emitted, before it), with ``finished``
+    False. A jump from text that ends inside a UTF-8 character cannot be retokenized: it is skipped and a
+    pass picks the next token (``skipped_jumps``)."""
+    res = _start(fsm, max_tokens)
+    vocab = fsm.vocab
+    if vocab.encoder is None:
+        raise ValueError(f"character-level jumps retokenize, and vocabulary {vocab.name!r} has no encoder")
+    ids, states = res.ids, [fsm.initial]
+    while len(ids) < max_tokens:
+        state = states[-1]
+        if fsm.only_eos(state):
+            res.finished = True
+            if record_events:
+                res.events.append(Event("end"))
+            break
+        jump = fsm.char_jumps.get(state)
+        if jump is not None:
+            text = vocab.decode(ids)
+            try:
+                new_ids = vocab.encode((text + jump.data).decode("utf-8"))
+            except UnicodeDecodeError:  # the model stopped inside a multi-byte character
+                new_ids = None
+            if new_ids is None:
+                res.skipped_jumps += 1
+            else:
+                cut = len(new_ids) > max_tokens
+                new_ids = new_ids[:max_tokens]  # a jump is cut at the cap
+                keep = 0
+                while keep < min(len(ids), len(new_ids)) and ids[keep] == new_ids[keep]:
+                    keep += 1
+                new_states = states[:keep + 1] + fsm.walk(new_ids[keep:], states[keep])[1:]
+                appended = max(0, len(vocab.decode(new_ids)) - len(text))  # all of jump.data unless cut
+                if not cut and new_states[-1] != jump.end:
+                    raise RuntimeError(f"retokenized text ends in state {new_states[-1]}, the jump in {jump.end}")
+                res.retokenized += len(ids) - keep
+                res.jumped_tokens += len(new_ids) - keep
+                res.jumped_bytes += appended
+                if record_events:
+                    res.events.append(Event("char-jump", tuple(new_ids[keep:]), jump.data[:appended],
+                                            dropped=len(ids) - keep))
+                ids[:] = new_ids
+                states = new_states
+                continue
+        tok = _forward_pass(next_logits, fsm, state, res, record_events)
+        if tok is None:
+            break
+        states.append(fsm.index.get_next_state(state, tok))
+    res.text = fsm.vocab.decode(ids)
+    return res
+
+
+#: The step each mode of :func:`decode` runs.
+STEP_OF_MODE: dict[str, Callable[..., DecodeResult]] = {
+    "none": step01_uncompressed, "token": step02_token_jumps, "char": step03_char_jumps}
+
+
+def decode(next_logits: NextLogits, fsm: ConstrainedFSM, mode: Mode = "none", *, max_tokens: int = 256,
+           record_events: bool = False) -> DecodeResult:
+    """The general entry point: greedy constrained decoding with the step that ``mode`` names.
+
+    ``"none"`` is :func:`step01_uncompressed` (one pass per token), ``"token"`` :func:`step02_token_jumps`
+    (forced token chains appended without a pass; the same ids as ``"none"``, under any ``max_tokens``),
+    ``"char"`` :func:`step03_char_jumps` (forced strings appended, the text retokenized; it still matches
+    the regex, possibly in other tokens). At most ``max_tokens`` ids come back in every mode."""
+    check_choice("mode", mode, MODES)
+    return STEP_OF_MODE[mode](next_logits, fsm, max_tokens=max_tokens, record_events=record_events)
+
+
+# --- two deterministic "models" -----------------------------------------------------------------------------
+
+def toy_model(vocab: TokenVocabulary, seed: int = 0, close_bias: float = 0.25) -> NextLogits:
+    """A deterministic stand-in for a language model: logits are pseudo-random, a pure function of the
+    ids (so two decodes that feed the same ids get the same logits), plus a bias growing with the length
+    toward tokens that close strings and objects, so outputs end."""
+    closers = [i for i, b in enumerate(vocab.token_bytes) if b is not None and any(c in b for c in b'"}],;')]
+    closers = np.asarray(closers + [vocab.eos_id], dtype=np.int64)
+
+    def next_logits(ids: list[int]) -> Float[Tensor, " vocab"]:
+        key = zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes())
+        logits = np.random.default_rng([seed, key, len(ids)]).standard_normal(vocab.vocab_size, dtype=np.float32)
+        logits[closers] += close_bias * len(ids)
+        return torch.from_numpy(logits)
+
+    return next_logits
+
+
+def writer_model(vocab: TokenVocabulary, text: str) -> NextLogits:
+    """A model that writes ``text`` the way the tokenizer splits it: it puts all its mass on the next
+    canonical token. When a retokenization leaves the output between canonical boundaries, it writes the
+    canonical split of the rest of the current canonical token, then continues canonically."""
+    target = text.encode()
+    canon = vocab.encode(text)
+    starts: dict[int, int] = {}
+    pos = 0
+    for i, t in enumerate(canon):
+        starts[pos] = i
+        pos += len(vocab.token_bytes[t])
+    bounds = sorted(starts) + [len(target)]
+
+    def next_logits(ids: list[int]) -> Float[Tensor, " vocab"]:
+        done = vocab.decode(ids)
+        if not target.startswith(done):
+            raise RuntimeError(f"the output {done!r} left the target text {target!r}")
+        n = len(done)
+        if n == len(target):
+            pick = vocab.eos_id
+        elif n in starts:
+            pick = canon[starts[n]]
+        else:
+            nxt = next(b for b in bounds if b > n)
+            try:
+                pick = vocab.encode(target[n:nxt].decode("utf-8"))[0]
+            except UnicodeDecodeError:
+                pick = vocab.token_id(target[n:n + 1])
+        logits = np.zeros(vocab.vocab_size, dtype=np.float32)
+        logits[pick] = 1.0
+        return torch.from_numpy(logits)
+
+    return next_logits

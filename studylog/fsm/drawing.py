@@ -1,0 +1,236 @@
+"""Tables and drawings of an automaton for the notebook: its states, a decode's events, the graph.
+
+:func:`draw_automaton` uses matplotlib only (it renders offline): states sit at their distance in bytes from
+the start, forced jumps are orange, final states have a double ring.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from studylog.fsm.automaton import ConstrainedFSM, Jump
+from studylog.fsm.decoding import DecodeResult
+from studylog.fsm.vocabulary import TokenVocabulary
+
+
+def _md(text: str) -> str:
+    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
+
+
+def state_table(fsm: ConstrainedFSM, max_tokens: int = 8) -> str:
+    """Markdown: each state (in order of distance from the start), its allowed tokens, forced or not."""
+    order, seen, frontier = [], {fsm.initial}, [fsm.initial]
+    while frontier:
+        nxt = []
+        for s in frontier:
+            order.append(s)
+            for t in fsm.index.get_allowed_tokens(s) or []:
+                n = fsm.index.get_next_state(s, t)
+                if n is not None and n not in seen:
+                    seen.add(n)
+                    nxt.append(n)
+        frontier = sorted(nxt)
+    lines = ["| state | final | allowed | tokens | token jump from here |", "|---|---|---|---|---|"]
+    for s in order:
+        ids = fsm.allowed(s).tolist()
+        shown = ", ".join(_md(fsm.vocab.show(t)) for t in sorted(ids, key=lambda t: fsm.vocab.show(t))[:max_tokens])
+        if len(ids) > max_tokens:
+            shown += f", … (+{len(ids) - max_tokens})"
+        jump = fsm.token_jumps.get(s)
+        jump_txt = " ".join(_md(fsm.vocab.show(t)) for t in jump.tokens) + f" → {jump.end}" if jump else ""
+        lines.append(f"| {s} | {'yes' if fsm.is_final(s) else ''} | {len(ids)} | {shown} | {jump_txt} |")
+    return "\n".join(lines)
+
+
+def events_table(result: DecodeResult, vocab: TokenVocabulary) -> str:
+    """Markdown: the events of a decode recorded with ``record_events=True``."""
+    lines = ["| # | event | tokens appended | replaced tokens | passes so far |", "|---|---|---|---|---|"]
+    passes = 0
+    for i, s in enumerate(result.events):
+        passes += s.kind in ("pass", "eos")
+        toks = " ".join(_md(vocab.show(t)) for t in s.tokens)
+        lines.append(f"| {i} | {s.kind} | {toks} | {s.dropped or ''} | {passes} |")
+    return "\n".join(lines)
+
+
+# --- figures --------------------------------------------------------------------------------------------
+
+def _label(items: list[str], max_items: int) -> str:
+    shown = items[:max_items]
+    more = len(items) - len(shown)
+    return "\n".join(shown) + (f"\n+{more} more" if more > 0 else "")
+
+
+def automaton_graph(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token", compressed: bool = False,
+                    max_edges: int = 5000):
+    """The automaton as a ``networkx.DiGraph`` (EOS edges left out; ``final``/``initial`` node flags).
+
+    Edges with the same ends are merged: ``labels`` lists what each writes, ``nbytes`` how many bytes the
+    longest writes, ``jump`` whether a forced jump is part of it. Compressed, a forced chain is folded into
+    the edge that reaches it: the label ``N[A"]`` means "a pass picks ``N``, then ``A"`` is appended without
+    one"."""
+    import networkx as nx
+
+    vocab = fsm.vocab
+    jumps = fsm.token_jumps if level == "token" else fsm.char_jumps
+    if level == "token":
+        trans, n_edges = {}, 0
+        for s in fsm.states:
+            ids = fsm.index.get_allowed_tokens(s) or []
+            n_edges += len(ids)
+            if n_edges > max_edges:
+                raise ValueError(f"{fsm.name!r} has more than {max_edges} token edges; too many to draw")
+            trans[s] = {t: fsm.index.get_next_state(s, t) for t in ids if t != vocab.eos_id}
+        text = {s: {t: (vocab.show(t), len(vocab.token_bytes[t])) for t in d} for s, d in trans.items()}
+    else:
+        trans = fsm.char_out
+        text = {s: {b: (bytes([b]).decode("latin-1").replace(" ", "␣"), 1) for b in d} for s, d in trans.items()}
+
+    def jump_text(j: Jump) -> str:
+        if level == "token":
+            return "·".join(vocab.show(t) for t in j.tokens)
+        return j.data.decode("utf-8", errors="backslashreplace").replace(" ", "␣")
+
+    g = nx.DiGraph()
+    todo, seen = [fsm.initial], {fsm.initial}
+    while todo:
+        u = todo.pop()
+        g.add_node(u, final=u in fsm.finals, initial=u == fsm.initial)
+        if compressed and u in jumps:  # only the start state can be forced and still be drawn
+            j = jumps[u]
+            edges = [(j.end, f"[{jump_text(j)}]", len(j.data), True)]
+        else:
+            edges = []
+            for key, v in trans.get(u, {}).items():
+                lab, nb = text[u][key]
+                if compressed and v in jumps:
+                    j = jumps[v]
+                    edges.append((j.end, f"{lab}[{jump_text(j)}]", nb + len(j.data), True))
+                else:
+                    edges.append((v, lab, nb, False))
+        for v, lab, nb, is_jump in edges:
+            if g.has_edge(u, v):
+                d = g.edges[u, v]
+                d["labels"].append(lab)
+                d["nbytes"] = max(d["nbytes"], nb)
+                d["jump"] = d["jump"] or is_jump
+            else:
+                g.add_edge(u, v, labels=[lab], nbytes=nb, jump=is_jump)
+            if v not in seen:
+                seen.add(v)
+                todo.append(v)
+    for *_, d in g.edges(data=True):
+        d["labels"].sort(key=lambda x: (len(x), x))
+    return g
+
+
+def _layout(g, initial: int, by_bytes: bool = True) -> dict[int, tuple[float, float]]:
+    """x: the longest distance from the start, in bytes (a token spans as many columns as it has bytes)
+    or in edges; y: states of a column ordered by the mean height of their predecessors. Falls back to
+    hop counts when the graph has cycles."""
+    import networkx as nx
+
+    dag = nx.DiGraph((u, v, d) for u, v, d in g.edges(data=True) if u != v)
+    dag.add_nodes_from(g.nodes)
+    if nx.is_directed_acyclic_graph(dag):
+        x = {n: 0 for n in g.nodes}
+        for n in nx.topological_sort(dag):
+            for _, v, d in dag.out_edges(n, data=True):
+                x[v] = max(x[v], x[n] + (d["nbytes"] if by_bytes else 1))
+    else:
+        x = dict(nx.single_source_shortest_path_length(dag, initial))
+        for n in g.nodes:
+            x.setdefault(n, max(x.values()) + 1)
+    y: dict[int, float] = {}
+    for col in sorted(set(x.values())):
+        nodes = [n for n in g.nodes if x[n] == col]
+        def key(n):
+            ys = [y[p] for p in g.predecessors(n) if p in y]
+            return (-(sum(ys) / len(ys)) if ys else 0.0, n)  # highest predecessors first (top)
+        nodes.sort(key=key)
+        for i, n in enumerate(nodes):
+            y[n] = 1.25 * ((len(nodes) - 1) / 2 - i)
+    return {n: (float(x[n]), y[n]) for n in g.nodes}
+
+
+def _passes_near(pos: dict, u: int, v: int, dist: float) -> bool:
+    """Whether the segment from u to v passes within ``dist`` of a third state."""
+    (x0, y0), (x1, y1) = pos[u], pos[v]
+    dx, dy = x1 - x0, y1 - y0
+    length2 = dx * dx + dy * dy
+    for n, (x, y) in pos.items():
+        if n in (u, v) or length2 == 0:
+            continue
+        t = ((x - x0) * dx + (y - y0) * dy) / length2
+        if 0 < t < 1 and (x0 + t * dx - x) ** 2 + (y0 + t * dy - y) ** 2 < dist * dist:
+            return True
+    return False
+
+
+def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token", compressed: bool = False,
+                   ax=None, max_labels: int = 4, title: Optional[str] = None):
+    """Draw the automaton with matplotlib only (renders offline). States sit at their distance in bytes
+    from the start (in edges when compressed); forced jumps are orange; final states have a double ring."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Circle, FancyArrowPatch
+
+    g = automaton_graph(fsm, level, compressed)
+    pos = _layout(g, fsm.initial, by_bytes=not compressed)
+    if compressed:
+        pos = {n: (2.0 * x, y) for n, (x, y) in pos.items()}  # room for the longer labels
+    xs = [p[0] for p in pos.values()]
+    ys = [p[1] for p in pos.values()]
+    span_x, span_y = max(xs) - min(xs) + 1, max(ys) - min(ys) + 1
+    ax = ax or plt.subplots(figsize=(min(16, 1.6 + 1.45 * span_x), 2.0 + 1.1 * span_y))[1]
+    sx = 1.0  # one byte = one unit
+    r = 0.22
+    order = sorted(g.nodes, key=lambda n: (pos[n][0], -pos[n][1]))
+    names = {n: f"q{i}" for i, n in enumerate(order)}
+    for n in g.nodes:
+        x, y = pos[n]
+        ax.add_patch(Circle((x * sx, y), r, fc="#e8eef7", ec="#33414f", lw=1.2, zorder=3))
+        if g.nodes[n]["final"]:
+            ax.add_patch(Circle((x * sx, y), r * 0.8, fc="none", ec="#33414f", lw=1.0, zorder=4))
+        ax.text(x * sx, y, names[n], ha="center", va="center", fontsize=8.5, zorder=5)
+    label_ys: list[float] = []
+    for k, (u, v, d) in enumerate(g.edges(data=True)):
+        (x0, y0), (x1, y1) = pos[u], pos[v]
+        color = "#d9730d" if d["jump"] else "#33414f"
+        if u == v:
+            rad, frac = 0.0, 0.5
+            patch = FancyArrowPatch((x0 * sx - 0.1, y0 + r), (x0 * sx + 0.1, y0 + r), connectionstyle="arc3,rad=-2.5",
+                                    arrowstyle="-|>", mutation_scale=10, color=color, lw=1.0)
+            lx, ly = x0 * sx, y0 + r + 0.35
+        else:
+            dx, dy = (x1 - x0) * sx, y1 - y0
+            rad = 0.0
+            if g.has_edge(v, u):
+                rad = 0.25
+            elif _passes_near(pos, u, v, r * 1.5):  # a straight line would run through another state:
+                rad = -0.3 if (y0 + y1) / 2 >= 0 else 0.3  # bend away from the middle (arc3: rad < 0 bends up)
+                if dx < 0:
+                    rad = -rad
+            patch = FancyArrowPatch((x0 * sx, y0), (x1 * sx, y1), connectionstyle=f"arc3,rad={rad}",
+                                    arrowstyle="-|>", mutation_scale=11, color=color, lw=1.9 if d["jump"] else 1.1,
+                                    shrinkA=r * 72 * 0.9, shrinkB=r * 72 * 0.9)
+            if rad:  # the middle of matplotlib's arc3 curve
+                lx, ly = x0 * sx + dx / 2 + rad * dy / 2, y0 + dy / 2 - rad * dx / 2
+            else:
+                frac = 0.5 if abs(dx) <= 1.5 else 0.32 + 0.36 * ((k * 0.618) % 1.0)
+                lx, ly = x0 * sx + frac * dx, y0 + frac * dy
+        patch.set_zorder(2)
+        ax.add_patch(patch)
+        label_ys.append(ly)
+        ax.text(lx, ly, _label(d["labels"], max_labels), fontsize=7.5, ha="center", va="center", color=color,
+                family="monospace", zorder=6,
+                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec=color, lw=0.5, alpha=0.92))
+    x0, y0 = pos[fsm.initial]
+    ax.annotate("", xy=(x0 * sx - r, y0), xytext=(x0 * sx - r - 0.45, y0),
+                arrowprops=dict(arrowstyle="-|>", lw=1.2, color="#33414f"))
+    ax.set_xlim(min(xs) * sx - 0.9, max(xs) * sx + 0.6)
+    ax.set_ylim(min(ys + label_ys) - 0.7, max(ys + label_ys) + 0.8)
+    ax.set_aspect("equal")
+    ax.set_axis_off()
+    kind = {"token": "token-level", "char": "character-level"}[level]
+    ax.set_title(title or f"{kind} automaton{' (compressed)' if compressed else ''}: {fsm.name}", fontsize=10)
+    return ax
