@@ -41,7 +41,12 @@ from studylog.multi_item.config import (
     strides,
 )
 from studylog.multi_item.formats import MultiItemBatch, check_qkv, dense_mask
-from studylog.multi_item.kernels import attn_fwd_batched, attn_fwd_dense_mask, attn_fwd_mask_on_the_fly, attn_fwd_tile_skip
+from studylog.multi_item.kernels import (
+    attn_fwd_batched,
+    attn_fwd_dense_mask,
+    attn_fwd_mask_on_the_fly,
+    attn_fwd_tile_skip,
+)
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_table
 
 #: multiply scores by log2(e) once, so the softmax can use exp2 (one instruction on the GPU)
