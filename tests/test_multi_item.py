@@ -10,9 +10,13 @@ import pytest
 import torch
 
 from studylog import multi_item as mi
-from studylog import runtime
+from studylog import plotting, runtime
+from studylog.multi_item import report
 
 DEV = runtime.device()
+STEPS = mi.CHAPTER.steps
+TRITON_STEPS = [s for s in STEPS if s.language == "triton"]
+ONE_PROMPT_STEPS = [mi.step02_dense_mask, mi.step03_mask_on_the_fly, mi.step04_tile_skip]
 
 # (prefix length, item lengths): the issue's edge cases, at lengths no tile size divides
 SHAPES = {
@@ -124,26 +128,34 @@ def test_tile_stats_order():
 # Every step against the float64 reference, in the interpreter at tiny shapes
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("step", mi.STEPS)
+@pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
 @pytest.mark.parametrize("shape", list(SHAPES), ids=str)
 def test_every_step_matches_the_float64_reference(step, shape, rng):
     prefix_len, item_lens = SHAPES[shape]
     batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
     head_dim = 32 if shape == "awkward" else 16
     q, k, v = random_qkv(2, batch.total_tokens, head_dim, rng)
-    out = mi.multi_item_attention(q, k, v, batch, step=step, out=poisoned(q))
-    assert not torch.isnan(out).any(), f"step {step} left rows unwritten (seed {rng.seed_value})"
+    out = step.function(q, k, v, batch, out=poisoned(q))
+    assert not torch.isnan(out).any(), f"{step.name} left rows unwritten (seed {rng.seed_value})"
     torch.testing.assert_close(out.double(), mi.reference_attention(q, k, v, batch), rtol=1e-5, atol=1e-5,
-                               msg=lambda m: f"step {step}, seed {rng.seed_value}: {m}")
+                               msg=lambda m: f"{step.name}, seed {rng.seed_value}: {m}")
 
 
-@pytest.mark.parametrize("step", [4, 5])
+def test_the_entry_point_is_the_final_step(rng):
+    assert mi.CHAPTER.final.function is mi.step05_batched
+    batch = mi.MultiItemBatch.from_item_lens([7, 2], [[3, 1], [5]], device=DEV)
+    q, k, v = random_qkv(2, batch.total_tokens, 16, rng)
+    torch.testing.assert_close(mi.multi_item_attention(q, k, v, batch), mi.step05_batched(q, k, v, batch),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("step", [mi.step04_tile_skip, mi.step05_batched], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("blocks", [(32, 16), (16, 32)], ids=str)
 def test_tile_skipping_with_unequal_blocks(step, blocks, rng):
     """Block rows and columns of different sizes move every phase boundary of steps 4 and 5."""
     batch = mi.MultiItemBatch.from_item_lens([21], [[6, 17, 1, 9, 3]], device=DEV)
     q, k, v = random_qkv(3, batch.total_tokens, 16, rng)
-    out, info = mi.run_step(q, k, v, batch, step=step, out=poisoned(q), blocks=blocks, count_tiles=True)
+    out, info = step(q, k, v, batch, out=poisoned(q), blocks=blocks, count_tiles=True, return_info=True)
     torch.testing.assert_close(out.double(), mi.reference_attention(q, k, v, batch), rtol=1e-5, atol=1e-5)
     assert (info.block_m, info.block_n) == blocks
     assert info.tile_counts == mi.planned_key_tiles(batch, *blocks)
@@ -152,7 +164,7 @@ def test_tile_skipping_with_unequal_blocks(step, blocks, rng):
 def test_tile_skipping_visits_fewer_tiles_than_causal():
     batch = mi.MultiItemBatch.from_item_lens([40], [[5] * 9], device=DEV)  # 95 tokens
     q, k, v = [torch.ones(1, batch.total_tokens, 16, device=DEV) for _ in range(3)]
-    _, info = mi.run_step(q, k, v, batch, step=4, count_tiles=True, blocks=(16, 16))
+    _, info = mi.step04_tile_skip(q, k, v, batch, count_tiles=True, blocks=(16, 16), return_info=True)
     stats = mi.tile_stats(batch, 16, 16)
     assert info.tile_counts == mi.planned_key_tiles(batch, 16, 16)
     assert sum(info.tile_counts[0]) == stats.visited < stats.causal
@@ -164,10 +176,10 @@ def test_float16_steps(rng):
     batch = mi.MultiItemBatch.from_item_lens([26], [[3, 11, 1, 7]], device=DEV)
     q, k, v = random_qkv(2, batch.total_tokens, 32, rng, torch.float16)
     ref = mi.reference_attention(q, k, v, batch)
-    for step in (2, 3, 4, 5):
-        out = mi.multi_item_attention(q, k, v, batch, step=step, out=poisoned(q))
+    for step in TRITON_STEPS:
+        out = step.function(q, k, v, batch, out=poisoned(q))
         assert out.dtype == torch.float16
-        torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3, msg=lambda m: f"step {step}: {m}")
+        torch.testing.assert_close(out.double(), ref, rtol=2e-3, atol=2e-3, msg=lambda m: f"{step.name}: {m}")
 
 
 def test_step5_batches_prompts_of_different_shapes(rng):
@@ -177,7 +189,7 @@ def test_step5_batches_prompts_of_different_shapes(rng):
     heads = 2
     # the model's usual [tokens, heads, head_dim] layout, passed as a transposed view (no copy)
     q, k, v = [torch.randn(batch.total_tokens, heads, 16, generator=rng).to(DEV).transpose(0, 1) for _ in range(3)]
-    out, info = mi.run_step(q, k, v, batch, step=5, out=poisoned(q), count_tiles=True)
+    out, info = mi.step05_batched(q, k, v, batch, out=poisoned(q), count_tiles=True, return_info=True)
     ref = mi.reference_attention(q, k, v, batch)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     assert info.tile_counts == mi.planned_key_tiles(batch, info.block_m, info.block_n)
@@ -185,7 +197,7 @@ def test_step5_batches_prompts_of_different_shapes(rng):
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
         alone = mi.MultiItemBatch.from_item_lens([prefixes[b]], [items[b]], device=DEV)
         rows = slice(start, start + s)
-        torch.testing.assert_close(mi.multi_item_attention(q[:, rows], k[:, rows], v[:, rows], alone, step=4),
+        torch.testing.assert_close(mi.step04_tile_skip(q[:, rows], k[:, rows], v[:, rows], alone),
                                    out[:, rows], rtol=1e-6, atol=1e-6)
 
 
@@ -274,7 +286,8 @@ def test_schedule_table_entries():
 def test_step5_every_order_matches_the_reference(order, blocks, rng):
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
     q, k, v = random_qkv(2, batch.total_tokens, 16, rng)
-    out, info = mi.run_step(q, k, v, batch, step=5, out=poisoned(q), blocks=blocks, count_tiles=True, order=order)
+    out, info = mi.step05_batched(q, k, v, batch, out=poisoned(q), blocks=blocks, count_tiles=True, order=order,
+                                  return_info=True)
     assert not torch.isnan(out).any(), f"order {order} left rows unwritten (seed {rng.seed_value})"
     torch.testing.assert_close(out.double(), mi.reference_attention(q, k, v, batch), rtol=1e-5, atol=1e-5)
     assert info.tile_counts == mi.planned_key_tiles(batch, *blocks)
@@ -283,7 +296,7 @@ def test_step5_every_order_matches_the_reference(order, blocks, rng):
 def test_grouped_orders_keep_the_keys_in_flight_within_the_budget():
     """The benchmark's mixed batch (18k tokens, 32 heads of 128 in bf16): the first order keeps every head of
     every prompt in flight, far more than L2; grouping heads keeps a group's keys and values."""
-    _, prefixes, items = mi.bench_shapes()[2]
+    _, prefixes, items = report.bench_shapes()[2]
     batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device="cpu")
     first = mi.kv_in_flight(batch, 32, 128, 64, "first_run", programs_at_once=264)
     assert first > 4 * mi.GROUP_KV_BYTES
@@ -372,7 +385,7 @@ ONE = dict(prefix_lens=[5], item_lens=[[3, 2, 6]])  # 5 + 11 + 4 delimiters = 20
 
 
 @pytest.mark.parametrize("change, match", [
-    (lambda q, k, v: (q.double(), k, v), "q must be float16, bfloat16 or float32"),
+    (lambda q, k, v: (q.double(), k, v), "q must be float16 or bfloat16 or float32"),
     (lambda q, k, v: (q, k.to(torch.int32), v), "k must be float16"),
     (lambda q, k, v: (q, k, v.half()), "one dtype"),
     (lambda q, k, v: (q[0], k, v), r"q must be \[heads, tokens, head_dim\]"),
@@ -389,27 +402,38 @@ def test_bad_attention_inputs(change, match):
         mi.multi_item_attention(q, k, v, batch)
 
 
+@pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
+def test_every_step_checks_its_inputs(step):
+    batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
+    q, k, v = _inputs()
+    with pytest.raises(TypeError, match="q must be float16 or bfloat16 or float32"):
+        step.function(q.double(), k, v, batch)
+    with pytest.raises(ValueError, match="mismatched batch metadata"):
+        step.function(q[:, :19], k[:, :19], v[:, :19], batch)
+    with pytest.raises(ValueError, match="out must have shape"):
+        step.function(q, k, v, batch, out=torch.empty(2, 20, 8, device=DEV))
+    with pytest.raises(TypeError, match="batch must be a MultiItemBatch"):
+        step.function(q, k, v, [5, [3, 2, 6]])
+
+
 def test_bad_attention_options():
     batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
     q, k, v = _inputs()
-    with pytest.raises(ValueError, match="step must be one of"):
-        mi.multi_item_attention(q, k, v, batch, step=6)
     with pytest.raises(ValueError, match="head_dim must be one of"):
         mi.multi_item_attention(*_inputs(head_dim=24), batch)
-    with pytest.raises(ValueError, match="out must be"):
+    with pytest.raises(ValueError, match="out must have shape"):
         mi.multi_item_attention(q, k, v, batch, out=torch.empty(2, 20, 8, device=DEV))
     with pytest.raises(ValueError, match="powers of two"):
         mi.multi_item_attention(q, k, v, batch, blocks=(24, 16))
     with pytest.raises(ValueError, match="powers of two from 16 to 128"):
         mi.multi_item_attention(q, k, v, batch, blocks=(256, 64))
     with pytest.raises(ValueError, match="order must be one of"):
-        mi.run_step(q, k, v, batch, order="random")
-    with pytest.raises(ValueError, match="count_tiles needs step 4 or 5"):
-        mi.run_step(q, k, v, batch, step=3, count_tiles=True)
+        mi.step05_batched(q, k, v, batch, order="random")
     two = mi.MultiItemBatch.from_item_lens([6, 1], [[3, 2, 6], [1]], device=DEV)
     q2, k2, v2 = _inputs(tokens=two.total_tokens)
-    with pytest.raises(ValueError, match="step 4 handles one prompt"):
-        mi.multi_item_attention(q2, k2, v2, two, step=4)
+    for step in ONE_PROMPT_STEPS:
+        with pytest.raises(ValueError, match=f"{step.__name__} handles one prompt, the batch has 2"):
+            step(q2, k2, v2, two)
     with pytest.raises(TypeError, match="batch must be a MultiItemBatch"):
         mi.multi_item_attention(q, k, v, [6, [3, 2, 6]])
 
@@ -418,7 +442,7 @@ def test_bad_attention_options():
 def test_bfloat16_is_refused_in_the_interpreter():
     batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
     with pytest.raises(TypeError, match="bfloat16 is not supported in interpreter mode"):
-        mi.multi_item_attention(*_inputs(dtype=torch.bfloat16), batch, step=5)
+        mi.multi_item_attention(*_inputs(dtype=torch.bfloat16), batch)
 
 
 def test_bad_score_inputs():
@@ -440,25 +464,27 @@ def test_bad_score_inputs():
 
 def _float32_reference(q, k, v, batch):
     ref = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    return mi.attention_dense_sdpa(q.float(), k.float(), v.float(), batch, 1 / math.sqrt(q.shape[-1]), ref)
+    return mi.step01_dense_sdpa(q.float(), k.float(), v.float(), batch, sm_scale=1 / math.sqrt(q.shape[-1]), out=ref)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", range(3), ids=["prefix2048_32x32", "prefix512_128x16", "8_mixed_prompts"])
 def test_gpu_full_size_bf16(shape):
-    name, prefixes, items = mi.bench_shapes()[shape]
+    name, prefixes, items = report.bench_shapes()[shape]
     batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device="cuda")
     q, k, v = [torch.randn(32, batch.total_tokens, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     ref = _float32_reference(q, k, v, batch)
-    for step in ([1, 2, 3, 4, 5] if batch.batch_size == 1 else [1, 5]):
-        out, info = mi.run_step(q, k, v, batch, step=step, out=poisoned(q))
-        assert not torch.isnan(out).any(), f"step {step} left rows unwritten"
-        torch.testing.assert_close(out.float(), ref, rtol=1.6e-2, atol=1e-2, msg=lambda m: f"step {step}: {m}")
-        if step in (4, 5):
-            _, counted = mi.run_step(q, k, v, batch, step=step, count_tiles=True, blocks=(info.block_m, info.block_n))
+    for step in STEPS if batch.batch_size == 1 else [STEPS[0], STEPS[-1]]:
+        out = step.function(q, k, v, batch, out=poisoned(q))
+        assert not torch.isnan(out).any(), f"{step.name} left rows unwritten"
+        torch.testing.assert_close(out.float(), ref, rtol=1.6e-2, atol=1e-2, msg=lambda m: f"{step.name}: {m}")
+        if step.function in (mi.step04_tile_skip, mi.step05_batched):
+            _, info = step.function(q, k, v, batch, return_info=True)
+            _, counted = step.function(q, k, v, batch, count_tiles=True, blocks=(info.block_m, info.block_n),
+                                       return_info=True)
             assert counted.tile_counts == mi.planned_key_tiles(batch, info.block_m, info.block_n)
     for order in mi.SCHEDULE_ORDERS[1:]:  # step 5's other program orders write the same numbers
-        other, _ = mi.run_step(q, k, v, batch, step=5, out=poisoned(q), order=order)
+        other = mi.step05_batched(q, k, v, batch, out=poisoned(q), order=order)
         torch.testing.assert_close(other.float(), ref, rtol=1.6e-2, atol=1e-2, msg=lambda m: f"order {order}: {m}")
     lm_head = torch.randn(4096, 32 * 128, device="cuda", dtype=torch.bfloat16) / 16
     hidden = out.transpose(0, 1).reshape(batch.total_tokens, -1)
@@ -474,7 +500,24 @@ def test_gpu_full_size_bf16(shape):
 def test_gpu_other_dtypes_and_tiles(dtype, head_dim, blocks):
     batch = mi.MultiItemBatch.from_item_lens([700, 0, 129], [[33] * 20, [1] * 50, [7, 100, 5]], device="cuda")
     q, k, v = [torch.randn(8, batch.total_tokens, head_dim, device="cuda", dtype=dtype) for _ in range(3)]
-    out, info = mi.run_step(q, k, v, batch, step=5, out=poisoned(q), blocks=blocks, count_tiles=True)
+    out, info = mi.step05_batched(q, k, v, batch, out=poisoned(q), blocks=blocks, count_tiles=True,
+                                  return_info=True)
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out.float(), _float32_reference(q, k, v, batch), rtol=tol, atol=tol)
     assert info.tile_counts == mi.planned_key_tiles(batch, info.block_m, info.block_n)
+
+
+# --------------------------------------------------------------------------------------------
+# The committed results, read under the steps' names
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
+def test_committed_results_are_read_under_the_step_names():
+    results = plotting.load_results("multi_item")
+    series = set(results.series())
+    assert set(report.approaches()) <= series and set(report.order_table_series()) <= series
+    for s in series:  # every series is a step's or a declared baseline
+        assert s in {st.series for st in STEPS} or s in mi.CHAPTER.baselines, s
+    assert mi.CHAPTER.label(mi.CHAPTER.final.series) == "step05_batched"
+    assert "| prefix 512, 128 items x 16 |" in report.target_table(results)
+    assert {r["kernel"] for r in report.headline(results)} == {"step05_batched (Triton, tile skipping, one launch)"}

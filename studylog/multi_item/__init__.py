@@ -1,0 +1,126 @@
+"""Chapter 6: multi-item scoring attention, where one prefill scores many candidate items.
+
+The items are packed after a shared prefix, ``prefix <d> item_1 <d> item_2 <d> ... item_N <d>``, and the
+mask keeps them from seeing each other (the rule: :mod:`studylog.multi_item.formats`). The attention is
+built in five steps (:mod:`studylog.multi_item.steps`), from a dense boolean mask handed to SDPA to a
+Triton kernel that computes the mask from the metadata, never loads the key tiles between the prefix and
+the current item, and runs a batch of differently shaped prompts in one launch;
+:func:`multi_item_attention` is the last step with its defaults.
+
+Modules: ``formats`` (the batch layout, the mask, the float64 reference, the input checks, the scores),
+``kernels`` (the Triton kernels of steps 2 to 5), ``config`` (tile shapes, autotuning, launches),
+``tiles`` (the host's plan: tiles visited, step 5's program order), ``steps`` (the step functions) and
+``report`` (benchmark, figures, headline).
+"""
+
+from studylog.chapter import Chapter
+from studylog.multi_item import report
+from studylog.multi_item.config import LaunchInfo, config_name
+from studylog.multi_item.formats import (
+    SUPPORTED_DTYPES,
+    SUPPORTED_HEAD_DIMS,
+    MultiItemBatch,
+    dense_mask,
+    reference_attention,
+    score_items,
+)
+from studylog.multi_item.kernels import (
+    attend_key_tiles,
+    attn_fwd_batched,
+    attn_fwd_dense_mask,
+    attn_fwd_mask_on_the_fly,
+    attn_fwd_tile_skip,
+)
+from studylog.multi_item.steps import (
+    STEPS,
+    multi_item_attention,
+    step01_dense_sdpa,
+    step02_dense_mask,
+    step03_mask_on_the_fly,
+    step04_tile_skip,
+    step05_batched,
+)
+from studylog.multi_item.tiles import (
+    DEFAULT_ORDER,
+    GROUP_KV_BYTES,
+    SCHEDULE_BLOCK_MS,
+    SCHEDULE_ORDERS,
+    TILE_MASKED,
+    TILE_SKIPPED,
+    TILE_WHOLE,
+    TileStats,
+    head_groups,
+    kv_in_flight,
+    planned_key_tiles,
+    query_tile_costs,
+    schedule_table,
+    tile_map,
+    tile_stats,
+    work_order,
+)
+
+CHAPTER = Chapter(
+    name="multi_item",
+    number=6,
+    title="Multi-item scoring attention: one prefill scores many items",
+    notebooks=("06_multi_item_attention",),
+    steps=STEPS,
+    bench=report.bench,
+    figures=report.figures,
+    headline=report.headline,
+    baselines=report.BASELINES,
+    renamed_series={
+        "step 2": "step02",
+        "step 3": "step03",
+        "step 4": "step04",
+        "step 5": "step05",
+        "step 5 (heads_outer order)": "step05 (heads_outer order)",
+        "step 5 (prompts_outer order)": "step05 (prompts_outer order)",
+        "step 5 (first_run order)": "step05 (first_run order)",
+        "step 4, a launch per prompt": "step04, a launch per prompt",
+    },
+)
+
+__all__ = [
+    "CHAPTER",
+    # the steps, and the chapter's entry point (step 5)
+    "step01_dense_sdpa",
+    "step02_dense_mask",
+    "step03_mask_on_the_fly",
+    "step04_tile_skip",
+    "step05_batched",
+    "multi_item_attention",
+    "LaunchInfo",
+    "config_name",
+    # the format, the mask, the reference, the scores
+    "MultiItemBatch",
+    "dense_mask",
+    "reference_attention",
+    "score_items",
+    "SUPPORTED_DTYPES",
+    "SUPPORTED_HEAD_DIMS",
+    # the Triton kernels (what show_source and show_diff read)
+    "attn_fwd_dense_mask",
+    "attn_fwd_mask_on_the_fly",
+    "attn_fwd_tile_skip",
+    "attn_fwd_batched",
+    "attend_key_tiles",
+    # the host's plan: tiles visited, step 5's program order
+    "tile_map",
+    "planned_key_tiles",
+    "tile_stats",
+    "TileStats",
+    "TILE_SKIPPED",
+    "TILE_WHOLE",
+    "TILE_MASKED",
+    "SCHEDULE_ORDERS",
+    "DEFAULT_ORDER",
+    "SCHEDULE_BLOCK_MS",
+    "GROUP_KV_BYTES",
+    "head_groups",
+    "query_tile_costs",
+    "work_order",
+    "schedule_table",
+    "kv_in_flight",
+    "report",
+]

@@ -1,0 +1,116 @@
+"""Tile shapes and launches of the Triton steps: the autotuner's configs on the GPU, fixed small blocks in
+the interpreter, and what a launch reports back (:class:`LaunchInfo`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import triton
+from torch import Tensor
+
+from studylog import runtime
+
+#: Blocks used in the interpreter: small, so that tiny test sequences still span several tiles.
+INTERPRETER_BLOCKS = (16, 16)
+
+#: The tile shapes (``BLOCK_M`` query rows x ``BLOCK_N`` keys), warps and pipeline stages steps 4 and 5 are
+#: tuned over on the GPU.
+GPU_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
+]
+#: steps 2 and 3 are way stations: tune them over fewer configs (each config is a compile)
+FEW_GPU_CONFIGS = [GPU_CONFIGS[0], GPU_CONFIGS[3]]
+#: fits in any dtype at head_dim 128 (float32: 32 KiB of q + 2 stages x 32 KiB of k and v)
+SMALL_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
+
+#: shared memory we let a config plan for (an H100/H200 SM has 227 KiB); keeps the tuner off configs that
+#: cannot fit, e.g. the big ones in float32
+SMEM_BUDGET = 200 * 1024
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """The configs whose shared memory (q, and the k, v and mask tiles in flight) fits :data:`SMEM_BUDGET`."""
+    elem = named_args["Q"].element_size()
+    head_dim = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
+    kept = []
+    for cfg in configs:
+        bm, bn, stages = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_stages
+        # q, then the tiles of k and v (and of step 2's mask) the pipeliner keeps in flight: num_stages - 1 each
+        smem = (bm * head_dim + (stages - 1) * 2 * bn * head_dim) * elem + (stages - 1) * bm * bn
+        if smem <= SMEM_BUDGET:
+            kept.append(cfg)
+    return kept or [SMALL_CONFIG]
+
+
+def tuned(configs, key=("HEAD_DIM",)):
+    """On the GPU, let Triton pick the tile shape among ``configs`` (per value of the ``key`` arguments, and
+    dtype); in the interpreter, the wrapper passes small blocks itself."""
+    def wrap(kernel):
+        if runtime.mode() != "gpu":
+            return kernel
+        return triton.autotune(configs=configs, key=list(key),
+                               prune_configs_by={"early_config_prune": prune_configs})(kernel)
+    return wrap
+
+
+def size_bucket(tokens: int) -> int:
+    """The autotuning key of steps 4 and 5 besides the head dim: the power of two of the token count, so a
+    single prompt and a batch many times its size are tuned apart, and sizes within a factor of two share
+    one tuning."""
+    return max(int(tokens), 1).bit_length()
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """What a kernel step ran with: its tile shape (and, on the GPU, warps and pipeline stages), and (when
+    asked) the key tiles each query tile visited."""
+
+    step: int
+    block_m: int
+    block_n: int
+    tile_counts: list[list[int]] | None = None
+    config: str = ""
+
+
+def config_name(block_m: int, block_n: int, num_warps: int | None = None, num_stages: int | None = None) -> str:
+    """``"64 x 64, 4 warps, 3 stages"``: how the benchmark names a config."""
+    name = f"{block_m} x {block_n}"
+    return name if num_warps is None else f"{name}, {num_warps} warps, {num_stages} stages"
+
+
+def check_blocks(blocks: Any) -> None:
+    """``blocks`` is ``None`` (autotune) or ``(BLOCK_M, BLOCK_N)``, powers of two from 16 to 128."""
+    if blocks is None:
+        return
+    if (not isinstance(blocks, (tuple, list)) or len(blocks) != 2
+            or not all(isinstance(b, int) and 16 <= b <= 128 and not b & (b - 1) for b in blocks)):
+        raise ValueError(f"blocks must be (BLOCK_M, BLOCK_N), powers of two from 16 to 128, got {blocks!r}")
+
+
+def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None) -> tuple[int, int, str]:
+    """Launch with given blocks (interpreter, or a fixed config on the GPU) or let the autotuner pick."""
+    if runtime.mode() == "gpu" and blocks is None:
+        kernel[grid](*args, **constexprs)
+        best = kernel.best_config
+        bm, bn = best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"]
+        return bm, bn, config_name(bm, bn, best.num_warps, best.num_stages)
+    block_m, block_n = blocks if blocks is not None else INTERPRETER_BLOCKS
+    jit_fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+    extra = {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2} if runtime.mode() == "gpu" else {}
+    jit_fn[grid](*args, **constexprs, BLOCK_M=block_m, BLOCK_N=block_n, **extra)
+    return block_m, block_n, config_name(block_m, block_n, *extra.values())
+
+
+
+def strides(*tensors: Tensor) -> list[int]:
+    """The head and token strides of each tensor, in the order the kernels take them."""
+    return [s for x in tensors for s in (x.stride(0), x.stride(1))]

@@ -1,0 +1,384 @@
+"""The multi-item batch format, the mask rule, the reference and the checks every step shares.
+
+A ranking request asks how much one member likes each of N candidate items. Instead of N forward passes
+over ``prefix + item_i``, the items are packed into one sequence::
+
+    prefix <d> item_1 <d> item_2 <d> ... item_N <d>
+
+and the attention mask keeps the items from seeing each other. **The rule implemented and tested here**
+(FlashInfer's multi-item scoring rule), for a query at index ``q`` and a key at index ``k`` of one prompt with
+prefix length ``P``, where ``pos[q]`` is the query's position inside its item (0 at a delimiter)::
+
+    visible(q, k) = k <= q  and  (k < P  or  k >= q - pos[q])
+
+that is:
+
+* a prefix token attends causally to the prefix;
+* a delimiter attends to the whole prefix and to itself;
+* a token of item ``i`` attends to the whole prefix, to the delimiter that opens item ``i`` and causally
+  to the tokens of item ``i`` up to itself; never to another item.
+
+This differs from the shortest statement of the idea ("an item sees the prefix and itself, a delimiter sees
+the prefix") in two keys per row, on purpose: every row keeps at least one key (itself) even when the prefix
+is empty, and every token of ``<d> item_i`` sees exactly what it would see in a separate causal forward over
+``prefix <d> item_i``, so the packed pass and the one-pass-per-item baseline compute the same numbers.
+
+The score of item ``i`` is read at the last token of the item (the token just before the delimiter that
+closes it): the log-probabilities of K label tokens ("Yes"/"No"), an ``N x K`` matrix per prompt
+(:func:`score_items`).
+
+This module holds the layout (:class:`MultiItemBatch`), the mask (:func:`dense_mask`), the float64
+reference every step is tested against (:func:`reference_attention`), the input checks of the attention
+steps (:func:`check_qkv`) and the scores.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Sequence
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from studylog import runtime
+from studylog.checks import check_tensor
+
+#: the head dims the Triton steps compile for (``tl.arange`` over the head dim needs a power of two)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+#: the dtypes of q, k, v the steps take
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch layout: where the prefix, the delimiters and the items lie, checked once per batch
+# ---------------------------------------------------------------------------------------------
+
+def _as_int_list(x: Any, name: str) -> list[int]:
+    if isinstance(x, Tensor):
+        if x.dtype.is_floating_point or x.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got a {x.dtype} tensor")
+        if x.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
+        return [int(v) for v in x.detach().cpu().to(torch.int64).tolist()]
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of integers, got {type(x).__name__}")
+    out = []
+    for i, v in enumerate(x):
+        if isinstance(v, (bool, float)) or not hasattr(v, "__index__"):
+            raise TypeError(f"{name}[{i}] must be an integer, got {v!r}")
+        out.append(operator.index(v))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class MultiItemBatch:
+    """The layout of a batch of multi-item prompts, packed one after the other.
+
+    Prompt ``b`` occupies tokens ``cu_seqlens[b] : cu_seqlens[b + 1]`` of the packed sequence: ``prefix_lens[b]``
+    prefix tokens, then a delimiter, then each item followed by a delimiter. Build it with
+    :meth:`from_item_lens` or, from the seed's (FlashInfer's) inputs, :meth:`from_token_positions`; both check
+    everything once, on the host, so the attention calls (one per layer in a model) need no device sync.
+    """
+
+    prefix_lens: tuple[int, ...]
+    item_lens: tuple[tuple[int, ...], ...]
+    #: ``[B + 1]`` int32: where each prompt starts in the packed sequence
+    cu_seqlens: Int[Tensor, " b_plus_1"]
+    #: ``[B]`` int32
+    prefix_lens_t: Int[Tensor, " b"]
+    #: ``[B, L]`` int32, the seed's ``token_pos_in_items``: for each token from the prefix's end on, its
+    #: position inside its item (0 at delimiters), zero-padded to ``L`` columns
+    token_pos: Int[Tensor, "b l"]
+    #: ``[B]`` int32: the longest item of each prompt (an upper bound, as the seed passes it)
+    max_item_lens_t: Int[Tensor, " b"]
+    #: step 5's program tables, built on first use per (heads, order, tile heights, bytes per token) (see
+    #: :func:`studylog.multi_item.tiles.schedule_table`)
+    _schedules: dict = field(default_factory=dict, init=False, repr=False)
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_item_lens(cls, prefix_lens: Sequence[int], item_lens: Sequence[Sequence[int]],
+                       device: torch.device | str | None = None) -> "MultiItemBatch":
+        """``prefix_lens[b]`` prefix tokens and items of lengths ``item_lens[b]`` in prompt ``b``."""
+        prefix = _as_int_list(prefix_lens, "prefix_lens")
+        if isinstance(item_lens, Tensor) or not isinstance(item_lens, Sequence):
+            raise TypeError("item_lens must be a list with one list of item lengths per prompt")
+        if len(item_lens) != len(prefix):
+            raise ValueError(f"mismatched batch metadata: {len(prefix)} prefix_lens but {len(item_lens)} "
+                             "lists of item_lens")
+        items = [_as_int_list(lens, f"item_lens[{b}]") for b, lens in enumerate(item_lens)]
+        for b, p in enumerate(prefix):
+            if p < 0:
+                raise ValueError(f"prefix_lens[{b}] must be >= 0, got {p}")
+            for i, n in enumerate(items[b]):
+                if n < 1:
+                    raise ValueError(f"item_lens[{b}][{i}] must be >= 1 (an item needs a token to score), got {n}")
+        return cls._build(prefix, items, None, device)
+
+    @classmethod
+    def from_token_positions(cls, prefix_lens: Any, token_pos_in_items: Any, max_item_lens: Any, *,
+                             token_pos_in_items_len: int | None = None, seq_lens: Any = None,
+                             device: torch.device | str | None = None) -> "MultiItemBatch":
+        """The seed's inputs: per prompt, its prefix length, the position of every token from the prefix's end
+        on inside its item (0 at delimiters, e.g. ``[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0]`` for items of 3, 2
+        and 4 tokens) zero-padded to ``token_pos_in_items_len`` and concatenated (or as a ``[B, L]`` tensor),
+        and its longest item. ``seq_lens`` (optional) are checked against the positions."""
+        prefix = _as_int_list(prefix_lens, "prefix_lens")
+        max_items = _as_int_list(max_item_lens, "max_item_lens")
+        batch = len(prefix)
+        if len(max_items) != batch:
+            raise ValueError(f"mismatched batch metadata: {batch} prefix_lens but {len(max_items)} max_item_lens")
+        pos = torch.as_tensor(token_pos_in_items) if not isinstance(token_pos_in_items, Tensor) else token_pos_in_items
+        if pos.dtype.is_floating_point or pos.dtype == torch.bool:
+            raise TypeError(f"token_pos_in_items must hold integers, got {pos.dtype}")
+        pos = pos.detach().cpu().to(torch.int64)
+        if pos.ndim == 1:
+            if token_pos_in_items_len is None:
+                if batch != 1:
+                    raise ValueError("token_pos_in_items is 1-D for a batch of several prompts: pass "
+                                     "token_pos_in_items_len, the padded length of each prompt's row")
+                token_pos_in_items_len = pos.numel()
+            if token_pos_in_items_len < 1 or pos.numel() != batch * token_pos_in_items_len:
+                raise ValueError(f"mismatched batch metadata: token_pos_in_items has {pos.numel()} entries, "
+                                 f"not {batch} prompts x token_pos_in_items_len={token_pos_in_items_len}")
+            pos = pos.reshape(batch, token_pos_in_items_len)
+        elif pos.ndim == 2:
+            if pos.shape[0] != batch:
+                raise ValueError(f"mismatched batch metadata: token_pos_in_items has {pos.shape[0]} rows for "
+                                 f"{batch} prompts")
+        else:
+            raise ValueError(f"token_pos_in_items must be 1-D or 2-D, got shape {tuple(pos.shape)}")
+        seqs = None
+        if seq_lens is not None:
+            seqs = _as_int_list(seq_lens, "seq_lens")
+            if len(seqs) != batch:
+                raise ValueError(f"mismatched batch metadata: {batch} prefix_lens but {len(seqs)} seq_lens")
+        items: list[list[int]] = []
+        for b in range(batch):
+            if prefix[b] < 0:
+                raise ValueError(f"prefix_lens[{b}] must be >= 0, got {prefix[b]}")
+            if seqs is not None and prefix[b] >= seqs[b]:
+                raise ValueError(f"prefix_lens[{b}]={prefix[b]} does not fit its sequence (seq_lens[{b}]={seqs[b]}):"
+                                 " a prompt holds its prefix and at least the delimiter after it")
+            items.append(_items_from_positions(pos[b].tolist(), b, max_items[b]))
+            length = prefix[b] + sum(items[b]) + len(items[b]) + 1
+            if seqs is not None and length != seqs[b]:
+                raise ValueError(f"token_pos_in_items[{b}] does not fit the sequence: prefix {prefix[b]} + "
+                                 f"{len(items[b])} items + delimiters make {length} tokens, but "
+                                 f"seq_lens[{b}]={seqs[b]}")
+        return cls._build(prefix, items, max_items, device)
+
+    @classmethod
+    def _build(cls, prefix: list[int], items: list[list[int]], max_items: list[int] | None,
+               device: torch.device | str | None) -> "MultiItemBatch":
+        device = torch.device(device) if device is not None else runtime.device()
+        if not prefix:
+            raise ValueError("a batch needs at least one prompt")
+        seq_lens = [p + sum(it) + len(it) + 1 for p, it in zip(prefix, items)]
+        width = max(s - p for s, p in zip(seq_lens, prefix))
+        pos = torch.zeros(len(prefix), width, dtype=torch.int32)
+        for b, its in enumerate(items):
+            cursor = 1  # column 0 is the delimiter right after the prefix
+            for n in its:
+                pos[b, cursor:cursor + n] = torch.arange(1, n + 1, dtype=torch.int32)
+                cursor += n + 1  # the item, then the delimiter that closes it
+        if max_items is None:
+            max_items = [max(its, default=0) for its in items]
+        cu = [0]
+        for s in seq_lens:
+            cu.append(cu[-1] + s)
+        return cls(
+            prefix_lens=tuple(prefix),
+            item_lens=tuple(tuple(it) for it in items),
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+            prefix_lens_t=torch.tensor(prefix, dtype=torch.int32, device=device),
+            token_pos=pos.to(device),
+            max_item_lens_t=torch.tensor(max_items, dtype=torch.int32, device=device),
+        )
+
+    # -- derived facts (cached: the attention wrappers ask for them on every call) -----------------
+    @property
+    def device(self) -> torch.device:
+        return self.cu_seqlens.device
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prefix_lens)
+
+    @cached_property
+    def seq_lens(self) -> tuple[int, ...]:
+        return tuple(p + sum(it) + len(it) + 1 for p, it in zip(self.prefix_lens, self.item_lens))
+
+    @cached_property
+    def seq_starts(self) -> tuple[int, ...]:
+        starts, total = [], 0
+        for s in self.seq_lens:
+            starts.append(total)
+            total += s
+        return tuple(starts)
+
+    @cached_property
+    def total_tokens(self) -> int:
+        return sum(self.seq_lens)
+
+    @cached_property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens)
+
+    @cached_property
+    def num_items(self) -> tuple[int, ...]:
+        return tuple(len(it) for it in self.item_lens)
+
+    @cached_property
+    def host_item_starts(self) -> tuple[tuple[int, ...], ...]:
+        """Per prompt, for every token from the prefix's end on, the index (in the prompt) of the delimiter
+        that opens its item: ``row - pos[row]``, computed on the host from the item lengths (no device sync)."""
+        out = []
+        for p, lens in zip(self.prefix_lens, self.item_lens):
+            starts, delim = [p], p
+            for n in lens:
+                starts += [delim] * n + [delim + n + 1]
+                delim += n + 1
+            out.append(tuple(starts))
+        return tuple(out)
+
+    def score_positions(self, prompt: int | None = None) -> list[int]:
+        """Indices in the packed sequence of the last token of every item (the token just before the
+        delimiter that closes it), where the item's score is read; all prompts, or one."""
+        out = []
+        prompts = range(self.batch_size) if prompt is None else [prompt]
+        for b in prompts:
+            cursor = self.seq_starts[b] + self.prefix_lens[b]  # the first delimiter
+            for n in self.item_lens[b]:
+                out.append(cursor + n)
+                cursor += n + 1
+        return out
+
+    def describe(self) -> str:
+        return (f"{self.batch_size} prompt(s), {self.total_tokens:,} tokens: prefixes {list(self.prefix_lens)}, "
+                f"items per prompt {list(self.num_items)}")
+
+
+def _items_from_positions(row: list[int], b: int, max_item_len: int) -> list[int]:
+    """Item lengths from one prompt's (zero-padded) positions; raises on positions that do not fit."""
+    name = f"token_pos_in_items[{b}]"
+    if not row or row[0] != 0:
+        raise ValueError(f"{name} must start with 0, the delimiter right after the prefix; got {row[:4]}")
+    if max_item_len < 0:
+        raise ValueError(f"max_item_lens[{b}] must be >= 0, got {max_item_len}")
+    items, end = [], None
+    for j in range(1, len(row)):
+        p = row[j]
+        if end is not None:
+            if p != 0:
+                raise ValueError(f"{name}[{j}]={p} comes after the final delimiter (column {end}): two delimiters "
+                                 "in a row would make an empty item, and the padding must be zeros")
+            continue
+        if p == 0:
+            if row[j - 1] == 0:  # two delimiters in a row: the first one was the last
+                end = j - 1
+                continue
+            items.append(row[j - 1])
+        elif p != row[j - 1] + 1:
+            raise ValueError(f"{name}[{j}]={p} does not fit: a position inside an item must follow "
+                             f"{row[j - 1]} with {row[j - 1] + 1}, or be 0 at a delimiter")
+        elif p > max_item_len:
+            raise ValueError(f"{name}[{j}]={p} does not fit: it is past max_item_lens[{b}]={max_item_len}")
+    if end is None and row[-1] != 0:
+        raise ValueError(f"{name} must end with the delimiter (0) that closes the last item; it ends with "
+                         f"{row[-1]} (is token_pos_in_items_len too small?)")
+    return items
+
+
+# ---------------------------------------------------------------------------------------------
+# The mask, the reference, the checks the steps share, the scores
+# ---------------------------------------------------------------------------------------------
+
+def dense_mask(batch: MultiItemBatch, prompt: int = 0) -> Bool[Tensor, "s s"]:
+    """The boolean ``[S, S]`` mask of one prompt (True: the query of the row may see the key of the column)."""
+    s, p = batch.seq_lens[prompt], batch.prefix_lens[prompt]
+    idx = torch.arange(s, device=batch.device)
+    item_start = idx.clone()  # prefix rows: never used, the causal test decides
+    item_start[p:] -= batch.token_pos[prompt, : s - p].to(idx.dtype)
+    rows, cols = idx[:, None], idx[None, :]
+    return (cols <= rows) & ((cols < p) | (cols >= item_start[:, None]))
+
+
+def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v: Float[Tensor, "h t d"],
+                        batch: MultiItemBatch, sm_scale: float | None = None) -> Float[Tensor, "h t d"]:
+    """Float64 attention with the dense mask, written out (no fused kernel): what every step is checked against."""
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
+        rows = slice(start, start + s)
+        scores = (q[:, rows].double() @ k[:, rows].double().transpose(-1, -2)) * sm_scale
+        scores = scores.masked_fill(~dense_mask(batch, b), float("-inf"))
+        out[:, rows] = torch.softmax(scores, dim=-1) @ v[:, rows].double()
+    return out
+
+
+def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
+    """What every attention step takes: ``q``, ``k``, ``v`` (and ``out``) of one shape and dtype,
+    ``[heads, tokens, head_dim]`` with a unit stride on ``head_dim``, on the batch's device, with as many
+    tokens as ``batch`` (a :class:`MultiItemBatch`) describes."""
+    if not isinstance(batch, MultiItemBatch):
+        raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, dtype=SUPPORTED_DTYPES)
+        if x.ndim != 3:
+            raise ValueError(f"{name} must be [heads, tokens, head_dim], got shape {tuple(x.shape)}")
+        if x.device != batch.device:
+            raise ValueError(f"{name} is on {x.device} but the batch layout is on {batch.device}")
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in head_dim (stride 1 on its last dimension), "
+                             f"got strides {x.stride()}")
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k and v must have one shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[1] != batch.total_tokens:
+        raise ValueError(f"mismatched batch metadata: q has {q.shape[1]} tokens but the batch layout describes "
+                         f"{batch.total_tokens} ({batch.describe()})")
+    if q.shape[2] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[2]}")
+    if out is not None:
+        check_tensor("out", out, dtype=q.dtype, shape=tuple(q.shape), like=q)
+        if out.stride(-1) != 1:
+            raise ValueError("out must be contiguous in head_dim (stride 1 on its last dimension)")
+
+
+def score_items(hidden: Float[Tensor, "t d_model"], lm_head: Float[Tensor, "vocab d_model"],
+                label_ids: Int[Tensor, " k"] | Sequence[int], batch: MultiItemBatch) -> list[Float[Tensor, "n k"]]:
+    """Log-probabilities of the label tokens at the last token of every item: one ``[N_b, K]`` matrix per prompt.
+
+    ``hidden`` holds the final hidden states of the packed sequence; only the ``sum(N_b)`` scored rows go
+    through the LM head, and the log-softmax over the vocabulary is taken in float32.
+    """
+    if not isinstance(batch, MultiItemBatch):
+        raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+    for name, x in (("hidden", hidden), ("lm_head", lm_head)):
+        check_tensor(name, x, ndim=2)
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+        if x.device != batch.device:
+            raise ValueError(f"{name} is on {x.device} but the batch layout is on {batch.device}")
+    if hidden.shape[0] != batch.total_tokens:
+        raise ValueError(f"mismatched batch metadata: hidden has {hidden.shape[0]} rows but the batch layout "
+                         f"describes {batch.total_tokens} tokens")
+    if lm_head.shape[1] != hidden.shape[1]:
+        raise ValueError(f"lm_head is [vocab, {lm_head.shape[1]}] but hidden has {hidden.shape[1]} features")
+    labels = torch.as_tensor(label_ids if not isinstance(label_ids, Tensor) else label_ids.cpu())
+    if labels.ndim != 1 or labels.numel() == 0 or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError(f"label_ids must be a non-empty 1-D sequence of token ids, got {label_ids!r}")
+    vocab = lm_head.shape[0]
+    if int(labels.min()) < 0 or int(labels.max()) >= vocab:
+        raise ValueError(f"label_ids must lie in [0, {vocab}), got {labels.tolist()}")
+    rows = torch.tensor(batch.score_positions(), dtype=torch.int64, device=hidden.device)
+    logits = hidden.index_select(0, rows).float() @ lm_head.float().T
+    logprobs = torch.log_softmax(logits, dim=-1)[:, labels.to(hidden.device, torch.int64)]
+    return list(logprobs.split(list(batch.num_items)))
+

@@ -1,0 +1,207 @@
+"""The chapter's five steps, one public function each (``stepNN_<slug>``), and its entry point.
+
+1. :func:`step01_dense_sdpa`: materialise the boolean mask and call ``scaled_dot_product_attention``.
+2. :func:`step02_dense_mask`: a flash-attention forward (online softmax) reading a dense mask tensor.
+3. :func:`step03_mask_on_the_fly`: the mask computed from the prefix length and item positions.
+4. :func:`step04_tile_skip`: key/value tiles no row of a query tile can see are never loaded, and tiles
+   every row sees whole skip the mask arithmetic.
+5. :func:`step05_batched`: prompts of different shapes in one launch, programs in an order planned on the
+   host (:func:`studylog.multi_item.tiles.schedule_table`: heads in groups whose keys and values fit in L2,
+   heaviest query tiles first within a group).
+
+:func:`multi_item_attention` is the chapter's result: step 5 with its defaults.
+
+Every step takes ``q``, ``k``, ``v`` as ``[heads, tokens, head_dim]`` (any strides with a unit stride on
+``head_dim``; a ``[tokens, heads, head_dim]`` tensor transposed works as it is) and a
+:class:`~studylog.multi_item.formats.MultiItemBatch`, and returns the output (written into ``out`` when it
+is given). The Triton steps take ``blocks=(BLOCK_M, BLOCK_N)`` to fix the tile shape (by default the GPU
+autotunes it and the interpreter uses 16 x 16) and ``return_info=True`` to return ``(out, LaunchInfo)``.
+Steps 2 to 4 take one prompt.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import triton
+from jaxtyping import Float
+from torch import Tensor
+
+from studylog import runtime
+from studylog.chapter import Step
+from studylog.multi_item.config import (
+    GPU_CONFIGS,
+    INTERPRETER_BLOCKS,
+    LaunchInfo,
+    check_blocks,
+    launch,
+    size_bucket,
+    strides,
+)
+from studylog.multi_item.formats import MultiItemBatch, check_qkv, dense_mask
+from studylog.multi_item.kernels import (
+    attn_fwd_batched,
+    attn_fwd_dense_mask,
+    attn_fwd_mask_on_the_fly,
+    attn_fwd_tile_skip,
+)
+from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_table
+
+#: multiply scores by log2(e) once, so the softmax can use exp2 (one instruction on the GPU)
+LOG2E = 1.4426950408889634
+
+QKV = Float[Tensor, "h t d"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 1: the dense reference
+# ---------------------------------------------------------------------------------------------
+
+def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
+                      out: QKV | None = None) -> QKV:
+    """Step 1: build every prompt's ``[S, S]`` boolean mask and call ``scaled_dot_product_attention``."""
+    check_qkv(q, k, v, batch, out)
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    out = torch.empty_like(q) if out is None else out
+    for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
+        rows = slice(start, start + s)
+        out[:, rows] = torch.nn.functional.scaled_dot_product_attention(
+            q[None, :, rows], k[None, :, rows], v[None, :, rows], attn_mask=dense_mask(batch, b), scale=sm_scale)[0]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps 2 to 5: the Triton kernels of studylog.multi_item.kernels
+# ---------------------------------------------------------------------------------------------
+
+def _prepare(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
+             *, one_prompt: bool) -> tuple[float, Tensor, dict[str, Any]]:
+    """Check a Triton step's inputs; returns ``qk_scale`` (``sm_scale * log2(e)``), the output and the
+    constexprs every kernel takes."""
+    check_qkv(q, k, v, batch, out)
+    check_blocks(blocks)
+    if one_prompt and batch.batch_size != 1:
+        raise ValueError(f"{name} handles one prompt, the batch has {batch.batch_size}; use step05_batched "
+                         "(or call it once per prompt)")
+    if runtime.mode() == "interpreter" and q.dtype == torch.bfloat16:
+        raise TypeError("bfloat16 is not supported in interpreter mode: Triton's interpreter multiplies bfloat16 "
+                        "tiles as raw integers in tl.dot; use float16 or float32 on the CPU")
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    out = torch.empty_like(q) if out is None else out
+    common = {"HEAD_DIM": q.shape[-1], "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+    return sm_scale * LOG2E, out, common
+
+
+def _one_prompt(number: int, kernel, q: Tensor, out: Tensor, batch: MultiItemBatch, args: list,
+                common: dict[str, Any], blocks: tuple[int, int] | None, counts: Tensor | None,
+                return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
+    """Launch one of steps 2 to 4 over a grid of (query tile, head)."""
+    seq_len = batch.seq_lens[0]
+    grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), q.shape[0])  # noqa: E731
+    block_m, block_n, config = launch(kernel, grid, args, common, blocks)
+    if not return_info:
+        return out
+    tile_counts = None if counts is None else [counts[: triton.cdiv(seq_len, block_m)].tolist()]
+    return out, LaunchInfo(number, block_m, block_n, tile_counts, config)
+
+
+def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
+                      out: QKV | None = None, blocks: tuple[int, int] | None = None,
+                      return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
+    """Step 2: our own flash-attention forward, reading the dense ``[S, S]`` mask (one prompt)."""
+    qk_scale, out, common = _prepare("step02_dense_mask", q, k, v, batch, sm_scale, out, blocks, one_prompt=True)
+    mask = dense_mask(batch, 0).view(torch.uint8)  # same bytes as bool, a type Triton loads everywhere
+    args = [q, k, v, out, mask, *strides(q, k, v, out), batch.seq_lens[0], qk_scale]
+    return _one_prompt(2, attn_fwd_dense_mask, q, out, batch, args, common, blocks, None, return_info)
+
+
+def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
+                           out: QKV | None = None, blocks: tuple[int, int] | None = None,
+                           return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
+    """Step 3: the mask computed in the kernel from the prefix length and each row's item start (one prompt)."""
+    qk_scale, out, common = _prepare("step03_mask_on_the_fly", q, k, v, batch, sm_scale, out, blocks,
+                                     one_prompt=True)
+    args = [q, k, v, out, batch.token_pos[0], *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
+            qk_scale]
+    return _one_prompt(3, attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, None, return_info)
+
+
+def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
+                     out: QKV | None = None, blocks: tuple[int, int] | None = None, count_tiles: bool = False,
+                     return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
+    """Step 4: key tiles no row of a query tile sees are never loaded, whole prefix tiles skip the mask
+    (one prompt). ``count_tiles`` has the kernel count the key tiles each query tile visits (in the
+    :class:`LaunchInfo` of ``return_info=True``)."""
+    qk_scale, out, common = _prepare("step04_tile_skip", q, k, v, batch, sm_scale, out, blocks, one_prompt=True)
+    seq_len = batch.seq_lens[0]
+    counts = torch.full((triton.cdiv(seq_len, 16),), -1, dtype=torch.int32, device=q.device)
+    args = [q, k, v, out, batch.token_pos[0], counts, *strides(q, k, v, out), seq_len, batch.prefix_lens[0],
+            qk_scale, size_bucket(seq_len)]
+    common["COUNT_TILES"] = count_tiles
+    return _one_prompt(4, attn_fwd_tile_skip, q, out, batch, args, common, blocks, counts if count_tiles else None,
+                       return_info)
+
+
+def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
+                   out: QKV | None = None, blocks: tuple[int, int] | None = None, count_tiles: bool = False,
+                   order: str = DEFAULT_ORDER, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
+    """Step 5: every prompt of the batch in one launch, programs in the order the host planned.
+
+    ``order`` is one of :data:`~studylog.multi_item.tiles.SCHEDULE_ORDERS` (the default, ``"head_groups"``,
+    is the chapter's; the lesson and the benchmark compare the others, which run the same kernel on the same
+    tiles); ``count_tiles`` as in :func:`step04_tile_skip`, per prompt."""
+    qk_scale, out, common = _prepare("step05_batched", q, k, v, batch, sm_scale, out, blocks, one_prompt=False)
+    if order not in SCHEDULE_ORDERS:
+        raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
+    heads, _, head_dim = q.shape
+    if blocks is not None:
+        heights = (blocks[0],)
+    elif runtime.mode() == "gpu":  # every tile height the autotuner may pick
+        heights = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in GPU_CONFIGS}))
+    else:
+        heights = (INTERPRETER_BLOCKS[0],)
+    table, programs = schedule_table(batch, heads, order, heights, 2 * head_dim * q.element_size())
+    max_tiles_16 = triton.cdiv(batch.max_seq_len, 16)
+    counts = torch.full((batch.batch_size * max_tiles_16,), -1, dtype=torch.int32, device=q.device)
+    grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
+    args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles_16,
+            *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
+    common["COUNT_TILES"] = count_tiles
+    block_m, block_n, config = launch(attn_fwd_batched, grid, args, common, blocks)
+    if not return_info:
+        return out
+    tile_counts = None
+    if count_tiles:
+        rows = counts.view(batch.batch_size, max_tiles_16).tolist()
+        tile_counts = [row[: triton.cdiv(s, block_m)] for row, s in zip(rows, batch.seq_lens)]
+    return out, LaunchInfo(5, block_m, block_n, tile_counts, config)
+
+
+def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
+                         out: QKV | None = None, blocks: tuple[int, int] | None = None) -> QKV:
+    """Multi-item scoring attention over a packed batch: the chapter's final kernel, :func:`step05_batched`
+    with its default program order.
+
+    ``q``, ``k``, ``v``: ``[heads, tokens, head_dim]``, any strides with a unit stride on ``head_dim``.
+    ``blocks=(BLOCK_M, BLOCK_N)`` fixes the tile shape; by default the GPU autotunes it and the interpreter
+    uses 16 x 16. ``out`` is written in place when given (the tests pass a NaN-filled one, so a row the
+    kernel forgets cannot pass).
+    """
+    return step05_batched(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks)
+
+
+#: The chapter's steps in lesson order: the single source of their names (function, series, legend).
+STEPS = (
+    Step(1, "dense_sdpa", "the dense boolean mask handed to PyTorch's SDPA", "torch",
+         step01_dense_sdpa, step01_dense_sdpa),
+    Step(2, "dense_mask", "a Triton flash-attention forward reading the dense mask", "triton",
+         step02_dense_mask, attn_fwd_dense_mask),
+    Step(3, "mask_on_the_fly", "the mask computed from the prefix length and item positions", "triton",
+         step03_mask_on_the_fly, attn_fwd_mask_on_the_fly),
+    Step(4, "tile_skip", "invisible key tiles never loaded, whole prefix tiles unmasked", "triton",
+         step04_tile_skip, attn_fwd_tile_skip),
+    Step(5, "batched", "every prompt of a batch in one launch, programs in a planned order", "triton",
+         step05_batched, attn_fwd_batched),
+)

@@ -1,0 +1,214 @@
+"""What the host plans before a launch: which key tiles each query tile visits (steps 4 and 5), and in
+which order step 5's programs run.
+
+* Tile accounting: :func:`tile_map` is the kernels' three loop ranges in Python, :func:`planned_key_tiles`
+  the count the kernels report back, :func:`tile_stats` the totals the benchmark and the notebook show.
+* Step 5's schedule: :func:`work_order` ranks the ``(prompt, query tile, head)`` triples in one of
+  :data:`SCHEDULE_ORDERS`, :func:`schedule_table` turns them into the table the kernel reads, and
+  :func:`kv_in_flight` counts the keys and values the programs running at once read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from studylog.multi_item.formats import MultiItemBatch, dense_mask
+
+# ---------------------------------------------------------------------------------------------
+# Step 5's schedule: which program computes what, in which order
+# ---------------------------------------------------------------------------------------------
+
+#: the program orders step 5 can run in (the benchmark times them all; the first is the default):
+#:
+#: * ``"head_groups"``: the heads in a few groups, each as large as fits :data:`GROUP_KV_BYTES` of keys and
+#:   values of the whole batch; group after group, and within a group every (prompt, query tile, head) with
+#:   the most keys first. The programs running at once read one group's keys and values, which stay in L2,
+#:   and the last group ends with its lightest tiles, which fill the tail of the launch;
+#: * ``"heads_outer"``: the same with groups of one head;
+#: * ``"prompts_outer"``: prompt by prompt (most work first), then head by head, then tiles from the
+#:   prompt's end: what a launch per prompt of step 4 does, without the gaps between launches;
+#: * ``"first_run"``: the order of step 5's first version: tiles counted from each prompt's end, with every
+#:   (prompt, head) pair side by side, so the programs running at once read every head of every prompt.
+SCHEDULE_ORDERS = ("head_groups", "heads_outer", "prompts_outer", "first_run")
+DEFAULT_ORDER = SCHEDULE_ORDERS[0]
+#: the tile heights a schedule table has a row for (the kernel picks its row from BLOCK_M)
+SCHEDULE_BLOCK_MS = (16, 32, 64, 128)
+#: keys and values one head group may span: well under an H200's 60 MB of L2 (an H100 has 50 MB)
+GROUP_KV_BYTES = 24 * 2**20
+
+
+def head_groups(batch: MultiItemBatch, heads: int, kv_bytes_per_token: int) -> list[range]:
+    """The heads split into as few groups of near-equal size as keep each group's keys and values (every
+    token of the batch, ``kv_bytes_per_token`` per head) within :data:`GROUP_KV_BYTES`; one head at least."""
+    size = max(1, min(heads, GROUP_KV_BYTES // max(batch.total_tokens * kv_bytes_per_token, 1)))
+    n = -(-heads // size)
+    bounds = [round(i * heads / n) for i in range(n + 1)]
+    return [range(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def query_tile_costs(batch: MultiItemBatch, block_m: int) -> list[tuple[int, int, int]]:
+    """``(prompt, query tile, keys it visits)`` for every query tile of the batch: the keys of steps 4 and
+    5's three ranges counted one by one (at key-tile granularity they round up a little)."""
+    out = []
+    for b, (s, p) in enumerate(zip(batch.seq_lens, batch.prefix_lens)):
+        starts = batch.host_item_starts[b]
+        for t, m_lo in enumerate(range(0, s, block_m)):
+            m_hi = min(m_lo + block_m, s)
+            prefix_keys = min(p, m_hi)
+            first_item_row = max(m_lo, p)  # == p (starts[0] == p) for a tile wholly inside the prefix
+            out.append((b, t, prefix_keys + max(0, m_hi - max(starts[first_item_row - p], prefix_keys))))
+    return out
+
+
+def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEFAULT_ORDER,
+               kv_bytes_per_token: int = 2 * 128 * 2) -> Int[Tensor, "n 3"]:
+    """Step 5's programs in launch order: rows of ``(prompt, query tile, head)``, one per program.
+    ``kv_bytes_per_token`` (a key and a value of one head: ``2 * head_dim * element size``) sizes the head
+    groups of the ``"head_groups"`` order."""
+    if order not in SCHEDULE_ORDERS:
+        raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
+    tiles = query_tile_costs(batch, block_m)
+    if order in ("head_groups", "heads_outer"):
+        ranked = torch.tensor([(b, t) for b, t, _ in sorted(tiles, key=lambda w: (-w[2], w[0], w[1]))])
+        groups = (head_groups(batch, heads, kv_bytes_per_token) if order == "head_groups"
+                  else [range(h, h + 1) for h in range(heads)])
+        # within a group: tile by tile in that ranking, the group's heads side by side
+        return torch.cat([torch.cat([ranked.repeat_interleave(len(g), dim=0),
+                                     torch.tensor(list(g)).repeat(len(ranked))[:, None]], dim=1) for g in groups])
+    if order == "prompts_outer":
+        work = [0] * batch.batch_size
+        for b, _, cost in tiles:
+            work[b] += cost
+        rows = [(b, t, h) for b in sorted(range(batch.batch_size), key=lambda b: -work[b])
+                for h in range(heads) for t in reversed(range(-(-batch.seq_lens[b] // block_m)))]
+        return torch.tensor(rows)
+    n_tiles = [-(-s // block_m) for s in batch.seq_lens]  # "first_run"
+    return torch.tensor([(b, n - 1 - r, h) for r in range(max(n_tiles)) for b, n in enumerate(n_tiles) if r < n
+                         for h in range(heads)])
+
+
+def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER,
+                   block_ms: Sequence[int] = SCHEDULE_BLOCK_MS,
+                   kv_bytes_per_token: int = 2 * 128 * 2) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
+    """Step 5's program table on the batch's device, and how many programs each tile height launches.
+
+    Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]`` (only the heights in ``block_ms`` are filled); entry
+    ``i`` of a row is program ``i``'s ``(prompt, query tile, head, seq_begin, seq_len, prefix_len, 0, 0)``.
+    Built on the host once per (batch, heads, order, heights, bytes per token) and cached on the batch, so
+    the attention calls of every layer reuse it.
+    """
+    key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token)
+    if key not in batch._schedules:
+        if not key[2] or any(h not in SCHEDULE_BLOCK_MS for h in key[2]):
+            raise ValueError(f"block_ms must be among {SCHEDULE_BLOCK_MS}, got {block_ms!r}")
+        begins = torch.tensor(batch.seq_starts)
+        lens = torch.tensor(batch.seq_lens)
+        prefixes = torch.tensor(batch.prefix_lens)
+        rows = {}
+        for block_m in key[2]:
+            w = work_order(batch, heads, block_m, order, kv_bytes_per_token)
+            b = w[:, 0]
+            rows[block_m] = torch.cat([w, begins[b, None], lens[b, None], prefixes[b, None],
+                                       torch.zeros(len(w), 2, dtype=w.dtype)], dim=1)
+        width = max(len(r) for r in rows.values())
+        table = torch.zeros(len(SCHEDULE_BLOCK_MS), width, 8, dtype=torch.int32)
+        for block_m, r in rows.items():
+            table[SCHEDULE_BLOCK_MS.index(block_m), : len(r)] = r.to(torch.int32)
+        batch._schedules[key] = (table.to(batch.device), {bm: len(r) for bm, r in rows.items()})
+    return batch._schedules[key]
+
+
+def kv_in_flight(batch: MultiItemBatch, heads: int, head_dim: int, block_m: int, order: str,
+                 programs_at_once: int, elem_bytes: int = 2) -> float:
+    """Bytes of keys and values that ``programs_at_once`` consecutive programs of step 5 read, averaged over
+    the launch: an upper bound per window, taking each (prompt, head) in the window to read its keys up to
+    the highest row it computes. Compare it with the L2 cache: above it, the tiles reread keys from DRAM."""
+    order_rows = work_order(batch, heads, block_m, order, 2 * head_dim * elem_bytes).tolist()
+    windows = []
+    for lo in range(0, len(order_rows), programs_at_once):
+        reach: dict[tuple[int, int], int] = {}
+        for b, t, h in order_rows[lo:lo + programs_at_once]:
+            reach[b, h] = max(reach.get((b, h), 0), min((t + 1) * block_m, batch.seq_lens[b]))
+        windows.append(sum(reach.values()) * 2 * head_dim * elem_bytes)
+    return sum(windows) / len(windows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile accounting: what each kernel visits, what causal attention visits, what is really needed
+# ---------------------------------------------------------------------------------------------
+
+#: codes of :func:`tile_map`
+TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2
+
+
+def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0) -> Int[Tensor, "m_tiles n_tiles"]:
+    """What steps 4 and 5 do with each (query tile, key tile) of one prompt: the kernels' three loop ranges,
+    in Python. ``TILE_SKIPPED`` (never loaded), ``TILE_WHOLE`` (every row sees every key: no mask arithmetic)
+    or ``TILE_MASKED``."""
+    s, p = batch.seq_lens[prompt], batch.prefix_lens[prompt]
+    pos = batch.token_pos[prompt].tolist()
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    out = torch.full((cdiv(s, block_m), cdiv(s, block_n)), TILE_SKIPPED, dtype=torch.int8)
+    for t, m_lo in enumerate(range(0, s, block_m)):
+        m_hi = min(m_lo + block_m, s)
+        full_hi = min(p, m_lo + 1) // block_n * block_n                     # phase 1: [0, full_hi)
+        prefix_hi = cdiv(min(p, m_hi), block_n) * block_n                    # phase 2: [full_hi, prefix_hi)
+        first_item_row = max(m_lo, p)
+        items_lo = max((first_item_row - pos[first_item_row - p]) // block_n * block_n, prefix_hi)  # phase 3
+        out[t, : full_hi // block_n] = TILE_WHOLE
+        out[t, full_hi // block_n: prefix_hi // block_n] = TILE_MASKED
+        out[t, items_lo // block_n: cdiv(m_hi, block_n)] = TILE_MASKED
+    return out
+
+
+def planned_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int) -> list[list[int]]:
+    """For each prompt and query tile, how many key tiles steps 4 and 5 visit (the tests compare it with
+    what the kernels count)."""
+    return [(tile_map(batch, block_m, block_n, b) != TILE_SKIPPED).sum(dim=1).tolist()
+            for b in range(batch.batch_size)]
+
+
+@dataclass(frozen=True)
+class TileStats:
+    """Key tiles of one tiling, summed over prompts (per head)."""
+
+    block_m: int
+    block_n: int
+    total: int        #: every (query tile, key tile) pair: what steps 2 and 3 visit
+    causal: int       #: pairs on or below the diagonal: what causal attention visits
+    needed: int       #: pairs holding at least one visible (query, key): the least any kernel must visit
+    visited: int      #: what steps 4 and 5 visit
+    visible_pairs: int  #: visible (query, key) pairs: the useful work
+    causal_pairs: int   #: (query, key) pairs of causal attention over the same sequences
+
+    @property
+    def skipped_fraction(self) -> float:
+        """Fraction of all key tiles steps 4 and 5 never load."""
+        return 1.0 - self.visited / self.total
+
+    @property
+    def skipped_vs_causal(self) -> float:
+        """Fraction of causal attention's key tiles steps 4 and 5 never load."""
+        return 1.0 - self.visited / self.causal
+
+
+def tile_stats(batch: MultiItemBatch, block_m: int, block_n: int) -> TileStats:
+    """The key tiles of all prompts at ``block_m x block_n`` tiles: all, causal, needed, visited (per head)."""
+    total = causal = needed = visible = causal_pairs = 0
+    for b, s in enumerate(batch.seq_lens):
+        mask = dense_mask(batch, b).cpu()
+        visible += int(mask.sum())
+        causal_pairs += s * (s + 1) // 2
+        tm, tn = -(-s // block_m), -(-s // block_n)
+        padded = torch.zeros(tm * block_m, tn * block_n, dtype=torch.bool)
+        padded[:s, :s] = mask
+        needed += int(padded.view(tm, block_m, tn, block_n).any(dim=3).any(dim=1).sum())
+        total += tm * tn
+        causal += sum(-(-min(m_lo + block_m, s) // block_n) for m_lo in range(0, s, block_m))
+    visited = sum(map(sum, planned_key_tiles(batch, block_m, block_n)))
+    return TileStats(block_m, block_n, total, causal, needed, visited, visible, causal_pairs)
