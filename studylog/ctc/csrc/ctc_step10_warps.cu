@@ -8,8 +8,7 @@
 // Step 10: several warps per utterance and direction.
 //
 // One warp per direction leaves three of an SM's four schedulers idle and runs every frame as
-// about 28 instructions per position for V positions per lane: at V = 10 (S up to 320) a frame
-// of step 8 still takes about half a microsecond on the H200. Here a block of W warps shares the S positions, V = 2 or 4
+// about 28 instructions per position for V positions per lane (V = 10 for S up to 320). Here a block of W warps shares the S positions, V = 2 or 4
 // per thread, so each scheduler runs a short chain. Neighbouring warps exchange one or two
 // boundary values per frame through shared memory, double-buffered so that one barrier per frame
 // is enough; the same barrier combines the warps' maxima of the old row, which each warp reduces
