@@ -2,6 +2,8 @@
 compiled code (PTX loads, registers). GPU: every step against the reference."""
 
 import math
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -10,6 +12,11 @@ import torch
 from studylog import ctc, cuda
 
 SENTINEL = -12345.0  # poison for outputs: no correct loss or gradient entry takes this value
+STEPS = [s.number for s in ctc.CHAPTER.steps]
+
+
+def step_ids(number):
+    return ctc.CHAPTER.step(number).name
 
 
 def random_case(rng, T, N, A, *, max_target=12, repeats=False):
@@ -105,15 +112,43 @@ def test_probability_space_rescaling_breaks_on_long_blank_heavy_input():
     for T, breaks in [(60, False), (240, True)]:
         x, lists = ctc.stress_inputs(T, 2, 12, gen, "cpu")
         targets, tl = ctc.padded(lists), [len(l) for l in lists]
-        ref, _ = ctc.reference_ctc(x, targets, [T, T], tl)
-        prob32 = ctc.probability_space_nll(x, targets, [T, T], tl, dtype=torch.float32)
-        prob64 = ctc.probability_space_nll(x, targets, [T, T], tl, dtype=torch.float64)
+        ref, ref_grad = ctc.reference_ctc(x, targets, [T, T], tl)
+        prob32, grad32, estimate = ctc.probability_space_ctc(x, targets, [T, T], tl)
+        prob64, grad64, _ = ctc.probability_space_ctc(x, targets, [T, T], tl, dtype=torch.float64)
         assert torch.isfinite(ref).all()
         torch.testing.assert_close(prob64, ref, rtol=1e-10, atol=0)  # double still holds at this length
+        torch.testing.assert_close(grad64, ref_grad, rtol=0, atol=1e-9)
         if breaks:
-            assert torch.isinf(prob32).all(), prob32
+            assert torch.isinf(prob32).all() and torch.isinf(estimate).all(), prob32
+            assert ctc.untrusted(estimate, prob32, [T, T], lists).all()
         else:
-            torch.testing.assert_close(prob32, ref, rtol=1e-5, atol=0)
+            torch.testing.assert_close(prob32.double(), ref, rtol=1e-5, atol=0)
+            assert not ctc.wrong_utterances(prob32, grad32, ref, ref_grad).any()
+
+
+def test_probability_space_model_matches_the_reference_where_nothing_underflows(rng):
+    """Short, ordinary inputs (awkward sizes, repeats, varied lengths): nothing falls below float's
+    normal range, the estimate is 0 and the float32 model is the reference within the tolerances."""
+    x, targets, il, tl = random_case(rng, 17, 5, 7, max_target=6, repeats=True)
+    il[0], tl[0] = 17, 6
+    ref_loss, ref_grad = ctc.reference_ctc(x, targets, il, tl)
+    loss, grad, estimate = ctc.probability_space_ctc(x, targets, il, tl)
+    feasible = torch.isfinite(ref_loss)
+    assert (estimate[feasible] < ctc.UNDERFLOW_TOLERANCE).all(), estimate
+    assert torch.isinf(loss[~feasible]).all() and torch.isinf(estimate[~feasible]).all()
+    assert not ctc.wrong_utterances(loss, grad, ref_loss, ref_grad).any()
+    assert not ctc.untrusted(estimate, loss, il, [targets[i, :l].numpy() for i, l in enumerate(tl.tolist())]).any()
+
+
+def test_silently_wrong_counts_only_finite_answers_without_nan():
+    ref_loss = torch.tensor([10.0, 10.0, 10.0, math.inf], dtype=torch.float64)
+    ref_grad = torch.zeros(2, 4, 3, dtype=torch.float64)
+    loss = torch.tensor([10.0, 11.0, 11.0, math.inf])
+    grad = torch.zeros(2, 4, 3)
+    grad[0, 2, 0] = math.nan  # utterance 2: wrong and shows it
+    assert ctc.wrong_utterances(loss, grad, ref_loss, ref_grad).tolist() == [False, True, True, False]
+    assert ctc.silently_wrong(loss, grad, ref_loss, ref_grad).tolist() == [False, True, False, False]
+    assert ctc.errors(loss, grad, ref_loss, ref_grad)["silently_wrong"] == 1
 
 
 def test_prepared_slots_list_every_position_once(rng):
@@ -198,27 +233,25 @@ def test_bad_call_options_are_named():
     with pytest.raises(ValueError, match="A = 6"):
         ctc.ctc_loss(torch.randn(6, 2, 6), batch)
     with pytest.raises(ValueError, match="N = 3"):
-        ctc.ctc_loss(torch.randn(6, 3, 5), batch)
+        ctc.step07_fused_softmax(torch.randn(6, 3, 5), batch)
     with pytest.raises(ValueError, match="T = 4"):
-        ctc.ctc_loss(torch.randn(4, 2, 5), batch)
-    with pytest.raises(ValueError, match="step must be"):
-        ctc.ctc_loss(x, batch, step=len(ctc.STEPS) + 1)
-    with pytest.raises(ValueError, match="grain and blocked"):
-        ctc.ctc_loss(x, batch, step=7, grain=3)
+        ctc.step01_baseline(torch.randn(4, 2, 5), batch)
     with pytest.raises(ValueError, match="grain must be one of"):
         ctc.kernel_names(4, 9)
     with pytest.raises(ValueError, match="grain must be one of"):
-        ctc.ctc_loss(x, batch, step=5, grain=0)
+        ctc.step05_shared_rows(x, batch, grain=0)
+    with pytest.raises(ValueError, match="grain must be one of"):
+        ctc.step06_probability_space(x, batch, grain=9)
     with pytest.raises(ValueError, match="share memory"):
         ctc.ctc_loss(x, batch, out_grad=x)
     with pytest.raises(ValueError, match="num_classes"):
         ctc.prepare_targets(args["targets"], [6, 5], [3, 2], num_classes=1, max_time=6)
-    with pytest.raises(ValueError, match="grain and blocked"):
-        ctc.ctc_loss(x, batch, step=9, grain=2)
+    with pytest.raises(TypeError):
+        ctc.step07_fused_softmax(x, batch, grain=3)  # no grain: one warp per direction
     with pytest.raises(ValueError, match="recursion must be one of"):
-        ctc.ctc_loss(x, batch, step=7, recursion="branch-free")
+        ctc.step09_two_passes(x, batch, recursion="fastest")
     with pytest.raises(ValueError, match="recursion must be one of"):
-        ctc.ctc_loss(x, batch, step=9, recursion="fastest")
+        ctc.step08_branch_free(x, batch, recursion="fastest")
     with pytest.raises(ValueError, match="recursion must be one of"):
         ctc.recursion_name(10, "fastest")
     with pytest.raises(ValueError, match="positions per lane"):
@@ -228,11 +261,27 @@ def test_bad_call_options_are_named():
     with pytest.raises(ValueError, match="steps 8 and 9"):
         ctc.fused_kernel_names(10, 4, "branch-free")
     with pytest.raises(ValueError, match=r"grain must be one of \(2, 4\) for step 10"):
-        ctc.ctc_loss(x, batch, step=10, grain=3)
-    with pytest.raises(ValueError, match="grain and blocked"):
-        ctc.ctc_loss(x, batch, step=10, blocked=True)
+        ctc.step10_warps_per_direction(x, batch, grain=3)
     with pytest.raises(ValueError, match="positions per thread"):
         ctc.fused_kernel_names(10, 3)
+    with pytest.raises(TypeError, match="out_estimate must be float32"):
+        ctc.step06_probability_space(x, batch, out_estimate=torch.empty(2, dtype=torch.float64))
+
+
+def test_the_final_step_is_the_entry_point():
+    assert ctc.CHAPTER.final.function is ctc.step10_warps_per_direction
+    assert ctc.FINAL_STEP == 10 and [s.series for s in ctc.CHAPTER.steps][:2] == ["step01", "step02"]
+    assert ctc.CHAPTER.label("step06") == "step06_probability_space"
+
+
+def test_committed_results_read_under_the_new_names():
+    from studylog.plotting import load_results
+
+    results = load_results("ctc", "nvidia-h200")
+    series = {r["series"] for r in results.rows}
+    assert {s.series for s in ctc.CHAPTER.steps} <= series
+    assert {"step07 graph", "stress step06", "step04 strided", "step09 recursion + redux max"} <= series
+    assert not any(re.fullmatch(r"step\d( .*)?", name) for name in series), sorted(series)
 
 
 # --------------------------------------------------------------------------------------
@@ -241,12 +290,14 @@ def test_bad_call_options_are_named():
 
 @pytest.fixture(scope="module")
 def steps_1_to_3():
-    return ctc.compile_step(1)
+    return ctc.compile_step(1), ctc.compile_step(2)  # step 1's file; steps 2 and 3 share one
 
 
 def test_restrict_and_ldg_make_the_read_only_loads_non_coherent(steps_1_to_3):
-    table = {row["kernel"]: row for row in ctc.load_table(steps_1_to_3, [
-        f"ctc_{kind}_step{s}" for s in (1, 2, 3) for kind in ("alpha", "beta_grad")])}
+    one, two_three = steps_1_to_3
+    rows = ctc.load_table(one, [f"ctc_{kind}_step1" for kind in ("alpha", "beta_grad")])
+    rows += ctc.load_table(two_three, [f"ctc_{kind}_step{s}" for s in (2, 3) for kind in ("alpha", "beta_grad")])
+    table = {row["kernel"]: row for row in rows}
     for kind in ("alpha", "beta_grad"):
         assert table[f"ctc_{kind}_step1"]["ld.global.nc"] == 0  # aliasing possible: every load coherent
         assert table[f"ctc_{kind}_step2"]["ld.global.nc"] > 0   # __restrict__ alone is enough
@@ -259,17 +310,18 @@ def test_restrict_and_ldg_make_the_read_only_loads_non_coherent(steps_1_to_3):
 
 @pytest.fixture(scope="module")
 def blocked_kernels():
-    """Steps 4 to 6 in one NVRTC call: step 4 at several grain sizes, steps 5 and 6 at one."""
-    names = [n for g in TESTED_GRAINS for n in ctc.kernel_names(4, g)]
-    names += [n for b in (False, True) for n in ctc.kernel_names(5, 3, b)] + list(ctc.kernel_names(6, 2))
-    return names, cuda.compile_source(ctc.BLOCKED_SOURCE, name_expressions=list(dict.fromkeys(names)))
+    """Steps 4 and 5 in one NVRTC call (step 4 at several grain sizes, step 5 at one), step 6 in another."""
+    four = ctc.compile_step(4, grains=TESTED_GRAINS)
+    five = ctc.compile_step(5, grains=[3], layouts=(False, True))
+    six = ctc.compile_step(6, grains=[2])
+    return None, (four, five, six)
 
 
 TESTED_GRAINS = (1, 2, 3, 4, 8)
 
 
 def test_register_report_per_grain_size(blocked_kernels):
-    names, compiled = blocked_kernels
+    _, (compiled, _, _) = blocked_kernels
     rows = ctc.load_table(compiled, [n for g in TESTED_GRAINS for n in ctc.kernel_names(4, g)])
     assert len(rows) == 2 * len(TESTED_GRAINS)
     for row in rows:
@@ -280,10 +332,13 @@ def test_register_report_per_grain_size(blocked_kernels):
 
 
 def test_template_instances_of_steps_5_to_7_compile(blocked_kernels):
-    names, compiled = blocked_kernels
-    assert set(names) <= set(compiled.lowered_names)
-    report = compiled.ptxas_report()
-    assert all(compiled.lowered_names[n] in report for n in names)
+    _, (_, five, six) = blocked_kernels
+    wanted = [(five, [n for b in (False, True) for n in ctc.kernel_names(5, 3, b)]), (six, list(ctc.kernel_names(6, 2)))]
+    for compiled, names in wanted:
+        assert set(names) <= set(compiled.lowered_names)
+        report = compiled.ptxas_report()
+        assert all(compiled.lowered_names[n] in report for n in names)
+        assert all(r["spill_stores"] == 0 for r in report.values())
     seven = ctc.compile_step(7, grains=[2])
     report = seven.ptxas_report()
     assert {"ctc_fused_stats", "ctc_fused_grad", seven.lowered_names["ctc_fused_recursion<2>"]} <= set(report)
@@ -296,11 +351,16 @@ def recursions_at_v10():
     return ctc.compile_step(7, grains=[10]), ctc.compile_step(8, grains=[10], recursions=list(ctc.RECURSION_OPTIONS))
 
 
-def test_steps_8_and_9_compile_without_spills(recursions_at_v10):
+def test_steps_8_to_10_compile_without_spills(recursions_at_v10):
     _, eight = recursions_at_v10
     report = eight.ptxas_report()
     names = [ctc.recursion_name(10, option) for option in ctc.RECURSION_OPTIONS]
-    assert {"ctc_stats_softmax", "ctc_target_grad"} | {eight.lowered_names[n] for n in names} <= set(report)
+    assert {eight.lowered_names[n] for n in names} <= set(report)
+    report.update(ctc.compile_step(9).ptxas_report())
+    assert {"ctc_stats_softmax", "ctc_target_grad"} <= set(report)
+    ten = ctc.compile_step(10, grains=ctc.BLOCK_GRAINS)
+    report.update(ten.ptxas_report())
+    assert {ten.lowered_names[f"ctc_warps_recursion<{v}>"] for v in ctc.BLOCK_GRAINS} <= set(report)
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in report.values()), report
     ptx = {option: eight.ptx_function(ctc.recursion_name(10, option)) for option in ctc.RECURSION_OPTIONS}
     assert "ex2.approx.ftz.f32" not in ptx["branch-free"] and "redux.sync" not in ptx["branch-free"]
@@ -343,8 +403,10 @@ def _run_on_gpu(x, targets, il, tl, step, zero_infinity=False, **kw):
     T, N, A = x.shape
     out_loss = torch.full((N,), SENTINEL, device="cuda")
     out_grad = torch.full((T, N, A), SENTINEL, device="cuda")
-    loss, grad = ctc.ctc_loss(x.cuda(), targets.cuda(), il, tl, step=step, zero_infinity=zero_infinity,
-                              out_loss=out_loss, out_grad=out_grad, **kw)
+    if step == 6:
+        kw = {"warn": False, **kw}  # step 6's flag has tests of its own
+    loss, grad = ctc.CHAPTER.step(step).function(x.cuda(), targets.cuda(), il, tl, zero_infinity=zero_infinity,
+                                                 out_loss=out_loss, out_grad=out_grad, **kw)
     torch.cuda.synchronize()
     assert loss.data_ptr() == out_loss.data_ptr() and grad.data_ptr() == out_grad.data_ptr()
     assert not (loss == SENTINEL).any() and not (grad == SENTINEL).any(), "outputs left unwritten"
@@ -358,7 +420,7 @@ def _check_against_reference(x, targets, il, tl, step, zero_infinity=False, **kw
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("step", list(ctc.STEPS))
+@pytest.mark.parametrize("step", STEPS, ids=step_ids)
 @pytest.mark.parametrize("T, N, A", [(1, 1, 2), (33, 7, 5), (60, 9, 37), (45, 5, 1001)])
 def test_step_matches_reference_on_gpu(step, T, N, A, rng):
     x, targets, il, tl = random_case(rng, T, N, A, max_target=min(T, 40), repeats=A < 10)
@@ -366,7 +428,7 @@ def test_step_matches_reference_on_gpu(step, T, N, A, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("step", list(ctc.STEPS))
+@pytest.mark.parametrize("step", STEPS, ids=step_ids)
 @pytest.mark.parametrize("zero_infinity", [False, True])
 def test_edge_cases_on_gpu(step, zero_infinity, rng):
     x = torch.randn(8, 5, 6, generator=rng)
@@ -384,7 +446,7 @@ def test_edge_cases_on_gpu(step, zero_infinity, rng):
 ])  # every grain where the index arithmetic is most intricate (blocked); a few elsewhere (NVRTC time)
 def test_grain_sizes_on_gpu(step, blocked, grains, rng):
     x, targets, il, tl = random_case(rng, 40, 4, 11, max_target=30)
-    ctc.preload(step, grains, (blocked,))
+    ctc.preload_blocked(step, grains, (blocked,))
     for grain in grains:
         _check_against_reference(x, targets, il, tl, step, grain=grain, blocked=blocked)
 
@@ -398,7 +460,7 @@ def _benchmark_sized(gen, A, N=16):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("step", [s for s in ctc.STEPS if s != 6])
+@pytest.mark.parametrize("step", [s for s in STEPS if s != 6], ids=step_ids)
 def test_benchmark_sized_inputs_on_gpu(step, rng):
     gen = torch.Generator().manual_seed(rng.seed_value)
     for A in ctc.BENCH_A:
@@ -426,7 +488,7 @@ def test_probability_space_at_benchmark_size_on_gpu(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("step", [7, 8, 9, 10])
+@pytest.mark.parametrize("step", [7, 8, 9, 10], ids=step_ids)
 def test_fused_scalar_and_vector_paths_on_gpu(step, rng):
     # offset 1: rows not 16-byte aligned; 8200: aligned, but too long for step 9's frame in registers
     for A, offset in [(5000, 0), (5000, 1), (4999, 0), (28, 0), (8200, 0)]:
@@ -456,7 +518,8 @@ def test_rescaling_fails_where_log_space_holds_on_gpu():
     targets, tl = ctc.padded(lists), [len(l) for l in lists]
     for step in (5, 7, 9, 10):
         _check_against_reference(x, targets, [400] * 4, tl, step)
-    loss, _ = ctc.ctc_loss(x.cuda(), targets.cuda(), [400] * 4, tl, step=6)
+    with pytest.warns(ctc.UnderflowWarning, match=r"utterance\(s\) \[0, 1, 2, 3\]"):
+        loss, _ = ctc.step06_probability_space(x.cuda(), targets.cuda(), [400] * 4, tl)
     assert torch.isinf(loss).all()  # every alignment underflowed in float32 probability space
 
 
@@ -493,10 +556,69 @@ def test_agrees_with_both_torch_paths_on_gpu(rng):
     lists = ctc.random_targets(50, 6, 29, gen)
     x = torch.randn(50, 6, 29, generator=gen).cuda()
     tl = [len(l) for l in lists]
-    ours, our_grad = ctc.ctc_loss(x, ctc.padded(lists).cuda(), [50] * 6, tl, step=ctc.FINAL_STEP)
+    ours, our_grad = ctc.ctc_loss(x, ctc.padded(lists).cuda(), [50] * 6, tl)
     for targets in (ctc.concatenated(lists, torch.int32), ctc.padded(lists).cuda()):  # cuDNN, native
         loss, grad = ctc.torch_ctc(x, targets, [50] * 6, tl)
         # torch's float32 gradient is itself only ~1e-4 accurate: this is a sanity check, the
         # strict comparison is against the float64 reference above
         torch.testing.assert_close(ours, loss, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(our_grad, grad, rtol=0, atol=1e-3)
+
+
+def test_probability_space_flags_the_finite_wrong_loss_it_returns():
+    """The reported defect: on long utterances (T = 1100, A = 28) float32 probability space returns a
+    finite loss far from float64, no inf and no NaN in the loss. The CPU model of step 6's arithmetic
+    reproduces it, and its error estimate must flag every utterance whose answer is off."""
+    gen = torch.Generator().manual_seed(0)
+    x, lists = ctc.long_inputs(1100, 6, 28, gen, "cpu")
+    targets, tl = ctc.padded(lists), [len(l) for l in lists]
+    ref_loss, ref_grad = ctc.reference_ctc(x, targets, [1100] * 6, tl)
+    loss, grad, estimate = ctc.probability_space_ctc(x, targets, [1100] * 6, tl)
+    assert loss.dtype == grad.dtype == torch.float32
+    wrong = ctc.wrong_utterances(loss, grad, ref_loss, ref_grad)
+    finite_wrong = wrong & torch.isfinite(loss)
+    assert finite_wrong.any(), "the reproduction lost its finite wrong loss"
+    assert (estimate[wrong] > ctc.UNDERFLOW_TOLERANCE).all(), (estimate, wrong)
+    assert ctc.untrusted(estimate, loss, [1100] * 6, lists).tolist() == \
+        (estimate > ctc.UNDERFLOW_TOLERANCE).tolist()
+
+
+@pytest.mark.gpu
+def test_probability_space_kernel_flags_every_answer_it_gets_wrong():
+    """The defect's GPU half: step 6's kernel on the stress set (blank-heavy and long random utterances,
+    T up to 1100) may be wrong, but never silently: every wrong utterance is named by its warning and
+    flagged by its estimate, and the estimate agrees with the CPU model's where the model is right."""
+    gen = torch.Generator().manual_seed(3)
+    seen_finite_wrong = False
+    for name, x, lists in ctc.stress_set(gen, "cpu"):
+        T, N, A = x.shape
+        targets, tl = ctc.padded(lists), [len(l) for l in lists]
+        ref_loss, ref_grad = ctc.reference_ctc(x, targets, [T] * N, tl)
+        estimate = torch.full((N,), SENTINEL, device="cuda")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss, grad = ctc.step06_probability_space(x.cuda(), targets.cuda(), [T] * N, tl, out_estimate=estimate)
+        wrong = ctc.wrong_utterances(loss, grad, ref_loss, ref_grad)
+        batch = ctc.prepare_targets(targets, [T] * N, tl, num_classes=A, max_time=T, device="cuda")
+        flagged = ctc.untrusted_answers(loss, estimate, batch)
+        assert not (estimate == SENTINEL).any(), name
+        assert not (wrong & ~flagged).any(), (name, wrong, estimate)
+        seen_finite_wrong |= bool((wrong & torch.isfinite(loss.cpu())).any())
+        named = [int(i) for i in torch.nonzero(flagged).flatten()]
+        messages = [str(w.message) for w in caught if issubclass(w.category, ctc.UnderflowWarning)]
+        assert (len(messages) == 1 and str(named) in messages[0]) if named else not messages, (name, messages)
+    assert seen_finite_wrong, "the stress set no longer holds a finite wrong answer of step 6"
+
+
+@pytest.mark.gpu
+def test_default_entry_point_is_never_silently_wrong_on_the_stress_set():
+    """ctc_loss (the final step, log space) on every input of the chapter's stress set: the reference's
+    answer within the tolerances, so no silently wrong finite loss."""
+    gen = torch.Generator().manual_seed(3)
+    for name, x, lists in ctc.stress_set(gen, "cpu"):
+        T, N, A = x.shape
+        targets, tl = ctc.padded(lists), [len(l) for l in lists]
+        loss, grad = ctc.ctc_loss(x.cuda(), targets.cuda(), [T] * N, tl)
+        ref_loss, ref_grad = ctc.reference_ctc(x.cuda(), targets, [T] * N, tl)
+        assert not ctc.wrong_utterances(loss, grad, ref_loss, ref_grad).any(), name
+        assert ctc.errors(loss, grad, ref_loss, ref_grad)["silently_wrong"] == 0

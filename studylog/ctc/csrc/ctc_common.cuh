@@ -1,4 +1,4 @@
-// Helpers shared by the CTC kernels of chapter 4 (ctc_warpctc.cu, ctc_blocked.cu, ctc_fused.cu).
+// Helpers shared by the CTC kernels of chapter 4 (every ctc_*.cu in this folder).
 #pragma once
 
 #define NEG_INF __int_as_float(0xff800000)

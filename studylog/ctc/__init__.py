@@ -1,0 +1,149 @@
+"""Chapter 4: CTC loss and its gradient with respect to the activations, in CUDA C++.
+
+The operation is the one warp-ctc and cuDNN provide: activations (pre-softmax logits) of shape
+``(T, N, A)``, one target label sequence per utterance, input and target lengths, blank = 0.
+The output is the per-utterance negative log-likelihood ``loss[N]`` and the gradient of
+``loss.sum()`` with respect to the activations, ``grad[T, N, A]`` (softmax included).
+
+Ten steps, each a public function ``stepNN_<slug>`` with the same arguments (``CHAPTER.steps`` is the
+table of their names); :func:`ctc_loss` is the chapter's result, the last step with its defaults:
+
+1. ``step01_baseline``: warp-ctc style. A log-softmax kernel writes log-probabilities; one block per
+   utterance runs the alpha recursion with the whole alpha matrix in global memory; a second
+   kernel runs the beta recursion and writes the gradient frame by frame.
+2. ``step02_restrict``: the same kernels with ``__restrict__`` pointers.
+3. ``step03_ldg``: read-only loads through ``__ldg``.
+4. ``step04_register_blocking``: each thread keeps ``grain`` positions (labels, skip flags) in
+   registers; the grain size is a template parameter and is swept.
+5. ``step05_shared_rows``: the alpha kernel reads the previous row from shared memory (two live
+   rows) and only writes the matrix out for the gradient.
+6. ``step06_probability_space``: step 5 with probabilities rescaled at every frame (Graves) instead
+   of log-probabilities. The counterexample: it estimates what underflow may have cost each answer
+   and warns, naming the utterances, where the answer cannot be trusted.
+7. ``step07_fused_softmax``: the softmax is never written out. One pass computes each frame's
+   log-sum-exp and gathers the emissions of the target's labels; one warp per utterance and
+   direction runs alpha and beta at the same time from those emissions, rows in registers;
+   a last pass writes ``softmax - posterior`` straight from the activations.
+8. ``step08_branch_free``: step 7's warp recursion without the divergent branch it took at every
+   label position (three-term log-sum-exp everywhere, the skip term masked to -inf), with
+   flush-to-zero ``ex2``/``lg2`` and the row maximum as one ``redux.sync`` (template options).
+9. ``step09_two_passes``: the first pass also writes the softmax as the gradient (it holds the frame
+   in registers), and the last pass only corrects the target's classes in place: the activations
+   cross DRAM once.
+10. ``step10_warps_per_direction``: the recursion spread over a block of W warps (2 or 4 positions
+    per thread), boundary values and row maxima exchanged through shared memory with one barrier
+    per frame.
+
+Every log-space step renormalises its rows by their maximum at every frame (the loss adds the
+maxima up in float64) and divides each frame's posterior by its own sum: plain float32 log space
+accumulates ``|log alpha| ~ T log A`` and loses about 1e-4 of relative accuracy in the gradient
+at T = 150, which is the whole error budget.
+
+Host-side preparation (validation, padding, the list of distinct classes of each target) is done
+once per batch by :func:`prepare_targets`; the kernels then only read small int32 arrays.
+
+Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6,
+errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``compiled`` (PTX, registers, SASS),
+``report`` (benchmark, figures, headline); CUDA sources in ``csrc/``.
+"""
+
+from __future__ import annotations
+
+from studylog import runtime  # noqa: F401  (runtime: GPU or interpreter is chosen first)
+from studylog.chapter import Chapter, Step
+from studylog.ctc import report
+from studylog.ctc.compiled import compile_step, global_loads, load_table, markdown, nvdisasm_path, sass, sass_counts
+from studylog.ctc.fused import (BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, MAX_RECURSION_WARPS,
+                                RECURSION_OPTIONS, WARP_GRAINS, ctc_loss, fused_kernel_names, preload_fused,
+                                recursion_name, recursion_warps, step07_fused_softmax, step08_branch_free,
+                                step09_two_passes, step10_warps_per_direction, warp_grain)
+from studylog.ctc.reference import (GRAD_TOLERANCE, LOSS_TOLERANCE, UNDERFLOW_TOLERANCE, errors,
+                                    probability_space_ctc, reference_ctc, silently_wrong, torch_ctc, untrusted,
+                                    wrong_utterances)
+from studylog.ctc.report import (BENCH_A, BENCH_N, BENCH_T, LONG_T, OPTIONS_STEP, STRESS_A, STRESS_N, STRESS_T,
+                                 concatenated, dram_bytes, host_us, kernel_times_us, long_inputs, padded,
+                                 random_targets, recursion_series, stress_inputs, stress_set)
+from studylog.ctc.targets import (BLANK, MAX_TARGET_LENGTH, CTCTargets, min_frames, prepare_targets,
+                                  validate_lengths)
+from studylog.ctc.warpctc import (GRAIN_SIZES, UnderflowWarning, bank_ways, block_threads, default_grain,
+                                  kernel_names, preload_blocked, step01_baseline, step02_restrict, step03_ldg,
+                                  step04_register_blocking, step05_shared_rows, step06_probability_space,
+                                  untrusted_answers)
+
+
+def _csrc(name: str):
+    from studylog import paths
+
+    return paths.chapter_csrc("ctc") / f"{name}.cu"
+
+
+CHAPTER = Chapter(
+    name="ctc",
+    number=4,
+    title="CTC loss in CUDA C++",
+    notebooks=("04_ctc_loss",),
+    steps=(
+        Step(1, "baseline", "warp-ctc's design: alpha matrix in global memory, gradient in the beta kernel", "cuda",
+             step01_baseline, _csrc("ctc_step01_baseline"), "ctc_alpha_step1"),
+        Step(2, "restrict", "every pointer __restrict__", "cuda",
+             step02_restrict, _csrc("ctc_step02_03_restrict_ldg"), "ctc_alpha_step2"),
+        Step(3, "ldg", "read-only loads through __ldg", "cuda",
+             step03_ldg, _csrc("ctc_step02_03_restrict_ldg"), "ctc_beta_grad_step3"),
+        Step(4, "register_blocking", "a thread's positions, labels and skips in registers (grain size)", "cuda",
+             step04_register_blocking, _csrc("ctc_step04_05_blocked"), "ctc_alpha_step4"),
+        Step(5, "shared_rows", "the alpha kernel's two live rows in shared memory", "cuda",
+             step05_shared_rows, _csrc("ctc_step04_05_blocked"), "ctc_alpha_step5"),
+        Step(6, "probability_space", "probabilities rescaled every frame instead of logs (the counterexample)",
+             "cuda", step06_probability_space, _csrc("ctc_step06_probability"), "ctc_alpha_step6"),
+        Step(7, "fused_softmax", "no softmax written: emissions, one warp per direction, fused gradient", "cuda",
+             step07_fused_softmax, _csrc("ctc_step07_fused_softmax"), "ctc_recursion_direction"),
+        Step(8, "branch_free", "the warp recursion without its divergent branch", "cuda",
+             step08_branch_free, _csrc("ctc_step08_branch_free"), "ctc_branchless_direction"),
+        Step(9, "two_passes", "softmax written by the first pass, target's classes corrected in place", "cuda",
+             step09_two_passes, _csrc("ctc_step09_two_passes"), "ctc_target_grad"),
+        Step(10, "warps_per_direction", "the recursion over several warps per direction", "cuda",
+             step10_warps_per_direction, _csrc("ctc_step10_warps"), "ctc_warps_direction"),
+    ),
+    bench=report.bench,
+    figures=report.figures,
+    headline=report.headline,
+    baselines={
+        "torch-cuDNN": "torch.nn.functional.ctc_loss on its cuDNN path (int32 CPU targets)",
+        "torch-native": "torch.nn.functional.ctc_loss on its native CUDA kernels (int64 GPU targets)",
+        "torch-best": "the faster of torch-cuDNN and torch-native at each point",
+    },
+    renamed_series={
+        **{f"step{k}": f"step{k:02d}" for k in range(1, 11)},
+        **{f"step{k} {what}": f"step{k:02d} {what}" for k in (7, 8, 9, 10) for what in ("graph", "host", "kernels")},
+        **{f"stress step{k}": f"stress step{k:02d}" for k in range(5, 11)},
+        "step4 strided": "step04 strided", "step5 strided": "step05 strided", "step5 blocked": "step05 blocked",
+        **{f"step9 recursion {o}": f"step09 recursion {o}" for o in RECURSION_OPTIONS},
+        "step10 grain 2": "step10 grain 2",
+    },
+)
+
+#: The last step: what the chapter's headline and targets are measured on (``ctc_loss`` runs it).
+FINAL_STEP = CHAPTER.final.number
+
+__all__ = [
+    "CHAPTER", "FINAL_STEP", "ctc_loss",
+    "step01_baseline", "step02_restrict", "step03_ldg", "step04_register_blocking", "step05_shared_rows",
+    "step06_probability_space", "step07_fused_softmax", "step08_branch_free", "step09_two_passes",
+    "step10_warps_per_direction",
+    # formats and checks
+    "BLANK", "MAX_TARGET_LENGTH", "CTCTargets", "prepare_targets", "validate_lengths", "min_frames",
+    # yardsticks
+    "reference_ctc", "probability_space_ctc", "torch_ctc", "errors", "wrong_utterances", "silently_wrong",
+    "untrusted", "untrusted_answers", "UnderflowWarning", "LOSS_TOLERANCE", "GRAD_TOLERANCE",
+    "UNDERFLOW_TOLERANCE",
+    # launch shapes and kernel names
+    "GRAIN_SIZES", "WARP_GRAINS", "BLOCK_GRAINS", "DEFAULT_BLOCK_GRAIN", "MAX_RECURSION_WARPS",
+    "RECURSION_OPTIONS", "DEFAULT_RECURSION", "default_grain", "block_threads", "warp_grain", "recursion_warps",
+    "kernel_names", "fused_kernel_names", "recursion_name", "preload_blocked", "preload_fused", "bank_ways",
+    # compiled code
+    "compile_step", "global_loads", "load_table", "markdown", "nvdisasm_path", "sass", "sass_counts",
+    # benchmark inputs and helpers
+    "BENCH_T", "BENCH_N", "BENCH_A", "STRESS_T", "STRESS_A", "STRESS_N", "LONG_T", "OPTIONS_STEP",
+    "random_targets", "padded", "concatenated", "dram_bytes", "stress_inputs", "long_inputs", "stress_set",
+    "kernel_times_us", "host_us", "recursion_series",
+]

@@ -1,0 +1,166 @@
+// CTC loss and gradient, warp-ctc style: step 1 of chapter 4 (steps 2 and 3: ctc_step02_03_restrict_ldg.cu;
+// the softmax kernels they launch first: ctc_softmax.cu).
+//
+// Layouts (all row-major, int32 indices from studylog.ctc.prepare_targets):
+//   activations, log_probs, probs, grad : (T, N, A)       frame t of utterance n is row t * N + n
+//   labels, slot_members                : (N, Lmax)       Lmax = label_stride (>= 1)
+//   slot_class                          : (N, Umax)       slot 0 is the blank, slot u >= 1 a label
+//   slot_start                          : (N, Umax + 1)   members of slot u: slot_start[u] .. [u + 1]
+//   alphas                              : (N, T, Smax)    Smax = 2 Lmax + 1
+//
+// Position s of the extended target is the blank for even s and label (s + 1) / 2 (1-based) for
+// odd s, stored at labels[n * Lmax + s / 2]. Every row is renormalised by the previous row's
+// maximum, so the stored rows stay near 0 whatever T; the alpha kernel adds the maxima up (in
+// double) for the loss. The posterior of frame t is normalised by its own sum over positions,
+// which cancels the offsets of both rows: no offset needs to be stored.
+
+#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, log_plus, warp_max, warp_sum, row_max
+
+// ==========================================================================================
+// Step 1: baseline. One block per utterance; the alpha kernel reads the previous row from the
+// alpha matrix in global memory and re-reads labels every frame.
+// ==========================================================================================
+extern "C" __global__ void ctc_alpha_step1(
+    const float* log_probs, const int* labels, const int* input_lengths, const int* target_lengths,
+    float* alphas, double* log_likelihood, int T, int N, int A, int Lmax) {
+    const int n = blockIdx.x;
+    const int Tn = input_lengths[n];
+    const int S = 2 * target_lengths[n] + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __shared__ float warp_maxima[2][32];
+    float* a = alphas + (size_t)n * T * Smax;
+    double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
+    float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it
+    for (int t = 0; t < Tn; ++t) {
+        if (t > 0) {
+            prev_max = row_max(warp_maxima[(t - 1) & 1], nwarps);
+            shift += prev_max;
+        }
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        const float* prev = a + (size_t)(t > 0 ? t - 1 : 0) * Smax;
+        float local_max = NEG_INF;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const int label = (s & 1) ? labels[n * Lmax + (s >> 1)] : 0;
+            float v;
+            if (t == 0) {
+                v = (s <= 1) ? 0.0f : NEG_INF;
+            } else {
+                v = prev[s] - prev_max;
+                if (s >= 1) v = log_plus(v, prev[s - 1] - prev_max);
+                if ((s & 1) && s >= 3 && label != labels[n * Lmax + (s >> 1) - 1])
+                    v = log_plus(v, prev[s - 2] - prev_max);
+            }
+            v += lp[label];
+            a[(size_t)t * Smax + s] = v;
+            local_max = fmaxf(local_max, v);
+        }
+        local_max = warp_max(local_max);
+        if (lane == 0) warp_maxima[t & 1][warp] = local_max;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float* last = a + (size_t)(Tn - 1) * Smax;
+        float tail = last[S - 1];
+        if (S > 1) tail = log_plus(tail, last[S - 2]);
+        log_likelihood[n] = (double)tail + shift;
+    }
+}
+
+// Beta recursion (two live rows in shared memory) and the gradient of frame t:
+// grad[t][n][k] = softmax_k - (sum over positions s with label k of alpha_t(s) beta_t(s) / y_t(k)) / P,
+// where P = the same sum over all positions (the likelihood, up to the rows' offsets).
+extern "C" __global__ void ctc_beta_grad_step1(
+    const float* log_probs, const int* labels, const int* input_lengths, const int* target_lengths,
+    const int* slot_class, const int* slot_start, const int* slot_members, const int* num_slots,
+    const float* alphas, const double* log_likelihood, float* grad, float* loss,
+    int T, int N, int A, int Lmax, int Umax, int zero_infinity) {
+    extern __shared__ float smem[];  // beta rows [2][Smax], then the posterior of each position [Smax]
+    __shared__ float warp_maxima[2][32];
+    __shared__ float warp_top[32], warp_total[32], warp_blank[32];
+    const int n = blockIdx.x;
+    const int Tn = input_lengths[n];
+    const int S = 2 * target_lengths[n] + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    float* post = smem + 2 * Smax;
+    const double ll = log_likelihood[n];
+    const bool infinite = ll == NEG_INF_D;
+    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
+    for (int t = Tn; t < T; ++t)  // frames past the input length do not touch the loss
+        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = 0.0f;
+    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
+        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
+        for (int t = 0; t < Tn; ++t)
+            for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = fill;
+        return;
+    }
+    const float* a = alphas + (size_t)n * T * Smax;
+    const int U = num_slots[n];
+    float next_max = 0.0f;    // maximum of row t + 1, subtracted while reading it
+    for (int t = Tn - 1; t >= 0; --t) {
+        if (t < Tn - 1) next_max = row_max(warp_maxima[(t + 1) & 1], nwarps);
+        const float* lp = log_probs + ((size_t)t * N + n) * A;
+        float* g = grad + ((size_t)t * N + n) * A;
+        float* cur = smem + (t & 1) * Smax;
+        const float* nxt = smem + ((t + 1) & 1) * Smax;
+        float local_max = NEG_INF, top = NEG_INF;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const int label = (s & 1) ? labels[n * Lmax + (s >> 1)] : 0;
+            const float e = lp[label];
+            float v;
+            if (t == Tn - 1) {
+                v = (s >= S - 2) ? 0.0f : NEG_INF;
+            } else {
+                v = nxt[s] - next_max;
+                if (s + 1 < S) v = log_plus(v, nxt[s + 1] - next_max);
+                if ((s & 1) && s + 2 < S && label != labels[n * Lmax + (s >> 1) + 1])
+                    v = log_plus(v, nxt[s + 2] - next_max);
+            }
+            v += e;
+            cur[s] = v;
+            local_max = fmaxf(local_max, v);
+            post[s] = a[(size_t)t * Smax + s] + v - e;  // log of alpha beta / y, up to the offsets
+            top = fmaxf(top, post[s]);
+        }
+        local_max = warp_max(local_max);
+        top = warp_max(top);
+        if (lane == 0) {
+            warp_maxima[t & 1][warp] = local_max;
+            warp_top[warp] = top;
+        }
+        __syncthreads();
+        top = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) top = fmaxf(top, warp_top[w]);
+        float total = 0.0f, blank = 0.0f;
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const float p = expf(post[s] - top);
+            post[s] = p;
+            total += p;
+            if (!(s & 1)) blank += p;
+        }
+        total = warp_sum(total);
+        blank = warp_sum(blank);
+        if (lane == 0) {
+            warp_total[warp] = total;
+            warp_blank[warp] = blank;
+        }
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(lp[k]);
+        __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
+        total = 0.0f;
+        for (int w = 0; w < nwarps; ++w) total += warp_total[w];
+        const float inv_total = 1.0f / total;
+        for (int u = threadIdx.x; u < U; u += blockDim.x) {
+            const int cls = slot_class[n * Umax + u];
+            float sum = 0.0f;
+            if (u == 0) {
+                for (int w = 0; w < nwarps; ++w) sum += warp_blank[w];
+            } else {
+                for (int m = slot_start[n * (Umax + 1) + u]; m < slot_start[n * (Umax + 1) + u + 1]; ++m)
+                    sum += post[2 * slot_members[n * Lmax + m] - 1];
+            }
+            g[cls] = expf(lp[cls]) - sum * inv_total;
+        }
+        __syncthreads();  // post and the per-warp sums are rewritten by the next frame
+    }
+}

@@ -1,0 +1,164 @@
+// CTC loss, step 9 of chapter 4: two passes over the activations instead of three (the recursion
+// between them is step 8's, ctc_step08_branch_free.cu).
+
+#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
+#include "ctc_fused.cuh"    // LOG2E, LN2, block_lse, block_max, block_sum2, online_lse
+
+// ==========================================================================================
+// Step 9: two passes over the activations instead of three.
+//
+// Step 7's gradient pass reads every activation a second time from DRAM to write the softmax,
+// although only the L + 1 classes of the target need the recursions. Here the first pass writes
+// the softmax as the gradient while it still holds the frame (in registers: every load of the
+// frame is issued before the first is used, then a maximum, a sum and the softmax), and the last
+// pass only corrects the target's classes, softmax - posterior, in place. DRAM traffic: the
+// activations once, the gradient once, plus a read and a write of L + 1 entries per frame.
+// ==========================================================================================
+// float4s per thread the first pass holds in registers: frames of A <= 4 * ROW_CHUNKS * blockDim
+#define ROW_CHUNKS 8
+
+extern "C" __global__ void ctc_stats_softmax(
+    const float* __restrict__ x, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, float* __restrict__ row_lse, float* __restrict__ emissions,
+    float* __restrict__ grad, int T, int N, int A, int Lmax, int vectorised) {
+    __shared__ float scratch[64];
+    const int row = blockIdx.x;  // = t * N + n
+    const int t = row / N, n = row - t * N;
+    const float* xr = x + (size_t)row * A;
+    float* g = grad + (size_t)row * A;
+    if (t >= __ldg(input_lengths + n)) {  // past the input: no gradient (the whole block)
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = 0.0f;
+        return;
+    }
+    const int L = __ldg(target_lengths + n);
+    float* em = emissions + ((size_t)n * T + t) * (Lmax + 1);
+    const int A4 = A >> 2;
+    if (vectorised && A4 <= ROW_CHUNKS * (int)blockDim.x) {  // the frame fits the block's registers
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* g4 = reinterpret_cast<float4*>(g);
+        float4 v[ROW_CHUNKS];
+#pragma unroll
+        for (int c = 0; c < ROW_CHUNKS; ++c) {
+            const int k = threadIdx.x + c * blockDim.x;
+            v[c] = k < A4 ? __ldg(x4 + k) : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
+        }
+        float top = NEG_INF;
+#pragma unroll
+        for (int c = 0; c < ROW_CHUNKS; ++c) top = fmaxf(top, fmaxf(fmaxf(v[c].x, v[c].y), fmaxf(v[c].z, v[c].w)));
+        top = block_max(top, scratch);
+        float sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ROW_CHUNKS; ++c)
+            sum += __expf(v[c].x - top) + __expf(v[c].y - top) + __expf(v[c].z - top) + __expf(v[c].w - top);
+        const float lse = top + __logf(block_sum2(sum, 0.0f, scratch).x);
+        if (threadIdx.x == 0) row_lse[row] = lse;
+        for (int j = threadIdx.x; j <= L; j += blockDim.x) {
+            const int cls = j == 0 ? 0 : __ldg(labels + n * Lmax + j - 1);
+            em[j] = (__ldg(xr + cls) - lse) * LOG2E;
+        }
+#pragma unroll
+        for (int c = 0; c < ROW_CHUNKS; ++c) {
+            const int k = threadIdx.x + c * blockDim.x;
+            if (k < A4)
+                g4[k] = make_float4(__expf(v[c].x - lse), __expf(v[c].y - lse), __expf(v[c].z - lse),
+                                    __expf(v[c].w - lse));
+        }
+        return;
+    }
+    // larger or unaligned frames: reduce, then read the frame again (the same thread, the same
+    // addresses, moments later: mostly L1 hits)
+    float m = NEG_INF, s = 0.0f;
+    if (vectorised) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
+            const float4 v = __ldg(x4 + k);
+            online_lse(m, s, v.x);
+            online_lse(m, s, v.y);
+            online_lse(m, s, v.z);
+            online_lse(m, s, v.w);
+        }
+    } else {
+        for (int k = threadIdx.x; k < A; k += blockDim.x) online_lse(m, s, __ldg(xr + k));
+    }
+    const float lse = block_lse(m, s, scratch);
+    if (threadIdx.x == 0) row_lse[row] = lse;
+    for (int j = threadIdx.x; j <= L; j += blockDim.x) {
+        const int cls = j == 0 ? 0 : __ldg(labels + n * Lmax + j - 1);
+        em[j] = (__ldg(xr + cls) - lse) * LOG2E;
+    }
+    if (vectorised) {  // each thread re-reads exactly the float4s it reduced above
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* g4 = reinterpret_cast<float4*>(g);
+        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
+            const float4 v = __ldg(x4 + k);
+            g4[k] = make_float4(__expf(v.x - lse), __expf(v.y - lse), __expf(v.z - lse), __expf(v.w - lse));
+        }
+    } else {
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = __expf(__ldg(xr + k) - lse);
+    }
+}
+
+// Pass 3 of step 9: one block per frame (t, n); only the target's classes are corrected, in place:
+// reading the softmax back makes each touched 32-byte sector whole in L2 before it is written
+// (and, for an utterance without any alignment, the whole frame is filled). x and row_lse are
+// left in the signature of step 7's pass for the diff; the softmax is no longer recomputed.
+extern "C" __global__ void ctc_target_grad(
+    const float* __restrict__ x, const float* __restrict__ row_lse, const float* __restrict__ emissions,
+    const float* __restrict__ rows, const double* __restrict__ row_shift, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, const int* __restrict__ slot_class, const int* __restrict__ slot_start,
+    const int* __restrict__ slot_members, const int* __restrict__ num_slots, float* __restrict__ grad,
+    float* __restrict__ loss, int T, int N, int A, int Lmax, int Umax, int row_stride, int zero_infinity) {
+    __shared__ float post[1024];  // posterior of each position of this frame (S <= 1023)
+    __shared__ float scratch[64];
+    const int row = blockIdx.x;  // = t * N + n
+    const int t = row / N, n = row - t * N;
+    if (t >= __ldg(input_lengths + n)) return;  // the first pass wrote the zeros
+    float* g = grad + (size_t)row * A;
+    const int S = 2 * __ldg(target_lengths + n) + 1;
+    const float* ra = rows + ((size_t)n * T + t) * row_stride;
+    const float* rb = rows + ((size_t)(N + n) * T + t) * row_stride;
+    const float* em = emissions + ((size_t)n * T + t) * (Lmax + 1);
+
+    float local = NEG_INF;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const float v = __ldg(ra + s) + __ldg(rb + s) - __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0));
+        post[s] = v;
+        local = fmaxf(local, v);
+    }
+    const float top = block_max(local, scratch);
+    const bool infinite = top == NEG_INF;
+    float total = 0.0f, blank = 0.0f;
+    if (!infinite) {
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const float p = exp2f(post[s] - top);
+            post[s] = p;
+            total += p;
+            if (!(s & 1)) blank += p;
+        }
+    }
+    const float2 sums = block_sum2(total, blank, scratch);
+    if (t == 0 && threadIdx.x == 0) {
+        const double log2_p = (double)top + log2((double)sums.x) + __ldg(row_shift + (size_t)n * T + t) +
+                              __ldg(row_shift + (size_t)(N + n) * T + t);
+        loss[n] = infinite ? (zero_infinity ? 0.0f : __int_as_float(0x7f800000)) : (float)(-log2_p * LN2);
+    }
+    if (infinite) {  // no alignment: the whole frame is NaN, or zero with zero_infinity
+        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = fill;
+        return;
+    }
+    const float inv_total = 1.0f / sums.x;
+    const int U = __ldg(num_slots + n);
+    for (int u = threadIdx.x; u < U; u += blockDim.x) {
+        const int cls = __ldg(slot_class + n * Umax + u);
+        float p = 0.0f;
+        if (u == 0) {
+            p = sums.y;
+        } else {
+            const int end = __ldg(slot_start + n * (Umax + 1) + u + 1);
+            for (int m = __ldg(slot_start + n * (Umax + 1) + u); m < end; ++m)
+                p += post[2 * __ldg(slot_members + n * Lmax + m) - 1];
+        }
+        g[cls] -= p * inv_total;  // the first pass wrote the softmax here
+    }
+}

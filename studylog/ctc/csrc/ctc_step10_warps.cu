@@ -1,0 +1,191 @@
+// CTC loss, step 10 of chapter 4: the recursion over several warps per direction (step 9's two passes
+// around it, ctc_step09_two_passes.cu).
+
+#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
+#include "ctc_branch_free.cuh"  // lse2_select, lse3_select
+
+// ==========================================================================================
+// Step 10: several warps per utterance and direction.
+//
+// One warp per direction leaves three of an SM's four schedulers idle and runs every frame as
+// about 28 instructions per position for V positions per lane (V = 10 for S up to 320). Here a block of W warps shares the S positions, V = 2 or 4
+// per thread, so each scheduler runs a short chain. Neighbouring warps exchange one or two
+// boundary values per frame through shared memory, double-buffered so that one barrier per frame
+// is enough; the same barrier combines the warps' maxima of the old row, which each warp reduces
+// while it computes the new one, as in steps 7 and 8. The new row is stored before subtracting
+// that maximum, so the barrier waits on the update only: after it, every thread subtracts the
+// block's maximum from its own values and from the boundary values it reads.
+// ==========================================================================================
+#define MAX_RECURSION_WARPS 16
+
+template <int V, bool BACKWARD>
+__device__ __forceinline__ void ctc_warps_direction(
+    const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift,
+    int T, int N, int Lmax) {
+    constexpr int H = V / 2;  // labels per thread
+    constexpr int PREFETCH_FRAMES = 4;
+    // exchange[b][0][w]: warp w's maximum of the old row; exchange[b][1..2][w]: its boundary value(s)
+    // of the new row before the block's maximum is subtracted. b alternates with the frame. The
+    // maxima of all warps are contiguous: four 16-byte loads read them, unused slots hold -inf.
+    __shared__ __align__(16) float exchange[2][3][MAX_RECURSION_WARPS];
+    const int n = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int Tn = __ldg(input_lengths + n);
+    const int L = __ldg(target_lengths + n);
+    const int S = 2 * L + 1;
+    const int s0 = tid * V;
+    const int* lab = labels + n * Lmax;
+
+    unsigned valid = 0, skip = 0;  // bit i: position s0 + i exists / takes the s -/+ 2 transition
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const int s = s0 + i;
+        if (s < S) valid |= 1u << i;
+        if ((i & 1) && s < S) {
+            const int j = (s + 1) >> 1;  // 1-based label position; its label is lab[j - 1]
+            const bool jump = BACKWARD ? (j + 1 <= L && __ldg(lab + j) != __ldg(lab + j - 1))
+                                       : (j >= 2 && __ldg(lab + j - 1) != __ldg(lab + j - 2));
+            if (jump) skip |= 1u << i;
+        }
+    }
+
+    float r[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) r[i] = (s0 + i == (BACKWARD ? S - 1 : 0)) ? 0.0f : NEG_INF;
+
+    const size_t stride = (size_t)blockDim.x * V;
+    float* out_rows = rows + ((size_t)(BACKWARD ? N + n : n) * T) * stride + s0;
+    double* out_shift = row_shift + (size_t)(BACKWARD ? N + n : n) * T;
+    const float* em_base = emissions + (size_t)n * T * (Lmax + 1);
+
+    float eb[PREFETCH_FRAMES];
+    float el[PREFETCH_FRAMES][H];
+#pragma unroll
+    for (int p = 0; p < PREFETCH_FRAMES; ++p) {
+        const int t = BACKWARD ? Tn - 1 - p : p;
+        eb[p] = NEG_INF;
+#pragma unroll
+        for (int q = 0; q < H; ++q) el[p][q] = NEG_INF;
+        if (p < Tn) {
+            const float* e = em_base + (size_t)t * (Lmax + 1);
+            eb[p] = __ldg(e);
+#pragma unroll
+            for (int q = 0; q < H; ++q) {
+                const int j = tid * H + q + 1;
+                el[p][q] = j <= L ? __ldg(e + j) : NEG_INF;
+            }
+        }
+    }
+
+    // the row before the first frame: its boundary values, already in final form (offset 0)
+    if (!BACKWARD && lane == 31) exchange[0][1][warp] = r[V - 1];
+    if (BACKWARD && lane == 0) {
+        exchange[0][1][warp] = r[0];
+        exchange[0][2][warp] = r[1];
+    }
+    if (tid < 2 * MAX_RECURSION_WARPS && (tid % MAX_RECURSION_WARPS) >= warps)
+        exchange[tid / MAX_RECURSION_WARPS][0][tid % MAX_RECURSION_WARPS] = NEG_INF;  // no such warp
+    __syncthreads();
+
+    float offset = 0.0f;  // what the boundary values in exchange[k & 1] still need subtracting
+    double shift = 0.0;
+    for (int k0 = 0; k0 < Tn; k0 += PREFETCH_FRAMES) {
+#pragma unroll
+        for (int p = 0; p < PREFETCH_FRAMES; ++p) {
+            const int k = k0 + p;
+            if (k < Tn) {  // the same for the whole block
+                const int t = BACKWARD ? Tn - 1 - k : k;
+                const int b = k & 1;
+                float local = r[0];
+#pragma unroll
+                for (int i = 1; i < V; ++i) local = fmaxf(local, r[i]);
+                const float chunk_max = warp_max(local);  // this warp's share of the old row
+                if (!BACKWARD) {
+                    const float from_left = __shfl_up_sync(FULL_MASK, r[V - 1], 1);
+                    const float across = warp > 0 ? exchange[b][1][warp - 1] - offset : NEG_INF;
+                    const float up1 = lane == 0 ? across : from_left;  // position s0 - 1
+#pragma unroll
+                    for (int i = V - 1; i >= 0; --i) {
+                        const float x1 = i >= 1 ? r[i - 1] : up1;
+                        if (i & 1) {
+                            const float x2 = i >= 2 ? r[i - 2] : up1;
+                            const float e = (valid >> i) & 1 ? el[p][i >> 1] : NEG_INF;
+                            r[i] = lse3_select<true>(r[i], x1, (skip >> i) & 1 ? x2 : NEG_INF) + e;
+                        } else {
+                            const float e = (valid >> i) & 1 ? eb[p] : NEG_INF;
+                            r[i] = lse2_select<true>(r[i], x1) + e;
+                        }
+                    }
+                    if (lane == 31) exchange[b ^ 1][1][warp] = r[V - 1];
+                } else {
+                    const float from_right1 = __shfl_down_sync(FULL_MASK, r[0], 1);
+                    const float from_right2 = __shfl_down_sync(FULL_MASK, r[1], 1);
+                    const bool last = warp == warps - 1;
+                    const float across1 = last ? NEG_INF : exchange[b][1][warp + 1] - offset;
+                    const float across2 = last ? NEG_INF : exchange[b][2][warp + 1] - offset;
+                    const float dn1 = lane == 31 ? across1 : from_right1;  // position s0 + V
+                    const float dn2 = lane == 31 ? across2 : from_right2;  // position s0 + V + 1
+#pragma unroll
+                    for (int i = 0; i < V; ++i) {
+                        const float x1 = i + 1 < V ? r[i + 1] : dn1;
+                        if (i & 1) {
+                            const float x2 = i + 2 < V ? r[i + 2] : (i + 2 == V ? dn1 : dn2);
+                            const float e = (valid >> i) & 1 ? el[p][i >> 1] : NEG_INF;
+                            r[i] = lse3_select<true>(r[i], x1, (skip >> i) & 1 ? x2 : NEG_INF) + e;
+                        } else {
+                            const float e = (valid >> i) & 1 ? eb[p] : NEG_INF;
+                            r[i] = lse2_select<true>(r[i], x1) + e;
+                        }
+                    }
+                    if (lane == 0) {
+                        exchange[b ^ 1][1][warp] = r[0];
+                        exchange[b ^ 1][2][warp] = r[1];
+                    }
+                }
+                if (lane == 0) exchange[b ^ 1][0][warp] = chunk_max;
+                __syncthreads();
+                const float4* maxima = reinterpret_cast<const float4*>(exchange[b ^ 1][0]);
+                float4 m4 = maxima[0];
+#pragma unroll
+                for (int q = 1; q < MAX_RECURSION_WARPS / 4; ++q) {
+                    const float4 o = maxima[q];
+                    m4 = make_float4(fmaxf(m4.x, o.x), fmaxf(m4.y, o.y), fmaxf(m4.z, o.z), fmaxf(m4.w, o.w));
+                }
+                float prev_max = fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w));  // the block's maximum of the old row
+                prev_max = prev_max == NEG_INF ? 0.0f : prev_max;
+#pragma unroll
+                for (int i = 0; i < V; ++i) r[i] -= prev_max;
+                offset = prev_max;
+                shift += prev_max;
+                if (s0 < S) {
+                    float2* dst = reinterpret_cast<float2*>(out_rows + (size_t)t * stride);
+#pragma unroll
+                    for (int i = 0; i < V; i += 2) dst[i >> 1] = make_float2(r[i], r[i + 1]);
+                }
+                if (tid == 0) out_shift[t] = shift;
+                const int kn = k + PREFETCH_FRAMES;
+                if (kn < Tn) {
+                    const float* e = em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1);
+                    eb[p] = __ldg(e);
+#pragma unroll
+                    for (int q = 0; q < H; ++q) {
+                        const int j = tid * H + q + 1;
+                        el[p][q] = j <= L ? __ldg(e + j) : NEG_INF;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// grid (N, 2), block 32 W (W <= MAX_RECURSION_WARPS warps cover the S positions, V per thread).
+template <int V>
+__global__ void __launch_bounds__(32 * MAX_RECURSION_WARPS) ctc_warps_recursion(
+    const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths,
+    const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift,
+    int T, int N, int Lmax) {
+    if (blockIdx.y == 0)
+        ctc_warps_direction<V, false>(emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax);
+    else
+        ctc_warps_direction<V, true>(emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax);
+}

@@ -1,0 +1,239 @@
+"""Steps 7 to 10 of chapter 4: the softmax is never written out.
+
+A first pass computes each frame's log-sum-exp and the emissions of the target's labels; alpha and beta run
+at the same time, one warp (steps 7 to 9) or one block of warps (step 10) per utterance and direction, from
+those emissions; a last pass writes ``softmax - posterior`` from the activations (steps 7, 8), or only
+corrects the target's classes of the softmax that the first pass wrote (steps 9, 10).
+"""
+
+from __future__ import annotations
+
+import math
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from studylog import cuda
+from studylog.ctc.launch import kernels, prepare_call, workspace_addresses
+from studylog.ctc.targets import CTCTargets
+
+#: Positions per lane compiled for step 7's warp recursion (even: a lane starts on a blank).
+WARP_GRAINS = (2, 4, 6, 8, 10, 12, 16, 20, 24, 32)
+#: Template options of the branch-free recursion of steps 8 and 9:
+#: (frames of emissions prefetched, flush-to-zero ex2/lg2, warp maximum with redux.sync).
+RECURSION_OPTIONS: dict[str, tuple[int, bool, bool]] = {
+    "branch-free": (4, False, False),
+    "+ ftz ex2/lg2": (4, True, False),
+    "+ redux max": (4, True, True),
+    "+ prefetch 8": (8, True, True),
+}
+#: The options steps 8 and 9 use unless told otherwise: the fastest in the chapter's first H200 run (the
+#: benchmark measures every option at every point: ``recursion_series`` in the report).
+DEFAULT_RECURSION = "+ ftz ex2/lg2"
+#: Positions per thread compiled for step 10's block recursion, and the one it uses by default.
+BLOCK_GRAINS = (2, 4)
+DEFAULT_BLOCK_GRAIN = 4
+#: Most warps one direction of step 10 may use (the kernel's shared exchange has this many slots).
+MAX_RECURSION_WARPS = 16
+#: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 10.
+SOURCES = {"ctc_fused_stats": "ctc_step07_fused_softmax", "ctc_fused_recursion": "ctc_step07_fused_softmax",
+           "ctc_fused_grad": "ctc_step07_fused_softmax", "ctc_branchless_recursion": "ctc_step08_branch_free",
+           "ctc_stats_softmax": "ctc_step09_two_passes", "ctc_target_grad": "ctc_step09_two_passes",
+           "ctc_warps_recursion": "ctc_step10_warps"}
+
+_SIG_RECURSION = ["ptr"] * 6 + ["i32"] * 3
+#: Signature of each kernel, by name without template arguments.
+SIGNATURES = {"ctc_fused_stats": ["ptr"] * 6 + ["i32"] * 5, "ctc_fused_recursion": _SIG_RECURSION,
+              "ctc_branchless_recursion": _SIG_RECURSION, "ctc_fused_grad": ["ptr"] * 13 + ["i32"] * 8,
+              "ctc_stats_softmax": ["ptr"] * 7 + ["i32"] * 5, "ctc_target_grad": ["ptr"] * 13 + ["i32"] * 7,
+              "ctc_warps_recursion": _SIG_RECURSION}
+
+
+def source_of(kernel: str) -> str:
+    """The ``.cu`` file stem that holds ``kernel`` (a name expression, template arguments or not)."""
+    return SOURCES[kernel.split("<")[0]]
+
+
+def warp_grain(max_positions: int) -> int:
+    """Positions per lane for steps 7 to 9: the smallest compiled V with 32 V >= 2 L_max + 1."""
+    for v in WARP_GRAINS:
+        if 32 * v >= max_positions:
+            return v
+    raise ValueError(f"{max_positions} positions do not fit one warp (at most {32 * WARP_GRAINS[-1]})")
+
+
+def recursion_name(v: int, option: str | None = None) -> str:
+    """Name expression of the branch-free recursion (steps 8 and 9) with ``v`` positions per lane."""
+    option = DEFAULT_RECURSION if option is None else option
+    if option not in RECURSION_OPTIONS:
+        raise ValueError(f"recursion must be one of {sorted(RECURSION_OPTIONS)}, got {option!r}")
+    if v not in WARP_GRAINS:
+        raise ValueError(f"positions per lane must be one of {WARP_GRAINS}, got {v!r}")
+    prefetch, ftz, redux = RECURSION_OPTIONS[option]
+    return f"ctc_branchless_recursion<{v}, {prefetch}, {str(ftz).lower()}, {str(redux).lower()}>"
+
+
+def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple[str, str, str]:
+    """(first pass, recursion, last pass) of steps 7 to 10 with ``v`` positions per lane (thread)."""
+    if step == 10:
+        if recursion is not None:
+            raise ValueError("step 10 has one recursion; recursion options apply to steps 8 and 9")
+        if v not in BLOCK_GRAINS:
+            raise ValueError(f"step 10 takes {BLOCK_GRAINS} positions per thread, got {v!r}")
+        return "ctc_stats_softmax", f"ctc_warps_recursion<{v}>", "ctc_target_grad"
+    if step == 7:
+        if recursion is not None:
+            raise ValueError("step 7 has one recursion; recursion options apply to steps 8 and 9")
+        return "ctc_fused_stats", f"ctc_fused_recursion<{v}>", "ctc_fused_grad"
+    if step == 8:
+        return "ctc_fused_stats", recursion_name(v, recursion), "ctc_fused_grad"
+    if step == 9:
+        return "ctc_stats_softmax", recursion_name(v, recursion), "ctc_target_grad"
+    raise ValueError(f"steps 7 to 10 have fused kernels; got step {step!r}")
+
+
+def _load(names) -> list:
+    out = []
+    for name in names:
+        (kernel,) = kernels(source_of(name), [(name, SIGNATURES[name.split("<")[0]])])
+        out.append(kernel)
+    return out
+
+
+def preload_fused(step: int, grains, recursions=(None,)) -> None:
+    """Compile the positions per lane ``grains`` of steps 7 to 10 (with the ``recursions`` of steps 8
+    and 9), one NVRTC call per source."""
+    names = list(dict.fromkeys(n for v in grains for option in recursions for n in fused_kernel_names(step, v, option)))
+    for source in dict.fromkeys(source_of(n) for n in names):
+        kernels(source, [(n, SIGNATURES[n.split("<")[0]]) for n in names if source_of(n) == source])
+
+
+def recursion_warps(max_positions: int, grain: int) -> int:
+    """Warps per direction of step 10: enough for ``max_positions`` at ``grain`` positions per thread."""
+    warps = math.ceil(max_positions / (32 * grain))
+    if warps > MAX_RECURSION_WARPS:
+        raise ValueError(f"{max_positions} positions need {warps} warps at {grain} per thread; "
+                         f"at most {MAX_RECURSION_WARPS}")
+    return warps
+
+
+def _row_threads(num_classes: int) -> int:
+    """Threads of the per-frame blocks of step 7 (a frame of A activations per block)."""
+    return 64 if num_classes <= 512 else 256
+
+
+def _target_threads(max_positions: int) -> int:
+    """Threads of step 9's last pass (a frame's S positions per block; A does not matter)."""
+    return 64 if max_positions <= 256 else 128
+
+
+_LAUNCH: dict[tuple[int, int, str | None], list] = {}
+
+
+def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
+            recursion: str | None, grain: int | None = None) -> None:
+    T, N, A = x.shape
+    smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
+    if step == 10:  # a block of warps per direction, ``v`` positions per thread
+        v = DEFAULT_BLOCK_GRAIN if grain is None else grain
+        recursion_threads = 32 * recursion_warps(smax, v)
+    else:  # one warp per direction, ``v`` positions per lane
+        v = warp_grain(smax)
+        recursion_threads = 32
+    row_stride = recursion_threads * v
+    key = (step, v, recursion)
+    launch = _LAUNCH.get(key)
+    if launch is None:
+        launch = _LAUNCH[key] = _load(fused_kernel_names(step, v, recursion))
+    first, warp_recursion, last = launch
+    vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
+    threads = _row_threads(A)
+    buffer, (row_lse, emissions, rows, row_shift) = workspace_addresses(
+        x.device, [T * N * 4, N * T * (lmax + 1) * 4, 2 * N * T * row_stride * 4, 2 * N * T * 8])
+    labels, input_lengths, target_lengths = batch.labels, batch.input_lengths, batch.target_lengths
+    if step >= 9:  # the softmax goes out with the statistics; the last pass corrects the target's classes
+        first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, grad,
+              T, N, A, lmax, vectorised)
+    else:
+        first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, T, N, A, lmax,
+              vectorised)
+    warp_recursion((N, 2), (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows, row_shift,
+                   T, N, lmax)
+    if step >= 9:
+        last((T * N,), (_target_threads(smax),), x, row_lse, emissions, rows, row_shift, input_lengths,
+             target_lengths, batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad, loss,
+             T, N, A, lmax, umax, row_stride, int(zero_infinity))
+    else:
+        last((T * N,), (threads,), x, row_lse, emissions, rows, row_shift, input_lengths, target_lengths,
+             batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad, loss,
+             T, N, A, lmax, umax, row_stride, vectorised, int(zero_infinity))
+    del buffer  # queued: the memory may be reused by the next allocation on this stream
+
+
+def _recursion(recursion: str | None) -> str | None:
+    if recursion is not None and recursion not in RECURSION_OPTIONS:
+        raise ValueError(f"recursion must be one of {sorted(RECURSION_OPTIONS)}, got {recursion!r}")
+    return recursion
+
+
+def step07_fused_softmax(
+    activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
+    target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
+    out_grad: Float[Tensor, "t n a"] | None = None,
+) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
+    """Step 7: the softmax is never written out; one warp per utterance and direction runs alpha and beta
+    at the same time, rows in registers. Arguments as :func:`step01_baseline`."""
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, zero_infinity, 7, None)
+    return loss, grad
+
+
+def step08_branch_free(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                       recursion: str | None = None, out_loss=None, out_grad=None):
+    """Step 8: step 7's warp recursion without its divergent branch; ``recursion`` (a key of
+    ``RECURSION_OPTIONS``, ``DEFAULT_RECURSION`` when None) picks its template options. Other arguments
+    as :func:`step01_baseline`."""
+    recursion = _recursion(recursion)
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, zero_infinity, 8, recursion)
+    return loss, grad
+
+
+def step09_two_passes(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                      recursion: str | None = None, out_loss=None, out_grad=None):
+    """Step 9: the first pass also writes the softmax as the gradient, the last only corrects the target's
+    classes in place: the activations cross DRAM once. Arguments as :func:`step08_branch_free`."""
+    recursion = _recursion(recursion)
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, zero_infinity, 9, recursion)
+    return loss, grad
+
+
+def step10_warps_per_direction(activations, targets, input_lengths=None, target_lengths=None, *,
+                               zero_infinity=False, grain: int | None = None, out_loss=None, out_grad=None):
+    """Step 10: step 9 with the recursion spread over a block of warps per direction, ``grain`` positions
+    per thread (one of ``BLOCK_GRAINS``, ``DEFAULT_BLOCK_GRAIN`` when None). Arguments as :func:`step01_baseline`."""
+    if grain is not None and grain not in BLOCK_GRAINS:
+        raise ValueError(f"grain must be one of {BLOCK_GRAINS} for step 10, got {grain!r}")
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, zero_infinity, 10, None, grain)
+    return loss, grad
+
+
+def ctc_loss(
+    activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
+    target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
+    out_grad: Float[Tensor, "t n a"] | None = None,
+) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
+    """The chapter's CTC loss: its final step, :func:`step10_warps_per_direction`, with its defaults.
+
+    Loss per utterance (``(N,)``, blank = 0) and the gradient of its sum w.r.t. the activations
+    (``(T, N, A)``, softmax included), in log space: no input of the chapter's stress set makes it
+    underflow. Arguments as :func:`step01_baseline`.
+    """
+    return step10_warps_per_direction(activations, targets, input_lengths, target_lengths,
+                                      zero_infinity=zero_infinity, out_loss=out_loss, out_grad=out_grad)
+
+
+cuda.declare_instances(SOURCES["ctc_branchless_recursion"], [recursion_name(10, o) for o in RECURSION_OPTIONS])
+cuda.declare_instances(SOURCES["ctc_warps_recursion"], [f"ctc_warps_recursion<{v}>" for v in BLOCK_GRAINS])

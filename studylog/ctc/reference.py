@@ -1,0 +1,303 @@
+"""Chapter 4's yardsticks, all on the CPU or any device: the float64 reference, a float32 model of
+step 6's probability-space arithmetic (with its underflow estimate), torch's own answer, and how far a
+result is from the reference."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Float, Float64, Int
+from torch import Tensor
+
+from studylog.ctc.targets import BLANK, label_lists, min_frames, validate_lengths
+
+#: Targets (and the tolerance of the checks) for the log-space steps: the largest relative loss error
+#: (over ``max(1, |loss|)``) and the norm-relative gradient error against float64.
+LOSS_TOLERANCE = 1e-5
+GRAD_TOLERANCE = 1e-4
+#: Step 6's answer for an utterance cannot be trusted when its underflow estimate (a first-order
+#: estimate of the relative error of P that underflow may have caused) exceeds this: the stricter of
+#: the two tolerances above.
+UNDERFLOW_TOLERANCE = min(LOSS_TOLERANCE, GRAD_TOLERANCE)
+#: The largest error of a float32 value stored below the normal range: two roundings to a multiple of
+#: 2^-149 (gradual underflow), as in ctc_step06_probability.cu (UNDERFLOW_ULP).
+UNDERFLOW_ULP = 2.0 ** -148
+FLT_MIN = torch.finfo(torch.float32).tiny
+
+
+def _extended(lists: Sequence[np.ndarray], device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Blank-interleaved labels ``(N, S)``, S per utterance, and the alpha/beta skip masks."""
+    batch = len(lists)
+    smax = 2 * max([len(l) for l in lists] + [0]) + 1
+    ext = np.zeros((batch, smax), np.int64)
+    skip_in = np.zeros((batch, smax), bool)  # alpha: s may be reached from s - 2
+    for i, labels in enumerate(lists):
+        ext[i, 1:2 * len(labels):2] = labels
+        if len(labels) > 1:
+            skip_in[i, 3:2 * len(labels):2] = labels[1:] != labels[:-1]
+    skip_out = np.zeros_like(skip_in)  # beta: s may go on to s + 2
+    skip_out[:, :-2] = skip_in[:, 2:]
+    sizes = torch.tensor([2 * len(l) + 1 for l in lists], device=device)
+    return (torch.from_numpy(ext).to(device), sizes, torch.from_numpy(skip_in).to(device),
+            torch.from_numpy(skip_out).to(device))
+
+
+def reference_ctc(
+    activations: Float[Tensor, "t n a"],
+    targets: Int[Tensor, "..."],
+    input_lengths,
+    target_lengths,
+    *,
+    zero_infinity: bool = False,
+) -> tuple[Float64[Tensor, " n"], Float64[Tensor, "t n a"]]:
+    """Loss per utterance and d(sum of losses)/d(activations), in float64 (the yardstick).
+
+    Plain log-space alpha/beta recursions over the blank-interleaved target; the gradient is
+    ``softmax - posterior``. An infeasible target gives an infinite loss and a NaN gradient over
+    its frames (as torch does), or 0 and 0 with ``zero_infinity``. Frames past an utterance's
+    input length get a zero gradient.
+    """
+    if not isinstance(activations, Tensor) or activations.ndim != 3:
+        raise ValueError("activations must be a (T, N, A) tensor")
+    T, N, A = activations.shape
+    inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
+    lists = label_lists(targets, lengths, A)
+    dev = activations.device
+    x = activations.detach().to(torch.float64)
+    log_probs = x.log_softmax(2)
+    ext, sizes, skip_in, skip_out = _extended(lists, dev)
+    S = ext.shape[1]
+    pos = torch.arange(S, device=dev)
+    valid = pos[None, :] < sizes[:, None]  # (N, S)
+    neg = torch.tensor(-math.inf, dtype=torch.float64, device=dev)
+    em = log_probs.gather(2, ext[None].expand(T, N, S))  # (T, N, S) log-probability of each position
+    em = torch.where(valid[None], em, neg)
+
+    def shifted(row: Tensor, by: int) -> Tensor:  # row[s - by] (by > 0) or row[s + |by|], -inf outside
+        out = torch.full_like(row, -math.inf)
+        if by > 0:
+            out[:, by:] = row[:, :-by]
+        else:
+            out[:, :by] = row[:, -by:]
+        return out
+
+    alpha = torch.full((T, N, S), -math.inf, dtype=torch.float64, device=dev)
+    alpha[0] = torch.where(pos[None] <= 1, em[0], neg)
+    for t in range(1, T):
+        prev = alpha[t - 1]
+        terms = torch.stack([prev, shifted(prev, 1), torch.where(skip_in, shifted(prev, 2), neg)])
+        alpha[t] = torch.logsumexp(terms, 0) + em[t]
+
+    t_last = torch.as_tensor(inputs - 1, device=dev)
+    last = alpha[t_last, torch.arange(N, device=dev)]  # (N, S)
+    end = last.gather(1, (sizes - 1)[:, None])[:, 0]
+    before_end = torch.where(sizes > 1, last.gather(1, (sizes - 2).clamp(min=0)[:, None])[:, 0], neg)
+    log_likelihood = torch.logaddexp(end, before_end)
+
+    beta = torch.full((T + 1, N, S), -math.inf, dtype=torch.float64, device=dev)
+    init = (pos[None] == (sizes - 1)[:, None]) | ((pos[None] == (sizes - 2)[:, None]) & (sizes[:, None] > 1))
+    for t in range(T - 1, -1, -1):
+        nxt = beta[t + 1]
+        terms = torch.stack([nxt, shifted(nxt, -1), torch.where(skip_out, shifted(nxt, -2), neg)])
+        recursed = torch.logsumexp(terms, 0) + em[t]
+        started = torch.where(init, em[t], neg)
+        frame = torch.as_tensor(t, device=dev)
+        beta[t] = torch.where((frame == t_last)[:, None], started,
+                              torch.where((frame < t_last)[:, None], recursed, neg))
+    beta = beta[:T]
+
+    in_range = torch.arange(T, device=dev)[:, None] < t_last[None, :] + 1  # (T, N)
+    log_post = alpha + beta - torch.where(valid[None], em, torch.zeros((), dtype=torch.float64, device=dev))
+    post = torch.exp(log_post - log_likelihood[None, :, None])
+    post = torch.where(in_range[:, :, None], post, torch.zeros((), dtype=torch.float64, device=dev))
+    grad = log_probs.exp().scatter_add(2, ext[None].expand(T, N, S), -post)
+    grad = torch.where(in_range[:, :, None], grad, torch.zeros((), dtype=torch.float64, device=dev))
+
+    loss = -log_likelihood
+    infinite = torch.isinf(loss)
+    if zero_infinity:
+        loss = torch.where(infinite, torch.zeros_like(loss), loss)
+        grad = torch.where(infinite[None, :, None], torch.zeros_like(grad), grad)
+    else:
+        nan = torch.tensor(math.nan, dtype=torch.float64, device=dev)
+        grad = torch.where(infinite[None, :, None] & in_range[:, :, None], nan, grad)
+    return loss, grad
+
+
+def probability_space_ctc(
+    activations: Float[Tensor, "t n a"], targets, input_lengths, target_lengths, *, dtype=torch.float32,
+) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"], Float64[Tensor, " n"]]:
+    """Step 6's arithmetic in torch ops (on the CPU or any device): loss, gradient and the underflow
+    estimate of each utterance, as ``ctc_step06_probability.cu`` computes them in float32 (``dtype``
+    float64 shows the same arithmetic with double's range).
+
+    Probabilities with per-frame rescaling (Graves): alpha row t is ``(alpha_{t-1}(s) + alpha_{t-1}(s-1)
+    [+ alpha_{t-1}(s-2)]) / sum(alpha_{t-1}) * y_t(s)``, the log of every divisor goes into the offset
+    (float64), beta mirrors it, and the posterior of frame t is ``alpha beta / y`` divided by its sum. Rescaling
+    keeps each row's *sum* in range, not the spread within it: an entry far below its row's sum becomes a
+    subnormal or 0, and nothing in the loss shows it. The estimate adds up, frame by frame, what such
+    entries may have cost P (relative): ``UNDERFLOW_ULP * beta / y`` for an alpha entry a path reached
+    that fell below ``FLT_MIN``, ``UNDERFLOW_ULP * alpha / y`` for such a beta entry, ``UNDERFLOW_ULP / y``
+    for a posterior that did, each over the frame's total; ``inf`` where a frame's total is 0, an
+    emission is below ``FLT_MIN`` or the loss is infinite. See :func:`untrusted`.
+    """
+    T, N, A = activations.shape
+    inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
+    lists = label_lists(targets, lengths, A)
+    dev, f32 = activations.device, dtype
+    tiny = torch.finfo(dtype).tiny
+    ulp = UNDERFLOW_ULP if dtype == torch.float32 else 2.0 * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
+    probs = activations.detach().to(f32).softmax(2)
+    ext, sizes, skip_in, skip_out = _extended(lists, dev)
+    S = ext.shape[1]
+    pos = torch.arange(S, device=dev)
+    valid = pos[None] < sizes[:, None]
+    y = probs.gather(2, ext[None].expand(T, N, S)) * valid[None]
+    il = torch.as_tensor(inputs, device=dev)
+    zero = torch.zeros((), dtype=f32, device=dev)
+    inf = torch.full((N,), math.inf, dtype=torch.float64, device=dev)
+
+    def sums(row: Tensor, skip: Tensor, backward: bool) -> Tensor:  # the recursion's sum of predecessors
+        out = row.clone()
+        if backward:
+            out[:, :-1] += row[:, 1:]
+            out[:, :-2] += row[:, 2:] * skip[:, :-2]
+        else:
+            out[:, 1:] += row[:, :-1]
+            out[:, 2:] += row[:, :-2] * skip[:, 2:]
+        return out
+
+    alpha = torch.zeros((T, N, S), dtype=f32, device=dev)
+    alpha_lost = torch.zeros((T, N, S), dtype=torch.bool, device=dev)  # reached, stored below FLT_MIN
+    shift = torch.zeros(N, dtype=torch.float64, device=dev)
+    log_likelihood = torch.full((N,), -math.inf, dtype=torch.float64, device=dev)
+    for t in range(T):
+        if t == 0:
+            reached = (pos[None] <= 1) & valid
+            v = torch.where(reached, y[0], zero)
+        else:
+            total = alpha[t - 1].sum(1)
+            scale = torch.where(total > 0, 1.0 / total, torch.ones_like(total))
+            shift += torch.where(total > 0, total.double().log(), torch.zeros_like(shift))
+            pre = sums(alpha[t - 1], skip_in, backward=False)
+            reached = (pre > 0) & valid
+            v = pre * scale[:, None] * y[t]
+        alpha[t] = v
+        alpha_lost[t] = reached & (v < tiny)
+        last = il - 1 == t
+        if last.any():
+            tail = v.gather(1, (sizes - 1)[:, None])[:, 0]
+            tail = tail + torch.where(sizes > 1, v.gather(1, (sizes - 2).clamp(min=0)[:, None])[:, 0], zero)
+            ll = torch.where(tail > 0, tail.double().log() + shift, -inf)
+            log_likelihood = torch.where(last, ll, log_likelihood)
+    loss = (-log_likelihood).to(f32)
+
+    grad = probs.clone()
+    estimate = torch.zeros(N, dtype=torch.float64, device=dev)
+    beta = torch.zeros((N, S), dtype=f32, device=dev)
+    ends = (pos[None] >= (sizes - 2)[:, None]) & valid
+    for t in range(T - 1, -1, -1):
+        active, start = t < il, t == il - 1
+        total = beta.sum(1)
+        scale = torch.where(total > 0, 1.0 / total, torch.ones_like(total))
+        pre = torch.where(start[:, None], ends.to(f32), sums(beta, skip_out, backward=True) * scale[:, None])
+        reached = torch.where(start[:, None], ends, sums(beta, skip_out, backward=True) > 0) & valid
+        e = y[t]
+        v = pre * e
+        safe = torch.where(e > 0, e, torch.ones_like(e))
+        a = alpha[t]
+        p = torch.where(e > 0, a * v / safe, zero)
+        frame_total = p.sum(1)
+        lost = (torch.where(alpha_lost[t], v / safe, zero) + torch.where(reached & (v < tiny), a / safe, zero)
+                + torch.where((a > 0) & (v > 0) & (a * v < tiny), 1.0 / safe, zero)).sum(1)
+        frame = torch.where(frame_total > 0, lost.double() * ulp / frame_total.double(), inf)
+        frame = torch.where((valid & (e < tiny)).any(1), inf, frame)
+        estimate += torch.where(active, frame, torch.zeros_like(frame))
+        post = p / frame_total[:, None]  # NaN where the frame's total is 0, as the kernel's gradient
+        g = probs[t].scatter_add(1, ext, -post)
+        grad[t] = torch.where(active[:, None], g, torch.zeros_like(g))
+        beta = torch.where(active[:, None], v, beta)
+    estimate = torch.where(torch.isinf(loss), inf, estimate)
+    return loss, grad, estimate
+
+
+def untrusted(estimate: Tensor, loss: Tensor, input_lengths, target_lists: Sequence) -> Tensor:
+    """Utterances (a bool per utterance) whose probability-space answer cannot be trusted: an underflow
+    estimate above ``UNDERFLOW_TOLERANCE``, or an infinite loss for a target that fits its input (an
+    infinite loss is right only where no alignment exists)."""
+    estimate, loss = estimate.detach().double().cpu(), loss.detach().double().cpu()
+    feasible = torch.tensor([min_frames(labels) <= int(n) for labels, n in zip(target_lists, input_lengths)],
+                            dtype=torch.bool)
+    infinite = ~torch.isfinite(loss)
+    return torch.where(infinite, feasible, estimate > UNDERFLOW_TOLERANCE)
+
+
+def torch_ctc(
+    activations: Float[Tensor, "t n a"], targets, input_lengths, target_lengths, *, zero_infinity: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """torch's answer: ``F.ctc_loss(log_softmax(x), reduction="none")`` and autograd's gradient of its sum.
+
+    torch picks its cuDNN path when the targets are int32 on the CPU (concatenated), every input
+    length equals T, every target is shorter than 256 and no longer than its input; otherwise
+    its native kernels. Lengths are passed as tuples so torch needs no device-to-host copy.
+    """
+    x = activations.detach().requires_grad_(True)
+    loss = torch.nn.functional.ctc_loss(
+        x.log_softmax(2), targets, tuple(int(v) for v in input_lengths), tuple(int(v) for v in target_lengths),
+        blank=BLANK, reduction="none", zero_infinity=zero_infinity)
+    (grad,) = torch.autograd.grad(loss.sum(), x)
+    return loss.detach(), grad
+
+
+def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, float]:
+    """How far a result is from the reference.
+
+    ``mismatched``: utterances whose loss is finite in one and not in the other, plus utterances
+    with a finite loss and a NaN in their gradient (0 for a correct result).
+    ``loss_rel``: largest ``|loss - ref| / max(1, |ref|)`` over utterances finite in both.
+    ``grad_rel``: ``||grad - ref|| / ||ref||`` over the frames of those utterances (norm-relative).
+    ``silently_wrong``: utterances with a finite loss and no NaN whose loss or gradient misses the
+    tolerances (:func:`silently_wrong`): nothing in the result shows that they are wrong.
+    """
+    loss, grad = loss.detach().double().cpu(), grad.detach().double()
+    ref_loss, ref_grad = ref_loss.detach().double().cpu(), ref_grad.detach().double()
+    finite = torch.isfinite(ref_loss) & torch.isfinite(loss)
+    mismatched = int((torch.isfinite(loss) != torch.isfinite(ref_loss)).sum())
+    if finite.any():
+        diff = (loss[finite] - ref_loss[finite]).abs() / ref_loss[finite].abs().clamp(min=1.0)
+        loss_rel = float(diff.max())
+        cols = finite.to(grad.device)
+        g, r = grad[:, cols], ref_grad.to(grad.device)[:, cols]
+        mismatched += int(torch.isnan(g).any(dim=0).any(dim=1).sum())
+        denom = float(torch.linalg.vector_norm(r))
+        grad_rel = float(torch.linalg.vector_norm(g - r)) / max(denom, 1e-300)
+    else:
+        loss_rel, grad_rel = 0.0, 0.0
+    silent = int(silently_wrong(loss, grad, ref_loss, ref_grad).sum())
+    return {"loss_rel": loss_rel, "grad_rel": grad_rel, "mismatched": mismatched, "silently_wrong": silent}
+
+
+def wrong_utterances(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
+    """Utterances (a bool per utterance) whose result is not the reference's within the chapter's
+    tolerances: finite where the reference is not (or the reverse), a NaN in the gradient of a finite
+    loss, a loss off by more than ``LOSS_TOLERANCE`` (relative to ``max(1, |ref|)``), or a gradient off
+    by more than ``GRAD_TOLERANCE`` (norm-relative, over the utterance's frames)."""
+    loss, ref_loss = loss.detach().double().cpu(), ref_loss.detach().double().cpu()
+    grad = grad.detach().double()
+    ref_grad = ref_grad.detach().to(grad.device, torch.float64)
+    finite = torch.isfinite(loss) & torch.isfinite(ref_loss)
+    loss_off = (loss - ref_loss).abs() / ref_loss.abs().clamp(min=1.0) > LOSS_TOLERANCE
+    diff = torch.linalg.vector_norm((grad - ref_grad).nan_to_num(math.inf), dim=(0, 2))
+    grad_off = (diff > GRAD_TOLERANCE * torch.linalg.vector_norm(ref_grad.nan_to_num(0.0), dim=(0, 2))).cpu()
+    nan = torch.isnan(grad).any(2).any(0).cpu()
+    return (torch.isfinite(loss) != torch.isfinite(ref_loss)) | (finite & (nan | loss_off | grad_off))
+
+
+def silently_wrong(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
+    """Utterances whose result is wrong (:func:`wrong_utterances`) with nothing to show it: a finite loss
+    and a gradient without NaN."""
+    nan = torch.isnan(grad.detach()).any(2).any(0).cpu()
+    return wrong_utterances(loss, grad, ref_loss, ref_grad) & torch.isfinite(loss.detach().cpu()) & ~nan

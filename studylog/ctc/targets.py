@@ -1,0 +1,255 @@
+"""Chapter 4's formats and checks: targets validated and packed for the kernels (once per batch), the
+checks every step makes of its activations and output buffers, and what "the frames a target needs" is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from studylog import checks, runtime
+
+BLANK = 0
+#: Longest target the kernels accept (2 L + 1 <= 1023 positions: one warp holds 32 x 32 of them).
+MAX_TARGET_LENGTH = 511
+#: Device type the kernels' tensors must live on.
+KERNEL_DEVICE_TYPE = "cuda"
+
+
+def _lengths(value, name: str, batch: int) -> np.ndarray:
+    """A length vector as int64 numpy, from a 1-D integer tensor (any device) or a sequence."""
+    if isinstance(value, Tensor):
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
+        if value.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+        array = value.detach().to("cpu", torch.int64).numpy()
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        array = np.asarray(value)
+        if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+            raise TypeError(f"{name} must be a 1-D sequence of integers")
+        array = array.astype(np.int64)
+    else:
+        raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints, got {type(value).__name__}")
+    if array.shape[0] != batch:
+        raise ValueError(f"{name} has {array.shape[0]} entries but the batch has N = {batch}")
+    return array
+
+
+def label_lists(targets: Tensor, target_lengths: np.ndarray, num_classes: int) -> list[np.ndarray]:
+    """Per-utterance label arrays from concatenated (1-D) or padded (2-D) targets, validated."""
+    if not isinstance(targets, Tensor):
+        raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+    if targets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"targets must be int32 or int64, got {targets.dtype}")
+    batch = target_lengths.shape[0]
+    host = targets.detach().to("cpu", torch.int64).numpy()
+    if targets.ndim == 1:
+        if host.shape[0] != int(target_lengths.sum()):
+            raise ValueError(f"concatenated targets hold {host.shape[0]} labels but target_lengths sum to "
+                             f"{int(target_lengths.sum())}")
+        ends = np.cumsum(target_lengths)
+        lists = [host[e - l:e] for e, l in zip(ends, target_lengths)]
+    elif targets.ndim == 2:
+        if host.shape[0] != batch:
+            raise ValueError(f"padded targets must have N = {batch} rows, got shape {tuple(targets.shape)}")
+        if batch and int(target_lengths.max()) > host.shape[1]:
+            raise ValueError(f"target_lengths go up to {int(target_lengths.max())} but padded targets have "
+                             f"only {host.shape[1]} columns")
+        lists = [host[i, :l] for i, l in enumerate(target_lengths)]
+    else:
+        raise ValueError(f"targets must be 1-D (concatenated) or 2-D (N, S) padded, got shape {tuple(targets.shape)}")
+    for i, labels in enumerate(lists):
+        if labels.size and (labels == BLANK).any():
+            raise ValueError(f"targets of utterance {i} contain the blank label {BLANK}; labels must be in [1, A)")
+        if labels.size and ((labels < 0).any() or (labels >= num_classes).any()):
+            raise ValueError(f"targets of utterance {i} hold labels outside [1, {num_classes}) (A = {num_classes})")
+    return [np.ascontiguousarray(labels) for labels in lists]
+
+
+def validate_lengths(input_lengths, target_lengths, *, batch: int, max_time: int) -> tuple[np.ndarray, np.ndarray]:
+    """Input lengths in [1, T] and target lengths in [0, MAX_TARGET_LENGTH], as int64 numpy."""
+    inputs = _lengths(input_lengths, "input_lengths", batch)
+    targets = _lengths(target_lengths, "target_lengths", batch)
+    if inputs.size and (inputs.min() < 1 or inputs.max() > max_time):
+        raise ValueError(f"input_lengths must be in [1, T = {max_time}], got values in "
+                         f"[{int(inputs.min())}, {int(inputs.max())}]")
+    if targets.size and (targets.min() < 0 or targets.max() > MAX_TARGET_LENGTH):
+        raise ValueError(f"target_lengths must be in [0, {MAX_TARGET_LENGTH}], got values in "
+                         f"[{int(targets.min())}, {int(targets.max())}]")
+    return inputs, targets
+
+
+@dataclass(frozen=True)
+class CTCTargets:
+    """Targets validated and packed for the kernels: build once per batch with :func:`prepare_targets`.
+
+    ``slot`` arrays list, for each utterance, the distinct classes of ``blank + target``: slot 0 is
+    the blank, slot ``u >= 1`` a label, with the target positions ``j`` (1-based) where it occurs
+    in ``slot_members[slot_start[u]:slot_start[u + 1]]``. The gradient kernels use them to add up
+    the posterior of a class that occurs several times without atomics.
+    """
+
+    num_classes: int
+    max_time: int
+    input_lengths_host: tuple[int, ...]
+    target_lengths_host: tuple[int, ...]
+    label_lists: tuple[np.ndarray, ...]
+    label_stride: int  # columns of ``labels`` (>= 1): the kernels' L_max
+    slot_stride: int  # columns of ``slot_class`` (>= 1): the kernels' U_max
+    labels: Int[Tensor, "n lmax"]
+    input_lengths: Int[Tensor, " n"]
+    target_lengths: Int[Tensor, " n"]
+    slot_class: Int[Tensor, "n umax"]
+    slot_start: Int[Tensor, "n umax_plus_1"]
+    slot_members: Int[Tensor, "n lmax"]
+    num_slots: Int[Tensor, " n"]
+
+    @property
+    def batch(self) -> int:
+        return len(self.input_lengths_host)
+
+    @property
+    def max_positions(self) -> int:
+        """``2 L_max + 1`` with the padded ``L_max``: rows of alpha and beta have this many entries."""
+        return 2 * self.label_stride + 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.labels.device
+
+
+def prepare_targets(
+    targets: Int[Tensor, "..."],
+    input_lengths,
+    target_lengths,
+    *,
+    num_classes: int,
+    max_time: int,
+    device: torch.device | str | None = None,
+    batch_size: int | None = None,
+) -> CTCTargets:
+    """Validate targets and lengths and pack them (one host-to-device copy) for the kernels.
+
+    ``targets`` is concatenated (1-D, ``sum(target_lengths)`` labels) or padded ``(N, S)``, int32
+    or int64, on any device. ``input_lengths`` must be in ``[1, max_time]``; labels in ``[1, A)``.
+    Targets too long for their input are allowed: their loss is infinite (see ``zero_infinity``).
+    ``batch_size`` (N) is taken from the lengths when not given.
+    """
+    if not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(f"num_classes (A) must be an int >= 2, got {num_classes!r}")
+    if not isinstance(max_time, int) or max_time < 1:
+        raise ValueError(f"max_time (T) must be an int >= 1, got {max_time!r}")
+    batch = batch_size
+    for value in (input_lengths, target_lengths) if batch is None else ():
+        if isinstance(value, (Tensor, np.ndarray)) and value.ndim == 1:
+            batch = value.shape[0]
+            break
+        if isinstance(value, (list, tuple)):
+            batch = len(value)
+            break
+    if batch is None:
+        raise TypeError("input_lengths and target_lengths must be 1-D integer tensors or sequences of ints")
+    inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=batch, max_time=max_time)
+    lists = label_lists(targets, lengths, num_classes)
+    device = torch.device(device) if device is not None else runtime.device()
+
+    label_stride = max(1, int(lengths.max()) if batch else 1)
+    slots = []
+    for labels in lists:
+        classes, first = np.unique(labels, return_index=True)
+        order = np.argsort(first, kind="stable")  # slots in order of first occurrence
+        classes = classes[order]
+        members = [np.flatnonzero(labels == c) + 1 for c in classes]  # 1-based target positions
+        slots.append((classes, members))
+    slot_stride = max(1, max(len(c) + 1 for c, _ in slots) if batch else 1)
+
+    labels_pad = np.zeros((batch, label_stride), np.int32)
+    slot_class = np.zeros((batch, slot_stride), np.int32)  # slot 0 = blank = class 0
+    slot_members = np.zeros((batch, label_stride), np.int32)
+    num_slots = np.zeros(batch, np.int32)
+    for i, (labels, (classes, members)) in enumerate(zip(lists, slots)):
+        labels_pad[i, :labels.size] = labels
+        slot_class[i, 1:len(classes) + 1] = classes
+        if members:
+            slot_members[i, :labels.size] = np.concatenate(members)
+        num_slots[i] = len(classes) + 1
+    # slot u's members are slot_members[slot_start[u]:slot_start[u + 1]]; the blank (u = 0) lists none
+    slot_start = np.zeros((batch, slot_stride + 1), np.int32)
+    for i, (classes, members) in enumerate(slots):
+        offsets = np.cumsum([0] + [m.size for m in members])
+        slot_start[i, 1:len(offsets) + 1] = offsets
+        slot_start[i, len(offsets) + 1:] = offsets[-1]
+
+    parts = [labels_pad.ravel(), inputs.astype(np.int32), lengths.astype(np.int32), slot_class.ravel(),
+             slot_start.ravel(), slot_members.ravel(), num_slots]
+    packed = torch.from_numpy(np.concatenate(parts)).to(device)
+    views, offset = [], 0
+    for part, shape in zip(parts, [labels_pad.shape, (batch,), (batch,), slot_class.shape, slot_start.shape,
+                                   slot_members.shape, (batch,)]):
+        views.append(packed[offset:offset + part.size].view(shape))
+        offset += part.size
+    return CTCTargets(
+        num_classes=num_classes, max_time=max_time,
+        input_lengths_host=tuple(int(v) for v in inputs), target_lengths_host=tuple(int(v) for v in lengths),
+        label_lists=tuple(lists), label_stride=label_stride, slot_stride=slot_stride,
+        labels=views[0], input_lengths=views[1], target_lengths=views[2], slot_class=views[3],
+        slot_start=views[4], slot_members=views[5], num_slots=views[6],
+    )
+
+
+def min_frames(labels: Sequence[int] | np.ndarray) -> int:
+    """Fewest frames that can emit ``labels``: one per label plus a blank between repeats."""
+    labels = np.asarray(labels)
+    return int(labels.size + (labels[1:] == labels[:-1]).sum()) if labels.size else 0
+
+
+
+def check_activations(activations: Tensor, batch: CTCTargets) -> None:
+    """float32, contiguous ``(T, N, A)`` activations that match the prepared targets."""
+    checks.check_tensor("activations", activations, dtype=torch.float32)
+    if activations.ndim != 3:
+        raise ValueError(f"activations must be (T, N, A), got shape {tuple(activations.shape)}")
+    checks.check_tensor("activations", activations, contiguous=True)
+    T, N, A = activations.shape
+    if N != batch.batch:
+        raise ValueError(f"activations hold N = {N} utterances but the targets {batch.batch}")
+    if A != batch.num_classes:
+        raise ValueError(f"activations have A = {A} classes but the targets were prepared for {batch.num_classes}")
+    if max(batch.input_lengths_host, default=0) > T:
+        raise ValueError(f"input_lengths go up to {max(batch.input_lengths_host)} but activations have T = {T}")
+
+
+def check_device(activations: Tensor, batch: CTCTargets) -> None:
+    """The kernels run on a CUDA device, with the targets prepared on the same one."""
+    if activations.device.type != KERNEL_DEVICE_TYPE:
+        raise ValueError(f"activations must be on a CUDA device, got {activations.device}")
+    if batch.device != activations.device:
+        raise ValueError(f"targets were prepared on {batch.device} but activations are on {activations.device}")
+
+
+def output(out: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """A caller's output buffer, checked, or a new one."""
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32, device=like.device)
+    if not isinstance(out, Tensor) or out.dtype != torch.float32 or tuple(out.shape) != shape:
+        raise ValueError(f"{name} must be a float32 tensor of shape {shape}")
+    if out.device != like.device or not out.is_contiguous():
+        raise ValueError(f"{name} must be contiguous and on {like.device}")
+    return out
+
+
+def batch_of(activations, targets, input_lengths, target_lengths) -> CTCTargets:
+    """Prepared targets as given, or raw targets and lengths validated and prepared now."""
+    if isinstance(targets, CTCTargets):
+        if input_lengths is not None or target_lengths is not None:
+            raise ValueError("pass either prepared targets or targets with their lengths, not both")
+        return targets
+    if not isinstance(activations, Tensor) or activations.ndim != 3:
+        raise ValueError("activations must be a (T, N, A) tensor")
+    return prepare_targets(targets, input_lengths, target_lengths, num_classes=activations.shape[2],
+                           max_time=activations.shape[0], device=activations.device, batch_size=activations.shape[1])

@@ -1,0 +1,222 @@
+"""Steps 1 to 6 of chapter 4: warp-ctc's design, one block per utterance.
+
+A softmax kernel writes log-probabilities (probabilities for step 6); an alpha kernel runs the forward
+recursion and writes the alpha matrix; a beta kernel runs the backward recursion and writes the gradient
+frame by frame. Steps 4 to 6 are templates on the grain size (positions per thread) and on the layout of a
+thread's positions (strided by the block as in warp-ctc, or ``blocked``: consecutive).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from studylog import checks, cuda
+from studylog.ctc.launch import kernels, prepare_call, workspace
+from studylog.ctc.reference import UNDERFLOW_TOLERANCE, untrusted
+from studylog.ctc.targets import CTCTargets
+
+#: Grain sizes (positions per thread) compiled for steps 4 to 6.
+GRAIN_SIZES = tuple(range(1, 9))
+#: The ``.cu`` file (in ``studylog/ctc/csrc``) of each of steps 1 to 6, and of the softmax they launch first.
+SOURCES = {1: "ctc_step01_baseline", 2: "ctc_step02_03_restrict_ldg", 3: "ctc_step02_03_restrict_ldg",
+           4: "ctc_step04_05_blocked", 5: "ctc_step04_05_blocked", 6: "ctc_step06_probability"}
+SOFTMAX_SOURCE = "ctc_softmax"
+
+_SIG_SOFTMAX = ["ptr", "ptr", "i32", "i32"]
+_SIG_ALPHA = ["ptr"] * 6 + ["i32"] * 4
+_SIG_BETA = ["ptr"] * 12 + ["i32"] * 6
+_SIG_BETA_STEP6 = ["ptr"] * 13 + ["i32"] * 6  # + the underflow estimate
+
+
+class UnderflowWarning(RuntimeWarning):
+    """Step 6 (probability space) returned answers that underflow may have made wrong."""
+
+
+def kernel_names(step: int, grain: int | None = None, blocked: bool = False) -> tuple[str, str]:
+    """(alpha kernel, beta + gradient kernel) of steps 1 to 6, as NVRTC name expressions."""
+    if step in (1, 2, 3):
+        return f"ctc_alpha_step{step}", f"ctc_beta_grad_step{step}"
+    if step in (4, 5, 6):
+        if grain not in GRAIN_SIZES:
+            raise ValueError(f"grain must be one of {GRAIN_SIZES}, got {grain!r}")
+        layout = "true" if blocked else "false"
+        beta = 6 if step == 6 else 4  # step 5 only changes the alpha kernel
+        return f"ctc_alpha_step{step}<{grain}, {layout}>", f"ctc_beta_grad_step{beta}<{grain}, {layout}>"
+    raise ValueError(f"steps 1 to 6 have alpha/beta kernels; got step {step!r}")
+
+
+def _signatures(step: int, names: Sequence[str]) -> list[tuple[str, list[str]]]:
+    return [(n, _SIG_ALPHA if "alpha" in n else (_SIG_BETA_STEP6 if step == 6 else _SIG_BETA)) for n in names]
+
+
+def preload_blocked(step: int, grains: Sequence[int], layouts: Sequence[bool] = (False,)) -> None:
+    """Compile the grain sizes ``grains`` of step 4, 5 or 6 (in the ``layouts``) in one NVRTC call."""
+    names = [n for vt in grains for blocked in layouts for n in kernel_names(step, vt, blocked)]
+    kernels(SOURCES[step], _signatures(step, list(dict.fromkeys(names))))
+
+
+def default_grain(max_positions: int) -> int:
+    """warp-ctc's rule of thumb: about 128 threads per utterance, as many positions per thread as needed."""
+    return min(max(1, math.ceil(max_positions / 128)), GRAIN_SIZES[-1])
+
+
+def block_threads(max_positions: int, grain: int) -> int:
+    """Threads per utterance for grain size ``grain``: enough to cover every position, in whole warps."""
+    return 32 * math.ceil(math.ceil(max_positions / grain) / 32)
+
+
+def bank_ways(grain: int, blocked: bool, threads: int = 128) -> int:
+    """Shared-memory bank conflicts of one warp-wide access to the rows of steps 4 to 6 (a model).
+
+    Each of the 32 lanes reads its i-th position (the worst i is taken); 32 banks of 4 bytes. The
+    strided layout (s = tid + i * threads) puts neighbouring lanes on neighbouring words: 1-way
+    for every grain. The blocked layout (s = tid * VT + i) has a stride of VT words: gcd(VT, 32)
+    lanes share a bank, so even grains conflict and odd ones do not (ModernGPU's advice).
+    """
+    worst = 1
+    for i in range(grain):
+        words = [(lane * grain + i) if blocked else (lane + i * threads) for lane in range(32)]
+        banks = [w % 32 for w in words]
+        worst = max(worst, max(banks.count(b) for b in set(banks)))
+    return worst
+
+
+def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
+            grain: int | None, blocked: bool, estimate: Tensor | None = None) -> None:
+    T, N, A = x.shape
+    smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
+    rows = T * N
+    # log-probabilities (steps 1-5) or probabilities (step 6), the alpha matrix, log-likelihoods
+    probs, alphas, log_likelihood = workspace(x.device, [((T, N, A), torch.float32), ((N, T, smax), torch.float32),
+                                                         ((N,), torch.float64)])
+    (softmax,) = kernels(SOFTMAX_SOURCE, [("ctc_softmax_rows" if step == 6 else "ctc_log_softmax_rows",
+                                           _SIG_SOFTMAX)])
+    softmax(((rows + 7) // 8,), (256,), x, probs, rows, A)
+    if step <= 3:
+        threads, alpha_smem = 128, 0
+        alpha_name, beta_name = kernel_names(step)
+    else:
+        grain = default_grain(smax) if grain is None else grain
+        alpha_name, beta_name = kernel_names(step, grain, blocked)
+        threads = block_threads(smax, grain)
+        if threads > 1024:
+            raise ValueError(f"grain {grain} needs {threads} threads for {smax} positions; use a larger grain")
+        alpha_smem = 0 if step == 4 else 2 * smax * 4
+    alpha, beta = kernels(SOURCES[step], _signatures(step, [alpha_name, beta_name]))
+    alpha((N,), (threads,), probs, batch.labels, batch.input_lengths, batch.target_lengths, alphas, log_likelihood,
+          T, N, A, lmax, shared_mem=alpha_smem)
+    outputs = (grad, loss) if estimate is None else (grad, loss, estimate)
+    beta((N,), (threads,), probs, batch.labels, batch.input_lengths, batch.target_lengths, batch.slot_class,
+         batch.slot_start, batch.slot_members, batch.num_slots, alphas, log_likelihood, *outputs,
+         T, N, A, lmax, umax, int(zero_infinity), shared_mem=3 * smax * 4)
+
+
+def _grain(grain: int | None) -> int | None:
+    if grain is not None and grain not in GRAIN_SIZES:
+        raise ValueError(f"grain must be one of {GRAIN_SIZES}, got {grain!r}")
+    return grain
+
+
+def untrusted_answers(loss: Tensor, estimate: Tensor, batch: CTCTargets) -> Tensor:
+    """Utterances (a bool per utterance, on the CPU) whose step 6 answer cannot be trusted, from its loss
+    and underflow estimate (:func:`untrusted`); waits for the GPU."""
+    # with zero_infinity an underflowed (infinite) loss reads 0: the estimate stays inf, so judge by it
+    judged = torch.where(torch.isinf(estimate), torch.full_like(loss, math.inf), loss)
+    return untrusted(estimate, judged, batch.input_lengths_host, batch.label_lists)
+
+
+def step01_baseline(
+    activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
+    target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
+    out_grad: Float[Tensor, "t n a"] | None = None,
+) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
+    """Step 1, warp-ctc's baseline: CTC loss per utterance and the gradient of its sum w.r.t. the activations.
+
+    ``targets`` is a :class:`CTCTargets` from :func:`prepare_targets` (then leave the lengths out), or
+    raw targets and lengths (validated and prepared on every call). ``out_loss`` / ``out_grad`` let a
+    caller supply (say, poisoned) output buffers. Every step takes these arguments.
+    """
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, 1, zero_infinity, None, False)
+    return loss, grad
+
+
+def step02_restrict(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                    out_loss=None, out_grad=None):
+    """Step 2: step 1's kernels with every pointer ``__restrict__`` (arguments as :func:`step01_baseline`)."""
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, 2, zero_infinity, None, False)
+    return loss, grad
+
+
+def step03_ldg(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+               out_loss=None, out_grad=None):
+    """Step 3: step 2 with read-only loads through ``__ldg`` (arguments as :func:`step01_baseline`)."""
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, 3, zero_infinity, None, False)
+    return loss, grad
+
+
+def step04_register_blocking(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                             grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
+    """Step 4: each thread keeps ``grain`` positions (labels, skip flags) in registers; ``grain`` is one
+    of ``GRAIN_SIZES`` (warp-ctc's rule, :func:`default_grain`, when None) and ``blocked`` lays a thread's
+    positions out consecutively instead of strided by the block. Other arguments as :func:`step01_baseline`."""
+    grain = _grain(grain)
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, 4, zero_infinity, grain, blocked)
+    return loss, grad
+
+
+def step05_shared_rows(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                       grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
+    """Step 5: step 4 with the alpha kernel's two live rows in shared memory (arguments as
+    :func:`step04_register_blocking`)."""
+    grain = _grain(grain)
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    _launch(activations, batch, loss, grad, 5, zero_infinity, grain, blocked)
+    return loss, grad
+
+
+def step06_probability_space(activations, targets, input_lengths=None, target_lengths=None, *,
+                             zero_infinity=False, grain: int | None = None, blocked: bool = False, out_loss=None,
+                             out_grad=None, out_estimate: Float[Tensor, " n"] | None = None, warn: bool = True):
+    """Step 6: step 5 in probability space, rescaled every frame (Graves). The lesson's counterexample.
+
+    Rescaling keeps each row's sum in range, not the spread within it, so on long utterances an answer
+    may be wrong with nothing in it to show (no inf, no NaN). The kernels therefore also estimate, per
+    utterance, the relative error of P that underflow may have caused (see
+    ``ctc_step06_probability.cu`` and :func:`probability_space_ctc`, its CPU model); ``out_estimate``
+    (float32, ``(N,)``, on the activations' device) receives it. With ``warn`` (the default) the call
+    waits for the GPU and raises an :class:`UnderflowWarning` naming the utterances whose answer cannot
+    be trusted (:func:`untrusted`); ``warn=False`` queues the kernels only (for timing). Other arguments
+    as :func:`step04_register_blocking`.
+    """
+    grain = _grain(grain)
+    if out_estimate is not None:
+        checks.check_tensor("out_estimate", out_estimate, dtype=torch.float32, ndim=1, contiguous=True)
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    N = activations.shape[1]
+    if out_estimate is None:
+        estimate = torch.empty((N,), dtype=torch.float32, device=activations.device)
+    else:
+        estimate = checks.check_tensor("out_estimate", out_estimate, shape=(N,), like=activations)
+    _launch(activations, batch, loss, grad, 6, zero_infinity, grain, blocked, estimate)
+    if warn:
+        bad = untrusted_answers(loss, estimate, batch)
+        if bad.any():
+            names = [int(i) for i in torch.nonzero(bad).flatten()]
+            warnings.warn(UnderflowWarning(
+                f"probability space (step 6) underflowed: the answer for utterance(s) {names} cannot be trusted "
+                f"(underflow estimate above {UNDERFLOW_TOLERANCE:g}, or an infinite loss for a target that fits "
+                f"its input); use a log-space step (ctc_loss)"), stacklevel=2)
+    return loss, grad
+
+
+cuda.declare_instances(SOURCES[6], [n for b in (False, True) for n in kernel_names(6, 2, b)])
