@@ -1222,7 +1222,7 @@ def test_committed_results_read_under_the_steps_names():
         measured = set(results.series())
         assert {s.series for s in T.CHAPTER.steps} <= measured, gpu
         assert not measured & set(T.RENAMED_SERIES), gpu  # nothing left under an old name that has a new one
-        assert T.CHAPTER.label(T.SERIES[11]) == "step11_tma" and "every_block" in T.CHAPTER.label("step12_every_block")
+        assert T.CHAPTER.label(T.SERIES[11]) == "step11_tma" and "every block" in T.CHAPTER.label("step12_every_block")
         figs = T.figures(results)
         assert {"speedup", "floor", "steps"} <= set(figs)
         rows = T.headline(results)
@@ -1240,7 +1240,7 @@ def test_step12_timeline_is_a_compile_time_option():
     traced = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=names, options=("-DW2A8_TIMELINE=1",))
     assert "globaltimer" not in default.ptx and "globaltimer" in traced.ptx
     for name in names:  # one more parameter (the trace), the same kernels otherwise
-        assert traced.lowered_names[name] != default.lowered_names[name] or name.startswith("quantize_x")
+        assert traced.lowered_names[name] != default.lowered_names[name]
     if runtime.has_gpu():
         return
     w = ternary(20, 300, torch.Generator().manual_seed(0))

@@ -53,7 +53,7 @@ from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W
                                    w2a8_max_groups_per_slice, w2a8_plan, w2a8_plan_takes, w2a8_quantize,
                                    w2a8_smem_bytes, w2a8_tiles_config, w2a8_tiles_plan, w2a8_x_order)
 
-from studylog.ternary.steps import CSRC, RENAMED_SERIES, SERIES, STEPS, ternary_matmul
+from studylog.ternary.steps import CSRC, RENAMED_SERIES, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
 
 CHAPTER = Chapter(
     name="ternary",
@@ -69,7 +69,7 @@ CHAPTER = Chapter(
 )
 
 __all__ = [
-    "CHAPTER", "STEPS", "SERIES", "RENAMED_SERIES", "CSRC", "ternary_matmul",
+    "CHAPTER", "STEPS", "SERIES", "STEP_CONFIGS", "STEP_WEIGHTS", "RENAMED_SERIES", "CSRC", "ternary_matmul",
     # the steps
     "step01_sign", "step02_int8", "step03_2bit", "step04_gemv", "step05_dot", "step06_base3_gemv",
     "step07_base3_dot", "step08_w2a8_dot", "step09_mma", "step10_cuda_mma", "step11_tma", "step12_w2a8",

@@ -60,7 +60,6 @@ def packed_cols(k: int, fmt: str) -> int:
     raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
 
 
-
 def check_ternary_values(name: str, w: Tensor) -> None:
     """Raise a ValueError naming ``name`` unless every value of ``w`` is -1, 0 or +1 (NaN is not). One pass
     over ``w``; on a GPU it waits for that pass (the answer is needed on the host)."""
@@ -330,8 +329,6 @@ def _ratio(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:
     return float(ratio.max()) if ratio.numel() else 0.0
 
 
-
-
 # ----------------------------------------------------------------------------------------------
 # Checks shared by every step's wrapper. Nothing here waits for the GPU (no .item(), no host
 # copies), so a timed call measures the kernels and nothing else; check_ternary_values (step 1's
@@ -441,10 +438,9 @@ def _x_k(w: Any) -> Optional[int]:
     return w.shape[1] if isinstance(w, Tensor) and w.ndim == 2 else None
 
 
-
 class _SplitWorkspace:
-    """Split-K scratch on one device (steps 7 and 8 each have their own): float32 partial sums (step 7
-    keeps them all zeros between launches) and one arrival counter per output tile (zeros too). The
+    """Split-K scratch on one device (step 9 has its own, steps 10 to 13 share one): float32 partial sums
+    (step 9 keeps them all zeros between launches) and one arrival counter per output tile (zeros too). The
     last slice of a tile to arrive restores them, so the workspace is allocated and zeroed once, not
     every call. Launches that share it must not overlap: one stream at a time, like a cuBLAS workspace."""
 

@@ -48,7 +48,7 @@ BASELINES = {
 }
 
 
-def label(series: str) -> str:
+def series_label(series: str) -> str:
     """A series' legend: its step's name (``step12_w2a8``), or what a baseline is."""
     for s in STEPS:
         if series == s.series:
@@ -312,7 +312,7 @@ def series_ms(results, series: str, **params) -> Optional[float]:
 def speedup_table(results, m: int) -> str:
     """Markdown: time per series (µs) and speedup over cuBLAS bf16, one line per shape."""
     series = [s for s in (M1_SERIES if m == 1 else BATCH_SERIES) if results.select(s, m=m)]
-    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{label(s)} (µs, x)" for s in series] + ["2-bit floor (µs)"]
+    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, x)" for s in series] + ["2-bit floor (µs)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape in shapes_in(results):
         base = series_ms(results, "cublas_bf16", shape=shape, m=m)
@@ -354,7 +354,7 @@ def target_checks(results) -> list[dict[str, Any]]:
                 continue
             base = base_rows[0][clock]
             met[clock] = base / row[clock] >= want
-            parts.append(f"{label}: {label(s)} {row[clock] * 1e3:.1f} vs {base * 1e3:.1f} µs, "
+            parts.append(f"{label}: {series_label(s)} {row[clock] * 1e3:.1f} vs {base * 1e3:.1f} µs, "
                          f"{base / row[clock]:.2f}x")
         out.append({"target": f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16", "met": met,
                     "detail": "; ".join(parts) or "not measured"})
@@ -366,7 +366,7 @@ def target_checks(results) -> list[dict[str, Any]]:
                 met[clock] = None
                 continue
             met[clock] = row[clock] <= 2.0 * row["floor_ms"]
-            parts.append(f"{label}: {label(s)} {row[clock] * 1e3:.1f} µs, {row[clock] / row['floor_ms']:.2f}x "
+            parts.append(f"{label}: {series_label(s)} {row[clock] * 1e3:.1f} µs, {row[clock] / row['floor_ms']:.2f}x "
                          f"the floor ({row['floor_ms'] * 1e3:.1f} µs)")
         read = results.select("read_weights", shape=shape, m=1)
         if read:
@@ -470,7 +470,7 @@ def figures(results) -> dict:
                     ok = base and mine and clock in base[0] and clock in mine[0]
                     vals.append(base[0][clock] / mine[0][clock] if ok else np.nan)
                 colour = colours.setdefault(s, cycle[len(colours) % len(cycle)])
-                ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * bar, vals, bar, label=label(s),
+                ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * bar, vals, bar, label=series_label(s),
                        color=colour)
             ax.axhline(1.0, color="k", lw=1)
             for want, shape in {1: ((4.0, "4096x14336"), (6.0, "8192x28672")), 16: ((3.0, "4096x14336"),)}.get(m, ()):
@@ -508,7 +508,7 @@ def figures(results) -> dict:
         xs = [r["floor_ms"] * 1e3 for r in rows]
         ys = [r["ms"] * 1e3 for r in rows]
         lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
-        ax.scatter(xs, ys, marker=marker, label=f"{label(s)} (vs its own format's floor)")
+        ax.scatter(xs, ys, marker=marker, label=f"{series_label(s)} (vs its own format's floor)")
     if hi > 0:
         line = np.array([lo / 1.5, hi * 1.5])
         ax.plot(line, line, "k-", lw=1, label="time = floor")
@@ -534,7 +534,7 @@ def figures(results) -> dict:
         for i, shape in enumerate(llama):
             vals = [(series_ms(results, s, shape=shape, m=1) or np.nan) * 1e3 for s in steps]
             ax.bar(np.arange(len(steps)) + (i - (len(llama) - 1) / 2) * width, vals, width, label=shape)
-        ax.set_xticks(range(len(steps)), [label(s) for s in steps], rotation=30, ha="right", fontsize=8)
+        ax.set_xticks(range(len(steps)), [series_label(s) for s in steps], rotation=30, ha="right", fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("time (µs, median)")
         ax.set_title(f"M = 1, step by step\n{results.caption()}", fontsize=8)

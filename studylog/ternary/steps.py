@@ -13,8 +13,10 @@ from studylog.chapter import Step
 from studylog.paths import chapter_csrc
 from studylog.ternary.cuda_steps import PROBES, step10_cuda_mma, step11_tma
 from studylog.ternary.formats import PackedTernary, Scale
-from studylog.ternary.triton_mma import MMA_CONFIGS_FEW, mma_2bit_kernel, step08_w2a8_dot, step09_mma, w2a8_dot_kernel
-from studylog.ternary.triton_steps import (dot_2bit_kernel, dot_base3_kernel, gemv_2bit_kernel, gemv_base3_kernel,
+from studylog.ternary.triton_mma import (MMA_CONFIGS_FEW, MMA_CONFIGS_MANY, W2A8_CONFIGS, mma_2bit_kernel, step08_w2a8_dot,
+                                         step09_mma, w2a8_dot_kernel)
+from studylog.ternary.triton_steps import (DOT3_CONFIGS_FEW, DOT3_CONFIGS_MANY, DOT_CONFIGS_FEW, DOT_CONFIGS_MANY,
+                                           GEMV3_CONFIGS, GEMV_CONFIGS, V1_CONFIGS, V3_CONFIGS, dot_2bit_kernel, dot_base3_kernel, gemv_2bit_kernel, gemv_base3_kernel,
                                            int8_v2_kernel, packed2_v3_kernel, sign_v1_kernel, step01_sign, step02_int8,
                                            step03_2bit, step04_gemv, step05_dot, step06_base3_gemv, step07_base3_dot)
 from studylog.ternary.w2a8 import step12_w2a8, step13_w2a8_tiles
@@ -82,3 +84,11 @@ RENAMED_SERIES = {
     **{f"w2a8_probe_{p}": f"{SERIES[12]}_probe_{p}" for p in PROBES},
     **{f"mma_2bit_cfg{i}": f"{SERIES[9]}_cfg{i}" for i in range(len(MMA_CONFIGS_FEW))},
 }
+
+#: The configs of each Triton step (their ``config=`` argument: ``config_dict(one of them)``; the tests and the
+#: notebook run every one) and the weights each reads ("dense" float, "int8", or a PackedTernary format).
+STEP_CONFIGS = {1: V1_CONFIGS, 2: V1_CONFIGS, 3: V3_CONFIGS, 4: GEMV_CONFIGS, 5: DOT_CONFIGS_FEW + DOT_CONFIGS_MANY,
+                6: GEMV3_CONFIGS, 7: DOT3_CONFIGS_FEW + DOT3_CONFIGS_MANY, 8: W2A8_CONFIGS,
+                9: MMA_CONFIGS_FEW + MMA_CONFIGS_MANY}
+STEP_WEIGHTS = {1: "dense", 2: "int8", 3: "2bit", 4: "2bit", 5: "2bit", 6: "base3", 7: "base3", 8: "2bit", 9: "2bit_mma",
+                10: "2bit_tiles", 11: "2bit_tiles", 12: "2bit_tiles", 13: "2bit_tiles"}

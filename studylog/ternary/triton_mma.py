@@ -238,7 +238,6 @@ mma_2bit_few = _autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(mma_2bit_ke
 mma_2bit_many = _autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(mma_2bit_kernel)  # BLOCK_M is tuned too
 
 
-
 # ----------------------------------------------------------------------------------------------
 # The wrappers
 # ----------------------------------------------------------------------------------------------
@@ -257,7 +256,6 @@ def step08_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: P
     _check_device(x_scale, "x_scale")
     return _dotwise((w2a8_dot_few, w2a8_dot_many), xq, w, scale, out, config, "2bit", x_dtypes=(torch.int8,),
                     x_scale=x_scale, x_name="xq")
-
 
 
 #: Step 9's split-K workspace (its sums must stay zeros between launches: see mma_2bit_kernel).
@@ -305,7 +303,6 @@ def step09_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *
     kernel = mma_2bit_few if few else mma_2bit_many
     _launch(kernel, grid, args, config, meta, zero_output=False)
     return z[0] if vector else z
-
 
 
 #: The pair decode of step 9 (a Triton helper the kernels inline), for show_source.

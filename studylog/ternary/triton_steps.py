@@ -426,7 +426,6 @@ dot_base3_few = _autotune(DOT3_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(dot_base3
 dot_base3_many = _autotune(DOT3_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_base3_kernel)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # The wrappers: check, allocate, launch. Nothing here waits for the GPU (no .item(), no host
 # copies), so a timed call measures the kernels and nothing else (step 1's check of its dense
@@ -443,7 +442,6 @@ def _launch(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: d
     if zero_output and config.get("SPLIT_K", 1) > 1:
         args[2].zero_()  # z: the slices of K add into it
     kernel.fn[grid](*args, **meta, **config, num_warps=num_warps, num_stages=num_stages)
-
 
 
 def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
