@@ -259,6 +259,13 @@ class Decoder:
             self._graphs[T] = (graph, out)
         return self._graphs[T]
 
+    def body_call(self, T: int = 1):
+        """A call of the body on the static input buffers at chunk length ``T``, eager and graph-safe (no host
+        synchronisation): what a benchmark times alone."""
+        if T > self.max_chunk:
+            raise ValueError(f"T must be at most the largest chunk size {self.max_chunk}, got {T}")
+        return lambda: self._body_eager(T)
+
     def capture(self) -> None:
         """Capture the body's graph of every chunk length now (else on first use)."""
         if self.graphs:
