@@ -63,7 +63,8 @@ def test_every_configuration_writes_the_same_tokens(decoder, name):
     for c, out in steered.items():
         assert out.ids == base.ids, (name, c)
         if c != "baseline":
-            assert out.forwards + sum(out.jumped) == base.forwards  # each jumped token (or EOS) saved one
+            # each jumped token saved a forward, and so did an EOS that was the only token allowed
+            assert base.forwards - out.forwards - sum(out.jumped) in (0, 1), (name, c)
 
 
 def test_the_step_functions_are_the_configurations(decoder):
