@@ -84,6 +84,7 @@ CHAPTER = Chapter(
         "body": "the model body alone, one token (graph replay): the floor under any decode step",
         "dense_head": "the dense LM head alone (one GEMM, fp32 logits)",
         "mask_apply": "xgrammar's apply_token_bitmask_inplace alone",
+        "sampling": "the greedy sampling alone (argmax over fp32 logits)",
     },
 )
 

@@ -152,8 +152,7 @@ class Grammar:
         mask = torch.cat([a.mask for a in sets])
         bits = np.bitwise_or.reduce(np.stack([self._state_bits(s) for s in states]), axis=0)
         union = np.flatnonzero(np.unpackbits(bits, bitorder="little"))
-        union_ids = torch.from_numpy(union.astype(np.int32)).to(device, non_blocking=True)
-        return pieces.allowed_batch(mask, union_ids, tuple(a.counts[0] for a in sets))
+        return pieces.allowed_batch(mask, union, tuple(a.counts[0] for a in sets))
 
     def _state_allowed(self, state: int | None, device):
         """Chapter 2's allowed set of one state (None: a finished sequence, which allows nothing)."""

@@ -22,7 +22,7 @@ the device buffers (allocated once); :meth:`Decoder.generate` runs one request.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np

@@ -177,7 +177,8 @@ class LlamaModel(nn.Module):
         n_own = 1 if cfg.shared_layers else cfg.layers
         self.layers = nn.ModuleList(Layer(cfg, device, dtype) for _ in range(n_own))
         self.norm = nn.Parameter(torch.ones(cfg.hidden, **kw))
-        self.lm_head = self.embed_tokens if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **kw))
+        self.lm_head = (self.embed_tokens if cfg.tie_embeddings
+                        else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **kw)))
         self._rope: dict[tuple, tuple[Tensor, Tensor]] = {}
         self.requires_grad_(False)  # inference only: no autograd graph is ever built
         if seed is not None:
@@ -384,7 +385,7 @@ def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str
         p = f"model.layers.{i}."
         t = {key: tensors[p + key] for key in _LAYER_KEYS}
         w.input_norm.copy_(t["input_layernorm.weight"])
-        w.qkv.copy_(torch.cat([t["self_attn.q_proj.weight"], t["self_attn.k_proj.weight"], t["self_attn.v_proj.weight"]]))
+        w.qkv.copy_(torch.cat([t[f"self_attn.{x}_proj.weight"] for x in "qkv"]))
         w.o.copy_(t["self_attn.o_proj.weight"])
         w.post_norm.copy_(t["post_attention_layernorm.weight"])
         w.gate_up.copy_(torch.cat([t["mlp.gate_proj.weight"], t["mlp.up_proj.weight"]]))

@@ -98,11 +98,11 @@ def allowed_from_ids(ids: np.ndarray, vocab_size: int, device) -> AllowedTokens:
     return AllowedTokens.from_ids([ids], vocab_size, device=device)
 
 
-def allowed_batch(mask: Tensor, union_ids: Tensor, counts: tuple[int, ...]) -> AllowedTokens:
-    """Chapter 2's allowed sets of a batch from parts the caller has already checked: the ``[B, V]`` mask,
-    the sorted union of the ids (int32, on the mask's device) and each sequence's count."""
-    union = union_ids.numel()
-    few = tuple(int(i) for i in union_ids.tolist()) if union <= FEW_IDS_MAX else None
+def allowed_batch(mask: Tensor, union: np.ndarray, counts: tuple[int, ...]) -> AllowedTokens:
+    """Chapter 2's allowed sets of a batch from parts the caller has already checked: the ``[B, V]`` mask (on
+    the device), the sorted union of the ids (on the host) and each sequence's count. No device round trip."""
+    union_ids = torch.from_numpy(np.ascontiguousarray(union, dtype=np.int32)).to(mask.device, non_blocking=True)
+    few = tuple(int(i) for i in union) if len(union) <= FEW_IDS_MAX else None
     return AllowedTokens(vocab_size=mask.shape[1], mask=mask, union_ids=union_ids, counts=counts, few_ids=few)
 
 
