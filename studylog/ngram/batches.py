@@ -223,7 +223,7 @@ def _suffix_lengths(hay: Tensor, ends: int, gen_row: Tensor, step: int, top: int
     ``gen_row[:step+1]``, up to ``top`` (the one-pass search's candidate length at e)."""
     run = hay[:ends] == gen_row[step]
     length = run.to(torch.int32)
-    for k in range(1, top):
+    for k in range(1, min(top, ends)):  # an end e < k has no token k before it
         same = torch.zeros_like(run)
         same[k:] = hay[:ends - k] == gen_row[step - k]
         run = run & same
