@@ -18,6 +18,7 @@ step bound to one batch's buffers (validated once, then launched as often as nee
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -108,6 +109,14 @@ def launch_plans() -> dict[Callable, LaunchPlan]:
     }
 
 
+@functools.lru_cache(maxsize=None)
+def _loaded_kernel(source: str, name: str, template: bool, device_index: int) -> cuda.CudaKernel:
+    """A step's kernel, compiled and loaded once per device (matchers share it: a launch packs its own
+    arguments, and the driver copies them before the next launch can)."""
+    module = cuda.load(source, name_expressions=STREAM_INSTANCES) if template else cuda.load(source)
+    return module.kernel(name, SIGNATURE)
+
+
 def _require_cuda(name: str, device: torch.device) -> None:
     runtime.require_gpu(f"the {name} n-gram kernels")
     if device.type != "cuda":
@@ -192,11 +201,8 @@ class NgramMatcher:
                     SPLIT: ((b, self.prompt_chunks + self.gen_chunks), (THREADS,))}
         self.launches = []
         for source, kernel, shape in plans[step].launches:
-            if step is step07_stream:
-                instance = STREAM_INSTANCES[0 if self.vec == 2 else 1]
-                compiled = cuda.load(source, name_expressions=STREAM_INSTANCES).kernel(instance, SIGNATURE)
-            else:
-                compiled = cuda.load(source).kernel(kernel, SIGNATURE)
+            instance = STREAM_INSTANCES[0 if self.vec == 2 else 1] if step is step07_stream else kernel
+            compiled = _loaded_kernel(source, instance, step is step07_stream, torch.cuda.current_device())
             self.launches.append((compiled, *geometry[shape]))
 
     def __call__(self) -> None:

@@ -69,7 +69,11 @@ CLOCK_NOTE = ("Clocks: the GPU steps are timed on the GPU clock (their call repl
               "call followed by torch.cuda.synchronize(), wall time per call). The headlines compare that same "
               f"end-to-end host time for both sides: {SYNCED_SERIES} is step07_stream's call followed by the same "
               "sync (what a serving loop that waits for the drafts observes); the kernel's GPU time is kept beside "
-              "it (kernel_gpu_ms).")
+              "it (kernel_gpu_ms). A GPU row's rotated_copies says over how many copies of the batch its graph "
+              f"rotates (enough to exceed four times the L2, at most {MAX_COPIES}: on the smallest batches the "
+              "copies cover less); calls slower than "
+              f"{SLOW_CALL_MS} ms are replayed about {GRAPH_BUDGET_MS:.0f} ms of work per replay (graph_calls) in "
+              "five replays per repetition.")
 
 
 def _chapter():
@@ -195,12 +199,14 @@ def _measure_step(run, step, inputs, state0, config, expected, *, params, role, 
         return list(made)
 
     name = series or series_of(step)
+    extra = extra | {"rotated_copies": copies}
     if not slow:
         row = run.measure(name, make_calls, params=params, role=role, host=matcher, floor_ms=floor, **extra)
     else:
         timing = run.gpu_time(make_calls, min_calls=per_replay, reps=5)
         host = run.host_time(matcher, calls=max(3, min(per_replay, 50)), repeats=3)
-        row = run.record(name, timing, params=params, role=role, floor_ms=floor, host=host, **extra)
+        row = run.record(name, timing, params=params, role=role, floor_ms=floor, host=host,
+                         graph_calls=per_replay, **extra)
     torch.cuda.synchronize()
     if check:
         replayed = all(same_state((m.draft_tokens, m.seq_lens_this_time), expected) for m in (made[0], made[-1]))
