@@ -233,9 +233,11 @@ def test_char_jumps_follow_forced_bytes(automata, case):
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_final_states_keep_every_ascii_continuation(automata, case):
-    """Where a text may end, outlines-core's index can lose a continuation (a one-byte step to a non-final
-    state in 0.2.14, a lower-priority branch of an alternation): check every final state of the suite's
-    character-level automata against the regex module, byte by ASCII byte, on a shortest text reaching it."""
+    """Where a text may end, outlines-core's index can lose a continuation (in 0.2.14, a token whose last byte
+    leaves a final state toward a non-final one; a lower-priority branch of an alternation): check every
+    final state of the suite's character-level automata against the regex module, byte by ASCII byte, on a
+    shortest text reaching it. Every byte out of a final state of the suite leads to a final state, so no
+    token of the index ends one byte after a final state in a non-final one."""
     from studylog.fsm.peers import viable_prefix
 
     _, f = automata[case]
@@ -255,6 +257,7 @@ def test_final_states_keep_every_ascii_continuation(automata, case):
         assert regex_module.fullmatch(f.regex, text.decode()) is not None
         for b in range(128):
             assert (b in f.char_out.get(s, {})) == viable_prefix(f.regex, text + bytes([b])), (text, chr(b))
+        assert all(n in f.char_finals for n in f.char_out.get(s, {}).values()), text
 
 
 def test_chains_cut_a_forced_cycle():

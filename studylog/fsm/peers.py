@@ -161,8 +161,35 @@ class Library:
     def _compile(self, regex: str) -> Any:
         raise NotImplementedError
 
+    def compile_schema(self, schema: dict) -> Grammar:
+        """Compile a JSON schema with the library's own JSON-schema compiler and its default options (each
+        makes its own whitespace choices, so the languages differ; the comparison compiles regexes)."""
+        import json
+
+        text = json.dumps(schema)
+        t0 = time.perf_counter()
+        handle = self._compile_schema(text)
+        return Grammar(self.name, f"JSON schema {text}", time.perf_counter() - t0, handle)
+
+    def _compile_schema(self, schema: str) -> Any:
+        raise NotImplementedError
+
     def matcher(self, grammar: Grammar) -> Matcher:
         raise NotImplementedError
+
+    def accepts(self, grammar: Grammar, text: str | bytes) -> bool:
+        """True when the grammar accepts ``text`` whole: its canonical tokens are consumed one by one and EOS
+        is allowed after them."""
+        ids = self.vocab.encode(text)
+        m = self.matcher(grammar)
+        try:
+            for t in ids:
+                m.consume(t)
+        except PeerError:
+            return False
+        words = np.zeros(mask_words(self.vocab.vocab_size), dtype=np.int32)
+        m.fill_mask(words)
+        return bool(unpack_mask(words, self.vocab.vocab_size)[self.vocab.eos_id])
 
 
 class _OursMatcher(Matcher):
@@ -215,6 +242,11 @@ class OursLibrary(Library):
     def _compile(self, regex: str) -> ConstrainedFSM:
         return ConstrainedFSM(regex, self.vocab)
 
+    def _compile_schema(self, schema: str) -> ConstrainedFSM:
+        from studylog.fsm.automaton import regex_from_schema
+
+        return ConstrainedFSM(regex_from_schema(schema), self.vocab)
+
     def adopt(self, fsm: ConstrainedFSM) -> Grammar:
         """An automaton built earlier over the same vocabulary, as a :class:`Grammar` whose time is the one it
         recorded (index build plus jump precompute)."""
@@ -263,6 +295,9 @@ class XGrammarLibrary(Library):
 
     def _compile(self, regex: str) -> Any:
         return self.compiler.compile_regex(regex)
+
+    def _compile_schema(self, schema: str) -> Any:
+        return self.compiler.compile_json_schema(schema)
 
     def matcher(self, grammar: Grammar) -> Matcher:
         return _XGrammarMatcher(self.xgr, grammar.handle)
@@ -324,9 +359,15 @@ class LLGuidanceLibrary(Library):
         self.tokenizer = self.llg.LLTokenizer(_Wrapper(), n_vocab=vocab.vocab_size)
 
     def _compile(self, regex: str) -> Any:
-        matcher = self.llg.LLMatcher(self.tokenizer, self.llg.LLMatcher.grammar_from_regex(regex), log_level=0)
+        return self._matcher(self.llg.LLMatcher.grammar_from_regex(regex))
+
+    def _compile_schema(self, schema: str) -> Any:
+        return self._matcher(self.llg.LLMatcher.grammar_from_json_schema(schema))
+
+    def _matcher(self, grammar: str) -> Any:
+        matcher = self.llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise PeerError(f"llguidance could not compile the regex: {matcher.get_error()}")
+            raise PeerError(f"llguidance could not compile the grammar: {matcher.get_error()}")
         return matcher
 
     def matcher(self, grammar: Grammar) -> Matcher:
@@ -739,6 +780,7 @@ def plot_peers(rows: Sequence[PeerRow], ax=None, title: Optional[str] = None):
     width = 0.8 / len(cols)
     colors = {"ours: token jumps": "#9ecae1", "ours: char jumps": "#3182bd",
               "xgrammar: jump-forward string": "#e6550d", "llguidance: ff tokens": "#31a354"}
+    top = 0.0
     for k, (lib, policy, h) in enumerate(cols):
         xs, ys = [], []
         for i, n in enumerate(names):
@@ -748,10 +790,12 @@ def plot_peers(rows: Sequence[PeerRow], ax=None, title: Optional[str] = None):
             xs.append(i + (k - (len(cols) - 1) / 2) * width)
             ys.append(100 * (1 - r.passes[policy] / table[n]["ours"].passes["none"]))
         ax.bar(xs, ys, width, label=h, color=colors.get(h))
+        top = max([top, *ys])
     ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("forward passes saved (%)")
+    ax.set_ylim(0, 1.3 * top + 5)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper center", ncol=len(cols))
     ax.set_title(title or "Forward passes saved, same regex, same vocabulary (cl100k_base, greedy writer model)",
                  fontsize=10)
     return ax
