@@ -34,6 +34,8 @@ says whether a text can still be completed into a match of the regex.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -80,11 +82,7 @@ def peer_versions(names: Sequence[str] = ("xgrammar", "llguidance")) -> dict[str
             out[name] = None
             continue
         version = getattr(mod, "__version__", None)
-        if version is None:
-            from importlib.metadata import version as dist_version
-
-            version = dist_version(PEER_PACKAGES.get(name, name))
-        out[name] = str(version)
+        out[name] = str(version or importlib.metadata.version(PEER_PACKAGES.get(name, name)))
     return out
 
 
@@ -103,7 +101,7 @@ def unpack_mask(words: np.ndarray, vocab_size: int) -> np.ndarray:
 class Matcher:
     """One decode's state in one library: consume or roll back tokens, fill a mask, say what is forced."""
 
-    def consume(self, token_id: int) -> None:
+    def consume(self, token_id: int) -> None:  # raises PeerError when the token is refused
         raise NotImplementedError
 
     def rollback(self, n: int) -> None:
@@ -144,7 +142,7 @@ class Library:
         self.setup_seconds = time.perf_counter() - t0
 
     def _setup(self) -> None:
-        pass
+        """Build the library's view of the vocabulary."""
 
     @property
     def version(self) -> str:
@@ -235,9 +233,7 @@ class OursLibrary(Library):
 
     @property
     def version(self) -> str:
-        from importlib.metadata import version
-
-        return f"outlines-core {version('outlines_core')}"
+        return f"outlines-core {importlib.metadata.version('outlines_core')}"
 
     def _compile(self, regex: str) -> ConstrainedFSM:
         return ConstrainedFSM(regex, self.vocab)
@@ -485,8 +481,10 @@ def viable_prefix(regex: str, text: bytes, *, max_completions: int = 1 << 16) ->
 
     A text that ends inside a UTF-8 character is viable when some completion of that character is; the
     completions are tried one by one (at most ``max_completions``)."""
-    import regex as regex_module
-
+    try:
+        import regex as regex_module
+    except ImportError as exc:
+        raise ImportError("viable_prefix needs the `regex` package (in the package's 'test' and 'peers' extras)") from exc
     pattern = regex_module.compile(regex)
     for cut in range(4):
         head, tail = text[:len(text) - cut], text[len(text) - cut:]
@@ -508,11 +506,10 @@ def _utf8_completions(tail: bytes, limit: int) -> list[str]:
     if not size or len(tail) >= size:
         raise ValueError(f"{tail!r} does not start a multi-byte UTF-8 character")
     out = []
-    for cont in range(64 ** (size - len(tail))):
-        rest = b"".join(bytes([0x80 | ((cont >> (6 * k)) & 63)]) for k in reversed(range(size - len(tail))))
+    for cont in itertools.product(range(0x80, 0xC0), repeat=size - len(tail)):
         try:
-            out.append((tail + rest).decode("utf-8"))
-        except UnicodeDecodeError:
+            out.append((tail + bytes(cont)).decode("utf-8"))
+        except UnicodeDecodeError:  # overlong forms and surrogates
             continue
         if len(out) >= limit:
             break
