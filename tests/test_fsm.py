@@ -231,6 +231,35 @@ def test_char_jumps_follow_forced_bytes(automata, case):
         assert cur == jump.end and not forced(cur)
 
 
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_final_states_keep_every_ascii_continuation(automata, case):
+    """Where a text may end, outlines-core's index can lose a continuation (in 0.2.14, a token whose last byte
+    leaves a final state toward a non-final one; a lower-priority branch of an alternation): check every
+    final state of the suite's character-level automata against the regex module, byte by ASCII byte, on a
+    shortest text reaching it. Every byte out of a final state of the suite leads to a final state, so no
+    token of the index ends one byte after a final state in a non-final one."""
+    from studylog.fsm.peers import viable_prefix
+
+    _, f = automata[case]
+    paths, frontier = {f.initial: b""}, [f.initial]
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for b, n in sorted(f.char_out.get(s, {}).items()):
+                if n not in paths:
+                    paths[n] = paths[s] + bytes([b])
+                    nxt.append(n)
+        frontier = nxt
+    finals = [s for s in f.char_finals if s in paths]
+    assert finals
+    for s in finals:
+        text = paths[s]
+        assert regex_module.fullmatch(f.regex, text.decode()) is not None
+        for b in range(128):
+            assert (b in f.char_out.get(s, {})) == viable_prefix(f.regex, text + bytes([b])), (text, chr(b))
+        assert all(n in f.char_finals for n in f.char_out.get(s, {}).values()), text
+
+
 def test_chains_cut_a_forced_cycle():
     jumps = fsm.forced_chains({1: ((5,), b"a", 2), 2: ((6,), b"b", 1), 3: ((7,), b"c", 1)})
     assert jumps[3].tokens[:2] == (7, 5) and set(jumps) == {1, 2, 3}

@@ -18,8 +18,9 @@ The modules: :mod:`~studylog.fsm.vocabulary` (token bytes and EOS), :mod:`~study
 (regexes from schemas, :class:`ConstrainedFSM` and its jump tables), :mod:`~studylog.fsm.decoding` (the
 steps, :func:`decode`, two deterministic stand-ins for a model), :mod:`~studylog.fsm.schemas` (the suite),
 :mod:`~studylog.fsm.report` (the suite's measurement and plots), :mod:`~studylog.fsm.masks` (the mask file
-of chapter 2), :mod:`~studylog.fsm.drawing` (tables and drawings for the notebook). The chapter has no GPU
-benchmark. Command line: ``python -m studylog.fsm export-masks | report | figure``.
+of chapter 2), :mod:`~studylog.fsm.drawing` (tables and drawings for the notebook), :mod:`~studylog.fsm.peers`
+(the same regexes in xgrammar and llguidance, optional packages of the ``peers`` extra: forced strings, masks,
+passes and CPU times beside ours). The chapter has no GPU benchmark. Command line: ``python -m studylog.fsm export-masks | report | figure``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from studylog.fsm.decoding import (MODES, STEP_OF_MODE, DecodeResult, Event, Mod
                                    toy_model, writer_model)
 from studylog.fsm.drawing import automaton_graph, draw_automaton, events_table, state_table
 from studylog.fsm.masks import COMMITTED_MASKS_ASCII_DIGITS, export_masks, select_masks
+from studylog.fsm.peers import compare_peers, jump_forward_decode, peer_versions, viable_prefix
 from studylog.fsm.report import (MASKBENCH_FORCED_SHARE, EntryResult, extra_tokens, measure_entry,
                                  plot_mask_counts, plot_savings, run_suite, savings_table)
 from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocabulary, make_vocabulary
@@ -70,4 +72,6 @@ __all__ = [
     "MASKBENCH_FORCED_SHARE", "select_masks", "export_masks", "COMMITTED_MASKS_ASCII_DIGITS",
     # tables and drawings
     "state_table", "events_table", "automaton_graph", "draw_automaton",
+    # beside xgrammar and llguidance (studylog.fsm.peers)
+    "compare_peers", "jump_forward_decode", "peer_versions", "viable_prefix",
 ]
