@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml tools/install_torch.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python tools/install_torch.py
-	$(BIN)/python -m pip install --quiet -e ".[test,book]"
+	$(BIN)/python -m pip install --quiet -e ".[test,book,peers]"
 	touch $(STAMP)
 
 test: $(STAMP)
