@@ -377,11 +377,13 @@ class BenchRun:
 
     def measure(self, series: str, make_calls: Callable[[], list[Callable[[], Any]]], *, params: dict[str, Any],
                 role: str = "kernel", host: Callable[[], Any] | None = None, floor_ms: float | None = None,
-                repeats: int = 3, **extra: Any) -> dict[str, Any]:
-        """Time a series by the policy: its GPU time (:meth:`gpu_time` of ``make_calls``) and, when ``host``
-        is given (the public call a user makes, eager), its host time per call; record both."""
-        timing = self.gpu_time(make_calls, repeats=repeats)
-        host_timing = self.host_time(host) if host is not None else None
+                repeats: int = 3, min_calls: int = 60, reps: int = 15, host_calls: int = 200,
+                **extra: Any) -> dict[str, Any]:
+        """Time a series by the policy: its GPU time (:meth:`gpu_time` of ``make_calls``; ``min_calls`` calls a
+        graph, ``reps`` replays a repetition) and, when ``host`` is given (the public call a user makes,
+        eager), its host time per call (``host_calls`` back-to-back calls); record both."""
+        timing = self.gpu_time(make_calls, repeats=repeats, min_calls=min_calls, reps=reps)
+        host_timing = self.host_time(host, calls=host_calls) if host is not None else None
         return self.record(series, timing, params=params, role=role, floor_ms=floor_ms, host=host_timing, **extra)
 
     def check(self, name: str, passed: bool, *, params: dict[str, Any] | None = None, **detail: Any) -> bool:
