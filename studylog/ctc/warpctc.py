@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import checks, cuda
-from studylog.ctc.launch import kernels, prepare_call, workspace
+from studylog.ctc.launch import kernels, prepare_call, workspace, workspace_bytes
 from studylog.ctc.reference import UNDERFLOW_TOLERANCE, untrusted
 from studylog.ctc.targets import CTCTargets
 
@@ -87,14 +87,22 @@ def bank_ways(grain: int, blocked: bool, threads: int = 128) -> int:
     return worst
 
 
+def scratch_parts(T: int, N: int, A: int, max_positions: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Scratch of steps 1 to 6: log-probabilities (probabilities for step 6), the alpha matrix, log-likelihoods."""
+    return [((T, N, A), torch.float32), ((N, T, max_positions), torch.float32), ((N,), torch.float64)]
+
+
+def scratch_bytes(T: int, N: int, A: int, max_positions: int) -> int:
+    """Bytes of a preallocated workspace for steps 1 to 6 (see :class:`studylog.ctc.CTCPlan`)."""
+    return workspace_bytes([math.prod(shape) * dtype.itemsize for shape, dtype in scratch_parts(T, N, A, max_positions)])
+
+
 def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
-            grain: int | None, blocked: bool, estimate: Tensor | None = None) -> None:
+            grain: int | None, blocked: bool, estimate: Tensor | None = None, scratch: Tensor | None = None) -> None:
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
     rows = T * N
-    # log-probabilities (steps 1-5) or probabilities (step 6), the alpha matrix, log-likelihoods
-    probs, alphas, log_likelihood = workspace(x.device, [((T, N, A), torch.float32), ((N, T, smax), torch.float32),
-                                                         ((N,), torch.float64)])
+    probs, alphas, log_likelihood = workspace(x.device, scratch_parts(T, N, A, smax), scratch)
     (softmax,) = kernels(SOFTMAX_SOURCE, [("ctc_softmax_rows" if step == 6 else "ctc_log_softmax_rows",
                                            _SIG_SOFTMAX)])
     softmax(((rows + 7) // 8,), (256,), x, probs, rows, A)
