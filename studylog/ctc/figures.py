@@ -33,7 +33,7 @@ def label(results, series: str) -> str:
     """A legend label: the step's name for a step's series, with the clock where it is not the GPU clock."""
     CHAPTER = _chapter()
     clock = clock_of(results, series)
-    name = CHAPTER.label(series)
+    name = series if series in CHAPTER.baselines else CHAPTER.label(series)
     return name if clock in ("gpu", "") else f"{name} ({clock} clock)"
 
 

@@ -244,7 +244,9 @@ def ctc_loss(
 
     Loss per utterance (``(N,)``, blank = 0) and the gradient of its sum w.r.t. the activations
     (``(T, N, A)``, softmax included), in log space: no input of the chapter's stress set makes it
-    underflow. Arguments as :func:`step01_baseline`.
+    underflow. Arguments as :func:`step01_baseline`. With prepared targets (and, for a fixed graph, the
+    caller's ``out_loss``/``out_grad``) a call can be captured in a CUDA graph; to replay one graph over batches
+    whose targets change, use :class:`CTCPlan` (its default step is this one).
     """
     return step10_warps_per_direction(activations, targets, input_lengths, target_lengths,
                                       zero_infinity=zero_infinity, out_loss=out_loss, out_grad=out_grad)

@@ -174,8 +174,13 @@ def capturable(timeout: float = 180.0) -> dict[str, tuple[bool, str]]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
         done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=timeout,
                               cwd=REPO_ROOT, env=env)
-        found = json.loads(done.stdout.strip().splitlines()[-1])
     except Exception as exc:  # no answer: assume the worst, and say why
-        reason = f"the capture probe gave no answer ({type(exc).__name__}: {str(exc)[:200]})"
+        reason = f"the capture probe did not finish ({type(exc).__name__}: {str(exc)[:200]})"
         return {name: (False, reason) for name in TORCH_SERIES}
+    lines = done.stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {name: (False, f"the capture probe gave no answer: {last}") for name in TORCH_SERIES}
     return {name: tuple(found.get(name, (False, "not probed"))) for name in TORCH_SERIES}

@@ -149,6 +149,12 @@ def step01_baseline(
     ``targets`` is a :class:`CTCTargets` from :func:`prepare_targets` (then leave the lengths out), or
     raw targets and lengths (validated and prepared on every call). ``out_loss`` / ``out_grad`` let a
     caller supply (say, poisoned) output buffers. Every step takes these arguments.
+
+    With prepared targets, a call can be captured in a CUDA graph: the kernels read every length from the
+    device, nothing waits for the GPU, and the scratch memory is one allocation of a size fixed by the shapes.
+    Raw targets cannot be (validating and packing them is host work, and one host-to-device copy); nor can
+    a graph replay new targets whose longest label sequence changes the shapes: :class:`CTCPlan` holds
+    buffers sized once for that.
     """
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     _launch(activations, batch, loss, grad, 1, zero_infinity, None, False)
@@ -203,8 +209,10 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
     ``ctc_step06_probability.cu`` and :func:`probability_space_ctc`, its CPU model); ``out_estimate``
     (float32, ``(N,)``, on the activations' device) receives it. With ``warn`` (the default) the call
     waits for the GPU and raises an :class:`UnderflowWarning` naming the utterances whose answer cannot
-    be trusted (:func:`untrusted`); ``warn=False`` queues the kernels only (for timing). Other arguments
-    as :func:`step04_register_blocking`.
+    be trusted (:func:`untrusted`); ``warn=False`` queues the kernels only. Only ``warn=False`` can be captured
+    in a CUDA graph: the warning reads the loss and the estimate on the host, which waits for the GPU (in a
+    graph, read ``out_estimate`` after the replay, with :func:`untrusted_answers`, or use a step 6
+    :class:`CTCPlan` and its ``untrusted()``). Other arguments as :func:`step04_register_blocking`.
     """
     grain = _grain(grain)
     if out_estimate is not None:
