@@ -50,7 +50,7 @@ in buffers sized once for the largest batch, refilled on the host between replay
 Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6,
 errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``plan`` (:class:`CTCPlan`), ``compiled``
 (PTX, registers, SASS), ``peers`` (torch's two paths), ``report`` (benchmark), ``figures`` (figures,
-headline, the seed's question); CUDA sources in ``csrc/``.
+headline, the blog post's question); CUDA sources in ``csrc/``.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ __all__ = [
     "reference_ctc", "probability_space_ctc", "torch_ctc", "errors", "wrong_utterances", "silently_wrong",
     "untrusted", "untrusted_answers", "UnderflowWarning", "LOSS_TOLERANCE", "GRAD_TOLERANCE",
     "UNDERFLOW_TOLERANCE", "outcomes", "FAR_LOSS", "FAR_GRAD",
-    # torch's paths, and the seed's question
+    # torch's paths, and the blog post's question
     "CUDNN_TARGET_LIMIT", "cudnn_eligible", "takes_cudnn_path", "capturable", "cudnn_counts", "cudnn_verdict",
     # launch shapes and kernel names
     "GRAIN_SIZES", "WARP_GRAINS", "BLOCK_GRAINS", "DEFAULT_BLOCK_GRAIN", "MAX_RECURSION_WARPS",

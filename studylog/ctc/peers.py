@@ -122,7 +122,8 @@ def kernel_names(fn: Callable[[], object]) -> list[str]:
     from torch.autograd import DeviceType
 
     return sorted({e.key for e in prof.key_averages()  # work on the device; not the API calls that launched it
-                   if getattr(e, "device_type", DeviceType.CUDA) == DeviceType.CUDA and not re.match(r"cu(da)?[A-Z]", e.key)})
+                   if getattr(e, "device_type", DeviceType.CUDA) == DeviceType.CUDA
+                   and not re.match(r"cu(da)?[A-Z]", e.key)})
 
 
 #: Run by :func:`capturable` in a fresh process: each torch call warmed up, captured in a CUDA graph,

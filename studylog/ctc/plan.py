@@ -73,7 +73,8 @@ class CTCPlan:
         if self.step <= 6:
             nbytes = warpctc.scratch_bytes(T, N, A, positions)
         else:
-            nbytes = fused.scratch_bytes(self.step, T, N, self.label_stride, how.get("grain") if self.step == 10 else None)
+            grain = how.get("grain") if self.step == 10 else None
+            nbytes = fused.scratch_bytes(self.step, T, N, self.label_stride, grain)
         self.workspace = torch.empty((nbytes,), dtype=torch.uint8, device=self.device)
         empty = [np.zeros(0, np.int64)] * N
         self.targets: CTCTargets = self._write(empty, np.full(N, T, np.int64), np.zeros(N, np.int64))

@@ -1,5 +1,5 @@
-"""Chapter 4's benchmark and the inputs it uses (the seed's grid, the grain sweep and the stress set of long
-utterances); its figures and headline are in :mod:`studylog.ctc.figures`. Series names come from
+"""Chapter 4's benchmark and the inputs it uses (the blog post's grid, the grain sweep and the stress set of
+long utterances); its figures and headline are in :mod:`studylog.ctc.figures`. Series names come from
 ``CHAPTER.steps``.
 
 Clocks (the harness's policy, ``studylog/bench.py``): every step and every torch call that a CUDA graph can
@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Sequence
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -57,7 +55,7 @@ STRESS_REPS = 3
 
 
 def random_targets(T: int, N: int, A: int, generator: torch.Generator, max_length: int = 255) -> list[np.ndarray]:
-    """Target label sequences as in the seed's benchmark: length uniform in [1, min(T, max_length)],
+    """Target label sequences as in the blog post's benchmark: length uniform in [1, min(T, max_length)],
     labels uniform in [1, A), shortened until they fit T frames (a blank between repeats); all valid
     for torch's cuDNN path (shorter than 256, no longer than the input)."""
     lists = []
@@ -152,7 +150,8 @@ def grids(quick: bool = False) -> dict[str, list[tuple]]:
     """The benchmark's points, by section: ``main`` (A, N): torch and steps 7 to 10; ``lesson`` (A, N):
     steps 1 to 6; ``grain`` (A, grain): step 4's sweep at ``SWEEP_N``; ``stress`` (T, N): the stress set."""
     if quick:  # a smoke test of every section
-        return {"main": [(A, N) for A in BENCH_A for N in (BENCH_N[0], BENCH_N[-1])], "lesson": [(BENCH_A[0], BENCH_N[0])],
+        return {"main": [(A, N) for A in BENCH_A for N in (BENCH_N[0], BENCH_N[-1])],
+                "lesson": [(BENCH_A[0], BENCH_N[0])],
                 "grain": [(BENCH_A[0], g) for g in GRAIN_SIZES[:2]], "stress": [(T, STRESS_N) for T in STRESS_T[::2]]}
     return {"main": [(A, N) for A in BENCH_A for N in BENCH_N], "lesson": [(A, N) for A in BENCH_A for N in LESSON_N],
             "grain": [(A, g) for A in BENCH_A for g in GRAIN_SIZES],
@@ -350,7 +349,7 @@ def _dispatch_checks(run, x: Tensor, lists, params: dict) -> None:
 def bench(run) -> None:
     """Forward + backward from activations for T = 150, N = 1..256, A in {28, 5000}: torch's cuDNN and native
     paths and steps 7 to 10 at every N, steps 1 to 6 at a few; then step 4's grain sweep, the stress set (steps 5
-    to 10), torch on the stress set against float64 (the seed's question), and per-kernel device times."""
+    to 10), torch on the stress set against float64 (the blog post's question), and per-kernel device times."""
     from studylog.ctc import CHAPTER
 
     started = time.perf_counter()
@@ -398,20 +397,22 @@ def bench(run) -> None:
                 continue
             _time_step(run, s.number, x, batch, ref, params, floor_ms=floor,
                        extra=block_shape if s.number == 10 else shape if s.number >= 7 else None)
-        if spans and N in LESSON_N:  # a same-clock comparison with the torch calls a graph cannot capture
+        if spans and (N in LESSON_N or not on_gpu):  # one clock with the torch calls a graph cannot capture
             _span_row(run, f"{final.series} span", lambda: _call(final.number, x, batch), params, role="kernel",
                       host=False)
             if "torch-cuDNN" in rows and rows["torch-cuDNN"]["clock"] == "gpu":
                 spans.append(_span_row(run, "torch-cuDNN span", peers.cudnn_direct(x, lists), params, host=False))
             best = min(spans, key=lambda r: r["ms"])
-            run.record("torch-best span", best["ms"], params=params, role="baseline", clock="kernel",
-                       picked=best["series"], note="the faster of torch's calls on the kernel clock in this run")
+            for series in ("torch-best span",) + (() if on_gpu else ("torch-best",)):
+                run.record(series, best["ms"], params=params, role="baseline", clock="kernel", picked=best["series"],
+                           floor_ms=floor, note="the faster of torch's calls on the kernel clock in this run")
         _plan_host(run, final.number, x, lists, params)
         if (A, N) in PROFILE_CASES and not (run.quick and profile_points):  # per-kernel times, at the end
             profile_points.append((x, batch, lists, params))
         del x, ref, batch
         torch.cuda.empty_cache()
 
+    preload_blocked(4, sorted({grain for _, grain in grid["grain"]}))  # one NVRTC call for the sweep
     for A, grain in run.progress(grid["grain"], "grain sweep"):  # step 4, strided (warp-ctc's layout)
         gen = torch.Generator().manual_seed(1000 + A)  # the same utterances at every grain
         lists = random_targets(T, SWEEP_N, A, gen)
@@ -420,7 +421,6 @@ def bench(run) -> None:
         batch = prepare_targets(padded(lists), (T,) * SWEEP_N, lengths, num_classes=A, max_time=T, device=device)
         if block_threads(batch.max_positions, grain) > 1024:
             continue
-        preload_blocked(4, [grain])
         ref = reference_ctc(x, padded(lists).to(device), (T,) * SWEEP_N, lengths)
         _time_step(run, 4, x, batch, ref, {"T": T, "N": SWEEP_N, "A": A, "grain": grain},
                    series=f"{_step(4).series} strided", host=False, grain=grain,
@@ -462,14 +462,18 @@ def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
     T, N, A = x.shape
     plan = CTCPlan(T, N, A, max(1, max(len(l) for l in lists)), step=step, device=x.device)
     plan.set_targets(padded(lists), (T,) * N, tuple(len(l) for l in lists))
-    run.record(f"{_step(step).series} plan", run.host_time(lambda: plan(x), calls=host_calls(_estimate_ms(lambda: plan(x)))),
+    call = lambda: plan(x)  # noqa: E731
+    run.record(f"{_step(step).series} plan", run.host_time(call, calls=host_calls(_estimate_ms(call))),
                params=params, note="CTCPlan call: the kernels only (targets set once, workspace preallocated)")
 
 
 def _stress_case(run, name: str, x: Tensor, lists) -> None:
     """Steps 5 to 10 on one input of the stress set (checked, timed), then torch's calls and steps 6 and 10
     on its utterances that torch's cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
+    from studylog.ctc import CHAPTER
+
     T, N, A = x.shape
+    final = CHAPTER.final.number
     lengths = tuple(len(l) for l in lists)
     device = x.device
     batch = prepare_targets(padded(lists), (T,) * N, lengths, num_classes=A, max_time=T, device=device)
@@ -489,7 +493,7 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
     calls = {"torch-cuDNN": peers.cudnn_direct(xs, sub),
              "torch-cuDNN F.ctc_loss": peers.functional(xs, sub, "cudnn", reduction="none"),
              "torch-native": peers.functional(xs, sub, "native", reduction="none"),
-             **{_step(k).series: (lambda k=k: _call(k, xs, sub_batch)) for k in (6, _step(10).number)}}
+             **{_step(k).series: (lambda k=k: _call(k, xs, sub_batch)) for k in (6, final)}}
     for series, fn in calls.items():
         try:
             loss, grad = fn()

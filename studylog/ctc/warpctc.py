@@ -94,7 +94,8 @@ def scratch_parts(T: int, N: int, A: int, max_positions: int) -> list[tuple[tupl
 
 def scratch_bytes(T: int, N: int, A: int, max_positions: int) -> int:
     """Bytes of a preallocated workspace for steps 1 to 6 (see :class:`studylog.ctc.CTCPlan`)."""
-    return workspace_bytes([math.prod(shape) * dtype.itemsize for shape, dtype in scratch_parts(T, N, A, max_positions)])
+    parts = scratch_parts(T, N, A, max_positions)
+    return workspace_bytes([math.prod(shape) * dtype.itemsize for shape, dtype in parts])
 
 
 def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
