@@ -151,8 +151,9 @@ def step01_baseline(
     raw targets and lengths (validated and prepared on every call). ``out_loss`` / ``out_grad`` let a
     caller supply (say, poisoned) output buffers. Every step takes these arguments.
 
-    With prepared targets, a call can be captured in a CUDA graph: the kernels read every length from the
-    device, nothing waits for the GPU, and the scratch memory is one allocation of a size fixed by the shapes.
+    With prepared targets, a call can be captured in a CUDA graph (after one eager call, which compiles and
+    loads the kernels): the kernels read every length from the device, nothing waits for the GPU, and the
+    scratch memory is one allocation of a size fixed by the shapes.
     Raw targets cannot be (validating and packing them is host work, and one host-to-device copy); nor can
     a graph replay new targets whose longest label sequence changes the shapes: :class:`CTCPlan` holds
     buffers sized once for that.
