@@ -133,6 +133,10 @@ CLOCKS = {
     "gpu": "GPU time per call: the call replayed in a CUDA graph, large inputs rotated among copies "
            "larger than L2 together, after a 256 MB memset; median of the replays (BenchRun.gpu_time)",
     "host": "host time per call: back-to-back Python calls, no synchronisation (BenchRun.host_time)",
+    "host_e2e": "wall time per call of the call followed by torch.cuda.synchronize(): what a loop that waits "
+                "for the result sees, end to end",
+    "wall": "wall time of a whole decode loop per output token, waiting for the device where its algorithm "
+            "must (the sampled token), median of repetitions",
     "do_bench": "triton.testing.do_bench, median, L2 flushed before each repetition; includes the host's "
                 "launch whenever it is longer than the flush before it",
     "kernel": "the profiler's (CUPTI) span from the first kernel's start to the last one's end, "

@@ -149,6 +149,7 @@ CHAPTERS: dict[str, str] = {
     "ctc": "studylog.ctc",
     "ternary": "studylog.ternary",
     "multi_item": "studylog.multi_item",
+    "decode": "studylog.decode",
 }
 
 

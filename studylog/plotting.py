@@ -299,6 +299,8 @@ def headline_markdown(root: Path = DEFAULT_OUT) -> str:
         if r.get("kernel_spread_ms"):
             lo, _, hi = r["kernel_spread_ms"]
             ours += f" ({_us(lo)}–{_us(hi)})"
+        if r.get("kernel_gpu_ms") is not None and r.get("clock") != "gpu":  # a host-clock headline: its GPU time too
+            ours += f"; GPU {_us(r['kernel_gpu_ms'])}"
         base = _us(r.get("baseline_ms"))
         if r.get("baseline_spread_ms"):
             lo, _, hi = r["baseline_spread_ms"]

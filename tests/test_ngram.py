@@ -653,13 +653,15 @@ def test_committed_results_read_under_the_step_names():
     results = load_results("ngram", "nvidia-h200")
     series = set(results.series())
     assert {s.series for s in ngram.CHAPTER.steps} <= series
-    assert set(ngram.CHAPTER.baselines) <= series
+    assert set(ngram.CHAPTER.baselines) - {ngram.SYNCED_SERIES} <= series  # the file predates the end-to-end series
     assert not set(ngram.CHAPTER.renamed_series) & series
     figs = ngram.figures(results)
     assert set(figs) == {"latency", "vs_floor", "chunks"}
     for fig in figs.values():
         plt.close(fig)
     assert ngram.CHAPTER.step(7).name in ngram.summary_table(results)
-    rows = ngram.headline(results)
+    rows = ngram.headline(results)  # every row do_bench: the fastest kernel against the CPU path, one clock
     assert len(rows) == len(ngram.report.HEADLINE_CASES)
     assert all(r["baseline"].startswith("step01_cpu_path") and r["speedup"] > 1 for r in rows)
+    assert all(r["clock"] == "do_bench" for r in rows)
+    assert ngram.real_text_table(results) == ""  # no real-text rows in it

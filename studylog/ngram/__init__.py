@@ -12,13 +12,22 @@ name; :class:`NgramMatcher` binds any step to one batch's buffers (the benchmark
 
 Modules: ``formats`` (inputs, config, checks), ``reference`` (the specification), ``models`` (the GPU
 algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), ``batches`` (realistic
-batches), ``report`` (benchmark, figures, headline).
+batches, synthetic and from real documents, and what the search does on them), ``corpus`` (the real
+documents: the Python standard library's docstrings and source in cl100k tokens, committed as
+``assets/data/ngram_corpus.npz``; ``python -m studylog.ngram corpus`` rebuilds it), ``report``
+(benchmark, figures, headline).
+
+Every GPU step's :class:`NgramMatcher` call can be captured in a CUDA graph once and replayed over new
+values written into its buffers (:meth:`NgramMatcher.capture`); step 1 and the step functions cannot (they
+copy to the host or check values with a device sync).
 """
 
 from __future__ import annotations
 
 from studylog.chapter import Chapter, Step
-from studylog.ngram.batches import BENCH_MIX, SLOT_KINDS, early_exit_bytes, haystack_bytes, make_batch
+from studylog.ngram.batches import (BENCH_MIX, SLOT_KINDS, branch_stats, corpus_batch, draft_acceptance,
+                                    early_exit_bytes, haystack_bytes, make_batch, search_keys)
+from studylog.ngram.corpus import CORPUS_FILES, CORPUS_PATH, Corpus, build_corpus, load_corpus, write_corpus
 from studylog.ngram.cpu_path import CPU_SOURCE, cpu_path_inplace
 from studylog.ngram.formats import (DEFAULT_THRESHOLD, HYBRID_DEFAULT_THRESHOLD, NGRAM_MAX, NONE_KEY, NgramConfig,
                                     NgramInputs, same_state, validate)
@@ -30,8 +39,9 @@ from studylog.ngram.kernels import (ITEMS, SIGNATURE, STREAM_INSTANCES, STREAM_L
 from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_budget_refused, model_budget_scan,
                                    model_one_pass_keys, published_blockscan_counts, slot_plan)
 from studylog.ngram.reference import reference_ngram_match
-from studylog.ngram.report import (BENCH_GRID, NO_BUDGET, QUICK_GRID, bench, figures, gen_width_for, headline,
-                                   summary_table, sweep_series, target_verdicts)
+from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, REAL_SHAPES, SYNCED_DESCRIPTION,
+                                   SYNCED_SERIES, bench, figures, gen_width_for, headline, real_batch, real_cases,
+                                   real_text_table, summary_table, sweep_series, target_verdicts)
 from studylog.paths import chapter_csrc
 
 _CSRC = chapter_csrc("ngram")
@@ -63,6 +73,7 @@ CHAPTER = Chapter(
     baselines={
         sweep_series(step06_one_pass_fused): "step06_one_pass_fused over a range of haystack positions per block",
         sweep_series(step07_stream): "step07_stream over a range of haystack positions per block",
+        SYNCED_SERIES: SYNCED_DESCRIPTION,
     },
     renamed_series={"cpu": "step01", "serial": "step02", "two_phase": "step03", "two_phase_scan": "step04",
                     "one_pass": "step05", "one_pass_fused": "step06", "stream": "step07",
@@ -83,7 +94,12 @@ __all__ = [
     "step06_one_pass_fused", "step07_stream", "ngram_match", "NgramMatcher", "CPU_SOURCE", "cpu_path_inplace",
     "THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "LaunchPlan", "launch_plans",
     "fused_chunk_len", "stream_vec", "stream_chunk_len",
-    # batches and the benchmark
-    "SLOT_KINDS", "BENCH_MIX", "make_batch", "haystack_bytes", "early_exit_bytes", "NO_BUDGET", "BENCH_GRID",
-    "QUICK_GRID", "gen_width_for", "bench", "figures", "summary_table", "target_verdicts", "headline",
+    # batches, real documents, and what the search does on them
+    "SLOT_KINDS", "BENCH_MIX", "make_batch", "corpus_batch", "haystack_bytes", "early_exit_bytes", "search_keys",
+    "branch_stats", "draft_acceptance", "CORPUS_FILES", "CORPUS_PATH", "Corpus", "build_corpus", "write_corpus",
+    "load_corpus",
+    # the benchmark
+    "NO_BUDGET", "BENCH_GRID", "QUICK_GRID", "CORPORA", "REAL_SHAPES", "SYNCED_SERIES", "gen_width_for",
+    "real_cases", "real_batch", "bench", "figures", "summary_table", "real_text_table", "target_verdicts",
+    "headline",
 ]

@@ -1,8 +1,10 @@
 """Realistic batches for the tests, the notebook and the benchmark, and what they cost to search.
 
-:func:`make_batch` draws token streams with planted repeats; :func:`haystack_bytes` is the numerator
+:func:`make_batch` draws token streams with planted repeats; :func:`corpus_batch` takes them from real
+documents (:mod:`studylog.ngram.corpus`) with the same slot plan; :func:`haystack_bytes` is the numerator
 of the one-pass floor (every searching slot reads its haystacks once); :func:`early_exit_bytes` is
-what a perfect early exit would read.
+what a perfect early exit would read; :func:`branch_stats` counts which branches of the search a batch
+takes, and :func:`draft_acceptance` how many of the drafts the true continuation accepts.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from studylog.ngram.formats import NgramConfig, NgramInputs
-from studylog.ngram.models import slot_plan
+from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
+from studylog.ngram.models import decode_key, match_key, model_budget_refused, slot_plan
 
 #: How a slot's match is placed: early / late in the prompt, only in the generated tokens, only
 #: a short (1-gram) match, none at all, or not a decoding slot.
@@ -95,6 +97,60 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
         if r:
             t[torch.tensor(r, device=device), torch.tensor(c, device=device)] = torch.tensor(v, device=device)
 
+    dtn, max_dec, encoder, decoder, this_time = _slot_state(kinds, prompt_lens, step_idx, draft_width,
+                                                            capped_fraction, hybrid, rand, rng)
+    return _assemble(prompt, gen, prompt_lens, step_idx, dtn, max_dec, encoder, decoder, this_time, draft_width,
+                     device)
+
+
+def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, draft_width: int = 11,
+                 capped_fraction: float = 0.1, seed: int = 0, corpus=None,
+                 device: torch.device | str = "cpu") -> tuple[NgramInputs, Tensor, Tensor]:
+    """A batch of real token streams (``kind``: ``"text"`` or ``"code"`` of :func:`studylog.ngram.corpus.load_corpus`)
+    with :func:`make_batch`'s slot plan (the benchmark mix: 5% prefill, 5% empty, 10% of decoding slots at
+    their length limit) and no planted repeats.
+
+    Slot ``b`` reads one stream of the corpus: windows from a random one on, from a random offset; its
+    prompt is the stream's first ``prompt_lens[b]`` tokens and its generated tokens the ones after them,
+    so the generated text continues the prompt's last document. The generated buffer holds the stream
+    beyond ``step_idx`` too (the kernels never read it): the tokens a model that wrote this document
+    would generate next, which :func:`draft_acceptance` compares the drafts with. ``step_idx`` leaves
+    ``draft_width - 1`` of them in the buffer."""
+    from studylog.ngram.corpus import load_corpus
+
+    if gen_width < draft_width + 1 or prompt_width < 1 or draft_width < 2:
+        raise ValueError("corpus_batch needs prompt_width >= 1, draft_width >= 2 and gen_width > draft_width")
+    corpus = load_corpus() if corpus is None else corpus
+    if kind not in corpus.tokens:
+        raise ValueError(f"kind must be one of {sorted(corpus.tokens)}, got {kind!r}")
+    rng = torch.Generator().manual_seed(seed)
+
+    def rand(lo: int, hi: int) -> int:  # inclusive
+        return int(torch.randint(lo, hi + 1, (1,), generator=rng)) if hi > lo else lo
+
+    order = torch.randperm(len(BENCH_MIX), generator=rng).tolist()
+    kinds = [BENCH_MIX[order[b % len(BENCH_MIX)]] for b in range(batch)]
+    count, window = corpus.tokens[kind].shape
+    prompt = torch.empty((batch, prompt_width), dtype=torch.int64)
+    gen = torch.empty((batch, gen_width), dtype=torch.int64)
+    prompt_lens, step_idx = [], []
+    for b in range(batch):
+        plen = rand(max(1, prompt_width // 2), prompt_width)
+        stream = corpus.stream(kind, rand(0, count - 1), max(prompt_width, plen + gen_width), rand(0, window - 1))
+        prompt[b] = stream[:prompt_width]
+        gen[b] = stream[plen:plen + gen_width]
+        prompt_lens.append(plen)
+        step_idx.append(rand(max(0, gen_width // 2 - 1), gen_width - draft_width))
+    dtn, max_dec, encoder, decoder, this_time = _slot_state(kinds, prompt_lens, step_idx, draft_width,
+                                                            capped_fraction, False, rand, rng)
+    device = torch.device(device)
+    return _assemble(prompt.to(device), gen.to(device), prompt_lens, step_idx, dtn, max_dec, encoder, decoder,
+                     this_time, draft_width, device)
+
+
+def _slot_state(kinds, prompt_lens, step_idx, draft_width, capped_fraction, hybrid, rand, rng):
+    """Per-slot lengths of a batch (draft_token_num, max_dec_len, seq_lens_encoder, seq_lens_decoder,
+    seq_lens_this_time) by its slot kinds: prefill, inactive, or decoding."""
     encoder, decoder, this_time, dtn, max_dec = [], [], [], [], []
     for b, kind in enumerate(kinds):
         step = step_idx[b]
@@ -109,13 +165,16 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
         dtn.append(draft_width - 1 if rand(0, 3) else rand(0, draft_width - 1))
         capped = float(torch.rand((), generator=rng)) < capped_fraction
         max_dec.append(step + 1 + (rand(0, 3) if capped else rand(16, 4096)))
+    return dtn, max_dec, encoder, decoder, this_time
 
+
+def _assemble(prompt, gen, prompt_lens, step_idx, dtn, max_dec, encoder, decoder, this_time, draft_width, device):
     def i32(values: list[int]) -> Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
     inputs = NgramInputs(prompt, i32(prompt_lens), gen, i32(step_idx), i32(dtn), i32(max_dec), i32(encoder),
                          i32(decoder))
-    draft = torch.full((batch, draft_width), -1, dtype=torch.int64, device=device)  # poison: -1 is never a token
+    draft = torch.full((prompt.shape[0], draft_width), -1, dtype=torch.int64, device=device)  # poison: never a token
     return inputs, draft, i32(this_time)
 
 
@@ -159,4 +218,127 @@ def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ng
     return total
 
 
-__all__ = ["SLOT_KINDS", "BENCH_MIX", "make_batch", "haystack_bytes", "early_exit_bytes"]
+def _suffix_lengths(hay: Tensor, ends: int, gen_row: Tensor, step: int, top: int) -> Tensor:
+    """For every end e < ``ends`` of ``hay``: the length of the common suffix of ``hay[:e+1]`` and
+    ``gen_row[:step+1]``, up to ``top`` (the one-pass search's candidate length at e)."""
+    run = hay[:ends] == gen_row[step]
+    length = run.to(torch.int32)
+    for k in range(1, min(top, ends)):  # an end e < k has no token k before it
+        same = torch.zeros_like(run)
+        same[k:] = hay[:ends - k] == gen_row[step - k]
+        run = run & same
+        length += run
+    return length
+
+
+def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[int]:
+    """Each slot's match key, as :func:`studylog.ngram.models.model_one_pass_keys` gives it, computed with
+    whole-haystack tensor operations (fast enough for benchmark-sized batches, on any device)."""
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
+    prompt_lens = inputs.prompt_lens.tolist()
+    keys = []
+    for b in range(inputs.batch):
+        kind, _, _, cap = slot_plan(b, config, *lists)
+        step = lists[0][b]
+        top = min(config.max_ngram_size, step)
+        key = NONE_KEY
+        if kind == "active" and cap >= 1 and top >= config.min_ngram_size:
+            gen_row = inputs.generated_ids[b]
+            for source, hay, hay_len in ((0, inputs.prompt_ids[b], prompt_lens[b]), (1, gen_row, step)):
+                if hay_len < 2:
+                    continue
+                length = _suffix_lengths(hay, hay_len - 1, gen_row, step, top)  # ends keep a token after
+                n = int(length.max())
+                if n < config.min_ngram_size:
+                    continue
+                end = int((length == n).nonzero()[0, 0])
+                key = min(key, match_key(n, source, end - n + 1))
+        keys.append(key)
+    return keys
+
+
+def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> dict:
+    """Which branches of the search a batch takes (budget ignored except for the skip rule):
+
+    * ``searching_slots``: active slots with room for a draft and a pattern of at least ``min_ngram_size``;
+    * ``refused_slots``: those step 7 does not search, since the budget refuses them whatever they find
+      (:func:`~studylog.ngram.models.model_budget_refused`);
+    * ``top_n_matches`` / ``shorter_matches`` / ``no_match``: searching slots whose best match has the
+      largest n (an early exit can stop the scan there), a smaller n (the whole haystack must be read to
+      know no larger one follows), or none (read to the end);
+    * ``newest_token_hits_per_1k``: positions of the searched haystacks that hold the newest token, per
+      thousand: where the kernels' inner comparison loop runs;
+    * ``early_exit_fraction``: what a perfect early exit reads, as a fraction of the one-pass floor's bytes.
+    """
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
+    prompt_lens = inputs.prompt_lens.tolist()
+    keys = search_keys(inputs, config, seq_lens_this_time)
+    refused = model_budget_refused(inputs, config, seq_lens_this_time)
+    searching = top = shorter = none = refused_n = 0
+    hits = positions = 0
+    for b in range(inputs.batch):
+        kind, _, _, cap = slot_plan(b, config, *lists)
+        step = lists[0][b]
+        n_top = min(config.max_ngram_size, step)
+        if kind != "active" or cap < 1 or n_top < config.min_ngram_size:
+            continue
+        searching += 1
+        refused_n += refused[b]
+        if keys[b] == NONE_KEY:
+            none += 1
+        elif decode_key(keys[b])[0] == n_top:
+            top += 1
+        else:
+            shorter += 1
+        newest = inputs.generated_ids[b, step]
+        for hay, hay_len in ((inputs.prompt_ids[b], prompt_lens[b]), (inputs.generated_ids[b], step)):
+            if hay_len >= 2:
+                hits += int((hay[:hay_len - 1] == newest).sum())
+                positions += hay_len - 1
+    floor = haystack_bytes(inputs, seq_lens_this_time, config)
+    return {"searching_slots": searching, "refused_slots": refused_n, "top_n_matches": top,
+            "shorter_matches": shorter, "no_match": none,
+            "newest_token_hits_per_1k": 1000 * hits / positions if positions else 0.0,
+            "early_exit_fraction": early_exit_bytes(inputs, seq_lens_this_time, config) / floor if floor else 0.0}
+
+
+def draft_acceptance(inputs: NgramInputs, before: Tensor, draft_tokens: Tensor, seq_lens_this_time: Tensor,
+                     config: NgramConfig) -> dict:
+    """How many drafts a batch got and how many of them the true continuation accepts.
+
+    ``before`` is ``seq_lens_this_time`` before the call; ``draft_tokens`` and ``seq_lens_this_time`` are
+    the state after it. A slot's drafts are accepted as a verifier with greedy decoding accepts them: the
+    longest prefix equal to the tokens that really follow, ``generated_ids[b, step_idx[b] + 1:]`` (on a
+    :func:`corpus_batch`, the document's continuation; on a :func:`make_batch`, random ids, so acceptance
+    there is chance). A draft beyond the buffer's end counts as rejected."""
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), before.tolist())
+    after = seq_lens_this_time.tolist()
+    drafts, gen = draft_tokens.cpu(), inputs.generated_ids
+    gen_width = gen.shape[1]
+    active = with_drafts = drafted_total = accepted_total = with_accepted = 0
+    for b in range(inputs.batch):
+        kind, _, base, _ = slot_plan(b, config, *lists)
+        if kind != "active":
+            continue
+        active += 1
+        drafted = after[b] - base
+        if drafted <= 0:
+            continue
+        with_drafts += 1
+        drafted_total += drafted
+        step = lists[0][b]
+        truth = gen[b, step + 1: min(step + 1 + drafted, gen_width)].cpu()
+        proposed = drafts[b, base: base + len(truth)]
+        wrong = (proposed != truth).nonzero()
+        accepted = int(wrong[0, 0]) if len(wrong) else len(truth)
+        accepted_total += accepted
+        with_accepted += accepted > 0
+    return {"active_slots": active, "slots_with_drafts": with_drafts, "drafted_tokens": drafted_total,
+            "accepted_tokens": accepted_total, "slots_with_accepted": with_accepted}
+
+
+__all__ = ["SLOT_KINDS", "BENCH_MIX", "make_batch", "corpus_batch", "haystack_bytes", "early_exit_bytes",
+           "search_keys", "branch_stats", "draft_acceptance"]

@@ -18,6 +18,7 @@ step bound to one batch's buffers (validated once, then launched as often as nee
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -108,6 +109,14 @@ def launch_plans() -> dict[Callable, LaunchPlan]:
     }
 
 
+@functools.lru_cache(maxsize=None)
+def _loaded_kernel(source: str, name: str, template: bool, device_index: int) -> cuda.CudaKernel:
+    """A step's kernel, compiled and loaded once per device (matchers share it: a launch packs its own
+    arguments, and the driver copies them before the next launch can)."""
+    module = cuda.load(source, name_expressions=STREAM_INSTANCES) if template else cuda.load(source)
+    return module.kernel(name, SIGNATURE)
+
+
 def _require_cuda(name: str, device: torch.device) -> None:
     runtime.require_gpu(f"the {name} n-gram kernels")
     if device.type != "cuda":
@@ -118,8 +127,25 @@ class NgramMatcher:
     """One step bound to its buffers: ``NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time)``
     validates once, then each call runs the step in place on ``draft_tokens`` and ``seq_lens_this_time``
     (nothing is checked per call, so the benchmark times only the work). ``step`` is one of the step
-    functions of this module. Scratch buffers belong to the matcher; the fused kernels leave theirs clean
-    after every launch.
+    functions of this module. Scratch buffers belong to the matcher; the GPU steps leave theirs ready for
+    the next call (the fused kernels reset them in their last block, the two-launch steps overwrite them).
+
+    **In a CUDA graph.** A GPU step's call is graph-safe (:attr:`graph_safe`): it launches its kernels on
+    torch's current stream, with no host synchronisation and no allocation, and every value that changes
+    from one decoding step to the next is read by the kernels from the bound tensors: the token ids,
+    ``prompt_lens``, ``step_idx``, ``draft_token_num``, ``max_dec_len``, ``seq_lens_encoder``,
+    ``seq_lens_decoder`` and the state. So a serving loop builds the matcher once over its buffers,
+    captures it once (:meth:`capture`, or its own ``torch.cuda.graph``), and before each replay writes the
+    new step's values into those same tensors in place (``copy_``; never rebind the attributes of
+    ``inputs``). The launch arguments that are plain numbers are fixed by the buffers' shapes (their widths,
+    the batch size, hence the grid) and by ``config`` (n range, threshold, variant), which a deployment sets
+    once: a different batch size or config is a different matcher and a different graph (an engine captures
+    one graph per batch size and pads with empty slots, ``seq_lens_decoder == 0``). Values are checked
+    only when the matcher is built (``check_values``); each step's values must stay within the ranges
+    :func:`~studylog.ngram.formats.validate` states (``prompt_lens <= prompt width``, ``step_idx < generated
+    width``, ``draft_token_num < draft width``), or the kernels read out of bounds; :meth:`check` checks
+    them again, eagerly. Step 1 cannot be captured: it copies to the host, waits for the GPU and runs a C
+    loop there.
 
     Options: ``chunk_tiles`` (step 6) and ``chunk_len`` (step 7) set how many haystack positions a block
     scans; ``vec`` (step 7) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
@@ -142,6 +168,8 @@ class NgramMatcher:
         self.step, self.inputs, self.config = step, inputs, config
         self.draft_tokens, self.seq_lens_this_time = draft_tokens, seq_lens_this_time
         self.batch = inputs.batch
+        #: Whether a call may be captured in a CUDA graph (every GPU step; not the CPU path).
+        self.graph_safe = step is not step01_cpu_path
         if step is step01_cpu_path:
             self._call = CpuPathCall(inputs, draft_tokens, seq_lens_this_time, config)
             self.launches = []
@@ -173,11 +201,8 @@ class NgramMatcher:
                     SPLIT: ((b, self.prompt_chunks + self.gen_chunks), (THREADS,))}
         self.launches = []
         for source, kernel, shape in plans[step].launches:
-            if step is step07_stream:
-                instance = STREAM_INSTANCES[0 if self.vec == 2 else 1]
-                compiled = cuda.load(source, name_expressions=STREAM_INSTANCES).kernel(instance, SIGNATURE)
-            else:
-                compiled = cuda.load(source).kernel(kernel, SIGNATURE)
+            instance = STREAM_INSTANCES[0 if self.vec == 2 else 1] if step is step07_stream else kernel
+            compiled = _loaded_kernel(source, instance, step is step07_stream, torch.cuda.current_device())
             self.launches.append((compiled, *geometry[shape]))
 
     def __call__(self) -> None:
@@ -188,6 +213,29 @@ class NgramMatcher:
             return
         for kernel, grid, block in self.launches:
             kernel(grid, block, *self.args)
+
+    def check(self) -> None:
+        """Check the bound tensors' current values (a device sync): what the constructor's ``check_values``
+        checks, for a loop that has since written new values into them."""
+        validate(self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config, check_values=True)
+
+    def capture(self) -> torch.cuda.CUDAGraph:
+        """A CUDA graph of one call, captured now: replay it (``graph.replay()``) after writing each decoding
+        step's values into the bound tensors. The call runs twice first, on a side stream, as torch's graph
+        capture asks (it updates the state in place, as any call does)."""
+        if not self.graph_safe:
+            raise ValueError(f"{self.step.__name__} cannot be captured in a CUDA graph: it copies the batch to "
+                             "the host, waits for the GPU and runs a C loop there")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self()
+        return graph
 
 
 # =========================================================================================
@@ -201,7 +249,8 @@ def step01_cpu_path(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draf
                     seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
     """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``),
     copy the drafts back (on CPU tensors: only the loop). Updates ``draft_tokens`` and
-    ``seq_lens_this_time`` in place and returns them."""
+    ``seq_lens_this_time`` in place and returns them. Not capturable in a CUDA graph: the copies wait for
+    the GPU and the loop runs on the host."""
     NgramMatcher(step01_cpu_path, inputs, draft_tokens, seq_lens_this_time, config=config)()
     return draft_tokens, seq_lens_this_time
 
@@ -262,7 +311,11 @@ def step07_stream(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_
 def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                 seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
     """The chapter's operator: propose draft tokens in place, as the deployed operator does, with the
-    final kernel (:func:`step07_stream`); returns ``(draft_tokens, seq_lens_this_time)``."""
+    final kernel (:func:`step07_stream`); returns ``(draft_tokens, seq_lens_this_time)``.
+
+    Like every step function it checks the values first (one device sync) and allocates the kernel's
+    scratch, so it cannot be captured in a CUDA graph; a decoding loop builds an :class:`NgramMatcher`
+    over its buffers once and captures that (:meth:`NgramMatcher.capture`)."""
     return step07_stream(inputs, draft_tokens, seq_lens_this_time, config=config)
 
 

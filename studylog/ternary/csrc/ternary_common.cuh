@@ -1,4 +1,4 @@
-// Shared by steps 8 and 9 (ternary_mma.cu, ternary_bulk.cu): the decode of step 7's 2-bit words
+// Shared by steps 10 and 11 (ternary_mma.cu, ternary_bulk.cu): the decode of step 9's 2-bit words
 // into the tensor cores' A operand, the mma.sync itself, and one group of 256 weights a row.
 #pragma once
 
@@ -52,8 +52,8 @@ __device__ __forceinline__ u32 decode_pair(u32 src, int p) {
     return decode_fma<BF16>(src & ((0x00030003u << (2 * p)) | (BF16 ? 0x43004300u : 0x64006400u)), p);
 }
 
-// Step 9's decode of pair p (< 4) of both halves of a word: the same value, with the magic bits ORed
-// in by the same LOP3 that keeps the codes, (src & mask) | magic. Written that way in step 8, ptxas
+// Step 11's decode of pair p (< 4) of both halves of a word: the same value, with the magic bits ORed
+// in by the same LOP3 that keeps the codes, (src & mask) | magic. Written that way in step 10, ptxas
 // rematerializes the 32-bit constant into a fresh register (an IMAD.MOV) for every LOP3; here
 // `magic` comes from shared memory, so its value is unknown to ptxas and stays in one register.
 template <bool BF16>
@@ -99,14 +99,14 @@ __device__ __forceinline__ u32 part(const uint4 &v, int i) { return i == 0 ? v.x
 // x[32 p + 8 t .. + 7] of x row 8 j + g. Step (p, i2) multiplies pair p of words 2 i2 (a0, a1) and
 // 2 i2 + 1 (a2, a3): their activations are neighbours, so b0 and b1 are two halves of one 8-byte
 // piece of xv[j][p], an aligned register pair that the MMA takes without a move.
-// MAGIC_REG (step 9): decode with decode_pair_reg and the magic in a register (`magic`), instead of
+// MAGIC_REG (step 11): decode with decode_pair_reg and the magic in a register (`magic`), instead of
 // ORing it into the words first.
 template <bool BF16, int MT, int RT, bool MAGIC_REG = false>
 __device__ __forceinline__ void group_mma(float (&acc)[2][RT][MT][4], const uint4 (&a)[RT][2], const uint4 (&xv)[MT][8],
                                           u32 magic = 0) {
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
-        u32 src[2][4][2];  // [row g / g + 8][word][pairs 0..3 / 4..7], magic OR-ed in (step 8)
+        u32 src[2][4][2];  // [row g / g + 8][word][pairs 0..3 / 4..7], magic OR-ed in (step 10)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -186,7 +186,7 @@ __device__ __forceinline__ void store_warp_sums(const float (&acc)[2][RT][MT][4]
 // of output tile `tile` (rows n_base .., x rows m0 .. m0 + cols) to arrive adds the partial sums
 // slice by slice (a fixed order, so the result is deterministic), hands each total to
 // store(m, n, sum), and resets arrivals[tile] to 0 for the next launch. Every thread of the block
-// calls it. (T: float in steps 8 and 9, int in step 10.)
+// calls it. (T: float in steps 10 and 11, int in step 12.)
 template <typename T, typename Store>
 __device__ __forceinline__ void finish_split_with(u32 *arrivals, u32 tile, int slices, const T *partials, int M,
                                                   int N, int n_base, int rows, int m0, int cols, Store store) {
@@ -199,8 +199,8 @@ __device__ __forceinline__ void finish_split_with(u32 *arrivals, u32 tile, int s
     __threadfence();
     // B outputs a thread at a time, their slices' loads issued together (4 slices an unrolled step): one
     // output at a time, a slice at a time, made a chain of slices x outputs-a-thread L2 round trips (28 for
-    // step 11's blocks of 128 rows x 16 rows of x in 4 slices; batched, step 11 went from 16.4 to 15.6 us
-    // at M = 16 on the H200)
+    // step 13's blocks of 128 rows x 16 rows of x in 4 slices; batched, step 13 was faster at M = 16:
+    // notebook 05)
     constexpr int B = 4;
     const int total = rows * cols;
     for (int i0 = threadIdx.x; i0 < total; i0 += B * blockDim.x) {
@@ -229,7 +229,7 @@ __device__ __forceinline__ void finish_split_with(u32 *arrivals, u32 tile, int s
     if (threadIdx.x == 0) arrivals[tile] = 0;
 }
 
-// Steps 8 and 9: z = (sum of the slices) / scale.
+// Steps 10 and 11: z = (sum of the slices) / scale.
 __device__ __forceinline__ void finish_split(u32 *arrivals, u32 tile, int slices, const float *partials, float *z,
                                              const float *scale, int scale_stride, int M, int N, int n_base,
                                              int rows, int m0, int cols) {

@@ -1,13 +1,13 @@
 """Experiment (GPU): how fast the SMs read N bytes (the copy engine into shared memory, plain 16-byte loads;
-blocks an SM, chunk sizes, stages), and steps 9 and 10 over their compiled configs at the M = 1 targets.
-read_only (studylog/csrc/read_only.cu) keeps the fastest. PYTHONPATH=$PWD python tools/experiments/stream_read_sweep.py"""
+blocks an SM, chunk sizes, stages), and steps 11 and 12 over their compiled configs at the M = 1 targets.
+read_only (studylog/csrc/read_only.cu) keeps the fastest. PYTHONPATH=$PWD python lab/ternary/stream_read_sweep.py"""
 import itertools, json, os, sys, time
 from pathlib import Path
 import torch, triton
 from studylog import cuda, bench, ternary as T, runtime
 
 out_dir = Path(os.environ.get("OUT", "/tmp"))
-run = bench.BenchRun("scratch", command="tools/experiments/stream_read_sweep.py")
+run = bench.BenchRun("scratch", command="lab/ternary/stream_read_sweep.py")
 print("copy GB/s", run.copy_bandwidth_gbs, "empty launch", run.empty_launch_ms)
 sms = runtime.sm_count()
 results = {"copy_gbs": run.copy_bandwidth_gbs, "stream": [], "steps": []}
@@ -42,28 +42,28 @@ for nbytes in (4096 * 14336 // 4, 8192 * 28672 // 4):
         r = dict(kind="ldg", bytes=nbytes, u=u, threads=threads, bps=bps, layout=layout, us=us, gbs=nbytes / us / 1e3)
         results["stream"].append(r); print(r, flush=True)
 
-# Steps 9 and 10 over their compiled configs at the M = 1 targets
+# Steps 11 and 12 over their compiled configs at the M = 1 targets
 for n, k in ((4096, 14336), (8192, 28672)):
     w = T.quantize_absmean(torch.randn(n, k, device="cuda"))[0]
     scale = 0.7
     pw = T.PackedTernary.pack(w, "2bit_tiles")
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    for shape, warps in itertools.product(T.BULK_SHAPES, (4, 8, 16)):
-        cfg = T.BulkConfig(*shape[:1], warps=warps, stages=shape[1], chunk=shape[2])
+    for shape, warps in itertools.product(T.TMA_SHAPES, (4, 8, 16)):
+        cfg = T.TmaConfig(*shape[:1], warps=warps, stages=shape[1], chunk=shape[2])
         try:
-            fn = lambda: T.bulk_matmul(x, pw, scale, config=cfg)
+            fn = lambda: T.step11_tma(x, pw, scale, config=cfg)
             fn()
-            r = dict(step=9, n=n, k=k, cfg=repr(cfg), us=kt(fn), bench_us=run.time(fn) * 1e3)
+            r = dict(step=11, n=n, k=k, cfg=repr(cfg), us=kt(fn), bench_us=run.time(fn) * 1e3)
         except Exception as e:
-            r = dict(step=9, n=n, k=k, cfg=repr(cfg), error=str(e)[:200])
+            r = dict(step=11, n=n, k=k, cfg=repr(cfg), error=str(e)[:200])
         results["steps"].append(r); print(r, flush=True)
     for q, shape, warps in itertools.product(("separate", "every block"), T.W2A8_SHAPES, (4, 8)):
         cfg = T.W2A8Config(*shape[:1], warps=warps, stages=shape[1], chunk=shape[2])
         try:
-            fn = lambda: T.w2a8_bulk_matmul(x, pw, scale, config=cfg, quantize=q)
+            fn = lambda: T.step12_w2a8(x, pw, scale, config=cfg, quantize=q)
             fn()
-            r = dict(step=10, q=q, n=n, k=k, cfg=repr(cfg), us=kt(fn), bench_us=run.time(fn) * 1e3)
+            r = dict(step=12, q=q, n=n, k=k, cfg=repr(cfg), us=kt(fn), bench_us=run.time(fn) * 1e3)
         except Exception as e:
-            r = dict(step=10, q=q, n=n, k=k, cfg=repr(cfg), error=str(e)[:200])
+            r = dict(step=12, q=q, n=n, k=k, cfg=repr(cfg), error=str(e)[:200])
         results["steps"].append(r); print(r, flush=True)
 (out_dir / "stream_read_sweep.json").write_text(json.dumps(results, indent=1))

@@ -1,7 +1,7 @@
-"""Experiment (GPU): step 11 (ternary_w2a8_tiles) over its compiled configs x splits of K, per M and shape, by
+"""Experiment (GPU): step 13 (ternary_w2a8_tiles) over its compiled configs x splits of K, per M and shape, by
 CUDA-graph replay (rotated weight copies) and profiler kernel time, each config checked bit for bit against
-step 10; the sweep behind w2a8_tiles_config. Step 7 and cuBLAS bf16 are timed in the same run.
-PYTHONPATH=$PWD python tools/experiments/w2a8_tiles_sweep.py [--m 1,16] [--shapes 4096x14336] [--slices 1,2,4]
+step 12; the sweep behind w2a8_tiles_config. Step 9 and cuBLAS bf16 are timed in the same run.
+PYTHONPATH=$PWD python lab/ternary/w2a8_tiles_sweep.py [--m 1,16] [--shapes 4096x14336] [--slices 1,2,4]
 (writes $OUT/w2a8_tiles_sweep.json, or w2a8_tiles_parts.json with --parts)"""
 import argparse, json, os, sys
 from pathlib import Path
@@ -13,9 +13,9 @@ parser.add_argument("--m", default="1,16", help="rows of x, comma-separated")
 parser.add_argument("--shapes", default="4096x14336,8192x28672", help="N x K, comma-separated")
 parser.add_argument("--slices", default="1,2,3,4,6,8", help="splits of K to try (more where x would not fit)")
 parser.add_argument("--parts", action="store_true", help="only the default config, timed whole and in parts: "
-                    "quantize_x alone, the matmul alone (x quantised beforehand, a plain launch)")
+                    "quantize_x alone and a kernel that only reads the weights")
 args = parser.parse_args()
-run = bench.BenchRun("scratch", command="tools/experiments/w2a8_tiles_sweep.py " + " ".join(sys.argv[1:]))
+run = bench.BenchRun("scratch", command="lab/ternary/w2a8_tiles_sweep.py " + " ".join(sys.argv[1:]))
 results = []
 for shape in args.shapes.split(","):
     n, k = (int(v) for v in shape.split("x"))
@@ -24,27 +24,20 @@ for shape in args.shapes.split(","):
     rotation, rotation_mma, rotation_bf16 = run.rotated(tiles), run.rotated(pm), run.rotated(wd)
     for m in (int(v) for v in args.m.split(",")):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        want = T.w2a8_bulk_matmul(x, tiles, scale, quantize="separate")
+        want = T.step12_w2a8(x, tiles, scale, quantize="separate")
         row = dict(n=n, k=k, m=m, default=str(T.w2a8_tiles_config(m, n, k)),
                    cublas_graph_us=run.graph_time([lambda c=c: x @ c.T for c in rotation_bf16]) * 1e3,
-                   step7_graph_us=run.graph_time([lambda c=c: T.mma_2bit_matmul(x, c, scale) for c in rotation_mma]) * 1e3,
-                   step10_graph_us=run.graph_time([lambda c=c: T.w2a8_bulk_matmul(x, c, scale) for c in rotation]) * 1e3)
+                   step9_graph_us=run.graph_time([lambda c=c: T.step09_mma(x, c, scale) for c in rotation_mma]) * 1e3,
+                   step12_graph_us=run.graph_time([lambda c=c: T.step12_w2a8(x, c, scale) for c in rotation]) * 1e3)
         print(row, flush=True)
         results.append(row)
         if args.parts:
-            cfg, per_slice, grid, name, smem = T._w2a8_tiles_plan(m, n, k, None, run.device["sm_count"])
-            kernel = T._w2a8_kernels(0)[1][name]
-            xq, x_scale, row_sum = T._quantize_x(x)
-            z, s = torch.empty(m, n, device="cuda"), torch.full((1,), float(scale), device="cuda")
-            sums, counts = T.CUDA_WORKSPACE.get(x.device, grid[1] * m, n) if grid[1] > 1 else (None, None)
-            partials = sums.view(torch.int32) if sums is not None else None
-            matmul = lambda c: kernel(grid, (32 * (cfg.warps + 1),), xq, c.data, z, s, x_scale, row_sum, partials,
-                                      counts, m, n, -(-k // 256), 0, per_slice, shared_mem=smem)
-            matmul(tiles)
-            parts = dict(n=n, k=k, m=m, parts=str(cfg), equal=bool(torch.equal(z, want)),
-                         whole_graph_us=run.graph_time([lambda c=c: T.w2a8_tiles_matmul(x, c, scale) for c in rotation]) * 1e3,
-                         quantize_x_graph_us=run.graph_time([lambda: T._quantize_x(x)]) * 1e3,
-                         matmul_graph_us=run.graph_time([lambda c=c: matmul(c) for c in rotation]) * 1e3,
+            # (the matmul alone, x quantised beforehand, is not a public launch: the committed
+            # w2a8_tiles_parts_loads.json has it, from this script at ef696d7)
+            parts = dict(n=n, k=k, m=m, parts=str(T.w2a8_tiles_config(m, n, k)),
+                         equal=bool(torch.equal(T.step13_w2a8_tiles(x, tiles, scale), want)),
+                         whole_graph_us=run.graph_time([lambda c=c: T.step13_w2a8_tiles(x, c, scale) for c in rotation]) * 1e3,
+                         quantize_x_graph_us=run.graph_time([lambda: T.w2a8_quantize(x)]) * 1e3,
                          read_weights_graph_us=run.graph_time([bench.read_only(c.data) for c in rotation]) * 1e3)
             print(parts, flush=True)
             results.append(parts)
@@ -54,17 +47,17 @@ for shape in args.shapes.split(","):
             for tiles_a_warp, stages, chunk in T.W2A8_TILES_SHAPES:
                 for slices in (int(v) for v in args.slices.split(",")):
                     cfg = T.W2A8TilesConfig(warps, tiles_a_warp, stages, chunk, slices)
-                    plan = T._w2a8_tiles_plan(m, n, k, cfg, run.device["sm_count"])
+                    plan = T.w2a8_tiles_plan(m, n, k, cfg, run.device["sm_count"])
                     if (cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, plan[2]) in seen:
                         continue  # asked for fewer slices than x needs: the same launch as one already timed
                     seen.add((cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, plan[2]))
                     r = dict(n=n, k=k, m=m, warps=warps, tiles=tiles_a_warp, stages=stages, chunk=chunk, slices=slices,
                              grid=plan[2])
-                    fn = lambda: T.w2a8_tiles_matmul(x, tiles, scale, config=cfg)
+                    fn = lambda: T.step13_w2a8_tiles(x, tiles, scale, config=cfg)
                     r["equal"] = bool(torch.equal(fn(), want))
                     r["kernel_us"] = run.kernel_time(fn) * 1e3
                     r["graph_us"] = run.graph_time(
-                        [lambda c=c, cfg=cfg: T.w2a8_tiles_matmul(x, c, scale, config=cfg) for c in rotation]) * 1e3
+                        [lambda c=c, cfg=cfg: T.step13_w2a8_tiles(x, c, scale, config=cfg) for c in rotation]) * 1e3
                     results.append(r)
         mine = sorted((r for r in results if (r.get("n"), r.get("k"), r.get("m")) == (n, k, m) and "graph_us" in r),
                       key=lambda r: r["graph_us"])
@@ -72,7 +65,7 @@ for shape in args.shapes.split(","):
               [(r["warps"], r["tiles"], r["stages"], r["chunk"], r["grid"], round(r["kernel_us"], 2), round(r["graph_us"], 2),
                 r["equal"]) for r in mine[:6]], flush=True)
         if not all(r["equal"] for r in mine):
-            print("NOT EQUAL to step 10:", [r for r in mine if not r["equal"]][:3], flush=True)
+            print("NOT EQUAL to step 12:", [r for r in mine if not r["equal"]][:3], flush=True)
 meta = {key: v for key, v in run.to_json().items() if key not in ("measurements", "checks", "notes")}
 Path(os.environ.get("OUT", "/tmp"), "w2a8_tiles_parts.json" if args.parts else "w2a8_tiles_sweep.json").write_text(
     json.dumps({"meta": meta, "results": results}, indent=1))

@@ -1,10 +1,10 @@
-// Step 8: step 7's decode and layout, written by hand on mma.sync (ternary_mma <<<(row blocks,
+// Step 10: step 9's decode and layout, written by hand on mma.sync (ternary_mma <<<(row blocks,
 // K slices, M blocks), 32 x warps>>>).
 //
-// Step 7 (Triton) decodes two weights per AND and one packed FMA straight into the MMA's A operand,
-// yet on the H200 it ran at 4x the 2-bit floor for M = 1: Triton 3.6 waits for each MMA before it
+// Step 9 (Triton) decodes two weights per AND and one packed FMA straight into the MMA's A operand,
+// yet it ran far above the 2-bit floor for M = 1 (notebook 05): Triton 3.6 waits for each MMA before it
 // decodes the next operand, so the loads, the decode and the tensor cores take turns. Here the same
-// words (step 7's "2bit_mma" words, reordered as "2bit_tiles") meet the same decode, but the
+// words (step 9's "2bit_mma" words, reordered as "2bit_tiles") meet the same decode, but the
 // schedule is ours:
 //   * each thread loads its own A fragments with 16-byte loads, STAGES groups of 256 weights ahead
 //     of the one it decodes (a ring of registers, no barrier in the loop); x is copied into shared
@@ -14,7 +14,7 @@
 //   * K is split over blockIdx.y; each slice stores its partial sums, and the last slice of a
 //     tile to arrive adds them up in a fixed order (deterministic) and divides by the scale.
 //
-// The fragment layout and the decode are in ternary_common.cuh (step 9 shares them).
+// The fragment layout and the decode are in ternary_common.cuh (step 11 shares them).
 #include "ternary_common.cuh"
 
 // z[m, n] = sum_k x[m, k] W[n, k] / scale[n * scale_stride], W packed in the "2bit_mma" format

@@ -1,7 +1,7 @@
-"""Experiment (GPU): the launches of step 11 (and step 10) for Nsight Compute to read, at 4096 x 14336:
+"""Experiment (GPU): the launches of step 13 (and step 12) for Nsight Compute to read, at 4096 x 14336:
 ncu --clock-control none -k regex:ternary_w2a8 --launch-skip 4 --launch-count 2 --section WarpStateStats \\
-    python tools/experiments/w2a8_tiles_profile.py 16 [8,1,4,2,4]   (rows of x, a W2A8TilesConfig; PYTHONPATH=$PWD)
-Five calls of step 11 (its default config unless one is given), then five of step 10 (quantize="separate")."""
+    python lab/ternary/w2a8_tiles_profile.py 16 [8,1,4,2,4]   (rows of x, a W2A8TilesConfig; PYTHONPATH=$PWD)
+Five calls of step 13 (its default config unless one is given), then five of step 12 (quantize="separate")."""
 import sys
 import torch
 from studylog import ternary as T
@@ -12,8 +12,8 @@ w, scale = T.quantize_absmean(torch.randn(4096, 14336, device="cuda"))
 tiles = T.PackedTernary.pack(w, "2bit_tiles")
 x = torch.randn(m, 14336, device="cuda", dtype=torch.bfloat16)
 for _ in range(5):
-    T.w2a8_tiles_matmul(x, tiles, scale, config=config)
+    T.step13_w2a8_tiles(x, tiles, scale, config=config)
 for _ in range(5):
-    T.w2a8_bulk_matmul(x, tiles, scale, quantize="separate")
+    T.step12_w2a8(x, tiles, scale, quantize="separate")
 torch.cuda.synchronize()
 print("config", config or T.w2a8_tiles_config(m, 4096, 14336))

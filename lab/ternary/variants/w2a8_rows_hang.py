@@ -1,4 +1,8 @@
-"""Experiment (GPU): which of step 10's in-matmul quantisations hangs. The cluster test stopped at its first
+"""FROZEN (runs against the library as it was at commit 69a3b83, where step 12 was "step 10", w2a8_bulk_matmul, and
+still had quantize="cluster"; check that commit out to run it). Kept because notebook 05 cites its output,
+lab/ternary/results/nvidia-h200/w2a8_rows_hang.json.
+
+Experiment (GPU): which of step 10's in-matmul quantisations hangs. The cluster test stopped at its first
 M = 3 case (it runs quantize="every block", then "cluster" with clusters of 1 to 8), so this launches the compiled
 instances directly with 1 to 8 rows of x. The first run (H200, 2026-11-25) hung only in "cluster" with a cluster
 of 1 block and 1 consumer warp (M = 2 and 3), a launch that was then made without cluster dimensions; each case
@@ -6,7 +10,7 @@ now also says how it is launched: "plain" (no cluster dimensions, as then) or "c
 the cluster's size, 1 included, as ternary.py launches it now). The cases run one after another in a worker
 process (one compile); a case that outlives its time limit is reported as hung, the worker is killed and a new
 one goes on with the next case.
-PYTHONPATH=$PWD python tools/experiments/w2a8_rows_hang.py   (writes $OUT/rows_hang.json)"""
+PYTHONPATH=$PWD python tools/experiments/w2a8_rows_hang.py (its path then)   (writes $OUT/rows_hang.json)"""
 import json, multiprocessing as mp, os, queue as queue_mod, sys
 from pathlib import Path
 

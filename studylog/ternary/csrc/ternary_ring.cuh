@@ -1,10 +1,10 @@
-// Shared by steps 9 and 10 (ternary_bulk.cu, ternary_w2a8.cu): the ring of shared-memory stages through
+// Shared by steps 11 and 12 (ternary_bulk.cu, ternary_w2a8.cu): the ring of shared-memory stages through
 // which the copy engine brings a block's weights, and the sums of the block's warps at the end.
 #pragma once
 #include "bulk_copy.cuh"
 
 // Dynamic shared memory of a block starts with RING_BARRIER_BYTES of mbarriers (the ring's 2 x STAGES,
-// then the kernel's own), then the STAGES stages (BULK_BARRIER_BYTES in ternary.py).
+// then the kernel's own), then the STAGES stages (RING_BARRIER_BYTES in studylog/ternary/cuda_steps.py).
 constexpr int RING_BARRIER_BYTES = 512;
 
 // A block (blockIdx.x: its RT tiles of 16 weight rows; blockIdx.y: its slice of K, groups_per_slice
@@ -60,13 +60,13 @@ struct WeightRing {
     __device__ int group(int c, int warp) const { return g_begin + c * per_chunk + warp * CHUNK; }
 
     // Consumer warp `warp`: waits for chunk c (unless !wait: a probe without copies), loads its groups
-    // into a (words 4 t .. 4 t + 3 of rows g and g + 8 of each tile, as step 8), and frees the stage.
+    // into a (words 4 t .. 4 t + 3 of rows g and g + 8 of each tile, as step 10), and frees the stage.
     // Returns how many groups it got.
     __device__ int take(int c, int warp, int lane, uint4 (&a)[CHUNK][RT][2], bool wait) const {
         return take_from<RT>(c, warp * CHUNK * 64, group(c, warp), lane, a, wait);
     }
 
-    // Step 11 (a ring made with warps = 1: a stage holds CHUNK groups of each of the RT tiles): a consumer
+    // Step 13 (a ring made with warps = 1: a stage holds CHUNK groups of each of the RT tiles): a consumer
     // warp owns the TILES tiles from tile r on. Waits for chunk c, loads their groups and frees the stage.
     template <int TILES>
     __device__ int take_tiles(int c, int r, int lane, uint4 (&a)[CHUNK][TILES][2]) const {

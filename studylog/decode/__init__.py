@@ -1,0 +1,96 @@
+"""Chapter 7: constrained decoding end to end, or what the kernels of chapters 1 and 2 buy a real decode loop.
+
+A Llama-style model (:mod:`~studylog.decode.model`, random weights or a local checkpoint) decodes a request
+constrained by a JSON schema or a regex (:mod:`~studylog.decode.grammar`) in a loop that runs every
+configuration the same way (:mod:`~studylog.decode.loop`). The lesson's steps are three ways to run the
+same request:
+
+* ``step01_baseline``: the practitioners' loop: dense LM head, xgrammar's bitmask, one forward per token;
+* ``step02_jump_forward``: + chapter 1's forced-token jumps (the forced tokens join the next forward's chunk);
+* ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state.
+
+Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from studylog.chapter import Chapter, Step
+from studylog.decode.grammar import Grammar, Writer, ascii_regex, schema_regex, suite_names, suite_sample
+from studylog.decode.loop import COMPONENTS, CONFIGS, DecodeConfig, Decoder, Generation, check_model, same_tokens
+from studylog.decode.model import (CONFIGS as MODEL_CONFIGS, LlamaModel, ModelConfig, describe, from_module,
+                                   load_checkpoint, model_config, save_checkpoint)
+
+
+def step01_baseline(decoder: Decoder, grammar: Grammar, prompts: Sequence, **options) -> Generation:
+    """Step 1: every token costs a forward; the LM head computes every logit; xgrammar's matcher fills a
+    bitmask on the host and ``apply_token_bitmask_inplace`` writes ``-inf`` over the disallowed logits."""
+    return decoder.generate(grammar, prompts, CONFIGS["baseline"], **options)
+
+
+def step02_jump_forward(decoder: Decoder, grammar: Grammar, prompts: Sequence, **options) -> Generation:
+    """Step 2: where chapter 1's automaton forces a chain of tokens, they are appended without a forward;
+    the next forward feeds them to the model together with the last sampled token (a chunk, as a chunked
+    prefill does), so the cache holds them. The output is the same tokens as step 1's."""
+    return decoder.generate(grammar, prompts, CONFIGS["jump_forward"], **options)
+
+
+def step03_masked_head(decoder: Decoder, grammar: Grammar, prompts: Sequence, **options) -> Generation:
+    """Step 3: step 2, with the allowed sets of chapter 1's automaton (precomputed per state, so the host's
+    mask is a lookup) and chapter 2's masked LM head, which reads only the allowed rows of the head and
+    writes ``-inf`` elsewhere: no bitmask to copy or apply."""
+    return decoder.generate(grammar, prompts, CONFIGS["masked_head"], **options)
+
+
+def _report():
+    from studylog.decode import report
+
+    return report
+
+
+def _bench(run):
+    return _report().bench(run)
+
+
+def _figures(results):
+    return _report().figures(results)
+
+
+def _headline(results):
+    return _report().headline(results)
+
+
+CHAPTER = Chapter(
+    name="decode",
+    number=7,
+    title="Constrained decoding end to end",
+    notebooks=("07_constrained_decoding",),
+    steps=(
+        Step(1, "baseline", "dense head, xgrammar bitmask, one forward per token", "torch", step01_baseline,
+             step01_baseline),
+        Step(2, "jump_forward", "forced-token chains appended without a forward (chapter 1)", "torch",
+             step02_jump_forward, step02_jump_forward),
+        Step(3, "masked_head", "masked LM head on the automaton's allowed sets (chapter 2)", "torch",
+             step03_masked_head, step03_masked_head),
+    ),
+    bench=_bench,
+    figures=_figures,
+    headline=_headline,
+    baselines={
+        "automaton_mask": "forced-token jumps and the automaton's masks with the dense head: separates the "
+                          "host's mask from the head's gain",
+        "char_jump": "forced-byte jumps with retokenization (chapter 1's character level): the output may differ",
+        "body": "the model body alone, one token (graph replay): the floor under any decode step",
+        "dense_head": "the dense LM head alone (one GEMM, fp32 logits)",
+        "mask_apply": "xgrammar's apply_token_bitmask_inplace alone",
+        "sampling": "the greedy sampling alone (argmax over fp32 logits)",
+    },
+)
+
+__all__ = [
+    "CHAPTER", "COMPONENTS", "CONFIGS", "DecodeConfig", "Decoder", "Generation", "Grammar", "LlamaModel",
+    "MODEL_CONFIGS", "ModelConfig", "Writer", "ascii_regex", "check_model", "describe", "from_module",
+    "load_checkpoint", "model_config", "same_tokens", "save_checkpoint", "schema_regex", "step01_baseline",
+    "step02_jump_forward", "step03_masked_head", "suite_names", "suite_sample",
+]

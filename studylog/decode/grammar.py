@@ -1,0 +1,238 @@
+"""The constraint of a request, compiled twice: by xgrammar (the practitioners' baseline) and by chapter 1.
+
+Both compile the **same regex** (a JSON schema is first turned into a regex by outlines, as in chapter 1),
+so that both allow exactly the same tokens in every state and a decode gives the same tokens whichever
+masks it. Two regex classes differ between the libraries: outlines-core reads ``\\d``, ``\\s`` and ``\\w``
+with Unicode meaning (``\\d`` also matches Arabic-Indic or full-width digits), xgrammar with ASCII
+meaning; :func:`ascii_regex` writes them out as ASCII classes before either library sees the regex.
+
+Also here: :class:`Writer`, which steers a model with random weights to write a realistic output.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from studylog.decode import pieces
+
+_CLASSES = {"d": ("[0-9]", "0-9"), "s": ("[ \\t\\n\\r\\f\\v]", " \\t\\n\\r\\f\\v"), "w": ("[0-9A-Za-z_]", "0-9A-Za-z_")}
+
+
+def ascii_regex(regex: str) -> str:
+    """``regex`` with ``\\d``, ``\\s`` and ``\\w`` written as ASCII classes (inside a character class too),
+    and an escaped space written as a space (xgrammar warns on ``\\ ``). ``\\D``, ``\\S``, ``\\W`` are
+    refused: their ASCII complement is not a plain class inside another class."""
+    out, i, in_class = [], 0, False
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\" and i + 1 < len(regex):
+            n = regex[i + 1]
+            if n in _CLASSES:
+                out.append(_CLASSES[n][1 if in_class else 0])
+            elif n in "DSW":
+                raise ValueError(f"regex uses \\{n} at position {i}; write the ASCII class it means instead")
+            elif n == " ":
+                out.append(" ")
+            else:
+                out.append(regex[i:i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+            out.append(c)
+            if regex[i + 1:i + 2] == "^":
+                out.append("^")
+                i += 1
+            if regex[i + 1:i + 2] == "]":  # a ']' right after '[' or '[^' is a literal
+                out.append("]")
+                i += 1
+        elif c == "]" and in_class:
+            in_class = False
+            out.append(c)
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=2)
+def _xgrammar_compiler(vocab: pieces.TokenVocabulary):
+    """xgrammar's tokenizer info and grammar compiler for a vocabulary (built once). Ids that carry no
+    text (special and unused ids) are given as empty strings: xgrammar never allows them."""
+    import xgrammar as xgr
+
+    encoded = [b if b is not None else b"" for b in vocab.token_bytes]
+    info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab.vocab_size, stop_token_ids=[vocab.eos_id])
+    return xgr.GrammarCompiler(info, max_threads=2)
+
+
+def schema_regex(schema: Any, whitespace: str = "default") -> str:
+    """The regex of a JSON schema (a dict, a JSON string or a pydantic model class), as chapter 1 builds it;
+    a schema that does not compile is a ValueError that says why."""
+    if whitespace not in pieces.WHITESPACE:
+        raise ValueError(f"whitespace must be one of {sorted(pieces.WHITESPACE)}, got {whitespace!r}")
+    try:
+        return pieces.regex_from_schema(schema, whitespace_pattern=pieces.WHITESPACE[whitespace])
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"the schema does not compile to a grammar: {exc}") from exc
+
+
+@dataclass
+class Grammar:
+    """One constraint, compiled for the decode loop.
+
+    ``xgrammar``: xgrammar's compiled grammar (a :meth:`matcher` per sequence walks it and fills the
+    bitmask); ``automaton``: chapter 1's automaton (allowed ids per state, forced-token and forced-byte
+    jumps). ``compile_seconds`` says what each cost to build.
+    """
+
+    name: str
+    regex: str
+    vocab: pieces.TokenVocabulary
+    xgrammar: Any
+    automaton: pieces.Automaton
+    compile_seconds: dict[str, float]
+    _allowed: dict[int, Any] = field(default_factory=dict, repr=False)
+    _bits: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_regex(cls, regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "") -> "Grammar":
+        if not isinstance(regex, str) or not regex:
+            raise ValueError(f"regex must be a non-empty str, got {regex!r}")
+        vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
+        name = name or regex[:40]
+        regex = ascii_regex(regex)
+        t0 = time.perf_counter()
+        try:
+            compiled = _xgrammar_compiler(vocab).compile_regex(regex)
+        except Exception as exc:  # xgrammar raises its own error types
+            raise ValueError(f"grammar {name!r}: xgrammar cannot compile its regex: {exc}") from exc
+        t1 = time.perf_counter()
+        try:
+            automaton = pieces.Automaton(regex, vocab, name)
+        except ValueError as exc:
+            raise ValueError(f"grammar {name!r}: the automaton of chapter 1 cannot be built: {exc}") from exc
+        seconds = {"xgrammar": t1 - t0, "automaton_index": automaton.build_seconds,
+                   "automaton_jumps": automaton.precompute_seconds}
+        return cls(name, regex, vocab, compiled, automaton, seconds)
+
+    @classmethod
+    def from_schema(cls, schema: Any, vocab: pieces.TokenVocabulary | None = None, name: str = "",
+                    whitespace: str = "default") -> "Grammar":
+        return cls.from_regex(schema_regex(schema, whitespace), vocab, name or "schema")
+
+    @classmethod
+    def from_suite(cls, name: str, vocab: pieces.TokenVocabulary | None = None,
+                   whitespace: str = "default") -> "Grammar":
+        """A grammar of chapter 1's suite, by name (compiled once per process)."""
+        return _suite_grammar(name, vocab if vocab is not None else pieces.load_vocabulary("cl100k_base"), whitespace)
+
+    def matcher(self):
+        """A fresh xgrammar matcher (one per sequence), able to roll back (character-level jumps)."""
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
+
+    # -- chapter 2's allowed sets, per automaton state --------------------------------------------------
+    def allowed(self, states: Sequence[int], device) -> Any:
+        """Chapter 2's ``AllowedTokens`` of a batch whose sequences are in ``states``.
+
+        One sequence: built once per state and kept (a dict lookup per step). Several: their boolean rows
+        (kept per state, on ``device``) are stacked, and the union of their ids is computed on the host
+        from packed bits kept per state (an OR of ``V/8`` bytes per sequence)."""
+        if len(states) == 1 and states[0] is not None:
+            return self._state_allowed(states[0], device)
+        sets = [self._state_allowed(s, device) for s in states]
+        mask = torch.cat([a.mask for a in sets])
+        bits = np.bitwise_or.reduce(np.stack([self._state_bits(s) for s in states]), axis=0)
+        union = np.flatnonzero(np.unpackbits(bits, bitorder="little"))
+        return pieces.allowed_batch(mask, union, tuple(a.counts[0] for a in sets))
+
+    def _state_allowed(self, state: int | None, device):
+        """Chapter 2's allowed set of one state (None: a finished sequence, which allows nothing)."""
+        a = self._allowed.get(state)
+        if a is None or a.device != torch.device(device):
+            ids = self.automaton.allowed_ids(state) if state is not None else np.zeros(0, dtype=np.int64)
+            a = self._allowed[state] = pieces.allowed_from_ids(ids, self.vocab.vocab_size, device)
+        return a
+
+    def _state_bits(self, state: int | None) -> np.ndarray:
+        """The allowed tokens of a state as packed bits (bit ``v % 8`` of byte ``v // 8`` is token ``v``),
+        padded to whole 32-bit words: xgrammar's bitmask layout on a little-endian host."""
+        b = self._bits.get(state)
+        if b is None:
+            words = (self.vocab.vocab_size + 31) // 32
+            m = np.zeros(words * 32, dtype=bool)
+            if state is not None:
+                m[self.automaton.allowed_ids(state)] = True
+            b = self._bits[state] = np.packbits(m, bitorder="little")
+        return b
+
+    def state_words(self, state: int) -> np.ndarray:
+        """The allowed tokens of an automaton state as xgrammar's bitmask row, as bytes (kept per state)."""
+        return self._state_bits(state)
+
+
+@functools.lru_cache(maxsize=32)
+def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str) -> Grammar:
+    entry = pieces.suite_entry(name)
+    return Grammar.from_regex(entry.regex(whitespace), vocab, name)
+
+
+def suite_names(kind: str | None = None) -> list[str]:
+    """Names of chapter 1's suite entries (``kind``: ``"json"``, ``"regex"`` or None for all)."""
+    return [e.name for e in pieces.suite() if kind is None or e.kind == kind]
+
+
+def suite_sample(name: str, seed: int = 0, whitespace: str = "default") -> str:
+    """A valid output of a suite entry, drawn with ``seed``."""
+    import random
+
+    return pieces.suite_entry(name).sample(random.Random(f"decode/{name}/{seed}"), whitespace)
+
+
+class Writer:
+    """Steers a model toward writing ``text``: each step it names the token to favour, the tokenizer's
+    own next token of ``text`` after what has been written so far (as a model trained on that
+    tokenizer would write it), or None once the output has left ``text``.
+
+    A model with random weights writes gibberish, and gibberish inside a JSON string never ends; the
+    decode loop adds a large bias to the logit of the favoured token, so the output is a realistic one
+    while every logit is still computed as the model computes it. After a character-level jump the
+    output can end inside one of the tokenizer's tokens; the writer then names the tokenizer's split of
+    the rest of that token, as chapter 1's writer model does."""
+
+    def __init__(self, vocab: pieces.TokenVocabulary, text: str):
+        self.vocab = vocab
+        self.target = text.encode()
+        self.canon = vocab.encode(text)
+        self._starts: dict[int, int] = {}
+        pos = 0
+        for i, t in enumerate(self.canon):
+            self._starts[pos] = i
+            pos += len(vocab.token_bytes[t])
+        self._bounds = sorted(self._starts) + [len(self.target)]
+
+    def next_token(self, written: bytes) -> int | None:
+        """The token to favour after ``written``; EOS when the text is complete; None off the text."""
+        n = len(written)
+        if not self.target.startswith(written):
+            return None
+        if n == len(self.target):
+            return self.vocab.eos_id
+        if n in self._starts:
+            return self.canon[self._starts[n]]
+        nxt = next(b for b in self._bounds if b > n)
+        try:
+            return self.vocab.encode(self.target[n:nxt].decode("utf-8"))[0]
+        except UnicodeDecodeError:
+            return self.vocab.token_bytes.index(self.target[n:n + 1])
+
+
+__all__ = ["Grammar", "Writer", "ascii_regex", "schema_regex", "suite_names", "suite_sample"]

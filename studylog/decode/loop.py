@@ -1,0 +1,548 @@
+"""The decode loop: one constrained request, run three ways on the same model.
+
+Every step of every configuration does the same things in the same order:
+
+1. **inputs**: each sequence's tokens not yet in the KV cache (usually the one sampled last; after a
+   jump, that token and the jumped ones) go to the device in one copy;
+2. **body**: one forward of the model on that chunk (a CUDA graph per chunk length on a GPU);
+3. **mask (host)**: the grammar's allowed tokens for the next position, computed on the host while the
+   GPU runs the body;
+4. **LM head**: dense (every logit, one GEMM) or chapter 2's masked head (allowed rows only);
+5. **mask application**: the bitmask copied to the device and applied (dense head only);
+6. **sampling**: greedy or seeded, on the device; the sampled tokens are copied to the host, which
+   waits for them: this is the one synchronisation per step, and the algorithm needs it (the grammar
+   must see the token before it can say what comes next);
+7. **bookkeeping (host)**: the grammar advances; with jumps, forced tokens are appended without a forward
+   and join the next step's chunk, as a chunked prefill would feed them.
+
+:data:`CONFIGS` names the ways the chapter compares; :class:`Decoder` holds the model, the cache and
+the device buffers (allocated once); :meth:`Decoder.generate` runs one request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog.decode import pieces
+from studylog.decode.grammar import Grammar, Writer
+from studylog.decode.model import LlamaModel, dense_logits
+
+JUMPS = ("none", "token", "char")
+HEADS = ("dense", "masked")
+MASKS = ("xgrammar", "automaton")
+#: The logit bias given to the token a :class:`~studylog.decode.grammar.Writer` names: far above any
+#: logit of the model, so the writer decides, and still a finite number added to a computed logit.
+STEER = 1.0e4
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How a request is run. ``jump``: ``"none"`` (one forward per token), ``"token"`` (chapter 1's
+    forced-token chains appended without a forward), ``"char"`` (forced bytes appended and the output
+    retokenized); ``head``: ``"dense"`` or ``"masked"`` (chapter 2); ``mask``: who computes the allowed
+    tokens, ``"xgrammar"`` or ``"automaton"`` (chapter 1's, precomputed per state)."""
+
+    name: str
+    jump: str = "none"
+    head: str = "dense"
+    mask: str = "xgrammar"
+    title: str = ""
+
+    def __post_init__(self):
+        for key, allowed in (("jump", JUMPS), ("head", HEADS), ("mask", MASKS)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"DecodeConfig.{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        if self.head == "masked" and self.mask != "automaton":
+            raise ValueError("the masked head reads allowed sets per automaton state: use mask='automaton'")
+
+    @property
+    def uses_automaton(self) -> bool:
+        return self.jump != "none" or self.mask == "automaton"
+
+
+CONFIGS: dict[str, DecodeConfig] = {
+    "baseline": DecodeConfig("baseline", "none", "dense", "xgrammar",
+                             "dense head, xgrammar bitmask, one forward per token"),
+    "jump_forward": DecodeConfig("jump_forward", "token", "dense", "xgrammar",
+                                 "+ forced-token jumps (chapter 1)"),
+    "masked_head": DecodeConfig("masked_head", "token", "masked", "automaton",
+                                "+ masked LM head on the automaton's allowed sets (chapter 2)"),
+    "automaton_mask": DecodeConfig("automaton_mask", "token", "dense", "automaton",
+                                   "jumps and the automaton's masks, dense head (separates the two gains)"),
+    "char_jump": DecodeConfig("char_jump", "char", "dense", "xgrammar",
+                              "forced-byte jumps with retokenization (output may differ)"),
+}
+
+
+@dataclass
+class Generation:
+    """What one request produced, and what it cost.
+
+    ``ids[b]``: the output tokens of sequence ``b`` (EOS not included); ``forwards``: forward passes of the
+    batch (the first one is the prefill); ``passes[b]``: forwards sequence ``b`` was active in; ``jumped[b]``:
+    tokens appended without a forward; ``retokenized[b]``: emitted tokens a retokenization replaced.
+    ``ms``: milliseconds per component summed over the steps, the first (the prefill) included (see
+    :meth:`Decoder.generate`); ``first_step_ms``: the first step's wall time.
+    """
+
+    config: str
+    ids: list[list[int]]
+    text: list[bytes]
+    finished: list[bool]
+    forwards: int
+    passes: list[int]
+    jumped: list[int]
+    retokenized: list[int]
+    chunk_lengths: list[int]
+    ms: dict[str, float]
+    first_step_ms: float
+    instrumented: bool
+
+    @property
+    def tokens(self) -> int:
+        """Output tokens of all sequences (EOS not counted)."""
+        return sum(len(i) for i in self.ids)
+
+    @property
+    def ms_per_token(self) -> float:
+        """End-to-end time per output token: the request's wall time (prefill included) over its tokens."""
+        return self.ms["wall"] / max(self.tokens, 1)
+
+    def breakdown_per_token(self) -> dict[str, float]:
+        """The components of :attr:`ms` per output token (all but ``mask_host`` add up to ``wall``)."""
+        n = max(self.tokens, 1)
+        return {k: v / n for k, v in self.ms.items()}
+
+
+def check_model(model: Any) -> LlamaModel:
+    """The model the loop can run: a :class:`LlamaModel` (see ``model.from_module`` for other modules)."""
+    if isinstance(model, LlamaModel):
+        return model
+    parts = ("embed_tokens", "layers", "norm", "lm_head", "new_cache")
+    missing = [p for p in parts if not hasattr(model, p)]
+    raise TypeError(f"model must be a studylog.decode.LlamaModel, got {type(model).__name__}"
+                    + (f", which has no {', '.join(missing)}" if missing else "")
+                    + "; convert a Hugging Face Llama with studylog.decode.from_module")
+
+
+class _Row:
+    """One sequence of the batch: its tokens, grammar state and place in the cache."""
+
+    def __init__(self, prompt: list[int], grammar: Grammar, cfg: DecodeConfig, target: str | None):
+        self.prompt = prompt
+        self.ids: list[int] = []
+        self.text = bytearray()
+        self.kv_len = 0
+        self.finished = False
+        self.passes = self.jumped = self.retokenized = 0
+        self.matcher = grammar.matcher() if cfg.mask == "xgrammar" else None
+        self.states = [grammar.automaton.initial] if cfg.uses_automaton else None
+        self.writer = Writer(grammar.vocab, target) if target is not None else None
+
+    def pending(self) -> list[int]:
+        """Tokens of prompt + output whose keys and values are not in the cache yet."""
+        return (self.prompt + self.ids)[self.kv_len:]
+
+
+class _Marks:
+    """Timestamps on the device's stream (CUDA events) or, on a CPU, on the host's clock (CPU work is
+    synchronous, so the two agree there)."""
+
+    def __init__(self, device: torch.device, on: bool):
+        self.cuda = device.type == "cuda"
+        self.on = on
+        self.marks: list[Any] = []
+
+    def __call__(self) -> None:
+        if not self.on:
+            return
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def ms(self) -> list[float]:
+        """Milliseconds from the first mark to each mark."""
+        if not self.marks:
+            return []
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [self.marks[0].elapsed_time(m) for m in self.marks]
+        return [(t - self.marks[0]) * 1e3 for t in self.marks]
+
+
+#: Components of a step, in the order the device's stream runs them (see the module docstring).
+COMPONENTS = ("body", "mask_wait", "head", "mask_apply", "sampling", "host")
+_MARKS_PER_STEP = 7
+
+
+class Decoder:
+    """A model, a KV cache for ``batch`` sequences of up to ``max_seq`` tokens, and the device buffers of the
+    loop, allocated once. ``graphs`` (default: on a GPU) runs the body as CUDA graphs, one per chunk length
+    in ``chunk_sizes`` (a chunk is padded to the next one); longer chunks (a long prompt) run eagerly.
+    ``head_impl``: ``"kernel"`` (chapter 2's Triton kernels; the default on a GPU) or ``"torch"`` (the same
+    contract in torch; the default on a CPU, where Triton's interpreter is too slow for a 100k vocabulary).
+    """
+
+    def __init__(self, model: LlamaModel, vocab: pieces.TokenVocabulary | None = None, *, batch: int = 1,
+                 max_seq: int = 512, chunk_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+                 graphs: bool | None = None, head_impl: str | None = None):
+        self.model = check_model(model)
+        self.vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
+        V = self.model.config.vocab_size
+        if self.vocab.vocab_size != V:
+            raise ValueError(f"the vocabulary {self.vocab.name!r} has {self.vocab.vocab_size} ids but the model's "
+                             f"LM head has {V} rows: they must match")
+        if tuple(self.model.lm_head.shape) != (V, self.model.config.hidden):
+            raise ValueError(f"the model's lm_head has shape {tuple(self.model.lm_head.shape)}, its config says "
+                             f"({V}, {self.model.config.hidden})")
+        for name, v in (("batch", batch), ("max_seq", max_seq)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.chunk_sizes = tuple(sorted(set(int(c) for c in chunk_sizes)))
+        if not self.chunk_sizes or self.chunk_sizes[0] != 1:
+            raise ValueError(f"chunk_sizes must include 1 (a plain decode step), got {chunk_sizes!r}")
+        self.device = self.model.device
+        cuda = self.device.type == "cuda"
+        self.graphs = cuda if graphs is None else bool(graphs)
+        if self.graphs and not cuda:
+            raise ValueError("graphs=True needs the model on a CUDA device")
+        self.head_impl = head_impl or ("kernel" if cuda else "torch")
+        if self.head_impl not in ("kernel", "torch"):
+            raise ValueError(f"head_impl must be 'kernel' or 'torch', got {self.head_impl!r}")
+        self.batch, self.max_seq, self.V = batch, max_seq, V
+        C = self.max_chunk = self.chunk_sizes[-1]
+        self.cache = self.model.new_cache(batch, max_seq + C)
+        words = (V + 31) // 32
+        pin = dict(pin_memory=True) if cuda else {}
+        #: per sequence: chunk tokens [0, C), then start, last, steered token, tokens written so far
+        self._inp_host = torch.zeros(batch, C + 4, dtype=torch.int64, **pin)
+        self._inp = self._inp_host if not cuda else torch.zeros_like(self._inp_host, device=self.device)
+        self._bits_host = torch.zeros(batch, words, dtype=torch.int32, **pin)
+        self._bits = self._bits_host if not cuda else torch.zeros_like(self._bits_host, device=self.device)
+        self._logits = torch.empty(batch, V, dtype=torch.float32, device=self.device)
+        self._tok = torch.zeros(batch, dtype=torch.int64, device=self.device)
+        self._tok_host = self._tok if not cuda else torch.zeros(batch, dtype=torch.int64, **pin)
+        self._vocab_ids = torch.arange(V, device=self.device, dtype=torch.int64)
+        self._graphs: dict[int, tuple[Any, Tensor]] = {}
+        self._pool = None
+        self._batch_matcher = None
+
+    # -- the body -------------------------------------------------------------------------------------------
+    def _body_eager(self, T: int) -> Tensor:
+        C = self.max_chunk
+        return self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache)
+
+    def _graph(self, T: int) -> tuple[Any, Tensor]:
+        """The body for chunk length ``T`` captured in a CUDA graph (captured on first use). Its inputs are
+        the static buffer ``_inp``; its output is a static hidden-state tensor."""
+        if T not in self._graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # allocations and lazy initialisation happen outside the capture
+                for _ in range(2):
+                    self._body_eager(T)
+            torch.cuda.current_stream().wait_stream(side)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self._body_eager(T)
+            self._graphs[T] = (graph, out)
+        return self._graphs[T]
+
+    def body_call(self, T: int = 1):
+        """A call of the body on the static input buffers at chunk length ``T``, eager and graph-safe (no host
+        synchronisation): what a benchmark times alone."""
+        if T > self.max_chunk:
+            raise ValueError(f"T must be at most the largest chunk size {self.max_chunk}, got {T}")
+        return lambda: self._body_eager(T)
+
+    def capture(self) -> None:
+        """Capture the body's graph of every chunk length now (else on first use)."""
+        if self.graphs:
+            for T in self.chunk_sizes:
+                self._graph(T)
+
+    def _body(self, chunks: list[list[int]], starts: list[int], extra: list[tuple[int, int]]) -> Tensor:
+        """One forward of the body on a chunk per sequence; returns the hidden state ``[B, D]``."""
+        T = max(len(c) for c in chunks)
+        C = self.max_chunk
+        host = self._inp_host
+        for b, c in enumerate(chunks):
+            if T <= C:
+                host[b, :len(c)] = torch.tensor(c) if len(c) > 1 else c[0]
+            host[b, C], host[b, C + 1] = starts[b], len(c) - 1
+            host[b, C + 2], host[b, C + 3] = extra[b]
+        if self._inp is not host:
+            self._inp.copy_(host, non_blocking=True)
+        if T > C:  # a long prompt: eager, at its exact length
+            toks = torch.zeros(self.batch, T, dtype=torch.int64)
+            for b, c in enumerate(chunks):
+                toks[b, :len(c)] = torch.tensor(c)
+            return self.model(toks.to(self.device), self._inp[:, C], self._inp[:, C + 1], self.cache)
+        if self.graphs:
+            graph, out = self._graph(next(s for s in self.chunk_sizes if s >= T))
+            graph.replay()
+            return out
+        return self._body_eager(T)
+
+    # -- a request ------------------------------------------------------------------------------------------
+    def generate(self, grammar: Grammar, prompts: Sequence[Sequence[int] | str], config: DecodeConfig | str,
+                 *, max_new_tokens: int = 64, targets: Sequence[str | None] | None = None,
+                 temperature: float = 0.0, seed: int = 0, instrument: bool = True) -> Generation:
+        """Decode one request: ``prompts`` (one per sequence of the batch: token ids or text), constrained by
+        ``grammar``, run as ``config``. ``targets`` (one text or None per sequence) steer the model to write
+        those outputs (see :class:`~studylog.decode.grammar.Writer`). ``temperature`` 0 is greedy; above 0,
+        Gumbel-max sampling with noise that depends only on ``seed``, the sequence, the output position and
+        the token, so every configuration samples the same tokens.
+
+        ``instrument`` puts timestamps between the components of every step (CUDA events on a GPU); the
+        result's ``ms`` then splits the decode steps' wall time into :data:`COMPONENTS`: ``body``,
+        ``mask_wait`` (the device idle while the host finishes the mask), ``head``, ``mask_apply`` (the
+        bitmask's copy and application), ``sampling`` (with the token's copy to the host) and ``host`` (the
+        rest: the wait for the token, the grammar's bookkeeping, the next step's inputs). ``mask_host`` is
+        the host's mask computation itself, which overlaps the body on a GPU."""
+        cfg = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
+        if not isinstance(cfg, DecodeConfig):
+            raise ValueError(f"config must be a DecodeConfig or one of {sorted(CONFIGS)}, got {config!r}")
+        if not isinstance(grammar, Grammar):
+            raise TypeError(f"grammar must be a studylog.decode.Grammar, got {type(grammar).__name__}")
+        if grammar.vocab is not self.vocab:
+            raise ValueError(f"the grammar was compiled for vocabulary {grammar.vocab.name!r}, not the decoder's")
+        prompts = [self.vocab.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        if len(prompts) != self.batch:
+            raise ValueError(f"prompts holds {len(prompts)} sequences; this decoder has batch {self.batch}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        for b, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {b} is empty")
+            if len(p) + max_new_tokens > self.max_seq:
+                raise ValueError(f"prompt {b} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                                 f"{len(p) + max_new_tokens} positions, longer than the cache's max_seq={self.max_seq}")
+            bad = [t for t in p if not 0 <= t < self.V]
+            if bad:
+                raise ValueError(f"prompt {b} holds token id {bad[0]}, outside the vocabulary [0, {self.V})")
+        targets = list(targets) if targets is not None else [None] * self.batch
+        if len(targets) != self.batch:
+            raise ValueError(f"targets holds {len(targets)} entries; this decoder has batch {self.batch}")
+        if not (temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        self.cache.k.zero_()
+        self.cache.v.zero_()
+        rows = [_Row(p, grammar, cfg, t) for p, t in zip(prompts, targets)]
+        for r in rows:
+            self._settle(r, grammar, cfg, max_new_tokens)
+        return self._run(rows, grammar, cfg, max_new_tokens, temperature, seed, instrument)
+
+    def _run(self, rows: list[_Row], grammar: Grammar, cfg: DecodeConfig, max_new: int, temperature: float,
+             seed: int, instrument: bool) -> Generation:
+        marks = _Marks(self.device, instrument)
+        V, eos = self.V, self.vocab.eos_id
+        mask_host_ms, wall_steps, chunk_lengths = [], [], []
+        forwards = 0
+        while not all(r.finished for r in rows):
+            t_step = time.perf_counter()
+            chunks, starts, extra = [], [], []
+            for r in rows:
+                if r.finished:  # a finished sequence rides along: one dummy token after its end
+                    chunks.append([0])
+                    starts.append(min(r.kv_len, self.max_seq))
+                    extra.append((-1, 0))
+                    continue
+                chunks.append(r.pending())
+                starts.append(r.kv_len)
+                steer = r.writer.next_token(bytes(r.text)) if r.writer is not None else None
+                extra.append((-1 if steer is None else steer, len(r.ids)))
+            chunk_lengths.append(max(len(c) for c in chunks))
+            marks()
+            hidden = self._body(chunks, starts, extra)
+            marks()
+            t0 = time.perf_counter()
+            active = [b for b, r in enumerate(rows) if not r.finished]
+            allowed = self._host_mask(rows, active, grammar, cfg)
+            mask_host_ms.append((time.perf_counter() - t0) * 1e3)
+            marks()
+            if cfg.head == "dense" and self._bits is not self._bits_host:
+                self._bits.copy_(self._bits_host, non_blocking=True)
+            marks()
+            if cfg.head == "dense":
+                dense_logits(hidden, self.model.lm_head, out=self._logits)
+            elif self.head_impl == "kernel":
+                pieces.masked_head_kernel(hidden, self.model.lm_head, allowed, self._logits)
+            else:
+                pieces.masked_head_torch(hidden, self.model.lm_head, allowed, self._logits)
+            marks()
+            if cfg.head == "dense":
+                import xgrammar as xgr
+
+                xgr.apply_token_bitmask_inplace(self._logits, self._bits, vocab_size=V)
+            marks()
+            self._sample(temperature, seed)
+            if self._tok_host is not self._tok:
+                self._tok_host.copy_(self._tok, non_blocking=True)
+            marks()
+            if self.device.type == "cuda":
+                torch.cuda.current_stream().synchronize()  # the one wait per step: the grammar needs the token
+            tokens = self._tok_host.tolist()
+            forwards += 1
+            for b in active:
+                r = rows[b]
+                r.kv_len += len(chunks[b])
+                r.passes += 1
+                self._accept(r, tokens[b], grammar, cfg, max_new, eos)
+            wall_steps.append((time.perf_counter() - t_step) * 1e3)
+        ms = self._account(marks.ms(), wall_steps, mask_host_ms, instrument)
+        return Generation(cfg.name, [r.ids for r in rows], [bytes(r.text) for r in rows], [r.finished for r in rows],
+                          forwards, [r.passes for r in rows], [r.jumped for r in rows], [r.retokenized for r in rows],
+                          chunk_lengths, ms, wall_steps[0] if wall_steps else 0.0, instrument)
+
+    @staticmethod
+    def _account(marks: list[float], wall: list[float], mask_host: list[float], instrument: bool) -> dict[str, float]:
+        """Per-component milliseconds summed over the steps (see :meth:`generate`)."""
+        ms = {"wall": float(sum(wall)), "mask_host": float(sum(mask_host))}
+        if not instrument or not wall:
+            return ms
+        m = np.asarray(marks).reshape(len(wall), _MARKS_PER_STEP)
+        parts = {"body": m[:, 1] - m[:, 0], "mask_wait": m[:, 2] - m[:, 1],
+                 "mask_apply": (m[:, 3] - m[:, 2]) + (m[:, 5] - m[:, 4]), "head": m[:, 4] - m[:, 3],
+                 "sampling": m[:, 6] - m[:, 5]}
+        for k in COMPONENTS[:-1]:
+            ms[k] = float(parts[k].sum())
+        ms["host"] = ms["wall"] - sum(ms[k] for k in COMPONENTS[:-1])
+        return ms
+
+    # -- the host's parts --------------------------------------------------------------------------------------
+    def _host_mask(self, rows: list[_Row], active: list[int], grammar: Grammar, cfg: DecodeConfig):
+        """Compute the next position's allowed tokens on the host: into the bitmask buffer (dense head), or as
+        chapter 2's allowed sets (masked head). Finished sequences allow nothing."""
+        if cfg.head == "masked":
+            return grammar.allowed([rows[b].states[-1] if b in active else None for b in range(len(rows))],
+                                   self.device)
+        bits = self._bits_host
+        if cfg.mask == "automaton":
+            for b in active:
+                bits[b].numpy().view(np.uint8)[:] = grammar.state_words(rows[b].states[-1])
+        elif len(active) == 1:
+            rows[active[0]].matcher.fill_next_token_bitmask(bits, active[0])
+        elif active:
+            import xgrammar as xgr
+
+            if self._batch_matcher is None:
+                self._batch_matcher = xgr.BatchGrammarMatcher()
+            self._batch_matcher.batch_fill_next_token_bitmask([rows[b].matcher for b in active], bits, active)
+        return None
+
+    def _sample(self, temperature: float, seed: int) -> None:
+        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok`` (on the device)."""
+        C = self.max_chunk
+        steer = self._inp[:, C + 2]
+        logits = self._logits
+        logits.scatter_add_(1, steer.clamp(min=0)[:, None], (steer >= 0).to(logits.dtype)[:, None] * STEER)
+        if temperature > 0:
+            logits.div_(temperature).add_(gumbel_noise(seed, self._inp[:, C + 3], self._vocab_ids))
+        torch.argmax(logits, dim=1, out=self._tok)
+
+    def _settle(self, r: _Row, grammar: Grammar, cfg: DecodeConfig, max_new: int) -> None:
+        """After a token: stop at the cap or where only EOS is allowed (jump configurations), and take the
+        jumps of the state reached (cut at the cap: a jump never writes past ``max_new``)."""
+        auto = grammar.automaton
+        while True:
+            if len(r.ids) >= max_new:
+                r.finished = True
+                return
+            if cfg.jump == "none":
+                return
+            state = r.states[-1]
+            if auto.only_eos(state):
+                r.finished = True
+                return
+            if cfg.jump == "token":
+                jump = auto.token_jump(state)
+                if jump is None:
+                    return
+                toks = jump.tokens[:max_new - len(r.ids)]
+                for t in toks:
+                    self._emit(r, t, grammar)
+                r.jumped += len(toks)
+                continue
+            jump = auto.char_jump(state)
+            if jump is None or not self._char_jump(r, jump, grammar, max_new):
+                return
+
+    def _char_jump(self, r: _Row, jump, grammar: Grammar, max_new: int) -> bool:
+        """Append the forced bytes and retokenize the output (chapter 1's character-level jump); the cache
+        and the matcher go back to the first token that changed. False where the jump is not taken."""
+        new_text = bytes(r.text) + jump.data
+        try:
+            new_ids = self.vocab.encode(new_text.decode("utf-8"))
+        except UnicodeDecodeError:  # the output ends inside a multi-byte character
+            return False
+        if len(new_ids) > max_new:
+            return False
+        keep = 0
+        while keep < min(len(r.ids), len(new_ids)) and r.ids[keep] == new_ids[keep]:
+            keep += 1
+        if r.matcher is not None and len(r.ids) > keep:
+            r.matcher.rollback(len(r.ids) - keep)
+        r.retokenized += len(r.ids) - keep
+        r.jumped += len(new_ids) - keep
+        del r.ids[keep:], r.states[keep + 1:]
+        r.text = bytearray(self.vocab.decode(r.ids)) if r.ids else bytearray()
+        r.kv_len = min(r.kv_len, len(r.prompt) + keep)
+        for t in new_ids[keep:]:
+            self._emit(r, t, grammar)
+        return True
+
+    def _emit(self, r: _Row, tok: int, grammar: Grammar) -> None:
+        r.ids.append(tok)
+        r.text += self.vocab.token_bytes[tok]
+        if r.matcher is not None and not r.matcher.accept_token(tok):
+            raise RuntimeError(f"xgrammar refused token {tok} ({self.vocab.show(tok)!r}) of grammar {grammar.name!r}")
+        if r.states is not None:
+            nxt = grammar.automaton.next(r.states[-1], tok)
+            if nxt is None:
+                raise RuntimeError(f"the automaton refused token {tok} ({self.vocab.show(tok)!r}) in state "
+                                   f"{r.states[-1]} of grammar {grammar.name!r}")
+            r.states.append(nxt)
+
+    def _accept(self, r: _Row, tok: int, grammar: Grammar, cfg: DecodeConfig, max_new: int, eos: int) -> None:
+        if tok == eos:
+            r.finished = True
+            return
+        self._emit(r, tok, grammar)
+        self._settle(r, grammar, cfg, max_new)
+
+
+def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
+    """Gumbel noise ``[B, V]`` that depends only on ``seed``, the sequence, its output position and the token
+    (a 32-bit integer hash, computed on the device without a generator's state), so a configuration that
+    skips forwards samples the same tokens as one that does not."""
+    M = 0xFFFFFFFF
+    B = position.shape[0]
+    rows = torch.arange(B, device=position.device)[:, None]
+    x = (vocab_ids[None, :] * 0x2C1B3C6D + position[:, None] * 0x297A2D39 + rows * 0x5F356495
+         + (seed * 0x1B873593 & M)) & M
+    for mul in (0x7FEB352D, 0x046C2A3F):  # xor-shift-multiply rounds; multipliers below 2**31 keep int64 exact
+        x = ((x ^ (x >> 16)) * mul) & M
+    x = x ^ (x >> 15)
+    u = ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+    return -torch.log(-torch.log(u))
+
+
+def same_tokens(a: Generation, b: Generation) -> bool:
+    """Whether two generations wrote the same tokens in every sequence."""
+    return a.ids == b.ids
+
+
+__all__ = ["COMPONENTS", "CONFIGS", "DecodeConfig", "Decoder", "Generation", "STEER", "check_model", "gumbel_noise",
+           "same_tokens"]

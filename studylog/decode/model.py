@@ -1,0 +1,460 @@
+"""A Llama-style decoder with a static KV cache: the model the decode loop of this chapter runs.
+
+The architecture is Llama's (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, an
+optionally tied embedding/LM head). Weights are random unless a checkpoint is loaded: nothing is
+downloaded. Two layout choices are a serving engine's, not Llama's:
+
+* the q/k/v projections are one ``[ (H + 2 Hkv) d, D ]`` weight and gate/up one ``[2 I, D]`` weight, so
+  a decode step reads each layer in four matrix-vector products; a Hugging Face checkpoint's separate
+  tensors are concatenated when it is loaded and split again when it is saved;
+* the KV cache is static, ``[B, Hkv, S, d]`` per layer, and a forward pass takes a chunk of tokens per
+  sequence (``tokens [B, T]``, the chunk's first position ``start [B]`` and its last real token
+  ``last [B]``). Shapes depend only on ``(B, T)``, so one forward per chunk length can be captured in a
+  CUDA graph; sequences with fewer than ``T`` real tokens are padded, and padded tokens write their keys
+  at positions after the sequence's end, which a later real token overwrites before any query can see
+  them (a query at position ``p`` attends to keys ``0..p`` only). The cache therefore holds
+  ``max_seq + max_chunk`` positions.
+
+Attention reads the whole cache with a causal mask by position, so its cost does not depend on the
+sequence's length; at the sequence lengths of the chapter (hundreds of tokens) the cache is a small
+fraction of the bytes a step reads (the weights).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-style model.
+
+    ``shared_layers``: every layer uses the weights of the first (each keeps its own KV cache): a cost
+    model of a deep model that holds one layer's weights. A layer's weights are far larger than the L2
+    cache at the shapes where it is used, so each layer still reads them from DRAM, as a full model
+    would.
+    """
+
+    name: str
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    head_dim: int = 0  # 0: hidden // heads
+    rope_theta: float = 500_000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    shared_layers: bool = False
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden", "layers", "heads", "kv_heads", "intermediate"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {v!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"ModelConfig.heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if not self.head_dim:
+            if self.hidden % self.heads:
+                raise ValueError(f"ModelConfig.hidden ({self.hidden}) must be a multiple of heads ({self.heads}) "
+                                 "unless head_dim is given")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even (rotary pairs), got {self.head_dim}")
+
+    @property
+    def qkv_rows(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters of the body (all layers, as a full model has them), the LM head and the embedding."""
+        d, i, hd = self.hidden, self.intermediate, self.head_dim
+        layer = d * self.qkv_rows + self.heads * hd * d + 3 * d * i + 2 * d
+        head = self.vocab_size * d
+        return {"body": self.layers * layer + d, "head": head, "embedding": 0 if self.tie_embeddings else head}
+
+    def head_share(self) -> float:
+        """Share of the bytes a batch-1 decode step reads that are the LM head's (the embedding reads one row)."""
+        c = self.parameter_counts()
+        return c["head"] / (c["head"] + c["body"])
+
+
+#: The chapter's shapes. ``tiny``: CPU tests and notebook. ``1b``: Llama 3.2 1B's body (hidden 2048,
+#: 16 layers, 32 heads, 8 KV heads, MLP 8192) with a tied head of the cl100k vocabulary. ``8b``: Llama 3
+#: 8B's layer (hidden 4096, 32 heads, 8 KV heads, MLP 14336) and untied head, 32 layers sharing one
+#: layer's weights (see ``shared_layers``).
+CL100K_SIZE = 100_277
+CONFIGS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig("tiny", CL100K_SIZE, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128),
+    "1b": ModelConfig("1b", CL100K_SIZE, hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
+    "8b": ModelConfig("8b", CL100K_SIZE, hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                      tie_embeddings=False, shared_layers=True),
+}
+
+
+def model_config(name: str, **changes: Any) -> ModelConfig:
+    """One of :data:`CONFIGS`, with fields changed (``model_config("tiny", vocab_size=1000)``)."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown model config {name!r}; choose from {sorted(CONFIGS)}")
+    return replace(CONFIGS[name], **changes)
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Llama's RMSNorm: normalise in fp32, scale in the input's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _attention(q: Tensor, kc: Tensor, vc: Tensor, visible: Tensor, scale: float) -> Tensor:
+    """Grouped-query attention of ``q [B, T, H, d]`` over the whole cache ``[B, Hkv, S, d]``, keys masked by
+    ``visible [B, T, S]``; softmax in fp32. Returns ``[B, T, H * d]``. (Two batched matmuls: on a CPU,
+    torch's fused attention with a mask is far slower at these sizes.)"""
+    B, T, H, d = q.shape
+    Hkv, S = kc.shape[1], kc.shape[2]
+    G = H // Hkv
+    qg = q.view(B, T, Hkv, G, d).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, d)
+    scores = torch.matmul(qg, kc.transpose(-1, -2)).float().mul_(scale).view(B, Hkv, G, T, S)
+    scores = scores.masked_fill_(~visible[:, None, None], float("-inf")).softmax(dim=-1).to(q.dtype)
+    out = torch.matmul(scores.view(B, Hkv, G * T, S), vc).view(B, Hkv, G, T, d)
+    return out.permute(0, 3, 1, 2, 4).reshape(B, T, H * d)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Layer(nn.Module):
+    """One decoder layer (weights only; the cache lives in :class:`KVCache`)."""
+
+    def __init__(self, cfg: ModelConfig, device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        d = cfg.hidden
+        self.input_norm = nn.Parameter(torch.ones(d, **kw))
+        self.qkv = nn.Parameter(torch.empty(cfg.qkv_rows, d, **kw))
+        self.o = nn.Parameter(torch.empty(d, cfg.heads * cfg.head_dim, **kw))
+        self.post_norm = nn.Parameter(torch.ones(d, **kw))
+        self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate, d, **kw))
+        self.down = nn.Parameter(torch.empty(d, cfg.intermediate, **kw))
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer, ``[layers, B, Hkv, positions, head_dim]`` each."""
+
+    k: Tensor
+    v: Tensor
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def positions(self) -> int:
+        return self.k.shape[3]
+
+
+class LlamaModel(nn.Module):
+    """A Llama-style decoder: ``forward`` runs the body on a chunk and returns the final hidden state of
+    each sequence's last real token; :meth:`logits` is the dense LM head (fp32 output)."""
+
+    def __init__(self, cfg: ModelConfig, *, device=None, dtype=torch.bfloat16, seed: int | None = 0):
+        super().__init__()
+        self.config = cfg
+        kw = dict(device=device, dtype=dtype)
+        self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **kw))
+        n_own = 1 if cfg.shared_layers else cfg.layers
+        self.layers = nn.ModuleList(Layer(cfg, device, dtype) for _ in range(n_own))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden, **kw))
+        self.lm_head = (self.embed_tokens if cfg.tie_embeddings
+                        else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **kw)))
+        self._rope: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self.requires_grad_(False)  # inference only: no autograd graph is ever built
+        if seed is not None:
+            self.randomize(seed)
+
+    # -- weights --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def randomize(self, seed: int = 0, std: float = 0.02) -> "LlamaModel":
+        """Random weights (normal, ``std``; norms at one), drawn on the weights' device from ``seed``."""
+        gen = torch.Generator(device=self.embed_tokens.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32).mul_(std))
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    def layer(self, i: int) -> Layer:
+        return self.layers[0 if self.config.shared_layers else i]
+
+    # -- cache ----------------------------------------------------------------------------------------
+    def new_cache(self, batch: int, positions: int) -> KVCache:
+        c = self.config
+        shape = (c.layers, batch, c.kv_heads, positions, c.head_dim)
+        return KVCache(torch.zeros(shape, device=self.device, dtype=self.dtype),
+                       torch.zeros(shape, device=self.device, dtype=self.dtype))
+
+    def _rope_tables(self, positions: int) -> tuple[Tensor, Tensor]:
+        key = (positions, self.device, self.dtype)
+        if key not in self._rope:
+            hd = self.config.head_dim
+            inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+            ang = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
+            ang = torch.cat((ang, ang), dim=-1)
+            self._rope[key] = (ang.cos().to(self.device, self.dtype), ang.sin().to(self.device, self.dtype))
+        return self._rope[key]
+
+    # -- forward --------------------------------------------------------------------------------------
+    def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache) -> Tensor:
+        """Run the body on ``tokens [B, T]`` at positions ``start[b] + 0..T-1``, writing their keys and values
+        into ``cache``; return the final-normed hidden state of token ``last[b]`` of each sequence, ``[B, D]``.
+
+        No host synchronisation: the call can be captured in a CUDA graph (inputs are read from the
+        tensors, never from Python numbers)."""
+        c = self.config
+        B, T = tokens.shape
+        S = cache.positions
+        pos = start[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
+        cos_t, sin_t = self._rope_tables(S)
+        cos, sin = cos_t[pos][:, :, None, :], sin_t[pos][:, :, None, :]  # [B, T, 1, hd]
+        visible = torch.arange(S, device=tokens.device)[None, None, :] <= pos[:, :, None]  # [B, T, S]
+        scale = 1.0 / math.sqrt(c.head_dim)
+        rows = torch.arange(B, device=tokens.device)[:, None].expand(B, T)
+        x = F.embedding(tokens, self.embed_tokens)
+        H, Hkv, hd = c.heads, c.kv_heads, c.head_dim
+        for i in range(c.layers):
+            w = self.layer(i)
+            h = _rms_norm(x, w.input_norm, c.norm_eps)
+            qkv = F.linear(h, w.qkv).view(B, T, H + 2 * Hkv, hd)
+            q, k, v = qkv.split((H, Hkv, Hkv), dim=2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kc, vc = cache.k[i], cache.v[i]  # [B, Hkv, S, hd]
+            kc[rows, :, pos] = k  # advanced indices around a slice: [B, T, Hkv, hd]
+            vc[rows, :, pos] = v
+            att = _attention(q, kc, vc, visible, scale)
+            x = x + F.linear(att, w.o)
+            h = _rms_norm(x, w.post_norm, c.norm_eps)
+            gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w.down)
+        x = x[torch.arange(B, device=tokens.device), last]
+        return _rms_norm(x, self.norm, c.norm_eps)
+
+    def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
+        """The dense LM head: fp32 logits ``[B, V]`` of every token (fp32 accumulation)."""
+        return dense_logits(hidden, self.lm_head, out=out)
+
+
+#: Whether this torch's CUDA ``torch.mm`` takes ``out_dtype`` (found on first use).
+_MM_OUT_DTYPE: bool | None = None
+
+
+def dense_logits(hidden: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
+    """``hidden @ weight.T`` in fp32: on a GPU one cuBLAS GEMM with bf16 inputs and an fp32 output; on a
+    CPU in fp32 (a bf16 CPU matmul would round the logits to bf16, which makes ties)."""
+    global _MM_OUT_DTYPE
+    B, V = hidden.shape[0], weight.shape[0]
+    out = torch.empty(B, V, device=hidden.device, dtype=torch.float32) if out is None else out
+    if hidden.device.type != "cuda" or weight.dtype == torch.float32:
+        return torch.mm(hidden.float(), weight.float().t() if weight.dtype != torch.float32 else weight.t(), out=out)
+    if _MM_OUT_DTYPE is not False:
+        try:
+            torch.mm(hidden, weight.t(), out_dtype=torch.float32, out=out)
+            _MM_OUT_DTYPE = True
+            return out
+        except (RuntimeError, TypeError):
+            if _MM_OUT_DTYPE:
+                raise
+            _MM_OUT_DTYPE = False  # this torch has no fp32-output mm: the logits are rounded to bf16 first
+    return out.copy_(torch.mm(hidden, weight.t()))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Checkpoints: the Hugging Face Llama layout (config.json + model.safetensors)
+# --------------------------------------------------------------------------------------------------------
+
+_LAYER_KEYS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+               "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+               "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """``config.json`` of a Hugging Face ``LlamaForCausalLM`` with this shape."""
+    if cfg.shared_layers:
+        raise ValueError(f"config {cfg.name!r} shares one layer's weights among its layers (a cost model); "
+                         "a Llama checkpoint has no such layout")
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
+        "num_key_value_heads": cfg.kv_heads, "intermediate_size": cfg.intermediate, "head_dim": cfg.head_dim,
+        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "silu", "max_position_embeddings": 8192, "attention_bias": False, "mlp_bias": False,
+        "torch_dtype": str(dtype).removeprefix("torch."), "studylog_name": cfg.name,
+    }
+
+
+def config_from_hf(hf: dict[str, Any], name: str = "checkpoint") -> ModelConfig:
+    """A :class:`ModelConfig` from a Hugging Face Llama ``config.json``; refuses what this model lacks."""
+    if hf.get("model_type") != "llama":
+        raise ValueError(f"config.json: model_type must be 'llama', got {hf.get('model_type')!r}")
+    scaling = hf.get("rope_scaling")
+    if scaling not in (None, {}):
+        raise ValueError(f"config.json: rope_scaling {scaling!r} is not implemented by this model")
+    rope = hf.get("rope_parameters") or {}  # newer transformers keep rope_theta here
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"config.json: rope_type {rope['rope_type']!r} is not implemented by this model")
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            raise ValueError(f"config.json: {key}=true is not implemented by this model")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json: hidden_act must be 'silu', got {hf.get('hidden_act')!r}")
+    try:
+        return ModelConfig(
+            name=hf.get("studylog_name", name), vocab_size=hf["vocab_size"], hidden=hf["hidden_size"],
+            layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
+            kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]), intermediate=hf["intermediate_size"],
+            head_dim=hf.get("head_dim") or 0, rope_theta=theta,
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+    except KeyError as exc:
+        raise ValueError(f"config.json has no {exc.args[0]!r}") from None
+
+
+def state_dict_hf(model: LlamaModel) -> dict[str, Tensor]:
+    """The model's weights under Hugging Face Llama names (q/k/v and gate/up split again)."""
+    c = model.config
+    if c.shared_layers:
+        raise ValueError(f"config {c.name!r} shares one layer's weights (a cost model); it has no Llama checkpoint")
+    out = {"model.embed_tokens.weight": model.embed_tokens, "model.norm.weight": model.norm}
+    if not c.tie_embeddings:
+        out["lm_head.weight"] = model.lm_head
+    hd = c.head_dim
+    for i, w in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        q, k, v = w.qkv.split((c.heads * hd, c.kv_heads * hd, c.kv_heads * hd))
+        gate, up = w.gate_up.chunk(2)
+        for key, t in zip(_LAYER_KEYS, (w.input_norm, q, k, v, w.o, w.post_norm, gate, up, w.down)):
+            out[p + key] = t
+    return {k: t.detach().contiguous() for k, t in out.items()}
+
+
+@torch.no_grad()
+def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str = "the checkpoint") -> LlamaModel:
+    """Copy Hugging Face Llama tensors into ``model``; a missing, unexpected or mis-shaped tensor is an
+    error that names it."""
+    c = model.config
+    want = {k: tuple(t.shape) for k, t in state_dict_hf(model).items()}
+    optional = {"lm_head.weight"} if c.tie_embeddings else set()
+    missing = sorted(set(want) - set(tensors))
+    unexpected = sorted(set(tensors) - set(want) - optional - {k for k in tensors if k.endswith("rotary_emb.inv_freq")})
+    if missing:
+        raise ValueError(f"{where} lacks {len(missing)} tensor(s) a Llama model needs: {missing[:6]}"
+                         + (" ..." if len(missing) > 6 else ""))
+    if unexpected:
+        raise ValueError(f"{where} holds {len(unexpected)} tensor(s) a Llama model does not have: {unexpected[:6]}"
+                         + (" ..." if len(unexpected) > 6 else ""))
+    for k, shape in want.items():
+        if tuple(tensors[k].shape) != shape:
+            raise ValueError(f"{where}: tensor {k} has shape {tuple(tensors[k].shape)}, the config says {shape}")
+    hd = c.head_dim
+    model.embed_tokens.copy_(tensors["model.embed_tokens.weight"])
+    model.norm.copy_(tensors["model.norm.weight"])
+    if not c.tie_embeddings:
+        model.lm_head.copy_(tensors["lm_head.weight"])
+    for i, w in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        t = {key: tensors[p + key] for key in _LAYER_KEYS}
+        w.input_norm.copy_(t["input_layernorm.weight"])
+        w.qkv.copy_(torch.cat([t[f"self_attn.{x}_proj.weight"] for x in "qkv"]))
+        w.o.copy_(t["self_attn.o_proj.weight"])
+        w.post_norm.copy_(t["post_attention_layernorm.weight"])
+        w.gate_up.copy_(torch.cat([t["mlp.gate_proj.weight"], t["mlp.up_proj.weight"]]))
+        w.down.copy_(t["mlp.down_proj.weight"])
+    return model
+
+
+def save_checkpoint(model: LlamaModel, folder: str | Path) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` in the Hugging Face Llama layout."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf_config(model.config, model.dtype), indent=1) + "\n")
+    save_file({k: t.cpu() for k, t in state_dict_hf(model).items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def load_checkpoint(folder: str | Path, *, device=None, dtype: torch.dtype | None = None) -> LlamaModel:
+    """A :class:`LlamaModel` from a local Hugging Face Llama checkpoint folder (``config.json`` and one or
+    more ``*.safetensors`` files); ``dtype`` defaults to the checkpoint's."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} holds no config.json: not a Hugging Face checkpoint folder")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no *.safetensors file")
+    hf = json.loads((folder / "config.json").read_text())
+    cfg = config_from_hf(hf, name=folder.name)
+    if dtype is None:
+        dtype = getattr(torch, str(hf.get("torch_dtype", "bfloat16")), torch.bfloat16)
+    tensors: dict[str, Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    model = LlamaModel(cfg, device=device, dtype=dtype, seed=None)
+    return load_state_dict_hf(model, tensors, where=str(folder))
+
+
+def from_module(module: nn.Module, *, device=None, dtype: torch.dtype | None = None) -> LlamaModel:
+    """A :class:`LlamaModel` with the weights of a Hugging Face ``LlamaForCausalLM`` (or any module with its
+    names: ``model.embed_tokens``, ``model.layers[i].self_attn.{q,k,v,o}_proj``, ``model.layers[i].mlp.
+    {gate,up,down}_proj``, ``model.norm``, ``lm_head``); a module without them is an error naming them."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    inner = getattr(module, "model", None)
+    missing = [n for n, ok in (("model", inner is not None),
+                               ("model.embed_tokens", hasattr(inner, "embed_tokens")),
+                               ("model.layers", hasattr(inner, "layers")), ("model.norm", hasattr(inner, "norm")),
+                               ("lm_head", hasattr(module, "lm_head"))) if not ok]
+    if missing:
+        raise ValueError(f"{type(module).__name__} is not a Llama-style causal LM: it has no {', '.join(missing)}")
+    hf = getattr(getattr(module, "config", None), "to_dict", lambda: None)()
+    if hf is None:
+        raise ValueError(f"{type(module).__name__} has no Hugging Face config (module.config.to_dict())")
+    cfg = config_from_hf(hf, name=type(module).__name__)
+    first = next(module.parameters())
+    model = LlamaModel(cfg, device=device or first.device, dtype=dtype or first.dtype, seed=None)
+    return load_state_dict_hf(model, dict(module.state_dict()), where=type(module).__name__)
+
+
+def describe(cfg: ModelConfig) -> dict[str, Any]:
+    """The config and its parameter counts (what the notebook and the benchmark print)."""
+    counts = cfg.parameter_counts()
+    return {**asdict(cfg), **{f"params_{k}": v for k, v in counts.items()},
+            "head_share": round(cfg.head_share(), 4), "params_total_b": round(sum(counts.values()) / 1e9, 3)}
+
+
+__all__ = ["CONFIGS", "CL100K_SIZE", "KVCache", "LlamaModel", "ModelConfig", "dense_logits", "describe",
+           "from_module", "load_checkpoint", "load_state_dict_hf", "model_config", "save_checkpoint",
+           "state_dict_hf"]

@@ -1,0 +1,130 @@
+"""Everything this chapter takes from chapters 1 and 2, in one place.
+
+Chapter 1 (``studylog.fsm``): the cl100k vocabulary, JSON schema -> regex, the automaton with its
+allowed tokens per state and its forced-token jumps, and the schema suite. Chapter 2
+(``studylog.masked_lm_head``): the allowed-token sets in the form its kernels read, and the masked
+LM head's dispatch. Nothing else in ``studylog.decode`` imports those chapters, so a rename there is
+fixed here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog import fsm as _ch1
+from studylog import masked_lm_head as _ch2
+
+try:  # the suite of chapter 1, in its package or beside it
+    from studylog.fsm import schemas as _suite
+except ImportError:
+    from studylog import fsm_schemas as _suite
+
+# --- chapter 1 ----------------------------------------------------------------------------------------
+TokenVocabulary = _ch1.TokenVocabulary
+ConstrainedFSM = _ch1.ConstrainedFSM
+load_vocabulary = _ch1.load_vocabulary
+compile_fsm = _ch1.compile_fsm
+regex_from_schema = _ch1.regex_from_schema
+#: Whitespace patterns between JSON tokens: ``"default"`` (an optional space) and ``"compact"`` (none).
+WHITESPACE: dict[str, Any] = _suite.WHITESPACE
+
+
+def suite() -> list:
+    """Chapter 1's suite: JSON schemas and regexes, each with ``name``, ``kind``, ``regex(ws)`` and a
+    sampler of valid outputs ``sample(rng, ws)``."""
+    return _suite.suite()
+
+
+def suite_entry(name: str):
+    """One entry of the suite by name."""
+    return _suite.entry(name)
+
+
+class Automaton:
+    """Chapter 1's automaton of one regex over one vocabulary, seen through the few operations the
+    decode loop uses (so that a rename in chapter 1 is fixed here)."""
+
+    def __init__(self, regex: str, vocab: TokenVocabulary, name: str = ""):
+        self.fsm = compile_fsm(regex, vocab, name)
+        self.initial: int = self.fsm.initial
+        #: Seconds: building the token index (outlines-core), and precomputing the jump tables.
+        self.build_seconds: float = self.fsm.build_seconds
+        self.precompute_seconds: float = self.fsm.precompute_seconds
+
+    def next(self, state: int, token: int) -> int | None:
+        """The state after ``token``; None when the token is not allowed there."""
+        return self.fsm.next_state(state, token)
+
+    def walk(self, ids, state: int) -> list[int]:
+        """The states after each prefix of ``ids`` from ``state`` (raises on a disallowed token)."""
+        return self.fsm.walk(ids, state)
+
+    def only_eos(self, state: int) -> bool:
+        """A final state where only EOS is allowed: decoding ends there without a forward pass."""
+        return self.fsm.only_eos(state)
+
+    def token_jump(self, state: int):
+        """The forced-token chain from ``state`` (``.tokens``, ``.data``, ``.end``), or None."""
+        return self.fsm.token_jumps.get(state)
+
+    def char_jump(self, state: int):
+        """The forced-bytes chain from ``state`` (``.data``, ``.end``), or None."""
+        return self.fsm.char_jumps.get(state)
+
+    def allowed_ids(self, state: int) -> np.ndarray:
+        """The sorted allowed token ids of a state (EOS included in final states), int64."""
+        return self.fsm.allowed(state).numpy()
+
+    @property
+    def n_states(self) -> int:
+        return len(self.fsm.states)
+
+    @property
+    def n_token_forced(self) -> int:
+        return len(self.fsm.token_jumps)
+
+
+# --- chapter 2 ----------------------------------------------------------------------------------------
+AllowedTokens = _ch2.AllowedTokens
+FEW_IDS_MAX: int = _ch2.FEW_IDS_MAX
+
+
+def allowed_from_ids(ids: np.ndarray, vocab_size: int, device) -> AllowedTokens:
+    """Chapter 2's allowed set of one sequence, built and checked once (per automaton state)."""
+    return AllowedTokens.from_ids([ids], vocab_size, device=device)
+
+
+def allowed_batch(mask: Tensor, union: np.ndarray, counts: tuple[int, ...]) -> AllowedTokens:
+    """Chapter 2's allowed sets of a batch from parts the caller has already checked: the ``[B, V]`` mask (on
+    the device), the sorted union of the ids (on the host) and each sequence's count. No device round trip."""
+    union_ids = torch.from_numpy(np.ascontiguousarray(union, dtype=np.int32)).to(mask.device, non_blocking=True)
+    few = tuple(int(i) for i in union) if len(union) <= FEW_IDS_MAX else None
+    return AllowedTokens(vocab_size=mask.shape[1], mask=mask, union_ids=union_ids, counts=counts, few_ids=few)
+
+
+def masked_head_kernel(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tensor) -> Tensor:
+    """Chapter 2's masked LM head (its dispatch: the path for this batch size and allowed count): fp32
+    logits for the allowed tokens, ``-inf`` elsewhere. Weights in bf16 or fp16."""
+    return _ch2.masked_logits(h, weight, allowed, out=out)
+
+
+def masked_head_torch(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tensor) -> Tensor:
+    """The same contract in torch (the CPU path: Triton's interpreter is far too slow for a 100k
+    vocabulary): read only the rows of the union of the allowed sets, ``-inf`` elsewhere."""
+    ids = allowed.union_ids.long()
+    out.fill_(float("-inf"))
+    if ids.numel():
+        rows = weight.index_select(0, ids)
+        out.index_copy_(1, ids, torch.mm(h.float(), rows.float().t()))
+        if allowed.batch > 1:
+            out.masked_fill_(~allowed.mask, float("-inf"))
+    return out
+
+
+__all__ = ["AllowedTokens", "ConstrainedFSM", "FEW_IDS_MAX", "TokenVocabulary", "WHITESPACE", "allowed_batch",
+           "allowed_from_ids", "Automaton", "compile_fsm", "load_vocabulary", "masked_head_kernel",
+           "masked_head_torch", "regex_from_schema", "suite", "suite_entry"]

@@ -1,0 +1,305 @@
+"""The chapter's benchmark, figures and headline.
+
+``bench(run)`` (GPU): for the ~1B shape and the ~8B shape's cost model, at batch 1 and 8, every schema of
+chapter 1's suite is decoded in every configuration; each request is steered to a valid sample of the schema
+(:class:`~studylog.decode.grammar.Writer`), so the outputs, and the forced tokens in them, are realistic.
+Recorded per (shape, batch, schema, configuration): the end-to-end time per output token (wall clock of
+the whole request, prefill included, repeated), the time per component of an instrumented run, the forward
+passes and whether the tokens equal step 1's. Beside them, the GPU time of each component alone
+(``BenchRun.gpu_time``) and the Amdahl bound of each chapter. The same sweep runs on a CPU at the tiny
+shape (:func:`sweep` with any object that records like ``BenchRun``), which is what the tests and the
+notebook do.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+import torch
+
+from studylog.decode.grammar import Grammar, suite_names, suite_sample
+from studylog.decode.loop import COMPONENTS, Decoder, Generation
+from studylog.decode.model import LlamaModel, dense_logits, describe, model_config
+
+#: The configurations measured, in the lesson's order: the three steps, then the two comparisons.
+ORDER = ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")
+STEP_OF = {"baseline": 1, "jump_forward": 2, "masked_head": 3}
+PROMPT = "Reply with one JSON value or string that follows the format you are given. Request number {i}."
+LABELS = {"body": "model body", "mask_wait": "mask (host, not hidden)", "head": "LM head",
+          "mask_apply": "mask application", "sampling": "sampling", "host": "host overhead"}
+COLORS = {"body": "#4c72b0", "mask_wait": "#dd8452", "head": "#c44e52", "mask_apply": "#8172b3",
+          "sampling": "#937860", "host": "#8c8c8c"}
+
+
+def series_of(config: str) -> str:
+    """The benchmark series of a configuration: a step's series (``step01``) or the configuration's name."""
+    from studylog.decode import CHAPTER
+
+    return CHAPTER.step(STEP_OF[config]).series if config in STEP_OF else config
+
+
+def wall_clock() -> str:
+    """The clock of an end-to-end row: ``"wall"`` where the harness knows it, else ``"host"`` (the host's
+    time per call; in a loop that waits for the device once per step it is the wall time)."""
+    from studylog.bench import CLOCKS
+
+    return "wall" if "wall" in CLOCKS else "host"
+
+
+def requests(name: str, batch: int, decoder: Decoder, whitespace: str = "compact") -> tuple[list[list[int]], list[str]]:
+    """Prompts and steering targets of a batch: sequence ``i`` writes sample ``i`` of the schema."""
+    prompts = [decoder.vocab.encode(PROMPT.format(i=i)) for i in range(batch)]
+    return prompts, [suite_sample(name, seed=i, whitespace=whitespace) for i in range(batch)]
+
+
+def measure(decoder: Decoder, grammar: Grammar, config: str, prompts, targets, *, max_new_tokens: int,
+            repeats: int) -> tuple[list[Generation], Generation]:
+    """``repeats`` uninstrumented runs of a request (their wall times) and one instrumented (its components),
+    after one warm-up run (graph captures, the automaton's per-state sets)."""
+    decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets, instrument=False)
+    runs = [decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
+                             instrument=False) for _ in range(repeats)]
+    timed = decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
+                             instrument=True)
+    return runs, timed
+
+
+def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Sequence[int],
+          schemas: Sequence[str], configs: Sequence[str] = ORDER, repeats: int = 3, max_new_tokens: int = 160,
+          max_seq: int = 512, dtype: torch.dtype = torch.bfloat16, head_impl: str | None = None,
+          whitespaces: Sequence[str] = ("compact",), both_whitespaces_at: tuple[str, int] | None = None) -> None:
+    """Decode every schema in every configuration and record it with ``run`` (a ``BenchRun``, or any object
+    with its ``record``, ``check`` and ``note``). JSON schemas are compiled with each of ``whitespaces``
+    (chapter 1's ``"compact"``: no space between JSON tokens; ``"default"``: an optional one, which leaves
+    fewer tokens forced); ``both_whitespaces_at`` = ``(shape, batch)`` adds the other one at that case."""
+    from studylog.bench import Timing
+
+    clock = wall_clock()
+    for shape in shapes:
+        cfg = model_config(shape)
+        model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
+        run.note(f"model {shape}: {describe(cfg)}")
+        for batch in batches:
+            decoder = Decoder(model, batch=batch, max_seq=max_seq, head_impl=head_impl)
+            decoder.capture()
+            if torch.device(device).type == "cuda":
+                components(run, decoder, shape)
+            wss = list(whitespaces)
+            if both_whitespaces_at == (shape, batch):
+                wss += [w for w in ("compact", "default") if w not in wss]
+            jobs = [(n, w) for w in wss for n in schemas if w == wss[0] or n in suite_names("json")]
+            for name, ws in jobs:
+                grammar = Grammar.from_suite(name, whitespace=ws)
+                prompts, targets = requests(name, batch, decoder, ws)
+                first = None
+                for config in configs:
+                    runs, timed = measure(decoder, grammar, config, prompts, targets,
+                                          max_new_tokens=max_new_tokens, repeats=repeats)
+                    first = first or timed
+                    same = timed.ids == first.ids
+                    params = {"model": shape, "batch": batch, "schema": name, "whitespace": ws, "config": config}
+                    role = "kernel" if config in STEP_OF else "baseline"
+                    run.record(series_of(config), Timing.of([g.ms_per_token for g in runs], clock=clock),
+                               params=params, role=role, tokens=timed.tokens, forwards=timed.forwards,
+                               passes=sum(timed.passes), jumped=sum(timed.jumped),
+                               retokenized=sum(timed.retokenized), finished=all(timed.finished),
+                               same_tokens_as_step01=same, chunk_lengths=timed.chunk_lengths,
+                               breakdown_ms_per_token=timed.breakdown_per_token(),
+                               instrumented_ms_per_token=timed.ms_per_token,
+                               compile_seconds=grammar.compile_seconds)
+                    if config in ("jump_forward", "masked_head", "automaton_mask"):
+                        run.check("same tokens as step01_baseline", same, params=params)
+            del decoder
+        del model
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def components(run, decoder: Decoder, shape: str) -> None:
+    """GPU time of each component alone, replayed in a CUDA graph (the harness's clock): the body at chunk
+    lengths 1, 8 and the largest, the dense head, the bitmask's application and the sampling (argmax)."""
+    import xgrammar as xgr
+
+    B, V = decoder.batch, decoder.V
+    base = {"model": shape, "batch": B}
+    hidden = torch.randn(B, decoder.model.config.hidden, device=decoder.device, dtype=decoder.model.dtype)
+    logits = torch.randn(B, V, device=decoder.device, dtype=torch.float32)
+    bits = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=decoder.device)
+    for T in sorted({1, 8, decoder.max_chunk} & set(decoder.chunk_sizes)):
+        timing = run.gpu_time(lambda T=T: [decoder.body_call(T)], repeats=3, min_calls=10, reps=5)
+        run.record("body", timing, params={**base, "chunk": T}, role="baseline")
+    run.measure("dense_head", lambda: [lambda: dense_logits(hidden, decoder.model.lm_head, out=logits)],
+                params=base, role="baseline")
+    run.measure("mask_apply", lambda: [lambda: xgr.apply_token_bitmask_inplace(logits, bits, vocab_size=V)],
+                params=base, role="baseline")
+    tok = torch.empty(B, dtype=torch.int64, device=decoder.device)
+    run.measure("sampling", lambda: [lambda: torch.argmax(logits, dim=1, out=tok)], params=base, role="baseline")
+
+
+def bench(run) -> None:  # run: studylog.bench.BenchRun
+    quick = getattr(run, "quick", False)
+    schemas = suite_names()[:4] if quick else suite_names()
+    run.note("Every request is steered to a valid sample of its schema (a bias of 1e4 on the tokenizer's next "
+             "token of the sample): random weights would write gibberish, and gibberish inside a JSON string "
+             "never ends. Every logit is still computed as the model computes it.")
+    run.note("The 8b shape is a cost model: 32 layers share one layer's weights (each reads them from DRAM, "
+             "a layer being far larger than L2), with an untied head of the cl100k vocabulary.")
+    sweep(run, device="cuda", shapes=("1b", "8b"), batches=(1, 8), schemas=schemas, repeats=2 if quick else 3,
+          whitespaces=("compact",), both_whitespaces_at=("1b", 1))
+
+
+class LocalRun:
+    """Records like ``BenchRun`` without a GPU (its rows have the same fields): the CPU sweep of the tests and
+    the notebook. Its timings say how the loop spends a CPU's time, nothing about a GPU."""
+
+    quick = False
+
+    def __init__(self):
+        self.rows: list[dict] = []
+        self.checks: list[dict] = []
+        self.notes: list[str] = []
+
+    def record(self, series: str, ms, *, params: dict, role: str = "kernel", clock: str | None = None, **extra):
+        row = {"series": series, "role": role, "params": dict(params), "ms": ms.median, "clock": "cpu",
+               "spread_ms": ms.spread, **extra}
+        self.rows.append(row)
+        return row
+
+    def check(self, name: str, passed: bool, *, params: dict | None = None, **detail) -> bool:
+        self.checks.append({"name": name, "passed": bool(passed), "params": params or {}, **detail})
+        return bool(passed)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reading the results
+# --------------------------------------------------------------------------------------------------------
+
+def rows_of(results_rows: Sequence[dict], **params: Any) -> list[dict]:
+    return [r for r in results_rows if all(r["params"].get(k) == v for k, v in params.items())]
+
+
+def breakdown(rows: Sequence[dict], model: str, batch: int, kind: str = "json",
+              whitespace: str = "compact") -> dict[str, dict[str, float]]:
+    """Per configuration, the median over the suite's schemas (of ``kind``) of each component per output token
+    (ms), plus ``wall`` (the end-to-end median) and ``forwards_per_token``."""
+    names = set(suite_names(kind)) if kind else None
+    out = {}
+    for config in ORDER:
+        sel = [r for r in rows_of(rows, model=model, batch=batch, config=config, whitespace=whitespace)
+               if names is None or r["params"]["schema"] in names]
+        if not sel:
+            continue
+        parts = {k: statistics.median(r["breakdown_ms_per_token"].get(k, 0.0) for r in sel)
+                 for k in (*COMPONENTS, "mask_host")}
+        parts["wall"] = statistics.median(r["ms"] for r in sel)
+        parts["forwards_per_token"] = statistics.median(r["forwards"] / max(r["tokens"], 1) for r in sel)
+        out[config] = parts
+    return out
+
+
+def amdahl(parts: dict[str, dict[str, float]]) -> dict[str, float]:
+    """What share of the baseline's time per token each chapter could at best remove, and the speedup bound
+    that share gives: chapter 1 the forwards it saves (as if a saved step cost a whole step), chapter 2 the
+    LM head and the mask's application (as if the masked head cost nothing)."""
+    base, jump = parts.get("baseline"), parts.get("jump_forward")
+    out = {}
+    if base:
+        total = sum(base[k] for k in COMPONENTS)
+        share2 = (base["head"] + base["mask_apply"]) / total if total else 0.0
+        out.update(chapter2_share=share2, chapter2_bound=1 / (1 - share2) if share2 < 1 else float("inf"))
+    if base and jump:
+        share1 = 1 - jump["forwards_per_token"] / base["forwards_per_token"]
+        out.update(chapter1_share=share1, chapter1_bound=1 / (1 - share1) if share1 < 1 else float("inf"))
+    return out
+
+
+def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms"):
+    """Stacked bars, one per configuration: time per output token split into the loop's components."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(8, 4))[1]
+    names = list(parts)
+    scale = 1e3 if unit == "µs" else 1.0
+    for i, config in enumerate(names):
+        bottom = 0.0
+        for k in COMPONENTS:
+            v = max(parts[config][k], 0.0) * scale
+            ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.6)
+            bottom += v
+        ax.text(i, bottom, f"{parts[config]['wall'] * scale:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), [series_label(n) for n in names], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(f"time per output token ({unit})")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(True, axis="y", alpha=0.3)
+    return ax
+
+
+def series_label(config: str) -> str:
+    """A configuration's legend label: its step's name (``step01_baseline``) or its own name."""
+    from studylog.decode import CHAPTER
+
+    return CHAPTER.step(STEP_OF[config]).name if config in STEP_OF else config
+
+
+def figures(results) -> dict[str, Any]:
+    """``breakdown``: the stacked bars for each (shape, batch) measured; ``speedup``: step 2 and step 3 over
+    step 1 per schema, ~1B shape, batch 1."""
+    import matplotlib.pyplot as plt
+
+    rows = results.rows
+    cases = [(m, b) for m in ("1b", "8b") for b in (1, 8) if rows_of(rows, model=m, batch=b)]
+    out = {}
+    if cases:
+        fig, axes = plt.subplots(1, len(cases), figsize=(4.6 * len(cases), 4.2), squeeze=False)
+        for ax, (m, b) in zip(axes[0], cases):
+            plot_breakdown(breakdown(rows, m, b), ax=ax, title=f"{m}, batch {b} (median of the JSON schemas)")
+        fig.suptitle(results.caption(), fontsize=8)
+        fig.tight_layout()
+        out["breakdown"] = fig
+    base = {r["params"]["schema"]: r["ms"]
+            for r in rows_of(rows, model="1b", batch=1, config="baseline", whitespace="compact")}
+    if base:
+        fig, ax = plt.subplots(figsize=(10, 4))
+        names = list(base)
+        for k, config in enumerate(("jump_forward", "masked_head")):
+            mine = {r["params"]["schema"]: r["ms"]
+                    for r in rows_of(rows, model="1b", batch=1, config=config, whitespace="compact")}
+            xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
+            ax.bar(xs, [base[n] / mine[n] if n in mine else 0 for n in names], 0.38, label=series_label(config))
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhline(1.25, color="#2ca02c", lw=0.8, ls="--", label="1.25x")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("speedup over step01_baseline (end to end)")
+        ax.set_title(f"1b, batch 1. {results.caption()}", fontsize=8)
+        ax.legend(fontsize=8)
+        out["speedup"] = fig
+    return out
+
+
+def headline(results) -> list[dict]:
+    """Step 3 (and step 2) over step 1, end to end per output token, median over the suite's JSON schemas."""
+    json_names = set(suite_names("json"))
+    out = []
+    for model, batch in (("1b", 1), ("1b", 8), ("8b", 1), ("8b", 8)):
+        for config in ("masked_head", "jump_forward"):
+            ratios = []
+            for r in rows_of(results.rows, model=model, batch=batch, config=config, whitespace="compact"):
+                base = rows_of(results.rows, model=model, batch=batch, config="baseline", whitespace="compact",
+                               schema=r["params"]["schema"])
+                if base and r["params"]["schema"] in json_names:
+                    ratios.append(base[0]["ms"] / r["ms"])
+            if ratios:
+                out.append({"kernel": series_label(config), "baseline": series_label("baseline"),
+                            "case": f"{model} shape, batch {batch}, end to end per output token, median of "
+                                    f"{len(ratios)} JSON schemas (compact whitespace)",
+                            "speedup": statistics.median(ratios)})
+    return out
+
+
+__all__ = ["LocalRun", "ORDER", "amdahl", "bench", "breakdown", "figures", "headline", "measure", "plot_breakdown",
+           "requests", "series_label", "series_of", "sweep", "wall_clock"]

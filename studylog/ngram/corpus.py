@@ -1,0 +1,211 @@
+"""Real token sequences for chapter 3: Python's standard library, as prose and as code, in cl100k tokens.
+
+Uniform random ids (:func:`studylog.ngram.batches.make_batch`) say little about which branches of the
+kernels run on real prompts: text and code repeat tokens in a Zipfian way, so the newest token occurs
+often, 3-gram matches are common and sit early in the haystack. This module builds a small corpus of
+real token windows that ships with the repository, so the benchmark and the tests can use real text on
+a machine without a tokenizer:
+
+* **code**: the source of :data:`CORPUS_FILES` (modules of the Python standard library, found under
+  ``sysconfig.get_paths()["stdlib"]``), each file as it is;
+* **text**: their documentation strings (module, class and function docstrings in source order,
+  ``ast.get_docstring``), one document per file, paragraphs joined by a blank line;
+
+each tokenized with cl100k (``bpe-openai``'s offline copy of the ``cl100k_base`` vocabulary), the files'
+tokens concatenated in the listed order into one stream per kind, and :data:`WINDOWS` windows of
+:data:`WINDOW` tokens taken at evenly spaced starts of each stream. The committed file
+(``assets/data/ngram_corpus.npz``, :data:`CORPUS_PATH`) records the Python version, each file's SHA-256
+and the tokenizer's version beside the ids.
+
+Regenerate it with ``python -m studylog.ngram corpus`` (needs ``bpe-openai``); ``--check`` compares a
+fresh build with the committed file instead of writing it. :func:`load_corpus` reads the committed file
+(numpy only). Batches are built from it by :func:`studylog.ngram.batches.corpus_batch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog.paths import DATA
+
+#: The standard-library modules the corpus reads, sorted (paths under the stdlib folder). Large, stable
+#: modules with both long code and long docstrings.
+CORPUS_FILES = (
+    "argparse.py", "ast.py", "dataclasses.py", "difflib.py", "doctest.py", "email/message.py", "enum.py",
+    "functools.py", "inspect.py", "logging/__init__.py", "pickle.py", "pydoc.py", "shutil.py", "statistics.py",
+    "subprocess.py", "tarfile.py", "textwrap.py", "threading.py", "typing.py", "unittest/case.py",
+)
+#: The two kinds of document: documentation prose, and Python source.
+KINDS = ("text", "code")
+#: Tokens per window, and windows per kind.
+WINDOW = 4096
+WINDOWS = 16
+#: The vocabulary.
+TOKENIZER = "cl100k_base"
+#: The committed corpus.
+CORPUS_PATH = DATA / "ngram_corpus.npz"
+
+
+def stdlib_folder() -> Path:
+    """The folder of this Python's standard library (``sysconfig.get_paths()["stdlib"]``)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def docstrings(source: str) -> str:
+    """The documentation strings of a module's source: the module's, then every class's and function's
+    in source order (``ast.get_docstring``, cleaned), joined by a blank line."""
+    tree = ast.parse(source)
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    nodes = [tree] + sorted(defs, key=lambda n: (n.lineno, n.col_offset))
+    return "\n\n".join(d for d in (ast.get_docstring(n, clean=True) for n in nodes) if d)
+
+
+def corpus_documents(stdlib: Path | None = None) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The documents of each kind (one per file of :data:`CORPUS_FILES`, in order) and each file's SHA-256."""
+    folder = stdlib_folder() if stdlib is None else Path(stdlib)
+    docs: dict[str, list[str]] = {kind: [] for kind in KINDS}
+    digests = {}
+    for name in CORPUS_FILES:
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the corpus reads {name} of the Python standard library")
+        raw = path.read_bytes()
+        digests[name] = hashlib.sha256(raw).hexdigest()
+        source = raw.decode("utf-8")
+        docs["code"].append(source)
+        docs["text"].append(docstrings(source))
+    return docs, digests
+
+
+def window_starts(stream_len: int, windows: int = WINDOWS, window: int = WINDOW) -> list[int]:
+    """Evenly spaced starts of ``windows`` windows of ``window`` tokens in a stream (first at 0, last at the
+    end; they overlap only when the stream is shorter than all of them together)."""
+    if stream_len < window:
+        raise ValueError(f"a stream of {stream_len} tokens holds no window of {window}")
+    if windows == 1:
+        return [0]
+    return [i * (stream_len - window) // (windows - 1) for i in range(windows)]
+
+
+def build_corpus(stdlib: Path | None = None) -> dict:
+    """Tokenize the documents and cut the windows: ``{"text": int32 [WINDOWS, WINDOW], "code": ...,
+    "meta": {...}}``. Needs ``bpe-openai``."""
+    try:
+        import bpe_openai
+    except ImportError as exc:
+        raise ImportError("building the n-gram corpus needs the tokenizer package bpe-openai "
+                          "(pip install bpe-openai); loading the committed corpus does not") from exc
+    encoding = bpe_openai.get_encoding(TOKENIZER)
+    docs, digests = corpus_documents(stdlib)
+    out: dict = {}
+    meta = {"python": ".".join(map(str, sys.version_info[:3])), "tokenizer": TOKENIZER,
+            "bpe_openai": getattr(bpe_openai, "__version__", "unknown"), "files": list(CORPUS_FILES),
+            "sha256": digests, "window": WINDOW, "windows": WINDOWS, "stream_tokens": {}, "window_starts": {},
+            "how": "python -m studylog.ngram corpus (studylog/ngram/corpus.py)"}
+    for kind in KINDS:
+        stream: list[int] = []
+        for doc in docs[kind]:
+            stream += encoding.encode(doc)
+        starts = window_starts(len(stream))
+        out[kind] = np.array([stream[s:s + WINDOW] for s in starts], dtype=np.int32)
+        meta["stream_tokens"][kind] = len(stream)
+        meta["window_starts"][kind] = starts
+    out["meta"] = meta
+    return out
+
+
+def write_corpus(path: Path = CORPUS_PATH, stdlib: Path | None = None) -> Path:
+    """Build the corpus and write it as a compressed ``.npz`` (ids as int32, the metadata as JSON)."""
+    corpus = build_corpus(stdlib)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **{k: corpus[k] for k in KINDS}, meta=np.array(json.dumps(corpus["meta"], indent=1)))
+    return path
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The committed windows: ``tokens[kind]`` is an int64 tensor [windows, window] of cl100k ids."""
+
+    tokens: dict[str, Tensor]
+    meta: dict
+
+    @property
+    def window(self) -> int:
+        return int(self.meta["window"])
+
+    def stream(self, kind: str, first_window: int, length: int, offset: int = 0) -> Tensor:
+        """``length`` tokens of ``kind`` starting ``offset`` tokens into window ``first_window``, running on
+        through the following windows (cyclically). Raises if that would reach the first window again."""
+        windows = self.tokens[kind]
+        count, window = windows.shape
+        needed = -(-(offset + length) // window)
+        if needed > count:
+            raise ValueError(f"{length} tokens from offset {offset} need {needed} windows of {window}; "
+                             f"the corpus has {count} of {kind}")
+        order = [(first_window + j) % count for j in range(needed)]
+        return windows[order].reshape(-1)[offset:offset + length]
+
+
+def load_corpus(path: Path = CORPUS_PATH) -> Corpus:
+    """The committed corpus (numpy only; no tokenizer needed)."""
+    with np.load(Path(path), allow_pickle=False) as f:
+        meta = json.loads(str(f["meta"]))
+        tokens = {kind: torch.from_numpy(f[kind].astype(np.int64)) for kind in KINDS}
+    return Corpus(tokens, meta)
+
+
+def stdlib_differences(meta: dict, stdlib: Path | None = None) -> list[str]:
+    """The corpus files whose bytes differ from (or are missing in) this Python's standard library: a
+    rebuild reproduces the committed ids only where this list is empty."""
+    folder = stdlib_folder() if stdlib is None else Path(stdlib)
+    differ = []
+    for name, digest in meta["sha256"].items():
+        path = folder / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            differ.append(name)
+    return differ
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studylog.ngram corpus",
+                                     description="Build chapter 3's corpus of real token windows (needs bpe-openai).")
+    parser.add_argument("--out", type=Path, default=CORPUS_PATH, help="where to write the .npz")
+    parser.add_argument("--check", action="store_true", help="compare a fresh build with the file instead of writing")
+    args = parser.parse_args(argv)
+    if args.check:
+        committed = load_corpus(args.out)
+        differ = stdlib_differences(committed.meta)
+        if differ:
+            print(f"this Python's standard library differs from the one the corpus was built from "
+                  f"(Python {committed.meta['python']}) in {', '.join(differ)}: a rebuild cannot match")
+            return 2
+        fresh = build_corpus()
+        same = all(np.array_equal(fresh[k], committed.tokens[k].numpy()) for k in KINDS)
+        print("the committed corpus matches a fresh build" if same else "the committed corpus DIFFERS from a fresh build")
+        return 0 if same else 1
+    path = write_corpus(args.out)
+    corpus = load_corpus(path)
+    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): "
+          + ", ".join(f"{k} {tuple(corpus.tokens[k].shape)} from a stream of {corpus.meta['stream_tokens'][k]:,} tokens"
+                      for k in KINDS))
+    return 0
+
+
+__all__ = ["CORPUS_FILES", "KINDS", "WINDOW", "WINDOWS", "TOKENIZER", "CORPUS_PATH", "stdlib_folder", "docstrings",
+           "corpus_documents", "window_starts", "build_corpus", "write_corpus", "Corpus", "load_corpus",
+           "stdlib_differences", "main"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Chapter 5: ternary (-1/0/+1) matmul, ``z = x @ W.T / scale``, in Triton (steps 1 to 9) then CUDA C++
+(steps 10 to 13).
+
+Every weight is -1, 0 or +1, as in BitNet b1.58. ``W`` is stored like an ``nn.Linear`` weight, ``(N, K)``;
+``x`` is ``(M, K)`` (or a vector ``(K,)``); ``z`` is float32. Each step is a kernel next to the previous one,
+so that the diff is the lesson; ``CHAPTER.steps`` lists them, each with its public function
+``stepNN_<slug>`` and its benchmark series ``stepNN``:
+
+* :mod:`~studylog.ternary.formats`: the packed layouts (:class:`PackedTernary`), BitNet's quantisation, the
+  float64 reference and tolerance, the checks every wrapper runs;
+* :mod:`~studylog.ternary.triton_steps`: steps 1 to 7 (dense weights, int8, 2-bit, M = 1, ``tl.dot``,
+  base 3);
+* :mod:`~studylog.ternary.triton_mma`: steps 8 (int8 activations) and 9 (a 2-bit layout for the MMA);
+* :mod:`~studylog.ternary.cuda_steps`: steps 10 (``mma.sync`` by hand) and 11 (weights by the TMA);
+* :mod:`~studylog.ternary.w2a8`: steps 12 and 13 (W2A8 in CUDA C++);
+* :mod:`~studylog.ternary.report`: the benchmark, figures and headline.
+
+:func:`ternary_matmul` is the chapter's general entry point: it picks the step for the weights' format,
+the rows of x and the GPU.
+"""
+
+from __future__ import annotations
+
+from studylog.chapter import Chapter
+from studylog.ternary import report
+from studylog.ternary.cuda_steps import (CUDA_MMA_INSTANCES, CUDA_MMA_SMEM_LIMIT, CUDA_WORKSPACE, PROBES,
+                                         RING_BARRIER_BYTES, SMEM_LIMIT, TMA_INSTANCES, TMA_SHAPES, CudaMmaConfig,
+                                         TmaConfig, cuda_mma_config, cuda_mma_max_groups_per_slice,
+                                         cuda_mma_smem_bytes, step10_cuda_mma, step11_probe, step11_tma, tma_config,
+                                         tma_max_groups_per_slice, tma_smem_bytes)
+from studylog.ternary.formats import (FORMATS, FP32_TOLERANCE, GROUP_BYTES, GROUP_WEIGHTS_2BIT, GROUP_WEIGHTS_BASE3,
+                                      GROUP_WORDS, INT32_FORMATS, MMA_X_DTYPES, TILE_ROWS, X_DTYPES, ZERO_BYTE,
+                                      ZERO_WORD, PackedTernary, Scale, base3_table, base3_table_values,
+                                      check_ternary_values, error_ratio, pack_2bit, pack_2bit_mma, pack_2bit_tiles,
+                                      pack_base3, packed_cols, quantize_absmean, quantize_activations, reference,
+                                      unpack_2bit, unpack_2bit_mma, unpack_2bit_tiles, unpack_base3)
+from studylog.ternary.report import (BENCH_SHAPES, TIMERS, bench, figures, headline, series_ms, shapes_in,
+                                     speedup_table, target_checks, timeline_figure)
+from studylog.ternary.triton_mma import (BF16_HALF_BITS, FP16_ONE_BITS, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
+                                         SPLIT_WORKSPACE, W2A8_CONFIGS, mma_2bit_kernel, mma_block_m, pair_weights,
+                                         step08_w2a8_dot, step09_mma, w2a8_dot_kernel)
+from studylog.ternary.triton_steps import (DOT3_CONFIGS_FEW, DOT3_CONFIGS_MANY, DOT_CONFIGS_FEW, DOT_CONFIGS_MANY,
+                                           GEMV3_CONFIGS, GEMV_CONFIGS, V1_CONFIGS, V3_CONFIGS, block_m_for,
+                                           config_dict, dot_2bit_kernel, dot_base3_kernel, gemv_2bit_kernel,
+                                           gemv_base3_kernel, int8_v2_kernel, packed2_v3_kernel, sign_v1_kernel,
+                                           step01_sign, step02_int8, step03_2bit, step04_gemv, step05_dot,
+                                           step06_base3_gemv, step07_base3_dot, ternary_seed)
+from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W2A8_PROBES, W2A8_QUANTIZE,
+                                   W2A8_QUANTIZE_INSTANCES, W2A8_SHAPES, W2A8_STAGED_GROUPS_PER_WARP,
+                                   W2A8_STAGED_SHAPES, W2A8_TILES_INSTANCES, W2A8_TILES_SHAPES, W2A8Config, W2A8Plan,
+                                   W2A8TilesConfig, W2A8TilesPlan, step12_probe, step12_timeline, step12_w2a8,
+                                   step13_w2a8_tiles, w2a8_blocks_per_sm, w2a8_config, w2a8_default_quantize,
+                                   w2a8_max_groups_per_slice, w2a8_plan, w2a8_plan_takes, w2a8_quantize,
+                                   w2a8_smem_bytes, w2a8_tiles_config, w2a8_tiles_plan, w2a8_x_order)
+
+from studylog.ternary.steps import CSRC, RENAMED_SERIES, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
+
+CHAPTER = Chapter(
+    name="ternary",
+    number=5,
+    title="Ternary matmul: Triton, then CUDA C++ with MMA, TMA and int8 activations",
+    notebooks=("05_ternary_matmul",),
+    steps=STEPS,
+    bench=bench,
+    figures=figures,
+    headline=headline,
+    baselines=report.BASELINES,
+    renamed_series=RENAMED_SERIES,
+)
+
+__all__ = [
+    "CHAPTER", "STEPS", "SERIES", "STEP_CONFIGS", "STEP_WEIGHTS", "RENAMED_SERIES", "CSRC", "ternary_matmul",
+    # the steps
+    "step01_sign", "step02_int8", "step03_2bit", "step04_gemv", "step05_dot", "step06_base3_gemv",
+    "step07_base3_dot", "step08_w2a8_dot", "step09_mma", "step10_cuda_mma", "step11_tma", "step12_w2a8",
+    "step13_w2a8_tiles", "step11_probe", "step12_probe", "step12_timeline", "ternary_seed",
+    # their kernels (what show_source and show_diff read)
+    "sign_v1_kernel", "int8_v2_kernel", "packed2_v3_kernel", "gemv_2bit_kernel", "dot_2bit_kernel",
+    "gemv_base3_kernel", "dot_base3_kernel", "w2a8_dot_kernel", "mma_2bit_kernel", "pair_weights",
+    # formats, quantisation, reference
+    "FORMATS", "INT32_FORMATS", "GROUP_WORDS", "GROUP_WEIGHTS_2BIT", "GROUP_BYTES", "GROUP_WEIGHTS_BASE3",
+    "ZERO_WORD", "ZERO_BYTE", "TILE_ROWS", "X_DTYPES", "MMA_X_DTYPES", "Scale", "PackedTernary", "packed_cols",
+    "pack_2bit", "unpack_2bit", "pack_2bit_mma", "unpack_2bit_mma", "pack_2bit_tiles", "unpack_2bit_tiles",
+    "pack_base3", "unpack_base3", "base3_table", "base3_table_values", "check_ternary_values",
+    "quantize_absmean", "quantize_activations", "FP32_TOLERANCE", "reference", "error_ratio",
+    "BF16_HALF_BITS", "FP16_ONE_BITS",
+    # configs of the Triton steps
+    "config_dict", "V1_CONFIGS", "V3_CONFIGS", "GEMV_CONFIGS", "GEMV3_CONFIGS", "DOT_CONFIGS_FEW",
+    "DOT_CONFIGS_MANY", "DOT3_CONFIGS_FEW", "DOT3_CONFIGS_MANY", "W2A8_CONFIGS", "MMA_CONFIGS_FEW",
+    "MMA_CONFIGS_MANY", "block_m_for", "mma_block_m", "SPLIT_WORKSPACE",
+    # launches of the CUDA C++ steps
+    "CudaMmaConfig", "CUDA_MMA_INSTANCES", "CUDA_MMA_SMEM_LIMIT", "cuda_mma_config", "cuda_mma_smem_bytes",
+    "cuda_mma_max_groups_per_slice", "CUDA_WORKSPACE", "TmaConfig", "TMA_SHAPES", "TMA_INSTANCES", "SMEM_LIMIT",
+    "RING_BARRIER_BYTES", "tma_config", "tma_smem_bytes", "tma_max_groups_per_slice", "PROBES",
+    "W2A8Config", "W2A8_SHAPES", "W2A8_STAGED_SHAPES", "W2A8_QUANTIZE", "W2A8_QUANTIZE_INSTANCES",
+    "W2A8_INSTANCES", "W2A8_MAX_K", "W2A8_PROBES", "W2A8_STAGED_GROUPS_PER_WARP", "TIMELINE_SLOTS", "W2A8Plan",
+    "w2a8_config", "w2a8_plan", "w2a8_plan_takes", "w2a8_default_quantize", "w2a8_blocks_per_sm",
+    "w2a8_smem_bytes", "w2a8_max_groups_per_slice", "w2a8_quantize", "w2a8_x_order",
+    "W2A8TilesConfig", "W2A8_TILES_SHAPES", "W2A8_TILES_INSTANCES", "W2A8TilesPlan", "w2a8_tiles_config",
+    "w2a8_tiles_plan",
+    # the benchmark and its reading
+    "bench", "figures", "headline", "BENCH_SHAPES", "TIMERS", "speedup_table", "target_checks", "shapes_in",
+    "series_ms", "timeline_figure",
+]

@@ -1,0 +1,318 @@
+"""Chapter 5, steps 10 and 11: step 9's words and decode in CUDA C++ (``studylog/ternary/csrc``).
+
+10. :func:`step10_cuda_mma` (``ternary_mma.cu``): the same layout and decode on ``mma.sync``, scheduled by
+    hand: each thread loads its own weights ahead of the one it decodes; x in shared memory.
+11. :func:`step11_tma` (``ternary_bulk.cu``): the weights (and x) brought into shared memory by the Tensor
+    Memory Accelerator (``cp.async.bulk``, a producer warp, mbarriers; Hopper GPUs and later), the K of a
+    block shared by its warps. :func:`step11_probe` builds it with parts left out, to time what limits it.
+
+Both read weights in the ``2bit_tiles`` format (``PackedTernary.pack(w, "2bit_tiles")``) and bf16 or fp16 x,
+and run on a GPU only (on the CPU the wrappers check their inputs, then say so).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import triton
+from jaxtyping import Float
+from torch import Tensor
+
+from studylog import cuda, runtime
+from studylog.ternary.formats import (GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, _check_packed,
+                                      _check_scale, _check_x, _prepare_out, _SplitWorkspace, _x_k)
+
+# ----------------------------------------------------------------------------------------------
+# Step 10: the same layout and decode in CUDA C++ (csrc/ternary_mma.cu), on mma.sync
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CudaMmaConfig:
+    """A launch of step 10: ``row_tiles`` tiles of 16 weight rows a warp, ``warps`` a block, ``stages``
+    groups of 256 weights a row in flight per thread, and K cut into ``slices`` (grid.y; more when
+    a slice of x would not fit in shared memory)."""
+
+    row_tiles: int = 2
+    stages: int = 2
+    warps: int = 8
+    slices: int = 1
+
+    def __post_init__(self):
+        if self.row_tiles not in (1, 2) or self.stages != 2:
+            raise ValueError(f"row_tiles must be 1 or 2 and stages 2 (the compiled instances), "
+                             f"got {self.row_tiles}, {self.stages}")
+        if self.warps not in (1, 2, 4, 8) or isinstance(self.slices, bool) or not isinstance(self.slices, int) \
+                or self.slices < 1:
+            raise ValueError(f"warps must be 1, 2, 4 or 8 and slices a positive int, got {self.warps}, {self.slices}")
+
+    @property
+    def rows(self) -> int:
+        """Weight rows a block covers."""
+        return 16 * self.row_tiles * self.warps
+
+
+def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int) -> str:
+    return f"ternary_mma<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}>"
+
+
+#: The instances step 10 launches: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp,
+#: 2 groups in flight. (On the H200, 4 in flight was never faster: more registers, fewer warps.)
+CUDA_MMA_INSTANCES = tuple(_cuda_mma_instance(b, mt, rt, 2) for b in (True, False) for mt in (1, 2) for rt in (1, 2))
+CUDA_MMA_SIGNATURE = ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
+cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.CudaKernel":
+    # Looked up once: compiling, loading and finding a kernel cost far more than the launch itself
+    # (tens of microseconds, which would show up in the timings of a 5-microsecond kernel).
+    module = cuda.load("ternary_mma", name_expressions=instances, device=device_index)
+    return module.kernel(name, CUDA_MMA_SIGNATURE)
+
+
+def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
+    """Step 10's launch for an (M, N, K) problem, from a sweep on the H200 (the notebook shows it).
+    One row of x: blocks of 8 warps x 2 row tiles (256 rows of W), and K cut until there are about
+    two blocks per SM (at most 8 slices on 132 SMs: 4096 rows make 16 row blocks, 8 slices). More
+    rows of x: one row tile a warp (the MMAs double, registers too), and K cut as far as the copy of
+    x in shared memory needs."""
+    sms = sms or runtime.sm_count()
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    if m <= 8:
+        row_blocks = triton.cdiv(n, 256)
+        slices = round(2 * sms / max(row_blocks, 32))  # about 2 blocks a SM; 8 slices at most on 132 SMs
+        return CudaMmaConfig(row_tiles=2, stages=2, warps=8, slices=max(1, min(groups, slices)))
+    return CudaMmaConfig(row_tiles=1, stages=2, warps=8, slices=1)
+
+
+#: Shared memory a block of step 10 may take for its copy of x (the most without opting in).
+CUDA_MMA_SMEM_LIMIT = 48 * 1024
+
+
+def cuda_mma_smem_bytes(x_rows: int, groups_per_slice: int) -> int:
+    """Shared memory of a step-10 block: x_rows rows of x over one slice of K, 64 bytes of padding a row."""
+    return x_rows * (groups_per_slice * 32 + 4) * 16
+
+
+def cuda_mma_max_groups_per_slice(x_rows: int) -> int:
+    """The longest slice of K (in groups of 256) whose copy of x fits CUDA_MMA_SMEM_LIMIT."""
+    return max(1, (CUDA_MMA_SMEM_LIMIT // (16 * x_rows) - 4) // 32)
+
+
+CUDA_WORKSPACE = _SplitWorkspace()  # not step 9's: its sums must stay zeros, these need not
+
+
+def _cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type,
+                    what: str) -> tuple:
+    """Checks shared by steps 10 and 11 (on the CPU too, before the GPU is asked for), then x in rows
+    that start on 16-byte boundaries: (x2, vector, w, scale tensor, its stride, z)."""
+    x2, vector = _check_x(x, _x_k(w), dtypes=MMA_X_DTYPES)
+    m, k = x2.shape
+    w = _check_packed(w, "2bit_tiles", k, x2)
+    if w.data.data_ptr() % 16:
+        raise ValueError("w.data must start on a 16-byte boundary (the kernel loads 16 bytes at a time)")
+    s, s_stride = _check_scale(scale, w.n, x2)
+    z = _prepare_out(out, m, w.n, x2)
+    if config is not None and type(config) is not config_type:  # (a W2A8Config is a TmaConfig too)
+        raise TypeError(f"config must be a {config_type.__name__}, got {type(config).__name__}")
+    runtime.require_gpu(what)
+    return _aligned_rows(x2), vector, w, s, s_stride, z
+
+
+def _aligned_rows(x2: Tensor) -> Tensor:
+    """x2, or a zero-padded copy whose rows start on 16-byte boundaries: the kernels load x 16 bytes
+    at a time."""
+    if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0:
+        return x2
+    m, k = x2.shape
+    padded = torch.zeros(m, triton.cdiv(k, 8) * 8, dtype=x2.dtype, device=x2.device)
+    padded[:, :k] = x2
+    return padded
+
+
+def step10_cuda_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                    out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 10: step 9's words and decode in CUDA C++ on ``mma.sync`` (GPU only), weights in the
+    ``2bit_tiles`` format (``PackedTernary.pack(w, "2bit_tiles")``). Built for few rows
+    of x (M <= 16 a block; larger M runs, re-decoding the weights once per 16 rows of x)."""
+    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, CudaMmaConfig,
+                                                    "step 10 (CUDA C++ ternary_mma)")
+    m, k = x2.shape
+    cfg = config or cuda_mma_config(m, w.n, k)
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    col_tiles = 1 if m <= 8 else 2
+    per_slice = min(triton.cdiv(groups, cfg.slices), cuda_mma_max_groups_per_slice(min(m, 8 * col_tiles)))
+    slices = triton.cdiv(groups, per_slice)  # (more slices than asked when x's slice would not fit)
+    grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
+    sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
+    name = _cuda_mma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages)
+    kernel = _cuda_mma_kernel(name, x2.device.index or 0, CUDA_MMA_INSTANCES)
+    kernel(grid, (32 * cfg.warps,), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0), s_stride,
+           per_slice, shared_mem=cuda_mma_smem_bytes(min(m, 8 * col_tiles), per_slice))
+    return z[0] if vector else z
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 11: step 10's decode and MMAs, the weights brought into shared memory by the TMA
+# (csrc/ternary_bulk.cu)
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TmaConfig:
+    """A launch of step 11: a block owns ``row_tiles`` tiles of 16 weight rows and its ``warps``
+    consumer warps (plus one producer warp) split the block's K among themselves; the producer keeps
+    ``stages`` stages of ``chunk`` groups (1 KiB each) per warp and tile in flight. ``slices`` cuts
+    K across blocks too (grid.y; more when a block's x would not fit in shared memory)."""
+
+    row_tiles: int = 1
+    warps: int = 8
+    stages: int = 4
+    chunk: int = 1
+    slices: int = 1
+
+    def __post_init__(self):
+        if (self.row_tiles, self.stages, self.chunk) not in self.compiled_shapes():
+            raise ValueError(f"(row_tiles, stages, chunk) must be one of the compiled {self.compiled_shapes()}, "
+                             f"got {(self.row_tiles, self.stages, self.chunk)}")
+        if self.warps not in (1, 2, 4, 8, 16) or isinstance(self.slices, bool) or not isinstance(self.slices, int) \
+                or self.slices < 1:
+            raise ValueError(f"warps must be 1, 2, 4, 8 or 16 and slices a positive int, got {self.warps}, "
+                             f"{self.slices}")
+
+    @staticmethod
+    def compiled_shapes() -> tuple:
+        return TMA_SHAPES
+
+    @property
+    def rows(self) -> int:
+        """Weight rows a block covers."""
+        return 16 * self.row_tiles
+
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes of weights one stage holds."""
+        return 1024 * self.warps * self.row_tiles * self.chunk
+
+
+#: (row_tiles, stages, chunk) of the compiled step-11 instances (with CHUNK = 4 or 8, or RT = 2 and
+#: CHUNK = 4, ptxas spills; 8 stages were never faster than 4 on the H200, but 8 of CHUNK 1 are kept
+#: for the sweep in the notebook).
+TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
+
+
+def _tma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
+    return f"ternary_bulk<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+
+
+TMA_INSTANCES = tuple(_tma_instance(b, mt, *shape) for b in (True, False) for mt in (1, 2) for shape in TMA_SHAPES)
+cuda.declare_instances("ternary_bulk", TMA_INSTANCES)
+
+#: Dynamic shared memory of a step-11 block: its mbarriers, the stages and x (the H100/H200 allow 227 KiB
+#: a block, static shared memory included; finish_split has a little).
+SMEM_LIMIT = 224 * 1024
+RING_BARRIER_BYTES = 512  # RING_BARRIER_BYTES in ternary_ring.cuh
+
+
+def tma_smem_bytes(cfg: TmaConfig, x_rows: int, groups_per_slice: int) -> int:
+    return RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + cuda_mma_smem_bytes(x_rows, groups_per_slice)
+
+
+def tma_max_groups_per_slice(cfg: TmaConfig, x_rows: int) -> int:
+    """The longest slice of K (in groups of 256) whose copy of x fits beside the stages."""
+    room = SMEM_LIMIT - RING_BARRIER_BYTES - cfg.stages * cfg.stage_bytes
+    return max(1, (room // (16 * x_rows) - 4) // 32)
+
+
+@functools.lru_cache(maxsize=None)
+def _tma_kernel(name: str, device_index: int, instances: tuple, options: tuple = ()) -> "cuda.CudaKernel":
+    module = cuda.load("ternary_bulk", name_expressions=instances, device=device_index, options=options)
+    kernel = module.kernel(name, CUDA_MMA_SIGNATURE)
+    kernel.set_max_dynamic_shared_memory(SMEM_LIMIT)
+    return kernel
+
+
+def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
+    """Step 11's launch for an (M, N, K) problem, from a sweep on the H200 (4096 x 14336, 8192 x 28672,
+    14336 x 4096, M = 1 and 16): 4 stages of 1 group a warp and tile. One tile of 16 rows a block,
+    with 8 warps for a long K and 4 for K <= 8192; two tiles and 4 warps a block when there are more
+    than two tiles an SM and K is long (8192 x 28672: fewer blocks, each copying x once for two
+    tiles). Above 8 rows of x, two tiles and 8 warps."""
+    sms = sms or runtime.sm_count()
+    tiles = triton.cdiv(n, 16)
+    if m > 8:
+        return TmaConfig(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
+    if tiles > 2 * sms and k > 8192:
+        return TmaConfig(row_tiles=2, warps=4, stages=4, chunk=1, slices=1)
+    return TmaConfig(row_tiles=1, warps=8 if k > 8192 else 4, stages=4, chunk=1, slices=1)
+
+
+def step11_tma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 11: step 10 with the weights copied into shared memory by the TMA (``cp.async.bulk``, a
+    producer warp and mbarriers; Hopper GPUs and later), weights in the ``2bit_tiles`` format."""
+    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, TmaConfig,
+                                                    "step 11 (CUDA C++ ternary_bulk)")
+    m, k = x2.shape
+    if torch.cuda.get_device_capability(x2.device)[0] < 9:
+        raise RuntimeError("step 11 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
+                           f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
+    cfg = config or tma_config(m, w.n, k)
+    _launch_tma(_pad_k_to_8(x2), w, s, s_stride, z, cfg, probe=0)
+    return z[0] if vector else z
+
+
+def _pad_k_to_8(x2: Tensor) -> Tensor:
+    """The copy engine moves x in 16-byte pieces: rows padded with zeros to a multiple of 8."""
+    m, k = x2.shape
+    if k % 8 == 0:
+        return x2
+    padded = torch.zeros(m, triton.cdiv(k, 8) * 8, dtype=x2.dtype, device=x2.device)
+    padded[:, :k] = x2
+    return padded
+
+
+#: What each BULK_PROBE build of step 11 keeps (the benchmark times them to show what limits it).
+PROBES = {1: "copies only", 2: "arithmetic only", 3: "launch only"}
+
+
+def step11_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
+               config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
+    """A step-11 launch with parts left out (``PROBES``), as a function to time: 1 keeps the
+    copies and drops the arithmetic, 2 the reverse (on whatever shared memory holds), 3 returns at
+    once. Its output means nothing; the time says what the full kernel pays for each part."""
+    if probe not in PROBES:
+        raise ValueError(f"probe must be one of {sorted(PROBES)} ({PROBES}), got {probe!r}")
+    x2, _, w, s, s_stride, z = _cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-11 probe")
+    cfg = config or tma_config(x2.shape[0], w.n, x2.shape[1])
+    x2 = _pad_k_to_8(x2)
+    return lambda: _launch_tma(x2, w, s, s_stride, z, cfg, probe=probe)
+
+
+def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor, cfg: TmaConfig,
+                 probe: int) -> Tensor:
+    """Launch step 11 on checked arguments; ``probe`` > 0 launches one of the .cu's BULK_PROBE builds."""
+    m, k = x2.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    col_tiles = 1 if m <= 8 else 2
+    x_rows = min(m, 8 * col_tiles)
+    if RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + cuda_mma_smem_bytes(x_rows, 1) > SMEM_LIMIT:
+        raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
+                         f"{SMEM_LIMIT} bytes of shared memory")
+    if cfg.warps > 8 and cfg.row_tiles * col_tiles > 1:
+        raise ValueError(f"{cfg}: more than 8 warps a block only with one tile of W and 8 rows of x or fewer "
+                         f"(the kernel's launch bounds); this call has {cfg.row_tiles} row tiles and M = {m}")
+    per_slice = min(triton.cdiv(groups, cfg.slices), tma_max_groups_per_slice(cfg, x_rows))
+    slices = triton.cdiv(groups, per_slice)
+    grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
+    sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
+    name = _tma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
+    options = (f"-DBULK_PROBE={probe}",) if probe else ()
+    kernel = _tma_kernel(name, x2.device.index or 0, (name,) if probe else TMA_INSTANCES, options)
+    kernel(grid, (32 * (cfg.warps + 1),), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0),
+           s_stride, per_slice, shared_mem=tma_smem_bytes(cfg, x_rows, per_slice))
+    return z
+
+

@@ -1,0 +1,459 @@
+"""Chapter 5's formats and shared checks: the packed ternary layouts, BitNet's quantisation, the float64
+reference and tolerance, and the input checks every step's wrapper runs before a kernel sees its inputs.
+
+Packed layouts. Each is a small transpose, so that one decode step over a tile of words yields weights
+whose activations are *contiguous* in memory (one vector load of x serves a whole field):
+
+* **2-bit** (``"2bit"``, steps 3 to 8): each row's K weights are cut into groups of 256, stored as 16 int32
+  words. Word ``t`` of a group holds weights ``16 j + t`` (j = 0..15) in bits ``2j, 2j+1``, as the code
+  ``w + 1``.
+* **base 3** (``"base3"``, steps 6 and 7): groups of 80 weights stored as 16 bytes. Byte ``t`` of a group
+  holds weights ``16 d + t`` (d = 0..4) as the number ``sum_d (w + 1) 3^d`` (0..242).
+* **2-bit, MMA order** (``"2bit_mma"``, step 9): groups of 256 weights in 16 int32 words again, but word
+  ``t`` holds weights ``32 p + 2 t + h`` (p = 0..7, h = 0, 1) in bits ``16 h + 2 p``: the low half holds an
+  even weight and the high half the next one. Field p of both halves of words 0..15 is then the 32
+  consecutive weights ``32 p .. 32 p + 31``, pair by pair, which is how the MMA wants its A operand.
+* **2-bit tiles** (``"2bit_tiles"``, steps 10 to 13): the MMA-order words reordered so that what one warp
+  loads for one group of a tile of 16 rows is 1 KiB of consecutive memory (:func:`pack_2bit_tiles`).
+
+Padding (K up to a whole group) holds zero weights, so rows are a whole number of 64- or 16-byte
+groups: every row starts aligned and loads stay vectorised.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import torch
+import triton
+from jaxtyping import Float, Int8, Int32, Shaped, UInt8
+from torch import Tensor
+
+from studylog import runtime
+
+# ----------------------------------------------------------------------------------------------
+# Packed formats
+# ----------------------------------------------------------------------------------------------
+
+GROUP_WORDS = 16  #: int32 words in a 2-bit group
+GROUP_WEIGHTS_2BIT = 256  #: weights in a 2-bit group (16 words x 16 fields)
+GROUP_BYTES = 16  #: bytes in a base-3 group
+GROUP_WEIGHTS_BASE3 = 80  #: weights in a base-3 group (16 bytes x 5 digits)
+ZERO_WORD = 0x55555555  #: a 2-bit word of 16 zero weights (every code is 01)
+ZERO_BYTE = 121  #: a base-3 byte of 5 zero weights (1 + 3 + 9 + 27 + 81)
+FORMATS = ("2bit", "base3", "2bit_mma", "2bit_tiles")
+INT32_FORMATS = ("2bit", "2bit_mma", "2bit_tiles")
+TILE_ROWS = 16  #: rows of W in one tile of the 2bit_tiles format (the MMA's M)
+
+
+def packed_cols(k: int, fmt: str) -> int:
+    """Row length of the packed tensor for ``k`` weights: int32 words (2bit) or bytes (base3)."""
+    if fmt == "2bit_tiles":
+        return TILE_ROWS * GROUP_WORDS * triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    if fmt in INT32_FORMATS:
+        return GROUP_WORDS * triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    if fmt == "base3":
+        return GROUP_BYTES * triton.cdiv(k, GROUP_WEIGHTS_BASE3)
+    raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+
+
+def check_ternary_values(name: str, w: Tensor) -> None:
+    """Raise a ValueError naming ``name`` unless every value of ``w`` is -1, 0 or +1 (NaN is not). One pass
+    over ``w``; on a GPU it waits for that pass (the answer is needed on the host)."""
+    bad = (w != 0) & (w.abs() != 1)  # NaN compares unequal to everything: bad too
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} must be ternary (-1, 0, +1); found {w[idx].item()!r} at index {idx}")
+
+
+def _as_ternary(w: Any, name: str = "w") -> Tensor:
+    """``w`` as int64 after checking that it is a 2-D tensor of -1, 0 and +1 only."""
+    if not isinstance(w, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    if w.dtype == torch.bool or w.is_complex():
+        raise TypeError(f"{name} must hold integers or floats equal to -1, 0 or +1, got dtype {w.dtype}")
+    if w.ndim != 2 or w.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D (N, K) tensor, got shape {tuple(w.shape)}")
+    check_ternary_values(name, w)
+    return w.to(torch.int64)
+
+
+def _as_int32_bits(v: Tensor) -> Tensor:
+    """int64 values in [0, 2^32) -> int32 holding the same 32 bits."""
+    return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
+
+
+def pack_2bit(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
+    """Pack ternary ``w`` (N, K) into int32 words, 16 weights a word (layout in the module doc)."""
+    codes = _as_ternary(w) + 1
+    n, k = codes.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    padded = torch.ones(n, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int64, device=codes.device)
+    padded[:, :k] = codes
+    fields = padded.view(n, groups, 16, 16)  # [row, group, field j, word t]: weight 16 j + t
+    shifts = (2 * torch.arange(16, device=codes.device)).view(1, 1, 16, 1)
+    words = (fields << shifts).sum(dim=2)  # the fields do not overlap, so the sum is an OR
+    return _as_int32_bits(words).reshape(n, groups * GROUP_WORDS).contiguous()
+
+
+def unpack_2bit(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
+    """Inverse of :func:`pack_2bit`: the first ``k`` weights of every row, as int8."""
+    _check_packed_data(packed, k, "2bit", "packed")
+    n = packed.shape[0]
+    words = (packed.to(torch.int64) & 0xFFFFFFFF).view(n, -1, 1, 16)  # [row, group, 1, word t]
+    shifts = (2 * torch.arange(16, device=packed.device)).view(1, 1, 16, 1)
+    codes = (words >> shifts) & 3  # [row, group, field j, word t]
+    return (codes.reshape(n, -1)[:, :k] - 1).to(torch.int8)
+
+
+def _mma_shifts(device) -> Tensor:
+    """[pair p, half h] -> bit position 16 h + 2 p of the 2-bit MMA order."""
+    return 16 * torch.arange(2, device=device).view(1, 2) + 2 * torch.arange(8, device=device).view(8, 1)
+
+
+def pack_2bit_mma(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
+    """Pack ternary ``w`` (N, K) into int32 words in MMA order: in each group of 256 weights, word t
+    holds weight ``32 p + 2 t + h`` in bits ``16 h + 2 p`` (p = 0..7, h = 0, 1), as the code w + 1."""
+    codes = _as_ternary(w) + 1
+    n, k = codes.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    padded = torch.ones(n, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int64, device=codes.device)
+    padded[:, :k] = codes
+    fields = padded.view(n, groups, 8, 16, 2)  # [row, group, pair p, word t, half h]: weight 32 p + 2 t + h
+    words = (fields << _mma_shifts(codes.device).view(1, 1, 8, 1, 2)).sum(dim=(2, 4))  # disjoint: a sum is an OR
+    return _as_int32_bits(words).reshape(n, groups * GROUP_WORDS).contiguous()
+
+
+def unpack_2bit_mma(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
+    """Inverse of :func:`pack_2bit_mma`: the first ``k`` weights of every row, as int8."""
+    _check_packed_data(packed, k, "2bit_mma", "packed")
+    n = packed.shape[0]
+    words = (packed.to(torch.int64) & 0xFFFFFFFF).view(n, -1, 1, 16, 1)  # [row, group, 1, word t, 1]
+    codes = (words >> _mma_shifts(packed.device).view(1, 1, 8, 1, 2)) & 3  # [row, group, pair p, word t, half h]
+    return (codes.reshape(n, -1)[:, :k] - 1).to(torch.int8)
+
+
+def pack_2bit_tiles(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "tiles kt"]:
+    """Step 10's layout: the words of :func:`pack_2bit_mma`, reordered so that what one warp loads
+    for one group is 1 KiB of consecutive memory. Rows are cut into tiles of 16 (the last one padded
+    with zero weights); tile i is row i of the result, its groups one after another, and a group holds
+    [half h][row g][word 4 t + i] for the tile's row 8 h + g: lane 4 g + t of a warp reads words
+    4 t .. 4 t + 3 of rows g and 8 + g with two 16-byte loads, 512 consecutive bytes each."""
+    words = pack_2bit_mma(w)
+    n, kw = words.shape
+    tiles = triton.cdiv(n, TILE_ROWS)
+    padded = torch.full((tiles * TILE_ROWS, kw), ZERO_WORD, dtype=torch.int64, device=words.device)
+    padded[:n] = words
+    groups = kw // GROUP_WORDS
+    # [tile, half h, row g, group, word] -> [tile, group, half h, row g, word]
+    tiled = padded.view(tiles, 2, 8, groups, GROUP_WORDS).permute(0, 3, 1, 2, 4)
+    return _as_int32_bits(tiled.reshape(tiles, -1)).contiguous()
+
+
+def unpack_2bit_tiles(packed: Int32[Tensor, "tiles kt"], k: int) -> Int8[Tensor, "n k"]:
+    """Inverse of :func:`pack_2bit_tiles`: every row of every tile (padding rows too), as int8."""
+    _check_packed_data(packed, k, "2bit_tiles", "packed")
+    tiles, groups = packed.shape[0], packed.shape[1] // (TILE_ROWS * GROUP_WORDS)
+    words = packed.view(tiles, groups, 2, 8, GROUP_WORDS).permute(0, 2, 3, 1, 4)
+    return unpack_2bit_mma(words.reshape(tiles * TILE_ROWS, groups * GROUP_WORDS).contiguous(), k)
+
+
+def pack_base3(w: Shaped[Tensor, "n k"]) -> UInt8[Tensor, "n kb"]:
+    """Pack ternary ``w`` (N, K) into bytes, 5 weights a byte in base 3 (1.6 bits a weight)."""
+    digits = _as_ternary(w) + 1
+    n, k = digits.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_BASE3)
+    padded = torch.ones(n, groups * GROUP_WEIGHTS_BASE3, dtype=torch.int64, device=digits.device)
+    padded[:, :k] = digits
+    d = padded.view(n, groups, 5, 16)  # [row, group, digit d, byte t]: weight 16 d + t
+    powers = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int64, device=digits.device).view(1, 1, 5, 1)
+    return (d * powers).sum(dim=2).to(torch.uint8).reshape(n, groups * GROUP_BYTES).contiguous()
+
+
+def unpack_base3(packed: UInt8[Tensor, "n kb"], k: int) -> Int8[Tensor, "n k"]:
+    """Inverse of :func:`pack_base3` (by division; the kernels use a table instead)."""
+    _check_packed_data(packed, k, "base3", "packed")
+    n = packed.shape[0]
+    v = packed.to(torch.int64).view(n, -1, 1, 16)
+    powers = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int64, device=packed.device).view(1, 1, 5, 1)
+    digits = (v // powers) % 3  # [row, group, digit d, byte t]
+    return (digits.reshape(n, -1)[:, :k] - 1).to(torch.int8)
+
+
+def base3_table_values() -> list[int]:
+    """The kernels' decode table: entry ``v`` holds the 5 base-3 digits of ``v`` as 2-bit fields
+    (digit d in bits 2d, 2d+1, like the 2-bit format's fields) under the float exponent bits that
+    :func:`_field_to_float` expects. Entries 243..255 are not base-3 bytes and decode to zeros."""
+    out = []
+    for v in range(256):
+        u = v if v < 243 else ZERO_BYTE
+        fields = sum(((u // 3**d) % 3) << (2 * d) for d in range(5))
+        out.append(_as_int32_bits(torch.tensor(0x7F800000 | fields)).item())
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def base3_table(device: str) -> Int32[Tensor, " 256"]:
+    return torch.tensor(base3_table_values(), dtype=torch.int32, device=device)
+
+
+def _check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] = None) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if not isinstance(data, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(data).__name__}")
+    want = torch.int32 if fmt in INT32_FORMATS else torch.uint8
+    if data.dtype != want:
+        raise TypeError(f"{name} must be {want} for the {fmt} format, got {data.dtype}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if data.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (N, packed columns), got shape {tuple(data.shape)}")
+    cols = packed_cols(k, fmt)
+    rows = n if n is None or fmt != "2bit_tiles" else triton.cdiv(n, TILE_ROWS)  # 2bit_tiles: one row a tile
+    if data.shape[1] != cols or (rows is not None and data.shape[0] != rows):
+        raise ValueError(f"{name} has shape {tuple(data.shape)}, but N={n if n is not None else 'any'}, "
+                         f"K={k} in the {fmt} format need ({rows if rows is not None else 'N'}, {cols})")
+    if not data.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+@dataclass(frozen=True)
+class PackedTernary:
+    """A packed ternary matrix of logical shape (n, k), checked once when it is built: dtype,
+    shape against (n, k), and that every code is a valid one (2-bit code 3 and bytes above 242
+    would otherwise decode to a wrong weight without any error)."""
+
+    data: Tensor
+    n: int
+    k: int
+    fmt: str = "2bit"
+
+    def __post_init__(self):
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be a positive int, got {self.n!r}")
+        _check_packed_data(self.data, self.k, self.fmt, "data", n=self.n)
+        if self.fmt in INT32_FORMATS:
+            words = self.data.to(torch.int64) & 0xFFFFFFFF
+            invalid = ((words & 0x55555555) & ((words >> 1) & 0x55555555)) != 0  # a field 0b11
+        else:
+            invalid = self.data > 242
+        if bool(invalid.any()):
+            raise ValueError(f"data holds codes that are not ternary weights in the {self.fmt} format "
+                             f"(first at {tuple(int(i) for i in invalid.nonzero()[0])})")
+
+    @classmethod
+    def pack(cls, w: Shaped[Tensor, "n k"], fmt: str = "2bit") -> "PackedTernary":
+        if fmt not in FORMATS:
+            raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+        data = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma, "2bit_tiles": pack_2bit_tiles}[fmt](w)
+        return cls(data, int(w.shape[0]), int(w.shape[1]), fmt)
+
+    def unpack(self) -> Int8[Tensor, "n k"]:
+        unpack = {"2bit": unpack_2bit, "base3": unpack_base3, "2bit_mma": unpack_2bit_mma,
+                  "2bit_tiles": unpack_2bit_tiles}[self.fmt]
+        return unpack(self.data, self.k)[: self.n]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+# ----------------------------------------------------------------------------------------------
+# BitNet b1.58 quantisation (the weights of every step's benchmark; step 8's int8 activations)
+# ----------------------------------------------------------------------------------------------
+
+def quantize_absmean(w: Float[Tensor, "n k"], *, per_channel: bool = False, eps: float = 1e-5
+                     ) -> tuple[Int8[Tensor, "n k"], Float[Tensor, "..."]]:
+    """BitNet b1.58 weights: ``scale = 1 / mean|W|`` (over the tensor, or over each output row
+    when ``per_channel``) and ``W_t = clamp(round(W * scale), -1, 1)``. Then ``W ~= W_t / scale``,
+    so ``x @ W.T ~= x @ W_t.T / scale``: the product every kernel here computes."""
+    if not isinstance(w, Tensor) or not w.is_floating_point():
+        raise TypeError(f"w must be a floating-point torch.Tensor, got {getattr(w, 'dtype', type(w).__name__)}")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
+    w32 = w.float()
+    mean_abs = w32.abs().mean(dim=1) if per_channel else w32.abs().mean()
+    scale = 1.0 / mean_abs.clamp(min=eps)
+    ternary = (w32 * (scale[:, None] if per_channel else scale)).round().clamp(-1, 1)
+    return ternary.to(torch.int8), scale
+
+
+def quantize_activations(x: Float[Tensor, "m k"], eps: float = 1e-5) -> tuple[Int8[Tensor, "m k"], Float[Tensor, " m"]]:
+    """BitNet's per-token absmax int8 activations: ``scale = 127 / max|x_row|``,
+    ``x_q = clamp(round(x * scale), -128, 127)``, so that ``x ~= x_q / scale``."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    x32 = x.float()
+    scale = 127.0 / x32.abs().amax(dim=1).clamp(min=eps)
+    xq = (x32 * scale[:, None]).round().clamp(-128, 127).to(torch.int8)
+    return xq.contiguous(), scale.contiguous()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference and tolerance
+# ----------------------------------------------------------------------------------------------
+
+#: Largest accepted |z - reference| as a fraction of sum_k |x_k w_nk| / |scale_n|: about 32 float32
+#: rounding steps of the magnitude sum. One wrong weight moves z by 2 |x_k|, far above this for
+#: every size used here (the tests check that the tolerance does catch one flipped weight).
+FP32_TOLERANCE = 4e-6
+
+
+def _as_scale64(scale: Union[float, Tensor], device) -> Tensor:
+    return (scale.double() if isinstance(scale, Tensor) else torch.tensor(float(scale), dtype=torch.float64)).to(device)
+
+
+def reference(x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1.0) -> Tensor:
+    """``x @ w.T / scale`` in float64 (x: (K,) or (M, K); w: (N, K); scale: number or (N,))."""
+    return (x.double() @ w.double().T) / _as_scale64(scale, x.device)
+
+
+def error_ratio(z: Tensor, x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1.0) -> float:
+    """``max |z - reference| / (sum_k |x_k||w_nk| / |scale_n|)``; a NaN anywhere counts as infinite."""
+    s = _as_scale64(scale, x.device)
+    ref = (x.double() @ w.double().T) / s
+    magnitude = (x.double().abs() @ w.double().abs().T) / s.abs()
+    return _ratio(z, ref, magnitude)
+
+
+def _ratio(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:
+    err = (z.double() - ref).abs()
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / magnitude.clamp(min=1e-300))
+    ratio = torch.nan_to_num(ratio, nan=math.inf)
+    return float(ratio.max()) if ratio.numel() else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks shared by every step's wrapper. Nothing here waits for the GPU (no .item(), no host
+# copies), so a timed call measures the kernels and nothing else; check_ternary_values (step 1's
+# dense weights) is the one exception, and says so.
+# ----------------------------------------------------------------------------------------------
+
+X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+Scale = Union[float, Tensor]
+
+#: The activations' types of the tensor-core steps (9 to 13): the 16-bit floats they multiply exactly.
+MMA_X_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check_device(t: Tensor, name: str, like: Optional[Tensor] = None) -> None:
+    want = runtime.device().type
+    if t.device.type != want:
+        raise ValueError(f"{name} must be on {want} (kernels run in {runtime.mode()} mode), got {t.device}")
+    if like is not None and t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but x is on {like.device}")
+
+
+def _check_x(x: Any, k: Optional[int], dtypes: tuple = X_DTYPES, name: str = "x") -> tuple[Tensor, bool]:
+    """``x`` as a 2-D (M, K) tensor, and whether it came as a vector."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name} must be one of {[str(d) for d in dtypes]}, got {x.dtype}")
+    if x.ndim not in (1, 2):
+        raise ValueError(f"{name} must be 1-D (K,) or 2-D (M, K), got shape {tuple(x.shape)}")
+    vector = x.ndim == 1
+    x2 = x[None, :] if vector else x
+    if x2.shape[0] < 1:
+        raise ValueError(f"{name} must have at least one row, got shape {tuple(x.shape)}")
+    if k is not None and x2.shape[1] != k:
+        raise ValueError(f"{name} has K={x2.shape[1]} but the weights have K={k}")
+    if x2.stride(1) != 1:
+        raise ValueError(f"{name} must be contiguous along its last dimension (K)")
+    _check_device(x2, name)
+    return x2, vector
+
+
+@functools.lru_cache(maxsize=64)
+def _scalar_tensor(value: float, device: str) -> Tensor:
+    return torch.tensor([value], dtype=torch.float32, device=device)
+
+
+def _check_scale(scale: Any, n: int, like: Tensor) -> tuple[Tensor, int]:
+    """(float32 tensor, stride): stride 0 for one scale, 1 for one per output channel. Tensor values
+    are not inspected (that would wait for the GPU); a Python number must be finite and nonzero."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, Tensor)):
+        raise TypeError(f"scale must be a number or a float32 tensor of shape ({n},), got {type(scale).__name__}")
+    if not isinstance(scale, Tensor):
+        if not math.isfinite(scale) or scale == 0:
+            raise ValueError(f"scale must be finite and nonzero, got {scale}")
+        return _scalar_tensor(float(scale), str(like.device)), 0
+    if scale.dtype != torch.float32:
+        raise TypeError(f"scale must be float32, got {scale.dtype}")
+    _check_device(scale, "scale", like)
+    if scale.numel() == 1:
+        return scale.reshape(1), 0
+    if scale.shape != (n,) or not scale.is_contiguous():
+        raise ValueError(f"scale must be a number, a one-element tensor or a contiguous ({n},) tensor, "
+                         f"got shape {tuple(scale.shape)}")
+    return scale, 1
+
+
+def _prepare_out(out: Optional[Tensor], m: int, n: int, like: Tensor) -> Tensor:
+    if out is None:
+        return torch.empty((m, n), dtype=torch.float32, device=like.device)
+    if not isinstance(out, Tensor) or out.dtype != torch.float32:
+        raise TypeError(f"out must be a float32 torch.Tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    if out.numel() != m * n or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of {m}x{n} elements, got shape {tuple(out.shape)}")
+    _check_device(out, "out", like)
+    return out.view(m, n)
+
+
+def _check_dense(w: Any, dtypes: tuple, k: int, like: Tensor) -> Tensor:
+    if not isinstance(w, Tensor):
+        raise TypeError(f"w must be a torch.Tensor, got {type(w).__name__}")
+    if w.dtype not in dtypes:
+        raise TypeError(f"w must be one of {[str(d) for d in dtypes]}, got {w.dtype}")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
+    if w.shape[1] != k:
+        raise ValueError(f"x has K={k} but w has K={w.shape[1]}")
+    if w.stride(1) != 1:
+        raise ValueError("w must be contiguous along its last dimension (K)")
+    _check_device(w, "w", like)
+    return w
+
+
+def _check_packed(w: Any, fmt: str, k: int, like: Tensor) -> PackedTernary:
+    if not isinstance(w, PackedTernary):
+        raise TypeError(f"w must be a PackedTernary (see PackedTernary.pack), got {type(w).__name__}")
+    if w.fmt != fmt:
+        raise ValueError(f"this kernel reads the {fmt} format, got a PackedTernary in {w.fmt}")
+    if w.k != k:
+        raise ValueError(f"x has K={k} but w has K={w.k}")
+    _check_device(w.data, "w", like)
+    return w
+
+
+def _x_k(w: Any) -> Optional[int]:
+    if isinstance(w, PackedTernary):
+        return w.k
+    return w.shape[1] if isinstance(w, Tensor) and w.ndim == 2 else None
+
+
+class _SplitWorkspace:
+    """Split-K scratch on one device (step 9 has its own, steps 10 to 13 share one): float32 partial sums
+    (step 9 keeps them all zeros between launches) and one arrival counter per output tile (zeros too). The
+    last slice of a tile to arrive restores them, so the workspace is allocated and zeroed once, not
+    every call. Launches that share it must not overlap: one stream at a time, like a cuBLAS workspace."""
+
+    def __init__(self):
+        self.sums: dict[str, Tensor] = {}
+        self.counts: dict[str, Tensor] = {}
+
+    def get(self, device: torch.device, m: int, n: int) -> tuple[Tensor, Tensor]:
+        key = str(device)
+        tiles = triton.cdiv(n, 16) * triton.cdiv(m, 8)  # the most tiles any config makes (of 16 x 8 and up)
+        if key not in self.sums or self.sums[key].numel() < m * n:
+            self.sums[key] = torch.zeros(max(m * n, 1 << 16), dtype=torch.float32, device=device)
+        if key not in self.counts or self.counts[key].numel() < tiles:
+            self.counts[key] = torch.zeros(max(tiles, 1 << 10), dtype=torch.int32, device=device)
+        return self.sums[key], self.counts[key]
+

@@ -1,0 +1,309 @@
+"""Chapter 5, steps 8 and 9 (Triton): int8 activations on the tensor cores, then a 2-bit layout made for them.
+
+8. :func:`step08_w2a8_dot` (:func:`w2a8_dot_kernel`): BitNet's int8 activations
+   (:func:`~studylog.ternary.formats.quantize_activations`) against 2-bit weights, int8 x int8 -> int32 on
+   the tensor cores, the scales at the end.
+9. :func:`step09_mma` (:func:`mma_2bit_kernel`): a 2-bit layout for the tensor cores
+   (``PackedTernary.pack(w, "2bit_mma")``), one kernel for every M: a word's two 16-bit halves decode
+   together into two bf16 (or fp16) weights with one AND and one packed fused multiply-add, already in the
+   register layout of the MMA's A operand; split-K partial sums meet in a self-cleaning workspace (no
+   memset launch).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float, Int8
+from torch import Tensor
+
+from studylog import runtime
+from studylog.ternary.formats import (MMA_X_DTYPES, PackedTernary, Scale, _check_device, _check_packed, _check_scale,
+                                      _check_x, _prepare_out, _SplitWorkspace, _x_k)
+from studylog.ternary.triton_steps import _TL_DTYPES, _autotune, _cfg, _dotwise, _launch
+
+W2A8_CONFIGS_FEW = [
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=2),
+]
+W2A8_CONFIGS_MANY = [  # int8 MMA steps over 32 k: BLOCK_KW >= 32
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
+    _cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
+]
+def _mma_cfg(**kw) -> triton.Config:
+    return _cfg(zero_output=False, **kw)  # step 9 reduces split-K itself: z needs no zeroing
+
+
+# Step 9. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma (64 x BLOCK_M x 16, the weights
+# from registers). Each dot waits for its wgmma before the next decode (Triton 3.6), so the SM hides
+# that wait with other programs: small tiles (BLOCK_KW = 16: 69 registers, 32 KB of shared memory)
+# let 7 programs share an SM. K is split so that N = 4096 still makes 256-512 programs; the workspace
+# reduction makes a split cost a few atomics, not a launch.
+MMA_CONFIGS_FEW = [
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=2, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=8, num_stages=2),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=1, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=8, num_stages=3),
+    _mma_cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=8, num_stages=3, num_warps=8),
+]
+# Many rows: the rows of x a program covers are tuned too (a 64-row block decodes the weights twice
+# for M = 128, but takes half the shared memory of a 128-row one).
+MMA_CONFIGS_MANY = [
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=128, num_stages=2),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3),
+    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, BLOCK_M=64, num_stages=3),
+    _mma_cfg(BLOCK_N=128, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3, num_warps=8),
+]
+
+
+W2A8_CONFIGS = W2A8_CONFIGS_FEW + W2A8_CONFIGS_MANY
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 8: int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores, scales at the end
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _field_to_int8(words, f: tl.constexpr):
+    return (((words >> (2 * f)) & 3) - 1).to(tl.int8)
+
+
+@triton.jit(do_not_specialize=["M"])
+def w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
+                    scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)  # exact: |sum| <= 128 K < 2^31
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        for f in tl.static_range(16):
+            k_f = offs_k + 16 * f
+            xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0)
+            acc = tl.dot(_field_to_int8(words, f), xt, acc, out_dtype=tl.int32)  # triton 3.6 needs it spelled out
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    x_scale = tl.load(x_scale_ptr + cols, mask=col_mask, other=1.0)
+    z = acc.to(tl.float32) / (scale[:, None] * x_scale[None, :])
+    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+w2a8_dot_few = _autotune(W2A8_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(w2a8_dot_kernel)
+w2a8_dot_many = _autotune(W2A8_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(w2a8_dot_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 9: a layout for the tensor cores. Two weights a 32-bit op, decoded straight into the MMA's
+# A operand; one kernel for every M; split-K without a memset.
+# ----------------------------------------------------------------------------------------------
+
+#: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see _pair_weights):
+#: bf16 0.5 (exponent 126: bits 8..13 set, bit 7 clear) and fp16 1.0 (exponent 15: bits 10..13).
+#: (The kernels spell them out: Triton kernels read only constexpr globals.)
+BF16_HALF_BITS = 0x3F003F00
+FP16_ONE_BITS = 0x3C003C00
+
+
+@triton.jit
+def _with_pair_exponent(words, q: tl.constexpr, MAGIC: tl.constexpr):
+    # Byte q of each 16-bit half (pairs 4q..4q+3) moved to the bottom of the half, under the exponent
+    # bits of the decode. The other byte's bits stay: every decode AND clears them.
+    if MAGIC == tl.float16:
+        return (words >> (8 * q)) | 0x3C003C00
+    else:
+        return (words >> (8 * q)) | 0x3F003F00
+
+
+@triton.jit
+def _pair_weights(src, f: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # Field f (bits 2f, 2f+1; f < 4) of both halves of words prepared by _with_pair_exponent, as two
+    # weights (-1, 0, +1) in a [..., 2] tensor of DOT_DTYPE. One AND keeps the two fields and the
+    # exponent bits: in bf16 each half then reads 0.5 + code * 2^(2f-8) exactly (for f = 3 the code's
+    # high bit is the exponent's lowest, and 0.5, 0.75, 1.0 are still 0.5 + code / 4); in fp16,
+    # 1 + code * 2^(2f-10). One fused multiply-add on the pair (HFMA2) turns that into code - 1.
+    if MAGIC == tl.float16:
+        bits = src & ((0x00030003 << (2 * f)) | 0x3C003C00)
+    else:
+        bits = src & ((0x00030003 << (2 * f)) | 0x3F003F00)
+    lo = bits.to(tl.int16).to(MAGIC, bitcast=True).to(DOT_DTYPE)
+    hi = (bits >> 16).to(tl.int16).to(MAGIC, bitcast=True).to(DOT_DTYPE)
+    if MAGIC == tl.float16:
+        lo = lo * (2.0 ** (10 - 2 * f)) - (2.0 ** (10 - 2 * f) + 1.0)
+        hi = hi * (2.0 ** (10 - 2 * f)) - (2.0 ** (10 - 2 * f) + 1.0)
+    else:
+        lo = lo * (2.0 ** (8 - 2 * f)) - (2.0 ** (7 - 2 * f) + 1.0)
+        hi = hi * (2.0 ** (8 - 2 * f)) - (2.0 ** (7 - 2 * f) + 1.0)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+              MASK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One tile of BLOCK_KW words a row: 8 dots, one per pair p, each over the tile's 2 * BLOCK_KW
+    # weights of that pair. Their activations are runs of 32 consecutive k (r_k), loaded as is.
+    for q in tl.static_range(2):
+        src = _with_pair_exponent(words, q, MAGIC)
+        for f in tl.static_range(4):
+            a = tl.reshape(_pair_weights(src, f, MAGIC, DOT_DTYPE), (BLOCK_N, 2 * BLOCK_KW))
+            k = kw0 * 16 + r_k + 32 * (4 * q + f)
+            if MASK_K:
+                xt = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & col_mask[None, :], other=0.0)
+            else:
+                xt = tl.load(x_cols + k[:, None], mask=col_mask[None, :], other=0.0)
+            acc = tl.dot(a, xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def mma_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
+                    scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
+                    BLOCK_M: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K, in tiles
+    # of BLOCK_KW words a row (whole groups: the activations of a pair are runs of 32 k).
+    tl.static_assert(BLOCK_KW % 16 == 0)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    rows_in = tl.minimum(rows, N - 1)  # rows past N read row N-1 (no mask, no select) and are not stored
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows_in.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    # Tiles whose k all lie below K need no mask on x: every tile but the last one or two.
+    full_end = tl.minimum(kw_end, (K // (16 * BLOCK_KW)) * BLOCK_KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    r = tl.arange(0, 2 * BLOCK_KW)
+    r_k = (r // 32) * 256 + r % 32  # column r of a pair's dot: word r // 2, half r % 2
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for kw0 in range(kw_start, full_end, BLOCK_KW):
+        words = tl.load(p_rows + (kw0 + offs_w)[None, :])
+        acc = _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
+                        DOT_PRECISION)
+    for kw0 in range(tl.maximum(kw_start, full_end), kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=(kw < kw_end)[None, :], other=0x55555555)
+        acc = _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
+                        DOT_PRECISION)
+    scale = tl.load(scale_ptr + rows_in * scale_stride)
+    z = acc / scale[:, None]
+    out_mask = row_mask[:, None] & col_mask[None, :]
+    z_offs = cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptr + z_offs, z, mask=out_mask)
+    else:
+        # The slices add into a workspace that is all zeros between launches; the last slice of a tile
+        # to arrive (a counter per tile) swaps the sums out for zeros and stores them. No memset, and
+        # z is written once, by a plain store.
+        ws_offs = cols.to(tl.int64)[None, :] * N + rows[:, None]
+        tl.atomic_add(ws_ptr + ws_offs, z, mask=out_mask, sem="relaxed")
+        tl.debug_barrier()  # every thread's partial sums are in before the tile's counter moves
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            # (exchanged as int32 bits: the interpreter has no float exchange)
+            bits = tl.atomic_xchg(ws_ptr.to(tl.pointer_type(tl.int32)) + ws_offs, 0, mask=out_mask, sem="relaxed")
+            tl.store(z_ptr + z_offs, bits.to(tl.float32, bitcast=True), mask=out_mask)
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed")
+
+
+mma_2bit_few = _autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(mma_2bit_kernel)
+mma_2bit_many = _autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(mma_2bit_kernel)  # BLOCK_M is tuned too
+
+
+# ----------------------------------------------------------------------------------------------
+# The wrappers
+# ----------------------------------------------------------------------------------------------
+
+def step08_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: PackedTernary, scale: Scale = 1.0, *,
+                     out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 8: ``z = (xq @ W.T) / (x_scale[:, None] * scale)`` with int8 activations (from
+    :func:`quantize_activations`), 2-bit weights and exact int32 sums on the tensor cores."""
+    m = xq.shape[0] if isinstance(xq, Tensor) and xq.ndim == 2 else 1
+    if not isinstance(x_scale, Tensor) or x_scale.dtype != torch.float32:
+        got = getattr(x_scale, "dtype", type(x_scale).__name__)
+        raise TypeError(f"x_scale must be a float32 torch.Tensor, got {got}")
+    if x_scale.shape != (m,) or not x_scale.is_contiguous():
+        raise ValueError(f"x_scale must be a contiguous ({m},) tensor, one scale per row of xq; "
+                         f"got shape {tuple(x_scale.shape)}")
+    _check_device(x_scale, "x_scale")
+    return _dotwise((w2a8_dot_few, w2a8_dot_many), xq, w, scale, out, config, "2bit", x_dtypes=(torch.int8,),
+                    x_scale=x_scale, x_name="xq")
+
+
+#: Step 9's split-K workspace (its sums must stay zeros between launches: see mma_2bit_kernel).
+SPLIT_WORKSPACE = _SplitWorkspace()
+
+
+def _mma_types(x_dtype: torch.dtype) -> tuple:
+    """(MAGIC, DOT_DTYPE, DOT_PRECISION) of step 9: the 16-bit float the weights are decoded in (x's
+    type), the operand type of tl.dot and its precision. On the GPU the operands are x's type, on the
+    tensor cores, exact for weights of -1, 0, +1. The interpreter computes the decode and the dot in
+    float32 (its bf16 arithmetic is wrong), from the same bits."""
+    magic = _TL_DTYPES[x_dtype]
+    if runtime.mode() == "interpreter":
+        return magic, tl.float32, "ieee"
+    return magic, magic, "tf32"  # the precision argument only matters for float32 operands
+
+
+def mma_block_m(m: int) -> int:
+    """Rows of x a step-9 program covers for M <= 32: 16 or 32 (above, the configs choose 64 or 128)."""
+    return min(128, max(16, triton.next_power_of_2(m)))
+
+
+def step09_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+               out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 9: weights in the MMA-order 2-bit format (``PackedTernary.pack(w, "2bit_mma")``), decoded
+    two at a time into the tensor cores' operand; one kernel for M = 1 and for batches. x is bf16 or
+    fp16, the types the tensor cores multiply exactly (float32 x: :func:`~studylog.ternary.triton_steps.step05_dot`)."""
+    x2, vector = _check_x(x, _x_k(w), dtypes=MMA_X_DTYPES)
+    m, k = x2.shape
+    w = _check_packed(w, "2bit_mma", k, x2)
+    s, s_stride = _check_scale(scale, w.n, x2)
+    z = _prepare_out(out, m, w.n, x2)
+    sums, counts = SPLIT_WORKSPACE.get(x2.device, m, w.n)
+    few = mma_block_m(m) <= 32
+    magic, dot_dtype, precision = _mma_types(x2.dtype)
+    meta = {"MAGIC": magic, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision}
+    if (config is None and few) or (config is not None and "BLOCK_M" not in config):
+        meta["BLOCK_M"] = mma_block_m(m)  # (the many-rows configs choose their own)
+    args = (x2, w.data, z, s, sums, counts, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0),
+            z.stride(0), s_stride)
+
+    def grid(meta):
+        return triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, meta["BLOCK_M"])
+
+    kernel = mma_2bit_few if few else mma_2bit_many
+    _launch(kernel, grid, args, config, meta, zero_output=False)
+    return z[0] if vector else z
+
+
+#: The pair decode of step 9 (a Triton helper the kernels inline), for show_source.
+pair_weights = _pair_weights

@@ -1,0 +1,554 @@
+"""Chapter 5, steps 1 to 7: ternary (-1/0/+1) matmul in Triton, from dense weights to packed ones.
+
+``z = x @ W.T / scale`` with every weight in {-1, 0, +1}, as in BitNet b1.58. ``W`` is stored like an
+``nn.Linear`` weight, ``(N, K)``: N outputs, K inputs, one output's weights in one row. ``x`` is
+``(M, K)`` (or a vector ``(K,)``); ``z`` is float32. Each step is a kernel next to the previous one, so
+that the diff is the lesson (the packed formats: :mod:`studylog.ternary.formats`):
+
+1. :func:`step01_sign` (:func:`sign_v1_kernel`): the seed's idea made correct. Dense float weights, sign
+   selection instead of a multiply, masks on every edge, autotuned block sizes, float32 out.
+2. :func:`step02_int8` (:func:`int8_v2_kernel`): the same kernel reading int8 weights.
+3. :func:`step03_2bit` (:func:`packed2_v3_kernel`): 2-bit packing, 16 weights per int32 word, decoded
+   with shifts and masks.
+4. :func:`step04_gemv` (:func:`gemv_2bit_kernel`): M = 1 made fast: wide tiles, many programs (split-K
+   when there are few rows), and a decode of two instructions per weight.
+5. :func:`step05_dot` (:func:`dot_2bit_kernel`): batched activations (M > 1); decoded weights feed
+   ``tl.dot``.
+6. and 7. :func:`step06_base3_gemv`, :func:`step07_base3_dot`: 1.6-bit packing, 5 weights per byte in base
+   3; a 256-entry table turns a byte into five 2-bit fields, then the same decode as steps 4 and 5.
+
+Steps 8 and 9 (int8 activations; the tensor cores' layout) are in :mod:`studylog.ternary.triton_mma`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float, Int8
+from torch import Tensor
+
+from studylog import runtime
+from studylog.ternary.formats import (X_DTYPES, PackedTernary, Scale, _check_dense, _check_packed, _check_scale,
+                                      _check_x, _prepare_out, _x_k, base3_table, check_ternary_values)
+
+# ----------------------------------------------------------------------------------------------
+# The seed, kept only to show its bugs (notebook and tests). Guarded: not part of the API.
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _seed_kernel(x_ptr, w_ptr, z_ptr, scale, M, N, stride_xm, stride_wm, stride_wn,
+                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, X_ALONG_N: tl.constexpr):
+    # The seed's kernel as it was: x is (1, M), W is (M, N), z = x W / scale stored as float16.
+    # X_ALONG_N=True is the earlier version whose output stayed in the seed's last cell: it
+    # broadcasts x along N instead of M, which compiles only because the seed's blocks are square.
+    pid = tl.program_id(axis=0)
+    offs_m = tl.arange(0, BLOCK_SIZE_M)
+    offs_n = (pid * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+    x_ptrs = x_ptr + offs_m
+    w_ptrs = w_ptr + (offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn)
+    accumulator = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
+    for m in range(0, tl.cdiv(M, BLOCK_SIZE_M)):
+        if X_ALONG_N:
+            x = tl.load(x_ptrs, mask=offs_m < M - m * BLOCK_SIZE_M, other=0.0)[None, :]
+        else:
+            x = tl.load(x_ptrs, mask=offs_m < M - m * BLOCK_SIZE_M, other=0.0)[:, None]
+        w = tl.load(w_ptrs, mask=offs_m[:, None] < M - m * BLOCK_SIZE_M, other=0.0)
+        elements_to_sum = tl.where(w > 0, x, tl.where(w < 0, -x, tl.zeros_like(x)))
+        accumulator = accumulator + tl.sum(elements_to_sum, axis=0)
+        x_ptrs += BLOCK_SIZE_M * stride_xm
+        w_ptrs += BLOCK_SIZE_M * stride_wm
+    accumulator = accumulator / scale
+    z = accumulator.to(tl.float16)
+    offs_z = pid * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    tl.store(z_ptr + offs_z, z, mask=offs_z < N)
+
+
+def ternary_seed(x: Tensor, w: Tensor, scale: float, *, x_along_n: bool = False,
+                 i_know_this_is_the_buggy_seed: bool = False) -> Tensor:
+    """Run the seed's kernel (W is (K, N) here; 2x2 blocks; float16 out). Wrong on purpose: only
+    the notebook and the tests call it, to show which check catches which bug."""
+    if not i_know_this_is_the_buggy_seed:
+        raise RuntimeError("ternary_seed reproduces the seed's bugs; use ternary_matmul, or pass "
+                           "i_know_this_is_the_buggy_seed=True to look at the bugs on purpose")
+    k, n = w.shape
+    z = torch.full((n,), float("nan"), dtype=torch.float16, device=x.device)
+    _seed_kernel[(triton.cdiv(n, 2),)](x, w, z, scale, k, n, x.stride(0), w.stride(0), w.stride(1),
+                                       BLOCK_SIZE_M=2, BLOCK_SIZE_N=2, X_ALONG_N=x_along_n)
+    return z
+
+
+# ----------------------------------------------------------------------------------------------
+# Autotuning: few configs on the GPU. The interpreter cannot time, so it keeps the first one;
+# the tests run every config explicitly (the ``config=`` argument of the wrappers).
+# ----------------------------------------------------------------------------------------------
+
+def _zero_output(nargs):
+    """pre_hook of split-K configs: their programs add partial sums into z with atomics."""
+    nargs["z_ptr"].zero_()
+
+
+def _cfg(num_warps: int = 4, num_stages: int = 3, zero_output: bool = True, **meta) -> triton.Config:
+    hook = _zero_output if zero_output and meta.get("SPLIT_K", 1) > 1 else None
+    return triton.Config(meta, num_warps=num_warps, num_stages=num_stages, pre_hook=hook)
+
+
+def _autotune(configs: list, key: list[str]):
+    chosen = configs if runtime.mode() == "gpu" else configs[:1]
+    return triton.autotune(configs=chosen, key=key)
+
+
+def config_dict(config: triton.Config) -> dict:
+    """A triton.Config as the ``config=`` argument of the wrappers."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+# Dense steps: many rows a program is fine, the kernels are memory-bound on 1-2 bytes a weight.
+V1_CONFIGS = [_cfg(BLOCK_N=16, BLOCK_K=256), _cfg(BLOCK_N=64, BLOCK_K=64)]
+V3_CONFIGS = [_cfg(BLOCK_N=16), _cfg(BLOCK_N=4)]
+# M=1 kernels: 8 rows a program, all in each thread (x is loaded once for the 8), and 4 words (or
+# 4 bytes) a thread along K; BLOCK_KW = 128 x num_warps keeps every warp on different words.
+GEMV_CONFIGS = [
+    _cfg(BLOCK_N=8, BLOCK_KW=512, SPLIT_K=1, num_warps=4),
+    _cfg(BLOCK_N=8, BLOCK_KW=256, SPLIT_K=1, num_warps=2),
+    _cfg(BLOCK_N=8, BLOCK_KW=128, SPLIT_K=4, num_warps=1),
+]
+GEMV3_CONFIGS = [
+    _cfg(BLOCK_N=8, BLOCK_KB=512, SPLIT_K=1, num_warps=4),
+    _cfg(BLOCK_N=8, BLOCK_KB=256, SPLIT_K=1, num_warps=2),
+    _cfg(BLOCK_N=8, BLOCK_KB=128, SPLIT_K=4, num_warps=1),
+]
+# tl.dot kernels. Few rows of x (BLOCK_M <= 32): pipelined loads; many: no pipelining, or the
+# 16 x-tiles a step would not fit in shared memory.
+# With N = 4096 and 64 rows a program there are only 64 programs for 132 SMs: split K.
+DOT_CONFIGS_FEW = [
+    _cfg(BLOCK_N=64, BLOCK_KW=64, SPLIT_K=1, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=8, num_stages=2),
+]
+DOT_CONFIGS_MANY = [
+    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
+    _cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
+]
+DOT3_CONFIGS_FEW = [
+    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=4, num_stages=2),
+    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=8, num_stages=2),
+]
+DOT3_CONFIGS_MANY = [
+    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_stages=1),
+    _cfg(BLOCK_N=128, BLOCK_KB=64, SPLIT_K=1, num_stages=1, num_warps=8),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 1: the seed's idea, made correct
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def sign_v1_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x. W is (N, K), dense, values -1, 0, +1.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N  # a mask, not a modulo: rows past N are neither read nor written
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # reduced over K once, after the loop
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w = w.to(tl.float32)  # any float type: the sign test is exact (and right in the interpreter)
+        acc += tl.where(w > 0, x, tl.where(w < 0, -x, 0.0))  # sign selection: no multiply
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)  # float32 out
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 2: int8 weights
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def int8_v2_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x. W is (N, K), int8, values -1, 0, +1.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N  # a mask, not a modulo: rows past N are neither read nor written
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # reduced over K once, after the loop
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0)
+        acc += tl.where(w > 0, x, tl.where(w < 0, -x, 0.0))  # sign selection: no multiply
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)  # float32 out
+
+
+sign_v1 = _autotune(V1_CONFIGS, key=["N", "K"])(sign_v1_kernel)
+int8_v2 = _autotune(V1_CONFIGS, key=["N", "K"])(int8_v2_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps 3 and 4: 2-bit packing. First the direct decode, then a kernel built for M=1.
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def packed2_v3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                      BLOCK_N: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x, one group (16 words, 256 weights) a step.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    word = tl.arange(0, 16)  # word t of a group
+    field = tl.arange(0, 16)  # field j of a word: bits 2j, 2j+1, the code of weight 16 j + t
+    acc = tl.zeros([BLOCK_N, 16, 16], dtype=tl.float32)
+    for g in range(0, KW // 16):
+        words = tl.load(p_rows + g * 16 + word[None, :], mask=row_mask[:, None], other=0x55555555)
+        codes = (words[:, None, :] >> (2 * field)[None, :, None]) & 3  # [n, j, t], code = weight + 1
+        offs_k = g * 256 + field[:, None] * 16 + word[None, :]  # [j, t]: the group's 256 k, in order
+        x = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :, :]
+        acc += tl.where(codes == 2, x, tl.where(codes == 0, -x, 0.0))  # sign selection: no multiply
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(tl.sum(acc, axis=2), axis=1) / scale
+    tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)
+
+
+packed2_v3 = _autotune(V3_CONFIGS, key=["N", "K"])(packed2_v3_kernel)
+
+
+@triton.jit
+def _with_exponent(words):
+    # The low 16 bits of every word (fields 0..7) under an all-ones float exponent: sign and bits
+    # 16..22 cleared, bits 23..30 set. Once a word, so that each field then costs one AND.
+    return (words & 0xFFFF) | 0x7F800000
+
+
+@triton.jit
+def _field_to_float(src, f: tl.constexpr):
+    # Field f (bits 2f, 2f+1; f < 8) of words prepared by _with_exponent, as the weight -1.0, 0.0 or
+    # +1.0 in two instructions, with no shift and no int->float conversion. One AND keeps the field
+    # and the exponent of 2^(23-2f), where the field's lowest bit weighs exactly 1: the float is
+    # 2^(23-2f) + code. Subtracting 2^(23-2f) + 1 leaves code - 1, the weight.
+    bits = src & (((150 - 2 * f) << 23) | (3 << (2 * f)))
+    return bits.to(tl.float32, bitcast=True) - (2.0 ** (23 - 2 * f) + 1.0)
+
+
+@triton.jit
+def gemv_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16  # k of field 0 of each word, from the tile start
+    acc = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        # A wide tile of packed words, BLOCK_N x BLOCK_KW int32 of 16 weights each.
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        low = _with_exponent(words)  # fields 0..7
+        for f in tl.static_range(8):
+            x = tl.load(x_row + offs_k + 16 * f, mask=offs_k + 16 * f < K, other=0.0).to(tl.float32)
+            acc += _field_to_float(low, f) * x[None, :]  # one x load serves the BLOCK_N rows
+        high = _with_exponent(words >> 16)  # fields 8..15, moved down: one shift a word
+        for f in tl.static_range(8):
+            x = tl.load(x_row + offs_k + 16 * (f + 8), mask=offs_k + 16 * (f + 8) < K, other=0.0).to(tl.float32)
+            acc += _field_to_float(high, f) * x[None, :]
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    z_ptrs = z_ptr + m.to(tl.int64) * stride_zm + rows
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask)
+    else:  # z was zeroed; the slices of K add up in it
+        tl.atomic_add(z_ptrs, z, mask=row_mask, sem="relaxed")
+
+
+gemv_2bit = _autotune(GEMV_CONFIGS, key=["N", "K"])(gemv_2bit_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 5: batched activations, decoded weights into tl.dot
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["M"])
+def dot_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K. The
+    # weights are the MMA's wide side (BLOCK_N >= 64 rows), the few rows of x its narrow side.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        low = _with_exponent(words)
+        high = _with_exponent(words >> 16)
+        for f in tl.static_range(8):
+            k_f = offs_k + 16 * f
+            xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
+            acc = tl.dot(_field_to_float(low, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+        for f in tl.static_range(8):
+            k_f = offs_k + 16 * (f + 8)
+            xt = tl.load(x_cols + k_f[:, None], mask=(k_f < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
+            acc = tl.dot(_field_to_float(high, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = acc / scale[:, None]
+    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+dot_2bit_few = _autotune(DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(dot_2bit_kernel)
+dot_2bit_many = _autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_2bit_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps 6 and 7: 1.6-bit packing, 5 weights a byte in base 3
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def gemv_base3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, stride_xm, stride_pn, stride_zm,
+                      scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    bytes_per_split = tl.cdiv(tl.cdiv(KB, SPLIT_K), BLOCK_KB) * BLOCK_KB
+    kb_start = pid_k * bytes_per_split
+    kb_end = tl.minimum(kb_start + bytes_per_split, KB)
+    offs_b = tl.arange(0, BLOCK_KB)
+    x_of_byte = (offs_b // 16) * 80 + offs_b % 16  # k of digit 0 of each byte, from the tile start
+    acc = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
+    for kb0 in range(kb_start, kb_end, BLOCK_KB):
+        kb = tl.max_contiguous(kb0 + offs_b, 4)  # 4 bytes a thread, like the 4 x values they meet
+        # A wide tile of packed bytes, BLOCK_N x BLOCK_KB of 5 weights each (121: five zeros).
+        v = tl.load(p_rows + kb[None, :], mask=row_mask[:, None] & (kb < kb_end)[None, :], other=121)
+        # One table lookup a byte gives its 5 digits as 2-bit fields under the float exponent,
+        # ready for the same two-instruction decode as the 2-bit format. (The 1 KB table stays in L1.)
+        fields = tl.load(table_ptr + v.to(tl.int32))
+        offs_k = kb0 * 5 + x_of_byte
+        for d in tl.static_range(5):
+            x = tl.load(x_row + offs_k + 16 * d, mask=offs_k + 16 * d < K, other=0.0).to(tl.float32)
+            acc += _field_to_float(fields, d) * x[None, :]
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    z_ptrs = z_ptr + m.to(tl.int64) * stride_zm + rows
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask)
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["M"])
+def dot_base3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, KB, stride_xm, stride_pn, stride_zm,
+                     scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    bytes_per_split = tl.cdiv(tl.cdiv(KB, SPLIT_K), BLOCK_KB) * BLOCK_KB
+    kb_start = pid_k * bytes_per_split
+    kb_end = tl.minimum(kb_start + bytes_per_split, KB)
+    offs_b = tl.arange(0, BLOCK_KB)
+    x_of_byte = (offs_b // 16) * 80 + offs_b % 16
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for kb0 in range(kb_start, kb_end, BLOCK_KB):
+        kb = kb0 + offs_b
+        v = tl.load(p_rows + kb[None, :], mask=row_mask[:, None] & (kb < kb_end)[None, :], other=121)
+        fields = tl.load(table_ptr + v.to(tl.int32))
+        offs_k = kb0 * 5 + x_of_byte
+        for d in tl.static_range(5):
+            k_d = offs_k + 16 * d
+            xt = tl.load(x_cols + k_d[:, None], mask=(k_d < K)[:, None] & col_mask[None, :], other=0.0).to(DOT_DTYPE)
+            acc = tl.dot(_field_to_float(fields, d).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = acc / scale[:, None]
+    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+gemv_base3 = _autotune(GEMV3_CONFIGS, key=["N", "K"])(gemv_base3_kernel)
+dot_base3_few = _autotune(DOT3_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(dot_base3_kernel)
+dot_base3_many = _autotune(DOT3_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_base3_kernel)
+
+
+# ----------------------------------------------------------------------------------------------
+# The wrappers: check, allocate, launch. Nothing here waits for the GPU (no .item(), no host
+# copies), so a timed call measures the kernels and nothing else (step 1's check of its dense
+# weights excepted: see step01_sign).
+# ----------------------------------------------------------------------------------------------
+
+def _launch(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict, zero_output: bool = True) -> None:
+    """The autotuned kernel, or one explicit config (the tests run every config this way)."""
+    if config is None:
+        kernel[grid](*args, **meta)
+        return
+    config = dict(config)
+    num_warps, num_stages = config.pop("num_warps", 4), config.pop("num_stages", 3)
+    if zero_output and config.get("SPLIT_K", 1) > 1:
+        args[2].zero_()  # z: the slices of K add into it
+    kernel.fn[grid](*args, **meta, **config, num_warps=num_warps, num_stages=num_stages)
+
+
+def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
+             dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False):
+    """Launch a kernel with one program column per row of x (steps 1-3 and the M=1 kernels)."""
+    x2, vector = _check_x(x, _x_k(w))
+    m, k = x2.shape
+    if dense_dtypes is not None:
+        w = _check_dense(w, dense_dtypes, k, x2)
+        n, data, extra = w.shape[0], w, ()
+    else:
+        w = _check_packed(w, fmt, k, x2)
+        n, data = w.n, w.data
+        extra = (data.shape[1],)
+    s, s_stride = _check_scale(scale, n, x2)
+    z = _prepare_out(out, m, n, x2)
+    table = (base3_table(str(x2.device)),) if fmt == "base3" else ()
+    args = (x2, data, z, s, *table, n, k, *extra, x2.stride(0), data.stride(0), z.stride(0), s_stride)
+    if split:
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], m)  # noqa: E731
+    else:
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m)  # noqa: E731
+    _launch(kernel, grid, args, config, {})
+    return z[0] if vector else z
+
+
+def step01_sign(x: Float[Tensor, "*m k"], w: Float[Tensor, "n k"], scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 1: dense float weights (float32, bf16 or fp16), each -1, 0 or +1. The kernel selects x by the
+    sign of a weight, so any other value would be taken for +1 or -1: the weights are checked first (a
+    ValueError naming ``w``), one pass over them that waits for the GPU (the packers check the same)."""
+    x2, _ = _check_x(x, _x_k(w))
+    check_ternary_values("w", _check_dense(w, X_DTYPES, x2.shape[1], x2))
+    return _rowwise(sign_v1, x, w, scale, out, config, dense_dtypes=X_DTYPES)
+
+
+def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 2: int8 weights, each -1, 0 or +1 (not checked: the kernel reads them as step 1 does)."""
+    return _rowwise(int8_v2, x, w, scale, out, config, dense_dtypes=(torch.int8,))
+
+
+def step03_2bit(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 3: 2-bit weights (``PackedTernary.pack(w)``) decoded with shifts and masks."""
+    return _rowwise(packed2_v3, x, w, scale, out, config, fmt="2bit")
+
+
+def step04_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 4, built for M = 1: 2-bit weights, wide tiles, the two-instruction decode, split-K.
+    (Any M works; each row of x re-reads the weights.)"""
+    return _rowwise(gemv_2bit, x, w, scale, out, config, fmt="2bit", split=True)
+
+
+def step06_base3_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 6: step 4 on base-3 (1.6-bit) weights (``PackedTernary.pack(w, "base3")``), built for M = 1."""
+    return _rowwise(gemv_base3, x, w, scale, out, config, fmt="base3", split=True)
+
+
+def block_m_for(m: int) -> int:
+    """Rows of x a tl.dot program covers: at least 16 (the MMA's smallest), at most 128."""
+    return min(128, max(16, triton.next_power_of_2(m)))
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _dot_types(x_dtype: torch.dtype) -> tuple:
+    """(operand dtype, input_precision) of the tl.dot kernels. Weights are exact in any of them.
+    float32 x: "ieee", not TF32, which would round x. The interpreter of Triton 3.9 computes bf16
+    tl.dot wrongly, so there bf16 operands are widened to float32 (exactly; only on the CPU)."""
+    if x_dtype == torch.float32 or (x_dtype == torch.bfloat16 and runtime.mode() == "interpreter"):
+        return tl.float32, "ieee"
+    return _TL_DTYPES[x_dtype], "tf32"  # the precision argument only matters for float32 operands
+
+
+def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
+             fmt: str, x_dtypes: tuple = X_DTYPES, x_scale: Optional[Tensor] = None, x_name: str = "x"):
+    """Launch a tl.dot kernel: the program grid is (N blocks, K slices, M blocks)."""
+    x2, vector = _check_x(x, _x_k(w), dtypes=x_dtypes, name=x_name)
+    m, k = x2.shape
+    w = _check_packed(w, fmt, k, x2)
+    s, s_stride = _check_scale(scale, w.n, x2)
+    z = _prepare_out(out, m, w.n, x2)
+    block_m = block_m_for(m)
+    meta = {"BLOCK_M": block_m}
+    if x_scale is None:
+        meta["DOT_DTYPE"], meta["DOT_PRECISION"] = _dot_types(x2.dtype)
+        head = (x2, w.data, z, s) + ((base3_table(str(x2.device)),) if fmt == "base3" else ())
+    else:
+        head = (x2, w.data, z, s, x_scale)
+    args = head + (m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0), s_stride)
+    grid = lambda meta: (triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, block_m))  # noqa: E731
+    kernel = kernels[0] if block_m <= 32 else kernels[1]
+    _launch(kernel, grid, args, config, meta)
+    return z[0] if vector else z
+
+
+def step05_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+               out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 5: 2-bit weights decoded in registers and multiplied with ``tl.dot`` (for M > 1)."""
+    return _dotwise((dot_2bit_few, dot_2bit_many), x, w, scale, out, config, "2bit")
+
+
+def step07_base3_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                     out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 7: step 5 on base-3 (1.6-bit) weights (for M > 1)."""
+    return _dotwise((dot_base3_few, dot_base3_many), x, w, scale, out, config, "base3")

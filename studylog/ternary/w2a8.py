@@ -1,0 +1,496 @@
+"""Chapter 5, steps 12 and 13: W2A8 in CUDA C++ (``csrc/ternary_w2a8.cu``), x quantised to int8 as BitNet
+b1.58 does it and exact int32 sums of 2-bit weights on the int8 tensor cores, fed as in step 11.
+
+12. :func:`step12_w2a8`: step 11's plumbing with the int8 MMA, one AND per 4 weights. Where x is quantised
+    (``quantize``): in every block of the matmul from a copy of x the copy engine stages ahead of the
+    weights (``"staged"``, the default for one row of x where it fits), in every block from global memory
+    (``"every block"``, the default for up to 8 rows where it fits), or by a kernel of its own first
+    (``"separate"``: ``quantize_x``, then the matmul launched early). :func:`step12_probe` builds it with
+    parts left out; :func:`step12_timeline` with timestamps (``W2A8_TIMELINE``, for lab/ternary).
+13. :func:`step13_w2a8_tiles`: the same product for several rows of x, one tile of 16 weight rows a warp
+    over a slice of K.
+
+Three other places to quantise x were tried and measured slower (the first block for all, a thread block
+cluster sharing the work, each warp its own groups): they are in ``lab/ternary/variants/``, their numbers
+in ``lab/ternary/results/`` and notebook 05.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import torch
+import triton
+from jaxtyping import Float, Int8, Int32, Int64
+from torch import Tensor
+
+from studylog import cuda, runtime
+from studylog.checks import check_choice, check_tensor
+from studylog.ternary.cuda_steps import (CUDA_WORKSPACE, PROBES, RING_BARRIER_BYTES, SMEM_LIMIT, TmaConfig,
+                                         _aligned_rows, _cuda_call_args)
+from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, _check_x
+
+# ----------------------------------------------------------------------------------------------
+# Step 12: W2A8 in CUDA C++ (csrc/ternary_w2a8.cu): x quantised to int8, then step 11's plumbing
+# with the int8 MMA, one AND per 4 weights
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class W2A8Config(TmaConfig):
+    """A launch of step 12: as :class:`~studylog.ternary.cuda_steps.TmaConfig` (step 11's blocks, warps,
+    stages and slices), from step 12's compiled shapes."""
+
+    @staticmethod
+    def compiled_shapes() -> tuple:
+        return W2A8_SHAPES + tuple(s for s in W2A8_STAGED_SHAPES if s not in W2A8_SHAPES)
+
+
+#: (row_tiles, stages, chunk) of the compiled step-12 instances.
+W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
+#: (row_tiles, stages, chunk) of the compiled "staged" instances: deeper rings where shared memory allows
+#: (two blocks an SM of 1 tile and 8 stages, or of 2 tiles and 3 stages, with 8 warps and K = 14336 / 28672;
+#: one block an SM of 2 tiles and 8 stages, or of 4 tiles and 5).
+W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1), (2, 8, 1), (4, 5, 1))
+
+
+#: Where step 12 quantises x, and its QUANT in ternary_w2a8.cu: in a kernel of its own before the matmul
+#: (quantize_x, the matmul launched early), in every block of the matmul from global memory (up to 8 rows of
+#: x, all of K in shared memory), or ("staged") in every block from a copy the copy engine brought into
+#: shared memory ahead of the weights. (QUANT 2, 3 and 5, the places tried and measured slower, are in
+#: lab/ternary/variants/.)
+W2A8_QUANTIZE = {"separate": 0, "every block": 1, "staged": 4}
+
+
+def _w2a8_instance(quant: int, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    return f"ternary_w2a8<{quant}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+
+
+W2A8_QUANTIZE_INSTANCES = ("quantize_x<true>", "quantize_x<false>")
+#: After quantize_x: 8 or 16 rows of x a block (16 only with 1 or 2 row tiles: 4 spill), x's type no
+#: longer matters. Quantised in the matmul: 8 rows of x a block, bf16 or fp16.
+W2A8_INSTANCES = tuple(_w2a8_instance(0, True, mt, *shape) for mt in (1, 2) for shape in W2A8_SHAPES
+                       if mt == 1 or shape[0] <= 2) + \
+    tuple(_w2a8_instance(1, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_SHAPES) + \
+    tuple(_w2a8_instance(4, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_STAGED_SHAPES)
+cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
+W2A8_SIGNATURE = ["ptr"] * 10 + ["i32"] * 8
+W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
+#: The longest K step 12 takes: its int32 sums and their float32 conversion stay exact below it
+#: (|sum_k x_k w_k| <= 128 K <= 2^24).
+W2A8_MAX_K = 1 << 17
+
+
+def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
+    """The order in which step 12 keeps a row of quantised x: byte ``b`` of a row (K padded to a
+    multiple of 256) holds ``x[order[b]]``. In each group of 256, byte ``64 p + 16 t + 4 i + j``
+    is the activation that meets code ``p`` of byte ``j`` of word ``4 t + i`` of a weight row in the
+    int8 MMA (the order comment in ternary_w2a8.cu): B register ``i`` of the lanes ``4 g + t``."""
+    b = torch.arange(triton.cdiv(k, GROUP_WEIGHTS_2BIT) * GROUP_WEIGHTS_2BIT, device=device)
+    within = b % 256
+    p, t, i, j = within >> 6, (within >> 4) & 3, (within >> 2) & 3, within & 3
+    return b - within + 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1)
+
+
+def w2a8_smem_bytes(cfg: Union[TmaConfig, "W2A8TilesConfig"], x_rows: int, groups_per_slice: int,
+                    staged: bool = False) -> int:
+    """Dynamic shared memory of a step-12 or step-13 block: mbarriers, stages and its int8 x (``staged``:
+    room for its rows of 16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
+    x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
+    return RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_bytes
+
+
+#: "staged" quantises a row with every activation in registers (8 units of 16 a consumer thread) before it
+#: writes a byte over the row it read: groups of 256 a row, at most, per consumer warp.
+W2A8_STAGED_GROUPS_PER_WARP = 16
+
+
+def w2a8_max_groups_per_slice(cfg: Union[TmaConfig, "W2A8TilesConfig"], x_rows: int) -> int:
+    """The longest slice of K (in groups of 256) whose int8 x fits beside the stages."""
+    room = SMEM_LIMIT - RING_BARRIER_BYTES - cfg.stages * cfg.stage_bytes
+    return max(1, (room // x_rows - 64) // 256)
+
+
+@functools.lru_cache(maxsize=None)
+def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
+    """(quantize_x by bf16, {instance: kernel}) of ternary_w2a8.cu built with ``options`` (the probes'
+    -DW2A8_PROBE, the timeline's -DW2A8_TIMELINE=1, whose kernels take one more pointer, the trace)."""
+    module = cuda.load("ternary_w2a8", name_expressions=W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES + W2A8_TILES_INSTANCES,
+                       device=device_index, options=options)
+    traced = ["ptr"] if TIMELINE_OPTION in options else []
+    quantize = {bf16: module.kernel(f"quantize_x<{'true' if bf16 else 'false'}>", W2A8_QUANTIZE_SIGNATURE + traced)
+                for bf16 in (True, False)}
+    kernels = {}
+    for name in W2A8_INSTANCES + W2A8_TILES_INSTANCES:
+        tiles = name in W2A8_TILES_INSTANCES
+        kernels[name] = module.kernel(name, W2A8_TILES_SIGNATURE if tiles else W2A8_SIGNATURE + traced)
+        kernels[name].set_max_dynamic_shared_memory(SMEM_LIMIT)
+    return quantize, kernels
+
+
+#: The build of ternary_w2a8.cu that stamps times into a trace (step12_timeline).
+TIMELINE_OPTION = "-DW2A8_TIMELINE=1"
+#: Slots of a step-12 timeline's trace (64 a block, then quantize_x's two at 120000).
+TIMELINE_SLOTS = 1 << 17
+#: Shared memory of one SM of the H100/H200 (blocks on an SM share it; each block also takes 1 KiB).
+SM_SMEM_BYTES = 228 * 1024
+
+
+def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Optional[str] = None) -> W2A8Config:
+    """Step 12's launch for an (M, N, K) problem, from sweeps on the H200 (the seven bench shapes at
+    M = 1) and the H100 (staged; lab/ternary/README.md): 4 stages of 1 group a warp and tile. Quantising x
+    in every block: one tile a block and 8 warps while there are at most two tiles an SM (every block then
+    shares in reading x), else two tiles a block and 8 warps for a long K (4 for K <= 8192). Staged: every
+    block's launch, but with the fewest row tiles a block that give 3/4 of the SMs or more a block (one
+    block an SM), where x fits. After quantize_x: the fewest tiles a block that let every block run at once
+    (one wave), 8 warps for a long K (4 for K <= 8192); above 8 rows of x, 2 tiles and 8 warps."""
+    if quantize is not None:
+        check_choice("quantize", quantize, W2A8_QUANTIZE)
+    sms = sms or runtime.sm_count()
+    long_k = k > 8192
+    if m > 8:
+        return W2A8Config(row_tiles=2, warps=8, stages=4, chunk=1, slices=1)
+    tiles, groups = triton.cdiv(n, 16), triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    quantize = quantize or w2a8_default_quantize(m, n, k, sms)
+    if quantize == "staged":
+        every = w2a8_config(m, n, k, sms, quantize="every block")
+        for rt in (1, 2, 4):
+            cfg = replace(every, row_tiles=rt)
+            if 3 * sms <= 4 * triton.cdiv(tiles, rt) <= 4 * sms and \
+                    w2a8_smem_bytes(cfg, m, groups, staged=True) <= SMEM_LIMIT:
+                return cfg
+        return every
+    if quantize == "every block":
+        few = tiles <= 2 * sms
+        return W2A8Config(row_tiles=1 if few else 2, warps=8 if few or long_k else 4, stages=4, chunk=1, slices=1)
+    warps = 8 if long_k else 4
+    for rt in (1, 2, 4):
+        cfg = W2A8Config(row_tiles=rt, warps=warps, stages=4, chunk=1, slices=1)
+        if w2a8_smem_bytes(cfg, m, groups) <= SMEM_LIMIT and \
+                triton.cdiv(tiles, rt) <= sms * w2a8_blocks_per_sm(cfg, m, groups):
+            return cfg
+    return W2A8Config(row_tiles=4, warps=warps, stages=4, chunk=1, slices=1)
+
+
+def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
+    """Step-12 blocks one SM holds at once: by shared memory (each block also takes 1 KiB) and by
+    registers (ptxas gives the kernels of 8 rows of x at most 96 a thread with one or two row tiles, 136
+    with four: the launch bounds ask for two blocks an SM below four tiles; a test checks it)."""
+    smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
+    registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
+    return min(smem, registers)
+
+
+def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
+    """Step 12's quantisation kernel (quantize="separate") on (M, K) or (K,) bf16/fp16 x: (xq, x_scale,
+    row_sum). xq is int8, (M, K padded to 256) in :func:`w2a8_x_order`; x_scale and xq are what
+    :func:`~studylog.ternary.formats.quantize_activations` gives (bit for bit); row_sum is sum_k xq[m, k]
+    (int32)."""
+    x2, _ = _check_x(x, None, dtypes=MMA_X_DTYPES)
+    runtime.require_gpu("step 12's quantisation (CUDA C++ quantize_x)")
+    return _quantize_x(_aligned_rows(x2))
+
+
+def _quantize_x(x2: Tensor, options: tuple = (), trace: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """quantize_x on checked x (2-D, rows on 16-byte boundaries): the launch inside a step-12 or step-13 call
+    (``trace``: the timeline build's, with its options)."""
+    m, k = x2.shape
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    xq = torch.empty(m, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=x2.device)
+    x_scale = torch.empty(m, dtype=torch.float32, device=x2.device)
+    row_sum = torch.empty(m, dtype=torch.int32, device=x2.device)
+    quantize, _ = _w2a8_kernels(x2.device.index or 0, options)
+    traced = (trace,) if trace is not None else ()
+    quantize[x2.dtype == torch.bfloat16]((m,), (1024,), x2, xq, x_scale, row_sum, k, x2.stride(0), groups, *traced)
+    return xq, x_scale, row_sum
+
+
+def step12_w2a8(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
+                quantize: Optional[str] = None) -> Float[Tensor, "*m n"]:
+    """Step 12 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
+    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU, then exact int32 sums of 2-bit
+    weights (``2bit_tiles``) and int8 x on the tensor cores, fed by the TMA as in step 11. The product
+    of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the activations'
+    rounding (about 0.4% of |x| a row), not by the arithmetic.
+
+    ``quantize`` (one of ``W2A8_QUANTIZE``; None: the default, :func:`w2a8_default_quantize`): "staged" (one
+    launch; the copy engine brings every block's rows of x into its shared memory ahead of the weights, and
+    the block quantises them there; up to 8 rows of x whose 16-bit rows fit beside the stages, K <= 4096 x
+    warps; the default for one row of x), "every block" (one launch, every block quantises x itself from
+    global memory; up to 8 rows of x whose whole K fits in shared memory; the default for 2 to 8), or
+    "separate" (quantize_x, then the matmul launched early; two launches from the host, back to back, and on
+    a slow host the GPU waits for the second; the default elsewhere)."""
+    return _w2a8_call(x, w, scale, out, config, quantize=quantize)()
+
+
+#: What each W2A8_PROBE build of step 12 keeps.
+W2A8_PROBES = PROBES
+
+
+def step12_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
+                 config: Optional[W2A8Config] = None) -> Callable[[], Tensor]:
+    """As :func:`~studylog.ternary.cuda_steps.step11_probe`, for step 12's default launch (the quantisation
+    of x is kept in full)."""
+    check_choice("probe", probe, W2A8_PROBES)
+    return _w2a8_call(x, w, scale, None, config, options=(f"-DW2A8_PROBE={probe}",))
+
+
+def step12_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, trace: Tensor, *,
+                    config: Optional[W2A8Config] = None, quantize: Optional[str] = None) -> Callable[[], Tensor]:
+    """Step 12 built with its timeline (``W2A8_TIMELINE`` in ternary_w2a8.cu), as a function to call: the
+    same launch and result as :func:`step12_w2a8`, and thread 0 of every block (and of quantize_x) writes
+    %globaltimer and clock64() stamps into ``trace`` (int64, ``TIMELINE_SLOTS`` elements, on x's device;
+    the slots are listed in the .cu file). For lab/ternary/w2a8_timeline.py."""
+    check_tensor("trace", trace, dtype=torch.int64, shape=(TIMELINE_SLOTS,), contiguous=True)
+    return _w2a8_call(x, w, scale, None, config, quantize=quantize, options=(TIMELINE_OPTION,), trace=trace)
+
+
+def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
+    """Where step 12 quantises x by default: for one row of x, in every block from a copy the copy
+    engine stages ahead of the weights ("staged", where it fits; faster than "every block" at the Llama
+    shapes of the sweeps, notebook 05); else (or with ``staged=False``) in every block where its launch fits
+    shared memory (up to 8 rows of x), else in quantize_x."""
+    if staged and m == 1 and w2a8_plan_takes(m, n, k, "staged", sms=sms):
+        return "staged"
+    return "every block" if w2a8_plan_takes(m, n, k, "every block", sms=sms) else "separate"
+
+
+class W2A8Plan(NamedTuple):
+    """Step 12's launch for one shape: where x is quantised (QUANT), the config, groups of K a block,
+    grid, kernel instance and dynamic shared memory."""
+
+    quant: int
+    config: W2A8Config
+    groups_per_slice: int
+    grid: tuple
+    instance: str
+    smem: int
+
+
+@functools.lru_cache(maxsize=256)
+def w2a8_plan(m: int, n: int, k: int, bf16: bool = True, config: Optional[W2A8Config] = None,
+              quantize: Optional[str] = None, sms: Optional[int] = None) -> W2A8Plan:
+    """Step 12's launch for one shape, checked once and kept (a call then only launches); a ValueError says
+    why a config or a place to quantise x does not take the problem."""
+    sms = sms or runtime.sm_count()
+    asked = quantize
+    if quantize is None:
+        quantize = w2a8_default_quantize(m, n, k, sms)
+        if quantize == "staged" and config is not None and not w2a8_plan_takes(m, n, k, "staged", config, sms):
+            quantize = w2a8_default_quantize(m, n, k, sms, staged=False)  # the default, less staged
+    quant = W2A8_QUANTIZE[check_choice("quantize", quantize, W2A8_QUANTIZE)]
+    if quant and m > 8:
+        raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
+                         f"use 'separate'")
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    col_tiles = 1 if m <= 8 else 2
+    x_rows = min(m, 8 * col_tiles)
+    cfg = config or w2a8_config(m, n, k, sms, quantize=quantize)
+    if w2a8_smem_bytes(cfg, x_rows, 1) > SMEM_LIMIT:
+        raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
+                         f"{SMEM_LIMIT} bytes of shared memory")
+    if cfg.warps > 8:
+        raise ValueError(f"{cfg}: step 12 runs at most 8 consumer warps a block (its launch bounds)")
+    fused, staged = quant in (1, 4), quant == 4
+    smem_x = w2a8_smem_bytes(cfg, x_rows, groups, staged)
+    if fused and smem_x > SMEM_LIMIT:
+        what = f"quantize={quantize!r} needs all of K in shared memory, as 16-bit x," if staged else \
+            "quantising in every block needs all of K in shared memory"
+        raise ValueError(f"{cfg}: {what} beside the stages; M = {m}, K = {k} needs {smem_x} bytes, more than "
+                         f"{SMEM_LIMIT}")
+    if staged and groups > W2A8_STAGED_GROUPS_PER_WARP * cfg.warps:
+        raise ValueError(f"{cfg}: quantize='staged' holds a row of x in its consumers' registers: K <= "
+                         f"{W2A8_STAGED_GROUPS_PER_WARP * GROUP_WEIGHTS_2BIT * cfg.warps} with {cfg.warps} "
+                         f"warps, got K = {k}")
+    per_slice = groups if fused else min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
+    grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
+    # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
+    name = _w2a8_instance(quant, bf16 or quant == 0, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
+    if staged and (cfg.row_tiles, cfg.stages, cfg.chunk) not in W2A8_STAGED_SHAPES:
+        raise ValueError(f"{cfg}: quantize={quantize!r} is compiled for (row_tiles, stages, chunk) in "
+                         f"{W2A8_STAGED_SHAPES} only")
+    if name not in W2A8_INSTANCES:
+        default = "" if asked else " (no quantize given: the default for this config)"
+        raise ValueError(f"{cfg}: step 12 has no compiled instance for it with quantize={quantize!r}{default} and "
+                         f"M = {m} ({name}); compiled: {W2A8_INSTANCES}")
+    return W2A8Plan(quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, staged))
+
+
+def w2a8_plan_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Config] = None,
+                    sms: Optional[int] = None) -> bool:
+    """Whether step 12 takes the problem with x quantised at ``quantize`` (bf16 x), with ``config`` (None: its
+    own launch)."""
+    try:
+        w2a8_plan(m, n, k, True, config, quantize, sms or runtime.sm_count())
+        return True
+    except ValueError:
+        return False
+
+
+def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
+               options: tuple = (), trace: Optional[Tensor] = None) -> Callable[[], Tensor]:
+    """Checks of step 12 and its plan (w2a8_plan); returns the call as a function. ``options`` builds the .cu
+    with a probe or the timeline (then ``trace`` is the timeline's)."""
+    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8Config,
+                                                    "step 12 (CUDA C++ ternary_w2a8)")
+    m, k = x2.shape
+    if quantize is not None:
+        check_choice("quantize", quantize, W2A8_QUANTIZE)
+    if k > W2A8_MAX_K:
+        raise ValueError(f"step 12 takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
+    if torch.cuda.get_device_capability(x2.device)[0] < 9:
+        raise RuntimeError("step 12 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
+                           f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
+    quant, cfg, per_slice, grid, name, smem = w2a8_plan(m, w.n, k, x2.dtype == torch.bfloat16, config, quantize,
+                                                        runtime.sm_count())
+    groups, slices = triton.cdiv(k, GROUP_WEIGHTS_2BIT), grid[1]
+    sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
+    partials = sums.view(torch.int32) if sums is not None else None
+    kernel = _w2a8_kernels(x2.device.index or 0, options)[1][name]
+    block = (32 * (cfg.warps + 1),)
+    traced = (trace,) if trace is not None else ()
+
+    def call() -> Tensor:
+        if quant == 0:
+            xq, x_scale, row_sum = _quantize_x(x2, options, trace)
+            # launched early (programmatic dependent launch): its weights stream in while x is quantised. The
+            # kernel's `flags` and `epoch` are unused (None, 0): see ternary_w2a8.cu.
+            kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, None, m, w.n, k, groups,
+                   x2.stride(0), s_stride, per_slice, 0, *traced, shared_mem=smem, early=True)
+        else:
+            kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, None, m, w.n, k, groups,
+                   x2.stride(0), s_stride, per_slice, 0, *traced, shared_mem=smem)
+        return z[0] if vector else z
+    return call
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 13: W2A8 for several rows of x, one tile of weights a warp (ternary_w2a8_tiles in
+# csrc/ternary_w2a8.cu): a block covers 16 x warps weight rows over a slice of K
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class W2A8TilesConfig:
+    """A launch of step 13: ``warps`` consumer warps (plus a producer), each owning ``tiles`` tiles of 16
+    weight rows, so a block covers ``16 * warps * tiles`` rows; ``stages`` stages of ``chunk`` groups
+    (1 KiB each) a tile in flight; ``slices`` cuts K across blocks (grid.y; more where a block's x would
+    not fit)."""
+
+    warps: int = 4
+    tiles: int = 1
+    stages: int = 4
+    chunk: int = 2
+    slices: int = 1
+
+    def __post_init__(self):
+        if self.warps not in (4, 8):
+            raise ValueError(f"warps must be 4 or 8 (the compiled instances), got {self.warps!r}")
+        if (self.tiles, self.stages, self.chunk) not in W2A8_TILES_SHAPES:
+            raise ValueError(f"(tiles, stages, chunk) must be one of the compiled {W2A8_TILES_SHAPES}, got "
+                             f"{(self.tiles, self.stages, self.chunk)}")
+        if isinstance(self.slices, bool) or not isinstance(self.slices, int) or self.slices < 1:
+            raise ValueError(f"slices must be a positive int, got {self.slices!r}")
+
+    @property
+    def rows(self) -> int:
+        """Weight rows a block covers."""
+        return 16 * self.warps * self.tiles
+
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes of weights one stage holds."""
+        return 1024 * self.warps * self.tiles * self.chunk
+
+
+#: (tiles a warp, stages, chunk) of the compiled step-13 instances, the preferred first.
+W2A8_TILES_SHAPES = ((1, 4, 2), (1, 2, 8), (1, 4, 4), (2, 4, 2))  # (2 tiles of 16 rows of x in 4 KiB stages spill)
+
+
+def _w2a8_tiles_instance(col_tiles: int, warps: int, tiles: int, stages: int, chunk: int) -> str:
+    return f"ternary_w2a8_tiles<{col_tiles}, {warps}, {tiles}, {stages}, {chunk}>"
+
+
+#: 8 or 16 rows of x a block (grid.z: more), 4 or 8 warps, each compiled shape.
+W2A8_TILES_INSTANCES = tuple(_w2a8_tiles_instance(mt, warps, *shape) for mt in (1, 2) for warps in (4, 8)
+                             for shape in W2A8_TILES_SHAPES)
+cuda.declare_instances("ternary_w2a8", W2A8_TILES_INSTANCES)
+W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
+
+
+def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
+    """Step 13's launch for an (M, N, K) problem: 4 warps of one tile each (the H200 sweep's best at
+    4096 x 14336, M = 1 and 16, lab/ternary/README.md: two tiles a warp were slower), and of the compiled shapes the first (in
+    W2A8_TILES_SHAPES' order) that needs the fewest waves of blocks: for each, the slices of K that fill
+    the GPU once, or more where a block's x would not fit beside its stages."""
+    sms = sms or runtime.sm_count()
+    groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
+    best = None
+    for tiles, stages, chunk in W2A8_TILES_SHAPES:
+        cfg = W2A8TilesConfig(4, tiles, stages, chunk, 1)
+        column_blocks = triton.cdiv(n, cfg.rows) * triton.cdiv(m, 16 if m > 8 else 8)
+        slices = max(triton.cdiv(groups, w2a8_max_groups_per_slice(cfg, x_rows)),
+                     min(groups, max(1, sms // column_blocks)))
+        per_slice = triton.cdiv(groups, slices)
+        blocks = column_blocks * triton.cdiv(groups, per_slice)
+        per_sm = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, per_slice) + 1024)
+        waves = triton.cdiv(blocks, sms * max(per_sm, 1))
+        if best is None or waves < best[0]:
+            best = (waves, replace(cfg, slices=slices))
+    return best[1]
+
+
+class W2A8TilesPlan(NamedTuple):
+    """Step 13's launch for one shape: the config, groups of K a block, grid, kernel instance and dynamic
+    shared memory."""
+
+    config: W2A8TilesConfig
+    groups_per_slice: int
+    grid: tuple
+    instance: str
+    smem: int
+
+
+@functools.lru_cache(maxsize=256)
+def w2a8_tiles_plan(m: int, n: int, k: int, config: Optional[W2A8TilesConfig] = None,
+                    sms: Optional[int] = None) -> W2A8TilesPlan:
+    """Step 13's launch for one shape, checked once."""
+    sms = sms or runtime.sm_count()
+    cfg = config or w2a8_tiles_config(m, n, k, sms)
+    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
+    col_tiles = 1 if m <= 8 else 2
+    x_rows = min(m, 8 * col_tiles)
+    # (more slices than asked where x would not fit; every compiled shape leaves room for 23 groups of 16 rows)
+    per_slice = min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
+    grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
+    name = _w2a8_tiles_instance(col_tiles, cfg.warps, cfg.tiles, cfg.stages, cfg.chunk)
+    return W2A8TilesPlan(cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice))
+
+
+def step13_w2a8_tiles(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                      out: Optional[Tensor] = None, config: Optional[W2A8TilesConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 13 (W2A8, Hopper GPUs and later), the product of step 12 (``x`` quantised as
+    :func:`quantize_activations` does, exact int32 sums, ``2bit_tiles`` weights) for several rows of x:
+    quantize_x, then the matmul launched early, whose warps each own a tile of 16 weight rows over a
+    slice of K (see ternary_w2a8.cu). Built for 2 to 16 rows of x (more run in blocks of 16 rows)."""
+    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8TilesConfig,
+                                                    "step 13 (CUDA C++ ternary_w2a8_tiles)")
+    m, k = x2.shape
+    if k > W2A8_MAX_K:
+        raise ValueError(f"step 13 takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
+    if torch.cuda.get_device_capability(x2.device)[0] < 9:
+        raise RuntimeError("step 13 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
+                           f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
+    cfg, per_slice, grid, name, smem = w2a8_tiles_plan(m, w.n, k, config, runtime.sm_count())
+    groups, slices = triton.cdiv(k, GROUP_WEIGHTS_2BIT), grid[1]
+    sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
+    partials = sums.view(torch.int32) if sums is not None else None
+    kernel = _w2a8_kernels(x2.device.index or 0)[1][name]
+    xq, x_scale, row_sum = _quantize_x(x2)
+    # launched early (programmatic dependent launch): its weights stream in while x is quantised
+    kernel(grid, (32 * (cfg.warps + 1),), xq, w.data, z, s, x_scale, row_sum, partials, counts, m, w.n, groups,
+           s_stride, per_slice, shared_mem=smem, early=True)
+    return z[0] if vector else z
+

@@ -1,0 +1,367 @@
+"""Chapter 7: the decode loop. The three configurations write the same tokens on every schema of the suite
+(tiny model, CPU), bad input is refused with an error that names it, checkpoints round-trip (and match
+Hugging Face's Llama where transformers is installed), and the pieces the loop rests on (the ASCII regex,
+the two libraries' masks, chunked forwards, the masked head's adapter) are checked against references."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from studylog.decode import (CONFIGS, Decoder, Grammar, LlamaModel, from_module, load_checkpoint, model_config,
+                             save_checkpoint, step01_baseline, step02_jump_forward, step03_masked_head, suite_names,
+                             suite_sample)
+from studylog.decode import pieces, report
+from studylog.decode.grammar import ascii_regex
+from studylog.decode.loop import gumbel_noise
+
+STEPS = ("baseline", "jump_forward", "masked_head", "automaton_mask")
+SUITE = suite_names()
+PROMPT = "Give the answer in the required format."
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LlamaModel(model_config("tiny"), dtype=torch.float32, seed=1)
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny):
+    return Decoder(tiny, batch=1, max_seq=200)
+
+
+@pytest.fixture(scope="module")
+def decoder2(tiny):
+    return Decoder(tiny, batch=2, max_seq=200)
+
+
+def _run_all(decoder, grammar, prompts, configs=STEPS, **kw):
+    return {c: decoder.generate(grammar, prompts, c, **kw) for c in configs}
+
+
+# --- the same tokens in every configuration ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", SUITE)
+def test_every_configuration_writes_the_same_tokens(decoder, name):
+    """Greedy decoding of the random model (its own choices) and of the steered one (a realistic sample): the
+    steps write the same tokens; the steered output is the sample, and jumps saved forwards on it."""
+    ws = "compact"
+    grammar = Grammar.from_suite(name, whitespace=ws)
+    free = _run_all(decoder, grammar, [PROMPT], max_new_tokens=24)
+    for c, out in free.items():
+        assert out.ids == free["baseline"].ids, (name, c, out.text, free["baseline"].text)
+        assert len(out.ids[0]) <= 24
+    sample = suite_sample(name, seed=3, whitespace=ws)
+    steered = _run_all(decoder, grammar, [PROMPT], max_new_tokens=96, targets=[sample])
+    base = steered["baseline"]
+    assert base.finished == [True] and base.text == [sample.encode()], (base.text, sample)
+    assert base.forwards == base.tokens + 1  # one forward per token, and one for EOS
+    for c, out in steered.items():
+        assert out.ids == base.ids, (name, c)
+        if c != "baseline":
+            # each jumped token saved a forward, and so did an EOS that was the only token allowed
+            assert base.forwards - out.forwards - sum(out.jumped) in (0, 1), (name, c)
+
+
+def test_the_step_functions_are_the_configurations(decoder):
+    grammar = Grammar.from_suite("us_phone")
+    sample = suite_sample("us_phone", seed=1)
+    outs = [f(decoder, grammar, [PROMPT], targets=[sample]) for f in
+            (step01_baseline, step02_jump_forward, step03_masked_head)]
+    assert [o.config for o in outs] == ["baseline", "jump_forward", "masked_head"]
+    assert all(o.ids == outs[0].ids and o.text == [sample.encode()] for o in outs)
+    assert outs[1].forwards < outs[0].forwards
+
+
+@pytest.mark.parametrize("name", ["tool_call", "shopping_list", "ipv4"])
+def test_a_batch_writes_what_each_sequence_writes_alone(decoder, decoder2, name):
+    """Batch 2, sequences of different lengths (one finishes first and rides along), steered and free."""
+    grammar = Grammar.from_suite(name, whitespace="compact")
+    targets = [suite_sample(name, seed=s, whitespace="compact") for s in (0, 5)]
+    both = _run_all(decoder2, grammar, [PROMPT, PROMPT + " Be brief."], max_new_tokens=80, targets=targets)
+    for c, out in both.items():
+        assert out.ids == both["baseline"].ids, c
+        assert out.text == [t.encode() for t in targets], c
+    alone = decoder.generate(grammar, [PROMPT + " Be brief."], "masked_head", max_new_tokens=80, targets=targets[1:])
+    assert alone.ids[0] == both["baseline"].ids[1]
+    free = _run_all(decoder2, grammar, [PROMPT, "Another prompt entirely"], max_new_tokens=20)
+    assert all(out.ids == free["baseline"].ids for out in free.values())
+
+
+def test_seeded_sampling_is_the_same_in_every_configuration(decoder2):
+    grammar = Grammar.from_suite("weather_call", whitespace="compact")
+    outs = _run_all(decoder2, grammar, [PROMPT, PROMPT], max_new_tokens=30, temperature=1.0, seed=7)
+    assert all(o.ids == outs["baseline"].ids for o in outs.values())
+    again = decoder2.generate(grammar, [PROMPT, PROMPT], "baseline", max_new_tokens=30, temperature=1.0, seed=7)
+    other = decoder2.generate(grammar, [PROMPT, PROMPT], "baseline", max_new_tokens=30, temperature=1.0, seed=8)
+    greedy = decoder2.generate(grammar, [PROMPT, PROMPT], "baseline", max_new_tokens=30)
+    assert again.ids == outs["baseline"].ids
+    assert other.ids != again.ids and greedy.ids != again.ids
+    assert outs["baseline"].ids[0] != outs["baseline"].ids[1]  # the noise depends on the sequence
+
+
+def test_jumps_never_write_past_the_cap(decoder):
+    """A forced chain longer than what is left of max_new_tokens is cut at the cap (every cap up to the
+    sample's length), and the cut output is the baseline's."""
+    grammar = Grammar.from_suite("weather_call", whitespace="compact")
+    sample = suite_sample("weather_call", seed=0, whitespace="compact")
+    n = len(decoder.vocab.encode(sample))
+    for cap in range(1, n + 1, 2):
+        outs = _run_all(decoder, grammar, [PROMPT], max_new_tokens=cap, targets=[sample])
+        assert all(len(o.ids[0]) <= cap and o.ids == outs["baseline"].ids for o in outs.values()), cap
+
+
+@pytest.mark.parametrize("name", ["weather_call", "calendar_event", "sql_query", "classifier"])
+def test_character_jumps_write_the_sample_with_fewer_forwards(decoder, name):
+    """Character-level jumps retokenize: the steered output is still the sample's text, in fewer forwards
+    than token-level jumps; the tokens may differ from the baseline's."""
+    grammar = Grammar.from_suite(name, whitespace="compact")
+    sample = suite_sample(name, seed=2, whitespace="compact")
+    outs = _run_all(decoder, grammar, [PROMPT], ("jump_forward", "char_jump"), max_new_tokens=96, targets=[sample])
+    char = outs["char_jump"]
+    assert char.finished == [True] and char.text == [sample.encode()]
+    assert char.forwards <= outs["jump_forward"].forwards
+    assert grammar.automaton.fsm.matches(char.text[0])
+
+
+# --- the pieces --------------------------------------------------------------------------------------------
+
+def test_ascii_regex():
+    assert ascii_regex(r"\d{4}-\d\d") == "[0-9]{4}-[0-9][0-9]"
+    assert ascii_regex(r"[\d.]+\s") == "[0-9.]+[ \\t\\n\\r\\f\\v]"
+    assert ascii_regex(r"[\w-]") == "[0-9A-Za-z_-]"
+    assert ascii_regex(r"\\d") == r"\\d"  # an escaped backslash, then the letter d
+    assert ascii_regex(r"[]\d]") == "[]0-9]"
+    assert ascii_regex(r"a\ b\.c") == r"a b\.c"
+    with pytest.raises(ValueError, match=r"\\D"):
+        ascii_regex(r"\D+")
+
+
+@pytest.mark.parametrize("name", ["datetime", "tool_call", "article_summary"])
+def test_xgrammar_and_the_automaton_allow_the_same_tokens(name):
+    """The premise of comparing them: along a sample, xgrammar's bitmask is the automaton's allowed set in
+    every state (schemas with dates, where Unicode digits would otherwise differ)."""
+    import xgrammar as xgr
+
+    grammar = Grammar.from_suite(name)
+    vocab = grammar.vocab
+    ids = vocab.encode(suite_sample(name, seed=4))
+    matcher = grammar.matcher()
+    bits = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+    state = grammar.automaton.initial
+    for i in range(len(ids) + 1):
+        matcher.fill_next_token_bitmask(bits)
+        got = np.flatnonzero(np.unpackbits(bits[0].numpy().view(np.uint8), bitorder="little")[:vocab.vocab_size])
+        assert np.array_equal(got, grammar.automaton.allowed_ids(state)), (name, i)
+        assert np.array_equal(grammar.state_words(state).view(np.int32), bits[0].numpy()), (name, i)
+        if i < len(ids):
+            assert matcher.accept_token(ids[i])
+            state = grammar.automaton.next(state, ids[i])
+
+
+def test_batch_allowed_sets_are_the_union_of_the_states():
+    grammar = Grammar.from_suite("product", whitespace="compact")
+    states = [grammar.automaton.initial]
+    for t in grammar.vocab.encode(suite_sample("product", seed=1, whitespace="compact"))[:6]:
+        states.append(grammar.automaton.next(states[-1], t))
+    pick = [states[1], states[4], None, states[1]]
+    allowed = grammar.allowed(pick, "cpu")
+    sets = [grammar.automaton.allowed_ids(s) if s is not None else np.zeros(0, np.int64) for s in pick]
+    assert allowed.counts == tuple(len(s) for s in sets)
+    assert np.array_equal(allowed.union_ids.numpy(), np.unique(np.concatenate(sets)))
+    for b, s in enumerate(sets):
+        assert np.array_equal(allowed.mask[b].nonzero().flatten().numpy(), s)
+
+
+def test_masked_head_kernel_matches_its_torch_path(rng):
+    """Chapter 2's kernels (Triton's interpreter here) and the torch path give the same logits: one sequence
+    with a few ids, one with more, and a batch with its own sets."""
+    V, D = 1000, 48
+    w = torch.randn(V, D, generator=rng).bfloat16()
+    for batch, sizes in ((1, [5]), (1, [70]), (3, [3, 40, 0])):
+        h = torch.randn(batch, D, generator=rng).bfloat16()
+        sets = [np.sort(np.random.default_rng(int(rng.seed_value) + n).choice(V, n, replace=False)) for n in sizes]
+        if batch == 1:
+            allowed = pieces.allowed_from_ids(sets[0], V, "cpu")
+        else:
+            mask = torch.zeros(batch, V, dtype=torch.bool)
+            for b, s in enumerate(sets):
+                mask[b, torch.from_numpy(s)] = True
+            allowed = pieces.allowed_batch(mask, np.unique(np.concatenate(sets)), tuple(sizes))
+        a = pieces.masked_head_kernel(h, w, allowed, torch.full((batch, V), 7.0))
+        b = pieces.masked_head_torch(h, w, allowed, torch.full((batch, V), 7.0))
+        assert torch.equal(torch.isinf(a), torch.isinf(b)) and torch.isinf(a).sum() == batch * V - sum(sizes)
+        fin = ~torch.isinf(a)
+        torch.testing.assert_close(a[fin], b[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_a_chunked_forward_equals_token_by_token(rng):
+    m = LlamaModel(model_config("tiny", vocab_size=500, layers=3), dtype=torch.float64, seed=2)
+    toks = torch.randint(0, 500, (2, 13), generator=rng)
+    full = m(toks, torch.zeros(2, dtype=torch.long), torch.tensor([12, 12]), m.new_cache(2, 40))
+    cache = m.new_cache(2, 40)
+    m(toks[:, :6], torch.zeros(2, dtype=torch.long), torch.tensor([5, 5]), cache)
+    for t in range(6, 9):
+        m(toks[:, t:t + 1], torch.full((2,), t), torch.zeros(2, dtype=torch.long), cache)
+    padded = torch.cat([toks[:, 9:], torch.randint(0, 500, (2, 5), generator=rng)], dim=1)  # 4 real, 5 padding
+    step = m(padded, torch.full((2,), 9), torch.tensor([3, 3]), cache)
+    torch.testing.assert_close(step, full, rtol=1e-10, atol=1e-10)
+
+
+def test_gumbel_noise_depends_only_on_its_inputs():
+    ids = torch.arange(5000)
+    a = gumbel_noise(3, torch.tensor([4, 4]), ids)
+    assert torch.equal(a, gumbel_noise(3, torch.tensor([4, 4]), ids)) and torch.isfinite(a).all()
+    assert not torch.equal(a[0], a[1]) and not torch.equal(a, gumbel_noise(4, torch.tensor([4, 4]), ids))
+    assert abs(a.mean().item() - 0.5772) < 0.05  # the Gumbel distribution's mean (Euler's constant)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------------
+
+def test_checkpoint_round_trip(tmp_path, tiny, decoder):
+    folder = save_checkpoint(tiny, tmp_path / "ckpt")
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    loaded = load_checkpoint(folder)
+    assert loaded.config == tiny.config and loaded.dtype == torch.float32
+    for (n, a), (_, b) in zip(tiny.named_parameters(), loaded.named_parameters()):
+        assert torch.equal(a, b), n
+    grammar = Grammar.from_suite("ticket_triage")
+    again = Decoder(loaded, batch=1, max_seq=200)
+    assert again.generate(grammar, [PROMPT], "baseline", max_new_tokens=20).ids == \
+        decoder.generate(grammar, [PROMPT], "baseline", max_new_tokens=20).ids
+
+
+def test_checkpoint_matches_hugging_face_llama(tmp_path, rng):
+    transformers = pytest.importorskip("transformers")
+    m = LlamaModel(model_config("tiny", vocab_size=700, layers=2, heads=4, kv_heads=2), dtype=torch.float32, seed=3)
+    folder = save_checkpoint(m, tmp_path / "hf")
+    hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    toks = torch.randint(0, 700, (2, 9), generator=rng)
+    with torch.no_grad():
+        ref = hf(toks).logits[:, -1]
+    ours = m.logits(m(toks, torch.zeros(2, dtype=torch.long), torch.tensor([8, 8]), m.new_cache(2, 16)))
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    back = from_module(hf)
+    torch.testing.assert_close(back.logits(back(toks, torch.zeros(2, dtype=torch.long), torch.tensor([8, 8]),
+                                                back.new_cache(2, 16))), ref, rtol=1e-4, atol=1e-4)
+
+
+# --- bad input -------------------------------------------------------------------------------------------------
+
+def test_a_schema_that_does_not_compile_is_named():
+    with pytest.raises(ValueError, match="schema does not compile.*not valid JSON"):
+        Grammar.from_schema("{not json")
+    with pytest.raises(ValueError, match="schema does not compile"):
+        Grammar.from_schema({"type": "object", "properties": {"a": {"type": "no-such-type"}}})
+    with pytest.raises(ValueError, match="regex"):
+        Grammar.from_regex("(unclosed")
+
+
+def test_a_prompt_longer_than_the_cache_is_named(decoder):
+    grammar = Grammar.from_suite("classifier")
+    with pytest.raises(ValueError, match=r"prompt 0 has 195 tokens.*max_seq=200"):
+        decoder.generate(grammar, [[11] * 195], "baseline", max_new_tokens=10)
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        decoder.generate(grammar, [[]], "baseline")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        decoder.generate(grammar, [[10**6]], "baseline")
+    with pytest.raises(ValueError, match="batch 1"):
+        decoder.generate(grammar, [PROMPT, PROMPT], "baseline")
+    with pytest.raises(ValueError, match="config must be"):
+        decoder.generate(grammar, [PROMPT], "no_such_config")
+
+
+def test_a_vocabulary_that_does_not_fit_the_head_is_named():
+    small = LlamaModel(model_config("tiny", vocab_size=1000), dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"100277 ids but the model's LM head has 1000 rows"):
+        Decoder(small)
+
+
+def test_a_model_without_the_expected_modules_is_named(tmp_path, tiny):
+    with pytest.raises(TypeError, match="Linear, which has no embed_tokens, layers, norm, lm_head"):
+        Decoder(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="not a Llama-style causal LM: it has no model"):
+        from_module(torch.nn.Linear(4, 4))
+    folder = save_checkpoint(LlamaModel(model_config("tiny", vocab_size=300), dtype=torch.float32), tmp_path / "c")
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="lacks 1 tensor.*model.layers.1.mlp.down_proj.weight"):
+        load_checkpoint(folder)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_checkpoint(tmp_path)
+
+
+def test_configurations_refuse_what_they_cannot_do():
+    with pytest.raises(ValueError, match="masked head reads allowed sets per automaton state"):
+        CONFIGS["baseline"].__class__("x", "token", "masked", "xgrammar")
+    with pytest.raises(ValueError, match="jump must be one of"):
+        CONFIGS["baseline"].__class__("x", "sometimes")
+
+
+# --- the report, on the CPU ---------------------------------------------------------------------------------------
+
+def test_the_sweep_records_what_the_figures_read(tiny):
+    run = report.LocalRun()
+    report.sweep(run, device="cpu", shapes=("tiny",), batches=(1,), schemas=["us_phone", "product"], repeats=1,
+                 dtype=torch.float32, max_new_tokens=64, max_seq=160, whitespaces=("compact",),
+                 both_whitespaces_at=("tiny", 1))
+    assert run.checks and all(c["passed"] for c in run.checks)
+    assert {r["series"] for r in run.rows} == {"step01", "step02", "step03", "automaton_mask", "char_jump"}
+    assert {r["params"]["whitespace"] for r in run.rows if r["params"]["schema"] == "product"} == {"compact", "default"}
+    parts = report.breakdown(run.rows, "tiny", 1)
+    assert list(parts) == list(report.ORDER)
+    for p in parts.values():
+        assert p["wall"] > 0 and p["body"] > 0
+    bounds = report.amdahl(parts)
+    assert 0 < bounds["chapter2_share"] < 1 and 0 <= bounds["chapter1_share"] < 1
+
+    class Results:
+        rows = [dict(r, params=dict(r["params"], model="1b")) for r in run.rows]
+
+        @staticmethod
+        def caption():
+            return "CPU"
+
+    heads = report.headline(Results())
+    assert [h["kernel"] for h in heads] == ["step03_masked_head", "step02_jump_forward"]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert set(report.figures(Results())) == {"breakdown", "speedup"}
+
+
+# --- on a GPU -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_graphs_give_what_the_eager_body_gives():
+    """The body replayed from CUDA graphs (chunks padded to the graph's length) decodes what the eager body
+    decodes, in every configuration, with chapter 2's kernels as the masked head."""
+    model = LlamaModel(model_config("tiny", layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256),
+                       device="cuda", dtype=torch.bfloat16, seed=0)
+    graphed, eager = Decoder(model, batch=2, max_seq=256), Decoder(model, batch=2, max_seq=256, graphs=False)
+    assert graphed.graphs and graphed.head_impl == "kernel"
+    for name in ("weather_call", "tool_call", "us_phone"):
+        grammar = Grammar.from_suite(name, whitespace="compact")
+        targets = [suite_sample(name, seed=s, whitespace="compact") for s in (0, 1)]
+        for config in STEPS:
+            a = graphed.generate(grammar, [PROMPT, PROMPT], config, max_new_tokens=96, targets=targets)
+            b = eager.generate(grammar, [PROMPT, PROMPT], config, max_new_tokens=96, targets=targets)
+            assert a.ids == b.ids and a.text == [t.encode() for t in targets], (name, config)
+
+
+@pytest.mark.gpu
+def test_the_1b_shape_decodes_the_same_tokens_in_every_configuration():
+    model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
+    decoder = Decoder(model, batch=1, max_seq=384)
+    for name in ("product", "calendar_event"):
+        grammar = Grammar.from_suite(name, whitespace="compact")
+        sample = suite_sample(name, seed=0, whitespace="compact")
+        outs = _run_all(decoder, grammar, [PROMPT], max_new_tokens=128, targets=[sample])
+        assert all(o.ids == outs["baseline"].ids and o.text == [sample.encode()] for o in outs.values())
+        assert outs["masked_head"].ms["head"] < outs["baseline"].ms["head"]

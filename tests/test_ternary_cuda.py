@@ -1,0 +1,804 @@
+"""Chapter 5, ternary matmul, steps 10 to 13 (CUDA C++): compiled and checked on the CPU (PTX, SASS, register
+counts, launch plans), run on a GPU (``-m gpu``); and what reads the chapter's results (report, lab/ternary).
+"""
+
+import pytest
+import torch
+
+from studylog import runtime
+from studylog import ternary as T
+from studylog.ternary import formats as F
+
+DEV = runtime.device()
+TOL = T.FP32_TOLERANCE
+
+
+def ternary(n, k, rng, zeros=1 / 3):
+    """Random ternary weights with about ``zeros`` of them 0 (int8)."""
+    u = torch.rand(n, k, generator=rng)
+    sign = torch.where(torch.rand(n, k, generator=rng) < 0.5, -1, 1)
+    return torch.where(u < zeros, 0, sign).to(torch.int8)
+
+
+def weights_for(kind, w):
+    if kind in T.FORMATS:
+        return T.PackedTernary.pack(w.to(DEV), kind)
+    return {"dense": lambda: w.to(DEV, torch.float32), "int8": lambda: w.to(DEV)}[kind]()
+
+
+def x_for(step_or_fmt, x):
+    """Steps 9 to 13 take bf16 or fp16 x (the tensor cores' types); the other steps any float x."""
+    half_only = ("step09_mma", "2bit_mma", "2bit_tiles")  # steps 9 to 13
+    return x.to(torch.bfloat16) if step_or_fmt in half_only and x.dtype == torch.float32 else x
+
+
+def poisoned(m, n):
+    return torch.full((m, n), float("nan"), device=DEV)
+
+
+def assert_matches(z, x, w, scale=1.0):
+    assert not torch.isnan(z).any(), "the kernel left outputs unwritten (NaN poison survived)"
+    ratio = T.error_ratio(z, x, w, scale)
+    assert ratio <= TOL, f"max error is {ratio:.2e} of sum |x||w|; tolerance {TOL:.0e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 10: CUDA C++ on mma.sync (compiled and checked here; run on the GPU)
+# ------------------------------------------------------------------------------------------------
+
+def test_2bit_tiles_is_the_mma_words_reordered(rng):
+    n, k = 37, 600  # 3 tiles (the last one 5 rows + 11 of padding), 3 groups (the last one part padding)
+    w = ternary(n, k, rng)
+    mma, tiles = T.pack_2bit_mma(w), T.pack_2bit_tiles(w)
+    groups = mma.shape[1] // T.GROUP_WORDS
+    assert tiles.shape == (3, 16 * 16 * groups)
+    for tile in range(3):
+        for gi in range(groups):
+            for h in range(2):
+                for g in range(8):
+                    row = 16 * tile + 8 * h + g
+                    got = tiles[tile, ((gi * 2 + h) * 8 + g) * 16:][:16]
+                    want = mma[row, gi * 16:][:16] if row < n else torch.full((16,), T.ZERO_WORD - 2**32)
+                    assert torch.equal(got, want.to(torch.int32)), (tile, gi, h, g)
+
+
+def _cu_constants(bf16: bool) -> tuple[int, list[int], list[int]]:
+    """(magic, mul[p], add[p]) of the decode in ternary_common.cuh (steps 10 and 11), read from the source:
+    the magic of with_magic, decode_pair and step 11's kernel (all three must agree), the FMA's factors."""
+    import re
+    from studylog import cuda
+    src = cuda.read_source("ternary_common.cuh")
+    magics = {int(v, 16) for v in re.findall(r"BF16 \? (0x[0-9A-Fa-f]+)u : 0x", src)} if bf16 else \
+        {int(v, 16) for v in re.findall(r"BF16 \? 0x[0-9A-Fa-f]+u : (0x[0-9A-Fa-f]+)u", src)}
+    magics |= {int(v, 16) for v in re.findall(r"BF16 \? (0x[0-9A-Fa-f]+)u : (0x[0-9A-Fa-f]+)u",
+                                             cuda.read_source("ternary_bulk"))[0][0 if bf16 else 1:][:1]}
+    assert len(magics) == 1, f"the sources disagree on the magic: {sorted(map(hex, magics))}"
+    body = src.split("decode_fma(u32 v, int p)")[1].split("return w;")[0]
+    body = body.split("} else {")[0 if bf16 else 1]
+    mul = [int(v, 16) for v in re.findall(r"0x[0-9A-Fa-f]+", re.search(r"mul = (.*);", body).group(1))]
+    add = [int(v, 16) for v in re.findall(r"0x[0-9A-Fa-f]+", re.search(r"add = (.*);", body).group(1))]
+    return magics.pop(), mul, add
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_steps_10_and_11_decode_constants_give_every_weight_exactly(bf16):
+    # decode_pair of the .cu file, emulated: OR the magic, AND field p with the magic, then the packed
+    # FMA (exact here: every product and sum is a small integer times a power of two). A wrong
+    # constant in the source fails this test without a GPU.
+    dtype = torch.bfloat16 if bf16 else torch.float16
+    magic, mul, add = _cu_constants(bf16)
+    assert len(mul) == len(add) == 4
+    codes = torch.cartesian_prod(*[torch.arange(3)] * 4)  # (81, 4): pairs 0..3 of a half
+    half = (codes << (2 * torch.arange(4))).sum(1)
+    for p in range(4):
+        bits = (half | (magic & 0xFFFF)) & ((3 << (2 * p)) | (magic & 0xFFFF))
+        value = bits.to(torch.int16).view(dtype).double()
+        factor = torch.tensor([mul[p] & 0xFFFF], dtype=torch.int32).to(torch.int16).view(dtype).double()
+        offset = torch.tensor([add[p] & 0xFFFF], dtype=torch.int32).to(torch.int16).view(dtype).double()
+        assert mul[p] >> 16 == mul[p] & 0xFFFF and add[p] >> 16 == add[p] & 0xFFFF  # both halves alike
+        assert torch.equal(value * factor + offset, codes[:, p].double() - 1), (dtype, p)
+
+
+def test_step10_compiles_to_mma_sync_without_spills():
+    from studylog import cuda
+    compiled = cuda.compile_source("ternary_mma", arch="sm_90", name_expressions=T.CUDA_MMA_INSTANCES)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in compiled.ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in compiled.ptx
+    assert "ld.global.nc.L1::no_allocate.v4.u32" in compiled.ptx  # weights: 16 bytes, around L1
+    report = compiled.ptxas_report()
+    assert len(report) == len(T.CUDA_MMA_INSTANCES)
+    for name, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (16, 4096, 14336), (3, 17, 1), (1, 1, 1)])
+def test_step10_launch_heuristic(m, n, k):
+    cfg = T.cuda_mma_config(m, n, k, sms=132)
+    groups = -(-k // 256)
+    assert 1 <= cfg.slices <= groups
+    rows_x = min(m, 8 if m <= 8 else 16)
+    per_slice = min(-(-groups // cfg.slices), T.cuda_mma_max_groups_per_slice(rows_x))
+    assert T.cuda_mma_smem_bytes(rows_x, per_slice) <= T.CUDA_MMA_SMEM_LIMIT
+    if (m, n, k) == (1, 4096, 14336):  # 16 blocks of 256 rows, K in 8 slices: the best of the H200 sweep
+        assert (cfg.rows, cfg.slices) == (256, 8)
+
+
+@pytest.mark.parametrize("step", [10, 11, 12, 13])
+def test_steps_10_to_13_bad_inputs_raise_clear_errors(step, rng):
+    matmul, config_type, other = {10: (T.step10_cuda_mma, "CudaMmaConfig", T.TmaConfig()),
+                                  11: (T.step11_tma, "TmaConfig", T.W2A8Config()),
+                                  12: (T.step12_w2a8, "W2A8Config", T.TmaConfig()),
+                                  13: (T.step13_w2a8_tiles, "W2A8TilesConfig", T.W2A8Config())}[step]
+    w = ternary(20, 300, rng)
+    tiles = T.PackedTernary.pack(w.to(DEV), "2bit_tiles")
+    x = torch.randn(2, 300).to(DEV, torch.bfloat16)
+    with pytest.raises(TypeError, match="x must be one of"):
+        matmul(x.float(), tiles)
+    with pytest.raises(ValueError, match="reads the 2bit_tiles format"):
+        matmul(x, T.PackedTernary.pack(w.to(DEV), "2bit_mma"))
+    with pytest.raises(ValueError, match="K=301"):
+        matmul(torch.randn(2, 301).to(DEV, torch.bfloat16), tiles)
+    for wrong in ({"warps": 4}, other):
+        with pytest.raises(TypeError, match=config_type):
+            matmul(x, tiles, config=wrong)
+    with pytest.raises(ValueError, match=r"need \(3, 512\)"):
+        T.PackedTernary(tiles.data, 33, 300, "2bit_tiles")  # 33 rows take 3 tiles, not 2
+    if not runtime.has_gpu():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            matmul(x, tiles)
+
+
+def test_step10_and_11_configs_refuse_what_is_not_compiled():
+    with pytest.raises(ValueError, match="row_tiles"):
+        T.CudaMmaConfig(row_tiles=3)
+    with pytest.raises(ValueError, match="slices"):
+        T.CudaMmaConfig(slices=0)
+    with pytest.raises(ValueError, match="row_tiles, stages, chunk"):
+        T.TmaConfig(row_tiles=3)
+    with pytest.raises(ValueError, match="warps"):
+        T.TmaConfig(warps=3)
+    with pytest.raises(ValueError, match="slices"):
+        T.TmaConfig(slices=0)
+    with pytest.raises(ValueError, match="row_tiles, stages, chunk"):
+        T.W2A8Config(row_tiles=3)
+    assert T.W2A8Config(row_tiles=4).rows == 64  # compiled for step 12, not for step 11
+    with pytest.raises(ValueError, match="row_tiles, stages, chunk"):
+        T.TmaConfig(row_tiles=4)
+
+
+STEP10_CONFIGS = [T.CudaMmaConfig(rt, 2, warps, slices) for rt in (1, 2) for warps in (1, 4, 8) for slices in (1, 3, 16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 17, 300), (3, 130, 2000), (8, 33, 256), (9, 77, 513),
+                                     (16, 300, 5000), (17, 40, 777), (40, 200, 1000)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step10_every_config(m, n, k, x_dtype):
+    gen = torch.Generator(device="cuda").manual_seed(m * 1000 + n + k)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen), per_channel=(k % 2 == 1))
+    x = torch.randn(m, k, device="cuda", generator=gen).to(x_dtype)
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    for cfg in [None] + STEP10_CONFIGS:
+        z = T.step10_cuda_mma(x, tiles, scale, out=poisoned(m, n), config=cfg)
+        assert_matches(z, x, w, scale)
+        again = T.step10_cuda_mma(x, tiles, scale, config=cfg)  # the arrival counters were left at zero
+        assert torch.equal(z, again), f"{cfg}: not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_step10_full_size_unaligned_x_and_the_dispatcher():
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    n, k = 4099, 14335
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    for m in (1, 16):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        assert_matches(T.ternary_matmul(x, tiles, scale), x, w, scale)
+    wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
+    x = wide[:, 1:]  # rows start 2 bytes past a 16-byte boundary: the wrapper copies them
+    assert_matches(T.step10_cuda_mma(x, tiles, scale, out=poisoned(2, n)), x, w, scale)
+    assert_matches(T.step10_cuda_mma(x[0], tiles, scale)[None], x[:1], w, scale)
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 11: step 10 fed by the TMA (compiled and checked here; run on a Hopper GPU)
+# ------------------------------------------------------------------------------------------------
+
+def test_step11_compiles_to_bulk_copies_and_mbarriers_without_spills():
+    from studylog import cuda
+    compiled = cuda.compile_source("ternary_bulk", arch="sm_90", name_expressions=T.TMA_INSTANCES)
+    ptx = compiled.ptx
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # the copy engine
+    assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    import re
+    assert not re.search(r"ld\.global[.\w:]*\.v[24]", ptx)  # no vector loads: weights and x come by the engine
+    report = compiled.ptxas_report()
+    assert len(report) == len(T.TMA_INSTANCES)
+    for name, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+
+
+def test_step11_decode_keeps_the_magic_in_a_register():
+    """The point of decode_pair_reg: no IMAD.MOV of the magic before each LOP3 (read from the SASS)."""
+    import re, shutil, subprocess, tempfile
+    from pathlib import Path
+    from studylog import cuda
+    tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.is_file() and not shutil.which("cuobjdump"):
+        pytest.skip("no cuobjdump to read SASS with")
+    counts = {}
+    for step, source, name in [(8, "ternary_mma", "ternary_mma<true, 1, 1, 2>"),
+                               (9, "ternary_bulk", "ternary_bulk<true, 1, 1, 4, 1>")]:
+        cubin = cuda.compile_source(source, arch="sm_90", name_expressions=[name]).cubin
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            sass = subprocess.run([str(tool) if tool.is_file() else "cuobjdump", "-sass", f.name],
+                                  capture_output=True, text=True, check=True).stdout
+        magic_moves = len(re.findall(r"IMAD\.MOV\.U32 R\d+, RZ, RZ, 0x43004300", sass))
+        counts[step] = (magic_moves, sass.count("0x43004300"), sass.count("HMMA"))
+    assert counts[8][1] >= 16 and counts[9][1] <= 2, counts  # the constant: everywhere in 8, once in 9
+    assert counts[8][0] >= 16 and counts[9][0] == 0, counts  # an IMAD.MOV of it before LOP3s in 8, none in 9
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (1, 14336, 4096), (8, 2560, 6912),
+                                     (16, 4096, 14336), (3, 17, 1), (1, 1, 1)])
+def test_step11_launch_heuristic_fits_shared_memory(m, n, k):
+    cfg = T.tma_config(m, n, k, sms=132)
+    groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
+    per_slice = min(-(-groups // cfg.slices), T.tma_max_groups_per_slice(cfg, rows_x))
+    assert T.tma_smem_bytes(cfg, rows_x, per_slice) <= T.SMEM_LIMIT
+    if m == 1 and k <= 28672:  # all of x in one block: K is not split across blocks
+        assert -(-groups // per_slice) == 1
+    best_on_the_h200 = {(1, 4096, 14336): (1, 8), (1, 8192, 28672): (2, 4), (1, 14336, 4096): (1, 4)}
+    if (m, n, k) in best_on_the_h200:
+        assert (cfg.row_tiles, cfg.warps) == best_on_the_h200[m, n, k]
+
+
+STEP11_CONFIGS = [T.TmaConfig(rt, warps, st, ch, slices) for (rt, st, ch) in T.TMA_SHAPES
+                 for warps in (1, 4, 8) for slices in (1, 3)] + [T.TmaConfig(1, 16, 4, 1, 1), T.TmaConfig(1, 16, 4, 2, 2)]
+
+
+def _gpu_is_hopper() -> bool:
+    return runtime.has_gpu() and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 17, 300), (3, 130, 2000), (8, 33, 256), (9, 77, 513),
+                                     (16, 300, 5000), (17, 40, 777), (1, 50, 7)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step11_every_config(m, n, k, x_dtype):
+    if not _gpu_is_hopper():
+        pytest.skip("step 11 needs a Hopper GPU (the TMA)")
+    gen = torch.Generator(device="cuda").manual_seed(m * 1000 + n + k)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen), per_channel=(k % 2 == 1))
+    x = torch.randn(m, k, device="cuda", generator=gen).to(x_dtype)
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    for cfg in [None] + STEP11_CONFIGS:
+        if cfg is not None and cfg.warps > 8 and m > 8:
+            with pytest.raises(ValueError, match="more than 8 warps"):
+                T.step11_tma(x, tiles, scale, config=cfg)
+            continue
+        z = T.step11_tma(x, tiles, scale, out=poisoned(m, n), config=cfg)
+        assert_matches(z, x, w, scale)
+        again = T.step11_tma(x, tiles, scale, config=cfg)  # the arrival counters were left at zero
+        assert torch.equal(z, again), f"{cfg}: not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_step11_full_size_unaligned_x_and_the_dispatcher():
+    if not _gpu_is_hopper():
+        pytest.skip("step 11 needs a Hopper GPU (the TMA)")
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for n, k in [(4099, 14335), (8192, 28672)]:
+        w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
+        tiles = T.PackedTernary.pack(w, "2bit_tiles")
+        for m in (1, 5, 16):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            assert_matches(T.step11_tma(x, tiles, scale, out=poisoned(m, n)), x, w, scale)
+            assert_matches(T.ternary_matmul(x, tiles, scale), x, w, scale)
+    wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
+    x = wide[:, 1:]  # rows start 2 bytes past a 16-byte boundary: the wrapper copies them
+    assert_matches(T.step11_tma(x, tiles, scale, out=poisoned(2, n)), x, w, scale)
+    assert_matches(T.step11_tma(x[0], tiles, scale)[None], x[:1], w, scale)
+
+
+@pytest.mark.gpu
+def test_gpu_step11_probes_run():
+    """The BULK_PROBE builds the benchmark times (copies only, arithmetic only, launch only) launch."""
+    if not _gpu_is_hopper():
+        pytest.skip("step 11 needs a Hopper GPU (the TMA)")
+    w, scale = T.quantize_absmean(torch.randn(64, 1024, device="cuda"))
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    x = torch.randn(1, 1024, device="cuda").to(torch.bfloat16)
+    for probe in (1, 2, 3):
+        T.step11_probe(x, tiles, scale, probe)()
+    torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 12: W2A8 (int8 x, the int8 MMA on the 2bit_tiles words) on step 11's plumbing
+# ------------------------------------------------------------------------------------------------
+
+def test_step12_compiles_to_int8_mma_and_bulk_copies_without_spills():
+    import re, shutil, subprocess, tempfile
+    from pathlib import Path
+    from studylog import cuda
+    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90",
+                                   name_expressions=T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
+    ptx = compiled.ptx
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32" in ptx
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "fma.rn.bf16x2" not in ptx  # no float decode: the codes go to the tensor cores as they are
+    assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx  # the early launch
+    # the weights come by the engine; after quantize_x the consumers load int8 x themselves, 16 bytes
+    # at a time through L2 (.cg: another kernel's bytes), and nothing else in 16-byte loads
+    separate = [i for i in T.W2A8_INSTANCES if i.startswith("ternary_w2a8<0,")]
+    matmul_only = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=separate).ptx
+    assert set(re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", matmul_only)) == {"ld.global.cg.v4.u32"}
+    report = compiled.ptxas_report()
+    assert len(report) == len(T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
+    for name, r in report.items():  # what w2a8_blocks_per_sm counts on (8 rows of x a block)
+        args = re.search(r"ternary_w2a8ILi(\d)ELb(\d)ELi(\d)ELi(\d)E", name)
+        if args and args.group(3) == "1":
+            assert r["registers"] <= (96 if int(args.group(4)) <= 2 else 136), (name, r)
+    for name, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+    tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.is_file() and not shutil.which("cuobjdump"):
+        pytest.skip("no cuobjdump to read SASS with")
+    cubin = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=["ternary_w2a8<0, true, 1, 1, 4, 1>"]).cubin
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tool) if tool.is_file() else "cuobjdump", "-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    # a group: 8 int8 MMAs, each fed by 4 ANDs (one a register of 4 codes), in the SASS as written
+    assert sass.count("IMMA.16832.U8.S8") == 8 and "HMMA" not in sass
+    for mask in ("0x3030303", "0xc0c0c0c", "0x30303030", "0xc0c0c0c0"):
+        assert len(re.findall(rf"LOP3\.LUT R\d+, R\d+, {mask}, RZ", sass)) == 8, mask
+
+
+def test_step12_x_order_is_a_permutation_of_each_group():
+    order = T.w2a8_x_order(300)
+    assert order.shape == (512,)
+    assert torch.equal(order.sort().values, torch.arange(512))
+    assert torch.equal(order[:256] + 256, order[256:])
+
+
+@pytest.mark.parametrize("n, k", [(16, 256), (5, 300), (33, 777)])
+def test_step12_fragments_emulated_on_the_cpu_give_the_product(n, k, rng):
+    """The kernel's data flow in torch, from the mma.m16n8k32 fragment layout (PTX ISA): for each
+    group, code p' of word 4 t + 2 q (+ 1) of rows g, g + 8 meets the B registers 2 q (+ 1) of xv[p'],
+    in the order of w2a8_x_order. Summed over every step it must be sum_k x_k (w_k + 1)."""
+    w = ternary(n, k, rng)
+    x = torch.randint(-128, 128, (k,), generator=rng)
+    words = T.PackedTernary.pack(w, "2bit_tiles").data.long() & 0xFFFFFFFF
+    tiles, groups = words.shape[0], words.shape[1] // 256
+    words = words.view(tiles, groups, 2, 8, 16)  # [tile, group, half h, row g, word]
+    xk = torch.zeros(groups * 256, dtype=torch.long)
+    xk[:k] = x
+    xb = xk[T.w2a8_x_order(k)].view(groups, 4, 4, 4, 4)  # [group, p', t, i, byte j]
+    total = torch.zeros(tiles, 16, dtype=torch.long)
+    for p in range(4):
+        for q in range(2):
+            for col in range(32):  # the MMA's k: (a0, a1) columns 4 t + j, (a2, a3) 16 + 4 t + j
+                t, j, half = (col % 16) // 4, col % 4, col // 16
+                word = words[:, :, :, :, 4 * t + 2 * q + half]  # [tile, group, h, g]
+                code = (word >> (8 * j + 2 * p)) & 3
+                xv = xb[:, p, t, 2 * q + half, j]  # [group]
+                total += (code * xv[None, :, None, None]).sum(1).reshape(tiles, 16)
+    expect = (w.long() + 1) @ x
+    assert torch.equal(total.view(-1)[:n], expect)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (1, 14336, 4096), (8, 2560, 6912),
+                                     (16, 4096, 14336), (3, 17, 1), (1, 1, 1), (1, 10, 131072)])
+def test_step12_launch_heuristic_fits_shared_memory(m, n, k):
+    cfg = T.w2a8_config(m, n, k, sms=132)
+    assert isinstance(cfg, T.W2A8Config)
+    for bf16 in (True, False):  # the plan a call launches: a compiled instance, within shared memory
+        quant, planned, _, grid, name, smem = T.w2a8_plan(m, n, k, bf16, None, None, 132)
+        assert name in T.W2A8_INSTANCES and smem <= T.SMEM_LIMIT
+        assert quant == T.W2A8_QUANTIZE[T.w2a8_default_quantize(m, n, k, 132)]
+        if m == 1 and k <= 32768:  # one row of x: staged, wherever K fits the consumers' registers
+            assert quant == 4 and smem == T.w2a8_smem_bytes(planned, 1, -(-k // 256), staged=True)
+        assert grid[0] * planned.rows >= n and grid[2] * (8 if m <= 8 else 16) >= m
+    groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
+    per_slice = min(-(-groups // cfg.slices), T.w2a8_max_groups_per_slice(cfg, rows_x))
+    assert T.w2a8_smem_bytes(cfg, rows_x, per_slice, staged=quant == 4) <= T.SMEM_LIMIT
+    if m == 1 and k <= 28672:
+        assert -(-groups // per_slice) == 1
+        for where in ("separate", "every block"):
+            c = T.w2a8_config(m, n, k, sms=132, quantize=where)
+            per_block = T.w2a8_smem_bytes(c, 1, groups)
+            assert per_block <= T.SMEM_LIMIT
+            # one wave: every block resident at once
+            assert -(-(-(-n // 16)) // c.row_tiles) <= 132 * T.w2a8_blocks_per_sm(c, 1, groups), (where, c)
+    # the fastest on the H200 in the sweeps (kernel time, M = 1): (after quantize_x, every block)
+    best_on_the_h200 = {(1, 4096, 14336): ((1, 8), (1, 8)), (1, 8192, 28672): ((2, 8), (2, 8)),
+                        (1, 14336, 4096): (None, (2, 4)), (1, 2560, 2560): (None, (1, 8))}
+    for where, best in zip(("separate", "every block"), best_on_the_h200.get((m, n, k), (None, None))):
+        if best:
+            c = T.w2a8_config(m, n, k, sms=132, quantize=where)
+            assert (c.row_tiles, c.warps) == best, (where, c)
+
+
+def test_step12_refuses_a_k_past_exact_int32_sums(rng):
+    w = ternary(3, T.W2A8_MAX_K + 1, rng)
+    tiles = T.PackedTernary.pack(w.to(DEV), "2bit_tiles")
+    x = torch.zeros(1, T.W2A8_MAX_K + 1).to(DEV, torch.bfloat16)
+    with pytest.raises((ValueError, RuntimeError), match="K <= 131072|needs a CUDA GPU"):
+        T.step12_w2a8(x, tiles)
+    with pytest.raises(ValueError, match="at most 8 rows of x"):
+        T.w2a8_plan(16, 4096, 14336, True, None, "every block", 132)
+    with pytest.raises(ValueError, match="no compiled instance"):
+        T.w2a8_plan(16, 4096, 14336, True, T.W2A8Config(4, 8, 4, 1, 1), None, 132)
+
+
+def test_step12_staged_x_comes_by_the_copy_engine():
+    """quantize="staged": the producer's copy engine brings x (no 16-byte loads of x by the consumers: only
+    the last K % 8 activations of a row, one by one), ahead of the weights, and nothing spills."""
+    import re
+    from studylog import cuda
+    staged = [i for i in T.W2A8_INSTANCES if i.startswith("ternary_w2a8<4,")]
+    assert len(staged) == 2 * len(T.W2A8_STAGED_SHAPES)
+    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=staged)
+    ptx = compiled.ptx
+    assert not re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", ptx)
+    assert "ld.global.nc.u16" in ptx  # the tail of a row
+    assert "createpolicy.fractional.L2::evict_last" in ptx  # x: every block reads it
+    assert "bar.arrive 2" not in ptx and "bar.sync 2" not in ptx  # no pause of the weights for x
+    for name, r in compiled.ptxas_report().items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (1, 14336, 4096), (1, 2560, 2560),
+                                     (1, 13824, 2560), (1, 2560, 6912), (1, 20480, 3200), (3, 130, 2000)])
+def test_step12_staged_plan(m, n, k):
+    """The staged launch: room for 16-bit x (which its int8 bytes overwrite) beside its ring; one block an
+    SM with the fewest row tiles that give at least 3/4 of the SMs a block, else every block's launch. The
+    default for one row of x wherever it fits."""
+    quant, cfg, per_slice, grid, name, smem = T.w2a8_plan(m, n, k, True, None, "staged", 132)
+    groups = -(-k // 256)
+    assert quant == 4 and name in T.W2A8_INSTANCES and name.startswith("ternary_w2a8<4, true, 1,")
+    assert per_slice == groups and grid[1] == 1 and grid[0] * cfg.rows >= n
+    assert smem == T.w2a8_smem_bytes(cfg, m, groups, staged=True) <= T.SMEM_LIMIT
+    assert smem >= cfg.stages * cfg.stage_bytes + m * k * 2  # the 16-bit rows fit
+    assert groups <= T.W2A8_STAGED_GROUPS_PER_WARP * cfg.warps
+    blocks, tiles = grid[0], -(-n // 16)
+    assert cfg.stages == 4
+    fill = [rt for rt in (1, 2, 4) if 99 <= -(-tiles // rt) <= 132]
+    if fill:  # a block an SM, and no fewer row tiles a block would do
+        assert cfg.row_tiles == fill[0] and 99 <= blocks <= 132
+    else:  # every block's launch
+        every = T.w2a8_config(m, n, k, 132, quantize="every block")
+        assert (cfg.row_tiles, cfg.warps) == (every.row_tiles, every.warps)
+    if (m, n, k) == (1, 4096, 14336):  # 128 blocks of 2 tiles
+        assert (cfg.row_tiles, cfg.warps, cfg.stages, blocks) == (2, 8, 4, 128)
+    if (m, n, k) == (1, 8192, 28672):  # 128 blocks of 4 tiles
+        assert (cfg.row_tiles, cfg.warps, cfg.stages, blocks) == (4, 8, 4, 128)
+    assert T.w2a8_default_quantize(m, n, k, 132) == ("staged" if m == 1 else "every block")
+
+
+def test_step12_staged_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="holds a row of x in its consumers' registers: K <= 16384 with 4"):
+        T.w2a8_plan(1, 4096, 28672, True, T.W2A8Config(2, 4, 4, 1), "staged", 132)
+    with pytest.raises(ValueError, match="compiled for"):
+        T.w2a8_plan(1, 4096, 4096, True, T.W2A8Config(1, 8, 4, 2), "staged", 132)
+    with pytest.raises(ValueError, match="'staged' needs all of K in shared memory, as 16-bit x"):
+        T.w2a8_plan(8, 4096, 28672, True, T.W2A8Config(1, 8, 4, 1), "staged", 132)
+    with pytest.raises(ValueError, match="at most 8 rows of x"):
+        T.w2a8_plan(9, 4096, 512, True, None, "staged", 132)
+    with pytest.raises(ValueError, match="no compiled instance"):  # a staged-only shape, quantised elsewhere
+        T.w2a8_plan(1, 4096, 4096, True, T.W2A8Config(2, 8, 3, 1), "every block", 132)
+    # with no place asked for, a config that staging cannot take gets the next default
+    assert T.w2a8_plan(1, 17, 300, True, T.W2A8Config(1, 1, 4, 2), None, 132)[0] == 1
+    assert T.w2a8_plan(1, 4096, 8192, True, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == 1  # K past 1 warp's 4096
+    assert T.w2a8_plan(1, 17, 300, True, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == 4
+    with pytest.raises(ValueError, match="no quantize given"):  # a staged-only shape, 2 rows of x: every block's
+        T.w2a8_plan(2, 4096, 4096, True, T.W2A8Config(2, 8, 3, 1), None, 132)
+
+
+STEP12_CONFIGS = [T.W2A8Config(rt, warps, st, ch, slices) for (rt, st, ch) in T.W2A8_SHAPES
+                  for warps in (1, 4, 8) for slices in (1, 3)]
+
+
+def assert_matches_w2a8(z, x, w, scale):
+    """Step 12 against float64 on its own inputs: x quantised as quantize_activations does."""
+    assert not torch.isnan(z).any(), "the kernel left outputs unwritten (NaN poison survived)"
+    xq, x_scale = T.quantize_activations(x.float())
+    xq64, s64 = xq.double(), F._as_scale64(scale, x.device)
+    ref = (xq64 @ w.double().T) / (x_scale.double()[:, None] * s64)
+    magnitude = (xq64.abs() @ w.double().abs().T) / (x_scale.double()[:, None] * s64.abs())
+    ratio = F._ratio(z, ref, magnitude)
+    assert ratio <= TOL, f"max error is {ratio:.2e} of sum |x_q||w|; tolerance {TOL:.0e}"
+
+
+def step12_inputs(m, n, k, x_dtype, seed, device="cuda"):
+    """Fresh ternary weights (a per-channel scale for odd K), their 2bit_tiles packing and x of 3 randn."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w, scale = T.quantize_absmean(torch.randn(n, k, device=device, generator=gen), per_channel=(k % 2 == 1))
+    x = (3 * torch.randn(m, k, device=device, generator=gen)).to(x_dtype)
+    return w, scale, x, T.PackedTernary.pack(w, "2bit_tiles")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 17, 300), (3, 130, 2000), (8, 33, 256), (9, 77, 513),
+                                     (16, 300, 5000), (17, 40, 777), (1, 50, 7)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step12_every_config(m, n, k, x_dtype):
+    if not _gpu_is_hopper():
+        pytest.skip("step 12 needs a Hopper GPU (the TMA)")
+    w, scale, x, tiles = step12_inputs(m, n, k, x_dtype, seed=m * 1000 + n + k)
+    # the first kernel: quantize_activations' bytes and scales, bit for bit, in the MMA's order
+    xq, x_scale, row_sum = T.w2a8_quantize(x)
+    want_q, want_scale = T.quantize_activations(x.float())
+    order = T.w2a8_x_order(k, device="cuda")
+    padded = torch.zeros(m, order.numel(), dtype=torch.int8, device="cuda")
+    padded[:, :k] = want_q
+    assert torch.equal(xq, padded[:, order]) and torch.equal(x_scale, want_scale)
+    assert torch.equal(row_sum, want_q.int().sum(1, dtype=torch.int32))
+    for cfg in [None] + STEP12_CONFIGS:
+        if cfg is not None and m > 8 and cfg.row_tiles == 4:
+            with pytest.raises(ValueError, match="no compiled instance"):
+                T.step12_w2a8(x, tiles, scale, config=cfg)
+            continue
+        for where in [None, "separate"] + (["every block"] if m <= 8 else []):
+            z = T.step12_w2a8(x, tiles, scale, out=poisoned(m, n), config=cfg, quantize=where)
+            assert_matches_w2a8(z, x, w, scale)
+            again = T.step12_w2a8(x, tiles, scale, config=cfg, quantize=where)
+            assert torch.equal(z, again), f"{cfg}, quantize {where}: not deterministic"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 125, 7), (1, 250, 300), (1, 509, 2001), (3, 509, 2000), (1, 127, 5003),
+                                     (8, 1024, 4000), (1, 1024, 14335), (2, 64, 4097), (1, 40, 8), (5, 33, 1000)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step12_staged_equals_every_block(m, n, k, x_dtype):
+    """quantize="staged": x by the copy engine into shared memory, quantised there (the int8 bytes over the
+    16-bit row), the weights all asked for at once. The same bytes and sums as every block quantising x
+    from global memory: equal, bit for bit, for every compiled shape and warp count (K < 8: no copy at
+    all; K % 8: the tail from global memory; several rows of x, whose int8 rows overlap the 16-bit ones)."""
+    if not _gpu_is_hopper():
+        pytest.skip("step 12 needs a Hopper GPU (the TMA)")
+    w, scale, x, tiles = step12_inputs(m, n, k, x_dtype, seed=m * 11 + n + k)
+    every = T.step12_w2a8(x, tiles, scale, quantize="every block")
+    assert_matches_w2a8(every, x, w, scale)
+    groups = -(-k // 256)
+    for rt, st, ch in T.W2A8_STAGED_SHAPES:
+        for warps in (1, 4, 8):
+            cfg = T.W2A8Config(rt, warps, st, ch)
+            if groups > T.W2A8_STAGED_GROUPS_PER_WARP * warps:
+                with pytest.raises(ValueError, match="holds a row of x"):
+                    T.step12_w2a8(x, tiles, scale, config=cfg, quantize="staged")
+                continue
+            if T.w2a8_smem_bytes(cfg, m, groups, staged=True) > T.SMEM_LIMIT:
+                with pytest.raises(ValueError, match="all of K in shared memory"):
+                    T.step12_w2a8(x, tiles, scale, config=cfg, quantize="staged")
+                continue
+            z = T.step12_w2a8(x, tiles, scale, out=poisoned(m, n), config=cfg, quantize="staged")
+            assert torch.equal(z, every), f"{cfg}: differs from every block quantising x"
+            again = T.step12_w2a8(x, tiles, scale, config=cfg, quantize="staged")
+            assert torch.equal(z, again), f"{cfg}: not deterministic"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_gpu_step12_full_size_unaligned_x_and_probes():
+    if not _gpu_is_hopper():
+        pytest.skip("step 12 needs a Hopper GPU (the TMA)")
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    for n, k in [(4099, 14335), (8192, 28672)]:
+        w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
+        tiles = T.PackedTernary.pack(w, "2bit_tiles")
+        for m in (1, 5, 8, 16):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            # every block needs its rows of int8 x over all of K beside the stages (8 rows of K = 28672 do not fit)
+            every = T.w2a8_config(m, n, k, quantize="every block")
+            fits = m <= 8 and T.w2a8_smem_bytes(every, m, -(-k // 256)) <= T.SMEM_LIMIT
+            staged = m <= 8 and T.w2a8_smem_bytes(T.w2a8_config(m, n, k, quantize="staged"), m, -(-k // 256),
+                                                   staged=True) <= T.SMEM_LIMIT
+            for where in [None, "separate"] + (["every block"] if fits else []) + (["staged"] if staged else []):
+                z = T.step12_w2a8(x, tiles, scale, out=poisoned(m, n), quantize=where)
+                assert_matches_w2a8(z, x, w, scale)
+            if m == 16:
+                with pytest.raises(ValueError, match="at most 8 rows of x"):
+                    T.step12_w2a8(x, tiles, scale, quantize="every block")
+            if m <= 8 and not fits:
+                with pytest.raises(ValueError, match="all of K in shared memory"):
+                    T.step12_w2a8(x, tiles, scale, quantize="every block")
+    wide = torch.randn(2, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
+    x = wide[:, 1:]
+    assert_matches_w2a8(T.step12_w2a8(x, tiles, scale, out=poisoned(2, n)), x, w, scale)
+    assert_matches_w2a8(T.step12_w2a8(x[0], tiles, scale)[None], x[:1], w, scale)
+    assert_matches_w2a8(T.step12_w2a8(x, tiles, scale, out=poisoned(2, n), quantize="staged"), x, w, scale)
+    for probe in (1, 2, 3):
+        T.step12_probe(x[:1], tiles, scale, probe)()
+    torch.cuda.synchronize()
+
+
+def test_step13_compiles_to_int8_mma_and_bulk_copies_without_spills():
+    import re
+    from studylog import cuda
+    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=T.W2A8_TILES_INSTANCES)
+    ptx = compiled.ptx
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32" in ptx and "fma.rn.bf16x2" not in ptx
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "griddepcontrol.wait" in ptx  # launched early, behind quantize_x
+    # the weights and x both come by the engine (x kept in L2 for the other blocks of its slice): no vector
+    # loads from global memory at all
+    assert not re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", ptx)
+    assert "createpolicy.fractional.L2::evict_last" in ptx and "createpolicy.fractional.L2::evict_first" in ptx
+    report = compiled.ptxas_report()
+    assert len(report) == len(T.W2A8_TILES_INSTANCES)
+    for name, r in report.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+        assert r["registers"] <= 65536 // (32 * 9), (name, r)  # 8 + 1 warps fit an SM's registers
+
+
+def test_step13_configs_and_launch_plan():
+    with pytest.raises(ValueError, match="warps must be 4 or 8"):
+        T.W2A8TilesConfig(warps=2)
+    with pytest.raises(ValueError, match=r"\(tiles, stages, chunk\)"):
+        T.W2A8TilesConfig(tiles=2, stages=3, chunk=3)
+    with pytest.raises(ValueError, match="slices"):
+        T.W2A8TilesConfig(slices=0)
+    for m, n, k in [(16, 4096, 14336), (1, 4096, 14336), (16, 8192, 28672), (128, 4096, 14336), (9, 77, 513),
+                    (1, 1, 1), (33, 20480, 3200), (16, 10, 131072)]:
+        cfg, per_slice, grid, name, smem = T.w2a8_tiles_plan(m, n, k, None, 132)
+        groups = -(-k // 256)
+        assert name in T.W2A8_TILES_INSTANCES and smem <= T.SMEM_LIMIT
+        assert grid[0] * cfg.rows >= n and grid[1] * per_slice >= groups > (grid[1] - 1) * per_slice
+        assert grid[2] * (8 if m <= 8 else 16) >= m
+        if (m, n, k) == (16, 4096, 14336):  # the target case: blocks of 64 rows, K in 2 slices, one wave
+            assert (cfg.rows, grid, per_slice) == (64, (64, 2, 1), 28)
+    # a config whose x would not fit gets more slices than it asks for
+    cfg, per_slice, grid, _, smem = T.w2a8_tiles_plan(16, 4096, 14336, T.W2A8TilesConfig(8, 1, 4, 4, 1), 132)
+    assert grid[1] > 1 and smem <= T.SMEM_LIMIT
+
+
+STEP13_CONFIGS = [T.W2A8TilesConfig(warps, *shape, slices) for warps in (4, 8) for shape in T.W2A8_TILES_SHAPES
+                  for slices in (1, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 17, 300), (2, 130, 2000), (5, 300, 5000), (9, 77, 513),
+                                     (16, 300, 5000), (17, 40, 777), (33, 129, 4097)])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_step13_every_config(m, n, k, x_dtype):
+    """Step 13 computes step 12's product (the same exact int32 sums, the same division): equal to
+    float64 within tolerance and to step 12 bit for bit, for every config, poisoned outputs, twice."""
+    if not _gpu_is_hopper():
+        pytest.skip("step 13 needs a Hopper GPU (the TMA)")
+    w, scale, x, tiles = step12_inputs(m, n, k, x_dtype, seed=m * 1000 + n + k + 11)
+    step10 = T.step12_w2a8(x, tiles, scale, quantize="separate")
+    for cfg in [None] + STEP13_CONFIGS:
+        z = T.step13_w2a8_tiles(x, tiles, scale, out=poisoned(m, n), config=cfg)
+        assert_matches_w2a8(z, x, w, scale)
+        assert torch.equal(z, step10), f"{cfg}: differs from step 12"
+        assert torch.equal(T.step13_w2a8_tiles(x, tiles, scale, config=cfg), z), f"{cfg}: not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_step13_full_size_and_unaligned_x():
+    if not _gpu_is_hopper():
+        pytest.skip("step 13 needs a Hopper GPU (the TMA)")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for n, k in [(4099, 14335), (8192, 28672)]:
+        w, scale = T.quantize_absmean(torch.randn(n, k, device="cuda", generator=gen))
+        tiles = T.PackedTernary.pack(w, "2bit_tiles")
+        for m in (1, 16, 40):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            z = T.step13_w2a8_tiles(x, tiles, scale, out=poisoned(m, n))
+            assert_matches_w2a8(z, x, w, scale)
+            assert torch.equal(z, T.step12_w2a8(x, tiles, scale, quantize="separate"))
+    wide = torch.randn(3, k + 1, device="cuda", generator=gen).to(torch.bfloat16)
+    x = wide[:, 1:]  # rows that do not start on 16-byte boundaries
+    assert_matches_w2a8(T.step13_w2a8_tiles(x, tiles, scale, out=poisoned(3, n)), x, w, scale)
+    assert_matches_w2a8(T.step13_w2a8_tiles(x[0], tiles, scale)[None], x[:1], w, scale)
+    torch.cuda.synchronize()
+
+
+def test_target_checks_judge_each_clock_on_its_own():
+    """A target is met on a clock when our best series by that clock beats cuBLAS by the same clock; a
+    clock the run did not record is None, not a verdict."""
+    from pathlib import Path
+    from studylog import plotting
+    shape = {"shape": "4096x14336", "m": 1}
+    rows = [{"series": "cublas_bf16", "role": "baseline", "params": shape, "ms": 40e-3, "kernel_ms": 36e-3, "graph_ms": 32e-3},
+            {"series": T.SERIES[12], "role": "kernel", "params": shape, "ms": 11e-3, "kernel_ms": 8e-3, "graph_ms": 9e-3,
+             "floor_ms": 3.5e-3},
+            {"series": T.SERIES[13], "role": "kernel", "params": shape, "ms": 12e-3, "graph_ms": 7.9e-3, "floor_ms": 3.5e-3}]
+    results = plotting.Results(Path("x.json"), {"measurements": rows, "checks": [{"passed": True}]})
+    checks = {c["target"]: c for c in T.target_checks(results)}
+    first = checks["M=1, 4096x14336: >= 4x faster than cuBLAS bf16"]
+    # do_bench 40/11 = 3.6x; kernel time 36/8 = 4.5x; graph 32/7.9 = 4.05x (step 13, the faster by that clock)
+    assert first["met"] == {"ms": False, "kernel_ms": True, "graph_ms": True}
+    assert f"CUDA graph: {T.CHAPTER.step(13).name} 7.9" in first["detail"]
+    assert checks["M=1, 8192x28672: >= 6x faster than cuBLAS bf16"]["met"] == dict.fromkeys(T.TIMERS)
+    floor = checks["M=1, 4096x14336: within 2x of the 2-bit floor"]["met"]
+    assert floor == {"ms": False, "kernel_ms": False, "graph_ms": False}  # 7.9 > 7.0
+    assert checks["results equal a float64 reference within float32 tolerance"]["met"]["graph_ms"] is True
+
+
+def test_committed_results_read_under_the_steps_names():
+    """The committed bench JSON (old series names, no schema 2) is read under today's: every step that the
+    runs measured has its series, and the figures, tables and headline draw from it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from studylog import plotting
+    for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
+        results = plotting.load_results("ternary", gpu=gpu)
+        measured = set(results.series())
+        assert {s.series for s in T.CHAPTER.steps} <= measured, gpu
+        assert not measured & set(T.RENAMED_SERIES), gpu  # nothing left under an old name that has a new one
+        assert T.CHAPTER.label(T.SERIES[11]) == "step11_tma" and "every block" in T.CHAPTER.label("step12_every_block")
+        figs = T.figures(results)
+        assert {"speedup", "floor", "steps"} <= set(figs)
+        rows = T.headline(results)
+        assert rows and all(r["kernel"].split()[0] in {s.name for s in T.CHAPTER.steps} for r in rows)
+        assert T.speedup_table(results, 1).count("\n") > 2
+        matplotlib.pyplot.close("all")
+
+
+def test_step12_timeline_is_a_compile_time_option():
+    """The timeline (lab/ternary/w2a8_timeline.py) is the library kernel built with -DW2A8_TIMELINE=1: the
+    stamps and the trace argument are there only then."""
+    from studylog import cuda
+    names = [T.W2A8_QUANTIZE_INSTANCES[0], T.W2A8_INSTANCES[0], T.W2A8_INSTANCES[-1]]
+    default = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=names)
+    traced = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=names, options=("-DW2A8_TIMELINE=1",))
+    assert "globaltimer" not in default.ptx and "globaltimer" in traced.ptx
+    for name in names:  # one more parameter (the trace), the same kernels otherwise
+        assert traced.lowered_names[name] != default.lowered_names[name]
+    if runtime.has_gpu():
+        return
+    w = ternary(20, 300, torch.Generator().manual_seed(0))
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    x = torch.randn(1, 300).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="trace must have shape"):
+        T.step12_timeline(x, tiles, 1.0, torch.zeros(5, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        T.step12_timeline(x, tiles, 1.0, torch.zeros(T.TIMELINE_SLOTS, dtype=torch.int64))
+
+
+def test_lab_scripts_parse_and_the_stream_sweep_compiles():
+    """lab/ternary (GPU-only scripts behind steps 11 to 13's numbers, beside the library): the scripts parse,
+    use no private name of the package, and the stream sweep's own kernel compiles."""
+    import re
+    from studylog import cuda, paths
+    folder = paths.LAB / "ternary"
+    for script in folder.glob("*.py"):
+        text = script.read_text()
+        compile(text, script.name, "exec")
+        assert not re.findall(r"\bT\._\w+|ternary\.\w+\._\w+|cuda\._\w+", text), script.name
+    sweep = cuda.compile_source(folder / "stream_read_sweep.cu", arch="sm_90", name_expressions=["stream_ldg<2>"])
+    assert "cp.async.bulk" in sweep.ptx and "ld.global.nc.L1::no_allocate.v4" in sweep.ptx
+
+
+def test_timeline_figure_from_the_lab_results(tmp_path):
+    """Notebook 05 plots step 12's timelines from lab/ternary/results: every case gets its four phases, in
+    time order, and a mark for its last block; a missing file says where the experiments' README is."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from studylog import plotting
+    for name, gpu in (("w2a8_cluster_timeline", "nvidia-h200"), ("w2a8_staged_timeline", "nvidia-h100-80gb-hbm3")):
+        timeline = plotting.load_lab("ternary", name, gpu)
+        cases = timeline.get("cases", timeline)
+        for case in cases.values():
+            run = case["runs"][-1]
+            medians = [run[key][1] for key in ("start", "x_read", "x_ready", "loop_end", "end")]
+            assert medians == sorted(medians) and run["end"][2] >= run["end"][1]
+        fig = T.timeline_figure(timeline)
+        ax = fig.axes[0]
+        assert len(ax.patches) == 4 * len(cases) and len(ax.get_yticklabels()) == len(cases)
+        assert all(p.get_width() >= 0 for p in ax.patches)
+        matplotlib.pyplot.close(fig)
+    sweep = plotting.load_lab("ternary", "w2a8_cluster_sweep", "nvidia-h200")
+    rows = sweep["results"] if isinstance(sweep, dict) else sweep
+    assert {r.get("q") for r in rows} >= {"every block", "cluster"}
+    assert "Duration" in plotting.load_lab("ternary", "w2a8_tiles_ncu_m16.txt", "nvidia-h200")
+    with pytest.raises(FileNotFoundError, match="lab/ternary/README.md"):
+        plotting.load_lab("ternary", "no_such_experiment", root=tmp_path)
