@@ -206,6 +206,10 @@ def test_the_answer_to_the_blog_posts_question_follows_the_counts(tmp_path, cudn
     assert verdict["supports"] is cudnn_loses
     assert ("supports the hypothesis" in verdict["text"]) is cudnn_loses
     assert ("does not work in plain float32 probability space" in verdict["text"]) is not cudnn_loses
+    cases = ctc.cudnn_cases(_new_results(tmp_path, cudnn_loses=cudnn_loses))
+    assert [c["T"] for c in cases] == list(ctc.STRESS_T)
+    assert all(c["lost"]["step06"] == (8 if c["T"] >= 200 else 0) for c in cases)
+    assert all(c["lost"]["torch-cuDNN"] == (8 if cudnn_loses and c["T"] >= 200 else 0) for c in cases)
 
 
 def test_the_answer_is_pending_on_the_committed_file():

@@ -63,7 +63,7 @@ from studylog.ctc.fused import (BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECUR
                                 RECURSION_OPTIONS, WARP_GRAINS, ctc_loss, fused_kernel_names, preload_fused,
                                 recursion_name, recursion_warps, step07_fused_softmax, step08_branch_free,
                                 step09_two_passes, step10_warps_per_direction, warp_grain)
-from studylog.ctc.figures import OPTIONS_STEP, cudnn_counts, cudnn_verdict, recursion_series
+from studylog.ctc.figures import OPTIONS_STEP, cudnn_cases, cudnn_counts, cudnn_verdict, recursion_series
 from studylog.ctc.peers import (CUDNN_TARGET_LIMIT, capturable, concatenated, cudnn_eligible, padded,
                                 takes_cudnn_path)
 from studylog.ctc.plan import CTCPlan
@@ -150,7 +150,8 @@ __all__ = [
     "untrusted", "untrusted_answers", "UnderflowWarning", "LOSS_TOLERANCE", "GRAD_TOLERANCE",
     "UNDERFLOW_TOLERANCE", "outcomes", "FAR_LOSS", "FAR_GRAD",
     # torch's paths, and the blog post's question
-    "CUDNN_TARGET_LIMIT", "cudnn_eligible", "takes_cudnn_path", "capturable", "cudnn_counts", "cudnn_verdict",
+    "CUDNN_TARGET_LIMIT", "cudnn_eligible", "takes_cudnn_path", "capturable", "cudnn_counts", "cudnn_cases",
+    "cudnn_verdict",
     # launch shapes and kernel names
     "GRAIN_SIZES", "WARP_GRAINS", "BLOCK_GRAINS", "DEFAULT_BLOCK_GRAIN", "MAX_RECURSION_WARPS",
     "RECURSION_OPTIONS", "DEFAULT_RECURSION", "default_grain", "block_threads", "warp_grain", "recursion_warps",

@@ -221,6 +221,19 @@ def cudnn_counts(results) -> dict[str, dict[str, int]]:
     return out
 
 
+def cudnn_cases(results) -> list[dict]:
+    """Per input of the stress set: its name, T, the utterances compared (of how many) and, per series, the
+    utterances lost (:func:`lost`), to see where each backend loses them."""
+    cases: dict[tuple, dict] = {}
+    for row in results.rows:
+        if row["series"].startswith(CUDNN_SET):
+            p = row["params"]
+            case = cases.setdefault((p.get("inputs"), p["T"]), {"inputs": p.get("inputs"), "T": p["T"], "N": p["N"],
+                                                                "of": p.get("of", p["N"]), "lost": {}})
+            case["lost"][row["series"].removeprefix(CUDNN_SET)] = lost({k: int(row.get(k, 0)) for k in OUTCOMES})
+    return [cases[k] for k in sorted(cases, key=lambda k: (str(k[0]), k[1]))]
+
+
 def lost(counts: dict[str, int]) -> int:
     """Utterances lost to what underflow does: an infinite or NaN answer, or a finite one far from float64."""
     return counts["infinite"] + counts["nan"] + counts["far"]
