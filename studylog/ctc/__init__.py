@@ -42,27 +42,37 @@ at T = 150, which is the whole error budget.
 Host-side preparation (validation, padding, the list of distinct classes of each target) is done
 once per batch by :func:`prepare_targets`; the kernels then only read small int32 arrays.
 
+Every step is capturable in a CUDA graph once its targets are prepared (no host synchronisation, no length
+read on the host; step 6's warning excepted, which needs the host: ``warn=False`` is capturable).
+:class:`CTCPlan` is the form a graph replays over changing batches: targets, lengths, outputs and workspace
+in buffers sized once for the largest batch, refilled on the host between replays.
+
 Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6,
-errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``compiled`` (PTX, registers, SASS),
-``report`` (benchmark, figures, headline); CUDA sources in ``csrc/``.
+errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``plan`` (:class:`CTCPlan`), ``compiled``
+(PTX, registers, SASS), ``peers`` (torch's two paths), ``report`` (benchmark), ``figures`` (figures,
+headline, the blog post's question); CUDA sources in ``csrc/``.
 """
 
 from __future__ import annotations
 
 from studylog import runtime  # noqa: F401  (runtime: GPU or interpreter is chosen first)
 from studylog.chapter import Chapter, Step
-from studylog.ctc import report
+from studylog.ctc import figures, report
 from studylog.ctc.compiled import compile_step, global_loads, load_table, markdown, nvdisasm_path, sass, sass_counts
 from studylog.ctc.fused import (BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, MAX_RECURSION_WARPS,
                                 RECURSION_OPTIONS, WARP_GRAINS, ctc_loss, fused_kernel_names, preload_fused,
                                 recursion_name, recursion_warps, step07_fused_softmax, step08_branch_free,
                                 step09_two_passes, step10_warps_per_direction, warp_grain)
-from studylog.ctc.reference import (GRAD_TOLERANCE, LOSS_TOLERANCE, UNDERFLOW_TOLERANCE, errors,
-                                    probability_space_ctc, reference_ctc, silently_wrong, torch_ctc, untrusted,
-                                    wrong_utterances)
-from studylog.ctc.report import (BENCH_A, BENCH_N, BENCH_T, LONG_T, OPTIONS_STEP, STRESS_A, STRESS_N, STRESS_T,
-                                 concatenated, dram_bytes, host_us, kernel_times_us, long_inputs, padded,
-                                 random_targets, recursion_series, stress_inputs, stress_set)
+from studylog.ctc.figures import OPTIONS_STEP, cudnn_cases, cudnn_counts, cudnn_verdict, recursion_series
+from studylog.ctc.peers import (CUDNN_TARGET_LIMIT, capturable, concatenated, cudnn_eligible, padded,
+                                takes_cudnn_path)
+from studylog.ctc.plan import CTCPlan
+from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, UNDERFLOW_TOLERANCE, errors,
+                                    outcomes, probability_space_ctc, reference_ctc, silently_wrong, torch_ctc,
+                                    untrusted, wrong_utterances)
+from studylog.ctc.report import (BENCH_A, BENCH_N, BENCH_T, LESSON_N, LONG_T, STRESS_A, STRESS_N, STRESS_T,
+                                 dram_bytes, estimated_seconds, grids, kernel_times_us, long_inputs, random_targets,
+                                 stress_inputs, stress_set)
 from studylog.ctc.targets import (BLANK, MAX_TARGET_LENGTH, CTCTargets, min_frames, prepare_targets,
                                   validate_lengths)
 from studylog.ctc.warpctc import (GRAIN_SIZES, UnderflowWarning, bank_ways, block_threads, default_grain,
@@ -105,12 +115,15 @@ CHAPTER = Chapter(
              step10_warps_per_direction, _csrc("ctc_step10_warps"), "ctc_warps_direction"),
     ),
     bench=report.bench,
-    figures=report.figures,
-    headline=report.headline,
+    figures=figures.figures,
+    headline=figures.headline,
     baselines={
-        "torch-cuDNN": "torch.nn.functional.ctc_loss on its cuDNN path (int32 CPU targets)",
-        "torch-native": "torch.nn.functional.ctc_loss on its native CUDA kernels (int64 GPU targets)",
-        "torch-best": "the faster of torch-cuDNN and torch-native at each point",
+        "torch-cuDNN": "cuDNN's CTC through torch._cudnn_ctc_loss on the activations (int32 device targets and "
+                       "lengths; files before the GPU clock: F.ctc_loss on its cuDNN path)",
+        "torch-cuDNN F.ctc_loss": "torch.nn.functional.ctc_loss on its cuDNN path (int32 CPU targets), autograd",
+        "torch-native": "torch.nn.functional.ctc_loss on its native CUDA kernels (int64 GPU targets), autograd",
+        "torch-best": "the faster of torch's calls timed on the GPU clock at each point",
+        "torch-best span": "the faster of torch's calls on the kernel clock at each point",
     },
     renamed_series={
         **{f"step{k}": f"step{k:02d}" for k in range(1, 11)},
@@ -126,7 +139,7 @@ CHAPTER = Chapter(
 FINAL_STEP = CHAPTER.final.number
 
 __all__ = [
-    "CHAPTER", "FINAL_STEP", "ctc_loss",
+    "CHAPTER", "FINAL_STEP", "ctc_loss", "CTCPlan",
     "step01_baseline", "step02_restrict", "step03_ldg", "step04_register_blocking", "step05_shared_rows",
     "step06_probability_space", "step07_fused_softmax", "step08_branch_free", "step09_two_passes",
     "step10_warps_per_direction",
@@ -135,7 +148,10 @@ __all__ = [
     # yardsticks
     "reference_ctc", "probability_space_ctc", "torch_ctc", "errors", "wrong_utterances", "silently_wrong",
     "untrusted", "untrusted_answers", "UnderflowWarning", "LOSS_TOLERANCE", "GRAD_TOLERANCE",
-    "UNDERFLOW_TOLERANCE",
+    "UNDERFLOW_TOLERANCE", "outcomes", "FAR_LOSS", "FAR_GRAD",
+    # torch's paths, and the blog post's question
+    "CUDNN_TARGET_LIMIT", "cudnn_eligible", "takes_cudnn_path", "capturable", "cudnn_counts", "cudnn_cases",
+    "cudnn_verdict",
     # launch shapes and kernel names
     "GRAIN_SIZES", "WARP_GRAINS", "BLOCK_GRAINS", "DEFAULT_BLOCK_GRAIN", "MAX_RECURSION_WARPS",
     "RECURSION_OPTIONS", "DEFAULT_RECURSION", "default_grain", "block_threads", "warp_grain", "recursion_warps",
@@ -143,7 +159,7 @@ __all__ = [
     # compiled code
     "compile_step", "global_loads", "load_table", "markdown", "nvdisasm_path", "sass", "sass_counts",
     # benchmark inputs and helpers
-    "BENCH_T", "BENCH_N", "BENCH_A", "STRESS_T", "STRESS_A", "STRESS_N", "LONG_T", "OPTIONS_STEP",
+    "BENCH_T", "BENCH_N", "BENCH_A", "LESSON_N", "STRESS_T", "STRESS_A", "STRESS_N", "LONG_T", "OPTIONS_STEP",
     "random_targets", "padded", "concatenated", "dram_bytes", "stress_inputs", "long_inputs", "stress_set",
-    "kernel_times_us", "host_us", "recursion_series",
+    "kernel_times_us", "recursion_series", "grids", "estimated_seconds",
 ]

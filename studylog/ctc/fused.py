@@ -14,7 +14,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import cuda
-from studylog.ctc.launch import kernels, prepare_call, workspace_addresses
+from studylog.ctc.launch import kernels, prepare_call, workspace_addresses, workspace_bytes
 from studylog.ctc.targets import CTCTargets
 
 #: Positions per lane compiled for step 7's warp recursion (even: a lane starts on a blank).
@@ -130,16 +130,31 @@ def _target_threads(max_positions: int) -> int:
 _LAUNCH: dict[tuple[int, int, str | None], list] = {}
 
 
-def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
-            recursion: str | None, grain: int | None = None) -> None:
-    T, N, A = x.shape
-    smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
+def launch_shape(step: int, max_positions: int, grain: int | None = None) -> tuple[int, int]:
+    """(positions per lane or thread ``v``, threads of one direction's recursion) of steps 7 to 10."""
     if step == 10:  # a block of warps per direction, ``v`` positions per thread
         v = DEFAULT_BLOCK_GRAIN if grain is None else grain
-        recursion_threads = 32 * recursion_warps(smax, v)
-    else:  # one warp per direction, ``v`` positions per lane
-        v = warp_grain(smax)
-        recursion_threads = 32
+        return v, 32 * recursion_warps(max_positions, v)
+    return warp_grain(max_positions), 32  # one warp per direction, ``v`` positions per lane
+
+
+def scratch_sizes(T: int, N: int, label_stride: int, row_stride: int) -> list[int]:
+    """Bytes of each scratch array of steps 7 to 10: row log-sum-exps, emissions, both directions' rows
+    (``row_stride`` positions each) and their offsets."""
+    return [T * N * 4, N * T * (label_stride + 1) * 4, 2 * N * T * row_stride * 4, 2 * N * T * 8]
+
+
+def scratch_bytes(step: int, T: int, N: int, label_stride: int, grain: int | None = None) -> int:
+    """Bytes of a preallocated workspace for step ``step`` (7 to 10; see :class:`studylog.ctc.CTCPlan`)."""
+    v, threads = launch_shape(step, 2 * label_stride + 1, grain)
+    return workspace_bytes(scratch_sizes(T, N, label_stride, threads * v))
+
+
+def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
+            recursion: str | None, grain: int | None = None, scratch: Tensor | None = None) -> None:
+    T, N, A = x.shape
+    smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
+    v, recursion_threads = launch_shape(step, smax, grain)
     row_stride = recursion_threads * v
     key = (step, v, recursion)
     launch = _LAUNCH.get(key)
@@ -149,7 +164,7 @@ def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infin
     vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
     threads = _row_threads(A)
     buffer, (row_lse, emissions, rows, row_shift) = workspace_addresses(
-        x.device, [T * N * 4, N * T * (lmax + 1) * 4, 2 * N * T * row_stride * 4, 2 * N * T * 8])
+        x.device, scratch_sizes(T, N, lmax, row_stride), scratch)
     labels, input_lengths, target_lengths = batch.labels, batch.input_lengths, batch.target_lengths
     if step >= 9:  # the softmax goes out with the statistics; the last pass corrects the target's classes
         first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, grad,
@@ -229,7 +244,9 @@ def ctc_loss(
 
     Loss per utterance (``(N,)``, blank = 0) and the gradient of its sum w.r.t. the activations
     (``(T, N, A)``, softmax included), in log space: no input of the chapter's stress set makes it
-    underflow. Arguments as :func:`step01_baseline`.
+    underflow. Arguments as :func:`step01_baseline`. With prepared targets (and, for a fixed graph, the
+    caller's ``out_loss``/``out_grad``) a call can be captured in a CUDA graph; to replay one graph over batches
+    whose targets change, use :class:`CTCPlan` (its default step is this one).
     """
     return step10_warps_per_direction(activations, targets, input_lengths, target_lengths,
                                       zero_infinity=zero_infinity, out_loss=out_loss, out_grad=out_grad)

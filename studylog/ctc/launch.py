@@ -27,27 +27,46 @@ def kernels(source: str, wanted: Sequence[tuple[str, Sequence[str]]]) -> list:
     return [_KERNELS[(source, name)] for name, _ in wanted]
 
 
-def workspace(device: torch.device, parts: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[Tensor]:
-    """Scratch tensors carved out of one allocation (one call to the allocator instead of several)."""
-    offsets, total = [], 0
-    for shape, dtype in parts:
-        offsets.append(total)
-        total += -(-math.prod(shape) * dtype.itemsize // 256) * 256  # 256-byte aligned segments
-    buffer = torch.empty((max(total, 1),), dtype=torch.uint8, device=device)
-    return [buffer[o:o + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
-            for o, (shape, dtype) in zip(offsets, parts)]
+def workspace_bytes(parts: Sequence[int]) -> int:
+    """Bytes of one allocation holding segments of ``parts`` bytes, each 256-byte aligned."""
+    return max(sum(-(-size // 256) * 256 for size in parts), 1)
 
 
-def workspace_addresses(device: torch.device, nbytes: Sequence[int]) -> tuple[Tensor, list[int]]:
-    """One allocation carved into 256-byte aligned segments, returned as device addresses: the
-    launcher takes plain integers for pointers, and building tensor views costs microseconds of
-    Python per call. The caller keeps the buffer alive until the launches are queued (the caching
-    allocator only hands the memory out again in stream order)."""
+def _scratch(device: torch.device, total: int, buffer: Tensor | None) -> Tensor:
+    """A new scratch allocation of ``total`` bytes, or the caller's (checked, preallocated) ``buffer``."""
+    if buffer is None:
+        return torch.empty((total,), dtype=torch.uint8, device=device)
+    if buffer.dtype != torch.uint8 or buffer.device != device or not buffer.is_contiguous() or buffer.numel() < total:
+        raise ValueError(f"workspace must be a contiguous uint8 tensor of at least {total} bytes on {device}")
+    if buffer.data_ptr() % 256:
+        raise ValueError("workspace must be 256-byte aligned")
+    return buffer
+
+
+def workspace(device: torch.device, parts: Sequence[tuple[tuple[int, ...], torch.dtype]],
+              buffer: Tensor | None = None) -> list[Tensor]:
+    """Scratch tensors carved out of one allocation (one call to the allocator instead of several), or out
+    of ``buffer`` when the caller preallocated one (a plan that a CUDA graph replays)."""
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in parts]
+    buffer = _scratch(device, workspace_bytes(sizes), buffer)
+    out, offset = [], 0
+    for size, (shape, dtype) in zip(sizes, parts):
+        out.append(buffer[offset:offset + size].view(dtype).view(shape))
+        offset += -(-size // 256) * 256
+    return out
+
+
+def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None = None
+                        ) -> tuple[Tensor, list[int]]:
+    """One allocation (or the caller's ``buffer``) carved into 256-byte aligned segments, returned as
+    device addresses: the launcher takes plain integers for pointers, and building tensor views costs
+    microseconds of Python per call. The caller keeps the buffer alive until the launches are queued
+    (the caching allocator only hands the memory out again in stream order)."""
+    buffer = _scratch(device, workspace_bytes(nbytes), buffer)
     offsets, total = [], 0
     for size in nbytes:
         offsets.append(total)
         total += -(-size // 256) * 256
-    buffer = torch.empty((max(total, 1),), dtype=torch.uint8, device=device)
     base = buffer.data_ptr()
     return buffer, [base + o for o in offsets]
 

@@ -301,3 +301,33 @@ def silently_wrong(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tenso
     and a gradient without NaN."""
     nan = torch.isnan(grad.detach()).any(2).any(0).cpu()
     return wrong_utterances(loss, grad, ref_loss, ref_grad) & torch.isfinite(loss.detach().cpu()) & ~nan
+
+
+#: An answer *far* from float64: a loss off by more than this (relative to ``max(1, |ref|)``), or a gradient
+#: off by more than ``FAR_GRAD`` (norm-relative): what losing alignments to underflow does, well beyond the
+#: few units of float32 rounding that the chapter's tolerances leave room for.
+FAR_LOSS, FAR_GRAD = 1e-3, 1e-2
+
+
+def outcomes(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, int]:
+    """What happened to each utterance, counted: ``utterances``; ``impossible`` (no alignment: the reference's
+    loss is infinite; not counted below); of the others, ``infinite`` (an infinite loss), ``nan`` (a NaN loss,
+    or a finite loss with a NaN in its gradient), ``finite_wrong`` (finite, no NaN, outside the chapter's
+    tolerances: :func:`silently_wrong`), ``far`` (of those, off by more than ``FAR_LOSS`` / ``FAR_GRAD``) and
+    ``right`` (within the tolerances)."""
+    loss_c, ref_c = loss.detach().double().cpu(), ref_loss.detach().double().cpu()
+    g = grad.detach().double()
+    r = ref_grad.detach().to(g.device, torch.float64)
+    possible = torch.isfinite(ref_c)
+    nan_grad = torch.isnan(g).any(2).any(0).cpu()
+    infinite = possible & torch.isinf(loss_c)
+    nan = possible & (torch.isnan(loss_c) | (torch.isfinite(loss_c) & nan_grad))
+    silent = possible & silently_wrong(loss, grad, ref_loss, ref_grad)
+    loss_off = (loss_c - ref_c).abs() / ref_c.abs().clamp(min=1.0)
+    grad_off = (torch.linalg.vector_norm((g - r).nan_to_num(0.0), dim=(0, 2))
+                / torch.linalg.vector_norm(r.nan_to_num(0.0), dim=(0, 2)).clamp(min=1e-300)).cpu()
+    far = silent & ((loss_off > FAR_LOSS) | (grad_off > FAR_GRAD))
+    wrong = possible & wrong_utterances(loss, grad, ref_loss, ref_grad)
+    return {"utterances": int(loss_c.numel()), "impossible": int((~possible).sum()), "infinite": int(infinite.sum()),
+            "nan": int(nan.sum()), "finite_wrong": int(silent.sum()), "far": int(far.sum()),
+            "right": int((possible & ~wrong).sum())}

@@ -157,8 +157,20 @@ def prepare_targets(
     inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=batch, max_time=max_time)
     lists = label_lists(targets, lengths, num_classes)
     device = torch.device(device) if device is not None else runtime.device()
-
     label_stride = max(1, int(lengths.max()) if batch else 1)
+    slot_stride = max(1, max(len(np.unique(l)) + 1 for l in lists) if batch else 1)
+    parts = pack(lists, inputs, lengths, label_stride, slot_stride)
+    packed = torch.from_numpy(np.concatenate(parts)).to(device)
+    return targets_view(packed, num_classes, max_time, inputs, lengths, lists, label_stride, slot_stride)
+
+
+def pack(lists: Sequence[np.ndarray], inputs: np.ndarray, lengths: np.ndarray, label_stride: int,
+         slot_stride: int) -> list[np.ndarray]:
+    """The int32 arrays the kernels read, in the order of the packed buffer: padded labels ``(N, label_stride)``,
+    input and target lengths, the slots (``(N, slot_stride)`` classes, ``(N, slot_stride + 1)`` starts,
+    ``(N, label_stride)`` members) and the number of slots. The strides are the buffer's capacity: at least
+    the longest target and its distinct classes plus the blank (:class:`CTCPlan` sizes them once)."""
+    batch = len(lists)
     slots = []
     for labels in lists:
         classes, first = np.unique(labels, return_index=True)
@@ -166,7 +178,8 @@ def prepare_targets(
         classes = classes[order]
         members = [np.flatnonzero(labels == c) + 1 for c in classes]  # 1-based target positions
         slots.append((classes, members))
-    slot_stride = max(1, max(len(c) + 1 for c, _ in slots) if batch else 1)
+    if batch and (max(len(l) for l in lists) > label_stride or max(len(c) + 1 for c, _ in slots) > slot_stride):
+        raise ValueError(f"targets need more room than the buffer's {label_stride} labels and {slot_stride} slots")
 
     labels_pad = np.zeros((batch, label_stride), np.int32)
     slot_class = np.zeros((batch, slot_stride), np.int32)  # slot 0 = blank = class 0
@@ -184,15 +197,26 @@ def prepare_targets(
         offsets = np.cumsum([0] + [m.size for m in members])
         slot_start[i, 1:len(offsets) + 1] = offsets
         slot_start[i, len(offsets) + 1:] = offsets[-1]
+    return [labels_pad.ravel(), inputs.astype(np.int32), lengths.astype(np.int32), slot_class.ravel(),
+            slot_start.ravel(), slot_members.ravel(), num_slots]
 
-    parts = [labels_pad.ravel(), inputs.astype(np.int32), lengths.astype(np.int32), slot_class.ravel(),
-             slot_start.ravel(), slot_members.ravel(), num_slots]
-    packed = torch.from_numpy(np.concatenate(parts)).to(device)
+
+def packed_size(batch: int, label_stride: int, slot_stride: int) -> int:
+    """int32 entries of the packed buffer (:func:`pack`)."""
+    return batch * (2 * label_stride + 2 * slot_stride + 1) + 3 * batch
+
+
+def targets_view(packed: Tensor, num_classes: int, max_time: int, inputs: np.ndarray, lengths: np.ndarray,
+                 lists: Sequence[np.ndarray], label_stride: int, slot_stride: int) -> CTCTargets:
+    """A :class:`CTCTargets` whose device arrays are views of ``packed`` (laid out by :func:`pack`)."""
+    batch = len(lists)
+    shapes = [(batch, label_stride), (batch,), (batch,), (batch, slot_stride), (batch, slot_stride + 1),
+              (batch, label_stride), (batch,)]
     views, offset = [], 0
-    for part, shape in zip(parts, [labels_pad.shape, (batch,), (batch,), slot_class.shape, slot_start.shape,
-                                   slot_members.shape, (batch,)]):
-        views.append(packed[offset:offset + part.size].view(shape))
-        offset += part.size
+    for shape in shapes:
+        size = int(np.prod(shape))
+        views.append(packed[offset:offset + size].view(shape))
+        offset += size
     return CTCTargets(
         num_classes=num_classes, max_time=max_time,
         input_lengths_host=tuple(int(v) for v in inputs), target_lengths_host=tuple(int(v) for v in lengths),

@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import checks, cuda
-from studylog.ctc.launch import kernels, prepare_call, workspace
+from studylog.ctc.launch import kernels, prepare_call, workspace, workspace_bytes
 from studylog.ctc.reference import UNDERFLOW_TOLERANCE, untrusted
 from studylog.ctc.targets import CTCTargets
 
@@ -87,14 +87,23 @@ def bank_ways(grain: int, blocked: bool, threads: int = 128) -> int:
     return worst
 
 
+def scratch_parts(T: int, N: int, A: int, max_positions: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Scratch of steps 1 to 6: log-probabilities (probabilities for step 6), the alpha matrix, log-likelihoods."""
+    return [((T, N, A), torch.float32), ((N, T, max_positions), torch.float32), ((N,), torch.float64)]
+
+
+def scratch_bytes(T: int, N: int, A: int, max_positions: int) -> int:
+    """Bytes of a preallocated workspace for steps 1 to 6 (see :class:`studylog.ctc.CTCPlan`)."""
+    parts = scratch_parts(T, N, A, max_positions)
+    return workspace_bytes([math.prod(shape) * dtype.itemsize for shape, dtype in parts])
+
+
 def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
-            grain: int | None, blocked: bool, estimate: Tensor | None = None) -> None:
+            grain: int | None, blocked: bool, estimate: Tensor | None = None, scratch: Tensor | None = None) -> None:
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
     rows = T * N
-    # log-probabilities (steps 1-5) or probabilities (step 6), the alpha matrix, log-likelihoods
-    probs, alphas, log_likelihood = workspace(x.device, [((T, N, A), torch.float32), ((N, T, smax), torch.float32),
-                                                         ((N,), torch.float64)])
+    probs, alphas, log_likelihood = workspace(x.device, scratch_parts(T, N, A, smax), scratch)
     (softmax,) = kernels(SOFTMAX_SOURCE, [("ctc_softmax_rows" if step == 6 else "ctc_log_softmax_rows",
                                            _SIG_SOFTMAX)])
     softmax(((rows + 7) // 8,), (256,), x, probs, rows, A)
@@ -141,6 +150,13 @@ def step01_baseline(
     ``targets`` is a :class:`CTCTargets` from :func:`prepare_targets` (then leave the lengths out), or
     raw targets and lengths (validated and prepared on every call). ``out_loss`` / ``out_grad`` let a
     caller supply (say, poisoned) output buffers. Every step takes these arguments.
+
+    With prepared targets, a call can be captured in a CUDA graph (after one eager call, which compiles and
+    loads the kernels): the kernels read every length from the device, nothing waits for the GPU, and the
+    scratch memory is one allocation of a size fixed by the shapes.
+    Raw targets cannot be (validating and packing them is host work, and one host-to-device copy); nor can
+    a graph replay new targets whose longest label sequence changes the shapes: :class:`CTCPlan` holds
+    buffers sized once for that.
     """
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     _launch(activations, batch, loss, grad, 1, zero_infinity, None, False)
@@ -195,8 +211,10 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
     ``ctc_step06_probability.cu`` and :func:`probability_space_ctc`, its CPU model); ``out_estimate``
     (float32, ``(N,)``, on the activations' device) receives it. With ``warn`` (the default) the call
     waits for the GPU and raises an :class:`UnderflowWarning` naming the utterances whose answer cannot
-    be trusted (:func:`untrusted`); ``warn=False`` queues the kernels only (for timing). Other arguments
-    as :func:`step04_register_blocking`.
+    be trusted (:func:`untrusted`); ``warn=False`` queues the kernels only. Only ``warn=False`` can be captured
+    in a CUDA graph: the warning reads the loss and the estimate on the host, which waits for the GPU (in a
+    graph, read ``out_estimate`` after the replay, with :func:`untrusted_answers`, or use a step 6
+    :class:`CTCPlan` and its ``untrusted()``). Other arguments as :func:`step04_register_blocking`.
     """
     grain = _grain(grain)
     if out_estimate is not None:

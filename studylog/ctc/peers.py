@@ -1,0 +1,187 @@
+"""torch's two CTC paths as the benchmark runs them: which one a call takes, the calls themselves, and whether
+each can be captured in a CUDA graph.
+
+``torch.nn.functional.ctc_loss`` dispatches in ATen (``aten/src/ATen/native/LossCTC.cpp``, ``ctc_loss_impl``;
+the rule is ``_use_cudnn_ctc_loss`` in ``aten/src/ATen/native/cudnn/LossCTC.cpp``). It takes cuDNN's CTC when
+cuDNN is enabled, the blank is 0, the log-probabilities are float32, 3-D and on the GPU, the targets are int32,
+1-D (concatenated), contiguous and **on the CPU**, every input length equals T, and every target is shorter than
+256 labels and no longer than its input; then it calls ``_cudnn_ctc_loss`` with ``deterministic=True``.
+Otherwise it runs its native CUDA kernels (``ctc_loss_log_alpha_gpu_kernel``...) on targets moved to the GPU.
+Lengths given as tensors are first copied to the host (a synchronisation); given as tuples they are not.
+
+Neither path of ``F.ctc_loss`` is expected to survive a CUDA-graph capture: the native kernels copy the lengths
+and the targets' offsets from pageable host memory to the GPU in every call, which waits for the stream, and the
+cuDNN path hands cuDNN host arrays of labels and lengths. ATen's other cuDNN entry point,
+``torch._cudnn_ctc_loss`` with int32 *device* tensors for the targets and lengths (cuDNN's ``cudnnCTCLoss_v8``),
+reads everything from the device: it is the candidate for a graph, and it takes the activations themselves
+(cuDNN normalises them with a softmax, ``CUDNN_LOSS_NORMALIZATION_SOFTMAX``) and returns the loss and the
+gradient with respect to them, the same contract as :func:`studylog.ctc.ctc_loss`. The benchmark finds out which
+of the three can be captured (:func:`capturable`, in a separate process so that a failed capture cannot disturb
+its own) and times each on the clock it can have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog.ctc.targets import BLANK
+
+#: cuDNN's CTC takes targets shorter than this (ATen's rule: ``target_lengths[b] < 256``).
+CUDNN_TARGET_LIMIT = 256
+#: torch's native forward kernel: a cuDNN call must not launch it.
+NATIVE_MARKER = "ctc_loss_log_alpha"
+#: The torch calls the benchmark times, by series: what each runs.
+TORCH_SERIES = {
+    "torch-cuDNN": "torch._cudnn_ctc_loss on the activations, int32 device targets and lengths (cudnnCTCLoss_v8)",
+    "torch-cuDNN F.ctc_loss": "F.ctc_loss(log_softmax(x)) + autograd on its cuDNN path (int32 CPU targets, tuples)",
+    "torch-native": "F.ctc_loss(log_softmax(x)) + autograd on its native kernels (int64 GPU targets, tuples)",
+}
+
+
+def cudnn_eligible(input_lengths: Sequence[int], target_lengths: Sequence[int], max_time: int) -> np.ndarray:
+    """Per utterance: does it meet the length conditions of torch's cuDNN path (input length = T, fewer than
+    256 labels, no more labels than frames)? A batch takes the path only if all of them do."""
+    inputs, lengths = np.asarray(input_lengths, np.int64), np.asarray(target_lengths, np.int64)
+    return (inputs == max_time) & (lengths < CUDNN_TARGET_LIMIT) & (lengths <= inputs)
+
+
+def takes_cudnn_path(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, *, blank: int = BLANK,
+                     cudnn_enabled: bool | None = None) -> bool:
+    """ATen's rule (``_use_cudnn_ctc_loss``, without ``torch.backends.cudnn`` forcing) for a call of
+    ``F.ctc_loss`` with lengths as sequences: a model of it that runs anywhere; on a GPU the benchmark checks
+    it against ``torch._use_cudnn_ctc_loss`` itself."""
+    enabled = torch.backends.cudnn.enabled if cudnn_enabled is None else cudnn_enabled
+    if not (enabled and blank == 0 and log_probs.device.type == "cuda" and log_probs.dtype == torch.float32
+            and log_probs.ndim == 3 and targets.ndim == 1 and targets.dtype == torch.int32
+            and targets.device.type == "cpu" and targets.is_contiguous()):
+        return False
+    return bool(cudnn_eligible(input_lengths, target_lengths, log_probs.shape[0]).all())
+
+
+def concatenated(lists: Sequence[np.ndarray], dtype=torch.int32) -> Tensor:
+    """Label lists as one 1-D tensor (CPU)."""
+    flat = np.concatenate([np.asarray(labels, np.int64) for labels in lists] + [np.zeros(0, np.int64)])
+    return torch.from_numpy(flat).to(dtype)
+
+
+def padded(lists: Sequence[np.ndarray], dtype=torch.int64) -> Tensor:
+    """Label lists as an (N, L_max) tensor padded with the blank (CPU)."""
+    width = max([len(l) for l in lists] + [1])
+    out = torch.zeros((len(lists), width), dtype=dtype)
+    for i, labels in enumerate(lists):
+        out[i, :len(labels)] = torch.from_numpy(np.asarray(labels, np.int64)).to(dtype)
+    return out
+
+
+def cudnn_direct(x: Tensor, lists: Sequence[np.ndarray]) -> Callable[[], tuple[Tensor, Tensor]]:
+    """``torch._cudnn_ctc_loss`` on the activations ``x`` (T, N, A), targets and lengths as int32 device tensors:
+    loss (N,) and gradient w.r.t. ``x``. Every input length is T (cuDNN's condition)."""
+    T, N, _ = x.shape
+    targets = concatenated(lists).to(x.device)
+    inputs = torch.full((N,), T, dtype=torch.int32, device=x.device)
+    lengths = torch.tensor([len(l) for l in lists], dtype=torch.int32, device=x.device)
+    return lambda: torch._cudnn_ctc_loss(x, targets, inputs, lengths, BLANK, True, False)
+
+
+def functional(x: Tensor, lists: Sequence[np.ndarray], path: str, *, reduction: str = "sum"
+               ) -> Callable[[], tuple[Tensor, Tensor]]:
+    """``F.ctc_loss(log_softmax(x))`` and autograd's gradient w.r.t. ``x``, on torch's ``"cudnn"`` path (int32
+    concatenated CPU targets) or its ``"native"`` one (int64 padded GPU targets); lengths as tuples. Returns
+    (loss, grad): the loss per utterance with ``reduction="none"``, else its sum."""
+    T, N, _ = x.shape
+    targets = concatenated(lists) if path == "cudnn" else padded(lists).to(x.device)
+    inputs, lengths = (T,) * N, tuple(len(l) for l in lists)
+
+    def run():
+        leaf = x.detach().requires_grad_(True)
+        loss = torch.nn.functional.ctc_loss(leaf.log_softmax(2), targets, inputs, lengths, blank=BLANK,
+                                            reduction=reduction)
+        (grad,) = torch.autograd.grad(loss.sum(), leaf)
+        return loss.detach(), grad
+    return run
+
+
+def kernel_names(fn: Callable[[], object]) -> list[str]:
+    """Names of the CUDA kernels one call of ``fn`` launches (the profiler's), to tell the paths apart."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    return sorted({e.key for e in prof.key_averages()  # work on the device; not the API calls that launched it
+                   if getattr(e, "device_type", DeviceType.CUDA) == DeviceType.CUDA
+                   and not re.match(r"cu(da)?[A-Z]", e.key)})
+
+
+#: Run by :func:`capturable` in a fresh process: each torch call warmed up, captured in a CUDA graph,
+#: replayed, and its loss compared with an eager call's; prints one JSON line.
+PROBE = r"""
+import json, sys, torch
+from studylog.ctc import peers
+T, N, A = 40, 3, 11
+gen = torch.Generator().manual_seed(0)
+x = torch.randn(T, N, A, generator=gen).cuda()
+lists = [torch.randint(1, A, (n,), generator=gen).numpy() for n in (5, 9, 1)]
+calls = {"torch-cuDNN": peers.cudnn_direct(x, lists), "torch-native": peers.functional(x, lists, "native"),
+         "torch-cuDNN F.ctc_loss": peers.functional(x, lists, "cudnn")}
+out = {}
+for name, fn in calls.items():
+    prev = torch.cuda.current_stream()
+    try:
+        eager = fn()[0].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(prev)
+        with torch.cuda.stream(side):
+            fn()
+        prev.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        same = bool(torch.allclose(captured[0], eager, rtol=1e-5, atol=1e-5))
+        out[name] = [same, "" if same else "the replay's loss differs from an eager call's"]
+    except Exception as exc:
+        torch.cuda.set_stream(prev)
+        out[name] = [False, (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]]
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:
+        out["_broken"] = [False, str(exc)[:300]]
+        break
+print(json.dumps(out))
+"""
+
+
+def capturable(timeout: float = 180.0) -> dict[str, tuple[bool, str]]:
+    """For each series of :data:`TORCH_SERIES`: (captured and replayed correctly, why not). Runs
+    :data:`PROBE` in a fresh Python process; a probe that fails as a whole marks every series not capturable."""
+    try:
+        from studylog.paths import REPO_ROOT
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=timeout,
+                              cwd=REPO_ROOT, env=env)
+    except Exception as exc:  # no answer: assume the worst, and say why
+        reason = f"the capture probe did not finish ({type(exc).__name__}: {str(exc)[:200]})"
+        return {name: (False, reason) for name in TORCH_SERIES}
+    lines = done.stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {name: (False, f"the capture probe gave no answer: {last}") for name in TORCH_SERIES}
+    return {name: tuple(found.get(name, (False, "not probed"))) for name in TORCH_SERIES}

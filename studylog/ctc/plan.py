@@ -1,0 +1,152 @@
+"""A CTC loss call for one shape, built once and replayable in a CUDA graph.
+
+Every step takes prepared targets (:class:`CTCTargets`), whose device arrays the kernels read: no step reads a
+length on the host or waits for the GPU once its targets are prepared (step 6 with ``warn=True`` excepted: its
+warning needs the estimate on the host). But a CUDA graph bakes in the addresses and the launch shapes of the
+calls it captured, and the shapes of a call follow its batch: the longest target sets the rows' stride, the
+positions per lane and the workspace's size. A :class:`CTCPlan` fixes them for the largest batch it will see
+(T frames, N utterances, A classes, targets of at most ``max_target_length`` labels): its targets, lengths,
+outputs and workspace live in buffers allocated once, :meth:`CTCPlan.set_targets` writes each new batch's
+targets and lengths into them (on the host, outside the graph: validation and the slot lists are host work),
+and a call only launches the step's kernels on the activations, which the caller keeps in one buffer too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog import checks, runtime
+from studylog.ctc import fused, warpctc
+from studylog.ctc.targets import (MAX_TARGET_LENGTH, CTCTargets, label_lists, pack, packed_size, targets_view,
+                                  validate_lengths)
+
+
+class CTCPlan:
+    """Step ``step`` (the chapter's final step by default, as :func:`ctc_loss`) for activations of shape
+    ``(max_time, batch_size, num_classes)`` and targets of at most ``max_target_length`` labels.
+
+    Build it once; then, per batch::
+
+        plan.set_targets(targets, input_lengths, target_lengths)  # host: validate, pack, copy in
+        activations.copy_(new_activations)                         # the buffer the graph captured
+        graph.replay()                                             # or plan(activations), eagerly
+
+    where ``graph`` captured ``plan(activations)``. A call launches the kernels only: no host
+    synchronisation, no allocation (the workspace is the plan's), no argument that changes between calls.
+    ``plan.loss`` and ``plan.grad`` are the outputs (a call also returns them); ``plan.estimate`` receives
+    step 6's underflow estimate (read it with :meth:`untrusted` after the replay: that one waits for the GPU).
+    Kernels run with the plan's capacity (the longest target it allows), so a plan sized far beyond its
+    batches runs wider rows than :func:`ctc_loss` would for the same batch; the answers are the same.
+    ``how`` holds the step's options (``grain``, ``blocked``, ``recursion``), fixed for the plan.
+    """
+
+    def __init__(self, max_time: int, batch_size: int, num_classes: int, max_target_length: int, *,
+                 step: int | None = None, zero_infinity: bool = False, device=None, **how):
+        from studylog.ctc import CHAPTER
+
+        for name, value, low in (("max_time", max_time, 1), ("batch_size", batch_size, 1),
+                                 ("num_classes", num_classes, 2)):
+            checks.check_int(name, value, low=low)
+        checks.check_int("max_target_length", max_target_length, low=0, high=MAX_TARGET_LENGTH)
+        self.step = CHAPTER.final.number if step is None else step
+        CHAPTER.step(self.step)  # a step of the chapter
+        self.shape = (max_time, batch_size, num_classes)
+        self.zero_infinity = bool(zero_infinity)
+        self.how = dict(how)
+        self._check_options()
+        self.device = torch.device(device) if device is not None else runtime.device()
+        self.label_stride = max(1, max_target_length)
+        self.slot_stride = min(self.label_stride, num_classes - 1) + 1  # distinct labels, and the blank
+        self._packed = torch.zeros(packed_size(batch_size, self.label_stride, self.slot_stride), dtype=torch.int32,
+                                   device=self.device)
+        pinned = self.device.type == "cuda"
+        self._staging = [torch.empty(self._packed.shape, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._copied = [None, None]  # the event after each staging buffer's last copy
+        self._turn = 0
+        T, N, A = self.shape
+        self.loss = torch.empty((N,), dtype=torch.float32, device=self.device)
+        self.grad = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+        self.estimate = torch.empty((N,), dtype=torch.float32, device=self.device) if self.step == 6 else None
+        positions = 2 * self.label_stride + 1
+        if self.step <= 6:
+            nbytes = warpctc.scratch_bytes(T, N, A, positions)
+        else:
+            grain = how.get("grain") if self.step == 10 else None
+            nbytes = fused.scratch_bytes(self.step, T, N, self.label_stride, grain)
+        self.workspace = torch.empty((nbytes,), dtype=torch.uint8, device=self.device)
+        empty = [np.zeros(0, np.int64)] * N
+        self.targets: CTCTargets = self._write(empty, np.full(N, T, np.int64), np.zeros(N, np.int64))
+        if self.device.type == "cuda":  # compile and load the kernels now, not during a capture
+            self._launch(torch.zeros(self.shape, dtype=torch.float32, device=self.device))
+            torch.cuda.synchronize(self.device)
+
+    def _check_options(self) -> None:
+        allowed = {**{k: ("grain", "blocked") for k in (4, 5, 6)}, 8: ("recursion",), 9: ("recursion",),
+                   10: ("grain",)}.get(self.step, ())
+        unknown = sorted(set(self.how) - set(allowed))
+        if unknown:
+            raise TypeError(f"step {self.step} takes no option {unknown} (it takes {list(allowed) or 'none'})")
+        if self.step in (4, 5, 6):
+            warpctc._grain(self.how.get("grain"))
+        if self.step in (8, 9):
+            fused._recursion(self.how.get("recursion"))
+        if self.step == 10 and self.how.get("grain") not in (None, *fused.BLOCK_GRAINS):
+            raise ValueError(f"grain must be one of {fused.BLOCK_GRAINS} for step 10, got {self.how['grain']!r}")
+
+    def _write(self, lists, inputs: np.ndarray, lengths: np.ndarray) -> CTCTargets:
+        parts = np.concatenate(pack(lists, inputs, lengths, self.label_stride, self.slot_stride))
+        turn = self._turn
+        self._turn ^= 1
+        staging = self._staging[turn]
+        if self._copied[turn] is not None:  # its previous copy must have left before it is overwritten
+            self._copied[turn].synchronize()
+        staging.copy_(torch.from_numpy(parts))
+        if self.device.type == "cuda":
+            self._packed.copy_(staging, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._copied[turn] = event
+        else:
+            self._packed.copy_(staging)
+        T, _, A = self.shape
+        return targets_view(self._packed, A, T, inputs, lengths, lists, self.label_stride, self.slot_stride)
+
+    def set_targets(self, targets: Tensor, input_lengths, target_lengths) -> CTCTargets:
+        """Validate a batch's targets and lengths (as :func:`prepare_targets` takes them) and write them into
+        the plan's device buffers, in stream order (the next call or replay reads them). Host work; never
+        inside a capture. Raises if the batch needs more room than the plan has."""
+        T, N, A = self.shape
+        inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
+        if lengths.size and int(lengths.max()) > self.label_stride:
+            raise ValueError(f"target_lengths go up to {int(lengths.max())} but the plan holds at most "
+                             f"{self.label_stride} labels")
+        lists = label_lists(targets, lengths, A)
+        self.targets = self._write(lists, inputs, lengths)
+        return self.targets
+
+    def _launch(self, activations: Tensor) -> None:
+        if self.step <= 6:
+            warpctc._launch(activations, self.targets, self.loss, self.grad, self.step, self.zero_infinity,
+                            self.how.get("grain"), self.how.get("blocked", False), self.estimate, self.workspace)
+        else:
+            fused._launch(activations, self.targets, self.loss, self.grad, self.zero_infinity, self.step,
+                          self.how.get("recursion"), self.how.get("grain"), self.workspace)
+
+    def __call__(self, activations: Tensor) -> tuple[Tensor, Tensor]:
+        """Loss and gradient of the targets last set, for ``activations`` (float32, contiguous, the plan's
+        shape and device): the kernels are queued, nothing waits. Graph-safe."""
+        if activations.shape != self.shape or activations.dtype != torch.float32 or not activations.is_contiguous():
+            raise ValueError(f"activations must be contiguous float32 of shape {self.shape}")
+        if activations.device != self.device or self.device.type != "cuda":
+            raise ValueError(f"activations must be on the plan's CUDA device, got {activations.device}")
+        self._launch(activations)
+        return self.loss, self.grad
+
+    def untrusted(self) -> Tensor:
+        """Step 6 only: the utterances whose answer underflow may have spoilt (:func:`untrusted_answers`), after
+        the call or replay; waits for the GPU."""
+        if self.estimate is None:
+            raise ValueError("only a step 6 plan estimates underflow")
+        return warpctc.untrusted_answers(self.loss, self.estimate, self.targets)

@@ -1,0 +1,338 @@
+"""Chapter 4's benchmark, CUDA graphs and torch's paths. CPU: the plan's buffers, torch's dispatch rule, the
+outcome counts, the benchmark's grids and time, the headline, figures and the answer to the blog post's question on
+results files. GPU: a plan and ctc_loss captured in a CUDA graph and replayed over changing inputs, torch's
+paths as the benchmark assumes them."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from studylog import ctc, plotting
+from studylog.ctc import figures, peers, report
+
+SENTINEL = -12345.0
+
+
+# --------------------------------------------------------------------------------------
+# The plan (CPU: its buffers)
+# --------------------------------------------------------------------------------------
+
+def test_plan_packs_each_batch_into_the_same_buffers_as_prepare_targets_would(rng):
+    plan = ctc.CTCPlan(30, 4, 6, 12, device="cpu")
+    packed = plan.targets.labels.untyped_storage().data_ptr()
+    for _ in range(3):
+        tl = torch.randint(0, 13, (4,), generator=rng)
+        il = torch.randint(1, 31, (4,), generator=rng)
+        targets = torch.randint(1, 6, (4, 12), generator=rng)
+        batch = plan.set_targets(targets, il, tl)
+        ref = ctc.prepare_targets(targets, il, tl, num_classes=6, max_time=30, device="cpu")
+        assert batch.labels.untyped_storage().data_ptr() == packed  # the same device buffer every time
+        assert batch.label_stride == 12 and batch.slot_stride == 6  # the plan's capacity, not the batch's
+        assert torch.equal(batch.input_lengths, ref.input_lengths) and torch.equal(batch.num_slots, ref.num_slots)
+        for i, length in enumerate(tl.tolist()):
+            assert torch.equal(batch.labels[i, :length], ref.labels[i, :length])
+            assert not batch.labels[i, length:].any()
+            u = int(ref.num_slots[i])
+            assert torch.equal(batch.slot_class[i, :u], ref.slot_class[i, :u])
+            assert torch.equal(batch.slot_start[i, :u + 1], ref.slot_start[i, :u + 1])
+            assert torch.equal(batch.slot_members[i, :length], ref.slot_members[i, :length])
+
+
+def test_plan_refuses_what_it_cannot_hold():
+    plan = ctc.CTCPlan(10, 2, 5, 4, device="cpu")
+    with pytest.raises(ValueError, match="at most 4 labels"):
+        plan.set_targets(torch.ones(2, 5, dtype=torch.long), [10, 10], [5, 1])
+    with pytest.raises(ValueError, match="input_lengths"):
+        plan.set_targets(torch.ones(2, 4, dtype=torch.long), [11, 10], [1, 1])
+    with pytest.raises(ValueError, match="CUDA device"):
+        plan(torch.zeros(10, 2, 5))
+    with pytest.raises(ValueError, match="shape"):
+        plan(torch.zeros(10, 3, 5))
+    with pytest.raises(ValueError, match="max_target_length"):
+        ctc.CTCPlan(10, 2, 5, ctc.MAX_TARGET_LENGTH + 1, device="cpu")
+    with pytest.raises(TypeError, match="takes no option"):
+        ctc.CTCPlan(10, 2, 5, 4, step=7, grain=2, device="cpu")
+    with pytest.raises(ValueError, match="grain must be one of"):
+        ctc.CTCPlan(10, 2, 5, 4, step=10, grain=3, device="cpu")
+    with pytest.raises(ValueError, match="only a step 6 plan"):
+        plan.untrusted()
+    assert ctc.CTCPlan(10, 2, 5, 4, step=6, device="cpu").estimate.shape == (2,)
+
+
+# --------------------------------------------------------------------------------------
+# torch's dispatch rule and the outcome counts (CPU)
+# --------------------------------------------------------------------------------------
+
+def _fake_log_probs(T, N, A, device="cuda", dtype=torch.float32):
+    return SimpleNamespace(device=torch.device(device), dtype=dtype, ndim=3, shape=(T, N, A))
+
+
+def test_the_cudnn_rule_as_aten_states_it():
+    assert ctc.cudnn_eligible([50, 50, 50], [255, 3, 50], 50).tolist() == [False, True, True]
+    assert ctc.cudnn_eligible([40, 50], [3, 51], 50).tolist() == [False, False]  # short input; too long
+    ok = dict(log_probs=_fake_log_probs(50, 2, 7), targets=torch.tensor([1, 2, 3], dtype=torch.int32),
+              input_lengths=(50, 50), target_lengths=(2, 1))
+    assert peers.takes_cudnn_path(**ok, cudnn_enabled=True)
+    assert not peers.takes_cudnn_path(**ok, cudnn_enabled=False)
+    assert not peers.takes_cudnn_path(**ok, cudnn_enabled=True, blank=1)
+    for change in (dict(targets=torch.tensor([1, 2, 3])),  # int64
+                   dict(targets=torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)),  # padded
+                   dict(log_probs=_fake_log_probs(50, 2, 7, dtype=torch.float64)),
+                   dict(log_probs=_fake_log_probs(50, 2, 7, device="cpu")),
+                   dict(input_lengths=(50, 49)), dict(target_lengths=(256, 1))):
+        assert not peers.takes_cudnn_path(**{**ok, **change}, cudnn_enabled=True), change
+
+
+def test_outcomes_split_every_possible_utterance_once():
+    ref_loss = torch.tensor([10.0, 10.0, 10.0, 10.0, 10.0, math.inf], dtype=torch.float64)
+    ref_grad = torch.zeros(2, 6, 3, dtype=torch.float64)
+    ref_grad[:, :, 0] = 1.0
+    loss = torch.tensor([10.0, math.inf, 10.0, 10.0 + 1e-4, 10.1, math.inf])
+    grad = ref_grad.float().clone()
+    grad[0, 2, 1] = math.nan  # finite loss, NaN gradient
+    counts = ctc.outcomes(loss, grad, ref_loss, ref_grad)
+    assert counts == {"utterances": 6, "impossible": 1, "infinite": 1, "nan": 1, "finite_wrong": 2, "far": 1,
+                      "right": 1}
+    assert counts["infinite"] + counts["nan"] + counts["finite_wrong"] + counts["right"] == 5
+
+
+# --------------------------------------------------------------------------------------
+# The benchmark's shape and time (CPU)
+# --------------------------------------------------------------------------------------
+
+def test_the_benchmark_grids_and_settings():
+    for quick in (False, True):
+        grid = ctc.grids(quick)
+        assert set(grid["lesson"]) <= set(grid["main"])  # steps 1 to 6 run inside the main loop
+        assert {A for A, _ in grid["main"]} == set(ctc.BENCH_A)
+    assert len(ctc.grids()["main"]) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
+    assert report.graph_settings(0.01) == {"min_calls": 60, "reps": report.GRAPH_REPS}
+    assert report.graph_settings(4.0)["min_calls"] == 2 and report.graph_settings(4.0)["reps"] < report.GRAPH_REPS
+    assert report.host_calls(0.01) == 200 and report.host_calls(5.0) == 5
+    l2 = 50 * 2**20
+    assert report.copies(l2, 1000) == 1 and report.copies(l2, l2) == 4 and report.copies(l2, 10 * l2) == 1
+
+
+def test_the_benchmark_fits_its_time():
+    """The cost model over the committed results' times: the whole run within about 90 s, --quick within 30 s."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    assert ctc.estimated_seconds(results)["total"] < 90
+    assert ctc.estimated_seconds(results, quick=True)["total"] < 30
+
+
+# --------------------------------------------------------------------------------------
+# Headline, figures and the blog post's question on results files (CPU)
+# --------------------------------------------------------------------------------------
+
+def _row(series, ms, clock="gpu", role="kernel", **params):
+    row = {"series": series, "role": role, "params": params, "ms": ms, "clock": clock}
+    if clock == "gpu":
+        row["spread_ms"] = [ms * 0.98, ms, ms * 1.03]
+        row["host_ms"] = 0.02
+    return row
+
+
+def _new_results(tmp_path, *, cudnn_loses: bool):
+    rows = []
+    for A in ctc.BENCH_A:
+        for N in ctc.BENCH_N:
+            p = {"T": ctc.BENCH_T, "N": N, "A": A}
+            err = {"loss_rel": 1e-7, "grad_rel": 1e-4, "mismatched": 0, "infinite_losses": 0, "silently_wrong": N}
+            rows += [{**_row("torch-cuDNN", 0.2 * N ** 0.5, role="baseline", **p), **err},
+                     {**_row("torch-native", 0.15 * N ** 0.5, clock="kernel", role="baseline", **p), **err},
+                     {**_row("torch-best", 0.2 * N ** 0.5, role="baseline", **p), "picked": "torch-cuDNN"}]
+            rows += [{**_row(s.series, 0.05 * N ** 0.5 * (11 - s.number), **p), "loss_rel": 1e-7, "grad_rel": 1e-6,
+                      "mismatched": 0, "infinite_losses": 0, "silently_wrong": 0} for s in ctc.CHAPTER.steps]
+    for T in ctc.STRESS_T:
+        for s in ctc.CHAPTER.steps[4:]:
+            rows.append({**_row(f"stress {s.series}", 0.1, T=T, N=8, A=28, inputs="blank-heavy"),
+                         "loss_rel": 1e-7 if s.number != 6 or T < 200 else math.inf,
+                         "infinite_losses": 8 if s.number == 6 and T >= 200 else 0})
+        lost = T >= 200
+        for series, loses in (("step06", lost), ("step10", False), ("torch-cuDNN", lost and cudnn_loses),
+                              ("torch-cuDNN F.ctc_loss", lost and cudnn_loses), ("torch-native", False)):
+            rows.append({**_row(f"cudnn-set {series}", 0.1, clock="kernel", T=T, N=8, A=28, of=8,
+                                inputs="blank-heavy"), "utterances": 8, "impossible": 0,
+                         "infinite": 8 if loses else 0, "nan": 0, "finite_wrong": 0, "far": 0,
+                         "right": 0 if loses else 8, "use_cudnn_ctc_loss": True})
+    data = {"chapter": "ctc", "device": {"name": "Test GPU"}, "versions": {"torch": "x", "triton": "y"},
+            "date": "2026-01-02T00:00:00+00:00", "git_commit": "abc", "command": "python -m studylog bench ctc",
+            "ceilings": {"copy_bandwidth_gbs": 3000.0, "empty_launch_host_ms": 0.004}, "measurements": rows,
+            "schema": 2}
+    (tmp_path / "test-gpu").mkdir(exist_ok=True)
+    (tmp_path / "test-gpu" / "ctc.json").write_text(json.dumps(data))
+    return plotting.load_results("ctc", root=tmp_path)
+
+
+def test_headline_on_the_new_benchmark_is_on_one_clock_and_names_the_baseline(tmp_path):
+    results = _new_results(tmp_path, cudnn_loses=False)
+    rows = ctc.CHAPTER.headline(results)
+    assert len(rows) == 3 and all(r["clock"] == "gpu" for r in rows)
+    assert all("native path cannot be captured" in r["baseline"] for r in rows)
+    assert rows[0]["kernel"].startswith(ctc.CHAPTER.final.name)
+    assert rows[0]["speedup"] == pytest.approx(0.2 / 0.05)  # step 10: 0.05 sqrt(N), torch-best 0.2 sqrt(N)
+    assert "speedup_range" in rows[0] and rows[0]["host_ms"] == 0.02
+
+
+def test_headline_still_reads_the_committed_file():
+    rows = ctc.CHAPTER.headline(plotting.load_results("ctc", "nvidia-h200"))
+    assert len(rows) == 3 and all(r["baseline"] == "faster of torch cuDNN / native" for r in rows)
+    assert all(r["clock"] == "do_bench" and r["speedup"] > 1 for r in rows)
+
+
+def test_figures_draw_the_new_series_and_label_other_clocks(tmp_path):
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    matplotlib.use("Agg")
+    results = _new_results(tmp_path, cudnn_loses=False)
+    figs = ctc.CHAPTER.figures(results)
+    assert {"times_A28", "times_A5000", "speedup", "rescaling"} <= set(figs)
+    labels = [ln.get_label() for ln in figs["times_A28"].axes[0].get_lines()]
+    assert "torch-native (kernel clock)" in labels and ctc.CHAPTER.final.name in labels
+    for fig in figs.values():
+        plt.close(fig)
+    assert figures.label(results, "torch-cuDNN") == "torch-cuDNN"
+
+
+@pytest.mark.parametrize("cudnn_loses", [False, True])
+def test_the_answer_to_the_blog_posts_question_follows_the_counts(tmp_path, cudnn_loses):
+    verdict = ctc.cudnn_verdict(_new_results(tmp_path, cudnn_loses=cudnn_loses))
+    assert verdict["probability_space_lost"] == 16 and verdict["took_cudnn"]
+    assert verdict["supports"] is cudnn_loses
+    assert ("supports the hypothesis" in verdict["text"]) is cudnn_loses
+    assert ("does not work in plain float32 probability space" in verdict["text"]) is not cudnn_loses
+    cases = ctc.cudnn_cases(_new_results(tmp_path, cudnn_loses=cudnn_loses))
+    assert [c["T"] for c in cases] == list(ctc.STRESS_T)
+    assert all(c["lost"]["step06"] == (8 if c["T"] >= 200 else 0) for c in cases)
+    assert all(c["lost"]["torch-cuDNN"] == (8 if cudnn_loses and c["T"] >= 200 else 0) for c in cases)
+
+
+def test_the_answer_is_pending_on_the_committed_file():
+    assert ctc.cudnn_verdict(plotting.load_results("ctc", "nvidia-h200")) is None
+
+
+def test_capture_probe_answers_for_every_torch_call():
+    """Without a GPU the probe still answers (not capturable, with the reason); on a GPU it says which calls
+    a graph can hold."""
+    found = ctc.capturable()
+    assert set(found) == set(peers.TORCH_SERIES)
+    for ok, why in found.values():
+        assert isinstance(ok, bool) and (ok or why)
+        if not torch.cuda.is_available():
+            assert not ok
+
+
+# --------------------------------------------------------------------------------------
+# GPU: CUDA graphs, torch's paths
+# --------------------------------------------------------------------------------------
+
+def _random_batch(rng, T, N, A, max_target):
+    tl = torch.randint(0, max_target + 1, (N,), generator=rng)
+    tl[0] = max_target
+    il = torch.randint(1, T + 1, (N,), generator=rng)
+    il[0] = T
+    targets = torch.randint(1, A, (N, max_target), generator=rng)
+    return targets, il, tl
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step", [10, 9, 7, 6, 5, 1])
+def test_plan_replays_in_a_cuda_graph_over_changing_inputs(step, rng):
+    """Captured once; then new activations in the captured buffer and new targets and lengths (a different
+    longest target each time) through set_targets; every replay against the float64 reference. Step 6 runs
+    its capturable form (no warning): its estimate is read after the replay."""
+    T, N, A, L = 48, 5, 13, 20
+    plan = ctc.CTCPlan(T, N, A, L, step=step, device="cuda")
+    x = torch.randn(T, N, A, device="cuda")
+    plan.set_targets(*_random_batch(rng, T, N, A, L))
+    plan(x)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        plan(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss, grad = plan(x)
+    for max_target in (L, 7, 0, 13):
+        targets, il, tl = _random_batch(rng, T, N, A, max_target) if max_target else \
+            (torch.zeros(N, 1, dtype=torch.long), torch.full((N,), T), torch.zeros(N, dtype=torch.long))
+        x.copy_(torch.randn(T, N, A, generator=rng).cuda())
+        plan.loss.fill_(SENTINEL)
+        plan.grad.fill_(SENTINEL)
+        plan.set_targets(targets, il, tl)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_loss, ref_grad = ctc.reference_ctc(x, targets, il, tl)
+        assert loss.data_ptr() == plan.loss.data_ptr() and not (loss == SENTINEL).any()
+        assert not (grad == SENTINEL).any()
+        if step == 6:  # probability space may lose an answer, never silently: the estimate flags it
+            wrong = ctc.wrong_utterances(loss, grad, ref_loss, ref_grad)
+            assert not (wrong & ~plan.untrusted()).any(), max_target
+            continue
+        err = ctc.errors(loss, grad, ref_loss, ref_grad)
+        assert err["mismatched"] == 0 and err["loss_rel"] <= ctc.LOSS_TOLERANCE, (max_target, err)
+        assert err["grad_rel"] <= ctc.GRAD_TOLERANCE, (max_target, err)
+
+
+@pytest.mark.gpu
+def test_ctc_loss_with_prepared_targets_captures_and_replays(rng):
+    """The public entry point in a graph: prepared targets, caller's outputs; new activations each replay."""
+    T, N, A = 40, 4, 9
+    targets, il, tl = _random_batch(rng, T, N, A, 12)
+    batch = ctc.prepare_targets(targets, il, tl, num_classes=A, max_time=T, device="cuda")
+    x = torch.randn(T, N, A, device="cuda")
+    loss, grad = torch.empty(N, device="cuda"), torch.empty(T, N, A, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ctc.ctc_loss(x, batch, out_loss=loss, out_grad=grad)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ctc.ctc_loss(x, batch, out_loss=loss, out_grad=grad)
+    for _ in range(3):
+        x.copy_(torch.randn(T, N, A, generator=rng).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        err = ctc.errors(loss, grad, *ctc.reference_ctc(x, targets, il, tl))
+        assert err["mismatched"] == 0 and err["loss_rel"] <= ctc.LOSS_TOLERANCE
+        assert err["grad_rel"] <= ctc.GRAD_TOLERANCE
+
+
+@pytest.mark.gpu
+def test_torch_takes_the_paths_the_benchmark_names(rng):
+    """ATen's own rule agrees with the model, and the kernels launched tell cuDNN from torch's native path."""
+    T, A = 60, 11
+    lists = [torch.randint(1, A, (n,), generator=rng).numpy() for n in (3, 20, 1)]
+    x = torch.randn(T, 3, A, generator=rng).cuda()
+    log_probs = x.log_softmax(2)
+    lengths = tuple(len(l) for l in lists)
+    for targets, il in ((ctc.concatenated(lists), (T,) * 3), (ctc.concatenated(lists), (T, T - 1, T)),
+                        (ctc.concatenated(lists).long(), (T,) * 3), (ctc.concatenated(lists).cuda(), (T,) * 3),
+                        (ctc.padded(lists).int(), (T,) * 3)):
+        assert bool(torch._use_cudnn_ctc_loss(log_probs, targets, il, lengths, 0)) == \
+            peers.takes_cudnn_path(log_probs, targets, il, lengths), (targets.dtype, targets.device, il)
+    cudnn = peers.kernel_names(peers.functional(x, lists, "cudnn"))
+    native = peers.kernel_names(peers.functional(x, lists, "native"))
+    assert any(peers.NATIVE_MARKER in n for n in native) and not any(peers.NATIVE_MARKER in n for n in cudnn)
+    direct = peers.kernel_names(peers.cudnn_direct(x, lists))
+    assert direct and not any(peers.NATIVE_MARKER in n for n in direct)
+
+
+@pytest.mark.gpu
+def test_torch_calls_agree_with_the_reference_on_gpu(rng):
+    T, A = 70, 29
+    lists = ctc.random_targets(T, 6, A, rng)
+    x = torch.randn(T, 6, A, generator=rng).cuda()
+    ref = ctc.reference_ctc(x, ctc.padded(lists).cuda(), [T] * 6, [len(l) for l in lists])
+    for fn in (peers.cudnn_direct(x, lists), peers.functional(x, lists, "cudnn", reduction="none"),
+               peers.functional(x, lists, "native", reduction="none")):
+        err = ctc.errors(*fn(), *ref)
+        assert err["mismatched"] == 0 and err["loss_rel"] <= ctc.FAR_LOSS and err["grad_rel"] <= ctc.FAR_GRAD, err
