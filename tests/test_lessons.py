@@ -1,0 +1,87 @@
+"""Every chapter reads as a lesson: no insider words, numbers in prose that come from data, exercises that a
+reader can check on a CPU, and links to the public work each chapter builds on."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CHAPTER_NOTEBOOKS = [p for p in NOTEBOOKS if not p.name.startswith("00_")]
+PAGES = [ROOT / name for name in ("README.md", "intro.md", "results.md", "how_we_measure.md", "posts.yml")]
+
+#: Words only someone who built the course knows: project issues, source documents, the loaned machine,
+#: commit hashes. A reader meets links to public work instead.
+INSIDER = [
+    (re.compile(r"\bthe issue(?:'s)?\b|\bthis issue\b|\bissue #\d+\b", re.IGNORECASE), "an issue of the project"),
+    (re.compile(r"\bseed(?:'s)? (?:post|document|notebook|PR|pull request|kernel|revision)s?\b|\bthe seed(?:'s)?\b",
+                re.IGNORECASE), "the source documents ('seed')"),
+    (re.compile(r"\b(?:the|a|project) brief\b", re.IGNORECASE), "the project brief"),
+    (re.compile(r"\b(?:machine|GPU|card|H100|H200) (?:was |we were )?lent\b|\blent (?:machine|GPU)\b", re.IGNORECASE),
+     "the loaned machine"),
+    (re.compile(r"\b0{3}_[0-9a-f]{16}\.txt\b"), "a source document's file name"),
+    (re.compile(r"(?<![\w/.#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w/.-])"), "a commit hash"),
+]
+
+#: A measured quantity written into prose: a number with a unit of time, speed, size or ratio.
+NUMBER_WITH_UNIT = re.compile(r"(?<![\w.{`$])\d[\d,]*(?:\.\d+)?\s?(?:µs|us|ms|ns|s|x|×|%|GB/s|TB/s|TFLOP/s|TFLOPS|"
+                              r"MB|GB|KB|MiB|GiB)(?![\w])")
+
+
+def _cells(path: Path, kind: str) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == kind]
+
+
+def _reader_text(path: Path) -> str:
+    if path.suffix == ".ipynb":
+        return "\n".join(_cells(path, "markdown") + _cells(path, "code"))
+    return path.read_text()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + PAGES, ids=lambda p: p.name)
+def test_no_insider_words(path):
+    text = _reader_text(path)
+    found = [f"{what}: {m.group(0)!r}" for pattern, what in INSIDER for m in pattern.finditer(text)]
+    assert not found, f"{path.name} speaks to insiders: {found[:8]}"
+
+
+def _prose_paragraphs(markdown: str) -> list[str]:
+    """Paragraphs of a Markdown cell without code, math, glued values and link targets."""
+    text = re.sub(r"```.*?```", " ", markdown, flags=re.DOTALL)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$", " ", text, flags=re.DOTALL)
+    text = re.sub(r"\{glue(?::\w+)?\}`[^`]*`", " ", text)
+    return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_numbers_in_prose_come_from_data(path):
+    """A measured number in prose is computed in a cell or glued from the committed JSON (myst-nb ``glue``);
+    a number quoted from elsewhere sits in a paragraph that links its source."""
+    typed = []
+    for cell in _cells(path, "markdown"):
+        for paragraph in _prose_paragraphs(cell):
+            if re.search(r"\]\(https?://", paragraph):
+                continue  # quoted from a linked source
+            typed += NUMBER_WITH_UNIT.findall(paragraph)
+    assert not typed, f"{path.name}: numbers typed into prose (glue them from data or cite a source): {typed[:10]}"
+
+
+@pytest.mark.parametrize("path", CHAPTER_NOTEBOOKS, ids=lambda p: p.name)
+def test_a_chapter_ends_with_exercises_and_further_reading(path):
+    markdown = "\n".join(_cells(path, "markdown"))
+    code = "\n".join(_cells(path, "code"))
+    assert re.search(r"^#+ .*Exercises", markdown, flags=re.MULTILINE), f"{path.name}: no Exercises section"
+    assert re.search(r"^#+ .*Further reading", markdown, flags=re.MULTILINE), f"{path.name}: no Further reading"
+    checks = set(re.findall(r"\bexercises\.(check_\w+)\(", code))
+    assert len(checks) >= 3, f"{path.name}: exercises need three or more check functions a reader can run, got {checks}"
+    reading = markdown[markdown.rfind("Further reading"):]
+    assert len(re.findall(r"\]\(https?://", reading)) >= 2, f"{path.name}: further reading needs links"
+
+
+@pytest.mark.parametrize("path", CHAPTER_NOTEBOOKS, ids=lambda p: p.name)
+def test_a_chapter_links_the_public_work_it_builds_on(path):
+    links = re.findall(r"\]\((https?://[^)\s]+)\)", "\n".join(_cells(path, "markdown")))
+    assert len(set(links)) >= 3, f"{path.name}: cites {len(set(links))} public sources"
