@@ -78,8 +78,8 @@ def flashinfer_module():
             module = __import__(name)
             getattr(module, "BatchPrefillWithPagedKVCacheWrapper")
             return module
-        except (ImportError, AttributeError, OSError) as err:
-            errors.append(f"{name}: {err}")
+        except Exception as err:  # a package that fails to import (missing pieces, no CUDA) is no peer here
+            errors.append(f"{name}: {type(err).__name__}: {err}")
     raise ImportError("FlashInfer is not importable (" + "; ".join(errors) + ")")
 
 

@@ -226,6 +226,12 @@ def bench(run) -> None:
                role="baseline")
     del flush
 
+    run.note("clock: every series is GPU time (CUDA-graph replay, inputs rotated past L2, 3 repetitions); the earlier "
+             "do_bench figures of steps 4 and 5 swung on re-runs because do_bench adds the host's launch time to the "
+             "kernel's whenever the Python call outlasts its 256 MB memset (a constant offset, large against the "
+             "shortest kernel; step 5's host path was the longer), and because both one-prompt shapes fell in one "
+             "autotuning bucket, so prefix 512 ran the config tuned on prefix 2048; this run times steps 4 and 5 "
+             "with do_bench too, beside the memset and the host time per call, to check the first cause")
     retune = os.environ.get("STUDYLOG_RETUNE") == "1"
     pins = {} if retune else pinned_configs(_committed(run))
     run.note("tile configs: " + (f"{len(pins)} (step, shape) configs pinned from this GPU's committed results"
