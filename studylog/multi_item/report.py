@@ -9,8 +9,9 @@ replayed in a CUDA graph over inputs rotated among copies larger than L2 togethe
 fresh inputs (median and spread); our entry points and FlashInfer's also report their host time per call.
 The tile config of each Triton step is fixed per shape before timing: read from the committed results of
 the same GPU when they hold one for that step and shape (``config_source``), else autotuned on that very
-shape in this run (``STUDYLOG_RETUNE=1`` forces it); the timed calls then pass it explicitly, so no timed
-call autotunes and every shape runs the config chosen for it.
+shape in this run (``STUDYLOG_RETUNE=1`` forces it; a quick run tunes step 5 only and runs steps 2 to 4 at
+its config); the timed calls then pass it explicitly, so no timed call autotunes and every shape runs the
+config chosen for it.
 """
 
 from __future__ import annotations
@@ -317,9 +318,16 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
         return make_calls
 
     # --- our steps (2 to 4 take one prompt), each at the config chosen for this shape ---
+    steps = STEPS[1:] if single else STEPS[-1:]
+    chosen: dict[int, tuple[str, str, dict | None]] = {}
+    for step in reversed(steps):  # step 5 first: a quick run tunes only step 5 and runs steps 2 to 4 at its config
+        if quick and step is not STEP05 and (step.series, name) not in pins:
+            chosen[step.number] = (chosen[5][0], "step 5's (quick run)", None)
+        else:
+            chosen[step.number] = _choose_config(step, name, pins, q, k, v, batch, sm_scale)
     configs: dict[int, str] = {}
-    for step in STEPS[1:] if single else STEPS[-1:]:
-        config, source, tuned = _choose_config(step, name, pins, q, k, v, batch, sm_scale)
+    for step in steps:
+        config, source, tuned = chosen[step.number]
         configs[step.number] = config
         out = step.function(q, k, v, batch, sm_scale=sm_scale, config=config)
         check(step.name, out)
