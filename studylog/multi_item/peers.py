@@ -84,13 +84,11 @@ def flashinfer_module():
 
 
 def flashinfer_backends(module) -> list[str]:
-    """The backends of ``module`` to try: its ``backends()`` (the trimmed build's, by what was built), else
-    FlashInfer's two prefill backends on Hopper (fa3, the default there, and fa2) or fa2 elsewhere."""
-    if hasattr(module, "backends"):
-        return list(module.backends())
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
-        return ["fa3", "fa2"]
-    return ["fa2"]
+    """The backends of ``module`` to try, FlashInfer's default first: on Hopper fa3 (its Hopper kernel), then
+    fa2 (``prefill.cuh``); elsewhere fa2. The trimmed build offers the ones it holds (``backends()``)."""
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    names = list(module.backends()) if hasattr(module, "backends") else (["fa3", "fa2"] if hopper else ["fa2"])
+    return sorted(names, key=lambda b: b != "fa3") if hopper else names
 
 
 @dataclass
