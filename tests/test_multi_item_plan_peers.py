@@ -304,3 +304,132 @@ def test_flashinfer_is_optional():
     else:
         assert hasattr(module, "BatchPrefillWithPagedKVCacheWrapper")
         assert peers.flashinfer_backends(module)
+
+
+class FakeRun:
+    """BenchRun's interface on the CPU: every call is made (so the benchmark's control flow, closures and checks
+    run), every clock reads a constant."""
+
+    def __init__(self, quick):
+        from studylog.bench import BenchRun, Timing
+
+        self.quick, self.rows, self.checks, self.notes = quick, [], [], []
+        self.device = {"name": "fake GPU", "l2_cache_bytes": 1}
+        self._record, self._timing = BenchRun.record, Timing
+
+    def time(self, fn, **_):
+        fn()
+        return 1.0
+
+    def graph_time(self, calls, **_):
+        for call in calls:
+            call()
+        return 0.5
+
+    def gpu_time(self, make_calls, repeats=3, **_):
+        for _ in range(repeats):
+            for call in make_calls():
+                call()
+        return self._timing.of([0.9, 1.0, 1.1][:repeats], "gpu")
+
+    def host_time(self, fn, **_):
+        fn()
+        return self._timing.of([0.01], "host")
+
+    def rotated(self, x):
+        return [x]
+
+    def floor_ms(self, nbytes):
+        return 0.1
+
+    def record(self, *args, **kwargs):
+        return self._record(self, *args, **kwargs)
+
+    def check(self, name, passed, *, params=None, **detail):
+        self.checks.append({"name": name, "passed": bool(passed), "params": params or {}, **detail})
+        return bool(passed)
+
+    def note(self, text):
+        self.notes.append(text)
+
+    def progress(self, iterable, desc, total=None):
+        return iterable
+
+
+class FakeFlashInfer:
+    """FlashInfer's wrapper as its inputs define it, in torch: the paged cache walked through kv_indptr,
+    kv_indices and last_page_len, and FlashInfer's condition on prefix_len and token_pos_in_items (a row with
+    no key writes 0). The benchmark's FlashInfer path runs on it on the CPU."""
+
+    __name__ = "fake_flashinfer"
+
+    @staticmethod
+    def backends():
+        return ["fa2"]
+
+    class BatchPrefillWithPagedKVCacheWrapper:
+        def __init__(self, workspace, layout="NHD", backend="auto"):
+            assert layout == "NHD" and backend in ("fa2", "auto")
+
+        def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, heads, kv_heads, head_dim, page_size, *,
+                 causal, sm_scale, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
+                 **_):
+            assert causal and heads == kv_heads
+            self.args = (qo_indptr.tolist(), kv_indptr.tolist(), kv_indices.tolist(), last_page_len.tolist(),
+                         page_size, sm_scale, prefix_len_ptr.to(torch.int64).tolist(),
+                         token_pos_in_items_ptr.to(torch.int64).tolist(), token_pos_in_items_len)
+
+        def run(self, q, paged_kv_cache, out=None):
+            qo, kv_ptr, kv_idx, last, page, scale, prefix, pos, width = self.args
+            k_cache, v_cache = paged_kv_cache
+            out = torch.empty_like(q) if out is None else out
+            for b in range(len(qo) - 1):
+                pages = kv_idx[kv_ptr[b]:kv_ptr[b + 1]]
+                n = (len(pages) - 1) * page + last[b]
+                kk, vv = (c[pages].reshape(-1, *c.shape[2:])[:n].transpose(0, 1).float() for c in (k_cache, v_cache))
+                qq = q[qo[b]:qo[b + 1]].transpose(0, 1).float()
+                p, row = prefix[b], pos[b * width:(b + 1) * width]
+                keep = torch.tensor([[kv <= i and (i < p or kv < p or i < kv + row[i - p]) for kv in range(n)]
+                                     for i in range(n)])
+                probs = torch.softmax((qq @ kk.transpose(1, 2) * scale).masked_fill(~keep, float("-inf")), -1)
+                out[qo[b]:qo[b + 1]] = (probs.nan_to_num(0.0) @ vv).transpose(0, 1).to(out.dtype)
+            return out
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("quick", [True, False], ids=["quick", "full"])
+def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
+    """The whole benchmark on tiny shapes in the interpreter, through a fake BenchRun (FlexAttention eager,
+    FlashInfer as :class:`FakeFlashInfer`): every series the plan lists is recorded once per shape, every check
+    passes, the pinned configs and the tables read the file."""
+    shapes = [("prefix 9, items 3,1,4", [9], [[3, 1, 4]]), ("2 prompts", [5, 0], [[2, 2], [1, 3]])]
+    monkeypatch.setattr(report, "bench_shapes", lambda quick=False: shapes[:1] if quick else shapes)
+    monkeypatch.setattr(report, "BENCH_HEADS", 2)
+    monkeypatch.setattr(report, "BENCH_HEAD_DIM", 16)
+    monkeypatch.setattr(report, "BENCH_DTYPE", torch.float32)
+    monkeypatch.setattr(report, "CEILING_MATMUL_N", 32)
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)  # FlexAttention runs eagerly on the CPU
+    from studylog.multi_item import peers
+
+    monkeypatch.setattr(peers, "flashinfer_module", lambda: FakeFlashInfer)
+    name = next(n for n in mi.config_names() if n.startswith("64 x 32"))
+    monkeypatch.setattr(report, "_choose_config", lambda step, *a: (name, "autotuned", {name: 0.1}))
+    run = FakeRun(quick)
+    report.bench(run)
+    assert run.checks and all(c["passed"] for c in run.checks), [c for c in run.checks if not c["passed"]]
+    plan = report.bench_plan(quick, flashinfer=True)
+    for shape, prefixes, _ in shapes[:1] if quick else shapes:
+        want = plan["single" if len(prefixes) == 1 else "batch"]
+        got = [r["series"] for r in run.rows if r["params"].get("shape") == shape]
+        assert sorted(got) == sorted(want), shape
+        flex = next(r for r in run.rows if r["series"] == report.FLEX and r["params"]["shape"] == shape)
+        assert set(flex["sweep_ms"]) == {v[0] for v in report.flex_variants(quick)} and flex["block_size"]
+    assert [r["series"] for r in run.rows if "shape" not in r["params"]] == [report.FLUSH]
+    fi = [r for r in run.rows if r["series"] == report.FLASHINFER]
+    assert all(r["role"] == "peer" and "host_ms" in r and r["backend"] == "fa2" for r in fi)
+    assert set(fi[0]["sweep_ms"]) == ({"fa2, page 1"} if quick else {"fa2, page 1", "fa2, page 16"})
+    assert any(c["name"].startswith("FlashInfer (fa2, page 16) matches") for c in run.checks) != quick
+    results = plotting.Results(None, {"schema": 2, "measurements": run.rows, "device": {"name": "fake"},
+                                      "date": "2026-01-01", "ceilings": {"empty_launch_host_ms": 0.004}})
+    assert report.pinned_configs(results)[(mi.CHAPTER.final.series, shapes[0][0])] == name
+    assert "| prefix 9, items 3,1,4 |" in report.target_table(results)

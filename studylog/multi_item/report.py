@@ -104,6 +104,8 @@ def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[in
 
 
 BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE = 32, 128, torch.bfloat16
+#: the matmul whose rate is the compute ceiling of the run
+CEILING_MATMUL_N = 8192
 
 
 def bench_plan(quick: bool, flashinfer: bool) -> dict[str, list[str]]:
@@ -116,7 +118,7 @@ def bench_plan(quick: bool, flashinfer: bool) -> dict[str, list[str]]:
     base = [SDPA_DENSE, SDPA_CAUSAL, FLEX] + ([] if quick else [ONE_PASS_PER_ITEM])
     peers = [FLASHINFER] if flashinfer else []
     return {"single": ours_single + extra + ([] if quick else [DO_BENCH[4], DO_BENCH[5]]) + base + peers,
-            "batch": ours_batch + extra + [STEP04_PER_PROMPT] + base + peers}
+            "batch": ours_batch + extra + ([] if quick else [DO_BENCH[5]]) + [STEP04_PER_PROMPT] + base + peers}
 
 
 def flex_variants(quick: bool):
@@ -216,7 +218,7 @@ def bench(run) -> None:
 
     dev = runtime.device()
     # the compute ceiling in this run: a large bf16 matmul (a long kernel, where do_bench is the GPU's time)
-    n = 8192
+    n = CEILING_MATMUL_N
     a = torch.randn(n, n, dtype=BENCH_DTYPE, device=dev)
     tflops_ceiling = 2 * n**3 / (run.time(lambda: a @ a) * 1e-3) / 1e12
     del a
@@ -285,16 +287,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
                 stats: TileStats | None = None, **extra: Any) -> dict:
         """The GPU clock (a graph of about 8 ms of calls, three repetitions), the host time of ``host``."""
         probe = make_calls()
-        for call in probe:
-            call()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for call in probe[:3]:
-            call()
-        end.record()
-        end.synchronize()
-        calls = graph_calls_for(start.elapsed_time(end) / len(probe[:3]))
+        calls = graph_calls_for(run.graph_time(probe, min_calls=len(probe), reps=2))  # a first estimate
         first = [probe]
         timing = run.gpu_time(lambda: first.pop() if first else make_calls(), min_calls=calls, reps=10)
         if stats is not None:
