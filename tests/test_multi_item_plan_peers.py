@@ -129,7 +129,8 @@ def test_flashinfer_inputs_hold_our_tensors_in_its_layout(page_size, rng):
         assert torch.equal(keys[:s], k[:, start:start + s].transpose(0, 1))
         assert torch.equal(x.v_cache[pages].reshape(-1, 3, 16)[:s], v[:, start:start + s].transpose(0, 1))
         row = x.token_pos_in_items[b * x.token_pos_in_items_len:(b + 1) * x.token_pos_in_items_len]
-        assert row.to(torch.int64).tolist()[: s - batch.prefix_lens[b]] == flashinfer_positions(list(batch.item_lens[b]))
+        want = flashinfer_positions(list(batch.item_lens[b]))
+        assert row.to(torch.int64).tolist()[: s - batch.prefix_lens[b]] == want
     assert (x.prefix_len.dtype, x.token_pos_in_items.dtype, x.max_item_len.dtype) == (torch.uint32, torch.uint16,
                                                                                        torch.uint16)
     assert x.max_item_len.to(torch.int64).tolist() == [max(i, default=0) for i in batch.item_lens]
@@ -206,7 +207,8 @@ def test_headline_and_targets_from_a_gpu_clock_file():
     assert report.target(report.FLASHINFER, report.MIXED_SHAPE) == 1.2
     results.rows.append({"series": report.FLUSH, "role": "baseline", "params": {"what": "ceiling"}, "ms": 0.07,
                          "clock": "gpu"})
-    assert report.shape_names(results) == ["8 prompts, mixed", "prefix 2048, 32 items x 32", "prefix 512, 128 items x 16"]
+    assert report.shape_names(results) == ["8 prompts, mixed", "prefix 2048, 32 items x 32",
+                                           "prefix 512, 128 items x 16"]
     import matplotlib.pyplot as plt
 
     figs = report.figures(results)  # the figures draw from a file of the current benchmark too

@@ -132,9 +132,10 @@ def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, pa
         kv_indices=torch.arange(n_pages, dtype=torch.int32, device=dev),
         last_page_len=torch.tensor([s - (n - 1) * page_size for s, n in zip(batch.seq_lens, pages_per_prompt)],
                                    dtype=torch.int32, device=dev),
-        prefix_len=batch.prefix_lens_t.to(torch.uint32),
-        token_pos_in_items=batch.token_pos.reshape(-1).to(torch.uint16), token_pos_in_items_len=width,
-        max_item_len=batch.max_item_lens_t.to(torch.uint16), page_size=page_size)
+        # the unsigned dtypes FlashInfer reads, converted on the host (CUDA has few kernels for them)
+        prefix_len=batch.prefix_lens_t.cpu().to(torch.uint32).to(dev),
+        token_pos_in_items=batch.token_pos.reshape(-1).cpu().to(torch.uint16).to(dev), token_pos_in_items_len=width,
+        max_item_len=batch.max_item_lens_t.cpu().to(torch.uint16).to(dev), page_size=page_size)
 
 
 def flashinfer_prefill(module, inputs: FlashInferInputs, heads: int, sm_scale: float, backend: str = "auto",
