@@ -627,14 +627,18 @@ def figures(results) -> dict[str, Any]:
     fig_t, ax = plt.subplots(figsize=(10, 4.6))
     width = 0.84 / len(series)
     for j, s in enumerate(series):
-        xs, ys = [], []
+        xs, ys, err = [], [], [[], []]
         for i, shape in enumerate(shapes):
             rows = results.select(s, shape=shape)
             if rows:
                 xs.append(i + (j - (len(series) - 1) / 2) * width)
                 ys.append(rows[0]["ms"] * 1e3)
-        style = {"hatch": "//", "alpha": 0.75} if results.select(s)[0]["role"] == "baseline" else {}
-        ax.bar(xs, ys, width=width, label=_label(s), **style)
+                lo, _, hi = rows[0].get("spread_ms", [rows[0]["ms"]] * 3)  # the repetitions' range, where kept
+                err[0].append(ys[-1] - lo * 1e3)
+                err[1].append(hi * 1e3 - ys[-1])
+        role = results.select(s)[0]["role"]
+        style = {"hatch": "//" if role == "baseline" else "xx", "alpha": 0.75} if role != "kernel" else {}
+        ax.bar(xs, ys, width=width, label=_label(s), yerr=err, error_kw={"lw": 0.8, "capsize": 1.5}, **style)
     for i, shape in enumerate(shapes):
         floors = [r["compute_floor_ms"] for r in results.select(shape=shape) if "compute_floor_ms" in r]
         if floors:
@@ -642,7 +646,7 @@ def figures(results) -> dict[str, Any]:
                       label="compute floor (visible pairs at the matmul rate)" if i == 0 else None)
     ax.set_xticks(range(len(shapes)), shapes, fontsize=9)
     ax.set_yscale("log")
-    ax.set_ylabel("time (µs, median)")
+    ax.set_ylabel("time (µs, median; bars: min–max)")
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
@@ -654,8 +658,8 @@ def figures(results) -> dict[str, Any]:
              (f"{STEP04.name}, {STEP05.name}", lambda r: 1 - r["tiles_visited"] / r["tiles_total"]),
              ("best possible at this tiling", lambda r: 1 - r["tiles_needed"] / r["tiles_total"])]
     flex = [r for r in results.select(FLEX) if "flex_block_density" in r]
-    if flex:
-        kinds.append((f"{FLEX} (its 128 x 128 blocks)", None))
+    if flex:  # its block mask at the block size it ran (its default, 128 x 128, before the sweep)
+        kinds.append((f"{FLEX} (its {flex[0].get('block_size', '128 x 128')} blocks)", None))
     width = 0.8 / len(kinds)
     for j, (kind, skipped) in enumerate(kinds):
         xs, ys = [], []
