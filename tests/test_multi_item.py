@@ -29,23 +29,70 @@ SHAPES = {
 }
 
 
-def rule_mask(prefix_len: int, item_lens: list[int]) -> torch.Tensor:
+def rule_mask(prefix_len: int, item_lens: list[int], rule: str = "flashinfer") -> torch.Tensor:
     """The rule, written token by token from its statement (shares no code with the package)."""
     n = prefix_len + sum(item_lens) + len(item_lens) + 1
+    see_delimiter = rule == "delimiter_visible"
     mask = torch.zeros(n, n, dtype=torch.bool)
     for t in range(prefix_len):  # prefix: causal
         mask[t, : t + 1] = True
     delim = prefix_len
     for length in item_lens + [None]:
-        mask[delim, :prefix_len] = True  # a delimiter: the prefix and itself
-        mask[delim, delim] = True
+        mask[delim, :prefix_len] = True  # a delimiter: the prefix (and itself when delimiters are visible)
+        mask[delim, delim] = see_delimiter
         if length is None:
             break
-        for t in range(delim + 1, delim + 1 + length):  # an item token: the prefix, its delimiter, its item so far
+        for t in range(delim + 1, delim + 1 + length):  # an item token: the prefix, its item so far
             mask[t, :prefix_len] = True
-            mask[t, delim: t + 1] = True
+            mask[t, delim + 1: t + 1] = True
+            mask[t, delim] = see_delimiter  # (and its delimiter when delimiters are visible)
         delim += length + 1
     return mask
+
+
+def flashinfer_keeps(q: int, kv: int, prefix_len: int, token_pos_in_items: list[int]) -> bool:
+    """FlashInfer's condition, copied by hand from ``logits_mask_multi_item_scoring``
+    (include/flashinfer/attention/prefill.cuh) for one query and one key of a prompt whose queries are all its
+    tokens (``qo_len == kv_len``, so ``idx_in_original_seq == q``), no sliding window, no chunking::
+
+        out_of_boundary = kv_idx > idx_in_original_seq || ...;
+        is_prefix = idx_in_original_seq < prefix_len;
+        if (out_of_boundary || is_prefix) keep = !out_of_boundary;
+        else keep = kv_idx < prefix_len | (idx_in_original_seq < kv_idx + token_pos_in_items[idx - prefix_len]);
+    """
+    out_of_boundary = kv > q
+    is_prefix = q < prefix_len
+    if out_of_boundary or is_prefix:
+        return not out_of_boundary
+    return kv < prefix_len or q < kv + token_pos_in_items[q - prefix_len]
+
+
+def flashinfer_mask(prefix_len: int, token_pos_in_items: list[int]) -> torch.Tensor:
+    """Every (query, key) of one prompt through :func:`flashinfer_keeps`, element by element."""
+    n = prefix_len + len(token_pos_in_items)
+    return torch.tensor([[flashinfer_keeps(q, kv, prefix_len, token_pos_in_items) for kv in range(n)]
+                         for q in range(n)])
+
+
+def flashinfer_positions(item_lens: list[int]) -> list[int]:
+    """FlashInfer's ``token_pos_in_items`` for one prompt, built as its docstring states it: 0 at every
+    delimiter, 1, 2, ... inside an item (``[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0]`` for items of 3, 2, 4)."""
+    out = [0]
+    for n in item_lens:
+        out += list(range(1, n + 1)) + [0]
+    return out
+
+
+def masked_reference(q, k, v, masks, seq_lens):
+    """Float64 attention under given per-prompt masks; a row with no key is 0 (FlashInfer writes 0 there)."""
+    out, start = torch.zeros(q.shape, dtype=torch.float64), 0
+    for mask, s in zip(masks, seq_lens):
+        rows = slice(start, start + s)
+        scores = (q[:, rows].double().cpu() @ k[:, rows].double().cpu().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+        out[:, rows] = probs @ v[:, rows].double().cpu()
+        start += s
+    return out
 
 
 def random_qkv(heads, tokens, head_dim, rng, dtype=torch.float32):
@@ -81,32 +128,100 @@ def test_layout_from_the_seeds_padded_positions():
     assert batch.score_positions(1) == [19]
 
 
-@pytest.mark.parametrize("prefix_len, item_lens", list(SHAPES.values()) + [(10, []), (0, [1])], ids=str)
-def test_dense_mask_is_the_stated_rule(prefix_len, item_lens):
+@pytest.mark.parametrize("rule", mi.RULES)
+@pytest.mark.parametrize("prefix_len, item_lens", list(SHAPES.values()) + [(10, []), (0, [1]), (0, [])], ids=str)
+def test_dense_mask_is_the_stated_rule(prefix_len, item_lens, rule):
     batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
-    assert torch.equal(mi.dense_mask(batch).cpu(), rule_mask(prefix_len, item_lens))
+    assert torch.equal(mi.dense_mask(batch, rule=rule).cpu(), rule_mask(prefix_len, item_lens, rule))
 
 
-def test_each_item_sees_what_a_separate_pass_over_prefix_delimiter_item_sees(rng):
-    """Why this rule: the rows of ``<d> item_i`` equal causal attention over ``prefix <d> item_i``."""
+def random_layouts(rng, count=40):
+    """Random prompts with the edge cases in: no prefix, no item, items of length 1, a single long item."""
+    layouts = [(0, []), (0, [1]), (1, [1]), (0, [1, 1, 1]), (5, []), (3, [17]), (0, [2, 1, 3])]
+    for _ in range(count):
+        prefix = int(torch.randint(0, 30, (), generator=rng))
+        items = torch.randint(1, 9, (int(torch.randint(0, 7, (), generator=rng)),), generator=rng)
+        items[torch.rand(items.shape, generator=rng) < 0.3] = 1
+        layouts.append((prefix, items.tolist()))
+    return layouts
+
+
+def test_default_mask_is_flashinfers_condition_element_by_element(rng):
+    """The default rule against the hand-written copy of FlashInfer's kernel condition, on random prompts
+    given to the layout the way FlashInfer takes them (prefix length, padded token positions, max item)."""
+    assert mi.DEFAULT_RULE == "flashinfer"
+    layouts = random_layouts(rng)
+    width = max(len(flashinfer_positions(items)) for _, items in layouts) + 3  # FlashInfer's zero padding
+    pos = sum((flashinfer_positions(items) + [0] * (width - len(flashinfer_positions(items)))
+               for _, items in layouts), [])
+    batch = mi.MultiItemBatch.from_token_positions(
+        torch.tensor([p for p, _ in layouts], dtype=torch.uint32), torch.tensor(pos, dtype=torch.uint16),
+        torch.tensor([max(items, default=0) for _, items in layouts], dtype=torch.uint16),
+        token_pos_in_items_len=width, device=DEV)
+    for b, (prefix, items) in enumerate(layouts):
+        want = flashinfer_mask(prefix, flashinfer_positions(items))
+        assert torch.equal(mi.dense_mask(batch, b).cpu(), want), (prefix, items)
+        assert torch.equal(mi.dense_mask(batch, b, "flashinfer").cpu(), want)
+        # the other rule adds exactly the delimiter keys: an item's opening delimiter, a delimiter itself
+        extra = mi.dense_mask(batch, b, "delimiter_visible").cpu() & ~want
+        delims = [prefix + i for i, x in enumerate(flashinfer_positions(items)) if x == 0]
+        assert extra.any(dim=0).nonzero().flatten().tolist() == (delims[:len(items) + 1] if extra.any() else [])
+        assert not (want & ~mi.dense_mask(batch, b, "delimiter_visible").cpu()).any()
+
+
+@pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
+def test_every_step_computes_flashinfers_rule(step, rng):
+    """Steps 1 to 5 by default against attention under the hand-written FlashInfer condition (no code of the
+    package's mask): the layouts' edge cases, each prompt alone (steps 1 to 4) or all in one batch (step 5)."""
+    layouts = [(0, [1, 1, 2]), (3, [1]), (6, [1, 4, 1, 1]), (0, []), (2, [9, 1])]
+    batches = ([(mi.MultiItemBatch.from_item_lens([p], [items], device=DEV), [(p, items)]) for p, items in layouts]
+               if step.number < 5 else
+               [(mi.MultiItemBatch.from_item_lens([p for p, _ in layouts], [i for _, i in layouts], device=DEV),
+                 layouts)])
+    for batch, prompts in batches:
+        q, k, v = random_qkv(2, batch.total_tokens, 16, rng)
+        want = masked_reference(q, k, v, [flashinfer_mask(p, flashinfer_positions(i)) for p, i in prompts],
+                                batch.seq_lens)
+        out = step.function(q, k, v, batch, out=poisoned(q))
+        torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"{step.name} {prompts}, seed {rng.seed_value}: {m}")
+
+
+def test_rules_score_differently_on_one_example(rng):
+    """Same model, same inputs: the two rules give different outputs on every item row and on the
+    delimiters, the same on the prefix."""
+    batch = mi.MultiItemBatch.from_item_lens([6], [[3, 1, 2]], device=DEV)
+    q, k, v = random_qkv(2, batch.total_tokens, 16, rng, torch.float64)
+    a = mi.reference_attention(q, k, v, batch, rule="flashinfer")
+    b = mi.reference_attention(q, k, v, batch, rule="delimiter_visible")
+    differ = (a - b).abs().amax(dim=(0, 2)) > 1e-9
+    assert differ.tolist() == [False] * 6 + [True] * (batch.total_tokens - 6)
+
+
+@pytest.mark.parametrize("rule", mi.RULES)
+def test_each_item_sees_what_a_separate_pass_sees(rule, rng):
+    """What each rule equals: under FlashInfer's, the rows of ``item_i`` are causal attention over
+    ``prefix item_i``; with visible delimiters, the rows of ``<d> item_i`` over ``prefix <d> item_i``."""
     prefix_len, item_lens = 13, [4, 9, 1, 6]
     batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
     q, k, v = random_qkv(2, batch.total_tokens, 16, rng, torch.float64)
-    packed = mi.reference_attention(q, k, v, batch)
-    delim = prefix_len
+    packed = mi.reference_attention(q, k, v, batch, rule=rule)
+    delim, first = prefix_len, 1 if rule == "flashinfer" else 0
     for n in item_lens:
-        idx = list(range(prefix_len)) + list(range(delim, delim + n + 1))
+        rows = list(range(delim + first, delim + n + 1))
+        idx = list(range(prefix_len)) + rows
         alone = torch.nn.functional.scaled_dot_product_attention(q[:, idx], k[:, idx], v[:, idx], is_causal=True)
-        torch.testing.assert_close(packed[:, delim: delim + n + 1], alone[:, prefix_len:], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(packed[:, rows], alone[:, prefix_len:], rtol=1e-12, atol=1e-12)
         delim += n + 1
 
 
+@pytest.mark.parametrize("rule", mi.RULES)
 @pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 32), (128, 64)], ids=str)
-def test_tile_map_skips_only_invisible_tiles_and_unmasks_only_whole_ones(blocks):
+def test_tile_map_skips_only_invisible_tiles_and_unmasks_only_whole_ones(blocks, rule):
     bm, bn = blocks
-    for prefix_len, item_lens in list(SHAPES.values()) + [(300, [20] * 12), (130, [1, 60, 2, 33])]:
+    for prefix_len, item_lens in list(SHAPES.values()) + [(300, [20] * 12), (130, [1, 60, 2, 33]), (31, [1] * 40)]:
         batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
-        mask, tiles = rule_mask(prefix_len, item_lens), mi.tile_map(batch, bm, bn)
+        mask, tiles = rule_mask(prefix_len, item_lens, rule), mi.tile_map(batch, bm, bn, rule=rule)
         for t in range(tiles.shape[0]):
             for u in range(tiles.shape[1]):
                 block = mask[t * bm:(t + 1) * bm, u * bn:(u + 1) * bn]
@@ -515,9 +630,12 @@ def test_gpu_other_dtypes_and_tiles(dtype, head_dim, blocks):
 def test_committed_results_are_read_under_the_step_names():
     results = plotting.load_results("multi_item")
     series = set(results.series())
-    assert set(report.approaches()) <= series and set(report.order_table_series()) <= series
+    assert set(report.approaches()) - {report.FLASHINFER} <= series and set(report.order_table_series()) <= series
     for s in series:  # every series is a step's or a declared baseline
         assert s in {st.series for st in STEPS} or s in mi.CHAPTER.baselines, s
     assert mi.CHAPTER.label(mi.CHAPTER.final.series) == "step05_batched"
     assert "| prefix 512, 128 items x 16 |" in report.target_table(results)
     assert {r["kernel"] for r in report.headline(results)} == {"step05_batched (Triton, tile skipping, one launch)"}
+    assert all(r["clock"] == results.select(mi.CHAPTER.final.series)[0].get("clock", "do_bench")
+               for r in report.headline(results))
+

@@ -7,16 +7,22 @@ Triton kernel that computes the mask from the metadata, never loads the key tile
 the current item, and runs a batch of differently shaped prompts in one launch;
 :func:`multi_item_attention` is the last step with its defaults.
 
-Modules: ``formats`` (the batch layout, the mask, the float64 reference, the input checks, the scores),
-``kernels`` (the Triton kernels of steps 2 to 5), ``config`` (tile shapes, autotuning, launches),
-``tiles`` (the host's plan: tiles visited, step 5's program order), ``steps`` (the step functions) and
+The mask rule is FlashInfer's by default (``rule="flashinfer"``: an item token does not see its opening
+delimiter, a delimiter sees only the prefix); ``rule="delimiter_visible"`` adds those keys.
+
+Modules: ``formats`` (the batch layout, the mask rules, the float64 reference, the input checks, the
+scores), ``kernels`` (the Triton kernels of steps 2 to 5), ``config`` (tile shapes, autotuning, launches),
+``tiles`` (the host's plan: tiles visited, step 5's program order), ``steps`` (the step functions),
+``plan`` (step 5 with its layout in device buffers, for a CUDA graph replayed over changing batches) and
 ``report`` (benchmark, figures, headline).
 """
 
 from studylog.chapter import Chapter
 from studylog.multi_item import report
-from studylog.multi_item.config import LaunchInfo, config_name
+from studylog.multi_item.config import LaunchInfo, config_name, config_names
 from studylog.multi_item.formats import (
+    DEFAULT_RULE,
+    RULES,
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
     MultiItemBatch,
@@ -31,6 +37,7 @@ from studylog.multi_item.kernels import (
     attn_fwd_mask_on_the_fly,
     attn_fwd_tile_skip,
 )
+from studylog.multi_item.plan import MultiItemPlan
 from studylog.multi_item.steps import (
     STEPS,
     multi_item_attention,
@@ -90,8 +97,13 @@ __all__ = [
     "step04_tile_skip",
     "step05_batched",
     "multi_item_attention",
+    "MultiItemPlan",
     "LaunchInfo",
     "config_name",
+    "config_names",
+    # the mask rules
+    "RULES",
+    "DEFAULT_RULE",
     # the format, the mask, the reference, the scores
     "MultiItemBatch",
     "dense_mask",

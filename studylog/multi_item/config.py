@@ -96,8 +96,30 @@ def check_blocks(blocks: Any) -> None:
         raise ValueError(f"blocks must be (BLOCK_M, BLOCK_N), powers of two from 16 to 128, got {blocks!r}")
 
 
-def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None) -> tuple[int, int, str]:
-    """Launch with given blocks (interpreter, or a fixed config on the GPU) or let the autotuner pick."""
+def config_names() -> list[str]:
+    """The names (:func:`config_name`) of :data:`GPU_CONFIGS`, the configs a step can be pinned to."""
+    return [config_name(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in GPU_CONFIGS]
+
+
+def find_config(name: Any, blocks: Any = None) -> "triton.Config | None":
+    """The config of :data:`GPU_CONFIGS` called ``name`` (``"64 x 64, 4 warps, 3 stages"``), or ``None`` for
+    ``None``; a step takes either ``config`` or ``blocks``, not both."""
+    if name is None:
+        return None
+    if blocks is not None:
+        raise ValueError("pass blocks or config, not both (a config fixes the blocks, warps and stages)")
+    for cfg, cfg_name in zip(GPU_CONFIGS, config_names()):
+        if name == cfg_name:
+            return cfg
+    raise ValueError(f"config must be one of {config_names()}, got {name!r}")
+
+
+def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None,
+           config: "triton.Config | None" = None) -> tuple[int, int, str]:
+    """Launch with a given config (on the GPU: its blocks, warps and stages; in the interpreter its blocks),
+    with given blocks (interpreter, or on the GPU with default warps and stages), or let the autotuner pick."""
+    if config is not None:
+        blocks = (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"])
     if runtime.mode() == "gpu" and blocks is None:
         kernel[grid](*args, **constexprs)
         best = kernel.best_config
@@ -105,10 +127,12 @@ def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] |
         return bm, bn, config_name(bm, bn, best.num_warps, best.num_stages)
     block_m, block_n = blocks if blocks is not None else INTERPRETER_BLOCKS
     jit_fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
-    extra = {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2} if runtime.mode() == "gpu" else {}
+    extra = {}
+    if runtime.mode() == "gpu":
+        extra = ({"num_warps": config.num_warps, "num_stages": config.num_stages} if config is not None
+                 else {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2})
     jit_fn[grid](*args, **constexprs, BLOCK_M=block_m, BLOCK_N=block_n, **extra)
     return block_m, block_n, config_name(block_m, block_n, *extra.values())
-
 
 
 def strides(*tensors: Tensor) -> list[int]:

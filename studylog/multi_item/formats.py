@@ -1,27 +1,32 @@
-"""The multi-item batch format, the mask rule, the reference and the checks every step shares.
+"""The multi-item batch format, the mask rules, the reference and the checks every step shares.
 
 A ranking request asks how much one member likes each of N candidate items. Instead of N forward passes
 over ``prefix + item_i``, the items are packed into one sequence::
 
     prefix <d> item_1 <d> item_2 <d> ... item_N <d>
 
-and the attention mask keeps the items from seeing each other. **The rule implemented and tested here**
-(FlashInfer's multi-item scoring rule), for a query at index ``q`` and a key at index ``k`` of one prompt with
-prefix length ``P``, where ``pos[q]`` is the query's position inside its item (0 at a delimiter)::
+and the attention mask keeps the items from seeing each other. Two rules are implemented, for a query at
+index ``q`` and a key at index ``k`` of one prompt with prefix length ``P``, where ``pos[q]`` is the query's
+position inside its item (0 at a delimiter, 1 at an item's first token):
 
-    visible(q, k) = k <= q  and  (k < P  or  k >= q - pos[q])
+* ``"flashinfer"`` (the default, :data:`DEFAULT_RULE`): FlashInfer's multi-item scoring rule, exactly as its
+  kernel applies it (``logits_mask_multi_item_scoring`` in ``include/flashinfer/attention/prefill.cuh``: a
+  key of an item row is kept when ``kv < prefix_len || q < kv + pos[q]``)::
 
-that is:
+      visible(q, k) = k <= q  and  (k < P  or  q < P  or  k > q - pos[q])
 
-* a prefix token attends causally to the prefix;
-* a delimiter attends to the whole prefix and to itself;
-* a token of item ``i`` attends to the whole prefix, to the delimiter that opens item ``i`` and causally
-  to the tokens of item ``i`` up to itself; never to another item.
+  a prefix token attends causally to the prefix; a token of item ``i`` attends to the whole prefix and
+  causally to the tokens of item ``i`` up to itself, **not** to the delimiter that opens it; a delimiter
+  attends to the prefix only (so with an empty prefix it sees no key at all, and its output row is 0, as
+  FlashInfer writes it);
 
-This differs from the shortest statement of the idea ("an item sees the prefix and itself, a delimiter sees
-the prefix") in two keys per row, on purpose: every row keeps at least one key (itself) even when the prefix
-is empty, and every token of ``<d> item_i`` sees exactly what it would see in a separate causal forward over
-``prefix <d> item_i``, so the packed pass and the one-pass-per-item baseline compute the same numbers.
+* ``"delimiter_visible"``: the same, plus two keys per row: a token of item ``i`` also sees the delimiter
+  that opens item ``i``, and a delimiter sees itself (``k >= q - pos[q]``). Then every row keeps at least one
+  key, and every token of ``<d> item_i`` sees exactly what it would see in a separate causal forward over
+  ``prefix <d> item_i``.
+
+Under FlashInfer's rule the rows of ``item_i`` equal a separate causal forward over ``prefix item_i`` (no
+delimiter). The two rules give different outputs on every item row: the same model scores differently.
 
 The score of item ``i`` is read at the last token of the item (the token just before the delimiter that
 closes it): the log-probabilities of K label tokens ("Yes"/"No"), an ``N x K`` matrix per prompt
@@ -29,7 +34,7 @@ closes it): the log-probabilities of K label tokens ("Yes"/"No"), an ``N x K`` m
 
 This module holds the layout (:class:`MultiItemBatch`), the mask (:func:`dense_mask`), the float64
 reference every step is tested against (:func:`reference_attention`), the input checks of the attention
-steps (:func:`check_qkv`) and the scores.
+steps (:func:`check_qkv`, :func:`check_rule`) and the scores.
 """
 
 from __future__ import annotations
@@ -51,6 +56,19 @@ from studylog.checks import check_tensor
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 #: the dtypes of q, k, v the steps take
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: the mask rules (see the module's docstring); the first is the default everywhere
+RULES = ("flashinfer", "delimiter_visible")
+DEFAULT_RULE = RULES[0]
+#: per rule, where an item row's own keys start, counted from the delimiter that opens its item: after it
+#: under FlashInfer's rule, at it when the delimiter is visible (the kernels take it as ``SKIP_DELIMITER``)
+ITEM_KEYS_FROM = {"flashinfer": 1, "delimiter_visible": 0}
+
+
+def check_rule(rule: Any) -> str:
+    """``rule`` is one of :data:`RULES`."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    return rule
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,7 +98,7 @@ class MultiItemBatch:
 
     Prompt ``b`` occupies tokens ``cu_seqlens[b] : cu_seqlens[b + 1]`` of the packed sequence: ``prefix_lens[b]``
     prefix tokens, then a delimiter, then each item followed by a delimiter. Build it with
-    :meth:`from_item_lens` or, from the seed's (FlashInfer's) inputs, :meth:`from_token_positions`; both check
+    :meth:`from_item_lens` or, from FlashInfer's inputs, :meth:`from_token_positions`; both check
     everything once, on the host, so the attention calls (one per layer in a model) need no device sync.
     """
 
@@ -90,12 +108,12 @@ class MultiItemBatch:
     cu_seqlens: Int[Tensor, " b_plus_1"]
     #: ``[B]`` int32
     prefix_lens_t: Int[Tensor, " b"]
-    #: ``[B, L]`` int32, the seed's ``token_pos_in_items``: for each token from the prefix's end on, its
+    #: ``[B, L]`` int32, FlashInfer's ``token_pos_in_items``: for each token from the prefix's end on, its
     #: position inside its item (0 at delimiters), zero-padded to ``L`` columns
     token_pos: Int[Tensor, "b l"]
-    #: ``[B]`` int32: the longest item of each prompt (an upper bound, as the seed passes it)
+    #: ``[B]`` int32: the longest item of each prompt (an upper bound, as FlashInfer takes it)
     max_item_lens_t: Int[Tensor, " b"]
-    #: step 5's program tables, built on first use per (heads, order, tile heights, bytes per token) (see
+    #: step 5's program tables, built on first use per (heads, order, tile heights, bytes per token, rule) (see
     #: :func:`studylog.multi_item.tiles.schedule_table`)
     _schedules: dict = field(default_factory=dict, init=False, repr=False)
 
@@ -123,7 +141,7 @@ class MultiItemBatch:
     def from_token_positions(cls, prefix_lens: Any, token_pos_in_items: Any, max_item_lens: Any, *,
                              token_pos_in_items_len: int | None = None, seq_lens: Any = None,
                              device: torch.device | str | None = None) -> "MultiItemBatch":
-        """The seed's inputs: per prompt, its prefix length, the position of every token from the prefix's end
+        """FlashInfer's inputs: per prompt, its prefix length, the position of every token from the prefix's end
         on inside its item (0 at delimiters, e.g. ``[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0]`` for items of 3, 2
         and 4 tokens) zero-padded to ``token_pos_in_items_len`` and concatenated (or as a ``[B, L]`` tensor),
         and its longest item. ``seq_lens`` (optional) are checked against the positions."""
@@ -298,26 +316,35 @@ def _items_from_positions(row: list[int], b: int, max_item_len: int) -> list[int
 # The mask, the reference, the checks the steps share, the scores
 # ---------------------------------------------------------------------------------------------
 
-def dense_mask(batch: MultiItemBatch, prompt: int = 0) -> Bool[Tensor, "s s"]:
-    """The boolean ``[S, S]`` mask of one prompt (True: the query of the row may see the key of the column)."""
+def dense_mask(batch: MultiItemBatch, prompt: int = 0, rule: str = DEFAULT_RULE) -> Bool[Tensor, "s s"]:
+    """The boolean ``[S, S]`` mask of one prompt under ``rule`` (True: the query of the row may see the key of
+    the column)."""
+    check_rule(rule)
     s, p = batch.seq_lens[prompt], batch.prefix_lens[prompt]
     idx = torch.arange(s, device=batch.device)
-    item_start = idx.clone()  # prefix rows: never used, the causal test decides
+    # where each item row's own keys start: its delimiter (+1 under FlashInfer's rule); prefix rows see
+    # only keys < P, which the first test below keeps whatever this holds
+    item_start = idx + ITEM_KEYS_FROM[rule]
     item_start[p:] -= batch.token_pos[prompt, : s - p].to(idx.dtype)
     rows, cols = idx[:, None], idx[None, :]
     return (cols <= rows) & ((cols < p) | (cols >= item_start[:, None]))
 
 
 def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v: Float[Tensor, "h t d"],
-                        batch: MultiItemBatch, sm_scale: float | None = None) -> Float[Tensor, "h t d"]:
-    """Float64 attention with the dense mask, written out (no fused kernel): what every step is checked against."""
+                        batch: MultiItemBatch, sm_scale: float | None = None,
+                        rule: str = DEFAULT_RULE) -> Float[Tensor, "h t d"]:
+    """Float64 attention with the dense mask of ``rule``, written out (no fused kernel): what every step is
+    checked against. A row that sees no key (under FlashInfer's rule, a delimiter of a prompt without a prefix)
+    is 0, as FlashInfer and our kernels write it."""
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
         rows = slice(start, start + s)
+        mask = dense_mask(batch, b, rule)
         scores = (q[:, rows].double() @ k[:, rows].double().transpose(-1, -2)) * sm_scale
-        scores = scores.masked_fill(~dense_mask(batch, b), float("-inf"))
-        out[:, rows] = torch.softmax(scores, dim=-1) @ v[:, rows].double()
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        probs = probs.masked_fill(~mask.any(dim=-1)[:, None], 0.0)  # softmax of no key is 0/0: write 0
+        out[:, rows] = probs @ v[:, rows].double()
     return out
 
 

@@ -7,10 +7,11 @@ exponentials are ``exp2``.
 
 * step 2, :func:`attn_fwd_dense_mask`: every key tile, the visibility read from a dense ``[S, S]`` mask;
 * step 3, :func:`attn_fwd_mask_on_the_fly`: every key tile, the visibility computed from the prefix length
-  and each row's item start (``row - pos[row]``);
+  and where each row's own keys start (``row - pos[row] + SKIP_DELIMITER``; the constexpr is 1 under
+  FlashInfer's rule, 0 when the delimiter is visible, see :mod:`studylog.multi_item.formats`);
 * step 4, :func:`attn_fwd_tile_skip`: three ranges of key tiles per query tile (whole prefix tiles without
-  mask arithmetic, the rest of the prefix, the items from the first item row's delimiter on), each walked by
-  :func:`attend_key_tiles`; the tiles between the prefix and the first item row's item are never loaded;
+  mask arithmetic, the rest of the prefix, the items from the first key of the first item row's item on),
+  each walked by :func:`attend_key_tiles`; the tiles between the prefix and that key are never loaded;
 * step 5, :func:`attn_fwd_batched`: step 4's body for every prompt of a packed batch in one launch, program
   ``i`` reading what it computes from entry ``i`` of a table planned on the host
   (:func:`studylog.multi_item.tiles.schedule_table`).
@@ -65,7 +66,7 @@ def attn_fwd_dense_mask(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
-    # a row that saw no key (only padding rows past the sequence can) would divide 0 by 0
+    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=row_ok[:, None])
@@ -79,7 +80,8 @@ def attn_fwd_mask_on_the_fly(
     Q, K, V, Out, Pos,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     seq_len, prefix_len, qk_scale,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_h = tl.program_id(1).to(tl.int64)
@@ -90,9 +92,11 @@ def attn_fwd_mask_on_the_fly(
     q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + off_h * stride_kh
     v_base = V + off_h * stride_vh
-    # where each row's item starts (its delimiter); prefix rows keep their own index, which the causal test covers
+    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
+    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
+    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
     in_items = row_ok & (offs_m >= prefix_len)
-    row_start = offs_m - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
+    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
     # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -114,7 +118,7 @@ def attn_fwd_mask_on_the_fly(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
-    # a row that saw no key (only padding rows past the sequence can) would divide 0 by 0
+    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=row_ok[:, None])
@@ -161,7 +165,7 @@ def attn_fwd_tile_skip(
     Q, K, V, Out, Pos, TileCounts,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     seq_len, prefix_len, qk_scale, size_bucket,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr, COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -172,9 +176,11 @@ def attn_fwd_tile_skip(
     q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + off_h * stride_kh
     v_base = V + off_h * stride_vh
-    # where each row's item starts (its delimiter); prefix rows keep their own index, which the causal test covers
+    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
+    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
+    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
     in_items = row_ok & (offs_m >= prefix_len)
-    row_start = offs_m - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
+    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
     # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -191,9 +197,10 @@ def attn_fwd_tile_skip(
     acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
                                       prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
                                       True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    # 3. the items, from the delimiter of the first item row's item: the tiles between are never loaded
+    # 3. the items, from the first key the first item row's item shows it (row starts never decrease down the
+    # rows): the tiles between are never loaded
     first_item_row = tl.maximum(m_lo, prefix_len)
-    items_lo = first_item_row - tl.load(Pos + first_item_row - prefix_len)
+    items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
     items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
     acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
                                       prefix_len, seq_len, items_lo, m_hi, qk_scale,
@@ -201,7 +208,7 @@ def attn_fwd_tile_skip(
     if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
         visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
         tl.store(TileCounts + start_m, visited, mask=off_h == 0)
-    # a row that saw no key (only padding rows past the sequence can) would divide 0 by 0
+    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=row_ok[:, None])
@@ -215,7 +222,7 @@ def attn_fwd_batched(
     Q, K, V, Out, Schedule, stride_schedule, Pos, stride_pos, TileCounts, stride_counts,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     qk_scale, size_bucket,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr, COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # One program per (prompt, query tile, head), in the order the host planned (schedule_table): the GPU
@@ -241,9 +248,11 @@ def attn_fwd_batched(
     q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + off_h * stride_kh
     v_base = V + off_h * stride_vh
-    # where each row's item starts (its delimiter); prefix rows keep their own index, which the causal test covers
+    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
+    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
+    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
     in_items = row_ok & (offs_m >= prefix_len)
-    row_start = offs_m - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
+    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
     # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -260,9 +269,10 @@ def attn_fwd_batched(
     acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
                                       prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
                                       True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    # 3. the items, from the delimiter of the first item row's item: the tiles between are never loaded
+    # 3. the items, from the first key the first item row's item shows it (row starts never decrease down the
+    # rows): the tiles between are never loaded
     first_item_row = tl.maximum(m_lo, prefix_len)
-    items_lo = first_item_row - tl.load(Pos + first_item_row - prefix_len)
+    items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
     items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
     acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
                                       prefix_len, seq_len, items_lo, m_hi, qk_scale,
@@ -270,7 +280,7 @@ def attn_fwd_batched(
     if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
         visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
         tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_h == 0)
-    # a row that saw no key (only padding rows past the sequence can) would divide 0 by 0
+    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=row_ok[:, None])

@@ -14,9 +14,10 @@
 Every step takes ``q``, ``k``, ``v`` as ``[heads, tokens, head_dim]`` (any strides with a unit stride on
 ``head_dim``; a ``[tokens, heads, head_dim]`` tensor transposed works as it is) and a
 :class:`~studylog.multi_item.formats.MultiItemBatch`, and returns the output (written into ``out`` when it
-is given). The Triton steps take ``blocks=(BLOCK_M, BLOCK_N)`` to fix the tile shape (by default the GPU
-autotunes it and the interpreter uses 16 x 16) and ``return_info=True`` to return ``(out, LaunchInfo)``.
-Steps 2 to 4 take one prompt.
+is given). Every step takes ``rule``, the mask rule (:data:`~studylog.multi_item.formats.RULES`; FlashInfer's
+by default). The Triton steps take ``blocks=(BLOCK_M, BLOCK_N)`` to fix the tile shape or ``config`` to fix
+the tile shape, warps and stages (by default the GPU autotunes them and the interpreter uses 16 x 16), and
+``return_info=True`` to return ``(out, LaunchInfo)``. Steps 2 to 4 take one prompt.
 """
 
 from __future__ import annotations
@@ -36,11 +37,19 @@ from studylog.multi_item.config import (
     INTERPRETER_BLOCKS,
     LaunchInfo,
     check_blocks,
+    find_config,
     launch,
     size_bucket,
     strides,
 )
-from studylog.multi_item.formats import MultiItemBatch, check_qkv, dense_mask
+from studylog.multi_item.formats import (
+    DEFAULT_RULE,
+    ITEM_KEYS_FROM,
+    MultiItemBatch,
+    check_qkv,
+    check_rule,
+    dense_mask,
+)
 from studylog.multi_item.kernels import (
     attn_fwd_batched,
     attn_fwd_dense_mask,
@@ -53,6 +62,8 @@ from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_t
 LOG2E = 1.4426950408889634
 
 QKV = Float[Tensor, "h t d"]
+#: every tile height the GPU's autotuner may pick (step 5 plans a program table for each)
+GPU_BLOCK_MS = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in GPU_CONFIGS}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,15 +71,21 @@ QKV = Float[Tensor, "h t d"]
 # ---------------------------------------------------------------------------------------------
 
 def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
-                      out: QKV | None = None) -> QKV:
-    """Step 1: build every prompt's ``[S, S]`` boolean mask and call ``scaled_dot_product_attention``."""
+                      out: QKV | None = None, rule: str = DEFAULT_RULE) -> QKV:
+    """Step 1: build every prompt's ``[S, S]`` boolean mask and call ``scaled_dot_product_attention``.
+    Rows that see no key (``rule="flashinfer"`` with an empty prefix: the delimiters) are written 0."""
     check_qkv(q, k, v, batch, out)
+    check_rule(rule)
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     out = torch.empty_like(q) if out is None else out
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
         rows = slice(start, start + s)
-        out[:, rows] = torch.nn.functional.scaled_dot_product_attention(
-            q[None, :, rows], k[None, :, rows], v[None, :, rows], attn_mask=dense_mask(batch, b), scale=sm_scale)[0]
+        mask = dense_mask(batch, b, rule)
+        got = torch.nn.functional.scaled_dot_product_attention(
+            q[None, :, rows], k[None, :, rows], v[None, :, rows], attn_mask=mask, scale=sm_scale)[0]
+        if rule == "flashinfer" and batch.prefix_lens[b] == 0:  # delimiters see nothing: 0, not SDPA's NaN
+            got = got.masked_fill(~mask.any(dim=-1)[None, :, None], 0.0)
+        out[:, rows] = got
     return out
 
 
@@ -77,11 +94,12 @@ def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
 # ---------------------------------------------------------------------------------------------
 
 def _prepare(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
-             *, one_prompt: bool) -> tuple[float, Tensor, dict[str, Any]]:
+             rule: Any, *, one_prompt: bool) -> tuple[float, Tensor, dict[str, Any]]:
     """Check a Triton step's inputs; returns ``qk_scale`` (``sm_scale * log2(e)``), the output and the
     constexprs every kernel takes."""
     check_qkv(q, k, v, batch, out)
     check_blocks(blocks)
+    check_rule(rule)
     if one_prompt and batch.batch_size != 1:
         raise ValueError(f"{name} handles one prompt, the batch has {batch.batch_size}; use step05_batched "
                          "(or call it once per prompt)")
@@ -94,102 +112,138 @@ def _prepare(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | No
     return sm_scale * LOG2E, out, common
 
 
+def no_counts(device: torch.device) -> Tensor:
+    """The tile-count buffer a launch passes when it does not count (``COUNT_TILES=False`` never writes it):
+    one int32 per device, allocated once, so a call allocates nothing."""
+    key = str(device)
+    if key not in _NO_COUNTS:
+        _NO_COUNTS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _NO_COUNTS[key]
+
+
+_NO_COUNTS: dict[str, Tensor] = {}
+
+
 def _one_prompt(number: int, kernel, q: Tensor, out: Tensor, batch: MultiItemBatch, args: list,
-                common: dict[str, Any], blocks: tuple[int, int] | None, counts: Tensor | None,
+                common: dict[str, Any], blocks: tuple[int, int] | None, config, counts: Tensor | None,
                 return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
     """Launch one of steps 2 to 4 over a grid of (query tile, head)."""
     seq_len = batch.seq_lens[0]
     grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), q.shape[0])  # noqa: E731
-    block_m, block_n, config = launch(kernel, grid, args, common, blocks)
+    block_m, block_n, name = launch(kernel, grid, args, common, blocks, config)
     if not return_info:
         return out
     tile_counts = None if counts is None else [counts[: triton.cdiv(seq_len, block_m)].tolist()]
-    return out, LaunchInfo(number, block_m, block_n, tile_counts, config)
+    return out, LaunchInfo(number, block_m, block_n, tile_counts, name)
 
 
 def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
-                      out: QKV | None = None, blocks: tuple[int, int] | None = None,
-                      return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Step 2: our own flash-attention forward, reading the dense ``[S, S]`` mask (one prompt)."""
-    qk_scale, out, common = _prepare("step02_dense_mask", q, k, v, batch, sm_scale, out, blocks, one_prompt=True)
-    mask = dense_mask(batch, 0).view(torch.uint8)  # same bytes as bool, a type Triton loads everywhere
+                      out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
+                      rule: str = DEFAULT_RULE, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
+    """Step 2: our own flash-attention forward, reading the dense ``[S, S]`` mask of ``rule`` (one prompt)."""
+    qk_scale, out, common = _prepare("step02_dense_mask", q, k, v, batch, sm_scale, out, blocks, rule,
+                                     one_prompt=True)
+    mask = dense_mask(batch, 0, rule).view(torch.uint8)  # same bytes as bool, a type Triton loads everywhere
     args = [q, k, v, out, mask, *strides(q, k, v, out), batch.seq_lens[0], qk_scale]
-    return _one_prompt(2, attn_fwd_dense_mask, q, out, batch, args, common, blocks, None, return_info)
+    return _one_prompt(2, attn_fwd_dense_mask, q, out, batch, args, common, blocks, find_config(config, blocks),
+                       None, return_info)
 
 
 def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
-                           out: QKV | None = None, blocks: tuple[int, int] | None = None,
-                           return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Step 3: the mask computed in the kernel from the prefix length and each row's item start (one prompt)."""
-    qk_scale, out, common = _prepare("step03_mask_on_the_fly", q, k, v, batch, sm_scale, out, blocks,
+                           out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
+                           rule: str = DEFAULT_RULE, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
+    """Step 3: the mask computed in the kernel from the prefix length and where each row's own keys start
+    (one prompt)."""
+    qk_scale, out, common = _prepare("step03_mask_on_the_fly", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=True)
+    common["SKIP_DELIMITER"] = ITEM_KEYS_FROM[rule]
     args = [q, k, v, out, batch.token_pos[0], *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
             qk_scale]
-    return _one_prompt(3, attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, None, return_info)
+    return _one_prompt(3, attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, find_config(config, blocks),
+                       None, return_info)
 
 
 def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
-                     out: QKV | None = None, blocks: tuple[int, int] | None = None, count_tiles: bool = False,
+                     out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
+                     rule: str = DEFAULT_RULE, count_tiles: bool = False,
                      return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 4: key tiles no row of a query tile sees are never loaded, whole prefix tiles skip the mask
     (one prompt). ``count_tiles`` has the kernel count the key tiles each query tile visits (in the
     :class:`LaunchInfo` of ``return_info=True``)."""
-    qk_scale, out, common = _prepare("step04_tile_skip", q, k, v, batch, sm_scale, out, blocks, one_prompt=True)
+    qk_scale, out, common = _prepare("step04_tile_skip", q, k, v, batch, sm_scale, out, blocks, rule,
+                                     one_prompt=True)
     seq_len = batch.seq_lens[0]
-    counts = torch.full((triton.cdiv(seq_len, 16),), -1, dtype=torch.int32, device=q.device)
+    counts = (torch.full((triton.cdiv(seq_len, 16),), -1, dtype=torch.int32, device=q.device) if count_tiles
+              else no_counts(q.device))
     args = [q, k, v, out, batch.token_pos[0], counts, *strides(q, k, v, out), seq_len, batch.prefix_lens[0],
             qk_scale, size_bucket(seq_len)]
-    common["COUNT_TILES"] = count_tiles
-    return _one_prompt(4, attn_fwd_tile_skip, q, out, batch, args, common, blocks, counts if count_tiles else None,
-                       return_info)
+    common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
+    return _one_prompt(4, attn_fwd_tile_skip, q, out, batch, args, common, blocks, find_config(config, blocks),
+                       counts if count_tiles else None, return_info)
 
 
 def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
-                   out: QKV | None = None, blocks: tuple[int, int] | None = None, count_tiles: bool = False,
-                   order: str = DEFAULT_ORDER, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
+                   out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
+                   rule: str = DEFAULT_RULE, count_tiles: bool = False, order: str = DEFAULT_ORDER,
+                   return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 5: every prompt of the batch in one launch, programs in the order the host planned.
 
     ``order`` is one of :data:`~studylog.multi_item.tiles.SCHEDULE_ORDERS` (the default, ``"head_groups"``,
     is the chapter's; the lesson and the benchmark compare the others, which run the same kernel on the same
     tiles); ``count_tiles`` as in :func:`step04_tile_skip`, per prompt."""
-    qk_scale, out, common = _prepare("step05_batched", q, k, v, batch, sm_scale, out, blocks, one_prompt=False)
+    qk_scale, out, common = _prepare("step05_batched", q, k, v, batch, sm_scale, out, blocks, rule,
+                                     one_prompt=False)
     if order not in SCHEDULE_ORDERS:
         raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
+    cfg = find_config(config, blocks)
     heads, _, head_dim = q.shape
-    if blocks is not None:
+    if cfg is not None:
+        heights = (cfg.kwargs["BLOCK_M"],)
+    elif blocks is not None:
         heights = (blocks[0],)
     elif runtime.mode() == "gpu":  # every tile height the autotuner may pick
-        heights = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in GPU_CONFIGS}))
+        heights = GPU_BLOCK_MS
     else:
         heights = (INTERPRETER_BLOCKS[0],)
-    table, programs = schedule_table(batch, heads, order, heights, 2 * head_dim * q.element_size())
+    table, programs = schedule_table(batch, heads, order, heights, 2 * head_dim * q.element_size(), rule)
     max_tiles_16 = triton.cdiv(batch.max_seq_len, 16)
-    counts = torch.full((batch.batch_size * max_tiles_16,), -1, dtype=torch.int32, device=q.device)
+    counts = (torch.full((batch.batch_size * max_tiles_16,), -1, dtype=torch.int32, device=q.device) if count_tiles
+              else no_counts(q.device))
     grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
     args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles_16,
             *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
-    common["COUNT_TILES"] = count_tiles
-    block_m, block_n, config = launch(attn_fwd_batched, grid, args, common, blocks)
+    common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
+    block_m, block_n, name = launch(attn_fwd_batched, grid, args, common, blocks, cfg)
     if not return_info:
         return out
     tile_counts = None
     if count_tiles:
         rows = counts.view(batch.batch_size, max_tiles_16).tolist()
         tile_counts = [row[: triton.cdiv(s, block_m)] for row, s in zip(rows, batch.seq_lens)]
-    return out, LaunchInfo(5, block_m, block_n, tile_counts, config)
+    return out, LaunchInfo(5, block_m, block_n, tile_counts, name)
 
 
 def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
-                         out: QKV | None = None, blocks: tuple[int, int] | None = None) -> QKV:
+                         out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
+                         rule: str = DEFAULT_RULE) -> QKV:
     """Multi-item scoring attention over a packed batch: the chapter's final kernel, :func:`step05_batched`
-    with its default program order.
+    with its default program order, under FlashInfer's mask rule unless ``rule`` says otherwise.
 
     ``q``, ``k``, ``v``: ``[heads, tokens, head_dim]``, any strides with a unit stride on ``head_dim``.
-    ``blocks=(BLOCK_M, BLOCK_N)`` fixes the tile shape; by default the GPU autotunes it and the interpreter
-    uses 16 x 16. ``out`` is written in place when given (the tests pass a NaN-filled one, so a row the
-    kernel forgets cannot pass).
+    ``blocks=(BLOCK_M, BLOCK_N)`` fixes the tile shape, ``config`` (a name of
+    :func:`~studylog.multi_item.config.config_names`) the tile shape, warps and stages; by default the GPU
+    autotunes them and the interpreter uses 16 x 16. ``out`` is written in place when given (the tests pass a
+    NaN-filled one, so a row the kernel forgets cannot pass).
+
+    **In a CUDA graph**: the call synchronises nothing and allocates nothing but ``out`` (pass ``out`` to
+    allocate nothing), so it can be captured once its first eager call on this ``batch`` has run (on the GPU
+    that call autotunes, and it builds the batch's program table on the host and copies it to the device). The
+    graph then replays over new values of the same ``q``, ``k``, ``v`` tensors; the layout (``batch``),
+    ``sm_scale`` and the tile config are baked into it. To replay one graph over batches of different layouts,
+    use :class:`~studylog.multi_item.plan.MultiItemPlan`, whose device buffers take a new layout between
+    replays.
     """
-    return step05_batched(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks)
+    return step05_batched(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks, config=config, rule=rule)
 
 
 #: The chapter's steps in lesson order: the single source of their names (function, series, legend).

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from studylog.multi_item.formats import MultiItemBatch, dense_mask
+from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule, dense_mask
 
 # ---------------------------------------------------------------------------------------------
 # Step 5's schedule: which program computes what, in which order
@@ -51,9 +51,10 @@ def head_groups(batch: MultiItemBatch, heads: int, kv_bytes_per_token: int) -> l
     return [range(bounds[i], bounds[i + 1]) for i in range(n)]
 
 
-def query_tile_costs(batch: MultiItemBatch, block_m: int) -> list[tuple[int, int, int]]:
+def query_tile_costs(batch: MultiItemBatch, block_m: int, rule: str = DEFAULT_RULE) -> list[tuple[int, int, int]]:
     """``(prompt, query tile, keys it visits)`` for every query tile of the batch: the keys of steps 4 and
-    5's three ranges counted one by one (at key-tile granularity they round up a little)."""
+    5's three ranges under ``rule`` counted one by one (at key-tile granularity they round up a little)."""
+    skip = ITEM_KEYS_FROM[check_rule(rule)]
     out = []
     for b, (s, p) in enumerate(zip(batch.seq_lens, batch.prefix_lens)):
         starts = batch.host_item_starts[b]
@@ -61,18 +62,19 @@ def query_tile_costs(batch: MultiItemBatch, block_m: int) -> list[tuple[int, int
             m_hi = min(m_lo + block_m, s)
             prefix_keys = min(p, m_hi)
             first_item_row = max(m_lo, p)  # == p (starts[0] == p) for a tile wholly inside the prefix
-            out.append((b, t, prefix_keys + max(0, m_hi - max(starts[first_item_row - p], prefix_keys))))
+            items_lo = max(starts[first_item_row - p] + skip, prefix_keys)
+            out.append((b, t, prefix_keys + max(0, m_hi - items_lo)))
     return out
 
 
 def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEFAULT_ORDER,
-               kv_bytes_per_token: int = 2 * 128 * 2) -> Int[Tensor, "n 3"]:
+               kv_bytes_per_token: int = 2 * 128 * 2, rule: str = DEFAULT_RULE) -> Int[Tensor, "n 3"]:
     """Step 5's programs in launch order: rows of ``(prompt, query tile, head)``, one per program.
     ``kv_bytes_per_token`` (a key and a value of one head: ``2 * head_dim * element size``) sizes the head
-    groups of the ``"head_groups"`` order."""
+    groups of the ``"head_groups"`` order; ``rule`` (the mask rule) sets each query tile's cost."""
     if order not in SCHEDULE_ORDERS:
         raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
-    tiles = query_tile_costs(batch, block_m)
+    tiles = query_tile_costs(batch, block_m, rule)
     if order in ("head_groups", "heads_outer"):
         ranked = torch.tensor([(b, t) for b, t, _ in sorted(tiles, key=lambda w: (-w[2], w[0], w[1]))])
         groups = (head_groups(batch, heads, kv_bytes_per_token) if order == "head_groups"
@@ -94,15 +96,16 @@ def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEF
 
 def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER,
                    block_ms: Sequence[int] = SCHEDULE_BLOCK_MS,
-                   kv_bytes_per_token: int = 2 * 128 * 2) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
+                   kv_bytes_per_token: int = 2 * 128 * 2,
+                   rule: str = DEFAULT_RULE) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
     """Step 5's program table on the batch's device, and how many programs each tile height launches.
 
     Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]`` (only the heights in ``block_ms`` are filled); entry
     ``i`` of a row is program ``i``'s ``(prompt, query tile, head, seq_begin, seq_len, prefix_len, 0, 0)``.
-    Built on the host once per (batch, heads, order, heights, bytes per token) and cached on the batch, so
-    the attention calls of every layer reuse it.
+    Built on the host once per (batch, heads, order, heights, bytes per token, rule) and cached on the batch,
+    so the attention calls of every layer reuse it.
     """
-    key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token)
+    key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token, check_rule(rule))
     if key not in batch._schedules:
         if not key[2] or any(h not in SCHEDULE_BLOCK_MS for h in key[2]):
             raise ValueError(f"block_ms must be among {SCHEDULE_BLOCK_MS}, got {block_ms!r}")
@@ -111,7 +114,7 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
         prefixes = torch.tensor(batch.prefix_lens)
         rows = {}
         for block_m in key[2]:
-            w = work_order(batch, heads, block_m, order, kv_bytes_per_token)
+            w = work_order(batch, heads, block_m, order, kv_bytes_per_token, rule)
             b = w[:, 0]
             rows[block_m] = torch.cat([w, begins[b, None], lens[b, None], prefixes[b, None],
                                        torch.zeros(len(w), 2, dtype=w.dtype)], dim=1)
@@ -124,11 +127,11 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
 
 
 def kv_in_flight(batch: MultiItemBatch, heads: int, head_dim: int, block_m: int, order: str,
-                 programs_at_once: int, elem_bytes: int = 2) -> float:
+                 programs_at_once: int, elem_bytes: int = 2, rule: str = DEFAULT_RULE) -> float:
     """Bytes of keys and values that ``programs_at_once`` consecutive programs of step 5 read, averaged over
     the launch: an upper bound per window, taking each (prompt, head) in the window to read its keys up to
     the highest row it computes. Compare it with the L2 cache: above it, the tiles reread keys from DRAM."""
-    order_rows = work_order(batch, heads, block_m, order, 2 * head_dim * elem_bytes).tolist()
+    order_rows = work_order(batch, heads, block_m, order, 2 * head_dim * elem_bytes, rule).tolist()
     windows = []
     for lo in range(0, len(order_rows), programs_at_once):
         reach: dict[tuple[int, int], int] = {}
@@ -146,10 +149,12 @@ def kv_in_flight(batch: MultiItemBatch, heads: int, head_dim: int, block_m: int,
 TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2
 
 
-def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0) -> Int[Tensor, "m_tiles n_tiles"]:
-    """What steps 4 and 5 do with each (query tile, key tile) of one prompt: the kernels' three loop ranges,
-    in Python. ``TILE_SKIPPED`` (never loaded), ``TILE_WHOLE`` (every row sees every key: no mask arithmetic)
-    or ``TILE_MASKED``."""
+def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0,
+             rule: str = DEFAULT_RULE) -> Int[Tensor, "m_tiles n_tiles"]:
+    """What steps 4 and 5 do with each (query tile, key tile) of one prompt under ``rule``: the kernels' three
+    loop ranges, in Python. ``TILE_SKIPPED`` (never loaded), ``TILE_WHOLE`` (every row sees every key: no mask
+    arithmetic) or ``TILE_MASKED``."""
+    skip = ITEM_KEYS_FROM[check_rule(rule)]
     s, p = batch.seq_lens[prompt], batch.prefix_lens[prompt]
     pos = batch.token_pos[prompt].tolist()
     cdiv = lambda a, b: -(-a // b)  # noqa: E731
@@ -159,17 +164,18 @@ def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0)
         full_hi = min(p, m_lo + 1) // block_n * block_n                     # phase 1: [0, full_hi)
         prefix_hi = cdiv(min(p, m_hi), block_n) * block_n                    # phase 2: [full_hi, prefix_hi)
         first_item_row = max(m_lo, p)
-        items_lo = max((first_item_row - pos[first_item_row - p]) // block_n * block_n, prefix_hi)  # phase 3
+        items_lo = first_item_row + skip - pos[first_item_row - p]                  # phase 3: [items_lo, m_hi)
+        items_lo = max(items_lo // block_n * block_n, prefix_hi)
         out[t, : full_hi // block_n] = TILE_WHOLE
         out[t, full_hi // block_n: prefix_hi // block_n] = TILE_MASKED
         out[t, items_lo // block_n: cdiv(m_hi, block_n)] = TILE_MASKED
     return out
 
 
-def planned_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int) -> list[list[int]]:
-    """For each prompt and query tile, how many key tiles steps 4 and 5 visit (the tests compare it with
-    what the kernels count)."""
-    return [(tile_map(batch, block_m, block_n, b) != TILE_SKIPPED).sum(dim=1).tolist()
+def planned_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int, rule: str = DEFAULT_RULE) -> list[list[int]]:
+    """For each prompt and query tile, how many key tiles steps 4 and 5 visit under ``rule`` (the tests
+    compare it with what the kernels count)."""
+    return [(tile_map(batch, block_m, block_n, b, rule) != TILE_SKIPPED).sum(dim=1).tolist()
             for b in range(batch.batch_size)]
 
 
@@ -197,11 +203,12 @@ class TileStats:
         return 1.0 - self.visited / self.causal
 
 
-def tile_stats(batch: MultiItemBatch, block_m: int, block_n: int) -> TileStats:
-    """The key tiles of all prompts at ``block_m x block_n`` tiles: all, causal, needed, visited (per head)."""
+def tile_stats(batch: MultiItemBatch, block_m: int, block_n: int, rule: str = DEFAULT_RULE) -> TileStats:
+    """The key tiles of all prompts at ``block_m x block_n`` tiles under ``rule``: all, causal, needed,
+    visited (per head)."""
     total = causal = needed = visible = causal_pairs = 0
     for b, s in enumerate(batch.seq_lens):
-        mask = dense_mask(batch, b).cpu()
+        mask = dense_mask(batch, b, rule).cpu()
         visible += int(mask.sum())
         causal_pairs += s * (s + 1) // 2
         tm, tn = -(-s // block_m), -(-s // block_n)
@@ -210,5 +217,5 @@ def tile_stats(batch: MultiItemBatch, block_m: int, block_n: int) -> TileStats:
         needed += int(padded.view(tm, block_m, tn, block_n).any(dim=3).any(dim=1).sum())
         total += tm * tn
         causal += sum(-(-min(m_lo + block_m, s) // block_n) for m_lo in range(0, s, block_m))
-    visited = sum(map(sum, planned_key_tiles(batch, block_m, block_n)))
+    visited = sum(map(sum, planned_key_tiles(batch, block_m, block_n, rule)))
     return TileStats(block_m, block_n, total, causal, needed, visited, visible, causal_pairs)

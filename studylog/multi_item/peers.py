@@ -1,0 +1,154 @@
+"""The libraries the benchmark compares with, on the same inputs and the same mask rule: FlexAttention
+(PyTorch) and FlashInfer's own multi-item scoring prefill. Both are imported lazily, by the benchmark, the
+notebook and the tests that skip without them.
+
+* FlexAttention takes the rule as a ``mask_mod`` over the packed sequence (plus: same prompt only) and a block
+  mask whose block size (and kernel tile) the benchmark sweeps: :data:`FLEX_VARIANTS`.
+* FlashInfer (``BatchPrefillWithPagedKVCacheWrapper`` with ``prefix_len_ptr``, ``token_pos_in_items_ptr``,
+  ``max_item_len_ptr``: https://github.com/flashinfer-ai/flashinfer, ``flashinfer/prefill.py``) reads the
+  keys and values from a paged cache; :func:`flashinfer_inputs` lays ours out in it. Its kernel applies the
+  ``"flashinfer"`` rule. :func:`flashinfer_module` finds the package (``pip install flashinfer-python``) or,
+  on a machine without it, a trimmed build exposing the same wrapper (a module named ``flashinfer_mis``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention
+# ---------------------------------------------------------------------------------------------
+
+#: the block sizes the benchmark tries for FlexAttention: ``(name, (Q block, KV block), kernel_options)``;
+#: a block mask's block must be a multiple of the kernel's tile, so each smaller block fixes the kernel's tile
+#: to it (the first entry is FlexAttention's default, with its own kernel choice)
+FLEX_VARIANTS = (
+    ("128 x 128 (default)", (128, 128), {}),
+    ("128 x 64", (128, 64), {"BLOCK_M": 128, "BLOCK_N": 64}),
+    ("64 x 64", (64, 64), {"BLOCK_M": 64, "BLOCK_N": 64}),
+)
+
+
+def flex_mask_mod(batch: MultiItemBatch, rule: str = DEFAULT_RULE):
+    """The rule as FlexAttention's ``mask_mod`` over the packed sequence of ``batch`` (a query sees keys of its
+    own prompt only)."""
+    check_rule(rule)
+    dev, total = batch.device, batch.total_tokens
+    prompt_of = torch.repeat_interleave(torch.arange(batch.batch_size, dtype=torch.int32, device=dev),
+                                        torch.tensor(batch.seq_lens, device=dev))
+    prefix_end = (batch.cu_seqlens[:-1] + batch.prefix_lens_t)[prompt_of]
+    # where each row's own keys start (prefix rows: past themselves, they see keys < prefix_end)
+    item_start = torch.arange(total, dtype=torch.int32, device=dev) + ITEM_KEYS_FROM[rule]
+    for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
+        p = batch.prefix_lens[b]
+        item_start[start + p:start + s] -= batch.token_pos[b, : s - p]
+
+    def multi_item_mask(b, h, q_idx, kv_idx):
+        same_prompt = prompt_of[q_idx] == prompt_of[kv_idx]
+        return same_prompt & (kv_idx <= q_idx) & ((kv_idx < prefix_end[q_idx]) | (kv_idx >= item_start[q_idx]))
+
+    return multi_item_mask
+
+
+def flex_block_mask(batch: MultiItemBatch, block_size: tuple[int, int] = (128, 128), rule: str = DEFAULT_RULE):
+    """FlexAttention's block mask for the rule over the packed sequence, at ``(Q block, KV block)``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    total = batch.total_tokens
+    return create_block_mask(flex_mask_mod(batch, rule), B=None, H=None, Q_LEN=total, KV_LEN=total,
+                             device=batch.device, BLOCK_SIZE=block_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashInfer
+# ---------------------------------------------------------------------------------------------
+
+def flashinfer_module():
+    """FlashInfer's package, or the trimmed build of its multi-item prefill (``flashinfer_mis``, same wrapper);
+    raises ``ImportError`` naming both when neither imports."""
+    errors = []
+    for name in ("flashinfer", "flashinfer_mis"):
+        try:
+            module = __import__(name)
+            getattr(module, "BatchPrefillWithPagedKVCacheWrapper")
+            return module
+        except Exception as err:  # a package that fails to import (missing pieces, no CUDA) is no peer here
+            errors.append(f"{name}: {type(err).__name__}: {err}")
+    raise ImportError("FlashInfer is not importable (" + "; ".join(errors) + ")")
+
+
+def flashinfer_backends(module) -> list[str]:
+    """The backends of ``module`` to try, FlashInfer's default first: on Hopper fa3 (its Hopper kernel), then
+    fa2 (``prefill.cuh``); elsewhere fa2. The trimmed build offers the ones it holds (``backends()``)."""
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    names = list(module.backends()) if hasattr(module, "backends") else (["fa3", "fa2"] if hopper else ["fa2"])
+    return sorted(names, key=lambda b: b != "fa3") if hopper else names
+
+
+@dataclass
+class FlashInferInputs:
+    """One batch laid out as FlashInfer's paged prefill takes it (NHD: ``[tokens, heads, head_dim]``)."""
+
+    q: Tensor                 #: [T, H, D]
+    k_cache: Tensor           #: [pages, page_size, H, D]
+    v_cache: Tensor
+    qo_indptr: Tensor         #: [B + 1] int32: the queries of prompt b are rows qo_indptr[b]:qo_indptr[b + 1]
+    kv_indptr: Tensor         #: [B + 1] int32: its pages are kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
+    kv_indices: Tensor        #: [pages] int32
+    last_page_len: Tensor     #: [B] int32
+    prefix_len: Tensor        #: [B] uint32
+    token_pos_in_items: Tensor  #: [B * L] uint16, each prompt's positions zero-padded to L
+    token_pos_in_items_len: int
+    max_item_len: Tensor      #: [B] uint16
+    page_size: int
+
+
+def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, page_size: int = 1) -> FlashInferInputs:
+    """Our ``[H, T, D]`` q, k, v and layout as FlashInfer's paged multi-item prefill takes them: queries
+    ``[T, H, D]``; keys and values copied into pages of ``page_size`` tokens, each prompt in pages of its own
+    (its last page part-filled); the multi-item metadata in FlashInfer's dtypes."""
+    dev, heads, head_dim = q.device, q.shape[0], q.shape[2]
+    pages_per_prompt = [-(-s // page_size) for s in batch.seq_lens]
+    slot = torch.cat([torch.arange(s, device=dev) + sum(pages_per_prompt[:b]) * page_size
+                      for b, s in enumerate(batch.seq_lens)])  # each token's slot in the page pool
+    n_pages = sum(pages_per_prompt)
+
+    def paged(x: Tensor) -> Tensor:
+        cache = torch.zeros(n_pages * page_size, heads, head_dim, dtype=x.dtype, device=dev)
+        cache[slot] = x.transpose(0, 1)
+        return cache.view(n_pages, page_size, heads, head_dim)
+
+    kv_indptr = torch.tensor([0] + pages_per_prompt, device=dev).cumsum(0).to(torch.int32)
+    width = batch.token_pos.shape[1]
+    return FlashInferInputs(
+        q=q.transpose(0, 1).contiguous(), k_cache=paged(k), v_cache=paged(v),
+        qo_indptr=batch.cu_seqlens.to(torch.int32), kv_indptr=kv_indptr,
+        kv_indices=torch.arange(n_pages, dtype=torch.int32, device=dev),
+        last_page_len=torch.tensor([s - (n - 1) * page_size for s, n in zip(batch.seq_lens, pages_per_prompt)],
+                                   dtype=torch.int32, device=dev),
+        # the unsigned dtypes FlashInfer reads, converted on the host (CUDA has few kernels for them)
+        prefix_len=batch.prefix_lens_t.cpu().to(torch.uint32).to(dev),
+        token_pos_in_items=batch.token_pos.reshape(-1).cpu().to(torch.uint16).to(dev), token_pos_in_items_len=width,
+        max_item_len=batch.max_item_lens_t.cpu().to(torch.uint16).to(dev), page_size=page_size)
+
+
+def flashinfer_prefill(module, inputs: FlashInferInputs, heads: int, sm_scale: float, backend: str = "auto",
+                       workspace: Tensor | None = None) -> Any:
+    """A planned ``BatchPrefillWithPagedKVCacheWrapper`` for the inputs' layout (``plan`` runs on the host,
+    once); call ``wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache), out=...)``."""
+    dev = inputs.q.device
+    workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev) if workspace is None else workspace
+    wrapper = module.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+    head_dim = inputs.q.shape[-1]
+    wrapper.plan(inputs.qo_indptr, inputs.kv_indptr, inputs.kv_indices, inputs.last_page_len, heads, heads,
+                 head_dim, inputs.page_size, causal=True, sm_scale=sm_scale, q_data_type=inputs.q.dtype,
+                 kv_data_type=inputs.k_cache.dtype, prefix_len_ptr=inputs.prefix_len,
+                 token_pos_in_items_ptr=inputs.token_pos_in_items,
+                 token_pos_in_items_len=inputs.token_pos_in_items_len, max_item_len_ptr=inputs.max_item_len)
+    return wrapper

@@ -1,0 +1,154 @@
+"""Step 5 in a form a CUDA graph captures once and replays over new inputs *and new batch layouts*.
+
+:func:`~studylog.multi_item.steps.multi_item_attention` can be captured too, but its graph bakes in the
+batch's layout (its program table, its position table and the launch's grid). A serving engine captures a
+step once per batch capacity and replays it over whatever requests arrive; :class:`MultiItemPlan` is for that:
+
+* the layout lives in device buffers sized for a capacity (tokens, prompts, positions per prompt), which
+  :meth:`MultiItemPlan.set_layout` fills between replays (a host-built table copied in stream order: no host
+  synchronisation, no new allocation);
+* the launch's grid is fixed: the most programs any layout within the capacity needs. Entries past the
+  layout's programs are all zero, which the kernel runs as empty programs (sequence length 0: no key tile is
+  visited, no row is stored);
+* the tile config, ``sm_scale``, the rule and the program order are fixed when the plan is made;
+* :meth:`MultiItemPlan.run` launches the kernel with nothing else on the host: no check of the layout (done
+  once in ``set_layout``), no autotuner.
+
+The caller keeps ``q``, ``k``, ``v`` and ``out`` of the capacity's shape, ``[heads, max_tokens, head_dim]``,
+writes a batch's tokens into their first ``batch.total_tokens`` positions, and reads the output there; the
+positions past them are neither read for any row nor written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from torch import Tensor
+
+from studylog import runtime
+from studylog.multi_item.config import INTERPRETER_BLOCKS, find_config, strides
+from studylog.multi_item.formats import (
+    DEFAULT_RULE,
+    ITEM_KEYS_FROM,
+    SUPPORTED_DTYPES,
+    SUPPORTED_HEAD_DIMS,
+    MultiItemBatch,
+    check_rule,
+)
+from studylog.multi_item.kernels import attn_fwd_batched
+from studylog.multi_item.steps import LOG2E, no_counts, step05_batched
+from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, SCHEDULE_ORDERS, schedule_table
+
+
+class MultiItemPlan:
+    """Step 5's launch with its layout in device buffers: capture :meth:`run` in a CUDA graph once, then
+    replay it after :meth:`set_layout` (a new batch) or after writing new values into ``q``, ``k``, ``v``.
+
+    ``max_tokens``, ``max_prompts`` and ``max_width`` (positions after the prefix of one prompt: its items
+    and delimiters; ``max_tokens`` by default) bound the layouts the plan takes. ``config`` (a name of
+    :func:`~studylog.multi_item.config.config_names`) fixes the tile config; ``None`` picks it on the first
+    :meth:`run` (on the GPU by an autotuned eager call, which must not be inside a capture; in the
+    interpreter the 16 x 16 blocks).
+    """
+
+    def __init__(self, *, heads: int, head_dim: int, dtype: torch.dtype, max_tokens: int, max_prompts: int,
+                 max_width: int | None = None, config: str | None = None, rule: str = DEFAULT_RULE,
+                 order: str = DEFAULT_ORDER, sm_scale: float | None = None,
+                 device: torch.device | str | None = None):
+        check_rule(rule)
+        if order not in SCHEDULE_ORDERS:
+            raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+        if dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
+        for name, value in (("heads", heads), ("max_tokens", max_tokens), ("max_prompts", max_prompts)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.heads, self.head_dim, self.dtype = heads, head_dim, dtype
+        self.max_tokens, self.max_prompts = max_tokens, max_prompts
+        self.max_width = max_tokens if max_width is None else int(max_width)
+        self.rule, self.order = rule, order
+        self.sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+        self.device = torch.device(device) if device is not None else runtime.device()
+        self.config: str | None = None
+        self._cfg = None
+        self.batch: MultiItemBatch | None = None
+        self._pos = torch.zeros(max_prompts, self.max_width, dtype=torch.int32, device=self.device)
+        self._table: Tensor | None = None
+        if config is not None:
+            self._pin(config)
+        elif runtime.mode() != "gpu":
+            self._pin(None)
+
+    # -- the config, and the buffers it sizes ------------------------------------------------------
+    def _pin(self, config: str | None) -> None:
+        self._cfg = find_config(config)
+        self.config = config
+        self.block_m, self.block_n = ((self._cfg.kwargs["BLOCK_M"], self._cfg.kwargs["BLOCK_N"]) if self._cfg
+                                      else INTERPRETER_BLOCKS)
+        # every prompt's query tiles, for every head: sum of cdiv(S_b, BLOCK_M) <= cdiv(T, BLOCK_M) + B - 1
+        self.programs = self.heads * (triton.cdiv(self.max_tokens, self.block_m) + self.max_prompts - 1)
+        self._table = torch.zeros(self.programs, 8, dtype=torch.int32, device=self.device)
+        if self.batch is not None:
+            self.set_layout(self.batch)
+
+    def set_layout(self, batch: MultiItemBatch) -> None:
+        """Put ``batch``'s layout in the plan's buffers (on the current stream, after what is queued there):
+        its program table for the plan's tile height, zeros after it, and its positions. Checks that the
+        batch fits the capacity. Not capturable itself (the table is planned on the host); call it between
+        replays."""
+        if not isinstance(batch, MultiItemBatch):
+            raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+        if batch.device != self.device:
+            raise ValueError(f"the batch layout is on {batch.device}, the plan on {self.device}")
+        width = batch.token_pos.shape[1]
+        if (batch.total_tokens > self.max_tokens or batch.batch_size > self.max_prompts
+                or width > self.max_width):
+            raise ValueError(f"the batch ({batch.describe()}, {width} positions after a prefix) does not fit the "
+                             f"plan: at most {self.max_tokens} tokens, {self.max_prompts} prompts, "
+                             f"{self.max_width} positions")
+        self.batch = batch
+        if self._table is None:  # the config is picked on the first run; the table is sized then
+            return
+        kv_bytes = 2 * self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+        table, programs = schedule_table(batch, self.heads, self.order, (self.block_m,), kv_bytes, self.rule)
+        n = programs[self.block_m]
+        row = table[SCHEDULE_BLOCK_MS.index(self.block_m), :n]
+        self._table[:n].copy_(row)
+        self._table[n:].zero_()
+        self._pos.zero_()
+        self._pos[: batch.batch_size, :width].copy_(batch.token_pos)
+
+    # -- the launch ------------------------------------------------------------------------------
+    def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor:
+        """Attention over the layout last set, into ``out``; ``q``, ``k``, ``v``, ``out``:
+        ``[heads, max_tokens, head_dim]`` of the plan's dtype, unit stride on ``head_dim``. Capturable once
+        the config is pinned (after the first run, or a ``config`` given)."""
+        if self.batch is None:
+            raise RuntimeError("set_layout(batch) before run")
+        shape = (self.heads, self.max_tokens, self.head_dim)
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+            if tuple(x.shape) != shape or x.dtype != self.dtype or x.stride(-1) != 1:
+                raise ValueError(f"{name} must be {list(shape)} of {self.dtype} with a unit stride on head_dim, got "
+                                 f"{list(x.shape)} of {x.dtype}, strides {x.stride()}")
+        if self._table is None:  # GPU, no config given: an autotuned eager call picks it, then pin it
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("the plan's config is picked by its first run, which cannot be captured: run "
+                                   "once before capturing, or give config=")
+            n = self.batch.total_tokens
+            _, info = step05_batched(q[:, :n], k[:, :n], v[:, :n], self.batch, sm_scale=self.sm_scale,
+                                     out=out[:, :n], rule=self.rule, order=self.order, return_info=True)
+            self._pin(info.config)
+        kernel = attn_fwd_batched.fn if isinstance(attn_fwd_batched, triton.runtime.Autotuner) else attn_fwd_batched
+        extra = {"num_warps": self._cfg.num_warps, "num_stages": self._cfg.num_stages} if self._cfg else {}
+        # the table has one row: the kernel's row for BLOCK_M times a stride of 0
+        kernel[(self.programs,)](
+            q, k, v, out, self._table, 0, self._pos, self._pos.stride(0), no_counts(q.device), 0,
+            *strides(q, k, v, out), self.sm_scale * LOG2E, 0,
+            HEAD_DIM=self.head_dim, DOT_PRECISION="ieee" if self.dtype == torch.float32 else "tf32",
+            SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False,
+            BLOCK_M=self.block_m, BLOCK_N=self.block_n, **extra)
+        return out
