@@ -1,0 +1,304 @@
+"""The lesson's tables and numbers, computed from the committed benchmark file and from the batch layouts.
+
+Every function takes the committed :class:`~studylog.plotting.Results` (or ``None`` when the chapter has none)
+and returns Markdown or numbers; a number the file does not hold is ``None`` (the notebook prints "pending").
+Nothing here times anything.
+
+* :func:`caption`: which GPU, when, with what, on which clock (no commit: the file itself keeps it).
+* :func:`layouts`: the benchmark's batches and their tile accounting at step 5's tiling.
+* :func:`bounds_table`: the pairs each approach computes and the floors of each shape.
+* :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
+* :func:`step_table`: some steps' times against the compute floor, shape by shape.
+* :func:`result_table`, :func:`peers_table`: the result against the baselines and the peers.
+* :func:`tried_table`: what did not help, one line each (details in ``lab/multi_item/README.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from studylog.multi_item import report
+from studylog.multi_item.formats import MultiItemBatch
+from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, kv_in_flight, tile_stats
+
+STEP = {s.number: s for s in report.STEPS}
+LAB = "`lab/multi_item/README.md`"
+
+
+def caption(results) -> str:
+    """``Measured on <GPU> on <date> with torch ..., Triton ...; <clock> clock.``"""
+    if results is None:
+        return "No committed GPU results for this chapter yet."
+    v = results.data["versions"]
+    return (f"Measured on {results.gpu} on {results.date} with torch {v['torch']} and Triton {v['triton']}; "
+            f"{clock(results)} clock.")
+
+
+def clock(results) -> str:
+    """The clock of step 5's rows: ``gpu`` for the current benchmark, ``do_bench`` for the earlier one."""
+    return results.select(STEP[5].series)[0].get("clock", "do_bench")
+
+
+def is_current(results) -> bool:
+    """Does the file come from the current benchmark (GPU clock, FlashInfer's rule, the peers' sweeps)?"""
+    return results is not None and clock(results) == "gpu"
+
+
+def ms(results, series: str, shape: str) -> float | None:
+    """The median of one series on one shape (ms), or ``None`` when the file has no such row."""
+    if results is None:
+        return None
+    rows = results.select(series, shape=shape)
+    return rows[0]["ms"] if len(rows) == 1 else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
+@dataclass
+class Layout:
+    """One benchmark shape: its batch and its tile accounting at step 5's tiling."""
+
+    name: str
+    batch: MultiItemBatch
+    stats: TileStats
+
+
+def tiling(results) -> tuple[int, int]:
+    """Step 5's tile shape in the committed file (64 by 64 when it records none)."""
+    rows = [r for r in results.select(STEP[5].series) if "block_m" in r] if results is not None else []
+    return (rows[0]["block_m"], rows[0]["block_n"]) if rows else (64, 64)
+
+
+def layouts(results) -> dict[str, Layout]:
+    """The benchmark's shapes, built on the CPU, with their tiles counted at step 5's tiling."""
+    block_m, block_n = tiling(results)
+    out = {}
+    for name, prefixes, items in report.bench_shapes():
+        batch = MultiItemBatch.from_item_lens(prefixes, items, device="cpu")
+        out[name] = Layout(name, batch, tile_stats(batch, block_m, block_n))
+    return out
+
+
+def floors(results, shape: str) -> tuple[float | None, float | None]:
+    """The memory and compute floors (ms) of a shape, from any row of it in the committed file."""
+    rows = [r for r in results.select(shape=shape) if "compute_floor_ms" in r] if results is not None else []
+    return (rows[0]["floor_ms"], rows[0]["compute_floor_ms"]) if rows else (None, None)
+
+
+def useful_flops(layout: Layout) -> float:
+    """FLOPs of the visible pairs at the benchmark's heads and head dim: two matmuls of ``2 d`` per pair."""
+    return 4.0 * layout.stats.visible_pairs * report.BENCH_HEAD_DIM * report.BENCH_HEADS
+
+
+def matmul_rate(results, lays: dict[str, Layout]) -> float | None:
+    """The bf16 matmul rate (FLOP/s) the file's compute floors divide by, recovered from one shape's floor."""
+    for name, lay in lays.items():
+        floor = floors(results, name)[1]
+        if floor:
+            return useful_flops(lay) / (floor * 1e-3)
+    return None
+
+
+def bounds_table(results, lays: dict[str, Layout]) -> str:
+    """Pairs per shape (dense, causal, visible), the bytes of q, k, v and the output, and both floors."""
+    lines = ["| shape | tokens | dense pairs | causal pairs | visible pairs | visible / causal | q, k, v, out | "
+             "memory floor (µs) | compute floor (µs) |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, lay in lays.items():
+        dense = sum(s * s for s in lay.batch.seq_lens)
+        nbytes = 4 * report.BENCH_HEADS * lay.batch.total_tokens * report.BENCH_HEAD_DIM * 2
+        memory, compute = floors(results, name)
+        lines.append(f"| {name} | {lay.batch.total_tokens:,} | {dense / 1e6:.1f} M | {lay.stats.causal_pairs / 1e6:.1f} M "
+                     f"| {lay.stats.visible_pairs / 1e6:.1f} M | {lay.stats.visible_pairs / lay.stats.causal_pairs:.0%} | "
+                     f"{nbytes / 2**20:.0f} MiB | {_us(memory, '{:.0f}')} | {_us(compute, '{:.0f}')} |")
+    return "\n".join(lines)
+
+
+def _us(x: float | None, fmt: str = "{:,.1f}") -> str:
+    return "pending" if x is None else fmt.format(x * 1e3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Amdahl view: attention inside a whole scoring pass
+# ---------------------------------------------------------------------------------------------
+
+#: Llama 3.1 8B (its config.json): the attention of one layer is the benchmark's (32 query heads of 128)
+MODEL = {"name": "Llama 3.1 8B", "hidden": 4096, "layers": 32, "mlp": 14336, "heads": 32, "kv_heads": 8,
+         "head_dim": 128, "config": "https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json"}
+
+
+def linear_flops_per_token(model: dict[str, Any] = MODEL) -> float:
+    """FLOPs of the projections and the MLP of every layer for one token (two per weight)."""
+    h, kv = model["hidden"], model["kv_heads"] * model["head_dim"]
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * model["mlp"]
+    return 2.0 * per_layer * model["layers"]
+
+
+def amdahl(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) -> dict[str, dict[str, float | None]]:
+    """Per shape: the time of a whole pass of ``model``'s layers over the packed batch, with the linear layers
+    at the matmul floor of the same run and the attention measured (the benchmark's shape is one layer's
+    attention), with SDPA's dense mask and with step 5; and one pass per item, whose linear layers see every
+    item's copy of the prefix. Times in ms (``None`` where the file lacks a series)."""
+    rate = matmul_rate(results, lays)
+    out = {}
+    for name, lay in lays.items():
+        tokens = lay.batch.total_tokens
+        per_item = sum(p + n for p, lens in zip(lay.batch.prefix_lens, lay.batch.item_lens) for n in lens)
+        linear = None if rate is None else linear_flops_per_token(model) * tokens / rate * 1e3
+        linear_per_item = None if rate is None else linear_flops_per_token(model) * per_item / rate * 1e3
+        att = {s: ms(results, s, name) for s in (report.SDPA_DENSE, STEP[5].series, report.ONE_PASS_PER_ITEM)}
+        layers = model["layers"]
+        total = {s: None if linear is None or t is None else linear + layers * t for s, t in att.items()}
+        naive = (None if linear_per_item is None or att[report.ONE_PASS_PER_ITEM] is None
+                 else linear_per_item + layers * att[report.ONE_PASS_PER_ITEM])
+        out[name] = {
+            "linear_ms": linear,
+            "dense_total_ms": total[report.SDPA_DENSE],
+            "step05_total_ms": total[STEP[5].series],
+            "dense_share": ratio(None if total[report.SDPA_DENSE] is None else layers * att[report.SDPA_DENSE],
+                                 total[report.SDPA_DENSE]),
+            "step05_share": ratio(None if total[STEP[5].series] is None else layers * att[STEP[5].series],
+                                  total[STEP[5].series]),
+            "pass_gain": ratio(total[report.SDPA_DENSE], total[STEP[5].series]),
+            "per_item_tokens": per_item,
+            "tokens": tokens,
+            "per_item_total_ms": naive,
+            "packing_gain": ratio(naive, total[STEP[5].series]),
+        }
+    return out
+
+
+def amdahl_table(view: dict[str, dict[str, float | None]], model: dict[str, Any] = MODEL) -> str:
+    lines = [f"| shape | linear layers, {model['layers']} layers (ms) | pass with SDPA, dense mask (ms) | "
+             f"attention's share | pass with {STEP[5].name} (ms) | attention's share | pass faster by | "
+             "one pass per item (ms) |", "|---|---|---|---|---|---|---|---|"]
+    f = lambda x, fmt="{:,.1f}": "pending" if x is None else fmt.format(x)  # noqa: E731
+    for name, v in view.items():
+        lines.append(f"| {name} | {f(v['linear_ms'])} | {f(v['dense_total_ms'])} | {f(v['dense_share'], '{:.0%}')} | "
+                     f"{f(v['step05_total_ms'])} | {f(v['step05_share'], '{:.0%}')} | {f(v['pass_gain'], '{:.2f}×')} | "
+                     f"{f(v['per_item_total_ms'])} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The steps, the result, the peers
+# ---------------------------------------------------------------------------------------------
+
+def step_table(results, numbers: list[int]) -> str:
+    """Steps ``numbers`` shape by shape: time, the step before it over it, the compute floor and the share
+    of it the step reaches."""
+    if results is None:
+        return "pending"
+    lines = ["| shape | step | µs per call | previous step / this one | compute floor (µs) | floor / time |",
+             "|---|---|---|---|---|---|"]
+    for shape in report.shape_names(results):
+        for n in numbers:
+            t = ms(results, STEP[n].series, shape)
+            if t is None:
+                continue
+            before = ms(results, STEP[n - 1].series, shape) if n > 1 else None
+            if n == 5 and before is None:
+                before = ms(results, report.STEP04_PER_PROMPT, shape)
+            floor = floors(results, shape)[1]
+            lines.append(f"| {shape} | `{STEP[n].name}` | {t * 1e3:,.1f} | "
+                         f"{'–' if before is None else f'{before / t:.2f}×'} | {_us(floor, '{:.0f}')} | "
+                         f"{'–' if floor is None else f'{floor / t:.0%}'} |")
+    return "\n".join(lines)
+
+
+def result_table(results) -> str:
+    """Every approach on every shape: µs per call (median) and step 5's speedup over it."""
+    if results is None:
+        return "pending"
+    shapes = report.shape_names(results)
+    final = STEP[5].series
+    lines = ["| approach | " + " | ".join(f"{s}: µs ({STEP[5].name} faster by)" for s in shapes) + " |",
+             "|---|" + "---|" * len(shapes)]
+    for series in report.approaches():
+        cells = []
+        for shape in shapes:
+            t, mine = ms(results, series, shape), ms(results, final, shape)
+            if t is None:
+                cells.append("–")
+            elif series == final:
+                cells.append(f"**{t * 1e3:,.1f}**")
+            else:
+                cells.append(f"{t * 1e3:,.1f} ({t / mine:.2f}×)")
+        if set(cells) != {"–"}:
+            lines.append(f"| {report._label(series)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def peers_table(results, peer: str) -> str | None:
+    """A peer's sweep (FlexAttention's block sizes, FlashInfer's backends and page sizes) shape by shape, the
+    best setting and step 5 beside it; ``None`` when the file has no sweep of that peer."""
+    rows = [r for r in results.select(peer) if "sweep_ms" in r] if results is not None else []
+    if not rows:
+        return None
+    candidates = list(dict.fromkeys(c for r in rows for c in r["sweep_ms"]))
+    lines = ["| shape | " + " | ".join(candidates) + f" | best | {STEP[5].name} (µs) | {STEP[5].name} faster by |",
+             "|---|" + "---|" * (len(candidates) + 3)]
+    for r in rows:
+        shape = r["params"]["shape"]
+        ours = ms(results, STEP[5].series, shape)
+        best = r.get("block_size") or f"{r.get('backend')}, page {r.get('page_size')}"
+        lines.append(f"| {shape} | " + " | ".join(f"{r['sweep_ms'][c] * 1e3:.1f}" if c in r["sweep_ms"] else "–"
+                                                for c in candidates)
+                     + f" | {best}: {r['ms'] * 1e3:.1f} | {_us(ours)} | "
+                     + ("–" if ours is None else f"{r['ms'] / ours:.2f}×") + " |")
+    return f"**{peer}** (µs per call)\n\n" + "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 5's program order, and what did not help
+# ---------------------------------------------------------------------------------------------
+
+def in_flight(lay: Layout, orders=(DEFAULT_ORDER, "first_run"), programs_at_once: int = 264) -> dict[str, float]:
+    """Bytes of keys and values the programs running at once read in each program order (bf16, the
+    benchmark's heads, 64-row tiles; two programs per SM of a 132-SM GPU by default)."""
+    return {o: kv_in_flight(lay.batch, report.BENCH_HEADS, report.BENCH_HEAD_DIM, 64, o,
+                            programs_at_once=programs_at_once) for o in orders}
+
+
+def _autotuned_best(results, shape: str, keep) -> float | None:
+    """The best of the autotuner's timings of step 5 on ``shape`` over the configs ``keep`` accepts."""
+    rows = [r for r in results.select(STEP[5].series, shape=shape) if "autotune_ms" in r]
+    if not rows:
+        return None
+    times = [t for c, t in rows[0]["autotune_ms"].items() if keep(c)]
+    return min(times) if times else None
+
+
+def tried_table(results) -> str:
+    """What did not help, one line each: the measured effect against step 5 as it is (a positive change is
+    slower) on each shape, and where the details are."""
+    if results is None:
+        return "pending"
+    shapes = report.shape_names(results)
+    final = STEP[5].series
+    lines = ["| tried | " + " | ".join(shapes) + " | details |", "|---|" + "---|" * len(shapes) + "---|"]
+
+    def change(t, base):
+        return "–" if t is None or base is None else f"{t / base - 1:+.0%}"
+
+    for order in SCHEDULE_ORDERS[1:]:
+        what = {"heads_outer": "step 5 with one head per group (`heads_outer`)",
+                "prompts_outer": "step 5 prompt after prompt (`prompts_outer`, a launch per prompt without gaps)",
+                "first_run": "step 5 with every head of every prompt side by side (`first_run`)"}[order]
+        cells = [change(ms(results, report.order_series(order), s), ms(results, final, s)) for s in shapes]
+        lines.append(f"| {what} | " + " | ".join(cells) + f" | {LAB}, program orders |")
+    cells = [change(ms(results, report.STEP04_PER_PROMPT, s), ms(results, final, s)) for s in shapes]
+    lines.append(f"| step 4 launched once per prompt | " + " | ".join(cells) + " | step 5 above |")
+    for what, keep in (("128-row query tiles (best such config)", lambda c: c.startswith("128 x")),
+                       ("128-key tiles (best such config)", lambda c: " x 128," in c)):
+        cells = [change(_autotuned_best(results, s, keep), _autotuned_best(results, s, lambda c: True))
+                 for s in shapes]
+        if set(cells) != {"–"}:
+            lines.append(f"| {what}, autotuner's own timings | " + " | ".join(cells) + f" | {LAB}, tile shapes |")
+    cells = [change(ms(results, report.DO_BENCH[5], s), ms(results, final, s)) if is_current(results) else "pending"
+             for s in shapes]
+    lines.append("| timing step 5 with `do_bench` instead of the GPU clock | " + " | ".join(cells)
+                 + f" | {LAB}, the clock |")
+    return "\n".join(lines)
