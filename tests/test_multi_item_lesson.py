@@ -1,0 +1,163 @@
+"""Chapter 6's lesson helpers and exercises: the checks accept the library's solutions and reject planted
+mistakes; the lesson's tables read the committed file, a file of the current benchmark, and no file at all."""
+
+import pytest
+import torch
+
+from studylog import plotting
+from studylog.multi_item import exercises, lesson, report
+
+STEP5 = report.STEP05.series
+
+
+# --------------------------------------------------------------------------------------------
+# The exercises' checks
+# --------------------------------------------------------------------------------------------
+
+def test_checks_accept_the_solutions(capsys):
+    assert exercises.check_visible(exercises.visible)
+    assert exercises.check_online_softmax(exercises.online_softmax)
+    assert exercises.check_key_tiles(exercises.key_tiles)
+    assert exercises.check_max_programs(exercises.max_programs)
+    assert capsys.readouterr().out.count("inputs agree") == 4
+
+
+def test_check_visible_rejects_the_visible_delimiter(capsys):
+    def with_delimiter(q, k, p, pos):  # rule="delimiter_visible": an item also sees its opening delimiter
+        return k <= q and (k < p or q < p or k >= q - pos[q - p])
+
+    assert not exercises.check_visible(with_delimiter)
+    assert "should not be visible" in capsys.readouterr().out
+    assert not exercises.check_visible(lambda q, k, p, pos: k <= q)  # plain causal
+
+
+def test_check_online_softmax_rejects_an_infinite_start_and_a_missing_rescale(capsys):
+    def infinite_start(scores, values, block_n):
+        rows = scores.shape[0]
+        m = torch.full((rows,), float("-inf"), dtype=torch.float64)
+        l = torch.zeros(rows, dtype=torch.float64)
+        acc = torch.zeros(rows, values.shape[1], dtype=torch.float64)
+        for lo in range(0, scores.shape[1], block_n):
+            s = scores[:, lo:lo + block_n]
+            m_new = torch.maximum(m, s.max(dim=1).values)
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[:, None])
+            l, acc, m = l * alpha + p.sum(dim=1), acc * alpha[:, None] + p @ values[lo:lo + block_n], m_new
+        return acc / l[:, None]
+
+    assert not exercises.check_online_softmax(infinite_start)
+    assert "nan" in capsys.readouterr().out
+
+    def no_rescale(scores, values, block_n):
+        rows = scores.shape[0]
+        m = torch.full((rows,), -1e30, dtype=torch.float64)
+        l = torch.zeros(rows, dtype=torch.float64)
+        acc = torch.zeros(rows, values.shape[1], dtype=torch.float64)
+        for lo in range(0, scores.shape[1], block_n):
+            s = scores[:, lo:lo + block_n]
+            m = torch.maximum(m, s.max(dim=1).values)  # the old sum and output are not rescaled
+            p = torch.exp(s - m[:, None])
+            l, acc = l + p.sum(dim=1), acc + p @ values[lo:lo + block_n]
+        return torch.where(l[:, None] > 0, acc / l.clamp_min(1e-300)[:, None], torch.zeros_like(acc))
+
+    assert not exercises.check_online_softmax(no_rescale)
+
+
+def test_check_key_tiles_rejects_unsafe_and_wasteful_plans(capsys):
+    def every_causal_tile(p, pos, m_lo, m_hi, block_n):
+        return range(-(-m_hi // block_n))
+
+    assert not exercises.check_key_tiles(every_causal_tile)
+    assert "but step 4 loads only" in capsys.readouterr().out
+
+    def one_key_late(p, pos, m_lo, m_hi, block_n):  # starts the items one key after the right one
+        tiles = set(range(-(-min(p, m_hi) // block_n)))
+        if m_hi > p:
+            first = max(m_lo, p)
+            tiles |= set(range((first + 2 - pos[first - p]) // block_n, -(-m_hi // block_n)))
+        return tiles
+
+    assert not exercises.check_key_tiles(one_key_late)
+    assert "is skipped but row" in capsys.readouterr().out
+
+
+def test_check_max_programs_rejects_too_few_and_too_many(capsys):
+    assert not exercises.check_max_programs(lambda t, b, bm: -(-t // bm))  # forgets the prompts' partial tiles
+    assert "query tiles" in capsys.readouterr().out
+    assert not exercises.check_max_programs(lambda t, b, bm: -(-t // bm) + b)  # one too many
+    assert not exercises.check_max_programs(lambda t, b, bm: -(-t // bm) + b - 1 if t < 2000 else 0)
+
+
+def test_max_programs_is_what_the_plan_launches():
+    from studylog.multi_item.plan import MultiItemPlan
+
+    plan = MultiItemPlan(heads=3, head_dim=16, dtype=torch.float32, max_tokens=200, max_prompts=5, device="cpu")
+    assert plan.programs == 3 * exercises.max_programs(200, 5, plan.block_m)
+
+
+# --------------------------------------------------------------------------------------------
+# The lesson's tables
+# --------------------------------------------------------------------------------------------
+
+def _current_file() -> plotting.Results:
+    """A small file shaped like the current benchmark's: GPU clock, spreads, the sweeps, do_bench beside."""
+    rows = []
+    for shape, ours in ((report.bench_shapes()[0][0], 0.2), (report.MIXED_SHAPE, 0.6)):
+        p = {"shape": shape, "prompts": 1, "tokens": 100}
+        common = {"params": p, "clock": "gpu", "floor_ms": 0.02, "compute_floor_ms": 0.1}
+        rows += [{"series": STEP5, "role": "kernel", "ms": ours, "spread_ms": [ours * 0.99, ours, ours * 1.01],
+                  "block_m": 64, "block_n": 64, "autotune_ms": {"64 x 64, 4 warps, 3 stages": ours,
+                                                                 "128 x 64, 8 warps, 3 stages": ours * 1.1},
+                  **common},
+                 {"series": report.FLEX, "role": "baseline", "ms": 1.5 * ours, "sweep_ms": {"64": 1.5 * ours,
+                                                                                        "128": 1.7 * ours},
+                  "block_size": "64", **common},
+                 {"series": report.FLASHINFER, "role": "peer", "ms": 0.9 * ours, "backend": "fa3", "page_size": 1,
+                  "sweep_ms": {"fa3, page 1": 0.9 * ours}, **common},
+                 {"series": report.DO_BENCH[5], "role": "kernel", "ms": 1.25 * ours, **common},
+                 {"series": report.order_series("first_run"), "role": "kernel", "ms": 1.4 * ours, **common},
+                 {"series": report.SDPA_DENSE, "role": "baseline", "ms": 5 * ours, **common}]
+    data = {"schema": 2, "measurements": rows, "device": {"name": "GPU", "sm_count": 132},
+            "date": "2026-01-01T00:00:00", "versions": {"torch": "2", "triton": "3"},
+            "ceilings": {"copy_bandwidth_gbs": 4000.0}}
+    return plotting.Results(None, data)
+
+
+def test_lesson_tables_of_a_current_file():
+    results = _current_file()
+    shape = report.bench_shapes()[0][0]
+    assert lesson.is_current(results) and "gpu clock" in lesson.caption(results)
+    assert "commit" not in lesson.caption(results)
+    tried = lesson.tried_table(results)
+    assert "| step 5 with every head of every prompt side by side (`first_run`) | +40% |" in tried
+    assert "do_bench` instead of the GPU clock | +25% |" in tried
+    assert "128-row query tiles (best such config), autotuner's own timings | +10% |" in tried
+    flex = lesson.peers_table(results, report.FLEX)
+    assert f"| {shape} | 300.0 | 340.0 | 64: 300.0 | 200.0 | 1.50× |" in flex
+    assert lesson.peers_table(results, report.FLASHINFER).count("fa3, page 1") == 3
+    assert f"| {shape} | `{report.STEP05.name}` | 200.0 |" in lesson.step_table(results, [5])
+    assert "**200.0**" in lesson.result_table(results)
+
+
+def test_lesson_without_a_file_says_pending():
+    assert lesson.step_table(None, [2]) == "pending" and lesson.tried_table(None) == "pending"
+    assert lesson.peers_table(None, report.FLEX) is None and not lesson.is_current(None)
+    assert lesson.ms(None, STEP5, "x") is None and lesson.ratio(None, 2.0) is None
+
+
+@pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
+def test_lesson_on_the_committed_file():
+    results = plotting.load_results("multi_item")
+    lays = lesson.layouts(results)
+    assert list(lays) == [name for name, _, _ in report.bench_shapes()]
+    rate = lesson.matmul_rate(results, lays)
+    assert 1e14 < rate < 1e16  # a bf16 matmul rate recovered from the file's compute floors
+    view = lesson.amdahl(results, lays)
+    for v in view.values():
+        assert 0 < v["step05_share"] < v["dense_share"] < 1 and v["pass_gain"] > 1 and v["packing_gain"] > 1
+    assert "pending" not in lesson.amdahl_table(view)
+    assert lesson.bounds_table(results, lays).count("\n") == 1 + len(lays)
+    if not lesson.is_current(results):
+        assert "pending" in lesson.tried_table(results)  # the do_bench line waits for the new file
+    flight = lesson.in_flight(lays[report.MIXED_SHAPE])
+    assert flight["first_run"] > results.data["device"]["l2_cache_bytes"] > flight["head_groups"]
