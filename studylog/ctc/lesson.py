@@ -91,8 +91,8 @@ def _percent(value: float) -> str:
 
 
 def _largest_change(values: list[float]) -> str:
-    """The largest change of time, in percent, of a list of ratios."""
-    return _percent(max(abs(v - 1) for v in values)) if values else PENDING
+    """The largest change of time, in percent (one decimal), of a list of ratios."""
+    return f"{max(abs(v - 1) for v in values) * 100:.1f}%" if values else PENDING
 
 
 # --------------------------------------------------------------------------------------
