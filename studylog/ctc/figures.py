@@ -165,7 +165,8 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
     for ax, A in zip(axes, BENCH_A):
         _times_panel(ax, results, A)
     _shared_legend(fig, axes, ncol=3)
-    fig.suptitle(f"CTC loss + gradient, T = {BENCH_T}: torch against our steps ({clock}, {results.gpu})",
+    bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
+    fig.suptitle(f"CTC loss + gradient, T = {BENCH_T}: torch against our steps ({clock}, {results.gpu}{bars})",
                  fontsize=FONT + 1)
     figs["times"] = fig
     if results.select("torch-best"):
@@ -174,8 +175,8 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
             _speedup_panel(ax, results, A)
         _shared_legend(fig, axes, ncol=2)
         base = clock_words(clock_of(results, "torch-best"))
-        fig.suptitle(f"Speedup of steps 7 to 10 over the faster torch call ({base}; bars: range over repetitions)",
-                     fontsize=FONT + 1)
+        bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
+        fig.suptitle(f"Speedup of steps 7 to 10 over the faster torch call ({base}{bars})", fontsize=FONT + 1)
         figs["speedup"] = fig
     series = f"{_chapter().step(4).series} strided"
     if results.select(series):
