@@ -388,7 +388,7 @@ def _errorbar(ax, xs, rows, scale, **style):
     ax.errorbar(xs, ys, yerr=[lo, hi], ls="none", capsize=2, elinewidth=1, **style)
 
 
-def _caption(results) -> str:
+def caption(results) -> str:
     """The figures' footnote: the GPU, the date and the software of the run."""
     v = results.data.get("versions", {})
     return (f"Measured on {results.gpu} on {results.date} (torch {v.get('torch', '?')}); copy bandwidth "
@@ -441,7 +441,7 @@ def figures(results) -> dict:
     ax.grid(True, which="major", axis="y", alpha=0.3)
     ax.legend(fontsize=FONT, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     ax.set_title("N-gram matching: every step against the CPU path and the floor", fontsize=FONT + 1)
-    fig.text(0.5, 0.005, _caption(results), ha="center", fontsize=FONT)
+    fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     figs["latency"] = fig
 
@@ -464,7 +464,7 @@ def figures(results) -> dict:
     ax.grid(True, which="major", axis="y", alpha=0.3)
     ax.legend(fontsize=FONT, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.17), frameon=False)
     ax.set_title("How far each kernel is from reading every haystack once", fontsize=FONT + 1)
-    fig.text(0.5, 0.005, _caption(results), ha="center", fontsize=FONT)
+    fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     figs["vs_floor"] = fig
 
@@ -492,7 +492,7 @@ def figures(results) -> dict:
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         ax.set_title("Fused kernels: how finely to split each slot", fontsize=FONT + 1)
-        fig.text(0.5, 0.005, _caption(results), ha="center", fontsize=FONT)
+        fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
         fig.tight_layout(rect=(0, 0.04, 1, 1))
         figs["chunks"] = fig
 
@@ -560,9 +560,45 @@ def _real_text_figure(results, cases):
         ax.tick_params(labelsize=FONT)
         ax.grid(True, axis="y", alpha=0.3)
     ax_d.set_xticks(xs, labels, fontsize=FONT)
-    fig.text(0.5, 0.005, _caption(results), ha="center", fontsize=FONT)
+    fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig
+
+
+def grid_row(results, series: str, cfg: tuple[int, int, int]) -> dict | None:
+    """The grid's row of ``series`` at ``cfg`` = (batch, seq_len, threshold), or None when the file has none."""
+    rows = _grid_select(results, series, cfg)
+    return rows[0] if rows else None
+
+
+def _us_cell(row) -> str:
+    if row is None:
+        return "–"
+    cell = f"{row['ms'] * 1e3:,.1f}"
+    if "spread_ms" in row:
+        lo, _, hi = row["spread_ms"]
+        cell += f" ({lo * 1e3:,.1f}–{hi * 1e3:,.1f})"
+    return cell
+
+
+def step_table(results, steps, configs=None) -> str:
+    """Markdown: per grid case, the one-pass floor and the time of each of ``steps`` (numbers or series; µs per
+    call, median, with the repetitions' min–max where the file has them; each column says its clock), and the
+    last step's time over the floor."""
+    chapter = _chapter()
+    steps = [chapter.step(s) for s in steps]
+    configs = configs or _configs(results)
+    clocks = {s.series: _clock_words(_clock_of(results, s.series) or "do_bench") for s in steps}
+    head = ["case", "floor µs"] + [f"{s.name} µs ({clocks[s.series]})" for s in steps] + [f"{steps[-1].name} / floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cfg in configs:
+        rows = [grid_row(results, s.series, cfg) for s in steps]
+        floor = next((r["floor_ms"] for r in rows if r and r.get("floor_ms")), None)
+        last = rows[-1]
+        ratio = f"{last['ms'] / floor:,.2f}" if last and floor else "–"
+        lines.append("| " + " | ".join([_label(cfg).replace("\n", ", "), f"{floor * 1e3:,.2f}" if floor else "–"]
+                                       + [_us_cell(r) for r in rows] + [ratio]) + " |")
+    return "\n".join(lines)
 
 
 def real_text_table(results) -> str:
@@ -740,4 +776,4 @@ __all__ = ["NO_BUDGET", "BENCH_GRID", "QUICK_GRID", "CORPORA", "REAL_SHAPES", "Q
            "FIRST_OWN_STEP", "CHUNK_SWEEPS", "SYNCED_SERIES", "SYNCED_DESCRIPTION", "CLOCK_NOTE", "HEADLINE_CASES",
            "HEADLINE_REAL_CASE", "series_of", "own_series", "sweep_series", "gen_width_for", "real_cases",
            "real_batch", "estimated_calls", "bench", "figures", "summary_table", "real_text_table", "headline",
-           "target_verdicts"]
+           "target_verdicts", "caption", "grid_row", "step_table", "series_color", "STYLE", "OTHER_COLORS"]
