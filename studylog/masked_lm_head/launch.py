@@ -1,0 +1,105 @@
+"""Launching the chapter's Triton kernels with little host time: a compiled kernel's own launcher, called
+directly.
+
+``kernel[grid](*args, **constexprs)`` binds the arguments to the signature, works out how each one
+specialises the kernel (an int equal to 1, an int or pointer divisible by 16, a dtype), hashes that into a
+cache key, looks the compiled kernel up and only then calls its launcher. For a kernel of a few
+microseconds that Python path is longer than the kernel. :class:`FastKernel` keeps the compiled kernel of
+each specialisation it has seen and calls its launcher itself: the arguments are reduced to the same
+specialisation facts in one pass (tensors become their data pointers, which the launcher takes as ints),
+and a new combination goes once through ``kernel[grid]``, which compiles (or finds) the kernel and launches
+it, and whose result is kept.
+
+Invariants the fast path relies on, checked when an entry is made (else the call takes ``kernel[grid]``):
+the kernel's constexpr parameters come after all its runtime parameters, and no launch hook is installed
+(``triton.knobs.runtime.launch_enter_hook``, e.g. a profiler): with a hook, every call goes through
+``kernel[grid]`` so the hook sees it. In Triton's interpreter (no GPU) there is no compiled kernel: every
+call is ``kernel[grid]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from studylog import runtime
+
+_I32 = 2**31
+
+
+def _knobs():
+    try:
+        from triton import knobs
+    except ImportError:  # older Triton: no launch hooks to respect
+        return None
+    return knobs.runtime
+
+
+def specialization(args: tuple, skip: frozenset[int] = frozenset()) -> tuple[tuple, list]:
+    """(key, values): what Triton specialises a launch on, for the runtime arguments ``args`` in the kernel's
+    order, and the values its launcher takes (a tensor's data pointer, an int as it is). A pointer counts
+    its 16-byte alignment and its dtype; an int whether it is 1, divisible by 16, and whether it fits in
+    32 bits. Arguments whose index is in ``skip`` (``do_not_specialize``) count only their width."""
+    key, values = [], []
+    for i, a in enumerate(args):
+        if type(a) is int:
+            wide = not -_I32 <= a < _I32
+            key.append(wide if i in skip else (a == 1, a % 16 == 0, wide))
+            values.append(a)
+        else:
+            ptr = a.data_ptr()
+            key.append((a.dtype, ptr % 16 == 0))
+            values.append(ptr)
+    return tuple(key), values
+
+
+class FastKernel:
+    """A Triton kernel launched through its compiled launcher (see the module docstring).
+
+    ``FastKernel(kernel)(grid, args, constexprs)`` launches ``kernel`` on a 1-D ``grid`` (an int) with the
+    runtime arguments ``args`` (a tuple, in the kernel's order) and ``constexprs`` (a dict of the
+    constexpr arguments and launch options such as ``num_warps``, hashable values)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._compiled: dict[tuple, Any] = {}
+        params = getattr(kernel, "params", None)
+        if params is not None:
+            runtime_params = [p for p in params if not p.is_constexpr]
+            self._skip = frozenset(i for i, p in enumerate(runtime_params) if p.do_not_specialize)
+            n = len(runtime_params)
+            self._trailing = all(p.is_constexpr for p in params[n:]) and not any(p.is_constexpr for p in params[:n])
+            self._n_runtime = n
+            self._n_constexpr = len(params) - n
+        else:  # the interpreter's kernel object: never used on the fast path
+            self._skip, self._trailing, self._n_runtime, self._n_constexpr = frozenset(), False, -1, 0
+
+    def __call__(self, grid: int, args: tuple, constexprs: dict[str, Any]) -> None:
+        if runtime.mode() != "gpu" or not self._trailing:
+            self.kernel[(grid,)](*args, **constexprs)
+            return
+        hooks = _knobs()
+        if hooks is not None and (hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None):
+            self.kernel[(grid,)](*args, **constexprs)
+            return
+        spec, values = specialization(args, self._skip)
+        device = torch.cuda.current_device()
+        key = (device, spec, tuple(constexprs.items()))
+        entry = self._compiled.get(key)
+        if entry is None:
+            compiled = self.kernel[(grid,)](*args, **constexprs)  # compiles or finds it, and launches
+            names = [p.name for p in self.kernel.params if p.is_constexpr]
+            if compiled is not None and hasattr(compiled, "run") and len(args) == self._n_runtime:
+                const_values = tuple(constexprs[n] for n in names if n in constexprs)
+                if len(const_values) == self._n_constexpr:
+                    self._compiled[key] = (compiled, const_values)
+            return
+        compiled, const_values = entry
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *values, *const_values)
+
+    def cached(self) -> int:
+        """How many specialisations have a kept compiled kernel."""
+        return len(self._compiled)
+
