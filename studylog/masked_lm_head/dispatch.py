@@ -84,7 +84,8 @@ def _series(number: int) -> str:
 def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
     """(batch, mask kind) -> one point per measured allowed count, sorted by union: ``union`` (rows of the
     union of the allowed sets), ``compact`` (the fastest compacted step: 5 or 6 at batch 1, 7 above),
-    ``row_skip`` (step 3) and ``cublas`` (``cublas_fp32_mask``), in ms, where all were measured (``[V, D]``)."""
+    ``dense`` (the faster of the dense paths measured there: step 3 and ``cublas_fp32_mask``), and each of
+    ``row_skip``, ``cublas``, ``few`` and ``stream`` (None where not measured), in ms, on ``[V, D]``."""
     compact_b1, few, batched, row = _series(5), _series(6), _series(7), _series(3)
     by_case: dict[tuple, dict[str, dict]] = {}
     for r in rows:
@@ -95,12 +96,14 @@ def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[d
     out: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for (batch, kind, _), series in by_case.items():
         compact = [series[s]["ms"] for s in ((compact_b1, few) if batch == 1 else (batched,)) if s in series]
-        if not compact or row not in series or "cublas_fp32_mask" not in series:
+        dense = [series[s]["ms"] for s in (row, "cublas_fp32_mask") if s in series]
+        if not compact or not dense:
             continue
+        union = next(r["union"] for r in series.values())
         out.setdefault((batch, kind), []).append({
-            "union": series[row]["union"], "compact": min(compact), "row_skip": series[row]["ms"],
-            "cublas": series["cublas_fp32_mask"]["ms"],
-            "few": series[few]["ms"] if few in series else None, "stream": series.get(compact_b1, {}).get("ms")})
+            "union": union, "compact": min(compact), "dense": min(dense),
+            "row_skip": series.get(row, {}).get("ms"), "cublas": series.get("cublas_fp32_mask", {}).get("ms"),
+            "few": series.get(few, {}).get("ms"), "stream": series.get(compact_b1, {}).get("ms")})
     return {key: sorted(pts, key=lambda q: q["union"]) for key, pts in sorted(out.items())}
 
 
@@ -117,7 +120,8 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
     The rule, per batch size of the run, over all its mask kinds together: a compacted kernel is used up
     to the largest union at which it was measured no slower than the best dense path with no slower point
     below it (everywhere, fraction 1.0, if it never lost); the dense path is the one of step 3 and
-    cuBLAS + mask with the smaller total time over the batch's points; batch-1 sets take step 6 up to the
+    cuBLAS + mask with the smaller total time over the batch's points where both were measured (step 3 if
+    none has both and step 3 was measured, else cuBLAS + mask); batch-1 sets take step 6 up to the
     largest count at which it was no slower than step 5 with no slower count below it (all it has slots
     for if it never lost). ``vocab`` is the benchmark's vocabulary (:data:`VOCAB`).
     """
@@ -128,9 +132,14 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
     dense: dict[int, str] = {}
     for batch in sorted({b for b, _ in points}):
         pts = [q for (b, _), qs in points.items() if b == batch for q in qs]
-        last_win, first_loss = _last_win([(q["union"], q["compact"] <= min(q["row_skip"], q["cublas"])) for q in pts])
+        last_win, first_loss = _last_win([(q["union"], q["compact"] <= q["dense"]) for q in pts])
         fraction[batch] = 1.0 if first_loss is None else (last_win or 0) / vocab
-        dense[batch] = "row_skip" if sum(q["row_skip"] for q in pts) <= sum(q["cublas"] for q in pts) else "cublas"
+        both = [q for q in pts if q["row_skip"] is not None and q["cublas"] is not None]
+        if both:
+            faster_row = sum(q["row_skip"] for q in both) <= sum(q["cublas"] for q in both)
+        else:
+            faster_row = any(q["row_skip"] is not None for q in pts)
+        dense[batch] = "row_skip" if faster_row else "cublas"
     few = [(q["union"], q["few"] <= q["stream"]) for (b, _), qs in points.items() if b == 1 for q in qs
            if q["few"] is not None and q["stream"] is not None]
     last_win, first_loss = _last_win(few)

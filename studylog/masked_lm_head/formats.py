@@ -395,43 +395,65 @@ def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: 
 FP32_UNIT_ROUNDOFF = 2.0**-24
 
 
-def accumulation_depth(hidden: int) -> int:
-    """The depth ``k`` of :func:`error_bound`: how many fp32 additions, at most, one product ``h_i w_i`` goes
-    through on its way into a logit, counted for the slowest-growing path we check, with a factor 2 for
-    additions that truncate rather than round.
+#: How a path adds the products of a logit (:func:`accumulation_depth`): ``"dot"`` through tensor-core
+#: ``tl.dot`` or cuBLAS (steps 0-3, 7, 8, the cuBLAS paths), ``"row"`` as one program's reduction of whole rows
+#: (steps 4-6, and the plan's batch-1 kernel).
+SUMMATIONS = ("dot", "row")
 
-    A tensor-core ``tl.dot`` (steps 0-3, 7, 8, and cuBLAS) adds the products of a logit 16 at a time into one
-    fp32 accumulator: ``ceil(D / 16)`` accumulations in a chain, and at most ``log2(16) = 4`` levels inside one
-    instruction. The row kernels (steps 4-6) sum each thread's share of a row in a chain, then across the
-    threads in a tree: fewer. Tensor cores may truncate when they align the addends (an error up to ``2u``
-    instead of ``u``), hence the factor 2: ``k = 2 (ceil(D / 16) + 4)``.
+
+def accumulation_depth(hidden: int, summation: str = "dot") -> int:
+    """The depth ``k`` of :func:`error_bound`: how many fp32 additions, at most, one product ``h_i w_i`` goes
+    through on its way into a logit.
+
+    ``"dot"``: a tensor-core ``tl.dot`` (and cuBLAS) adds the products of a logit 16 at a time into one fp32
+    accumulator: ``ceil(D / 16)`` accumulations in a chain, and at most ``log2(16) = 4`` levels inside one
+    instruction; tensor cores may truncate when they align the addends (an error up to ``2u`` instead of
+    ``u``), hence ``k = 2 (ceil(D / 16) + 4)``.
+
+    ``"row"``: a program of 4 warps (128 threads) reduces a tile of at most two whole rows padded to
+    ``D' = next_power_of_2(D)``: each thread adds its share in a chain (at most ``2 D' / 128`` values), then
+    the threads combine in a tree (``log2(128) = 7`` levels); ordinary fp32 additions round to nearest:
+    ``k = 2 D' / 128 + 7``. (Step 4 adds 1,024-wide chunks the same way and its chunks in a chain of
+    ``D / 1024``: fewer.)
     """
+    if summation == "row":
+        return 2 * -(-triton.next_power_of_2(int(hidden)) // 128) + 7
+    if summation != "dot":
+        raise ValueError(f"summation must be one of {SUMMATIONS}, got {summation!r}")
     return 2 * (-(-int(hidden) // 16) + 4)
 
 
-def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens | None = None, layout: str = "vd") -> Tensor:
+def fp32_gamma(hidden: int, summation: str = "dot") -> float:
+    """``gamma_k = k u / (1 - k u)`` for ``k`` = :func:`accumulation_depth` and ``u`` = :data:`FP32_UNIT_ROUNDOFF`."""
+    ku = accumulation_depth(hidden, summation) * FP32_UNIT_ROUNDOFF
+    return ku / (1 - ku)
+
+
+def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens | None = None, layout: str = "vd", *,
+                summation: str = "dot") -> Tensor:
     """A bound on the fp32-accumulation error of every logit: ``gamma_k * sum_i |h_i w_i|`` with
-    ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` and ``k`` = :func:`accumulation_depth` (Higham, *Accuracy and
-    Stability of Numerical Algorithms*, 2nd ed., §4.2: a sum whose terms each go through at most ``k``
-    additions is within ``gamma_k`` times the sum of their magnitudes). Products of bf16/fp16 values are
-    exact in fp32, so only the additions count; rounding the result to fp32 adds at most ``u |logit|``, which
-    ``gamma_1 sum |h_i w_i|`` already covers. A tiny absolute slack keeps exact zeros comparable.
+    ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` and ``k`` = :func:`accumulation_depth` of the path's
+    ``summation`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2: a sum whose terms
+    each go through at most ``k`` additions is within ``gamma_k`` times the sum of their magnitudes). Products
+    of bf16/fp16 values are exact in fp32, so only the additions count; rounding the result to fp32 adds at
+    most ``u |logit|``, which ``gamma_1 sum |h_i w_i|`` already covers. A tiny absolute slack keeps exact
+    zeros comparable.
 
     The bound is tight enough to fail an output that lost fp32 (rounded to bf16 on the way, or accumulated in
-    bf16): ``tests/test_masked_lm_head.py`` checks that it does. ``allowed`` is not used (the bound is for
-    every logit); it stays for the callers that pass it."""
+    bf16) at most allowed tokens (``"row"``: about 5 in 6 at D = 3,072; ``"dot"``, looser: about 2 in 5), so a
+    check of a few ids catches it: ``tests/test_masked_lm_head.py`` checks that it does. ``allowed`` is not
+    used (the bound is for every logit); it stays for the callers that pass it."""
     w = weight.double() if layout == "vd" else weight.double().t()
     scale = h.double().abs() @ w.abs().t()
-    k = accumulation_depth(h.shape[1])
-    ku = k * FP32_UNIT_ROUNDOFF
-    return ku / (1 - ku) * scale + 1e-30
+    return fp32_gamma(h.shape[1], summation) * scale + 1e-30
 
 
-def check_logits(out: Tensor, h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd") -> dict:
+def check_logits(out: Tensor, h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd", *,
+                 summation: str = "dot") -> dict:
     """Compare kernel logits with the float64 reference: allowed entries within
-    :func:`error_bound`, every other entry exactly ``-inf``, no NaN (poison) left."""
+    :func:`error_bound` (of the path's ``summation``), every other entry exactly ``-inf``, no NaN (poison) left."""
     ref = reference_logits(h, weight, allowed, layout)
-    bound = error_bound(h, weight, allowed, layout)
+    bound = error_bound(h, weight, allowed, layout, summation=summation)
     got = out.double()
     mask = allowed.mask.to(got.device)
     nan = int(torch.isnan(got).sum())

@@ -40,17 +40,12 @@ def specialization(args: tuple, skip: frozenset[int] = frozenset()) -> tuple[tup
     order, and the values its launcher takes (a tensor's data pointer, an int as it is). A pointer counts
     its 16-byte alignment and its dtype; an int whether it is 1, divisible by 16, and whether it fits in
     32 bits. Arguments whose index is in ``skip`` (``do_not_specialize``) count only their width."""
-    key, values = [], []
-    for i, a in enumerate(args):
-        if type(a) is int:
-            wide = not -_I32 <= a < _I32
-            key.append(wide if i in skip else (a == 1, a % 16 == 0, wide))
-            values.append(a)
-        else:
-            ptr = a.data_ptr()
-            key.append((a.dtype, ptr % 16 == 0))
-            values.append(ptr)
-    return tuple(key), values
+    values = [a if type(a) is int else a.data_ptr() for a in args]
+    flags = [(v == 1) + 2 * (v % 16 == 0) + 4 * (not -_I32 <= v < _I32) if type(a) is int else 8 + 2 * (v % 16 == 0)
+             for a, v in zip(args, values)]
+    if skip:
+        flags = [f & 4 if i in skip else f for i, f in enumerate(flags)]
+    return (tuple(flags), tuple([a.dtype for a in args if type(a) is not int])), values
 
 
 class FastKernel:
