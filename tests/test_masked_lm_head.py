@@ -792,7 +792,7 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     run = StubRun()
     gen = np.random.default_rng(0)
     sets = mlh.grammar_like_sets(12, 150, gen, n_classes=20)
-    only = [(1, "random", 8), (1, "random", 100), (1, "grammar", 8), (1, "clustered", 100), (3, "random", 10),
+    only = [(1, "random", 8), (1, "random", 1000), (1, "grammar", 8), (1, "clustered", 100), (3, "random", 10),
             (3, "grammar", 40)]
     mlh.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1, 3), only=only, peer=_cpu_peer(),
                   structured=mlh.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic"))

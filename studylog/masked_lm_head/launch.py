@@ -12,8 +12,8 @@ it, and whose result is kept.
 
 Invariants the fast path relies on, checked when an entry is made (else the call takes ``kernel[grid]``):
 the kernel's constexpr parameters come after all its runtime parameters, and no launch hook is installed
-(``triton.knobs.runtime.launch_enter_hook``, e.g. a profiler): with a hook, every call goes through
-``kernel[grid]`` so the hook sees it. In Triton's interpreter (no GPU) there is no compiled kernel: every
+(``triton.knobs.runtime.launch_enter_hook``, a chain of hooks that is empty unless a profiler adds one): with
+a hook, every call goes through ``kernel[grid]`` so the hook sees it. In Triton's interpreter (no GPU) there is no compiled kernel: every
 call is ``kernel[grid]``.
 """
 
@@ -35,6 +35,14 @@ def _knobs():
     return knobs.runtime
 
 
+def _installed(hook) -> bool:
+    """Whether a launch hook is installed: a callable, or a chain of hooks (Triton 3.4+) holding one."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True
+
+
 def specialization(args: tuple, skip: frozenset[int] = frozenset()) -> tuple[tuple, list]:
     """(key, values): what Triton specialises a launch on, for the runtime arguments ``args`` in the kernel's
     order, and the values its launcher takes (a tensor's data pointer, an int as it is). A pointer counts
@@ -52,12 +60,15 @@ class FastKernel:
     """A Triton kernel launched through its compiled launcher (see the module docstring).
 
     ``FastKernel(kernel)(grid, args, constexprs)`` launches ``kernel`` on a 1-D ``grid`` (an int) with the
-    runtime arguments ``args`` (a tuple, in the kernel's order) and ``constexprs`` (a dict of the
-    constexpr arguments and launch options such as ``num_warps``, hashable values)."""
+    runtime arguments ``args`` (a tuple, in the kernel's order, the first a tensor on the launch's device)
+    and ``constexprs`` (a dict of the constexpr arguments and launch options such as ``num_warps``, hashable
+    values). Callers keep one such dict per configuration (not a new one per call): calls with the same
+    pointers, ints and dict skip the specialisation work."""
 
     def __init__(self, kernel):
         self.kernel = kernel
         self._compiled: dict[tuple, Any] = {}
+        self._memo: dict[tuple, Any] = {}
         params = getattr(kernel, "params", None)
         if params is not None:
             runtime_params = [p for p in params if not p.is_constexpr]
@@ -74,25 +85,39 @@ class FastKernel:
             self.kernel[(grid,)](*args, **constexprs)
             return
         hooks = _knobs()
-        if hooks is not None and (hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None):
+        if hooks is not None and (_installed(hooks.launch_enter_hook) or _installed(hooks.launch_exit_hook)):
             self.kernel[(grid,)](*args, **constexprs)
             return
-        spec, values = specialization(args, self._skip)
-        device = torch.cuda.current_device()
-        key = (device, spec, tuple(constexprs.items()))
-        entry = self._compiled.get(key)
-        if entry is None:
-            compiled = self.kernel[(grid,)](*args, **constexprs)  # compiles or finds it, and launches
-            names = [p.name for p in self.kernel.params if p.is_constexpr]
-            if compiled is not None and hasattr(compiled, "run") and len(args) == self._n_runtime:
-                const_values = tuple(constexprs[n] for n in names if n in constexprs)
-                if len(const_values) == self._n_constexpr:
-                    self._compiled[key] = (compiled, const_values)
-            return
+        values = [a if type(a) is int else a.data_ptr() for a in args]
+        device = args[0].get_device()
+        # The same pointers and ints with the same constexpr dict (the callers keep one dict per tile shape
+        # and dtype) specialise the same way: a hit skips working the specialisation out.
+        memo_key = (id(constexprs), device, *values)
+        hit = self._memo.get(memo_key)
+        if hit is not None and hit[0] is constexprs:
+            entry = hit[1]
+        else:
+            spec, _ = specialization(args, self._skip)
+            key = (device, spec, tuple(constexprs.items()))
+            entry = self._compiled.get(key)
+            if entry is None:
+                self._compile(key, grid, args, constexprs)
+                return
+            if len(self._memo) > 512:  # new pointers every call (outputs allocated per call): keep it small
+                self._memo.clear()
+            self._memo[memo_key] = (constexprs, entry)
         compiled, const_values = entry
-        stream = torch._C._cuda_getCurrentRawStream(device)
-        compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     *values, *const_values)
+        compiled.run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *values, *const_values)
+
+    def _compile(self, key: tuple, grid: int, args: tuple, constexprs: dict[str, Any]) -> None:
+        """Launch through ``kernel[grid]`` (which compiles or finds the kernel) and keep what it ran."""
+        compiled = self.kernel[(grid,)](*args, **constexprs)
+        names = [p.name for p in self.kernel.params if p.is_constexpr]
+        if compiled is not None and hasattr(compiled, "run") and len(args) == self._n_runtime:
+            const_values = tuple(constexprs[n] for n in names if n in constexprs)
+            if len(const_values) == self._n_constexpr:
+                self._compiled[key] = (compiled, const_values)
 
     def cached(self) -> int:
         """How many specialisations have a kept compiled kernel."""

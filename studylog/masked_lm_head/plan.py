@@ -82,7 +82,8 @@ def union_ids_kernel(
 # --------------------------------------------------------------------------------------------
 # Step 5's kernel with the count on the device and the mask as bits. The id buffer holds the
 # grid's whole capacity, so the id is loaded unmasked, beside the count: the row load waits
-# for both at once, as it waited for the id alone in step 5.
+# for both at once, as it waited for the id alone in step 5. A program past the count loads
+# nothing else (h too is masked by it: a bucket's idle programs would read it from L2).
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -93,12 +94,14 @@ def stream_count_kernel(
 ):
     pid = tl.program_id(0)
     if pid >= n_fill:
+        first = (pid - n_fill) * BLOCK_V
+        slots = first + tl.arange(0, BLOCK_V)
+        rows = tl.load(ids_ptr + slots)
+        n = tl.load(count_ptr)
+        live = slots < n
         offs_d = tl.arange(0, D_POW2)[None, :]
         in_d = offs_d < D
-        h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
-        slots = (pid - n_fill) * BLOCK_V + tl.arange(0, BLOCK_V)
-        rows = tl.load(ids_ptr + slots)
-        live = slots < tl.load(count_ptr)
+        h = tl.load(h_ptr + offs_d, mask=in_d & (offs_d * 0 + first < n), other=0.0).to(tl.float32)
         w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
                     mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION).to(tl.float32)
         tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
@@ -243,28 +246,37 @@ class MaskedHeadPlan:
         self.ids = torch.zeros(self.vocab + 64, dtype=torch.int32, device=dev)
         self.count = torch.zeros(1, dtype=torch.int32, device=dev)
         self._graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self._launches: dict[tuple[str, int], list[tuple]] = {}
+        self._buckets: dict[int, tuple[str, int]] = {}
 
     # -- which work a count needs ----------------------------------------------------------
     def bucket(self, count: int) -> tuple[str, int]:
         """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` (batch 1) or ``"batched"``
         with the capacity a power of two (at least :data:`MIN_CAPACITY`, at most V), or ``("dense", V)``."""
-        count = min(max(int(count), 0), self.vocab)
-        path = choose_path(self.batch, self.vocab, count, self.rule or dispatch_rule())
+        got = self._buckets.get(count)
+        if got is not None:
+            return got
+        n = min(max(int(count), 0), self.vocab)
+        path = choose_path(self.batch, self.vocab, n, self.rule or dispatch_rule())
         if path in ("few_ids", "stream", "batched"):
-            capacity = min(self.vocab, max(MIN_CAPACITY, triton.next_power_of_2(max(count, 1))))
-            return ("stream" if self.batch == 1 else "batched", capacity)
-        return ("dense", self.vocab)
+            capacity = min(self.vocab, max(MIN_CAPACITY, 1 << max(n - 1, 0).bit_length()))
+            got = ("stream" if self.batch == 1 else "batched", capacity)
+        else:
+            got = ("dense", self.vocab)
+        if len(self._buckets) < 4096:
+            self._buckets[count] = got
+        return got
 
     def buckets(self) -> list[tuple[str, int]]:
-        """Every bucket a count can fall in, smallest first."""
-        seen: dict[tuple[str, int], None] = {}
-        c = MIN_CAPACITY
-        while True:
-            seen.setdefault(self.bucket(min(c, self.vocab)), None)
-            if c >= self.vocab:
-                break
+        """Every bucket a count can fall in, smallest first: the powers of two up to V, and the largest count
+        the rule sends to a compacted kernel (its capacity may be one that no power of two up to it reaches)."""
+        counts, c = [], MIN_CAPACITY
+        while c < self.vocab:
+            counts.append(c)
             c *= 2
-        return list(seen)
+        counts += [self.vocab, (self.rule or dispatch_rule()).limits(self.batch, self.vocab)[0]]
+        seen = {self.bucket(count): None for count in sorted(counts)}
+        return sorted(seen, key=lambda b: (b[0] == "dense", b[1]))
 
     # -- the work, eager -------------------------------------------------------------------
     def launch(self, count: int) -> Float[Tensor, "b v"]:
@@ -274,39 +286,46 @@ class MaskedHeadPlan:
         return self.out
 
     def _enqueue(self, bucket: tuple[str, int]) -> None:
+        launches = self._launches.get(bucket)
+        if launches is None:
+            launches = self._launches[bucket] = self._plan_launches(bucket)
+        if bucket[0] == "dense":
+            dense_logits(self.h, self.weight, self.out)
+        else:
+            self.count.zero_()
+        for kernel, grid, args, constexprs in launches:
+            kernel(grid, args, constexprs)
+
+    def _plan_launches(self, bucket: tuple[str, int]) -> list[tuple]:
+        """The kernel launches of a bucket, worked out once: (kernel, grid, arguments, constexprs)."""
         path, capacity = bucket
         batch, vocab, hidden = self.batch, self.vocab, self.hidden
         if path == "dense":
-            dense_logits(self.h, self.weight, self.out)
-            _APPLY(-(-(batch * vocab) // APPLY_BLOCK),
-                   (self.out, self.bitmask, batch, vocab, self.out.stride(0), self.bitmask.stride(0)),
-                   {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4})
-            return
-        self.count.zero_()
+            return [(_APPLY, -(-(batch * vocab) // APPLY_BLOCK),
+                     (self.out, self.bitmask, batch, vocab, self.out.stride(0), self.bitmask.stride(0)),
+                     {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4})]
         words = self.bitmask.shape[1]
-        _UNION(-(-words // UNION_BLOCK_W), (self.bitmask, self.ids, self.count, batch, vocab, words,
-                                            self.bitmask.stride(0)),
-               {"BLOCK_W": UNION_BLOCK_W, "BLOCK_B": min(UNION_BLOCK_B, triton.next_power_of_2(batch)),
-                "num_warps": 4})
+        union = (_UNION, -(-words // UNION_BLOCK_W),
+                 (self.bitmask, self.ids, self.count, batch, vocab, words, self.bitmask.stride(0)),
+                 {"BLOCK_W": UNION_BLOCK_W, "BLOCK_B": min(UNION_BLOCK_B, triton.next_power_of_2(batch)),
+                  "num_warps": 4})
         if path == "stream":
             t = stream_tiles(capacity)
             n_fill = -(-vocab // t.fill_block)
-            _STREAM_COUNT(n_fill + -(-capacity // t.block_v),
-                          (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, vocab, n_fill,
-                           self.weight.stride(0)),
-                          {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), "BLOCK_V": t.block_v,
-                           "FILL_BLOCK": t.fill_block, "EVICTION": EVICTION, "num_warps": t.num_warps,
-                           "num_stages": t.num_stages})
-        else:
-            t = default_tiles(7, batch, capacity)
-            n_compute = -(-capacity // t.block_v) * -(-batch // t.block_b)
-            _BATCHED_COUNT(n_compute + -(-(batch * vocab) // t.fill_block),
-                           (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, batch, vocab,
-                            n_compute, self.h.stride(0), self.weight.stride(0), self.out.stride(0),
-                            self.bitmask.stride(0)),
-                           {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
-                            "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(self.weight.dtype),
-                            "num_warps": t.num_warps, "num_stages": t.num_stages})
+            return [union, (_STREAM_COUNT, n_fill + -(-capacity // t.block_v),
+                            (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, vocab, n_fill,
+                             self.weight.stride(0)),
+                            {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), "BLOCK_V": t.block_v,
+                             "FILL_BLOCK": t.fill_block, "EVICTION": EVICTION, "num_warps": t.num_warps,
+                             "num_stages": t.num_stages})]
+        t = default_tiles(7, batch, capacity)
+        n_compute = -(-capacity // t.block_v) * -(-batch // t.block_b)
+        return [union, (_BATCHED_COUNT, n_compute + -(-(batch * vocab) // t.fill_block),
+                        (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, batch, vocab, n_compute,
+                         self.h.stride(0), self.weight.stride(0), self.out.stride(0), self.bitmask.stride(0)),
+                        {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
+                         "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(self.weight.dtype),
+                         "num_warps": t.num_warps, "num_stages": t.num_stages})]
 
     # -- the work, in CUDA graphs ----------------------------------------------------------
     def capture(self, buckets: Sequence[tuple[str, int]] | None = None) -> None:
