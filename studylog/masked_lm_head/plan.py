@@ -82,8 +82,8 @@ def union_ids_kernel(
 # --------------------------------------------------------------------------------------------
 # Step 5's kernel with the count on the device and the mask as bits. The id buffer holds the
 # grid's whole capacity, so the id is loaded unmasked, beside the count: the row load waits
-# for both at once, as it waited for the id alone in step 5. A program past the count loads
-# nothing else (h too is masked by it: a bucket's idle programs would read it from L2).
+# for both at once, as it waited for the id alone in step 5. A program past the count (a
+# bucket's spare capacity) returns as soon as the count arrives.
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -98,13 +98,14 @@ def stream_count_kernel(
         slots = first + tl.arange(0, BLOCK_V)
         rows = tl.load(ids_ptr + slots)
         n = tl.load(count_ptr)
-        live = slots < n
-        offs_d = tl.arange(0, D_POW2)[None, :]
-        in_d = offs_d < D
-        h = tl.load(h_ptr + offs_d, mask=in_d & (offs_d * 0 + first < n), other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
-                    mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION).to(tl.float32)
-        tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
+        if first < n:
+            live = slots < n
+            offs_d = tl.arange(0, D_POW2)[None, :]
+            in_d = offs_d < D
+            h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
+                        mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION).to(tl.float32)
+            tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
     else:
         offs = pid * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
         inside = offs < V
@@ -115,7 +116,8 @@ def stream_count_kernel(
 
 # --------------------------------------------------------------------------------------------
 # Step 7's kernel with the count on the device and the masks as bits. A program whose block of
-# the union starts past the count returns before its loop over D.
+# the union starts past the count returns before its loop over D. The fill programs each take
+# a block of one sequence's outputs (no division per element to find the sequence).
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -130,11 +132,11 @@ def batched_count_kernel(
         num_pid_b = tl.cdiv(B, BLOCK_B)
         pid_v = pid // num_pid_b  # neighbouring programs share rows: the second read hits L2
         pid_b = pid % num_pid_b
+        slots = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        rows = tl.load(union_ptr + slots)
         n_union = tl.load(count_ptr)
         if pid_v * BLOCK_V < n_union:
-            slots = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
             live = slots < n_union
-            rows = tl.load(union_ptr + slots)
             offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
             in_b = offs_b < B
             offs_d = tl.arange(0, BLOCK_D)
@@ -153,10 +155,11 @@ def batched_count_kernel(
             keep = (word >> (rows[None, :] % 32)) & 1
             tl.store(out_ptr + offs_b[:, None] * stride_ob + rows[None, :], acc, mask=tile & (keep != 0))
     else:
-        offs = (pid - n_compute) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)  # over the flat [B, V] output
-        inside = offs < B * V
-        seq = offs // V
-        tok = offs - seq * V
+        fill = pid - n_compute
+        per_row = tl.cdiv(V, FILL_BLOCK)
+        seq = fill // per_row
+        tok = (fill - seq * per_row) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+        inside = tok < V
         word = tl.load(bitmask_ptr + seq * stride_bm + tok // 32, mask=inside, other=-1)
         keep = (word >> (tok % 32)) & 1
         tl.store(out_ptr + seq * stride_ob + tok, tl.full((FILL_BLOCK,), float("-inf"), tl.float32),
@@ -165,15 +168,16 @@ def batched_count_kernel(
 
 # --------------------------------------------------------------------------------------------
 # The dense path's mask: -inf wherever a sequence's bit is 0 (what xgrammar's
-# apply_token_bitmask_inplace does), over the flat [B, V] output.
+# apply_token_bitmask_inplace does). Each program takes a block of one sequence's outputs.
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
-def apply_bitmask_kernel(out_ptr, bitmask_ptr, B, V, stride_ob, stride_bm, FILL_BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
-    inside = offs < B * V
-    seq = offs // V
-    tok = offs - seq * V
+def apply_bitmask_kernel(out_ptr, bitmask_ptr, V, stride_ob, stride_bm, FILL_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    per_row = tl.cdiv(V, FILL_BLOCK)
+    seq = pid // per_row
+    tok = (pid - seq * per_row) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+    inside = tok < V
     word = tl.load(bitmask_ptr + seq * stride_bm + tok // 32, mask=inside, other=-1)
     keep = (word >> (tok % 32)) & 1
     tl.store(out_ptr + seq * stride_ob + tok, tl.full((FILL_BLOCK,), float("-inf"), tl.float32),
@@ -301,8 +305,8 @@ class MaskedHeadPlan:
         path, capacity = bucket
         batch, vocab, hidden = self.batch, self.vocab, self.hidden
         if path == "dense":
-            return [(_APPLY, -(-(batch * vocab) // APPLY_BLOCK),
-                     (self.out, self.bitmask, batch, vocab, self.out.stride(0), self.bitmask.stride(0)),
+            return [(_APPLY, batch * -(-vocab // APPLY_BLOCK),
+                     (self.out, self.bitmask, vocab, self.out.stride(0), self.bitmask.stride(0)),
                      {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4})]
         words = self.bitmask.shape[1]
         union = (_UNION, -(-words // UNION_BLOCK_W),
@@ -320,7 +324,7 @@ class MaskedHeadPlan:
                              "num_stages": t.num_stages})]
         t = default_tiles(7, batch, capacity)
         n_compute = -(-capacity // t.block_v) * -(-batch // t.block_b)
-        return [union, (_BATCHED_COUNT, n_compute + -(-(batch * vocab) // t.fill_block),
+        return [union, (_BATCHED_COUNT, n_compute + batch * -(-vocab // t.fill_block),
                         (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, batch, vocab, n_compute,
                          self.h.stride(0), self.weight.stride(0), self.out.stride(0), self.bitmask.stride(0)),
                         {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
