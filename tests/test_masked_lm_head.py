@@ -493,6 +493,14 @@ def test_plan_takes_the_dense_bitmask_path_where_the_rule_says_compacted_loses(r
         assert plan.bucket(count)[0] == path
         plan.out.fill_(float("nan"))
         assert_logits(plan.step(count), plan.h, weight, mlh.AllowedTokens.from_ids(sets, V, device=DEV))
+    row_rule = mlh.DispatchRule({1: 0.2}, {1: "row_skip"}, mlh.FEW_IDS_MAX, "test")
+    plan = mlh.MaskedHeadPlan(weight, 3, rule=row_rule)
+    plan.h.copy_(torch.randn(3, D, generator=rng).to(torch.bfloat16))
+    sets = [np.arange(0, V, 2), [], np.arange(V)]
+    count = plan.set_allowed(sets)
+    assert plan.bucket(count) == ("row_skip", V)
+    plan.out.fill_(float("nan"))
+    assert_logits(plan.step(count), plan.h, weight, mlh.AllowedTokens.from_ids(sets, V, device=DEV))
 
 
 def test_plan_bad_input():
@@ -506,7 +514,7 @@ def test_plan_bad_input():
     plan = mlh.MaskedHeadPlan(w, 2)
     with pytest.raises(ValueError, match="1 sets given for a plan of batch 2"):
         plan.set_allowed([[1]])
-    assert plan.buckets()[-1] == ("batched", 10) or plan.buckets()[-1] == ("dense", 10)
+    assert plan.buckets()[-1] in (("batched", 10), ("dense", 10), ("row_skip", 10))
 
 
 def test_fast_launch_key_follows_tritons_specialisation():

@@ -37,7 +37,7 @@ from studylog.masked_lm_head.launch import FastKernel
 from studylog.masked_lm_head.masks import (StructuredSets, clustered_sets, cross_fit_orders, grammar_like_sets,
                                            random_sets, real_sets, structured_sets)
 from studylog.masked_lm_head.plan import (MaskedHeadPlan, apply_bitmask_kernel, batched_count_kernel,
-                                          stream_count_kernel, union_count, union_ids_kernel)
+                                          stream_count_kernel, union_count, union_ids_kernel, unpack_bitmask_kernel)
 from studylog.masked_lm_head.ptx import ptx_loads, ptx_row_load_groups
 from studylog.masked_lm_head.reorder import (ReorderedHead, VocabOrder, active_blocks, cluster_order,
                                              reordered_rows_kernel, step08_reordered)
@@ -113,7 +113,7 @@ __all__ = [
     "FP32_UNIT_ROUNDOFF", "SUMMATIONS", "accumulation_depth", "fp32_gamma", "bitmask_words", "pack_bitmask", "unpack_bitmask",
     # the decode loop's capturable form (step 9 with its inputs in device buffers) and its kernels
     "MaskedHeadPlan", "union_count", "union_ids_kernel", "stream_count_kernel", "batched_count_kernel",
-    "apply_bitmask_kernel", "FastKernel", "launch", "dense_logits",
+    "apply_bitmask_kernel", "unpack_bitmask_kernel", "FastKernel", "launch", "dense_logits",
     # step 8's vocabulary order, step 9's rule and paths
     "VocabOrder", "ReorderedHead", "cluster_order", "active_blocks",
     "DispatchRule", "FALLBACK_RULE", "PATHS", "dispatch_rule", "rule_from_results", "crossover_points",

@@ -39,6 +39,9 @@ from torch import Tensor
 from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.masked_lm_head.compact import EVICTION
+from studylog.masked_lm_head.dense import _FAST as _DENSE_FAST
+from studylog.masked_lm_head.dense import _options as _dense_options
+from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.dispatch import DispatchRule, choose_path, dense_logits, dispatch_rule
 from studylog.masked_lm_head.formats import (WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, pack_bitmask,
                                              stream_tiles)
@@ -184,7 +187,23 @@ def apply_bitmask_kernel(out_ptr, bitmask_ptr, V, stride_ob, stride_bm, FILL_BLO
              mask=inside & (keep == 0))
 
 
+# --------------------------------------------------------------------------------------------
+# The bitmask as one byte per token (the mask step 3 reads), for the plan's row-skip dense path.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    per_row = tl.cdiv(V, FILL_BLOCK)
+    seq = pid // per_row
+    tok = (pid - seq * per_row) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+    inside = tok < V
+    word = tl.load(bitmask_ptr + seq * stride_bm + tok // 32, mask=inside, other=0)
+    tl.store(mask_ptr + seq * stride_mask + tok, ((word >> (tok % 32)) & 1).to(tl.uint8), mask=inside)
+
+
 _UNION = FastKernel(union_ids_kernel)
+_UNPACK = FastKernel(unpack_bitmask_kernel)
 _STREAM_COUNT = FastKernel(stream_count_kernel)
 _BATCHED_COUNT = FastKernel(batched_count_kernel)
 _APPLY = FastKernel(apply_bitmask_kernel)
@@ -192,8 +211,10 @@ _APPLY = FastKernel(apply_bitmask_kernel)
 #: Words of the bitmask per program of :func:`union_ids_kernel` (1,024 tokens), and sequences per load.
 UNION_BLOCK_W = 32
 UNION_BLOCK_B = 16
-#: Outputs per program of :func:`apply_bitmask_kernel`.
+#: Outputs per program of :func:`apply_bitmask_kernel` (and tokens of :func:`unpack_bitmask_kernel`), and its warps
+#: (xgrammar's kernel, for the same work, takes 4,096 fp32 outputs per step with 32 warps).
 APPLY_BLOCK = 4096
+APPLY_WARPS = 32
 #: The smallest capacity of a compacted bucket.
 MIN_CAPACITY = 16
 
@@ -251,12 +272,15 @@ class MaskedHeadPlan:
         self.count = torch.zeros(1, dtype=torch.int32, device=dev)
         self._graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self._launches: dict[tuple[str, int], list[tuple]] = {}
+        self._mask: Tensor | None = None  # one byte per token, made for the row-skip path when it is first needed
         self._buckets: dict[int, tuple[str, int]] = {}
 
     # -- which work a count needs ----------------------------------------------------------
     def bucket(self, count: int) -> tuple[str, int]:
         """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` (batch 1) or ``"batched"``
-        with the capacity a power of two (at least :data:`MIN_CAPACITY`, at most V), or ``("dense", V)``."""
+        with the capacity a power of two (at least :data:`MIN_CAPACITY`, at most V); or the rule's dense path:
+        ``("row_skip", V)`` (the bitmask unpacked to bytes, then step 3) or ``("dense", V)`` (cuBLAS with fp32
+        output, then :func:`apply_bitmask_kernel`)."""
         got = self._buckets.get(count)
         if got is not None:
             return got
@@ -266,7 +290,7 @@ class MaskedHeadPlan:
             capacity = min(self.vocab, max(MIN_CAPACITY, 1 << max(n - 1, 0).bit_length()))
             got = ("stream" if self.batch == 1 else "batched", capacity)
         else:
-            got = ("dense", self.vocab)
+            got = ("row_skip" if path == "row_skip" else "dense", self.vocab)
         if len(self._buckets) < 4096:
             self._buckets[count] = got
         return got
@@ -280,7 +304,7 @@ class MaskedHeadPlan:
             c *= 2
         counts += [self.vocab, (self.rule or dispatch_rule()).limits(self.batch, self.vocab)[0]]
         seen = {self.bucket(count): None for count in sorted(counts)}
-        return sorted(seen, key=lambda b: (b[0] == "dense", b[1]))
+        return sorted(seen, key=lambda b: (b[0] in ("dense", "row_skip"), b[1]))
 
     # -- the work, eager -------------------------------------------------------------------
     def launch(self, count: int) -> Float[Tensor, "b v"]:
@@ -295,7 +319,7 @@ class MaskedHeadPlan:
             launches = self._launches[bucket] = self._plan_launches(bucket)
         if bucket[0] == "dense":
             dense_logits(self.h, self.weight, self.out)
-        else:
+        elif bucket[0] != "row_skip":
             self.count.zero_()
         for kernel, grid, args, constexprs in launches:
             kernel(grid, args, constexprs)
@@ -307,7 +331,18 @@ class MaskedHeadPlan:
         if path == "dense":
             return [(_APPLY, batch * -(-vocab // APPLY_BLOCK),
                      (self.out, self.bitmask, vocab, self.out.stride(0), self.bitmask.stride(0)),
-                     {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4})]
+                     {"FILL_BLOCK": APPLY_BLOCK, "num_warps": APPLY_WARPS})]
+        if path == "row_skip":
+            if self._mask is None:
+                self._mask = torch.zeros(batch, vocab, dtype=torch.uint8, device=self.weight.device)
+            t = default_tiles(3, batch)
+            m = self._mask
+            return [(_UNPACK, batch * -(-vocab // APPLY_BLOCK), (self.bitmask, m, vocab, self.bitmask.stride(0),
+                                                               m.stride(0)),
+                     {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4}),
+                    (_DENSE_FAST[row_skip_kernel], -(-batch // t.block_b) * -(-vocab // t.block_v),
+                     (self.h, self.weight, self.out, m, batch, vocab, hidden, self.h.stride(0), self.weight.stride(0),
+                      self.out.stride(0), m.stride(0)), _dense_options(t, self.weight.dtype))]
         words = self.bitmask.shape[1]
         union = (_UNION, -(-words // UNION_BLOCK_W),
                  (self.bitmask, self.ids, self.count, batch, vocab, words, self.bitmask.stride(0)),
