@@ -189,9 +189,21 @@ _FEW = FastKernel(few_ids_kernel)
 _BATCHED = FastKernel(batched_union_kernel)
 
 
-@functools.lru_cache(maxsize=None)
 def _options(t: Tiles, hidden: int, step: int, dtype: torch.dtype) -> dict:
-    """The constexpr arguments and launch options of step ``step``'s kernel for tiles ``t`` (made once)."""
+    """The constexpr arguments and launch options of step ``step``'s kernel for tiles ``t``: one dict per
+    configuration, kept (looked up by the tiles' identity, checked, rather than by hashing their fields)."""
+    key = (id(t), hidden, step, dtype)
+    hit = _OPTIONS.get(key)
+    if hit is None or hit[0] is not t:
+        hit = _OPTIONS[key] = (t, _make_options(t, hidden, step, dtype))
+    return hit[1]
+
+
+_OPTIONS: dict[tuple, tuple] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _make_options(t: Tiles, hidden: int, step: int, dtype: torch.dtype) -> dict:
     launch = {"num_warps": t.num_warps, "num_stages": t.num_stages}
     if step == 4:
         return {"D": hidden, "BLOCK_V": t.block_v, "BLOCK_D": min(t.block_d, triton.next_power_of_2(hidden)),

@@ -27,12 +27,14 @@ from studylog import runtime
 _I32 = 2**31
 
 
-def _knobs():
-    try:
-        from triton import knobs
-    except ImportError:  # older Triton: no launch hooks to respect
-        return None
-    return knobs.runtime
+try:
+    from triton import knobs as _triton_knobs
+
+    _HOOKS = _triton_knobs.runtime
+except ImportError:  # older Triton: no launch hooks to respect
+    _HOOKS = None
+#: Whether Triton compiles for the GPU in this process (else its interpreter runs every call).
+_GPU = runtime.mode() == "gpu"
 
 
 def _installed(hook) -> bool:
@@ -81,10 +83,10 @@ class FastKernel:
             self._skip, self._trailing, self._n_runtime, self._n_constexpr = frozenset(), False, -1, 0
 
     def __call__(self, grid: int, args: tuple, constexprs: dict[str, Any]) -> None:
-        if runtime.mode() != "gpu" or not self._trailing:
+        if not _GPU or not self._trailing:
             self.kernel[(grid,)](*args, **constexprs)
             return
-        hooks = _knobs()
+        hooks = _HOOKS
         if hooks is not None and (_installed(hooks.launch_enter_hook) or _installed(hooks.launch_exit_hook)):
             self.kernel[(grid,)](*args, **constexprs)
             return

@@ -175,16 +175,17 @@ def batched_count_kernel(
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
-def apply_bitmask_kernel(out_ptr, bitmask_ptr, V, stride_ob, stride_bm, FILL_BLOCK: tl.constexpr):
+def apply_bitmask_kernel(out_ptr, bitmask_ptr, V, W, stride_ob, stride_bm, FILL_BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     per_row = tl.cdiv(V, FILL_BLOCK)
     seq = pid // per_row
-    tok = (pid - seq * per_row) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
-    inside = tok < V
-    word = tl.load(bitmask_ptr + seq * stride_bm + tok // 32, mask=inside, other=-1)
-    keep = (word >> (tok % 32)) & 1
+    start = (pid - seq * per_row) * FILL_BLOCK
+    words = start // 32 + tl.arange(0, FILL_BLOCK // 32)  # each word loaded once, then spread to its 32 tokens
+    packed = tl.load(bitmask_ptr + seq * stride_bm + words, mask=words < W, other=-1)
+    drop = tl.reshape(((packed[:, None] >> tl.arange(0, 32)[None, :]) & 1) == 0, (FILL_BLOCK,))
+    tok = start + tl.arange(0, FILL_BLOCK)
     tl.store(out_ptr + seq * stride_ob + tok, tl.full((FILL_BLOCK,), float("-inf"), tl.float32),
-             mask=inside & (keep == 0))
+             mask=(tok < V) & drop)
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,7 +331,8 @@ class MaskedHeadPlan:
         batch, vocab, hidden = self.batch, self.vocab, self.hidden
         if path == "dense":
             return [(_APPLY, batch * -(-vocab // APPLY_BLOCK),
-                     (self.out, self.bitmask, vocab, self.out.stride(0), self.bitmask.stride(0)),
+                     (self.out, self.bitmask, vocab, self.bitmask.shape[1], self.out.stride(0),
+                      self.bitmask.stride(0)),
                      {"FILL_BLOCK": APPLY_BLOCK, "num_warps": APPLY_WARPS})]
         if path == "row_skip":
             if self._mask is None:
