@@ -556,6 +556,28 @@ def test_plan_captured_once_replayed_over_changing_sets(batch, full_head, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("use_xgrammar", [True, False])
+def test_plan_dense_buckets_on_the_gpu(use_xgrammar, full_head, rng):
+    """The rule's dense paths in a graph: cuBLAS + the bitmask (xgrammar's GPU kernel when installed, else
+    ours) and step 3 on the unpacked bitmask; bits past V left 0, as pack_bitmask leaves them."""
+    weight, _ = full_head
+    gen = np.random.default_rng(rng.seed_value)
+    for dense in ("cublas", "row_skip"):
+        rule = mlh.DispatchRule({1: 0.0}, {1: dense}, mlh.FEW_IDS_MAX, "test")
+        plan = mlh.MaskedHeadPlan(weight, 5, rule=rule, use_xgrammar=use_xgrammar)
+        for n in (3, 70_000, mlh.VOCAB):
+            sets = [gen.choice(mlh.VOCAB, size=n, replace=False) for _ in range(5)]
+            count = plan.set_allowed(sets)
+            assert plan.bucket(count)[0] == ("dense" if dense == "cublas" else "row_skip")
+            plan.h.copy_(torch.randn(5, mlh.HIDDEN, generator=rng).to(torch.bfloat16))
+            plan.out.fill_(float("nan"))
+            out = plan.step(count)
+            torch.cuda.synchronize()
+            res = mlh.check_logits(out, plan.h, weight, mlh.AllowedTokens.from_ids(sets, mlh.VOCAB, device="cuda"))
+            assert res["passed"], (dense, n, res)
+
+
+@pytest.mark.gpu
 def test_fast_launch_matches_the_jit_launch(full_head, rng):
     """The second call of each step takes the compiled launcher directly; it must equal the first (through
     kernel[grid]) bit for bit, across specialisations (1 id, 17 ids, 1,000 ids)."""

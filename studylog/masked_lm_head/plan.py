@@ -241,11 +241,13 @@ class MaskedHeadPlan:
         logits = plan.step(count)                              # replays the graph of count's bucket
 
     ``count`` is the number of tokens the union of the batch's sets holds, or a bound above it. The logits
-    land in :attr:`out` (``[batch, V]`` fp32, ``-inf`` where not allowed), overwritten each step.
+    land in :attr:`out` (``[batch, V]`` fp32, ``-inf`` where not allowed), overwritten each step. In the
+    cuBLAS dense bucket the bitmask is applied by xgrammar's GPU kernel when xgrammar is installed
+    (``use_xgrammar``), so that path is the practitioners' own; else by :func:`apply_bitmask_kernel`.
     """
 
     def __init__(self, weight: Float[Tensor, "v d"], batch: int, *, h: Float[Tensor, "b d"] | None = None,
-                 rule: DispatchRule | None = None):
+                 rule: DispatchRule | None = None, use_xgrammar: bool = True):
         check_tensor("weight", weight, dtype=WEIGHT_DTYPES, ndim=2, contiguous=True)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
@@ -257,6 +259,7 @@ class MaskedHeadPlan:
         self.batch = batch
         self.vocab, self.hidden = weight.shape
         self.rule = rule
+        self.use_xgrammar = use_xgrammar
         dev = weight.device
         if h is None:
             h = torch.zeros(batch, self.hidden, dtype=weight.dtype, device=dev)
@@ -330,6 +333,9 @@ class MaskedHeadPlan:
         path, capacity = bucket
         batch, vocab, hidden = self.batch, self.vocab, self.hidden
         if path == "dense":
+            peer = self._xgrammar_apply() if self.use_xgrammar else None
+            if peer is not None:  # the same work as the practitioners' path, by their own kernel
+                return [(lambda grid, args, constexprs: peer(*args), 0, (self.out, self.bitmask), {})]
             return [(_APPLY, batch * -(-vocab // APPLY_BLOCK),
                      (self.out, self.bitmask, vocab, self.bitmask.shape[1], self.out.stride(0),
                       self.bitmask.stride(0)),
@@ -367,6 +373,17 @@ class MaskedHeadPlan:
                         {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
                          "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(self.weight.dtype),
                          "num_warps": t.num_warps, "num_stages": t.num_stages})]
+
+    def _xgrammar_apply(self):
+        """xgrammar's ``apply_token_bitmask_inplace`` when it is installed and the plan is on the GPU (its
+        GPU kernel; its CPU one writes past the row's end for 0 bits past V), else None."""
+        if not self.weight.is_cuda:
+            return None
+        try:
+            from xgrammar import apply_token_bitmask_inplace
+        except Exception:  # not installed, or broken: our kernel does the same work
+            return None
+        return apply_token_bitmask_inplace
 
     # -- the work, in CUDA graphs ----------------------------------------------------------
     def capture(self, buckets: Sequence[tuple[str, int]] | None = None) -> None:
