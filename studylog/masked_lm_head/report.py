@@ -7,6 +7,7 @@ and the headline use what a file holds and leave out what it does not.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from studylog.masked_lm_head.benchmark import IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, bench, losses, run_sweep, \
@@ -185,7 +186,7 @@ def _practitioners_figure(results, caption: str):
                  fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.suptitle(caption, fontsize=8)
+    fig.suptitle(textwrap.fill(caption, 110), fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -217,7 +218,7 @@ def _host_figure(results, caption: str):
     ax.set_title("batch 1, random masks: host time per call of each entry point", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.suptitle(caption, fontsize=8)
+    fig.suptitle(textwrap.fill(caption, 110), fontsize=7)
     fig.tight_layout()
     return fig
 
