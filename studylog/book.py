@@ -129,7 +129,7 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
 def _write_feed(app, exception) -> None:
     if exception is not None or app.builder.name != "html":
         return
-    posts = load_posts(Path(app.srcdir))
+    posts = sorted(load_posts(Path(app.srcdir)), key=lambda p: (p["date"], p["notebook"]), reverse=True)  # newest first
     base = (app.config.html_baseurl or "").rstrip("/")
     title = escape(app.config.html_title or "studylog")
     updated = max((p["date"] for p in posts), default="2026-01-01")
