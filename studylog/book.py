@@ -1,6 +1,6 @@
 """Sphinx extension that makes the Jupyter Book read like a blog.
 
-* ``{studylog-posts}`` lists the chapters as posts, newest first: title, date, tags, a one-paragraph
+* ``{studylog-posts}`` lists the chapters in the course's order (00, 01, ...): title, date, tags, a one-paragraph
   summary and a teaser figure. Post metadata lives in ``posts.yml`` at the book root; titles come from
   each notebook's first heading, so they are never written twice.
 * ``{studylog-headlines}`` is the table of every chapter's headline result (kernel, baseline, speedup,
@@ -28,7 +28,8 @@ FEED_FILE = "feed.xml"
 
 
 def load_posts(srcdir: Path) -> list[dict[str, Any]]:
-    """Posts from ``posts.yml``, newest first, each with its notebook's title filled in."""
+    """Posts from ``posts.yml`` in the course's order (by notebook number), each with its notebook's title
+    filled in."""
     path = Path(srcdir) / POSTS_FILE
     posts = yaml.safe_load(path.read_text())["posts"] if path.is_file() else []
     for post in posts:
@@ -38,7 +39,7 @@ def load_posts(srcdir: Path) -> list[dict[str, Any]]:
         post["date"] = str(post["date"])
         _dt.date.fromisoformat(post["date"])  # a clear error on a malformed date
         post["title"] = notebook_title(Path(srcdir) / post["notebook"])
-    return sorted(posts, key=lambda p: (p["date"], p["notebook"]), reverse=True)
+    return sorted(posts, key=lambda p: p["notebook"])
 
 
 def notebook_title(path: Path) -> str:
@@ -128,7 +129,7 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
 def _write_feed(app, exception) -> None:
     if exception is not None or app.builder.name != "html":
         return
-    posts = load_posts(Path(app.srcdir))
+    posts = sorted(load_posts(Path(app.srcdir)), key=lambda p: (p["date"], p["notebook"]), reverse=True)  # newest first
     base = (app.config.html_baseurl or "").rstrip("/")
     title = escape(app.config.html_title or "studylog")
     updated = max((p["date"] for p in posts), default="2026-01-01")

@@ -36,11 +36,11 @@ class Results:
         return self.data["date"][:10]
 
     def caption(self) -> str:
-        """``Measured on <GPU> on <date> (commit ..., torch ..., triton ...)``."""
+        """``Measured on <GPU> on <date> (torch ..., triton ...; copy bandwidth ...)``: the commit and the
+        command stay in the file."""
         v = self.data["versions"]
-        commit = self.data.get("git_commit", "unknown")[:12]
-        return (f"Measured on {self.gpu} on {self.date} (commit {commit}, torch {v['torch']}, "
-                f"triton {v['triton']}; copy bandwidth {self.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s).")
+        return (f"Measured on {self.gpu} on {self.date} (torch {v['torch']}, triton {v['triton']}; "
+                f"copy bandwidth {self.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s).")
 
     def select(self, series: str | None = None, role: str | None = None, **params: Any) -> list[dict[str, Any]]:
         """Rows matching a series name, a role and parameter values."""

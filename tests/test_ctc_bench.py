@@ -191,12 +191,36 @@ def test_figures_draw_the_new_series_and_label_other_clocks(tmp_path):
     matplotlib.use("Agg")
     results = _new_results(tmp_path, cudnn_loses=False)
     figs = ctc.CHAPTER.figures(results)
-    assert {"times_A28", "times_A5000", "speedup", "rescaling"} <= set(figs)
-    labels = [ln.get_label() for ln in figs["times_A28"].axes[0].get_lines()]
+    assert {"times", "speedup"} <= set(figs)
+    labels = [t.get_text() for t in figs["times"].legends[0].get_texts()]
     assert "torch-native (kernel clock)" in labels and ctc.CHAPTER.final.name in labels
     for fig in figs.values():
+        assert len(fig.axes) <= 3  # at most three panels a figure
+        for legend in fig.legends:
+            assert all(t.get_fontsize() >= 9 for t in legend.get_texts())
         plt.close(fig)
     assert figures.label(results, "torch-cuDNN") == "torch-cuDNN"
+
+
+def test_figures_keep_one_colour_per_series_and_a_linear_speedup_axis():
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    matplotlib.use("Agg")
+    results = plotting.load_results("ctc", "nvidia-h200")
+    figs = ctc.CHAPTER.figures(results)
+    assert set(figs) == {"times", "speedup", "grain"}
+    seen = {}
+    for fig in figs.values():
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                label = line.get_label()
+                if not label.startswith("_") and "floor" not in label:
+                    assert seen.setdefault(label, line.get_color()) == line.get_color(), label
+        plt.close(fig)
+    assert all(ax.get_yscale() == "linear" for ax in figs["speedup"].axes)
+    drawn = [c for series, c in figures.COLOURS.items() if series != "torch-best"]  # the baseline of ratios, not drawn
+    assert len(set(drawn)) == len(drawn)
 
 
 @pytest.mark.parametrize("cudnn_loses", [False, True])

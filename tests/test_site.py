@@ -150,12 +150,12 @@ def test_figures_are_readable_at_page_width(visits, path):
     assert not shrunk, f"{path}: figures shrunk to the page with no zoom link: {shrunk}"
 
 
-def test_landing_page_lists_every_post_newest_first(visits):
+def test_landing_page_lists_every_chapter_in_course_order(visits):
     v = visits["index.html"]
     posts = load_posts(ROOT)
     positions = [v["text"].find(p["title"]) for p in posts]
     assert all(pos >= 0 for pos in positions), "a post is missing from the landing page"
-    assert positions == sorted(positions), "posts are not listed newest first"
+    assert positions == sorted(positions), "chapters are not listed in the course's order (00 -> 07)"
     teasers = [p for p in posts if p.get("teaser")]
     shown = [i for i in v["images"] if i["ok"]]
     assert len(shown) >= len(teasers), "a teaser figure is missing"

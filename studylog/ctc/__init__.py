@@ -50,14 +50,15 @@ in buffers sized once for the largest batch, refilled on the host between replay
 Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6,
 errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``plan`` (:class:`CTCPlan`), ``compiled``
 (PTX, registers, SASS), ``peers`` (torch's two paths), ``report`` (benchmark), ``figures`` (figures,
-headline, the blog post's question); CUDA sources in ``csrc/``.
+headline, the blog post's question), ``lesson`` (the notebook's tables and the numbers its prose quotes),
+``exercises`` (the reader's exercises and their CPU checks); CUDA sources in ``csrc/``.
 """
 
 from __future__ import annotations
 
 from studylog import runtime  # noqa: F401  (runtime: GPU or interpreter is chosen first)
 from studylog.chapter import Chapter, Step
-from studylog.ctc import figures, report
+from studylog.ctc import exercises, figures, lesson, report
 from studylog.ctc.compiled import compile_step, global_loads, load_table, markdown, nvdisasm_path, sass, sass_counts
 from studylog.ctc.fused import (BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, MAX_RECURSION_WARPS,
                                 RECURSION_OPTIONS, WARP_GRAINS, ctc_loss, fused_kernel_names, preload_fused,
@@ -140,6 +141,8 @@ FINAL_STEP = CHAPTER.final.number
 
 __all__ = [
     "CHAPTER", "FINAL_STEP", "ctc_loss", "CTCPlan",
+    # the lesson's tables, figures and numbers; the exercises and their checks
+    "lesson", "figures", "exercises",
     "step01_baseline", "step02_restrict", "step03_ldg", "step04_register_blocking", "step05_shared_rows",
     "step06_probability_space", "step07_fused_softmax", "step08_branch_free", "step09_two_passes",
     "step10_warps_per_direction",

@@ -5,7 +5,7 @@ a series, leave it out (or say that its measurement is pending) instead of faili
 from __future__ import annotations
 
 from studylog.ctc.reference import FAR_GRAD, FAR_LOSS, LOSS_TOLERANCE
-from studylog.ctc.report import BENCH_A, BENCH_T
+from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T
 
 #: Rows of the comparison on the stress set: ours in probability space, ours in log space, torch's calls.
 CUDNN_SET = "cudnn-set "
@@ -23,142 +23,181 @@ def _step_series() -> list[str]:
     return [s.series for s in _chapter().steps]
 
 
+#: One colour per series across the chapter: every figure draws a series in the same colour.
+COLOURS = {
+    "torch-cuDNN": "#222222", "torch-native": "#8c8c8c", "torch-best": "#222222",
+    "step01": "#1f77b4", "step02": "#6baed6", "step03": "#9ecae1", "step04": "#17becf", "step05": "#2ca02c",
+    "step06": "#d62728", "step07": "#ff7f0e", "step08": "#bcbd22", "step09": "#9467bd", "step10": "#8c564b",
+}
+#: Series of the times figure: torch's two paths, the warp-ctc design before and after its best change, the
+#: first fused step and the last step (every step's time is in the step tables of the notebook).
+TIMES_SERIES = ("torch-cuDNN", "torch-native", "step01", "step05", "step07", "step10")
+#: Steps drawn against torch in the speedup figure.
+SPEEDUP_STEPS = (7, 8, 9, 10)
+#: Font size of legends and labels at the saved size (figures are saved about 9 inches wide).
+FONT = 10
+
+
 def clock_of(results, series: str) -> str:
     """The clock of a series' rows (``"do_bench"`` for files that did not say), or ``""`` without rows."""
     rows = results.select(series)
     return rows[0].get("clock", "do_bench") if rows else ""
 
 
+def main_clock(results) -> str:
+    """The clock of the last step's rows: what a figure's title names; other clocks are named in legends."""
+    return clock_of(results, _chapter().final.series) or "gpu"
+
+
 def label(results, series: str) -> str:
-    """A legend label: the step's name for a step's series, with the clock where it is not the GPU clock."""
+    """A legend label: the step's name for a step's series, with the clock where it is not the clock of the
+    chapter's own steps (the GPU clock in new files)."""
     CHAPTER = _chapter()
     clock = clock_of(results, series)
     name = series if series in CHAPTER.baselines else CHAPTER.label(series)
-    return name if clock in ("gpu", "") else f"{name} ({clock} clock)"
+    main = main_clock(results)
+    return name if clock in (main, "") else f"{name} ({clock} clock)"
+
+
+def colour(series: str) -> str:
+    return COLOURS.get(series.split()[0], "#7f7f7f")
+
+
+def clock_words(clock: str) -> str:
+    return {"gpu": "GPU clock", "do_bench": "do_bench", "kernel": "kernel clock"}.get(clock, clock)
+
+
+def caption(results) -> str:
+    """Where and when a results file was measured (GPU, date, versions, the copy bandwidth of that run)."""
+    v = results.data["versions"]
+    return (f"Measured on {results.gpu} on {results.date} (torch {v['torch']}, triton {v['triton']}; copy bandwidth "
+            f"{results.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s in the same run).")
+
+
+def _spread(row: dict) -> tuple[float, float, float]:
+    """(min, median, max) in ms: the repetitions' spread where the row has it, else the median three times."""
+    lo, mid, hi = row.get("spread_ms") or (row["ms"], row["ms"], row["ms"])
+    return lo, mid, hi
+
+
+def _times_panel(ax, results, A: int) -> None:
+    where = {"A": A, "T": BENCH_T}
+    floor: dict = {}
+    for series in TIMES_SERIES:
+        rows = sorted(results.select(series, **where), key=lambda r: r["params"]["N"])
+        if not rows:
+            continue
+        ns = [r["params"]["N"] for r in rows]
+        lo, mid, hi = zip(*(_spread(r) for r in rows))
+        ax.errorbar(ns, [m * 1e3 for m in mid], yerr=[[(m - a) * 1e3 for a, m in zip(lo, mid)],
+                                                      [(b - m) * 1e3 for b, m in zip(hi, mid)]],
+                    marker="o", ms=4, lw=1.5, capsize=2, color=colour(series), label=label(results, series))
+        for r in rows:
+            if "floor_ms" in r:
+                floor[r["params"]["N"]] = r["floor_ms"] * 1e3
+    if floor:
+        ns = sorted(floor)
+        ax.plot(ns, [floor[n] for n in ns], "k--", lw=1, label="floor (bytes / measured bandwidth)")
+    _n_axis(ax)
+    ax.set_yscale("log")
+    ax.set_xlabel("N (utterances)", fontsize=FONT)
+    ax.set_ylabel("µs per call (median)", fontsize=FONT)
+    ax.set_title(f"A = {A}", fontsize=FONT + 1)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.tick_params(labelsize=FONT - 1)
+
+
+def _n_axis(ax) -> None:
+    """A log2 axis of batch sizes, labelled with the sizes themselves."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(BENCH_N), [str(n) for n in BENCH_N])
+    ax.minorticks_off()
+
+
+def _speedup_panel(ax, results, A: int) -> None:
+    where = {"A": A, "T": BENCH_T}
+    base = {r["params"]["N"]: r for r in results.select("torch-best", **where)}
+    for number in SPEEDUP_STEPS:
+        step = _chapter().step(number)
+        rows = sorted((r for r in results.select(step.series, **where) if r["params"]["N"] in base),
+                      key=lambda r: r["params"]["N"])
+        if not rows:
+            continue
+        ns, mid, lo, hi = [], [], [], []
+        for r in rows:
+            b_lo, b_mid, b_hi = _spread(base[r["params"]["N"]])
+            o_lo, o_mid, o_hi = _spread(r)
+            ns.append(r["params"]["N"])
+            mid.append(b_mid / o_mid)
+            lo.append(b_mid / o_mid - b_lo / o_hi)
+            hi.append(b_hi / o_lo - b_mid / o_mid)
+        ax.errorbar(ns, mid, yerr=[lo, hi], marker="o", ms=4, lw=1.5, capsize=2, color=colour(step.series),
+                    label=label(results, step.series))
+    ax.axhline(1.0, color="k", lw=1, ls=":")
+    _n_axis(ax)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("N (utterances)", fontsize=FONT)
+    ax.set_ylabel("torch-best time / step time", fontsize=FONT)
+    ax.set_title(f"A = {A}", fontsize=FONT + 1)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=FONT - 1)
+
+
+def _shared_legend(fig, axes, ncol: int) -> None:
+    """One legend for the panels, below them, outside the data."""
+    seen: dict = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(text, handle)
+    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, fontsize=FONT,
+               frameon=False)
 
 
 def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
+    """``times`` (torch's paths and four of our steps against the floor), ``speedup`` (steps 7 to 10 over the
+    faster torch call, linear axis, with the range of the repetitions) and ``grain`` (step 4's grain sweep),
+    two panels each (A = 28 and 5000); each series in its colour of :data:`COLOURS`."""
     import matplotlib.pyplot as plt
-
-    from studylog import plotting
 
     figs = {}
-    lines = ["torch-cuDNN", "torch-native"] + _step_series()
-    for A in BENCH_A:
-        fig, ax = plt.subplots(figsize=(7.5, 4.5))
-        plotting.plot_times(results, "N", lines, where={"A": A, "T": BENCH_T}, ax=ax,
-                            label=lambda s: label(results, s),
-                            title=f"CTC loss + gradient, T = {BENCH_T}, A = {A} ({results.gpu})")
-        figs[f"times_A{A}"] = fig
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    clock = clock_words(main_clock(results))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.6), layout="constrained")
     for ax, A in zip(axes, BENCH_A):
-        plotting.plot_speedup(results, "N", "torch-best", _step_series(), where={"A": A, "T": BENCH_T}, ax=ax,
-                              label=lambda s: label(results, s),
-                              title=f"speedup over the faster torch path, A = {A} (dashed: the target)")
-        ax.axhline(2.0 if A == 5000 else 1.0, color="tab:red", lw=1, ls="--")
-    if axes[0].get_legend() is not None:
-        axes[0].get_legend().remove()  # one legend, beside the plots, where it hides no line
-    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    figs["speedup"] = fig
-    step4, step5 = _chapter().step(4).series, _chapter().step(5).series
-    grain_series = [s for s in (f"{step4} strided", f"{step5} strided", f"{step5} blocked") if results.select(s)]
-    if grain_series:
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        _times_panel(ax, results, A)
+    _shared_legend(fig, axes, ncol=3)
+    bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
+    fig.suptitle(f"CTC loss + gradient, T = {BENCH_T}: torch against our steps ({clock}, {results.gpu}{bars})",
+                 fontsize=FONT + 1)
+    figs["times"] = fig
+    if results.select("torch-best"):
+        fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), layout="constrained")
         for ax, A in zip(axes, BENCH_A):
-            plotting.plot_times(results, "grain", grain_series, where={"A": A}, ax=ax, logx=False, logy=False,
-                                floor=False, title=f"grain size (positions per thread), N = 64, A = {A}")
-        fig.tight_layout()
+            _speedup_panel(ax, results, A)
+        _shared_legend(fig, axes, ncol=2)
+        base = clock_words(clock_of(results, "torch-best"))
+        bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
+        fig.suptitle(f"Speedup of steps 7 to 10 over the faster torch call ({base}{bars})", fontsize=FONT + 1)
+        figs["speedup"] = fig
+    series = f"{_chapter().step(4).series} strided"
+    if results.select(series):
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), layout="constrained")
+        for ax, A in zip(axes, BENCH_A):
+            rows = sorted(results.select(series, A=A), key=lambda r: r["params"]["grain"])
+            grains = [r["params"]["grain"] for r in rows]
+            lo, mid, hi = zip(*(_spread(r) for r in rows)) if rows else ((), (), ())
+            ax.errorbar(grains, [m * 1e3 for m in mid], yerr=[[(m - a) * 1e3 for a, m in zip(lo, mid)],
+                                                              [(b - m) * 1e3 for b, m in zip(hi, mid)]],
+                        marker="o", ms=5, lw=1.5, capsize=2, color=colour(series))
+            ax.set_xticks(grains or [1])
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel("grain VT (positions per thread)", fontsize=FONT)
+            ax.set_ylabel("µs per call (median)", fontsize=FONT)
+            ax.set_title(f"A = {A}, N = {rows[0]['params']['N'] if rows else '?'}", fontsize=FONT + 1)
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(labelsize=FONT - 1)
+        fig.suptitle(f"{_chapter().step(4).name}: time against the grain size ({clock})", fontsize=FONT + 1)
         figs["grain"] = fig
-    rescaling = _rescaling_figure(results)
-    if rescaling is not None:
-        figs["rescaling"] = rescaling
-    if any(results.select(f"{_chapter().step(k).series} kernels") for k in (7, 8, 9, 10)):
-        figs["kernels"] = _kernel_breakdown_figure(results)
     return figs
-
-
-def _rescaling_figure(results):
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in results.rows if r["series"].startswith("stress ")
-            and r["params"].get("inputs", "blank-heavy") == "blank-heavy"]
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for series in sorted({r["series"] for r in rows}):
-        pts = sorted((r["params"]["T"], max(r["loss_rel"], 1e-12)) for r in rows if r["series"] == series)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                label=_chapter().label(series.removeprefix("stress ")))
-        for r in rows:
-            if r["series"] == series and r["infinite_losses"]:
-                ax.annotate(f"{r['infinite_losses']} inf", (r["params"]["T"], max(r["loss_rel"], 1e-12)),
-                            fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.axhline(LOSS_TOLERANCE, color="k", lw=1, ls=":", label="tolerance of the log-space steps")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("T (frames); targets of T / 3 labels, blank-heavy frames")
-    ax.set_ylabel("largest relative loss error")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"log space vs probability space on long utterances ({results.gpu})", fontsize=10)
-    return fig
-
-
-def _kernel_role(name: str) -> str:
-    if "recursion" in name:
-        return "recursion"
-    if name.startswith("ctc_"):
-        return "first pass" if ("stats" in name) else "last pass"
-    return "other"
-
-
-def _kernel_breakdown_figure(results):
-    """Stacked per-kernel device times of steps 7 to 10 at the profiled points, with the step's timed median
-    (GPU clock: CUDA-graph replay, or do_bench in older files) as a marker."""
-    import matplotlib.pyplot as plt
-
-    CHAPTER = _chapter()
-    steps = [CHAPTER.step(k) for k in (7, 8, 9, 10)]
-    cases = sorted({(r["params"]["A"], r["params"]["N"]) for s in steps for r in results.select(f"{s.series} kernels")})
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    colors = {"first pass": "tab:blue", "recursion": "tab:orange", "last pass": "tab:green", "other": "tab:gray"}
-    width = 0.8 / len(steps)
-    used = set()
-    for j, (A, N) in enumerate(cases):
-        for i, step in enumerate(steps):
-            rows = results.select(f"{step.series} kernels", A=A, N=N)
-            if not rows:
-                continue
-            xpos = j + (i - (len(steps) - 1) / 2) * width
-            bottom = 0.0
-            order = ("first", "recursion", "last", "other")
-            for name, us in sorted(rows[0]["kernels_us"].items(),
-                                   key=lambda kv: order.index(_kernel_role(kv[0]).split()[0])):
-                role = _kernel_role(name)
-                ax.bar(xpos, us, width * 0.9, bottom=bottom, color=colors[role],
-                       label=role if role not in used else None)
-                used.add(role)
-                bottom += us
-            timed = results.select(step.series, A=A, N=N, T=BENCH_T)
-            graph = results.select(f"{step.series} graph", A=A, N=N)  # files before the GPU clock
-            top = max([bottom] + [r["ms"] * 1e3 for r in timed + graph])
-            ax.text(xpos, top * 1.12, str(step.number), ha="center", va="bottom", fontsize=7)
-            for rows_, marker, what in ((timed, "k_", "timed call"), (graph, "rv", "CUDA-graph replay")):
-                if rows_:
-                    clock = rows_[0].get("clock", "do_bench")
-                    key = f"{what} ({clock})"
-                    ax.plot(xpos, rows_[0]["ms"] * 1e3, marker, ms=10 if marker == "k_" else 5,
-                            mew=2, label=key if key not in used else None)
-                    used.add(key)
-    ax.set_xticks(range(len(cases)), [f"A = {A}, N = {N}" for A, N in cases])
-    ax.set_yscale("log")
-    ax.set_ylabel("µs per call")
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"device time per kernel of steps 7 to 10 (torch.profiler) against the timed call ({results.gpu})",
-                 fontsize=10)
-    return fig
 
 
 def native_captured(results) -> bool | None:

@@ -20,7 +20,8 @@ steps, :func:`decode`, two deterministic stand-ins for a model), :mod:`~studylog
 :mod:`~studylog.fsm.report` (the suite's measurement and plots), :mod:`~studylog.fsm.masks` (the mask file
 of chapter 2), :mod:`~studylog.fsm.drawing` (tables and drawings for the notebook), :mod:`~studylog.fsm.peers`
 (the same regexes in xgrammar and llguidance, optional packages of the ``peers`` extra: forced strings, masks,
-passes and CPU times beside ours). The chapter has no GPU benchmark. Command line: ``python -m studylog.fsm export-masks | report | figure``.
+passes and CPU times beside ours), :mod:`~studylog.fsm.exercises` (the lesson's exercises and the checks a
+reader runs on a CPU). The chapter has no GPU benchmark. Command line: ``python -m studylog.fsm export-masks | report | figure``.
 """
 
 from __future__ import annotations

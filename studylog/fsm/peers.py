@@ -693,19 +693,18 @@ FORCED_COLUMNS = (("ours", "tokens", "ours: token jumps"), ("ours", "bytes", "ou
 
 def peers_table(rows: Sequence[PeerRow]) -> str:
     """Markdown: per entry, forward passes per library and policy, with the share of written tokens that no
-    pass picked in parentheses, and the documents each policy wrote in another split than the tokenizer's
-    (columns absent when a library was not run); totals last."""
+    pass picked in parentheses, then the documents each retokenizing or fast-forwarding policy wrote in
+    another split than the tokenizer's (our token jumps never do); totals last."""
     table = _by_entry(rows)
     cols = [c for c in FORCED_COLUMNS if any(c[0] in libs for libs in table.values())]
-    head = ("| entry | tokens | passes: none | " + " | ".join(f"{h}: passes (forced tokens)" for *_, h in cols)
-            + " | " + " | ".join(f"{h}: non-canonical documents" for *_, h in cols) + " |")
-    lines = [head, "|" + "---|" * (3 + 2 * len(cols))]
-    total = {"tokens": 0, "none": 0, "docs": 0, **{h: [0, 0, 0, 0] for *_, h in cols}}
+    split_cols = [c for c in cols if c[2] != "ours: token jumps"]
+    lines = ["| entry | passes: none | " + " | ".join(h for *_, h in cols)
+             + " | non-canonical documents: " + " / ".join(h for *_, h in split_cols) + " |",
+             "|" + "---|" * (3 + len(cols))]
+    total = {"none": 0, **{h: [0, 0, 0, 0] for *_, h in cols}}
     for name, libs in table.items():
-        ours = libs["ours"]
-        cells = [name, str(ours.tokens), str(ours.passes["none"])]
-        total["tokens"] += ours.tokens
-        total["none"] += ours.passes["none"]
+        cells = [name, str(libs["ours"].passes["none"])]
+        total["none"] += libs["ours"].passes["none"]
         canon = []
         for lib, policy, h in cols:
             r = libs.get(lib)
@@ -713,18 +712,18 @@ def peers_table(rows: Sequence[PeerRow]) -> str:
                 cells.append("–")
                 canon.append("–")
                 continue
-            cells.append(f"{r.passes[policy]} ({100 * r.forced_share(policy):.1f}%)")
+            cells.append(f"{r.passes[policy]} ({100 * r.forced_share(policy):.0f}%)")
             canon.append(str(r.noncanonical[policy]))
             t = total[h]
             t[0] += r.passes[policy]
             t[1] += r.picked[policy]
             t[2] += r.out_tokens[policy]
             t[3] += r.noncanonical[policy]
-        lines.append("| " + " | ".join(cells + canon) + " |")
-    cells = ["**all**", str(total["tokens"]), str(total["none"])]
+        lines.append("| " + " | ".join(cells) + " | " + " / ".join(c for c, (*_, h) in zip(canon, cols)
+                                                                   if h != "ours: token jumps") + " |")
+    cells = ["**all**", f"**{total['none']}**"]
     cells += [f"**{total[h][0]} ({100 * (1 - total[h][1] / max(total[h][2], 1)):.1f}%)**" for *_, h in cols]
-    cells += [f"**{total[h][3]}**" for *_, h in cols]
-    lines.append("| " + " | ".join(cells) + " |")
+    lines.append("| " + " | ".join(cells) + " | **" + " / ".join(str(total[h][3]) for *_, h in split_cols) + "** |")
     return "\n".join(lines)
 
 
@@ -775,8 +774,11 @@ def plot_peers(rows: Sequence[PeerRow], ax=None, title: Optional[str] = None):
     names = list(table)
     ax = ax or plt.subplots(figsize=(10, 4.2))[1]
     width = 0.8 / len(cols)
-    colors = {"ours: token jumps": "#9ecae1", "ours: char jumps": "#3182bd",
-              "xgrammar: jump-forward string": "#e6550d", "llguidance: ff tokens": "#31a354"}
+    from studylog.fsm.report import SERIES_COLORS
+
+    colors = {"ours: token jumps": SERIES_COLORS["step02_token_jumps"], "ours: char jumps":
+              SERIES_COLORS["step03_char_jumps"], "xgrammar: jump-forward string": SERIES_COLORS["xgrammar"],
+              "llguidance: ff tokens": SERIES_COLORS["llguidance"]}
     top = 0.0
     for k, (lib, policy, h) in enumerate(cols):
         xs, ys = [], []
@@ -788,11 +790,11 @@ def plot_peers(rows: Sequence[PeerRow], ax=None, title: Optional[str] = None):
             ys.append(100 * (1 - r.passes[policy] / table[n]["ours"].passes["none"]))
         ax.bar(xs, ys, width, label=h, color=colors.get(h))
         top = max([top, *ys])
-    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=9)
     ax.set_ylabel("forward passes saved (%)")
     ax.set_ylim(0, 1.3 * top + 5)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", ncol=len(cols))
+    ax.legend(fontsize=9, loc="upper center", ncol=2)
     ax.set_title(title or "Forward passes saved, same regex, same vocabulary (cl100k_base, greedy writer model)",
                  fontsize=10)
     return ax

@@ -19,8 +19,23 @@ from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import MODES, decode, writer_model
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
 
-#: Published reference point: share of tokens a grammar forces on JSON schemas (MaskBench, llguidance).
+#: Published reference point: share of tokens a grammar forces on JSON schemas, with JSON's whitespace and
+#: compact (MaskBench's table of fast-forward tokens, Llama 3 tokenizer, about ten thousand schemas:
+#: https://github.com/guidance-ai/jsonschemabench/tree/main/maskbench).
 MASKBENCH_FORCED_SHARE = (0.13, 0.15)
+#: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
+#: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer; same page).
+MASKBENCH_LLGUIDANCE_MASK_US = 47.0
+
+#: One colour per series across the chapter's figures: the two jump steps under each whitespace pattern,
+#: the peers' policies, the published reference, and series that are not steps.
+SERIES_COLORS: dict[str, str] = {
+    "step02_token_jumps": "#9ecae1", "step03_char_jumps": "#3182bd",
+    "step02_token_jumps[compact]": "#fdae6b", "step03_char_jumps[compact]": "#e6550d",
+    "xgrammar": "#756bb1", "llguidance": "#31a354", "MaskBench": "#969696", "neutral": "#525252",
+}
+#: The step each decode mode runs, by its public name (figure labels).
+MODE_LABELS: dict[str, str] = {"token": "step02_token_jumps", "char": "step03_char_jumps"}
 
 
 @dataclass
@@ -115,42 +130,48 @@ def run_suite(vocab: Optional[TokenVocabulary] = None, whitespaces: Sequence[str
 
 
 def savings_table(results: Sequence[EntryResult]) -> str:
-    """A Markdown table of the suite: sizes, index build vs precompute time, passes and savings."""
-    head = ("| entry | whitespace | states | index build (s) | jump precompute (ms) | tokens | passes: none "
-            "| passes: token jumps | passes: char jumps | saved (token) | saved (char) | retokenized tokens |")
-    lines = [head, "|" + "---|" * 12]
-    for r in results:
-        lines.append(f"| {r.name} | {r.whitespace if r.kind == 'json' else '–'} | {r.states} | {r.build_seconds:.2f} "
-                     f"| {r.precompute_seconds * 1e3:.1f} | {r.tokens} | {r.passes['none']} | {r.passes['token']} "
-                     f"| {r.passes['char']} | {100 * r.saved('token'):.1f}% | {100 * r.saved('char'):.1f}% "
-                     f"| {r.retokenized} |")
-    for ws in dict.fromkeys(r.whitespace for r in results):
-        rows = [r for r in results if r.whitespace == ws]
-        none = sum(r.passes["none"] for r in rows)
-        lines.append(f"| **all ({ws})** | | | {sum(r.build_seconds for r in rows):.2f} "
-                     f"| {sum(r.precompute_seconds for r in rows) * 1e3:.1f} | {sum(r.tokens for r in rows)} | {none} "
-                     f"| {sum(r.passes['token'] for r in rows)} | {sum(r.passes['char'] for r in rows)} "
-                     f"| {100 * (1 - sum(r.passes['token'] for r in rows) / none):.1f}% "
-                     f"| {100 * (1 - sum(r.passes['char'] for r in rows) / none):.1f}% "
-                     f"| {sum(r.retokenized for r in rows)} |")
+    """A Markdown table of the suite, one row per entry: for each whitespace pattern the forward passes of
+    the three steps and the share step 3 saves; totals last."""
+    wss = list(dict.fromkeys(r.whitespace for r in results))
+    rows = {(r.name, r.whitespace): r for r in results}
+    names = list(dict.fromkeys(r.name for r in results))
+    head = "| entry | " + " | ".join(f"{ws} whitespace: passes, step 1 / 2 / 3 | saved by step 2 / 3" for ws in wss)
+    lines = [head + " |", "|---|" + "---|---|" * len(wss)]
+
+    def cells(group: Sequence[EntryResult]) -> list[str]:
+        if not group:
+            return ["–", "–"]
+        p = {m: sum(r.passes[m] for r in group) for m in MODES}
+        return [f"{p['none']} / {p['token']} / {p['char']}",
+                f"{100 * (1 - p['token'] / p['none']):.1f}% / {100 * (1 - p['char'] / p['none']):.1f}%"]
+
+    for n in names:
+        out = [n]
+        for ws in wss:
+            r = rows.get((n, ws))
+            out += cells([r] if r is not None else [])
+        lines.append("| " + " | ".join(out) + " |")
+    total = ["**all**"]
+    for ws in wss:
+        total += [f"**{c}**" for c in cells([r for r in results if r.whitespace == ws])]
+    lines.append("| " + " | ".join(total) + " |")
     return "\n".join(lines)
 
 
 # --- figures ---------------------------------------------------------------------------------------------
 
 def plot_savings(results: Sequence[EntryResult], ax=None, title: Optional[str] = None):
-    """Share of forward passes saved per suite entry, token-level vs character-level, both whitespace
-    patterns, with the MaskBench reference band."""
+    """Share of forward passes saved per suite entry by steps 2 and 3, under both whitespace patterns, with
+    MaskBench's published share of forced tokens as a band. Bars, one colour per series
+    (:data:`SERIES_COLORS`); the legend sits above the axes."""
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(r.name for r in results))
     rows = {(r.name, r.whitespace): r for r in results}
     wss = list(dict.fromkeys(r.whitespace for r in results))
     series = [(ws, mode) for ws in wss for mode in ("token", "char")]
-    ax = ax or plt.subplots(figsize=(10, 4.2))[1]
+    ax = ax or plt.subplots(figsize=(9, 4.6))[1]
     width = 0.8 / len(series)
-    colors = {("default", "token"): "#9ecae1", ("default", "char"): "#3182bd",
-              ("compact", "token"): "#fdae6b", ("compact", "char"): "#e6550d"}
     for k, (ws, mode) in enumerate(series):
         xs, ys = [], []
         for i, n in enumerate(names):
@@ -159,14 +180,19 @@ def plot_savings(results: Sequence[EntryResult], ax=None, title: Optional[str] =
                 continue
             xs.append(i + (k - (len(series) - 1) / 2) * width)
             ys.append(100 * r.saved(mode))
-        ax.bar(xs, ys, width, label=f"{mode}-level jumps, {ws} whitespace", color=colors.get((ws, mode)))
+        key = MODE_LABELS[mode] + ("" if ws == "default" else f"[{ws}]")
+        ax.bar(xs, ys, width, label=f"{MODE_LABELS[mode]}, {ws} whitespace", color=SERIES_COLORS[key])
     lo, hi = MASKBENCH_FORCED_SHARE
-    ax.axhspan(100 * lo, 100 * hi, color="#2ca02c", alpha=0.15, label="MaskBench: 13–15% of tokens forced")
-    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("forward passes saved (%)")
+    ax.axhspan(100 * lo, 100 * hi, color=SERIES_COLORS["MaskBench"], alpha=0.3,
+               label="MaskBench: share of tokens forced (Llama 3 tokenizer)")
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=9)
+    ax.tick_params(axis="y", labelsize=9)
+    ax.set_ylabel("forward passes saved (%)", fontsize=10)
+    ax.set_ylim(0, 100)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(title or "Forward passes saved by FSM compression (cl100k_base, greedy writer model)", fontsize=10)
+    ax.legend(fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.01), ncol=2, frameon=False)
+    ax.set_title(title or "Forward passes saved on the suite (cl100k_base, greedy writer model)", fontsize=11,
+                 pad=62)
     return ax
 
 
@@ -177,18 +203,38 @@ def plot_mask_counts(counts: Sequence[int], vocab_size: int, ax=None, title: Opt
     counts = np.asarray(counts)
     ax = ax or plt.subplots(figsize=(8, 4))[1]
     bins = np.logspace(0, np.log10(vocab_size), 26)
-    ax.hist(counts, bins=bins, color="#3182bd", alpha=0.85)
+    ax.hist(counts, bins=bins, color=SERIES_COLORS["neutral"], alpha=0.6)
     ax.set_xscale("log")
-    ax.set_xlabel(f"allowed tokens in the state (of {vocab_size:,})")
-    ax.set_ylabel("visited states")
+    ax.set_xlabel(f"allowed tokens in the state (of {vocab_size:,})", fontsize=10)
+    ax.set_ylabel("visited states", fontsize=10)
+    ax.tick_params(labelsize=9)
     ax.grid(True, which="both", alpha=0.3)
     twin = ax.twinx()
     xs = np.sort(counts)
-    twin.plot(xs, np.arange(1, len(xs) + 1) / len(xs), color="#e6550d", lw=1.5)
-    twin.set_ylabel("cumulative share of states", color="#e6550d")
+    twin.plot(xs, np.arange(1, len(xs) + 1) / len(xs), color="black", lw=1.5)
+    twin.set_ylabel("cumulative share of states (line)", fontsize=10)
+    twin.tick_params(labelsize=9)
     twin.set_ylim(0, 1.02)
-    ax.set_title(title or "How sparse constrained-decoding masks are", fontsize=10)
+    ax.set_title(title or "How many tokens a state allows, over the states the suite visits", fontsize=11)
     return ax
+
+
+# --- what a decode step is made of (the Amdahl view) -------------------------------------------------------
+
+def step_floor_ms(params: int, bandwidth_gbs: float, bytes_per_param: int = 2) -> float:
+    """The least time a batch-1 decode step can take: reading ``params`` weights of ``bytes_per_param`` bytes
+    once at ``bandwidth_gbs`` (bytes read plus written per second, as ``ceilings.copy_bandwidth_gbs`` in a
+    benchmark file counts them, so a read-only stream moves at about that rate)."""
+    return params * bytes_per_param / (bandwidth_gbs * 1e9) * 1e3
+
+
+def amdahl_bound(saved_share: float) -> float:
+    """End-to-end speedup when a share of the decode steps disappears and the rest cost what they did: a
+    jump's tokens reach the model inside the next pass, as a chunk, which at batch 1 costs about what a
+    one-token pass costs (the weights are read once either way)."""
+    if not 0 <= saved_share < 1:
+        raise ValueError(f"saved_share must be in [0, 1), got {saved_share}")
+    return 1.0 / (1.0 - saved_share)
 
 
 # --- what a wider character class costs -----------------------------------------------------------------

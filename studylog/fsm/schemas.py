@@ -274,7 +274,7 @@ def _schema(model: type[BaseModel]) -> dict:
 def suite() -> list[SuiteEntry]:
     """The chapter's suite: 9 JSON schemas and 4 regexes."""
     json_entries = [
-        SuiteEntry("classifier", "json", 'the seed\'s field: "true", "false" or "NA"',
+        SuiteEntry("classifier", "json", 'the post\'s enum field: "true", "false" or "NA"',
                    schema={"type": "string", "enum": ["true", "false", "NA"]}, sampler=_sample_classifier),
         SuiteEntry("weather_call", "json", "function call with a fixed name", schema=_schema(WeatherCall)),
         SuiteEntry("tool_call", "json", "choice between two tool calls (anyOf)", schema=_schema(ToolCall)),

@@ -26,17 +26,24 @@ from studylog.masked_lm_head.dense import (block_skip_kernel, column_skip_kernel
                                            row_skip_kernel, step00_dense, step01_block_skip, step02_column_skip,
                                            step03_row_skip)
 from studylog.masked_lm_head.dispatch import (FALLBACK_RULE, PATHS, DispatchRule, choose_path, crossover_points,
-                                              cublas_masked, dispatch_rule, masked_logits, rule_from_results,
-                                              step09_dispatch)
-from studylog.masked_lm_head.formats import (FEW_IDS_MAX, HIDDEN, LAYOUTS, VOCAB, WEIGHT_DTYPES, AllowedTokens,
-                                             Tiles, batch_tile, check_logits, default_tiles, error_bound,
-                                             few_tiles, reference_logits, stream_tiles)
+                                              cublas_masked, dense_logits, dispatch_rule, masked_logits,
+                                              rule_from_results, step09_dispatch)
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FP32_UNIT_ROUNDOFF, HIDDEN, LAYOUTS, VOCAB, WEIGHT_DTYPES,
+                                             AllowedTokens, SUMMATIONS, Tiles, accumulation_depth, batch_tile, bitmask_words,
+                                             check_logits, default_tiles, error_bound, few_tiles, fp32_gamma, pack_bitmask,
+                                             reference_logits, stream_tiles, unpack_bitmask)
+from studylog.masked_lm_head import launch
+from studylog.masked_lm_head.launch import FastKernel
 from studylog.masked_lm_head.masks import (StructuredSets, clustered_sets, cross_fit_orders, grammar_like_sets,
                                            random_sets, real_sets, structured_sets)
+from studylog.masked_lm_head.plan import (MaskedHeadPlan, apply_bitmask_kernel, batched_count_kernel,
+                                          stream_count_kernel, union_count, union_ids_kernel, unpack_bitmask_kernel)
 from studylog.masked_lm_head.ptx import ptx_loads, ptx_row_load_groups
 from studylog.masked_lm_head.reorder import (ReorderedHead, VocabOrder, active_blocks, cluster_order,
                                              reordered_rows_kernel, step08_reordered)
-from studylog.masked_lm_head.report import bench, figures, headline, run_sweep, sweep_counts, target_report
+from studylog.masked_lm_head.benchmark import BATCHES, IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, cases, losses
+from studylog.masked_lm_head.report import (bench, figures, headline, host_table, run_sweep, sweep_counts,
+                                           target_report)
 
 CHAPTER = Chapter(
     name="masked_lm_head",
@@ -73,6 +80,9 @@ CHAPTER = Chapter(
         "index_select": "torch: h @ W.index_select(0, ids).T",
         "cublas_fp32_mask": "cuBLAS, fp32 output, then masked_fill",
         "reordered_in_sample": "step08_reordered, order fitted on every mask",
+        "plan_bitmask": "MaskedHeadPlan: step 9 from the packed bitmask (copy, union built on the device)",
+        "xgrammar_bitmask": "xgrammar: cuBLAS fp32 logits + apply_token_bitmask_inplace (bitmask copied in)",
+        "xgrammar_bitmask_bf16": "xgrammar: cuBLAS bf16 logits + apply_token_bitmask_inplace (bitmask copied in)",
     },
     renamed_series={
         "step0_dense": "step00",
@@ -100,6 +110,10 @@ __all__ = [
     # formats, tiles and the reference
     "VOCAB", "HIDDEN", "WEIGHT_DTYPES", "FEW_IDS_MAX", "LAYOUTS", "EVICTION", "AllowedTokens", "Tiles",
     "batch_tile", "default_tiles", "stream_tiles", "few_tiles", "reference_logits", "error_bound", "check_logits",
+    "FP32_UNIT_ROUNDOFF", "SUMMATIONS", "accumulation_depth", "fp32_gamma", "bitmask_words", "pack_bitmask", "unpack_bitmask",
+    # the decode loop's capturable form (step 9 with its inputs in device buffers) and its kernels
+    "MaskedHeadPlan", "union_count", "union_ids_kernel", "stream_count_kernel", "batched_count_kernel",
+    "apply_bitmask_kernel", "unpack_bitmask_kernel", "FastKernel", "launch", "dense_logits",
     # step 8's vocabulary order, step 9's rule and paths
     "VocabOrder", "ReorderedHead", "cluster_order", "active_blocks",
     "DispatchRule", "FALLBACK_RULE", "PATHS", "dispatch_rule", "rule_from_results", "crossover_points",
@@ -109,5 +123,5 @@ __all__ = [
     "cross_fit_orders",
     # the compiler's view, the benchmark and its report
     "ptx_loads", "ptx_row_load_groups", "bench", "run_sweep", "sweep_counts", "figures", "headline",
-    "target_report",
+    "target_report", "host_table", "cases", "losses", "BATCHES", "IN_SAMPLE", "PLAN", "XGRAMMAR", "XGRAMMAR_BF16",
 ]

@@ -11,6 +11,9 @@ grammar forbids.
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 from jaxtyping import Float
@@ -19,6 +22,7 @@ from torch import Tensor
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.masked_lm_head.formats import (AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype,
                                              need_layout, output)
+from studylog.masked_lm_head.launch import FastKernel
 
 # --------------------------------------------------------------------------------------------
 # Step 0: dense, the Triton matmul tutorial's structure (C[M, N] = A[M, K] @ B[K, N])
@@ -220,6 +224,17 @@ def _matmul_strides(weight: Tensor, layout: str) -> tuple[int, int]:
     return (weight.stride(1), weight.stride(0)) if layout == "vd" else (weight.stride(0), weight.stride(1))
 
 
+# Launched through their compiled launchers (:mod:`.launch`), as steps 4-7 are.
+_FAST = {kernel: FastKernel(kernel)
+         for kernel in (dense_matmul_kernel, block_skip_kernel, column_skip_kernel, row_skip_kernel)}
+
+
+@functools.lru_cache(maxsize=None)
+def _options(t: Tiles, dtype: torch.dtype) -> dict:
+    return {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
+            "DOT_DTYPE": dot_dtype(dtype), "num_warps": t.num_warps, "num_stages": t.num_stages}
+
+
 def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
                  allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                  tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
@@ -228,11 +243,10 @@ def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[T
     t = tiles or default_tiles(0, batch)
     out = output(out, batch, vocab, h.device)
     s_bk, s_bn = _matmul_strides(weight, layout)
-    grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
-    dense_matmul_kernel[grid](
-        h, weight, out, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn, out.stride(0), out.stride(1),
-        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages)
+    _FAST[dense_matmul_kernel](
+        -(-batch // t.block_b) * -(-vocab // t.block_v),
+        (h, weight, out, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn, out.stride(0), out.stride(1)),
+        _options(t, h.dtype))
     return out.masked_fill_(allowed.disallowed, float("-inf"))
 
 
@@ -240,14 +254,25 @@ def _masked_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     t = tiles or default_tiles(step, batch)
     out = output(out, batch, vocab, h.device)
-    s_bk, s_bn = _matmul_strides(weight, layout)
-    grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
-    kernel[grid](
-        h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
-        out.stride(0), out.stride(1), allowed.mask.stride(0),
-        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages)
+    _launch_masked(kernel, h, weight, allowed, out, t, layout, batch, vocab, hidden)
     return out
+
+
+def _launch_masked(kernel, h, weight, allowed, out, t, layout, batch, vocab, hidden):
+    s_bk, s_bn = _matmul_strides(weight, layout)
+    _FAST[kernel](
+        -(-batch // t.block_b) * -(-vocab // t.block_v),
+        (h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
+         out.stride(0), out.stride(1), allowed.mask.stride(0)),
+        _options(t, h.dtype))
+
+
+def _launch_row_skip(h, weight, allowed, out, t, batch, vocab, hidden):
+    _FAST[row_skip_kernel](
+        -(-batch // t.block_b) * -(-vocab // t.block_v),
+        (h, weight, out, allowed.mask_u8, batch, vocab, hidden,
+         h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0)),
+        _options(t, h.dtype))
 
 
 def step01_block_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
@@ -270,12 +295,6 @@ def step03_row_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
     """Step 3: block skip + row skip on the ``[V, D]`` layout (a disallowed token = a row not read)."""
     need_layout("step03_row_skip", layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
-    t = tiles or default_tiles(3, batch)
     out = output(out, batch, vocab, h.device)
-    grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
-    row_skip_kernel[grid](
-        h, weight, out, allowed.mask_u8, batch, vocab, hidden,
-        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0),
-        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages)
+    _launch_row_skip(h, weight, allowed, out, tiles or default_tiles(3, batch), batch, vocab, hidden)
     return out

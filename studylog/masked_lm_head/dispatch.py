@@ -17,9 +17,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from studylog.masked_lm_head.compact import step05_stream, step06_few_ids, step07_batched
-from studylog.masked_lm_head.dense import step03_row_skip
-from studylog.masked_lm_head.formats import FEW_IDS_MAX, VOCAB, AllowedTokens, check_inputs, output
+from studylog.masked_lm_head.compact import _launch_batched, _launch_few, _launch_stream
+from studylog.masked_lm_head.dense import _launch_row_skip
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, VOCAB, AllowedTokens, check_inputs, default_tiles, few_tiles,
+                                             output, stream_tiles)
 
 #: The paths :func:`choose_path` names, and the step (or baseline) each one runs.
 PATHS = {"few_ids": "step06_few_ids", "stream": "step05_stream", "batched": "step07_batched",
@@ -53,6 +54,17 @@ class DispatchRule:
                 raise ValueError(f"unknown dense path {path!r}; use one of {DENSE_PATHS}")
         if not 0 <= self.few_max <= FEW_IDS_MAX:
             raise ValueError(f"few_max must be in [0, {FEW_IDS_MAX}], got {self.few_max}")
+        object.__setattr__(self, "_limits", {})  # (batch, vocab) -> limits(), filled on first use
+
+    def limits(self, batch: int, vocab: int) -> tuple[int, str]:
+        """(the largest union count that takes a compacted kernel, the dense path) at this batch size and
+        vocabulary: the entries of the largest batch size of the rule not above ``batch`` (the smallest
+        one below all of them), worked out once per (batch, vocab)."""
+        got = self._limits.get((batch, vocab))
+        if got is None:
+            got = (int(_for_batch(self.compact_max_fraction, batch) * vocab), _for_batch(self.dense_path, batch))
+            self._limits[(batch, vocab)] = got
+        return got
 
 
 #: The rule when no benchmark results are committed: at batch 1 a compacted kernel reads only the allowed
@@ -72,7 +84,8 @@ def _series(number: int) -> str:
 def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
     """(batch, mask kind) -> one point per measured allowed count, sorted by union: ``union`` (rows of the
     union of the allowed sets), ``compact`` (the fastest compacted step: 5 or 6 at batch 1, 7 above),
-    ``row_skip`` (step 3) and ``cublas`` (``cublas_fp32_mask``), in ms, where all were measured (``[V, D]``)."""
+    ``dense`` (the faster of the dense paths measured there: step 3 and ``cublas_fp32_mask``), and each of
+    ``row_skip``, ``cublas``, ``few`` and ``stream`` (None where not measured), in ms, on ``[V, D]``."""
     compact_b1, few, batched, row = _series(5), _series(6), _series(7), _series(3)
     by_case: dict[tuple, dict[str, dict]] = {}
     for r in rows:
@@ -83,12 +96,14 @@ def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[d
     out: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for (batch, kind, _), series in by_case.items():
         compact = [series[s]["ms"] for s in ((compact_b1, few) if batch == 1 else (batched,)) if s in series]
-        if not compact or row not in series or "cublas_fp32_mask" not in series:
+        dense = [series[s]["ms"] for s in (row, "cublas_fp32_mask") if s in series]
+        if not compact or not dense:
             continue
+        union = next(r["union"] for r in series.values())
         out.setdefault((batch, kind), []).append({
-            "union": series[row]["union"], "compact": min(compact), "row_skip": series[row]["ms"],
-            "cublas": series["cublas_fp32_mask"]["ms"],
-            "few": series[few]["ms"] if few in series else None, "stream": series.get(compact_b1, {}).get("ms")})
+            "union": union, "compact": min(compact), "dense": min(dense),
+            "row_skip": series.get(row, {}).get("ms"), "cublas": series.get("cublas_fp32_mask", {}).get("ms"),
+            "few": series.get(few, {}).get("ms"), "stream": series.get(compact_b1, {}).get("ms")})
     return {key: sorted(pts, key=lambda q: q["union"]) for key, pts in sorted(out.items())}
 
 
@@ -105,7 +120,8 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
     The rule, per batch size of the run, over all its mask kinds together: a compacted kernel is used up
     to the largest union at which it was measured no slower than the best dense path with no slower point
     below it (everywhere, fraction 1.0, if it never lost); the dense path is the one of step 3 and
-    cuBLAS + mask with the smaller total time over the batch's points; batch-1 sets take step 6 up to the
+    cuBLAS + mask with the smaller total time over the batch's points where both were measured (step 3 if
+    none has both and step 3 was measured, else cuBLAS + mask); batch-1 sets take step 6 up to the
     largest count at which it was no slower than step 5 with no slower count below it (all it has slots
     for if it never lost). ``vocab`` is the benchmark's vocabulary (:data:`VOCAB`).
     """
@@ -116,9 +132,14 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
     dense: dict[int, str] = {}
     for batch in sorted({b for b, _ in points}):
         pts = [q for (b, _), qs in points.items() if b == batch for q in qs]
-        last_win, first_loss = _last_win([(q["union"], q["compact"] <= min(q["row_skip"], q["cublas"])) for q in pts])
+        last_win, first_loss = _last_win([(q["union"], q["compact"] <= q["dense"]) for q in pts])
         fraction[batch] = 1.0 if first_loss is None else (last_win or 0) / vocab
-        dense[batch] = "row_skip" if sum(q["row_skip"] for q in pts) <= sum(q["cublas"] for q in pts) else "cublas"
+        both = [q for q in pts if q["row_skip"] is not None and q["cublas"] is not None]
+        if both:
+            faster_row = sum(q["row_skip"] for q in both) <= sum(q["cublas"] for q in both)
+        else:
+            faster_row = any(q["row_skip"] is not None for q in pts)
+        dense[batch] = "row_skip" if faster_row else "cublas"
     few = [(q["union"], q["few"] <= q["stream"]) for (b, _), qs in points.items() if b == 1 for q in qs
            if q["few"] is not None and q["stream"] is not None]
     last_win, first_loss = _last_win(few)
@@ -157,33 +178,42 @@ def choose_path(batch: int, vocab: int, union_count: int, rule: DispatchRule | N
     (step 5), ``"batched"`` (step 7), ``"row_skip"`` (step 3) or ``"cublas"``; ``rule`` defaults to
     :func:`dispatch_rule`."""
     rule = rule or dispatch_rule()
-    if union_count <= _for_batch(rule.compact_max_fraction, batch) * vocab:
+    max_union, dense = rule.limits(batch, vocab)
+    if union_count <= max_union:
         if batch > 1:
             return "batched"
         return "few_ids" if union_count <= rule.few_max else "stream"
-    return _for_batch(rule.dense_path, batch)
+    return dense
 
 
 def cublas_masked(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                   out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
     """The dense path through torch: ``h @ W.T`` with fp32 output (cuBLAS on the GPU), then
     ``masked_fill``. Used by :func:`step09_dispatch` when the rule's dense path is ``"cublas"``."""
-    global _MM_OUT_DTYPE
     batch, vocab, _ = check_inputs(h, weight, allowed, "vd", out)
     out = output(out, batch, vocab, h.device)
-    if h.device.type != "cuda":  # CPU torch has no bf16 -> fp32 mm; widen first (exact), accumulate in fp32
+    dense_logits(h, weight, out)
+    return out.masked_fill_(allowed.disallowed, float("-inf"))
+
+
+def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Float[Tensor, "b v"]) -> None:
+    """``out = h @ weight.T`` in fp32: cuBLAS with fp32 output on the GPU (accumulated in fp32, never
+    rounded to bf16); on the CPU, the operands widened to fp32 first (exact) since CPU torch has no
+    bf16 -> fp32 matmul. Arguments unchecked (the callers check them)."""
+    global _MM_OUT_DTYPE
+    if not h.is_cuda:
         torch.mm(h.float(), weight.float().t(), out=out)
-    elif _MM_OUT_DTYPE is not False:
+        return
+    if _MM_OUT_DTYPE is not False:
         try:
             torch.mm(h, weight.t(), out_dtype=torch.float32, out=out)
             _MM_OUT_DTYPE = True
+            return
         except (RuntimeError, TypeError):
             if _MM_OUT_DTYPE:  # it worked before: this is a real error
                 raise
             _MM_OUT_DTYPE = False  # this torch has no fp32-output mm: round through bf16 below
-    if h.device.type == "cuda" and _MM_OUT_DTYPE is False:
-        out.copy_(torch.mm(h, weight.t()))
-    return out.masked_fill_(allowed.disallowed, float("-inf"))
+    out.copy_(torch.mm(h, weight.t()))
 
 
 #: Whether this torch's CUDA ``torch.mm`` takes ``out_dtype`` (found on first use).
@@ -193,25 +223,37 @@ _MM_OUT_DTYPE: bool | None = None
 def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                     out: Float[Tensor, "b v"] | None = None, rule: DispatchRule | None = None) -> Float[Tensor, "b v"]:
     """Step 9: the fastest path for this batch size and allowed count, by :func:`choose_path` and ``rule``
-    (default :func:`dispatch_rule`, from the committed benchmark results)."""
-    batch, vocab, _ = check_inputs(h, weight, allowed, "vd", out)
-    path = choose_path(batch, vocab, allowed.union_count, rule)
+    (default :func:`dispatch_rule`, from the committed benchmark results).
+
+    Host cost: the arguments are checked once, the path is a comparison with the rule's limits for this
+    batch size, and the kernel is launched through its compiled launcher (pass ``out`` to save the
+    allocation). In a CUDA graph: a call can be captured and replayed for the *same* ``allowed`` (nothing
+    synchronises, nothing is allocated when ``out`` is given), but not replayed over changing sets, since
+    the path, the grid and (step 6) the ids are launch arguments fixed at capture. For a decode loop that
+    captures once, use :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`."""
+    batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
+    n = allowed.union_count
+    path = choose_path(batch, vocab, n, rule)
+    out = output(out, batch, vocab, h.device)
     if path == "few_ids":
-        return step06_few_ids(h, weight, allowed, out=out)
-    if path == "stream":
-        return step05_stream(h, weight, allowed, out=out)
-    if path == "batched":
-        return step07_batched(h, weight, allowed, out=out)
-    if path == "row_skip":
-        return step03_row_skip(h, weight, allowed, out=out)
-    return cublas_masked(h, weight, allowed, out=out)
+        _launch_few(h, weight, allowed, out, few_tiles(), vocab, hidden)
+    elif path == "stream":
+        _launch_stream(h, weight, allowed, out, stream_tiles(n), vocab, hidden)
+    elif path == "batched":
+        _launch_batched(h, weight, allowed, out, default_tiles(7, batch, n), batch, vocab, hidden)
+    elif path == "row_skip":
+        _launch_row_skip(h, weight, allowed, out, default_tiles(3, batch), batch, vocab, hidden)
+    else:
+        dense_logits(h, weight, out)
+        out.masked_fill_(allowed.disallowed, float("-inf"))
+    return out
 
 
 def masked_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                   out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
     """Masked LM head, the chapter's general entry point: fp32 logits where ``allowed``, ``-inf`` elsewhere,
-    by the final step (:func:`step09_dispatch`, which picks the fastest path for this batch size and allowed
-    count).
+    by step 9 (:func:`step09_dispatch`, which picks the fastest path for this batch size and allowed
+    count). For a decode loop captured in a CUDA graph, see :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`.
 
     ``weight`` is PyTorch's ``lm_head.weight``, ``[V, D]``, bf16 or fp16.
     """

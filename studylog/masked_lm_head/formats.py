@@ -8,6 +8,7 @@ for the others; weights and hidden states in bf16 or fp16; fp32 accumulation.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
@@ -21,6 +22,9 @@ from torch import Tensor
 
 from studylog import runtime
 from studylog.checks import check_tensor
+
+#: Whether the kernels run on the GPU (else in Triton's interpreter, on CPU tensors).
+_ON_GPU = runtime.mode() == "gpu"
 
 if TYPE_CHECKING:
     from studylog.masked_lm_head.reorder import VocabOrder
@@ -140,11 +144,48 @@ class AllowedTokens:
         few = tuple(int(i) for i in union.tolist()) if union.numel() <= FEW_IDS_MAX else None
         return cls(vocab_size=mask.shape[1], mask=mask, union_ids=union, counts=counts, few_ids=few)
 
+    @classmethod
+    def from_bitmask(cls, bitmask: Int[Tensor, "*b w"], vocab_size: int) -> "AllowedTokens":
+        """From a packed int32 bitmask ``[W]`` or ``[B, W]`` (:func:`pack_bitmask`, xgrammar's format); bits
+        at ``vocab_size`` and beyond are ignored."""
+        check_tensor("bitmask", bitmask, dtype=torch.int32, ndim=(1, 2))
+        if bitmask.shape[-1] != bitmask_words(vocab_size):
+            raise ValueError(f"bitmask must have ceil(vocab_size / 32) = {bitmask_words(vocab_size)} words per "
+                             f"row, got {bitmask.shape[-1]}")
+        return cls.from_mask(unpack_bitmask(bitmask.reshape(-1, bitmask.shape[-1]), vocab_size))
+
+    @cached_property
+    def bitmask(self) -> Int[Tensor, "b w"]:
+        """The sets as a packed int32 bitmask ``[B, ceil(V / 32)]`` (:func:`pack_bitmask`)."""
+        return pack_bitmask(self.mask)
+
     def permuted(self, order: "VocabOrder") -> "AllowedTokens":
         """The same sets in a reordered vocabulary (position ``j`` holds token ``order.perm[j]``)."""
         if order.vocab_size != self.vocab_size:
             raise ValueError(f"order is for vocab_size={order.vocab_size}, the sets for {self.vocab_size}")
         return AllowedTokens._build(self.mask[:, order.perm.to(self.device, torch.int64)].contiguous())
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """Words of a packed bitmask row: ``ceil(V / 32)`` (xgrammar's ``get_bitmask_shape``)."""
+    return -(-int(vocab_size) // 32)
+
+
+def pack_bitmask(mask: Bool[Tensor, "b v"]) -> Int[Tensor, "b w"]:
+    """A boolean mask ``[B, V]`` as the packed int32 bitmask grammar engines fill (xgrammar, llguidance):
+    token ``v`` is bit ``v % 32`` of word ``v // 32``, 1 = allowed; the bits past ``V`` are 0."""
+    batch, vocab = mask.shape
+    words = bitmask_words(vocab)
+    padded = torch.zeros(batch, words * 32, dtype=torch.int64, device=mask.device)
+    padded[:, :vocab] = mask
+    packed = (padded.view(batch, words, 32) << torch.arange(32, device=mask.device)).sum(-1)
+    return (packed - (packed >= 2**31).to(torch.int64) * 2**32).to(torch.int32)  # two's complement
+
+
+def unpack_bitmask(bitmask: Int[Tensor, "b w"], vocab_size: int) -> Bool[Tensor, "b v"]:
+    """The boolean mask ``[B, V]`` of a packed int32 bitmask (the inverse of :func:`pack_bitmask`)."""
+    bits = (bitmask.to(torch.int64).unsqueeze(-1) >> torch.arange(32, device=bitmask.device)) & 1
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,7 +225,20 @@ def batch_tile(batch: int) -> int:
 def default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
     """The tile sizes step ``step`` uses unless told otherwise (chosen for an H100/H200: the tile sweeps
     behind them are in ``lab/masked_lm_head/README.md``). Steps 0-3 and 8 are tiled matmuls; step 4 reads
-    whole rows in chunks; steps 5 and 6 read a whole row at once; step 7 is a gathered matmul."""
+    whole rows in chunks; steps 5 and 6 read a whole row at once; step 7 is a gathered matmul.
+
+    The choice depends on the step, the batch tile and which side of its thresholds ``allowed_rows`` lies,
+    so each distinct answer is made once and kept (a :class:`Tiles` is validated when made)."""
+    rows_class = 0 if allowed_rows <= 2048 else 1 if allowed_rows <= 16384 else 2
+    return _tiles_for(step, batch_tile(batch), rows_class, (1, 2049, 16385)[rows_class])
+
+
+@functools.lru_cache(maxsize=None)
+def _tiles_for(step: int, block_b: int, rows_class: int, rows: int) -> Tiles:
+    return _default_tiles(step, block_b, rows)
+
+
+def _default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
     block_b = batch_tile(batch)
     if step == 4:
         # One to four whole rows per program: few rows keep every SM busy when little is allowed.
@@ -209,13 +263,18 @@ def default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
 def stream_tiles(allowed_rows: int) -> Tiles:
     """Tile sizes of step 5 (``step05_stream``): one row per program up to 16,384 rows, two above, 4 warps
     (from its tile sweep, series ``step4b_tiles`` of the run copied into ``lab/masked_lm_head/results``)."""
-    return Tiles(block_b=1, block_v=1 if allowed_rows <= 16384 else 2, fill_block=4096, num_warps=4, num_stages=1)
+    return _STREAM_TILES[allowed_rows > 16384]
 
 
 def few_tiles() -> Tiles:
     """Step 6's launch (``step06_few_ids``): one row per program, and fill programs of 1,024 outputs, more
     and smaller than step 5's (from its launch-shape sweep, series ``cand_step4c_tiles`` of the same run)."""
-    return Tiles(block_b=1, block_v=1, fill_block=1024, num_warps=4, num_stages=1)
+    return _FEW_TILES
+
+
+_STREAM_TILES = (Tiles(block_b=1, block_v=1, fill_block=4096, num_warps=4, num_stages=1),
+                 Tiles(block_b=1, block_v=2, fill_block=4096, num_warps=4, num_stages=1))
+_FEW_TILES = Tiles(block_b=1, block_v=1, fill_block=1024, num_warps=4, num_stages=1)
 
 
 def dot_dtype(dtype: torch.dtype):
@@ -231,8 +290,37 @@ def dot_dtype(dtype: torch.dtype):
 # Input checks (no device synchronisation: ids were checked when AllowedTokens was built)
 # --------------------------------------------------------------------------------------------
 
+_DTYPES = frozenset(WEIGHT_DTYPES)
+
+
 def check_inputs(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tuple[int, int, int]:
-    """Validate a step's arguments and return (B, V, D)."""
+    """Validate a step's arguments and return (B, V, D).
+
+    The common case (everything right) is one expression over metadata that the tensors hold on the host
+    (dtype, shape, contiguity, device index: no device round trip, no new objects); anything else goes
+    through the checks one by one, so the error names the argument and what is wrong with it."""
+    try:
+        hs, ws = h.shape, weight.shape
+        dev = h.get_device()
+        if (type(allowed) is AllowedTokens and len(hs) == 2 and len(ws) == 2 and h.dtype is weight.dtype
+                and h.dtype in _DTYPES and h.is_contiguous() and weight.is_contiguous()
+                and dev == weight.get_device() == allowed.mask.get_device() and (dev >= 0) == _ON_GPU
+                and (dev >= 0 or (h.is_cpu and weight.is_cpu and allowed.mask.is_cpu))):
+            batch, hidden = hs
+            vocab, d_weight = ws if layout == "vd" else (ws[1], ws[0]) if layout == "dv" else (-1, -1)
+            if (d_weight == hidden and allowed.vocab_size == vocab and allowed.mask.shape[0] == batch
+                    and batch > 0 and hidden > 0 and vocab > 0
+                    and (out is None or (type(out) is Tensor and out.dtype is torch.float32
+                                         and out.shape == (batch, vocab) and out.is_contiguous()
+                                         and out.get_device() == dev and (dev >= 0 or out.is_cpu)))):
+                return batch, vocab, hidden
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return _check_inputs_detailed(h, weight, allowed, layout, out)
+
+
+def _check_inputs_detailed(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tuple[int, int, int]:
+    """Every check of :func:`check_inputs`, one by one, each with its own message."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'vd' (weight [V, D], PyTorch's lm_head.weight) or 'dv' (weight [D, V]), "
                          f"got {layout!r}")
@@ -276,7 +364,7 @@ def check_inputs(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tu
 
 
 def output(out: Tensor | None, batch: int, vocab: int, device) -> Tensor:
-    """``out``, or a new fp32 ``[batch, vocab]`` output."""
+    """``out``, or a new fp32 ``[batch, vocab]`` output (an allocation per call: pass ``out`` in a decode loop)."""
     return torch.empty(batch, vocab, dtype=torch.float32, device=device) if out is None else out
 
 
@@ -303,19 +391,69 @@ def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: 
     return logits.masked_fill(~allowed.mask.to(logits.device), float("-inf"))
 
 
-def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd") -> Tensor:
-    """A bound on fp32-accumulation error: ``D * 2**-24 * sum_i |h_i w_i|`` (products of bf16/fp16
-    values are exact in fp32, so only the additions round), plus a tiny absolute slack."""
+#: The unit roundoff of fp32 (round to nearest): every fp32 addition is exact to within this relative error.
+FP32_UNIT_ROUNDOFF = 2.0**-24
+
+
+#: How a path adds the products of a logit (:func:`accumulation_depth`): ``"dot"`` through tensor-core
+#: ``tl.dot`` or cuBLAS (steps 0-3, 7, 8, the cuBLAS paths), ``"row"`` as one program's reduction of whole rows
+#: (steps 4-6, and the plan's batch-1 kernel).
+SUMMATIONS = ("dot", "row")
+
+
+def accumulation_depth(hidden: int, summation: str = "dot") -> int:
+    """The depth ``k`` of :func:`error_bound`: how many fp32 additions, at most, one product ``h_i w_i`` goes
+    through on its way into a logit.
+
+    ``"dot"``: a tensor-core ``tl.dot`` (and cuBLAS) adds the products of a logit 16 at a time into one fp32
+    accumulator: ``ceil(D / 16)`` accumulations in a chain, and at most ``log2(16) = 4`` levels inside one
+    instruction; tensor cores may truncate when they align the addends (an error up to ``2u`` instead of
+    ``u``), hence ``k = 2 (ceil(D / 16) + 4)``.
+
+    ``"row"``: a program of 4 warps (128 threads) reduces a tile of at most two whole rows padded to
+    ``D' = next_power_of_2(D)``: each thread adds its share in a chain (at most ``2 D' / 128`` values), then
+    the threads combine in a tree (``log2(128) = 7`` levels); ordinary fp32 additions round to nearest:
+    ``k = 2 D' / 128 + 7``. (Step 4 adds 1,024-wide chunks the same way and its chunks in a chain of
+    ``D / 1024``: fewer.)
+    """
+    if summation == "row":
+        return 2 * -(-triton.next_power_of_2(int(hidden)) // 128) + 7
+    if summation != "dot":
+        raise ValueError(f"summation must be one of {SUMMATIONS}, got {summation!r}")
+    return 2 * (-(-int(hidden) // 16) + 4)
+
+
+def fp32_gamma(hidden: int, summation: str = "dot") -> float:
+    """``gamma_k = k u / (1 - k u)`` for ``k`` = :func:`accumulation_depth` and ``u`` = :data:`FP32_UNIT_ROUNDOFF`."""
+    ku = accumulation_depth(hidden, summation) * FP32_UNIT_ROUNDOFF
+    return ku / (1 - ku)
+
+
+def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens | None = None, layout: str = "vd", *,
+                summation: str = "dot") -> Tensor:
+    """A bound on the fp32-accumulation error of every logit: ``gamma_k * sum_i |h_i w_i|`` with
+    ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` and ``k`` = :func:`accumulation_depth` of the path's
+    ``summation`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2: a sum whose terms
+    each go through at most ``k`` additions is within ``gamma_k`` times the sum of their magnitudes). Products
+    of bf16/fp16 values are exact in fp32, so only the additions count; rounding the result to fp32 adds at
+    most ``u |logit|``, which ``gamma_1 sum |h_i w_i|`` already covers. A tiny absolute slack keeps exact
+    zeros comparable.
+
+    The bound is tight enough to fail an output that lost fp32 (rounded to bf16 on the way, or accumulated in
+    bf16) at most allowed tokens (``"row"``: about 5 in 6 at D = 3,072; ``"dot"``, looser: about 2 in 5), so a
+    check of a few ids catches it: ``tests/test_masked_lm_head.py`` checks that it does. ``allowed`` is not
+    used (the bound is for every logit); it stays for the callers that pass it."""
     w = weight.double() if layout == "vd" else weight.double().t()
     scale = h.double().abs() @ w.abs().t()
-    return h.shape[1] * 2.0**-24 * scale + 1e-30
+    return fp32_gamma(h.shape[1], summation) * scale + 1e-30
 
 
-def check_logits(out: Tensor, h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd") -> dict:
+def check_logits(out: Tensor, h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd", *,
+                 summation: str = "dot") -> dict:
     """Compare kernel logits with the float64 reference: allowed entries within
-    :func:`error_bound`, every other entry exactly ``-inf``, no NaN (poison) left."""
+    :func:`error_bound` (of the path's ``summation``), every other entry exactly ``-inf``, no NaN (poison) left."""
     ref = reference_logits(h, weight, allowed, layout)
-    bound = error_bound(h, weight, allowed, layout)
+    bound = error_bound(h, weight, allowed, layout, summation=summation)
     got = out.double()
     mask = allowed.mask.to(got.device)
     nan = int(torch.isnan(got).sum())

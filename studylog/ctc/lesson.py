@@ -1,0 +1,330 @@
+"""What notebook 04 reads from a results file, in one place: each step's time against the one before it and
+the floor, the result against torch, where the time goes, the accuracy of every series, the table of what did
+not help (from ``lab/ctc``), and the numbers its prose quotes (glued with myst-nb).
+
+Every function takes a :class:`studylog.plotting.Results` and reads series by the names
+:mod:`studylog.ctc.report` writes (``CHAPTER.steps``, ``CHAPTER.baselines``); where a file predates a series,
+the table says so, and a prose number reads ``pending``, instead of failing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Iterable
+
+from studylog.ctc.figures import clock_of, clock_words
+from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, LESSON_N
+
+#: What a prose number reads when the results file does not have it yet.
+PENDING = "pending"
+#: The experiment file of ``lab/ctc`` (recursion options, step 10's other grain, the blocked layout).
+OPTIONS_FILE = "options_and_layouts"
+
+
+def _chapter():
+    from studylog.ctc import CHAPTER
+
+    return CHAPTER
+
+
+def _row(results, series: str, **params) -> dict | None:
+    rows = results.select(series, **params)
+    return rows[0] if len(rows) == 1 else None
+
+
+def _ms(results, series: str, **params) -> float | None:
+    row = _row(results, series, **params)
+    return None if row is None else row["ms"]
+
+
+def _us(ms: float | None, digits: int = 1) -> str:
+    return "–" if ms is None else f"{ms * 1e3:,.{digits}f}"
+
+
+def _with_spread(row: dict | None) -> str:
+    """``median (min–max)`` in µs where the row has the repetitions' spread."""
+    if row is None:
+        return "–"
+    if row.get("spread_ms"):
+        lo, mid, hi = row["spread_ms"]
+        return f"{_us(mid)} ({_us(lo)}–{_us(hi)})"
+    return _us(row["ms"])
+
+
+def _ratios(results, before: str, after: str, points: Iterable[tuple[int, int]]) -> list[float]:
+    """``before / after`` (above 1: ``after`` is faster) at the (A, N) points where both were measured."""
+    out = []
+    for A, N in points:
+        b, a = _ms(results, before, T=BENCH_T, A=A, N=N), _ms(results, after, T=BENCH_T, A=A, N=N)
+        if b is not None and a is not None:
+            out.append(b / a)
+    return out
+
+
+def _lesson_points(A: int | None = None) -> list[tuple[int, int]]:
+    return [(a, n) for a in BENCH_A for n in LESSON_N if A in (None, a)]
+
+
+def _all_points(A: int | None = None, ns: Iterable[int] = BENCH_N) -> list[tuple[int, int]]:
+    return [(a, n) for a in BENCH_A for n in ns if A in (None, a)]
+
+
+def _times(values: list[float]) -> str:
+    """``1.1× to 1.9×`` (or one value)."""
+    if not values:
+        return PENDING
+    lo, hi = min(values), max(values)
+    return _x(lo) if _x(lo) == _x(hi) else f"{_x(lo)} to {_x(hi)}"
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.2f}×" if ratio < 3 else f"{ratio:.1f}×"
+
+
+def _signed(fraction: float) -> str:
+    value = round(fraction * 100)
+    return f"{value:+d}%" if value else "±0%"
+
+
+def _percent(value: float) -> str:
+    return f"{value * 100:.0f}%"
+
+
+def _largest_change(values: list[float]) -> str:
+    """The largest change of time, in percent (one decimal), of a list of ratios."""
+    return f"{max(abs(v - 1) for v in values) * 100:.1f}%" if values else PENDING
+
+
+# --------------------------------------------------------------------------------------
+# Tables (Markdown, printed by the notebook)
+# --------------------------------------------------------------------------------------
+
+#: The step each step is compared with in its table (step 7 builds on step 5, not on the counterexample).
+PREVIOUS = {7: 5}
+
+
+def step_table(results, number: int) -> str:
+    """Step ``number`` at the batch sizes where every step was timed: its time (median, min–max of the
+    repetitions where the file has them), the step it builds on, the ratio, the floor and how far above it."""
+    CHAPTER = _chapter()
+    step = CHAPTER.step(number)
+    before = CHAPTER.step(PREVIOUS.get(number, number - 1)) if number > 1 else None
+    if not results.select(step.series, T=BENCH_T):
+        return f"{step.name}: {PENDING} (the results file has no rows of it)."
+    head = f"| A | N | {step.name} (µs) |"
+    sep = "|---|---|---|"
+    if before is not None:
+        head += f" {before.name} (µs) | speedup over {before.series} |"
+        sep += "---|---|"
+    lines = [head + " floor (µs) | time / floor |", sep + "---|---|"]
+    for A, N in _lesson_points():
+        row = _row(results, step.series, T=BENCH_T, A=A, N=N)
+        if row is None:
+            continue
+        cells = [str(A), str(N), _with_spread(row)]
+        if before is not None:
+            prev = _ms(results, before.series, T=BENCH_T, A=A, N=N)
+            cells += [_us(prev), "–" if prev is None else f"{prev / row['ms']:.2f}×"]
+        floor = row.get("floor_ms")
+        cells += [_us(floor, 2), "–" if not floor else f"{row['ms'] / floor:,.0f}×"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nClock: {clock_words(clock_of(results, step.series))}."
+
+
+def results_table(results) -> str:
+    """The last step against torch's two calls at every point, with the speedup over the faster one timed on
+    the same clock (``torch-best``) and the distance to the floor."""
+    CHAPTER = _chapter()
+    final = CHAPTER.final
+    if not results.select(final.series, T=BENCH_T):
+        return f"{final.name}: {PENDING}."
+    lines = [f"| A | N | torch-cuDNN (µs) | torch-native (µs) | {final.name} (µs) | speedup over torch-best | "
+             "floor (µs) | time / floor |", "|---|---|---|---|---|---|---|---|"]
+    for A, N in _all_points():
+        row = _row(results, final.series, T=BENCH_T, A=A, N=N)
+        if row is None:
+            continue
+        best = _row(results, "torch-best", T=BENCH_T, A=A, N=N)
+        speedup = "–"
+        if best is not None and clock_of(results, "torch-best") == clock_of(results, final.series):
+            speedup = f"{best['ms'] / row['ms']:.2f}×"
+            if best.get("spread_ms") and row.get("spread_ms"):
+                speedup += f" ({best['spread_ms'][0] / row['spread_ms'][2]:.2f}–" \
+                           f"{best['spread_ms'][2] / row['spread_ms'][0]:.2f})"
+        floor = row.get("floor_ms")
+        above = "–" if not floor else f"{row['ms'] / floor:,.1f}×"
+        lines.append(f"| {A} | {N} | {_with_spread(_row(results, 'torch-cuDNN', T=BENCH_T, A=A, N=N))} | "
+                     f"{_with_spread(_row(results, 'torch-native', T=BENCH_T, A=A, N=N))} | {_with_spread(row)} | "
+                     f"{speedup} | {_us(floor, 2)} | {above} |")
+    clocks = {s: clock_words(clock_of(results, s)) for s in ("torch-cuDNN", "torch-native", final.series)}
+    return "\n".join(lines) + "\n\nClocks: " + ", ".join(f"{s}: {c}" for s, c in clocks.items()) + "."
+
+
+def _kernel_role(name: str) -> str:
+    if "recursion" in name:
+        return "recursion"
+    return "first pass" if "stats" in name else "last pass"
+
+
+def kernel_table(results) -> str:
+    """Device time of each kernel of steps 7 to 10 at the profiled points (torch.profiler, no L2 flush): the
+    first pass over the activations, the recursion and the last pass; torch's calls as one total."""
+    CHAPTER = _chapter()
+    steps = [CHAPTER.step(k) for k in (7, 8, 9, 10)]
+    cases = sorted({(r["params"]["A"], r["params"]["N"]) for s in steps for r in results.select(f"{s.series} kernels")})
+    if not cases:
+        return f"Per-kernel times: {PENDING}."
+    lines = ["| A | N | call | first pass (µs) | recursion (µs) | last pass (µs) | timed call (µs) |",
+             "|---|---|---|---|---|---|---|"]
+    for A, N in cases:
+        for series in ["torch-cuDNN", "torch-native"] + [s.series for s in steps]:
+            kernels = _row(results, f"{series} kernels", A=A, N=N)
+            if kernels is None:
+                continue
+            timed = _ms(results, series, T=BENCH_T, A=A, N=N)
+            name = series if series.startswith("torch") else CHAPTER.label(series)
+            if series.startswith("torch"):
+                lines.append(f"| {A} | {N} | {name} | | | all kernels {_us(kernels['ms'])} | {_us(timed)} |")
+                continue
+            parts = {"first pass": 0.0, "recursion": 0.0, "last pass": 0.0}
+            for kernel, us in kernels["kernels_us"].items():
+                parts[_kernel_role(kernel)] += us
+            lines.append(f"| {A} | {N} | {name} | {parts['first pass']:.1f} | {parts['recursion']:.1f} | "
+                         f"{parts['last pass']:.1f} | {_us(timed)} |")
+    return "\n".join(lines)
+
+
+def accuracy_table(results) -> str:
+    """Every series against float64 on every benchmark input: worst errors over the utterances it did not lose,
+    utterances lost (infinite loss; finite loss with a NaN gradient) and silently wrong ones."""
+    CHAPTER = _chapter()
+    lines = ["| series | worst loss error | worst gradient error | infinite loss | NaN gradient | silently wrong |",
+             "|---|---|---|---|---|---|"]
+    for series in ["torch-cuDNN", "torch-native"] + [s.series for s in CHAPTER.steps]:
+        rows = results.select(series, T=BENCH_T)
+        if not rows:
+            continue
+        infinite = sum(r.get("infinite_losses", 0) for r in rows)
+        nan_only = sum(r.get("mismatched", 0) for r in rows) - infinite
+        total = sum(r["params"]["N"] for r in rows)
+        silent = (str(sum(r["silently_wrong"] for r in rows)) if all("silently_wrong" in r for r in rows)
+                  else PENDING)
+        name = series if series.startswith("torch") else CHAPTER.label(series)
+        lines.append(f"| {name} | {max(r['loss_rel'] for r in rows):.1e} | {max(r['grad_rel'] for r in rows):.1e} | "
+                     f"{infinite} of {total} | {nan_only} | {silent} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# What did not help (lab/ctc)
+# --------------------------------------------------------------------------------------
+
+def load_options():
+    """The experiment of ``lab/ctc`` (recursion options, step 10's grain 2, the blocked layout), read under
+    today's series names."""
+    from studylog import paths
+    from studylog.plotting import Results, load_lab
+
+    names = dict(_chapter().renamed_series)
+    path = paths.lab_results("ctc", "nvidia-h200") / f"{OPTIONS_FILE}.json"
+    return Results(path, load_lab("ctc", OPTIONS_FILE, "nvidia-h200")).with_series_names(names)
+
+
+def _change(ratios: list[float]) -> str:
+    """Time change of an option against its default (ratio option / default): median, and the range."""
+    if not ratios:
+        return PENDING
+    med = statistics.median(ratios)
+    return f"{_signed(med - 1)} median ({_signed(min(ratios) - 1)} to {_signed(max(ratios) - 1)}) over {len(ratios)} points"
+
+
+#: What each option of the experiment is, in the table's words.
+TRIED = {
+    "branch-free": "the straight-line recursion of steps 8 and 9 without flush-to-zero `ex2`/`lg2` "
+                   "(`recursion=\"branch-free\"`)",
+    "+ redux max": "the row maximum as one `redux.sync` instead of shuffles (`recursion=\"+ redux max\"`)",
+    "+ prefetch 8": "`redux.sync` and emissions prefetched eight frames ahead instead of four "
+                    "(`recursion=\"+ prefetch 8\"`)",
+    "grain 2": "step 10 with two positions per thread instead of four (`grain=2`)",
+}
+
+
+def tried_table(options, results) -> str:
+    """One line per option that no step keeps: what it is, its measured effect on the time (against the
+    default in the same file), and where the details are."""
+    from studylog.ctc.figures import recursion_series
+
+    CHAPTER = _chapter()
+    lines = ["| what | time against the default | details |", "|---|---|---|"]
+    defaults = {CHAPTER.step(9).series, CHAPTER.step(10).series}
+    for series, _ in recursion_series():
+        if series in defaults:
+            continue
+        default = CHAPTER.step(10 if series.startswith(CHAPTER.step(10).series) else 9).series
+        ratios = [1 / r for r in _ratios(options, default, series, _all_points())]
+        option = series.removeprefix(default).strip().removeprefix("recursion ")
+        lines.append(f"| {TRIED.get(option, option)} | {_change(ratios)} | `lab/ctc/README.md` |")
+    five = CHAPTER.step(5).series
+    blocked = [(r["ms"] / s["ms"]) for r in options.select(f"{five} blocked")
+               for s in options.select(f"{five} strided", **r["params"])]
+    odd = [x for r, x in zip(options.select(f"{five} blocked"), blocked) if r["params"]["grain"] % 2]
+    lines.append(f"| blocked layout in {CHAPTER.step(5).name} (ModernGPU's: a thread's positions consecutive) | "
+                 f"{_change(blocked)}; odd grains alone {_change(odd)} | `lab/ctc/README.md` |")
+    four = f"{CHAPTER.step(4).series} strided"
+    sweep = {}
+    for r in results.select(four):
+        sweep.setdefault(r["params"]["A"], {})[r["params"]["grain"]] = r["ms"]
+    effects = []
+    for A, by_grain in sorted(sweep.items()):
+        odd_vs_even = [by_grain[g] / statistics.mean([by_grain[g - 1], by_grain[g + 1]])
+                       for g in by_grain if g % 2 and g - 1 in by_grain and g + 1 in by_grain]
+        if odd_vs_even:
+            effects.append(f"A = {A}: {_change(odd_vs_even)}")
+    lines.append(f"| odd grain sizes in {CHAPTER.step(4).name} (against the mean of the two even neighbours) | "
+                 f"{'; '.join(effects) or PENDING} | the grain figure (step 4) |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# The numbers the prose quotes
+# --------------------------------------------------------------------------------------
+
+def prose_numbers(results) -> dict[str, str]:
+    """Every measured number notebook 04's prose quotes, formatted, by glue name; ``pending`` where the file
+    does not have it."""
+    CHAPTER = _chapter()
+    s = {k: CHAPTER.step(k).series for k in range(1, 11)}
+    out: dict[str, str] = {}
+    big, small = max(BENCH_A), min(BENCH_A)
+    last = _row(results, s[10], T=BENCH_T, A=big, N=max(BENCH_N))
+    floor = last.get("floor_ms") if last else None
+    out["floor_big"] = f"{floor * 1e3:.0f} µs" if floor else PENDING
+    out["final_over_floor_big"] = f"{last['ms'] / floor:.1f}×" if last and floor else PENDING
+    out["restrict_change"] = _largest_change(_ratios(results, s[1], s[2], _lesson_points()))
+    out["ldg_change"] = _largest_change(_ratios(results, s[2], s[3], _lesson_points()))
+    out["blocking_small"] = _times(_ratios(results, s[3], s[4], _lesson_points(small)))
+    out["blocking_big"] = _times(_ratios(results, s[3], s[4], _lesson_points(big)))
+    out["rows_change"] = _largest_change(_ratios(results, s[4], s[5], _lesson_points()))
+    out["prob_vs_rows"] = _times(_ratios(results, s[5], s[6], _lesson_points()))
+    rows6 = results.select(s[6], T=BENCH_T)
+    if rows6:
+        lost = sum(r.get("mismatched", 0) for r in rows6)
+        out["prob_lost"] = f"{lost} of {sum(r['params']['N'] for r in rows6)}"
+    else:
+        out["prob_lost"] = PENDING
+    out["fused_vs_rows"] = _times(_ratios(results, s[5], s[7], _lesson_points()))
+    out["branch_free"] = _times(_ratios(results, s[7], s[8], _all_points()))
+    nine = _ratios(results, s[8], s[9], [(big, max(BENCH_N))])
+    out["two_passes_big"] = _times(nine)
+    cost = [1 / r - 1 for r in _ratios(results, s[8], s[9], _all_points(small))]
+    out["two_passes_small_cost"] = _percent(max(cost)) if cost else PENDING
+    gain = _ratios(results, s[9], s[10], _all_points(ns=[n for n in BENCH_N if 2 <= n <= 64]))
+    out["warps_gain"] = _times(gain)
+    one = _ratios(results, s[9], s[10], [(small, min(BENCH_N))])
+    out["warps_small_one"] = _percent(1 / one[0] - 1) if one else PENDING
+    for A, key in ((small, "final_small"), (big, "final_big")):
+        final_clock = clock_of(results, s[10])
+        same = clock_of(results, "torch-best") == final_clock
+        out[key] = _times(_ratios(results, "torch-best", s[10], _all_points(A))) if same else PENDING
+    out["clock"] = clock_words(clock_of(results, s[10])) or PENDING
+    return out

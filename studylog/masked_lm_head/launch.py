@@ -1,0 +1,127 @@
+"""Launching the chapter's Triton kernels with little host time: a compiled kernel's own launcher, called
+directly.
+
+``kernel[grid](*args, **constexprs)`` binds the arguments to the signature, works out how each one
+specialises the kernel (an int equal to 1, an int or pointer divisible by 16, a dtype), hashes that into a
+cache key, looks the compiled kernel up and only then calls its launcher. For a kernel of a few
+microseconds that Python path is longer than the kernel. :class:`FastKernel` keeps the compiled kernel of
+each specialisation it has seen and calls its launcher itself: the arguments are reduced to the same
+specialisation facts in one pass (tensors become their data pointers, which the launcher takes as ints),
+and a new combination goes once through ``kernel[grid]``, which compiles (or finds) the kernel and launches
+it, and whose result is kept.
+
+Invariants the fast path relies on, checked when an entry is made (else the call takes ``kernel[grid]``):
+the kernel's constexpr parameters come after all its runtime parameters, and no launch hook is installed
+(``triton.knobs.runtime.launch_enter_hook``, a chain of hooks that is empty unless a profiler adds one): with
+a hook, every call goes through ``kernel[grid]`` so the hook sees it. In Triton's interpreter (no GPU) there is no compiled kernel: every
+call is ``kernel[grid]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from studylog import runtime
+
+_I32 = 2**31
+
+
+try:
+    from triton import knobs as _triton_knobs
+
+    _HOOKS = _triton_knobs.runtime
+except ImportError:  # older Triton: no launch hooks to respect
+    _HOOKS = None
+#: Whether Triton compiles for the GPU in this process (else its interpreter runs every call).
+_GPU = runtime.mode() == "gpu"
+
+
+def _installed(hook) -> bool:
+    """Whether a launch hook is installed: a callable, or a chain of hooks (Triton 3.4+) holding one."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True
+
+
+def specialization(args: tuple, skip: frozenset[int] = frozenset()) -> tuple[tuple, list]:
+    """(key, values): what Triton specialises a launch on, for the runtime arguments ``args`` in the kernel's
+    order, and the values its launcher takes (a tensor's data pointer, an int as it is). A pointer counts
+    its 16-byte alignment and its dtype; an int whether it is 1, divisible by 16, and whether it fits in
+    32 bits. Arguments whose index is in ``skip`` (``do_not_specialize``) count only their width."""
+    values = [a if type(a) is int else a.data_ptr() for a in args]
+    flags = [(v == 1) + 2 * (v % 16 == 0) + 4 * (not -_I32 <= v < _I32) if type(a) is int else 8 + 2 * (v % 16 == 0)
+             for a, v in zip(args, values)]
+    if skip:
+        flags = [f & 4 if i in skip else f for i, f in enumerate(flags)]
+    return (tuple(flags), tuple([a.dtype for a in args if type(a) is not int])), values
+
+
+class FastKernel:
+    """A Triton kernel launched through its compiled launcher (see the module docstring).
+
+    ``FastKernel(kernel)(grid, args, constexprs)`` launches ``kernel`` on a 1-D ``grid`` (an int) with the
+    runtime arguments ``args`` (a tuple, in the kernel's order, the first a tensor on the launch's device)
+    and ``constexprs`` (a dict of the constexpr arguments and launch options such as ``num_warps``, hashable
+    values). Callers keep one such dict per configuration (not a new one per call): calls with the same
+    pointers, ints and dict skip the specialisation work."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._compiled: dict[tuple, Any] = {}
+        self._memo: dict[tuple, Any] = {}
+        params = getattr(kernel, "params", None)
+        if params is not None:
+            runtime_params = [p for p in params if not p.is_constexpr]
+            self._skip = frozenset(i for i, p in enumerate(runtime_params) if p.do_not_specialize)
+            n = len(runtime_params)
+            self._trailing = all(p.is_constexpr for p in params[n:]) and not any(p.is_constexpr for p in params[:n])
+            self._n_runtime = n
+            self._n_constexpr = len(params) - n
+        else:  # the interpreter's kernel object: never used on the fast path
+            self._skip, self._trailing, self._n_runtime, self._n_constexpr = frozenset(), False, -1, 0
+
+    def __call__(self, grid: int, args: tuple, constexprs: dict[str, Any]) -> None:
+        if not _GPU or not self._trailing:
+            self.kernel[(grid,)](*args, **constexprs)
+            return
+        hooks = _HOOKS
+        if hooks is not None and (_installed(hooks.launch_enter_hook) or _installed(hooks.launch_exit_hook)):
+            self.kernel[(grid,)](*args, **constexprs)
+            return
+        values = [a if type(a) is int else a.data_ptr() for a in args]
+        device = args[0].get_device()
+        # The same pointers and ints with the same constexpr dict (the callers keep one dict per tile shape
+        # and dtype) specialise the same way: a hit skips working the specialisation out.
+        memo_key = (id(constexprs), device, *values)
+        hit = self._memo.get(memo_key)
+        if hit is not None and hit[0] is constexprs:
+            entry = hit[1]
+        else:
+            spec, _ = specialization(args, self._skip)
+            key = (device, spec, tuple(constexprs.items()))
+            entry = self._compiled.get(key)
+            if entry is None:
+                self._compile(key, grid, args, constexprs)
+                return
+            if len(self._memo) > 512:  # new pointers every call (outputs allocated per call): keep it small
+                self._memo.clear()
+            self._memo[memo_key] = (constexprs, entry)
+        compiled, const_values = entry
+        compiled.run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *values, *const_values)
+
+    def _compile(self, key: tuple, grid: int, args: tuple, constexprs: dict[str, Any]) -> None:
+        """Launch through ``kernel[grid]`` (which compiles or finds the kernel) and keep what it ran."""
+        compiled = self.kernel[(grid,)](*args, **constexprs)
+        names = [p.name for p in self.kernel.params if p.is_constexpr]
+        if compiled is not None and hasattr(compiled, "run") and len(args) == self._n_runtime:
+            const_values = tuple(constexprs[n] for n in names if n in constexprs)
+            if len(const_values) == self._n_constexpr:
+                self._compiled[key] = (compiled, const_values)
+
+    def cached(self) -> int:
+        """How many specialisations have a kept compiled kernel."""
+        return len(self._compiled)
+

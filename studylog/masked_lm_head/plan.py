@@ -1,0 +1,427 @@
+"""The masked LM head in a decode loop that a CUDA graph captures once: :class:`MaskedHeadPlan`.
+
+A serving engine captures its decode step in a CUDA graph and replays it every token. A graph keeps the
+launch arguments it was captured with, so nothing that changes from step to step may be one: not the allowed
+ids (step 6 passes them as arguments), not their count (steps 4-7 size their grids and masks by it), not the
+path step 9 picks. The plan moves all of it into device buffers of fixed size:
+
+* ``plan.bitmask``: the allowed sets as the packed int32 bitmask ``[B, ceil(V / 32)]`` that grammar engines
+  fill (xgrammar's ``fill_next_token_bitmask``, llguidance), copied in by the caller each step;
+* the union of the batch's sets as ids, and their count, are built **on the device** from it
+  (:func:`union_ids_kernel`: an atomic counter hands each program its place in the list), so no host
+  round trip is needed;
+* the compacted kernels read the count from that device scalar (:func:`stream_count_kernel`,
+  :func:`batched_count_kernel`: step 5's and step 7's kernels with the count loaded instead of passed, and
+  the mask read from the bitmask's bits); their grid is sized for a **capacity**, and the programs past the
+  count load their id and the count, find nothing to do, and store nothing.
+
+Which path runs (and for how many rows the grid is sized) still depends on the count. The plan keeps **one
+graph per bucket**: a bucket is the path that :func:`~studylog.masked_lm_head.dispatch.choose_path` picks for
+the count, with the capacity rounded up to a power of two (at least 16); the dense path (cuBLAS with fp32
+output, then :func:`apply_bitmask_kernel`, the same work as xgrammar's ``apply_token_bitmask_inplace``) has
+one bucket. The host picks the bucket from a count it knows or bounds (the grammar engine computed the sets
+on the host; :func:`union_count` pops the bits of a host bitmask otherwise) and replays that graph. A
+count bounded from above only costs programs that exit at once; a graph is captured the first time its
+bucket is needed (:meth:`MaskedHeadPlan.capture` captures them ahead).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float
+from torch import Tensor
+
+from studylog import runtime
+from studylog.checks import check_tensor
+from studylog.masked_lm_head.compact import EVICTION
+from studylog.masked_lm_head.dense import _FAST as _DENSE_FAST
+from studylog.masked_lm_head.dense import _options as _dense_options
+from studylog.masked_lm_head.dense import row_skip_kernel
+from studylog.masked_lm_head.dispatch import DispatchRule, choose_path, dense_logits, dispatch_rule
+from studylog.masked_lm_head.formats import (WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, pack_bitmask,
+                                             stream_tiles)
+from studylog.masked_lm_head.launch import FastKernel
+
+# --------------------------------------------------------------------------------------------
+# The union of the batch's sets, as ids and a count, from the packed bitmask. Each program ORs
+# its words over the batch, unpacks them to one flag per token, and takes its place in the id
+# list from an atomic counter (zeroed before the launch): the list comes out in blocks of
+# increasing ids, the blocks in the order the programs arrived; no kernel needs it sorted.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def union_ids_kernel(
+    bitmask_ptr, ids_ptr, count_ptr, B, V, W, stride_bm,
+    BLOCK_W: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    words = pid * BLOCK_W + tl.arange(0, BLOCK_W)
+    in_w = words < W
+    union = tl.zeros((BLOCK_W,), dtype=tl.int32)
+    for b0 in range(0, B, BLOCK_B):
+        seqs = b0 + tl.arange(0, BLOCK_B)
+        tile = tl.load(bitmask_ptr + seqs[:, None] * stride_bm + words[None, :],
+                       mask=(seqs[:, None] < B) & in_w[None, :], other=0)
+        union = union | tl.reduce(tile, 0, _or)
+    bits = tl.arange(0, 32)
+    tok = words[:, None] * 32 + bits[None, :]
+    flag = (((union[:, None] >> bits[None, :]) & 1) != 0) & (tok < V)
+    flag = tl.reshape(flag.to(tl.int32), (BLOCK_W * 32,))
+    tok = tl.reshape(tok, (BLOCK_W * 32,))
+    base = tl.atomic_add(count_ptr, tl.sum(flag, axis=0))
+    tl.store(ids_ptr + base + tl.cumsum(flag, axis=0) - 1, tok, mask=flag != 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Step 5's kernel with the count on the device and the mask as bits. The id buffer holds the
+# grid's whole capacity, so the id is loaded unmasked, beside the count: the row load waits
+# for both at once, as it waited for the id alone in step 5. A program past the count (a
+# bucket's spare capacity) returns as soon as the count arrives.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def stream_count_kernel(
+    h_ptr, w_ptr, out_ptr, bitmask_ptr, ids_ptr, count_ptr, V, n_fill, stride_wv,
+    D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    EVICTION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid >= n_fill:
+        first = (pid - n_fill) * BLOCK_V
+        slots = first + tl.arange(0, BLOCK_V)
+        rows = tl.load(ids_ptr + slots)
+        n = tl.load(count_ptr)
+        if first < n:
+            live = slots < n
+            offs_d = tl.arange(0, D_POW2)[None, :]
+            in_d = offs_d < D
+            h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
+                        mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION).to(tl.float32)
+            tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
+    else:
+        offs = pid * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+        inside = offs < V
+        word = tl.load(bitmask_ptr + offs // 32, mask=inside, other=-1)
+        keep = (word >> (offs % 32)) & 1
+        tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
+
+
+# --------------------------------------------------------------------------------------------
+# Step 7's kernel with the count on the device and the masks as bits. A program whose block of
+# the union starts past the count returns before its loop over D. The fill programs each take
+# a block of one sequence's outputs (no division per element to find the sequence).
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def batched_count_kernel(
+    h_ptr, w_ptr, out_ptr, bitmask_ptr, union_ptr, count_ptr, B, V, n_compute,
+    stride_hb, stride_wv, stride_ob, stride_bm,
+    D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+    FILL_BLOCK: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < n_compute:
+        num_pid_b = tl.cdiv(B, BLOCK_B)
+        pid_v = pid // num_pid_b  # neighbouring programs share rows: the second read hits L2
+        pid_b = pid % num_pid_b
+        slots = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        rows = tl.load(union_ptr + slots)
+        n_union = tl.load(count_ptr)
+        if pid_v * BLOCK_V < n_union:
+            live = slots < n_union
+            offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+            in_b = offs_b < B
+            offs_d = tl.arange(0, BLOCK_D)
+            h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_d[None, :]
+            w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d[None, :]
+            acc = tl.zeros((BLOCK_B, BLOCK_V), dtype=tl.float32)
+            for k in range(0, tl.cdiv(D, BLOCK_D)):
+                d_left = D - k * BLOCK_D
+                h = tl.load(h_ptrs, mask=in_b[:, None] & (offs_d[None, :] < d_left), other=0.0)
+                w = tl.load(w_ptrs, mask=live[:, None] & (offs_d[None, :] < d_left), other=0.0)
+                acc = tl.dot(h.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc)
+                h_ptrs += BLOCK_D
+                w_ptrs += BLOCK_D
+            tile = in_b[:, None] & live[None, :]
+            word = tl.load(bitmask_ptr + offs_b[:, None] * stride_bm + rows[None, :] // 32, mask=tile, other=0)
+            keep = (word >> (rows[None, :] % 32)) & 1
+            tl.store(out_ptr + offs_b[:, None] * stride_ob + rows[None, :], acc, mask=tile & (keep != 0))
+    else:
+        fill = pid - n_compute
+        per_row = tl.cdiv(V, FILL_BLOCK)
+        seq = fill // per_row
+        tok = (fill - seq * per_row) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+        inside = tok < V
+        word = tl.load(bitmask_ptr + seq * stride_bm + tok // 32, mask=inside, other=-1)
+        keep = (word >> (tok % 32)) & 1
+        tl.store(out_ptr + seq * stride_ob + tok, tl.full((FILL_BLOCK,), float("-inf"), tl.float32),
+                 mask=inside & (keep == 0))
+
+
+# --------------------------------------------------------------------------------------------
+# The dense path's mask: -inf wherever a sequence's bit is 0 (what xgrammar's
+# apply_token_bitmask_inplace does). Each program takes a block of one sequence's outputs.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def apply_bitmask_kernel(out_ptr, bitmask_ptr, V, W, stride_ob, stride_bm, FILL_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    per_row = tl.cdiv(V, FILL_BLOCK)
+    seq = pid // per_row
+    start = (pid - seq * per_row) * FILL_BLOCK
+    words = start // 32 + tl.arange(0, FILL_BLOCK // 32)  # each word loaded once, then spread to its 32 tokens
+    packed = tl.load(bitmask_ptr + seq * stride_bm + words, mask=words < W, other=-1)
+    drop = tl.reshape(((packed[:, None] >> tl.arange(0, 32)[None, :]) & 1) == 0, (FILL_BLOCK,))
+    tok = start + tl.arange(0, FILL_BLOCK)
+    tl.store(out_ptr + seq * stride_ob + tok, tl.full((FILL_BLOCK,), float("-inf"), tl.float32),
+             mask=(tok < V) & drop)
+
+
+# --------------------------------------------------------------------------------------------
+# The bitmask as one byte per token (the mask step 3 reads), for the plan's row-skip dense path.
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    per_row = tl.cdiv(V, FILL_BLOCK)
+    seq = pid // per_row
+    tok = (pid - seq * per_row) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+    inside = tok < V
+    word = tl.load(bitmask_ptr + seq * stride_bm + tok // 32, mask=inside, other=0)
+    tl.store(mask_ptr + seq * stride_mask + tok, ((word >> (tok % 32)) & 1).to(tl.uint8), mask=inside)
+
+
+_UNION = FastKernel(union_ids_kernel)
+_UNPACK = FastKernel(unpack_bitmask_kernel)
+_STREAM_COUNT = FastKernel(stream_count_kernel)
+_BATCHED_COUNT = FastKernel(batched_count_kernel)
+_APPLY = FastKernel(apply_bitmask_kernel)
+
+#: Words of the bitmask per program of :func:`union_ids_kernel` (1,024 tokens), and sequences per load.
+UNION_BLOCK_W = 32
+UNION_BLOCK_B = 16
+#: Outputs per program of :func:`apply_bitmask_kernel` (and tokens of :func:`unpack_bitmask_kernel`), and its warps
+#: (xgrammar's kernel, for the same work, takes 4,096 fp32 outputs per step with 32 warps).
+APPLY_BLOCK = 4096
+APPLY_WARPS = 32
+#: The smallest capacity of a compacted bucket.
+MIN_CAPACITY = 16
+
+
+def union_count(bitmask: np.ndarray | Tensor) -> int:
+    """How many tokens at least one row of a host bitmask ``[B, W]`` (or ``[W]``) allows: the count a
+    caller passes to :meth:`MaskedHeadPlan.step` when it has only the bitmask (bits past ``V`` must be 0)."""
+    words = bitmask.numpy() if isinstance(bitmask, Tensor) else np.asarray(bitmask)
+    words = words.reshape(-1, words.shape[-1]).view(np.uint32)
+    return int(np.bitwise_count(np.bitwise_or.reduce(words, axis=0)).sum())
+
+
+class MaskedHeadPlan:
+    """A masked LM head for a decode loop captured in a CUDA graph (see the module docstring): fixed
+    batch size, fixed buffers, the allowed sets in :attr:`bitmask`.
+
+    ``weight`` is ``[V, D]`` (``lm_head.weight``), bf16 or fp16; ``h`` an existing ``[batch, D]`` buffer
+    the model writes the hidden states into (a new one, :attr:`h`, if not given); ``rule`` the dispatch
+    rule (default :func:`~studylog.masked_lm_head.dispatch.dispatch_rule`). Each step::
+
+        plan.h.copy_(hidden)                                   # or the model wrote it there
+        plan.bitmask.copy_(host_bitmask, non_blocking=True)    # from pinned memory
+        logits = plan.step(count)                              # replays the graph of count's bucket
+
+    ``count`` is the number of tokens the union of the batch's sets holds, or a bound above it. The logits
+    land in :attr:`out` (``[batch, V]`` fp32, ``-inf`` where not allowed), overwritten each step. In the
+    cuBLAS dense bucket the bitmask is applied by xgrammar's GPU kernel when xgrammar is installed
+    (``use_xgrammar``), so that path is the practitioners' own; else by :func:`apply_bitmask_kernel`.
+    """
+
+    def __init__(self, weight: Float[Tensor, "v d"], batch: int, *, h: Float[Tensor, "b d"] | None = None,
+                 rule: DispatchRule | None = None, use_xgrammar: bool = True):
+        check_tensor("weight", weight, dtype=WEIGHT_DTYPES, ndim=2, contiguous=True)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        if runtime.mode() == "gpu" and not weight.is_cuda:
+            raise ValueError("the Triton kernels run on the GPU here: move the weight to cuda")
+        if runtime.mode() == "interpreter" and weight.is_cuda:
+            raise ValueError("Triton runs in its CPU interpreter in this process: keep the weight on the CPU")
+        self.weight = weight
+        self.batch = batch
+        self.vocab, self.hidden = weight.shape
+        self.rule = rule
+        self.use_xgrammar = use_xgrammar
+        dev = weight.device
+        if h is None:
+            h = torch.zeros(batch, self.hidden, dtype=weight.dtype, device=dev)
+        check_tensor("h", h, dtype=weight.dtype, shape=(batch, self.hidden), contiguous=True)
+        if h.device != dev:
+            raise ValueError(f"h must be on the weight's device {dev}, got {h.device}")
+        self.h = h
+        #: The allowed sets, packed (:func:`~studylog.masked_lm_head.formats.pack_bitmask`); the caller fills it.
+        self.bitmask = torch.zeros(batch, bitmask_words(self.vocab), dtype=torch.int32, device=dev)
+        #: The logits of the last step.
+        self.out = torch.empty(batch, self.vocab, dtype=torch.float32, device=dev)
+        # the union's ids (room for every token, and a block of slack past it) and their count
+        self.ids = torch.zeros(self.vocab + 64, dtype=torch.int32, device=dev)
+        self.count = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self._launches: dict[tuple[str, int], list[tuple]] = {}
+        self._mask: Tensor | None = None  # one byte per token, made for the row-skip path when it is first needed
+        self._buckets: dict[int, tuple[str, int]] = {}
+
+    # -- which work a count needs ----------------------------------------------------------
+    def bucket(self, count: int) -> tuple[str, int]:
+        """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` (batch 1) or ``"batched"``
+        with the capacity a power of two (at least :data:`MIN_CAPACITY`, at most V); or the rule's dense path:
+        ``("row_skip", V)`` (the bitmask unpacked to bytes, then step 3) or ``("dense", V)`` (cuBLAS with fp32
+        output, then :func:`apply_bitmask_kernel`)."""
+        got = self._buckets.get(count)
+        if got is not None:
+            return got
+        n = min(max(int(count), 0), self.vocab)
+        path = choose_path(self.batch, self.vocab, n, self.rule or dispatch_rule())
+        if path in ("few_ids", "stream", "batched"):
+            capacity = min(self.vocab, max(MIN_CAPACITY, 1 << max(n - 1, 0).bit_length()))
+            got = ("stream" if self.batch == 1 else "batched", capacity)
+        else:
+            got = ("row_skip" if path == "row_skip" else "dense", self.vocab)
+        if len(self._buckets) < 4096:
+            self._buckets[count] = got
+        return got
+
+    def buckets(self) -> list[tuple[str, int]]:
+        """Every bucket a count can fall in, smallest first: the powers of two up to V, and the largest count
+        the rule sends to a compacted kernel (its capacity may be one that no power of two up to it reaches)."""
+        counts, c = [], MIN_CAPACITY
+        while c < self.vocab:
+            counts.append(c)
+            c *= 2
+        counts += [self.vocab, (self.rule or dispatch_rule()).limits(self.batch, self.vocab)[0]]
+        seen = {self.bucket(count): None for count in sorted(counts)}
+        return sorted(seen, key=lambda b: (b[0] in ("dense", "row_skip"), b[1]))
+
+    # -- the work, eager -------------------------------------------------------------------
+    def launch(self, count: int) -> Float[Tensor, "b v"]:
+        """Enqueue one step for a union of at most ``count`` tokens, without a graph: what a graph of
+        its bucket holds (nothing synchronises, nothing is allocated). Returns :attr:`out`."""
+        self._enqueue(self.bucket(count))
+        return self.out
+
+    def _enqueue(self, bucket: tuple[str, int]) -> None:
+        launches = self._launches.get(bucket)
+        if launches is None:
+            launches = self._launches[bucket] = self._plan_launches(bucket)
+        if bucket[0] == "dense":
+            dense_logits(self.h, self.weight, self.out)
+        elif bucket[0] != "row_skip":
+            self.count.zero_()
+        for kernel, grid, args, constexprs in launches:
+            kernel(grid, args, constexprs)
+
+    def _plan_launches(self, bucket: tuple[str, int]) -> list[tuple]:
+        """The kernel launches of a bucket, worked out once: (kernel, grid, arguments, constexprs)."""
+        path, capacity = bucket
+        batch, vocab, hidden = self.batch, self.vocab, self.hidden
+        if path == "dense":
+            peer = self._xgrammar_apply() if self.use_xgrammar else None
+            if peer is not None:  # the same work as the practitioners' path, by their own kernel
+                return [(lambda grid, args, constexprs: peer(*args), 0, (self.out, self.bitmask), {})]
+            return [(_APPLY, batch * -(-vocab // APPLY_BLOCK),
+                     (self.out, self.bitmask, vocab, self.bitmask.shape[1], self.out.stride(0),
+                      self.bitmask.stride(0)),
+                     {"FILL_BLOCK": APPLY_BLOCK, "num_warps": APPLY_WARPS})]
+        if path == "row_skip":
+            if self._mask is None:
+                self._mask = torch.zeros(batch, vocab, dtype=torch.uint8, device=self.weight.device)
+            t = default_tiles(3, batch)
+            m = self._mask
+            return [(_UNPACK, batch * -(-vocab // APPLY_BLOCK), (self.bitmask, m, vocab, self.bitmask.stride(0),
+                                                               m.stride(0)),
+                     {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4}),
+                    (_DENSE_FAST[row_skip_kernel], -(-batch // t.block_b) * -(-vocab // t.block_v),
+                     (self.h, self.weight, self.out, m, batch, vocab, hidden, self.h.stride(0), self.weight.stride(0),
+                      self.out.stride(0), m.stride(0)), _dense_options(t, self.weight.dtype))]
+        words = self.bitmask.shape[1]
+        union = (_UNION, -(-words // UNION_BLOCK_W),
+                 (self.bitmask, self.ids, self.count, batch, vocab, words, self.bitmask.stride(0)),
+                 {"BLOCK_W": UNION_BLOCK_W, "BLOCK_B": min(UNION_BLOCK_B, triton.next_power_of_2(batch)),
+                  "num_warps": 4})
+        if path == "stream":
+            t = stream_tiles(capacity)
+            n_fill = -(-vocab // t.fill_block)
+            return [union, (_STREAM_COUNT, n_fill + -(-capacity // t.block_v),
+                            (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, vocab, n_fill,
+                             self.weight.stride(0)),
+                            {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), "BLOCK_V": t.block_v,
+                             "FILL_BLOCK": t.fill_block, "EVICTION": EVICTION, "num_warps": t.num_warps,
+                             "num_stages": t.num_stages})]
+        t = default_tiles(7, batch, capacity)
+        n_compute = -(-capacity // t.block_v) * -(-batch // t.block_b)
+        return [union, (_BATCHED_COUNT, n_compute + batch * -(-vocab // t.fill_block),
+                        (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, batch, vocab, n_compute,
+                         self.h.stride(0), self.weight.stride(0), self.out.stride(0), self.bitmask.stride(0)),
+                        {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
+                         "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(self.weight.dtype),
+                         "num_warps": t.num_warps, "num_stages": t.num_stages})]
+
+    def _xgrammar_apply(self):
+        """xgrammar's ``apply_token_bitmask_inplace`` when it is installed and the plan is on the GPU (its
+        GPU kernel; its CPU one writes past the row's end for 0 bits past V), else None."""
+        if not self.weight.is_cuda:
+            return None
+        try:
+            from xgrammar import apply_token_bitmask_inplace
+        except Exception:  # not installed, or broken: our kernel does the same work
+            return None
+        return apply_token_bitmask_inplace
+
+    # -- the work, in CUDA graphs ----------------------------------------------------------
+    def capture(self, buckets: Sequence[tuple[str, int]] | None = None) -> None:
+        """Capture the graphs of ``buckets`` (default: every bucket) now rather than on first use."""
+        for bucket in buckets if buckets is not None else self.buckets():
+            self._graph(bucket)
+
+    def _graph(self, bucket: tuple[str, int]) -> torch.cuda.CUDAGraph:
+        graph = self._graphs.get(bucket)
+        if graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compile and warm up outside the capture
+                self._enqueue(bucket)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._enqueue(bucket)
+            self._graphs[bucket] = graph
+        return graph
+
+    def step(self, count: int) -> Float[Tensor, "b v"]:
+        """One decode step for a union of at most ``count`` tokens: replay the graph of its bucket (captured
+        the first time that bucket is needed); in Triton's interpreter, :meth:`launch`. Returns :attr:`out`."""
+        if not self.weight.is_cuda:
+            return self.launch(count)
+        self._graph(self.bucket(count)).replay()
+        return self.out
+
+    def set_allowed(self, ids_per_sequence: Sequence, *, non_blocking: bool = False) -> int:
+        """Fill :attr:`bitmask` from one list of allowed ids per sequence (packed on the host, then copied);
+        returns the union's count, for :meth:`step`. A convenience for tests and examples: an engine copies
+        the bitmask its grammar library filled."""
+        from studylog.masked_lm_head.formats import AllowedTokens
+
+        allowed = AllowedTokens.from_ids(ids_per_sequence, self.vocab, device="cpu")
+        if allowed.batch != self.batch:
+            raise ValueError(f"{allowed.batch} sets given for a plan of batch {self.batch}")
+        self.bitmask.copy_(pack_bitmask(allowed.mask), non_blocking=non_blocking)
+        return allowed.union_count
+

@@ -1,0 +1,331 @@
+"""Exercises of chapter 3, each with a check that runs on a CPU in a second or two.
+
+Write the function an exercise asks for, then call its check on it: the check runs it on small random inputs
+against the rule it must follow, prints the first input where it goes wrong (and what it returned and what was
+expected), and returns ``True`` when every input passed. The library's own answers are here too, so that the
+book runs every check: ``check_match_key(match_key)`` and so on.
+
+1. :func:`check_match_key`: pack a match ``(n, source, start)`` into one 64-bit key whose smallest value is the
+   best match (what lets a block pick its winner with one ``atomicMin``).
+2. :func:`check_one_pass`: the best window of one haystack for every ``n`` at once, from the common suffix at
+   each end position (step 5's idea).
+3. :func:`check_budget_scan`: the batch budget from prefix sums instead of a serial loop (step 4's idea).
+4. :func:`check_refused_bound`: which slots the budget refuses whatever the searches find (step 7's skip).
+
+Exercises 3 and 4 work on the per-slot facts the kernels compute before any search (``plan_slot``), as lists
+with one entry per slot:
+
+* ``kinds``: ``"keep"`` (a prefill slot, or one the hybrid variant leaves alone: it keeps its tokens),
+  ``"zero"`` (an empty slot: it gets no tokens), or ``"active"`` (it gets ``base`` tokens and maybe drafts);
+* ``counted``: whether the slot counts in ``left``, the slots still waiting for their first token;
+* ``bases``: the slot's tokens before any draft (a kept slot's own count, 0 for an empty slot, 1 for an
+  active slot of the n-gram variant);
+* ``wants``: the drafts an active slot would get with no budget (the match's continuation, up to the cap).
+
+:func:`sequential_budget` is the rule, as the serial loop applies it; :func:`budget_facts` derives the four lists
+from a real batch, so the rule can be checked against :func:`~studylog.ngram.reference_ngram_match`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Sequence
+
+from studylog.ngram.formats import NGRAM_MAX, NONE_KEY, NgramConfig, NgramInputs
+from studylog.ngram.models import decode_key, match_key, model_one_pass_keys, slot_plan
+
+# =========================================================================================
+# The rules the checks hold an answer to
+# =========================================================================================
+
+
+def sequential_budget(threshold: int, kinds: Sequence[str], counted: Sequence[bool], bases: Sequence[int],
+                      wants: Sequence[int]) -> list[int]:
+    """The batch budget as the serial loop applies it: each slot's final token count. Walking the slots in
+    order, ``total`` is the final counts of the earlier slots plus this slot's base and ``left`` the counted slots
+    not served yet (an active slot is served when the loop reaches it; a kept slot never is); an active slot gets
+    ``min(want, room)`` drafts where ``room = threshold - total - left``, and none when ``room < 2``."""
+    left = sum(bool(c) for c in counted)
+    final, done = [], 0
+    for kind, base, want in zip(kinds, bases, wants):
+        if kind == "keep":
+            final.append(base)
+        elif kind == "zero":
+            final.append(0)
+        else:
+            left -= 1
+            room = threshold - (done + base) - left
+            final.append(base + (min(want, room) if room >= 2 else 0))
+        done += final[-1]
+    return final
+
+
+def budget_facts(inputs: NgramInputs, seq_lens_this_time, config: NgramConfig = NgramConfig()):
+    """``(kinds, counted, bases, wants)`` of a batch: the per-slot plan of the kernels and, for each active
+    slot, the drafts its best match would give with no budget. ``sequential_budget(config.threshold, ...)`` of
+    them equals the ``seq_lens_this_time`` that :func:`~studylog.ngram.reference_ngram_match` returns."""
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
+    keys = model_one_pass_keys(inputs, config, seq_lens_this_time)
+    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
+    kinds, counted, bases, wants = [], [], [], []
+    for b in range(inputs.batch):
+        kind, count, base, cap = slot_plan(b, config, *lists)
+        want = 0
+        if kind == "active" and keys[b] != NONE_KEY and cap >= 1:
+            n, source, start = decode_key(keys[b])
+            want = min(cap, (step_idx[b] if source else prompt_lens[b]) - start - n)
+        kinds.append(kind)
+        counted.append(bool(count))
+        bases.append(int(base))
+        wants.append(int(want))
+    return kinds, counted, bases, wants
+
+
+def best_window(hay: Sequence[int], hay_len: int, gen: Sequence[int], top_n: int, min_n: int = 1):
+    """The rule of exercise 2, one ``n`` at a time as the deployed loop searches: for ``n`` from ``top_n`` down to
+    ``min_n``, the leftmost ``start`` with ``hay[start:start + n] == gen[-n:]`` and at least one token after the
+    window (``start + n < hay_len``); ``(n, start)`` of the first ``n`` that has one, else None."""
+    for n in range(top_n, min_n - 1, -1):
+        pattern = list(gen[len(gen) - n:])
+        for start in range(hay_len - n):
+            if list(hay[start:start + n]) == pattern:
+                return n, start
+    return None
+
+
+# =========================================================================================
+# The library's answers
+# =========================================================================================
+
+
+def one_pass(hay: Sequence[int], hay_len: int, gen: Sequence[int], top_n: int, min_n: int = 1):
+    """Exercise 2's answer: one pass over the end positions. The window of size ``n`` ending at ``e`` matches
+    when ``hay[:e + 1]`` and ``gen`` share a suffix of at least ``n`` tokens, so the common suffix at ``e``
+    (capped at ``top_n``) is that position's best candidate; the smallest key over all ends wins."""
+    best = NONE_KEY
+    for end in range(hay_len - 1):  # a token must follow the window
+        length = 0
+        while length < top_n and length <= end and hay[end - length] == gen[len(gen) - 1 - length]:
+            length += 1
+        if length >= min_n:
+            best = min(best, match_key(length, 0, end - length + 1))
+    if best == NONE_KEY:
+        return None
+    n, _, start = decode_key(best)
+    return n, start
+
+
+def budget_scan(threshold: int, kinds: Sequence[str], counted: Sequence[bool], bases: Sequence[int],
+                wants: Sequence[int]) -> list[int]:
+    """Exercise 3's answer, as ``budget_scan_block`` computes it: tentative counts (every active slot with all it
+    wants), their exclusive prefix sum, the first active slot where the budget bites, and no drafts after it."""
+    tentative = [0 if k == "zero" else b + (w if k == "active" else 0) for k, b, w in zip(kinds, bases, wants)]
+    before, running = [], 0
+    for t in tentative:  # exclusive prefix sum of the tentative counts
+        before.append(running)
+        running += t
+    served, active_so_far = [], 0
+    for k in kinds:  # inclusive prefix sum of the active slots
+        active_so_far += k == "active"
+        served.append(active_so_far)
+    counted_total = sum(bool(c) for c in counted)
+    rooms = [threshold - (before[i] + bases[i]) - (counted_total - served[i]) for i in range(len(kinds))]
+    bites = [i for i, k in enumerate(kinds) if k == "active" and wants[i] > 0 and (rooms[i] < 2 or wants[i] > rooms[i])]
+    first = bites[0] if bites else len(kinds)  # a block-wide minimum on the GPU
+    final = []
+    for i, (k, b, w) in enumerate(zip(kinds, bases, wants)):
+        if k != "active":
+            final.append(tentative[i])
+        elif i < first:
+            final.append(b + w)
+        elif i == first:
+            final.append(b + (rooms[i] if rooms[i] >= 2 else 0))
+        else:
+            final.append(b)
+    return final
+
+
+def refused_bound(threshold: int, kinds: Sequence[str], counted: Sequence[bool], bases: Sequence[int]) -> list[bool]:
+    """Exercise 4's answer: drafts only add tokens, so the smallest possible ``total`` at a slot is the sum of the
+    bases up to it; an active slot is refused whatever the searches find when that plus ``left`` reaches
+    ``threshold - 1``."""
+    left = sum(bool(c) for c in counted)
+    smallest_total, refused = 0, []
+    for kind, base in zip(kinds, bases):
+        smallest_total += 0 if kind == "zero" else base
+        left -= kind == "active"
+        refused.append(kind == "active" and smallest_total + left >= threshold - 1)
+    return refused
+
+
+# =========================================================================================
+# The checks
+# =========================================================================================
+
+
+def _call(fn, *args):
+    """``fn(*args)``, or the exception it raised, as a string that says so."""
+    try:
+        return fn(*args), None
+    except Exception as exc:  # the reader's function: report, do not crash the check
+        return None, f"raised {type(exc).__name__}: {exc}"
+
+
+def _report(name: str, failures: list[str], tried: int) -> bool:
+    if failures:
+        print(f"{name}: wrong on {len(failures)} of {tried} inputs; the first:\n  " + "\n  ".join(failures[:1]))
+        return False
+    print(f"{name}: right on all {tried} inputs")
+    return True
+
+
+def check_match_key(fn: Callable[[int, int, int], int], *, trials: int = 3000, seed: int = 0) -> bool:
+    """Exercise 1. ``fn(n, source, start)`` -> an int key, for ``1 <= n <= NGRAM_MAX``, ``source`` 0 (the prompt)
+    or 1 (the generated tokens) and ``0 <= start < 2**32``. The key must fit in 64 unsigned bits, stay below
+    ``NONE_KEY`` (which means "no match"), and order matches as the rule prefers them: the larger ``n`` first,
+    then the prompt before the generated tokens, then the leftmost ``start``."""
+    rng = random.Random(seed)
+    edges = [(n, s, x) for n in (1, 2, NGRAM_MAX - 1, NGRAM_MAX) for s in (0, 1) for x in (0, 1, 2**31, 2**32 - 1)]
+    triples = edges + [(rng.randint(1, NGRAM_MAX), rng.randint(0, 1), rng.choice([rng.randint(0, 64),
+                                                                                 rng.randrange(2**32)]))
+                       for _ in range(trials)]
+    failures = []
+    keys = {}
+    for t in triples:
+        key, error = _call(fn, *t)
+        if error:
+            failures.append(f"fn{t} {error}")
+        elif not isinstance(key, int) or not 0 <= key < NONE_KEY:
+            failures.append(f"fn{t} = {key!r}: a key must be an int in [0, 2**64 - 1) (2**64 - 1 means no match)")
+        keys[t] = key
+    if not failures:
+        pairs = list(zip(triples, triples[1:])) + [(a, b) for a in edges for b in edges]
+        for a, b in pairs:
+            prefer_a = (-a[0], a[1], a[2]) < (-b[0], b[1], b[2])
+            if a != b and (keys[a] < keys[b]) != prefer_a:
+                better, worse = (a, b) if prefer_a else (b, a)
+                failures.append(f"(n, source, start) = {better} is the better match but its key {keys[better]} is not "
+                                f"below the key {keys[worse]} of {worse}")
+    return _report("check_match_key", failures, len(triples))
+
+
+def _random_hay(rng: random.Random):
+    vocab = rng.choice([2, 3, 5])
+    hay_len = rng.randint(0, 40)
+    hay = [rng.randrange(vocab) for _ in range(hay_len)] + [-1] * rng.randint(0, 3)  # padding beyond hay_len
+    gen = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]
+    top_n = rng.randint(1, min(len(gen), 6))
+    min_n = rng.randint(1, top_n)
+    return hay, hay_len, gen, top_n, min_n
+
+
+def check_one_pass(fn: Callable, *, trials: int = 2000, seed: int = 0) -> bool:
+    """Exercise 2. ``fn(hay, hay_len, gen, top_n, min_n)`` -> ``(n, start)`` or None: the best window of one
+    haystack (``hay[:hay_len]``; entries after it are padding) for the patterns ``gen[-n:]``, ``n`` from
+    ``top_n`` down to ``min_n``: the largest ``n`` that occurs with at least one token after it, and its leftmost
+    ``start`` (:func:`best_window` is the rule, one ``n`` at a time). Try to read each position once for every
+    ``n`` together, as step 5 does."""
+    rng = random.Random(seed)
+    cases = [([1, 2, 1, 2], 4, [1, 2], 2, 1),  # the window at the very end has no continuation: the earlier one wins
+             ([5, 5, 5], 3, [5, 5], 2, 1),      # overlapping windows
+             ([7, 1, 2, 3], 4, [9, 2, 3], 3, 1),  # only a shorter n matches
+             ([1, 2, 3], 3, [1, 2, 3], 3, 3),     # the whole haystack is the pattern: no token after it
+             ([], 0, [1], 1, 1)]
+    cases += [_random_hay(rng) for _ in range(trials)]
+    failures = []
+    for hay, hay_len, gen, top_n, min_n in cases:
+        want = best_window(hay, hay_len, gen, top_n, min_n)
+        got, error = _call(fn, list(hay), hay_len, list(gen), top_n, min_n)
+        got = tuple(got) if got is not None and not error else None
+        if error or got != want:
+            failures.append(f"hay={hay[:hay_len]} (hay_len={hay_len}), gen={gen}, top_n={top_n}, min_n={min_n}: "
+                            f"{error or f'returned {got}'}, expected {want}")
+    return _report("check_one_pass", failures, len(cases))
+
+
+def _random_slots(rng: random.Random, hybrid: bool | None = None):
+    hybrid = rng.random() < 0.3 if hybrid is None else hybrid
+    batch = rng.randint(1, 24)
+    kinds, counted, bases, wants = [], [], [], []
+    for _ in range(batch):
+        r = rng.random()
+        kind = "keep" if r < 0.12 else "zero" if r < 0.22 else "active"
+        if hybrid:
+            base = 0 if kind == "zero" else rng.randint(1, 4)
+            count = kind != "zero" and rng.random() < 0.9
+        else:
+            base = {"keep": rng.randint(1, 40), "zero": 0, "active": 1}[kind]
+            count = kind != "zero"
+        kinds.append(kind)
+        counted.append(count)
+        bases.append(base)
+        wants.append(rng.choice([0, rng.randint(1, 8)]) if kind == "active" else 0)
+    threshold = rng.choice([0, 1, 2, 3, 5, 8, 12, 20, 40, 80, 1 << 20])
+    return threshold, kinds, counted, bases, wants
+
+
+def _slot_cases(rng, trials):
+    cases = [(12, ["active"] * 4, [True] * 4, [1] * 4, [5] * 4),  # the worked example of the chapter: [6, 4, 1, 1]
+             (2, ["active"], [True], [1], [5]),                   # room for exactly one draft: none
+             (10, ["keep", "active"], [True, True], [5, 1], [0, 5])]  # a prefill slot stays in `left`
+    return cases + [_random_slots(rng) for _ in range(trials)]
+
+
+def check_budget_scan(fn: Callable, *, trials: int = 3000, seed: int = 0) -> bool:
+    """Exercise 3. ``fn(threshold, kinds, counted, bases, wants)`` -> the final token count of every slot, as
+    :func:`sequential_budget` computes it. Write it without the serial dependency: prefix sums of the tentative
+    counts and of the active slots, the first slot where the budget bites, and nothing after it."""
+    rng = random.Random(seed)
+    cases = _slot_cases(rng, trials)
+    failures = []
+    for threshold, kinds, counted, bases, wants in cases:
+        want = sequential_budget(threshold, kinds, counted, bases, wants)
+        got, error = _call(fn, threshold, list(kinds), list(counted), list(bases), list(wants))
+        got = None if error else [int(x) for x in got]
+        if error or got != want:
+            failures.append(f"threshold={threshold}, kinds={kinds}, counted={counted}, bases={bases}, "
+                            f"wants={wants}: {error or f'returned {got}'}, expected {want}")
+    return _report("check_budget_scan", failures, len(cases))
+
+
+def check_refused_bound(fn: Callable, *, trials: int = 3000, seed: int = 0) -> bool:
+    """Exercise 4. ``fn(threshold, kinds, counted, bases)`` -> for every slot, whether the budget refuses it
+    drafts *whatever the searches find* (then its search can be skipped). It must be safe (a refused slot gets no
+    drafts for any ``wants``) and as strong as the per-slot facts allow (a slot that gets no drafts even when
+    every earlier slot finds nothing must be refused)."""
+    rng = random.Random(seed)
+    cases = _slot_cases(rng, trials)
+    failures = []
+    for threshold, kinds, counted, bases, wants in cases:
+        got, error = _call(fn, threshold, list(kinds), list(counted), list(bases))
+        if error:
+            failures.append(f"threshold={threshold}, kinds={kinds}, counted={counted}, bases={bases}: {error}")
+            continue
+        got = [bool(x) for x in got]
+        if len(got) != len(kinds):
+            failures.append(f"{len(kinds)} slots, but {len(got)} answers")
+            continue
+        final = sequential_budget(threshold, kinds, counted, bases, wants)
+        where = f"threshold={threshold}, kinds={kinds}, counted={counted}, bases={bases}"
+        for i, refused in enumerate(got):
+            if refused and kinds[i] != "active":
+                failures.append(f"{where}: slot {i} is {kinds[i]!r}, only active slots are searched")
+                break
+            if refused and final[i] > bases[i]:
+                failures.append(f"{where}: slot {i} is refused, but with wants={wants} it gets "
+                                f"{final[i] - bases[i]} drafts (unsafe)")
+                break
+            # the strongest bound: slot i alone wants drafts, every earlier slot finds nothing
+            alone = [0] * len(kinds)
+            alone[i] = 1 << 20
+            if kinds[i] == "active" and not refused and \
+                    sequential_budget(threshold, kinds, counted, bases, alone)[i] == bases[i]:
+                failures.append(f"{where}: slot {i} gets no drafts even if no earlier slot drafts anything, "
+                                f"but it is not refused (too weak)")
+                break
+    return _report("check_refused_bound", failures, len(cases))
+
+
+__all__ = ["sequential_budget", "budget_facts", "best_window", "one_pass", "budget_scan", "refused_bound",
+           "check_match_key", "check_one_pass", "check_budget_scan", "check_refused_bound"]

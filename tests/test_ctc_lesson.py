@@ -1,0 +1,101 @@
+"""Chapter 4 as a lesson (CPU): the exercises' checks accept the solutions and reject planted mistakes, and the
+notebook's tables and glued numbers read the committed results and the new benchmark's series (or say
+'pending')."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from studylog import ctc, plotting
+from studylog.ctc import exercises, lesson
+
+from test_ctc_bench import _new_results
+
+
+# --------------------------------------------------------------------------------------
+# Exercises
+# --------------------------------------------------------------------------------------
+
+def test_the_checks_accept_the_solutions(capsys):
+    assert exercises.check_min_frames(exercises.frames_needed)
+    assert exercises.check_min_frames(ctc.min_frames)
+    assert exercises.check_forward(exercises.forward_loss)
+    assert exercises.check_gradient(exercises.ctc_gradient)
+    assert exercises.check_bank_ways(exercises.bank_conflict_ways)
+    assert capsys.readouterr().out.count("agree") == 5
+
+
+def _forward_without_the_skip_rule(log_probs, target):
+    """A planted mistake: the skip from two positions back is allowed between equal labels too."""
+    ext = exercises._extended(target)
+    T, S = log_probs.shape[0], len(ext)
+    alpha = [[-math.inf] * S for _ in range(T)]
+    for s in range(min(2, S)):
+        alpha[0][s] = float(log_probs[0, ext[s]])
+    for t in range(1, T):
+        for s in range(S):
+            terms = [alpha[t - 1][s]] + ([alpha[t - 1][s - 1]] if s else [])
+            if s >= 2 and ext[s] != 0:
+                terms.append(alpha[t - 1][s - 2])
+            alpha[t][s] = exercises._logsumexp(terms) + float(log_probs[t, ext[s]])
+    return -exercises._logsumexp(alpha[-1][-2:] if S > 1 else alpha[-1][-1:])
+
+
+@pytest.mark.parametrize("check, wrong, says", [
+    (exercises.check_min_frames, len, "labels"),
+    (exercises.check_forward, _forward_without_the_skip_rule, "target"),
+    (exercises.check_forward, lambda lp, t: float("nan"), "expected"),
+    (exercises.check_gradient, lambda x, t: exercises.ctc_gradient(x, t) - x.softmax(1), "largest |difference|"),
+    (exercises.check_gradient, lambda x, t: exercises.ctc_gradient(x, t)[:-1], "shape"),
+    (exercises.check_bank_ways, lambda grain, blocked: 1, "blocked layout"),
+])
+def test_the_checks_reject_a_planted_mistake_and_say_where(check, wrong, says, capsys):
+    assert not check(wrong)
+    out = capsys.readouterr().out
+    assert "wrong:" in out and says in out
+
+
+# --------------------------------------------------------------------------------------
+# Tables and glued numbers
+# --------------------------------------------------------------------------------------
+
+def test_prose_numbers_from_the_committed_file():
+    numbers = lesson.prose_numbers(plotting.load_results("ctc", "nvidia-h200"))
+    assert lesson.PENDING not in {k: v for k, v in numbers.items()}.values()
+    assert numbers["clock"] == "do_bench"
+    assert numbers["final_big"].endswith("×") and numbers["floor_big"].endswith("µs")
+
+
+def test_prose_numbers_and_tables_on_the_new_benchmark(tmp_path):
+    results = _new_results(tmp_path, cudnn_loses=False)
+    numbers = lesson.prose_numbers(results)
+    assert numbers["clock"] == "GPU clock"
+    # the synthetic file: step k takes 0.05 sqrt(N) (11 - k) ms, torch-best 0.2 sqrt(N)
+    assert numbers["final_small"] == numbers["final_big"] == "4.0×"
+    assert numbers["branch_free"] == f"{4 / 3:.2f}×"
+    table = lesson.results_table(results)
+    assert "(kernel clock" not in table and "torch-native: kernel clock" in table
+    assert "(3.8" in table  # the speedup's range over the repetitions: 0.98 x 0.2 / (1.03 x 0.05) ...
+    for k in range(1, 11):
+        assert ctc.CHAPTER.step(k).name in lesson.step_table(results, k)
+    assert lesson.kernel_table(results).endswith(f"{lesson.PENDING}.")
+
+
+def test_tables_say_pending_where_the_file_has_no_rows(tmp_path):
+    data = json.loads(plotting.load_results("ctc", "nvidia-h200").path.read_text())
+    data["measurements"] = [r for r in data["measurements"] if r["series"] in ("torch-cuDNN", "torch-best")]
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "ctc.json").write_text(json.dumps(data))
+    results = plotting.load_results("ctc", root=tmp_path)
+    assert lesson.step_table(results, 4).startswith(f"{ctc.CHAPTER.step(4).name}: {lesson.PENDING}")
+    assert set(lesson.prose_numbers(results).values()) <= {lesson.PENDING}
+
+
+def test_what_did_not_help_reads_the_lab_file_and_the_grain_sweep():
+    table = lesson.tried_table(lesson.load_options(), plotting.load_results("ctc", "nvidia-h200"))
+    rows = table.splitlines()[2:]
+    assert len(rows) == 6 and all(lesson.PENDING not in r for r in rows)
+    assert sum("over 18 points" in r for r in rows) == 4  # each option at every (A, N) of the grid
+    assert "redux.sync" in table and "grain=2" in table and "blocked layout" in table

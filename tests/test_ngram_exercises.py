@@ -1,0 +1,95 @@
+"""Chapter 3's exercises: each check accepts the library's answer and rejects a planted wrong one, and the rules
+the checks hold answers to agree with the chapter's specification (``reference_ngram_match``)."""
+
+import pytest
+
+from studylog import ngram
+from studylog.ngram import NgramConfig
+from studylog.ngram import exercises as ex
+
+
+def test_checks_accept_the_library_answers(capsys):
+    assert ex.check_match_key(ngram.match_key)
+    assert ex.check_one_pass(ex.one_pass)
+    assert ex.check_budget_scan(ex.budget_scan)
+    assert ex.check_refused_bound(ex.refused_bound)
+    assert capsys.readouterr().out.count("right on all") == 4
+
+
+def _serial_budget_with_room_one(threshold, kinds, counted, bases, wants):
+    """The serial rule with the off-by-one of the published BlockScan: room for one draft grants it."""
+    left, done, out = sum(counted), 0, []
+    for kind, base, want in zip(kinds, bases, wants):
+        if kind == "keep":
+            final = base
+        elif kind == "zero":
+            final = 0
+        else:
+            left -= 1
+            room = threshold - done - base - left
+            final = base + (min(want, room) if room >= 1 else 0)
+        out.append(final)
+        done += final
+    return out
+
+
+def _window_without_continuation(hay, hay_len, gen, top_n, min_n):
+    """The per-n search that also takes a window at the very end of the haystack (no token after it)."""
+    for n in range(top_n, min_n - 1, -1):
+        for start in range(hay_len - n + 1):
+            if hay[start:start + n] == gen[len(gen) - n:]:
+                return n, start
+    return None
+
+
+@pytest.mark.parametrize("check, wrong, says", [
+    (ex.check_match_key, lambda n, s, x: ((ngram.NGRAM_MAX - n) << 33) | (x << 1) | s, "is the better match"),
+    (ex.check_match_key, lambda n, s, x: (1 << 64) - 1, "no match"),
+    (ex.check_one_pass, lambda h, hl, g, t, m: ex.best_window(h, min(hl + 1, len(h)), g, t, m), "expected"),
+    (ex.check_one_pass, lambda h, hl, g, t, m: _window_without_continuation(h, hl, g, t, m), "expected"),
+    (ex.check_budget_scan, _serial_budget_with_room_one, "expected"),
+    (ex.check_budget_scan, lambda th, k, c, b, w: [x + (kk == "active") * ww for x, kk, ww in zip(b, k, w)],
+     "expected"),  # no budget at all
+    (ex.check_refused_bound, lambda th, k, c, b: ex.refused_bound(th + 1, k, c, b), "too weak"),
+    (ex.check_refused_bound, lambda th, k, c, b: [kind == "active" for kind in k], "unsafe"),
+    (ex.check_refused_bound, lambda th, k, c, b: 1 / 0, "ZeroDivisionError"),
+])
+def test_checks_reject_a_planted_wrong_answer(check, wrong, says, capsys):
+    assert not check(wrong, trials=400)
+    assert says in capsys.readouterr().out
+
+
+def test_the_rules_agree_with_the_specification():
+    """sequential_budget of budget_facts is the reference's seq_lens_this_time; best_window and one_pass give the
+    prompt's match of the one-pass model wherever the prompt has one."""
+    for seed in range(120):
+        hybrid = seed % 3 == 0
+        inputs, draft, this_time = ngram.make_batch(12, 60, 24, vocab=4, seed=seed, decoys=True, capped_fraction=0.3,
+                                                    hybrid=hybrid)
+        config = NgramConfig(3, 1 + seed % 2, [0, 2, 5, 12, 30, 1 << 30][seed % 6], hybrid, 6 if hybrid else 10)
+        _, expected = ngram.reference_ngram_match(inputs, draft, this_time, config)
+        facts = ex.budget_facts(inputs, this_time, config)
+        assert ex.sequential_budget(config.threshold, *facts) == expected.tolist(), seed
+        assert ex.budget_scan(config.threshold, *facts) == expected.tolist(), seed
+        refused = ex.refused_bound(config.threshold, *facts[:3])
+        assert refused == ngram.model_budget_refused(inputs, config, this_time), seed
+        keys = ngram.model_one_pass_keys(inputs, config, this_time)
+        for b, key in enumerate(keys):
+            if key == ngram.NONE_KEY or ngram.decode_key(key)[1] != 0:
+                continue  # no match, or a match in the generated tokens only
+            step = int(inputs.step_idx[b])
+            gen = inputs.generated_ids[b, :step + 1].tolist()
+            top = min(config.max_ngram_size, step)
+            args = (inputs.prompt_ids[b].tolist(), int(inputs.prompt_lens[b]), gen, top, config.min_ngram_size)
+            n, _, start = ngram.decode_key(key)
+            assert ex.best_window(*args) == ex.one_pass(*args) == (n, start), (seed, b)
+
+
+def test_the_checks_are_fast():
+    import time
+
+    t0 = time.perf_counter()
+    for check, answer in ((ex.check_match_key, ngram.match_key), (ex.check_one_pass, ex.one_pass),
+                          (ex.check_budget_scan, ex.budget_scan), (ex.check_refused_bound, ex.refused_bound)):
+        check(answer)
+    assert time.perf_counter() - t0 < 20  # seconds, on a slow shared CPU; about one on a laptop
