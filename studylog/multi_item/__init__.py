@@ -13,8 +13,9 @@ delimiter, a delimiter sees only the prefix); ``rule="delimiter_visible"`` adds 
 Modules: ``formats`` (the batch layout, the mask rules, the float64 reference, the input checks, the
 scores), ``kernels`` (the Triton kernels of steps 2 to 5), ``config`` (tile shapes, autotuning, launches),
 ``tiles`` (the host's plan: tiles visited, step 5's program order), ``steps`` (the step functions),
-``plan`` (step 5 with its layout in device buffers, for a CUDA graph replayed over changing batches) and
-``report`` (benchmark, figures, headline).
+``plan`` (step 5 with its layout in device buffers, for a CUDA graph replayed over changing batches),
+``report`` (benchmark, figures, headline), ``lesson`` (the notebook's tables and numbers from the committed
+results) and ``exercises`` (the lesson's exercises, with checks a reader runs on a CPU).
 """
 
 from studylog.chapter import Chapter
