@@ -30,6 +30,8 @@ from studylog.ternary.formats import _as_ternary, quantize_activations
 #: GemLite's packing: 2-bit codes, 16 a 32-bit word (its default packing width).
 GEMLITE_BITS = 2
 GEMLITE_PACKING_BITS = 32
+#: The int8 GEMM's name, for tables and prose.
+INT_MM_NAME = "torch._int_mm"
 #: cuBLASLt's int8 GEMM (torch._int_mm on CUDA): rows of x above this, K and N multiples of INT_MM_MULTIPLE.
 INT_MM_MIN_ROWS = 17
 INT_MM_MULTIPLE = 8

@@ -130,9 +130,12 @@ def speedup_table(results, m: int) -> str:
         for s in ours + peers:
             t = series_ms(view, s, shape=shape, m=m)
             cells.append("–" if t is None else f"{t * 1e3:.1f} ({base / t:.1f}x)")
-        floor = view.select(SERIES[4] if m == 1 else SERIES[5], shape=shape, m=m)
-        cells.append(_us(floor[0]["floor_ms"]) if floor and "floor_ms" in floor[0] else "–")
+        floors = [r["floor_ms"] for s in (SERIES[4], SERIES[5], SERIES[9], SERIES[11])
+                  for r in view.select(s, shape=shape, m=m) if "floor_ms" in r]
+        cells.append(_us(floors[0]) if floors else "–")
         lines.append("| " + " | ".join(cells) + " |")
+    if len(lines) == 2:
+        return f"(no GPU-clock times at M = {m} in this file)"
     return "\n".join(lines)
 
 
