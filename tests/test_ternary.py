@@ -316,6 +316,36 @@ def test_step1_refuses_weights_that_are_not_ternary(bad, w_dtype, rng):
     assert_matches(T.step01_sign(x, w, out=out), x, w.float())
 
 
+@pytest.mark.parametrize("bad", [2, -2, 127, -128])
+def test_step2_refuses_int8_weights_that_are_not_ternary(bad, rng):
+    """Step 2 selects x by the sign of each int8 weight, as step 1 does: a 2 would be read as +1. It must refuse
+    such weights, naming the argument and the place, before any kernel runs."""
+    n, k = 6, 90
+    x, w = torch.randn(2, k, generator=rng).to(DEV), ternary(n, k, rng).to(DEV)
+    w[4, 17] = bad
+    out = poisoned(2, n)
+    with pytest.raises(ValueError, match=r"w must be ternary \(-1, 0, \+1\); found .* at index \(4, 17\)"):
+        T.step02_int8(x, w, out=out)
+    assert torch.isnan(out).all()  # refused before any kernel ran
+    w[4, 17] = 1
+    assert_matches(T.step02_int8(x, w, out=out), x, w)
+
+
+@pytest.mark.parametrize("step", ["step01_sign", "step02_int8"])
+def test_steps_1_and_2_skip_the_value_check_when_asked(step, rng):
+    """check_values=False is the capturable form of steps 1 and 2 (the check waits for the GPU): the weights,
+    checked once by the caller, are not read again before the kernel; the product is the same."""
+    fn, kind, _ = STEPS[step]
+    n, k = 9, 130
+    x, w = torch.randn(3, k, generator=rng).to(DEV), ternary(n, k, rng)
+    dense = weights_for(kind, w)
+    assert_matches(fn(x, dense, 1.5, out=poisoned(3, n), check_values=False), x, w.to(DEV), 1.5)
+    dense[0, 0] = 2  # not checked: the kernel reads it as +1, which is why the check is on by default
+    fn(x, dense, check_values=False)
+    with pytest.raises(ValueError, match="w must be ternary"):
+        fn(x, dense)
+
+
 def test_vector_input_and_the_dispatcher(rng):
     n, k = 21, 290
     w = ternary(n, k, rng)

@@ -701,45 +701,29 @@ def test_gpu_step13_full_size_and_unaligned_x():
     torch.cuda.synchronize()
 
 
-def test_target_checks_judge_each_clock_on_its_own():
-    """A target is met on a clock when our best series by that clock beats cuBLAS by the same clock; a
-    clock the run did not record is None, not a verdict."""
-    from pathlib import Path
-    from studylog import plotting
-    shape = {"shape": "4096x14336", "m": 1}
-    rows = [{"series": "cublas_bf16", "role": "baseline", "params": shape, "ms": 40e-3, "kernel_ms": 36e-3, "graph_ms": 32e-3},
-            {"series": T.SERIES[12], "role": "kernel", "params": shape, "ms": 11e-3, "kernel_ms": 8e-3, "graph_ms": 9e-3,
-             "floor_ms": 3.5e-3},
-            {"series": T.SERIES[13], "role": "kernel", "params": shape, "ms": 12e-3, "graph_ms": 7.9e-3, "floor_ms": 3.5e-3}]
-    results = plotting.Results(Path("x.json"), {"measurements": rows, "checks": [{"passed": True}]})
-    checks = {c["target"]: c for c in T.target_checks(results)}
-    first = checks["M=1, 4096x14336: >= 4x faster than cuBLAS bf16"]
-    # do_bench 40/11 = 3.6x; kernel time 36/8 = 4.5x; graph 32/7.9 = 4.05x (step 13, the faster by that clock)
-    assert first["met"] == {"ms": False, "kernel_ms": True, "graph_ms": True}
-    assert f"CUDA graph: {T.CHAPTER.step(13).name} 7.9" in first["detail"]
-    assert checks["M=1, 8192x28672: >= 6x faster than cuBLAS bf16"]["met"] == dict.fromkeys(T.TIMERS)
-    floor = checks["M=1, 4096x14336: within 2x of the 2-bit floor"]["met"]
-    assert floor == {"ms": False, "kernel_ms": False, "graph_ms": False}  # 7.9 > 7.0
-    assert checks["results equal a float64 reference within float32 tolerance"]["met"]["graph_ms"] is True
-
-
 def test_committed_results_read_under_the_steps_names():
-    """The committed bench JSON (old series names, no schema 2) is read under today's: every step that the
-    runs measured has its series, and the figures, tables and headline draw from it."""
+    """The committed bench JSON is read under today's names (a file of before the steps had their names: no
+    schema 2) and on the GPU clock (a file of before the one clock: its CUDA-graph times only); the figures,
+    tables, targets and headline draw from it."""
     import matplotlib
     matplotlib.use("Agg")
     from studylog import plotting
     for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
         results = plotting.load_results("ternary", gpu=gpu)
         measured = set(results.series())
-        assert {s.series for s in T.CHAPTER.steps} <= measured, gpu
         assert not measured & set(T.RENAMED_SERIES), gpu  # nothing left under an old name that has a new one
         assert T.CHAPTER.label(T.SERIES[11]) == "step11_tma" and "every block" in T.CHAPTER.label("step12_every_block")
+        if results.data.get("schema", 1) < 2:
+            assert {s.series for s in T.CHAPTER.steps} <= measured, gpu
+        view = T.on_gpu_clock(results)
+        assert view.rows and all(r["clock"] == "gpu" for r in view.rows)
         figs = T.figures(results)
         assert {"speedup", "floor", "steps"} <= set(figs)
         rows = T.headline(results)
         assert rows and all(r["kernel"].split()[0] in {s.name for s in T.CHAPTER.steps} for r in rows)
+        assert all(r["clock"] == "gpu" for r in rows)
         assert T.speedup_table(results, 1).count("\n") > 2
+        assert {t["met"] for t in T.target_checks(results)} <= {True, False, None}
         matplotlib.pyplot.close("all")
 
 

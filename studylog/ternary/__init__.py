@@ -13,7 +13,9 @@ so that the diff is the lesson; ``CHAPTER.steps`` lists them, each with its publ
 * :mod:`~studylog.ternary.triton_mma`: steps 8 (int8 activations) and 9 (a 2-bit layout for the MMA);
 * :mod:`~studylog.ternary.cuda_steps`: steps 10 (``mma.sync`` by hand) and 11 (weights by the TMA);
 * :mod:`~studylog.ternary.w2a8`: steps 12 and 13 (W2A8 in CUDA C++);
-* :mod:`~studylog.ternary.report`: the benchmark, figures and headline.
+* :mod:`~studylog.ternary.peers`: GemLite and torch._int_mm on the same ternary weights (the peers);
+* :mod:`~studylog.ternary.report`: the benchmark; :mod:`~studylog.ternary.results`: what reads its results
+  (figures, headline, tables, targets).
 
 :func:`ternary_matmul` is the chapter's general entry point: it picks the step for the weights' format,
 the rows of x and the GPU.
@@ -22,7 +24,6 @@ the rows of x and the GPU.
 from __future__ import annotations
 
 from studylog.chapter import Chapter
-from studylog.ternary import report
 from studylog.ternary.cuda_steps import (CUDA_MMA_INSTANCES, CUDA_MMA_SMEM_LIMIT, CUDA_WORKSPACE, PROBES,
                                          RING_BARRIER_BYTES, SMEM_LIMIT, TMA_INSTANCES, TMA_SHAPES, CudaMmaConfig,
                                          TmaConfig, cuda_mma_config, cuda_mma_max_groups_per_slice,
@@ -34,8 +35,12 @@ from studylog.ternary.formats import (FORMATS, FP32_TOLERANCE, GROUP_BYTES, GROU
                                       check_ternary_values, error_ratio, pack_2bit, pack_2bit_mma, pack_2bit_tiles,
                                       pack_base3, packed_cols, quantize_absmean, quantize_activations, reference,
                                       unpack_2bit, unpack_2bit_mma, unpack_2bit_tiles, unpack_base3)
-from studylog.ternary.report import (BENCH_SHAPES, TIMERS, bench, figures, headline, series_ms, shapes_in,
-                                     speedup_table, target_checks, timeline_figure)
+from studylog.ternary.report import (BENCH_MS, BENCH_SHAPES, QUICK_CASES, bench, bench_cases, bench_series,
+                                     place_series, probe_series, timing_plan)
+from studylog.ternary.results import (BASELINES, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES, fastest,
+                                      figures, headline,
+                                      on_gpu_clock, peers_table, series_label, series_ms, shapes_in, speedup_table,
+                                      target_checks, timeline_figure)
 from studylog.ternary.triton_mma import (BF16_HALF_BITS, FP16_ONE_BITS, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
                                          SPLIT_WORKSPACE, W2A8_CONFIGS, mma_2bit_kernel, mma_block_m, pair_weights,
                                          step08_w2a8_dot, step09_mma, w2a8_dot_kernel)
@@ -53,6 +58,7 @@ from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W
                                    w2a8_max_groups_per_slice, w2a8_plan, w2a8_plan_takes, w2a8_quantize,
                                    w2a8_smem_bytes, w2a8_tiles_config, w2a8_tiles_plan, w2a8_x_order)
 
+from studylog.ternary import peers
 from studylog.ternary.steps import CSRC, RENAMED_SERIES, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
 
 CHAPTER = Chapter(
@@ -64,7 +70,7 @@ CHAPTER = Chapter(
     bench=bench,
     figures=figures,
     headline=headline,
-    baselines=report.BASELINES,
+    baselines=BASELINES,
     renamed_series=RENAMED_SERIES,
 )
 
@@ -99,6 +105,10 @@ __all__ = [
     "W2A8TilesConfig", "W2A8_TILES_SHAPES", "W2A8_TILES_INSTANCES", "W2A8TilesPlan", "w2a8_tiles_config",
     "w2a8_tiles_plan",
     # the benchmark and its reading
-    "bench", "figures", "headline", "BENCH_SHAPES", "TIMERS", "speedup_table", "target_checks", "shapes_in",
-    "series_ms", "timeline_figure",
+    "bench", "figures", "headline", "BENCH_SHAPES", "BENCH_MS", "QUICK_CASES", "bench_cases", "bench_series",
+    "place_series", "probe_series", "timing_plan", "speedup_table", "peers_table", "target_checks", "shapes_in",
+    "series_ms", "series_label", "fastest", "on_gpu_clock", "timeline_figure", "BASELINES", "GEMLITE", "INT_MM",
+    "INT_MM_MATMUL", "FLOAT_X_SERIES", "W2A8_SERIES",
+    # the peers (GemLite, torch._int_mm), imported lazily
+    "peers",
 ]

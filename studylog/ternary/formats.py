@@ -331,7 +331,7 @@ def _ratio(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:
 
 # ----------------------------------------------------------------------------------------------
 # Checks shared by every step's wrapper. Nothing here waits for the GPU (no .item(), no host
-# copies), so a timed call measures the kernels and nothing else; check_ternary_values (step 1's
+# copies), so a timed call measures the kernels and nothing else; check_ternary_values (steps 1 and 2's
 # dense weights) is the one exception, and says so.
 # ----------------------------------------------------------------------------------------------
 

@@ -428,7 +428,7 @@ dot_base3_many = _autotune(DOT3_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_bas
 
 # ----------------------------------------------------------------------------------------------
 # The wrappers: check, allocate, launch. Nothing here waits for the GPU (no .item(), no host
-# copies), so a timed call measures the kernels and nothing else (step 1's check of its dense
+# copies), so a timed call measures the kernels and nothing else (the checks of steps 1 and 2's dense
 # weights excepted: see step01_sign).
 # ----------------------------------------------------------------------------------------------
 
@@ -469,18 +469,33 @@ def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config
 
 
 def step01_sign(x: Float[Tensor, "*m k"], w: Float[Tensor, "n k"], scale: Scale = 1.0, *,
-                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+                out: Optional[Tensor] = None, config: Optional[dict] = None,
+                check_values: bool = True) -> Float[Tensor, "*m n"]:
     """Step 1: dense float weights (float32, bf16 or fp16), each -1, 0 or +1. The kernel selects x by the
     sign of a weight, so any other value would be taken for +1 or -1: the weights are checked first (a
-    ValueError naming ``w``), one pass over them that waits for the GPU (the packers check the same)."""
+    ValueError naming ``w``), one pass over them that waits for the GPU (the packers check the same).
+
+    That wait keeps the default call out of a CUDA graph (capture forbids a host synchronisation). The
+    capturable form is ``check_values=False``: check the weights once (``check_ternary_values("w", w)``),
+    then call with it inside the graph; nothing then stops a value other than -1, 0, +1 from being read as
+    its sign."""
     x2, _ = _check_x(x, _x_k(w))
-    check_ternary_values("w", _check_dense(w, X_DTYPES, x2.shape[1], x2))
+    dense = _check_dense(w, X_DTYPES, x2.shape[1], x2)
+    if check_values:
+        check_ternary_values("w", dense)
     return _rowwise(sign_v1, x, w, scale, out, config, dense_dtypes=X_DTYPES)
 
 
 def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale = 1.0, *,
-                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 2: int8 weights, each -1, 0 or +1 (not checked: the kernel reads them as step 1 does)."""
+                out: Optional[Tensor] = None, config: Optional[dict] = None,
+                check_values: bool = True) -> Float[Tensor, "*m n"]:
+    """Step 2: int8 weights, each -1, 0 or +1. The kernel selects x by the sign of a weight, as step 1 does,
+    so the weights are checked first in the same way (one pass that waits for the GPU; ``check_values=False``
+    is the capturable form, as for :func:`step01_sign`)."""
+    x2, _ = _check_x(x, _x_k(w))
+    dense = _check_dense(w, (torch.int8,), x2.shape[1], x2)
+    if check_values:
+        check_ternary_values("w", dense)
     return _rowwise(int8_v2, x, w, scale, out, config, dense_dtypes=(torch.int8,))
 
 

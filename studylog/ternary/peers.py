@@ -1,0 +1,211 @@
+"""Chapter 5's peers: what a practitioner would run instead of our kernels, on the same ternary weights.
+
+* **GemLite** (`mobiusml/gemlite <https://github.com/mobiusml/gemlite>`_, Triton low-bit GEMMs, an optional
+  extra: ``pip install gemlite``) with 2-bit weights and bf16 x, the peer of the bf16-activation steps. Its
+  BitNet processor (``gemlite.helper.A16W158_INT``) stores each weight as the 2-bit code ``w + 1`` with an
+  integer zero point of 1 and one float32 scale per output row, so ``w`` in {-1, 0, +1} is represented exactly:
+  we give it the scale ``1 / scale`` (GemLite multiplies, our kernels divide). Its output is bf16.
+* **torch._int_mm** (int8 x int8 -> int32 on cuBLASLt), the baseline of the W2A8 steps: x quantised to int8
+  per row as :func:`~studylog.ternary.formats.quantize_activations` does (the same bits steps 12 and 13 use),
+  the weights as int8, the product exact in int32, then divided by both scales in float32: the product W2A8
+  defines, as torch computes it. cuBLASLt's int8 GEMM takes more than 16 rows of x and K, N multiples of 8, so
+  x's rows are padded with zeros up to :func:`int_mm_rows` (the least it takes).
+
+Nothing here imports GemLite at module level: :func:`import_gemlite` does, and turns any failure (not
+installed, or no GPU to query when it loads) into an ImportError that the benchmark records as a note.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from studylog.ternary.formats import _as_ternary, quantize_activations
+
+#: GemLite's packing: 2-bit codes, 16 a 32-bit word (its default packing width).
+GEMLITE_BITS = 2
+GEMLITE_PACKING_BITS = 32
+#: The int8 GEMM's name, for tables and prose.
+INT_MM_NAME = "torch._int_mm"
+#: cuBLASLt's int8 GEMM (torch._int_mm on CUDA): rows of x above this, K and N multiples of INT_MM_MULTIPLE.
+INT_MM_MIN_ROWS = 17
+INT_MM_MULTIPLE = 8
+
+
+# ----------------------------------------------------------------------------------------------
+# GemLite
+# ----------------------------------------------------------------------------------------------
+
+def import_gemlite():
+    """``gemlite``, or an ImportError saying why not. GemLite queries the GPU when it loads (its config for
+    the device), so on a machine without one its import fails with another error: that too is an
+    ImportError here."""
+    try:
+        import gemlite
+    except ImportError:
+        raise
+    except Exception as err:  # noqa: BLE001 (the reason is kept in the message)
+        raise ImportError(f"gemlite did not load: {type(err).__name__}: {err}") from err
+    return gemlite
+
+
+def gemlite_ternary(w: Tensor, scale: float, *, dtype: torch.dtype = torch.bfloat16,
+                    device: Optional[torch.device] = None) -> Any:
+    """A GemLite linear layer computing ``x @ w.T / scale`` for ternary ``w`` (N, K) and ``dtype`` x: 2-bit codes
+    ``w + 1``, zero point 1, the float32 scale ``1 / scale`` for every output row (one group of all of K),
+    applied after the sum, as GemLite's BitNet processor (``gemlite.helper.A16W158_INT``) builds it (with the
+    scales made on the weights' device: that processor makes them on the CPU). Call it with x (M, K); it
+    returns (M, N) in ``dtype``. ``w`` is checked to be ternary (a ValueError otherwise)."""
+    if isinstance(scale, (bool, Tensor)) or not math.isfinite(float(scale)) or float(scale) == 0:
+        raise ValueError(f"scale must be a finite nonzero number (one per tensor), got {scale!r}")
+    ternary = _as_ternary(w)
+    import_gemlite()
+    from gemlite.core import TORCH_TO_DTYPE, GemLiteLinearTriton
+
+    device = torch.device(device) if device is not None else w.device
+    n, k = ternary.shape
+    layer = GemLiteLinearTriton(GEMLITE_BITS, group_size=k, in_features=k, out_features=n,
+                                input_dtype=TORCH_TO_DTYPE[dtype], output_dtype=TORCH_TO_DTYPE[dtype],
+                                scaled_activations=False)
+    codes = (ternary + 1).to(device, torch.uint8)
+    scales = torch.full((n, 1), 1.0 / float(scale), dtype=torch.float32, device=device)
+    layer.pack(codes, scales=scales, zeros=1, bias=None)
+    layer.W_group_mode = 1  # (code - zero), then the scale after the sum:
+    layer.channel_scale_mode = 1  # one scale per output row, weights only
+    return layer
+
+
+def gemlite_weights(layer: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """What a GemLite layer holds, decoded: (its weights as the ternary int8 matrix (N, K) they stand for, its
+    scales (N,), its zero points). GemLite packs ``GEMLITE_PACKING_BITS / GEMLITE_BITS`` codes a word along K
+    (code j of a run in bits ``GEMLITE_BITS * j``) and keeps the words transposed, (K / 16, N)."""
+    per_word = GEMLITE_PACKING_BITS // GEMLITE_BITS
+    if (layer.W_nbits, layer.elements_per_sample) != (GEMLITE_BITS, per_word):
+        raise ValueError(f"not a {GEMLITE_BITS}-bit layer packed {per_word} a word: W_nbits={layer.W_nbits}, "
+                         f"elements_per_sample={layer.elements_per_sample}")
+    words = layer.W_q.detach().t().to(torch.int64) & 0xFFFFFFFF  # (N, K / 16)
+    shifts = GEMLITE_BITS * torch.arange(per_word, device=words.device)
+    codes = (words[:, :, None] >> shifts) & (2**GEMLITE_BITS - 1)  # (N, K / 16, 16): code j of each word
+    zeros = layer.zeros.detach().reshape(-1)
+    w = codes.reshape(words.shape[0], -1) - zeros.to(torch.int64)
+    return w.to(torch.int8), layer.scales.detach().reshape(-1).float(), zeros
+
+
+def gemlite_copies(layer: Any, count: int) -> list:
+    """``layer`` and ``count - 1`` copies of it, each with weights of its own (to rotate in a benchmark)."""
+    return [layer] + [copy.deepcopy(layer) for _ in range(count - 1)]
+
+
+def gemlite_matmul_type(m: int) -> str:
+    """The kernel GemLite picks for ``m`` rows of x with 2-bit weights (its ``get_matmul_type``)."""
+    import_gemlite()
+    from gemlite.core import get_matmul_type
+
+    return get_matmul_type(m, GEMLITE_BITS)
+
+
+def gemlite_best_config(matmul_type: str) -> str:
+    """The config GemLite's autotuner chose last for ``matmul_type``'s integer kernel ("" where it cannot be
+    read)."""
+    import importlib
+
+    module = {"GEMV": "gemv_kernels", "GEMV_REVSPLITK": "gemv_revsplitK_kernels", "GEMV_SPLITK": "gemv_splitK_kernels",
+              "GEMM_SPLITK": "gemm_splitK_kernels", "GEMM": "gemm_kernels"}.get(matmul_type)
+    try:
+        mod = importlib.import_module(f"gemlite.triton_kernels.{module}")
+    except Exception:  # noqa: BLE001
+        return ""
+    found = [getattr(v, "best_config", None) for k, v in vars(mod).items() if "INT" in k and hasattr(v, "best_config")]
+    return str(found[0]) if found and found[0] is not None else ""
+
+
+def gemlite_autotune_setting(matmul_type: str) -> str:
+    """GemLite's autotune setting for ``matmul_type`` ("fast" unless changed: a short list of configs per
+    shape, timed on the first call)."""
+    try:
+        from gemlite.triton_kernels.config import AUTOTUNE
+    except Exception:  # noqa: BLE001
+        return ""
+    return str(getattr(AUTOTUNE, matmul_type, ""))
+
+
+# ----------------------------------------------------------------------------------------------
+# torch._int_mm (W8A8 on cuBLASLt), the W2A8 baseline
+# ----------------------------------------------------------------------------------------------
+
+def int_mm_rows(m: int) -> int:
+    """Rows of x that torch._int_mm takes for ``m`` rows: more than 16 (cuBLASLt's int8 GEMM on CUDA)."""
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m must be a positive int, got {m!r}")
+    return max(m, INT_MM_MIN_ROWS)
+
+
+@dataclass
+class IntMMPlan:
+    """``x @ W.T / scale`` for ternary ``W`` stored as int8, through ``torch._int_mm``: x quantised to int8 per
+    row (:func:`~studylog.ternary.formats.quantize_activations`), copied into the first rows of a buffer of
+    :func:`int_mm_rows` rows whose others stay zero, the int8 GEMM (exact int32 sums), then the first ``m`` rows
+    divided by ``x_scale * scale`` in float32. The buffer is allocated once, so a call allocates only fixed
+    sizes and never waits for the host: it can be captured in a CUDA graph.
+
+    ``w`` is the int8 (N, K) matrix (``w.T`` is the column-major (K, N) operand cuBLASLt wants); K and N must be
+    multiples of 8."""
+
+    w: Tensor
+    scale: float
+    m: int
+
+    def __post_init__(self):
+        if not isinstance(self.w, Tensor) or self.w.dtype != torch.int8 or self.w.ndim != 2:
+            raise TypeError(f"w must be a 2-D int8 tensor, got {getattr(self.w, 'dtype', type(self.w).__name__)}")
+        n, k = self.w.shape
+        if n % INT_MM_MULTIPLE or k % INT_MM_MULTIPLE:
+            raise ValueError(f"torch._int_mm takes K and N multiples of {INT_MM_MULTIPLE}, got N={n}, K={k}")
+        self.rows = int_mm_rows(self.m)
+        self.xq = torch.zeros(self.rows, k, dtype=torch.int8, device=self.w.device)
+
+    def quantize(self, x: Tensor) -> Tensor:
+        """x (m, K) quantised into the buffer's first rows; returns x's scales (m,)."""
+        if x.shape != (self.m, self.w.shape[1]):
+            raise ValueError(f"x must be ({self.m}, {self.w.shape[1]}), got {tuple(x.shape)}")
+        xq, x_scale = quantize_activations(x)
+        self.xq[: self.m].copy_(xq)
+        return x_scale
+
+    def matmul(self, w: Optional[Tensor] = None) -> Tensor:
+        """The int8 GEMM alone on the buffer as it is: int32 (rows, N). ``w``: another copy of the weights."""
+        return torch._int_mm(self.xq, (self.w if w is None else w).T)
+
+    def __call__(self, x: Tensor, w: Optional[Tensor] = None) -> Tensor:
+        """The whole W2A8 product of x: float32 (m, N)."""
+        x_scale = self.quantize(x)
+        acc = self.matmul(w)[: self.m]
+        return acc.float() / (x_scale[:, None] * self.scale)
+
+
+def int_mm_call(plan: IntMMPlan, x: Tensor, w: Optional[Tensor] = None) -> Callable[[], Tensor]:
+    """``plan(x, w)`` as a function of no arguments (a call to time)."""
+    return lambda: plan(x, w)
+
+
+# ----------------------------------------------------------------------------------------------
+# Agreement of a 16-bit output with the float64 reference
+# ----------------------------------------------------------------------------------------------
+
+#: A bf16 output (GemLite's, cuBLAS's) agrees with the float64 reference when its error, as a fraction of the
+#: reference's norm, is at most this: a few bf16 roundings (2^-9 each) of the sum and of the partial sums a
+#: split of K adds; a wrong weight layout gives an error of the order of the reference itself.
+BF16_NORM_TOLERANCE = 2.0**-6
+
+
+def relative_norm_error(z: Tensor, ref: Tensor) -> float:
+    """``|z - ref|_2 / |ref|_2`` in float64 (infinite where z has a NaN or an infinity)."""
+    z = z.double()
+    if not bool(torch.isfinite(z).all()):
+        return math.inf
+    return float((z - ref).norm() / ref.norm().clamp(min=1e-300))

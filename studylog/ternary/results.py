@@ -1,0 +1,477 @@
+"""What reads chapter 5's benchmark results (``assets/bench/<gpu>/ternary.json``): the series' names, the view
+of a file on the GPU clock, the speedup tables, the targets, the headline and the figures.
+
+Every time here is on the **GPU clock** (the call replayed in a CUDA graph, weights rotated among copies that
+together exceed L2; ``studylog.bench``). Files written since the chapter moved to that clock (``"schema": 2``)
+have it as each row's ``ms`` (``"clock": "gpu"``, with ``spread_ms`` over three repetitions and ``host_ms``);
+older files recorded do_bench's time as ``ms`` and the CUDA-graph time, where they had one, as ``graph_ms``:
+:func:`on_gpu_clock` reads both the same way and leaves out what an older file has on no GPU clock.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from studylog.ternary.cuda_steps import PROBES
+from studylog.ternary.steps import SERIES, STEPS
+from studylog.ternary.w2a8 import W2A8_QUANTIZE
+
+# ----------------------------------------------------------------------------------------------
+# Series
+# ----------------------------------------------------------------------------------------------
+
+#: Step 12 with x quantised at each place, a series of its own at M = 1 where it is not the default.
+W2A8_PLACE_SERIES = {where: f"{SERIES[12]}_{where.replace(' ', '_')}" for where in W2A8_QUANTIZE}
+#: Each probe build of steps 11 and 12: its series.
+PROBE_SERIES = {(step, probe): f"{SERIES[step]}_probe_{probe}" for step in (11, 12) for probe in PROBES}
+#: The peers (studylog/ternary/peers.py).
+GEMLITE = "gemlite_w2"
+INT_MM = "torch_int_mm"
+INT_MM_MATMUL = "torch_int_mm_matmul"
+CUBLAS = "cublas_bf16"
+
+#: The series that are not steps: what each one is (CHAPTER.baselines; figure legends and tables).
+BASELINES = {
+    CUBLAS: "cuBLAS bf16 (torch x @ W.T, the same ternary W stored densely)",
+    GEMLITE: "GemLite, 2-bit weights, bf16 x (its BitNet layout: codes w + 1, zero 1, one scale a row; its autotune)",
+    INT_MM: "torch._int_mm W8A8: x quantised to int8 as W2A8 does, int8 weights, rows padded to 17, divided in float32",
+    INT_MM_MATMUL: "torch._int_mm alone: the int8 GEMM of x already quantised and padded (int32 out)",
+    "peak_bf16_matmul": "a dense 8192^3 bf16 matmul (cuBLAS): the MMA peak of this run",
+    "peak_int8_matmul": "a dense 8192^3 int8 matmul (torch._int_mm): the int8 MMA peak of this run",
+    "read_weights": "a kernel that only reads the 2-bit weights (read_only.cu): the floor a kernel meets",
+    **{series: f"{STEPS[11].name}, x quantised at quantize={where!r}" for where, series in W2A8_PLACE_SERIES.items()},
+    **{series: f"{STEPS[step - 1].name}, {what} (a probe build)" for (step, probe), series in PROBE_SERIES.items()
+       for what in [PROBES[probe]]},
+}
+
+#: Ours with bf16 x, the product cuBLAS and GemLite compute.
+FLOAT_X_SERIES = [SERIES[n] for n in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11)]
+#: Ours computing the W2A8 product from bf16 x, x quantised inside the call (step 8 takes x already
+#: quantised, so it is not among them).
+W2A8_SERIES = [SERIES[12], SERIES[13], *W2A8_PLACE_SERIES.values()]
+#: Series timed at M = 1 (every step), and at M > 1 (the steps made for several rows of x).
+M1_SERIES = [SERIES[n] for n in range(1, 14)]
+BATCH_SERIES = [SERIES[n] for n in (5, 7, 8, 9, 10, 11, 12, 13)]
+
+
+def series_label(series: str) -> str:
+    """A series' legend: its step's name (``step12_w2a8``), or what a baseline or peer is."""
+    for s in STEPS:
+        if series == s.series:
+            return s.name
+    return BASELINES.get(series, series)
+
+
+# ----------------------------------------------------------------------------------------------
+# One clock
+# ----------------------------------------------------------------------------------------------
+
+def is_one_clock(results) -> bool:
+    """Whether the file was written by the one-clock bench (its rows' ``ms`` are GPU clock)."""
+    return results.data.get("schema", 1) >= 2
+
+
+def on_gpu_clock(results):
+    """The rows of ``results`` that have a GPU-clock time, with it as ``ms`` and ``"clock": "gpu"``: a schema-2
+    file's GPU rows as they are, an older file's rows that have a ``graph_ms`` with that time (no spread: one
+    repetition). Rows on other clocks (the peak matmuls' do_bench) are left out."""
+    from studylog.plotting import Results
+
+    rows = []
+    for row in results.rows:
+        if row.get("clock") == "gpu":
+            rows.append(row)
+        elif "clock" not in row and "graph_ms" in row:
+            rows.append({**row, "ms": row["graph_ms"], "clock": "gpu"})
+    return Results(results.path, {**results.data, "measurements": rows})
+
+
+def shapes_in(results) -> list[str]:
+    """The shapes (``NxK``) of a results file, in the order they were measured."""
+    seen: dict[str, None] = {}
+    for row in results.rows:
+        if "shape" in row["params"]:
+            seen.setdefault(row["params"]["shape"], None)
+    return list(seen)
+
+
+def series_ms(results, series: str, **params) -> Optional[float]:
+    """The GPU-clock time (ms) of the row of ``series`` matching ``params``, or None."""
+    rows = on_gpu_clock(results).select(series, **params)
+    return rows[0]["ms"] if rows else None
+
+
+def fastest(results, series: list[str], **params) -> tuple[Optional[dict], Optional[str]]:
+    """(row, series) of the fastest of ``series`` at ``params`` on the GPU clock, or (None, None)."""
+    view = on_gpu_clock(results)
+    found = [(r, s) for s in series for r in view.select(s, **params)]
+    return min(found, key=lambda t: t[0]["ms"]) if found else (None, None)
+
+
+def _us(ms: Optional[float]) -> str:
+    return "–" if ms is None else f"{ms * 1e3:.1f}"
+
+
+def speedup_table(results, m: int) -> str:
+    """Markdown, GPU clock: per shape, cuBLAS bf16's time, each of ours with its speedup over it, the peers',
+    and the 2-bit floor (µs)."""
+    view = on_gpu_clock(results)
+    ours = [s for s in (M1_SERIES if m == 1 else BATCH_SERIES) if view.select(s, m=m)]
+    peers = [s for s in (GEMLITE, INT_MM) if view.select(s, m=m)]
+    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, x)" for s in ours] + \
+        [f"{'GemLite' if s == GEMLITE else 'torch._int_mm'} (µs, x)" for s in peers] + ["2-bit floor (µs)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in shapes_in(view):
+        base = series_ms(view, CUBLAS, shape=shape, m=m)
+        if base is None:
+            continue
+        cells = [shape, _us(base)]
+        for s in ours + peers:
+            t = series_ms(view, s, shape=shape, m=m)
+            cells.append("–" if t is None else f"{t * 1e3:.1f} ({base / t:.1f}x)")
+        floors = [r["floor_ms"] for s in (SERIES[4], SERIES[5], SERIES[9], SERIES[11])
+                  for r in view.select(s, shape=shape, m=m) if "floor_ms" in r]
+        cells.append(_us(floors[0]) if floors else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(lines) == 2:
+        return f"(no GPU-clock times at M = {m} in this file)"
+    return "\n".join(lines)
+
+
+def peers_table(results) -> str:
+    """Markdown, GPU clock: per M and shape, our fastest bf16-x kernel against GemLite and our fastest W2A8
+    kernel against torch._int_mm (x quantised in the call; the int8 GEMM alone in brackets), µs and speedup."""
+    view = on_gpu_clock(results)
+    lines = ["| M | shape | ours, bf16 x | GemLite | ours / GemLite | ours, W2A8 | torch._int_mm (GEMM alone) | "
+             "ours / torch._int_mm |", "|---|---|---|---|---|---|---|---|"]
+    for m in sorted({r["params"]["m"] for r in view.rows if "m" in r["params"]}):
+        for shape in shapes_in(view):
+            gem, mm = view.select(GEMLITE, shape=shape, m=m), view.select(INT_MM, shape=shape, m=m)
+            if not gem and not mm:
+                continue
+            cells = [str(m), shape]
+            row, s = fastest(view, FLOAT_X_SERIES, shape=shape, m=m)
+            cells += [f"{_us(row['ms'])} ({series_label(s)})" if row else "–", _us(gem[0]["ms"]) if gem else "–",
+                      f"**{gem[0]['ms'] / row['ms']:.2f}x**" if gem and row else "–"]
+            row, s = fastest(view, W2A8_SERIES, shape=shape, m=m)
+            alone = view.select(INT_MM_MATMUL, shape=shape, m=m)
+            cells += [f"{_us(row['ms'])} ({series_label(s)})" if row else "–",
+                      (_us(mm[0]["ms"]) if mm else "–") + (f" ({_us(alone[0]['ms'])})" if alone else ""),
+                      f"**{mm[0]['ms'] / row['ms']:.2f}x**" if mm and row else "–"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Targets and headline
+# ----------------------------------------------------------------------------------------------
+
+#: (shape, M, how many times faster than cuBLAS bf16) of the targets.
+CUBLAS_TARGETS = (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0))
+#: (shapes, most our time may be, in multiples of the 2-bit floor).
+FLOOR_TARGET = (("4096x14336", "8192x28672"), 2.0)
+#: Against the peers at M = 1: faster than GemLite at every shape, by GEMLITE_MAIN_FACTOR at GEMLITE_MAIN_SHAPE;
+#: W2A8 faster than torch._int_mm by INT_MM_FACTOR.
+GEMLITE_MAIN_SHAPE, GEMLITE_MAIN_FACTOR, INT_MM_FACTOR = "4096x14336", 1.5, 1.5
+
+
+def _bandwidth_note(view, shape: str, m: int) -> str:
+    """Why a cuBLAS ratio comes out lower on one card than another: how close cuBLAS runs to the copy
+    bandwidth (bandwidth-bound), and how far our fastest is from only reading its weights (latency)."""
+    base = view.select(CUBLAS, shape=shape, m=m)
+    row, s = fastest(view, FLOAT_X_SERIES + W2A8_SERIES, shape=shape, m=m)
+    bandwidth = view.data.get("ceilings", {}).get("copy_bandwidth_gbs")
+    if not base or row is None or not bandwidth or "bytes" not in base[0]:
+        return ""
+    share = base[0]["bytes"] / (base[0]["ms"] * 1e-3) / (bandwidth * 1e9)
+    text = f"cuBLAS streams its bf16 weights at {share:.0%} of this run's copy bandwidth (bound by bandwidth)"
+    read = view.select("read_weights", shape=shape, m=1)
+    if read:
+        text += (f"; {series_label(s)} takes {row['ms'] / read[0]['ms']:.2f}x the time of a kernel that only reads "
+                 f"our 2-bit weights ({_us(read[0]['ms'])} µs), bound by latency (launch, x's first trip, the "
+                 "stream's start): a card with more bandwidth speeds cuBLAS up more than it speeds us")
+    return text
+
+
+def target_checks(results) -> list[dict[str, Any]]:
+    """The targets, on the GPU clock: each {"target", "met" (True, False, or None where not measured), "detail"
+    (the numbers), "short_by" (where missed: the factor still missing)}."""
+    view = on_gpu_clock(results)
+    out = []
+
+    def add(target, met, detail, short_by=None):
+        out.append({"target": target, "met": met, "detail": detail or "not measured", "short_by": short_by})
+
+    for shape, m, want in CUBLAS_TARGETS:
+        base = view.select(CUBLAS, shape=shape, m=m)
+        row, s = fastest(view, FLOAT_X_SERIES + W2A8_SERIES, shape=shape, m=m)
+        target = f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16"
+        if not base or row is None:
+            add(target, None, "")
+            continue
+        ratio = base[0]["ms"] / row["ms"]
+        parts = [f"{series_label(s)} {_us(row['ms'])} µs against {_us(base[0]['ms'])} µs: {ratio:.2f}x"]
+        bf16, s16 = fastest(view, FLOAT_X_SERIES, shape=shape, m=m)
+        if bf16 is not None and s16 != s:
+            parts.append(f"with bf16 x, {series_label(s16)} {_us(bf16['ms'])} µs: {base[0]['ms'] / bf16['ms']:.2f}x")
+        if ratio < want:
+            parts.append(_bandwidth_note(view, shape, m))
+        add(target, ratio >= want, "; ".join(p for p in parts if p), None if ratio >= want else want / ratio)
+    shapes, factor = FLOOR_TARGET
+    for shape in shapes:
+        row, s = fastest(view, FLOAT_X_SERIES + W2A8_SERIES, shape=shape, m=1)
+        target = f"M=1, {shape}: within {factor:.0f}x of the 2-bit floor"
+        if row is None or "floor_ms" not in row:
+            add(target, None, "")
+            continue
+        times = row["ms"] / row["floor_ms"]
+        detail = f"{series_label(s)} {_us(row['ms'])} µs, {times:.2f}x the floor ({_us(row['floor_ms'])} µs)"
+        read = view.select("read_weights", shape=shape, m=1)
+        if read:
+            detail += f"; a kernel that only reads the weights: {_us(read[0]['ms'])} µs"
+        add(target, times <= factor, detail, None if times <= factor else times / factor)
+    # the peers, at M = 1
+    ratios = {}
+    for shape in shapes_in(view):
+        gem = view.select(GEMLITE, shape=shape, m=1)
+        row, s = fastest(view, FLOAT_X_SERIES, shape=shape, m=1)
+        if gem and row is not None:
+            ratios[shape] = (gem[0]["ms"] / row["ms"], s)
+    detail = ", ".join(f"{shape} {r:.2f}x ({series_label(s)})" for shape, (r, s) in ratios.items())
+    worst = min((r for r, _ in ratios.values()), default=None)
+    add("M=1: faster than GemLite (2-bit, bf16 x) at every shape", None if worst is None else worst > 1.0, detail,
+        None if worst is None or worst > 1.0 else 1.0 / worst)
+    main = ratios.get(GEMLITE_MAIN_SHAPE)
+    add(f"M=1, {GEMLITE_MAIN_SHAPE}: >= {GEMLITE_MAIN_FACTOR}x faster than GemLite", None if main is None else
+        main[0] >= GEMLITE_MAIN_FACTOR, "" if main is None else f"{main[0]:.2f}x ({series_label(main[1])})",
+        None if main is None or main[0] >= GEMLITE_MAIN_FACTOR else GEMLITE_MAIN_FACTOR / main[0])
+    ratios = {}
+    for shape in shapes_in(view):
+        mm = view.select(INT_MM, shape=shape, m=1)
+        row, s = fastest(view, W2A8_SERIES, shape=shape, m=1)
+        if mm and row is not None:
+            alone = view.select(INT_MM_MATMUL, shape=shape, m=1)
+            ratios[shape] = (mm[0]["ms"] / row["ms"], s, alone[0]["ms"] / row["ms"] if alone else None)
+    detail = ", ".join(f"{shape} {r:.2f}x ({series_label(s)}" + (f"; {a:.2f}x the int8 GEMM alone)" if a else ")")
+                       for shape, (r, s, a) in ratios.items())
+    worst = min((r for r, _, _ in ratios.values()), default=None)
+    add(f"M=1: W2A8 >= {INT_MM_FACTOR}x faster than torch._int_mm (x quantised, rows padded) at every shape",
+        None if worst is None else worst >= INT_MM_FACTOR, detail,
+        None if worst is None or worst >= INT_MM_FACTOR else INT_MM_FACTOR / worst)
+    checks = results.data.get("checks", [])
+    bad = [c for c in checks if not c["passed"]]
+    add("results equal their float64 reference (peers too)", not bad and bool(checks),
+        f"{len(checks) - len(bad)} of {len(checks)} checks passed" + (
+            "; failed: " + ", ".join(f"{c['name']} {c['params'].get('shape', '')} M={c['params'].get('m', '')}"
+                                     for c in bad[:5]) if bad else ""))
+    return out
+
+
+def headline(results) -> list[dict]:
+    """The book's headline rows, on the GPU clock (``plotting.headline_row``): the chapter's fastest bf16-x kernel
+    against cuBLAS bf16 at M = 1 and 16 (4096 x 14336) and M = 1 (8192 x 28672); at M = 1, 4096 x 14336, the
+    same against GemLite and the fastest W2A8 kernel against torch._int_mm, where the run has them."""
+    from studylog.plotting import headline_row
+
+    view = on_gpu_clock(results)
+    rows = []
+
+    def label(series):
+        step = next(st for st in STEPS if series.startswith(st.series))
+        where = next((f", quantize={q!r}" for q, s in W2A8_PLACE_SERIES.items() if s == series), "")
+        return f"{step.name}{where} ({'CUDA C++' if step.language == 'cuda' else 'Triton'})"
+
+    def case(shape, m, what="bf16 x"):
+        n, k = shape.split("x")
+        return f"M = {m}, N x K = {n} x {k}, {what}"
+
+    for shape, m in (("4096x14336", 1), ("4096x14336", 16), ("8192x28672", 1)):
+        row, series = fastest(view, FLOAT_X_SERIES, shape=shape, m=m)
+        if row is None or not view.select(CUBLAS, shape=shape, m=m):
+            continue
+        rows.append(headline_row(view, series, CUBLAS, case(shape, m), kernel_label=label(series),
+                                 baseline_label="cuBLAS bf16 (torch x @ W.T, both in a CUDA graph)", shape=shape, m=m))
+    shape = GEMLITE_MAIN_SHAPE
+    row, series = fastest(view, FLOAT_X_SERIES, shape=shape, m=1)
+    if row is not None and view.select(GEMLITE, shape=shape, m=1):
+        rows.append(headline_row(view, series, GEMLITE, case(shape, 1), kernel_label=label(series),
+                                 baseline_label="GemLite 2-bit (bf16 x, its autotune)", shape=shape, m=1))
+    row, series = fastest(view, W2A8_SERIES, shape=shape, m=1)
+    if row is not None and view.select(INT_MM, shape=shape, m=1):
+        rows.append(headline_row(view, series, INT_MM, case(shape, 1, "x quantised to int8 in the call"),
+                                 kernel_label=label(series),
+                                 baseline_label="torch._int_mm W8A8 (int8 weights, rows padded to 17)",
+                                 shape=shape, m=1))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures
+# ----------------------------------------------------------------------------------------------
+
+def _caption(results, view) -> str:
+    text = results.caption()
+    if not is_one_clock(results):
+        text += ("\nMeasured before the one-clock bench: only what this file timed in a CUDA graph is shown; "
+                 "a fresh run times every series that way.")
+    return text
+
+
+def figures(results) -> dict:
+    """speedup: GPU-clock speedup over cuBLAS bf16 per shape and M (peers hatched). peers: our fastest against
+    GemLite and torch._int_mm. floor: M = 1 time against each format's floor. steps: M = 1 time of every step on
+    the Llama shapes, with the repetitions' spread."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    view = on_gpu_clock(results)
+    shapes = shapes_in(view)
+    ms_present = sorted({r["params"]["m"] for r in view.rows if "m" in r["params"]})
+    caption = _caption(results, view)
+    figs = {}
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours: dict[str, str] = {}
+
+    def colour(s):
+        return colours.setdefault(s, cycle[len(colours) % len(cycle)])
+
+    panel_series = {1: [SERIES[n] for n in (4, 6, 9, 10, 11, 12, 13)], 0: [SERIES[n] for n in (5, 9, 10, 11, 12, 13)]}
+    panels = [(m, [s for s in panel_series[1 if m == 1 else 0] + [GEMLITE, INT_MM] if view.select(s, m=m)])
+              for m in ms_present if view.select(CUBLAS, m=m)]
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.4), squeeze=False)
+        for ax, (m, series) in zip(axes[0], panels):
+            bar = 0.8 / max(1, len(series))
+            for i, s in enumerate(series):
+                vals = []
+                for shape in shapes:
+                    base, mine = view.select(CUBLAS, shape=shape, m=m), view.select(s, shape=shape, m=m)
+                    vals.append(base[0]["ms"] / mine[0]["ms"] if base and mine else np.nan)
+                peer = s in (GEMLITE, INT_MM)
+                ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * bar, vals, bar, color=colour(s),
+                       hatch="//" if peer else None, edgecolor="k" if peer else None, linewidth=0.3,
+                       label=("GemLite (peer)" if s == GEMLITE else "torch._int_mm W8A8 (peer)") if peer else series_label(s))
+            ax.axhline(1.0, color="k", lw=1)
+            for shape, mm, want in CUBLAS_TARGETS:
+                if mm == m and shape in shapes:
+                    j = shapes.index(shape)
+                    ax.plot([j - 0.45, j + 0.45], [want, want], "r--", lw=1.2)
+            ax.set_xticks(range(len(shapes)), shapes, rotation=35, ha="right", fontsize=8)
+            ax.set_ylabel("speedup over cuBLAS bf16 (GPU clock)")
+            ax.set_title(f"M = {m}" + ("  (red: the targets)" if m in (1, 16) else ""), fontsize=10)
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.legend(fontsize=6)
+        fig.suptitle(caption, fontsize=8)
+        fig.tight_layout()
+        figs["speedup"] = fig
+
+    peer_panels = [m for m in ms_present if view.select(GEMLITE, m=m) or view.select(INT_MM, m=m)]
+    if peer_panels:
+        fig, axes = plt.subplots(1, len(peer_panels), figsize=(5.2 * len(peer_panels), 4.2), squeeze=False)
+        for ax, m in zip(axes[0], peer_panels):
+            for i, (peer, ours, text) in enumerate(((GEMLITE, FLOAT_X_SERIES, "fastest of ours, bf16 x / GemLite"),
+                                                    (INT_MM, W2A8_SERIES, "fastest W2A8 of ours / torch._int_mm"))):
+                vals = []
+                for shape in shapes:
+                    p = view.select(peer, shape=shape, m=m)
+                    row, _ = fastest(view, ours, shape=shape, m=m)
+                    vals.append(p[0]["ms"] / row["ms"] if p and row is not None else np.nan)
+                ax.bar(np.arange(len(shapes)) + (i - 0.5) * 0.4, vals, 0.4, label=text, color=cycle[i])
+            ax.axhline(1.0, color="k", lw=1)
+            if m == 1:
+                if GEMLITE_MAIN_SHAPE in shapes:
+                    j = shapes.index(GEMLITE_MAIN_SHAPE)
+                    ax.plot([j - 0.45, j], [GEMLITE_MAIN_FACTOR] * 2, "r--", lw=1.2)
+                ax.axhline(INT_MM_FACTOR, color="r", ls=":", lw=1, label=f"W2A8 target: {INT_MM_FACTOR}x")
+            ax.set_xticks(range(len(shapes)), shapes, rotation=35, ha="right", fontsize=8)
+            ax.set_ylabel("speedup (GPU clock)")
+            ax.set_title(f"M = {m}: ours against the peers", fontsize=10)
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(caption, fontsize=8)
+        fig.tight_layout()
+        figs["peers"] = fig
+
+    fig, ax = plt.subplots(figsize=(6.4, 5))
+    lo, hi = math.inf, 0.0
+    markers = ("s", "o", "^", "v", "*", "P", "X", "D", "h", "_", "p", "<")
+    for s, marker in zip((CUBLAS, *(SERIES[n] for n in (4, 6, 5, 9, 10, 11, 12, 13)), "read_weights", GEMLITE, INT_MM),
+                         markers):
+        rows = [r for r in view.select(s, m=1) if "floor_ms" in r]
+        if not rows:
+            continue
+        xs = [r["floor_ms"] * 1e3 for r in rows]
+        ys = [r["ms"] * 1e3 for r in rows]
+        lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+        ax.scatter(xs, ys, marker=marker, label=f"{series_label(s)[:60]} (vs its own format's floor)")
+    if hi > 0:
+        line = np.array([lo / 1.5, hi * 1.5])
+        ax.plot(line, line, "k-", lw=1, label="time = floor")
+        ax.plot(line, 2 * line, "k--", lw=1, label="time = 2 x floor")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bandwidth floor (µs): bytes / measured copy bandwidth")
+    ax.set_ylabel("GPU clock (µs, median)")
+    ax.set_title(f"M = 1: time against the floor\n{caption}", fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    figs["floor"] = fig
+
+    llama = [s for s in shapes if view.select(CUBLAS, shape=s, family="llama", m=1)]
+    if llama:
+        steps = [s for s in [CUBLAS] + M1_SERIES + [GEMLITE] if view.select(s, m=1)]
+        fig, ax = plt.subplots(figsize=(9, 4.4))
+        width = 0.8 / len(llama)
+        for i, shape in enumerate(llama):
+            rows = [view.select(s, shape=shape, m=1) for s in steps]
+            vals = np.array([r[0]["ms"] * 1e3 if r else np.nan for r in rows])
+            spread = np.array([[r[0]["ms"] - r[0]["spread_ms"][0], r[0]["spread_ms"][2] - r[0]["ms"]]
+                               if r and "spread_ms" in r[0] else [0.0, 0.0] for r in rows]).T * 1e3
+            ax.bar(np.arange(len(steps)) + (i - (len(llama) - 1) / 2) * width, vals, width, yerr=spread,
+                   capsize=2, label=shape)
+        ax.set_xticks(range(len(steps)), [series_label(s).split(" (")[0][:28] for s in steps], rotation=30,
+                      ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("GPU clock (µs, median; bars: min to max of 3 repetitions)")
+        ax.set_title(f"M = 1, step by step\n{caption}", fontsize=7)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        figs["steps"] = fig
+    return figs
+
+
+def timeline_figure(timeline: dict, title: str = "Step 12 at M = 1: where a block's time goes (in-kernel "
+                                                   "timestamps)"):
+    """Step 12's blocks over time, from lab/ternary/w2a8_timeline.py's output (``plotting.load_lab``): for each
+    case the median (over blocks) of when a block has read x, has quantised it, has taken its last weights and
+    has ended, from the first block's start (the last of the script's repetitions), and when the last block
+    ended."""
+    import matplotlib.pyplot as plt
+
+    cases = timeline.get("cases", timeline)
+    phases = (("reading x", "start", "x_read"), ("quantising x (and, in a cluster, sharing it)", "x_read", "x_ready"),
+              ("the weights", "x_ready", "loop_end"), ("the sums", "loop_end", "end"))
+    colors = ("tab:orange", "tab:red", "tab:blue", "tab:gray")
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(cases) + 1.6))
+    labels = []
+    for i, (name, case) in enumerate(cases.items()):
+        run = case["runs"][-1]
+        for j, ((what, begin, end), color) in enumerate(zip(phases, colors)):
+            lo, hi = run[begin][1], run[end][1]
+            ax.barh(i, hi - lo, left=lo, color=color, label=what if i == 0 else None)
+        ax.plot(run["end"][2], i, "k|", markersize=16, mew=2, label="the last block ends" if i == 0 else None)
+        shape, place = name.split(" probe")[0].split(" ", 1)
+        size = int(name.rsplit(" cluster", 1)[1].split()[0]) if " cluster" in name else 1
+        where = f"cluster of {size}" if place == "cluster" else place
+        labels.append(f"{shape}, {where}\n{case['kernel_us']:.1f} µs kernel time")
+    ax.set_yticks(range(len(cases)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs since the first block started (medians over the blocks)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
