@@ -72,7 +72,10 @@ class MultiItemPlan:
         self.max_width = max_tokens if max_width is None else int(max_width)
         self.rule, self.order = rule, order
         self.sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-        self.device = torch.device(device) if device is not None else runtime.device()
+        device = torch.device(device) if device is not None else runtime.device()
+        if device.type == "cuda" and device.index is None:  # "cuda" means the current device: name it
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.config: str | None = None
         self._cfg = None
         self.batch: MultiItemBatch | None = None
