@@ -211,6 +211,111 @@ def test_a_chunked_forward_equals_token_by_token(rng):
     torch.testing.assert_close(step, full, rtol=1e-10, atol=1e-10)
 
 
+# --- the fused body's kernels (Triton's interpreter here), against float64 references ----------------------------
+
+def _attention_reference(q, kc, vc, start, T):
+    """float64 attention of q [B, T, H, d] over the cache [B, Hkv, S, d], query t at position start[b] + t."""
+    B, _, H, d = q.shape
+    Hkv, S = kc.shape[1], kc.shape[2]
+    k = kc.double().repeat_interleave(H // Hkv, dim=1)  # [B, H, S, d]
+    v = vc.double().repeat_interleave(H // Hkv, dim=1)
+    scores = torch.einsum("bthd,bhsd->bhts", q.double(), k) / d ** 0.5
+    pos = start[:, None] + torch.arange(T)
+    visible = torch.arange(S)[None, None, :] <= pos[:, :, None]  # [B, T, S]
+    p = scores.masked_fill(~visible[:, None], float("-inf")).softmax(-1)
+    return torch.einsum("bhts,bhsd->bthd", p, v).reshape(B, T, H * d)
+
+
+@pytest.mark.parametrize("B,T,H,Hkv,hd,S", [(2, 5, 6, 2, 24, 101), (1, 1, 4, 1, 16, 70), (3, 9, 8, 8, 32, 40)])
+def test_fused_attention_matches_float64(rng, B, T, H, Hkv, hd, S):
+    """Awkward sizes: groups of 3, a head size that is not a power of two, caches that are not a multiple of the
+    key block, chunks that reach the cache's end; poisoned cache positions after each chunk's last position
+    must not be read."""
+    from studylog.decode import kernels
+
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        qkv = torch.randn(B, T, (H + 2 * Hkv) * hd, generator=rng).to(dtype)
+        kc = torch.randn(B, Hkv, S, hd, generator=rng).to(dtype)
+        vc = torch.randn(B, Hkv, S, hd, generator=rng).to(dtype)
+        start = torch.randint(0, S - T + 1, (B,), generator=rng)
+        start[0] = S - T  # a chunk that ends at the cache's last position
+        for b in range(B):  # beyond each chunk's last position: never visible, never read
+            kc[b, :, start[b] + T:] = float("nan")
+            vc[b, :, start[b] + T:] = float("nan")
+        out = torch.full((B, T, H * hd), 7.0, dtype=dtype)
+        got = kernels.attention(qkv, kc, vc, start, H, 1 / hd ** 0.5, out=out)
+        ref = _attention_reference(qkv.view(B, T, -1, hd)[:, :, :H], kc.nan_to_num(), vc.nan_to_num(), start, T)
+        torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
+
+
+def test_fused_rope_norm_and_swiglu_match_torch(rng):
+    """fp32 (where the rounding steps are exact): the rope + cache write equals the torch path's formula bit for
+    bit, the residual add + RMSNorm and SwiGLU agree to fp32 rounding; the gathering norm reads row last[b]
+    and leaves x as it is."""
+    from studylog.decode import kernels
+    from studylog.decode.model import _rms_norm, _rotate_half
+
+    B, T, H, Hkv, hd, S = 2, 5, 6, 2, 24, 37
+    m = LlamaModel(model_config("tiny", vocab_size=50, hidden=H * hd, heads=H, kv_heads=Hkv, head_dim=hd),
+                   dtype=torch.float32, seed=1)
+    cos, sin = m._rope_tables(S)
+    qkv = torch.randn(B, T, (H + 2 * Hkv) * hd, generator=rng)
+    start = torch.tensor([3, S - T])
+    kc, vc = torch.full((B, Hkv, S, hd), 5.0), torch.full((B, Hkv, S, hd), 5.0)
+    pos = start[:, None] + torch.arange(T)
+    c, s = cos[pos][:, :, None], sin[pos][:, :, None]
+    q, k, v = qkv.view(B, T, -1, hd).split((H, Hkv, Hkv), dim=2)
+    want_q, want_k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+    got = qkv.clone()
+    kernels.rope_cache(got, kc, vc, cos, sin, start, H, Hkv)
+    assert torch.equal(got.view(B, T, -1, hd)[:, :, :H], want_q)
+    assert torch.equal(got.view(B, T, -1, hd)[:, :, H:], qkv.view(B, T, -1, hd)[:, :, H:])  # k, v untouched there
+    for b in range(B):
+        assert torch.equal(kc[b][:, pos[b]], want_k[b].transpose(0, 1))
+        assert torch.equal(vc[b][:, pos[b]], v[b].transpose(0, 1))
+        others = torch.ones(S, dtype=torch.bool)
+        others[pos[b]] = False
+        assert (kc[b][:, others] == 5.0).all() and (vc[b][:, others] == 5.0).all()
+
+    D = 200  # not a power of two
+    x, a = torch.randn(B, T, D, generator=rng), torch.randn(B, T, D, generator=rng)
+    w = torch.rand(D, generator=rng) + 0.5
+    x2 = x.clone()
+    h = kernels.add_rms_norm(x2, w, 1e-5, add=a)
+    assert torch.equal(x2, x + a)
+    torch.testing.assert_close(h, _rms_norm(x + a, w, 1e-5), rtol=1e-6, atol=1e-6)
+    last = torch.tensor([4, 1])
+    x3 = x.clone()
+    g = kernels.add_rms_norm(x3, w, 1e-5, add=a, last=last)
+    assert torch.equal(x3, x)
+    torch.testing.assert_close(g, _rms_norm((x + a)[torch.arange(B), last], w, 1e-5), rtol=1e-6, atol=1e-6)
+
+    gu = torch.randn(B, T, 2 * 1100, generator=rng) * 4  # more than one column block
+    gate, up = gu.chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.silu_mul(gu), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 6e-2)])
+def test_the_fused_body_gives_what_the_torch_body_gives(rng, dtype, tol):
+    """The whole forward, fused kernels against torch's operations: a padded prefill chunk with different starts
+    per sequence, then one-token steps; hidden states and the KV cache agree (bf16: to its rounding)."""
+    m = LlamaModel(model_config("tiny", vocab_size=500, layers=3), dtype=dtype, seed=2)
+    toks = torch.randint(0, 500, (2, 13), generator=rng)
+    caches = m.new_cache(2, 40), m.new_cache(2, 40)
+    steps = [(toks, torch.tensor([0, 3]), torch.tensor([12, 9]))]
+    steps += [(torch.randint(0, 500, (2, 1), generator=rng), torch.tensor([13 + t, 13 + t]), torch.zeros(2, dtype=torch.long))
+              for t in range(3)]
+    for tokens, start, last in steps:
+        a = m(tokens, start, last, caches[0], fused=False)
+        b = m(tokens, start, last, caches[1], fused=True)
+        torch.testing.assert_close(b.float(), a.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(caches[1].k.float(), caches[0].k.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(caches[1].v.float(), caches[0].v.float(), rtol=tol, atol=tol)
+    assert not m.uses_fused() and m.uses_fused("cuda")
+    m.fused = True
+    assert m.uses_fused()
+
+
 def test_gumbel_noise_depends_only_on_its_inputs():
     ids = torch.arange(5000)
     a = gumbel_noise(3, torch.tensor([4, 4]), ids)
