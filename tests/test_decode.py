@@ -441,6 +441,91 @@ def test_the_sweep_records_what_the_figures_read(tiny):
     assert set(report.figures(Results())) == {"breakdown", "speedup"}
 
 
+class FakeBenchRun(report.LocalRun):
+    """BenchRun's timing methods without a GPU: each call runs once and takes one millisecond."""
+
+    def gpu_time(self, make_calls, **kw):
+        from studylog.bench import Timing
+
+        for call in make_calls():
+            call()
+        return Timing.of([1.0], clock="gpu")
+
+    def host_time(self, fn, **kw):
+        from studylog.bench import Timing
+
+        fn()
+        return Timing.of([0.5], clock="host")
+
+    def measure(self, series, make_calls, *, params, role="kernel", host=None, floor_ms=None, **extra):
+        for key in ("repeats", "min_calls", "reps", "host_calls"):
+            extra.pop(key, None)
+        row = self.record(series, self.gpu_time(make_calls), params=params, role=role, **extra)
+        if host is not None:
+            row["host_ms"] = self.host_time(host).median
+        return row
+
+    def floor_ms(self, nbytes):
+        return nbytes / 3e9
+
+
+def test_the_components_are_timed_and_checked(tiny):
+    """The benchmark's component timings on a CPU with a fake harness: every series and its parameters, the
+    floor of the body, the masked head at every allowed count checked against the dense head."""
+    run = FakeBenchRun()
+    decoder = Decoder(tiny, batch=2, max_seq=64, chunk_sizes=(1, 2, 4))
+    report.components(run, decoder, "tiny")
+    series = [(r["series"], r["params"].get("chunk", r["params"].get("allowed"))) for r in run.rows]
+    assert series == [("body", 1), ("body", 4), ("body_unfused", 1), ("dense_head", None),
+                      *[("masked_logits", n) for n in report.HEAD_COUNTS], ("mask_apply", None), ("sampling", None)]
+    body = run.rows[0]
+    assert body["floor_ms"] == tiny.config.parameter_counts()["body"] * tiny.dtype.itemsize / 3e9
+    assert all(c["passed"] for c in run.checks) and len(run.checks) == len(report.HEAD_COUNTS)
+    assert all("host_ms" in r for r in run.rows if r["series"] in ("dense_head", "masked_logits"))
+
+
+def test_the_bench_plan_fits_its_time():
+    """The plan's sweeps, and their decode steps counted from the suite's token counts (each request: a warm-up,
+    the repeats and an instrumented run, in five configurations): a full run stays within a few minutes at a
+    1B step of a few milliseconds and an 8B step of ten, a quick run within one and a half."""
+    def steps(plan):
+        vocab = pieces.load_vocabulary("cl100k_base")
+        total = {}
+        for sweep in plan:
+            names = list(sweep["schemas"])
+            extra = [n for n in names if n in suite_names("json")] if sweep.get("both_whitespaces_at") else []
+            tokens = sum(len(vocab.encode(suite_sample(n, 0, "compact"))) + 1 for n in names + extra)
+            runs = len(report.ORDER) * (sweep["repeats"] + 2) * len(sweep["batches"])
+            for shape in sweep["shapes"]:
+                total[shape] = total.get(shape, 0) + tokens * runs
+        return total
+
+    step_ms = {"1b": 2.0, "8b": 10.0}  # generous: steps at the pre-fusion body's speed
+    for quick, budget_s in ((False, 240), (True, 90)):
+        seconds = sum(n * step_ms[s] / 1e3 for s, n in steps(report.plan(quick)).items())
+        assert seconds < budget_s, (quick, seconds)
+    assert [p["shapes"] for p in report.plan(False)] == [("1b",), ("8b",)]
+
+
+def test_the_target_report_reads_rows(tiny):
+    """Targets on fake rows: the median over JSON schemas at batch 1, the minimum at batch 8, the bound."""
+    rows = []
+    for batch, ms in ((1, {"baseline": 2.0, "jump_forward": 1.9, "masked_head": 1.8}),
+                      (8, {"baseline": 1.0, "jump_forward": 1.0, "masked_head": 1.1})):
+        for name in ("classifier", "weather_call", "ipv4"):
+            for config, t in ms.items():
+                rows.append({"series": config, "params": {"model": "1b", "batch": batch, "schema": name,
+                             "whitespace": "compact", "config": config}, "ms": t, "tokens": 10,
+                             "forwards": 9 if config != "baseline" else 10,
+                             "breakdown_ms_per_token": {"body": t * 0.8, "head": t * 0.1, "mask_apply": 0.0,
+                                                        "mask_wait": 0.0, "sampling": 0.0, "host": t * 0.1}})
+    out = report.target_report(rows)
+    assert out[1]["median"] == pytest.approx(2.0 / 1.8) and not out[1]["met"]
+    assert set(out[1]["speedups"]) == {"classifier", "weather_call"}  # JSON schemas only
+    assert out[8]["min"] == pytest.approx(1.0 / 1.1) and not out[8]["met"]
+    assert out[1]["bound"] == pytest.approx(1 / (0.9 * 0.9))
+
+
 # --- on a GPU -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -462,11 +547,39 @@ def test_graphs_give_what_the_eager_body_gives():
 
 @pytest.mark.gpu
 def test_the_1b_shape_decodes_the_same_tokens_in_every_configuration():
+    """Same tokens everywhere; after a warm-up run of each configuration (which the masked head's prepare makes
+    unnecessary at batch 1: its kernels are compiled before the first step), the masked head's time per token
+    is below the dense head's."""
     model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
     decoder = Decoder(model, batch=1, max_seq=384)
     for name in ("product", "calendar_event"):
         grammar = Grammar.from_suite(name, whitespace="compact")
         sample = suite_sample(name, seed=0, whitespace="compact")
+        first = _run_all(decoder, grammar, [PROMPT], max_new_tokens=128, targets=[sample])
         outs = _run_all(decoder, grammar, [PROMPT], max_new_tokens=128, targets=[sample])
-        assert all(o.ids == outs["baseline"].ids and o.text == [sample.encode()] for o in outs.values())
-        assert outs["masked_head"].ms["head"] < outs["baseline"].ms["head"]
+        assert all(o.ids == first["baseline"].ids and o.text == [sample.encode()]
+                   for o in (*first.values(), *outs.values()))
+        per_token = {c: o.breakdown_per_token() for c, o in outs.items()}
+        assert per_token["masked_head"]["head"] < per_token["baseline"]["head"], per_token
+        # prepare compiled the masked head's launches: the first run's head is not slower than a dense one
+        assert first["masked_head"].breakdown_per_token()["head"] < 2 * per_token["baseline"]["head"]
+
+
+@pytest.mark.gpu
+def test_the_fused_body_on_the_gpu_gives_what_torch_gives():
+    """1b shape, bf16: the fused kernels against torch's eager operations, a prefill chunk then one-token steps
+    (hidden states to bf16 rounding, and the same greedy token out of the dense head)."""
+    model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    caches = model.new_cache(2, 128), model.new_cache(2, 128)
+    toks = torch.randint(0, model.config.vocab_size, (2, 17), device="cuda", generator=gen)
+    start, last = torch.tensor([0, 5], device="cuda"), torch.tensor([16, 11], device="cuda")
+    for step in range(4):
+        a = model(toks, start, last, caches[0], fused=False)
+        b = model(toks, start, last, caches[1], fused=True)
+        torch.testing.assert_close(b.float(), a.float(), rtol=0.05, atol=0.05)
+        la, lb = model.logits(a), model.logits(b)
+        assert (la.argmax(1) == lb.argmax(1)).float().mean() >= 0.5
+        start = start + last + 1
+        toks, last = la.argmax(1)[:, None], torch.zeros(2, dtype=torch.long, device="cuda")
+    assert model.uses_fused()
