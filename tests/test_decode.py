@@ -276,6 +276,10 @@ def test_fused_rope_norm_and_swiglu_match_torch(rng):
         others = torch.ones(S, dtype=torch.bool)
         others[pos[b]] = False
         assert (kc[b][:, others] == 5.0).all() and (vc[b][:, others] == 5.0).all()
+    near_end = torch.full((B, Hkv, S, hd), 5.0)  # a chunk that runs past the cache writes only what fits
+    kernels.rope_cache(qkv.clone(), near_end, near_end.clone(), cos, sin, torch.tensor([S - 2, S - 1]), H, Hkv)
+    assert (near_end[0, :, S - 2:] != 5.0).all() and (near_end[0, :, :S - 2] == 5.0).all()
+    assert (near_end[1, :, S - 1] != 5.0).all() and (near_end[1, :, :S - 1] == 5.0).all()
 
     D = 200  # not a power of two
     x, a = torch.randn(B, T, D, generator=rng), torch.randn(B, T, D, generator=rng)
@@ -303,8 +307,8 @@ def test_the_fused_body_gives_what_the_torch_body_gives(rng, dtype, tol):
     toks = torch.randint(0, 500, (2, 13), generator=rng)
     caches = m.new_cache(2, 40), m.new_cache(2, 40)
     steps = [(toks, torch.tensor([0, 3]), torch.tensor([12, 9]))]
-    steps += [(torch.randint(0, 500, (2, 1), generator=rng), torch.tensor([13 + t, 13 + t]), torch.zeros(2, dtype=torch.long))
-              for t in range(3)]
+    one = torch.zeros(2, dtype=torch.long)
+    steps += [(torch.randint(0, 500, (2, 1), generator=rng), torch.tensor([13 + t, 13 + t]), one) for t in range(3)]
     for tokens, start, last in steps:
         a = m(tokens, start, last, caches[0], fused=False)
         b = m(tokens, start, last, caches[1], fused=True)

@@ -9,7 +9,8 @@ same request:
 * ``step02_jump_forward``: + chapter 1's forced-token jumps (the forced tokens join the next forward's chunk);
 * ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state.
 
-Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`.
+Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`. On a GPU the model's body runs the
+fused kernels of :mod:`~studylog.decode.kernels` (nine launches per layer), in every configuration alike.
 """
 
 from __future__ import annotations

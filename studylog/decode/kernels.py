@@ -60,26 +60,28 @@ def add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, last_ptr, T, D, eps,
 
 
 @triton.jit
-def rope_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, start_ptr, T,
+def rope_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, start_ptr, T, S,
                       stride_row, stride_cb, stride_ch, stride_cs, stride_cos,
                       H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                       HEADS_POW2: tl.constexpr, HALF_POW2: tl.constexpr):
     """Program ``r``: token ``t = r % T`` of sequence ``b = r // T``, at position ``start[b] + t``. Its q and k
     heads are rotated in place in ``qkv`` (``x * cos + rotate_half(x) * sin``, each product and the sum
-    rounded as torch rounds them); its k and v heads are written into the cache ``[B, Hkv, S, HD]``."""
+    rounded as torch rounds them); its k and v heads are written into the cache ``[B, Hkv, S, HD]``. A
+    position outside the cache (``S`` positions, as many as the tables) writes nothing."""
     r = tl.program_id(0)
     b = r // T
     pos = tl.load(start_ptr + b) + r % T
     HALF: tl.constexpr = HD // 2
     head = tl.arange(0, HEADS_POW2)[:, None]
     i = tl.arange(0, HALF_POW2)[None, :]
-    live = (head < H + 2 * HKV) & (i < HALF)
+    fits = (pos + i * 0) < S  # the position as a [1, HALF] tile (a scalar mask is not a mask to the interpreter)
+    live = (head < H + 2 * HKV) & (i < HALF) & fits
     base = qkv_ptr + r.to(tl.int64) * stride_row + head * HD + i
     x1 = tl.load(base, mask=live, other=0.0)
     x2 = tl.load(base + HALF, mask=live, other=0.0)
     dt = x1.dtype
-    c = tl.load(cos_ptr + pos * stride_cos + i, mask=i < HALF, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + pos * stride_cos + i, mask=i < HALF, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + pos * stride_cos + i, mask=(i < HALF) & fits, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * stride_cos + i, mask=(i < HALF) & fits, other=0.0).to(tl.float32)
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     # first half: x1 * cos + (-x2) * sin; second half: x2 * cos + x1 * sin (cos and sin repeat per half)
     r1 = ((f1 * c).to(dt).to(tl.float32) + (-f2 * s).to(dt).to(tl.float32)).to(dt)
@@ -201,8 +203,8 @@ def rope_cache(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, cos: Tensor, sin: 
     B, T = qkv.shape[0], qkv.shape[1]
     hd = k_cache.shape[-1]
     rope_cache_kernel[(B * T,)](
-        qkv, k_cache, v_cache, cos, sin, start, T, qkv.stride(1), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), cos.stride(0), H=heads, HKV=kv_heads, HD=hd,
+        qkv, k_cache, v_cache, cos, sin, start, T, min(k_cache.shape[2], cos.shape[0]), qkv.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), cos.stride(0), H=heads, HKV=kv_heads, HD=hd,
         HEADS_POW2=triton.next_power_of_2(heads + 2 * kv_heads), HALF_POW2=triton.next_power_of_2(hd // 2),
         num_warps=4)
 

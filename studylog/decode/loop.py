@@ -276,19 +276,20 @@ class Decoder:
     def prepare(self, grammar: Grammar, config: DecodeConfig | str = "masked_head") -> None:
         """What the first request of ``grammar`` in ``config`` would otherwise do inside its decode steps: with
         the masked head, build chapter 2's allowed set of every automaton state on the device and run the head
-        once on each (with chapter 2's kernels, that compiles every variant of their launch that a batch-1
-        request can reach). :meth:`generate` calls it once per grammar; a batch above 1 runs the head on
-        unions of sets, whose launches the first request still compiles (a benchmark warms up with it)."""
+        once on each at batch 1 (with chapter 2's kernels, that compiles every variant of their launch that a
+        batch-1 request can reach). :meth:`generate` calls it once per grammar. A batch above 1 runs the head
+        on unions of sets, whose launches its first request still compiles (a benchmark warms up with it)."""
         cfg = CONFIGS[config] if isinstance(config, str) else config
         if cfg.head != "masked" or self.head_impl != "kernel" or self._prepared.get(id(grammar)) is grammar:
             return  # the torch head (a CPU's) compiles nothing, and builds a state's set in microseconds
         grammar.prepare_allowed(self.device)
-        hidden = torch.zeros(1, self.model.config.hidden, device=self.device, dtype=self.model.dtype)
-        out = torch.empty(1, self.V, device=self.device, dtype=torch.float32)
-        for state in grammar.automaton.token_states():
-            pieces.masked_head_kernel(hidden, self.model.lm_head, grammar.allowed([state], self.device), out)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        if self.batch == 1:
+            hidden = torch.zeros(1, self.model.config.hidden, device=self.device, dtype=self.model.dtype)
+            out = torch.empty(1, self.V, device=self.device, dtype=torch.float32)
+            for state in grammar.automaton.token_states():
+                pieces.masked_head_kernel(hidden, self.model.lm_head, grammar.allowed([state], self.device), out)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
         self._prepared[id(grammar)] = grammar
 
     def capture(self) -> None:

@@ -5,8 +5,10 @@ chapter 1's suite is decoded in every configuration; each request is steered to 
 (:class:`~studylog.decode.grammar.Writer`), so the outputs, and the forced tokens in them, are realistic.
 Recorded per (shape, batch, schema, configuration): the end-to-end time per output token (wall clock of
 the whole request, prefill included, repeated), the time per component of an instrumented run, the forward
-passes and whether the tokens equal step 1's. Beside them, the GPU time of each component alone
-(``BenchRun.gpu_time``) and the Amdahl bound of each chapter. The same sweep runs on a CPU at the tiny
+passes and whether the tokens equal step 1's. Beside them, each component alone on the GPU clock
+(:func:`components`: the body on its fused path and on torch's operations with its floor, both heads with their
+host time per call, the mask's application, the sampling), and the Amdahl bound of each chapter
+(:func:`amdahl`, :func:`target_report`). The same sweep runs on a CPU at the tiny
 shape (:func:`sweep` with any object that records like ``BenchRun``), which is what the tests and the
 notebook do.
 """
