@@ -18,7 +18,9 @@ Each kernel rounds where torch's eager composition rounds (every bf16 op's resul
 the fused path differs from :meth:`~studylog.decode.model.LlamaModel.forward`'s torch path only in the
 order of sums: RMSNorm's mean, and attention, whose scores stay in fp32 here where torch rounds its bf16
 matmul's scores to bf16. Every wrapper is graph-safe: no host synchronisation, positions read from device
-tensors, fixed launch sizes for a given ``(B, T)``.
+tensors, fixed launch sizes for a given ``(B, T)``. The chunk length ``T`` is not specialised on (Triton would
+compile a variant for ``T == 1`` and for multiples of 16): the graphs of all chunk lengths reuse the same
+compiled kernels (attention has one per query tile size).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from torch import Tensor
 from studylog import runtime
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, last_ptr, T, D, eps,
                         HAS_ADD: tl.constexpr, GATHER: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program ``r``: row ``r`` of ``x [N, D]`` (with ``GATHER``: row ``r * T + last[r]``). With ``HAS_ADD``,
@@ -59,7 +61,7 @@ def add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, last_ptr, T, D, eps,
     tl.store(h_ptr + r.to(tl.int64) * D + offs, h, mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def rope_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, start_ptr, T, S,
                       stride_row, stride_cb, stride_ch, stride_cs, stride_cos,
                       H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
@@ -101,7 +103,7 @@ def rope_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, start
     tl.store(v_cache_ptr + dst + HALF, o2, mask=live & is_v)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start_ptr, T, S, qk_scale,
                      stride_qb, stride_qt, stride_cb, stride_ch, stride_cs, stride_ob, stride_ot,
                      HKV: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
