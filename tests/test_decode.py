@@ -578,12 +578,17 @@ def test_the_fused_body_on_the_gpu_gives_what_torch_gives():
     caches = model.new_cache(2, 128), model.new_cache(2, 128)
     toks = torch.randint(0, model.config.vocab_size, (2, 17), device="cuda", generator=gen)
     start, last = torch.tensor([0, 5], device="cuda"), torch.tensor([16, 11], device="cuda")
+    agree = []
     for step in range(4):
-        a = model(toks, start, last, caches[0], fused=False)
-        b = model(toks, start, last, caches[1], fused=True)
-        torch.testing.assert_close(b.float(), a.float(), rtol=0.05, atol=0.05)
-        la, lb = model.logits(a), model.logits(b)
-        assert (la.argmax(1) == lb.argmax(1)).float().mean() >= 0.5
+        a = model(toks, start, last, caches[0], fused=False).float()
+        b = model(toks, start, last, caches[1], fused=True).float()
+        assert torch.isfinite(b).all()
+        assert ((b - a).norm(dim=1) / a.norm(dim=1)).max() < 0.03, step  # bf16 rounding through 16 layers
+        la, lb = model.logits(a.bfloat16()), model.logits(b.bfloat16())
+        agree += (la.argmax(1) == lb.argmax(1)).tolist()
         start = start + last + 1
         toks, last = la.argmax(1)[:, None], torch.zeros(2, dtype=torch.long, device="cuda")
+    assert sum(agree) >= 6, agree  # the same greedy token almost always (near-ties of a random model aside)
+    k_err = (caches[1].k.float() - caches[0].k.float()).norm() / caches[0].k.float().norm()
+    assert k_err < 0.03
     assert model.uses_fused()
