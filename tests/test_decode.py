@@ -211,6 +211,115 @@ def test_a_chunked_forward_equals_token_by_token(rng):
     torch.testing.assert_close(step, full, rtol=1e-10, atol=1e-10)
 
 
+# --- the fused body's kernels (Triton's interpreter here), against float64 references ----------------------------
+
+def _attention_reference(q, kc, vc, start, T):
+    """float64 attention of q [B, T, H, d] over the cache [B, Hkv, S, d], query t at position start[b] + t."""
+    B, _, H, d = q.shape
+    Hkv, S = kc.shape[1], kc.shape[2]
+    k = kc.double().repeat_interleave(H // Hkv, dim=1)  # [B, H, S, d]
+    v = vc.double().repeat_interleave(H // Hkv, dim=1)
+    scores = torch.einsum("bthd,bhsd->bhts", q.double(), k) / d ** 0.5
+    pos = start[:, None] + torch.arange(T)
+    visible = torch.arange(S)[None, None, :] <= pos[:, :, None]  # [B, T, S]
+    p = scores.masked_fill(~visible[:, None], float("-inf")).softmax(-1)
+    return torch.einsum("bhts,bhsd->bthd", p, v).reshape(B, T, H * d)
+
+
+@pytest.mark.parametrize("B,T,H,Hkv,hd,S", [(2, 5, 6, 2, 24, 101), (1, 1, 4, 1, 16, 70), (3, 9, 8, 8, 32, 40)])
+def test_fused_attention_matches_float64(rng, B, T, H, Hkv, hd, S):
+    """Awkward sizes: groups of 3, a head size that is not a power of two, caches that are not a multiple of the
+    key block, chunks that reach the cache's end; poisoned cache positions after each chunk's last position
+    must not be read."""
+    from studylog.decode import kernels
+
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        qkv = torch.randn(B, T, (H + 2 * Hkv) * hd, generator=rng).to(dtype)
+        kc = torch.randn(B, Hkv, S, hd, generator=rng).to(dtype)
+        vc = torch.randn(B, Hkv, S, hd, generator=rng).to(dtype)
+        start = torch.randint(0, S - T + 1, (B,), generator=rng)
+        start[0] = S - T  # a chunk that ends at the cache's last position
+        for b in range(B):  # beyond each chunk's last position: never visible, never read
+            kc[b, :, start[b] + T:] = float("nan")
+            vc[b, :, start[b] + T:] = float("nan")
+        out = torch.full((B, T, H * hd), 7.0, dtype=dtype)
+        got = kernels.attention(qkv, kc, vc, start, H, 1 / hd ** 0.5, out=out)
+        ref = _attention_reference(qkv.view(B, T, -1, hd)[:, :, :H], kc.nan_to_num(), vc.nan_to_num(), start, T)
+        torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
+
+
+def test_fused_rope_norm_and_swiglu_match_torch(rng):
+    """fp32 (where the rounding steps are exact): the rope + cache write equals the torch path's formula bit for
+    bit, the residual add + RMSNorm and SwiGLU agree to fp32 rounding; the gathering norm reads row last[b]
+    and leaves x as it is."""
+    from studylog.decode import kernels
+    from studylog.decode.model import _rms_norm, _rotate_half
+
+    B, T, H, Hkv, hd, S = 2, 5, 6, 2, 24, 37
+    m = LlamaModel(model_config("tiny", vocab_size=50, hidden=H * hd, heads=H, kv_heads=Hkv, head_dim=hd),
+                   dtype=torch.float32, seed=1)
+    cos, sin = m._rope_tables(S)
+    qkv = torch.randn(B, T, (H + 2 * Hkv) * hd, generator=rng)
+    start = torch.tensor([3, S - T])
+    kc, vc = torch.full((B, Hkv, S, hd), 5.0), torch.full((B, Hkv, S, hd), 5.0)
+    pos = start[:, None] + torch.arange(T)
+    c, s = cos[pos][:, :, None], sin[pos][:, :, None]
+    q, k, v = qkv.view(B, T, -1, hd).split((H, Hkv, Hkv), dim=2)
+    want_q, want_k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+    got = qkv.clone()
+    kernels.rope_cache(got, kc, vc, cos, sin, start, H, Hkv)
+    assert torch.equal(got.view(B, T, -1, hd)[:, :, :H], want_q)
+    assert torch.equal(got.view(B, T, -1, hd)[:, :, H:], qkv.view(B, T, -1, hd)[:, :, H:])  # k, v untouched there
+    for b in range(B):
+        assert torch.equal(kc[b][:, pos[b]], want_k[b].transpose(0, 1))
+        assert torch.equal(vc[b][:, pos[b]], v[b].transpose(0, 1))
+        others = torch.ones(S, dtype=torch.bool)
+        others[pos[b]] = False
+        assert (kc[b][:, others] == 5.0).all() and (vc[b][:, others] == 5.0).all()
+    near_end = torch.full((B, Hkv, S, hd), 5.0)  # a chunk that runs past the cache writes only what fits
+    kernels.rope_cache(qkv.clone(), near_end, near_end.clone(), cos, sin, torch.tensor([S - 2, S - 1]), H, Hkv)
+    assert (near_end[0, :, S - 2:] != 5.0).all() and (near_end[0, :, :S - 2] == 5.0).all()
+    assert (near_end[1, :, S - 1] != 5.0).all() and (near_end[1, :, :S - 1] == 5.0).all()
+
+    D = 200  # not a power of two
+    x, a = torch.randn(B, T, D, generator=rng), torch.randn(B, T, D, generator=rng)
+    w = torch.rand(D, generator=rng) + 0.5
+    x2 = x.clone()
+    h = kernels.add_rms_norm(x2, w, 1e-5, add=a)
+    assert torch.equal(x2, x + a)
+    torch.testing.assert_close(h, _rms_norm(x + a, w, 1e-5), rtol=1e-6, atol=1e-6)
+    last = torch.tensor([4, 1])
+    x3 = x.clone()
+    g = kernels.add_rms_norm(x3, w, 1e-5, add=a, last=last)
+    assert torch.equal(x3, x)
+    torch.testing.assert_close(g, _rms_norm((x + a)[torch.arange(B), last], w, 1e-5), rtol=1e-6, atol=1e-6)
+
+    gu = torch.randn(B, T, 2 * 1100, generator=rng) * 4  # more than one column block
+    gate, up = gu.chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.silu_mul(gu), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 6e-2)])
+def test_the_fused_body_gives_what_the_torch_body_gives(rng, dtype, tol):
+    """The whole forward, fused kernels against torch's operations: a padded prefill chunk with different starts
+    per sequence, then one-token steps; hidden states and the KV cache agree (bf16: to its rounding)."""
+    m = LlamaModel(model_config("tiny", vocab_size=500, layers=3), dtype=dtype, seed=2)
+    toks = torch.randint(0, 500, (2, 13), generator=rng)
+    caches = m.new_cache(2, 40), m.new_cache(2, 40)
+    steps = [(toks, torch.tensor([0, 3]), torch.tensor([12, 9]))]
+    one = torch.zeros(2, dtype=torch.long)
+    steps += [(torch.randint(0, 500, (2, 1), generator=rng), torch.tensor([13 + t, 13 + t]), one) for t in range(3)]
+    for tokens, start, last in steps:
+        a = m(tokens, start, last, caches[0], fused=False)
+        b = m(tokens, start, last, caches[1], fused=True)
+        torch.testing.assert_close(b.float(), a.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(caches[1].k.float(), caches[0].k.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(caches[1].v.float(), caches[0].v.float(), rtol=tol, atol=tol)
+    assert not m.uses_fused() and m.uses_fused("cuda")
+    m.fused = True
+    assert m.uses_fused()
+
+
 def test_gumbel_noise_depends_only_on_its_inputs():
     ids = torch.arange(5000)
     a = gumbel_noise(3, torch.tensor([4, 4]), ids)
@@ -336,6 +445,91 @@ def test_the_sweep_records_what_the_figures_read(tiny):
     assert set(report.figures(Results())) == {"breakdown", "speedup"}
 
 
+class FakeBenchRun(report.LocalRun):
+    """BenchRun's timing methods without a GPU: each call runs once and takes one millisecond."""
+
+    def gpu_time(self, make_calls, **kw):
+        from studylog.bench import Timing
+
+        for call in make_calls():
+            call()
+        return Timing.of([1.0], clock="gpu")
+
+    def host_time(self, fn, **kw):
+        from studylog.bench import Timing
+
+        fn()
+        return Timing.of([0.5], clock="host")
+
+    def measure(self, series, make_calls, *, params, role="kernel", host=None, floor_ms=None, **extra):
+        for key in ("repeats", "min_calls", "reps", "host_calls"):
+            extra.pop(key, None)
+        row = self.record(series, self.gpu_time(make_calls), params=params, role=role, **extra)
+        if host is not None:
+            row["host_ms"] = self.host_time(host).median
+        return row
+
+    def floor_ms(self, nbytes):
+        return nbytes / 3e9
+
+
+def test_the_components_are_timed_and_checked(tiny):
+    """The benchmark's component timings on a CPU with a fake harness: every series and its parameters, the
+    floor of the body, the masked head at every allowed count checked against the dense head."""
+    run = FakeBenchRun()
+    decoder = Decoder(tiny, batch=2, max_seq=64, chunk_sizes=(1, 2, 4))
+    report.components(run, decoder, "tiny")
+    series = [(r["series"], r["params"].get("chunk", r["params"].get("allowed"))) for r in run.rows]
+    assert series == [("body", 1), ("body", 4), ("body_unfused", 1), ("dense_head", None),
+                      *[("masked_logits", n) for n in report.HEAD_COUNTS], ("mask_apply", None), ("sampling", None)]
+    body = run.rows[0]
+    assert body["floor_ms"] == tiny.config.parameter_counts()["body"] * tiny.dtype.itemsize / 3e9
+    assert all(c["passed"] for c in run.checks) and len(run.checks) == len(report.HEAD_COUNTS)
+    assert all("host_ms" in r for r in run.rows if r["series"] in ("dense_head", "masked_logits"))
+
+
+def test_the_bench_plan_fits_its_time():
+    """The plan's sweeps, and their decode steps counted from the suite's token counts (each request: a warm-up,
+    the repeats and an instrumented run, in five configurations): a full run stays within a few minutes at a
+    1B step of a few milliseconds and an 8B step of ten, a quick run within one and a half."""
+    def steps(plan):
+        vocab = pieces.load_vocabulary("cl100k_base")
+        total = {}
+        for sweep in plan:
+            names = list(sweep["schemas"])
+            extra = [n for n in names if n in suite_names("json")] if sweep.get("both_whitespaces_at") else []
+            tokens = sum(len(vocab.encode(suite_sample(n, 0, "compact"))) + 1 for n in names + extra)
+            runs = len(report.ORDER) * (sweep["repeats"] + 2) * len(sweep["batches"])
+            for shape in sweep["shapes"]:
+                total[shape] = total.get(shape, 0) + tokens * runs
+        return total
+
+    step_ms = {"1b": 2.0, "8b": 10.0}  # generous: steps at the pre-fusion body's speed
+    for quick, budget_s in ((False, 240), (True, 90)):
+        seconds = sum(n * step_ms[s] / 1e3 for s, n in steps(report.plan(quick)).items())
+        assert seconds < budget_s, (quick, seconds)
+    assert [p["shapes"] for p in report.plan(False)] == [("1b",), ("8b",)]
+
+
+def test_the_target_report_reads_rows(tiny):
+    """Targets on fake rows: the median over JSON schemas at batch 1, the minimum at batch 8, the bound."""
+    rows = []
+    for batch, ms in ((1, {"baseline": 2.0, "jump_forward": 1.9, "masked_head": 1.8}),
+                      (8, {"baseline": 1.0, "jump_forward": 1.0, "masked_head": 1.1})):
+        for name in ("classifier", "weather_call", "ipv4"):
+            for config, t in ms.items():
+                rows.append({"series": config, "params": {"model": "1b", "batch": batch, "schema": name,
+                             "whitespace": "compact", "config": config}, "ms": t, "tokens": 10,
+                             "forwards": 9 if config != "baseline" else 10,
+                             "breakdown_ms_per_token": {"body": t * 0.8, "head": t * 0.1, "mask_apply": 0.0,
+                                                        "mask_wait": 0.0, "sampling": 0.0, "host": t * 0.1}})
+    out = report.target_report(rows)
+    assert out[1]["median"] == pytest.approx(2.0 / 1.8) and not out[1]["met"]
+    assert set(out[1]["speedups"]) == {"classifier", "weather_call"}  # JSON schemas only
+    assert out[8]["min"] == pytest.approx(1.0 / 1.1) and not out[8]["met"]
+    assert out[1]["bound"] == pytest.approx(1 / (0.9 * 0.9))
+
+
 # --- on a GPU -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -357,11 +551,44 @@ def test_graphs_give_what_the_eager_body_gives():
 
 @pytest.mark.gpu
 def test_the_1b_shape_decodes_the_same_tokens_in_every_configuration():
+    """Same tokens everywhere; after a warm-up run of each configuration (which the masked head's prepare makes
+    unnecessary at batch 1: its kernels are compiled before the first step), the masked head's time per token
+    is below the dense head's."""
     model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
     decoder = Decoder(model, batch=1, max_seq=384)
     for name in ("product", "calendar_event"):
         grammar = Grammar.from_suite(name, whitespace="compact")
         sample = suite_sample(name, seed=0, whitespace="compact")
+        first = _run_all(decoder, grammar, [PROMPT], max_new_tokens=128, targets=[sample])
         outs = _run_all(decoder, grammar, [PROMPT], max_new_tokens=128, targets=[sample])
-        assert all(o.ids == outs["baseline"].ids and o.text == [sample.encode()] for o in outs.values())
-        assert outs["masked_head"].ms["head"] < outs["baseline"].ms["head"]
+        assert all(o.ids == first["baseline"].ids and o.text == [sample.encode()]
+                   for o in (*first.values(), *outs.values()))
+        per_token = {c: o.breakdown_per_token() for c, o in outs.items()}
+        assert per_token["masked_head"]["head"] < per_token["baseline"]["head"], per_token
+        # prepare compiled the masked head's launches: the first run's head is not slower than a dense one
+        assert first["masked_head"].breakdown_per_token()["head"] < 2 * per_token["baseline"]["head"]
+
+
+@pytest.mark.gpu
+def test_the_fused_body_on_the_gpu_gives_what_torch_gives():
+    """1b shape, bf16: the fused kernels against torch's eager operations, a prefill chunk then one-token steps
+    (hidden states to bf16 rounding, and the same greedy token out of the dense head)."""
+    model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    caches = model.new_cache(2, 128), model.new_cache(2, 128)
+    toks = torch.randint(0, model.config.vocab_size, (2, 17), device="cuda", generator=gen)
+    start, last = torch.tensor([0, 5], device="cuda"), torch.tensor([16, 11], device="cuda")
+    agree = []
+    for step in range(4):
+        a = model(toks, start, last, caches[0], fused=False).float()
+        b = model(toks, start, last, caches[1], fused=True).float()
+        assert torch.isfinite(b).all()
+        assert ((b - a).norm(dim=1) / a.norm(dim=1)).max() < 0.03, step  # bf16 rounding through 16 layers
+        la, lb = model.logits(a.bfloat16()), model.logits(b.bfloat16())
+        agree += (la.argmax(1) == lb.argmax(1)).tolist()
+        start = start + last + 1
+        toks, last = la.argmax(1)[:, None], torch.zeros(2, dtype=torch.long, device="cuda")
+    assert sum(agree) >= 6, agree  # the same greedy token almost always (near-ties of a random model aside)
+    k_err = (caches[1].k.float() - caches[0].k.float()).norm() / caches[0].k.float().norm()
+    assert k_err < 0.03
+    assert model.uses_fused()

@@ -9,7 +9,8 @@ same request:
 * ``step02_jump_forward``: + chapter 1's forced-token jumps (the forced tokens join the next forward's chunk);
 * ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state.
 
-Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`.
+Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`. On a GPU the model's body runs the
+fused kernels of :mod:`~studylog.decode.kernels` (nine launches per layer), in every configuration alike.
 """
 
 from __future__ import annotations
@@ -81,8 +82,12 @@ CHAPTER = Chapter(
         "automaton_mask": "forced-token jumps and the automaton's masks with the dense head: separates the "
                           "host's mask from the head's gain",
         "char_jump": "forced-byte jumps with retokenization (chapter 1's character level): the output may differ",
-        "body": "the model body alone, one token (graph replay): the floor under any decode step",
-        "dense_head": "the dense LM head alone (one GEMM, fp32 logits)",
+        "body": "the model body alone (the fused path the loop runs, graph replay), per chunk length, with its "
+                "floor (its weights read once at the copy bandwidth): the floor under any decode step",
+        "body_unfused": "the same body in torch's eager operations (about fifty kernels per layer), graph replay",
+        "dense_head": "the dense LM head alone (one GEMM, fp32 logits), with its host time per call",
+        "masked_logits": "chapter 2's masked head alone (its dispatch) at a few allowed counts per sequence, with "
+                         "its host time per call (it runs eagerly in the loop)",
         "mask_apply": "xgrammar's apply_token_bitmask_inplace alone",
         "sampling": "the greedy sampling alone (argmax over fp32 logits)",
     },

@@ -154,6 +154,14 @@ class Grammar:
         union = np.flatnonzero(np.unpackbits(bits, bitorder="little"))
         return pieces.allowed_batch(mask, union, tuple(a.counts[0] for a in sets))
 
+    def prepare_allowed(self, device) -> int:
+        """Build chapter 2's allowed set of every state of the automaton on ``device`` now (else on first use,
+        inside a decode step); returns how many states there are."""
+        states = self.automaton.token_states()
+        for s in states:
+            self._state_allowed(s, device)
+        return len(states)
+
     def _state_allowed(self, state: int | None, device):
         """Chapter 2's allowed set of one state (None: a finished sequence, which allows nothing)."""
         a = self._allowed.get(state)

@@ -7,7 +7,10 @@ Every step of every configuration does the same things in the same order:
 2. **body**: one forward of the model on that chunk (a CUDA graph per chunk length on a GPU);
 3. **mask (host)**: the grammar's allowed tokens for the next position, computed on the host while the
    GPU runs the body;
-4. **LM head**: dense (every logit, one GEMM) or chapter 2's masked head (allowed rows only);
+4. **LM head**: dense (every logit, one GEMM) or chapter 2's masked head (allowed rows only). The masked
+   head runs eagerly, outside any CUDA graph: its launch (grid size, path, and up to eight ids passed as
+   launch arguments) depends on the allowed set of the step, which a replayed graph cannot change. Its
+   host cost is launched while the body runs, and is recorded (``head_host``);
 5. **mask application**: the bitmask copied to the device and applied (dense head only);
 6. **sampling**: greedy or seeded, on the device; the sampled tokens are copied to the host, which
    waits for them: this is the one synchronisation per step, and the algorithm needs it (the grammar
@@ -115,7 +118,8 @@ class Generation:
         return self.ms["wall"] / max(self.tokens, 1)
 
     def breakdown_per_token(self) -> dict[str, float]:
-        """The components of :attr:`ms` per output token (all but ``mask_host`` add up to ``wall``)."""
+        """The components of :attr:`ms` per output token (all but ``mask_host`` and ``head_host``, host work
+        that overlaps the device's, add up to ``wall``)."""
         n = max(self.tokens, 1)
         return {k: v / n for k, v in self.ms.items()}
 
@@ -235,6 +239,7 @@ class Decoder:
         self._graphs: dict[int, tuple[Any, Tensor]] = {}
         self._pool = None
         self._batch_matcher = None
+        self._prepared: dict[int, Grammar] = {}
 
     # -- the body -------------------------------------------------------------------------------------------
     def _body_eager(self, T: int) -> Tensor:
@@ -259,12 +264,33 @@ class Decoder:
             self._graphs[T] = (graph, out)
         return self._graphs[T]
 
-    def body_call(self, T: int = 1):
+    def body_call(self, T: int = 1, fused: bool | None = None):
         """A call of the body on the static input buffers at chunk length ``T``, eager and graph-safe (no host
-        synchronisation): what a benchmark times alone."""
+        synchronisation): what a benchmark times alone. ``fused`` picks the model's fused kernels or torch's
+        operations (default: what the loop runs, ``model.uses_fused()``)."""
         if T > self.max_chunk:
             raise ValueError(f"T must be at most the largest chunk size {self.max_chunk}, got {T}")
-        return lambda: self._body_eager(T)
+        C = self.max_chunk
+        return lambda: self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache, fused=fused)
+
+    def prepare(self, grammar: Grammar, config: DecodeConfig | str = "masked_head") -> None:
+        """What the first request of ``grammar`` in ``config`` would otherwise do inside its decode steps: with
+        the masked head, build chapter 2's allowed set of every automaton state on the device and run the head
+        once on each at batch 1 (with chapter 2's kernels, that compiles every variant of their launch that a
+        batch-1 request can reach). :meth:`generate` calls it once per grammar. A batch above 1 runs the head
+        on unions of sets, whose launches its first request still compiles (a benchmark warms up with it)."""
+        cfg = CONFIGS[config] if isinstance(config, str) else config
+        if cfg.head != "masked" or self.head_impl != "kernel" or self._prepared.get(id(grammar)) is grammar:
+            return  # the torch head (a CPU's) compiles nothing, and builds a state's set in microseconds
+        grammar.prepare_allowed(self.device)
+        if self.batch == 1:
+            hidden = torch.zeros(1, self.model.config.hidden, device=self.device, dtype=self.model.dtype)
+            out = torch.empty(1, self.V, device=self.device, dtype=torch.float32)
+            for state in grammar.automaton.token_states():
+                pieces.masked_head_kernel(hidden, self.model.lm_head, grammar.allowed([state], self.device), out)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        self._prepared[id(grammar)] = grammar
 
     def capture(self) -> None:
         """Capture the body's graph of every chunk length now (else on first use)."""
@@ -310,7 +336,10 @@ class Decoder:
         ``mask_wait`` (the device idle while the host finishes the mask), ``head``, ``mask_apply`` (the
         bitmask's copy and application), ``sampling`` (with the token's copy to the host) and ``host`` (the
         rest: the wait for the token, the grammar's bookkeeping, the next step's inputs). ``mask_host`` is
-        the host's mask computation itself, which overlaps the body on a GPU."""
+        the host's mask computation itself and ``head_host`` the host's time in the head's call (the
+        masked head's path choice and launch); on a GPU both overlap the body while it runs.
+
+        With the masked head, :meth:`prepare` runs first (once per grammar), outside the steps' time."""
         cfg = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
         if not isinstance(cfg, DecodeConfig):
             raise ValueError(f"config must be a DecodeConfig or one of {sorted(CONFIGS)}, got {config!r}")
@@ -337,6 +366,7 @@ class Decoder:
             raise ValueError(f"targets holds {len(targets)} entries; this decoder has batch {self.batch}")
         if not (temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        self.prepare(grammar, cfg)
         self.cache.k.zero_()
         self.cache.v.zero_()
         rows = [_Row(p, grammar, cfg, t) for p, t in zip(prompts, targets)]
@@ -348,7 +378,7 @@ class Decoder:
              seed: int, instrument: bool) -> Generation:
         marks = _Marks(self.device, instrument)
         V, eos = self.V, self.vocab.eos_id
-        mask_host_ms, wall_steps, chunk_lengths = [], [], []
+        mask_host_ms, head_host_ms, wall_steps, chunk_lengths = [], [], [], []
         forwards = 0
         while not all(r.finished for r in rows):
             t_step = time.perf_counter()
@@ -375,12 +405,14 @@ class Decoder:
             if cfg.head == "dense" and self._bits is not self._bits_host:
                 self._bits.copy_(self._bits_host, non_blocking=True)
             marks()
+            t0 = time.perf_counter()
             if cfg.head == "dense":
                 dense_logits(hidden, self.model.lm_head, out=self._logits)
             elif self.head_impl == "kernel":
                 pieces.masked_head_kernel(hidden, self.model.lm_head, allowed, self._logits)
             else:
                 pieces.masked_head_torch(hidden, self.model.lm_head, allowed, self._logits)
+            head_host_ms.append((time.perf_counter() - t0) * 1e3)
             marks()
             if cfg.head == "dense":
                 import xgrammar as xgr
@@ -401,15 +433,16 @@ class Decoder:
                 r.passes += 1
                 self._accept(r, tokens[b], grammar, cfg, max_new, eos)
             wall_steps.append((time.perf_counter() - t_step) * 1e3)
-        ms = self._account(marks.ms(), wall_steps, mask_host_ms, instrument)
+        ms = self._account(marks.ms(), wall_steps, mask_host_ms, head_host_ms, instrument)
         return Generation(cfg.name, [r.ids for r in rows], [bytes(r.text) for r in rows], [r.finished for r in rows],
                           forwards, [r.passes for r in rows], [r.jumped for r in rows], [r.retokenized for r in rows],
                           chunk_lengths, ms, wall_steps[0] if wall_steps else 0.0, instrument)
 
     @staticmethod
-    def _account(marks: list[float], wall: list[float], mask_host: list[float], instrument: bool) -> dict[str, float]:
+    def _account(marks: list[float], wall: list[float], mask_host: list[float], head_host: list[float],
+                 instrument: bool) -> dict[str, float]:
         """Per-component milliseconds summed over the steps (see :meth:`generate`)."""
-        ms = {"wall": float(sum(wall)), "mask_host": float(sum(mask_host))}
+        ms = {"wall": float(sum(wall)), "mask_host": float(sum(mask_host)), "head_host": float(sum(head_host))}
         if not instrument or not wall:
             return ms
         m = np.asarray(marks).reshape(len(wall), _MARKS_PER_STEP)

@@ -15,9 +15,17 @@ downloaded. Two layout choices are a serving engine's, not Llama's:
   them (a query at position ``p`` attends to keys ``0..p`` only). The cache therefore holds
   ``max_seq + max_chunk`` positions.
 
-Attention reads the whole cache with a causal mask by position, so its cost does not depend on the
-sequence's length; at the sequence lengths of the chapter (hundreds of tokens) the cache is a small
-fraction of the bytes a step reads (the weights).
+The body runs one of two ways, with the same weights and the same math:
+
+* the **torch path** (on a CPU, and on a GPU with ``fused=False``): torch's eager operations, attention
+  over the whole cache with a causal mask by position; about fifty kernels per layer on a GPU;
+* the **fused path** (the default on a GPU): nine launches per layer, four cuBLAS matrix products and
+  five Triton kernels of :mod:`~studylog.decode.kernels` (residual add + RMSNorm twice, rotary positions
+  + cache write, attention up to the chunk's last position, SwiGLU). The two agree up to the order of
+  sums (tested); each configuration of the decode loop runs the same path, so they write the same tokens.
+
+At the sequence lengths of the chapter (hundreds of tokens) the cache is a small fraction of the bytes a
+step reads (the weights).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from studylog.decode import kernels
 
 
 @dataclass(frozen=True)
@@ -169,9 +179,13 @@ class LlamaModel(nn.Module):
     """A Llama-style decoder: ``forward`` runs the body on a chunk and returns the final hidden state of
     each sequence's last real token; :meth:`logits` is the dense LM head (fp32 output)."""
 
-    def __init__(self, cfg: ModelConfig, *, device=None, dtype=torch.bfloat16, seed: int | None = 0):
+    def __init__(self, cfg: ModelConfig, *, device=None, dtype=torch.bfloat16, seed: int | None = 0,
+                 fused: bool | None = None):
         super().__init__()
         self.config = cfg
+        #: Which body :meth:`forward` runs by default: the fused kernels (True), torch's operations (False),
+        #: or None: fused on a CUDA device, torch elsewhere.
+        self.fused = fused
         kw = dict(device=device, dtype=dtype)
         self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **kw))
         n_own = 1 if cfg.shared_layers else cfg.layers
@@ -225,12 +239,22 @@ class LlamaModel(nn.Module):
         return self._rope[key]
 
     # -- forward --------------------------------------------------------------------------------------
-    def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache) -> Tensor:
+    def uses_fused(self, device: torch.device | None = None) -> bool:
+        """Whether :meth:`forward` runs the fused kernels by default on ``device`` (the model's by default)."""
+        if self.fused is not None:
+            return self.fused
+        return torch.device(device or self.device).type == "cuda"
+
+    def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache, *,
+                fused: bool | None = None) -> Tensor:
         """Run the body on ``tokens [B, T]`` at positions ``start[b] + 0..T-1``, writing their keys and values
         into ``cache``; return the final-normed hidden state of token ``last[b]`` of each sequence, ``[B, D]``.
+        ``fused`` picks the fused kernels or torch's operations (default :meth:`uses_fused`).
 
         No host synchronisation: the call can be captured in a CUDA graph (inputs are read from the
         tensors, never from Python numbers)."""
+        if fused if fused is not None else self.uses_fused(tokens.device):
+            return self._forward_fused(tokens, start, last, cache)
         c = self.config
         B, T = tokens.shape
         S = cache.positions
@@ -259,6 +283,26 @@ class LlamaModel(nn.Module):
             x = x + F.linear(F.silu(gate) * up, w.down)
         x = x[torch.arange(B, device=tokens.device), last]
         return _rms_norm(x, self.norm, c.norm_eps)
+
+    def _forward_fused(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache) -> Tensor:
+        """:meth:`forward` in nine launches per layer (see :mod:`~studylog.decode.kernels`). The residual
+        stream ``x`` is updated in place by the add + norm kernels; the last layer's residual add is done
+        only for the rows the final norm gathers."""
+        c = self.config
+        B, T = tokens.shape
+        cos_t, sin_t = self._rope_tables(cache.positions)
+        scale = 1.0 / math.sqrt(c.head_dim)
+        x = F.embedding(tokens, self.embed_tokens)  # [B, T, D], the residual stream
+        delta = None  # what the next add + norm adds to x: the previous sub-layer's output
+        for i in range(c.layers):
+            w = self.layer(i)
+            h = kernels.add_rms_norm(x, w.input_norm, c.norm_eps, add=delta)
+            qkv = F.linear(h, w.qkv)  # [B, T, (H + 2 Hkv) hd]
+            kernels.rope_cache(qkv, cache.k[i], cache.v[i], cos_t, sin_t, start, c.heads, c.kv_heads)
+            att = kernels.attention(qkv, cache.k[i], cache.v[i], start, c.heads, scale)
+            h = kernels.add_rms_norm(x, w.post_norm, c.norm_eps, add=F.linear(att, w.o))
+            delta = F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
+        return kernels.add_rms_norm(x, self.norm, c.norm_eps, add=delta, last=last)
 
     def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
         """The dense LM head: fp32 logits ``[B, V]`` of every token (fp32 accumulation)."""

@@ -17,11 +17,7 @@ from torch import Tensor
 
 from studylog import fsm as _ch1
 from studylog import masked_lm_head as _ch2
-
-try:  # the suite of chapter 1, in its package or beside it
-    from studylog.fsm import schemas as _suite
-except ImportError:
-    from studylog import fsm_schemas as _suite
+from studylog.fsm import schemas as _suite
 
 # --- chapter 1 ----------------------------------------------------------------------------------------
 TokenVocabulary = _ch1.TokenVocabulary
@@ -82,6 +78,11 @@ class Automaton:
     @property
     def n_states(self) -> int:
         return len(self.fsm.states)
+
+    def token_states(self) -> list[int]:
+        """The states a token can lead to (those with an allowed set; the character-level automaton's
+        states between a token's bytes have none)."""
+        return [s for s in self.fsm.states if self.fsm.index.get_allowed_tokens(s) is not None]
 
     @property
     def n_token_forced(self) -> int:

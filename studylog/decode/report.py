@@ -5,8 +5,10 @@ chapter 1's suite is decoded in every configuration; each request is steered to 
 (:class:`~studylog.decode.grammar.Writer`), so the outputs, and the forced tokens in them, are realistic.
 Recorded per (shape, batch, schema, configuration): the end-to-end time per output token (wall clock of
 the whole request, prefill included, repeated), the time per component of an instrumented run, the forward
-passes and whether the tokens equal step 1's. Beside them, the GPU time of each component alone
-(``BenchRun.gpu_time``) and the Amdahl bound of each chapter. The same sweep runs on a CPU at the tiny
+passes and whether the tokens equal step 1's. Beside them, each component alone on the GPU clock
+(:func:`components`: the body on its fused path and on torch's operations with its floor, both heads with their
+host time per call, the mask's application, the sampling), and the Amdahl bound of each chapter
+(:func:`amdahl`, :func:`target_report`). The same sweep runs on a CPU at the tiny
 shape (:func:`sweep` with any object that records like ``BenchRun``), which is what the tests and the
 notebook do.
 """
@@ -116,37 +118,117 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
             torch.cuda.empty_cache()
 
 
-def components(run, decoder: Decoder, shape: str) -> None:
-    """GPU time of each component alone, replayed in a CUDA graph (the harness's clock): the body at chunk
-    lengths 1, 8 and the largest, the dense head, the bitmask's application and the sampling (argmax)."""
+#: Allowed counts per sequence at which the masked head is timed alone (one id: a forced token; a few dozen:
+#: a key or an enum; thousands: a number or the start of a string; inside a string most of the vocabulary).
+HEAD_COUNTS = (1, 48, 6000)
+
+
+def body_floor_ms(run, cfg, dtype: torch.dtype = torch.bfloat16) -> float:
+    """The least time a forward of the body can take: its weights read once from DRAM at the run's copy
+    bandwidth (the ``8b`` cost model reads its shared layer once per layer, as the full model would)."""
+    return run.floor_ms(cfg.parameter_counts()["body"] * torch.finfo(dtype).bits // 8)
+
+
+def count_kernels(fn) -> dict[str, int]:
+    """CUDA kernels one call of ``fn`` launches, by name (torch's profiler, after a call that compiles)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    counts: dict[str, int] = {}
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name().lower() \
+                and "memset" not in e.name().lower():
+            counts[e.name()] = counts.get(e.name(), 0) + 1
+    return counts
+
+
+def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | None = None) -> None:
+    """Each component alone, replayed in a CUDA graph (the harness's GPU clock): the body at chunk lengths 1, 8
+    and the largest (its floor beside it; its kernels per forward at batch 1), torch's unfused body at chunk
+    length 1, the dense head, chapter 2's masked head at :data:`HEAD_COUNTS` allowed ids per sequence (both
+    heads with their host time per call: the masked head runs eagerly in the loop), the bitmask's
+    application and the sampling (argmax). ``run`` is a ``BenchRun`` (or an object with its ``gpu_time``,
+    ``measure``, ``record``, ``check`` and ``floor_ms``)."""
+    import numpy as np
     import xgrammar as xgr
 
+    from studylog.decode import pieces
+
     B, V = decoder.batch, decoder.V
+    model = decoder.model
     base = {"model": shape, "batch": B}
-    hidden = torch.randn(B, decoder.model.config.hidden, device=decoder.device, dtype=decoder.model.dtype)
+    floor = body_floor_ms(run, model.config, model.dtype)
+    hidden = torch.randn(B, model.config.hidden, device=decoder.device, dtype=model.dtype)
     logits = torch.randn(B, V, device=decoder.device, dtype=torch.float32)
     bits = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=decoder.device)
-    for T in sorted({1, 8, decoder.max_chunk} & set(decoder.chunk_sizes)):
-        timing = run.gpu_time(lambda T=T: [decoder.body_call(T)], repeats=3, min_calls=10, reps=5)
-        run.record("body", timing, params={**base, "chunk": T}, role="baseline")
-    run.measure("dense_head", lambda: [lambda: dense_logits(hidden, decoder.model.lm_head, out=logits)],
-                params=base, role="baseline")
+    chunks = sorted(set(chunks or (1, 8, decoder.max_chunk)) & set(decoder.chunk_sizes))
+    for fused in (True, False):
+        for T in chunks if fused else (1,):
+            timing = run.gpu_time(lambda T=T: [decoder.body_call(T, fused=fused)], repeats=3, min_calls=10, reps=5)
+            extra = {}
+            if B == 1 and T == 1 and decoder.device.type == "cuda":
+                kernels = count_kernels(decoder.body_call(T, fused=fused))
+                extra = {"kernels_per_forward": sum(kernels.values()),
+                         "kernels_per_layer": sum(kernels.values()) / model.config.layers}
+            run.record("body" if fused else "body_unfused", timing, params={**base, "chunk": T}, role="baseline",
+                       floor_ms=floor, **extra)
+    dense = lambda: dense_logits(hidden, model.lm_head, out=logits)  # noqa: E731
+    run.measure("dense_head", lambda: [dense], params=base, role="baseline", host=dense, host_calls=100)
+    rng = np.random.default_rng(0)
+    for n in HEAD_COUNTS:
+        sets = [np.sort(rng.choice(V, n, replace=False)) for _ in range(B)]
+        if B == 1:
+            allowed = pieces.allowed_from_ids(sets[0], V, decoder.device)
+        else:
+            mask = torch.zeros(B, V, dtype=torch.bool)
+            for b, ids in enumerate(sets):
+                mask[b, torch.from_numpy(ids)] = True
+            allowed = pieces.allowed_batch(mask.to(decoder.device), np.unique(np.concatenate(sets)), (n,) * B)
+        head = pieces.masked_head_kernel if decoder.head_impl == "kernel" else pieces.masked_head_torch
+        masked = lambda allowed=allowed: head(hidden, model.lm_head, allowed, logits)  # noqa: E731
+        row = run.measure("masked_logits", lambda masked=masked: [masked], params={**base, "allowed": n},
+                          role="baseline", host=masked, host_calls=100, union=allowed.union_count)
+        ref = dense_logits(hidden, model.lm_head).masked_fill_(~allowed.mask, float("-inf"))
+        masked()
+        run.check("masked head = dense head on the allowed ids", bool(torch.allclose(logits, ref, rtol=1e-3,
+                  atol=1e-3, equal_nan=False) and torch.equal(torch.isinf(logits), torch.isinf(ref))),
+                  params=row["params"])
     run.measure("mask_apply", lambda: [lambda: xgr.apply_token_bitmask_inplace(logits, bits, vocab_size=V)],
                 params=base, role="baseline")
     tok = torch.empty(B, dtype=torch.int64, device=decoder.device)
     run.measure("sampling", lambda: [lambda: torch.argmax(logits, dim=1, out=tok)], params=base, role="baseline")
 
 
+def plan(quick: bool) -> list[dict[str, Any]]:
+    """The benchmark's sweeps (keyword arguments of :func:`sweep`): the ~1B shape on every schema of the suite
+    (both whitespace patterns at batch 1) and the ~8B cost model, at batch 1 and 8. ``quick``: the first four
+    schemas, fewer repetitions. Sized to the time budget: a 1B step is about a millisecond and an 8B one
+    several, each request is run once to warm up, ``repeats`` times timed and once instrumented, in each of
+    the five configurations."""
+    schemas = suite_names()[:4] if quick else suite_names()
+    return [dict(shapes=("1b",), batches=(1, 8), schemas=schemas, repeats=2 if quick else 3,
+                 both_whitespaces_at=("1b", 1)),
+            dict(shapes=("8b",), batches=(1, 8), schemas=schemas, repeats=2)]
+
+
 def bench(run) -> None:  # run: studylog.bench.BenchRun
     quick = getattr(run, "quick", False)
-    schemas = suite_names()[:4] if quick else suite_names()
     run.note("Every request is steered to a valid sample of its schema (a bias of 1e4 on the tokenizer's next "
              "token of the sample): random weights would write gibberish, and gibberish inside a JSON string "
              "never ends. Every logit is still computed as the model computes it.")
     run.note("The 8b shape is a cost model: 32 layers share one layer's weights (each reads them from DRAM, "
              "a layer being far larger than L2), with an untied head of the cl100k vocabulary.")
-    sweep(run, device="cuda", shapes=("1b", "8b"), batches=(1, 8), schemas=schemas, repeats=2 if quick else 3,
-          whitespaces=("compact",), both_whitespaces_at=("1b", 1))
+    run.note("The body runs the fused path (nine launches per layer: four cuBLAS products and five Triton kernels, "
+             "studylog.decode.kernels), captured in a CUDA graph per chunk length, in every configuration; "
+             "body_unfused is torch's eager composition of the same math, timed alone. The masked head runs "
+             "eagerly (its launch depends on the allowed set); its host time per call is in masked_logits' host_ms "
+             "and, per step, in the breakdown's head_host.")
+    for kwargs in plan(quick):
+        sweep(run, device="cuda", whitespaces=("compact",), **kwargs)
 
 
 class LocalRun:
@@ -194,7 +276,7 @@ def breakdown(rows: Sequence[dict], model: str, batch: int, kind: str = "json",
         if not sel:
             continue
         parts = {k: statistics.median(r["breakdown_ms_per_token"].get(k, 0.0) for r in sel)
-                 for k in (*COMPONENTS, "mask_host")}
+                 for k in (*COMPONENTS, "mask_host", "head_host")}
         parts["wall"] = statistics.median(r["ms"] for r in sel)
         parts["forwards_per_token"] = statistics.median(r["forwards"] / max(r["tokens"], 1) for r in sel)
         out[config] = parts
@@ -204,16 +286,50 @@ def breakdown(rows: Sequence[dict], model: str, batch: int, kind: str = "json",
 def amdahl(parts: dict[str, dict[str, float]]) -> dict[str, float]:
     """What share of the baseline's time per token each chapter could at best remove, and the speedup bound
     that share gives: chapter 1 the forwards it saves (as if a saved step cost a whole step), chapter 2 the
-    LM head and the mask's application (as if the masked head cost nothing)."""
+    LM head and the mask's application (as if the masked head cost nothing); ``both_bound`` the two together
+    (chapter 2's share of the steps that remain). Beside them the shares no kernel of either chapter touches:
+    the body (``body_share``) and the host's part of a step (``host_share``: the host time left after the
+    device's parts, and the mask the body did not hide)."""
     base, jump = parts.get("baseline"), parts.get("jump_forward")
     out = {}
     if base:
         total = sum(base[k] for k in COMPONENTS)
         share2 = (base["head"] + base["mask_apply"]) / total if total else 0.0
-        out.update(chapter2_share=share2, chapter2_bound=1 / (1 - share2) if share2 < 1 else float("inf"))
+        out.update(chapter2_share=share2, chapter2_bound=1 / (1 - share2) if share2 < 1 else float("inf"),
+                   body_share=base["body"] / total if total else 0.0,
+                   host_share=(base["host"] + base["mask_wait"]) / total if total else 0.0)
     if base and jump:
         share1 = 1 - jump["forwards_per_token"] / base["forwards_per_token"]
         out.update(chapter1_share=share1, chapter1_bound=1 / (1 - share1) if share1 < 1 else float("inf"))
+        if "chapter2_share" in out:
+            rest = (1 - share1) * (1 - out["chapter2_share"])
+            out["both_bound"] = 1 / rest if rest > 0 else float("inf")
+    return out
+
+
+#: The chapter's targets: step 3 over step 1, end to end per output token, at the ~1B shape: the median over
+#: the JSON schemas at batch 1, and no schema slower at batch 8.
+TARGET_SPEEDUP = 1.25
+
+
+def target_report(rows: Sequence[dict], model: str = "1b") -> dict[str, Any]:
+    """Whether the targets are met on these rows, and why not: per batch, step 3's speedups over step 1 per JSON
+    schema, their median and minimum, and the Amdahl bound of the median schema's breakdown."""
+    out: dict[str, Any] = {"target": TARGET_SPEEDUP}
+    json_names = set(suite_names("json"))
+    for batch in (1, 8):
+        ratios = {}
+        for r in rows_of(rows, model=model, batch=batch, config="masked_head", whitespace="compact"):
+            name = r["params"]["schema"]
+            base = rows_of(rows, model=model, batch=batch, config="baseline", whitespace="compact", schema=name)
+            if base and name in json_names:
+                ratios[name] = base[0]["ms"] / r["ms"]
+        if not ratios:
+            continue
+        bound = amdahl(breakdown(rows, model, batch)).get("both_bound")
+        median = statistics.median(ratios.values())
+        out[batch] = {"speedups": ratios, "median": median, "min": min(ratios.values()), "bound": bound,
+                      "met": median >= TARGET_SPEEDUP if batch == 1 else min(ratios.values()) >= 1.0}
     return out
 
 
@@ -294,12 +410,13 @@ def headline(results) -> list[dict]:
                 if base and r["params"]["schema"] in json_names:
                     ratios.append(base[0]["ms"] / r["ms"])
             if ratios:
-                out.append({"kernel": series_label(config), "baseline": series_label("baseline"),
+                out.append({"kernel": series_label(config), "baseline": series_label("baseline"), "clock": "wall",
                             "case": f"{model} shape, batch {batch}, end to end per output token, median of "
                                     f"{len(ratios)} JSON schemas (compact whitespace)",
                             "speedup": statistics.median(ratios)})
     return out
 
 
-__all__ = ["LocalRun", "ORDER", "amdahl", "bench", "breakdown", "figures", "headline", "measure", "plot_breakdown",
-           "requests", "series_label", "series_of", "sweep", "wall_clock"]
+__all__ = ["HEAD_COUNTS", "LocalRun", "ORDER", "TARGET_SPEEDUP", "amdahl", "bench", "body_floor_ms", "breakdown",
+           "components", "count_kernels", "figures", "headline", "measure", "plan", "plot_breakdown", "requests",
+           "series_label", "series_of", "sweep", "target_report", "wall_clock"]

@@ -1,0 +1,244 @@
+"""The model body's fused kernels: what a decode step launches per layer on a GPU.
+
+A batch-1 decode step reads every weight of the body once; at that size each of torch's small elementwise
+kernels (RMSNorm alone is several: square, mean, add, rsqrt, two products, two casts) costs a launch and a
+few microseconds of a mostly idle GPU, even replayed from a CUDA graph. The fused path runs a layer as nine
+launches: four cuBLAS matrix products (q/k/v, o, gate/up, down) and five kernels of this module:
+
+* :func:`add_rms_norm`: the residual add and Llama's RMSNorm in one pass (and, for the final norm, the
+  gather of each sequence's last real token);
+* :func:`rope_cache`: rotary positions applied to q and k in place, and k and v written into the KV cache at
+  each token's position;
+* :func:`attention`: grouped-query attention of a chunk over the cache (an online softmax over blocks of
+  keys, the flash-attention recurrence), each program serving the query heads of one KV head; the keys
+  it reads stop at the chunk's last position, which it reads from the device;
+* :func:`silu_mul`: SwiGLU's ``silu(gate) * up``.
+
+Each kernel rounds where torch's eager composition rounds (every bf16 op's result is rounded to bf16), so
+the fused path differs from :meth:`~studylog.decode.model.LlamaModel.forward`'s torch path only in the
+order of sums: RMSNorm's mean, and attention, whose scores stay in fp32 here where torch rounds its bf16
+matmul's scores to bf16. Every wrapper is graph-safe: no host synchronisation, positions read from device
+tensors, fixed launch sizes for a given ``(B, T)``. The chunk length ``T`` is not specialised on (Triton would
+compile a variant for ``T == 1`` and for multiples of 16): the graphs of all chunk lengths reuse the same
+compiled kernels (attention has one per query tile size).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from studylog import runtime
+
+
+@triton.jit(do_not_specialize=["T"])
+def add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, last_ptr, T, D, eps,
+                        HAS_ADD: tl.constexpr, GATHER: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program ``r``: row ``r`` of ``x [N, D]`` (with ``GATHER``: row ``r * T + last[r]``). With ``HAS_ADD``,
+    ``x += a`` (rounded to x's type, written back unless gathering); then ``h = w * rms_norm(x)`` as Llama
+    computes it: normalised in fp32, rounded to x's type, then scaled."""
+    r = tl.program_id(0)
+    row = r
+    if GATHER:
+        row = r * T + tl.load(last_ptr + r)
+    offs = tl.arange(0, BLOCK_D)
+    inside = offs < D
+    x = tl.load(x_ptr + row.to(tl.int64) * D + offs, mask=inside, other=0.0)
+    if HAS_ADD:
+        a = tl.load(a_ptr + row.to(tl.int64) * D + offs, mask=inside, other=0.0)
+        x = (x.to(tl.float32) + a.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        if not GATHER:
+            tl.store(x_ptr + row.to(tl.int64) * D + offs, x, mask=inside)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    y = (xf * rstd).to(x_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + offs, mask=inside, other=0.0)
+    h = (w.to(tl.float32) * y.to(tl.float32)).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + r.to(tl.int64) * D + offs, h, mask=inside)
+
+
+@triton.jit(do_not_specialize=["T"])
+def rope_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, start_ptr, T, S,
+                      stride_row, stride_cb, stride_ch, stride_cs, stride_cos,
+                      H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                      HEADS_POW2: tl.constexpr, HALF_POW2: tl.constexpr):
+    """Program ``r``: token ``t = r % T`` of sequence ``b = r // T``, at position ``start[b] + t``. Its q and k
+    heads are rotated in place in ``qkv`` (``x * cos + rotate_half(x) * sin``, each product and the sum
+    rounded as torch rounds them); its k and v heads are written into the cache ``[B, Hkv, S, HD]``. A
+    position outside the cache (``S`` positions, as many as the tables) writes nothing."""
+    r = tl.program_id(0)
+    b = r // T
+    pos = tl.load(start_ptr + b) + r % T
+    HALF: tl.constexpr = HD // 2
+    head = tl.arange(0, HEADS_POW2)[:, None]
+    i = tl.arange(0, HALF_POW2)[None, :]
+    fits = (pos + i * 0) < S  # the position as a [1, HALF] tile (a scalar mask is not a mask to the interpreter)
+    live = (head < H + 2 * HKV) & (i < HALF) & fits
+    base = qkv_ptr + r.to(tl.int64) * stride_row + head * HD + i
+    x1 = tl.load(base, mask=live, other=0.0)
+    x2 = tl.load(base + HALF, mask=live, other=0.0)
+    dt = x1.dtype
+    c = tl.load(cos_ptr + pos * stride_cos + i, mask=(i < HALF) & fits, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * stride_cos + i, mask=(i < HALF) & fits, other=0.0).to(tl.float32)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    # first half: x1 * cos + (-x2) * sin; second half: x2 * cos + x1 * sin (cos and sin repeat per half)
+    r1 = ((f1 * c).to(dt).to(tl.float32) + (-f2 * s).to(dt).to(tl.float32)).to(dt)
+    r2 = ((f2 * c).to(dt).to(tl.float32) + (f1 * s).to(dt).to(tl.float32)).to(dt)
+    rotate = head < H + HKV
+    o1 = tl.where(rotate, r1, x1)
+    o2 = tl.where(rotate, r2, x2)
+    tl.store(base, o1, mask=live & (head < H))
+    tl.store(base + HALF, o2, mask=live & (head < H))
+    kv = head - H - tl.where(head >= H + HKV, HKV, 0)  # the KV head of a k or v head
+    dst = b.to(tl.int64) * stride_cb + kv * stride_ch + pos.to(tl.int64) * stride_cs + i
+    is_k = (head >= H) & (head < H + HKV)
+    is_v = (head >= H + HKV) & (head < H + 2 * HKV)
+    tl.store(k_cache_ptr + dst, o1, mask=live & is_k)
+    tl.store(k_cache_ptr + dst + HALF, o2, mask=live & is_k)
+    tl.store(v_cache_ptr + dst, o1, mask=live & is_v)
+    tl.store(v_cache_ptr + dst + HALF, o2, mask=live & is_v)
+
+
+@triton.jit(do_not_specialize=["T"])
+def attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start_ptr, T, S, qk_scale,
+                     stride_qb, stride_qt, stride_cb, stride_ch, stride_cs, stride_ob, stride_ot,
+                     HKV: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+    """Program ``(b * HKV + j, m)``: rows ``m * BLOCK_M ...`` of the ``G * T`` queries of KV head ``j`` (row
+    ``t * G + g`` is token ``t``'s query head ``j * G + g``, Llama's grouping). Query row at position ``p``
+    attends to cache positions ``0..p``; blocks of ``BLOCK_N`` keys up to the chunk's last position, online
+    softmax in fp32 (``exp2``, ``qk_scale`` includes ``log2(e)``)."""
+    pid = tl.program_id(0)
+    b = pid // HKV
+    j = pid % HKV
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    t = rows // G
+    live = t < T
+    start = tl.load(start_ptr + b)
+    pos = start + t
+    d = tl.arange(0, BLOCK_D)
+    in_d = d < HD
+    q_head = j * G + rows % G
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + t[:, None] * stride_qt + q_head[:, None] * HD + d[None, :],
+                mask=live[:, None] & in_d[None, :], other=0.0)
+    # keys up to the last live row's position (the cache holds S positions)
+    t_last = tl.minimum((tl.program_id(1) * BLOCK_M + BLOCK_M - 1) // G, T - 1)
+    hi = tl.minimum(start + t_last + 1, S)
+    kv_base = b.to(tl.int64) * stride_cb + j * stride_ch
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for n0 in range(0, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        kv_mask = (n < hi)[:, None] & in_d[None, :]
+        k = tl.load(k_ptr + kv_base + n[:, None].to(tl.int64) * stride_cs + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q.to(DOT), tl.trans(k.to(DOT))) * qk_scale
+        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is visible to every row
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_base + n[:, None].to(tl.int64) * stride_cs + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT), v.to(DOT))
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + t[:, None] * stride_ot + q_head[:, None] * HD + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=live[:, None] & in_d[None, :])
+
+
+@triton.jit
+def silu_mul_kernel(gu_ptr, out_ptr, I, BLOCK: tl.constexpr):
+    """Program ``(r, c)``: columns ``c * BLOCK ...`` of row ``r``: ``silu(gate) * up`` with ``gate, up`` the two
+    halves of ``gu [N, 2I]``, each op rounded to the input's type as torch rounds ``F.silu(gate) * up``."""
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < I
+    g = tl.load(gu_ptr + r * 2 * I + cols, mask=inside, other=0.0)
+    u = tl.load(gu_ptr + r * 2 * I + I + cols, mask=inside, other=0.0)
+    gf = g.to(tl.float32)
+    silu = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+    tl.store(out_ptr + r * I + cols, (silu.to(tl.float32) * u.to(tl.float32)).to(out_ptr.dtype.element_ty),
+             mask=inside)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Wrappers: shapes as the model holds them; no checks that would synchronise
+# --------------------------------------------------------------------------------------------------------
+
+def _dot_type(x: Tensor):
+    """``tl.dot``'s operand type: the tensor's own 16-bit type on a GPU (tensor cores, fp32 accumulation);
+    fp32 in Triton's interpreter, whose dot multiplies 16-bit floats as raw integers, and for fp32 tensors."""
+    if runtime.mode() == "interpreter" or x.dtype == torch.float32:
+        return tl.float32
+    return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
+
+
+def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = None, out: Tensor | None = None,
+                 last: Tensor | None = None) -> Tensor:
+    """``out = weight * rms_norm(x (+ add))`` row by row over ``x [..., D]``; with ``add``, ``x += add`` in place
+    first. With ``last [B]`` (``x`` viewed as ``[B, T, D]``): only row ``last[b]`` of each sequence, into
+    ``out [B, D]`` (``x`` is then left as it is)."""
+    D = x.shape[-1]
+    rows = x.numel() // D
+    if last is not None:
+        B = last.shape[0]
+        out = x.new_empty(B, D) if out is None else out
+        grid, T = (B,), rows // B
+    else:
+        out = torch.empty_like(x) if out is None else out
+        grid, T = (rows,), 1
+    block = triton.next_power_of_2(D)
+    add_rms_norm_kernel[grid](x, add if add is not None else x, weight, out, last if last is not None else x,
+                              T, D, eps, HAS_ADD=add is not None, GATHER=last is not None, BLOCK_D=block,
+                              num_warps=max(1, min(16, block // 256)))
+    return out
+
+
+def rope_cache(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, cos: Tensor, sin: Tensor, start: Tensor,
+               heads: int, kv_heads: int) -> None:
+    """Rotate q and k of ``qkv [B, T, (H + 2 Hkv) * hd]`` in place at positions ``start[b] + t`` (``cos``,
+    ``sin``: ``[positions, hd]`` tables) and write k and v into ``k_cache``/``v_cache`` ``[B, Hkv, S, hd]``."""
+    B, T = qkv.shape[0], qkv.shape[1]
+    hd = k_cache.shape[-1]
+    rope_cache_kernel[(B * T,)](
+        qkv, k_cache, v_cache, cos, sin, start, T, min(k_cache.shape[2], cos.shape[0]), qkv.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), cos.stride(0), H=heads, HKV=kv_heads, HD=hd,
+        HEADS_POW2=triton.next_power_of_2(heads + 2 * kv_heads), HALF_POW2=triton.next_power_of_2(hd // 2),
+        num_warps=4)
+
+
+def attention(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: Tensor, heads: int, scale: float,
+              out: Tensor | None = None) -> Tensor:
+    """Grouped-query attention of the q heads of ``qkv [B, T, (H + 2 Hkv) * hd]`` (token ``t`` at position
+    ``start[b] + t``) over ``k_cache``/``v_cache`` ``[B, Hkv, S, hd]``, causal by position; returns
+    ``[B, T, H * hd]`` in the cache's type."""
+    B, T = qkv.shape[0], qkv.shape[1]
+    _, Hkv, S, hd = k_cache.shape
+    G = heads // Hkv
+    out = qkv.new_empty(B, T, heads * hd) if out is None else out
+    block_m = max(16, min(64, triton.next_power_of_2(G * T)))
+    grid = (B * Hkv, triton.cdiv(G * T, block_m))
+    attention_kernel[grid](
+        qkv, k_cache, v_cache, out, start, T, S, scale * math.log2(math.e),
+        qkv.stride(0), qkv.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        out.stride(0), out.stride(1), HKV=Hkv, G=G, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)),
+        BLOCK_M=block_m, BLOCK_N=64, DOT=_dot_type(k_cache), num_warps=4, num_stages=2)
+    return out
+
+
+def silu_mul(gate_up: Tensor, out: Tensor | None = None) -> Tensor:
+    """``silu(gate) * up`` of ``gate_up [..., 2I]`` (gate first), ``[..., I]``."""
+    I = gate_up.shape[-1] // 2
+    rows = gate_up.numel() // (2 * I)
+    out = gate_up.new_empty(*gate_up.shape[:-1], I) if out is None else out
+    block = min(1024, triton.next_power_of_2(I))
+    silu_mul_kernel[(rows, triton.cdiv(I, block))](gate_up, out, I, BLOCK=block, num_warps=4)
+    return out
+
+
+__all__ = ["add_rms_norm", "add_rms_norm_kernel", "attention", "attention_kernel", "rope_cache",
+           "rope_cache_kernel", "silu_mul", "silu_mul_kernel"]
