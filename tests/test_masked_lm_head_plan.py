@@ -405,7 +405,7 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     import matplotlib.pyplot as plt
 
     figs = mlh.figures(results)
-    assert {"speedup_b1", "floor_b1", "batched", "reorder", "practitioners", "host"} <= set(figs)
+    assert {"speedup_b1", "layout", "batched", "practitioners", "host"} == set(figs)
     for fig in figs.values():
         plt.close(fig)
     report = mlh.target_report(results)
