@@ -13,6 +13,9 @@ general entry point: it runs the final step.
 
 The allowed sets travel as :class:`AllowedTokens`, built (and validated) once per FSM state, so the
 steps never synchronise with the device.
+
+The lesson's numbers and tables are read from the benchmark file by :mod:`.lesson`; its exercises, each with a
+check a reader runs on a CPU, are in :mod:`.exercises`.
 """
 
 from __future__ import annotations

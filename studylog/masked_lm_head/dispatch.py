@@ -144,8 +144,7 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
            if q["few"] is not None and q["stream"] is not None]
     last_win, first_loss = _last_win(few)
     few_max = FEW_IDS_MAX if first_loss is None else min(last_win or 0, FEW_IDS_MAX)
-    commit = results.data.get("git_commit", "unknown")[:12]
-    return DispatchRule(fraction, dense, few_max, f"measured on {results.gpu} on {results.date} (commit {commit})")
+    return DispatchRule(fraction, dense, few_max, f"measured on {results.gpu} on {results.date}")
 
 
 @functools.lru_cache(maxsize=None)

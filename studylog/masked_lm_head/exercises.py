@@ -1,0 +1,219 @@
+"""Chapter 2's exercises, each with a check that a reader runs on a CPU.
+
+Every ``check_*`` function runs the reader's function on small random inputs against the chapter's answer,
+prints what is wrong on the first input where they disagree, and returns ``True`` when every input agrees. A
+plain solution of each exercise is here too (``active_fraction``, ``union_from_bitmask``,
+``masked_logits_rows``, ``compact_threshold``): the notebook checks them, so that the checks themselves run in
+CI; try your own before reading them.
+
+1. :func:`check_active_fraction`: the share of ``BLOCK``-token blocks a block-skipping kernel (step 1) still
+   computes when ``n`` allowed ids are drawn at random.
+2. :func:`check_union_ids`: the sorted union of allowed ids of a batch, from the packed int32 bitmask a grammar
+   engine fills (what :class:`~studylog.masked_lm_head.MaskedHeadPlan` builds on the device).
+3. :func:`check_masked_logits`: a masked LM head of your own (torch, or a Triton kernel run in the
+   interpreter) that honours the chapter's contract: fp32 logits for allowed tokens, ``-inf`` elsewhere,
+   fp32 accumulation, every element of ``out`` written.
+4. :func:`check_compact_threshold`: step 9's threshold from measurements: up to which union a compacted kernel
+   is used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog.masked_lm_head.formats import AllowedTokens, check_logits, pack_bitmask
+
+__all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold",
+           "active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold"]
+
+
+def _report(name: str, ok: bool, problem: str | None, cases: int) -> bool:
+    print(f"{name}: {'all ' + str(cases) + ' inputs agree' if ok else 'wrong: ' + problem}")
+    return ok
+
+
+# --------------------------------------------------------------------------------------
+# 1. How many blocks does a block-skipping kernel still compute?
+# --------------------------------------------------------------------------------------
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def active_fraction(n: int, vocab: int, block: int) -> float:
+    """A solution of exercise 1: the expected share of the ``ceil(vocab / block)`` blocks that hold at least
+    one of ``n`` ids drawn uniformly without replacement from ``range(vocab)``. A block of ``s`` tokens is idle
+    when all ``n`` ids fall outside it: probability ``C(vocab - s, n) / C(vocab, n)``; the last block may be
+    shorter than ``block``."""
+    blocks = -(-vocab // block)
+    sizes = [block] * (vocab // block) + ([vocab % block] if vocab % block else [])
+    total = _log_comb(vocab, n)
+    active = sum(1.0 - (math.exp(_log_comb(vocab - s, n) - total) if vocab - s >= n else 0.0) for s in sizes)
+    return active / blocks
+
+
+def check_active_fraction(fn: Callable[[int, int, int], float], cases: int = 300) -> bool:
+    """``fn(n, vocab, block) -> float``: the expected share of blocks with at least one allowed id. Checked
+    against the exact value on vocabularies that are and are not multiples of the block, and against a
+    sampled estimate on one case."""
+    gen = np.random.default_rng(7)
+    for _ in range(cases):
+        block = int(gen.choice([4, 16, 64]))
+        vocab = int(gen.integers(block, 40 * block))
+        n = int(gen.integers(0, vocab + 1))
+        want, got = active_fraction(n, vocab, block), fn(n, vocab, block)
+        if not isinstance(got, (int, float, np.floating)) or not math.isclose(got, want, rel_tol=1e-6,
+                                                                               abs_tol=1e-9):
+            return _report("check_active_fraction", False,
+                           f"n={n}, vocab={vocab}, block={block}: expected {want:.6f}, got {got!r}", cases)
+    # the formula is what a kernel sees: compare with sampled sets once
+    n, vocab, block, draws = 40, 1000, 64, 4000
+    blocks = -(-vocab // block)
+    sampled = np.mean([np.unique(gen.choice(vocab, n, replace=False) // block).size / blocks for _ in range(draws)])
+    got = fn(n, vocab, block)
+    if abs(sampled - got) > 0.01:
+        return _report("check_active_fraction", False, f"n={n}, vocab={vocab}, block={block}: {got:.4f}, but "
+                       f"{draws} sampled sets give {sampled:.4f}", cases + 1)
+    return _report("check_active_fraction", True, None, cases + 1)
+
+
+# --------------------------------------------------------------------------------------
+# 2. The union's ids from a packed bitmask
+# --------------------------------------------------------------------------------------
+
+def union_from_bitmask(bitmask: np.ndarray, vocab: int) -> np.ndarray:
+    """A solution of exercise 2: the sorted int64 ids that at least one row of ``bitmask`` (int32
+    ``[B, ceil(vocab / 32)]``, token ``v`` is bit ``v % 32`` of word ``v // 32``) allows; the bits past
+    ``vocab`` are ignored."""
+    words = np.bitwise_or.reduce(np.asarray(bitmask, dtype=np.int32).reshape(-1, bitmask.shape[-1]), axis=0)
+    bits = (words.view(np.uint32)[:, None] >> np.arange(32, dtype=np.uint32)) & 1
+    return np.flatnonzero(bits.reshape(-1)[:vocab]).astype(np.int64)
+
+
+def _random_bitmask(gen: np.random.Generator, batch: int, vocab: int, density: float,
+                    padding: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(bitmask, mask): a random ``[batch, vocab]`` mask packed, with the bits past ``vocab`` set when
+    ``padding`` (a grammar engine may leave them set; the ids they stand for do not exist)."""
+    mask = gen.random((batch, vocab)) < density
+    packed = pack_bitmask(torch.from_numpy(mask)).numpy().copy()
+    if padding and vocab % 32:
+        packed[:, -1] |= np.int32(-(1 << (vocab % 32)))
+    return packed, mask
+
+
+def check_union_ids(fn: Callable[[np.ndarray, int], np.ndarray], cases: int = 200) -> bool:
+    """``fn(bitmask, vocab) -> ids``: ``bitmask`` is an int32 numpy array ``[B, ceil(vocab / 32)]``; return the
+    sorted ids (any integer array) that at least one row allows. Inputs include empty and full masks, the sign
+    bit of a word (token ``32k + 31``) and bits set past ``vocab``."""
+    gen = np.random.default_rng(11)
+    for i in range(cases):
+        vocab = int(gen.integers(1, 300))
+        batch = int(gen.integers(1, 5))
+        density = [0.0, 1.0, 0.02, 0.3][i % 4]
+        bitmask, mask = _random_bitmask(gen, batch, vocab, density, padding=i % 3 == 0)
+        want = np.flatnonzero(mask.any(0))
+        got = np.asarray(fn(bitmask.copy(), vocab))
+        if got.shape != want.shape or not np.array_equal(got.astype(np.int64), want):
+            extra = sorted(set(got.tolist()) - set(want.tolist()))[:5] if got.ndim == 1 else []
+            missing = sorted(set(want.tolist()) - set(got.tolist()))[:5] if got.ndim == 1 else []
+            return _report("check_union_ids", False,
+                           f"vocab={vocab}, batch={batch}, {int(mask.any(0).sum())} allowed"
+                           f"{', bits past vocab set' if i % 3 == 0 else ''}: {len(got)} ids returned, "
+                           f"{len(want)} expected (extra {extra}, missing {missing})", cases)
+    return _report("check_union_ids", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 3. A masked LM head of your own
+# --------------------------------------------------------------------------------------
+
+def masked_logits_rows(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tensor) -> Tensor:
+    """A solution of exercise 3, in torch: gather the union's rows, multiply in fp32, scatter into ``out``
+    (``-inf`` everywhere first), keep each sequence's own allowed logits."""
+    ids = allowed.union_ids.long()
+    out.fill_(float("-inf"))
+    if ids.numel():
+        logits = h.float() @ weight.index_select(0, ids).float().t()  # [B, union], fp32 products and sums
+        out[:, ids] = torch.where(allowed.mask[:, ids], logits, torch.tensor(float("-inf")))
+    return out
+
+
+def check_masked_logits(fn: Callable[[Tensor, Tensor, AllowedTokens, Tensor], Tensor], cases: int = 24) -> bool:
+    """``fn(h, weight, allowed, out) -> out``: ``h`` ``[B, D]`` and ``weight`` ``[V, D]`` in bf16, ``allowed`` an
+    :class:`~studylog.masked_lm_head.AllowedTokens`, ``out`` an fp32 ``[B, V]`` tensor filled with NaN that the
+    function must fill. Checked with the chapter's bound (:func:`~studylog.masked_lm_head.check_logits`) at
+    sizes that are not multiples of any block, with empty, full and single-id sets."""
+    gen = torch.Generator().manual_seed(5)
+    rng = np.random.default_rng(5)
+    for i in range(cases):
+        batch, vocab, hidden = int(rng.integers(1, 4)), int(rng.integers(20, 300)), int(rng.integers(8, 200))
+        kind = ["random", "empty", "all", "one"][i % 4]
+        sets = {"random": lambda: rng.choice(vocab, int(rng.integers(1, vocab)), replace=False),
+                "empty": lambda: np.array([], dtype=np.int64), "all": lambda: np.arange(vocab),
+                "one": lambda: np.array([vocab - 1])}[kind]
+        allowed = AllowedTokens.from_ids([sets() for _ in range(batch)], vocab, device="cpu")
+        h = torch.randn(batch, hidden, generator=gen).to(torch.bfloat16)
+        weight = torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16)
+        out = torch.full((batch, vocab), float("nan"))
+        got = fn(h, weight, allowed, out)
+        if not isinstance(got, Tensor) or got.shape != (batch, vocab) or got.dtype != torch.float32:
+            shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
+            return _report("check_masked_logits", False, f"expected an fp32 tensor of shape {(batch, vocab)}, got "
+                           f"{shape}{', ' + str(got.dtype) if isinstance(got, Tensor) else ''}", cases)
+        verdict = check_logits(got, h, weight, allowed)
+        if not verdict["passed"]:
+            return _report("check_masked_logits", False,
+                           f"batch {batch}, V={vocab}, D={hidden}, {kind} sets: {verdict['nan']} NaN left in out, "
+                           f"{verdict['not_minus_inf']} disallowed logits not -inf, {verdict['over_bound']} allowed "
+                           f"logits outside the fp32 bound (largest error {verdict['max_abs_err']:.3g})", cases)
+    return _report("check_masked_logits", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 4. Step 9's threshold from measurements
+# --------------------------------------------------------------------------------------
+
+def compact_threshold(points: Sequence[tuple[int, float, float]], vocab: int) -> float:
+    """A solution of exercise 4: ``points`` are ``(union, compacted ms, best dense ms)`` measured at one batch
+    size, in any order. The compacted kernel is used up to the largest union at which it was no slower than the
+    dense path with no slower point below it: return that union as a fraction of ``vocab``, 1.0 if it never
+    lost, 0.0 if it lost at the smallest union."""
+    losses = [u for u, compact, dense in points if compact > dense]
+    if not losses:
+        return 1.0
+    first_loss = min(losses)
+    wins = [u for u, compact, dense in points if compact <= dense and u < first_loss]
+    return max(wins, default=0) / vocab
+
+
+def check_compact_threshold(fn: Callable[[list[tuple[int, float, float]], int], float], cases: int = 300) -> bool:
+    """``fn(points, vocab) -> fraction``: see :func:`compact_threshold`. Points come shuffled; some sweeps never
+    lose, some lose at once, some win again after a loss (a noisy point: the threshold stays below it)."""
+    gen = np.random.default_rng(3)
+    for i in range(cases):
+        vocab = int(gen.integers(1000, 200_000))
+        unions = sorted({int(u) for u in gen.integers(1, vocab + 1, size=int(gen.integers(1, 9)))})
+        dense = gen.uniform(0.1, 0.3, size=len(unions))
+        shape = i % 4
+        if shape == 0:  # never loses
+            compact = dense * gen.uniform(0.1, 1.0, size=len(unions))
+        elif shape == 1:  # loses everywhere
+            compact = dense * gen.uniform(1.01, 2.0, size=len(unions))
+        else:  # a crossover, and sometimes a win again above it
+            compact = dense * np.where(np.arange(len(unions)) < gen.integers(0, len(unions) + 1), 0.5, 1.5)
+            if shape == 3 and len(unions) > 2:
+                compact[-1] = dense[-1] * 0.9
+        points = [(u, float(c), float(d)) for u, c, d in zip(unions, compact, dense)]
+        order = gen.permutation(len(points))
+        shuffled = [points[k] for k in order]
+        want, got = compact_threshold(points, vocab), fn(list(shuffled), vocab)
+        if not isinstance(got, (int, float, np.floating)) or not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+            shown = ", ".join(f"({u}, {c:.3f}, {d:.3f})" for u, c, d in points)
+            return _report("check_compact_threshold", False,
+                           f"vocab={vocab}, points (sorted) [{shown}]: expected {want:.6f}, got {got!r}", cases)
+    return _report("check_compact_threshold", True, None, cases)

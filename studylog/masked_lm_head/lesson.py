@@ -1,0 +1,394 @@
+"""What notebook 02 reads from a results file, in one place: the numbers its prose quotes (glued with myst-nb),
+each step's time against the floor, the result against torch and against the practitioners' path, where we lose,
+and the table of what did not help (with ``lab/masked_lm_head``).
+
+Every function takes a :class:`studylog.plotting.Results` and reads series by the names the benchmark writes
+(``CHAPTER.steps``, ``CHAPTER.baselines``). Where a file predates a series (the first, do_bench run has no
+plan, no peer and no host time) a table says so and a prose number reads :data:`PENDING` instead of failing.
+
+The floor here is the bytes a call must move, at the copy bandwidth measured in the same run: the allowed rows
+of the weight (the union's, for a batch) plus the fp32 ``[B, V]`` output. The file's own ``floor_ms`` also
+takes the larger of that and an empty launch as timed by ``do_bench``; on the GPU clock a kernel's fixed cost
+is smaller than that launch, so the lesson compares with the bytes alone and says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studylog.masked_lm_head.benchmark import PLAN, XGRAMMAR, XGRAMMAR_BF16
+from studylog.masked_lm_head.formats import HIDDEN, VOCAB
+
+__all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "byte_floor_ms", "clock_of",
+           "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table"]
+
+#: What a prose number reads when the results file does not have it yet.
+PENDING = "pending"
+#: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
+CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
+#: The first run of the benchmark on the GPU clock (an H100), kept in ``lab/``.
+FIRST_ONE_CLOCK_FILE = "first_one_clock_run"
+#: Batch-1 allowed counts the steps table shows.
+STEP_COUNTS = (1, 1000, 10_000)
+#: The candidates' series in :data:`CANDIDATES_FILE` (named before the steps had numbers).
+CANDIDATES = {"step04": "cand_step4_compact", "step05 without the L2 hint": "cand_step4b_no_hint",
+              "step05": "cand_step4b_stream", "step06": "cand_step4c_few", "persistent grid": "cand_persistent",
+              "index_select": "cand_index_select"}
+
+
+def _chapter():
+    from studylog.masked_lm_head import CHAPTER
+
+    return CHAPTER
+
+
+def _s(number: int) -> str:
+    return _chapter().step(number).series
+
+
+def _row(results, series: str, layout: str = "vd", **params) -> dict | None:
+    """The one row of ``series`` at these parameters (our kernels on ``layout``; baselines have none)."""
+    rows = [r for r in results.select(series, **params) if r["params"].get("layout", "vd") == layout]
+    return rows[0] if len(rows) == 1 else None
+
+
+def _ms(results, series: str, layout: str = "vd", **params) -> float | None:
+    row = _row(results, series, layout, **params)
+    return None if row is None else row["ms"]
+
+
+def clock_of(results) -> str:
+    """``GPU clock`` for files timed by CUDA-graph replay, ``do_bench`` for the first run."""
+    clocks = {r.get("clock", "do_bench") for r in results.rows}
+    return "GPU clock" if clocks == {"gpu"} else ", ".join(sorted(clocks))
+
+
+def byte_floor_ms(results, batch: int, union: int) -> float:
+    """The time to move a call's bytes at the run's copy bandwidth: ``union`` rows of the bf16 ``[V, D]`` weight
+    read, the fp32 ``[batch, V]`` output written."""
+    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+    return (union * HIDDEN * 2 + batch * VOCAB * 4) / bandwidth * 1e3
+
+
+def _floor(results, batch: int, kind: str, allowed: int) -> float | None:
+    for series in (_s(9), "dense_mask"):
+        row = _row(results, series, batch=batch, kind=kind, allowed=allowed)
+        if row is not None and "union" in row:
+            return byte_floor_ms(results, batch, row["union"])
+    return None
+
+
+def _us(ms: float | None, digits: int = 1) -> str:
+    if ms is None:
+        return PENDING
+    us = ms * 1e3
+    return f"{us:,.0f} µs" if us >= 100 else f"{us:.{digits}f} µs"
+
+
+def _x(ratio: float | None, digits: int = 2) -> str:
+    return PENDING if ratio is None else f"{ratio:.{digits}f}×"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
+def _change(before: float | None, after: float | None) -> str:
+    """``after`` against ``before`` in words: ``2.4× faster``, ``3% faster`` (under 1.1×), ``9% slower``."""
+    if before is None or after is None:
+        return PENDING
+    if after <= before:
+        ratio = before / after
+        return f"{ratio:.1f}× faster" if ratio >= 1.1 else f"{100 * (ratio - 1):.0f}% faster"
+    return f"{100 * (after / before - 1):.0f}% slower"
+
+
+def _b1(results, series: str, allowed: int, layout: str = "vd", kind: str = "random") -> float | None:
+    return _ms(results, series, layout, batch=1, kind=kind, allowed=allowed)
+
+
+def prose_numbers(results) -> dict[str, Any]:
+    """Every number the lesson's prose quotes, by glue key, read from ``results`` (``pending`` where the file
+    lacks the series)."""
+    s = {n: _s(n) for n in range(10)}
+    n: dict[str, Any] = {"mlh_gpu": results.gpu, "mlh_date": results.date, "mlh_clock": clock_of(results)}
+    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"]
+    n["mlh_bandwidth"] = f"{bandwidth / 1e3:.2f} TB/s"
+    n["mlh_weight_mb"] = f"{VOCAB * HIDDEN * 2 / 1e6:.0f} MB"
+    n["mlh_weight_read"] = _us(byte_floor_ms(results, 0, VOCAB))
+    n["mlh_rows1000_read"] = _us(byte_floor_ms(results, 0, 1000))
+    n["mlh_output_b1"] = _us(byte_floor_ms(results, 1, 0), 2)
+    dense = {c: _b1(results, "dense_mask", c) for c in STEP_COUNTS}
+    n["mlh_dense_1000"] = _us(dense[1000])
+
+    # step 0: the tutorial's matmul reads the whole weight, like cuBLAS
+    n["mlh_step00_1000"] = _us(_b1(results, s[0], 1000))
+    n["mlh_step00_vs_read"] = _x(_ratio(_b1(results, s[0], 1000), byte_floor_ms(results, 1, VOCAB)))
+    # step 1: block skipping keeps the active blocks' share of the time
+    for c in (1000, 10_000):
+        n[f"mlh_step01_share_{c}"] = f"{_ratio(_b1(results, s[1], c), _b1(results, s[0], c)):.2f}" \
+            if _b1(results, s[1], c) and _b1(results, s[0], c) else PENDING
+    n["mlh_step01_1"] = _us(_b1(results, s[1], 1))
+    # step 2: column masking, on both layouts
+    n["mlh_step02_dv"] = _change(_b1(results, s[1], 1000, "dv"), _b1(results, s[2], 1000, "dv"))
+    n["mlh_step02_dv_10000"] = _change(_b1(results, s[1], 10_000, "dv"), _b1(results, s[2], 10_000, "dv"))
+    n["mlh_step02_vd"] = _change(_b1(results, s[1], 1000), _b1(results, s[2], 1000))
+    # step 3: step 2 written for [V, D]
+    n["mlh_step03_vs_step02"] = _change(_b1(results, s[2], 1000), _b1(results, s[3], 1000))
+    n["mlh_step03_1"] = _us(_b1(results, s[3], 1))
+    n["mlh_step03_1000"] = _us(_b1(results, s[3], 1000))
+    # step 4: compacted ids
+    n["mlh_step04_vs_step03"] = _change(_b1(results, s[3], 1000), _b1(results, s[4], 1000))
+    n["mlh_step04_1000"] = _us(_b1(results, s[4], 1000))
+    for c in (1000, 10_000):
+        n[f"mlh_step04_floor_{c}"] = _x(_ratio(_b1(results, s[4], c), _floor(results, 1, "random", c)))
+        n[f"mlh_step05_floor_{c}"] = _x(_ratio(_b1(results, s[5], c), _floor(results, 1, "random", c)))
+    # step 5: one burst per row, fill first, evict-first
+    for c in (1, 1000, 10_000):
+        n[f"mlh_step05_vs_step04_{c}"] = _change(_b1(results, s[4], c), _b1(results, s[5], c))
+    n["mlh_step05_10000"] = _us(_b1(results, s[5], 10_000))
+    n["mlh_floor_10000"] = _us(_floor(results, 1, "random", 10_000))
+    # step 6: ids as launch arguments
+    n["mlh_step06_1"] = _us(_b1(results, s[6], 1), 2)
+    n["mlh_step06_vs_step05_1"] = _change(_b1(results, s[5], 1), _b1(results, s[6], 1))
+    n["mlh_step06_vs_step05_8"] = _change(_b1(results, s[5], 8), _b1(results, s[6], 8))
+    n["mlh_step06_floor_1"] = _us(_floor(results, 1, "random", 1), 2)
+    # step 7: the union of a batch, read once
+    b64 = dict(batch=64, kind="random", allowed=100)
+    row7 = _row(results, s[7], **b64)
+    n["mlh_b64_union"] = f"{row7['union']:,}" if row7 else PENDING
+    n["mlh_b64_sum"] = f"{64 * 100:,}"
+    n["mlh_step07_b64"] = _us(_ms(results, s[7], **b64))
+    n["mlh_step07_b64_vs_dense"] = _change(_ms(results, "dense_mask", **b64), _ms(results, s[7], **b64))
+    n["mlh_step07_b64_vs_index"] = _change(_ms(results, "index_select", **b64), _ms(results, s[7], **b64))
+    big = dict(batch=64, kind="random", allowed=10_000)
+    n["mlh_step07_b64_big_vs_step03"] = _change(_ms(results, s[3], **big), _ms(results, s[7], **big))
+    row_big = _row(results, s[7], **big)
+    n["mlh_b64_big_union"] = f"{row_big['union'] / VOCAB:.0%}" if row_big else PENDING
+    # step 8: a reordered vocabulary, on the real masks
+    real = [r for r in results.select(s[8], batch=1) if r["params"]["allowed"] == 1000]
+    if real:
+        r8 = real[0]
+        p = r8["params"]
+        n["mlh_step08_blocks"] = f"{r8['active_blocks_original']:,} → {r8['active_blocks']:,}"
+        n["mlh_step08_vs_step03"] = _change(_ms(results, s[3], **p), r8["ms"])
+        n["mlh_step05_vs_step08"] = _change(r8["ms"], _ms(results, s[5], **p))
+    else:
+        n["mlh_step08_blocks"] = n["mlh_step08_vs_step03"] = n["mlh_step05_vs_step08"] = PENDING
+    # step 9: the dispatch against torch
+    small = [(r["ms"] / d["ms"], r) for r in results.select(s[9], batch=1) if r["params"]["allowed"] <= 1000
+             for d in [_row(results, "dense_mask", batch=1, kind=r["params"]["kind"], allowed=r["params"]["allowed"])]
+             if d is not None]
+    n["mlh_dispatch_min_vs_dense"] = f"{min(1 / q for q, _ in small):.0f}×" if small else PENDING
+    n["mlh_dispatch_1000_vs_dense"] = _x(_ratio(dense[1000], _b1(results, s[9], 1000)), 0)
+    n["mlh_dispatch_vs_index_10000"] = _x(_ratio(_b1(results, "index_select", 10_000), _b1(results, s[9], 10_000)))
+    worst = max(((r["ms"] / d["ms"], r["params"]) for r in results.select(s[9])
+                 for d in [_row(results, "dense_mask", batch=r["params"]["batch"], kind=r["params"]["kind"],
+                                allowed=r["params"]["allowed"])] if d is not None), default=None, key=lambda q: q[0])
+    n["mlh_dispatch_worst"] = (f"{worst[0]:.2f}× the time of dense + mask (batch {worst[1]['batch']}, "
+                               f"{worst[1]['allowed']:,} allowed per sequence)") if worst else PENDING
+    # host time and the plan
+    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
+    hosts = sorted(r["host_ms"] for r in results.select(s[9], batch=1) if "host_ms" in r)
+    n["mlh_host_dispatch"] = _us(hosts[len(hosts) // 2]) if hosts else PENDING
+    n["mlh_host_empty"] = _us(empty) if empty else PENDING
+    n["mlh_host_ratio"] = _x(hosts[len(hosts) // 2] / empty, 1) if hosts and empty else PENDING
+    plan_1000 = _b1(results, PLAN, 1000)
+    n["mlh_plan_1000"] = _us(plan_1000)
+    n["mlh_dispatch_1000"] = _us(_b1(results, s[9], 1000))
+    # against the practitioners' path
+    for key, batch, allowed in (("b1", 1, 1000), ("b64", 64, 100)):
+        mine = _ms(results, PLAN, batch=batch, kind="random", allowed=allowed)
+        theirs = _ms(results, XGRAMMAR, batch=batch, kind="random", allowed=allowed)
+        n[f"mlh_plan_vs_xgr_{key}"] = _x(_ratio(theirs, mine), 1)
+        n[f"mlh_xgr_{key}"] = _us(theirs)
+    n["mlh_xgr_bf16_b1"] = _change(_ms(results, XGRAMMAR, batch=1, kind="random", allowed=1000),
+                                   _ms(results, XGRAMMAR_BF16, batch=1, kind="random", allowed=1000))
+    pairs = []
+    for r in results.select(PLAN):
+        p = {k: v for k, v in r["params"].items() if k != "layout"}
+        theirs = _ms(results, XGRAMMAR, **p)
+        if theirs is not None:
+            pairs.append((theirs / r["ms"], p))
+    if pairs:
+        low, p = min(pairs, key=lambda q: q[0])
+        n["mlh_plan_vs_xgr_worst"] = f"{low:.2f}× (batch {p['batch']}, {p['kind']} masks, {p['allowed']:,} allowed)"
+    else:
+        n["mlh_plan_vs_xgr_worst"] = PENDING
+    # where we lose
+    lost = _losses(results)
+    n["mlh_losses"] = f"{len(lost)}" if results.select(PLAN) or lost else PENDING
+    for batch in (64, 256):
+        n[f"mlh_output_b{batch}"] = _us(byte_floor_ms(results, batch, 0))
+    return n
+
+
+def _cell(results, series: str, batch: int, kind: str, allowed: int, layout: str = "vd") -> str:
+    """``time (× floor)`` of one point, ``–`` where not measured."""
+    ms = _ms(results, series, layout, batch=batch, kind=kind, allowed=allowed)
+    if ms is None:
+        return "–"
+    floor = _floor(results, batch, kind, allowed)
+    if not floor:
+        return f"{ms * 1e3:,.1f}"
+    ratio = ms / floor
+    return f"{ms * 1e3:,.1f} ({ratio:,.{0 if ratio >= 100 else 1 if ratio >= 10 else 2}f}×)"
+
+
+def steps_table(results, counts=STEP_COUNTS) -> str:
+    """Batch 1, random masks, ``[V, D]``: every step and the torch baselines at a few allowed counts, in µs,
+    with the ratio to the byte floor; the floor on the first line."""
+    label = _chapter().label
+    head = ["series"] + [f"{c:,} allowed: µs (× floor)" for c in counts]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    floors = [_floor(results, 1, "random", c) for c in counts]
+    lines.append("| floor: allowed rows read + fp32 output written | "
+                 + " | ".join("–" if f is None else f"{f * 1e3:,.1f}" for f in floors) + " |")
+    for series in ["dense_mask", "index_select"] + [_s(k) for k in (0, 1, 2, 3, 4, 5, 6, 9)]:
+        cells = [_cell(results, series, 1, "random", c) for c in counts]
+        if any(c != "–" for c in cells):
+            lines.append(f"| {label(series)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def batch_table(results) -> str:
+    """Batches above 1, random masks: the dense paths, ``index_select`` (the union's logits only), steps 3, 7
+    and 9 (with the path it took), µs, and the floor."""
+    label = _chapter().label
+    series = ["dense_mask", "cublas_fp32_mask", "index_select", _s(3), _s(7), _s(9)]
+    head = ["batch", "allowed per sequence", "union", "floor (µs)"] + [f"{label(x)} (µs)" for x in series]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    points = sorted({(r["params"]["batch"], r["params"]["allowed"]) for r in results.select(_s(7), kind="random")})
+    for batch, allowed in points:
+        p = dict(batch=batch, kind="random", allowed=allowed)
+        row9 = _row(results, _s(9), **p)
+        cells = []
+        for x in series:
+            ms = _ms(results, x, **p)
+            text = "–" if ms is None else f"{ms * 1e3:,.1f}"
+            if x == _s(9) and row9 is not None and row9.get("path"):
+                text += f" ({row9['path']})"
+            cells.append(text)
+        union = row9["union"] if row9 else None
+        floor = byte_floor_ms(results, batch, union) if union is not None else None
+        lines.append(f"| {batch} | {allowed:,} | {'–' if union is None else f'{union:,}'} | "
+                     f"{'–' if floor is None else f'{floor * 1e3:,.1f}'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _spread_ratio(theirs: dict, mine: dict) -> str:
+    """The speedup's range over the repetitions (their fastest over our slowest, and the other way)."""
+    if theirs.get("spread_ms") and mine.get("spread_ms"):
+        return f" ({theirs['spread_ms'][0] / mine['spread_ms'][2]:.2f}–{theirs['spread_ms'][2] / mine['spread_ms'][0]:.2f})"
+    return ""
+
+
+def practitioners_table(results) -> str:
+    """The whole step from the packed bitmask: ours (``MaskedHeadPlan``) against cuBLAS logits + xgrammar's
+    ``apply_token_bitmask_inplace``, every point measured, µs, with the speedup and its range."""
+    if not results.select(XGRAMMAR):
+        return (f"{PENDING}: the practitioners' path is not in this results file ({results.gpu}, {results.date}); "
+                "the benchmark measures it when xgrammar is installed.")
+    head = ["batch", "masks", "allowed per sequence", "union", "ours: path and capacity", "ours (µs)",
+            "xgrammar's path (µs)", "speedup (range)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for theirs in results.select(XGRAMMAR):
+        p = theirs["params"]
+        mine = _row(results, PLAN, **p)
+        if mine is None:
+            continue
+        lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {mine['union']:,} | {mine.get('bucket', '–')} | "
+                     f"{mine['ms'] * 1e3:,.1f} | {theirs['ms'] * 1e3:,.1f} | "
+                     f"{theirs['ms'] / mine['ms']:.2f}×{_spread_ratio(theirs, mine)} |")
+    return "\n".join(lines)
+
+
+def _losses(results) -> list[dict]:
+    """Every point where a series of ours is slower than a rival (the benchmark's own list, as rows)."""
+    out = []
+    s9 = _s(9)
+    for r in results.select(s9) + results.select(PLAN):
+        p = {k: v for k, v in r["params"].items() if k != "layout"}
+        if r["params"].get("layout", "vd") != "vd":
+            continue
+        rivals = ("index_select", "dense_mask", "cublas_fp32_mask") if r["series"] == s9 else (XGRAMMAR,)
+        for rival in rivals:
+            other = _row(results, rival, **p)
+            if other is not None and other["ms"] < r["ms"]:
+                out.append({"mine": r, "rival": other, "params": p})
+    return out
+
+
+def losses_table(results) -> str:
+    """Where a series of ours is slower than a rival, with the union and the fp32 output's share of the floor."""
+    lost = _losses(results)
+    if not lost:
+        return "No measured point where a series of ours is slower than its rival."
+    label = _chapter().label
+    head = ["batch", "masks", "allowed per sequence", "union", "ours", "rival", "ours / rival",
+            "fp32 output's share of the floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for q in sorted(lost, key=lambda q: (q["params"]["batch"], q["params"]["kind"], q["params"]["allowed"])):
+        p, mine, rival = q["params"], q["mine"], q["rival"]
+        union = mine.get("union")
+        share = "–" if union is None else f"{byte_floor_ms(results, p['batch'], 0) / byte_floor_ms(results, p['batch'], union):.0%}"
+        ours = label(mine["series"]) + (f" ({mine['path']})" if mine.get("path") else "")
+        lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {'–' if union is None else f'{union:,}'} | "
+                     f"{ours}: {mine['ms'] * 1e3:,.1f} µs | {label(rival['series'])}: {rival['ms'] * 1e3:,.1f} µs | "
+                     f"{mine['ms'] / rival['ms']:.2f}× | {share} |")
+    return "\n".join(lines)
+
+
+def tried_table(results, candidates: dict | None) -> str:
+    """What was tried and did not help: one line each, the measured effect, where the details are.
+    ``candidates`` is :data:`CANDIDATES_FILE` (``studylog.plotting.load_lab``), or None when absent."""
+    s = {k: _s(k) for k in range(10)}
+    rows = []
+
+    def b1(series, allowed, layout="vd", kind="random"):
+        return _b1(results, series, allowed, layout, kind)
+
+    rows.append(("block skipping with random masks (step 1)",
+                 f"{_change(b1(s[0], 10_000), b1(s[1], 10_000))} than step 0 at 10,000 allowed: nearly every "
+                 "block holds an allowed token", "step 1, above"))
+    rows.append(("column masking on the post's [D, V] layout (step 2)",
+                 f"{_change(b1(s[1], 1000, 'dv'), b1(s[2], 1000, 'dv'))} than step 1 on [D, V] at 1,000 allowed; "
+                 "the PTX above shows why", "step 2, above"))
+    if candidates is not None:
+        from studylog.plotting import Results
+
+        cand = Results(None, candidates)
+
+        def fastest(series, allowed):
+            rows_ = cand.select(series, batch=1, kind="random", allowed=allowed)
+            return min(r["ms"] for r in rows_) if rows_ else None
+
+        c = CANDIDATES
+        rows.append(("each row in one burst of loads, without the L2 hint (step 5's first change alone)",
+                     f"{_change(fastest(c['step04'], 10_000), fastest(c['step05 without the L2 hint'], 10_000))} than "
+                     f"step 4 at 10,000 allowed; with the hint, {_change(fastest(c['step04'], 10_000), fastest(c['step05'], 10_000))}"
+                     f" (do_bench clock, {cand.gpu})", "`lab/masked_lm_head/variants/eviction.py`"))
+        rows.append(("a persistent grid that prefetches the next block of rows",
+                     f"{_change(fastest(c['step05'], 10_000), fastest(c['persistent grid'], 10_000))} than step 5 at "
+                     f"10,000 allowed, {_change(fastest(c['step06'], 8), fastest(c['persistent grid'], 8))} than step 6 "
+                     f"at 8 (best of three shapes; do_bench clock, {cand.gpu})", "`lab/masked_lm_head/variants/persistent.py`"))
+        tiles = [r["ms"] for r in cand.select("step4_tiles", batch=1, allowed=10_000)]
+        if tiles:
+            rows.append(("other rows per program and warps for step 4",
+                         f"the fastest of {len(tiles)} shapes is {_change(fastest(c['step04'], 10_000), min(tiles))} than "
+                         f"the default at 10,000 allowed (do_bench clock, {cand.gpu})",
+                         "`lab/masked_lm_head/candidates.py`"))
+    r8 = [r for r in results.select(s[8], batch=1) if r["params"]["allowed"] == 1000]
+    if r8:
+        p = r8[0]["params"]
+        rows.append(("reordering the vocabulary so that block skipping touches fewer blocks (step 8)",
+                     f"{_change(_ms(results, s[3], **p), r8[0]['ms'])} than step 3 on a real mask of about 1,000 "
+                     f"tokens, yet step 5 is {_change(r8[0]['ms'], _ms(results, s[5], **p))} than it", "step 8, above"))
+    big = dict(batch=64, kind="random", allowed=10_000)
+    rows.append(("step 7's gathered tiles on a union of most of the vocabulary",
+                 f"{_change(_ms(results, s[3], **big), _ms(results, s[7], **big))} than step 3 at batch 64 with "
+                 "10,000 allowed per sequence: the dispatch sends such unions to a dense path", "step 9, below"))
+    rows.append(("the first wrappers (argument checks one by one, tiles built per call, `kernel[grid]`)",
+                 "a host time per call several times the kernel's at batch 1", "`lab/masked_lm_head/host_profile.py`"))
+    return "\n".join(["| what | measured effect | details |", "|---|---|---|"]
+                     + [f"| {a} | {b} | {c} |" for a, b, c in rows])

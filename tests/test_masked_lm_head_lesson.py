@@ -1,0 +1,187 @@
+"""Chapter 2 as a lesson (CPU): the exercises' checks accept the solutions and reject planted mistakes; the
+notebook's glued numbers and tables read both the first (do_bench) results and the one-clock benchmark's series
+(from lab/, as the next committed file will hold them), saying 'pending' where a file lacks a series; the figures
+keep to three panels, one colour per series and readable text."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from studylog import masked_lm_head as mlh
+from studylog import plotting
+from studylog.masked_lm_head import exercises, lesson, report
+from studylog.plotting import Results, load_lab
+
+
+# --------------------------------------------------------------------------------------
+# Exercises
+# --------------------------------------------------------------------------------------
+
+def test_the_checks_accept_the_solutions(capsys):
+    assert exercises.check_active_fraction(exercises.active_fraction)
+    assert exercises.check_union_ids(exercises.union_from_bitmask)
+    assert exercises.check_masked_logits(exercises.masked_logits_rows)
+    assert exercises.check_compact_threshold(exercises.compact_threshold)
+    assert capsys.readouterr().out.count("agree") == 4
+
+
+def test_the_library_passes_the_checks_too(capsys):
+    """The chapter's own kernels honour exercise 3's contract; its union count agrees with exercise 2."""
+    def head(h, weight, allowed, out):
+        return (mlh.step05_stream if h.shape[0] == 1 else mlh.step07_batched)(h, weight, allowed, out=out)
+
+    assert exercises.check_masked_logits(head, cases=8)
+    gen = np.random.default_rng(0)
+    mask = torch.from_numpy(gen.random((3, 250)) < 0.1)
+    assert mlh.union_count(mlh.pack_bitmask(mask)) == exercises.union_from_bitmask(mlh.pack_bitmask(mask).numpy(), 250).size
+
+
+def _with_replacement(n, vocab, block):
+    """A planted mistake: ids drawn with replacement, and every block taken as full."""
+    return 1 - (1 - block / vocab) ** n
+
+
+def _padding_kept(bitmask, vocab):
+    """A planted mistake: the bits past the vocabulary are read as tokens."""
+    words = np.bitwise_or.reduce(bitmask, axis=0).view(np.uint32)
+    return np.flatnonzero(((words[:, None] >> np.arange(32, dtype=np.uint32)) & 1).reshape(-1))
+
+
+def _bf16_logits(h, weight, allowed, out):
+    """A planted mistake: the logits rounded to bf16 before they reach the fp32 output."""
+    return out.copy_((h @ weight.t()).float().masked_fill(~allowed.mask, float("-inf")))
+
+
+def _last_win_anywhere(points, vocab):
+    """A planted mistake: the largest winning union, even above a loss."""
+    if all(c <= d for _, c, d in points):
+        return 1.0
+    return max((u for u, c, d in points if c <= d), default=0) / vocab
+
+
+@pytest.mark.parametrize("check, wrong, says", [
+    (exercises.check_active_fraction, _with_replacement, "expected"),
+    (exercises.check_active_fraction, lambda n, v, b: "0.5", "got '0.5'"),
+    (exercises.check_union_ids, _padding_kept, "bits past vocab set"),
+    (exercises.check_union_ids, lambda bm, v: np.arange(v), "ids returned"),
+    (exercises.check_masked_logits, _bf16_logits, "outside the fp32 bound"),
+    (exercises.check_masked_logits, lambda h, w, a, out: out, "NaN left in out"),
+    (exercises.check_masked_logits, lambda h, w, a, out: out[:, :-1], "shape"),
+    (exercises.check_compact_threshold, _last_win_anywhere, "points (sorted)"),
+])
+def test_the_checks_reject_a_planted_mistake_and_say_where(check, wrong, says, capsys):
+    assert not check(wrong)
+    out = capsys.readouterr().out
+    assert "wrong:" in out and says in out
+
+
+def test_exercise_one_is_what_step_one_computes():
+    """At the chapter's size (a multiple of the block) the exercise's answer is the notebook's formula."""
+    n, vocab, block = 1000, mlh.VOCAB, 64
+    log_idle = (math.lgamma(vocab - block + 1) - math.lgamma(vocab - block - n + 1) - math.lgamma(vocab + 1)
+                + math.lgamma(vocab - n + 1))
+    assert exercises.active_fraction(n, vocab, block) == pytest.approx(1 - math.exp(log_idle), rel=1e-9)
+
+
+def test_exercise_four_is_the_dispatch_rule():
+    """On the one-clock run, the exercise's threshold per batch size is the library's rule."""
+    results = _one_clock()
+    rule = mlh.rule_from_results(results)
+    for batch, fraction in rule.compact_max_fraction.items():
+        points = [(q["union"], q["compact"], q["dense"]) for (b, _), qs in mlh.crossover_points(results.rows).items()
+                  if b == batch for q in qs]
+        assert exercises.compact_threshold(points, mlh.VOCAB) == pytest.approx(fraction)
+
+
+# --------------------------------------------------------------------------------------
+# Glued numbers and tables
+# --------------------------------------------------------------------------------------
+
+def _one_clock() -> Results:
+    return Results(None, load_lab("masked_lm_head", lesson.FIRST_ONE_CLOCK_FILE, "nvidia-h100-80gb-hbm3"))
+
+
+def _first_run() -> Results:
+    return Results(None, load_lab("masked_lm_head", lesson.CANDIDATES_FILE, lesson.CANDIDATES_GPU)) \
+        .with_series_names(dict(mlh.CHAPTER.renamed_series))
+
+
+def test_prose_numbers_on_the_one_clock_series():
+    numbers = lesson.prose_numbers(_one_clock())
+    assert lesson.PENDING not in numbers.values(), [k for k, v in numbers.items() if v == lesson.PENDING]
+    assert numbers["mlh_clock"] == "GPU clock"
+    for key in ("mlh_step04_vs_step03", "mlh_step02_vd", "mlh_step07_b64_vs_dense"):
+        assert numbers[key].endswith("faster"), (key, numbers[key])
+    assert numbers["mlh_step02_dv"].endswith("slower")
+    assert numbers["mlh_plan_vs_xgr_b1"].endswith("×") and numbers["mlh_host_ratio"].endswith("×")
+    assert numbers["mlh_losses"] == str(len(mlh.losses(_one_clock().rows)))
+
+
+def test_prose_numbers_on_the_first_run_say_pending_where_it_lacks_a_series():
+    numbers = lesson.prose_numbers(_first_run())
+    assert numbers["mlh_clock"] == "do_bench"
+    assert numbers["mlh_plan_vs_xgr_b1"] == numbers["mlh_host_dispatch"] == lesson.PENDING
+    assert numbers["mlh_step04_vs_step03"].endswith("faster")
+    assert lesson.practitioners_table(_first_run()).startswith(lesson.PENDING)
+
+
+@pytest.mark.parametrize("which", ["one_clock", "first_run"])
+def test_tables_are_markdown_tables(which):
+    results = _one_clock() if which == "one_clock" else _first_run()
+    candidates = load_lab("masked_lm_head", lesson.CANDIDATES_FILE, lesson.CANDIDATES_GPU)
+    for table in (lesson.steps_table(results), lesson.batch_table(results), lesson.losses_table(results),
+                  lesson.tried_table(results, candidates), lesson.tried_table(results, None)):
+        lines = table.splitlines()
+        assert lines[0].startswith("| ") and set(lines[1]) <= set("|-"), table[:200]
+        assert all(line.count("|") == lines[0].count("|") for line in lines), table
+    assert len(lesson._losses(results)) == len(mlh.losses(results.rows))
+
+
+def test_the_byte_floor_is_rows_and_output():
+    results = _one_clock()
+    bw = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+    assert lesson.byte_floor_ms(results, 2, 10) == pytest.approx((10 * mlh.HIDDEN * 2 + 2 * mlh.VOCAB * 4) / bw * 1e3)
+
+
+def test_the_committed_file_reads():
+    """Whatever results are committed (the first run, or a newer one-clock run), every glued key has a value."""
+    if not plotting.result_files("masked_lm_head"):
+        pytest.skip("no committed results")
+    numbers = lesson.prose_numbers(plotting.load_results("masked_lm_head"))
+    assert all(isinstance(v, str) and v for v in numbers.values())
+
+
+# --------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["one_clock", "first_run"])
+def test_figures_three_panels_one_colour_per_series_readable_text(which):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = _one_clock() if which == "one_clock" else _first_run()
+    figs = mlh.figures(results)
+    assert "speedup_b1" in figs  # the book's teaser
+    if which == "one_clock":
+        assert set(figs) == {"speedup_b1", "layout", "batched", "practitioners", "host"}
+    labels = {mlh.CHAPTER.label(s): s for s in report.SERIES_COLORS}
+    for name, fig in figs.items():
+        axes = [ax for ax in fig.axes if ax.get_visible() and ax.has_data()]
+        assert len(axes) <= 3, name
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+        for legend in legends:
+            assert all(t.get_fontsize() >= 9 for t in legend.get_texts()), name
+        for ax in axes:
+            assert ax.get_yscale() == "linear" or "speedup" not in ax.get_ylabel(), name
+            for line in ax.get_lines():
+                series = labels.get(line.get_label())
+                if series is not None:
+                    assert matplotlib.colors.same_color(line.get_color(), report.series_color(series)), (name, series)
+        plt.close(fig)
+    colours = [c for s, c in report.SERIES_COLORS.items() if s != "floor"]
+    assert len(colours) == len(set(colours)), "two series share a colour"
