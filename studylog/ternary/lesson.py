@@ -216,6 +216,7 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
     for shape, m in cases:
         base = us(results, CUBLAS, shape, m)
         if base is None:
+            lines.append(f"| {shape}, {m} | " + " | ".join([PENDING] * 6) + " |")
             continue
         cells = [f"{shape}, {m}", f"{base:.1f}"]
         for group, peer in ((FLOAT_X_SERIES, GEMLITE), (W2A8_SERIES, INT_MM)):
@@ -246,7 +247,8 @@ def _best(rows, key="graph_us"):
 def _pct(new: Optional[float], old: Optional[float]) -> str:
     if new is None or old is None:
         return PENDING
-    return f"{(new / old - 1):+.0%}"
+    change = new / old - 1
+    return f"{change:+.1%}" if abs(change) < 0.05 else f"{change:+.0%}"
 
 
 def tried_cuda(results) -> list[dict[str, str]]:
@@ -437,8 +439,108 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------------
+# The CUDA C++ steps: what each buys, from the compiler's output and the probes
+# ----------------------------------------------------------------------------------------------
+
+def sass_table(steps=(10, 11, 12)) -> Optional[str]:
+    """Markdown: per group of 256 weights a row (one tile of 16 rows, one of 8 rows of x), the instructions of each
+    step's arithmetic in its SASS: MMAs, packed FMAs of the float decode, and the moves that rebuild the magic."""
+    lines = ["| step | MMAs a group | HFMA2 (float decode) a group | moves of the magic constant a group |",
+             "|---|---|---|---|"]
+    for step in steps:
+        c = sass_counts(step)
+        if c is None:
+            return None
+        groups = c["IMMA"] / 8 if c["IMMA"] else c["HMMA"] / 16  # 8 int8 MMAs (k32) or 16 bf16 MMAs (k16) a group
+        mma = f"{c['IMMA'] / groups:.0f} IMMA (m16n8k32, int8)" if c["IMMA"] else f"{c['HMMA'] / groups:.0f} HMMA (m16n8k16, bf16)"
+        lines.append(f"| `{STEPS[step - 1].name}` | {mma} | {c['HFMA2'] / groups:.0f} | {c['magic moves'] / groups:.1f} |")
+    return "\n".join(lines)
+
+
+def in_flight(n: int = 4096, k: int = 14336, bandwidth_gbs: float = 3000.0) -> dict[str, float]:
+    """Step 10's weights in flight at M = 1 (its default launch): each thread holds ``stages`` groups of its
+    ``row_tiles`` tiles in registers, 16 bytes of each of the two halves of a group; and the DRAM latency that much
+    in flight covers at ``bandwidth_gbs`` (Little's law: bytes in flight = bandwidth x latency)."""
+    from studylog.ternary.cuda_steps import cuda_mma_config
+
+    cfg = cuda_mma_config(1, n, k)
+    per_thread = cfg.stages * cfg.row_tiles * 2 * 16
+    blocks = -(-(-(-n // 16)) // (cfg.row_tiles * cfg.warps)) * cfg.slices
+    total = per_thread * 32 * cfg.warps * blocks
+    return {"per_thread": per_thread, "per_block": per_thread * 32 * cfg.warps, "blocks": blocks, "bytes": total,
+            "latency_us": total / (bandwidth_gbs * 1e9) * 1e6, "config": str(cfg)}
+
+
+def _probe_series(step: int) -> list[str]:
+    from studylog.ternary.cuda_steps import PROBES
+
+    return [SERIES[step]] + [f"{SERIES[step]}_probe_{p}" for p in PROBES] + ["read_weights"]
+
+
+def probe_clock(results, step: int, shapes=(MAIN, BIG)) -> str:
+    """"GPU clock" where the file has it for a step and every one of its probes, else "kernel time"."""
+    if results is None:
+        return PENDING
+    every = all(gpu_row(results, s, shape) for s in _probe_series(step) for shape in shapes)
+    return "GPU clock" if every else "kernel time"
+
+
+def probe_us(results, step: int, probe: Optional[int], shape: str = MAIN, clock: Optional[str] = None) -> Optional[float]:
+    """A step's (probe=None) or a probe build's time at M = 1 (µs), on ``clock`` (default: :func:`probe_clock`)."""
+    if results is None:
+        return None
+    clock = clock or probe_clock(results, step)
+    series = SERIES[step] if probe is None else f"{SERIES[step]}_probe_{probe}"
+    if clock == "GPU clock":
+        return us(results, series, shape)
+    rows = [r for r in results.select(series, shape=shape, m=1) if r.get("kernel_ms")]
+    return rows[0]["kernel_ms"] * 1e3 if rows else None
+
+
+def probe_table(results, step: int, shapes=(MAIN, BIG)) -> tuple[str, str]:
+    """(Markdown, clock): a step's kernel and its probe builds at M = 1 (copies only, arithmetic only, launch only)
+    and a kernel that only reads the weights, in µs, all on one clock: the GPU clock where the file has it for every
+    one of them, else the profiler's kernel time (CUPTI; one launch each, L2 flushed before each)."""
+    from studylog.ternary.cuda_steps import PROBES
+
+    if results is None:
+        return PENDING, PENDING
+    clock = probe_clock(results, step, shapes)
+    head = ["N x K (M = 1)", f"`{STEPS[step - 1].name}`"] + [PROBES[p] for p in PROBES] + ["only reading the weights"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in shapes:
+        cells = [shape]
+        for s in _probe_series(step):
+            if clock == "GPU clock":
+                row = gpu_row(results, s, shape)
+                cells.append(f"{row['ms'] * 1e3:.1f}{_spread(row)}")
+            else:
+                rows = [r for r in results.select(s, shape=shape, m=1) if r.get("kernel_ms")]
+                cells.append(f"{rows[0]['kernel_ms'] * 1e3:.1f}" if rows else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines), clock
+
+
+def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of_x=(1, 16)) -> str:
+    """Markdown: Nsight Compute's counters of step 13 at 4096 x 14336 (lab/ternary/results/nvidia-h200)."""
+    labels = ("Duration", "Elapsed Cycles", "SM Active Cycles", "DRAM Throughput", "Eligible Warps Per Scheduler",
+              "Issued Warp Per Scheduler")
+
+    def metrics(name):
+        text = plotting.load_lab("ternary", name, H200)
+        return [re.search(rf"^\s*{label}\s+(\S+\s+)?([\d,.]+)\s*$", text, re.M) for label in labels]
+
+    lines = ["| rows of x | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for m, name in zip(rows_of_x, names):
+        found = metrics(name)
+        lines.append(f"| {m} | " + " | ".join(f"{g.group(2)} {(g.group(1) or '').strip()}".strip() if g else "–"
+                                             for g in found) + " |")
+    return "\n".join(lines)
+
+
 __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "fmt",
            "device", "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_table", "bounds_table", "issue_budget",
            "step_table", "result_table", "tried_cuda", "tried_triton", "tried_markdown", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clocks_table", "host_table",
-           "INT_MM_MATMUL"]
+           "INT_MM_MATMUL", "sass_table", "in_flight", "probe_table", "probe_us", "probe_clock", "ncu_table"]
