@@ -399,6 +399,16 @@ def bandwidth_share(res, shape: str = MAIN, m: int = 1) -> Optional[float]:
     return row["bytes"] / (row["ms"] * 1e-3) / (res.data["ceilings"]["copy_bandwidth_gbs"] * 1e9)
 
 
+def clock_rows() -> dict[str, dict[str, dict]]:
+    """The rows at 4096 x 14336, M = 1, of the two H200 runs that kept three clocks (host "A": the committed run,
+    "B": another host of the same day), by series: {"A": {series: row}, "B": ...}."""
+    out = {}
+    for host, name in (("A", "ternary_bench_before_one_clock"), ("B", "ternary_bench_second_host")):
+        res = plotting.Results(Path(name), plotting.load_lab("ternary", name, H200)).with_series_names(dict(RENAMED_SERIES))
+        out[host] = {r["series"]: r for r in res.select(shape=MAIN, m=1)}
+    return out
+
+
 def clocks_table() -> str:
     """Markdown, µs: the same kernels at 4096 x 14336, M = 1, on two H200 hosts of one day, by the three clocks
     those runs kept (do_bench; the profiler's kernel time; CUDA-graph replay): lab/ternary/results/nvidia-h200,
@@ -543,4 +553,4 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "device", "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_table", "bounds_table", "issue_budget",
            "step_table", "result_table", "tried_cuda", "tried_triton", "tried_markdown", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clocks_table", "host_table",
-           "INT_MM_MATMUL", "sass_table", "in_flight", "probe_table", "probe_us", "probe_clock", "ncu_table"]
+           "INT_MM_MATMUL", "sass_table", "in_flight", "probe_table", "probe_us", "probe_clock", "ncu_table", "clock_rows"]
