@@ -482,6 +482,28 @@ def in_flight(n: int = 4096, k: int = 14336, bandwidth_gbs: float = 3000.0) -> d
             "latency_us": total / (bandwidth_gbs * 1e9) * 1e6, "config": str(cfg)}
 
 
+def ring_in_flight(n: int = 4096, k: int = 14336) -> dict[str, float]:
+    """Step 11's weights in flight at M = 1 (its default launch): every stage of every block's ring, a stage
+    holding ``warps x row_tiles x chunk`` groups of 1 KiB (16 rows x 256 weights x 2 bits)."""
+    from studylog.ternary.cuda_steps import tma_config
+
+    cfg = tma_config(1, n, k)
+    per_block = cfg.stages * cfg.warps * cfg.row_tiles * cfg.chunk * 1024
+    blocks = -(-(-(-n // 16)) // cfg.row_tiles) * cfg.slices
+    return {"per_block": per_block, "blocks": blocks, "bytes": per_block * blocks, "config": str(cfg)}
+
+
+def ncu_metrics(name: str) -> dict[str, float]:
+    """Nsight Compute's counters in one of lab/ternary/results/nvidia-h200's reports, as numbers."""
+    text = plotting.load_lab("ternary", name, H200)
+    out = {}
+    for label in ("Duration", "Elapsed Cycles", "SM Active Cycles", "DRAM Throughput", "Eligible Warps Per Scheduler",
+                  "Issued Warp Per Scheduler"):
+        m = re.search(rf"^\s*{label}\s+(?:\S+\s+)?([\d,.]+)\s*$", text, re.M)
+        out[label] = float(m.group(1).replace(",", "")) if m else None
+    return out
+
+
 def _probe_series(step: int) -> list[str]:
     from studylog.ternary.cuda_steps import PROBES
 
@@ -553,4 +575,4 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "device", "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_table", "bounds_table", "issue_budget",
            "step_table", "result_table", "tried_cuda", "tried_triton", "tried_markdown", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clocks_table", "host_table",
-           "INT_MM_MATMUL", "sass_table", "in_flight", "probe_table", "probe_us", "probe_clock", "ncu_table", "clock_rows"]
+           "INT_MM_MATMUL", "sass_table", "in_flight", "probe_table", "probe_us", "probe_clock", "ncu_table", "clock_rows", "ring_in_flight", "ncu_metrics"]
