@@ -91,7 +91,7 @@ def test_step_table_says_pending_where_the_file_has_no_gpu_clock(results):
 
 def test_tried_tables_read_lab_and_the_bench(results):
     rows = L.tried_cuda(results)
-    assert len(rows) == 7 and all(r["what"] and r["details"] for r in rows)
+    assert len(rows) == 9 and all(r["what"] and r["details"] for r in rows)
     assert all(re.search(r"[+-]\d", r["effect"]) for r in rows), rows  # every effect measured
     assert len(L.tried_triton(results)) == 4
 

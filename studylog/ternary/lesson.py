@@ -285,9 +285,24 @@ def tried_cuda(results) -> list[dict[str, str]]:
                 "details": "lab/ternary/variants (QUANT 5), w2a8_per_warp_sweep_*.json"})
     rows = [r for r in _lab("w2a8_staged_deep_sweep", H100) if r.get("n") == 4096 and "graph_us" in r]
     deep, base4 = _best([r for r in rows if r["st"] > 4]), _best([r for r in rows if r["st"] == 4])
-    out.append({"what": "deeper rings of weights (5 or 8 stages instead of 4) behind x staged first",
+    out.append({"what": "deeper rings of weights (5 or 8 stages instead of 4) behind x staged first: no gain beyond the "
+                        "run-to-run spread",
                 "effect": f"{_pct(deep and deep['graph_us'], base4 and base4['graph_us'])} (best of each, GPU clock)",
                 "details": "w2a8_staged_deep_sweep.json, w2a8_staged_deep_timeline.json"})
+    def best16(name):
+        rows = [r for r in _lab(name, H200) if r.get("m") == 16 and r.get("n") == 4096 and "graph_us" in r
+                and r.get("tiles", 1) == 1]
+        best = _best(rows)
+        return best and best["graph_us"]
+
+    loads, tma, batched = (best16(n) for n in ("w2a8_tiles_sweep_loads", "w2a8_tiles_sweep_tma",
+                                               "w2a8_tiles_sweep_batched_finish"))
+    out.append({"what": "step 13 with x loaded by the consumer warps (4 loads in flight a thread) instead of the copy "
+                        "engine", "effect": f"{_pct(loads, tma)} at {MAIN}, M = 16 (H200, best config of each, GPU clock)",
+                "details": "w2a8_tiles_sweep_loads.json, w2a8_tiles_sweep_tma.json"})
+    out.append({"what": "step 13's first split-K ending, adding one output's slices one load at a time (now 4 outputs "
+                        "at once, their loads issued together)", "effect": f"{_pct(tma, batched)} at {MAIN}, M = 16 (H200, GPU clock)",
+                "details": "w2a8_tiles_sweep_tma.json, w2a8_tiles_sweep_batched_finish.json"})
     rows = [r for r in _lab("w2a8_tiles_sweep_two_tiles", H200) if r.get("m") == 16 and "graph_us" in r]
     two, one = _best([r for r in rows if r.get("tiles") == 2]), _best([r for r in rows if r.get("tiles", 1) == 1])
     out.append({"what": "step 13 with two tiles of weights a warp (x read once for both)",
