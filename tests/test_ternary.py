@@ -1,4 +1,4 @@
-"""Chapter 5, ternary matmul: formats, the Triton steps (1 to 9), the seed's bugs, bad input (steps 10 to
+"""Chapter 5, ternary matmul: formats, the Triton steps (1 to 9), the first attempt's bugs, bad input (steps 10 to
 13, CUDA C++, and the chapter's results: test_ternary_cuda.py).
 
 In the interpreter the kernels run at small, awkward sizes: K and N are not multiples of the
@@ -181,7 +181,7 @@ def test_packed_rejects_invalid_codes(rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# The tolerance has teeth, and the seed's bugs are caught
+# The tolerance has teeth, and the first attempt's bugs are caught
 # ------------------------------------------------------------------------------------------------
 
 def test_tolerance_catches_one_flipped_weight(rng):
@@ -196,35 +196,35 @@ def test_tolerance_catches_one_flipped_weight(rng):
     assert T.error_ratio(T.reference(x, flipped).float(), x, w) > TOL
 
 
-def seed_example():
+def first_attempt_example():
     s = torch.tensor([1.0, 2, 4, 8], device=DEV)
     w = torch.tensor([[1.0, 0, 0, 0], [0, 1, 1, 0], [0, -1, 0, 1], [0, 0, 1, -1]], device=DEV)
     return s, w
 
 
-def test_the_seed_is_guarded():
-    s, w = seed_example()
-    with pytest.raises(RuntimeError, match="seed's bugs"):
-        T.ternary_seed(s, w, 1.0)
+def test_the_first_attempt_is_guarded():
+    s, w = first_attempt_example()
+    with pytest.raises(RuntimeError, match="first attempt's bugs"):
+        T.ternary_first_attempt(s, w, 1.0)
 
 
-def test_the_seed_reproduces_both_of_its_outputs():
-    s, w = seed_example()
-    right = T.ternary_seed(s, w, 1.0, i_know_this_is_the_buggy_seed=True)
-    stale = T.ternary_seed(s, w, 1.0, x_along_n=True, i_know_this_is_the_buggy_seed=True)
+def test_the_first_attempt_reproduces_both_of_its_outputs():
+    s, w = first_attempt_example()
+    right = T.ternary_first_attempt(s, w, 1.0, i_know_it_is_buggy=True)
+    stale = T.ternary_first_attempt(s, w, 1.0, x_along_n=True, i_know_it_is_buggy=True)
     assert right.tolist() == [1.0, -2.0, 10.0, -4.0]  # its last cell: right, on a 4x4 made of 2x2 blocks
-    assert stale.tolist() == [1.0, -6.0, 5.0, 0.0]  # the wrong output left in the seed's notebook
+    assert stale.tolist() == [1.0, -6.0, 5.0, 0.0]  # the wrong output left in its notebook
 
 
-def test_the_seed_fails_fresh_awkward_inputs(rng):
-    # the seed's layout: W is (K, N). K = 37, N = 23: not multiples of its 2x2 blocks.
+def test_the_first_attempt_fails_fresh_awkward_inputs(rng):
+    # its layout: W is (K, N). K = 37, N = 23: not multiples of its 2x2 blocks.
     k, n = 13, 7
     x = torch.randn(k, generator=rng).to(DEV)
     w = ternary(n, k, rng).to(DEV)
-    seed_w = w.T.contiguous().float()
-    z = T.ternary_seed(x, seed_w, 1.0, i_know_this_is_the_buggy_seed=True)
+    first_w = w.T.contiguous().float()
+    z = T.ternary_first_attempt(x, first_w, 1.0, i_know_it_is_buggy=True)
     assert T.error_ratio(z.float(), x, w) > TOL  # float16 output: about 1e-3 relative error
-    z = T.ternary_seed(x, seed_w, 1.0, x_along_n=True, i_know_this_is_the_buggy_seed=True)
+    z = T.ternary_first_attempt(x, first_w, 1.0, x_along_n=True, i_know_it_is_buggy=True)
     assert T.error_ratio(z.float(), x, w) > 1e-2  # x broadcast along the wrong axis
     assert_matches(T.step01_sign(x, w.float()), x, w)  # step 1 on the same input
 

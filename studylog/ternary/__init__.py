@@ -15,7 +15,13 @@ so that the diff is the lesson; ``CHAPTER.steps`` lists them, each with its publ
 * :mod:`~studylog.ternary.w2a8`: steps 12 and 13 (W2A8 in CUDA C++);
 * :mod:`~studylog.ternary.peers`: GemLite and torch._int_mm on the same ternary weights (the peers);
 * :mod:`~studylog.ternary.report`: the benchmark; :mod:`~studylog.ternary.results`: what reads its results
-  (figures, headline, tables, targets).
+  (figures, headline, tables, targets);
+* :mod:`~studylog.ternary.lesson`: what the two lessons compute from data (the Amdahl view, each step against
+  its floor, what did not help, SASS counts); :mod:`~studylog.ternary.exercises`: the exercises and their CPU
+  checks.
+
+The lessons: ``notebooks/05_ternary_1_triton.ipynb`` (steps 1 to 9) and ``notebooks/05_ternary_2_cuda.ipynb``
+(steps 10 to 13).
 
 :func:`ternary_matmul` is the chapter's general entry point: it picks the step for the weights' format,
 the rows of x and the GPU.
@@ -49,7 +55,7 @@ from studylog.ternary.triton_steps import (DOT3_CONFIGS_FEW, DOT3_CONFIGS_MANY, 
                                            config_dict, dot_2bit_kernel, dot_base3_kernel, gemv_2bit_kernel,
                                            gemv_base3_kernel, int8_v2_kernel, packed2_v3_kernel, sign_v1_kernel,
                                            step01_sign, step02_int8, step03_2bit, step04_gemv, step05_dot,
-                                           step06_base3_gemv, step07_base3_dot, ternary_seed)
+                                           step06_base3_gemv, step07_base3_dot, ternary_first_attempt)
 from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W2A8_PROBES, W2A8_QUANTIZE,
                                    W2A8_QUANTIZE_INSTANCES, W2A8_SHAPES, W2A8_STAGED_GROUPS_PER_WARP,
                                    W2A8_STAGED_SHAPES, W2A8_TILES_INSTANCES, W2A8_TILES_SHAPES, W2A8Config, W2A8Plan,
@@ -58,14 +64,14 @@ from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W
                                    w2a8_max_groups_per_slice, w2a8_plan, w2a8_plan_takes, w2a8_quantize,
                                    w2a8_smem_bytes, w2a8_tiles_config, w2a8_tiles_plan, w2a8_x_order)
 
-from studylog.ternary import peers
+from studylog.ternary import exercises, lesson, peers
 from studylog.ternary.steps import CSRC, RENAMED_SERIES, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
 
 CHAPTER = Chapter(
     name="ternary",
     number=5,
     title="Ternary matmul: Triton, then CUDA C++ with MMA, TMA and int8 activations",
-    notebooks=("05_ternary_matmul",),
+    notebooks=("05_ternary_1_triton", "05_ternary_2_cuda"),
     steps=STEPS,
     bench=bench,
     figures=figures,
@@ -79,7 +85,7 @@ __all__ = [
     # the steps
     "step01_sign", "step02_int8", "step03_2bit", "step04_gemv", "step05_dot", "step06_base3_gemv",
     "step07_base3_dot", "step08_w2a8_dot", "step09_mma", "step10_cuda_mma", "step11_tma", "step12_w2a8",
-    "step13_w2a8_tiles", "step11_probe", "step12_probe", "step12_timeline", "ternary_seed",
+    "step13_w2a8_tiles", "step11_probe", "step12_probe", "step12_timeline", "ternary_first_attempt",
     # their kernels (what show_source and show_diff read)
     "sign_v1_kernel", "int8_v2_kernel", "packed2_v3_kernel", "gemv_2bit_kernel", "dot_2bit_kernel",
     "gemv_base3_kernel", "dot_base3_kernel", "w2a8_dot_kernel", "mma_2bit_kernel", "pair_weights",
@@ -109,6 +115,6 @@ __all__ = [
     "place_series", "probe_series", "timing_plan", "speedup_table", "peers_table", "target_checks", "shapes_in",
     "series_ms", "series_label", "fastest", "on_gpu_clock", "timeline_figure", "BASELINES", "GEMLITE", "INT_MM",
     "INT_MM_MATMUL", "FLOAT_X_SERIES", "W2A8_SERIES",
-    # the peers (GemLite, torch._int_mm), imported lazily
-    "peers",
+    # the peers (GemLite, torch._int_mm), imported lazily; the lessons' computations and exercises
+    "peers", "lesson", "exercises",
 ]

@@ -5,7 +5,7 @@
 ``(M, K)`` (or a vector ``(K,)``); ``z`` is float32. Each step is a kernel next to the previous one, so
 that the diff is the lesson (the packed formats: :mod:`studylog.ternary.formats`):
 
-1. :func:`step01_sign` (:func:`sign_v1_kernel`): the seed's idea made correct. Dense float weights, sign
+1. :func:`step01_sign` (:func:`sign_v1_kernel`): the first attempt's idea made correct. Dense float weights, sign
    selection instead of a multiply, masks on every edge, autotuned block sizes, float32 out.
 2. :func:`step02_int8` (:func:`int8_v2_kernel`): the same kernel reading int8 weights.
 3. :func:`step03_2bit` (:func:`packed2_v3_kernel`): 2-bit packing, 16 weights per int32 word, decoded
@@ -35,15 +35,15 @@ from studylog.ternary.formats import (X_DTYPES, PackedTernary, Scale, _check_den
                                       _check_x, _prepare_out, _x_k, base3_table, check_ternary_values)
 
 # ----------------------------------------------------------------------------------------------
-# The seed, kept only to show its bugs (notebook and tests). Guarded: not part of the API.
+# The first attempt (a notebook's first ternary kernel), kept only to show its bugs (notebook and tests). Guarded: not part of the API.
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def _seed_kernel(x_ptr, w_ptr, z_ptr, scale, M, N, stride_xm, stride_wm, stride_wn,
+def _first_attempt_kernel(x_ptr, w_ptr, z_ptr, scale, M, N, stride_xm, stride_wm, stride_wn,
                  BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, X_ALONG_N: tl.constexpr):
-    # The seed's kernel as it was: x is (1, M), W is (M, N), z = x W / scale stored as float16.
-    # X_ALONG_N=True is the earlier version whose output stayed in the seed's last cell: it
-    # broadcasts x along N instead of M, which compiles only because the seed's blocks are square.
+    # The first attempt's kernel as it was: x is (1, M), W is (M, N), z = x W / scale stored as float16.
+    # X_ALONG_N=True is the earlier version whose output stayed in its notebook's last cell: it
+    # broadcasts x along N instead of M, which compiles only because its blocks are square.
     pid = tl.program_id(axis=0)
     offs_m = tl.arange(0, BLOCK_SIZE_M)
     offs_n = (pid * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
@@ -66,17 +66,17 @@ def _seed_kernel(x_ptr, w_ptr, z_ptr, scale, M, N, stride_xm, stride_wm, stride_
     tl.store(z_ptr + offs_z, z, mask=offs_z < N)
 
 
-def ternary_seed(x: Tensor, w: Tensor, scale: float, *, x_along_n: bool = False,
-                 i_know_this_is_the_buggy_seed: bool = False) -> Tensor:
-    """Run the seed's kernel (W is (K, N) here; 2x2 blocks; float16 out). Wrong on purpose: only
+def ternary_first_attempt(x: Tensor, w: Tensor, scale: float, *, x_along_n: bool = False,
+                          i_know_it_is_buggy: bool = False) -> Tensor:
+    """Run the first attempt's kernel (W is (K, N) here; 2x2 blocks; float16 out). Wrong on purpose: only
     the notebook and the tests call it, to show which check catches which bug."""
-    if not i_know_this_is_the_buggy_seed:
-        raise RuntimeError("ternary_seed reproduces the seed's bugs; use ternary_matmul, or pass "
-                           "i_know_this_is_the_buggy_seed=True to look at the bugs on purpose")
+    if not i_know_it_is_buggy:
+        raise RuntimeError("ternary_first_attempt reproduces the first attempt's bugs; use ternary_matmul, or pass "
+                           "i_know_it_is_buggy=True to look at the bugs on purpose")
     k, n = w.shape
     z = torch.full((n,), float("nan"), dtype=torch.float16, device=x.device)
-    _seed_kernel[(triton.cdiv(n, 2),)](x, w, z, scale, k, n, x.stride(0), w.stride(0), w.stride(1),
-                                       BLOCK_SIZE_M=2, BLOCK_SIZE_N=2, X_ALONG_N=x_along_n)
+    _first_attempt_kernel[(triton.cdiv(n, 2),)](x, w, z, scale, k, n, x.stride(0), w.stride(0), w.stride(1),
+                                                BLOCK_SIZE_M=2, BLOCK_SIZE_N=2, X_ALONG_N=x_along_n)
     return z
 
 
@@ -144,7 +144,7 @@ DOT3_CONFIGS_MANY = [
 
 
 # ----------------------------------------------------------------------------------------------
-# Step 1: the seed's idea, made correct
+# Step 1: the first attempt's idea, made correct
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit

@@ -1,0 +1,309 @@
+"""Chapter 5's exercises, each with a check that a reader runs on a CPU.
+
+Every ``check_*`` function runs the reader's function on small random inputs against the chapter's reference
+(the packers and quantisers of :mod:`studylog.ternary.formats`, or the rule the kernels follow), prints what is
+wrong on the first input where it disagrees, and returns ``True`` when every input agrees. A plain solution of
+each exercise is here too: the notebooks check them, so that the checks themselves run in CI; try your own
+before reading them.
+
+Lesson 1 (Triton):
+
+1. :func:`check_unpack_2bit`: the weights of one group of the 2-bit format, from its 16 words.
+2. :func:`check_field_float`: the bit pattern that turns a 2-bit field into a float with one AND.
+3. :func:`check_base3`: five weights in one byte, and back.
+4. :func:`check_absmean`: BitNet b1.58's absmean quantisation of a weight matrix.
+
+Lesson 2 (CUDA C++):
+
+5. :func:`check_mma_position`: where weight k of a group sits in the MMA-order words.
+6. :func:`check_w2a8_sum`: the four int8 accumulators of step 12 back to ``sum x w``.
+7. :func:`check_round_int8`: BitNet's int8 rounding of x, as the kernels must match it.
+8. :func:`check_ring_waits`: which stage and which mbarrier phase a ring of stages waits on.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from studylog.ternary.formats import pack_2bit, pack_2bit_mma, pack_base3, quantize_absmean, quantize_activations
+
+__all__ = ["check_unpack_2bit", "check_field_float", "check_base3", "check_absmean", "check_mma_position",
+           "check_w2a8_sum", "check_round_int8", "check_ring_waits",
+           "unpack_group", "field_float_bits", "base3_byte", "base3_weights", "absmean", "mma_position",
+           "w2a8_sum", "round_int8", "ring_waits"]
+
+
+def _report(name: str, ok: bool, problem: Optional[str], cases: int) -> bool:
+    print(f"{name}: {'all ' + str(cases) + ' inputs agree' if ok else 'wrong: ' + str(problem)}")
+    return ok
+
+
+def _u32(v: int) -> int:
+    return int(v) & 0xFFFFFFFF
+
+
+def _ternary(gen: torch.Generator, *shape: int) -> Tensor:
+    return (torch.randint(0, 3, shape, generator=gen) - 1).to(torch.int8)
+
+
+# --------------------------------------------------------------------------------------
+# 1. One group of the 2-bit format
+# --------------------------------------------------------------------------------------
+
+def unpack_group(words: Sequence[int]) -> list[int]:
+    """A solution of exercise 1: the 256 weights (-1, 0, +1) of one group of the ``"2bit"`` format, from its 16
+    words (unsigned 32-bit ints). Word t holds weight 16 j + t in bits 2j, 2j + 1, as the code w + 1."""
+    out = [0] * 256
+    for t, word in enumerate(words):
+        for j in range(16):
+            out[16 * j + t] = ((word >> (2 * j)) & 3) - 1
+    return out
+
+
+def check_unpack_2bit(fn: Callable[[Sequence[int]], Sequence[int]], cases: int = 40) -> bool:
+    """``fn(words) -> 256 weights`` on random groups packed by :func:`~studylog.ternary.formats.pack_2bit`."""
+    gen = torch.Generator().manual_seed(51)
+    for _ in range(cases):
+        w = _ternary(gen, 1, 256)
+        words = [_u32(v) for v in pack_2bit(w)[0].tolist()]
+        got = [int(v) for v in fn(list(words))]
+        want = w[0].tolist()
+        if got != want:
+            k = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b) if len(got) == 256 else None
+            where = f"{len(got)} weights instead of 256" if k is None else \
+                f"weight {k} (word {k % 16}, field {k // 16}) is {got[k]}, should be {want[k]}"
+            return _report("check_unpack_2bit", False, where, cases)
+    return _report("check_unpack_2bit", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 2. A field as a float with one AND (step 4's decode)
+# --------------------------------------------------------------------------------------
+
+def field_float_bits(word: int, f: int) -> int:
+    """A solution of exercise 2: for field f (0..7) of a 2-bit word, the 32 bits that read as the float32
+    ``2^(23 - 2f) + code``: the word's low 16 bits under an exponent with all bits set, ANDed with the
+    exponent of ``2^(23 - 2f)`` and the field's two bits (step 4's ``_with_exponent`` and ``_field_to_float``)."""
+    low = (word & 0xFFFF) | 0x7F800000
+    return low & (((150 - 2 * f) << 23) | (3 << (2 * f)))
+
+
+def _as_float(bits: int) -> float:
+    return torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
+
+
+def check_field_float(fn: Callable[[int, int], int], cases: int = 200) -> bool:
+    """``fn(word, f) -> bits``: the bits must read as the float32 ``2^(23 - 2f) + code`` of field f, so that
+    subtracting ``2^(23 - 2f) + 1`` leaves the weight; and they must come from one AND of the word's low 16 bits
+    with all exponent bits set (no shift of the field)."""
+    gen = torch.Generator().manual_seed(52)
+    for _ in range(cases):
+        w = _ternary(gen, 1, 256)
+        word = _u32(pack_2bit(w)[0, int(torch.randint(0, 16, (1,), generator=gen))])
+        for f in range(8):
+            bits = _u32(fn(word, f))
+            code = (word >> (2 * f)) & 3
+            value = _as_float(bits)
+            if value != 2.0 ** (23 - 2 * f) + code:
+                return _report("check_field_float", False, f"word {word:#010x}, field {f} (code {code}): bits "
+                               f"{bits:#010x} read as {value!r}, want 2^{23 - 2 * f} + {code}", cases)
+            if bits & ~(((word & 0xFFFF) | 0x7F800000)) & 0xFFFFFFFF:
+                return _report("check_field_float", False, f"word {word:#010x}, field {f}: bits {bits:#010x} set a "
+                               "bit that the word with its exponent bits set does not have (one AND cannot)", cases)
+    return _report("check_field_float", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 3. Five weights in a byte (base 3)
+# --------------------------------------------------------------------------------------
+
+def base3_byte(weights: Sequence[int]) -> int:
+    """A solution of exercise 3a: the byte of five weights w_0..w_4, ``sum_d (w_d + 1) 3^d``."""
+    return sum((int(w) + 1) * 3**d for d, w in enumerate(weights))
+
+
+def base3_weights(byte: int) -> list[int]:
+    """A solution of exercise 3b: the five weights of a base-3 byte, digit 0 first."""
+    return [(byte // 3**d) % 3 - 1 for d in range(5)]
+
+
+def check_base3(encode: Callable[[Sequence[int]], int], decode: Callable[[int], Sequence[int]]) -> bool:
+    """``encode(five weights) -> byte`` against :func:`~studylog.ternary.formats.pack_base3` (byte t of a group
+    holds weights 16 d + t as digit d) for all 243 combinations, and ``decode(byte)`` back."""
+    cases = 3**5
+    for v in range(cases):
+        weights = [(v // 3**d) % 3 - 1 for d in range(5)]
+        row = torch.zeros(1, 80, dtype=torch.int8)
+        row[0, [0, 16, 32, 48, 64]] = torch.tensor(weights, dtype=torch.int8)
+        want = int(pack_base3(row)[0, 0])
+        got = int(encode(list(weights)))
+        if got != want:
+            return _report("check_base3", False, f"encode({weights}) = {got}, the format's byte is {want}", cases)
+        back = [int(w) for w in decode(want)]
+        if back != weights:
+            return _report("check_base3", False, f"decode({want}) = {back}, want {weights}", cases)
+    return _report("check_base3", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 4. BitNet's absmean quantisation
+# --------------------------------------------------------------------------------------
+
+def absmean(w: Tensor) -> tuple[Tensor, Tensor]:
+    """A solution of exercise 4: ``scale = 1 / mean|W|`` over the whole tensor and
+    ``W_t = clamp(round(W * scale), -1, 1)`` as int8."""
+    scale = 1.0 / w.float().abs().mean().clamp(min=1e-5)
+    return (w.float() * scale).round().clamp(-1, 1).to(torch.int8), scale
+
+
+def check_absmean(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int = 30) -> bool:
+    """``fn(W) -> (W_t, scale)`` against :func:`~studylog.ternary.formats.quantize_absmean` (per tensor) on
+    random matrices of different spreads."""
+    gen = torch.Generator().manual_seed(54)
+    for i in range(cases):
+        n, k = int(torch.randint(1, 9, (1,), generator=gen)), int(torch.randint(1, 40, (1,), generator=gen))
+        w = torch.randn(n, k, generator=gen) * float(torch.rand(1, generator=gen) * 3 + 0.01)
+        want_w, want_s = quantize_absmean(w)
+        got_w, got_s = fn(w.clone())
+        if not torch.allclose(torch.as_tensor(got_s, dtype=torch.float32), want_s, rtol=1e-5):
+            return _report("check_absmean", False, f"a {n} x {k} matrix: scale {float(got_s):.6g}, want "
+                           f"{float(want_s):.6g} (1 / mean |W|)", cases)
+        if not torch.equal(torch.as_tensor(got_w).to(torch.int8), want_w):
+            return _report("check_absmean", False, f"a {n} x {k} matrix: the ternary weights differ from "
+                           "clamp(round(W * scale), -1, 1)", cases)
+    return _report("check_absmean", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 5. Where a weight sits in the MMA order
+# --------------------------------------------------------------------------------------
+
+def mma_position(k: int) -> tuple[int, int]:
+    """A solution of exercise 5: (word, lowest bit) of weight k (0..255) of a group in the ``"2bit_mma"`` format:
+    weight 32 p + 2 t + h is in word t, bits 16 h + 2 p."""
+    p, rest = divmod(k, 32)
+    t, h = divmod(rest, 2)
+    return t, 16 * h + 2 * p
+
+
+def check_mma_position(fn: Callable[[int], tuple[int, int]], cases: int = 20) -> bool:
+    """``fn(k) -> (word, bit)`` for every weight of a group, against
+    :func:`~studylog.ternary.formats.pack_2bit_mma` on random groups: the code ``w + 1`` of weight k must be
+    ``(words[word] >> bit) & 3``."""
+    gen = torch.Generator().manual_seed(55)
+    for _ in range(cases):
+        w = _ternary(gen, 1, 256)
+        words = [_u32(v) for v in pack_2bit_mma(w)[0].tolist()]
+        seen = set()
+        for k in range(256):
+            t, bit = (int(v) for v in fn(k))
+            if not (0 <= t < 16 and 0 <= bit <= 30) or (t, bit) in seen:
+                return _report("check_mma_position", False, f"weight {k}: ({t}, {bit}) is not a free 2-bit field of "
+                               "the group's 16 words", cases)
+            seen.add((t, bit))
+            if ((words[t] >> bit) & 3) - 1 != int(w[0, k]):
+                return _report("check_mma_position", False, f"weight {k} is not at word {t}, bit {bit}", cases)
+    return _report("check_mma_position", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 6. Step 12's four accumulators
+# --------------------------------------------------------------------------------------
+
+def w2a8_sum(acc: Sequence[int], x_sum: int) -> int:
+    """A solution of exercise 6: ``sum_k x_k w_k`` from step 12's accumulators. ``acc[p]`` sums ``x_k`` times the
+    byte ``code_k << 2p`` over the weights k held at code position p of their byte, with ``code = w + 1``;
+    ``x_sum`` is ``sum_k x_k`` over all of them."""
+    return acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6) - x_sum
+
+
+def check_w2a8_sum(fn: Callable[[Sequence[int], int], int], cases: int = 300) -> bool:
+    """``fn(acc, x_sum) -> sum x w`` on random rows: 4 x 64 weights, int8 x, the accumulators built as step 12's
+    int8 MMAs build them (the AND with ``0x03030303 << 2p`` leaves ``code << 2p`` in a byte)."""
+    gen = torch.Generator().manual_seed(56)
+    for _ in range(cases):
+        w = (torch.randint(0, 3, (4, 64), generator=gen) - 1).long()
+        x = torch.randint(-128, 128, (4, 64), generator=gen).long()
+        acc = [int((((w[p] + 1) << (2 * p)) * x[p]).sum()) for p in range(4)]
+        want = int((w * x).sum())
+        got = int(fn(list(acc), int(x.sum())))
+        if got != want:
+            return _report("check_w2a8_sum", False, f"accumulators {acc}, x_sum {int(x.sum())}: got {got}, "
+                           f"sum x w is {want}", cases)
+    return _report("check_w2a8_sum", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 7. Rounding x to int8 as BitNet does
+# --------------------------------------------------------------------------------------
+
+def round_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """A solution of exercise 7: one row of x to int8 with its absmax, ``scale = 127 / max|x|`` and
+    ``q = round(x * scale)`` rounded half to even (as torch rounds), clamped to [-128, 127]."""
+    scale = 127.0 / x.float().abs().max().clamp(min=1e-5)
+    return (x.float() * scale).round().clamp(-128, 127).to(torch.int8), scale
+
+
+def check_round_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int = 50) -> bool:
+    """``fn(x_row) -> (q, scale)`` against :func:`~studylog.ternary.formats.quantize_activations` on random rows,
+    half of them built so that many products land exactly on a half (where rounding half up and half to even
+    differ)."""
+    gen = torch.Generator().manual_seed(57)
+    for i in range(cases):
+        k = int(torch.randint(1, 300, (1,), generator=gen))
+        if i % 2:
+            x = torch.randn(k, generator=gen)
+        else:  # x = (n + 0.5) / 127 * amax: products on halves
+            x = (torch.randint(-127, 127, (k,), generator=gen).float() + 0.5)
+            x[0] = 127.0
+        want_q, want_s = quantize_activations(x[None])
+        got_q, got_s = fn(x.clone())
+        if not torch.allclose(torch.as_tensor(got_s, dtype=torch.float32).reshape(()), want_s[0], rtol=1e-6):
+            return _report("check_round_int8", False, f"scale {float(got_s):.6g}, want {float(want_s[0]):.6g}", cases)
+        got_q = torch.as_tensor(got_q).reshape(-1).to(torch.int16)
+        bad = (got_q != want_q[0].to(torch.int16)).nonzero()
+        if len(bad):
+            j = int(bad[0])
+            return _report("check_round_int8", False, f"x = {float(x[j])!r} (x * scale = "
+                           f"{float(x[j] * want_s[0])!r}) gives {int(got_q[j])}, want {int(want_q[0, j])}", cases)
+    return _report("check_round_int8", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 8. The waits of a ring of stages
+# --------------------------------------------------------------------------------------
+
+def ring_waits(c: int, stages: int) -> tuple[int, int, Optional[int]]:
+    """A solution of exercise 8: for chunk c of a ring of ``stages`` stages, (the stage it goes into, the phase
+    parity a consumer waits for on that stage's "full" mbarrier, the parity the producer waits for on its
+    "empty" mbarrier before refilling it, or None when the stage has never been used)."""
+    s, lap = c % stages, c // stages
+    return s, lap & 1, None if lap == 0 else (lap - 1) & 1
+
+
+def check_ring_waits(fn: Callable[[int, int], tuple[int, int, Optional[int]]]) -> bool:
+    """``fn(c, stages)`` for chunks 0..63 of rings of 1 to 8 stages, against a simulation of the mbarriers: each
+    completes a phase when its arrivals are in, and a wait on parity P returns once the phase of parity P has
+    completed (the rule of ``mbarrier.try_wait.parity``)."""
+    cases = 0
+    for stages in range(1, 9):
+        full_done = [0] * stages  # phases completed on each "full" barrier
+        empty_done = [0] * stages
+        for c in range(64):
+            cases += 1
+            s, lap = c % stages, c // stages
+            # the producer may refill stage s once the consumers have emptied it `lap` times: it waits for the
+            # phase that completes the lap-th emptying, number lap - 1, whose parity is (lap - 1) & 1
+            want_empty = None if lap == 0 else (empty_done[s] - 1) & 1
+            full_done[s] += 1  # the copy lands: phase number `lap` of the full barrier completes
+            want_full = (full_done[s] - 1) & 1
+            empty_done[s] += 1  # the consumers free it
+            got = tuple(fn(c, stages))
+            got = (int(got[0]), int(got[1]), None if got[2] is None else int(got[2]))
+            if got != (s, want_full, want_empty):
+                return _report("check_ring_waits", False, f"chunk {c} of a ring of {stages}: got {got}, want "
+                               f"{(s, want_full, want_empty)} (stage, full parity, empty parity)", cases)
+    return _report("check_ring_waits", True, None, cases)

@@ -1,0 +1,593 @@
+"""What chapter 5's two lessons compute from data: the Amdahl view of a BitNet decode step, the bounds of the
+problem, each step's time against its floor, the results against the baselines and peers, what was tried and
+did not help (read from ``lab/ternary/results``), the SASS of the CUDA C++ steps, and the two cards and host
+clocks that the book's "How we measure" page describes.
+
+Every time is read from the committed benchmark file on the **GPU clock** (:func:`results.on_gpu_clock`); where
+a file has no GPU-clock time for a series, the functions return ``None`` and the tables say "pending" (a file
+written before the chapter moved to one clock timed steps 1 to 8 by do_bench only).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from studylog import plotting
+from studylog.ternary.formats import packed_cols
+from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_PLACE_SERIES,
+                                      W2A8_SERIES, fastest, on_gpu_clock, series_label, shapes_in)
+from studylog.ternary.steps import RENAMED_SERIES, SERIES, STEPS
+
+H100 = "nvidia-h100-80gb-hbm3"
+H200 = "nvidia-h200"
+#: The two Llama shapes the targets are set on (N x K): an MLP down projection of an 8B and of a 70B model.
+MAIN, BIG = "4096x14336", "8192x28672"
+PENDING = "pending"
+
+# ----------------------------------------------------------------------------------------------
+# Reading the committed file
+# ----------------------------------------------------------------------------------------------
+
+
+def load():
+    """The newest committed results of the chapter, or None."""
+    try:
+        return plotting.load_results("ternary")
+    except FileNotFoundError:
+        return None
+
+
+def caption(results) -> str:
+    if results is None:
+        return "No GPU results are committed for this chapter yet: every measured number below reads pending."
+    return results.caption()
+
+
+def gpu_row(results, series: str, shape: str = MAIN, m: int = 1) -> Optional[dict]:
+    """The row of ``series`` on the GPU clock, or None."""
+    if results is None:
+        return None
+    rows = on_gpu_clock(results).select(series, shape=shape, m=m)
+    return rows[0] if rows else None
+
+
+def us(results, series: str, shape: str = MAIN, m: int = 1) -> Optional[float]:
+    """GPU-clock time of ``series`` (µs), or None."""
+    row = gpu_row(results, series, shape, m)
+    return None if row is None else row["ms"] * 1e3
+
+
+def floor_us(results, shape: str = MAIN, m: int = 1, fmt: str = "2bit") -> Optional[float]:
+    """The bandwidth floor of a format at one case (µs), as the bench wrote it beside a series of that format."""
+    if results is None:
+        return None
+    series = {"2bit": [SERIES[n] for n in (4, 5, 9, 10, 11, 12, 13, 3)], "base3": [SERIES[6], SERIES[7]],
+              "int8": [SERIES[2]], "bf16": [CUBLAS, SERIES[1]]}[fmt]
+    for s in series:
+        rows = [r for r in results.select(s, shape=shape, m=m) if "floor_ms" in r]
+        if rows:
+            return rows[0]["floor_ms"] * 1e3
+    return None
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def fmt(value: Optional[float], spec: str = "{:.1f}") -> str:
+    return PENDING if value is None else spec.format(value)
+
+
+def device(results) -> dict:
+    return {} if results is None else results.data.get("device", {})
+
+
+# ----------------------------------------------------------------------------------------------
+# Why it matters: a BitNet b1.58 2B4T decode step
+# ----------------------------------------------------------------------------------------------
+
+#: BitNet b1.58 2B4T's shape (its config.json on Hugging Face: microsoft/bitnet-b1.58-2B-4T).
+BITNET_2B4T = {"hidden": 2560, "intermediate": 6912, "layers": 30, "heads": 20, "kv_heads": 5, "vocab": 128256,
+               "context": 4096}
+#: Its ternary linear layers as (name, N, K, how many a layer), and the benchmark shape each is timed at
+#: (q and o at 2560 x 2560; k and v, 640 x 2560, are not in the benchmark: they take q's speedup).
+BITNET_LAYERS = (("q, o", 2560, 2560, 2, "2560x2560"), ("k, v", 640, 2560, 2, "2560x2560"),
+                 ("gate and up (fused)", 13824, 2560, 1, "13824x2560"), ("down", 2560, 6912, 1, "2560x6912"))
+
+
+def amdahl(results) -> dict[str, Any]:
+    """The share of a BitNet b1.58 2B4T decode step (one token, a full context of KV cache) that its ternary
+    layers take when they are bf16 matmuls, by bytes moved (a bandwidth model: at M = 1 every part is
+    memory-bound), and what the measured speedup of our fastest bf16-x kernel over cuBLAS bf16 at the
+    model's own shapes (GPU clock) buys end to end."""
+    c = BITNET_2B4T
+    head_dim = c["hidden"] // c["heads"]
+    linear = c["layers"] * sum(n * k * count for _, n, k, count, _ in BITNET_LAYERS)  # weights
+    rest = {"LM head (tied embedding, bf16)": c["vocab"] * c["hidden"] * 2,
+            "KV cache (bf16, full context)": c["layers"] * 2 * c["kv_heads"] * head_dim * c["context"] * 2}
+    linear_bytes = linear * 2
+    share = linear_bytes / (linear_bytes + sum(rest.values()))
+    base = ours = 0.0
+    per_shape = {}
+    for name, _, _, count, shape in BITNET_LAYERS:
+        b = us(results, CUBLAS, shape)
+        row, series = fastest(results, FLOAT_X_SERIES, shape=shape, m=1) if results is not None else (None, None)
+        if b is None or row is None:
+            base = ours = None
+            break
+        per_shape[shape] = (b / (row["ms"] * 1e3), series)
+        base += count * b
+        ours += count * row["ms"] * 1e3
+    speedup = None if base is None else base / ours
+    end_to_end = None if speedup is None else 1 / ((1 - share) + share / speedup)
+    bytes_2bit = linear * 2 / 8  # 2 bits a weight
+    return {"weights": linear, "linear_bytes": linear_bytes, "rest": rest, "share": share, "speedup": speedup,
+            "end_to_end": end_to_end, "limit": 1 / (1 - share), "per_shape": per_shape,
+            "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
+
+
+def amdahl_table(view: dict) -> str:
+    lines = ["| part of the step | bytes read (MB) | share |", "|---|---|---|"]
+    total = view["linear_bytes"] + sum(view["rest"].values())
+    lines.append(f"| ternary linear layers, stored as bf16 ({view['weights'] / 1e9:.2f} G weights) | "
+                 f"{view['linear_bytes'] / 1e6:,.0f} | {view['linear_bytes'] / total:.0%} |")
+    for name, b in view["rest"].items():
+        lines.append(f"| {name} | {b / 1e6:,.0f} | {b / total:.0%} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# The numbers that bound it
+# ----------------------------------------------------------------------------------------------
+
+def bounds_table(bandwidth_gbs: float, shapes) -> str:
+    """Bytes a format moves at M = 1 and the time they take at ``bandwidth_gbs`` (GB/s), per shape."""
+    rows = ["| N x K | weights | bf16 MB | 2-bit MB | 1.6-bit MB | bf16 floor µs | int8 floor µs | 2-bit floor µs | "
+            "1.6-bit floor µs |", "|---|---|---|---|---|---|---|---|---|"]
+    per_us = lambda b: b / (bandwidth_gbs * 1e9) * 1e6  # noqa: E731
+    for family, n, k in shapes:
+        b16, b8 = 2 * n * k, n * k
+        b2, b3 = 4 * n * packed_cols(k, "2bit"), n * packed_cols(k, "base3")
+        rows.append(f"| {n} x {k} ({family}) | {n * k / 1e6:.1f} M | {b16 / 1e6:.1f} | {b2 / 1e6:.1f} | "
+                    f"{b3 / 1e6:.1f} | {per_us(b16):.1f} | {per_us(b8):.1f} | {per_us(b2):.2f} | {per_us(b3):.2f} |")
+    return "\n".join(rows)
+
+
+def issue_budget(results, bandwidth_gbs: float, n: int = 4096, k: int = 14336) -> dict[str, float]:
+    """How many instructions per weight the SMs can issue in the time the 2-bit weights take to stream: SMs x 4
+    schedulers x 32 lanes x the top SM clock x the floor, over the weights (the card's numbers from the file)."""
+    dev = device(results)
+    sms = dev.get("sm_count", 132)
+    clock_hz = float(str(dev.get("max_sm_clock", "1980 MHz")).split()[0]) * 1e6
+    floor_s = 4 * n * packed_cols(k, "2bit") / (bandwidth_gbs * 1e9)
+    lanes_per_s = sms * 4 * 32 * clock_hz
+    return {"weights": n * k, "floor_us": floor_s * 1e6, "sms": sms, "clock_ghz": clock_hz / 1e9,
+            "per_weight": lanes_per_s * floor_s / (n * k)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps against the floor
+# ----------------------------------------------------------------------------------------------
+
+def _spread(row: dict) -> str:
+    if "spread_ms" not in row:
+        return ""
+    lo, _, hi = row["spread_ms"]
+    return f" ({lo * 1e3:.1f}–{hi * 1e3:.1f})"
+
+
+def step_table(results, numbers, shapes=(MAIN, BIG), m: int = 1) -> str:
+    """Markdown: each step's GPU-clock time (min–max of the repetitions where the file has them), its multiple
+    of the 2-bit floor (1.6-bit for steps 6 and 7) and its speedup over cuBLAS bf16, per shape; "pending"
+    where the file has no GPU-clock time for it."""
+    lines = ["| step | N x K, M | GPU clock (µs) | × its floor | × faster than cuBLAS bf16 |", "|---|---|---|---|---|"]
+    for number in numbers:
+        step = STEPS[number - 1]
+        for shape in shapes:
+            row = gpu_row(results, step.series, shape, m)
+            floor = floor_us(results, shape, m, "base3" if number in (6, 7) else "2bit")
+            base = us(results, CUBLAS, shape, m)
+            if row is None:
+                lines.append(f"| `{step.name}` | {shape}, {m} | {PENDING} | {PENDING} | {PENDING} |")
+                continue
+            t = row["ms"] * 1e3
+            lines.append(f"| `{step.name}` | {shape}, {m} | {t:.1f}{_spread(row)} | {fmt(ratio(t, floor), '{:.2f}')} | "
+                         f"{fmt(ratio(base, t), '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# The result against the baselines and peers
+# ----------------------------------------------------------------------------------------------
+
+def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x2560", 1), (MAIN, 16),
+                                 (MAIN, 128), (BIG, 128))) -> str:
+    """Markdown, GPU clock, µs: per case, cuBLAS bf16, our fastest with bf16 x and our fastest W2A8 (each with
+    its step), the peers (GemLite, torch._int_mm) and the 2-bit floor; speedups over cuBLAS in brackets."""
+    if results is None:
+        return PENDING
+    lines = ["| N x K, M | cuBLAS bf16 | ours, bf16 x | GemLite (bf16 x) | ours, W2A8 | torch._int_mm (W8A8) | "
+             "2-bit floor |", "|---|---|---|---|---|---|---|"]
+    for shape, m in cases:
+        base = us(results, CUBLAS, shape, m)
+        if base is None:
+            lines.append(f"| {shape}, {m} | " + " | ".join([PENDING] * 6) + " |")
+            continue
+        cells = [f"{shape}, {m}", f"{base:.1f}"]
+        for group, peer in ((FLOAT_X_SERIES, GEMLITE), (W2A8_SERIES, INT_MM)):
+            row, s = fastest(results, group, shape=shape, m=m)
+            cells.append("–" if row is None else
+                         f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, `{series_label(s).split(',')[0]}`)")
+            p = us(results, peer, shape, m)
+            cells.append(PENDING if p is None else f"{p:.1f} ({base / p:.1f}×)")
+        cells.append(fmt(floor_us(results, shape, m)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# What was tried and did not help
+# ----------------------------------------------------------------------------------------------
+
+def _lab(name: str, gpu: str):
+    data = plotting.load_lab("ternary", name, gpu)
+    return data["results"] if isinstance(data, dict) and "results" in data else data
+
+
+def _best(rows, key="graph_us"):
+    rows = [r for r in rows if key in r]
+    return min(rows, key=lambda r: r[key]) if rows else None
+
+
+def _pct(new: Optional[float], old: Optional[float]) -> str:
+    if new is None or old is None:
+        return PENDING
+    change = new / old - 1
+    return f"{change:+.1%}" if abs(change) < 0.05 else f"{change:+.0%}"
+
+
+def tried_cuda(results) -> list[dict[str, str]]:
+    """What was tried in the CUDA C++ steps and did not help, each measured against what was kept (a positive
+    change is slower): {"what", "effect", "details"}. Numbers from the committed bench and lab/ternary/results."""
+    out = []
+    s12 = SERIES[12]
+    # places to quantise x that the library keeps but that are not the default at one row of x
+    staged = us(results, s12)
+    for place, what in (("every block", "x quantised by every block, reading it from global memory (step 12, "
+                                        "`quantize=\"every block\"`; kept for 2 to 8 rows of x)"),
+                        ("separate", "x quantised by a kernel of its own, the matmul launched early "
+                                     "(`quantize=\"separate\"`; kept above 8 rows of x)")):
+        t = us(results, W2A8_PLACE_SERIES[place])
+        out.append({"what": what, "effect": f"{_pct(t, staged)} at {MAIN}, M = 1 ({fmt(t)} against "
+                    f"{fmt(staged)} µs, GPU clock)", "details": "the benchmark file; lab/ternary/README.md"})
+    # the places that left the library, from the bench file that still timed them (H100)
+    old = plotting.Results(Path("lab"), plotting.load_lab("ternary", "ternary_bench_with_first_block", H100))
+    old = old.with_series_names(dict(RENAMED_SERIES))
+    pick = lambda series, key: next((r[key] for r in old.select(series, shape=MAIN, m=1) if r.get(key)), None)  # noqa: E731
+    first, kept = pick("w2a8_bulk_first", "kernel_ms"), pick(s12, "kernel_ms")
+    out.append({"what": "x quantised once, by the first block, published to the others by a flag",
+                "effect": f"{_pct(first, kept)} by kernel time (the file has no GPU-clock time for it)",
+                "details": "lab/ternary/variants (QUANT 2); results/nvidia-h100-80gb-hbm3/ternary_bench_with_first_block.json"})
+    cluster, kept = pick("w2a8_bulk_cluster", "graph_ms"), pick(s12, "graph_ms")
+    out.append({"what": "x quantised once a thread-block cluster, shared through distributed shared memory",
+                "effect": f"{_pct(cluster, kept)} (GPU clock, the same file)",
+                "details": "lab/ternary/variants (QUANT 3), w2a8_cluster_sweep.json, w2a8_rows_hang.json (a deadlock "
+                           "when launched without cluster dimensions)"})
+    rows = [r for r in _lab("w2a8_per_warp_sweep_long", H100) if r.get("n") == 4096 and "graph_us" in r]
+    pw, st = _best([r for r in rows if r["q"] == "per warp"]), _best([r for r in rows if r["q"] == "staged"])
+    out.append({"what": "each warp quantises the groups of x it takes, inside its loop",
+                "effect": f"{_pct(pw and pw['graph_us'], st and st['graph_us'])} (best launch of each, GPU clock)",
+                "details": "lab/ternary/variants (QUANT 5), w2a8_per_warp_sweep_*.json"})
+    rows = [r for r in _lab("w2a8_staged_deep_sweep", H100) if r.get("n") == 4096 and "graph_us" in r]
+    deep, base4 = _best([r for r in rows if r["st"] > 4]), _best([r for r in rows if r["st"] == 4])
+    out.append({"what": "deeper rings of weights (5 or 8 stages instead of 4) behind x staged first: no gain beyond the "
+                        "run-to-run spread",
+                "effect": f"{_pct(deep and deep['graph_us'], base4 and base4['graph_us'])} (best of each, GPU clock)",
+                "details": "w2a8_staged_deep_sweep.json, w2a8_staged_deep_timeline.json"})
+    def best16(name):
+        rows = [r for r in _lab(name, H200) if r.get("m") == 16 and r.get("n") == 4096 and "graph_us" in r
+                and r.get("tiles", 1) == 1]
+        best = _best(rows)
+        return best and best["graph_us"]
+
+    loads, tma, batched = (best16(n) for n in ("w2a8_tiles_sweep_loads", "w2a8_tiles_sweep_tma",
+                                               "w2a8_tiles_sweep_batched_finish"))
+    out.append({"what": "step 13 with x loaded by the consumer warps (4 loads in flight a thread) instead of the copy "
+                        "engine", "effect": f"{_pct(loads, tma)} at {MAIN}, M = 16 (H200, best config of each, GPU clock)",
+                "details": "w2a8_tiles_sweep_loads.json, w2a8_tiles_sweep_tma.json"})
+    out.append({"what": "step 13's first split-K ending, adding one output's slices one load at a time (now 4 outputs "
+                        "at once, their loads issued together)", "effect": f"{_pct(tma, batched)} at {MAIN}, M = 16 (H200, GPU clock)",
+                "details": "w2a8_tiles_sweep_tma.json, w2a8_tiles_sweep_batched_finish.json"})
+    rows = [r for r in _lab("w2a8_tiles_sweep_two_tiles", H200) if r.get("m") == 16 and "graph_us" in r]
+    two, one = _best([r for r in rows if r.get("tiles") == 2]), _best([r for r in rows if r.get("tiles", 1) == 1])
+    out.append({"what": "step 13 with two tiles of weights a warp (x read once for both)",
+                "effect": f"{_pct(two and two['graph_us'], one and one['graph_us'])} at {MAIN}, M = 16 (H200, best "
+                          "config of each, GPU clock)", "details": "w2a8_tiles_sweep_two_tiles.json"})
+    return out
+
+
+def tried_triton(results) -> list[dict[str, str]]:
+    """What the Triton steps tried that did not pay, against the step it was meant to beat (GPU clock)."""
+    s = SERIES
+    cases = (("1.6-bit weights (base 3, a table lookup a byte) instead of 2-bit, M = 1", s[6], s[4], 1),
+             ("1.6-bit weights with `tl.dot`, M = 16", s[7], s[5], 16),
+             ("int8 activations in Triton (W2A8 on the int8 tensor cores), M = 16", s[8], s[5], 16),
+             ("`tl.dot` (step 5) at one row of x instead of the GEMV", s[5], s[4], 1))
+    out = []
+    for what, new, old, m in cases:
+        a, b = us(results, new, MAIN, m), us(results, old, MAIN, m)
+        out.append({"what": what, "effect": f"{_pct(a, b)} against `{STEPS[int(old[4:]) - 1].name}` at {MAIN}",
+                    "details": f"`{STEPS[int(new[4:]) - 1].name}` above; the benchmark file"})
+    return out
+
+
+def tried_markdown(rows: list[dict[str, str]]) -> str:
+    lines = ["| what | measured effect | details |", "|---|---|---|"]
+    lines += [f"| {r['what']} | {r['effect']} | {r['details']} |" for r in rows]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# SASS of the CUDA C++ steps (compiled with NVRTC, disassembled with the cuobjdump Triton ships)
+# ----------------------------------------------------------------------------------------------
+
+def cuobjdump() -> Optional[str]:
+    tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
+    return str(tool) if tool.is_file() else shutil.which("cuobjdump")
+
+
+def sass(source: str, instance: str, arch: str = "sm_90") -> Optional[str]:
+    """The SASS of one instance of a chapter kernel, or None without a disassembler."""
+    from studylog import cuda
+
+    tool = cuobjdump()
+    if tool is None:
+        return None
+    cubin = cuda.compile_source(source, arch=arch, name_expressions=[instance]).cubin
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+#: One instance of each CUDA C++ step at one tile of 16 weight rows and one of 8 rows of x (bf16 x):
+#: its kernel handles one group of 256 weights a row per iteration of its main loop.
+SASS_INSTANCES = {10: ("ternary_mma", "ternary_mma<true, 1, 1, 2>"),
+                  11: ("ternary_bulk", "ternary_bulk<true, 1, 1, 4, 1>"),
+                  12: ("ternary_w2a8", "ternary_w2a8<0, true, 1, 1, 4, 1>")}
+
+
+def sass_counts(step: int) -> Optional[dict[str, int]]:
+    """Counts of the instructions that carry a group's arithmetic in a step's SASS: the MMAs (HMMA bf16, IMMA
+    int8), the LOP3s, the packed FMAs of the float decode, and the moves that rebuild the decode's magic
+    constant in a register (``IMAD.MOV ... 0x43004300``)."""
+    text = sass(*SASS_INSTANCES[step])
+    if text is None:
+        return None
+    lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
+    return {"instructions": len(lines),
+            "HMMA": sum("HMMA" in line for line in lines),
+            "IMMA": sum("IMMA" in line for line in lines),
+            "LOP3": sum("LOP3" in line for line in lines),
+            "HFMA2": sum("HFMA2" in line for line in lines),
+            "magic moves": sum(bool(re.search(r"IMAD\.MOV\.U32 R\d+, RZ, RZ, 0x43004300", line)) for line in lines)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Two cards, one kernel; when the host is the bottleneck ("How we measure" links these)
+# ----------------------------------------------------------------------------------------------
+
+def cards() -> dict[str, Any]:
+    """Every committed results file of the chapter, by card ("H100", "H200")."""
+    out = {}
+    for f in plotting.result_files("ternary"):
+        res = plotting.load_results("ternary", gpu=f.parent.name)
+        out[res.gpu.replace("NVIDIA ", "").split()[0]] = res
+    return out
+
+
+def cards_table(cards_: dict, series=(CUBLAS, SERIES[11], SERIES[12], "read_weights"),
+                cases=((MAIN, 1), (BIG, 1), (MAIN, 16))) -> str:
+    """Markdown, GPU clock, µs: the same series on each card; and how close cuBLAS runs to each card's copy
+    bandwidth."""
+    head = ["N x K, M"] + [f"{series_label(s).split(' (')[0].split(':')[0]} on the {c}" for s in series for c in cards_]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape, m in cases:
+        cells = [f"{shape}, {m}"]
+        for s in series:
+            for res in cards_.values():
+                cells.append(fmt(us(res, s, shape, m)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def bandwidth_share(res, shape: str = MAIN, m: int = 1) -> Optional[float]:
+    """The fraction of the run's copy bandwidth at which cuBLAS bf16 streams its weights (GPU clock)."""
+    row = gpu_row(res, CUBLAS, shape, m)
+    if row is None or "bytes" not in row:
+        return None
+    return row["bytes"] / (row["ms"] * 1e-3) / (res.data["ceilings"]["copy_bandwidth_gbs"] * 1e9)
+
+
+def clock_rows() -> dict[str, dict[str, dict]]:
+    """The rows at 4096 x 14336, M = 1, of the two H200 runs that kept three clocks (host "A": the committed run,
+    "B": another host of the same day), by series: {"A": {series: row}, "B": ...}."""
+    out = {}
+    for host, name in (("A", "ternary_bench_before_one_clock"), ("B", "ternary_bench_second_host")):
+        res = plotting.Results(Path(name), plotting.load_lab("ternary", name, H200)).with_series_names(dict(RENAMED_SERIES))
+        out[host] = {r["series"]: r for r in res.select(shape=MAIN, m=1)}
+    return out
+
+
+def clocks_table() -> str:
+    """Markdown, µs: the same kernels at 4096 x 14336, M = 1, on two H200 hosts of one day, by the three clocks
+    those runs kept (do_bench; the profiler's kernel time; CUDA-graph replay): lab/ternary/results/nvidia-h200,
+    ternary_bench_before_one_clock.json and ternary_bench_second_host.json."""
+    runs = []
+    for name in ("ternary_bench_before_one_clock", "ternary_bench_second_host"):
+        data = plotting.load_lab("ternary", name, H200)
+        runs.append(plotting.Results(Path(name), data).with_series_names(dict(RENAMED_SERIES)))
+    head = ["series"] + [f"{clock}, {host}" for host in ("host A", "host B")
+                         for clock in ("do_bench", "kernel time", "CUDA graph")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in (CUBLAS, SERIES[9], SERIES[11], SERIES[12], "read_weights"):
+        cells = [series_label(s).split(" (")[0].split(":")[0]]
+        for res in runs:
+            rows = res.select(s, shape=MAIN, m=1)
+            for key in ("ms", "kernel_ms", "graph_ms"):
+                cells.append(f"{rows[0][key] * 1e3:.1f}" if rows and rows[0].get(key) else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
+    """Markdown, µs: each step's GPU time against the host time per call of its public function (the file's
+    ``host_ms``), and the run's empty launch; "pending" for a file written before the host clock."""
+    if results is None or "host_ms" not in "".join(str(r.keys()) for r in results.rows[:50]):
+        return PENDING
+    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
+    lines = ["| series | N x K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
+    for shape, m in cases:
+        for s in [CUBLAS] + [SERIES[n] for n in (4, 9, 10, 11, 12, 13)] + [GEMLITE, INT_MM]:
+            row = gpu_row(results, s, shape, m)
+            if row is None or "host_ms" not in row:
+                continue
+            lines.append(f"| {series_label(s).split(' (')[0].split(':')[0]} | {shape}, {m} | {row['ms'] * 1e3:.1f} | "
+                         f"{row['host_ms'] * 1e3:.1f} | {row['host_ms'] / row['ms']:.1f} |")
+    if empty is not None:
+        lines.append(f"| an empty Triton launch | – | – | {empty * 1e3:.1f} | – |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CUDA C++ steps: what each buys, from the compiler's output and the probes
+# ----------------------------------------------------------------------------------------------
+
+def sass_table(steps=(10, 11, 12)) -> Optional[str]:
+    """Markdown: per group of 256 weights a row (one tile of 16 rows, one of 8 rows of x), the instructions of each
+    step's arithmetic in its SASS: MMAs, packed FMAs of the float decode, and the moves that rebuild the magic."""
+    lines = ["| step | MMAs a group | HFMA2 (float decode) a group | moves of the magic constant a group |",
+             "|---|---|---|---|"]
+    for step in steps:
+        c = sass_counts(step)
+        if c is None:
+            return None
+        groups = c["IMMA"] / 8 if c["IMMA"] else c["HMMA"] / 16  # 8 int8 MMAs (k32) or 16 bf16 MMAs (k16) a group
+        mma = f"{c['IMMA'] / groups:.0f} IMMA (m16n8k32, int8)" if c["IMMA"] else f"{c['HMMA'] / groups:.0f} HMMA (m16n8k16, bf16)"
+        lines.append(f"| `{STEPS[step - 1].name}` | {mma} | {c['HFMA2'] / groups:.0f} | {c['magic moves'] / groups:.1f} |")
+    return "\n".join(lines)
+
+
+def in_flight(n: int = 4096, k: int = 14336, bandwidth_gbs: float = 3000.0) -> dict[str, float]:
+    """Step 10's weights in flight at M = 1 (its default launch): each thread holds ``stages`` groups of its
+    ``row_tiles`` tiles in registers, 16 bytes of each of the two halves of a group; and the DRAM latency that much
+    in flight covers at ``bandwidth_gbs`` (Little's law: bytes in flight = bandwidth x latency)."""
+    from studylog.ternary.cuda_steps import cuda_mma_config
+
+    cfg = cuda_mma_config(1, n, k)
+    per_thread = cfg.stages * cfg.row_tiles * 2 * 16
+    blocks = -(-(-(-n // 16)) // (cfg.row_tiles * cfg.warps)) * cfg.slices
+    total = per_thread * 32 * cfg.warps * blocks
+    return {"per_thread": per_thread, "per_block": per_thread * 32 * cfg.warps, "blocks": blocks, "bytes": total,
+            "latency_us": total / (bandwidth_gbs * 1e9) * 1e6, "config": str(cfg)}
+
+
+def ring_in_flight(n: int = 4096, k: int = 14336) -> dict[str, float]:
+    """Step 11's weights in flight at M = 1 (its default launch): every stage of every block's ring, a stage
+    holding ``warps x row_tiles x chunk`` groups of 1 KiB (16 rows x 256 weights x 2 bits)."""
+    from studylog.ternary.cuda_steps import tma_config
+
+    cfg = tma_config(1, n, k)
+    per_block = cfg.stages * cfg.warps * cfg.row_tiles * cfg.chunk * 1024
+    blocks = -(-(-(-n // 16)) // cfg.row_tiles) * cfg.slices
+    return {"per_block": per_block, "blocks": blocks, "bytes": per_block * blocks, "config": str(cfg)}
+
+
+def ncu_metrics(name: str) -> dict[str, float]:
+    """Nsight Compute's counters in one of lab/ternary/results/nvidia-h200's reports, as numbers."""
+    text = plotting.load_lab("ternary", name, H200)
+    out = {}
+    for label in ("Duration", "Elapsed Cycles", "SM Active Cycles", "DRAM Throughput", "Eligible Warps Per Scheduler",
+                  "Issued Warp Per Scheduler"):
+        m = re.search(rf"^\s*{label}\s+(?:\S+\s+)?([\d,.]+)\s*$", text, re.M)
+        out[label] = float(m.group(1).replace(",", "")) if m else None
+    return out
+
+
+def _probe_series(step: int) -> list[str]:
+    from studylog.ternary.cuda_steps import PROBES
+
+    return [SERIES[step]] + [f"{SERIES[step]}_probe_{p}" for p in PROBES] + ["read_weights"]
+
+
+def probe_clock(results, step: int, shapes=(MAIN, BIG)) -> str:
+    """"GPU clock" where the file has it for a step and every one of its probes, else "kernel time"."""
+    if results is None:
+        return PENDING
+    every = all(gpu_row(results, s, shape) for s in _probe_series(step) for shape in shapes)
+    return "GPU clock" if every else "kernel time"
+
+
+def probe_us(results, step: int, probe: Optional[int], shape: str = MAIN, clock: Optional[str] = None) -> Optional[float]:
+    """A step's (probe=None) or a probe build's time at M = 1 (µs), on ``clock`` (default: :func:`probe_clock`)."""
+    if results is None:
+        return None
+    clock = clock or probe_clock(results, step)
+    series = SERIES[step] if probe is None else f"{SERIES[step]}_probe_{probe}"
+    if clock == "GPU clock":
+        return us(results, series, shape)
+    rows = [r for r in results.select(series, shape=shape, m=1) if r.get("kernel_ms")]
+    return rows[0]["kernel_ms"] * 1e3 if rows else None
+
+
+def probe_table(results, step: int, shapes=(MAIN, BIG)) -> tuple[str, str]:
+    """(Markdown, clock): a step's kernel and its probe builds at M = 1 (copies only, arithmetic only, launch only)
+    and a kernel that only reads the weights, in µs, all on one clock: the GPU clock where the file has it for every
+    one of them, else the profiler's kernel time (CUPTI; one launch each, L2 flushed before each)."""
+    from studylog.ternary.cuda_steps import PROBES
+
+    if results is None:
+        return PENDING, PENDING
+    clock = probe_clock(results, step, shapes)
+    head = ["N x K (M = 1)", f"`{STEPS[step - 1].name}`"] + [PROBES[p] for p in PROBES] + ["only reading the weights"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in shapes:
+        cells = [shape]
+        for s in _probe_series(step):
+            if clock == "GPU clock":
+                row = gpu_row(results, s, shape)
+                cells.append(f"{row['ms'] * 1e3:.1f}{_spread(row)}")
+            else:
+                rows = [r for r in results.select(s, shape=shape, m=1) if r.get("kernel_ms")]
+                cells.append(f"{rows[0]['kernel_ms'] * 1e3:.1f}" if rows else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines), clock
+
+
+def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of_x=(1, 16)) -> str:
+    """Markdown: Nsight Compute's counters of step 13 at 4096 x 14336 (lab/ternary/results/nvidia-h200)."""
+    labels = ("Duration", "Elapsed Cycles", "SM Active Cycles", "DRAM Throughput", "Eligible Warps Per Scheduler",
+              "Issued Warp Per Scheduler")
+
+    def metrics(name):
+        text = plotting.load_lab("ternary", name, H200)
+        return [re.search(rf"^\s*{label}\s+(\S+\s+)?([\d,.]+)\s*$", text, re.M) for label in labels]
+
+    lines = ["| rows of x | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for m, name in zip(rows_of_x, names):
+        found = metrics(name)
+        lines.append(f"| {m} | " + " | ".join(f"{g.group(2)} {(g.group(1) or '').strip()}".strip() if g else "–"
+                                             for g in found) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "fmt",
+           "device", "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_table", "bounds_table", "issue_budget",
+           "step_table", "result_table", "tried_cuda", "tried_triton", "tried_markdown", "cuobjdump", "sass",
+           "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clocks_table", "host_table",
+           "INT_MM_MATMUL", "sass_table", "in_flight", "probe_table", "probe_us", "probe_clock", "ncu_table", "clock_rows", "ring_in_flight", "ncu_metrics"]

@@ -1,0 +1,161 @@
+"""Chapter 5's two lessons: the exercises' checks (they accept the library's solutions and reject planted
+mistakes), what the lessons compute from the committed results and lab/, the figures' colours, and the notebooks'
+glued numbers (every name the prose shows is glued by a cell)."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from studylog import paths
+from studylog import ternary as T
+from studylog.ternary import exercises as E
+from studylog.ternary import lesson as L
+from studylog.ternary.results import SERIES_COLOURS
+
+LESSONS = [paths.REPO_ROOT / "notebooks" / f"{name}.ipynb" for name in T.CHAPTER.notebooks]
+
+
+# ------------------------------------------------------------------------------------------------
+# The exercises: each check accepts the solution and rejects a planted mistake
+# ------------------------------------------------------------------------------------------------
+
+def _half_up(x):
+    scale = 127.0 / x.float().abs().max()
+    return torch.floor(x.float() * scale + 0.5).clamp(-128, 127).to(torch.int8), scale
+
+
+CASES = [
+    (E.check_unpack_2bit, (E.unpack_group,),
+     (lambda ws: [((ws[k // 16] >> (2 * (k % 16))) & 3) - 1 for k in range(256)],)),  # 16 consecutive a word
+    (E.check_field_float, (E.field_float_bits,),
+     (lambda w, f: ((w >> (2 * f)) & 3) | ((150 - 2 * f) << 23),)),  # a shift, and no exponent bits kept
+    (E.check_base3, (E.base3_byte, E.base3_weights),
+     (lambda ws: sum((w + 1) * 3 ** (4 - d) for d, w in enumerate(ws)), E.base3_weights)),  # digits reversed
+    (E.check_absmean, (E.absmean,),
+     (lambda w: ((w / w.abs().max()).round().clamp(-1, 1).to(torch.int8), 1 / w.abs().max()),)),  # absmax
+    (E.check_mma_position, (E.mma_position,), (lambda k: (k % 16, 2 * (k // 16)),)),  # the plain 2-bit layout
+    (E.check_w2a8_sum, (E.w2a8_sum,), (lambda a, s: a[0] + (a[1] >> 2) + (a[2] >> 4) + (a[3] >> 6),)),  # no x sum
+    (E.check_round_int8, (E.round_int8,), (_half_up,)),  # half up, not half to even
+    (E.check_ring_waits, (E.ring_waits,), (lambda c, s: (c % s, c & 1, None if c < s else c & 1),)),  # chunk parity
+]
+
+
+@pytest.mark.parametrize("check, right, wrong", CASES, ids=[c[0].__name__ for c in CASES])
+def test_exercise_checks_accept_the_solution_and_reject_a_mistake(check, right, wrong, capsys):
+    assert check(*right) is True
+    assert check(*wrong) is False
+    assert "wrong:" in capsys.readouterr().out
+
+
+def test_a_check_survives_a_function_that_returns_the_wrong_shape(capsys):
+    assert E.check_unpack_2bit(lambda ws: [0] * 255) is False
+    assert "255 weights" in capsys.readouterr().out
+
+
+def test_every_check_is_called_by_a_lesson():
+    code = "\n".join("".join(c["source"]) for p in LESSONS for c in json.loads(p.read_text())["cells"]
+                     if c["cell_type"] == "code")
+    called = set(re.findall(r"exercises\.(check_\w+)\(", code))
+    assert called == {name for name in E.__all__ if name.startswith("check_")}
+
+
+# ------------------------------------------------------------------------------------------------
+# What the lessons compute
+# ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def results():
+    res = L.load()
+    if res is None:
+        pytest.skip("no committed results")
+    return res
+
+
+def test_amdahl_view_is_a_fraction_and_bounded(results):
+    view = L.amdahl(results)
+    assert 0.5 < view["share"] < 1.0  # the ternary layers dominate a BitNet decode step's bytes
+    assert view["weights"] == 30 * (2 * 2560 * 2560 + 2 * 640 * 2560 + 3 * 6912 * 2560)
+    if view["speedup"] is not None:
+        assert 1.0 < view["end_to_end"] < min(view["speedup"], view["limit"])
+
+
+def test_step_table_says_pending_where_the_file_has_no_gpu_clock(results):
+    table = L.step_table(results, [1, 12])
+    assert "`step01_sign`" in table and "`step12_w2a8`" in table
+    if L.us(results, T.SERIES[1]) is None:
+        assert L.PENDING in table.split("`step01_sign`")[1].splitlines()[0]
+    assert L.step_table(None, [12]).count(L.PENDING) == 3 * 2
+
+
+def test_tried_tables_read_lab_and_the_bench(results):
+    rows = L.tried_cuda(results)
+    assert len(rows) == 9 and all(r["what"] and r["details"] for r in rows)
+    assert all(re.search(r"[+-]\d", r["effect"]) for r in rows), rows  # every effect measured
+    assert len(L.tried_triton(results)) == 4
+
+
+def test_probe_table_uses_one_clock_for_the_step_and_its_probes(results):
+    table, clock = L.probe_table(results, 11)
+    assert clock in ("GPU clock", "kernel time")
+    whole = L.probe_us(results, 11, None)
+    assert f"{whole:.1f}" in table.splitlines()[2]
+
+
+def test_clock_and_card_tables(results):
+    rows = L.clock_rows()
+    assert set(rows) == {"A", "B"} and T.SERIES[12] in rows["A"]
+    assert "do_bench" in L.clocks_table()
+    cards = L.cards()
+    assert cards and all(0 < (L.bandwidth_share(r) or 0.5) < 1.2 for r in cards.values())
+
+
+def test_in_flight_follows_littles_law():
+    flight = L.in_flight(4096, 14336, 3000.0)
+    assert flight["bytes"] == flight["per_block"] * flight["blocks"]
+    assert flight["latency_us"] == pytest.approx(flight["bytes"] / 3e12 * 1e6)
+
+
+def test_sass_counts_show_what_each_step_removes():
+    if L.cuobjdump() is None:
+        pytest.skip("no cuobjdump to read SASS with")
+    c10, c11, c12 = (L.sass_counts(s) for s in (10, 11, 12))
+    assert c10["magic moves"] > 0 and c11["magic moves"] == 0  # step 11 keeps the magic in a register
+    assert c12["IMMA"] == 8 and c12["HMMA"] == 0 and c12["HFMA2"] == 0  # step 12: no float decode
+
+
+def test_figures_give_each_series_one_colour(results):
+    assert len(set(SERIES_COLOURS.values())) == len(SERIES_COLOURS)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = T.figures(results)
+    for name, fig in figs.items():
+        assert len(fig.axes) <= 3, name
+        plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------
+# The notebooks
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_every_glued_name_is_glued_by_a_cell(path):
+    cells = json.loads(path.read_text())["cells"]
+    shown = set(re.findall(r"\{glue(?::\w+)?\}`([^`]+)`", "\n".join("".join(c["source"]) for c in cells
+                                                                     if c["cell_type"] == "markdown")))
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    glued = set(re.findall(r"\bput\(\s*f?\"([^\"]+)\"", code))
+    expanded = set()
+    for name in glued:  # put(f"share_{card}", ...): the cards of the committed results
+        expanded |= {name.replace("{card}", card) for card in ("H100", "H200")} if "{card}" in name else {name}
+    assert shown <= expanded, f"{path.name}: shown but never glued: {sorted(shown - expanded)}"
+
+
+def test_the_chapter_lists_both_lessons():
+    assert T.CHAPTER.notebooks == ("05_ternary_1_triton", "05_ternary_2_cuda")
+    assert all(p.is_file() for p in LESSONS)
+    assert not (paths.REPO_ROOT / "notebooks" / "05_ternary_matmul.ipynb").exists()
