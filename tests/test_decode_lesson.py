@@ -218,7 +218,7 @@ def test_the_current_series_are_read(earlier):
 
 
 def test_tables_are_markdown_tables(earlier):
-    for table in (lesson.head_share_table(), lesson.body_table(earlier), lesson.results_table(earlier),
+    for table in (lesson.shapes_table(), lesson.head_share_table(), lesson.body_table(earlier), lesson.results_table(earlier),
                   lesson.amdahl_table(report.breakdown(earlier.rows, "1b", 1)), lesson.tried_table(None, earlier)):
         lines = table.splitlines()
         assert lines[1].startswith("|---") and all(line.count("|") == lines[0].count("|") for line in lines)
