@@ -442,7 +442,7 @@ def test_the_sweep_records_what_the_figures_read(tiny):
     import matplotlib
 
     matplotlib.use("Agg")
-    assert set(report.figures(Results())) == {"breakdown", "speedup"}
+    assert set(report.figures(Results())) == {"breakdown_1b", "speedup"}
 
 
 class FakeBenchRun(report.LocalRun):

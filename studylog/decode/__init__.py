@@ -11,6 +11,10 @@ same request:
 
 Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`. On a GPU the model's body runs the
 fused kernels of :mod:`~studylog.decode.kernels` (nine launches per layer), in every configuration alike.
+
+The lesson (notebook 07) reads its numbers, tables and glued prose values through :mod:`~studylog.decode.lesson`
+(the committed benchmark, or the earlier run kept in ``lab/decode/`` while the current one is pending), and its
+exercises, each with a check a reader runs on a CPU, are in :mod:`~studylog.decode.exercises`.
 """
 
 from __future__ import annotations

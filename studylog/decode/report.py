@@ -333,24 +333,36 @@ def target_report(rows: Sequence[dict], model: str = "1b") -> dict[str, Any]:
     return out
 
 
-def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms"):
-    """Stacked bars, one per configuration: time per output token split into the loop's components."""
+#: One colour per configuration across the chapter's figures (the components have theirs in :data:`COLORS`).
+CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head": "#d95f02",
+                 "automaton_mask": "#7570b3", "char_jump": "#e7298a"}
+#: The smallest text of a figure, in points at its saved size.
+FONT = 9
+
+
+def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms",
+                   legend: bool = True):
+    """Stacked bars on a linear axis, one per configuration: time per output token split into the loop's
+    components; the end-to-end time (measured without the instrumentation) is written above each bar."""
     import matplotlib.pyplot as plt
 
-    ax = ax or plt.subplots(figsize=(8, 4))[1]
+    ax = ax or plt.subplots(figsize=(6.4, 4.2))[1]
     names = list(parts)
     scale = 1e3 if unit == "µs" else 1.0
     for i, config in enumerate(names):
         bottom = 0.0
         for k in COMPONENTS:
             v = max(parts[config][k], 0.0) * scale
-            ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.6)
+            ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.62)
             bottom += v
-        ax.text(i, bottom, f"{parts[config]['wall'] * scale:.3g}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(names)), [series_label(n) for n in names], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(f"time per output token ({unit})")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper right")
+        ax.text(i, bottom, f"{parts[config]['wall'] * scale:.3g}", ha="center", va="bottom", fontsize=FONT)
+    ax.set_xticks(range(len(names)), [series_label(n) for n in names], rotation=25, ha="right", fontsize=FONT)
+    ax.tick_params(axis="y", labelsize=FONT)
+    ax.set_ylabel(f"time per output token ({unit})", fontsize=FONT)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
+    ax.set_title(title, fontsize=FONT + 1)
+    if legend:
+        ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(True, axis="y", alpha=0.3)
     return ax
 
@@ -362,37 +374,75 @@ def series_label(config: str) -> str:
     return CHAPTER.step(STEP_OF[config]).name if config in STEP_OF else config
 
 
-def figures(results) -> dict[str, Any]:
-    """``breakdown``: the stacked bars for each (shape, batch) measured; ``speedup``: step 2 and step 3 over
-    step 1 per schema, ~1B shape, batch 1."""
+def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str = ""):
+    """One figure per model shape: the stacked bars at batch 1 and batch 8 (two panels at most), or None when
+    the rows hold neither."""
     import matplotlib.pyplot as plt
 
-    rows = results.rows
-    cases = [(m, b) for m in ("1b", "8b") for b in (1, 8) if rows_of(rows, model=m, batch=b)]
+    batches = [b for b in (1, 8) if breakdown(rows, model, b)]
+    if not batches:
+        return None
+    fig, axes = plt.subplots(1, len(batches), figsize=(5.2 * len(batches) + 2.2, 4.6), squeeze=False)
+    for j, (ax, b) in enumerate(zip(axes[0], batches)):
+        plot_breakdown(breakdown(rows, model, b), ax=ax, title=f"batch {b}", legend=j == len(batches) - 1)
+    fig.suptitle(f"{what}{model} shape: where each configuration's time per output token goes (median of the "
+                 f"JSON schemas)\n{caption}", fontsize=FONT)
+    fig.tight_layout()
+    return fig
+
+
+def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch: int = 1, what: str = ""):
+    """Steps 2 and 3 over step 1 per schema, end to end, on a linear axis; the bars' whiskers span the
+    repetitions' spread (the fastest and slowest combinations of the two rows' ``spread_ms``)."""
+    import matplotlib.pyplot as plt
+
+    base = {r["params"]["schema"]: r for r in rows_of(rows, model=model, batch=batch, config="baseline",
+                                                       whitespace="compact")}
+    if not base:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.4))
+    names = list(base)
+    width = 0.38
+    for k, config in enumerate(("jump_forward", "masked_head")):
+        mine = {r["params"]["schema"]: r for r in rows_of(rows, model=model, batch=batch, config=config,
+                                                          whitespace="compact")}
+        xs, ys, lo, hi = [], [], [], []
+        for i, n in enumerate(names):
+            if n not in mine:
+                continue
+            b, m = base[n], mine[n]
+            y = b["ms"] / m["ms"]
+            bs, ms = b.get("spread_ms") or [b["ms"]] * 3, m.get("spread_ms") or [m["ms"]] * 3
+            xs.append(i + (k - 0.5) * width)
+            ys.append(y)
+            lo.append(max(y - bs[0] / ms[-1], 0.0))
+            hi.append(max(bs[-1] / ms[0] - y, 0.0))
+        ax.bar(xs, ys, width, color=CONFIG_COLORS[config], label=series_label(config),
+               yerr=[lo, hi], capsize=2, error_kw={"elinewidth": 0.8})
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(TARGET_SPEEDUP, color="#666666", lw=0.8, ls="--", label=f"target: {TARGET_SPEEDUP:g}× (batch 1)")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=FONT)
+    ax.tick_params(axis="y", labelsize=FONT)
+    ax.set_ylabel("speedup over step01_baseline\n(end to end, per output token)", fontsize=FONT)
+    ax.set_title(f"{what}{model} shape, batch {batch}: each schema, steps 2 and 3 against step 1\n{caption}",
+                 fontsize=FONT)
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def figures(results, what: str = "") -> dict[str, Any]:
+    """``breakdown_1b`` and ``breakdown_8b``: the stacked bars per configuration at batch 1 and 8 for each
+    shape measured; ``speedup``: steps 2 and 3 over step 1 per schema, ~1B shape, batch 1. ``what`` starts
+    every title (the notebook names an earlier run there)."""
     out = {}
-    if cases:
-        fig, axes = plt.subplots(1, len(cases), figsize=(4.6 * len(cases), 4.2), squeeze=False)
-        for ax, (m, b) in zip(axes[0], cases):
-            plot_breakdown(breakdown(rows, m, b), ax=ax, title=f"{m}, batch {b} (median of the JSON schemas)")
-        fig.suptitle(results.caption(), fontsize=8)
-        fig.tight_layout()
-        out["breakdown"] = fig
-    base = {r["params"]["schema"]: r["ms"]
-            for r in rows_of(rows, model="1b", batch=1, config="baseline", whitespace="compact")}
-    if base:
-        fig, ax = plt.subplots(figsize=(10, 4))
-        names = list(base)
-        for k, config in enumerate(("jump_forward", "masked_head")):
-            mine = {r["params"]["schema"]: r["ms"]
-                    for r in rows_of(rows, model="1b", batch=1, config=config, whitespace="compact")}
-            xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
-            ax.bar(xs, [base[n] / mine[n] if n in mine else 0 for n in names], 0.38, label=series_label(config))
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.axhline(1.25, color="#2ca02c", lw=0.8, ls="--", label="1.25x")
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("speedup over step01_baseline (end to end)")
-        ax.set_title(f"1b, batch 1. {results.caption()}", fontsize=8)
-        ax.legend(fontsize=8)
+    for model in ("1b", "8b"):
+        fig = breakdown_figure(results.rows, model, results.caption(), what)
+        if fig is not None:
+            out[f"breakdown_{model}"] = fig
+    fig = speedup_figure(results.rows, results.caption(), what=what)
+    if fig is not None:
         out["speedup"] = fig
     return out
 
@@ -417,6 +467,7 @@ def headline(results) -> list[dict]:
     return out
 
 
-__all__ = ["HEAD_COUNTS", "LocalRun", "ORDER", "TARGET_SPEEDUP", "amdahl", "bench", "body_floor_ms", "breakdown",
-           "components", "count_kernels", "figures", "headline", "measure", "plan", "plot_breakdown", "requests",
-           "series_label", "series_of", "sweep", "target_report", "wall_clock"]
+__all__ = ["CONFIG_COLORS", "HEAD_COUNTS", "LocalRun", "ORDER", "TARGET_SPEEDUP", "amdahl", "bench", "body_floor_ms",
+           "breakdown", "breakdown_figure", "components", "count_kernels", "figures", "headline", "measure", "plan",
+           "plot_breakdown", "requests", "series_label", "series_of", "speedup_figure", "sweep", "target_report",
+           "wall_clock"]

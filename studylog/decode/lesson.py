@@ -1,0 +1,308 @@
+"""What notebook 07 reads from the results, in one place: the numbers its prose quotes (glued with myst-nb), the
+Amdahl view, the body against its floor, the configurations against each other, the components alone and the
+table of what did not help.
+
+Two files can feed it. The chapter's committed benchmark (``assets/bench/<gpu>/decode.json``, written by
+``python -m studylog bench decode``) is read first; where it does not exist yet, the earlier run kept in
+``lab/decode/`` (a quick benchmark from before the body was fused, whose body was torch's eager operations) is
+read instead and every title and caption says so. Its ``body`` series is read as ``body_unfused``, today's name
+for that body. Every function reads series by the names the benchmark writes; where a file lacks a series a
+table says so and a prose number reads :data:`PENDING` instead of failing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from studylog.decode import report
+from studylog.decode.grammar import suite_names
+from studylog.decode.model import model_config
+
+__all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "amdahl_table", "body_table", "committed",
+           "components_table", "earlier_run", "forwards_per_token", "head_share_table", "prose_numbers",
+           "results_table", "shapes_table", "tried_table", "public_shapes"]
+
+#: What a prose number reads when the results file does not have it yet.
+PENDING = "pending"
+#: ``lab/decode/results/<gpu>/<name>.json``: the quick benchmark from before the body was fused.
+EARLIER_FILE, EARLIER_GPU = "decode_bench_unfused_quick", "nvidia-h100-80gb-hbm3"
+#: How titles name that run.
+EARLIER_WHAT = "Earlier run, body before fusion: "
+#: The public vocabulary of Llama 3 (its model cards' config: 128,256 ids).
+LLAMA3_VOCAB = 128_256
+
+
+def committed():
+    """The chapter's committed benchmark results (the newest GPU's), or None where none is committed."""
+    from studylog.plotting import load_results
+
+    try:
+        return load_results("decode")
+    except FileNotFoundError:
+        return None
+
+
+def earlier_run():
+    """The earlier quick run from ``lab/decode/`` as :class:`~studylog.plotting.Results`, its ``body`` series
+    renamed ``body_unfused`` (it was torch's eager body); None where the file is missing."""
+    from studylog.plotting import Results, load_lab
+    from studylog import paths
+
+    try:
+        data = load_lab("decode", EARLIER_FILE, gpu=EARLIER_GPU)
+    except FileNotFoundError:
+        return None
+    rows = [dict(r, series="body_unfused") if r["series"] == "body" else r for r in data["measurements"]]
+    path = Path(paths.lab_results("decode", EARLIER_GPU)) / f"{EARLIER_FILE}.json"
+    return Results(path, {**data, "measurements": rows})
+
+
+def public_shapes() -> dict[str, Any]:
+    """The chapter's two GPU shapes, and the public models they come from with Llama 3's own vocabulary
+    (Llama 3.2 1B: hidden 2048, 16 layers, tied head; Llama 3.1 8B: hidden 4096, 32 layers, untied head)."""
+    return {"1b (this chapter, cl100k head)": model_config("1b"),
+            "Llama 3.2 1B": model_config("1b", vocab_size=LLAMA3_VOCAB),
+            "8b (this chapter, cl100k head)": model_config("8b"),
+            "Llama 3.1 8B": model_config("8b", vocab_size=LLAMA3_VOCAB)}
+
+
+def shapes_table() -> str:
+    """The chapter's model shapes and their parameter counts."""
+    from studylog.decode.model import CONFIGS, describe
+
+    lines = ["| shape | hidden | layers | heads (KV heads) | MLP | parameters of the body | of the head |",
+             "|---|---|---|---|---|---|---|"]
+    for name, cfg in CONFIGS.items():
+        d = describe(cfg)
+        lines.append(f"| `{name}` | {cfg.hidden} | {cfg.layers} | {cfg.heads} ({cfg.kv_heads}) | {cfg.intermediate} | "
+                     f"{d['params_body'] / 1e9:.3f} B | {d['params_head'] / 1e9:.3f} B |")
+    return "\n".join(lines)
+
+
+def head_share_table() -> str:
+    """The head's share of the bytes a batch-1 step reads, and the most a head that took no time could buy."""
+    lines = ["| model shape | body parameters | head parameters | head's share of a batch-1 step's bytes | "
+             "step speedup if the head took no time |", "|---|---|---|---|---|"]
+    for name, cfg in public_shapes().items():
+        c, s = cfg.parameter_counts(), cfg.head_share()
+        lines.append(f"| {name} | {c['body'] / 1e9:.2f} B | {c['head'] / 1e9:.3f} B | {s:.1%} | {1 / (1 - s):.3f}× |")
+    return "\n".join(lines)
+
+
+def _median(values) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
+def _json_rows(results, config: str, model: str, batch: int, whitespace: str = "compact") -> list[dict]:
+    names = set(suite_names("json"))
+    return [r for r in report.rows_of(results.rows, model=model, batch=batch, config=config, whitespace=whitespace)
+            if r["params"]["schema"] in names]
+
+
+def forwards_per_token(results, config: str, model: str = "1b", batch: int = 1, whitespace: str = "compact"):
+    """Forwards per output token, median over the JSON schemas (None where not measured)."""
+    return _median(r["forwards"] / max(r["tokens"], 1) for r in _json_rows(results, config, model, batch, whitespace))
+
+
+def _speedup(results, config: str, model: str, batch: int, over: str = "baseline", how=statistics.median):
+    ratios = []
+    for r in _json_rows(results, config, model, batch):
+        base = report.rows_of(results.rows, model=model, batch=batch, config=over, whitespace="compact",
+                              schema=r["params"]["schema"])
+        if base:
+            ratios.append(base[0]["ms"] / r["ms"])
+    return how(ratios) if ratios else None
+
+
+def _bandwidth(results) -> float:
+    return results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+
+
+def _floor_ms(results, model: str, head: bool) -> float:
+    """One forward's weights read once at the run's copy bandwidth: the body's, plus the head's if ``head``."""
+    c = model_config(model).parameter_counts()
+    return (c["body"] + (c["head"] if head else 0)) * 2 / _bandwidth(results) * 1e3
+
+
+def _body_row(results, series: str, model: str, batch: int, chunk: int = 1) -> dict | None:
+    rows = report.rows_of([r for r in results.rows if r["series"] == series], model=model, batch=batch, chunk=chunk)
+    return rows[0] if rows else None
+
+
+def body_table(results) -> str:
+    """The body alone at one token per sequence (GPU clock, graph replay): the fused path and torch's, against
+    the floor of reading the body's weights once; kernels per layer where the run counted them."""
+    lines = ["| shape | batch | fused body (ms) | torch's eager body (ms) | floor (ms) | fused / floor | "
+             "torch's / floor | kernels per layer (fused; torch's) |", "|---|---|---|---|---|---|---|---|"]
+    any_row = False
+    for model in ("1b", "8b"):
+        for batch in (1, 8):
+            f, u = _body_row(results, "body", model, batch), _body_row(results, "body_unfused", model, batch)
+            if f is None and u is None:
+                continue
+            any_row = True
+            floor = _floor_ms(results, model, head=False)
+            cell = lambda r: f"{r['ms']:.3f}" if r else "–"  # noqa: E731
+            ratio = lambda r: f"{r['ms'] / floor:.2f}" if r else "–"  # noqa: E731
+            kernels = "; ".join(f"{r['kernels_per_layer']:.1f}" if r and "kernels_per_layer" in r else "–"
+                                for r in (f, u))
+            lines.append(f"| `{model}` | {batch} | {cell(f)} | {cell(u)} | {floor:.3f} | {ratio(f)} | {ratio(u)} | "
+                         f"{kernels} |")
+    return "\n".join(lines) if any_row else f"({PENDING}: this file holds no body series)"
+
+
+def results_table(results) -> str:
+    """Per shape and batch, each configuration's end-to-end time per output token (median over the JSON
+    schemas, compact whitespace), its forwards per output token, the floor of those forwards, and step 3 over
+    step 1."""
+    lines = ["| shape | batch | configuration | ms per token | forwards per token | floor (ms per token) | "
+             "over step 1 |", "|---|---|---|---|---|---|---|"]
+    for model in ("1b", "8b"):
+        for batch in (1, 8):
+            for config in report.ORDER:
+                rows = _json_rows(results, config, model, batch)
+                if not rows:
+                    continue
+                ms = _median(r["ms"] for r in rows)
+                fwd = forwards_per_token(results, config, model, batch)
+                floor = fwd * _floor_ms(results, model, head=config != "masked_head")
+                up = _speedup(results, config, model, batch)
+                lines.append(f"| `{model}` | {batch} | `{report.series_label(config)}` | {ms:.3f} | {fwd:.2f} | "
+                             f"{floor:.3f} | {up:.2f}× |")
+    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
+
+
+def components_table(results) -> str:
+    """Each component alone on the GPU clock (graph replay), with its host time per call where measured: the
+    dense head, chapter 2's masked head at a few allowed counts (``masked_logits``), the bitmask's application
+    and the sampling."""
+    lines = ["| shape | batch | component | GPU time (ms) | host time per call (ms) |", "|---|---|---|---|---|"]
+    for model in ("1b", "8b"):
+        for batch in (1, 8):
+            for series in ("dense_head", "masked_logits", "mask_apply", "sampling"):
+                for r in report.rows_of([r for r in results.rows if r["series"] == series], model=model, batch=batch):
+                    what = series + (f", {r['params']['allowed']} allowed" if "allowed" in r["params"] else "")
+                    host = f"{r['host_ms']:.4f}" if "host_ms" in r else "–"
+                    lines.append(f"| `{model}` | {batch} | {what} | {r['ms']:.4f} | {host} |")
+    has_masked = any(r["series"] == "masked_logits" for r in results.rows)
+    note = "" if has_masked else (f"\n\n(masked_logits: {PENDING}; this file predates the masked head's timing "
+                                  "alone)")
+    return "\n".join(lines) + note
+
+
+def amdahl_table(parts: dict[str, dict[str, float]]) -> str:
+    """Each chapter's share of the baseline's step, the speedup bound it gives and the measured speedup."""
+    b = report.amdahl(parts)
+    if "chapter1_share" not in b or "masked_head" not in parts:
+        return f"({PENDING}: this file lacks a configuration)"
+    base, jump, masked = (parts[c]["wall"] for c in ("baseline", "jump_forward", "masked_head"))
+    return "\n".join([
+        "| what | share of the baseline's time per token | bound | measured |", "|---|---|---|---|",
+        f"| chapter 1: the forwards its jumps save | {b['chapter1_share']:.1%} | {b['chapter1_bound']:.2f}× | "
+        f"{base / jump:.2f}× (`step02_jump_forward` over step 1) |",
+        f"| chapter 2: the LM head and the mask's application | {b['chapter2_share']:.1%} | {b['chapter2_bound']:.2f}× "
+        f"| {jump / masked:.2f}× (`step03_masked_head` over step 2) |",
+        f"| both | | {b['both_bound']:.2f}× | {base / masked:.2f}× (`step03_masked_head` over step 1) |",
+        f"| no chapter touches: the body | {b['body_share']:.1%} | | |",
+        f"| no chapter touches: the host (waiting, bookkeeping, the mask not hidden) | {b['host_share']:.1%} | | |"])
+
+
+def tried_table(current, earlier) -> str:
+    """What was tried and did not help, one line each, with the measured effect and where the details are."""
+    lines = ["| what | measured effect | details |", "|---|---|---|"]
+    src = current or earlier
+    if earlier is not None:
+        u = _body_row(earlier, "body_unfused", "1b", 1)
+        fused = _body_row(current, "body", "1b", 1) if current is not None else None
+        effect = (f"{u['ms'] / _floor_ms(earlier, '1b', False):.1f}× the body's floor at `1b`, batch 1 "
+                  + (f"(the fused body: {fused['ms'] / _floor_ms(current, '1b', False):.2f}×)" if fused else
+                     f"(the fused body: {PENDING})")) if u else PENDING
+        lines.append(f"| torch's eager operations as the body, replayed from a CUDA graph | {effect} | "
+                     "`lab/decode/README.md`, `lab/decode/profile_body.py` |")
+    if src is not None:
+        j, c = forwards_per_token(src, "jump_forward"), forwards_per_token(src, "char_jump")
+        same = [r.get("same_tokens_as_step01") for r in _json_rows(src, "char_jump", "1b", 1)]
+        if j and c:
+            lines.append(f"| character-level jumps as a step (forced bytes, then retokenize) | {c:.2f} forwards per "
+                         f"token against {j:.2f} with token-level jumps; steered to the tokenizer's own split, the "
+                         f"tokens were step 1's in {sum(bool(s) for s in same)} of {len(same)} JSON schemas, but a "
+                         "model's own choices need not be: kept beside the steps | the `char_jump` rows of the "
+                         "results |")
+        d = forwards_per_token(src, "jump_forward", whitespace="default")
+        d0 = forwards_per_token(src, "baseline", whitespace="default")
+        if d and d0 and j:
+            base = forwards_per_token(src, "baseline")
+            lines.append(f"| token-level jumps on a schema compiled with optional whitespace | saves {1 - d / d0:.1%} "
+                         f"of the forwards, against {1 - j / base:.1%} with compact whitespace | the "
+                         "`whitespace: default` rows of the results |")
+        a = _speedup(src, "automaton_mask", "1b", 1, over="jump_forward")
+        if a:
+            why = ("the host's mask was already hidden behind the body" if a < 1.02 else
+                   "the precomputed masks save host time that the body does not hide")
+            lines.append(f"| the automaton's precomputed masks with the dense head | {a:.2f}× over step 2 at `1b`, "
+                         f"batch 1: {why} | the `automaton_mask` rows |")
+    return "\n".join(lines)
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return PENDING if value is None else f"{value:{spec}}{suffix}"
+
+
+def prose_numbers(current, earlier) -> dict[str, str]:
+    """Every number the notebook's prose quotes, formatted, keyed by its glue name (``dec_*``)."""
+    out: dict[str, str] = {}
+    for key, cfg in (("1b", model_config("1b")), ("8b", model_config("8b")),
+                     ("llama1b", model_config("1b", vocab_size=LLAMA3_VOCAB)),
+                     ("llama8b", model_config("8b", vocab_size=LLAMA3_VOCAB))):
+        s = cfg.head_share()
+        out[f"dec_head_share_{key}"] = f"{s:.1%}"
+        out[f"dec_head_bound_{key}"] = f"{1 / (1 - s):.2f}×"
+    src = current or earlier
+    out["dec_source"] = ("the chapter's committed results" if current is not None else
+                         "an earlier quick run, from before the body was fused")
+    out["dec_gpu"] = src.gpu if src is not None else PENDING
+    out["dec_status"] = ("measured" if current is not None else
+                         f"{PENDING}: the fused body's GPU measurement is not committed yet")
+    if src is None:
+        return out
+    base_fwd, jump_fwd = forwards_per_token(src, "baseline"), forwards_per_token(src, "jump_forward")
+    char_fwd = forwards_per_token(src, "char_jump")
+    saved = 1 - jump_fwd / base_fwd if base_fwd and jump_fwd else None
+    out["dec_fwd_base"] = _fmt(base_fwd, ".2f")
+    out["dec_fwd_jump"] = _fmt(jump_fwd, ".2f")
+    out["dec_fwd_char"] = _fmt(char_fwd, ".2f")
+    out["dec_fwd_saved"] = _fmt(saved, ".1%")
+    out["dec_fwd_bound"] = _fmt(1 / (1 - saved) if saved is not None else None, ".2f", "×")
+    out["dec_char_saved"] = _fmt(1 - char_fwd / base_fwd if base_fwd and char_fwd else None, ".1%")
+    for model in ("1b", "8b"):
+        for batch in (1, 8):
+            tag = f"{model}_b{batch}"
+            parts = report.breakdown(src.rows, model, batch)
+            b = report.amdahl(parts)
+            out[f"dec_share_body_{tag}"] = _fmt(b.get("body_share"), ".0%")
+            out[f"dec_share_head_{tag}"] = _fmt(b.get("chapter2_share"), ".1%")
+            out[f"dec_share_host_{tag}"] = _fmt(b.get("host_share"), ".1%")
+            out[f"dec_bound_both_{tag}"] = _fmt(b.get("both_bound"), ".2f", "×")
+            out[f"dec_step03_{tag}"] = _fmt(_speedup(src, "masked_head", model, batch), ".2f", "×")
+            out[f"dec_step02_{tag}"] = _fmt(_speedup(src, "jump_forward", model, batch), ".2f", "×")
+            out[f"dec_step03_min_{tag}"] = _fmt(_speedup(src, "masked_head", model, batch, how=min), ".2f", "×")
+            out[f"dec_step03_over02_{tag}"] = _fmt(_speedup(src, "masked_head", model, batch, over="jump_forward"),
+                                                   ".2f", "×")
+            base = _median(r["ms"] for r in _json_rows(src, "baseline", model, batch))
+            out[f"dec_ms_base_{tag}"] = _fmt(base, ".2f", " ms")
+    out["dec_target"] = f"{report.TARGET_SPEEDUP:g}×"
+    bound = report.amdahl(report.breakdown(src.rows, "1b", 1)).get("both_bound")
+    out["dec_target_vs_bound"] = (PENDING if bound is None else
+                                  "above what the parts they remove can give at batch 1" if bound < report.TARGET_SPEEDUP
+                                  else "within what the parts they remove can give at batch 1")
+    u = _body_row(earlier, "body_unfused", "1b", 1) if earlier is not None else None
+    out["dec_unfused_vs_floor"] = _fmt(u["ms"] / _floor_ms(earlier, "1b", False) if u else None, ".1f", "×")
+    f = _body_row(current, "body", "1b", 1) if current is not None else None
+    out["dec_fused_vs_floor"] = _fmt(f["ms"] / _floor_ms(current, "1b", False) if f else None, ".2f", "×")
+    out["dec_fused_kernels"] = _fmt(f.get("kernels_per_layer") if f else None, ".0f")
+    out["dec_floor_1b"] = _fmt(_floor_ms(src, "1b", False), ".3f", " ms")
+    out["dec_bandwidth"] = f"{src.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s"
+    return out

@@ -1,0 +1,263 @@
+"""Chapter 7 as a lesson (CPU): the exercises' checks accept the solutions and reject planted mistakes; the
+notebook's glued numbers and tables read the earlier run kept in lab/ and a file with the current benchmark's
+series (body, masked_logits), saying 'pending' where a file lacks a series; the figures keep to three panels,
+linear axes and readable text."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import matplotlib
+import numpy as np
+import pytest
+import torch
+
+from studylog.decode import exercises, lesson, report
+from studylog.plotting import Results
+
+matplotlib.use("Agg")
+
+
+# --------------------------------------------------------------------------------------
+# Exercises
+# --------------------------------------------------------------------------------------
+
+def test_the_checks_accept_the_solutions(capsys):
+    assert exercises.check_step_speedup(exercises.step_speedup)
+    assert exercises.check_bitmask(exercises.pack_bitmask, exercises.unpack_bitmask)
+    assert exercises.check_jump_decode(exercises.jump_decode)
+    assert exercises.check_chunked_forward(exercises.chunked_forward)
+    assert capsys.readouterr().out.count("inputs agree") == 4
+
+
+def test_the_library_agrees_with_the_exercises():
+    """Exercise 2's packing is the one the decode loop hands xgrammar; exercise 1's formula is report.amdahl's
+    chapter-2 bound when the head and the mask's application vanish."""
+    from studylog.masked_lm_head.formats import pack_bitmask
+
+    gen = np.random.default_rng(1)
+    for vocab in (1, 31, 32, 33, 1000):
+        mask = gen.random(vocab) < 0.3
+        ours = exercises.pack_bitmask(np.flatnonzero(mask), vocab)
+        assert np.array_equal(ours, pack_bitmask(torch.from_numpy(mask)[None]).numpy()[0])
+    parts = {"body": 2.0, "mask_wait": 0.01, "head": 0.2, "mask_apply": 0.02, "sampling": 0.05, "host": 0.1}
+    bound = report.amdahl({"baseline": parts})["chapter2_bound"]
+    assert exercises.step_speedup(parts, {"head": math.inf, "mask_apply": math.inf}) == pytest.approx(bound)
+
+
+def _weighted_average(parts, faster):
+    """A planted mistake: the parts' speedups averaged, weighted by their times."""
+    return sum(t * faster.get(n, 1.0) for n, t in parts.items()) / sum(parts.values())
+
+
+def _reversed_bits(ids, vocab):
+    """A planted mistake: token v as bit 31 - v % 32."""
+    bits = np.zeros(-(-vocab // 32) * 32, dtype=np.uint8)
+    bits[np.asarray(ids, dtype=np.int64)] = 1
+    return exercises.pack_bitmask(np.flatnonzero(bits.reshape(-1, 32)[:, ::-1].reshape(-1)), len(bits))
+
+
+def _padding_kept(bitmask, vocab):
+    """A planted mistake: bits past the vocabulary read as tokens."""
+    return exercises.unpack_bitmask(bitmask, np.asarray(bitmask).size * 32)
+
+
+def _whole_chain(allowed, model, max_new_tokens, eos=0):
+    """A planted mistake: a forced chain appended whole, past the cap."""
+    out = []
+    while len(out) < max_new_tokens:
+        options = allowed(out)
+        if options == [eos]:
+            break
+        if len(options) == 1:
+            while len(options) == 1 and options != [eos]:
+                out.append(options[0])
+                options = allowed(out)
+            continue
+        tok = model(tuple(out), options)
+        if tok == eos:
+            break
+        out.append(tok)
+    return out
+
+
+def _no_jumps(allowed, model, max_new_tokens, eos=0):
+    """A planted mistake: right tokens, but a forward for every forced token."""
+    out = []
+    while len(out) < max_new_tokens:
+        tok = model(tuple(out), allowed(out))
+        if tok == eos:
+            break
+        out.append(tok)
+    return out
+
+
+def _start_at_zero(model, tokens, chunks, sizes):
+    """A planted mistake: every chunk written at position 0."""
+    B = tokens.shape[0]
+    cache = model.new_cache(B, tokens.shape[1] + max(sizes))
+    done, out = 0, None
+    for n in chunks:
+        T = min(s for s in sizes if s >= n)
+        chunk = torch.zeros(B, T, dtype=tokens.dtype)
+        chunk[:, :n] = tokens[:, done:done + n]
+        out = model(chunk, torch.zeros(B, dtype=torch.long), torch.full((B,), n - 1), cache)
+        done += n
+    return out
+
+
+def _padded_last(model, tokens, chunks, sizes):
+    """A planted mistake: the hidden state of the padded chunk's last position, not of its last real token."""
+    B = tokens.shape[0]
+    cache = model.new_cache(B, tokens.shape[1] + max(sizes))
+    done, out = 0, None
+    for n in chunks:
+        T = min(s for s in sizes if s >= n)
+        chunk = torch.zeros(B, T, dtype=tokens.dtype)
+        chunk[:, :n] = tokens[:, done:done + n]
+        out = model(chunk, torch.full((B,), done), torch.full((B,), T - 1), cache)
+        done += n
+    return out
+
+
+def _unpadded(model, tokens, chunks, sizes):
+    """A planted mistake: chunks of any length (no captured graph would fit)."""
+    B = tokens.shape[0]
+    cache = model.new_cache(B, tokens.shape[1])
+    done, out = 0, None
+    for n in chunks:
+        out = model(tokens[:, done:done + n], torch.full((B,), done), torch.full((B,), n - 1), cache)
+        done += n
+    return out
+
+
+def test_the_checks_reject_planted_mistakes(capsys):
+    assert not exercises.check_step_speedup(_weighted_average)
+    assert not exercises.check_bitmask(_reversed_bits, exercises.unpack_bitmask)
+    assert not exercises.check_bitmask(exercises.pack_bitmask, _padding_kept)
+    assert not exercises.check_jump_decode(_whole_chain)
+    assert not exercises.check_jump_decode(_no_jumps)
+    assert not exercises.check_chunked_forward(_start_at_zero)
+    assert not exercises.check_chunked_forward(_padded_last)
+    assert not exercises.check_chunked_forward(_unpadded)
+    out = capsys.readouterr().out
+    assert out.count("wrong:") == 8
+    assert "past the" in out or "wrote" in out  # the jump check says what was written
+
+
+def test_the_checks_survive_answers_of_the_wrong_type(capsys):
+    assert not exercises.check_step_speedup(lambda parts, faster: "fast")
+    assert not exercises.check_bitmask(lambda ids, vocab: np.zeros(3, dtype=np.int64), exercises.unpack_bitmask)
+    assert not exercises.check_chunked_forward(lambda model, tokens, chunks, sizes: None)
+
+
+# --------------------------------------------------------------------------------------
+# The lesson's numbers and tables
+# --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def earlier():
+    run = lesson.earlier_run()
+    if run is None:
+        pytest.skip("the earlier run is not in lab/decode/results")
+    return run
+
+
+def _current_from(earlier) -> Results:
+    """A results file as the current benchmark writes it: the fused body (``body``, with its floor and kernel
+    count) beside ``body_unfused``, and chapter 2's head alone (``masked_logits``) with its host time."""
+    data = copy.deepcopy(earlier.data)
+    rows = data["measurements"]
+    for r in [r for r in rows if r["series"] == "body_unfused"]:
+        floor = lesson._floor_ms(earlier, r["params"]["model"], head=False)
+        rows.append({**r, "series": "body", "ms": 1.2 * floor, "floor_ms": floor, "kernels_per_layer": 9.0})
+    for model in ("1b", "8b"):
+        for batch in (1, 8):
+            for n in report.HEAD_COUNTS:
+                rows.append({"series": "masked_logits", "role": "baseline", "clock": "gpu", "ms": 0.01 * n ** 0.5,
+                             "host_ms": 0.03, "params": {"model": model, "batch": batch, "allowed": n}})
+    return Results(earlier.path, data)
+
+
+def test_the_earlier_run_names_its_body_unfused(earlier):
+    series = {r["series"] for r in earlier.rows}
+    assert "body_unfused" in series and "body" not in series
+    assert {"step01", "step02", "step03"} <= series
+
+
+def test_prose_numbers_from_the_earlier_run_say_pending_for_the_fused_body(earlier):
+    numbers = lesson.prose_numbers(None, earlier)
+    assert all(isinstance(v, str) and v for v in numbers.values())
+    assert numbers["dec_fused_vs_floor"] == lesson.PENDING and numbers["dec_status"].startswith(lesson.PENDING)
+    assert numbers["dec_gpu"] == earlier.gpu
+    for key in ("dec_fwd_saved", "dec_step03_1b_b1", "dec_share_body_1b_b1", "dec_unfused_vs_floor",
+                "dec_bound_both_1b_b8", "dec_target_vs_bound"):
+        assert numbers[key] != lesson.PENDING, key
+    assert float(numbers["dec_step03_1b_b1"].rstrip("×")) > 1.0
+
+
+def test_prose_numbers_without_any_file_keep_the_shapes():
+    numbers = lesson.prose_numbers(None, None)
+    assert numbers["dec_gpu"] == lesson.PENDING
+    assert numbers["dec_head_share_1b"].endswith("%") and numbers["dec_head_bound_llama8b"].endswith("×")
+
+
+def test_the_current_series_are_read(earlier):
+    current = _current_from(earlier)
+    numbers = lesson.prose_numbers(current, earlier)
+    assert numbers["dec_fused_vs_floor"] == "1.20×" and numbers["dec_fused_kernels"] == "9"
+    assert numbers["dec_status"] == "measured"
+    body = lesson.body_table(current)
+    assert "1.20" in body and "9.0" in body
+    components = lesson.components_table(current)
+    assert "masked_logits, 6000 allowed" in components and lesson.PENDING not in components
+    assert lesson.PENDING in lesson.components_table(earlier)
+    assert "1.20×" in lesson.tried_table(current, earlier)
+    assert lesson.PENDING in lesson.tried_table(None, earlier)
+
+
+def test_tables_are_markdown_tables(earlier):
+    for table in (lesson.shapes_table(), lesson.head_share_table(), lesson.body_table(earlier), lesson.results_table(earlier),
+                  lesson.amdahl_table(report.breakdown(earlier.rows, "1b", 1)), lesson.tried_table(None, earlier)):
+        lines = table.splitlines()
+        assert lines[1].startswith("|---") and all(line.count("|") == lines[0].count("|") for line in lines)
+
+
+def test_tables_say_pending_where_a_file_lacks_the_series(earlier):
+    empty = Results(earlier.path, {**earlier.data, "measurements": []})
+    assert lesson.PENDING in lesson.body_table(empty)
+    assert lesson.PENDING in lesson.results_table(empty)
+    assert lesson.PENDING in lesson.amdahl_table(report.breakdown(empty.rows, "1b", 1))
+
+
+# --------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------
+
+def test_figures_keep_to_the_rules(earlier):
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    figs = report.figures(earlier, what=lesson.EARLIER_WHAT)
+    assert set(figs) == {"breakdown_1b", "breakdown_8b", "speedup"}
+    for name, fig in figs.items():
+        axes = [ax for ax in fig.axes if ax.has_data()]
+        assert 1 <= len(axes) <= 3, name
+        assert all(ax.get_yscale() == "linear" for ax in axes), name
+        small = [t.get_text() for t in fig.findobj(Text) if t.get_text().strip() and t.get_fontsize() < 9]
+        assert not small, (name, small[:5])
+        assert fig.texts[0].get_text().startswith(lesson.EARLIER_WHAT) if fig.texts else \
+            axes[0].get_title().startswith(lesson.EARLIER_WHAT), name
+        plt.close(fig)
+
+
+def test_one_colour_per_configuration(earlier):
+    import matplotlib.pyplot as plt
+
+    fig = report.figures(earlier)["speedup"]
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    colours = {label: matplotlib.colors.to_hex(h.patches[0].get_facecolor()) for h, label in zip(handles, labels)
+               if hasattr(h, "patches")}
+    assert colours == {report.series_label(c): report.CONFIG_COLORS[c] for c in ("jump_forward", "masked_head")}
+    plt.close(fig)
