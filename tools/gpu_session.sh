@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: the gpu-marked tests, then the benchmarks, everything logged.
+# One call on a GPU machine: the gpu-marked tests, then the benchmarks, everything logged.
 #   tools/gpu_session.sh [--quick] [--tests-only | --bench-only] [chapter ...]   (default: all chapters)
 # Run from the repository root. Results go to $OUT (or /tmp/studylog-out) as results.tgz + logs,
 # holding <gpu>/<chapter>.json exactly as `python -m studylog bench` wrote them.
@@ -26,7 +26,7 @@ test_files=()
 if [ "${chapters[0]}" = all ]; then
     test_files=(tests)
 else
-    for c in "${chapters[@]}"; do [ -f "tests/test_$c.py" ] && test_files+=("tests/test_$c.py"); done
+    for c in "${chapters[@]}"; do for f in tests/test_"$c".py tests/test_"$c"_*.py; do [ -f "$f" ] && test_files+=("$f"); done; done
 fi
 if [ "$bench_only" = 0 ]; then
     echo "=== gpu tests: ${test_files[*]}"
