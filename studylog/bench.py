@@ -190,7 +190,11 @@ class BenchRun:
         self.device = device_info()
         self.copy_bandwidth_gbs = measure_copy_bandwidth_gbs()
         self.empty_launch_ms = measure_empty_launch_ms()
-        self.empty_launch_host = self.host_time(empty_launch())
+        launch = empty_launch()
+        self.empty_launch_host = self.host_time(launch)
+        #: An empty kernel's GPU time (graph-replayed): the least any kernel costs on the GPU clock, the floor
+        #: under a kernel that moves few bytes.
+        self.empty_launch_gpu = self.gpu_time(lambda: [launch])
 
     # -- timing --------------------------------------------------------------------------
     def time(self, fn: Callable[[], Any], *, warmup: int = 25, rep: int = 100) -> float:
@@ -417,6 +421,7 @@ class BenchRun:
                 "empty_launch_ms": self.empty_launch_ms,
                 "empty_launch_host_ms": self.empty_launch_host.median,
                 "empty_launch_host_spread_ms": self.empty_launch_host.spread,
+                "empty_launch_gpu_ms": self.empty_launch_gpu.median,
             },
             "measurements": self.rows,
             "checks": self.checks,

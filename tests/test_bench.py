@@ -44,7 +44,7 @@ def test_committed_results_are_complete(path):
     assert data["command"].startswith("python -m studylog bench")
     assert data["ceilings"]["copy_bandwidth_gbs"] > 100
     assert data["measurements"], "no measurements"
-    assert all(r["ms"] > 0 and r["role"] in ("kernel", "baseline") for r in data["measurements"])
+    assert all(r["ms"] > 0 and r["role"] in bench.ROLES for r in data["measurements"])
     assert all(c["passed"] for c in data.get("checks", [])), "a correctness check failed in this run"
 
 

@@ -231,7 +231,8 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
             n_union = allowed.union_count
             params = {"batch": batch, "kind": kind, "allowed": count}
             extra = {"allowed_actual": float(np.mean(allowed.counts)), "union": n_union}
-            floor = max(run.floor_ms(n_union * row_bytes + batch * vocab * 4), run.empty_launch_ms)
+            # the bytes, or an empty kernel's GPU time (both on the GPU clock, as the rows are)
+            floor = max(run.floor_ms(n_union * row_bytes + batch * vocab * 4), run.empty_launch_gpu.median)
             vd = params | {"layout": "vd"}
             long_dense = True
             first = kind == "random"

@@ -119,9 +119,9 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
 
     The rule, per batch size of the run, over all its mask kinds together: a compacted kernel is used up
     to the largest union at which it was measured no slower than the best dense path with no slower point
-    below it (everywhere, fraction 1.0, if it never lost); the dense path is the one of step 3 and
-    cuBLAS + mask with the smaller total time over the batch's points where both were measured (step 3 if
-    none has both and step 3 was measured, else cuBLAS + mask); batch-1 sets take step 6 up to the
+    below it (never past the largest union measured, even where it never lost); the dense path is the one of
+    step 3 and cuBLAS + mask with the smaller total time over the batch's points where both were measured
+    (step 3 if none has both and step 3 was measured, else cuBLAS + mask); batch-1 sets take step 6 up to the
     largest count at which it was no slower than step 5 with no slower count below it (all it has slots
     for if it never lost). ``vocab`` is the benchmark's vocabulary (:data:`VOCAB`).
     """
@@ -133,7 +133,7 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
     for batch in sorted({b for b, _ in points}):
         pts = [q for (b, _), qs in points.items() if b == batch for q in qs]
         last_win, first_loss = _last_win([(q["union"], q["compact"] <= q["dense"]) for q in pts])
-        fraction[batch] = 1.0 if first_loss is None else (last_win or 0) / vocab
+        fraction[batch] = min(1.0, (last_win or 0) / vocab)  # never past what was measured to win
         both = [q for q in pts if q["row_skip"] is not None and q["cublas"] is not None]
         if both:
             faster_row = sum(q["row_skip"] for q in both) <= sum(q["cublas"] for q in both)
@@ -168,6 +168,12 @@ def dispatch_rule() -> DispatchRule:
 
 
 def _for_batch(table: Mapping[int, Any], batch: int) -> Any:
+    """The entry measured at the largest batch size not above ``batch``; a batch above 1 never takes batch 1's
+    entry (measured on other kernels), but the smallest batched size measured."""
+    batched = sorted(k for k in table if k > 1)
+    if batch > 1 and batched:
+        below = [k for k in batched if k <= batch]
+        return table[below[-1] if below else batched[0]]
     keys = [k for k in sorted(table) if k <= batch]
     return table[keys[-1] if keys else min(table)]
 

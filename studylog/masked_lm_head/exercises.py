@@ -181,14 +181,12 @@ def check_masked_logits(fn: Callable[[Tensor, Tensor, AllowedTokens, Tensor], Te
 def compact_threshold(points: Sequence[tuple[int, float, float]], vocab: int) -> float:
     """A solution of exercise 4: ``points`` are ``(union, compacted ms, best dense ms)`` measured at one batch
     size, in any order. The compacted kernel is used up to the largest union at which it was no slower than the
-    dense path with no slower point below it: return that union as a fraction of ``vocab``, 1.0 if it never
-    lost, 0.0 if it lost at the smallest union."""
+    dense path with no slower point below it: return that union as a fraction of ``vocab`` (at most 1.0; never
+    past the largest union measured, even where it never lost), 0.0 if it lost at the smallest union."""
     losses = [u for u, compact, dense in points if compact > dense]
-    if not losses:
-        return 1.0
-    first_loss = min(losses)
-    wins = [u for u, compact, dense in points if compact <= dense and u < first_loss]
-    return max(wins, default=0) / vocab
+    first_loss = min(losses, default=None)
+    wins = [u for u, compact, dense in points if compact <= dense and (first_loss is None or u < first_loss)]
+    return min(1.0, max(wins, default=0) / vocab)
 
 
 def check_compact_threshold(fn: Callable[[list[tuple[int, float, float]], int], float], cases: int = 300) -> bool:

@@ -361,12 +361,17 @@ def target_report(results) -> str:
         worst = None
         for r in results.select("dense_mask", batch=1, kind=kind):
             best = _best(results, 1, kind, r["params"]["allowed"])
-            if best and "floor_ms" in best:
-                ratio = best["ms"] / best["floor_ms"]
+            if best and "union" in best:  # the bytes floor (a launch's latency is not on the GPU clock)
+                from studylog.masked_lm_head.lesson import byte_floor_ms
+
+                # with the empty kernel's GPU time where the run measured it (few bytes: latency bounds the call)
+                floor_ms = max(byte_floor_ms(results, 1, best["union"]),
+                               results.data["ceilings"].get("empty_launch_gpu_ms", 0.0))
+                ratio = best["ms"] / floor_ms
                 if worst is None or ratio > worst[0]:
                     worst = (ratio, r["params"]["allowed"], label(best["series"]))
         if worst:
-            add(f"best kernel ≤ 1.3× the floor, batch 1, {kind} masks, worst count",
+            add(f"best kernel ≤ 1.3× the floor (bytes, or an empty kernel's GPU time where measured), batch 1, {kind} masks, worst count",
                 f"{worst[0]:.2f}× at {worst[1]:,} allowed ({worst[2]})", worst[0] <= 1.3)
     # step 9 (the dispatch) >= 10x dense + mask at <= 1,000 allowed, batch 1
     ratios = []
@@ -391,11 +396,11 @@ def target_report(results) -> str:
     hosts = sorted((r for r in results.select(dispatch, batch=1) if "host_ms" in r), key=lambda r: r["host_ms"])
     if empty and hosts:
         median_h, worst_h = hosts[len(hosts) // 2], hosts[-1]
-        add(f"{label(dispatch)} host time per call ≤ 2× an empty Triton launch, batch 1 (median over the counts; "
-            "worst count)",
+        add(f"{label(dispatch)} host time per call ≤ 2× an empty Triton launch, batch 1 (worst count; median "
+            "over the counts)",
             f"{median_h['host_ms'] / empty:.2f}× ({median_h['host_ms'] * 1e3:.1f} µs against {empty * 1e3:.1f} µs); "
             f"worst {worst_h['host_ms'] / empty:.2f}× ({worst_h['params']['kind']}, "
-            f"{worst_h['params']['allowed']:,} allowed)", median_h["host_ms"] <= 2 * empty)
+            f"{worst_h['params']['allowed']:,} allowed)", worst_h["host_ms"] <= 2 * empty)
     # the whole step from the bitmask against xgrammar's path
     pairs = []
     for r in results.select(XGRAMMAR):
