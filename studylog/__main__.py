@@ -14,8 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="say how kernels run on this machine")
     bench = sub.add_parser("bench", help="run a chapter's GPU benchmark and write its JSON results")
-    bench.add_argument("chapters", nargs="+", help="chapter names (env, masked_lm_head, ngram, ctc, "
-                       "ternary, multi_item) or 'all'; or 'verify DIR' to compare a fresh run's results "
+    from studylog.chapter import CHAPTERS
+
+    bench.add_argument("chapters", nargs="+", help=f"chapter names ({', '.join(CHAPTERS)}) or 'all'; "
+                       "or 'verify DIR' to compare a fresh run's results "
                        "(DIR/<gpu>/<chapter>.json) with the committed ones")
     bench.add_argument("--report", type=Path, default=None,
                        help="with verify: also write the report to REPORT.md and REPORT.json")
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             args.report.with_suffix(".md").write_text(text + "\n")
             args.report.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
         broken = [h for f in report["files"] for h in f.get("headlines", []) if h.get("holds") is False]
-        return 3 if broken else 0
+        empty = [f for f in report["files"] if f.get("rows_compared") == 0]
+        return 3 if broken or empty else 0
 
     command = "python -m studylog " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     try:

@@ -64,7 +64,7 @@ def gpu_slug(name: str) -> str:
 
 
 def git_commit() -> str:
-    """The commit being measured: ``$STUDYLOG_COMMIT`` when set (a working tree copied to a lent GPU
+    """The commit being measured: ``$STUDYLOG_COMMIT`` when set (a working tree copied to another GPU
     machine may carry no ``.git``, or a stale one), else git, else ``"unknown"``."""
     if os.environ.get("STUDYLOG_COMMIT"):
         return os.environ["STUDYLOG_COMMIT"]
@@ -582,6 +582,7 @@ def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: f
             "chapter": chapter_name, "gpu": gpu, "fresh_gpu": fresh.gpu, "committed_gpu": committed.gpu,
             "same_gpu": same_gpu, "committed_commit": committed.data.get("git_commit"),
             "fresh_commit": fresh.data.get("git_commit"), "rows_compared": len(old.keys() & new.keys()),
+            "committed_clocks": sorted({k[2] for k in old}), "fresh_clocks": sorted({k[2] for k in new}),
             "only_committed": len(old.keys() - new.keys()), "only_fresh": len(new.keys() - old.keys()),
             "moved": moved, "headlines": [],
         }
@@ -617,6 +618,10 @@ def verify_markdown(report: dict[str, Any]) -> str:
         lines += [f"## {f['chapter']}: {f['fresh_gpu']} against {where}", "",
                   f"{f['rows_compared']} rows compared ({f['only_committed']} only committed, {f['only_fresh']} only "
                   f"fresh); {len(f['moved'])} moved by more than ±{tol:.0%}.", ""]
+        if f["rows_compared"] == 0:
+            lines += [f"**Nothing to compare**: the committed rows are on clock(s) {', '.join(f['committed_clocks'])}, "
+                      f"the fresh ones on {', '.join(f['fresh_clocks'])}; a headline compared across clocks says "
+                      "little.", ""]
         if f["headlines"]:
             lines += ["| headline | case | committed | fresh | holds |", "|---|---|---|---|---|"]
             for h in f["headlines"]:

@@ -287,3 +287,17 @@ def test_headline_row_takes_both_times_their_spread_and_the_host_time(tmp_path):
         plotting.headline_row(res, "step04", "torch_eager", "n = 1", n=1)
     with pytest.raises(KeyError, match="0 and 0 rows"):
         plotting.headline_row(res, "step04", "torch", "n = 2", n=2)
+
+
+def test_verify_says_when_two_runs_share_no_clock(tmp_path, monkeypatch):
+    row = {"series": "copy", "role": "baseline", "params": {"bytes": 1}, "ms": 1.0}
+    _results_file(tmp_path / "committed", "env", [row | {"clock": "do_bench"}])
+    _results_file(tmp_path / "fresh", "env", [row | {"clock": "gpu"}])
+    report = bench.verify(tmp_path / "fresh", tmp_path / "committed")
+    (entry,) = report["files"]
+    assert entry["rows_compared"] == 0 and entry["committed_clocks"] == ["do_bench"] and entry["fresh_clocks"] == ["gpu"]
+    assert "Nothing to compare" in bench.verify_markdown(report)
+    from studylog.__main__ import main
+
+    monkeypatch.setattr(bench.verify, "__defaults__", (tmp_path / "committed",))
+    assert main(["bench", "verify", str(tmp_path / "fresh")]) == 3

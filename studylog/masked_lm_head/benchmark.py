@@ -104,7 +104,7 @@ def _xgrammar():
 
 
 def bench(run) -> None:  # run: studylog.bench.BenchRun
-    """The chapter's sweep at the seed's size (V = 128,256, D = 3,072, bf16), batches 1, 4, 8, 64 and 256."""
+    """The chapter's sweep at the size of the post's head (V = 128,256, D = 3,072, bf16), batches 1, 4, 8, 64 and 256."""
     run_sweep(run, vocab=VOCAB, hidden=HIDDEN, device="cuda", batches=BATCHES)
 
 
@@ -120,7 +120,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
     gen = np.random.default_rng(1234)
     torch.manual_seed(1234)
     weight = (torch.randn(vocab, hidden, device=dev) * 0.02).to(dtype)  # PyTorch layout [V, D]
-    weight_dv = weight.t().contiguous()  # the seed's layout [D, V]
+    weight_dv = weight.t().contiguous()  # the post's layout [D, V]
     row_bytes = hidden * weight.element_size()
 
     data = structured if structured is not None else structured_sets(vocab)
@@ -273,7 +273,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
             path = choose_path(batch, vocab, n_union, rule)
             ours(S[9], lambda out: step09_dispatch(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
                  summation="row" if path in ("few_ids", "stream") else "dot", path=path, **extra)
-            if batch == 1 and first and count in (1000, 10_000):  # the seed's [D, V] layout
+            if batch == 1 and first and count in (1000, 10_000):  # the post's [D, V] layout
                 dv = params | {"layout": "dv"}
                 for number, fn in ((1, step01_block_skip), (2, step02_column_skip)):
                     ours(S[number], lambda out, fn=fn: fn(h, weight_dv, allowed, layout="dv", out=out), h, allowed,

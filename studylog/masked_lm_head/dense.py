@@ -67,7 +67,7 @@ def dense_matmul_kernel(
 
 
 # --------------------------------------------------------------------------------------------
-# Step 1: block-level skip (the seed's 3.1)
+# Step 1: block-level skip (the post's section 3.1)
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -115,7 +115,7 @@ def block_skip_kernel(
 
 
 # --------------------------------------------------------------------------------------------
-# Step 2: column-level skip (the seed's 3.2): disallowed columns are not loaded
+# Step 2: column-level skip (the post's section 3.2): disallowed columns are not loaded
 # --------------------------------------------------------------------------------------------
 
 @triton.jit

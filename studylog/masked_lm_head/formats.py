@@ -29,14 +29,14 @@ _ON_GPU = runtime.mode() == "gpu"
 if TYPE_CHECKING:
     from studylog.masked_lm_head.reorder import VocabOrder
 
-#: The seed's head: a 3072-wide hidden state and a 128k vocabulary (Llama 3's 128256 tokens).
+#: The post's head: a 3072-wide hidden state and a 128k vocabulary (Llama 3's 128256 tokens).
 VOCAB = 128_256
 HIDDEN = 3072
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 #: Allowed sets up to this size also keep their ids on the host: step 6 (``step06_few_ids``) passes them
 #: to the kernel as launch arguments (it has this many id slots).
 FEW_IDS_MAX = 8
-#: The weight layouts: ``"vd"`` is ``[V, D]`` (PyTorch's ``lm_head.weight``), ``"dv"`` the seed's ``[D, V]``.
+#: The weight layouts: ``"vd"`` is ``[V, D]`` (PyTorch's ``lm_head.weight``), ``"dv"`` the post's ``[D, V]``.
 LAYOUTS = ("vd", "dv")
 
 
