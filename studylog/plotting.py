@@ -188,7 +188,7 @@ def plot_speedup(results: Results, x: str, baseline: str, series: Iterable[str],
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label(s) if label else s)
     ax.axhline(1.0, color="k", lw=1, ls=":")
     ax.set_xscale("log" if logx else "linear")
-    ax.set_yscale("log")
+    ax.set_ylim(bottom=0)  # speedups on a linear axis, from zero
     ax.set_xlabel(x)
     ax.set_ylabel(f"speedup over {baseline}")
     ax.grid(True, which="both", alpha=0.3)

@@ -72,6 +72,7 @@ def test_plot_helpers_on_a_small_results_file(tmp_path):
     ax = plotting.plot_speedup(res, "n", "dense", ["ours"])
     (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "ours"]
     assert list(line.get_ydata()) == pytest.approx([100.0, 10.0, 1.0])
+    assert ax.get_yscale() == "linear"  # speedups read on a linear axis
     ax = plotting.plot_times(res, "n", ["dense", "ours"])
     assert any("floor" in ln.get_label() for ln in ax.get_lines())
     md = plotting.table(res, ["n"], ["dense", "ours"], where={"b": 1})

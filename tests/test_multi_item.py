@@ -639,3 +639,11 @@ def test_committed_results_are_read_under_the_step_names():
     assert all(r["clock"] == results.select(mi.CHAPTER.final.series)[0].get("clock", "do_bench")
                for r in report.headline(results))
 
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0, True, "1"])
+def test_a_bad_softmax_scale_is_refused(bad):
+    batch = mi.MultiItemBatch.from_item_lens([2], [[1, 1]], device=runtime.device())
+    q = torch.randn(2, batch.total_tokens, 16, device=runtime.device())  # [heads, tokens, head dim]
+    with pytest.raises(ValueError, match="sm_scale must be a finite positive number"):
+        mi.step05_batched(q, q, q, batch, sm_scale=bad)

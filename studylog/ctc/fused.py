@@ -27,8 +27,9 @@ RECURSION_OPTIONS: dict[str, tuple[int, bool, bool]] = {
     "+ redux max": (4, True, True),
     "+ prefetch 8": (8, True, True),
 }
-#: The options steps 8 and 9 use unless told otherwise: the fastest in the chapter's first H200 run (the
-#: benchmark measures every option at every point: ``recursion_series`` in the report).
+#: The options steps 8 and 9 use unless told otherwise: the branch-free recursion with the fast ex2/lg2
+#: approximations (flush-to-zero is exact enough here: the values are log-probabilities far from the denormals).
+#: The sweep of the options, and which one was fastest on which card, is in lab/ctc (its README).
 DEFAULT_RECURSION = "+ ftz ex2/lg2"
 #: Positions per thread compiled for step 10's block recursion, and the one it uses by default.
 BLOCK_GRAINS = (2, 4)

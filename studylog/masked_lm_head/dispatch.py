@@ -217,8 +217,9 @@ def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Flo
         except (RuntimeError, TypeError):
             if _MM_OUT_DTYPE:  # it worked before: this is a real error
                 raise
-            _MM_OUT_DTYPE = False  # this torch has no fp32-output mm: round through bf16 below
-    out.copy_(torch.mm(h, weight.t()))
+            _MM_OUT_DTYPE = False
+    # No fp32-output mm in this torch: widen the operands (exact, slower) rather than round logits to bf16.
+    torch.mm(h.float(), weight.float().t(), out=out)
 
 
 #: Whether this torch's CUDA ``torch.mm`` takes ``out_dtype`` (found on first use).

@@ -70,13 +70,20 @@ GPU_BLOCK_MS = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in GPU_CONFIGS}))
 # Step 1: the dense reference
 # ---------------------------------------------------------------------------------------------
 
+def _check_scale(sm_scale: Any) -> float:
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+            or sm_scale <= 0:
+        raise ValueError(f"sm_scale must be a finite positive number, got {sm_scale!r}")
+    return float(sm_scale)
+
+
 def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
                       out: QKV | None = None, rule: str = DEFAULT_RULE) -> QKV:
     """Step 1: build every prompt's ``[S, S]`` boolean mask and call ``scaled_dot_product_attention``.
     Rows that see no key (``rule="flashinfer"`` with an empty prefix: the delimiters) are written 0."""
     check_qkv(q, k, v, batch, out)
     check_rule(rule)
-    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else _check_scale(sm_scale)
     out = torch.empty_like(q) if out is None else out
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
         rows = slice(start, start + s)
@@ -106,7 +113,7 @@ def _prepare(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | No
     if runtime.mode() == "interpreter" and q.dtype == torch.bfloat16:
         raise TypeError("bfloat16 is not supported in interpreter mode: Triton's interpreter multiplies bfloat16 "
                         "tiles as raw integers in tl.dot; use float16 or float32 on the CPU")
-    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else _check_scale(sm_scale)
     out = torch.empty_like(q) if out is None else out
     common = {"HEAD_DIM": q.shape[-1], "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
     return sm_scale * LOG2E, out, common

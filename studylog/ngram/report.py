@@ -724,6 +724,29 @@ def headline(results) -> list[dict]:
     return out
 
 
+def gpu_headline(results) -> list[dict]:
+    """The book's headline rows, on the GPU clock only (the CPU path's time is host time, which moves with the
+    host, so no headline rests on it; :func:`headline` gives that comparison, end to end): the chapter's last
+    step against step 3, the two-phase design of the pull request the chapter starts from, at the headline
+    cases. On a file measured before the GPU clock, :func:`headline`'s rows."""
+    from studylog.plotting import headline_row
+
+    chapter = _chapter()
+    final, two_phase = chapter.final, chapter.step(3)
+    out = []
+    for batch, seq_len, threshold in HEADLINE_CASES:
+        where = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
+        mine, theirs = results.select(final.series, **where), results.select(two_phase.series, **where)
+        if not (mine and theirs and mine[0].get("clock") == theirs[0].get("clock") == "gpu"):
+            continue
+        budget = f", budget {threshold}" if threshold != NO_BUDGET else ", no budget"
+        out.append(headline_row(results, final.series, two_phase.series, f"{batch} slots x {seq_len} tokens{budget}",
+                                kernel_label=f"n-gram matching, {final.name}",
+                                baseline_label=f"{two_phase.name} (the two-phase kernel of the original pull request)",
+                                **where))
+    return out or headline(results)
+
+
 def target_verdicts(results) -> str:
     """The chapter's goals, each with the measured number that meets or misses it (Markdown list): bit-identical
     results, at least 10x faster than the CPU path at batch >= 32 (one clock), 32x512 under 15 µs, and 256x131072

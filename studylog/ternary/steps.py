@@ -28,7 +28,9 @@ def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.
                    out: Optional[Tensor] = None) -> Float[Tensor, "*m n"]:
     """The chapter's general entry point: ``x @ W.T / scale`` for packed ternary ``W``, by the step made for
     its format. ``2bit_tiles``: step 11 (CUDA C++ on the TMA) up to 8 rows of x on Hopper GPUs and later,
-    step 10 otherwise (on the H200 it beats step 11 at M = 16); ``2bit_mma``: step 9 (bf16 or fp16 x);
+    step 10 otherwise. The rule: step 11 keeps one row block of x per warp in flight, which fits up to 8 rows
+    (its compiled shapes); beyond that step 10's MMA tiles take the work (the committed runs measure both at
+    M = 1 and M = 16, the points the rule sits between; see the chapter's benchmark file); ``2bit_mma``: step 9 (bf16 or fp16 x);
     ``base3``: step 6 for one row of x, step 7 above; ``2bit``: step 4 for one row of x, step 5 above. (The
     W2A8 steps 8, 12 and 13 compute another product, of x quantised to int8: call them by name.)"""
     if isinstance(w, PackedTernary) and w.fmt == "2bit_tiles":
