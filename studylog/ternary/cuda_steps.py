@@ -197,9 +197,9 @@ class TmaConfig:
         return 1024 * self.warps * self.row_tiles * self.chunk
 
 
-#: (row_tiles, stages, chunk) of the compiled step-11 instances (with CHUNK = 4 or 8, or RT = 2 and
-#: CHUNK = 4, ptxas spills; 8 stages were never faster than 4 on the H200, but 8 of CHUNK 1 are kept
-#: for the sweep in the notebook).
+#: (row_tiles, stages, chunk) of the compiled step-11 instances: the configurations a caller may choose with
+#: ``TmaConfig`` (the default plan takes (1, 4, 1) or (2, 4, 1); lab/ternary/stream_read_sweep.py compares them
+#: all). CHUNK = 4 or 8, or RT = 2 with CHUNK = 4, would make ptxas spill, so they are not compiled.
 TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
 
 
