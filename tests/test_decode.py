@@ -320,6 +320,23 @@ def test_the_fused_body_gives_what_the_torch_body_gives(rng, dtype, tol):
     assert m.uses_fused()
 
 
+def test_the_fused_body_reads_strided_positions(rng):
+    """The decoder passes ``start`` and ``last`` as columns of one input buffer (views with a stride): the fused
+    kernels read them through their stride, as torch's indexing does (a batch above 1 read other columns)."""
+    m = LlamaModel(model_config("tiny", vocab_size=500, layers=2), dtype=torch.float32, seed=3)
+    B, T, C = 3, 5, 8
+    buf = torch.randint(0, 500, (B, C + 4), generator=rng)
+    buf[:, C] = torch.tensor([0, 4, 9])  # start
+    buf[:, C + 1] = torch.tensor([4, 2, 0])  # last
+    start, last = buf[:, C], buf[:, C + 1]
+    assert start.stride(0) == C + 4
+    caches = m.new_cache(B, 32), m.new_cache(B, 32)
+    a = m(buf[:, :T], start.contiguous(), last.contiguous(), caches[0], fused=False)
+    b = m(buf[:, :T], start, last, caches[1], fused=True)
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[1].k, caches[0].k, rtol=1e-5, atol=1e-5)
+
+
 def test_gumbel_noise_depends_only_on_its_inputs():
     ids = torch.arange(5000)
     a = gumbel_noise(3, torch.tensor([4, 4]), ids)

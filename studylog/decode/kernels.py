@@ -36,7 +36,7 @@ from studylog import runtime
 
 
 @triton.jit(do_not_specialize=["T"])
-def add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, last_ptr, T, D, eps,
+def add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, last_ptr, T, D, eps, stride_last,
                         HAS_ADD: tl.constexpr, GATHER: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program ``r``: row ``r`` of ``x [N, D]`` (with ``GATHER``: row ``r * T + last[r]``). With ``HAS_ADD``,
     ``x += a`` (rounded to x's type, written back unless gathering); then ``h = w * rms_norm(x)`` as Llama
@@ -44,7 +44,7 @@ def add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, last_ptr, T, D, eps,
     r = tl.program_id(0)
     row = r
     if GATHER:
-        row = r * T + tl.load(last_ptr + r)
+        row = r * T + tl.load(last_ptr + r * stride_last)
     offs = tl.arange(0, BLOCK_D)
     inside = offs < D
     x = tl.load(x_ptr + row.to(tl.int64) * D + offs, mask=inside, other=0.0)
@@ -63,7 +63,7 @@ def add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, last_ptr, T, D, eps,
 
 @triton.jit(do_not_specialize=["T"])
 def rope_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, start_ptr, T, S,
-                      stride_row, stride_cb, stride_ch, stride_cs, stride_cos,
+                      stride_start, stride_row, stride_cb, stride_ch, stride_cs, stride_cos,
                       H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                       HEADS_POW2: tl.constexpr, HALF_POW2: tl.constexpr):
     """Program ``r``: token ``t = r % T`` of sequence ``b = r // T``, at position ``start[b] + t``. Its q and k
@@ -72,7 +72,7 @@ def rope_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, start
     position outside the cache (``S`` positions, as many as the tables) writes nothing."""
     r = tl.program_id(0)
     b = r // T
-    pos = tl.load(start_ptr + b) + r % T
+    pos = tl.load(start_ptr + b * stride_start) + r % T
     HALF: tl.constexpr = HD // 2
     head = tl.arange(0, HEADS_POW2)[:, None]
     i = tl.arange(0, HALF_POW2)[None, :]
@@ -105,7 +105,7 @@ def rope_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, start
 
 @triton.jit(do_not_specialize=["T"])
 def attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start_ptr, T, S, qk_scale,
-                     stride_qb, stride_qt, stride_cb, stride_ch, stride_cs, stride_ob, stride_ot,
+                     stride_start, stride_qb, stride_qt, stride_cb, stride_ch, stride_cs, stride_ob, stride_ot,
                      HKV: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
     """Program ``(b * HKV + j, m)``: rows ``m * BLOCK_M ...`` of the ``G * T`` queries of KV head ``j`` (row
@@ -118,7 +118,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start_ptr, T, S, qk_scale,
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     t = rows // G
     live = t < T
-    start = tl.load(start_ptr + b)
+    start = tl.load(start_ptr + b * stride_start)
     pos = start + t
     d = tl.arange(0, BLOCK_D)
     in_d = d < HD
@@ -193,7 +193,7 @@ def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = 
         grid, T = (rows,), 1
     block = triton.next_power_of_2(D)
     add_rms_norm_kernel[grid](x, add if add is not None else x, weight, out, last if last is not None else x,
-                              T, D, eps, HAS_ADD=add is not None, GATHER=last is not None, BLOCK_D=block,
+                              T, D, eps, last.stride(0) if last is not None else 0, HAS_ADD=add is not None, GATHER=last is not None, BLOCK_D=block,
                               num_warps=max(1, min(16, block // 256)))
     return out
 
@@ -205,7 +205,7 @@ def rope_cache(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, cos: Tensor, sin: 
     B, T = qkv.shape[0], qkv.shape[1]
     hd = k_cache.shape[-1]
     rope_cache_kernel[(B * T,)](
-        qkv, k_cache, v_cache, cos, sin, start, T, min(k_cache.shape[2], cos.shape[0]), qkv.stride(1),
+        qkv, k_cache, v_cache, cos, sin, start, T, min(k_cache.shape[2], cos.shape[0]), start.stride(0), qkv.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), cos.stride(0), H=heads, HKV=kv_heads, HD=hd,
         HEADS_POW2=triton.next_power_of_2(heads + 2 * kv_heads), HALF_POW2=triton.next_power_of_2(hd // 2),
         num_warps=4)
@@ -223,7 +223,7 @@ def attention(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: Tensor, head
     block_m = max(16, min(64, triton.next_power_of_2(G * T)))
     grid = (B * Hkv, triton.cdiv(G * T, block_m))
     attention_kernel[grid](
-        qkv, k_cache, v_cache, out, start, T, S, scale * math.log2(math.e),
+        qkv, k_cache, v_cache, out, start, T, S, scale * math.log2(math.e), start.stride(0),
         qkv.stride(0), qkv.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), HKV=Hkv, G=G, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)),
         BLOCK_M=block_m, BLOCK_N=64, DOT=_dot_type(k_cache), num_warps=4, num_stages=2)

@@ -91,7 +91,8 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
             if both_whitespaces_at == (shape, batch):
                 wss += [w for w in ("compact", "default") if w not in wss]
             jobs = [(n, w) for w in wss for n in schemas if w == wss[0] or n in suite_names("json")]
-            for name, ws in jobs:
+            progress = getattr(run, "progress", None)
+            for name, ws in progress(jobs, f"{shape} batch {batch}") if progress else jobs:
                 grammar = Grammar.from_suite(name, whitespace=ws)
                 prompts, targets = requests(name, batch, decoder, ws)
                 first = None

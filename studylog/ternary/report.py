@@ -261,8 +261,9 @@ def bench(run) -> None:
     shapes: dict[tuple, list[int]] = {}
     for family, n, k, m in cases:
         shapes.setdefault((family, n, k), []).append(m)
-    for (family, n, k), ms in run.progress(list(shapes.items()), "shapes"):
-        _bench_shape(run, family, n, k, ms, peak, gemlite)
+    bar = run.progress(list(shapes.items()), "shapes")
+    for (family, n, k), ms in bar:
+        _bench_shape(run, family, n, k, ms, peak, gemlite, bar)
         torch.cuda.empty_cache()
     from studylog.plotting import Results
 
@@ -274,7 +275,7 @@ def bench(run) -> None:
         run.note(f"target {t['target']}: {verdict}{short}: {t['detail']}")
 
 
-def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite: Any) -> None:
+def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite: Any, bar: Any = None) -> None:
     dev = runtime.device()
     w_t, scale_t = quantize_absmean(torch.randn(n, k, device=dev))
     scale = float(scale_t)  # one number: no per-call tensor
@@ -369,6 +370,8 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
                   and series not in (CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, "read_weights")]
         for name in names:
             spec = specs[name]
+            if bar is not None and hasattr(bar, "set_postfix_str"):  # where a long sweep is, in the log too
+                bar.set_postfix_str(f"{n}x{k} M={m} {name}")
             peer = spec.role != "kernel" and name != CUBLAS
             try:
                 _bench_series(run, name, spec, x, params, refs, peak, m, flops, x_bytes, z_bytes)
