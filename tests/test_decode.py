@@ -588,24 +588,35 @@ def test_the_1b_shape_decodes_the_same_tokens_in_every_configuration():
 
 @pytest.mark.gpu
 def test_the_fused_body_on_the_gpu_gives_what_torch_gives():
-    """1b shape, bf16: the fused kernels against torch's eager operations, a prefill chunk then one-token steps
-    (hidden states to bf16 rounding, and the same greedy token out of the dense head)."""
+    """1b shape, bf16: the fused kernels and torch's eager operations, each against the same weights computed
+    in fp32 (a prefill chunk then one-token steps): the fused body is no further from fp32 than torch's bf16
+    body (it rounds where torch rounds, except attention scores, which it keeps in fp32), and picks the same
+    greedy token out of the dense head."""
+    import copy
+
     model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
+    ref = copy.deepcopy(model).float()  # the bf16 weights, computed in fp32
     gen = torch.Generator(device="cuda").manual_seed(0)
-    caches = model.new_cache(2, 128), model.new_cache(2, 128)
+    caches = model.new_cache(2, 128), model.new_cache(2, 128), ref.new_cache(2, 128)
     toks = torch.randint(0, model.config.vocab_size, (2, 17), device="cuda", generator=gen)
     start, last = torch.tensor([0, 5], device="cuda"), torch.tensor([16, 11], device="cuda")
+
+    def rel(x, r):
+        return ((x - r).norm(dim=1) / r.norm(dim=1)).max().item()
+
     agree = []
     for step in range(4):
+        r = ref(toks, start, last, caches[2], fused=False)
         a = model(toks, start, last, caches[0], fused=False).float()
         b = model(toks, start, last, caches[1], fused=True).float()
         assert torch.isfinite(b).all()
-        assert ((b - a).norm(dim=1) / a.norm(dim=1)).max() < 0.03, step  # bf16 rounding through 16 layers
-        la, lb = model.logits(a.bfloat16()), model.logits(b.bfloat16())
-        agree += (la.argmax(1) == lb.argmax(1)).tolist()
+        assert rel(b, r) <= 1.5 * rel(a, r) + 0.005, (step, rel(b, r), rel(a, r))
+        lr, lb = ref.logits(r), model.logits(b.bfloat16())
+        agree += (lr.argmax(1) == lb.argmax(1)).tolist()
         start = start + last + 1
-        toks, last = la.argmax(1)[:, None], torch.zeros(2, dtype=torch.long, device="cuda")
+        toks, last = lr.argmax(1)[:, None], torch.zeros(2, dtype=torch.long, device="cuda")
     assert sum(agree) >= 6, agree  # the same greedy token almost always (near-ties of a random model aside)
-    k_err = (caches[1].k.float() - caches[0].k.float()).norm() / caches[0].k.float().norm()
-    assert k_err < 0.03
+    k_ref = caches[2].k.float()
+    k_err = [((c.k.float() - k_ref).norm() / k_ref.norm()).item() for c in caches[:2]]
+    assert k_err[1] <= 1.5 * k_err[0] + 0.005, k_err
     assert model.uses_fused()

@@ -56,7 +56,9 @@ class CTCPlan:
         self.zero_infinity = bool(zero_infinity)
         self.how = dict(how)
         self._check_options()
-        self.device = torch.device(device) if device is not None else runtime.device()
+        device = torch.device(device) if device is not None else runtime.device()
+        # "cuda" means the current device; a tensor made there says which one, as the inputs' device will
+        self.device = torch.empty(0, device=device).device
         self.label_stride = max(1, max_target_length)
         self.slot_stride = min(self.label_stride, num_classes - 1) + 1  # distinct labels, and the blank
         self._packed = torch.zeros(packed_size(batch_size, self.label_stride, self.slot_stride), dtype=torch.int32,
