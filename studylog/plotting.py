@@ -235,12 +235,32 @@ def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
 
     rows = []
     for declared in registry.select(["all"], need="headline"):
-        if not result_files(declared.name, root):
-            continue
-        results = load_results(declared.name, root=root)
-        for row in declared.headline(results):
-            rows.append({"chapter": declared.name, "gpu": results.gpu, "date": results.date, **row})
+        for f in result_files(declared.name, root):  # every GPU the chapter was measured on
+            results = load_results(declared.name, gpu=f.parent.name, root=root)
+            for row in declared.headline(results):
+                rows.append({"chapter": declared.name, "gpu": results.gpu, "date": results.date, **row})
     return rows
+
+
+#: How far a headline may differ between two cards before the tables say so.
+CARD_TOLERANCE = 0.15
+
+
+def card_differences(rows: list[dict[str, Any]]) -> list[str]:
+    """Sentences naming each headline (same kernel, baseline and case) whose speedup differs between two GPUs by
+    more than :data:`CARD_TOLERANCE`: a ratio that holds on one card need not hold on another."""
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_key.setdefault((r["kernel"], r["baseline"], r["case"]), []).append(r)
+    out = []
+    for (kernel, baseline, case), rs in by_key.items():
+        if len(rs) < 2:
+            continue
+        lo, hi = min(rs, key=lambda r: r["speedup"]), max(rs, key=lambda r: r["speedup"])
+        if hi["speedup"] > (1 + CARD_TOLERANCE) * lo["speedup"]:
+            out.append(f"{kernel} against {baseline} ({case}): {hi['speedup']:.2f}× on the {hi['gpu']}, "
+                       f"{lo['speedup']:.2f}× on the {lo['gpu']}.")
+    return out
 
 
 def headline_row(results: Results, kernel: str, baseline: str, case: str, *, kernel_label: str | None = None,
@@ -287,16 +307,16 @@ def _spread_note(row: dict[str, Any]) -> str:
 
 def headline_markdown(root: Path = DEFAULT_OUT) -> str:
     """The headline tables (Markdown), computed from the committed JSON: used by the book and the README. One
-    table per chapter, under a line naming the GPU, the date and the clock; beside each speedup, our time and the
+    table per chapter and GPU, under a line naming the GPU, the date and the clock; beside each speedup, our time and the
     baseline's (µs, medians; min–max of the repetitions where the file has them) and our host time per call."""
     rows = headline_rows(root)
     if not rows:
         return "No GPU results are committed yet."
     out: list[str] = []
-    for chapter in dict.fromkeys(r["chapter"] for r in rows):
-        mine = [r for r in rows if r["chapter"] == chapter]
+    for chapter, gpu in dict.fromkeys((r["chapter"], r["gpu"]) for r in rows):
+        mine = [r for r in rows if r["chapter"] == chapter and r["gpu"] == gpu]
         clocks = sorted({r.get("clock", "do_bench") for r in mine})
-        out += [f"**{chapter}** — {mine[0]['gpu']}, {mine[0]['date']}; clock: {', '.join(clocks)}", "",
+        out += [f"**{chapter}** — {gpu}, {mine[0]['date']}; clock: {', '.join(clocks)}", "",
                 "| ours | against | case | speedup | ours (µs) | theirs (µs) | host per call (µs) |",
                 "|---|---|---|---|---|---|---|"]
         for r in mine:
@@ -313,6 +333,11 @@ def headline_markdown(root: Path = DEFAULT_OUT) -> str:
             out.append(f"| {r['kernel']} | {r['baseline']} | {r['case']} | **{r['speedup']:.2f}×**{_spread_note(r)} | "
                        f"{ours} | {base} | {_us(r.get('host_ms'))} |")
         out.append("")
+        last_of_chapter = not any(r["chapter"] == chapter and r["gpu"] != gpu for r in rows[rows.index(mine[-1]) + 1:])
+        if last_of_chapter:
+            differ = card_differences([r for r in rows if r["chapter"] == chapter])
+            if differ:
+                out += [f"Where the cards differ by more than {CARD_TOLERANCE:.0%}:", ""] + [f"- {d}" for d in differ] + [""]
     return "\n".join(out).rstrip()
 
 

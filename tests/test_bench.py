@@ -45,7 +45,17 @@ def test_committed_results_are_complete(path):
     assert data["ceilings"]["copy_bandwidth_gbs"] > 100
     assert data["measurements"], "no measurements"
     assert all(r["ms"] > 0 and r["role"] in bench.ROLES for r in data["measurements"])
-    assert all(c["passed"] for c in data.get("checks", [])), "a correctness check failed in this run"
+    assert not bench.failed_checks(data), "a correctness check of our kernels failed in this run"
+
+
+def test_a_failed_check_of_a_peer_is_a_finding_not_a_failure():
+    data = {"measurements": [{"series": "gemlite_w2", "role": "peer"}, {"series": "step11", "role": "kernel"}],
+            "checks": [{"name": "gemlite_w2 within bf16 rounding", "passed": False},
+                       {"name": "step11 equals float64 reference", "passed": False},
+                       {"name": "other", "passed": False, "peer": True},
+                       {"name": "step11 equals float64 reference", "passed": True}]}
+    assert [c["name"] for c in bench.failed_checks(data)] == ["step11 equals float64 reference"]
+    assert [c["name"] for c in bench.failed_checks(data, peers=True)] == ["gemlite_w2 within bf16 rounding", "other"]
 
 
 def _fake_results(tmp_path):
@@ -88,6 +98,19 @@ def test_readme_results_are_generated_from_the_committed_json():
     """The README's numbers are never typed by hand: its results block equals what the JSON gives."""
     readme = (bench.REPO_ROOT / "README.md").read_text()
     assert plotting.readme_results_block() in readme, "README results are stale: run `python -m studylog plot all`"
+
+
+def test_headline_tables_show_every_card_and_say_where_they_differ():
+    """One table per chapter and GPU; a headline whose speedup differs by more than 15% between two cards is
+    named with both numbers, one that agrees is not."""
+    rows = [dict(kernel="k", baseline="b", case="c", speedup=s, gpu=g) for s, g in ((4.0, "A"), (3.0, "B"))]
+    rows += [dict(kernel="k", baseline="b", case="d", speedup=s, gpu=g) for s, g in ((2.0, "A"), (2.2, "B"))]
+    said = plotting.card_differences(rows)
+    assert len(said) == 1 and "4.00× on the A" in said[0] and "3.00× on the B" in said[0] and "(c)" in said[0]
+    text = plotting.headline_markdown()
+    for f in plotting.result_files("masked_lm_head"):
+        gpu = plotting.load_results("masked_lm_head", gpu=f.parent.name).gpu
+        assert f"**masked_lm_head** — {gpu}," in text
 
 
 @pytest.mark.gpu
