@@ -274,10 +274,10 @@ def test_the_final_step_is_the_entry_point():
     assert ctc.CHAPTER.label("step06") == "step06_probability_space"
 
 
-def test_committed_results_read_under_the_new_names():
+def test_committed_results_read_under_the_new_names(before_one_clock):
     from studylog.plotting import load_results
 
-    results = load_results("ctc", "nvidia-h200")
+    results = load_results("ctc", "nvidia-h200", root=before_one_clock)
     series = {r["series"] for r in results.rows}
     assert {s.series for s in ctc.CHAPTER.steps} <= series
     assert {"step07 graph", "stress step06", "step04 strided", "step09 recursion + redux max"} <= series

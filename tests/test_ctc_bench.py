@@ -178,8 +178,8 @@ def test_headline_on_the_new_benchmark_is_on_one_clock_and_names_the_baseline(tm
     assert "speedup_range" in rows[0] and rows[0]["host_ms"] == 0.02
 
 
-def test_headline_still_reads_the_committed_file():
-    rows = ctc.CHAPTER.headline(plotting.load_results("ctc", "nvidia-h200"))
+def test_headline_still_reads_a_file_of_before_the_one_clock(before_one_clock):
+    rows = ctc.CHAPTER.headline(plotting.load_results("ctc", "nvidia-h200", root=before_one_clock))
     assert len(rows) == 3 and all(r["baseline"] == "faster of torch cuDNN / native" for r in rows)
     assert all(r["clock"] == "do_bench" and r["speedup"] > 1 for r in rows)
 
@@ -236,8 +236,10 @@ def test_the_answer_to_the_blog_posts_question_follows_the_counts(tmp_path, cudn
     assert all(c["lost"]["torch-cuDNN"] == (8 if cudnn_loses and c["T"] >= 200 else 0) for c in cases)
 
 
-def test_the_answer_is_pending_on_the_committed_file():
-    assert ctc.cudnn_verdict(plotting.load_results("ctc", "nvidia-h200")) is None
+def test_the_answer_is_pending_on_a_file_of_before_the_comparison(before_one_clock):
+    assert ctc.cudnn_verdict(plotting.load_results("ctc", "nvidia-h200", root=before_one_clock)) is None
+    for f in plotting.result_files("ctc"):  # the committed runs made the comparison
+        assert ctc.cudnn_verdict(plotting.load_results("ctc", f.parent.name)) is not None, f
 
 
 def test_capture_probe_answers_for_every_torch_call():

@@ -641,7 +641,7 @@ def test_reporting_code_runs_and_judges(kernel_us, verdict):
     assert f"32x512 under 15 µs: {verdict}" in verdicts
 
 
-def test_committed_results_read_under_the_step_names():
+def test_a_file_of_before_the_step_names_is_read_under_them(before_one_clock):
     """The committed H200 file predates the step names: it is read through CHAPTER.renamed_series, and the
     figures, tables and headline draw from it (the variants it also holds are no series of the library)."""
     import matplotlib
@@ -650,7 +650,7 @@ def test_committed_results_read_under_the_step_names():
     import matplotlib.pyplot as plt
     from studylog.plotting import load_results
 
-    results = load_results("ngram", "nvidia-h200")
+    results = load_results("ngram", "nvidia-h200", root=before_one_clock)
     series = set(results.series())
     assert {s.series for s in ngram.CHAPTER.steps} <= series
     assert set(ngram.CHAPTER.baselines) - {ngram.SYNCED_SERIES} <= series  # the file predates the end-to-end series

@@ -28,6 +28,8 @@ H200 = "nvidia-h200"
 #: The two Llama shapes the targets are set on (N x K): an MLP down projection of an 8B and of a 70B model.
 MAIN, BIG = "4096x14336", "8192x28672"
 PENDING = "pending"
+#: Under a table whose "–" cells are series the benchmark does not run at that size.
+NOT_MEASURED = "\n\n– : not measured at this size (the series the benchmark runs at each size: `ternary.report.bench_series`)."
 
 # ----------------------------------------------------------------------------------------------
 # Reading the committed file
@@ -224,10 +226,10 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
             cells.append("–" if row is None else
                          f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, `{series_label(s).split(',')[0]}`)")
             p = us(results, peer, shape, m)
-            cells.append(PENDING if p is None else f"{p:.1f} ({base / p:.1f}×)")
+            cells.append("–" if p is None else f"{p:.1f} ({base / p:.1f}×)")
         cells.append(fmt(floor_us(results, shape, m)))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + NOT_MEASURED
 
 
 # ----------------------------------------------------------------------------------------------
@@ -401,9 +403,10 @@ def cards_table(cards_: dict, series=(CUBLAS, SERIES[11], SERIES[12], "read_weig
         cells = [f"{shape}, {m}"]
         for s in series:
             for res in cards_.values():
-                cells.append(fmt(us(res, s, shape, m)))
+                t = us(res, s, shape, m)
+                cells.append("–" if t is None else f"{t:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + NOT_MEASURED
 
 
 def bandwidth_share(res, shape: str = MAIN, m: int = 1) -> Optional[float]:
