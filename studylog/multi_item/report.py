@@ -644,15 +644,15 @@ def figures(results) -> dict[str, Any]:
 
 
 def times_figure(results):
-    """One panel per benchmark shape (three): a horizontal bar per approach (median, with the repetitions'
+    """One panel per benchmark shape (three, stacked so the figure reads at page width): a horizontal bar per approach (median, with the repetitions'
     range where the file keeps it) on a linear axis, the compute floor dashed; colours from :data:`COLOURS`."""
     import matplotlib.pyplot as plt
 
     shapes = shape_names(results)[:3]
     series = [s for s in approaches() if results.select(s)]
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 0.42 * len(series) + 1.6), sharey=True,
+    fig, axes = plt.subplots(len(shapes), 1, figsize=(8, (0.28 * len(series) + 0.9) * len(shapes) + 0.6),
                              squeeze=False)
-    for ax, shape in zip(axes[0], shapes):
+    for ax, shape in zip(axes[:, 0], shapes):
         ys, widths, errs, cols = [], [], [[], []], []
         for i, s in enumerate(series):
             rows = results.select(s, shape=shape)
@@ -677,10 +677,10 @@ def times_figure(results):
         ax.set_xlabel("µs per call (median)", fontsize=9)
         ax.grid(True, axis="x", alpha=0.3)
         ax.tick_params(labelsize=9)
-    axes[0][0].set_yticks(range(len(series)), [_label(s) for s in series], fontsize=9)
-    axes[0][0].set_ylim(len(series) - 0.4, -1.4)
+        ax.set_yticks(range(len(series)), [_label(s) for s in series], fontsize=9)
+        ax.set_ylim(len(series) - 0.4, -1.4)
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
-    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu} "
+    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu}\n"
                  f"({clock} clock; error bars: the repetitions' range where measured)", fontsize=10)
     fig.tight_layout()
     return fig

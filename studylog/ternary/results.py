@@ -502,8 +502,9 @@ def figures(results) -> dict:
 
     peer_ms = [m for m in ms_present if view.select(GEMLITE, m=m) or view.select(INT_MM, m=m)][:3]
     if peer_ms:
-        fig, axes = plt.subplots(1, len(peer_ms), figsize=(4.6 * len(peer_ms) + 0.6, 4.8), squeeze=False)
-        for ax, m in zip(axes[0], peer_ms):
+        height = 3.3 * len(peer_ms) + 1.6  # one panel per M, stacked so the figure reads at page width
+        fig, axes = plt.subplots(len(peer_ms), 1, figsize=(9, height), squeeze=False)
+        for ax, m in zip(axes[:, 0], peer_ms):
             def over_peer(peer, shape, m=m):
                 ours = FLOAT_X_SERIES if peer == GEMLITE else W2A8_SERIES
                 p = view.select(peer, shape=shape, m=m)
@@ -515,8 +516,8 @@ def figures(results) -> dict:
             ax.set_title(f"M = {m}", fontsize=FONT + 1)
         _head(fig, "Our fastest kernel against the peers: GemLite against bf16 x, torch._int_mm against W2A8\n"
               + caption)
-        fig.tight_layout(rect=(0, 0.12, 1, 0.92))
-        _legend_below(fig, list(axes[0]), ncol=2)
+        fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 0.75 / height))
+        _legend_below(fig, list(axes[:, 0]), ncol=2)
         figs["peers"] = fig
     return figs
 
