@@ -189,8 +189,19 @@ window.addEventListener("load", function () {
 """
 
 
+#: Tables of results are wider than the theme's text column: the column may use the width the window has (up
+#: to 64em) and cells wrap, a size smaller, so the last columns stay on the page, not behind a scroll bar.
+TABLE_STYLE = """
+document.head.insertAdjacentHTML("beforeend",
+  "<style>main table th, main table td { white-space: normal; overflow-wrap: break-word; }" +
+  " main table { font-size: 0.85em; }" +
+  " .bd-main .bd-content .bd-article-container { max-width: 64em; }</style>");
+"""
+
+
 def setup(app):
     app.add_js_file(None, body=ZOOM_SCRIPT)
+    app.add_js_file(None, body=TABLE_STYLE)
     app.add_directive("studylog-posts", PostsDirective)
     app.add_directive("studylog-headlines", HeadlinesDirective)
     app.connect("doctree-read", _add_open_locally_note)
