@@ -281,7 +281,10 @@ def tried_table(results) -> str:
     lines = ["| tried | " + " | ".join(shapes) + " | details |", "|---|" + "---|" * len(shapes) + "---|"]
 
     def change(t, base):
-        return "–" if t is None or base is None else f"{t / base - 1:+.0%}"
+        if t is None or base is None:
+            return "–"
+        text = f"{t / base - 1:+.0%}"
+        return "±0%" if text in ("+0%", "-0%") else text  # a change that rounds to nothing has no sign
 
     for order in SCHEDULE_ORDERS[1:]:
         what = {"heads_outer": "step 5 with one head per group (`heads_outer`)",
