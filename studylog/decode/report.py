@@ -385,9 +385,10 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     batches = [b for b in (1, 8) if breakdown(rows, model, b)]
     if not batches:
         return None
-    fig, axes = plt.subplots(1, len(batches), figsize=(5.2 * len(batches) + 2.2, 4.6), squeeze=False)
-    for j, (ax, b) in enumerate(zip(axes[0], batches)):
-        plot_breakdown(breakdown(rows, model, b), ax=ax, title=f"batch {b}", legend=j == len(batches) - 1)
+    # stacked, one panel a batch size, so the figure reads at page width; the legend beside the first panel
+    fig, axes = plt.subplots(len(batches), 1, figsize=(8.5, 3.9 * len(batches) + 0.9), squeeze=False)
+    for j, (ax, b) in enumerate(zip(axes[:, 0], batches)):
+        plot_breakdown(breakdown(rows, model, b), ax=ax, title=f"batch {b}", legend=j == 0)
     fig.suptitle(f"{what}{model} shape: where each configuration's time per output token goes (median of the "
                  f"JSON schemas)\n{caption}", fontsize=FONT)
     fig.tight_layout()
