@@ -490,13 +490,13 @@ def figures(results) -> dict:
             err = [(r["ms"] - r["spread_ms"][0]) * 1e3, (r["spread_ms"][2] - r["ms"]) * 1e3] \
                 if "spread_ms" in r else [0.0, 0.0]
             return r["ms"] * 1e3, err
-        fig, ax = plt.subplots(figsize=(9, 5.4))
+        fig, ax = plt.subplots(figsize=(9, 6.2))
         _bars(ax, llama, steps, time_us)
         ax.set_yscale("log")
         ax.set_ylabel("GPU time (µs, median)", fontsize=FONT)
         ax.set_title("One row of x (M = 1): every step's GPU time on the Llama shapes", fontsize=FONT + 1)
         _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.11, 1, 0.94))
+        fig.tight_layout(rect=(0, 0.2, 1, 0.94))  # room below for the shapes' labels and a legend of four rows
         _legend_below(fig, [ax], ncol=4)
         figs["steps"] = fig
 
