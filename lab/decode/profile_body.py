@@ -3,8 +3,8 @@
 For a shape, batch and chunk length (default: the ~1B shape, batch 1, one token), both bodies of
 ``studylog.decode.LlamaModel`` (the fused path the decode loop runs, and torch's eager operations):
 
-* the forward's GPU time replayed from a CUDA graph (median of replays, events), and the floor: the body's
-  weights read once at the copy bandwidth measured here;
+* the forward's GPU time replayed from a CUDA graph (the harness's clock, ``BenchRun.graph_time``), and the
+  floor: the body's weights read once at the copy bandwidth the harness measures;
 * the kernels of one forward (torch's profiler over a few eager forwards): launches per forward, and the
   top kernels by GPU time, with their calls and time per forward.
 
@@ -19,35 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
-
-
-def graph_ms(fn, replays: int = 30) -> float:
-    """Median GPU time of ``fn`` replayed from a CUDA graph (one call per graph)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(statistics.median(times))
 
 
 def kernel_table(fn, forwards: int = 5) -> list[dict]:
@@ -72,7 +47,7 @@ def kernel_table(fn, forwards: int = 5) -> list[dict]:
 
 
 def main() -> None:
-    from studylog.bench import gpu_slug, measure_copy_bandwidth_gbs
+    from studylog.bench import BenchRun, gpu_slug
     from studylog.decode import LlamaModel, model_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -90,15 +65,16 @@ def main() -> None:
     tokens = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
     start = torch.full((B,), 200, device="cuda")  # a step a few hundred tokens into a request
     last = torch.full((B,), T - 1, device="cuda")
-    bandwidth = measure_copy_bandwidth_gbs()
-    floor = cfg.parameter_counts()["body"] * 2 / (bandwidth * 1e9) * 1e3
+    run = BenchRun("decode", command="python lab/decode/profile_body.py")  # the harness's clock and ceilings
+    bandwidth = run.copy_bandwidth_gbs
+    floor = run.floor_ms(cfg.parameter_counts()["body"] * 2)
     print(f"{torch.cuda.get_device_name()}: {args.model}, batch {B}, chunk {T}; copy bandwidth {bandwidth:.0f} GB/s, "
           f"body floor {floor:.3f} ms (its weights read once)")
     out = {"model": args.model, "batch": B, "chunk": T, "gpu": torch.cuda.get_device_name(),
            "copy_bandwidth_gbs": bandwidth, "floor_ms": floor, "bodies": {}}
     for name, fused in (("fused", True), ("torch", False)):
         fn = lambda: model(tokens, start, last, cache, fused=fused)  # noqa: E731
-        ms = graph_ms(fn)
+        ms = run.graph_time([fn])
         rows = kernel_table(fn)
         launches = sum(r["calls"] for r in rows)
         busy = sum(r["us"] for r in rows) / 1e3
