@@ -661,7 +661,7 @@ def test_a_file_of_before_the_step_names_is_read_under_them(before_one_clock):
         plt.close(fig)
     assert ngram.CHAPTER.step(7).name in ngram.summary_table(results)
     rows = ngram.headline(results)  # every row do_bench: the fastest kernel against the CPU path, one clock
-    assert len(rows) == len(ngram.report.HEADLINE_CASES)
+    assert len(rows) == len(ngram.results.HEADLINE_CASES)
     assert all(r["baseline"].startswith("step01_cpu_path") and r["speedup"] > 1 for r in rows)
     assert all(r["clock"] == "do_bench" for r in rows)
     assert ngram.real_text_table(results) == ""  # no real-text rows in it

@@ -15,7 +15,7 @@ algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), 
 batches, synthetic and from real documents, and what the search does on them), ``corpus`` (the real
 documents: the Python standard library's docstrings and source in cl100k tokens, committed as
 ``assets/data/ngram_corpus.npz``; ``python -m studylog.ngram corpus`` rebuilds it), ``report``
-(benchmark, figures, headline), ``exercises`` (the lesson's exercises and their checks, on a CPU).
+(the benchmark), ``results`` (figures, tables and headline from the committed JSON), ``exercises`` (the lesson's exercises and their checks, on a CPU).
 
 Every GPU step's :class:`NgramMatcher` call can be captured in a CUDA graph once and replayed over new
 values written into its buffers (:meth:`NgramMatcher.capture`); step 1 and the step functions cannot (they
@@ -40,9 +40,9 @@ from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_bu
                                    model_one_pass_keys, published_blockscan_counts, slot_plan)
 from studylog.ngram.reference import reference_ngram_match
 from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, REAL_SHAPES, SYNCED_DESCRIPTION,
-                                   SYNCED_SERIES, bench, caption, figures, gen_width_for, gpu_headline, grid_row, headline,
-                                   real_batch, real_cases, real_text_table, step_table, summary_table, sweep_series,
-                                   target_verdicts)
+                                   SYNCED_SERIES, bench, gen_width_for, real_batch, real_cases, sweep_series)
+from studylog.ngram.results import (caption, figures, gpu_headline, grid_row, headline, real_text_table, step_table,
+                                    summary_table, target_verdicts)
 from studylog.paths import chapter_csrc
 
 _CSRC = chapter_csrc("ngram")
