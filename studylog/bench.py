@@ -26,8 +26,10 @@ Every chapter with a benchmark declares it (``CHAPTER.bench``, see :mod:`studylo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import gc
 import json
 import math
 import time as _time
@@ -52,6 +54,25 @@ CPU_REFUSAL = (
     "Here Triton kernels run in its CPU interpreter, whose timings say nothing about GPU speed. "
     "The committed GPU results are under assets/bench/; the notebooks plot from them."
 )
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off inside the block (after one collection), as ``timeit`` runs.
+
+    A full collection walks every container object the process holds. With chapter 1's grammars in memory
+    that is hundreds of thousands of objects, tens of milliseconds of one thread's time: in a timed loop it
+    lands in whichever repetition it happens to fall, and one host-timed series comes out bimodal. A serving
+    process does the same thing for the same reason: it freezes what it built at start-up (``gc.freeze``).
+    Host clocks (``host``, ``host_e2e``, ``wall``) are taken inside this block; GPU clocks never see the host."""
+    was_on = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 class NoGPUError(RuntimeError):
@@ -132,11 +153,12 @@ ROLES = ("kernel", "baseline", "peer")
 CLOCKS = {
     "gpu": "GPU time per call: the call replayed in a CUDA graph, large inputs rotated among copies "
            "larger than L2 together, after a 256 MB memset; median of the replays (BenchRun.gpu_time)",
-    "host": "host time per call: back-to-back Python calls, no synchronisation (BenchRun.host_time)",
+    "host": "host time per call: back-to-back Python calls, no synchronisation, garbage collector paused "
+            "(BenchRun.host_time)",
     "host_e2e": "wall time per call of the call followed by torch.cuda.synchronize(): what a loop that waits "
-                "for the result sees, end to end",
+                "for the result sees, end to end (garbage collector paused, as for host)",
     "wall": "wall time of a whole decode loop per output token, waiting for the device where its algorithm "
-            "must (the sampled token), median of repetitions",
+            "must (the sampled token), garbage collector paused, median of repetitions",
     "do_bench": "triton.testing.do_bench, median, L2 flushed before each repetition; includes the host's "
                 "launch whenever it is longer than the flush before it",
     "kernel": "the profiler's (CUPTI) span from the first kernel's start to the last one's end, "
@@ -333,18 +355,20 @@ class BenchRun:
 
     def host_time(self, fn: Callable[[], Any], *, calls: int = 200, repeats: int = 3) -> "Timing":
         """Host time per call, in milliseconds: ``calls`` back-to-back Python calls of ``fn`` with no
-        synchronisation, divided by ``calls``; ``repeats`` repetitions (min, median, max). The GPU works
-        behind the host meanwhile; a host time above the GPU time means the host bounds the step."""
+        synchronisation, divided by ``calls``; ``repeats`` repetitions (min, median, max), with Python's
+        garbage collector paused (:func:`collector_paused`). The GPU works behind the host meanwhile; a host
+        time above the GPU time means the host bounds the step."""
         fn()
         torch.cuda.synchronize()
         samples = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            start = _time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((_time.perf_counter() - start) / calls * 1e3)
-            torch.cuda.synchronize()
+        with collector_paused():
+            for _ in range(repeats):
+                torch.cuda.synchronize()
+                start = _time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples.append((_time.perf_counter() - start) / calls * 1e3)
+                torch.cuda.synchronize()
         return Timing.of(samples, clock="host")
 
     def floor_ms(self, nbytes: float) -> float:

@@ -325,3 +325,25 @@ def test_verify_says_when_two_runs_share_no_clock(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench.verify, "__defaults__", (tmp_path / "committed",))
     assert main(["bench", "verify", str(tmp_path / "fresh")]) == 3
+
+
+def test_collector_paused_turns_the_collector_off_and_back():
+    import gc
+
+    from studylog.bench import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError):
+        with collector_paused():
+            raise KeyError("inside")
+    assert gc.isenabled(), "an exception inside the block must not leave the collector off"
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled(), "a collector that was off before stays off"
+    finally:
+        gc.enable()

@@ -230,6 +230,7 @@ class Decoder:
         #: per sequence: chunk tokens [0, C), then start, last, steered token, tokens written so far
         self._inp_host = torch.zeros(batch, C + 4, dtype=torch.int64, **pin)
         self._inp = self._inp_host if not cuda else torch.zeros_like(self._inp_host, device=self.device)
+        self._inp_np = self._inp_host.numpy()  # the same memory
         self._bits_host = torch.zeros(batch, words, dtype=torch.int32, **pin)
         self._bits = self._bits_host if not cuda else torch.zeros_like(self._bits_host, device=self.device)
         self._logits = torch.empty(batch, V, dtype=torch.float32, device=self.device)
@@ -302,14 +303,16 @@ class Decoder:
         """One forward of the body on a chunk per sequence; returns the hidden state ``[B, D]``."""
         T = max(len(c) for c in chunks)
         C = self.max_chunk
-        host = self._inp_host
+        # Written through a numpy view of the (pinned) host buffer: this runs while the device waits for the
+        # step's input, and a numpy store costs well under a microsecond where a torch ``__setitem__`` costs
+        # several. The previous step's copy from this buffer has finished: its token was waited for.
+        host = self._inp_np
         for b, c in enumerate(chunks):
             if T <= C:
-                host[b, :len(c)] = torch.tensor(c) if len(c) > 1 else c[0]
-            host[b, C], host[b, C + 1] = starts[b], len(c) - 1
-            host[b, C + 2], host[b, C + 3] = extra[b]
-        if self._inp is not host:
-            self._inp.copy_(host, non_blocking=True)
+                host[b, :len(c)] = c
+            host[b, C:C + 4] = (starts[b], len(c) - 1, *extra[b])
+        if self._inp is not self._inp_host:
+            self._inp.copy_(self._inp_host, non_blocking=True)
         if T > C:  # a long prompt: eager, at its exact length
             toks = torch.zeros(self.batch, T, dtype=torch.int64)
             for b, c in enumerate(chunks):

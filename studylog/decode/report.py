@@ -58,12 +58,17 @@ def requests(name: str, batch: int, decoder: Decoder, whitespace: str = "compact
 def measure(decoder: Decoder, grammar: Grammar, config: str, prompts, targets, *, max_new_tokens: int,
             repeats: int) -> tuple[list[Generation], Generation]:
     """``repeats`` uninstrumented runs of a request (their wall times) and one instrumented (its components),
-    after one warm-up run (graph captures, the automaton's per-state sets)."""
+    after one warm-up run (graph captures, the automaton's per-state sets). The timed runs run with Python's
+    garbage collector paused (``bench.collector_paused``): a full collection walks the grammars' tables, tens
+    of milliseconds that would land in one repetition of one configuration and not in another."""
+    from studylog.bench import collector_paused
+
     decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets, instrument=False)
-    runs = [decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
-                             instrument=False) for _ in range(repeats)]
-    timed = decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
-                             instrument=True)
+    with collector_paused():
+        runs = [decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
+                                 instrument=False) for _ in range(repeats)]
+        timed = decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
+                                 instrument=True)
     return runs, timed
 
 
