@@ -152,9 +152,31 @@ def count_kernels(fn) -> dict[str, int]:
     return counts
 
 
+def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda",
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+    """The kernels one forward of each body launches (fused and torch's, batch 1, one token), added to the
+    ``body`` and ``body_unfused`` rows of ``run`` at batch 1, chunk 1. Counted by torch's profiler, so called
+    after every timing of the process: once it has profiled, a process keeps NVIDIA's profiling interface
+    attached (PyTorch does not tear it down, pytorch/pytorch#144455), and every kernel it launches afterwards
+    is slower, enough to add a tenth of a millisecond to a decode step of the ~1B shape
+    (``lab/decode/profiler_residue.py``)."""
+    for shape in shapes:
+        cfg = model_config(shape)
+        model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
+        decoder = Decoder(model, batch=1, max_seq=64)
+        for fused, series in ((True, "body"), (False, "body_unfused")):
+            n = sum(count_kernels(decoder.body_call(1, fused=fused)).values())
+            for row in run.rows:
+                if row["series"] == series and row["params"] == {"model": shape, "batch": 1, "chunk": 1}:
+                    row.update(kernels_per_forward=n, kernels_per_layer=n / cfg.layers)
+        del decoder, model
+        torch.cuda.empty_cache()
+
+
 def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | None = None) -> None:
     """Each component alone, replayed in a CUDA graph (the harness's GPU clock): the body at chunk lengths 1, 8
-    and the largest (its floor beside it; its kernels per forward at batch 1), torch's unfused body at chunk
+    and the largest (its floor beside it; its kernels per forward at batch 1: :func:`body_kernels`, after every
+    timing), torch's unfused body at chunk
     length 1, the dense head, chapter 2's masked head at :data:`HEAD_COUNTS` allowed ids per sequence (both
     heads with their host time per call: the masked head runs eagerly in the loop), the bitmask's
     application and the sampling (argmax). ``run`` is a ``BenchRun`` (or an object with its ``gpu_time``,
@@ -175,13 +197,8 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
     for fused in (True, False):
         for T in chunks if fused else (1,):
             timing = run.gpu_time(lambda T=T: [decoder.body_call(T, fused=fused)], repeats=3, min_calls=10, reps=5)
-            extra = {}
-            if B == 1 and T == 1 and decoder.device.type == "cuda":
-                kernels = count_kernels(decoder.body_call(T, fused=fused))
-                extra = {"kernels_per_forward": sum(kernels.values()),
-                         "kernels_per_layer": sum(kernels.values()) / model.config.layers}
             run.record("body" if fused else "body_unfused", timing, params={**base, "chunk": T}, role="baseline",
-                       floor_ms=floor, **extra)
+                       floor_ms=floor)
     dense = lambda: dense_logits(hidden, model.lm_head, out=logits)  # noqa: E731
     run.measure("dense_head", lambda: [dense], params=base, role="baseline", host=dense, host_calls=100)
     rng = np.random.default_rng(0)
@@ -237,6 +254,7 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
              "and, per step, in the breakdown's head_host.")
     for kwargs in plan(quick):
         sweep(run, device="cuda", whitespaces=("compact",), **kwargs)
+    body_kernels(run, [shape for kwargs in plan(quick) for shape in kwargs["shapes"]])
 
 
 class LocalRun:
@@ -486,6 +504,6 @@ def headline(results) -> list[dict]:
 
 
 __all__ = ["CONFIG_COLORS", "HEAD_COUNTS", "LocalRun", "ORDER", "TARGET_SPEEDUP", "amdahl", "bench", "body_floor_ms",
-           "breakdown", "breakdown_figure", "components", "count_kernels", "figures", "headline", "measure", "plan",
-           "plot_breakdown", "requests", "series_label", "series_of", "speedup_figure", "sweep", "target_report",
-           "wall_clock"]
+           "body_kernels", "breakdown", "breakdown_figure", "components", "count_kernels", "figures", "headline",
+           "measure", "plan", "plot_breakdown", "requests", "series_label", "series_of", "speedup_figure", "sweep",
+           "target_report", "wall_clock"]
