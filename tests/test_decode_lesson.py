@@ -261,3 +261,40 @@ def test_one_colour_per_configuration(earlier):
                if hasattr(h, "patches")}
     assert colours == {report.series_label(c): report.CONFIG_COLORS[c] for c in ("jump_forward", "masked_head")}
     plt.close(fig)
+
+
+def _card(earlier, name: str, speedup: float) -> dict:
+    """The earlier run's file as another card's, with every step-3 row set to ``speedup`` over its step-1 row."""
+    data = copy.deepcopy(earlier.data)
+    data["device"] = {**data["device"], "name": name}
+    rows = data["measurements"]
+    for r in rows:
+        if r["series"] == "step03":
+            base = [b for b in rows if b["series"] == "step01"
+                    and {**b["params"], "config": "masked_head"} == r["params"]]
+            r["ms"] = base[0]["ms"] / speedup
+    return data
+
+
+def test_targets_by_card_names_each_card_and_what_it_misses(earlier, tmp_path):
+    import json
+
+    for folder, name, speedup in (("card-a", "Card A", 1.4), ("card-b", "Card B", 1.1)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "decode.json").write_text(json.dumps(_card(earlier, name, speedup)))
+    table = lesson.targets_by_card(tmp_path)
+    lines = table.splitlines()
+    assert lines[1].startswith("|---") and all(line.count("|") == lines[0].count("|") for line in lines)
+    a = next(line for line in lines if line.startswith("| Card A"))
+    b = next(line for line in lines if line.startswith("| Card B"))
+    assert "**1.40×**, met |" in a
+    assert f"**1.10×**, missed by {report.TARGET_SPEEDUP / 1.1 - 1:.0%}" in b
+    assert b.rstrip().endswith("met |"), "at batch 8 the card is 1.1x on every schema: met"
+
+
+def test_the_measurement_findings_read_the_lab_files():
+    rows = lesson.measurement_findings()
+    assert len(rows) == 2
+    assert "`lab/decode/gc_pauses.py`" in rows[0] and "`lab/decode/profiler_residue.py`" in rows[1]
+    assert all(r.count("|") == 4 for r in rows)
+    assert lesson.measurement_findings(gpu="no-such-gpu") == []

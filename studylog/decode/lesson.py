@@ -21,8 +21,8 @@ from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
 
 __all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "amdahl_table", "body_table", "committed",
-           "components_table", "earlier_run", "forwards_per_token", "head_share_table", "prose_numbers",
-           "results_table", "shapes_table", "tried_table", "public_shapes"]
+           "components_table", "earlier_run", "forwards_per_token", "head_share_table", "measurement_findings",
+           "prose_numbers", "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
 
 #: What a prose number reads when the results file does not have it yet.
 PENDING = "pending"
@@ -244,7 +244,68 @@ def tried_table(current, earlier) -> str:
                    "the precomputed masks save host time that the body does not hide")
             lines.append(f"| the automaton's precomputed masks with the dense head | {a:.2f}× over step 2 at `1b`, "
                          f"batch 1: {why} | the `automaton_mask` rows |")
+    lines += measurement_findings()
     return "\n".join(lines)
+
+
+def targets_by_card(root: Path | None = None) -> str:
+    """The chapter's targets on every card's committed run, one row per card (:func:`report.target_report`): at
+    batch 1 step 3 over step 1, the median of the JSON schemas, beside the bound of chapters 1 and 2 on that
+    run's breakdown; at batch 8 the slowest schema. Where a target is missed the row says by how much."""
+    from studylog.plotting import DEFAULT_OUT, load_results, result_files
+
+    root = Path(root) if root is not None else DEFAULT_OUT
+    lines = [f"| card | batch 1: median of the JSON schemas (target ≥ {report.TARGET_SPEEDUP:.2f}×) | bound of "
+             "chapters 1 and 2 on that breakdown | batch 8: slowest schema (target ≥ 1×) |", "|---|---|---|---|"]
+    for f in result_files("decode", root):
+        card = load_results("decode", gpu=f.parent.name, root=root)
+        v = report.target_report(card.rows)
+        if 1 not in v or 8 not in v:
+            continue
+        b1, b8 = v[1], v[8]
+        first = (f"**{b1['median']:.2f}×**, met" if b1["met"] else
+                 f"**{b1['median']:.2f}×**, missed by {report.TARGET_SPEEDUP / b1['median'] - 1:.0%}")
+        eighth = f"**{b8['min']:.2f}×**, " + ("met" if b8["met"] else "missed")
+        lines.append(f"| {card.gpu} ({card.date}) | {first} | {b1['bound']:.2f}× | {eighth} |")
+    return "\n".join(lines)
+
+
+def measurement_findings(gpu: str = "nvidia-h100-80gb-hbm3") -> list[str]:
+    """Rows for :func:`tried_table` from the two timing experiments kept in ``lab/decode/results/<gpu>/``: the
+    garbage collector paused while timing (``gc_pauses``) and the profiler's residue (``profiler_residue``)."""
+    from studylog.plotting import load_lab
+
+    rows = []
+    try:
+        gc = load_lab("decode", "gc_pauses", gpu=gpu)
+    except FileNotFoundError:
+        gc = None
+    if gc is not None:
+        on = [r for r in gc["rows"] if r["mode"] == "collector on"]
+        full = sum(sum(r["full_collections"]) for r in on)
+        runs = sum(len(r["ms_per_token"]) for r in on)
+        pause = max(max(r["gc_ms_per_token"]) for r in on)
+        rows.append(f"| Python's garbage collector paused while a request is timed (as `timeit` runs) | "
+                    f"{full} full collections and at most {pause:.3f} ms per token of collector time in {runs} "
+                    f"requests with it on, although one full collection takes {gc['full_collection_ms']:.0f} ms "
+                    f"with the suite's grammars in memory: the loop allocates too little for the collector to "
+                    "run; the benchmark keeps it paused all the same | `lab/decode/gc_pauses.py` |")
+    try:
+        pr = load_lab("decode", "profiler_residue", gpu=gpu)
+    except FileNotFoundError:
+        pr = None
+    if pr is not None:
+        def med(stage):
+            return _median([statistics.median(r["ms_per_token"]) for r in pr["rows"] if r["stage"] == stage])
+
+        before, after = med("never profiled"), med("after the profiler")
+        if before and after:
+            rows.append(f"| counting the body's kernels with torch's profiler before the timed requests (the "
+                        f"benchmark's earlier order) | {after - before:+.3f} ms per token in every configuration "
+                        f"({before:.3f} → {after:.3f} ms, median of the requests): the profiler stays attached "
+                        "after it ends; the benchmark now counts kernels after every timing | "
+                        "`lab/decode/profiler_residue.py` |")
+    return rows
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:

@@ -305,3 +305,28 @@ def tried_table(results) -> str:
     lines.append("| timing step 5 with `do_bench` instead of the GPU clock | " + " | ".join(cells)
                  + f" | {LAB}, the clock |")
     return "\n".join(lines)
+
+
+def peer_by_card(peer: str = report.FLASHINFER, shape: str = report.MIXED_SHAPE, root=None) -> str:
+    """Markdown: step 5 against ``peer`` on ``shape`` in every card's committed run, one row per card, with the
+    speedup's range over the repetitions, the target and, where it is missed, by how much."""
+    from pathlib import Path
+
+    from studylog.plotting import DEFAULT_OUT, load_results, result_files
+
+    root = Path(root) if root is not None else DEFAULT_OUT
+    want = report.target(peer, shape)
+    lines = [f"| card | step 5 (µs) | {peer} (µs) | speedup (range) | target | met |", "|---|---|---|---|---|---|"]
+    for f in result_files("multi_item", root):
+        card = load_results("multi_item", gpu=f.parent.name, root=root)
+        mine, theirs = card.select(report.STEP05.series, shape=shape), card.select(peer, shape=shape)
+        if len(mine) != 1 or len(theirs) != 1:
+            continue
+        a, b = mine[0], theirs[0]
+        speedup = b["ms"] / a["ms"]
+        spread = (f" ({b['spread_ms'][0] / a['spread_ms'][2]:.2f}–{b['spread_ms'][2] / a['spread_ms'][0]:.2f})"
+                  if "spread_ms" in a and "spread_ms" in b else "")
+        met = "yes" if speedup >= want else f"**no**, by {want / speedup - 1:.0%}"
+        lines.append(f"| {card.gpu} ({card.date}) | {a['ms'] * 1e3:.1f} | {b['ms'] * 1e3:.1f} | {speedup:.2f}×{spread} "
+                     f"| ≥ {want:.2f}× | {met} |")
+    return "\n".join(lines)
