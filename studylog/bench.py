@@ -62,9 +62,9 @@ def collector_paused():
 
     A full collection walks every container object the process holds. With chapter 1's grammars in memory
     that is hundreds of thousands of objects, tens of milliseconds of one thread's time: in a timed loop it
-    lands in whichever repetition it happens to fall, and one host-timed series comes out bimodal. A serving
-    process does the same thing for the same reason: it freezes what it built at start-up (``gc.freeze``).
-    Host clocks (``host``, ``host_e2e``, ``wall``) are taken inside this block; GPU clocks never see the host."""
+    would land in whichever repetition it happened to fall in. (In chapter 7's decode loop none ran inside a
+    timed request even with the collector on, ``lab/decode/gc_pauses.py``: this is insurance.) Host clocks
+    (``host``, ``host_e2e``, ``wall``) are taken inside this block; GPU clocks never see the host."""
     was_on = gc.isenabled()
     gc.collect()
     gc.disable()

@@ -193,7 +193,8 @@ def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = 
         grid, T = (rows,), 1
     block = triton.next_power_of_2(D)
     add_rms_norm_kernel[grid](x, add if add is not None else x, weight, out, last if last is not None else x,
-                              T, D, eps, last.stride(0) if last is not None else 0, HAS_ADD=add is not None, GATHER=last is not None, BLOCK_D=block,
+                              T, D, eps, last.stride(0) if last is not None else 0, HAS_ADD=add is not None,
+                              GATHER=last is not None, BLOCK_D=block,
                               num_warps=max(1, min(16, block // 256)))
     return out
 
@@ -205,7 +206,8 @@ def rope_cache(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, cos: Tensor, sin: 
     B, T = qkv.shape[0], qkv.shape[1]
     hd = k_cache.shape[-1]
     rope_cache_kernel[(B * T,)](
-        qkv, k_cache, v_cache, cos, sin, start, T, min(k_cache.shape[2], cos.shape[0]), start.stride(0), qkv.stride(1),
+        qkv, k_cache, v_cache, cos, sin, start, T, min(k_cache.shape[2], cos.shape[0]), start.stride(0),
+        qkv.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), cos.stride(0), H=heads, HKV=kv_heads, HD=hd,
         HEADS_POW2=triton.next_power_of_2(heads + 2 * kv_heads), HALF_POW2=triton.next_power_of_2(hd // 2),
         num_warps=4)

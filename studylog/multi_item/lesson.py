@@ -327,6 +327,6 @@ def peer_by_card(peer: str = report.FLASHINFER, shape: str = report.MIXED_SHAPE,
         spread = (f" ({b['spread_ms'][0] / a['spread_ms'][2]:.2f}–{b['spread_ms'][2] / a['spread_ms'][0]:.2f})"
                   if "spread_ms" in a and "spread_ms" in b else "")
         met = "yes" if speedup >= want else f"**no**, by {want / speedup - 1:.0%}"
-        lines.append(f"| {card.gpu} ({card.date}) | {a['ms'] * 1e3:.1f} | {b['ms'] * 1e3:.1f} | {speedup:.2f}×{spread} "
-                     f"| ≥ {want:.2f}× | {met} |")
+        lines.append(f"| {card.gpu} ({card.date}) | {a['ms'] * 1e3:.1f} | {b['ms'] * 1e3:.1f} | "
+                     f"{speedup:.2f}×{spread} | ≥ {want:.2f}× | {met} |")
     return "\n".join(lines)

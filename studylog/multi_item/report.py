@@ -644,8 +644,9 @@ def figures(results) -> dict[str, Any]:
 
 
 def times_figure(results):
-    """One panel per benchmark shape (three, stacked so the figure reads at page width): a horizontal bar per approach (median, with the repetitions'
-    range where the file keeps it) on a linear axis, the compute floor dashed; colours from :data:`COLOURS`."""
+    """One panel per benchmark shape (three, stacked so the figure reads at page width): a horizontal bar per
+    approach (median, with the repetitions' range where the file keeps it) on a linear axis, the compute floor
+    dashed; colours from :data:`COLOURS`."""
     import matplotlib.pyplot as plt
 
     shapes = shape_names(results)[:3]

@@ -15,7 +15,8 @@ algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), 
 batches, synthetic and from real documents, and what the search does on them), ``corpus`` (the real
 documents: the Python standard library's docstrings and source in cl100k tokens, committed as
 ``assets/data/ngram_corpus.npz``; ``python -m studylog.ngram corpus`` rebuilds it), ``report``
-(the benchmark), ``results`` (figures, tables and headline from the committed JSON), ``exercises`` (the lesson's exercises and their checks, on a CPU).
+(the benchmark), ``results`` (figures, tables and headline from the committed JSON), ``exercises`` (the
+lesson's exercises and their checks, on a CPU).
 
 Every GPU step's :class:`NgramMatcher` call can be captured in a CUDA graph once and replayed over new
 values written into its buffers (:meth:`NgramMatcher.capture`); step 1 and the step functions cannot (they

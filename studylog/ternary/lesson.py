@@ -29,7 +29,8 @@ H200 = "nvidia-h200"
 MAIN, BIG = "4096x14336", "8192x28672"
 PENDING = "pending"
 #: Under a table whose "–" cells are series the benchmark does not run at that size.
-NOT_MEASURED = "\n\n– : not measured at this size (the series the benchmark runs at each size: `ternary.report.bench_series`)."
+NOT_MEASURED = ("\n\n– : not measured at this size (the series the benchmark runs at each size: "
+                "`ternary.report.bench_series`).")
 
 # ----------------------------------------------------------------------------------------------
 # Reading the committed file
