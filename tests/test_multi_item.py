@@ -239,6 +239,74 @@ def test_tile_stats_order():
     assert 0 < stats.skipped_vs_causal < stats.skipped_fraction < 1
 
 
+def flashinfer_key_tile_loop(kv_len: int, prefix_len: int, max_item_len: int, cta_tile_q: int,
+                             cta_tile_kv: int) -> list[list[int]]:
+    """The key tiles FlashInfer's multi-item prefill visits for each query tile, copied by hand from the loop
+    bounds of its paged prefill kernel (include/flashinfer/attention/prefill.cuh) for a prompt whose queries
+    are all its tokens (``qo_len == kv_len``), ``group_size`` 1 and no split of the keys (``chunk_start`` 0,
+    ``chunk_size`` ``kv_len``)::
+
+        num_iterations_prefix = ceil_div(min(min(chunk_size, sub_if_greater_or_zero(
+            kv_len - qo_len + ceil_div(((qo_tile_idx + 1) * CTA_TILE_Q), group_size), chunk_start)),
+            sub_if_greater_or_zero(prefix_len, chunk_start)), CTA_TILE_KV);
+        num_iterations_mask = max(min(chunk_size, sub_if_greater_or_zero(sub_if_greater_or_zero(
+            kv_len - qo_len + ceil_div((qo_tile_idx * CTA_TILE_Q), group_size), max_item_len),
+            chunk_start)) / (CTA_TILE_KV), num_iterations_prefix);
+        num_iterations = max(num_iterations_mask, ceil_div(min(chunk_size, sub_if_greater_or_zero(
+            kv_len - qo_len + ceil_div(((qo_tile_idx + 1) * CTA_TILE_Q), group_size), chunk_start)),
+            CTA_TILE_KV));
+        for (iter = 0; iter < num_iterations;
+             iter = (iter + 1 == num_iterations_prefix) ? num_iterations_mask : (iter + 1))
+    """
+    def ceil_div(a, b):
+        return (a + b - 1) // b
+
+    def sub_if_greater_or_zero(a, b):
+        return a - b if a > b else 0
+
+    qo_len, group_size, chunk_start, chunk_size = kv_len, 1, 0, kv_len
+    out = []
+    for qo_tile_idx in range(ceil_div(qo_len, cta_tile_q)):
+        causal_end = min(chunk_size, sub_if_greater_or_zero(
+            kv_len - qo_len + ceil_div((qo_tile_idx + 1) * cta_tile_q, group_size), chunk_start))
+        num_iterations_prefix = ceil_div(min(causal_end, sub_if_greater_or_zero(prefix_len, chunk_start)),
+                                         cta_tile_kv)
+        num_iterations_mask = max(min(chunk_size, sub_if_greater_or_zero(sub_if_greater_or_zero(
+            kv_len - qo_len + ceil_div(qo_tile_idx * cta_tile_q, group_size), max_item_len), chunk_start))
+            // cta_tile_kv, num_iterations_prefix)
+        num_iterations = max(num_iterations_mask, ceil_div(causal_end, cta_tile_kv))
+        visited, it = [], 0
+        while it < num_iterations:
+            visited.append(it)
+            it = num_iterations_mask if it + 1 == num_iterations_prefix else it + 1
+        out.append(visited)
+    return out
+
+
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 32), (64, 64), (128, 64)], ids=str)
+def test_flashinfers_bound_visits_what_its_loop_visits_and_never_fewer_tiles_than_the_exact_start(blocks):
+    bm, bn = blocks
+    cases = list(SHAPES.values()) + [(300, [20] * 12), (130, [1, 60, 2, 33]), (31, [1] * 40), (200, [90, 3]),
+                                     (0, [5] * 20)]  # an empty prefix: FlashInfer's loop never jumps
+    for prefix_len, item_lens in cases:
+        batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
+        loop = flashinfer_key_tile_loop(batch.seq_lens[0], prefix_len, max(item_lens), bm, bn)
+        bounded = mi.bounded_key_tiles(batch, bm, bn)[0]
+        assert bounded == [len(v) for v in loop], (prefix_len, item_lens)
+        exact = mi.tile_map(batch, bm, bn) != mi.TILE_SKIPPED
+        mask = rule_mask(prefix_len, item_lens)
+        for t, visited in enumerate(loop):
+            # the bound skips no tile that holds a visible pair, and the exact start visits a subset of its tiles
+            needed = {u for u in range(exact.shape[1]) if mask[t * bm:(t + 1) * bm, u * bn:(u + 1) * bn].any()}
+            assert needed <= set(visited), (prefix_len, item_lens, t)
+            assert set(exact[t].nonzero().flatten().tolist()) <= set(visited), (prefix_len, item_lens, t)
+    # a batch: prompt by prompt, with each prompt's own longest item
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
+    assert mi.bounded_key_tiles(batch, bm, bn) == [
+        [len(v) for v in flashinfer_key_tile_loop(s, p, max(items, default=0), bm, bn)]
+        for s, p, items in zip(batch.seq_lens, MIXED[0], MIXED[1])]
+
+
 # --------------------------------------------------------------------------------------------
 # Every step against the float64 reference, in the interpreter at tiny shapes
 # --------------------------------------------------------------------------------------------

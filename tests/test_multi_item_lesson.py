@@ -161,3 +161,20 @@ def test_lesson_on_the_committed_file():
         assert "pending" in lesson.tried_table(results)  # the do_bench line waits for the new file
     flight = lesson.in_flight(lays[report.MIXED_SHAPE])
     assert flight["first_run"] > results.data["device"]["l2_cache_bytes"] > flight["head_groups"]
+
+
+def test_the_start_bound_table_counts_both_starts_at_each_tiling():
+    from studylog.multi_item import MultiItemBatch
+
+    short = MultiItemBatch.from_item_lens([40], [[5, 3, 7, 2, 6]])  # items shorter than a 16-key tile
+    name, prefixes, items = lesson.LONG_ITEMS
+    batches = {"short": short, "long": MultiItemBatch.from_item_lens(prefixes, items)}
+    counts = lesson.start_bound(batches, tilings=((16, 16), (64, 64)))
+    assert set(counts) == {(n, bm, bn) for n in batches for bm, bn in ((16, 16), (64, 64))}
+    for exact, bounded in counts.values():
+        assert 0 < exact <= bounded
+    # a few long items among short ones: the bound reaches back past the short items' starts
+    assert counts["long", 64, 64][1] > 1.1 * counts["long", 64, 64][0]
+    table = lesson.start_bound_table(counts)
+    assert table.count("\n") == 1 + len(counts) and "| long | 64 x 64 |" in table
+    assert name in lesson.start_bound_batches({})

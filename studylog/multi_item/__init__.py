@@ -57,6 +57,7 @@ from studylog.multi_item.tiles import (
     TILE_SKIPPED,
     TILE_WHOLE,
     TileStats,
+    bounded_key_tiles,
     head_groups,
     kv_in_flight,
     planned_key_tiles,
@@ -121,6 +122,7 @@ __all__ = [
     # the host's plan: tiles visited, step 5's program order
     "tile_map",
     "planned_key_tiles",
+    "bounded_key_tiles",
     "tile_stats",
     "TileStats",
     "TILE_SKIPPED",

@@ -10,6 +10,8 @@ Nothing here times anything.
 * :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
 * :func:`result_table`, :func:`peers_table`: the result against the baselines and the peers.
+* :func:`start_bound`, :func:`start_bound_table`: the key tiles of the exact item start against FlashInfer's
+  ``max_item_len`` bound.
 * :func:`tried_table`: what did not help, one line each (details in ``lab/multi_item/README.md``).
 """
 
@@ -20,7 +22,15 @@ from typing import Any
 
 from studylog.multi_item import report
 from studylog.multi_item.formats import MultiItemBatch
-from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, kv_in_flight, tile_stats
+from studylog.multi_item.tiles import (
+    DEFAULT_ORDER,
+    SCHEDULE_ORDERS,
+    TileStats,
+    bounded_key_tiles,
+    kv_in_flight,
+    planned_key_tiles,
+    tile_stats,
+)
 
 STEP = {s.number: s for s in report.STEPS}
 LAB = "`lab/multi_item/README.md`"
@@ -249,6 +259,40 @@ def peers_table(results, peer: str) -> str | None:
                      + f" | {best}: {r['ms'] * 1e3:.1f} | {_us(ours)} | "
                      + ("–" if ours is None else f"{r['ms'] / ours:.2f}×") + " |")
     return f"**{peer}** (µs per call)\n\n" + "\n".join(lines)
+
+
+#: A batch no benchmark runs, counted only: one prompt whose items are mostly short but three are long (documents
+#: among titles, say), where FlashInfer's bound by the longest item reaches back past short items' starts.
+LONG_ITEMS = ("prefix 512, 16 items, three of 480 tokens (counted, not timed)", [512],
+              [[32, 32, 16, 32, 480, 32, 32, 32, 32, 32, 480, 16, 480, 16, 32, 16]])
+
+
+def start_bound_batches(lays: dict[str, Layout]) -> dict[str, MultiItemBatch]:
+    """The benchmark's batches and :data:`LONG_ITEMS`, by name."""
+    name, prefixes, items = LONG_ITEMS
+    return {n: lay.batch for n, lay in lays.items()} | {name: MultiItemBatch.from_item_lens(prefixes, items)}
+
+
+def start_bound(batches: dict[str, MultiItemBatch], tilings=((64, 64), (128, 64))) -> dict[tuple, tuple[int, int]]:
+    """Key tiles visited per head, ``(shape, block_m, block_n) -> (exact start, FlashInfer's bound)``: steps 4
+    and 5 resume after the prefix at the exact start of each query tile's first item
+    (:func:`~studylog.multi_item.tiles.planned_key_tiles`), FlashInfer at ``m_lo - max_item_len``
+    (:func:`~studylog.multi_item.tiles.bounded_key_tiles`). Counted on the CPU, at each tiling."""
+    out = {}
+    for name, batch in batches.items():
+        for bm, bn in tilings:
+            exact = sum(map(sum, planned_key_tiles(batch, bm, bn)))
+            out[name, bm, bn] = exact, sum(map(sum, bounded_key_tiles(batch, bm, bn)))
+    return out
+
+
+def start_bound_table(counts: dict[tuple[str, int, int], tuple[int, int]]) -> str:
+    """Markdown of :func:`start_bound`: per shape and tiling, both counts and how many more the bound visits."""
+    lines = [("| shape | tiles (rows x keys) | key tiles, exact start (steps 4, 5) | key tiles, `max_item_len` bound "
+              "(FlashInfer) | the bound visits more by |"), "|---|---|---|---|---|"]
+    for (name, bm, bn), (exact, bounded) in counts.items():
+        lines.append(f"| {name} | {bm} x {bn} | {exact:,} | {bounded:,} | {bounded / exact - 1:.1%} |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 which order step 5's programs run.
 
 * Tile accounting: :func:`tile_map` is the kernels' three loop ranges in Python, :func:`planned_key_tiles`
-  the count the kernels report back, :func:`tile_stats` the totals the benchmark and the notebook show.
+  the count the kernels report back, :func:`tile_stats` the totals the benchmark and the notebook show, and
+  :func:`bounded_key_tiles` what FlashInfer's bound on the items' start visits instead.
 * Step 5's schedule: :func:`work_order` ranks the ``(prompt, query tile, head)`` triples in one of
   :data:`SCHEDULE_ORDERS`, :func:`schedule_table` turns them into the table the kernel reads, and
   :func:`kv_in_flight` counts the keys and values the programs running at once read.
@@ -177,6 +178,29 @@ def planned_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int, rule: s
     compare it with what the kernels count)."""
     return [(tile_map(batch, block_m, block_n, b, rule) != TILE_SKIPPED).sum(dim=1).tolist()
             for b in range(batch.batch_size)]
+
+
+def bounded_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int) -> list[list[int]]:
+    """For each prompt and query tile, how many key tiles FlashInfer's multi-item prefill visits at
+    ``block_m x block_n`` tiles (one query row per head, no split of the keys). It bounds where a query tile's
+    items start by the prompt's longest item: no item row at or after ``m_lo`` starts before
+    ``m_lo - max_item_len``, so after the prefix's tiles it resumes at that key, rounded down to a tile, where
+    steps 4 and 5 resume at the exact start of the tile's first item row. Transcribed from the loop bounds of
+    ``include/flashinfer/attention/prefill.cuh`` (``num_iterations_prefix``, ``num_iterations_mask``,
+    ``num_iterations`` and the loop's jump from the first to the second); with an empty prefix the loop never
+    jumps and visits every key tile up to the diagonal, as there."""
+    out = []
+    for b, (s, p) in enumerate(zip(batch.seq_lens, batch.prefix_lens)):
+        longest = int(batch.max_item_lens_t[b])
+        counts = []
+        for m_lo in range(0, s, block_m):
+            m_hi = min(m_lo + block_m, s)
+            prefix_tiles = -(-min(m_hi, p) // block_n)
+            resume = max(max(m_lo - longest, 0) // block_n, prefix_tiles)
+            end = max(resume, -(-m_hi // block_n))
+            counts.append(prefix_tiles + end - resume if prefix_tiles else end)
+        out.append(counts)
+    return out
 
 
 @dataclass(frozen=True)
