@@ -84,6 +84,15 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+def write_lab_output(folder: Path, gpu_name: str, name: str, data: Any) -> Path:
+    """Write an experiment's output as JSON to ``folder/<gpu slug>/<name>.json`` (the layout
+    :func:`studylog.plotting.load_lab` reads under ``lab/<chapter>/results/``) and return its path."""
+    path = Path(folder) / gpu_slug(gpu_name) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
 def git_commit() -> str:
     """The commit being measured: ``$STUDYLOG_COMMIT`` when set (a working tree copied to another GPU
     machine may carry no ``.git``, or a stale one), else git, else ``"unknown"``."""

@@ -347,3 +347,13 @@ def test_collector_paused_turns_the_collector_off_and_back():
         assert not gc.isenabled(), "a collector that was off before stays off"
     finally:
         gc.enable()
+
+
+def test_a_lab_output_is_read_back_where_load_lab_looks(tmp_path):
+    from studylog.bench import write_lab_output
+    from studylog.plotting import load_lab
+
+    data = {"rows": [{"ms": 1.5}], "gpu": "NVIDIA H100 80GB HBM3"}
+    path = write_lab_output(tmp_path / "decode" / "results", data["gpu"], "gc_pauses", data)
+    assert path == tmp_path / "decode" / "results" / "nvidia-h100-80gb-hbm3" / "gc_pauses.json"
+    assert load_lab("decode", "gc_pauses", gpu="nvidia-h100-80gb-hbm3", root=tmp_path) == data

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import time
 from pathlib import Path
@@ -48,7 +47,7 @@ class Pauses:
 
 
 def main() -> None:
-    from studylog.bench import collector_paused, gpu_slug
+    from studylog.bench import collector_paused, write_lab_output
     from studylog.decode import Decoder, Grammar, LlamaModel, model_config, suite_names
     from studylog.decode.report import requests
 
@@ -109,11 +108,7 @@ def main() -> None:
            "tracked_objects": len(gc.get_objects()), "full_collection_ms": full_ms, "rows": rows,
            "python": __import__("platform").python_version(), "torch": torch.__version__}
     if args.out is not None:
-        folder = args.out / gpu_slug(gpu)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "gc_pauses.json"
-        path.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {path}")
+        print(f"wrote {write_lab_output(args.out, gpu, 'gc_pauses', out)}")
     print(f"{time.perf_counter() - t0:.0f} s")
 
 

@@ -18,7 +18,6 @@ Public API only. On a GPU, from the repository root (well under a minute, most o
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -47,7 +46,7 @@ def kernel_table(fn, forwards: int = 5) -> list[dict]:
 
 
 def main() -> None:
-    from studylog.bench import BenchRun, gpu_slug
+    from studylog.bench import BenchRun, write_lab_output
     from studylog.decode import LlamaModel, model_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -86,10 +85,7 @@ def main() -> None:
             print(f"  {r['us']:8.1f} {r['calls']:6.0f} {r['us'] / r['calls']:8.2f}  {r['kernel'][:100]}")
         out["bodies"][name] = {"graph_ms": ms, "kernels_per_forward": launches, "busy_ms": busy, "top": rows[:args.top]}
     if args.out is not None:
-        folder = args.out / gpu_slug(torch.cuda.get_device_name())
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"profile_body_{args.model}_b{B}_t{T}.json"
-        path.write_text(json.dumps(out, indent=1) + "\n")
+        path = write_lab_output(args.out, torch.cuda.get_device_name(), f"profile_body_{args.model}_b{B}_t{T}", out)
         print(f"\nwrote {path}")
     print(f"\n{time.perf_counter() - t0:.1f} s")
 

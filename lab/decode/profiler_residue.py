@@ -15,7 +15,6 @@ Public API only. On a GPU, from the repository root (under a minute):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 
 
 def main() -> None:
-    from studylog.bench import collector_paused, gpu_slug
+    from studylog.bench import collector_paused, write_lab_output
     from studylog.decode import Decoder, Grammar, LlamaModel, model_config
     from studylog.decode.report import count_kernels, requests
 
@@ -68,11 +67,7 @@ def main() -> None:
     out = {"gpu": torch.cuda.get_device_name(), "model": "1b", "batch": 1, "repeats": args.repeats, "rows": rows,
            "torch": torch.__version__}
     if args.out is not None:
-        folder = args.out / gpu_slug(torch.cuda.get_device_name())
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "profiler_residue.json"
-        path.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {path}")
+        print(f"wrote {write_lab_output(args.out, torch.cuda.get_device_name(), 'profiler_residue', out)}")
     print(f"{time.perf_counter() - t0:.0f} s")
 
 
