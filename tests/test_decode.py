@@ -299,16 +299,115 @@ def test_fused_rope_norm_and_swiglu_match_torch(rng):
     torch.testing.assert_close(kernels.silu_mul(gu), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("N,K", [(50, 72), (33, 300), (8, 16), (70, 1030)])
+def test_gemv_matches_the_composition_it_replaces(rng, N, K):
+    """Each form of the one-token product against float64 products of what torch computes in front (RMSNorm,
+    SwiGLU, rounded as the model rounds them) and the residual add behind: sizes that are not multiples of the
+    tile (and K above one block)."""
+    from studylog.decode import kernels
+    from studylog.decode.model import _rms_norm
+
+    x, w = torch.randn(1, 1, K, generator=rng), torch.randn(N, K, generator=rng) / K ** 0.5
+    nw = torch.rand(K, generator=rng) + 0.5
+    ref = lambda a: (a.double() @ w.double().t()).float()  # noqa: E731
+    torch.testing.assert_close(kernels.gemv(x, w), ref(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernels.gemv(x, w, norm=nw, eps=1e-5), ref(_rms_norm(x, nw, 1e-5)), rtol=1e-5,
+                               atol=1e-5)
+    gu = torch.randn(1, 1, 2 * K, generator=rng) * 3
+    gate, up = gu.chunk(2, dim=-1)
+    swiglu = ref(torch.nn.functional.silu(gate) * up)
+    torch.testing.assert_close(kernels.gemv(gu, w, swiglu=True), swiglu, rtol=1e-5, atol=1e-5)
+    res = torch.randn(1, 1, N, generator=rng)
+    got = res.clone()
+    assert kernels.gemv(gu, w, swiglu=True, add_to=got) is got
+    torch.testing.assert_close(got, res + swiglu, rtol=1e-5, atol=1e-5)
+    zeros = torch.zeros(N)  # the add form into zeros is the plain product: every entry is written
+    torch.testing.assert_close(kernels.gemv(x, w, add_to=zeros), ref(x).flatten(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="one row of"):
+        kernels.gemv(torch.randn(2, K), w)
+    with pytest.raises(ValueError, match="with swiglu"):
+        kernels.gemv(x, w, swiglu=True)
+    with pytest.raises(ValueError, match="add_to"):
+        kernels.gemv(x, w, add_to=torch.zeros(N + 1))
+
+
+def test_the_body_takes_the_gemv_layer_for_one_token_only(rng):
+    """One token a step runs the six-launch layer, more tokens the nine-launch one; forcing the six-launch layer on
+    more tokens is refused; both layers give the torch path's hidden state."""
+    m = LlamaModel(model_config("tiny", vocab_size=300), dtype=torch.float32, seed=4)
+    tok, start, last = torch.tensor([[7]]), torch.tensor([0]), torch.tensor([0])
+    want = m(tok, start, last, m.new_cache(1, 16), fused=False)
+    for gemv in (None, True, False):
+        got = m(tok, start, last, m.new_cache(1, 16), fused=True, gemv=gemv)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="gemv=True runs one token"):
+        m(torch.tensor([[7, 8]]), start, torch.tensor([1]), m.new_cache(1, 16), fused=True, gemv=True)
+
+
+def _dense_greedy(logits, steer, bias):
+    """The loop's sampling over the whole vocabulary, written out: the bias added at the steered id with
+    ``scatter_add_`` (a negative id adds nothing), then ``torch.argmax`` (ties: the first index)."""
+    out = logits.clone()
+    out.scatter_add_(1, steer.clamp(min=0)[:, None], (steer >= 0).to(out.dtype)[:, None] * bias)
+    return out.argmax(dim=1)
+
+
+@pytest.mark.parametrize("n", [1, 7, 128, 129, 1000, 2500, 8192])
+def test_allowed_argmax_picks_what_the_dense_argmax_picks(rng, n):
+    """The greedy sampler of the masked head's logits, run by Triton's interpreter, against the dense argmax on the
+    whole row: random sets (sizes around and across the two block sizes), per-row masks inside the union, tied
+    logits, a steered id inside the set, outside it, and none; the output is poisoned first."""
+    from studylog.decode import kernels
+
+    V, B = 9000, 3
+    union = torch.randperm(V, generator=rng)[:n].sort().values
+    logits = torch.full((B, V), float("-inf"))
+    vals = torch.randint(-4, 4, (B, n), generator=rng).float() * 0.5  # few distinct values: many ties
+    logits[:, union] = vals
+    if n > 1:
+        logits[1, union[torch.randperm(n, generator=rng)[: n // 2]]] = float("-inf")  # row 1 allows fewer
+    outside = int(torch.ones(V, dtype=torch.bool).index_fill_(0, union, False).nonzero()[0])
+    steer = torch.tensor([int(union[n // 2]), outside, -1])
+    for bias in (1.0e4, 0.0):
+        out = torch.full((B,), -7, dtype=torch.int64)
+        kernels.allowed_argmax(logits, union.to(torch.int32), n, steer, bias, out=out)
+        assert out.tolist() == _dense_greedy(logits, steer, bias).tolist(), (n, bias)
+    if n == 1:
+        return
+    # ties broken by the smallest id even when the tied ids sit in different lanes and blocks
+    tied = torch.full((1, V), float("-inf"))
+    tied[0, union] = 1.0
+    out = torch.full((1,), -7, dtype=torch.int64)
+    kernels.allowed_argmax(tied, union.to(torch.int32), n, torch.tensor([-1]), 1.0e4, out=out)
+    assert int(out) == int(union[0])
+
+
+def test_allowed_argmax_refuses_what_it_cannot_read():
+    from studylog.decode import kernels
+
+    logits, ids = torch.zeros(2, 50), torch.arange(50, dtype=torch.int32)
+    steer, out = torch.full((2,), -1), torch.empty(2, dtype=torch.int64)
+    for n in (0, 51):
+        with pytest.raises(ValueError, match="n must be"):
+            kernels.allowed_argmax(logits, ids, n, steer, 1.0, out=out)
+    with pytest.raises(ValueError, match="ids int32"):
+        kernels.allowed_argmax(logits, ids.long(), 5, steer, 1.0, out=out)
+    with pytest.raises(ValueError, match="steer, out"):
+        kernels.allowed_argmax(logits, ids, 5, steer[:1], 1.0, out=out)
+
+
+@pytest.mark.parametrize("B", [1, 2])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 6e-2)])
-def test_the_fused_body_gives_what_the_torch_body_gives(rng, dtype, tol):
+def test_the_fused_body_gives_what_the_torch_body_gives(rng, dtype, tol, B):
     """The whole forward, fused kernels against torch's operations: a padded prefill chunk with different starts
-    per sequence, then one-token steps; hidden states and the KV cache agree (bf16: to its rounding)."""
+    per sequence, then one-token steps (at batch 1 on the six-launch layer of ``gemv``); hidden states and the KV
+    cache agree (bf16: to its rounding)."""
     m = LlamaModel(model_config("tiny", vocab_size=500, layers=3), dtype=dtype, seed=2)
-    toks = torch.randint(0, 500, (2, 13), generator=rng)
-    caches = m.new_cache(2, 40), m.new_cache(2, 40)
-    steps = [(toks, torch.tensor([0, 3]), torch.tensor([12, 9]))]
-    one = torch.zeros(2, dtype=torch.long)
-    steps += [(torch.randint(0, 500, (2, 1), generator=rng), torch.tensor([13 + t, 13 + t]), one) for t in range(3)]
+    toks = torch.randint(0, 500, (B, 13), generator=rng)
+    caches = m.new_cache(B, 40), m.new_cache(B, 40)
+    steps = [(toks, torch.tensor([0, 3])[:B], torch.tensor([12, 9])[:B])]
+    one = torch.zeros(B, dtype=torch.long)
+    steps += [(torch.randint(0, 500, (B, 1), generator=rng), torch.full((B,), 13 + t), one) for t in range(3)]
     for tokens, start, last in steps:
         a = m(tokens, start, last, caches[0], fused=False)
         b = m(tokens, start, last, caches[1], fused=True)
@@ -497,11 +596,12 @@ def test_the_components_are_timed_and_checked(tiny):
     decoder = Decoder(tiny, batch=2, max_seq=64, chunk_sizes=(1, 2, 4))
     report.components(run, decoder, "tiny")
     series = [(r["series"], r["params"].get("chunk", r["params"].get("allowed"))) for r in run.rows]
-    assert series == [("body", 1), ("body", 4), ("body_unfused", 1), ("dense_head", None),
-                      *[("masked_logits", n) for n in report.HEAD_COUNTS], ("mask_apply", None), ("sampling", None)]
+    assert series == [("body", 1), ("body", 4), ("body_cublas", 1), ("body_unfused", 1), ("dense_head", None),
+                      *[("masked_logits", n) for n in report.HEAD_COUNTS], ("mask_apply", None), ("sampling", None),
+                      *[("sampling_allowed", n) for n in report.HEAD_COUNTS]]
     body = run.rows[0]
     assert body["floor_ms"] == tiny.config.parameter_counts()["body"] * tiny.dtype.itemsize / 3e9
-    assert all(c["passed"] for c in run.checks) and len(run.checks) == len(report.HEAD_COUNTS)
+    assert all(c["passed"] for c in run.checks) and len(run.checks) == 2 * len(report.HEAD_COUNTS)
     assert all("host_ms" in r for r in run.rows if r["series"] in ("dense_head", "masked_logits"))
 
 

@@ -1,7 +1,9 @@
 """Where the model body's GPU time goes: its CUDA kernels, by time, for one decode step.
 
-For a shape, batch and chunk length (default: the ~1B shape, batch 1, one token), both bodies of
-``studylog.decode.LlamaModel`` (the fused path the decode loop runs, and torch's eager operations):
+For a shape, batch and chunk length (default: the ~1B shape, batch 1, one token), the bodies of
+``studylog.decode.LlamaModel``: the fused path the decode loop runs (``fused``: for one token a step, six
+launches a layer), the same with cuBLAS's products and the norms and SwiGLU as kernels of their own
+(``fused_cublas``: nine launches a layer, ``gemv=False``), and torch's eager operations (``torch``):
 
 * the forward's GPU time replayed from a CUDA graph (the harness's clock, ``BenchRun.graph_time``), and the
   floor: the body's weights read once at the copy bandwidth the harness measures;
@@ -71,8 +73,8 @@ def main() -> None:
           f"body floor {floor:.3f} ms (its weights read once)")
     out = {"model": args.model, "batch": B, "chunk": T, "gpu": torch.cuda.get_device_name(),
            "copy_bandwidth_gbs": bandwidth, "floor_ms": floor, "bodies": {}}
-    for name, fused in (("fused", True), ("torch", False)):
-        fn = lambda: model(tokens, start, last, cache, fused=fused)  # noqa: E731
+    for name, fused, gemv in (("fused", True, None), ("fused_cublas", True, False), ("torch", False, None)):
+        fn = lambda fused=fused, gemv=gemv: model(tokens, start, last, cache, fused=fused, gemv=gemv)  # noqa: E731
         ms = run.graph_time([fn])
         rows = kernel_table(fn)
         launches = sum(r["calls"] for r in rows)

@@ -14,6 +14,10 @@ launches: four cuBLAS matrix products (q/k/v, o, gate/up, down) and five kernels
   it reads stop at the chunk's last position, which it reads from the device;
 * :func:`silu_mul`: SwiGLU's ``silu(gate) * up``.
 
+One more kernel serves the decode loop after the LM head, not the body: :func:`allowed_argmax`, the greedy
+token among the ids chapter 2's masked head computed logits for (a step's allowed set, often a few dozen ids),
+instead of an argmax over the whole vocabulary.
+
 Each kernel rounds where torch's eager composition rounds (every bf16 op's result is rounded to bf16), so
 the fused path differs from :meth:`~studylog.decode.model.LlamaModel.forward`'s torch path only in the
 order of sums: RMSNorm's mean, and attention, whose scores stay in fp32 here where torch rounds its bf16
@@ -165,6 +169,80 @@ def silu_mul_kernel(gu_ptr, out_ptr, I, BLOCK: tl.constexpr):
              mask=inside)
 
 
+@triton.jit(do_not_specialize=["n"])
+def allowed_argmax_kernel(logits_ptr, ids_ptr, steer_ptr, tok_ptr, n, stride_row, stride_steer, steer_bias,
+                          BLOCK: tl.constexpr):
+    """Program ``b``: the greedy token of sequence ``b`` among the ``n`` sorted ids ``ids``: the argmax of
+    ``logits[b, ids]``, with ``steer_bias`` added (in fp32, as ``scatter_add_`` adds it) to the logit of id
+    ``steer[b]`` when that id is among them (a negative ``steer`` names none). Ties go to the smallest id, as
+    ``torch.argmax`` over the whole row gives them; the ids outside ``ids`` hold ``-inf`` (the masked head's
+    contract), so over a row with a finite logit the two agree. A row whose logits at ``ids`` are all ``-inf``
+    (a finished sequence of a batch) gets ``ids[0]``."""
+    b = tl.program_id(0)
+    steer = tl.load(steer_ptr + b * stride_steer)
+    best = tl.full((BLOCK,), float("-inf"), tl.float32)
+    best_id = tl.full((BLOCK,), 2147483647, tl.int32)
+    row = logits_ptr + b.to(tl.int64) * stride_row
+    for i0 in range(0, n, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        live = i < n
+        ids = tl.load(ids_ptr + i, mask=live, other=0)
+        v = tl.load(row + ids, mask=live, other=float("-inf"))
+        v = tl.where(ids == steer, v + steer_bias, v)
+        # a lane sees its ids in increasing order: a later id wins only with a larger logit
+        better = live & ((v > best) | ((v == best) & (ids < best_id)))
+        best = tl.where(better, v, best)
+        best_id = tl.where(better, ids, best_id)
+    top = tl.max(best, axis=0)
+    tok = tl.min(tl.where(best == top, best_id, 2147483647), axis=0)
+    tl.store(tok_ptr + b, tok.to(tl.int64))
+
+
+@triton.jit
+def gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
+                ADD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_POW2: tl.constexpr):
+    """Program ``p``: entries ``p * BLOCK_N ...`` of ``out [N] = W @ a`` for one token, ``W [N, K]`` streamed once in
+    ``[BLOCK_N, BLOCK_K]`` tiles (products and sums on the CUDA cores in fp32: with one row, a tensor core would
+    idle fifteen sixteenths of its tile). ``a`` is ``x [K]`` as it is, or with a prologue computed on the fly from
+    ``x`` (each program recomputes it: a few kilobytes, from L2, against the program's share of the weight):
+
+    * ``NORM``: ``a = nw * rms_norm(x)``, rounded as :func:`add_rms_norm_kernel` rounds it;
+    * ``SWIGLU``: ``x`` is ``[2K]`` (gate, then up) and ``a = silu(gate) * up``, rounded as
+      :func:`silu_mul_kernel` rounds it.
+
+    ``ADD``: the product, rounded to ``out``'s type, is added to ``out`` (the residual stream) in place, the sum
+    rounded as a residual add rounds it. Each program owns its entries, so the in-place add has no race."""
+    pid = tl.program_id(0)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_n = n < N
+    dt = out_ptr.dtype.element_ty
+    if NORM:
+        kk = tl.arange(0, K_POW2)
+        xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=0) / K + eps)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        in_k = k < K
+        a = tl.load(x_ptr + k, mask=in_k, other=0.0)
+        if SWIGLU:
+            up = tl.load(x_ptr + K + k, mask=in_k, other=0.0)
+            gf = a.to(tl.float32)
+            silu = (gf / (1.0 + tl.exp(-gf))).to(dt)
+            a = (silu.to(tl.float32) * up.to(tl.float32)).to(dt)
+        if NORM:
+            y = (a.to(tl.float32) * rstd).to(dt)
+            nw = tl.load(nw_ptr + k, mask=in_k, other=0.0)
+            a = (nw.to(tl.float32) * y.to(tl.float32)).to(dt)
+        w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0.0)
+        acc += w.to(tl.float32) * a.to(tl.float32)[None, :]
+    y = tl.sum(acc, axis=1).to(dt)
+    if ADD:
+        r = tl.load(out_ptr + n, mask=in_n, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+    tl.store(out_ptr + n, y, mask=in_n)
+
+
 # --------------------------------------------------------------------------------------------------------
 # Wrappers: shapes as the model holds them; no checks that would synchronise
 # --------------------------------------------------------------------------------------------------------
@@ -242,5 +320,63 @@ def silu_mul(gate_up: Tensor, out: Tensor | None = None) -> Tensor:
     return out
 
 
-__all__ = ["add_rms_norm", "add_rms_norm_kernel", "attention", "attention_kernel", "rope_cache",
-           "rope_cache_kernel", "silu_mul", "silu_mul_kernel"]
+def gemv_tiles(N: int, K: int) -> dict[str, int]:
+    """The tile of :func:`gemv` for a ``[N, K]`` weight: two rows per program, so that even a matrix of two
+    thousand rows gives every SM several programs, each streaming its rows in reads of a thousand values (two
+    kilobytes). A grid of tiles timed against cuBLAS on every weight of the chapter's shapes chose it
+    (``lab/decode/gemv_tiles.py``, its results beside it)."""
+    return dict(BLOCK_N=2, BLOCK_K=min(1024, max(16, triton.next_power_of_2(K))), num_warps=4, num_stages=2)
+
+
+def gemv(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, eps: float = 0.0, swiglu: bool = False,
+         add_to: Tensor | None = None) -> Tensor:
+    """``prologue(x) @ weight.T`` for one token (``x`` holds one row), in one launch (:func:`gemv_kernel`):
+    ``norm`` (a ``[K]`` weight) puts RMSNorm in front, ``swiglu`` takes ``x [..., 2K]`` and multiplies
+    ``silu(gate) * up`` in front; ``add_to`` (``[..., N]``, one row) gets the product added in place and is
+    returned. What a decode step's layer otherwise does in two launches each (the norm or SwiGLU kernel, then
+    cuBLAS), or three with the residual add."""
+    N, K = weight.shape
+    width = 2 * K if swiglu else K
+    if x.numel() != width or x.shape[-1] != width:
+        raise ValueError(f"gemv takes one row of {width} values for a weight of shape {tuple(weight.shape)}"
+                         f"{' with swiglu' if swiglu else ''}; got x of shape {tuple(x.shape)}")
+    if add_to is not None and (add_to.numel() != N or not add_to.is_contiguous()):
+        raise ValueError(f"add_to must be one contiguous row of {N} values, got shape {tuple(add_to.shape)}")
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous")
+    out = add_to if add_to is not None else x.new_empty(*x.shape[:-1], N)
+    tiles = gemv_tiles(N, K)
+    gemv_kernel[(triton.cdiv(N, tiles["BLOCK_N"]),)](
+        x, weight, out, norm if norm is not None else weight, N, K, eps, NORM=norm is not None, SWIGLU=swiglu,
+        ADD=add_to is not None, K_POW2=triton.next_power_of_2(K), **tiles)
+    return out
+
+
+#: The most ids :func:`allowed_argmax` takes: one program per sequence walks them, which beats an argmax over the
+#: whole vocabulary only while they are a small part of it (a string's content allows most of the vocabulary).
+ALLOWED_ARGMAX_MAX = 8192
+
+
+def allowed_argmax(logits: Tensor, ids: Tensor, n: int, steer: Tensor, steer_bias: float, out: Tensor) -> Tensor:
+    """Greedy tokens ``out [B]`` (int64) from ``logits [B, V]`` (fp32, ``-inf`` outside the allowed ids) read only at
+    the first ``n`` sorted ids of ``ids`` (int32, on the device): ``argmax`` with ``steer_bias`` added to the logit
+    of ``steer[b]`` (see :func:`allowed_argmax_kernel`). ``n`` is a host integer (the allowed set's size, known
+    when the set was built), so nothing synchronises."""
+    if not 1 <= n <= min(ids.numel(), ALLOWED_ARGMAX_MAX):
+        raise ValueError(f"n must be in [1, min(ids.numel()={ids.numel()}, {ALLOWED_ARGMAX_MAX})], got {n}")
+    if logits.dtype != torch.float32 or ids.dtype != torch.int32 or out.dtype != torch.int64:
+        raise ValueError(f"logits must be float32, ids int32 and out int64; got {logits.dtype}, {ids.dtype}, "
+                         f"{out.dtype}")
+    B = logits.shape[0]
+    if logits.stride(1) != 1 or steer.shape[0] != B or out.shape[0] != B:
+        raise ValueError(f"logits must be [B, V] with contiguous rows and steer, out [B]; got {tuple(logits.shape)}, "
+                         f"{tuple(steer.shape)}, {tuple(out.shape)}")
+    # two block sizes, so that a decode loop compiles two variants in all (``n`` itself is not specialised on)
+    allowed_argmax_kernel[(B,)](logits, ids, steer, out, n, logits.stride(0), steer.stride(0), steer_bias,
+                                BLOCK=128 if n <= 128 else 1024, num_warps=4)
+    return out
+
+
+__all__ = ["ALLOWED_ARGMAX_MAX", "add_rms_norm", "add_rms_norm_kernel", "allowed_argmax", "allowed_argmax_kernel",
+           "attention", "attention_kernel", "rope_cache", "rope_cache_kernel", "silu_mul", "silu_mul_kernel",
+           "gemv", "gemv_kernel", "gemv_tiles"]

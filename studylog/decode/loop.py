@@ -14,7 +14,9 @@ Every step of every configuration does the same things in the same order:
 5. **mask application**: the bitmask copied to the device and applied (dense head only);
 6. **sampling**: greedy or seeded, on the device; the sampled tokens are copied to the host, which
    waits for them: this is the one synchronisation per step, and the algorithm needs it (the grammar
-   must see the token before it can say what comes next);
+   must see the token before it can say what comes next). After the masked head, a greedy step reads only
+   the logits it computed (:func:`~studylog.decode.kernels.allowed_argmax`, up to
+   :data:`~studylog.decode.kernels.ALLOWED_ARGMAX_MAX` ids); otherwise an argmax over the vocabulary;
 7. **bookkeeping (host)**: the grammar advances; with jumps, forced tokens are appended without a forward
    and join the next step's chunk, as a chunked prefill would feed them.
 
@@ -32,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from studylog.decode import pieces
+from studylog.decode import kernels, pieces
 from studylog.decode.grammar import Grammar, Writer
 from studylog.decode.model import LlamaModel, dense_logits
 
@@ -265,21 +267,24 @@ class Decoder:
             self._graphs[T] = (graph, out)
         return self._graphs[T]
 
-    def body_call(self, T: int = 1, fused: bool | None = None):
+    def body_call(self, T: int = 1, fused: bool | None = None, gemv: bool | None = None):
         """A call of the body on the static input buffers at chunk length ``T``, eager and graph-safe (no host
         synchronisation): what a benchmark times alone. ``fused`` picks the model's fused kernels or torch's
-        operations (default: what the loop runs, ``model.uses_fused()``)."""
+        operations (default: what the loop runs, ``model.uses_fused()``); ``gemv``, the fused path's layer
+        (:meth:`LlamaModel.forward`)."""
         if T > self.max_chunk:
             raise ValueError(f"T must be at most the largest chunk size {self.max_chunk}, got {T}")
         C = self.max_chunk
-        return lambda: self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache, fused=fused)
+        return lambda: self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache, fused=fused,
+                                  gemv=gemv)
 
     def prepare(self, grammar: Grammar, config: DecodeConfig | str = "masked_head") -> None:
         """What the first request of ``grammar`` in ``config`` would otherwise do inside its decode steps: with
         the masked head, build chapter 2's allowed set of every automaton state on the device and run the head
         once on each at batch 1 (with chapter 2's kernels, that compiles every variant of their launch that a
-        batch-1 request can reach). :meth:`generate` calls it once per grammar. A batch above 1 runs the head
-        on unions of sets, whose launches its first request still compiles (a benchmark warms up with it)."""
+        batch-1 request can reach), and compile the greedy sampler's two variants. :meth:`generate` calls it once
+        per grammar. A batch above 1 runs the head on unions of sets, whose launches its first request still
+        compiles (a benchmark warms up with it)."""
         cfg = CONFIGS[config] if isinstance(config, str) else config
         if cfg.head != "masked" or self.head_impl != "kernel" or self._prepared.get(id(grammar)) is grammar:
             return  # the torch head (a CPU's) compiles nothing, and builds a state's set in microseconds
@@ -289,8 +294,12 @@ class Decoder:
             out = torch.empty(1, self.V, device=self.device, dtype=torch.float32)
             for state in grammar.automaton.token_states():
                 pieces.masked_head_kernel(hidden, self.model.lm_head, grammar.allowed([state], self.device), out)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
+        logits = torch.zeros(self.batch, self.V, device=self.device, dtype=torch.float32)
+        ids = torch.arange(kernels.ALLOWED_ARGMAX_MAX, device=self.device, dtype=torch.int32)
+        for n in (1, kernels.ALLOWED_ARGMAX_MAX):
+            kernels.allowed_argmax(logits, ids, n, self._tok.new_full((self.batch,), -1), STEER, self._tok)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         self._prepared[id(grammar)] = grammar
 
     def capture(self) -> None:
@@ -422,7 +431,7 @@ class Decoder:
 
                 xgr.apply_token_bitmask_inplace(self._logits, self._bits, vocab_size=V)
             marks()
-            self._sample(temperature, seed)
+            self._sample(temperature, seed, allowed)
             if self._tok_host is not self._tok:
                 self._tok_host.copy_(self._tok, non_blocking=True)
             marks()
@@ -478,11 +487,23 @@ class Decoder:
             self._batch_matcher.batch_fill_next_token_bitmask([rows[b].matcher for b in active], bits, active)
         return None
 
-    def _sample(self, temperature: float, seed: int) -> None:
-        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok`` (on the device)."""
+    def _sample(self, temperature: float, seed: int, allowed: pieces.AllowedTokens | None = None) -> None:
+        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok`` (on the device). With
+        ``allowed`` (the masked head's sets) a greedy step reads only the union's logits (the others are
+        ``-inf``): the same token, from a few dozen reads instead of the whole vocabulary."""
         C = self.max_chunk
         steer = self._inp[:, C + 2]
         logits = self._logits
+        n = allowed.union_count if allowed is not None else 0
+        if temperature == 0 and 1 <= n <= kernels.ALLOWED_ARGMAX_MAX:
+            if self.head_impl == "kernel":
+                kernels.allowed_argmax(logits, allowed.kernel_ids, n, steer, STEER, out=self._tok)
+            else:  # the same rule in torch (a CPU's loop)
+                ids = allowed.union_ids.long()
+                vals = logits.index_select(1, ids)
+                vals = torch.where(ids[None, :] == steer[:, None], vals + STEER, vals)
+                torch.index_select(ids, 0, vals.argmax(dim=1), out=self._tok)
+            return
         logits.scatter_add_(1, steer.clamp(min=0)[:, None], (steer >= 0).to(logits.dtype)[:, None] * STEER)
         if temperature > 0:
             logits.div_(temperature).add_(gumbel_noise(seed, self._inp[:, C + 3], self._vocab_ids))

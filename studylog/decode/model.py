@@ -19,10 +19,13 @@ The body runs one of two ways, with the same weights and the same math:
 
 * the **torch path** (on a CPU, and on a GPU with ``fused=False``): torch's eager operations, attention
   over the whole cache with a causal mask by position; about fifty kernels per layer on a GPU;
-* the **fused path** (the default on a GPU): nine launches per layer, four cuBLAS matrix products and
-  five Triton kernels of :mod:`~studylog.decode.kernels` (residual add + RMSNorm twice, rotary positions
-  + cache write, attention up to the chunk's last position, SwiGLU). The two agree up to the order of
-  sums (tested); each configuration of the decode loop runs the same path, so they write the same tokens.
+* the **fused path** (the default on a GPU): the kernels of :mod:`~studylog.decode.kernels`. A step of one
+  token (batch 1) runs six launches per layer: four matrix-vector products that stream their weight once,
+  with RMSNorm or SwiGLU computed in front and the residual add behind (``gemv``), rotary positions + cache
+  write, and attention up to the chunk's last position. More tokens a step (a batch, a chunk, a prefill) run
+  nine: cuBLAS's four products, residual add + RMSNorm twice, rotary positions, attention and SwiGLU. Both
+  agree with the torch path up to the order of sums (tested); each configuration of the decode loop runs the
+  same path, so they write the same tokens.
 
 At the sequence lengths of the chapter (hundreds of tokens) the cache is a small fraction of the bytes a
 step reads (the weights).
@@ -246,15 +249,17 @@ class LlamaModel(nn.Module):
         return torch.device(device or self.device).type == "cuda"
 
     def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache, *,
-                fused: bool | None = None) -> Tensor:
+                fused: bool | None = None, gemv: bool | None = None) -> Tensor:
         """Run the body on ``tokens [B, T]`` at positions ``start[b] + 0..T-1``, writing their keys and values
         into ``cache``; return the final-normed hidden state of token ``last[b]`` of each sequence, ``[B, D]``.
-        ``fused`` picks the fused kernels or torch's operations (default :meth:`uses_fused`).
+        ``fused`` picks the fused kernels or torch's operations (default :meth:`uses_fused`); on the fused path,
+        ``gemv`` picks the six-launch layer of matrix-vector products (default: for one token, ``B * T == 1``) or,
+        with False, the nine-launch one with cuBLAS's products (what the benchmark compares it with).
 
         No host synchronisation: the call can be captured in a CUDA graph (inputs are read from the
         tensors, never from Python numbers)."""
         if fused if fused is not None else self.uses_fused(tokens.device):
-            return self._forward_fused(tokens, start, last, cache)
+            return self._forward_fused(tokens, start, last, cache, gemv)
         c = self.config
         B, T = tokens.shape
         S = cache.positions
@@ -284,15 +289,33 @@ class LlamaModel(nn.Module):
         x = x[torch.arange(B, device=tokens.device), last]
         return _rms_norm(x, self.norm, c.norm_eps)
 
-    def _forward_fused(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache) -> Tensor:
-        """:meth:`forward` in nine launches per layer (see :mod:`~studylog.decode.kernels`). The residual
-        stream ``x`` is updated in place by the add + norm kernels; the last layer's residual add is done
-        only for the rows the final norm gathers."""
+    def _forward_fused(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache,
+                       gemv: bool | None = None) -> Tensor:
+        """:meth:`forward` on the kernels of :mod:`~studylog.decode.kernels`: six launches per layer for one token
+        (a decode step at batch 1), nine for more."""
         c = self.config
         B, T = tokens.shape
         cos_t, sin_t = self._rope_tables(cache.positions)
         scale = 1.0 / math.sqrt(c.head_dim)
         x = F.embedding(tokens, self.embed_tokens)  # [B, T, D], the residual stream
+        if gemv is None:
+            gemv = B * T == 1
+        elif gemv and B * T != 1:
+            raise ValueError(f"gemv=True runs one token a step, got a batch of {B} x {T} tokens")
+        if gemv:
+            # the norms and SwiGLU run in front of the products that read them, and the residual adds behind
+            # the products that feed them: each weight streamed once, nothing else launched
+            for i in range(c.layers):
+                w = self.layer(i)
+                qkv = kernels.gemv(x, w.qkv, norm=w.input_norm, eps=c.norm_eps)
+                kernels.rope_cache(qkv, cache.k[i], cache.v[i], cos_t, sin_t, start, c.heads, c.kv_heads)
+                att = kernels.attention(qkv, cache.k[i], cache.v[i], start, c.heads, scale)
+                kernels.gemv(att, w.o, add_to=x)
+                gate_up = kernels.gemv(x, w.gate_up, norm=w.post_norm, eps=c.norm_eps)
+                kernels.gemv(gate_up, w.down, swiglu=True, add_to=x)
+            return kernels.add_rms_norm(x, self.norm, c.norm_eps, last=last)
+        # more tokens: cuBLAS's products, with the residual stream ``x`` updated in place by the add + norm
+        # kernels; the last layer's residual add is done only for the rows the final norm gathers
         delta = None  # what the next add + norm adds to x: the previous sub-layer's output
         for i in range(c.layers):
             w = self.layer(i)

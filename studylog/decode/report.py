@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import torch
 
 from studylog.decode.grammar import Grammar, suite_names, suite_sample
-from studylog.decode.loop import COMPONENTS, Decoder, Generation
+from studylog.decode import kernels
+from studylog.decode.loop import COMPONENTS, STEER, Decoder, Generation
 from studylog.decode.model import LlamaModel, dense_logits, describe, model_config
 
 #: The configurations measured, in the lesson's order: the three steps, then the two comparisons.
@@ -154,9 +155,9 @@ def count_kernels(fn) -> dict[str, int]:
 
 def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda",
                  dtype: torch.dtype = torch.bfloat16) -> None:
-    """The kernels one forward of each body launches (fused and torch's, batch 1, one token), added to the
-    ``body`` and ``body_unfused`` rows of ``run`` at batch 1, chunk 1. Counted by torch's profiler, so called
-    after every timing of the process: once it has profiled, a process keeps NVIDIA's profiling interface
+    """The kernels one forward of each body launches (fused, fused with cuBLAS's products, and torch's; batch 1,
+    one token), added to the ``body``, ``body_cublas`` and ``body_unfused`` rows of ``run`` at batch 1, chunk 1.
+    Counted by torch's profiler, so called after every timing of the process: once it has profiled, a process keeps NVIDIA's profiling interface
     attached (PyTorch does not tear it down, pytorch/pytorch#144455), and every kernel it launches afterwards
     is slower, enough to add a tenth of a millisecond to a decode step of the ~1B shape
     (``lab/decode/profiler_residue.py``)."""
@@ -164,8 +165,8 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
         cfg = model_config(shape)
         model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
         decoder = Decoder(model, batch=1, max_seq=64)
-        for fused, series in ((True, "body"), (False, "body_unfused")):
-            n = sum(count_kernels(decoder.body_call(1, fused=fused)).values())
+        for series, fused, gemv in (("body", True, None), ("body_cublas", True, False), ("body_unfused", False, None)):
+            n = sum(count_kernels(decoder.body_call(1, fused=fused, gemv=gemv)).values())
             for row in run.rows:
                 if row["series"] == series and row["params"] == {"model": shape, "batch": 1, "chunk": 1}:
                     row.update(kernels_per_forward=n, kernels_per_layer=n / cfg.layers)
@@ -176,11 +177,12 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
 def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | None = None) -> None:
     """Each component alone, replayed in a CUDA graph (the harness's GPU clock): the body at chunk lengths 1, 8
     and the largest (its floor beside it; its kernels per forward at batch 1: :func:`body_kernels`, after every
-    timing), torch's unfused body at chunk
-    length 1, the dense head, chapter 2's masked head at :data:`HEAD_COUNTS` allowed ids per sequence (both
-    heads with their host time per call: the masked head runs eagerly in the loop), the bitmask's
-    application and the sampling (argmax). ``run`` is a ``BenchRun`` (or an object with its ``gpu_time``,
-    ``measure``, ``record``, ``check`` and ``floor_ms``)."""
+    timing), at chunk length 1 the fused body's nine-launch layer (``body_cublas``) and torch's unfused body, the
+    dense head, chapter 2's masked head at :data:`HEAD_COUNTS` allowed ids per sequence (both heads with their
+    host time per call: the masked head runs eagerly in the loop), the bitmask's application, the sampling
+    (argmax over the vocabulary) and step 3's sampling over the allowed ids at the same counts, checked against
+    the argmax. ``run`` is a ``BenchRun`` (or an object with its ``gpu_time``, ``measure``, ``record``, ``check``
+    and ``floor_ms``)."""
     import numpy as np
     import xgrammar as xgr
 
@@ -194,11 +196,12 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
     logits = torch.randn(B, V, device=decoder.device, dtype=torch.float32)
     bits = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=decoder.device)
     chunks = sorted(set(chunks or (1, 8, decoder.max_chunk)) & set(decoder.chunk_sizes))
-    for fused in (True, False):
-        for T in chunks if fused else (1,):
-            timing = run.gpu_time(lambda T=T: [decoder.body_call(T, fused=fused)], repeats=3, min_calls=10, reps=5)
-            run.record("body" if fused else "body_unfused", timing, params={**base, "chunk": T}, role="baseline",
-                       floor_ms=floor)
+    bodies = [("body", True, None, chunks), ("body_cublas", True, False, (1,)), ("body_unfused", False, None, (1,))]
+    for series, fused, gemv, lengths in bodies:
+        for T in lengths:
+            call = decoder.body_call(T, fused=fused, gemv=gemv)
+            timing = run.gpu_time(lambda call=call: [call], repeats=3, min_calls=10, reps=5)
+            run.record(series, timing, params={**base, "chunk": T}, role="baseline", floor_ms=floor)
     dense = lambda: dense_logits(hidden, model.lm_head, out=logits)  # noqa: E731
     run.measure("dense_head", lambda: [dense], params=base, role="baseline", host=dense, host_calls=100)
     rng = np.random.default_rng(0)
@@ -224,6 +227,17 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
                 params=base, role="baseline")
     tok = torch.empty(B, dtype=torch.int64, device=decoder.device)
     run.measure("sampling", lambda: [lambda: torch.argmax(logits, dim=1, out=tok)], params=base, role="baseline")
+    # the greedy token among the masked head's ids only (step 3's sampling), at the head's allowed counts
+    steer = torch.full((B,), -1, dtype=torch.int64, device=decoder.device)
+    for n in HEAD_COUNTS:
+        ids = torch.from_numpy(np.sort(rng.choice(V, n, replace=False)).astype(np.int32)).to(decoder.device)
+        few = torch.full_like(logits, float("-inf"))  # the masked head's output: finite at the allowed ids only
+        few[:, ids.long()] = torch.randn(B, n, device=decoder.device)
+        pick = lambda ids=ids, few=few, n=n: kernels.allowed_argmax(few, ids, n, steer, STEER, out=tok)  # noqa: E731
+        run.measure("sampling_allowed", lambda pick=pick: [pick], params={**base, "allowed": n}, role="baseline")
+        pick()
+        run.check("allowed_argmax = argmax over the vocabulary", bool(torch.equal(tok, few.argmax(dim=1))),
+                  params={**base, "allowed": n})
 
 
 def plan(quick: bool) -> list[dict[str, Any]]:
@@ -247,9 +261,10 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
              "never ends. Every logit is still computed as the model computes it.")
     run.note("The 8b shape is a cost model: 32 layers share one layer's weights (each reads them from DRAM, "
              "a layer being far larger than L2), with an untied head of the cl100k vocabulary.")
-    run.note("The body runs the fused path (nine launches per layer: four cuBLAS products and five Triton kernels, "
-             "studylog.decode.kernels), captured in a CUDA graph per chunk length, in every configuration; "
-             "body_unfused is torch's eager composition of the same math, timed alone. The masked head runs "
+    run.note("The body runs the fused path (studylog.decode.kernels: six launches per layer for a step of up to "
+             "16 tokens, nine with cuBLAS's products for a longer chunk), captured in a CUDA graph per chunk length, "
+             "in every configuration; body_cublas is the nine-launch layer at one token and body_unfused torch's "
+             "eager composition of the same math, both timed alone. The masked head runs "
              "eagerly (its launch depends on the allowed set); its host time per call is in masked_logits' host_ms "
              "and, per step, in the breakdown's head_host.")
     for kwargs in plan(quick):
