@@ -7,10 +7,12 @@ same request:
 
 * ``step01_baseline``: the practitioners' loop: dense LM head, xgrammar's bitmask, one forward per token;
 * ``step02_jump_forward``: + chapter 1's forced-token jumps (the forced tokens join the next forward's chunk);
-* ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state.
+* ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state, and the greedy token
+  picked among the allowed ids alone.
 
 Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`. On a GPU the model's body runs the
-fused kernels of :mod:`~studylog.decode.kernels` (nine launches per layer), in every configuration alike.
+fused kernels of :mod:`~studylog.decode.kernels` (six launches per layer for one token a step, nine for more), in
+every configuration alike.
 
 The lesson (notebook 07) reads its numbers, tables and glued prose values through :mod:`~studylog.decode.lesson`
 (the committed benchmark, or the earlier run kept in ``lab/decode/`` while the current one is pending), and its
@@ -76,8 +78,8 @@ CHAPTER = Chapter(
              step01_baseline),
         Step(2, "jump_forward", "forced-token chains appended without a forward (chapter 1)", "torch",
              step02_jump_forward, step02_jump_forward),
-        Step(3, "masked_head", "masked LM head on the automaton's allowed sets (chapter 2)", "torch",
-             step03_masked_head, step03_masked_head),
+        Step(3, "masked_head", "masked LM head on the automaton's allowed sets, sampled among them (chapter 2)",
+             "torch", step03_masked_head, step03_masked_head),
     ),
     bench=_bench,
     figures=_figures,

@@ -2,8 +2,9 @@
 
 A batch-1 decode step reads every weight of the body once; at that size each of torch's small elementwise
 kernels (RMSNorm alone is several: square, mean, add, rsqrt, two products, two casts) costs a launch and a
-few microseconds of a mostly idle GPU, even replayed from a CUDA graph. The fused path runs a layer as nine
-launches: four cuBLAS matrix products (q/k/v, o, gate/up, down) and five kernels of this module:
+few microseconds of a mostly idle GPU, even replayed from a CUDA graph. The fused path runs a layer of a step of
+several tokens as nine launches: four cuBLAS matrix products (q/k/v, o, gate/up, down) and five kernels of this
+module:
 
 * :func:`add_rms_norm`: the residual add and Llama's RMSNorm in one pass (and, for the final norm, the
   gather of each sequence's last real token);
@@ -13,6 +14,10 @@ launches: four cuBLAS matrix products (q/k/v, o, gate/up, down) and five kernels
   keys, the flash-attention recurrence), each program serving the query heads of one KV head; the keys
   it reads stop at the chunk's last position, which it reads from the device;
 * :func:`silu_mul`: SwiGLU's ``silu(gate) * up``.
+
+A step of one token runs a layer as six: :func:`gemv` four times in place of cuBLAS's products, each streaming its
+weight once with the work of the small kernels around it inside (RMSNorm or SwiGLU in front, the residual add
+behind), then :func:`rope_cache` and :func:`attention`.
 
 One more kernel serves the decode loop after the LM head, not the body: :func:`allowed_argmax`, the greedy
 token among the ids chapter 2's masked head computed logits for (a step's allowed set, often a few dozen ids),

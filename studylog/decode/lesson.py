@@ -21,7 +21,8 @@ from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
 
 __all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "amdahl_table", "body_table", "committed",
-           "components_table", "earlier_run", "forwards_per_token", "head_share_table", "measurement_findings",
+           "components_table", "earlier_run", "forwards_per_token", "gemv_findings", "head_share_table",
+           "measurement_findings",
            "prose_numbers", "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
 
 #: What a prose number reads when the results file does not have it yet.
@@ -133,33 +134,36 @@ def _body_row(results, series: str, model: str, batch: int, chunk: int = 1) -> d
 
 
 def body_table(results) -> str:
-    """The body alone at one token per sequence (GPU clock, graph replay): the fused path and torch's, against
-    the floor of reading the body's weights once; kernels per layer where the run counted them."""
-    lines = ["| shape | batch | fused body (ms) | torch's eager body (ms) | floor (ms) | fused / floor | "
-             "torch's / floor | kernels per layer (fused; torch's) |", "|---|---|---|---|---|---|---|---|"]
+    """The body alone at one token per sequence (GPU clock, graph replay): the fused path (at batch 1 its
+    six-launch layer of ``gemv``), the same with cuBLAS's products and nine launches a layer (``body_cublas``,
+    timed at batch 1 and 8) and torch's eager operations, each against the floor of reading the body's weights
+    once; kernels per layer where the run counted them."""
+    series = ("body", "body_cublas", "body_unfused")
+    lines = ["| shape | batch | fused body (ms) | with cuBLAS's products (ms) | torch's eager body (ms) | floor (ms) | "
+             "fused / floor | cuBLAS's / floor | torch's / floor | kernels per layer (fused; cuBLAS's; torch's) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     any_row = False
     for model in ("1b", "8b"):
         for batch in (1, 8):
-            f, u = _body_row(results, "body", model, batch), _body_row(results, "body_unfused", model, batch)
-            if f is None and u is None:
+            rows = [_body_row(results, name, model, batch) for name in series]
+            if not any(rows):
                 continue
             any_row = True
             floor = _floor_ms(results, model, head=False)
-            cell = lambda r: f"{r['ms']:.3f}" if r else "–"  # noqa: E731
-            ratio = lambda r: f"{r['ms'] / floor:.2f}" if r else "–"  # noqa: E731
+            cells = " | ".join(f"{r['ms']:.3f}" if r else "–" for r in rows)
+            ratios = " | ".join(f"{r['ms'] / floor:.2f}" if r else "–" for r in rows)
             kernels = "; ".join(f"{r['kernels_per_layer']:.1f}" if r and "kernels_per_layer" in r else "–"
-                                for r in (f, u))
-            lines.append(f"| `{model}` | {batch} | {cell(f)} | {cell(u)} | {floor:.3f} | {ratio(f)} | {ratio(u)} | "
-                         f"{kernels} |")
+                                for r in rows)
+            lines.append(f"| `{model}` | {batch} | {cells} | {floor:.3f} | {ratios} | {kernels} |")
     return "\n".join(lines) if any_row else f"({PENDING}: this file holds no body series)"
 
 
 def results_table(results) -> str:
     """Per shape and batch, each configuration's end-to-end time per output token (median over the JSON
-    schemas, compact whitespace), its forwards per output token, the floor of those forwards, and step 3 over
-    step 1."""
-    lines = ["| shape | batch | configuration | ms per token | forwards per token | floor (ms per token) | "
-             "over step 1 |", "|---|---|---|---|---|---|---|"]
+    schemas, compact whitespace), the output tokens per second it makes (of all the batch's sequences together),
+    its forwards per output token, the floor of those forwards, and step 3 over step 1."""
+    lines = ["| shape | batch | configuration | ms per token | tokens per second | forwards per token | "
+             "floor (ms per token) | over step 1 |", "|---|---|---|---|---|---|---|---|"]
     for model in ("1b", "8b"):
         for batch in (1, 8):
             for config in report.ORDER:
@@ -170,19 +174,19 @@ def results_table(results) -> str:
                 fwd = forwards_per_token(results, config, model, batch)
                 floor = fwd * _floor_ms(results, model, head=config != "masked_head")
                 up = _speedup(results, config, model, batch)
-                lines.append(f"| `{model}` | {batch} | `{report.series_label(config)}` | {ms:.3f} | {fwd:.2f} | "
-                             f"{floor:.3f} | {up:.2f}× |")
+                lines.append(f"| `{model}` | {batch} | `{report.series_label(config)}` | {ms:.3f} | {1e3 / ms:,.0f} | "
+                             f"{fwd:.2f} | {floor:.3f} | {up:.2f}× |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
 
 
 def components_table(results) -> str:
     """Each component alone on the GPU clock (graph replay), with its host time per call where measured: the
-    dense head, chapter 2's masked head at a few allowed counts (``masked_logits``), the bitmask's application
-    and the sampling."""
+    dense head, chapter 2's masked head at a few allowed counts (``masked_logits``), the bitmask's application,
+    the sampling over the vocabulary and step 3's over the allowed ids (``sampling_allowed``)."""
     lines = ["| shape | batch | component | GPU time (ms) | host time per call (ms) |", "|---|---|---|---|---|"]
     for model in ("1b", "8b"):
         for batch in (1, 8):
-            for series in ("dense_head", "masked_logits", "mask_apply", "sampling"):
+            for series in ("dense_head", "masked_logits", "mask_apply", "sampling", "sampling_allowed"):
                 for r in report.rows_of([r for r in results.rows if r["series"] == series], model=model, batch=batch):
                     what = series + (f", {r['params']['allowed']} allowed" if "allowed" in r["params"] else "")
                     host = f"{r['host_ms']:.4f}" if "host_ms" in r else "–"
@@ -203,7 +207,8 @@ def amdahl_table(parts: dict[str, dict[str, float]]) -> str:
         "| what | share of the baseline's time per token | bound | measured |", "|---|---|---|---|",
         f"| chapter 1: the forwards its jumps save | {b['chapter1_share']:.1%} | {b['chapter1_bound']:.2f}× | "
         f"{base / jump:.2f}× (`step02_jump_forward` over step 1) |",
-        f"| chapter 2: the LM head and the mask's application | {b['chapter2_share']:.1%} | {b['chapter2_bound']:.2f}× "
+        f"| chapter 2: the LM head, the mask's application and the sampling | {b['chapter2_share']:.1%} | "
+        f"{b['chapter2_bound']:.2f}× "
         f"| {jump / masked:.2f}× (`step03_masked_head` over step 2) |",
         f"| both | | {b['both_bound']:.2f}× | {base / masked:.2f}× (`step03_masked_head` over step 1) |",
         f"| no chapter touches: the body | {b['body_share']:.1%} | | |",
@@ -244,8 +249,51 @@ def tried_table(current, earlier) -> str:
                    "the precomputed masks save host time that the body does not hide")
             lines.append(f"| the automaton's precomputed masks with the dense head | {a:.2f}× over step 2 at `1b`, "
                          f"batch 1: {why} | the `automaton_mask` rows |")
+    lines += gemv_findings()
     lines += measurement_findings()
     return "\n".join(lines)
+
+
+#: ``lab/decode/results/<gpu>/gemv_tiles.json``: the grid of tiles behind :func:`~studylog.decode.kernels.gemv_tiles`.
+GEMV_TILES_FILE = "gemv_tiles"
+
+
+def gemv_findings(gpu: str = "nvidia-h100-80gb-hbm3") -> list[str]:
+    """Rows for :func:`tried_table` from the sweep of the one-token product's tiles (``lab/decode/gemv_tiles.py``):
+    the tensor-core tile that lost to the CUDA cores, and the first tile the library used, against the tile it uses
+    now (summed over the eight weights of the two shapes, each at its best configuration in the grid)."""
+    from studylog.decode.kernels import gemv_tiles
+    from studylog.plotting import load_lab
+
+    try:
+        data = load_lab("decode", GEMV_TILES_FILE, gpu=gpu)
+    except FileNotFoundError:
+        return []
+    cases = data["cases"]
+
+    def at(case, **tile):
+        ms = [t["ms"] for t in case["gemv"] if t["ms"] is not None and t["correct"]
+              and all(t[k] == v for k, v in tile.items())]
+        return min(ms) if ms else None
+
+    chosen = [at(c, BLOCK_N=gemv_tiles(c["N"], c["K"])["BLOCK_N"], BLOCK_K=gemv_tiles(c["N"], c["K"])["BLOCK_K"])
+              for c in cases]
+    dot = [c["best_dot_tile"]["ms"] if c.get("best_dot_tile") else None for c in cases]
+    first = [c["library_ms"] for c in cases]
+    cublas = [c["cublas_ms"] for c in cases]
+    rows = []
+    if None not in chosen and None not in dot:
+        lost = sum(d > g for d, g in zip(dot, chosen))
+        rows.append(f"| the one-token product on tensor cores (the token padded to a 16-row tile, the first version "
+                    f"of `gemv`) | {sum(dot) * 1e3:.0f} µs over the eight weights of the two shapes at its best tile, "
+                    f"against {sum(chosen) * 1e3:.0f} µs on the CUDA cores and {sum(cublas) * 1e3:.0f} µs with cuBLAS; "
+                    f"slower than the CUDA cores on {lost} of {len(cases)} weights | `lab/decode/gemv_tiles.py` |")
+    if None not in chosen:
+        t = cases[0]["library_tiles"]
+        rows.append(f"| `gemv`'s first tile, {t['BLOCK_N']} rows × {t['BLOCK_K']} columns a program | "
+                    f"{sum(first) * 1e3:.0f} µs over the eight weights, against {sum(chosen) * 1e3:.0f} µs with two "
+                    f"rows × up to 1024 columns | `lab/decode/gemv_tiles.py` |")
+    return rows
 
 
 def targets_by_card(root: Path | None = None) -> str:
@@ -266,7 +314,8 @@ def targets_by_card(root: Path | None = None) -> str:
         first = (f"**{b1['median']:.2f}×**, met" if b1["met"] else
                  f"**{b1['median']:.2f}×**, missed by {report.TARGET_SPEEDUP / b1['median'] - 1:.0%}")
         eighth = f"**{b8['min']:.2f}×**, " + ("met" if b8["met"] else "missed")
-        lines.append(f"| {card.gpu} ({card.date}) | {first} | {b1['bound']:.2f}× | {eighth} |")
+        lines.append(f"| {card.gpu} ({card.date}, commit {card.data.get('git_commit', '?')}) | {first} | "
+                     f"{b1['bound']:.2f}× | {eighth} |")
     return "\n".join(lines)
 
 
@@ -364,6 +413,23 @@ def prose_numbers(current, earlier) -> dict[str, str]:
     f = _body_row(current, "body", "1b", 1) if current is not None else None
     out["dec_fused_vs_floor"] = _fmt(f["ms"] / _floor_ms(current, "1b", False) if f else None, ".2f", "×")
     out["dec_fused_kernels"] = _fmt(f.get("kernels_per_layer") if f else None, ".0f")
+    c = _body_row(current, "body_cublas", "1b", 1) if current is not None else None
+    out["dec_cublas_vs_floor"] = _fmt(c["ms"] / _floor_ms(current, "1b", False) if c else None, ".2f", "×")
+    out["dec_cublas_kernels"] = _fmt(c.get("kernels_per_layer") if c else None, ".0f")
+    for model in ("1b", "8b"):
+        g, c = (_body_row(current, n, model, 1) if current is not None else None for n in ("body", "body_cublas"))
+        out[f"dec_gemv_gain_{model}"] = _fmt(c["ms"] / g["ms"] if g and c else None, ".2f", "×")
+    rows = {(r["series"], r["params"].get("allowed")): r["ms"] for r in src.rows
+            if r["series"] in ("sampling", "sampling_allowed") and r["params"].get("model") == "1b"
+            and r["params"].get("batch") == 1}
+    out["dec_sampling_us"] = _fmt(rows[("sampling", None)] * 1e3 if ("sampling", None) in rows else None, ".0f",
+                                  " µs")
+    out["dec_sampling_allowed_us"] = _fmt(rows[("sampling_allowed", 48)] * 1e3 if ("sampling_allowed", 48) in rows
+                                          else None, ".1f", " µs")
+    parts = report.breakdown(src.rows, "1b", 1)
+    for config in ("baseline", "masked_head"):
+        v = parts.get(config, {}).get("sampling")
+        out[f"dec_sampling_loop_{config}"] = _fmt(v * 1e3 if v is not None else None, ".0f", " µs")
     out["dec_floor_1b"] = _fmt(_floor_ms(src, "1b", False), ".3f", " ms")
     out["dec_bandwidth"] = f"{src.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s"
     return out

@@ -77,7 +77,7 @@ CONFIGS: dict[str, DecodeConfig] = {
     "jump_forward": DecodeConfig("jump_forward", "token", "dense", "xgrammar",
                                  "+ forced-token jumps (chapter 1)"),
     "masked_head": DecodeConfig("masked_head", "token", "masked", "automaton",
-                                "+ masked LM head on the automaton's allowed sets (chapter 2)"),
+                                "+ masked LM head on the automaton's allowed sets, sampled among them (chapter 2)"),
     "automaton_mask": DecodeConfig("automaton_mask", "token", "dense", "automaton",
                                    "jumps and the automaton's masks, dense head (separates the two gains)"),
     "char_jump": DecodeConfig("char_jump", "char", "dense", "xgrammar",

@@ -327,7 +327,8 @@ def breakdown(rows: Sequence[dict], model: str, batch: int, kind: str = "json",
 def amdahl(parts: dict[str, dict[str, float]]) -> dict[str, float]:
     """What share of the baseline's time per token each chapter could at best remove, and the speedup bound
     that share gives: chapter 1 the forwards it saves (as if a saved step cost a whole step), chapter 2 the
-    LM head and the mask's application (as if the masked head cost nothing); ``both_bound`` the two together
+    LM head, the mask's application and the sampling (as if the masked head, and the greedy pick among the logits
+    it computed, cost nothing); ``both_bound`` the two together
     (chapter 2's share of the steps that remain). Beside them the shares no kernel of either chapter touches:
     the body (``body_share``) and the host's part of a step (``host_share``: the host time left after the
     device's parts, and the mask the body did not hide)."""
@@ -335,7 +336,7 @@ def amdahl(parts: dict[str, dict[str, float]]) -> dict[str, float]:
     out = {}
     if base:
         total = sum(base[k] for k in COMPONENTS)
-        share2 = (base["head"] + base["mask_apply"]) / total if total else 0.0
+        share2 = (base["head"] + base["mask_apply"] + base["sampling"]) / total if total else 0.0
         out.update(chapter2_share=share2, chapter2_bound=1 / (1 - share2) if share2 < 1 else float("inf"),
                    body_share=base["body"] / total if total else 0.0,
                    host_share=(base["host"] + base["mask_wait"]) / total if total else 0.0)
