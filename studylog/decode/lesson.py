@@ -314,8 +314,7 @@ def targets_by_card(root: Path | None = None) -> str:
         first = (f"**{b1['median']:.2f}×**, met" if b1["met"] else
                  f"**{b1['median']:.2f}×**, missed by {report.TARGET_SPEEDUP / b1['median'] - 1:.0%}")
         eighth = f"**{b8['min']:.2f}×**, " + ("met" if b8["met"] else "missed")
-        lines.append(f"| {card.gpu} ({card.date}, commit {card.data.get('git_commit', '?')}) | {first} | "
-                     f"{b1['bound']:.2f}× | {eighth} |")
+        lines.append(f"| {card.gpu} ({card.date}) | {first} | {b1['bound']:.2f}× | {eighth} |")
     return "\n".join(lines)
 
 
