@@ -299,3 +299,10 @@ def test_the_measurement_findings_read_the_lab_files():
     assert "`lab/decode/gc_pauses.py`" in rows[0] and "`lab/decode/profiler_residue.py`" in rows[1]
     assert all(r.count("|") == 4 for r in rows)
     assert lesson.measurement_findings(gpu="no-such-gpu") == []
+
+
+def test_the_gemv_findings_read_the_tile_sweep():
+    rows = lesson.gemv_findings()
+    assert len(rows) == 2 and all(r.count("|") == 4 and "`lab/decode/gemv_tiles.py`" in r for r in rows)
+    assert "tensor cores" in rows[0] and "first tile" in rows[1]
+    assert lesson.gemv_findings(gpu="no-such-gpu") == []

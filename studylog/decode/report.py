@@ -261,8 +261,8 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
              "never ends. Every logit is still computed as the model computes it.")
     run.note("The 8b shape is a cost model: 32 layers share one layer's weights (each reads them from DRAM, "
              "a layer being far larger than L2), with an untied head of the cl100k vocabulary.")
-    run.note("The body runs the fused path (studylog.decode.kernels: six launches per layer for a step of up to "
-             "16 tokens, nine with cuBLAS's products for a longer chunk), captured in a CUDA graph per chunk length, "
+    run.note("The body runs the fused path (studylog.decode.kernels: six launches per layer for a step of one "
+             "token, nine with cuBLAS's products for more), captured in a CUDA graph per chunk length, "
              "in every configuration; body_cublas is the nine-launch layer at one token and body_unfused torch's "
              "eager composition of the same math, both timed alone. The masked head runs "
              "eagerly (its launch depends on the allowed set); its host time per call is in masked_logits' host_ms "
