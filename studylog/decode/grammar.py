@@ -2,15 +2,18 @@
 
 Both compile the **same regex** (a JSON schema is first turned into a regex by outlines, as in chapter 1),
 so that both allow exactly the same tokens in every state and a decode gives the same tokens whichever
-masks it. Two regex classes differ between the libraries: outlines-core reads ``\\d``, ``\\s`` and ``\\w``
-with Unicode meaning (``\\d`` also matches Arabic-Indic or full-width digits), xgrammar with ASCII
-meaning; :func:`ascii_regex` writes them out as ASCII classes before either library sees the regex.
+masks it. Some regex syntax means different things to the two libraries: outlines-core reads ``\\d``, ``\\s``
+and ``\\w`` with Unicode meaning (``\\d`` also matches Arabic-Indic or full-width digits), xgrammar with ASCII
+meaning, and xgrammar's ``.`` matches a newline where outlines-core's does not; :func:`ascii_regex` writes
+them out as explicit classes before either library sees the regex. :meth:`Grammar.check_agreement` checks
+the result state by state.
 
 Also here: :class:`Writer`, which steers a model with random weights to write a realistic output.
 """
 
 from __future__ import annotations
 
+import codecs
 import functools
 import time
 from dataclasses import dataclass, field
@@ -26,7 +29,8 @@ _CLASSES = {"d": ("[0-9]", "0-9"), "s": ("[ \\t\\n\\r\\f\\v]", " \\t\\n\\r\\f\\v
 
 def ascii_regex(regex: str) -> str:
     """``regex`` with ``\\d``, ``\\s`` and ``\\w`` written as ASCII classes (inside a character class too),
-    and an escaped space written as a space (xgrammar warns on ``\\ ``). ``\\D``, ``\\S``, ``\\W`` are
+    ``.`` written as ``[^\\n]`` (what it means to outlines-core; xgrammar's ``.`` also matches a newline) and
+    an escaped space written as a space (xgrammar warns on ``\\ ``). ``\\D``, ``\\S``, ``\\W`` are
     refused: their ASCII complement is not a plain class inside another class."""
     out, i, in_class = [], 0, False
     while i < len(regex):
@@ -55,6 +59,8 @@ def ascii_regex(regex: str) -> str:
         elif c == "]" and in_class:
             in_class = False
             out.append(c)
+        elif c == "." and not in_class:
+            out.append("[^\\n]")
         else:
             out.append(c)
         i += 1
@@ -83,6 +89,42 @@ def schema_regex(schema: Any, whitespace: str = "default") -> str:
         raise ValueError(f"the schema does not compile to a grammar: {exc}") from exc
 
 
+#: The second byte a lead byte allows where it is not 0x80-0xBF (Unicode's table of well-formed UTF-8).
+_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def utf8_prefix(data: bytes) -> bool:
+    """Whether ``data`` is valid UTF-8 or the start of it (a character may be cut at the end).
+
+    Python's incremental decoder checks a cut character only once it is complete for some lead bytes
+    (``b"\xed\xa0"``, the start of a surrogate, passes), so the cut tail's second byte is checked here."""
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+    except UnicodeDecodeError:
+        return False
+    start = len(data) - 1
+    while start > 0 and len(data) - start < 4 and 0x80 <= data[start] <= 0xBF:
+        start -= 1
+    tail = data[start:]
+    if len(tail) >= 2 and tail[0] in _SECOND_BYTE:
+        lo, hi = _SECOND_BYTE[tail[0]]
+        return lo <= tail[1] <= hi
+    return True
+
+
+def continues_utf8(text: bytes | bytearray, new: int) -> bool:
+    """Whether the last ``new`` bytes of ``text`` keep it valid UTF-8 (or the start of it), given that the
+    bytes before them were: only the last character begun before them is read again."""
+    start = len(text) - new
+    if start > 0:
+        start -= 1
+        back = 0
+        while start > 0 and back < 3 and 0x80 <= text[start] <= 0xBF:
+            start -= 1
+            back += 1
+    return utf8_prefix(bytes(text[start:]))
+
+
 @dataclass
 class Grammar:
     """One constraint, compiled for the decode loop.
@@ -98,11 +140,17 @@ class Grammar:
     xgrammar: Any
     automaton: pieces.Automaton
     compile_seconds: dict[str, float]
+    #: States where xgrammar also allows tokens that leave the text invalid UTF-8 (set by check_agreement).
+    utf8_only_states: int = 0
     _allowed: dict[int, Any] = field(default_factory=dict, repr=False)
     _bits: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_regex(cls, regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "") -> "Grammar":
+    def from_regex(cls, regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "",
+                   check: bool = True) -> "Grammar":
+        """Compile ``regex`` with both engines. ``check`` (default True) runs :meth:`check_agreement`: a
+        grammar on which the two engines allow different tokens somewhere is refused (ValueError), since the
+        steps that read the automaton would then write other tokens than the step that reads xgrammar."""
         if not isinstance(regex, str) or not regex:
             raise ValueError(f"regex must be a non-empty str, got {regex!r}")
         vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
@@ -120,12 +168,17 @@ class Grammar:
             raise ValueError(f"grammar {name!r}: the automaton of chapter 1 cannot be built: {exc}") from exc
         seconds = {"xgrammar": t1 - t0, "automaton_index": automaton.build_seconds,
                    "automaton_jumps": automaton.precompute_seconds}
-        return cls(name, regex, vocab, compiled, automaton, seconds)
+        grammar = cls(name, regex, vocab, compiled, automaton, seconds)
+        if check:
+            t0 = time.perf_counter()
+            grammar.check_agreement()
+            seconds["agreement"] = time.perf_counter() - t0
+        return grammar
 
     @classmethod
     def from_schema(cls, schema: Any, vocab: pieces.TokenVocabulary | None = None, name: str = "",
-                    whitespace: str = "default") -> "Grammar":
-        return cls.from_regex(schema_regex(schema, whitespace), vocab, name or "schema")
+                    whitespace: str = "default", check: bool = True) -> "Grammar":
+        return cls.from_regex(schema_regex(schema, whitespace), vocab, name or "schema", check)
 
     @classmethod
     def from_suite(cls, name: str, vocab: pieces.TokenVocabulary | None = None,
@@ -138,6 +191,79 @@ class Grammar:
         import xgrammar as xgr
 
         return xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
+
+    def check_agreement(self) -> int:
+        """Check that xgrammar and the automaton allow the same tokens (EOS included) in every state a token
+        sequence can reach; return how many states were compared, or raise ValueError naming the first state
+        where they differ, a text that reaches it and the tokens only one engine allows.
+
+        A depth-first walk of the automaton drives one xgrammar matcher along (``accept_token`` going down,
+        ``rollback`` coming back) and compares its bitmask with the state's allowed bits at each state, once:
+        the tokens allowed after a text depend only on what may follow it, which the state determines. With a
+        vocabulary in which every byte is a token, the walk's edges are the single-byte tokens (the
+        character-level automaton's transitions, at most 256 per state), which reach every state."""
+        import xgrammar as xgr
+
+        auto, vocab = self.automaton, self.vocab
+        matcher = xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
+        bitmask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+        byte_edges = vocab.byte_complete
+        if byte_edges:
+            byte_ids = [vocab.token_id(bytes([b])) for b in range(256)]
+
+        def edges(state: int):
+            if byte_edges:
+                return [byte_ids[b] for b in sorted(auto.fsm.char_out.get(state, {}))]
+            return [int(t) for t in auto.allowed_ids(state) if t != vocab.eos_id]
+
+        def compare(state: int, path: list[int]) -> None:
+            matcher.fill_next_token_bitmask(bitmask)
+            got = bitmask[0].numpy().view(np.uint8)
+            want = self._state_bits(state)
+            if not np.array_equal(got, want):
+                bits = np.unpackbits(got, bitorder="little")[:vocab.vocab_size].astype(bool)
+                mine = np.unpackbits(want, bitorder="little")[:vocab.vocab_size].astype(bool)
+                text = b"".join(vocab.token_bytes[t] for t in path)
+                extra = np.flatnonzero(bits & ~mine)
+                if not (mine & ~bits).any() and not any(utf8_prefix(text + vocab.token_bytes[t]) for t in extra):
+                    # xgrammar works on bytes and lets a character be left invalid (a UTF-16 surrogate after
+                    # 0xED); the automaton allows valid UTF-8 only. The loop refuses such a token when a model
+                    # picks it (an error, not other tokens), so the grammar is kept.
+                    self.utf8_only_states += 1
+                    return
+                only_x = [vocab.show(int(t)) for t in extra[:5]]
+                only_a = [vocab.show(int(t)) for t in np.flatnonzero(mine & ~bits)[:5]]
+                raise ValueError(
+                    f"grammar {self.name!r}: xgrammar and the automaton of chapter 1 allow different tokens after "
+                    f"{text!r} (automaton state {state}): only xgrammar allows {only_x}, only the automaton allows "
+                    f"{only_a}. The steps would write different tokens; the grammar is refused")
+
+        self.utf8_only_states = 0
+        path: list[int] = []
+        compare(auto.initial, path)
+        seen = {auto.initial}
+        stack = [(auto.initial, iter(edges(auto.initial)))]
+        while stack:
+            state, todo = stack[-1]
+            for t in todo:
+                nxt = auto.next(state, t)
+                if nxt is None or nxt in seen:
+                    continue
+                seen.add(nxt)
+                if not matcher.accept_token(t):
+                    text = b"".join(vocab.token_bytes[p] for p in path)
+                    raise ValueError(f"grammar {self.name!r}: after {text!r} the automaton of chapter 1 allows "
+                                     f"{vocab.show(t)!r} and xgrammar refuses it; the grammar is refused")
+                path.append(t)
+                compare(nxt, path)
+                stack.append((nxt, iter(edges(nxt))))
+                break
+            else:
+                stack.pop()
+                if path:
+                    matcher.rollback(1)
+                    path.pop()
+        return len(seen)
 
     # -- chapter 2's allowed sets, per automaton state --------------------------------------------------
     def allowed(self, states: Sequence[int], device) -> Any:

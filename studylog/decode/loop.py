@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from studylog.decode import kernels, pieces
-from studylog.decode.grammar import Grammar, Writer
+from studylog.decode.grammar import Grammar, Writer, continues_utf8
 from studylog.decode.model import LlamaModel, dense_logits
 
 JUMPS = ("none", "token", "char")
@@ -108,6 +108,11 @@ class Generation:
     ms: dict[str, float]
     first_step_ms: float
     instrumented: bool
+    #: With ``record=True``: per sequence, output position -> (the hidden state the token was sampled from, as
+    #: float64 on the CPU; the token, EOS included; the steered token or -1). What :mod:`.agreement` reads.
+    records: list[dict[int, tuple[Tensor, int, int]]] | None = None
+    temperature: float = 0.0
+    seed: int = 0
 
     @property
     def tokens(self) -> int:
@@ -224,6 +229,10 @@ class Decoder:
         self.head_impl = head_impl or ("kernel" if cuda else "torch")
         if self.head_impl not in ("kernel", "torch"):
             raise ValueError(f"head_impl must be 'kernel' or 'torch', got {self.head_impl!r}")
+        if self.head_impl == "kernel" and self.model.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"head_impl='kernel' runs chapter 2's kernels, which read bf16 or fp16 weights; the "
+                             f"model is {self.model.dtype}: convert it (model.to(torch.bfloat16)) or use "
+                             "head_impl='torch'")
         self.batch, self.max_seq, self.V = batch, max_seq, V
         C = self.max_chunk = self.chunk_sizes[-1]
         self.cache = self.model.new_cache(batch, max_seq + C)
@@ -336,7 +345,7 @@ class Decoder:
     # -- a request ------------------------------------------------------------------------------------------
     def generate(self, grammar: Grammar, prompts: Sequence[Sequence[int] | str], config: DecodeConfig | str,
                  *, max_new_tokens: int = 64, targets: Sequence[str | None] | None = None,
-                 temperature: float = 0.0, seed: int = 0, instrument: bool = True) -> Generation:
+                 temperature: float = 0.0, seed: int = 0, instrument: bool = True, record: bool = False) -> Generation:
         """Decode one request: ``prompts`` (one per sequence of the batch: token ids or text), constrained by
         ``grammar``, run as ``config``. ``targets`` (one text or None per sequence) steer the model to write
         those outputs (see :class:`~studylog.decode.grammar.Writer`). ``temperature`` 0 is greedy; above 0,
@@ -351,7 +360,9 @@ class Decoder:
         the host's mask computation itself and ``head_host`` the host's time in the head's call (the
         masked head's path choice and launch); on a GPU both overlap the body while it runs.
 
-        With the masked head, :meth:`prepare` runs first (once per grammar), outside the steps' time."""
+        With the masked head, :meth:`prepare` runs first (once per grammar), outside the steps' time.
+        ``record`` keeps the hidden state of every sampled position (a copy to the host each step: for checks,
+        not timings), which :func:`~studylog.decode.agreement.compare` needs to explain a divergence."""
         cfg = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
         if not isinstance(cfg, DecodeConfig):
             raise ValueError(f"config must be a DecodeConfig or one of {sorted(CONFIGS)}, got {config!r}")
@@ -359,10 +370,13 @@ class Decoder:
             raise TypeError(f"grammar must be a studylog.decode.Grammar, got {type(grammar).__name__}")
         if grammar.vocab is not self.vocab:
             raise ValueError(f"the grammar was compiled for vocabulary {grammar.vocab.name!r}, not the decoder's")
-        prompts = [self.vocab.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        if isinstance(prompts, (str, Tensor)) or not isinstance(prompts, Sequence):
+            raise TypeError(f"prompts must be a list with one prompt (text or token ids) per sequence, got "
+                            f"{type(prompts).__name__}")
+        prompts = [self._prompt_ids(b, p) for b, p in enumerate(prompts)]
         if len(prompts) != self.batch:
             raise ValueError(f"prompts holds {len(prompts)} sequences; this decoder has batch {self.batch}")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
         for b, p in enumerate(prompts):
             if not p:
@@ -384,11 +398,39 @@ class Decoder:
         rows = [_Row(p, grammar, cfg, t) for p, t in zip(prompts, targets)]
         for r in rows:
             self._settle(r, grammar, cfg, max_new_tokens)
-        return self._run(rows, grammar, cfg, max_new_tokens, temperature, seed, instrument)
+        out = self._run(rows, grammar, cfg, max_new_tokens, temperature, seed, instrument, record)
+        out.temperature, out.seed = float(temperature), seed
+        return out
+
+    def _prompt_ids(self, b: int, prompt: Any) -> list[int]:
+        """Prompt ``b`` as a list of ints: text is encoded; token ids must be integers (a float id is refused,
+        never truncated), in a list, a numpy array or a tensor with data (not on the meta device)."""
+        if isinstance(prompt, str):
+            return self.vocab.encode(prompt)
+        if isinstance(prompt, Tensor):
+            if prompt.is_meta:
+                raise ValueError(f"prompt {b} is a tensor on the meta device, which holds no token ids")
+            if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+                raise TypeError(f"prompt {b} must hold integer token ids, got a {prompt.dtype} tensor")
+            if prompt.ndim != 1:
+                raise ValueError(f"prompt {b} must be a 1-D tensor of token ids, got shape {tuple(prompt.shape)}")
+            return prompt.tolist()
+        if isinstance(prompt, np.ndarray):
+            if prompt.dtype.kind not in "iu" or prompt.ndim != 1:
+                raise TypeError(f"prompt {b} must be a 1-D integer array of token ids, got {prompt.dtype} "
+                                f"of shape {prompt.shape}")
+            return prompt.tolist()
+        if not isinstance(prompt, Sequence):
+            raise TypeError(f"prompt {b} must be text or a sequence of token ids, got {type(prompt).__name__}")
+        for i, t in enumerate(prompt):
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise TypeError(f"prompt {b} holds {t!r} ({type(t).__name__}) at position {i}; token ids are ints")
+        return [int(t) for t in prompt]
 
     def _run(self, rows: list[_Row], grammar: Grammar, cfg: DecodeConfig, max_new: int, temperature: float,
-             seed: int, instrument: bool) -> Generation:
+             seed: int, instrument: bool, record: bool = False) -> Generation:
         marks = _Marks(self.device, instrument)
+        records: list[dict] | None = [{} for _ in rows] if record else None
         V, eos = self.V, self.vocab.eos_id
         mask_host_ms, head_host_ms, wall_steps, chunk_lengths = [], [], [], []
         forwards = 0
@@ -439,6 +481,10 @@ class Decoder:
                 torch.cuda.current_stream().synchronize()  # the one wait per step: the grammar needs the token
             tokens = self._tok_host.tolist()
             forwards += 1
+            if records is not None:
+                kept = hidden.detach().double().cpu()
+                for b in active:
+                    records[b][extra[b][1]] = (kept[b], tokens[b], extra[b][0])
             for b in active:
                 r = rows[b]
                 r.kv_len += len(chunks[b])
@@ -448,7 +494,7 @@ class Decoder:
         ms = self._account(marks.ms(), wall_steps, mask_host_ms, head_host_ms, instrument)
         return Generation(cfg.name, [r.ids for r in rows], [bytes(r.text) for r in rows], [r.finished for r in rows],
                           forwards, [r.passes for r in rows], [r.jumped for r in rows], [r.retokenized for r in rows],
-                          chunk_lengths, ms, wall_steps[0] if wall_steps else 0.0, instrument)
+                          chunk_lengths, ms, wall_steps[0] if wall_steps else 0.0, instrument, records)
 
     @staticmethod
     def _account(marks: list[float], wall: list[float], mask_host: list[float], head_host: list[float],
@@ -563,6 +609,12 @@ class Decoder:
     def _emit(self, r: _Row, tok: int, grammar: Grammar) -> None:
         r.ids.append(tok)
         r.text += self.vocab.token_bytes[tok]
+        if not continues_utf8(r.text, len(self.vocab.token_bytes[tok])):
+            # only xgrammar's byte-level mask allows such a token (Grammar.check_agreement): refuse it rather
+            # than let the configurations write different outputs
+            raise ValueError(f"the model picked token {tok} ({self.vocab.show(tok)!r}), which leaves the output of "
+                             f"grammar {grammar.name!r} invalid UTF-8: xgrammar's mask allows it, chapter 1's "
+                             "automaton does not, so the configurations would write different tokens")
         if r.matcher is not None and not r.matcher.accept_token(tok):
             raise RuntimeError(f"xgrammar refused token {tok} ({self.vocab.show(tok)!r}) of grammar {grammar.name!r}")
         if r.states is not None:
@@ -592,7 +644,9 @@ def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
     for mul in (0x7FEB352D, 0x046C2A3F):  # xor-shift-multiply rounds; multipliers below 2**31 keep int64 exact
         x = ((x ^ (x >> 16)) * mul) & M
     x = x ^ (x >> 15)
-    u = ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+    # 23 bits, so that the largest value plus a half is exact in fp32 and u < 1 (24 bits rounded it to 1.0,
+    # whose noise is +inf, and -inf + inf is NaN: a disallowed token could then be sampled)
+    u = ((x >> 9).to(torch.float32) + 0.5) / float(1 << 23)
     return -torch.log(-torch.log(u))
 
 

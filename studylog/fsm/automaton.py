@@ -120,11 +120,23 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
     return ascii_digit_classes(regex) if ascii_digits else regex
 
 
+def end_anchored(regex: str) -> str:
+    """``regex`` as outlines-core must see it to index the whole language: ``(?:regex)$``.
+
+    outlines-core builds its DFA with the leftmost-first semantics of Rust's ``regex-automata``: once a
+    higher-priority branch has matched, the lower-priority threads still running are dropped. For
+    ``(a|ab)`` the DFA stops after ``a`` and never allows the ``b`` of the second branch, although ``ab``
+    is in the language (a schema's integer range written shortest branch first loses its longer numbers
+    the same way). Anchoring the end makes no state a match before the end of the text, so no thread is
+    dropped; the language is the same, and so are the final states."""
+    return f"(?:{regex})$"
+
+
 def _build_index(regex: str, vocabulary, vocab_name: str):
     from outlines_core import Index
 
     try:
-        return Index(regex, vocabulary)
+        return Index(end_anchored(regex), vocabulary)
     except ValueError as exc:
         msg = str(exc)
         short = regex if len(regex) <= 80 else regex[:77] + "..."

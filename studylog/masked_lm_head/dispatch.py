@@ -36,8 +36,10 @@ class DispatchRule:
 
     ``compact_max_fraction``: batch size -> the largest fraction of the vocabulary (rows of the union of the
     batch's allowed sets) for which a compacted kernel is used (step 5 or 6 at batch 1, step 7 above);
-    ``dense_path``: batch size -> the dense path used above it; a batch uses the entries of the largest key not
-    above it. ``few_max``: batch-1 sets of at most this many ids take step 6 (at most :data:`FEW_IDS_MAX`).
+    ``dense_path``: batch size -> the dense path used above it. Batch 1 uses key 1's entries; a batch above 1
+    uses those of the largest key above 1 not above it, or, when every key above 1 is larger, the smallest of
+    them: batch 1's numbers were measured on other kernels (steps 5 and 6) than a batch's (step 7), so a batch
+    never takes them. With keys {1, 4}, batch 2 takes key 4's entries. ``few_max``: batch-1 sets of at most this many ids take step 6 (at most :data:`FEW_IDS_MAX`).
     ``source`` says where the numbers come from.
     """
 
@@ -58,8 +60,7 @@ class DispatchRule:
 
     def limits(self, batch: int, vocab: int) -> tuple[int, str]:
         """(the largest union count that takes a compacted kernel, the dense path) at this batch size and
-        vocabulary: the entries of the largest batch size of the rule not above ``batch`` (the smallest
-        one below all of them), worked out once per (batch, vocab)."""
+        vocabulary, from the entries the class docstring names for ``batch``, worked out once per (batch, vocab)."""
         got = self._limits.get((batch, vocab))
         if got is None:
             got = (int(_for_batch(self.compact_max_fraction, batch) * vocab), _for_batch(self.dense_path, batch))

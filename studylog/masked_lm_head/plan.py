@@ -278,6 +278,7 @@ class MaskedHeadPlan:
         self._launches: dict[tuple[str, int], list[tuple]] = {}
         self._mask: Tensor | None = None  # one byte per token, made for the row-skip path when it is first needed
         self._buckets: dict[int, tuple[str, int]] = {}
+        self._set_count: int | None = None  # the union count of the last set_allowed, which step checks
 
     # -- which work a count needs ----------------------------------------------------------
     def bucket(self, count: int) -> tuple[str, int]:
@@ -314,6 +315,7 @@ class MaskedHeadPlan:
     def launch(self, count: int) -> Float[Tensor, "b v"]:
         """Enqueue one step for a union of at most ``count`` tokens, without a graph: what a graph of
         its bucket holds (nothing synchronises, nothing is allocated). Returns :attr:`out`."""
+        self._check_count(count)
         self._enqueue(self.bucket(count))
         return self.out
 
@@ -405,9 +407,26 @@ class MaskedHeadPlan:
             self._graphs[bucket] = graph
         return graph
 
+    def _check_count(self, count: int) -> None:
+        """``count`` must bound the union: the compacted paths compute the logits of at most their bucket's
+        capacity of ids, and an allowed id past it would be left unwritten (no error, whatever the memory
+        held). The device's count is not read (that would wait for the GPU), so the check is against the
+        count :meth:`set_allowed` returned, when the bitmask was last written by it."""
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            raise TypeError(f"count must be an int (the union's token count), got {type(count).__name__}")
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        if self._set_count is not None and count < self._set_count:
+            raise ValueError(f"count {count} is below the {self._set_count} tokens of the union that set_allowed "
+                             "wrote: the logits of the others would be left unwritten. Pass the count set_allowed "
+                             "returned, or a bound above it")
+
     def step(self, count: int) -> Float[Tensor, "b v"]:
         """One decode step for a union of at most ``count`` tokens: replay the graph of its bucket (captured
-        the first time that bucket is needed); in Triton's interpreter, :meth:`launch`. Returns :attr:`out`."""
+        the first time that bucket is needed); in Triton's interpreter, :meth:`launch`. Returns :attr:`out`.
+        A ``count`` below the union's is refused when :meth:`set_allowed` wrote the bitmask; a caller that
+        copies the bitmask itself must pass a bound of its union."""
+        self._check_count(count)
         if not self.weight.is_cuda:
             return self.launch(count)
         self._graph(self.bucket(count)).replay()
@@ -423,5 +442,6 @@ class MaskedHeadPlan:
         if allowed.batch != self.batch:
             raise ValueError(f"{allowed.batch} sets given for a plan of batch {self.batch}")
         self.bitmask.copy_(pack_bitmask(allowed.mask), non_blocking=non_blocking)
+        self._set_count = allowed.union_count
         return allowed.union_count
 

@@ -1,0 +1,101 @@
+"""When two configurations may write different tokens, and a check that they only do so there.
+
+The configurations compute the same logits in different ways: a dense head (cuBLAS, or torch on a CPU) or
+chapter 2's masked head, a body fed one token a step or a chunk of forced tokens at once. Each sums in fp32
+in its own order, so two logits closer together than that rounding can come out in either order, and a
+greedy step can then pick the other token. The guarantee is therefore:
+
+    **same tokens wherever the two tokens in question are further apart than the error bound of the two
+    computations**; every divergence is counted, and each must sit at a gap inside that bound.
+
+The bound (as chapter 2 bounds its logits, after Higham, *Accuracy and Stability of Numerical Algorithms*,
+2nd ed., §4.2): a logit ``h . w`` summed in fp32 in any order, products included, is within
+``gamma_k sum_i |h_i w_i|`` of its exact value, with ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` and
+``k = 2 D + 1`` (each product goes through at most ``D - 1`` additions, is rounded once when the inputs are
+fp32, and a tensor core's truncating alignment can double an addition's error). Between two
+configurations the hidden states themselves may differ (a chunked forward sums in another order), by
+``dh``; the logit of ``t`` then moves by at most ``sum_i |dh_i| |w_ti|``. Configuration A picked ``a`` and B
+picked ``b``; with ``gap`` the exact difference of their logits from A's hidden state, B can only have
+picked ``b`` if ``gap <= e_A(a) + e_A(b) + e_B(a) + e_B(b) + |dh| . (|w_a| + |w_b|)``. Steering and
+seeded noise add the same numbers in both configurations and enter the gap, not the bound; a temperature
+divides both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from studylog.decode.loop import STEER, Generation, gumbel_noise
+
+#: fp32's unit roundoff.
+U = 2.0 ** -24
+
+
+def gamma(hidden: int) -> float:
+    """``gamma_k`` for ``k = 2 D + 1`` (module docstring): fp32 sums of ``D`` products, in any order."""
+    ku = (2 * hidden + 1) * U
+    return ku / (1 - ku)
+
+
+def logit_bound(h: Tensor, rows: Tensor) -> Tensor:
+    """The rounding bound of each logit ``h . rows[j]`` computed in fp32 (float64 inputs of the exact values)."""
+    return gamma(h.shape[-1]) * (h.abs() @ rows.abs().t())
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(reference: Generation, other: Generation, weight: Tensor) -> dict[str, Any]:
+    """Compare two generations of the same request (both run with ``record=True``) with the rule of the module
+    docstring. ``weight``: the LM head ``[V, D]``. Returns ``sequences``, ``identical`` (how many wrote the same
+    tokens), ``divergences`` (for each sequence that did not: the first position where they differ, both
+    tokens, the gap and the bound, and ``inside``) and ``all_inside`` (every divergence sits inside its bound)."""
+    for name, g in (("reference", reference), ("other", other)):
+        if not isinstance(g, Generation):
+            raise TypeError(f"{name} must be a Generation, got {type(g).__name__}")
+    if len(reference.ids) != len(other.ids):
+        raise ValueError(f"the generations have {len(reference.ids)} and {len(other.ids)} sequences")
+    if (reference.temperature, reference.seed) != (other.temperature, other.seed):
+        raise ValueError("the generations were sampled with different temperatures or seeds")
+    divergences = []
+    for b, (ids_a, ids_b) in enumerate(zip(reference.ids, other.ids)):
+        p = _first_difference(ids_a, ids_b)
+        if p is None:
+            continue
+        if reference.records is None or other.records is None:
+            raise ValueError("the generations differ; run both with record=True to check the divergence")
+        ra, rb = reference.records[b].get(p), other.records[b].get(p)
+        if ra is None or rb is None:  # a token one of them did not sample (a jump): not a rounding question
+            divergences.append({"sequence": b, "position": p, "tokens": None, "gap": None, "bound": None,
+                                "inside": False, "why": "a configuration did not sample this position"})
+            continue
+        (ha, ta, sa), (hb, tb, sb) = ra, rb
+        if ta == tb:
+            raise ValueError(f"sequence {b}: the records say both picked {ta} at position {p}")
+        pair = torch.tensor([ta, tb])
+        w = weight.index_select(0, pair.to(weight.device)).double().cpu()
+        exact = ha @ w.t()
+        exact = exact + STEER * (pair == sa).double()
+        t = reference.temperature
+        bound = (logit_bound(ha, w).sum() + logit_bound(hb, w).sum() + (hb - ha).abs() @ w.abs().sum(0))
+        if sa in (ta, tb):  # the steering bias is added in fp32: one more rounding, at the bias's size
+            bound = bound + 2 * U * (STEER + exact.abs().max())
+        if t > 0:
+            pos = torch.full((b + 1,), p, dtype=torch.int64)
+            exact = exact / t + gumbel_noise(reference.seed, pos, pair)[b].double()
+            bound = bound / t
+        gap, bound = float(exact[0] - exact[1]), float(bound)
+        divergences.append({"sequence": b, "position": p, "tokens": (ta, tb), "gap": gap, "bound": bound,
+                            "inside": gap <= bound})
+    return {"sequences": len(reference.ids), "identical": len(reference.ids) - len(divergences),
+            "divergences": divergences, "all_inside": all(d["inside"] for d in divergences)}
+
+
+__all__ = ["U", "compare", "gamma", "logit_bound"]
