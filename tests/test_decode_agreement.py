@@ -255,3 +255,40 @@ def test_gumbel_noise_is_finite_for_every_hash():
     noise = gumbel_noise(2, torch.arange(64), torch.arange(100_277))
     assert torch.isfinite(noise).all()
     assert float(noise.max()) > 14  # the top of the range is reached: -log(-log(1 - 2**-24)) is about 16.6
+
+
+# --- on the GPU: the 1b cost model in bf16, chapter 2's kernels, cuBLAS ------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_on_the_gpu_every_divergence_sits_inside_the_bound(temperature, tmp_path):
+    """Unsteered (the random model's own near-ties) and steered, on suite schemas and the ambiguous regexes over
+    cl100k: steered outputs are identical; every unsteered divergence from step 1 is inside the bound. The
+    divergences found are written to ``$STUDYLOG_REPORT_DIR`` (when set) for the record."""
+    import json
+    import os
+
+    model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
+    decoder = Decoder(model, batch=1, max_seq=256)
+    vocab = decoder.vocab
+    grammars = [Grammar.from_suite(n, whitespace="compact") for n in ("weather_call", "product", "calendar_event",
+                                                                      "classifier", "sql_query")]
+    grammars += [Grammar.from_regex(r, vocab) for r in (RANGE, r"(a|ab|abc)d?", r"([1-9]|1[0-9])( items)?")]
+    found, checked = [], 0
+    for grammar in grammars:
+        for p in ("Write it.", "Answer now, please.", "Reply."):
+            kw = dict(max_new_tokens=48, temperature=temperature, seed=1, record=True)
+            outs = {c: decoder.generate(grammar, [p], c, **kw) for c in STEPS}
+            for c in STEPS[1:]:
+                report = agreement.compare(outs["baseline"], outs[c], model.lm_head)
+                checked += 1
+                found += [dict(d, grammar=grammar.name, prompt=p, config=c) for d in report["divergences"]]
+                assert report["all_inside"], (grammar.name, c, report)
+    if os.environ.get("STUDYLOG_REPORT_DIR"):
+        path = os.path.join(os.environ["STUDYLOG_REPORT_DIR"], f"decode_agreement_t{temperature}.json")
+        with open(path, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "comparisons": checked, "divergences": found}, f, indent=1)
+    print(f"{checked} comparisons, {len(found)} divergences, all inside the bound: {found}")
+    sample = suite_sample("weather_call", seed=0, whitespace="compact")
+    steered = {c: decoder.generate(grammars[0], ["Write it."], c, max_new_tokens=96, targets=[sample]) for c in STEPS}
+    assert all(o.ids == steered["baseline"].ids and o.text == [sample.encode()] for o in steered.values())
