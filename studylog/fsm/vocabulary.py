@@ -122,15 +122,20 @@ class TokenVocabulary:
 
 @functools.lru_cache(maxsize=4)
 def load_vocabulary(name: str = "cl100k_base") -> TokenVocabulary:
-    """A real BPE vocabulary that ships inside ``bpe-openai`` (``cl100k_base`` or ``o200k_base``), offline.
+    """A real BPE vocabulary that ships inside ``bpe-openai`` (``cl100k_base`` or ``o200k_base``), offline, or
+    ``smollm2``: SmolLM2-135M-Instruct's (:func:`studylog.smollm2.vocabulary`, its EOS ``<|im_end|>``).
 
-    Its EOS is ``<|endoftext|>``; the other special tokens and unused ids carry no text."""
+    A bpe-openai vocabulary's EOS is ``<|endoftext|>``; the other special tokens and unused ids carry no text."""
+    if name == "smollm2":
+        from studylog.smollm2 import vocabulary
+        return vocabulary()
     import bpe_openai
 
     try:
         enc = bpe_openai.get_encoding(name)
     except Exception as exc:  # the package raises its own error types for unknown names
-        raise ValueError(f"unknown encoding {name!r}; bpe-openai offers {bpe_openai.list_encoding_names()}") from exc
+        raise ValueError(f"unknown encoding {name!r}; bpe-openai offers {bpe_openai.list_encoding_names()}, "
+                         "and studylog 'smollm2'") from exc
     try:
         eos = enc.eot_token
     except KeyError:
