@@ -1,52 +1,192 @@
-"""Command line: ``python -m studylog info``, ``python -m studylog bench <chapter|all>``,
-``python -m studylog bench verify <results-dir>`` and ``python -m studylog plot <chapter|all>``."""
+"""The study log's command line.
+
+  python -m studylog info                      what runs here: versions, the GPU, the kernels' mode and why
+  python -m studylog bench CHAPTER... | all    run chapters' GPU benchmarks and write their JSON results
+  python -m studylog bench verify DIR          compare a fresh run's results with the committed ones
+  python -m studylog plot CHAPTER... | all     redraw figures and the README's results from the committed JSON
+
+Errors print one line, "error: ...", and exit with status 2 for a bad command line, 1 for a failure,
+3 when bench verify finds a headline that no longer holds.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import platform
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
+#: The chapters' own command lines (``studylog/<chapter>/__main__.py``): module -> (arguments, what it does).
+CHAPTER_TOOLS = {
+    "studylog.fsm": ("export-masks | report | figure | realworld",
+                     "chapter 1: the mask file, the suite's savings, SchemaStore's schemas"),
+    "studylog.ngram": ("corpus [--out PATH] [--check]", "chapter 3: rebuild or check the real-text corpus"),
+}
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studylog", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="say how kernels run on this machine")
-    bench = sub.add_parser("bench", help="run a chapter's GPU benchmark and write its JSON results")
+#: The packages ``info`` reports: distribution name -> what it is for.
+PACKAGES = {
+    "torch": "tensors, the CPU reference paths",
+    "triton": "the Triton kernels",
+    "cuda-bindings": "NVRTC and the driver API: CUDA C++ kernels",
+    "nvidia-cuda-nvrtc": "the NVRTC library",
+    "outlines-core": "chapter 1's automata",
+    "xgrammar": "peer: constrained decoding",
+    "llguidance": "peer: constrained decoding",
+    "transformers": "peer: reference models",
+    "gemlite": "peer: low-bit matmul",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``error: ...``, with exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+class UsageError(Exception):
+    """A command line that names something that does not exist or does not fit (exit status 2)."""
+
+
+def _epilog() -> str:
     from studylog.chapter import CHAPTERS
 
-    bench.add_argument("chapters", nargs="+", help=f"chapter names ({', '.join(CHAPTERS)}) or 'all'; "
-                       "or 'verify DIR' to compare a fresh run's results "
-                       "(DIR/<gpu>/<chapter>.json) with the committed ones")
+    width = max(len(f"python -m {m} {a}") for m, (a, _) in CHAPTER_TOOLS.items())
+    tools = "\n".join(f"  {f'python -m {m} {a}':<{width}}  {what}" for m, (a, what) in CHAPTER_TOOLS.items())
+    return (f"chapters, in the course's order:\n  {', '.join(CHAPTERS)}\n\n"
+            f"each chapter's own tools:\n{tools}")
+
+
+def _parser() -> _Parser:
+    from studylog import __version__
+    from studylog.chapter import CHAPTERS
+
+    parser = _Parser(prog="python -m studylog", description=__doc__, epilog=_epilog(),
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"studylog {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,bench,plot}")
+    sub.add_parser("info", help="versions, the GPU, and how kernels run here (and why)",
+                   description="Versions of Python and of the packages the kernels use, the GPU and its compute "
+                               "capability, and how kernels run on this machine, and why.")
+    names = ", ".join(CHAPTERS)
+    bench = sub.add_parser("bench", help="run chapters' GPU benchmarks and write their JSON results",
+                           description="Run chapters' GPU benchmarks (needs a CUDA GPU), or compare a fresh run's "
+                                       "results with the committed ones (verify).")
+    bench.add_argument("chapters", nargs="+", metavar="CHAPTER",
+                       help=f"chapter names ({names}) or 'all'; or 'verify DIR' to compare a fresh run's results "
+                            "(DIR/<gpu>/<chapter>.json) with the committed ones")
     bench.add_argument("--report", type=Path, default=None,
                        help="with verify: also write the report to REPORT.md and REPORT.json")
     bench.add_argument("--tolerance", type=float, default=0.15, help="with verify: how far a number may move")
     bench.add_argument("--out", type=Path, default=None,
-                       help="results folder (default: assets/bench); files go to OUT/<gpu-name>/<chapter>.json")
+                       help="results folder (default: assets/bench of the checkout); files go to "
+                            "OUT/<gpu-name>/<chapter>.json")
     bench.add_argument("--quick", action="store_true", help="a reduced sweep, for trying the harness out")
-    plot = sub.add_parser("plot", help="redraw a chapter's figures from its committed results into assets/figures")
-    plot.add_argument("chapters", nargs="+", help="chapter names or 'all'")
-    args = parser.parse_args(argv)
+    plot = sub.add_parser("plot", help="redraw chapters' figures from the committed results into assets/figures",
+                          description="Redraw chapters' figures (assets/figures) and the README's results "
+                                      "from the committed benchmark results (needs a repository checkout).")
+    plot.add_argument("chapters", nargs="+", metavar="CHAPTER", help=f"chapter names ({names}) or 'all'")
+    return parser
 
-    from studylog import runtime
 
-    if args.command == "info":
-        print(runtime.describe())
-        return 0
+def _check_chapters(names: list[str], need: str) -> list[str]:
+    """The chapter names of a command line, checked: each a chapter that declares ``need``, or 'all' alone."""
+    from studylog import chapter as registry
 
-    if args.command == "plot":
-        from studylog import plotting
+    if "all" in names:
+        if len(names) > 1:
+            raise UsageError("'all' takes no other chapter names")
+        return names
+    for name in names:
+        if name not in registry.CHAPTERS:
+            raise UsageError(f"unknown chapter {name!r}; choose from {', '.join(registry.CHAPTERS)} or 'all'")
+    try:
+        registry.select(names, need=need)
+    except ValueError as exc:  # a chapter without a benchmark (or figures)
+        raise UsageError(str(exc)) from None
+    return names
 
-        for path in plotting.save_chapter_figures(args.chapters):
-            print(path)
-        return 0
 
+# --------------------------------------------------------------------------------------------------
+# info: what runs here
+# --------------------------------------------------------------------------------------------------
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _nvrtc_version() -> str:
+    """The NVRTC library's own version, or why it cannot be read."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return f"unusable ({err!r})"
+        return f"{major}.{minor}"
+    except ImportError:
+        return "not installed (pip install cuda-bindings nvidia-cuda-nvrtc)"
+    except Exception as exc:  # the library is looked for when first used
+        return f"not found ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+
+
+def info_lines() -> list[str]:
+    """What ``python -m studylog info`` prints."""
+    import torch
+
+    from studylog import __version__, paths, runtime
+
+    where = f"a checkout ({paths.REPO_ROOT})" if paths.CHECKOUT else f"an installed package ({paths.PACKAGE})"
+    lines = [f"studylog {__version__}, from {where}", f"python {platform.python_version()} ({sys.executable})"]
+    width = max(map(len, PACKAGES))
+    for dist, what in PACKAGES.items():
+        version = _version(dist)
+        if dist == "torch":
+            build = "CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+            version = f"{torch.__version__} ({build})"
+        lines.append(f"  {dist:<{width}}  {version:<24} {what}")
+    lines.append(f"  {'NVRTC library':<{width}}  {_nvrtc_version():<24} compiles the CUDA C++ sources")
+    import os
+
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    lines.append(f"  {'C compiler':<{width}}  {cc or 'none (n-gram step 1 needs cc, gcc or clang)'}")
+    if runtime.has_gpu():
+        gpus = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            gpus.append(f"GPU {i}: {p.name}, compute capability {p.major}.{p.minor}, {p.multi_processor_count} SMs")
+        lines += gpus
+        major, _ = torch.cuda.get_device_capability(0)
+        if major < 8:
+            lines.append("  below compute capability 8.0: bf16 kernels and several CUDA C++ steps do not run here")
+        elif major < 9:
+            lines.append(f"  below compute capability 9.0: {runtime.SM90_ONLY} refuse to run here; every other "
+                         "kernel runs (the committed results are H100/H200)")
+    else:
+        lines.append("GPU: no GPU")
+    lines += [f"mode: {runtime.describe()}", f"  because {runtime.reason()}"]
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# the commands
+# --------------------------------------------------------------------------------------------------
+
+def _bench(args, argv: list[str] | None) -> int:
     from studylog import bench as harness
+    from studylog import paths
 
     if args.chapters[0] == "verify":
         if len(args.chapters) != 2:
-            parser.error("bench verify takes one results folder: python -m studylog bench verify DIR")
+            raise UsageError("bench verify takes one results folder: python -m studylog bench verify DIR")
+        if not Path(args.chapters[1]).is_dir():
+            raise UsageError(f"bench verify: {args.chapters[1]} is not a folder")
         import json
 
         try:
@@ -64,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         empty = [f for f in report["files"] if f.get("rows_compared") == 0]
         return 3 if broken or empty else 0
 
+    _check_chapters(args.chapters, "bench")
+    if args.out is None and not paths.CHECKOUT:
+        raise UsageError("studylog is installed from a wheel here, with no assets/bench to write to: "
+                         "pass --out DIR")
     command = "python -m studylog " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     try:
         harness.run_chapters(args.chapters, out_dir=args.out or harness.DEFAULT_OUT, command=command,
@@ -71,10 +215,40 @@ def main(argv: list[str] | None = None) -> int:
     except harness.NoGPUError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (ValueError, RuntimeError) as exc:
+    return 0
+
+
+def _plot(args) -> int:
+    from studylog import paths, plotting
+
+    _check_chapters(args.chapters, "figures")
+    paths.require_checkout("python -m studylog plot")
+    for path in plotting.save_chapter_figures(args.chapters):
+        print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "info":
+            print("\n".join(info_lines()))
+            return 0
+        if args.command == "plot":
+            return _plot(args)
+        return _bench(args, argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader left (`... | head`): stop quietly, as other tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

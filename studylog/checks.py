@@ -9,6 +9,7 @@ says otherwise.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -65,6 +66,41 @@ def check_tensor(
     if last_dim_contiguous and t.ndim and t.stride(-1) != 1 and t.shape[-1] > 1:
         raise ValueError(f"{name} must be contiguous along its last dimension")
     return t
+
+
+def describe(t: Any) -> str:
+    """What was passed, for an error message: ``a float16 tensor of shape (1, 10) on cpu`` (with
+    ``, not contiguous`` where it is not), or the type of anything that is not a tensor."""
+    if not isinstance(t, Tensor):
+        return f"a {type(t).__name__}"
+    text = f"a {_dtype_name(t.dtype)} tensor of shape {tuple(t.shape)} on {t.device}"
+    return text if t.is_contiguous() else f"{text}, not contiguous (strides {t.stride()})"
+
+
+def check_out(name: str, out: Any, *, shape: Sequence[int], dtype: torch.dtype, device: str | torch.device,
+              contiguous: bool = True, any_shape: bool = False) -> Tensor:
+    """Check a caller's output buffer and return it: a ``dtype`` tensor of ``shape`` on ``device``, contiguous
+    (or, with ``contiguous=False``, with a unit stride on its last dimension); with ``any_shape``, any shape of
+    as many elements. The error says what is expected and what was passed: a ``TypeError`` for something that
+    is not a tensor or has another dtype, a ``ValueError`` for a wrong shape, device or layout."""
+    if isinstance(out, Tensor) and out.dtype == dtype:
+        if any_shape:
+            fits = out.numel() == math.prod(shape)
+        else:
+            fits = out.shape == tuple(shape)
+        want = torch.device(device) if not isinstance(device, torch.device) else device
+        laid_out = out.is_contiguous() if contiguous else (out.ndim == 0 or out.stride(-1) == 1 or out.shape[-1] <= 1)
+        if fits and laid_out and out.device.type == want.type and (want.index is None or out.device == want):
+            return out
+    shape = tuple(int(s) for s in shape)
+    if any_shape:
+        sizes = " x ".join(map(str, shape))
+        what = f"a {_dtype_name(dtype)} tensor of {sizes} = {math.prod(shape)} elements (any shape)"
+    else:
+        what = f"a {_dtype_name(dtype)} tensor of shape {shape}"
+    layout = "contiguous" if contiguous else "with a unit stride on its last dimension"
+    message = f"{name} must be {what}, {layout}, on {torch.device(device)}; got {describe(out)}"
+    raise (ValueError if isinstance(out, Tensor) and out.dtype == dtype else TypeError)(message)
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:

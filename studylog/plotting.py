@@ -198,7 +198,9 @@ def plot_speedup(results: Results, x: str, baseline: str, series: Iterable[str],
 
 
 def save_figure(fig, name: str) -> Path:
-    """Save a figure under ``assets/figures/<name>.png`` (the book and the README link these)."""
+    """Save a figure under ``assets/figures/<name>.png`` (the book and the README link these); needs a
+    repository checkout (:data:`studylog.paths.CHECKOUT`)."""
+    paths.require_checkout(f"saving the figure {name!r}")
     FIGURES.mkdir(parents=True, exist_ok=True)
     path = FIGURES / f"{name}.png"
     fig.savefig(path, dpi=130, bbox_inches="tight")

@@ -71,6 +71,26 @@ def describe() -> str:
     )
 
 
+def reason() -> str:
+    """Why kernels run in the mode they do: what torch sees, and the environment variables that matter."""
+    if MODE == "gpu":
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees {torch.cuda.device_count()} GPU(s)"
+    if _HAS_GPU:
+        return "torch sees a GPU, but TRITON_INTERPRET=1 was set before studylog was imported"
+    if torch.version.cuda is None:
+        return (f"torch {torch.__version__} is a CPU-only build (tools/install_torch.py takes it when nvidia-smi "
+                "finds no GPU)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hidden = f"; CUDA_VISIBLE_DEVICES={visible!r} hides devices" if visible is not None else ""
+    return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but sees no GPU "
+            f"(no device, or no working driver{hidden})")
+
+
+#: Where each kind of kernel needs more than the GPUs in general (the code targets sm_90, H100 and H200).
+SM90_ONLY = ("ternary steps 11 to 13 (CUDA C++: cp.async.bulk copies, and programmatic dependent launch in "
+             "12 and 13)")
+
+
 def require_gpu(what: str) -> None:
     """Raise a clear error when ``what`` needs a GPU and none is visible."""
     if not _HAS_GPU:

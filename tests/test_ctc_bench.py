@@ -362,3 +362,20 @@ def test_torch_calls_agree_with_the_reference_on_gpu(rng):
                peers.functional(x, lists, "native", reduction="none")):
         err = ctc.errors(*fn(), *ref)
         assert err["mismatched"] == 0 and err["loss_rel"] <= ctc.FAR_LOSS and err["grad_rel"] <= ctc.FAR_GRAD, err
+
+
+def test_plan_and_steps_say_what_they_were_given():
+    plan = ctc.CTCPlan(10, 2, 5, 4, device="cpu")
+    with pytest.raises(ValueError, match=r"of shape \(10, 2, 5\) \(the plan's\); got a float64 tensor of shape "
+                                         r"\(10, 2, 5\) on cpu"):
+        plan(torch.zeros(10, 2, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="got a list"):
+        plan([0.0])
+    x = torch.zeros(10, 2, 5)
+    targets, il, tl = torch.ones(2, 3, dtype=torch.long), [10, 10], [3, 2]
+    with pytest.raises(ValueError, match=r"out_loss must be a float32 tensor of shape \(2,\), contiguous, on cpu; "
+                                         r"got a float32 tensor of shape \(3,\) on cpu"):
+        ctc.ctc_loss(x, targets, il, tl, out_loss=torch.empty(3))
+    with pytest.raises(TypeError, match=r"out_grad must be a float32 tensor of shape \(10, 2, 5\).*; got a float16 "
+                                         r"tensor of shape \(10, 2, 5\) on cpu"):
+        ctc.step01_baseline(x, targets, il, tl, out_grad=torch.empty(10, 2, 5, dtype=torch.float16))

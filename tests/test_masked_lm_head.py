@@ -364,8 +364,13 @@ def test_bad_layout_and_out():
         mlh.step03_row_skip(h, w.t().contiguous(), a, layout="dv")
     with pytest.raises(ValueError, match="hidden size 10"):  # a [D, V] weight passed as if it were [V, D]
         mlh.step01_block_skip(h, torch.randn(8, 10).to(torch.bfloat16), a)
-    with pytest.raises(ValueError, match="out must be a float32 tensor of shape"):
+    with pytest.raises(TypeError, match=r"out must be a float32 tensor of shape \(1, 10\), contiguous, on cpu; got a "
+                                         r"float16 tensor of shape \(1, 10\) on cpu"):
         mlh.step04_compact(h, w, a, out=torch.empty(1, 10, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"got a float32 tensor of shape \(1, 10\) on cpu, not contiguous"):
+        mlh.step04_compact(h, w, a, out=torch.empty(1, 20)[:, ::2])
+    with pytest.raises(TypeError, match=r"out must be .*; got a ndarray"):
+        mlh.step04_compact(h, w, a, out=np.zeros((1, 10), np.float32))
     with pytest.raises(ValueError, match="power of two"):
         mlh.Tiles(block_v=48)
 

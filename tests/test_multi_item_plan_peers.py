@@ -435,3 +435,21 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
                                       "date": "2026-01-01", "ceilings": {"empty_launch_host_ms": 0.004}})
     assert report.pinned_configs(results)[(mi.CHAPTER.final.series, shapes[0][0])] == name
     assert "| prefix 9, items 3,1,4 |" in report.target_table(results)
+
+
+def test_plan_refuses_buffers_off_its_device_and_a_width_that_is_not_a_capacity():
+    """run() checks each buffer against the plan's capacity, dtype and device (the kernel would read a buffer on
+    another device through a pointer it cannot use); max_width is a positive int like the other capacities."""
+    plan = mi.MultiItemPlan(heads=2, head_dim=16, dtype=torch.float32, max_tokens=30, max_prompts=2, device=DEV)
+    plan.set_layout(mi.MultiItemBatch.from_item_lens([5], [[3, 2, 6]], device=DEV))
+    q, k, v = _inputs(tokens=30)
+    elsewhere = torch.empty(q.shape, dtype=q.dtype, device="meta")
+    with pytest.raises(ValueError, match=r"out must be a float32 tensor of shape \(2, 30, 16\), with a unit stride on "
+                                         r"its last dimension, on \w+(:\d)?; got a float32 tensor of shape "
+                                         r"\(2, 30, 16\) on meta"):
+        plan.run(q, k, v, elsewhere)
+    with pytest.raises(TypeError, match=r"k must be .*; got a float16 tensor"):
+        plan.run(q, k.half(), v, torch.empty_like(q))
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="max_width must be a positive integer"):
+            mi.MultiItemPlan(heads=2, head_dim=16, dtype=torch.float32, max_tokens=30, max_prompts=2, max_width=bad)

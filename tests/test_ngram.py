@@ -665,3 +665,73 @@ def test_a_file_of_before_the_step_names_is_read_under_them(before_one_clock):
     assert all(r["baseline"].startswith("step01_cpu_path") and r["speedup"] > 1 for r in rows)
     assert all(r["clock"] == "do_bench" for r in rows)
     assert ngram.real_text_table(results) == ""  # no real-text rows in it
+
+
+# --- as a library: a config is checked when made, the CPU loop checks what it is given, a matcher's options and
+# --- what it is bound to
+
+def test_a_config_is_checked_when_it_is_made():
+    with pytest.raises(ValueError, match="min_ngram_size=4 is larger than max_ngram_size=2"):
+        NgramConfig(max_ngram_size=2, min_ngram_size=4)
+    with pytest.raises(ValueError, match="min_ngram_size=4 is larger than max_ngram_size=3"):
+        NgramConfig.hybrid_variant(min_ngram_size=4)
+    for bad in (0, ngram.NGRAM_MAX + 1):
+        with pytest.raises(ValueError, match="max_ngram_size must be in"):
+            NgramConfig(max_ngram_size=bad)
+    with pytest.raises(ValueError, match="min_ngram_size must be in"):
+        NgramConfig(min_ngram_size=0)
+    with pytest.raises(TypeError, match="threshold must be an int"):
+        NgramConfig(threshold=1.5)
+
+
+def test_the_cpu_loop_checks_what_it_is_given():
+    """cpu_path_inplace is public: a length past a buffer, or a wrong dtype, is an error naming it, never a read
+    out of bounds by the C loop."""
+    inputs, draft, this_time = _good()
+    inputs.step_idx = torch.tensor([3, 1], dtype=I32)  # generated_ids has 3 columns
+    with pytest.raises(ValueError, match="step_idx must index"):
+        ngram.cpu_path_inplace(inputs, draft, this_time, NgramConfig())
+    inputs, draft, this_time = _good()
+    with pytest.raises(TypeError, match="draft_tokens must be int64"):
+        ngram.cpu_path_inplace(inputs, draft.int(), this_time, NgramConfig())
+
+
+def test_a_matchers_block_sizes_are_positive():
+    inputs, draft, this_time = _good()
+    for option in ("chunk_tiles", "chunk_len"):
+        step = ngram.step06_one_pass_fused if option == "chunk_tiles" else ngram.step07_stream
+        for bad in (0, -4):
+            with pytest.raises(ValueError, match=f"{option} must be in"):
+                ngram.NgramMatcher(step, inputs, draft, this_time, **{option: bad})
+
+
+@pytest.mark.gpu
+def test_step_one_sees_new_prompts_written_into_its_buffers():
+    """Step 1 copies the prompt to the host once, as the deployed path did at a request's admission: prompts
+    written into the same buffers later (a new request) are copied again, never matched against the old ones."""
+    inputs, draft, this_time = ngram.make_batch(6, 200, 40, seed=5, device="cuda")
+    other, _, _ = ngram.make_batch(6, 200, 40, seed=6, device="cuda")
+    matcher = ngram.NgramMatcher(ngram.step01_cpu_path, inputs, draft, this_time)
+    d0, t0 = draft.clone(), this_time.clone()
+    matcher()
+    for new_prompt in ("copy", "rebind"):
+        draft.copy_(d0)
+        this_time.copy_(t0)
+        if new_prompt == "copy":
+            inputs.prompt_ids.copy_(other.prompt_ids)
+            inputs.prompt_lens.copy_(other.prompt_lens)
+        else:
+            inputs.prompt_ids, inputs.prompt_lens = other.prompt_ids.clone(), other.prompt_lens.clone()
+        matcher()
+        want = ngram.reference_ngram_match(inputs.to("cpu"), d0.cpu(), t0.cpu())
+        assert ngram.same_state(want, (draft, this_time)), new_prompt
+
+
+@pytest.mark.gpu
+def test_a_gpu_matcher_refuses_a_check_of_tensors_it_does_not_read():
+    inputs, draft, this_time = ngram.make_batch(4, 100, 30, seed=2, device="cuda")
+    matcher = ngram.NgramMatcher(ngram.step07_stream, inputs, draft, this_time)
+    matcher.check()
+    inputs.step_idx = inputs.step_idx.clone()
+    with pytest.raises(ValueError, match="inputs.step_idx was rebound"):
+        matcher.check()

@@ -529,3 +529,56 @@ def test_gpu_every_config(step, config_index):
     w = ternary(n, k, gen)
     z = fn(x, weights_for(kind, w), 1.25, out=poisoned(m, n), config=T.config_dict(configs[config_index]))
     assert_matches(z, x, w.to(DEV), 1.25)
+
+
+# ------------------------------------------------------------------------------------------------
+# As a library: bad weights, a wrong output buffer, a plan's capacity
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantize_absmean_refuses_weights_that_are_not_finite(bad, per_channel, rng):
+    """A NaN or an infinity would quantise every weight to 0 with a NaN scale, and every kernel would then
+    compute that without complaint."""
+    w = torch.randn(4, 40, generator=rng)
+    w[2, 17] = bad
+    with pytest.raises(ValueError, match=r"w must hold finite weights.*1 of its 160 values.*w\[2, 17\]"):
+        T.quantize_absmean(w, per_channel=per_channel)
+
+
+def test_a_wrong_out_says_what_it_was(rng):
+    w = ternary(5, 64, rng)
+    x = torch.randn(2, 64, generator=rng).to(DEV)
+    packed = T.PackedTernary.pack(w.to(DEV), "2bit")
+    with pytest.raises(TypeError, match=r"out must be a float32 tensor of 2 x 5 = 10 elements \(any shape\), "
+                                         r"contiguous, on \w+(:\d)?; got a float64 tensor of shape \(2, 5\) on "):
+        T.step05_dot(x, packed, out=torch.empty(2, 5, dtype=torch.float64, device=DEV))
+    with pytest.raises(ValueError, match=r"got a float32 tensor of shape \(2, 4\) on "):
+        T.step05_dot(x, packed, out=torch.empty(2, 4, device=DEV))
+    with pytest.raises(ValueError, match=r"got a float32 tensor of shape \(5, 2\) on \w+(:\d)?, not contiguous"):
+        T.step05_dot(x, packed, out=torch.empty(2, 5, device=DEV).t())
+    with pytest.raises(TypeError, match=r"out must be .*; got a list"):
+        T.step05_dot(x, packed, out=[0.0] * 10)
+    assert_matches(T.step05_dot(x, packed, out=torch.empty(10, device=DEV)).view(2, 5), x, w)  # any shape of 10
+
+
+def test_int_mm_plan_refuses_weights_of_another_shape():
+    """IntMMPlan's matmul takes another copy of its weights (to rotate them out of the L2): one of another N
+    would be multiplied and divided by the plan's scale, the answer for another matrix."""
+    from studylog.ternary.peers import IntMMPlan
+
+    plan = IntMMPlan(torch.ones(16, 32, dtype=torch.int8), 2.0, 1)
+    with pytest.raises(ValueError, match=r"shape \(16, 32\); got shape \(8, 32\)"):
+        plan.matmul(torch.ones(8, 32, dtype=torch.int8))
+
+
+def test_a_timeline_refuses_a_launch_its_trace_cannot_hold():
+    """Step 12's timeline gives each block 64 slots below quantize_x's at 120000: a launch of more blocks (an LM
+    head's N) would write over those, then past the trace."""
+    from studylog.ternary.w2a8 import TIMELINE_BLOCKS, check_timeline_grid, w2a8_plan
+
+    check_timeline_grid(w2a8_plan(1, 14336, 4096).grid)
+    grid = w2a8_plan(1, 128256, 4096).grid
+    assert math.prod(grid) > TIMELINE_BLOCKS == 1875
+    with pytest.raises(ValueError, match=r"holds 1875 blocks of 64 slots, and this launch has \d+"):
+        check_timeline_grid(grid)

@@ -719,6 +719,25 @@ def test_step12_timeline_is_a_compile_time_option():
         T.step12_timeline(x, tiles, 1.0, torch.zeros(T.TIMELINE_SLOTS, dtype=torch.int64))
 
 
+@pytest.mark.gpu
+def test_step12_timeline_refuses_a_launch_or_a_trace_it_cannot_use():
+    """An LM head's N needs more blocks than the trace has slots for; a trace on the host is not the kernel's."""
+    n, k = 128256, 512
+    w = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
+    tiles = T.PackedTernary.pack(w, "2bit_tiles")
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    trace = torch.zeros(T.TIMELINE_SLOTS, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="holds 1875 blocks of 64 slots"):
+        T.step12_timeline(x, tiles, 1.0, trace)
+    small = T.PackedTernary.pack(w[:4096], "2bit_tiles")
+    with pytest.raises(ValueError, match="trace is on cpu"):
+        T.step12_timeline(x, small, 1.0, trace.cpu())
+    z = T.step12_timeline(x, small, 1.0, trace)()
+    torch.cuda.synchronize()
+    assert_matches_w2a8(z, x, w[:4096], 1.0)
+    assert int((trace != 0).sum()) > 0
+
+
 def test_lab_scripts_parse_and_the_stream_sweep_compiles():
     """lab/ternary (GPU-only scripts behind steps 11 to 13's numbers, beside the library): the scripts parse,
     use no private name of the package, and the stream sweep's own kernel compiles."""

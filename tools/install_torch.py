@@ -49,16 +49,24 @@ def main() -> int:
     override = os.environ.get("STUDYLOG_TORCH")
     have = installed_torch()
     if override:
+        print(f"install_torch: taking {override}, as STUDYLOG_TORCH asks", flush=True)
         cmd = pip + [override]
     elif has_nvidia_gpu():
         if have and "+cpu" not in have:
-            print(f"torch {have} already installed")
+            print(f"install_torch: nvidia-smi lists a GPU, and torch {have} (a CUDA build) is already installed")
             return 0
+        print("install_torch: nvidia-smi lists a GPU, so taking PyTorch's CUDA build from PyPI (torch>=2.5, "
+              "with its CUDA libraries: several GB)", flush=True)
         cmd = pip + ["torch>=2.5"]
     else:
+        why = ("nvidia-smi is not on PATH" if shutil.which("nvidia-smi") is None
+               else "nvidia-smi lists no GPU")
         if have and have.endswith("+cpu"):
-            print(f"torch {have} (CPU build) already installed")
+            print(f"install_torch: {why}, and torch {have} (the CPU build) is already installed")
             return 0
+        print(f"install_torch: {why}, so taking PyTorch's CPU build {CPU_SPEC} (no CUDA libraries; kernels will "
+              "run in Triton's interpreter). On a GPU machine, check `nvidia-smi -L`, or set "
+              "STUDYLOG_TORCH='torch>=2.5'", flush=True)
         cmd = pip + [CPU_SPEC]
         if reachable("download.pytorch.org"):
             cmd += ["--extra-index-url", CPU_INDEX]

@@ -139,10 +139,12 @@ class CTCPlan:
     def __call__(self, activations: Tensor) -> tuple[Tensor, Tensor]:
         """Loss and gradient of the targets last set, for ``activations`` (float32, contiguous, the plan's
         shape and device): the kernels are queued, nothing waits. Graph-safe."""
-        if activations.shape != self.shape or activations.dtype != torch.float32 or not activations.is_contiguous():
-            raise ValueError(f"activations must be contiguous float32 of shape {self.shape}")
+        if (not isinstance(activations, Tensor) or activations.shape != self.shape
+                or activations.dtype != torch.float32 or not activations.is_contiguous()):
+            raise ValueError(f"activations must be contiguous float32 of shape {self.shape} (the plan's); got "
+                             f"{checks.describe(activations)}")
         if activations.device != self.device or self.device.type != "cuda":
-            raise ValueError(f"activations must be on the plan's CUDA device, got {activations.device}")
+            raise ValueError(f"activations must be on the plan's CUDA device ({self.device}), got {activations.device}")
         self._launch(activations)
         return self.loss, self.grad
 

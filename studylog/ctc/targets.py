@@ -260,11 +260,7 @@ def output(out: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor) 
     """A caller's output buffer, checked, or a new one."""
     if out is None:
         return torch.empty(shape, dtype=torch.float32, device=like.device)
-    if not isinstance(out, Tensor) or out.dtype != torch.float32 or tuple(out.shape) != shape:
-        raise ValueError(f"{name} must be a float32 tensor of shape {shape}")
-    if out.device != like.device or not out.is_contiguous():
-        raise ValueError(f"{name} must be contiguous and on {like.device}")
-    return out
+    return checks.check_out(name, out, shape=shape, dtype=torch.float32, device=like.device)
 
 
 def batch_of(activations, targets, input_lengths, target_lengths) -> CTCTargets:

@@ -21,7 +21,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from studylog import runtime
-from studylog.checks import check_tensor
+from studylog.checks import check_out, check_tensor
 
 #: Whether the kernels run on the GPU (else in Triton's interpreter, on CPU tensors).
 _ON_GPU = runtime.mode() == "gpu"
@@ -356,10 +356,7 @@ def _check_inputs_detailed(h: Any, weight: Any, allowed: Any, layout: str, out: 
     if batch == 0 or hidden == 0 or vocab == 0:
         raise ValueError(f"empty input: B={batch}, V={vocab}, D={hidden}")
     if out is not None:
-        if not isinstance(out, Tensor) or out.dtype != torch.float32 or tuple(out.shape) != (batch, vocab):
-            raise ValueError(f"out must be a float32 tensor of shape {(batch, vocab)}")
-        if not out.is_contiguous() or out.device != h.device:
-            raise ValueError(f"out must be contiguous and on {h.device}")
+        check_out("out", out, shape=(batch, vocab), dtype=torch.float32, device=h.device)
     return batch, vocab, hidden
 
 

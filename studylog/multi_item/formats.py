@@ -50,7 +50,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from studylog import runtime
-from studylog.checks import check_tensor
+from studylog.checks import check_out, check_tensor
 
 #: the head dims the Triton steps compile for (``tl.arange`` over the head dim needs a power of two)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -373,9 +373,7 @@ def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
     if q.shape[2] not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[2]}")
     if out is not None:
-        check_tensor("out", out, dtype=q.dtype, shape=tuple(q.shape), like=q)
-        if out.stride(-1) != 1:
-            raise ValueError("out must be contiguous in head_dim (stride 1 on its last dimension)")
+        check_out("out", out, shape=q.shape, dtype=q.dtype, device=q.device, contiguous=False)
 
 
 def score_items(hidden: Float[Tensor, "t d_model"], lm_head: Float[Tensor, "vocab d_model"],

@@ -28,6 +28,7 @@ import triton
 from torch import Tensor
 
 from studylog import runtime
+from studylog.checks import check_out
 from studylog.multi_item.config import INTERPRETER_BLOCKS, find_config, strides
 from studylog.multi_item.formats import (
     DEFAULT_RULE,
@@ -64,12 +65,13 @@ class MultiItemPlan:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
-        for name, value in (("heads", heads), ("max_tokens", max_tokens), ("max_prompts", max_prompts)):
-            if not isinstance(value, int) or value < 1:
+        for name, value in (("heads", heads), ("max_tokens", max_tokens), ("max_prompts", max_prompts),
+                            ("max_width", max_tokens if max_width is None else max_width)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.heads, self.head_dim, self.dtype = heads, head_dim, dtype
         self.max_tokens, self.max_prompts = max_tokens, max_prompts
-        self.max_width = max_tokens if max_width is None else int(max_width)
+        self.max_width = max_tokens if max_width is None else max_width
         self.rule, self.order = rule, order
         self.sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
         device = torch.device(device) if device is not None else runtime.device()
@@ -133,10 +135,8 @@ class MultiItemPlan:
         if self.batch is None:
             raise RuntimeError("set_layout(batch) before run")
         shape = (self.heads, self.max_tokens, self.head_dim)
-        for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
-            if tuple(x.shape) != shape or x.dtype != self.dtype or x.stride(-1) != 1:
-                raise ValueError(f"{name} must be {list(shape)} of {self.dtype} with a unit stride on head_dim, got "
-                                 f"{list(x.shape)} of {x.dtype}, strides {x.stride()}")
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):  # the plan's capacity, dtype and device
+            check_out(name, x, shape=shape, dtype=self.dtype, device=self.device, contiguous=False)
         if self._table is None:  # GPU, no config given: an autotuned eager call picks it, then pin it
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("the plan's config is picked by its first run, which cannot be captured: run "

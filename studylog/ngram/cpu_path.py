@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from studylog.ngram.formats import NgramConfig, NgramInputs
+from studylog.ngram.formats import NgramConfig, NgramInputs, validate
 from studylog.paths import chapter_csrc
 
 CPU_SOURCE = chapter_csrc("ngram") / "ngram_cpu_path.c"
@@ -61,11 +61,22 @@ def cpu_library() -> ctypes.CDLL:
 
 def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
                      config: NgramConfig) -> int:
-    """Run the C loop on CPU tensors, in place; returns the number of windows it compared."""
+    """Run the C loop on CPU tensors, in place; returns the number of windows it compared. The arguments are
+    checked first (:func:`~studylog.ngram.formats.validate`, values included): the loop trusts every
+    length and dtype it is given."""
+    tensors = [getattr(inputs, name, None) for name in ("prompt_ids", "generated_ids")] + [draft_tokens]
+    if any(isinstance(t, Tensor) and t.device.type != "cpu" for t in tensors):
+        raise ValueError("cpu_path_inplace takes CPU tensors; step01_cpu_path does the copies")
+    validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=True)
+    return _run_c_loop(inputs, draft_tokens, seq_lens_this_time, config)
+
+
+def _run_c_loop(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
+    """The C loop over checked CPU tensors (nothing is checked here: the matcher checked them when built)."""
     ts = [inputs.prompt_ids, inputs.prompt_lens, inputs.generated_ids, inputs.step_idx, inputs.draft_token_num,
           inputs.max_dec_len, inputs.seq_lens_encoder, inputs.seq_lens_decoder, seq_lens_this_time, draft_tokens]
     if any(t.device.type != "cpu" for t in ts):
-        raise ValueError("cpu_path_inplace takes CPU tensors; step01_cpu_path does the copies")
+        raise ValueError("the C loop takes CPU tensors; step01_cpu_path does the copies")
     ptr = [t.data_ptr() for t in ts]
     return int(cpu_library().ngram_match_cpu(
         ptr[0], ptr[1], inputs.prompt_ids.shape[1], ptr[2], ptr[3], inputs.generated_ids.shape[1],
@@ -76,25 +87,44 @@ def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_ti
 class CpuPathCall:
     """The CPU path bound to one batch: as deployed, the prompt lives on the host from admission on
     (copied once, here); each call copies the generated tokens, the per-slot lengths and the draft
-    buffers to the host, runs the C loop, and copies the drafts back. On CPU tensors it only runs the loop."""
+    buffers to the host, runs the C loop, and copies the drafts back. On CPU tensors it only runs the loop.
+
+    The host copy of the prompt is the one a new request's admission makes: it is made again when
+    ``prompt_ids`` or ``prompt_lens`` changed since (new values written through torch, ``copy_`` or an
+    indexed assignment, which bump the tensor's version counter, or a new tensor bound to ``inputs``), so
+    a loop that admits new prompts into the same buffers never runs on the old ones. (A write that torch does
+    not see, by a kernel of one's own through the raw pointer, is not noticed: call :meth:`refresh`.)"""
 
     def __init__(self, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig):
         self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config = (
             inputs, draft_tokens, seq_lens_this_time, config)
-        self.host_prompt = inputs.prompt_ids.cpu()
-        self.host_prompt_lens = inputs.prompt_lens.cpu()
+        self.refresh()
+
+    def _prompt_changed(self) -> bool:
+        p, lens = self.inputs.prompt_ids, self.inputs.prompt_lens
+        old_p, p_version, old_lens, lens_version = self._copied  # the tensors themselves: ids may be reused
+        return p is not old_p or p._version != p_version or lens is not old_lens or lens._version != lens_version
+
+    def refresh(self) -> None:
+        """Copy the prompt (ids and lengths) to the host again: a new request's admission."""
+        p, lens = self.inputs.prompt_ids, self.inputs.prompt_lens
+        self._copied = (p, p._version, lens, lens._version)
+        self.host_prompt = self.inputs.prompt_ids.cpu()
+        self.host_prompt_lens = self.inputs.prompt_lens.cpu()
 
     def __call__(self) -> None:
         i, draft, this_time = self.inputs, self.draft_tokens, self.seq_lens_this_time
         if i.prompt_ids.device.type == "cpu":
-            cpu_path_inplace(i, draft, this_time, self.config)
+            _run_c_loop(i, draft, this_time, self.config)
             return
+        if self._prompt_changed():  # new prompts were admitted into the buffers
+            self.refresh()
         # Each .cpu() waits for the GPU: the copies are where the deployed path lost its time.
         host = NgramInputs(self.host_prompt, self.host_prompt_lens, i.generated_ids.cpu(), i.step_idx.cpu(),
                            i.draft_token_num.cpu(), i.max_dec_len.cpu(), i.seq_lens_encoder.cpu(),
                            i.seq_lens_decoder.cpu())
         host_draft, host_this_time = draft.cpu(), this_time.cpu()
-        cpu_path_inplace(host, host_draft, host_this_time, self.config)
+        _run_c_loop(host, host_draft, host_this_time, self.config)
         draft.copy_(host_draft)
         this_time.copy_(host_this_time)
 

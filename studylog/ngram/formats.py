@@ -63,7 +63,8 @@ class NgramConfig:
     ``draft_tokens[b, 1:]``, the cap is ``draft_token_num[b]``. ``hybrid=True`` is the variant run
     after MTP drafting: a slot keeps its ``seq_lens_this_time`` tokens and drafts go after them,
     capped by ``max_draft_tokens - seq_lens_this_time + 1``; ``seq_lens_encoder`` is ignored.
-    Both are the same kernels with a flag (see the notebook).
+    Both are the same kernels with a flag (see the notebook). The parameters are checked when the config is
+    made (a ValueError or TypeError names the one out of range), and again by :func:`validate`.
     """
 
     max_ngram_size: int = 3
@@ -71,6 +72,9 @@ class NgramConfig:
     threshold: int = DEFAULT_THRESHOLD
     hybrid: bool = False
     max_draft_tokens: int = 10
+
+    def __post_init__(self):
+        _check_config(self)
 
     @classmethod
     def hybrid_variant(cls, max_ngram_size: int = 3, min_ngram_size: int = 1,
@@ -90,7 +94,10 @@ def _check_config(config: NgramConfig) -> None:
     if not isinstance(config, NgramConfig):
         raise TypeError(f"config must be an NgramConfig, got {type(config).__name__}")
     check_int("max_ngram_size", config.max_ngram_size, low=1, high=NGRAM_MAX)
-    check_int("min_ngram_size", config.min_ngram_size, low=1, high=config.max_ngram_size)
+    check_int("min_ngram_size", config.min_ngram_size, low=1)
+    if config.min_ngram_size > config.max_ngram_size:
+        raise ValueError(f"min_ngram_size={config.min_ngram_size} is larger than max_ngram_size="
+                         f"{config.max_ngram_size}: the matcher tries n from max_ngram_size down to min_ngram_size")
     check_int("threshold", config.threshold, low=-(2**31), high=_INT32_MAX)
     check_int("max_draft_tokens", config.max_draft_tokens, low=0, high=_INT32_MAX - 1)
 

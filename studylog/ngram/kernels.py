@@ -28,6 +28,7 @@ from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (first: selects GPU or interpreter)
 from studylog import cuda
+from studylog.checks import check_int
 from studylog.ngram.cpu_path import CpuPathCall
 from studylog.ngram.formats import NgramConfig, NgramInputs, validate
 from studylog.ngram.models import SCAN_THREADS
@@ -117,6 +118,11 @@ def _loaded_kernel(source: str, name: str, template: bool, device_index: int) ->
     return module.kernel(name, SIGNATURE)
 
 
+#: The fields of NgramInputs a matcher binds.
+_BOUND_FIELDS = ("prompt_ids", "prompt_lens", "generated_ids", "step_idx", "draft_token_num", "max_dec_len",
+                 "seq_lens_encoder", "seq_lens_decoder")
+
+
 def _require_cuda(name: str, device: torch.device) -> None:
     runtime.require_gpu(f"the {name} n-gram kernels")
     if device.type != "cuda":
@@ -164,8 +170,13 @@ class NgramMatcher:
         takes = set(plans[step].options) if step in plans else set()
         if given - takes:
             raise ValueError(f"{name} takes no option {sorted(given - takes)}")
+        for option, value in (("chunk_tiles", chunk_tiles), ("chunk_len", chunk_len)):
+            if value is not None:
+                check_int(option, value, low=1)
         validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=check_values)
         self.step, self.inputs, self.config = step, inputs, config
+        #: The tensors the launches read (their pointers are in ``args``): ``check`` refuses rebound ones.
+        self._bound = {name: getattr(inputs, name) for name in _BOUND_FIELDS}
         self.draft_tokens, self.seq_lens_this_time = draft_tokens, seq_lens_this_time
         self.batch = inputs.batch
         #: Whether a call may be captured in a CUDA graph (every GPU step; not the CPU path).
@@ -216,7 +227,15 @@ class NgramMatcher:
 
     def check(self) -> None:
         """Check the bound tensors' current values (a device sync): what the constructor's ``check_values``
-        checks, for a loop that has since written new values into them."""
+        checks, for a loop that has since written new values into them. A GPU step's launches hold the
+        tensors the matcher was built over: a field of ``inputs`` rebound to another tensor since is an error
+        (the kernels would go on reading the old one), not a check of the new one."""
+        if self.graph_safe:
+            rebound = [name for name in _BOUND_FIELDS if getattr(self.inputs, name) is not self._bound[name]]
+            if rebound:
+                raise ValueError(f"inputs.{', inputs.'.join(rebound)} was rebound to another tensor after the matcher "
+                                 "was built, and its kernels still read the old one: write new values in place "
+                                 "(old.copy_(new)), or build a new matcher")
         validate(self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config, check_values=True)
 
     def capture(self) -> torch.cuda.CUDAGraph:

@@ -33,6 +33,7 @@ from jaxtyping import Float, Int8, Int32, Shaped, UInt8
 from torch import Tensor
 
 from studylog import runtime
+from studylog.checks import check_out
 
 # ----------------------------------------------------------------------------------------------
 # Packed formats
@@ -270,12 +271,20 @@ def quantize_absmean(w: Float[Tensor, "n k"], *, per_channel: bool = False, eps:
                      ) -> tuple[Int8[Tensor, "n k"], Float[Tensor, "..."]]:
     """BitNet b1.58 weights: ``scale = 1 / mean|W|`` (over the tensor, or over each output row
     when ``per_channel``) and ``W_t = clamp(round(W * scale), -1, 1)``. Then ``W ~= W_t / scale``,
-    so ``x @ W.T ~= x @ W_t.T / scale``: the product every kernel here computes."""
+    so ``x @ W.T ~= x @ W_t.T / scale``: the product every kernel here computes. ``w`` must be finite: a NaN
+    or an infinity is refused with a ValueError that says where (it would turn every code to 0 and the
+    scale to NaN). The check reads ``w`` on the host (a device sync)."""
     if not isinstance(w, Tensor) or not w.is_floating_point():
         raise TypeError(f"w must be a floating-point torch.Tensor, got {getattr(w, 'dtype', type(w).__name__)}")
     if w.ndim != 2:
         raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
     w32 = w.float()
+    finite = torch.isfinite(w32)
+    if not bool(finite.all()):  # a NaN or an infinity would make every code 0 and the scale NaN
+        bad = (~finite).nonzero()
+        row, col = (int(i) for i in bad[0])
+        raise ValueError(f"w must hold finite weights to quantize: {bad.shape[0]} of its {w.numel()} values are NaN or "
+                         f"infinite (the first at w[{row}, {col}] = {w32[row, col].item()})")
     mean_abs = w32.abs().mean(dim=1) if per_channel else w32.abs().mean()
     scale = 1.0 / mean_abs.clamp(min=eps)
     ternary = (w32 * (scale[:, None] if per_channel else scale)).round().clamp(-1, 1)
@@ -398,12 +407,7 @@ def _check_scale(scale: Any, n: int, like: Tensor) -> tuple[Tensor, int]:
 def _prepare_out(out: Optional[Tensor], m: int, n: int, like: Tensor) -> Tensor:
     if out is None:
         return torch.empty((m, n), dtype=torch.float32, device=like.device)
-    if not isinstance(out, Tensor) or out.dtype != torch.float32:
-        raise TypeError(f"out must be a float32 torch.Tensor, got {getattr(out, 'dtype', type(out).__name__)}")
-    if out.numel() != m * n or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 tensor of {m}x{n} elements, got shape {tuple(out.shape)}")
-    _check_device(out, "out", like)
-    return out.view(m, n)
+    return check_out("out", out, shape=(m, n), dtype=torch.float32, device=like.device, any_shape=True).view(m, n)
 
 
 def _check_dense(w: Any, dtypes: tuple, k: int, like: Tensor) -> Tensor:

@@ -178,8 +178,14 @@ class IntMMPlan:
         return x_scale
 
     def matmul(self, w: Optional[Tensor] = None) -> Tensor:
-        """The int8 GEMM alone on the buffer as it is: int32 (rows, N). ``w``: another copy of the weights."""
-        return torch._int_mm(self.xq, (self.w if w is None else w).T)
+        """The int8 GEMM alone on the buffer as it is: int32 (rows, N). ``w``: another copy of the weights, of
+        the plan's shape (torch._int_mm would take another N and answer for another matrix)."""
+        if w is None:
+            w = self.w
+        elif w.shape != self.w.shape:
+            raise ValueError(f"w must be another copy of the plan's weights, of shape {tuple(self.w.shape)}; got "
+                             f"shape {tuple(w.shape)}")
+        return torch._int_mm(self.xq, w.T)
 
     def __call__(self, x: Tensor, w: Optional[Tensor] = None) -> Tensor:
         """The whole W2A8 product of x: float32 (m, N)."""

@@ -18,6 +18,7 @@ in ``lab/ternary/results/`` and notebook 05.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -134,6 +135,18 @@ def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
 TIMELINE_OPTION = "-DW2A8_TIMELINE=1"
 #: Slots of a step-12 timeline's trace (64 a block, then quantize_x's two at 120000).
 TIMELINE_SLOTS = 1 << 17
+#: Blocks a trace has slots for: 64 each, below quantize_x's at 120000 (ternary_w2a8.cu).
+TIMELINE_BLOCKS = 120000 // 64
+
+
+def check_timeline_grid(grid: tuple) -> None:
+    """Refuse a timeline launch whose blocks would not all have their 64 slots in the trace: block ``b`` stamps
+    slots ``64 b`` to ``64 b + 63``, so blocks past :data:`TIMELINE_BLOCKS` would write over quantize_x's
+    stamps, then past the end of the trace."""
+    blocks = math.prod(grid)
+    if blocks > TIMELINE_BLOCKS:
+        raise ValueError(f"the timeline's trace holds {TIMELINE_BLOCKS} blocks of 64 slots, and this launch has "
+                         f"{blocks} (grid {tuple(grid)}): time a smaller N, or a config with fewer slices of K")
 #: Shared memory of one SM of the H100/H200 (blocks on an SM share it; each block also takes 1 KiB).
 SM_SMEM_BYTES = 228 * 1024
 
@@ -244,7 +257,8 @@ def step12_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, tr
     same launch and result as :func:`step12_w2a8`, and thread 0 of every block (and of quantize_x) writes
     %globaltimer and clock64() stamps into ``trace`` (int64, ``TIMELINE_SLOTS`` elements, on x's device;
     the slots are listed in the .cu file). For lab/ternary/w2a8_timeline.py."""
-    check_tensor("trace", trace, dtype=torch.int64, shape=(TIMELINE_SLOTS,), contiguous=True)
+    check_tensor("trace", trace, dtype=torch.int64, shape=(TIMELINE_SLOTS,), contiguous=True,
+                  like=x if isinstance(x, Tensor) else None)
     return _w2a8_call(x, w, scale, None, config, quantize=quantize, options=(TIMELINE_OPTION,), trace=trace)
 
 
@@ -346,6 +360,8 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, q
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
     quant, cfg, per_slice, grid, name, smem = w2a8_plan(m, w.n, k, x2.dtype == torch.bfloat16, config, quantize,
                                                         runtime.sm_count())
+    if trace is not None:
+        check_timeline_grid(grid)
     groups, slices = triton.cdiv(k, GROUP_WEIGHTS_2BIT), grid[1]
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
