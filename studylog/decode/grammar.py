@@ -93,6 +93,17 @@ def schema_regex(schema: Any, whitespace: str = "default") -> str:
 _SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 
 
+def _byte_tokens(vocab: pieces.TokenVocabulary) -> dict[int, int]:
+    """byte -> the id of the token that is that byte alone, for the bytes that have one."""
+    out = {}
+    for b in range(256):
+        try:
+            out[b] = vocab.token_id(bytes([b]))
+        except KeyError:
+            pass
+    return out
+
+
 def utf8_prefix(data: bytes) -> bool:
     """Whether ``data`` is valid UTF-8 or the start of it (a character may be cut at the end).
 
@@ -201,20 +212,21 @@ class Grammar:
         ``rollback`` coming back) and compares its bitmask with the state's allowed bits at each state, once:
         the tokens allowed after a text depend only on what may follow it, which the state determines. With a
         vocabulary in which every byte is a token, the walk's edges are the single-byte tokens (the
-        character-level automaton's transitions, at most 256 per state), which reach every state."""
+        character-level automaton's transitions, at most 256 per state), which reach every state; a
+        vocabulary that lacks some single bytes (SmolLM2's has no token for 21 of them) adds the tokens that hold
+        such a byte: a token made only of bytes that are tokens reaches what its bytes one by one reach."""
         import xgrammar as xgr
 
         auto, vocab = self.automaton, self.vocab
         matcher = xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
         bitmask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
-        byte_edges = vocab.byte_complete
-        if byte_edges:
-            byte_ids = [vocab.token_id(bytes([b])) for b in range(256)]
+        byte_ids = _byte_tokens(vocab)
+        # tokens holding a byte that is no token by itself: the only ones a walk over single bytes cannot follow
+        odd = [i for i, b in enumerate(vocab.token_bytes) if b and any(c not in byte_ids for c in b)]
 
         def edges(state: int):
-            if byte_edges:
-                return [byte_ids[b] for b in sorted(auto.fsm.char_out.get(state, {}))]
-            return [int(t) for t in auto.allowed_ids(state) if t != vocab.eos_id]
+            singles = [byte_ids[b] for b in sorted(auto.fsm.char_out.get(state, {})) if b in byte_ids]
+            return singles + [t for t in odd if auto.next(state, t) is not None]
 
         def compare(state: int, path: list[int]) -> None:
             matcher.fill_next_token_bitmask(bitmask)

@@ -207,11 +207,16 @@ class Decoder:
                  max_seq: int = 512, chunk_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
                  graphs: bool | None = None, head_impl: str | None = None):
         self.model = check_model(model)
-        self.vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
         V = self.model.config.vocab_size
+        if vocab is None:  # cl100k, over the head's rows when the model pads it
+            vocab = pieces.load_vocabulary("cl100k_base")
+            vocab = vocab.padded(V) if V > vocab.vocab_size else vocab
+        self.vocab = vocab
         if self.vocab.vocab_size != V:
             raise ValueError(f"the vocabulary {self.vocab.name!r} has {self.vocab.vocab_size} ids but the model's "
-                             f"LM head has {V} rows: they must match")
+                             f"LM head has {V} rows: they must match" + (
+                                 f" (pass vocab.padded({V}) for a head padded past the vocabulary)"
+                                 if V > self.vocab.vocab_size else ""))
         if tuple(self.model.lm_head.shape) != (V, self.model.config.hidden):
             raise ValueError(f"the model's lm_head has shape {tuple(self.model.lm_head.shape)}, its config says "
                              f"({V}, {self.model.config.hidden})")
@@ -535,12 +540,21 @@ class Decoder:
 
     def _sample(self, temperature: float, seed: int, allowed: pieces.AllowedTokens | None = None) -> None:
         """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok`` (on the device). With
-        ``allowed`` (the masked head's sets) a greedy step reads only the union's logits (the others are
-        ``-inf``): the same token, from a few dozen reads instead of the whole vocabulary."""
+        ``allowed`` (the masked head's sets) a step reads only the union's logits (the others are ``-inf``),
+        greedy or seeded: the same token, from a few dozen reads instead of the whole vocabulary."""
         C = self.max_chunk
         steer = self._inp[:, C + 2]
         logits = self._logits
         n = allowed.union_count if allowed is not None else 0
+        if temperature > 0 and 1 <= n <= kernels.ALLOWED_ARGMAX_MAX:
+            # seeded sampling among the allowed ids: the dense path's numbers, in its order of operations (bias,
+            # division, the same noise of the same token), at the union's ids only; the rest are -inf there
+            ids = allowed.union_ids.long()
+            vals = logits.index_select(1, ids)
+            vals = torch.where(ids[None, :] == steer[:, None], vals + STEER, vals)
+            vals = vals.div_(temperature).add_(gumbel_noise(seed, self._inp[:, C + 3], ids))
+            torch.index_select(ids, 0, vals.argmax(dim=1), out=self._tok)
+            return
         if temperature == 0 and 1 <= n <= kernels.ALLOWED_ARGMAX_MAX:
             if self.head_impl == "kernel":
                 kernels.allowed_argmax(logits, allowed.kernel_ids, n, steer, STEER, out=self._tok)

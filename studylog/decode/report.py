@@ -23,7 +23,8 @@ import torch
 from studylog.decode.grammar import Grammar, suite_names, suite_sample
 from studylog.decode import kernels
 from studylog.decode.loop import COMPONENTS, STEER, Decoder, Generation
-from studylog.decode.model import LlamaModel, dense_logits, describe, model_config
+from studylog.decode import requests as real_requests
+from studylog.decode.model import CL100K_SIZE, LlamaModel, dense_logits, describe, model_config
 
 #: The configurations measured, in the lesson's order: the three steps, then the two comparisons.
 ORDER = ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")
@@ -85,11 +86,20 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
 
     clock = wall_clock()
     for shape in shapes:
-        cfg = model_config(shape)
-        model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
+        real = shape == REAL_MODEL
+        if real:  # the real model answers real requests on its own: no steering
+            from studylog import smollm2
+            from studylog.decode.model import load_smollm2
+
+            model, vocab, tokenizer = load_smollm2(device=device, dtype=dtype), smollm2.vocabulary(), smollm2.tokenizer()
+            cfg = model.config
+        else:
+            cfg = model_config(shape)
+            model, vocab, tokenizer = LlamaModel(cfg, device=device, dtype=dtype, seed=0), None, None
         run.note(f"model {shape}: {describe(cfg)}")
         for batch in batches:
-            decoder = Decoder(model, batch=batch, max_seq=max_seq, head_impl=head_impl)
+            decoder = Decoder(model, vocab, batch=batch, max_seq=REAL_MAX_SEQ if real else max_seq,
+                              head_impl=head_impl)
             decoder.capture()
             if torch.device(device).type == "cuda":
                 components(run, decoder, shape)
@@ -99,8 +109,11 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
             jobs = [(n, w) for w in wss for n in schemas if w == wss[0] or n in suite_names("json")]
             progress = getattr(run, "progress", None)
             for name, ws in progress(jobs, f"{shape} batch {batch}") if progress else jobs:
-                grammar = Grammar.from_suite(name, whitespace=ws)
-                prompts, targets = requests(name, batch, decoder, ws)
+                grammar = Grammar.from_suite(name, decoder.vocab, whitespace=ws)
+                if real:
+                    prompts, targets = real_requests.batch_ids(name, tokenizer, batch), None
+                else:
+                    prompts, targets = requests(name, batch, decoder, ws)
                 first = None
                 for config in configs:
                     runs, timed = measure(decoder, grammar, config, prompts, targets,
@@ -117,12 +130,54 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                                breakdown_ms_per_token=timed.breakdown_per_token(),
                                instrumented_ms_per_token=timed.ms_per_token,
                                compile_seconds=grammar.compile_seconds)
-                    if config in ("jump_forward", "masked_head", "automaton_mask"):
+                    if real:
+                        row = run.rows[-1] if hasattr(run, "rows") else None
+                        summary = real_requests.summarize([name] * batch, timed.text, timed.finished)
+                        if row is not None:
+                            row.update(finished_share=summary["finished"] / batch, valid=summary["valid"],
+                                       invalid=summary["invalid"])
+                        run.check("finished outputs valid for their schema", not summary["invalid"],
+                                  params=params, **summary)
+                    elif config in ("jump_forward", "masked_head", "automaton_mask"):
                         run.check("same tokens as step01_baseline", same, params=params)
+                if real or batch == 1:
+                    near_ties(run, decoder, grammar, prompts, max_new_tokens=max_new_tokens if real else 48,
+                              params={"model": shape, "batch": batch, "schema": name, "whitespace": ws})
+            if batch == 1 and not real:
+                for regex in AMBIGUOUS_REGEXES:
+                    grammar = Grammar.from_regex(regex, decoder.vocab)
+                    near_ties(run, decoder, grammar, requests("us_phone", 1, decoder)[0], max_new_tokens=16,
+                              params={"model": shape, "batch": 1, "regex": regex})
             del decoder
         del model
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
+
+
+#: The real model of the benchmark (``studylog.smollm2``), and the cache its requests (instruction + schema) need.
+REAL_MODEL = "smollm2"
+REAL_MAX_SEQ = 1024
+#: Regexes whose alternations list a shorter branch first (an integer range as a schema writes one, among them):
+#: the automaton lost their longer branches once, so the benchmark checks the steps on them every run.
+AMBIGUOUS_REGEXES = (r"(-(?:[1-9]|[1-3][0-9]|40)|(?:[0-9]|[1-9][0-9]|1[01][0-9]|12[0-5]))", r"(a|ab|abc)d?",
+                     r"([1-9]|1[0-9])( items)?")
+
+
+def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_tokens: int, params: dict) -> dict:
+    """Steps 2 and 3 against step 1 on the model's own choices (no steering), greedy, with the hidden states kept:
+    the same tokens, or a divergence at a gap inside the bound of :mod:`~studylog.decode.agreement`. A check
+    per comparison, with the divergences found (untimed runs)."""
+    from studylog.decode import agreement
+
+    outs = {c: decoder.generate(grammar, prompts, c, max_new_tokens=max_new_tokens, instrument=False, record=True)
+            for c in ("baseline", "jump_forward", "masked_head")}
+    report = {}
+    for c in ("jump_forward", "masked_head"):
+        report[c] = agreement.compare(outs["baseline"], outs[c], decoder.model.lm_head)
+        run.check("same tokens as step01_baseline, or a near-tie inside the bound", report[c]["all_inside"],
+                  params={**params, "config": c, "steered": False}, identical=report[c]["identical"],
+                  sequences=report[c]["sequences"], divergences=report[c]["divergences"])
+    return report
 
 
 #: Allowed counts per sequence at which the masked head is timed alone (one id: a forced token; a few dozen:
@@ -204,6 +259,13 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
             run.record(series, timing, params={**base, "chunk": T}, role="baseline", floor_ms=floor)
     dense = lambda: dense_logits(hidden, model.lm_head, out=logits)  # noqa: E731
     run.measure("dense_head", lambda: [dense], params=base, role="baseline", host=dense, host_calls=100)
+    if decoder.vocab.name.startswith("cl100k_base") and V > CL100K_SIZE:
+        # the same head unpadded (cl100k's 100,277 rows, as the baseline ran before): what the padding buys
+        rows = model.lm_head[:CL100K_SIZE]
+        narrow = torch.empty(B, CL100K_SIZE, device=decoder.device, dtype=torch.float32)
+        odd = lambda: dense_logits(hidden, rows, out=narrow)  # noqa: E731
+        run.measure("dense_head_unpadded", lambda: [odd], params={**base, "rows": CL100K_SIZE}, role="baseline",
+                    host=odd, host_calls=100)
     rng = np.random.default_rng(0)
     for n in HEAD_COUNTS:
         sets = [np.sort(rng.choice(V, n, replace=False)) for _ in range(B)]
@@ -242,7 +304,8 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
 
 def plan(quick: bool) -> list[dict[str, Any]]:
     """The benchmark's sweeps (keyword arguments of :func:`sweep`): the ~1B shape on every schema of the suite
-    (both whitespace patterns at batch 1) and the ~8B cost model, at batch 1 and 8. ``quick``: the first four
+    (both whitespace patterns at batch 1), the ~8B cost model and the real model (SmolLM2-135M-Instruct on real
+    requests), at batch 1 and 8. ``quick``: the first four
     schemas, fewer repetitions. Sized to the time budget: a 1B step is about a millisecond and an 8B one
     several, each request is run once to warm up, ``repeats`` times timed and once instrumented, in each of
     the five configurations."""
@@ -251,7 +314,8 @@ def plan(quick: bool) -> list[dict[str, Any]]:
     # repetition of three moves a median on a busy host
     return [dict(shapes=("1b",), batches=(1, 8), schemas=schemas, repeats=2 if quick else 5,
                  both_whitespaces_at=("1b", 1)),
-            dict(shapes=("8b",), batches=(1, 8), schemas=schemas, repeats=2)]
+            dict(shapes=("8b",), batches=(1, 8), schemas=schemas, repeats=2),
+            dict(shapes=(REAL_MODEL,), batches=(1, 8), schemas=schemas, repeats=2 if quick else 3)]
 
 
 def bench(run) -> None:  # run: studylog.bench.BenchRun
@@ -269,7 +333,7 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
              "and, per step, in the breakdown's head_host.")
     for kwargs in plan(quick):
         sweep(run, device="cuda", whitespaces=("compact",), **kwargs)
-    body_kernels(run, [shape for kwargs in plan(quick) for shape in kwargs["shapes"]])
+    body_kernels(run, [shape for kwargs in plan(quick) for shape in kwargs["shapes"] if shape != REAL_MODEL])
 
 
 class LocalRun:

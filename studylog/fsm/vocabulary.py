@@ -107,6 +107,14 @@ class TokenVocabulary:
             text = text.decode("utf-8")
         return list(self.encoder(text))
 
+    def padded(self, size: int) -> "TokenVocabulary":
+        """This vocabulary over ``size`` ids: the ids past its own carry no text, so no grammar ever allows them.
+
+        Real checkpoints pad their LM head (Llama 3's 128,256 rows are 1,002 x 128) because a matrix product
+        whose row count is a multiple of the GEMM's tile runs at full speed, and cuBLAS handles an odd count
+        badly; a model whose head has ``size`` rows decodes over this vocabulary. Built once per size."""
+        return _padded(self, size)
+
     def outlines_vocabulary(self):
         """The same vocabulary as an ``outlines_core.Vocabulary`` (built once)."""
         if self._outlines is None:
@@ -118,6 +126,22 @@ class TokenVocabulary:
                     mapping.setdefault(b, []).append(i)
             self._outlines = Vocabulary(self.eos_id, mapping)
         return self._outlines
+
+
+@functools.lru_cache(maxsize=8)
+def _padded(vocab: TokenVocabulary, size: int) -> TokenVocabulary:
+    if isinstance(size, bool) or not isinstance(size, int) or size < vocab.vocab_size:
+        raise ValueError(f"size must be an int of at least the vocabulary's {vocab.vocab_size} ids, got {size!r}")
+    if size == vocab.vocab_size:
+        return vocab
+    extra = size - vocab.vocab_size
+    return TokenVocabulary(f"{vocab.name}+{extra}", list(vocab.token_bytes) + [None] * extra, vocab.eos_id,
+                           vocab.encoder)
+
+
+def padded_size(ids: int, multiple: int = 128) -> int:
+    """``ids`` rounded up to a multiple of ``multiple`` (the LM head's rows of a model that pads its vocabulary)."""
+    return -(-ids // multiple) * multiple
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,0 +1,243 @@
+"""What practitioners would run instead: Hugging Face ``generate`` with xgrammar's logits processor.
+
+:func:`hf_model` builds a ``transformers.LlamaForCausalLM`` with the weights and config of a
+:class:`~studylog.decode.model.LlamaModel`; :func:`hf_generate` runs a constrained greedy request through
+``hf.generate(..., logits_processor=[xgrammar.contrib.hf.LogitsProcessor(grammar.xgrammar)])``, xgrammar's
+documented integration; :func:`time_hf` times it per output token as :attr:`Generation.ms_per_token
+<studylog.decode.loop.Generation.ms_per_token>` does. On a CPU in fp32 it writes the same tokens as step 1 of
+the chapter's loop (tested); what separates the two paths is how each step is run, as read in transformers'
+``GenerationMixin._sample`` (5.x) and xgrammar's ``contrib/hf.py`` (0.2.9):
+
+* **no CUDA graphs**: ``generate`` compiles the forward (``torch.compile``, which may capture graphs) only
+  with a compileable cache other than ``DynamicCache`` (``cache_implementation="static"``); by default the
+  cache is a ``DynamicCache`` that grows by ``torch.cat`` every step, and each forward runs eagerly, torch's
+  operations one launch at a time (SDPA attention; RMSNorm, rotary positions, SwiGLU and the residual adds
+  as separate kernels): the ``body_unfused`` baseline of the chapter, without its graph replay;
+* **a Python host loop per token**: each step runs ``prepare_inputs_for_generation``, the model's
+  ``forward`` (position ids, causal mask and rotary cos/sin rebuilt each time), ``_update_model_kwargs_for_generation``,
+  the logits processors, ``torch.argmax``, the stopping criteria (max length, EOS) and a
+  ``bool(unfinished_sequences.max() == 0)`` that waits for the device (the deferred stop check is used on
+  Apple's ``mps`` only); xgrammar's processor adds a matcher ``accept_token`` (after a ``.item()`` of the
+  last token), ``fill_next_token_bitmask`` on the host and the bitmask's copy to the device from pageable
+  memory, every step;
+* **the dense head over the whole vocabulary**: ``lm_head`` on the last position (``logits_to_keep=1``)
+  computes every logit in the model's dtype (bf16 logits on a GPU, rounded before ``generate`` copies them
+  to fp32, where the loop's GEMM writes fp32 logits from bf16 inputs); the masked head of step 3 reads only
+  the allowed rows;
+* **the mask applied to fp32 logits by xgrammar's kernel**: the processor calls
+  ``xgr.apply_token_bitmask_inplace`` (Triton on a GPU, xgrammar's CPU kernel on a CPU) on the fp32 copy,
+  as step 1 does; there are no forced-token jumps (one forward per output token, as in step 1).
+
+The processor's bitmask has the width of the grammar's vocabulary; logits wider than that (a head padded
+past the tokenizer's vocabulary) are masked only over that width (xgrammar warns, and the padded ids stay
+allowed), so :func:`hf_generate` refuses a grammar whose vocabulary is not exactly the head's rows, as
+:class:`~studylog.decode.loop.Decoder` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from studylog.decode.grammar import Grammar
+from studylog.decode.loop import check_model
+from studylog.decode.model import LlamaModel, hf_config, state_dict_hf
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - the venv has it
+        raise ImportError("studylog.decode.peers needs Hugging Face transformers (pip install transformers)") from exc
+    return transformers
+
+
+def _rope_theta(config: Any) -> float | None:
+    """The rope theta a transformers config holds (``rope_parameters`` in 5.x, ``rope_theta`` before)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta if theta is not None else getattr(config, "rope_theta", float("nan")))
+
+
+@torch.no_grad()
+def hf_model(model: LlamaModel, *, attn_implementation: str | None = None):
+    """A ``transformers.LlamaForCausalLM`` with ``model``'s weights and config (hidden size, layers, heads, KV
+    heads, head_dim, MLP size, rope theta, RMSNorm eps, tied or untied head), on ``model``'s device and dtype,
+    in eval mode. The weights are copied (the two models share nothing). ``attn_implementation``: transformers'
+    choice by default (SDPA), as ``from_pretrained`` would make it.
+
+    The model is built as ``from_pretrained`` builds one (under the dtype as torch's default, so the rotary
+    frequencies stay fp32), without random initialisation, and loaded strictly: a missing or extra tensor
+    is an error."""
+    model = check_model(model)
+    transformers = _transformers()
+    cfg = model.config
+    config = transformers.LlamaConfig(**hf_config(cfg, model.dtype))  # ValueError for a shared-layers config
+    # the generation defaults of a bare LlamaConfig (bos 1, eos 2) mean nothing for this vocabulary
+    config.bos_token_id = config.eos_token_id = config.pad_token_id = None
+    theta = _rope_theta(config)
+    if theta != cfg.rope_theta:
+        raise RuntimeError(f"transformers {transformers.__version__} read rope theta {theta} from the config, "
+                           f"the model has {cfg.rope_theta}")
+    major = int(transformers.__version__.split(".")[0])
+    kwargs = {"dtype" if major >= 5 else "torch_dtype": model.dtype}  # renamed in transformers 5
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers: random initialisation, overwritten below
+        no_init_weights = contextlib.nullcontext
+    with torch.device(model.device), no_init_weights():
+        hf = transformers.LlamaForCausalLM._from_config(config, **kwargs)
+    hf.tie_weights()  # no_init_weights also skips the tying that initialisation does (a no-op when untied)
+    tensors = state_dict_hf(model)
+    if cfg.tie_embeddings:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    missing, unexpected = hf.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]
+    if missing or unexpected:
+        raise RuntimeError(f"LlamaForCausalLM and LlamaModel disagree on tensors: missing {missing[:6]}, "
+                           f"unexpected {unexpected[:6]}")
+    if cfg.tie_embeddings and hf.lm_head.weight.data_ptr() != hf.model.embed_tokens.weight.data_ptr():
+        raise RuntimeError("the Hugging Face model did not tie its LM head to its embedding")
+    first = next(hf.parameters())
+    if first.device != model.device or first.dtype != model.dtype:
+        raise RuntimeError(f"the Hugging Face model is on {first.device} in {first.dtype}, the model on "
+                           f"{model.device} in {model.dtype}")
+    return hf.eval()
+
+
+def _check_hf(hf: Any):
+    transformers = _transformers()
+    if not isinstance(hf, transformers.PreTrainedModel) or not hasattr(hf, "generate"):
+        raise TypeError(f"hf must be a transformers causal LM (hf_model(model) builds one), got {type(hf).__name__}"
+                        + ("; convert a studylog LlamaModel with hf_model(model)" if isinstance(hf, LlamaModel)
+                           else ""))
+    head = hf.get_output_embeddings()
+    if head is None:
+        raise TypeError(f"{type(hf).__name__} has no LM head (get_output_embeddings() is None)")
+    return hf, head.weight.shape[0]
+
+
+def _check_grammar(grammar: Any, rows: int) -> Grammar:
+    if not isinstance(grammar, Grammar):
+        raise TypeError(f"grammar must be a studylog.decode.Grammar, got {type(grammar).__name__}")
+    V = grammar.xgrammar.tokenizer_info.vocab_size
+    if V != rows:
+        raise ValueError(
+            f"grammar {grammar.name!r} was compiled for the vocabulary {grammar.vocab.name!r} of {V} ids, but the "
+            f"model's LM head has {rows} rows: they must match (a grammar of another vocabulary allows other ids; "
+            "and over a head padded past the vocabulary, xgrammar's processor masks only the first "
+            f"{V} logits and leaves the padded ids allowed)")
+    return grammar
+
+
+def _prompt(prompt_ids: Any, rows: int) -> list[int]:
+    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+        if isinstance(prompt_ids, torch.Tensor) and prompt_ids.ndim == 1 and not prompt_ids.is_floating_point():
+            prompt_ids = prompt_ids.tolist()
+        else:
+            raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}")
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: generate needs at least one token to start from")
+    for i, t in enumerate(prompt_ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"prompt_ids holds {t!r} ({type(t).__name__}) at position {i}; token ids are ints")
+        if not 0 <= t < rows:
+            raise ValueError(f"prompt_ids holds token id {t} at position {i}, outside the vocabulary [0, {rows})")
+    return list(prompt_ids)
+
+
+def _positive(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int,
+                eos_id: int | None = None) -> list[int]:
+    """The greedy constrained output of ``hf`` (a :func:`hf_model`) for one prompt: ``hf.generate`` with
+    ``do_sample=False``, ``max_new_tokens``, xgrammar's HF logits processor for ``grammar.xgrammar`` (a new one per
+    call: it holds the matchers' state), ``eos_token_id = pad_token_id = eos_id`` (default: the grammar's
+    vocabulary's EOS) and an all-ones attention mask. Returns the output ids, EOS excluded."""
+    hf, rows = _check_hf(hf)
+    grammar = _check_grammar(grammar, rows)
+    ids = _prompt(prompt_ids, rows)
+    max_new_tokens = _positive("max_new_tokens", max_new_tokens)
+    eos_id = grammar.vocab.eos_id if eos_id is None else eos_id
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < rows:
+        raise ValueError(f"eos_id must be a token id in [0, {rows}), got {eos_id!r}")
+    return _generate(hf, grammar, ids, max_new_tokens, eos_id)
+
+
+@torch.no_grad()
+def _generate(hf, grammar: Grammar, ids: list[int], max_new_tokens: int, eos_id: int,
+              inputs: tuple | None = None) -> list[int]:
+    input_ids, mask, processor = inputs or _inputs(hf, grammar, ids)
+    out = hf.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                      logits_processor=[processor], eos_token_id=eos_id, pad_token_id=eos_id)
+    new = out[0, len(ids):].tolist()
+    if eos_id in new:
+        new = new[:new.index(eos_id)]
+    return new
+
+
+def _inputs(hf, grammar: Grammar, ids: list[int]) -> tuple:
+    """The prompt and its attention mask on the model's device, and a new xgrammar processor (one per call)."""
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    input_ids = torch.tensor([ids], dtype=torch.int64, device=next(hf.parameters()).device)
+    return input_ids, torch.ones_like(input_ids), LogitsProcessor(grammar.xgrammar)
+
+
+class HFTiming(NamedTuple):
+    """:func:`time_hf`'s result: the median of ``per_repeat`` (ms per output token), each repeat's value, and the
+    output ids (the same every repeat: greedy)."""
+
+    ms_per_token: float
+    per_repeat: list[float]
+    ids: list[int]
+
+
+def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int, repeats: int = 3,
+            eos_id: int | None = None, warmup: bool = True) -> HFTiming:
+    """Milliseconds per output token of :func:`hf_generate`, defined as :attr:`Generation.ms_per_token
+    <studylog.decode.loop.Generation.ms_per_token>`: the request's wall time (prefill included, the
+    ``generate`` call alone: the logits processor is built before the clock starts and its matchers inside
+    the call, as the loop's are before its steps) over its output tokens (EOS not counted). On a GPU the
+    device is synchronised before each clock reading. One untimed run first (``warmup``), then ``repeats``
+    timed ones with Python's garbage collector paused, as the chapter's benchmark runs the loop."""
+    from studylog.bench import collector_paused
+
+    hf, rows = _check_hf(hf)
+    grammar = _check_grammar(grammar, rows)
+    ids = _prompt(prompt_ids, rows)
+    max_new_tokens = _positive("max_new_tokens", max_new_tokens)
+    repeats = _positive("repeats", repeats)
+    eos_id = grammar.vocab.eos_id if eos_id is None else eos_id
+    cuda = next(hf.parameters()).device.type == "cuda"
+    if warmup:
+        hf_generate(hf, grammar, ids, max_new_tokens=max_new_tokens, eos_id=eos_id)
+    per_repeat, outputs = [], []
+    with collector_paused():
+        for _ in range(repeats):
+            inputs = _inputs(hf, grammar, ids)
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = _generate(hf, grammar, ids, max_new_tokens, eos_id, inputs)
+            if cuda:
+                torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) * 1e3
+            per_repeat.append(ms / max(len(out), 1))
+            outputs.append(out)
+    if any(o != outputs[0] for o in outputs):
+        raise RuntimeError("greedy generate wrote different tokens in different repeats")
+    return HFTiming(statistics.median(per_repeat), per_repeat, outputs[0])
+
+
+__all__ = ["HFTiming", "hf_generate", "hf_model", "time_hf"]
