@@ -1,0 +1,360 @@
+"""Integer bounds in JSON-schema regexes: what outlines-core leaves out.
+
+outlines-core writes every ``{"type": "integer"}`` as ``(-)?(0|[1-9][0-9]*)`` and ignores ``minimum``,
+``maximum``, ``exclusiveMinimum`` and ``exclusiveMaximum``: for ``{"type": "integer", "minimum": 1,
+"maximum": 9}`` a constrained model may write ``10``, and the output fails ``jsonschema`` validation.
+
+This module puts the bounds back in three steps:
+
+1. :func:`integer_range_regex` writes the decimal integers of ``[lo, hi]`` (either end open) as a compact
+   regex: the classic digit-by-digit decomposition, no leading zeros, no ``-0``, ASCII ``[0-9]`` only,
+   non-capturing groups, longer branches first;
+2. :func:`bound_integers` rewrites a schema so that every bounded integer subschema becomes
+   ``{"const": S}`` with ``S`` a unique sentinel integer, and returns ``{str(S): "(?:range regex)"}``;
+3. :func:`regex_with_bounds` builds the rewritten schema's regex with outlines-core and replaces each
+   sentinel's literal by its range regex (:func:`replace_sentinels`), refusing a sentinel it cannot find.
+
+Only the subschemas outlines-core actually writes are rewritten: :func:`bound_integers` follows
+outlines-core's own dispatch (``properties`` first, then ``allOf``/``anyOf``/``oneOf``/``prefixItems``,
+``enum``/``const``, ``$ref``, ``type``; an array's ``items`` and an object's ``additionalProperties``) and
+follows local ``$ref`` s into their targets, which it rewrites in place (the ``$ref`` s stay). A subschema
+written several times (an array's items appear twice in outlines-core's regex, a definition once per
+reference) keeps one sentinel, replaced at every occurrence.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import numbers
+import re
+from typing import Any, Optional
+
+__all__ = ["integer_range_regex", "integer_bounds", "bound_integers", "replace_sentinels", "regex_with_bounds",
+           "SENTINEL_BASE"]
+
+#: The first sentinel: sixteen digits (below 2**53, so every JSON library keeps it exact) unlikely elsewhere.
+SENTINEL_BASE = 7_361_000_000_000_000
+
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# outlines-core's dispatch (parsing.rs, ``to_regex``): the first key present decides how a node is written.
+_BEFORE_TYPE = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref")
+
+
+# --- the range regex --------------------------------------------------------------------------------------
+
+def _cls(a: int, b: int) -> str:
+    """One digit from ``a`` to ``b``."""
+    if a == b:
+        return str(a)
+    if b == a + 1:
+        return f"[{a}{b}]"
+    return f"[{a}-{b}]"
+
+
+def _any_digits(m: int, n: Optional[int]) -> str:
+    """``m`` to ``n`` (None: any number of) digits."""
+    if n is None:
+        return {0: "[0-9]*", 1: "[0-9]+"}.get(m, f"[0-9]{{{m},}}")
+    if m == n:
+        return {0: "", 1: "[0-9]"}.get(m, f"[0-9]{{{m}}}")
+    if (m, n) == (0, 1):
+        return "[0-9]?"
+    return f"[0-9]{{{m},{n}}}"
+
+
+def _group(alts: list[str]) -> str:
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+
+def _same_length(x: str, y: str) -> list[str]:
+    """Alternatives matching exactly the digit strings from ``x`` to ``y`` (same length, ``x <= y``; leading
+    zeros allowed: these are the tails of longer numbers). Every alternative has the length of ``x``."""
+    if x == y:
+        return [x]
+    i = next(i for i, (cx, cy) in enumerate(zip(x, y)) if cx != cy)
+    prefix, a, b, xs, ys = x[:i], int(x[i]), int(y[i]), x[i + 1:], y[i + 1:]
+    k = len(xs)
+    out = []
+    low_full, high_full = xs == "0" * k, ys == "9" * k
+    if not low_full:  # a followed by xs..99..9
+        out.append(str(a) + _group(_same_length(xs, "9" * k)))
+    mid_a, mid_b = (a if low_full else a + 1), (b if high_full else b - 1)
+    if mid_a <= mid_b:  # whole digits in between, any tail
+        out.append(_cls(mid_a, mid_b) + _any_digits(k, k))
+    if not high_full:  # b followed by 00..0..ys
+        out.append(str(b) + _group(_same_length("0" * k, ys)))
+    out.reverse()  # higher numbers first (all the same length: the order only reads better)
+    return [prefix + _group(out)] if prefix else out
+
+
+def _natural_alternatives(a: int, b: Optional[int]) -> list[tuple[float, str]]:
+    """``(longest match, regex)`` alternatives for the integers in ``[a, b]``, ``0 <= a``, ``b`` None for no
+    upper bound, written without leading zeros. Lengths whose every number is in range are merged into one
+    ``[1-9][0-9]{m,n}`` (open: ``{m,}``)."""
+    la = len(str(a))
+    lb = len(str(b)) if b is not None else la
+    groups: list[tuple[int, object]] = []  # (length, "full" or [alternatives])
+    for length in range(la, lb + 1):
+        first = 10 ** (length - 1) if length > 1 else (0 if a == 0 else 1)
+        lo = max(a, first)
+        hi = 10 ** length - 1 if b is None else min(b, 10 ** length - 1)
+        if lo > hi:
+            continue
+        if lo == max(1, 10 ** (length - 1)) and hi == 10 ** length - 1:
+            groups.append((length, "full"))
+        else:
+            groups.append((length, _same_length(str(lo), str(hi))))
+    out: list[tuple[float, str]] = []
+    run: Optional[list[int]] = None  # [first length, last length] of consecutive full lengths
+    for length, g in groups + ([(lb + 1, "open")] if b is None else []):
+        if g in ("full", "open"):
+            if run is None:
+                run = [length, length]
+            run[1] = length
+            if g == "open":
+                run[1] = None
+            continue
+        if run is not None:
+            out.append((run[1], "[1-9]" + _any_digits(run[0] - 1, run[1] - 1)))
+            run = None
+        out.extend((length, alt) for alt in g)
+    if run is not None:
+        last = run[1]
+        out.append((math.inf if last is None else last,
+                    "[1-9]" + _any_digits(run[0] - 1, None if last is None else last - 1)))
+    out.sort(key=lambda t: -t[0])  # stable: longest first
+    return out
+
+
+def integer_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
+    """A regex matching exactly the integers in ``[lo, hi]`` as JSON writes them.
+
+    ``None`` leaves a bound open. The regex uses Rust ``regex`` syntax that Python's ``re`` reads the same
+    way: ASCII ``[0-9]`` classes, non-capturing groups, a top-level alternation (not wrapped), longer
+    branches first. No leading zeros, no ``+``, no ``-0``; ``0`` when in range. An empty range
+    (``lo > hi``) raises ValueError: no regex of an integer would be right."""
+    for name, v in (("lo", lo), ("hi", hi)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+            raise TypeError(f"{name} must be an int or None, got {type(v).__name__}")
+    lo = None if lo is None else int(lo)
+    hi = None if hi is None else int(hi)
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"empty integer range [{lo}, {hi}]: no integer is allowed")
+    alts: list[tuple[float, str]] = []
+    if lo is None or lo < 0:  # negatives: '-' and a magnitude in [max(1, -hi), -lo]
+        m_lo = 1 if hi is None or hi >= -1 else -hi
+        m_hi = None if lo is None else -lo
+        neg = _natural_alternatives(m_lo, m_hi)
+        alts.append((1 + max(n for n, _ in neg), "-" + _group([r for _, r in neg])))
+    if hi is None or hi >= 0:
+        alts.extend(_natural_alternatives(0 if lo is None else max(lo, 0), hi))
+    alts.sort(key=lambda t: -t[0])  # stable: longest first
+    return "|".join(r for _, r in alts)
+
+
+# --- the schema rewrite -----------------------------------------------------------------------------------
+
+def _number(value: Any, where: str, key: str):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{where}: {key} must be a number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {key} must be finite, got {value!r}")
+    return value
+
+
+def integer_bounds(schema: dict, where: str = "#") -> tuple[Optional[int], Optional[int]]:
+    """The integer interval ``[lo, hi]`` allowed by a subschema's ``minimum``/``maximum``/
+    ``exclusiveMinimum``/``exclusiveMaximum`` (None: open), non-integer bounds rounded inward
+    (``minimum: 1.5`` is 2, ``exclusiveMaximum: 9.5`` is 9, ``exclusiveMinimum: 1`` is 2). Draft 4's
+    boolean ``exclusiveMinimum``/``exclusiveMaximum`` make ``minimum``/``maximum`` exclusive."""
+    lows, highs = [], []
+    excl_min, excl_max = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if "minimum" in schema:
+        v = _number(schema["minimum"], where, "minimum")
+        lows.append(math.floor(v) + 1 if excl_min is True else math.ceil(v))
+    if "maximum" in schema:
+        v = _number(schema["maximum"], where, "maximum")
+        highs.append(math.ceil(v) - 1 if excl_max is True else math.floor(v))
+    if excl_min is not None and not isinstance(excl_min, bool):
+        lows.append(math.floor(_number(excl_min, where, "exclusiveMinimum")) + 1)
+    if excl_max is not None and not isinstance(excl_max, bool):
+        highs.append(math.ceil(_number(excl_max, where, "exclusiveMaximum")) - 1)
+    return (max(lows) if lows else None), (min(highs) if highs else None)
+
+
+def _is_bounded_integer(node: dict) -> bool:
+    if any(k in node for k in _BEFORE_TYPE):  # outlines-core writes it another way (or it is pinned already)
+        return False
+    t = node.get("type")
+    is_int = t == "integer" or (isinstance(t, list) and "integer" in t)
+    if not is_int:
+        return False
+    lo, hi = integer_bounds(node)
+    return lo is not None or hi is not None
+
+
+def _resolve_pointer(root: Any, ref: str) -> Optional[Any]:
+    """The target of a local ``$ref`` (``#``, ``#/$defs/Name``...), None when it is not local or not there."""
+    if not isinstance(ref, str):
+        return None
+    base, _, fragment = ref.partition("#")
+    if base and not (isinstance(root, dict) and root.get("$id") == base):
+        return None
+    node = root
+    for part in (p for p in fragment.split("/") if p):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _sentinel_base(text: str) -> int:
+    """A base whose sentinels' digits do not already occur in ``text``."""
+    base = SENTINEL_BASE
+    while str(base)[:10] in text:  # all sentinels of one base share these ten digits
+        base += 10 ** 12
+    return base
+
+
+def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
+    """``schema`` (not modified) with every bounded integer subschema replaced by ``{"const": S}``, and the
+    map ``{str(S): "(?:range regex)"}``.
+
+    ``S`` is a unique sentinel integer (:data:`SENTINEL_BASE` + k, moved elsewhere if the schema's text
+    already holds those digits); outlines-core writes it as its plain digits. Only subschemas that
+    outlines-core writes are visited (see the module docstring); local ``$ref`` targets (``$defs``,
+    ``definitions``, any JSON pointer) are rewritten in place, so the ``$ref`` s and the definitions stay.
+    Integer subschemas without bounds, or with ``enum``/``const``, are left alone. A ``type`` list holding
+    ``"integer"`` becomes ``{"anyOf": [{"const": S}, <the other types>]}``. Other keywords of a rewritten
+    integer subschema (``title``, ``multipleOf``, outlines' ``minDigits``...) are dropped. A bounded integer
+    subschema that no integer satisfies raises ValueError."""
+    if not isinstance(schema, dict):
+        raise TypeError(f"schema must be a dict, got {type(schema).__name__}")
+    root = copy.deepcopy(schema)
+    base = _sentinel_base(json.dumps(schema))
+    mapping: dict[str, str] = {}
+    seen: set[int] = set()
+
+    def rewrite(node: dict, where: str) -> None:
+        lo, hi = integer_bounds(node, where)
+        try:
+            body = integer_range_regex(lo, hi)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        sentinel = base + len(mapping)
+        mapping[str(sentinel)] = f"(?:{body})"
+        types = node["type"]
+        others = [t for t in types if t != "integer"] if isinstance(types, list) else []
+        keep = {k: node[k] for k in ("$defs", "definitions", "$id") if k in node}
+        rest = {k: v for k, v in node.items() if k not in keep}
+        node.clear()
+        node.update(keep)
+        if others:
+            other = dict(rest, type=others[0] if len(others) == 1 else others)
+            node["anyOf"] = [{"const": sentinel}, other]
+            visit(other, where + "/anyOf/1")
+        else:
+            node["const"] = sentinel
+
+    def visit(node: Any, where: str) -> None:
+        if not isinstance(node, dict) or id(node) in seen:
+            return
+        seen.add(id(node))
+        if "properties" in node:
+            props = node["properties"]
+            if isinstance(props, dict):
+                for name, sub in props.items():
+                    visit(sub, f"{where}/properties/{name}")
+            return
+        for key in ("allOf", "anyOf", "oneOf", "prefixItems"):
+            if key in node:
+                if isinstance(node[key], list):
+                    for i, sub in enumerate(node[key]):
+                        visit(sub, f"{where}/{key}/{i}")
+                return
+        if "enum" in node or "const" in node:
+            return
+        if "$ref" in node:
+            target = _resolve_pointer(root, node["$ref"])
+            visit(target, str(node["$ref"]))
+            return
+        if _is_bounded_integer(node):
+            rewrite(node, where)
+            return
+        t = node.get("type")
+        types = t if isinstance(t, list) else [t]
+        if "array" in types and node.get("maxItems", 1) != 0:
+            visit(node.get("items"), where + "/items")
+        if "object" in types and node.get("maxProperties", 1) != 0:
+            visit(node.get("additionalProperties"), where + "/additionalProperties")
+
+    visit(root, "#")
+    return root, mapping
+
+
+# --- the regex ----------------------------------------------------------------------------------------------
+
+def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
+    """``regex`` with every occurrence of each sentinel's digits replaced by its range regex.
+
+    Raises ValueError when a sentinel does not occur, or occurs inside a longer run of digits or after a
+    ``-`` (not as the whole integer literal outlines-core writes for ``{"const": S}``): a sentinel is never
+    missed silently. A sentinel may occur several times (array items, a definition referenced twice)."""
+    for digits, replacement in mapping.items():
+        if not digits.isdigit():
+            raise ValueError(f"sentinel {digits!r} is not a string of digits")
+        hits = [m.start() for m in re.finditer(re.escape(digits), regex)]
+        if not hits:
+            raise ValueError(f"sentinel {digits} (for {replacement}) does not occur in the regex: outlines-core "
+                             "did not write its subschema, or wrote the integer differently")
+        for at in hits:
+            before, after = regex[at - 1:at], regex[at + len(digits):at + len(digits) + 1]
+            if before.isdigit() or before == "-" or after.isdigit():
+                raise ValueError(f"sentinel {digits} occurs at {at} inside a longer literal "
+                                 f"({regex[max(0, at - 10):at + len(digits) + 10]!r})")
+    for digits, replacement in mapping.items():
+        regex = regex.replace(digits, replacement)
+    left = [d for d in mapping if d in regex]
+    if left:  # a replacement that contains another sentinel's digits
+        raise ValueError(f"sentinels {left} remain in the regex after replacement")
+    return regex
+
+
+def _schema_dict(schema: Any) -> dict:
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"invalid JSON schema: not valid JSON ({exc})") from exc
+    if not isinstance(schema, dict):
+        raise ValueError(f"invalid JSON schema: expected a JSON object, got {type(schema).__name__}")
+    return schema
+
+
+def regex_with_bounds(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True) -> str:
+    """outlines-core's regex for ``schema`` (a dict, JSON text, or a pydantic model class) with integer
+    bounds kept: :func:`bound_integers`, ``outlines_core.json_schema.build_regex_from_schema``, then
+    :func:`replace_sentinels`.
+
+    ``whitespace_pattern`` is outlines' (None: ``[ ]?``). ``ascii_digits`` (default True, as in
+    :func:`studylog.fsm.regex_from_schema`) writes outlines-core's ``\\d`` as ``[0-9]``. An unsupported
+    schema, an empty integer range, or a sentinel not found in the regex raises ValueError."""
+    from outlines_core.json_schema import build_regex_from_schema
+
+    from studylog.fsm.automaton import ascii_digit_classes
+
+    rewritten, mapping = bound_integers(_schema_dict(schema))
+    try:
+        regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"invalid or unsupported JSON schema: {str(exc).splitlines()[0]}") from exc
+    regex = replace_sentinels(regex, mapping)
+    return ascii_digit_classes(regex) if ascii_digits else regex
