@@ -35,9 +35,9 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     names = args.schemas.split(",")
-    grammars = {n: Grammar.from_suite(n, whitespace="compact") for n in names}
     model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
-    decoder = Decoder(model, grammars[names[0]].vocab, batch=1, max_seq=512)
+    decoder = Decoder(model, batch=1, max_seq=512)  # cl100k over the head's rows
+    grammars = {n: Grammar.from_suite(n, decoder.vocab, whitespace="compact") for n in names}
     decoder.capture()
 
     def timed(stage: str) -> list[dict]:

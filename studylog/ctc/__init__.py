@@ -80,6 +80,7 @@ from studylog.ctc.warpctc import (GRAIN_SIZES, UnderflowWarning, bank_ways, bloc
                                   kernel_names, preload_blocked, step01_baseline, step02_restrict, step03_ldg,
                                   step04_register_blocking, step05_shared_rows, step06_probability_space,
                                   untrusted_answers)
+from studylog.ctc import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 
 def _csrc(name: str):
@@ -140,7 +141,7 @@ CHAPTER = Chapter(
 FINAL_STEP = CHAPTER.final.number
 
 __all__ = [
-    "CHAPTER", "FINAL_STEP", "ctc_loss", "CTCPlan",
+    "CHAPTER", "ops", "FINAL_STEP", "ctc_loss", "CTCPlan",
     # the lesson's tables, figures and numbers; the exercises and their checks
     "lesson", "figures", "exercises",
     "step01_baseline", "step02_restrict", "step03_ldg", "step04_register_blocking", "step05_shared_rows",

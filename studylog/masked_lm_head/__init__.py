@@ -47,6 +47,7 @@ from studylog.masked_lm_head.reorder import (ReorderedHead, VocabOrder, active_b
 from studylog.masked_lm_head.benchmark import BATCHES, IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, cases, losses
 from studylog.masked_lm_head.report import (bench, figures, headline, host_table, run_sweep, sweep_counts,
                                            target_report)
+from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(
     name="masked_lm_head",
@@ -103,7 +104,7 @@ CHAPTER = Chapter(
 )
 
 __all__ = [
-    "CHAPTER",
+    "CHAPTER", "ops",
     # the steps, and the general entry point (the final step)
     "step00_dense", "step01_block_skip", "step02_column_skip", "step03_row_skip", "step04_compact",
     "step05_stream", "step06_few_ids", "step07_batched", "step08_reordered", "step09_dispatch", "masked_logits",

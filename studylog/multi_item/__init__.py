@@ -67,6 +67,7 @@ from studylog.multi_item.tiles import (
     tile_stats,
     work_order,
 )
+from studylog.multi_item import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(
     name="multi_item",
@@ -91,7 +92,7 @@ CHAPTER = Chapter(
 )
 
 __all__ = [
-    "CHAPTER",
+    "CHAPTER", "ops",
     # the steps, and the chapter's entry point (step 5)
     "step01_dense_sdpa",
     "step02_dense_mask",

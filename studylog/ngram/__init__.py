@@ -45,6 +45,7 @@ from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, R
 from studylog.ngram.results import (caption, figures, gpu_headline, grid_row, headline, real_text_table, step_table,
                                     summary_table, target_verdicts)
 from studylog.paths import chapter_csrc
+from studylog.ngram import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 _CSRC = chapter_csrc("ngram")
 
@@ -84,7 +85,7 @@ CHAPTER = Chapter(
 )
 
 __all__ = [
-    "CHAPTER",
+    "CHAPTER", "ops",
     # formats
     "NGRAM_MAX", "NONE_KEY", "DEFAULT_THRESHOLD", "HYBRID_DEFAULT_THRESHOLD", "NgramInputs", "NgramConfig",
     "validate", "same_state",

@@ -66,6 +66,7 @@ from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W
 
 from studylog.ternary import exercises, lesson, peers
 from studylog.ternary.steps import CSRC, RENAMED_SERIES, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
+from studylog.ternary import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(
     name="ternary",
@@ -81,7 +82,7 @@ CHAPTER = Chapter(
 )
 
 __all__ = [
-    "CHAPTER", "STEPS", "SERIES", "STEP_CONFIGS", "STEP_WEIGHTS", "RENAMED_SERIES", "CSRC", "ternary_matmul",
+    "CHAPTER", "ops", "STEPS", "SERIES", "STEP_CONFIGS", "STEP_WEIGHTS", "RENAMED_SERIES", "CSRC", "ternary_matmul",
     # the steps
     "step01_sign", "step02_int8", "step03_2bit", "step04_gemv", "step05_dot", "step06_base3_gemv",
     "step07_base3_dot", "step08_w2a8_dot", "step09_mma", "step10_cuda_mma", "step11_tma", "step12_w2a8",

@@ -1,0 +1,114 @@
+"""Chapter 6's entry point as a PyTorch operator: ``torch.ops.studylog.multi_item_attention``.
+
+:func:`~studylog.multi_item.steps.multi_item_attention` takes the batch's layout as a
+:class:`~studylog.multi_item.formats.MultiItemBatch`, a Python object; the operator takes what its kernel reads
+of it: step 5's program table (planned on the host once per layout, :func:`layout`), the positions of the
+tokens inside their items (FlashInfer's ``token_pos_in_items``) and how many programs each tile height
+launches. It runs the final kernel (``attn_fwd_batched``, autotuned on the GPU, 16 x 16 tiles in the
+interpreter) and neither synchronises nor reads anything back, so a call can be captured in a CUDA graph.
+
+An opaque ``torch.library.custom_op``, on the GPU too: as a ``torch.library.triton_op`` (``wrap_triton``),
+Inductor recompiles the kernel with its Python float argument ``qk_scale`` typed fp64 (how Inductor types a
+float scalar of a user-defined Triton kernel, where Triton's own launcher takes fp32), which carries the online
+softmax into fp64 until ``tl.dot`` refuses the fp64 accumulator: the compile fails (seen on an H200, torch
+2.11). A ``triton_op`` fits once the kernel casts ``qk_scale`` to fp32. In Triton's interpreter the opaque
+operator also keeps Dynamo out of the interpreter's numpy code (see :mod:`studylog.masked_lm_head.ops`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from studylog import runtime
+from studylog.checks import check_tensor
+from studylog.multi_item.config import INTERPRETER_BLOCKS, size_bucket, strides
+from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS,
+                                         MultiItemBatch, check_rule)
+from studylog.multi_item.kernels import attn_fwd_batched
+from studylog.multi_item.steps import GPU_BLOCK_MS, LOG2E
+from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, schedule_table
+
+#: The tile heights the operator's launch may take: every height the autotuner may pick, or the interpreter's.
+HEIGHTS = GPU_BLOCK_MS if runtime.mode() == "gpu" else (INTERPRETER_BLOCKS[0],)
+
+
+def layout(batch: MultiItemBatch, q: Tensor, rule: str = DEFAULT_RULE) -> tuple[Tensor, Tensor, list[int]]:
+    """The operator's layout arguments for ``batch`` and ``q``: (program table, token positions, programs)."""
+    if not isinstance(batch, MultiItemBatch):
+        raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
+    table, programs = schedule_table(batch, q.shape[0], DEFAULT_ORDER, HEIGHTS, 2 * q.shape[-1] * q.element_size(),
+                                     check_rule(rule))
+    return table, batch.token_pos, [programs.get(h, 0) for h in SCHEDULE_BLOCK_MS]
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Tensor, programs: list[int],
+           rule: str) -> None:
+    """Metadata checks only (the tables' values are the layout's, planned and checked on the host)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, dtype=SUPPORTED_DTYPES, ndim=3, like=q, last_dim_contiguous=True)
+    if k.shape != q.shape or v.shape != q.shape or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must have one shape and dtype, got {tuple(q.shape)} {q.dtype}, "
+                         f"{tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}")
+    if q.shape[2] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[2]}")
+    check_tensor("schedule", schedule, dtype=torch.int32, shape=(len(SCHEDULE_BLOCK_MS), None, 8), contiguous=True,
+                 like=q)
+    check_tensor("token_pos", token_pos, dtype=torch.int32, ndim=2, like=q, last_dim_contiguous=True)
+    check_rule(rule)
+    if len(programs) != len(SCHEDULE_BLOCK_MS) or any(isinstance(p, bool) or not isinstance(p, int) or p < 0
+                                                      for p in programs):
+        raise ValueError(f"programs must be {len(SCHEDULE_BLOCK_MS)} counts >= 0 (one per tile height "
+                         f"{SCHEDULE_BLOCK_MS}), got {programs!r}")
+    missing = [h for h in HEIGHTS if programs[SCHEDULE_BLOCK_MS.index(h)] == 0 and q.shape[1] > 0]
+    if missing:
+        raise ValueError(f"the schedule has no programs for tile heights {missing}, which this launch may take: "
+                         "build the layout with studylog.multi_item.ops.layout")
+    if runtime.mode() == "interpreter" and q.dtype == torch.bfloat16:
+        raise TypeError("bfloat16 is not supported in interpreter mode (Triton's interpreter multiplies bfloat16 "
+                        "tiles as raw integers in tl.dot): use float16 or float32 on the CPU")
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Tensor, programs: list[int],
+               sm_scale: Optional[float] = None, rule: str = DEFAULT_RULE) -> Tensor:
+    """Multi-item attention of ``q, k, v [heads, tokens, head_dim]`` over a :func:`layout`; a new output like ``q``."""
+    programs = [int(p) for p in programs]  # traced SymInts are specialised: they size the grid
+    _check(q, k, v, schedule, token_pos, programs, rule)
+    heads, tokens, head_dim = (int(s) for s in q.shape)  # plain ints (a traced SymInt is specialised)
+    out = torch.empty_like(q)
+    if tokens == 0 or heads == 0:
+        return out
+    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    counts = torch.empty(1, dtype=torch.int32, device=q.device)  # never written: COUNT_TILES is off
+    args = (q, k, v, out, schedule, int(schedule.stride(0)), token_pos, int(token_pos.stride(0)), counts, 0,
+            *(int(s) for s in strides(q, k, v, out)), sm_scale * LOG2E, size_bucket(tokens))
+    constexprs = {"HEAD_DIM": head_dim, "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+                  "SKIP_DELIMITER": ITEM_KEYS_FROM[rule], "COUNT_TILES": False}
+    if runtime.mode() != "gpu":
+        block_m, block_n = INTERPRETER_BLOCKS
+        attn_fwd_batched[(programs[SCHEDULE_BLOCK_MS.index(block_m)],)](*args, **constexprs, BLOCK_M=block_m,
+                                                                         BLOCK_N=block_n)
+        return out
+
+    def grid(meta):
+        return (programs[SCHEDULE_BLOCK_MS.index(meta["BLOCK_M"])],)
+
+    attn_fwd_batched[grid](*args, **constexprs)
+    return out
+
+
+multi_item_attention = torch.library.custom_op("studylog::multi_item_attention", _attention, mutates_args=())
+multi_item_attention.__doc__ = _attention.__doc__
+
+
+@multi_item_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Tensor, programs: list[int],
+      sm_scale: Optional[float] = None, rule: str = DEFAULT_RULE) -> Tensor:
+    _check(q, k, v, schedule, token_pos, [int(p) for p in programs], rule)
+    return torch.empty_like(q)
+
+
+__all__ = ["multi_item_attention", "layout"]

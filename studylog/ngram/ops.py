@@ -1,0 +1,78 @@
+"""Chapter 3's entry point as a PyTorch operator: ``torch.ops.studylog.ngram_match``.
+
+:func:`~studylog.ngram.kernels.ngram_match` takes an :class:`~studylog.ngram.formats.NgramInputs` and an
+:class:`~studylog.ngram.formats.NgramConfig`, Python objects; the operator takes their tensors and numbers, and
+updates ``draft_tokens`` and ``seq_lens_this_time`` in place, as the deployed operator does. An opaque
+``torch.library.custom_op`` (its kernel is CUDA C++): on CUDA tensors it runs the final kernel, step 7
+(:func:`~studylog.ngram.kernels.step07_stream`, no value read back, so a call can be captured in a CUDA
+graph); on CPU tensors step 1's C loop (:func:`~studylog.ngram.cpu_path.cpu_path_inplace`, bit-identical to the
+specification), which checks the lengths first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from studylog.ngram.cpu_path import cpu_path_inplace
+from studylog.ngram.formats import DEFAULT_THRESHOLD, NgramConfig, NgramInputs, validate
+from studylog.ngram.kernels import NgramMatcher, step07_stream
+
+
+def _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens) -> NgramConfig:
+    """The config (``int`` of a traced SymInt specialises it: each value is its own kernel launch)."""
+    return NgramConfig(int(max_ngram_size), int(min_ngram_size), int(threshold), bool(hybrid), int(max_draft_tokens))
+
+
+def _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
+            seq_lens_decoder) -> NgramInputs:
+    return NgramInputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
+                       seq_lens_encoder, seq_lens_decoder)
+
+
+def _ngram_match(prompt_ids: Tensor, prompt_lens: Tensor, generated_ids: Tensor, step_idx: Tensor,
+                 draft_token_num: Tensor, max_dec_len: Tensor, seq_lens_encoder: Tensor, seq_lens_decoder: Tensor,
+                 draft_tokens: Tensor, seq_lens_this_time: Tensor, max_ngram_size: int = 3, min_ngram_size: int = 1,
+                 threshold: int = DEFAULT_THRESHOLD, hybrid: bool = False, max_draft_tokens: int = 10) -> None:
+    """Drafts proposed in place into ``draft_tokens``, ``seq_lens_this_time`` (step 7 on CUDA, step 1 on the CPU)."""
+    config = _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens)
+    inputs = _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
+                     seq_lens_encoder, seq_lens_decoder)
+    cpu_path_inplace(inputs, draft_tokens, seq_lens_this_time, config)
+
+
+ngram_match = torch.library.custom_op("studylog::ngram_match", _ngram_match,
+                                      mutates_args=("draft_tokens", "seq_lens_this_time"))
+ngram_match.__doc__ = _ngram_match.__doc__
+
+
+@ngram_match.register_kernel("cuda")
+def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
+      seq_lens_decoder, draft_tokens, seq_lens_this_time, max_ngram_size=3, min_ngram_size=1,
+      threshold=DEFAULT_THRESHOLD, hybrid=False, max_draft_tokens=10) -> None:
+    config = _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens)
+    inputs = _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
+                     seq_lens_encoder, seq_lens_decoder)
+    # the values are not read (that would wait for the GPU): they must stay in the ranges validate states
+    NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time, config=config, check_values=False)()
+
+
+@ngram_match.register_fake
+def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
+      seq_lens_decoder, draft_tokens, seq_lens_this_time, max_ngram_size=3, min_ngram_size=1,
+      threshold=DEFAULT_THRESHOLD, hybrid=False, max_draft_tokens=10) -> None:
+    config = _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens)
+    inputs = _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
+                     seq_lens_encoder, seq_lens_decoder)
+    validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=False)
+
+
+def arguments(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
+              config: NgramConfig = NgramConfig()) -> tuple:
+    """The operator's arguments from ``NgramInputs``, the state and ``NgramConfig``, in the operator's order."""
+    return (inputs.prompt_ids, inputs.prompt_lens, inputs.generated_ids, inputs.step_idx, inputs.draft_token_num,
+            inputs.max_dec_len, inputs.seq_lens_encoder, inputs.seq_lens_decoder, draft_tokens, seq_lens_this_time,
+            config.max_ngram_size, config.min_ngram_size, config.threshold, config.hybrid, config.max_draft_tokens)
+
+
+__all__ = ["ngram_match", "arguments"]
