@@ -60,7 +60,11 @@ def test_plan_refuses_what_it_cannot_hold():
         ctc.CTCPlan(10, 2, 5, 4, step=10, grain=3, device="cpu")
     with pytest.raises(ValueError, match="only a step 6 plan"):
         plan.untrusted()
-    assert ctc.CTCPlan(10, 2, 5, 4, step=6, device="cpu").estimate.shape == (2,)
+    six = ctc.CTCPlan(10, 2, 5, 4, step=6, device="cpu")
+    assert six.estimate.shape == (2,)
+    # never called: its loss and estimate are uninitialised memory, not an answer
+    with pytest.raises(ValueError, match="has not been called .* since its targets were last set"):
+        six.untrusted()
 
 
 # --------------------------------------------------------------------------------------
@@ -301,6 +305,9 @@ def test_plan_replays_in_a_cuda_graph_over_changing_inputs(step, rng):
         if step == 6:  # probability space may lose an answer, never silently: the estimate flags it
             wrong = ctc.wrong_utterances(loss, grad, ref_loss, ref_grad)
             assert not (wrong & ~plan.untrusted()).any(), max_target
+            plan.set_targets(targets, il, tl)  # new targets, no replay yet: the old answer is not theirs
+            with pytest.raises(ValueError, match="has not been called"):
+                plan.untrusted()
             continue
         err = ctc.errors(loss, grad, ref_loss, ref_grad)
         assert err["mismatched"] == 0 and err["loss_rel"] <= ctc.LOSS_TOLERANCE, (max_target, err)

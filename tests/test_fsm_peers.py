@@ -342,3 +342,27 @@ def test_ours_drops_a_one_byte_step_out_of_a_final_state(vocab, libraries):
         answers[name] = _mask(m, vocab)
     assert answers["xgrammar"] == answers["llguidance"] == bf.allowed(b"ab")
     assert answers["ours"] in (bf.allowed(b"ab"), bf.allowed(b"ab") - {vocab.token_id(b"c")})
+
+
+def test_a_matcher_refuses_a_mask_buffer_it_would_fill_wrongly(vocab, libraries):
+    """Every library writes the mask through a pointer: an int64, short, strided or read-only buffer used to get a
+    wrong mask without an error. A rollback of a negative count (or, in ours, more than was consumed) is refused."""
+    words = peers.mask_words(vocab.vocab_size)
+    for name, lib in libraries.items():
+        m = lib.matcher(lib.compile("(ab|a)c"))
+        for bad in (np.zeros(words, dtype=np.int64), np.zeros(words - 1, dtype=np.int32),
+                    np.zeros(2 * words, dtype=np.int32)[::2]):
+            with pytest.raises(ValueError, match="int32 array of"):
+                m.fill_mask(bad)
+        frozen = np.zeros(words, dtype=np.int32)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            m.fill_mask(frozen)
+        with pytest.raises(TypeError, match="numpy array"):
+            m.fill_mask([0] * words)
+        with pytest.raises(ValueError, match="rollback takes"):
+            m.rollback(-1)
+        assert _mask(m, vocab)  # a correct buffer still works
+    ours = libraries["ours"].matcher(libraries["ours"].compile("abc"))
+    with pytest.raises(ValueError, match="cannot roll back 1 tokens: 0 were consumed"):
+        ours.rollback(1)

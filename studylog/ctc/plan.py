@@ -71,6 +71,12 @@ class CTCPlan:
         self.loss = torch.empty((N,), dtype=torch.float32, device=self.device)
         self.grad = torch.empty(self.shape, dtype=torch.float32, device=self.device)
         self.estimate = torch.empty((N,), dtype=torch.float32, device=self.device) if self.step == 6 else None
+        if self.estimate is not None:
+            # which targets the loss and estimate are of: set_targets bumps _set_gen, each call (and so each replay
+            # of a graph that captured one) copies it into _call_gen; untrusted compares them
+            self._gen = 0
+            self._set_gen = torch.zeros(1, dtype=torch.int32, device=self.device)
+            self._call_gen = torch.full((1,), -1, dtype=torch.int32, device=self.device)
         positions = 2 * self.label_stride + 1
         if self.step <= 6:
             nbytes = warpctc.scratch_bytes(T, N, A, positions)
@@ -126,12 +132,17 @@ class CTCPlan:
                              f"{self.label_stride} labels")
         lists = label_lists(targets, lengths, A)
         self.targets = self._write(lists, inputs, lengths)
+        if self.estimate is not None:
+            self._gen += 1
+            self._set_gen.fill_(self._gen)
         return self.targets
 
     def _launch(self, activations: Tensor) -> None:
         if self.step <= 6:
             warpctc._launch(activations, self.targets, self.loss, self.grad, self.step, self.zero_infinity,
                             self.how.get("grain"), self.how.get("blocked", False), self.estimate, self.workspace)
+            if self.estimate is not None:
+                self._call_gen.copy_(self._set_gen)
         else:
             fused._launch(activations, self.targets, self.loss, self.grad, self.zero_infinity, self.step,
                           self.how.get("recursion"), self.how.get("grain"), self.workspace)
@@ -153,4 +164,7 @@ class CTCPlan:
         the call or replay; waits for the GPU."""
         if self.estimate is None:
             raise ValueError("only a step 6 plan estimates underflow")
+        if int(self._call_gen) != int(self._set_gen):
+            raise ValueError("the plan has not been called (or its graph replayed) since its targets were last set: "
+                             "its loss and estimate are not of those targets. Call the plan first")
         return warpctc.untrusted_answers(self.loss, self.estimate, self.targets)

@@ -98,6 +98,26 @@ def unpack_mask(words: np.ndarray, vocab_size: int) -> np.ndarray:
 
 # --- matchers ---------------------------------------------------------------------------------------------
 
+def check_mask_out(out: Any, vocab_size: int) -> None:
+    """``out`` must be a writable, contiguous int32 numpy array of :func:`mask_words` words: a matcher writes the
+    mask through its pointer, so any other array would get a wrong mask without an error."""
+    words = mask_words(vocab_size)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array of {words} int32 words, got {type(out).__name__}")
+    if out.dtype != np.int32 or out.size != words or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writable, contiguous int32 array of {words} words (vocabulary of "
+                         f"{vocab_size} ids); got {out.dtype} of shape {out.shape}"
+                         + ("" if out.flags.c_contiguous else ", not contiguous")
+                         + ("" if out.flags.writeable else ", read-only"))
+
+
+def check_rollback(n: Any) -> int:
+    """``n`` for a rollback: an int >= 0."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"rollback takes a number of tokens >= 0, got {n!r}")
+    return int(n)
+
+
 class Matcher:
     """One decode's state in one library: consume or roll back tokens, fill a mask, say what is forced."""
 
@@ -206,11 +226,15 @@ class _OursMatcher(Matcher):
         self.states.append(nxt)
 
     def rollback(self, n: int) -> None:
+        n = check_rollback(n)
+        if n > len(self.states) - 1:
+            raise ValueError(f"cannot roll back {n} tokens: {len(self.states) - 1} were consumed")
         if n:
             self.guide.rollback_state(n)
             del self.states[-n:]
 
     def fill_mask(self, out: np.ndarray) -> None:
+        check_mask_out(out, self.fsm.vocab.vocab_size)
         self.guide.write_mask_into(out.ctypes.data, out.size, 4)
 
     def forced_bytes(self) -> bytes:
@@ -257,18 +281,20 @@ class OursLibrary(Library):
 
 
 class _XGrammarMatcher(Matcher):
-    def __init__(self, xgr, compiled):
+    def __init__(self, xgr, compiled, vocab_size: int):
         self.m = xgr.GrammarMatcher(compiled)
+        self.vocab_size = vocab_size
 
     def consume(self, token_id: int) -> None:
         if not self.m.accept_token(int(token_id)):
             raise PeerError(f"xgrammar refused token {token_id}")
 
     def rollback(self, n: int) -> None:
-        if n:
+        if check_rollback(n):
             self.m.rollback(n)
 
     def fill_mask(self, out: np.ndarray) -> None:
+        check_mask_out(out, self.vocab_size)
         self.m.fill_next_token_bitmask(out.reshape(1, -1))
 
     def forced_bytes(self) -> bytes:
@@ -296,12 +322,13 @@ class XGrammarLibrary(Library):
         return self.compiler.compile_json_schema(schema)
 
     def matcher(self, grammar: Grammar) -> Matcher:
-        return _XGrammarMatcher(self.xgr, grammar.handle)
+        return _XGrammarMatcher(self.xgr, grammar.handle, self.vocab.vocab_size)
 
 
 class _LLGuidanceMatcher(Matcher):
-    def __init__(self, matcher):
+    def __init__(self, matcher, vocab_size: int):
         self.m = matcher
+        self.vocab_size = vocab_size
 
     def _check(self, what: str) -> None:
         if self.m.is_error():
@@ -313,10 +340,11 @@ class _LLGuidanceMatcher(Matcher):
             raise PeerError(f"llguidance refused token {token_id}")
 
     def rollback(self, n: int) -> None:
-        if n and not self.m.rollback(n):
+        if check_rollback(n) and not self.m.rollback(n):
             self._check(f"could not roll back {n} tokens")
 
     def fill_mask(self, out: np.ndarray) -> None:
+        check_mask_out(out, self.vocab_size)
         self.m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
 
     def forced_bytes(self) -> bytes:
@@ -367,7 +395,7 @@ class LLGuidanceLibrary(Library):
         return matcher
 
     def matcher(self, grammar: Grammar) -> Matcher:
-        return _LLGuidanceMatcher(grammar.handle.deep_copy())
+        return _LLGuidanceMatcher(grammar.handle.deep_copy(), self.vocab.vocab_size)
 
 
 _LIBRARY_CLASSES = {"ours": OursLibrary, "xgrammar": XGrammarLibrary, "llguidance": LLGuidanceLibrary}
