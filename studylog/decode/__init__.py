@@ -27,7 +27,7 @@ from studylog.chapter import Chapter, Step
 from studylog.decode.grammar import Grammar, Writer, ascii_regex, schema_regex, suite_names, suite_sample
 from studylog.decode.loop import COMPONENTS, CONFIGS, DecodeConfig, Decoder, Generation, check_model, same_tokens
 from studylog.decode.model import (CONFIGS as MODEL_CONFIGS, LlamaModel, ModelConfig, describe, from_module,
-                                   load_checkpoint, model_config, save_checkpoint)
+                                   load_checkpoint, load_smollm2, model_config, save_checkpoint)
 
 
 def step01_baseline(decoder: Decoder, grammar: Grammar, prompts: Sequence, **options) -> Generation:
@@ -102,6 +102,6 @@ CHAPTER = Chapter(
 __all__ = [
     "CHAPTER", "COMPONENTS", "CONFIGS", "DecodeConfig", "Decoder", "Generation", "Grammar", "LlamaModel",
     "MODEL_CONFIGS", "ModelConfig", "Writer", "ascii_regex", "check_model", "describe", "from_module",
-    "load_checkpoint", "model_config", "same_tokens", "save_checkpoint", "schema_regex", "step01_baseline",
-    "step02_jump_forward", "step03_masked_head", "suite_names", "suite_sample",
+    "load_checkpoint", "load_smollm2", "model_config", "same_tokens", "save_checkpoint", "schema_regex",
+    "step01_baseline", "step02_jump_forward", "step03_masked_head", "suite_names", "suite_sample"
 ]
