@@ -143,20 +143,31 @@ def test_ascii_regex():
 @pytest.mark.parametrize("name", ["datetime", "tool_call", "article_summary"])
 def test_xgrammar_and_the_automaton_allow_the_same_tokens(name):
     """The premise of comparing them: along a sample, xgrammar's bitmask is the automaton's allowed set in
-    every state (schemas with dates, where Unicode digits would otherwise differ)."""
+    every state (schemas with dates, where Unicode digits would otherwise differ), but for the tokens xgrammar's
+    byte-level matching lets through and its own grammar cannot continue from (invalid UTF-8, or a dead end such
+    as " \xe0" before a digit), which ``Grammar.check_agreement`` tolerates and the loop refuses."""
     import xgrammar as xgr
+
+    from studylog.decode.grammar import utf8_prefix
 
     grammar = Grammar.from_suite(name)
     vocab = grammar.vocab
     ids = vocab.encode(suite_sample(name, seed=4))
     matcher = grammar.matcher()
     bits = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+    probe = xgr.allocate_token_bitmask(1, vocab.vocab_size)
     state = grammar.automaton.initial
     for i in range(len(ids) + 1):
         matcher.fill_next_token_bitmask(bits)
         got = np.flatnonzero(np.unpackbits(bits[0].numpy().view(np.uint8), bitorder="little")[:vocab.vocab_size])
-        assert np.array_equal(got, grammar.automaton.allowed_ids(state)), (name, i)
-        assert np.array_equal(grammar.state_words(state).view(np.int32), bits[0].numpy()), (name, i)
+        mine = grammar.automaton.allowed_ids(state)
+        assert np.isin(mine, got).all(), (name, i)
+        for t in np.setdiff1d(got, mine):
+            # its mask allows the token; its matcher either refuses it or can go nowhere after it
+            if utf8_prefix(vocab.decode(ids[:i]) + vocab.token_bytes[t]) and matcher.accept_token(int(t)):
+                matcher.fill_next_token_bitmask(probe)
+                assert not probe.any() and not matcher.is_terminated(), (name, i, vocab.show(int(t)))
+                matcher.rollback(1)
         if i < len(ids):
             assert matcher.accept_token(ids[i])
             state = grammar.automaton.next(state, ids[i])
@@ -676,7 +687,7 @@ def test_the_1b_shape_decodes_the_same_tokens_in_every_configuration():
     model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
     decoder = Decoder(model, batch=1, max_seq=384)
     for name in ("product", "calendar_event"):
-        grammar = Grammar.from_suite(name, whitespace="compact")
+        grammar = Grammar.from_suite(name, decoder.vocab, whitespace="compact")
         sample = suite_sample(name, seed=0, whitespace="compact")
         first = _run_all(decoder, grammar, [PROMPT], max_new_tokens=128, targets=[sample])
         outs = _run_all(decoder, grammar, [PROMPT], max_new_tokens=128, targets=[sample])

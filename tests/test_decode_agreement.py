@@ -16,24 +16,9 @@ from studylog.decode import agreement
 from studylog.decode.grammar import continues_utf8, utf8_prefix
 from studylog.decode.loop import Generation
 from studylog.fsm import compile_fsm, make_vocabulary
+from studylog.fsm.vocabulary import longest_match_encoder
 
 STEPS = ("baseline", "jump_forward", "masked_head")
-
-
-def _greedy_encoder(table: dict[bytes, int]):
-    """Longest match first: a tokenizer for the toy vocabulary (what the writer and the prompts need)."""
-    longest = max(len(k) for k in table)
-
-    def encode(text: str) -> list[int]:
-        data, out, i = text.encode(), [], 0
-        while i < len(data):
-            for n in range(min(longest, len(data) - i), 0, -1):
-                if data[i:i + n] in table:
-                    out.append(table[data[i:i + n]])
-                    i += n
-                    break
-        return out
-    return encode
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +27,7 @@ def vocab():
     table = {bytes([b]): b for b in range(256)}
     for i, t in enumerate((b"12", b"ab", b"19", b"20", b"-4", b"125", b"40")):
         table[t] = 257 + i
-    return make_vocabulary(table, eos_id=256, name="bytes+", encoder=_greedy_encoder(table))
+    return make_vocabulary(table, eos_id=256, name="bytes+", encoder=longest_match_encoder(table))
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +93,13 @@ def test_only_invalid_utf8_is_tolerated_between_the_engines():
     assert utf8_prefix("h\u00e9\u20ac".encode()) and not utf8_prefix(b"\x80")
     assert continues_utf8(bytearray(b'"\xed'), 1) and not continues_utf8(bytearray(b'"\xed\xa1'), 1)
     assert continues_utf8(bytearray("€".encode()), 2) and not continues_utf8(bytearray(b"a\xbf"), 1)
+
+
+def test_xgrammars_dead_ends_are_tolerated_and_nothing_else():
+    """After an optional space before a digit, xgrammar allows " \xe0" (a lead byte no digit follows), after which
+    its own mask allows nothing: the walk counts it as a dead end and keeps the grammar."""
+    grammar = Grammar.from_regex(r"a[ ]?[0-9]", pieces.load_vocabulary("cl100k_base"))
+    assert grammar.utf8_only_states >= 1
 
 
 @pytest.mark.parametrize("regex, target", [(r"(a|ab)", "ab"), (r"([1-9]|1[0-9])", "12"), (RANGE, "125"),
@@ -271,8 +263,8 @@ def test_on_the_gpu_every_divergence_sits_inside_the_bound(temperature, tmp_path
     model = LlamaModel(model_config("1b"), device="cuda", dtype=torch.bfloat16, seed=0)
     decoder = Decoder(model, batch=1, max_seq=256)
     vocab = decoder.vocab
-    grammars = [Grammar.from_suite(n, whitespace="compact") for n in ("weather_call", "product", "calendar_event",
-                                                                      "classifier", "sql_query")]
+    grammars = [Grammar.from_suite(n, vocab, whitespace="compact") for n in ("weather_call", "product",
+                                                                             "calendar_event", "classifier", "sql_query")]
     grammars += [Grammar.from_regex(r, vocab) for r in (RANGE, r"(a|ab|abc)d?", r"([1-9]|1[0-9])( items)?")]
     found, checked = [], 0
     for grammar in grammars:
@@ -292,3 +284,11 @@ def test_on_the_gpu_every_divergence_sits_inside_the_bound(temperature, tmp_path
     sample = suite_sample("weather_call", seed=0, whitespace="compact")
     steered = {c: decoder.generate(grammars[0], ["Write it."], c, max_new_tokens=96, targets=[sample]) for c in STEPS}
     assert all(o.ids == steered["baseline"].ids and o.text == [sample.encode()] for o in steered.values())
+
+
+def test_the_model_refuses_a_token_outside_its_vocabulary():
+    model = LlamaModel(model_config("tiny", vocab_size=300), dtype=torch.float32, seed=0)
+    cache = model.new_cache(1, 8)
+    for bad in (300, -1):
+        with pytest.raises(ValueError, match=f"tokens holds id {bad}, outside the vocabulary"):
+            model(torch.tensor([[5, bad]]), torch.tensor([0]), torch.tensor([1]), cache)

@@ -79,12 +79,13 @@ def _xgrammar_compiler(vocab: pieces.TokenVocabulary):
 
 
 def schema_regex(schema: Any, whitespace: str = "default") -> str:
-    """The regex of a JSON schema (a dict, a JSON string or a pydantic model class), as chapter 1 builds it;
-    a schema that does not compile is a ValueError that says why."""
+    """The regex of a JSON schema (a dict, a JSON string or a pydantic model class), as chapter 1 builds it with
+    its integers' bounds written in (outlines-core ignores them); a schema that does not compile is a ValueError
+    that says why."""
     if whitespace not in pieces.WHITESPACE:
         raise ValueError(f"whitespace must be one of {sorted(pieces.WHITESPACE)}, got {whitespace!r}")
     try:
-        return pieces.regex_from_schema(schema, whitespace_pattern=pieces.WHITESPACE[whitespace])
+        return pieces.regex_from_schema(schema, whitespace_pattern=pieces.WHITESPACE[whitespace], integer_bounds=True)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"the schema does not compile to a grammar: {exc}") from exc
 
@@ -151,7 +152,8 @@ class Grammar:
     xgrammar: Any
     automaton: pieces.Automaton
     compile_seconds: dict[str, float]
-    #: States where xgrammar also allows tokens that leave the text invalid UTF-8 (set by check_agreement).
+    #: States where xgrammar also allows tokens that leave the text invalid UTF-8 or that its own grammar cannot
+    #: continue from (set by check_agreement).
     utf8_only_states: int = 0
     _allowed: dict[int, Any] = field(default_factory=dict, repr=False)
     _bits: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
@@ -237,10 +239,13 @@ class Grammar:
                 mine = np.unpackbits(want, bitorder="little")[:vocab.vocab_size].astype(bool)
                 text = b"".join(vocab.token_bytes[t] for t in path)
                 extra = np.flatnonzero(bits & ~mine)
-                if not (mine & ~bits).any() and not any(utf8_prefix(text + vocab.token_bytes[t]) for t in extra):
-                    # xgrammar works on bytes and lets a character be left invalid (a UTF-16 surrogate after
-                    # 0xED); the automaton allows valid UTF-8 only. The loop refuses such a token when a model
-                    # picks it (an error, not other tokens), so the grammar is kept.
+                if not (mine & ~bits).any() and all(not utf8_prefix(text + vocab.token_bytes[t]) or dead_end(t)
+                                                    for t in extra):
+                    # xgrammar works on bytes: it lets a character be left invalid (a UTF-16 surrogate after
+                    # 0xED), and after an optional space it allows a token ending in the lead byte of a character
+                    # the grammar cannot continue with (" \xe0" before a digit): a dead end, after which its own
+                    # mask allows nothing. The automaton allows neither. A model that picks such a token stops the
+                    # loop with an error (never other tokens), so the grammar is kept.
                     self.utf8_only_states += 1
                     return
                 only_x = [vocab.show(int(t)) for t in extra[:5]]
@@ -249,6 +254,17 @@ class Grammar:
                     f"grammar {self.name!r}: xgrammar and the automaton of chapter 1 allow different tokens after "
                     f"{text!r} (automaton state {state}): only xgrammar allows {only_x}, only the automaton allows "
                     f"{only_a}. The steps would write different tokens; the grammar is refused")
+
+        probe = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+
+        def dead_end(t: int) -> bool:
+            """xgrammar allows ``t`` here and nothing after it (its matcher can neither go on nor end)."""
+            if not matcher.accept_token(int(t)):
+                return True
+            matcher.fill_next_token_bitmask(probe)
+            stuck = not probe.any().item() and not matcher.is_terminated()
+            matcher.rollback(1)
+            return stuck
 
         self.utf8_only_states = 0
         path: list[int] = []
@@ -328,7 +344,9 @@ class Grammar:
 @functools.lru_cache(maxsize=32)
 def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str) -> Grammar:
     entry = pieces.suite_entry(name)
-    return Grammar.from_regex(entry.regex(whitespace), vocab, name)
+    # a JSON entry's regex with its integers' bounds (schema_regex), so that every finished output is valid
+    regex = schema_regex(entry.schema, whitespace) if entry.kind == "json" else entry.regex(whitespace)
+    return Grammar.from_regex(regex, vocab, name)
 
 
 def suite_names(kind: str | None = None) -> list[str]:

@@ -630,7 +630,9 @@ class Decoder:
                              f"grammar {grammar.name!r} invalid UTF-8: xgrammar's mask allows it, chapter 1's "
                              "automaton does not, so the configurations would write different tokens")
         if r.matcher is not None and not r.matcher.accept_token(tok):
-            raise RuntimeError(f"xgrammar refused token {tok} ({self.vocab.show(tok)!r}) of grammar {grammar.name!r}")
+            raise RuntimeError(f"xgrammar refused token {tok} ({self.vocab.show(tok)!r}) of grammar {grammar.name!r}: "
+                               "after a token its mask allowed, its grammar allows nothing (a dead end that chapter "
+                               "1's automaton never allows; see Grammar.check_agreement)")
         if r.states is not None:
             nxt = grammar.automaton.next(r.states[-1], tok)
             if nxt is None:

@@ -267,6 +267,11 @@ class LlamaModel(nn.Module):
 
         No host synchronisation: the call can be captured in a CUDA graph (inputs are read from the
         tensors, never from Python numbers)."""
+        if tokens.device.type == "cpu" and tokens.numel():  # on a GPU a check would wait for the device
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"tokens holds id {lo if lo < 0 else hi}, outside the vocabulary "
+                                 f"[0, {self.config.vocab_size})")
         if fused if fused is not None else self.uses_fused(tokens.device):
             return self._forward_fused(tokens, start, last, cache, gemv)
         c = self.config

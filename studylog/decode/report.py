@@ -140,6 +140,10 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                                   params=params, **summary)
                     elif config in ("jump_forward", "masked_head", "automaton_mask"):
                         run.check("same tokens as step01_baseline", same, params=params)
+                if real and batch == 1:
+                    hf_peer(run, model, grammar, prompts[0], first, max_new_tokens=max_new_tokens, repeats=repeats,
+                            params={"model": shape, "batch": 1, "schema": name, "whitespace": ws,
+                                    "config": "hf_generate"})
                 if real or batch == 1:
                     near_ties(run, decoder, grammar, prompts, max_new_tokens=max_new_tokens if real else 48,
                               params={"model": shape, "batch": batch, "schema": name, "whitespace": ws})
@@ -161,6 +165,30 @@ REAL_MAX_SEQ = 1024
 #: the automaton lost their longer branches once, so the benchmark checks the steps on them every run.
 AMBIGUOUS_REGEXES = (r"(-(?:[1-9]|[1-3][0-9]|40)|(?:[0-9]|[1-9][0-9]|1[01][0-9]|12[0-5]))", r"(a|ab|abc)d?",
                      r"([1-9]|1[0-9])( items)?")
+
+
+_HF: dict[int, Any] = {}
+
+
+def hf_peer(run, model: LlamaModel, grammar: Grammar, prompt: list[int], step01: Generation, *, max_new_tokens: int,
+            repeats: int, params: dict) -> None:
+    """What practitioners would run instead, on the same model and request: Hugging Face ``generate`` with
+    xgrammar's logits processor (:mod:`~studylog.decode.peers`), its time per output token on the same clock as
+    the loop's rows, and whether it wrote step 1's tokens (its logits are rounded to the model's dtype before the
+    mask, so a near-tie may go the other way). Skipped with a note where transformers is missing."""
+    try:
+        from studylog.decode import peers
+    except ImportError as exc:  # pragma: no cover - transformers is in the peers extra
+        run.note(f"hf_generate skipped: {exc}")
+        return
+    from studylog.bench import Timing
+
+    hf = _HF.get(id(model))
+    if hf is None:
+        hf = _HF[id(model)] = peers.hf_model(model)
+    timing = peers.time_hf(hf, grammar, prompt, max_new_tokens=max_new_tokens, repeats=repeats)
+    run.record("hf_generate", Timing.of(timing.per_repeat, clock=wall_clock()), params=params, role="peer",
+               tokens=len(timing.ids), same_tokens_as_step01=timing.ids == step01.ids[0])
 
 
 def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_tokens: int, params: dict) -> dict:

@@ -75,7 +75,8 @@ def ascii_digit_classes(regex: str) -> str:
     return "".join(out)
 
 
-def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True) -> str:
+def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True,
+                      integer_bounds: bool = False) -> str:
     """The regex outlines builds for a JSON schema (a dict, a JSON string, or a pydantic model class).
 
     ``whitespace_pattern`` is where optional whitespace may go between JSON tokens (outlines' default,
@@ -84,7 +85,11 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
     ``ascii_digits`` (default True) rewrites the regex with :func:`ascii_digit_classes`: outlines-core
     writes ``"format": "date"`` (and ``date-time``, ``time``...) with ``\\d``, which it treats as any
     Unicode digit, so ``"206\\U0001E4F2-02-04"`` (a Nag Mundari digit) would be a valid date. RFC 3339
-    dates are ASCII. ``ascii_digits=False`` gives outlines' regex unchanged."""
+    dates are ASCII. ``ascii_digits=False`` gives outlines' regex unchanged.
+
+    ``integer_bounds`` (default False, outlines' regex) writes an integer's ``minimum``/``maximum`` into the
+    regex (:mod:`studylog.fsm.ranges`): outlines-core ignores them, so ``{"maximum": 9}`` would let a model
+    write ``10`` and the output would fail the schema. Bounds on non-integer numbers stay unenforced."""
     from outlines.types import JsonSchema
     from outlines_core.json_schema import build_regex_from_schema
 
@@ -114,7 +119,12 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
     except jsonschema.SchemaError as exc:
         raise ValueError(f"invalid JSON schema: {exc.message}") from exc
     try:
-        regex = build_regex_from_schema(text, whitespace_pattern)
+        if integer_bounds:
+            from studylog.fsm.ranges import regex_with_bounds
+
+            regex = regex_with_bounds(parsed, whitespace_pattern, ascii_digits=False)
+        else:
+            regex = build_regex_from_schema(text, whitespace_pattern)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"invalid or unsupported JSON schema: {str(exc).splitlines()[0]}") from exc
     return ascii_digit_classes(regex) if ascii_digits else regex

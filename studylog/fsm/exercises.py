@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from studylog.fsm.automaton import ConstrainedFSM, forced_chains
 from studylog.fsm.decoding import decode, toy_model
-from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, make_vocabulary
+from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, longest_match_encoder, make_vocabulary
 
 __all__ = ["check_token_jumps", "check_jump_decode", "check_replaced_tokens", "check_ff_tokens",
            "reference_token_jumps", "reference_replaced_tokens", "reference_ff_tokens", "small_vocabulary",
@@ -147,20 +147,7 @@ def small_vocabulary() -> TokenVocabulary:
     for t in merged:
         tokens.setdefault(t.encode(), len(tokens))
     eos = len(tokens)
-    by_bytes = dict(tokens)
-    longest = max(map(len, by_bytes))
-
-    def encode(text: str) -> list[int]:
-        data, out, i = text.encode(), [], 0
-        while i < len(data):
-            for k in range(min(longest, len(data) - i), 0, -1):
-                if data[i:i + k] in by_bytes:
-                    out.append(by_bytes[data[i:i + k]])
-                    i += k
-                    break
-        return out
-
-    return make_vocabulary(tokens, eos, name="small", encoder=encode)
+    return make_vocabulary(tokens, eos, name="small", encoder=longest_match_encoder(tokens))
 
 
 @functools.lru_cache(maxsize=16)
