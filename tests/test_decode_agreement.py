@@ -292,3 +292,13 @@ def test_the_model_refuses_a_token_outside_its_vocabulary():
     for bad in (300, -1):
         with pytest.raises(ValueError, match=f"tokens holds id {bad}, outside the vocabulary"):
             model(torch.tensor([[5, bad]]), torch.tensor([0]), torch.tensor([1]), cache)
+
+
+def test_the_dense_head_refuses_an_out_it_would_resize():
+    from studylog.decode.model import dense_logits
+
+    h, w = torch.randn(2, 8), torch.randn(10, 8)
+    for out in (torch.empty(2, 9), torch.empty(3, 10), torch.empty(2, 10, dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"out must be float32 of shape \(2, 10\)"):
+            dense_logits(h, w, out=out)
+    assert torch.allclose(dense_logits(h, w, out=torch.empty(2, 10)), h @ w.t(), atol=1e-5)

@@ -355,7 +355,11 @@ def dense_logits(hidden: Tensor, weight: Tensor, out: Tensor | None = None) -> T
     CPU in fp32 (a bf16 CPU matmul would round the logits to bf16, which makes ties)."""
     global _MM_OUT_DTYPE
     B, V = hidden.shape[0], weight.shape[0]
-    out = torch.empty(B, V, device=hidden.device, dtype=torch.float32) if out is None else out
+    if out is None:
+        out = torch.empty(B, V, device=hidden.device, dtype=torch.float32)
+    elif out.shape != (B, V) or out.dtype != torch.float32:  # torch would resize it with a warning, or refuse
+        raise ValueError(f"out must be float32 of shape ({B}, {V}) (hidden's rows, the head's rows); got "
+                         f"{out.dtype} of shape {tuple(out.shape)}")
     if hidden.device.type != "cuda" or weight.dtype == torch.float32:
         return torch.mm(hidden.float(), weight.float().t() if weight.dtype != torch.float32 else weight.t(), out=out)
     if _MM_OUT_DTYPE is not False:
