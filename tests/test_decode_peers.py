@@ -251,12 +251,12 @@ def test_the_benchmark_records_the_hf_peer_beside_step_one(tiny, digits, bytes_v
     with its tokens and whether they are step 1's."""
     from studylog.decode import Decoder, report
 
-    model, _ = tiny
+    model, hf = tiny
     decoder = Decoder(model, bytes_vocab, batch=1, max_seq=64)
     prompt = list(b"n=")
     step01 = decoder.generate(digits, [prompt], "baseline", max_new_tokens=6)
     run = report.LocalRun()
-    report.hf_peer(run, model, digits, prompt, step01, max_new_tokens=6, repeats=2, params={"model": "tiny"})
+    report.hf_peer(run, hf, digits, prompt, step01, max_new_tokens=6, repeats=2, params={"model": "tiny"})
     (row,) = run.rows
     assert row["series"] == "hf_generate" and row["role"] == "peer" and row["ms"] > 0
     assert row["same_tokens_as_step01"] is True and row["tokens"] == len(step01.ids[0])

@@ -93,9 +93,11 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
 
             model, vocab, tokenizer = load_smollm2(device=device, dtype=dtype), smollm2.vocabulary(), smollm2.tokenizer()
             cfg = model.config
+            hf = hf_twin(run, model)
         else:
             cfg = model_config(shape)
             model, vocab, tokenizer = LlamaModel(cfg, device=device, dtype=dtype, seed=0), None, None
+            hf = None
         run.note(f"model {shape}: {describe(cfg)}")
         for batch in batches:
             decoder = Decoder(model, vocab, batch=batch, max_seq=REAL_MAX_SEQ if real else max_seq,
@@ -140,8 +142,8 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                                   params=params, **summary)
                     elif config in ("jump_forward", "masked_head", "automaton_mask"):
                         run.check("same tokens as step01_baseline", same, params=params)
-                if real and batch == 1:
-                    hf_peer(run, model, grammar, prompts[0], first, max_new_tokens=max_new_tokens, repeats=repeats,
+                if hf is not None and batch == 1:
+                    hf_peer(run, hf, grammar, prompts[0], first, max_new_tokens=max_new_tokens, repeats=repeats,
                             params={"model": shape, "batch": 1, "schema": name, "whitespace": ws,
                                     "config": "hf_generate"})
                 if real or batch == 1:
@@ -153,7 +155,7 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                     near_ties(run, decoder, grammar, requests("us_phone", 1, decoder)[0], max_new_tokens=16,
                               params={"model": shape, "batch": 1, "regex": regex})
             del decoder
-        del model
+        del model, hf
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
 
@@ -167,25 +169,26 @@ AMBIGUOUS_REGEXES = (r"(-(?:[1-9]|[1-3][0-9]|40)|(?:[0-9]|[1-9][0-9]|1[01][0-9]|
                      r"([1-9]|1[0-9])( items)?")
 
 
-_HF: dict[int, Any] = {}
+def hf_twin(run, model: LlamaModel):
+    """The Hugging Face copy of ``model`` that :func:`hf_peer` runs, or None (with a note) without transformers."""
+    from studylog.decode import peers
 
-
-def hf_peer(run, model: LlamaModel, grammar: Grammar, prompt: list[int], step01: Generation, *, max_new_tokens: int,
-            repeats: int, params: dict) -> None:
-    """What practitioners would run instead, on the same model and request: Hugging Face ``generate`` with
-    xgrammar's logits processor (:mod:`~studylog.decode.peers`), its time per output token on the same clock as
-    the loop's rows, and whether it wrote step 1's tokens (its logits are rounded to the model's dtype before the
-    mask, so a near-tie may go the other way). Skipped with a note where transformers is missing."""
     try:
-        from studylog.decode import peers
-    except ImportError as exc:  # pragma: no cover - transformers is in the peers extra
+        return peers.hf_model(model)
+    except ImportError as exc:  # transformers is in the peers extra
         run.note(f"hf_generate skipped: {exc}")
-        return
-    from studylog.bench import Timing
+        return None
 
-    hf = _HF.get(id(model))
-    if hf is None:
-        hf = _HF[id(model)] = peers.hf_model(model)
+
+def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *, max_new_tokens: int,
+            repeats: int, params: dict) -> None:
+    """What practitioners would run instead, on the same model (``hf``: :func:`hf_twin`) and request: Hugging
+    Face ``generate`` with xgrammar's logits processor (:mod:`~studylog.decode.peers`), its time per output token
+    on the same clock as the loop's rows, and whether it wrote step 1's tokens (its logits are rounded to the
+    model's dtype before the mask, so a near-tie may go the other way)."""
+    from studylog.bench import Timing
+    from studylog.decode import peers
+
     timing = peers.time_hf(hf, grammar, prompt, max_new_tokens=max_new_tokens, repeats=repeats)
     run.record("hf_generate", Timing.of(timing.per_repeat, clock=wall_clock()), params=params, role="peer",
                tokens=len(timing.ids), same_tokens_as_step01=timing.ids == step01.ids[0])
