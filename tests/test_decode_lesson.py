@@ -306,3 +306,65 @@ def test_the_gemv_findings_read_the_tile_sweep():
     assert len(rows) == 2 and all(r.count("|") == 4 and "`lab/decode/gemv_tiles.py`" in r for r in rows)
     assert "tensor cores" in rows[0] and "first tile" in rows[1]
     assert lesson.gemv_findings(gpu="no-such-gpu") == []
+
+
+# --------------------------------------------------------------------------------------
+# The padded baseline and the real model
+# --------------------------------------------------------------------------------------
+
+def _real_results():
+    """A small results file with the real model's series, written by hand: two requests, their chunk lengths, the
+    body per chunk length, a dense head at both widths, an HF row and the checks."""
+    def row(series, ms, **params):
+        return {"series": series, "ms": ms, "params": params}
+
+    rows = [row("body", 0.5, model="smollm2", batch=1, chunk=1), row("body", 0.8, model="smollm2", batch=1, chunk=8),
+            row("body", 0.9, model="smollm2", batch=1, chunk=64),
+            row("dense_head", 0.1, model="1b", batch=1), row("dense_head_unpadded", 0.13, model="1b", batch=1,
+                                                              rows=100277)]
+    for name, chunks1, chunks3, ms1, ms3 in (("a", [90, 1, 1, 1, 1], [90, 2, 2], 1.0, 0.8),
+                                              ("b", [70, 1, 1, 1], [70, 1, 2], 1.2, 1.3)):
+        for config, chunks, ms in (("baseline", chunks1, ms1), ("jump_forward", chunks3, ms3 * 1.05),
+                                   ("masked_head", chunks3, ms3)):
+            r = row(report.series_of(config), ms, model="smollm2", batch=1, schema=name, whitespace="compact",
+                    config=config)
+            r.update(tokens=len(chunks1) - 1, forwards=len(chunks), chunk_lengths=chunks,
+                     breakdown_ms_per_token={k: 0.1 for k in report.COMPONENTS})
+            rows.append(r)
+    rows.append(row("hf_generate", 20.0, model="smollm2", batch=1, schema="a", whitespace="compact",
+                    config="hf_generate"))
+    checks = [{"name": "finished outputs valid for their schema", "passed": True, "params": {"model": "smollm2"},
+               "requests": 2, "finished": 2, "valid": 2, "invalid": []},
+              {"name": "same tokens as step01_baseline, or a near-tie inside the bound", "passed": True,
+               "params": {"model": "smollm2"}, "identical": 1, "sequences": 2, "divergences": [{"position": 3}]}]
+    data = {"chapter": "decode", "device": {"name": "GPU"}, "versions": {}, "date": "2026-01-01T00:00:00",
+            "ceilings": {"copy_bandwidth_gbs": 1000.0}, "measurements": rows, "checks": checks,
+            "notes": ["model 1b: {'name': '1b', 'vocab_size': 100352}"]}
+    return Results("decode.json", data)
+
+
+def test_the_real_model_tables_read_their_rows():
+    res = _real_results()
+    # request a: step 1 runs 4 one-token forwards (2.0 ms), step 3 two two-token ones (1.6 ms)
+    assert lesson.chunk_forecast(res, res.rows[5], "smollm2", 1) == pytest.approx(2.0)
+    table = lesson.real_model_table(res, 1)
+    assert "| `a` | 4 | 5 → 3 | 1.000 | 0.840 | 0.800 | 1.25× | 1.25× | 20.0 |" in table
+    assert "| `b` | 3 |" in table and "0.92×" in table  # a request that loses is shown as a loss
+    n = lesson.real_model_numbers(res)
+    assert n["dec_real_valid"] == "2 of 2" and n["dec_real_same"] == "1 of 2" and n["dec_real_divergences"] == "1"
+    assert n["dec_real_min_schema_b1"] == "b" and n["dec_real_hf_over_step01"] == "20×"
+    assert "| `1b` | 1 | 0.1300 | 0.1000 | 1.30× |" in lesson.padding_table(res)
+
+
+def test_the_headline_names_the_heads_rows():
+    """A run whose head was not padded is another case than one whose head was: the README never compares them."""
+    res = _real_results()
+    cases = [h["case"] for h in report.headline(res)]
+    assert any(c.startswith("SmolLM2-135M-Instruct, real requests, batch 1") for c in cases)
+    for padded in (100352, 100277):
+        names = {"a": "weather_call", "b": "tool_call"}  # JSON schemas of the suite: the cost models' headline
+        rows = [dict(r, params=dict(r["params"], model="1b", schema=names.get(r["params"].get("schema"))))
+                for r in res.rows if r["params"].get("model") == "smollm2"]
+        data = dict(res.data, measurements=rows, notes=[f"model 1b: {{'name': '1b', 'vocab_size': {padded}}}"])
+        cases = [h["case"] for h in report.headline(Results("decode.json", data))]
+        assert cases and all(c.startswith(f"1b shape (head of {padded:,} rows), batch 1") for c in cases)

@@ -23,7 +23,8 @@ from studylog.decode.model import model_config
 __all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "amdahl_table", "body_table", "committed",
            "components_table", "earlier_run", "forwards_per_token", "gemv_findings", "head_share_table",
            "measurement_findings",
-           "prose_numbers", "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
+           "padding_table", "prose_numbers", "real_model_table", "results_table", "shapes_table", "targets_by_card",
+           "tried_table", "public_shapes"]
 
 #: What a prose number reads when the results file does not have it yet.
 PENDING = "pending"
@@ -356,6 +357,107 @@ def measurement_findings(gpu: str = "nvidia-h100-80gb-hbm3") -> list[str]:
     return rows
 
 
+def padding_table(results) -> str:
+    """The dense head alone (GPU clock) with cl100k's 100,277 rows as the tokenizer has them and padded to a
+    multiple of 128 (100,352, as real checkpoints pad their vocabulary): the baseline every step is compared with."""
+    lines = ["| shape | batch | 100,277 rows (ms) | padded to 100,352 (ms) | unpadded / padded |", "|---|---|---|---|---|"]
+    for model in ("1b", "8b"):
+        for batch in (1, 8):
+            u = report.rows_of([r for r in results.rows if r["series"] == "dense_head_unpadded"], model=model,
+                               batch=batch)
+            p = report.rows_of([r for r in results.rows if r["series"] == "dense_head"], model=model, batch=batch)
+            if u and p:
+                lines.append(f"| `{model}` | {batch} | {u[0]['ms']:.4f} | {p[0]['ms']:.4f} | "
+                             f"{u[0]['ms'] / p[0]['ms']:.2f}× |")
+    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no unpadded head)"
+
+
+def _chunk_bucket(n: int) -> int:
+    return 1 if n == 1 else 8 if n <= 8 else 64
+
+
+def chunk_forecast(results, row: dict, model: str, batch: int) -> float | None:
+    """The body's GPU time of a request's forwards after its prompt, each at the time the benchmark measured
+    for its chunk length alone (one token: the six-launch layer; more: the nine-launch layer), in ms."""
+    body = {r["params"]["chunk"]: r["ms"] for r in report.rows_of(
+        [r for r in results.rows if r["series"] == "body"], model=model, batch=batch)}
+    try:
+        return sum(body[_chunk_bucket(n)] for n in row["chunk_lengths"][1:])
+    except KeyError:
+        return None
+
+
+def _real_rows(results, batch: int) -> list[tuple[str, dict, dict, dict]]:
+    """(schema, step 1, step 2, step 3) rows of the real model's requests at ``batch``."""
+    out = []
+    for r3 in report.rows_of(results.rows, model=REAL, batch=batch, config="masked_head"):
+        name = r3["params"]["schema"]
+        r1, r2 = (report.rows_of(results.rows, model=REAL, batch=batch, config=c, schema=name)
+                  for c in ("baseline", "jump_forward"))
+        if r1 and r2:
+            out.append((name, r1[0], r2[0], r3))
+    return out
+
+
+#: The real model's name in the benchmark's rows.
+REAL = "smollm2"
+
+
+def real_model_table(results, batch: int = 1) -> str:
+    """SmolLM2's real requests, one row per schema: output tokens, forwards of step 1 and step 3, each step's time
+    per output token, step 3 over step 1, the ratio its chunk lengths forecast (:func:`chunk_forecast`), and Hugging
+    Face ``generate`` with xgrammar's logits processor (batch 1)."""
+    hf = {r["params"]["schema"]: r for r in results.rows if r["series"] == "hf_generate"}
+    lines = ["| request (schema) | tokens | forwards, step 1 → 3 | step 1 (ms/token) | step 2 | step 3 | step 3 over 1 | "
+             "forecast from chunk lengths | HF generate (ms/token) |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r1, r2, r3 in _real_rows(results, batch):
+        f1, f3 = chunk_forecast(results, r1, REAL, batch), chunk_forecast(results, r3, REAL, batch)
+        fc = f"{f1 / f3:.2f}×" if f1 and f3 else "–"
+        h = f"{hf[name]['ms']:.1f}" if batch == 1 and name in hf else "–"
+        lines.append(f"| `{name}` | {r1['tokens']} | {r1['forwards']} → {r3['forwards']} | {r1['ms']:.3f} | "
+                     f"{r2['ms']:.3f} | {r3['ms']:.3f} | {r1['ms'] / r3['ms']:.2f}× | {fc} | {h} |")
+    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no real-model requests)"
+
+
+def real_model_numbers(results) -> dict[str, str]:
+    """The real model's numbers the prose quotes (``dec_real_*``)."""
+    out: dict[str, str] = {}
+    checks = [c for c in results.data.get("checks", []) if c["params"].get("model") == REAL]
+    valid = [c for c in checks if c["name"] == "finished outputs valid for their schema"]
+    same = [c for c in checks if c["name"].startswith("same tokens as step01")]
+    out["dec_real_valid"] = f"{sum(c['valid'] for c in valid)} of {sum(c['finished'] for c in valid)}"
+    out["dec_real_finished"] = f"{sum(c['finished'] for c in valid)} of {sum(c['requests'] for c in valid)}"
+    out["dec_real_same"] = f"{sum(c['identical'] for c in same)} of {sum(c['sequences'] for c in same)}"
+    out["dec_real_divergences"] = str(sum(len(c["divergences"]) for c in same))
+    for batch in (1, 8):
+        rows = _real_rows(results, batch)
+        ratios = [r1["ms"] / r3["ms"] for _, r1, _, r3 in rows]
+        fc = [chunk_forecast(results, r1, REAL, batch) / chunk_forecast(results, r3, REAL, batch)
+              for _, r1, _, r3 in rows if chunk_forecast(results, r3, REAL, batch)]
+        b = report.amdahl(report.breakdown(results.rows, REAL, batch, kind=None))
+        out[f"dec_real_step03_b{batch}"] = _fmt(_median(ratios), ".2f", "×")
+        out[f"dec_real_forecast_b{batch}"] = _fmt(_median(fc), ".2f", "×")
+        out[f"dec_real_bound_b{batch}"] = _fmt(b.get("both_bound"), ".2f", "×")
+        out[f"dec_real_share1_b{batch}"] = _fmt(b.get("chapter1_share"), ".0%")
+        out[f"dec_real_share2_b{batch}"] = _fmt(b.get("chapter2_share"), ".1%")
+        if rows:
+            worst = min(rows, key=lambda t: t[1]["ms"] / t[3]["ms"])
+            out[f"dec_real_min_b{batch}"] = f"{worst[1]['ms'] / worst[3]['ms']:.2f}×"
+            out[f"dec_real_min_schema_b{batch}"] = worst[0]
+        ms1 = _median(r1["ms"] for _, r1, _, _ in rows)
+        out[f"dec_real_ms_b{batch}"] = _fmt(ms1, ".2f", " ms")
+    body = {(r["params"]["batch"], r["params"]["chunk"]): r["ms"] for r in results.rows
+            if r["series"] == "body" and r["params"].get("model") == REAL}
+    out["dec_real_body_1"] = _fmt(body.get((1, 1)), ".2f", " ms")
+    out["dec_real_body_8"] = _fmt(body.get((1, 8)), ".2f", " ms")
+    hf = [(r["ms"], report.rows_of(results.rows, model=REAL, batch=1, config="baseline",
+                                   schema=r["params"]["schema"])) for r in results.rows if r["series"] == "hf_generate"]
+    hf_ratio = [ms / b[0]["ms"] for ms, b in hf if b]
+    out["dec_real_hf_ms"] = _fmt(_median(ms for ms, _ in hf), ".1f", " ms")
+    out["dec_real_hf_over_step01"] = _fmt(_median(hf_ratio), ".0f", "×")
+    return out
+
+
 def _fmt(value, spec: str, suffix: str = "") -> str:
     return PENDING if value is None else f"{value:{spec}}{suffix}"
 
@@ -431,4 +533,10 @@ def prose_numbers(current, earlier) -> dict[str, str]:
         out[f"dec_sampling_loop_{config}"] = _fmt(v * 1e3 if v is not None else None, ".0f", " µs")
     out["dec_floor_1b"] = _fmt(_floor_ms(src, "1b", False), ".3f", " ms")
     out["dec_bandwidth"] = f"{src.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s"
+    for model in ("1b", "8b"):
+        for batch in (1, 8):
+            u, p = (report.rows_of([r for r in src.rows if r["series"] == n], model=model, batch=batch)
+                    for n in ("dense_head_unpadded", "dense_head"))
+            out[f"dec_pad_{model}_b{batch}"] = _fmt(u[0]["ms"] / p[0]["ms"] if u and p else None, ".2f", "×")
+    out.update(real_model_numbers(src))
     return out
