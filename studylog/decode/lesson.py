@@ -419,6 +419,23 @@ def real_model_table(results, batch: int = 1) -> str:
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no real-model requests)"
 
 
+#: ``lab/decode/results/nvidia-h200/<name>.json``: the whole benchmark run again on a fresh machine, for
+#: ``bench verify`` (its report beside it, ``<name>_verify.md``).
+SECOND_RUN_FILE = "decode_second_run"
+
+
+def second_run():
+    """The second H200 run of the benchmark kept in ``lab/decode/`` (None where the file is missing)."""
+    from studylog import paths
+    from studylog.plotting import Results, load_lab
+
+    try:
+        data = load_lab("decode", SECOND_RUN_FILE, gpu="nvidia-h200")
+    except FileNotFoundError:
+        return None
+    return Results(Path(paths.lab_results("decode", "nvidia-h200")) / f"{SECOND_RUN_FILE}.json", data)
+
+
 def real_model_numbers(results) -> dict[str, str]:
     """The real model's numbers the prose quotes (``dec_real_*``)."""
     out: dict[str, str] = {}
@@ -539,4 +556,7 @@ def prose_numbers(current, earlier) -> dict[str, str]:
                     for n in ("dense_head_unpadded", "dense_head"))
             out[f"dec_pad_{model}_b{batch}"] = _fmt(u[0]["ms"] / p[0]["ms"] if u and p else None, ".2f", "×")
     out.update(real_model_numbers(src))
+    again = second_run() if current is not None else None
+    if again is not None:
+        out.update({k.replace("dec_real_", "dec_real2_"): v for k, v in real_model_numbers(again).items()})
     return out
