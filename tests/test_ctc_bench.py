@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from book.ctc import lesson
 from studylog import ctc, plotting
 from studylog.ctc import figures, peers, report
 
@@ -140,7 +141,7 @@ def _row(series, ms, clock="gpu", role="kernel", **params):
     return row
 
 
-def _new_results(tmp_path, *, cudnn_loses: bool):
+def new_results(tmp_path, *, cudnn_loses: bool):
     rows = []
     for A in ctc.BENCH_A:
         for N in ctc.BENCH_N:
@@ -173,7 +174,7 @@ def _new_results(tmp_path, *, cudnn_loses: bool):
 
 
 def test_headline_on_the_new_benchmark_is_on_one_clock_and_names_the_baseline(tmp_path):
-    results = _new_results(tmp_path, cudnn_loses=False)
+    results = new_results(tmp_path, cudnn_loses=False)
     rows = ctc.CHAPTER.headline(results)
     assert len(rows) == 3 and all(r["clock"] == "gpu" for r in rows)
     assert all("native path cannot be captured" in r["baseline"] for r in rows)
@@ -193,7 +194,7 @@ def test_figures_draw_the_new_series_and_label_other_clocks(tmp_path):
     import matplotlib.pyplot as plt
 
     matplotlib.use("Agg")
-    results = _new_results(tmp_path, cudnn_loses=False)
+    results = new_results(tmp_path, cudnn_loses=False)
     figs = ctc.CHAPTER.figures(results)
     assert {"times", "speedup"} <= set(figs)
     labels = [t.get_text() for t in figs["times"].legends[0].get_texts()]
@@ -229,21 +230,21 @@ def test_figures_keep_one_colour_per_series_and_a_linear_speedup_axis():
 
 @pytest.mark.parametrize("cudnn_loses", [False, True])
 def test_the_answer_to_the_blog_posts_question_follows_the_counts(tmp_path, cudnn_loses):
-    verdict = ctc.cudnn_verdict(_new_results(tmp_path, cudnn_loses=cudnn_loses))
+    verdict = lesson.cudnn_verdict(new_results(tmp_path, cudnn_loses=cudnn_loses))
     assert verdict["probability_space_lost"] == 16 and verdict["took_cudnn"]
     assert verdict["supports"] is cudnn_loses
     assert ("supports the hypothesis" in verdict["text"]) is cudnn_loses
     assert ("does not work in plain float32 probability space" in verdict["text"]) is not cudnn_loses
-    cases = ctc.cudnn_cases(_new_results(tmp_path, cudnn_loses=cudnn_loses))
+    cases = lesson.cudnn_cases(new_results(tmp_path, cudnn_loses=cudnn_loses))
     assert [c["T"] for c in cases] == list(ctc.STRESS_T)
     assert all(c["lost"]["step06"] == (8 if c["T"] >= 200 else 0) for c in cases)
     assert all(c["lost"]["torch-cuDNN"] == (8 if cudnn_loses and c["T"] >= 200 else 0) for c in cases)
 
 
 def test_the_answer_is_pending_on_a_file_of_before_the_comparison(before_one_clock):
-    assert ctc.cudnn_verdict(plotting.load_results("ctc", "nvidia-h200", root=before_one_clock)) is None
+    assert lesson.cudnn_verdict(plotting.load_results("ctc", "nvidia-h200", root=before_one_clock)) is None
     for f in plotting.result_files("ctc"):  # the committed runs made the comparison
-        assert ctc.cudnn_verdict(plotting.load_results("ctc", f.parent.name)) is not None, f
+        assert lesson.cudnn_verdict(plotting.load_results("ctc", f.parent.name)) is not None, f
 
 
 def test_capture_probe_answers_for_every_torch_call():

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from book.ctc import exercises, lesson
 from studylog import ctc, plotting
-from studylog.ctc import exercises, lesson
 
-from test_ctc_bench import _new_results
+from test_ctc_bench import new_results
 
 
 # --------------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ def test_the_checks_accept_the_solutions(capsys):
 
 def _forward_without_the_skip_rule(log_probs, target):
     """A planted mistake: the skip from two positions back is allowed between equal labels too."""
-    ext = exercises._extended(target)
+    ext = exercises.extended(target)
     T, S = log_probs.shape[0], len(ext)
     alpha = [[-math.inf] * S for _ in range(T)]
     for s in range(min(2, S)):
@@ -39,8 +39,8 @@ def _forward_without_the_skip_rule(log_probs, target):
             terms = [alpha[t - 1][s]] + ([alpha[t - 1][s - 1]] if s else [])
             if s >= 2 and ext[s] != 0:
                 terms.append(alpha[t - 1][s - 2])
-            alpha[t][s] = exercises._logsumexp(terms) + float(log_probs[t, ext[s]])
-    return -exercises._logsumexp(alpha[-1][-2:] if S > 1 else alpha[-1][-1:])
+            alpha[t][s] = exercises.logsumexp(terms) + float(log_probs[t, ext[s]])
+    return -exercises.logsumexp(alpha[-1][-2:] if S > 1 else alpha[-1][-1:])
 
 
 @pytest.mark.parametrize("check, wrong, says", [
@@ -69,7 +69,7 @@ def test_prose_numbers_from_a_file_of_before_the_one_clock(before_one_clock):
 
 
 def test_prose_numbers_and_tables_on_the_new_benchmark(tmp_path):
-    results = _new_results(tmp_path, cudnn_loses=False)
+    results = new_results(tmp_path, cudnn_loses=False)
     numbers = lesson.prose_numbers(results)
     assert numbers["clock"] == "GPU clock"
     # the synthetic file: step k takes 0.05 sqrt(N) (11 - k) ms, torch-best 0.2 sqrt(N)

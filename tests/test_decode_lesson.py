@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from studylog.decode import exercises, lesson, report
+from book.decode import exercises, lesson
+from studylog.decode import report
 from studylog.plotting import Results
 
 matplotlib.use("Agg")

@@ -19,6 +19,7 @@ for _name in ("outlines_core", "outlines", "bpe_openai", "jsonschema", "pydantic
 import jsonschema  # noqa: E402
 import regex as regex_module  # noqa: E402  (current Unicode tables, see _check_valid)
 
+from book.fsm import drawing  # noqa: E402
 from studylog import data, fsm  # noqa: E402
 from studylog.fsm import schemas  # noqa: E402
 
@@ -431,17 +432,17 @@ def test_automaton_graphs(automata, vocab):
     import matplotlib.pyplot as plt
 
     _, f = automata[("classifier", "default")]
-    full = fsm.automaton_graph(f, "token")
-    small = fsm.automaton_graph(f, "token", compressed=True)
-    chars = fsm.automaton_graph(f, "char", compressed=True)
+    full = drawing.automaton_graph(f, "token")
+    small = drawing.automaton_graph(f, "token", compressed=True)
+    chars = drawing.automaton_graph(f, "char", compressed=True)
     assert small.number_of_nodes() < full.number_of_nodes()
     assert any(d["jump"] for *_, d in small.edges(data=True))
     assert any(full.nodes[n]["final"] for n in full.nodes)
     labels = [lab for *_, d in chars.edges(data=True) for lab in d["labels"]]
     assert any("rue" in lab for lab in labels), labels
     fig, axes = plt.subplots(1, 2)
-    fsm.draw_automaton(f, "token", ax=axes[0])
-    fsm.draw_automaton(f, "char", compressed=True, ax=axes[1])
+    drawing.draw_automaton(f, "token", ax=axes[0])
+    drawing.draw_automaton(f, "char", compressed=True, ax=axes[1])
     plt.close(fig)
 
 

@@ -7,8 +7,8 @@ import pytest
 for _name in ("outlines_core", "outlines", "bpe_openai"):
     pytest.importorskip(_name)
 
+from book.fsm import exercises  # noqa: E402
 from studylog import fsm  # noqa: E402
-from studylog.fsm import exercises  # noqa: E402
 
 
 def test_token_jumps_check(rng, capsys):

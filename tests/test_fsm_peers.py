@@ -15,6 +15,7 @@ import pytest
 for _name in ("outlines_core", "outlines", "bpe_openai", "pydantic", "regex"):
     pytest.importorskip(_name)
 
+from book.fsm import lesson  # noqa: E402
 from studylog import fsm  # noqa: E402
 from studylog.fsm import peers, schemas  # noqa: E402
 
@@ -266,7 +267,7 @@ def test_counts_of_compare_peers_against_brute_force(vocab, libraries, name):
     assert rows["llguidance"].passes["tokens"] >= canonical       # it may hold tokens back, never force more
     assert rows["xgrammar"].passes["bytes"] == rows["ours"].passes["bytes"]  # the same forced strings
     assert rows["llguidance"].noncanonical["tokens"] == 0
-    for table in (peers.peers_table, peers.agreement_table, peers.timing_table):
+    for table in (lesson.peers_table, lesson.agreement_table, lesson.timing_table):
         text = table(list(rows.values()))
         assert text.count("\n") >= 2 and name in text
 

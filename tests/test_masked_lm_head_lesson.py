@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from book.masked_lm_head import exercises, lesson
 from studylog import masked_lm_head as mlh
 from studylog import plotting
-from studylog.masked_lm_head import exercises, lesson, report
+from studylog.masked_lm_head import report
 from studylog.plotting import Results, load_lab
 
 

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from book.multi_item import lesson
 from studylog import multi_item as mi
 from studylog import plotting, runtime
 from studylog.multi_item import report
@@ -560,7 +561,7 @@ def test_bad_item_lengths(prefix_lens, item_lens, match):
         mi.MultiItemBatch.from_item_lens(prefix_lens, item_lens, device="cpu")
 
 
-def _inputs(tokens=20, heads=2, head_dim=16, dtype=torch.float32):
+def small_inputs(tokens=20, heads=2, head_dim=16, dtype=torch.float32):
     return [torch.randn(heads, tokens, head_dim, device=DEV, dtype=dtype) for _ in range(3)]
 
 
@@ -580,7 +581,7 @@ ONE = dict(prefix_lens=[5], item_lens=[[3, 2, 6]])  # 5 + 11 + 4 delimiters = 20
 ])
 def test_bad_attention_inputs(change, match):
     batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
-    q, k, v = change(*_inputs())
+    q, k, v = change(*small_inputs())
     with pytest.raises((TypeError, ValueError), match=match):
         mi.multi_item_attention(q, k, v, batch)
 
@@ -588,7 +589,7 @@ def test_bad_attention_inputs(change, match):
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
 def test_every_step_checks_its_inputs(step):
     batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
-    q, k, v = _inputs()
+    q, k, v = small_inputs()
     with pytest.raises(TypeError, match="q must be float16 or bfloat16 or float32"):
         step.function(q.double(), k, v, batch)
     with pytest.raises(ValueError, match="mismatched batch metadata"):
@@ -601,9 +602,9 @@ def test_every_step_checks_its_inputs(step):
 
 def test_bad_attention_options():
     batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
-    q, k, v = _inputs()
+    q, k, v = small_inputs()
     with pytest.raises(ValueError, match="head_dim must be one of"):
-        mi.multi_item_attention(*_inputs(head_dim=24), batch)
+        mi.multi_item_attention(*small_inputs(head_dim=24), batch)
     with pytest.raises(ValueError, match=r"out must be a \w+ tensor of shape .*; got a \w+ tensor of shape \(2, 20, 8\) on "):
         mi.multi_item_attention(q, k, v, batch, out=torch.empty(2, 20, 8, device=DEV))
     with pytest.raises(ValueError, match="powers of two"):
@@ -613,7 +614,7 @@ def test_bad_attention_options():
     with pytest.raises(ValueError, match="order must be one of"):
         mi.step05_batched(q, k, v, batch, order="random")
     two = mi.MultiItemBatch.from_item_lens([6, 1], [[3, 2, 6], [1]], device=DEV)
-    q2, k2, v2 = _inputs(tokens=two.total_tokens)
+    q2, k2, v2 = small_inputs(tokens=two.total_tokens)
     for step in ONE_PROMPT_STEPS:
         with pytest.raises(ValueError, match=f"{step.__name__} handles one prompt, the batch has 2"):
             step(q2, k2, v2, two)
@@ -625,7 +626,7 @@ def test_bad_attention_options():
 def test_bfloat16_is_refused_in_the_interpreter():
     batch = mi.MultiItemBatch.from_item_lens(**ONE, device=DEV)
     with pytest.raises(TypeError, match="bfloat16 is not supported in interpreter mode"):
-        mi.multi_item_attention(*_inputs(dtype=torch.bfloat16), batch)
+        mi.multi_item_attention(*small_inputs(dtype=torch.bfloat16), batch)
 
 
 def test_bad_score_inputs():
@@ -645,7 +646,7 @@ def test_bad_score_inputs():
 # GPU: the benchmark's shapes, bf16, against a float32 reference
 # --------------------------------------------------------------------------------------------
 
-def _float32_reference(q, k, v, batch):
+def float32_reference(q, k, v, batch):
     ref = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     return mi.step01_dense_sdpa(q.float(), k.float(), v.float(), batch, sm_scale=1 / math.sqrt(q.shape[-1]), out=ref)
 
@@ -656,7 +657,7 @@ def test_gpu_full_size_bf16(shape):
     name, prefixes, items = report.bench_shapes()[shape]
     batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device="cuda")
     q, k, v = [torch.randn(32, batch.total_tokens, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-    ref = _float32_reference(q, k, v, batch)
+    ref = float32_reference(q, k, v, batch)
     for step in STEPS if batch.batch_size == 1 else [STEPS[0], STEPS[-1]]:
         out = step.function(q, k, v, batch, out=poisoned(q))
         assert not torch.isnan(out).any(), f"{step.name} left rows unwritten"
@@ -686,7 +687,7 @@ def test_gpu_other_dtypes_and_tiles(dtype, head_dim, blocks):
     out, info = mi.step05_batched(q, k, v, batch, out=poisoned(q), blocks=blocks, count_tiles=True,
                                   return_info=True)
     tol = 1e-4 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(out.float(), _float32_reference(q, k, v, batch), rtol=tol, atol=tol)
+    torch.testing.assert_close(out.float(), float32_reference(q, k, v, batch), rtol=tol, atol=tol)
     assert info.tile_counts == mi.planned_key_tiles(batch, info.block_m, info.block_n)
 
 
@@ -702,7 +703,7 @@ def test_committed_results_are_read_under_the_step_names():
     for s in series:  # every series is a step's or a declared baseline
         assert s in {st.series for st in STEPS} or s in mi.CHAPTER.baselines, s
     assert mi.CHAPTER.label(mi.CHAPTER.final.series) == "step05_batched"
-    assert "| prefix 512, 128 items x 16 |" in report.target_table(results)
+    assert "| prefix 512, 128 items x 16 |" in lesson.target_table(results)
     assert {r["kernel"] for r in report.headline(results)} == {"step05_batched (Triton, tile skipping, one launch)"}
     assert all(r["clock"] == results.select(mi.CHAPTER.final.series)[0].get("clock", "do_bench")
                for r in report.headline(results))

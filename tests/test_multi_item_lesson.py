@@ -4,8 +4,9 @@ mistakes; the lesson's tables read the committed file, a file of the current ben
 import pytest
 import torch
 
+from book.multi_item import exercises, lesson
 from studylog import plotting
-from studylog.multi_item import exercises, lesson, report
+from studylog.multi_item import report
 
 STEP5 = report.STEP05.series
 
@@ -126,7 +127,7 @@ def _current_file() -> plotting.Results:
 def test_lesson_tables_of_a_current_file():
     results = _current_file()
     shape = report.bench_shapes()[0][0]
-    assert lesson.is_current(results) and "gpu clock" in lesson.caption(results)
+    assert "gpu clock" in lesson.caption(results)
     assert "commit" not in lesson.caption(results)
     tried = lesson.tried_table(results)
     assert "| step 5 with every head of every prompt side by side (`first_run`) | +40% |" in tried
@@ -141,7 +142,7 @@ def test_lesson_tables_of_a_current_file():
 
 def test_lesson_without_a_file_says_pending():
     assert lesson.step_table(None, [2]) == "pending" and lesson.tried_table(None) == "pending"
-    assert lesson.peers_table(None, report.FLEX) is None and not lesson.is_current(None)
+    assert lesson.peers_table(None, report.FLEX) is None
     assert lesson.ms(None, STEP5, "x") is None and lesson.ratio(None, 2.0) is None
 
 
@@ -157,8 +158,7 @@ def test_lesson_on_the_committed_file():
         assert 0 < v["step05_share"] < v["dense_share"] < 1 and v["pass_gain"] > 1 and v["packing_gain"] > 1
     assert "pending" not in lesson.amdahl_table(view)
     assert lesson.bounds_table(results, lays).count("\n") == 1 + len(lays)
-    if not lesson.is_current(results):
-        assert "pending" in lesson.tried_table(results)  # the do_bench line waits for the new file
+    assert "pending" not in lesson.tried_table(results)
     flight = lesson.in_flight(lays[report.MIXED_SHAPE])
     assert flight["first_run"] > results.data["device"]["l2_cache_bytes"] > flight["head_groups"]
 

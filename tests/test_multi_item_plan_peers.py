@@ -9,14 +9,15 @@ import torch
 from test_multi_item import (
     DEV,
     MIXED,
-    _float32_reference,
-    _inputs,
     flashinfer_positions,
+    float32_reference,
     poisoned,
     random_layouts,
     random_qkv,
+    small_inputs,
 )
 
+from book.multi_item import lesson
 from studylog import multi_item as mi
 from studylog import plotting
 from studylog.multi_item import report
@@ -64,7 +65,7 @@ def test_plan_grid_bounds_every_layout_it_accepts(rng):
 
 def test_plan_refuses_what_does_not_fit():
     plan = mi.MultiItemPlan(heads=2, head_dim=16, dtype=torch.float32, max_tokens=30, max_prompts=2, device=DEV)
-    q, k, v = _inputs(tokens=30)
+    q, k, v = small_inputs(tokens=30)
     with pytest.raises(RuntimeError, match="set_layout"):
         plan.run(q, k, v, torch.empty_like(q))
     with pytest.raises(ValueError, match="does not fit the plan"):
@@ -201,10 +202,10 @@ def test_headline_and_targets_from_a_gpu_clock_file():
     assert flex["speedup_range"][0] < 1.5 < flex["speedup_range"][1]
     assert flex["empty_launch_host_ms"] == 0.004
     assert rows["FlashInfer (fa3, page 1)", "prefix 2048"]["speedup"] == pytest.approx(0.95)
-    table = report.target_table(results)
+    table = lesson.target_table(results)
     assert "| prefix 2048, 32 items x 32 | 200.0 | FlashInfer | 190.0 | 0.95x" in table
     assert ">= 1.20x | yes |" in table and ">= 1.00x | **no** |" in table  # FlashInfer: mixed met, uniform not
-    assert report.target(report.FLASHINFER, report.MIXED_SHAPE) == 1.2
+    assert lesson.target(report.FLASHINFER, report.MIXED_SHAPE) == 1.2
     results.rows.append({"series": report.FLUSH, "role": "baseline", "params": {"what": "ceiling"}, "ms": 0.07,
                          "clock": "gpu"})
     assert report.shape_names(results) == ["8 prompts, mixed", "prefix 2048, 32 items x 32",
@@ -237,7 +238,7 @@ def test_gpu_entry_point_replays_in_a_cuda_graph_over_new_inputs():
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out.float(), _float32_reference(q, k, v, batch), rtol=1.6e-2, atol=1e-2)
+        torch.testing.assert_close(out.float(), float32_reference(q, k, v, batch), rtol=1.6e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
@@ -269,7 +270,7 @@ def test_gpu_plan_replays_one_graph_over_changing_layouts(config):
         graph.replay()
         torch.cuda.synchronize()
         n = batch.total_tokens
-        torch.testing.assert_close(out[:, :n].float(), _float32_reference(q[:, :n], k[:, :n], v[:, :n], batch),
+        torch.testing.assert_close(out[:, :n].float(), float32_reference(q[:, :n], k[:, :n], v[:, :n], batch),
                                    rtol=1.6e-2, atol=1e-2)
 
 
@@ -284,7 +285,7 @@ def test_gpu_flashinfer_agrees_with_ours_under_its_rule():
     batch = mi.MultiItemBatch.from_item_lens([300, 0, 17], [[20] * 12, [3, 1, 9], [1, 40, 3]], device="cuda")
     q, k, v = [torch.randn(8, batch.total_tokens, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     ours = mi.multi_item_attention(q, k, v, batch)
-    ref = _float32_reference(q, k, v, batch)
+    ref = float32_reference(q, k, v, batch)
     for backend in peers.flashinfer_backends(module):
         for page in (1, 16):
             x = peers.flashinfer_inputs(q, k, v, batch, page)
@@ -434,7 +435,7 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
     results = plotting.Results(None, {"schema": 2, "measurements": run.rows, "device": {"name": "fake"},
                                       "date": "2026-01-01", "ceilings": {"empty_launch_host_ms": 0.004}})
     assert report.pinned_configs(results)[(mi.CHAPTER.final.series, shapes[0][0])] == name
-    assert "| prefix 9, items 3,1,4 |" in report.target_table(results)
+    assert "| prefix 9, items 3,1,4 |" in lesson.target_table(results)
 
 
 def test_plan_refuses_buffers_off_its_device_and_a_width_that_is_not_a_capacity():
@@ -442,7 +443,7 @@ def test_plan_refuses_buffers_off_its_device_and_a_width_that_is_not_a_capacity(
     another device through a pointer it cannot use); max_width is a positive int like the other capacities."""
     plan = mi.MultiItemPlan(heads=2, head_dim=16, dtype=torch.float32, max_tokens=30, max_prompts=2, device=DEV)
     plan.set_layout(mi.MultiItemBatch.from_item_lens([5], [[3, 2, 6]], device=DEV))
-    q, k, v = _inputs(tokens=30)
+    q, k, v = small_inputs(tokens=30)
     elsewhere = torch.empty(q.shape, dtype=q.dtype, device="meta")
     with pytest.raises(ValueError, match=r"out must be a float32 tensor of shape \(2, 30, 16\), with a unit stride on "
                                          r"its last dimension, on \w+(:\d)?; got a float32 tensor of shape "

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from book.ngram import lesson
 from studylog import cuda, ngram, runtime
 from studylog.ngram import NgramConfig, NgramInputs
 
@@ -633,9 +634,9 @@ def test_reporting_code_runs_and_judges(kernel_us, verdict):
     assert {"latency", "vs_floor"} <= set(figs)
     for fig in figs.values():
         plt.close(fig)
-    table = ngram.summary_table(results)
+    table = lesson.summary_table(results)
     assert table.count("\n") == len(ngram.BENCH_GRID) + 1
-    verdicts = ngram.target_verdicts(results)
+    verdicts = lesson.target_verdicts(results)
     assert "1 of 1 checks passed" in verdicts
     assert f"10x faster than the CPU path at batch >= 32: {verdict}" in verdicts
     assert f"32x512 under 15 µs: {verdict}" in verdicts
@@ -659,12 +660,12 @@ def test_a_file_of_before_the_step_names_is_read_under_them(before_one_clock):
     assert set(figs) == {"latency", "vs_floor", "chunks"}
     for fig in figs.values():
         plt.close(fig)
-    assert ngram.CHAPTER.step(7).name in ngram.summary_table(results)
+    assert ngram.CHAPTER.step(7).name in lesson.summary_table(results)
     rows = ngram.headline(results)  # every row do_bench: the fastest kernel against the CPU path, one clock
     assert len(rows) == len(ngram.results.HEADLINE_CASES)
     assert all(r["baseline"].startswith("step01_cpu_path") and r["speedup"] > 1 for r in rows)
     assert all(r["clock"] == "do_bench" for r in rows)
-    assert ngram.real_text_table(results) == ""  # no real-text rows in it
+    assert lesson.real_text_table(results) == ""  # no real-text rows in it
 
 
 # --- as a library: a config is checked when made, the CPU loop checks what it is given, a matcher's options and

@@ -3,9 +3,9 @@ the checks hold answers to agree with the chapter's specification (``reference_n
 
 import pytest
 
+from book.ngram import exercises as ex
 from studylog import ngram
 from studylog.ngram import NgramConfig
-from studylog.ngram import exercises as ex
 
 
 def test_checks_accept_the_library_answers(capsys):

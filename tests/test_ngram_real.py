@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+from book.ngram import lesson
 from studylog import ngram
 from studylog.ngram import NgramConfig, NgramInputs
 from studylog.ngram import corpus as corpus_module
@@ -416,9 +417,9 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     assert {"latency", "vs_floor", "chunks", "real_text"} <= set(figs)
     for fig in figs.values():
         plt.close(fig)
-    assert ngram.real_text_table(results).count("\n") == 1 + len(ngram.CORPORA)
-    assert "call + sync" in ngram.summary_table(results)
-    assert "host clock" in ngram.target_verdicts(results)
+    assert lesson.real_text_table(results).count("\n") == 1 + len(ngram.CORPORA)
+    assert "call + sync" in lesson.summary_table(results)
+    assert "host clock" in lesson.target_verdicts(results)
 
 
 def test_quick_bench_stays_small():

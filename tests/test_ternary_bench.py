@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from book.ternary import results as tables
 from studylog import bench as harness
 from studylog import plotting, runtime
 from studylog import ternary as T
@@ -197,7 +198,7 @@ def test_targets_and_headline_on_the_gpu_clock():
         ("step12_w2a8 (CUDA C++)", "torch._int_mm W8A8", "M = 1, N x K = 4096 x 14336, x quantised to int8 in the call")]
     assert all(h["clock"] == "gpu" and "kernel_spread_ms" in h and h["host_ms"] == 0.03 for h in heads)
     assert heads[0]["speedup"] == pytest.approx(32 / 9.8)
-    assert "| 1 | 4096x14336 | 9.8 (step11_tma) | 20.0 | **2.04x** |" in T.peers_table(_results(rows))
+    assert "| 1 | 4096x14336 | 9.8 (step11_tma) | 20.0 | **2.04x** |" in tables.peers_table(_results(rows))
 
 
 def test_an_older_file_is_read_on_its_graph_times_only():

@@ -5,6 +5,7 @@ counts, launch plans), run on a GPU (``-m gpu``); and what reads the chapter's r
 import pytest
 import torch
 
+from book.ternary import results as tables
 from studylog import runtime
 from studylog import ternary as T
 from studylog.ternary import formats as F
@@ -693,7 +694,7 @@ def test_committed_results_read_under_the_steps_names(before_one_clock):
         rows = T.headline(results)
         assert rows and all(r["kernel"].split()[0].rstrip(",") in {s.name for s in T.CHAPTER.steps} for r in rows)
         assert all(r["clock"] == "gpu" for r in rows)
-        assert T.speedup_table(results, 1).count("\n") > 2
+        assert tables.speedup_table(results, 1).count("\n") > 2
         assert {t["met"] for t in T.target_checks(results)} <= {True, False, None}
         matplotlib.pyplot.close("all")
 
@@ -765,7 +766,7 @@ def test_timeline_figure_from_the_lab_results(tmp_path):
             run = case["runs"][-1]
             medians = [run[key][1] for key in ("start", "x_read", "x_ready", "loop_end", "end")]
             assert medians == sorted(medians) and run["end"][2] >= run["end"][1]
-        fig = T.timeline_figure(timeline)
+        fig = tables.timeline_figure(timeline)
         ax = fig.axes[0]
         assert len(ax.patches) == 4 * len(cases) and len(ax.get_yticklabels()) == len(cases)
         assert all(p.get_width() >= 0 for p in ax.patches)

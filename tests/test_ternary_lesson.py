@@ -8,10 +8,10 @@ import re
 import pytest
 import torch
 
+from book.ternary import exercises as E
+from book.ternary import lesson as L
 from studylog import paths
 from studylog import ternary as T
-from studylog.ternary import exercises as E
-from studylog.ternary import lesson as L
 from studylog.ternary.results import SERIES_COLOURS
 
 LESSONS = [paths.REPO_ROOT / "notebooks" / f"{name}.ipynb" for name in T.CHAPTER.notebooks]

@@ -49,22 +49,21 @@ in buffers sized once for the largest batch, refilled on the host between replay
 
 Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6,
 errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``plan`` (:class:`CTCPlan`), ``compiled``
-(PTX, registers, SASS), ``peers`` (torch's two paths), ``report`` (benchmark), ``figures`` (figures,
-headline, the blog post's question), ``lesson`` (the notebook's tables and the numbers its prose quotes),
-``exercises`` (the reader's exercises and their CPU checks); CUDA sources in ``csrc/``.
+(PTX, registers, SASS), ``peers`` (torch's two paths), ``report`` (benchmark), ``figures`` (figures and
+headline); CUDA sources in ``csrc/``. The notebook's tables, the numbers its prose quotes, the blog post's
+question and the exercises are the book's (``book.ctc``), not the library's.
 """
 
 from __future__ import annotations
 
 from studylog import runtime  # noqa: F401  (runtime: GPU or interpreter is chosen first)
 from studylog.chapter import Chapter, Step
-from studylog.ctc import exercises, figures, lesson, report
+from studylog.ctc import figures, report
 from studylog.ctc.compiled import compile_step, global_loads, load_table, markdown, nvdisasm_path, sass, sass_counts
 from studylog.ctc.fused import (BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, MAX_RECURSION_WARPS,
                                 RECURSION_OPTIONS, WARP_GRAINS, ctc_loss, fused_kernel_names, preload_fused,
                                 recursion_name, recursion_warps, step07_fused_softmax, step08_branch_free,
                                 step09_two_passes, step10_warps_per_direction, warp_grain)
-from studylog.ctc.figures import OPTIONS_STEP, cudnn_cases, cudnn_counts, cudnn_verdict, recursion_series
 from studylog.ctc.peers import (CUDNN_TARGET_LIMIT, capturable, concatenated, cudnn_eligible, padded,
                                 takes_cudnn_path)
 from studylog.ctc.plan import CTCPlan
@@ -140,30 +139,17 @@ CHAPTER = Chapter(
 #: The last step: what the chapter's headline and targets are measured on (``ctc_loss`` runs it).
 FINAL_STEP = CHAPTER.final.number
 
+#: What a reader imports after the chapter: the entry point, its plan, the steps, the formats, the references and
+#: torch's rule. Everything else imported above stays reachable here and by its module.
 __all__ = [
-    "CHAPTER", "ops", "FINAL_STEP", "ctc_loss", "CTCPlan",
-    # the lesson's tables, figures and numbers; the exercises and their checks
-    "lesson", "figures", "exercises",
+    "CHAPTER", "ops", "ctc_loss", "CTCPlan",
     "step01_baseline", "step02_restrict", "step03_ldg", "step04_register_blocking", "step05_shared_rows",
     "step06_probability_space", "step07_fused_softmax", "step08_branch_free", "step09_two_passes",
     "step10_warps_per_direction",
     # formats and checks
-    "BLANK", "MAX_TARGET_LENGTH", "CTCTargets", "prepare_targets", "validate_lengths", "min_frames",
+    "BLANK", "MAX_TARGET_LENGTH", "CTCTargets", "prepare_targets", "min_frames",
     # yardsticks
-    "reference_ctc", "probability_space_ctc", "torch_ctc", "errors", "wrong_utterances", "silently_wrong",
-    "untrusted", "untrusted_answers", "UnderflowWarning", "LOSS_TOLERANCE", "GRAD_TOLERANCE",
-    "UNDERFLOW_TOLERANCE", "outcomes", "FAR_LOSS", "FAR_GRAD",
-    # torch's paths, and the blog post's question
-    "CUDNN_TARGET_LIMIT", "cudnn_eligible", "takes_cudnn_path", "capturable", "cudnn_counts", "cudnn_cases",
-    "cudnn_verdict",
-    # launch shapes and kernel names
-    "GRAIN_SIZES", "WARP_GRAINS", "BLOCK_GRAINS", "DEFAULT_BLOCK_GRAIN", "MAX_RECURSION_WARPS",
-    "RECURSION_OPTIONS", "DEFAULT_RECURSION", "default_grain", "block_threads", "warp_grain", "recursion_warps",
-    "kernel_names", "fused_kernel_names", "recursion_name", "preload_blocked", "preload_fused", "bank_ways",
-    # compiled code
-    "compile_step", "global_loads", "load_table", "markdown", "nvdisasm_path", "sass", "sass_counts",
-    # benchmark inputs and helpers
-    "BENCH_T", "BENCH_N", "BENCH_A", "LESSON_N", "STRESS_T", "STRESS_A", "STRESS_N", "LONG_T", "OPTIONS_STEP",
-    "random_targets", "padded", "concatenated", "dram_bytes", "stress_inputs", "long_inputs", "stress_set",
-    "kernel_times_us", "recursion_series", "grids", "estimated_seconds",
+    "reference_ctc", "probability_space_ctc", "torch_ctc", "errors", "UnderflowWarning",
+    # torch's paths
+    "takes_cudnn_path",
 ]

@@ -1,26 +1,16 @@
-"""Chapter 4's figures, headline and the answer to the blog post's question, all from a results file (the
-committed JSON). They read the benchmark's series as :mod:`studylog.ctc.report` writes them and, where a file predates
-a series, leave it out (or say that its measurement is pending) instead of failing."""
+"""Chapter 4's figures and headline, from a results file (the committed JSON), and the clock words the lesson's
+tables share with them. They read the benchmark's series as :mod:`studylog.ctc.report` writes them and, where a
+file predates a series, leave it out instead of failing."""
 
 from __future__ import annotations
 
-from studylog.ctc.reference import FAR_GRAD, FAR_LOSS, LOSS_TOLERANCE
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T
-
-#: Rows of the comparison on the stress set: ours in probability space, ours in log space, torch's calls.
-CUDNN_SET = "cudnn-set "
-#: Outcome counts of a row (see :func:`studylog.ctc.reference.outcomes`).
-OUTCOMES = ("utterances", "impossible", "infinite", "nan", "finite_wrong", "far", "right")
 
 
 def _chapter():
     from studylog.ctc import CHAPTER
 
     return CHAPTER
-
-
-def _step_series() -> list[str]:
-    return [s.series for s in _chapter().steps]
 
 
 #: One colour per series across the chapter: every figure draws a series in the same colour.
@@ -65,13 +55,6 @@ def colour(series: str) -> str:
 
 def clock_words(clock: str) -> str:
     return {"gpu": "GPU clock", "do_bench": "do_bench", "kernel": "kernel clock"}.get(clock, clock)
-
-
-def caption(results) -> str:
-    """Where and when a results file was measured (GPU, date, versions, the copy bandwidth of that run)."""
-    v = results.data["versions"]
-    return (f"Measured on {results.gpu} on {results.date} (torch {v['torch']}, triton {v['triton']}; copy bandwidth "
-            f"{results.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s in the same run).")
 
 
 def _spread(row: dict) -> tuple[float, float, float]:
@@ -245,91 +228,3 @@ def headline(results) -> list[dict]:
             rows.append(headline_row(results, kernel, "torch-best", case, kernel_label=f"{step.name} (CUDA C++)",
                                      baseline_label=baseline, T=BENCH_T, A=A, N=n))
     return rows[:3]
-
-
-def cudnn_counts(results) -> dict[str, dict[str, int]]:
-    """Outcome counts on the stress set's utterances that torch's cuDNN path takes, summed over its inputs,
-    per series (``"torch-cuDNN"``, ``"step06"``...); empty for files that predate the comparison."""
-    out: dict[str, dict[str, int]] = {}
-    for row in results.rows:
-        if row["series"].startswith(CUDNN_SET):
-            series = row["series"].removeprefix(CUDNN_SET)
-            total = out.setdefault(series, dict.fromkeys(OUTCOMES, 0))
-            for key in OUTCOMES:
-                total[key] += int(row.get(key, 0))
-    return out
-
-
-def cudnn_cases(results) -> list[dict]:
-    """Per input of the stress set: its name, T, the utterances compared (of how many) and, per series, the
-    utterances lost (:func:`lost`), to see where each backend loses them."""
-    cases: dict[tuple, dict] = {}
-    for row in results.rows:
-        if row["series"].startswith(CUDNN_SET):
-            p = row["params"]
-            case = cases.setdefault((p.get("inputs"), p["T"]), {"inputs": p.get("inputs"), "T": p["T"], "N": p["N"],
-                                                                "of": p.get("of", p["N"]), "lost": {}})
-            case["lost"][row["series"].removeprefix(CUDNN_SET)] = lost({k: int(row.get(k, 0)) for k in OUTCOMES})
-    return [cases[k] for k in sorted(cases, key=lambda k: (str(k[0]), k[1]))]
-
-
-def lost(counts: dict[str, int]) -> int:
-    """Utterances lost to what underflow does: an infinite or NaN answer, or a finite one far from float64."""
-    return counts["infinite"] + counts["nan"] + counts["far"]
-
-
-def cudnn_verdict(results) -> dict | None:
-    """The blog post's question, answered from the comparison on the stress set: does cuDNN lose the utterances that
-    float32 probability space (step 6, same inputs, same run) loses? None when the file predates it."""
-    counts = cudnn_counts(results)
-    prob = counts.get(_chapter().step(6).series)
-    cudnn = {k: v for k, v in counts.items() if k.startswith("torch-cuDNN")}
-    if prob is None or not cudnn:
-        return None
-    took_cudnn = all(r.get("use_cudnn_ctc_loss", True) for r in results.rows
-                     if r["series"] == f"{CUDNN_SET}torch-cuDNN F.ctc_loss")
-    worst = max(cudnn.values(), key=lost)
-    verdict = {"counts": counts, "probability_space_lost": lost(prob), "cudnn_lost": lost(worst),
-               "took_cudnn": took_cudnn, "supports": None}
-    n = prob["utterances"] - prob["impossible"]
-    if not took_cudnn:
-        verdict["text"] = "F.ctc_loss did not take its cuDNN path on these inputs: no answer from this run."
-    elif lost(prob) == 0:
-        verdict["text"] = (f"Float32 probability space lost none of these {n} utterances: this run cannot tell "
-                           "where cuDNN's arithmetic works.")
-    elif lost(worst) > 0:
-        verdict["supports"] = True
-        verdict["text"] = (f"cuDNN loses {lost(worst)} of the {n} utterances (infinite {worst['infinite']}, NaN "
-                           f"{worst['nan']}, finite but far from float64 {worst['far']}) where float32 probability "
-                           f"space loses {lost(prob)}: this supports the hypothesis that cuDNN works in "
-                           "probability space.")
-    else:
-        verdict["supports"] = False
-        verdict["text"] = (f"Float32 probability space, rescaled every frame, loses {lost(prob)} of these {n} "
-                           f"utterances (infinite {prob['infinite']}, NaN {prob['nan']}, finite but far from float64 "
-                           f"{prob['far']}); cuDNN loses none: no infinite or NaN answer, none off by more than "
-                           f"{FAR_LOSS:g} (loss) or {FAR_GRAD:g} (gradient). So cuDNN does not work in plain float32 "
-                           "probability space; its speed has to come from elsewhere. (It may still rescale in "
-                           "another way, in double, or in log space: the run only rules out the plain form.)")
-    return verdict
-
-
-#: The step whose recursion options were compared (an experiment: lab/ctc).
-OPTIONS_STEP = 9
-
-
-def recursion_series() -> list[tuple[str, str]]:
-    """(series, label) of every recursion measured between step 9's two passes in the experiment kept in
-    ``lab/ctc`` (the branch-free warp's options, and step 10's block of warps at both grains)."""
-    from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
-
-    CHAPTER = _chapter()
-    nine, ten = CHAPTER.step(OPTIONS_STEP), CHAPTER.step(10)
-    out = []
-    for option in RECURSION_OPTIONS:
-        series = nine.series + ("" if option == DEFAULT_RECURSION else f" recursion {option}")
-        out.append((series, f"{nine.name}, {option}" + (" (default)" if option == DEFAULT_RECURSION else "")))
-    for grain in BLOCK_GRAINS:
-        series = ten.series + ("" if grain == DEFAULT_BLOCK_GRAIN else f" grain {grain}")
-        out.append((series, f"{ten.name}, {grain} per thread" + (" (default)" if grain == DEFAULT_BLOCK_GRAIN else "")))
-    return out

@@ -21,9 +21,7 @@ Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`. On a 
 fused kernels of :mod:`~studylog.decode.kernels` (six launches per layer for one token a step, nine for more), in
 every configuration alike.
 
-The lesson (notebook 07) reads its numbers, tables and glued prose values through :mod:`~studylog.decode.lesson`
-(the committed benchmark, or the earlier run kept in ``lab/decode/`` while the current one is pending), and its
-exercises, each with a check a reader runs on a CPU, are in :mod:`~studylog.decode.exercises`.
+Notebook 07's tables, glued numbers and exercises are the book's (``book.decode``), not the library's.
 """
 
 from __future__ import annotations

@@ -17,11 +17,10 @@ Its steps are three decode loops (``CHAPTER.steps``):
 The modules: :mod:`~studylog.fsm.vocabulary` (token bytes and EOS), :mod:`~studylog.fsm.automaton`
 (regexes from schemas, :class:`ConstrainedFSM` and its jump tables), :mod:`~studylog.fsm.decoding` (the
 steps, :func:`decode`, two deterministic stand-ins for a model), :mod:`~studylog.fsm.schemas` (the suite),
-:mod:`~studylog.fsm.report` (the suite's measurement and plots), :mod:`~studylog.fsm.masks` (the mask file
-of chapter 2), :mod:`~studylog.fsm.drawing` (tables and drawings for the notebook), :mod:`~studylog.fsm.peers`
-(the same regexes in xgrammar and llguidance, optional packages of the ``peers`` extra: forced strings, masks,
-passes and CPU times beside ours), :mod:`~studylog.fsm.exercises` (the lesson's exercises and the checks a
-reader runs on a CPU). The chapter has no GPU benchmark. Command line: ``python -m studylog.fsm export-masks | report | figure``.
+:mod:`~studylog.fsm.report` (the suite's measurement, its table and its figure), :mod:`~studylog.fsm.masks`
+(the mask file of chapter 2), :mod:`~studylog.fsm.peers` (the same regexes in xgrammar and llguidance, optional
+packages of the ``peers`` extra: forced strings, masks, passes and CPU times beside ours). The chapter has no GPU
+benchmark. Command line: ``python -m studylog.fsm export-masks | report | figure``.
 """
 
 from __future__ import annotations
@@ -33,11 +32,10 @@ from studylog.fsm.automaton import (ConstrainedFSM, Jump, ascii_digit_classes, c
 from studylog.fsm.decoding import (MODES, STEP_OF_MODE, DecodeResult, Event, Mode, NextLogits, check_logits,
                                    decode, greedy, step01_uncompressed, step02_token_jumps, step03_char_jumps,
                                    toy_model, writer_model)
-from studylog.fsm.drawing import automaton_graph, draw_automaton, events_table, state_table
 from studylog.fsm.masks import COMMITTED_MASKS_ASCII_DIGITS, export_masks, select_masks
 from studylog.fsm.peers import compare_peers, jump_forward_decode, peer_versions, viable_prefix
-from studylog.fsm.report import (MASKBENCH_FORCED_SHARE, EntryResult, extra_tokens, measure_entry,
-                                 plot_mask_counts, plot_savings, run_suite, savings_table)
+from studylog.fsm.report import (MASKBENCH_FORCED_SHARE, EntryResult, extra_tokens, measure_entry, plot_savings,
+                                 run_suite, savings_table)
 from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocabulary, make_vocabulary
 
 CHAPTER = Chapter(
@@ -58,21 +56,19 @@ CHAPTER = Chapter(
     headline=None,
 )
 
+#: What a reader imports after the lesson. The other names above stay attributes of the package, and every
+#: name is reachable by its module.
 __all__ = [
     "CHAPTER",
     # the steps and the general entry point
-    "step01_uncompressed", "step02_token_jumps", "step03_char_jumps", "decode", "MODES", "STEP_OF_MODE", "Mode",
-    "DecodeResult", "Event", "NextLogits", "check_logits", "greedy", "toy_model", "writer_model",
+    "step01_uncompressed", "step02_token_jumps", "step03_char_jumps", "decode", "MODES", "DecodeResult",
+    "toy_model", "writer_model",
     # vocabularies
-    "TokenVocabulary", "load_vocabulary", "make_vocabulary", "byte_vocabulary",
+    "TokenVocabulary", "load_vocabulary", "make_vocabulary",
     # regexes and automata
-    "regex_from_schema", "ascii_digit_classes", "compile_fsm", "ConstrainedFSM", "Jump", "forced_chains",
-    "extra_tokens",
-    # the suite's measurement, the mask file
-    "EntryResult", "measure_entry", "run_suite", "savings_table", "plot_savings", "plot_mask_counts",
-    "MASKBENCH_FORCED_SHARE", "select_masks", "export_masks", "COMMITTED_MASKS_ASCII_DIGITS",
-    # tables and drawings
-    "state_table", "events_table", "automaton_graph", "draw_automaton",
+    "regex_from_schema", "compile_fsm", "ConstrainedFSM", "Jump",
+    # the suite's measurement
+    "EntryResult", "run_suite", "savings_table",
     # beside xgrammar and llguidance (studylog.fsm.peers)
-    "compare_peers", "jump_forward_decode", "peer_versions", "viable_prefix",
+    "compare_peers", "jump_forward_decode",
 ]

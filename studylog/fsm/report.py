@@ -23,9 +23,6 @@ from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
 #: compact (MaskBench's table of fast-forward tokens, Llama 3 tokenizer, about ten thousand schemas:
 #: https://github.com/guidance-ai/jsonschemabench/tree/main/maskbench).
 MASKBENCH_FORCED_SHARE = (0.13, 0.15)
-#: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
-#: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer; same page).
-MASKBENCH_LLGUIDANCE_MASK_US = 47.0
 
 #: One colour per series across the chapter's figures: the two jump steps under each whitespace pattern,
 #: the peers' policies, the published reference, and series that are not steps.
@@ -194,47 +191,6 @@ def plot_savings(results: Sequence[EntryResult], ax=None, title: Optional[str] =
     ax.set_title(title or "Forward passes saved on the suite (cl100k_base, greedy writer model)", fontsize=11,
                  pad=62)
     return ax
-
-
-def plot_mask_counts(counts: Sequence[int], vocab_size: int, ax=None, title: Optional[str] = None):
-    """Histogram (log-spaced bins) of allowed tokens per visited state, with the cumulative share."""
-    import matplotlib.pyplot as plt
-
-    counts = np.asarray(counts)
-    ax = ax or plt.subplots(figsize=(8, 4))[1]
-    bins = np.logspace(0, np.log10(vocab_size), 26)
-    ax.hist(counts, bins=bins, color=SERIES_COLORS["neutral"], alpha=0.6)
-    ax.set_xscale("log")
-    ax.set_xlabel(f"allowed tokens in the state (of {vocab_size:,})", fontsize=10)
-    ax.set_ylabel("visited states", fontsize=10)
-    ax.tick_params(labelsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    twin = ax.twinx()
-    xs = np.sort(counts)
-    twin.plot(xs, np.arange(1, len(xs) + 1) / len(xs), color="black", lw=1.5)
-    twin.set_ylabel("cumulative share of states (line)", fontsize=10)
-    twin.tick_params(labelsize=9)
-    twin.set_ylim(0, 1.02)
-    ax.set_title(title or "How many tokens a state allows, over the states the suite visits", fontsize=11)
-    return ax
-
-
-# --- what a decode step is made of (the Amdahl view) -------------------------------------------------------
-
-def step_floor_ms(params: int, bandwidth_gbs: float, bytes_per_param: int = 2) -> float:
-    """The least time a batch-1 decode step can take: reading ``params`` weights of ``bytes_per_param`` bytes
-    once at ``bandwidth_gbs`` (bytes read plus written per second, as ``ceilings.copy_bandwidth_gbs`` in a
-    benchmark file counts them, so a read-only stream moves at about that rate)."""
-    return params * bytes_per_param / (bandwidth_gbs * 1e9) * 1e3
-
-
-def amdahl_bound(saved_share: float) -> float:
-    """End-to-end speedup when a share of the decode steps disappears and the rest cost what they did: a
-    jump's tokens reach the model inside the next pass, as a chunk, which at batch 1 costs about what a
-    one-token pass costs (the weights are read once either way)."""
-    if not 0 <= saved_share < 1:
-        raise ValueError(f"saved_share must be in [0, 1), got {saved_share}")
-    return 1.0 / (1.0 - saved_share)
 
 
 # --- what a wider character class costs -----------------------------------------------------------------

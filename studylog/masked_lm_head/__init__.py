@@ -14,8 +14,12 @@ general entry point: it runs the final step.
 The allowed sets travel as :class:`AllowedTokens`, built (and validated) once per FSM state, so the
 steps never synchronise with the device.
 
-The lesson's numbers and tables are read from the benchmark file by :mod:`.lesson`; its exercises, each with a
-check a reader runs on a CPU, are in :mod:`.exercises`.
+``__all__`` is what a reader calls after the lesson: the steps, the entry point and its plan, the formats, the
+reference and the dense peer. Everything else (kernels, tiles, masks to measure on, the benchmark) is reached by its
+module, ``studylog.masked_lm_head.<module>.<name>``; the package keeps those it imports as attributes.
+
+The lesson's numbers and tables (read from the benchmark file) and its exercises, each with a check a reader runs
+on a CPU, are the book's: ``book.masked_lm_head.lesson`` and ``book.masked_lm_head.exercises``.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ from studylog.masked_lm_head.plan import (MaskedHeadPlan, apply_bitmask_kernel, 
 from studylog.masked_lm_head.ptx import ptx_loads, ptx_row_load_groups
 from studylog.masked_lm_head.reorder import (ReorderedHead, VocabOrder, active_blocks, cluster_order,
                                              reordered_rows_kernel, step08_reordered)
-from studylog.masked_lm_head.benchmark import BATCHES, IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, cases, losses
-from studylog.masked_lm_head.report import (bench, figures, headline, host_table, run_sweep, sweep_counts,
-                                           target_report)
+from studylog.masked_lm_head.benchmark import (BATCHES, IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, bench, cases,
+                                              losses, run_sweep, sweep_counts)
+from studylog.masked_lm_head.report import figures, headline
 from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(
@@ -105,27 +109,12 @@ CHAPTER = Chapter(
 
 __all__ = [
     "CHAPTER", "ops",
-    # the steps, and the general entry point (the final step)
+    # the steps, the general entry point (the final step) and its capturable form for a decode loop
     "step00_dense", "step01_block_skip", "step02_column_skip", "step03_row_skip", "step04_compact",
     "step05_stream", "step06_few_ids", "step07_batched", "step08_reordered", "step09_dispatch", "masked_logits",
-    # their kernels
-    "dense_matmul_kernel", "block_skip_kernel", "column_skip_kernel", "row_skip_kernel", "compact_rows_kernel",
-    "compact_stream_kernel", "few_ids_kernel", "batched_union_kernel", "reordered_rows_kernel",
-    # formats, tiles and the reference
-    "VOCAB", "HIDDEN", "WEIGHT_DTYPES", "FEW_IDS_MAX", "LAYOUTS", "EVICTION", "AllowedTokens", "Tiles",
-    "batch_tile", "default_tiles", "stream_tiles", "few_tiles", "reference_logits", "error_bound", "check_logits",
-    "FP32_UNIT_ROUNDOFF", "SUMMATIONS", "accumulation_depth", "fp32_gamma", "bitmask_words", "pack_bitmask", "unpack_bitmask",
-    # the decode loop's capturable form (step 9 with its inputs in device buffers) and its kernels
-    "MaskedHeadPlan", "union_count", "union_ids_kernel", "stream_count_kernel", "batched_count_kernel",
-    "apply_bitmask_kernel", "unpack_bitmask_kernel", "FastKernel", "launch", "dense_logits",
-    # step 8's vocabulary order, step 9's rule and paths
-    "VocabOrder", "ReorderedHead", "cluster_order", "active_blocks",
-    "DispatchRule", "FALLBACK_RULE", "PATHS", "dispatch_rule", "rule_from_results", "crossover_points",
-    "choose_path", "cublas_masked",
-    # allowed sets to measure on
-    "StructuredSets", "random_sets", "clustered_sets", "grammar_like_sets", "real_sets", "structured_sets",
-    "cross_fit_orders",
-    # the compiler's view, the benchmark and its report
-    "ptx_loads", "ptx_row_load_groups", "bench", "run_sweep", "sweep_counts", "figures", "headline",
-    "target_report", "host_table", "cases", "losses", "BATCHES", "IN_SAMPLE", "PLAN", "XGRAMMAR", "XGRAMMAR_BF16",
+    "MaskedHeadPlan",
+    # formats and the reference
+    "VOCAB", "HIDDEN", "AllowedTokens", "pack_bitmask", "unpack_bitmask", "reference_logits", "check_logits",
+    # step 8's reordered vocabulary, step 9's rule, and the dense peer (torch: cuBLAS, then masked_fill)
+    "ReorderedHead", "cluster_order", "dispatch_rule", "choose_path", "cublas_masked",
 ]

@@ -1,5 +1,6 @@
-"""The chapter's figures, headline and the targets' table, all from the committed JSON (the benchmark itself is
-:mod:`.benchmark`). Series names come from ``CHAPTER`` (steps ``stepNN``, and the other series it lists).
+"""The chapter's figures and headline, from the committed JSON (the benchmark itself is :mod:`.benchmark`; the
+lesson's tables are in ``book.masked_lm_head.lesson``). Series names come from ``CHAPTER`` (steps ``stepNN``, and
+the other series it lists).
 
 Results files measured before the GPU clock (do_bench rows, no peer, no host time) still draw: the figures
 and the headline use what a file holds and leave out what it does not.
@@ -10,12 +11,10 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from studylog.masked_lm_head.benchmark import IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, bench, losses, run_sweep, \
-    sweep_counts
-from studylog.masked_lm_head.formats import VOCAB
+from studylog.masked_lm_head.benchmark import PLAN, XGRAMMAR
+from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 
-__all__ = ["bench", "run_sweep", "sweep_counts", "figures", "headline", "target_report", "host_table", "our_kernels",
-           "series_color", "SERIES_COLORS", "IN_SAMPLE", "PLAN", "XGRAMMAR", "XGRAMMAR_BF16"]
+__all__ = ["figures", "headline", "byte_floor_ms", "series_color", "SERIES_COLORS", "SERIES_MARKERS"]
 
 
 def _chapter():
@@ -27,14 +26,6 @@ def _chapter():
 def _s(number: int) -> str:
     """Step ``number``'s series in the benchmark JSON."""
     return _chapter().step(number).series
-
-
-def _kinds(results) -> list[str]:
-    seen: dict[str, None] = {}
-    for row in results.rows:
-        if "kind" in row["params"]:
-            seen.setdefault(row["params"]["kind"], None)
-    return list(seen)
 
 
 #: One colour per series across the chapter's figures (steps by number, then the baselines and the peer).
@@ -58,6 +49,13 @@ FONT = 9
 def series_color(series: str) -> str:
     """The chapter's colour of a series."""
     return SERIES_COLORS.get(series, "#333333")
+
+
+def byte_floor_ms(results, batch: int, union: int) -> float:
+    """The time to move a call's bytes at the run's copy bandwidth: ``union`` rows of the bf16 ``[V, D]`` weight
+    read, the fp32 ``[batch, V]`` output written."""
+    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+    return (union * HIDDEN * 2 + batch * VOCAB * 4) / bandwidth * 1e3
 
 
 def _legend_label(series: str) -> str:
@@ -175,8 +173,6 @@ def _batched_figure(results, caption: str):
     index_select (the union's logits only), steps 3, 7 and 9, and the byte floor."""
     import matplotlib.pyplot as plt
 
-    from studylog.masked_lm_head.lesson import byte_floor_ms
-
     batches = sorted({r["params"]["batch"] for r in results.select(_s(7), kind="random")})
     batches = [b for b in (8, 64, 256) if b in batches] or batches[-3:]
     fig, axes = plt.subplots(1, len(batches), figsize=(3.4 * len(batches) + 0.6, 4.0), squeeze=False, sharey=True)
@@ -280,32 +276,6 @@ def _host_figure(results, caption: str):
     return fig
 
 
-def host_table(results) -> str:
-    """Host time per call of every public entry point measured at batch 1 (random masks), as Markdown:
-    median over the run's counts, the worst count, and the ratio to an empty Triton launch of the same run."""
-    label = _chapter().label
-    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
-    lines = ["| entry point | host per call, median (µs) | worst (µs) | × empty launch |", "|---|---|---|---|"]
-    for series in results.series():
-        rows = [r for r in results.select(series, batch=1) if "host_ms" in r]
-        if not rows:
-            continue
-        values = sorted(r["host_ms"] for r in rows)
-        median = values[len(values) // 2]
-        ratio = f"{values[-1] / empty:.2f}" if empty else "–"
-        lines.append(f"| {label(series)} | {median * 1e3:.1f} | {values[-1] * 1e3:.1f} | {ratio} |")
-    if empty:
-        lines.append(f"| empty Triton launch | {empty * 1e3:.1f} | | 1 |")
-    return "\n".join(lines)
-
-
-def our_kernels() -> list[str]:
-    """Series that count as "our kernel" in the targets: steps 1-9. Left out: step 0 (dense, the
-    tutorial's), cublas_fp32_mask (torch's) and reordered_in_sample (its vocabulary order was fitted on
-    the very mask it is measured on)."""
-    return [s.series for s in _chapter().steps if s.number >= 1]
-
-
 def headline(results) -> list[dict]:
     """The book's headline rows (``plotting.headline_row``: both times, their spread, host time): step 9
     against torch at batch 1, and the whole step from the bitmask against xgrammar's path at batch 1 and 64
@@ -330,117 +300,3 @@ def headline(results) -> list[dict]:
         except (KeyError, ValueError):
             continue  # not measured in this file (or on another clock)
     return rows
-
-
-def _best(results, batch: int, kind: str, allowed: int) -> dict | None:
-    ours = our_kernels()
-    rows = [r for r in results.rows if r["series"] in ours and r["params"].get("layout", "vd") == "vd"
-            and r["params"].get("batch") == batch and r["params"].get("kind") == kind
-            and r["params"].get("allowed") == allowed]
-    return min(rows, key=lambda r: r["ms"]) if rows else None
-
-
-def _one(results, series: str, **params) -> dict | None:
-    rows = [r for r in results.select(series, **params) if r["params"].get("layout", "vd") == "vd"]
-    return rows[0] if len(rows) == 1 else None
-
-
-def target_report(results) -> str:
-    """The targets with the ratios measured in one run (the clock each row is on is the file's), as a
-    Markdown table, and the points where we lose."""
-    label = _chapter().label
-    dispatch = _s(9)
-    clock = results.rows[0].get("clock", "do_bench") if results.rows else "–"
-    lines = [f"Clock: {clock}.", "", "| target | measured | met |", "|---|---|---|"]
-
-    def add(name: str, value: str, ok: bool | None):
-        lines.append(f"| {name} | {value} | {'–' if ok is None else ('yes' if ok else '**no**')} |")
-
-    # best kernel within 1.3x of the floor, batch 1, every mask kind and count
-    for kind in _kinds(results):
-        worst = None
-        for r in results.select("dense_mask", batch=1, kind=kind):
-            best = _best(results, 1, kind, r["params"]["allowed"])
-            if best and "union" in best:  # the bytes floor (a launch's latency is not on the GPU clock)
-                from studylog.masked_lm_head.lesson import byte_floor_ms
-
-                # with the empty kernel's GPU time where the run measured it (few bytes: latency bounds the call)
-                floor_ms = max(byte_floor_ms(results, 1, best["union"]),
-                               results.data["ceilings"].get("empty_launch_gpu_ms", 0.0))
-                ratio = best["ms"] / floor_ms
-                if worst is None or ratio > worst[0]:
-                    worst = (ratio, r["params"]["allowed"], label(best["series"]))
-        if worst:
-            add(f"best kernel ≤ 1.3× the floor (bytes, or an empty kernel's GPU time where measured), batch 1, {kind} masks, worst count",
-                f"{worst[0]:.2f}× at {worst[1]:,} allowed ({worst[2]})", worst[0] <= 1.3)
-    # step 9 (the dispatch) >= 10x dense + mask at <= 1,000 allowed, batch 1
-    ratios = []
-    for r in results.select("dense_mask", batch=1):
-        mine = _one(results, dispatch, batch=1, kind=r["params"]["kind"], allowed=r["params"]["allowed"])
-        if mine and r["params"]["allowed"] <= 1000:
-            ratios.append((r["ms"] / mine["ms"], r["params"]["allowed"], r["params"]["kind"]))
-    if ratios:
-        low = min(ratios)
-        add(f"{label(dispatch)}, ≤ 1,000 allowed, batch 1: ≥ 10× dense + mask (smallest speedup)",
-            f"{low[0]:.1f}× ({low[2]}, {low[1]:,} allowed)", low[0] >= 10)
-    # >= 2.5x index_select + matmul at 10,000 allowed
-    for kind in _kinds(results):
-        base, mine = _one(results, "index_select", batch=1, kind=kind, allowed=10_000), \
-            _one(results, dispatch, batch=1, kind=kind, allowed=10_000)
-        if base and mine:
-            ratio = base["ms"] / mine["ms"]
-            add(f"{label(dispatch)}, 10,000 allowed ({kind}), batch 1: ≥ 2.5× index_select + matmul",
-                f"{ratio:.2f}×", ratio >= 2.5)
-    # host time per call <= 2x an empty Triton launch, batch 1
-    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
-    hosts = sorted((r for r in results.select(dispatch, batch=1) if "host_ms" in r), key=lambda r: r["host_ms"])
-    if empty and hosts:
-        median_h, worst_h = hosts[len(hosts) // 2], hosts[-1]
-        add(f"{label(dispatch)} host time per call ≤ 2× an empty Triton launch, batch 1 (worst count; median "
-            "over the counts)",
-            f"{median_h['host_ms'] / empty:.2f}× ({median_h['host_ms'] * 1e3:.1f} µs against {empty * 1e3:.1f} µs); "
-            f"worst {worst_h['host_ms'] / empty:.2f}× ({worst_h['params']['kind']}, "
-            f"{worst_h['params']['allowed']:,} allowed)", worst_h["host_ms"] <= 2 * empty)
-    # the whole step from the bitmask against xgrammar's path
-    pairs = []
-    for r in results.select(XGRAMMAR):
-        p = r["params"]
-        mine = _one(results, PLAN, batch=p["batch"], kind=p["kind"], allowed=p["allowed"])
-        if mine:
-            # the spreads overlap: the two are not told apart by this run's repetitions
-            overlap = bool(mine.get("spread_ms") and r.get("spread_ms")
-                           and mine["spread_ms"][0] <= r["spread_ms"][2])
-            pairs.append((r["ms"] / mine["ms"], p, overlap))
-    if pairs:
-        b1 = [q for q in pairs if q[1]["batch"] == 1 and q[1]["allowed"] <= 1000]
-        if b1:
-            low = min(b1, key=lambda q: q[0])
-            add("whole step, batch 1, ≤ 1,000 allowed: ≥ 10× xgrammar's path (smallest speedup)",
-                f"{low[0]:.1f}× ({low[1]['kind']}, {low[1]['allowed']:,} allowed)", low[0] >= 10)
-        b64 = [q for q in pairs if q[1]["batch"] == 64 and q[1]["allowed"] <= 0.001 * VOCAB]
-        if b64:
-            low = min(b64, key=lambda q: q[0])
-            add("whole step, batch 64, ≤ 0.1% of V per row: ≥ 3× xgrammar's path (smallest speedup)",
-                f"{low[0]:.1f}× ({low[1]['kind']}, {low[1]['allowed']:,} allowed)", low[0] >= 3)
-        worst = min(pairs, key=lambda q: q[0])
-        add("whole step never slower than xgrammar's path, any batch and density (worst point; slower means "
-            "outside the spread of the three repetitions)",
-            f"{worst[0]:.2f}× (batch {worst[1]['batch']}, {worst[1]['kind']}, {worst[1]['allowed']:,} allowed"
-            f"{', spreads overlap' if worst[0] < 1 and worst[2] else ''})", worst[0] >= 1.0 or worst[2])
-    # dispatch never > 5% slower than dense + mask
-    worst_d = None
-    for r in results.select(dispatch):
-        p = r["params"]
-        base = results.select("dense_mask", batch=p["batch"], kind=p["kind"], allowed=p["allowed"])
-        if base:
-            ratio = r["ms"] / base[0]["ms"]
-            if worst_d is None or ratio > worst_d[0]:
-                worst_d = (ratio, p)
-    if worst_d:
-        p = worst_d[1]
-        add(f"{label(dispatch)} never > 1.05× dense + mask (worst point)",
-            f"{worst_d[0]:.2f}× (batch {p['batch']}, {p['kind']}, {p['allowed']:,} allowed)", worst_d[0] <= 1.05)
-    lost = losses(results.rows)
-    if lost:
-        lines += ["", "Where we lose:", ""] + [f"- {text.removeprefix('we lose: ')}" for text in lost]
-    return "\n".join(lines)

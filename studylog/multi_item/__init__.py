@@ -14,8 +14,8 @@ Modules: ``formats`` (the batch layout, the mask rules, the float64 reference, t
 scores), ``kernels`` (the Triton kernels of steps 2 to 5), ``config`` (tile shapes, autotuning, launches),
 ``tiles`` (the host's plan: tiles visited, step 5's program order), ``steps`` (the step functions),
 ``plan`` (step 5 with its layout in device buffers, for a CUDA graph replayed over changing batches),
-``report`` (benchmark, figures, headline), ``lesson`` (the notebook's tables and numbers from the committed
-results) and ``exercises`` (the lesson's exercises, with checks a reader runs on a CPU).
+``report`` (benchmark, figures, headline) and ``peers`` (FlexAttention and FlashInfer on the same inputs). The
+notebook's tables, step 5's targets and the exercises are the book's (``book.multi_item``), not the library's.
 """
 
 from studylog.chapter import Chapter
@@ -91,52 +91,17 @@ CHAPTER = Chapter(
     },
 )
 
+#: What a reader imports after the chapter: the entry point, its plan, the steps, the format and its mask rules,
+#: the reference and the host's tile plan. Everything else imported above (the Triton kernels that show_source
+#: reads, step 5's program order...) stays reachable here and by its module.
 __all__ = [
     "CHAPTER", "ops",
     # the steps, and the chapter's entry point (step 5)
-    "step01_dense_sdpa",
-    "step02_dense_mask",
-    "step03_mask_on_the_fly",
-    "step04_tile_skip",
-    "step05_batched",
-    "multi_item_attention",
-    "MultiItemPlan",
-    "LaunchInfo",
-    "config_name",
-    "config_names",
-    # the mask rules
-    "RULES",
-    "DEFAULT_RULE",
-    # the format, the mask, the reference, the scores
-    "MultiItemBatch",
-    "dense_mask",
-    "reference_attention",
-    "score_items",
-    "SUPPORTED_DTYPES",
-    "SUPPORTED_HEAD_DIMS",
-    # the Triton kernels (what show_source and show_diff read)
-    "attn_fwd_dense_mask",
-    "attn_fwd_mask_on_the_fly",
-    "attn_fwd_tile_skip",
-    "attn_fwd_batched",
-    "attend_key_tiles",
+    "step01_dense_sdpa", "step02_dense_mask", "step03_mask_on_the_fly", "step04_tile_skip", "step05_batched",
+    "multi_item_attention", "MultiItemPlan", "LaunchInfo",
+    # the format, the mask rules, the reference, the scores
+    "MultiItemBatch", "RULES", "DEFAULT_RULE", "dense_mask", "reference_attention", "score_items",
+    "SUPPORTED_DTYPES", "SUPPORTED_HEAD_DIMS",
     # the host's plan: tiles visited, step 5's program order
-    "tile_map",
-    "planned_key_tiles",
-    "bounded_key_tiles",
-    "tile_stats",
-    "TileStats",
-    "TILE_SKIPPED",
-    "TILE_WHOLE",
-    "TILE_MASKED",
-    "SCHEDULE_ORDERS",
-    "DEFAULT_ORDER",
-    "SCHEDULE_BLOCK_MS",
-    "GROUP_KV_BYTES",
-    "head_groups",
-    "query_tile_costs",
-    "work_order",
-    "schedule_table",
-    "kv_in_flight",
-    "report",
+    "tile_map", "tile_stats", "TileStats", "planned_key_tiles", "SCHEDULE_ORDERS", "DEFAULT_ORDER", "head_groups",
 ]

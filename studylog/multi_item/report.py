@@ -1,5 +1,5 @@
-"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only), its figures and tables drawn
-from the committed JSON, and its headline.
+"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only), its figures drawn from the
+committed JSON, and its headline (the lesson's tables and step 5's targets are the book's: ``book.multi_item``).
 
 Series: a step's is ``CHAPTER.step(n).series`` (``step05``); the baselines, the peers and step 5's variants
 have the descriptive names of :data:`BASELINES`.
@@ -79,7 +79,7 @@ BASELINES = {
 }
 
 
-def _label(series: str) -> str:
+def series_label(series: str) -> str:
     """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description."""
     from studylog import chapter
 
@@ -347,7 +347,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
     if not quick:
         # step 5's other program orders: same kernel, same tiles, only the order the GPU starts programs in
         for order in SCHEDULE_ORDERS[1:]:
-            check(_label(order_series(order)), STEP05.function(q, k, v, batch, sm_scale=sm_scale, order=order,
+            check(series_label(order_series(order)), STEP05.function(q, k, v, batch, sm_scale=sm_scale, order=order,
                                                                config=cfg5))
             measure(order_series(order), ours(STEP05.function, order=order, config=cfg5), "kernel", order=order,
                     config=cfg5)
@@ -556,7 +556,7 @@ def _bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, me
 
 
 # ---------------------------------------------------------------------------------------------
-# Figures and tables from the committed results
+# Figures from the committed results
 # ---------------------------------------------------------------------------------------------
 
 def approaches() -> list[str]:
@@ -569,19 +569,6 @@ def approaches() -> list[str]:
 MIXED_SHAPE = "8 prompts, mixed"
 
 
-def target(baseline: str, shape: str) -> float | None:
-    """Step 5's target against ``baseline`` on ``shape`` (a speedup): at least 4x SDPA with the dense mask and
-    1.3x FlexAttention at its best block size; against FlashInfer, 1.2x on mixed item lengths (our exact item
-    start skips more tiles than its longest-item bound) and not slower on uniform ones; within 1.3x of causal
-    SDPA, which computes a superset."""
-    if baseline == FLASHINFER:
-        return 1.2 if shape == MIXED_SHAPE else 1.0
-    return {SDPA_DENSE: 4.0, FLEX: 1.3, SDPA_CAUSAL: 1 / 1.3}.get(baseline)
-
-
-TARGET_BASELINES = (SDPA_DENSE, FLEX, FLASHINFER, SDPA_CAUSAL)
-
-
 def shape_names(results) -> list[str]:
     """The benchmark's shapes, in the order the results hold them."""
     names: dict[str, None] = {}
@@ -589,32 +576,6 @@ def shape_names(results) -> list[str]:
         if "shape" in row["params"]:
             names.setdefault(row["params"]["shape"], None)
     return list(names)
-
-
-def target_table(results) -> str:
-    """Markdown: step 5 against each baseline on every shape, with the target; the clock of each pair and,
-    where the rows have spreads, the speedup's range over the repetitions."""
-    lines = [f"| shape | {STEP05.name} (µs) | baseline | baseline (µs) | speedup (range) | clock | target | met |",
-             "|---|---|---|---|---|---|---|---|"]
-    for shape in shape_names(results):
-        mine = results.select(STEP05.series, shape=shape)
-        if len(mine) != 1:
-            continue
-        for base in TARGET_BASELINES:
-            rows = results.select(base, shape=shape)
-            if len(rows) != 1:
-                continue
-            want = target(base, shape)
-            speedup = rows[0]["ms"] / mine[0]["ms"]
-            spread = ""
-            if "spread_ms" in rows[0] and "spread_ms" in mine[0]:
-                spread = (f" ({rows[0]['spread_ms'][0] / mine[0]['spread_ms'][2]:.2f}–"
-                          f"{rows[0]['spread_ms'][2] / mine[0]['spread_ms'][0]:.2f})")
-            text = f">= {want:.2f}x" if want >= 1 else f">= {want:.2f}x (within {1 / want:.1f}x)"
-            lines.append(f"| {shape} | {mine[0]['ms'] * 1e3:.1f} | {base} | {rows[0]['ms'] * 1e3:.1f} | "
-                         f"{speedup:.2f}x{spread} | {rows[0].get('clock', 'do_bench')} | {text} | "
-                         f"{'yes' if speedup >= want else '**no**'} |")
-    return "\n".join(lines)
 
 
 #: One colour per series across the chapter: every figure draws a series in the same colour.
@@ -678,7 +639,7 @@ def times_figure(results):
         ax.set_xlabel("µs per call (median)", fontsize=9)
         ax.grid(True, axis="x", alpha=0.3)
         ax.tick_params(labelsize=9)
-        ax.set_yticks(range(len(series)), [_label(s) for s in series], fontsize=9)
+        ax.set_yticks(range(len(series)), [series_label(s) for s in series], fontsize=9)
         ax.set_ylim(len(series) - 0.4, -1.4)
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
     fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu}\n"

@@ -15,8 +15,10 @@ algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), 
 batches, synthetic and from real documents, and what the search does on them), ``corpus`` (the real
 documents: the Python standard library's docstrings and source in cl100k tokens, committed as
 ``assets/data/ngram_corpus.npz``; ``python -m studylog.ngram corpus`` rebuilds it), ``report``
-(the benchmark), ``results`` (figures, tables and headline from the committed JSON), ``exercises`` (the
-lesson's exercises and their checks, on a CPU).
+(the benchmark), ``results`` (figures and headline from the committed JSON). ``__all__`` is what a reader calls
+after the lesson; everything else is reached by its module (``studylog.ngram.<module>.<name>``), and the package
+keeps the names it imports as attributes. The lesson's tables and target verdicts, and its exercises with their
+checks (on a CPU), are the book's: ``book.ngram.lesson`` and ``book.ngram.exercises``.
 
 Every GPU step's :class:`NgramMatcher` call can be captured in a CUDA graph once and replayed over new
 values written into its buffers (:meth:`NgramMatcher.capture`); step 1 and the step functions cannot (they
@@ -42,8 +44,7 @@ from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_bu
 from studylog.ngram.reference import reference_ngram_match
 from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, REAL_SHAPES, SYNCED_DESCRIPTION,
                                    SYNCED_SERIES, bench, gen_width_for, real_batch, real_cases, sweep_series)
-from studylog.ngram.results import (caption, figures, gpu_headline, grid_row, headline, real_text_table, step_table,
-                                    summary_table, target_verdicts)
+from studylog.ngram.results import caption, figures, gpu_headline, headline
 from studylog.paths import chapter_csrc
 from studylog.ngram import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
@@ -86,23 +87,13 @@ CHAPTER = Chapter(
 
 __all__ = [
     "CHAPTER", "ops",
-    # formats
-    "NGRAM_MAX", "NONE_KEY", "DEFAULT_THRESHOLD", "HYBRID_DEFAULT_THRESHOLD", "NgramInputs", "NgramConfig",
-    "validate", "same_state",
-    # the specification and the models of the GPU algorithms
-    "reference_ngram_match", "match_key", "decode_key", "slot_plan", "SCAN_THREADS", "model_one_pass_keys",
-    "model_budget_scan", "model_budget_refused", "published_blockscan_counts",
-    # the steps
+    # the steps, the chapter's result under the operator's name, and a step bound to one batch's buffers
     "step01_cpu_path", "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass",
-    "step06_one_pass_fused", "step07_stream", "ngram_match", "NgramMatcher", "CPU_SOURCE", "cpu_path_inplace",
-    "THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "LaunchPlan", "launch_plans",
-    "fused_chunk_len", "stream_vec", "stream_chunk_len",
-    # batches, real documents, and what the search does on them
-    "SLOT_KINDS", "BENCH_MIX", "make_batch", "corpus_batch", "haystack_bytes", "early_exit_bytes", "search_keys",
-    "branch_stats", "draft_acceptance", "CORPUS_FILES", "CORPUS_PATH", "Corpus", "build_corpus", "write_corpus",
-    "load_corpus",
-    # the benchmark
-    "NO_BUDGET", "BENCH_GRID", "QUICK_GRID", "CORPORA", "REAL_SHAPES", "SYNCED_SERIES", "gen_width_for",
-    "real_cases", "real_batch", "bench", "figures", "summary_table", "real_text_table", "target_verdicts",
-    "headline", "gpu_headline", "caption", "grid_row", "step_table",
+    "step06_one_pass_fused", "step07_stream", "ngram_match", "NgramMatcher",
+    # formats and the specification
+    "NgramInputs", "NgramConfig", "validate", "same_state", "NGRAM_MAX", "reference_ngram_match",
+    # the models of the GPU algorithms
+    "match_key", "model_one_pass_keys", "model_budget_scan", "model_budget_refused",
+    # batches to run on, synthetic and from real documents
+    "make_batch", "corpus_batch",
 ]

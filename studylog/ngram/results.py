@@ -1,10 +1,11 @@
-"""Chapter 3's figures, tables and headline, drawn from the committed benchmark JSON (what
-:mod:`studylog.ngram.report` measured): no GPU needed. Colours are one per series across the chapter."""
+"""Chapter 3's figures and headline, drawn from the committed benchmark JSON (what :mod:`studylog.ngram.report`
+measured): no GPU needed. Colours are one per series across the chapter. The lookups the figures use (a grid
+case's row, the cases a file holds, the clock of a series, the same-clock pair the headline compares) are public:
+the lesson's tables in ``book.ngram.lesson`` read a file through them too."""
 
 from __future__ import annotations
 
-from studylog.ngram.report import (CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIES, _chapter, own_series,
-                                   sweep_series)
+from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIES, own_series, sweep_series
 
 #: Colour and marker of each step's series, by step number: one colour per series across the chapter's figures.
 STYLE = {1: ("#7f7f7f", "s"), 2: ("#bcbd22", "v"), 3: ("#1f77b4", "o"), 4: ("#2ca02c", "o"),
@@ -14,6 +15,12 @@ OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c9
 FONT = 9  # points, at the saved size: every label, tick and legend of the chapter's figures
 
 
+def _chapter():
+    from studylog.ngram import CHAPTER  # the package defines it after importing this module
+
+    return CHAPTER
+
+
 def series_color(series: str) -> str:
     """The chapter's fixed colour of a series (a step's, or one of :data:`OTHER_COLORS`)."""
     if series in OTHER_COLORS:
@@ -21,12 +28,13 @@ def series_color(series: str) -> str:
     return STYLE[_chapter().step(series).number][0]
 
 
-def _grid_select(results, series, cfg):
+def grid_select(results, series, cfg):
     """The grid's rows of ``series`` at ``cfg`` = (batch, seq_len, threshold) (real-text rows excluded)."""
     return results.select(series, corpus=None, batch=cfg[0], seq_len=cfg[1], threshold=cfg[2])
 
 
-def _configs(results) -> list[tuple[int, int, int]]:
+def grid_configs(results) -> list[tuple[int, int, int]]:
+    """The grid cases (batch, seq_len, threshold) the file measured a step at, in the file's order."""
     steps = {s.series for s in _chapter().steps}
     seen: dict[tuple, None] = {}
     for row in results.rows:
@@ -36,12 +44,14 @@ def _configs(results) -> list[tuple[int, int, int]]:
     return list(seen)
 
 
-def _label(cfg: tuple[int, int, int]) -> str:
+def case_label(cfg: tuple[int, int, int]) -> str:
+    """A grid case as an axis label: ``32x512``, the budget on a second line when there is one."""
     b, s, t = cfg
     return f"{b}x{s}" + (f"\nbudget {t}" if t != NO_BUDGET else "")
 
 
-def _clock_of(results, series) -> str | None:
+def clock_of(results, series) -> str | None:
+    """The clock ``series`` was timed on (``do_bench`` for rows older than the field), None if not in the file."""
     rows = results.select(series)
     return rows[0].get("clock", "do_bench") if rows else None
 
@@ -69,29 +79,29 @@ def figures(results) -> dict:
     import matplotlib.pyplot as plt
 
     chapter = _chapter()
-    configs = _configs(results)
+    configs = grid_configs(results)
     xs = list(range(len(configs)))
     figs = {}
 
     fig, ax = plt.subplots(figsize=(9, 5.2))
-    drawn = [s for s in chapter.steps if any(_grid_select(results, s.series, c) for c in configs)]
-    synced = any(_grid_select(results, SYNCED_SERIES, c) for c in configs)
+    drawn = [s for s in chapter.steps if any(grid_select(results, s.series, c) for c in configs)]
+    synced = any(grid_select(results, SYNCED_SERIES, c) for c in configs)
     n_series = len(drawn) + synced
     dodge = 0.7 / max(n_series, 1)
     for k, step in enumerate(drawn):
         color, marker = STYLE[step.number]
-        pts = [(i, _grid_select(results, step.series, c)) for i, c in enumerate(configs)]
+        pts = [(i, grid_select(results, step.series, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
-        clock = _clock_of(results, step.series)
+        clock = clock_of(results, step.series)
         _errorbar(ax, [i + (k - (n_series - 1) / 2) * dodge for i, _ in pts], [r for _, r in pts], 1e3,
                   marker=marker, color=color, ms=7 if marker == "*" else 5,
-                  label=f"{chapter.label(step.series)} ({_clock_words(clock)})")
+                  label=f"{chapter.label(step.series)} ({clock_words(clock)})")
     if synced:
-        pts = [(i, _grid_select(results, SYNCED_SERIES, c)) for i, c in enumerate(configs)]
+        pts = [(i, grid_select(results, SYNCED_SERIES, c)) for i, c in enumerate(configs)]
         pts = [(i, rows[0]) for i, rows in pts if rows]
         _errorbar(ax, [i + (n_series - 1) / 2 * dodge for i, _ in pts], [r for _, r in pts], 1e3, marker="*",
                   color=series_color(SYNCED_SERIES), ms=7, markeredgecolor="k", markeredgewidth=0.5,
-                  label=f"{chapter.final.name}, call + sync ({_clock_words(_clock_of(results, SYNCED_SERIES))})")
+                  label=f"{chapter.final.name}, call + sync ({clock_words(clock_of(results, SYNCED_SERIES))})")
     floors = []
     for i, c in enumerate(configs):
         rows = [r for r in results.select(corpus=None, batch=c[0], seq_len=c[1], threshold=c[2]) if "floor_ms" in r]
@@ -100,7 +110,7 @@ def figures(results) -> dict:
     if floors:
         ax.hlines([f for _, f in floors], [i - 0.42 for i, _ in floors], [i + 0.42 for i, _ in floors],
                   colors=series_color("floor"), linestyles="--", lw=1, label="floor: haystacks read once")
-    ax.set_xticks(xs, [_label(c) for c in configs], fontsize=FONT)
+    ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT)
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
     ax.set_ylabel("µs per call (median; bars: min–max)", fontsize=FONT)
@@ -117,14 +127,14 @@ def figures(results) -> dict:
     dodge = 0.6 / max(len(kernel_series), 1)
     for k, series in enumerate(kernel_series):
         color, marker = STYLE[chapter.step(series).number]
-        pts = [(i, _grid_select(results, series, c)) for i, c in enumerate(configs)]
+        pts = [(i, grid_select(results, series, c)) for i, c in enumerate(configs)]
         pts = [(i + (k - (len(kernel_series) - 1) / 2) * dodge, rows[0]["ms"] / rows[0]["floor_ms"])
                for i, rows in pts if rows and rows[0].get("floor_ms")]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="none", marker=marker, color=color,
                 ms=8 if marker == "*" else 6, label=chapter.label(series))
     ax.axhline(1.0, color="k", lw=1, label="the floor")
     ax.axhline(1.5, color="k", lw=1, ls=":", label="1.5x the floor")
-    ax.set_xticks(xs, [_label(c) for c in configs], fontsize=FONT)
+    ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT)
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
     ax.set_ylabel("time / one-pass floor", fontsize=FONT)
@@ -150,7 +160,7 @@ def figures(results) -> dict:
                 # one line per case: its points are one split varied over a numeric axis
                 ax.plot([r["params"]["chunk_len"] for r in rows], [r["ms"] / r["floor_ms"] for r in rows],
                         marker=marker, color=color, ls=dashes[j % len(dashes)],
-                        label=f"{step.__name__}, {_label(cfg).replace(chr(10), ', ')}")
+                        label=f"{step.__name__}, {case_label(cfg).replace(chr(10), ', ')}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("haystack positions per block (chunk_len)", fontsize=FONT)
         ax.set_ylabel("time / one-pass floor", fontsize=FONT)
@@ -163,13 +173,14 @@ def figures(results) -> dict:
         fig.tight_layout(rect=(0, 0.04, 1, 1))
         figs["chunks"] = fig
 
-    cases = _real_cases_in(results)
+    cases = real_cases_in(results)
     if cases:
         figs["real_text"] = _real_text_figure(results, cases)
     return figs
 
 
-def _real_cases_in(results) -> list[tuple[str, int, int, int]]:
+def real_cases_in(results) -> list[tuple[str, int, int, int]]:
+    """The real-text cases (corpus, batch, seq_len, threshold) the file measured, in the file's order."""
     seen: dict[tuple, None] = {}
     for row in results.rows:
         p = row["params"]
@@ -178,13 +189,15 @@ def _real_cases_in(results) -> list[tuple[str, int, int, int]]:
     return list(seen)
 
 
-def _real_row(results, series, case):
+def real_row(results, series, case):
+    """The row of ``series`` at a real-text ``case``, or None when the file has none."""
     corpus, batch, seq_len, threshold = case
     rows = results.select(series, corpus=corpus, batch=batch, seq_len=seq_len, threshold=threshold)
     return rows[0] if rows else None
 
 
-def _shape_label(case) -> str:
+def shape_label(case) -> str:
+    """A real-text case's shape in words: ``32x4096, budget 128`` (or ``no budget``)."""
     _, b, s, t = case
     return f"{b}x{s}" + (f", budget {t}" if t != NO_BUDGET else ", no budget")
 
@@ -199,23 +212,23 @@ def _real_text_figure(results, cases):
     order = {c: k for k, c in enumerate(CORPORA)}
     cases = sorted(cases, key=lambda c: (c[1:], order.get(c[0], 9)))
     xs = list(range(len(cases)))
-    labels = [f"{c[0]}\n{_shape_label(c).replace(', ', chr(10))}" for c in cases]
+    labels = [f"{c[0]}\n{shape_label(c).replace(', ', chr(10))}" for c in cases]
     fig, (ax_t, ax_d) = plt.subplots(2, 1, figsize=(9, 7.4), sharex=True)
     shown = [(chapter.steps[0].series, chapter.steps[0].name, "s"),
              (SYNCED_SERIES, f"{chapter.final.name}, call + sync", "*"),
              (chapter.final.series, chapter.final.name, "*")]
     for k, (series, name, marker) in enumerate(shown):
-        rows = [(x + (k - 1) * 0.18, _real_row(results, series, c)) for x, c in zip(xs, cases)]
+        rows = [(x + (k - 1) * 0.18, real_row(results, series, c)) for x, c in zip(xs, cases)]
         rows = [(x, r) for x, r in rows if r]
         if not rows:
             continue
         _errorbar(ax_t, [x for x, _ in rows], [r for _, r in rows], 1e3, marker=marker, color=series_color(series),
-                  ms=8 if marker == "*" else 6, label=f"{name} ({_clock_words(rows[0][1].get('clock', 'do_bench'))})")
+                  ms=8 if marker == "*" else 6, label=f"{name} ({clock_words(rows[0][1].get('clock', 'do_bench'))})")
     ax_t.set_yscale("log")
     ax_t.set_ylabel("µs per call (median; bars: min–max)", fontsize=FONT)
     ax_t.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax_t.set_title("Real text and code against synthetic ids", fontsize=FONT + 1)
-    drafts = [((_real_row(results, chapter.final.series, c) or {}).get("drafts") or {}) for c in cases]
+    drafts = [((real_row(results, chapter.final.series, c) or {}).get("drafts") or {}) for c in cases]
     ax_d.bar([x - 0.2 for x in xs], [d.get("drafted_tokens", float("nan")) for d in drafts], 0.4,
              color=series_color("drafted"), label="drafted")
     ax_d.bar([x + 0.2 for x in xs], [d.get("accepted_tokens", float("nan")) for d in drafts], 0.4,
@@ -232,114 +245,21 @@ def _real_text_figure(results, cases):
     return fig
 
 
-def grid_row(results, series: str, cfg: tuple[int, int, int]) -> dict | None:
-    """The grid's row of ``series`` at ``cfg`` = (batch, seq_len, threshold), or None when the file has none."""
-    rows = _grid_select(results, series, cfg)
-    return rows[0] if rows else None
-
-
-def _us_cell(row) -> str:
-    if row is None:
-        return "–"
-    cell = f"{row['ms'] * 1e3:,.1f}"
-    if "spread_ms" in row:
-        lo, _, hi = row["spread_ms"]
-        cell += f" ({lo * 1e3:,.1f}–{hi * 1e3:,.1f})"
-    return cell
-
-
-def step_table(results, steps, configs=None) -> str:
-    """Markdown: per grid case, the one-pass floor and the time of each of ``steps`` (numbers or series; µs per
-    call, median, with the repetitions' min–max where the file has them; each column says its clock), and the
-    last step's time over the floor."""
-    chapter = _chapter()
-    steps = [chapter.step(s) for s in steps]
-    configs = configs or _configs(results)
-    clocks = {s.series: _clock_words(_clock_of(results, s.series) or "do_bench") for s in steps}
-    head = ["case", "floor µs"] + [f"{s.name} µs ({clocks[s.series]})" for s in steps] + [f"{steps[-1].name} / floor"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for cfg in configs:
-        rows = [grid_row(results, s.series, cfg) for s in steps]
-        floor = next((r["floor_ms"] for r in rows if r and r.get("floor_ms")), None)
-        last = rows[-1]
-        ratio = f"{last['ms'] / floor:,.2f}" if last and floor else "–"
-        lines.append("| " + " | ".join([_label(cfg).replace("\n", ", "), f"{floor * 1e3:,.2f}" if floor else "–"]
-                                       + [_us_cell(r) for r in rows] + [ratio]) + " |")
-    return "\n".join(lines)
-
-
-def real_text_table(results) -> str:
-    """Markdown: per real-text case, the CPU path (host clock, end to end), step 7 (GPU clock, and end to
-    end), the drafts found and accepted, and the branches the search took. Empty when the file has none."""
-    chapter = _chapter()
-    cases = _real_cases_in(results)
-    if not cases:
-        return ""
-    head = ["corpus", "shape", f"{chapter.steps[0].name} µs (host, end to end)",
-            f"{chapter.final.name} µs (GPU)", f"{chapter.final.name} µs (host, end to end)", "slots drafting",
-            "drafted", "accepted", "3-gram / shorter / no match", "newest-token hits per 1k", "early exit reads"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for case in cases:
-        cpu, final = _real_row(results, chapter.steps[0].series, case), _real_row(results, chapter.final.series, case)
-        synced = _real_row(results, SYNCED_SERIES, case)
-        d, b = (final or {}).get("drafts", {}), (final or {}).get("branches", {})
-        us = lambda r: f"{r['ms'] * 1e3:,.1f}" if r else "–"  # noqa: E731
-        accepted = (f"{d['accepted_tokens']} ({d['accepted_tokens'] / d['drafted_tokens']:.0%})"
-                    if d.get("drafted_tokens") else str(d.get("accepted_tokens", "–")))
-        lines.append("| " + " | ".join([
-            case[0], _shape_label(case), us(cpu), us(final), us(synced),
-            f"{d['slots_with_drafts']} of {d['active_slots']}" if d else "–", str(d.get("drafted_tokens", "–")),
-            accepted,
-            f"{b['top_n_matches']} / {b['shorter_matches']} / {b['no_match']}" if b else "–",
-            f"{b['newest_token_hits_per_1k']:.1f}" if b else "–",
-            f"{b['early_exit_fraction']:.0%}" if b else "–"]) + " |")
-    return "\n".join(lines)
-
-
-def _same_clock_pair(results, cfg):
+def same_clock_pair(results, cfg):
     """(CPU path row, kernel row, kernel label) on one clock at a grid config: the final step end to end
     (:data:`SYNCED_SERIES`) where the file has it, else (files measured before it, where every row is a
     do_bench time) the fastest of the chapter's kernels. None when either is missing."""
     chapter = _chapter()
-    cpu = _grid_select(results, chapter.steps[0].series, cfg)
-    synced = _grid_select(results, SYNCED_SERIES, cfg)
+    cpu = grid_select(results, chapter.steps[0].series, cfg)
+    synced = grid_select(results, SYNCED_SERIES, cfg)
     if cpu and synced:
         return cpu[0], synced[0], f"{chapter.final.name}, call + sync"
-    kernels = [r for s in own_series() for r in _grid_select(results, s, cfg)]
+    kernels = [r for s in own_series() for r in grid_select(results, s, cfg)]
     kernels = [r for r in kernels if r.get("clock", "do_bench") == (cpu[0].get("clock", "do_bench") if cpu else None)]
     if cpu and kernels:
         best = min(kernels, key=lambda r: r["ms"])
         return cpu[0], best, chapter.label(best["series"])
     return None
-
-
-def summary_table(results) -> str:
-    """Markdown: µs per step (step 1 on the host clock, end to end; the others on the GPU clock), the final
-    step end to end, the CPU path's time over it (one clock), and the best kernel's distance to the floor."""
-    steps = _chapter().steps
-    head = ["config", "threshold"] + [s.name for s in steps] + [f"{steps[-1].name} call + sync",
-                                                                "CPU path / kernel (one clock)", "best / floor"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for c in _configs(results):
-        cells = [f"{c[0]}x{c[1]}", "none" if c[2] == NO_BUDGET else str(c[2])]
-        ms = {}
-        for s in steps:
-            rows = _grid_select(results, s.series, c)
-            if rows:
-                ms[s.series] = rows[0]
-            cells.append(f"{ms[s.series]['ms'] * 1e3:,.1f}" if s.series in ms else "skipped")
-        synced = _grid_select(results, SYNCED_SERIES, c)
-        cells.append(f"{synced[0]['ms'] * 1e3:,.1f}" if synced else "–")
-        pair = _same_clock_pair(results, c)
-        cells.append(f"{pair[0]['ms'] / pair[1]['ms']:,.1f}x" if pair else "–")
-        kernels = [r for s, r in ms.items() if s in own_series()]
-        if kernels and kernels[0].get("floor_ms"):
-            best = min(kernels, key=lambda r: r["ms"])
-            cells.append(f"{best['ms'] / best['floor_ms']:.2f}")
-        else:
-            cells.append("–")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 #: The cases the book's headline page quotes: the deployed budget at a small and a mid-size batch, and the
@@ -384,7 +304,7 @@ def headline(results) -> list[dict]:
             continue
         if corpus is not None:
             continue
-        pair = _same_clock_pair(results, (batch, seq_len, threshold))
+        pair = same_clock_pair(results, (batch, seq_len, threshold))
         if pair is not None:
             out.append(headline_row(results, pair[1]["series"], cpu.series, case,
                                     kernel_label=f"n-gram matching, {pair[2]}", baseline_label=cpu.label, **where))
@@ -414,54 +334,12 @@ def gpu_headline(results) -> list[dict]:
     return out or headline(results)
 
 
-def target_verdicts(results) -> str:
-    """The chapter's goals, each with the measured number that meets or misses it (Markdown list): bit-identical
-    results, at least 10x faster than the CPU path at batch >= 32 (one clock), 32x512 under 15 µs, and 256x131072
-    within 1.5x of the one-pass floor."""
-    chapter = _chapter()
-    checks = results.data.get("checks", [])
-    failed = [c for c in checks if not c["passed"]]
-    lines = [f"- bit-identical on every benchmark input: {len(checks) - len(failed)} of {len(checks)} checks passed"
-             + (" (failures: " + "; ".join(f"{c['name']} {c['params']}" for c in failed[:5]) + ")" if failed else "")]
-
-    def best(c):
-        rows = [r for s in own_series() for r in _grid_select(results, s, c)]
-        return min(rows, key=lambda r: r["ms"]) if rows else None
-
-    speedups = []
-    for c in _configs(results):
-        pair = _same_clock_pair(results, c)
-        if c[0] >= 32 and pair:
-            speedups.append((pair[0]["ms"] / pair[1]["ms"], c, pair[2], _clock_words(pair[1].get("clock", "do_bench"))))
-    if speedups:
-        worst = min(speedups)
-        verdict = "met" if worst[0] >= 10 else "missed"
-        lines.append(f"- at least 10x faster than the CPU path at batch >= 32: {verdict}; the smallest speedup is "
-                     f"{worst[0]:,.1f}x ({worst[1][0]}x{worst[1][1]}, {worst[2]}, {worst[3]})")
-    for (b, s), target, what in (((256, 131072), None, "floor"), ((32, 512), 15.0, "15 µs")):
-        cfg = next((c for c in _configs(results) if c[:2] == (b, s)), None)
-        top = best(cfg) if cfg else None
-        if top is None:
-            continue
-        us = top["ms"] * 1e3
-        name = chapter.label(top["series"])
-        clock = _clock_words(top.get("clock", "do_bench"))
-        if target is None:
-            ratio = top["ms"] / top["floor_ms"]
-            verdict = "met" if ratio <= 1.5 else "missed"
-            lines.append(f"- {b}x{s} within 1.5x of the one-pass floor: {verdict}; {name} takes {us:.1f} µs "
-                         f"({clock}), {ratio:.2f}x the floor of {top['floor_ms'] * 1e3:.1f} µs")
-        else:
-            verdict = "met" if us < target else "missed"
-            lines.append(f"- {b}x{s} under {what}: {verdict}; {name} takes {us:.1f} µs ({clock})")
-    return "\n".join(lines)
-
-
-def _clock_words(clock: str) -> str:
+def clock_words(clock: str) -> str:
+    """A row's ``clock`` field in words (``GPU clock``, ``host clock, end to end``...)."""
     return {"gpu": "GPU clock", "host_e2e": "host clock, end to end", "host": "host clock",
             "do_bench": "do_bench clock"}.get(clock, f"{clock} clock")
 
 
-__all__ = ["HEADLINE_CASES", "HEADLINE_REAL_CASE", "OTHER_COLORS", "STYLE", "caption", "figures", "gpu_headline",
-           "grid_row", "headline", "real_text_table", "series_color", "step_table", "summary_table",
-           "target_verdicts"]
+__all__ = ["FONT", "HEADLINE_CASES", "HEADLINE_REAL_CASE", "OTHER_COLORS", "STYLE", "caption", "case_label",
+           "clock_of", "clock_words", "figures", "gpu_headline", "grid_configs", "grid_select", "headline",
+           "real_cases_in", "real_row", "same_clock_pair", "series_color", "shape_label"]

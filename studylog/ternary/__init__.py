@@ -15,10 +15,8 @@ so that the diff is the lesson; ``CHAPTER.steps`` lists them, each with its publ
 * :mod:`~studylog.ternary.w2a8`: steps 12 and 13 (W2A8 in CUDA C++);
 * :mod:`~studylog.ternary.peers`: GemLite and torch._int_mm on the same ternary weights (the peers);
 * :mod:`~studylog.ternary.report`: the benchmark; :mod:`~studylog.ternary.results`: what reads its results
-  (figures, headline, tables, targets);
-* :mod:`~studylog.ternary.lesson`: what the two lessons compute from data (the Amdahl view, each step against
-  its floor, what did not help, SASS counts); :mod:`~studylog.ternary.exercises`: the exercises and their CPU
-  checks.
+  (figures, headline, targets);
+* :mod:`~studylog.ternary.ops`: :func:`ternary_matmul` as a ``torch.library`` operator.
 
 The lessons: ``notebooks/05_ternary_1_triton.ipynb`` (steps 1 to 9) and ``notebooks/05_ternary_2_cuda.ipynb``
 (steps 10 to 13).
@@ -44,9 +42,8 @@ from studylog.ternary.formats import (FORMATS, FP32_TOLERANCE, GROUP_BYTES, GROU
 from studylog.ternary.report import (BENCH_MS, BENCH_SHAPES, QUICK_CASES, bench, bench_cases, bench_series,
                                      place_series, probe_series, timing_plan)
 from studylog.ternary.results import (BASELINES, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES, fastest,
-                                      figures, headline,
-                                      on_gpu_clock, peers_table, series_label, series_ms, shapes_in, speedup_table,
-                                      target_checks, timeline_figure)
+                                      figures, headline, on_gpu_clock, series_label, series_ms, shapes_in,
+                                      target_checks)
 from studylog.ternary.triton_mma import (BF16_HALF_BITS, FP16_ONE_BITS, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
                                          SPLIT_WORKSPACE, W2A8_CONFIGS, mma_2bit_kernel, mma_block_m, pair_weights,
                                          step08_w2a8_dot, step09_mma, w2a8_dot_kernel)
@@ -64,7 +61,7 @@ from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W
                                    w2a8_max_groups_per_slice, w2a8_plan, w2a8_plan_takes, w2a8_quantize,
                                    w2a8_smem_bytes, w2a8_tiles_config, w2a8_tiles_plan, w2a8_x_order)
 
-from studylog.ternary import exercises, lesson, peers
+from studylog.ternary import peers
 from studylog.ternary.steps import CSRC, RENAMED_SERIES, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
 from studylog.ternary import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
@@ -81,41 +78,19 @@ CHAPTER = Chapter(
     renamed_series=RENAMED_SERIES,
 )
 
+#: What a reader imports after the two lessons. Everything else above stays an attribute of the package and is
+#: reachable by its module (the configs and launches in cuda_steps, triton_steps, triton_mma and w2a8; the
+#: benchmark in report; the reading of its results in results).
 __all__ = [
-    "CHAPTER", "ops", "STEPS", "SERIES", "STEP_CONFIGS", "STEP_WEIGHTS", "RENAMED_SERIES", "CSRC", "ternary_matmul",
+    "CHAPTER", "ternary_matmul", "ops",
     # the steps
     "step01_sign", "step02_int8", "step03_2bit", "step04_gemv", "step05_dot", "step06_base3_gemv",
     "step07_base3_dot", "step08_w2a8_dot", "step09_mma", "step10_cuda_mma", "step11_tma", "step12_w2a8",
-    "step13_w2a8_tiles", "step11_probe", "step12_probe", "step12_timeline", "ternary_first_attempt",
-    # their kernels (what show_source and show_diff read)
-    "sign_v1_kernel", "int8_v2_kernel", "packed2_v3_kernel", "gemv_2bit_kernel", "dot_2bit_kernel",
-    "gemv_base3_kernel", "dot_base3_kernel", "w2a8_dot_kernel", "mma_2bit_kernel", "pair_weights",
-    # formats, quantisation, reference
-    "FORMATS", "INT32_FORMATS", "GROUP_WORDS", "GROUP_WEIGHTS_2BIT", "GROUP_BYTES", "GROUP_WEIGHTS_BASE3",
-    "ZERO_WORD", "ZERO_BYTE", "TILE_ROWS", "X_DTYPES", "MMA_X_DTYPES", "Scale", "PackedTernary", "packed_cols",
-    "pack_2bit", "unpack_2bit", "pack_2bit_mma", "unpack_2bit_mma", "pack_2bit_tiles", "unpack_2bit_tiles",
-    "pack_base3", "unpack_base3", "base3_table", "base3_table_values", "check_ternary_values",
-    "quantize_absmean", "quantize_activations", "FP32_TOLERANCE", "reference", "error_ratio",
-    "BF16_HALF_BITS", "FP16_ONE_BITS",
-    # configs of the Triton steps
-    "config_dict", "V1_CONFIGS", "V3_CONFIGS", "GEMV_CONFIGS", "GEMV3_CONFIGS", "DOT_CONFIGS_FEW",
-    "DOT_CONFIGS_MANY", "DOT3_CONFIGS_FEW", "DOT3_CONFIGS_MANY", "W2A8_CONFIGS", "MMA_CONFIGS_FEW",
-    "MMA_CONFIGS_MANY", "block_m_for", "mma_block_m", "SPLIT_WORKSPACE",
-    # launches of the CUDA C++ steps
-    "CudaMmaConfig", "CUDA_MMA_INSTANCES", "CUDA_MMA_SMEM_LIMIT", "cuda_mma_config", "cuda_mma_smem_bytes",
-    "cuda_mma_max_groups_per_slice", "CUDA_WORKSPACE", "TmaConfig", "TMA_SHAPES", "TMA_INSTANCES", "SMEM_LIMIT",
-    "RING_BARRIER_BYTES", "tma_config", "tma_smem_bytes", "tma_max_groups_per_slice", "PROBES",
-    "W2A8Config", "W2A8_SHAPES", "W2A8_STAGED_SHAPES", "W2A8_QUANTIZE", "W2A8_QUANTIZE_INSTANCES",
-    "W2A8_INSTANCES", "W2A8_MAX_K", "W2A8_PROBES", "W2A8_STAGED_GROUPS_PER_WARP", "TIMELINE_SLOTS", "W2A8Plan",
-    "w2a8_config", "w2a8_plan", "w2a8_plan_takes", "w2a8_default_quantize", "w2a8_blocks_per_sm",
-    "w2a8_smem_bytes", "w2a8_max_groups_per_slice", "w2a8_quantize", "w2a8_x_order",
-    "W2A8TilesConfig", "W2A8_TILES_SHAPES", "W2A8_TILES_INSTANCES", "W2A8TilesPlan", "w2a8_tiles_config",
-    "w2a8_tiles_plan",
-    # the benchmark and its reading
-    "bench", "figures", "headline", "BENCH_SHAPES", "BENCH_MS", "QUICK_CASES", "bench_cases", "bench_series",
-    "place_series", "probe_series", "timing_plan", "speedup_table", "peers_table", "target_checks", "shapes_in",
-    "series_ms", "series_label", "fastest", "on_gpu_clock", "timeline_figure", "BASELINES", "GEMLITE", "INT_MM",
-    "INT_MM_MATMUL", "FLOAT_X_SERIES", "W2A8_SERIES",
-    # the peers (GemLite, torch._int_mm), imported lazily; the lessons' computations and exercises
-    "peers", "lesson", "exercises",
+    "step13_w2a8_tiles",
+    # the weights' formats, BitNet's quantisation, the reference
+    "PackedTernary", "quantize_absmean", "quantize_activations", "reference", "error_ratio", "FP32_TOLERANCE",
+    # the plans of the W2A8 steps (which kernel, launch and place to quantise x a call takes)
+    "w2a8_plan", "w2a8_tiles_plan",
+    # the peers (GemLite, torch._int_mm), imported lazily
+    "peers",
 ]

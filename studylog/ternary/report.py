@@ -1,5 +1,5 @@
 """Chapter 5's benchmark (``python -m studylog bench ternary``, GPU only); what reads its results (figures,
-headline, tables, targets) is :mod:`studylog.ternary.results`.
+headline, targets) is :mod:`studylog.ternary.results`.
 
 Every series is timed by the harness's policy (``studylog.bench``): its **GPU time**, the call replayed in a
 CUDA graph with its weights rotated among copies that together exceed L2, in three repetitions with fresh x

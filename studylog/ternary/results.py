@@ -1,5 +1,5 @@
 """What reads chapter 5's benchmark results (``assets/bench/<gpu>/ternary.json``): the series' names, the view
-of a file on the GPU clock, the speedup tables, the targets, the headline and the figures.
+of a file on the GPU clock, the targets, the headline and the figures.
 
 Every time here is on the **GPU clock** (the call replayed in a CUDA graph, weights rotated among copies that
 together exceed L2; ``studylog.bench``). Files written since the chapter moved to that clock (``"schema": 2``)
@@ -10,7 +10,6 @@ older files recorded do_bench's time as ``ms`` and the CUDA-graph time, where th
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 from studylog.ternary.cuda_steps import PROBES
@@ -111,56 +110,6 @@ def fastest(results, series: list[str], **params) -> tuple[Optional[dict], Optio
 
 def _us(ms: Optional[float]) -> str:
     return "–" if ms is None else f"{ms * 1e3:.1f}"
-
-
-def speedup_table(results, m: int) -> str:
-    """Markdown, GPU clock: per shape, cuBLAS bf16's time, each of ours with its speedup over it, the peers',
-    and the 2-bit floor (µs)."""
-    view = on_gpu_clock(results)
-    ours = [s for s in (M1_SERIES if m == 1 else BATCH_SERIES) if view.select(s, m=m)]
-    peers = [s for s in (GEMLITE, INT_MM) if view.select(s, m=m)]
-    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, x)" for s in ours] + \
-        [f"{'GemLite' if s == GEMLITE else 'torch._int_mm'} (µs, x)" for s in peers] + ["2-bit floor (µs)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for shape in shapes_in(view):
-        base = series_ms(view, CUBLAS, shape=shape, m=m)
-        if base is None:
-            continue
-        cells = [shape, _us(base)]
-        for s in ours + peers:
-            t = series_ms(view, s, shape=shape, m=m)
-            cells.append("–" if t is None else f"{t * 1e3:.1f} ({base / t:.1f}x)")
-        floors = [r["floor_ms"] for s in (SERIES[4], SERIES[5], SERIES[9], SERIES[11])
-                  for r in view.select(s, shape=shape, m=m) if "floor_ms" in r]
-        cells.append(_us(floors[0]) if floors else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    if len(lines) == 2:
-        return f"(no GPU-clock times at M = {m} in this file)"
-    return "\n".join(lines)
-
-
-def peers_table(results) -> str:
-    """Markdown, GPU clock: per M and shape, our fastest bf16-x kernel against GemLite and our fastest W2A8
-    kernel against torch._int_mm (x quantised in the call; the int8 GEMM alone in brackets), µs and speedup."""
-    view = on_gpu_clock(results)
-    lines = ["| M | shape | ours, bf16 x | GemLite | ours / GemLite | ours, W2A8 | torch._int_mm (GEMM alone) | "
-             "ours / torch._int_mm |", "|---|---|---|---|---|---|---|---|"]
-    for m in sorted({r["params"]["m"] for r in view.rows if "m" in r["params"]}):
-        for shape in shapes_in(view):
-            gem, mm = view.select(GEMLITE, shape=shape, m=m), view.select(INT_MM, shape=shape, m=m)
-            if not gem and not mm:
-                continue
-            cells = [str(m), shape]
-            row, s = fastest(view, FLOAT_X_SERIES, shape=shape, m=m)
-            cells += [f"{_us(row['ms'])} ({series_label(s)})" if row else "–", _us(gem[0]["ms"]) if gem else "–",
-                      f"**{gem[0]['ms'] / row['ms']:.2f}x**" if gem and row else "–"]
-            row, s = fastest(view, W2A8_SERIES, shape=shape, m=m)
-            alone = view.select(INT_MM_MATMUL, shape=shape, m=m)
-            cells += [f"{_us(row['ms'])} ({series_label(s)})" if row else "–",
-                      (_us(mm[0]["ms"]) if mm else "–") + (f" ({_us(alone[0]['ms'])})" if alone else ""),
-                      f"**{mm[0]['ms'] / row['ms']:.2f}x**" if mm and row else "–"]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -520,37 +469,3 @@ def figures(results) -> dict:
         _legend_below(fig, list(axes[:, 0]), ncol=2)
         figs["peers"] = fig
     return figs
-
-
-def timeline_figure(timeline: dict, title: str = "Step 12 at M = 1: where a block's time goes (in-kernel "
-                                                   "timestamps)"):
-    """Step 12's blocks over time, from lab/ternary/w2a8_timeline.py's output (``plotting.load_lab``): for each
-    case the median (over blocks) of when a block has read x, has quantised it, has taken its last weights and
-    has ended, from the first block's start (the last of the script's repetitions), and when the last block
-    ended."""
-    import matplotlib.pyplot as plt
-
-    cases = timeline.get("cases", timeline)
-    phases = (("reading x", "start", "x_read"), ("quantising x (and, in a cluster, sharing it)", "x_read", "x_ready"),
-              ("the weights", "x_ready", "loop_end"), ("the sums", "loop_end", "end"))
-    colors = ("tab:orange", "tab:red", "tab:blue", "tab:gray")
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(cases) + 1.6))
-    labels = []
-    for i, (name, case) in enumerate(cases.items()):
-        run = case["runs"][-1]
-        for j, ((what, begin, end), color) in enumerate(zip(phases, colors)):
-            lo, hi = run[begin][1], run[end][1]
-            ax.barh(i, hi - lo, left=lo, color=color, label=what if i == 0 else None)
-        ax.plot(run["end"][2], i, "k|", markersize=16, mew=2, label="the last block ends" if i == 0 else None)
-        shape, place = name.split(" probe")[0].split(" ", 1)
-        size = int(name.rsplit(" cluster", 1)[1].split()[0]) if " cluster" in name else 1
-        where = f"cluster of {size}" if place == "cluster" else place
-        labels.append(f"{shape}, {where}\n{case['kernel_us']:.1f} µs kernel time")
-    ax.set_yticks(range(len(cases)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("µs since the first block started (medians over the blocks)")
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return fig

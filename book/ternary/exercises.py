@@ -28,17 +28,13 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from book.common import report
 from studylog.ternary.formats import pack_2bit, pack_2bit_mma, pack_base3, quantize_absmean, quantize_activations
 
 __all__ = ["check_unpack_2bit", "check_field_float", "check_base3", "check_absmean", "check_mma_position",
            "check_w2a8_sum", "check_round_int8", "check_ring_waits",
            "unpack_group", "field_float_bits", "base3_byte", "base3_weights", "absmean", "mma_position",
            "w2a8_sum", "round_int8", "ring_waits"]
-
-
-def _report(name: str, ok: bool, problem: Optional[str], cases: int) -> bool:
-    print(f"{name}: {'all ' + str(cases) + ' inputs agree' if ok else 'wrong: ' + str(problem)}")
-    return ok
 
 
 def _u32(v: int) -> int:
@@ -75,8 +71,8 @@ def check_unpack_2bit(fn: Callable[[Sequence[int]], Sequence[int]], cases: int =
             k = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b) if len(got) == 256 else None
             where = f"{len(got)} weights instead of 256" if k is None else \
                 f"weight {k} (word {k % 16}, field {k // 16}) is {got[k]}, should be {want[k]}"
-            return _report("check_unpack_2bit", False, where, cases)
-    return _report("check_unpack_2bit", True, None, cases)
+            return report("check_unpack_2bit", False, where, cases)
+    return report("check_unpack_2bit", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -108,12 +104,12 @@ def check_field_float(fn: Callable[[int, int], int], cases: int = 200) -> bool:
             code = (word >> (2 * f)) & 3
             value = _as_float(bits)
             if value != 2.0 ** (23 - 2 * f) + code:
-                return _report("check_field_float", False, f"word {word:#010x}, field {f} (code {code}): bits "
+                return report("check_field_float", False, f"word {word:#010x}, field {f} (code {code}): bits "
                                f"{bits:#010x} read as {value!r}, want 2^{23 - 2 * f} + {code}", cases)
             if bits & ~(((word & 0xFFFF) | 0x7F800000)) & 0xFFFFFFFF:
-                return _report("check_field_float", False, f"word {word:#010x}, field {f}: bits {bits:#010x} set a "
+                return report("check_field_float", False, f"word {word:#010x}, field {f}: bits {bits:#010x} set a "
                                "bit that the word with its exponent bits set does not have (one AND cannot)", cases)
-    return _report("check_field_float", True, None, cases)
+    return report("check_field_float", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -141,11 +137,11 @@ def check_base3(encode: Callable[[Sequence[int]], int], decode: Callable[[int], 
         want = int(pack_base3(row)[0, 0])
         got = int(encode(list(weights)))
         if got != want:
-            return _report("check_base3", False, f"encode({weights}) = {got}, the format's byte is {want}", cases)
+            return report("check_base3", False, f"encode({weights}) = {got}, the format's byte is {want}", cases)
         back = [int(w) for w in decode(want)]
         if back != weights:
-            return _report("check_base3", False, f"decode({want}) = {back}, want {weights}", cases)
-    return _report("check_base3", True, None, cases)
+            return report("check_base3", False, f"decode({want}) = {back}, want {weights}", cases)
+    return report("check_base3", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -169,12 +165,12 @@ def check_absmean(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int = 30
         want_w, want_s = quantize_absmean(w)
         got_w, got_s = fn(w.clone())
         if not torch.allclose(torch.as_tensor(got_s, dtype=torch.float32), want_s, rtol=1e-5):
-            return _report("check_absmean", False, f"a {n} x {k} matrix: scale {float(got_s):.6g}, want "
+            return report("check_absmean", False, f"a {n} x {k} matrix: scale {float(got_s):.6g}, want "
                            f"{float(want_s):.6g} (1 / mean |W|)", cases)
         if not torch.equal(torch.as_tensor(got_w).to(torch.int8), want_w):
-            return _report("check_absmean", False, f"a {n} x {k} matrix: the ternary weights differ from "
+            return report("check_absmean", False, f"a {n} x {k} matrix: the ternary weights differ from "
                            "clamp(round(W * scale), -1, 1)", cases)
-    return _report("check_absmean", True, None, cases)
+    return report("check_absmean", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -201,12 +197,12 @@ def check_mma_position(fn: Callable[[int], tuple[int, int]], cases: int = 20) ->
         for k in range(256):
             t, bit = (int(v) for v in fn(k))
             if not (0 <= t < 16 and 0 <= bit <= 30) or (t, bit) in seen:
-                return _report("check_mma_position", False, f"weight {k}: ({t}, {bit}) is not a free 2-bit field of "
+                return report("check_mma_position", False, f"weight {k}: ({t}, {bit}) is not a free 2-bit field of "
                                "the group's 16 words", cases)
             seen.add((t, bit))
             if ((words[t] >> bit) & 3) - 1 != int(w[0, k]):
-                return _report("check_mma_position", False, f"weight {k} is not at word {t}, bit {bit}", cases)
-    return _report("check_mma_position", True, None, cases)
+                return report("check_mma_position", False, f"weight {k} is not at word {t}, bit {bit}", cases)
+    return report("check_mma_position", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -231,9 +227,9 @@ def check_w2a8_sum(fn: Callable[[Sequence[int], int], int], cases: int = 300) ->
         want = int((w * x).sum())
         got = int(fn(list(acc), int(x.sum())))
         if got != want:
-            return _report("check_w2a8_sum", False, f"accumulators {acc}, x_sum {int(x.sum())}: got {got}, "
+            return report("check_w2a8_sum", False, f"accumulators {acc}, x_sum {int(x.sum())}: got {got}, "
                            f"sum x w is {want}", cases)
-    return _report("check_w2a8_sum", True, None, cases)
+    return report("check_w2a8_sum", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -262,14 +258,14 @@ def check_round_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int =
         want_q, want_s = quantize_activations(x[None])
         got_q, got_s = fn(x.clone())
         if not torch.allclose(torch.as_tensor(got_s, dtype=torch.float32).reshape(()), want_s[0], rtol=1e-6):
-            return _report("check_round_int8", False, f"scale {float(got_s):.6g}, want {float(want_s[0]):.6g}", cases)
+            return report("check_round_int8", False, f"scale {float(got_s):.6g}, want {float(want_s[0]):.6g}", cases)
         got_q = torch.as_tensor(got_q).reshape(-1).to(torch.int16)
         bad = (got_q != want_q[0].to(torch.int16)).nonzero()
         if len(bad):
             j = int(bad[0])
-            return _report("check_round_int8", False, f"x = {float(x[j])!r} (x * scale = "
+            return report("check_round_int8", False, f"x = {float(x[j])!r} (x * scale = "
                            f"{float(x[j] * want_s[0])!r}) gives {int(got_q[j])}, want {int(want_q[0, j])}", cases)
-    return _report("check_round_int8", True, None, cases)
+    return report("check_round_int8", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -304,6 +300,6 @@ def check_ring_waits(fn: Callable[[int, int], tuple[int, int, Optional[int]]]) -
             got = tuple(fn(c, stages))
             got = (int(got[0]), int(got[1]), None if got[2] is None else int(got[2]))
             if got != (s, want_full, want_empty):
-                return _report("check_ring_waits", False, f"chunk {c} of a ring of {stages}: got {got}, want "
+                return report("check_ring_waits", False, f"chunk {c} of a ring of {stages}: got {got}, want "
                                f"{(s, want_full, want_empty)} (stage, full parity, empty parity)", cases)
-    return _report("check_ring_waits", True, None, cases)
+    return report("check_ring_waits", True, None, cases)

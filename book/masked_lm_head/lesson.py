@@ -1,6 +1,6 @@
 """What notebook 02 reads from a results file, in one place: the numbers its prose quotes (glued with myst-nb),
 each step's time against the floor, the result against torch and against the practitioners' path, where we lose,
-and the table of what did not help (with ``lab/masked_lm_head``).
+the table of what did not help (with ``lab/masked_lm_head``), and the targets' and host-time tables.
 
 Every function takes a :class:`studylog.plotting.Results` and reads series by the names the benchmark writes
 (``CHAPTER.steps``, ``CHAPTER.baselines``). Where a file predates a series (the first, do_bench run has no
@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from studylog.masked_lm_head.benchmark import PLAN, XGRAMMAR, XGRAMMAR_BF16
+from book.common import PENDING, fmt, us
+from studylog.masked_lm_head import CHAPTER
+from studylog.masked_lm_head.benchmark import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
+from studylog.masked_lm_head.report import byte_floor_ms
 
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "byte_floor_ms", "clock_of",
-           "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table"]
+           "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
+           "target_report", "host_table", "our_kernels"]
 
-#: What a prose number reads when the results file does not have it yet.
-PENDING = "pending"
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
 #: The first run of the benchmark on the GPU clock (an H100), kept in ``lab/``.
@@ -36,14 +38,8 @@ CANDIDATES = {"step04": "cand_step4_compact", "step05 without the L2 hint": "can
               "index_select": "cand_index_select"}
 
 
-def _chapter():
-    from studylog.masked_lm_head import CHAPTER
-
-    return CHAPTER
-
-
 def _s(number: int) -> str:
-    return _chapter().step(number).series
+    return CHAPTER.step(number).series
 
 
 def _row(results, series: str, layout: str = "vd", **params) -> dict | None:
@@ -63,13 +59,6 @@ def clock_of(results) -> str:
     return "GPU clock" if clocks == {"gpu"} else ", ".join(sorted(clocks))
 
 
-def byte_floor_ms(results, batch: int, union: int) -> float:
-    """The time to move a call's bytes at the run's copy bandwidth: ``union`` rows of the bf16 ``[V, D]`` weight
-    read, the fp32 ``[batch, V]`` output written."""
-    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
-    return (union * HIDDEN * 2 + batch * VOCAB * 4) / bandwidth * 1e3
-
-
 def _floor(results, batch: int, kind: str, allowed: int) -> float | None:
     for series in (_s(9), "dense_mask"):
         row = _row(results, series, batch=batch, kind=kind, allowed=allowed)
@@ -79,14 +68,12 @@ def _floor(results, batch: int, kind: str, allowed: int) -> float | None:
 
 
 def _us(ms: float | None, digits: int = 1) -> str:
-    if ms is None:
-        return PENDING
-    us = ms * 1e3
-    return f"{us:,.0f} µs" if us >= 100 else f"{us:.{digits}f} µs"
+    """A prose time: ``12.3 µs``, no decimals from 100 µs on, :data:`PENDING` where there is none."""
+    return PENDING if ms is None else f"{us(ms, 0 if ms * 1e3 >= 100 else digits)} µs"
 
 
 def _x(ratio: float | None, digits: int = 2) -> str:
-    return PENDING if ratio is None else f"{ratio:.{digits}f}×"
+    return fmt(ratio, f".{digits}f", "×")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -226,24 +213,22 @@ def prose_numbers(results) -> dict[str, Any]:
 def _cell(results, series: str, batch: int, kind: str, allowed: int, layout: str = "vd") -> str:
     """``time (× floor)`` of one point, ``–`` where not measured."""
     ms = _ms(results, series, layout, batch=batch, kind=kind, allowed=allowed)
-    if ms is None:
-        return "–"
-    floor = _floor(results, batch, kind, allowed)
+    floor = None if ms is None else _floor(results, batch, kind, allowed)
     if not floor:
-        return f"{ms * 1e3:,.1f}"
+        return us(ms)
     ratio = ms / floor
-    return f"{ms * 1e3:,.1f} ({ratio:,.{0 if ratio >= 100 else 1 if ratio >= 10 else 2}f}×)"
+    return f"{us(ms)} ({ratio:,.{0 if ratio >= 100 else 1 if ratio >= 10 else 2}f}×)"
 
 
 def steps_table(results, counts=STEP_COUNTS) -> str:
     """Batch 1, random masks, ``[V, D]``: every step and the torch baselines at a few allowed counts, in µs,
     with the ratio to the byte floor; the floor on the first line."""
-    label = _chapter().label
+    label = CHAPTER.label
     head = ["series"] + [f"{c:,} allowed: µs (× floor)" for c in counts]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floors = [_floor(results, 1, "random", c) for c in counts]
     lines.append("| floor: allowed rows read + fp32 output written | "
-                 + " | ".join("–" if f is None else f"{f * 1e3:,.1f}" for f in floors) + " |")
+                 + " | ".join(us(f) for f in floors) + " |")
     for series in ["dense_mask", "index_select"] + [_s(k) for k in (0, 1, 2, 3, 4, 5, 6, 9)]:
         cells = [_cell(results, series, 1, "random", c) for c in counts]
         if any(c != "–" for c in cells):
@@ -254,7 +239,7 @@ def steps_table(results, counts=STEP_COUNTS) -> str:
 def batch_table(results) -> str:
     """Batches above 1, random masks: the dense paths, ``index_select`` (the union's logits only), steps 3, 7
     and 9 (with the path it took), µs, and the floor."""
-    label = _chapter().label
+    label = CHAPTER.label
     series = ["dense_mask", "cublas_fp32_mask", "index_select", _s(3), _s(7), _s(9)]
     head = ["batch", "allowed per sequence", "union", "floor (µs)"] + [f"{label(x)} (µs)" for x in series]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -264,15 +249,14 @@ def batch_table(results) -> str:
         row9 = _row(results, _s(9), **p)
         cells = []
         for x in series:
-            ms = _ms(results, x, **p)
-            text = "–" if ms is None else f"{ms * 1e3:,.1f}"
+            text = us(_ms(results, x, **p))
             if x == _s(9) and row9 is not None and row9.get("path"):
                 text += f" ({row9['path']})"
             cells.append(text)
         union = row9["union"] if row9 else None
         floor = byte_floor_ms(results, batch, union) if union is not None else None
         lines.append(f"| {batch} | {allowed:,} | {'–' if union is None else f'{union:,}'} | "
-                     f"{'–' if floor is None else f'{floor * 1e3:,.1f}'} | " + " | ".join(cells) + " |")
+                     f"{us(floor)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -324,7 +308,7 @@ def losses_table(results) -> str:
     lost = _losses(results)
     if not lost:
         return "No measured point where a series of ours is slower than its rival."
-    label = _chapter().label
+    label = CHAPTER.label
     head = ["batch", "masks", "allowed per sequence", "union", "ours", "rival", "ours / rival",
             "fp32 output's share of the floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -392,3 +376,149 @@ def tried_table(results, candidates: dict | None) -> str:
                  "a host time per call several times the kernel's at batch 1", "`lab/masked_lm_head/host_profile.py`"))
     return "\n".join(["| what | measured effect | details |", "|---|---|---|"]
                      + [f"| {a} | {b} | {c} |" for a, b, c in rows])
+
+
+# --------------------------------------------------------------------------------------
+# The targets and the host time
+# --------------------------------------------------------------------------------------
+
+def _kinds(results) -> list[str]:
+    """The mask kinds the file measured, in the file's order."""
+    seen: dict[str, None] = {}
+    for row in results.rows:
+        if "kind" in row["params"]:
+            seen.setdefault(row["params"]["kind"], None)
+    return list(seen)
+
+
+def host_table(results) -> str:
+    """Host time per call of every public entry point measured at batch 1 (random masks), as Markdown:
+    median over the run's counts, the worst count, and the ratio to an empty Triton launch of the same run."""
+    label = CHAPTER.label
+    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
+    lines = ["| entry point | host per call, median (µs) | worst (µs) | × empty launch |", "|---|---|---|---|"]
+    for series in results.series():
+        rows = [r for r in results.select(series, batch=1) if "host_ms" in r]
+        if not rows:
+            continue
+        values = sorted(r["host_ms"] for r in rows)
+        median = values[len(values) // 2]
+        ratio = f"{values[-1] / empty:.2f}" if empty else "–"
+        lines.append(f"| {label(series)} | {median * 1e3:.1f} | {values[-1] * 1e3:.1f} | {ratio} |")
+    if empty:
+        lines.append(f"| empty Triton launch | {empty * 1e3:.1f} | | 1 |")
+    return "\n".join(lines)
+
+
+def our_kernels() -> list[str]:
+    """Series that count as "our kernel" in the targets: steps 1-9. Left out: step 0 (dense, the
+    tutorial's), cublas_fp32_mask (torch's) and reordered_in_sample (its vocabulary order was fitted on
+    the very mask it is measured on)."""
+    return [s.series for s in CHAPTER.steps if s.number >= 1]
+
+
+def _best(results, batch: int, kind: str, allowed: int) -> dict | None:
+    ours = our_kernels()
+    rows = [r for r in results.rows if r["series"] in ours and r["params"].get("layout", "vd") == "vd"
+            and r["params"].get("batch") == batch and r["params"].get("kind") == kind
+            and r["params"].get("allowed") == allowed]
+    return min(rows, key=lambda r: r["ms"]) if rows else None
+
+
+def target_report(results) -> str:
+    """The targets with the ratios measured in one run (the clock each row is on is the file's), as a
+    Markdown table, and the points where we lose."""
+    label = CHAPTER.label
+    dispatch = _s(9)
+    clock = results.rows[0].get("clock", "do_bench") if results.rows else "–"
+    lines = [f"Clock: {clock}.", "", "| target | measured | met |", "|---|---|---|"]
+
+    def add(name: str, value: str, ok: bool | None):
+        lines.append(f"| {name} | {value} | {'–' if ok is None else ('yes' if ok else '**no**')} |")
+
+    # best kernel within 1.3x of the floor, batch 1, every mask kind and count
+    for kind in _kinds(results):
+        worst = None
+        for r in results.select("dense_mask", batch=1, kind=kind):
+            best = _best(results, 1, kind, r["params"]["allowed"])
+            if best and "union" in best:  # the bytes floor (a launch's latency is not on the GPU clock)
+                # with the empty kernel's GPU time where the run measured it (few bytes: latency bounds the call)
+                floor_ms = max(byte_floor_ms(results, 1, best["union"]),
+                               results.data["ceilings"].get("empty_launch_gpu_ms", 0.0))
+                ratio = best["ms"] / floor_ms
+                if worst is None or ratio > worst[0]:
+                    worst = (ratio, r["params"]["allowed"], label(best["series"]))
+        if worst:
+            add(f"best kernel ≤ 1.3× the floor (bytes, or an empty kernel's GPU time where measured), batch 1, {kind} masks, worst count",
+                f"{worst[0]:.2f}× at {worst[1]:,} allowed ({worst[2]})", worst[0] <= 1.3)
+    # step 9 (the dispatch) >= 10x dense + mask at <= 1,000 allowed, batch 1
+    ratios = []
+    for r in results.select("dense_mask", batch=1):
+        mine = _row(results, dispatch, batch=1, kind=r["params"]["kind"], allowed=r["params"]["allowed"])
+        if mine and r["params"]["allowed"] <= 1000:
+            ratios.append((r["ms"] / mine["ms"], r["params"]["allowed"], r["params"]["kind"]))
+    if ratios:
+        low = min(ratios)
+        add(f"{label(dispatch)}, ≤ 1,000 allowed, batch 1: ≥ 10× dense + mask (smallest speedup)",
+            f"{low[0]:.1f}× ({low[2]}, {low[1]:,} allowed)", low[0] >= 10)
+    # >= 2.5x index_select + matmul at 10,000 allowed
+    for kind in _kinds(results):
+        base, mine = _row(results, "index_select", batch=1, kind=kind, allowed=10_000), \
+            _row(results, dispatch, batch=1, kind=kind, allowed=10_000)
+        if base and mine:
+            ratio = base["ms"] / mine["ms"]
+            add(f"{label(dispatch)}, 10,000 allowed ({kind}), batch 1: ≥ 2.5× index_select + matmul",
+                f"{ratio:.2f}×", ratio >= 2.5)
+    # host time per call <= 2x an empty Triton launch, batch 1
+    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
+    hosts = sorted((r for r in results.select(dispatch, batch=1) if "host_ms" in r), key=lambda r: r["host_ms"])
+    if empty and hosts:
+        median_h, worst_h = hosts[len(hosts) // 2], hosts[-1]
+        add(f"{label(dispatch)} host time per call ≤ 2× an empty Triton launch, batch 1 (worst count; median "
+            "over the counts)",
+            f"{median_h['host_ms'] / empty:.2f}× ({median_h['host_ms'] * 1e3:.1f} µs against {empty * 1e3:.1f} µs); "
+            f"worst {worst_h['host_ms'] / empty:.2f}× ({worst_h['params']['kind']}, "
+            f"{worst_h['params']['allowed']:,} allowed)", worst_h["host_ms"] <= 2 * empty)
+    # the whole step from the bitmask against xgrammar's path
+    pairs = []
+    for r in results.select(XGRAMMAR):
+        p = r["params"]
+        mine = _row(results, PLAN, batch=p["batch"], kind=p["kind"], allowed=p["allowed"])
+        if mine:
+            # the spreads overlap: the two are not told apart by this run's repetitions
+            overlap = bool(mine.get("spread_ms") and r.get("spread_ms")
+                           and mine["spread_ms"][0] <= r["spread_ms"][2])
+            pairs.append((r["ms"] / mine["ms"], p, overlap))
+    if pairs:
+        b1 = [q for q in pairs if q[1]["batch"] == 1 and q[1]["allowed"] <= 1000]
+        if b1:
+            low = min(b1, key=lambda q: q[0])
+            add("whole step, batch 1, ≤ 1,000 allowed: ≥ 10× xgrammar's path (smallest speedup)",
+                f"{low[0]:.1f}× ({low[1]['kind']}, {low[1]['allowed']:,} allowed)", low[0] >= 10)
+        b64 = [q for q in pairs if q[1]["batch"] == 64 and q[1]["allowed"] <= 0.001 * VOCAB]
+        if b64:
+            low = min(b64, key=lambda q: q[0])
+            add("whole step, batch 64, ≤ 0.1% of V per row: ≥ 3× xgrammar's path (smallest speedup)",
+                f"{low[0]:.1f}× ({low[1]['kind']}, {low[1]['allowed']:,} allowed)", low[0] >= 3)
+        worst = min(pairs, key=lambda q: q[0])
+        add("whole step never slower than xgrammar's path, any batch and density (worst point; slower means "
+            "outside the spread of the three repetitions)",
+            f"{worst[0]:.2f}× (batch {worst[1]['batch']}, {worst[1]['kind']}, {worst[1]['allowed']:,} allowed"
+            f"{', spreads overlap' if worst[0] < 1 and worst[2] else ''})", worst[0] >= 1.0 or worst[2])
+    # dispatch never > 5% slower than dense + mask
+    worst_d = None
+    for r in results.select(dispatch):
+        p = r["params"]
+        base = results.select("dense_mask", batch=p["batch"], kind=p["kind"], allowed=p["allowed"])
+        if base:
+            ratio = r["ms"] / base[0]["ms"]
+            if worst_d is None or ratio > worst_d[0]:
+                worst_d = (ratio, p)
+    if worst_d:
+        p = worst_d[1]
+        add(f"{label(dispatch)} never > 1.05× dense + mask (worst point)",
+            f"{worst_d[0]:.2f}× (batch {p['batch']}, {p['kind']}, {p['allowed']:,} allowed)", worst_d[0] <= 1.05)
+    lost = losses(results.rows)
+    if lost:
+        lines += ["", "Where we lose:", ""] + [f"- {text.removeprefix('we lose: ')}" for text in lost]
+    return "\n".join(lines)

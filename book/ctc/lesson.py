@@ -1,6 +1,7 @@
 """What notebook 04 reads from a results file, in one place: each step's time against the one before it and
 the floor, the result against torch, where the time goes, the accuracy of every series, the table of what did
-not help (from ``lab/ctc``), and the numbers its prose quotes (glued with myst-nb).
+not help (from ``lab/ctc``), the answer to the blog post's question, and the numbers its prose quotes (glued
+with myst-nb).
 
 Every function takes a :class:`studylog.plotting.Results` and reads series by the names
 :mod:`studylog.ctc.report` writes (``CHAPTER.steps``, ``CHAPTER.baselines``); where a file predates a series,
@@ -12,19 +13,30 @@ from __future__ import annotations
 import statistics
 from typing import Iterable
 
+from book.common import PENDING, us
+from studylog import paths
+from studylog.ctc import CHAPTER
 from studylog.ctc.figures import clock_of, clock_words
+from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
+from studylog.ctc.reference import FAR_GRAD, FAR_LOSS
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, LESSON_N
+from studylog.plotting import Results, load_lab
 
-#: What a prose number reads when the results file does not have it yet.
-PENDING = "pending"
 #: The experiment file of ``lab/ctc`` (recursion options, step 10's other grain, the blocked layout).
 OPTIONS_FILE = "options_and_layouts"
+#: The step whose recursion options were compared (an experiment: lab/ctc).
+OPTIONS_STEP = 9
+#: Rows of the comparison on the stress set: ours in probability space, ours in log space, torch's calls.
+CUDNN_SET = "cudnn-set "
+#: Outcome counts of a row (see :func:`studylog.ctc.reference.outcomes`).
+OUTCOMES = ("utterances", "impossible", "infinite", "nan", "finite_wrong", "far", "right")
 
 
-def _chapter():
-    from studylog.ctc import CHAPTER
-
-    return CHAPTER
+def caption(results) -> str:
+    """Where and when a results file was measured (GPU, date, versions, the copy bandwidth of that run)."""
+    v = results.data["versions"]
+    return (f"Measured on {results.gpu} on {results.date} (torch {v['torch']}, triton {v['triton']}; copy bandwidth "
+            f"{results.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s in the same run).")
 
 
 def _row(results, series: str, **params) -> dict | None:
@@ -37,18 +49,14 @@ def _ms(results, series: str, **params) -> float | None:
     return None if row is None else row["ms"]
 
 
-def _us(ms: float | None, digits: int = 1) -> str:
-    return "–" if ms is None else f"{ms * 1e3:,.{digits}f}"
-
-
 def _with_spread(row: dict | None) -> str:
     """``median (min–max)`` in µs where the row has the repetitions' spread."""
     if row is None:
         return "–"
     if row.get("spread_ms"):
         lo, mid, hi = row["spread_ms"]
-        return f"{_us(mid)} ({_us(lo)}–{_us(hi)})"
-    return _us(row["ms"])
+        return f"{us(mid)} ({us(lo)}–{us(hi)})"
+    return us(row["ms"])
 
 
 def _ratios(results, before: str, after: str, points: Iterable[tuple[int, int]]) -> list[float]:
@@ -106,7 +114,6 @@ PREVIOUS = {7: 5}
 def step_table(results, number: int) -> str:
     """Step ``number`` at the batch sizes where every step was timed: its time (median, min–max of the
     repetitions where the file has them), the step it builds on, the ratio, the floor and how far above it."""
-    CHAPTER = _chapter()
     step = CHAPTER.step(number)
     before = CHAPTER.step(PREVIOUS.get(number, number - 1)) if number > 1 else None
     if not results.select(step.series, T=BENCH_T):
@@ -124,9 +131,9 @@ def step_table(results, number: int) -> str:
         cells = [str(A), str(N), _with_spread(row)]
         if before is not None:
             prev = _ms(results, before.series, T=BENCH_T, A=A, N=N)
-            cells += [_us(prev), "–" if prev is None else f"{prev / row['ms']:.2f}×"]
+            cells += [us(prev), "–" if prev is None else f"{prev / row['ms']:.2f}×"]
         floor = row.get("floor_ms")
-        cells += [_us(floor, 2), "–" if not floor else f"{row['ms'] / floor:,.0f}×"]
+        cells += [us(floor, 2), "–" if not floor else f"{row['ms'] / floor:,.0f}×"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + f"\n\nClock: {clock_words(clock_of(results, step.series))}."
 
@@ -134,7 +141,6 @@ def step_table(results, number: int) -> str:
 def results_table(results) -> str:
     """The last step against torch's two calls at every point, with the speedup over the faster one timed on
     the same clock (``torch-best``) and the distance to the floor."""
-    CHAPTER = _chapter()
     final = CHAPTER.final
     if not results.select(final.series, T=BENCH_T):
         return f"{final.name}: {PENDING}."
@@ -155,7 +161,7 @@ def results_table(results) -> str:
         above = "–" if not floor else f"{row['ms'] / floor:,.1f}×"
         lines.append(f"| {A} | {N} | {_with_spread(_row(results, 'torch-cuDNN', T=BENCH_T, A=A, N=N))} | "
                      f"{_with_spread(_row(results, 'torch-native', T=BENCH_T, A=A, N=N))} | {_with_spread(row)} | "
-                     f"{speedup} | {_us(floor, 2)} | {above} |")
+                     f"{speedup} | {us(floor, 2)} | {above} |")
     clocks = {s: clock_words(clock_of(results, s)) for s in ("torch-cuDNN", "torch-native", final.series)}
     return "\n".join(lines) + "\n\nClocks: " + ", ".join(f"{s}: {c}" for s, c in clocks.items()) + "."
 
@@ -169,7 +175,6 @@ def _kernel_role(name: str) -> str:
 def kernel_table(results) -> str:
     """Device time of each kernel of steps 7 to 10 at the profiled points (torch.profiler, no L2 flush): the
     first pass over the activations, the recursion and the last pass; torch's calls as one total."""
-    CHAPTER = _chapter()
     steps = [CHAPTER.step(k) for k in (7, 8, 9, 10)]
     cases = sorted({(r["params"]["A"], r["params"]["N"]) for s in steps for r in results.select(f"{s.series} kernels")})
     if not cases:
@@ -184,20 +189,19 @@ def kernel_table(results) -> str:
             timed = _ms(results, series, T=BENCH_T, A=A, N=N)
             name = series if series.startswith("torch") else CHAPTER.label(series)
             if series.startswith("torch"):
-                lines.append(f"| {A} | {N} | {name} | | | all kernels {_us(kernels['ms'])} | {_us(timed)} |")
+                lines.append(f"| {A} | {N} | {name} | | | all kernels {us(kernels['ms'])} | {us(timed)} |")
                 continue
             parts = {"first pass": 0.0, "recursion": 0.0, "last pass": 0.0}
-            for kernel, us in kernels["kernels_us"].items():
-                parts[_kernel_role(kernel)] += us
+            for kernel, device_us in kernels["kernels_us"].items():
+                parts[_kernel_role(kernel)] += device_us
             lines.append(f"| {A} | {N} | {name} | {parts['first pass']:.1f} | {parts['recursion']:.1f} | "
-                         f"{parts['last pass']:.1f} | {_us(timed)} |")
+                         f"{parts['last pass']:.1f} | {us(timed)} |")
     return "\n".join(lines)
 
 
 def accuracy_table(results) -> str:
     """Every series against float64 on every benchmark input: worst errors over the utterances it did not lose,
     utterances lost (infinite loss; finite loss with a NaN gradient) and silently wrong ones."""
-    CHAPTER = _chapter()
     lines = ["| series | worst loss error | worst gradient error | infinite loss | NaN gradient | silently wrong |",
              "|---|---|---|---|---|---|"]
     for series in ["torch-cuDNN", "torch-native"] + [s.series for s in CHAPTER.steps]:
@@ -222,10 +226,7 @@ def accuracy_table(results) -> str:
 def load_options():
     """The experiment of ``lab/ctc`` (recursion options, step 10's grain 2, the blocked layout), read under
     today's series names."""
-    from studylog import paths
-    from studylog.plotting import Results, load_lab
-
-    names = dict(_chapter().renamed_series)
+    names = dict(CHAPTER.renamed_series)
     path = paths.lab_results("ctc", "nvidia-h200") / f"{OPTIONS_FILE}.json"
     return Results(path, load_lab("ctc", OPTIONS_FILE, "nvidia-h200")).with_series_names(names)
 
@@ -235,7 +236,8 @@ def _change(ratios: list[float]) -> str:
     if not ratios:
         return PENDING
     med = statistics.median(ratios)
-    return f"{_signed(med - 1)} median ({_signed(min(ratios) - 1)} to {_signed(max(ratios) - 1)}) over {len(ratios)} points"
+    return (f"{_signed(med - 1)} median ({_signed(min(ratios) - 1)} to {_signed(max(ratios) - 1)}) "
+            f"over {len(ratios)} points")
 
 
 #: What each option of the experiment is, in the table's words.
@@ -249,12 +251,23 @@ TRIED = {
 }
 
 
+def recursion_series() -> list[tuple[str, str]]:
+    """(series, label) of every recursion measured between step 9's two passes in the experiment kept in
+    ``lab/ctc`` (the branch-free warp's options, and step 10's block of warps at both grains)."""
+    nine, ten = CHAPTER.step(OPTIONS_STEP), CHAPTER.step(10)
+    out = []
+    for option in RECURSION_OPTIONS:
+        series = nine.series + ("" if option == DEFAULT_RECURSION else f" recursion {option}")
+        out.append((series, f"{nine.name}, {option}" + (" (default)" if option == DEFAULT_RECURSION else "")))
+    for grain in BLOCK_GRAINS:
+        series = ten.series + ("" if grain == DEFAULT_BLOCK_GRAIN else f" grain {grain}")
+        out.append((series, f"{ten.name}, {grain} per thread" + (" (default)" if grain == DEFAULT_BLOCK_GRAIN else "")))
+    return out
+
+
 def tried_table(options, results) -> str:
     """One line per option that no step keeps: what it is, its measured effect on the time (against the
     default in the same file), and where the details are."""
-    from studylog.ctc.figures import recursion_series
-
-    CHAPTER = _chapter()
     lines = ["| what | time against the default | details |", "|---|---|---|"]
     defaults = {CHAPTER.step(9).series, CHAPTER.step(10).series}
     for series, _ in recursion_series():
@@ -286,13 +299,83 @@ def tried_table(options, results) -> str:
 
 
 # --------------------------------------------------------------------------------------
+# The blog post's question: does cuDNN work in float32 probability space?
+# --------------------------------------------------------------------------------------
+
+def cudnn_counts(results) -> dict[str, dict[str, int]]:
+    """Outcome counts on the stress set's utterances that torch's cuDNN path takes, summed over its inputs,
+    per series (``"torch-cuDNN"``, ``"step06"``...); empty for files that predate the comparison."""
+    out: dict[str, dict[str, int]] = {}
+    for row in results.rows:
+        if row["series"].startswith(CUDNN_SET):
+            series = row["series"].removeprefix(CUDNN_SET)
+            total = out.setdefault(series, dict.fromkeys(OUTCOMES, 0))
+            for key in OUTCOMES:
+                total[key] += int(row.get(key, 0))
+    return out
+
+
+def cudnn_cases(results) -> list[dict]:
+    """Per input of the stress set: its name, T, the utterances compared (of how many) and, per series, the
+    utterances lost (:func:`lost`), to see where each backend loses them."""
+    cases: dict[tuple, dict] = {}
+    for row in results.rows:
+        if row["series"].startswith(CUDNN_SET):
+            p = row["params"]
+            case = cases.setdefault((p.get("inputs"), p["T"]), {"inputs": p.get("inputs"), "T": p["T"], "N": p["N"],
+                                                                "of": p.get("of", p["N"]), "lost": {}})
+            case["lost"][row["series"].removeprefix(CUDNN_SET)] = lost({k: int(row.get(k, 0)) for k in OUTCOMES})
+    return [cases[k] for k in sorted(cases, key=lambda k: (str(k[0]), k[1]))]
+
+
+def lost(counts: dict[str, int]) -> int:
+    """Utterances lost to what underflow does: an infinite or NaN answer, or a finite one far from float64."""
+    return counts["infinite"] + counts["nan"] + counts["far"]
+
+
+def cudnn_verdict(results) -> dict | None:
+    """The blog post's question, answered from the comparison on the stress set: does cuDNN lose the utterances that
+    float32 probability space (step 6, same inputs, same run) loses? None when the file predates it."""
+    counts = cudnn_counts(results)
+    prob = counts.get(CHAPTER.step(6).series)
+    cudnn = {k: v for k, v in counts.items() if k.startswith("torch-cuDNN")}
+    if prob is None or not cudnn:
+        return None
+    took_cudnn = all(r.get("use_cudnn_ctc_loss", True) for r in results.rows
+                     if r["series"] == f"{CUDNN_SET}torch-cuDNN F.ctc_loss")
+    worst = max(cudnn.values(), key=lost)
+    verdict = {"counts": counts, "probability_space_lost": lost(prob), "cudnn_lost": lost(worst),
+               "took_cudnn": took_cudnn, "supports": None}
+    n = prob["utterances"] - prob["impossible"]
+    if not took_cudnn:
+        verdict["text"] = "F.ctc_loss did not take its cuDNN path on these inputs: no answer from this run."
+    elif lost(prob) == 0:
+        verdict["text"] = (f"Float32 probability space lost none of these {n} utterances: this run cannot tell "
+                           "where cuDNN's arithmetic works.")
+    elif lost(worst) > 0:
+        verdict["supports"] = True
+        verdict["text"] = (f"cuDNN loses {lost(worst)} of the {n} utterances (infinite {worst['infinite']}, NaN "
+                           f"{worst['nan']}, finite but far from float64 {worst['far']}) where float32 probability "
+                           f"space loses {lost(prob)}: this supports the hypothesis that cuDNN works in "
+                           "probability space.")
+    else:
+        verdict["supports"] = False
+        verdict["text"] = (f"Float32 probability space, rescaled every frame, loses {lost(prob)} of these {n} "
+                           f"utterances (infinite {prob['infinite']}, NaN {prob['nan']}, finite but far from float64 "
+                           f"{prob['far']}); cuDNN loses none: no infinite or NaN answer, none off by more than "
+                           f"{FAR_LOSS:g} (loss) or {FAR_GRAD:g} (gradient). So cuDNN does not work in plain float32 "
+                           "probability space; its speed has to come from elsewhere. (It may still rescale in "
+                           "another way, in double, or in log space: the run only rules out the plain form.)")
+    return verdict
+
+
+# --------------------------------------------------------------------------------------
 # The numbers the prose quotes
 # --------------------------------------------------------------------------------------
 
 def prose_numbers(results) -> dict[str, str]:
     """Every measured number notebook 04's prose quotes, formatted, by glue name; ``pending`` where the file
     does not have it."""
-    CHAPTER = _chapter()
     s = {k: CHAPTER.step(k).series for k in range(1, 11)}
     out: dict[str, str] = {}
     big, small = max(BENCH_A), min(BENCH_A)

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from book.common import report
 from studylog.ctc.reference import reference_ctc
 from studylog.ctc.targets import BLANK, min_frames
 from studylog.ctc.warpctc import GRAIN_SIZES, bank_ways
@@ -30,11 +31,6 @@ __all__ = ["check_min_frames", "check_forward", "check_gradient", "check_bank_wa
 
 #: Inputs per check; small shapes, so that a reader's plain-Python loop is quick.
 CASES = 40
-
-
-def _report(name: str, ok: bool, problem: str | None, cases: int) -> bool:
-    print(f"{name}: {'all ' + str(cases) + ' inputs agree' if ok else 'wrong: ' + problem}")
-    return ok
 
 
 def _random_target(gen: torch.Generator, A: int, max_len: int) -> list[int]:
@@ -76,22 +72,24 @@ def check_min_frames(fn: Callable[[list[int]], int], cases: int = 200) -> bool:
         labels = _random_target(gen, int(torch.randint(2, 5, (1,), generator=gen)), 8)
         want, got = min_frames(labels), fn(list(labels))
         if got != want:
-            return _report("check_min_frames", False, f"labels {labels}: expected {want}, got {got}", cases)
-    return _report("check_min_frames", True, None, cases)
+            return report("check_min_frames", False, f"labels {labels}: expected {want}, got {got}", cases)
+    return report("check_min_frames", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
 # 2. The forward recursion in log space
 # --------------------------------------------------------------------------------------
 
-def _extended(target: Sequence[int]) -> list[int]:
+def extended(target: Sequence[int]) -> list[int]:
+    """The blank-interleaved target the recursion runs over: ``blank l1 blank l2 ... blank``."""
     ext = [BLANK]
     for label in target:
         ext += [label, BLANK]
     return ext
 
 
-def _logsumexp(values: Sequence[float]) -> float:
+def logsumexp(values: Sequence[float]) -> float:
+    """``log(sum(exp(values)))`` without overflow; ``-inf`` when every value is."""
     top = max(values)
     return top if top == -math.inf else top + math.log(sum(math.exp(v - top) for v in values))
 
@@ -106,16 +104,16 @@ def _alphas(log_probs: Tensor, ext: list[int]) -> list[list[float]]:
             terms = [alpha[t - 1][s]] + ([alpha[t - 1][s - 1]] if s >= 1 else [])
             if s >= 2 and ext[s] != BLANK and ext[s] != ext[s - 2]:
                 terms.append(alpha[t - 1][s - 2])
-            alpha[t][s] = _logsumexp(terms) + float(log_probs[t, ext[s]])
+            alpha[t][s] = logsumexp(terms) + float(log_probs[t, ext[s]])
     return alpha
 
 
 def forward_loss(log_probs: Tensor, target: Sequence[int]) -> float:
     """A solution of exercise 2: ``-log P`` of one utterance from its ``(T, A)`` log-probabilities, by the
     alpha recursion over the blank-interleaved target (``inf`` when no alignment exists)."""
-    ext = _extended(target)
+    ext = extended(target)
     last = _alphas(log_probs, ext)[-1]
-    return -_logsumexp(last[-2:] if len(ext) > 1 else last[-1:])
+    return -logsumexp(last[-2:] if len(ext) > 1 else last[-1:])
 
 
 def check_forward(fn: Callable[[Tensor, list[int]], float], cases: int = CASES) -> bool:
@@ -128,9 +126,9 @@ def check_forward(fn: Callable[[Tensor, list[int]], float], cases: int = CASES) 
         close = got == want if math.isinf(want) else abs(got - want) <= 1e-9 * max(1.0, abs(want))
         bad = not close  # NaN is never close
         if bad:
-            return _report("check_forward", False, f"T = {x.shape[0]}, A = {x.shape[1]}, target {target}: "
+            return report("check_forward", False, f"T = {x.shape[0]}, A = {x.shape[1]}, target {target}: "
                            f"expected {want:.10g}, got {got:.10g}", cases)
-    return _report("check_forward", True, None, cases)
+    return report("check_forward", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -142,7 +140,7 @@ def ctc_gradient(activations: Tensor, target: Sequence[int]) -> Tensor:
     ``softmax - posterior``, with the posterior of class k at frame t the sum over the positions s that carry
     k of ``alpha_t(s) beta_t(s) / (P y_t(k))`` (beta includes ``y_t``)."""
     log_probs = activations.log_softmax(1)
-    ext = _extended(target)
+    ext = extended(target)
     alpha = _alphas(log_probs, ext)
     beta = [list(reversed(row)) for row in reversed(_alphas(log_probs.flip(0), ext[::-1]))]
     log_p = -forward_loss(log_probs, target)
@@ -162,15 +160,15 @@ def check_gradient(fn: Callable[[Tensor, list[int]], Tensor], cases: int = CASES
         _, want = _reference(x, target)
         got = torch.as_tensor(fn(x.clone(), list(target)), dtype=torch.float64)
         if got.shape != want.shape:
-            return _report("check_gradient", False, f"expected shape {tuple(want.shape)}, got {tuple(got.shape)}",
+            return report("check_gradient", False, f"expected shape {tuple(want.shape)}, got {tuple(got.shape)}",
                            cases)
         err = float((got - want).abs().max())
         if not err <= 1e-9:
             t, k = divmod(int((got - want).abs().nan_to_num(math.inf).argmax()), x.shape[1])
-            return _report("check_gradient", False, f"T = {x.shape[0]}, A = {x.shape[1]}, target {target}: largest "
+            return report("check_gradient", False, f"T = {x.shape[0]}, A = {x.shape[1]}, target {target}: largest "
                            f"|difference| {err:.2e} at frame {t}, class {k} (expected {float(want[t, k]):.6f}, "
                            f"got {float(got[t, k]):.6f})", cases)
-    return _report("check_gradient", True, None, cases)
+    return report("check_gradient", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -196,6 +194,6 @@ def check_bank_ways(fn: Callable[[int, bool], int]) -> bool:
         want, got = bank_ways(grain, blocked=blocked), fn(grain, blocked)
         if got != want:
             layout = "blocked" if blocked else "strided"
-            return _report("check_bank_ways", False, f"grain {grain}, {layout} layout: expected {want}-way, "
+            return report("check_bank_ways", False, f"grain {grain}, {layout} layout: expected {want}-way, "
                            f"got {got}-way", len(cases))
-    return _report("check_bank_ways", True, None, len(cases))
+    return report("check_bank_ways", True, None, len(cases))

@@ -3,9 +3,9 @@ problem, each step's time against its floor, the results against the baselines a
 did not help (read from ``lab/ternary/results``), the SASS of the CUDA C++ steps, and the two cards and host
 clocks that the book's "How we measure" page describes.
 
-Every time is read from the committed benchmark file on the **GPU clock** (:func:`results.on_gpu_clock`); where
-a file has no GPU-clock time for a series, the functions return ``None`` and the tables say "pending" (a file
-written before the chapter moved to one clock timed steps 1 to 8 by do_bench only).
+Every time is read from the committed benchmark file on the **GPU clock**
+(:func:`studylog.ternary.results.on_gpu_clock`); where a file has no GPU-clock time for a series, the functions
+return ``None`` and the tables say "pending".
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from book.common import PENDING, fmt
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
-from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_PLACE_SERIES,
-                                      W2A8_SERIES, fastest, on_gpu_clock, series_label, shapes_in)
+from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, W2A8_PLACE_SERIES, W2A8_SERIES,
+                                      fastest, on_gpu_clock, series_label)
 from studylog.ternary.steps import RENAMED_SERIES, SERIES, STEPS
 
 H100 = "nvidia-h100-80gb-hbm3"
 H200 = "nvidia-h200"
 #: The two Llama shapes the targets are set on (N x K): an MLP down projection of an 8B and of a 70B model.
 MAIN, BIG = "4096x14336", "8192x28672"
-PENDING = "pending"
 #: Under a table whose "–" cells are series the benchmark does not run at that size.
 NOT_MEASURED = ("\n\n– : not measured at this size (the series the benchmark runs at each size: "
                 "`ternary.report.bench_series`).")
@@ -80,10 +80,6 @@ def floor_us(results, shape: str = MAIN, m: int = 1, fmt: str = "2bit") -> Optio
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None or b == 0 else a / b
-
-
-def fmt(value: Optional[float], spec: str = "{:.1f}") -> str:
-    return PENDING if value is None else spec.format(value)
 
 
 def device(results) -> dict:
@@ -199,8 +195,8 @@ def step_table(results, numbers, shapes=(MAIN, BIG), m: int = 1) -> str:
                 lines.append(f"| `{step.name}` | {shape}, {m} | {PENDING} | {PENDING} | {PENDING} |")
                 continue
             t = row["ms"] * 1e3
-            lines.append(f"| `{step.name}` | {shape}, {m} | {t:.1f}{_spread(row)} | {fmt(ratio(t, floor), '{:.2f}')} | "
-                         f"{fmt(ratio(base, t), '{:.2f}')} |")
+            lines.append(f"| `{step.name}` | {shape}, {m} | {t:.1f}{_spread(row)} | {fmt(ratio(t, floor), '.2f')} | "
+                         f"{fmt(ratio(base, t), '.2f')} |")
     return "\n".join(lines)
 
 
@@ -228,7 +224,7 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
                          f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, `{series_label(s).split(',')[0]}`)")
             p = us(results, peer, shape, m)
             cells.append("–" if p is None else f"{p:.1f} ({base / p:.1f}×)")
-        cells.append(fmt(floor_us(results, shape, m)))
+        cells.append(fmt(floor_us(results, shape, m), '.1f'))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + NOT_MEASURED
 
@@ -266,8 +262,8 @@ def tried_cuda(results) -> list[dict[str, str]]:
                         ("separate", "x quantised by a kernel of its own, the matmul launched early "
                                      "(`quantize=\"separate\"`; kept above 8 rows of x)")):
         t = us(results, W2A8_PLACE_SERIES[place])
-        out.append({"what": what, "effect": f"{_pct(t, staged)} at {MAIN}, M = 1 ({fmt(t)} against "
-                    f"{fmt(staged)} µs, GPU clock)", "details": "the benchmark file; lab/ternary/README.md"})
+        out.append({"what": what, "effect": f"{_pct(t, staged)} at {MAIN}, M = 1 ({fmt(t, '.1f')} against "
+                    f"{fmt(staged, '.1f')} µs, GPU clock)", "details": "the benchmark file; lab/ternary/README.md"})
     # the places that left the library, from the bench file that still timed them (H100)
     old = plotting.Results(Path("lab"), plotting.load_lab("ternary", "ternary_bench_with_first_block", H100))
     old = old.with_series_names(dict(RENAMED_SERIES))
@@ -590,8 +586,9 @@ def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of
     return "\n".join(lines)
 
 
-__all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "fmt",
-           "device", "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_table", "bounds_table", "issue_budget",
-           "step_table", "result_table", "tried_cuda", "tried_triton", "tried_markdown", "cuobjdump", "sass",
-           "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clocks_table", "host_table",
-           "INT_MM_MATMUL", "sass_table", "in_flight", "probe_table", "probe_us", "probe_clock", "ncu_table", "clock_rows", "ring_in_flight", "ncu_metrics"]
+__all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "device",
+           "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_table", "bounds_table", "issue_budget", "step_table",
+           "result_table", "tried_cuda", "tried_triton", "tried_markdown", "cuobjdump", "sass", "SASS_INSTANCES",
+           "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table", "host_table",
+           "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us", "probe_table",
+           "ncu_table"]

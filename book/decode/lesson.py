@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from book.common import PENDING, fmt
 from studylog.decode import report
 from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
@@ -26,8 +27,6 @@ __all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "amdahl_tab
            "padding_table", "prose_numbers", "real_model_table", "results_table", "shapes_table", "targets_by_card",
            "tried_table", "public_shapes"]
 
-#: What a prose number reads when the results file does not have it yet.
-PENDING = "pending"
 #: ``lab/decode/results/<gpu>/<name>.json``: the quick benchmark from before the body was fused.
 EARLIER_FILE, EARLIER_GPU = "decode_bench_unfused_quick", "nvidia-h100-80gb-hbm3"
 #: How titles name that run.
@@ -452,31 +451,28 @@ def real_model_numbers(results) -> dict[str, str]:
         fc = [chunk_forecast(results, r1, REAL, batch) / chunk_forecast(results, r3, REAL, batch)
               for _, r1, _, r3 in rows if chunk_forecast(results, r3, REAL, batch)]
         b = report.amdahl(report.breakdown(results.rows, REAL, batch, kind=None))
-        out[f"dec_real_step03_b{batch}"] = _fmt(_median(ratios), ".2f", "×")
-        out[f"dec_real_forecast_b{batch}"] = _fmt(_median(fc), ".2f", "×")
-        out[f"dec_real_bound_b{batch}"] = _fmt(b.get("both_bound"), ".2f", "×")
-        out[f"dec_real_share1_b{batch}"] = _fmt(b.get("chapter1_share"), ".0%")
-        out[f"dec_real_share2_b{batch}"] = _fmt(b.get("chapter2_share"), ".1%")
+        out[f"dec_real_step03_b{batch}"] = fmt(_median(ratios), ".2f", "×")
+        out[f"dec_real_forecast_b{batch}"] = fmt(_median(fc), ".2f", "×")
+        out[f"dec_real_bound_b{batch}"] = fmt(b.get("both_bound"), ".2f", "×")
+        out[f"dec_real_share1_b{batch}"] = fmt(b.get("chapter1_share"), ".0%")
+        out[f"dec_real_share2_b{batch}"] = fmt(b.get("chapter2_share"), ".1%")
         if rows:
             worst = min(rows, key=lambda t: t[1]["ms"] / t[3]["ms"])
             out[f"dec_real_min_b{batch}"] = f"{worst[1]['ms'] / worst[3]['ms']:.2f}×"
             out[f"dec_real_min_schema_b{batch}"] = worst[0]
         ms1 = _median(r1["ms"] for _, r1, _, _ in rows)
-        out[f"dec_real_ms_b{batch}"] = _fmt(ms1, ".2f", " ms")
+        out[f"dec_real_ms_b{batch}"] = fmt(ms1, ".2f", " ms")
     body = {(r["params"]["batch"], r["params"]["chunk"]): r["ms"] for r in results.rows
             if r["series"] == "body" and r["params"].get("model") == REAL}
-    out["dec_real_body_1"] = _fmt(body.get((1, 1)), ".2f", " ms")
-    out["dec_real_body_8"] = _fmt(body.get((1, 8)), ".2f", " ms")
+    out["dec_real_body_1"] = fmt(body.get((1, 1)), ".2f", " ms")
+    out["dec_real_body_8"] = fmt(body.get((1, 8)), ".2f", " ms")
     hf = [(r["ms"], report.rows_of(results.rows, model=REAL, batch=1, config="baseline",
                                    schema=r["params"]["schema"])) for r in results.rows if r["series"] == "hf_generate"]
     hf_ratio = [ms / b[0]["ms"] for ms, b in hf if b]
-    out["dec_real_hf_ms"] = _fmt(_median(ms for ms, _ in hf), ".1f", " ms")
-    out["dec_real_hf_over_step01"] = _fmt(_median(hf_ratio), ".0f", "×")
+    out["dec_real_hf_ms"] = fmt(_median(ms for ms, _ in hf), ".1f", " ms")
+    out["dec_real_hf_over_step01"] = fmt(_median(hf_ratio), ".0f", "×")
     return out
 
-
-def _fmt(value, spec: str, suffix: str = "") -> str:
-    return PENDING if value is None else f"{value:{spec}}{suffix}"
 
 
 def prose_numbers(current, earlier) -> dict[str, str]:
@@ -499,62 +495,62 @@ def prose_numbers(current, earlier) -> dict[str, str]:
     base_fwd, jump_fwd = forwards_per_token(src, "baseline"), forwards_per_token(src, "jump_forward")
     char_fwd = forwards_per_token(src, "char_jump")
     saved = 1 - jump_fwd / base_fwd if base_fwd and jump_fwd else None
-    out["dec_fwd_base"] = _fmt(base_fwd, ".2f")
-    out["dec_fwd_jump"] = _fmt(jump_fwd, ".2f")
-    out["dec_fwd_char"] = _fmt(char_fwd, ".2f")
-    out["dec_fwd_saved"] = _fmt(saved, ".1%")
-    out["dec_fwd_bound"] = _fmt(1 / (1 - saved) if saved is not None else None, ".2f", "×")
-    out["dec_char_saved"] = _fmt(1 - char_fwd / base_fwd if base_fwd and char_fwd else None, ".1%")
+    out["dec_fwd_base"] = fmt(base_fwd, ".2f")
+    out["dec_fwd_jump"] = fmt(jump_fwd, ".2f")
+    out["dec_fwd_char"] = fmt(char_fwd, ".2f")
+    out["dec_fwd_saved"] = fmt(saved, ".1%")
+    out["dec_fwd_bound"] = fmt(1 / (1 - saved) if saved is not None else None, ".2f", "×")
+    out["dec_char_saved"] = fmt(1 - char_fwd / base_fwd if base_fwd and char_fwd else None, ".1%")
     for model in ("1b", "8b"):
         for batch in (1, 8):
             tag = f"{model}_b{batch}"
             parts = report.breakdown(src.rows, model, batch)
             b = report.amdahl(parts)
-            out[f"dec_share_body_{tag}"] = _fmt(b.get("body_share"), ".0%")
-            out[f"dec_share_head_{tag}"] = _fmt(b.get("chapter2_share"), ".1%")
-            out[f"dec_share_host_{tag}"] = _fmt(b.get("host_share"), ".1%")
-            out[f"dec_bound_both_{tag}"] = _fmt(b.get("both_bound"), ".2f", "×")
-            out[f"dec_step03_{tag}"] = _fmt(_speedup(src, "masked_head", model, batch), ".2f", "×")
-            out[f"dec_step02_{tag}"] = _fmt(_speedup(src, "jump_forward", model, batch), ".2f", "×")
-            out[f"dec_step03_min_{tag}"] = _fmt(_speedup(src, "masked_head", model, batch, how=min), ".2f", "×")
-            out[f"dec_step03_over02_{tag}"] = _fmt(_speedup(src, "masked_head", model, batch, over="jump_forward"),
+            out[f"dec_share_body_{tag}"] = fmt(b.get("body_share"), ".0%")
+            out[f"dec_share_head_{tag}"] = fmt(b.get("chapter2_share"), ".1%")
+            out[f"dec_share_host_{tag}"] = fmt(b.get("host_share"), ".1%")
+            out[f"dec_bound_both_{tag}"] = fmt(b.get("both_bound"), ".2f", "×")
+            out[f"dec_step03_{tag}"] = fmt(_speedup(src, "masked_head", model, batch), ".2f", "×")
+            out[f"dec_step02_{tag}"] = fmt(_speedup(src, "jump_forward", model, batch), ".2f", "×")
+            out[f"dec_step03_min_{tag}"] = fmt(_speedup(src, "masked_head", model, batch, how=min), ".2f", "×")
+            out[f"dec_step03_over02_{tag}"] = fmt(_speedup(src, "masked_head", model, batch, over="jump_forward"),
                                                    ".2f", "×")
             base = _median(r["ms"] for r in _json_rows(src, "baseline", model, batch))
-            out[f"dec_ms_base_{tag}"] = _fmt(base, ".2f", " ms")
+            out[f"dec_ms_base_{tag}"] = fmt(base, ".2f", " ms")
     out["dec_target"] = f"{report.TARGET_SPEEDUP:g}×"
     bound = report.amdahl(report.breakdown(src.rows, "1b", 1)).get("both_bound")
     out["dec_target_vs_bound"] = (PENDING if bound is None else
                                   "above what the parts they remove can give at batch 1" if bound < report.TARGET_SPEEDUP
                                   else "within what the parts they remove can give at batch 1")
     u = _body_row(earlier, "body_unfused", "1b", 1) if earlier is not None else None
-    out["dec_unfused_vs_floor"] = _fmt(u["ms"] / _floor_ms(earlier, "1b", False) if u else None, ".1f", "×")
+    out["dec_unfused_vs_floor"] = fmt(u["ms"] / _floor_ms(earlier, "1b", False) if u else None, ".1f", "×")
     f = _body_row(current, "body", "1b", 1) if current is not None else None
-    out["dec_fused_vs_floor"] = _fmt(f["ms"] / _floor_ms(current, "1b", False) if f else None, ".2f", "×")
-    out["dec_fused_kernels"] = _fmt(f.get("kernels_per_layer") if f else None, ".0f")
+    out["dec_fused_vs_floor"] = fmt(f["ms"] / _floor_ms(current, "1b", False) if f else None, ".2f", "×")
+    out["dec_fused_kernels"] = fmt(f.get("kernels_per_layer") if f else None, ".0f")
     c = _body_row(current, "body_cublas", "1b", 1) if current is not None else None
-    out["dec_cublas_vs_floor"] = _fmt(c["ms"] / _floor_ms(current, "1b", False) if c else None, ".2f", "×")
-    out["dec_cublas_kernels"] = _fmt(c.get("kernels_per_layer") if c else None, ".0f")
+    out["dec_cublas_vs_floor"] = fmt(c["ms"] / _floor_ms(current, "1b", False) if c else None, ".2f", "×")
+    out["dec_cublas_kernels"] = fmt(c.get("kernels_per_layer") if c else None, ".0f")
     for model in ("1b", "8b"):
         g, c = (_body_row(current, n, model, 1) if current is not None else None for n in ("body", "body_cublas"))
-        out[f"dec_gemv_gain_{model}"] = _fmt(c["ms"] / g["ms"] if g and c else None, ".2f", "×")
+        out[f"dec_gemv_gain_{model}"] = fmt(c["ms"] / g["ms"] if g and c else None, ".2f", "×")
     rows = {(r["series"], r["params"].get("allowed")): r["ms"] for r in src.rows
             if r["series"] in ("sampling", "sampling_allowed") and r["params"].get("model") == "1b"
             and r["params"].get("batch") == 1}
-    out["dec_sampling_us"] = _fmt(rows[("sampling", None)] * 1e3 if ("sampling", None) in rows else None, ".0f",
+    out["dec_sampling_us"] = fmt(rows[("sampling", None)] * 1e3 if ("sampling", None) in rows else None, ".0f",
                                   " µs")
-    out["dec_sampling_allowed_us"] = _fmt(rows[("sampling_allowed", 48)] * 1e3 if ("sampling_allowed", 48) in rows
+    out["dec_sampling_allowed_us"] = fmt(rows[("sampling_allowed", 48)] * 1e3 if ("sampling_allowed", 48) in rows
                                           else None, ".1f", " µs")
     parts = report.breakdown(src.rows, "1b", 1)
     for config in ("baseline", "masked_head"):
         v = parts.get(config, {}).get("sampling")
-        out[f"dec_sampling_loop_{config}"] = _fmt(v * 1e3 if v is not None else None, ".0f", " µs")
-    out["dec_floor_1b"] = _fmt(_floor_ms(src, "1b", False), ".3f", " ms")
+        out[f"dec_sampling_loop_{config}"] = fmt(v * 1e3 if v is not None else None, ".0f", " µs")
+    out["dec_floor_1b"] = fmt(_floor_ms(src, "1b", False), ".3f", " ms")
     out["dec_bandwidth"] = f"{src.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s"
     for model in ("1b", "8b"):
         for batch in (1, 8):
             u, p = (report.rows_of([r for r in src.rows if r["series"] == n], model=model, batch=batch)
                     for n in ("dense_head_unpadded", "dense_head"))
-            out[f"dec_pad_{model}_b{batch}"] = _fmt(u[0]["ms"] / p[0]["ms"] if u and p else None, ".2f", "×")
+            out[f"dec_pad_{model}_b{batch}"] = fmt(u[0]["ms"] / p[0]["ms"] if u and p else None, ".2f", "×")
     out.update(real_model_numbers(src))
     again = second_run() if current is not None else None
     if again is not None:

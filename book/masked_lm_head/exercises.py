@@ -26,15 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from book.common import report
 from studylog.masked_lm_head.formats import AllowedTokens, check_logits, pack_bitmask
 
 __all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold",
            "active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold"]
-
-
-def _report(name: str, ok: bool, problem: str | None, cases: int) -> bool:
-    print(f"{name}: {'all ' + str(cases) + ' inputs agree' if ok else 'wrong: ' + problem}")
-    return ok
 
 
 # --------------------------------------------------------------------------------------
@@ -69,17 +65,17 @@ def check_active_fraction(fn: Callable[[int, int, int], float], cases: int = 300
         want, got = active_fraction(n, vocab, block), fn(n, vocab, block)
         if not isinstance(got, (int, float, np.floating)) or not math.isclose(got, want, rel_tol=1e-6,
                                                                                abs_tol=1e-9):
-            return _report("check_active_fraction", False,
-                           f"n={n}, vocab={vocab}, block={block}: expected {want:.6f}, got {got!r}", cases)
+            return report("check_active_fraction", False,
+                          f"n={n}, vocab={vocab}, block={block}: expected {want:.6f}, got {got!r}", cases)
     # the formula is what a kernel sees: compare with sampled sets once
     n, vocab, block, draws = 40, 1000, 64, 4000
     blocks = -(-vocab // block)
     sampled = np.mean([np.unique(gen.choice(vocab, n, replace=False) // block).size / blocks for _ in range(draws)])
     got = fn(n, vocab, block)
     if abs(sampled - got) > 0.01:
-        return _report("check_active_fraction", False, f"n={n}, vocab={vocab}, block={block}: {got:.4f}, but "
-                       f"{draws} sampled sets give {sampled:.4f}", cases + 1)
-    return _report("check_active_fraction", True, None, cases + 1)
+        return report("check_active_fraction", False, f"n={n}, vocab={vocab}, block={block}: {got:.4f}, but "
+                      f"{draws} sampled sets give {sampled:.4f}", cases + 1)
+    return report("check_active_fraction", True, None, cases + 1)
 
 
 # --------------------------------------------------------------------------------------
@@ -121,11 +117,11 @@ def check_union_ids(fn: Callable[[np.ndarray, int], np.ndarray], cases: int = 20
         if got.shape != want.shape or not np.array_equal(got.astype(np.int64), want):
             extra = sorted(set(got.tolist()) - set(want.tolist()))[:5] if got.ndim == 1 else []
             missing = sorted(set(want.tolist()) - set(got.tolist()))[:5] if got.ndim == 1 else []
-            return _report("check_union_ids", False,
-                           f"vocab={vocab}, batch={batch}, {int(mask.any(0).sum())} allowed"
-                           f"{', bits past vocab set' if i % 3 == 0 else ''}: {len(got)} ids returned, "
-                           f"{len(want)} expected (extra {extra}, missing {missing})", cases)
-    return _report("check_union_ids", True, None, cases)
+            return report("check_union_ids", False,
+                          f"vocab={vocab}, batch={batch}, {int(mask.any(0).sum())} allowed"
+                          f"{', bits past vocab set' if i % 3 == 0 else ''}: {len(got)} ids returned, "
+                          f"{len(want)} expected (extra {extra}, missing {missing})", cases)
+    return report("check_union_ids", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -163,15 +159,15 @@ def check_masked_logits(fn: Callable[[Tensor, Tensor, AllowedTokens, Tensor], Te
         got = fn(h, weight, allowed, out)
         if not isinstance(got, Tensor) or got.shape != (batch, vocab) or got.dtype != torch.float32:
             shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
-            return _report("check_masked_logits", False, f"expected an fp32 tensor of shape {(batch, vocab)}, got "
-                           f"{shape}{', ' + str(got.dtype) if isinstance(got, Tensor) else ''}", cases)
+            return report("check_masked_logits", False, f"expected an fp32 tensor of shape {(batch, vocab)}, got "
+                          f"{shape}{', ' + str(got.dtype) if isinstance(got, Tensor) else ''}", cases)
         verdict = check_logits(got, h, weight, allowed)
         if not verdict["passed"]:
-            return _report("check_masked_logits", False,
-                           f"batch {batch}, V={vocab}, D={hidden}, {kind} sets: {verdict['nan']} NaN left in out, "
-                           f"{verdict['not_minus_inf']} disallowed logits not -inf, {verdict['over_bound']} allowed "
-                           f"logits outside the fp32 bound (largest error {verdict['max_abs_err']:.3g})", cases)
-    return _report("check_masked_logits", True, None, cases)
+            return report("check_masked_logits", False,
+                          f"batch {batch}, V={vocab}, D={hidden}, {kind} sets: {verdict['nan']} NaN left in out, "
+                          f"{verdict['not_minus_inf']} disallowed logits not -inf, {verdict['over_bound']} allowed "
+                          f"logits outside the fp32 bound (largest error {verdict['max_abs_err']:.3g})", cases)
+    return report("check_masked_logits", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -212,6 +208,6 @@ def check_compact_threshold(fn: Callable[[list[tuple[int, float, float]], int], 
         want, got = compact_threshold(points, vocab), fn(list(shuffled), vocab)
         if not isinstance(got, (int, float, np.floating)) or not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
             shown = ", ".join(f"({u}, {c:.3f}, {d:.3f})" for u, c, d in points)
-            return _report("check_compact_threshold", False,
-                           f"vocab={vocab}, points (sorted) [{shown}]: expected {want:.6f}, got {got!r}", cases)
-    return _report("check_compact_threshold", True, None, cases)
+            return report("check_compact_threshold", False,
+                          f"vocab={vocab}, points (sorted) [{shown}]: expected {want:.6f}, got {got!r}", cases)
+    return report("check_compact_threshold", True, None, cases)

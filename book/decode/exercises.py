@@ -27,13 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from book.common import report
+
 __all__ = ["check_step_speedup", "check_bitmask", "check_jump_decode", "check_chunked_forward", "step_speedup",
            "pack_bitmask", "unpack_bitmask", "jump_decode", "chunked_forward", "toy_grammar"]
 
-
-def _report(name: str, ok: bool, problem: str | None, cases: int) -> bool:
-    print(f"{name}: {'all ' + str(cases) + ' inputs agree' if ok else 'wrong: ' + problem}")
-    return ok
 
 
 # --------------------------------------------------------------------------------------
@@ -67,9 +65,9 @@ def check_step_speedup(fn: Callable[[Mapping[str, float], Mapping[str, float]], 
         if not isinstance(got, (int, float, np.floating)) or not (
                 (math.isinf(want) and math.isinf(got) and got > 0) or math.isclose(got, want, rel_tol=1e-9)):
             shown = {k: round(v, 3) for k, v in parts.items()}
-            return _report("check_step_speedup", False, f"parts={shown}, faster={faster}: expected {want:.6g}, "
+            return report("check_step_speedup", False, f"parts={shown}, faster={faster}: expected {want:.6g}, "
                            f"got {got!r}", cases)
-    return _report("check_step_speedup", True, None, cases)
+    return report("check_step_speedup", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -131,18 +129,18 @@ def check_bitmask(pack: Callable[[Sequence[int], int], np.ndarray],
         got = np.asarray(pack(ids.tolist(), vocab))
         want = pack_bitmask(ids, vocab)
         if got.shape != want.shape or got.dtype != np.int32:
-            return _report("check_bitmask", False, f"{where}: pack gave {got.dtype} {got.shape}, expected int32 "
+            return report("check_bitmask", False, f"{where}: pack gave {got.dtype} {got.shape}, expected int32 "
                            f"{want.shape}", cases)
         if not np.array_equal(got, want):
             word = int(np.flatnonzero(got != want)[0])
-            return _report("check_bitmask", False, f"{where}: word {word} is {int(got[word])}, expected "
+            return report("check_bitmask", False, f"{where}: word {word} is {int(got[word])}, expected "
                            f"{int(want[word])} (tokens {32 * word}..{32 * word + 31})", cases)
         if i % 10 == 0:
             kept = _xgrammar_allows(got, vocab)
             if kept is not None:
                 checked_xgr += 1
                 if not np.array_equal(kept, ids):
-                    return _report("check_bitmask", False, f"{where}: xgrammar keeps {len(kept)} ids under this "
+                    return report("check_bitmask", False, f"{where}: xgrammar keeps {len(kept)} ids under this "
                                    "bitmask", cases)
         padded = want.copy()
         if vocab % 32 and i % 3 == 0:
@@ -150,9 +148,9 @@ def check_bitmask(pack: Callable[[Sequence[int], int], np.ndarray],
         back = np.asarray(unpack(padded, vocab))
         if back.shape != ids.shape or not np.array_equal(back.astype(np.int64), ids):
             extra = sorted(set(back.tolist()) - set(ids.tolist()))[:5] if back.ndim == 1 else []
-            return _report("check_bitmask", False, f"{where}{', bits past vocab set' if i % 3 == 0 else ''}: unpack "
+            return report("check_bitmask", False, f"{where}{', bits past vocab set' if i % 3 == 0 else ''}: unpack "
                            f"gave {back.size} ids (extra {extra})", cases)
-    ok = _report("check_bitmask", True, None, cases)
+    ok = report("check_bitmask", True, None, cases)
     print(f"  xgrammar's apply_token_bitmask_inplace agreed on {checked_xgr} of them" if checked_xgr
           else "  xgrammar is not installed here: its masking was not compared")
     return ok
@@ -244,18 +242,18 @@ def check_jump_decode(fn: Callable[..., list[int]], cases: int = 120) -> bool:
             got = list(fn(allowed, counted, cap, 0))
             where = f"automaton {seed}, max_new_tokens={cap}"
             if got != want:
-                return _report("check_jump_decode", False, f"{where}: wrote {got}, the loop without jumps writes "
+                return report("check_jump_decode", False, f"{where}: wrote {got}, the loop without jumps writes "
                                f"{want}", cases)
             forced = [c for c in calls if len(c[1]) == 1]
             if forced:
-                return _report("check_jump_decode", False, f"{where}: the model was called after {list(forced[0][0])}"
+                return report("check_jump_decode", False, f"{where}: the model was called after {list(forced[0][0])}"
                                f", where only {forced[0][1][0]} is allowed", cases)
             ref_calls: list[int] = []
             jump_decode(allowed, lambda p, o: ref_calls.append(1) or model(p, o), cap, 0)
             if len(calls) > len(ref_calls):
-                return _report("check_jump_decode", False, f"{where}: {len(calls)} model calls, where "
+                return report("check_jump_decode", False, f"{where}: {len(calls)} model calls, where "
                                f"{len(ref_calls)} are enough", cases)
-    return _report("check_jump_decode", True, None, cases)
+    return report("check_jump_decode", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -320,13 +318,13 @@ def check_chunked_forward(fn: Callable[..., Tensor], cases: int = 12) -> bool:
         where = f"B={B}, T={T}, chunks={chunks}"
         bad = [n for n in rec.lengths if n not in sizes]
         if bad:
-            return _report("check_chunked_forward", False, f"{where}: the model was called with a chunk of {bad[0]} "
+            return report("check_chunked_forward", False, f"{where}: the model was called with a chunk of {bad[0]} "
                            f"tokens, not one of {sizes}", cases)
         if not isinstance(got, Tensor) or got.shape != want.shape:
-            return _report("check_chunked_forward", False, f"{where}: returned {getattr(got, 'shape', got)!r}, "
+            return report("check_chunked_forward", False, f"{where}: returned {getattr(got, 'shape', got)!r}, "
                            f"expected a tensor {tuple(want.shape)}", cases)
         err = (got - want).abs().max().item()
         if not err <= 1e-5:  # RMSNorm normalises in fp32, so float64 sums in another order differ at its rounding
-            return _report("check_chunked_forward", False, f"{where}: largest difference from the whole-prompt "
+            return report("check_chunked_forward", False, f"{where}: largest difference from the whole-prompt "
                            f"forward {err:.2e}", cases)
-    return _report("check_chunked_forward", True, None, cases)
+    return report("check_chunked_forward", True, None, cases)

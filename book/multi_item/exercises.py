@@ -21,15 +21,12 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
+from book.common import report
 from studylog.multi_item.formats import MultiItemBatch, dense_mask
+from studylog.multi_item.tiles import TILE_SKIPPED, tile_map
 
 __all__ = ["check_visible", "check_online_softmax", "check_key_tiles", "check_max_programs",
            "visible", "online_softmax", "key_tiles", "max_programs"]
-
-
-def _report(name: str, ok: bool, problem: str | None, cases: int) -> bool:
-    print(f"{name}: {'all ' + str(cases) + ' inputs agree' if ok else 'wrong: ' + problem}")
-    return ok
 
 
 def _random_prompt(gen: torch.Generator) -> MultiItemBatch:
@@ -69,9 +66,9 @@ def check_visible(fn: Callable[[int, int, int, Sequence[int]], bool], cases: int
             for k in range(batch.seq_lens[0]):
                 got = bool(fn(q, k, p, list(pos)))
                 if got != want[q][k]:
-                    return _report("check_visible", False, f"prefix {p}, pos {pos}: query {q}, key {k} should "
+                    return report("check_visible", False, f"prefix {p}, pos {pos}: query {q}, key {k} should "
                                    f"{'' if want[q][k] else 'not '}be visible", cases)
-    return _report("check_visible", True, None, cases)
+    return report("check_visible", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -113,15 +110,15 @@ def check_online_softmax(fn: Callable[[Tensor, Tensor, int], Tensor], cases: int
         want = torch.softmax(scores, dim=1).nan_to_num(0.0) @ values
         got = torch.as_tensor(fn(scores.clone(), values.clone(), block_n)).double()
         if got.shape != want.shape:
-            return _report("check_online_softmax", False, f"expected shape {tuple(want.shape)}, got "
+            return report("check_online_softmax", False, f"expected shape {tuple(want.shape)}, got "
                            f"{tuple(got.shape)}", cases)
         bad = ~torch.isclose(got, want, rtol=1e-9, atol=1e-9)
         if bad.any():
             r = int(bad.any(dim=1).nonzero()[0])
             seen = int(keep[r].sum())
-            return _report("check_online_softmax", False, f"{rows} rows, {keys} keys, block_n {block_n}: row {r} "
+            return report("check_online_softmax", False, f"{rows} rows, {keys} keys, block_n {block_n}: row {r} "
                            f"(sees {seen} keys) gives {got[r].tolist()}, expected {want[r].tolist()}", cases)
-    return _report("check_online_softmax", True, None, cases)
+    return report("check_online_softmax", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -145,8 +142,6 @@ def key_tiles(prefix_len: int, pos: Sequence[int], m_lo: int, m_hi: int, block_n
 def check_key_tiles(fn: Callable[[int, Sequence[int], int, int, int], Iterable[int]], cases: int = 80) -> bool:
     """``fn(prefix_len, pos, m_lo, m_hi, block_n) -> key tile indices``: it must name every key tile that holds
     a visible pair of the query tile's rows (or rows would be wrong), and no more tiles than step 4 loads."""
-    from studylog.multi_item.tiles import TILE_SKIPPED, tile_map
-
     gen = torch.Generator().manual_seed(8)
     for _ in range(cases):
         batch = _random_prompt(gen)
@@ -162,13 +157,13 @@ def check_key_tiles(fn: Callable[[int, Sequence[int], int, int, int], Iterable[i
                 holds = mask[m_lo:m_hi, n * block_n:(n + 1) * block_n].nonzero()
                 if len(holds) and n not in got:
                     q, k = (int(x) for x in holds[0])
-                    return _report("check_key_tiles", False, f"{where}: tile {n} is skipped but row {m_lo + q} "
+                    return report("check_key_tiles", False, f"{where}: tile {n} is skipped but row {m_lo + q} "
                                    f"sees key {n * block_n + k}", cases)
             most = int((planned[t] != TILE_SKIPPED).sum())
             if len(got) > most:
-                return _report("check_key_tiles", False, f"{where}: {len(got)} tiles {sorted(got)}, but step 4 "
+                return report("check_key_tiles", False, f"{where}: {len(got)} tiles {sorted(got)}, but step 4 "
                                f"loads only {most}", cases)
-    return _report("check_key_tiles", True, None, cases)
+    return report("check_key_tiles", True, None, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -206,9 +201,9 @@ def check_max_programs(fn: Callable[[int, int, int], int], cases: int = 300) -> 
         where = f"{tokens} tokens, {prompts} prompts, BLOCK_M {block_m}"
         if got < need:
             shown = layout if len(layout) <= 6 else layout[:3] + ["..."] + [f"({len(layout)} prompts)"]
-            return _report("check_max_programs", False, f"{where}: {got} programs, but prompts of {shown} tokens "
+            return report("check_max_programs", False, f"{where}: {got} programs, but prompts of {shown} tokens "
                            f"have {need} query tiles", cases)
         if got > max_programs(tokens, prompts, block_m):
-            return _report("check_max_programs", False, f"{where}: {got} programs, more than the "
+            return report("check_max_programs", False, f"{where}: {got} programs, more than the "
                            f"{max_programs(tokens, prompts, block_m)} any layout can need", cases)
-    return _report("check_max_programs", True, None, cases)
+    return report("check_max_programs", True, None, cases)

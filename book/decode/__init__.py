@@ -1,0 +1,1 @@
+"""Chapter 7 (constrained decoding end to end): the lesson's tables and glued numbers, and the exercises."""

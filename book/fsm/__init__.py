@@ -1,0 +1,1 @@
+"""Chapter 1, FSM compression: the automaton tables and drawings, the lesson's numbers and tables, and the exercises."""

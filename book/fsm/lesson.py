@@ -1,0 +1,186 @@
+"""What chapter 1's lesson computes and shows from its measurements: the Amdahl view of a decode step (the
+least time a step takes, and what skipping a share of the steps buys), how many tokens the visited states allow,
+and the tables and figure of the comparison with xgrammar and llguidance (rows of
+:func:`studylog.fsm.peers.compare_peers`)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from studylog.fsm.peers import LIBRARIES, PeerRow
+from studylog.fsm.report import SERIES_COLORS
+
+__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "plot_mask_counts", "FORCED_COLUMNS",
+           "peers_table", "agreement_table", "timing_table", "plot_peers"]
+
+#: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
+#: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer:
+#: https://github.com/guidance-ai/jsonschemabench/tree/main/maskbench).
+MASKBENCH_LLGUIDANCE_MASK_US = 47.0
+
+
+# --- what a decode step is made of (the Amdahl view) ---------------------------------------------------------
+
+def step_floor_ms(params: int, bandwidth_gbs: float, bytes_per_param: int = 2) -> float:
+    """The least time a batch-1 decode step can take: reading ``params`` weights of ``bytes_per_param`` bytes
+    once at ``bandwidth_gbs`` (bytes read plus written per second, as ``ceilings.copy_bandwidth_gbs`` in a
+    benchmark file counts them, so a read-only stream moves at about that rate)."""
+    return params * bytes_per_param / (bandwidth_gbs * 1e9) * 1e3
+
+
+def amdahl_bound(saved_share: float) -> float:
+    """End-to-end speedup when a share of the decode steps disappears and the rest cost what they did: a
+    jump's tokens reach the model inside the next pass, as a chunk, which at batch 1 costs about what a
+    one-token pass costs (the weights are read once either way)."""
+    if not 0 <= saved_share < 1:
+        raise ValueError(f"saved_share must be in [0, 1), got {saved_share}")
+    return 1.0 / (1.0 - saved_share)
+
+
+# --- how many tokens a state allows --------------------------------------------------------------------------
+
+def plot_mask_counts(counts: Sequence[int], vocab_size: int, ax=None, title: Optional[str] = None):
+    """Histogram (log-spaced bins) of allowed tokens per visited state, with the cumulative share."""
+    import matplotlib.pyplot as plt
+
+    counts = np.asarray(counts)
+    ax = ax or plt.subplots(figsize=(8, 4))[1]
+    bins = np.logspace(0, np.log10(vocab_size), 26)
+    ax.hist(counts, bins=bins, color=SERIES_COLORS["neutral"], alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"allowed tokens in the state (of {vocab_size:,})", fontsize=10)
+    ax.set_ylabel("visited states", fontsize=10)
+    ax.tick_params(labelsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    twin = ax.twinx()
+    xs = np.sort(counts)
+    twin.plot(xs, np.arange(1, len(xs) + 1) / len(xs), color="black", lw=1.5)
+    twin.set_ylabel("cumulative share of states (line)", fontsize=10)
+    twin.tick_params(labelsize=9)
+    twin.set_ylim(0, 1.02)
+    ax.set_title(title or "How many tokens a state allows, over the states the suite visits", fontsize=11)
+    return ax
+
+
+# --- beside xgrammar and llguidance: tables and a figure -----------------------------------------------------
+
+def _by_entry(rows: Sequence[PeerRow]) -> dict[str, dict[str, PeerRow]]:
+    table: dict[str, dict[str, PeerRow]] = {}
+    for r in rows:
+        table.setdefault(r.entry, {})[r.library] = r
+    return table
+
+
+#: The columns of :func:`peers_table`: (library, policy, heading).
+FORCED_COLUMNS = (("ours", "tokens", "ours: token jumps"), ("ours", "bytes", "ours: char jumps"),
+                  ("xgrammar", "bytes", "xgrammar: jump-forward string"),
+                  ("llguidance", "tokens", "llguidance: ff tokens"))
+
+
+def peers_table(rows: Sequence[PeerRow]) -> str:
+    """Markdown: per entry, forward passes per library and policy, with the share of written tokens that no
+    pass picked in parentheses, then the documents each retokenizing or fast-forwarding policy wrote in
+    another split than the tokenizer's (our token jumps never do); totals last."""
+    table = _by_entry(rows)
+    cols = [c for c in FORCED_COLUMNS if any(c[0] in libs for libs in table.values())]
+    split_cols = [c for c in cols if c[2] != "ours: token jumps"]
+    lines = ["| entry | passes: none | " + " | ".join(h for *_, h in cols)
+             + " | non-canonical documents: " + " / ".join(h for *_, h in split_cols) + " |",
+             "|" + "---|" * (3 + len(cols))]
+    total = {"none": 0, **{h: [0, 0, 0, 0] for *_, h in cols}}
+    for name, libs in table.items():
+        cells = [name, str(libs["ours"].passes["none"])]
+        total["none"] += libs["ours"].passes["none"]
+        canon = []
+        for lib, policy, h in cols:
+            r = libs.get(lib)
+            if r is None:
+                cells.append("–")
+                canon.append("–")
+                continue
+            cells.append(f"{r.passes[policy]} ({100 * r.forced_share(policy):.0f}%)")
+            canon.append(str(r.noncanonical[policy]))
+            t = total[h]
+            t[0] += r.passes[policy]
+            t[1] += r.picked[policy]
+            t[2] += r.out_tokens[policy]
+            t[3] += r.noncanonical[policy]
+        lines.append("| " + " | ".join(cells) + " | " + " / ".join(c for c, (*_, h) in zip(canon, cols)
+                                                                   if h != "ours: token jumps") + " |")
+    cells = ["**all**", f"**{total['none']}**"]
+    cells += [f"**{total[h][0]} ({100 * (1 - total[h][1] / max(total[h][2], 1)):.1f}%)**" for *_, h in cols]
+    lines.append("| " + " | ".join(cells) + " | **" + " / ".join(str(total[h][3]) for *_, h in split_cols) + "** |")
+    return "\n".join(lines)
+
+
+def agreement_table(rows: Sequence[PeerRow]) -> str:
+    """Markdown: per entry, the states walked, ours with forced bytes, and per peer the states whose forced
+    string or mask differs from ours (masks: all states / states with no forced bytes)."""
+    table = _by_entry(rows)
+    peers = [p for p in LIBRARIES[1:] if any(p in libs for libs in table.values())]
+    head = ("| entry | states | ours: forced strings | ours: one-token masks | "
+            + " | ".join(f"{p}: forced strings differ | {p}: masks differ (where nothing is forced)" for p in peers)
+            + " |")
+    lines = [head, "|" + "---|" * (4 + 2 * len(peers))]
+    for name, libs in table.items():
+        ours = libs["ours"]
+        cells = [name, str(ours.states), str(ours.forced_byte_states), str(ours.single_token_masks)]
+        for p in peers:
+            r = libs.get(p)
+            cells += ["–", "–"] if r is None else [str(r.forced_bytes_differ),
+                                                  f"{r.masks_differ} ({r.masks_differ_unforced})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def timing_table(rows: Sequence[PeerRow]) -> str:
+    """Markdown: CPU wall time to compile each entry's regex and to fill one mask (median over the walks'
+    states; the first mask apart, since llguidance builds its lexer lazily)."""
+    table = _by_entry(rows)
+    libs_run = [lib for lib in LIBRARIES if any(lib in libs for libs in table.values())]
+    head = ("| entry | " + " | ".join(f"{lib}: compile (ms)" for lib in libs_run) + " | "
+            + " | ".join(f"{lib}: mask, median (µs)" for lib in libs_run) + " | "
+            + " | ".join(f"{lib}: first mask (µs)" for lib in libs_run) + " |")
+    lines = [head, "|" + "---|" * (1 + 3 * len(libs_run))]
+    for name, libs in table.items():
+        cells = [name]
+        cells += [f"{1e3 * libs[lib].compile_seconds:.1f}" if lib in libs else "–" for lib in libs_run]
+        cells += [f"{libs[lib].mask_median_us:.0f}" if lib in libs else "–" for lib in libs_run]
+        cells += [f"{libs[lib].first_mask_us:.0f}" if lib in libs else "–" for lib in libs_run]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_peers(rows: Sequence[PeerRow], ax=None, title: Optional[str] = None):
+    """Share of forward passes saved per entry: our two jumps, xgrammar's string, llguidance's ff tokens."""
+    import matplotlib.pyplot as plt
+
+    table = _by_entry(rows)
+    cols = [c for c in FORCED_COLUMNS if any(c[0] in libs for libs in table.values())]
+    names = list(table)
+    ax = ax or plt.subplots(figsize=(10, 4.2))[1]
+    width = 0.8 / len(cols)
+    colors = {"ours: token jumps": SERIES_COLORS["step02_token_jumps"], "ours: char jumps":
+              SERIES_COLORS["step03_char_jumps"], "xgrammar: jump-forward string": SERIES_COLORS["xgrammar"],
+              "llguidance: ff tokens": SERIES_COLORS["llguidance"]}
+    top = 0.0
+    for k, (lib, policy, h) in enumerate(cols):
+        xs, ys = [], []
+        for i, n in enumerate(names):
+            r = table[n].get(lib)
+            if r is None:
+                continue
+            xs.append(i + (k - (len(cols) - 1) / 2) * width)
+            ys.append(100 * (1 - r.passes[policy] / table[n]["ours"].passes["none"]))
+        ax.bar(xs, ys, width, label=h, color=colors.get(h))
+        top = max([top, *ys])
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=9)
+    ax.set_ylabel("forward passes saved (%)")
+    ax.set_ylim(0, 1.3 * top + 5)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=9, loc="upper center", ncol=2)
+    ax.set_title(title or "Forward passes saved, same regex, same vocabulary (cl100k_base, greedy writer model)",
+                 fontsize=10)
+    return ax

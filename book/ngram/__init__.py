@@ -1,0 +1,1 @@
+"""Chapter 3, n-gram matching: the lesson's tables and target verdicts, and its exercises with their checks."""

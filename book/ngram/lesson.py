@@ -1,0 +1,149 @@
+"""What notebook 03 reads from a results file besides the figures: a grid case's row (the prose's numbers), the
+tables of steps against the one-pass floor, the summary of every step, the real-text table, and the targets'
+verdicts. Every function takes a :class:`studylog.plotting.Results` and reads it through the lookups the
+library's figures use (:mod:`studylog.ngram.results`); a file older than a series gives ``–`` (or leaves the
+line out) where it lacks one.
+"""
+
+from __future__ import annotations
+
+from book.common import us
+from studylog.ngram import CHAPTER
+from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, own_series
+from studylog.ngram.results import (case_label, clock_of, clock_words, grid_configs, grid_select, real_cases_in,
+                                    real_row, same_clock_pair, shape_label)
+
+__all__ = ["grid_row", "step_table", "real_text_table", "summary_table", "target_verdicts"]
+
+
+def grid_row(results, series: str, cfg: tuple[int, int, int]) -> dict | None:
+    """The grid's row of ``series`` at ``cfg`` = (batch, seq_len, threshold), or None when the file has none."""
+    rows = grid_select(results, series, cfg)
+    return rows[0] if rows else None
+
+
+def _us_cell(row) -> str:
+    """A row's time in µs with its repetitions' min–max where it has them; ``–`` where there is no row."""
+    if row is None:
+        return "–"
+    cell = us(row["ms"])
+    if "spread_ms" in row:
+        lo, _, hi = row["spread_ms"]
+        cell += f" ({us(lo)}–{us(hi)})"
+    return cell
+
+
+def step_table(results, steps, configs=None) -> str:
+    """Markdown: per grid case, the one-pass floor and the time of each of ``steps`` (numbers or series; µs per
+    call, median, with the repetitions' min–max where the file has them; each column says its clock), and the
+    last step's time over the floor."""
+    steps = [CHAPTER.step(s) for s in steps]
+    configs = configs or grid_configs(results)
+    clocks = {s.series: clock_words(clock_of(results, s.series) or "do_bench") for s in steps}
+    head = ["case", "floor µs"] + [f"{s.name} µs ({clocks[s.series]})" for s in steps] + [f"{steps[-1].name} / floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cfg in configs:
+        rows = [grid_row(results, s.series, cfg) for s in steps]
+        floor = next((r["floor_ms"] for r in rows if r and r.get("floor_ms")), None)
+        last = rows[-1]
+        ratio = f"{last['ms'] / floor:,.2f}" if last and floor else "–"
+        lines.append("| " + " | ".join([case_label(cfg).replace("\n", ", "), f"{floor * 1e3:,.2f}" if floor else "–"]
+                                       + [_us_cell(r) for r in rows] + [ratio]) + " |")
+    return "\n".join(lines)
+
+
+def real_text_table(results) -> str:
+    """Markdown: per real-text case, the CPU path (host clock, end to end), step 7 (GPU clock, and end to
+    end), the drafts found and accepted, and the branches the search took. Empty when the file has none."""
+    cases = real_cases_in(results)
+    if not cases:
+        return ""
+    head = ["corpus", "shape", f"{CHAPTER.steps[0].name} µs (host, end to end)",
+            f"{CHAPTER.final.name} µs (GPU)", f"{CHAPTER.final.name} µs (host, end to end)", "slots drafting",
+            "drafted", "accepted", "3-gram / shorter / no match", "newest-token hits per 1k", "early exit reads"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case in cases:
+        cpu, final = real_row(results, CHAPTER.steps[0].series, case), real_row(results, CHAPTER.final.series, case)
+        synced = real_row(results, SYNCED_SERIES, case)
+        d, b = (final or {}).get("drafts", {}), (final or {}).get("branches", {})
+        accepted = (f"{d['accepted_tokens']} ({d['accepted_tokens'] / d['drafted_tokens']:.0%})"
+                    if d.get("drafted_tokens") else str(d.get("accepted_tokens", "–")))
+        lines.append("| " + " | ".join([
+            case[0], shape_label(case), *(us(r["ms"]) if r else "–" for r in (cpu, final, synced)),
+            f"{d['slots_with_drafts']} of {d['active_slots']}" if d else "–", str(d.get("drafted_tokens", "–")),
+            accepted,
+            f"{b['top_n_matches']} / {b['shorter_matches']} / {b['no_match']}" if b else "–",
+            f"{b['newest_token_hits_per_1k']:.1f}" if b else "–",
+            f"{b['early_exit_fraction']:.0%}" if b else "–"]) + " |")
+    return "\n".join(lines)
+
+
+def summary_table(results) -> str:
+    """Markdown: µs per step (step 1 on the host clock, end to end; the others on the GPU clock), the final
+    step end to end, the CPU path's time over it (one clock), and the best kernel's distance to the floor."""
+    steps = CHAPTER.steps
+    head = ["config", "threshold"] + [s.name for s in steps] + [f"{steps[-1].name} call + sync",
+                                                                "CPU path / kernel (one clock)", "best / floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in grid_configs(results):
+        cells = [f"{c[0]}x{c[1]}", "none" if c[2] == NO_BUDGET else str(c[2])]
+        ms = {}
+        for s in steps:
+            rows = grid_select(results, s.series, c)
+            if rows:
+                ms[s.series] = rows[0]
+            cells.append(us(ms[s.series]["ms"]) if s.series in ms else "skipped")
+        synced = grid_select(results, SYNCED_SERIES, c)
+        cells.append(us(synced[0]["ms"]) if synced else "–")
+        pair = same_clock_pair(results, c)
+        cells.append(f"{pair[0]['ms'] / pair[1]['ms']:,.1f}x" if pair else "–")
+        kernels = [r for s, r in ms.items() if s in own_series()]
+        if kernels and kernels[0].get("floor_ms"):
+            best = min(kernels, key=lambda r: r["ms"])
+            cells.append(f"{best['ms'] / best['floor_ms']:.2f}")
+        else:
+            cells.append("–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def target_verdicts(results) -> str:
+    """The chapter's goals, each with the measured number that meets or misses it (Markdown list): bit-identical
+    results, at least 10x faster than the CPU path at batch >= 32 (one clock), 32x512 under 15 µs, and 256x131072
+    within 1.5x of the one-pass floor."""
+    checks = results.data.get("checks", [])
+    failed = [c for c in checks if not c["passed"]]
+    lines = [f"- bit-identical on every benchmark input: {len(checks) - len(failed)} of {len(checks)} checks passed"
+             + (" (failures: " + "; ".join(f"{c['name']} {c['params']}" for c in failed[:5]) + ")" if failed else "")]
+
+    def best(c):
+        rows = [r for s in own_series() for r in grid_select(results, s, c)]
+        return min(rows, key=lambda r: r["ms"]) if rows else None
+
+    speedups = []
+    for c in grid_configs(results):
+        pair = same_clock_pair(results, c)
+        if c[0] >= 32 and pair:
+            speedups.append((pair[0]["ms"] / pair[1]["ms"], c, pair[2], clock_words(pair[1].get("clock", "do_bench"))))
+    if speedups:
+        worst = min(speedups)
+        verdict = "met" if worst[0] >= 10 else "missed"
+        lines.append(f"- at least 10x faster than the CPU path at batch >= 32: {verdict}; the smallest speedup is "
+                     f"{worst[0]:,.1f}x ({worst[1][0]}x{worst[1][1]}, {worst[2]}, {worst[3]})")
+    for (b, s), target, what in (((256, 131072), None, "floor"), ((32, 512), 15.0, "15 µs")):
+        cfg = next((c for c in grid_configs(results) if c[:2] == (b, s)), None)
+        top = best(cfg) if cfg else None
+        if top is None:
+            continue
+        top_us = top["ms"] * 1e3
+        name = CHAPTER.label(top["series"])
+        clock = clock_words(top.get("clock", "do_bench"))
+        if target is None:
+            ratio = top["ms"] / top["floor_ms"]
+            verdict = "met" if ratio <= 1.5 else "missed"
+            lines.append(f"- {b}x{s} within 1.5x of the one-pass floor: {verdict}; {name} takes {top_us:.1f} µs "
+                         f"({clock}), {ratio:.2f}x the floor of {top['floor_ms'] * 1e3:.1f} µs")
+        else:
+            verdict = "met" if top_us < target else "missed"
+            lines.append(f"- {b}x{s} under {what}: {verdict}; {name} takes {top_us:.1f} µs ({clock})")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Chapter 5, ternary matmul: the two lessons' tables and glued numbers, the result tables, and the exercises."""
