@@ -736,3 +736,32 @@ def test_a_gpu_matcher_refuses_a_check_of_tensors_it_does_not_read():
     inputs.step_idx = inputs.step_idx.clone()
     with pytest.raises(ValueError, match="inputs.step_idx was rebound"):
         matcher.check()
+
+
+def test_the_final_step_is_the_faster_of_steps_6_and_7_on_every_measured_case():
+    """ngram_match's rule (kernels.final_step) against every committed GPU file: at each case where both steps were
+    timed, the step it picks is the faster one or within 3% of it (the target: never slower than any step)."""
+    import json
+
+    from studylog import paths
+    from studylog.ngram.batches import make_batch
+    from studylog.ngram.kernels import final_step, step06_one_pass_fused, step07_stream
+
+    files = sorted(paths.BENCH_RESULTS.glob("*/ngram.json"))
+    assert files, "no committed ngram results"
+    checked = 0
+    for f in files:
+        cases: dict = {}
+        for r in json.loads(f.read_text())["measurements"]:
+            if r["series"] in ("step06", "step07") and r.get("clock", "gpu") == "gpu":
+                p = r["params"]
+                cases.setdefault((p["batch"], p["seq_len"], p.get("threshold"), p.get("corpus")), {})[r["series"]] = r["ms"]
+        for (batch, seq_len, _, _), ms in cases.items():
+            if len(ms) < 2:
+                continue
+            inputs = make_batch(1, 8, 4)[0]  # shapes only: final_step reads prompt_ids' shape
+            inputs.prompt_ids = torch.empty(batch, seq_len, dtype=torch.int64, device="meta")
+            picked = {step06_one_pass_fused: "step06", step07_stream: "step07"}[final_step(inputs)]
+            assert ms[picked] <= 1.03 * min(ms.values()), (f.parent.name, batch, seq_len, ms, picked)
+            checked += 1
+    assert checked >= 10

@@ -404,7 +404,15 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     assert len(final) == len(ngram.CORPORA)
     for r in final:
         assert set(r["drafts"]) >= {"drafted_tokens", "accepted_tokens"} and "early_exit_fraction" in r["branches"]
-    assert {r["series"] for r in real} == {steps[n - 1].series for n in report.REAL_STEPS} | {ngram.SYNCED_SERIES}
+    assert {r["series"] for r in real} == ({steps[n - 1].series for n in report.REAL_STEPS}
+                                           | {ngram.SYNCED_SERIES, report.ENTRY_SERIES})
+    # the entry point is timed at every case, as the step its rule picks for the case's shapes
+    entry = [r for r in rows if r["series"] == report.ENTRY_SERIES]
+    assert len(entry) == len(report.BENCH_GRID) + len(real) // len({r["series"] for r in real})
+    for r in entry:
+        wide = r["params"]["seq_len"] >= ngram.kernels.STREAM_MIN_WIDTH
+        big = r["params"]["batch"] * r["params"]["seq_len"] >= ngram.kernels.STREAM_MIN_TOKENS
+        assert r["step"] == ("step07" if wide and big else "step06") and r["clock"] == "gpu"
     assert any("Clocks:" in note for note in run.notes)
     # what the book draws from such a file: the headline on one clock, the figures and tables
     results = _results_of(run)

@@ -7,8 +7,9 @@ specification (the deployed operator's rules, line by line); every step reproduc
 
 The steps (``CHAPTER.steps``; each a function of :mod:`studylog.ngram.kernels` that runs in place):
 step 1 is the deployed CPU path (C, with its copies), steps 2 to 7 are CUDA C++ kernels in
-``studylog/ngram/csrc/``. :func:`ngram_match` is the chapter's result, step 7, under the operator's
-name; :class:`NgramMatcher` binds any step to one batch's buffers (the benchmark times it).
+``studylog/ngram/csrc/``. :func:`ngram_match` is the chapter's result under the operator's name: step 6 or
+step 7, whichever the measured rule :func:`~studylog.ngram.kernels.final_step` picks for the batch's shapes;
+:class:`NgramMatcher` binds any step to one batch's buffers (the benchmark times it).
 
 Modules: ``formats`` (inputs, config, checks), ``reference`` (the specification), ``models`` (the GPU
 algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), ``batches`` (realistic

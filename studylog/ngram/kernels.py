@@ -327,18 +327,38 @@ def step07_stream(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_
     return draft_tokens, seq_lens_this_time
 
 
+#: The final entry point's rule (:func:`final_step`): step 7 streams a call's rows with fewer, larger blocks and
+#: no barriers, which pays once a call scans many long rows; on fewer or shorter rows step 6's finer split keeps
+#: more of the GPU busy. The thresholds are read off the benchmark's grid on every card with committed results
+#: (``assets/bench/<gpu>/ngram.json``, series step06 and step07; the book's ``dispatch_table`` shows it), and
+#: must keep the final entry point within the spread of the faster of the two at every measured case.
+STREAM_MIN_WIDTH = 32_768
+STREAM_MIN_TOKENS = 1 << 21
+
+
+def final_step(inputs: NgramInputs) -> Callable:
+    """The step the final entry point runs on ``inputs``: :func:`step07_stream` where the prompts are at least
+    :data:`STREAM_MIN_WIDTH` wide and the call scans at least :data:`STREAM_MIN_TOKENS` prompt positions (slots ×
+    prompt width), :func:`step06_one_pass_fused` otherwise. Shapes only: no device synchronisation, so a serving
+    loop picks once per batch shape and builds an :class:`NgramMatcher` over it."""
+    batch, width = inputs.prompt_ids.shape
+    if width >= STREAM_MIN_WIDTH and batch * width >= STREAM_MIN_TOKENS:
+        return step07_stream
+    return step06_one_pass_fused
+
+
 def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                 seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
-    """The chapter's operator: propose draft tokens in place, as the deployed operator does, with the
-    final kernel (:func:`step07_stream`); returns ``(draft_tokens, seq_lens_this_time)``.
+    """The chapter's operator: propose draft tokens in place, as the deployed operator does, with the step
+    :func:`final_step` picks for these shapes; returns ``(draft_tokens, seq_lens_this_time)``.
 
     Like every step function it checks the values first (one device sync) and allocates the kernel's
     scratch, so it cannot be captured in a CUDA graph; a decoding loop builds an :class:`NgramMatcher`
-    over its buffers once and captures that (:meth:`NgramMatcher.capture`)."""
-    return step07_stream(inputs, draft_tokens, seq_lens_this_time, config=config)
+    over its buffers once, with ``final_step(inputs)``, and captures that (:meth:`NgramMatcher.capture`)."""
+    return final_step(inputs)(inputs, draft_tokens, seq_lens_this_time, config=config)
 
 
-__all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len",
+__all__ = ["STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "final_step", "THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len",
            "LaunchPlan", "launch_plans",
            "stream_vec", "stream_chunk_len", "NgramMatcher", "step01_cpu_path", "step02_serial", "step03_two_phase",
            "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_fused", "step07_stream", "ngram_match"]

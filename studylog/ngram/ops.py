@@ -3,9 +3,9 @@
 :func:`~studylog.ngram.kernels.ngram_match` takes an :class:`~studylog.ngram.formats.NgramInputs` and an
 :class:`~studylog.ngram.formats.NgramConfig`, Python objects; the operator takes their tensors and numbers, and
 updates ``draft_tokens`` and ``seq_lens_this_time`` in place, as the deployed operator does. An opaque
-``torch.library.custom_op`` (its kernel is CUDA C++): on CUDA tensors it runs the final kernel, step 7
-(:func:`~studylog.ngram.kernels.step07_stream`, no value read back, so a call can be captured in a CUDA
-graph); on CPU tensors step 1's C loop (:func:`~studylog.ngram.cpu_path.cpu_path_inplace`, bit-identical to the
+``torch.library.custom_op`` (its kernel is CUDA C++): on CUDA tensors it runs the step
+:func:`~studylog.ngram.kernels.final_step` picks for the shapes (no value read back, so a call can be captured in a
+CUDA graph); on CPU tensors step 1's C loop (:func:`~studylog.ngram.cpu_path.cpu_path_inplace`, bit-identical to the
 specification), which checks the lengths first.
 """
 
@@ -16,7 +16,7 @@ from torch import Tensor
 
 from studylog.ngram.cpu_path import cpu_path_inplace
 from studylog.ngram.formats import DEFAULT_THRESHOLD, NgramConfig, NgramInputs, validate
-from studylog.ngram.kernels import NgramMatcher, step07_stream
+from studylog.ngram.kernels import NgramMatcher, final_step
 
 
 def _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens) -> NgramConfig:
@@ -54,7 +54,7 @@ def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec
     inputs = _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
                      seq_lens_encoder, seq_lens_decoder)
     # the values are not read (that would wait for the GPU): they must stay in the ranges validate states
-    NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time, config=config, check_values=False)()
+    NgramMatcher(final_step(inputs), inputs, draft_tokens, seq_lens_this_time, config=config, check_values=False)()
 
 
 @ngram_match.register_fake

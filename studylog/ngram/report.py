@@ -34,7 +34,7 @@ from studylog.bench import Timing
 from studylog.ngram.batches import branch_stats, corpus_batch, draft_acceptance, haystack_bytes, make_batch
 from studylog.ngram.cpu_path import cpu_path_inplace
 from studylog.ngram.formats import NgramConfig, NgramInputs, same_state, validate
-from studylog.ngram.kernels import NgramMatcher, step02_serial, step06_one_pass_fused, step07_stream
+from studylog.ngram.kernels import NgramMatcher, final_step, step02_serial, step06_one_pass_fused, step07_stream
 from studylog.ngram.reference import reference_ngram_match
 
 NO_BUDGET = 1 << 30  # a threshold the batch never reaches: every active slot drafts
@@ -63,6 +63,9 @@ MAX_COPIES = 512           # rotated copies of a batch at most (small batches wo
 FIRST_OWN_STEP = 4
 #: The final step's call followed by torch.cuda.synchronize(), wall time per call (clock ``host_e2e``).
 SYNCED_SERIES = "synced_step07"
+#: The series of the chapter's entry point, ``ngram_match`` (the step :func:`~studylog.ngram.kernels.final_step`
+#: picks per case; the row's ``step`` says which).
+ENTRY_SERIES = "ngram_match"
 SYNCED_DESCRIPTION = ("step07_stream's call followed by torch.cuda.synchronize(), wall time per call (host clock, "
                       "end to end): what a loop that waits for the drafts observes, the CPU path's clock")
 CLOCK_NOTE = ("Clocks: the GPU steps are timed on the GPU clock (their call replayed in a CUDA graph over rotated "
@@ -272,6 +275,11 @@ def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference
                       all(same_state((m.draft_tokens, m.seq_lens_this_time), expected) for m in made[:3]),
                       params=params | {"step": step.name})
         del made
+    # the chapter's entry point as a reader calls it: the step its measured rule picks for these shapes
+    picked = final_step(inputs)
+    _, made, _ = _measure_step(run, picked, inputs, (draft0, this0), config, expected, params=params, role="kernel",
+                               floor=floor, extra=extra | {"step": series_of(picked)}, series=ENTRY_SERIES)
+    del made
     return expected, floor
 
 
@@ -337,5 +345,5 @@ def bench(run) -> None:
 
 
 __all__ = ["BENCH_GRID", "CHUNK_SWEEPS", "CLOCK_NOTE", "CORPORA", "FIRST_OWN_STEP", "NO_BUDGET", "QUICK_GRID",
-           "QUICK_REAL_SHAPES", "REAL_SHAPES", "REAL_STEPS", "SYNCED_DESCRIPTION", "SYNCED_SERIES", "bench",
+           "ENTRY_SERIES", "QUICK_REAL_SHAPES", "REAL_SHAPES", "REAL_STEPS", "SYNCED_DESCRIPTION", "SYNCED_SERIES", "bench",
            "estimated_calls", "gen_width_for", "own_series", "real_batch", "real_cases", "series_of", "sweep_series"]
