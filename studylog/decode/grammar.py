@@ -8,6 +8,10 @@ meaning, and xgrammar's ``.`` matches a newline where outlines-core's does not; 
 them out as explicit classes before either library sees the regex. :meth:`Grammar.check_agreement` checks
 the result state by state.
 
+Where chapter 1's automaton cannot be built (outlines-core refuses the regex, or outlines cannot write the schema
+as one), ``engine="auto"`` keeps xgrammar's compiled grammar and reads steps 2 and 3's allowed sets and forced
+tokens from its matcher instead (:class:`~studylog.decode.fallback.MatcherAutomaton`).
+
 Also here: :class:`Writer`, which steers a model with random weights to write a realistic output.
 """
 
@@ -15,14 +19,25 @@ from __future__ import annotations
 
 import codecs
 import functools
+import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
 from studylog.decode import pieces
+
+if TYPE_CHECKING:  # fallback imports this module
+    from studylog.decode.fallback import MatcherAutomaton
+
+#: Who builds the automaton steps 2 and 3 read: chapter 1's (outlines-core), xgrammar's matcher, or the first
+#: where outlines-core refuses.
+ENGINES = ("outlines-core", "xgrammar", "auto")
+#: States whose allowed sets a grammar keeps where its automaton discovers states as decoding goes (xgrammar's):
+#: there every token makes a new state, and a set can hold the whole vocabulary.
+_LAZY_KEPT = 256
 
 _CLASSES = {"d": ("[0-9]", "0-9"), "s": ("[ \\t\\n\\r\\f\\v]", " \\t\\n\\r\\f\\v"), "w": ("[0-9A-Za-z_]", "0-9A-Za-z_")}
 
@@ -90,6 +105,25 @@ def schema_regex(schema: Any, whitespace: str = "default") -> str:
         raise ValueError(f"the schema does not compile to a grammar: {exc}") from exc
 
 
+#: xgrammar's JSON-schema options nearest chapter 1's whitespace patterns (``pieces.WHITESPACE``). ``"compact"``
+#: (nothing between JSON tokens) is the same language. ``"default"`` is outlines' ``[ ]?`` at each place between
+#: JSON tokens; xgrammar has no space-only choice, and the nearest is at most one character of ``[ \n\r\t]`` at the
+#: same places (fixed separators such as ``", "`` would require the space and refuse the compact text).
+JSON_WHITESPACE: dict[str, dict[str, Any]] = {"default": {"any_whitespace": True, "max_whitespace_cnt": 1},
+                                              "compact": {"any_whitespace": False, "separators": (",", ":")}}
+
+
+def _schema_grammar(schema: Any, vocab: pieces.TokenVocabulary, whitespace: str):
+    """xgrammar's ``CompiledGrammar`` of a JSON schema (a dict, a JSON string or a pydantic model class), with
+    :data:`JSON_WHITESPACE`; a schema it does not compile is a ValueError that says why."""
+    if isinstance(schema, dict):
+        schema = json.dumps(schema)
+    try:
+        return _xgrammar_compiler(vocab).compile_json_schema(schema, **JSON_WHITESPACE[whitespace])
+    except Exception as exc:  # xgrammar raises its own error types
+        raise ValueError(f"xgrammar cannot compile the schema: {str(exc).strip().splitlines()[-1]}") from exc
+
+
 #: The second byte a lead byte allows where it is not 0x80-0xBF (Unicode's table of well-formed UTF-8).
 _SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 
@@ -143,27 +177,40 @@ class Grammar:
 
     ``xgrammar``: xgrammar's compiled grammar (a :meth:`matcher` per sequence walks it and fills the
     bitmask); ``automaton``: chapter 1's automaton (allowed ids per state, forced-token and forced-byte
-    jumps). ``compile_seconds`` says what each cost to build.
+    jumps), or with ``engine == "xgrammar"`` the same interface read from xgrammar's matcher (no forced-byte
+    jumps; ``regex`` is ``""`` where xgrammar compiled a JSON schema directly). ``compile_seconds`` says what
+    each cost to build (``automaton_refused``: the time outlines-core took to refuse).
     """
 
     name: str
     regex: str
     vocab: pieces.TokenVocabulary
     xgrammar: Any
-    automaton: pieces.Automaton
+    automaton: pieces.Automaton | MatcherAutomaton
     compile_seconds: dict[str, float]
     #: States where xgrammar also allows tokens that leave the text invalid UTF-8 or that its own grammar cannot
     #: continue from (set by check_agreement).
     utf8_only_states: int = 0
+    #: Who built ``automaton`` (one of :data:`ENGINES` but ``"auto"``), and why outlines-core did not where
+    #: ``"auto"`` fell back to xgrammar.
+    engine: str = "outlines-core"
+    fallback_reason: str = ""
     _allowed: dict[int, Any] = field(default_factory=dict, repr=False)
     _bits: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_regex(cls, regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "",
-                   check: bool = True) -> "Grammar":
-        """Compile ``regex`` with both engines. ``check`` (default True) runs :meth:`check_agreement`: a
-        grammar on which the two engines allow different tokens somewhere is refused (ValueError), since the
-        steps that read the automaton would then write other tokens than the step that reads xgrammar."""
+                   check: bool = True, engine: str = "outlines-core") -> "Grammar":
+        """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine`` (one of
+        :data:`ENGINES`): ``"outlines-core"``, chapter 1's; ``"xgrammar"``, xgrammar's matcher; ``"auto"``,
+        chapter 1's where outlines-core builds it (a ValueError) and else xgrammar's, recorded in
+        ``grammar.engine``. A slow outlines-core build is waited for: only a refusal falls back.
+
+        ``check`` (default True) runs :meth:`check_agreement` on chapter 1's automaton: a grammar on which the
+        two engines allow different tokens somewhere is refused (ValueError), since the steps that read the
+        automaton would then write other tokens than the step that reads xgrammar. With xgrammar's automaton
+        both read one engine, and there is nothing to check."""
+        _check_engine(engine)
         if not isinstance(regex, str) or not regex:
             raise ValueError(f"regex must be a non-empty str, got {regex!r}")
         vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
@@ -174,13 +221,18 @@ class Grammar:
             compiled = _xgrammar_compiler(vocab).compile_regex(regex)
         except Exception as exc:  # xgrammar raises its own error types
             raise ValueError(f"grammar {name!r}: xgrammar cannot compile its regex: {exc}") from exc
-        t1 = time.perf_counter()
+        seconds = {"xgrammar": time.perf_counter() - t0}
+        if engine == "xgrammar":
+            return cls._on_xgrammar(name, regex, vocab, compiled, seconds, "")
+        t0 = time.perf_counter()
         try:
             automaton = pieces.Automaton(regex, vocab, name)
         except ValueError as exc:
+            if engine == "auto":
+                seconds["automaton_refused"] = time.perf_counter() - t0
+                return cls._on_xgrammar(name, regex, vocab, compiled, seconds, f"outlines-core: {exc}")
             raise ValueError(f"grammar {name!r}: the automaton of chapter 1 cannot be built: {exc}") from exc
-        seconds = {"xgrammar": t1 - t0, "automaton_index": automaton.build_seconds,
-                   "automaton_jumps": automaton.precompute_seconds}
+        seconds.update(automaton_index=automaton.build_seconds, automaton_jumps=automaton.precompute_seconds)
         grammar = cls(name, regex, vocab, compiled, automaton, seconds)
         if check:
             t0 = time.perf_counter()
@@ -190,14 +242,45 @@ class Grammar:
 
     @classmethod
     def from_schema(cls, schema: Any, vocab: pieces.TokenVocabulary | None = None, name: str = "",
-                    whitespace: str = "default", check: bool = True) -> "Grammar":
-        return cls.from_regex(schema_regex(schema, whitespace), vocab, name or "schema", check)
+                    whitespace: str = "default", check: bool = True, engine: str = "outlines-core") -> "Grammar":
+        """A JSON schema (a dict, a JSON string or a pydantic model class) as :meth:`from_regex` compiles the
+        regex outlines writes for it. Where outlines cannot write one, ``engine`` ``"auto"`` or ``"xgrammar"``
+        compiles the schema with xgrammar directly (whitespace: :data:`JSON_WHITESPACE`) and reads its matcher;
+        a schema neither compiles is a ValueError that names it (``name``, else its title) and gives both reasons."""
+        _check_engine(engine)
+        if whitespace not in pieces.WHITESPACE:
+            raise ValueError(f"whitespace must be one of {sorted(pieces.WHITESPACE)}, got {whitespace!r}")
+        label = name or (schema.get("title") if isinstance(schema, dict) else None) or "schema"
+        try:
+            regex = schema_regex(schema, whitespace)
+        except ValueError as exc:
+            if engine == "outlines-core":
+                raise ValueError(f"schema {label!r}: {exc} (engine='auto' tries xgrammar)") from exc
+            vocab = vocab if vocab is not None else pieces.load_vocabulary("cl100k_base")
+            t0 = time.perf_counter()
+            try:
+                compiled = _schema_grammar(schema, vocab, whitespace)
+            except ValueError as xexc:
+                raise ValueError(f"schema {label!r} compiles with neither engine: outlines: {exc}; {xexc}") from xexc
+            return cls._on_xgrammar(name or "schema", "", vocab, compiled, {"xgrammar": time.perf_counter() - t0},
+                                    f"outlines: {exc}")
+        return cls.from_regex(regex, vocab, name or "schema", check, engine)
+
+    @classmethod
+    def _on_xgrammar(cls, name: str, regex: str, vocab: pieces.TokenVocabulary, compiled: Any,
+                     seconds: dict[str, float], reason: str) -> "Grammar":
+        from studylog.decode.fallback import MatcherAutomaton
+
+        return cls(name, regex, vocab, compiled, MatcherAutomaton(compiled, vocab, name), seconds,
+                   engine="xgrammar", fallback_reason=reason)
 
     @classmethod
     def from_suite(cls, name: str, vocab: pieces.TokenVocabulary | None = None,
-                   whitespace: str = "default") -> "Grammar":
-        """A grammar of chapter 1's suite, by name (compiled once per process)."""
-        return _suite_grammar(name, vocab if vocab is not None else pieces.load_vocabulary("cl100k_base"), whitespace)
+                   whitespace: str = "default", engine: str = "outlines-core") -> "Grammar":
+        """A grammar of chapter 1's suite, by name (compiled once per process and engine)."""
+        _check_engine(engine)
+        return _suite_grammar(name, vocab if vocab is not None else pieces.load_vocabulary("cl100k_base"), whitespace,
+                              engine)
 
     def matcher(self):
         """A fresh xgrammar matcher (one per sequence), able to roll back (character-level jumps)."""
@@ -219,6 +302,9 @@ class Grammar:
         such a byte: a token made only of bytes that are tokens reaches what its bytes one by one reach."""
         import xgrammar as xgr
 
+        if self.engine != "outlines-core":
+            raise ValueError(f"grammar {self.name!r} has no automaton of chapter 1 (engine {self.engine!r}): its "
+                             "steps all read xgrammar, and there is no second engine to compare")
         auto, vocab = self.automaton, self.vocab
         matcher = xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
         bitmask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
@@ -322,6 +408,7 @@ class Grammar:
         if a is None or a.device != torch.device(device):
             ids = self.automaton.allowed_ids(state) if state is not None else np.zeros(0, dtype=np.int64)
             a = self._allowed[state] = pieces.allowed_from_ids(ids, self.vocab.vocab_size, device)
+            self._forget(self._allowed)
         return a
 
     def _state_bits(self, state: int | None) -> np.ndarray:
@@ -334,7 +421,14 @@ class Grammar:
             if state is not None:
                 m[self.automaton.allowed_ids(state)] = True
             b = self._bits[state] = np.packbits(m, bitorder="little")
+            self._forget(self._bits)
         return b
+
+    def _forget(self, kept: dict) -> None:
+        """Drop the oldest state's entry where xgrammar's automaton makes a state per token (chapter 1's has a
+        fixed number of states, all kept)."""
+        if self.engine == "xgrammar" and len(kept) > _LAZY_KEPT:
+            del kept[next(iter(kept))]
 
     def state_words(self, state: int) -> np.ndarray:
         """The allowed tokens of an automaton state as xgrammar's bitmask row, as bytes (kept per state)."""
@@ -342,11 +436,16 @@ class Grammar:
 
 
 @functools.lru_cache(maxsize=32)
-def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str) -> Grammar:
+def _suite_grammar(name: str, vocab: pieces.TokenVocabulary, whitespace: str, engine: str) -> Grammar:
     entry = pieces.suite_entry(name)
     # a JSON entry's regex with its integers' bounds (schema_regex), so that every finished output is valid
     regex = schema_regex(entry.schema, whitespace) if entry.kind == "json" else entry.regex(whitespace)
-    return Grammar.from_regex(regex, vocab, name)
+    return Grammar.from_regex(regex, vocab, name, engine=engine)
+
+
+def _check_engine(engine: Any) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
 
 
 def suite_names(kind: str | None = None) -> list[str]:
@@ -399,4 +498,5 @@ class Writer:
             return self.vocab.token_bytes.index(self.target[n:n + 1])
 
 
-__all__ = ["Grammar", "Writer", "ascii_regex", "schema_regex", "suite_names", "suite_sample"]
+__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "schema_regex", "suite_names",
+           "suite_sample"]

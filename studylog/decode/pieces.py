@@ -24,6 +24,8 @@ TokenVocabulary = _ch1.TokenVocabulary
 ConstrainedFSM = _ch1.ConstrainedFSM
 load_vocabulary = _ch1.load_vocabulary
 compile_fsm = _ch1.compile_fsm
+#: A forced chain of an automaton: ``tokens``, their bytes ``data``, and the state ``end`` it reaches.
+Jump = _ch1.Jump
 regex_from_schema = _ch1.regex_from_schema
 #: Whitespace patterns between JSON tokens: ``"default"`` (an optional space) and ``"compact"`` (none).
 WHITESPACE: dict[str, Any] = _suite.WHITESPACE
@@ -127,5 +129,5 @@ def masked_head_torch(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Te
 
 
 __all__ = ["AllowedTokens", "ConstrainedFSM", "FEW_IDS_MAX", "TokenVocabulary", "WHITESPACE", "allowed_batch",
-           "allowed_from_ids", "Automaton", "compile_fsm", "load_vocabulary", "masked_head_kernel",
+           "allowed_from_ids", "Automaton", "Jump", "compile_fsm", "load_vocabulary", "masked_head_kernel",
            "masked_head_torch", "regex_from_schema", "suite", "suite_entry"]

@@ -1,0 +1,285 @@
+"""Chapter 1's automaton where outlines-core cannot build it: the same interface, read from xgrammar's matcher.
+
+outlines-core refuses many real JSON schemas (a ``oneOf`` of untyped objects, some ``format`` values, named groups
+in a ``pattern``) and runs for minutes on others: of chapter 1's sample of 40 SchemaStore schemas
+(``assets/data/realworld_cl100k_base.json``) it refused 15 and ran past 60 s on 11, where xgrammar compiled 24 of
+those 26, most in well under a second. Steps 2 and 3 need only what :class:`~studylog.decode.pieces.Automaton`
+gives (a state's allowed ids, its forced-token chain, the state after a token), so the kernels should not be tied
+to one engine: :class:`MatcherAutomaton` gives the same from xgrammar's ``GrammarMatcher``, discovering states as
+decoding reaches them (``Grammar.from_regex(..., engine="auto")`` picks it where outlines-core refuses).
+
+A state is a token path from the start, numbered as first reached (0: the empty path): xgrammar does not say where
+its grammar is, so two paths that lead to the same place are two states, and each new state costs a bitmask.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from studylog.decode import pieces
+from studylog.decode.grammar import continues_utf8
+
+#: Matchers kept, each at a state: up to this many sequences that went apart advance one ``accept_token`` a token;
+#: past it, a sequence's matcher is walked again from the start.
+MATCHERS = 64
+#: Allowed-id arrays kept (up to the vocabulary's size each); an evicted one is computed again when asked for.
+SETS = 256
+#: A forced chain is cut at this many tokens (a cycle of forced states has no end, and states are paths).
+MAX_CHAIN = 1024
+_BIT = np.arange(32, dtype=np.int64)
+
+
+def _tail(data: bytes) -> bytes:
+    """The bytes of the character begun and not finished at the end of ``data`` (valid UTF-8 or its start)."""
+    for k in range(1, min(3, len(data)) + 1):
+        c = data[-k]
+        if c < 0x80:
+            return b""
+        if c >= 0xC0:  # a lead byte of a 2-, 3- or 4-byte character
+            return data[-k:] if k < (2 if c < 0xE0 else 3 if c < 0xF0 else 4) else b""
+    return b""  # three continuation bytes end a 4-byte character
+
+
+def _ids(row: np.ndarray, V: int) -> np.ndarray:
+    """The set bits of a bitmask row (int32 words, bit ``v % 32`` of word ``v // 32``) as sorted int64 ids."""
+    words = np.flatnonzero(row)
+    bits = np.unpackbits(row.view(np.uint8).reshape(-1, 4)[words], axis=1, bitorder="little").astype(bool)
+    ids = (words[:, None] * 32 + _BIT)[bits]
+    return ids[ids < V]
+
+
+def _bits(ids: list[int], V: int) -> np.ndarray:
+    """Token ids as a bitmask row in xgrammar's layout, as bytes (bit ``v % 8`` of byte ``v // 8``)."""
+    row = np.zeros((V + 31) // 32 * 32, dtype=bool)
+    row[np.asarray(ids, dtype=np.int64)] = True
+    return np.packbits(row, bitorder="little")
+
+
+def _has(bits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return ((bits[ids >> 3] >> (ids & 7)) & 1).astype(bool)
+
+
+def _holds(ids: np.ndarray, token: int) -> bool:
+    """Whether the sorted ``ids`` hold ``token``."""
+    i = int(np.searchsorted(ids, token))
+    return i < len(ids) and int(ids[i]) == token
+
+
+@functools.lru_cache(maxsize=4)
+def _split(vocab: pieces.TokenVocabulary) -> tuple[list[int], list[int]]:
+    """The tokens of whole characters, and the others (the only ones that may follow part of a character)."""
+    whole, odd = [], []
+    for i, b in enumerate(vocab.token_bytes):
+        if b:
+            try:
+                b.decode("utf-8")
+                whole.append(i)
+            except UnicodeDecodeError:
+                odd.append(i)
+    return whole, odd
+
+
+@functools.lru_cache(maxsize=1024)
+def _after(vocab: pieces.TokenVocabulary, pending: bytes) -> tuple[np.ndarray, np.ndarray, dict[int, bytes]]:
+    """After the unfinished character ``pending`` at the end of a text, as bitmask rows: EOS and the tokens that
+    keep the text valid UTF-8 by the loop's rule (``continues_utf8``); those of them after which it ends inside a
+    character again; and the unfinished character each of the latter leaves."""
+    (whole, odd), tb = _split(vocab), vocab.token_bytes
+    ok, tails = [vocab.eos_id] + (whole if not pending else []), {}
+    for t in odd:  # after a part, only a token that starts with a continuation byte may be valid
+        if (not pending or 0x80 <= tb[t][0] <= 0xBF) and continues_utf8(pending + tb[t], len(tb[t])):
+            ok.append(t)
+            if _tail(pending + tb[t]):
+                tails[t] = _tail(pending + tb[t])
+    return _bits(ok, vocab.vocab_size), _bits(list(tails), vocab.vocab_size), tails
+
+
+@functools.lru_cache(maxsize=1024)
+def _witness(vocab: pieces.TokenVocabulary, pending: bytes) -> int:
+    """A one-byte token that keeps ``pending`` valid UTF-8 (-1 where the vocabulary has none)."""
+    for c in range(0x80, 0xC0):
+        if continues_utf8(pending + bytes([c]), 1):
+            try:
+                return vocab.token_id(bytes([c]))
+            except KeyError:
+                pass
+    return -1
+
+
+class MatcherAutomaton:
+    """:class:`~studylog.decode.pieces.Automaton`'s interface over one xgrammar ``CompiledGrammar``.
+
+    ``allowed_ids`` is xgrammar's bitmask less the tokens the decode loop refuses (those that leave the text invalid
+    UTF-8) and the dead ends of xgrammar's byte-level matching (a token ending inside a character that nothing
+    allowed finishes), so that it is chapter 1's allowed set where both engines compile a grammar, and steps 1-3
+    write the same tokens. ``token_jump`` follows the states where one token, not EOS, is allowed (chapter 1's
+    forced chain). ``char_jump`` is always None: a forced-bytes jump needs the character-level automaton enumerated,
+    which a matcher does not give, so the loop's ``"char"`` configuration takes no jumps. ``fsm`` is None.
+    """
+
+    fsm = None
+
+    def __init__(self, compiled: Any, vocab: pieces.TokenVocabulary, name: str = ""):
+        import xgrammar as xgr
+
+        self._xgr, self.compiled, self.vocab, self.name = xgr, compiled, vocab, name
+        self.initial = 0
+        self.build_seconds = self.precompute_seconds = 0.0  # nothing is built ahead
+        self._parent, self._token, self._pending = [-1], [-1], [b""]
+        self._child: dict[tuple[int, int], int] = {}
+        self._info: dict[int, tuple[int, int, bool]] = {}  # state -> (allowed count, forced token or -1, final)
+        self._sets: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._jumps: dict[int, Any] = {}
+        self._at: OrderedDict[int, Any] = OrderedDict()  # state -> the matcher positioned there
+        self._mask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+        self._probe = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+        self._probe_bytes = self._probe[0].numpy().view(np.uint8)  # the same memory
+        self.n_token_forced = 0  # forced states among those whose allowed set has been computed
+
+    @property
+    def n_states(self) -> int:
+        """States discovered so far."""
+        return len(self._parent)
+
+    def token_states(self) -> list[int]:
+        """The states discovered so far (each reached by a token but the start)."""
+        return list(range(self.n_states))
+
+    def _check(self, state: int) -> int:
+        if isinstance(state, bool) or not isinstance(state, (int, np.integer)) or not 0 <= state < self.n_states:
+            raise ValueError(f"state {state!r} is not a state of the automaton of {self.name!r} "
+                             f"({self.n_states} discovered)")
+        return int(state)
+
+    def _reach(self, state: int):
+        """A matcher at ``state``, taken out of the dict: the one at its nearest ancestor that has one (or a fresh
+        one at the start), moved down. Never from a sibling: a matcher stays with the sequence it follows."""
+        path, cur = [], state
+        while cur not in self._at and cur != 0:
+            path.append(self._token[cur])
+            cur = self._parent[cur]
+        m = self._at.pop(cur, None)
+        if m is None:
+            m = self._xgr.GrammarMatcher(self.compiled, max_rollback_tokens=-1)
+        for t in reversed(path):
+            if not m.accept_token(t):
+                raise RuntimeError(f"grammar {self.name!r}: xgrammar refuses token {t} on a path it allowed")
+        return m
+
+    def _put(self, state: int, m) -> None:
+        self._at[state] = m
+        if len(self._at) > MATCHERS:
+            self._at.popitem(last=False)
+
+    def allowed_ids(self, state: int) -> np.ndarray:
+        """The sorted allowed token ids of a state (EOS included where xgrammar may stop), int64, read-only."""
+        state = self._check(state)
+        ids = self._sets.get(state)
+        if ids is not None:
+            self._sets.move_to_end(state)
+            return ids
+        ok, mid, tails = _after(self.vocab, self._pending[state])
+        m = self._reach(state)
+        m.fill_next_token_bitmask(self._mask)
+        ids = _ids(self._mask[0].numpy(), self.vocab.vocab_size)
+        ids = ids[_has(ok, ids)]
+        dead = []
+        for t in ids[_has(mid, ids)].tolist():
+            # a token ending inside a character is alive where some token may follow it (one token deep, as
+            # Grammar.check_agreement looks); the matcher is back at ``state`` after each
+            if not m.accept_token(t):  # its mask allows what its matcher refuses
+                dead.append(t)
+                continue
+            w = _witness(self.vocab, tails[t])  # a byte that may follow: usually enough, and far cheaper than a mask
+            if w >= 0 and m.accept_token(w):
+                m.rollback(1)
+            else:
+                m.fill_next_token_bitmask(self._probe)
+                if not np.count_nonzero(self._probe_bytes & _after(self.vocab, tails[t])[0]):
+                    dead.append(t)
+            m.rollback(1)
+        self._put(state, m)
+        ids = np.setdiff1d(ids, dead) if dead else ids
+        ids.flags.writeable = False
+        self._sets[state] = ids
+        if len(self._sets) > SETS:
+            self._sets.popitem(last=False)
+        if state not in self._info:
+            final = _holds(ids, self.vocab.eos_id)
+            forced = int(ids[0]) if len(ids) == 1 and not final else -1
+            self._info[state] = (len(ids), forced, final)
+            self.n_token_forced += forced >= 0
+        return ids
+
+    def _state_info(self, state: int) -> tuple[int, int, bool]:
+        if state not in self._info:
+            self.allowed_ids(state)
+        return self._info[state]
+
+    def next(self, state: int, token: int) -> int | None:
+        """The state after ``token``; None when it is not allowed (EOS ends decoding: None, as chapter 1's)."""
+        state, token = self._check(state), int(token)
+        if not 0 <= token < self.vocab.vocab_size:
+            raise ValueError(f"token id {token} is outside the vocabulary [0, {self.vocab.vocab_size})")
+        child = self._child.get((state, token))
+        if child is not None or token == self.vocab.eos_id or not _holds(self.allowed_ids(state), token):
+            return child
+        m = self._reach(state)
+        if not m.accept_token(token):
+            raise RuntimeError(f"grammar {self.name!r}: xgrammar refuses token {token}, which its mask allowed")
+        child = self._child[(state, token)] = len(self._parent)
+        self._parent.append(state)
+        self._token.append(token)
+        self._pending.append(_tail(self._pending[state] + self.vocab.token_bytes[token]))
+        self._put(child, m)
+        return child
+
+    def walk(self, ids, state: int) -> list[int]:
+        """The states after each prefix of ``ids`` from ``state`` (raises ValueError on a disallowed token)."""
+        states = [self._check(state)]
+        for pos, t in enumerate(ids):
+            nxt = self.next(states[-1], t)
+            if nxt is None:
+                raise ValueError(f"token id {t} ({self.vocab.show(int(t))!r}) at position {pos} is not allowed in "
+                                 f"state {states[-1]} of {self.name!r}")
+            states.append(nxt)
+        return states
+
+    def only_eos(self, state: int) -> bool:
+        """A final state where only EOS is allowed: decoding ends there without a forward pass."""
+        n, _, final = self._state_info(self._check(state))
+        return final and n == 1
+
+    def token_jump(self, state: int):
+        """The forced-token chain from ``state`` (``.tokens``, ``.data``, ``.end``), or None: the states where
+        exactly one token, not EOS, is allowed, followed to the first that is not (chapter 1's ``Jump``)."""
+        state = self._check(state)
+        path, toks, cur = [], [], state
+        while len(toks) < MAX_CHAIN:
+            if cur in self._jumps:  # the rest of the chain is known
+                rest = self._jumps[cur]
+                if rest is not None:
+                    toks, cur = toks + list(rest.tokens), rest.end
+                break
+            forced = self._state_info(cur)[1]
+            if forced < 0:
+                self._jumps[cur] = None
+                break
+            path.append(cur)
+            toks.append(forced)
+            cur = self.next(cur, forced)
+        tb = self.vocab.token_bytes
+        for i, s in enumerate(path):
+            self._jumps[s] = pieces.Jump(tuple(toks[i:]), b"".join(tb[t] for t in toks[i:]), cur)
+        return self._jumps.get(state)
+
+    def char_jump(self, state: int):
+        """None: forced-byte jumps need the character-level automaton enumerated (see the class)."""
+        self._check(state)
+
+
+__all__ = ["MATCHERS", "MAX_CHAIN", "SETS", "MatcherAutomaton"]
