@@ -28,3 +28,21 @@ __device__ __forceinline__ float row_max(const float* warp_values, int nwarps) {
     for (int w = 0; w < nwarps; ++w) m = fmaxf(m, warp_values[w]);
     return m == NEG_INF ? 0.0f : m;
 }
+
+// The posterior of label slot u >= 1 of utterance n (slots: studylog.ctc.prepare_targets): post summed over
+// the positions of its label's occurrences, position 2 m - 1 for the m-th label (1-based) of the target. LDG:
+// the slot arrays are read through __ldg (the end of the slot once); without it, as plain loads.
+template <bool LDG = true>
+__device__ __forceinline__ float slot_posterior(const float* post, const int* slot_start, const int* slot_members,
+                                                int n, int u, int Umax, int Lmax) {
+    float sum = 0.0f;
+    if constexpr (LDG) {
+        const int end = __ldg(slot_start + n * (Umax + 1) + u + 1);
+        for (int m = __ldg(slot_start + n * (Umax + 1) + u); m < end; ++m)
+            sum += post[2 * __ldg(slot_members + n * Lmax + m) - 1];
+    } else {
+        for (int m = slot_start[n * (Umax + 1) + u]; m < slot_start[n * (Umax + 1) + u + 1]; ++m)
+            sum += post[2 * slot_members[n * Lmax + m] - 1];
+    }
+    return sum;
+}

@@ -1,4 +1,5 @@
-// Block-wide reductions and constants shared by the fused kernels of steps 7 to 10 of chapter 4.
+// Block-wide reductions and constants shared by the fused kernels of steps 7 to 10 of chapter 4, and the
+// pieces that the first and last passes of steps 7 and 9 share.
 #pragma once
 
 #include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
@@ -74,4 +75,85 @@ __device__ __forceinline__ void online_lse(float& m, float& s, float v) {
     } else if (v != NEG_INF) {
         s += __expf(v - m);
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// Pieces of the first and last passes (steps 7 and 9): one block per frame (t, n).
+// ------------------------------------------------------------------------------------------
+// Log-sum-exp (natural log) of a frame's A activations xr: an online maximum and sum, with 16-byte loads
+// when vectorised (A % 4 == 0 and xr 16-byte aligned).
+__device__ __forceinline__ float frame_lse(const float* xr, int A, int vectorised, float* scratch) {
+    float m = NEG_INF, s = 0.0f;
+    if (vectorised) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
+            const float4 v = __ldg(x4 + k);
+            online_lse(m, s, v.x);
+            online_lse(m, s, v.y);
+            online_lse(m, s, v.z);
+            online_lse(m, s, v.w);
+        }
+    } else {
+        for (int k = threadIdx.x; k < A; k += blockDim.x) online_lse(m, s, __ldg(xr + k));
+    }
+    return block_lse(m, s, scratch);
+}
+
+// The softmax of a frame's A activations xr, given their log-sum-exp lse, written to g (16-byte loads and stores
+// when vectorised: A % 4 == 0 and xr, g 16-byte aligned).
+__device__ __forceinline__ void write_softmax(float* g, const float* xr, int A, int vectorised, float lse) {
+    if (vectorised) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* g4 = reinterpret_cast<float4*>(g);
+        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
+            const float4 v = __ldg(x4 + k);
+            g4[k] = make_float4(__expf(v.x - lse), __expf(v.y - lse), __expf(v.z - lse), __expf(v.w - lse));
+        }
+    } else {
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = __expf(__ldg(xr + k) - lse);
+    }
+}
+
+// The emissions of a frame of utterance n: the base-2 log-probabilities of the blank (em[0]) and of the
+// target's L labels (em[j], j = 1 .. L), from the frame's activations xr and their log-sum-exp lse.
+__device__ __forceinline__ void write_emissions(float* em, const float* xr, const int* labels, int n, int Lmax, int L,
+                                                float lse) {
+    for (int j = threadIdx.x; j <= L; j += blockDim.x) {
+        const int cls = j == 0 ? 0 : __ldg(labels + n * Lmax + j - 1);
+        em[j] = (__ldg(xr + cls) - lse) * LOG2E;
+    }
+}
+
+// The posterior of each position of a frame from its two rows (ra: alpha, rb: beta; base-2 log space, each
+// relative to its row's offset) and its emissions em: post[s] = alpha beta / y relative to the frame's largest,
+// whose log2 goes to top; returns the block's sums of post (x: every position, y: the blanks). top is -inf when
+// no alignment passes through the frame (P = 0): post then keeps its logs and the sums are 0.
+__device__ __forceinline__ float2 frame_posterior(float* post, float* scratch, const float* ra, const float* rb,
+                                                  const float* em, int S, float& top) {
+    float local = NEG_INF;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const float v = __ldg(ra + s) + __ldg(rb + s) - __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0));
+        post[s] = v;
+        local = fmaxf(local, v);
+    }
+    top = block_max(local, scratch);  // also orders the writes to post
+    float total = 0.0f, blank = 0.0f;
+    if (top != NEG_INF) {
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const float p = exp2f(post[s] - top);
+            post[s] = p;
+            total += p;
+            if (!(s & 1)) blank += p;
+        }
+    }
+    return block_sum2(total, blank, scratch);  // orders the writes to post again
+}
+
+// The loss -ln P of utterance n from its frame t: top and total from frame_posterior, and the offsets of the
+// frame's two rows (row_shift, (2, N, T)); +inf (0 with zero_infinity) when no alignment exists (top = -inf).
+__device__ __forceinline__ float loss_of_frame(float top, float total, const double* row_shift, int t, int n, int T,
+                                               int N, int zero_infinity) {
+    const double log2_p = (double)top + log2((double)total) + __ldg(row_shift + (size_t)n * T + t) +
+                          __ldg(row_shift + (size_t)(N + n) * T + t);
+    return top == NEG_INF ? (zero_infinity ? 0.0f : __int_as_float(0x7f800000)) : (float)(-log2_p * LN2);
 }

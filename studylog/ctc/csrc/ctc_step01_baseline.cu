@@ -14,7 +14,8 @@
 // double) for the loss. The posterior of frame t is normalised by its own sum over positions,
 // which cancels the offsets of both rows: no offset needs to be stored.
 
-#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, log_plus, warp_max, warp_sum, row_max
+#include "ctc_common.cuh"   // NEG_INF, NEG_INF_D, log_plus, row_max
+#include "ctc_warpctc.cuh"  // the pieces of steps 1 to 6 that no step changes
 
 // ==========================================================================================
 // Step 1: baseline. One block per utterance; the alpha kernel reads the previous row from the
@@ -55,16 +56,10 @@ extern "C" __global__ void ctc_alpha_step1(
             a[(size_t)t * Smax + s] = v;
             local_max = fmaxf(local_max, v);
         }
-        local_max = warp_max(local_max);
-        if (lane == 0) warp_maxima[t & 1][warp] = local_max;
+        publish_row_max(local_max, warp_maxima[t & 1], warp, lane);
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        const float* last = a + (size_t)(Tn - 1) * Smax;
-        float tail = last[S - 1];
-        if (S > 1) tail = log_plus(tail, last[S - 2]);
-        log_likelihood[n] = (double)tail + shift;
-    }
+    if (threadIdx.x == 0) log_likelihood[n] = log_likelihood_of(a + (size_t)(Tn - 1) * Smax, S, shift);
 }
 
 // Beta recursion (two live rows in shared memory) and the gradient of frame t:
@@ -87,12 +82,9 @@ extern "C" __global__ void ctc_beta_grad_step1(
     const double ll = log_likelihood[n];
     const bool infinite = ll == NEG_INF_D;
     if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
-    for (int t = Tn; t < T; ++t)  // frames past the input length do not touch the loss
-        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = 0.0f;
+    fill_frames(grad, 0.0f, Tn, T, n, N, A);  // frames past the input length do not touch the loss
     if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
-        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
-        for (int t = 0; t < Tn; ++t)
-            for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = fill;
+        fill_frames(grad, zero_infinity ? 0.0f : __int_as_float(0x7fc00000), 0, Tn, n, N, A);
         return;
     }
     const float* a = alphas + (size_t)n * T * Smax;
@@ -123,42 +115,16 @@ extern "C" __global__ void ctc_beta_grad_step1(
             post[s] = a[(size_t)t * Smax + s] + v - e;  // log of alpha beta / y, up to the offsets
             top = fmaxf(top, post[s]);
         }
-        local_max = warp_max(local_max);
-        top = warp_max(top);
-        if (lane == 0) {
-            warp_maxima[t & 1][warp] = local_max;
-            warp_top[warp] = top;
-        }
-        __syncthreads();
-        top = NEG_INF;
-        for (int w = 0; w < nwarps; ++w) top = fmaxf(top, warp_top[w]);
+        top = frame_top(local_max, top, warp_maxima[t & 1], warp_top);
         float total = 0.0f, blank = 0.0f;
-        for (int s = threadIdx.x; s < S; s += blockDim.x) {
-            const float p = expf(post[s] - top);
-            post[s] = p;
-            total += p;
-            if (!(s & 1)) blank += p;
-        }
-        total = warp_sum(total);
-        blank = warp_sum(blank);
-        if (lane == 0) {
-            warp_total[warp] = total;
-            warp_blank[warp] = blank;
-        }
+        for (int s = threadIdx.x; s < S; s += blockDim.x) normalise_posterior(post, s, top, total, blank);
+        publish_posterior_sums(total, blank, warp_total, warp_blank, warp, lane);
         for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(lp[k]);
         __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
-        total = 0.0f;
-        for (int w = 0; w < nwarps; ++w) total += warp_total[w];
-        const float inv_total = 1.0f / total;
+        const float inv_total = 1.0f / sum_of_warps(warp_total, nwarps);
         for (int u = threadIdx.x; u < U; u += blockDim.x) {
             const int cls = slot_class[n * Umax + u];
-            float sum = 0.0f;
-            if (u == 0) {
-                for (int w = 0; w < nwarps; ++w) sum += warp_blank[w];
-            } else {
-                for (int m = slot_start[n * (Umax + 1) + u]; m < slot_start[n * (Umax + 1) + u + 1]; ++m)
-                    sum += post[2 * slot_members[n * Lmax + m] - 1];
-            }
+            const float sum = slot_sum<false>(post, warp_blank, nwarps, slot_start, slot_members, n, u, Umax, Lmax);
             g[cls] = expf(lp[cls]) - sum * inv_total;
         }
         __syncthreads();  // post and the per-warp sums are rewritten by the next frame

@@ -1,7 +1,8 @@
 // CTC loss and gradient in probability space: step 6 of chapter 4 (step 5 with products and sums,
 // ctc_step04_05_blocked.cu). Same layouts and conventions as ctc_step01_baseline.cu.
 
-#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, log_plus, warp_max, warp_sum, row_max
+#include "ctc_common.cuh"   // NEG_INF_D, warp_sum
+#include "ctc_warpctc.cuh"  // fill_frames, slot_sum
 #include "ctc_blocked.cuh"  // position<VT, BLOCKED>
 
 // ==========================================================================================
@@ -117,12 +118,9 @@ __global__ void ctc_beta_grad_step6(
     const bool infinite = ll == NEG_INF_D;
     if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
     if (threadIdx.x == 0 && infinite) error_estimate[n] = __int_as_float(0x7f800000);  // nothing to vouch for
-    for (int t = Tn; t < T; ++t)  // frames past the input length do not touch the loss
-        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = 0.0f;
+    fill_frames(grad, 0.0f, Tn, T, n, N, A);  // frames past the input length do not touch the loss
     if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
-        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
-        for (int t = 0; t < Tn; ++t)
-            for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = fill;
+        fill_frames(grad, zero_infinity ? 0.0f : __int_as_float(0x7fc00000), 0, Tn, n, N, A);
         return;
     }
     int label[VT];
@@ -207,14 +205,7 @@ __global__ void ctc_beta_grad_step6(
         const float inv_total = 1.0f / total;  // inf (a NaN gradient) if every alignment underflowed
         for (int u = threadIdx.x; u < U; u += blockDim.x) {
             const int cls = __ldg(slot_class + n * Umax + u);
-            float sum = 0.0f;
-            if (u == 0) {
-                for (int w = 0; w < nwarps; ++w) sum += warp_blank[w];
-            } else {
-                const int end = __ldg(slot_start + n * (Umax + 1) + u + 1);
-                for (int m = __ldg(slot_start + n * (Umax + 1) + u); m < end; ++m)
-                    sum += post[2 * __ldg(slot_members + n * Lmax + m) - 1];
-            }
+            const float sum = slot_sum<true>(post, warp_blank, nwarps, slot_start, slot_members, n, u, Umax, Lmax);
             g[cls] = __ldg(y + cls) - sum * inv_total;
         }
         __syncthreads();  // post and the per-warp sums are rewritten by the next frame

@@ -16,8 +16,9 @@
 // once (three passes), against four for steps 1 to 6 (activations read, log-probabilities
 // written and read back, gradient written); the emission and row arrays are small.
 
-#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
-#include "ctc_fused.cuh"    // LOG2E, LN2, block_lse, block_max, block_sum2, online_lse
+#include "ctc_common.cuh"     // NEG_INF, FULL_MASK, warp_max, slot_posterior
+#include "ctc_fused.cuh"      // frame_lse, write_emissions, frame_posterior, loss_of_frame, write_softmax
+#include "ctc_recursion.cuh"  // frame_emissions, lane_max, store_row
 
 // ------------------------------------------------------------------------------------------
 // Pass 1: log-sum-exp of each frame and the emissions of the target's labels.
@@ -31,27 +32,11 @@ extern "C" __global__ void ctc_fused_stats(
     const int t = row / N, n = row - t * N;
     if (t >= __ldg(input_lengths + n)) return;  // the whole block: this frame is past the input
     const float* xr = x + (size_t)row * A;
-    float m = NEG_INF, s = 0.0f;
-    if (vectorised) {  // A % 4 == 0 and x 16-byte aligned: every row starts 16-byte aligned
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
-        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
-            const float4 v = __ldg(x4 + k);
-            online_lse(m, s, v.x);
-            online_lse(m, s, v.y);
-            online_lse(m, s, v.z);
-            online_lse(m, s, v.w);
-        }
-    } else {
-        for (int k = threadIdx.x; k < A; k += blockDim.x) online_lse(m, s, __ldg(xr + k));
-    }
-    const float lse = block_lse(m, s, scratch);
+    const float lse = frame_lse(xr, A, vectorised, scratch);  // vectorised: A % 4 == 0 and x 16-byte aligned
     if (threadIdx.x == 0) row_lse[row] = lse;
     const int L = __ldg(target_lengths + n);
     float* em = emissions + ((size_t)n * T + t) * (Lmax + 1);
-    for (int j = threadIdx.x; j <= L; j += blockDim.x) {
-        const int cls = j == 0 ? 0 : __ldg(labels + n * Lmax + j - 1);
-        em[j] = (__ldg(xr + cls) - lse) * LOG2E;
-    }
+    write_emissions(em, xr, labels, n, Lmax, L, lse);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -121,13 +106,7 @@ __device__ __forceinline__ void ctc_recursion_direction(
 #pragma unroll
         for (int q = 0; q < H; ++q) el[p][q] = NEG_INF;
         if (p < Tn) {
-            const float* e = em_base + (size_t)t * (Lmax + 1);
-            eb[p] = __ldg(e);
-#pragma unroll
-            for (int q = 0; q < H; ++q) {
-                const int j = lane * H + q + 1;
-                el[p][q] = j <= L ? __ldg(e + j) : NEG_INF;
-            }
+            frame_emissions<H>(em_base + (size_t)t * (Lmax + 1), lane, L, eb[p], el[p]);
         }
     }
 
@@ -139,10 +118,7 @@ __device__ __forceinline__ void ctc_recursion_direction(
             if (k < Tn) {  // the same for the whole warp
                 const int t = BACKWARD ? Tn - 1 - k : k;
                 // the old row's maximum is reduced alongside the update and subtracted after it
-                float local = r[0];
-#pragma unroll
-                for (int i = 1; i < V; ++i) local = fmaxf(local, r[i]);
-                float prev_max = warp_max(local);
+                float prev_max = warp_max(lane_max<V>(r));
                 prev_max = prev_max == NEG_INF ? 0.0f : prev_max;
                 if (!BACKWARD) {
                     float up1 = __shfl_up_sync(FULL_MASK, r[V - 1], 1);
@@ -178,22 +154,13 @@ __device__ __forceinline__ void ctc_recursion_direction(
                     }
                 }
                 shift += prev_max;
-                if (s0 < S) {
-                    float2* dst = reinterpret_cast<float2*>(out_rows + (size_t)t * stride);
-#pragma unroll
-                    for (int i = 0; i < V; i += 2) dst[i >> 1] = make_float2(r[i], r[i + 1]);
-                }
+                if (s0 < S) store_row<V>(out_rows + (size_t)t * stride, r);
                 if (lane == 0) out_shift[t] = shift;
                 // refill this slot with the frame PREFETCH steps ahead
                 const int kn = k + PREFETCH;
                 if (kn < Tn) {
-                    const float* e = em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1);
-                    eb[p] = __ldg(e);
-#pragma unroll
-                    for (int q = 0; q < H; ++q) {
-                        const int j = lane * H + q + 1;
-                        el[p][q] = j <= L ? __ldg(e + j) : NEG_INF;
-                    }
+                    frame_emissions<H>(em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1), lane, L, eb[p],
+                                       el[p]);
                 }
             }
         }
@@ -239,30 +206,10 @@ extern "C" __global__ void ctc_fused_grad(
     const float* rb = rows + ((size_t)(N + n) * T + t) * row_stride;
     const float* em = emissions + ((size_t)n * T + t) * (Lmax + 1);
 
-    // log2 of alpha_t(s) beta_t(s) / y_t(s), up to the frame's two offsets
-    float local = NEG_INF;
-    for (int s = threadIdx.x; s < S; s += blockDim.x) {
-        const float v = __ldg(ra + s) + __ldg(rb + s) - __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0));
-        post[s] = v;
-        local = fmaxf(local, v);
-    }
-    const float top = block_max(local, scratch);  // also orders the writes to post
-    const bool infinite = top == NEG_INF;         // no alignment passes through this frame: P = 0
-    float total = 0.0f, blank = 0.0f;
-    if (!infinite) {
-        for (int s = threadIdx.x; s < S; s += blockDim.x) {
-            const float p = exp2f(post[s] - top);
-            post[s] = p;
-            total += p;
-            if (!(s & 1)) blank += p;
-        }
-    }
-    const float2 sums = block_sum2(total, blank, scratch);  // orders the writes to post again
-    if (t == 0 && threadIdx.x == 0) {
-        const double log2_p = (double)top + log2((double)sums.x) + __ldg(row_shift + (size_t)n * T + t) +
-                              __ldg(row_shift + (size_t)(N + n) * T + t);
-        loss[n] = infinite ? (zero_infinity ? 0.0f : __int_as_float(0x7f800000)) : (float)(-log2_p * LN2);
-    }
+    float top;  // log2 of the frame's largest alpha beta / y, up to the rows' offsets
+    const float2 sums = frame_posterior(post, scratch, ra, rb, em, S, top);
+    const bool infinite = top == NEG_INF;  // no alignment passes through this frame: P = 0
+    if (t == 0 && threadIdx.x == 0) loss[n] = loss_of_frame(top, sums.x, row_shift, t, n, T, N, zero_infinity);
     if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
         const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
         for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = fill;
@@ -270,28 +217,12 @@ extern "C" __global__ void ctc_fused_grad(
     }
     const float inv_total = 1.0f / sums.x;
     const float lse = __ldg(row_lse + row);
-    if (vectorised) {
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
-        float4* g4 = reinterpret_cast<float4*>(g);
-        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
-            const float4 v = __ldg(x4 + k);
-            g4[k] = make_float4(__expf(v.x - lse), __expf(v.y - lse), __expf(v.z - lse), __expf(v.w - lse));
-        }
-    } else {
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = __expf(__ldg(xr + k) - lse);
-    }
+    write_softmax(g, xr, A, vectorised, lse);
     __syncthreads();  // the softmax is written before the target's classes are overwritten
     const int U = __ldg(num_slots + n);
     for (int u = threadIdx.x; u < U; u += blockDim.x) {
         const int cls = __ldg(slot_class + n * Umax + u);
-        float p = 0.0f;
-        if (u == 0) {
-            p = sums.y;
-        } else {
-            const int end = __ldg(slot_start + n * (Umax + 1) + u + 1);
-            for (int m = __ldg(slot_start + n * (Umax + 1) + u); m < end; ++m)
-                p += post[2 * __ldg(slot_members + n * Lmax + m) - 1];
-        }
+        const float p = u == 0 ? sums.y : slot_posterior(post, slot_start, slot_members, n, u, Umax, Lmax);
         g[cls] = __expf(__ldg(xr + cls) - lse) - p * inv_total;
     }
 }

@@ -2,8 +2,9 @@
 // divergent branch at every label position; why and how: ctc_branch_free.cuh. Step 8 launches step 7's
 // first and last passes around this recursion.
 
-#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
+#include "ctc_common.cuh"       // NEG_INF, FULL_MASK
 #include "ctc_branch_free.cuh"  // lse2_select, lse3_select, warp_max_of
+#include "ctc_recursion.cuh"    // frame_emissions, lane_max, store_row
 
 template <int V, int PREFETCH_FRAMES, bool FTZ, bool REDUX, bool BACKWARD>
 __device__ __forceinline__ void ctc_branchless_direction(
@@ -49,13 +50,7 @@ __device__ __forceinline__ void ctc_branchless_direction(
 #pragma unroll
         for (int q = 0; q < H; ++q) el[p][q] = NEG_INF;
         if (p < Tn) {
-            const float* e = em_base + (size_t)t * (Lmax + 1);
-            eb[p] = __ldg(e);
-#pragma unroll
-            for (int q = 0; q < H; ++q) {
-                const int j = lane * H + q + 1;
-                el[p][q] = j <= L ? __ldg(e + j) : NEG_INF;
-            }
+            frame_emissions<H>(em_base + (size_t)t * (Lmax + 1), lane, L, eb[p], el[p]);
         }
     }
 
@@ -66,10 +61,7 @@ __device__ __forceinline__ void ctc_branchless_direction(
             const int k = k0 + p;
             if (k < Tn) {  // the same for the whole warp
                 const int t = BACKWARD ? Tn - 1 - k : k;
-                float local = r[0];
-#pragma unroll
-                for (int i = 1; i < V; ++i) local = fmaxf(local, r[i]);
-                float prev_max = warp_max_of<REDUX>(local);
+                float prev_max = warp_max_of<REDUX>(lane_max<V>(r));
                 prev_max = prev_max == NEG_INF ? 0.0f : prev_max;
                 if (!BACKWARD) {
                     const float from_left = __shfl_up_sync(FULL_MASK, r[V - 1], 1);
@@ -105,21 +97,12 @@ __device__ __forceinline__ void ctc_branchless_direction(
                     }
                 }
                 shift += prev_max;
-                if (s0 < S) {
-                    float2* dst = reinterpret_cast<float2*>(out_rows + (size_t)t * stride);
-#pragma unroll
-                    for (int i = 0; i < V; i += 2) dst[i >> 1] = make_float2(r[i], r[i + 1]);
-                }
+                if (s0 < S) store_row<V>(out_rows + (size_t)t * stride, r);
                 if (lane == 0) out_shift[t] = shift;
                 const int kn = k + PREFETCH_FRAMES;
                 if (kn < Tn) {
-                    const float* e = em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1);
-                    eb[p] = __ldg(e);
-#pragma unroll
-                    for (int q = 0; q < H; ++q) {
-                        const int j = lane * H + q + 1;
-                        el[p][q] = j <= L ? __ldg(e + j) : NEG_INF;
-                    }
+                    frame_emissions<H>(em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1), lane, L, eb[p],
+                                       el[p]);
                 }
             }
         }

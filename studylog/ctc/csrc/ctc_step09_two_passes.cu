@@ -1,8 +1,8 @@
 // CTC loss, step 9 of chapter 4: two passes over the activations instead of three (the recursion
 // between them is step 8's, ctc_step08_branch_free.cu).
 
-#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
-#include "ctc_fused.cuh"    // LOG2E, LN2, block_lse, block_max, block_sum2, online_lse
+#include "ctc_common.cuh"  // NEG_INF, slot_posterior
+#include "ctc_fused.cuh"   // LOG2E, block_max, block_sum2, frame_lse, write_emissions, write_softmax, ...
 
 // ==========================================================================================
 // Step 9: two passes over the activations instead of three.
@@ -67,35 +67,10 @@ extern "C" __global__ void ctc_stats_softmax(
     }
     // larger or unaligned frames: reduce, then read the frame again (the same thread, the same
     // addresses, moments later: mostly L1 hits)
-    float m = NEG_INF, s = 0.0f;
-    if (vectorised) {
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
-        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
-            const float4 v = __ldg(x4 + k);
-            online_lse(m, s, v.x);
-            online_lse(m, s, v.y);
-            online_lse(m, s, v.z);
-            online_lse(m, s, v.w);
-        }
-    } else {
-        for (int k = threadIdx.x; k < A; k += blockDim.x) online_lse(m, s, __ldg(xr + k));
-    }
-    const float lse = block_lse(m, s, scratch);
+    const float lse = frame_lse(xr, A, vectorised, scratch);
     if (threadIdx.x == 0) row_lse[row] = lse;
-    for (int j = threadIdx.x; j <= L; j += blockDim.x) {
-        const int cls = j == 0 ? 0 : __ldg(labels + n * Lmax + j - 1);
-        em[j] = (__ldg(xr + cls) - lse) * LOG2E;
-    }
-    if (vectorised) {  // each thread re-reads exactly the float4s it reduced above
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
-        float4* g4 = reinterpret_cast<float4*>(g);
-        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
-            const float4 v = __ldg(x4 + k);
-            g4[k] = make_float4(__expf(v.x - lse), __expf(v.y - lse), __expf(v.z - lse), __expf(v.w - lse));
-        }
-    } else {
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = __expf(__ldg(xr + k) - lse);
-    }
+    write_emissions(em, xr, labels, n, Lmax, L, lse);
+    write_softmax(g, xr, A, vectorised, lse);  // each thread re-reads exactly the float4s it reduced above
 }
 
 // Pass 3 of step 9: one block per frame (t, n); only the target's classes are corrected, in place:
@@ -119,29 +94,10 @@ extern "C" __global__ void ctc_target_grad(
     const float* rb = rows + ((size_t)(N + n) * T + t) * row_stride;
     const float* em = emissions + ((size_t)n * T + t) * (Lmax + 1);
 
-    float local = NEG_INF;
-    for (int s = threadIdx.x; s < S; s += blockDim.x) {
-        const float v = __ldg(ra + s) + __ldg(rb + s) - __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0));
-        post[s] = v;
-        local = fmaxf(local, v);
-    }
-    const float top = block_max(local, scratch);
+    float top;
+    const float2 sums = frame_posterior(post, scratch, ra, rb, em, S, top);
     const bool infinite = top == NEG_INF;
-    float total = 0.0f, blank = 0.0f;
-    if (!infinite) {
-        for (int s = threadIdx.x; s < S; s += blockDim.x) {
-            const float p = exp2f(post[s] - top);
-            post[s] = p;
-            total += p;
-            if (!(s & 1)) blank += p;
-        }
-    }
-    const float2 sums = block_sum2(total, blank, scratch);
-    if (t == 0 && threadIdx.x == 0) {
-        const double log2_p = (double)top + log2((double)sums.x) + __ldg(row_shift + (size_t)n * T + t) +
-                              __ldg(row_shift + (size_t)(N + n) * T + t);
-        loss[n] = infinite ? (zero_infinity ? 0.0f : __int_as_float(0x7f800000)) : (float)(-log2_p * LN2);
-    }
+    if (t == 0 && threadIdx.x == 0) loss[n] = loss_of_frame(top, sums.x, row_shift, t, n, T, N, zero_infinity);
     if (infinite) {  // no alignment: the whole frame is NaN, or zero with zero_infinity
         const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
         for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = fill;
@@ -151,14 +107,7 @@ extern "C" __global__ void ctc_target_grad(
     const int U = __ldg(num_slots + n);
     for (int u = threadIdx.x; u < U; u += blockDim.x) {
         const int cls = __ldg(slot_class + n * Umax + u);
-        float p = 0.0f;
-        if (u == 0) {
-            p = sums.y;
-        } else {
-            const int end = __ldg(slot_start + n * (Umax + 1) + u + 1);
-            for (int m = __ldg(slot_start + n * (Umax + 1) + u); m < end; ++m)
-                p += post[2 * __ldg(slot_members + n * Lmax + m) - 1];
-        }
+        const float p = u == 0 ? sums.y : slot_posterior(post, slot_start, slot_members, n, u, Umax, Lmax);
         g[cls] -= p * inv_total;  // the first pass wrote the softmax here
     }
 }

@@ -1,15 +1,17 @@
 // CTC loss, step 10 of chapter 4: the recursion over several warps per direction (step 9's two passes
 // around it, ctc_step09_two_passes.cu).
 
-#include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
+#include "ctc_common.cuh"       // NEG_INF, FULL_MASK, warp_max
 #include "ctc_branch_free.cuh"  // lse2_select, lse3_select
+#include "ctc_recursion.cuh"    // frame_emissions, lane_max, store_row
 
 // ==========================================================================================
 // Step 10: several warps per utterance and direction.
 //
 // One warp per direction leaves three of an SM's four schedulers idle and runs every frame as
-// about 28 instructions per position for V positions per lane (V = 10 for S up to 320). Here a block of W warps shares the S positions, V = 2 or 4
-// per thread, so each scheduler runs a short chain. Neighbouring warps exchange one or two
+// about 28 instructions per position for V positions per lane (V = 10 for S up to 320). Here a
+// block of W warps shares the S positions, V = 2 or 4 per thread, so each scheduler runs a short
+// chain. Neighbouring warps exchange one or two
 // boundary values per frame through shared memory, double-buffered so that one barrier per frame
 // is enough; the same barrier combines the warps' maxima of the old row, which each warp reduces
 // while it computes the new one, as in steps 7 and 8. The new row is stored before subtracting
@@ -67,13 +69,7 @@ __device__ __forceinline__ void ctc_warps_direction(
 #pragma unroll
         for (int q = 0; q < H; ++q) el[p][q] = NEG_INF;
         if (p < Tn) {
-            const float* e = em_base + (size_t)t * (Lmax + 1);
-            eb[p] = __ldg(e);
-#pragma unroll
-            for (int q = 0; q < H; ++q) {
-                const int j = tid * H + q + 1;
-                el[p][q] = j <= L ? __ldg(e + j) : NEG_INF;
-            }
+            frame_emissions<H>(em_base + (size_t)t * (Lmax + 1), tid, L, eb[p], el[p]);
         }
     }
 
@@ -96,10 +92,7 @@ __device__ __forceinline__ void ctc_warps_direction(
             if (k < Tn) {  // the same for the whole block
                 const int t = BACKWARD ? Tn - 1 - k : k;
                 const int b = k & 1;
-                float local = r[0];
-#pragma unroll
-                for (int i = 1; i < V; ++i) local = fmaxf(local, r[i]);
-                const float chunk_max = warp_max(local);  // this warp's share of the old row
+                const float chunk_max = warp_max(lane_max<V>(r));  // this warp's share of the old row
                 if (!BACKWARD) {
                     const float from_left = __shfl_up_sync(FULL_MASK, r[V - 1], 1);
                     const float across = warp > 0 ? exchange[b][1][warp - 1] - offset : NEG_INF;
@@ -157,21 +150,12 @@ __device__ __forceinline__ void ctc_warps_direction(
                 for (int i = 0; i < V; ++i) r[i] -= prev_max;
                 offset = prev_max;
                 shift += prev_max;
-                if (s0 < S) {
-                    float2* dst = reinterpret_cast<float2*>(out_rows + (size_t)t * stride);
-#pragma unroll
-                    for (int i = 0; i < V; i += 2) dst[i >> 1] = make_float2(r[i], r[i + 1]);
-                }
+                if (s0 < S) store_row<V>(out_rows + (size_t)t * stride, r);
                 if (tid == 0) out_shift[t] = shift;
                 const int kn = k + PREFETCH_FRAMES;
                 if (kn < Tn) {
-                    const float* e = em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1);
-                    eb[p] = __ldg(e);
-#pragma unroll
-                    for (int q = 0; q < H; ++q) {
-                        const int j = tid * H + q + 1;
-                        el[p][q] = j <= L ? __ldg(e + j) : NEG_INF;
-                    }
+                    frame_emissions<H>(em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1), tid, L, eb[p],
+                                       el[p]);
                 }
             }
         }

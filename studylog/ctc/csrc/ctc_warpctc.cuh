@@ -1,0 +1,87 @@
+// Pieces of the alpha and beta kernels of steps 1 to 6 of chapter 4 (warp-ctc's design, one block per
+// utterance) that no step changes. Layouts and conventions: ctc_step01_baseline.cu. Each piece takes the
+// values its kernel already holds (warp, lane, ...) rather than recomputing them: the kernels compile to the
+// same code as when the pieces were written out in each of them.
+#pragma once
+
+#include "ctc_common.cuh"  // NEG_INF, log_plus, warp_max, warp_sum, slot_posterior
+
+// ------------------------------------------------------------------------------------------
+// The rows of the recursions.
+// ------------------------------------------------------------------------------------------
+// Each warp's maximum of a row (this thread's share: local_max) goes to row_maxima, for the next frame.
+__device__ __forceinline__ void publish_row_max(float local_max, float* row_maxima, int warp, int lane) {
+    local_max = warp_max(local_max);
+    if (lane == 0) row_maxima[warp] = local_max;
+}
+
+// log P from the last alpha row, stored relative to the offset shift: a path ends on the last label or on the
+// blank after it.
+__device__ __forceinline__ double log_likelihood_of(const float* last, int S, double shift) {
+    float tail = last[S - 1];
+    if (S > 1) tail = log_plus(tail, last[S - 2]);
+    return (double)tail + shift;
+}
+
+// ------------------------------------------------------------------------------------------
+// The gradient, frame by frame in the beta kernels.
+// ------------------------------------------------------------------------------------------
+// Frames t_begin .. t_end - 1 of utterance n's gradient set to value.
+__device__ __forceinline__ void fill_frames(float* grad, float value, int t_begin, int t_end, int n, int N, int A) {
+    for (int t = t_begin; t < t_end; ++t)
+        for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = value;
+}
+
+// After a frame's recursion: each warp's maximum of the new beta row (for the next frame, in row_maxima) and
+// of the logs of the posteriors (top) go to shared memory; returns the block's maximum of the latter.
+__device__ __forceinline__ float frame_top(float local_max, float top, float* row_maxima, float* warp_top) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    local_max = warp_max(local_max);
+    top = warp_max(top);
+    if (lane == 0) {
+        row_maxima[warp] = local_max;
+        warp_top[warp] = top;
+    }
+    __syncthreads();
+    top = NEG_INF;
+    for (int w = 0; w < nwarps; ++w) top = fmaxf(top, warp_top[w]);
+    return top;
+}
+
+// Position s's posterior relative to the frame's largest (post[s] holds its log, top the block's largest log),
+// added to this thread's sums over all positions (total) and over the blanks (blank).
+__device__ __forceinline__ void normalise_posterior(float* post, int s, float top, float& total, float& blank) {
+    const float p = expf(post[s] - top);
+    post[s] = p;
+    total += p;
+    if (!(s & 1)) blank += p;
+}
+
+// This thread's sums of the frame's posteriors (total: all positions, blank: the blanks), summed over each warp
+// into warp_total and warp_blank.
+__device__ __forceinline__ void publish_posterior_sums(float total, float blank, float* warp_total, float* warp_blank,
+                                                       int warp, int lane) {
+    total = warp_sum(total);
+    blank = warp_sum(blank);
+    if (lane == 0) {
+        warp_total[warp] = total;
+        warp_blank[warp] = blank;
+    }
+}
+
+// The sum of nwarps per-warp values.
+__device__ __forceinline__ float sum_of_warps(const float* warp_values, int nwarps) {
+    float sum = 0.0f;
+    for (int w = 0; w < nwarps; ++w) sum += warp_values[w];
+    return sum;
+}
+
+// The posterior of class slot u of utterance n in a frame, relative to the frame's largest: the blanks' (u = 0)
+// from the per-warp sums warp_blank, a label's summed over its positions. LDG: the slot arrays are read through
+// __ldg (steps 3 to 6).
+template <bool LDG>
+__device__ __forceinline__ float slot_sum(const float* post, const float* warp_blank, int nwarps, const int* slot_start,
+                                          const int* slot_members, int n, int u, int Umax, int Lmax) {
+    return u == 0 ? sum_of_warps(warp_blank, nwarps)
+                  : slot_posterior<LDG>(post, slot_start, slot_members, n, u, Umax, Lmax);
+}
