@@ -39,7 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python -m studylog bench all
 
 plot: $(STAMP)
-	$(BIN)/python -m studylog plot all
+	$(BIN)/python -m book plot all
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[lab]"

@@ -3,7 +3,8 @@
   python -m studylog info                      what runs here: versions, the GPU, the kernels' mode and why
   python -m studylog bench CHAPTER... | all    run chapters' GPU benchmarks and write their JSON results
   python -m studylog bench verify DIR          compare a fresh run's results with the committed ones
-  python -m studylog plot CHAPTER... | all     redraw figures and the README's results from the committed JSON
+
+The figures and the README's results are the book's: python -m book plot CHAPTER... | all.
 
 Errors print one line, "error: ...", and exit with status 2 for a bad command line, 1 for a failure,
 3 when bench verify finds a headline that no longer holds.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 #: The chapters' own command lines (``studylog/<chapter>/__main__.py``): module -> (arguments, what it does).
 CHAPTER_TOOLS = {
-    "studylog.fsm": ("export-masks | report | figure | realworld",
+    "studylog.fsm": ("export-masks | report | realworld",
                      "chapter 1: the mask file, the suite's savings, SchemaStore's schemas"),
     "studylog.ngram": ("corpus [--out PATH] [--check]", "chapter 3: rebuild or check the real-text corpus"),
 }
@@ -67,7 +68,7 @@ def _parser() -> _Parser:
     parser = _Parser(prog="python -m studylog", description=__doc__, epilog=_epilog(),
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"studylog {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,bench,plot}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,bench}")
     sub.add_parser("info", help="versions, the GPU, and how kernels run here (and why)",
                    description="Versions of Python and of the packages the kernels use, the GPU and its compute "
                                "capability, and how kernels run on this machine, and why.")
@@ -85,10 +86,6 @@ def _parser() -> _Parser:
                        help="results folder (default: assets/bench of the checkout); files go to "
                             "OUT/<gpu-name>/<chapter>.json")
     bench.add_argument("--quick", action="store_true", help="a reduced sweep, for trying the harness out")
-    plot = sub.add_parser("plot", help="redraw chapters' figures from the committed results into assets/figures",
-                          description="Redraw chapters' figures (assets/figures) and the README's results "
-                                      "from the committed benchmark results (needs a repository checkout).")
-    plot.add_argument("chapters", nargs="+", metavar="CHAPTER", help=f"chapter names ({names}) or 'all'")
     return parser
 
 
@@ -105,7 +102,7 @@ def _check_chapters(names: list[str], need: str) -> list[str]:
             raise UsageError(f"unknown chapter {name!r}; choose from {', '.join(registry.CHAPTERS)} or 'all'")
     try:
         registry.select(names, need=need)
-    except ValueError as exc:  # a chapter without a benchmark (or figures)
+    except ValueError as exc:  # a chapter without a benchmark
         raise UsageError(str(exc)) from None
     return names
 
@@ -218,16 +215,6 @@ def _bench(args, argv: list[str] | None) -> int:
     return 0
 
 
-def _plot(args) -> int:
-    from studylog import paths, plotting
-
-    _check_chapters(args.chapters, "figures")
-    paths.require_checkout("python -m studylog plot")
-    for path in plotting.save_chapter_figures(args.chapters):
-        print(path)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -235,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             print("\n".join(info_lines()))
             return 0
-        if args.command == "plot":
-            return _plot(args)
         return _bench(args, argv)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -582,7 +582,7 @@ def run_chapters(chapters: list[str], *, out_dir: Path, command: str, quick: boo
 # --------------------------------------------------------------------------------------
 
 def _row_key(row: dict[str, Any]) -> tuple:
-    return (row["series"], row["role"], row.get("clock", "do_bench"), json.dumps(row["params"], sort_keys=True))
+    return (row["series"], row["role"], row["clock"], json.dumps(row["params"], sort_keys=True))
 
 
 def _headline_key(row: dict[str, Any]) -> tuple:

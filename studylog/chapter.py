@@ -6,11 +6,12 @@ A chapter is a package ``studylog/<name>/`` whose ``__init__`` is its public API
 * its **steps**, in the order the lesson builds them: number, short name, one line on what changed,
   the public function that runs the step, the language, and the source that ``show_diff`` compares
   (a Triton/Python function, or a ``.cu`` file and one function of it);
-* its **benchmark** (``bench(run)``, given a :class:`studylog.bench.BenchRun`), its **figures**
-  (``figures(results) -> {name: Figure}``) and its **headline** (``headline(results) -> [row, ...]``),
-  each ``None`` when the chapter has none.
+* its **benchmark** (``bench(run)``, given a :class:`studylog.bench.BenchRun`) and its **headline**
+  (``headline(results) -> [row, ...]``), each ``None`` when the chapter has none.
 
-The harness (``python -m studylog bench``), the plot command, the book and the tests all go through
+Its figures are the book's (``book/<chapter>/figures.py``), not the library's.
+
+The harness (``python -m studylog bench``), the book and the tests all go through
 :func:`get` and :func:`chapters`; nothing looks a chapter's functions up by ``hasattr``.
 
 A step has one name everywhere: ``step.name`` (``"step09_tma"``) is its public function's name and its
@@ -79,13 +80,9 @@ class Chapter:
     notebooks: tuple[str, ...]
     steps: tuple[Step, ...]
     bench: Callable[["BenchRun"], None] | None = None
-    figures: Callable[["Results"], Mapping[str, Any]] | None = None
     headline: Callable[["Results"], list[dict]] | None = None
     #: Series that are not steps (baselines, floors, peers): series name -> what it is.
     baselines: Mapping[str, str] = field(default_factory=dict)
-    #: Series names of results measured before the steps had their names (old -> new):
-    #: :func:`studylog.plotting.load_results` reads such files under today's names.
-    renamed_series: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         numbers = [s.number for s in self.steps]
@@ -169,8 +166,8 @@ def chapters() -> list[Chapter]:
 
 
 def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> list[Chapter]:
-    """Chapters named on a command line (``["all"]`` for every one); with ``need`` (``"bench"``,
-    ``"figures"`` or ``"headline"``), ``"all"`` keeps those that declare it and a named chapter
+    """Chapters named on a command line (``["all"]`` for every one); with ``need`` (``"bench"`` or
+    ``"headline"``), ``"all"`` keeps those that declare it and a named chapter
     without it is an error."""
     if list(names) == ["all"]:
         picked = chapters()

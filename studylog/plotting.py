@@ -1,7 +1,8 @@
-"""Turn the committed benchmark JSON into the chapters' tables and figures.
+"""Read the committed benchmark JSON: a chapter's results, an experiment's output, and the chapters' headline rows.
 
 Notebooks never time anything on the CPU: they load the results a GPU run wrote under
-``assets/bench/<gpu-name>/<chapter>.json`` and say on which GPU and date they were measured.
+``assets/bench/<gpu-name>/<chapter>.json`` and say on which GPU and date they were measured. The figures and the
+tables drawn from them are the book's (``book.plotting``, ``book/<chapter>/figures.py``).
 """
 
 from __future__ import annotations
@@ -9,11 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from studylog import paths
 from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
-from studylog.paths import FIGURES, REPO_ROOT
 
 
 @dataclass
@@ -63,16 +63,6 @@ class Results:
                 seen.setdefault(row["series"], None)
         return list(seen)
 
-    def with_series_names(self, names: dict[str, str]) -> "Results":
-        """The same results with series renamed by ``names`` (old -> new): results measured before a
-        chapter named its series after its steps are read under today's names. The file is not changed."""
-        import copy
-
-        data = copy.deepcopy(self.data)
-        for row in data["measurements"]:
-            row["series"] = names.get(row["series"], row["series"])
-        return Results(self.path, data)
-
     def ms(self, series: str, **params: Any) -> float:
         """The time of exactly one matching row."""
         rows = self.select(series, **params)
@@ -88,10 +78,7 @@ def result_files(chapter: str, root: Path = DEFAULT_OUT) -> list[Path]:
 
 def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT) -> Results:
     """The chapter's results on ``gpu`` (a folder name such as ``nvidia-h100-80gb-hbm3``), or the
-    newest results of any GPU when ``gpu`` is None. Files written before the chapter named its series
-    after its steps (no ``"schema"`` 2) are read under today's names (``CHAPTER.renamed_series``)."""
-    from studylog import chapter as registry
-
+    newest results of any GPU when ``gpu`` is None."""
     files = result_files(chapter, root)
     if gpu is not None:
         files = [f for f in files if f.parent.name == gpu]
@@ -100,10 +87,7 @@ def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT)
             f"no benchmark results for {chapter!r} under {root}; run `python -m studylog bench {chapter}` on a GPU"
         )
     loaded = [Results(f, json.loads(f.read_text())) for f in files]
-    newest = max(loaded, key=lambda r: r.data["date"])
-    if chapter in registry.CHAPTERS and newest.data.get("schema", 1) < 2:
-        newest = newest.with_series_names(dict(registry.get(chapter).renamed_series))
-    return newest
+    return max(loaded, key=lambda r: r.data["date"])
 
 
 def load_lab(chapter: str, name: str, gpu: str = "nvidia-h200", root: Path | None = None) -> Any:
@@ -115,119 +99,6 @@ def load_lab(chapter: str, name: str, gpu: str = "nvidia-h200", root: Path | Non
     if not path.is_file():
         raise FileNotFoundError(f"no experiment output {path} (see lab/{chapter}/README.md)")
     return json.loads(path.read_text()) if path.suffix == ".json" else path.read_text()
-
-
-def table(results: Results, columns: Sequence[str], series: Sequence[str], where: dict[str, Any] | None = None,
-          fmt: str = "{:.1f}", unit_scale: float = 1e3) -> str:
-    """A Markdown table: one line per distinct parameter tuple, one column per series (µs by default)."""
-    where = where or {}
-    keys: dict[tuple, None] = {}
-    for row in results.rows:
-        if row["series"] in series and all(row["params"].get(k) == v for k, v in where.items()):
-            keys.setdefault(tuple(row["params"].get(c) for c in columns), None)
-    head = "| " + " | ".join(list(columns) + [f"{s} (µs)" if unit_scale == 1e3 else s for s in series]) + " |"
-    lines = [head, "|" + "---|" * (len(columns) + len(series))]
-    for key in keys:
-        params = dict(zip(columns, key)) | where
-        cells = []
-        for s in series:
-            rows = results.select(s, **params)
-            cells.append(fmt.format(rows[0]["ms"] * unit_scale) if rows else "–")
-        lines.append("| " + " | ".join([str(k) for k in key] + cells) + " |")
-    return "\n".join(lines)
-
-
-def _xy(results: Results, series: str, x: str, where: dict[str, Any], value) -> tuple[list, list]:
-    pts = sorted((row["params"][x], value(row)) for row in results.select(series, **where))
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
-def plot_times(results: Results, x: str, series: Iterable[str], *, where: dict[str, Any] | None = None,
-               floor: bool = True, ax=None, logx: bool = True, logy: bool = True, title: str | None = None,
-               label=None):
-    """Time (µs) against a swept parameter, one line per series, with the row floors dashed; ``label`` maps a
-    series to its legend label (for example ``CHAPTER.label``)."""
-    import matplotlib.pyplot as plt
-
-    where = where or {}
-    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
-    floor_pts: dict = {}
-    for s in series:
-        xs, ys = _xy(results, s, x, where, lambda r: r["ms"] * 1e3)
-        if xs:
-            ax.plot(xs, ys, marker="o", ms=3, label=label(s) if label else s)
-        for row in results.select(s, **where):
-            if "floor_ms" in row:
-                floor_pts[row["params"][x]] = max(floor_pts.get(row["params"][x], 0), row["floor_ms"] * 1e3)
-    if floor and floor_pts:
-        xs = sorted(floor_pts)
-        ax.plot(xs, [floor_pts[v] for v in xs], "k--", lw=1, label="floor (bytes / measured bandwidth)")
-    ax.set_xscale("log" if logx else "linear")
-    ax.set_yscale("log" if logy else "linear")
-    ax.set_xlabel(x)
-    ax.set_ylabel("time (µs, median)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title or f"{results.data['chapter']} on {results.gpu}", fontsize=10)
-    return ax
-
-
-def plot_speedup(results: Results, x: str, baseline: str, series: Iterable[str], *,
-                 where: dict[str, Any] | None = None, ax=None, logx: bool = True, title: str | None = None,
-                 label=None):
-    """Speedup over ``baseline`` (baseline time / series time) against a swept parameter."""
-    import matplotlib.pyplot as plt
-
-    where = where or {}
-    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
-    base = {row["params"][x]: row["ms"] for row in results.select(baseline, **where)}
-    for s in series:
-        pts = sorted((row["params"][x], base[row["params"][x]] / row["ms"])
-                     for row in results.select(s, **where) if row["params"][x] in base)
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label(s) if label else s)
-    ax.axhline(1.0, color="k", lw=1, ls=":")
-    ax.set_xscale("log" if logx else "linear")
-    ax.set_ylim(bottom=0)  # speedups on a linear axis, from zero
-    ax.set_xlabel(x)
-    ax.set_ylabel(f"speedup over {baseline}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title or f"{results.data['chapter']} on {results.gpu}", fontsize=10)
-    return ax
-
-
-def save_figure(fig, name: str) -> Path:
-    """Save a figure under ``assets/figures/<name>.png`` (the book and the README link these); needs a
-    repository checkout (:data:`studylog.paths.CHECKOUT`)."""
-    paths.require_checkout(f"saving the figure {name!r}")
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    path = FIGURES / f"{name}.png"
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    return path
-
-
-def save_chapter_figures(chapters: Sequence[str]) -> list[Path]:
-    """Redraw figures from committed results: each chapter that declares ``figures`` (see
-    :mod:`studylog.chapter`) draws ``{name: Figure}``, saved as ``assets/figures/<chapter>_<name>.png``.
-    The notebooks call the same function, so the book and the files never differ."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from studylog import chapter as registry
-
-    saved = []
-    for declared in registry.select(list(chapters), need="figures"):
-        if not result_files(declared.name):
-            continue
-        for name, fig in declared.figures(load_results(declared.name)).items():
-            saved.append(save_figure(fig, f"{declared.name}_{name}"))
-            plt.close(fig)
-    if update_readme():
-        saved.append(REPO_ROOT / "README.md")
-    return saved
 
 
 def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
@@ -242,27 +113,6 @@ def headline_rows(root: Path = DEFAULT_OUT) -> list[dict[str, Any]]:
             for row in declared.headline(results):
                 rows.append({"chapter": declared.name, "gpu": results.gpu, "date": results.date, **row})
     return rows
-
-
-#: How far a headline may differ between two cards before the tables say so.
-CARD_TOLERANCE = 0.15
-
-
-def card_differences(rows: list[dict[str, Any]]) -> list[str]:
-    """Sentences naming each headline (same kernel, baseline and case) whose speedup differs between two GPUs by
-    more than :data:`CARD_TOLERANCE`: a ratio that holds on one card need not hold on another."""
-    by_key: dict[tuple, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_key.setdefault((r["kernel"], r["baseline"], r["case"]), []).append(r)
-    out = []
-    for (kernel, baseline, case), rs in by_key.items():
-        if len(rs) < 2:
-            continue
-        lo, hi = min(rs, key=lambda r: r["speedup"]), max(rs, key=lambda r: r["speedup"])
-        if hi["speedup"] > (1 + CARD_TOLERANCE) * lo["speedup"]:
-            out.append(f"{kernel} against {baseline} ({case}): {hi['speedup']:.2f}× on the {hi['gpu']}, "
-                       f"{lo['speedup']:.2f}× on the {lo['gpu']}.")
-    return out
 
 
 def headline_row(results: Results, kernel: str, baseline: str, case: str, *, kernel_label: str | None = None,
@@ -292,88 +142,3 @@ def headline_row(results: Results, kernel: str, baseline: str, case: str, *, ker
         row["speedup_range"] = [row["baseline_spread_ms"][0] / row["kernel_spread_ms"][2],
                                 row["baseline_spread_ms"][2] / row["kernel_spread_ms"][0]]
     return row
-
-
-def _us(ms: float | None) -> str:
-    return "–" if ms is None else f"{ms * 1e3:,.1f}"
-
-
-def _spread_note(row: dict[str, Any]) -> str:
-    """`` (±x%)`` when the kernel's repetitions spread by more than 10% of its median."""
-    spread = row.get("kernel_spread_ms")
-    if not spread:
-        return ""
-    width = (spread[2] - spread[0]) / spread[1]
-    return f" (spread {width:.0%})" if width > 0.10 else ""
-
-
-def headline_markdown(root: Path = DEFAULT_OUT) -> str:
-    """The headline tables (Markdown), computed from the committed JSON: used by the book and the README. One
-    table per chapter and GPU, under a line naming the GPU, the date and the clock; beside each speedup, our time
-    and the baseline's (µs, medians; min–max of the repetitions where the file has them) and our host time per
-    call. After a chapter's tables, the headlines whose speedup differs between its cards (:func:`card_differences`)."""
-    rows = headline_rows(root)
-    if not rows:
-        return "No GPU results are committed yet."
-    out: list[str] = []
-    for chapter in dict.fromkeys(r["chapter"] for r in rows):
-        of_chapter = [r for r in rows if r["chapter"] == chapter]
-        for gpu in dict.fromkeys(r["gpu"] for r in of_chapter):
-            mine = [r for r in of_chapter if r["gpu"] == gpu]
-            clocks = sorted({r.get("clock", "do_bench") for r in mine})
-            out += [f"**{chapter}** — {gpu}, {mine[0]['date']}; clock: {', '.join(clocks)}", "",
-                    "| ours | against | case | speedup | ours (µs) | theirs (µs) | host per call (µs) |",
-                    "|---|---|---|---|---|---|---|"]
-            out += [_headline_line(r) for r in mine] + [""]
-        differ = card_differences(of_chapter)
-        if differ:
-            out += [f"Where the cards differ by more than {CARD_TOLERANCE:.0%}:", ""] + [f"- {d}" for d in differ]
-            out.append("")
-    return "\n".join(out).rstrip()
-
-
-def _headline_line(r: dict[str, Any]) -> str:
-    """One headline's row of :func:`headline_markdown`'s tables."""
-    ours = _us(r.get("kernel_ms"))
-    if r.get("kernel_spread_ms"):
-        lo, _, hi = r["kernel_spread_ms"]
-        ours += f" ({_us(lo)}–{_us(hi)})"
-    if r.get("kernel_gpu_ms") is not None and r.get("clock") != "gpu":  # a host-clock headline: GPU time too
-        ours += f"; GPU {_us(r['kernel_gpu_ms'])}"
-    base = _us(r.get("baseline_ms"))
-    if r.get("baseline_spread_ms"):
-        lo, _, hi = r["baseline_spread_ms"]
-        base += f" ({_us(lo)}–{_us(hi)})"
-    return (f"| {r['kernel']} | {r['baseline']} | {r['case']} | **{r['speedup']:.2f}×**{_spread_note(r)} | "
-            f"{ours} | {base} | {_us(r.get('host_ms'))} |")
-
-
-README_START = "<!-- results: generated by `python -m studylog plot all` from assets/bench; do not edit -->"
-README_END = "<!-- end of results -->"
-
-
-def readme_results_block(root: Path = DEFAULT_OUT) -> str:
-    """The README's results section: the GPU's ceilings and every chapter's headline."""
-    lines = [README_START, ""]
-    for f in result_files("env", root):
-        env = Results(f, json.loads(f.read_text()))
-        mm = env.select("matmul_bfloat16", n=8192)
-        lines.append(f"Measured on **{env.gpu}** ({env.date}): copy bandwidth "
-                     f"{env.data['ceilings']['copy_bandwidth_gbs'] / 1e3:.2f} TB/s, bf16 matmul (8192³) "
-                     f"{mm[0]['tflops']:.0f} TFLOP/s, empty kernel launch {env.data['ceilings']['empty_launch_ms'] * 1e3:.1f} µs.")
-        lines.append("")
-    lines += [headline_markdown(root), "", README_END]
-    return "\n".join(lines)
-
-
-def update_readme(readme: Path = REPO_ROOT / "README.md") -> bool:
-    """Rewrite the generated block of the README; returns True when it changed."""
-    text = readme.read_text()
-    if README_START not in text or README_END not in text:
-        raise ValueError(f"{readme} has no generated results block ({README_START!r} ... {README_END!r})")
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    new = head + readme_results_block() + tail
-    if new != text:
-        readme.write_text(new)
-    return new != text

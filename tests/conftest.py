@@ -31,13 +31,3 @@ def rng(record_property):
     record_property("seed", seed)
     print(f"rng seed: {seed}")  # shown with the output of a failing test
     return gen
-
-
-@pytest.fixture
-def before_one_clock():
-    """A results root holding the H200 files of three chapters as committed before the one-clock benchmark
-    (copied unchanged from the repository's history): old series names, do_bench times. The readers must still
-    understand them; the committed results have moved on."""
-    from pathlib import Path
-
-    return Path(__file__).parent / "data" / "before_one_clock"

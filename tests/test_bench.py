@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+from book import plotting as book_plotting
 from studylog import bench, plotting
 
 REQUIRED = {"chapter", "device", "versions", "date", "git_commit", "command", "ceilings", "measurements"}
@@ -79,13 +80,13 @@ def test_plot_helpers_on_a_small_results_file(tmp_path):
     res = _fake_results(tmp_path)
     assert res.gpu == "Test GPU" and "2026-01-02" in res.caption()
     assert res.ms("ours", n=100) == pytest.approx(0.1)
-    ax = plotting.plot_speedup(res, "n", "dense", ["ours"])
+    ax = book_plotting.plot_speedup(res, "n", "dense", ["ours"])
     (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "ours"]
     assert list(line.get_ydata()) == pytest.approx([100.0, 10.0, 1.0])
     assert ax.get_yscale() == "linear"  # speedups read on a linear axis
-    ax = plotting.plot_times(res, "n", ["dense", "ours"])
+    ax = book_plotting.plot_times(res, "n", ["dense", "ours"])
     assert any("floor" in ln.get_label() for ln in ax.get_lines())
-    md = plotting.table(res, ["n"], ["dense", "ours"], where={"b": 1})
+    md = book_plotting.table(res, ["n"], ["dense", "ours"], where={"b": 1})
     assert md.splitlines()[2] == "| 10 | 1000.0 | 10.0 |"
 
 
@@ -97,7 +98,7 @@ def test_missing_results_say_how_to_make_them(tmp_path):
 def test_readme_results_are_generated_from_the_committed_json():
     """The README's numbers are never typed by hand: its results block equals what the JSON gives."""
     readme = (bench.REPO_ROOT / "README.md").read_text()
-    assert plotting.readme_results_block() in readme, "README results are stale: run `python -m studylog plot all`"
+    assert book_plotting.readme_results_block() in readme, "README results are stale: run `python -m book plot all`"
 
 
 def test_headline_tables_show_every_card_and_say_where_they_differ():
@@ -105,9 +106,9 @@ def test_headline_tables_show_every_card_and_say_where_they_differ():
     named with both numbers, one that agrees is not."""
     rows = [dict(kernel="k", baseline="b", case="c", speedup=s, gpu=g) for s, g in ((4.0, "A"), (3.0, "B"))]
     rows += [dict(kernel="k", baseline="b", case="d", speedup=s, gpu=g) for s, g in ((2.0, "A"), (2.2, "B"))]
-    said = plotting.card_differences(rows)
+    said = book_plotting.card_differences(rows)
     assert len(said) == 1 and "4.00× on the A" in said[0] and "3.00× on the B" in said[0] and "(c)" in said[0]
-    text = plotting.headline_markdown()
+    text = book_plotting.headline_markdown()
     for f in plotting.result_files("masked_lm_head"):
         gpu = plotting.load_results("masked_lm_head", gpu=f.parent.name).gpu
         assert f"**masked_lm_head** — {gpu}," in text

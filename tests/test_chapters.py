@@ -1,4 +1,4 @@
-"""The chapter protocol: every chapter declares its steps, benchmark, figures and headline, and a step
+"""The chapter protocol: every chapter declares its steps, benchmark and headline, and a step
 has one name everywhere (function, series, legend, notebook)."""
 
 import importlib

@@ -1,6 +1,6 @@
-"""The command line (``python -m studylog``): bad arguments are one ``error: ...`` line and exit status 2, never a
-traceback; the help is plain text and lists the chapters and their own tools; ``--version``; ``info`` reports what
-runs here (versions, the GPU, the kernels' mode and why)."""
+"""The command lines (``python -m studylog``, and the book's ``python -m book plot``): bad arguments are one
+``error: ...`` line and exit status 2, never a traceback; the help is plain text and lists the chapters and their own
+tools; ``--version``; ``info`` reports what runs here (versions, the GPU, the kernels' mode and why)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ import pytest
 import torch
 
 import studylog
+from book.__main__ import main as book_main
+from book.plotting import FIGURE_CHAPTERS
 from studylog import paths
 from studylog.__main__ import CHAPTER_TOOLS, PACKAGES, main
 from studylog.chapter import CHAPTERS
 
 
-def _run(argv, capsys) -> tuple[int, str, str]:
-    """main(argv) as the shell sees it: (exit status, stdout, stderr)."""
+def _run(argv, capsys, entry=main) -> tuple[int, str, str]:
+    """entry(argv) as the shell sees it: (exit status, stdout, stderr)."""
     try:
-        code = main(argv)
+        code = entry(argv)
     except SystemExit as exc:  # argparse's own exits (--help, --version, a bad option)
         code = exc.code
     out, err = capsys.readouterr()
@@ -29,7 +31,6 @@ def _run(argv, capsys) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("argv", [
-    ["plot", "nope"],
     ["bench", "nope"],
     ["bench", "ctc", "nope"],
     ["bench", "all", "ctc"],
@@ -38,8 +39,7 @@ def _run(argv, capsys) -> tuple[int, str, str]:
     ["bench", "verify"],
     ["bench", "verify", "a", "b"],
     ["bench", "verify", "/no/such/folder"],
-    ["plot"],
-    ["plot", "ngram", "--nope"],
+    ["plot", "all"],               # figures are the book's: python -m book plot
     ["frobnicate"],
     [],
 ], ids=lambda a: " ".join(a) or "nothing")
@@ -51,13 +51,13 @@ def test_a_bad_command_line_is_one_error_line_and_status_2(argv, capsys):
 
 
 def test_a_bad_chapter_name_says_which_names_exist(capsys):
-    code, _, err = _run(["plot", "nope"], capsys)
+    code, _, err = _run(["bench", "nope"], capsys)
     assert code == 2 and "'nope'" in err and all(name in err for name in CHAPTERS)
 
 
 def test_no_traceback_from_the_shell():
-    for argv in (["plot", "nope"], ["bench", "nope"]):
-        out = subprocess.run([sys.executable, "-m", "studylog", *argv], capture_output=True, text=True, timeout=300)
+    for argv in (["studylog", "bench", "nope"], ["book", "plot", "nope"]):
+        out = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=300)
         assert out.returncode == 2, out
         assert out.stderr.startswith("error: unknown chapter 'nope'") and "Traceback" not in out.stderr, out.stderr
 
@@ -73,7 +73,7 @@ def test_help_is_plain_text_and_lists_the_chapters_and_their_tools(capsys):
     assert tools == sorted(CHAPTER_TOOLS), "a chapter's __main__.py is missing from CHAPTER_TOOLS (or the reverse)"
     for module in tools:
         assert f"python -m {module}" in out
-    for command in ("info", "bench", "plot"):
+    for command in ("info", "bench"):
         code, sub, _ = _run([command, "--help"], capsys)
         assert code == 0 and "``" not in sub
 
@@ -130,5 +130,38 @@ def test_outside_a_checkout_bench_needs_out_and_plot_refuses(capsys, monkeypatch
     monkeypatch.setattr(paths, "CHECKOUT", False)
     code, _, err = _run(["bench", "env"], capsys)
     assert code == 2 and "--out" in err and err.count("\n") == 1
-    code, _, err = _run(["plot", "env"], capsys)
+    code, _, err = _run(["plot", "env"], capsys, entry=book_main)
     assert code == 1 and err.startswith("error: ") and "checkout" in err
+
+
+# --------------------------------------------------------------------------------------------------
+# python -m book plot
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["plot", "nope"],
+    ["plot", "all", "ctc"],
+    ["plot"],
+    ["plot", "ngram", "--nope"],
+    ["frobnicate"],
+    [],
+], ids=lambda a: " ".join(a) or "nothing")
+def test_a_bad_book_command_line_is_one_error_line_and_status_2(argv, capsys):
+    code, out, err = _run(argv, capsys, entry=book_main)
+    assert code == 2, (code, out, err)
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err + out
+
+
+def test_book_plot_names_the_chapters_that_draw_figures(capsys):
+    code, _, err = _run(["plot", "nope"], capsys, entry=book_main)
+    assert code == 2 and "'nope'" in err and all(name in err for name in FIGURE_CHAPTERS)
+    code, out, _ = _run(["plot", "--help"], capsys, entry=book_main)
+    assert code == 0 and "``" not in out and all(name in out for name in FIGURE_CHAPTERS)
+
+
+def test_every_chapter_with_figures_is_plotted_in_the_course_order():
+    """``python -m book plot all`` draws every ``book/<chapter>/figures.py``, in the order of the chapters."""
+    drawn = {p.parent.name for p in (paths.REPO_ROOT / "book").glob("*/figures.py")}
+    assert set(FIGURE_CHAPTERS) == drawn
+    assert list(FIGURE_CHAPTERS) == [name for name in CHAPTERS if name in drawn]

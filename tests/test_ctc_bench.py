@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from book.ctc import lesson
+from book.ctc import figures, lesson
 from studylog import ctc, plotting
-from studylog.ctc import figures, peers, report
+from studylog.ctc import peers, report
 
 SENTINEL = -12345.0
 
@@ -183,19 +183,13 @@ def test_headline_on_the_new_benchmark_is_on_one_clock_and_names_the_baseline(tm
     assert "speedup_range" in rows[0] and rows[0]["host_ms"] == 0.02
 
 
-def test_headline_still_reads_a_file_of_before_the_one_clock(before_one_clock):
-    rows = ctc.CHAPTER.headline(plotting.load_results("ctc", "nvidia-h200", root=before_one_clock))
-    assert len(rows) == 3 and all(r["baseline"] == "faster of torch cuDNN / native" for r in rows)
-    assert all(r["clock"] == "do_bench" and r["speedup"] > 1 for r in rows)
-
-
 def test_figures_draw_the_new_series_and_label_other_clocks(tmp_path):
     import matplotlib
     import matplotlib.pyplot as plt
 
     matplotlib.use("Agg")
     results = new_results(tmp_path, cudnn_loses=False)
-    figs = ctc.CHAPTER.figures(results)
+    figs = figures.figures(results)
     assert {"times", "speedup"} <= set(figs)
     labels = [t.get_text() for t in figs["times"].legends[0].get_texts()]
     assert "torch-native (kernel clock)" in labels and ctc.CHAPTER.final.name in labels
@@ -213,7 +207,7 @@ def test_figures_keep_one_colour_per_series_and_a_linear_speedup_axis():
 
     matplotlib.use("Agg")
     results = plotting.load_results("ctc", "nvidia-h200")
-    figs = ctc.CHAPTER.figures(results)
+    figs = figures.figures(results)
     assert set(figs) == {"times", "speedup", "grain"}
     seen = {}
     for fig in figs.values():
@@ -241,8 +235,8 @@ def test_the_answer_to_the_blog_posts_question_follows_the_counts(tmp_path, cudn
     assert all(c["lost"]["torch-cuDNN"] == (8 if cudnn_loses and c["T"] >= 200 else 0) for c in cases)
 
 
-def test_the_answer_is_pending_on_a_file_of_before_the_comparison(before_one_clock):
-    assert lesson.cudnn_verdict(plotting.load_results("ctc", "nvidia-h200", root=before_one_clock)) is None
+def test_the_answer_is_pending_on_a_file_without_the_comparison():
+    assert lesson.cudnn_verdict(lesson.load_options()) is None  # the options' run did not compare
     for f in plotting.result_files("ctc"):  # the committed runs made the comparison
         assert lesson.cudnn_verdict(plotting.load_results("ctc", f.parent.name)) is not None, f
 

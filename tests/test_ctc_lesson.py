@@ -61,13 +61,6 @@ def test_the_checks_reject_a_planted_mistake_and_say_where(check, wrong, says, c
 # Tables and glued numbers
 # --------------------------------------------------------------------------------------
 
-def test_prose_numbers_from_a_file_of_before_the_one_clock(before_one_clock):
-    numbers = lesson.prose_numbers(plotting.load_results("ctc", "nvidia-h200", root=before_one_clock))
-    assert lesson.PENDING not in {k: v for k, v in numbers.items()}.values()
-    assert numbers["clock"] == "do_bench"
-    assert numbers["final_big"].endswith("×") and numbers["floor_big"].endswith("µs")
-
-
 def test_prose_numbers_and_tables_on_the_new_benchmark(tmp_path):
     results = new_results(tmp_path, cudnn_loses=False)
     numbers = lesson.prose_numbers(results)

@@ -559,6 +559,7 @@ def test_the_sweep_records_what_the_figures_read(tiny):
 
     class Results:
         rows = [dict(r, params=dict(r["params"], model="1b")) for r in run.rows]
+        data = {"notes": [n.replace("model tiny: ", "model 1b: ") for n in run.notes]}
 
         @staticmethod
         def caption():
@@ -569,7 +570,9 @@ def test_the_sweep_records_what_the_figures_read(tiny):
     import matplotlib
 
     matplotlib.use("Agg")
-    assert set(report.figures(Results())) == {"breakdown_1b", "speedup"}
+    from book.decode.figures import figures
+
+    assert set(figures(Results())) == {"breakdown_1b", "speedup"}
 
 
 class FakeBenchRun(report.LocalRun):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from book.decode import exercises, lesson
+from book.decode import exercises, figures, lesson
 from studylog.decode import report
 from studylog.plotting import Results
 
@@ -241,7 +241,7 @@ def test_figures_keep_to_the_rules(earlier):
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
-    figs = report.figures(earlier, what=lesson.EARLIER_WHAT)
+    figs = figures.figures(earlier, what=lesson.EARLIER_WHAT)
     assert set(figs) == {"breakdown_1b", "breakdown_8b", "speedup"}
     for name, fig in figs.items():
         axes = [ax for ax in fig.axes if ax.has_data()]
@@ -257,11 +257,11 @@ def test_figures_keep_to_the_rules(earlier):
 def test_one_colour_per_configuration(earlier):
     import matplotlib.pyplot as plt
 
-    fig = report.figures(earlier)["speedup"]
+    fig = figures.figures(earlier)["speedup"]
     handles, labels = fig.axes[0].get_legend_handles_labels()
     colours = {label: matplotlib.colors.to_hex(h.patches[0].get_facecolor()) for h, label in zip(handles, labels)
                if hasattr(h, "patches")}
-    assert colours == {report.series_label(c): report.CONFIG_COLORS[c] for c in ("jump_forward", "masked_head")}
+    assert colours == {report.series_label(c): figures.CONFIG_COLORS[c] for c in ("jump_forward", "masked_head")}
     plt.close(fig)
 
 

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from book.masked_lm_head import exercises, lesson
+from book.masked_lm_head import exercises, figures, lesson
 from studylog import masked_lm_head as mlh
 from studylog import plotting
-from studylog.masked_lm_head import report
 from studylog.plotting import Results, load_lab
 
 
@@ -105,8 +104,7 @@ def _one_clock() -> Results:
 
 
 def _first_run() -> Results:
-    return Results(None, load_lab("masked_lm_head", lesson.CANDIDATES_FILE, lesson.CANDIDATES_GPU)) \
-        .with_series_names(dict(mlh.CHAPTER.renamed_series))
+    return Results(None, load_lab("masked_lm_head", lesson.CANDIDATES_FILE, lesson.CANDIDATES_GPU))
 
 
 def test_prose_numbers_on_the_one_clock_series():
@@ -166,11 +164,11 @@ def test_figures_three_panels_one_colour_per_series_readable_text(which):
     import matplotlib.pyplot as plt
 
     results = _one_clock() if which == "one_clock" else _first_run()
-    figs = mlh.figures(results)
+    figs = figures.figures(results)
     assert "speedup_b1" in figs  # the book's teaser
     if which == "one_clock":
         assert set(figs) == {"speedup_b1", "layout", "batched", "practitioners", "host"}
-    labels = {mlh.CHAPTER.label(s): s for s in report.SERIES_COLORS}
+    labels = {mlh.CHAPTER.label(s): s for s in figures.SERIES_COLORS}
     for name, fig in figs.items():
         axes = [ax for ax in fig.axes if ax.get_visible() and ax.has_data()]
         assert len(axes) <= 3, name
@@ -182,7 +180,7 @@ def test_figures_three_panels_one_colour_per_series_readable_text(which):
             for line in ax.get_lines():
                 series = labels.get(line.get_label())
                 if series is not None:
-                    assert matplotlib.colors.same_color(line.get_color(), report.series_color(series)), (name, series)
+                    assert matplotlib.colors.same_color(line.get_color(), figures.series_color(series)), (name, series)
         plt.close(fig)
-    colours = [c for s, c in report.SERIES_COLORS.items() if s != "floor"]
+    colours = [c for s, c in figures.SERIES_COLORS.items() if s != "floor"]
     assert len(colours) == len(set(colours)), "two series share a colour"

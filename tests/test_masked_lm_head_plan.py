@@ -411,7 +411,9 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figs = mlh.figures(results)
+    from book.masked_lm_head.figures import figures
+
+    figs = figures(results)
     assert {"speedup_b1", "layout", "batched", "practitioners", "host"} == set(figs)
     for fig in figs.values():
         plt.close(fig)

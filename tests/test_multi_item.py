@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from book.multi_item import lesson
+from book.multi_item import figures, lesson
 from studylog import multi_item as mi
 from studylog import plotting, runtime
 from studylog.multi_item import report
@@ -699,7 +699,7 @@ def test_gpu_other_dtypes_and_tiles(dtype, head_dim, blocks):
 def test_committed_results_are_read_under_the_step_names():
     results = plotting.load_results("multi_item")
     series = set(results.series())
-    assert set(report.approaches()) - {report.FLASHINFER} <= series and set(report.order_table_series()) <= series
+    assert set(figures.approaches()) - {report.FLASHINFER} <= series and set(report.order_table_series()) <= series
     for s in series:  # every series is a step's or a declared baseline
         assert s in {st.series for st in STEPS} or s in mi.CHAPTER.baselines, s
     assert mi.CHAPTER.label(mi.CHAPTER.final.series) == "step05_batched"

@@ -17,7 +17,7 @@ from test_multi_item import (
     small_inputs,
 )
 
-from book.multi_item import lesson
+from book.multi_item import figures, lesson
 from studylog import multi_item as mi
 from studylog import plotting
 from studylog.multi_item import report
@@ -159,7 +159,6 @@ def test_pinned_configs_are_read_from_this_benchmarks_results():
             {"series": report.FLUSH, "params": {"what": "ceiling"}}]
     new = plotting.Results(None, {"schema": 2, "measurements": rows})
     assert report.pinned_configs(new) == {("step05", "a"): name}
-    assert report.pinned_configs(plotting.Results(None, {"measurements": rows})) == {}  # before the GPU clock
     assert report.pinned_configs(None) == {}
 
 
@@ -177,7 +176,7 @@ def test_graph_calls_and_the_benchmarks_size():
     assert len(report.bench_shapes(quick=True)) == 1 and len(quick["single"]) <= 8
 
 
-def _fake_results(schema=2):
+def _fake_results():
     rows = []
     for shape, ours, flex, fi in (("8 prompts, mixed", 0.6, 0.9, 0.8), ("prefix 2048, 32 items x 32", 0.2, 0.3, 0.19),
                                   ("prefix 512, 128 items x 16", 0.1, 0.15, 0.12)):
@@ -189,7 +188,7 @@ def _fake_results(schema=2):
                  {"series": report.FLASHINFER, "role": "peer", "params": p, "ms": fi, "clock": "gpu",
                   "spread_ms": [fi, fi, fi], "backend": "fa3", "page_size": 1},
                  {"series": report.SDPA_DENSE, "role": "baseline", "params": p, "ms": 5 * ours, "clock": "gpu"}]
-    data = {"schema": schema, "measurements": rows, "device": {"name": "GPU"}, "date": "2026-01-01",
+    data = {"schema": 2, "measurements": rows, "device": {"name": "GPU"}, "date": "2026-01-01",
             "ceilings": {"empty_launch_host_ms": 0.004}}
     return plotting.Results(None, data)
 
@@ -208,11 +207,11 @@ def test_headline_and_targets_from_a_gpu_clock_file():
     assert lesson.target(report.FLASHINFER, report.MIXED_SHAPE) == 1.2
     results.rows.append({"series": report.FLUSH, "role": "baseline", "params": {"what": "ceiling"}, "ms": 0.07,
                          "clock": "gpu"})
-    assert report.shape_names(results) == ["8 prompts, mixed", "prefix 2048, 32 items x 32",
+    assert figures.shape_names(results) == ["8 prompts, mixed", "prefix 2048, 32 items x 32",
                                            "prefix 512, 128 items x 16"]
     import matplotlib.pyplot as plt
 
-    figs = report.figures(results)  # the figures draw from a file of the current benchmark too
+    figs = figures.figures(results)  # the figures draw from a file of the current benchmark too
     assert set(figs) == {"times", "tiles"}
     plt.close("all")
 

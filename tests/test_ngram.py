@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from book.ngram import lesson
+from book.ngram import figures, lesson
 from studylog import cuda, ngram, runtime
 from studylog.ngram import NgramConfig, NgramInputs
 
@@ -630,7 +630,7 @@ def test_reporting_code_runs_and_judges(kernel_us, verdict):
     import matplotlib.pyplot as plt
 
     results = _synthetic_results(kernel_us)
-    figs = ngram.figures(results)
+    figs = figures.figures(results)
     assert {"latency", "vs_floor"} <= set(figs)
     for fig in figs.values():
         plt.close(fig)
@@ -640,32 +640,6 @@ def test_reporting_code_runs_and_judges(kernel_us, verdict):
     assert "1 of 1 checks passed" in verdicts
     assert f"10x faster than the CPU path at batch >= 32: {verdict}" in verdicts
     assert f"32x512 under 15 µs: {verdict}" in verdicts
-
-
-def test_a_file_of_before_the_step_names_is_read_under_them(before_one_clock):
-    """The committed H200 file predates the step names: it is read through CHAPTER.renamed_series, and the
-    figures, tables and headline draw from it (the variants it also holds are no series of the library)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from studylog.plotting import load_results
-
-    results = load_results("ngram", "nvidia-h200", root=before_one_clock)
-    series = set(results.series())
-    assert {s.series for s in ngram.CHAPTER.steps} <= series
-    assert set(ngram.CHAPTER.baselines) - {ngram.SYNCED_SERIES} <= series  # the file predates the end-to-end series
-    assert not set(ngram.CHAPTER.renamed_series) & series
-    figs = ngram.figures(results)
-    assert set(figs) == {"latency", "vs_floor", "chunks"}
-    for fig in figs.values():
-        plt.close(fig)
-    assert ngram.CHAPTER.step(7).name in lesson.summary_table(results)
-    rows = ngram.headline(results)  # every row do_bench: the fastest kernel against the CPU path, one clock
-    assert len(rows) == len(ngram.results.HEADLINE_CASES)
-    assert all(r["baseline"].startswith("step01_cpu_path") and r["speedup"] > 1 for r in rows)
-    assert all(r["clock"] == "do_bench" for r in rows)
-    assert lesson.real_text_table(results) == ""  # no real-text rows in it
 
 
 # --- as a library: a config is checked when made, the CPU loop checks what it is given, a matcher's options and

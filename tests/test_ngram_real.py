@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from book.ngram import lesson
+from book.ngram import figures, lesson
 from studylog import ngram
 from studylog.ngram import NgramConfig, NgramInputs
 from studylog.ngram import corpus as corpus_module
@@ -421,7 +421,7 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
                                           "32 slots x 4096 tokens of real Python source, budget 128"]
     for h in heads:
         assert h["clock"] == "host_e2e" and h["kernel_gpu_ms"] > 0 and "host_ms" in h and "call + sync" in h["kernel"]
-    figs = ngram.figures(results)
+    figs = figures.figures(results)
     assert {"latency", "vs_floor", "chunks", "real_text"} <= set(figs)
     for fig in figs.values():
         plt.close(fig)

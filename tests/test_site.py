@@ -20,7 +20,7 @@ from urllib.parse import urldefrag, urljoin, urlparse
 import pytest
 
 pytest.importorskip("docutils", reason="the site test needs the book's packages (pip install -e .[book])")
-from studylog.book import load_posts  # noqa: E402
+from book.site import load_posts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("STUDYLOG_SITE", ROOT / "_build" / "html"))

@@ -1,5 +1,5 @@
-"""Chapter 5, ternary matmul: formats, the Triton steps (1 to 9), the first attempt's bugs, bad input (steps 10 to
-13, CUDA C++, and the chapter's results: test_ternary_cuda.py).
+"""Chapter 5, ternary matmul: formats, the Triton steps (1 to 9), bad input (steps 10 to 13, CUDA C++, and the
+chapter's results: test_ternary_cuda.py; the first attempt's bugs: lab/ternary/first_attempt.py).
 
 In the interpreter the kernels run at small, awkward sizes: K and N are not multiples of the
 blocks, of the 16 weights of a word, of the 256 of a 2-bit group or of the 80 of a base-3 group.
@@ -151,7 +151,7 @@ def test_packed_rejects_invalid_codes(rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# The tolerance has teeth, and the first attempt's bugs are caught
+# The tolerance has teeth
 # ------------------------------------------------------------------------------------------------
 
 def test_tolerance_catches_one_flipped_weight(rng):
@@ -166,52 +166,19 @@ def test_tolerance_catches_one_flipped_weight(rng):
     assert T.error_ratio(T.reference(x, flipped).float(), x, w) > TOL
 
 
-def first_attempt_example():
-    s = torch.tensor([1.0, 2, 4, 8], device=DEV)
-    w = torch.tensor([[1.0, 0, 0, 0], [0, 1, 1, 0], [0, -1, 0, 1], [0, 0, 1, -1]], device=DEV)
-    return s, w
-
-
-def test_the_first_attempt_is_guarded():
-    s, w = first_attempt_example()
-    with pytest.raises(RuntimeError, match="first attempt's bugs"):
-        T.ternary_first_attempt(s, w, 1.0)
-
-
-def test_the_first_attempt_reproduces_both_of_its_outputs():
-    s, w = first_attempt_example()
-    right = T.ternary_first_attempt(s, w, 1.0, i_know_it_is_buggy=True)
-    stale = T.ternary_first_attempt(s, w, 1.0, x_along_n=True, i_know_it_is_buggy=True)
-    assert right.tolist() == [1.0, -2.0, 10.0, -4.0]  # its last cell: right, on a 4x4 made of 2x2 blocks
-    assert stale.tolist() == [1.0, -6.0, 5.0, 0.0]  # the wrong output left in its notebook
-
-
-def test_the_first_attempt_fails_fresh_awkward_inputs(rng):
-    # its layout: W is (K, N). K = 37, N = 23: not multiples of its 2x2 blocks.
-    k, n = 13, 7
-    x = torch.randn(k, generator=rng).to(DEV)
-    w = ternary(n, k, rng).to(DEV)
-    first_w = w.T.contiguous().float()
-    z = T.ternary_first_attempt(x, first_w, 1.0, i_know_it_is_buggy=True)
-    assert T.error_ratio(z.float(), x, w) > TOL  # float16 output: about 1e-3 relative error
-    z = T.ternary_first_attempt(x, first_w, 1.0, x_along_n=True, i_know_it_is_buggy=True)
-    assert T.error_ratio(z.float(), x, w) > 1e-2  # x broadcast along the wrong axis
-    assert_matches(T.step01_sign(x, w.float()), x, w)  # step 1 on the same input
-
-
 # ------------------------------------------------------------------------------------------------
 # Every step, every config
 # ------------------------------------------------------------------------------------------------
 
 #: Every Triton step that takes float x: its wrapper, the weights it reads, and its configs (each test runs them all).
 STEPS = {
-    "step01_sign": (T.step01_sign, "dense", T.V1_CONFIGS),
-    "step02_int8": (T.step02_int8, "int8", T.V1_CONFIGS),
-    "step03_2bit": (T.step03_2bit, "2bit", T.V3_CONFIGS),
+    "step01_sign": (T.step01_sign, "dense", T.DENSE_CONFIGS),
+    "step02_int8": (T.step02_int8, "int8", T.DENSE_CONFIGS),
+    "step03_2bit": (T.step03_2bit, "2bit", T.TWO_BIT_CONFIGS),
     "step04_gemv": (T.step04_gemv, "2bit", T.GEMV_CONFIGS),
     "step05_dot": (T.step05_dot, "2bit", T.DOT_CONFIGS_FEW + T.DOT_CONFIGS_MANY),
-    "step06_base3_gemv": (T.step06_base3_gemv, "base3", T.GEMV3_CONFIGS),
-    "step07_base3_dot": (T.step07_base3_dot, "base3", T.DOT3_CONFIGS_FEW + T.DOT3_CONFIGS_MANY),
+    "step06_base3_gemv": (T.step06_base3_gemv, "base3", T.BASE3_GEMV_CONFIGS),
+    "step07_base3_dot": (T.step07_base3_dot, "base3", T.BASE3_DOT_CONFIGS_FEW + T.BASE3_DOT_CONFIGS_MANY),
     "step09_mma": (T.step09_mma, "2bit_mma", T.MMA_CONFIGS_FEW + T.MMA_CONFIGS_MANY),
 }
 DOT_STEPS = ("step05_dot", "step07_base3_dot")  # tl.dot: made for several rows of x
@@ -410,7 +377,7 @@ def test_quantize_activations_follows_bitnet(rng):
     assert (xq.float() / s[:, None] - x).abs().max() <= 0.5 / s.min() + 1e-6
 
 
-@pytest.mark.parametrize("config_index", range(len(T.W2A8_CONFIGS)))
+@pytest.mark.parametrize("config_index", range(len(T.W2A8_DOT_CONFIGS)))
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_w2a8_is_exact_integer_math(config_index, per_channel, rng):
     m, n, k = 3, 37, 300
@@ -418,7 +385,7 @@ def test_w2a8_is_exact_integer_math(config_index, per_channel, rng):
     w, w_scale = T.quantize_absmean(torch.randn(n, k, generator=rng).to(DEV), per_channel=per_channel)
     xq, x_scale = T.quantize_activations(x)
     z = T.step08_w2a8_dot(xq, x_scale, T.PackedTernary.pack(w), w_scale, out=poisoned(m, n),
-                      config=T.config_dict(T.W2A8_CONFIGS[config_index]))
+                      config=T.config_dict(T.W2A8_DOT_CONFIGS[config_index]))
     exact = (xq.long() @ w.long().T).double()  # integers: no rounding at all
     ws = w_scale.double() if per_channel else w_scale.double().reshape(1)
     expected = exact / (x_scale.double()[:, None] * ws)
@@ -478,7 +445,7 @@ def full_size_config(step, m):
     autotuned path runs, checked, in the benchmark): split-K where there is one, the MMA configs for M."""
     configs = STEPS[step][2]
     if step == "step09_mma":
-        configs = T.MMA_CONFIGS_FEW if T.mma_block_m(m) <= 32 else T.MMA_CONFIGS_MANY
+        configs = T.MMA_CONFIGS_FEW if T.block_m_for(m) <= 32 else T.MMA_CONFIGS_MANY
     elif step in DOT_STEPS:
         configs = configs[:3] if T.block_m_for(m) <= 32 else configs[3:]
     split = [c for c in configs if c.kwargs.get("SPLIT_K", 1) > 1]
@@ -575,10 +542,14 @@ def test_int_mm_plan_refuses_weights_of_another_shape():
 def test_a_timeline_refuses_a_launch_its_trace_cannot_hold():
     """Step 12's timeline gives each block 64 slots below quantize_x's at 120000: a launch of more blocks (an LM
     head's N) would write over those, then past the trace."""
-    from studylog.ternary.w2a8 import TIMELINE_BLOCKS, check_timeline_grid, w2a8_plan
+    from studylog.ternary.w2a8 import TIMELINE_BLOCKS, check_timeline_grid
 
-    check_timeline_grid(w2a8_plan(1, 14336, 4096).grid)
-    grid = w2a8_plan(1, 128256, 4096).grid
+    def grid_of(n, k):
+        quant, cfg = T.w2a8_choose(1, n, k)
+        return T.w2a8_grid(1, n, k, cfg, fused=quant != T.Quant.SEPARATE)[1]
+
+    check_timeline_grid(grid_of(14336, 4096))
+    grid = grid_of(128256, 4096)
     assert math.prod(grid) > TIMELINE_BLOCKS == 1875
     with pytest.raises(ValueError, match=r"holds 1875 blocks of 64 slots, and this launch has \d+"):
         check_timeline_grid(grid)

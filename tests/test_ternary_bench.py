@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from book.ternary import figures
 from book.ternary import results as tables
 from studylog import bench as harness
 from studylog import plotting, runtime
@@ -201,20 +202,6 @@ def test_targets_and_headline_on_the_gpu_clock():
     assert "| 1 | 4096x14336 | 9.8 (step11_tma) | 20.0 | **2.04x** |" in tables.peers_table(_results(rows))
 
 
-def test_an_older_file_is_read_on_its_graph_times_only():
-    old = [{"series": "cublas_bf16", "role": "baseline", "params": {"shape": "4096x14336", "m": 1}, "ms": 0.05,
-            "graph_ms": 0.032},
-           {"series": T.SERIES[4], "role": "kernel", "params": {"shape": "4096x14336", "m": 1}, "ms": 0.02},
-           {"series": T.SERIES[11], "role": "kernel", "params": {"shape": "4096x14336", "m": 1}, "ms": 0.04,
-            "graph_ms": 0.0098},
-           {"series": "peak_bf16_matmul", "role": "baseline", "params": {"n": 8192}, "ms": 1.6}]
-    results = plotting.Results(Path("old.json"), {"measurements": old, "checks": []})
-    view = T.on_gpu_clock(results)
-    assert [(r["series"], r["ms"]) for r in view.rows] == [("cublas_bf16", 0.032), (T.SERIES[11], 0.0098)]
-    assert T.series_ms(results, T.SERIES[4], shape="4096x14336", m=1) is None  # do_bench only: not on the clock
-    assert T.headline(results)[0]["speedup"] == pytest.approx(0.032 / 0.0098)
-
-
 def test_figures_from_a_fresh_file():
     import matplotlib
     matplotlib.use("Agg")
@@ -222,6 +209,6 @@ def test_figures_from_a_fresh_file():
             _row(T.SERIES[1], 300.0, floor=30.0), _row(T.GEMLITE, 20.0, "peer", floor=4.0),
             _row(T.INT_MM, 40.0, "baseline", floor=15.0), _row(T.SERIES[12], 8.5, floor=3.5),
             _row("cublas_bf16", 33.0, "baseline", m=16), _row(T.SERIES[9], 15.0, m=16)]
-    figs = T.figures(_results(rows))
+    figs = figures.figures(_results(rows))
     assert {"speedup", "peers", "floor", "steps"} <= set(figs)
     matplotlib.pyplot.close("all")

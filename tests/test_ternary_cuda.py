@@ -5,6 +5,7 @@ counts, launch plans), run on a GPU (``-m gpu``); and what reads the chapter's r
 import pytest
 import torch
 
+from book.ternary import figures
 from book.ternary import results as tables
 from studylog import runtime
 from studylog import ternary as T
@@ -199,8 +200,8 @@ def test_step11_decode_keeps_the_magic_in_a_register():
     if not tool.is_file() and not shutil.which("cuobjdump"):
         pytest.skip("no cuobjdump to read SASS with")
     counts = {}
-    for step, source, name in [(8, "ternary_mma", "ternary_mma<true, 1, 1, 2>"),
-                               (9, "ternary_bulk", "ternary_bulk<true, 1, 1, 4, 1>")]:
+    for step, source, name in [(8, "ternary_mma", "step10_cuda_mma_kernel<true, 1, 1, 2>"),
+                               (9, "ternary_bulk", "step11_tma_kernel<true, 1, 1, 4, 1>")]:
         cubin = cuda.compile_source(source, arch="sm_90", name_expressions=[name]).cubin
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
@@ -305,13 +306,13 @@ def test_step12_compiles_to_int8_mma_and_bulk_copies_without_spills():
     assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx  # the early launch
     # the weights come by the engine; after quantize_x the consumers load int8 x themselves, 16 bytes
     # at a time through L2 (.cg: another kernel's bytes), and nothing else in 16-byte loads
-    separate = [i for i in T.W2A8_INSTANCES if i.startswith("ternary_w2a8<0,")]
+    separate = [i for i in T.W2A8_INSTANCES if i.startswith(f"step12_w2a8_kernel<{int(T.Quant.SEPARATE)},")]
     matmul_only = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=separate).ptx
     assert set(re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", matmul_only)) == {"ld.global.cg.v4.u32"}
     report = compiled.ptxas_report()
     assert len(report) == len(T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
     for name, r in report.items():  # what w2a8_blocks_per_sm counts on (8 rows of x a block)
-        args = re.search(r"ternary_w2a8ILi(\d)ELb(\d)ELi(\d)ELi(\d)E", name)
+        args = re.search(r"step12_w2a8_kernelILi(\d)ELb(\d)ELi(\d)ELi(\d)E", name)
         if args and args.group(3) == "1":
             assert r["registers"] <= (96 if int(args.group(4)) <= 2 else 136), (name, r)
     for name, r in report.items():
@@ -319,7 +320,8 @@ def test_step12_compiles_to_int8_mma_and_bulk_copies_without_spills():
     tool = Path(__import__("triton").__file__).parent / "backends/nvidia/bin/cuobjdump"
     if not tool.is_file() and not shutil.which("cuobjdump"):
         pytest.skip("no cuobjdump to read SASS with")
-    cubin = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=["ternary_w2a8<0, true, 1, 1, 4, 1>"]).cubin
+    cubin = cuda.compile_source("ternary_w2a8", arch="sm_90",
+                                name_expressions=["step12_w2a8_kernel<0, true, 1, 1, 4, 1>"]).cubin
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -369,16 +371,18 @@ def test_step12_fragments_emulated_on_the_cpu_give_the_product(n, k, rng):
 def test_step12_launch_heuristic_fits_shared_memory(m, n, k):
     cfg = T.w2a8_config(m, n, k, sms=132)
     assert isinstance(cfg, T.W2A8Config)
-    for bf16 in (True, False):  # the plan a call launches: a compiled instance, within shared memory
-        quant, planned, _, grid, name, smem = T.w2a8_plan(m, n, k, bf16, None, None, 132)
-        assert name in T.W2A8_INSTANCES and smem <= T.SMEM_LIMIT
-        assert quant == T.W2A8_QUANTIZE[T.w2a8_default_quantize(m, n, k, 132)]
-        if m == 1 and k <= 32768:  # one row of x: staged, wherever K fits the consumers' registers
-            assert quant == 4 and smem == T.w2a8_smem_bytes(planned, 1, -(-k // 256), staged=True)
-        assert grid[0] * planned.rows >= n and grid[2] * (8 if m <= 8 else 16) >= m
+    # what a call launches (bf16 and fp16 x alike): a compiled instance, within shared memory
+    quant, planned = T.w2a8_choose(m, n, k, None, None, 132)
+    planned_slice, grid = T.w2a8_grid(m, n, k, planned, fused=quant != T.Quant.SEPARATE)
+    smem = T.w2a8_smem_bytes(planned, min(m, 8 if m <= 8 else 16), planned_slice, staged=quant == T.Quant.STAGED)
+    assert T.w2a8_refusal(m, k, quant, planned) is None and smem <= T.SMEM_LIMIT
+    assert quant == T.W2A8_QUANTIZE[T.w2a8_default_quantize(m, n, k, 132)]
+    if m == 1 and k <= 32768:  # one row of x: staged, wherever K fits the consumers' registers
+        assert quant == T.Quant.STAGED and smem == T.w2a8_smem_bytes(planned, 1, -(-k // 256), staged=True)
+    assert grid[0] * planned.rows >= n and grid[2] * (8 if m <= 8 else 16) >= m
     groups, rows_x = -(-k // 256), min(m, 8 if m <= 8 else 16)
     per_slice = min(-(-groups // cfg.slices), T.w2a8_max_groups_per_slice(cfg, rows_x))
-    assert T.w2a8_smem_bytes(cfg, rows_x, per_slice, staged=quant == 4) <= T.SMEM_LIMIT
+    assert T.w2a8_smem_bytes(cfg, rows_x, per_slice, staged=quant == T.Quant.STAGED) <= T.SMEM_LIMIT
     if m == 1 and k <= 28672:
         assert -(-groups // per_slice) == 1
         for where in ("separate", "every block"):
@@ -403,9 +407,9 @@ def test_step12_refuses_a_k_past_exact_int32_sums(rng):
     with pytest.raises((ValueError, RuntimeError), match="K <= 131072|needs a CUDA GPU"):
         T.step12_w2a8(x, tiles)
     with pytest.raises(ValueError, match="at most 8 rows of x"):
-        T.w2a8_plan(16, 4096, 14336, True, None, "every block", 132)
+        T.w2a8_choose(16, 4096, 14336, None, "every block", 132)
     with pytest.raises(ValueError, match="no compiled instance"):
-        T.w2a8_plan(16, 4096, 14336, True, T.W2A8Config(4, 8, 4, 1, 1), None, 132)
+        T.w2a8_choose(16, 4096, 14336, T.W2A8Config(4, 8, 4, 1, 1), None, 132)
 
 
 def test_step12_staged_x_comes_by_the_copy_engine():
@@ -413,7 +417,7 @@ def test_step12_staged_x_comes_by_the_copy_engine():
     the last K % 8 activations of a row, one by one), ahead of the weights, and nothing spills."""
     import re
     from studylog import cuda
-    staged = [i for i in T.W2A8_INSTANCES if i.startswith("ternary_w2a8<4,")]
+    staged = [i for i in T.W2A8_INSTANCES if i.startswith(f"step12_w2a8_kernel<{int(T.Quant.STAGED)},")]
     assert len(staged) == 2 * len(T.W2A8_STAGED_SHAPES)
     compiled = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=staged)
     ptx = compiled.ptx
@@ -427,13 +431,15 @@ def test_step12_staged_x_comes_by_the_copy_engine():
 
 @pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (1, 8192, 28672), (1, 14336, 4096), (1, 2560, 2560),
                                      (1, 13824, 2560), (1, 2560, 6912), (1, 20480, 3200), (3, 130, 2000)])
-def test_step12_staged_plan(m, n, k):
+def test_step12_staged_launch(m, n, k):
     """The staged launch: room for 16-bit x (which its int8 bytes overwrite) beside its ring; one block an
     SM with the fewest row tiles that give at least 3/4 of the SMs a block, else every block's launch. The
     default for one row of x wherever it fits."""
-    quant, cfg, per_slice, grid, name, smem = T.w2a8_plan(m, n, k, True, None, "staged", 132)
+    quant, cfg = T.w2a8_choose(m, n, k, None, "staged", 132)
+    per_slice, grid = T.w2a8_grid(m, n, k, cfg, fused=True)
+    smem = T.w2a8_smem_bytes(cfg, m, per_slice, staged=True)
     groups = -(-k // 256)
-    assert quant == 4 and name in T.W2A8_INSTANCES and name.startswith("ternary_w2a8<4, true, 1,")
+    assert quant == T.Quant.STAGED and T.w2a8_refusal(m, k, quant, cfg) is None
     assert per_slice == groups and grid[1] == 1 and grid[0] * cfg.rows >= n
     assert smem == T.w2a8_smem_bytes(cfg, m, groups, staged=True) <= T.SMEM_LIMIT
     assert smem >= cfg.stages * cfg.stage_bytes + m * k * 2  # the 16-bit rows fit
@@ -455,21 +461,21 @@ def test_step12_staged_plan(m, n, k):
 
 def test_step12_staged_refuses_what_it_cannot_hold():
     with pytest.raises(ValueError, match="holds a row of x in its consumers' registers: K <= 16384 with 4"):
-        T.w2a8_plan(1, 4096, 28672, True, T.W2A8Config(2, 4, 4, 1), "staged", 132)
+        T.w2a8_choose(1, 4096, 28672, T.W2A8Config(2, 4, 4, 1), "staged", 132)
     with pytest.raises(ValueError, match="compiled for"):
-        T.w2a8_plan(1, 4096, 4096, True, T.W2A8Config(1, 8, 4, 2), "staged", 132)
+        T.w2a8_choose(1, 4096, 4096, T.W2A8Config(1, 8, 4, 2), "staged", 132)
     with pytest.raises(ValueError, match="'staged' needs all of K in shared memory, as 16-bit x"):
-        T.w2a8_plan(8, 4096, 28672, True, T.W2A8Config(1, 8, 4, 1), "staged", 132)
+        T.w2a8_choose(8, 4096, 28672, T.W2A8Config(1, 8, 4, 1), "staged", 132)
     with pytest.raises(ValueError, match="at most 8 rows of x"):
-        T.w2a8_plan(9, 4096, 512, True, None, "staged", 132)
+        T.w2a8_choose(9, 4096, 512, None, "staged", 132)
     with pytest.raises(ValueError, match="no compiled instance"):  # a staged-only shape, quantised elsewhere
-        T.w2a8_plan(1, 4096, 4096, True, T.W2A8Config(2, 8, 3, 1), "every block", 132)
+        T.w2a8_choose(1, 4096, 4096, T.W2A8Config(2, 8, 3, 1), "every block", 132)
     # with no place asked for, a config that staging cannot take gets the next default
-    assert T.w2a8_plan(1, 17, 300, True, T.W2A8Config(1, 1, 4, 2), None, 132)[0] == 1
-    assert T.w2a8_plan(1, 4096, 8192, True, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == 1  # K past 1 warp's 4096
-    assert T.w2a8_plan(1, 17, 300, True, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == 4
+    assert T.w2a8_choose(1, 17, 300, T.W2A8Config(1, 1, 4, 2), None, 132)[0] == T.Quant.EVERY_BLOCK
+    assert T.w2a8_choose(1, 4096, 8192, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == T.Quant.EVERY_BLOCK  # K past 1 warp's 4096
+    assert T.w2a8_choose(1, 17, 300, T.W2A8Config(1, 1, 4, 1), None, 132)[0] == T.Quant.STAGED
     with pytest.raises(ValueError, match="no quantize given"):  # a staged-only shape, 2 rows of x: every block's
-        T.w2a8_plan(2, 4096, 4096, True, T.W2A8Config(2, 8, 3, 1), None, 132)
+        T.w2a8_choose(2, 4096, 4096, T.W2A8Config(2, 8, 3, 1), None, 132)
 
 
 STEP12_CONFIGS = [T.W2A8Config(rt, warps, st, ch, slices) for (rt, st, ch) in T.W2A8_SHAPES
@@ -480,10 +486,10 @@ def assert_matches_w2a8(z, x, w, scale):
     """Step 12 against float64 on its own inputs: x quantised as quantize_activations does."""
     assert not torch.isnan(z).any(), "the kernel left outputs unwritten (NaN poison survived)"
     xq, x_scale = T.quantize_activations(x.float())
-    xq64, s64 = xq.double(), F._as_scale64(scale, x.device)
+    xq64, s64 = xq.double(), F.as_scale64(scale, x.device)
     ref = (xq64 @ w.double().T) / (x_scale.double()[:, None] * s64)
     magnitude = (xq64.abs() @ w.double().abs().T) / (x_scale.double()[:, None] * s64.abs())
-    ratio = F._ratio(z, ref, magnitude)
+    ratio = F.error_ratio_from(z, ref, magnitude)
     assert ratio <= TOL, f"max error is {ratio:.2e} of sum |x_q||w|; tolerance {TOL:.0e}"
 
 
@@ -609,7 +615,7 @@ def test_step13_compiles_to_int8_mma_and_bulk_copies_without_spills():
         assert r["registers"] <= 65536 // (32 * 9), (name, r)  # 8 + 1 warps fit an SM's registers
 
 
-def test_step13_configs_and_launch_plan():
+def test_step13_configs_and_launch():
     with pytest.raises(ValueError, match="warps must be 4 or 8"):
         T.W2A8TilesConfig(warps=2)
     with pytest.raises(ValueError, match=r"\(tiles, stages, chunk\)"):
@@ -618,16 +624,19 @@ def test_step13_configs_and_launch_plan():
         T.W2A8TilesConfig(slices=0)
     for m, n, k in [(16, 4096, 14336), (1, 4096, 14336), (16, 8192, 28672), (128, 4096, 14336), (9, 77, 513),
                     (1, 1, 1), (33, 20480, 3200), (16, 10, 131072)]:
-        cfg, per_slice, grid, name, smem = T.w2a8_tiles_plan(m, n, k, None, 132)
+        cfg = T.w2a8_tiles_config(m, n, k, 132)
+        per_slice, grid = T.w2a8_grid(m, n, k, cfg)
+        name = f"step13_w2a8_tiles_kernel<{1 if m <= 8 else 2}, {cfg.warps}, {cfg.tiles}, {cfg.stages}, {cfg.chunk}>"
         groups = -(-k // 256)
-        assert name in T.W2A8_TILES_INSTANCES and smem <= T.SMEM_LIMIT
+        assert name in T.W2A8_TILES_INSTANCES and T.w2a8_smem_bytes(cfg, min(m, 16), per_slice) <= T.SMEM_LIMIT
         assert grid[0] * cfg.rows >= n and grid[1] * per_slice >= groups > (grid[1] - 1) * per_slice
         assert grid[2] * (8 if m <= 8 else 16) >= m
         if (m, n, k) == (16, 4096, 14336):  # the target case: blocks of 64 rows, K in 2 slices, one wave
             assert (cfg.rows, grid, per_slice) == (64, (64, 2, 1), 28)
     # a config whose x would not fit gets more slices than it asks for
-    cfg, per_slice, grid, _, smem = T.w2a8_tiles_plan(16, 4096, 14336, T.W2A8TilesConfig(8, 1, 4, 4, 1), 132)
-    assert grid[1] > 1 and smem <= T.SMEM_LIMIT
+    cfg = T.W2A8TilesConfig(8, 1, 4, 4, 1)
+    per_slice, grid = T.w2a8_grid(16, 4096, 14336, cfg)
+    assert grid[1] > 1 and T.w2a8_smem_bytes(cfg, 16, per_slice) <= T.SMEM_LIMIT
 
 
 STEP13_CONFIGS = [T.W2A8TilesConfig(warps, *shape, slices) for warps in (4, 8) for shape in T.W2A8_TILES_SHAPES
@@ -672,24 +681,20 @@ def test_gpu_step13_full_size_and_unaligned_x():
     torch.cuda.synchronize()
 
 
-def test_committed_results_read_under_the_steps_names(before_one_clock):
-    """The committed bench JSON is read under today's names (a file of before the steps had their names: no
-    schema 2) and on the GPU clock (a file of before the one clock: its CUDA-graph times only); the figures,
+def test_committed_results_read_under_the_steps_names():
+    """Every committed bench JSON holds every step under its series and is read on the GPU clock; the figures,
     tables, targets and headline draw from it."""
     import matplotlib
     matplotlib.use("Agg")
     from studylog import plotting
-    roots = [(f.parent.name, plotting.DEFAULT_OUT) for f in plotting.result_files("ternary")]
-    for gpu, root in roots + [("nvidia-h200", before_one_clock)]:
-        results = plotting.load_results("ternary", gpu=gpu, root=root)
-        measured = set(results.series())
-        assert not measured & set(T.RENAMED_SERIES), gpu  # nothing left under an old name that has a new one
+    for f in plotting.result_files("ternary"):
+        gpu = f.parent.name
+        results = plotting.load_results("ternary", gpu=gpu)
+        assert {s.series for s in T.CHAPTER.steps} <= set(results.series()), gpu
         assert T.CHAPTER.label(T.SERIES[11]) == "step11_tma" and "every block" in T.CHAPTER.label("step12_every_block")
-        if results.data.get("schema", 1) < 2:
-            assert {s.series for s in T.CHAPTER.steps} <= measured, gpu
         view = T.on_gpu_clock(results)
         assert view.rows and all(r["clock"] == "gpu" for r in view.rows)
-        figs = T.figures(results)
+        figs = figures.figures(results)
         assert {"speedup", "floor", "steps"} <= set(figs)
         rows = T.headline(results)
         assert rows and all(r["kernel"].split()[0].rstrip(",") in {s.name for s in T.CHAPTER.steps} for r in rows)

@@ -111,7 +111,7 @@ def test_int_mm_plan_computes_the_w2a8_product(m, rng):
         ref_q = (xq.double() @ w.double().T) / (x_scale.double()[:, None] * scale)
         magnitude = (xq.double().abs() @ w.double().abs().T) / (x_scale.double()[:, None] * scale)
         assert z.dtype == torch.float32 and z.shape == (m, n)
-        assert T.formats._ratio(z, ref_q, magnitude) <= T.FP32_TOLERANCE
+        assert T.formats.error_ratio_from(z, ref_q, magnitude) <= T.FP32_TOLERANCE
         assert not plan.xq[m:].any()
         acc = plan.matmul()
         assert torch.equal(acc[:m], xq.int() @ w.int().T) and not acc[m:].any()

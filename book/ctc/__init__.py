@@ -1,1 +1,1 @@
-"""Chapter 4, CTC loss: the lesson's tables and numbers, the blog post's question, and the exercises."""
+"""Chapter 4, CTC loss: the figures, the lesson's tables and numbers, the blog post's question, and the exercises."""

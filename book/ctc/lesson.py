@@ -14,12 +14,13 @@ import statistics
 from typing import Iterable
 
 from book.common import PENDING, us
+from book.ctc.figures import clock_words
 from studylog import paths
 from studylog.ctc import CHAPTER
-from studylog.ctc.figures import clock_of, clock_words
 from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
 from studylog.ctc.reference import FAR_GRAD, FAR_LOSS
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, LESSON_N
+from studylog.ctc.results import clock_of
 from studylog.plotting import Results, load_lab
 
 #: The experiment file of ``lab/ctc`` (recursion options, step 10's other grain, the blocked layout).
@@ -224,11 +225,9 @@ def accuracy_table(results) -> str:
 # --------------------------------------------------------------------------------------
 
 def load_options():
-    """The experiment of ``lab/ctc`` (recursion options, step 10's grain 2, the blocked layout), read under
-    today's series names."""
-    names = dict(CHAPTER.renamed_series)
+    """The experiment of ``lab/ctc`` (recursion options, step 10's grain 2, the blocked layout)."""
     path = paths.lab_results("ctc", "nvidia-h200") / f"{OPTIONS_FILE}.json"
-    return Results(path, load_lab("ctc", OPTIONS_FILE, "nvidia-h200")).with_series_names(names)
+    return Results(path, load_lab("ctc", OPTIONS_FILE, "nvidia-h200"))
 
 
 def _change(ratios: list[float]) -> str:
@@ -335,7 +334,7 @@ def lost(counts: dict[str, int]) -> int:
 
 def cudnn_verdict(results) -> dict | None:
     """The blog post's question, answered from the comparison on the stress set: does cuDNN lose the utterances that
-    float32 probability space (step 6, same inputs, same run) loses? None when the file predates it."""
+    float32 probability space (step 6, same inputs, same run) loses? None when the file holds no such comparison."""
     counts = cudnn_counts(results)
     prob = counts.get(CHAPTER.step(6).series)
     cudnn = {k: v for k, v in counts.items() if k.startswith("torch-cuDNN")}
@@ -411,3 +410,26 @@ def prose_numbers(results) -> dict[str, str]:
         out[key] = _times(_ratios(results, "torch-best", s[10], _all_points(A))) if same else PENDING
     out["clock"] = clock_words(clock_of(results, s[10])) or PENDING
     return out
+
+
+def dispatch_table(results) -> str:
+    """The entry point's rule on one card's grid: per (N, A) at the benchmark's T, steps 8, 9 and 10 (GPU
+    clock), the step :func:`~studylog.ctc.fused.final_step` picks, and its time over the fastest step there."""
+    from studylog.ctc.fused import final_step
+
+    lines = ["| N | A | step 8 (µs) | step 9 (µs) | step 10 (µs) | `ctc_loss` runs | its time / the fastest step |",
+             "|---|---|---|---|---|---|---|"]
+    for A in BENCH_A:
+        for N in BENCH_N:
+            where = {"T": BENCH_T, "N": N, "A": A}
+            ms = {}
+            for s in CHAPTER.steps:
+                rows = [r for r in results.select(s.series, **where) if set(r["params"]) == set(where)]
+                if rows and rows[0].get("clock") == "gpu":
+                    ms[s.number] = rows[0]["ms"]
+            if not {8, 9, 10} <= set(ms):
+                continue
+            picked = final_step(BENCH_T, N, A)
+            cells = " | ".join(us(ms[k]) for k in (8, 9, 10))
+            lines.append(f"| {N} | {A:,} | {cells} | step {picked} | {ms[picked] / min(ms.values()):.2f} |")
+    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file times steps 8 to 10 nowhere)"

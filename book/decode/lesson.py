@@ -4,10 +4,10 @@ table of what did not help.
 
 Two files can feed it. The chapter's committed benchmark (``assets/bench/<gpu>/decode.json``, written by
 ``python -m studylog bench decode``) is read first; where it does not exist yet, the earlier run kept in
-``lab/decode/`` (a quick benchmark from before the body was fused, whose body was torch's eager operations) is
-read instead and every title and caption says so. Its ``body`` series is read as ``body_unfused``, today's name
-for that body. Every function reads series by the names the benchmark writes; where a file lacks a series a
-table says so and a prose number reads :data:`PENDING` instead of failing.
+``lab/decode/`` (a quick benchmark from before the body was fused: its body, torch's eager operations, is the
+``body_unfused`` series) is read instead and every title and caption says so. Every function reads series by the
+names the benchmark writes; where a file lacks a series a table says so and a prose number reads :data:`PENDING`
+instead of failing.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def committed():
 
 
 def earlier_run():
-    """The earlier quick run from ``lab/decode/`` as :class:`~studylog.plotting.Results`, its ``body`` series
-    renamed ``body_unfused`` (it was torch's eager body); None where the file is missing."""
+    """The earlier quick run from ``lab/decode/`` as :class:`~studylog.plotting.Results`; None where the file is
+    missing."""
     from studylog.plotting import Results, load_lab
     from studylog import paths
 
@@ -55,9 +55,7 @@ def earlier_run():
         data = load_lab("decode", EARLIER_FILE, gpu=EARLIER_GPU)
     except FileNotFoundError:
         return None
-    rows = [dict(r, series="body_unfused") if r["series"] == "body" else r for r in data["measurements"]]
-    path = Path(paths.lab_results("decode", EARLIER_GPU)) / f"{EARLIER_FILE}.json"
-    return Results(path, {**data, "measurements": rows})
+    return Results(Path(paths.lab_results("decode", EARLIER_GPU)) / f"{EARLIER_FILE}.json", data)
 
 
 def public_shapes() -> dict[str, Any]:

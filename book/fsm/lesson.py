@@ -9,8 +9,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from book.fsm.figures import SERIES_COLORS
 from studylog.fsm.peers import LIBRARIES, PeerRow
-from studylog.fsm.report import SERIES_COLORS
 
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "plot_mask_counts", "FORCED_COLUMNS",
            "peers_table", "agreement_table", "timing_table", "plot_peers"]

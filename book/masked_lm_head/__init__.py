@@ -1,1 +1,1 @@
-"""Chapter 2, the masked LM head: the lesson's numbers and tables, and its exercises with their checks."""
+"""Chapter 2, the masked LM head: the figures, the lesson's numbers and tables, and its exercises with their checks."""

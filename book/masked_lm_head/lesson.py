@@ -32,10 +32,6 @@ CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
 FIRST_ONE_CLOCK_FILE = "first_one_clock_run"
 #: Batch-1 allowed counts the steps table shows.
 STEP_COUNTS = (1, 1000, 10_000)
-#: The candidates' series in :data:`CANDIDATES_FILE` (named before the steps had numbers).
-CANDIDATES = {"step04": "cand_step4_compact", "step05 without the L2 hint": "cand_step4b_no_hint",
-              "step05": "cand_step4b_stream", "step06": "cand_step4c_few", "persistent grid": "cand_persistent",
-              "index_select": "cand_index_select"}
 
 
 def _s(number: int) -> str:
@@ -55,7 +51,7 @@ def _ms(results, series: str, layout: str = "vd", **params) -> float | None:
 
 def clock_of(results) -> str:
     """``GPU clock`` for files timed by CUDA-graph replay, ``do_bench`` for the first run."""
-    clocks = {r.get("clock", "do_bench") for r in results.rows}
+    clocks = {r["clock"] for r in results.rows}
     return "GPU clock" if clocks == {"gpu"} else ", ".join(sorted(clocks))
 
 
@@ -347,19 +343,19 @@ def tried_table(results, candidates: dict | None) -> str:
             rows_ = cand.select(series, batch=1, kind="random", allowed=allowed)
             return min(r["ms"] for r in rows_) if rows_ else None
 
-        c = CANDIDATES
+        step4 = fastest("cand_step04", 10_000)
         rows.append(("each row in one burst of loads, without the L2 hint (step 5's first change alone)",
-                     f"{_change(fastest(c['step04'], 10_000), fastest(c['step05 without the L2 hint'], 10_000))} than "
-                     f"step 4 at 10,000 allowed; with the hint, {_change(fastest(c['step04'], 10_000), fastest(c['step05'], 10_000))}"
-                     f" (do_bench clock, {cand.gpu})", "`lab/masked_lm_head/variants/eviction.py`"))
+                     f"{_change(step4, fastest('cand_step05_no_hint', 10_000))} than step 4 at 10,000 allowed; with "
+                     f"the hint, {_change(step4, fastest('cand_step05', 10_000))} (do_bench clock, {cand.gpu})",
+                     "`lab/masked_lm_head/variants/eviction.py`"))
         rows.append(("a persistent grid that prefetches the next block of rows",
-                     f"{_change(fastest(c['step05'], 10_000), fastest(c['persistent grid'], 10_000))} than step 5 at "
-                     f"10,000 allowed, {_change(fastest(c['step06'], 8), fastest(c['persistent grid'], 8))} than step 6 "
+                     f"{_change(fastest('cand_step05', 10_000), fastest('cand_persistent', 10_000))} than step 5 at "
+                     f"10,000 allowed, {_change(fastest('cand_step06', 8), fastest('cand_persistent', 8))} than step 6 "
                      f"at 8 (best of three shapes; do_bench clock, {cand.gpu})", "`lab/masked_lm_head/variants/persistent.py`"))
-        tiles = [r["ms"] for r in cand.select("step4_tiles", batch=1, allowed=10_000)]
+        tiles = [r["ms"] for r in cand.select("step04_tiles", batch=1, allowed=10_000)]
         if tiles:
             rows.append(("other rows per program and warps for step 4",
-                         f"the fastest of {len(tiles)} shapes is {_change(fastest(c['step04'], 10_000), min(tiles))} than "
+                         f"the fastest of {len(tiles)} shapes is {_change(step4, min(tiles))} than "
                          f"the default at 10,000 allowed (do_bench clock, {cand.gpu})",
                          "`lab/masked_lm_head/candidates.py`"))
     r8 = [r for r in results.select(s[8], batch=1) if r["params"]["allowed"] == 1000]
@@ -430,7 +426,7 @@ def target_report(results) -> str:
     Markdown table, and the points where we lose."""
     label = CHAPTER.label
     dispatch = _s(9)
-    clock = results.rows[0].get("clock", "do_bench") if results.rows else "–"
+    clock = results.rows[0]["clock"] if results.rows else "–"
     lines = [f"Clock: {clock}.", "", "| target | measured | met |", "|---|---|---|"]
 
     def add(name: str, value: str, ok: bool | None):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from book.common import PENDING, fmt, us
+from book.multi_item.figures import approaches, shape_names
 from studylog.multi_item import report
 from studylog.multi_item.formats import MultiItemBatch
 from studylog.multi_item.tiles import (
@@ -48,8 +49,8 @@ def caption(results) -> str:
 
 
 def clock(results) -> str:
-    """The clock of step 5's rows (``do_bench`` where a row does not name one, as :mod:`studylog.plotting` reads)."""
-    return results.select(STEP[5].series)[0].get("clock", "do_bench")
+    """The clock of step 5's rows."""
+    return results.select(STEP[5].series)[0]["clock"]
 
 
 def ms(results, series: str, shape: str) -> float | None:
@@ -202,7 +203,7 @@ def step_table(results, numbers: list[int]) -> str:
         return PENDING
     lines = ["| shape | step | µs per call | previous step / this one | compute floor (µs) | floor / time |",
              "|---|---|---|---|---|---|"]
-    for shape in report.shape_names(results):
+    for shape in shape_names(results):
         for n in numbers:
             t = ms(results, STEP[n].series, shape)
             if t is None:
@@ -221,11 +222,11 @@ def result_table(results) -> str:
     """Every approach on every shape: µs per call (median) and step 5's speedup over it."""
     if results is None:
         return PENDING
-    shapes = report.shape_names(results)
+    shapes = shape_names(results)
     final = STEP[5].series
     lines = ["| approach | " + " | ".join(f"{s}: µs ({STEP[5].name} faster by)" for s in shapes) + " |",
              "|---|" + "---|" * len(shapes)]
-    for series in report.approaches():
+    for series in approaches():
         cells = []
         for shape in shapes:
             t, mine = ms(results, series, shape), ms(results, final, shape)
@@ -282,7 +283,7 @@ def target_table(results) -> str:
     where the rows have spreads, the speedup's range over the repetitions."""
     lines = [f"| shape | {STEP[5].name} (µs) | baseline | baseline (µs) | speedup (range) | clock | target | met |",
              "|---|---|---|---|---|---|---|---|"]
-    for shape in report.shape_names(results):
+    for shape in shape_names(results):
         mine = results.select(STEP[5].series, shape=shape)
         if len(mine) != 1:
             continue
@@ -298,7 +299,7 @@ def target_table(results) -> str:
                           f"{rows[0]['spread_ms'][2] / mine[0]['spread_ms'][0]:.2f})")
             text = f">= {want:.2f}x" if want >= 1 else f">= {want:.2f}x (within {1 / want:.1f}x)"
             lines.append(f"| {shape} | {mine[0]['ms'] * 1e3:.1f} | {base} | {rows[0]['ms'] * 1e3:.1f} | "
-                         f"{speedup:.2f}x{spread} | {rows[0].get('clock', 'do_bench')} | {text} | "
+                         f"{speedup:.2f}x{spread} | {rows[0]['clock']} | {text} | "
                          f"{'yes' if speedup >= want else '**no**'} |")
     return "\n".join(lines)
 
@@ -362,7 +363,7 @@ def tried_table(results) -> str:
     slower) on each shape, and where the details are."""
     if results is None:
         return PENDING
-    shapes = report.shape_names(results)
+    shapes = shape_names(results)
     final = STEP[5].series
     lines = ["| tried | " + " | ".join(shapes) + " | details |", "|---|" + "---|" * len(shapes) + "---|"]
 

@@ -1,19 +1,19 @@
 """What notebook 03 reads from a results file besides the figures: a grid case's row (the prose's numbers), the
 tables of steps against the one-pass floor, the summary of every step, the real-text table, and the targets'
 verdicts. Every function takes a :class:`studylog.plotting.Results` and reads it through the lookups the
-library's figures use (:mod:`studylog.ngram.results`); a file older than a series gives ``–`` (or leaves the
+figures use (:mod:`studylog.ngram.results`); a file older than a series gives ``–`` (or leaves the
 line out) where it lacks one.
 """
 
 from __future__ import annotations
 
 from book.common import us
+from book.ngram.figures import case_label, clock_words, shape_label
 from studylog.ngram import CHAPTER
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, own_series
-from studylog.ngram.results import (case_label, clock_of, clock_words, grid_configs, grid_select, real_cases_in,
-                                    real_row, same_clock_pair, shape_label)
+from studylog.ngram.results import clock_of, grid_configs, grid_select, real_cases_in, real_row, same_clock_pair
 
-__all__ = ["grid_row", "step_table", "real_text_table", "summary_table", "target_verdicts"]
+__all__ = ["dispatch_table", "grid_row", "step_table", "real_text_table", "summary_table", "target_verdicts"]
 
 
 def grid_row(results, series: str, cfg: tuple[int, int, int]) -> dict | None:
@@ -146,4 +146,28 @@ def target_verdicts(results) -> str:
         else:
             verdict = "met" if top_us < target else "missed"
             lines.append(f"- {b}x{s} under {what}: {verdict}; {name} takes {top_us:.1f} µs ({clock})")
+    return "\n".join(lines)
+
+
+def dispatch_table(results) -> str:
+    """The entry point's rule on one card's grid: per case, steps 6 and 7 (GPU clock), the step
+    :func:`~studylog.ngram.kernels.final_step` picks, and the picked step's time over the faster one."""
+    from studylog.ngram.kernels import STREAM_MIN_TOKENS, STREAM_MIN_WIDTH
+
+    lines = ["| slots × prompt width | step 6 (µs) | step 7 (µs) | `ngram_match` runs | its time / the faster |",
+             "|---|---|---|---|---|"]
+    seen = set()
+    for r in sorted(results.select("step06"), key=lambda r: (r["params"]["batch"] * r["params"]["seq_len"])):
+        p = r["params"]
+        key = (p["batch"], p["seq_len"])
+        other = results.select("step07", **p)
+        if key in seen or not other or r.get("clock") != "gpu":
+            continue
+        seen.add(key)
+        six, seven = r["ms"], other[0]["ms"]
+        wide, big = p["seq_len"] >= STREAM_MIN_WIDTH, p["batch"] * p["seq_len"] >= STREAM_MIN_TOKENS
+        picked = "step 7" if wide and big else "step 6"
+        mine = seven if picked == "step 7" else six
+        lines.append(f"| {p['batch']} × {p['seq_len']:,} | {us(six)} | {us(seven)} | {picked} | "
+                     f"{mine / min(six, seven):.2f} |")
     return "\n".join(lines)

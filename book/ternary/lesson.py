@@ -22,7 +22,7 @@ from studylog import plotting
 from studylog.ternary.formats import packed_cols
 from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, W2A8_PLACE_SERIES, W2A8_SERIES,
                                       fastest, on_gpu_clock, series_label)
-from studylog.ternary.steps import RENAMED_SERIES, SERIES, STEPS
+from studylog.ternary.steps import SERIES, STEPS
 
 H100 = "nvidia-h100-80gb-hbm3"
 H200 = "nvidia-h200"
@@ -266,13 +266,12 @@ def tried_cuda(results) -> list[dict[str, str]]:
                     f"{fmt(staged, '.1f')} µs, GPU clock)", "details": "the benchmark file; lab/ternary/README.md"})
     # the places that left the library, from the bench file that still timed them (H100)
     old = plotting.Results(Path("lab"), plotting.load_lab("ternary", "ternary_bench_with_first_block", H100))
-    old = old.with_series_names(dict(RENAMED_SERIES))
     pick = lambda series, key: next((r[key] for r in old.select(series, shape=MAIN, m=1) if r.get(key)), None)  # noqa: E731
-    first, kept = pick("w2a8_bulk_first", "kernel_ms"), pick(s12, "kernel_ms")
+    first, kept = pick(f"{s12}_first_block", "kernel_ms"), pick(s12, "kernel_ms")
     out.append({"what": "x quantised once, by the first block, published to the others by a flag",
                 "effect": f"{_pct(first, kept)} by kernel time (the file has no GPU-clock time for it)",
                 "details": "lab/ternary/variants (QUANT 2); results/nvidia-h100-80gb-hbm3/ternary_bench_with_first_block.json"})
-    cluster, kept = pick("w2a8_bulk_cluster", "graph_ms"), pick(s12, "graph_ms")
+    cluster, kept = pick(f"{s12}_cluster", "graph_ms"), pick(s12, "graph_ms")
     out.append({"what": "x quantised once a thread-block cluster, shared through distributed shared memory",
                 "effect": f"{_pct(cluster, kept)} (GPU clock, the same file)",
                 "details": "lab/ternary/variants (QUANT 3), w2a8_cluster_sweep.json, w2a8_rows_hang.json (a deadlock "
@@ -331,6 +330,23 @@ def tried_markdown(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def first_attempt():
+    """``lab/ternary/first_attempt.py`` as a module: the first attempt's kernel and ``ternary_first_attempt``, which
+    runs it with its bugs (a rejected kernel lives beside the library, not in it)."""
+    import importlib.util
+    import sys
+
+    from studylog import paths
+
+    name = "lab_ternary_first_attempt"
+    if name not in sys.modules:  # loaded once: Triton keeps a kernel's compiled code on its function object
+        spec = importlib.util.spec_from_file_location(name, paths.LAB / "ternary" / "first_attempt.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 # ----------------------------------------------------------------------------------------------
 # SASS of the CUDA C++ steps (compiled with NVRTC, disassembled with the cuobjdump Triton ships)
 # ----------------------------------------------------------------------------------------------
@@ -356,9 +372,9 @@ def sass(source: str, instance: str, arch: str = "sm_90") -> Optional[str]:
 
 #: One instance of each CUDA C++ step at one tile of 16 weight rows and one of 8 rows of x (bf16 x):
 #: its kernel handles one group of 256 weights a row per iteration of its main loop.
-SASS_INSTANCES = {10: ("ternary_mma", "ternary_mma<true, 1, 1, 2>"),
-                  11: ("ternary_bulk", "ternary_bulk<true, 1, 1, 4, 1>"),
-                  12: ("ternary_w2a8", "ternary_w2a8<0, true, 1, 1, 4, 1>")}
+SASS_INSTANCES = {10: ("ternary_mma", "step10_cuda_mma_kernel<true, 1, 1, 2>"),
+                  11: ("ternary_bulk", "step11_tma_kernel<true, 1, 1, 4, 1>"),
+                  12: ("ternary_w2a8", "step12_w2a8_kernel<0, true, 1, 1, 4, 1>")}
 
 
 def sass_counts(step: int) -> Optional[dict[str, int]]:
@@ -419,7 +435,7 @@ def clock_rows() -> dict[str, dict[str, dict]]:
     "B": another host of the same day), by series: {"A": {series: row}, "B": ...}."""
     out = {}
     for host, name in (("A", "ternary_bench_before_one_clock"), ("B", "ternary_bench_second_host")):
-        res = plotting.Results(Path(name), plotting.load_lab("ternary", name, H200)).with_series_names(dict(RENAMED_SERIES))
+        res = plotting.Results(Path(name), plotting.load_lab("ternary", name, H200))
         out[host] = {r["series"]: r for r in res.select(shape=MAIN, m=1)}
     return out
 
@@ -428,10 +444,8 @@ def clocks_table() -> str:
     """Markdown, µs: the same kernels at 4096 x 14336, M = 1, on two H200 hosts of one day, by the three clocks
     those runs kept (do_bench; the profiler's kernel time; CUDA-graph replay): lab/ternary/results/nvidia-h200,
     ternary_bench_before_one_clock.json and ternary_bench_second_host.json."""
-    runs = []
-    for name in ("ternary_bench_before_one_clock", "ternary_bench_second_host"):
-        data = plotting.load_lab("ternary", name, H200)
-        runs.append(plotting.Results(Path(name), data).with_series_names(dict(RENAMED_SERIES)))
+    runs = [plotting.Results(Path(name), plotting.load_lab("ternary", name, H200))
+            for name in ("ternary_bench_before_one_clock", "ternary_bench_second_host")]
     head = ["series"] + [f"{clock}, {host}" for host in ("host A", "host B")
                          for clock in ("do_bench", "kernel time", "CUDA graph")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -447,8 +461,8 @@ def clocks_table() -> str:
 
 def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
     """Markdown, µs: each step's GPU time against the host time per call of its public function (the file's
-    ``host_ms``), and the run's empty launch; "pending" for a file written before the host clock."""
-    if results is None or "host_ms" not in "".join(str(r.keys()) for r in results.rows[:50]):
+    ``host_ms``), and the run's empty launch."""
+    if results is None:
         return PENDING
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
     lines = ["| series | N x K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
@@ -526,47 +540,30 @@ def _probe_series(step: int) -> list[str]:
 
 
 def probe_clock(results, step: int, shapes=(MAIN, BIG)) -> str:
-    """"GPU clock" where the file has it for a step and every one of its probes, else "kernel time"."""
-    if results is None:
-        return PENDING
-    every = all(gpu_row(results, s, shape) for s in _probe_series(step) for shape in shapes)
-    return "GPU clock" if every else "kernel time"
+    """"GPU clock" where the file has a step and every one of its probes on it, else pending."""
+    every = results is not None and all(gpu_row(results, s, shape) for s in _probe_series(step) for shape in shapes)
+    return "GPU clock" if every else PENDING
 
 
-def probe_us(results, step: int, probe: Optional[int], shape: str = MAIN, clock: Optional[str] = None) -> Optional[float]:
-    """A step's (probe=None) or a probe build's time at M = 1 (µs), on ``clock`` (default: :func:`probe_clock`)."""
-    if results is None:
-        return None
-    clock = clock or probe_clock(results, step)
-    series = SERIES[step] if probe is None else f"{SERIES[step]}_probe_{probe}"
-    if clock == "GPU clock":
-        return us(results, series, shape)
-    rows = [r for r in results.select(series, shape=shape, m=1) if r.get("kernel_ms")]
-    return rows[0]["kernel_ms"] * 1e3 if rows else None
+def probe_us(results, step: int, probe: Optional[int], shape: str = MAIN) -> Optional[float]:
+    """A step's (probe=None) or a probe build's GPU time at M = 1 (µs), or None."""
+    return us(results, SERIES[step] if probe is None else f"{SERIES[step]}_probe_{probe}", shape)
 
 
 def probe_table(results, step: int, shapes=(MAIN, BIG)) -> tuple[str, str]:
     """(Markdown, clock): a step's kernel and its probe builds at M = 1 (copies only, arithmetic only, launch only)
-    and a kernel that only reads the weights, in µs, all on one clock: the GPU clock where the file has it for every
-    one of them, else the profiler's kernel time (CUPTI; one launch each, L2 flushed before each)."""
+    and a kernel that only reads the weights, in µs on the GPU clock ("–" where the file lacks one)."""
     from studylog.ternary.cuda_steps import PROBES
 
     if results is None:
         return PENDING, PENDING
-    clock = probe_clock(results, step, shapes)
     head = ["N x K (M = 1)", f"`{STEPS[step - 1].name}`"] + [PROBES[p] for p in PROBES] + ["only reading the weights"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape in shapes:
-        cells = [shape]
-        for s in _probe_series(step):
-            if clock == "GPU clock":
-                row = gpu_row(results, s, shape)
-                cells.append(f"{row['ms'] * 1e3:.1f}{_spread(row)}")
-            else:
-                rows = [r for r in results.select(s, shape=shape, m=1) if r.get("kernel_ms")]
-                cells.append(f"{rows[0]['kernel_ms'] * 1e3:.1f}" if rows else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines), clock
+        rows = [gpu_row(results, s, shape) for s in _probe_series(step)]
+        lines.append("| " + " | ".join([shape] + ["–" if r is None else f"{r['ms'] * 1e3:.1f}{_spread(r)}"
+                                                  for r in rows]) + " |")
+    return "\n".join(lines), probe_clock(results, step, shapes)
 
 
 def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of_x=(1, 16)) -> str:
@@ -588,7 +585,7 @@ def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of
 
 __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "device",
            "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_table", "bounds_table", "issue_budget", "step_table",
-           "result_table", "tried_cuda", "tried_triton", "tried_markdown", "cuobjdump", "sass", "SASS_INSTANCES",
-           "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table", "host_table",
-           "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us", "probe_table",
-           "ncu_table"]
+           "result_table", "tried_cuda", "tried_triton", "tried_markdown", "first_attempt", "cuobjdump", "sass",
+           "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table",
+           "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
+           "probe_table", "ncu_table"]

@@ -1,4 +1,4 @@
-"""Experiment (GPU): step 13 (ternary_w2a8_tiles) over its compiled configs x splits of K, per M and shape, by
+"""Experiment (GPU): step 13 (step13_w2a8_tiles_kernel) over its compiled configs x splits of K, per M and shape, by
 CUDA-graph replay (rotated weight copies) and profiler kernel time, each config checked bit for bit against
 step 12; the sweep behind w2a8_tiles_config. Step 9 and cuBLAS bf16 are timed in the same run.
 PYTHONPATH=$PWD python lab/ternary/w2a8_tiles_sweep.py [--m 1,16] [--shapes 4096x14336] [--slices 1,2,4]
@@ -47,12 +47,12 @@ for shape in args.shapes.split(","):
             for tiles_a_warp, stages, chunk in T.W2A8_TILES_SHAPES:
                 for slices in (int(v) for v in args.slices.split(",")):
                     cfg = T.W2A8TilesConfig(warps, tiles_a_warp, stages, chunk, slices)
-                    plan = T.w2a8_tiles_plan(m, n, k, cfg, run.device["sm_count"])
-                    if (cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, plan[2]) in seen:
+                    _, grid = T.w2a8_grid(m, n, k, cfg)
+                    if (cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, grid) in seen:
                         continue  # asked for fewer slices than x needs: the same launch as one already timed
-                    seen.add((cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, plan[2]))
+                    seen.add((cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, grid))
                     r = dict(n=n, k=k, m=m, warps=warps, tiles=tiles_a_warp, stages=stages, chunk=chunk, slices=slices,
-                             grid=plan[2])
+                             grid=grid)
                     fn = lambda: T.step13_w2a8_tiles(x, tiles, scale, config=cfg)
                     r["equal"] = bool(torch.equal(fn(), want))
                     r["kernel_us"] = run.kernel_time(fn) * 1e3

@@ -33,11 +33,12 @@ for n, k, q, shape in cases:
     chosen = None
     if shape:  # a launch of these row tiles and stages
         chosen = dataclasses.replace(T.w2a8_config(1, n, k, sms, quantize=q), row_tiles=shape[0], stages=shape[1])
-    plan = T.w2a8_plan(1, n, k, True, chosen, q, sms)
+    quant, cfg = T.w2a8_choose(1, n, k, chosen, q, sms)
+    per_slice, grid = T.w2a8_grid(1, n, k, cfg, fused=quant != T.Quant.SEPARATE)
     call = T.step12_timeline(x, pw, 0.7, trace, config=chosen, quantize=q)
     assert torch.equal(call(), T.step12_w2a8(x, pw, 0.7, config=chosen, quantize=q))
     kt = run.kernel_time(call) * 1e3
-    blocks = plan.grid[0] * plan.grid[1] * plan.grid[2]
+    blocks = grid[0] * grid[1] * grid[2]
     runs = []
     for rep in range(3):
         # as kernel_time: flush, then the launches queued behind it (no host gap)
@@ -51,7 +52,7 @@ for n, k, q, shape in cases:
         cyc = tb[:, 3]  # end in cycles from the block's start
         ghz = (cyc / (end_ns - start_ns)).median().item()
         t0 = start_ns.min().item()
-        if plan.quant == 0:
+        if quant == T.Quant.SEPARATE:
             t0 = min(t0, t[120000].item())
         rel_start = (start_ns - t0) / 1e3
 
@@ -64,15 +65,15 @@ for n, k, q, shape in cases:
 
         r = {"ghz": round(ghz, 3), "start": q3(rel_start), "x_read": q3(at(56)), "x_ready": q3(at(1)),
              "loop_end": q3(at(2)), "end": q3(at(3))}
-        if plan.quant == 0:
+        if quant == T.Quant.SEPARATE:
             r["quantize_x"] = [round((t[120000].item() - t0) / 1e3, 2), round((t[120001].item() - t0) / 1e3, 2)]
-        chunks = min(24, triton.cdiv(plan.groups_per_slice, plan.config.warps))
+        chunks = min(24, triton.cdiv(per_slice, cfg.warps))
         r["take_median"] = [round(at(4 + c).median().item(), 2) for c in range(chunks)]
         r["fill_median"] = [round(at(32 + c).median().item(), 2) for c in range(chunks)]
         runs.append(r)
     name = f"{n}x{k} {q} probe0 cluster1" + (f" rt{shape[0]} st{shape[1]}" if shape else "")
-    out[name] = {"kernel_us": kt, "cfg": repr(plan.config), "runs": runs}
-    print(f"{name}: {plan.config} kernel {kt:.2f}", flush=True)
+    out[name] = {"kernel_us": kt, "cfg": repr(cfg), "runs": runs}
+    print(f"{name}: {cfg} kernel {kt:.2f}", flush=True)
     for key, v in runs[-1].items():
         print("   ", key, v, flush=True)
 meta = {key: v for key, v in run.to_json().items() if key not in ("measurements", "checks", "notes")}

@@ -49,16 +49,16 @@ in buffers sized once for the largest batch, refilled on the host between replay
 
 Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6,
 errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``plan`` (:class:`CTCPlan`), ``compiled``
-(PTX, registers, SASS), ``peers`` (torch's two paths), ``report`` (benchmark), ``figures`` (figures and
-headline); CUDA sources in ``csrc/``. The notebook's tables, the numbers its prose quotes, the blog post's
-question and the exercises are the book's (``book.ctc``), not the library's.
+(PTX, registers, SASS), ``peers`` (torch's two paths), ``report`` (benchmark), ``results`` (headline); CUDA
+sources in ``csrc/``. The figures, the notebook's tables, the numbers its prose quotes, the blog post's question and
+the exercises are the book's (``book.ctc``), not the library's.
 """
 
 from __future__ import annotations
 
 from studylog import runtime  # noqa: F401  (runtime: GPU or interpreter is chosen first)
 from studylog.chapter import Chapter, Step
-from studylog.ctc import figures, report
+from studylog.ctc import report, results
 from studylog.ctc.compiled import compile_step, global_loads, load_table, markdown, nvdisasm_path, sass, sass_counts
 from studylog.ctc.fused import (BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, MAX_RECURSION_WARPS,
                                 RECURSION_OPTIONS, WARP_GRAINS, ctc_loss, fused_kernel_names, preload_fused,
@@ -116,23 +116,14 @@ CHAPTER = Chapter(
              step10_warps_per_direction, _csrc("ctc_step10_warps"), "ctc_warps_direction"),
     ),
     bench=report.bench,
-    figures=figures.figures,
-    headline=figures.headline,
+    headline=results.headline,
     baselines={
         "torch-cuDNN": "cuDNN's CTC through torch._cudnn_ctc_loss on the activations (int32 device targets and "
-                       "lengths; files before the GPU clock: F.ctc_loss on its cuDNN path)",
+                       "lengths; in lab/ctc's options run, F.ctc_loss on its cuDNN path)",
         "torch-cuDNN F.ctc_loss": "torch.nn.functional.ctc_loss on its cuDNN path (int32 CPU targets), autograd",
         "torch-native": "torch.nn.functional.ctc_loss on its native CUDA kernels (int64 GPU targets), autograd",
         "torch-best": "the faster of torch's calls timed on the GPU clock at each point",
         "torch-best span": "the faster of torch's calls on the kernel clock at each point",
-    },
-    renamed_series={
-        **{f"step{k}": f"step{k:02d}" for k in range(1, 11)},
-        **{f"step{k} {what}": f"step{k:02d} {what}" for k in (7, 8, 9, 10) for what in ("graph", "host", "kernels")},
-        **{f"stress step{k}": f"stress step{k:02d}" for k in range(5, 11)},
-        "step4 strided": "step04 strided", "step5 strided": "step05 strided", "step5 blocked": "step05 blocked",
-        **{f"step9 recursion {o}": f"step09 recursion {o}" for o in RECURSION_OPTIONS},
-        "step10 grain 2": "step10 grain 2",
     },
 )
 

@@ -236,21 +236,44 @@ def step10_warps_per_direction(activations, targets, input_lengths=None, target_
     return loss, grad
 
 
+#: The final entry point's rule (:func:`final_step`). Step 10 spreads each direction's recursion over a block of
+#: warps, which pays where the softmax over many classes or a mid-size batch keeps the GPU busy; with few classes a
+#: single utterance leaves those warps waiting on each other, and a full batch of short rows keeps step 8's one warp
+#: per direction just as busy with less synchronisation. The alphabet bound lies between the two sizes the benchmark
+#: measures (28 and 5,000 classes); the rule must keep the entry point within the spread of the fastest step at every
+#: measured (T, N, A) (``assets/bench/<gpu>/ctc.json``; the book's ``dispatch_table`` shows it).
+SMALL_ALPHABET = 1024
+#: Batches at least this large take step 8 on a small alphabet.
+FULL_BATCH = 256
+
+
+def final_step(max_time: int, batch_size: int, num_classes: int) -> int:
+    """The step :func:`ctc_loss` runs for activations of shape ``(max_time, batch_size, num_classes)``: step 8
+    for an alphabet of at most :data:`SMALL_ALPHABET` classes with one utterance or at least :data:`FULL_BATCH`,
+    step 10 otherwise. Shapes only: no device synchronisation."""
+    if num_classes <= SMALL_ALPHABET and (batch_size == 1 or batch_size >= FULL_BATCH):
+        return 8
+    return 10
+
+
 def ctc_loss(
     activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
     out_grad: Float[Tensor, "t n a"] | None = None,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
-    """The chapter's CTC loss: its final step, :func:`step10_warps_per_direction`, with its defaults.
+    """The chapter's CTC loss: step 8 or step 10 (:func:`step10_warps_per_direction`), with their defaults,
+    as the measured rule :func:`final_step` picks for the activations' shape.
 
     Loss per utterance (``(N,)``, blank = 0) and the gradient of its sum w.r.t. the activations
     (``(T, N, A)``, softmax included), in log space: no input of the chapter's stress set makes it
     underflow. Arguments as :func:`step01_baseline`. With prepared targets (and, for a fixed graph, the
     caller's ``out_loss``/``out_grad``) a call can be captured in a CUDA graph; to replay one graph over batches
-    whose targets change, use :class:`CTCPlan` (its default step is this one).
+    whose targets change, use :class:`CTCPlan` (its default step is the one this rule picks for its shape).
     """
-    return step10_warps_per_direction(activations, targets, input_lengths, target_lengths,
-                                      zero_infinity=zero_infinity, out_loss=out_loss, out_grad=out_grad)
+    shape = tuple(getattr(activations, "shape", ()))  # a bad shape goes on to step 10, whose checks name it
+    step = step08_branch_free if len(shape) == 3 and final_step(*shape) == 8 else step10_warps_per_direction
+    return step(activations, targets, input_lengths, target_lengths, zero_infinity=zero_infinity, out_loss=out_loss,
+                out_grad=out_grad)
 
 
 cuda.declare_instances(SOURCES["ctc_branchless_recursion"], [recursion_name(10, o) for o in RECURSION_OPTIONS])

@@ -24,8 +24,9 @@ from studylog.ctc.targets import (MAX_TARGET_LENGTH, CTCTargets, label_lists, pa
 
 
 class CTCPlan:
-    """Step ``step`` (the chapter's final step by default, as :func:`ctc_loss`) for activations of shape
-    ``(max_time, batch_size, num_classes)`` and targets of at most ``max_target_length`` labels.
+    """Step ``step`` (by default the one :func:`ctc_loss` runs for this shape,
+    :func:`~studylog.ctc.fused.final_step`) for activations of shape ``(max_time, batch_size, num_classes)`` and
+    targets of at most ``max_target_length`` labels.
 
     Build it once; then, per batch::
 
@@ -50,7 +51,7 @@ class CTCPlan:
                                  ("num_classes", num_classes, 2)):
             checks.check_int(name, value, low=low)
         checks.check_int("max_target_length", max_target_length, low=0, high=MAX_TARGET_LENGTH)
-        self.step = CHAPTER.final.number if step is None else step
+        self.step = fused.final_step(max_time, batch_size, num_classes) if step is None else step
         CHAPTER.step(self.step)  # a step of the chapter
         self.shape = (max_time, batch_size, num_classes)
         self.zero_infinity = bool(zero_infinity)

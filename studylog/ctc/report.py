@@ -1,5 +1,5 @@
 """Chapter 4's benchmark and the inputs it uses (the blog post's grid, the grain sweep and the stress set of
-long utterances); its figures and headline are in :mod:`studylog.ctc.figures`. Series names come from
+long utterances); its headline is in :mod:`studylog.ctc.results`, its figures are the book's. Series names come from
 ``CHAPTER.steps``.
 
 Clocks (the harness's policy, ``studylog/bench.py``): every step and every torch call that a CUDA graph can
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from studylog.ctc import peers
-from studylog.ctc.fused import DEFAULT_BLOCK_GRAIN, preload_fused, recursion_warps, warp_grain
+from studylog.ctc.fused import DEFAULT_BLOCK_GRAIN, ctc_loss, final_step, preload_fused, recursion_warps, warp_grain
 from studylog.ctc.peers import concatenated, padded
 from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, errors, outcomes,
                                     reference_ctc, wrong_utterances)
@@ -287,6 +287,26 @@ def _time_step(run, number: int, x: Tensor, batch: CTCTargets, ref, params: dict
                     reps=reps, **(extra or {}), **err)
 
 
+#: The series of the chapter's entry point, ``ctc_loss`` (the step its rule, ``fused.final_step``, picks for the
+#: shape; the row's ``step`` says which).
+ENTRY_SERIES = "ctc_loss"
+
+
+def _time_entry(run, x: Tensor, batch: CTCTargets, ref, params: dict, floor: float) -> dict:
+    """``ctc_loss`` itself at one point: checked against the reference, then timed on the GPU clock."""
+    number = final_step(*x.shape)
+    loss, grad = ctc_loss(x, batch)
+    err = _check_step(run, _step(number), loss, grad, ref, batch, params)
+    del loss, grad
+
+    def factory(xi):
+        loss, grad = torch.empty((xi.shape[1],), device=xi.device), torch.empty_like(xi)
+        return lambda: ctc_loss(xi, batch, out_loss=loss, out_grad=grad)
+
+    return _gpu_row(run, ENTRY_SERIES, _rotated(run, x, factory), lambda: ctc_loss(x, batch), params,
+                    floor_ms=floor, step=f"step{number:02d}", **err)
+
+
 def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: float, *, users_path: bool
                 ) -> dict[str, dict]:
     """torch's calls at one point: each checked against the reference (within float32 torch's accuracy)
@@ -397,6 +417,7 @@ def bench(run) -> None:
                 continue
             _time_step(run, s.number, x, batch, ref, params, floor_ms=floor,
                        extra=block_shape if s.number == 10 else shape if s.number >= 7 else None)
+        _time_entry(run, x, batch, ref, params, floor)
         if spans and (N in LESSON_N or not on_gpu):  # one clock with the torch calls a graph cannot capture
             _span_row(run, f"{final.series} span", lambda: _call(final.number, x, batch), params, role="kernel",
                       host=False)

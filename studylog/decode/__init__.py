@@ -21,7 +21,7 @@ Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`. On a 
 fused kernels of :mod:`~studylog.decode.kernels` (six launches per layer for one token a step, nine for more), in
 every configuration alike.
 
-Notebook 07's tables, glued numbers and exercises are the book's (``book.decode``), not the library's.
+Notebook 07's figures, tables, glued numbers and exercises are the book's (``book.decode``), not the library's.
 """
 
 from __future__ import annotations
@@ -65,10 +65,6 @@ def _bench(run):
     return _report().bench(run)
 
 
-def _figures(results):
-    return _report().figures(results)
-
-
 def _headline(results):
     return _report().headline(results)
 
@@ -87,7 +83,6 @@ CHAPTER = Chapter(
              "torch", step03_masked_head, step03_masked_head),
     ),
     bench=_bench,
-    figures=_figures,
     headline=_headline,
     baselines={
         "automaton_mask": "forced-token jumps and the automaton's masks with the dense head: separates the "

@@ -1,4 +1,4 @@
-"""The chapter's benchmark, figures and headline.
+"""The chapter's benchmark and headline (the figures are the book's: ``book.decode.figures``).
 
 ``bench(run)`` (GPU): for the ~1B shape and the ~8B shape's cost model, at batch 1 and 8, every schema of
 chapter 1's suite is decoded in every configuration; each request is steered to a valid sample of the schema
@@ -30,10 +30,6 @@ from studylog.decode.model import CL100K_SIZE, LlamaModel, dense_logits, describ
 ORDER = ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")
 STEP_OF = {"baseline": 1, "jump_forward": 2, "masked_head": 3}
 PROMPT = "Reply with one JSON value or string that follows the format you are given. Request number {i}."
-LABELS = {"body": "model body", "mask_wait": "mask (host, not hidden)", "head": "LM head",
-          "mask_apply": "mask application", "sampling": "sampling", "host": "host overhead"}
-COLORS = {"body": "#4c72b0", "mask_wait": "#dd8452", "head": "#c44e52", "mask_apply": "#8172b3",
-          "sampling": "#937860", "host": "#8c8c8c"}
 
 
 def series_of(config: str) -> str:
@@ -470,119 +466,11 @@ def target_report(rows: Sequence[dict], model: str = "1b") -> dict[str, Any]:
     return out
 
 
-#: One colour per configuration across the chapter's figures (the components have theirs in :data:`COLORS`).
-CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head": "#d95f02",
-                 "automaton_mask": "#7570b3", "char_jump": "#e7298a"}
-#: The smallest text of a figure, in points at its saved size.
-FONT = 9
-
-
-def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms",
-                   legend: bool = True):
-    """Stacked bars on a linear axis, one per configuration: time per output token split into the loop's
-    components; the end-to-end time (measured without the instrumentation) is written above each bar."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.subplots(figsize=(6.4, 4.2))[1]
-    names = list(parts)
-    scale = 1e3 if unit == "µs" else 1.0
-    for i, config in enumerate(names):
-        bottom = 0.0
-        for k in COMPONENTS:
-            v = max(parts[config][k], 0.0) * scale
-            ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.62)
-            bottom += v
-        ax.text(i, bottom, f"{parts[config]['wall'] * scale:.3g}", ha="center", va="bottom", fontsize=FONT)
-    ax.set_xticks(range(len(names)), [series_label(n) for n in names], rotation=25, ha="right", fontsize=FONT)
-    ax.tick_params(axis="y", labelsize=FONT)
-    ax.set_ylabel(f"time per output token ({unit})", fontsize=FONT)
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
-    ax.set_title(title, fontsize=FONT + 1)
-    if legend:
-        ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.grid(True, axis="y", alpha=0.3)
-    return ax
-
-
 def series_label(config: str) -> str:
     """A configuration's legend label: its step's name (``step01_baseline``) or its own name."""
     from studylog.decode import CHAPTER
 
     return CHAPTER.step(STEP_OF[config]).name if config in STEP_OF else config
-
-
-def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str = ""):
-    """One figure per model shape: the stacked bars at batch 1 and batch 8 (two panels at most), or None when
-    the rows hold neither."""
-    import matplotlib.pyplot as plt
-
-    batches = [b for b in (1, 8) if breakdown(rows, model, b)]
-    if not batches:
-        return None
-    # stacked, one panel a batch size, so the figure reads at page width; the legend beside the first panel
-    fig, axes = plt.subplots(len(batches), 1, figsize=(8.5, 3.9 * len(batches) + 0.9), squeeze=False)
-    for j, (ax, b) in enumerate(zip(axes[:, 0], batches)):
-        plot_breakdown(breakdown(rows, model, b), ax=ax, title=f"batch {b}", legend=j == 0)
-    fig.suptitle(f"{what}{model} shape: where each configuration's time per output token goes (median of the "
-                 f"JSON schemas)\n{caption}", fontsize=FONT)
-    fig.tight_layout()
-    return fig
-
-
-def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch: int = 1, what: str = ""):
-    """Steps 2 and 3 over step 1 per schema, end to end, on a linear axis; the bars' whiskers span the
-    repetitions' spread (the fastest and slowest combinations of the two rows' ``spread_ms``)."""
-    import matplotlib.pyplot as plt
-
-    base = {r["params"]["schema"]: r for r in rows_of(rows, model=model, batch=batch, config="baseline",
-                                                       whitespace="compact")}
-    if not base:
-        return None
-    fig, ax = plt.subplots(figsize=(10, 4.4))
-    names = list(base)
-    width = 0.38
-    for k, config in enumerate(("jump_forward", "masked_head")):
-        mine = {r["params"]["schema"]: r for r in rows_of(rows, model=model, batch=batch, config=config,
-                                                          whitespace="compact")}
-        xs, ys, lo, hi = [], [], [], []
-        for i, n in enumerate(names):
-            if n not in mine:
-                continue
-            b, m = base[n], mine[n]
-            y = b["ms"] / m["ms"]
-            bs, ms = b.get("spread_ms") or [b["ms"]] * 3, m.get("spread_ms") or [m["ms"]] * 3
-            xs.append(i + (k - 0.5) * width)
-            ys.append(y)
-            lo.append(max(y - bs[0] / ms[-1], 0.0))
-            hi.append(max(bs[-1] / ms[0] - y, 0.0))
-        ax.bar(xs, ys, width, color=CONFIG_COLORS[config], label=series_label(config),
-               yerr=[lo, hi], capsize=2, error_kw={"elinewidth": 0.8})
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.axhline(TARGET_SPEEDUP, color="#666666", lw=0.8, ls="--", label=f"target: {TARGET_SPEEDUP:g}× (batch 1)")
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=FONT)
-    ax.tick_params(axis="y", labelsize=FONT)
-    ax.set_ylabel("speedup over step01_baseline\n(end to end, per output token)", fontsize=FONT)
-    ax.set_title(f"{what}{model} shape, batch {batch}: each schema, steps 2 and 3 against step 1\n{caption}",
-                 fontsize=FONT)
-    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def figures(results, what: str = "") -> dict[str, Any]:
-    """``breakdown_1b`` and ``breakdown_8b``: the stacked bars per configuration at batch 1 and 8 for each
-    shape measured; ``speedup``: steps 2 and 3 over step 1 per schema, ~1B shape, batch 1. ``what`` starts
-    every title (the notebook names an earlier run there)."""
-    out = {}
-    for model in ("1b", "8b"):
-        fig = breakdown_figure(results.rows, model, results.caption(), what)
-        if fig is not None:
-            out[f"breakdown_{model}"] = fig
-    fig = speedup_figure(results.rows, results.caption(), what=what)
-    if fig is not None:
-        out["speedup"] = fig
-    return out
 
 
 def _head_rows(results, model: str) -> int | None:
@@ -621,7 +509,8 @@ def headline(results) -> list[dict]:
                 rows = _head_rows(results, model)
                 what = (f"SmolLM2-135M-Instruct, real requests, batch {batch}, end to end per output token, median "
                         f"of {len(ratios)} requests" if real else
-                        f"{model} shape (head of {rows:,} rows), batch {batch}, end to end per output token, median "
+                        f"{model} shape{f' (head of {rows:,} rows)' if rows else ''}, batch {batch}, end to end per "
+                        f"output token, median "
                         f"of {len(ratios)} JSON schemas (compact whitespace)")
                 out.append({"kernel": series_label(config), "baseline": series_label("baseline"), "clock": "wall",
                             "case": what, "speedup": statistics.median(ratios), "kernel_ms": statistics.median(mine),
@@ -630,7 +519,6 @@ def headline(results) -> list[dict]:
     return out
 
 
-__all__ = ["CONFIG_COLORS", "HEAD_COUNTS", "LocalRun", "ORDER", "TARGET_SPEEDUP", "amdahl", "bench", "body_floor_ms",
-           "body_kernels", "breakdown", "breakdown_figure", "components", "count_kernels", "figures", "headline",
-           "measure", "plan", "plot_breakdown", "requests", "series_label", "series_of", "speedup_figure", "sweep",
-           "target_report", "wall_clock"]
+__all__ = ["HEAD_COUNTS", "LocalRun", "ORDER", "TARGET_SPEEDUP", "amdahl", "bench", "body_floor_ms", "body_kernels",
+           "breakdown", "components", "count_kernels", "headline", "measure", "plan", "requests", "series_label",
+           "series_of", "sweep", "target_report", "wall_clock"]

@@ -17,10 +17,11 @@ Its steps are three decode loops (``CHAPTER.steps``):
 The modules: :mod:`~studylog.fsm.vocabulary` (token bytes and EOS), :mod:`~studylog.fsm.automaton`
 (regexes from schemas, :class:`ConstrainedFSM` and its jump tables), :mod:`~studylog.fsm.decoding` (the
 steps, :func:`decode`, two deterministic stand-ins for a model), :mod:`~studylog.fsm.schemas` (the suite),
-:mod:`~studylog.fsm.report` (the suite's measurement, its table and its figure), :mod:`~studylog.fsm.masks`
+:mod:`~studylog.fsm.report` (the suite's measurement and its table), :mod:`~studylog.fsm.masks`
 (the mask file of chapter 2), :mod:`~studylog.fsm.peers` (the same regexes in xgrammar and llguidance, optional
 packages of the ``peers`` extra: forced strings, masks, passes and CPU times beside ours). The chapter has no GPU
-benchmark. Command line: ``python -m studylog.fsm export-masks | report | figure``.
+benchmark; its figure is the book's (``book.fsm.figures``). Command line: ``python -m studylog.fsm export-masks |
+report | realworld``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from studylog.fsm.decoding import (MODES, STEP_OF_MODE, DecodeResult, Event, Mod
                                    toy_model, writer_model)
 from studylog.fsm.masks import COMMITTED_MASKS_ASCII_DIGITS, export_masks, select_masks
 from studylog.fsm.peers import compare_peers, jump_forward_decode, peer_versions, viable_prefix
-from studylog.fsm.report import (MASKBENCH_FORCED_SHARE, EntryResult, extra_tokens, measure_entry, plot_savings,
-                                 run_suite, savings_table)
+from studylog.fsm.report import (MASKBENCH_FORCED_SHARE, EntryResult, extra_tokens, measure_entry, run_suite,
+                                 savings_table)
 from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocabulary, make_vocabulary
 
 CHAPTER = Chapter(
@@ -52,7 +53,6 @@ CHAPTER = Chapter(
              "python", function=step03_char_jumps, source=step03_char_jumps),
     ),
     bench=None,
-    figures=None,
     headline=None,
 )
 

@@ -1,4 +1,4 @@
-"""Chapter 1's tools: ``python -m studylog.fsm export-masks | report | figure | realworld``."""
+"""Chapter 1's tools: ``python -m studylog.fsm export-masks | report | realworld``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from studylog.fsm.masks import export_masks
-from studylog.fsm.report import plot_savings, run_suite, savings_table
+from studylog.fsm.report import run_suite, savings_table
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -22,9 +22,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                           "reproduces the committed file, exported with outlines' Unicode \\d)")
     rep = sub.add_parser("report", help="print the suite's savings table")
     rep.add_argument("--samples", type=int, default=8)
-    fig = sub.add_parser("figure", help="draw the suite's savings plot into assets/figures/fsm_savings.png "
-                                       "(the chapter's teaser on the blog's landing page)")
-    fig.add_argument("--samples", type=int, default=8)
     rw = sub.add_parser("realworld", help="compile the SchemaStore catalog with outlines-core (chapter 1's "
                                           "automaton), xgrammar and llguidance; time masks along sampled "
                                           "documents (MaskBench-style)")
@@ -48,15 +45,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "realworld":
         return _realworld(args)
-    if args.command == "figure":
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from studylog.plotting import save_figure
-
-        ax = plot_savings(run_suite(n_samples=args.samples, progress=True))
-        print(save_figure(ax.figure, "fsm_savings"))
-        return 0
     if args.command == "export-masks":
         from studylog import data
 

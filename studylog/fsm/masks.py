@@ -16,10 +16,10 @@ from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.report import EntryResult, run_suite
 from studylog.fsm.vocabulary import load_vocabulary
 
-#: The digit class of the committed ``assets/data/fsm_masks.npz``: it was exported before the suite wrote
-#: ``\\d`` as ``[0-9]``, from outlines' regexes, where ``\\d`` is any Unicode digit; chapter 2's committed
-#: benchmark read that file. ``export_masks`` keeps this default so that the command reproduces the committed
-#: file; ``ascii_digits=True`` (``--ascii-digits``) exports the masks of the suite as the chapter now compiles it.
+#: The digit class of the committed ``assets/data/fsm_masks.npz``: outlines' regexes, where ``\\d`` is any Unicode
+#: digit (the suite writes ``[0-9]``); chapter 2's committed benchmark read that file. ``export_masks`` keeps this
+#: default so that the command reproduces the committed file; ``ascii_digits=True`` (``--ascii-digits``) exports
+#: the masks of the suite as the chapter compiles it.
 COMMITTED_MASKS_ASCII_DIGITS = False
 
 

@@ -50,7 +50,7 @@ from studylog.masked_lm_head.reorder import (ReorderedHead, VocabOrder, active_b
                                              reordered_rows_kernel, step08_reordered)
 from studylog.masked_lm_head.benchmark import (BATCHES, IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, bench, cases,
                                               losses, run_sweep, sweep_counts)
-from studylog.masked_lm_head.report import figures, headline
+from studylog.masked_lm_head.report import headline
 from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(
@@ -81,7 +81,6 @@ CHAPTER = Chapter(
              "python", step09_dispatch, choose_path),
     ),
     bench=bench,
-    figures=figures,
     headline=headline,
     baselines={
         "dense_mask": "torch: (h @ W.T).masked_fill_, bf16",
@@ -91,19 +90,6 @@ CHAPTER = Chapter(
         "plan_bitmask": "MaskedHeadPlan: step 9 from the packed bitmask (copy, union built on the device)",
         "xgrammar_bitmask": "xgrammar: cuBLAS fp32 logits + apply_token_bitmask_inplace (bitmask copied in)",
         "xgrammar_bitmask_bf16": "xgrammar: cuBLAS bf16 logits + apply_token_bitmask_inplace (bitmask copied in)",
-    },
-    renamed_series={
-        "step0_dense": "step00",
-        "step1_block_skip": "step01",
-        "step2_column_skip": "step02",
-        "step3_row_skip": "step03",
-        "step4_compact": "step04",
-        "step4b_stream": "step05",
-        "step4c_few": "step06",
-        "step5_batched": "step07",
-        "step6_reordered": "step08",
-        "step6_in_sample": "reordered_in_sample",
-        "step7_dispatch": "step09",
     },
 )
 

@@ -14,8 +14,8 @@ Modules: ``formats`` (the batch layout, the mask rules, the float64 reference, t
 scores), ``kernels`` (the Triton kernels of steps 2 to 5), ``config`` (tile shapes, autotuning, launches),
 ``tiles`` (the host's plan: tiles visited, step 5's program order), ``steps`` (the step functions),
 ``plan`` (step 5 with its layout in device buffers, for a CUDA graph replayed over changing batches),
-``report`` (benchmark, figures, headline) and ``peers`` (FlexAttention and FlashInfer on the same inputs). The
-notebook's tables, step 5's targets and the exercises are the book's (``book.multi_item``), not the library's.
+``report`` (benchmark, headline) and ``peers`` (FlexAttention and FlashInfer on the same inputs). The figures,
+the notebook's tables, step 5's targets and the exercises are the book's (``book.multi_item``), not the library's.
 """
 
 from studylog.chapter import Chapter
@@ -76,19 +76,8 @@ CHAPTER = Chapter(
     notebooks=("06_multi_item_attention",),
     steps=STEPS,
     bench=report.bench,
-    figures=report.figures,
     headline=report.headline,
     baselines=report.BASELINES,
-    renamed_series={
-        "step 2": "step02",
-        "step 3": "step03",
-        "step 4": "step04",
-        "step 5": "step05",
-        "step 5 (heads_outer order)": "step05 (heads_outer order)",
-        "step 5 (prompts_outer order)": "step05 (prompts_outer order)",
-        "step 5 (first_run order)": "step05 (first_run order)",
-        "step 4, a launch per prompt": "step04, a launch per prompt",
-    },
 )
 
 #: What a reader imports after the chapter: the entry point, its plan, the steps, the format and its mask rules,

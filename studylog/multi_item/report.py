@@ -1,5 +1,5 @@
-"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only), its figures drawn from the
-committed JSON, and its headline (the lesson's tables and step 5's targets are the book's: ``book.multi_item``).
+"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only) and its headline from the committed
+JSON (the figures, the lesson's tables and step 5's targets are the book's: ``book.multi_item``).
 
 Series: a step's is ``CHAPTER.step(n).series`` (``step05``); the baselines, the peers and step 5's variants
 have the descriptive names of :data:`BASELINES`.
@@ -41,7 +41,7 @@ SDPA_DENSE = "SDPA, dense mask"
 SDPA_CAUSAL = "causal SDPA (superset)"
 ONE_PASS_PER_ITEM = "one pass per item (SDPA, batched)"
 #: the peers: FlexAttention at the best block size of a sweep, FlashInfer's multi-item prefill at its best
-#: backend and page size (committed files from before the sweep hold FlexAttention at its default)
+#: backend and page size
 FLEX = "FlexAttention"
 FLASHINFER = "FlashInfer"
 #: step 4 launched once per prompt of a batch (what step 5's one launch saves)
@@ -51,7 +51,7 @@ PLAN = f"{STEP05.series}, MultiItemPlan"
 #: the other mask rule, same kernel
 OTHER_RULE = RULES[1]
 STEP05_OTHER_RULE = f"{STEP05.series} ({OTHER_RULE} rule)"
-#: steps 4 and 5 on the clock the committed results before the GPU clock used (do_bench): the swing's evidence
+#: steps 4 and 5 also timed by do_bench, beside the GPU clock: the swing's evidence
 DO_BENCH = {4: f"{STEP04.series} (do_bench)", 5: f"{STEP05.series} (do_bench)"}
 #: the 256 MB memset do_bench runs before each repetition, timed in the same run
 FLUSH = "do_bench's L2 flush (256 MB memset)"
@@ -143,9 +143,9 @@ def graph_calls_for(ms_per_call: float) -> int:
 
 
 def pinned_configs(results) -> dict[tuple[str, str], str]:
-    """``{(series, shape): config}`` from committed results written by this benchmark (schema 2, a
+    """``{(series, shape): config}`` from committed results written by this benchmark (rows with a
     ``config_source``): the tile configs it chose per step and shape, re-used by the next run on the same GPU."""
-    if results is None or results.data.get("schema", 1) < 2:
+    if results is None:
         return {}
     names = set(config_names())
     return {(r["series"], r["params"]["shape"]): r["config"] for r in results.rows
@@ -339,7 +339,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
 
         host = eager if step in (STEP04, STEP05) else None
         measure(step.series, ours(step.function, config=config), "kernel", host=host, stats=stats, **extra)
-        if step in (STEP04, STEP05) and not quick:  # the earlier clock, beside the GPU clock (the swing)
+        if step in (STEP04, STEP05) and not quick:  # do_bench too, beside the GPU clock (the swing)
             ms = run.time(eager)
             run.record(DO_BENCH[step.number], ms, params=params, role="kernel", clock="do_bench", config=config)
         del out
@@ -556,138 +556,11 @@ def _bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, me
 
 
 # ---------------------------------------------------------------------------------------------
-# Figures from the committed results
+# Reading the committed results
 # ---------------------------------------------------------------------------------------------
-
-def approaches() -> list[str]:
-    """The series of the ``times`` figure and the notebook's table, baselines and peers first."""
-    return [SDPA_DENSE, ONE_PASS_PER_ITEM, FLEX, FLASHINFER, SDPA_CAUSAL, *(s.series for s in STEPS[1:4]),
-            STEP04_PER_PROMPT, STEP05.series]
-
 
 #: the shape of mixed item lengths (the others have items of one length)
 MIXED_SHAPE = "8 prompts, mixed"
-
-
-def shape_names(results) -> list[str]:
-    """The benchmark's shapes, in the order the results hold them."""
-    names: dict[str, None] = {}
-    for row in results.rows:
-        if "shape" in row["params"]:
-            names.setdefault(row["params"]["shape"], None)
-    return list(names)
-
-
-#: One colour per series across the chapter: every figure draws a series in the same colour.
-COLOURS = {
-    SDPA_DENSE: "#7f7f7f",
-    ONE_PASS_PER_ITEM: "#8c564b",
-    FLEX: "#9467bd",
-    FLASHINFER: "#d62728",
-    SDPA_CAUSAL: "#17becf",
-    _step(2).series: "#c6dbef",
-    _step(3).series: "#9ecae1",
-    _step(4).series: "#4292c6",
-    STEP04_PER_PROMPT: "#bcbd22",
-    STEP05.series: "#08306b",
-}
-
-
-def colour(series: str) -> str:
-    """The chapter's colour of a series (grey for one outside :data:`COLOURS`)."""
-    return COLOURS.get(series, "#bbbbbb")
-
-
-def figures(results) -> dict[str, Any]:
-    """``times``: every approach's time per call on each shape, against the compute floor; ``tiles``: the
-    fraction of key tiles never loaded."""
-    return {"times": times_figure(results), "tiles": tiles_figure(results)}
-
-
-def times_figure(results):
-    """One panel per benchmark shape (three, stacked so the figure reads at page width): a horizontal bar per
-    approach (median, with the repetitions' range where the file keeps it) on a linear axis, the compute floor
-    dashed; colours from :data:`COLOURS`."""
-    import matplotlib.pyplot as plt
-
-    shapes = shape_names(results)[:3]
-    series = [s for s in approaches() if results.select(s)]
-    fig, axes = plt.subplots(len(shapes), 1, figsize=(8, (0.28 * len(series) + 0.9) * len(shapes) + 0.6),
-                             squeeze=False)
-    for ax, shape in zip(axes[:, 0], shapes):
-        ys, widths, errs, cols = [], [], [[], []], []
-        for i, s in enumerate(series):
-            rows = results.select(s, shape=shape)
-            if not rows:
-                continue
-            mid = rows[0]["ms"] * 1e3
-            lo, _, hi = (x * 1e3 for x in rows[0].get("spread_ms", [rows[0]["ms"]] * 3))
-            ys.append(i)
-            widths.append(mid)
-            errs[0].append(mid - lo)
-            errs[1].append(hi - mid)
-            cols.append(colour(s))
-        spread = errs if any(map(any, errs)) else None  # no error bars where the file keeps no spread
-        bars = ax.barh(ys, widths, color=cols, xerr=spread, error_kw={"lw": 0.8, "capsize": 2}, height=0.7)
-        ax.bar_label(bars, labels=[f"{w:,.0f}" for w in widths], fontsize=9, padding=3)
-        floors = [r["compute_floor_ms"] for r in results.select(shape=shape) if "compute_floor_ms" in r]
-        if floors:
-            ax.axvline(floors[0] * 1e3, color="k", ls="--", lw=1)
-            ax.text(floors[0] * 1e3, -0.9, " compute floor", fontsize=9, va="center")
-        ax.set_xlim(0, max(widths) * 1.3)
-        ax.set_title(shape, fontsize=10)
-        ax.set_xlabel("µs per call (median)", fontsize=9)
-        ax.grid(True, axis="x", alpha=0.3)
-        ax.tick_params(labelsize=9)
-        ax.set_yticks(range(len(series)), [series_label(s) for s in series], fontsize=9)
-        ax.set_ylim(len(series) - 0.4, -1.4)
-    clock = results.select(STEP05.series)[0].get("clock", "do_bench")
-    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu}\n"
-                 f"({clock} clock; error bars: the repetitions' range where measured)", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def tiles_figure(results):
-    """The fraction of key tiles never loaded, per shape: causal attention, steps 4 and 5, the least any kernel
-    can load at that tiling, and FlexAttention's block mask."""
-    import matplotlib.pyplot as plt
-
-    shapes = shape_names(results)
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    kinds = [("causal attention", SDPA_CAUSAL, lambda r: 1 - r["tiles_causal"] / r["tiles_total"]),
-             (f"{STEP04.name}, {STEP05.name}", STEP05.series, lambda r: 1 - r["tiles_visited"] / r["tiles_total"]),
-             ("the least any kernel must load", None, lambda r: 1 - r["tiles_needed"] / r["tiles_total"])]
-    flex = [r for r in results.select(FLEX) if "flex_block_density" in r]
-    if flex:  # its block mask at the block size it ran (its default, 128 x 128, before the sweep)
-        kinds.append((f"{FLEX} (its {flex[0].get('block_size', '128 x 128')} blocks)", FLEX, None))
-    width = 0.8 / len(kinds)
-    for j, (kind, series, skipped) in enumerate(kinds):
-        xs, ys = [], []
-        for i, shape in enumerate(shapes):
-            if skipped is None:  # FlexAttention's own block mask, over one prompt (a batch's is over the packed
-                rows = results.select(FLEX, shape=shape)  # sequence of all prompts: not the same fraction)
-                value = (1 - rows[0]["flex_block_density"] if rows and "flex_block_density" in rows[0]
-                         and rows[0]["params"].get("prompts", 1) == 1 else None)
-            else:
-                rows = [r for r in results.select(STEP05.series, shape=shape) if "tiles_total" in r]
-                value = skipped(rows[0]) if rows else None
-            if value is not None:
-                xs.append(i + (j - (len(kinds) - 1) / 2) * width)
-                ys.append(value)
-        style = {"color": colour(series)} if series else {"color": "white", "edgecolor": "k", "hatch": "//"}
-        bars = ax.bar(xs, ys, width=width, label=kind, **style)
-        ax.bar_label(bars, labels=[f"{y:.0%}" for y in ys], fontsize=9)
-    ax.set_xticks(range(len(shapes)), [shape.replace(", ", ",\n", 1) for shape in shapes], fontsize=9)
-    ax.set_ylim(0, 1.0)
-    ax.set_ylabel("fraction of key tiles never loaded", fontsize=9)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    block = results.select(STEP05.series)[0]
-    ax.set_title(f"Key tiles skipped at {block.get('block_m')}-by-{block.get('block_n')} tiles "
-                 f"({_step(2).name} and {_step(3).name} skip none)", fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 def order_table_series() -> list[str]:
@@ -711,7 +584,7 @@ def headline(results) -> list[dict]:
         if len(results.select(baseline, shape=shape)) != 1 or len(results.select(STEP05.series, shape=shape)) != 1:
             continue
         label, row = baseline, results.select(baseline, shape=shape)[0]
-        if baseline == FLEX and "block_size" in row:
+        if baseline == FLEX:
             label = f"{FLEX} (best block size: {row['block_size']})"
         elif baseline == FLASHINFER:
             label = f"{FLASHINFER} ({row.get('backend', '?')}, page {row.get('page_size', '?')})"

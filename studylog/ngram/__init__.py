@@ -16,10 +16,11 @@ algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), 
 batches, synthetic and from real documents, and what the search does on them), ``corpus`` (the real
 documents: the Python standard library's docstrings and source in cl100k tokens, committed as
 ``assets/data/ngram_corpus.npz``; ``python -m studylog.ngram corpus`` rebuilds it), ``report``
-(the benchmark), ``results`` (figures and headline from the committed JSON). ``__all__`` is what a reader calls
+(the benchmark), ``results`` (the headline from the committed JSON). ``__all__`` is what a reader calls
 after the lesson; everything else is reached by its module (``studylog.ngram.<module>.<name>``), and the package
-keeps the names it imports as attributes. The lesson's tables and target verdicts, and its exercises with their
-checks (on a CPU), are the book's: ``book.ngram.lesson`` and ``book.ngram.exercises``.
+keeps the names it imports as attributes. The figures, the lesson's tables and target verdicts, and its exercises
+with their checks (on a CPU), are the book's: ``book.ngram.figures``, ``book.ngram.lesson`` and
+``book.ngram.exercises``.
 
 Every GPU step's :class:`NgramMatcher` call can be captured in a CUDA graph once and replayed over new
 values written into its buffers (:meth:`NgramMatcher.capture`); step 1 and the step functions cannot (they
@@ -45,7 +46,7 @@ from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_bu
 from studylog.ngram.reference import reference_ngram_match
 from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, REAL_SHAPES, SYNCED_DESCRIPTION,
                                    SYNCED_SERIES, bench, gen_width_for, real_batch, real_cases, sweep_series)
-from studylog.ngram.results import caption, figures, gpu_headline, headline
+from studylog.ngram.results import gpu_headline, headline
 from studylog.paths import chapter_csrc
 from studylog.ngram import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
@@ -73,17 +74,12 @@ CHAPTER = Chapter(
              "cuda", step07_stream, _CSRC / "ngram_stream.cu", "ngram_stream"),
     ),
     bench=bench,
-    figures=figures,
     headline=gpu_headline,
     baselines={
         sweep_series(step06_one_pass_fused): "step06_one_pass_fused over a range of haystack positions per block",
         sweep_series(step07_stream): "step07_stream over a range of haystack positions per block",
         SYNCED_SERIES: SYNCED_DESCRIPTION,
     },
-    renamed_series={"cpu": "step01", "serial": "step02", "two_phase": "step03", "two_phase_scan": "step04",
-                    "one_pass": "step05", "one_pass_fused": "step06", "stream": "step07",
-                    "one_pass_fused_chunks": sweep_series(step06_one_pass_fused),
-                    "stream_chunks": sweep_series(step07_stream)},
 )
 
 __all__ = [

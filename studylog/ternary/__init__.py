@@ -15,7 +15,7 @@ so that the diff is the lesson; ``CHAPTER.steps`` lists them, each with its publ
 * :mod:`~studylog.ternary.w2a8`: steps 12 and 13 (W2A8 in CUDA C++);
 * :mod:`~studylog.ternary.peers`: GemLite and torch._int_mm on the same ternary weights (the peers);
 * :mod:`~studylog.ternary.report`: the benchmark; :mod:`~studylog.ternary.results`: what reads its results
-  (figures, headline, targets);
+  (headline, targets; the figures are the book's, ``book.ternary.figures``);
 * :mod:`~studylog.ternary.ops`: :func:`ternary_matmul` as a ``torch.library`` operator.
 
 The lessons: ``notebooks/05_ternary_1_triton.ipynb`` (steps 1 to 9) and ``notebooks/05_ternary_2_cuda.ipynb``
@@ -30,7 +30,7 @@ from __future__ import annotations
 from studylog.chapter import Chapter
 from studylog.ternary.cuda_steps import (CUDA_MMA_INSTANCES, CUDA_MMA_SMEM_LIMIT, CUDA_WORKSPACE, PROBES,
                                          RING_BARRIER_BYTES, SMEM_LIMIT, TMA_INSTANCES, TMA_SHAPES, CudaMmaConfig,
-                                         TmaConfig, cuda_mma_config, cuda_mma_max_groups_per_slice,
+                                         Probe, TmaConfig, cuda_mma_config, cuda_mma_max_groups_per_slice,
                                          cuda_mma_smem_bytes, step10_cuda_mma, step11_probe, step11_tma, tma_config,
                                          tma_max_groups_per_slice, tma_smem_bytes)
 from studylog.ternary.formats import (FORMATS, FP32_TOLERANCE, GROUP_BYTES, GROUP_WEIGHTS_2BIT, GROUP_WEIGHTS_BASE3,
@@ -42,27 +42,26 @@ from studylog.ternary.formats import (FORMATS, FP32_TOLERANCE, GROUP_BYTES, GROU
 from studylog.ternary.report import (BENCH_MS, BENCH_SHAPES, QUICK_CASES, bench, bench_cases, bench_series,
                                      place_series, probe_series, timing_plan)
 from studylog.ternary.results import (BASELINES, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES, fastest,
-                                      figures, headline, on_gpu_clock, series_label, series_ms, shapes_in,
-                                      target_checks)
+                                      headline, on_gpu_clock, series_label, series_ms, shapes_in, target_checks)
 from studylog.ternary.triton_mma import (BF16_HALF_BITS, FP16_ONE_BITS, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
-                                         SPLIT_WORKSPACE, W2A8_CONFIGS, mma_2bit_kernel, mma_block_m, pair_weights,
-                                         step08_w2a8_dot, step09_mma, w2a8_dot_kernel)
-from studylog.ternary.triton_steps import (DOT3_CONFIGS_FEW, DOT3_CONFIGS_MANY, DOT_CONFIGS_FEW, DOT_CONFIGS_MANY,
-                                           GEMV3_CONFIGS, GEMV_CONFIGS, V1_CONFIGS, V3_CONFIGS, block_m_for,
-                                           config_dict, dot_2bit_kernel, dot_base3_kernel, gemv_2bit_kernel,
-                                           gemv_base3_kernel, int8_v2_kernel, packed2_v3_kernel, sign_v1_kernel,
-                                           step01_sign, step02_int8, step03_2bit, step04_gemv, step05_dot,
-                                           step06_base3_gemv, step07_base3_dot, ternary_first_attempt)
-from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W2A8_PROBES, W2A8_QUANTIZE,
-                                   W2A8_QUANTIZE_INSTANCES, W2A8_SHAPES, W2A8_STAGED_GROUPS_PER_WARP,
-                                   W2A8_STAGED_SHAPES, W2A8_TILES_INSTANCES, W2A8_TILES_SHAPES, W2A8Config, W2A8Plan,
-                                   W2A8TilesConfig, W2A8TilesPlan, step12_probe, step12_timeline, step12_w2a8,
-                                   step13_w2a8_tiles, w2a8_blocks_per_sm, w2a8_config, w2a8_default_quantize,
-                                   w2a8_max_groups_per_slice, w2a8_plan, w2a8_plan_takes, w2a8_quantize,
-                                   w2a8_smem_bytes, w2a8_tiles_config, w2a8_tiles_plan, w2a8_x_order)
+                                         SPLIT_WORKSPACE, W2A8_DOT_CONFIGS, pair_weights, step08_w2a8_dot,
+                                         step08_w2a8_dot_kernel, step09_mma, step09_mma_kernel)
+from studylog.ternary.triton_steps import (BASE3_DOT_CONFIGS_FEW, BASE3_DOT_CONFIGS_MANY, BASE3_GEMV_CONFIGS,
+                                           DENSE_CONFIGS, DOT_CONFIGS_FEW, DOT_CONFIGS_MANY, GEMV_CONFIGS,
+                                           TWO_BIT_CONFIGS, block_m_for, config_dict, step01_sign, step01_sign_kernel,
+                                           step02_int8, step02_int8_kernel, step03_2bit, step03_2bit_kernel,
+                                           step04_gemv, step04_gemv_kernel, step05_dot, step05_dot_kernel,
+                                           step06_base3_gemv, step06_base3_gemv_kernel, step07_base3_dot,
+                                           step07_base3_dot_kernel)
+from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W2A8_QUANTIZE, W2A8_QUANTIZE_INSTANCES,
+                                   W2A8_SHAPES, W2A8_STAGED_GROUPS_PER_WARP, W2A8_STAGED_SHAPES, W2A8_TILES_INSTANCES,
+                                   W2A8_TILES_SHAPES, Quant, W2A8Config, W2A8TilesConfig, step12_probe, step12_timeline,
+                                   step12_w2a8, step13_w2a8_tiles, w2a8_blocks_per_sm, w2a8_choose, w2a8_config,
+                                   w2a8_default_quantize, w2a8_grid, w2a8_max_groups_per_slice, w2a8_quantize,
+                                   w2a8_refusal, w2a8_smem_bytes, w2a8_takes, w2a8_tiles_config, w2a8_x_order)
 
 from studylog.ternary import peers
-from studylog.ternary.steps import CSRC, RENAMED_SERIES, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
+from studylog.ternary.steps import CSRC, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
 from studylog.ternary import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(
@@ -72,10 +71,8 @@ CHAPTER = Chapter(
     notebooks=("05_ternary_1_triton", "05_ternary_2_cuda"),
     steps=STEPS,
     bench=bench,
-    figures=figures,
     headline=headline,
     baselines=BASELINES,
-    renamed_series=RENAMED_SERIES,
 )
 
 #: What a reader imports after the two lessons. Everything else above stays an attribute of the package and is
@@ -89,8 +86,8 @@ __all__ = [
     "step13_w2a8_tiles",
     # the weights' formats, BitNet's quantisation, the reference
     "PackedTernary", "quantize_absmean", "quantize_activations", "reference", "error_ratio", "FP32_TOLERANCE",
-    # the plans of the W2A8 steps (which kernel, launch and place to quantise x a call takes)
-    "w2a8_plan", "w2a8_tiles_plan",
+    # the launches of the W2A8 steps (where x is quantised and the config a call takes; its grid)
+    "w2a8_choose", "w2a8_grid",
     # the peers (GemLite, torch._int_mm), imported lazily
     "peers",
 ]

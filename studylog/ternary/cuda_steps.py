@@ -1,10 +1,12 @@
 """Chapter 5, steps 10 and 11: step 9's words and decode in CUDA C++ (``studylog/ternary/csrc``).
 
-10. :func:`step10_cuda_mma` (``ternary_mma.cu``): the same layout and decode on ``mma.sync``, scheduled by
-    hand: each thread loads its own weights ahead of the one it decodes; x in shared memory.
-11. :func:`step11_tma` (``ternary_bulk.cu``): the weights (and x) brought into shared memory by the Tensor
-    Memory Accelerator (``cp.async.bulk``, a producer warp, mbarriers; Hopper GPUs and later), the K of a
-    block shared by its warps. :func:`step11_probe` builds it with parts left out, to time what limits it.
+10. :func:`step10_cuda_mma` (``step10_cuda_mma_kernel`` in ``ternary_mma.cu``): the same layout and decode on
+    ``mma.sync``, scheduled by hand: each thread loads its own weights ahead of the one it decodes; x in shared
+    memory.
+11. :func:`step11_tma` (``step11_tma_kernel`` in ``ternary_bulk.cu``): the weights (and x) brought into shared
+    memory by the Tensor Memory Accelerator (``cp.async.bulk``, a producer warp, mbarriers; Hopper GPUs and
+    later), the K of a block shared by its warps. :func:`step11_probe` builds it with parts left out, to time
+    what limits it.
 
 Both read weights in the ``2bit_tiles`` format (``PackedTernary.pack(w, "2bit_tiles")``) and bf16 or fp16 x,
 and run on a GPU only (on the CPU the wrappers check their inputs, then say so).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Callable, Optional
 
 import torch
@@ -22,8 +25,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from studylog import cuda, runtime
-from studylog.ternary.formats import (GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, _check_packed,
-                                      _check_scale, _check_x, _prepare_out, _SplitWorkspace, _x_k)
+from studylog.ternary.formats import (GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace,
+                                      check_packed_call)
 
 # ----------------------------------------------------------------------------------------------
 # Step 10: the same layout and decode in CUDA C++ (csrc/ternary_mma.cu), on mma.sync
@@ -55,7 +58,7 @@ class CudaMmaConfig:
 
 
 def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int) -> str:
-    return f"ternary_mma<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}>"
+    return f"step10_cuda_mma_kernel<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}>"
 
 
 #: The instances step 10 launches: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp,
@@ -102,27 +105,23 @@ def cuda_mma_max_groups_per_slice(x_rows: int) -> int:
     return max(1, (CUDA_MMA_SMEM_LIMIT // (16 * x_rows) - 4) // 32)
 
 
-CUDA_WORKSPACE = _SplitWorkspace()  # not step 9's: its sums must stay zeros, these need not
+CUDA_WORKSPACE = SplitWorkspace()  # not step 9's: its sums must stay zeros, these need not
 
 
-def _cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type,
-                    what: str) -> tuple:
-    """Checks shared by steps 10 and 11 (on the CPU too, before the GPU is asked for), then x in rows
+def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type,
+                   what: str) -> tuple:
+    """Checks shared by steps 10 to 13 (on the CPU too, before the GPU is asked for), then x in rows
     that start on 16-byte boundaries: (x2, vector, w, scale tensor, its stride, z)."""
-    x2, vector = _check_x(x, _x_k(w), dtypes=MMA_X_DTYPES)
-    m, k = x2.shape
-    w = _check_packed(w, "2bit_tiles", k, x2)
+    x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_tiles", dtypes=MMA_X_DTYPES)
     if w.data.data_ptr() % 16:
         raise ValueError("w.data must start on a 16-byte boundary (the kernel loads 16 bytes at a time)")
-    s, s_stride = _check_scale(scale, w.n, x2)
-    z = _prepare_out(out, m, w.n, x2)
     if config is not None and type(config) is not config_type:  # (a W2A8Config is a TmaConfig too)
         raise TypeError(f"config must be a {config_type.__name__}, got {type(config).__name__}")
     runtime.require_gpu(what)
-    return _aligned_rows(x2), vector, w, s, s_stride, z
+    return aligned_rows(x2), vector, w, s, s_stride, z
 
 
-def _aligned_rows(x2: Tensor) -> Tensor:
+def aligned_rows(x2: Tensor) -> Tensor:
     """x2, or a zero-padded copy whose rows start on 16-byte boundaries: the kernels load x 16 bytes
     at a time."""
     if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0:
@@ -138,8 +137,8 @@ def step10_cuda_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
     """Step 10: step 9's words and decode in CUDA C++ on ``mma.sync`` (GPU only), weights in the
     ``2bit_tiles`` format (``PackedTernary.pack(w, "2bit_tiles")``). Built for few rows
     of x (M <= 16 a block; larger M runs, re-decoding the weights once per 16 rows of x)."""
-    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, CudaMmaConfig,
-                                                    "step 10 (CUDA C++ ternary_mma)")
+    x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, CudaMmaConfig,
+                                                   "step 10 (CUDA C++ step10_cuda_mma_kernel)")
     m, k = x2.shape
     cfg = config or cuda_mma_config(m, w.n, k)
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
@@ -204,7 +203,7 @@ TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
 
 
 def _tma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
-    return f"ternary_bulk<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+    return f"step11_tma_kernel<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
 
 
 TMA_INSTANCES = tuple(_tma_instance(b, mt, *shape) for b in (True, False) for mt in (1, 2) for shape in TMA_SHAPES)
@@ -253,15 +252,20 @@ def step11_tma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *
                 out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
     """Step 11: step 10 with the weights copied into shared memory by the TMA (``cp.async.bulk``, a
     producer warp and mbarriers; Hopper GPUs and later), weights in the ``2bit_tiles`` format."""
-    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, TmaConfig,
-                                                    "step 11 (CUDA C++ ternary_bulk)")
+    x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, TmaConfig,
+                                                   "step 11 (CUDA C++ step11_tma_kernel)")
     m, k = x2.shape
-    if torch.cuda.get_device_capability(x2.device)[0] < 9:
-        raise RuntimeError("step 11 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
-                           f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
+    require_hopper(x2.device, 11)
     cfg = config or tma_config(m, w.n, k)
-    _launch_tma(_pad_k_to_8(x2), w, s, s_stride, z, cfg, probe=0)
+    _launch_tma(_pad_k_to_8(x2), w, s, s_stride, z, cfg, probe=Probe.NONE)
     return z[0] if vector else z
+
+
+def require_hopper(device: torch.device, step: int) -> None:
+    """Steps 11 to 13 use the Tensor Memory Accelerator (cp.async.bulk): a Hopper GPU or later."""
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        raise RuntimeError(f"step {step} uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
+                           f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(device)}")
 
 
 def _pad_k_to_8(x2: Tensor) -> Tensor:
@@ -274,26 +278,37 @@ def _pad_k_to_8(x2: Tensor) -> Tensor:
     return padded
 
 
-#: What each BULK_PROBE build of step 11 keeps (the benchmark times them to show what limits it).
-PROBES = {1: "copies only", 2: "arithmetic only", 3: "launch only"}
+class Probe(IntEnum):
+    """A probe build of step 11 or 12 (BULK_PROBE in ternary_bulk.cu, W2A8_PROBE in ternary_w2a8.cu, the same
+    numbers: PROBE_* in ternary_common.cuh), the kernel with parts left out; ``NONE`` is the kernel itself."""
+
+    NONE = 0
+    COPIES_ONLY = 1  # the copies of the weights and x, no arithmetic
+    ARITHMETIC_ONLY = 2  # the decode and the MMAs on whatever shared memory holds, no copies
+    LAUNCH_ONLY = 3  # the kernel returns at once
+
+
+#: What each probe keeps (the benchmark times them to show what limits the step), by probe.
+PROBES = {Probe.COPIES_ONLY: "copies only", Probe.ARITHMETIC_ONLY: "arithmetic only",
+          Probe.LAUNCH_ONLY: "launch only"}
 
 
 def step11_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
-               config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
-    """A step-11 launch with parts left out (``PROBES``), as a function to time: 1 keeps the
-    copies and drops the arithmetic, 2 the reverse (on whatever shared memory holds), 3 returns at
-    once. Its output means nothing; the time says what the full kernel pays for each part."""
+                 config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
+    """A step-11 launch with parts left out (a :class:`Probe`, or its number), as a function to time. Its
+    output means nothing; the time says what the full kernel pays for each part."""
     if probe not in PROBES:
         raise ValueError(f"probe must be one of {sorted(PROBES)} ({PROBES}), got {probe!r}")
-    x2, _, w, s, s_stride, z = _cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-11 probe")
+    x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-11 probe")
     cfg = config or tma_config(x2.shape[0], w.n, x2.shape[1])
     x2 = _pad_k_to_8(x2)
     return lambda: _launch_tma(x2, w, s, s_stride, z, cfg, probe=probe)
 
 
 def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor, cfg: TmaConfig,
-                 probe: int) -> Tensor:
-    """Launch step 11 on checked arguments; ``probe`` > 0 launches one of the .cu's BULK_PROBE builds."""
+                probe: int) -> Tensor:
+    """Launch step 11 on checked arguments; a ``probe`` other than ``Probe.NONE`` launches that BULK_PROBE build
+    of the .cu."""
     m, k = x2.shape
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2
@@ -309,7 +324,7 @@ def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tenso
     grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
     name = _tma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
-    options = (f"-DBULK_PROBE={probe}",) if probe else ()
+    options = (f"-DBULK_PROBE={int(probe)}",) if probe else ()
     kernel = _tma_kernel(name, x2.device.index or 0, (name,) if probe else TMA_INSTANCES, options)
     kernel(grid, (32 * (cfg.warps + 1),), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0),
            s_stride, per_slice, shared_mem=tma_smem_bytes(cfg, x_rows, per_slice))

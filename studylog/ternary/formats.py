@@ -70,7 +70,7 @@ def check_ternary_values(name: str, w: Tensor) -> None:
         raise ValueError(f"{name} must be ternary (-1, 0, +1); found {w[idx].item()!r} at index {idx}")
 
 
-def _as_ternary(w: Any, name: str = "w") -> Tensor:
+def as_ternary(w: Any, name: str = "w") -> Tensor:
     """``w`` as int64 after checking that it is a 2-D tensor of -1, 0 and +1 only."""
     if not isinstance(w, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
@@ -82,6 +82,17 @@ def _as_ternary(w: Any, name: str = "w") -> Tensor:
     return w.to(torch.int64)
 
 
+def _padded_codes(w: Any, group: int) -> tuple[Tensor, int]:
+    """The codes ``w + 1`` of ternary ``w`` (N, K) as int64, each row padded with zero weights (code 1) to whole
+    groups of ``group`` weights, and the groups a row."""
+    codes = as_ternary(w) + 1
+    n, k = codes.shape
+    groups = triton.cdiv(k, group)
+    padded = torch.ones(n, groups * group, dtype=torch.int64, device=codes.device)
+    padded[:, :k] = codes
+    return padded, groups
+
+
 def _as_int32_bits(v: Tensor) -> Tensor:
     """int64 values in [0, 2^32) -> int32 holding the same 32 bits."""
     return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
@@ -89,20 +100,17 @@ def _as_int32_bits(v: Tensor) -> Tensor:
 
 def pack_2bit(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
     """Pack ternary ``w`` (N, K) into int32 words, 16 weights a word (layout in the module doc)."""
-    codes = _as_ternary(w) + 1
-    n, k = codes.shape
-    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    padded = torch.ones(n, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int64, device=codes.device)
-    padded[:, :k] = codes
+    padded, groups = _padded_codes(w, GROUP_WEIGHTS_2BIT)
+    n = padded.shape[0]
     fields = padded.view(n, groups, 16, 16)  # [row, group, field j, word t]: weight 16 j + t
-    shifts = (2 * torch.arange(16, device=codes.device)).view(1, 1, 16, 1)
+    shifts = (2 * torch.arange(16, device=padded.device)).view(1, 1, 16, 1)
     words = (fields << shifts).sum(dim=2)  # the fields do not overlap, so the sum is an OR
     return _as_int32_bits(words).reshape(n, groups * GROUP_WORDS).contiguous()
 
 
 def unpack_2bit(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
     """Inverse of :func:`pack_2bit`: the first ``k`` weights of every row, as int8."""
-    _check_packed_data(packed, k, "2bit", "packed")
+    check_packed_data(packed, k, "2bit", "packed")
     n = packed.shape[0]
     words = (packed.to(torch.int64) & 0xFFFFFFFF).view(n, -1, 1, 16)  # [row, group, 1, word t]
     shifts = (2 * torch.arange(16, device=packed.device)).view(1, 1, 16, 1)
@@ -118,19 +126,16 @@ def _mma_shifts(device) -> Tensor:
 def pack_2bit_mma(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "n kw"]:
     """Pack ternary ``w`` (N, K) into int32 words in MMA order: in each group of 256 weights, word t
     holds weight ``32 p + 2 t + h`` in bits ``16 h + 2 p`` (p = 0..7, h = 0, 1), as the code w + 1."""
-    codes = _as_ternary(w) + 1
-    n, k = codes.shape
-    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    padded = torch.ones(n, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int64, device=codes.device)
-    padded[:, :k] = codes
+    padded, groups = _padded_codes(w, GROUP_WEIGHTS_2BIT)
+    n = padded.shape[0]
     fields = padded.view(n, groups, 8, 16, 2)  # [row, group, pair p, word t, half h]: weight 32 p + 2 t + h
-    words = (fields << _mma_shifts(codes.device).view(1, 1, 8, 1, 2)).sum(dim=(2, 4))  # disjoint: a sum is an OR
+    words = (fields << _mma_shifts(padded.device).view(1, 1, 8, 1, 2)).sum(dim=(2, 4))  # disjoint: a sum is an OR
     return _as_int32_bits(words).reshape(n, groups * GROUP_WORDS).contiguous()
 
 
 def unpack_2bit_mma(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"]:
     """Inverse of :func:`pack_2bit_mma`: the first ``k`` weights of every row, as int8."""
-    _check_packed_data(packed, k, "2bit_mma", "packed")
+    check_packed_data(packed, k, "2bit_mma", "packed")
     n = packed.shape[0]
     words = (packed.to(torch.int64) & 0xFFFFFFFF).view(n, -1, 1, 16, 1)  # [row, group, 1, word t, 1]
     codes = (words >> _mma_shifts(packed.device).view(1, 1, 8, 1, 2)) & 3  # [row, group, pair p, word t, half h]
@@ -156,7 +161,7 @@ def pack_2bit_tiles(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "tiles kt"]:
 
 def unpack_2bit_tiles(packed: Int32[Tensor, "tiles kt"], k: int) -> Int8[Tensor, "n k"]:
     """Inverse of :func:`pack_2bit_tiles`: every row of every tile (padding rows too), as int8."""
-    _check_packed_data(packed, k, "2bit_tiles", "packed")
+    check_packed_data(packed, k, "2bit_tiles", "packed")
     tiles, groups = packed.shape[0], packed.shape[1] // (TILE_ROWS * GROUP_WORDS)
     words = packed.view(tiles, groups, 2, 8, GROUP_WORDS).permute(0, 2, 3, 1, 4)
     return unpack_2bit_mma(words.reshape(tiles * TILE_ROWS, groups * GROUP_WORDS).contiguous(), k)
@@ -164,19 +169,16 @@ def unpack_2bit_tiles(packed: Int32[Tensor, "tiles kt"], k: int) -> Int8[Tensor,
 
 def pack_base3(w: Shaped[Tensor, "n k"]) -> UInt8[Tensor, "n kb"]:
     """Pack ternary ``w`` (N, K) into bytes, 5 weights a byte in base 3 (1.6 bits a weight)."""
-    digits = _as_ternary(w) + 1
-    n, k = digits.shape
-    groups = triton.cdiv(k, GROUP_WEIGHTS_BASE3)
-    padded = torch.ones(n, groups * GROUP_WEIGHTS_BASE3, dtype=torch.int64, device=digits.device)
-    padded[:, :k] = digits
+    padded, groups = _padded_codes(w, GROUP_WEIGHTS_BASE3)
+    n = padded.shape[0]
     d = padded.view(n, groups, 5, 16)  # [row, group, digit d, byte t]: weight 16 d + t
-    powers = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int64, device=digits.device).view(1, 1, 5, 1)
+    powers = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int64, device=padded.device).view(1, 1, 5, 1)
     return (d * powers).sum(dim=2).to(torch.uint8).reshape(n, groups * GROUP_BYTES).contiguous()
 
 
 def unpack_base3(packed: UInt8[Tensor, "n kb"], k: int) -> Int8[Tensor, "n k"]:
     """Inverse of :func:`pack_base3` (by division; the kernels use a table instead)."""
-    _check_packed_data(packed, k, "base3", "packed")
+    check_packed_data(packed, k, "base3", "packed")
     n = packed.shape[0]
     v = packed.to(torch.int64).view(n, -1, 1, 16)
     powers = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int64, device=packed.device).view(1, 1, 5, 1)
@@ -201,7 +203,9 @@ def base3_table(device: str) -> Int32[Tensor, " 256"]:
     return torch.tensor(base3_table_values(), dtype=torch.int32, device=device)
 
 
-def _check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] = None) -> None:
+def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] = None) -> None:
+    """``data`` (named ``name`` in the errors) as the packed tensor of K = ``k`` weights a row in ``fmt``: dtype,
+    (N or tiles, packed columns) shape, contiguous. Its codes are not read (that would wait for the GPU)."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     if not isinstance(data, Tensor):
@@ -236,7 +240,7 @@ class PackedTernary:
     def __post_init__(self):
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be a positive int, got {self.n!r}")
-        _check_packed_data(self.data, self.k, self.fmt, "data", n=self.n)
+        check_packed_data(self.data, self.k, self.fmt, "data", n=self.n)
         if self.fmt in INT32_FORMATS:
             words = self.data.to(torch.int64) & 0xFFFFFFFF
             invalid = ((words & 0x55555555) & ((words >> 1) & 0x55555555)) != 0  # a field 0b11
@@ -314,24 +318,27 @@ def quantize_activations(x: Float[Tensor, "m k"], eps: float = 1e-5) -> tuple[In
 FP32_TOLERANCE = 4e-6
 
 
-def _as_scale64(scale: Union[float, Tensor], device) -> Tensor:
+def as_scale64(scale: Union[float, Tensor], device) -> Tensor:
+    """``scale`` (a number, or a tensor of one or N scales) as float64 on ``device``, for the references."""
     return (scale.double() if isinstance(scale, Tensor) else torch.tensor(float(scale), dtype=torch.float64)).to(device)
 
 
 def reference(x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1.0) -> Tensor:
     """``x @ w.T / scale`` in float64 (x: (K,) or (M, K); w: (N, K); scale: number or (N,))."""
-    return (x.double() @ w.double().T) / _as_scale64(scale, x.device)
+    return (x.double() @ w.double().T) / as_scale64(scale, x.device)
 
 
 def error_ratio(z: Tensor, x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1.0) -> float:
     """``max |z - reference| / (sum_k |x_k||w_nk| / |scale_n|)``; a NaN anywhere counts as infinite."""
-    s = _as_scale64(scale, x.device)
+    s = as_scale64(scale, x.device)
     ref = (x.double() @ w.double().T) / s
     magnitude = (x.double().abs() @ w.double().abs().T) / s.abs()
-    return _ratio(z, ref, magnitude)
+    return error_ratio_from(z, ref, magnitude)
 
 
-def _ratio(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:
+def error_ratio_from(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:
+    """``max |z - ref| / magnitude`` over every element (0 where z equals ref); a NaN anywhere counts as
+    infinite. :func:`error_ratio` with the reference and the magnitude of the sums already computed."""
     err = (z.double() - ref).abs()
     ratio = torch.where(err == 0, torch.zeros_like(err), err / magnitude.clamp(min=1e-300))
     ratio = torch.nan_to_num(ratio, nan=math.inf)
@@ -351,7 +358,8 @@ Scale = Union[float, Tensor]
 MMA_X_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _check_device(t: Tensor, name: str, like: Optional[Tensor] = None) -> None:
+def check_device(t: Tensor, name: str, like: Optional[Tensor] = None) -> None:
+    """``t`` on the device kernels run on (the GPU, or the CPU in interpreter mode), and on ``like``'s."""
     want = runtime.device().type
     if t.device.type != want:
         raise ValueError(f"{name} must be on {want} (kernels run in {runtime.mode()} mode), got {t.device}")
@@ -359,7 +367,7 @@ def _check_device(t: Tensor, name: str, like: Optional[Tensor] = None) -> None:
         raise ValueError(f"{name} is on {t.device} but x is on {like.device}")
 
 
-def _check_x(x: Any, k: Optional[int], dtypes: tuple = X_DTYPES, name: str = "x") -> tuple[Tensor, bool]:
+def check_x(x: Any, k: Optional[int], dtypes: tuple = X_DTYPES, name: str = "x") -> tuple[Tensor, bool]:
     """``x`` as a 2-D (M, K) tensor, and whether it came as a vector."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -375,7 +383,7 @@ def _check_x(x: Any, k: Optional[int], dtypes: tuple = X_DTYPES, name: str = "x"
         raise ValueError(f"{name} has K={x2.shape[1]} but the weights have K={k}")
     if x2.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous along its last dimension (K)")
-    _check_device(x2, name)
+    check_device(x2, name)
     return x2, vector
 
 
@@ -384,7 +392,7 @@ def _scalar_tensor(value: float, device: str) -> Tensor:
     return torch.tensor([value], dtype=torch.float32, device=device)
 
 
-def _check_scale(scale: Any, n: int, like: Tensor) -> tuple[Tensor, int]:
+def check_scale(scale: Any, n: int, like: Tensor) -> tuple[Tensor, int]:
     """(float32 tensor, stride): stride 0 for one scale, 1 for one per output channel. Tensor values
     are not inspected (that would wait for the GPU); a Python number must be finite and nonzero."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float, Tensor)):
@@ -395,7 +403,7 @@ def _check_scale(scale: Any, n: int, like: Tensor) -> tuple[Tensor, int]:
         return _scalar_tensor(float(scale), str(like.device)), 0
     if scale.dtype != torch.float32:
         raise TypeError(f"scale must be float32, got {scale.dtype}")
-    _check_device(scale, "scale", like)
+    check_device(scale, "scale", like)
     if scale.numel() == 1:
         return scale.reshape(1), 0
     if scale.shape != (n,) or not scale.is_contiguous():
@@ -404,13 +412,15 @@ def _check_scale(scale: Any, n: int, like: Tensor) -> tuple[Tensor, int]:
     return scale, 1
 
 
-def _prepare_out(out: Optional[Tensor], m: int, n: int, like: Tensor) -> Tensor:
+def prepare_out(out: Optional[Tensor], m: int, n: int, like: Tensor) -> Tensor:
+    """The float32 (M, N) output: ``out`` checked (any shape of M x N elements, viewed as (M, N)), or a new one."""
     if out is None:
         return torch.empty((m, n), dtype=torch.float32, device=like.device)
     return check_out("out", out, shape=(m, n), dtype=torch.float32, device=like.device, any_shape=True).view(m, n)
 
 
-def _check_dense(w: Any, dtypes: tuple, k: int, like: Tensor) -> Tensor:
+def check_dense(w: Any, dtypes: tuple, k: int, like: Tensor) -> Tensor:
+    """Dense weights (steps 1 and 2): a 2-D (N, K) tensor of one of ``dtypes``, contiguous along K, beside x."""
     if not isinstance(w, Tensor):
         raise TypeError(f"w must be a torch.Tensor, got {type(w).__name__}")
     if w.dtype not in dtypes:
@@ -421,28 +431,40 @@ def _check_dense(w: Any, dtypes: tuple, k: int, like: Tensor) -> Tensor:
         raise ValueError(f"x has K={k} but w has K={w.shape[1]}")
     if w.stride(1) != 1:
         raise ValueError("w must be contiguous along its last dimension (K)")
-    _check_device(w, "w", like)
+    check_device(w, "w", like)
     return w
 
 
-def _check_packed(w: Any, fmt: str, k: int, like: Tensor) -> PackedTernary:
+def check_packed(w: Any, fmt: str, k: int, like: Tensor) -> PackedTernary:
+    """Packed weights: a PackedTernary in the format ``fmt`` that a kernel reads, of K = ``k``, beside x."""
     if not isinstance(w, PackedTernary):
         raise TypeError(f"w must be a PackedTernary (see PackedTernary.pack), got {type(w).__name__}")
     if w.fmt != fmt:
         raise ValueError(f"this kernel reads the {fmt} format, got a PackedTernary in {w.fmt}")
     if w.k != k:
         raise ValueError(f"x has K={k} but w has K={w.k}")
-    _check_device(w.data, "w", like)
+    check_device(w.data, "w", like)
     return w
 
 
-def _x_k(w: Any) -> Optional[int]:
+def check_packed_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], fmt: str, dtypes: tuple = X_DTYPES,
+                      x_name: str = "x") -> tuple[Tensor, bool, PackedTernary, Tensor, int, Tensor]:
+    """The checks of a step on packed weights, in order (x, w, scale, out): ``(x2, vector, w, scale tensor, its
+    stride, z)``, x as (M, K) and whether it came as a vector, z the (M, N) float32 output."""
+    x2, vector = check_x(x, weights_k(w), dtypes=dtypes, name=x_name)
+    w = check_packed(w, fmt, x2.shape[1], x2)
+    s, s_stride = check_scale(scale, w.n, x2)
+    return x2, vector, w, s, s_stride, prepare_out(out, x2.shape[0], w.n, x2)
+
+
+def weights_k(w: Any) -> Optional[int]:
+    """The K of weights given as a PackedTernary or a 2-D tensor (None otherwise: their own check says why)."""
     if isinstance(w, PackedTernary):
         return w.k
     return w.shape[1] if isinstance(w, Tensor) and w.ndim == 2 else None
 
 
-class _SplitWorkspace:
+class SplitWorkspace:
     """Split-K scratch on one device (step 9 has its own, steps 10 to 13 share one): float32 partial sums
     (step 9 keeps them all zeros between launches) and one arrival counter per output tile (zeros too). The
     last slice of a tile to arrive restores them, so the workspace is allocated and zeroed once, not

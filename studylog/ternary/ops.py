@@ -19,8 +19,7 @@ import torch
 from torch import Tensor
 
 from studylog.checks import check_tensor
-from studylog.ternary.formats import (FORMATS, MMA_X_DTYPES, X_DTYPES, PackedTernary, _check_device,
-                                      _check_packed_data)
+from studylog.ternary.formats import FORMATS, MMA_X_DTYPES, X_DTYPES, PackedTernary, check_device, check_packed_data
 from studylog.ternary.steps import ternary_matmul as _ternary_matmul
 
 
@@ -38,12 +37,12 @@ def _check(x: Tensor, packed: Tensor, n: int, k: int, fmt: str, scale_tensor: Op
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    _check_packed_data(packed, k, fmt, "packed", n=n)
+    check_packed_data(packed, k, fmt, "packed", n=n)
     dtypes = MMA_X_DTYPES if fmt in ("2bit_mma", "2bit_tiles") else X_DTYPES
     check_tensor("x", x, dtype=dtypes, ndim=(1, 2), like=packed, last_dim_contiguous=True)
     if x.shape[-1] != k or (x.ndim == 2 and x.shape[0] < 1):
         raise ValueError(f"x must be (K,) or (M, K) with K = {k} and M >= 1, got shape {tuple(x.shape)}")
-    _check_device(x, "x")
+    check_device(x, "x")
     if scale_tensor is not None:
         check_tensor("scale_tensor", scale_tensor, dtype=torch.float32, like=x)
         if scale_tensor.numel() != 1 and (tuple(scale_tensor.shape) != (n,) or not scale_tensor.is_contiguous()):

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from studylog.ternary.formats import _as_ternary, quantize_activations
+from studylog.ternary.formats import as_ternary, quantize_activations
 
 #: GemLite's packing: 2-bit codes, 16 a 32-bit word (its default packing width).
 GEMLITE_BITS = 2
@@ -63,7 +63,7 @@ def gemlite_ternary(w: Tensor, scale: float, *, dtype: torch.dtype = torch.bfloa
     returns (M, N) in ``dtype``. ``w`` is checked to be ternary (a ValueError otherwise)."""
     if isinstance(scale, (bool, Tensor)) or not math.isfinite(float(scale)) or float(scale) == 0:
         raise ValueError(f"scale must be a finite nonzero number (one per tensor), got {scale!r}")
-    ternary = _as_ternary(w)
+    ternary = as_ternary(w)
     import_gemlite()
     from gemlite.core import TORCH_TO_DTYPE, GemLiteLinearTriton
 

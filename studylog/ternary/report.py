@@ -1,5 +1,5 @@
-"""Chapter 5's benchmark (``python -m studylog bench ternary``, GPU only); what reads its results (figures,
-headline, targets) is :mod:`studylog.ternary.results`.
+"""Chapter 5's benchmark (``python -m studylog bench ternary``, GPU only); what reads its results (headline,
+targets) is :mod:`studylog.ternary.results`; its figures are the book's (``book.ternary.figures``).
 
 Every series is timed by the harness's policy (``studylog.bench``): its **GPU time**, the call replayed in a
 CUDA graph with its weights rotated among copies that together exceed L2, in three repetitions with fresh x
@@ -20,18 +20,19 @@ from torch import Tensor
 from studylog import runtime
 from studylog.ternary import peers as P
 from studylog.ternary.cuda_steps import PROBES, cuda_mma_config, step10_cuda_mma, step11_probe, step11_tma, tma_config
-from studylog.ternary.formats import FP32_TOLERANCE, PackedTernary, _ratio, quantize_absmean, quantize_activations
+from studylog.ternary.formats import FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean, quantize_activations
 from studylog.ternary.results import (BASELINES, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES,  # noqa: F401
-                                      W2A8_PLACE_SERIES, figures, headline, on_gpu_clock, target_checks)
+                                      W2A8_PLACE_SERIES, headline, on_gpu_clock, target_checks)
 from studylog.ternary.steps import SERIES, STEPS
-from studylog.ternary.triton_mma import (mma_2bit_few, mma_2bit_many, mma_block_m, step08_w2a8_dot, step09_mma,
-                                         w2a8_dot_few, w2a8_dot_many)
-from studylog.ternary.triton_steps import (block_m_for, dot_2bit_few, dot_2bit_many, dot_base3_few, dot_base3_many,
-                                           gemv_2bit, gemv_base3, int8_v2, packed2_v3, sign_v1, step01_sign,
-                                           step02_int8, step03_2bit, step04_gemv, step05_dot, step06_base3_gemv,
-                                           step07_base3_dot)
+from studylog.ternary.triton_mma import (step08_w2a8_dot, step08_w2a8_dot_tuned_few, step08_w2a8_dot_tuned_many,
+                                         step09_mma, step09_mma_tuned_few, step09_mma_tuned_many)
+from studylog.ternary.triton_steps import (block_m_for, step01_sign, step01_sign_tuned, step02_int8,
+                                           step02_int8_tuned, step03_2bit, step03_2bit_tuned, step04_gemv,
+                                           step04_gemv_tuned, step05_dot, step05_dot_tuned_few, step05_dot_tuned_many,
+                                           step06_base3_gemv, step06_base3_gemv_tuned, step07_base3_dot,
+                                           step07_base3_dot_tuned_few, step07_base3_dot_tuned_many)
 from studylog.ternary.w2a8 import (step12_probe, step12_w2a8, step13_w2a8_tiles, w2a8_config, w2a8_default_quantize,
-                                   w2a8_plan_takes, w2a8_tiles_config)
+                                   w2a8_takes, w2a8_tiles_config)
 
 # ----------------------------------------------------------------------------------------------
 # What is measured
@@ -86,7 +87,7 @@ def place_series(n: int, k: int, m: int, quick: bool = False) -> dict[str, str]:
         return {}
     default = w2a8_default_quantize(m, n, k)
     return {where: series for where, series in W2A8_PLACE_SERIES.items()
-            if where != default and w2a8_plan_takes(m, n, k, where)}
+            if where != default and w2a8_takes(m, n, k, where)}
 
 
 def probe_series(family: str, m: int, quick: bool = False) -> dict[tuple[int, int], str]:
@@ -176,10 +177,10 @@ def measure(run, name: str, spec: Series, x: Tensor, *, params: dict, call_ms: f
 def _autotuner_for(series: str, m: int):
     few = block_m_for(m) <= 32
     return {
-        SERIES[1]: sign_v1, SERIES[2]: int8_v2, SERIES[3]: packed2_v3, SERIES[4]: gemv_2bit, SERIES[6]: gemv_base3,
-        SERIES[5]: dot_2bit_few if few else dot_2bit_many, SERIES[7]: dot_base3_few if few else dot_base3_many,
-        SERIES[8]: w2a8_dot_few if few else w2a8_dot_many,
-        SERIES[9]: mma_2bit_few if mma_block_m(m) <= 32 else mma_2bit_many,
+        SERIES[1]: step01_sign_tuned, SERIES[2]: step02_int8_tuned, SERIES[3]: step03_2bit_tuned, SERIES[4]: step04_gemv_tuned, SERIES[6]: step06_base3_gemv_tuned,
+        SERIES[5]: step05_dot_tuned_few if few else step05_dot_tuned_many, SERIES[7]: step07_base3_dot_tuned_few if few else step07_base3_dot_tuned_many,
+        SERIES[8]: step08_w2a8_dot_tuned_few if few else step08_w2a8_dot_tuned_many,
+        SERIES[9]: step09_mma_tuned_few if block_m_for(m) <= 32 else step09_mma_tuned_many,
     }.get(series)
 
 
@@ -394,7 +395,7 @@ def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: d
     _sync()
     if spec.check in ("float", "w2a8"):
         ref, magnitude = refs[spec.check]
-        ratio = _ratio(z.float(), ref, magnitude)
+        ratio = error_ratio_from(z.float(), ref, magnitude)
         run.check(f"{name} equals float64 reference", ratio <= FP32_TOLERANCE, params=params, error_ratio=ratio,
                   tolerance=FP32_TOLERANCE)
     elif spec.check == "bf16":

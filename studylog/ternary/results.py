@@ -1,11 +1,9 @@
 """What reads chapter 5's benchmark results (``assets/bench/<gpu>/ternary.json``): the series' names, the view
-of a file on the GPU clock, the targets, the headline and the figures.
+of a file on the GPU clock, the targets and the headline (the figures are the book's: ``book.ternary.figures``).
 
 Every time here is on the **GPU clock** (the call replayed in a CUDA graph, weights rotated among copies that
-together exceed L2; ``studylog.bench``). Files written since the chapter moved to that clock (``"schema": 2``)
-have it as each row's ``ms`` (``"clock": "gpu"``, with ``spread_ms`` over three repetitions and ``host_ms``);
-older files recorded do_bench's time as ``ms`` and the CUDA-graph time, where they had one, as ``graph_ms``:
-:func:`on_gpu_clock` reads both the same way and leaves out what an older file has on no GPU clock.
+together exceed L2; ``studylog.bench``): a row's ``ms`` where its ``"clock"`` is ``"gpu"``, with ``spread_ms`` over
+three repetitions and ``host_ms``. :func:`on_gpu_clock` keeps those rows and leaves out the others.
 """
 
 from __future__ import annotations
@@ -66,23 +64,12 @@ def series_label(series: str) -> str:
 # One clock
 # ----------------------------------------------------------------------------------------------
 
-def is_one_clock(results) -> bool:
-    """Whether the file was written by the one-clock bench (its rows' ``ms`` are GPU clock)."""
-    return results.data.get("schema", 1) >= 2
-
-
 def on_gpu_clock(results):
-    """The rows of ``results`` that have a GPU-clock time, with it as ``ms`` and ``"clock": "gpu"``: a schema-2
-    file's GPU rows as they are, an older file's rows that have a ``graph_ms`` with that time (no spread: one
-    repetition). Rows on other clocks (the peak matmuls' do_bench) are left out."""
+    """The rows of ``results`` timed on the GPU clock; rows on other clocks (the peak matmuls' do_bench) are left
+    out."""
     from studylog.plotting import Results
 
-    rows = []
-    for row in results.rows:
-        if row.get("clock") == "gpu":
-            rows.append(row)
-        elif "clock" not in row and "graph_ms" in row:
-            rows.append({**row, "ms": row["graph_ms"], "clock": "gpu"})
+    rows = [row for row in results.rows if row["clock"] == "gpu"]
     return Results(results.path, {**results.data, "measurements": rows})
 
 
@@ -260,212 +247,3 @@ def headline(results) -> list[dict]:
                                  baseline_label="torch._int_mm W8A8 (int8 weights, rows padded to 17)",
                                  shape=shape, m=1))
     return rows
-
-
-# ----------------------------------------------------------------------------------------------
-# Figures
-# ----------------------------------------------------------------------------------------------
-
-def _caption(results, view) -> str:
-    text = results.caption()
-    if not is_one_clock(results):
-        text += ("\nMeasured before the one-clock bench: only what this file timed in a CUDA graph is shown; "
-                 "a fresh run times every series that way.")
-    return text
-
-
-#: One colour per series across the chapter (figures of both lessons): the steps, the baselines and the peers.
-SERIES_COLOURS = {
-    CUBLAS: "#404040", "read_weights": "#a0a0a0", GEMLITE: "#8c564b", INT_MM: "#bcbd22", INT_MM_MATMUL: "#dbdb8d",
-    **dict(zip((SERIES[n] for n in range(1, 14)),
-               ("#aec7e8", "#ffbb78", "#98df8a", "#1f77b4", "#ff7f0e", "#9edae5", "#c5b0d5", "#f7b6d2", "#2ca02c",
-                "#17becf", "#9467bd", "#d62728", "#e377c2"))),
-    W2A8_PLACE_SERIES["every block"]: "#ff9896", W2A8_PLACE_SERIES["separate"]: "#c49c94",
-}
-#: Text sizes of the figures (points at the saved size).
-FONT, SMALL = 10, 9
-
-
-def series_colour(series: str) -> str:
-    return SERIES_COLOURS.get(series, "#7f7f7f")
-
-
-def _short(series: str) -> str:
-    """A legend entry: the step's name, or the baseline's or peer's short name."""
-    return {CUBLAS: "cuBLAS bf16", "read_weights": "only reading the 2-bit weights", GEMLITE: "GemLite 2-bit (peer)",
-            INT_MM: "torch._int_mm W8A8 (peer)", INT_MM_MATMUL: "torch._int_mm, the GEMM alone"}.get(
-        series, series_label(series).split(" (")[0].replace("step12_w2a8, x quantised at ", "step12_w2a8, "))
-
-
-def _ratio_err(base: dict, mine: dict):
-    """(value, [low error, high error]) of the speedup base / mine, with the range over the repetitions."""
-    value = base["ms"] / mine["ms"]
-    if "spread_ms" in base and "spread_ms" in mine:
-        lo, hi = base["spread_ms"][0] / mine["spread_ms"][2], base["spread_ms"][2] / mine["spread_ms"][0]
-        return value, [value - lo, hi - value]
-    return value, [0.0, 0.0]
-
-
-def _bars(ax, shapes, series, value):
-    """Grouped bars: for each shape, one bar a series (value(series, shape) -> (v, [lo, hi]) or None)."""
-    import numpy as np
-
-    width = 0.8 / max(1, len(series))
-    for i, s in enumerate(series):
-        vals, errs = [], [[], []]
-        for shape in shapes:
-            got = value(s, shape)
-            vals.append(np.nan if got is None else got[0])
-            errs[0].append(0.0 if got is None else got[1][0])
-            errs[1].append(0.0 if got is None else got[1][1])
-        peer = s in (GEMLITE, INT_MM)
-        spread = errs if any(e > 0 for e in errs[0] + errs[1]) else None
-        ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width, yerr=spread, capsize=2,
-               color=series_colour(s), hatch="//" if peer else None, edgecolor="k" if peer else None, linewidth=0.3,
-               error_kw={"elinewidth": 0.8}, label=_short(s))
-    ax.set_xticks(range(len(shapes)), [s.replace("x", " x ") for s in shapes], rotation=25, ha="right",
-                  fontsize=SMALL)
-    ax.tick_params(axis="y", labelsize=SMALL)
-    ax.grid(True, axis="y", alpha=0.3)
-
-
-def _head(fig, text: str) -> None:
-    """The file's caption at the top of a figure, wrapped to its width."""
-    import textwrap
-
-    width = int(fig.get_size_inches()[0] * 15)
-    fig.text(0.5, 0.995, "\n".join(textwrap.fill(line, width) for line in text.split("\n")), ha="center", va="top",
-             fontsize=SMALL - 1)
-
-
-def _legend_below(fig, axes, ncol=3):
-    handles, labels = {}, {}
-    for ax in axes:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, h)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=SMALL,
-               frameon=False, bbox_to_anchor=(0.5, 0.0))
-
-
-def figures(results) -> dict:
-    """GPU clock, one colour per series (:data:`SERIES_COLOURS`), legends below the panels, spread where the file
-    has it. speedup: M = 1, speedup over cuBLAS bf16 per shape (the targets in red); speedup_batched: the same at
-    M = 16 and 128; floor: M = 1, time over the 2-bit floor; steps: M = 1, the time of every step on the Llama
-    shapes; peers: our fastest over GemLite and torch._int_mm."""
-    import matplotlib.pyplot as plt
-
-    view = on_gpu_clock(results)
-    shapes = shapes_in(view)
-    ms_present = sorted({r["params"]["m"] for r in view.rows if "m" in r["params"]})
-    caption = _caption(results, view)
-    figs = {}
-
-    def speedup(m):
-        def value(s, shape):
-            base, mine = view.select(CUBLAS, shape=shape, m=m), view.select(s, shape=shape, m=m)
-            return _ratio_err(base[0], mine[0]) if base and mine else None
-        return value
-
-    def panel_series(m):
-        wanted = [SERIES[n] for n in ((4, 6, 9, 10, 11, 12, 13) if m == 1 else (5, 7, 8, 9, 10, 11, 12, 13))]
-        return [s for s in wanted + [GEMLITE, INT_MM] if view.select(s, m=m)]
-
-    def targets(ax, m):
-        for shape, mm, want in CUBLAS_TARGETS:
-            if mm == m and shape in shapes:
-                j = shapes.index(shape)
-                ax.plot([j - 0.45, j + 0.45], [want, want], "r--", lw=1.4, label="target")
-
-    if 1 in ms_present and view.select(CUBLAS, m=1):
-        series = panel_series(1)
-        fig, ax = plt.subplots(figsize=(9, 5.2))
-        _bars(ax, shapes, series, speedup(1))
-        ax.axhline(1.0, color="k", lw=1)
-        targets(ax, 1)
-        ax.set_ylabel("speedup over cuBLAS bf16 (GPU clock)", fontsize=FONT)
-        ax.set_title("One row of x (M = 1): each kernel's speedup over cuBLAS bf16", fontsize=FONT + 1)
-        _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.11, 1, 0.94))
-        _legend_below(fig, [ax], ncol=4)
-        figs["speedup"] = fig
-
-    batched = [m for m in ms_present if m > 1 and view.select(CUBLAS, m=m)][:3]
-    if batched:
-        fig, axes = plt.subplots(1, len(batched), figsize=(max(9.0, 5 * len(batched) + 0.5), 5.2), squeeze=False)
-        for ax, m in zip(axes[0], batched):
-            _bars(ax, shapes, panel_series(m), speedup(m))
-            ax.axhline(1.0, color="k", lw=1)
-            targets(ax, m)
-            ax.set_ylabel("speedup over cuBLAS bf16 (GPU clock)", fontsize=FONT)
-            ax.set_title(f"M = {m} rows of x", fontsize=FONT + 1)
-        _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.16, 1, 0.94))
-        _legend_below(fig, list(axes[0]), ncol=4)
-        figs["speedup_batched"] = fig
-
-    floor_series = [s for s in [SERIES[n] for n in (4, 6, 9, 10, 11, 12, 13)] + ["read_weights", GEMLITE, CUBLAS]
-                    if any("floor_ms" in r for r in view.select(s, m=1))]
-    if floor_series:
-        def over_floor(s, shape):
-            rows = [r for r in view.select(s, shape=shape, m=1) if "floor_ms" in r]
-            floor = next((r["floor_ms"] for r in view.select(SERIES[11], shape=shape, m=1) if "floor_ms" in r), None)
-            floor = floor or next((r["floor_ms"] for r in view.select("read_weights", shape=shape, m=1)), None)
-            if not rows or not floor:
-                return None
-            r = rows[0]
-            lo_hi = [(r["ms"] - r["spread_ms"][0]) / floor, (r["spread_ms"][2] - r["ms"]) / floor] \
-                if "spread_ms" in r else [0.0, 0.0]
-            return r["ms"] / floor, lo_hi
-        shown = [s for s in floor_series if s != CUBLAS]
-        fig, ax = plt.subplots(figsize=(9, 5.2))
-        _bars(ax, shapes, shown, over_floor)
-        ax.axhline(1.0, color="k", lw=1, label="the 2-bit floor")
-        ax.axhline(FLOOR_TARGET[1], color="r", ls="--", lw=1.2, label=f"target: {FLOOR_TARGET[1]:.0f} x the floor")
-        ax.set_ylabel("GPU time / 2-bit bandwidth floor", fontsize=FONT)
-        ax.set_title("One row of x (M = 1): time over the 2-bit floor (bytes / copy bandwidth)", fontsize=FONT + 1)
-        _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.11, 1, 0.94))
-        _legend_below(fig, [ax], ncol=4)
-        figs["floor"] = fig
-
-    llama = [s for s in shapes if view.select(CUBLAS, shape=s, family="llama", m=1)]
-    steps = [s for s in [CUBLAS] + M1_SERIES + ["read_weights", GEMLITE] if view.select(s, m=1)]
-    if llama and steps:
-        def time_us(s, shape):
-            rows = view.select(s, shape=shape, m=1)
-            if not rows:
-                return None
-            r = rows[0]
-            err = [(r["ms"] - r["spread_ms"][0]) * 1e3, (r["spread_ms"][2] - r["ms"]) * 1e3] \
-                if "spread_ms" in r else [0.0, 0.0]
-            return r["ms"] * 1e3, err
-        fig, ax = plt.subplots(figsize=(9, 6.2))
-        _bars(ax, llama, steps, time_us)
-        ax.set_yscale("log")
-        ax.set_ylabel("GPU time (µs, median)", fontsize=FONT)
-        ax.set_title("One row of x (M = 1): every step's GPU time on the Llama shapes", fontsize=FONT + 1)
-        _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.2, 1, 0.94))  # room below for the shapes' labels and a legend of four rows
-        _legend_below(fig, [ax], ncol=4)
-        figs["steps"] = fig
-
-    peer_ms = [m for m in ms_present if view.select(GEMLITE, m=m) or view.select(INT_MM, m=m)][:3]
-    if peer_ms:
-        height = 3.3 * len(peer_ms) + 1.6  # one panel per M, stacked so the figure reads at page width
-        fig, axes = plt.subplots(len(peer_ms), 1, figsize=(9, height), squeeze=False)
-        for ax, m in zip(axes[:, 0], peer_ms):
-            def over_peer(peer, shape, m=m):
-                ours = FLOAT_X_SERIES if peer == GEMLITE else W2A8_SERIES
-                p = view.select(peer, shape=shape, m=m)
-                row, _ = fastest(view, ours, shape=shape, m=m)
-                return _ratio_err(p[0], row) if p and row is not None else None
-            _bars(ax, shapes, [GEMLITE, INT_MM], over_peer)
-            ax.axhline(1.0, color="k", lw=1)
-            ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
-            ax.set_title(f"M = {m}", fontsize=FONT + 1)
-        _head(fig, "Our fastest kernel against the peers: GemLite against bf16 x, torch._int_mm against W2A8\n"
-              + caption)
-        fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 0.75 / height))
-        _legend_below(fig, list(axes[:, 0]), ncol=2)
-        figs["peers"] = fig
-    return figs

@@ -1,9 +1,9 @@
 """Chapter 5, steps 8 and 9 (Triton): int8 activations on the tensor cores, then a 2-bit layout made for them.
 
-8. :func:`step08_w2a8_dot` (:func:`w2a8_dot_kernel`): BitNet's int8 activations
+8. :func:`step08_w2a8_dot` (:func:`step08_w2a8_dot_kernel`): BitNet's int8 activations
    (:func:`~studylog.ternary.formats.quantize_activations`) against 2-bit weights, int8 x int8 -> int32 on
    the tensor cores, the scales at the end.
-9. :func:`step09_mma` (:func:`mma_2bit_kernel`): a 2-bit layout for the tensor cores
+9. :func:`step09_mma` (:func:`step09_mma_kernel`): a 2-bit layout for the tensor cores
    (``PackedTernary.pack(w, "2bit_mma")``), one kernel for every M: a word's two 16-bit halves decode
    together into two bf16 (or fp16) weights with one AND and one packed fused multiply-add, already in the
    register layout of the MMA's A operand; split-K partial sums meet in a self-cleaning workspace (no
@@ -21,20 +21,20 @@ from jaxtyping import Float, Int8
 from torch import Tensor
 
 from studylog import runtime
-from studylog.ternary.formats import (MMA_X_DTYPES, PackedTernary, Scale, _check_device, _check_packed, _check_scale,
-                                      _check_x, _prepare_out, _SplitWorkspace, _x_k)
-from studylog.ternary.triton_steps import _TL_DTYPES, _autotune, _cfg, _dotwise, _launch
+from studylog.ternary.formats import MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace, check_device, check_packed_call
+from studylog.ternary.triton_steps import (TL_DTYPES, autotune, block_m_for, dot_program, k_slice, launch_tuned,
+                                           store_tile, triton_config)
 
-W2A8_CONFIGS_FEW = [
-    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=2),
-    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=2),
+W2A8_DOT_CONFIGS_FEW = [
+    triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=2),
+    triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=2),
 ]
-W2A8_CONFIGS_MANY = [  # int8 MMA steps over 32 k: BLOCK_KW >= 32
-    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
-    _cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
+W2A8_DOT_CONFIGS_MANY = [  # int8 MMA steps over 32 k: BLOCK_KW >= 32
+    triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
+    triton_config(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
 ]
 def _mma_cfg(**kw) -> triton.Config:
-    return _cfg(zero_output=False, **kw)  # step 9 reduces split-K itself: z needs no zeroing
+    return triton_config(zero_output=False, **kw)  # step 9 reduces split-K itself: z needs no zeroing
 
 
 # Step 9. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma (64 x BLOCK_M x 16, the weights
@@ -61,7 +61,7 @@ MMA_CONFIGS_MANY = [
 ]
 
 
-W2A8_CONFIGS = W2A8_CONFIGS_FEW + W2A8_CONFIGS_MANY
+W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + W2A8_DOT_CONFIGS_MANY
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,22 +74,13 @@ def _field_to_int8(words, f: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])
-def w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
-                    scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
+def step08_w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
+                           scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
+                           BLOCK_M: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    col_mask = cols < M
-    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
-    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
-    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
-    kw_start = pid_k * words_per_split
-    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    pid_k, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn,
+                                                                        BLOCK_N, BLOCK_M)
+    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
     offs_w = tl.arange(0, BLOCK_KW)
     x_of_word = (offs_w // 16) * 256 + offs_w % 16
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)  # exact: |sum| <= 128 K < 2^31
@@ -104,15 +95,11 @@ def w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K, KW, st
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     x_scale = tl.load(x_scale_ptr + cols, mask=col_mask, other=1.0)
     z = acc.to(tl.float32) / (scale[:, None] * x_scale[None, :])
-    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
-    if SPLIT_K == 1:
-        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
-    else:
-        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+    store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
 
 
-w2a8_dot_few = _autotune(W2A8_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(w2a8_dot_kernel)
-w2a8_dot_many = _autotune(W2A8_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(w2a8_dot_kernel)
+step08_w2a8_dot_tuned_few = autotune(W2A8_DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step08_w2a8_dot_kernel)
+step08_w2a8_dot_tuned_many = autotune(W2A8_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step08_w2a8_dot_kernel)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,7 +107,7 @@ w2a8_dot_many = _autotune(W2A8_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(w2a8_dot
 # A operand; one kernel for every M; split-K without a memset.
 # ----------------------------------------------------------------------------------------------
 
-#: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see _pair_weights):
+#: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see pair_weights):
 #: bf16 0.5 (exponent 126: bits 8..13 set, bit 7 clear) and fp16 1.0 (exponent 15: bits 10..13).
 #: (The kernels spell them out: Triton kernels read only constexpr globals.)
 BF16_HALF_BITS = 0x3F003F00
@@ -138,7 +125,7 @@ def _with_pair_exponent(words, q: tl.constexpr, MAGIC: tl.constexpr):
 
 
 @triton.jit
-def _pair_weights(src, f: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def pair_weights(src, f: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # Field f (bits 2f, 2f+1; f < 4) of both halves of words prepared by _with_pair_exponent, as two
     # weights (-1, 0, +1) in a [..., 2] tensor of DOT_DTYPE. One AND keeps the two fields and the
     # exponent bits: in bf16 each half then reads 0.5 + code * 2^(2f-8) exactly (for f = 3 the code's
@@ -167,7 +154,7 @@ def _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, 
     for q in tl.static_range(2):
         src = _with_pair_exponent(words, q, MAGIC)
         for f in tl.static_range(4):
-            a = tl.reshape(_pair_weights(src, f, MAGIC, DOT_DTYPE), (BLOCK_N, 2 * BLOCK_KW))
+            a = tl.reshape(pair_weights(src, f, MAGIC, DOT_DTYPE), (BLOCK_N, 2 * BLOCK_KW))
             k = kw0 * 16 + r_k + 32 * (4 * q + f)
             if MASK_K:
                 xt = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & col_mask[None, :], other=0.0)
@@ -178,9 +165,9 @@ def _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit(do_not_specialize=["M"])
-def mma_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
-                    scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
-                    BLOCK_M: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def step09_mma_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
+                      scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
+                      BLOCK_M: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K, in tiles
     # of BLOCK_KW words a row (whole groups: the activations of a pair are runs of 32 k).
     tl.static_assert(BLOCK_KW % 16 == 0)
@@ -194,9 +181,7 @@ def mma_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, 
     col_mask = cols < M
     p_rows = p_ptr + rows_in.to(tl.int64)[:, None] * stride_pn
     x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
-    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
-    kw_start = pid_k * words_per_split
-    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
     # Tiles whose k all lie below K need no mask on x: every tile but the last one or two.
     full_end = tl.minimum(kw_end, (K // (16 * BLOCK_KW)) * BLOCK_KW)
     offs_w = tl.arange(0, BLOCK_KW)
@@ -234,8 +219,8 @@ def mma_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, 
             tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed")
 
 
-mma_2bit_few = _autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(mma_2bit_kernel)
-mma_2bit_many = _autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(mma_2bit_kernel)  # BLOCK_M is tuned too
+step09_mma_tuned_few = autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step09_mma_kernel)
+step09_mma_tuned_many = autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(step09_mma_kernel)  # BLOCK_M is tuned too
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,13 +238,19 @@ def step08_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: P
     if x_scale.shape != (m,) or not x_scale.is_contiguous():
         raise ValueError(f"x_scale must be a contiguous ({m},) tensor, one scale per row of xq; "
                          f"got shape {tuple(x_scale.shape)}")
-    _check_device(x_scale, "x_scale")
-    return _dotwise((w2a8_dot_few, w2a8_dot_many), xq, w, scale, out, config, "2bit", x_dtypes=(torch.int8,),
-                    x_scale=x_scale, x_name="xq")
+    check_device(x_scale, "x_scale")
+    x2, vector, w, s, s_stride, z = check_packed_call(xq, w, scale, out, "2bit", dtypes=(torch.int8,), x_name="xq")
+    (m, k), block_m = x2.shape, block_m_for(x2.shape[0])
+    args = (x2, w.data, z, s, x_scale, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0),
+            s_stride)
+    grid = lambda meta: (triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, block_m))  # noqa: E731
+    kernel = step08_w2a8_dot_tuned_few if block_m <= 32 else step08_w2a8_dot_tuned_many
+    launch_tuned(kernel, grid, args, config, {"BLOCK_M": block_m})
+    return z[0] if vector else z
 
 
-#: Step 9's split-K workspace (its sums must stay zeros between launches: see mma_2bit_kernel).
-SPLIT_WORKSPACE = _SplitWorkspace()
+#: Step 9's split-K workspace (its sums must stay zeros between launches: see step09_mma_kernel).
+SPLIT_WORKSPACE = SplitWorkspace()
 
 
 def _mma_types(x_dtype: torch.dtype) -> tuple:
@@ -267,15 +258,10 @@ def _mma_types(x_dtype: torch.dtype) -> tuple:
     type), the operand type of tl.dot and its precision. On the GPU the operands are x's type, on the
     tensor cores, exact for weights of -1, 0, +1. The interpreter computes the decode and the dot in
     float32 (its bf16 arithmetic is wrong), from the same bits."""
-    magic = _TL_DTYPES[x_dtype]
+    magic = TL_DTYPES[x_dtype]
     if runtime.mode() == "interpreter":
         return magic, tl.float32, "ieee"
     return magic, magic, "tf32"  # the precision argument only matters for float32 operands
-
-
-def mma_block_m(m: int) -> int:
-    """Rows of x a step-9 program covers for M <= 32: 16 or 32 (above, the configs choose 64 or 128)."""
-    return min(128, max(16, triton.next_power_of_2(m)))
 
 
 def step09_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
@@ -283,27 +269,20 @@ def step09_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *
     """Step 9: weights in the MMA-order 2-bit format (``PackedTernary.pack(w, "2bit_mma")``), decoded
     two at a time into the tensor cores' operand; one kernel for M = 1 and for batches. x is bf16 or
     fp16, the types the tensor cores multiply exactly (float32 x: :func:`~studylog.ternary.triton_steps.step05_dot`)."""
-    x2, vector = _check_x(x, _x_k(w), dtypes=MMA_X_DTYPES)
+    x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_mma", dtypes=MMA_X_DTYPES)
     m, k = x2.shape
-    w = _check_packed(w, "2bit_mma", k, x2)
-    s, s_stride = _check_scale(scale, w.n, x2)
-    z = _prepare_out(out, m, w.n, x2)
     sums, counts = SPLIT_WORKSPACE.get(x2.device, m, w.n)
-    few = mma_block_m(m) <= 32
+    few = block_m_for(m) <= 32  # 16 or 32 rows of x a program (above, the configs choose 64 or 128)
     magic, dot_dtype, precision = _mma_types(x2.dtype)
     meta = {"MAGIC": magic, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision}
     if (config is None and few) or (config is not None and "BLOCK_M" not in config):
-        meta["BLOCK_M"] = mma_block_m(m)  # (the many-rows configs choose their own)
+        meta["BLOCK_M"] = block_m_for(m)  # (the many-rows configs choose their own)
     args = (x2, w.data, z, s, sums, counts, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0),
             z.stride(0), s_stride)
 
     def grid(meta):
         return triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, meta["BLOCK_M"])
 
-    kernel = mma_2bit_few if few else mma_2bit_many
-    _launch(kernel, grid, args, config, meta, zero_output=False)
+    kernel = step09_mma_tuned_few if few else step09_mma_tuned_many
+    launch_tuned(kernel, grid, args, config, meta, zero_output=False)
     return z[0] if vector else z
-
-
-#: The pair decode of step 9 (a Triton helper the kernels inline), for show_source.
-pair_weights = _pair_weights

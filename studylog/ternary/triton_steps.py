@@ -5,14 +5,14 @@
 ``(M, K)`` (or a vector ``(K,)``); ``z`` is float32. Each step is a kernel next to the previous one, so
 that the diff is the lesson (the packed formats: :mod:`studylog.ternary.formats`):
 
-1. :func:`step01_sign` (:func:`sign_v1_kernel`): the first attempt's idea made correct. Dense float weights, sign
+1. :func:`step01_sign` (:func:`step01_sign_kernel`): the first attempt's idea made correct. Dense float weights, sign
    selection instead of a multiply, masks on every edge, autotuned block sizes, float32 out.
-2. :func:`step02_int8` (:func:`int8_v2_kernel`): the same kernel reading int8 weights.
-3. :func:`step03_2bit` (:func:`packed2_v3_kernel`): 2-bit packing, 16 weights per int32 word, decoded
+2. :func:`step02_int8` (:func:`step02_int8_kernel`): the same kernel reading int8 weights.
+3. :func:`step03_2bit` (:func:`step03_2bit_kernel`): 2-bit packing, 16 weights per int32 word, decoded
    with shifts and masks.
-4. :func:`step04_gemv` (:func:`gemv_2bit_kernel`): M = 1 made fast: wide tiles, many programs (split-K
+4. :func:`step04_gemv` (:func:`step04_gemv_kernel`): M = 1 made fast: wide tiles, many programs (split-K
    when there are few rows), and a decode of two instructions per weight.
-5. :func:`step05_dot` (:func:`dot_2bit_kernel`): batched activations (M > 1); decoded weights feed
+5. :func:`step05_dot` (:func:`step05_dot_kernel`): batched activations (M > 1); decoded weights feed
    ``tl.dot``.
 6. and 7. :func:`step06_base3_gemv`, :func:`step07_base3_dot`: 1.6-bit packing, 5 weights per byte in base
    3; a 256-entry table turns a byte into five 2-bit fields, then the same decode as steps 4 and 5.
@@ -31,54 +31,9 @@ from jaxtyping import Float, Int8
 from torch import Tensor
 
 from studylog import runtime
-from studylog.ternary.formats import (X_DTYPES, PackedTernary, Scale, _check_dense, _check_packed, _check_scale,
-                                      _check_x, _prepare_out, _x_k, base3_table, check_ternary_values)
-
-# ----------------------------------------------------------------------------------------------
-# The first attempt (a notebook's first ternary kernel), kept only to show its bugs (notebook and tests). Guarded: not part of the API.
-# ----------------------------------------------------------------------------------------------
-
-@triton.jit
-def _first_attempt_kernel(x_ptr, w_ptr, z_ptr, scale, M, N, stride_xm, stride_wm, stride_wn,
-                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, X_ALONG_N: tl.constexpr):
-    # The first attempt's kernel as it was: x is (1, M), W is (M, N), z = x W / scale stored as float16.
-    # X_ALONG_N=True is the earlier version whose output stayed in its notebook's last cell: it
-    # broadcasts x along N instead of M, which compiles only because its blocks are square.
-    pid = tl.program_id(axis=0)
-    offs_m = tl.arange(0, BLOCK_SIZE_M)
-    offs_n = (pid * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
-    x_ptrs = x_ptr + offs_m
-    w_ptrs = w_ptr + (offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn)
-    accumulator = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
-    for m in range(0, tl.cdiv(M, BLOCK_SIZE_M)):
-        if X_ALONG_N:
-            x = tl.load(x_ptrs, mask=offs_m < M - m * BLOCK_SIZE_M, other=0.0)[None, :]
-        else:
-            x = tl.load(x_ptrs, mask=offs_m < M - m * BLOCK_SIZE_M, other=0.0)[:, None]
-        w = tl.load(w_ptrs, mask=offs_m[:, None] < M - m * BLOCK_SIZE_M, other=0.0)
-        elements_to_sum = tl.where(w > 0, x, tl.where(w < 0, -x, tl.zeros_like(x)))
-        accumulator = accumulator + tl.sum(elements_to_sum, axis=0)
-        x_ptrs += BLOCK_SIZE_M * stride_xm
-        w_ptrs += BLOCK_SIZE_M * stride_wm
-    accumulator = accumulator / scale
-    z = accumulator.to(tl.float16)
-    offs_z = pid * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    tl.store(z_ptr + offs_z, z, mask=offs_z < N)
-
-
-def ternary_first_attempt(x: Tensor, w: Tensor, scale: float, *, x_along_n: bool = False,
-                          i_know_it_is_buggy: bool = False) -> Tensor:
-    """Run the first attempt's kernel (W is (K, N) here; 2x2 blocks; float16 out). Wrong on purpose: only
-    the notebook and the tests call it, to show which check catches which bug."""
-    if not i_know_it_is_buggy:
-        raise RuntimeError("ternary_first_attempt reproduces the first attempt's bugs; use ternary_matmul, or pass "
-                           "i_know_it_is_buggy=True to look at the bugs on purpose")
-    k, n = w.shape
-    z = torch.full((n,), float("nan"), dtype=torch.float16, device=x.device)
-    _first_attempt_kernel[(triton.cdiv(n, 2),)](x, w, z, scale, k, n, x.stride(0), w.stride(0), w.stride(1),
-                                                BLOCK_SIZE_M=2, BLOCK_SIZE_N=2, X_ALONG_N=x_along_n)
-    return z
-
+from studylog.ternary.formats import (X_DTYPES, PackedTernary, Scale, base3_table, check_dense, check_packed,
+                                      check_packed_call, check_scale, check_ternary_values, check_x, prepare_out,
+                                      weights_k)
 
 # ----------------------------------------------------------------------------------------------
 # Autotuning: few configs on the GPU. The interpreter cannot time, so it keeps the first one;
@@ -90,12 +45,15 @@ def _zero_output(nargs):
     nargs["z_ptr"].zero_()
 
 
-def _cfg(num_warps: int = 4, num_stages: int = 3, zero_output: bool = True, **meta) -> triton.Config:
+def triton_config(num_warps: int = 4, num_stages: int = 3, zero_output: bool = True, **meta) -> triton.Config:
+    """A config of the autotuned kernels; split-K ones (``SPLIT_K`` > 1) zero z first unless ``zero_output`` is
+    False (step 9 reduces its slices itself)."""
     hook = _zero_output if zero_output and meta.get("SPLIT_K", 1) > 1 else None
     return triton.Config(meta, num_warps=num_warps, num_stages=num_stages, pre_hook=hook)
 
 
-def _autotune(configs: list, key: list[str]):
+def autotune(configs: list, key: list[str]):
+    """triton.autotune over ``configs`` on the GPU; the first config only in the interpreter (it cannot time)."""
     chosen = configs if runtime.mode() == "gpu" else configs[:1]
     return triton.autotune(configs=chosen, key=key)
 
@@ -105,42 +63,27 @@ def config_dict(config: triton.Config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-# Dense steps: many rows a program is fine, the kernels are memory-bound on 1-2 bytes a weight.
-V1_CONFIGS = [_cfg(BLOCK_N=16, BLOCK_K=256), _cfg(BLOCK_N=64, BLOCK_K=64)]
-V3_CONFIGS = [_cfg(BLOCK_N=16), _cfg(BLOCK_N=4)]
-# M=1 kernels: 8 rows a program, all in each thread (x is loaded once for the 8), and 4 words (or
-# 4 bytes) a thread along K; BLOCK_KW = 128 x num_warps keeps every warp on different words.
-GEMV_CONFIGS = [
-    _cfg(BLOCK_N=8, BLOCK_KW=512, SPLIT_K=1, num_warps=4),
-    _cfg(BLOCK_N=8, BLOCK_KW=256, SPLIT_K=1, num_warps=2),
-    _cfg(BLOCK_N=8, BLOCK_KW=128, SPLIT_K=4, num_warps=1),
-]
-GEMV3_CONFIGS = [
-    _cfg(BLOCK_N=8, BLOCK_KB=512, SPLIT_K=1, num_warps=4),
-    _cfg(BLOCK_N=8, BLOCK_KB=256, SPLIT_K=1, num_warps=2),
-    _cfg(BLOCK_N=8, BLOCK_KB=128, SPLIT_K=4, num_warps=1),
-]
-# tl.dot kernels. Few rows of x (BLOCK_M <= 32): pipelined loads; many: no pipelining, or the
+# Steps 1 to 3: many rows a program is fine, the kernels are memory-bound on 1-2 bytes a weight.
+DENSE_CONFIGS = [triton_config(BLOCK_N=16, BLOCK_K=256), triton_config(BLOCK_N=64, BLOCK_K=64)]
+TWO_BIT_CONFIGS = [triton_config(BLOCK_N=16), triton_config(BLOCK_N=4)]
+# M=1 kernels (steps 4 and 6): 8 rows a program, all in each thread (x is loaded once for the 8), and 4 words
+# (or 4 bytes) a thread along K; BLOCK_KW = 128 x num_warps keeps every warp on different words. The tiles:
+# (words or bytes of a row a tile, slices of K, warps).
+_GEMV_TILES = ((512, 1, 4), (256, 1, 2), (128, 4, 1))
+GEMV_CONFIGS = [triton_config(BLOCK_N=8, BLOCK_KW=kw, SPLIT_K=split, num_warps=warps)
+                for kw, split, warps in _GEMV_TILES]
+BASE3_GEMV_CONFIGS = [triton_config(BLOCK_N=8, BLOCK_KB=kb, SPLIT_K=split, num_warps=warps)
+                      for kb, split, warps in _GEMV_TILES]
+# tl.dot kernels (steps 5 and 7). Few rows of x (BLOCK_M <= 32): pipelined loads; many: no pipelining, or the
 # 16 x-tiles a step would not fit in shared memory.
 # With N = 4096 and 64 rows a program there are only 64 programs for 132 SMs: split K.
-DOT_CONFIGS_FEW = [
-    _cfg(BLOCK_N=64, BLOCK_KW=64, SPLIT_K=1, num_stages=2),
-    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=2),
-    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=8, num_stages=2),
-]
-DOT_CONFIGS_MANY = [
-    _cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
-    _cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
-]
-DOT3_CONFIGS_FEW = [
-    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_stages=2),
-    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=4, num_stages=2),
-    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=8, num_stages=2),
-]
-DOT3_CONFIGS_MANY = [
-    _cfg(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_stages=1),
-    _cfg(BLOCK_N=128, BLOCK_KB=64, SPLIT_K=1, num_stages=1, num_warps=8),
-]
+DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KW=kw, SPLIT_K=split, num_stages=2)
+                   for kw, split in ((64, 1), (32, 4), (32, 8))]
+DOT_CONFIGS_MANY = [triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
+                    triton_config(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8)]
+BASE3_DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=split, num_stages=2) for split in (1, 4, 8)]
+BASE3_DOT_CONFIGS_MANY = [triton_config(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_stages=1),
+                          triton_config(BLOCK_N=128, BLOCK_KB=64, SPLIT_K=1, num_stages=1, num_warps=8)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,8 +91,8 @@ DOT3_CONFIGS_MANY = [
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def sign_v1_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def step01_sign_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x. W is (N, K), dense, values -1, 0, +1.
     pid_n = tl.program_id(0)
     m = tl.program_id(1)
@@ -175,8 +118,8 @@ def sign_v1_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, s
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def int8_v2_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def step02_int8_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x. W is (N, K), int8, values -1, 0, +1.
     pid_n = tl.program_id(0)
     m = tl.program_id(1)
@@ -196,8 +139,8 @@ def int8_v2_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, s
     tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)  # float32 out
 
 
-sign_v1 = _autotune(V1_CONFIGS, key=["N", "K"])(sign_v1_kernel)
-int8_v2 = _autotune(V1_CONFIGS, key=["N", "K"])(int8_v2_kernel)
+step01_sign_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step01_sign_kernel)
+step02_int8_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step02_int8_kernel)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,8 +148,8 @@ int8_v2 = _autotune(V1_CONFIGS, key=["N", "K"])(int8_v2_kernel)
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def packed2_v3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
-                      BLOCK_N: tl.constexpr):
+def step03_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                       BLOCK_N: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x, one group (16 words, 256 weights) a step.
     pid_n = tl.program_id(0)
     m = tl.program_id(1)
@@ -228,7 +171,7 @@ def packed2_v3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, strid
     tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)
 
 
-packed2_v3 = _autotune(V3_CONFIGS, key=["N", "K"])(packed2_v3_kernel)
+step03_2bit_tuned = autotune(TWO_BIT_CONFIGS, key=["N", "K"])(step03_2bit_kernel)
 
 
 @triton.jit
@@ -249,9 +192,9 @@ def _field_to_float(src, f: tl.constexpr):
 
 
 @triton.jit
-def gemv_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
-                     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
-    # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
+def gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr):
+    # A program of the M = 1 kernels (steps 4 and 6; grid: N blocks, K slices, M): its slice of K, its row of
+    # x, its BLOCK_N weight rows and their mask, and pointers to those rows of W and to its row of x.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
@@ -259,9 +202,33 @@ def gemv_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride
     row_mask = rows < N
     p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
     x_row = x_ptr + m.to(tl.int64) * stride_xm
-    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
-    kw_start = pid_k * words_per_split
-    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    return pid_k, m, rows, row_mask, p_rows, x_row
+
+
+@triton.jit
+def k_slice(pid_k, UNITS, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    # [start, end) of slice pid_k of SPLIT_K over a row's UNITS packed words (or bytes), in whole tiles of BLOCK.
+    per_split = tl.cdiv(tl.cdiv(UNITS, SPLIT_K), BLOCK) * BLOCK
+    start = pid_k * per_split
+    return start, tl.minimum(start + per_split, UNITS)
+
+
+@triton.jit
+def store_row(z_ptr, z, m, stride_zm, rows, row_mask, SPLIT_K: tl.constexpr):
+    # Row m of z: stored, or with K split added in (z was zeroed; the slices of K add up in it).
+    z_ptrs = z_ptr + m.to(tl.int64) * stride_zm + rows
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask)
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask, sem="relaxed")
+
+
+@triton.jit
+def step04_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                       BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
+    # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
+    pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
+    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
     offs_w = tl.arange(0, BLOCK_KW)
     x_of_word = (offs_w // 16) * 256 + offs_w % 16  # k of field 0 of each word, from the tile start
     acc = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
@@ -280,26 +247,20 @@ def gemv_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride
             acc += _field_to_float(high, f) * x[None, :]
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = tl.sum(acc, axis=1) / scale
-    z_ptrs = z_ptr + m.to(tl.int64) * stride_zm + rows
-    if SPLIT_K == 1:
-        tl.store(z_ptrs, z, mask=row_mask)
-    else:  # z was zeroed; the slices of K add up in it
-        tl.atomic_add(z_ptrs, z, mask=row_mask, sem="relaxed")
+    store_row(z_ptr, z, m, stride_zm, rows, row_mask, SPLIT_K)
 
 
-gemv_2bit = _autotune(GEMV_CONFIGS, key=["N", "K"])(gemv_2bit_kernel)
+step04_gemv_tuned = autotune(GEMV_CONFIGS, key=["N", "K"])(step04_gemv_kernel)
 
 
 # ----------------------------------------------------------------------------------------------
 # Step 5: batched activations, decoded weights into tl.dot
 # ----------------------------------------------------------------------------------------------
 
-@triton.jit(do_not_specialize=["M"])
-def dot_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
-                    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K. The
-    # weights are the MMA's wide side (BLOCK_N >= 64 rows), the few rows of x its narrow side.
+@triton.jit
+def dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    # A program of the tl.dot kernels (steps 5, 7 and 8; grid: N blocks, K slices, M blocks), a BLOCK_N x BLOCK_M
+    # tile of z transposed: its slice of K, its weight rows and rows of x (z's columns), their masks and pointers.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -309,9 +270,28 @@ def dot_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stri
     col_mask = cols < M
     p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
     x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
-    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
-    kw_start = pid_k * words_per_split
-    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    return pid_k, rows, row_mask, cols, col_mask, p_rows, x_cols
+
+
+@triton.jit
+def store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K: tl.constexpr):
+    # A tile of z transposed (z[col, row]): stored, or with K split added in (z was zeroed).
+    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
+    if SPLIT_K == 1:
+        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
+    else:
+        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["M"])
+def step05_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                      BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                      DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K. The
+    # weights are the MMA's wide side (BLOCK_N >= 64 rows), the few rows of x its narrow side.
+    pid_k, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn,
+                                                                        BLOCK_N, BLOCK_M)
+    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
     offs_w = tl.arange(0, BLOCK_KW)
     x_of_word = (offs_w // 16) * 256 + offs_w % 16
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -331,15 +311,11 @@ def dot_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stri
             acc = tl.dot(_field_to_float(high, f).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = acc / scale[:, None]
-    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
-    if SPLIT_K == 1:
-        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
-    else:
-        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+    store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
 
 
-dot_2bit_few = _autotune(DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(dot_2bit_kernel)
-dot_2bit_many = _autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_2bit_kernel)
+step05_dot_tuned_few = autotune(DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step05_dot_kernel)
+step05_dot_tuned_many = autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step05_dot_kernel)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,19 +323,11 @@ dot_2bit_many = _autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_2bit_
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def gemv_base3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, stride_xm, stride_pn, stride_zm,
-                      scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr):
+def step06_base3_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, stride_xm, stride_pn, stride_zm,
+                             scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    m = tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
-    bytes_per_split = tl.cdiv(tl.cdiv(KB, SPLIT_K), BLOCK_KB) * BLOCK_KB
-    kb_start = pid_k * bytes_per_split
-    kb_end = tl.minimum(kb_start + bytes_per_split, KB)
+    pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
+    kb_start, kb_end = k_slice(pid_k, KB, SPLIT_K, BLOCK_KB)
     offs_b = tl.arange(0, BLOCK_KB)
     x_of_byte = (offs_b // 16) * 80 + offs_b % 16  # k of digit 0 of each byte, from the tile start
     acc = tl.zeros([BLOCK_N, BLOCK_KB], dtype=tl.float32)
@@ -376,30 +344,17 @@ def gemv_base3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, strid
             acc += _field_to_float(fields, d) * x[None, :]
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = tl.sum(acc, axis=1) / scale
-    z_ptrs = z_ptr + m.to(tl.int64) * stride_zm + rows
-    if SPLIT_K == 1:
-        tl.store(z_ptrs, z, mask=row_mask)
-    else:
-        tl.atomic_add(z_ptrs, z, mask=row_mask, sem="relaxed")
+    store_row(z_ptr, z, m, stride_zm, rows, row_mask, SPLIT_K)
 
 
 @triton.jit(do_not_specialize=["M"])
-def dot_base3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, KB, stride_xm, stride_pn, stride_zm,
-                     scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr,
-                     BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def step07_base3_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, KB, stride_xm, stride_pn, stride_zm,
+                            scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr,
+                            BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    col_mask = cols < M
-    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
-    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
-    bytes_per_split = tl.cdiv(tl.cdiv(KB, SPLIT_K), BLOCK_KB) * BLOCK_KB
-    kb_start = pid_k * bytes_per_split
-    kb_end = tl.minimum(kb_start + bytes_per_split, KB)
+    pid_k, rows, row_mask, cols, col_mask, p_rows, x_cols = dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn,
+                                                                        BLOCK_N, BLOCK_M)
+    kb_start, kb_end = k_slice(pid_k, KB, SPLIT_K, BLOCK_KB)
     offs_b = tl.arange(0, BLOCK_KB)
     x_of_byte = (offs_b // 16) * 80 + offs_b % 16
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -414,16 +369,12 @@ def dot_base3_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, KB, str
             acc = tl.dot(_field_to_float(fields, d).to(DOT_DTYPE), xt, acc, input_precision=DOT_PRECISION)
     scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = acc / scale[:, None]
-    z_ptrs = z_ptr + cols.to(tl.int64)[None, :] * stride_zm + rows[:, None]
-    if SPLIT_K == 1:
-        tl.store(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :])
-    else:
-        tl.atomic_add(z_ptrs, z, mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+    store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
 
 
-gemv_base3 = _autotune(GEMV3_CONFIGS, key=["N", "K"])(gemv_base3_kernel)
-dot_base3_few = _autotune(DOT3_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(dot_base3_kernel)
-dot_base3_many = _autotune(DOT3_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_base3_kernel)
+step06_base3_gemv_tuned = autotune(BASE3_GEMV_CONFIGS, key=["N", "K"])(step06_base3_gemv_kernel)
+step07_base3_dot_tuned_few = autotune(BASE3_DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step07_base3_dot_kernel)
+step07_base3_dot_tuned_many = autotune(BASE3_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step07_base3_dot_kernel)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -432,8 +383,10 @@ dot_base3_many = _autotune(DOT3_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(dot_bas
 # weights excepted: see step01_sign).
 # ----------------------------------------------------------------------------------------------
 
-def _launch(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict, zero_output: bool = True) -> None:
-    """The autotuned kernel, or one explicit config (the tests run every config this way)."""
+def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict,
+                 zero_output: bool = True) -> None:
+    """Launch an autotuned kernel on ``grid`` with ``args`` and the constexprs ``meta``, or one explicit config
+    (``config``, from :func:`config_dict`; the tests run every config this way)."""
     if config is None:
         kernel[grid](*args, **meta)
         return
@@ -447,24 +400,24 @@ def _launch(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: d
 def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
              dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False):
     """Launch a kernel with one program column per row of x (steps 1-3 and the M=1 kernels)."""
-    x2, vector = _check_x(x, _x_k(w))
+    x2, vector = check_x(x, weights_k(w))
     m, k = x2.shape
     if dense_dtypes is not None:
-        w = _check_dense(w, dense_dtypes, k, x2)
+        w = check_dense(w, dense_dtypes, k, x2)
         n, data, extra = w.shape[0], w, ()
     else:
-        w = _check_packed(w, fmt, k, x2)
+        w = check_packed(w, fmt, k, x2)
         n, data = w.n, w.data
         extra = (data.shape[1],)
-    s, s_stride = _check_scale(scale, n, x2)
-    z = _prepare_out(out, m, n, x2)
+    s, s_stride = check_scale(scale, n, x2)
+    z = prepare_out(out, m, n, x2)
     table = (base3_table(str(x2.device)),) if fmt == "base3" else ()
     args = (x2, data, z, s, *table, n, k, *extra, x2.stride(0), data.stride(0), z.stride(0), s_stride)
     if split:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"], m)  # noqa: E731
     else:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), m)  # noqa: E731
-    _launch(kernel, grid, args, config, {})
+    launch_tuned(kernel, grid, args, config, {})
     return z[0] if vector else z
 
 
@@ -479,11 +432,11 @@ def step01_sign(x: Float[Tensor, "*m k"], w: Float[Tensor, "n k"], scale: Scale 
     capturable form is ``check_values=False``: check the weights once (``check_ternary_values("w", w)``),
     then call with it inside the graph; nothing then stops a value other than -1, 0, +1 from being read as
     its sign."""
-    x2, _ = _check_x(x, _x_k(w))
-    dense = _check_dense(w, X_DTYPES, x2.shape[1], x2)
+    x2, _ = check_x(x, weights_k(w))
+    dense = check_dense(w, X_DTYPES, x2.shape[1], x2)
     if check_values:
         check_ternary_values("w", dense)
-    return _rowwise(sign_v1, x, w, scale, out, config, dense_dtypes=X_DTYPES)
+    return _rowwise(step01_sign_tuned, x, w, scale, out, config, dense_dtypes=X_DTYPES)
 
 
 def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale = 1.0, *,
@@ -492,30 +445,30 @@ def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale =
     """Step 2: int8 weights, each -1, 0 or +1. The kernel selects x by the sign of a weight, as step 1 does,
     so the weights are checked first in the same way (one pass that waits for the GPU; ``check_values=False``
     is the capturable form, as for :func:`step01_sign`)."""
-    x2, _ = _check_x(x, _x_k(w))
-    dense = _check_dense(w, (torch.int8,), x2.shape[1], x2)
+    x2, _ = check_x(x, weights_k(w))
+    dense = check_dense(w, (torch.int8,), x2.shape[1], x2)
     if check_values:
         check_ternary_values("w", dense)
-    return _rowwise(int8_v2, x, w, scale, out, config, dense_dtypes=(torch.int8,))
+    return _rowwise(step02_int8_tuned, x, w, scale, out, config, dense_dtypes=(torch.int8,))
 
 
 def step03_2bit(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 3: 2-bit weights (``PackedTernary.pack(w)``) decoded with shifts and masks."""
-    return _rowwise(packed2_v3, x, w, scale, out, config, fmt="2bit")
+    return _rowwise(step03_2bit_tuned, x, w, scale, out, config, fmt="2bit")
 
 
 def step04_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 4, built for M = 1: 2-bit weights, wide tiles, the two-instruction decode, split-K.
     (Any M works; each row of x re-reads the weights.)"""
-    return _rowwise(gemv_2bit, x, w, scale, out, config, fmt="2bit", split=True)
+    return _rowwise(step04_gemv_tuned, x, w, scale, out, config, fmt="2bit", split=True)
 
 
 def step06_base3_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 6: step 4 on base-3 (1.6-bit) weights (``PackedTernary.pack(w, "base3")``), built for M = 1."""
-    return _rowwise(gemv_base3, x, w, scale, out, config, fmt="base3", split=True)
+    return _rowwise(step06_base3_gemv_tuned, x, w, scale, out, config, fmt="base3", split=True)
 
 
 def block_m_for(m: int) -> int:
@@ -523,7 +476,8 @@ def block_m_for(m: int) -> int:
     return min(128, max(16, triton.next_power_of_2(m)))
 
 
-_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+#: The Triton types of x's torch types.
+TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 def _dot_types(x_dtype: torch.dtype) -> tuple:
@@ -532,38 +486,30 @@ def _dot_types(x_dtype: torch.dtype) -> tuple:
     tl.dot wrongly, so there bf16 operands are widened to float32 (exactly; only on the CPU)."""
     if x_dtype == torch.float32 or (x_dtype == torch.bfloat16 and runtime.mode() == "interpreter"):
         return tl.float32, "ieee"
-    return _TL_DTYPES[x_dtype], "tf32"  # the precision argument only matters for float32 operands
+    return TL_DTYPES[x_dtype], "tf32"  # the precision argument only matters for float32 operands
 
 
-def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
-             fmt: str, x_dtypes: tuple = X_DTYPES, x_scale: Optional[Tensor] = None, x_name: str = "x"):
-    """Launch a tl.dot kernel: the program grid is (N blocks, K slices, M blocks)."""
-    x2, vector = _check_x(x, _x_k(w), dtypes=x_dtypes, name=x_name)
-    m, k = x2.shape
-    w = _check_packed(w, fmt, k, x2)
-    s, s_stride = _check_scale(scale, w.n, x2)
-    z = _prepare_out(out, m, w.n, x2)
-    block_m = block_m_for(m)
-    meta = {"BLOCK_M": block_m}
-    if x_scale is None:
-        meta["DOT_DTYPE"], meta["DOT_PRECISION"] = _dot_types(x2.dtype)
-        head = (x2, w.data, z, s) + ((base3_table(str(x2.device)),) if fmt == "base3" else ())
-    else:
-        head = (x2, w.data, z, s, x_scale)
-    args = head + (m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0), s_stride)
+def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict], fmt: str):
+    """Launch step 5's or step 7's tl.dot kernel (``kernels``: its autotuners for few and many rows of x): the
+    program grid is (N blocks, K slices, M blocks)."""
+    x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, fmt)
+    (m, k), block_m = x2.shape, block_m_for(x2.shape[0])
+    dot_dtype, precision = _dot_types(x2.dtype)
+    table = (base3_table(str(x2.device)),) if fmt == "base3" else ()
+    args = (x2, w.data, z, s, *table, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0), s_stride)
     grid = lambda meta: (triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, block_m))  # noqa: E731
-    kernel = kernels[0] if block_m <= 32 else kernels[1]
-    _launch(kernel, grid, args, config, meta)
+    launch_tuned(kernels[0] if block_m <= 32 else kernels[1], grid, args, config,
+                 {"BLOCK_M": block_m, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision})
     return z[0] if vector else z
 
 
 def step05_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 5: 2-bit weights decoded in registers and multiplied with ``tl.dot`` (for M > 1)."""
-    return _dotwise((dot_2bit_few, dot_2bit_many), x, w, scale, out, config, "2bit")
+    return _dotwise((step05_dot_tuned_few, step05_dot_tuned_many), x, w, scale, out, config, "2bit")
 
 
 def step07_base3_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 7: step 5 on base-3 (1.6-bit) weights (for M > 1)."""
-    return _dotwise((dot_base3_few, dot_base3_many), x, w, scale, out, config, "base3")
+    return _dotwise((step07_base3_dot_tuned_few, step07_base3_dot_tuned_many), x, w, scale, out, config, "base3")

@@ -5,10 +5,11 @@ b1.58 does it and exact int32 sums of 2-bit weights on the int8 tensor cores, fe
     (``quantize``): in every block of the matmul from a copy of x the copy engine stages ahead of the
     weights (``"staged"``, the default for one row of x where it fits), in every block from global memory
     (``"every block"``, the default for up to 8 rows where it fits), or by a kernel of its own first
-    (``"separate"``: ``quantize_x``, then the matmul launched early). :func:`step12_probe` builds it with
-    parts left out; :func:`step12_timeline` with timestamps (``W2A8_TIMELINE``, for lab/ternary).
-13. :func:`step13_w2a8_tiles`: the same product for several rows of x, one tile of 16 weight rows a warp
-    over a slice of K.
+    (``"separate"``: ``quantize_x``, then the matmul launched early; :class:`Quant` names the three).
+    :func:`step12_probe` builds it with parts left out; :func:`step12_timeline` with timestamps
+    (``W2A8_TIMELINE``, for lab/ternary). The kernel is ``step12_w2a8_kernel``.
+13. :func:`step13_w2a8_tiles` (``step13_w2a8_tiles_kernel``): the same product for several rows of x, one tile
+    of 16 weight rows a warp over a slice of K.
 
 Three other places to quantise x were tried and measured slower (the first block for all, a thread block
 cluster sharing the work, each warp its own groups): they are in ``lab/ternary/variants/``, their numbers
@@ -20,7 +21,8 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, NamedTuple, Optional, Union
+from enum import IntEnum
+from typing import Any, Callable, Optional, Union
 
 import torch
 import triton
@@ -30,8 +32,8 @@ from torch import Tensor
 from studylog import cuda, runtime
 from studylog.checks import check_choice, check_tensor
 from studylog.ternary.cuda_steps import (CUDA_WORKSPACE, PROBES, RING_BARRIER_BYTES, SMEM_LIMIT, TmaConfig,
-                                         _aligned_rows, _cuda_call_args)
-from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, _check_x
+                                         aligned_rows, cuda_call_args, require_hopper)
+from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, check_x
 
 # ----------------------------------------------------------------------------------------------
 # Step 12: W2A8 in CUDA C++ (csrc/ternary_w2a8.cu): x quantised to int8, then step 11's plumbing
@@ -56,26 +58,32 @@ W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
 W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1), (2, 8, 1), (4, 5, 1))
 
 
-#: Where step 12 quantises x, and its QUANT in ternary_w2a8.cu: in a kernel of its own before the matmul
-#: (quantize_x, the matmul launched early), in every block of the matmul from global memory (up to 8 rows of
-#: x, all of K in shared memory), or ("staged") in every block from a copy the copy engine brought into
-#: shared memory ahead of the weights. (QUANT 2, 3 and 5, the places tried and measured slower, are in
-#: lab/ternary/variants/.)
-W2A8_QUANTIZE = {"separate": 0, "every block": 1, "staged": 4}
+class Quant(IntEnum):
+    """Where step 12 quantises x: its QUANT in ternary_w2a8.cu (QUANT_* there, the same numbers; 2, 3 and 5, the
+    places tried and measured slower, are in lab/ternary/variants/)."""
+
+    SEPARATE = 0  # in a kernel of its own before the matmul (quantize_x, the matmul launched early)
+    EVERY_BLOCK = 1  # in every block of the matmul, from global memory (up to 8 rows of x, all of K in shared memory)
+    STAGED = 4  # in every block, from a copy the copy engine brought into shared memory ahead of the weights
 
 
-def _w2a8_instance(quant: int, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
+#: The places to quantise x by the name step 12's ``quantize`` takes.
+W2A8_QUANTIZE = {"separate": Quant.SEPARATE, "every block": Quant.EVERY_BLOCK, "staged": Quant.STAGED}
+_PLACE_NAMES = {quant: name for name, quant in W2A8_QUANTIZE.items()}
+
+
+def _w2a8_instance(quant: Quant, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
     b = lambda v: "true" if v else "false"  # noqa: E731
-    return f"ternary_w2a8<{quant}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+    return f"step12_w2a8_kernel<{int(quant)}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
 
 
 W2A8_QUANTIZE_INSTANCES = ("quantize_x<true>", "quantize_x<false>")
 #: After quantize_x: 8 or 16 rows of x a block (16 only with 1 or 2 row tiles: 4 spill), x's type no
 #: longer matters. Quantised in the matmul: 8 rows of x a block, bf16 or fp16.
-W2A8_INSTANCES = tuple(_w2a8_instance(0, True, mt, *shape) for mt in (1, 2) for shape in W2A8_SHAPES
+W2A8_INSTANCES = tuple(_w2a8_instance(Quant.SEPARATE, True, mt, *shape) for mt in (1, 2) for shape in W2A8_SHAPES
                        if mt == 1 or shape[0] <= 2) + \
-    tuple(_w2a8_instance(1, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_SHAPES) + \
-    tuple(_w2a8_instance(4, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_STAGED_SHAPES)
+    tuple(_w2a8_instance(Quant.EVERY_BLOCK, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_SHAPES) + \
+    tuple(_w2a8_instance(Quant.STAGED, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_STAGED_SHAPES)
 cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
 W2A8_SIGNATURE = ["ptr"] * 10 + ["i32"] * 8
 W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
@@ -201,9 +209,9 @@ def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float
     row_sum). xq is int8, (M, K padded to 256) in :func:`w2a8_x_order`; x_scale and xq are what
     :func:`~studylog.ternary.formats.quantize_activations` gives (bit for bit); row_sum is sum_k xq[m, k]
     (int32)."""
-    x2, _ = _check_x(x, None, dtypes=MMA_X_DTYPES)
+    x2, _ = check_x(x, None, dtypes=MMA_X_DTYPES)
     runtime.require_gpu("step 12's quantisation (CUDA C++ quantize_x)")
-    return _quantize_x(_aligned_rows(x2))
+    return _quantize_x(aligned_rows(x2))
 
 
 def _quantize_x(x2: Tensor, options: tuple = (), trace: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -236,142 +244,38 @@ def step12_w2a8(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, 
     global memory; up to 8 rows of x whose whole K fits in shared memory; the default for 2 to 8), or
     "separate" (quantize_x, then the matmul launched early; two launches from the host, back to back, and on
     a slow host the GPU waits for the second; the default elsewhere)."""
-    return _w2a8_call(x, w, scale, out, config, quantize=quantize)()
+    return _step12_call(x, w, scale, out, config, quantize)()
 
 
-#: What each W2A8_PROBE build of step 12 keeps.
-W2A8_PROBES = PROBES
-
-
-def step12_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
-                 config: Optional[W2A8Config] = None) -> Callable[[], Tensor]:
-    """As :func:`~studylog.ternary.cuda_steps.step11_probe`, for step 12's default launch (the quantisation
-    of x is kept in full)."""
-    check_choice("probe", probe, W2A8_PROBES)
-    return _w2a8_call(x, w, scale, None, config, options=(f"-DW2A8_PROBE={probe}",))
-
-
-def step12_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, trace: Tensor, *,
-                    config: Optional[W2A8Config] = None, quantize: Optional[str] = None) -> Callable[[], Tensor]:
-    """Step 12 built with its timeline (``W2A8_TIMELINE`` in ternary_w2a8.cu), as a function to call: the
-    same launch and result as :func:`step12_w2a8`, and thread 0 of every block (and of quantize_x) writes
-    %globaltimer and clock64() stamps into ``trace`` (int64, ``TIMELINE_SLOTS`` elements, on x's device;
-    the slots are listed in the .cu file). For lab/ternary/w2a8_timeline.py."""
-    check_tensor("trace", trace, dtype=torch.int64, shape=(TIMELINE_SLOTS,), contiguous=True,
-                  like=x if isinstance(x, Tensor) else None)
-    return _w2a8_call(x, w, scale, None, config, quantize=quantize, options=(TIMELINE_OPTION,), trace=trace)
-
-
-def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
-    """Where step 12 quantises x by default: for one row of x, in every block from a copy the copy
-    engine stages ahead of the weights ("staged", where it fits; faster than "every block" at the Llama
-    shapes of the sweeps, notebook 05); else (or with ``staged=False``) in every block where its launch fits
-    shared memory (up to 8 rows of x), else in quantize_x."""
-    if staged and m == 1 and w2a8_plan_takes(m, n, k, "staged", sms=sms):
-        return "staged"
-    return "every block" if w2a8_plan_takes(m, n, k, "every block", sms=sms) else "separate"
-
-
-class W2A8Plan(NamedTuple):
-    """Step 12's launch for one shape: where x is quantised (QUANT), the config, groups of K a block,
-    grid, kernel instance and dynamic shared memory."""
-
-    quant: int
-    config: W2A8Config
-    groups_per_slice: int
-    grid: tuple
-    instance: str
-    smem: int
-
-
-@functools.lru_cache(maxsize=256)
-def w2a8_plan(m: int, n: int, k: int, bf16: bool = True, config: Optional[W2A8Config] = None,
-              quantize: Optional[str] = None, sms: Optional[int] = None) -> W2A8Plan:
-    """Step 12's launch for one shape, checked once and kept (a call then only launches); a ValueError says
-    why a config or a place to quantise x does not take the problem."""
-    sms = sms or runtime.sm_count()
-    asked = quantize
-    if quantize is None:
-        quantize = w2a8_default_quantize(m, n, k, sms)
-        if quantize == "staged" and config is not None and not w2a8_plan_takes(m, n, k, "staged", config, sms):
-            quantize = w2a8_default_quantize(m, n, k, sms, staged=False)  # the default, less staged
-    quant = W2A8_QUANTIZE[check_choice("quantize", quantize, W2A8_QUANTIZE)]
-    if quant and m > 8:
-        raise ValueError(f"quantize={quantize!r} quantises x in the matmul, at most 8 rows of x; M = {m}: "
-                         f"use 'separate'")
-    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    col_tiles = 1 if m <= 8 else 2
-    x_rows = min(m, 8 * col_tiles)
-    cfg = config or w2a8_config(m, n, k, sms, quantize=quantize)
-    if w2a8_smem_bytes(cfg, x_rows, 1) > SMEM_LIMIT:
-        raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
-                         f"{SMEM_LIMIT} bytes of shared memory")
-    if cfg.warps > 8:
-        raise ValueError(f"{cfg}: step 12 runs at most 8 consumer warps a block (its launch bounds)")
-    fused, staged = quant in (1, 4), quant == 4
-    smem_x = w2a8_smem_bytes(cfg, x_rows, groups, staged)
-    if fused and smem_x > SMEM_LIMIT:
-        what = f"quantize={quantize!r} needs all of K in shared memory, as 16-bit x," if staged else \
-            "quantising in every block needs all of K in shared memory"
-        raise ValueError(f"{cfg}: {what} beside the stages; M = {m}, K = {k} needs {smem_x} bytes, more than "
-                         f"{SMEM_LIMIT}")
-    if staged and groups > W2A8_STAGED_GROUPS_PER_WARP * cfg.warps:
-        raise ValueError(f"{cfg}: quantize='staged' holds a row of x in its consumers' registers: K <= "
-                         f"{W2A8_STAGED_GROUPS_PER_WARP * GROUP_WEIGHTS_2BIT * cfg.warps} with {cfg.warps} "
-                         f"warps, got K = {k}")
-    per_slice = groups if fused else min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
-    grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
-    # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
-    name = _w2a8_instance(quant, bf16 or quant == 0, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
-    if staged and (cfg.row_tiles, cfg.stages, cfg.chunk) not in W2A8_STAGED_SHAPES:
-        raise ValueError(f"{cfg}: quantize={quantize!r} is compiled for (row_tiles, stages, chunk) in "
-                         f"{W2A8_STAGED_SHAPES} only")
-    if name not in W2A8_INSTANCES:
-        default = "" if asked else " (no quantize given: the default for this config)"
-        raise ValueError(f"{cfg}: step 12 has no compiled instance for it with quantize={quantize!r}{default} and "
-                         f"M = {m} ({name}); compiled: {W2A8_INSTANCES}")
-    return W2A8Plan(quant, cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice, staged))
-
-
-def w2a8_plan_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Config] = None,
-                    sms: Optional[int] = None) -> bool:
-    """Whether step 12 takes the problem with x quantised at ``quantize`` (bf16 x), with ``config`` (None: its
-    own launch)."""
-    try:
-        w2a8_plan(m, n, k, True, config, quantize, sms or runtime.sm_count())
-        return True
-    except ValueError:
-        return False
-
-
-def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
-               options: tuple = (), trace: Optional[Tensor] = None) -> Callable[[], Tensor]:
-    """Checks of step 12 and its plan (w2a8_plan); returns the call as a function. ``options`` builds the .cu
-    with a probe or the timeline (then ``trace`` is the timeline's)."""
-    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8Config,
-                                                    "step 12 (CUDA C++ ternary_w2a8)")
+def _step12_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
+                 build: tuple = (), trace: Optional[Tensor] = None) -> Callable[[], Tensor]:
+    """Step 12's checks and launch, as a function to call (step12_w2a8 calls it at once; its probes and its
+    timeline return it to time). ``build``: the .cu's options of a probe or the timeline (then ``trace`` is
+    the timeline's)."""
+    x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8Config,
+                                                   "step 12 (CUDA C++ step12_w2a8_kernel)")
     m, k = x2.shape
     if quantize is not None:
         check_choice("quantize", quantize, W2A8_QUANTIZE)
-    if k > W2A8_MAX_K:
-        raise ValueError(f"step 12 takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
-    if torch.cuda.get_device_capability(x2.device)[0] < 9:
-        raise RuntimeError("step 12 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
-                           f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
-    quant, cfg, per_slice, grid, name, smem = w2a8_plan(m, w.n, k, x2.dtype == torch.bfloat16, config, quantize,
-                                                        runtime.sm_count())
+    check_w2a8_k(k, 12)
+    require_hopper(x2.device, 12)
+    quant, cfg = w2a8_choose(m, w.n, k, config, quantize, runtime.sm_count())
+    per_slice, grid = w2a8_grid(m, w.n, k, cfg, fused=quant != Quant.SEPARATE)
     if trace is not None:
         check_timeline_grid(grid)
-    groups, slices = triton.cdiv(k, GROUP_WEIGHTS_2BIT), grid[1]
-    sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
+    groups, col_tiles = -(-k // GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
+    smem = w2a8_smem_bytes(cfg, min(m, 8 * col_tiles), per_slice, staged=quant == Quant.STAGED)
+    # (after quantize_x the matmul never sees x's type: one instance serves bf16 and fp16)
+    bf16 = x2.dtype == torch.bfloat16 or quant == Quant.SEPARATE
+    kernel = _w2a8_kernels(x2.device.index or 0, build)[1][
+        _w2a8_instance(quant, bf16, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)]
+    sums, counts = CUDA_WORKSPACE.get(x2.device, grid[1] * m, w.n) if grid[1] > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
-    kernel = _w2a8_kernels(x2.device.index or 0, options)[1][name]
-    block = (32 * (cfg.warps + 1),)
-    traced = (trace,) if trace is not None else ()
+    block, traced = (32 * (cfg.warps + 1),), (trace,) if trace is not None else ()
 
     def call() -> Tensor:
-        if quant == 0:
-            xq, x_scale, row_sum = _quantize_x(x2, options, trace)
+        if quant == Quant.SEPARATE:
+            xq, x_scale, row_sum = _quantize_x(x2, build, trace)
             # launched early (programmatic dependent launch): its weights stream in while x is quantised. The
             # kernel's `flags` and `epoch` are unused (None, 0): see ternary_w2a8.cu.
             kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, None, m, w.n, k, groups,
@@ -381,6 +285,118 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, q
                    x2.stride(0), s_stride, per_slice, 0, *traced, shared_mem=smem)
         return z[0] if vector else z
     return call
+
+
+def check_w2a8_k(k: int, step: int) -> None:
+    """Steps 12 and 13 take K <= W2A8_MAX_K: their int32 sums stay exact below it."""
+    if k > W2A8_MAX_K:
+        raise ValueError(f"step {step} takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
+
+
+@functools.lru_cache(maxsize=256)
+def w2a8_grid(m: int, n: int, k: int, cfg: Union[W2A8Config, "W2A8TilesConfig"],
+              fused: bool = False) -> tuple[int, tuple[int, int, int]]:
+    """(groups of K a block, grid) of a step-12 or step-13 launch: blocks of ``cfg.rows`` weight rows; K cut
+    into ``cfg.slices`` (more where a block's int8 x would not fit beside its stages; never where x is
+    quantised in the matmul, ``fused``: every block then holds all of K); 8 rows of x a block (16 above 8).
+    Kept per shape: on the host triton.cdiv costs more than a launch."""
+    groups, col_tiles = triton.cdiv(k, GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
+    per_slice = groups if fused else \
+        min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, min(m, 8 * col_tiles)))
+    return per_slice, (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
+
+
+def step12_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
+                 config: Optional[W2A8Config] = None) -> Callable[[], Tensor]:
+    """As :func:`~studylog.ternary.cuda_steps.step11_probe`, for step 12's default launch (the quantisation
+    of x is kept in full)."""
+    check_choice("probe", probe, PROBES)
+    return _step12_call(x, w, scale, None, config, build=(f"-DW2A8_PROBE={int(probe)}",))
+
+
+def step12_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, trace: Tensor, *,
+                    config: Optional[W2A8Config] = None, quantize: Optional[str] = None) -> Callable[[], Tensor]:
+    """Step 12 built with its timeline (``W2A8_TIMELINE`` in ternary_w2a8.cu), as a function to call: the
+    same launch and result as :func:`step12_w2a8`, and thread 0 of every block (and of quantize_x) writes
+    %globaltimer and clock64() stamps into ``trace`` (int64, ``TIMELINE_SLOTS`` elements, on x's device;
+    the slots are listed in the .cu file). For lab/ternary/w2a8_timeline.py."""
+    check_tensor("trace", trace, dtype=torch.int64, shape=(TIMELINE_SLOTS,), contiguous=True,
+                 like=x if isinstance(x, Tensor) else None)
+    return _step12_call(x, w, scale, None, config, quantize, build=(TIMELINE_OPTION,), trace=trace)
+
+
+# ----------------------------------------------------------------------------------------------
+# Where step 12 quantises x and its config: the defaults, and what a launch can take
+# ----------------------------------------------------------------------------------------------
+
+def w2a8_refusal(m: int, k: int, quant: Quant, cfg: W2A8Config) -> Optional[str]:
+    """Why step 12 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant`` (a :class:`Quant`),
+    or None where it can: shared memory (all of K in every block where x is quantised in the matmul, as 16-bit
+    x where staged), the launch bounds, a row of x in the consumers' registers (staged), the compiled
+    instances."""
+    where = _PLACE_NAMES[quant]
+    if quant != Quant.SEPARATE and m > 8:
+        return f"quantize={where!r} quantises x in the matmul, at most 8 rows of x; M = {m}: use 'separate'"
+    groups, col_tiles = triton.cdiv(k, GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
+    x_rows, staged = min(m, 8 * col_tiles), quant == Quant.STAGED
+    if w2a8_smem_bytes(cfg, x_rows, 1) > SMEM_LIMIT:
+        return (f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in {SMEM_LIMIT} "
+                "bytes of shared memory")
+    if cfg.warps > 8:
+        return f"{cfg}: step 12 runs at most 8 consumer warps a block (its launch bounds)"
+    smem_x = w2a8_smem_bytes(cfg, x_rows, groups, staged)
+    if quant != Quant.SEPARATE and smem_x > SMEM_LIMIT:
+        what = f"quantize={where!r} needs all of K in shared memory, as 16-bit x," if staged else \
+            "quantising in every block needs all of K in shared memory"
+        return f"{cfg}: {what} beside the stages; M = {m}, K = {k} needs {smem_x} bytes, more than {SMEM_LIMIT}"
+    if staged and groups > W2A8_STAGED_GROUPS_PER_WARP * cfg.warps:
+        return (f"{cfg}: quantize='staged' holds a row of x in its consumers' registers: K <= "
+                f"{W2A8_STAGED_GROUPS_PER_WARP * GROUP_WEIGHTS_2BIT * cfg.warps} with {cfg.warps} warps, got K = {k}")
+    if staged and (cfg.row_tiles, cfg.stages, cfg.chunk) not in W2A8_STAGED_SHAPES:
+        return f"{cfg}: quantize={where!r} is compiled for (row_tiles, stages, chunk) in {W2A8_STAGED_SHAPES} only"
+    name = _w2a8_instance(quant, True, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
+    if name not in W2A8_INSTANCES:  # (bf16 and fp16 x have the same compiled shapes)
+        return (f"{cfg}: step 12 has no compiled instance for it with quantize={where!r} and M = {m} ({name}); "
+                f"compiled: {W2A8_INSTANCES}")
+    return None
+
+
+def w2a8_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Config] = None,
+               sms: Optional[int] = None) -> bool:
+    """Whether step 12 takes the problem with x quantised at ``quantize``, with ``config`` (None: its own)."""
+    cfg = config or w2a8_config(m, n, k, sms, quantize=quantize)
+    return w2a8_refusal(m, k, W2A8_QUANTIZE[check_choice("quantize", quantize, W2A8_QUANTIZE)], cfg) is None
+
+
+def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
+    """Where step 12 quantises x by default: for one row of x, in every block from a copy the copy
+    engine stages ahead of the weights ("staged", where it fits; faster than "every block" at the Llama
+    shapes of the sweeps, notebook 05); else (or with ``staged=False``) in every block where its launch fits
+    shared memory (up to 8 rows of x), else in quantize_x."""
+    if staged and m == 1 and w2a8_takes(m, n, k, "staged", sms=sms):
+        return "staged"
+    return "every block" if w2a8_takes(m, n, k, "every block", sms=sms) else "separate"
+
+
+@functools.lru_cache(maxsize=256)
+def w2a8_choose(m: int, n: int, k: int, config: Optional[W2A8Config] = None, quantize: Optional[str] = None,
+                sms: Optional[int] = None) -> tuple[Quant, W2A8Config]:
+    """Where step 12 quantises x and its config for one shape: ``quantize`` and ``config`` as asked, else the
+    defaults (:func:`w2a8_default_quantize`, which gives way to the next default where a config given cannot
+    stage x; :func:`w2a8_config`). Checked once and kept, so that a call then only launches; a ValueError says
+    why a config or a place to quantise x does not take the problem."""
+    sms = sms or runtime.sm_count()
+    where = quantize
+    if where is None:
+        where = w2a8_default_quantize(m, n, k, sms)
+        if where == "staged" and config is not None and not w2a8_takes(m, n, k, "staged", config, sms):
+            where = w2a8_default_quantize(m, n, k, sms, staged=False)
+    quant = W2A8_QUANTIZE[check_choice("quantize", where, W2A8_QUANTIZE)]
+    cfg = config or w2a8_config(m, n, k, sms, quantize=where)
+    refusal = w2a8_refusal(m, k, quant, cfg)
+    if refusal is not None:
+        raise ValueError(refusal + ("" if quantize else " (no quantize given: the default for this config)"))
+    return quant, cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,7 +442,7 @@ W2A8_TILES_SHAPES = ((1, 4, 2), (1, 2, 8), (1, 4, 4), (2, 4, 2))  # (2 tiles of 
 
 
 def _w2a8_tiles_instance(col_tiles: int, warps: int, tiles: int, stages: int, chunk: int) -> str:
-    return f"ternary_w2a8_tiles<{col_tiles}, {warps}, {tiles}, {stages}, {chunk}>"
+    return f"step13_w2a8_tiles_kernel<{col_tiles}, {warps}, {tiles}, {stages}, {chunk}>"
 
 
 #: 8 or 16 rows of x a block (grid.z: more), 4 or 8 warps, each compiled shape.
@@ -436,11 +452,13 @@ cuda.declare_instances("ternary_w2a8", W2A8_TILES_INSTANCES)
 W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
 
 
+@functools.lru_cache(maxsize=256)
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
-    """Step 13's launch for an (M, N, K) problem: 4 warps of one tile each (the H200 sweep's best at
-    4096 x 14336, M = 1 and 16, lab/ternary/README.md: two tiles a warp were slower), and of the compiled shapes the first (in
-    W2A8_TILES_SHAPES' order) that needs the fewest waves of blocks: for each, the slices of K that fill
-    the GPU once, or more where a block's x would not fit beside its stages."""
+    """Step 13's launch for an (M, N, K) problem (kept: a call then only launches): 4 warps of one tile each
+    (the H200 sweep's best at 4096 x 14336, M = 1 and 16, lab/ternary/README.md: two tiles a warp were
+    slower), and of the compiled shapes the first (in W2A8_TILES_SHAPES' order) that needs the fewest waves of
+    blocks: for each, the slices of K that fill the GPU once, or more where a block's x would not fit beside
+    its stages (every compiled shape leaves room for 23 groups of 16 rows)."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
     best = None
@@ -458,55 +476,27 @@ def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8
     return best[1]
 
 
-class W2A8TilesPlan(NamedTuple):
-    """Step 13's launch for one shape: the config, groups of K a block, grid, kernel instance and dynamic
-    shared memory."""
-
-    config: W2A8TilesConfig
-    groups_per_slice: int
-    grid: tuple
-    instance: str
-    smem: int
-
-
-@functools.lru_cache(maxsize=256)
-def w2a8_tiles_plan(m: int, n: int, k: int, config: Optional[W2A8TilesConfig] = None,
-                    sms: Optional[int] = None) -> W2A8TilesPlan:
-    """Step 13's launch for one shape, checked once."""
-    sms = sms or runtime.sm_count()
-    cfg = config or w2a8_tiles_config(m, n, k, sms)
-    groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    col_tiles = 1 if m <= 8 else 2
-    x_rows = min(m, 8 * col_tiles)
-    # (more slices than asked where x would not fit; every compiled shape leaves room for 23 groups of 16 rows)
-    per_slice = min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, x_rows))
-    grid = (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
-    name = _w2a8_tiles_instance(col_tiles, cfg.warps, cfg.tiles, cfg.stages, cfg.chunk)
-    return W2A8TilesPlan(cfg, per_slice, grid, name, w2a8_smem_bytes(cfg, x_rows, per_slice))
-
-
 def step13_w2a8_tiles(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[W2A8TilesConfig] = None) -> Float[Tensor, "*m n"]:
     """Step 13 (W2A8, Hopper GPUs and later), the product of step 12 (``x`` quantised as
     :func:`quantize_activations` does, exact int32 sums, ``2bit_tiles`` weights) for several rows of x:
     quantize_x, then the matmul launched early, whose warps each own a tile of 16 weight rows over a
     slice of K (see ternary_w2a8.cu). Built for 2 to 16 rows of x (more run in blocks of 16 rows)."""
-    x2, vector, w, s, s_stride, z = _cuda_call_args(x, w, scale, out, config, W2A8TilesConfig,
-                                                    "step 13 (CUDA C++ ternary_w2a8_tiles)")
+    x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8TilesConfig,
+                                                   "step 13 (CUDA C++ step13_w2a8_tiles_kernel)")
     m, k = x2.shape
-    if k > W2A8_MAX_K:
-        raise ValueError(f"step 13 takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
-    if torch.cuda.get_device_capability(x2.device)[0] < 9:
-        raise RuntimeError("step 13 uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
-                           f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(x2.device)}")
-    cfg, per_slice, grid, name, smem = w2a8_tiles_plan(m, w.n, k, config, runtime.sm_count())
-    groups, slices = triton.cdiv(k, GROUP_WEIGHTS_2BIT), grid[1]
-    sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
+    check_w2a8_k(k, 13)
+    require_hopper(x2.device, 13)
+    cfg = config or w2a8_tiles_config(m, w.n, k, runtime.sm_count())
+    per_slice, grid = w2a8_grid(m, w.n, k, cfg)
+    groups, col_tiles = -(-k // GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
+    smem = w2a8_smem_bytes(cfg, min(m, 8 * col_tiles), per_slice)
+    kernel = _w2a8_kernels(x2.device.index or 0)[1][
+        _w2a8_tiles_instance(col_tiles, cfg.warps, cfg.tiles, cfg.stages, cfg.chunk)]
+    sums, counts = CUDA_WORKSPACE.get(x2.device, grid[1] * m, w.n) if grid[1] > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
-    kernel = _w2a8_kernels(x2.device.index or 0)[1][name]
     xq, x_scale, row_sum = _quantize_x(x2)
     # launched early (programmatic dependent launch): its weights stream in while x is quantised
     kernel(grid, (32 * (cfg.warps + 1),), xq, w.data, z, s, x_scale, row_sum, partials, counts, m, w.n, groups,
            s_stride, per_slice, shared_mem=smem, early=True)
     return z[0] if vector else z
-

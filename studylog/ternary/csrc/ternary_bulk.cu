@@ -1,4 +1,4 @@
-// Step 11: step 10's decode and MMAs, fed by the Tensor Memory Accelerator (ternary_bulk <<<(row
+// Step 11: step 10's decode and MMAs, fed by the Tensor Memory Accelerator (step11_tma_kernel <<<(row
 // tiles / RT, K slices, M blocks), 32 x (warps + 1)>>>, Hopper and later).
 //
 // Step 10 kept each thread's next weights in registers: two groups of 16 bytes a thread, which a
@@ -24,11 +24,12 @@
 #include "ternary_common.cuh"
 #include "ternary_ring.cuh"
 
-// Probes for the notebook's "what limits it" (compiled with -DBULK_PROBE=...): 1 keeps the copies and
-// drops the arithmetic, 2 keeps the arithmetic (on whatever shared memory holds) and drops the copies,
-// 3 returns at once. 0, the kernel itself, by default.
+// Probes for the notebook's "what limits it" (compiled with -DBULK_PROBE=...; PROBE_* in ternary_common.cuh):
+// PROBE_COPIES_ONLY keeps the copies and drops the arithmetic, PROBE_ARITHMETIC_ONLY keeps the arithmetic (on
+// whatever shared memory holds) and drops the copies, PROBE_LAUNCH_ONLY returns at once. PROBE_NONE, the kernel
+// itself, by default.
 #ifndef BULK_PROBE
-#define BULK_PROBE 0
+#define BULK_PROBE PROBE_NONE
 #endif
 
 // z[m, n] = sum_k x[m, k] W[n, k] / scale[n * scale_stride], W in the "2bit_tiles" format, as step 10,
@@ -43,11 +44,10 @@
 // then x (x rows of groups_per_slice x 32 pieces + 4 of padding).
 // Up to 16 consumer warps a block with one tile of W and of x (51 registers), 8 with more (up to 131).
 template <bool BF16, int MT, int RT, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const unsigned short *__restrict__ x, const uint4 *__restrict__ w,
-                                                    float *__restrict__ z, const float *__restrict__ scale,
-                                                    float *__restrict__ partials, u32 *__restrict__ arrivals,
-                                                    int M, int N, int K, int groups, int x_stride,
-                                                    int scale_stride, int groups_per_slice) {
+__global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) step11_tma_kernel(
+    const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
+    const float *__restrict__ scale, float *__restrict__ partials, u32 *__restrict__ arrivals, int M, int N, int K,
+    int groups, int x_stride, int scale_stride, int groups_per_slice) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int warps = (blockDim.x >> 5) - 1, warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
     const int xs_stride = groups_per_slice * 32 + 4;
     const int k_begin = g_begin * 256, k_end = min(g_end * 256, K);
 
-    if (BULK_PROBE == 3) return;
+    if (BULK_PROBE == PROBE_LAUNCH_ONLY) return;
     if (threadIdx.x == 0) {
         ring.init(warps);
         mbarrier_init(x_ready, 1);
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
             for (int row = 0; row < x_rows; ++row)
                 bulk_copy(xs + row * xs_stride, x + (size_t)(m0 + row) * x_stride + k_begin, x_bytes, x_ready,
                           policy);
-            for (int c = 0; BULK_PROBE != 2 && c < chunks; ++c) ring.fill(c, policy);
+            for (int c = 0; BULK_PROBE != PROBE_ARITHMETIC_ONLY && c < chunks; ++c) ring.fill(c, policy);
         }
         __syncwarp();
     } else {
@@ -93,8 +93,9 @@ __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) ternary_bulk(const u
         float acc[2][RT][MT][4] = {};
         for (int c = 0; c < chunks; ++c) {
             uint4 a[CHUNK][RT][2];
-            const int gc = ring.group(c, warp), ng = ring.take(c, warp, lane, a, BULK_PROBE != 2);
-            if (BULK_PROBE == 1) {  // keep the loads: fold the words into the accumulators' bits
+            const int gc = ring.group(c, warp);
+            const int ng = ring.take(c, warp, lane, a, BULK_PROBE != PROBE_ARITHMETIC_ONLY);
+            if (BULK_PROBE == PROBE_COPIES_ONLY) {  // keep the loads: fold the words into the accumulators' bits
 #pragma unroll
                 for (int cg = 0; cg < CHUNK; ++cg)
                     if (cg < ng) acc[0][0][0][0] += __int_as_float(a[cg][0][0].x ^ a[cg][RT - 1][1].w) * 0.0f;

@@ -18,6 +18,10 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// The probe builds of steps 11 and 12 (-DBULK_PROBE, -DW2A8_PROBE; Probe in cuda_steps.py, the same numbers):
+// the kernel itself, or the kernel with parts left out, to time what limits it. (An enum: names, no storage.)
+enum Probe { PROBE_NONE = 0, PROBE_COPIES_ONLY = 1, PROBE_ARITHMETIC_ONLY = 2, PROBE_LAUNCH_ONLY = 3 };
+
 // Weights and x in one 16-bit float type: bf16 (BF16 = true) or fp16. The decode, for pair p < 4 of
 // both halves of a word: OR a magic constant into the word once (with_magic), then one AND keeps the
 // two codes and the magic bits (one LOP3 with an immediate), which reads magic + code * 4^p exactly:

@@ -1,5 +1,5 @@
-// Step 10: step 9's decode and layout, written by hand on mma.sync (ternary_mma <<<(row blocks,
-// K slices, M blocks), 32 x warps>>>).
+// Step 10: step 9's decode and layout, written by hand on mma.sync (step10_cuda_mma_kernel <<<(row
+// blocks, K slices, M blocks), 32 x warps>>>).
 //
 // Step 9 (Triton) decodes two weights per AND and one packed FMA straight into the MMA's A operand,
 // yet it ran far above the 2-bit floor for M = 1 (notebook 05): Triton 3.6 waits for each MMA before it
@@ -25,11 +25,10 @@
 // With gridDim.y > 1 the slices store partial sums in partials[slice][m][n] and arrivals[tile]
 // counts them in (it is 0 again when the kernel ends).
 template <bool BF16, int MT, int RT, int STAGES>
-__global__ void __launch_bounds__(256) ternary_mma(const unsigned short *__restrict__ x, const uint4 *__restrict__ w,
-                                                   float *__restrict__ z, const float *__restrict__ scale,
-                                                   float *__restrict__ partials, u32 *__restrict__ arrivals, int M,
-                                                   int N, int K, int groups, int x_stride, int scale_stride,
-                                                   int groups_per_slice) {
+__global__ void __launch_bounds__(256) step10_cuda_mma_kernel(
+    const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
+    const float *__restrict__ scale, float *__restrict__ partials, u32 *__restrict__ arrivals, int M, int N, int K,
+    int groups, int x_stride, int scale_stride, int groups_per_slice) {
     extern __shared__ uint4 xs[];  // [x row][32 pieces of 8 activations a group, + 4 of padding]
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int warps = blockDim.x >> 5;

@@ -17,9 +17,9 @@
 //     thread's B registers for a whole group are 4 conflict-free 16-byte loads from shared memory.
 // The TMA ring and the sums across warps (ternary_ring.cuh), the producer warp and the split of K only
 // when x would not fit are step 11's; x is not: it must come before the weights flood DRAM (the kernel's
-// comment below says how, QUANT 1 and 4). This is the chapter's fastest kernel at M = 1, for the W2A8
-// product (its times: the benchmark JSON and notebook 05). Step 13, the same product for several rows of x,
-// is at the end of this file.
+// comment below says how, QUANT_EVERY_BLOCK and QUANT_STAGED). This is the chapter's fastest kernel at M = 1,
+// for the W2A8 product (its times: the benchmark JSON and notebook 05). Step 13, the same product for several
+// rows of x, is at the end of this file.
 #include "ternary_common.cuh"
 #include "ternary_ring.cuh"
 
@@ -72,7 +72,7 @@ __device__ __forceinline__ float half_to_float(unsigned short bits) {
 
 // Where quantize_row reads a row of x from, 8 activations x[k .. k + 7] (k a multiple of 8) at a time,
 // zeros past K. GlobalRow: from global memory (16-byte loads: rows start on 16-byte boundaries, the
-// wrapper sees to it). StagedRow (QUANT 4): the copy engine has put the row's first K & ~7 activations
+// wrapper sees to it). StagedRow (QUANT_STAGED): the copy engine has put the row's first K & ~7 activations
 // into shared memory (`staged`), which holds every 16-byte piece GlobalRow would load; the last K % 8,
 // one by one, still come from global memory.
 struct GlobalRow {
@@ -305,35 +305,38 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
     }
 }
 
-// Probes (compiled with -DW2A8_PROBE=...), as step 11's: 1 keeps the copies and drops the arithmetic,
-// 2 the reverse, 3 returns at once.
+// Probes (compiled with -DW2A8_PROBE=...), as step 11's (PROBE_* in ternary_common.cuh): PROBE_COPIES_ONLY keeps
+// the copies and drops the arithmetic, PROBE_ARITHMETIC_ONLY the reverse, PROBE_LAUNCH_ONLY returns at once.
 #ifndef W2A8_PROBE
-#define W2A8_PROBE 0
+#define W2A8_PROBE PROBE_NONE
 #endif
+
+// Where step 12 quantises x, its QUANT (Quant in w2a8.py, the same numbers; the comment below says how).
+enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 4 };
 
 // z[m, n] = (sum_k xq[m, k] W[n, k]) / (x_scale[m] scale[n * scale_stride]), xq from quantize_x (its
 // order, rows of `groups` x 256 bytes), W in the "2bit_tiles" format. Blocks, warps, stages and the
-// split of K as step 11 (ternary_bulk <<<(row tiles / RT, K slices, M blocks), 32 (warps + 1)>>>);
+// split of K as step 11 (step11_tma_kernel <<<(row tiles / RT, K slices, M blocks), 32 (warps + 1)>>>);
 // split K leaves int32 partial sums in `partials`. Dynamic shared memory: RING_BARRIER_BYTES, STAGES
 // stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of groups_per_slice x 256 bytes
 // + 64 of padding, so that the 8 lanes of a quarter warp reading 2 rows hit 8 different banks).
 //
-// Except in QUANT 4, the producer only streams weights: it starts at once and never waits for x. The
+// Except in QUANT_STAGED, the producer only streams weights: it starts at once and never waits for x. The
 // consumer warps bring the block's x into shared memory themselves, with plain loads (a copy of x by the
 // engine queued behind the first stages of weights left the consumers waiting while the ring sat full and
-// DRAM idle: notebook 05; QUANT 4 has the engine copy x *before* them). Where x is quantised (QUANT; the
-// numbers stay those of the compiled instances, and 2, 3 and 5, the places tried and measured slower, are
+// DRAM idle: notebook 05; QUANT_STAGED has the engine copy x *before* them). Where x is quantised (QUANT;
+// the numbers are those of the compiled instances, and 2, 3 and 5, the places tried and measured slower, are
 // in lab/ternary/variants/ternary_w2a8_six_places.cu):
-//   0: before, by quantize_x (xq, x_scale and row_sum are its outputs); the consumers wait for it
+//   QUANT_SEPARATE: before, by quantize_x (xq, x_scale and row_sum are its outputs); the consumers wait for it
 //      (griddepcontrol.wait), then load their slice of xq;
-//   1: in every block (at most 8 rows of x and all of K in one block): the consumers quantise the
+//   QUANT_EVERY_BLOCK: in every block (at most 8 rows of x and all of K in one block): the consumers quantise the
 //      block's rows of x from global memory straight into shared memory while the first stage of
 //      weights arrives; the producer asks for the others once the consumers have read x (X_READ below),
 //      so that x is not queued behind them. One launch, but every block reads and quantises all of x;
-//   4 ("staged"): as 1, but the producer first has the copy engine bring the block's rows of x (bf16
+//   QUANT_STAGED: as QUANT_EVERY_BLOCK, but the producer first has the copy engine bring the block's rows of x (bf16
 //      or fp16, K & ~7 activations a row) into shared memory, then every chunk of weights at once, with
 //      no pause: x's copy is ahead of every weight this SM asks for, and the ring can be as deep as
-//      shared memory allows (in 1, every stage the producer filled before x was read delayed x). The
+//      shared memory allows (in QUANT_EVERY_BLOCK, every stage the producer filled before x was read delayed x). The
 //      consumers wait for x's barrier and
 //      quantise from shared memory; the int8 bytes overwrite the row they were read from (a row of
 //      int8 x, groups x 256 + 64 bytes, never reaches the next row of 16-bit x, groups x 512 bytes on;
@@ -341,18 +344,18 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
 //      wrapper sees to: K at most 8 x 16 activations a consumer thread).
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
 // (w2a8_blocks_per_sm in studylog/ternary/w2a8.py counts on it; a test checks it). `flags` and `epoch` are
-// not read by QUANT 0, 1 or 4 (they were QUANT 2's): they stay so that the kernel's parameters, and so its
-// compiled code, are those of the instances measured.
+// read by none of these places (QUANT 2 in lab/ternary/variants read them): they stay so that the kernel's
+// parameters, and so its compiled code, are those of the instances measured.
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
+__global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
     uint4 *__restrict__ xq, const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
     const float *__restrict__ scale, float *__restrict__ x_scale, int *__restrict__ row_sum,
     int *__restrict__ partials, u32 *__restrict__ arrivals, int *__restrict__ flags, int M, int N, int K, int groups,
     int x_stride, int scale_stride, int groups_per_slice, int epoch W2A8_TRACE_PARAM) {
-    constexpr bool STAGED = QUANT == 4;
-    constexpr bool FUSED = QUANT == 1 || STAGED;
-    static_assert(QUANT == 0 || QUANT == 1 || QUANT == 4, "x is quantised before (0), in every block (1) or staged (4)");
-    static_assert(QUANT == 0 || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
+    constexpr bool STAGED = QUANT == QUANT_STAGED;
+    constexpr bool FUSED = QUANT == QUANT_EVERY_BLOCK || STAGED;
+    static_assert(QUANT == QUANT_SEPARATE || FUSED, "x is quantised before, in every block or staged");
+    static_assert(QUANT == QUANT_SEPARATE || MT == 1, "quantising in the matmul takes at most 8 rows of x a block");
     __shared__ float row_scales[8];  // FUSED: the block's rows of x
     __shared__ int row_sums[8];
     extern __shared__ __align__(128) unsigned char smem[];
@@ -367,7 +370,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
     const auto consumers_sync = [warps] { consumer_barrier(warps); };
     u64 *x_full = ring.spare_barriers();  // STAGED: the block's rows of x are in shared memory
 
-    if (W2A8_PROBE == 3) return;
+    if (W2A8_PROBE == PROBE_LAUNCH_ONLY) return;
     W2A8_START;
     if (threadIdx.x == 0) {
         ring.init(warps);
@@ -389,15 +392,16 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                     bulk_copy(xs + r * groups_per_slice * 32, x + (size_t)(m0 + r) * x_stride, bytes, x_full, keep);
             }
         }
-        const int first = W2A8_PROBE == 2 ? 0 : QUANT == 1 ? min(1, chunks) : chunks;
+        const int first =
+            W2A8_PROBE == PROBE_ARITHMETIC_ONLY ? 0 : QUANT == QUANT_EVERY_BLOCK ? min(1, chunks) : chunks;
         for (int c = 0; lane == 0 && c < first; ++c) {
             ring.fill(c, policy);
             W2A8_AT(c < 24, 32 + c);
         }
-        if constexpr (QUANT == 1) {  // the rest once the consumers have read x (X_READ below)
+        if constexpr (QUANT == QUANT_EVERY_BLOCK) {  // the rest once the consumers have read x (X_READ below)
             __syncwarp();
             asm volatile("bar.sync 2, %0;" ::"r"((warps + 1) * 32) : "memory");
-            for (int c = first; lane == 0 && W2A8_PROBE != 2 && c < chunks; ++c) {
+            for (int c = first; lane == 0 && W2A8_PROBE != PROBE_ARITHMETIC_ONLY && c < chunks; ++c) {
                 ring.fill(c, policy);
                 W2A8_AT(c < 24, 32 + c);
             }
@@ -411,8 +415,8 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
                 float sc;
                 int total;
                 uint4 *out = xs + row * xs_stride;
-                const auto max_all = [&](float amax) {  // X_READ (QUANT 1): the producer may go on
-                    if (QUANT == 1 && row == 0)
+                const auto max_all = [&](float amax) {  // X_READ (QUANT_EVERY_BLOCK): the producer may go on
+                    if (QUANT == QUANT_EVERY_BLOCK && row == 0)
                         asm volatile("bar.arrive 2, %0;" ::"r"((warps + 1) * 32) : "memory");
                     W2A8_AT(row == 0 && tid == 0, 56);
                     return amax;
@@ -448,9 +452,10 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
         int acc[4][RT][MT][4] = {};
         for (int c = 0; c < chunks; ++c) {
             uint4 a[CHUNK][RT][2];
-            const int gc = ring.group(c, warp), ng = ring.take(c, warp, lane, a, W2A8_PROBE != 2);
+            const int gc = ring.group(c, warp);
+            const int ng = ring.take(c, warp, lane, a, W2A8_PROBE != PROBE_ARITHMETIC_ONLY);
             W2A8_AT(threadIdx.x == 0 && c < 24, 4 + c);
-            if (W2A8_PROBE == 1) {
+            if (W2A8_PROBE == PROBE_COPIES_ONLY) {
 #pragma unroll
                 for (int cg = 0; cg < CHUNK; ++cg)
                     if (cg < ng) acc[0][0][0][0] ^= (int)(a[cg][0][0].x & a[cg][RT - 1][1].w & 0x80000000u);
@@ -516,7 +521,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) ternary_w2a8(
 // flight a thread) took 57 KB a block through L2 behind the weights' flood, and the matmul alone was
 // slower (notebook 05, step 13).
 template <int MT, int WARPS, int TILES, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(32 * (WARPS + 1), 1) ternary_w2a8_tiles(
+__global__ void __launch_bounds__(32 * (WARPS + 1), 1) step13_w2a8_tiles_kernel(
     const uint4 *__restrict__ xq, const uint4 *__restrict__ w, float *__restrict__ z, const float *__restrict__ scale,
     const float *__restrict__ x_scale, const int *__restrict__ row_sum, int *__restrict__ partials,
     u32 *__restrict__ arrivals, int M, int N, int groups, int scale_stride, int groups_per_slice) {

@@ -80,7 +80,7 @@ class HeadlinesDirective(SphinxDirective):
     """The table of headline results, computed from the committed JSON at build time."""
 
     def run(self) -> list[nodes.Node]:
-        from studylog.plotting import headline_markdown
+        from book.plotting import headline_markdown
 
         lines = headline_markdown().splitlines()
         container = nodes.container(classes=["studylog-headlines"])

@@ -1,17 +1,12 @@
-"""Chapter 4's figures and headline, from a results file (the committed JSON), and the clock words the lesson's
-tables share with them. They read the benchmark's series as :mod:`studylog.ctc.report` writes them and, where a
-file predates a series, leave it out instead of failing."""
+"""Chapter 4's figures, from a results file (the committed JSON), and the clock words the lesson's tables share
+with them. They read the benchmark's series as :mod:`studylog.ctc.report` writes them and, where a file predates a
+series, leave it out instead of failing."""
 
 from __future__ import annotations
 
+from studylog.ctc import CHAPTER
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T
-
-
-def _chapter():
-    from studylog.ctc import CHAPTER
-
-    return CHAPTER
-
+from studylog.ctc.results import clock_of
 
 #: One colour per series across the chapter: every figure draws a series in the same colour.
 COLOURS = {
@@ -28,21 +23,14 @@ SPEEDUP_STEPS = (7, 8, 9, 10)
 FONT = 10
 
 
-def clock_of(results, series: str) -> str:
-    """The clock of a series' rows (``"do_bench"`` for files that did not say), or ``""`` without rows."""
-    rows = results.select(series)
-    return rows[0].get("clock", "do_bench") if rows else ""
-
-
 def main_clock(results) -> str:
     """The clock of the last step's rows: what a figure's title names; other clocks are named in legends."""
-    return clock_of(results, _chapter().final.series) or "gpu"
+    return clock_of(results, CHAPTER.final.series) or "gpu"
 
 
 def label(results, series: str) -> str:
     """A legend label: the step's name for a step's series, with the clock where it is not the clock of the
     chapter's own steps (the GPU clock in new files)."""
-    CHAPTER = _chapter()
     clock = clock_of(results, series)
     name = series if series in CHAPTER.baselines else CHAPTER.label(series)
     main = main_clock(results)
@@ -101,7 +89,7 @@ def _speedup_panel(ax, results, A: int) -> None:
     where = {"A": A, "T": BENCH_T}
     base = {r["params"]["N"]: r for r in results.select("torch-best", **where)}
     for number in SPEEDUP_STEPS:
-        step = _chapter().step(number)
+        step = CHAPTER.step(number)
         rows = sorted((r for r in results.select(step.series, **where) if r["params"]["N"] in base),
                       key=lambda r: r["params"]["N"])
         if not rows:
@@ -161,7 +149,7 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
         fig.suptitle(f"Speedup of steps 7 to 10 over the faster torch call ({base}{bars})", fontsize=FONT + 1)
         figs["speedup"] = fig
-    series = f"{_chapter().step(4).series} strided"
+    series = f"{CHAPTER.step(4).series} strided"
     if results.select(series):
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), layout="constrained")
         for ax, A in zip(axes, BENCH_A):
@@ -178,53 +166,6 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
             ax.set_title(f"A = {A}, N = {rows[0]['params']['N'] if rows else '?'}", fontsize=FONT + 1)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelsize=FONT - 1)
-        fig.suptitle(f"{_chapter().step(4).name}: time against the grain size ({clock})", fontsize=FONT + 1)
+        fig.suptitle(f"{CHAPTER.step(4).name}: time against the grain size ({clock})", fontsize=FONT + 1)
         figs["grain"] = fig
     return figs
-
-
-def native_captured(results) -> bool | None:
-    """Whether torch's native rows are on the GPU clock (None: the file has none)."""
-    rows = results.select("torch-native")
-    return None if not rows else all(r.get("clock") == "gpu" for r in rows)
-
-
-def headline(results) -> list[dict]:
-    """The book's headline rows (:func:`studylog.plotting.headline_row`): the last step measured against
-    ``torch-best`` on the same clock, at the smallest speedup over N for each alphabet and at the largest batch
-    of the large alphabet. ``torch-best`` is the faster of torch's calls timed on the GPU clock; where its native
-    path cannot be captured in a graph, that is torch's cuDNN call alone, and the baseline says so."""
-    from studylog.plotting import headline_row
-
-    CHAPTER = _chapter()
-    measured = [s for s in reversed(CHAPTER.steps) if results.select(s.series, T=BENCH_T)]
-    if not measured or not results.select("torch-best"):
-        return []
-    step = measured[0]
-    kernel = step.series
-    if clock_of(results, "torch-best") != clock_of(results, kernel):  # no torch call on the GPU clock: spans
-        kernel = f"{step.series} span"
-        if clock_of(results, kernel) != clock_of(results, "torch-best"):
-            return []
-    captured = native_captured(results)
-    if clock_of(results, "torch-best") == "gpu" and captured is False:
-        baseline = "torch cuDNN (graph-timed; torch's native path cannot be captured in a CUDA graph)"
-    elif clock_of(results, "torch-best") == "kernel":
-        baseline = "faster of torch cuDNN / native (kernel clock: no torch call could be captured in a CUDA graph)"
-    else:
-        baseline = "faster of torch cuDNN / native"
-    rows = []
-    for A in BENCH_A:
-        ratios = {r["params"]["N"]: r["ms"] / results.ms(kernel, **r["params"])
-                  for r in results.select("torch-best", A=A, T=BENCH_T) if results.select(kernel, **r["params"])}
-        if not ratios:
-            continue
-        worst = min(ratios, key=ratios.get)
-        picks = [(f"T = {BENCH_T}, A = {A}, N = {worst} (smallest speedup over N = {min(ratios)}..{max(ratios)})",
-                  worst)]
-        if A == max(BENCH_A):
-            picks.append((f"T = {BENCH_T}, A = {A}, N = {max(ratios)}", max(ratios)))
-        for case, n in picks:
-            rows.append(headline_row(results, kernel, "torch-best", case, kernel_label=f"{step.name} (CUDA C++)",
-                                     baseline_label=baseline, T=BENCH_T, A=A, N=n))
-    return rows[:3]

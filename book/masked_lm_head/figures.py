@@ -1,0 +1,264 @@
+"""Chapter 2's figures, from the committed JSON (:mod:`studylog.masked_lm_head.report` keeps the headline): at
+most three panels each, one colour per series across the chapter. Series names come from ``CHAPTER`` (steps
+``stepNN``, and the other series it lists).
+
+Results files measured before the GPU clock (do_bench rows, no peer, no host time) still draw: a figure uses what a
+file holds and leaves out what it does not.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from studylog.masked_lm_head import CHAPTER
+from studylog.masked_lm_head.benchmark import PLAN, XGRAMMAR
+from studylog.masked_lm_head.report import byte_floor_ms
+
+__all__ = ["figures", "series_color", "SERIES_COLORS", "SERIES_MARKERS"]
+
+
+def _s(number: int) -> str:
+    """Step ``number``'s series in the benchmark JSON."""
+    return CHAPTER.step(number).series
+
+
+#: One colour per series across the chapter's figures (steps by number, then the baselines and the peer).
+SERIES_COLORS: dict[str, str] = {
+    "step00": "#7f7f7f", "step01": "#bcbd22", "step02": "#17becf", "step03": "#9467bd", "step04": "#ff7f0e",
+    "step05": "#d62728", "step06": "#e377c2", "step07": "#2ca02c", "step08": "#8c564b", "step09": "#1f77b4",
+    "dense_mask": "#000000", "cublas_fp32_mask": "#555555", "index_select": "#a0522d",
+    "reordered_in_sample": "#c49c94", "plan_bitmask": "#08306b", "xgrammar_bitmask": "#f5a623",
+    "xgrammar_bitmask_bf16": "#f8cf86", "floor": "#000000",
+}
+#: Markers, so that series stay apart in grey print too.
+SERIES_MARKERS: dict[str, str] = {
+    "step00": "x", "step01": "v", "step02": "^", "step03": "D", "step04": "s", "step05": "o", "step06": "P",
+    "step07": "o", "step08": "h", "step09": "*", "dense_mask": "s", "cublas_fp32_mask": "D", "index_select": "X",
+    "plan_bitmask": "*", "xgrammar_bitmask": "s",
+}
+#: Text sizes at the saved size (the book shows figures at about their saved width).
+FONT = 9
+
+
+def series_color(series: str) -> str:
+    """The chapter's colour of a series."""
+    return SERIES_COLORS.get(series, "#333333")
+
+
+def _legend_label(series: str) -> str:
+    label = CHAPTER.label(series)
+    return label if len(label) <= 48 else label[:45] + "..."
+
+
+def _errorbar(ax, xs, rows, value, **style):
+    """Markers at each row's ``value`` (the median), with error bars from the repetitions' spread (min, max)
+    where the row keeps it; ``value(ms)`` maps a time to what is plotted."""
+    ys = [value(r["ms"]) for r in rows]
+    lo = [abs(value(r["ms"]) - value(r["spread_ms"][0])) if r.get("spread_ms") else 0.0 for r in rows]
+    hi = [abs(value(r["spread_ms"][2]) - value(r["ms"])) if r.get("spread_ms") else 0.0 for r in rows]
+    ax.errorbar(xs, ys, yerr=[lo, hi], capsize=2, elinewidth=1, **style)
+
+
+def _spread_words(results) -> str:
+    return ("error bars: min–max of the repetitions" if any(r.get("spread_ms") for r in results.rows)
+            else "one median per point (this file keeps no spread)")
+
+
+def _style(ax, xlabel: str, ylabel: str, *, logy: bool):
+    ax.set_xscale("log")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_xlabel(xlabel, fontsize=FONT)
+    ax.set_ylabel(ylabel, fontsize=FONT)
+    ax.tick_params(labelsize=FONT)
+    ax.grid(True, which="major" if not logy else "both", alpha=0.3)
+
+
+def figures(results) -> dict[str, Any]:
+    """The chapter's figures, at most three panels each, one colour per series (:data:`SERIES_COLORS`):
+    ``speedup_b1`` (each step's speedup over dense + mask at batch 1, linear axis), ``layout`` (steps 1 and 2
+    on both layouts, bars), ``batched`` (time against allowed count at batches 8, 64 and 256),
+    ``practitioners`` (the whole step against xgrammar's path) and ``host`` (host time per call); a figure
+    whose series the file lacks is left out."""
+    figs: dict[str, Any] = {}
+    caption = textwrap.fill(results.caption(), 120)
+    if results.select("dense_mask", batch=1, kind="random"):
+        figs["speedup_b1"] = _speedup_figure(results, caption)
+    if results.select(_s(2), batch=1, layout="dv"):
+        figs["layout"] = _layout_figure(results, caption)
+    if results.select(_s(7), kind="random"):
+        figs["batched"] = _batched_figure(results, caption)
+    if results.select(XGRAMMAR):
+        figs["practitioners"] = _practitioners_figure(results, caption)
+    if any("host_ms" in r for r in results.rows):
+        figs["host"] = _host_figure(results, caption)
+    return figs
+
+
+def _speedup_figure(results, caption: str):
+    """Batch 1, random masks, [V, D]: each step's speedup over dense + mask against the allowed count (linear
+    speedup axis), and ``index_select``'s."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    base = {r["params"]["allowed"]: r for r in results.select("dense_mask", batch=1, kind="random")}
+    for series in [_s(n) for n in (1, 2, 3, 4, 5, 6, 9)] + ["index_select"]:
+        rows = sorted((r for r in results.select(series, batch=1, kind="random")
+                       if r["params"].get("layout", "vd") == "vd" and r["params"]["allowed"] in base),
+                      key=lambda r: r["params"]["allowed"])
+        if not rows:
+            continue
+        xs = [r["params"]["allowed"] for r in rows]
+        ys = [base[x]["ms"] / r["ms"] for x, r in zip(xs, rows)]
+        lo = [y - base[x]["ms"] / r["spread_ms"][2] if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
+        hi = [base[x]["ms"] / r["spread_ms"][0] - y if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], capsize=2, elinewidth=1, color=series_color(series),
+                    marker=SERIES_MARKERS.get(series, "o"), ms=5, lw=1.2 if series != _s(9) else 2.2,
+                    label=_legend_label(series))
+    ax.axhline(1.0, color="k", lw=1, ls=":")
+    _style(ax, "allowed tokens (batch 1, random masks, log scale)", "speedup over dense + mask (×)", logy=False)
+    ax.set_ylim(bottom=0)
+    ax.set_title("Each step's speedup over torch's dense logits + masked_fill", fontsize=FONT + 1)
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
+    fig.tight_layout()
+    return fig
+
+
+def _layout_figure(results, caption: str):
+    """Steps 1 and 2 on the post's [D, V] layout and on [V, D], batch 1, random masks: bars per allowed
+    count."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    counts = sorted({r["params"]["allowed"] for r in results.select(_s(2), batch=1, kind="random", layout="dv")})
+    bars = [(_s(1), "dv"), (_s(2), "dv"), (_s(1), "vd"), (_s(2), "vd")]
+    fig, ax = plt.subplots(figsize=(7, 4.0))
+    width = 0.8 / len(bars)
+    for k, (series, layout) in enumerate(bars):
+        rows = [results.select(series, batch=1, kind="random", allowed=c, layout=layout) for c in counts]
+        xs = [i + (k - (len(bars) - 1) / 2) * width for i in range(len(counts))]
+        ys = [r[0]["ms"] * 1e3 if r else 0 for r in rows]
+        err = [[(r[0]["ms"] - r[0]["spread_ms"][0]) * 1e3 if r and r[0].get("spread_ms") else 0 for r in rows],
+               [(r[0]["spread_ms"][2] - r[0]["ms"]) * 1e3 if r and r[0].get("spread_ms") else 0 for r in rows]]
+        ax.bar(xs, ys, width, yerr=err, capsize=2, color=series_color(series),
+               hatch="//" if layout == "dv" else None, edgecolor="white",
+               label=f"{CHAPTER.label(series)}, {'[D, V]' if layout == 'dv' else '[V, D]'}")
+    ax.set_xticks(np.arange(len(counts)), [f"{c:,} allowed" for c in counts], fontsize=FONT)
+    ax.set_ylabel("time (µs)", fontsize=FONT)
+    ax.tick_params(labelsize=FONT)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title("Steps 1 and 2 on the post's [D, V] layout and on [V, D] (batch 1, random masks)",
+                 fontsize=FONT + 1)
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
+    fig.tight_layout()
+    return fig
+
+
+def _batched_figure(results, caption: str):
+    """Time against allowed tokens per sequence at (up to) three batch sizes, random masks: the dense paths,
+    index_select (the union's logits only), steps 3, 7 and 9, and the byte floor."""
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["params"]["batch"] for r in results.select(_s(7), kind="random")})
+    batches = [b for b in (8, 64, 256) if b in batches] or batches[-3:]
+    fig, axes = plt.subplots(1, len(batches), figsize=(3.4 * len(batches) + 0.6, 4.0), squeeze=False, sharey=True)
+    series = ["dense_mask", "cublas_fp32_mask", "index_select", _s(3), _s(7), _s(9)]
+    for ax, batch in zip(axes[0], batches):
+        for x in series:
+            rows = sorted((r for r in results.select(x, batch=batch, kind="random")
+                           if r["params"].get("layout", "vd") == "vd"), key=lambda r: r["params"]["allowed"])
+            if rows:
+                _errorbar(ax, [r["params"]["allowed"] for r in rows], rows, lambda ms: ms * 1e3,
+                          color=series_color(x), marker=SERIES_MARKERS.get(x, "o"), ms=4,
+                          lw=2.2 if x == _s(9) else 1.0, label=_legend_label(x))
+        floor = sorted((r["params"]["allowed"], byte_floor_ms(results, batch, r["union"]) * 1e3)
+                       for r in results.select(_s(9), batch=batch, kind="random") if "union" in r)
+        if floor:
+            ax.plot([p[0] for p in floor], [p[1] for p in floor], "k--", lw=1, label="floor: union rows + fp32 output")
+        _style(ax, "allowed tokens per sequence", "time (µs)" if batch == batches[0] else "", logy=True)
+        ax.set_title(f"batch {batch}", fontsize=FONT + 1)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.suptitle("A batch with its own mask per sequence: time against allowed tokens (random masks)",
+                 fontsize=FONT + 1)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
+    fig.legend(handles, labels, fontsize=FONT, loc="upper left", bbox_to_anchor=(0.01, 0.2), ncol=2, frameon=False)
+    fig.text(0.01, -0.04, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
+    return fig
+
+
+def _practitioners_figure(results, caption: str):
+    """Our whole decode step from the packed bitmask (MaskedHeadPlan) against the practitioners' path
+    (cuBLAS logits + xgrammar's apply_token_bitmask_inplace): speedup against allowed count per batch size,
+    random masks as lines, real masks as open markers (linear speedup axis)."""
+    import matplotlib.pyplot as plt
+
+    batch_colors = {1: "#1f77b4", 4: "#2ca02c", 8: "#9467bd", 64: "#d62728", 256: "#8c564b"}
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for batch in sorted({r["params"]["batch"] for r in results.select(XGRAMMAR)}):
+        for kind in ("random", "real", "grammar", "clustered"):
+            base = {r["params"]["allowed"]: r for r in results.select(XGRAMMAR, batch=batch, kind=kind)}
+            rows = sorted((r for r in results.select(PLAN, batch=batch, kind=kind) if r["params"]["allowed"] in base),
+                          key=lambda r: r["params"]["allowed"])
+            if not rows:
+                continue
+            xs = [r["params"]["allowed"] for r in rows]
+            ys = [base[x]["ms"] / r["ms"] for x, r in zip(xs, rows)]
+            lo = [y - base[x]["spread_ms"][0] / r["spread_ms"][2] if r.get("spread_ms") and base[x].get("spread_ms")
+                  else 0 for x, y, r in zip(xs, ys, rows)]
+            hi = [base[x]["spread_ms"][2] / r["spread_ms"][0] - y if r.get("spread_ms") and base[x].get("spread_ms")
+                  else 0 for x, y, r in zip(xs, ys, rows)]
+            color = batch_colors.get(batch, "#333333")
+            if kind == "random":
+                ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker="o", ms=5, lw=1.5, capsize=2,
+                            label=f"batch {batch}, random masks")
+            elif kind != "clustered":
+                ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker="D", mfc="none", ms=7, ls="none",
+                            capsize=2, label=f"batch {batch}, {kind} grammar masks")
+    ax.axhline(1.0, color="k", lw=1, ls=":")
+    _style(ax, "allowed tokens per sequence (log scale)", "speedup of the whole step (×)", logy=False)
+    ax.set_ylim(bottom=0)
+    ax.set_title("From the packed bitmask, copy included: our plan against cuBLAS logits + xgrammar's "
+                 "apply_token_bitmask_inplace", fontsize=FONT)
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
+    fig.tight_layout()
+    return fig
+
+
+def _host_figure(results, caption: str):
+    """Host time per call of each public entry point at batch 1 (random masks): bars at the median over the
+    run's counts, error bars from the fastest to the slowest count; the empty Triton launch of the same run and
+    step 9's GPU time as lines."""
+    import matplotlib.pyplot as plt
+
+    label = CHAPTER.label
+    short = {PLAN: "MaskedHeadPlan (from the bitmask)", XGRAMMAR: "xgrammar's path (cuBLAS + bitmask)"}
+    entries = [x for x in [_s(n) for n in (4, 5, 6, 9)] + [PLAN, XGRAMMAR]
+               if any("host_ms" in r for r in results.select(x, batch=1, kind="random"))]
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for i, x in enumerate(entries):
+        values = sorted(r["host_ms"] * 1e3 for r in results.select(x, batch=1, kind="random")
+                        if "host_ms" in r and r["params"].get("layout", "vd") == "vd")
+        median = values[len(values) // 2]
+        ax.barh(i, median, 0.6, xerr=[[median - values[0]], [values[-1] - median]], capsize=3,
+                color=series_color(x), edgecolor="white")
+    ax.set_yticks(range(len(entries)), [short.get(x, label(x)) for x in entries], fontsize=FONT)
+    ax.invert_yaxis()
+    empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
+    if empty:
+        ax.axvline(empty * 1e3, color="k", ls="--", lw=1, label="an empty Triton launch from Python (host)")
+    gpu = sorted(r["ms"] * 1e3 for r in results.select(_s(9), batch=1, kind="random"))
+    if gpu:
+        ax.axvline(gpu[len(gpu) // 2], color=series_color(_s(9)), ls=":", lw=1.5,
+                   label=f"{label(_s(9))}: GPU time, median over the counts")
+    ax.set_xlabel("host time per call (µs): median over the allowed counts, bars from fastest to slowest",
+                  fontsize=FONT)
+    ax.tick_params(axis="x", labelsize=FONT)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title("What a call costs the host at batch 1 (random masks)", fontsize=FONT + 1)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(-0.45, -0.2), ncol=1, frameon=False)
+    fig.text(0.01, 0.0, caption, fontsize=FONT - 1, va="top")
+    return fig

@@ -1,0 +1,140 @@
+"""Chapter 6's figures, drawn from the committed JSON: every approach's time per call on each shape, and the key
+tiles never loaded; one colour per series across the chapter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studylog.multi_item import CHAPTER
+from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER, FLEX, ONE_PASS_PER_ITEM, SDPA_CAUSAL,
+                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, series_label)
+
+__all__ = ["COLOURS", "approaches", "colour", "figures", "shape_names", "tiles_figure", "times_figure"]
+
+
+def approaches() -> list[str]:
+    """The series of the ``times`` figure and of the lesson's table (``book.multi_item.lesson``), baselines and peers
+    first."""
+    return [SDPA_DENSE, ONE_PASS_PER_ITEM, FLEX, FLASHINFER, SDPA_CAUSAL, *(s.series for s in CHAPTER.steps[1:4]),
+            STEP04_PER_PROMPT, STEP05.series]
+
+
+def shape_names(results) -> list[str]:
+    """The benchmark's shapes, in the order the results hold them."""
+    names: dict[str, None] = {}
+    for row in results.rows:
+        if "shape" in row["params"]:
+            names.setdefault(row["params"]["shape"], None)
+    return list(names)
+
+
+#: One colour per series across the chapter: every figure draws a series in the same colour.
+COLOURS = {
+    SDPA_DENSE: "#7f7f7f",
+    ONE_PASS_PER_ITEM: "#8c564b",
+    FLEX: "#9467bd",
+    FLASHINFER: "#d62728",
+    SDPA_CAUSAL: "#17becf",
+    CHAPTER.step(2).series: "#c6dbef",
+    CHAPTER.step(3).series: "#9ecae1",
+    STEP04.series: "#4292c6",
+    STEP04_PER_PROMPT: "#bcbd22",
+    STEP05.series: "#08306b",
+}
+
+
+def colour(series: str) -> str:
+    """The chapter's colour of a series (grey for one outside :data:`COLOURS`)."""
+    return COLOURS.get(series, "#bbbbbb")
+
+
+def figures(results) -> dict[str, Any]:
+    """``times``: every approach's time per call on each shape, against the compute floor; ``tiles``: the
+    fraction of key tiles never loaded."""
+    return {"times": times_figure(results), "tiles": tiles_figure(results)}
+
+
+def times_figure(results):
+    """One panel per benchmark shape (three, stacked so the figure reads at page width): a horizontal bar per
+    approach (median, with the repetitions' range where the file keeps it) on a linear axis, the compute floor
+    dashed; colours from :data:`COLOURS`."""
+    import matplotlib.pyplot as plt
+
+    shapes = shape_names(results)[:3]
+    series = [s for s in approaches() if results.select(s)]
+    fig, axes = plt.subplots(len(shapes), 1, figsize=(8, (0.28 * len(series) + 0.9) * len(shapes) + 0.6),
+                             squeeze=False)
+    for ax, shape in zip(axes[:, 0], shapes):
+        ys, widths, errs, cols = [], [], [[], []], []
+        for i, s in enumerate(series):
+            rows = results.select(s, shape=shape)
+            if not rows:
+                continue
+            mid = rows[0]["ms"] * 1e3
+            lo, _, hi = (x * 1e3 for x in rows[0].get("spread_ms", [rows[0]["ms"]] * 3))
+            ys.append(i)
+            widths.append(mid)
+            errs[0].append(mid - lo)
+            errs[1].append(hi - mid)
+            cols.append(colour(s))
+        spread = errs if any(map(any, errs)) else None  # no error bars where the file keeps no spread
+        bars = ax.barh(ys, widths, color=cols, xerr=spread, error_kw={"lw": 0.8, "capsize": 2}, height=0.7)
+        ax.bar_label(bars, labels=[f"{w:,.0f}" for w in widths], fontsize=9, padding=3)
+        floors = [r["compute_floor_ms"] for r in results.select(shape=shape) if "compute_floor_ms" in r]
+        if floors:
+            ax.axvline(floors[0] * 1e3, color="k", ls="--", lw=1)
+            ax.text(floors[0] * 1e3, -0.9, " compute floor", fontsize=9, va="center")
+        ax.set_xlim(0, max(widths) * 1.3)
+        ax.set_title(shape, fontsize=10)
+        ax.set_xlabel("µs per call (median)", fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.tick_params(labelsize=9)
+        ax.set_yticks(range(len(series)), [series_label(s) for s in series], fontsize=9)
+        ax.set_ylim(len(series) - 0.4, -1.4)
+    clock = results.select(STEP05.series)[0].get("clock", "do_bench")
+    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu}\n"
+                 f"({clock} clock; error bars: the repetitions' range where measured)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def tiles_figure(results):
+    """The fraction of key tiles never loaded, per shape: causal attention, steps 4 and 5, the least any kernel
+    can load at that tiling, and FlexAttention's block mask."""
+    import matplotlib.pyplot as plt
+
+    shapes = shape_names(results)
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    kinds = [("causal attention", SDPA_CAUSAL, lambda r: 1 - r["tiles_causal"] / r["tiles_total"]),
+             (f"{STEP04.name}, {STEP05.name}", STEP05.series, lambda r: 1 - r["tiles_visited"] / r["tiles_total"]),
+             ("the least any kernel must load", None, lambda r: 1 - r["tiles_needed"] / r["tiles_total"])]
+    flex = [r for r in results.select(FLEX) if "flex_block_density" in r]
+    if flex:  # its block mask at the block size it ran (its default, 128 x 128, before the sweep)
+        kinds.append((f"{FLEX} (its {flex[0].get('block_size', '128 x 128')} blocks)", FLEX, None))
+    width = 0.8 / len(kinds)
+    for j, (kind, series, skipped) in enumerate(kinds):
+        xs, ys = [], []
+        for i, shape in enumerate(shapes):
+            if skipped is None:  # FlexAttention's own block mask, over one prompt (a batch's is over the packed
+                rows = results.select(FLEX, shape=shape)  # sequence of all prompts: not the same fraction)
+                value = (1 - rows[0]["flex_block_density"] if rows and "flex_block_density" in rows[0]
+                         and rows[0]["params"].get("prompts", 1) == 1 else None)
+            else:
+                rows = [r for r in results.select(STEP05.series, shape=shape) if "tiles_total" in r]
+                value = skipped(rows[0]) if rows else None
+            if value is not None:
+                xs.append(i + (j - (len(kinds) - 1) / 2) * width)
+                ys.append(value)
+        style = {"color": colour(series)} if series else {"color": "white", "edgecolor": "k", "hatch": "//"}
+        bars = ax.bar(xs, ys, width=width, label=kind, **style)
+        ax.bar_label(bars, labels=[f"{y:.0%}" for y in ys], fontsize=9)
+    ax.set_xticks(range(len(shapes)), [shape.replace(", ", ",\n", 1) for shape in shapes], fontsize=9)
+    ax.set_ylim(0, 1.0)
+    ax.set_ylabel("fraction of key tiles never loaded", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    block = results.select(STEP05.series)[0]
+    ax.set_title(f"Key tiles skipped at {block.get('block_m')}-by-{block.get('block_n')} tiles "
+                 f"({CHAPTER.step(2).name} and {CHAPTER.step(3).name} skip none)", fontsize=10)
+    fig.tight_layout()
+    return fig

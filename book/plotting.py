@@ -1,0 +1,253 @@
+"""The book's figures and results tables, drawn from the committed benchmark JSON (read by :mod:`studylog.plotting`).
+
+Each chapter that draws figures has ``book/<chapter>/figures.py`` whose ``figures(results)`` returns
+``{name: Figure}``; :func:`save_chapter_figures` saves them as ``assets/figures/<chapter>_<name>.png`` and rewrites
+the README's results block (``python -m book plot``). The notebooks call the same functions, so the book and the
+files never differ. The headline tables (:func:`headline_markdown`) are the README's and the book's headline page's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from book.common import us
+from studylog import paths
+from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
+from studylog.paths import FIGURES, REPO_ROOT
+from studylog.plotting import Results, headline_rows, load_results, result_files
+
+#: The chapters that draw figures, in the course's order (each from ``book/<chapter>/figures.py``). Every one draws
+#: from its committed benchmark results, except chapter 1 (fsm), which has no GPU benchmark: its figure is drawn from
+#: its schema suite, run here on the CPU.
+FIGURE_CHAPTERS = ("env", "fsm", "masked_lm_head", "ngram", "ctc", "ternary", "multi_item", "decode")
+
+
+def table(results: Results, columns: Sequence[str], series: Sequence[str], where: dict[str, Any] | None = None,
+          fmt: str = "{:.1f}", unit_scale: float = 1e3) -> str:
+    """A Markdown table: one line per distinct parameter tuple, one column per series (µs by default)."""
+    where = where or {}
+    keys: dict[tuple, None] = {}
+    for row in results.rows:
+        if row["series"] in series and all(row["params"].get(k) == v for k, v in where.items()):
+            keys.setdefault(tuple(row["params"].get(c) for c in columns), None)
+    head = "| " + " | ".join(list(columns) + [f"{s} (µs)" if unit_scale == 1e3 else s for s in series]) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + len(series))]
+    for key in keys:
+        params = dict(zip(columns, key)) | where
+        cells = []
+        for s in series:
+            rows = results.select(s, **params)
+            cells.append(fmt.format(rows[0]["ms"] * unit_scale) if rows else "–")
+        lines.append("| " + " | ".join([str(k) for k in key] + cells) + " |")
+    return "\n".join(lines)
+
+
+def _xy(results: Results, series: str, x: str, where: dict[str, Any], value) -> tuple[list, list]:
+    pts = sorted((row["params"][x], value(row)) for row in results.select(series, **where))
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_times(results: Results, x: str, series: Iterable[str], *, where: dict[str, Any] | None = None,
+               floor: bool = True, ax=None, logx: bool = True, logy: bool = True, title: str | None = None,
+               label=None):
+    """Time (µs) against a swept parameter, one line per series, with the row floors dashed; ``label`` maps a
+    series to its legend label (for example ``CHAPTER.label``)."""
+    import matplotlib.pyplot as plt
+
+    where = where or {}
+    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    floor_pts: dict = {}
+    for s in series:
+        xs, ys = _xy(results, s, x, where, lambda r: r["ms"] * 1e3)
+        if xs:
+            ax.plot(xs, ys, marker="o", ms=3, label=label(s) if label else s)
+        for row in results.select(s, **where):
+            if "floor_ms" in row:
+                floor_pts[row["params"][x]] = max(floor_pts.get(row["params"][x], 0), row["floor_ms"] * 1e3)
+    if floor and floor_pts:
+        xs = sorted(floor_pts)
+        ax.plot(xs, [floor_pts[v] for v in xs], "k--", lw=1, label="floor (bytes / measured bandwidth)")
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_xlabel(x)
+    ax.set_ylabel("time (µs, median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{results.data['chapter']} on {results.gpu}", fontsize=10)
+    return ax
+
+
+def plot_speedup(results: Results, x: str, baseline: str, series: Iterable[str], *,
+                 where: dict[str, Any] | None = None, ax=None, logx: bool = True, title: str | None = None,
+                 label=None):
+    """Speedup over ``baseline`` (baseline time / series time) against a swept parameter."""
+    import matplotlib.pyplot as plt
+
+    where = where or {}
+    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    base = {row["params"][x]: row["ms"] for row in results.select(baseline, **where)}
+    for s in series:
+        pts = sorted((row["params"][x], base[row["params"][x]] / row["ms"])
+                     for row in results.select(s, **where) if row["params"][x] in base)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label(s) if label else s)
+    ax.axhline(1.0, color="k", lw=1, ls=":")
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_ylim(bottom=0)  # speedups on a linear axis, from zero
+    ax.set_xlabel(x)
+    ax.set_ylabel(f"speedup over {baseline}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{results.data['chapter']} on {results.gpu}", fontsize=10)
+    return ax
+
+
+def save_figure(fig, name: str) -> Path:
+    """Save a figure under ``assets/figures/<name>.png`` (the book and the README link these); needs a
+    repository checkout (:data:`studylog.paths.CHECKOUT`)."""
+    paths.require_checkout(f"saving the figure {name!r}")
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    path = FIGURES / f"{name}.png"
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    return path
+
+
+def chapter_figures(chapter: str) -> dict[str, Any]:
+    """A chapter's figures (``{name: Figure}``) as :func:`save_chapter_figures` saves them: drawn from its newest
+    committed results (none when it has no results yet), chapter 1's from a run of its suite."""
+    if chapter not in FIGURE_CHAPTERS:
+        raise ValueError(f"chapter {chapter!r} draws no figures; the chapters that do: {', '.join(FIGURE_CHAPTERS)}")
+    module = importlib.import_module(f"book.{chapter}.figures")
+    if chapter == "fsm":
+        from studylog.fsm import run_suite
+
+        return module.figures(run_suite(n_samples=8))
+    return module.figures(load_results(chapter)) if result_files(chapter) else {}
+
+
+def save_chapter_figures(chapters: Sequence[str]) -> list[Path]:
+    """Redraw the figures of ``chapters`` (``["all"]``: :data:`FIGURE_CHAPTERS`) as
+    ``assets/figures/<chapter>_<name>.png``, then the README's results block; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    saved = []
+    for chapter in FIGURE_CHAPTERS if list(chapters) == ["all"] else chapters:
+        for name, fig in chapter_figures(chapter).items():
+            saved.append(save_figure(fig, f"{chapter}_{name}"))
+            plt.close(fig)
+    if update_readme():
+        saved.append(REPO_ROOT / "README.md")
+    return saved
+
+
+#: How far a headline may differ between two cards before the tables say so.
+CARD_TOLERANCE = 0.15
+
+
+def card_differences(rows: list[dict[str, Any]]) -> list[str]:
+    """Sentences naming each headline (same kernel, baseline and case) whose speedup differs between two GPUs by
+    more than :data:`CARD_TOLERANCE`: a ratio that holds on one card need not hold on another."""
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_key.setdefault((r["kernel"], r["baseline"], r["case"]), []).append(r)
+    out = []
+    for (kernel, baseline, case), rs in by_key.items():
+        if len(rs) < 2:
+            continue
+        lo, hi = min(rs, key=lambda r: r["speedup"]), max(rs, key=lambda r: r["speedup"])
+        if hi["speedup"] > (1 + CARD_TOLERANCE) * lo["speedup"]:
+            out.append(f"{kernel} against {baseline} ({case}): {hi['speedup']:.2f}× on the {hi['gpu']}, "
+                       f"{lo['speedup']:.2f}× on the {lo['gpu']}.")
+    return out
+
+
+def _spread_note(row: dict[str, Any]) -> str:
+    """`` (spread x%)`` when the kernel's repetitions spread by more than 10% of its median."""
+    spread = row.get("kernel_spread_ms")
+    if not spread:
+        return ""
+    width = (spread[2] - spread[0]) / spread[1]
+    return f" (spread {width:.0%})" if width > 0.10 else ""
+
+
+def headline_markdown(root: Path = DEFAULT_OUT) -> str:
+    """The headline tables (Markdown), computed from the committed JSON: used by the book and the README. One
+    table per chapter and GPU, under a line naming the GPU, the date and the clock; beside each speedup, our time
+    and the baseline's (µs, medians; min–max of the repetitions where the file has them) and our host time per
+    call. After a chapter's tables, the headlines whose speedup differs between its cards (:func:`card_differences`)."""
+    rows = headline_rows(root)
+    if not rows:
+        return "No GPU results are committed yet."
+    out: list[str] = []
+    for chapter in dict.fromkeys(r["chapter"] for r in rows):
+        of_chapter = [r for r in rows if r["chapter"] == chapter]
+        for gpu in dict.fromkeys(r["gpu"] for r in of_chapter):
+            mine = [r for r in of_chapter if r["gpu"] == gpu]
+            clocks = sorted({r.get("clock", "do_bench") for r in mine})
+            out += [f"**{chapter}** — {gpu}, {mine[0]['date']}; clock: {', '.join(clocks)}", "",
+                    "| ours | against | case | speedup | ours (µs) | theirs (µs) | host per call (µs) |",
+                    "|---|---|---|---|---|---|---|"]
+            out += [_headline_line(r) for r in mine] + [""]
+        differ = card_differences(of_chapter)
+        if differ:
+            out += [f"Where the cards differ by more than {CARD_TOLERANCE:.0%}:", ""] + [f"- {d}" for d in differ]
+            out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _headline_line(r: dict[str, Any]) -> str:
+    """One headline's row of :func:`headline_markdown`'s tables."""
+    ours = us(r.get("kernel_ms"))
+    if r.get("kernel_spread_ms"):
+        lo, _, hi = r["kernel_spread_ms"]
+        ours += f" ({us(lo)}–{us(hi)})"
+    if r.get("kernel_gpu_ms") is not None and r.get("clock") != "gpu":  # a host-clock headline: GPU time too
+        ours += f"; GPU {us(r['kernel_gpu_ms'])}"
+    base = us(r.get("baseline_ms"))
+    if r.get("baseline_spread_ms"):
+        lo, _, hi = r["baseline_spread_ms"]
+        base += f" ({us(lo)}–{us(hi)})"
+    return (f"| {r['kernel']} | {r['baseline']} | {r['case']} | **{r['speedup']:.2f}×**{_spread_note(r)} | "
+            f"{ours} | {base} | {us(r.get('host_ms'))} |")
+
+
+README_START = "<!-- results: generated by `python -m book plot all` from assets/bench; do not edit -->"
+README_END = "<!-- end of results -->"
+
+
+def readme_results_block(root: Path = DEFAULT_OUT) -> str:
+    """The README's results section: the GPU's ceilings and every chapter's headline."""
+    lines = [README_START, ""]
+    for f in result_files("env", root):
+        env = Results(f, json.loads(f.read_text()))
+        mm, ceilings = env.select("matmul_bfloat16", n=8192), env.data["ceilings"]
+        lines.append(f"Measured on **{env.gpu}** ({env.date}): copy bandwidth "
+                     f"{ceilings['copy_bandwidth_gbs'] / 1e3:.2f} TB/s, bf16 matmul (8192³) "
+                     f"{mm[0]['tflops']:.0f} TFLOP/s, empty kernel launch {ceilings['empty_launch_ms'] * 1e3:.1f} µs.")
+        lines.append("")
+    lines += [headline_markdown(root), "", README_END]
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path = REPO_ROOT / "README.md") -> bool:
+    """Rewrite the generated block of the README; returns True when it changed."""
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme} has no generated results block ({README_START!r} ... {README_END!r})")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    new = head + readme_results_block() + tail
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+__all__ = ["CARD_TOLERANCE", "FIGURE_CHAPTERS", "README_END", "README_START", "card_differences", "chapter_figures",
+           "headline_markdown", "plot_speedup", "plot_times", "readme_results_block", "save_chapter_figures",
+           "save_figure", "table", "update_readme"]
