@@ -151,8 +151,10 @@ def scratch_bytes(step: int, T: int, N: int, label_stride: int, grain: int | Non
     return workspace_bytes(scratch_sizes(T, N, label_stride, threads * v))
 
 
-def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
-            recursion: str | None, grain: int | None = None, scratch: Tensor | None = None) -> None:
+def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
+           recursion: str | None, grain: int | None = None, scratch: Tensor | None = None) -> None:
+    """Launch step ``step`` (7 to 10) of the fused kernels on checked inputs: the grid, block and arguments of its
+    kernels (steps 7 to 10 and :class:`~studylog.ctc.plan.CTCPlan` call it; nothing here is checked again)."""
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
     v, recursion_threads = launch_shape(step, smax, grain)
@@ -200,7 +202,7 @@ def step07_fused_softmax(
     """Step 7: the softmax is never written out; one warp per utterance and direction runs alpha and beta
     at the same time, rows in registers. Arguments as :func:`step01_baseline`."""
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, zero_infinity, 7, None)
+    launch(activations, batch, loss, grad, zero_infinity, 7, None)
     return loss, grad
 
 
@@ -211,7 +213,7 @@ def step08_branch_free(activations, targets, input_lengths=None, target_lengths=
     as :func:`step01_baseline`."""
     recursion = _recursion(recursion)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, zero_infinity, 8, recursion)
+    launch(activations, batch, loss, grad, zero_infinity, 8, recursion)
     return loss, grad
 
 
@@ -221,7 +223,7 @@ def step09_two_passes(activations, targets, input_lengths=None, target_lengths=N
     classes in place: the activations cross DRAM once. Arguments as :func:`step08_branch_free`."""
     recursion = _recursion(recursion)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, zero_infinity, 9, recursion)
+    launch(activations, batch, loss, grad, zero_infinity, 9, recursion)
     return loss, grad
 
 
@@ -232,7 +234,7 @@ def step10_warps_per_direction(activations, targets, input_lengths=None, target_
     if grain is not None and grain not in BLOCK_GRAINS:
         raise ValueError(f"grain must be one of {BLOCK_GRAINS} for step 10, got {grain!r}")
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, zero_infinity, 10, None, grain)
+    launch(activations, batch, loss, grad, zero_infinity, 10, None, grain)
     return loss, grad
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from studylog.checks import check_tensor
-from studylog.ctc.fused import _launch
+from studylog.ctc.fused import launch
 from studylog.ctc.reference import reference_ctc
 from studylog.ctc.targets import MAX_TARGET_LENGTH, CTCTargets
 
@@ -82,7 +82,7 @@ def _(activations, labels, input_lengths, target_lengths, slot_class, slot_start
                              slot_class=slot_class, slot_start=slot_start, slot_members=slot_members,
                              num_slots=num_slots, label_stride=labels.shape[1], slot_stride=slot_class.shape[1],
                              max_positions=2 * labels.shape[1] + 1)
-    _launch(activations, packed, loss, grad, zero_infinity, STEP, None)
+    launch(activations, packed, loss, grad, zero_infinity, STEP, None)
     return loss, grad
 
 

@@ -140,12 +140,12 @@ class CTCPlan:
 
     def _launch(self, activations: Tensor) -> None:
         if self.step <= 6:
-            warpctc._launch(activations, self.targets, self.loss, self.grad, self.step, self.zero_infinity,
+            warpctc.launch(activations, self.targets, self.loss, self.grad, self.step, self.zero_infinity,
                             self.how.get("grain"), self.how.get("blocked", False), self.estimate, self.workspace)
             if self.estimate is not None:
                 self._call_gen.copy_(self._set_gen)
         else:
-            fused._launch(activations, self.targets, self.loss, self.grad, self.zero_infinity, self.step,
+            fused.launch(activations, self.targets, self.loss, self.grad, self.zero_infinity, self.step,
                           self.how.get("recursion"), self.how.get("grain"), self.workspace)
 
     def __call__(self, activations: Tensor) -> tuple[Tensor, Tensor]:

@@ -98,8 +98,10 @@ def scratch_bytes(T: int, N: int, A: int, max_positions: int) -> int:
     return workspace_bytes([math.prod(shape) * dtype.itemsize for shape, dtype in parts])
 
 
-def _launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
-            grain: int | None, blocked: bool, estimate: Tensor | None = None, scratch: Tensor | None = None) -> None:
+def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
+           grain: int | None, blocked: bool, estimate: Tensor | None = None, scratch: Tensor | None = None) -> None:
+    """Launch step ``step`` (1 to 6) of the warp-ctc kernels on checked inputs: the grid, block and arguments of its
+    kernels (steps 1 to 6 and :class:`~studylog.ctc.plan.CTCPlan` call it; nothing here is checked again)."""
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
     rows = T * N
@@ -159,7 +161,7 @@ def step01_baseline(
     buffers sized once for that.
     """
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, 1, zero_infinity, None, False)
+    launch(activations, batch, loss, grad, 1, zero_infinity, None, False)
     return loss, grad
 
 
@@ -167,7 +169,7 @@ def step02_restrict(activations, targets, input_lengths=None, target_lengths=Non
                     out_loss=None, out_grad=None):
     """Step 2: step 1's kernels with every pointer ``__restrict__`` (arguments as :func:`step01_baseline`)."""
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, 2, zero_infinity, None, False)
+    launch(activations, batch, loss, grad, 2, zero_infinity, None, False)
     return loss, grad
 
 
@@ -175,7 +177,7 @@ def step03_ldg(activations, targets, input_lengths=None, target_lengths=None, *,
                out_loss=None, out_grad=None):
     """Step 3: step 2 with read-only loads through ``__ldg`` (arguments as :func:`step01_baseline`)."""
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, 3, zero_infinity, None, False)
+    launch(activations, batch, loss, grad, 3, zero_infinity, None, False)
     return loss, grad
 
 
@@ -186,7 +188,7 @@ def step04_register_blocking(activations, targets, input_lengths=None, target_le
     positions out consecutively instead of strided by the block. Other arguments as :func:`step01_baseline`."""
     grain = _grain(grain)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, 4, zero_infinity, grain, blocked)
+    launch(activations, batch, loss, grad, 4, zero_infinity, grain, blocked)
     return loss, grad
 
 
@@ -196,7 +198,7 @@ def step05_shared_rows(activations, targets, input_lengths=None, target_lengths=
     :func:`step04_register_blocking`)."""
     grain = _grain(grain)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    _launch(activations, batch, loss, grad, 5, zero_infinity, grain, blocked)
+    launch(activations, batch, loss, grad, 5, zero_infinity, grain, blocked)
     return loss, grad
 
 
@@ -225,7 +227,7 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
         estimate = torch.empty((N,), dtype=torch.float32, device=activations.device)
     else:
         estimate = checks.check_tensor("out_estimate", out_estimate, shape=(N,), like=activations)
-    _launch(activations, batch, loss, grad, 6, zero_infinity, grain, blocked, estimate)
+    launch(activations, batch, loss, grad, 6, zero_infinity, grain, blocked, estimate)
     if warn:
         bad = untrusted_answers(loss, estimate, batch)
         if bad.any():

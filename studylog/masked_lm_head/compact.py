@@ -224,7 +224,7 @@ def _launch_compact(h, weight, allowed, out, t, vocab, hidden):
              _options(t, hidden, 4, h.dtype))
 
 
-def _launch_stream(h, weight, allowed, out, t, vocab, hidden):
+def launch_stream(h, weight, allowed, out, t, vocab, hidden):
     n_ids = allowed.union_count
     n_fill = -(-vocab // t.fill_block)
     _STREAM(n_fill + -(-n_ids // t.block_v),
@@ -232,7 +232,7 @@ def _launch_stream(h, weight, allowed, out, t, vocab, hidden):
             _options(t, hidden, 5, h.dtype))
 
 
-def _launch_few(h, weight, allowed, out, t, vocab, hidden):
+def launch_few(h, weight, allowed, out, t, vocab, hidden):
     ids = allowed.few_ids
     n = len(ids)
     _FEW(n + -(-vocab // t.fill_block), (h, weight, out, n, *ids, *_NO_IDS[n:], vocab, weight.stride(0)),
@@ -242,7 +242,7 @@ def _launch_few(h, weight, allowed, out, t, vocab, hidden):
 _NO_IDS = (-1,) * FEW_IDS_MAX
 
 
-def _launch_batched(h, weight, allowed, out, t, batch, vocab, hidden):
+def launch_batched(h, weight, allowed, out, t, batch, vocab, hidden):
     n_union = allowed.union_count
     n_compute = -(-n_union // t.block_v) * -(-batch // t.block_b)
     _BATCHED(n_compute + -(-(batch * vocab) // t.fill_block),
@@ -273,7 +273,7 @@ def step05_stream(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     need_batch1("step05_stream", batch)
     out = output(out, batch, vocab, h.device)
-    _launch_stream(h, weight, allowed, out, tiles or stream_tiles(allowed.union_count), vocab, hidden)
+    launch_stream(h, weight, allowed, out, tiles or stream_tiles(allowed.union_count), vocab, hidden)
     return out
 
 
@@ -291,7 +291,7 @@ def step06_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowe
         raise ValueError(f"step06_few_ids takes at most {FEW_IDS_MAX} allowed ids, got {allowed.union_count} "
                          "(use step05_stream or masked_logits)")
     out = output(out, batch, vocab, h.device)
-    _launch_few(h, weight, allowed, out, tiles or few_tiles(), vocab, hidden)
+    launch_few(h, weight, allowed, out, tiles or few_tiles(), vocab, hidden)
     return out
 
 
@@ -302,6 +302,6 @@ def step07_batched(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowe
     need_layout("step07_batched", layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     out = output(out, batch, vocab, h.device)
-    _launch_batched(h, weight, allowed, out, tiles or default_tiles(7, batch, allowed.union_count), batch, vocab,
+    launch_batched(h, weight, allowed, out, tiles or default_tiles(7, batch, allowed.union_count), batch, vocab,
                     hidden)
     return out

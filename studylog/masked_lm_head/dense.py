@@ -230,7 +230,7 @@ _FAST = {kernel: FastKernel(kernel)
 
 
 @functools.lru_cache(maxsize=None)
-def _options(t: Tiles, dtype: torch.dtype) -> dict:
+def launch_options(t: Tiles, dtype: torch.dtype) -> dict:
     return {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
             "DOT_DTYPE": dot_dtype(dtype), "num_warps": t.num_warps, "num_stages": t.num_stages}
 
@@ -246,7 +246,7 @@ def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[T
     _FAST[dense_matmul_kernel](
         -(-batch // t.block_b) * -(-vocab // t.block_v),
         (h, weight, out, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn, out.stride(0), out.stride(1)),
-        _options(t, h.dtype))
+        launch_options(t, h.dtype))
     return out.masked_fill_(allowed.disallowed, float("-inf"))
 
 
@@ -264,15 +264,15 @@ def _launch_masked(kernel, h, weight, allowed, out, t, layout, batch, vocab, hid
         -(-batch // t.block_b) * -(-vocab // t.block_v),
         (h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
          out.stride(0), out.stride(1), allowed.mask.stride(0)),
-        _options(t, h.dtype))
+        launch_options(t, h.dtype))
 
 
-def _launch_row_skip(h, weight, allowed, out, t, batch, vocab, hidden):
+def launch_row_skip(h, weight, allowed, out, t, batch, vocab, hidden):
     _FAST[row_skip_kernel](
         -(-batch // t.block_b) * -(-vocab // t.block_v),
         (h, weight, out, allowed.mask_u8, batch, vocab, hidden,
          h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0)),
-        _options(t, h.dtype))
+        launch_options(t, h.dtype))
 
 
 def step01_block_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
@@ -296,5 +296,5 @@ def step03_row_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
     need_layout("step03_row_skip", layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     out = output(out, batch, vocab, h.device)
-    _launch_row_skip(h, weight, allowed, out, tiles or default_tiles(3, batch), batch, vocab, hidden)
+    launch_row_skip(h, weight, allowed, out, tiles or default_tiles(3, batch), batch, vocab, hidden)
     return out

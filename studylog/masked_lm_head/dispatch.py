@@ -17,8 +17,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from studylog.masked_lm_head.compact import _launch_batched, _launch_few, _launch_stream
-from studylog.masked_lm_head.dense import _launch_row_skip
+from studylog.masked_lm_head.compact import launch_batched, launch_few, launch_stream
+from studylog.masked_lm_head.dense import launch_row_skip
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, VOCAB, AllowedTokens, check_inputs, default_tiles, few_tiles,
                                              output, stream_tiles)
 
@@ -243,13 +243,13 @@ def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
     path = choose_path(batch, vocab, n, rule)
     out = output(out, batch, vocab, h.device)
     if path == "few_ids":
-        _launch_few(h, weight, allowed, out, few_tiles(), vocab, hidden)
+        launch_few(h, weight, allowed, out, few_tiles(), vocab, hidden)
     elif path == "stream":
-        _launch_stream(h, weight, allowed, out, stream_tiles(n), vocab, hidden)
+        launch_stream(h, weight, allowed, out, stream_tiles(n), vocab, hidden)
     elif path == "batched":
-        _launch_batched(h, weight, allowed, out, default_tiles(7, batch, n), batch, vocab, hidden)
+        launch_batched(h, weight, allowed, out, default_tiles(7, batch, n), batch, vocab, hidden)
     elif path == "row_skip":
-        _launch_row_skip(h, weight, allowed, out, default_tiles(3, batch), batch, vocab, hidden)
+        launch_row_skip(h, weight, allowed, out, default_tiles(3, batch), batch, vocab, hidden)
     else:
         dense_logits(h, weight, out)
         out.masked_fill_(allowed.disallowed, float("-inf"))

@@ -40,7 +40,7 @@ from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.masked_lm_head.compact import EVICTION
 from studylog.masked_lm_head.dense import _FAST as _DENSE_FAST
-from studylog.masked_lm_head.dense import _options as _dense_options
+from studylog.masked_lm_head.dense import launch_options as dense_launch_options
 from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.dispatch import DispatchRule, choose_path, dense_logits, dispatch_rule
 from studylog.masked_lm_head.formats import (WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, pack_bitmask,
@@ -352,7 +352,7 @@ class MaskedHeadPlan:
                      {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4}),
                     (_DENSE_FAST[row_skip_kernel], -(-batch // t.block_b) * -(-vocab // t.block_v),
                      (self.h, self.weight, self.out, m, batch, vocab, hidden, self.h.stride(0), self.weight.stride(0),
-                      self.out.stride(0), m.stride(0)), _dense_options(t, self.weight.dtype))]
+                      self.out.stride(0), m.stride(0)), dense_launch_options(t, self.weight.dtype))]
         words = self.bitmask.shape[1]
         union = (_UNION, -(-words // UNION_BLOCK_W),
                  (self.bitmask, self.ids, self.count, batch, vocab, words, self.bitmask.stride(0)),
