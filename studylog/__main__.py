@@ -186,12 +186,14 @@ def _bench(args, argv: list[str] | None) -> int:
             raise UsageError(f"bench verify: {args.chapters[1]} is not a folder")
         import json
 
+        from studylog import verify as verifier
+
         try:
-            report = harness.verify(Path(args.chapters[1]), tolerance=args.tolerance)
+            report = verifier.verify(Path(args.chapters[1]), tolerance=args.tolerance)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        text = harness.verify_markdown(report)
+        text = verifier.verify_markdown(report)
         print(text)
         if args.report is not None:
             args.report.parent.mkdir(parents=True, exist_ok=True)

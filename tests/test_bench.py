@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from book import plotting as book_plotting
-from studylog import bench, plotting
+from studylog import bench, plotting, verify
 
 REQUIRED = {"chapter", "device", "versions", "date", "git_commit", "command", "ceilings", "measurements"}
 
@@ -258,23 +258,23 @@ def test_verify_reports_what_moved_and_which_headlines_no_longer_hold(tmp_path, 
     committed, fresh = tmp_path / "committed", tmp_path / "fresh"
     _results_file(committed, "demo", rows({1: 0.10, 2: 0.10}))
     _results_file(fresh, "demo", rows({1: 0.11, 2: 0.20}))  # n=1 within 15%, n=2 twice as slow
-    report = bench.verify(fresh, committed)
+    report = verify.verify(fresh, committed)
     (entry,) = report["files"]
     assert entry["same_gpu"] and entry["rows_compared"] == 4
     assert [(m["series"], m["params"]["n"]) for m in entry["moved"]] == [("step02", 2)]
     holds = {h["case"]: h["holds"] for h in entry["headlines"]}
     assert holds == {"n = 1": True, "n = 2": False}
-    text = bench.verify_markdown(report)
+    text = verify.verify_markdown(report)
     assert "**no**" in text and "step02" in text
     # the command line: exit status 3 when a headline no longer holds, and the report files
     from studylog.__main__ import main
 
     monkeypatch.setattr(bench, "DEFAULT_OUT", committed)
-    monkeypatch.setattr(bench.verify, "__defaults__", (committed,))
+    monkeypatch.setattr(verify.verify, "__defaults__", (committed,))
     assert main(["bench", "verify", str(fresh), "--report", str(tmp_path / "out" / "verify")]) == 3
     assert (tmp_path / "out" / "verify.md").read_text().startswith("# bench verify")
     with pytest.raises(ValueError, match="no results files"):
-        bench.verify(tmp_path / "empty", committed)
+        verify.verify(tmp_path / "empty", committed)
 
 
 @pytest.mark.gpu
@@ -318,13 +318,13 @@ def test_verify_says_when_two_runs_share_no_clock(tmp_path, monkeypatch):
     row = {"series": "copy", "role": "baseline", "params": {"bytes": 1}, "ms": 1.0}
     _results_file(tmp_path / "committed", "env", [row | {"clock": "do_bench"}])
     _results_file(tmp_path / "fresh", "env", [row | {"clock": "gpu"}])
-    report = bench.verify(tmp_path / "fresh", tmp_path / "committed")
+    report = verify.verify(tmp_path / "fresh", tmp_path / "committed")
     (entry,) = report["files"]
     assert entry["rows_compared"] == 0 and entry["committed_clocks"] == ["do_bench"] and entry["fresh_clocks"] == ["gpu"]
-    assert "Nothing to compare" in bench.verify_markdown(report)
+    assert "Nothing to compare" in verify.verify_markdown(report)
     from studylog.__main__ import main
 
-    monkeypatch.setattr(bench.verify, "__defaults__", (tmp_path / "committed",))
+    monkeypatch.setattr(verify.verify, "__defaults__", (tmp_path / "committed",))
     assert main(["bench", "verify", str(tmp_path / "fresh")]) == 3
 
 

@@ -1,0 +1,125 @@
+"""``python -m studylog bench verify DIR``: does a fresh run repeat the committed one?
+
+Series by series (same series, role, clock and parameters) and headline by headline (each chapter's
+``CHAPTER.headline``), the fresh files under ``DIR/<gpu>/<chapter>.json`` against the committed ones; a headline
+holds when its fresh speedup is within the tolerance of the committed one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
+
+def _row_key(row: dict[str, Any]) -> tuple:
+    return (row["series"], row["role"], row["clock"], json.dumps(row["params"], sort_keys=True))
+
+
+def _headline_key(row: dict[str, Any]) -> tuple:
+    return (row["kernel"], row["baseline"], row["case"])
+
+
+def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: float = 0.15) -> dict[str, Any]:
+    """Compare every results file under ``fresh_root/<gpu>/<chapter>.json`` with the committed file of the
+    same GPU and chapter (or, where that GPU has none, the newest committed file of any GPU, said so).
+
+    Returns ``{"files": [...]}``, one entry per fresh file: the series rows whose time moved by more than
+    ``tolerance`` (a row is the same series, role, clock and parameters in both), the rows found in only one
+    of the two, and every headline (``CHAPTER.headline``) with its committed and fresh speedup and whether
+    it holds (the fresh speedup within ``tolerance`` of the committed one)."""
+    from studylog import chapter as registry
+    from studylog.plotting import Results, load_results
+
+    fresh_root, committed_root = Path(fresh_root), Path(committed_root)
+    files = sorted(fresh_root.glob("*/*.json"))
+    if not files:
+        raise ValueError(f"no results files under {fresh_root} (expected <gpu>/<chapter>.json)")
+    report: dict[str, Any] = {"tolerance": tolerance, "fresh_root": str(fresh_root), "files": []}
+    for path in files:
+        chapter_name, gpu = path.stem, path.parent.name
+        if chapter_name not in registry.CHAPTERS:
+            continue
+        fresh = load_results(chapter_name, gpu=gpu, root=fresh_root)
+        try:
+            committed, same_gpu = load_results(chapter_name, gpu=gpu, root=committed_root), True
+        except FileNotFoundError:
+            try:
+                committed, same_gpu = load_results(chapter_name, root=committed_root), False
+            except FileNotFoundError:
+                report["files"].append({"chapter": chapter_name, "gpu": gpu, "committed": None})
+                continue
+        old = {_row_key(r): r for r in committed.rows}
+        new = {_row_key(r): r for r in fresh.rows}
+        moved = []
+        for key in old.keys() & new.keys():
+            a, b = old[key]["ms"], new[key]["ms"]
+            if a > 0 and abs(b / a - 1) > tolerance:
+                moved.append({"series": key[0], "clock": key[2], "params": old[key]["params"],
+                              "committed_ms": a, "fresh_ms": b, "ratio": b / a})
+        moved.sort(key=lambda m: -abs(math.log(m["ratio"])))
+        entry = {
+            "chapter": chapter_name, "gpu": gpu, "fresh_gpu": fresh.gpu, "committed_gpu": committed.gpu,
+            "same_gpu": same_gpu, "committed_commit": committed.data.get("git_commit"),
+            "fresh_commit": fresh.data.get("git_commit"), "rows_compared": len(old.keys() & new.keys()),
+            "committed_clocks": sorted({k[2] for k in old}), "fresh_clocks": sorted({k[2] for k in new}),
+            "only_committed": len(old.keys() - new.keys()), "only_fresh": len(new.keys() - old.keys()),
+            "moved": moved, "headlines": [],
+        }
+        declared = registry.get(chapter_name)
+        if declared.headline is not None:
+            before = {_headline_key(r): r for r in declared.headline(committed)}
+            for row in declared.headline(fresh):
+                old_row = before.get(_headline_key(row))
+                if old_row is None:
+                    entry["headlines"].append({**_headline_summary(row), "committed_speedup": None, "holds": None})
+                    continue
+                ratio = row["speedup"] / old_row["speedup"]
+                entry["headlines"].append({**_headline_summary(row), "committed_speedup": old_row["speedup"],
+                                           "fresh_speedup": row["speedup"], "ratio": ratio,
+                                           "holds": abs(ratio - 1) <= tolerance})
+        report["files"].append(entry)
+    return report
+
+
+def _headline_summary(row: dict[str, Any]) -> dict[str, Any]:
+    return {"kernel": row["kernel"], "baseline": row["baseline"], "case": row["case"]}
+
+
+def verify_markdown(report: dict[str, Any]) -> str:
+    """The verify report as Markdown: per chapter, the headlines (held or not) and what moved."""
+    tol = report["tolerance"]
+    lines = [f"# bench verify: {report['fresh_root']} against the committed results (±{tol:.0%})", ""]
+    for f in report["files"]:
+        if f.get("committed") is None and "rows_compared" not in f:
+            lines += [f"## {f['chapter']} ({f['gpu']})", "", "No committed results to compare with.", ""]
+            continue
+        where = "the same GPU" if f["same_gpu"] else f"another GPU ({f['committed_gpu']})"
+        lines += [f"## {f['chapter']}: {f['fresh_gpu']} against {where}", "",
+                  f"{f['rows_compared']} rows compared ({f['only_committed']} only committed, {f['only_fresh']} only "
+                  f"fresh); {len(f['moved'])} moved by more than ±{tol:.0%}.", ""]
+        if f["rows_compared"] == 0:
+            lines += [f"**Nothing to compare**: the committed rows are on clock(s) {', '.join(f['committed_clocks'])}, "
+                      f"the fresh ones on {', '.join(f['fresh_clocks'])}; a headline compared across clocks says "
+                      "little.", ""]
+        if f["headlines"]:
+            lines += ["| headline | case | committed | fresh | holds |", "|---|---|---|---|---|"]
+            for h in f["headlines"]:
+                if h["committed_speedup"] is None:
+                    lines.append(f"| {h['kernel']} vs {h['baseline']} | {h['case']} | – | new | – |")
+                else:
+                    lines.append(f"| {h['kernel']} vs {h['baseline']} | {h['case']} | {h['committed_speedup']:.2f}× | "
+                                 f"{h['fresh_speedup']:.2f}× | {'yes' if h['holds'] else '**no**'} |")
+            lines.append("")
+        if f["moved"]:
+            lines += ["| series | clock | params | committed (µs) | fresh (µs) | fresh / committed |", "|---|---|---|---|---|---|"]
+            for m in f["moved"][:40]:
+                params = ", ".join(f"{k}={v}" for k, v in m["params"].items())
+                lines.append(f"| {m['series']} | {m['clock']} | {params} | {m['committed_ms'] * 1e3:.1f} | "
+                             f"{m['fresh_ms'] * 1e3:.1f} | {m['ratio']:.2f} |")
+            if len(f["moved"]) > 40:
+                lines.append(f"| … {len(f['moved']) - 40} more | | | | | |")
+            lines.append("")
+    return "\n".join(lines)
