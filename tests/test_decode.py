@@ -16,7 +16,7 @@ from studylog.decode import (CONFIGS, Decoder, Grammar, LlamaModel, from_module,
                              suite_sample)
 from studylog.decode import pieces, report
 from studylog.decode.grammar import ascii_regex
-from studylog.decode.loop import gumbel_noise
+from studylog.decode.generation import gumbel_noise
 
 STEPS = ("baseline", "jump_forward", "masked_head", "automaton_mask")
 SUITE = suite_names()

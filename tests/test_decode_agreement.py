@@ -14,7 +14,7 @@ from studylog import masked_lm_head as mlh
 from studylog.decode import Decoder, Grammar, LlamaModel, model_config, pieces, suite_sample
 from studylog.decode import agreement
 from studylog.decode.grammar import continues_utf8, utf8_prefix
-from studylog.decode.loop import Generation
+from studylog.decode.generation import Generation
 from studylog.fsm import compile_fsm, make_vocabulary
 from studylog.fsm.vocabulary import longest_match_encoder
 
@@ -242,7 +242,7 @@ def test_the_decoder_refuses_loose_arguments(cl100k_decoder):
 def test_gumbel_noise_is_finite_for_every_hash():
     """At 24 bits the largest hashes rounded to u = 1.0 in fp32, whose noise is +inf: -inf + inf = NaN let a
     masked token be sampled (about one step in 170 over a 100k vocabulary). Enough draws to hit the top values."""
-    from studylog.decode.loop import gumbel_noise
+    from studylog.decode.generation import gumbel_noise
 
     noise = gumbel_noise(2, torch.arange(64), torch.arange(100_277))
     assert torch.isfinite(noise).all()

@@ -17,7 +17,7 @@ pytest.importorskip("xgrammar.contrib.hf", reason="xgrammar's Hugging Face logit
 
 from studylog import smollm2  # noqa: E402
 from studylog.decode import Decoder, Grammar, LlamaModel, agreement, model_config  # noqa: E402
-from studylog.decode.loop import Generation  # noqa: E402
+from studylog.decode.generation import Generation  # noqa: E402
 from studylog.decode.model import load_smollm2  # noqa: E402
 from studylog.decode.peers import HFTiming, hf_generate, hf_model, time_hf  # noqa: E402
 from studylog.fsm import make_vocabulary  # noqa: E402

@@ -30,7 +30,8 @@ from typing import Sequence
 
 from studylog.chapter import Chapter, Step
 from studylog.decode.grammar import Grammar, Writer, ascii_regex, schema_regex, suite_names, suite_sample
-from studylog.decode.loop import COMPONENTS, CONFIGS, DecodeConfig, Decoder, Generation, check_model, same_tokens
+from studylog.decode.generation import CONFIGS, DecodeConfig, Generation, check_model, same_tokens
+from studylog.decode.loop import COMPONENTS, Decoder
 from studylog.decode.model import (CONFIGS as MODEL_CONFIGS, LlamaModel, ModelConfig, describe, from_module,
                                    load_checkpoint, load_smollm2, model_config, save_checkpoint)
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from studylog.decode.loop import STEER, Generation, gumbel_noise
+from studylog.decode.generation import STEER, Generation, gumbel_noise
 
 #: fp32's unit roundoff.
 U = 2.0 ** -24

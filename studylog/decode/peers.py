@@ -4,7 +4,7 @@
 :class:`~studylog.decode.model.LlamaModel`; :func:`hf_generate` runs a constrained greedy request through
 ``hf.generate(..., logits_processor=[xgrammar.contrib.hf.LogitsProcessor(grammar.xgrammar)])``, xgrammar's
 documented integration; :func:`time_hf` times it per output token as :attr:`Generation.ms_per_token
-<studylog.decode.loop.Generation.ms_per_token>` does. On a CPU in fp32 it writes the same tokens as step 1 of
+<studylog.decode.generation.Generation.ms_per_token>` does. On a CPU in fp32 it writes the same tokens as step 1 of
 the chapter's loop (tested); what separates the two paths is how each step is run, as read in transformers'
 ``GenerationMixin._sample`` (5.x) and xgrammar's ``contrib/hf.py`` (0.2.9):
 
@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from studylog.decode.grammar import Grammar
-from studylog.decode.loop import check_model
+from studylog.decode.generation import check_model
 from studylog.decode.model import LlamaModel, hf_config, state_dict_hf
 
 
@@ -208,7 +208,7 @@ class HFTiming(NamedTuple):
 def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int, repeats: int = 3,
             eos_id: int | None = None, warmup: bool = True) -> HFTiming:
     """Milliseconds per output token of :func:`hf_generate`, defined as :attr:`Generation.ms_per_token
-    <studylog.decode.loop.Generation.ms_per_token>`: the request's wall time (prefill included, the
+    <studylog.decode.generation.Generation.ms_per_token>`: the request's wall time (prefill included, the
     ``generate`` call alone: the logits processor is built before the clock starts and its matchers inside
     the call, as the loop's are before its steps) over its output tokens (EOS not counted). On a GPU the
     device is synchronised before each clock reading. One untimed run first (``warmup``), then ``repeats``

@@ -22,7 +22,8 @@ import torch
 
 from studylog.decode.grammar import Grammar, suite_names, suite_sample
 from studylog.decode import kernels
-from studylog.decode.loop import COMPONENTS, STEER, Decoder, Generation
+from studylog.decode.generation import STEER, Generation
+from studylog.decode.loop import COMPONENTS, Decoder
 from studylog.decode import requests as real_requests
 from studylog.decode.model import CL100K_SIZE, LlamaModel, dense_logits, describe, model_config
 
