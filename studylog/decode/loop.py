@@ -20,8 +20,8 @@ Every step of every configuration does the same things in the same order:
 7. **bookkeeping (host)**: the grammar advances; with jumps, forced tokens are appended without a forward
    and join the next step's chunk, as a chunked prefill would feed them.
 
-:data:`~studylog.decode.generation.CONFIGS` names the ways the chapter compares; :class:`Decoder` holds the model, the cache and
-the device buffers (allocated once); :meth:`Decoder.generate` runs one request.
+:data:`~studylog.decode.generation.CONFIGS` names the ways the chapter compares; :class:`Decoder` holds the
+model, the cache and the device buffers (allocated once); :meth:`Decoder.generate` runs one request.
 """
 
 from __future__ import annotations
