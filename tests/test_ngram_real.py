@@ -410,9 +410,8 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     entry = [r for r in rows if r["series"] == report.ENTRY_SERIES]
     assert len(entry) == len(report.BENCH_GRID) + len(real) // len({r["series"] for r in real})
     for r in entry:
-        wide = r["params"]["seq_len"] >= ngram.kernels.STREAM_MIN_WIDTH
-        big = r["params"]["batch"] * r["params"]["seq_len"] >= ngram.kernels.STREAM_MIN_TOKENS
-        assert r["step"] == ("step07" if wide and big else "step06") and r["clock"] == "gpu"
+        picked = ngram.kernels.step_for_shape(r["params"]["batch"], r["params"]["seq_len"])
+        assert r["step"] == report.series_of(picked) and r["clock"] == "gpu"
     assert any("Clocks:" in note for note in run.notes)
     # what the book draws from such a file: the headline on one clock, the figures and tables
     results = _results_of(run)

@@ -446,8 +446,9 @@ def real_model_numbers(results) -> dict[str, str]:
     for batch in (1, 8):
         rows = _real_rows(results, batch)
         ratios = [r1["ms"] / r3["ms"] for _, r1, _, r3 in rows]
-        fc = [chunk_forecast(results, r1, REAL, batch) / chunk_forecast(results, r3, REAL, batch)
-              for _, r1, _, r3 in rows if chunk_forecast(results, r3, REAL, batch)]
+        pairs = [(chunk_forecast(results, r1, REAL, batch), chunk_forecast(results, r3, REAL, batch))
+                 for _, r1, _, r3 in rows]
+        fc = [f1 / f3 for f1, f3 in pairs if f1 and f3]
         b = report.amdahl(report.breakdown(results.rows, REAL, batch, kind=None))
         out[f"dec_real_step03_b{batch}"] = fmt(_median(ratios), ".2f", "×")
         out[f"dec_real_forecast_b{batch}"] = fmt(_median(fc), ".2f", "×")

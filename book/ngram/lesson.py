@@ -152,7 +152,7 @@ def target_verdicts(results) -> str:
 def dispatch_table(results) -> str:
     """The entry point's rule on one card's grid: per case, steps 6 and 7 (GPU clock), the step
     :func:`~studylog.ngram.kernels.final_step` picks, and the picked step's time over the faster one."""
-    from studylog.ngram.kernels import STREAM_MIN_TOKENS, STREAM_MIN_WIDTH
+    from studylog.ngram.kernels import step07_stream, step_for_shape
 
     lines = ["| slots × prompt width | step 6 (µs) | step 7 (µs) | `ngram_match` runs | its time / the faster |",
              "|---|---|---|---|---|"]
@@ -165,8 +165,7 @@ def dispatch_table(results) -> str:
             continue
         seen.add(key)
         six, seven = r["ms"], other[0]["ms"]
-        wide, big = p["seq_len"] >= STREAM_MIN_WIDTH, p["batch"] * p["seq_len"] >= STREAM_MIN_TOKENS
-        picked = "step 7" if wide and big else "step 6"
+        picked = "step 7" if step_for_shape(p["batch"], p["seq_len"]) is step07_stream else "step 6"
         mine = seven if picked == "step 7" else six
         lines.append(f"| {p['batch']} × {p['seq_len']:,} | {us(six)} | {us(seven)} | {picked} | "
                      f"{mine / min(six, seven):.2f} |")

@@ -336,15 +336,20 @@ STREAM_MIN_WIDTH = 32_768
 STREAM_MIN_TOKENS = 1 << 21
 
 
-def final_step(inputs: NgramInputs) -> Callable:
-    """The step the final entry point runs on ``inputs``: :func:`step07_stream` where the prompts are at least
-    :data:`STREAM_MIN_WIDTH` wide and the call scans at least :data:`STREAM_MIN_TOKENS` prompt positions (slots ×
-    prompt width), :func:`step06_one_pass_fused` otherwise. Shapes only: no device synchronisation, so a serving
-    loop picks once per batch shape and builds an :class:`NgramMatcher` over it."""
-    batch, width = inputs.prompt_ids.shape
-    if width >= STREAM_MIN_WIDTH and batch * width >= STREAM_MIN_TOKENS:
+def step_for_shape(batch: int, prompt_width: int) -> Callable:
+    """The rule of :func:`final_step` on shapes: :func:`step07_stream` where the prompts are at least
+    :data:`STREAM_MIN_WIDTH` wide and a call scans at least :data:`STREAM_MIN_TOKENS` prompt positions (slots ×
+    prompt width), :func:`step06_one_pass_fused` otherwise."""
+    if prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS:
         return step07_stream
     return step06_one_pass_fused
+
+
+def final_step(inputs: NgramInputs) -> Callable:
+    """The step the final entry point runs on ``inputs`` (:func:`step_for_shape` of its prompts' shape). Shapes
+    only: no device synchronisation, so a serving loop picks once per batch shape and builds an
+    :class:`NgramMatcher` over it."""
+    return step_for_shape(*inputs.prompt_ids.shape)
 
 
 def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
@@ -358,7 +363,7 @@ def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_wi
     return final_step(inputs)(inputs, draft_tokens, seq_lens_this_time, config=config)
 
 
-__all__ = ["STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "final_step", "THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len",
+__all__ = ["STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "final_step", "step_for_shape", "THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len",
            "LaunchPlan", "launch_plans",
            "stream_vec", "stream_chunk_len", "NgramMatcher", "step01_cpu_path", "step02_serial", "step03_two_phase",
            "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_fused", "step07_stream", "ngram_match"]
