@@ -1,7 +1,19 @@
-"""Small helpers every chapter's lesson and exercises share: formatting a time, a number not measured yet, and the
-line an exercise check prints."""
+"""Small helpers every chapter's lesson and exercises share: formatting a time, a number not measured yet, the
+line an exercise check prints, prose with measured numbers in it (:func:`say`), and the page's prose length
+(:func:`prose_words`).
+
+**Numbers in prose.** A paragraph that quotes a measured number is a code cell that calls :func:`say` with an
+f-string, tagged ``remove-input`` (the book shows only the paragraph) and with ``jupyter.source_hidden`` set
+(JupyterLab folds the code): it renders as Markdown in both, so no reader meets a raw ``{glue:text}`` role.
+Paragraphs without measured numbers stay Markdown cells.
+"""
 
 from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
 
 #: What a prose number or a table cell reads when the results file does not have it yet.
 PENDING = "pending"
@@ -23,4 +35,60 @@ def report(name: str, ok: bool, problem: str | None, cases: int) -> bool:
     return ok
 
 
-__all__ = ["PENDING", "fmt", "report", "us"]
+def say(text: str) -> None:
+    """Show ``text`` (Markdown, usually an f-string with measured numbers) as a paragraph of the page."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))
+
+
+def _prose(markdown: str) -> str:
+    """The prose of a piece of Markdown: without code, math, tables, directives, HTML and link targets."""
+    text = re.sub(r"```.*?```|~~~.*?~~~", " ", markdown, flags=re.DOTALL)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$", " ", text, flags=re.DOTALL)
+    text = re.sub(r"<!--.*?-->|<[^>]+>", " ", text, flags=re.DOTALL)
+    text = re.sub(r"\{\w+(?::\w+)?\}`[^`]*`", " ", text)  # MyST roles such as {glue:text}`...`
+    text = re.sub(r"`[^`]*`", " ", text)  # inline code
+    text = re.sub(r"!\[[^\]]*\]\([^)]*\)", " ", text)  # images
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # links: keep the text
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("|")]  # tables
+    return "\n".join(lines)
+
+
+def _said(code: str) -> list[str]:
+    """The literal text of every ``say(...)`` call in a code cell (an f-string's text without its fields)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "say":
+            for arg in node.args:
+                parts = arg.values if isinstance(arg, ast.JoinedStr) else [arg]  # an f-string's fields are no prose
+                out += [v.value for v in parts if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+    return out
+
+
+def prose_words(path: str | Path) -> int:
+    """Words of prose a reader reads on a page: Markdown cells and the text of :func:`say` calls in a notebook
+    (or a whole ``.md`` file), without code, math, tables, directives and link targets. Numbers count as words;
+    headings count."""
+    path = Path(path)
+    if path.suffix == ".ipynb":
+        pieces = []
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "markdown":
+                pieces.append(source)
+            elif cell["cell_type"] == "code":
+                pieces += _said(source)
+    else:
+        pieces = [path.read_text()]
+    return sum(len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", _prose(p))) for p in pieces)
+
+
+#: The most prose a chapter page may hold, in words (:func:`prose_words`).
+PROSE_BUDGET = 2500
+
+__all__ = ["PENDING", "PROSE_BUDGET", "fmt", "prose_words", "report", "say", "us"]

@@ -85,3 +85,55 @@ def test_a_chapter_ends_with_exercises_and_further_reading(path):
 def test_a_chapter_links_the_public_work_it_builds_on(path):
     links = re.findall(r"\]\((https?://[^)\s]+)\)", "\n".join(_cells(path, "markdown")))
     assert len(set(links)) >= 3, f"{path.name}: cites {len(set(links))} public sources"
+
+
+def _notebook(tmp_path, cells) -> Path:
+    path = tmp_path / "page.ipynb"
+    path.write_text(json.dumps({"cells": [{"cell_type": kind, "metadata": {}, "source": src} for kind, src in cells],
+                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_the_word_counter_counts_prose_only(tmp_path):
+    from book.common import prose_words
+
+    page = _notebook(tmp_path, [
+        ("markdown", "# A title\n\nTwo [linked words](https://example.com/a/b/c) and `code here`, $x + y$.\n\n"
+                     "| a | table |\n|---|---|\n| not | prose |\n\n```python\nnot = prose\n```\n"),
+        ("code", "import numpy\nsay(f\"Said in {numpy.pi:.2f} words.\")\nprint('not prose')"),
+    ])
+    # "A title" (2) + "Two linked words and" (4) + "Said in" and "words." (3)
+    assert prose_words(page) == 9
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + [ROOT / "how_we_measure.md"], ids=lambda p: p.name)
+def test_prose_fits_the_budget(path):
+    """A page holds at most about 2,500 words of prose (Markdown cells and ``say`` paragraphs)."""
+    from book.common import PROSE_BUDGET, prose_words
+
+    words = prose_words(path)
+    assert words <= PROSE_BUDGET, f"{path.name}: {words:,} words of prose, over the budget of {PROSE_BUDGET:,}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_glue_placeholder_a_notebook_reader_would_see(path):
+    """JupyterLab does not render myst-nb's ``{glue:text}`` roles: a paragraph with measured numbers is a hidden
+    code cell that calls ``book.common.say`` with an f-string, which renders in JupyterLab and in the book."""
+    raw = [m.group(0) for cell in _cells(path, "markdown") for m in re.finditer(r"\{glue(?::\w+)?\}`[^`]*`", cell)]
+    assert not raw, f"{path.name}: glue roles in Markdown a notebook reader sees raw: {raw[:5]}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_plumbing_is_hidden(path):
+    """A cell that only writes prose (``say``) or stores a value for prose (``glue``) shows its output, not its
+    code: tagged ``remove-input`` for the book and folded (``source_hidden``) in JupyterLab."""
+    shown = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code" or not re.search(r"\b(?:say|glue)\(", source):
+            continue
+        meta = cell.get("metadata", {})
+        tags = set(meta.get("tags", []))
+        if not tags & {"remove-input", "remove-cell", "hide-input"} or not meta.get("jupyter", {}).get("source_hidden"):
+            shown.append(i)
+    assert not shown, f"{path.name}: code cells {shown} write prose or glue values but show their code"
