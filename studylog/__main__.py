@@ -22,8 +22,7 @@ from pathlib import Path
 
 #: The chapters' own command lines (``studylog/<chapter>/__main__.py``): module -> (arguments, what it does).
 CHAPTER_TOOLS = {
-    "studylog.fsm": ("export-masks | report | realworld",
-                     "chapter 1: the mask file, the suite's savings, SchemaStore's schemas"),
+    "studylog.fsm": ("export-masks | report", "chapter 1: the mask file, the suite's savings"),
     "studylog.ngram": ("corpus [--out PATH] [--check]", "chapter 3: rebuild or check the real-text corpus"),
 }
 

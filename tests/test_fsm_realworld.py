@@ -1,4 +1,4 @@
-"""Chapter 1 on real schemas (studylog.fsm.realworld): the SchemaStore catalog, the three engines, the stats.
+"""Chapter 1 on real schemas (book.fsm.realworld): the SchemaStore catalog, the three engines, the stats.
 
 Fast on a CPU: a handful of small schemas, a short time limit, one worker process per test that measures.
 """
@@ -12,8 +12,8 @@ import pytest
 for _name in ("outlines_core", "outlines", "bpe_openai", "schemastore", "requests_cache", "jsonschema"):
     pytest.importorskip(_name)
 
-from studylog.fsm import __main__ as cli  # noqa: E402
-from studylog.fsm import realworld as rw  # noqa: E402
+from book.fsm import realworld as rw  # noqa: E402
+from book.fsm.realworld import __main__ as cli  # noqa: E402
 
 #: Small schemas every engine should compile quickly (additionalProperties false: one language for all three).
 SMALL = [
@@ -176,7 +176,7 @@ def test_cli_errors_are_one_line(capsys):
                        (["--vocab", "no-such-vocabulary", "--limit", "1"], "vocab"),
                        (["--sample", "0"], "--sample"),
                        (["--vocab", "cl100k_base", "o200k_base", "--out", "/tmp/x.json"], "--out")):
-        assert cli.main(["realworld", *argv]) == 2
+        assert cli.main(list(argv)) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and flag in err[0], err
         assert "Traceback" not in err[0]

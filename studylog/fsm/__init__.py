@@ -21,7 +21,7 @@ steps, :func:`decode`, two deterministic stand-ins for a model), :mod:`~studylog
 (the mask file of chapter 2), :mod:`~studylog.fsm.peers` (the same regexes in xgrammar and llguidance, optional
 packages of the ``peers`` extra: forced strings, masks, passes and CPU times beside ours). The chapter has no GPU
 benchmark; its figure is the book's (``book.fsm.figures``). Command line: ``python -m studylog.fsm export-masks |
-report | realworld``.
+report``; the SchemaStore survey is the book's (``python -m book.fsm.realworld``).
 """
 
 from __future__ import annotations

