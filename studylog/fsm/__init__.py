@@ -18,8 +18,9 @@ The modules: :mod:`~studylog.fsm.vocabulary` (token bytes and EOS), :mod:`~study
 (regexes from schemas, :class:`ConstrainedFSM` and its jump tables), :mod:`~studylog.fsm.decoding` (the
 steps, :func:`decode`, two deterministic stand-ins for a model), :mod:`~studylog.fsm.schemas` (the suite),
 :mod:`~studylog.fsm.report` (the suite's measurement and its table), :mod:`~studylog.fsm.masks`
-(the mask file of chapter 2), :mod:`~studylog.fsm.peers` (the same regexes in xgrammar and llguidance, optional
-packages of the ``peers`` extra: forced strings, masks, passes and CPU times beside ours). The chapter has no GPU
+(the mask file of chapter 2), :mod:`~studylog.fsm.matchers` and :mod:`~studylog.fsm.peers` (the same regexes
+in xgrammar and llguidance, optional packages of the ``peers`` extra: forced strings, masks, passes and CPU
+times beside ours). The chapter has no GPU
 benchmark; its figure is the book's (``book.fsm.figures``). Command line: ``python -m studylog.fsm export-masks |
 report``; the SchemaStore survey is the book's (``python -m book.fsm.realworld``).
 """
@@ -34,7 +35,8 @@ from studylog.fsm.decoding import (MODES, STEP_OF_MODE, DecodeResult, Event, Mod
                                    decode, greedy, step01_uncompressed, step02_token_jumps, step03_char_jumps,
                                    toy_model, writer_model)
 from studylog.fsm.masks import COMMITTED_MASKS_ASCII_DIGITS, export_masks, select_masks
-from studylog.fsm.peers import compare_peers, jump_forward_decode, peer_versions, viable_prefix
+from studylog.fsm.matchers import peer_versions
+from studylog.fsm.peers import compare_peers, jump_forward_decode, viable_prefix
 from studylog.fsm.report import (MASKBENCH_FORCED_SHARE, EntryResult, extra_tokens, measure_entry, run_suite,
                                  savings_table)
 from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocabulary, make_vocabulary
