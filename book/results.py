@@ -1,0 +1,161 @@
+"""The reader's summary of the course: one line per chapter (the question, the fair headline on each card, a link)
+and the reading path (minutes of prose per chapter), computed from the committed benchmark JSON and the notebooks.
+
+The fair headline of a chapter is its final kernel against the strongest rival measured at the same shape: the
+scoreboard's comparison (:mod:`book.scoreboard`), so the results page, the landing page, the scoreboard and the
+README never disagree. Chapter 1 has no GPU kernel: its line is what its compression saves inside chapter 7's decode
+loop (jump-forward against the plain loop, on the same requests).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+from book.common import prose_words, us
+from book.scoreboard import ENTRIES, NOT_MEASURED, card_name, cards, load, rows, scoreboard
+from studylog.paths import BENCH_RESULTS, REPO_ROOT
+
+#: Words of prose a reader gets through in a minute of careful technical reading (code and tables come on top).
+WORDS_PER_MINUTE = 200
+
+#: Chapter 1's case in chapter 7's loop: the 8B-shaped model, batch 1, compact JSON whitespace.
+JUMP_CASE = {"model": "8b", "batch": 1, "whitespace": "compact"}
+
+
+def jump_forward(data: dict[str, Any]) -> dict[str, Any] | None:
+    """What chapter 1's compression saves in chapter 7's loop on one card: the share of forward passes jump-forward
+    (step 2) leaves out over the suite's requests, and the median over requests of step 1's time per output token
+    over step 2's."""
+    plain = {r["params"]["schema"]: r for r in rows(data, "step01", **JUMP_CASE)}
+    jumped = [(r, plain[r["params"]["schema"]]) for r in rows(data, "step02", **JUMP_CASE)
+              if r["params"]["schema"] in plain]
+    if not jumped:
+        return None
+    saved = 1 - sum(j["forwards"] for j, _ in jumped) / sum(p["forwards"] for _, p in jumped)
+    return {"saved": saved, "speedup": statistics.median(p["ms"] / j["ms"] for j, p in jumped),
+            "requests": len(jumped)}
+
+
+#: What each chapter's headline compares, in words (the rival's name comes from the data).
+HEADLINE_WHAT = {
+    1: "forward passes jump-forward spares on the suite's requests, and the time per output token it buys "
+       "(chapter 7's loop, 8B-shaped model, batch 1)",
+    2: "the whole masked step from the grammar's bitmask against xgrammar's path (cuBLAS logits, then its mask "
+       "kernel), batch 1, 1,000 of 128,256 tokens allowed",
+    3: "the GPU drafter against the CPU loop it replaces, both end to end (the call, then a sync), 128 slots of "
+       "32,768 tokens",
+    4: "loss and gradient against torch's cuDNN path, T = 150, alphabet 5,000, batch 8",
+    5: "one row of bf16 x times a 4096 x 14336 ternary matrix, against GemLite's 2-bit kernel",
+    6: "eight prompts of mixed lengths in one call, against FlashInfer",
+    7: "the decode loop with chapter 2's head against the same loop with a dense head and a mask, per output "
+       "token (8B-shaped model, batch 1)",
+}
+
+
+#: The rival of each chapter's headline, in a few words (the landing page's cards).
+RIVAL_SHORT = {2: "xgrammar's path", 3: "the CPU loop", 4: "cuDNN", 5: "GemLite", 6: "FlashInfer",
+               7: "a dense head and a mask"}
+
+
+def _short(card: str) -> str:
+    return card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
+
+
+def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
+    """One dict per chapter: number, title, notebook, question, what the headline compares, and per card (short
+    name) the headline's text (``cells``) and its ratio (``ratios``; None where not measured)."""
+    board = scoreboard(root)
+    out = []
+    for entry in ENTRIES:
+        cells, ratios, brief = {}, {}, {}
+        for card in cards(root):
+            name = _short(card_name(card))
+            if entry.number == 1:
+                data = load(card, "decode")
+                jf = jump_forward(data) if data else None
+                ratios[name] = jf["speedup"] if jf else None
+                cells[name] = (f"**{jf['saved']:.0%}** fewer forward passes; **{jf['speedup']:.2f}×** per output "
+                               f"token" if jf else NOT_MEASURED)
+                brief[name] = f"{jf['saved']:.0%} fewer forward passes" if jf else NOT_MEASURED
+                continue
+            row = next((b for b in board if b["number"] == entry.number and _short(b["card"]) == name), None)
+            if row is None or "missing" in row or row["vs_rival"] is None:
+                ratios[name], cells[name], brief[name] = None, NOT_MEASURED, NOT_MEASURED
+                continue
+            ratios[name] = row["vs_rival"]
+            brief[name] = f"{row['vs_rival']:.2f}× {RIVAL_SHORT.get(entry.number, 'its rival')}"
+            ours, theirs = row["median_ms"], row["rival_ms"]
+            if row["rival_clock"] not in (None, row["clock"]):  # compared end to end, not on the GPU clock
+                cells[name] = f"**{row['vs_rival']:.2f}×**"
+            else:
+                cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
+        out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
+                    "question": entry.question, "what": HEADLINE_WHAT.get(entry.number, ""), "cells": cells,
+                    "ratios": ratios, "brief": brief})
+    return out
+
+
+def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
+    """The results page's first table: per chapter the question, the fair headline on each card and a link."""
+    link = link or (lambda nb: nb)
+    found = headlines(root)
+    names = list(dict.fromkeys(n for h in found for n in h["cells"]))
+    lines = ["| chapter | the question | the fair headline: ours against the strongest rival | "
+             + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
+    for h in found:
+        lines.append(f"| [{h['number']}. {h['title']}]({link(h['notebook'])}) | {h['question']} | {h['what']} | "
+                     + " | ".join(h["cells"].get(n, NOT_MEASURED) for n in names) + " |")
+    return "\n".join(lines)
+
+
+def reading_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> int:
+    """Minutes a chapter's prose takes at :data:`WORDS_PER_MINUTE`, rounded up to five (code and tables on top)."""
+    words = prose_words(Path(root) / notebook)
+    return max(5, 5 * math.ceil(words / WORDS_PER_MINUTE / 5))
+
+
+#: The course's pages in reading order: (notebook, what it is for the reader); the chapters' questions come from
+#: the scoreboard's entries.
+READING_ORDER = (
+    ("notebooks/00_how_to_read.ipynb", "How every chapter is built, tested and measured; the card's ceilings."),
+    ("notebooks/01_fsm_compression.ipynb", None),
+    ("notebooks/02_masked_lm_head.ipynb", None),
+    ("notebooks/03_ngram_matching.ipynb", None),
+    ("notebooks/04_ctc_loss.ipynb", None),
+    ("notebooks/05_ternary_1_triton.ipynb", None),
+    ("notebooks/05_ternary_2_cuda.ipynb", None),
+    ("notebooks/06_multi_item_attention.ipynb", None),
+    ("notebooks/07_constrained_decoding.ipynb", None),
+)
+
+
+def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
+                          card: str = "H200") -> str:
+    """The landing page's table: each page in reading order with its question, one number (the fair headline on
+    ``card``) and its reading time."""
+    link = link or (lambda nb: nb)
+    by_notebook = {h["notebook"]: h for h in headlines(root)}
+    lines = [f"| page | the question | the answer in one number ({card}; × is how many times faster than) | "
+             "reading time |", "|---|---|---|---|"]
+    for notebook, what in READING_ORDER:
+        stem = Path(notebook).stem
+        h = by_notebook.get(notebook)
+        if h is None and stem.startswith("05_ternary_1"):
+            h = {**by_notebook["notebooks/05_ternary_2_cuda.ipynb"], "brief": {}}  # its number is part 2's
+            question = "How do you pack and multiply ternary weights in Triton, step by step? (part 1 of 2)"
+        else:
+            question = what or h["question"]
+        number = h["brief"].get(card, "–") if h else "–"
+        title = f"{stem[:2]}" + (f". {h['title']}" if h else ". How to read this course")
+        if stem.startswith("05_"):
+            title += " (Triton)" if "triton" in stem else " (CUDA C++)"
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | "
+                     f"{reading_minutes(notebook)} min |")
+    return "\n".join(lines)
+
+
+__all__ = ["HEADLINE_WHAT", "RIVAL_SHORT", "JUMP_CASE", "READING_ORDER", "WORDS_PER_MINUTE", "headlines", "jump_forward",
+           "reading_minutes", "reading_path_markdown", "summary_markdown"]

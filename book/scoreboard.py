@@ -1,0 +1,407 @@
+"""The scoreboard: how close each chapter's final kernel is to its limit, read from the committed benchmark JSON.
+
+One row per chapter and card (``assets/bench/<card>/<chapter>.json``): the chapter's final kernel at its headline
+shape, its time over the run's repetitions, the strongest rival measured at the same shape, and its floors:
+
+* the **byte floor**: the bytes the call must move at the copy bandwidth measured in the same run (the row's
+  ``floor_ms``, or ``floor_mem_ms`` where the file splits memory from compute);
+* the **compute floor**: the useful FLOPs at the run's measured matmul rate, where the file records one;
+* the **latency floor**: the GPU-clock time of the shortest chain of dependent work the call cannot avoid. A single
+  kernel cannot take less than an empty kernel replayed in a CUDA graph (``ceilings.empty_launch_gpu_ms``); a
+  decode step runs its forward's kernels one after another, so that many empty kernels.
+
+The **binding floor** is the largest of these; "% of the floor" is the binding floor over our median (100% would be
+at the floor). Where a file lacks a number the scoreboard needs, the cell says "not measured" and
+:func:`missing` says why; nothing is filled in by hand.
+
+The module reads the JSON files directly (no chapter code is imported), so the page and its test do not depend on
+how the library is laid out. A chapter is one :class:`Entry` in :data:`ENTRIES`; a new chapter appends one.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from book.common import us
+from studylog.paths import BENCH_RESULTS
+
+#: What a cell reads where the committed files do not hold the number.
+NOT_MEASURED = "not measured"
+
+#: Why no cell shows a 99th percentile: what the files keep of the repetitions.
+P99_REASON = ("the benchmark files keep, for each series, the minimum, median and maximum of three repetitions; each "
+              "repetition is itself a median over replays of a CUDA graph of many back-to-back calls, so no "
+              "distribution of single calls is recorded and no 99th percentile can be computed from them")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the files
+# ----------------------------------------------------------------------------------------------
+
+def cards(root: Path = BENCH_RESULTS) -> list[Path]:
+    """The card folders under ``root`` that hold benchmark files, in name order."""
+    return sorted(p for p in Path(root).iterdir() if p.is_dir() and any(p.glob("*.json")))
+
+
+def load(card: Path, chapter: str) -> dict[str, Any] | None:
+    """A chapter's benchmark file on one card, as JSON (None when the card has none)."""
+    path = Path(card) / f"{chapter}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def rows(data: dict[str, Any], series: str, **params: Any) -> list[dict[str, Any]]:
+    """The measurements of ``series`` whose parameters include ``params`` (a value of None: the key is absent)."""
+    out = []
+    for row in data["measurements"]:
+        if row["series"] != series:
+            continue
+        if all(row["params"].get(k) == v for k, v in params.items()):
+            out.append(row)
+    return out
+
+
+def one(data: dict[str, Any], series: str, **params: Any) -> dict[str, Any] | None:
+    """The single measurement of ``series`` at ``params``; None when there is none; an error when several match."""
+    found = rows(data, series, **params)
+    if len(found) > 1:
+        raise ValueError(f"{len(found)} rows of {series!r} match {params}")
+    return found[0] if found else None
+
+
+def empty_kernel_ms(data: dict[str, Any]) -> float | None:
+    """An empty kernel's GPU time in this run (graph-replayed), or None where the file predates it."""
+    return data.get("ceilings", {}).get("empty_launch_gpu_ms")
+
+
+def spread(row: dict[str, Any]) -> tuple[float, float, float]:
+    """(fastest, median, slowest) of a row's repetitions; a row without a spread is its one time three times."""
+    lo, med, hi = row.get("spread_ms") or (row["ms"], row["ms"], row["ms"])
+    return lo, med, hi
+
+
+# ----------------------------------------------------------------------------------------------
+# One chapter's row
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    """A chapter on the scoreboard: where its lesson is, the question it answers, and how to read its final kernel,
+    its rival and its floors out of one card's file (``measure(data) -> row``, None when the file lacks the series).
+    ``bench`` is the benchmark file's stem (None: the chapter has no GPU benchmark, and ``absent`` says why)."""
+
+    number: int
+    title: str
+    notebook: str
+    question: str
+    bench: str | None
+    measure: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+    absent: str = ""
+
+
+def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_label: str,
+         rival: dict[str, Any] | None, *, byte_floor_ms: float | None, latency_floor_ms: float | None,
+         latency_what: str, compute_floor_ms: float | None = None, ratio: float | None = None,
+         ratio_note: str = "", notes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A scoreboard row from our measurement and the rival's (``ratio`` overrides rival median / our median, for a
+    comparison made on another clock)."""
+    lo, med, hi = spread(ours)
+    row = {"ours": ours_label, "shape": shape, "clock": clock, "fastest_ms": lo, "median_ms": med, "slowest_ms": hi,
+           "rival": rival_label, "rival_ms": rival["ms"] if rival else None,
+           "rival_clock": rival.get("clock") if rival else None,
+           "byte_floor_ms": byte_floor_ms, "compute_floor_ms": compute_floor_ms,
+           "latency_floor_ms": latency_floor_ms, "latency_what": latency_what, "ratio_note": ratio_note,
+           "notes": list(notes)}
+    row["vs_rival"] = ratio if ratio is not None else (rival["ms"] / med if rival else None)
+    floors = {"bytes": byte_floor_ms, "compute": compute_floor_ms, "latency": latency_floor_ms}
+    known = {k: v for k, v in floors.items() if v is not None}
+    if known:
+        row["binding"] = max(known, key=known.get)
+        row["binding_floor_ms"] = known[row["binding"]]
+        row["pct_of_floor"] = 100 * row["binding_floor_ms"] / med
+    else:
+        row["binding"], row["binding_floor_ms"], row["pct_of_floor"] = None, None, None
+    return row
+
+
+def _one_kernel(data: dict[str, Any]) -> tuple[float | None, str]:
+    return empty_kernel_ms(data), "one empty kernel, graph-replayed"
+
+
+#: Chapter 2's headline: the whole masked step from the packed bitmask, batch 1, 1,000 of 128,256 tokens allowed.
+MASKED_HEAD_CASE = {"batch": 1, "kind": "random", "allowed": 1000}
+
+
+def _masked_lm_head(data):
+    ours = one(data, "plan_bitmask", **MASKED_HEAD_CASE)
+    if ours is None:
+        return None
+    latency, what = _one_kernel(data)
+    return _row("MaskedHeadPlan: the bitmask copied in, then step 9's kernel",
+                "batch 1, 1,000 of 128,256 tokens allowed", ours["clock"], ours,
+                "xgrammar: cuBLAS logits, then its bitmask kernel", one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE),
+                byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency,
+                latency_what=what + " (the step also copies the bitmask from host memory: a lower bound)")
+
+
+#: Chapter 3's headline: 128 draft slots of 32,768 tokens, the deployed budget of 128 drafted tokens.
+NGRAM_CASE = {"batch": 128, "seq_len": 32768, "threshold": 128, "corpus": None}
+
+
+def _ngram(data):
+    series = "ngram_match" if rows(data, "ngram_match") else "step07"
+    ours = one(data, series, **NGRAM_CASE)
+    if ours is None:
+        return None
+    cpu, synced = one(data, "step01", **NGRAM_CASE), one(data, "synced_step07", **NGRAM_CASE)
+    ratio = cpu["ms"] / synced["ms"] if cpu and synced else None
+    latency, what = _one_kernel(data)
+    picked = f" (runs {ours['step']})" if ours.get("step") else ""
+    return _row(f"{series}{picked}", "128 slots x 32,768 tokens, budget 128", ours["clock"], ours,
+                "the CPU loop it replaces (call, then sync)", cpu, byte_floor_ms=ours.get("floor_ms"),
+                latency_floor_ms=latency, latency_what=what, ratio=ratio,
+                ratio_note="end to end on the host (the call, then a sync) on both sides")
+
+
+#: Chapter 4's headline: T = 150 frames, an alphabet of 5,000, a batch of 8 utterances.
+CTC_CASE = {"T": 150, "A": 5000, "N": 8}
+
+
+def _ctc(data):
+    series = "ctc_loss" if rows(data, "ctc_loss") else "step10"
+    ours = one(data, series, **CTC_CASE)
+    if ours is None:
+        return None
+    rival = one(data, "torch-best", **CTC_CASE)
+    latency, what = _one_kernel(data)
+    picked = f" (runs {ours['step']})" if ours.get("step") else ""
+    label = f"torch {rival.get('picked', 'best').replace('torch-', '')}" if rival else "torch"
+    return _row(f"{series}{picked}", "T = 150, A = 5,000, N = 8", ours["clock"], ours, label, rival,
+                byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency,
+                latency_what=what + "; the recursion's 150 dependent frames are not measured (a lower bound)",
+                notes=("latency floor of the frame chain not measured",))
+
+
+#: Chapter 5's headline: one row of bf16 x times a 4096 x 14336 ternary matrix (a Llama 3 8B MLP projection).
+TERNARY_CASE = {"shape": "4096x14336", "m": 1}
+#: The chapter's kernels that take bf16 x, the product GemLite computes (the W2A8 steps quantise x first).
+TERNARY_BF16_X = ("step09", "step10", "step11")
+
+
+def _ternary(data):
+    mine = [r for s in TERNARY_BF16_X for r in rows(data, s, **TERNARY_CASE) if r["clock"] == "gpu"]
+    if not mine:
+        return None
+    ours = min(mine, key=lambda r: r["ms"])
+    rival = one(data, "gemlite_w2", **TERNARY_CASE)
+    read = one(data, "read_weights", **TERNARY_CASE)
+    latency, what = _one_kernel(data)
+    notes = ()
+    if read is not None:
+        notes = (f"a kernel that only reads the packed weights takes {us(read['ms'])} µs in the same run",)
+    return _row(f"{ours['series']} (fastest bf16-x kernel)", "M = 1, 4096 x 14336, bf16 x", ours["clock"], ours,
+                "GemLite 2-bit", rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
+                compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
+                notes=notes)
+
+
+#: Chapter 6's headline: eight prompts of mixed prefix and item lengths in one batch.
+MULTI_ITEM_CASE = {"shape": "8 prompts, mixed"}
+
+
+def _multi_item(data):
+    ours = one(data, "step05", **MULTI_ITEM_CASE)
+    if ours is None:
+        return None
+    rival = one(data, "FlashInfer", **MULTI_ITEM_CASE)
+    latency, what = _one_kernel(data)
+    label = f"FlashInfer ({rival.get('backend', '?')}, page {rival.get('page_size', '?')})" if rival else "FlashInfer"
+    notes = () if latency is not None else ("this file predates the empty kernel's GPU time",)
+    return _row("step05_batched", "8 prompts, mixed lengths, 32 heads x 128", ours["clock"], ours, label, rival,
+                byte_floor_ms=ours.get("floor_ms"), compute_floor_ms=ours.get("compute_floor_ms"),
+                latency_floor_ms=latency, latency_what=what, notes=notes)
+
+
+#: Chapter 7's headline: the 8B-shaped cost model at batch 1, per output token, over the suite's requests.
+DECODE_CASE = {"model": "8b", "batch": 1, "whitespace": "compact"}
+
+
+def _decode(data):
+    ours = rows(data, "step03", **DECODE_CASE)
+    body = one(data, "body", model="8b", batch=1, chunk=1)
+    if not ours:
+        return None
+    by_schema = {r["params"]["schema"]: r for r in rows(data, "step01", **DECODE_CASE)}
+    pairs = [(r, by_schema.get(r["params"]["schema"])) for r in ours]
+    empty = empty_kernel_ms(data)
+    byte, latency = [], []
+    for r, _ in pairs:
+        share = r["forwards"] / r["tokens"]  # forward passes per output token (jump-forward makes it < 1)
+        if body is not None:
+            byte.append(body["floor_ms"] * share)
+            if empty is not None and body.get("kernels_per_forward"):
+                latency.append(body["kernels_per_forward"] * empty * share)
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    summary = {"ms": med([r["ms"] for r, _ in pairs]), "clock": ours[0]["clock"],
+               "spread_ms": [med([spread(r)[i] for r, _ in pairs]) for i in range(3)]}
+    rival = [b for _, b in pairs if b is not None]
+    rival_row = {"ms": med([b["ms"] for b in rival]), "clock": rival[0]["clock"]} if rival else None
+    ratio = med([b["ms"] / r["ms"] for r, b in pairs if b is not None])
+    kernels = body.get("kernels_per_forward") if body else None
+    notes = ["wall clock: the whole step, host included, per output token",
+             "floors: the body's weights read once per forward, and its kernels' chain, per output token"]
+    hf = rows(data, "hf_generate", model="smollm2", batch=1)
+    mine = {r["params"]["schema"]: r for r in rows(data, "step03", model="smollm2", batch=1, whitespace="compact")}
+    both = [(h, mine[h["params"]["schema"]]) for h in hf if h["params"]["schema"] in mine]
+    if both:
+        notes.append(f"Hugging Face generate with xgrammar's logits processor, the library path, is measured only on "
+                     f"SmolLM2-135M at batch 1: {us(med([h['ms'] for h, _ in both]))} µs per output token against "
+                     f"our {us(med([m['ms'] for _, m in both]))} µs on the same {len(both)} requests; it runs every "
+                     f"operation eagerly, without CUDA graphs, so the loop of step 1 is the stronger rival")
+    else:
+        notes.append("no library decode loop (Hugging Face generate with xgrammar) is measured on this card")
+    return _row("step03_masked_head, per output token", f"8B-shaped model, batch 1, median of {len(pairs)} requests",
+                ours[0]["clock"], summary, "the same loop with a dense head and a mask (step 1)", rival_row,
+                byte_floor_ms=med(byte), latency_floor_ms=med(latency),
+                latency_what=(f"{kernels} dependent kernels a forward, each at least an empty kernel" if kernels
+                              else "not measured"),
+                ratio=ratio, ratio_note="median over requests of the per-request ratio", notes=tuple(notes))
+
+
+#: The chapters on the scoreboard, in the course's order; a new chapter appends its entry.
+ENTRIES: tuple[Entry, ...] = (
+    Entry(1, "FSM compression", "notebooks/01_fsm_compression.ipynb",
+          "How many forward passes can a grammar spare the model?", None,
+          absent="no GPU kernel: the compression runs on the host, over the grammar's automaton; its effect is timed "
+                 "inside chapter 7's decode loop (jump-forward, step 2)"),
+    Entry(2, "Masked LM head", "notebooks/02_masked_lm_head.ipynb",
+          "If the grammar allows a thousand tokens, why compute all 128,256 logits?", "masked_lm_head",
+          _masked_lm_head),
+    Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
+          "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram),
+    Entry(4, "CTC loss", "notebooks/04_ctc_loss.ipynb",
+          "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc),
+    Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
+          "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
+          _ternary),
+    Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
+          "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item),
+    Entry(7, "Constrained decoding end to end", "notebooks/07_constrained_decoding.ipynb",
+          "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode),
+)
+
+
+def card_name(card: Path) -> str:
+    """The GPU's name as its files record it (the folder name where none does)."""
+    for f in sorted(Path(card).glob("*.json")):
+        return json.loads(f.read_text())["device"]["name"]
+    return Path(card).name
+
+
+def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
+    """Every scoreboard row: for each entry and each card, the measured row, or one that says why there is none."""
+    out = []
+    for entry in ENTRIES:
+        for card in cards(root):
+            base = {"number": entry.number, "title": entry.title, "notebook": entry.notebook, "card": card_name(card)}
+            data = load(card, entry.bench) if entry.bench else None
+            row = entry.measure(data) if data is not None and entry.measure else None
+            if row is None:
+                why = entry.absent or (f"no {entry.bench}.json on this card" if data is None
+                                       else "the file lacks the final kernel's series")
+                out.append(base | {"missing": why})
+            else:
+                out.append(base | {"date": data["date"][:10]} | row)
+    return out
+
+
+def missing(root: Path = BENCH_RESULTS) -> list[str]:
+    """What the committed files do not hold that the scoreboard asks for, one sentence each (the page's list)."""
+    board = scoreboard(root)
+    out = [f"99th percentile, every row: {P99_REASON}."]
+    for r in board:
+        where = f"chapter {r['number']} on the {r['card']}"
+        if "missing" in r:
+            out.append(f"{where}: {r['missing']}.")
+            continue
+        if r["latency_floor_ms"] is None:
+            out.append(f"{where}: no latency floor (the file records no empty kernel's GPU time).")
+        elif "not measured" in r["latency_what"]:
+            out.append(f"{where}: the latency floor shown is {r['latency_what']}.")
+        if r["rival_ms"] is None:
+            out.append(f"{where}: no rival measured at this shape.")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The page's table
+# ----------------------------------------------------------------------------------------------
+
+def _short_card(name: str) -> str:
+    return name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
+
+
+def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
+    """The scoreboard as one Markdown table, a row per chapter and card (one row for a chapter that no card
+    measures, saying why), then the notes its cells point to. ``link(notebook)`` gives a chapter's link target
+    (default: the notebook's path)."""
+    link = link or (lambda nb: nb)
+    head = ("| chapter | card | final kernel at its headline shape | median (µs) | slowest of 3 runs (µs) | p99 (µs) | "
+            "strongest rival (µs) | ours × rival | byte floor (µs) | latency floor (µs) | % of the binding floor |")
+    lines = [head, "|" + "---|" * 11]
+    notes: list[str] = []
+
+    def note(text: str) -> str:
+        if text not in notes:
+            notes.append(text)
+        return f"[{notes.index(text) + 1}]"
+
+    board = scoreboard(root)
+    done: set[int] = set()
+    for r in board:
+        chapter = f"[{r['number']}. {r['title']}]({link(r['notebook'])})"
+        if "missing" in r:
+            same = [b for b in board if b["number"] == r["number"]]
+            if all(b.get("missing") == r["missing"] for b in same):  # no card has it, for one reason: one row
+                if r["number"] in done:
+                    continue
+                done.add(r["number"])
+                lines.append(f"| {chapter} | all | {NOT_MEASURED} {note(r['missing'])} |" + " – |" * 8)
+            else:
+                lines.append(f"| {chapter} | {_short_card(r['card'])} | {NOT_MEASURED} {note(r['missing'])} |"
+                             + " – |" * 8)
+            continue
+        ours = f"{r['ours']}; {r['shape']}"
+        if r["clock"] != "gpu":
+            ours += " " + note(f"{r['title']}: {r['notes'][0] if r['notes'] else r['clock'] + ' clock'}.")
+        rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
+        for extra in r["notes"][2:] if r["clock"] == "wall" else []:
+            rival += " " + note(f"{r['title']} on the {r['card']}: {extra}.")
+        if r["rival_clock"] not in (None, r["clock"]):
+            rival += " " + note(f"{r['title']}: the rival is timed {r['ratio_note'] or 'on another clock'}; "
+                                f"the ratio compares our call timed the same way, not our GPU time.")
+        vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
+        if r["ratio_note"] and r["rival_clock"] == r["clock"]:
+            vs += " " + note(f"{r['title']}: {r['ratio_note']}.")
+        byte = us(r["byte_floor_ms"], missing=NOT_MEASURED)
+        if r["compute_floor_ms"] is not None:
+            byte += f" (compute: {us(r['compute_floor_ms'])})"
+        latency = us(r["latency_floor_ms"], missing=NOT_MEASURED)
+        if r["latency_floor_ms"] is None:
+            latency += " " + note(f"{r['title']} on the {r['card']}: the file records no empty kernel's GPU time.")
+        else:
+            latency += " " + note(f"{r['title']}: {r['latency_what']}.")
+        pct = (f"{r['pct_of_floor']:.0f}% of {r['binding']}" if r["pct_of_floor"] is not None else NOT_MEASURED)
+        lines.append(f"| {chapter} | {_short_card(r['card'])} | {ours} | **{us(r['median_ms'])}** | "
+                     f"{us(r['slowest_ms'])} | {NOT_MEASURED} {note('p99: ' + P99_REASON + '.')} | {rival} | {vs} | "
+                     f"{byte} | {latency} | {pct} |")
+    lines.append("")
+    lines += [f"{i}. {text[0].upper() + text[1:].rstrip('.')}." for i, text in enumerate(notes, 1)]
+    return "\n".join(lines)
+
+
+__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "P99_REASON", "card_name", "cards", "load", "missing", "one", "rows",
+           "scoreboard", "scoreboard_markdown", "spread"]
