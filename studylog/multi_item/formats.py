@@ -334,10 +334,13 @@ def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v:
                         batch: MultiItemBatch, sm_scale: float | None = None,
                         rule: str = DEFAULT_RULE) -> Float[Tensor, "h t d"]:
     """Float64 attention with the dense mask of ``rule``, written out (no fused kernel): what every step is
-    checked against. A row that sees no key (under FlashInfer's rule, a delimiter of a prompt without a prefix)
+    checked against. ``k`` and ``v`` may have fewer heads than ``q`` (each serves a group of query heads). A
+    row that sees no key (under FlashInfer's rule, a delimiter of a prompt without a prefix)
     is 0, as FlashInfer and our kernels write it."""
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    group = q.shape[0] // k.shape[0]  # grouped-query attention: query head h reads key/value head h // group
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
         rows = slice(start, start + s)
         mask = dense_mask(batch, b, rule)
@@ -349,9 +352,10 @@ def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v:
 
 
 def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
-    """What every attention step takes: ``q``, ``k``, ``v`` (and ``out``) of one shape and dtype,
+    """What every attention step takes: ``q``, ``k``, ``v`` (and ``out``, shaped like ``q``) of one dtype,
     ``[heads, tokens, head_dim]`` with a unit stride on ``head_dim``, on the batch's device, with as many
-    tokens as ``batch`` (a :class:`MultiItemBatch`) describes."""
+    tokens as ``batch`` (a :class:`MultiItemBatch`) describes; ``k`` and ``v`` may have fewer heads than ``q``
+    (grouped-query attention: ``q``'s heads a multiple of theirs)."""
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -363,8 +367,12 @@ def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in head_dim (stride 1 on its last dimension), "
                              f"got strides {x.stride()}")
-    if k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"q, k and v must have one shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or k.shape[1:] != q.shape[1:]:
+        raise ValueError(f"q, k and v must have one shape (k and v may have fewer heads), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[0] < 1 or q.shape[0] % k.shape[0]:
+        raise ValueError(f"q's heads ({q.shape[0]}) must be a multiple of k's and v's heads ({k.shape[0]}): each "
+                         "key/value head serves a group of query heads")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[1] != batch.total_tokens:

@@ -1,6 +1,8 @@
 """The Triton kernels of steps 2 to 5: flash-attention forwards under the multi-item mask.
 
-Layout: ``q``, ``k``, ``v`` and ``out`` are ``[heads, tokens, head_dim]`` with a unit stride on ``head_dim``.
+Layout: ``q``, ``k``, ``v`` and ``out`` are ``[heads, tokens, head_dim]`` with a unit stride on ``head_dim``;
+``k`` and ``v`` may have fewer heads (grouped-query attention): query head ``h`` reads key/value head
+``h // KV_GROUP``.
 Every kernel keeps, per query row, the running maximum ``m_i`` (in log2 units), the running sum ``l_i`` and
 the unnormalised output ``acc`` (online softmax); scores are scaled by ``sm_scale * log2(e)`` so the
 exponentials are ``exp2``.
@@ -35,7 +37,8 @@ def attn_fwd_dense_mask(
     Q, K, V, Out, Mask,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     seq_len, qk_scale,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_h = tl.program_id(1).to(tl.int64)
@@ -44,8 +47,8 @@ def attn_fwd_dense_mask(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len
     q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    k_base = K + off_h * stride_kh
-    v_base = V + off_h * stride_vh
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
     # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -80,7 +83,7 @@ def attn_fwd_mask_on_the_fly(
     Q, K, V, Out, Pos,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     seq_len, prefix_len, qk_scale,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -90,8 +93,8 @@ def attn_fwd_mask_on_the_fly(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len
     q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    k_base = K + off_h * stride_kh
-    v_base = V + off_h * stride_vh
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
     # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
     # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
     # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
@@ -165,7 +168,8 @@ def attn_fwd_tile_skip(
     Q, K, V, Out, Pos, TileCounts,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     seq_len, prefix_len, qk_scale, size_bucket,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr, COUNT_TILES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -174,8 +178,8 @@ def attn_fwd_tile_skip(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len
     q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    k_base = K + off_h * stride_kh
-    v_base = V + off_h * stride_vh
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
     # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
     # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
     # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
@@ -222,7 +226,8 @@ def attn_fwd_batched(
     Q, K, V, Out, Schedule, stride_schedule, Pos, stride_pos, TileCounts, stride_counts,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     qk_scale, size_bucket,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr, COUNT_TILES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # One program per (prompt, query tile, head), in the order the host planned (schedule_table): the GPU
@@ -246,8 +251,8 @@ def attn_fwd_batched(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len
     q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    k_base = K + off_h * stride_kh
-    v_base = V + off_h * stride_vh
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
     # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
     # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
     # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len

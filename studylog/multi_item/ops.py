@@ -85,7 +85,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Ten
     counts = torch.empty(1, dtype=torch.int32, device=q.device)  # never written: COUNT_TILES is off
     args = (q, k, v, out, schedule, int(schedule.stride(0)), token_pos, int(token_pos.stride(0)), counts, 0,
             *(int(s) for s in strides(q, k, v, out)), sm_scale * LOG2E, size_bucket(tokens))
-    constexprs = {"HEAD_DIM": head_dim, "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+    constexprs = {"HEAD_DIM": head_dim, "KV_GROUP": 1, "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
                   "SKIP_DELIMITER": ITEM_KEYS_FROM[rule], "COUNT_TILES": False}
     if runtime.mode() != "gpu":
         block_m, block_n = INTERPRETER_BLOCKS

@@ -151,7 +151,7 @@ class MultiItemPlan:
         kernel[(self.programs,)](
             q, k, v, out, self._table, 0, self._pos, self._pos.stride(0), no_counts(q.device), 0,
             *strides(q, k, v, out), self.sm_scale * LOG2E, 0,
-            HEAD_DIM=self.head_dim, DOT_PRECISION="ieee" if self.dtype == torch.float32 else "tf32",
+            HEAD_DIM=self.head_dim, KV_GROUP=1, DOT_PRECISION="ieee" if self.dtype == torch.float32 else "tf32",
             SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False,
             BLOCK_M=self.block_m, BLOCK_N=self.block_n, **extra)
         return out

@@ -12,7 +12,9 @@
 :func:`multi_item_attention` is the chapter's result: step 5 with its defaults.
 
 Every step takes ``q``, ``k``, ``v`` as ``[heads, tokens, head_dim]`` (any strides with a unit stride on
-``head_dim``; a ``[tokens, heads, head_dim]`` tensor transposed works as it is) and a
+``head_dim``; a ``[tokens, heads, head_dim]`` tensor transposed works as it is; ``k`` and ``v`` may have fewer
+heads than ``q``, grouped-query attention, query head ``h`` reading key/value head ``h // (heads of q / heads
+of k)``) and a
 :class:`~studylog.multi_item.formats.MultiItemBatch`, and returns the output (written into ``out`` when it
 is given). Every step takes ``rule``, the mask rule (:data:`~studylog.multi_item.formats.RULES`; FlashInfer's
 by default). The Triton steps take ``blocks=(BLOCK_M, BLOCK_N)`` to fix the tile shape or ``config`` to fix
@@ -89,7 +91,8 @@ def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
         rows = slice(start, start + s)
         mask = dense_mask(batch, b, rule)
         got = torch.nn.functional.scaled_dot_product_attention(
-            q[None, :, rows], k[None, :, rows], v[None, :, rows], attn_mask=mask, scale=sm_scale)[0]
+            q[None, :, rows], k[None, :, rows], v[None, :, rows], attn_mask=mask, scale=sm_scale,
+            enable_gqa=k.shape[0] != q.shape[0])[0]
         if rule == "flashinfer" and batch.prefix_lens[b] == 0:  # delimiters see nothing: 0, not SDPA's NaN
             got = got.masked_fill(~mask.any(dim=-1)[None, :, None], 0.0)
         out[:, rows] = got
@@ -115,7 +118,8 @@ def _prepare(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | No
                         "tiles as raw integers in tl.dot; use float16 or float32 on the CPU")
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else _check_scale(sm_scale)
     out = torch.empty_like(q) if out is None else out
-    common = {"HEAD_DIM": q.shape[-1], "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+    common = {"HEAD_DIM": q.shape[-1], "KV_GROUP": q.shape[0] // k.shape[0],
+              "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
     return sm_scale * LOG2E, out, common
 
 
@@ -212,7 +216,9 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
         heights = GPU_BLOCK_MS
     else:
         heights = (INTERPRETER_BLOCKS[0],)
-    table, programs = schedule_table(batch, heads, order, heights, 2 * head_dim * q.element_size(), rule)
+    # the keys and values one query head reads, per token: a group of query heads shares them
+    kv_bytes = 2 * head_dim * q.element_size() // common["KV_GROUP"]
+    table, programs = schedule_table(batch, heads, order, heights, kv_bytes, rule)
     max_tiles_16 = triton.cdiv(batch.max_seq_len, 16)
     counts = (torch.full((batch.batch_size * max_tiles_16,), -1, dtype=torch.int32, device=q.device) if count_tiles
               else no_counts(q.device))

@@ -1,0 +1,83 @@
+"""Chapter 6 with grouped-query attention: ``k`` and ``v`` with fewer heads than ``q`` (Llama 3.1 8B has 32 query
+heads and 8 key/value heads). Every step, in Triton's interpreter at small sizes no tile divides, against a float64
+reference written here head by head (query head ``h`` reads key/value head ``h // group``), on fresh random inputs.
+"""
+
+import math
+
+import pytest
+import torch
+
+from studylog import multi_item as mi
+from studylog import runtime
+
+DEV = runtime.device()
+STEPS = mi.CHAPTER.steps
+
+# (query heads, key/value heads): groups of 2, 3 and 4 (the benchmark's 32 / 8), and one key/value head for all
+LAYOUTS = [(4, 2), (6, 2), (8, 2), (3, 1)]
+
+
+def gqa_reference(q, k, v, batch):
+    """Float64 attention, one query head at a time, each reading its group's key/value head; rows that see no
+    key are 0."""
+    group = q.shape[0] // k.shape[0]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
+        rows = slice(start, start + s)
+        mask = mi.dense_mask(batch, b).cpu()
+        for h in range(q.shape[0]):
+            kh, vh = k[h // group, rows].double().cpu(), v[h // group, rows].double().cpu()
+            scores = (q[h, rows].double().cpu() @ kh.T) / math.sqrt(q.shape[-1])
+            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+            out[h, rows] = probs @ vh
+    return out
+
+
+def qkv(heads, kv_heads, tokens, head_dim, rng, dtype=torch.float32):
+    q = torch.randn(heads, tokens, head_dim, generator=rng).to(DEV, dtype)
+    k, v = (torch.randn(kv_heads, tokens, head_dim, generator=rng).to(DEV, dtype) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
+@pytest.mark.parametrize("heads, kv_heads", LAYOUTS, ids=str)
+def test_every_step_with_fewer_key_value_heads(step, heads, kv_heads, rng):
+    prefixes, items = ([37], [[5, 13, 2, 8]]) if step.number < 5 else ([29, 0, 11], [[6, 1, 17], [4, 3], [9]])
+    batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device=DEV)
+    q, k, v = qkv(heads, kv_heads, batch.total_tokens, 16, rng)
+    out = step.function(q, k, v, batch, out=torch.full_like(q, float("nan")))
+    assert not torch.isnan(out).any(), f"{step.name} left rows unwritten"
+    want = gqa_reference(q, k, v, batch)
+    torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{step.name}: {m}")
+    # the library's reference agrees with the one written here
+    torch.testing.assert_close(mi.reference_attention(q, k, v, batch).cpu(), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("order", mi.SCHEDULE_ORDERS)
+def test_step5_orders_and_unequal_blocks_with_groups(order, rng):
+    batch = mi.MultiItemBatch.from_item_lens([21, 5, 0], [[6, 17, 1, 9, 3], [2, 2], [7]], device=DEV)
+    q, k, v = qkv(8, 2, batch.total_tokens, 16, rng)
+    out, info = mi.step05_batched(q, k, v, batch, order=order, blocks=(32, 16), count_tiles=True,
+                                  out=torch.full_like(q, float("nan")), return_info=True)
+    torch.testing.assert_close(out.double().cpu(), gqa_reference(q, k, v, batch), rtol=1e-5, atol=1e-5)
+    assert info.tile_counts == mi.planned_key_tiles(batch, 32, 16)
+
+
+def test_grouped_heads_equal_repeated_heads(rng):
+    """Grouped keys and values give what the same keys and values copied to every query head give."""
+    batch = mi.MultiItemBatch.from_item_lens([13, 30], [[3, 11], [1, 1, 4]], device=DEV)
+    q, k, v = qkv(6, 3, batch.total_tokens, 32, rng, torch.float16)
+    grouped = mi.multi_item_attention(q, k, v, batch)
+    repeated = mi.multi_item_attention(q, k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), batch)
+    torch.testing.assert_close(grouped, repeated, rtol=0, atol=0)
+
+
+def test_bad_head_counts_are_named():
+    batch = mi.MultiItemBatch.from_item_lens([5], [[3, 2, 6]], device=DEV)
+    q = torch.randn(3, batch.total_tokens, 16, device=DEV)
+    k = torch.randn(2, batch.total_tokens, 16, device=DEV)
+    with pytest.raises(ValueError, match=r"q's heads \(3\) must be a multiple of k's and v's heads \(2\)"):
+        mi.multi_item_attention(q, k, k.clone(), batch)
+    with pytest.raises(ValueError, match="one shape"):
+        mi.multi_item_attention(q, k, torch.randn(1, batch.total_tokens, 16, device=DEV), batch)
