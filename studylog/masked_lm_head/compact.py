@@ -12,9 +12,6 @@ whole rows of the ``[V, D]`` weight, with the ``-inf`` written by fill programs 
 
 from __future__ import annotations
 
-import functools
-
-import torch
 import triton
 import triton.language as tl
 from jaxtyping import Float
@@ -23,7 +20,6 @@ from torch import Tensor
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, AllowedTokens, Tiles, check_inputs, default_tiles,
                                              dot_dtype, few_tiles, need_batch1, need_layout, output, stream_tiles)
-from studylog.masked_lm_head.launch import FastKernel
 
 # --------------------------------------------------------------------------------------------
 # Step 4: compacted ids, batch 1. Programs [0, n_compute) each take BLOCK_V allowed ids and read
@@ -172,83 +168,15 @@ def batched_union_kernel(
 
 
 # --------------------------------------------------------------------------------------------
-# The steps' wrappers
+# The steps: checks, then the launch (step 9's dispatch launches the same kernels through their
+# compiled launchers, where host time is the lesson)
 # --------------------------------------------------------------------------------------------
 
 #: The L2 policy of the weight-row loads of steps 5 and 6: the rows are read once, so they go first when
 #: the kernel needs space (they recycle their own lines rather than evict other data).
 EVICTION = "evict_first"
-
-
-# Each kernel is launched through its compiled launcher (:mod:`.launch`): the wrappers' host time is the
-# checks, a few integers and one launcher call. The ``_launch_*`` functions take arguments already checked
-# (the public steps and step 9's dispatch check them once).
-_COMPACT = FastKernel(compact_rows_kernel)
-_STREAM = FastKernel(compact_stream_kernel)
-_FEW = FastKernel(few_ids_kernel)
-_BATCHED = FastKernel(batched_union_kernel)
-
-
-def _options(t: Tiles, hidden: int, step: int, dtype: torch.dtype) -> dict:
-    """The constexpr arguments and launch options of step ``step``'s kernel for tiles ``t``: one dict per
-    configuration, kept (looked up by the tiles' identity, checked, rather than by hashing their fields)."""
-    key = (id(t), hidden, step, dtype)
-    hit = _OPTIONS.get(key)
-    if hit is None or hit[0] is not t:
-        hit = _OPTIONS[key] = (t, _make_options(t, hidden, step, dtype))
-    return hit[1]
-
-
-_OPTIONS: dict[tuple, tuple] = {}
-
-
-@functools.lru_cache(maxsize=None)
-def _make_options(t: Tiles, hidden: int, step: int, dtype: torch.dtype) -> dict:
-    launch = {"num_warps": t.num_warps, "num_stages": t.num_stages}
-    if step == 4:
-        return {"D": hidden, "BLOCK_V": t.block_v, "BLOCK_D": min(t.block_d, triton.next_power_of_2(hidden)),
-                "FILL_BLOCK": t.fill_block, **launch}
-    if step in (5, 6):
-        extra = {"BLOCK_V": t.block_v} if step == 5 else {}
-        return {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), **extra, "FILL_BLOCK": t.fill_block,
-                "EVICTION": EVICTION, **launch}
-    return {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
-            "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(dtype), **launch}
-
-
-def _launch_compact(h, weight, allowed, out, t, vocab, hidden):
-    n_ids = allowed.union_count
-    n_compute = -(-n_ids // t.block_v)
-    _COMPACT(n_compute + -(-vocab // t.fill_block),
-             (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_compute, weight.stride(0)),
-             _options(t, hidden, 4, h.dtype))
-
-
-def launch_stream(h, weight, allowed, out, t, vocab, hidden):
-    n_ids = allowed.union_count
-    n_fill = -(-vocab // t.fill_block)
-    _STREAM(n_fill + -(-n_ids // t.block_v),
-            (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_fill, weight.stride(0)),
-            _options(t, hidden, 5, h.dtype))
-
-
-def launch_few(h, weight, allowed, out, t, vocab, hidden):
-    ids = allowed.few_ids
-    n = len(ids)
-    _FEW(n + -(-vocab // t.fill_block), (h, weight, out, n, *ids, *_NO_IDS[n:], vocab, weight.stride(0)),
-         _options(t, hidden, 6, h.dtype))
-
-
-_NO_IDS = (-1,) * FEW_IDS_MAX
-
-
-def launch_batched(h, weight, allowed, out, t, batch, vocab, hidden):
-    n_union = allowed.union_count
-    n_compute = -(-n_union // t.block_v) * -(-batch // t.block_b)
-    _BATCHED(n_compute + -(-(batch * vocab) // t.fill_block),
-             (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_union, batch, vocab, n_compute,
-              h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0)),
-             _options(t, hidden, 7, h.dtype))
+#: Step 6's unused id slots: -1, which no output position equals.
+NO_IDS = (-1,) * FEW_IDS_MAX
 
 
 def step04_compact(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
@@ -260,7 +188,13 @@ def step04_compact(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowe
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     need_batch1("step04_compact", batch)
     out = output(out, batch, vocab, h.device)
-    _launch_compact(h, weight, allowed, out, tiles or default_tiles(4, 1, allowed.union_count), vocab, hidden)
+    n_ids = allowed.union_count
+    t = tiles or default_tiles(4, 1, n_ids)
+    n_compute = triton.cdiv(n_ids, t.block_v)  # row programs first, then the fill programs
+    compact_rows_kernel[(n_compute + triton.cdiv(vocab, t.fill_block),)](
+        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_compute, weight.stride(0),
+        D=hidden, BLOCK_V=t.block_v, BLOCK_D=min(t.block_d, triton.next_power_of_2(hidden)),
+        FILL_BLOCK=t.fill_block, num_warps=t.num_warps, num_stages=t.num_stages)
     return out
 
 
@@ -273,7 +207,13 @@ def step05_stream(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     need_batch1("step05_stream", batch)
     out = output(out, batch, vocab, h.device)
-    launch_stream(h, weight, allowed, out, tiles or stream_tiles(allowed.union_count), vocab, hidden)
+    n_ids = allowed.union_count
+    t = tiles or stream_tiles(n_ids)
+    n_fill = triton.cdiv(vocab, t.fill_block)  # fill programs first, then the row programs
+    compact_stream_kernel[(n_fill + triton.cdiv(n_ids, t.block_v),)](
+        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_fill, weight.stride(0),
+        D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block,
+        EVICTION=EVICTION, num_warps=t.num_warps, num_stages=t.num_stages)
     return out
 
 
@@ -287,11 +227,17 @@ def step06_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowe
     device buffer instead."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     need_batch1("step06_few_ids", batch)
-    if allowed.few_ids is None:
+    ids = allowed.few_ids
+    if ids is None:
         raise ValueError(f"step06_few_ids takes at most {FEW_IDS_MAX} allowed ids, got {allowed.union_count} "
                          "(use step05_stream or masked_logits)")
     out = output(out, batch, vocab, h.device)
-    launch_few(h, weight, allowed, out, tiles or few_tiles(), vocab, hidden)
+    t = tiles or few_tiles()
+    n = len(ids)  # row programs first, then the fill programs
+    few_ids_kernel[(n + triton.cdiv(vocab, t.fill_block),)](
+        h, weight, out, n, *ids, *NO_IDS[n:], vocab, weight.stride(0),
+        D=hidden, D_POW2=triton.next_power_of_2(hidden), FILL_BLOCK=t.fill_block, EVICTION=EVICTION,
+        num_warps=t.num_warps, num_stages=t.num_stages)
     return out
 
 
@@ -302,6 +248,12 @@ def step07_batched(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowe
     need_layout("step07_batched", layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     out = output(out, batch, vocab, h.device)
-    launch_batched(h, weight, allowed, out, tiles or default_tiles(7, batch, allowed.union_count), batch, vocab,
-                    hidden)
+    n_union = allowed.union_count
+    t = tiles or default_tiles(7, batch, n_union)
+    n_compute = triton.cdiv(n_union, t.block_v) * triton.cdiv(batch, t.block_b)  # then the fill programs
+    batched_union_kernel[(n_compute + triton.cdiv(batch * vocab, t.fill_block),)](
+        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_union, batch, vocab, n_compute,
+        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0),
+        D=hidden, BLOCK_B=t.block_b, BLOCK_V=t.block_v, BLOCK_D=t.block_d, FILL_BLOCK=t.fill_block,
+        DOT_DTYPE=dot_dtype(h.dtype), num_warps=t.num_warps, num_stages=t.num_stages)
     return out

@@ -11,9 +11,6 @@ grammar forbids.
 
 from __future__ import annotations
 
-import functools
-
-import torch
 import triton
 import triton.language as tl
 from jaxtyping import Float
@@ -22,7 +19,6 @@ from torch import Tensor
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.masked_lm_head.formats import (AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype,
                                              need_layout, output)
-from studylog.masked_lm_head.launch import FastKernel
 
 # --------------------------------------------------------------------------------------------
 # Step 0: dense, the Triton matmul tutorial's structure (C[M, N] = A[M, K] @ B[K, N])
@@ -216,23 +212,13 @@ def row_skip_kernel(
 
 
 # --------------------------------------------------------------------------------------------
-# The steps' wrappers
+# The steps: checks, then the launch (step 9's dispatch launches the same kernels through their
+# compiled launchers, where host time is the lesson)
 # --------------------------------------------------------------------------------------------
 
-def _matmul_strides(weight: Tensor, layout: str) -> tuple[int, int]:
+def matmul_strides(weight: Tensor, layout: str) -> tuple[int, int]:
     """(stride along D, stride along V) of the weight, i.e. of the [D, V] matrix 'B' in C = A @ B."""
     return (weight.stride(1), weight.stride(0)) if layout == "vd" else (weight.stride(0), weight.stride(1))
-
-
-# Launched through their compiled launchers (:mod:`.launch`), as steps 4-7 are.
-_FAST = {kernel: FastKernel(kernel)
-         for kernel in (dense_matmul_kernel, block_skip_kernel, column_skip_kernel, row_skip_kernel)}
-
-
-@functools.lru_cache(maxsize=None)
-def launch_options(t: Tiles, dtype: torch.dtype) -> dict:
-    return {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
-            "DOT_DTYPE": dot_dtype(dtype), "num_warps": t.num_warps, "num_stages": t.num_stages}
 
 
 def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
@@ -242,37 +228,26 @@ def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[T
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     t = tiles or default_tiles(0, batch)
     out = output(out, batch, vocab, h.device)
-    s_bk, s_bn = _matmul_strides(weight, layout)
-    _FAST[dense_matmul_kernel](
-        -(-batch // t.block_b) * -(-vocab // t.block_v),
-        (h, weight, out, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn, out.stride(0), out.stride(1)),
-        launch_options(t, h.dtype))
+    s_bk, s_bn = matmul_strides(weight, layout)
+    dense_matmul_kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
+        h, weight, out, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn, out.stride(0), out.stride(1),
+        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
+        num_warps=t.num_warps, num_stages=t.num_stages)
     return out.masked_fill_(allowed.disallowed, float("-inf"))
 
 
 def _masked_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
+    """Steps 1 and 2 (their kernels take the same arguments): one program per output tile, grouped."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     t = tiles or default_tiles(step, batch)
     out = output(out, batch, vocab, h.device)
-    _launch_masked(kernel, h, weight, allowed, out, t, layout, batch, vocab, hidden)
+    s_bk, s_bn = matmul_strides(weight, layout)
+    kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
+        h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
+        out.stride(0), out.stride(1), allowed.mask.stride(0),
+        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
+        num_warps=t.num_warps, num_stages=t.num_stages)
     return out
-
-
-def _launch_masked(kernel, h, weight, allowed, out, t, layout, batch, vocab, hidden):
-    s_bk, s_bn = _matmul_strides(weight, layout)
-    _FAST[kernel](
-        -(-batch // t.block_b) * -(-vocab // t.block_v),
-        (h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
-         out.stride(0), out.stride(1), allowed.mask.stride(0)),
-        launch_options(t, h.dtype))
-
-
-def launch_row_skip(h, weight, allowed, out, t, batch, vocab, hidden):
-    _FAST[row_skip_kernel](
-        -(-batch // t.block_b) * -(-vocab // t.block_v),
-        (h, weight, out, allowed.mask_u8, batch, vocab, hidden,
-         h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0)),
-        launch_options(t, h.dtype))
 
 
 def step01_block_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
@@ -295,6 +270,11 @@ def step03_row_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
     """Step 3: block skip + row skip on the ``[V, D]`` layout (a disallowed token = a row not read)."""
     need_layout("step03_row_skip", layout)
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
+    t = tiles or default_tiles(3, batch)
     out = output(out, batch, vocab, h.device)
-    launch_row_skip(h, weight, allowed, out, tiles or default_tiles(3, batch), batch, vocab, hidden)
+    row_skip_kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
+        h, weight, out, allowed.mask_u8, batch, vocab, hidden,
+        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0),
+        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
+        num_warps=t.num_warps, num_stages=t.num_stages)
     return out

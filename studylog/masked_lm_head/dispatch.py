@@ -14,13 +14,16 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
+import triton
 from jaxtyping import Float
 from torch import Tensor
 
-from studylog.masked_lm_head.compact import launch_batched, launch_few, launch_stream
-from studylog.masked_lm_head.dense import launch_row_skip
-from studylog.masked_lm_head.formats import (FEW_IDS_MAX, VOCAB, AllowedTokens, check_inputs, default_tiles, few_tiles,
-                                             output, stream_tiles)
+from studylog.masked_lm_head.compact import (EVICTION, NO_IDS, batched_union_kernel, compact_stream_kernel,
+                                             few_ids_kernel)
+from studylog.masked_lm_head.dense import row_skip_kernel
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, VOCAB, AllowedTokens, Tiles, check_inputs, default_tiles,
+                                             dot_dtype, few_tiles, output, stream_tiles)
+from studylog.masked_lm_head.launch import FastKernel
 
 #: The paths :func:`choose_path` names, and the step (or baseline) each one runs.
 PATHS = {"few_ids": "step06_few_ids", "stream": "step05_stream", "batched": "step07_batched",
@@ -227,6 +230,36 @@ def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Flo
 _MM_OUT_DTYPE: bool | None = None
 
 
+# Step 9's host time is its lesson (the kernels of steps 5 and 6 take a few microseconds, less than
+# ``kernel[grid]``'s Python path): it launches the kernels of steps 3, 5, 6 and 7, with the grids and arguments
+# those steps show, through their compiled launchers (:mod:`.launch`).
+_ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, compact_stream_kernel, few_ids_kernel,
+                                                               batched_union_kernel))
+
+
+def _constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> dict:
+    """The constexpr arguments and launch options of ``path``'s kernel, as its step passes them: one dict per
+    configuration, kept (looked up by the tiles' identity, checked, rather than by hashing their fields), as
+    :class:`~studylog.masked_lm_head.launch.FastKernel` wants."""
+    key = (path, id(t), hidden, dtype)
+    hit = _CONSTEXPRS.get(key)
+    if hit is None or hit[0] is not t:
+        if path == "row_skip":  # step 3
+            c = {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
+                 "DOT_DTYPE": dot_dtype(dtype)}
+        elif path == "batched":  # step 7
+            c = {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
+                 "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(dtype)}
+        else:  # steps 5 and 6
+            c = {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), "FILL_BLOCK": t.fill_block,
+                 "EVICTION": EVICTION} | ({"BLOCK_V": t.block_v} if path == "stream" else {})
+        hit = _CONSTEXPRS[key] = (t, c | {"num_warps": t.num_warps, "num_stages": t.num_stages})
+    return hit[1]
+
+
+_CONSTEXPRS: dict[tuple, tuple] = {}
+
+
 def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                     out: Float[Tensor, "b v"] | None = None, rule: DispatchRule | None = None) -> Float[Tensor, "b v"]:
     """Step 9: the fastest path for this batch size and allowed count, by :func:`choose_path` and ``rule``
@@ -242,14 +275,26 @@ def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
     n = allowed.union_count
     path = choose_path(batch, vocab, n, rule)
     out = output(out, batch, vocab, h.device)
-    if path == "few_ids":
-        launch_few(h, weight, allowed, out, few_tiles(), vocab, hidden)
-    elif path == "stream":
-        launch_stream(h, weight, allowed, out, stream_tiles(n), vocab, hidden)
-    elif path == "batched":
-        launch_batched(h, weight, allowed, out, default_tiles(7, batch, n), batch, vocab, hidden)
-    elif path == "row_skip":
-        launch_row_skip(h, weight, allowed, out, default_tiles(3, batch), batch, vocab, hidden)
+    if path == "few_ids":  # step 6
+        t, ids = few_tiles(), allowed.few_ids
+        _FEW(len(ids) + -(-vocab // t.fill_block), (h, weight, out, len(ids), *ids, *NO_IDS[len(ids):], vocab,
+                                                    weight.stride(0)), _constexprs(path, t, hidden, h.dtype))
+    elif path == "stream":  # step 5
+        t = stream_tiles(n)
+        n_fill = -(-vocab // t.fill_block)
+        _STREAM(n_fill + -(-n // t.block_v), (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n, vocab, n_fill,
+                                              weight.stride(0)), _constexprs(path, t, hidden, h.dtype))
+    elif path == "batched":  # step 7
+        t = default_tiles(7, batch, n)
+        n_compute = -(-n // t.block_v) * -(-batch // t.block_b)
+        _BATCHED(n_compute + -(-(batch * vocab) // t.fill_block),
+                 (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n, batch, vocab, n_compute, h.stride(0),
+                  weight.stride(0), out.stride(0), allowed.mask.stride(0)), _constexprs(path, t, hidden, h.dtype))
+    elif path == "row_skip":  # step 3
+        t = default_tiles(3, batch)
+        _ROW_SKIP(-(-batch // t.block_b) * -(-vocab // t.block_v),
+                  (h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), weight.stride(0),
+                   out.stride(0), allowed.mask.stride(0)), _constexprs(path, t, hidden, h.dtype))
     else:
         dense_logits(h, weight, out)
         out.masked_fill_(allowed.disallowed, float("-inf"))

@@ -1,5 +1,7 @@
 """Launching the chapter's Triton kernels with little host time: a compiled kernel's own launcher, called
-directly.
+directly. Only step 9 (:func:`~studylog.masked_lm_head.dispatch.step09_dispatch`, the general entry point) and
+:class:`~studylog.masked_lm_head.plan.MaskedHeadPlan` use it: there host time is the lesson. Steps 0-8 launch
+with ``kernel[grid](...)``, the grid and arguments in plain sight next to their kernels.
 
 ``kernel[grid](*args, **constexprs)`` binds the arguments to the signature, works out how each one
 specialises the kernel (an int equal to 1, an int or pointer divisible by 16, a dtype), hashes that into a

@@ -28,7 +28,6 @@ from torch import Tensor
 from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.masked_lm_head.compact import EVICTION
-from studylog.masked_lm_head.dense import launch_options as dense_launch_options
 from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.dispatch import choose_path, dispatch_rule
 from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, stream_tiles
@@ -104,7 +103,8 @@ def _masked_logits(h: Tensor, weight: Tensor, bitmask: Tensor, max_allowed: int 
         t = default_tiles(3, batch)
         wrap_triton(row_skip_kernel)[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
             h, weight, out, mask, batch, vocab, hidden, hidden, hidden, vocab, vocab,
-            **dense_launch_options(t, weight.dtype))
+            BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group,
+            DOT_DTYPE=dot_dtype(weight.dtype), num_warps=t.num_warps, num_stages=t.num_stages)
         return out
     # the union of the batch's sets as ids and a count, on the device; the compacted kernels read the count
     ids = torch.zeros(vocab + 64, dtype=torch.int32, device=h.device)

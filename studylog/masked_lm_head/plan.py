@@ -39,8 +39,6 @@ from torch import Tensor
 from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.masked_lm_head.compact import EVICTION
-from studylog.masked_lm_head.dense import _FAST as _DENSE_FAST
-from studylog.masked_lm_head.dense import launch_options as dense_launch_options
 from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.dispatch import DispatchRule, choose_path, dense_logits, dispatch_rule
 from studylog.masked_lm_head.formats import (WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, pack_bitmask,
@@ -203,7 +201,10 @@ def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL
     tl.store(mask_ptr + seq * stride_mask + tok, ((word >> (tok % 32)) & 1).to(tl.uint8), mask=inside)
 
 
+# The plan's launches go through the kernels' compiled launchers (:mod:`.launch`): an eager :meth:`MaskedHeadPlan.launch`
+# is step 9's work, and its host time is the lesson there too.
 _UNION = FastKernel(union_ids_kernel)
+_ROW_SKIP = FastKernel(row_skip_kernel)
 _UNPACK = FastKernel(unpack_bitmask_kernel)
 _STREAM_COUNT = FastKernel(stream_count_kernel)
 _BATCHED_COUNT = FastKernel(batched_count_kernel)
@@ -350,9 +351,12 @@ class MaskedHeadPlan:
             return [(_UNPACK, batch * -(-vocab // APPLY_BLOCK), (self.bitmask, m, vocab, self.bitmask.stride(0),
                                                                m.stride(0)),
                      {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4}),
-                    (_DENSE_FAST[row_skip_kernel], -(-batch // t.block_b) * -(-vocab // t.block_v),
+                    (_ROW_SKIP, -(-batch // t.block_b) * -(-vocab // t.block_v),
                      (self.h, self.weight, self.out, m, batch, vocab, hidden, self.h.stride(0), self.weight.stride(0),
-                      self.out.stride(0), m.stride(0)), dense_launch_options(t, self.weight.dtype))]
+                      self.out.stride(0), m.stride(0)),
+                     {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
+                      "DOT_DTYPE": dot_dtype(self.weight.dtype), "num_warps": t.num_warps,
+                      "num_stages": t.num_stages})]
         words = self.bitmask.shape[1]
         union = (_UNION, -(-words // UNION_BLOCK_W),
                  (self.bitmask, self.ids, self.count, batch, vocab, words, self.bitmask.stride(0)),
