@@ -11,7 +11,7 @@ from studylog import chapter, paths
 from studylog.chapter import Chapter, Step
 
 NAMES = list(chapter.CHAPTERS)
-LIBRARY_MODULE_LINES = 850  # "about 800": no module of the library may grow past this
+LIBRARY_MODULE_LINES = 600  # no module of the library (Python or CUDA) may grow past this: one sitting's read
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -72,8 +72,8 @@ def test_lookup_by_number_name_and_series():
 
 
 def test_no_library_module_is_too_long_to_read_in_one_sitting():
-    long = {str(p.relative_to(paths.REPO_ROOT)): n for p in paths.PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > LIBRARY_MODULE_LINES}
+    long = {str(p.relative_to(paths.REPO_ROOT)): n for p in paths.PACKAGE.rglob("*")
+            if p.suffix in (".py", ".cu", ".cuh") and (n := len(p.read_text().splitlines())) > LIBRARY_MODULE_LINES}
     assert not long, f"modules over {LIBRARY_MODULE_LINES} lines: {long}"
 
 
