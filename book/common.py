@@ -11,8 +11,11 @@ Paragraphs without measured numbers stay Markdown cells.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 #: What a prose number or a table cell reads when the results file does not have it yet.
@@ -40,6 +43,20 @@ def say(text: str) -> None:
     from IPython.display import Markdown, display
 
     display(Markdown(text))
+
+
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """Silence what native code (a C++ library's logger) writes to the process's stderr, inside the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _prose(markdown: str) -> str:
@@ -88,7 +105,40 @@ def prose_words(path: str | Path) -> int:
     return sum(len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", _prose(p))) for p in pieces)
 
 
+def _without_docstrings(text: str) -> str:
+    """Python source without its docstrings (a step's diff shows what the code does differently)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    drop: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            drop.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return "\n".join(line for i, line in enumerate(text.splitlines(), 1) if i not in drop)
+
+
+def step_diff(chapter, old, new, *, docstrings: bool = False, context: int = 3):
+    """The diff from one step of ``chapter`` to the next, without the functions' docstrings unless asked (a
+    ``studylog.source.Diff``: HTML in the book and JupyterLab, text in a terminal)."""
+    from studylog import source
+
+    a, b = chapter.step(old), chapter.step(new)
+    texts = [source.source_of(s.source, s.source_function)[0] for s in (a, b)]
+    if not docstrings:
+        texts = [_without_docstrings(t) for t in texts]
+    return source.show_diff(texts[0], texts[1], context=context, names=(a.name, b.name))
+
+
+def changed_lines(diff) -> int:
+    """How many lines a diff adds and removes."""
+    return len(diff.added) + len(diff.removed)
+
+
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
-__all__ = ["PENDING", "PROSE_BUDGET", "fmt", "prose_words", "report", "say", "us"]
+__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "fmt", "prose_words", "quiet_native_stderr", "report", "say",
+           "step_diff", "us"]

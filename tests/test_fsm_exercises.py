@@ -7,16 +7,16 @@ import pytest
 for _name in ("outlines_core", "outlines", "bpe_openai"):
     pytest.importorskip(_name)
 
-from book.fsm import exercises  # noqa: E402
+from book.fsm import exercises, solutions  # noqa: E402
 from studylog import fsm  # noqa: E402
 
 
 def test_token_jumps_check(rng, capsys):
     seed = rng.seed_value
-    assert exercises.check_token_jumps(exercises.reference_token_jumps, seed=seed)
+    assert exercises.check_token_jumps(solutions.reference_token_jumps, seed=seed)
     # a table read from Jump objects is accepted too
     assert exercises.check_token_jumps(
-        lambda t, f: {s: fsm.Jump(tok, b"", end) for s, (tok, end) in exercises.reference_token_jumps(t, f).items()},
+        lambda t, f: {s: fsm.Jump(tok, b"", end) for s, (tok, end) in solutions.reference_token_jumps(t, f).items()},
         seed=seed, cases=20)
 
     def one_step_only(trans, finals):  # forgets to follow the chain
@@ -35,7 +35,7 @@ def test_reference_token_jumps_match_the_automaton():
     f = exercises.small_fsm(exercises.SMALL_REGEXES[1])
     eos = f.vocab.eos_id
     trans = {s: {t: n for t, n in out.items() if t != eos} for s, out in f.index.get_transitions().items()}
-    assert exercises.reference_token_jumps(trans, f.finals) == {s: (j.tokens, j.end) for s, j in f.token_jumps.items()}
+    assert solutions.reference_token_jumps(trans, f.finals) == {s: (j.tokens, j.end) for s, j in f.token_jumps.items()}
 
 
 def test_small_vocabulary_indexes_every_regex():
@@ -62,13 +62,13 @@ def test_jump_decode_check():
 
 def test_replaced_tokens_check(rng):
     seed = rng.seed_value
-    assert exercises.check_replaced_tokens(exercises.reference_replaced_tokens, seed=seed)
+    assert exercises.check_replaced_tokens(solutions.reference_replaced_tokens, seed=seed)
     r = random.Random(seed)
-    assert exercises.reference_replaced_tokens([1, 2, 3], [1, 2, 4, 5]) == (1, 2)
-    assert exercises.reference_replaced_tokens([1, 2], [1, 2, 3]) == (0, 1)
+    assert solutions.reference_replaced_tokens([1, 2, 3], [1, 2, 4, 5]) == (1, 2)
+    assert solutions.reference_replaced_tokens([1, 2], [1, 2, 3]) == (0, 1)
 
     def off_by_one(a, b):
-        replaced, fed = exercises.reference_replaced_tokens(a, b)
+        replaced, fed = solutions.reference_replaced_tokens(a, b)
         return replaced, fed + 1
 
     def counts_all(a, b):  # recomputes everything: correct only when nothing is kept
@@ -80,11 +80,11 @@ def test_replaced_tokens_check(rng):
 
 def test_ff_tokens_check():
     vocab = fsm.load_vocabulary()
-    assert exercises.check_ff_tokens(exercises.reference_ff_tokens)
+    assert exercises.check_ff_tokens(solutions.reference_ff_tokens)
     show = lambda ids: [vocab.show(t) for t in ids]  # noqa: E731
     # the key's closing quote is held back: '":' spans the end of the forced text
-    assert show(exercises.reference_ff_tokens(b'location"', vocab)) == ["location"]
-    assert show(exercises.reference_ff_tokens(b'{"name":"', vocab)) == ['{"', "name"]
+    assert show(solutions.reference_ff_tokens(b'location"', vocab)) == ["location"]
+    assert show(solutions.reference_ff_tokens(b'{"name":"', vocab)) == ['{"', "name"]
 
     def everything(forced, v):  # no hold-back: SGLang's retokenized jump
         return v.encode(forced)

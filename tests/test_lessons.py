@@ -137,3 +137,23 @@ def test_plumbing_is_hidden(path):
         if not tags & {"remove-input", "remove-cell", "hide-input"} or not meta.get("jupyter", {}).get("source_hidden"):
             shown.append(i)
     assert not shown, f"{path.name}: code cells {shown} write prose or glue values but show their code"
+
+
+def _exercise_code(path: Path) -> str:
+    cells = json.loads(path.read_text())["cells"]
+    start = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                  and re.search(r"^#+ .*Exercises", "".join(c["source"]), flags=re.MULTILINE)), len(cells))
+    return "\n".join("".join(c["source"]) for c in cells[start:] if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("path", CHAPTER_NOTEBOOKS, ids=lambda p: p.name)
+def test_exercises_do_not_give_their_answers_away(path):
+    """The exercise cells leave the function to the reader: no answer imported or run on the page (the answers
+    live in ``book/<chapter>/solutions.py``, which only the checks load)."""
+    code = _exercise_code(path)
+    assert code, f"{path.name}: no exercise cells"
+    assert not re.search(r"\bsolutions\b|\breference_\w+\b", code), f"{path.name}: the exercises run their answers"
+    defined = set(re.findall(r"^def (\w+)\(", code, flags=re.MULTILINE))
+    checked = re.findall(r"\bexercises\.check_\w+\((\w[\w.]*)", code)
+    given = [name for name in checked if name not in defined]
+    assert not given, f"{path.name}: checks run on functions the page hands over, not the reader's: {given}"

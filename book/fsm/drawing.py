@@ -17,8 +17,8 @@ def _md(text: str) -> str:
     return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
 
 
-def state_table(fsm: ConstrainedFSM, max_tokens: int = 8) -> str:
-    """Markdown: each state (in order of distance from the start), its allowed tokens, forced or not."""
+def _token_order(fsm: ConstrainedFSM) -> list[int]:
+    """The token-level automaton's states in order of distance (in tokens) from the start."""
     order, seen, frontier = [], {fsm.initial}, [fsm.initial]
     while frontier:
         nxt = []
@@ -30,6 +30,31 @@ def state_table(fsm: ConstrainedFSM, max_tokens: int = 8) -> str:
                     seen.add(n)
                     nxt.append(n)
         frontier = sorted(nxt)
+    return order
+
+
+def state_names(fsm: ConstrainedFSM) -> dict[int, str]:
+    """One name per state, shared by :func:`state_table` and :func:`draw_automaton`: ``q0`` is the start, the
+    token-level automaton's states follow in the table's order, then the states only the character-level
+    automaton has (the two share state ids)."""
+    order = _token_order(fsm)
+    seen, frontier = set(order), list(order)
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for _, n in sorted(fsm.char_out.get(s, {}).items()):
+                if n not in seen:
+                    seen.add(n)
+                    order.append(n)
+                    nxt.append(n)
+        frontier = nxt
+    return {s: f"q{i}" for i, s in enumerate(order)}
+
+
+def state_table(fsm: ConstrainedFSM, max_tokens: int = 8) -> str:
+    """Markdown: each state (in order of distance from the start), its allowed tokens, forced or not."""
+    names = state_names(fsm)
+    order = _token_order(fsm)
     lines = ["| state | final | allowed | tokens | token jump from here |", "|---|---|---|---|---|"]
     for s in order:
         ids = fsm.allowed(s).tolist()
@@ -37,8 +62,8 @@ def state_table(fsm: ConstrainedFSM, max_tokens: int = 8) -> str:
         if len(ids) > max_tokens:
             shown += f", … (+{len(ids) - max_tokens})"
         jump = fsm.token_jumps.get(s)
-        jump_txt = " ".join(_md(fsm.vocab.show(t)) for t in jump.tokens) + f" → {jump.end}" if jump else ""
-        lines.append(f"| {s} | {'yes' if fsm.is_final(s) else ''} | {len(ids)} | {shown} | {jump_txt} |")
+        jump_txt = " ".join(_md(fsm.vocab.show(t)) for t in jump.tokens) + f" → {names[jump.end]}" if jump else ""
+        lines.append(f"| {names[s]} | {'yes' if fsm.is_final(s) else ''} | {len(ids)} | {shown} | {jump_txt} |")
     return "\n".join(lines)
 
 
@@ -184,14 +209,13 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
     ax = ax or plt.subplots(figsize=(min(16, 1.6 + 1.45 * span_x), 2.0 + 1.1 * span_y))[1]
     sx = 1.0  # one byte = one unit
     r = 0.22
-    order = sorted(g.nodes, key=lambda n: (pos[n][0], -pos[n][1]))
-    names = {n: f"q{i}" for i, n in enumerate(order)}
+    names = state_names(fsm)  # the names of state_table, so the drawing and the table agree
     for n in g.nodes:
         x, y = pos[n]
         ax.add_patch(Circle((x * sx, y), r, fc="#e8eef7", ec="#33414f", lw=1.2, zorder=3))
         if g.nodes[n]["final"]:
             ax.add_patch(Circle((x * sx, y), r * 0.8, fc="none", ec="#33414f", lw=1.0, zorder=4))
-        ax.text(x * sx, y, names[n], ha="center", va="center", fontsize=8.5, zorder=5)
+        ax.text(x * sx, y, names.get(n, str(n)), ha="center", va="center", fontsize=8.5, zorder=5)
     label_ys: list[float] = []
     for k, (u, v, d) in enumerate(g.edges(data=True)):
         (x0, y0), (x1, y1) = pos[u], pos[v]

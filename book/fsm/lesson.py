@@ -12,7 +12,7 @@ import numpy as np
 from book.fsm.figures import SERIES_COLORS
 from studylog.fsm.peers import LIBRARIES, PeerRow
 
-__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "plot_mask_counts", "FORCED_COLUMNS",
+__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "MODES", "suite_passes", "steps_table", "plot_mask_counts", "FORCED_COLUMNS",
            "peers_table", "agreement_table", "timing_table", "plot_peers"]
 
 #: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
@@ -37,6 +37,37 @@ def amdahl_bound(saved_share: float) -> float:
     if not 0 <= saved_share < 1:
         raise ValueError(f"saved_share must be in [0, 1), got {saved_share}")
     return 1.0 / (1.0 - saved_share)
+
+
+# --- the chapter's table of steps ----------------------------------------------------------------------------
+
+#: The decode mode of each step (``studylog.fsm.decode``'s ``mode``).
+MODES = {1: "none", 2: "token", 3: "char"}
+
+
+def suite_passes(results, whitespace: str = "default") -> dict[int, int]:
+    """Forward passes each step needs over the suite's documents (rows of ``fsm.run_suite``)."""
+    rows = [r for r in results if r.whitespace == whitespace]
+    return {step: sum(r.passes[mode] for r in rows) for step, mode in MODES.items()}
+
+
+def steps_table(results) -> str:
+    """Markdown, one row per step: the one change, the forward passes over the suite (outlines' default
+    whitespace), × the previous step, and the bound the skipped share of passes puts on a request's speedup
+    (Amdahl; a pass count has no floor the way a kernel's time has one)."""
+    from studylog.fsm import CHAPTER
+
+    passes = suite_passes(results)
+    lines = ["| step | the one change | forward passes (suite) | × previous | passes skipped | "
+             "bound on a request's speedup |", "|---|---|---|---|---|---|"]
+    for step in CHAPTER.steps:
+        n = passes[step.number]
+        prev = passes.get(step.number - 1)
+        ratio = f"{prev / n:.2f}×" if prev else "–"
+        skipped = 1 - n / passes[1]
+        lines.append(f"| {step.number} | {step.title} | {n:,} | {ratio} | {100 * skipped:.1f}% | "
+                     f"{amdahl_bound(skipped):.2f}× |")
+    return "\n".join(lines)
 
 
 # --- how many tokens a state allows --------------------------------------------------------------------------
