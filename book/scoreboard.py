@@ -140,7 +140,7 @@ def _masked_lm_head(data):
     if ours is None:
         return None
     latency, what = _one_kernel(data)
-    return _row("MaskedHeadPlan: the bitmask copied in, then step 9's kernel",
+    return _row("MaskedHeadPlan (step 9, from the packed bitmask)",
                 "batch 1, 1,000 of 128,256 tokens allowed", ours["clock"], ours,
                 "xgrammar: cuBLAS logits, then its bitmask kernel", one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE),
                 byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency,
@@ -181,8 +181,7 @@ def _ctc(data):
     label = f"torch {rival.get('picked', 'best').replace('torch-', '')}" if rival else "torch"
     return _row(f"{series}{picked}", "T = 150, A = 5,000, N = 8", ours["clock"], ours, label, rival,
                 byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency,
-                latency_what=what + "; the recursion's 150 dependent frames are not measured (a lower bound)",
-                notes=("latency floor of the frame chain not measured",))
+                latency_what=what + "; the recursion's 150 dependent frames are not measured (a lower bound)")
 
 
 #: Chapter 5's headline: one row of bf16 x times a 4096 x 14336 ternary matrix (a Llama 3 8B MLP projection).
@@ -201,7 +200,8 @@ def _ternary(data):
     latency, what = _one_kernel(data)
     notes = ()
     if read is not None:
-        notes = (f"a kernel that only reads the packed weights takes {us(read['ms'])} µs in the same run",)
+        notes = (f"on the {data['device']['name']}, a kernel that only reads the packed weights takes "
+                 f"{us(read['ms'])} µs in the same run",)
     return _row(f"{ours['series']} (fastest bf16-x kernel)", "M = 1, 4096 x 14336, bf16 x", ours["clock"], ours,
                 "GemLite 2-bit", rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
                 compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
@@ -219,10 +219,9 @@ def _multi_item(data):
     rival = one(data, "FlashInfer", **MULTI_ITEM_CASE)
     latency, what = _one_kernel(data)
     label = f"FlashInfer ({rival.get('backend', '?')}, page {rival.get('page_size', '?')})" if rival else "FlashInfer"
-    notes = () if latency is not None else ("this file predates the empty kernel's GPU time",)
     return _row("step05_batched", "8 prompts, mixed lengths, 32 heads x 128", ours["clock"], ours, label, rival,
                 byte_floor_ms=ours.get("floor_ms"), compute_floor_ms=ours.get("compute_floor_ms"),
-                latency_floor_ms=latency, latency_what=what, notes=notes)
+                latency_floor_ms=latency, latency_what=what)
 
 
 #: Chapter 7's headline: the 8B-shaped cost model at batch 1, per output token, over the suite's requests.
@@ -345,62 +344,68 @@ def _short_card(name: str) -> str:
 
 
 def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
-    """The scoreboard as one Markdown table, a row per chapter and card (one row for a chapter that no card
-    measures, saying why), then the notes its cells point to. ``link(notebook)`` gives a chapter's link target
-    (default: the notebook's path)."""
+    """The scoreboard as two Markdown tables, a row per chapter and card (one row for a chapter that no card
+    measures, saying why): first our time and the strongest rival's, then the floors and how close our median is to
+    the binding one; then the notes the cells point to. ``link(notebook)`` gives a chapter's link target (default:
+    the notebook's path)."""
     link = link or (lambda nb: nb)
-    head = ("| chapter | card | final kernel at its headline shape | median (µs) | slowest of 3 runs (µs) | p99 (µs) | "
-            "strongest rival (µs) | ours × rival | byte floor (µs) | latency floor (µs) | % of the binding floor |")
-    lines = [head, "|" + "---|" * 11]
     notes: list[str] = []
 
     def note(text: str) -> str:
+        text = text[0].upper() + text[1:].rstrip(".") + "."
         if text not in notes:
             notes.append(text)
         return f"[{notes.index(text) + 1}]"
 
+    p99 = note("p99: " + P99_REASON)
+    times = ["**Time, and the strongest rival**", "",
+             f"| chapter | card | final kernel at its headline shape | median (µs) | slowest of 3 runs (µs) | "
+             f"p99 (µs) {p99} | strongest rival (µs) | ours × rival |", "|" + "---|" * 8]
+    floors = ["**Floors, and how close the median is to the binding one**", "",
+              "| chapter | card | byte floor (µs) | compute floor (µs) | latency floor (µs) | binding floor | "
+              "% of the binding floor |", "|" + "---|" * 7]
     board = scoreboard(root)
-    done: set[int] = set()
+    shown: set[int] = set()
     for r in board:
-        chapter = f"[{r['number']}. {r['title']}]({link(r['notebook'])})"
+        chapter = "" if r["number"] in shown else f"[{r['number']}. {r['title']}]({link(r['notebook'])})"
         if "missing" in r:
             same = [b for b in board if b["number"] == r["number"]]
-            if all(b.get("missing") == r["missing"] for b in same):  # no card has it, for one reason: one row
-                if r["number"] in done:
-                    continue
-                done.add(r["number"])
-                lines.append(f"| {chapter} | all | {NOT_MEASURED} {note(r['missing'])} |" + " – |" * 8)
-            else:
-                lines.append(f"| {chapter} | {_short_card(r['card'])} | {NOT_MEASURED} {note(r['missing'])} |"
-                             + " – |" * 8)
+            one_reason = all(b.get("missing") == r["missing"] for b in same)
+            if one_reason and r["number"] in shown:
+                continue
+            card = "all" if one_reason else _short_card(r["card"])
+            shown.add(r["number"])
+            times.append(f"| {chapter} | {card} | {NOT_MEASURED} {note(r['missing'])} |" + " – |" * 5)
+            floors.append(f"| {chapter} | {card} |" + " – |" * 5)
             continue
+        shown.add(r["number"])
+        card = _short_card(r["card"])
         ours = f"{r['ours']}; {r['shape']}"
         if r["clock"] != "gpu":
-            ours += " " + note(f"{r['title']}: {r['notes'][0] if r['notes'] else r['clock'] + ' clock'}.")
+            ours += " " + note(f"{r['title']}: {r['notes'][0] if r['notes'] else r['clock'] + ' clock'}")
         rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
         for extra in r["notes"][2:] if r["clock"] == "wall" else []:
-            rival += " " + note(f"{r['title']} on the {r['card']}: {extra}.")
+            rival += " " + note(f"{r['title']} on the {r['card']}: {extra}")
         if r["rival_clock"] not in (None, r["clock"]):
             rival += " " + note(f"{r['title']}: the rival is timed {r['ratio_note'] or 'on another clock'}; "
-                                f"the ratio compares our call timed the same way, not our GPU time.")
+                                f"the ratio compares our call timed the same way, not our GPU time")
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
         if r["ratio_note"] and r["rival_clock"] == r["clock"]:
-            vs += " " + note(f"{r['title']}: {r['ratio_note']}.")
-        byte = us(r["byte_floor_ms"], missing=NOT_MEASURED)
-        if r["compute_floor_ms"] is not None:
-            byte += f" (compute: {us(r['compute_floor_ms'])})"
+            vs += " " + note(f"{r['title']}: {r['ratio_note']}")
+        times.append(f"| {chapter} | {card} | {ours} | **{us(r['median_ms'])}** | {us(r['slowest_ms'])} | "
+                     f"{NOT_MEASURED} | {rival} | {vs} |")
         latency = us(r["latency_floor_ms"], missing=NOT_MEASURED)
         if r["latency_floor_ms"] is None:
-            latency += " " + note(f"{r['title']} on the {r['card']}: the file records no empty kernel's GPU time.")
+            latency += " " + note(f"{r['title']} on the {r['card']}: the file records no empty kernel's GPU time")
         else:
-            latency += " " + note(f"{r['title']}: {r['latency_what']}.")
-        pct = (f"{r['pct_of_floor']:.0f}% of {r['binding']}" if r["pct_of_floor"] is not None else NOT_MEASURED)
-        lines.append(f"| {chapter} | {_short_card(r['card'])} | {ours} | **{us(r['median_ms'])}** | "
-                     f"{us(r['slowest_ms'])} | {NOT_MEASURED} {note('p99: ' + P99_REASON + '.')} | {rival} | {vs} | "
-                     f"{byte} | {latency} | {pct} |")
-    lines.append("")
-    lines += [f"{i}. {text[0].upper() + text[1:].rstrip('.')}." for i, text in enumerate(notes, 1)]
-    return "\n".join(lines)
+            latency += " " + note(f"{r['title']}: {r['latency_what']}")
+        for extra in r["notes"][:2] if r["clock"] != "wall" else r["notes"][1:2]:
+            latency += " " + note(f"{r['title']}: {extra}")
+        binding = f"{r['binding']}: {us(r['binding_floor_ms'])}" if r["binding"] else NOT_MEASURED
+        pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
+        floors.append(f"| {chapter} | {card} | {us(r['byte_floor_ms'], missing=NOT_MEASURED)} | "
+                      f"{us(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} |")
+    return "\n".join(times + [""] + floors + [""] + [f"{i}. {text}" for i, text in enumerate(notes, 1)])
 
 
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "P99_REASON", "card_name", "cards", "load", "missing", "one", "rows",

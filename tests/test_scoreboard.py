@@ -1,0 +1,250 @@
+"""The scoreboard and the results summary: every chapter's final kernel is on them, their numbers are the committed
+JSON's (one row recomputed here from the raw files, by hand), a change to a file changes them, and the pages that
+show them type no measured number and speak to readers, not to the people who built the course."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from book import results as summary
+from book import scoreboard as sb
+from studylog.paths import BENCH_RESULTS
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "scoreboard.md", ROOT / "results.md", ROOT / "intro.md"]
+H200 = BENCH_RESULTS / "nvidia-h200"
+
+
+def _raw(card: Path, chapter: str) -> dict:
+    return json.loads((card / f"{chapter}.json").read_text())
+
+
+def _find(data: dict, series: str, **params) -> dict:
+    """The one raw measurement of ``series`` at ``params``: written here again, not taken from the module."""
+    found = [r for r in data["measurements"]
+             if r["series"] == series and all(r["params"].get(k) == v for k, v in params.items())]
+    assert len(found) == 1, f"{len(found)} rows of {series} at {params}"
+    return found[0]
+
+
+def _board_row(board, number: int, card_folder: Path) -> dict:
+    name = json.loads(next(card_folder.glob("*.json")).read_text())["device"]["name"]
+    (row,) = [r for r in board if r["number"] == number and r["card"] == name]
+    return row
+
+
+# ----------------------------------------------------------------------------------------------
+# Every chapter is there
+# ----------------------------------------------------------------------------------------------
+
+def test_every_chapter_has_an_entry_in_course_order():
+    numbers = [e.number for e in sb.ENTRIES]
+    assert numbers == list(range(1, len(numbers) + 1)), f"chapters out of order or missing: {numbers}"
+    assert numbers[:7] == [1, 2, 3, 4, 5, 6, 7]
+    for entry in sb.ENTRIES:
+        assert (ROOT / entry.notebook).is_file(), f"chapter {entry.number}'s lesson {entry.notebook} does not exist"
+        assert entry.bench is not None or entry.absent, f"chapter {entry.number} has no benchmark and says not why"
+
+
+def test_every_final_kernel_is_measured_on_every_card_that_has_its_file():
+    board = sb.scoreboard()
+    for entry in sb.ENTRIES:
+        for card in sb.cards():
+            row = _board_row(board, entry.number, card)
+            if entry.bench is None:
+                assert row["missing"] == entry.absent
+            elif (card / f"{entry.bench}.json").is_file():
+                assert "missing" not in row, f"chapter {entry.number} on {card.name}: {row.get('missing')}"
+                assert row["median_ms"] > 0 and row["rival_ms"] and row["byte_floor_ms"]
+
+
+def test_the_page_table_lists_every_chapter_and_card():
+    table = sb.scoreboard_markdown()
+    for entry in sb.ENTRIES:
+        assert f"[{entry.number}. {entry.title}]({entry.notebook})" in table
+    for card in sb.cards():
+        short = sb._short_card(sb.card_name(card))
+        assert f"| {short} |" in table, f"no row for the {short}"
+    body = [ln for ln in table.splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
+    measured = [r for r in sb.scoreboard() if "missing" not in r]
+    assert len(body) >= 2 * len(measured), "each measured row appears in both tables"
+
+
+# ----------------------------------------------------------------------------------------------
+# The numbers are the JSON's
+# ----------------------------------------------------------------------------------------------
+
+def test_ternary_row_on_the_h200_recomputed_from_the_raw_file():
+    data = _raw(H200, "ternary")
+    shape = {"shape": "4096x14336", "m": 1}
+    mine = [r for s in ("step09", "step10", "step11") for r in data["measurements"]
+            if r["series"] == s and r["params"]["shape"] == "4096x14336" and r["params"]["m"] == 1
+            and r["clock"] == "gpu"]
+    ours = min(mine, key=lambda r: r["ms"])
+    gemlite = _find(data, "gemlite_w2", **shape)
+    empty = data["ceilings"]["empty_launch_gpu_ms"]
+    floor = max(ours["floor_mem_ms"], ours["floor_compute_ms"], empty)
+
+    row = _board_row(sb.scoreboard(), 5, H200)
+    assert row["ours"].startswith(ours["series"])
+    assert row["median_ms"] == ours["spread_ms"][1] == ours["ms"]
+    assert row["slowest_ms"] == ours["spread_ms"][2]
+    assert row["rival_ms"] == gemlite["ms"]
+    assert row["vs_rival"] == pytest.approx(gemlite["ms"] / ours["ms"])
+    assert row["byte_floor_ms"] == ours["floor_mem_ms"] and row["latency_floor_ms"] == empty
+    assert row["binding_floor_ms"] == floor
+    assert row["pct_of_floor"] == pytest.approx(100 * floor / ours["ms"])
+    table = sb.scoreboard_markdown()
+    assert f"**{ours['ms'] * 1e3:,.1f}**" in table
+    assert f"{gemlite['ms'] / ours['ms']:.2f}×" in table
+    assert f"**{100 * floor / ours['ms']:.0f}%**" in table
+
+
+def test_masked_head_headline_is_against_xgrammar_not_dense_then_mask():
+    """Chapter 2 leads with the fair comparison: the whole step from the bitmask against xgrammar's path."""
+    data = _raw(H200, "masked_lm_head")
+    case = {"batch": 1, "kind": "random", "allowed": 1000}
+    plan, xgr = _find(data, "plan_bitmask", **case), _find(data, "xgrammar_bitmask", **case)
+    dense = _find(data, "dense_mask", **case)
+    step9 = _find(data, "step09", **case)
+    (line,) = [h for h in summary.headlines() if h["number"] == 2]
+    assert line["ratios"]["H200"] == pytest.approx(xgr["ms"] / plan["ms"])
+    assert line["ratios"]["H200"] != pytest.approx(dense["ms"] / step9["ms"], rel=0.05)
+    assert f"**{xgr['ms'] / plan['ms']:.2f}×**" in summary.summary_markdown()
+
+
+def test_ternary_and_multi_item_lead_with_their_strongest_peer():
+    board = sb.scoreboard()
+    for number, chapter, peer in ((5, "ternary", "gemlite_w2"), (6, "multi_item", "FlashInfer")):
+        row = _board_row(board, number, H200)
+        data = _raw(H200, chapter)
+        rivals = [r for r in data["measurements"] if r["role"] in ("peer", "baseline") and r["clock"] == "gpu"
+                  and all(r["params"].get(k) == v for k, v in
+                          ({"shape": "4096x14336", "m": 1} if number == 5 else {"shape": "8 prompts, mixed"}).items())
+                  and r["series"] not in ("read_weights",)]
+        fastest = min(rivals, key=lambda r: r["ms"])
+        assert fastest["series"] == peer, f"chapter {number}: the fastest rival is {fastest['series']}, not {peer}"
+        assert row["rival_ms"] == fastest["ms"]
+
+
+def test_chapter_one_line_counts_forward_passes_from_the_decode_runs():
+    data = _raw(H200, "decode")
+    case = {"model": "8b", "batch": 1, "whitespace": "compact"}
+    plain = {r["params"]["schema"]: r["forwards"] for r in data["measurements"]
+             if r["series"] == "step01" and all(r["params"].get(k) == v for k, v in case.items())}
+    jumped = {r["params"]["schema"]: r["forwards"] for r in data["measurements"]
+              if r["series"] == "step02" and all(r["params"].get(k) == v for k, v in case.items())}
+    saved = 1 - sum(jumped.values()) / sum(plain[s] for s in jumped)
+    assert summary.jump_forward(data)["saved"] == pytest.approx(saved)
+    assert f"**{saved:.0%}** fewer forward passes" in summary.summary_markdown()
+
+
+def test_no_floor_is_beaten_without_comment():
+    """A kernel faster than its floor means a wrong floor (or a wrong time): the scoreboard must not show one."""
+    for row in sb.scoreboard():
+        if row.get("pct_of_floor") is not None:
+            assert row["pct_of_floor"] <= 100, f"chapter {row['number']} on {row['card']} beats its floor"
+
+
+# ----------------------------------------------------------------------------------------------
+# A change to the files changes the page; a gap says "not measured"
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def bench_copy(tmp_path) -> Path:
+    root = tmp_path / "bench"
+    shutil.copytree(BENCH_RESULTS, root, ignore=shutil.ignore_patterns("*.png"))
+    return root
+
+
+def _rewrite(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_a_slower_rival_raises_the_ratio(bench_copy):
+    def slow_gemlite(data):
+        for r in data["measurements"]:
+            if r["series"] == "gemlite_w2":
+                r["ms"] *= 2
+    before = _board_row(sb.scoreboard(bench_copy), 5, bench_copy / "nvidia-h200")["vs_rival"]
+    _rewrite(bench_copy / "nvidia-h200" / "ternary.json", slow_gemlite)
+    after = _board_row(sb.scoreboard(bench_copy), 5, bench_copy / "nvidia-h200")["vs_rival"]
+    assert after == pytest.approx(2 * before)
+
+
+def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
+    def drop_plan(data):
+        data["measurements"] = [r for r in data["measurements"] if r["series"] != "plan_bitmask"]
+    _rewrite(bench_copy / "nvidia-h200" / "masked_lm_head.json", drop_plan)
+    _rewrite(bench_copy / "nvidia-h200" / "ctc.json", lambda d: d["ceilings"].pop("empty_launch_gpu_ms"))
+    board = sb.scoreboard(bench_copy)
+    assert "missing" in _board_row(board, 2, bench_copy / "nvidia-h200")
+    assert _board_row(board, 4, bench_copy / "nvidia-h200")["latency_floor_ms"] is None
+    table = sb.scoreboard_markdown(bench_copy)
+    assert sb.NOT_MEASURED in table
+    assert any("no empty kernel's GPU time" in line for line in sb.missing(bench_copy))
+
+
+def test_p99_is_not_measured_until_the_files_hold_single_calls():
+    """No file records a distribution of single calls, so every p99 cell says so instead of showing a number."""
+    keys = {k for card in sb.cards() for f in card.glob("*.json")
+            for r in json.loads(f.read_text())["measurements"] for k in r}
+    assert not any("p99" in k or "samples" in k for k in keys), "the files now hold samples: show the p99"
+    lines = [ln for ln in sb.scoreboard_markdown().splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
+    times = [ln for ln in lines if "strongest rival" not in ln and "×" in ln]
+    assert times and all(ln.split("|")[6].strip() == sb.NOT_MEASURED for ln in times)
+
+
+# ----------------------------------------------------------------------------------------------
+# The pages
+# ----------------------------------------------------------------------------------------------
+
+#: A measured quantity written into prose (as tests/test_lessons.py defines it).
+NUMBER_WITH_UNIT = re.compile(r"(?<![\w.{`$])\d[\d,]*(?:\.\d+)?\s?(?:µs|us|ms|ns|s|x|×|%|GB/s|TB/s|TFLOP/s|TFLOPS|"
+                              r"MB|GB|KB|MiB|GiB)(?![\w])")
+
+
+def _prose(path: Path) -> str:
+    text = path.read_text()
+    text = re.sub(r"^---\n.*?\n---\n", "", text, flags=re.DOTALL)  # the notebook's header
+    return re.sub(r"```.*?```", " ", text, flags=re.DOTALL)  # code cells and directives
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_pages_type_no_measured_number(path):
+    typed = NUMBER_WITH_UNIT.findall(_prose(path))
+    assert not typed, f"{path.name}: numbers typed into prose: {typed}"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_pages_speak_to_readers(path):
+    spec = importlib.util.spec_from_file_location("_lessons", ROOT / "tests" / "test_lessons.py")
+    lessons = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lessons)
+    text = path.read_text() + "\n" + sb.scoreboard_markdown() + "\n" + summary.summary_markdown()
+    found = [m.group(0) for pattern, _ in lessons.INSIDER for m in pattern.finditer(text)]
+    assert not found, f"{path.name}: {found}"
+
+
+def test_pages_run_their_tables_and_the_book_lists_the_scoreboard():
+    assert "scoreboard_markdown()" in (ROOT / "scoreboard.md").read_text()
+    assert "summary_markdown()" in (ROOT / "results.md").read_text()
+    assert "reading_path_markdown()" in (ROOT / "intro.md").read_text()
+    toc = (ROOT / "_toc.yml").read_text()
+    assert "file: scoreboard" in toc and toc.index("file: results") < toc.index("file: scoreboard")
+
+
+def test_reading_times_follow_the_prose():
+    for notebook, _ in summary.READING_ORDER:
+        minutes = summary.reading_minutes(notebook)
+        assert minutes % 5 == 0 and minutes >= 5
+    table = summary.reading_path_markdown()
+    assert table.count(" min |") == len(summary.READING_ORDER)
