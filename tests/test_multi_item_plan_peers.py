@@ -376,7 +376,8 @@ class FakeFlashInfer:
         def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, heads, kv_heads, head_dim, page_size, *,
                  causal, sm_scale, prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
                  **_):
-            assert causal and heads == kv_heads
+            assert causal and heads % kv_heads == 0
+            self.group = heads // kv_heads
             self.args = (qo_indptr.tolist(), kv_indptr.tolist(), kv_indices.tolist(), last_page_len.tolist(),
                          page_size, sm_scale, prefix_len_ptr.to(torch.int64).tolist(),
                          token_pos_in_items_ptr.to(torch.int64).tolist(), token_pos_in_items_len)
@@ -388,7 +389,8 @@ class FakeFlashInfer:
             for b in range(len(qo) - 1):
                 pages = kv_idx[kv_ptr[b]:kv_ptr[b + 1]]
                 n = (len(pages) - 1) * page + last[b]
-                kk, vv = (c[pages].reshape(-1, *c.shape[2:])[:n].transpose(0, 1).float() for c in (k_cache, v_cache))
+                kk, vv = (c[pages].reshape(-1, *c.shape[2:])[:n].transpose(0, 1).float()
+                          .repeat_interleave(self.group, 0) for c in (k_cache, v_cache))
                 qq = q[qo[b]:qo[b + 1]].transpose(0, 1).float()
                 p, row = prefix[b], pos[b * width:(b + 1) * width]
                 keep = torch.tensor([[kv <= i and (i < p or kv < p or i < kv + row[i - p]) for kv in range(n)]
@@ -420,8 +422,10 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
     report.bench(run)
     assert run.checks and all(c["passed"] for c in run.checks), [c for c in run.checks if not c["passed"]]
     plan = report.bench_plan(quick, flashinfer=True)
-    for shape, prefixes, _ in shapes[:1] if quick else shapes:
-        want = plan["single" if len(prefixes) == 1 else "batch"]
+    gqa = report.gqa_shapes(quick)
+    assert [(name, kv) for name, _, _, kv in gqa] == [("2 prompts, 1 KV heads", 1)]
+    for shape, prefixes, _ in (shapes[:1] if quick else shapes) + [g[:3] for g in gqa]:
+        want = plan["gqa" if shape == gqa[0][0] else "single" if len(prefixes) == 1 else "batch"]
         got = [r["series"] for r in run.rows if r["params"].get("shape") == shape]
         assert sorted(got) == sorted(want), shape
         flex = next(r for r in run.rows if r["series"] == report.FLEX and r["params"]["shape"] == shape)

@@ -96,7 +96,7 @@ class FlashInferInputs:
     """One batch laid out as FlashInfer's paged prefill takes it (NHD: ``[tokens, heads, head_dim]``)."""
 
     q: Tensor                 #: [T, H, D]
-    k_cache: Tensor           #: [pages, page_size, H, D]
+    k_cache: Tensor           #: [pages, page_size, H_kv, D] (H_kv divides H)
     v_cache: Tensor
     qo_indptr: Tensor         #: [B + 1] int32: the queries of prompt b are rows qo_indptr[b]:qo_indptr[b + 1]
     kv_indptr: Tensor         #: [B + 1] int32: its pages are kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
@@ -113,16 +113,16 @@ def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, pa
     """Our ``[H, T, D]`` q, k, v and layout as FlashInfer's paged multi-item prefill takes them: queries
     ``[T, H, D]``; keys and values copied into pages of ``page_size`` tokens, each prompt in pages of its own
     (its last page part-filled); the multi-item metadata in FlashInfer's dtypes."""
-    dev, heads, head_dim = q.device, q.shape[0], q.shape[2]
+    dev, head_dim = q.device, q.shape[2]
     pages_per_prompt = [-(-s // page_size) for s in batch.seq_lens]
     slot = torch.cat([torch.arange(s, device=dev) + sum(pages_per_prompt[:b]) * page_size
                       for b, s in enumerate(batch.seq_lens)])  # each token's slot in the page pool
     n_pages = sum(pages_per_prompt)
 
     def paged(x: Tensor) -> Tensor:
-        cache = torch.zeros(n_pages * page_size, heads, head_dim, dtype=x.dtype, device=dev)
+        cache = torch.zeros(n_pages * page_size, x.shape[0], head_dim, dtype=x.dtype, device=dev)
         cache[slot] = x.transpose(0, 1)
-        return cache.view(n_pages, page_size, heads, head_dim)
+        return cache.view(n_pages, page_size, x.shape[0], head_dim)
 
     kv_indptr = torch.tensor([0] + pages_per_prompt, device=dev).cumsum(0).to(torch.int32)
     width = batch.token_pos.shape[1]
@@ -141,14 +141,15 @@ def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, pa
 def flashinfer_prefill(module, inputs: FlashInferInputs, heads: int, sm_scale: float, backend: str = "auto",
                        workspace: Tensor | None = None) -> Any:
     """A planned ``BatchPrefillWithPagedKVCacheWrapper`` for the inputs' layout (``plan`` runs on the host,
-    once); call ``wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache), out=...)``."""
+    once; ``heads`` query heads, as many key/value heads as the cache holds: fewer for grouped-query attention);
+    call ``wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache), out=...)``."""
     dev = inputs.q.device
     workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev) if workspace is None else workspace
     wrapper = module.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
     head_dim = inputs.q.shape[-1]
-    wrapper.plan(inputs.qo_indptr, inputs.kv_indptr, inputs.kv_indices, inputs.last_page_len, heads, heads,
-                 head_dim, inputs.page_size, causal=True, sm_scale=sm_scale, q_data_type=inputs.q.dtype,
-                 kv_data_type=inputs.k_cache.dtype, prefix_len_ptr=inputs.prefix_len,
+    wrapper.plan(inputs.qo_indptr, inputs.kv_indptr, inputs.kv_indices, inputs.last_page_len, heads,
+                 inputs.k_cache.shape[2], head_dim, inputs.page_size, causal=True, sm_scale=sm_scale,
+                 q_data_type=inputs.q.dtype, kv_data_type=inputs.k_cache.dtype, prefix_len_ptr=inputs.prefix_len,
                  token_pos_in_items_ptr=inputs.token_pos_in_items,
                  token_pos_in_items_len=inputs.token_pos_in_items_len, max_item_len_ptr=inputs.max_item_len)
     return wrapper

@@ -104,21 +104,35 @@ def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[in
 
 
 BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE = 32, 128, torch.bfloat16
+#: the layout of the model the chapter cites (Llama 3.1 8B: 32 query heads, 8 key/value heads): query heads a
+#: key/value head serves
+GQA_GROUP = 4
+
+
+def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]], int]]:
+    """The shapes measured with grouped-query attention, ``(name, prefixes, items, kv heads)``: the batch of
+    :func:`bench_shapes` (the mixed one) with one key/value head for every :data:`GQA_GROUP` of the
+    :data:`BENCH_HEADS` query heads, 8 for 32 (in a quick run too: it is a target's case)."""
+    name, prefixes, items = bench_shapes()[-1]
+    kv_heads = max(1, BENCH_HEADS // GQA_GROUP)
+    return [(f"{name}, {kv_heads} KV heads", prefixes, items, kv_heads)]
 #: the matmul whose rate is the compute ceiling of the run
 CEILING_MATMUL_N = 8192
 
 
 def bench_plan(quick: bool, flashinfer: bool) -> dict[str, list[str]]:
     """What the benchmark times on each shape, by kind (the pure-Python part of :func:`bench`, so a test can
-    count the measurements): ``{"single": [...], "batch": [...]}`` series for a one-prompt shape and for a
-    batch; FlexAttention's and FlashInfer's sweeps add their candidates (timed once each)."""
+    count the measurements): ``{"single": [...], "batch": [...], "gqa": [...]}`` series for a one-prompt shape,
+    for a batch and for the batch with grouped-query attention (no step 5 variants); FlexAttention's and
+    FlashInfer's sweeps add their candidates (timed once each)."""
     ours_single = [s.series for s in STEPS[1:]]
     ours_batch = [STEP05.series]
     extra = [] if quick else [order_series(o) for o in SCHEDULE_ORDERS[1:]] + [STEP05_OTHER_RULE, PLAN]
     base = [SDPA_DENSE, SDPA_CAUSAL, FLEX] + ([] if quick else [ONE_PASS_PER_ITEM])
     peers = [FLASHINFER] if flashinfer else []
     return {"single": ours_single + extra + ([] if quick else [DO_BENCH[4], DO_BENCH[5]]) + base + peers,
-            "batch": ours_batch + extra + ([] if quick else [DO_BENCH[5]]) + [STEP04_PER_PROMPT] + base + peers}
+            "batch": ours_batch + extra + ([] if quick else [DO_BENCH[5]]) + [STEP04_PER_PROMPT] + base + peers,
+            "gqa": ours_batch + ([] if quick else [DO_BENCH[5]]) + [STEP04_PER_PROMPT] + base + peers}
 
 
 def flex_variants(quick: bool):
@@ -247,14 +261,17 @@ def bench(run) -> None:
         flashinfer = None
         run.note(f"FlashInfer not measured: {err}")
     with _DynamoLimits():
-        for shape in run.progress(bench_shapes(run.quick), "shapes"):
+        shapes = [(*shape, BENCH_HEADS) for shape in bench_shapes(run.quick)] + gqa_shapes(run.quick)
+        for shape in run.progress(shapes, "shapes"):
             _bench_shape(run, *shape, tflops_ceiling=tflops_ceiling, pins=pins, flashinfer=flashinfer)
             torch.cuda.empty_cache()
 
 
-def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *, tflops_ceiling: float,
-                 pins: dict, flashinfer) -> None:
+def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv_heads: int, *,
+                 tflops_ceiling: float, pins: dict, flashinfer) -> None:
     import torch.nn.functional as F
+
+    from studylog.multi_item.bench_peers import bench_flashinfer, bench_flex
 
     dev = runtime.device()
     heads, head_dim, dtype = BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE
@@ -262,10 +279,11 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
     quick = run.quick
     batch = MultiItemBatch.from_item_lens(prefixes, items, device=dev)
     T, single = batch.total_tokens, batch.batch_size == 1
-    params = {"shape": name, "prompts": batch.batch_size, "tokens": T}
+    params = {"shape": name, "prompts": batch.batch_size, "tokens": T, "heads": heads, "kv_heads": kv_heads}
+    gqa = kv_heads != heads  # grouped-query attention: SDPA's and FlexAttention's enable_gqa
     gen = torch.Generator(device=dev).manual_seed(0)
-    q, k, v = (torch.randn(heads, T, head_dim, dtype=dtype, device=dev, generator=gen) for _ in range(3))
-    nbytes = 4 * q.numel() * q.element_size()  # read q, k, v; write out
+    q, k, v = (torch.randn(h, T, head_dim, dtype=dtype, device=dev, generator=gen) for h in (heads, kv_heads, kv_heads))
+    nbytes = 2 * (q.numel() + k.numel()) * q.element_size()  # read q, k, v; write out
     useful_flops = 4.0 * tile_stats(batch, 128, 64).visible_pairs * head_dim * heads
 
     # float32 reference of the default rule, prompt by prompt
@@ -280,8 +298,9 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
 
     def rotated_qkv() -> list[tuple[Tensor, Tensor, Tensor]]:
         """Fresh q, k, v, and copies of them enough to exceed L2 together."""
-        qkv = torch.randn(3, heads, T, head_dim, dtype=dtype, device=dev)
-        return [tuple(c) for c in run.rotated(qkv)]
+        qkv = torch.randn((heads + 2 * kv_heads) * T * head_dim, dtype=dtype, device=dev)
+        return [tuple(x.view(-1, T, head_dim) for x in c.split([heads * T * head_dim, kv_heads * T * head_dim,
+                                                              kv_heads * T * head_dim])) for c in run.rotated(qkv)]
 
     def measure(series: str, make_calls: Callable[[], list], role: str, *, host: Callable | None = None,
                 stats: TileStats | None = None, **extra: Any) -> dict:
@@ -344,7 +363,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
             run.record(DO_BENCH[step.number], ms, params=params, role="kernel", clock="do_bench", config=config)
         del out
     cfg5 = configs[5]
-    if not quick:
+    if not quick and not gqa:  # the variants of step 5 (MultiItemPlan takes as many key/value heads as queries)
         # step 5's other program orders: same kernel, same tiles, only the order the GPU starts programs in
         for order in SCHEDULE_ORDERS[1:]:
             check(series_label(order_series(order)), STEP05.function(q, k, v, batch, sm_scale=sm_scale, order=order,
@@ -408,7 +427,8 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
         if single:
             return qq[None], kk[None], vv[None]
         s_max = batch.max_seq_len
-        out = [torch.zeros(batch.batch_size, heads, s_max, head_dim, dtype=dtype, device=dev) for _ in range(3)]
+        out = [torch.zeros(batch.batch_size, x.shape[0], s_max, head_dim, dtype=dtype, device=dev)
+               for x in (qq, kk, vv)]
         for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
             for dst, src in zip(out, (qq, kk, vv)):
                 dst[b, :, :s] = src[:, start:start + s]
@@ -425,21 +445,23 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
 
     def sdpa_calls(**kwargs):
         def make_calls():
-            return [lambda args=padded(*qkv): F.scaled_dot_product_attention(*args, scale=sm_scale, **kwargs)
+            return [lambda args=padded(*qkv): F.scaled_dot_product_attention(*args, scale=sm_scale, enable_gqa=gqa,
+                                                                             **kwargs)
                     for qkv in rotated_qkv()]
         return make_calls
 
     if single:
         check("SDPA with the dense mask", F.scaled_dot_product_attention(*padded(q, k, v), attn_mask=mask,
-                                                                          scale=sm_scale)[0])
+                                                                          scale=sm_scale, enable_gqa=gqa)[0])
     measure(SDPA_DENSE, sdpa_calls(attn_mask=mask), "baseline")
     measure(SDPA_CAUSAL, sdpa_calls(is_causal=True), "baseline", **({} if single else {"padded_to": batch.max_seq_len}))
     del mask
 
-    _bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv)
+    bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv)
     if not quick:  # the approach this replaces: a causal pass over each item's own sequence, batched over items
         naive_inputs, naive_rows = _naive_inputs(q, k, v, batch)
-        outs = [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale) for x in naive_inputs]
+        outs = [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale, enable_gqa=gqa)
+                for x in naive_inputs]
         got = torch.cat([outs[j][i, :, batch.prefix_lens[b]:batch.prefix_lens[b] + rows.numel()]
                          for j, (b, item_rows) in enumerate(naive_rows) for i, rows in enumerate(item_rows)], dim=1)
         rows = torch.cat([rows for _, item_rows in naive_rows for rows in item_rows]).to(dev)
@@ -450,13 +472,13 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], *,
             calls = []
             for qkv in rotated_qkv():
                 inputs, _ = _naive_inputs(*qkv, batch)
-                calls.append(lambda inputs=inputs: [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale)
-                                                    for x in inputs])
+                calls.append(lambda inputs=inputs: [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale,
+                                                                                    enable_gqa=gqa) for x in inputs])
             return calls
 
         measure(ONE_PASS_PER_ITEM, naive_calls, "baseline", passes=sum(batch.num_items))
     if flashinfer is not None:
-        _bench_flashinfer(run, flashinfer, batch, q, k, v, out, sm_scale, check, measure, rotated_qkv, params)
+        bench_flashinfer(run, flashinfer, batch, q, k, v, out, sm_scale, check, measure, rotated_qkv, params)
 
 
 def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tuple[str, str, dict | None]:
@@ -476,91 +498,13 @@ def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tu
     return info.config, "autotuned", timings
 
 
-def _bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv) -> None:
-    """FlexAttention at each block size of the sweep (one graph timing each), the best one measured."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from studylog.multi_item.peers import flex_block_mask
-
-    flex = torch.compile(flex_attention, dynamic=False)
-    sweep, masks = {}, {}
-    try:
-        for variant, block, options in flex_variants(run.quick):
-            masks[variant] = (flex_block_mask(batch, block), options)
-            block_mask = masks[variant][0]
-            if not check(f"{FLEX} ({variant})", flex(q[None], k[None], v[None], block_mask=block_mask, scale=sm_scale,
-                                                     kernel_options=options)[0]):
-                continue
-            calls = [lambda qkv=qkv: flex(*(x[None] for x in qkv), block_mask=block_mask, scale=sm_scale,
-                                          kernel_options=options) for qkv in rotated_qkv()]
-            sweep[variant] = run.gpu_time(lambda: calls, repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
-            del calls
-    except Exception as err:  # a peer's failure costs its rows, not the chapter's run
-        run.note(f"{FLEX} on {batch.describe()}: {type(err).__name__}: {err}")
-    if not sweep:
-        return
-    best = min(sweep, key=sweep.get)
-    block_mask, options = masks[best]
-
-    def make_calls():
-        return [lambda qkv=qkv: flex(*(x[None] for x in qkv), block_mask=block_mask, scale=sm_scale,
-                                     kernel_options=options) for qkv in rotated_qkv()]
-
-    measure(FLEX, make_calls, "baseline", block_size=best, sweep_ms=sweep,
-            flex_block_density=float((block_mask.to_dense() != 0).float().mean()))  # blocks it computes
-
-
-def _bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, measure, rotated_qkv, params) -> None:
-    """FlashInfer's multi-item prefill at each (backend, page size) of the sweep, checked against the float32
-    reference and against our output (bf16 tolerance); the best one measured with its host time."""
-    from studylog.multi_item.peers import flashinfer_inputs, flashinfer_prefill
-
-    heads = q.shape[0]
-    workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=q.device)
-    sweep, setups = {}, {}
-    for backend, page in flashinfer_variants(module, run.quick):
-        key = f"{backend}, page {page}"
-        try:
-            inputs = flashinfer_inputs(q, k, v, batch, page)
-            wrapper = flashinfer_prefill(module, inputs, heads, sm_scale, backend, workspace)
-            got = wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache)).transpose(0, 1)
-            ok = check(f"{FLASHINFER} ({key})", got)
-            diff = (got.float() - ours_out.float()).abs()
-            run.check(f"{FLASHINFER} ({key}) matches {STEP05.name} within bf16 rounding", bool(
-                (diff <= 1e-2 + 1.6e-2 * ours_out.float().abs()).all()), params=params, max_abs_err=float(diff.max()))
-            if not ok:
-                continue
-
-            def make_calls(page=page, backend=backend):
-                calls = []
-                for qkv in rotated_qkv():
-                    x = flashinfer_inputs(*qkv, batch, page)
-                    w = flashinfer_prefill(module, x, heads, sm_scale, backend, workspace)
-                    o = torch.empty_like(x.q)
-                    calls.append(lambda w=w, x=x, o=o: w.run(x.q, (x.k_cache, x.v_cache), out=o))
-                return calls
-
-            setups[key] = (inputs, wrapper, make_calls, backend, page)
-            sweep[key] = run.gpu_time(make_calls, repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
-        except Exception as err:  # a peer's failure costs its rows, not the chapter's run
-            run.note(f"{FLASHINFER} ({key}) on {batch.describe()}: {type(err).__name__}: {err}")
-    if not sweep:
-        return
-    best = min(sweep, key=sweep.get)
-    inputs, wrapper, make_calls, backend, page = setups[best]
-    out = torch.empty_like(inputs.q)
-    measure(FLASHINFER, make_calls, "peer", host=lambda: wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache),
-                                                                     out=out),
-            backend=backend, page_size=page, sweep_ms=sweep, rule="flashinfer",
-            max_item_len=[int(x) for x in batch.max_item_lens_t.tolist()])
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading the committed results
 # ---------------------------------------------------------------------------------------------
 
-#: the shape of mixed item lengths (the others have items of one length)
+#: the shape of mixed item lengths (the others have items of one length), and it with grouped-query attention
 MIXED_SHAPE = "8 prompts, mixed"
+GQA_SHAPE = f"{MIXED_SHAPE}, {BENCH_HEADS // GQA_GROUP} KV heads"
 
 
 def order_table_series() -> list[str]:

@@ -21,7 +21,9 @@ from studylog import runtime
 from studylog.ternary import peers as P
 from studylog.ternary.cuda_steps import PROBES, cuda_mma_config, step10_cuda_mma, step11_probe, step11_tma, tma_config
 from studylog.ternary.formats import FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean, quantize_activations
-from studylog.ternary.results import (BASELINES, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES,  # noqa: F401
+from studylog.ternary.bitnet import (BITNET_ENV, BITNET_SHAPES, bitnet_checkout, bitnet_library, bitnet_linear,
+                                     bitnet_pack, bitnet_scales)
+from studylog.ternary.results import (BASELINES, BITNET, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES,  # noqa: F401
                                       W2A8_PLACE_SERIES, headline, on_gpu_clock, target_checks)
 from studylog.ternary.steps import SERIES, STEPS
 from studylog.ternary.triton_mma import (step08_w2a8_dot, step08_w2a8_dot_tuned_few, step08_w2a8_dot_tuned_many,
@@ -44,8 +46,13 @@ BENCH_SHAPES = [
     ("llama", 4096, 14336), ("llama", 14336, 4096), ("llama", 8192, 28672),
 ]
 BENCH_MS = (1, 16, 128)
-#: A --quick run: the targets' cases only.
-QUICK_CASES = (("llama", 4096, 14336, (1, 16)), ("llama", 8192, 28672, (1,)))
+#: A --quick run: the targets' cases only (the Llama shapes, and BitNet's kernel at every shape it takes).
+QUICK_CASES = (("llama", 4096, 14336, (1, 16)), ("llama", 8192, 28672, (1,)),
+               *(("bitnet", n, k, (1,)) for n, k in BITNET_SHAPES))
+#: BitNet's kernel's shapes that BENCH_SHAPES lacks: measured at M = 1 against our W2A8 steps and cuBLAS only.
+BITNET_EXTRA_SHAPES = tuple((n, k) for n, k in BITNET_SHAPES if ("bitnet", n, k) not in BENCH_SHAPES)
+#: What a shape measured only for BitNet's kernel times.
+BITNET_ONLY_STEPS = (12, 13)
 #: GemLite above one row of x only here: its autotune compiles some twenty configs a shape for each of its
 #: batched kernels (at M = 1 every shape runs it: the target is there).
 GEMLITE_BATCH_SHAPES = ((4096, 14336),)
@@ -57,13 +64,17 @@ def bench_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
     """(family, N, K, M) in the order the benchmark runs them."""
     if quick:
         return [(f, n, k, m) for f, n, k, ms in QUICK_CASES for m in ms]
-    return [(f, n, k, m) for f, n, k in BENCH_SHAPES for m in BENCH_MS]
+    return ([(f, n, k, m) for f, n, k in BENCH_SHAPES for m in BENCH_MS]
+            + [("bitnet", n, k, 1) for n, k in BITNET_EXTRA_SHAPES])
 
 
 def bench_series(family: str, n: int, k: int, m: int, quick: bool = False) -> list[str]:
     """The series measured at one case, in order (besides step 12's other places to quantise x and the probes,
     :func:`place_series` and :func:`probe_series`)."""
     s = SERIES
+    bitnet = [BITNET] if m == 1 and (n, k) in BITNET_SHAPES else []
+    if (quick and family == "bitnet") or (n, k) in BITNET_EXTRA_SHAPES:  # measured for BitNet's kernel only
+        return [CUBLAS, *(s[i] for i in BITNET_ONLY_STEPS), "read_weights", *bitnet]
     if quick:
         steps = (9, 10, 11, 12, 13)
     elif m == 1:
@@ -78,7 +89,7 @@ def bench_series(family: str, n: int, k: int, m: int, quick: bool = False) -> li
     out.append(INT_MM)
     if m == 1:
         out.append(INT_MM_MATMUL)
-    return out
+    return out + bitnet
 
 
 def place_series(n: int, k: int, m: int, quick: bool = False) -> dict[str, str]:
@@ -257,6 +268,7 @@ def bench(run) -> None:
     run.record("peak_int8_matmul", int8_ms, params={"n": 8192}, role="baseline", clock="do_bench", tops=int8_rate)
     gemlite = _load_gemlite()
     _notes(run, gemlite)
+    bitnet = _load_bitnet(run)
     torch.manual_seed(0)
     cases = bench_cases(run.quick)
     shapes: dict[tuple, list[int]] = {}
@@ -264,7 +276,7 @@ def bench(run) -> None:
         shapes.setdefault((family, n, k), []).append(m)
     bar = run.progress(list(shapes.items()), "shapes")
     for (family, n, k), ms in bar:
-        _bench_shape(run, family, n, k, ms, peak, gemlite, bar)
+        _bench_shape(run, family, n, k, ms, peak, gemlite, bar, bitnet)
         torch.cuda.empty_cache()
     from studylog.plotting import Results
 
@@ -276,7 +288,29 @@ def bench(run) -> None:
         run.note(f"target {t['target']}: {verdict}{short}: {t['detail']}")
 
 
-def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite: Any, bar: Any = None) -> None:
+def _load_bitnet(run) -> Any:
+    """BitNet's kernel built from the checkout given in BITNET_ENV, or None (with a note saying why)."""
+    try:
+        root = bitnet_checkout()
+        if root is None:
+            run.note(f"{BITNET}: not measured: no checkout of microsoft/BitNet given (set {BITNET_ENV} to one)")
+            return None
+        library = bitnet_library(root)
+    except Exception as err:  # noqa: BLE001 (a peer that fails to build is a note, not a lost run)
+        run.note(f"{BITNET}: not measured: {type(err).__name__}: {err}")
+        return None
+    commit = (root / "COMMIT").read_text().split()[0] if (root / "COMMIT").is_file() else "?"
+    run.note(f"{BITNET}: microsoft/BitNet gpu/bitnet_kernels/bitnet_kernels.cu (commit {commit}) built with nvcc as "
+             "its compile.sh does, for this GPU's sm instead of compute_80 PTX; called through ctypes as its "
+             "gpu/test.py does, at M = 1 on the (N, K) it is compiled for; x quantised to int8 before the call (not "
+             "timed: its model quantises with torch ops first), so its time is the matmul alone while ours includes "
+             "quantising x. Weights packed from our ternary matrix (bitnet_pack, its convert_weight_int8_to_int2); "
+             "bf16 out, checked elementwise against float64 of the quantised x with its bf16 scales.")
+    return library
+
+
+def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite: Any, bar: Any = None,
+                 bitnet: Any = None) -> None:
     dev = runtime.device()
     w_t, scale_t = quantize_absmean(torch.randn(n, k, device=dev))
     scale = float(scale_t)  # one number: no per-call tensor
@@ -358,6 +392,19 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
         if layer is not None:
             specs[GEMLITE] = Series(layer, lambda x, w: (lambda: w(x)), layer.W_q.numel() * 4, "bf16", "bf16", "peer",
                                     config=lambda: P.gemlite_best_config(P.gemlite_matmul_type(m)), out_bytes=m * n * 2)
+        if bitnet is not None and BITNET in bench_series(family, n, k, m, run.quick):
+            s_bf16, ws = bitnet_scales(x_scale, scale, dev)
+            refs["bitnet"] = (xq64 @ w64.T) / s_bf16.double() * ws[0].double()
+
+            def bitnet_call(x, w):
+                xq_, xs_ = quantize_activations(x)
+                s_, ws_ = bitnet_scales(xs_, scale, x.device)
+                out = torch.empty(1, n, dtype=torch.bfloat16, device=x.device)
+                return lambda: bitnet_linear(bitnet, xq_, w, s_, ws_, out)
+
+            packed = bitnet_pack(w_t)
+            specs[BITNET] = Series(packed, bitnet_call, packed.numel(), "bitnet", "int8", "peer",
+                                   in_bytes=k + 2, out_bytes=n * 2)
         for where, series in place_series(n, k, m, run.quick).items():
             specs[series] = Series(pt, lambda x, w, q=where: (lambda: step12_w2a8(x, w, scale, quantize=q)), pt.nbytes,
                                    "w2a8", "int8", config=lambda q=where: f"{w2a8_config(m, n, k, quantize=q)}")
@@ -368,7 +415,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
                                    host_time=False)
         names = [name for name in bench_series(family, n, k, m, run.quick) if name in specs]
         names += [series for series in specs if series not in names and series not in {s[i] for i in range(1, 14)}
-                  and series not in (CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, "read_weights")]
+                  and series not in (CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, "read_weights", BITNET)]
         for name in names:
             spec = specs[name]
             if bar is not None and hasattr(bar, "set_postfix_str"):  # where a long sweep is, in the log too
@@ -402,6 +449,11 @@ def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: d
         error = P.relative_norm_error(z, refs["float"][0])
         run.check(f"{name} within bf16 rounding of float64", error <= P.BF16_NORM_TOLERANCE, params=params,
                   relative_error=error, tolerance=P.BF16_NORM_TOLERANCE)
+    elif spec.check == "bitnet":  # bf16 out: within its rounding of float64 with the same (bf16) scales
+        ref = refs["bitnet"]
+        err = (z.double() - ref).abs()
+        run.check(f"{name} within bf16 rounding of float64", bool((err <= 2**-8 * ref.abs() + 1e-9).all()),
+                  params=params, max_relative_error=float((err / ref.abs().clamp(min=1e-30)).max()))
     elif spec.check == "int32":
         run.check(f"{name} equals the exact int32 sums", bool(torch.equal(z[:m].double(), refs["int32"][0])),
                   params=params)

@@ -27,9 +27,11 @@ GEMLITE = "gemlite_w2"
 INT_MM = "torch_int_mm"
 INT_MM_MATMUL = "torch_int_mm_matmul"
 CUBLAS = "cublas_bf16"
+BITNET = "bitnet_w2a8"
 
 #: The series that are not steps: what each one is (CHAPTER.baselines; figure legends and tables).
 BASELINES = {
+    BITNET: "BitNet's W2A8 GPU kernel (microsoft/BitNet gpu/, int8 x quantised before the call, bf16 out; M = 1)",
     CUBLAS: "cuBLAS bf16 (torch x @ W.T, the same ternary W stored densely)",
     GEMLITE: "GemLite, 2-bit weights, bf16 x (its BitNet layout: codes w + 1, zero 1, one scale a row; its autotune)",
     INT_MM: "torch._int_mm W8A8: x quantised to int8 as W2A8 does, int8 weights, rows padded to 17, divided in float32",
@@ -195,6 +197,16 @@ def target_checks(results) -> list[dict[str, Any]]:
     add(f"M=1: W2A8 >= {INT_MM_FACTOR}x faster than torch._int_mm (x quantised, rows padded) at every shape",
         None if worst is None else worst >= INT_MM_FACTOR, detail,
         None if worst is None or worst >= INT_MM_FACTOR else INT_MM_FACTOR / worst)
+    ratios = {}
+    for shape in shapes_in(view):
+        peer = view.select(BITNET, shape=shape, m=1)
+        row, s = fastest(view, W2A8_SERIES, shape=shape, m=1)
+        if peer and row is not None:
+            ratios[shape] = (peer[0]["ms"] / row["ms"], s)
+    detail = ", ".join(f"{shape} {r:.2f}x ({series_label(s)})" for shape, (r, s) in ratios.items())
+    worst = min((r for r, _ in ratios.values()), default=None)
+    add("M=1: W2A8 faster than BitNet's W2A8 kernel at every shape it takes", None if worst is None else worst > 1.0,
+        detail, None if worst is None or worst > 1.0 else 1.0 / worst)
     from studylog.bench import failed_checks
 
     checks = results.data.get("checks", [])

@@ -150,9 +150,8 @@ __device__ __forceinline__ int rotated(int i, int rot, int units) {
     return i + rot < units ? i + rot : i + rot - units;
 }
 
-// The part of a row of x (in groups of 256 activations, 16 units each) that block `part` of `parts`
-// quantises: groups first .. first + count - 1. Every caller here quantises a whole row, RowShare(0, 1,
-// groups); the shares were for blocks of a cluster sharing a row (lab/ternary/variants/).
+// The groups (of 256 activations, 16 units) of a row of x that block `part` of `parts` quantises: first ..
+// first + count - 1. Callers here take a whole row, RowShare(0, 1, groups) (shares: lab/ternary/variants/).
 struct RowShare {
     int first, count;
     __device__ RowShare(int part, int parts, int groups)

@@ -1,0 +1,166 @@
+"""Chapter 5's closest peer: BitNet's own W2A8 GPU kernel (`microsoft/BitNet <https://github.com/microsoft/BitNet>`_,
+``gpu/bitnet_kernels/bitnet_kernels.cu``), on the same ternary weights as our steps.
+
+Its code is not part of this repository. The benchmark takes the path of a local checkout of BitNet's repository
+(the variable :data:`BITNET_ENV`, or a ``gpu`` folder copied out of it); without one, its rows are skipped with a
+note. :func:`bitnet_library` builds the kernel file with ``nvcc`` for the GPU at hand (BitNet's own ``compile.sh``
+embeds sm_80 PTX only; here it is built for the card it runs on, with the same flags otherwise) and loads it
+through ``ctypes``, as BitNet's ``gpu/test.py`` does.
+
+What the kernel computes, for one row of x (M = 1): ``out[n] = (sum_k xq[k] * w[n, k]) / s * ws[n // (N / G)]`` in
+bf16, where ``xq`` is x already quantised to int8 (BitNet quantises it with torch ops before the call), ``s`` its
+bf16 scale, ``ws`` bf16 weight scales (G of them) and ``w`` the ternary weights in BitNet's packed layout
+(:func:`bitnet_pack`). It is compiled for ten (N, K) only (:data:`BITNET_SHAPES`): BitNet b1.58 2B4T's
+projections and a few others; anything else prints a line and computes nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from jaxtyping import Int8
+from torch import Tensor
+
+from studylog.checks import check_tensor
+from studylog.ternary.formats import check_ternary_values
+
+#: The variable that holds the path of a checkout of microsoft/BitNet (its folder, or its ``gpu`` folder).
+BITNET_ENV = "STUDYLOG_BITNET"
+#: The (N, K) that ``bitlinear_int8xint2`` launches a kernel for, all at M = 1 (``gpu/bitnet_kernels.cu``).
+BITNET_SHAPES = ((3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912), (4800, 3200), (3200, 3200),
+                 (20480, 3200), (3200, 10240), (5120, 27648), (55296, 5120))
+#: How many weight scales its kernel can index (its largest ``ws_num``).
+BITNET_WEIGHT_SCALES = 6
+KERNEL_FILE = Path("gpu") / "bitnet_kernels" / "bitnet_kernels.cu"
+
+
+def bitnet_checkout(path: Optional[str] = None) -> Optional[Path]:
+    """The checkout to build from: ``path``, else the variable :data:`BITNET_ENV`; the folder that holds
+    ``gpu/bitnet_kernels/bitnet_kernels.cu``. None where none is given; ``FileNotFoundError`` where the path
+    given holds no kernel file."""
+    path = path if path is not None else os.environ.get(BITNET_ENV)
+    if not path:
+        return None
+    root = Path(path).expanduser().resolve()
+    for candidate in (root, root.parent):
+        if (candidate / KERNEL_FILE).is_file():
+            return candidate
+    raise FileNotFoundError(f"{BITNET_ENV}={path!r}: no {KERNEL_FILE} under it (a checkout of microsoft/BitNet, "
+                            "or its gpu folder, is expected)")
+
+
+@functools.lru_cache(maxsize=None)
+def bitnet_library(root: Path) -> ctypes.CDLL:
+    """Build BitNet's kernel file with nvcc for this GPU (cached by the file's hash and the target) and load it."""
+    source = root / KERNEL_FILE
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}"
+    digest = hashlib.sha256(source.read_bytes() + (source.parent / "bitnet_kernels.h").read_bytes()).hexdigest()
+    out = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "studylog" / "bitnet"
+    out.mkdir(parents=True, exist_ok=True)
+    lib = out / f"libbitnet_{digest[:16]}_sm{arch}.so"
+    if not lib.exists():
+        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+        # BitNet's compile.sh, with this GPU's target instead of compute_80 PTX
+        cmd = [nvcc, "-std=c++17", "-O3", "-Xcudafe", "--diag_suppress=177", "--compiler-options", "-fPIC",
+               "-lineinfo", "--shared", str(source), "-lcuda", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+               "-o", str(lib)]
+        subprocess.run(cmd, check=True, cwd=source.parent, capture_output=True, text=True)
+    library = ctypes.CDLL(str(lib))
+    library.bitlinear_int8xint2.restype = None
+    return library
+
+
+def _shared_load_layout() -> np.ndarray:
+    """BitNet's ``B_global_16x32_to_shared_load_16x32_layout`` as a table: for each (i, j) of a 16 x 32 tile of
+    weights as stored, the (row, column) of the weight matrix tile it holds."""
+    mapping = np.zeros((16, 32, 2), dtype=np.int64)
+    for i in range(16):
+        for j in range(32):
+            thread = i * 2 + j // 16
+            mapping[i, j] = ((thread // 16) * 8 + thread % 8, j % 16 + 16 * ((thread % 16) // 8))
+    return mapping
+
+
+def bitnet_pack(w: Int8[Tensor, "n k"]) -> Int8[Tensor, "n k4"]:
+    """Ternary weights ``(N, K)`` in BitNet's layout (its ``convert_weight_int8_to_int2``, in torch): codes
+    ``w + 2``, tiles of 16 x 32 permuted for its loads, four 2-bit codes a byte, and the codes of each 32-bit word
+    interleaved so that one shift and mask yields four int8 values. N a multiple of 16, K of 32."""
+    check_tensor("w", w, dtype=torch.int8, ndim=2)
+    n, k = w.shape
+    if n % 16 or k % 32:
+        raise ValueError(f"w must have N a multiple of 16 and K of 32 for BitNet's layout, got {n} x {k}")
+    check_ternary_values("w", w)
+    codes = (w.to(torch.int32) + 2)
+    mapping = torch.from_numpy(_shared_load_layout()).to(w.device)
+    tiles = codes.view(n // 16, 16, k // 32, 32).permute(0, 2, 1, 3)  # [N/16, K/32, 16, 32]
+    flat = tiles.reshape(n // 16, k // 32, 16 * 32)
+    permuted = flat[:, :, mapping[..., 0] * 32 + mapping[..., 1]]  # [N/16, K/32, 16, 32]
+    groups = permuted.reshape(n // 16, k // 32, 16, 8, 4)  # four codes a byte
+    packed = sum(groups[..., j] << (2 * j) for j in range(4))  # [.., 8] bytes, values 0..255
+    words = packed.reshape(n // 16, k // 32, 16, 2, 4)  # four bytes a 32-bit word, little-endian
+    word = sum(words[..., b].to(torch.int64) << (8 * b) for b in range(4))  # the 16 codes of a word
+    interleaved = torch.zeros_like(word)
+    for offset in range(16):  # code `offset` of the word moves to bits (offset % 4) * 8 + (offset // 4) * 2
+        shift = (offset % 4) * 8 + (offset // 4) * 2
+        interleaved |= ((word >> (2 * offset)) & 3) << shift
+    out = torch.stack([(interleaved >> (8 * b)) & 0xFF for b in range(4)], dim=-1)
+    return out.to(torch.uint8).view(torch.int8).reshape(n, k // 4)
+
+
+def bitnet_scales(x_scale: Tensor, scale: float, device) -> tuple[Tensor, Tensor]:
+    """The two bf16 scales BitNet's kernel divides and multiplies by: ``s`` (x's int8 scale, one row) and ``ws``
+    (``1 / scale`` of our weights, repeated for each of its weight-scale slots)."""
+    s = x_scale.reshape(-1)[:1].to(device=device, dtype=torch.bfloat16)
+    ws = torch.full((BITNET_WEIGHT_SCALES,), 1.0 / scale, dtype=torch.bfloat16, device=device)
+    return s, ws
+
+
+def bitnet_linear(library: ctypes.CDLL, xq: Tensor, packed: Tensor, s: Tensor, ws: Tensor,
+                  out: Tensor) -> Tensor:
+    """One call of BitNet's ``bitlinear_int8xint2`` on the current stream: ``out (1, N) bf16`` from ``xq (1, K)``
+    int8 and the packed weights, as its ``gpu/test.py`` calls it."""
+    n, k = packed.shape[0], packed.shape[1] * 4
+    if xq.shape != (1, k) or (n, k) not in BITNET_SHAPES:
+        raise ValueError(f"BitNet's kernel takes one row of x at (N, K) in {BITNET_SHAPES}; got x {tuple(xq.shape)} "
+                         f"and weights {n} x {k}")
+    stream = torch.cuda.current_stream().cuda_stream
+    library.bitlinear_int8xint2(ctypes.c_void_p(xq.data_ptr()), ctypes.c_void_p(packed.data_ptr()),
+                                ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(s.data_ptr()),
+                                ctypes.c_void_p(ws.data_ptr()), ctypes.c_int(1), ctypes.c_int(n), ctypes.c_int(k),
+                                ctypes.c_void_p(stream))
+    return out
+
+
+def emulate_bitnet_kernel(xq: Tensor, packed: Tensor, s: float, ws: float) -> Tensor:
+    """What ``ladder_int8xint2_kernel`` computes, in float64 on the CPU, read the way its threads read: block
+    ``bx`` of 16 rows, threads ``(tx < 8, ty < 16)``, a 32-bit word of codes and 16 bytes of x per step of 128
+    columns; each code ``(word >> (8 b + 2 i)) & 3`` minus 2 meets ``x[16 tx + 4 i + b]``. For the tests: a packed
+    layout that this reads back to the weights is the layout the kernel expects."""
+    n, k = packed.shape[0], packed.shape[1] * 4
+    words = packed.contiguous().view(torch.int32).reshape(-1).to(torch.int64) & 0xFFFFFFFF
+    out = torch.zeros(n, dtype=torch.float64)
+    x = xq.reshape(-1).to(torch.float64)
+    for bx in range(n // 16):
+        for ty in range(16):
+            acc = 0.0
+            for k0 in range(k // 128):
+                for tx in range(8):
+                    byte = (bx * 16 * k // 4 + k0 * 512 + (tx >> 1) * 128 + (ty >> 3) * 64 + (tx & 1) * 32
+                            + (ty & 7) * 4)
+                    word = int(words[byte // 4])
+                    for i in range(4):
+                        for b in range(4):
+                            code = ((word >> (8 * b + 2 * i)) & 3) - 2
+                            acc += code * float(x[k0 * 128 + tx * 16 + 4 * i + b])
+            out[bx * 16 + ty] = acc / s * ws
+    return out

@@ -1,0 +1,72 @@
+"""BitNet's W2A8 kernel as chapter 5's peer: its packed layout, read back the way its kernel reads it, and its
+scales. The kernel itself runs on the GPU only (the benchmark builds it from a checkout of microsoft/BitNet and
+checks it against the float64 reference); here its reading of the packed weights is emulated in float64 on the CPU,
+at sizes it is compiled for in miniature (N a multiple of 16, K of 128) and on fresh random weights and x."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+from studylog.ternary import bitnet
+from studylog.ternary.formats import quantize_activations
+
+
+def random_ternary(n, k, rng):
+    return torch.randint(-1, 2, (n, k), generator=rng, dtype=torch.int8)
+
+
+@pytest.mark.parametrize("n, k", [(16, 128), (48, 384), (32, 640)])
+def test_the_kernel_reads_the_packed_weights_back(n, k, rng):
+    w = random_ternary(n, k, rng)
+    x = torch.randn(1, k, generator=rng)
+    xq, x_scale = quantize_activations(x)
+    scale = float(torch.rand(1, generator=rng)) + 0.5
+    s, ws = bitnet.bitnet_scales(x_scale, scale, "cpu")
+    got = bitnet.emulate_bitnet_kernel(xq, bitnet.bitnet_pack(w), float(s), float(ws[0]))
+    want = (xq.double() @ w.double().T).reshape(-1) / float(s) * float(ws[0])  # float64, the same scales
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-9)
+
+
+def test_a_mistake_in_the_layout_is_caught(rng):
+    """Swapping two packed bytes of one row changes what the kernel reads (the emulation is not blind to order)."""
+    w = random_ternary(16, 128, rng)
+    w[0, :8] = torch.tensor([1, -1, 0, 1, -1, -1, 1, 0], dtype=torch.int8)
+    xq = torch.arange(-64, 64, dtype=torch.int8).reshape(1, 128)
+    packed = bitnet.bitnet_pack(w)
+    bad = packed.clone()
+    bad[0, [0, 1]] = bad[0, [1, 0]]
+    want = (xq.double() @ w.double().T).reshape(-1)
+    assert torch.allclose(bitnet.emulate_bitnet_kernel(xq, packed, 1.0, 1.0), want)
+    if not torch.equal(packed, bad):
+        assert not torch.allclose(bitnet.emulate_bitnet_kernel(xq, bad, 1.0, 1.0), want)
+
+
+def test_bad_weights_are_named():
+    with pytest.raises(ValueError, match="w must have N a multiple of 16 and K of 32"):
+        bitnet.bitnet_pack(torch.zeros(15, 64, dtype=torch.int8))
+    with pytest.raises(ValueError, match="w must be ternary"):
+        bitnet.bitnet_pack(torch.full((16, 64), 2, dtype=torch.int8))
+    with pytest.raises(TypeError, match="w must be"):
+        bitnet.bitnet_pack(torch.zeros(16, 64))
+
+
+def test_a_checkout_without_the_kernel_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv(bitnet.BITNET_ENV, raising=False)
+    assert bitnet.bitnet_checkout() is None
+    with pytest.raises(FileNotFoundError, match="no gpu/bitnet_kernels/bitnet_kernels.cu"):
+        bitnet.bitnet_checkout(str(tmp_path))
+
+
+@pytest.mark.skipif(not os.environ.get(bitnet.BITNET_ENV), reason="no checkout of microsoft/BitNet given")
+def test_the_layout_is_bitnets_own(rng):
+    """Where a checkout is given, our packing equals its convert_weight_int8_to_int2 byte for byte."""
+    root = bitnet.bitnet_checkout()
+    sys.path.insert(0, str(root / "gpu"))
+    try:
+        from pack_weight import convert_weight_int8_to_int2
+    finally:
+        sys.path.pop(0)
+    w = random_ternary(64, 256, rng)
+    assert torch.equal(bitnet.bitnet_pack(w), convert_weight_int8_to_int2(w))
