@@ -89,9 +89,21 @@ def _start(fsm: ConstrainedFSM, max_tokens: int) -> DecodeResult:
     return DecodeResult([], b"", 0, False)
 
 
-def _forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, state: int, res: DecodeResult,
-                  record: bool) -> int | None:
-    """One forward pass in ``state``: the greedy token, appended to ``res.ids``; None (and finished) on EOS."""
+def _ends(fsm: ConstrainedFSM, states: list[int], res: DecodeResult, record: bool) -> bool:
+    """Whether the walk is in a state that allows EOS alone: the decode ends there without a pass."""
+    if not fsm.only_eos(states[-1]):
+        return False
+    res.finished = True
+    if record:
+        res.events.append(Event("end"))
+    return True
+
+
+def _forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, states: list[int], res: DecodeResult,
+                  record: bool) -> bool:
+    """One forward pass in the last state: the greedy token appended to ``res.ids`` and its state to ``states``;
+    False (and finished) when it is EOS."""
+    state = states[-1]
     logits = check_logits(next_logits(list(res.ids)), fsm.vocab.vocab_size)
     res.forward_passes += 1
     tok = greedy(fsm, state, logits)
@@ -99,11 +111,12 @@ def _forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, state: int, res:
         res.finished = True
         if record:
             res.events.append(Event("eos", (tok,)))
-        return None
+        return False
     res.ids.append(tok)
+    states.append(fsm.index.get_next_state(state, tok))
     if record:
         res.events.append(Event("pass", (tok,), fsm.vocab.token_bytes[tok]))
-    return tok
+    return True
 
 
 def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
@@ -115,17 +128,9 @@ def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tok
     ids; ``finished`` says whether it ended."""
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
-    while len(ids) < max_tokens:
-        state = states[-1]
-        if fsm.only_eos(state):
-            res.finished = True
-            if record_events:
-                res.events.append(Event("end"))
+    while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
+        if not _forward_pass(next_logits, fsm, states, res, record_events):
             break
-        tok = _forward_pass(next_logits, fsm, state, res, record_events)
-        if tok is None:
-            break
-        states.append(fsm.index.get_next_state(state, tok))
     res.text = fsm.vocab.decode(ids)
     return res
 
@@ -140,26 +145,18 @@ def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_toke
     as a chunked prefill does; it still counts as one pass."""
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
-    while len(ids) < max_tokens:
-        state = states[-1]
-        if fsm.only_eos(state):
-            res.finished = True
-            if record_events:
-                res.events.append(Event("end"))
-            break
-        jump = fsm.token_jumps.get(state)
+    while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
+        jump = fsm.token_jumps.get(states[-1])
         if jump is not None:
             tokens = jump.tokens[:max_tokens - len(ids)]  # cut at the cap, where step 1 stops too
             ids.extend(tokens)
-            states.extend(fsm.walk(tokens, state)[1:])
+            states.extend(fsm.walk(tokens, states[-1])[1:])
             res.jumped_tokens += len(tokens)
             if record_events:
                 res.events.append(Event("token-jump", tokens, fsm.vocab.decode(tokens)))
             continue
-        tok = _forward_pass(next_logits, fsm, state, res, record_events)
-        if tok is None:
+        if not _forward_pass(next_logits, fsm, states, res, record_events):
             break
-        states.append(fsm.index.get_next_state(state, tok))
     res.text = fsm.vocab.decode(ids)
     return res
 
@@ -181,14 +178,8 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
     if vocab.encoder is None:
         raise ValueError(f"character-level jumps retokenize, and vocabulary {vocab.name!r} has no encoder")
     ids, states = res.ids, [fsm.initial]
-    while len(ids) < max_tokens:
-        state = states[-1]
-        if fsm.only_eos(state):
-            res.finished = True
-            if record_events:
-                res.events.append(Event("end"))
-            break
-        jump = fsm.char_jumps.get(state)
+    while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
+        jump = fsm.char_jumps.get(states[-1])
         if jump is not None:
             text = vocab.decode(ids)
             try:
@@ -216,10 +207,8 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
                 ids[:] = new_ids
                 states = new_states
                 continue
-        tok = _forward_pass(next_logits, fsm, state, res, record_events)
-        if tok is None:
+        if not _forward_pass(next_logits, fsm, states, res, record_events):
             break
-        states.append(fsm.index.get_next_state(state, tok))
     res.text = fsm.vocab.decode(ids)
     return res
 
