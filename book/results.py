@@ -81,7 +81,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                f"token" if jf else NOT_MEASURED)
                 brief[name] = f"{jf['saved']:.0%} fewer forward passes" if jf else NOT_MEASURED
                 continue
-            row = next((b for b in board if b["number"] == entry.number and _short(b["card"]) == name), None)
+            row = next((b for b in board if b["number"] == entry.number and _short(b["card"]) == name
+                        and b["lead"]), None)
             if row is None or "missing" in row or row["vs_rival"] is None:
                 ratios[name], cells[name], brief[name] = None, NOT_MEASURED, NOT_MEASURED
                 continue

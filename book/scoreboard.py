@@ -21,6 +21,7 @@ how the library is laid out. A chapter is one :class:`Entry` in :data:`ENTRIES`;
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,8 @@ def spread(row: dict[str, Any]) -> tuple[float, float, float]:
 @dataclass(frozen=True)
 class Entry:
     """A chapter on the scoreboard: where its lesson is, the question it answers, and how to read its final kernel,
-    its rival and its floors out of one card's file (``measure(data) -> row``, None when the file lacks the series).
+    its rival and its floors out of one card's file (``measure(data) -> row`` or a list of rows, the headline first;
+    None when the file lacks the series).
     ``bench`` is the benchmark file's stem (None: the chapter has no GPU benchmark, and ``absent`` says why)."""
 
     number: int
@@ -105,7 +107,8 @@ class Entry:
 def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_label: str,
          rival: dict[str, Any] | None, *, byte_floor_ms: float | None, latency_floor_ms: float | None,
          latency_what: str, compute_floor_ms: float | None = None, ratio: float | None = None,
-         ratio_note: str = "", notes: tuple[str, ...] = ()) -> dict[str, Any]:
+         ratio_note: str = "", notes: tuple[str, ...] = (), rival_notes: tuple[str, ...] = (),
+         floor_notes: tuple[str, ...] = ()) -> dict[str, Any]:
     """A scoreboard row from our measurement and the rival's (``ratio`` overrides rival median / our median, for a
     comparison made on another clock)."""
     lo, med, hi = spread(ours)
@@ -114,7 +117,7 @@ def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_la
            "rival_clock": rival.get("clock") if rival else None,
            "byte_floor_ms": byte_floor_ms, "compute_floor_ms": compute_floor_ms,
            "latency_floor_ms": latency_floor_ms, "latency_what": latency_what, "ratio_note": ratio_note,
-           "notes": list(notes)}
+           "notes": list(notes), "rival_notes": list(rival_notes), "floor_notes": list(floor_notes)}
     row["vs_rival"] = ratio if ratio is not None else (rival["ms"] / med if rival else None)
     floors = {"bytes": byte_floor_ms, "compute": compute_floor_ms, "latency": latency_floor_ms}
     known = {k: v for k, v in floors.items() if v is not None}
@@ -127,6 +130,16 @@ def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_la
     return row
 
 
+def faster_rivals(data: dict[str, Any], ours: dict[str, Any], rival: dict[str, Any] | None, params: dict[str, Any],
+                  skip: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Sentences naming every other peer or baseline measured at ``params`` on our clock that is faster than the
+    rival the row shows (none when the chosen rival is the fastest): a new peer in a file is never hidden."""
+    others = [r for r in data["measurements"] if r["role"] in ("peer", "baseline") and r["series"] not in skip
+              and r.get("clock") == ours.get("clock") and all(r["params"].get(k) == v for k, v in params.items())
+              and (rival is None or (r["series"] != rival["series"] and r["ms"] < rival["ms"]))]
+    return tuple(f"{r['series']} is measured faster at this shape: {us(r['ms'])} µs" for r in others)
+
+
 def _one_kernel(data: dict[str, Any]) -> tuple[float | None, str]:
     return empty_kernel_ms(data), "one empty kernel, graph-replayed"
 
@@ -136,15 +149,28 @@ MASKED_HEAD_CASE = {"batch": 1, "kind": "random", "allowed": 1000}
 
 
 def _masked_lm_head(data):
-    ours = one(data, "plan_bitmask", **MASKED_HEAD_CASE)
-    if ours is None:
-        return None
+    """Two rows: the whole step from the grammar's packed bitmask against xgrammar's path (the chapter's headline),
+    and step 9's kernel alone, from the allowed ids, against torch's index_select of the allowed rows."""
+    out = []
+    plan = one(data, "plan_bitmask", **MASKED_HEAD_CASE)
     latency, what = _one_kernel(data)
-    return _row("MaskedHeadPlan (step 9, from the packed bitmask)",
-                "batch 1, 1,000 of 128,256 tokens allowed", ours["clock"], ours,
-                "xgrammar: cuBLAS logits, then its bitmask kernel", one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE),
-                byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency,
-                latency_what=what + " (the step also copies the bitmask from host memory: a lower bound)")
+    if plan is not None:
+        out.append(_row("MaskedHeadPlan (step 9, from the packed bitmask)",
+                        "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
+                        "xgrammar: cuBLAS logits, then its bitmask kernel",
+                        one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=plan.get("floor_ms"),
+                        latency_floor_ms=latency,
+                        latency_what=what + " (the step also copies the bitmask from host memory: a lower bound)"))
+    kernel = one(data, "step09", **MASKED_HEAD_CASE, layout="vd")
+    if kernel is not None:
+        out.append(_row("step09_dispatch, the kernel alone (allowed ids given)",
+                        "batch 1, 1,000 of 128,256 tokens allowed", kernel["clock"], kernel,
+                        "torch index_select of the allowed rows, then a matmul",
+                        one(data, "index_select", **MASKED_HEAD_CASE), byte_floor_ms=kernel.get("floor_ms"),
+                        latency_floor_ms=latency, latency_what=what,
+                        rival_notes=("index_select returns only the allowed logits; step 9 writes the whole [B, V] "
+                                     "output, masked",)))
+    return out or None
 
 
 #: Chapter 3's headline: 128 draft slots of 32,768 tokens, the deployed budget of 128 drafted tokens.
@@ -181,7 +207,8 @@ def _ctc(data):
     label = f"torch {rival.get('picked', 'best').replace('torch-', '')}" if rival else "torch"
     return _row(f"{series}{picked}", "T = 150, A = 5,000, N = 8", ours["clock"], ours, label, rival,
                 byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency,
-                latency_what=what + "; the recursion's 150 dependent frames are not measured (a lower bound)")
+                latency_what=what + "; the recursion's 150 dependent frames are not measured (a lower bound)",
+                rival_notes=faster_rivals(data, ours, rival, CTC_CASE, skip=("torch-cuDNN",)))
 
 
 #: Chapter 5's headline: one row of bf16 x times a 4096 x 14336 ternary matrix (a Llama 3 8B MLP projection).
@@ -205,7 +232,7 @@ def _ternary(data):
     return _row(f"{ours['series']} (fastest bf16-x kernel)", "M = 1, 4096 x 14336, bf16 x", ours["clock"], ours,
                 "GemLite 2-bit", rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
                 compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
-                notes=notes)
+                floor_notes=notes, rival_notes=faster_rivals(data, ours, rival, TERNARY_CASE, skip=("read_weights",)))
 
 
 #: Chapter 6's headline: eight prompts of mixed prefix and item lengths in one batch.
@@ -221,7 +248,8 @@ def _multi_item(data):
     label = f"FlashInfer ({rival.get('backend', '?')}, page {rival.get('page_size', '?')})" if rival else "FlashInfer"
     return _row("step05_batched", "8 prompts, mixed lengths, 32 heads x 128", ours["clock"], ours, label, rival,
                 byte_floor_ms=ours.get("floor_ms"), compute_floor_ms=ours.get("compute_floor_ms"),
-                latency_floor_ms=latency, latency_what=what)
+                latency_floor_ms=latency, latency_what=what,
+                rival_notes=faster_rivals(data, ours, rival, MULTI_ITEM_CASE))
 
 
 #: Chapter 7's headline: the 8B-shaped cost model at batch 1, per output token, over the suite's requests.
@@ -301,19 +329,21 @@ def card_name(card: Path) -> str:
 
 
 def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
-    """Every scoreboard row: for each entry and each card, the measured row, or one that says why there is none."""
+    """Every scoreboard row: for each entry and each card, the measured rows (the first, ``lead``, is the chapter's
+    headline; a chapter may add rows for the same kernel from another angle), or one that says why there is none."""
     out = []
     for entry in ENTRIES:
         for card in cards(root):
             base = {"number": entry.number, "title": entry.title, "notebook": entry.notebook, "card": card_name(card)}
             data = load(card, entry.bench) if entry.bench else None
-            row = entry.measure(data) if data is not None and entry.measure else None
-            if row is None:
+            measured = entry.measure(data) if data is not None and entry.measure else None
+            if measured is None:
                 why = entry.absent or (f"no {entry.bench}.json on this card" if data is None
                                        else "the file lacks the final kernel's series")
-                out.append(base | {"missing": why})
-            else:
-                out.append(base | {"date": data["date"][:10]} | row)
+                out.append(base | {"missing": why, "lead": True})
+                continue
+            for i, row in enumerate(measured if isinstance(measured, list) else [measured]):
+                out.append(base | {"date": data["date"][:10], "lead": i == 0} | row)
     return out
 
 
@@ -362,8 +392,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
              f"| chapter | card | final kernel at its headline shape | median (µs) | slowest of 3 runs (µs) | "
              f"p99 (µs) {p99} | strongest rival (µs) | ours × rival |", "|" + "---|" * 8]
     floors = ["**Floors, and how close the median is to the binding one**", "",
-              "| chapter | card | byte floor (µs) | compute floor (µs) | latency floor (µs) | binding floor | "
-              "% of the binding floor |", "|" + "---|" * 7]
+              "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | binding floor | "
+              "% of the binding floor |", "|" + "---|" * 8]
     board = scoreboard(root)
     shown: set[int] = set()
     for r in board:
@@ -376,7 +406,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             card = "all" if one_reason else _short_card(r["card"])
             shown.add(r["number"])
             times.append(f"| {chapter} | {card} | {NOT_MEASURED} {note(r['missing'])} |" + " – |" * 5)
-            floors.append(f"| {chapter} | {card} |" + " – |" * 5)
+            floors.append(f"| {chapter} | {card} |" + " – |" * 6)
             continue
         shown.add(r["number"])
         card = _short_card(r["card"])
@@ -384,8 +414,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r["clock"] != "gpu":
             ours += " " + note(f"{r['title']}: {r['notes'][0] if r['notes'] else r['clock'] + ' clock'}")
         rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
-        for extra in r["notes"][2:] if r["clock"] == "wall" else []:
-            rival += " " + note(f"{r['title']} on the {r['card']}: {extra}")
+        for extra in r["notes"][2:] + r["rival_notes"]:
+            rival += " " + note(f"{r['title']} on the {r['card']}: {extra}" if extra in r["notes"]
+                                else f"{r['title']}: {extra}")
         if r["rival_clock"] not in (None, r["clock"]):
             rival += " " + note(f"{r['title']}: the rival is timed {r['ratio_note'] or 'on another clock'}; "
                                 f"the ratio compares our call timed the same way, not our GPU time")
@@ -399,14 +430,18 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             latency += " " + note(f"{r['title']} on the {r['card']}: the file records no empty kernel's GPU time")
         else:
             latency += " " + note(f"{r['title']}: {r['latency_what']}")
-        for extra in r["notes"][:2] if r["clock"] != "wall" else r["notes"][1:2]:
+        for extra in r["notes"][1:2]:
             latency += " " + note(f"{r['title']}: {extra}")
+        byte = us(r["byte_floor_ms"], missing=NOT_MEASURED)
+        for extra in r["floor_notes"]:
+            byte += " " + note(f"{r['title']}: {extra}")
         binding = f"{r['binding']}: {us(r['binding_floor_ms'])}" if r["binding"] else NOT_MEASURED
         pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
-        floors.append(f"| {chapter} | {card} | {us(r['byte_floor_ms'], missing=NOT_MEASURED)} | "
+        kernel = re.split(r" \(|;|,", r["ours"])[0]
+        floors.append(f"| {chapter} | {card} | {kernel} | {byte} | "
                       f"{us(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} |")
     return "\n".join(times + [""] + floors + [""] + [f"{i}. {text}" for i, text in enumerate(notes, 1)])
 
 
-__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "P99_REASON", "card_name", "cards", "load", "missing", "one", "rows",
+__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "faster_rivals", "P99_REASON", "card_name", "cards", "load", "missing", "one", "rows",
            "scoreboard", "scoreboard_markdown", "spread"]

@@ -35,7 +35,7 @@ def _find(data: dict, series: str, **params) -> dict:
 
 def _board_row(board, number: int, card_folder: Path) -> dict:
     name = json.loads(next(card_folder.glob("*.json")).read_text())["device"]["name"]
-    (row,) = [r for r in board if r["number"] == number and r["card"] == name]
+    (row,) = [r for r in board if r["number"] == number and r["card"] == name and r["lead"]]
     return row
 
 
@@ -181,15 +181,21 @@ def test_a_slower_rival_raises_the_ratio(bench_copy):
 
 
 def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
-    def drop_plan(data):
-        data["measurements"] = [r for r in data["measurements"] if r["series"] != "plan_bitmask"]
-    _rewrite(bench_copy / "nvidia-h200" / "masked_lm_head.json", drop_plan)
+    def drop_final(data):
+        data["measurements"] = [r for r in data["measurements"] if r["series"] not in ("plan_bitmask", "step09")]
+
+    def drop_gemlite(data):
+        data["measurements"] = [r for r in data["measurements"] if r["series"] != "gemlite_w2"]
+    _rewrite(bench_copy / "nvidia-h200" / "masked_lm_head.json", drop_final)
+    _rewrite(bench_copy / "nvidia-h200" / "ternary.json", drop_gemlite)
     _rewrite(bench_copy / "nvidia-h200" / "ctc.json", lambda d: d["ceilings"].pop("empty_launch_gpu_ms"))
     board = sb.scoreboard(bench_copy)
     assert "missing" in _board_row(board, 2, bench_copy / "nvidia-h200")
     assert _board_row(board, 4, bench_copy / "nvidia-h200")["latency_floor_ms"] is None
+    assert _board_row(board, 5, bench_copy / "nvidia-h200")["vs_rival"] is None
     table = sb.scoreboard_markdown(bench_copy)
-    assert sb.NOT_MEASURED in table
+    assert f"GemLite 2-bit: {sb.NOT_MEASURED}" in table
+    assert f"| H200 | {sb.NOT_MEASURED} [" in table
     assert any("no empty kernel's GPU time" in line for line in sb.missing(bench_copy))
 
 
@@ -248,3 +254,15 @@ def test_reading_times_follow_the_prose():
         assert minutes % 5 == 0 and minutes >= 5
     table = summary.reading_path_markdown()
     assert table.count(" min |") == len(summary.READING_ORDER)
+
+
+def test_a_faster_new_peer_is_named_beside_the_rival(bench_copy):
+    """A peer added to a file that beats the rival the row shows is named on the page, not hidden."""
+    def add_peer(data):
+        gem = next(r for r in data["measurements"] if r["series"] == "gemlite_w2" and r["params"]["m"] == 1
+                   and r["params"]["shape"] == "4096x14336")
+        data["measurements"].append({**gem, "series": "new_peer", "ms": gem["ms"] / 2})
+    _rewrite(bench_copy / "nvidia-h200" / "ternary.json", add_peer)
+    row = _board_row(sb.scoreboard(bench_copy), 5, bench_copy / "nvidia-h200")
+    assert any(n.startswith("new_peer is measured faster") for n in row["rival_notes"])
+    assert "new_peer is measured faster" in sb.scoreboard_markdown(bench_copy)
