@@ -201,8 +201,8 @@ def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL
     tl.store(mask_ptr + seq * stride_mask + tok, ((word >> (tok % 32)) & 1).to(tl.uint8), mask=inside)
 
 
-# The plan's launches go through the kernels' compiled launchers (:mod:`.launch`): an eager :meth:`MaskedHeadPlan.launch`
-# is step 9's work, and its host time is the lesson there too.
+# The plan's launches go through the kernels' compiled launchers (:mod:`.launch`): an eager
+# :meth:`MaskedHeadPlan.launch` is step 9's work, and its host time is the lesson there too.
 _UNION = FastKernel(union_ids_kernel)
 _ROW_SKIP = FastKernel(row_skip_kernel)
 _UNPACK = FastKernel(unpack_bitmask_kernel)

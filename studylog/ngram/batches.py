@@ -181,15 +181,18 @@ def _assemble(prompt, gen, prompt_lens, step_idx, dtn, max_dec, encoder, decoder
 def haystack_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
     """Bytes of every haystack a searching slot must read once: prompt and generated tokens of the
     active slots (the one-pass floor's numerator)."""
+    return sum((prompt_len + step) * 8 for _, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config))
+
+
+def _searching_slots(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig):
+    """(slot, step_idx, prompt length) of each slot that searches this step: active, with room for a draft."""
     lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
              inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
     prompt_lens = inputs.prompt_lens.tolist()
-    total = 0
     for b in range(inputs.batch):
         kind, _, _, cap = slot_plan(b, config, *lists)
         if kind == "active" and cap >= 1:
-            total += (prompt_lens[b] + lists[0][b]) * 8
-    return total
+            yield b, lists[0][b], prompt_lens[b]
 
 
 def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
@@ -197,18 +200,13 @@ def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ng
     the end of the first window of the top n with a token after it; without one, the whole prompt,
     then its generated tokens the same way. (Only a top-n match lets the scan stop: a shorter one
     can still be beaten further on.) Compare with :func:`haystack_bytes`, the floor's numerator."""
-    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
-    prompt_lens = inputs.prompt_lens.tolist()
     total = 0
-    for b in range(inputs.batch):
-        kind, _, _, cap = slot_plan(b, config, *lists)
-        step = lists[0][b]
+    for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
         top = min(config.max_ngram_size, step)
-        if kind != "active" or cap < 1 or top < config.min_ngram_size:
+        if top < config.min_ngram_size:
             continue
         pattern = inputs.generated_ids[b, step + 1 - top: step + 1]
-        for hay, hay_len in ((inputs.prompt_ids[b], prompt_lens[b]), (inputs.generated_ids[b], step)):
+        for hay, hay_len in ((inputs.prompt_ids[b], prompt_len), (inputs.generated_ids[b], step)):
             windows = hay[: max(hay_len - 1, 0)].unfold(0, top, 1) if hay_len - 1 >= top else None
             hits = (windows == pattern).all(1).nonzero() if windows is not None else torch.empty(0)
             if len(hits):
@@ -234,27 +232,21 @@ def _suffix_lengths(hay: Tensor, ends: int, gen_row: Tensor, step: int, top: int
 def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[int]:
     """Each slot's match key, as :func:`studylog.ngram.models.model_one_pass_keys` gives it, computed with
     whole-haystack tensor operations (fast enough for benchmark-sized batches, on any device)."""
-    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
-    prompt_lens = inputs.prompt_lens.tolist()
-    keys = []
-    for b in range(inputs.batch):
-        kind, _, _, cap = slot_plan(b, config, *lists)
-        step = lists[0][b]
+    keys = [NONE_KEY] * inputs.batch
+    for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
         top = min(config.max_ngram_size, step)
-        key = NONE_KEY
-        if kind == "active" and cap >= 1 and top >= config.min_ngram_size:
-            gen_row = inputs.generated_ids[b]
-            for source, hay, hay_len in ((0, inputs.prompt_ids[b], prompt_lens[b]), (1, gen_row, step)):
-                if hay_len < 2:
-                    continue
-                length = _suffix_lengths(hay, hay_len - 1, gen_row, step, top)  # ends keep a token after
-                n = int(length.max())
-                if n < config.min_ngram_size:
-                    continue
-                end = int((length == n).nonzero()[0, 0])
-                key = min(key, match_key(n, source, end - n + 1))
-        keys.append(key)
+        if top < config.min_ngram_size:
+            continue
+        gen_row = inputs.generated_ids[b]
+        for source, hay, hay_len in ((0, inputs.prompt_ids[b], prompt_len), (1, gen_row, step)):
+            if hay_len < 2:
+                continue
+            length = _suffix_lengths(hay, hay_len - 1, gen_row, step, top)  # ends keep a token after
+            n = int(length.max())
+            if n < config.min_ngram_size:
+                continue
+            end = int((length == n).nonzero()[0, 0])
+            keys[b] = min(keys[b], match_key(n, source, end - n + 1))
     return keys
 
 
@@ -271,18 +263,13 @@ def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramC
       thousand: where the kernels' inner comparison loop runs;
     * ``early_exit_fraction``: what a perfect early exit reads, as a fraction of the one-pass floor's bytes.
     """
-    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
-    prompt_lens = inputs.prompt_lens.tolist()
     keys = search_keys(inputs, config, seq_lens_this_time)
     refused = model_budget_refused(inputs, config, seq_lens_this_time)
     searching = top = shorter = none = refused_n = 0
     hits = positions = 0
-    for b in range(inputs.batch):
-        kind, _, _, cap = slot_plan(b, config, *lists)
-        step = lists[0][b]
+    for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
         n_top = min(config.max_ngram_size, step)
-        if kind != "active" or cap < 1 or n_top < config.min_ngram_size:
+        if n_top < config.min_ngram_size:
             continue
         searching += 1
         refused_n += refused[b]
@@ -293,7 +280,7 @@ def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramC
         else:
             shorter += 1
         newest = inputs.generated_ids[b, step]
-        for hay, hay_len in ((inputs.prompt_ids[b], prompt_lens[b]), (inputs.generated_ids[b], step)):
+        for hay, hay_len in ((inputs.prompt_ids[b], prompt_len), (inputs.generated_ids[b], step)):
             if hay_len >= 2:
                 hits += int((hay[:hay_len - 1] == newest).sum())
                 positions += hay_len - 1

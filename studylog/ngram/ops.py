@@ -19,15 +19,14 @@ from studylog.ngram.formats import DEFAULT_THRESHOLD, NgramConfig, NgramInputs, 
 from studylog.ngram.kernels import NgramMatcher, final_step
 
 
-def _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens) -> NgramConfig:
-    """The config (``int`` of a traced SymInt specialises it: each value is its own kernel launch)."""
-    return NgramConfig(int(max_ngram_size), int(min_ngram_size), int(threshold), bool(hybrid), int(max_draft_tokens))
-
-
-def _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
-            seq_lens_decoder) -> NgramInputs:
-    return NgramInputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
-                       seq_lens_encoder, seq_lens_decoder)
+def _parts(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
+           seq_lens_decoder, max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens,
+           **outputs) -> tuple[NgramInputs, NgramConfig]:
+    """(inputs, config) of the operator's arguments (called with ``**locals()`` of a signature of the operator;
+    ``int`` of a traced SymInt specialises it: each value is its own kernel launch)."""
+    return (NgramInputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
+                        seq_lens_encoder, seq_lens_decoder),
+            NgramConfig(int(max_ngram_size), int(min_ngram_size), int(threshold), bool(hybrid), int(max_draft_tokens)))
 
 
 def _ngram_match(prompt_ids: Tensor, prompt_lens: Tensor, generated_ids: Tensor, step_idx: Tensor,
@@ -35,9 +34,7 @@ def _ngram_match(prompt_ids: Tensor, prompt_lens: Tensor, generated_ids: Tensor,
                  draft_tokens: Tensor, seq_lens_this_time: Tensor, max_ngram_size: int = 3, min_ngram_size: int = 1,
                  threshold: int = DEFAULT_THRESHOLD, hybrid: bool = False, max_draft_tokens: int = 10) -> None:
     """Drafts proposed in place into ``draft_tokens``, ``seq_lens_this_time`` (step 7 on CUDA, step 1 on the CPU)."""
-    config = _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens)
-    inputs = _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
-                     seq_lens_encoder, seq_lens_decoder)
+    inputs, config = _parts(**locals())
     cpu_path_inplace(inputs, draft_tokens, seq_lens_this_time, config)
 
 
@@ -50,9 +47,7 @@ ngram_match.__doc__ = _ngram_match.__doc__
 def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
       seq_lens_decoder, draft_tokens, seq_lens_this_time, max_ngram_size=3, min_ngram_size=1,
       threshold=DEFAULT_THRESHOLD, hybrid=False, max_draft_tokens=10) -> None:
-    config = _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens)
-    inputs = _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
-                     seq_lens_encoder, seq_lens_decoder)
+    inputs, config = _parts(**locals())
     # the values are not read (that would wait for the GPU): they must stay in the ranges validate states
     NgramMatcher(final_step(inputs), inputs, draft_tokens, seq_lens_this_time, config=config, check_values=False)()
 
@@ -61,9 +56,7 @@ def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec
 def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
       seq_lens_decoder, draft_tokens, seq_lens_this_time, max_ngram_size=3, min_ngram_size=1,
       threshold=DEFAULT_THRESHOLD, hybrid=False, max_draft_tokens=10) -> None:
-    config = _config(max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens)
-    inputs = _inputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
-                     seq_lens_encoder, seq_lens_decoder)
+    inputs, config = _parts(**locals())
     validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=False)
 
 
