@@ -222,8 +222,15 @@ README_END = "<!-- end of results -->"
 
 
 def readme_results_block(root: Path = DEFAULT_OUT) -> str:
-    """The README's results section: the GPU's ceilings and every chapter's headline."""
-    lines = [README_START, ""]
+    """The README's results section: each chapter's question and fair headline (:mod:`book.results`), the
+    scoreboard (:mod:`book.scoreboard`), then the GPU's ceilings and every chapter's headline rows."""
+    from book.results import summary_markdown
+    from book.scoreboard import scoreboard_markdown
+
+    lines = [README_START, "", "**Each chapter in one line**: the question, and the answer against the strongest "
+             "rival measured at the same shape in the same run.", "", summary_markdown(root), "",
+             "**How close to the limit** (the book's *Scoreboard* page): each final kernel's time against its "
+             "byte, compute and latency floors.", "", scoreboard_markdown(root), "", "**Every headline row**", ""]
     for f in result_files("env", root):
         env = Results(f, json.loads(f.read_text()))
         mm, ceilings = env.select("matmul_bfloat16", n=8192), env.data["ceilings"]
