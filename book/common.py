@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import json
 import os
 import re
@@ -132,6 +133,35 @@ def step_diff(chapter, old, new, *, docstrings: bool = False, context: int = 3):
     return source.show_diff(texts[0], texts[1], context=context, names=(a.name, b.name))
 
 
+def guarded(check):
+    """Wrap an exercise's check: a reader's function that still raises ``NotImplementedError`` (the stub the page
+    gives) gets a note that it is not written yet, instead of a traceback."""
+
+    @functools.wraps(check)
+    def run(fn, *args, **kwargs):
+        try:
+            return check(fn, *args, **kwargs)
+        except NotImplementedError:
+            print(f"{check.__name__}: not written yet: write the function in this cell, then run it again")
+            return False
+
+    return run
+
+
+def gpu_us(fn, rep_ms: int = 100) -> float | None:
+    """Median GPU time of ``fn()`` in µs, replayed in a CUDA graph (``triton.testing.do_bench_cudagraph``): the
+    exercises' stopwatch for a kernel a reader changed. Without a GPU it says so and returns None (Triton's
+    interpreter checks what a kernel computes, not how fast)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("timing needs a GPU: here the kernel ran in Triton's interpreter, which checks correctness only")
+        return None
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms)) * 1e3
+
+
 def changed_lines(diff) -> int:
     """How many lines a diff adds and removes."""
     return len(diff.added) + len(diff.removed)
@@ -140,5 +170,5 @@ def changed_lines(diff) -> int:
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
-__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "fmt", "prose_words", "quiet_native_stderr", "report", "say",
-           "step_diff", "us"]
+__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "fmt", "gpu_us", "guarded", "prose_words", "quiet_native_stderr", "report",
+           "say", "step_diff", "us"]

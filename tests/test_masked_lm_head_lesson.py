@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from book.masked_lm_head import exercises, figures, lesson
+from book.masked_lm_head import exercises, figures, lesson, solutions
 from studylog import masked_lm_head as mlh
 from studylog import plotting
 from studylog.plotting import Results, load_lab
@@ -20,10 +20,10 @@ from studylog.plotting import Results, load_lab
 # --------------------------------------------------------------------------------------
 
 def test_the_checks_accept_the_solutions(capsys):
-    assert exercises.check_active_fraction(exercises.active_fraction)
-    assert exercises.check_union_ids(exercises.union_from_bitmask)
-    assert exercises.check_masked_logits(exercises.masked_logits_rows)
-    assert exercises.check_compact_threshold(exercises.compact_threshold)
+    assert exercises.check_active_fraction(solutions.active_fraction)
+    assert exercises.check_union_ids(solutions.union_from_bitmask)
+    assert exercises.check_masked_logits(solutions.masked_logits_rows)
+    assert exercises.check_compact_threshold(solutions.compact_threshold)
     assert capsys.readouterr().out.count("agree") == 4
 
 
@@ -35,7 +35,7 @@ def test_the_library_passes_the_checks_too(capsys):
     assert exercises.check_masked_logits(head, cases=8)
     gen = np.random.default_rng(0)
     mask = torch.from_numpy(gen.random((3, 250)) < 0.1)
-    assert mlh.union_count(mlh.pack_bitmask(mask)) == exercises.union_from_bitmask(mlh.pack_bitmask(mask).numpy(), 250).size
+    assert mlh.union_count(mlh.pack_bitmask(mask)) == solutions.union_from_bitmask(mlh.pack_bitmask(mask).numpy(), 250).size
 
 
 def _with_replacement(n, vocab, block):
@@ -82,7 +82,7 @@ def test_exercise_one_is_what_step_one_computes():
     n, vocab, block = 1000, mlh.VOCAB, 64
     log_idle = (math.lgamma(vocab - block + 1) - math.lgamma(vocab - block - n + 1) - math.lgamma(vocab + 1)
                 + math.lgamma(vocab - n + 1))
-    assert exercises.active_fraction(n, vocab, block) == pytest.approx(1 - math.exp(log_idle), rel=1e-9)
+    assert solutions.active_fraction(n, vocab, block) == pytest.approx(1 - math.exp(log_idle), rel=1e-9)
 
 
 def test_exercise_four_is_the_dispatch_rule():
@@ -92,7 +92,7 @@ def test_exercise_four_is_the_dispatch_rule():
     for batch, fraction in rule.compact_max_fraction.items():
         points = [(q["union"], q["compact"], q["dense"]) for (b, _), qs in mlh.crossover_points(results.rows).items()
                   if b == batch for q in qs]
-        assert exercises.compact_threshold(points, mlh.VOCAB) == pytest.approx(fraction)
+        assert solutions.compact_threshold(points, mlh.VOCAB) == pytest.approx(fraction)
 
 
 # --------------------------------------------------------------------------------------
@@ -184,3 +184,22 @@ def test_figures_three_panels_one_colour_per_series_readable_text(which):
         plt.close(fig)
     colours = [c for s, c in figures.SERIES_COLORS.items() if s != "floor"]
     assert len(colours) == len(set(colours)), "two series share a colour"
+
+
+def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
+    """One row per step, each at the point its idea is about; the floor (an empty kernel on the GPU clock plus
+    the bytes) is below every step's time."""
+    results = plotting.load_results("masked_lm_head")
+    table = lesson.boehm_table(results)
+    rows = table.splitlines()[2:]
+    assert [int(r.split("|")[1]) for r in rows] == [s.number for s in mlh.CHAPTER.steps]
+    ratios = [float(r.split("|")[-2].strip().rstrip("×")) for r in rows]
+    assert all(x >= 1.0 for x in ratios), ratios
+
+
+def test_a_stub_is_reported_as_not_written(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    assert not exercises.check_active_fraction(stub)
+    assert "not written yet" in capsys.readouterr().out

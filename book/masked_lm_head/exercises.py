@@ -1,10 +1,9 @@
 """Chapter 2's exercises, each with a check that a reader runs on a CPU.
 
 Every ``check_*`` function runs the reader's function on small random inputs against the chapter's answer,
-prints what is wrong on the first input where they disagree, and returns ``True`` when every input agrees. A
-plain solution of each exercise is here too (``active_fraction``, ``union_from_bitmask``,
-``masked_logits_rows``, ``compact_threshold``): the notebook checks them, so that the checks themselves run in
-CI; try your own before reading them.
+prints what is wrong on the first input where they disagree, and returns ``True`` when every input agrees. The
+answers live in :mod:`book.masked_lm_head.solutions`, which the notebook does not import; a check loads them only
+to compare.
 
 1. :func:`check_active_fraction`: the share of ``BLOCK``-token blocks a block-skipping kernel (step 1) still
    computes when ``n`` allowed ids are drawn at random.
@@ -26,11 +25,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from book.common import report
+from book.common import guarded, report
 from studylog.masked_lm_head.formats import AllowedTokens, check_logits, pack_bitmask
 
-__all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold",
-           "active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold"]
+__all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold"]
+
+
+def _solutions():
+    from book.masked_lm_head import solutions  # the answers, loaded only to compare with the reader's
+
+    return solutions
 
 
 # --------------------------------------------------------------------------------------
@@ -41,18 +45,9 @@ def _log_comb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
-def active_fraction(n: int, vocab: int, block: int) -> float:
-    """A solution of exercise 1: the expected share of the ``ceil(vocab / block)`` blocks that hold at least
-    one of ``n`` ids drawn uniformly without replacement from ``range(vocab)``. A block of ``s`` tokens is idle
-    when all ``n`` ids fall outside it: probability ``C(vocab - s, n) / C(vocab, n)``; the last block may be
-    shorter than ``block``."""
-    blocks = -(-vocab // block)
-    sizes = [block] * (vocab // block) + ([vocab % block] if vocab % block else [])
-    total = _log_comb(vocab, n)
-    active = sum(1.0 - (math.exp(_log_comb(vocab - s, n) - total) if vocab - s >= n else 0.0) for s in sizes)
-    return active / blocks
 
 
+@guarded
 def check_active_fraction(fn: Callable[[int, int, int], float], cases: int = 300) -> bool:
     """``fn(n, vocab, block) -> float``: the expected share of blocks with at least one allowed id. Checked
     against the exact value on vocabularies that are and are not multiples of the block, and against a
@@ -62,7 +57,7 @@ def check_active_fraction(fn: Callable[[int, int, int], float], cases: int = 300
         block = int(gen.choice([4, 16, 64]))
         vocab = int(gen.integers(block, 40 * block))
         n = int(gen.integers(0, vocab + 1))
-        want, got = active_fraction(n, vocab, block), fn(n, vocab, block)
+        want, got = _solutions().active_fraction(n, vocab, block), fn(n, vocab, block)
         if not isinstance(got, (int, float, np.floating)) or not math.isclose(got, want, rel_tol=1e-6,
                                                                                abs_tol=1e-9):
             return report("check_active_fraction", False,
@@ -82,13 +77,6 @@ def check_active_fraction(fn: Callable[[int, int, int], float], cases: int = 300
 # 2. The union's ids from a packed bitmask
 # --------------------------------------------------------------------------------------
 
-def union_from_bitmask(bitmask: np.ndarray, vocab: int) -> np.ndarray:
-    """A solution of exercise 2: the sorted int64 ids that at least one row of ``bitmask`` (int32
-    ``[B, ceil(vocab / 32)]``, token ``v`` is bit ``v % 32`` of word ``v // 32``) allows; the bits past
-    ``vocab`` are ignored."""
-    words = np.bitwise_or.reduce(np.asarray(bitmask, dtype=np.int32).reshape(-1, bitmask.shape[-1]), axis=0)
-    bits = (words.view(np.uint32)[:, None] >> np.arange(32, dtype=np.uint32)) & 1
-    return np.flatnonzero(bits.reshape(-1)[:vocab]).astype(np.int64)
 
 
 def _random_bitmask(gen: np.random.Generator, batch: int, vocab: int, density: float,
@@ -102,6 +90,7 @@ def _random_bitmask(gen: np.random.Generator, batch: int, vocab: int, density: f
     return packed, mask
 
 
+@guarded
 def check_union_ids(fn: Callable[[np.ndarray, int], np.ndarray], cases: int = 200) -> bool:
     """``fn(bitmask, vocab) -> ids``: ``bitmask`` is an int32 numpy array ``[B, ceil(vocab / 32)]``; return the
     sorted ids (any integer array) that at least one row allows. Inputs include empty and full masks, the sign
@@ -128,17 +117,9 @@ def check_union_ids(fn: Callable[[np.ndarray, int], np.ndarray], cases: int = 20
 # 3. A masked LM head of your own
 # --------------------------------------------------------------------------------------
 
-def masked_logits_rows(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tensor) -> Tensor:
-    """A solution of exercise 3, in torch: gather the union's rows, multiply in fp32, scatter into ``out``
-    (``-inf`` everywhere first), keep each sequence's own allowed logits."""
-    ids = allowed.union_ids.long()
-    out.fill_(float("-inf"))
-    if ids.numel():
-        logits = h.float() @ weight.index_select(0, ids).float().t()  # [B, union], fp32 products and sums
-        out[:, ids] = torch.where(allowed.mask[:, ids], logits, torch.tensor(float("-inf")))
-    return out
 
 
+@guarded
 def check_masked_logits(fn: Callable[[Tensor, Tensor, AllowedTokens, Tensor], Tensor], cases: int = 24) -> bool:
     """``fn(h, weight, allowed, out) -> out``: ``h`` ``[B, D]`` and ``weight`` ``[V, D]`` in bf16, ``allowed`` an
     :class:`~studylog.masked_lm_head.AllowedTokens`, ``out`` an fp32 ``[B, V]`` tensor filled with NaN that the
@@ -174,17 +155,9 @@ def check_masked_logits(fn: Callable[[Tensor, Tensor, AllowedTokens, Tensor], Te
 # 4. Step 9's threshold from measurements
 # --------------------------------------------------------------------------------------
 
-def compact_threshold(points: Sequence[tuple[int, float, float]], vocab: int) -> float:
-    """A solution of exercise 4: ``points`` are ``(union, compacted ms, best dense ms)`` measured at one batch
-    size, in any order. The compacted kernel is used up to the largest union at which it was no slower than the
-    dense path with no slower point below it: return that union as a fraction of ``vocab`` (at most 1.0; never
-    past the largest union measured, even where it never lost), 0.0 if it lost at the smallest union."""
-    losses = [u for u, compact, dense in points if compact > dense]
-    first_loss = min(losses, default=None)
-    wins = [u for u, compact, dense in points if compact <= dense and (first_loss is None or u < first_loss)]
-    return min(1.0, max(wins, default=0) / vocab)
 
 
+@guarded
 def check_compact_threshold(fn: Callable[[list[tuple[int, float, float]], int], float], cases: int = 300) -> bool:
     """``fn(points, vocab) -> fraction``: see :func:`compact_threshold`. Points come shuffled; some sweeps never
     lose, some lose at once, some win again after a loss (a noisy point: the threshold stays below it)."""
@@ -205,7 +178,7 @@ def check_compact_threshold(fn: Callable[[list[tuple[int, float, float]], int], 
         points = [(u, float(c), float(d)) for u, c, d in zip(unions, compact, dense)]
         order = gen.permutation(len(points))
         shuffled = [points[k] for k in order]
-        want, got = compact_threshold(points, vocab), fn(list(shuffled), vocab)
+        want, got = _solutions().compact_threshold(points, vocab), fn(list(shuffled), vocab)
         if not isinstance(got, (int, float, np.floating)) or not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
             shown = ", ".join(f"({u}, {c:.3f}, {d:.3f})" for u, c, d in points)
             return report("check_compact_threshold", False,

@@ -24,7 +24,7 @@ from studylog.masked_lm_head.report import byte_floor_ms
 
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "byte_floor_ms", "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
-           "target_report", "host_table", "our_kernels"]
+           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -372,6 +372,55 @@ def tried_table(results, candidates: dict | None) -> str:
                  "a host time per call several times the kernel's at batch 1", "`lab/masked_lm_head/host_profile.py`"))
     return "\n".join(["| what | measured effect | details |", "|---|---|---|"]
                      + [f"| {a} | {b} | {c} |" for a, b, c in rows])
+
+
+# --------------------------------------------------------------------------------------
+# The chapter's one table of steps
+# --------------------------------------------------------------------------------------
+
+def floor_ms(results, batch: int, union: int) -> float:
+    """The least time a call can take: an empty kernel on the GPU clock (launch and completion inside a CUDA
+    graph, measured in the same run) plus the call's bytes (the union's rows read, the fp32 output written) at
+    the run's copy bandwidth, which counts bytes read plus bytes written, as this sum does."""
+    return results.data["ceilings"]["empty_launch_gpu_ms"] + byte_floor_ms(results, batch, union)
+
+
+#: Where each step is measured (the case its idea is about) and the step it is compared with there.
+STEP_CASES = {
+    0: (dict(batch=1, kind="random", allowed=1000), "dense_mask"),
+    1: (dict(batch=1, kind="random", allowed=1000), 0),
+    2: (dict(batch=1, kind="random", allowed=1000), 1),
+    3: (dict(batch=1, kind="random", allowed=1000), 2),
+    4: (dict(batch=1, kind="random", allowed=1000), 3),
+    5: (dict(batch=1, kind="random", allowed=1000), 4),
+    6: (dict(batch=1, kind="random", allowed=1), 5),
+    7: (dict(batch=64, kind="random", allowed=100), "index_select"),
+    8: (dict(batch=1, kind="real", allowed=1000), 3),
+    9: (dict(batch=1, kind="random", allowed=1000), 5),
+}
+
+
+def _case(p: dict) -> str:
+    per = "" if p["batch"] == 1 else " per sequence"
+    return f"batch {p['batch']}, {p['allowed']:,} {p['kind']}{per}"
+
+
+def boehm_table(results) -> str:
+    """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, × the step it
+    changes at the same point, × the floor (:func:`floor_ms`)."""
+    lines = ["| step | the one change | measured at | µs | × previous | × floor |", "|---|---|---|---|---|---|"]
+    for step in CHAPTER.steps:
+        params, prev = STEP_CASES[step.number]
+        row = _row(results, step.series, **params)
+        if row is None:
+            continue
+        before = _ms(results, prev if isinstance(prev, str) else _s(prev), **params)
+        name = CHAPTER.label(prev) if isinstance(prev, str) else f"step {prev}"
+        vs = f"{before / row['ms']:.2f}× (vs {name})" if before else "–"
+        floor = floor_ms(results, params["batch"], row.get("union", params["allowed"]))
+        lines.append(f"| {step.number} | {step.title} | {_case(params)} | {us(row['ms'])} | {vs} | "
+                     f"{row['ms'] / floor:.1f}× |")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,61 @@
+"""The answers to chapter 2's exercises. The notebook does not import this module: read it after trying."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog.masked_lm_head.formats import AllowedTokens
+
+__all__ = ["active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold"]
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def active_fraction(n: int, vocab: int, block: int) -> float:
+    """Exercise 1: the expected share of the ``ceil(vocab / block)`` blocks that hold at least
+    one of ``n`` ids drawn uniformly without replacement from ``range(vocab)``. A block of ``s`` tokens is idle
+    when all ``n`` ids fall outside it: probability ``C(vocab - s, n) / C(vocab, n)``; the last block may be
+    shorter than ``block``."""
+    blocks = -(-vocab // block)
+    sizes = [block] * (vocab // block) + ([vocab % block] if vocab % block else [])
+    total = _log_comb(vocab, n)
+    active = sum(1.0 - (math.exp(_log_comb(vocab - s, n) - total) if vocab - s >= n else 0.0) for s in sizes)
+    return active / blocks
+
+
+def union_from_bitmask(bitmask: np.ndarray, vocab: int) -> np.ndarray:
+    """Exercise 2: the sorted int64 ids that at least one row of ``bitmask`` (int32
+    ``[B, ceil(vocab / 32)]``, token ``v`` is bit ``v % 32`` of word ``v // 32``) allows; the bits past
+    ``vocab`` are ignored."""
+    words = np.bitwise_or.reduce(np.asarray(bitmask, dtype=np.int32).reshape(-1, bitmask.shape[-1]), axis=0)
+    bits = (words.view(np.uint32)[:, None] >> np.arange(32, dtype=np.uint32)) & 1
+    return np.flatnonzero(bits.reshape(-1)[:vocab]).astype(np.int64)
+
+
+def masked_logits_rows(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tensor) -> Tensor:
+    """Exercise 3, in torch: gather the union's rows, multiply in fp32, scatter into ``out``
+    (``-inf`` everywhere first), keep each sequence's own allowed logits."""
+    ids = allowed.union_ids.long()
+    out.fill_(float("-inf"))
+    if ids.numel():
+        logits = h.float() @ weight.index_select(0, ids).float().t()  # [B, union], fp32 products and sums
+        out[:, ids] = torch.where(allowed.mask[:, ids], logits, torch.tensor(float("-inf")))
+    return out
+
+
+def compact_threshold(points: Sequence[tuple[int, float, float]], vocab: int) -> float:
+    """Exercise 4: ``points`` are ``(union, compacted ms, best dense ms)`` measured at one batch
+    size, in any order. The compacted kernel is used up to the largest union at which it was no slower than the
+    dense path with no slower point below it: return that union as a fraction of ``vocab`` (at most 1.0; never
+    past the largest union measured, even where it never lost), 0.0 if it lost at the smallest union."""
+    losses = [u for u, compact, dense in points if compact > dense]
+    first_loss = min(losses, default=None)
+    wins = [u for u, compact, dense in points if compact <= dense and (first_loss is None or u < first_loss)]
+    return min(1.0, max(wins, default=0) / vocab)
