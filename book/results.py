@@ -90,7 +90,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             brief[name] = f"{row['vs_rival']:.2f}× {RIVAL_SHORT.get(entry.number, 'its rival')}"
             ours, theirs = row["median_ms"], row["rival_ms"]
             if row["rival_clock"] not in (None, row["clock"]):  # compared end to end, not on the GPU clock
-                cells[name] = f"**{row['vs_rival']:.2f}×**"
+                e2e = row.get("ours_end_to_end_ms")
+                cells[name] = f"**{row['vs_rival']:.2f}×**" + (f" ({us(e2e)} against {us(theirs)} µs, end to end)"
+                                                                 if e2e else "")
             else:
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
