@@ -34,9 +34,9 @@ from studylog.paths import BENCH_RESULTS
 NOT_MEASURED = "not measured"
 
 #: Why no cell shows a 99th percentile: what the files keep of the repetitions.
-P99_REASON = ("the benchmark files keep, for each series, the minimum, median and maximum of three repetitions; each "
-              "repetition is itself a median over replays of a CUDA graph of many back-to-back calls, so no "
-              "distribution of single calls is recorded and no 99th percentile can be computed from them")
+P99_REASON = ("the benchmark files keep, for each series, only the minimum, median and maximum of a few independent "
+              "repetitions; each repetition is itself a median over replays of a CUDA graph of many back-to-back calls, "
+              "so no distribution of single calls is recorded and no 99th percentile can be computed from them")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,7 +280,8 @@ def _decode(data):
     rival_row = {"ms": med([b["ms"] for b in rival]), "clock": rival[0]["clock"]} if rival else None
     ratio = med([b["ms"] / r["ms"] for r, b in pairs if b is not None])
     kernels = body.get("kernels_per_forward") if body else None
-    notes = ["wall clock: the whole step, host included, per output token",
+    notes = ["wall clock: the whole step, host included, per output token; the median and the slowest run are "
+             "medians over the requests of each request's median and slowest run",
              "floors: the body's weights read once per forward, and its kernels' chain, per output token"]
     hf = rows(data, "hf_generate", model="smollm2", batch=1)
     mine = {r["params"]["schema"]: r for r in rows(data, "step03", model="smollm2", batch=1, whitespace="compact")}
