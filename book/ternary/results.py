@@ -5,12 +5,15 @@ figure from the in-kernel timestamps of ``lab/ternary/w2a8_timeline.py``."""
 from __future__ import annotations
 
 from book.common import us
-from studylog.ternary.results import (BATCH_SERIES, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL,
-                                      M1_SERIES, W2A8_SERIES, fastest, on_gpu_clock, series_label, series_ms,
-                                      shapes_in)
+from studylog.ternary.results import (BATCH_SERIES, BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM,
+                                      INT_MM_MATMUL, M1_SERIES, W2A8_SERIES, fastest, on_gpu_clock, series_label,
+                                      series_ms, shapes_in)
 from studylog.ternary.steps import SERIES
 
-__all__ = ["speedup_table", "peers_table", "timeline_figure"]
+__all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table"]
+
+#: the run with BitNet's W2A8 kernel beside ours (``lab/ternary/results/nvidia-h200/``; lab/ternary/README.md)
+BITNET_RUN = "ternary_bitnet_quick"
 
 
 def speedup_table(results, m: int) -> str:
@@ -95,3 +98,63 @@ def timeline_figure(timeline: dict, title: str = "Step 12 at M = 1: where a bloc
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def prefill(results, m: int = 128, series=None) -> dict:
+    """At ``m`` rows of x (prefill), per shape, cuBLAS bf16 against ``series`` (ours, default the W2A8 steps 12
+    and 13 and the fastest of all ours): ``{"rows": [(shape, cuBLAS ms, {series: ms})], "ratio": {series: (lowest,
+    highest)} of cuBLAS time over ours, "table": markdown}`` on the GPU clock."""
+    view = on_gpu_clock(results)
+    series = list(series or (SERIES[12], SERIES[13]))
+    rows, ratios = [], {s: [] for s in series + ["fastest"]}
+    for shape in shapes_in(view):
+        base = series_ms(view, CUBLAS, shape=shape, m=m)
+        if base is None:
+            continue
+        times = {s: series_ms(view, s, shape=shape, m=m) for s in series}
+        best, name = fastest(view, FLOAT_X_SERIES + W2A8_SERIES, shape=shape, m=m)
+        times["fastest"] = best["ms"] if best else None
+        rows.append((shape, base, times, name))
+        for s, t in times.items():
+            if t is not None:
+                ratios[s].append(base / t)
+    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, x cuBLAS)" for s in series] + \
+        ["fastest of ours (µs, x cuBLAS)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape, base, times, name in rows:
+        cells = [shape, us(base)] + [("–" if times[s] is None else f"{us(times[s])} ({base / times[s]:.2f}x)")
+                                     for s in series]
+        t = times["fastest"]
+        cells.append("–" if t is None else f"{us(t)} ({base / t:.2f}x, {series_label(name)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return {"rows": rows, "ratio": {s: (min(r), max(r)) if r else None for s, r in ratios.items()},
+            "table": "\n".join(lines) if rows else f"(no GPU-clock times at M = {m} in this file)"}
+
+
+def host_over_gpu(results, m: int = 1, series=(SERIES[12], SERIES[13])) -> tuple[float, float] | None:
+    """The lowest and highest host time per call (eager, back-to-back) over GPU time of ``series`` at ``m`` rows,
+    over every shape of the file: how many times longer the Python call takes than the kernel it launches."""
+    view = on_gpu_clock(results)
+    r = [row["host_ms"] / row["ms"] for s in series for row in view.select(s, m=m) if "host_ms" in row]
+    return (min(r), max(r)) if r else None
+
+
+def bitnet_table(results) -> dict:
+    """Ours (the fastest W2A8 step, x quantised inside the call) against BitNet's W2A8 kernel (x already int8) at
+    M = 1, at every (N, K) its kernel is compiled for: ``{"rows": [(shape, BitNet ms, ours ms, our series)],
+    "worst": the lowest BitNet / ours, "table": markdown}``; ``None`` where the file has no BitNet rows."""
+    view = on_gpu_clock(results)
+    rows = []
+    for shape in shapes_in(view):
+        peer = series_ms(view, BITNET, shape=shape, m=1)
+        row, s = fastest(view, W2A8_SERIES, shape=shape, m=1)
+        if peer is not None and row is not None:
+            rows.append((shape, peer, row["ms"], s, series_ms(view, CUBLAS, shape=shape, m=1)))
+    if not rows:
+        return None
+    lines = ["| N x K | BitNet W2A8 (µs) | ours, W2A8 (µs) | BitNet / ours | cuBLAS bf16 (µs) |", "|---|---|---|---|---|"]
+    lines += [f"| {shape} | {us(peer)} | {us(ours)} ({series_label(s)}) | **{peer / ours:.2f}x** | {us(cub)} |"
+              for shape, peer, ours, s, cub in rows]
+    ratios = [p / o for _, p, o, _, _ in rows]
+    return {"rows": rows, "worst": min(ratios), "best": max(ratios), "table": "\n".join(lines)}
+
