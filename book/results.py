@@ -39,27 +39,6 @@ def jump_forward(data: dict[str, Any]) -> dict[str, Any] | None:
             "requests": len(jumped)}
 
 
-#: What each chapter's headline compares, in words (the rival's name comes from the data).
-HEADLINE_WHAT = {
-    1: "forward passes jump-forward spares on the suite's requests, and the time per output token it buys "
-       "(chapter 7's loop, 8B-shaped model, batch 1)",
-    2: "the whole masked step from the grammar's bitmask against xgrammar's path (cuBLAS logits, then its mask "
-       "kernel), batch 1, 1,000 of 128,256 tokens allowed",
-    3: "the GPU drafter against the CPU loop it replaces, both end to end (the call, then a sync), 128 slots of "
-       "32,768 tokens",
-    4: "loss and gradient against torch's cuDNN path, T = 150, alphabet 5,000, batch 8",
-    5: "one row of bf16 x times a 4096 x 14336 ternary matrix, against GemLite's 2-bit kernel",
-    6: "eight prompts of mixed lengths in one call, against FlashInfer",
-    7: "the decode loop with chapter 2's head against the same loop with a dense head and a mask, per output "
-       "token (8B-shaped model, batch 1)",
-}
-
-
-#: The rival of each chapter's headline, in a few words (the landing page's cards).
-RIVAL_SHORT = {2: "xgrammar's path", 3: "the CPU loop", 4: "cuDNN", 5: "GemLite", 6: "FlashInfer",
-               7: "a dense head and a mask"}
-
-
 def _short(card: str) -> str:
     return card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
@@ -87,7 +66,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 ratios[name], cells[name], brief[name] = None, NOT_MEASURED, NOT_MEASURED
                 continue
             ratios[name] = row["vs_rival"]
-            brief[name] = f"{row['vs_rival']:.2f}× {RIVAL_SHORT.get(entry.number, 'its rival')}"
+            brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short}"
             ours, theirs = row["median_ms"], row["rival_ms"]
             if row["rival_clock"] not in (None, row["clock"]):  # compared end to end, not on the GPU clock
                 e2e = row.get("ours_end_to_end_ms")
@@ -96,7 +75,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             else:
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
-                    "question": entry.question, "what": HEADLINE_WHAT.get(entry.number, ""), "cells": cells,
+                    "question": entry.question, "what": entry.headline, "cells": cells,
                     "ratios": ratios, "brief": brief})
     return out
 
@@ -120,19 +99,21 @@ def reading_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> int:
     return max(5, 5 * math.ceil(words / WORDS_PER_MINUTE / 5))
 
 
-#: The course's pages in reading order: (notebook, what it is for the reader); the chapters' questions come from
-#: the scoreboard's entries.
-READING_ORDER = (
-    ("notebooks/00_how_to_read.ipynb", "How every chapter is built, tested and measured; the card's ceilings."),
-    ("notebooks/01_fsm_compression.ipynb", None),
-    ("notebooks/02_masked_lm_head.ipynb", None),
-    ("notebooks/03_ngram_matching.ipynb", None),
-    ("notebooks/04_ctc_loss.ipynb", None),
-    ("notebooks/05_ternary_1_triton.ipynb", None),
-    ("notebooks/05_ternary_2_cuda.ipynb", None),
-    ("notebooks/06_multi_item_attention.ipynb", None),
-    ("notebooks/07_constrained_decoding.ipynb", None),
-)
+#: What a lesson that is no chapter's headline page is for, by notebook (the reading path's question column).
+OTHER_PAGES = {
+    "notebooks/00_how_to_read.ipynb": "How every chapter is built, tested and measured; the card's ceilings.",
+    "notebooks/05_ternary_1_triton.ipynb": "How do you pack and multiply ternary weights in Triton, step by step? "
+                                           "(part 1 of 2)",
+}
+
+
+def reading_order(root: Path = REPO_ROOT) -> list[str]:
+    """The lessons in the book's order (``_toc.yml``): a chapter added to the book joins the reading path."""
+    import yaml
+
+    toc = yaml.safe_load((Path(root) / "_toc.yml").read_text())
+    files = [c["file"] for c in toc.get("chapters", [])]
+    return [f"{f}.ipynb" for f in files if f.startswith("notebooks/")]
 
 
 def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
@@ -143,15 +124,13 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = [f"| page | the question | the answer in one number ({card}; × is how many times faster than) | "
              "reading time |", "|---|---|---|---|"]
-    for notebook, what in READING_ORDER:
+    for notebook in reading_order():
         stem = Path(notebook).stem
         h = by_notebook.get(notebook)
-        if h is None and stem.startswith("05_ternary_1"):
-            h = {**by_notebook["notebooks/05_ternary_2_cuda.ipynb"], "brief": {}}  # its number is part 2's
-            question = "How do you pack and multiply ternary weights in Triton, step by step? (part 1 of 2)"
-        else:
-            question = what or h["question"]
         number = h["brief"].get(card, "–") if h else "–"
+        question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
+        if h is None:  # a part of a chapter whose headline is on another page shares its title, not its number
+            h = next((v for k, v in by_notebook.items() if Path(k).stem[:2] == stem[:2]), None)
         title = f"{stem[:2]}" + (f". {h['title']}" if h else ". How to read this course")
         if stem.startswith("05_"):
             title += " (Triton)" if "triton" in stem else " (CUDA C++)"
@@ -160,5 +139,5 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     return "\n".join(lines)
 
 
-__all__ = ["HEADLINE_WHAT", "RIVAL_SHORT", "JUMP_CASE", "READING_ORDER", "WORDS_PER_MINUTE", "headlines", "jump_forward",
+__all__ = ["OTHER_PAGES", "reading_order", "JUMP_CASE", "WORDS_PER_MINUTE", "headlines", "jump_forward",
            "reading_minutes", "reading_path_markdown", "summary_markdown"]

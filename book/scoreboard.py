@@ -15,7 +15,9 @@ at the floor). Where a file lacks a number the scoreboard needs, the cell says "
 :func:`missing` says why; nothing is filled in by hand.
 
 The module reads the JSON files directly (no chapter code is imported), so the page and its test do not depend on
-how the library is laid out. A chapter is one :class:`Entry` in :data:`ENTRIES`; a new chapter appends one.
+how the library is laid out. A chapter is one :class:`Entry` in :data:`ENTRIES`: a new chapter (chapter 8, say)
+appends one with its ``measure`` function, and appears on the scoreboard, the results page, the landing page's reading
+path (which follows ``_toc.yml``) and the README.
 """
 
 from __future__ import annotations
@@ -100,8 +102,11 @@ class Entry:
     notebook: str
     question: str
     bench: str | None
-    measure: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+    measure: Callable[[dict[str, Any]], dict[str, Any] | list[dict[str, Any]] | None] | None = None
     absent: str = ""
+    #: What the headline compares, in words (the results page), and the rival in a few words (the landing page).
+    headline: str = ""
+    rival_short: str = "its rival"
 
 
 def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_label: str,
@@ -306,21 +311,36 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(1, "FSM compression", "notebooks/01_fsm_compression.ipynb",
           "How many forward passes can a grammar spare the model?", None,
           absent="no GPU kernel: the compression runs on the host, over the grammar's automaton; its effect is timed "
-                 "inside chapter 7's decode loop (jump-forward, step 2)"),
+                 "inside chapter 7's decode loop (jump-forward, step 2)",
+          headline="forward passes jump-forward spares on the suite's requests, and the time per output token it buys "
+                   "(chapter 7's loop, 8B-shaped model, batch 1)"),
     Entry(2, "Masked LM head", "notebooks/02_masked_lm_head.ipynb",
           "If the grammar allows a thousand tokens, why compute all 128,256 logits?", "masked_lm_head",
-          _masked_lm_head),
+          _masked_lm_head,
+          headline="the whole masked step from the grammar's bitmask against xgrammar's path (cuBLAS logits, then "
+                   "its mask kernel), batch 1, 1,000 of 128,256 tokens allowed",
+          rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
-          "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram),
+          "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram,
+          headline="the GPU drafter against the CPU loop it replaces, both end to end (the call, then a sync), 128 "
+                   "slots of 32,768 tokens",
+          rival_short="the CPU loop"),
     Entry(4, "CTC loss", "notebooks/04_ctc_loss.ipynb",
-          "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc),
+          "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc,
+          headline="loss and gradient against torch's cuDNN path, T = 150, alphabet 5,000, batch 8",
+          rival_short="cuDNN"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
           "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
-          _ternary),
+          _ternary, headline="one row of bf16 x times a 4096 x 14336 ternary matrix, against GemLite's 2-bit kernel",
+          rival_short="GemLite"),
     Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
-          "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item),
+          "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,
+          headline="eight prompts of mixed lengths in one call, against FlashInfer", rival_short="FlashInfer"),
     Entry(7, "Constrained decoding end to end", "notebooks/07_constrained_decoding.ipynb",
-          "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode),
+          "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode,
+          headline="the decode loop with chapter 2's head against the same loop with a dense head and a mask, per "
+                   "output token (8B-shaped model, batch 1)",
+          rival_short="a dense head and a mask"),
 )
 
 

@@ -249,11 +249,15 @@ def test_pages_run_their_tables_and_the_book_lists_the_scoreboard():
 
 
 def test_reading_times_follow_the_prose():
-    for notebook, _ in summary.READING_ORDER:
+    order = summary.reading_order()
+    assert order == sorted(order) and all((ROOT / nb).is_file() for nb in order)
+    for notebook in order:
         minutes = summary.reading_minutes(notebook)
         assert minutes % 5 == 0 and minutes >= 5
     table = summary.reading_path_markdown()
-    assert table.count(" min |") == len(summary.READING_ORDER)
+    assert table.count(" min |") == len(order)
+    for entry in sb.ENTRIES:
+        assert f"]({entry.notebook}) | {entry.question} |" in table
 
 
 def test_a_faster_new_peer_is_named_beside_the_rival(bench_copy):
