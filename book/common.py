@@ -162,6 +162,34 @@ def gpu_us(fn, rep_ms: int = 100) -> float | None:
     return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms)) * 1e3
 
 
+def diff_parts(diff, max_changed: int = 40) -> list:
+    """A long diff cut into parts of at most about ``max_changed`` changed lines each, at hunk boundaries (a hunk
+    longer than that is cut at a line), each titled "part i of n": a step that bundles changes is shown piece by
+    piece instead of as one long listing."""
+    from studylog.source import Diff
+
+    pieces: list[list[str]] = [[]]
+    changed = 0
+    for line in diff.lines[2:]:
+        if line.startswith("@@") and changed >= max_changed // 2:
+            pieces.append([])
+            changed = 0
+        elif changed >= max_changed and not line.startswith("@@"):
+            pieces.append(["@@ (continued) @@"])
+            changed = 0
+        pieces[-1].append(line)
+        changed += line[:1] in "+-"
+    pieces = [p for p in pieces if any(ln[:1] in "+-" for ln in p)]
+    parts = []
+    for i, piece in enumerate(pieces, 1):
+        part = Diff.__new__(Diff)
+        part.old_name = diff.old_name
+        part.new_name = f"{diff.new_name} (part {i} of {len(pieces)})" if len(pieces) > 1 else diff.new_name
+        part.lines = diff.lines[:2] + piece
+        parts.append(part)
+    return parts
+
+
 def changed_lines(diff) -> int:
     """How many lines a diff adds and removes."""
     return len(diff.added) + len(diff.removed)
@@ -170,5 +198,5 @@ def changed_lines(diff) -> int:
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
-__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "fmt", "gpu_us", "guarded", "prose_words", "quiet_native_stderr", "report",
+__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "diff_parts", "fmt", "gpu_us", "guarded", "prose_words", "quiet_native_stderr", "report",
            "say", "step_diff", "us"]

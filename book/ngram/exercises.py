@@ -2,8 +2,8 @@
 
 Write the function an exercise asks for, then call its check on it: the check runs it on small random inputs
 against the rule it must follow, prints the first input where it goes wrong (and what it returned and what was
-expected), and returns ``True`` when every input passed. The library's own answers are here too, so that the
-book runs every check: ``check_match_key(match_key)`` and so on.
+expected), and returns ``True`` when every input passed. The answers live in :mod:`book.ngram.solutions`, which
+the notebook does not import.
 
 1. :func:`check_match_key`: pack a match ``(n, source, start)`` into one 64-bit key whose smallest value is the
    best match (what lets a block pick its winner with one ``atomicMin``).
@@ -99,64 +99,10 @@ def best_window(hay: Sequence[int], hay_len: int, gen: Sequence[int], top_n: int
 # =========================================================================================
 
 
-def one_pass(hay: Sequence[int], hay_len: int, gen: Sequence[int], top_n: int, min_n: int = 1):
-    """Exercise 2's answer: one pass over the end positions. The window of size ``n`` ending at ``e`` matches
-    when ``hay[:e + 1]`` and ``gen`` share a suffix of at least ``n`` tokens, so the common suffix at ``e``
-    (capped at ``top_n``) is that position's best candidate; the smallest key over all ends wins."""
-    best = NONE_KEY
-    for end in range(hay_len - 1):  # a token must follow the window
-        length = 0
-        while length < top_n and length <= end and hay[end - length] == gen[len(gen) - 1 - length]:
-            length += 1
-        if length >= min_n:
-            best = min(best, match_key(length, 0, end - length + 1))
-    if best == NONE_KEY:
-        return None
-    n, _, start = decode_key(best)
-    return n, start
 
 
-def budget_scan(threshold: int, kinds: Sequence[str], counted: Sequence[bool], bases: Sequence[int],
-                wants: Sequence[int]) -> list[int]:
-    """Exercise 3's answer, as ``budget_scan_block`` computes it: tentative counts (every active slot with all it
-    wants), their exclusive prefix sum, the first active slot where the budget bites, and no drafts after it."""
-    tentative = [0 if k == "zero" else b + (w if k == "active" else 0) for k, b, w in zip(kinds, bases, wants)]
-    before, running = [], 0
-    for t in tentative:  # exclusive prefix sum of the tentative counts
-        before.append(running)
-        running += t
-    served, active_so_far = [], 0
-    for k in kinds:  # inclusive prefix sum of the active slots
-        active_so_far += k == "active"
-        served.append(active_so_far)
-    counted_total = sum(bool(c) for c in counted)
-    rooms = [threshold - (before[i] + bases[i]) - (counted_total - served[i]) for i in range(len(kinds))]
-    bites = [i for i, k in enumerate(kinds) if k == "active" and wants[i] > 0 and (rooms[i] < 2 or wants[i] > rooms[i])]
-    first = bites[0] if bites else len(kinds)  # a block-wide minimum on the GPU
-    final = []
-    for i, (k, b, w) in enumerate(zip(kinds, bases, wants)):
-        if k != "active":
-            final.append(tentative[i])
-        elif i < first:
-            final.append(b + w)
-        elif i == first:
-            final.append(b + (rooms[i] if rooms[i] >= 2 else 0))
-        else:
-            final.append(b)
-    return final
 
 
-def refused_bound(threshold: int, kinds: Sequence[str], counted: Sequence[bool], bases: Sequence[int]) -> list[bool]:
-    """Exercise 4's answer: drafts only add tokens, so the smallest possible ``total`` at a slot is the sum of the
-    bases up to it; an active slot is refused whatever the searches find when that plus ``left`` reaches
-    ``threshold - 1``."""
-    left = sum(bool(c) for c in counted)
-    smallest_total, refused = 0, []
-    for kind, base in zip(kinds, bases):
-        smallest_total += 0 if kind == "zero" else base
-        left -= kind == "active"
-        refused.append(kind == "active" and smallest_total + left >= threshold - 1)
-    return refused
 
 
 # =========================================================================================
@@ -173,6 +119,9 @@ def _call(fn, *args):
 
 
 def _report(name: str, failures: list[str], tried: int) -> bool:
+    if failures and all("NotImplementedError" in f for f in failures):
+        print(f"{name}: not written yet: write the function in this cell, then run it again")
+        return False
     if failures:
         print(f"{name}: wrong on {len(failures)} of {tried} inputs; the first:\n  " + "\n  ".join(failures[:1]))
         return False
@@ -327,5 +276,4 @@ def check_refused_bound(fn: Callable, *, trials: int = 3000, seed: int = 0) -> b
     return _report("check_refused_bound", failures, len(cases))
 
 
-__all__ = ["sequential_budget", "budget_facts", "best_window", "one_pass", "budget_scan", "refused_bound",
-           "check_match_key", "check_one_pass", "check_budget_scan", "check_refused_bound"]
+__all__ = ["sequential_budget", "budget_facts", "best_window", "check_match_key", "check_one_pass", "check_budget_scan", "check_refused_bound"]

@@ -172,8 +172,7 @@ def _real_text_figure(results, cases):
     order = {c: k for k, c in enumerate(CORPORA)}
     cases = sorted(cases, key=lambda c: (c[1:], order.get(c[0], 9)))
     xs = list(range(len(cases)))
-    labels = [f"{c[0]}\n{shape_label(c).replace(', ', chr(10))}" for c in cases]
-    fig, (ax_t, ax_d) = plt.subplots(2, 1, figsize=(9, 7.4), sharex=True)
+    fig, (ax_t, ax_d) = plt.subplots(2, 1, figsize=(10, 7.4), sharex=True)
     shown = [(CHAPTER.steps[0].series, CHAPTER.steps[0].name, "s"),
              (SYNCED_SERIES, f"{CHAPTER.final.name}, call + sync", "*"),
              (CHAPTER.final.series, CHAPTER.final.name, "*")]
@@ -199,9 +198,19 @@ def _real_text_figure(results, cases):
     for ax in (ax_t, ax_d):
         ax.tick_params(labelsize=FONT)
         ax.grid(True, axis="y", alpha=0.3)
-    ax_d.set_xticks(xs, labels, fontsize=FONT)
+    # one tick per corpus; the shape once per group of cases below the ticks, groups parted by a line
+    ax_d.set_xticks(xs, [c[0] for c in cases], fontsize=FONT)
+    groups: dict[tuple, list[int]] = {}
+    for x, c in zip(xs, cases):
+        groups.setdefault(c[1:], []).append(x)
+    for k, (shape, members) in enumerate(groups.items()):
+        ax_d.annotate(shape_label(("",) + shape), xy=(sum(members) / len(members), 0), xycoords=("data", "axes fraction"),
+                      xytext=(0, -2.4 * FONT), textcoords="offset points", ha="center", va="top", fontsize=FONT)
+        if k:
+            for ax in (ax_t, ax_d):
+                ax.axvline(members[0] - 0.5, color="#999999", lw=0.8)
     fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 

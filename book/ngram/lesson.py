@@ -13,7 +13,7 @@ from studylog.ngram import CHAPTER
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, own_series
 from studylog.ngram.results import clock_of, grid_configs, grid_select, real_cases_in, real_row, same_clock_pair
 
-__all__ = ["dispatch_table", "grid_row", "step_table", "real_text_table", "summary_table", "target_verdicts"]
+__all__ = ["BOEHM_CASES", "boehm_table", "dispatch_table", "floor_us", "grid_row", "step_table", "real_text_table", "summary_table", "target_verdicts"]
 
 
 def grid_row(results, series: str, cfg: tuple[int, int, int]) -> dict | None:
@@ -169,4 +169,52 @@ def dispatch_table(results) -> str:
         mine = seven if picked == "step 7" else six
         lines.append(f"| {p['batch']} × {p['seq_len']:,} | {us(six)} | {us(seven)} | {picked} | "
                      f"{mine / min(six, seven):.2f} |")
+    return "\n".join(lines)
+
+
+#: The two cases of the table of steps: a small batch under the deployed budget, where a launch and one round
+#: trip to memory bound the time, and the largest grid case, where the bytes do.
+BOEHM_CASES = ((32, 512, 128), (256, 131072, NO_BUDGET))
+
+
+def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
+    """The least time a call can take at ``cfg``, in µs: an empty kernel on the GPU clock (measured in the same run)
+    plus the active slots' haystacks read once at the copy bandwidth (bytes read plus written per second, as
+    the file's ``floor_ms`` counts them). At small cases the empty kernel is most of it: a latency floor."""
+    row = grid_row(results, CHAPTER.step(1).series, cfg)
+    if row is None:
+        return None
+    return (results.data["ceilings"]["empty_launch_gpu_ms"] + row["floor_ms"]) * 1e3
+
+
+def boehm_table(results) -> str:
+    """Markdown, one row per step and one for the entry point: the one change, then per case of
+    :data:`BOEHM_CASES` the time in µs (the CPU path end to end on the host, the kernels on the GPU clock), × the
+    previous step, × the floor (:func:`floor_us`)."""
+    head = ["step", "the one change"]
+    for b, s, t in BOEHM_CASES:
+        name = f"{b}x{s}" + (", budget" if t != NO_BUDGET else "")
+        head += [f"{name}: µs", "× previous", "× floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    floors = [floor_us(results, cfg) for cfg in BOEHM_CASES]
+    floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
+    lines.append("| | floor: an empty kernel + the haystacks' bytes | " + " | ".join(floor_cells) + " |")
+    previous = [None] * len(BOEHM_CASES)
+    entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`"), st.series) for st in CHAPTER.steps]
+    entries[0] = (entries[0][0], entries[0][1] + " (host clock, end to end)", entries[0][2])
+    entries.append(("entry point", "`ngram_match`: step 6 or step 7, by a rule on the batch's shapes", "ngram_match"))
+    for number, title, series in entries:
+        cells = [number, title]
+        for i, cfg in enumerate(BOEHM_CASES):
+            row = grid_row(results, series, cfg)
+            if row is None:
+                cells += ["skipped (too slow)" if series == CHAPTER.step(2).series else "–", "–", "–"]
+                continue
+            t = row["ms"] * 1e3
+            prev = previous[i] if series != "ngram_match" else grid_row(results, CHAPTER.step(7).series, cfg)["ms"] * 1e3
+            skipped_before = series == CHAPTER.step(3).series and grid_row(results, CHAPTER.step(2).series, cfg) is None
+            cells += [us(row["ms"]), (f"{prev / t:.2f}×" + (" (vs step 1)" if skipped_before else "")) if prev else "–", f"{t / floors[i]:,.1f}×" if floors[i] else "–"]
+            if series != "ngram_match":
+                previous[i] = t
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
