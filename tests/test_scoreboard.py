@@ -270,3 +270,17 @@ def test_a_faster_new_peer_is_named_beside_the_rival(bench_copy):
     row = _board_row(sb.scoreboard(bench_copy), 5, bench_copy / "nvidia-h200")
     assert any(n.startswith("new_peer is measured faster") for n in row["rival_notes"])
     assert "new_peer is measured faster" in sb.scoreboard_markdown(bench_copy)
+
+
+def test_the_binding_floor_is_the_largest_and_a_latency_bound_case_is_judged_by_latency():
+    """A kernel whose bytes take a few nanoseconds is measured against its latency floor, not a byte floor it
+    exceeds a thousandfold (the CTC small-alphabet row is the case in point)."""
+    board = [r for r in sb.scoreboard() if "missing" not in r]
+    for r in board:
+        floors = [f for f in (r["byte_floor_ms"], r["compute_floor_ms"], r["latency_floor_ms"]) if f is not None]
+        assert r["binding_floor_ms"] == max(floors)
+    small = [r for r in board if r["number"] == 4 and "A = 28" in r["shape"]]
+    assert small, "the CTC small-alphabet row is on the scoreboard"
+    for r in small:
+        if r["latency_floor_ms"] is not None:
+            assert r["binding"] == "latency" and r["byte_floor_ms"] < r["latency_floor_ms"]
