@@ -157,3 +157,26 @@ def test_exercises_do_not_give_their_answers_away(path):
     checked = re.findall(r"\bexercises\.check_\w+\((\w[\w.]*)", code)
     given = [name for name in checked if name not in defined]
     assert not given, f"{path.name}: checks run on functions the page hands over, not the reader's: {given}"
+
+
+def _prose_lines(path: Path) -> list[str]:
+    """The lines of prose a page renders: Markdown cells and ``say`` text, fenced code left out."""
+    from book.common import _said
+
+    pieces = []
+    for cell in json.loads(path.read_text())["cells"]:
+        source = "".join(cell["source"])
+        pieces += [source] if cell["cell_type"] == "markdown" else _said(source) if cell["cell_type"] == "code" else []
+    text = re.sub(r"```.*?```", "", "\n".join(pieces), flags=re.DOTALL)
+    return text.splitlines()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_accidental_markdown(path):
+    """A wrapped line that starts with "+ " becomes a bullet, and a bare ``__name__`` becomes bold: prose writes
+    them inside a sentence and code in backticks."""
+    lines = _prose_lines(path)
+    bullets = [ln for ln in lines if re.match(r"\s*\+ ", ln)]
+    assert not bullets, f"{path.name}: lines that Markdown turns into bullets: {bullets[:3]}"
+    bold = [m.group(0) for ln in lines for m in re.finditer(r"(?<![`\w])__\w+__(?![`\w])", re.sub(r"`[^`]*`", "", ln))]
+    assert not bold, f"{path.name}: names Markdown turns bold: {bold[:3]}"
