@@ -37,8 +37,8 @@ NOT_MEASURED = "not measured"
 
 #: Why no cell shows a 99th percentile: what the files keep of the repetitions.
 P99_REASON = ("the benchmark files keep, for each series, only the minimum, median and maximum of a few independent "
-              "repetitions; each repetition is itself a median over replays of a CUDA graph of many back-to-back calls, "
-              "so no distribution of single calls is recorded and no 99th percentile can be computed from them")
+              "repetitions; each repetition is itself a median over replays of a CUDA graph of many back-to-back "
+              "calls, so no distribution of single calls is recorded and no 99th percentile can be computed from them")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,8 +427,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
              f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | p99 (µs) {p99} | "
              f"strongest rival (µs) | ours × rival |", "|" + "---|" * 8]
     floors = ["**Floors, and how close the median is to the binding one**", "",
-              "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | binding floor | "
-              "% of the binding floor |", "|" + "---|" * 8]
+              "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
+              "binding floor | % of the binding floor |", "|" + "---|" * 8]
     board = scoreboard(root)
     shown: set[int] = set()
     for r in board:
@@ -487,5 +487,5 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     return "\n".join(times + [""] + floors + [""] + [f"{i}. {text}" for i, text in enumerate(notes, 1)])
 
 
-__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "faster_rivals", "P99_REASON", "card_name", "cards", "load", "missing", "one", "rows",
-           "scoreboard", "scoreboard_markdown", "spread"]
+__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "P99_REASON", "card_name", "cards", "faster_rivals", "load", "missing",
+           "one", "rows", "scoreboard", "scoreboard_markdown", "spread"]
