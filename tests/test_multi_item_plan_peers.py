@@ -173,7 +173,8 @@ def test_graph_calls_and_the_benchmarks_size():
     # a series: a probe, 3 captures and 30 replays of ~8 ms (~0.4 s); a sweep candidate: 1 capture, 5 replays
     assert timed * 0.4 + sweeps * 0.15 <= 30
     quick = report.bench_plan(quick=True, flashinfer=True)
-    assert len(report.bench_shapes(quick=True)) == 1 and len(quick["single"]) <= 8
+    assert [s[0] for s in report.bench_shapes(quick=True)] == [shapes[0][0], report.MIXED_SHAPE]
+    assert len(quick["single"]) <= 8
 
 
 def _fake_results():

@@ -11,10 +11,10 @@ The mask rule is FlashInfer's by default (``rule="flashinfer"``: an item token d
 delimiter, a delimiter sees only the prefix); ``rule="delimiter_visible"`` adds those keys.
 
 Modules: ``formats`` (the batch layout, the mask rules, the float64 reference, the input checks, the
-scores), ``kernels`` (the Triton kernels of steps 2 to 5), ``config`` (tile shapes, autotuning, launches),
-``tiles`` (the host's plan: tiles visited, step 5's program order), ``steps`` (the step functions),
-``plan`` (step 5 with its layout in device buffers, for a CUDA graph replayed over changing batches),
-``report`` (benchmark, headline) and ``peers`` (FlexAttention and FlashInfer on the same inputs). The figures,
+scores), ``config`` (tile shapes, autotuning), ``tiles`` (the host's plan: tiles visited, step 5's program
+order), ``steps`` (each step's function beside its Triton kernel and launch), ``plan`` (step 5 with its layout in
+device buffers, for a CUDA graph replayed over changing batches), ``report`` (benchmark, headline), ``peers``
+(FlexAttention and FlashInfer on the same inputs) and ``bench_peers`` (their part of the benchmark). The figures,
 the notebook's tables, step 5's targets and the exercises are the book's (``book.multi_item``), not the library's.
 """
 
@@ -31,16 +31,14 @@ from studylog.multi_item.formats import (
     reference_attention,
     score_items,
 )
-from studylog.multi_item.kernels import (
+from studylog.multi_item.plan import MultiItemPlan
+from studylog.multi_item.steps import (
+    STEPS,
     attend_key_tiles,
     attn_fwd_batched,
     attn_fwd_dense_mask,
     attn_fwd_mask_on_the_fly,
     attn_fwd_tile_skip,
-)
-from studylog.multi_item.plan import MultiItemPlan
-from studylog.multi_item.steps import (
-    STEPS,
     multi_item_attention,
     step01_dense_sdpa,
     step02_dense_mask,

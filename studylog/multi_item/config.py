@@ -1,5 +1,6 @@
-"""Tile shapes and launches of the Triton steps: the autotuner's configs on the GPU, fixed small blocks in
-the interpreter, and what a launch reports back (:class:`LaunchInfo`)."""
+"""Tile shapes of the Triton steps: the autotuner's configs on the GPU, fixed small blocks in the interpreter,
+and what a launch reports back (:class:`LaunchInfo`); the launches are beside their kernels, in
+:mod:`studylog.multi_item.steps`."""
 
 from __future__ import annotations
 
@@ -112,27 +113,6 @@ def find_config(name: Any, blocks: Any = None) -> "triton.Config | None":
         if name == cfg_name:
             return cfg
     raise ValueError(f"config must be one of {config_names()}, got {name!r}")
-
-
-def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None,
-           config: "triton.Config | None" = None) -> tuple[int, int, str]:
-    """Launch with a given config (on the GPU: its blocks, warps and stages; in the interpreter its blocks),
-    with given blocks (interpreter, or on the GPU with default warps and stages), or let the autotuner pick."""
-    if config is not None:
-        blocks = (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"])
-    if runtime.mode() == "gpu" and blocks is None:
-        kernel[grid](*args, **constexprs)
-        best = kernel.best_config
-        bm, bn = best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"]
-        return bm, bn, config_name(bm, bn, best.num_warps, best.num_stages)
-    block_m, block_n = blocks if blocks is not None else INTERPRETER_BLOCKS
-    jit_fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
-    extra = {}
-    if runtime.mode() == "gpu":
-        extra = ({"num_warps": config.num_warps, "num_stages": config.num_stages} if config is not None
-                 else {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2})
-    jit_fn[grid](*args, **constexprs, BLOCK_M=block_m, BLOCK_N=block_n, **extra)
-    return block_m, block_n, config_name(block_m, block_n, *extra.values())
 
 
 def strides(*tensors: Tensor) -> list[int]:

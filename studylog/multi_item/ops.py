@@ -28,8 +28,7 @@ from studylog.checks import check_tensor
 from studylog.multi_item.config import INTERPRETER_BLOCKS, size_bucket, strides
 from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS,
                                          MultiItemBatch, check_rule)
-from studylog.multi_item.kernels import attn_fwd_batched
-from studylog.multi_item.steps import GPU_BLOCK_MS, LOG2E
+from studylog.multi_item.steps import GPU_BLOCK_MS, LOG2E, attn_fwd_batched
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, schedule_table
 
 #: The tile heights the operator's launch may take: every height the autotuner may pick, or the interpreter's.

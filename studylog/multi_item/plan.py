@@ -38,8 +38,7 @@ from studylog.multi_item.formats import (
     MultiItemBatch,
     check_rule,
 )
-from studylog.multi_item.kernels import attn_fwd_batched
-from studylog.multi_item.steps import LOG2E, no_counts, step05_batched
+from studylog.multi_item.steps import LOG2E, attn_fwd_batched, no_counts, step05_batched
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, SCHEDULE_ORDERS, schedule_table
 
 

@@ -92,7 +92,7 @@ def series_label(series: str) -> str:
 
 def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]]]]:
     """The shapes: ``(name, prefix lengths, item lengths per prompt)``; two prompts of uniform items and a
-    batch of eight prompts with items of mixed lengths."""
+    batch of eight prompts with items of mixed lengths (a quick run: the first and the batch)."""
     shapes = [("prefix 2048, 32 items x 32", [2048], [[32] * 32]),
               ("prefix 512, 128 items x 16", [512], [[16] * 128])]
     gen = torch.Generator().manual_seed(6)  # fixed: the same mixed batch in every run
@@ -100,7 +100,7 @@ def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[in
     counts = [24, 96, 16, 48, 128, 32, 64, 40]
     items = [torch.randint(8, 41, (n,), generator=gen).tolist() for n in counts]
     shapes.append(("8 prompts, mixed", prefixes, items))
-    return shapes[:1] if quick else shapes
+    return [shapes[0], shapes[-1]] if quick else shapes  # quick: a one-prompt shape and the target's mixed batch
 
 
 BENCH_HEADS, BENCH_HEAD_DIM, BENCH_DTYPE = 32, 128, torch.bfloat16
@@ -279,8 +279,9 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
     quick = run.quick
     batch = MultiItemBatch.from_item_lens(prefixes, items, device=dev)
     T, single = batch.total_tokens, batch.batch_size == 1
-    params = {"shape": name, "prompts": batch.batch_size, "tokens": T, "heads": heads, "kv_heads": kv_heads}
     gqa = kv_heads != heads  # grouped-query attention: SDPA's and FlexAttention's enable_gqa
+    params = {"shape": name, "prompts": batch.batch_size, "tokens": T,
+              **({"heads": heads, "kv_heads": kv_heads} if gqa else {})}
     gen = torch.Generator(device=dev).manual_seed(0)
     q, k, v = (torch.randn(h, T, head_dim, dtype=dtype, device=dev, generator=gen) for h in (heads, kv_heads, kv_heads))
     nbytes = 2 * (q.numel() + k.numel()) * q.element_size()  # read q, k, v; write out

@@ -1,4 +1,5 @@
-"""The chapter's five steps, one public function each (``stepNN_<slug>``), and its entry point.
+"""The chapter's five steps, one public function each (``stepNN_<slug>``), each beside its kernel (steps 2 to 5
+are Triton flash-attention forwards under the multi-item mask), and its entry point.
 
 1. :func:`step01_dense_sdpa`: materialise the boolean mask and call ``scaled_dot_product_attention``.
 2. :func:`step02_dense_mask`: a flash-attention forward (online softmax) reading a dense mask tensor.
@@ -20,6 +21,13 @@ is given). Every step takes ``rule``, the mask rule (:data:`~studylog.multi_item
 by default). The Triton steps take ``blocks=(BLOCK_M, BLOCK_N)`` to fix the tile shape or ``config`` to fix
 the tile shape, warps and stages (by default the GPU autotunes them and the interpreter uses 16 x 16), and
 ``return_info=True`` to return ``(out, LaunchInfo)``. Steps 2 to 4 take one prompt.
+
+Every kernel keeps, per query row, the running maximum ``m_i`` (in log2 units), the running sum ``l_i`` and
+the unnormalised output ``acc`` (online softmax); scores are scaled by ``sm_scale * log2(e)`` so the
+exponentials are ``exp2``. Query head ``h`` reads key/value head ``h // KV_GROUP``. Where each row's own keys
+start is ``row - pos[row] + SKIP_DELIMITER`` (the constexpr is 1 under FlashInfer's rule, 0 when the delimiter
+is visible, see :mod:`studylog.multi_item.formats`). On the GPU the kernels are autotuned over
+:mod:`studylog.multi_item.config`'s tile shapes.
 """
 
 from __future__ import annotations
@@ -29,20 +37,23 @@ from typing import Any
 
 import torch
 import triton
+import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
 from studylog import runtime
 from studylog.chapter import Step
 from studylog.multi_item.config import (
+    FEW_GPU_CONFIGS,
     GPU_CONFIGS,
     INTERPRETER_BLOCKS,
     LaunchInfo,
     check_blocks,
+    config_name,
     find_config,
-    launch,
     size_bucket,
     strides,
+    tuned,
 )
 from studylog.multi_item.formats import (
     DEFAULT_RULE,
@@ -51,12 +62,6 @@ from studylog.multi_item.formats import (
     check_qkv,
     check_rule,
     dense_mask,
-)
-from studylog.multi_item.kernels import (
-    attn_fwd_batched,
-    attn_fwd_dense_mask,
-    attn_fwd_mask_on_the_fly,
-    attn_fwd_tile_skip,
 )
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_table
 
@@ -100,7 +105,7 @@ def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
 
 
 # ---------------------------------------------------------------------------------------------
-# Steps 2 to 5: the Triton kernels of studylog.multi_item.kernels
+# Steps 2 to 5: Triton kernels, each launched by the step function below it
 # ---------------------------------------------------------------------------------------------
 
 def _prepare(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
@@ -148,6 +153,75 @@ def _one_prompt(number: int, kernel, q: Tensor, out: Tensor, batch: MultiItemBat
     return out, LaunchInfo(number, block_m, block_n, tile_counts, name)
 
 
+def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None,
+           config: "triton.Config | None" = None) -> tuple[int, int, str]:
+    """Launch with a given config (on the GPU: its blocks, warps and stages; in the interpreter its blocks),
+    with given blocks (interpreter, or on the GPU with default warps and stages), or let the autotuner pick."""
+    if config is not None:
+        blocks = (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"])
+    if runtime.mode() == "gpu" and blocks is None:
+        kernel[grid](*args, **constexprs)
+        best = kernel.best_config
+        bm, bn = best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"]
+        return bm, bn, config_name(bm, bn, best.num_warps, best.num_stages)
+    block_m, block_n = blocks if blocks is not None else INTERPRETER_BLOCKS
+    jit_fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+    extra = {}
+    if runtime.mode() == "gpu":
+        extra = ({"num_warps": config.num_warps, "num_stages": config.num_stages} if config is not None
+                 else {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2})
+    jit_fn[grid](*args, **constexprs, BLOCK_M=block_m, BLOCK_N=block_n, **extra)
+    return block_m, block_n, config_name(block_m, block_n, *extra.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 2: a flash-attention forward reading the dense mask
+# ---------------------------------------------------------------------------------------------
+
+@tuned(FEW_GPU_CONFIGS)
+@triton.jit
+def attn_fwd_dense_mask(
+    Q, K, V, Out, Mask,
+    stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
+    seq_len, qk_scale,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    off_h = tl.program_id(1).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
+    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start_n in range(0, seq_len, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < seq_len
+        k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        mask_tile = Mask + offs_m[:, None].to(tl.int64) * seq_len + cols[None, :]
+        visible = tl.load(mask_tile, mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # scale after the max: qk_scale > 0
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add per score
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
 def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
                       out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                       rule: str = DEFAULT_RULE, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
@@ -158,6 +232,60 @@ def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
     args = [q, k, v, out, mask, *strides(q, k, v, out), batch.seq_lens[0], qk_scale]
     return _one_prompt(2, attn_fwd_dense_mask, q, out, batch, args, common, blocks, find_config(config, blocks),
                        None, return_info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 3: the mask from the metadata
+# ---------------------------------------------------------------------------------------------
+
+@tuned(FEW_GPU_CONFIGS)
+@triton.jit
+def attn_fwd_mask_on_the_fly(
+    Q, K, V, Out, Pos,
+    stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
+    seq_len, prefix_len, qk_scale,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    off_h = tl.program_id(1).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
+    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
+    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
+    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
+    in_items = row_ok & (offs_m >= prefix_len)
+    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
+    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start_n in range(0, seq_len, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < seq_len
+        k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        # keys past seq_len pass this test only for rows past seq_len, which are never stored
+        keys = cols[None, :]
+        visible = (keys <= offs_m[:, None]) & ((keys < prefix_len) | (keys >= row_start[:, None]))
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # scale after the max: qk_scale > 0
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add per score
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
 
 
 def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -172,6 +300,99 @@ def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_
             qk_scale]
     return _one_prompt(3, attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, find_config(config, blocks),
                        None, return_info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 4: tile skipping
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _attend_key_tiles(
+    acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start, prefix_len, seq_len, lo, hi, qk_scale,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Step 3's loop body over the key tiles ``[lo, hi)``; ``MASKED=False`` for tiles every row sees whole."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        if MASKED:
+            col_ok = cols < seq_len
+            k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+            v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        else:  # whole prefix tiles: in bounds by construction
+            k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None])
+            v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if MASKED:
+            keys = cols[None, :]
+            visible = (keys <= offs_m[:, None]) & ((keys < prefix_len) | (keys >= row_start[:, None]))
+            qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # scale after the max: qk_scale > 0
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add per score
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
+@triton.jit
+def attn_fwd_tile_skip(
+    Q, K, V, Out, Pos, TileCounts,
+    stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
+    seq_len, prefix_len, qk_scale, size_bucket,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    COUNT_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    off_h = tl.program_id(1).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
+    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
+    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
+    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
+    in_items = row_ok & (offs_m >= prefix_len)
+    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
+    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_lo = start_m * BLOCK_M
+    m_hi = tl.minimum(m_lo + BLOCK_M, seq_len)
+    # 1. prefix tiles every row sees whole (keys < P and <= the first row): no mask arithmetic
+    full_hi = (tl.minimum(prefix_len, m_lo + 1) // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                      prefix_len, seq_len, 0, full_hi, qk_scale,
+                                      False, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    # 2. the rest of the prefix, up to the diagonal
+    prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                      prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
+                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    # 3. the items, from the first key the first item row's item shows it (row starts never decrease down the
+    # rows): the tiles between are never loaded
+    first_item_row = tl.maximum(m_lo, prefix_len)
+    items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
+    items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
+    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                      prefix_len, seq_len, items_lo, m_hi, qk_scale,
+                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
+        visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
+        tl.store(TileCounts + start_m, visited, mask=off_h == 0)
+    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
 
 
 def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -191,6 +412,81 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
     return _one_prompt(4, attn_fwd_tile_skip, q, out, batch, args, common, blocks, find_config(config, blocks),
                        counts if count_tiles else None, return_info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 5: a batch of prompts in one launch
+# ---------------------------------------------------------------------------------------------
+
+@tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
+@triton.jit
+def attn_fwd_batched(
+    Q, K, V, Out, Schedule, stride_schedule, Pos, stride_pos, TileCounts, stride_counts,
+    stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
+    qk_scale, size_bucket,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    COUNT_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # One program per (prompt, query tile, head), in the order the host planned (schedule_table): the GPU
+    # starts programs roughly in index order, so entry i says what program i computes. The table has one row
+    # per tile height (16, 32, 64, 128 rows); each entry carries its prompt's offsets, so one round of loads
+    # from a single 32-byte entry is all the lookup a program does, and no program is empty.
+    work = Schedule + ((BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)) * stride_schedule \
+        + tl.program_id(0) * 8
+    prompt = tl.load(work)
+    start_m = tl.load(work + 1)
+    off_h = tl.load(work + 2).to(tl.int64)
+    seq_begin = tl.load(work + 3)
+    seq_len = tl.load(work + 4)
+    prefix_len = tl.load(work + 5)
+    Q += seq_begin.to(tl.int64) * stride_qt
+    K += seq_begin.to(tl.int64) * stride_kt
+    V += seq_begin.to(tl.int64) * stride_vt
+    Out += seq_begin.to(tl.int64) * stride_ot
+    Pos += prompt.to(tl.int64) * stride_pos
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
+    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
+    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
+    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
+    in_items = row_ok & (offs_m >= prefix_len)
+    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
+    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_lo = start_m * BLOCK_M
+    m_hi = tl.minimum(m_lo + BLOCK_M, seq_len)
+    # 1. prefix tiles every row sees whole (keys < P and <= the first row): no mask arithmetic
+    full_hi = (tl.minimum(prefix_len, m_lo + 1) // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                      prefix_len, seq_len, 0, full_hi, qk_scale,
+                                      False, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    # 2. the rest of the prefix, up to the diagonal
+    prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                      prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
+                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    # 3. the items, from the first key the first item row's item shows it (row starts never decrease down the
+    # rows): the tiles between are never loaded
+    first_item_row = tl.maximum(m_lo, prefix_len)
+    items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
+    items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
+    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                      prefix_len, seq_len, items_lo, m_hi, qk_scale,
+                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
+        visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
+        tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_h == 0)
+    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
 
 
 def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -272,3 +568,8 @@ STEPS = (
     Step(5, "batched", "every prompt of a batch in one launch, programs in a planned order", "triton",
          step05_batched, attn_fwd_batched),
 )
+
+
+#: The loop over a range of key tiles that steps 4 and 5 call once per range (its Triton name keeps the
+#: leading underscore it was written with, so the kernels that call it are unchanged).
+attend_key_tiles = _attend_key_tiles
