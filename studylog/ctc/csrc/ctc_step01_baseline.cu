@@ -79,14 +79,7 @@ extern "C" __global__ void ctc_beta_grad_step1(
     const int Smax = 2 * Lmax + 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     float* post = smem + 2 * Smax;
-    const double ll = log_likelihood[n];
-    const bool infinite = ll == NEG_INF_D;
-    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
-    fill_frames(grad, 0.0f, Tn, T, n, N, A);  // frames past the input length do not touch the loss
-    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
-        fill_frames(grad, zero_infinity ? 0.0f : __int_as_float(0x7fc00000), 0, Tn, n, N, A);
-        return;
-    }
+    if (no_alignment(log_likelihood[n], loss, grad, zero_infinity, Tn, T, n, N, A)) return;
     const float* a = alphas + (size_t)n * T * Smax;
     const int U = num_slots[n];
     float next_max = 0.0f;    // maximum of row t + 1, subtracted while reading it

@@ -82,14 +82,7 @@ __global__ void ctc_beta_grad_step4(
     const int Smax = 2 * Lmax + 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     float* post = shared + 2 * Smax;
-    const double ll = __ldg(log_likelihood + n);
-    const bool infinite = ll == NEG_INF_D;
-    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
-    fill_frames(grad, 0.0f, Tn, T, n, N, A);  // frames past the input length do not touch the loss
-    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
-        fill_frames(grad, zero_infinity ? 0.0f : __int_as_float(0x7fc00000), 0, Tn, n, N, A);
-        return;
-    }
+    if (no_alignment(__ldg(log_likelihood + n), loss, grad, zero_infinity, Tn, T, n, N, A)) return;
     int label[VT];
     bool skip[VT];  // position s may also go on to s + 2
 #pragma unroll
@@ -135,16 +128,8 @@ __global__ void ctc_beta_grad_step4(
             const int s = position<VT, BLOCKED>(i);
             if (s < S) normalise_posterior(post, s, top, total, blank);
         }
-        publish_posterior_sums(total, blank, warp_total, warp_blank, warp, lane);
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(__ldg(lp + k));
-        __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
-        const float inv_total = 1.0f / sum_of_warps(warp_total, nwarps);
-        for (int u = threadIdx.x; u < U; u += blockDim.x) {
-            const int cls = __ldg(slot_class + n * Umax + u);
-            const float sum = slot_sum<true>(post, warp_blank, nwarps, slot_start, slot_members, n, u, Umax, Lmax);
-            g[cls] = expf(__ldg(lp + cls)) - sum * inv_total;
-        }
-        __syncthreads();  // post and the per-warp sums are rewritten by the next frame
+        frame_gradient(g, lp, post, total, blank, warp_total, warp_blank, slot_class, slot_start, slot_members, n, U, Umax,
+                       Lmax, A, warp, lane, nwarps);
     }
 }
 

@@ -4,7 +4,7 @@
 // same code as when the pieces were written out in each of them.
 #pragma once
 
-#include "ctc_common.cuh"  // NEG_INF, log_plus, warp_max, warp_sum, slot_posterior
+#include "ctc_common.cuh"  // NEG_INF, NEG_INF_D, log_plus, warp_max, warp_sum, slot_posterior
 
 // ------------------------------------------------------------------------------------------
 // The rows of the recursions.
@@ -30,6 +30,19 @@ __device__ __forceinline__ double log_likelihood_of(const float* last, int S, do
 __device__ __forceinline__ void fill_frames(float* grad, float value, int t_begin, int t_end, int n, int N, int A) {
     for (int t = t_begin; t < t_end; ++t)
         for (int k = threadIdx.x; k < A; k += blockDim.x) grad[((size_t)t * N + n) * A + k] = value;
+}
+
+// Before a log-space beta kernel's recursion (steps 1 to 5): utterance n's loss (thread 0; 0 where it is infinite
+// and zero_infinity), zeros in the gradient frames past the input length, and where no alignment exists
+// (ll = -inf) every frame's gradient. Returns true then: the kernel has nothing left to do.
+__device__ __forceinline__ bool no_alignment(double ll, float* loss, float* grad, int zero_infinity, int Tn, int T,
+                                             int n, int N, int A) {
+    const bool infinite = ll == NEG_INF_D;
+    if (threadIdx.x == 0) loss[n] = (infinite && zero_infinity) ? 0.0f : (float)(-ll);
+    fill_frames(grad, 0.0f, Tn, T, n, N, A);  // frames past the input length do not touch the loss
+    if (infinite)  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
+        fill_frames(grad, zero_infinity ? 0.0f : __int_as_float(0x7fc00000), 0, Tn, n, N, A);
+    return infinite;
 }
 
 // After a frame's recursion: each warp's maximum of the new beta row (for the next frame, in row_maxima) and
@@ -84,4 +97,23 @@ __device__ __forceinline__ float slot_sum(const float* post, const float* warp_b
                                           const int* slot_members, int n, int u, int Umax, int Lmax) {
     return u == 0 ? sum_of_warps(warp_blank, nwarps)
                   : slot_posterior<LDG>(post, slot_start, slot_members, n, u, Umax, Lmax);
+}
+
+// The end of a frame of the beta kernels of steps 3 to 5, once post holds the frame's posteriors relative
+// to the largest and this thread's sums of them (total: all positions, blank: the blanks): the softmax written over
+// the frame's gradient g, then each class slot of the target corrected by its posterior over the frame's total.
+__device__ __forceinline__ void frame_gradient(float* g, const float* lp, const float* post, float total, float blank,
+                                               float* warp_total, float* warp_blank, const int* slot_class,
+                                               const int* slot_start, const int* slot_members, int n, int U, int Umax,
+                                               int Lmax, int A, int warp, int lane, int nwarps) {
+    publish_posterior_sums(total, blank, warp_total, warp_blank, warp, lane);
+    for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(__ldg(lp + k));
+    __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
+    const float inv_total = 1.0f / sum_of_warps(warp_total, nwarps);
+    for (int u = threadIdx.x; u < U; u += blockDim.x) {
+        const int cls = __ldg(slot_class + n * Umax + u);
+        const float sum = slot_sum<true>(post, warp_blank, nwarps, slot_start, slot_members, n, u, Umax, Lmax);
+        g[cls] = expf(__ldg(lp + cls)) - sum * inv_total;
+    }
+    __syncthreads();  // post and the per-warp sums are rewritten by the next frame
 }
