@@ -190,6 +190,25 @@ def diff_parts(diff, max_changed: int = 40) -> list:
     return parts
 
 
+def listing_parts(code, max_lines: int = 40) -> list:
+    """A long listing (a ``studylog.source.Code``) cut into parts of at most about ``max_lines`` lines, at blank
+    lines where it can, each titled "part i of n"."""
+    from studylog.source import Code
+
+    lines = code.text.splitlines()
+    pieces: list[list[str]] = [[]]
+    for line in lines:
+        full = len(pieces[-1]) >= max_lines or (len(pieces[-1]) >= max_lines * 3 // 4 and not line.strip())
+        if full:
+            pieces.append([])
+        if line.strip() or pieces[-1]:
+            pieces[-1].append(line)
+    pieces = [p for p in pieces if p]
+    title = code.title or ""
+    return [Code("\n".join(p), code.language, f"{title} (part {i} of {len(pieces)})" if len(pieces) > 1 else title)
+            for i, p in enumerate(pieces, 1)]
+
+
 def changed_lines(diff) -> int:
     """How many lines a diff adds and removes."""
     return len(diff.added) + len(diff.removed)
@@ -198,5 +217,5 @@ def changed_lines(diff) -> int:
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
-__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "diff_parts", "fmt", "gpu_us", "guarded", "prose_words", "quiet_native_stderr", "report",
+__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "diff_parts", "fmt", "gpu_us", "guarded", "listing_parts", "prose_words", "quiet_native_stderr", "report",
            "say", "step_diff", "us"]

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from book.ctc import exercises, lesson
+from book.ctc import exercises, lesson, solutions
 from studylog import ctc, plotting
 
 from test_ctc_bench import new_results
@@ -19,11 +19,11 @@ from test_ctc_bench import new_results
 # --------------------------------------------------------------------------------------
 
 def test_the_checks_accept_the_solutions(capsys):
-    assert exercises.check_min_frames(exercises.frames_needed)
+    assert exercises.check_min_frames(solutions.frames_needed)
     assert exercises.check_min_frames(ctc.min_frames)
-    assert exercises.check_forward(exercises.forward_loss)
-    assert exercises.check_gradient(exercises.ctc_gradient)
-    assert exercises.check_bank_ways(exercises.bank_conflict_ways)
+    assert exercises.check_forward(solutions.forward_loss)
+    assert exercises.check_gradient(solutions.ctc_gradient)
+    assert exercises.check_bank_ways(solutions.bank_conflict_ways)
     assert capsys.readouterr().out.count("agree") == 5
 
 
@@ -47,8 +47,8 @@ def _forward_without_the_skip_rule(log_probs, target):
     (exercises.check_min_frames, len, "labels"),
     (exercises.check_forward, _forward_without_the_skip_rule, "target"),
     (exercises.check_forward, lambda lp, t: float("nan"), "expected"),
-    (exercises.check_gradient, lambda x, t: exercises.ctc_gradient(x, t) - x.softmax(1), "largest |difference|"),
-    (exercises.check_gradient, lambda x, t: exercises.ctc_gradient(x, t)[:-1], "shape"),
+    (exercises.check_gradient, lambda x, t: solutions.ctc_gradient(x, t) - x.softmax(1), "largest |difference|"),
+    (exercises.check_gradient, lambda x, t: solutions.ctc_gradient(x, t)[:-1], "shape"),
     (exercises.check_bank_ways, lambda grain, blocked: 1, "blocked layout"),
 ])
 def test_the_checks_reject_a_planted_mistake_and_say_where(check, wrong, says, capsys):
@@ -92,3 +92,29 @@ def test_what_did_not_help_reads_the_lab_file_and_the_grain_sweep():
     assert len(rows) == 6 and all(lesson.PENDING not in r for r in rows)
     assert sum("over 18 points" in r for r in rows) == 4  # each option at every (A, N) of the grid
     assert "redux.sync" in table and "grain=2" in table and "blocked layout" in table
+
+
+def test_the_dispatcher_exercise_judges_by_the_committed_grid(capsys):
+    from studylog.plotting import result_files
+
+    if not result_files("ctc"):
+        pytest.skip("no committed CTC results")
+    assert exercises.check_dispatcher(solutions.dispatcher)
+    assert not exercises.check_dispatcher(lambda A, N, positions: 10)  # step 10 loses at one short utterance
+    assert not exercises.check_dispatcher(lambda A, N, positions: 8)
+    assert "not 9 or 10" in capsys.readouterr().out
+
+
+def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
+    from studylog.plotting import load_results, result_files
+
+    if not result_files("ctc"):
+        pytest.skip("no committed CTC results")
+    table = lesson.boehm_table(load_results("ctc"))
+    rows = table.splitlines()[3:]
+    assert [r.split("|")[1].strip() for r in rows][:10] == [str(n) for n in range(1, 11)]
+    assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
+    for row in rows:
+        for cell in [c.strip() for c in row.split("|")[1:-1]][4::3]:
+            if cell != "–":
+                assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row

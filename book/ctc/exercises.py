@@ -2,15 +2,16 @@
 
 Every ``check_*`` function runs the reader's function on small random inputs against the chapter's
 float64 reference (or its model), prints what is wrong on the first input where it disagrees, and returns
-``True`` when every input agrees. A plain solution of each exercise is here too (``frames_needed``,
-``forward_loss``, ``ctc_gradient``, ``bank_conflict_ways``): the notebook checks them, so that the checks
-themselves are tested in CI; try your own before reading them.
+``True`` when every input agrees. The answers live in :mod:`book.ctc.solutions`, which the notebook does not
+import.
 
 1. :func:`check_min_frames`: the fewest frames a target needs (a blank between repeated labels).
 2. :func:`check_forward`: the loss of one utterance by the log-space alpha recursion.
 3. :func:`check_gradient`: the gradient with respect to the activations (softmax included), from alpha
    and beta.
 4. :func:`check_bank_ways`: the shared-memory bank model of step 4's two layouts (the odd-grain advice).
+5. :func:`check_dispatcher`: a rule that picks step 9 or step 10 from a batch's shape, judged against the
+   committed measurements of both (and, on a GPU, timed by the reader).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from book.common import report
+from book.common import guarded, report
 from studylog.ctc.reference import reference_ctc
 from studylog.ctc.targets import BLANK, min_frames
 from studylog.ctc.warpctc import GRAIN_SIZES, bank_ways
 
-__all__ = ["check_min_frames", "check_forward", "check_gradient", "check_bank_ways",
-           "frames_needed", "forward_loss", "ctc_gradient", "bank_conflict_ways"]
+__all__ = ["check_min_frames", "check_forward", "check_gradient", "check_bank_ways", "check_dispatcher",
+           "extended", "logsumexp"]
 
 #: Inputs per check; small shapes, so that a reader's plain-Python loop is quick.
 CASES = 40
@@ -59,12 +60,9 @@ def _reference(x: Tensor, target: Sequence[int]) -> tuple[float, Tensor]:
 # 1. How many frames does a target need?
 # --------------------------------------------------------------------------------------
 
-def frames_needed(labels: Sequence[int]) -> int:
-    """A solution of exercise 1: one frame per label, and one more for the blank between two equal labels."""
-    labels = list(labels)
-    return len(labels) + sum(a == b for a, b in zip(labels, labels[1:]))
 
 
+@guarded
 def check_min_frames(fn: Callable[[list[int]], int], cases: int = 200) -> bool:
     """``fn(labels) -> int``: the fewest frames in which CTC can emit ``labels`` (a list of labels >= 1)."""
     gen = torch.Generator().manual_seed(1)
@@ -94,28 +92,11 @@ def logsumexp(values: Sequence[float]) -> float:
     return top if top == -math.inf else top + math.log(sum(math.exp(v - top) for v in values))
 
 
-def _alphas(log_probs: Tensor, ext: list[int]) -> list[list[float]]:
-    T, S = log_probs.shape[0], len(ext)
-    alpha = [[-math.inf] * S for _ in range(T)]
-    for s in range(min(2, S)):
-        alpha[0][s] = float(log_probs[0, ext[s]])
-    for t in range(1, T):
-        for s in range(S):
-            terms = [alpha[t - 1][s]] + ([alpha[t - 1][s - 1]] if s >= 1 else [])
-            if s >= 2 and ext[s] != BLANK and ext[s] != ext[s - 2]:
-                terms.append(alpha[t - 1][s - 2])
-            alpha[t][s] = logsumexp(terms) + float(log_probs[t, ext[s]])
-    return alpha
 
 
-def forward_loss(log_probs: Tensor, target: Sequence[int]) -> float:
-    """A solution of exercise 2: ``-log P`` of one utterance from its ``(T, A)`` log-probabilities, by the
-    alpha recursion over the blank-interleaved target (``inf`` when no alignment exists)."""
-    ext = extended(target)
-    last = _alphas(log_probs, ext)[-1]
-    return -logsumexp(last[-2:] if len(ext) > 1 else last[-1:])
 
 
+@guarded
 def check_forward(fn: Callable[[Tensor, list[int]], float], cases: int = CASES) -> bool:
     """``fn(log_probs, target) -> float``: the loss ``-log P`` of one utterance; ``log_probs`` is ``(T, A)``
     float64 (already log-softmaxed), ``target`` a list of labels >= 1 (0 is the blank). A target that
@@ -135,22 +116,9 @@ def check_forward(fn: Callable[[Tensor, list[int]], float], cases: int = CASES) 
 # 3. The gradient
 # --------------------------------------------------------------------------------------
 
-def ctc_gradient(activations: Tensor, target: Sequence[int]) -> Tensor:
-    """A solution of exercise 3: ``d(-log P)/d(activations)`` for one utterance, ``(T, A)`` float64:
-    ``softmax - posterior``, with the posterior of class k at frame t the sum over the positions s that carry
-    k of ``alpha_t(s) beta_t(s) / (P y_t(k))`` (beta includes ``y_t``)."""
-    log_probs = activations.log_softmax(1)
-    ext = extended(target)
-    alpha = _alphas(log_probs, ext)
-    beta = [list(reversed(row)) for row in reversed(_alphas(log_probs.flip(0), ext[::-1]))]
-    log_p = -forward_loss(log_probs, target)
-    grad = log_probs.exp().clone()
-    for t in range(activations.shape[0]):
-        for s, k in enumerate(ext):
-            grad[t, k] -= math.exp(alpha[t][s] + beta[t][s] - float(log_probs[t, k]) - log_p)
-    return grad
 
 
+@guarded
 def check_gradient(fn: Callable[[Tensor, list[int]], Tensor], cases: int = CASES) -> bool:
     """``fn(activations, target) -> Tensor``: the gradient of ``-log P`` with respect to the ``(T, A)``
     float64 activations (softmax included), for targets that fit their frames."""
@@ -175,17 +143,9 @@ def check_gradient(fn: Callable[[Tensor, list[int]], Tensor], cases: int = CASES
 # 4. Bank conflicts of the two layouts
 # --------------------------------------------------------------------------------------
 
-def bank_conflict_ways(grain: int, blocked: bool, threads: int = 128) -> int:
-    """A solution of exercise 4: the largest number of a warp's 32 lanes that read the same one of 32
-    four-byte banks when each lane reads its i-th position, over i < grain. Strided: lane l's i-th position
-    is ``l + i * threads``; blocked: ``l * grain + i``."""
-    worst = 1
-    for i in range(grain):
-        banks = [((lane * grain + i) if blocked else (lane + i * threads)) % 32 for lane in range(32)]
-        worst = max(worst, max(banks.count(b) for b in set(banks)))
-    return worst
 
 
+@guarded
 def check_bank_ways(fn: Callable[[int, bool], int]) -> bool:
     """``fn(grain, blocked) -> int``: the ways of the worst bank conflict of one warp's access (see
     :func:`bank_conflict_ways`), for grains 1 to 8 and 128 threads per block, in both layouts."""
@@ -197,3 +157,38 @@ def check_bank_ways(fn: Callable[[int, bool], int]) -> bool:
             return report("check_bank_ways", False, f"grain {grain}, {layout} layout: expected {want}-way, "
                            f"got {got}-way", len(cases))
     return report("check_bank_ways", True, None, len(cases))
+
+
+# --------------------------------------------------------------------------------------
+# 5. A dispatcher between step 9 and step 10
+# --------------------------------------------------------------------------------------
+
+@guarded
+def check_dispatcher(fn: Callable[[int, int, int], int], results=None, tolerance: float = 0.03) -> bool:
+    """``fn(A, N, positions) -> 9 or 10``: which step to run for ``N`` utterances over ``A`` classes whose longest
+    extended target has ``positions`` = 2L + 1 positions. Judged on the committed benchmark file (or
+    ``results``): at every measured shape, the chosen step's time must be within ``tolerance`` of the faster of
+    steps 9 and 10. Prints the worst point."""
+    from studylog.plotting import load_results
+
+    results = results or load_results("ctc")
+    points, worst = 0, (1.0, None)
+    for row in results.select("step10"):
+        p = row["params"]
+        nine = results.select("step09", **p)
+        if not nine or "max_positions" not in row:
+            continue
+        times = {9: nine[0]["ms"], 10: row["ms"]}
+        choice = fn(p["A"], p["N"], row["max_positions"])
+        if choice not in times:
+            return report("check_dispatcher", False, f"A = {p['A']}, N = {p['N']}: returned {choice!r}, not 9 or 10",
+                          points + 1)
+        points += 1
+        over = times[choice] / min(times.values())
+        if over > worst[0]:
+            worst = (over, f"A = {p['A']}, N = {p['N']}, {row['max_positions']} positions: step {choice} takes "
+                           f"{times[choice] * 1e3:.1f} µs, step {19 - choice} {times[19 - choice] * 1e3:.1f} µs")
+    if worst[0] > 1 + tolerance:
+        return report("check_dispatcher", False, f"{worst[0]:.2f}x the faster step at {worst[1]}", points)
+    print(f"check_dispatcher: within {100 * (worst[0] - 1):.1f}% of the faster step at all {points} measured shapes")
+    return True

@@ -140,30 +140,31 @@ def step_table(results, number: int) -> str:
 
 
 def results_table(results) -> str:
-    """The last step against torch's two calls at every point, with the speedup over the faster one timed on
-    the same clock (``torch-best``) and the distance to the floor."""
-    final = CHAPTER.final
-    if not results.select(final.series, T=BENCH_T):
-        return f"{final.name}: {PENDING}."
-    lines = [f"| A | N | torch-cuDNN (µs) | torch-native (µs) | {final.name} (µs) | speedup over torch-best | "
-             "floor (µs) | time / floor |", "|---|---|---|---|---|---|---|---|"]
+    """The chapter's result, the entry point ``ctc_loss`` (the last step where a file predates it), against
+    torch's two calls at every point, with the speedup over the faster one timed on the same clock
+    (``torch-best``) and the distance to the floor of :func:`floor_us` (an empty kernel plus the bytes)."""
+    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.final.series
+    name = "`ctc_loss`" if final == "ctc_loss" else CHAPTER.final.name
+    if not results.select(final, T=BENCH_T):
+        return f"{name}: {PENDING}."
+    lines = [f"| A | N | torch-cuDNN (µs) | torch-native (µs) | {name} (µs) | speedup over torch-best | "
+             "floor: empty kernel + bytes (µs) | time / floor |", "|---|---|---|---|---|---|---|---|"]
     for A, N in _all_points():
-        row = _row(results, final.series, T=BENCH_T, A=A, N=N)
+        row = _row(results, final, T=BENCH_T, A=A, N=N)
         if row is None:
             continue
         best = _row(results, "torch-best", T=BENCH_T, A=A, N=N)
         speedup = "–"
-        if best is not None and clock_of(results, "torch-best") == clock_of(results, final.series):
+        if best is not None and clock_of(results, "torch-best") == clock_of(results, final):
             speedup = f"{best['ms'] / row['ms']:.2f}×"
             if best.get("spread_ms") and row.get("spread_ms"):
                 speedup += f" ({best['spread_ms'][0] / row['spread_ms'][2]:.2f}–" \
                            f"{best['spread_ms'][2] / row['spread_ms'][0]:.2f})"
-        floor = row.get("floor_ms")
-        above = "–" if not floor else f"{row['ms'] / floor:,.1f}×"
+        floor = floor_us(results, A, N)
         lines.append(f"| {A} | {N} | {_with_spread(_row(results, 'torch-cuDNN', T=BENCH_T, A=A, N=N))} | "
                      f"{_with_spread(_row(results, 'torch-native', T=BENCH_T, A=A, N=N))} | {_with_spread(row)} | "
-                     f"{speedup} | {us(floor, 2)} | {above} |")
-    clocks = {s: clock_words(clock_of(results, s)) for s in ("torch-cuDNN", "torch-native", final.series)}
+                     f"{speedup} | {floor:,.2f} | {row['ms'] * 1e3 / floor:,.1f}× |")
+    clocks = {s: clock_words(clock_of(results, s)) for s in ("torch-cuDNN", "torch-native", final)}
     return "\n".join(lines) + "\n\nClocks: " + ", ".join(f"{s}: {c}" for s, c in clocks.items()) + "."
 
 
@@ -378,8 +379,9 @@ def prose_numbers(results) -> dict[str, str]:
     s = {k: CHAPTER.step(k).series for k in range(1, 11)}
     out: dict[str, str] = {}
     big, small = max(BENCH_A), min(BENCH_A)
-    last = _row(results, s[10], T=BENCH_T, A=big, N=max(BENCH_N))
-    floor = last.get("floor_ms") if last else None
+    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else s[10]  # the entry point, where timed
+    last = _row(results, final, T=BENCH_T, A=big, N=max(BENCH_N))
+    floor = floor_us(results, big, max(BENCH_N)) * 1e-3 if last else None  # ms: an empty kernel + the bytes
     out["floor_big"] = f"{floor * 1e3:.0f} µs" if floor else PENDING
     out["final_over_floor_big"] = f"{last['ms'] / floor:.1f}×" if last and floor else PENDING
     out["restrict_change"] = _largest_change(_ratios(results, s[1], s[2], _lesson_points()))
@@ -405,9 +407,8 @@ def prose_numbers(results) -> dict[str, str]:
     one = _ratios(results, s[9], s[10], [(small, min(BENCH_N))])
     out["warps_small_one"] = _percent(1 / one[0] - 1) if one else PENDING
     for A, key in ((small, "final_small"), (big, "final_big")):
-        final_clock = clock_of(results, s[10])
-        same = clock_of(results, "torch-best") == final_clock
-        out[key] = _times(_ratios(results, "torch-best", s[10], _all_points(A))) if same else PENDING
+        same = clock_of(results, "torch-best") == clock_of(results, final)
+        out[key] = _times(_ratios(results, "torch-best", final, _all_points(A))) if same else PENDING
     out["clock"] = clock_words(clock_of(results, s[10])) or PENDING
     return out
 
@@ -433,3 +434,57 @@ def dispatch_table(results) -> str:
             cells = " | ".join(us(ms[k]) for k in (8, 9, 10))
             lines.append(f"| {N} | {A:,} | {cells} | step {picked} | {ms[picked] / min(ms.values()):.2f} |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file times steps 8 to 10 nowhere)"
+
+
+#: The two cases of the table of steps: one utterance of the small alphabet, where the recursion's chain of frames
+#: is the time, and a full batch of the large one, where the bytes are.
+BOEHM_CASES = ((28, 1), (5000, 256))
+
+
+def floor_us(results, A: int, N: int) -> float:
+    """The least time a call can take, in µs: an empty kernel on the GPU clock (measured in the same run) plus the
+    activations read and the gradient written once at the copy bandwidth (bytes read plus written per second)."""
+    from studylog.ctc.report import dram_bytes
+
+    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+    empty_s = results.data["ceilings"].get("empty_launch_gpu_ms", 0.0) * 1e-3
+    return (empty_s + dram_bytes(BENCH_T, N, A) / bandwidth) * 1e6
+
+
+def boehm_table(results) -> str:
+    """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
+    change, then per case of :data:`BOEHM_CASES` the GPU-clock time in µs, × the previous step, × the floor."""
+    head = ["step", "the one change"]
+    for A, N in BOEHM_CASES:
+        head += [f"A = {A}, N = {N}: µs", "× previous", "× floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    floors = [floor_us(results, A, N) for A, N in BOEHM_CASES]
+    floor_cells = [cell for f in floors for cell in (f"{f:,.1f}", "", "")]
+    lines.append("| | floor: an empty kernel + the activations read and the gradient written | "
+                 + " | ".join(floor_cells) + " |")
+
+    def code(title: str) -> str:
+        return title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
+
+    entries = [(str(s.number), code(s.title), s.series) for s in CHAPTER.steps]
+    entries.append(("entry point", "`ctc_loss`: step 8 or step 10, by a rule on the activations' shape", "ctc_loss"))
+    entries.append(("torch", "the faster of torch's two CTC calls (cuDNN's, or torch's own kernels)", "torch-best"))
+    previous = [None] * len(BOEHM_CASES)
+    for number, title, series in entries:
+        cells = [number, title]
+        for i, (A, N) in enumerate(BOEHM_CASES):
+            ms = _ms(results, series, T=BENCH_T, A=A, N=N)
+            if ms is None:
+                cells += ["–", "–", "–"]
+                continue
+            t = ms * 1e3
+            prev = previous[i]
+            if series in ("ctc_loss", "torch-best"):
+                prev = None
+            after_side_step = series == CHAPTER.step(7).series  # step 6 is a side branch: step 7 builds on step 5
+            cells += [f"{t:,.1f}", (f"{prev / t:.2f}×" + (" (vs step 5)" if after_side_step else "")) if prev else "–",
+                      f"{t / floors[i]:,.1f}×"]
+            if series not in ("ctc_loss", "torch-best", CHAPTER.step(6).series):
+                previous[i] = t
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
