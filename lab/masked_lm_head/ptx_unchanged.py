@@ -1,0 +1,89 @@
+"""Does an edit of chapter 2's Triton kernels change the PTX Triton makes of them?
+
+Compiles the kernels of the given modules (dense.py, reorder.py, compact.py, plan.py) for sm_90 without a GPU
+(``triton.compile`` with an explicit target), twice: each module as it is at git HEAD and as it is in the working
+tree, and compares the PTX with what only names source lines left out (``.file``/``.loc``, ``$L__tmp`` labels,
+the DWARF sections): a ``@triton.jit`` helper is inlined, so moving code into one must leave the code unchanged.
+
+    .venv/bin/python lab/masked_lm_head/ptx_unchanged.py studylog/masked_lm_head/dense.py ...
+
+Prints one line per kernel and exits with status 1 when any differs. One configuration per kernel: bf16, the
+tiles of a small decode batch, D = 3072.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import types
+
+import torch
+
+# studylog selects Triton's interpreter when torch sees no GPU; the kernels must be JIT functions here, compiled
+# for an explicit target, so the check says there is one before studylog is imported.
+torch.cuda.is_available = lambda: True
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from studylog import runtime  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+MATMUL = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, DOT_DTYPE=tl.bfloat16)
+STREAM = dict(D=3072, D_POW2=4096, BLOCK_V=1, FILL_BLOCK=4096, EVICTION="evict_first")
+BATCHED = dict(D=3072, BLOCK_B=16, BLOCK_V=64, BLOCK_D=128, FILL_BLOCK=4096, DOT_DTYPE=tl.bfloat16)
+#: Pointer parameters by name (every other runtime parameter is an i32).
+POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32", "allowed_ptr": "*u8", "perm_ptr": "*i32",
+            "h_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "ids_ptr": "*i32", "union_ptr": "*i32",
+            "bitmask_ptr": "*i32", "count_ptr": "*i32", "mask_ptr": "*u8"}
+#: Kernel name -> its constexprs, for every kernel a module may define.
+KERNELS = {"dense_matmul_kernel": MATMUL, "block_skip_kernel": MATMUL, "column_skip_kernel": MATMUL,
+           "row_skip_kernel": MATMUL, "reordered_rows_kernel": MATMUL, "compact_stream_kernel": STREAM,
+           "stream_count_kernel": STREAM, "batched_union_kernel": BATCHED, "batched_count_kernel": BATCHED,
+           "compact_rows_kernel": dict(D=3072, BLOCK_V=1, BLOCK_D=1024, FILL_BLOCK=4096)}
+
+
+def load(path: str, name: str) -> types.ModuleType:
+    """The module at ``path`` (Triton reads a kernel's source from its file, so each version needs its own)."""
+    module = types.ModuleType(name)
+    module.__file__ = path
+    sys.modules[name] = module
+    exec(compile(open(path).read(), path, "exec"), module.__dict__)
+    return module
+
+
+def ptx(fn, constexprs: dict) -> str:
+    names = [p.name for p in fn.params]
+    signature = {n: "constexpr" if n in constexprs else POINTERS.get(n, "i32") for n in names}
+    source = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    text = triton.compile(source, target=TARGET, options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
+    text = text.split(".section\t.debug")[0]
+    return "\n".join(line for line in text.splitlines()
+                     if not re.match(r"\s*\.(file|loc)\b", line) and not re.match(r"\$L__tmp\d+:", line))
+
+
+def main(modules: list[str]) -> int:
+    assert runtime.MODE == "gpu", runtime.MODE
+    same = True
+    for rel in modules:
+        old_path = os.path.join(tempfile.mkdtemp(), os.path.basename(rel))
+        with open(old_path, "w") as f:
+            f.write(subprocess.run(["git", "show", f"HEAD:{rel}"], capture_output=True, text=True, check=True).stdout)
+        old, new = load(old_path, f"old_{len(sys.modules)}"), load(rel, f"new_{len(sys.modules)}")
+        for kernel, constexprs in KERNELS.items():
+            if hasattr(old, kernel):
+                ok = ptx(getattr(old, kernel), constexprs) == ptx(getattr(new, kernel), constexprs)
+                same &= ok
+                print(f"{rel:45s} {kernel:28s} PTX {'same' if ok else 'DIFFERS'}")
+    print("every kernel the same PTX (HEAD -> working tree, sm_90)" if same else "SOMETHING DIFFERS")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
