@@ -209,6 +209,20 @@ def listing_parts(code, max_lines: int = 40) -> list:
             for i, p in enumerate(pieces, 1)]
 
 
+def cu_kernel(file: str, name: str) -> str:
+    """The text of one ``extern "C" __global__`` function of a ``.cu`` file of the library (``studylog/csrc`` or a
+    chapter's ``csrc``), from its signature to its closing brace: no file comment before it."""
+    import studylog
+
+    root = Path(studylog.__file__).parent
+    path = next(p for p in root.rglob(file) if p.is_file())
+    text = path.read_text()
+    m = re.search(r'^extern "C" __global__ void ' + re.escape(name) + r"\(.*?^\}", text, flags=re.DOTALL | re.MULTILINE)
+    if m is None:
+        raise KeyError(f"{file} has no kernel {name!r}")
+    return m.group(0)
+
+
 def changed_lines(diff) -> int:
     """How many lines a diff adds and removes."""
     return len(diff.added) + len(diff.removed)
@@ -217,5 +231,5 @@ def changed_lines(diff) -> int:
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
-__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "diff_parts", "fmt", "gpu_us", "guarded", "listing_parts", "prose_words", "quiet_native_stderr", "report",
+__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "gpu_us", "guarded", "listing_parts", "prose_words", "quiet_native_stderr", "report",
            "say", "step_diff", "us"]
