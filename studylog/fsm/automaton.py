@@ -75,25 +75,12 @@ def ascii_digit_classes(regex: str) -> str:
     return "".join(out)
 
 
-def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True,
-                      integer_bounds: bool = False) -> str:
-    """The regex outlines builds for a JSON schema (a dict, a JSON string, or a pydantic model class).
-
-    ``whitespace_pattern`` is where optional whitespace may go between JSON tokens (outlines' default,
-    None, is ``[ ]?``; ``""`` allows none). Invalid JSON or an unsupported schema raises ValueError.
-
-    ``ascii_digits`` (default True) rewrites the regex with :func:`ascii_digit_classes`: outlines-core
-    writes ``"format": "date"`` (and ``date-time``, ``time``...) with ``\\d``, which it treats as any
-    Unicode digit, so ``"206\\U0001E4F2-02-04"`` (a Nag Mundari digit) would be a valid date. RFC 3339
-    dates are ASCII. ``ascii_digits=False`` gives outlines' regex unchanged.
-
-    ``integer_bounds`` (default False, outlines' regex) writes an integer's ``minimum``/``maximum`` into the
-    regex (:mod:`studylog.fsm.ranges`): outlines-core ignores them, so ``{"maximum": 9}`` would let a model
-    write ``10`` and the output would fail the schema. Bounds on non-integer numbers stay unenforced."""
-    from outlines.types import JsonSchema
-    from outlines_core.json_schema import build_regex_from_schema
-
+def schema_json(schema: Any) -> tuple[str, dict]:
+    """(JSON text, parsed object) of a schema given as a dict, JSON text, or a class (a pydantic model, dataclass
+    or TypedDict, through outlines' ``JsonSchema``). Text that is not JSON, or not an object, raises ValueError."""
     if isinstance(schema, type):
+        from outlines.types import JsonSchema
+
         try:
             text = JsonSchema(schema).schema  # pydantic model, dataclass or TypedDict -> JSON schema text
         except Exception as exc:
@@ -110,6 +97,27 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
         raise ValueError(f"invalid JSON schema: not valid JSON ({exc})") from exc
     if not isinstance(parsed, dict):
         raise ValueError(f"invalid JSON schema: expected a JSON object, got {type(parsed).__name__}")
+    return text, parsed
+
+
+def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True,
+                      integer_bounds: bool = False) -> str:
+    """The regex outlines builds for a JSON schema (a dict, a JSON string, or a pydantic model class).
+
+    ``whitespace_pattern`` is where optional whitespace may go between JSON tokens (outlines' default,
+    None, is ``[ ]?``; ``""`` allows none). Invalid JSON or an unsupported schema raises ValueError.
+
+    ``ascii_digits`` (default True) rewrites the regex with :func:`ascii_digit_classes`: outlines-core
+    writes ``"format": "date"`` (and ``date-time``, ``time``...) with ``\\d``, which it treats as any
+    Unicode digit, so ``"206\\U0001E4F2-02-04"`` (a Nag Mundari digit) would be a valid date. RFC 3339
+    dates are ASCII. ``ascii_digits=False`` gives outlines' regex unchanged.
+
+    ``integer_bounds`` (default False, outlines' regex) writes an integer's ``minimum``/``maximum`` into the
+    regex (:mod:`studylog.fsm.ranges`): outlines-core ignores them, so ``{"maximum": 9}`` would let a model
+    write ``10`` and the output would fail the schema. Bounds on non-integer numbers stay unenforced."""
+    from outlines_core.json_schema import build_regex_from_schema
+
+    text, parsed = schema_json(schema)
     try:
         import jsonschema
 

@@ -326,19 +326,6 @@ def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
     return regex
 
 
-def _schema_dict(schema: Any) -> dict:
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"invalid JSON schema: not valid JSON ({exc})") from exc
-    if not isinstance(schema, dict):
-        raise ValueError(f"invalid JSON schema: expected a JSON object, got {type(schema).__name__}")
-    return schema
-
-
 def regex_with_bounds(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True) -> str:
     """outlines-core's regex for ``schema`` (a dict, JSON text, or a pydantic model class) with integer
     bounds kept: :func:`bound_integers`, ``outlines_core.json_schema.build_regex_from_schema``, then
@@ -349,9 +336,9 @@ def regex_with_bounds(schema: Any, whitespace_pattern: Optional[str] = None, *, 
     schema, an empty integer range, or a sentinel not found in the regex raises ValueError."""
     from outlines_core.json_schema import build_regex_from_schema
 
-    from studylog.fsm.automaton import ascii_digit_classes
+    from studylog.fsm.automaton import ascii_digit_classes, schema_json
 
-    rewritten, mapping = bound_integers(_schema_dict(schema))
+    rewritten, mapping = bound_integers(schema_json(schema)[1])
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as exc:
