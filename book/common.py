@@ -231,5 +231,5 @@ def changed_lines(diff) -> int:
 #: The most prose a chapter page may hold, in words (:func:`prose_words`).
 PROSE_BUDGET = 2500
 
-__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "gpu_us", "guarded", "listing_parts", "prose_words", "quiet_native_stderr", "report",
-           "say", "step_diff", "us"]
+__all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "gpu_us", "guarded",
+           "listing_parts", "prose_words", "quiet_native_stderr", "report", "say", "step_diff", "us"]

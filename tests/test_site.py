@@ -98,6 +98,8 @@ def _visit(browser, url: str, shot: Path) -> dict:
             natural: i.naturalWidth, shown: i.clientWidth, linked: !!i.closest('a[href]'),
             inMain: !!i.closest('main')})),
         tables: document.querySelectorAll('main table').length,
+        bold: Array.from(document.querySelectorAll('main strong, main b')).map(e => e.innerText.trim()),
+        height: document.documentElement.scrollHeight,
         links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
         final: location.href,
     })""")
@@ -211,3 +213,26 @@ def test_favicon_served_at_site_root(server, browser):
     page.close()
     assert ok, "favicon.ico is missing at the site root"
     assert body.startswith(b"\x89PNG"), "favicon.ico is not the site's PNG icon"
+
+
+#: Words that CUDA writes between double underscores: Markdown turns ``__restrict__`` outside backticks into a
+#: bold "restrict".
+CUDA_DUNDER = {"restrict", "ldg", "global", "device", "shared", "host", "syncthreads", "threadfence",
+               "launch_bounds", "forceinline", "shfl_up_sync", "shfl_down_sync", "shfl_sync", "constant"}
+#: The tallest a page may be at 1280 px wide: a lesson a reader finishes, not a listing to scroll through.
+HEIGHT_BUDGET_PX = 36_000
+
+
+@pytest.mark.parametrize("path", _pages())
+def test_no_markup_reaches_the_reader_raw(visits, path):
+    """No myst-nb glue role left as text, and no CUDA keyword turned bold by Markdown."""
+    v = visits[path]
+    assert "{glue" not in v["text"], f"{path}: a glue role shown as text"
+    bold = [b for b in v["bold"] if b in CUDA_DUNDER]
+    assert not bold, f"{path}: CUDA keywords rendered bold (write them in backticks): {bold}"
+
+
+@pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
+def test_pages_fit_a_height_budget(visits, path):
+    assert visits[path]["height"] <= HEIGHT_BUDGET_PX, \
+        f"{path}: {visits[path]['height']:,} px tall at 1280 px wide, over the budget of {HEIGHT_BUDGET_PX:,}"

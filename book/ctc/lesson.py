@@ -482,8 +482,8 @@ def boehm_table(results) -> str:
             if series in ("ctc_loss", "torch-best"):
                 prev = None
             after_side_step = series == CHAPTER.step(7).series  # step 6 is a side branch: step 7 builds on step 5
-            cells += [f"{t:,.1f}", (f"{prev / t:.2f}×" + (" (vs step 5)" if after_side_step else "")) if prev else "–",
-                      f"{t / floors[i]:,.1f}×"]
+            versus = (f"{prev / t:.2f}×" + (" (vs step 5)" if after_side_step else "")) if prev else "–"
+            cells += [f"{t:,.1f}", versus, f"{t / floors[i]:,.1f}×"]
             if series not in ("ctc_loss", "torch-best", CHAPTER.step(6).series):
                 previous[i] = t
         lines.append("| " + " | ".join(cells) + " |")

@@ -12,8 +12,8 @@ import numpy as np
 from book.fsm.figures import SERIES_COLORS
 from studylog.fsm.peers import LIBRARIES, PeerRow
 
-__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "MODES", "suite_passes", "steps_table", "plot_mask_counts", "FORCED_COLUMNS",
-           "peers_table", "agreement_table", "timing_table", "plot_peers"]
+__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "MODES", "suite_passes", "steps_table",
+           "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "agreement_table", "timing_table", "plot_peers"]
 
 #: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
 #: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer:

@@ -17,7 +17,8 @@ __all__ = ["reference_token_jumps", "reference_replaced_tokens", "reference_ff_t
 Transitions = Mapping[int, Mapping[int, int]]
 
 
-def reference_token_jumps(transitions: Transitions, finals: frozenset[int] | set[int]) -> dict[int, tuple[tuple[int, ...], int]]:
+def reference_token_jumps(transitions: Transitions,
+                          finals: frozenset[int] | set[int]) -> dict[int, tuple[tuple[int, ...], int]]:
     """The chapter's answer to exercise 1: ``{state: (tokens, end)}`` for every state that allows exactly one
     token and is not final, the chain of forced tokens that follows it, and the state where the chain ends
     (the first state that is final or allows several tokens)."""

@@ -276,4 +276,5 @@ def check_refused_bound(fn: Callable, *, trials: int = 3000, seed: int = 0) -> b
     return _report("check_refused_bound", failures, len(cases))
 
 
-__all__ = ["sequential_budget", "budget_facts", "best_window", "check_match_key", "check_one_pass", "check_budget_scan", "check_refused_bound"]
+__all__ = ["sequential_budget", "budget_facts", "best_window", "check_match_key", "check_one_pass", "check_budget_scan",
+           "check_refused_bound"]

@@ -204,7 +204,8 @@ def _real_text_figure(results, cases):
     for x, c in zip(xs, cases):
         groups.setdefault(c[1:], []).append(x)
     for k, (shape, members) in enumerate(groups.items()):
-        ax_d.annotate(shape_label(("",) + shape), xy=(sum(members) / len(members), 0), xycoords=("data", "axes fraction"),
+        ax_d.annotate(shape_label(("",) + shape), xy=(sum(members) / len(members), 0),
+                      xycoords=("data", "axes fraction"),
                       xytext=(0, -2.4 * FONT), textcoords="offset points", ha="center", va="top", fontsize=FONT)
         if k:
             for ax in (ax_t, ax_d):
