@@ -14,6 +14,7 @@ so that the diff is the lesson; ``CHAPTER.steps`` lists them, each with its publ
 * :mod:`~studylog.ternary.cuda_steps`: steps 10 (``mma.sync`` by hand) and 11 (weights by the TMA);
 * :mod:`~studylog.ternary.w2a8`: steps 12 and 13 (W2A8 in CUDA C++);
 * :mod:`~studylog.ternary.peers`: GemLite and torch._int_mm on the same ternary weights (the peers);
+  :mod:`~studylog.ternary.bitnet`: BitNet's own W2A8 GPU kernel, built from a local checkout of its repository;
 * :mod:`~studylog.ternary.report`: the benchmark; :mod:`~studylog.ternary.results`: what reads its results
   (headline, targets; the figures are the book's, ``book.ternary.figures``);
 * :mod:`~studylog.ternary.ops`: :func:`ternary_matmul` as a ``torch.library`` operator.
