@@ -382,7 +382,7 @@ def floor_ms(results, batch: int, union: int) -> float:
     """The least time a call can take: an empty kernel on the GPU clock (launch and completion inside a CUDA
     graph, measured in the same run) plus the call's bytes (the union's rows read, the fp32 output written) at
     the run's copy bandwidth, which counts bytes read plus bytes written, as this sum does."""
-    return results.data["ceilings"]["empty_launch_gpu_ms"] + byte_floor_ms(results, batch, union)
+    return results.data["ceilings"].get("empty_launch_gpu_ms", 0.0) + byte_floor_ms(results, batch, union)
 
 
 #: Where each step is measured (the case its idea is about) and the step it is compared with there.
