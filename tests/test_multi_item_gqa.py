@@ -81,3 +81,34 @@ def test_bad_head_counts_are_named():
         mi.multi_item_attention(q, k, k.clone(), batch)
     with pytest.raises(ValueError, match="one shape"):
         mi.multi_item_attention(q, k, torch.randn(1, batch.total_tokens, 16, device=DEV), batch)
+
+
+def test_the_plan_with_fewer_key_value_heads(rng):
+    """MultiItemPlan over two layouts with 6 query heads and 2 key/value heads: each batch's rows match the float64
+    reference, the rows past it are left alone; k and v of the query heads' shape are refused by name."""
+    plan = mi.MultiItemPlan(heads=6, kv_heads=2, head_dim=16, dtype=torch.float32, max_tokens=90, max_prompts=3,
+                            device=DEV)
+    for prefixes, items in (([23, 4], [[5, 1, 12], [3]]), ([0, 31, 9], [[2, 2], [17], [1, 6]])):
+        batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device=DEV)
+        plan.set_layout(batch)
+        q, k, v = qkv(6, 2, 90, 16, rng)
+        out = plan.run(q, k, v, torch.full_like(q, float("nan")))
+        n = batch.total_tokens
+        torch.testing.assert_close(out[:, :n].double().cpu(), gqa_reference(q[:, :n], k[:, :n], v[:, :n], batch),
+                                   rtol=1e-5, atol=1e-5)
+        assert torch.isnan(out[:, n:]).all()
+    with pytest.raises(ValueError, match=r"k must be a float32 tensor of shape \(2, 90, 16\)"):
+        plan.run(q, q, v, torch.empty_like(q))
+    with pytest.raises(ValueError, match=r"heads \(6\) must be a multiple of kv_heads \(4\)"):
+        mi.MultiItemPlan(heads=6, kv_heads=4, head_dim=16, dtype=torch.float32, max_tokens=90, max_prompts=3)
+
+
+def test_the_operator_with_fewer_key_value_heads(rng):
+    batch = mi.MultiItemBatch.from_item_lens([14, 0], [[3, 9, 1], [5, 5]], device=DEV)
+    q, k, v = qkv(4, 1, batch.total_tokens, 16, rng)
+    schedule, token_pos, programs = mi.ops.layout(batch, q, kv_heads=1)
+    out = mi.ops.multi_item_attention(q, k, v, schedule, token_pos, programs)
+    torch.testing.assert_close(out.double().cpu(), gqa_reference(q, k, v, batch), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"q's heads \(4\) must be a multiple of k's and v's heads \(3\)"):
+        k3 = torch.randn(3, batch.total_tokens, 16, device=DEV)
+        mi.ops.multi_item_attention(q, k3, k3.clone(), schedule, token_pos, programs)

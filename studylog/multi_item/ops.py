@@ -35,12 +35,15 @@ from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, schedule
 HEIGHTS = GPU_BLOCK_MS if runtime.mode() == "gpu" else (INTERPRETER_BLOCKS[0],)
 
 
-def layout(batch: MultiItemBatch, q: Tensor, rule: str = DEFAULT_RULE) -> tuple[Tensor, Tensor, list[int]]:
-    """The operator's layout arguments for ``batch`` and ``q``: (program table, token positions, programs)."""
+def layout(batch: MultiItemBatch, q: Tensor, rule: str = DEFAULT_RULE,
+           kv_heads: Optional[int] = None) -> tuple[Tensor, Tensor, list[int]]:
+    """The operator's layout arguments for ``batch`` and ``q``: (program table, token positions, programs);
+    ``kv_heads``, the heads of ``k`` and ``v`` where fewer than ``q``'s, sizes step 5's head groups as it does."""
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
-    table, programs = schedule_table(batch, q.shape[0], DEFAULT_ORDER, HEIGHTS, 2 * q.shape[-1] * q.element_size(),
-                                     check_rule(rule))
+    group = q.shape[0] // (kv_heads or q.shape[0])
+    table, programs = schedule_table(batch, q.shape[0], DEFAULT_ORDER, HEIGHTS,
+                                     2 * q.shape[-1] * q.element_size() // max(group, 1), check_rule(rule))
     return table, batch.token_pos, [programs.get(h, 0) for h in SCHEDULE_BLOCK_MS]
 
 
@@ -49,9 +52,11 @@ def _check(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Tensor,
     """Metadata checks only (the tables' values are the layout's, planned and checked on the host)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, dtype=SUPPORTED_DTYPES, ndim=3, like=q, last_dim_contiguous=True)
-    if k.shape != q.shape or v.shape != q.shape or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k and v must have one shape and dtype, got {tuple(q.shape)} {q.dtype}, "
-                         f"{tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}")
+    if k.shape != v.shape or k.shape[1:] != q.shape[1:] or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must have one shape (k and v may have fewer heads) and dtype, got "
+                         f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}")
+    if k.shape[0] < 1 or q.shape[0] % k.shape[0]:
+        raise ValueError(f"q's heads ({q.shape[0]}) must be a multiple of k's and v's heads ({k.shape[0]})")
     if q.shape[2] not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[2]}")
     check_tensor("schedule", schedule, dtype=torch.int32, shape=(len(SCHEDULE_BLOCK_MS), None, 8), contiguous=True,
@@ -84,7 +89,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Ten
     counts = torch.empty(1, dtype=torch.int32, device=q.device)  # never written: COUNT_TILES is off
     args = (q, k, v, out, schedule, int(schedule.stride(0)), token_pos, int(token_pos.stride(0)), counts, 0,
             *(int(s) for s in strides(q, k, v, out)), sm_scale * LOG2E, size_bucket(tokens))
-    constexprs = {"HEAD_DIM": head_dim, "KV_GROUP": 1, "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+    constexprs = {"HEAD_DIM": head_dim, "KV_GROUP": q.shape[0] // k.shape[0],
+                  "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
                   "SKIP_DELIMITER": ITEM_KEYS_FROM[rule], "COUNT_TILES": False}
     if runtime.mode() != "gpu":
         block_m, block_n = INTERPRETER_BLOCKS

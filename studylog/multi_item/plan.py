@@ -14,7 +14,8 @@ step once per batch capacity and replays it over whatever requests arrive; :clas
 * :meth:`MultiItemPlan.run` launches the kernel with nothing else on the host: no check of the layout (done
   once in ``set_layout``), no autotuner.
 
-The caller keeps ``q``, ``k``, ``v`` and ``out`` of the capacity's shape, ``[heads, max_tokens, head_dim]``,
+The caller keeps ``q`` and ``out`` of the capacity's shape, ``[heads, max_tokens, head_dim]`` (``k`` and ``v``
+``[kv_heads, max_tokens, head_dim]``, fewer heads under grouped-query attention),
 writes a batch's tokens into their first ``batch.total_tokens`` positions, and reads the output there; the
 positions past them are neither read for any row nor written.
 """
@@ -56,7 +57,7 @@ class MultiItemPlan:
     def __init__(self, *, heads: int, head_dim: int, dtype: torch.dtype, max_tokens: int, max_prompts: int,
                  max_width: int | None = None, config: str | None = None, rule: str = DEFAULT_RULE,
                  order: str = DEFAULT_ORDER, sm_scale: float | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, kv_heads: int | None = None):
         check_rule(rule)
         if order not in SCHEDULE_ORDERS:
             raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
@@ -65,9 +66,14 @@ class MultiItemPlan:
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
         for name, value in (("heads", heads), ("max_tokens", max_tokens), ("max_prompts", max_prompts),
-                            ("max_width", max_tokens if max_width is None else max_width)):
+                            ("max_width", max_tokens if max_width is None else max_width),
+                            ("kv_heads", heads if kv_heads is None else kv_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.kv_heads = heads if kv_heads is None else kv_heads
+        if heads % self.kv_heads:
+            raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({self.kv_heads}): each key/value head "
+                             "serves a group of query heads")
         self.heads, self.head_dim, self.dtype = heads, head_dim, dtype
         self.max_tokens, self.max_prompts = max_tokens, max_prompts
         self.max_width = max_tokens if max_width is None else max_width
@@ -117,7 +123,8 @@ class MultiItemPlan:
         self.batch = batch
         if self._table is None:  # the config is picked on the first run; the table is sized then
             return
-        kv_bytes = 2 * self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+        # the keys and values one query head reads, per token: a group of query heads shares them
+        kv_bytes = 2 * self.head_dim * torch.empty(0, dtype=self.dtype).element_size() * self.kv_heads // self.heads
         table, programs = schedule_table(batch, self.heads, self.order, (self.block_m,), kv_bytes, self.rule)
         n = programs[self.block_m]
         row = table[SCHEDULE_BLOCK_MS.index(self.block_m), :n]
@@ -128,14 +135,15 @@ class MultiItemPlan:
 
     # -- the launch ------------------------------------------------------------------------------
     def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor:
-        """Attention over the layout last set, into ``out``; ``q``, ``k``, ``v``, ``out``:
-        ``[heads, max_tokens, head_dim]`` of the plan's dtype, unit stride on ``head_dim``. Capturable once
-        the config is pinned (after the first run, or a ``config`` given)."""
+        """Attention over the layout last set, into ``out``; ``q``, ``out``: ``[heads, max_tokens, head_dim]``,
+        ``k``, ``v``: ``[kv_heads, max_tokens, head_dim]``, of the plan's dtype, unit stride on ``head_dim``.
+        Capturable once the config is pinned (after the first run, or a ``config`` given)."""
         if self.batch is None:
             raise RuntimeError("set_layout(batch) before run")
-        shape = (self.heads, self.max_tokens, self.head_dim)
         for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):  # the plan's capacity, dtype and device
-            check_out(name, x, shape=shape, dtype=self.dtype, device=self.device, contiguous=False)
+            heads = self.kv_heads if name in ("k", "v") else self.heads
+            check_out(name, x, shape=(heads, self.max_tokens, self.head_dim), dtype=self.dtype, device=self.device,
+                      contiguous=False)
         if self._table is None:  # GPU, no config given: an autotuned eager call picks it, then pin it
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("the plan's config is picked by its first run, which cannot be captured: run "
@@ -150,7 +158,8 @@ class MultiItemPlan:
         kernel[(self.programs,)](
             q, k, v, out, self._table, 0, self._pos, self._pos.stride(0), no_counts(q.device), 0,
             *strides(q, k, v, out), self.sm_scale * LOG2E, 0,
-            HEAD_DIM=self.head_dim, KV_GROUP=1, DOT_PRECISION="ieee" if self.dtype == torch.float32 else "tf32",
+            HEAD_DIM=self.head_dim, KV_GROUP=self.heads // self.kv_heads,
+            DOT_PRECISION="ieee" if self.dtype == torch.float32 else "tf32",
             SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False,
             BLOCK_M=self.block_m, BLOCK_N=self.block_n, **extra)
         return out

@@ -364,7 +364,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
             run.record(DO_BENCH[step.number], ms, params=params, role="kernel", clock="do_bench", config=config)
         del out
     cfg5 = configs[5]
-    if not quick and not gqa:  # the variants of step 5 (MultiItemPlan takes as many key/value heads as queries)
+    if not quick and not gqa:  # step 5's variants (orders, rule, MultiItemPlan): timed with a KV head per query head
         # step 5's other program orders: same kernel, same tiles, only the order the GPU starts programs in
         for order in SCHEDULE_ORDERS[1:]:
             check(series_label(order_series(order)), STEP05.function(q, k, v, batch, sm_scale=sm_scale, order=order,
