@@ -126,6 +126,25 @@ def few_ids_kernel(
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
+def gathered_dot(h_ptr, w_ptr, rows, live, offs_b, in_b, stride_hb, stride_wv, D: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """[BLOCK_B, BLOCK_V] fp32 products of the hidden states ``offs_b`` with the weight rows ``rows`` (those
+    not ``live`` read as zeros), D walked in chunks of BLOCK_D: step 7's tile, and the plan's."""
+    offs_d = tl.arange(0, BLOCK_D)
+    h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_d[None, :]
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d[None, :]
+    acc = tl.zeros((BLOCK_B, BLOCK_V), dtype=tl.float32)
+    for k in range(0, tl.cdiv(D, BLOCK_D)):
+        d_left = D - k * BLOCK_D
+        h = tl.load(h_ptrs, mask=in_b[:, None] & (offs_d[None, :] < d_left), other=0.0)
+        w = tl.load(w_ptrs, mask=live[:, None] & (offs_d[None, :] < d_left), other=0.0)
+        acc = tl.dot(h.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc)
+        h_ptrs += BLOCK_D
+        w_ptrs += BLOCK_D
+    return acc
+
+
+@triton.jit
 def batched_union_kernel(
     h_ptr, w_ptr, out_ptr, allowed_ptr, union_ptr, n_union, B, V, n_compute,
     stride_hb, stride_wv, stride_ob, stride_allowed_b,
@@ -142,17 +161,8 @@ def batched_union_kernel(
         rows = tl.load(union_ptr + slots, mask=live, other=0)
         offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
         in_b = offs_b < B
-        offs_d = tl.arange(0, BLOCK_D)
-        h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_d[None, :]
-        w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d[None, :]
-        acc = tl.zeros((BLOCK_B, BLOCK_V), dtype=tl.float32)
-        for k in range(0, tl.cdiv(D, BLOCK_D)):
-            d_left = D - k * BLOCK_D
-            h = tl.load(h_ptrs, mask=in_b[:, None] & (offs_d[None, :] < d_left), other=0.0)
-            w = tl.load(w_ptrs, mask=live[:, None] & (offs_d[None, :] < d_left), other=0.0)
-            acc = tl.dot(h.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc)
-            h_ptrs += BLOCK_D
-            w_ptrs += BLOCK_D
+        acc = gathered_dot(h_ptr, w_ptr, rows, live, offs_b, in_b, stride_hb, stride_wv, D, BLOCK_B, BLOCK_V, BLOCK_D,
+                           DOT_DTYPE)
         tile = in_b[:, None] & live[None, :]
         allowed = tl.load(allowed_ptr + offs_b[:, None] * stride_allowed_b + rows[None, :], mask=tile, other=0)
         tl.store(out_ptr + offs_b[:, None] * stride_ob + rows[None, :], acc, mask=tile & (allowed != 0))

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from studylog import runtime
 from studylog.checks import check_tensor
-from studylog.masked_lm_head.compact import EVICTION
+from studylog.masked_lm_head.compact import EVICTION, gathered_dot
 from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.dispatch import DispatchRule, choose_path, dense_logits, dispatch_rule
 from studylog.masked_lm_head.formats import (WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, pack_bitmask,
@@ -140,17 +140,8 @@ def batched_count_kernel(
             live = slots < n_union
             offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
             in_b = offs_b < B
-            offs_d = tl.arange(0, BLOCK_D)
-            h_ptrs = h_ptr + offs_b[:, None] * stride_hb + offs_d[None, :]
-            w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d[None, :]
-            acc = tl.zeros((BLOCK_B, BLOCK_V), dtype=tl.float32)
-            for k in range(0, tl.cdiv(D, BLOCK_D)):
-                d_left = D - k * BLOCK_D
-                h = tl.load(h_ptrs, mask=in_b[:, None] & (offs_d[None, :] < d_left), other=0.0)
-                w = tl.load(w_ptrs, mask=live[:, None] & (offs_d[None, :] < d_left), other=0.0)
-                acc = tl.dot(h.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc)
-                h_ptrs += BLOCK_D
-                w_ptrs += BLOCK_D
+            acc = gathered_dot(h_ptr, w_ptr, rows, live, offs_b, in_b, stride_hb, stride_wv, D, BLOCK_B, BLOCK_V,
+                               BLOCK_D, DOT_DTYPE)
             tile = in_b[:, None] & live[None, :]
             word = tl.load(bitmask_ptr + offs_b[:, None] * stride_bm + rows[None, :] // 32, mask=tile, other=0)
             keep = (word >> (rows[None, :] % 32)) & 1
