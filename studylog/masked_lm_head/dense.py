@@ -42,6 +42,24 @@ def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 
 
 @triton.jit
+def tile_offsets(pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The rows, columns and first K offsets of output tile (pid_m, pid_n), and which of its outputs exist."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    return offs_m, offs_n, offs_k, c_mask
+
+
+@triton.jit
+def store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask):
+    """The tile's logits where its mask allows them, ``-inf`` elsewhere (steps 1-3 and 8)."""
+    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
+    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
+    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+
+
+@triton.jit
 def dense_matmul_kernel(
     a_ptr, b_ptr, c_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -83,10 +101,7 @@ def block_skip_kernel(
 ):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_m, offs_n, offs_k, c_mask = tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
     if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
@@ -105,9 +120,7 @@ def block_skip_kernel(
         b_ptrs += BLOCK_K * stride_bk
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
-    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
-    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+    store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,10 +136,7 @@ def column_skip_kernel(
 ):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_m, offs_n, offs_k, c_mask = tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
     if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
@@ -147,9 +157,7 @@ def column_skip_kernel(
         b_ptrs += BLOCK_K * stride_bk
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
-    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
-    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+    store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,10 +173,7 @@ def row_skip_kernel(
 ):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_m, offs_n, offs_k, c_mask = tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
     if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
@@ -189,9 +194,7 @@ def row_skip_kernel(
         b_ptrs += BLOCK_K
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
-    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
-    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+    store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
 

@@ -16,7 +16,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
-from studylog.masked_lm_head.dense import grouped_tile
+from studylog.masked_lm_head.dense import grouped_tile, store_allowed, tile_offsets
 from studylog.masked_lm_head.formats import AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype, output
 
 # --------------------------------------------------------------------------------------------
@@ -33,10 +33,7 @@ def reordered_rows_kernel(
 ):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_m, offs_n, offs_k, c_mask = tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
     if tl.sum(allowed.to(tl.int32)) == 0:  # nothing allowed in this block: no loads, no math
         tokens = tl.load(perm_ptr + offs_n, mask=offs_n < N, other=0)  # original id of each reordered row
@@ -59,9 +56,7 @@ def reordered_rows_kernel(
 
     tokens = tl.load(perm_ptr + offs_n, mask=offs_n < N, other=0)  # original id of each reordered row
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + tokens[None, :]
-    # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
-    allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
-    tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)
+    store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
 # --------------------------------------------------------------------------------------------
