@@ -18,9 +18,9 @@ from typing import Any
 
 from book.common import PENDING, fmt, us
 from studylog.masked_lm_head import CHAPTER
-from studylog.masked_lm_head.benchmark import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
+from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
-from studylog.masked_lm_head.report import byte_floor_ms
+from studylog.masked_lm_head.results import byte_floor_ms
 
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "byte_floor_ms", "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",

@@ -1,17 +1,41 @@
-"""The chapter's headline and byte floor, from the committed JSON (the benchmark itself is :mod:`.benchmark`; the
-figures and the lesson's tables are the book's: ``book.masked_lm_head``). Series names come from ``CHAPTER`` (steps
-``stepNN``, and the other series it lists).
+"""The chapter's benchmark (``python -m studylog bench masked_lm_head``): every series on the GPU clock
+(``run.measure``: CUDA-graph replay, repeated), the public entry points' host time per call beside it, and the
+practitioners' path (cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer.
 
-A results file timed by do_bench (the first run, kept in ``lab/``: no peer, no host time) still gives the headline
-rows it holds.
+The sweep is cut to what the figures, the dispatch rule and the targets read (:func:`cases` lists it; a CPU
+test runs it at toy sizes with a stub harness). Series names come from ``CHAPTER``.
 """
 
 from __future__ import annotations
 
-from studylog.masked_lm_head.benchmark import PLAN, XGRAMMAR
-from studylog.masked_lm_head.formats import HIDDEN, VOCAB
+import math
+from typing import Any, Callable, Sequence
 
-__all__ = ["headline", "byte_floor_ms"]
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog.masked_lm_head.compact import step04_compact, step05_stream, step06_few_ids, step07_batched
+from studylog.masked_lm_head.dense import step00_dense, step01_block_skip, step02_column_skip, step03_row_skip
+from studylog.masked_lm_head.dispatch import choose_path, crossover_points, cublas_masked, dense_logits, \
+    dispatch_rule, step09_dispatch
+from studylog.masked_lm_head.formats import HIDDEN, VOCAB, AllowedTokens, default_tiles, fp32_gamma, pack_bitmask
+from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, \
+    structured_sets
+from studylog.masked_lm_head.plan import MaskedHeadPlan
+from studylog.masked_lm_head.reorder import ReorderedHead, VocabOrder, active_blocks, cluster_order, \
+    step08_reordered
+
+#: Step 8 measured with a vocabulary order fitted on every mask, the measured one included (the best case).
+IN_SAMPLE = "reordered_in_sample"
+#: Ours, whole decode step from the packed bitmask: copy in, union built on the device, dispatch.
+PLAN = "plan_bitmask"
+#: The practitioners' path: the bitmask copied in, cuBLAS fp32 logits, xgrammar's apply_token_bitmask_inplace.
+XGRAMMAR = "xgrammar_bitmask"
+#: The same with bf16 logits (the cheapest form of that path; not our output contract).
+XGRAMMAR_BF16 = "xgrammar_bitmask_bf16"
+#: Batch sizes of the full run: 4 is in the dispatch's branch for batches 2-7.
+BATCHES = (1, 4, 8, 64, 256)
 
 
 def _chapter():
@@ -21,38 +45,317 @@ def _chapter():
 
 
 def _s(number: int) -> str:
-    """Step ``number``'s series in the benchmark JSON."""
     return _chapter().step(number).series
 
 
-def byte_floor_ms(results, batch: int, union: int) -> float:
-    """The time to move a call's bytes at the run's copy bandwidth: ``union`` rows of the bf16 ``[V, D]`` weight
-    read, the fp32 ``[batch, V]`` output written."""
-    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
-    return (union * HIDDEN * 2 + batch * VOCAB * 4) / bandwidth * 1e3
+def sweep_counts(vocab: int, points: int = 12, quick: bool = False) -> list[int]:
+    """Allowed counts on a log scale from 1 to ``vocab``, plus the targets' 1,000 and 10,000 (the
+    sweep of the earlier, do_bench runs; :func:`cases` picks fewer)."""
+    if quick:
+        return [1, 1000, 10_000, vocab]
+    grid = {int(round(x)) for x in np.logspace(0, math.log10(vocab), points)}
+    return sorted(grid | {1000, 10_000, vocab})
 
 
-def headline(results) -> list[dict]:
-    """The book's headline rows (``plotting.headline_row``: both times, their spread, host time): step 9
-    against torch at batch 1, and the whole step from the bitmask against xgrammar's path at batch 1 and 64
-    (random masks). A file without a series (an older run) gives the rows it can."""
-    from studylog.plotting import headline_row
+def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = BATCHES) -> list[tuple[int, str, int]]:
+    """(batch, mask kind, allowed per sequence) of one run. Batch 1 sweeps random masks from 1 to V (the
+    speedup and floor figures, the targets at 1,000 and 10,000) and a few counts of the other kinds; batches
+    above 1 take counts around the batched targets (0.1% of V per row, and 1,000 / 10,000)."""
+    def cap(counts):
+        return sorted({min(c, vocab) for c in counts})
 
-    label = _chapter().label
-    plan_label = "MaskedHeadPlan (step 9 from the packed bitmask)"
-    peer_label = "xgrammar: cuBLAS logits + apply_token_bitmask_inplace"
-    cases = [(_s(9), "dense_mask", 1, 1000, "batch 1, 1,000 of 128,256 tokens allowed", None, "torch dense_mask"),
-             (_s(9), "index_select", 1, 10_000, "batch 1, 10,000 allowed", None, "torch index_select"),
-             (PLAN, XGRAMMAR, 1, 1000, "whole step from the bitmask, batch 1, 1,000 allowed", plan_label, peer_label),
-             (PLAN, XGRAMMAR, 64, 100, "whole step from the bitmask, batch 64, 100 allowed per sequence", plan_label,
-              peer_label),
-             (_s(9), "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (own masks)", None,
-              "torch dense_mask")]
-    rows = []
-    for kernel, baseline, batch, allowed, case, k_label, b_label in cases:
-        try:
-            rows.append(headline_row(results, kernel, baseline, case, kernel_label=k_label or label(kernel),
-                                     baseline_label=b_label, batch=batch, kind="random", allowed=allowed))
-        except (KeyError, ValueError):
-            continue  # not measured in this file (or on another clock)
-    return rows
+    if quick:
+        out = [(1, "random", c) for c in cap([1, 1000, 10_000])]
+        return out + [(b, "random", 100) for b in batches if b == 64]
+    plan = {1: {"random": [1, 8, 100, 1000, 10_000, 40_000, vocab], "clustered": [100, 1000, 10_000],
+                third_kind: [8, 100, 1000, 10_000]},
+            4: {"random": [10, 1000, 10_000]},
+            8: {"random": [10, 1000, 10_000], third_kind: [1000]},
+            64: {"random": [10, 100, 1000, 10_000], third_kind: [100, 1000]},
+            256: {"random": [10, 100, 1000], third_kind: [100]}}
+    return [(b, kind, c) for b in batches for kind, counts in plan.get(b, {"random": [10, 1000]}).items()
+            for c in cap(counts)]
+
+
+def _pick_structured(sets: list[np.ndarray], target: int, batch: int, gen: np.random.Generator) -> list[int] | None:
+    """Indices of ``batch`` sets whose size is within a factor 2 of ``target`` (None if none is)."""
+    sizes = np.array([s.size for s in sets])
+    near = np.flatnonzero((sizes >= target / 2) & (sizes <= target * 2) & (sizes > 0))
+    if near.size == 0:
+        return None
+    if batch == 1:
+        return [int(near[np.argmin(np.abs(np.log(sizes[near] / target)))])]
+    return [int(i) for i in gen.choice(near, size=batch, replace=True)]
+
+
+def _xgrammar():
+    """xgrammar's ``apply_token_bitmask_inplace``, or the reason it is missing."""
+    try:
+        import xgrammar
+    except Exception as exc:  # ImportError, or a broken install: the peer is optional
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        from importlib.metadata import version
+
+        found = version("xgrammar")
+    except Exception:
+        found = getattr(xgrammar, "__version__", "unknown")
+    return xgrammar.apply_token_bitmask_inplace, found
+
+
+def bench(run) -> None:  # run: studylog.bench.BenchRun
+    """The chapter's sweep at the size of the post's head (V = 128,256, D = 3,072, bf16), batches 1, 4, 8, 64 and 256."""
+    run_sweep(run, vocab=VOCAB, hidden=HIDDEN, device="cuda", batches=BATCHES)
+
+
+def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[int],
+              structured: StructuredSets | None = None, only: Sequence[tuple[int, str, int]] | None = None,
+              peer: Callable | None = None) -> None:
+    """The benchmark body, with the sizes as arguments (a CPU test runs it at toy sizes with a stub harness,
+    to catch mistakes before GPU time is spent). ``only`` replaces :func:`cases`; ``peer`` replaces xgrammar's
+    ``apply_token_bitmask_inplace`` (the CPU test passes the CPU one)."""
+    S = {n: _s(n) for n in range(10)}
+    dtype = torch.bfloat16
+    dev = torch.device(device)
+    gen = np.random.default_rng(1234)
+    torch.manual_seed(1234)
+    weight = (torch.randn(vocab, hidden, device=dev) * 0.02).to(dtype)  # PyTorch layout [V, D]
+    weight_dv = weight.t().contiguous()  # the post's layout [D, V]
+    row_bytes = hidden * weight.element_size()
+
+    data = structured if structured is not None else structured_sets(vocab)
+    third_kind = "real" if data.is_real else "grammar"
+    orders, fold = cross_fit_orders(data, vocab)
+    in_sample = cluster_order(data.sets, vocab)
+    heads = [ReorderedHead.build(weight, VocabOrder(o.perm.to(dev))) for o in orders]
+    head_in_sample = ReorderedHead.build(weight, VocabOrder(in_sample.perm.to(dev)))
+    rule = dispatch_rule()
+    apply_bitmask, peer_version = (peer, "given") if peer is not None else _xgrammar()
+
+    run.note(f"weights: V={vocab}, D={hidden}, {dtype}; third mask kind {third_kind!r}: {data.source}, "
+             f"{len(set(data.groups))} grammars. {S[8]} uses a vocabulary order fitted on the other half of the "
+             "grammars (two-fold cross-fitting, a schema and its [compact] variant together); "
+             f"{IN_SAMPLE} is {S[8]} with an order fitted on every mask, the measured mask included.")
+    run.note("Clock: every series is GPU time (CUDA-graph replay, three repetitions, min/median/max kept); "
+             "host_ms is the host time per call of the public entry point, called back to back with a "
+             "preallocated out. The steps take their allowed sets precomputed per FSM state (AllowedTokens); "
+             f"{PLAN} and {XGRAMMAR} time the whole step from the packed int32 bitmask in pinned host memory.")
+    run.note("Baselines get their cheapest form: dense_mask = (h @ W.T).masked_fill_(~mask, -inf) in bf16 "
+             "(our kernels write fp32); index_select = h @ W.index_select(0, union_ids).T, without scattering "
+             "into a [B, V] output; cublas_fp32_mask = torch.mm with fp32 output, then masked_fill. "
+             "floor_ms = max((allowed-row bytes + the [B, V] fp32 output's bytes) / copy bandwidth, empty launch).")
+    run.note(f"Practitioners' path ({XGRAMMAR}, what vLLM and SGLang do with xgrammar): the grammar engine's packed "
+             "bitmask [B, ceil(V/32)] int32 is in pinned host memory; the step copies it to the GPU "
+             "(non_blocking), computes all logits with cuBLAS (fp32 output, our contract) and applies "
+             "xgrammar.apply_token_bitmask_inplace (its default GPU backend, a Triton kernel), which writes -inf "
+             f"where a bit is 0, as ours does. {XGRAMMAR_BF16}: the same with bf16 logits (cheaper to write, not "
+             f"our contract). {PLAN}: the same copy, then MaskedHeadPlan builds the union's ids and count on the "
+             "device and runs the bucket's kernels.")
+    if apply_bitmask is None:
+        run.note(f"xgrammar is not installed here ({peer_version}): {XGRAMMAR} not measured.")
+    else:
+        run.note(f"xgrammar {peer_version}")
+    run.note(f"{S[9]} dispatches by the rule {rule.source}: compacted up to {dict(rule.compact_max_fraction)} "
+             f"of V by batch, dense path {dict(rule.dense_path)}, {S[6]} up to {rule.few_max} ids.")
+
+    w64 = weight.double()
+    reference: dict[int, tuple[Tensor, Tensor]] = {}  # batch -> (float64 logits, sum |h_i w_i|) of the current h
+    row_paths = {S[4], S[5], S[6]}
+
+    def set_reference(h: Tensor) -> None:
+        reference.clear()
+        reference[h.shape[0]] = (h.double() @ w64.t(), h.double().abs() @ w64.abs().t())
+
+    def check(series: str, out: Tensor, h: Tensor, allowed: AllowedTokens, params: dict,
+              summation: str | None = None) -> None:
+        """Against float64, within the fp32 bound of the path's summation (:func:`error_bound`)."""
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        summation = summation or ("row" if series in row_paths else "dot")
+        ref, scale = reference[h.shape[0]]
+        bound = fp32_gamma(hidden, summation) * scale + 1e-30
+        mask = allowed.mask
+        got = out.double()
+        err = (got - ref).abs()[mask]
+        res = {"nan": int(torch.isnan(got).sum()), "not_minus_inf": int((got[~mask] != float("-inf")).sum()),
+               "over_bound": int((err > bound[mask]).sum())}
+        run.check(series, all(v == 0 for v in res.values()), params=params | {"series": series},
+                  summation=summation, max_abs_err=float(err.max()) if err.numel() else 0.0,
+                  max_err_over_bound=float((err / bound[mask]).max()) if err.numel() else 0.0, **res)
+
+    def measure(series: str, call: Callable[[], Any], params: dict, *, role: str = "kernel",
+                host: Callable[[], Any] | None = None, floor: float | None = None, long: bool = False, **extra):
+        """GPU time of ``call`` (graph-replayed; ``long``: a call of 100 µs or more, fewer calls per graph),
+        and the host time per call of ``host`` (the public entry point), recorded together."""
+        timing = run.gpu_time(lambda: [call], min_calls=20 if long else 60, reps=10 if long else 15)
+        host_timing = run.host_time(host) if host is not None else None
+        run.record(series, timing, params=params, role=role, floor_ms=floor, host=host_timing, **extra)
+
+    def ours(series: str, fn: Callable[[Tensor | None], Tensor], h: Tensor, allowed: AllowedTokens, params: dict,
+             summation: str | None = None, **kw) -> None:
+        """One of our steps: checked on a poisoned output, then timed writing into a preallocated one."""
+        check(series, fn(torch.full((h.shape[0], vocab), float("nan"), device=dev)), h, allowed, params, summation)
+        out = torch.empty(h.shape[0], vocab, device=dev)
+        measure(series, lambda: fn(out), params, host=lambda: fn(out), **kw)
+
+    todo = list(only) if only is not None else cases(vocab, quick=run.quick, third_kind=third_kind,
+                                                      batches=batches)
+    plans: dict[int, MaskedHeadPlan] = {}
+    picked: list[int] = []  # indices into data.sets of the structured sets in use
+
+    def sets_for(kind: str, count: int, batch: int) -> list[np.ndarray] | None:
+        if kind == "random":
+            return random_sets(count, vocab, batch, gen)
+        if kind == "clustered":
+            return clustered_sets(count, vocab, batch, gen)
+        chosen = _pick_structured(data.sets, count, batch, gen)
+        picked[:] = chosen or []
+        return None if chosen is None else [data.sets[i] for i in chosen]
+
+    for batch in sorted({b for b, _, _ in todo}):
+        h = torch.randn(batch, hidden, device=dev).to(dtype)
+        set_reference(h)
+        plan = plans.setdefault(batch, MaskedHeadPlan(weight, batch, rule=rule))
+        plan.h.copy_(h)
+        logits = torch.empty(batch, vocab, device=dev)
+        logits_bf16 = torch.empty(batch, vocab, device=dev, dtype=dtype)
+        peer_bitmask = torch.zeros_like(plan.bitmask)
+        for _, kind, count in run.progress([c for c in todo if c[0] == batch], f"batch {batch}"):
+            sets = sets_for(kind, count, batch)
+            if sets is None:
+                continue
+            allowed = AllowedTokens.from_ids(sets, vocab, device=dev)
+            host_bitmask = pack_bitmask(allowed.mask.cpu())
+            if dev.type == "cuda":
+                host_bitmask = host_bitmask.pin_memory()
+            n_union = allowed.union_count
+            params = {"batch": batch, "kind": kind, "allowed": count}
+            extra = {"allowed_actual": float(np.mean(allowed.counts)), "union": n_union}
+            # the bytes, or an empty kernel's GPU time (both on the GPU clock, as the rows are)
+            floor = max(run.floor_ms(n_union * row_bytes + batch * vocab * 4), run.empty_launch_gpu.median)
+            vd = params | {"layout": "vd"}
+            long_dense = True
+            first = kind == "random"
+
+            # torch baselines
+            disallowed, union = allowed.disallowed, allowed.union_ids
+            measure("dense_mask", lambda: torch.matmul(h, weight.t()).masked_fill_(disallowed, float("-inf")),
+                    params, role="baseline", long=long_dense, **extra)
+            measure("index_select", lambda: torch.matmul(h, weight.index_select(0, union).t()), params,
+                    role="baseline", long=n_union > 20_000, **extra)
+            ours("cublas_fp32_mask", lambda out: cublas_masked(h, weight, allowed, out=out), h, allowed, vd,
+                 floor=floor, long=True, **extra)
+
+            # the steps
+            if batch == 1 and first and count in (1000, 10_000):
+                ours(S[0], lambda out: step00_dense(h, weight, allowed, out=out), h, allowed, vd, long=True, **extra)
+            if batch == 1 and kind != third_kind:
+                ours(S[1], lambda out: step01_block_skip(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
+                     long=True, **extra)
+            if batch == 1 and first and count >= 100:
+                ours(S[2], lambda out: step02_column_skip(h, weight, allowed, out=out), h, allowed, vd,
+                     floor=floor, long=True, **extra)
+            if batch == 1 or (first and count in (1000, 10_000)):
+                ours(S[3], lambda out: step03_row_skip(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
+                     long=True, **extra)
+            if batch == 1:
+                if first:
+                    ours(S[4], lambda out: step04_compact(h, weight, allowed, out=out), h, allowed, vd,
+                         floor=floor, **extra)
+                ours(S[5], lambda out: step05_stream(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
+                     **extra)
+                if allowed.few_ids is not None:
+                    ours(S[6], lambda out: step06_few_ids(h, weight, allowed, out=out), h, allowed, vd,
+                         floor=floor, **extra)
+            else:
+                ours(S[7], lambda out: step07_batched(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
+                     **extra)
+            path = choose_path(batch, vocab, n_union, rule)
+            ours(S[9], lambda out: step09_dispatch(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
+                 summation="row" if path in ("few_ids", "stream") else "dot", path=path, **extra)
+            if batch == 1 and first and count in (1000, 10_000):  # the post's [D, V] layout
+                dv = params | {"layout": "dv"}
+                for number, fn in ((1, step01_block_skip), (2, step02_column_skip)):
+                    ours(S[number], lambda out, fn=fn: fn(h, weight_dv, allowed, layout="dv", out=out), h, allowed,
+                         dv, floor=floor, long=True, **extra)
+            if kind == third_kind and batch == 1:  # step 8: the same set on a reordered vocabulary
+                block = default_tiles(8, batch).block_v
+                held_out = orders[1 - fold[picked[0]]]  # fitted on the other fold's grammars
+                head = heads[1 - fold[picked[0]]]
+                allowed8 = allowed.permuted(head.order)
+                ours(S[8], lambda out: step08_reordered(h, head, allowed8, out=out), h, allowed, vd, floor=floor,
+                     long=True, **extra, grammar=data.groups[picked[0]],
+                     active_blocks=active_blocks(sets[0], block, held_out),
+                     active_blocks_original=active_blocks(sets[0], block))
+                allowed8i = allowed.permuted(head_in_sample.order)
+                ours(IN_SAMPLE, lambda out: step08_reordered(h, head_in_sample, allowed8i, out=out), h, allowed, vd,
+                     floor=floor, long=True, **extra, grammar=data.groups[picked[0]],
+                     active_blocks=active_blocks(sets[0], block, in_sample),
+                     active_blocks_original=active_blocks(sets[0], block))
+
+            # the whole step from the packed bitmask: ours (the plan) and the practitioners' path
+            def plan_step():
+                plan.bitmask.copy_(host_bitmask, non_blocking=True)
+                return plan.launch(n_union)
+
+            plan.out.fill_(float("nan"))
+            bucket = plan.bucket(n_union)
+            check(PLAN, plan_step(), h, allowed, vd, "row" if bucket[0] == "stream" else "dot")
+            measure(PLAN, plan_step, vd, floor=floor, long=bucket[0] == "dense",
+                    host=lambda: (plan.bitmask.copy_(host_bitmask, non_blocking=True), plan.step(n_union)),
+                    bucket=f"{bucket[0]} {bucket[1]}", **extra)
+            if apply_bitmask is not None:
+                def xgrammar_step(out=logits):
+                    peer_bitmask.copy_(host_bitmask, non_blocking=True)
+                    if out.dtype == torch.float32:
+                        dense_logits(h, weight, out)
+                    else:
+                        torch.matmul(h, weight.t(), out=out)
+                    apply_bitmask(out, peer_bitmask)
+                    return out
+
+                logits.fill_(float("nan"))
+                check(XGRAMMAR, xgrammar_step(), h, allowed, params)
+                run.check(f"{XGRAMMAR} and {PLAN} agree", _same_masked(logits, plan.out), params=params)
+                measure(XGRAMMAR, xgrammar_step, params, role="peer", long=True, host=xgrammar_step, **extra)
+                if first and (batch, count) in ((1, 1000), (64, 100), (256, 100)):
+                    measure(XGRAMMAR_BF16, lambda: xgrammar_step(logits_bf16), params, role="peer", long=True,
+                            host=lambda: xgrammar_step(logits_bf16), **extra)
+
+    # where the compacted kernels stop winning: what the next dispatch rule is read from (dispatch.py)
+    for (batch, kind), pts in crossover_points(run.rows).items():
+        lost = [q["union"] for q in pts if q["compact"] > q["dense"]]
+        first_loss = min(lost, default=None)
+        last_win = max((q["union"] for q in pts if q["compact"] <= q["dense"]
+                        and (first_loss is None or q["union"] < first_loss)), default=None)
+        run.note(f"crossover batch={batch} kind={kind}: the compacted kernel is fastest up to union={last_win} and "
+                 f"slower than the best dense path from union={first_loss} (V={vocab})")
+    for text in losses(run.rows):
+        run.note(text)
+
+
+def _same_masked(a: Tensor, b: Tensor) -> bool:
+    """Both outputs ``-inf`` at the same places and finite elsewhere (their values are checked against the
+    float64 reference separately)."""
+    return bool(torch.equal(torch.isneginf(a), torch.isneginf(b)) and torch.isfinite(a[~torch.isneginf(a)]).all()
+                and torch.isfinite(b[~torch.isneginf(b)]).all())
+
+
+def losses(rows: list[dict]) -> list[str]:
+    """Every measured point where a series of ours is slower than a rival, as sentences: step 9 against
+    index_select (which writes only the union's logits, not a [B, V] output), dense_mask and cublas_fp32_mask,
+    and the plan against the practitioners' path."""
+    by_point: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        p = r["params"]
+        if p.get("layout", "vd") != "vd" or "kind" not in p:
+            continue
+        by_point.setdefault((p["batch"], p["kind"], p["allowed"]), {})[r["series"]] = r["ms"]
+    s9 = _s(9)
+    out = []
+    for (batch, kind, allowed), t in sorted(by_point.items()):
+        for mine, rival in ((s9, "index_select"), (s9, "dense_mask"), (s9, "cublas_fp32_mask"), (PLAN, XGRAMMAR)):
+            if mine in t and rival in t and t[mine] > t[rival]:
+                out.append(f"we lose: batch {batch}, {kind} masks, {allowed:,} allowed: {mine} {t[mine] * 1e3:.1f} µs "
+                           f"against {rival} {t[rival] * 1e3:.1f} µs ({t[mine] / t[rival]:.2f}x)")
+    return out
