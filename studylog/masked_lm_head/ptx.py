@@ -31,6 +31,20 @@ def _offline(code: str, *args: str):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _compilable(kernel):
+    """``kernel`` as a JIT function Triton compiles for a GPU target. This process imported the package in
+    interpreter mode, so the ``@triton.jit`` helpers the kernel calls (globals of its module) are interpreter
+    wrappers too: they are made JIT functions again, in this process only (it runs no kernel)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    raw = getattr(kernel, "fn", kernel)
+    for name, value in list(raw.__globals__.items()):
+        if isinstance(value, InterpretedFunction):
+            raw.__globals__[name] = JITFunction(value.fn)
+    return JITFunction(raw)
+
+
 def ptx_loads(cases: Sequence[tuple[int, str, int]]) -> dict[tuple[int, str, int], dict[str, int]]:
     """For each ``(step, layout, batch)`` (steps 0-3), compile the step's kernel for sm_90 with the
     bench's tile sizes and count the global-memory loads in its PTX by width: ``"cp.async 16 B"``
@@ -72,11 +86,10 @@ def _row_load_groups_here(step: int, rows: int) -> list[int]:
 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
 
     kernel = {4: compact_rows_kernel, 5: compact_stream_kernel}[step]
     raw = getattr(kernel, "fn", kernel)
-    fn = JITFunction(raw)
+    fn = _compilable(kernel)
     # the source lines of the statement that loads the weight rows ("w = tl.load(...)", 1-2 lines)
     lines, first = inspect.getsourcelines(raw)
     start = next(i for i, text in enumerate(lines) if text.strip().startswith("w = tl.load("))
@@ -116,10 +129,9 @@ def _loads_here(step: int, layout: str, batch: int) -> dict[str, int]:
 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
 
     kernel = {0: dense_matmul_kernel, 1: block_skip_kernel, 2: column_skip_kernel, 3: row_skip_kernel}[step]
-    fn = JITFunction(getattr(kernel, "fn", kernel))
+    fn = _compilable(kernel)
     t = default_tiles(step, batch)
     types = dict(a_ptr="*bf16", b_ptr="*bf16", c_ptr="*fp32", allowed_ptr="*u8", M="i32", N="i32", K="i32",
                  stride_am="i32", stride_ak="i32", stride_bk="i32", stride_bn="i32", stride_cm="i32",
