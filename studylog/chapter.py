@@ -147,6 +147,7 @@ CHAPTERS: dict[str, str] = {
     "ternary": "studylog.ternary",
     "multi_item": "studylog.multi_item",
     "decode": "studylog.decode",
+    "speculate": "studylog.speculate",
 }
 
 

@@ -206,7 +206,8 @@ def allowed_argmax_kernel(logits_ptr, ids_ptr, steer_ptr, tok_ptr, n, stride_row
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
                 ADD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_POW2: tl.constexpr):
-    """Program ``p``: entries ``p * BLOCK_N ...`` of ``out [N] = W @ a`` for one token, ``W [N, K]`` streamed once in
+    """Program ``(p, m)``: entries ``p * BLOCK_N ...`` of ``out[m] = W @ a[m]`` for token ``m`` (a decode step has one;
+    a verifier of drafted tokens a few, chapter 8), ``W [N, K]`` streamed once in
     ``[BLOCK_N, BLOCK_K]`` tiles (products and sums on the CUDA cores in fp32: with one row, a tensor core would
     idle fifteen sixteenths of its tile). ``a`` is ``x [K]`` as it is, or with a prologue computed on the fly from
     ``x`` (each program recomputes it: a few kilobytes, from L2, against the program's share of the weight):
@@ -216,8 +217,13 @@ def gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, N, K, eps, NORM: tl.constexpr, SW
       :func:`silu_mul_kernel` rounds it.
 
     ``ADD``: the product, rounded to ``out``'s type, is added to ``out`` (the residual stream) in place, the sum
-    rounded as a residual add rounds it. Each program owns its entries, so the in-place add has no race."""
+    rounded as a residual add rounds it. Each program owns its entries, so the in-place add has no race. Every
+    token's program computes exactly what a one-token launch computes (the weight's tiles, re-read from L2 for
+    the others), so a token's result does not depend on how many tokens share the launch."""
     pid = tl.program_id(0)
+    m = tl.program_id(1).to(tl.int64)
+    x_ptr += m * (2 * K if SWIGLU else K)
+    out_ptr += m * N
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     in_n = n < N
     dt = out_ptr.dtype.element_ty
@@ -335,23 +341,24 @@ def gemv_tiles(N: int, K: int) -> dict[str, int]:
 
 def gemv(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, eps: float = 0.0, swiglu: bool = False,
          add_to: Tensor | None = None) -> Tensor:
-    """``prologue(x) @ weight.T`` for one token (``x`` holds one row), in one launch (:func:`gemv_kernel`):
-    ``norm`` (a ``[K]`` weight) puts RMSNorm in front, ``swiglu`` takes ``x [..., 2K]`` and multiplies
-    ``silu(gate) * up`` in front; ``add_to`` (``[..., N]``, one row) gets the product added in place and is
-    returned. What a decode step's layer otherwise does in two launches each (the norm or SwiGLU kernel, then
-    cuBLAS), or three with the residual add."""
+    """``prologue(x) @ weight.T`` for a few tokens (``x [..., K]``: usually one row; a verifier's draft, a few),
+    in one launch (:func:`gemv_kernel`): ``norm`` (a ``[K]`` weight) puts RMSNorm in front, ``swiglu`` takes
+    ``x [..., 2K]`` and multiplies ``silu(gate) * up`` in front; ``add_to`` (``[..., N]``, as many rows) gets the
+    product added in place and is returned. What a decode step's layer otherwise does in two launches each (the
+    norm or SwiGLU kernel, then cuBLAS), or three with the residual add."""
     N, K = weight.shape
     width = 2 * K if swiglu else K
-    if x.numel() != width or x.shape[-1] != width:
-        raise ValueError(f"gemv takes one row of {width} values for a weight of shape {tuple(weight.shape)}"
+    if x.shape[-1] != width or x.numel() == 0:
+        raise ValueError(f"gemv takes rows of {width} values for a weight of shape {tuple(weight.shape)}"
                          f"{' with swiglu' if swiglu else ''}; got x of shape {tuple(x.shape)}")
-    if add_to is not None and (add_to.numel() != N or not add_to.is_contiguous()):
-        raise ValueError(f"add_to must be one contiguous row of {N} values, got shape {tuple(add_to.shape)}")
+    rows = x.numel() // width
+    if add_to is not None and (add_to.numel() != rows * N or not add_to.is_contiguous()):
+        raise ValueError(f"add_to must be {rows} contiguous rows of {N} values, got shape {tuple(add_to.shape)}")
     if not x.is_contiguous():
         raise ValueError("x must be contiguous")
     out = add_to if add_to is not None else x.new_empty(*x.shape[:-1], N)
     tiles = gemv_tiles(N, K)
-    gemv_kernel[(triton.cdiv(N, tiles["BLOCK_N"]),)](
+    gemv_kernel[(triton.cdiv(N, tiles["BLOCK_N"]), rows)](
         x, weight, out, norm if norm is not None else weight, N, K, eps, NORM=norm is not None, SWIGLU=swiglu,
         ADD=add_to is not None, K_POW2=triton.next_power_of_2(K), **tiles)
     return out

@@ -154,10 +154,14 @@ class Decoder:
         self._batch_matcher = None
         self._prepared: dict[int, Grammar] = {}
 
+    #: Whether the body returns every chunk position's hidden state (a verifier of drafts) or the last one's.
+    every_position = False
+
     # -- the body -------------------------------------------------------------------------------------------
     def _body_eager(self, T: int) -> Tensor:
         C = self.max_chunk
-        return self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache)
+        return self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache,
+                          every=self.every_position)
 
     def _graph(self, T: int) -> tuple[Any, Tensor]:
         """The body for chunk length ``T`` captured in a CUDA graph (captured on first use). Its inputs are
@@ -236,7 +240,8 @@ class Decoder:
             toks = torch.zeros(self.batch, T, dtype=torch.int64)
             for b, c in enumerate(chunks):
                 toks[b, :len(c)] = torch.tensor(c)
-            return self.model(toks.to(self.device), self._inp[:, C], self._inp[:, C + 1], self.cache)
+            return self.model(toks.to(self.device), self._inp[:, C], self._inp[:, C + 1], self.cache,
+                              every=self.every_position)
         if self.graphs:
             graph, out = self._graph(next(s for s in self.chunk_sizes if s >= T))
             graph.replay()

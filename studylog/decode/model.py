@@ -184,6 +184,10 @@ class KVCache:
         return self.k.shape[3]
 
 
+#: The most tokens a forward runs on the six-launch layer of matrix-vector products (``gemv=True``).
+GEMV_MAX_TOKENS = 16
+
+
 class LlamaModel(nn.Module):
     """A Llama-style decoder: ``forward`` runs the body on a chunk and returns the final hidden state of
     each sequence's last real token; :meth:`logits` is the dense LM head (fp32 output)."""
@@ -258,9 +262,10 @@ class LlamaModel(nn.Module):
         return torch.device(device or self.device).type == "cuda"
 
     def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache, *,
-                fused: bool | None = None, gemv: bool | None = None) -> Tensor:
+                fused: bool | None = None, gemv: bool | None = None, every: bool = False) -> Tensor:
         """Run the body on ``tokens [B, T]`` at positions ``start[b] + 0..T-1``, writing their keys and values
-        into ``cache``; return the final-normed hidden state of token ``last[b]`` of each sequence, ``[B, D]``.
+        into ``cache``; return the final-normed hidden state of token ``last[b]`` of each sequence, ``[B, D]``,
+        or with ``every`` that of every token, ``[B, T, D]`` (what a verifier of drafted tokens reads).
         ``fused`` picks the fused kernels or torch's operations (default :meth:`uses_fused`); on the fused path,
         ``gemv`` picks the six-launch layer of matrix-vector products (default: for one token, ``B * T == 1``) or,
         with False, the nine-launch one with cuBLAS's products (what the benchmark compares it with).
@@ -273,7 +278,7 @@ class LlamaModel(nn.Module):
                 raise ValueError(f"tokens holds id {lo if lo < 0 else hi}, outside the vocabulary "
                                  f"[0, {self.config.vocab_size})")
         if fused if fused is not None else self.uses_fused(tokens.device):
-            return self._forward_fused(tokens, start, last, cache, gemv)
+            return self._forward_fused(tokens, start, None if every else last, cache, gemv)
         c = self.config
         B, T = tokens.shape
         S = cache.positions
@@ -300,13 +305,14 @@ class LlamaModel(nn.Module):
             h = _rms_norm(x, w.post_norm, c.norm_eps)
             gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w.down)
-        x = x[torch.arange(B, device=tokens.device), last]
+        if not every:
+            x = x[torch.arange(B, device=tokens.device), last]
         return _rms_norm(x, self.norm, c.norm_eps)
 
-    def _forward_fused(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache,
+    def _forward_fused(self, tokens: Tensor, start: Tensor, last: Tensor | None, cache: KVCache,
                        gemv: bool | None = None) -> Tensor:
         """:meth:`forward` on the kernels of :mod:`~studylog.decode.kernels`: six launches per layer for one token
-        (a decode step at batch 1), nine for more."""
+        (a decode step at batch 1), nine for more. ``last`` None: every token's hidden state."""
         c = self.config
         B, T = tokens.shape
         cos_t, sin_t = self._rope_tables(cache.positions)
@@ -314,8 +320,9 @@ class LlamaModel(nn.Module):
         x = F.embedding(tokens, self.embed_tokens)  # [B, T, D], the residual stream
         if gemv is None:
             gemv = B * T == 1
-        elif gemv and B * T != 1:
-            raise ValueError(f"gemv=True runs one token a step, got a batch of {B} x {T} tokens")
+        elif gemv and B * T > GEMV_MAX_TOKENS:
+            raise ValueError(f"gemv=True runs at most {GEMV_MAX_TOKENS} tokens a forward (each re-reads the weights "
+                             f"from L2), got a batch of {B} x {T} tokens")
         if gemv:
             # the norms and SwiGLU run in front of the products that read them, and the residual adds behind
             # the products that feed them: each weight streamed once, nothing else launched

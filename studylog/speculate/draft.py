@@ -1,0 +1,222 @@
+"""Drafts: chapter 3's n-gram matcher proposes, chapter 1's automaton cuts and extends.
+
+:class:`NgramDrafter` binds chapter 3's :class:`~studylog.ngram.NgramMatcher` to one batch's buffers, once per
+decoder: a prompt row and an output row per sequence. Each call writes the outputs' new tokens and lengths
+into the bound tensors (two copies), runs the matcher (one launch on a GPU: the step
+:func:`~studylog.ngram.kernels.final_step` picks; its C loop on a CPU) and copies the drafts back, waiting for
+them: the grammar walk needs them on the host.
+
+:func:`walk_draft` is the grammar's part. It walks a draft through the automaton from the sequence's state and
+cuts it at the first token the grammar forbids (a verifier would reject that token anyway, and its position
+would cost a row of the head). With ``extend``, wherever the walk reaches a state whose next tokens the
+automaton forces (a key, a quote, a comma), the forced chain joins the draft: those tokens are certain, so the
+forward that verifies the draft also computes the position after them. The walk never advances the sequence's
+own state: it returns the states it passed, and the loop keeps the accepted prefix's, so a rejection needs no
+rollback.
+
+:class:`DraftGate` switches a sequence's drafting off where it does not pay (step 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from studylog.checks import check_int
+from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
+from studylog.ngram import kernels as ngram_kernels
+
+#: Prompt lookup's usual window: the last 3 tokens, then 2, then 1, matched in the prompt.
+DRAFT_NGRAM = NgramConfig(max_ngram_size=3, min_ngram_size=1)
+
+
+class NgramDrafter:
+    """Chapter 3's matcher over ``batch`` sequences of prompts up to ``prompt_width`` tokens and outputs up to
+    ``output_width`` tokens, proposing up to ``draft_len`` tokens per call."""
+
+    def __init__(self, batch: int, prompt_width: int, output_width: int, draft_len: int, device, *,
+                 config: NgramConfig = DRAFT_NGRAM):
+        for name, v in (("batch", batch), ("prompt_width", prompt_width), ("output_width", output_width),
+                        ("draft_len", draft_len)):
+            check_int(name, v, low=1)
+        self.batch, self.draft_len, self.device = batch, draft_len, torch.device(device)
+        cuda = self.device.type == "cuda"
+        pin = dict(pin_memory=True) if cuda else {}
+        dev = dict(device=self.device)
+        # host buffers written with numpy; the int32 lengths live in one [6, B] buffer (one copy per call)
+        self._out_host = torch.zeros(batch, output_width, dtype=torch.int64, **pin)
+        self._lens_host = torch.zeros(6, batch, dtype=torch.int32, **pin)
+        self._out_np, self._lens_np = self._out_host.numpy(), self._lens_host.numpy()
+        self._out = self._out_host if not cuda else torch.zeros_like(self._out_host, **dev)
+        self._lens = self._lens_host if not cuda else torch.zeros_like(self._lens_host, **dev)
+        self._prompt = torch.zeros(batch, prompt_width, dtype=torch.int64, **dev)
+        prompt_lens, step_idx, draft_num, max_dec, encoder, decoder = self._lens
+        self.inputs = NgramInputs(self._prompt, prompt_lens, self._out, step_idx, draft_num, max_dec, encoder,
+                                  decoder)
+        self.draft_tokens = torch.zeros(batch, draft_len + 1, dtype=torch.int64, **dev)
+        self.seq_lens_this_time = torch.zeros(batch, dtype=torch.int32, **dev)
+        step = ngram_kernels.final_step(self.inputs) if cuda else ngram_kernels.step01_cpu_path
+        self._draft_host = self.draft_tokens.cpu().pin_memory() if cuda else self.draft_tokens
+        self._this_time_host = self.seq_lens_this_time.cpu().pin_memory() if cuda else self.seq_lens_this_time
+        self.matcher = NgramMatcher(step, self.inputs, self.draft_tokens, self.seq_lens_this_time, config=config,
+                                    check_values=False)
+        self._graph = None
+
+    def _round_trip(self) -> None:
+        """The device's part of a call: the outputs and lengths in, the matcher, the drafts out."""
+        if self._out is not self._out_host:
+            self._out.copy_(self._out_host, non_blocking=True)
+            self._lens.copy_(self._lens_host, non_blocking=True)
+        self.matcher()
+        if self._draft_host is not self.draft_tokens:
+            self._draft_host.copy_(self.draft_tokens, non_blocking=True)
+            self._this_time_host.copy_(self.seq_lens_this_time, non_blocking=True)
+
+    def capture(self) -> None:
+        """Capture :meth:`_round_trip` in a CUDA graph (on a GPU): a call then costs one replay and one wait on
+        the host, instead of five launches and copies, each with its host overhead."""
+        if self.device.type != "cuda" or self._graph is not None:
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._round_trip()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._round_trip()
+        self._graph = graph
+
+    def admit(self, prompts: Sequence[Sequence[int]]) -> None:
+        """A new request's prompts (the haystacks), written into the bound buffers."""
+        if len(prompts) != self.batch:
+            raise ValueError(f"prompts holds {len(prompts)} sequences; the drafter has batch {self.batch}")
+        width = self._prompt.shape[1]
+        host = np.zeros((self.batch, width), dtype=np.int64)
+        for b, p in enumerate(prompts):
+            if len(p) > width:
+                raise ValueError(f"prompt {b} has {len(p)} tokens; the drafter's prompt width is {width}")
+            host[b, :len(p)] = p
+            self._lens_np[0, b] = len(p)
+        self._prompt.copy_(torch.from_numpy(host))
+
+    def propose(self, outputs: Sequence[Sequence[int] | None], room: Sequence[int]) -> list[list[int]]:
+        """Drafts for each sequence from its output so far (None: a sequence that drafts nothing this step), at
+        most ``room[b]`` tokens each. The copies in, one launch and the copies out (one graph replay after
+        :meth:`capture`), then one wait."""
+        width = self._out_np.shape[1]
+        lens = self._lens_np
+        for b, ids in enumerate(outputs):
+            n = len(ids) if ids is not None else 0
+            active = ids is not None and n > 0 and room[b] > 0
+            if n > width:
+                raise ValueError(f"output {b} has {n} tokens; the drafter's output width is {width}")
+            if active:
+                self._out_np[b, :n] = ids
+            lens[1, b] = max(n - 1, 0)  # step_idx: the newest token's index
+            lens[2, b] = min(room[b], self.draft_len) if active else 0  # draft_token_num
+            lens[3, b] = width + 1  # max_dec_len: the room is capped by draft_token_num already
+            lens[4, b] = 0  # seq_lens_encoder: no slot is in prefill
+            lens[5, b] = 1 if active else 0  # seq_lens_decoder: 0 is an empty slot
+        if self._graph is not None:
+            self._graph.replay()
+        else:
+            self._round_trip()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        drafts, counts = self._draft_host.numpy(), self._this_time_host.numpy()
+        return [drafts[b, 1:max(int(counts[b]), 1)].tolist() if outputs[b] is not None else []
+                for b in range(self.batch)]
+
+
+@dataclass
+class Walked:
+    """A draft after the grammar's walk: the tokens to verify, the automaton's state before each of them and
+    after the last (``states[0]`` is the sequence's own state), which tokens the matcher proposed (the others
+    are forced tokens the walk added), and how many proposed tokens the grammar cut."""
+
+    tokens: list[int]
+    states: list[int]
+    proposed: list[bool]
+    cut: int
+
+    @property
+    def forced(self) -> int:
+        return len(self.tokens) - sum(self.proposed)
+
+
+def walk_draft(automaton, state: int, draft: Sequence[int], room: int, *, extend: bool, eos: int = -1) -> Walked:
+    """Walk ``draft`` through ``automaton`` (chapter 7's :class:`~studylog.decode.pieces.Automaton`) from
+    ``state``: keep tokens while the grammar allows them, at most ``room`` in all; with ``extend``, add the
+    forced chain of every state the walk reaches (proposed tokens that disagree with a forced token are cut).
+    The walk stops at a state where only EOS is allowed (nothing can follow it) and before a proposed ``eos``
+    (whether the output ends there is the model's choice at that position)."""
+    tokens, states, proposed = [], [state], []
+    cut = i = 0
+    while len(tokens) < room and not automaton.only_eos(states[-1]):
+        jump = automaton.token_jump(states[-1]) if extend else None
+        if jump is not None:  # certain tokens: they join the draft, and the proposal goes on if it agrees
+            for t in jump.tokens[:room - len(tokens)]:
+                if i < len(draft) and draft[i] == t:
+                    i += 1
+                elif i < len(draft):  # the proposal disagrees with the grammar: the rest of it is cut
+                    cut, i = len(draft) - i, len(draft)
+                tokens.append(t)
+                states.append(automaton.next(states[-1], t))
+                proposed.append(False)
+            continue
+        if i >= len(draft) or draft[i] == eos:
+            break
+        nxt = automaton.next(states[-1], draft[i])
+        if nxt is None:  # the first token the grammar forbids, and everything after it
+            cut, i = len(draft) - i, len(draft)
+            break
+        tokens.append(draft[i])
+        states.append(nxt)
+        proposed.append(True)
+        i += 1
+    return Walked(tokens, states, proposed, cut)
+
+
+class DraftGate:
+    """Per sequence, whether drafting pays (step 4). A verified draft makes the step's forward several tokens
+    long, and at batch 1 on a small model that forward costs more than a one-token one (the six-launch layer
+    against the nine-launch layer): a draft must be expected to return ``min_accepted`` tokens. The gate keeps
+    a running mean of accepted tokens per verified draft; below ``min_accepted`` the sequence stops drafting
+    for ``backoff`` steps, doubled at every failed probe up to ``max_backoff`` and reset by a paying one. A step
+    whose chunk holds several tokens anyway (after a jump) drafts for free: the gate lets it through."""
+
+    def __init__(self, batch: int, *, min_accepted: float = 1.0, max_backoff: int = 32):
+        check_int("max_backoff", max_backoff, low=1)
+        if not min_accepted >= 0:
+            raise ValueError(f"min_accepted must be >= 0, got {min_accepted!r}")
+        self.min_accepted, self.max_backoff = float(min_accepted), max_backoff
+        self.mean = [float(min_accepted)] * batch  # optimistic: a new request drafts
+        self.wait = [0] * batch
+        self.backoff = [1] * batch
+
+    def allows(self, b: int, pending: int) -> bool:
+        if pending > 1:
+            return True
+        if self.wait[b] > 0:
+            self.wait[b] -= 1
+            return False
+        return True
+
+    def update(self, b: int, verified: int, accepted: int) -> None:
+        """After a step that verified ``verified`` proposed tokens of sequence ``b`` and accepted ``accepted``."""
+        if verified == 0:
+            return
+        self.mean[b] = 0.5 * self.mean[b] + 0.5 * accepted
+        if self.mean[b] >= self.min_accepted:
+            self.backoff[b] = 1
+            return
+        self.wait[b] = self.backoff[b]
+        self.backoff[b] = min(2 * self.backoff[b], self.max_backoff)
+
+
+__all__ = ["DRAFT_NGRAM", "DraftGate", "NgramDrafter", "Walked", "walk_draft"]

@@ -1,0 +1,444 @@
+"""The speculative loop: draft, walk, verify in one forward, accept the longest agreeing prefix.
+
+A step of :class:`SpeculativeDecoder`, for every sequence of the batch:
+
+1. **draft**: chapter 3's matcher proposes the tokens that followed the output's last n-gram in the prompt
+   (:class:`~studylog.speculate.draft.NgramDrafter`: one launch, one wait);
+2. **walk** (host): chapter 1's automaton cuts the proposal at the first token the grammar forbids and, from
+   step 3 on, extends it with the forced chains it reaches (:func:`~studylog.speculate.draft.walk_draft`);
+3. **body**: one forward on the chunk *pending tokens + draft* (pending: the token sampled last and the forced
+   tokens appended after it, as in chapter 7), returning the hidden state of every position;
+4. **head**: chapter 2's masked head on the verified positions only, each row with the allowed set of its own
+   automaton state: the position before the draft, then one per draft token;
+5. **sampling**: greedy (the allowed argmax of every row) or, above temperature 0, speculative sampling on the
+   masked distributions; the results are copied to the host, which waits for them;
+6. **accept** (host): the draft's longest prefix that agrees with the model, then the model's own token at the
+   first disagreement (or after the whole draft); the grammar advances over exactly those tokens, and the
+   forced tokens that follow are appended as in chapter 7.
+
+Greedy, the output is token for token chapter 7's step 3 (and step 1 wherever their logits' rounding allows,
+:mod:`~studylog.decode.agreement`): every accepted token is the allowed argmax at its position, as step 3 would
+have computed it. With sampling, a drafted token ``x`` is accepted with probability ``p(x)`` and, when rejected,
+the token is drawn from ``p`` with ``x`` removed: the standard rule for a draft that proposes one token with
+certainty, so every output has exactly the probability the model gives it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studylog.checks import check_int
+from studylog.decode import kernels, pieces
+from studylog.decode.generation import CONFIGS as DECODE_CONFIGS, DecodeConfig, Generation
+from studylog.decode.grammar import Grammar
+from studylog.decode.loop import Decoder
+from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
+from studylog.speculate.draft import DRAFT_NGRAM, DraftGate, NgramDrafter, walk_draft
+
+
+@dataclass(frozen=True)
+class SpecConfig(DecodeConfig):
+    """Chapter 7's step 3 (forced-token jumps, masked head on the automaton's sets) plus drafting: ``draft``
+    (n-gram proposals verified in one forward), ``extend`` (forced chains join the draft), ``gate`` (drafting
+    switches itself off where it does not pay)."""
+
+    draft: bool = True
+    extend: bool = False
+    gate: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.jump != "token" or self.head != "masked":
+            raise ValueError("a speculative configuration builds on chapter 7's step 3: jump='token', head='masked'")
+
+
+def _config(name: str, title: str, **kw) -> SpecConfig:
+    return SpecConfig(name, "token", "masked", "automaton", title, **kw)
+
+
+#: The chapter's configurations, in the lesson's order (step 1 is chapter 7's step 3 run by this loop: no drafts).
+CONFIGS: dict[str, SpecConfig] = {
+    "masked_head": _config("masked_head", DECODE_CONFIGS["masked_head"].title, draft=False),
+    "ngram_draft": _config("ngram_draft", "+ n-gram drafts cut by the grammar, verified in one forward"),
+    "forced_draft": _config("forced_draft", "+ forced chains join the draft", extend=True),
+    "gated_draft": _config("gated_draft", "+ drafting off where it does not pay", extend=True, gate=True),
+}
+
+#: Components of a speculative step (see the module docstring), in the order they run.
+SPEC_COMPONENTS = ("draft", "body", "head", "sampling", "host")
+
+
+@dataclass
+class SpecGeneration(Generation):
+    """A :class:`~studylog.decode.generation.Generation` with what the drafts did, per sequence: ``proposed``
+    (tokens the matcher proposed), ``cut`` (of those, refused by the grammar), ``forced_drafted`` (forced tokens
+    that joined drafts), ``verified`` (draft tokens verified), ``accepted`` (of those, accepted), ``drafts``
+    (steps that verified at least one draft token), and per step ``trace`` (with ``trace=True``: for each
+    sequence, its output length and automaton state after the step)."""
+
+    proposed: list[int] = field(default_factory=list)
+    cut: list[int] = field(default_factory=list)
+    forced_drafted: list[int] = field(default_factory=list)
+    verified: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    drafts: list[int] = field(default_factory=list)
+    draft_calls: int = 0
+    trace: list[list[tuple[int, int | None]]] | None = None
+
+    @property
+    def mean_accepted(self) -> float:
+        """Draft tokens accepted per step that verified a draft."""
+        return sum(self.accepted) / max(sum(self.drafts), 1)
+
+    @property
+    def forwards_per_token(self) -> float:
+        return self.forwards / max(self.tokens, 1)
+
+
+def _pending(r) -> list[int]:
+    """A sequence's tokens not in the cache yet (the token sampled last and the forced ones after it)."""
+    n = len(r.prompt)
+    return r.ids[r.kv_len - n:] if r.kv_len >= n else r.prompt[r.kv_len:] + r.ids
+
+
+class _Clock:
+    """Four marks per step: on a GPU, events on the stream; on a CPU (synchronous), the host's clock."""
+
+    def __init__(self, cuda: bool, on: bool):
+        self.cuda, self.on, self.marks = cuda, on, []
+
+    def __call__(self) -> None:
+        if not self.on:
+            return
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def ms(self) -> list[float]:
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [self.marks[0].elapsed_time(e) for e in self.marks]
+        return [(t - self.marks[0]) * 1e3 for t in self.marks]
+
+
+def _uniform(seed: int, seq: Tensor, pos: Tensor, ids: Tensor, salt: int) -> Tensor:
+    """Uniform numbers in (0, 1), ``[R, K]``: a 32-bit hash of (``seed``, sequence, output position, token id,
+    ``salt``), computed on the device without a generator's state, so a step that drafts and one that does
+    not draw the same number for the same position."""
+    M = 0xFFFFFFFF
+    x = (ids[None, :] * 0x2C1B3C6D + pos[:, None] * 0x297A2D39 + seq[:, None] * 0x5F356495
+         + ((seed * 0x1B873593 + salt * 0x68E31DA4) & M)) & M
+    for mul in (0x7FEB352D, 0x046C2A3F):
+        x = ((x ^ (x >> 16)) * mul) & M
+    x = x ^ (x >> 15)
+    return ((x >> 9).to(torch.float32) + 0.5) / float(1 << 23)
+
+
+class SpeculativeDecoder(Decoder):
+    """Chapter 7's :class:`~studylog.decode.loop.Decoder` whose body returns every position's hidden state, with
+    chapter 3's matcher bound to its batch (``draft_len`` tokens at most per step; ``ngram``: the matcher's
+    n range). ``drafter`` replaces the matcher: a callable ``(outputs, room) -> drafts`` like
+    :meth:`NgramDrafter.propose` (the tests pass drafts of their own). Runs chapter 7's configurations as
+    chapter 7 does, and the :data:`CONFIGS` that draft."""
+
+    every_position = True
+
+    def __init__(self, model: LlamaModel, vocab: pieces.TokenVocabulary | None = None, *, batch: int = 1,
+                 max_seq: int = 512, draft_len: int = 8, chunk_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+                 graphs: bool | None = None, head_impl: str | None = None, ngram=DRAFT_NGRAM,
+                 drafter: Callable | None = None, min_accepted: float | None = None):
+        super().__init__(model, vocab, batch=batch, max_seq=max_seq, chunk_sizes=chunk_sizes, graphs=graphs,
+                         head_impl=head_impl)
+        check_int("draft_len", draft_len, low=1)
+        if draft_len > self.max_chunk - 1:
+            raise ValueError(f"draft_len={draft_len} does not fit the largest chunk ({self.max_chunk} tokens, one of "
+                             f"them the token sampled last): use at most {self.max_chunk - 1}, or larger chunk_sizes")
+        self.draft_len = draft_len
+        #: The gate's threshold (step 4): the accepted tokens a draft must be expected to return. None: what a
+        #: verifying forward costs over a one-token forward, in one-token forwards (set by :meth:`tune`; half a
+        #: forward until then).
+        self.min_accepted = min_accepted
+        self._derived_min_accepted = 0.5
+        #: Chunk lengths whose verifying forward runs the six-launch layer (:meth:`tune` measures them; until then,
+        #: a one-token step's, as chapter 7 runs it).
+        self.gemv_chunks = frozenset(T for T in self.chunk_sizes if batch * T == 1)
+        self.ngram = NgramDrafter(batch, max_seq, max_seq, draft_len, self.device, config=ngram) \
+            if drafter is None else None
+        self.drafter = drafter or self.ngram.propose
+        R = batch * self.max_chunk  # verified rows at most: every position of every chunk
+        self._rows_host = torch.zeros(R, dtype=torch.int64, **(dict(pin_memory=True) if self.device.type == "cuda"
+                                                                  else {}))
+        self._rows = self._rows_host if self.device.type != "cuda" else torch.zeros_like(self._rows_host,
+                                                                                         device=self.device)
+        self._rows_np = self._rows_host.numpy()
+        self._vlogits = torch.empty(R, self.V, dtype=torch.float32, device=self.device)
+        self._vtok = torch.zeros(3, R, dtype=torch.int64, device=self.device)
+        self._vtok_host = self._vtok if self.device.type != "cuda" else torch.zeros(3, R, dtype=torch.int64,
+                                                                                    pin_memory=True)
+        self._no_steer = torch.full((R,), -1, dtype=torch.int64, device=self.device)
+
+    @property
+    def gate_threshold(self) -> float:
+        """The accepted tokens per draft below which step 4's gate stops drafting (see ``min_accepted``)."""
+        return self.min_accepted if self.min_accepted is not None else self._derived_min_accepted
+
+    def _body_eager(self, T: int) -> Tensor:
+        return self.verify_call(T)()
+
+    def verify_call(self, T: int, gemv: bool | None = None):
+        """The body on a chunk of ``T`` tokens per sequence, returning every position's hidden state (graph-safe):
+        on the six-launch layer (one matrix-vector kernel per product; each token's program computes what a
+        one-token forward computes, re-reading the weights from L2) where ``T`` is in :attr:`gemv_chunks`, else on
+        the nine-launch layer with cuBLAS's products. ``gemv`` forces one or the other."""
+        C = self.max_chunk
+        if gemv is None:
+            gemv = T in self.gemv_chunks
+        return lambda: self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache, every=True,
+                                  gemv=gemv)
+
+    def tune(self, reps: int = 20) -> dict[int, dict[str, float]]:
+        """Pick the verifying forward's layer per chunk length by measurement (on a GPU, before :meth:`capture`):
+        each layer captured in a CUDA graph and replayed ``reps`` times; the six-launch layer is kept where it is
+        the faster. Returns the milliseconds per replay, ``{T: {"gemv": ms, "cublas": ms}}``."""
+        if self.device.type != "cuda" or not self.model.uses_fused():
+            return {}
+        if self._graphs:
+            raise RuntimeError("tune() picks the layer the body's graphs capture: call it before capture()")
+        times: dict[int, dict[str, float]] = {}
+        for T in self.chunk_sizes:
+            if self.batch * T > GEMV_MAX_TOKENS:
+                continue
+            times[T] = {}
+            for name, gemv in (("gemv", True), ("cublas", False)):
+                call = self.verify_call(T, gemv)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    call()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    call()
+                graph.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    graph.replay()
+                end.record()
+                end.synchronize()
+                times[T][name] = start.elapsed_time(end) / reps
+                del graph
+        self.gemv_chunks = frozenset(T for T, t in times.items() if t["gemv"] < t["cublas"])
+        if 1 in times and 2 in times:
+            one, two = min(times[1].values()), min(times[2].values())
+            self._derived_min_accepted = max(0.0, two / one - 1.0)
+        return times
+
+    def capture(self) -> None:
+        """Capture the body's graph of every chunk length and the drafter's round trip now (else on first use)."""
+        super().capture()
+        if self.ngram is not None:
+            self.ngram.capture()
+
+    def generate(self, grammar: Grammar, prompts: Sequence, config: SpecConfig | str = "gated_draft", *,
+                 trace: bool = False, **options) -> SpecGeneration:
+        """Decode one request as ``config`` (a name of :data:`CONFIGS`, or a :class:`SpecConfig`): the options of
+        :meth:`Decoder.generate`, but no ``targets`` (a steered token would not be the model's, and drafts are
+        verified against the model). ``trace`` records, after every step, each sequence's output length and
+        automaton state (what the tests compare with a fresh walk of the accepted tokens)."""
+        if isinstance(config, str):
+            if config not in CONFIGS:
+                raise ValueError(f"config must be one of {sorted(CONFIGS)} (chapter 7's configurations run on "
+                                 f"studylog.decode.Decoder), got {config!r}")
+            config = CONFIGS[config]
+        if not isinstance(config, SpecConfig):
+            raise ValueError(f"config must be a SpecConfig or one of {sorted(CONFIGS)}; chapter 7's configurations "
+                             f"run on studylog.decode.Decoder, got {config!r}")
+        if options.get("targets") is not None:
+            raise ValueError("targets steer the model to a given output; a drafting configuration verifies drafts "
+                             "against the model's own tokens: run it without targets")
+        self._trace = trace
+        return super().generate(grammar, prompts, config, **options)
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def _run(self, rows, grammar: Grammar, cfg: DecodeConfig, max_new: int, temperature: float, seed: int,
+             instrument: bool, record: bool = False) -> Generation:
+        records: list[dict] | None = [{} for _ in rows] if record else None
+        B = len(rows)
+        if self.ngram is not None:
+            self.ngram.admit([r.prompt for r in rows])
+        cuda = self.device.type == "cuda"
+        auto = grammar.automaton
+        gate = DraftGate(B, min_accepted=self.gate_threshold) if cfg.gate else None
+        stats = {k: [0] * B for k in ("proposed", "cut", "forced_drafted", "verified", "accepted", "drafts")}
+        trace: list | None = [] if self._trace else None
+        times = {k: 0.0 for k in SPEC_COMPONENTS}
+        times["wall"] = 0.0
+        chunk_lengths, forwards, draft_calls, first_step = [], 0, 0, 0.0
+        C = self.max_chunk
+        while not all(r.finished for r in rows):
+            t_step = time.perf_counter()
+            marks = _Clock(cuda, instrument)
+            # 1-2. draft and walk
+            pend = [_pending(r) if not r.finished else [0] for r in rows]
+            pending = [len(p) for p in pend]
+            room = [0 if r.finished else min(max_new - len(r.ids) - 1, C - pending[b],
+                                             self.max_seq - r.kv_len - pending[b] - 1)
+                    for b, r in enumerate(rows)]
+            asks = [r.ids if cfg.draft and room[b] > 0 and len(r.ids) > 0 and (gate is None or gate.allows(b, pending[b]))
+                    else None for b, r in enumerate(rows)]
+            proposals = [[] for _ in rows]
+            if any(a is not None for a in asks):
+                proposals = self.drafter(asks, room)
+                draft_calls += 1
+            walked = []
+            for b, r in enumerate(rows):
+                if r.finished:
+                    walked.append(None)
+                    continue
+                w = walk_draft(auto, r.states[-1], proposals[b][:max(room[b], 0)], max(room[b], 0),
+                               extend=cfg.extend and asks[b] is not None, eos=self.vocab.eos_id)
+                stats["proposed"][b] += len(proposals[b])
+                stats["cut"][b] += w.cut
+                stats["forced_drafted"][b] += w.forced
+                walked.append(w)
+            t_draft = time.perf_counter()
+            # 3. the body on pending + draft
+            chunks, starts, extra, verify_states, row_index = [], [], [], [], []
+            for b, r in enumerate(rows):
+                if r.finished:
+                    chunks.append([0])
+                    starts.append(min(r.kv_len, self.max_seq))
+                    extra.append((-1, 0))
+                    continue
+                chunks.append(pend[b] + walked[b].tokens)
+                starts.append(r.kv_len)
+                extra.append((-1, len(r.ids)))
+            T = max(len(c) for c in chunks)
+            chunk_lengths.append(T)
+            marks()
+            hidden = self._body(chunks, starts, extra)
+            marks()
+            Tg = hidden.shape[1]
+            owners = []
+            for b, r in enumerate(rows):
+                if r.finished:
+                    continue
+                first = pending[b] - 1
+                for i, s in enumerate(walked[b].states):
+                    row_index.append(b * Tg + first + i)
+                    verify_states.append(s)
+                    owners.append((b, len(r.ids) + i))
+            R = len(row_index)
+            self._rows_np[:R] = row_index
+            if self._rows is not self._rows_host:
+                self._rows[:R].copy_(self._rows_host[:R], non_blocking=True)
+            h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self._rows[:R])
+            # 4. the masked head, one allowed set per verified position
+            allowed = grammar.allowed(verify_states, self.device)
+            logits = self._vlogits[:R]
+            if self.head_impl == "kernel":
+                pieces.masked_head_kernel(h, self.model.lm_head, allowed, logits)
+            else:
+                pieces.masked_head_torch(h, self.model.lm_head, allowed, logits)
+            marks()
+            # 5. sampling
+            drafted = [t for b in range(B) if not rows[b].finished for t in walked[b].tokens + [-1]]
+            self._choose(logits, allowed, R, temperature, seed, owners, drafted)
+            marks()
+            if cuda:
+                torch.cuda.current_stream().synchronize()
+            chosen = self._vtok_host[:, :R].tolist()
+            kept = h.detach().double().cpu() if records is not None else None
+            forwards += 1
+            # 6. accept
+            k = 0
+            for b, r in enumerate(rows):
+                if r.finished:
+                    continue
+                w = walked[b]
+                n = len(w.tokens)
+                a = 0
+                if temperature > 0:
+                    while a < n and chosen[1][k + a] == 1:
+                        a += 1
+                    token = chosen[2][k + a] if a < n else chosen[0][k + a]
+                else:
+                    while a < n and chosen[0][k + a] == w.tokens[a]:
+                        a += 1
+                    token = chosen[0][k + a]
+                k += n + 1
+                r.kv_len += pending[b] + a  # the pending tokens and the accepted draft are in the cache
+                r.passes += 1
+                verified, accepted = sum(w.proposed), sum(w.proposed[:a])
+                stats["verified"][b] += verified
+                stats["accepted"][b] += accepted
+                stats["drafts"][b] += verified > 0
+                if gate is not None:
+                    gate.update(b, verified, accepted)
+                if records is not None:  # the hidden state each kept token was chosen from (agreement.compare)
+                    for i in range(a + 1):
+                        records[b][len(r.ids) + i] = (kept[k - n - 1 + i], w.tokens[i] if i < a else token, -1)
+                for t in w.tokens[:a]:
+                    self._emit(r, t, grammar)
+                self._accept(r, token, grammar, cfg, max_new, self.vocab.eos_id)
+            if trace is not None:
+                trace.append([(len(r.ids), r.states[-1]) for r in rows])
+            wall = (time.perf_counter() - t_step) * 1e3
+            first_step = first_step or wall
+            times["wall"] += wall
+            times["draft"] += (t_draft - t_step) * 1e3
+            if instrument:
+                m = marks.ms()
+                times["body"] += m[1] - m[0]
+                times["head"] += m[2] - m[1]
+                times["sampling"] += m[3] - m[2]
+        if instrument:
+            times["host"] = times["wall"] - sum(times[k] for k in SPEC_COMPONENTS[:-1])
+        return SpecGeneration(cfg.name, [r.ids for r in rows], [bytes(r.text) for r in rows],
+                              [r.finished for r in rows], forwards, [r.passes for r in rows],
+                              [r.jumped for r in rows], [r.retokenized for r in rows], chunk_lengths, times,
+                              first_step, instrument, records, draft_calls=draft_calls, trace=trace, **stats)
+
+    def _choose(self, logits: Tensor, allowed, R: int, temperature: float, seed: int,
+                owners: list[tuple[int, int]], drafted: list[int]) -> None:
+        """Row 0 of ``_vtok``: each verified position's token (greedy: the allowed argmax; sampled: a draw from
+        the masked distribution). Sampled, also row 1: whether the position's drafted token is accepted
+        (``u < p(x)``), and row 2: a draw from the distribution with that token removed."""
+        out = self._vtok[:, :R]
+        n = allowed.union_count
+        if temperature == 0:
+            if self.head_impl == "kernel" and 1 <= n <= kernels.ALLOWED_ARGMAX_MAX:
+                kernels.allowed_argmax(logits, allowed.kernel_ids, n, self._no_steer[:R], 0.0, out=out[0])
+            else:
+                torch.argmax(logits, dim=1, out=out[0])
+        else:
+            seq = torch.tensor([o[0] for o in owners], dtype=torch.int64, device=self.device)
+            pos = torch.tensor([o[1] for o in owners], dtype=torch.int64, device=self.device)
+            x = torch.tensor(drafted, dtype=torch.int64, device=self.device)
+            scaled = logits / temperature
+            logp = torch.log_softmax(scaled, dim=1)
+            gumbel = -torch.log(-torch.log(_uniform(seed, seq, pos, self._vocab_ids, 0)))
+            out[0] = torch.argmax(scaled + gumbel, dim=1)
+            has = x >= 0
+            p_x = torch.where(has, logp.gather(1, x.clamp(min=0)[:, None])[:, 0].exp(), torch.zeros_like(logp[:, 0]))
+            u = _uniform(seed, seq, pos, self._vocab_ids[:1], 1)[:, 0]
+            out[1] = (u < p_x).to(torch.int64)
+            residual = scaled.scatter(1, x.clamp(min=0)[:, None], float("-inf"))
+            residual = torch.where(has[:, None], residual, scaled)
+            out[2] = torch.argmax(residual + gumbel, dim=1)
+        if self._vtok_host is not self._vtok:  # greedy needs row 0 only
+            rows = slice(None) if temperature > 0 else slice(0, 1)
+            self._vtok_host[rows, :R].copy_(out[rows], non_blocking=True)
+
+
+__all__ = ["CONFIGS", "SPEC_COMPONENTS", "SpecConfig", "SpecGeneration", "SpeculativeDecoder"]

@@ -1,0 +1,271 @@
+"""The chapter's benchmark and headline (the figures and tables are the book's: ``book.speculate``).
+
+``bench(run)`` (GPU): SmolLM2-135M-Instruct (``studylog.smollm2``, bf16) at batch 1 and 8 on :data:`WORKLOADS`:
+the 25 extraction requests and chapter 7's low-copy requests. Every request runs in every configuration of
+:data:`~studylog.speculate.loop.CONFIGS` (the steps) and, on chapter 7's own decoder, chapter 7's step 3 and
+step 1 (``ch7_step03``, ``ch7_step01``): end-to-end time per output token on the wall clock (median of
+``repeats`` runs after a warm-up), an instrumented run's components, forwards, the drafts' counts, and checks
+(the same tokens as chapter 7's step 3 and step 1; finished outputs valid for their schema). Beside them the
+costs the bound needs, each alone on the GPU clock (graph replay): the body at every chunk length (``verify``)
+and one drafting call (``draft_call``). :func:`bound` turns them into what the accepted lengths allow.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+import torch
+
+from studylog.decode import requests as decode_requests
+from studylog.decode.grammar import Grammar
+from studylog.decode.loop import Decoder
+from studylog.speculate import requests
+from studylog.decode.model import GEMV_MAX_TOKENS
+from studylog.speculate.loop import CONFIGS, SpecGeneration, SpeculativeDecoder
+
+#: Series of the configurations: the steps, then chapter 7's two on its own decoder.
+SERIES = {"masked_head": "step01", "ngram_draft": "step02", "forced_draft": "step03", "gated_draft": "step04"}
+CH7 = {"masked_head": "ch7_step03", "baseline": "ch7_step01"}
+WORKLOADS = ("extraction", "low_copy")
+MAX_NEW = 160
+MAX_SEQ = 1024
+
+
+def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], Grammar | None, list[list[int]]]]:
+    """The requests of ``workload`` as batches of ``batch``: (names, prompts). An extraction batch holds
+    documents of one kind (one schema, one grammar); a low-copy batch, one entry's instructions in turn."""
+    out = []
+    if workload == "extraction":
+        kinds = sorted({requests.document(n)["kind"] for n in requests.document_names()})
+        for kind in kinds:
+            names = requests.document_names(kind)
+            groups = [names[i:i + batch] for i in range(0, len(names), batch)] if batch == 1 else [
+                (names * batch)[:batch]]
+            for g in groups:
+                out.append((g, [requests.chat_ids(n, tokenizer) for n in g]))
+        return out
+    if workload == "low_copy":
+        for name in requests.LOW_COPY:
+            out.append(([name] * batch, decode_requests.batch_ids(name, tokenizer, batch)))
+        return out
+    raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+
+
+def grammar_for(workload: str, name: str, vocab, cache: dict) -> Grammar:
+    key = (workload, requests.document(name)["kind"] if workload == "extraction" else name)
+    if key not in cache:
+        if workload == "extraction":
+            cache[key] = Grammar.from_schema(requests.schema(name), vocab, name=key[1], whitespace="compact")
+        else:
+            cache[key] = Grammar.from_suite(name, vocab, whitespace="compact")
+    return cache[key]
+
+
+def valid(workload: str, name: str, text: bytes) -> tuple[bool, str]:
+    return requests.valid(name, text) if workload == "extraction" else decode_requests.valid(name, text)
+
+
+def timed_runs(decoder, grammar, prompts, config: str, repeats: int):
+    """A warm-up run, ``repeats`` timed runs (Python's collector paused) and one instrumented run."""
+    from studylog.bench import collector_paused
+
+    decoder.generate(grammar, prompts, config, max_new_tokens=MAX_NEW, instrument=False)
+    with collector_paused():
+        runs = [decoder.generate(grammar, prompts, config, max_new_tokens=MAX_NEW, instrument=False)
+                for _ in range(repeats)]
+        timed = decoder.generate(grammar, prompts, config, max_new_tokens=MAX_NEW, instrument=True)
+    return runs, timed
+
+
+def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[str] = WORKLOADS, repeats: int = 3,
+          model=None, vocab=None, tokenizer=None, limit: int | None = None) -> None:
+    """Run every request of ``workloads`` in every configuration at each batch size and record it with ``run``
+    (a ``BenchRun``, or any object with its ``record``, ``check`` and ``note``; the tests pass a tiny model,
+    its vocabulary and a tokenizer-like object). ``limit``: the first requests of each workload only."""
+    from studylog.bench import Timing
+    from studylog.decode.report import wall_clock
+
+    if model is None:
+        from studylog import smollm2
+        from studylog.decode.model import load_smollm2
+
+        model, vocab, tokenizer = load_smollm2(device=device, dtype=torch.bfloat16), smollm2.vocabulary(), \
+            smollm2.tokenizer()
+    clock = wall_clock()
+    cache: dict = {}
+    for batch in batches:
+        spec = SpeculativeDecoder(model, vocab, batch=batch, max_seq=MAX_SEQ)
+        ch7 = Decoder(model, vocab, batch=batch, max_seq=MAX_SEQ, chunk_sizes=spec.chunk_sizes)
+        tuned = spec.tune()
+        if tuned:
+            run.note(f"batch {batch}: the verifying forward runs the six-launch layer at chunk lengths "
+                     f"{sorted(spec.gemv_chunks)} (measured, graph replay, ms: {tuned}); the gate's threshold is "
+                     f"{spec.gate_threshold:.3f} accepted tokens per draft")
+        spec.capture()
+        ch7.capture()
+        if torch.device(device).type == "cuda":
+            costs(run, spec, batch)
+        for workload in workloads:
+            jobs = batches_of(workload, batch, tokenizer)[:limit]
+            progress = getattr(run, "progress", None)
+            for names, prompts in progress(jobs, f"{workload} batch {batch}") if progress else jobs:
+                grammar = grammar_for(workload, names[0], vocab, cache)
+                params = {"model": "smollm2", "batch": batch, "workload": workload, "request": names[0]}
+                outs = {}
+                for decoder, configs in ((ch7, CH7), (spec, SERIES)):
+                    for config, series in configs.items():
+                        runs, timed = timed_runs(decoder, grammar, prompts, config, repeats)
+                        outs[series] = timed
+                        extra = _draft_fields(timed) if isinstance(timed, SpecGeneration) else {}
+                        run.record(series, Timing.of([g.ms_per_token for g in runs], clock=clock),
+                                   params={**params, "config": config}, role="kernel" if series in
+                                   SERIES.values() else "baseline", tokens=timed.tokens, forwards=timed.forwards,
+                                   jumped=sum(timed.jumped), finished=all(timed.finished),
+                                   chunk_lengths=timed.chunk_lengths,
+                                   breakdown_ms_per_token=timed.breakdown_per_token(), **extra)
+                ref3, ref1 = outs["ch7_step03"], outs["ch7_step01"]
+                for series in SERIES.values():
+                    agreement(run, "chapter 7's step 3", ch7, spec, grammar, prompts, "masked_head", series, outs,
+                              {**params, "series": series})
+                agreement(run, "chapter 7's step 1", ch7, spec, grammar, prompts, "baseline", "step04", outs,
+                          {**params, "series": "step04"})
+                ended = [f and len(i) < MAX_NEW for f, i in zip(ref3.finished, ref3.ids)]
+                checks = [(n, *valid(workload, n, t)) for n, t, e in zip(names, ref3.text, ended) if e]
+                run.check("outputs that ended valid for their schema", all(ok for _, ok, _ in checks), params=params,
+                          ended=sum(ended), valid=sum(ok for _, ok, _ in checks),
+                          invalid=[(n, why) for n, ok, why in checks if not ok])
+                if workload == "extraction":
+                    run.note(f"{names[0]} (batch {batch}): " + ref3.text[0].decode("utf-8", "replace")[:300])
+        del spec, ch7
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def agreement(run, name: str, ch7: Decoder, spec: SpeculativeDecoder, grammar, prompts, ref_config: str,
+              series: str, outs: dict, params: dict) -> None:
+    """Check that ``series`` wrote the same tokens as chapter 7's ``ref_config`` or, where a sequence did not,
+    that the two diverged at a near tie: both re-run with their hidden states recorded, the divergence's gap
+    against the rounding bound of the two computations (:func:`studylog.decode.agreement.compare`)."""
+    from studylog.decode.agreement import compare
+
+    ref = outs[CH7[ref_config]]
+    same = outs[series].ids == ref.ids
+    detail: dict[str, Any] = {"identical": sum(a == b for a, b in zip(outs[series].ids, ref.ids)),
+                              "sequences": len(ref.ids)}
+    if not same:
+        config = next(c for c, s in SERIES.items() if s == series)
+        a = ch7.generate(grammar, prompts, ref_config, max_new_tokens=MAX_NEW, instrument=False, record=True)
+        b = spec.generate(grammar, prompts, config, max_new_tokens=MAX_NEW, instrument=False, record=True)
+        found = compare(a, b, spec.model.lm_head)
+        detail.update(divergences=found["divergences"], all_inside=found["all_inside"])
+    run.check(f"same tokens as {name} wherever the rounding bound allows", same or detail["all_inside"],
+              params=params, **detail)
+
+
+def _draft_fields(g: SpecGeneration) -> dict[str, Any]:
+    return {"proposed": sum(g.proposed), "cut": sum(g.cut), "forced_drafted": sum(g.forced_drafted),
+            "verified": sum(g.verified), "accepted": sum(g.accepted), "drafts": sum(g.drafts),
+            "draft_calls": g.draft_calls, "mean_accepted": g.mean_accepted}
+
+
+def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
+    """The body at every chunk length (a verifying forward's cost) and one drafting call, each alone on the GPU
+    clock; the drafting call also with its host time (it waits for its result, so its host time is its cost in
+    the loop)."""
+    base = {"model": "smollm2", "batch": batch}
+    for T in decoder.chunk_sizes:  # the layer the loop runs at each chunk length, and the other where it has one
+        for gemv in sorted({T in decoder.gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False}):
+            call = decoder.verify_call(T, gemv)
+            run.record("verify", run.gpu_time(lambda call=call: [call], repeats=3, min_calls=10, reps=5),
+                       params={**base, "chunk": T, "layer": "gemv" if gemv else "cublas"}, role="baseline",
+                       used=gemv == (T in decoder.gemv_chunks))
+    d = decoder.ngram
+    prompt = list(range(11, 611))
+    d.admit([prompt] * batch)
+    outputs = [prompt[100:140]] * batch
+    room = [decoder.draft_len] * batch
+    drafts = d.propose(outputs, room)
+    run.check("the drafting call proposes what follows the n-gram", all(x == prompt[140:140 + len(x)] and x
+              for x in drafts), params=base)
+    run.measure("draft_call", lambda: [lambda: d.matcher()], params=base, role="baseline",
+                host=lambda: d.propose(outputs, room), host_calls=200)
+
+
+def plan(quick: bool) -> dict[str, Any]:
+    return dict(batches=(1, 8), repeats=2 if quick else 3, limit=2 if quick else None)
+
+
+def bench(run) -> None:  # run: studylog.bench.BenchRun
+    run.note("SmolLM2-135M-Instruct (bf16) answers each request on its own (no steering); every configuration "
+             "writes the same tokens as chapter 7's step 3 (checked). step01 is chapter 7's step 3 run by this "
+             "chapter's loop; ch7_step03 and ch7_step01 are chapter 7's decoder on the same requests.")
+    sweep(run, device="cuda", **plan(getattr(run, "quick", False)))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reading the results
+# --------------------------------------------------------------------------------------------------------
+
+def rows_of(rows: Sequence[dict], **params: Any) -> list[dict]:
+    return [r for r in rows if all(r["params"].get(k) == v for k, v in params.items())]
+
+
+def body_ms(rows: Sequence[dict], batch: int) -> dict[int, float]:
+    """The body's GPU time per chunk length (``verify`` rows)."""
+    return {r["params"]["chunk"]: r["ms"] for r in rows_of(rows, batch=batch) if r["series"] == "verify"
+            and r.get("used", True)}
+
+
+def bound(rows: Sequence[dict], batch: int, workload: str, series: str = "step04") -> dict[str, float]:
+    """What the drafts allow, against chapter 7's step 3, summed over a workload's requests: ``forwards`` (the
+    ratio of forwards: the speedup if a verifying forward cost what a one-token forward costs) and ``forecast``
+    (each forward counted at its chunk length's measured body time, the drafting calls at theirs)."""
+    body = body_ms(rows, batch)
+    draft = [r for r in rows_of(rows, batch=batch) if r["series"] == "draft_call"]
+    draft_ms = draft[0].get("host_ms", draft[0]["ms"]) if draft else 0.0  # the loop waits for the drafts
+    sizes = sorted(body)
+
+    def cost(chunks: Sequence[int]) -> float:  # the decode steps: the prefill (the first) is the same in both
+        return sum(body[next(s for s in sizes if s >= c)] for c in chunks[1:])
+
+    ref = rows_of(rows, batch=batch, workload=workload)
+    base = [r for r in ref if r["series"] == "ch7_step03"]
+    spec = [r for r in ref if r["series"] == series]
+    f3, fs = sum(r["forwards"] for r in base), sum(r["forwards"] for r in spec)
+    out = {"forwards": f3 / max(fs, 1)}
+    if body:
+        c3 = sum(cost(r["chunk_lengths"]) for r in base)
+        cs = sum(cost(r["chunk_lengths"]) + r["draft_calls"] * draft_ms for r in spec)
+        out["forecast"] = c3 / cs if cs else float("nan")
+    return out
+
+
+def speedups(rows: Sequence[dict], batch: int, workload: str, series: str = "step04",
+             over: str = "ch7_step03") -> list[float]:
+    """Per request: ``over``'s time per output token over ``series``'s."""
+    ref = rows_of(rows, batch=batch, workload=workload)
+    by = {r["params"]["request"]: r["ms"] for r in ref if r["series"] == over}
+    return [by[r["params"]["request"]] / r["ms"] for r in ref if r["series"] == series
+            and r["params"]["request"] in by]
+
+
+def headline(results) -> list[dict]:
+    rows = results.rows if hasattr(results, "rows") else results["measurements"]
+    out = []
+    for batch in (1, 8):
+        for workload in WORKLOADS:
+            s = speedups(rows, batch, workload)
+            if not s:
+                continue
+            spec = [r for r in rows_of(rows, batch=batch, workload=workload) if r["series"] == "step04"]
+            acc = sum(r["accepted"] for r in spec) / max(sum(r["drafts"] for r in spec), 1)
+            b = bound(rows, batch, workload)
+            out.append({"batch": batch, "workload": workload, "median_speedup_over_ch7_step03": statistics.median(s),
+                        "min_speedup": min(s), "mean_accepted": acc, "forward_ratio": b["forwards"],
+                        "forecast": b.get("forecast")})
+    return out
+
+
+__all__ = ["CH7", "MAX_NEW", "SERIES", "WORKLOADS", "batches_of", "bench", "bound", "costs", "headline", "plan",
+           "rows_of", "speedups", "sweep", "timed_runs"]

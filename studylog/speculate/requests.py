@@ -1,0 +1,95 @@
+"""The chapter's workload: document-to-JSON extraction, and requests where little is copied.
+
+``assets/data/extraction_documents.json`` holds 25 documents of five kinds (invoices, contact cards, event
+notices, product pages, bug reports; ``lab/speculate/make_documents.py`` wrote them) and one JSON schema per kind.
+A request puts the document first and the instruction and schema after it: prompt lookup matches the leftmost
+occurrence of an n-gram, and the values are in the document. The low-copy requests are chapter 7's
+(:mod:`studylog.decode.requests`: a short instruction, its schema), whose outputs the prompt mostly does not hold.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from studylog.paths import DATA
+
+DOCUMENTS_PATH = DATA / "extraction_documents.json"
+#: The chapter 7 entries whose JSON outputs the prompt mostly does not hold (the low-copy side).
+LOW_COPY = ("classifier", "ticket_triage", "article_summary", "weather_call", "calendar_event", "shopping_list")
+
+
+@functools.lru_cache(maxsize=1)
+def workload() -> dict[str, Any]:
+    """``{"schemas": {kind: schema}, "documents": [{"name", "kind", "what", "document"}, ...]}``."""
+    if not DOCUMENTS_PATH.exists():
+        raise FileNotFoundError(f"{DOCUMENTS_PATH} is missing: run python lab/speculate/make_documents.py")
+    return json.loads(DOCUMENTS_PATH.read_text())
+
+
+def document_names(kind: str | None = None) -> list[str]:
+    """The documents' names (``invoice_1`` ...), of one ``kind`` or all."""
+    docs = workload()["documents"]
+    kinds = sorted({d["kind"] for d in docs})
+    if kind is not None and kind not in kinds:
+        raise ValueError(f"kind must be one of {kinds}, got {kind!r}")
+    return [d["name"] for d in docs if kind is None or d["kind"] == kind]
+
+
+def document(name: str) -> dict[str, Any]:
+    for d in workload()["documents"]:
+        if d["name"] == name:
+            return d
+    raise ValueError(f"no document {name!r}; the documents are {document_names()}")
+
+
+def schema(name: str) -> dict[str, Any]:
+    """The JSON schema of document ``name``'s kind."""
+    return workload()["schemas"][document(name)["kind"]]
+
+
+def message(name: str) -> str:
+    """The user's message: the document, then what to extract and the schema."""
+    d = document(name)
+    return (f"{d['document']}\n\nExtract the fields of this {d['what']} as JSON. Copy the values exactly as they "
+            f"are written above. Answer with JSON only, following this JSON schema:\n{json.dumps(schema(name))}")
+
+
+def chat_ids(name: str, tokenizer: Any) -> list[int]:
+    """Request ``name`` as the model reads it (``tokenizer``: :func:`studylog.smollm2.tokenizer`)."""
+    return tokenizer.encode_chat([{"role": "user", "content": message(name)}])
+
+
+def copied_share(name: str, text: bytes | str) -> float:
+    """The share of the output's string values that stand word for word in the document."""
+    values = [v for v in _values(text) if isinstance(v, str) and v]
+    if not values:
+        return 0.0
+    doc = document(name)["document"]
+    return sum(v in doc for v in values) / len(values)
+
+
+def _values(text: bytes | str) -> list[Any]:
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return []
+    return list(obj.values()) if isinstance(obj, dict) else []
+
+
+def valid(name: str, text: bytes | str) -> tuple[bool, str]:
+    """Whether a finished output is a JSON document valid for the request's schema: (ok, why not)."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema(name))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return False, f"not JSON: {exc}"
+    except jsonschema.ValidationError as exc:
+        return False, f"not valid for the schema: {exc.message}"
+    return True, ""
+
+
+__all__ = ["DOCUMENTS_PATH", "LOW_COPY", "chat_ids", "copied_share", "document", "document_names", "message",
+           "schema", "valid", "workload"]

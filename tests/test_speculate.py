@@ -1,0 +1,347 @@
+"""Chapter 8: speculation under a grammar. Greedy, every step writes chapter 7's tokens (tiny model, CPU); after
+every step the grammar's state is a fresh walk of the accepted tokens; the walk cuts and extends drafts as its
+rule says; chapter 3's matcher drafts what a hand-written prompt lookup drafts; seeded sampling has the model's
+distribution (a chi-square test against the exact distribution, enumerated); bad input is refused by name."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from studylog.decode import Decoder, Grammar, LlamaModel, model_config
+from studylog.decode import kernels
+from studylog.speculate import (CONFIGS, DraftGate, NgramDrafter, SpeculativeDecoder, step01_masked_head,
+                                step02_ngram_draft, step03_forced_draft, step04_gated_draft, walk_draft)
+from studylog.speculate import report, requests
+
+STEPS = tuple(CONFIGS)
+PROMPT = ('Alice Martin lives at 12 Rue de Rivoli. {"name":"Alice Martin","id":42,"active":true} '
+          'Alice Martin, user 42, active.')
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LlamaModel(model_config("tiny"), dtype=torch.float32, seed=1)
+
+
+@pytest.fixture(scope="module")
+def spec(tiny):
+    return SpeculativeDecoder(tiny, batch=1, max_seq=300)
+
+
+@pytest.fixture(scope="module")
+def ch7(tiny):
+    return Decoder(tiny, batch=1, max_seq=300)
+
+
+def _oracle(truth: list[int], rng: random.Random, wrong: float):
+    """A drafter that proposes the true continuation, each token replaced by a wrong one with chance ``wrong``."""
+    def propose(outputs, room):
+        out = []
+        for ids, r in zip(outputs, room):
+            if ids is None:
+                out.append([])
+                continue
+            n = len(ids)
+            draft = truth[n:n + min(r, rng.randint(1, 6))]
+            out.append([t if rng.random() > wrong else (t + 1) % 1000 for t in draft])
+        return out
+    return propose
+
+
+# --- the same tokens ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["user_profile", "tool_call", "us_phone", "shopping_list"])
+def test_every_step_writes_chapter_7s_tokens(spec, ch7, name):
+    grammar = Grammar.from_suite(name, spec.vocab, whitespace="compact")
+    ref1 = ch7.generate(grammar, [PROMPT], "baseline", max_new_tokens=48)
+    ref3 = ch7.generate(grammar, [PROMPT], "masked_head", max_new_tokens=48)
+    for step in (step01_masked_head, step02_ngram_draft, step03_forced_draft, step04_gated_draft):
+        out = step(spec, grammar, [PROMPT], max_new_tokens=48, trace=True)
+        assert out.ids == ref3.ids == ref1.ids, (name, step.__name__)
+        _states_are_fresh_walks(out, grammar)
+    assert out.forwards <= ref3.forwards
+
+
+def test_drafts_that_agree_save_forwards_and_rejections_roll_back(tiny, ch7):
+    """An oracle drafter (the true continuation, with planted wrong tokens): the output is unchanged, drafts are
+    accepted and rejected, forwards fall, and after every step the state is a fresh walk of the accepted tokens."""
+    grammar = Grammar.from_suite("user_profile", ch7.vocab, whitespace="compact")
+    ref = ch7.generate(grammar, [PROMPT], "masked_head", max_new_tokens=64)
+    for wrong in (0.0, 0.3):
+        dec = SpeculativeDecoder(tiny, batch=1, max_seq=300, drafter=_oracle(ref.ids[0], random.Random(3), wrong))
+        for config in ("ngram_draft", "forced_draft", "gated_draft"):
+            out = dec.generate(grammar, [PROMPT], config, max_new_tokens=64, trace=True)
+            assert out.ids == ref.ids, (wrong, config)
+            assert sum(out.accepted) > 0 and out.forwards < ref.forwards
+            if wrong:
+                assert sum(out.accepted) < sum(out.verified)  # some planted tokens reached the verifier
+            _states_are_fresh_walks(out, grammar)
+
+
+def _states_are_fresh_walks(out, grammar):
+    auto = grammar.automaton
+    assert out.trace
+    for step in out.trace:
+        for b, (n, state) in enumerate(step):
+            assert state == auto.walk(out.ids[b][:n], auto.initial)[-1]
+
+
+def test_a_batch_writes_what_each_sequence_writes_alone(tiny):
+    grammar = Grammar.from_suite("tool_call", whitespace="compact")
+    prompts = [PROMPT, "Find flights from SFO to JFK on 2025-03-14 for 2 passengers. SFO JFK 2025-03-14"]
+    both = SpeculativeDecoder(tiny, batch=2, max_seq=300).generate(grammar, prompts, "forced_draft",
+                                                                  max_new_tokens=40)
+    one = SpeculativeDecoder(tiny, batch=1, max_seq=300)
+    for b, p in enumerate(prompts):
+        assert one.generate(grammar, [p], "forced_draft", max_new_tokens=40).ids[0] == both.ids[b]
+
+
+def test_a_document_with_no_match_falls_back_to_one_token_per_forward(spec, ch7):
+    """Nothing to copy (the drafter proposes nothing): the loop is chapter 7's step 3, forward for forward."""
+    grammar = Grammar.from_suite("ipv4", spec.vocab)
+    none = SpeculativeDecoder(spec.model, batch=1, max_seq=300, drafter=lambda outputs, room: [[] for _ in room])
+    out = none.generate(grammar, ["x"], "gated_draft", max_new_tokens=20)
+    ref = ch7.generate(grammar, ["x"], "masked_head", max_new_tokens=20)
+    assert out.ids == ref.ids and out.forwards == ref.forwards and sum(out.verified) == 0
+
+
+# --- the walk, the matcher, the gate ----------------------------------------------------------------------
+
+def test_the_walk_cuts_at_the_first_forbidden_token_and_adds_forced_chains():
+    grammar = Grammar.from_regex(r'\{"a":"[a-z]{1,8}","b":"[a-z]{1,8}"\}', name="two_keys")
+    auto, vocab = grammar.automaton, grammar.vocab
+    start = auto.walk(vocab.encode('{"a":"'), auto.initial)[-1]
+    xy, digit = vocab.encode("xy"), vocab.encode("7")
+    plain = walk_draft(auto, start, xy + digit + xy, 8, extend=False)
+    assert plain.tokens == xy and plain.cut == 1 + len(xy) and all(plain.proposed)
+    assert plain.states == auto.walk(xy, start)  # the start, then the state after each kept token
+    # a token after which the automaton forces a chain: found by a walk of the allowed tokens from the start
+    state, tok, jump = None, None, None
+    frontier = [auto.initial]
+    for _ in range(6):
+        nxt = []
+        for s0 in frontier:
+            for t in auto.allowed_ids(s0)[:200].tolist():
+                s1 = auto.next(s0, t)
+                if s1 is None:
+                    continue
+                if auto.token_jump(s1) is not None and auto.token_jump(s0) is None:
+                    state, tok, jump = s0, t, auto.token_jump(s1)
+                    break
+                nxt.append(s1)
+            if jump is not None:
+                break
+        if jump is not None:
+            break
+        frontier = nxt[:20]
+    assert jump is not None
+    chain = list(jump.tokens)
+    ext = walk_draft(auto, state, [tok], 16, extend=True)
+    assert ext.tokens == [tok] + chain and ext.proposed == [True] + [False] * len(chain) and ext.forced == len(chain)
+    assert ext.states == auto.walk([tok] + chain, state)
+    other = next(t for t in range(1000) if t != chain[0])
+    disagree = walk_draft(auto, state, [tok, other, other], 16, extend=True)
+    assert disagree.tokens[:len(chain) + 1] == [tok] + chain and disagree.cut == 2
+    assert walk_draft(auto, state, [tok], 16, extend=False).tokens == [tok]  # step 2 does not extend
+    assert walk_draft(auto, state, [tok], 2, extend=True).tokens == ([tok] + chain)[:2]  # the room caps it
+    assert walk_draft(auto, start, xy + [vocab.eos_id] + xy, 8, extend=False, eos=vocab.eos_id).tokens == xy
+
+
+def _lookup(prompt: list[int], out: list[int], k: int, n_max: int = 3) -> list[int]:
+    """Prompt lookup by hand: the last n output tokens (n from n_max down to 1, with a generated token before
+    them) at their leftmost place in the prompt followed by a token, and up to k tokens after it."""
+    for n in range(n_max, 0, -1):
+        if len(out) - 1 < n:
+            continue
+        pat = out[-n:]
+        for i in range(len(prompt) - n + 1):
+            if prompt[i:i + n] == pat and i + n < len(prompt):
+                return prompt[i + n:i + n + k]
+    return []
+
+
+def test_the_drafter_proposes_what_prompt_lookup_proposes():
+    rng = np.random.default_rng(5)
+    d = NgramDrafter(3, 70, 40, 5, "cpu")
+    for _ in range(20):
+        prompts = [rng.integers(0, 9, int(rng.integers(5, 70))).tolist() for _ in range(3)]
+        d.admit(prompts)
+        outs = [rng.integers(0, 9, int(rng.integers(1, 40))).tolist() for _ in range(3)]
+        room = [int(rng.integers(0, 6)) for _ in range(3)]
+        got = d.propose(outs, room)
+        for p, o, r, g in zip(prompts, outs, room, got):
+            assert g == (_lookup(p, o, min(r, 5)) if r else []), (p, o, r)
+
+
+def test_the_gate_backs_off_and_lets_free_drafts_through():
+    gate = DraftGate(1, min_accepted=1.0, max_backoff=4)
+    assert gate.allows(0, 1)
+    gate.update(0, verified=5, accepted=0)  # mean 0.5: off for 1 step
+    assert not gate.allows(0, 1) and gate.allows(0, 1)
+    gate.update(0, 5, 0)  # off for 2
+    assert gate.allows(0, 3)  # a chunk of several tokens drafts for free, and does not spend the wait
+    assert not gate.allows(0, 1) and not gate.allows(0, 1) and gate.allows(0, 1)
+    for _ in range(4):
+        gate.update(0, 5, 0)
+    assert gate.backoff[0] == 4
+    gate.update(0, 5, 5)
+    gate.update(0, 5, 5)
+    assert gate.backoff[0] == 1 and gate.allows(0, 1)
+
+
+def test_the_gemv_kernel_gives_each_token_what_a_one_token_launch_gives():
+    """The six-launch layer's product over a few tokens: each row bit for bit a one-token launch (interpreter)."""
+    torch.manual_seed(0)
+    N, K, M = 37, 50, 3
+    w = torch.randn(N, 2 * K)
+    nw = torch.randn(2 * K)
+    x = torch.randn(M, 2 * K)
+    for kw in ({}, {"norm": nw, "eps": 1e-5}):
+        many = kernels.gemv(x, w, **kw)
+        assert all(torch.equal(many[m], kernels.gemv(x[m:m + 1].contiguous(), w, **kw)[0]) for m in range(M))
+        ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double()
+               if kw else x.double()) @ w.double().t()
+        assert torch.allclose(many.double(), ref, rtol=1e-4, atol=1e-4)
+    w2 = torch.randn(N, K)
+    acc = torch.randn(M, N)
+    expect = acc.clone() + (torch.nn.functional.silu(x[:, :K]) * x[:, K:]) @ w2.t()
+    kernels.gemv(x, w2, swiglu=True, add_to=acc)
+    assert torch.allclose(acc, expect, rtol=1e-4, atol=1e-4)
+
+
+# --- sampling -----------------------------------------------------------------------------------------------
+
+def _exact_distribution(model: LlamaModel, grammar: Grammar, prompt: list[int], temperature: float):
+    """Every output's probability, enumerated: the masked softmax at each prefix, from a fresh forward."""
+    auto = grammar.automaton
+    eos = grammar.vocab.eos_id
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(ids: list[int], state: int, p: float):
+        if auto.only_eos(state):
+            out[tuple(ids)] = out.get(tuple(ids), 0.0) + p
+            return
+        seq = prompt + ids
+        cache = model.new_cache(1, len(seq) + 1)
+        h = model(torch.tensor([seq]), torch.tensor([0]), torch.tensor([len(seq) - 1]), cache)
+        allowed = torch.from_numpy(auto.allowed_ids(state))
+        logits = (h.double() @ model.lm_head.double()[allowed].t())[0] / temperature
+        probs = torch.softmax(logits, 0)
+        for t, q in zip(allowed.tolist(), probs.tolist()):
+            if t == eos:
+                out[tuple(ids)] = out.get(tuple(ids), 0.0) + p * q
+            else:
+                walk(ids + [t], auto.next(state, t), p * q)
+
+    walk([], auto.initial, 1.0)
+    return out
+
+
+def test_speculative_sampling_has_the_models_distribution(tiny):
+    """Seeded speculative sampling with random drafts (accepted with probability p(x), else a draw from p without
+    x) against the exact distribution of outputs, by a chi-square test; the same counts against the distribution
+    at another temperature fail it (the test can tell)."""
+    grammar = Grammar.from_regex(r"[ab]{3}", name="ab3")
+    vocab = grammar.vocab
+    letters = [vocab.encode(s)[0] for s in ("a", "b", "ab", "ba", "aa", "bb")]
+    rng = random.Random(11)
+    drafter = lambda outputs, room: [[rng.choice(letters) for _ in range(min(r, 3))] for r in room]  # noqa: E731
+    B, runs, temperature = 8, 150, 0.05
+    dec = SpeculativeDecoder(tiny, batch=B, max_seq=40, drafter=drafter, chunk_sizes=(1, 2, 4))
+    prompt = vocab.encode("ab ba")
+    counts: dict[tuple[int, ...], int] = {}
+    accepted = verified = 0
+    for seed in range(runs):
+        g = dec.generate(grammar, [prompt] * B, "ngram_draft", max_new_tokens=8, temperature=temperature, seed=seed)
+        for ids in g.ids:
+            counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+        accepted, verified = accepted + sum(g.accepted), verified + sum(g.verified)
+    assert 0 < accepted < verified  # drafts were accepted and rejected
+    n = B * runs
+
+    def chi2_p(dist):
+        keys = sorted(dist, key=dist.get, reverse=True)
+        cells, e, o = [], 0.0, 0
+        for k in keys:  # merge the rare outputs so that every cell expects at least 5
+            e, o = e + dist[k] * n, o + counts.get(k, 0)
+            if e >= 5:
+                cells.append((o, e))
+                e, o = 0.0, 0
+        if cells and e:
+            cells[-1] = (cells[-1][0] + o, cells[-1][1] + e)
+        stat = sum((o - e) ** 2 / e for o, e in cells)
+        return _chi2_sf(stat, len(cells) - 1)
+
+    exact = _exact_distribution(tiny, grammar, prompt, temperature)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    assert set(counts) <= set(exact)
+    assert chi2_p(exact) > 1e-3
+    assert chi2_p(_exact_distribution(tiny, grammar, prompt, 2 * temperature)) < 1e-3
+
+
+def _chi2_sf(x: float, k: int) -> float:
+    """The chi-square survival function (Wilson-Hilferty's normal approximation, ample for a test at 1e-3)."""
+    if k <= 0:
+        return 1.0
+    z = ((x / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+# --- bad input ----------------------------------------------------------------------------------------------
+
+def test_bad_input_is_refused_by_name(tiny, spec):
+    grammar = Grammar.from_suite("ipv4", spec.vocab)
+    with pytest.raises(ValueError, match="draft_len"):
+        SpeculativeDecoder(tiny, batch=1, max_seq=100, draft_len=0)
+    with pytest.raises(ValueError, match="draft_len=40 does not fit the largest chunk"):
+        SpeculativeDecoder(tiny, batch=1, max_seq=100, draft_len=40)
+    with pytest.raises(ValueError, match="targets"):
+        spec.generate(grammar, ["x"], "ngram_draft", targets=["127.0.0.1"])
+    with pytest.raises(ValueError, match="chapter 7's configurations run on studylog.decode.Decoder"):
+        spec.generate(grammar, ["x"], "baseline")
+    with pytest.raises(ValueError, match="max_seq"):
+        spec.generate(grammar, [[1] * 290], "ngram_draft", max_new_tokens=20)
+    with pytest.raises(ValueError, match="draft_len"):
+        NgramDrafter(1, 10, 10, 0, "cpu")
+
+
+def test_drafts_never_run_past_the_cache_or_the_cap(tiny):
+    """A long draft near the end of the cache, or of max_new_tokens, is cut to fit: the output keeps its cap."""
+    grammar = Grammar.from_regex(r"[a-z]{1,60}", name="letters")
+    greedy = lambda outputs, room: [[grammar.vocab.encode("q")[0]] * 30 for _ in room]  # noqa: E731
+    dec = SpeculativeDecoder(tiny, batch=1, max_seq=40, draft_len=31, chunk_sizes=(1, 32), drafter=greedy)
+    out = dec.generate(grammar, ["x " * 10], "ngram_draft", max_new_tokens=12)
+    assert len(out.ids[0]) <= 12 and max(out.chunk_lengths[1:]) <= 32
+
+
+# --- the workload and the report ----------------------------------------------------------------------------
+
+def test_the_workload_holds_documents_whose_values_are_copied():
+    names = requests.document_names()
+    assert len(names) >= 20 and len({requests.document(n)["kind"] for n in names}) == 5
+    for n in names:
+        msg = requests.message(n)
+        assert msg.index(requests.document(n)["document"]) == 0  # the document first: lookup finds it leftmost
+    assert requests.copied_share("invoice_1", '{"vendor":"Northwind Traders Ltd","customer":"nobody"}') == 0.5
+    assert requests.valid("invoice_1", "{}")[0] is False
+    with pytest.raises(ValueError, match="kind must be one of"):
+        requests.document_names("letters")
+
+
+def test_the_bound_counts_forwards_and_their_measured_costs():
+    rows = [{"series": "verify", "params": {"batch": 1, "chunk": c}, "ms": ms} for c, ms in ((1, 1.0), (2, 1.5),
+                                                                                            (4, 1.6))]
+    rows.append({"series": "draft_call", "params": {"batch": 1}, "ms": 0.01, "host_ms": 0.05})
+    base = {"batch": 1, "workload": "extraction", "request": "r"}
+    rows.append({"series": "ch7_step03", "params": base, "ms": 2.0, "forwards": 9, "chunk_lengths": [50] + [1] * 8})
+    rows.append({"series": "step04", "params": base, "ms": 1.0, "forwards": 4, "chunk_lengths": [50, 3, 3, 1],
+                 "draft_calls": 3})
+    b = report.bound(rows, 1, "extraction")
+    assert b["forwards"] == 9 / 4
+    assert b["forecast"] == pytest.approx(8.0 / (1.6 + 1.6 + 1.0 + 3 * 0.05))
+    assert report.speedups(rows, 1, "extraction") == [2.0]
