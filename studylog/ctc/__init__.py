@@ -89,10 +89,8 @@ def _csrc(name: str):
 
 
 CHAPTER = Chapter(
-    name="ctc",
-    number=4,
+    name="ctc", number=4, notebooks=("04_ctc_loss",),
     title="CTC loss in CUDA C++",
-    notebooks=("04_ctc_loss",),
     steps=(
         Step(1, "baseline", "warp-ctc's design: alpha matrix in global memory, gradient in the beta kernel", "cuda",
              step01_baseline, _csrc("ctc_step01_baseline"), "ctc_alpha_step1"),

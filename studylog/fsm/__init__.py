@@ -42,10 +42,8 @@ from studylog.fsm.report import (MASKBENCH_FORCED_SHARE, EntryResult, extra_toke
 from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocabulary, make_vocabulary
 
 CHAPTER = Chapter(
-    name="fsm",
-    number=1,
+    name="fsm", number=1, notebooks=("01_fsm_compression",),
     title="FSM compression for constrained decoding",
-    notebooks=("01_fsm_compression",),
     steps=(
         Step(1, "uncompressed", "one forward pass per token (masked greedy argmax)", "python",
              function=step01_uncompressed, source=step01_uncompressed),

@@ -54,10 +54,8 @@ from studylog.masked_lm_head.results import headline
 from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(
-    name="masked_lm_head",
-    number=2,
+    name="masked_lm_head", number=2, notebooks=("02_masked_lm_head",),
     title="Masked LM head: logits only for the tokens a grammar allows",
-    notebooks=("02_masked_lm_head",),
     steps=(
         Step(0, "dense", "the Triton matmul tutorial's structure, all logits, then masked_fill", "triton",
              step00_dense, dense_matmul_kernel),

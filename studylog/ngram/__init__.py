@@ -53,10 +53,8 @@ from studylog.ngram import ops  # the entry point as a torch.library operator (t
 _CSRC = chapter_csrc("ngram")
 
 CHAPTER = Chapter(
-    name="ngram",
-    number=3,
+    name="ngram", number=3, notebooks=("03_ngram_matching",),
     title="N-gram matching for speculative decoding",
-    notebooks=("03_ngram_matching",),
     steps=(
         Step(1, "cpu_path", "the deployed path: copies to the host, the serial C loop, copies back", "c",
              step01_cpu_path, CPU_SOURCE, "ngram_match_cpu"),
