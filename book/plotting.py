@@ -22,7 +22,7 @@ from studylog.plotting import Results, headline_rows, load_results, result_files
 #: The chapters that draw figures, in the course's order (each from ``book/<chapter>/figures.py``). Every one draws
 #: from its committed benchmark results, except chapter 1 (fsm), which has no GPU benchmark: its figure is drawn from
 #: its schema suite, run here on the CPU.
-FIGURE_CHAPTERS = ("env", "fsm", "masked_lm_head", "ngram", "ctc", "ternary", "multi_item", "decode")
+FIGURE_CHAPTERS = ("env", "fsm", "masked_lm_head", "ngram", "ctc", "ternary", "multi_item", "decode", "speculate")
 
 
 def table(results: Results, columns: Sequence[str], series: Sequence[str], where: dict[str, Any] | None = None,

@@ -323,6 +323,42 @@ def _decode(data):
                 gaps=gaps)
 
 
+#: Chapter 8's headline: SmolLM2-135M at batch 1 on the extraction requests, per output token.
+SPECULATE_CASE = {"model": "smollm2", "batch": 1, "workload": "extraction"}
+
+
+#: SmolLM2-135M's body, from its public config (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct, config.json):
+#: hidden 576, 30 layers, MLP 1536, 9 query and 3 key/value heads of 64; bf16 weights, norms included. The head is
+#: not counted: chapter 2's masked head reads only the allowed rows.
+SMOLLM2_BODY_BYTES = 2 * 30 * (576 * (576 + 2 * 3 * 64) + 576 * 576 + 3 * 576 * 1536 + 2 * 576)
+
+
+def _speculate(data):
+    ours = rows(data, "step04", **SPECULATE_CASE)
+    if not ours:
+        return None
+    by_request = {r["params"]["request"]: r for r in rows(data, "ch7_step03", **SPECULATE_CASE)}
+    pairs = [(r, by_request.get(r["params"]["request"])) for r in ours]
+    one_token = [r for r in rows(data, "verify", model="smollm2", batch=1, chunk=1) if r.get("used")]
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    summary = {"ms": med([r["ms"] for r, _ in pairs]), "clock": ours[0]["clock"],
+               "spread_ms": [med([spread(r)[i] for r, _ in pairs]) for i in range(3)]}
+    rival = [b for _, b in pairs if b is not None]
+    rival_row = {"ms": med([b["ms"] for b in rival]), "clock": rival[0]["clock"]} if rival else None
+    latency = med([one_token[0]["ms"] * r["forwards"] / r["tokens"] for r, _ in pairs]) if one_token else None
+    gbs = data.get("ceilings", {}).get("copy_bandwidth_gbs")
+    byte = med([SMOLLM2_BODY_BYTES / (gbs * 1e9) * 1e3 * r["forwards"] / r["tokens"] for r, _ in pairs]) if gbs else None
+    return _row("step04_gated_draft", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
+                "requests", ours[0]["clock"], summary, "chapter 7's loop (its step 3)", rival_row,
+                byte_floor_ms=byte, latency_floor_ms=latency,
+                latency_what="step 4's forwards per output token, each at a one-token forward's GPU time",
+                ratio=med([b["ms"] / r["ms"] for r, b in pairs if b is not None]),
+                ratio_note="median over requests of the per-request ratio",
+                notes=("wall clock: the whole step, host included, per output token",
+                       "floors: the body's weights read once per forward (from the model's public config, at the "
+                       "run's copy bandwidth), and a one-token forward's measured GPU time, per output token"))
+
+
 #: The chapters on the scoreboard, in the course's order; a new chapter appends its entry.
 ENTRIES: tuple[Entry, ...] = (
     Entry(1, "FSM compression", "notebooks/01_fsm_compression.ipynb",
@@ -358,6 +394,11 @@ ENTRIES: tuple[Entry, ...] = (
           headline="the decode loop with chapter 2's head against the same loop with a dense head and a mask, per "
                    "output token (8B-shaped model, batch 1)",
           rival_short="a dense head and a mask"),
+    Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
+          "Can a grammar and prompt-lookup drafts share one decode loop?", "speculate", _speculate,
+          headline="n-gram drafts cut by the grammar and verified in one forward, against chapter 7's loop, per "
+                   "output token (SmolLM2-135M, extraction, batch 1)",
+          rival_short="chapter 7's loop"),
 )
 
 

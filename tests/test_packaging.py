@@ -122,7 +122,17 @@ CHAPTER_CALLS = textwrap.dedent('''
         grammar = decode.Grammar.from_suite(decode.suite_names()[0])
         assert len(decoder.generate(grammar, ["hi"], "masked_head", max_new_tokens=4).ids[0]) >= 1
 
-    for call in (env, fsm, masked_lm_head, ngram, ctc, ternary, multi_item, decode):
+    def speculate():
+        from studylog import decode, speculate
+        import torch
+
+        model = decode.LlamaModel(decode.model_config("tiny"), dtype=torch.float32, seed=1)
+        decoder = speculate.SpeculativeDecoder(model, batch=1, max_seq=64)
+        grammar = decode.Grammar.from_suite(decode.suite_names()[0])
+        assert len(speculate.step04_gated_draft(decoder, grammar, ["hi hi"], max_new_tokens=4).ids[0]) >= 1
+        assert len(speculate.requests.document_names()) >= 20  # the workload ships in the wheel
+
+    for call in (env, fsm, masked_lm_head, ngram, ctc, ternary, multi_item, decode, speculate):
         try:
             call()
         except Exception:

@@ -153,15 +153,17 @@ def test_the_walk_cuts_at_the_first_forbidden_token_and_adds_forced_chains():
 
 
 def _lookup(prompt: list[int], out: list[int], k: int, n_max: int = 3) -> list[int]:
-    """Prompt lookup by hand: the last n output tokens (n from n_max down to 1, with a generated token before
-    them) at their leftmost place in the prompt followed by a token, and up to k tokens after it."""
+    """Prompt lookup by hand, as chapter 3's operator does it: for n from n_max down to 1 (with a generated token
+    before the last n), the last n output tokens at their leftmost place in the prompt that a token follows, else
+    in the output before its newest token; up to k tokens after it."""
     for n in range(n_max, 0, -1):
         if len(out) - 1 < n:
             continue
         pat = out[-n:]
-        for i in range(len(prompt) - n + 1):
-            if prompt[i:i + n] == pat and i + n < len(prompt):
-                return prompt[i + n:i + n + k]
+        for hay in (prompt, out[:-1]):
+            for i in range(len(hay) - n + 1):
+                if hay[i:i + n] == pat and i + n < len(hay):
+                    return hay[i + n:i + n + k]
     return []
 
 
@@ -189,9 +191,8 @@ def test_the_gate_backs_off_and_lets_free_drafts_through():
     for _ in range(4):
         gate.update(0, 5, 0)
     assert gate.backoff[0] == 4
-    gate.update(0, 5, 5)
-    gate.update(0, 5, 5)
-    assert gate.backoff[0] == 1 and gate.allows(0, 1)
+    gate.update(0, 5, 5)  # a draft that pays (a free one, while waiting) ends the wait
+    assert gate.backoff[0] == 1 and gate.wait[0] == 0 and gate.allows(0, 1)
 
 
 def test_the_gemv_kernel_gives_each_token_what_a_one_token_launch_gives():
@@ -252,7 +253,7 @@ def test_speculative_sampling_has_the_models_distribution(tiny):
     rng = random.Random(11)
     drafter = lambda outputs, room: [[rng.choice(letters) for _ in range(min(r, 3))] for r in room]  # noqa: E731
     B, runs, temperature = 8, 150, 0.05
-    dec = SpeculativeDecoder(tiny, batch=B, max_seq=40, drafter=drafter, chunk_sizes=(1, 2, 4))
+    dec = SpeculativeDecoder(tiny, batch=B, max_seq=40, drafter=drafter, chunk_sizes=(1, 2, 4), draft_len=3)
     prompt = vocab.encode("ab ba")
     counts: dict[tuple[int, ...], int] = {}
     accepted = verified = 0

@@ -28,6 +28,7 @@ from studylog.chapter import Chapter, Step
 from studylog.decode.grammar import Grammar
 from studylog.speculate.draft import DRAFT_NGRAM, DraftGate, NgramDrafter, Walked, walk_draft
 from studylog.speculate.loop import CONFIGS, SPEC_COMPONENTS, SpecConfig, SpecGeneration, SpeculativeDecoder
+from studylog.speculate import requests  # the workload: documents, schemas, prompts
 
 
 def step01_masked_head(decoder: SpeculativeDecoder, grammar: Grammar, prompts: Sequence, **options):

@@ -119,7 +119,7 @@ class NgramDrafter:
                 self._out_np[b, :n] = ids
             lens[1, b] = max(n - 1, 0)  # step_idx: the newest token's index
             lens[2, b] = min(room[b], self.draft_len) if active else 0  # draft_token_num
-            lens[3, b] = width + 1  # max_dec_len: the room is capped by draft_token_num already
+            lens[3, b] = 1 << 30  # max_dec_len: no cap of its own, the caller's room is draft_token_num
             lens[4, b] = 0  # seq_lens_encoder: no slot is in prefill
             lens[5, b] = 1 if active else 0  # seq_lens_decoder: 0 is an empty slot
         if self._graph is not None:
@@ -213,7 +213,7 @@ class DraftGate:
             return
         self.mean[b] = 0.5 * self.mean[b] + 0.5 * accepted
         if self.mean[b] >= self.min_accepted:
-            self.backoff[b] = 1
+            self.backoff[b], self.wait[b] = 1, 0
             return
         self.wait[b] = self.backoff[b]
         self.backoff[b] = min(2 * self.backoff[b], self.max_backoff)

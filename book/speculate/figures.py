@@ -1,0 +1,51 @@
+"""Chapter 8's figure, drawn from the committed results: each request's speedup of step 4 over chapter 7's step 3
+against the tokens a verifying forward returned, at batch 1 and 8, both workloads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studylog.speculate import report
+
+FONT = 9
+MARKERS = {"extraction": ("o", "#1b9e77"), "low_copy": ("s", "#d95f02")}
+
+
+def speedup_figure(results):
+    """Per request: tokens per forward of step 4 over chapter 7's step 3 (x) against the measured speedup (y); the
+    diagonal is the speedup if a verifying forward cost a one-token forward."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), sharey=True)
+    for ax, batch in zip(axes, (1, 8)):
+        top = 1.0
+        for workload, (marker, color) in MARKERS.items():
+            rows = report.rows_of(results.rows, batch=batch, workload=workload)
+            ref = {r["params"]["request"]: r for r in rows if r["series"] == "ch7_step03"}
+            xs, ys = [], []
+            for r in rows:
+                if r["series"] != "step04" or r["params"]["request"] not in ref:
+                    continue
+                base = ref[r["params"]["request"]]
+                xs.append(base["forwards"] / r["forwards"])
+                ys.append(base["ms"] / r["ms"])
+            ax.scatter(xs, ys, marker=marker, color=color, s=28, label=workload.replace("_", "-"), alpha=0.85)
+            top = max([top, *xs, *ys])
+        ax.plot([0.8, top * 1.05], [0.8, top * 1.05], color="#999999", lw=1, ls="--", label="forward ratio")
+        ax.axhline(1.0, color="#4d4d4d", lw=0.8)
+        ax.set_title(f"batch {batch}", fontsize=FONT + 1)
+        ax.set_xlabel("forwards of chapter 7's step 3 / forwards of step 4", fontsize=FONT)
+        ax.tick_params(labelsize=FONT)
+    axes[0].set_ylabel("speedup per output token", fontsize=FONT)
+    axes[0].legend(fontsize=FONT, loc="upper left")
+    fig.suptitle("step04_gated_draft against chapter 7's step 3, per request", fontsize=FONT + 1)
+    fig.text(0.5, 0.005, results.caption(), ha="center", va="bottom", fontsize=FONT - 1, color="#555555", wrap=True)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def figures(results) -> dict[str, Any]:
+    return {"speedup": speedup_figure(results)}
+
+
+__all__ = ["figures", "speedup_figure"]

@@ -1,0 +1,143 @@
+"""What notebook 08 reads from the committed benchmark (``assets/bench/<gpu>/speculate.json``, written by
+``python -m studylog bench speculate``): the steps' table, the verifier's layer per chunk length, the bound, the
+drafting's cost, the agreement with chapter 7, and the requests where drafting loses."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from studylog.speculate import CHAPTER, report
+
+SERIES = ("step01", "step02", "step03", "step04")
+
+
+def committed():
+    """The chapter's committed results (the newest GPU's)."""
+    from studylog.plotting import load_results
+
+    return load_results("speculate")
+
+
+def _rows(results, batch: int, workload: str, series: str) -> list[dict]:
+    return [r for r in report.rows_of(results.rows, batch=batch, workload=workload) if r["series"] == series]
+
+
+def per_token_ms(results, batch: int, workload: str, series: str) -> float:
+    """Milliseconds per output token over a workload: the requests' wall time summed over their tokens summed."""
+    rows = _rows(results, batch, workload, series)
+    return sum(r["ms"] * r["tokens"] for r in rows) / sum(r["tokens"] for r in rows)
+
+
+def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
+    """One row per step: what changed, ms per output token (the workload's total), × the previous step, the median
+    over requests of chapter 7's step 3 time over the step's, forwards per output token, accepted tokens per
+    verified draft."""
+    out, prev = [], None
+    ref = per_token_ms(results, batch, workload, "ch7_step03")
+    out.append({"step": "chapter 7, step 3", "change": "the loop chapter 8 starts from", "ms_per_token": ref,
+                "x_previous": None, "x_ch7_step03": 1.0,
+                "forwards_per_token": _forwards(results, batch, workload, "ch7_step03"), "accepted": None})
+    prev = ref
+    for s in SERIES:
+        step = CHAPTER.step(s)
+        ms = per_token_ms(results, batch, workload, s)
+        rows = _rows(results, batch, workload, s)
+        drafts = sum(r["drafts"] for r in rows)
+        out.append({"step": step.name, "change": step.title, "ms_per_token": ms, "x_previous": prev / ms,
+                    "x_ch7_step03": statistics.median(report.speedups(results.rows, batch, workload, s)),
+                    "forwards_per_token": _forwards(results, batch, workload, s),
+                    "accepted": sum(r["accepted"] for r in rows) / drafts if drafts else None})
+        prev = ms
+    return out
+
+
+def _forwards(results, batch, workload, series) -> float:
+    rows = _rows(results, batch, workload, series)
+    return sum(r["forwards"] for r in rows) / sum(r["tokens"] for r in rows)
+
+
+def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
+    """The body per chunk length on each layer (GPU clock, graph replay), and which one the loop runs."""
+    rows = [r for r in report.rows_of(results.rows, batch=batch) if r["series"] == "verify"]
+    by: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        d = by.setdefault(r["params"]["chunk"], {"chunk": r["params"]["chunk"], "gemv": None, "cublas": None})
+        d[r["params"]["layer"]] = r["ms"] * 1e3
+        if r.get("used"):
+            d["used"] = r["params"]["layer"]
+    return [by[k] for k in sorted(by)]
+
+
+def bound_rows(results) -> list[dict[str, Any]]:
+    """Per batch and workload: step 4's median and slowest speedup over chapter 7's step 3, the forward ratio and the
+    forecast at the measured costs (:func:`studylog.speculate.report.bound`)."""
+    return report.summary(results.rows)
+
+
+def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
+    """What drafting costs against a verifying step: one drafting call alone (host clock: it waits for its
+    result), the loop's drafting component (call, grammar walk and bookkeeping) per drafting step, and a verifying
+    forward at chunk length 2 on the layer the loop runs (GPU clock)."""
+    call = next(r for r in report.rows_of(results.rows, batch=batch) if r["series"] == "draft_call")
+    rows = _rows(results, batch, workload, "step04")
+    loop_ms = sum(r["breakdown_ms_per_token"]["draft"] * r["tokens"] for r in rows) / sum(r["draft_calls"]
+                                                                                           for r in rows)
+    verify = next(d for d in layer_table(results, batch) if d["chunk"] == 2)
+    verify_us = verify[verify["used"]]
+    return {"call_us": call["host_ms"] * 1e3, "loop_us": loop_ms * 1e3, "verify_us": verify_us,
+            "call_share": call["host_ms"] * 1e3 / verify_us, "loop_share": loop_ms * 1e3 / verify_us}
+
+
+def agreement(results) -> dict[str, Any]:
+    """The checks against chapter 7: sequences compared, identical, divergences and the largest gap over its
+    rounding bound."""
+    checks = [c for c in results.data["checks"] if c["name"].startswith("same tokens as")]
+    divs = [d for c in checks for d in c.get("divergences", [])]
+    return {"checks": len(checks), "sequences": sum(c["sequences"] for c in checks),
+            "identical": sum(c["identical"] for c in checks), "divergences": len(divs),
+            "all_inside": all(d["inside"] for d in divs) and all(c["passed"] for c in checks),
+            "largest_gap_over_bound": max((d["gap"] / d["bound"] for d in divs if d["bound"]), default=0.0)}
+
+
+def validity(results) -> dict[str, int]:
+    checks = [c for c in results.data["checks"] if c["name"].startswith("outputs that ended")]
+    return {"ended": sum(c["ended"] for c in checks), "valid": sum(c["valid"] for c in checks)}
+
+
+def losses(results, batch: int = 1) -> list[dict[str, Any]]:
+    """Every request of either workload with step 4's speedup over chapter 7's step 3, slowest first."""
+    out = []
+    for workload in report.WORKLOADS:
+        ref = {r["params"]["request"]: r for r in _rows(results, batch, workload, "ch7_step03")}
+        for r in _rows(results, batch, workload, "step04"):
+            base = ref[r["params"]["request"]]
+            out.append({"workload": workload, "request": r["params"]["request"], "tokens": r["tokens"],
+                        "forwards": r["forwards"], "ch7_forwards": base["forwards"], "speedup": base["ms"] / r["ms"]})
+    return sorted(out, key=lambda d: d["speedup"])
+
+
+def markdown_table(rows: list[dict[str, Any]], formats: dict[str, str]) -> str:
+    """A Markdown table of ``rows`` (dicts), one column per key of ``formats`` (a format spec; a missing value
+    prints a dash)."""
+    head = "| " + " | ".join(formats) + " |\n|" + "---|" * len(formats)
+    lines = ["| " + " | ".join("–" if r.get(k) is None else format(r[k], f) for k, f in formats.items()) + " |"
+             for r in rows]
+    return "\n".join([head] + lines)
+
+
+def sample_outputs(results, names=("invoice_2", "contact_1", "event_2", "product_3")) -> list[str]:
+    """The outputs the benchmark kept for a few extraction requests at batch 1 (chapter 7's step 3 wrote them;
+    every step writes the same)."""
+    notes = [t for t in results.data["notes"] if "(batch 1):" in t]
+    return [t for n in names for t in notes if t.startswith(f"{n} (batch 1):")]
+
+
+def slowest(results, batch: int, workload: str, series: str) -> float:
+    """The slowest request's speedup over chapter 7's step 3."""
+    return min(report.speedups(results.rows, batch, workload, series))
+
+
+__all__ = ["agreement", "bound_rows", "committed", "draft_cost", "layer_table", "losses", "markdown_table",
+           "per_token_ms", "slowest",
+           "sample_outputs", "steps_table", "validity"]
