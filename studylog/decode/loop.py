@@ -57,7 +57,7 @@ class _Row:
         return (self.prompt + self.ids)[self.kv_len:]
 
 
-class _Marks:
+class Marks:
     """Timestamps on the device's stream (CUDA events) or, on a CPU, on the host's clock (CPU work is
     synchronous, so the two agree there)."""
 
@@ -335,7 +335,7 @@ class Decoder:
 
     def _run(self, rows: list[_Row], grammar: Grammar, cfg: DecodeConfig, max_new: int, temperature: float,
              seed: int, instrument: bool, record: bool = False) -> Generation:
-        marks = _Marks(self.device, instrument)
+        marks = Marks(self.device, instrument)
         records: list[dict] | None = [{} for _ in rows] if record else None
         V, eos = self.V, self.vocab.eos_id
         mask_host_ms, head_host_ms, wall_steps, chunk_lengths = [], [], [], []
@@ -549,4 +549,4 @@ class Decoder:
         self._settle(r, grammar, cfg, max_new)
 
 
-__all__ = ["COMPONENTS", "Decoder"]
+__all__ = ["COMPONENTS", "Decoder", "Marks"]

@@ -37,7 +37,7 @@ from studylog.checks import check_int
 from studylog.decode import kernels, pieces
 from studylog.decode.generation import CONFIGS as DECODE_CONFIGS, DecodeConfig, Generation
 from studylog.decode.grammar import Grammar
-from studylog.decode.loop import Decoder
+from studylog.decode.loop import Decoder, Marks
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
 from studylog.speculate.draft import DRAFT_NGRAM, DraftGate, NgramDrafter, walk_draft
 
@@ -105,29 +105,6 @@ def _pending(r) -> list[int]:
     """A sequence's tokens not in the cache yet (the token sampled last and the forced ones after it)."""
     n = len(r.prompt)
     return r.ids[r.kv_len - n:] if r.kv_len >= n else r.prompt[r.kv_len:] + r.ids
-
-
-class _Clock:
-    """Four marks per step: on a GPU, events on the stream; on a CPU (synchronous), the host's clock."""
-
-    def __init__(self, cuda: bool, on: bool):
-        self.cuda, self.on, self.marks = cuda, on, []
-
-    def __call__(self) -> None:
-        if not self.on:
-            return
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.marks.append(e)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def ms(self) -> list[float]:
-        if self.cuda:
-            self.marks[-1].synchronize()
-            return [self.marks[0].elapsed_time(e) for e in self.marks]
-        return [(t - self.marks[0]) * 1e3 for t in self.marks]
 
 
 def _uniform(seed: int, seq: Tensor, pos: Tensor, ids: Tensor, salt: int) -> Tensor:
@@ -287,7 +264,7 @@ class SpeculativeDecoder(Decoder):
         C = self.max_chunk
         while not all(r.finished for r in rows):
             t_step = time.perf_counter()
-            marks = _Clock(cuda, instrument)
+            marks = Marks(self.device, instrument)
             # 1-2. draft and walk
             pend = [_pending(r) if not r.finished else [0] for r in rows]
             pending = [len(p) for p in pend]
