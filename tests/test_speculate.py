@@ -346,3 +346,27 @@ def test_the_bound_counts_forwards_and_their_measured_costs():
     assert b["forwards"] == 9 / 4
     assert b["forecast"] == pytest.approx(8.0 / (1.6 + 1.6 + 1.0 + 3 * 0.05))
     assert report.speedups(rows, 1, "extraction") == [2.0]
+
+
+def test_the_benchmark_sweep_records_every_step_and_checks_the_tokens(tiny):
+    """The benchmark's sweep on a CPU (the tiny model, cl100k, a chat template of plain text): every step and both
+    chapter 7 steps recorded per request, the agreement checks made, and the bound readable from the rows."""
+    from studylog.decode import pieces
+    from studylog.decode.report import LocalRun
+
+    vocab = pieces.load_vocabulary("cl100k_base")
+
+    class Chat:  # what report.sweep asks of a tokenizer
+        def encode_chat(self, messages):
+            return vocab.encode("".join(m["content"] for m in messages)[:400])
+
+    run = LocalRun()
+    report.sweep(run, device="cpu", batches=(1,), workloads=("extraction",), repeats=1, model=tiny, vocab=vocab,
+                 tokenizer=Chat(), limit=1, max_new=24)
+    series = {r["series"] for r in run.rows}
+    assert series == {"step01", "step02", "step03", "step04", "ch7_step01", "ch7_step03"}
+    names = {c["name"] for c in run.checks}
+    assert "same tokens as chapter 7's step 3 wherever the rounding bound allows" in names
+    assert all(c["passed"] for c in run.checks if c["name"].startswith("same tokens"))
+    b = report.bound(run.rows, 1, "extraction")
+    assert b["forwards"] > 0 and "forecast" not in b  # no body costs on a CPU: the forward ratio only

@@ -66,23 +66,24 @@ def valid(workload: str, name: str, text: bytes) -> tuple[bool, str]:
     return requests.valid(name, text) if workload == "extraction" else decode_requests.valid(name, text)
 
 
-def timed_runs(decoder, grammar, prompts, config: str, repeats: int):
+def timed_runs(decoder, grammar, prompts, config: str, repeats: int, max_new: int = MAX_NEW):
     """A warm-up run, ``repeats`` timed runs (Python's collector paused) and one instrumented run."""
     from studylog.bench import collector_paused
 
-    decoder.generate(grammar, prompts, config, max_new_tokens=MAX_NEW, instrument=False)
+    decoder.generate(grammar, prompts, config, max_new_tokens=max_new, instrument=False)
     with collector_paused():
-        runs = [decoder.generate(grammar, prompts, config, max_new_tokens=MAX_NEW, instrument=False)
+        runs = [decoder.generate(grammar, prompts, config, max_new_tokens=max_new, instrument=False)
                 for _ in range(repeats)]
-        timed = decoder.generate(grammar, prompts, config, max_new_tokens=MAX_NEW, instrument=True)
+        timed = decoder.generate(grammar, prompts, config, max_new_tokens=max_new, instrument=True)
     return runs, timed
 
 
 def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[str] = WORKLOADS, repeats: int = 3,
-          model=None, vocab=None, tokenizer=None, limit: int | None = None) -> None:
+          model=None, vocab=None, tokenizer=None, limit: int | None = None, max_new: int = MAX_NEW) -> None:
     """Run every request of ``workloads`` in every configuration at each batch size and record it with ``run``
     (a ``BenchRun``, or any object with its ``record``, ``check`` and ``note``; the tests pass a tiny model,
-    its vocabulary and a tokenizer-like object). ``limit``: the first requests of each workload only."""
+    its vocabulary and a tokenizer-like object). ``limit``: the first requests of each workload only; ``max_new``: the
+    output cap."""
     from studylog.bench import Timing
     from studylog.decode.report import wall_clock
 
@@ -115,7 +116,7 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
                 outs = {}
                 for decoder, configs in ((ch7, CH7), (spec, SERIES)):
                     for config, series in configs.items():
-                        runs, timed = timed_runs(decoder, grammar, prompts, config, repeats)
+                        runs, timed = timed_runs(decoder, grammar, prompts, config, repeats, max_new)
                         outs[series] = timed
                         extra = _draft_fields(timed) if isinstance(timed, SpecGeneration) else {}
                         run.record(series, Timing.of([g.ms_per_token for g in runs], clock=clock),
@@ -127,10 +128,10 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
                 ref3, ref1 = outs["ch7_step03"], outs["ch7_step01"]
                 for series in SERIES.values():
                     agreement(run, "chapter 7's step 3", ch7, spec, grammar, prompts, "masked_head", series, outs,
-                              {**params, "series": series})
+                              {**params, "series": series}, max_new)
                 agreement(run, "chapter 7's step 1", ch7, spec, grammar, prompts, "baseline", "step04", outs,
-                          {**params, "series": "step04"})
-                ended = [f and len(i) < MAX_NEW for f, i in zip(ref3.finished, ref3.ids)]
+                          {**params, "series": "step04"}, max_new)
+                ended = [f and len(i) < max_new for f, i in zip(ref3.finished, ref3.ids)]
                 checks = [(n, *valid(workload, n, t)) for n, t, e in zip(names, ref3.text, ended) if e]
                 run.check("outputs that ended valid for their schema", all(ok for _, ok, _ in checks), params=params,
                           ended=sum(ended), valid=sum(ok for _, ok, _ in checks),
@@ -143,7 +144,7 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
 
 
 def agreement(run, name: str, ch7: Decoder, spec: SpeculativeDecoder, grammar, prompts, ref_config: str,
-              series: str, outs: dict, params: dict) -> None:
+              series: str, outs: dict, params: dict, max_new: int = MAX_NEW) -> None:
     """Check that ``series`` wrote the same tokens as chapter 7's ``ref_config`` or, where a sequence did not,
     that the two diverged at a near tie: both re-run with their hidden states recorded, the divergence's gap
     against the rounding bound of the two computations (:func:`studylog.decode.agreement.compare`)."""
@@ -155,8 +156,8 @@ def agreement(run, name: str, ch7: Decoder, spec: SpeculativeDecoder, grammar, p
                               "sequences": len(ref.ids)}
     if not same:
         config = next(c for c, s in SERIES.items() if s == series)
-        a = ch7.generate(grammar, prompts, ref_config, max_new_tokens=MAX_NEW, instrument=False, record=True)
-        b = spec.generate(grammar, prompts, config, max_new_tokens=MAX_NEW, instrument=False, record=True)
+        a = ch7.generate(grammar, prompts, ref_config, max_new_tokens=max_new, instrument=False, record=True)
+        b = spec.generate(grammar, prompts, config, max_new_tokens=max_new, instrument=False, record=True)
         found = compare(a, b, spec.model.lm_head)
         detail.update(divergences=found["divergences"], all_inside=found["all_inside"])
     run.check(f"same tokens as {name} wherever the rounding bound allows", same or detail["all_inside"],
