@@ -1,6 +1,6 @@
 """Chapter 5's two lessons: the exercises' checks (they accept the library's solutions and reject planted
-mistakes), what the lessons compute from the committed results and lab/, the figures' colours, and the notebooks'
-glued numbers (every name the prose shows is glued by a cell)."""
+mistakes), what the lessons compute from the committed results and lab/, the figures' colours, and the notebooks
+(no answer imported, one steps table each)."""
 
 import json
 import re
@@ -10,6 +10,7 @@ import torch
 
 from book.ternary import exercises as E
 from book.ternary import lesson as L
+from book.ternary import solutions as S
 from book.ternary.figures import SERIES_COLOURS, figures
 from studylog import paths
 from studylog import ternary as T
@@ -27,18 +28,18 @@ def _half_up(x):
 
 
 CASES = [
-    (E.check_unpack_2bit, (E.unpack_group,),
+    (E.check_unpack_2bit, (S.unpack_group,),
      (lambda ws: [((ws[k // 16] >> (2 * (k % 16))) & 3) - 1 for k in range(256)],)),  # 16 consecutive a word
-    (E.check_field_float, (E.field_float_bits,),
+    (E.check_field_float, (S.field_float_bits,),
      (lambda w, f: ((w >> (2 * f)) & 3) | ((150 - 2 * f) << 23),)),  # a shift, and no exponent bits kept
-    (E.check_base3, (E.base3_byte, E.base3_weights),
-     (lambda ws: sum((w + 1) * 3 ** (4 - d) for d, w in enumerate(ws)), E.base3_weights)),  # digits reversed
-    (E.check_absmean, (E.absmean,),
+    (E.check_base3, (S.base3_byte, S.base3_weights),
+     (lambda ws: sum((w + 1) * 3 ** (4 - d) for d, w in enumerate(ws)), S.base3_weights)),  # digits reversed
+    (E.check_absmean, (S.absmean,),
      (lambda w: ((w / w.abs().max()).round().clamp(-1, 1).to(torch.int8), 1 / w.abs().max()),)),  # absmax
-    (E.check_mma_position, (E.mma_position,), (lambda k: (k % 16, 2 * (k // 16)),)),  # the plain 2-bit layout
-    (E.check_w2a8_sum, (E.w2a8_sum,), (lambda a, s: a[0] + (a[1] >> 2) + (a[2] >> 4) + (a[3] >> 6),)),  # no x sum
-    (E.check_round_int8, (E.round_int8,), (_half_up,)),  # half up, not half to even
-    (E.check_ring_waits, (E.ring_waits,), (lambda c, s: (c % s, c & 1, None if c < s else c & 1),)),  # chunk parity
+    (E.check_mma_position, (S.mma_position,), (lambda k: (k % 16, 2 * (k // 16)),)),  # the plain 2-bit layout
+    (E.check_w2a8_sum, (S.w2a8_sum,), (lambda a, s: a[0] + (a[1] >> 2) + (a[2] >> 4) + (a[3] >> 6),)),  # no x sum
+    (E.check_round_int8, (S.round_int8,), (_half_up,)),  # half up, not half to even
+    (E.check_ring_waits, (S.ring_waits,), (lambda c, s: (c % s, c & 1, None if c < s else c & 1),)),  # chunk parity
 ]
 
 
@@ -143,16 +144,17 @@ def test_figures_give_each_series_one_colour(results):
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
-def test_every_glued_name_is_glued_by_a_cell(path):
+def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
     cells = json.loads(path.read_text())["cells"]
-    shown = set(re.findall(r"\{glue(?::\w+)?\}`([^`]+)`", "\n".join("".join(c["source"]) for c in cells
-                                                                     if c["cell_type"] == "markdown")))
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    glued = set(re.findall(r"\bput\(\s*f?\"([^\"]+)\"", code))
-    expanded = set()
-    for name in glued:  # put(f"share_{card}", ...): the cards of the committed results
-        expanded |= {name.replace("{card}", card) for card in ("H100", "H200")} if "{card}" in name else {name}
-    assert shown <= expanded, f"{path.name}: shown but never glued: {sorted(shown - expanded)}"
+    assert "solutions" not in code and "glue(" not in code
+    assert code.count("lesson.boehm_table(") == 1
+
+
+def test_the_boehm_table_has_one_row_a_step(results):
+    table = L.boehm_table(results, L.PART2_ROWS)
+    assert table.count("\n") == len(L.PART2_ROWS) + 1
+    assert "| step | the one change | µs | × previous | × floor |" in table
 
 
 def test_the_chapter_lists_both_lessons():

@@ -2,9 +2,9 @@
 
 Every ``check_*`` function runs the reader's function on small random inputs against the chapter's reference
 (the packers and quantisers of :mod:`studylog.ternary.formats`, or the rule the kernels follow), prints what is
-wrong on the first input where it disagrees, and returns ``True`` when every input agrees. A plain solution of
-each exercise is here too: the notebooks check them, so that the checks themselves run in CI; try your own
-before reading them.
+wrong on the first input where it disagrees, and returns ``True`` when every input agrees; a function that still
+raises ``NotImplementedError`` (the page's stub) gets a note instead of a traceback. The answers live in
+:mod:`book.ternary.solutions`, which the notebooks do not import.
 
 Lesson 1 (Triton):
 
@@ -28,13 +28,11 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from book.common import report
+from book.common import guarded, report
 from studylog.ternary.formats import pack_2bit, pack_2bit_mma, pack_base3, quantize_absmean, quantize_activations
 
 __all__ = ["check_unpack_2bit", "check_field_float", "check_base3", "check_absmean", "check_mma_position",
-           "check_w2a8_sum", "check_round_int8", "check_ring_waits",
-           "unpack_group", "field_float_bits", "base3_byte", "base3_weights", "absmean", "mma_position",
-           "w2a8_sum", "round_int8", "ring_waits"]
+           "check_w2a8_sum", "check_round_int8", "check_ring_waits"]
 
 
 def _u32(v: int) -> int:
@@ -49,16 +47,7 @@ def _ternary(gen: torch.Generator, *shape: int) -> Tensor:
 # 1. One group of the 2-bit format
 # --------------------------------------------------------------------------------------
 
-def unpack_group(words: Sequence[int]) -> list[int]:
-    """A solution of exercise 1: the 256 weights (-1, 0, +1) of one group of the ``"2bit"`` format, from its 16
-    words (unsigned 32-bit ints). Word t holds weight 16 j + t in bits 2j, 2j + 1, as the code w + 1."""
-    out = [0] * 256
-    for t, word in enumerate(words):
-        for j in range(16):
-            out[16 * j + t] = ((word >> (2 * j)) & 3) - 1
-    return out
-
-
+@guarded
 def check_unpack_2bit(fn: Callable[[Sequence[int]], Sequence[int]], cases: int = 40) -> bool:
     """``fn(words) -> 256 weights`` on random groups packed by :func:`~studylog.ternary.formats.pack_2bit`."""
     gen = torch.Generator().manual_seed(51)
@@ -79,18 +68,11 @@ def check_unpack_2bit(fn: Callable[[Sequence[int]], Sequence[int]], cases: int =
 # 2. A field as a float with one AND (step 4's decode)
 # --------------------------------------------------------------------------------------
 
-def field_float_bits(word: int, f: int) -> int:
-    """A solution of exercise 2: for field f (0..7) of a 2-bit word, the 32 bits that read as the float32
-    ``2^(23 - 2f) + code``: the word's low 16 bits under an exponent with all bits set, ANDed with the
-    exponent of ``2^(23 - 2f)`` and the field's two bits (step 4's ``_with_exponent`` and ``_field_to_float``)."""
-    low = (word & 0xFFFF) | 0x7F800000
-    return low & (((150 - 2 * f) << 23) | (3 << (2 * f)))
-
-
 def _as_float(bits: int) -> float:
     return torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
 
 
+@guarded
 def check_field_float(fn: Callable[[int, int], int], cases: int = 200) -> bool:
     """``fn(word, f) -> bits``: the bits must read as the float32 ``2^(23 - 2f) + code`` of field f, so that
     subtracting ``2^(23 - 2f) + 1`` leaves the weight; and they must come from one AND of the word's low 16 bits
@@ -116,16 +98,7 @@ def check_field_float(fn: Callable[[int, int], int], cases: int = 200) -> bool:
 # 3. Five weights in a byte (base 3)
 # --------------------------------------------------------------------------------------
 
-def base3_byte(weights: Sequence[int]) -> int:
-    """A solution of exercise 3a: the byte of five weights w_0..w_4, ``sum_d (w_d + 1) 3^d``."""
-    return sum((int(w) + 1) * 3**d for d, w in enumerate(weights))
-
-
-def base3_weights(byte: int) -> list[int]:
-    """A solution of exercise 3b: the five weights of a base-3 byte, digit 0 first."""
-    return [(byte // 3**d) % 3 - 1 for d in range(5)]
-
-
+@guarded
 def check_base3(encode: Callable[[Sequence[int]], int], decode: Callable[[int], Sequence[int]]) -> bool:
     """``encode(five weights) -> byte`` against :func:`~studylog.ternary.formats.pack_base3` (byte t of a group
     holds weights 16 d + t as digit d) for all 243 combinations, and ``decode(byte)`` back."""
@@ -148,13 +121,7 @@ def check_base3(encode: Callable[[Sequence[int]], int], decode: Callable[[int], 
 # 4. BitNet's absmean quantisation
 # --------------------------------------------------------------------------------------
 
-def absmean(w: Tensor) -> tuple[Tensor, Tensor]:
-    """A solution of exercise 4: ``scale = 1 / mean|W|`` over the whole tensor and
-    ``W_t = clamp(round(W * scale), -1, 1)`` as int8."""
-    scale = 1.0 / w.float().abs().mean().clamp(min=1e-5)
-    return (w.float() * scale).round().clamp(-1, 1).to(torch.int8), scale
-
-
+@guarded
 def check_absmean(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int = 30) -> bool:
     """``fn(W) -> (W_t, scale)`` against :func:`~studylog.ternary.formats.quantize_absmean` (per tensor) on
     random matrices of different spreads."""
@@ -177,14 +144,7 @@ def check_absmean(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int = 30
 # 5. Where a weight sits in the MMA order
 # --------------------------------------------------------------------------------------
 
-def mma_position(k: int) -> tuple[int, int]:
-    """A solution of exercise 5: (word, lowest bit) of weight k (0..255) of a group in the ``"2bit_mma"`` format:
-    weight 32 p + 2 t + h is in word t, bits 16 h + 2 p."""
-    p, rest = divmod(k, 32)
-    t, h = divmod(rest, 2)
-    return t, 16 * h + 2 * p
-
-
+@guarded
 def check_mma_position(fn: Callable[[int], tuple[int, int]], cases: int = 20) -> bool:
     """``fn(k) -> (word, bit)`` for every weight of a group, against
     :func:`~studylog.ternary.formats.pack_2bit_mma` on random groups: the code ``w + 1`` of weight k must be
@@ -209,13 +169,7 @@ def check_mma_position(fn: Callable[[int], tuple[int, int]], cases: int = 20) ->
 # 6. Step 12's four accumulators
 # --------------------------------------------------------------------------------------
 
-def w2a8_sum(acc: Sequence[int], x_sum: int) -> int:
-    """A solution of exercise 6: ``sum_k x_k w_k`` from step 12's accumulators. ``acc[p]`` sums ``x_k`` times the
-    byte ``code_k << 2p`` over the weights k held at code position p of their byte, with ``code = w + 1``;
-    ``x_sum`` is ``sum_k x_k`` over all of them."""
-    return acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6) - x_sum
-
-
+@guarded
 def check_w2a8_sum(fn: Callable[[Sequence[int], int], int], cases: int = 300) -> bool:
     """``fn(acc, x_sum) -> sum x w`` on random rows: 4 x 64 weights, int8 x, the accumulators built as step 12's
     int8 MMAs build them (the AND with ``0x03030303 << 2p`` leaves ``code << 2p`` in a byte)."""
@@ -236,13 +190,7 @@ def check_w2a8_sum(fn: Callable[[Sequence[int], int], int], cases: int = 300) ->
 # 7. Rounding x to int8 as BitNet does
 # --------------------------------------------------------------------------------------
 
-def round_int8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """A solution of exercise 7: one row of x to int8 with its absmax, ``scale = 127 / max|x|`` and
-    ``q = round(x * scale)`` rounded half to even (as torch rounds), clamped to [-128, 127]."""
-    scale = 127.0 / x.float().abs().max().clamp(min=1e-5)
-    return (x.float() * scale).round().clamp(-128, 127).to(torch.int8), scale
-
-
+@guarded
 def check_round_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int = 50) -> bool:
     """``fn(x_row) -> (q, scale)`` against :func:`~studylog.ternary.formats.quantize_activations` on random rows,
     half of them built so that many products land exactly on a half (where rounding half up and half to even
@@ -272,14 +220,7 @@ def check_round_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int =
 # 8. The waits of a ring of stages
 # --------------------------------------------------------------------------------------
 
-def ring_waits(c: int, stages: int) -> tuple[int, int, Optional[int]]:
-    """A solution of exercise 8: for chunk c of a ring of ``stages`` stages, (the stage it goes into, the phase
-    parity a consumer waits for on that stage's "full" mbarrier, the parity the producer waits for on its
-    "empty" mbarrier before refilling it, or None when the stage has never been used)."""
-    s, lap = c % stages, c // stages
-    return s, lap & 1, None if lap == 0 else (lap - 1) & 1
-
-
+@guarded
 def check_ring_waits(fn: Callable[[int, int], tuple[int, int, Optional[int]]]) -> bool:
     """``fn(c, stages)`` for chunks 0..63 of rings of 1 to 8 stages, against a simulation of the mbarriers: each
     completes a phase when its arrivals are in, and a wait on parity P returns once the phase of parity P has

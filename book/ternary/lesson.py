@@ -589,3 +589,49 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
+
+
+# ----------------------------------------------------------------------------------------------
+# One steps table a page
+# ----------------------------------------------------------------------------------------------
+
+#: Part 1's rows: (step, rows of x, the step it is measured against, the one change). Steps 5, 7, 8 and 9 are
+#: built for several rows of x, so they are measured at M = 16 against step 5, and step 5 also at M = 1.
+PART1_ROWS = (
+    (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
+    (2, 1, 1, "int8 weights"),
+    (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
+    (4, 1, 3, "a decode of an AND and an FMA a weight, 8 rows a program, split K (four changes, measured together)"),
+    (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
+    (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte)"),
+    (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
+    (7, 16, 5, "1.6-bit weights with `tl.dot`"),
+    (8, 16, 5, "int8 activations on the int8 tensor cores"),
+    (9, 16, 5, "two weights an AND and a packed FMA, straight into the MMA"),
+    (9, 1, 4, "the same kernel at one row of x"),
+)
+
+#: Part 2's rows, as :data:`PART1_ROWS`.
+PART2_ROWS = (
+    (9, 1, None, "part 1's last Triton step"),
+    (10, 1, 9, "the same bits on `mma.sync`, loads issued groups ahead"),
+    (11, 1, 10, "the weights brought by the TMA into a ring, a producer warp (with three smaller changes)"),
+    (12, 1, 11, "int8 x on the int8 tensor cores: one AND per 4 weights"),
+    (13, 1, 12, "one tile of weights a warp, a slice of K a block (built for several rows; at one row it loses)"),
+    (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
+    (13, 16, 12, "one tile of weights a warp, a slice of K a block"),
+)
+
+
+def boehm_table(results, rows, shape: str = MAIN) -> str:
+    """Markdown, one row a step (SGEMM-worklog style): the one change, its GPU-clock time at ``shape`` (µs), its
+    speedup over the step it is measured against (named, > 1 is faster) and its multiple of the bandwidth
+    floor of its format (2-bit, or 1.6-bit for steps 6 and 7); "pending" where the file has no time."""
+    lines = ["| step | the one change | µs | × previous | × floor |", "|---|---|---|---|---|"]
+    for number, m, previous, change in rows:
+        t = us(results, SERIES[number], shape, m)
+        floor = floor_us(results, shape, m, "base3" if number in (6, 7) else "2bit")
+        before = None if previous is None else us(results, SERIES[previous], shape, m)
+        speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
+        lines.append(f"| {number} (M = {m}) | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')} |")
+    return "\n".join(lines)
