@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from book.decode import exercises, figures, lesson
+from book.decode import exercises, figures, lesson, solutions
 from studylog.decode import report
 from studylog.plotting import Results
 
@@ -25,10 +25,10 @@ matplotlib.use("Agg")
 # --------------------------------------------------------------------------------------
 
 def test_the_checks_accept_the_solutions(capsys):
-    assert exercises.check_step_speedup(exercises.step_speedup)
-    assert exercises.check_bitmask(exercises.pack_bitmask, exercises.unpack_bitmask)
-    assert exercises.check_jump_decode(exercises.jump_decode)
-    assert exercises.check_chunked_forward(exercises.chunked_forward)
+    assert exercises.check_step_speedup(solutions.step_speedup)
+    assert exercises.check_bitmask(solutions.pack_bitmask, solutions.unpack_bitmask)
+    assert exercises.check_jump_decode(solutions.jump_decode)
+    assert exercises.check_chunked_forward(solutions.chunked_forward)
     assert capsys.readouterr().out.count("inputs agree") == 4
 
 
@@ -40,12 +40,12 @@ def test_the_library_agrees_with_the_exercises():
     gen = np.random.default_rng(1)
     for vocab in (1, 31, 32, 33, 1000):
         mask = gen.random(vocab) < 0.3
-        ours = exercises.pack_bitmask(np.flatnonzero(mask), vocab)
+        ours = solutions.pack_bitmask(np.flatnonzero(mask), vocab)
         assert np.array_equal(ours, pack_bitmask(torch.from_numpy(mask)[None]).numpy()[0])
     parts = {"body": 2.0, "mask_wait": 0.01, "head": 0.2, "mask_apply": 0.02, "sampling": 0.05, "host": 0.1}
     bound = report.amdahl({"baseline": parts})["chapter2_bound"]
     vanish = {"head": math.inf, "mask_apply": math.inf, "sampling": math.inf}
-    assert exercises.step_speedup(parts, vanish) == pytest.approx(bound)
+    assert solutions.step_speedup(parts, vanish) == pytest.approx(bound)
 
 
 def _weighted_average(parts, faster):
@@ -57,12 +57,12 @@ def _reversed_bits(ids, vocab):
     """A planted mistake: token v as bit 31 - v % 32."""
     bits = np.zeros(-(-vocab // 32) * 32, dtype=np.uint8)
     bits[np.asarray(ids, dtype=np.int64)] = 1
-    return exercises.pack_bitmask(np.flatnonzero(bits.reshape(-1, 32)[:, ::-1].reshape(-1)), len(bits))
+    return solutions.pack_bitmask(np.flatnonzero(bits.reshape(-1, 32)[:, ::-1].reshape(-1)), len(bits))
 
 
 def _padding_kept(bitmask, vocab):
     """A planted mistake: bits past the vocabulary read as tokens."""
-    return exercises.unpack_bitmask(bitmask, np.asarray(bitmask).size * 32)
+    return solutions.unpack_bitmask(bitmask, np.asarray(bitmask).size * 32)
 
 
 def _whole_chain(allowed, model, max_new_tokens, eos=0):
@@ -136,8 +136,8 @@ def _unpadded(model, tokens, chunks, sizes):
 
 def test_the_checks_reject_planted_mistakes(capsys):
     assert not exercises.check_step_speedup(_weighted_average)
-    assert not exercises.check_bitmask(_reversed_bits, exercises.unpack_bitmask)
-    assert not exercises.check_bitmask(exercises.pack_bitmask, _padding_kept)
+    assert not exercises.check_bitmask(_reversed_bits, solutions.unpack_bitmask)
+    assert not exercises.check_bitmask(solutions.pack_bitmask, _padding_kept)
     assert not exercises.check_jump_decode(_whole_chain)
     assert not exercises.check_jump_decode(_no_jumps)
     assert not exercises.check_chunked_forward(_start_at_zero)
@@ -150,7 +150,7 @@ def test_the_checks_reject_planted_mistakes(capsys):
 
 def test_the_checks_survive_answers_of_the_wrong_type(capsys):
     assert not exercises.check_step_speedup(lambda parts, faster: "fast")
-    assert not exercises.check_bitmask(lambda ids, vocab: np.zeros(3, dtype=np.int64), exercises.unpack_bitmask)
+    assert not exercises.check_bitmask(lambda ids, vocab: np.zeros(3, dtype=np.int64), solutions.unpack_bitmask)
     assert not exercises.check_chunked_forward(lambda model, tokens, chunks, sizes: None)
 
 
@@ -369,3 +369,70 @@ def test_the_headline_names_the_heads_rows():
         data = dict(res.data, measurements=rows, notes=[f"model 1b: {{'name': '1b', 'vocab_size': {padded}}}"])
         cases = [h["case"] for h in report.headline(Results("decode.json", data))]
         assert cases and all(c.startswith(f"1b shape (head of {padded:,} rows), batch 1") for c in cases)
+
+
+# --------------------------------------------------------------------------------------
+# The page's steps table, result table, peer and loop listings; the kernel exercise
+# --------------------------------------------------------------------------------------
+
+def test_the_kernel_exercise_accepts_a_tile_and_rejects_a_wrong_launch(capsys):
+    assert exercises.check_gemv_tile(solutions.gemv_tile)
+    assert exercises.check_gemv_tile(lambda x, w: solutions.gemv_tile(x, w, BLOCK_N=8, BLOCK_K=32))
+
+    def first_block_only(x, w):
+        """A planted mistake: the grid covers only the first BLOCK_N rows."""
+        out = solutions.gemv_tile(x, w)
+        out[:, 4:] = 0
+        return out
+
+    assert not exercises.check_gemv_tile(first_block_only)
+    assert "not written yet" not in capsys.readouterr().out
+
+
+def test_an_unwritten_exercise_gets_a_note_not_a_traceback(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    for check in (exercises.check_step_speedup, exercises.check_jump_decode, exercises.check_chunked_forward,
+                  exercises.check_gemv_tile):
+        assert check(stub) is False
+    assert exercises.check_bitmask(stub, stub) is False
+    assert capsys.readouterr().out.count("not written yet") == 5
+
+
+def test_the_steps_table_is_its_own_ratios(earlier):
+    rows = lesson.steps_rows(earlier, "1b", 1)
+    assert [r["step"] for r in rows] == ["step01_baseline", "step02_jump_forward", "step03_masked_head"]
+    for a, b in zip(rows, rows[1:]):
+        assert b["x_previous"] == pytest.approx(a["us"] / b["us"])
+    assert all(r["x_floor"] == pytest.approx(r["us"] / r["floor_us"]) for r in rows)
+    table = lesson.steps_table(earlier)
+    assert table.startswith("| step | the one change | µs per token | × previous | × floor |")
+    assert lesson.PENDING in lesson.steps_table(Results(earlier.path, {**earlier.data, "measurements": []}))
+
+
+def test_the_result_table_and_the_peer_read_the_committed_run():
+    current = lesson.committed()
+    if current is None:
+        pytest.skip("no committed results")
+    rows = lesson.result_rows(current)
+    assert {(r["model"], r["batch"]) for r in rows} >= {("1b", 1), ("8b", 1)}
+    assert all(r["ratio"] == pytest.approx(r["step1_us"] / r["step3_us"]) for r in rows)
+    peer = lesson.peer_numbers(current)
+    if peer is not None:
+        assert peer["hf_ms"] > peer["step1_ms"] > 0 and peer["requests"] > 0
+
+
+def test_the_loop_listings_are_the_library_code_and_short():
+    from studylog.decode import loop
+
+    text = open(loop.__file__).read()
+    for step in (2, 3):
+        code = lesson.loop_code(step)
+        lines = [ln for ln in code.text.splitlines() if ln.strip() and not ln.startswith("#") and ln.strip() != "..."]
+        assert len(code.text.splitlines()) <= 40
+        assert all(ln.strip() in text for ln in lines), step
+    assert 'cfg.jump == "token"' in lesson.loop_code(2).text
+    assert "masked_head_kernel" in lesson.loop_code(3).text and "allowed_argmax" in lesson.loop_code(3).text
+    with pytest.raises(ValueError):
+        lesson.loop_code(1)

@@ -1,10 +1,9 @@
 """Chapter 7's exercises, each with a check that a reader runs on a CPU.
 
 Every ``check_*`` function runs the reader's function on small random inputs against the chapter's answer,
-prints what is wrong on the first input where they disagree, and returns ``True`` when every input agrees. A
-plain solution of each exercise is here too (``step_speedup``, ``pack_bitmask`` / ``unpack_bitmask``,
-``jump_decode``, ``chunked_forward``): the notebook checks them, so that the checks themselves run in CI; try
-your own before reading them.
+prints what is wrong on the first input where they disagree, and returns ``True`` when every input agrees; a
+function that still raises ``NotImplementedError`` gets a note instead of a traceback. The answers live in
+:mod:`book.decode.solutions`, which the notebook does not import: only the checks load it.
 
 1. :func:`check_step_speedup`: the Amdahl bound of a decode step from its parts: what the step becomes when
    some parts get faster (or vanish) and the rest stay.
@@ -16,6 +15,9 @@ your own before reading them.
 4. :func:`check_chunked_forward`: a prompt fed to the model's KV cache in chunks (each padded to a captured
    chunk length, as the decode loop's CUDA graphs need), which must give the hidden state of a forward over
    the whole prompt.
+5. :func:`check_gemv_tile`: the six-launch layer's matrix-vector kernel launched with a tile of the reader's
+   own, checked against ``x @ weight.T`` (on a CPU under Triton's interpreter) and, on a GPU, timed against the
+   library's tile.
 """
 
 from __future__ import annotations
@@ -27,30 +29,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from book.common import report
+from book.common import gpu_us, guarded, report
 
-__all__ = ["check_step_speedup", "check_bitmask", "check_jump_decode", "check_chunked_forward", "step_speedup",
-           "pack_bitmask", "unpack_bitmask", "jump_decode", "chunked_forward", "toy_grammar"]
-
+__all__ = ["check_step_speedup", "check_bitmask", "check_jump_decode", "check_chunked_forward",
+           "check_gemv_tile", "toy_grammar"]
 
 
 # --------------------------------------------------------------------------------------
 # 1. The Amdahl bound of a step, from its parts
 # --------------------------------------------------------------------------------------
 
-def step_speedup(parts: Mapping[str, float], faster: Mapping[str, float]) -> float:
-    """A solution of exercise 1: a step whose parts take ``parts[name]`` ms becomes ``sum(parts) /
-    sum(parts[name] / faster.get(name, 1))`` times faster when part ``name`` gets ``faster[name]`` times faster
-    (``math.inf``: the part vanishes). Parts not in ``faster`` keep their time."""
-    before = sum(parts.values())
-    after = sum(t / faster.get(name, 1.0) for name, t in parts.items())
-    return before / after if after > 0 else math.inf
-
-
+@guarded
 def check_step_speedup(fn: Callable[[Mapping[str, float], Mapping[str, float]], float], cases: int = 300) -> bool:
     """``fn(parts, faster) -> float``: ``parts`` maps a part of a step (``"body"``, ``"head"``, ...) to its time
     in ms, ``faster`` maps some of them to how many times faster they get (``math.inf``: removed). Checked on
     random steps, with parts that vanish, parts not named in ``parts`` ignored, and a step that vanishes whole."""
+    from book.decode.solutions import step_speedup
+
     gen = np.random.default_rng(3)
     names = ["body", "mask_wait", "head", "mask_apply", "sampling", "host"]
     for i in range(cases):
@@ -74,23 +69,6 @@ def check_step_speedup(fn: Callable[[Mapping[str, float], Mapping[str, float]], 
 # 2. Allowed ids in xgrammar's bitmask and back
 # --------------------------------------------------------------------------------------
 
-def pack_bitmask(ids: Sequence[int], vocab: int) -> np.ndarray:
-    """A solution of exercise 2 (packing): int32 ``[ceil(vocab / 32)]``, token ``v`` is bit ``v % 32`` of word
-    ``v // 32``; the bits past ``vocab`` stay 0."""
-    bits = np.zeros(-(-vocab // 32) * 32, dtype=np.uint8)
-    bits[np.asarray(ids, dtype=np.int64)] = 1
-    words = (bits.reshape(-1, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=1)
-    return words.astype(np.uint32).view(np.int32)
-
-
-def unpack_bitmask(bitmask: np.ndarray, vocab: int) -> np.ndarray:
-    """A solution of exercise 2 (unpacking): the sorted int64 ids whose bit is set, bits past ``vocab``
-    ignored."""
-    words = np.asarray(bitmask, dtype=np.int32).reshape(-1).view(np.uint32)
-    bits = (words[:, None] >> np.arange(32, dtype=np.uint32)) & 1
-    return np.flatnonzero(bits.reshape(-1)[:vocab]).astype(np.int64)
-
-
 def _xgrammar_allows(bitmask: np.ndarray, vocab: int) -> np.ndarray | None:
     """Which ids xgrammar's ``apply_token_bitmask_inplace`` leaves finite under ``bitmask`` (None without
     xgrammar). The logits row is as wide as the bitmask's bits, so no bit lies past it."""
@@ -105,6 +83,7 @@ def _xgrammar_allows(bitmask: np.ndarray, vocab: int) -> np.ndarray | None:
     return np.flatnonzero(torch.isfinite(logits[0]).numpy())
 
 
+@guarded
 def check_bitmask(pack: Callable[[Sequence[int], int], np.ndarray],
                   unpack: Callable[[np.ndarray, int], np.ndarray], cases: int = 200) -> bool:
     """``pack(ids, vocab) -> bitmask`` (int32 numpy ``[ceil(vocab / 32)]``) and ``unpack(bitmask, vocab) ->
@@ -112,6 +91,8 @@ def check_bitmask(pack: Callable[[Sequence[int], int], np.ndarray],
     (where installed) keeps exactly the packed ids, and unpacking gives the ids back, also from a bitmask whose
     bits past ``vocab`` are set (an engine may leave them so). Inputs include empty and full sets and the sign
     bit of a word (token ``32k + 31``)."""
+    from book.decode.solutions import pack_bitmask
+
     gen = np.random.default_rng(5)
     checked_xgr = 0
     for i in range(cases):
@@ -199,28 +180,15 @@ def _plain_decode(allowed, model, max_new_tokens: int, eos: int) -> list[int]:
     return out
 
 
-def jump_decode(allowed: Callable[[Sequence[int]], list[int]], model: Callable[[tuple, list], int],
-                max_new_tokens: int, eos: int = 0) -> list[int]:
-    """A solution of exercise 3: where exactly one token is allowed it is appended without calling the model
-    (only EOS allowed: the output ends); a chain of forced tokens stops at ``max_new_tokens``."""
-    out: list[int] = []
-    while len(out) < max_new_tokens:
-        options = allowed(out)
-        if options == [eos]:
-            break
-        tok = options[0] if len(options) == 1 else model(tuple(out), options)
-        if tok == eos:
-            break
-        out.append(tok)
-    return out
-
-
+@guarded
 def check_jump_decode(fn: Callable[..., list[int]], cases: int = 120) -> bool:
     """``fn(allowed, model, max_new_tokens, eos) -> tokens``: ``allowed(prefix)`` lists the ids the grammar
     allows after ``prefix`` (a list of ids), ``model(prefix, allowed_ids)`` is one forward: it returns the
     token the model picks (EOS included where allowed). Checked on random automata and every cap from 1 to past
     the output's end: the tokens equal the loop without jumps, the model is never called where a single token
     is allowed, and it is called no more often than the chapter's loop calls it."""
+    from book.decode.solutions import jump_decode
+
     for case in range(cases):
         seed = case // 4
         allowed = toy_grammar(seed)
@@ -260,23 +228,6 @@ def check_jump_decode(fn: Callable[..., list[int]], cases: int = 120) -> bool:
 # 4. A prompt fed to the KV cache in chunks
 # --------------------------------------------------------------------------------------
 
-def chunked_forward(model, tokens: Tensor, chunks: Sequence[int], sizes: Sequence[int]) -> Tensor:
-    """A solution of exercise 4: feed ``tokens [B, T]`` to a fresh cache in chunks of ``chunks`` tokens, each
-    padded to the smallest length in ``sizes`` that holds it; the chunk starts where the cache ends, and
-    ``last`` names its last real token. Padded tokens write keys past the real ones, which the next chunk
-    overwrites before any query sees them. Returns the last chunk's hidden states ``[B, D]``."""
-    B = tokens.shape[0]
-    cache = model.new_cache(B, tokens.shape[1] + max(sizes))
-    start, out = 0, None
-    for n in chunks:
-        T = min(s for s in sizes if s >= n)
-        chunk = torch.zeros(B, T, dtype=tokens.dtype)
-        chunk[:, :n] = tokens[:, start:start + n]
-        out = model(chunk, torch.full((B,), start), torch.full((B,), n - 1), cache)
-        start += n
-    return out
-
-
 class _Recorder:
     """The model, with each call's chunk length recorded."""
 
@@ -291,6 +242,7 @@ class _Recorder:
         return self.model(tokens, start, last, cache)
 
 
+@guarded
 def check_chunked_forward(fn: Callable[..., Tensor], cases: int = 12) -> bool:
     """``fn(model, tokens, chunks, sizes) -> hidden``: ``model`` is a tiny :class:`~studylog.decode.LlamaModel` in
     float64 (call it as ``model(tokens [B, T], start [B], last [B], cache)``, make a cache with
@@ -328,3 +280,46 @@ def check_chunked_forward(fn: Callable[..., Tensor], cases: int = 12) -> bool:
             return report("check_chunked_forward", False, f"{where}: largest difference from the whole-prompt "
                            f"forward {err:.2e}", cases)
     return report("check_chunked_forward", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 5. Change the kernel: the one-token product with a tile of your own
+# --------------------------------------------------------------------------------------
+
+@guarded
+def check_gemv_tile(fn: Callable[[Tensor, Tensor], Tensor], cases: int = 6) -> bool:
+    """``fn(x, weight) -> out``: ``x [M, K] @ weight.T`` by :func:`studylog.decode.kernels.gemv_kernel` launched
+    with a tile of the reader's own. Checked against a float64 product on small shapes (under Triton's
+    interpreter on a CPU; ragged edges of the tile included). On a GPU it is then timed against
+    :func:`studylog.decode.kernels.gemv` (the library's tile) on the `1b` shape's four one-token products in bf16,
+    each replayed from a CUDA graph (:func:`book.common.gpu_us`)."""
+    from studylog.decode import kernels
+    from studylog.decode.model import model_config
+
+    torch.manual_seed(7)
+    shapes = [(1, 33, 40), (1, 8, 130), (2, 17, 64), (1, 100, 257), (3, 5, 16), (1, 64, 1030)][:cases]
+    for M, N, K in shapes:
+        x, w = torch.randn(M, K), torch.randn(N, K)
+        got = fn(x.clone(), w.clone())
+        want = (x.double() @ w.double().T).float()
+        if not isinstance(got, Tensor) or got.shape != want.shape:
+            return report("check_gemv_tile", False, f"x {M}×{K}, weight {N}×{K}: returned "
+                           f"{getattr(got, 'shape', got)!r}, expected a tensor {tuple(want.shape)}", len(shapes))
+        err = (got.float() - want).abs().max().item()
+        if not err <= 1e-4 * (1 + want.abs().max().item()):
+            return report("check_gemv_tile", False, f"x {M}×{K}, weight {N}×{K}: largest difference from "
+                           f"x @ weight.T {err:.2e}", len(shapes))
+    ok = report("check_gemv_tile", True, None, len(shapes))
+    if not torch.cuda.is_available():
+        gpu_us(lambda: None)  # says that timing needs a GPU
+        return ok
+    cfg = model_config("1b")
+    h, kv = cfg.hidden, cfg.kv_heads * cfg.hidden // cfg.heads
+    for name, (N, K) in {"q/k/v": (h + 2 * kv, h), "o": (h, h), "gate/up": (2 * cfg.intermediate, h),
+                         "down": (h, cfg.intermediate)}.items():
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+        yours, library = gpu_us(lambda: fn(x, w)), gpu_us(lambda: kernels.gemv(x, w))
+        print(f"  {name:7} {N:>6} × {K:<5}: yours {yours:6.1f} µs, the library's tile {library:6.1f} µs "
+              f"({library / yours:.2f}× yours)")
+    return ok

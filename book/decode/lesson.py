@@ -555,3 +555,147 @@ def prose_numbers(current, earlier) -> dict[str, str]:
     if again is not None:
         out.update({k.replace("dec_real_", "dec_real2_"): v for k, v in real_model_numbers(again).items()})
     return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# The page's steps table, its result against the peers, and the loop's code each step turns on
+# --------------------------------------------------------------------------------------------------------
+
+#: The lesson's three steps, as the benchmark's configurations.
+STEP_CONFIGS = ("baseline", "jump_forward", "masked_head")
+#: The one change of each step, for the steps table.
+STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
+                "jump_forward": "forced tokens appended without a forward (chapter 1)",
+                "masked_head": "masked head on the automaton's allowed sets, argmax among them (chapter 2)"}
+
+
+def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
+    """One row per step at ``model`` and ``batch``: the median over the JSON schemas of the time per output token
+    (µs), its ratio to the previous row's (``x_previous``: the ratio of the table's own column), and its ratio to
+    the step's floor (its forwards per output token, each reading the body's weights, and the head's for a dense
+    head, once at the run's copy bandwidth)."""
+    rows, prev = [], None
+    for config in STEP_CONFIGS:
+        ms = _median(r["ms"] for r in _json_rows(results, config, model, batch))
+        if ms is None:
+            continue
+        fwd = forwards_per_token(results, config, model, batch)
+        floor = fwd * _floor_ms(results, model, head=config != "masked_head")
+        rows.append({"step": report.series_label(config), "change": STEP_CHANGES[config], "us": ms * 1e3,
+                     "x_previous": prev / ms if prev else None, "x_floor": ms / floor, "floor_us": floor * 1e3,
+                     "forwards": fwd})
+        prev = ms
+    return rows
+
+
+def steps_table(results, model: str = "1b", batch: int = 1) -> str:
+    """:func:`steps_rows` as the page's one steps table (Markdown)."""
+    lines = ["| step | the one change | µs per token | × previous | × floor |", "|---|---|---|---|---|"]
+    for r in steps_rows(results, model, batch):
+        prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
+        lines.append(f"| `{r['step']}` | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
+    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
+
+
+def _case(results, model: str, batch: int) -> dict | None:
+    """Step 1 and step 3 on one case: medians of the time per token (µs), their ratio, the median and the
+    smallest of the requests' own ratios, and the two chapters' bound on the case's breakdown."""
+    if model == REAL:
+        rows = _real_rows(results, batch)
+        one = [r1["ms"] for _, r1, _, _ in rows]
+        three = [r3["ms"] for _, _, _, r3 in rows]
+        ratios = [r1["ms"] / r3["ms"] for _, r1, _, r3 in rows]
+        parts = report.breakdown(results.rows, REAL, batch, kind=None)
+    else:
+        one = [r["ms"] for r in _json_rows(results, "baseline", model, batch)]
+        three = [r["ms"] for r in _json_rows(results, "masked_head", model, batch)]
+        ratios = [] if not one else [_speedup(results, "masked_head", model, batch, how=lambda v: v)][0] or []
+        parts = report.breakdown(results.rows, model, batch)
+    if not one or not three:
+        return None
+    a, b = _median(one), _median(three)
+    return {"step1_us": a * 1e3, "step3_us": b * 1e3, "ratio": a / b, "median_request": _median(ratios),
+            "slowest": min(ratios) if ratios else None, "bound": report.amdahl(parts).get("both_bound")}
+
+
+#: The cases of the result table: (label, model, batch).
+CASES = (("SmolLM2-135M, real requests", REAL, 1), ("SmolLM2-135M, real requests", REAL, 8),
+         ("1B shape", "1b", 1), ("1B shape", "1b", 8), ("8B shape", "8b", 1), ("8B shape", "8b", 8))
+
+
+def result_rows(results) -> list[dict]:
+    """:func:`_case` for every case of :data:`CASES` the file holds, labelled."""
+    out = []
+    for label, model, batch in CASES:
+        c = _case(results, model, batch)
+        if c is not None:
+            out.append({"case": label, "model": model, "batch": batch, **c})
+    return out
+
+
+def result_table(results) -> str:
+    """Step 3 against the fair baseline (step 1) on every case, with the chapters' bound (Markdown)."""
+    lines = ["| case | batch | step 1 (µs per token) | step 3 (µs per token) | step 1 / step 3 | median request | "
+             "slowest request | bound of chapters 1 and 2 |", "|---|---|---|---|---|---|---|---|"]
+    for r in result_rows(results):
+        slow = "–" if r["slowest"] is None else f"{r['slowest']:.2f}×"
+        med = "–" if r["median_request"] is None else f"{r['median_request']:.2f}×"
+        bound = "–" if r["bound"] is None else f"{r['bound']:.2f}×"
+        lines.append(f"| {r['case']} | {r['batch']} | {r['step1_us']:,.0f} | {r['step3_us']:,.0f} | {r['ratio']:.2f}× | "
+                     f"{med} | {slow} | {bound} |")
+    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
+
+
+def peer_numbers(results) -> dict[str, float] | None:
+    """Hugging Face ``generate`` with xgrammar's logits processor against steps 1 and 3 on the real model's
+    requests at batch 1, the same requests and GPU: medians of the time per output token (ms) and of the
+    requests' own ratios. None where the file holds no ``hf_generate`` rows."""
+    hf = {r["params"]["schema"]: r["ms"] for r in results.rows if r["series"] == "hf_generate"}
+    rows = [(hf[name], r1["ms"], r3["ms"]) for name, r1, _, r3 in _real_rows(results, 1) if name in hf]
+    if not rows:
+        return None
+    return {"hf_ms": _median(h for h, _, _ in rows), "step1_ms": _median(a for _, a, _ in rows),
+            "step3_ms": _median(c for _, _, c in rows), "hf_over_step1": _median(h / a for h, a, _ in rows),
+            "hf_over_step3": _median(h / c for h, _, c in rows), "requests": len(rows)}
+
+
+def _function_body(fn) -> list[str]:
+    """A function's source lines without its docstring."""
+    import inspect
+    import textwrap
+
+    from book.common import _without_docstrings
+
+    return _without_docstrings(textwrap.dedent(inspect.getsource(fn))).splitlines()
+
+
+def _between(lines: list[str], first: str, last: str) -> list[str]:
+    """The lines from the first that contains ``first`` to the next that contains ``last``, both kept."""
+    i = next(k for k, ln in enumerate(lines) if first in ln)
+    j = next(k for k in range(i, len(lines)) if last in lines[k])
+    return lines[i:j + 1]
+
+
+def loop_code(step: int):
+    """The code of ``studylog/decode/loop.py`` that a step turns on (a ``studylog.source.Code``): step 2, the
+    jumps taken after each token (``Decoder._settle`` up to its character-level branch); step 3, the allowed set
+    from the automaton, the masked head's launch and the argmax among the allowed ids. Cut from the library's
+    source when the page runs, so it is the code the benchmark ran."""
+    import textwrap
+
+    from studylog.decode.loop import Decoder
+    from studylog.source import Code
+
+    if step == 2:
+        lines = _between(_function_body(Decoder._settle), "def _settle", "continue")
+        return Code("\n".join(lines), "python", "loop.py: Decoder._settle, what jump=\"token\" turns on")
+    if step == 3:
+        mask = _between(_function_body(Decoder._host_mask), "def _host_mask", "self.device)")
+        run = _function_body(Decoder._run)
+        head = _between(run, "dense_logits(", "masked_head_torch(")
+        head = textwrap.dedent("\n".join([run[run.index(head[0]) - 1]] + head)).splitlines()
+        sample = _between(_function_body(Decoder._sample), "if temperature == 0 and", "return")
+        text = "\n".join(mask + ["    ...", "", "# in Decoder._run, every step:"] + head
+                         + ["", "# in Decoder._sample:"] + sample)
+        return Code(text, "python", "loop.py: what head=\"masked\", mask=\"automaton\" turns on")
+    raise ValueError(f"step 2 or 3 turn code on; step {step} is the loop itself")
