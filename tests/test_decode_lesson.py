@@ -436,3 +436,10 @@ def test_the_loop_listings_are_the_library_code_and_short():
     assert "masked_head_kernel" in lesson.loop_code(3).text and "allowed_argmax" in lesson.loop_code(3).text
     with pytest.raises(ValueError):
         lesson.loop_code(1)
+
+
+def test_the_appendix_holds_the_tables_the_page_moved_out():
+    text = lesson.appendix()
+    for title in ("Every configuration", "Amdahl bound", "real requests", "targets on each card",
+                  "What was tried and did not help", "SchemaStore"):
+        assert title in text, title
