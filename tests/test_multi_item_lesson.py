@@ -4,7 +4,7 @@ mistakes; the lesson's tables read the committed file, a file of the current ben
 import pytest
 import torch
 
-from book.multi_item import exercises, lesson
+from book.multi_item import exercises, lesson, solutions
 from studylog import plotting
 from studylog.multi_item import report
 
@@ -16,11 +16,39 @@ STEP5 = report.STEP05.series
 # --------------------------------------------------------------------------------------------
 
 def test_checks_accept_the_solutions(capsys):
-    assert exercises.check_visible(exercises.visible)
-    assert exercises.check_online_softmax(exercises.online_softmax)
-    assert exercises.check_key_tiles(exercises.key_tiles)
-    assert exercises.check_max_programs(exercises.max_programs)
-    assert capsys.readouterr().out.count("inputs agree") == 4
+    assert exercises.check_visible(solutions.visible)
+    assert exercises.check_online_softmax(solutions.online_softmax)
+    assert exercises.check_key_tiles(solutions.key_tiles)
+    assert exercises.check_max_programs(solutions.max_programs)
+    assert exercises.check_tile_shape(solutions.step5_at)
+    assert capsys.readouterr().out.count("inputs agree") == 5
+
+
+def test_the_exercises_module_keeps_no_answer():
+    for name in ("visible", "online_softmax", "key_tiles", "max_programs", "step5_at"):
+        assert not hasattr(exercises, name)
+
+
+def test_a_stub_is_not_written_yet(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    for check in (exercises.check_visible, exercises.check_online_softmax, exercises.check_key_tiles,
+                  exercises.check_max_programs, exercises.check_tile_shape):
+        assert not check(stub)
+    assert capsys.readouterr().out.count("not written yet") == 5
+
+
+def test_check_tile_shape_rejects_the_autotuners_tile_and_a_wrong_output(capsys):
+    from studylog import multi_item as mi
+    from studylog.multi_item import steps
+
+    assert not exercises.check_tile_shape(lambda q, k, v, batch, bm, bn: mi.step05_batched(q, k, v, batch))
+    assert "pass the tile to the step" in capsys.readouterr().out
+    assert not exercises.check_tile_shape(lambda q, k, v, batch, bm, bn: 0.5 * solutions.step5_at(q, k, v, batch,
+                                                                                                  bm, bn))
+    assert "max difference" in capsys.readouterr().out
+    assert steps.launch.__name__ == "launch"  # the check put the launcher back
 
 
 def test_check_visible_rejects_the_visible_delimiter(capsys):
@@ -93,7 +121,7 @@ def test_max_programs_is_what_the_plan_launches():
     from studylog.multi_item.plan import MultiItemPlan
 
     plan = MultiItemPlan(heads=3, head_dim=16, dtype=torch.float32, max_tokens=200, max_prompts=5, device="cpu")
-    assert plan.programs == 3 * exercises.max_programs(200, 5, plan.block_m)
+    assert plan.programs == 3 * solutions.max_programs(200, 5, plan.block_m)
 
 
 # --------------------------------------------------------------------------------------------

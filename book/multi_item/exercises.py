@@ -1,10 +1,10 @@
 """Chapter 6's exercises, each with a check that a reader runs on a CPU.
 
-Every ``check_*`` function runs the reader's function on small random inputs against the chapter's reference
-(the dense mask, a plain softmax, the tile accounting of :mod:`studylog.multi_item.tiles`), prints what is
-wrong on the first input where it disagrees, and returns ``True`` when every input agrees. A plain solution of
-each exercise is here too (:func:`visible`, :func:`online_softmax`, :func:`key_tiles`, :func:`max_programs`):
-the notebook checks them, so that the checks themselves run in CI; try your own before reading them.
+Every ``check_*`` function runs the reader's function on small random inputs against the chapter's rule (the dense
+mask, a plain softmax, the tile accounting of :mod:`studylog.multi_item.tiles`, the float64 reference), prints what is
+wrong on the first input where it disagrees, and returns ``True`` when every input agrees. A function that still
+raises ``NotImplementedError`` (the page's stub) gets a note instead of a traceback. The answers live in
+:mod:`book.multi_item.solutions`, which the notebook does not import: try your own before reading them.
 
 1. :func:`check_visible`: FlashInfer's multi-item mask for one (query, key) pair, from the metadata.
 2. :func:`check_online_softmax`: a flash-attention row loop over key blocks that survives fully masked
@@ -12,6 +12,7 @@ the notebook checks them, so that the checks themselves run in CI; try your own 
 3. :func:`check_key_tiles`: which key tiles a query tile must load (step 4's three ranges).
 4. :func:`check_max_programs`: the fixed grid of :class:`~studylog.multi_item.plan.MultiItemPlan`, the most
    programs any layout within a capacity can need.
+5. :func:`check_tile_shape`: step 5 launched at a tile shape the reader picks (then timed on a GPU).
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from book.common import report
+from book.common import guarded, report
 from studylog.multi_item.formats import MultiItemBatch, dense_mask
 from studylog.multi_item.tiles import TILE_SKIPPED, tile_map
 
-__all__ = ["check_visible", "check_online_softmax", "check_key_tiles", "check_max_programs",
-           "visible", "online_softmax", "key_tiles", "max_programs"]
+__all__ = ["check_visible", "check_online_softmax", "check_key_tiles", "check_max_programs", "check_tile_shape"]
 
 
 def _random_prompt(gen: torch.Generator) -> MultiItemBatch:
@@ -45,16 +45,7 @@ def _positions(batch: MultiItemBatch) -> list[int]:
 # 1. The mask from the metadata
 # --------------------------------------------------------------------------------------
 
-def visible(q: int, k: int, prefix_len: int, pos: Sequence[int]) -> bool:
-    """A solution of exercise 1: may query ``q`` see key ``k`` under FlashInfer's rule? ``pos[j]`` is the
-    position inside its item of token ``prefix_len + j`` (0 at a delimiter)."""
-    if k > q:
-        return False
-    if k < prefix_len or q < prefix_len:
-        return True
-    return k > q - pos[q - prefix_len]  # after the delimiter that opens the query's item
-
-
+@guarded
 def check_visible(fn: Callable[[int, int, int, Sequence[int]], bool], cases: int = 60) -> bool:
     """``fn(q, k, prefix_len, pos) -> bool`` for every (query, key) pair of random prompts, against the
     dense mask of FlashInfer's rule (:func:`~studylog.multi_item.formats.dense_mask`)."""
@@ -75,25 +66,7 @@ def check_visible(fn: Callable[[int, int, int, Sequence[int]], bool], cases: int
 # 2. The online softmax over key blocks, with masked keys
 # --------------------------------------------------------------------------------------
 
-def online_softmax(scores: Tensor, values: Tensor, block_n: int) -> Tensor:
-    """A solution of exercise 2: ``softmax(scores) @ values`` row by row, reading ``block_n`` keys at a time
-    with a running maximum and sum (steps 2 to 5's loop). Masked scores are ``-inf``; a row with no visible
-    key is 0. The maximum starts finite, so a block of ``-inf`` gives ``exp(-inf) = 0`` and never NaN."""
-    rows = scores.shape[0]
-    m = torch.full((rows,), -1e30, dtype=torch.float64)
-    l = torch.zeros(rows, dtype=torch.float64)
-    acc = torch.zeros(rows, values.shape[1], dtype=torch.float64)
-    for lo in range(0, scores.shape[1], block_n):
-        s = scores[:, lo:lo + block_n].double()
-        m_new = torch.maximum(m, s.max(dim=1).values)
-        alpha = torch.exp(m - m_new)
-        p = torch.exp(s - m_new[:, None])
-        l = l * alpha + p.sum(dim=1)
-        acc = acc * alpha[:, None] + p @ values[lo:lo + block_n].double()
-        m = m_new
-    return torch.where(l[:, None] > 0, acc / l.clamp_min(1e-300)[:, None], torch.zeros_like(acc))
-
-
+@guarded
 def check_online_softmax(fn: Callable[[Tensor, Tensor, int], Tensor], cases: int = 40) -> bool:
     """``fn(scores [M, S], values [S, D], block_n) -> [M, D]``, against a plain masked softmax in float64;
     the inputs hold fully masked blocks, rows that see no key and block sizes that do not divide ``S``."""
@@ -125,20 +98,7 @@ def check_online_softmax(fn: Callable[[Tensor, Tensor, int], Tensor], cases: int
 # 3. The key tiles a query tile must load
 # --------------------------------------------------------------------------------------
 
-def key_tiles(prefix_len: int, pos: Sequence[int], m_lo: int, m_hi: int, block_n: int) -> list[int]:
-    """A solution of exercise 3: the key tiles (``block_n`` keys each) that query rows ``[m_lo, m_hi)`` of one
-    prompt load under FlashInfer's rule: the prefix up to the diagonal, then from the first key the tile's
-    first item row sees (the token after its delimiter) up to the diagonal."""
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
-    prefix_hi = cdiv(min(prefix_len, m_hi), block_n)  # prefix tiles (the causal ones for prefix rows)
-    tiles = set(range(prefix_hi))
-    if m_hi > prefix_len:  # the tile holds item rows
-        first = max(m_lo, prefix_len)
-        items_lo = first + 1 - pos[first - prefix_len]
-        tiles |= set(range(items_lo // block_n, cdiv(m_hi, block_n)))
-    return sorted(tiles)
-
-
+@guarded
 def check_key_tiles(fn: Callable[[int, Sequence[int], int, int, int], Iterable[int]], cases: int = 80) -> bool:
     """``fn(prefix_len, pos, m_lo, m_hi, block_n) -> key tile indices``: it must name every key tile that holds
     a visible pair of the query tile's rows (or rows would be wrong), and no more tiles than step 4 loads."""
@@ -170,13 +130,6 @@ def check_key_tiles(fn: Callable[[int, Sequence[int], int, int, int], Iterable[i
 # 4. A grid that fits every layout of a capacity
 # --------------------------------------------------------------------------------------
 
-def max_programs(max_tokens: int, max_prompts: int, block_m: int) -> int:
-    """A solution of exercise 4: the most query tiles (per head) any batch of at most ``max_prompts`` prompts and
-    ``max_tokens`` tokens can have: each prompt adds a partial tile at most, so
-    ``sum cdiv(S_b, block_m) <= cdiv(T, block_m) + B - 1``."""
-    return -(-max_tokens // block_m) + max_prompts - 1
-
-
 def _most_tiles(max_tokens: int, max_prompts: int, block_m: int) -> tuple[int, list[int]]:
     """The true maximum of ``sum cdiv(S_b, block_m)`` over layouts within the capacity, and a layout that
     reaches it: ``b`` prompts of one token each but the first, which takes the rest."""
@@ -188,10 +141,13 @@ def _most_tiles(max_tokens: int, max_prompts: int, block_m: int) -> tuple[int, l
     return best
 
 
+@guarded
 def check_max_programs(fn: Callable[[int, int, int], int], cases: int = 300) -> bool:
     """``fn(max_tokens, max_prompts, block_m) -> programs per head``: enough for every layout within the
-    capacity (a grid too small leaves query tiles uncomputed), and no looser than ``cdiv(T, BLOCK_M) + B - 1``
-    (each extra program is an empty one the GPU still launches)."""
+    capacity (a grid too small leaves query tiles uncomputed), and no looser than the chapter's bound (each extra
+    program is an empty one the GPU still launches; the bound is the answer in :mod:`book.multi_item.solutions`)."""
+    from book.multi_item.solutions import max_programs as loosest
+
     gen = torch.Generator().manual_seed(9)
     for _ in range(cases):
         tokens = int(torch.randint(1, 3000, (1,), generator=gen))
@@ -203,7 +159,60 @@ def check_max_programs(fn: Callable[[int, int, int], int], cases: int = 300) -> 
             shown = layout if len(layout) <= 6 else layout[:3] + ["..."] + [f"({len(layout)} prompts)"]
             return report("check_max_programs", False, f"{where}: {got} programs, but prompts of {shown} tokens "
                            f"have {need} query tiles", cases)
-        if got > max_programs(tokens, prompts, block_m):
+        if got > loosest(tokens, prompts, block_m):
             return report("check_max_programs", False, f"{where}: {got} programs, more than the "
-                           f"{max_programs(tokens, prompts, block_m)} any layout can need", cases)
+                           f"{loosest(tokens, prompts, block_m)} of the chapter's bound", cases)
     return report("check_max_programs", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 5. Step 5 at a tile shape of your choice
+# --------------------------------------------------------------------------------------
+
+#: Tile shapes the check asks for in the interpreter: none divides the test prompts, and rows and keys differ.
+CHECK_TILES = ((16, 16), (16, 32), (32, 16))
+
+
+@guarded
+def check_tile_shape(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILES) -> bool:
+    """``fn(q, k, v, batch, block_m, block_n) -> out``: step 5 launched with ``block_m`` query rows by ``block_n``
+    keys per tile. On small batches in float32 (Triton's interpreter on a CPU), at every tile shape of ``tiles``:
+    the launch must use the tile asked for (the check watches the step's launcher) and the output must match the
+    float64 reference within 1e-5."""
+    from studylog.multi_item import steps
+    from studylog.multi_item.formats import reference_attention
+
+    gen = torch.Generator().manual_seed(10)
+    batches = [MultiItemBatch.from_item_lens([17, 0, 40], [[4, 9, 1], [6, 6], [3]], device="cpu"),
+               MultiItemBatch.from_item_lens([37], [[5, 13, 2, 8]], device="cpu")]
+    launched: list[tuple[int, int]] = []
+    real = steps.launch
+
+    def spy(*args, **kwargs):
+        got = real(*args, **kwargs)
+        launched.append(got[:2])
+        return got
+
+    cases = len(batches) * len(tiles)
+    steps.launch = spy
+    try:
+        for batch in batches:
+            q, k, v = (torch.randn(2, batch.total_tokens, 16, generator=gen) for _ in range(3))
+            want = reference_attention(q, k, v, batch)
+            for block_m, block_n in tiles:
+                launched.clear()
+                out = torch.as_tensor(fn(q, k, v, batch, block_m, block_n))
+                where = f"{batch.describe()}, tile {block_m} x {block_n}"
+                if launched != [(block_m, block_n)]:
+                    return report("check_tile_shape", False, f"{where}: the kernel launched with tiles {launched} "
+                                  f"(pass the tile to the step)", cases)
+                if out.shape != want.shape:
+                    return report("check_tile_shape", False, f"{where}: output of shape {tuple(out.shape)}, "
+                                  f"expected {tuple(want.shape)}", cases)
+                error = (out.double() - want).abs().max().item()
+                if not error < 1e-5:
+                    return report("check_tile_shape", False, f"{where}: max difference {error:.1e} to the float64 "
+                                  "reference", cases)
+    finally:
+        steps.launch = real
+    return report("check_tile_shape", True, None, cases)

@@ -8,6 +8,8 @@ Nothing here times anything.
 * :func:`layouts`: the benchmark's batches and their tile accounting at step 5's tiling.
 * :func:`bounds_table`: the pairs each approach computes and the floors of each shape.
 * :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
+* :func:`steps_table`: the lesson's one table of steps: the one change, µs, × the previous step, × the compute
+  floor, on every shape (step 5 in two parts: one launch, then the program order).
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
 * :func:`result_table`, :func:`peers_table`: the result against the baselines and the peers.
 * :func:`start_bound`, :func:`start_bound_table`: the key tiles of the exact item start against FlashInfer's
@@ -218,6 +220,52 @@ def step_table(results, numbers: list[int]) -> str:
     return "\n".join(lines)
 
 
+#: The lesson's steps as the table lists them: (label, the one change, the series per shape; ``None`` for every
+#: shape but the mixed batch means the series is the same on all). Step 5 is shown in two parts: one launch in the
+#: first version's program order, then the planned order (the default).
+def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
+    first = report.order_series("first_run")
+    return [
+        ("1", "the dense boolean mask handed to PyTorch's SDPA (the batch padded to its longest prompt)",
+         report.SDPA_DENSE),
+        ("2", "a Triton flash-attention forward that reads the mask", STEP[2].series),
+        ("3", "the mask computed from the prefix length and item positions", STEP[3].series),
+        ("4", "key tiles no row sees never loaded (the batch: a launch per prompt)",
+         {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT}),
+        ("5a", "every prompt in one launch (programs in the first version's order)", first),
+        ("5b", "programs in head groups whose keys and values fit in L2, heaviest tiles first", STEP[5].series),
+    ]
+
+
+def steps_table(results) -> str:
+    """Markdown: the lesson's one table of steps (:func:`step_rows`), a row of compute floors first, then per shape
+    the time (µs), the previous step's time over it and the time over the compute floor."""
+    if results is None:
+        return PENDING
+    shapes = shape_names(results)
+    short = {s: s.split(",")[0] for s in shapes}
+    head = ["step", "the one change"] + [c for s in shapes for c in (f"{short[s]}: µs", "× previous", "× floor")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    floor_cells = [c for s in shapes for c in (_whole_us(floors(results, s)[1]), "", "")]
+    lines.append("| | the compute floor (µs): the visible pairs at the measured matmul rate | "
+                 + " | ".join(floor_cells) + " |")
+    previous: dict[str, float | None] = {s: None for s in shapes}
+    for label, change, series in step_rows():
+        cells = [label, change]
+        for s in shapes:
+            name = series if isinstance(series, str) else series.get(s, series[""])
+            t, floor = ms(results, name, s), floors(results, s)[1]
+            if t is None:
+                cells += ["–", "–", "–"]
+            else:
+                before = previous[s]
+                cells += [f"{t * 1e3:,.1f}", "–" if before is None else f"{before / t:.2f}×",
+                          "–" if floor is None else f"{t / floor:.1f}×"]
+            previous[s] = t
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def result_table(results) -> str:
     """Every approach on every shape: µs per call (median) and step 5's speedup over it."""
     if results is None:
@@ -416,3 +464,8 @@ def peer_by_card(peer: str = report.FLASHINFER, shape: str = report.MIXED_SHAPE,
         lines.append(f"| {card.gpu} ({card.date}) | {a['ms'] * 1e3:.1f} | {b['ms'] * 1e3:.1f} | "
                      f"{speedup:.2f}×{spread} | ≥ {want:.2f}× | {met} |")
     return "\n".join(lines)
+
+
+#: FlashInfer's prefill kernels, where the multi-item mask and its ``max_item_len`` loop bound live.
+FLASHINFER_PREFILL = ("https://github.com/flashinfer-ai/flashinfer/blob/main/include/flashinfer/attention/"
+                      "prefill.cuh")
