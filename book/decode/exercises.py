@@ -314,8 +314,8 @@ def check_gemv_tile(fn: Callable[[Tensor, Tensor], Tensor], cases: int = 6) -> b
         gpu_us(lambda: None)  # says that timing needs a GPU
         return ok
     cfg = model_config("1b")
-    h, kv = cfg.hidden, cfg.kv_heads * cfg.hidden // cfg.heads
-    for name, (N, K) in {"q/k/v": (h + 2 * kv, h), "o": (h, h), "gate/up": (2 * cfg.intermediate, h),
+    h, q, kv = cfg.hidden, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    for name, (N, K) in {"q/k/v": (q + 2 * kv, h), "o": (h, q), "gate/up": (2 * cfg.intermediate, h),
                          "down": (h, cfg.intermediate)}.items():
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5

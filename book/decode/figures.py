@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from studylog.decode.loop import COMPONENTS
-from studylog.decode.report import TARGET_SPEEDUP, breakdown, rows_of, series_label
+from studylog.decode.report import breakdown, rows_of, series_label
 
 #: Each component's legend label and colour in the stacked bars.
 LABELS = {"body": "model body", "mask_wait": "mask (host, not hidden)", "head": "LM head",
@@ -95,7 +95,6 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
         ax.bar(xs, ys, width, color=CONFIG_COLORS[config], label=series_label(config),
                yerr=[lo, hi], capsize=2, error_kw={"elinewidth": 0.8})
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.axhline(TARGET_SPEEDUP, color="#666666", lw=0.8, ls="--", label=f"target: {TARGET_SPEEDUP:g}× (batch 1)")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=FONT)
     ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylabel("speedup over step01_baseline\n(end to end, per output token)", fontsize=FONT)
