@@ -334,25 +334,38 @@ def test_gemv_matches_the_composition_it_replaces(rng, N, K):
     torch.testing.assert_close(got, res + swiglu, rtol=1e-5, atol=1e-5)
     zeros = torch.zeros(N)  # the add form into zeros is the plain product: every entry is written
     torch.testing.assert_close(kernels.gemv(x, w, add_to=zeros), ref(x).flatten(), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="one row of"):
-        kernels.gemv(torch.randn(2, K), w)
+    with pytest.raises(ValueError, match=f"rows of {K}"):
+        kernels.gemv(torch.randn(2, K + 1), w)
     with pytest.raises(ValueError, match="with swiglu"):
         kernels.gemv(x, w, swiglu=True)
     with pytest.raises(ValueError, match="add_to"):
         kernels.gemv(x, w, add_to=torch.zeros(N + 1))
 
 
-def test_the_body_takes_the_gemv_layer_for_one_token_only(rng):
-    """One token a step runs the six-launch layer, more tokens the nine-launch one; forcing the six-launch layer on
-    more tokens is refused; both layers give the torch path's hidden state."""
+def test_the_body_takes_the_gemv_layer_for_one_token_by_default(rng):
+    """One token a step runs the six-launch layer, more tokens the nine-launch one unless told (a verifier of a few
+    drafted tokens, chapter 8), up to GEMV_MAX_TOKENS; every layer gives the torch path's hidden states, and on
+    the six-launch layer each token's state is bit for bit what a one-token forward gives it."""
+    from studylog.decode.model import GEMV_MAX_TOKENS
+
     m = LlamaModel(model_config("tiny", vocab_size=300), dtype=torch.float32, seed=4)
     tok, start, last = torch.tensor([[7]]), torch.tensor([0]), torch.tensor([0])
     want = m(tok, start, last, m.new_cache(1, 16), fused=False)
     for gemv in (None, True, False):
         got = m(tok, start, last, m.new_cache(1, 16), fused=True, gemv=gemv)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="gemv=True runs one token"):
-        m(torch.tensor([[7, 8]]), start, torch.tensor([1]), m.new_cache(1, 16), fused=True, gemv=True)
+    three = torch.tensor([[7, 8, 9]])
+    want3 = m(three, start, torch.tensor([2]), m.new_cache(1, 16), fused=False, every=True)
+    cache = m.new_cache(1, 16)
+    got3 = m(three, start, torch.tensor([2]), cache, fused=True, gemv=True, every=True)
+    torch.testing.assert_close(got3, want3, rtol=1e-5, atol=1e-5)
+    one_by_one = m.new_cache(1, 16)
+    for t in range(3):
+        h = m(three[:, t:t + 1], torch.tensor([t]), torch.tensor([0]), one_by_one, fused=True)
+        assert torch.equal(h[0], got3[0, t])
+    with pytest.raises(ValueError, match=f"at most {GEMV_MAX_TOKENS} tokens"):
+        m(torch.zeros(1, GEMV_MAX_TOKENS + 1, dtype=torch.long), start, torch.tensor([0]), m.new_cache(1, 32),
+          fused=True, gemv=True)
 
 
 def _dense_greedy(logits, steer, bias):
