@@ -15,10 +15,13 @@ Lesson 1 (Triton):
 
 Lesson 2 (CUDA C++):
 
-5. :func:`check_mma_position`: where weight k of a group sits in the MMA-order words.
-6. :func:`check_w2a8_sum`: the four int8 accumulators of step 12 back to ``sum x w``.
-7. :func:`check_round_int8`: BitNet's int8 rounding of x, as the kernels must match it.
-8. :func:`check_ring_waits`: which stage and which mbarrier phase a ring of stages waits on.
+6. :func:`check_mma_position`: where weight k of a group sits in the MMA-order words.
+7. :func:`check_w2a8_sum`: the four int8 accumulators of step 12 back to ``sum x w``.
+8. :func:`check_round_int8`: BitNet's int8 rounding of x, as the kernels must match it.
+9. :func:`check_ring_waits`: which stage and which mbarrier phase a ring of stages waits on.
+
+Exercises 5 (step 9's tile) and 10 (step 13's tiles) change a kernel's launch and time it on a GPU
+(:func:`book.common.gpu_us`); on a CPU, exercise 5 checks the reader's tile in Triton's interpreter.
 """
 
 from __future__ import annotations

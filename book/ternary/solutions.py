@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["unpack_group", "field_float_bits", "base3_byte", "base3_weights", "absmean", "mma_position", "w2a8_sum",
+__all__ = ["MEASURED", "unpack_group", "field_float_bits", "base3_byte", "base3_weights", "absmean", "mma_position", "w2a8_sum",
            "round_int8", "ring_waits"]
 
 
@@ -48,7 +48,7 @@ def absmean(w: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def mma_position(k: int) -> tuple[int, int]:
-    """Exercise 5: (word, lowest bit) of weight k (0..255) of a group in the ``"2bit_mma"`` format:
+    """Exercise 6: (word, lowest bit) of weight k (0..255) of a group in the ``"2bit_mma"`` format:
     weight 32 p + 2 t + h is in word t, bits 16 h + 2 p."""
     p, rest = divmod(k, 32)
     t, h = divmod(rest, 2)
@@ -56,22 +56,38 @@ def mma_position(k: int) -> tuple[int, int]:
 
 
 def w2a8_sum(acc: Sequence[int], x_sum: int) -> int:
-    """Exercise 6: ``sum_k x_k w_k`` from step 12's accumulators. ``acc[p]`` sums ``x_k`` times the
+    """Exercise 7: ``sum_k x_k w_k`` from step 12's accumulators. ``acc[p]`` sums ``x_k`` times the
     byte ``code_k << 2p`` over the weights k held at code position p of their byte, with ``code = w + 1``;
     ``x_sum`` is ``sum_k x_k`` over all of them."""
     return acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6) - x_sum
 
 
 def round_int8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Exercise 7: one row of x to int8 with its absmax, ``scale = 127 / max|x|`` and
+    """Exercise 8: one row of x to int8 with its absmax, ``scale = 127 / max|x|`` and
     ``q = round(x * scale)`` rounded half to even (as torch rounds), clamped to [-128, 127]."""
     scale = 127.0 / x.float().abs().max().clamp(min=1e-5)
     return (x.float() * scale).round().clamp(-128, 127).to(torch.int8), scale
 
 
 def ring_waits(c: int, stages: int) -> tuple[int, int, Optional[int]]:
-    """Exercise 8: for chunk c of a ring of ``stages`` stages, (the stage it goes into, the phase
+    """Exercise 9: for chunk c of a ring of ``stages`` stages, (the stage it goes into, the phase
     parity a consumer waits for on that stage's "full" mbarrier, the parity the producer waits for on its
     "empty" mbarrier before refilling it, or None when the stage has never been used)."""
     s, lap = c % stages, c // stages
     return s, lap & 1, None if lap == 0 else (lap - 1) & 1
+
+
+#: Exercises 5 and 10 change a kernel's launch and time it on a GPU; what to look for.
+MEASURED = {
+    5: "Step 9 at one row has no reuse of a decoded weight: a smaller tile (BLOCK_N 32) gives more programs, so more "
+       "loads in flight across the SMs, and more split K does the same for a short N; the autotuner's configs for "
+       "M = 1 split K. At 16 rows each decoded tile feeds 16 rows of x, so a larger tile decodes "
+       "fewer times per row and waits on fewer MMAs per weight: the same small tile that helps at M = 1 costs "
+       "there. No tile removes the wait on each MMA before the next decode, which is part 2's subject.",
+    10: "The default (4 warps of one tile, 4 stages of 2 groups, split K to fill the GPU once) was the best of the "
+        "H200 sweep at 4096 x 14336 for M = 1 and 16 (lab/ternary/results/nvidia-h200/w2a8_tiles_sweep_tma.json). "
+        "Two tiles a warp read x once for both but measured about a quarter slower "
+        "(w2a8_tiles_sweep_two_tiles.json). 8 warps a block hold a chunk of 8 tiles a stage, twice the shared "
+        "memory of 4, so fewer blocks fit an SM; the latencies the profile shows are hidden only by more warps "
+        "resident, which needs a smaller footprint a warp, not a larger block.",
+}
