@@ -206,3 +206,24 @@ def test_the_start_bound_table_counts_both_starts_at_each_tiling():
     table = lesson.start_bound_table(counts)
     assert table.count("\n") == 1 + len(counts) and "| long | 64 x 64 |" in table
     assert name in lesson.start_bound_batches({})
+
+
+def test_the_steps_table_of_a_current_file_and_of_none():
+    results = _current_file()
+    table = lesson.steps_table(results)
+    shape = report.bench_shapes()[0][0].split(",")[0]
+    assert table.splitlines()[0].startswith(f"| step | the one change | {shape}: µs | × previous | × floor |")
+    # the file holds step 5 in the first version's order at 1.4x its time: step 5a, then 5b 1.40x faster
+    assert "| 5b | " in table and "| 200.0 | 1.40× | 2.0× |" in table
+    assert lesson.steps_table(None) == "pending"
+
+
+@pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
+def test_the_steps_table_on_the_committed_file():
+    results = plotting.load_results("multi_item")
+    rows = [ln for ln in lesson.steps_table(results).splitlines()[3:]]
+    assert [ln.split(" | ")[0] for ln in rows] == ["| 1", "| 2", "| 3", "| 4", "| 5a", "| 5b"]
+    assert "pending" not in "\n".join(rows)
+    five_b = rows[-1].split(" | ")
+    t5 = lesson.ms(results, STEP5, report.MIXED_SHAPE) * 1e3
+    assert five_b[-3] == f"{t5:,.1f}"  # the mixed batch's step 5, the last shape's columns

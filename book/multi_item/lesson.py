@@ -266,15 +266,16 @@ def steps_table(results) -> str:
     return "\n".join(lines)
 
 
-def result_table(results) -> str:
-    """Every approach on every shape: µs per call (median) and step 5's speedup over it."""
+def result_table(results, series_list: list[str] | None = None) -> str:
+    """Every approach (or those of ``series_list``) on every shape: µs per call (median) and step 5's speedup over
+    it."""
     if results is None:
         return PENDING
     shapes = shape_names(results)
     final = STEP[5].series
     lines = ["| approach | " + " | ".join(f"{s}: µs ({STEP[5].name} faster by)" for s in shapes) + " |",
              "|---|" + "---|" * len(shapes)]
-    for series in approaches():
+    for series in series_list or approaches():
         cells = []
         for shape in shapes:
             t, mine = ms(results, series, shape), ms(results, final, shape)
