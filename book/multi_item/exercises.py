@@ -176,15 +176,17 @@ CHECK_TILES = ((16, 16), (16, 32), (32, 16))
 @guarded
 def check_tile_shape(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILES) -> bool:
     """``fn(q, k, v, batch, block_m, block_n) -> out``: step 5 launched with ``block_m`` query rows by ``block_n``
-    keys per tile. On small batches in float32 (Triton's interpreter on a CPU), at every tile shape of ``tiles``:
-    the launch must use the tile asked for (the check watches the step's launcher) and the output must match the
-    float64 reference within 1e-5."""
+    keys per tile. On small batches in float32 (in Triton's interpreter on a CPU, or on the GPU), at every tile
+    shape of ``tiles``: the launch must use the tile asked for (the check watches the step's launcher) and the
+    output must match the float64 reference within 1e-5."""
+    from studylog import runtime
     from studylog.multi_item import steps
     from studylog.multi_item.formats import reference_attention
 
     gen = torch.Generator().manual_seed(10)
-    batches = [MultiItemBatch.from_item_lens([17, 0, 40], [[4, 9, 1], [6, 6], [3]], device="cpu"),
-               MultiItemBatch.from_item_lens([37], [[5, 13, 2, 8]], device="cpu")]
+    device = runtime.device()
+    batches = [MultiItemBatch.from_item_lens([17, 0, 40], [[4, 9, 1], [6, 6], [3]], device=device),
+               MultiItemBatch.from_item_lens([37], [[5, 13, 2, 8]], device=device)]
     launched: list[tuple[int, int]] = []
     real = steps.launch
 
@@ -197,7 +199,7 @@ def check_tile_shape(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILE
     steps.launch = spy
     try:
         for batch in batches:
-            q, k, v = (torch.randn(2, batch.total_tokens, 16, generator=gen) for _ in range(3))
+            q, k, v = (torch.randn(2, batch.total_tokens, 16, generator=gen).to(device) for _ in range(3))
             want = reference_attention(q, k, v, batch)
             for block_m, block_n in tiles:
                 launched.clear()
@@ -209,7 +211,7 @@ def check_tile_shape(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILE
                 if out.shape != want.shape:
                     return report("check_tile_shape", False, f"{where}: output of shape {tuple(out.shape)}, "
                                   f"expected {tuple(want.shape)}", cases)
-                error = (out.double() - want).abs().max().item()
+                error = (out.double() - want.double()).abs().max().item()
                 if not error < 1e-5:
                     return report("check_tile_shape", False, f"{where}: max difference {error:.1e} to the float64 "
                                   "reference", cases)
