@@ -30,17 +30,26 @@ def test_the_kernel_reads_the_packed_weights_back(n, k, rng):
 
 
 def test_a_mistake_in_the_layout_is_caught(rng):
-    """Swapping two packed bytes of one row changes what the kernel reads (the emulation is not blind to order)."""
+    """Swapping two packed bytes of one row changes what the kernel reads (the emulation is not blind to order). A
+    single swap can leave the product unchanged by chance (two bytes whose weights sum alike, moved by the same
+    offset of x), so every swap of two different bytes among the row's first eight is tried: an emulation blind to
+    order misses them all."""
     w = random_ternary(16, 128, rng)
     w[0, :8] = torch.tensor([1, -1, 0, 1, -1, -1, 1, 0], dtype=torch.int8)
     xq = torch.arange(-64, 64, dtype=torch.int8).reshape(1, 128)
     packed = bitnet.bitnet_pack(w)
-    bad = packed.clone()
-    bad[0, [0, 1]] = bad[0, [1, 0]]
     want = (xq.double() @ w.double().T).reshape(-1)
     assert torch.allclose(bitnet.emulate_bitnet_kernel(xq, packed, 1.0, 1.0), want)
-    if not torch.equal(packed, bad):
-        assert not torch.allclose(bitnet.emulate_bitnet_kernel(xq, bad, 1.0, 1.0), want)
+    caught = tried = 0
+    for i in range(8):
+        for j in range(i + 1, 8):
+            if packed[0, i] == packed[0, j]:
+                continue
+            bad = packed.clone()
+            bad[0, [i, j]] = bad[0, [j, i]]
+            tried += 1
+            caught += not torch.allclose(bitnet.emulate_bitnet_kernel(xq, bad, 1.0, 1.0), want)
+    assert tried and caught, f"none of {tried} swaps of two packed bytes changed the emulated product"
 
 
 def test_bad_weights_are_named():
