@@ -52,12 +52,26 @@ def notebook_title(path: Path) -> str:
     raise ValueError(f"{path} has no '# Title' heading")
 
 
+def _questions() -> dict[str, tuple[str, str]]:
+    """Per chapter notebook: its question and its headline on each card that measured it (from the committed JSON,
+    through :func:`book.results.headlines`)."""
+    from book.results import headlines
+
+    out = {}
+    for h in headlines():
+        measured = [f"{card}: {text}" for card, text in h["brief"].items() if h["ratios"].get(card) is not None
+                    or h["number"] == 1]
+        out[h["notebook"]] = (h["question"], "; ".join(measured) if measured else "not measured yet")
+    return out
+
+
 class PostsDirective(SphinxDirective):
     """The landing page's list of posts."""
 
     def run(self) -> list[nodes.Node]:
         posts = load_posts(Path(self.env.srcdir))
         self.env.note_dependency(str(Path(self.env.srcdir) / POSTS_FILE))
+        asks = _questions()
         lines: list[str] = []
         for post in posts:
             doc = post["notebook"]
@@ -68,9 +82,13 @@ class PostsDirective(SphinxDirective):
                 f"*{_dt.date.fromisoformat(post['date']):%d %B %Y}* · {tags}",
                 "",
             ]
+            if doc in asks:  # the card leads with the chapter's question and its measured answer
+                question, answer = asks[doc]
+                lines += [f"**{question}** {answer}", ""]
+            lines += [post["summary"].strip(), ""]
             if post.get("teaser") and (Path(self.env.srcdir) / post["teaser"]).is_file():
                 lines += [f"[![{post['title']}: main benchmark figure](/{post['teaser']})]({doc})", ""]
-            lines += [post["summary"].strip(), "", "---", ""]
+            lines += ["---", ""]
         container = nodes.container(classes=["studylog-posts"])
         self.state.nested_parse(StringList(lines, source="posts.yml"), self.content_offset, container)
         return [container]

@@ -74,7 +74,8 @@ def browser():
 
 def _pages() -> list[str]:
     posts = load_posts(ROOT)
-    return ["index.html", "results.html", "how_we_measure.html"] + [Path(p["notebook"]).with_suffix(".html").as_posix() for p in posts]
+    return ["index.html", "results.html", "scoreboard.html", "how_we_measure.html"] + [
+        Path(p["notebook"]).with_suffix(".html").as_posix() for p in posts]
 
 
 def _visit(browser, url: str, shot: Path) -> dict:
@@ -161,6 +162,10 @@ def test_landing_page_lists_every_chapter_in_course_order(visits):
     teasers = [p for p in posts if p.get("teaser")]
     shown = [i for i in v["images"] if i["ok"]]
     assert len(shown) >= len(teasers), "a teaser figure is missing"
+    from book.results import headlines
+
+    for h in headlines():  # each chapter's card leads with its question, not a plot
+        assert h["question"] in v["text"], f"the landing page does not ask chapter {h['number']}'s question"
 
 
 @pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
