@@ -24,9 +24,8 @@ def _rows(results, batch: int, workload: str, series: str) -> list[dict]:
 
 
 def per_token_ms(results, batch: int, workload: str, series: str) -> float:
-    """Milliseconds per output token over a workload: the requests' wall time summed over their tokens summed."""
-    rows = _rows(results, batch, workload, series)
-    return sum(r["ms"] * r["tokens"] for r in rows) / sum(r["tokens"] for r in rows)
+    """Milliseconds per output token over a workload (:func:`studylog.speculate.report.per_token_ms`)."""
+    return report.per_token_ms(results.rows, batch, workload, series)
 
 
 def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:

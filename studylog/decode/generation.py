@@ -117,22 +117,27 @@ def check_model(model: Any) -> LlamaModel:
                     + "; convert a Hugging Face Llama with studylog.decode.from_module")
 
 
-def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
-    """Gumbel noise ``[B, V]`` that depends only on ``seed``, the sequence, its output position and the token
-    (a 32-bit integer hash, computed on the device without a generator's state), so a configuration that
-    skips forwards samples the same tokens as one that does not."""
+def hashed_uniform(seed: int, seq: Tensor, position: Tensor, ids: Tensor, salt: int = 0) -> Tensor:
+    """Uniform numbers in (0, 1), ``[R, K]``, for rows of sequence ``seq[r]`` at output position ``position[r]`` and
+    token ``ids[k]``: a 32-bit integer hash of (``seed``, sequence, position, token, ``salt``), computed on the device
+    without a generator's state, so a configuration that skips forwards draws the same number for the same
+    position as one that does not."""
     M = 0xFFFFFFFF
-    B = position.shape[0]
-    rows = torch.arange(B, device=position.device)[:, None]
-    x = (vocab_ids[None, :] * 0x2C1B3C6D + position[:, None] * 0x297A2D39 + rows * 0x5F356495
-         + (seed * 0x1B873593 & M)) & M
+    x = (ids[None, :] * 0x2C1B3C6D + position[:, None] * 0x297A2D39 + seq[:, None] * 0x5F356495
+         + ((seed * 0x1B873593 + salt * 0x68E31DA4) & M)) & M
     for mul in (0x7FEB352D, 0x046C2A3F):  # xor-shift-multiply rounds; multipliers below 2**31 keep int64 exact
         x = ((x ^ (x >> 16)) * mul) & M
     x = x ^ (x >> 15)
     # 23 bits, so that the largest value plus a half is exact in fp32 and u < 1 (24 bits rounded it to 1.0,
     # whose noise is +inf, and -inf + inf is NaN: a disallowed token could then be sampled)
-    u = ((x >> 9).to(torch.float32) + 0.5) / float(1 << 23)
-    return -torch.log(-torch.log(u))
+    return ((x >> 9).to(torch.float32) + 0.5) / float(1 << 23)
+
+
+def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
+    """Gumbel noise ``[B, V]`` that depends only on ``seed``, the sequence, its output position and the token
+    (:func:`hashed_uniform`), so a configuration that skips forwards samples the same tokens as one that does not."""
+    rows = torch.arange(position.shape[0], device=position.device)
+    return -torch.log(-torch.log(hashed_uniform(seed, rows, position, vocab_ids)))
 
 
 def same_tokens(a: Generation, b: Generation) -> bool:
@@ -140,5 +145,5 @@ def same_tokens(a: Generation, b: Generation) -> bool:
     return a.ids == b.ids
 
 
-__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "STEER", "check_model", "gumbel_noise",
+__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "STEER", "check_model", "gumbel_noise", "hashed_uniform",
            "same_tokens"]

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from studylog.checks import check_int
 from studylog.decode import kernels, pieces
-from studylog.decode.generation import CONFIGS as DECODE_CONFIGS, DecodeConfig, Generation
+from studylog.decode.generation import CONFIGS as DECODE_CONFIGS, DecodeConfig, Generation, hashed_uniform
 from studylog.decode.grammar import Grammar
 from studylog.decode.loop import Decoder, Marks
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
@@ -105,19 +105,6 @@ def _pending(r) -> list[int]:
     """A sequence's tokens not in the cache yet (the token sampled last and the forced ones after it)."""
     n = len(r.prompt)
     return r.ids[r.kv_len - n:] if r.kv_len >= n else r.prompt[r.kv_len:] + r.ids
-
-
-def _uniform(seed: int, seq: Tensor, pos: Tensor, ids: Tensor, salt: int) -> Tensor:
-    """Uniform numbers in (0, 1), ``[R, K]``: a 32-bit hash of (``seed``, sequence, output position, token id,
-    ``salt``), computed on the device without a generator's state, so a step that drafts and one that does
-    not draw the same number for the same position."""
-    M = 0xFFFFFFFF
-    x = (ids[None, :] * 0x2C1B3C6D + pos[:, None] * 0x297A2D39 + seq[:, None] * 0x5F356495
-         + ((seed * 0x1B873593 + salt * 0x68E31DA4) & M)) & M
-    for mul in (0x7FEB352D, 0x046C2A3F):
-        x = ((x ^ (x >> 16)) * mul) & M
-    x = x ^ (x >> 15)
-    return ((x >> 9).to(torch.float32) + 0.5) / float(1 << 23)
 
 
 class SpeculativeDecoder(Decoder):
@@ -404,11 +391,11 @@ class SpeculativeDecoder(Decoder):
             x = torch.tensor(drafted, dtype=torch.int64, device=self.device)
             scaled = logits / temperature
             logp = torch.log_softmax(scaled, dim=1)
-            gumbel = -torch.log(-torch.log(_uniform(seed, seq, pos, self._vocab_ids, 0)))
+            gumbel = -torch.log(-torch.log(hashed_uniform(seed, seq, pos, self._vocab_ids)))
             out[0] = torch.argmax(scaled + gumbel, dim=1)
             has = x >= 0
             p_x = torch.where(has, logp.gather(1, x.clamp(min=0)[:, None])[:, 0].exp(), torch.zeros_like(logp[:, 0]))
-            u = _uniform(seed, seq, pos, self._vocab_ids[:1], 1)[:, 0]
+            u = hashed_uniform(seed, seq, pos, self._vocab_ids[:1], salt=1)[:, 0]
             out[1] = (u < p_x).to(torch.int64)
             residual = scaled.scatter(1, x.clamp(min=0)[:, None], float("-inf"))
             residual = torch.where(has[:, None], residual, scaled)

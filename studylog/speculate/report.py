@@ -20,6 +20,7 @@ import torch
 from studylog.decode import requests as decode_requests
 from studylog.decode.grammar import Grammar
 from studylog.decode.loop import Decoder
+from studylog.decode.report import rows_of
 from studylog.speculate import requests
 from studylog.decode.model import GEMV_MAX_TOKENS
 from studylog.speculate.loop import CONFIGS, SpecGeneration, SpeculativeDecoder
@@ -208,8 +209,10 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
 # Reading the results
 # --------------------------------------------------------------------------------------------------------
 
-def rows_of(rows: Sequence[dict], **params: Any) -> list[dict]:
-    return [r for r in rows if all(r["params"].get(k) == v for k, v in params.items())]
+def per_token_ms(rows: Sequence[dict], batch: int, workload: str, series: str) -> float:
+    """Milliseconds per output token over a workload: the requests' wall time summed over their tokens summed."""
+    rs = [r for r in rows_of(rows, batch=batch, workload=workload) if r["series"] == series]
+    return sum(r["ms"] * r["tokens"] for r in rs) / sum(r["tokens"] for r in rs)
 
 
 def body_ms(rows: Sequence[dict], batch: int) -> dict[int, float]:
@@ -277,10 +280,7 @@ def headline(results) -> list[dict]:
     for s in summary(rows):
         if s["workload"] != "extraction":
             continue
-        ms = {}
-        for series in ("step04", "ch7_step03"):
-            rs = [r for r in rows_of(rows, batch=s["batch"], workload="extraction") if r["series"] == series]
-            ms[series] = sum(r["ms"] * r["tokens"] for r in rs) / sum(r["tokens"] for r in rs)
+        ms = {series: per_token_ms(rows, s["batch"], "extraction", series) for series in ("step04", "ch7_step03")}
         out.append({"kernel": "step04_gated_draft", "baseline": "chapter 7's step 3 (ch7_step03)",
                     "case": f"SmolLM2-135M, extraction, batch {s['batch']}, per output token, median of requests",
                     "speedup": s["median_speedup_over_ch7_step03"], "clock": "wall", "kernel_ms": ms["step04"],
@@ -290,4 +290,4 @@ def headline(results) -> list[dict]:
 
 
 __all__ = ["CH7", "MAX_NEW", "SERIES", "WORKLOADS", "agreement", "batches_of", "bench", "bound", "costs", "headline",
-           "plan", "rows_of", "speedups", "summary", "sweep", "timed_runs"]
+           "per_token_ms", "plan", "rows_of", "speedups", "summary", "sweep", "timed_runs"]
