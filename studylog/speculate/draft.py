@@ -64,6 +64,7 @@ class NgramDrafter:
         self.matcher = NgramMatcher(step, self.inputs, self.draft_tokens, self.seq_lens_this_time, config=config,
                                     check_values=False)
         self._graph = None
+        self.admit([[]] * batch)
 
     def _round_trip(self) -> None:
         """The device's part of a call: the outputs and lengths in, the matcher, the drafts out."""
@@ -103,24 +104,31 @@ class NgramDrafter:
             host[b, :len(p)] = p
             self._lens_np[0, b] = len(p)
         self._prompt.copy_(torch.from_numpy(host))
+        self._lens_np[3] = 1 << 30  # max_dec_len: no cap of its own, the caller's room is draft_token_num
+        self._lens_np[4] = 0  # seq_lens_encoder: no slot is in prefill
+        self._written = [0] * self.batch  # output tokens already in the host buffer, per sequence
 
     def propose(self, outputs: Sequence[Sequence[int] | None], room: Sequence[int]) -> list[list[int]]:
         """Drafts for each sequence from its output so far (None: a sequence that drafts nothing this step), at
         most ``room[b]`` tokens each. The copies in, one launch and the copies out (one graph replay after
-        :meth:`capture`), then one wait."""
+        :meth:`capture`), then one wait. Outputs grow by a few tokens a step, so only the tokens not written
+        yet are stored (all of them again where the output is shorter than what was written or its last written
+        token changed; :meth:`admit` starts a new request)."""
         width = self._out_np.shape[1]
-        lens = self._lens_np
+        lens, out, written = self._lens_np, self._out_np, self._written
         for b, ids in enumerate(outputs):
             n = len(ids) if ids is not None else 0
-            active = ids is not None and n > 0 and room[b] > 0
+            active = n > 0 and room[b] > 0
             if n > width:
                 raise ValueError(f"output {b} has {n} tokens; the drafter's output width is {width}")
             if active:
-                self._out_np[b, :n] = ids
+                w = written[b]
+                if w > n or (w and out[b, w - 1] != ids[w - 1]):
+                    w = 0
+                out[b, w:n] = ids[w:]
+                written[b] = n
             lens[1, b] = max(n - 1, 0)  # step_idx: the newest token's index
             lens[2, b] = min(room[b], self.draft_len) if active else 0  # draft_token_num
-            lens[3, b] = 1 << 30  # max_dec_len: no cap of its own, the caller's room is draft_token_num
-            lens[4, b] = 0  # seq_lens_encoder: no slot is in prefill
             lens[5, b] = 1 if active else 0  # seq_lens_decoder: 0 is an empty slot
         if self._graph is not None:
             self._graph.replay()
@@ -155,30 +163,39 @@ def walk_draft(automaton, state: int, draft: Sequence[int], room: int, *, extend
     forced chain of every state the walk reaches (proposed tokens that disagree with a forced token are cut).
     The walk stops at a state where only EOS is allowed (nothing can follow it) and before a proposed ``eos``
     (whether the output ends there is the model's choice at that position)."""
+    fsm = automaton.fsm
+    vocab_size = fsm.vocab.vocab_size
+    if any(not 0 <= t < vocab_size for t in draft):
+        raise ValueError(f"draft holds ids outside the vocabulary [0, {vocab_size}): {list(draft)}")
+    # The walk runs on the host between two GPU steps, every step: it calls the index's transition directly
+    # (the ids were checked once above, not once per call) and keeps the state in a local.
+    step, jumps, finals, only_eos = fsm.index.get_next_state, fsm.token_jumps, fsm.finals, fsm.only_eos
     tokens, states, proposed = [], [state], []
     cut = i = 0
-    while len(tokens) < room and not automaton.only_eos(states[-1]):
-        jump = automaton.token_jump(states[-1]) if extend else None
+    n, s = len(draft), state
+    while len(tokens) < room and not (s in finals and only_eos(s)):
+        jump = jumps.get(s) if extend else None
         if jump is not None:  # certain tokens: they join the draft, and the proposal goes on if it agrees
             for t in jump.tokens[:room - len(tokens)]:
-                if i < len(draft) and draft[i] == t:
+                if i < n and draft[i] == t:
                     i += 1
-                elif i < len(draft):  # the proposal disagrees with the grammar: the rest of it is cut
-                    cut, i = len(draft) - i, len(draft)
+                elif i < n:  # the proposal disagrees with the grammar: the rest of it is cut
+                    cut, i = n - i, n
+                s = step(s, t)
                 tokens.append(t)
-                states.append(automaton.next(states[-1], t))
+                states.append(s)
                 proposed.append(False)
             continue
-        if i >= len(draft) or draft[i] == eos:
+        if i >= n or draft[i] == eos:
             break
-        nxt = automaton.next(states[-1], draft[i])
+        nxt = step(s, draft[i])
         if nxt is None:  # the first token the grammar forbids, and everything after it
-            cut, i = len(draft) - i, len(draft)
+            cut = n - i
             break
         tokens.append(draft[i])
         states.append(nxt)
         proposed.append(True)
-        i += 1
+        s, i = nxt, i + 1
     return Walked(tokens, states, proposed, cut)
 
 

@@ -124,7 +124,7 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
                                    params={**params, "config": config}, role="kernel" if series in
                                    SERIES.values() else "baseline", tokens=timed.tokens, forwards=timed.forwards,
                                    jumped=sum(timed.jumped), finished=all(timed.finished),
-                                   chunk_lengths=timed.chunk_lengths,
+                                   chunk_lengths=timed.chunk_lengths, first_step_ms=timed.first_step_ms,
                                    breakdown_ms_per_token=timed.breakdown_per_token(), **extra)
                 ref3, ref1 = outs["ch7_step03"], outs["ch7_step01"]
                 for series in SERIES.values():
