@@ -75,17 +75,31 @@ def bound_rows(results) -> list[dict[str, Any]]:
 
 
 def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """What drafting costs against a verifying step: one drafting call alone (host clock: it waits for its
-    result), the loop's drafting component (call, grammar walk and bookkeeping) per drafting step, and a verifying
-    forward at chunk length 2 on the layer the loop runs (GPU clock)."""
+    """What drafting and the grammar's walk cost against a verifying step, in the loop's instrumented runs
+    (wall clock, the prefill left out). The loop's drafting component also holds the step's bookkeeping (each
+    sequence's pending tokens and room), which step 1 times too without drafting: drafting's cost is step 4's
+    component less step 1's per step, per drafting call (``loop_us``). ``step_us``: the rest of a step of
+    step 4 (body, head, sampling, acceptance, bookkeeping). Beside them, one drafting call alone (host clock: it
+    waits for its result) and a verifying forward of two tokens alone (GPU clock)."""
     call = next(r for r in report.rows_of(results.rows, batch=batch) if r["series"] == "draft_call")
+
+    def per_step(series: str, key: str) -> tuple[float, int]:  # ms summed over the requests, and their steps
+        rows = _rows(results, batch, workload, series)
+        return (sum(r["breakdown_ms_per_token"][key] * r["tokens"] for r in rows),
+                sum(len(r["chunk_lengths"]) for r in rows))
+
+    plain, plain_steps = per_step("step01", "draft")
+    component, steps = per_step("step04", "draft")
     rows = _rows(results, batch, workload, "step04")
-    loop_ms = sum(r["breakdown_ms_per_token"]["draft"] * r["tokens"] for r in rows) / sum(r["draft_calls"]
-                                                                                           for r in rows)
+    drafting = component - steps * plain / plain_steps
+    rest = sum(r["breakdown_ms_per_token"]["wall"] * r["tokens"] - r["first_step_ms"] for r in rows) - drafting
+    loop_ms = drafting / sum(r["draft_calls"] for r in rows)
+    step_ms = rest / sum(len(r["chunk_lengths"]) - 1 for r in rows)
     verify = next(d for d in layer_table(results, batch) if d["chunk"] == 2)
     verify_us = verify[verify["used"]]
-    return {"call_us": call["host_ms"] * 1e3, "loop_us": loop_ms * 1e3, "verify_us": verify_us,
-            "call_share": call["host_ms"] * 1e3 / verify_us, "loop_share": loop_ms * 1e3 / verify_us}
+    return {"call_us": call["host_ms"] * 1e3, "loop_us": loop_ms * 1e3, "bookkeeping_us": plain / plain_steps * 1e3,
+            "step_us": step_ms * 1e3, "verify_us": verify_us, "loop_share": loop_ms / step_ms,
+            "forward_share": loop_ms * 1e3 / verify_us}
 
 
 def agreement(results) -> dict[str, Any]:
