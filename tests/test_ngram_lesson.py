@@ -15,10 +15,44 @@ def test_the_table_of_steps_has_every_step_and_the_entry_point():
     rows = lesson.boehm_table(results).splitlines()[3:]  # head, rule, floor
     assert [r.split("|")[1].strip() for r in rows] == [str(s.number) for s in ngram.CHAPTER.steps] + ["entry point"]
     for row in rows:
-        ratios = [c.strip() for c in row.split("|")[1:-1]][4::3]  # the two "× floor" columns
+        ratios = [c.strip() for c in row.split("|")[1:-1]][5::3]  # the two "× floor" columns
         for cell in ratios:
             if cell != "–":
                 assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
+
+
+def test_no_ratio_across_clocks():
+    """Step 1 is timed end to end on the host, the kernels on the GPU clock: the table says each row's clock and
+    compares a row with the previous one only on the same clock."""
+    results = load_results("ngram")
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[3:]]
+    by_step = {r[0]: r for r in rows}
+    assert by_step["1"][2] == "host, end to end" and all(r[2] == "GPU" for r in rows[1:])
+    assert by_step["2"][4] == "–"  # step 2 (GPU) is not divided by step 1 (host)
+
+
+def test_the_dispatch_table_has_no_self_judging_column():
+    assert "the faster" not in lesson.dispatch_table(load_results("ngram"))
+
+
+def test_the_steps_figure_draws_the_tables_floor():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = load_results("ngram")
+    figs = figures.figures(results)
+    ax = figs["latency"].axes[0]
+    floor = next(c for c in ax.collections if "floor" in str(c.get_label()))
+    drawn = sorted({round(float(seg[0][1]), 6) for seg in floor.get_segments()})
+    from studylog.ngram.results import grid_configs
+
+    expected = sorted({round(lesson.floor_us(results, c), 6) for c in grid_configs(results)
+                       if lesson.floor_us(results, c) is not None})
+    assert drawn == expected
+    for fig in figs.values():
+        plt.close(fig)
 
 
 def test_the_real_text_axis_is_readable():
