@@ -23,31 +23,32 @@ def _rows(results, batch: int, workload: str, series: str) -> list[dict]:
     return [r for r in report.rows_of(results.rows, batch=batch, workload=workload) if r["series"] == series]
 
 
-def per_token_ms(results, batch: int, workload: str, series: str) -> float:
-    """Milliseconds per output token over a workload (:func:`studylog.speculate.report.per_token_ms`)."""
-    return report.per_token_ms(results.rows, batch, workload, series)
+def median_ms(results, batch: int, workload: str, series: str) -> float:
+    """The median request's milliseconds per output token (:func:`studylog.speculate.report.median_ms`): the
+    statistic of the chapter's headline, its scoreboard row and its results row."""
+    return report.median_ms(results.rows, batch, workload, series)
 
 
 def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
-    """One row per step: what changed, ms per output token (the workload's total), × the previous step, the median
-    over requests of chapter 7's step 3 time over the step's, forwards per output token, accepted tokens per
+    """One row per step: what changed, the median request's ms per output token, and the median over requests of
+    the previous step's time over this step's and of chapter 7's step 3 time over this step's (each request
+    against itself, so the two ratio columns need not multiply), forwards per output token, accepted tokens per
     verified draft."""
-    out, prev = [], None
-    ref = per_token_ms(results, batch, workload, "ch7_step03")
-    out.append({"step": "chapter 7, step 3", "change": "the loop chapter 8 starts from", "ms_per_token": ref,
-                "x_previous": None, "x_ch7_step03": 1.0,
-                "forwards_per_token": _forwards(results, batch, workload, "ch7_step03"), "accepted": None})
+    ref = "ch7_step03"
+    out = [{"step": "chapter 7, step 3", "change": "the loop chapter 8 starts from",
+            "ms_per_token": median_ms(results, batch, workload, ref), "x_previous": None, "x_ch7_step03": 1.0,
+            "forwards_per_token": _forwards(results, batch, workload, ref), "accepted": None}]
     prev = ref
     for s in SERIES:
         step = CHAPTER.step(s)
-        ms = per_token_ms(results, batch, workload, s)
         rows = _rows(results, batch, workload, s)
         drafts = sum(r["drafts"] for r in rows)
-        out.append({"step": step.name, "change": step.title, "ms_per_token": ms, "x_previous": prev / ms,
+        out.append({"step": step.name, "change": step.title, "ms_per_token": median_ms(results, batch, workload, s),
+                    "x_previous": statistics.median(report.speedups(results.rows, batch, workload, s, over=prev)),
                     "x_ch7_step03": statistics.median(report.speedups(results.rows, batch, workload, s)),
                     "forwards_per_token": _forwards(results, batch, workload, s),
                     "accepted": sum(r["accepted"] for r in rows) / drafts if drafts else None})
-        prev = ms
+        prev = s
     return out
 
 
@@ -102,6 +103,19 @@ def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[st
             "forward_share": loop_ms * 1e3 / verify_us}
 
 
+def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, float]:
+    """The same benchmark, the same code, run again on a second H200 (``lab/speculate/results/nvidia-h200/``):
+    step 4's median speedup over chapter 7's step 3 there and in the committed run, at ``batch``."""
+    import json
+
+    from studylog.paths import REPO_ROOT
+
+    path = REPO_ROOT / "lab" / "speculate" / "results" / "nvidia-h200" / "speculate_second_host_run.json"
+    second = json.loads(path.read_text())["measurements"]
+    return {"second": statistics.median(report.speedups(second, batch, workload)),
+            "first": statistics.median(report.speedups(committed().rows, batch, workload))}
+
+
 def agreement(results) -> dict[str, Any]:
     """The checks against chapter 7: sequences compared, identical, divergences and the largest gap over its
     rounding bound."""
@@ -151,6 +165,6 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["agreement", "bound_rows", "committed", "draft_cost", "layer_table", "losses", "markdown_table",
-           "per_token_ms", "slowest",
+__all__ = ["agreement", "bound_rows", "committed", "draft_cost", "median_ms", "second_machine", "layer_table", "losses", "markdown_table",
+           "slowest",
            "sample_outputs", "steps_table", "validity"]

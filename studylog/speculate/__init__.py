@@ -5,7 +5,9 @@ lookup (chapter 3's n-gram matcher) proposes them; chapter 1's automaton cuts ea
 the grammar forbids and extends it with the tokens it forces; one forward of the model
 (:class:`SpeculativeDecoder`, chapter 7's loop with every position's hidden state) verifies the whole draft,
 chapter 2's masked head computing each position's logits for the ids its own state allows; the longest prefix
-the model agrees with is kept. Greedy, the output is chapter 7's, token for token.
+the model agrees with is kept. Greedy, every kept token is the allowed argmax at its position, as in chapter
+7's loop: the outputs agree token for token except at near ties of two logits, within the rounding of the two
+computations (:mod:`studylog.decode.agreement`).
 
 The steps (each a configuration of the same loop, :data:`CONFIGS`; the lesson shows each one's change):
 

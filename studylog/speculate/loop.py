@@ -16,9 +16,10 @@ A step of :class:`SpeculativeDecoder`, for every sequence of the batch:
    first disagreement (or after the whole draft); the grammar advances over exactly those tokens, and the
    forced tokens that follow are appended as in chapter 7.
 
-Greedy, the output is token for token chapter 7's step 3 (and step 1 wherever their logits' rounding allows,
-:mod:`~studylog.decode.agreement`): every accepted token is the allowed argmax at its position, as step 3 would
-have computed it. With sampling, a drafted token ``x`` is accepted with probability ``p(x)`` and, when rejected,
+Greedy, every accepted token is the allowed argmax at its position, as chapter 7's loop chooses it; the outputs
+are chapter 7's token for token wherever the logits' rounding allows (:mod:`~studylog.decode.agreement`: a verifying
+forward of more than two tokens sums in another order than a one-token forward, so a near tie can break the other
+way). With sampling, a drafted token ``x`` is accepted with probability ``p(x)`` and, when rejected,
 the token is drawn from ``p`` with ``x`` removed: the standard rule for a draft that proposes one token with
 certainty, so every output has exactly the probability the model gives it.
 """
