@@ -199,14 +199,52 @@ def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
     assert any("did not record an empty kernel's GPU time" in line for line in sb.missing(bench_copy))
 
 
-def test_p99_is_not_measured_until_the_files_hold_single_calls():
-    """No file records a distribution of single calls, so every p99 cell says so instead of showing a number."""
+def test_no_percentile_column_while_the_files_hold_no_single_calls():
+    """No file records a distribution of single calls: the page has no p99 column and says once what the files keep."""
     keys = {k for card in sb.cards() for f in card.glob("*.json")
             for r in json.loads(f.read_text())["measurements"] for k in r}
     assert not any("p99" in k or "samples" in k for k in keys), "the files now hold samples: show the p99"
-    lines = [ln for ln in sb.scoreboard_markdown().splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
-    times = [ln for ln in lines if "strongest rival" not in ln and "×" in ln]
-    assert times and all(ln.split("|")[6].strip() == sb.NOT_MEASURED for ln in times)
+    table = sb.scoreboard_markdown()
+    assert "p99" not in table
+    assert table.count("fastest, median and slowest of a few independent runs") == 1
+
+
+def test_chapter_seven_headline_is_one_case_and_one_statistic_everywhere():
+    """Chapter 7's line: the 8B shape at batch 1 over the nine JSON schemas, step 1's median time per token over
+    step 3's, the same on the scoreboard, the results page and the landing page's cards."""
+    data = _raw(H200, "decode")
+    case = {"model": "8b", "batch": 1, "whitespace": "compact"}
+    names = sb.json_schemas()
+    assert len(names) == 9
+    step = {s: [r["ms"] for r in data["measurements"] if r["series"] == s and r["params"]["schema"] in names
+                and all(r["params"].get(k) == v for k, v in case.items())] for s in ("step01", "step03")}
+    import statistics
+    ratio = statistics.median(step["step01"]) / statistics.median(step["step03"])
+    row = _board_row(sb.scoreboard(), 7, H200)
+    assert row["vs_rival"] == pytest.approx(ratio)
+    assert "9 JSON schemas" in row["shape"]
+    (line,) = [h for h in summary.headlines() if h["number"] == 7]
+    assert line["ratios"]["H200"] == pytest.approx(ratio)
+    assert line["cells"]["H200"].startswith(f"**{ratio:.2f}×**")
+    assert f"{ratio:.2f}×" in line["brief"]["H200"]
+
+
+def test_chapter_one_line_is_one_statistic():
+    """Chapter 1's line is the share of forward passes left out, with no speedup beside it."""
+    (line,) = [h for h in summary.headlines() if h["number"] == 1]
+    for text in line["cells"].values():
+        assert "fewer forward passes" in text and "per output token" not in text
+
+
+def test_the_end_to_end_comparison_shows_our_end_to_end_time():
+    row = _board_row(sb.scoreboard(), 3, H200)
+    assert row["ours_end_to_end_ms"]
+    assert f"**{row['ours_end_to_end_ms'] * 1e3:,.1f}** end to end" in sb.scoreboard_markdown()
+
+
+def test_ctc_rows_are_the_same_kernel_on_every_card():
+    rows_ = [r for r in sb.scoreboard() if r["number"] == 4 and "missing" not in r]
+    assert {r["ours"] for r in rows_} == {"step10"}
 
 
 # ----------------------------------------------------------------------------------------------
