@@ -94,3 +94,34 @@ def test_the_checks_are_fast():
                           (ex.check_budget_scan, sol.budget_scan), (ex.check_refused_bound, sol.refused_bound)):
         check(answer)
     assert time.perf_counter() - t0 < 20  # seconds, on a slow shared CPU; about one on a laptop
+
+
+def _warp_min_without_warp_ops(source):
+    """A planted non-answer: a comment added, nothing changed in the machine code."""
+    return source.replace("extern \"C\" __global__ void ngram_one_pass_fused", "// changed\nextern \"C\" __global__ "
+                          "void ngram_one_pass_fused")
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (lambda source: source, "unchanged"),
+    (_warp_min_without_warp_ops, "no warp-level minimum"),
+    (lambda source: source.replace("ngram_one_pass_fused", "ngram_fused_renamed"), "does not compile to a kernel"),
+    (lambda source: sol.warp_min_step6(source).replace("const u64 warp_best", "u64 warp_best = ;\n"), "compile"),
+])
+def test_the_kernel_exercise_rejects_a_planted_wrong_answer(wrong, says, capsys):
+    assert not ex.check_warp_min(wrong)
+    assert says in capsys.readouterr().out
+
+
+def test_the_kernel_exercise_accepts_the_answer(capsys):
+    """On a CPU the check compiles the answer and reads its PTX (the GPU part says it was skipped); on a GPU it
+    also runs it against the specification."""
+    import torch
+
+    assert ex.check_warp_min(sol.warp_min_step6)
+    out = capsys.readouterr().out
+    assert "warp-level instructions" in out
+    assert ("no GPU" in out) is not torch.cuda.is_available()
+    ptx = __import__("studylog.cuda", fromlist=["compile_source"]).compile_source(
+        sol.warp_min_step6(ex.step6_source()), name="answer.cu").ptx_function(ex.STEP6_KERNEL)
+    assert "redux.sync.min.u32" in ptx

@@ -11,6 +11,9 @@ the notebook does not import.
    each end position (step 5's idea).
 3. :func:`check_budget_scan`: the batch budget from prefix sums instead of a serial loop (step 4's idea).
 4. :func:`check_refused_bound`: which slots the budget refuses whatever the searches find (step 7's skip).
+6. :func:`check_warp_min`: change step 6's kernel so that each warp folds its lanes' keys with warp-level minimums
+   before one lane updates the block's key (NVRTC compiles it and the PTX must show the warp-level instructions,
+   on any machine; on a GPU the kernel also runs against the chapter's specification, bit for bit).
 
 Exercises 3 and 4 work on the per-slot facts the kernels compute before any search (``plan_slot``), as lists
 with one entry per slot:
@@ -276,5 +279,101 @@ def check_refused_bound(fn: Callable, *, trials: int = 3000, seed: int = 0) -> b
     return _report("check_refused_bound", failures, len(cases))
 
 
-__all__ = ["sequential_budget", "budget_facts", "best_window", "check_match_key", "check_one_pass", "check_budget_scan",
+# -----------------------------------------------------------------------------------------
+# Exercise 6: change step 6's kernel
+# -----------------------------------------------------------------------------------------
+
+#: Step 6's kernel file and its fused kernel (the one exercise 6 changes).
+STEP6_FILE, STEP6_KERNEL = "ngram_one_pass.cu", "ngram_one_pass_fused"
+_WARP_OPS = ("redux.sync", "shfl.sync")  # PTX of warp-level reductions: the 32-bit redux, or shuffles
+
+
+def step6_source() -> str:
+    """Step 6's kernel file (``ngram_one_pass.cu``), as text: what exercise 6 starts from."""
+    from studylog import cuda
+
+    return cuda.read_source(STEP6_FILE)
+
+
+def _warp_ops(ptx: str) -> int:
+    return sum(ptx.count(op) for op in _WARP_OPS)
+
+
+def step6_matcher(source: str, inputs: NgramInputs, draft_tokens, seq_lens_this_time,
+                  config: NgramConfig = NgramConfig()):
+    """Step 6's matcher (:class:`~studylog.ngram.kernels.NgramMatcher`, same grid and arguments) bound to the
+    buffers, with its kernel compiled from ``source`` instead of the chapter's file: call it to run the kernel in
+    place (GPU only)."""
+    from studylog import cuda
+    from studylog.ngram import kernels
+
+    matcher = kernels.NgramMatcher(kernels.step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time,
+                                   config=config)
+    kernel = cuda.load(source).kernel(STEP6_KERNEL, kernels.SIGNATURE)
+    matcher.launches = [(kernel, grid, block) for _, grid, block in matcher.launches]
+    return matcher
+
+
+def check_warp_min(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0) -> bool:
+    """Exercise 6. ``fn(source)`` -> step 6's kernel file (``source``, :func:`step6_source`) with one change to
+    ``ngram_one_pass_fused``: after a tile, each warp folds its lanes' keys into one with warp-level minimums
+    (``__reduce_min_sync`` works on 32 bits: a 64-bit key takes two, or shuffles) and one lane per warp updates the
+    block's key in shared memory, instead of every lane with a candidate.
+
+    On any machine NVRTC compiles your source and the fused kernel's PTX must hold more warp-level instructions
+    (``redux.sync`` or ``shfl.sync``) than step 6's. On a GPU your kernel then runs in step 6's place on
+    ``trials`` random batches and must give the specification's drafts and counts bit for bit; without a GPU
+    that part is skipped (it says so)."""
+    from studylog import cuda
+    from studylog.ngram import make_batch, reference_ngram_match
+
+    name = "check_warp_min"
+    original = step6_source()
+    text, error = _call(fn, original)
+    if error:
+        return _report(name, [f"fn(step 6's source) {error}"], 1)
+    if not isinstance(text, str) or text == original:
+        return _report(name, ["fn returned step 6's source unchanged: return the changed text"], 1)
+    try:
+        mine = cuda.compile_source(text, arch=cuda.DEFAULT_ARCH, name="ngram_one_pass_exercise.cu")
+        ptx = mine.ptx_function(STEP6_KERNEL)
+    except Exception as exc:  # a compile error or a renamed kernel: show NVRTC's log
+        return _report(name, [f"your source does not compile to a kernel {STEP6_KERNEL!r}: {exc}"], 1)
+    theirs = cuda.compile_source(original, arch=cuda.DEFAULT_ARCH, name=STEP6_FILE)
+    before, after = _warp_ops(theirs.ptx_function(STEP6_KERNEL)), _warp_ops(ptx)
+    if after <= before:
+        return _report(name, [f"the PTX of {STEP6_KERNEL} has {after} warp-level instructions (redux.sync, shfl.sync), "
+                              f"as many as step 6's {before}: no warp-level minimum was added"], 1)
+    regs = {k: v.get("registers") for k, v in (("step 6", theirs.ptxas_report().get(STEP6_KERNEL, {})),
+                                               ("yours", mine.ptxas_report().get(STEP6_KERNEL, {})))}
+    print(f"{name}: compiles for {cuda.DEFAULT_ARCH}; the PTX of {STEP6_KERNEL} has {after} warp-level instructions "
+          f"against step 6's {before}; registers per thread: step 6 {regs['step 6']}, yours {regs['yours']}")
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{name}: no GPU, so your kernel was compiled, not run: on a GPU this check also runs it against the "
+              "specification")
+        return True
+    rng = random.Random(seed)
+    failures = []
+    for t in range(trials):
+        batch, width = rng.choice([(1, 4096), (8, 512), (20, 60), (3, 20000)])
+        config = NgramConfig(threshold=rng.choice([5, 30, 128, 1 << 30]))
+        inputs, draft, this_time = make_batch(batch, width, 24, vocab=rng.choice([2, 4, 50]), seed=seed + t,
+                                              decoys=True, capped_fraction=0.3)
+        want_draft, want_counts = reference_ngram_match(inputs, draft.clone(), this_time.clone(), config)
+        cuda_inputs = inputs.to("cuda")
+        got_draft, got_counts = draft.cuda(), this_time.cuda()
+        try:
+            step6_matcher(text, cuda_inputs, got_draft, got_counts, config)()
+        except Exception as exc:
+            failures.append(f"batch {batch}x{width}: raised {type(exc).__name__}: {exc}")
+            break
+        if not (torch.equal(got_counts.cpu(), want_counts) and torch.equal(got_draft.cpu(), want_draft)):
+            failures.append(f"batch {batch}x{width}, threshold {config.threshold}, seed {seed + t}: drafts or counts "
+                            "differ from the specification's")
+    return _report(name, failures, trials)
+
+
+__all__ = ["step6_source", "step6_matcher", "check_warp_min", "sequential_budget", "budget_facts", "best_window", "check_match_key", "check_one_pass", "check_budget_scan",
            "check_refused_bound"]
