@@ -57,6 +57,42 @@ def _forwards(results, batch, workload, series) -> float:
     return sum(r["forwards"] for r in rows) / sum(r["tokens"] for r in rows)
 
 
+def drafts_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
+    """Per drafting step, summed over the workload's requests: tokens the matcher proposed, those the grammar cut,
+    forced tokens that joined drafts, draft tokens verified and accepted, and accepted tokens per verified draft."""
+    out = []
+    for s in SERIES[1:]:
+        rows = _rows(results, batch, workload, s)
+        total = {k: sum(r[k] for r in rows) for k in ("proposed", "cut", "forced_drafted", "verified", "accepted",
+                                                     "drafts")}
+        out.append({"step": CHAPTER.step(s).name, **total, "accepted_per_draft": total["accepted"] / total["drafts"]
+                    if total["drafts"] else None})
+    return out
+
+
+#: Chapter 7's components folded into this chapter's: the mask's wait and its application count as the head's.
+_CH7_HEAD = ("mask_wait", "head", "mask_apply")
+
+
+def breakdown_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
+    """Where an output token's time goes, in microseconds over all the workload's requests (each request's
+    instrumented run; the prefill included in the body): drafting, the body (the verifying forward), the head,
+    sampling and the host's own work, for chapter 7's step 3 and this chapter's steps 1 and 4."""
+    out = []
+    for s, name in (("ch7_step03", "chapter 7, step 3"), ("step01", CHAPTER.step("step01").name),
+                    ("step04", CHAPTER.step("step04").name)):
+        rows = _rows(results, batch, workload, s)
+        tokens = sum(r["tokens"] for r in rows)
+
+        def us(keys) -> float:
+            return sum(r["breakdown_ms_per_token"].get(k, 0.0) * r["tokens"] for r in rows for k in keys) / tokens * 1e3
+
+        out.append({"step": name, "draft": us(("draft",)), "body": us(("body",)),
+                    "head": us(_CH7_HEAD if s.startswith("ch7") else ("head",)), "sampling": us(("sampling",)),
+                    "host": us(("host",)), "total": us(("wall",))})
+    return out
+
+
 def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
     """The body per chunk length on each layer (GPU clock, graph replay), and which one the loop runs."""
     rows = [r for r in report.rows_of(results.rows, batch=batch) if r["series"] == "verify"]
@@ -165,6 +201,6 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["agreement", "bound_rows", "committed", "draft_cost", "median_ms", "second_machine", "layer_table", "losses", "markdown_table",
+__all__ = ["agreement", "bound_rows", "breakdown_table", "committed", "draft_cost", "drafts_table", "median_ms", "second_machine", "layer_table", "losses", "markdown_table",
            "slowest",
            "sample_outputs", "steps_table", "validity"]
