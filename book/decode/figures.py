@@ -24,7 +24,10 @@ FONT = 9
 def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms",
                    legend: bool = True):
     """Stacked bars on a linear axis, one per configuration: time per output token split into the loop's
-    components; the end-to-end time (measured without the instrumentation) is written above each bar."""
+    components. The split comes from CUDA events between the components in a separate instrumented run, whose
+    total is a little larger than the timed one; each bar's components are scaled to the end-to-end time
+    (measured without the instrumentation), which is written above the bar, so a bar is exactly as tall as its
+    label."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(6.4, 4.2))[1]
@@ -32,8 +35,10 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
     scale = 1e3 if unit == "µs" else 1.0
     for i, config in enumerate(names):
         bottom = 0.0
+        measured = sum(max(parts[config][k], 0.0) for k in COMPONENTS)
+        fit = parts[config]["wall"] / measured if measured > 0 else 1.0  # the instrumented split, to the timed total
         for k in COMPONENTS:
-            v = max(parts[config][k], 0.0) * scale
+            v = max(parts[config][k], 0.0) * fit * scale
             ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.62)
             bottom += v
         ax.text(i, bottom, f"{parts[config]['wall'] * scale:.3g}", ha="center", va="bottom", fontsize=FONT)
@@ -61,18 +66,23 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     for j, (ax, b) in enumerate(zip(axes[:, 0], batches)):
         plot_breakdown(breakdown(rows, model, b), ax=ax, title=f"batch {b}", legend=j == 0)
     fig.suptitle(f"{what}{model} shape: where each configuration's time per output token goes (median of the "
-                 f"JSON schemas)\n{caption}", fontsize=FONT)
+                 f"JSON schemas; the split from a separate instrumented run, scaled to the timed total)\n{caption}",
+                 fontsize=FONT)
     fig.tight_layout()
     return fig
 
 
 def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch: int = 1, what: str = ""):
-    """Steps 2 and 3 over step 1 per schema, end to end, on a linear axis; the bars' whiskers span the
-    repetitions' spread (the fastest and slowest combinations of the two rows' ``spread_ms``)."""
+    """Steps 2 and 3 over step 1 per JSON schema of chapter 1's suite (the requests the chapter's tables take
+    medians over), end to end, on a linear axis; the bars' whiskers span the repetitions' spread (the fastest and
+    slowest combinations of the two rows' ``spread_ms``)."""
     import matplotlib.pyplot as plt
 
+    from studylog.decode.grammar import suite_names
+
+    json_names = set(suite_names("json"))
     base = {r["params"]["schema"]: r for r in rows_of(rows, model=model, batch=batch, config="baseline",
-                                                       whitespace="compact")}
+                                                       whitespace="compact") if r["params"]["schema"] in json_names}
     if not base:
         return None
     fig, ax = plt.subplots(figsize=(10, 4.4))
@@ -98,7 +108,8 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=FONT)
     ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylabel("speedup over step01_baseline\n(end to end, per output token)", fontsize=FONT)
-    ax.set_title(f"{what}{model} shape, batch {batch}: each schema, steps 2 and 3 against step 1\n{caption}",
+    ax.set_title(f"{what}{model} shape, batch {batch}: each of the {len(names)} JSON schemas, steps 2 and 3 "
+                 f"against step 1\n{caption}",
                  fontsize=FONT)
     ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(True, axis="y", alpha=0.3)
@@ -108,7 +119,7 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
 
 def figures(results, what: str = "") -> dict[str, Any]:
     """``breakdown_1b`` and ``breakdown_8b``: the stacked bars per configuration at batch 1 and 8 for each
-    shape measured; ``speedup``: steps 2 and 3 over step 1 per schema, ~1B shape, batch 1. ``what`` starts
+    shape measured; ``speedup``: steps 2 and 3 over step 1 per JSON schema, ~1B shape, batch 1. ``what`` starts
     every title (the notebook names an earlier run there)."""
     out = {}
     for model in ("1b", "8b"):
