@@ -125,7 +125,12 @@ def chapter_figures(chapter: str) -> dict[str, Any]:
         from studylog.fsm import run_suite
 
         return module.figures(run_suite(n_samples=8))
-    return module.figures(load_results(chapter)) if result_files(chapter) else {}
+    if not result_files(chapter):
+        return {}
+    card = getattr(module, "CARD", None)  # a chapter whose pages read one card draws its figures from that card
+    if card is not None and any(f.parent.name == card for f in result_files(chapter)):
+        return module.figures(load_results(chapter, gpu=card))
+    return module.figures(load_results(chapter))
 
 
 def save_chapter_figures(chapters: Sequence[str]) -> list[Path]:

@@ -4,12 +4,15 @@ repetitions' spread where the file has it."""
 
 from __future__ import annotations
 
-from studylog.ternary.results import (CUBLAS, CUBLAS_TARGETS, FLOAT_X_SERIES, FLOOR_TARGET, GEMLITE, INT_MM,
-                                      INT_MM_MATMUL, M1_SERIES, W2A8_PLACE_SERIES, W2A8_SERIES, fastest, on_gpu_clock,
-                                      series_label, shapes_in)
+from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_PLACE_SERIES,
+                                      W2A8_SERIES, fastest, on_gpu_clock, series_label, shapes_in)
 from studylog.ternary.steps import SERIES
 
-__all__ = ["FONT", "SERIES_COLOURS", "SMALL", "figures", "series_colour"]
+__all__ = ["CARD", "FONT", "SERIES_COLOURS", "SMALL", "figures", "series_colour"]
+
+#: The card both lessons of the chapter read (its results folder): the one whose run also has BitNet's kernel and
+#: the Nsight Compute profile beside ours, so that every number on a page comes from one card.
+CARD = "nvidia-h200"
 
 
 #: One colour per series across the chapter (figures of both lessons): the steps, the baselines and the peers.
@@ -87,15 +90,16 @@ def _legend_below(fig, axes, ncol=3):
 
 def figures(results) -> dict:
     """GPU clock, one colour per series (:data:`SERIES_COLOURS`), legends below the panels, spread where the file
-    has it. speedup: M = 1, speedup over cuBLAS bf16 per shape (the targets in red); speedup_batched: the same at
-    M = 16 and 128; floor: M = 1, time over the 2-bit floor; steps: M = 1, the time of every step on the Llama
-    shapes; peers: our fastest over GemLite and torch._int_mm."""
+    has it, the card in every title. speedup: M = 1, speedup over cuBLAS bf16 per shape; speedup_batched: the same
+    at M = 16 and 128; floor: M = 1, time over the 2-bit floor; steps: M = 1, the time of part 1's Triton steps
+    (1 to 9) on the Llama shapes beside cuBLAS and GemLite; peers: our fastest over GemLite and torch._int_mm."""
     import matplotlib.pyplot as plt
 
     view = on_gpu_clock(results)
     shapes = shapes_in(view)
     ms_present = sorted({r["params"]["m"] for r in view.rows if "m" in r["params"]})
     caption = results.caption()
+    card = results.gpu.replace("NVIDIA ", "")
     figs = {}
 
     def speedup(m):
@@ -108,20 +112,13 @@ def figures(results) -> dict:
         wanted = [SERIES[n] for n in ((4, 6, 9, 10, 11, 12, 13) if m == 1 else (5, 7, 8, 9, 10, 11, 12, 13))]
         return [s for s in wanted + [GEMLITE, INT_MM] if view.select(s, m=m)]
 
-    def targets(ax, m):
-        for shape, mm, want in CUBLAS_TARGETS:
-            if mm == m and shape in shapes:
-                j = shapes.index(shape)
-                ax.plot([j - 0.45, j + 0.45], [want, want], "r--", lw=1.4, label="target")
-
     if 1 in ms_present and view.select(CUBLAS, m=1):
         series = panel_series(1)
         fig, ax = plt.subplots(figsize=(9, 5.2))
         _bars(ax, shapes, series, speedup(1))
         ax.axhline(1.0, color="k", lw=1)
-        targets(ax, 1)
         ax.set_ylabel("speedup over cuBLAS bf16 (GPU clock)", fontsize=FONT)
-        ax.set_title("One row of x (M = 1): each kernel's speedup over cuBLAS bf16", fontsize=FONT + 1)
+        ax.set_title(f"{card}, one row of x (M = 1): each kernel's speedup over cuBLAS bf16", fontsize=FONT + 1)
         _head(fig, caption)
         fig.tight_layout(rect=(0, 0.11, 1, 0.94))
         _legend_below(fig, [ax], ncol=4)
@@ -133,9 +130,8 @@ def figures(results) -> dict:
         for ax, m in zip(axes[0], batched):
             _bars(ax, shapes, panel_series(m), speedup(m))
             ax.axhline(1.0, color="k", lw=1)
-            targets(ax, m)
             ax.set_ylabel("speedup over cuBLAS bf16 (GPU clock)", fontsize=FONT)
-            ax.set_title(f"M = {m} rows of x", fontsize=FONT + 1)
+            ax.set_title(f"{card}, M = {m} rows of x", fontsize=FONT + 1)
         _head(fig, caption)
         fig.tight_layout(rect=(0, 0.16, 1, 0.94))
         _legend_below(fig, list(axes[0]), ncol=4)
@@ -158,16 +154,16 @@ def figures(results) -> dict:
         fig, ax = plt.subplots(figsize=(9, 5.2))
         _bars(ax, shapes, shown, over_floor)
         ax.axhline(1.0, color="k", lw=1, label="the 2-bit floor")
-        ax.axhline(FLOOR_TARGET[1], color="r", ls="--", lw=1.2, label=f"target: {FLOOR_TARGET[1]:.0f} x the floor")
         ax.set_ylabel("GPU time / 2-bit bandwidth floor", fontsize=FONT)
-        ax.set_title("One row of x (M = 1): time over the 2-bit floor (bytes / copy bandwidth)", fontsize=FONT + 1)
+        ax.set_title(f"{card}, one row of x (M = 1): time over the 2-bit floor (bytes / copy bandwidth)",
+                     fontsize=FONT + 1)
         _head(fig, caption)
         fig.tight_layout(rect=(0, 0.11, 1, 0.94))
         _legend_below(fig, [ax], ncol=4)
         figs["floor"] = fig
 
     llama = [s for s in shapes if view.select(CUBLAS, shape=s, family="llama", m=1)]
-    steps = [s for s in [CUBLAS] + M1_SERIES + ["read_weights", GEMLITE] if view.select(s, m=1)]
+    steps = [s for s in [CUBLAS] + [SERIES[n] for n in range(1, 10)] + [GEMLITE] if view.select(s, m=1)]
     if llama and steps:
         def time_us(s, shape):
             rows = view.select(s, shape=shape, m=1)
@@ -180,10 +176,14 @@ def figures(results) -> dict:
         fig, ax = plt.subplots(figsize=(9, 6.2))
         _bars(ax, llama, steps, time_us)
         ax.set_yscale("log")
+        from matplotlib.ticker import FormatStrFormatter
+
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FormatStrFormatter("%g"))
         ax.set_ylabel("GPU time (µs, median)", fontsize=FONT)
-        ax.set_title("One row of x (M = 1): every step's GPU time on the Llama shapes", fontsize=FONT + 1)
+        ax.set_title(f"{card}, one row of x (M = 1): part 1's Triton steps on the Llama shapes", fontsize=FONT + 1)
         _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.2, 1, 0.94))  # room below for the shapes' labels and a legend of four rows
+        fig.tight_layout(rect=(0, 0.14, 1, 0.94))  # room below for the shapes' labels and a legend of three rows
         _legend_below(fig, [ax], ncol=4)
         figs["steps"] = fig
 
@@ -200,7 +200,7 @@ def figures(results) -> dict:
             _bars(ax, shapes, [GEMLITE, INT_MM], over_peer)
             ax.axhline(1.0, color="k", lw=1)
             ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
-            ax.set_title(f"M = {m}", fontsize=FONT + 1)
+            ax.set_title(f"{card}, M = {m}", fontsize=FONT + 1)
         _head(fig, "Our fastest kernel against the peers: GemLite against bf16 x, torch._int_mm against W2A8\n"
               + caption)
         fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 0.75 / height))

@@ -28,9 +28,15 @@ H100 = "nvidia-h100-80gb-hbm3"
 H200 = "nvidia-h200"
 #: The two Llama shapes the targets are set on (N x K): an MLP down projection of an 8B and of a 70B model.
 MAIN, BIG = "4096x14336", "8192x28672"
-#: Under a table whose "–" cells are series the benchmark does not run at that size.
+#: Under a table whose "–" cells are series the benchmark does not run at that size (only where a cell is "–").
 NOT_MEASURED = ("\n\n– : not measured at this size (the series the benchmark runs at each size: "
                 "`ternary.report.bench_series`).")
+
+
+def _with_legend(table: str) -> str:
+    """A table, with the legend of its "–" cells under it only when one of its cells is "–"."""
+    body = table.splitlines()[2:]
+    return table + (NOT_MEASURED if any("| – |" in line or line.rstrip().endswith("| –") for line in body) else "")
 
 # ----------------------------------------------------------------------------------------------
 # Reading the committed file
@@ -38,11 +44,23 @@ NOT_MEASURED = ("\n\n– : not measured at this size (the series the benchmark r
 
 
 def load():
-    """The newest committed results of the chapter, or None."""
+    """The chapter's committed results on its card (:data:`book.ternary.figures.CARD`, the H200: both lessons read
+    one card), or the newest of any card where that one has none; None without results."""
+    from book.ternary.figures import CARD
+
+    try:
+        return plotting.load_results("ternary", gpu=CARD)
+    except FileNotFoundError:
+        pass
     try:
         return plotting.load_results("ternary")
     except FileNotFoundError:
         return None
+
+
+def card(results) -> str:
+    """The card of a results file in a few words ("H200"), for tables' captions."""
+    return "no card" if results is None else results.gpu.replace("NVIDIA ", "")
 
 
 def caption(results) -> str:
@@ -128,6 +146,29 @@ def amdahl(results) -> dict[str, Any]:
     return {"weights": linear, "linear_bytes": linear_bytes, "rest": rest, "share": share, "speedup": speedup,
             "end_to_end": end_to_end, "limit": 1 / (1 - share), "per_shape": per_shape,
             "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
+
+
+def amdahl_layers_table(results) -> str:
+    """Markdown, GPU clock, µs, on the results' card: each ternary layer of a BitNet b1.58 2B4T transformer layer at
+    M = 1, timed at its benchmark shape, cuBLAS bf16 against our fastest bf16-x kernel, and their sums over one
+    transformer layer (count x time): the sums' ratio is :func:`amdahl`'s ``speedup``."""
+    if results is None:
+        return PENDING
+    lines = [f"GPU clock, µs, one row of x, {card(results)}\n",
+             "| layer (N x K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
+    base = ours = 0.0
+    for name, n, k, count, shape in BITNET_LAYERS:
+        b = us(results, CUBLAS, shape)
+        row, series = fastest(results, FLOAT_X_SERIES, shape=shape, m=1)
+        if b is None or row is None:
+            return PENDING
+        t = row["ms"] * 1e3
+        base, ours = base + count * b, ours + count * t
+        lines.append(f"| {name} ({n} x {k}) | {shape.replace('x', ' x ')} | {count} | {b:.1f} | {t:.1f} "
+                     f"(`{series_label(series).split(',')[0]}`) | {b / t:.2f} |")
+    lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
+                 f"**{base / ours:.2f}** |")
+    return "\n".join(lines)
 
 
 def amdahl_table(view: dict) -> str:
@@ -221,12 +262,21 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
         for group, peer in ((FLOAT_X_SERIES, GEMLITE), (W2A8_SERIES, INT_MM)):
             row, s = fastest(results, group, shape=shape, m=m)
             cells.append("–" if row is None else
-                         f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, `{series_label(s).split(',')[0]}`)")
+                         f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, {_launch(s)})")
             p = us(results, peer, shape, m)
             cells.append("–" if p is None else f"{p:.1f} ({base / p:.1f}×)")
         cells.append(fmt(floor_us(results, shape, m), '.1f'))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + NOT_MEASURED
+    return _with_legend("\n".join(lines))
+
+
+def _launch(series: str) -> str:
+    """A series as a table names it: the step's name, and where it is one of the step's other launches (the place
+    x is quantised), that place: "`step12_w2a8`, x quantised in every block"."""
+    name, _, option = series_label(series).split(" (")[0].partition(", x quantised at quantize=")
+    place = {"every block": "in every block", "separate": "by a kernel of its own"}.get(option.strip("'"),
+                                                                                         option.strip("'"))
+    return f"`{name}`" + (f", x quantised {place}" if option else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -419,7 +469,7 @@ def cards_table(cards_: dict, series=(CUBLAS, SERIES[11], SERIES[12], "read_weig
                 t = us(res, s, shape, m)
                 cells.append("–" if t is None else f"{t:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + NOT_MEASURED
+    return _with_legend("\n".join(lines))
 
 
 def bandwidth_share(res, shape: str = MAIN, m: int = 1) -> Optional[float]:
@@ -431,8 +481,8 @@ def bandwidth_share(res, shape: str = MAIN, m: int = 1) -> Optional[float]:
 
 
 def clock_rows() -> dict[str, dict[str, dict]]:
-    """The rows at 4096 x 14336, M = 1, of the two H200 runs that kept three clocks (host "A": the committed run,
-    "B": another host of the same day), by series: {"A": {series: row}, "B": ...}."""
+    """The rows at 4096 x 14336, M = 1, of the two H200 runs that kept three clocks ("A": the first machine, "B": a
+    second machine of the same day), by series: {"A": {series: row}, "B": ...}."""
     out = {}
     for host, name in (("A", "ternary_bench_before_one_clock"), ("B", "ternary_bench_second_host")):
         res = plotting.Results(Path(name), plotting.load_lab("ternary", name, H200))
@@ -446,7 +496,7 @@ def clocks_table() -> str:
     ternary_bench_before_one_clock.json and ternary_bench_second_host.json."""
     runs = [plotting.Results(Path(name), plotting.load_lab("ternary", name, H200))
             for name in ("ternary_bench_before_one_clock", "ternary_bench_second_host")]
-    head = ["series"] + [f"{clock}, {host}" for host in ("host A", "host B")
+    head = ["series"] + [f"{clock}, {host}" for host in ("first machine", "second machine")
                          for clock in ("do_bench", "kernel time", "CUDA graph")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in (CUBLAS, SERIES[9], SERIES[11], SERIES[12], "read_weights"):
@@ -584,7 +634,8 @@ def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of
 
 
 __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "device",
-           "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_table", "bounds_table", "issue_budget", "step_table",
+           "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
+           "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "tried_cuda", "tried_triton", "tried_markdown", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
@@ -604,11 +655,11 @@ PART1_ROWS = (
     (4, 1, 3, "a decode of an AND and an FMA a weight, 8 rows a program, split K (four changes, measured together)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
     (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte)"),
+    (9, 1, 4, "two weights an AND and a packed FMA, straight into the MMA (built for several rows)"),
     (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
     (7, 16, 5, "1.6-bit weights with `tl.dot`"),
     (8, 16, 5, "int8 activations on the int8 tensor cores"),
     (9, 16, 5, "two weights an AND and a packed FMA, straight into the MMA"),
-    (9, 1, 4, "the same kernel at one row of x"),
 )
 
 #: Part 2's rows, as :data:`PART1_ROWS`.
@@ -624,14 +675,115 @@ PART2_ROWS = (
 
 
 def boehm_table(results, rows, shape: str = MAIN) -> str:
-    """Markdown, one row a step (SGEMM-worklog style): the one change, its GPU-clock time at ``shape`` (µs), its
+    """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
+    that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
     speedup over the step it is measured against (named, > 1 is faster) and its multiple of the bandwidth
     floor of its format (2-bit, or 1.6-bit for steps 6 and 7); "pending" where the file has no time."""
+    tables = []
+    for rows_of_x in dict.fromkeys(m for _, m, _, _ in rows):
+        caption = (f"**{'One row' if rows_of_x == 1 else f'{rows_of_x} rows'} of x (M = {rows_of_x}), "
+                   f"{shape.replace('x', ' x ')}, {card(results)}, GPU clock**")
+        tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == rows_of_x], shape))
+    return "\n\n".join(tables)
+
+
+def _boehm_rows(results, rows, shape: str) -> str:
     lines = ["| step | the one change | µs | × previous | × floor |", "|---|---|---|---|---|"]
     for number, m, previous, change in rows:
         t = us(results, SERIES[number], shape, m)
         floor = floor_us(results, shape, m, "base3" if number in (6, 7) else "2bit")
         before = None if previous is None else us(results, SERIES[previous], shape, m)
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
-        lines.append(f"| {number} (M = {m}) | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')} |")
+        lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')} |")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Short listings: the core of a step's diff, the first attempt's bugs
+# ----------------------------------------------------------------------------------------------
+
+#: Lines a core diff leaves out: the probe builds' branch (copies only) and the timeline's marks, which the
+#: folded full diff shows.
+_NOT_CORE = (("PROBE_COPIES_ONLY) {", "continue;"), ("W2A8_AT(", "W2A8_AT("),
+             ("Past K the weights are zeros", "make_uint4(0, 0, 0, 0);"))
+
+
+def _region(text: str, start: str, stop: str) -> str:
+    """The lines of ``text`` from the first that contains ``start`` to the first after it that contains ``stop``,
+    without the lines of :data:`_NOT_CORE` (a probe's branch loses its closing brace too)."""
+    lines = text.splitlines()
+    i = next(n for n, line in enumerate(lines) if start in line)
+    j = next(n for n in range(i, len(lines)) if stop in lines[n])
+    kept, n = [], i
+    while n <= j:
+        cut = next((b for a, b in _NOT_CORE if a in lines[n]), None)
+        if cut is None:
+            kept.append(lines[n])
+            n += 1
+            continue
+        end = next(e for e in range(n, j + 1) if cut in lines[e])
+        n = end + 1 + (cut == "continue;")  # a probe's branch: its closing brace too
+        if kept and kept[-1].strip() == "#pragma unroll" and cut == "continue;":
+            kept.pop()
+    return "\n".join(kept)
+
+
+#: Each CUDA C++ step's core change, as (old step, new step, (start, stop) in the old kernel, (start, stop) in the
+#: new one): the lines that carry the step's idea, the rest of its diff folded on the page.
+CORE_REGIONS = {
+    11: (10, ("float acc[2][RT][MT][4]", "group_mma<BF16, MT, RT>(acc, a, xv);"),
+         ("if (warp == warps) {", "group_mma<BF16, MT, RT, true>(acc, a[cg], xv, magic);")),
+    13: (12, ("int acc[4][RT][MT][4]", "});"), ("int acc[4][TILES][MT][4]", "w2a8_z(sum, __ldcg(&row_sum[m])")),
+}
+
+
+def core_diff(step: int):
+    """The diff of a step's core change (:data:`CORE_REGIONS`): the two kernels' regions that carry the idea."""
+    from studylog import source
+    from studylog.ternary.steps import STEPS as _STEPS
+
+    old, (a0, a1), (b0, b1) = CORE_REGIONS[step]
+    text = lambda number: source.source_of(_STEPS[number - 1].source, _STEPS[number - 1].source_function)[0]  # noqa: E731
+    import textwrap
+
+    return source.show_diff(textwrap.dedent(_region(text(old), a0, a1)), textwrap.dedent(_region(text(step), b0, b1)),
+                            names=(f"{_STEPS[old - 1].name} (its main loop)",
+                                   f"{_STEPS[step - 1].name} (the core of the change)"))
+
+
+#: The first attempt's bugs, each marked on the line that carries it: (a piece of that line, the mark).
+FIRST_ATTEMPT_BUGS = (
+    ("def first_attempt_kernel(", "W is (K, N) here, the transpose of an nn.Linear weight"),
+    ("offs_n = (pid", "BUG: a modulo wraps the outputs instead of masking them"),
+    ("x_ptrs = x_ptr + offs_m", "BUG: offs_m not times stride_xm (right only for a contiguous x)"),
+    ("elements_to_sum =", "the good idea: a sign choice, no multiply"),
+    ("z = accumulator.to(tl.float16)", "BUG: a float32 sum stored as float16"),
+)
+
+
+def first_attempt_excerpt() -> str:
+    """The first attempt's kernel (``lab/ternary/first_attempt.py``) without its earlier-version branch and comments,
+    its bugs marked in comments; its launch (2 x 2 blocks) in a last comment."""
+    import inspect
+    import textwrap
+
+    fn = first_attempt().first_attempt_kernel
+    text = textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn)))
+    out, skip = [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") or stripped.startswith("@"):
+            continue
+        if stripped == "if X_ALONG_N:":  # the earlier version's branch: keep the line that was run
+            skip = True
+            continue
+        if skip and stripped == "else:":
+            continue
+        if skip and stripped.startswith("x = tl.load"):
+            if "[None, :]" in stripped:
+                continue
+            line, skip = line[4:], False
+        mark = next((m for piece, m in FIRST_ATTEMPT_BUGS if piece in line), None)
+        out.append(f"{line}  # <- {mark}" if mark else line)
+    out.append("# launched with BLOCK_SIZE_M = BLOCK_SIZE_N = 2  # <- BUG: 2 x 2 blocks, almost every lane idle")
+    return "\n".join(out).replace(", X_ALONG_N: tl.constexpr", "")

@@ -151,7 +151,7 @@ __device__ __forceinline__ int rotated(int i, int rot, int units) {
 }
 
 // The groups (of 256 activations, 16 units) of a row of x that block `part` of `parts` quantises: first ..
-// first + count - 1. Callers here take a whole row, RowShare(0, 1, groups) (shares: lab/ternary/variants/).
+// first + count - 1. Callers here take a whole row, RowShare(0, 1, groups) (a row split among blocks was slower).
 struct RowShare {
     int first, count;
     __device__ RowShare(int part, int parts, int groups)
@@ -323,9 +323,9 @@ enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 4 };
 // Except in QUANT_STAGED, the producer only streams weights: it starts at once and never waits for x. The
 // consumer warps bring the block's x into shared memory themselves, with plain loads (a copy of x by the
 // engine queued behind the first stages of weights left the consumers waiting while the ring sat full and
-// DRAM idle: notebook 05; QUANT_STAGED has the engine copy x *before* them). Where x is quantised (QUANT;
-// the numbers are those of the compiled instances, and 2, 3 and 5, the places tried and measured slower, are
-// in lab/ternary/variants/ternary_w2a8_six_places.cu):
+// DRAM idle; QUANT_STAGED has the engine copy x *before* them). Where x is quantised (QUANT; the numbers
+// are those of the compiled instances; 2, 3 and 5 were other places, measured slower than these, so not
+// compiled here):
 //   QUANT_SEPARATE: before, by quantize_x (xq, x_scale and row_sum are its outputs); the consumers wait for it
 //      (griddepcontrol.wait), then load their slice of xq;
 //   QUANT_EVERY_BLOCK: in every block (at most 8 rows of x and all of K in one block): the consumers quantise the
@@ -343,7 +343,7 @@ enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 4 };
 //      wrapper sees to: K at most 8 x 16 activations a consumer thread).
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
 // (w2a8_blocks_per_sm in studylog/ternary/w2a8.py counts on it; a test checks it). `flags` and `epoch` are
-// read by none of these places (QUANT 2 in lab/ternary/variants read them): they stay so that the kernel's
+// read by none of these places (x quantised once by a first block, then a flag, did): they stay so that the kernel's
 // parameters, and so its compiled code, are those of the instances measured.
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
 __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
 // rows over a slice of K (grid.y), and its x is that slice only (16 rows of 3584 for a quarter of
 // K = 14336: 57 KB). Every warp reads all of the block's x from shared memory, once a group for its
 // TILES tiles. Two tiles a warp halve those reads (2/3 of the shared memory's traffic at M = 16 with one)
-// but were slower in the sweep (notebook 05, step 13): one is the default.
+// but were slower in the sweep of launch shapes: one is the default.
 // Each warp sums its own tile: no sums across warps, only across the slices of K (finish_split_with).
 // A stage of the ring holds CHUNK groups of each tile (the ring of ternary_ring.cuh made for one warp a
 // tile: WARPS copies of CHUNK KiB a stage). x comes from quantize_x (the matmul launched early: its
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
 // step 12's group_w2a8, one tile a warp. The copy engine brings x too, one copy a row, issued by a second
 // producer thread once quantize_x is done: the consumers' own loads (step 12's load_xq_slice, 4 in
 // flight a thread) took 57 KB a block through L2 behind the weights' flood, and the matmul alone was
-// slower (notebook 05, step 13).
+// slower.
 template <int MT, int WARPS, int TILES, int STAGES, int CHUNK>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1) step13_w2a8_tiles_kernel(
     const uint4 *__restrict__ xq, const uint4 *__restrict__ w, float *__restrict__ z, const float *__restrict__ scale,
