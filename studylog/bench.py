@@ -305,7 +305,8 @@ class BenchRun:
         clone = weights.clone if data is weights else lambda: dataclasses.replace(weights, data=data.clone())
         return [weights] + [clone() for _ in range(self.rotation(data.numel() * data.element_size()) - 1)]
 
-    def graph_time(self, calls: list[Callable[[], Any]], *, min_calls: int = 60, reps: int = 15) -> float:
+    def graph_time(self, calls: list[Callable[[], Any]], *, min_calls: int = 60, reps: int = 15,
+                   samples: bool = False) -> float | list[float]:
         """Median GPU time per call, in milliseconds, of ``calls`` replayed in a CUDA graph, as a serving
         engine runs decode steps: no host in the loop, so neither Python's launch cost nor do_bench's
         events are in the number; the launches the GPU itself makes between kernels are.
@@ -315,7 +316,9 @@ class BenchRun:
         before them would have left them. The graph holds ``calls`` in turn, at least ``min_calls``
         calls in all; each replay follows a 256 MB memset, so the host's launch of the replay
         overlaps the GPU's work, and is timed with events. Calls must be graph-safe: no host
-        synchronisation, and no argument that must change from call to call.
+        synchronisation, and no argument that must change from call to call. With ``samples``, returns
+        every replay's time per call (``reps`` of them, in order) instead of their median
+        (:mod:`studylog.tails` reads their tail).
         """
         if not calls:
             raise ValueError("graph_time needs at least one call")
@@ -346,7 +349,7 @@ class BenchRun:
             end.synchronize()
             times.append(start.elapsed_time(end) / len(sequence))
         del graph
-        return float(statistics.median(times))
+        return times if samples else float(statistics.median(times))
 
     def gpu_time(self, make_calls: Callable[[], list[Callable[[], Any]]], *, repeats: int = 3,
                  min_calls: int = 60, reps: int = 15) -> "Timing":

@@ -151,6 +151,24 @@ CHAPTERS: dict[str, str] = {
 }
 
 
+#: Benchmarks that are not chapters: name -> the module that defines ``bench(run)``. They are kept out of
+#: :data:`CHAPTERS` because a chapter has steps and notebooks that the book and the tests read for every entry of
+#: it (:func:`chapters`); ``python -m studylog bench NAME`` runs one by its name (``all`` does not: it runs the
+#: chapters), and writes ``OUT/<gpu>/NAME.json`` as a chapter's benchmark does.
+BENCHMARKS: dict[str, str] = {
+    "tails": "studylog.tails",  # p50 and p99 of each chapter's final kernel at its headline shape
+}
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark that is not a chapter: what the harness reads of a :class:`Chapter` (name, bench, headline)."""
+
+    name: str
+    bench: Callable[["BenchRun"], None]
+    headline: None = None
+
+
 def get(name: str) -> Chapter:
     """The chapter called ``name`` (its ``CHAPTER``)."""
     if name not in CHAPTERS:
@@ -169,13 +187,16 @@ def chapters() -> list[Chapter]:
 def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> list[Chapter]:
     """Chapters named on a command line (``["all"]`` for every one); with ``need`` (``"bench"`` or
     ``"headline"``), ``"all"`` keeps those that declare it and a named chapter
-    without it is an error."""
+    without it is an error. A name of :data:`BENCHMARKS` gives a :class:`Benchmark`."""
     if list(names) == ["all"]:
         picked = chapters()
         return [c for c in picked if need is None or getattr(c, need) is not None]
     out = []
     for name in names:
-        chapter = get(name)
+        if name in BENCHMARKS:  # not a chapter: only its bench
+            chapter = Benchmark(name, importlib.import_module(BENCHMARKS[name]).bench)
+        else:
+            chapter = get(name)
         if need is not None and getattr(chapter, need) is None:
             raise ValueError(f"chapter {name!r} declares no {need}")
         out.append(chapter)

@@ -1,0 +1,223 @@
+"""The tail of each chapter's final kernel at its headline shape: ``python -m studylog bench tails [--out DIR]``.
+
+For chapters 2 to 6 this times the call the chapter's headline row times, built as the chapter's benchmark builds
+it (same shapes, dtypes and rotation of large inputs), on the GPU clock of :meth:`BenchRun.graph_time`: a CUDA graph
+of at least :data:`MIN_CALLS` back-to-back calls cycling over the rotated copies, a 256 MB memset before each
+replay, events around the replay. :data:`REPETITIONS` repetitions, each with fresh inputs and a graph of its own,
+replay it :data:`REPLAYS` times; every replay gives one **sample**: its time divided by its calls.
+
+So ``p99_ms`` is the 99th percentile of *repeated measurements*: of replays' means over >= 60 calls, not of single
+calls. It says how far a re-measurement of the headline can land above its median (clock changes, a neighbour on the
+GPU, a slow replay), not how slow one call of a decode step can be: a single slow call is averaged with 59 others.
+``ms`` and ``p50_ms`` are the median of all samples; percentiles interpolate linearly between order statistics
+(numpy's default), so p50 is the median. The chapters' own rows keep the median of each repetition instead; each
+row here keeps those too (``repetition_medians_ms``), comparable to the chapter's ``spread_ms``.
+
+Where this differs from the chapters' rows: every graph here holds at least 60 calls (chapters 4 to 6 size theirs to
+a budget of GPU time: 11 to 20 calls at these shapes), and chapter 2's call, as in its benchmark, is not rotated (one
+copy of the head: the thousand allowed rows a replay's first call reads stay in L2 for the next ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+REPETITIONS, REPLAYS, MIN_CALLS = 3, 100, 60
+NOTE = ("Each row: the chapter's final entry point at its headline case; REPETITIONS x REPLAYS samples, each one CUDA "
+        "graph replay's time per call over at least 60 back-to-back calls (rotated copies of the large input, a "
+        "256 MB memset before each replay); ms = p50_ms = their median, p99_ms their 99th percentile (linear "
+        "interpolation): the tail of repeated measurements, not of single calls.")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The ``q``-th percentile (0 to 100) of ``samples``, linear between the order statistics around rank
+    ``q / 100 * (n - 1)`` (counting from 0)."""
+    if not samples or not 0 <= q <= 100:
+        raise ValueError(f"percentile needs samples and 0 <= q <= 100, got {len(samples)} samples, q = {q}")
+    xs = sorted(samples)
+    rank = q / 100 * (len(xs) - 1)
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (rank - lo) * (xs[hi] - xs[lo])
+
+
+# -- the inputs, as each chapter's benchmark builds them (sizes are arguments, so a CPU test builds small ones) --
+
+def masked_head_inputs(vocab: int, hidden: int, allowed: int, *, seed: int, device="cuda"):
+    """Chapter 2: the [V, D] bf16 head (randn * 0.02), one bf16 hidden state, ``allowed`` random ids of the
+    vocabulary as AllowedTokens, and their packed int32 bitmask on the host."""
+    from studylog.masked_lm_head import AllowedTokens, pack_bitmask
+    from studylog.masked_lm_head.masks import random_sets
+
+    torch.manual_seed(seed)
+    weight = (torch.randn(vocab, hidden, device=device) * 0.02).to(torch.bfloat16)
+    h = torch.randn(1, hidden, device=device).to(torch.bfloat16)
+    tokens = AllowedTokens.from_ids(random_sets(allowed, vocab, 1, np.random.default_rng(seed)), vocab, device=device)
+    return weight, h, tokens, pack_bitmask(tokens.mask.cpu())
+
+
+def ngram_inputs(batch: int, seq_len: int, *, device="cuda"):
+    """Chapter 3: the grid's synthetic batch at this shape, with the chapter's seed: (inputs, drafts, lengths); each
+    repetition rebuilds the same batch, as the chapter's repetitions clone it."""
+    from studylog.ngram import make_batch
+    from studylog.ngram.report import gen_width_for
+
+    return make_batch(batch, seq_len, gen_width_for(seq_len), seed=1000 + batch + seq_len, device=device)
+
+
+def ctc_inputs(T: int, N: int, A: int, *, seed: int, device="cuda"):
+    """Chapter 4: float32 activations (T, N, A) and the blog post's random targets, prepared on ``device``."""
+    from studylog.ctc.peers import padded
+    from studylog.ctc.report import random_targets
+    from studylog.ctc.targets import prepare_targets
+
+    gen = torch.Generator().manual_seed(seed)
+    lists = random_targets(T, N, A, gen)
+    x = torch.randn((T, N, A), generator=gen).to(device)
+    targets = prepare_targets(padded(lists), (T,) * N, tuple(len(l) for l in lists), num_classes=A, max_time=T,
+                              device=device)
+    return x, targets
+
+
+def ternary_inputs(n: int, k: int, m: int, *, seed: int, device="cuda"):
+    """Chapter 5: bf16 x (m, k), the absmean-quantised randn(n, k) packed as ``2bit_tiles``, and its scale."""
+    from studylog.ternary import PackedTernary, quantize_absmean
+
+    torch.manual_seed(seed)
+    w, scale = quantize_absmean(torch.randn(n, k, device=device))
+    return torch.randn(m, k, device=device, dtype=torch.bfloat16), PackedTernary.pack(w, "2bit_tiles"), float(scale)
+
+
+def multi_item_inputs(prefixes, items, heads: int, head_dim: int, *, device="cuda"):
+    """Chapter 6: the batch layout, and q, k, v ([heads, tokens, head_dim] bf16) as views of one flat tensor."""
+    from studylog.multi_item import MultiItemBatch
+
+    batch = MultiItemBatch.from_item_lens(prefixes, items, device=device)
+    flat = torch.randn(3 * heads * batch.total_tokens * head_dim, dtype=torch.bfloat16, device=device)
+    return batch, flat
+
+
+def qkv_views(flat: torch.Tensor, heads: int, head_dim: int):
+    return tuple(part.view(heads, -1, head_dim) for part in flat.chunk(3))
+
+
+# -- the calls of one repetition: (graph-safe calls over rotated copies, what the row adds) ---------------
+
+def _masked_head(run, rep: int):
+    from studylog.masked_lm_head import HIDDEN, VOCAB, MaskedHeadPlan, dispatch_rule
+
+    weight, h, tokens, bitmask = masked_head_inputs(VOCAB, HIDDEN, 1000, seed=rep)
+    bitmask, count = bitmask.pin_memory(), tokens.union_count
+    plan = MaskedHeadPlan(weight, 1, rule=dispatch_rule())
+    plan.h.copy_(h)
+
+    def step():  # the chapter's plan_bitmask: the bitmask copied in, then the plan's kernels (one call, no copies)
+        plan.bitmask.copy_(bitmask, non_blocking=True)
+        return plan.launch(count)
+    return [step], {"bucket": " ".join(map(str, plan.bucket(count)))}
+
+
+def _ngram(run, rep: int):
+    from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
+    from studylog.ngram.kernels import final_step
+    from studylog.ngram.report import MAX_COPIES, series_of
+
+    inputs, drafts, lengths = ngram_inputs(128, 32768)
+    nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8
+    copies = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone() for f in dataclasses.fields(inputs)})
+                         for _ in range(max(1, min(run.rotation(nbytes), MAX_COPIES)) - 1)]
+    step = final_step(inputs)
+    return ([NgramMatcher(step, c, drafts.clone(), lengths.clone(), config=NgramConfig(threshold=128),
+                          check_values=False) for c in copies], {"step": series_of(step)})
+
+
+def _ctc(run, rep: int):
+    from studylog.ctc import ctc_loss
+    from studylog.ctc.fused import final_step
+    from studylog.ctc.report import copies
+
+    x, targets = ctc_inputs(150, 8, 5000, seed=rep)
+
+    def call(xi):
+        loss, grad = torch.empty(xi.shape[1], device=xi.device), torch.empty_like(xi)
+        return lambda: ctc_loss(xi, targets, out_loss=loss, out_grad=grad)
+    n = copies(run.device.get("l2_cache_bytes") or 64 * 2**20, x.numel() * 4)
+    return [call(torch.randn_like(x)) for _ in range(n)], {"step": f"step{final_step(*x.shape):02d}"}
+
+
+def _ternary(run, rep: int):
+    from studylog.ternary import ternary_matmul
+
+    x, w, scale = ternary_inputs(4096, 14336, 1, seed=rep)
+    return [lambda wi=wi: ternary_matmul(x, wi, scale) for wi in run.rotated(w)], {}
+
+
+def _multi_item(run, rep: int):
+    from studylog.bench import gpu_slug
+    from studylog.multi_item import multi_item_attention
+    from studylog.multi_item.report import BENCH_HEAD_DIM, BENCH_HEADS, bench_shapes, pinned_configs
+    from studylog.plotting import load_results
+
+    name, prefixes, items = bench_shapes()[-1]
+    batch, flat = multi_item_inputs(prefixes, items, BENCH_HEADS, BENCH_HEAD_DIM)
+    try:  # the tile config the chapter's row ran at: pinned from this GPU's committed results
+        config = pinned_configs(load_results("multi_item", gpu=gpu_slug(run.device["name"]))).get(("step05", name))
+    except FileNotFoundError:
+        config = None  # autotuned by the first call, before the capture
+    scale = 1.0 / math.sqrt(BENCH_HEAD_DIM)
+
+    def call(q, k, v):
+        out = torch.empty_like(q)
+        return lambda: multi_item_attention(q, k, v, batch, sm_scale=scale, out=out, config=config)
+    return [call(*qkv_views(c, BENCH_HEADS, BENCH_HEAD_DIM)) for c in run.rotated(flat)], {"config": config}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    chapter: str
+    series: str  # the final entry point (chapter 2: the plan that runs the whole step from the bitmask)
+    params: dict[str, Any]  # the headline case, as the chapter's JSON names it
+    calls: Callable[[Any, int], tuple[list[Callable[[], Any]], dict[str, Any]]]
+
+
+def cases() -> list[Case]:
+    from studylog.multi_item import MultiItemBatch
+    from studylog.multi_item.report import bench_shapes
+
+    name, prefixes, items = bench_shapes()[-1]
+    return [
+        Case("masked_lm_head", "MaskedHeadPlan", {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"},
+             _masked_head),
+        Case("ngram", "ngram_match", {"batch": 128, "seq_len": 32768, "threshold": 128}, _ngram),
+        Case("ctc", "ctc_loss", {"T": 150, "N": 8, "A": 5000}, _ctc),
+        Case("ternary", "ternary_matmul", {"shape": "4096x14336", "family": "llama", "n": 4096, "k": 14336, "m": 1},
+             _ternary),
+        Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens":
+             MultiItemBatch.from_item_lens(prefixes, items, device="cpu").total_tokens}, _multi_item),
+    ]
+
+
+def bench(run) -> None:  # run: studylog.bench.BenchRun
+    """Every case: REPETITIONS x REPLAYS samples of its time per call; one row each, with p50 and p99."""
+    for case in run.progress(cases(), "cases"):
+        samples, medians = [], []
+        for rep in range(REPETITIONS):
+            calls, extra = case.calls(run, rep)
+            times = run.graph_time(calls, min_calls=MIN_CALLS, reps=REPLAYS, samples=True)
+            samples += times
+            medians.append(statistics.median(times))
+            extra["rotated_copies"] = len(calls)
+            del calls
+            torch.cuda.empty_cache()
+        p50 = percentile(samples, 50)
+        run.record(case.series, p50, params=case.params, clock="gpu", chapter=case.chapter, p50_ms=p50,
+                   p99_ms=percentile(samples, 99), max_ms=max(samples), samples=len(samples),
+                   replays_per_repetition=REPLAYS, repetitions=REPETITIONS, min_calls_per_replay=MIN_CALLS,
+                   repetition_medians_ms=medians, **extra)
+    run.note(NOTE.replace("REPETITIONS x REPLAYS", f"{REPETITIONS} x {REPLAYS}"))

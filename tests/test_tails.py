@@ -1,0 +1,200 @@
+"""studylog.tails on the CPU: its percentiles, its cases against the scoreboard's headline cases and the chapters'
+committed rows, its refusal without a GPU, its bookkeeping (with a stub harness) and its input builders at toy sizes.
+The timing itself needs a GPU."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import random
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from book import scoreboard
+from studylog import bench, chapter, tails
+from studylog.__main__ import main
+
+H200 = bench.DEFAULT_OUT / "nvidia-h200"
+
+#: chapter -> (the scoreboard's headline case, the series of the chapter's JSON holding the same call at that case)
+HEADLINES = {
+    "masked_lm_head": (scoreboard.MASKED_HEAD_CASE, "plan_bitmask"),
+    "ngram": (scoreboard.NGRAM_CASE, "ngram_match"),
+    "ctc": (scoreboard.CTC_CASE, "ctc_loss"),
+    "ternary": (scoreboard.TERNARY_CASE, "step11"),  # what ternary_matmul runs at M = 1 on the H200
+    "multi_item": (scoreboard.MULTI_ITEM_CASE, "step05"),
+}
+
+
+# -- percentiles --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("samples, q, want", [
+    (list(range(1, 101)), 99, 99.01),      # rank 0.99 * 99 = 98.01: 99 + 0.01 * (100 - 99)
+    (list(range(1, 101)), 50, 50.5),       # the median of an even count
+    (list(range(1, 101)), 100, 100.0),
+    (list(range(1, 101)), 0, 1.0),
+    (list(range(1, 301)), 99, 297.01),     # 300 samples (3 x 100): rank 0.99 * 299 = 296.01
+    ([3.0, 1.0, 2.0], 50, 2.0),            # unsorted input
+    ([5.0], 99, 5.0),
+    ([0.0, 10.0], 99, 9.9),
+    ([1.0] * 99 + [101.0], 99, 2.0),       # one outlier in 100: rank 98.01, between 1 and 101
+])
+def test_percentile_on_known_samples(samples, q, want):
+    assert tails.percentile(samples, q) == pytest.approx(want, abs=1e-9)
+
+
+def test_percentile_agrees_with_numpy_and_the_median():
+    gen = random.Random(7)
+    for n in (1, 2, 3, 60, 299, 300):
+        xs = [gen.lognormvariate(0, 1) for _ in range(n)]
+        for q in (0, 1, 25, 50, 90, 99, 100):
+            assert tails.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)), rel=1e-12)
+        assert tails.percentile(xs, 50) == pytest.approx(statistics.median(xs), rel=1e-12)
+
+
+@pytest.mark.parametrize("samples, q", [([], 50), ([1.0], -1), ([1.0], 101)])
+def test_percentile_refuses_nonsense(samples, q):
+    with pytest.raises(ValueError):
+        tails.percentile(samples, q)
+
+
+# -- the cases are the scoreboard's headline cases ----------------------------------------------------
+
+def test_one_case_per_chapter_with_a_gpu_kernel():
+    assert [c.chapter for c in tails.cases()] == list(HEADLINES)
+
+
+@pytest.mark.parametrize("case", tails.cases(), ids=lambda c: c.chapter)
+def test_case_is_the_scoreboards_headline_case(case):
+    """The params contain the scoreboard's case (a None there: the key is absent), and the chapter's committed
+    file holds one row of its headline call with exactly these params."""
+    want, series = HEADLINES[case.chapter]
+    for key, value in want.items():
+        assert case.params.get(key) == value, (key, case.params)
+    data = json.loads((H200 / f"{case.chapter}.json").read_text())
+    matches = [r for r in data["measurements"] if r["series"] == series and r["params"] == case.params]
+    assert len(matches) == 1, (series, case.params)
+    assert matches[0]["clock"] == "gpu"
+    assert scoreboard.one(data, series, **want) is not None
+
+
+@pytest.mark.parametrize("case", tails.cases(), ids=lambda c: c.chapter)
+def test_series_is_the_chapters_public_entry_point(case):
+    package = importlib.import_module(f"studylog.{case.chapter}")
+    assert case.series in package.__all__
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+def test_tails_is_a_benchmark_not_a_chapter():
+    assert "tails" in chapter.BENCHMARKS and "tails" not in chapter.CHAPTERS
+    (picked,) = chapter.select(["tails"], need="bench")
+    assert picked.name == "tails" and picked.bench is tails.bench
+    assert "tails" not in [c.name for c in chapter.select(["all"], need="bench")]
+    with pytest.raises(ValueError, match="declares no headline"):
+        chapter.select(["tails"], need="headline")
+
+
+def test_bench_tails_without_gpu_fails_with_the_harness_message(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "tails", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: {bench.CPU_REFUSAL}\n"
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_bench_tails_from_the_shell_without_gpu(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "studylog", "bench", "tails", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr == f"error: {bench.CPU_REFUSAL}\n", out.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_graph_time_keeps_its_default():
+    parameters = inspect.signature(bench.BenchRun.graph_time).parameters
+    assert parameters["samples"].default is False
+    assert (parameters["min_calls"].default, parameters["reps"].default) == (60, 15)
+
+
+# -- the bookkeeping, with a stub harness ---------------------------------------------------------------
+
+class StubRun:
+    """What tails.bench uses of a BenchRun; graph_time returns known samples (each repetition shifted by 100)."""
+
+    def __init__(self):
+        self.rows, self.notes, self.graphs = [], [], []
+
+    def progress(self, iterable, desc):
+        return iterable
+
+    def graph_time(self, calls, *, min_calls, reps, samples):
+        assert samples is True
+        self.graphs.append((len(calls), min_calls, reps))
+        base = 100 * (len(self.graphs) - 1)
+        return [float(base + i) for i in range(1, reps + 1)]
+
+    def record(self, series, ms, *, params, clock, **extra):
+        self.rows.append({"series": series, "ms": ms, "params": params, "clock": clock, **extra})
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def test_bench_records_one_row_per_case_with_its_tail(monkeypatch):
+    case = tails.Case("demo", "demo_entry", {"n": 1}, lambda run, rep: ([lambda: None] * 4, {"step": "step07"}))
+    monkeypatch.setattr(tails, "cases", lambda: [case])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    run = StubRun()
+    tails.bench(run)
+    assert run.graphs == [(4, 60, 100)] * 3 and tails.MIN_CALLS >= 60
+    (row,) = run.rows
+    # samples 1..100, 101..200, 201..300: median 150.5, p99 at rank 296.01 -> 297.01
+    assert row["series"] == "demo_entry" and row["params"] == {"n": 1} and row["clock"] == "gpu"
+    assert row["ms"] == row["p50_ms"] == 150.5
+    assert row["p99_ms"] == pytest.approx(297.01)
+    assert row["samples"] == 300 and row["replays_per_repetition"] == 100 and row["repetitions"] == 3
+    assert row["repetition_medians_ms"] == [50.5, 150.5, 250.5] and row["max_ms"] == 300.0
+    assert row["step"] == "step07" and row["rotated_copies"] == 4 and row["chapter"] == "demo"
+    assert run.notes and "60" in run.notes[0]
+
+
+# -- the input builders at toy sizes --------------------------------------------------------------------
+
+def test_masked_head_inputs():
+    weight, h, tokens, bitmask = tails.masked_head_inputs(256, 32, 10, seed=0, device="cpu")
+    assert weight.shape == (256, 32) and weight.dtype == h.dtype == torch.bfloat16 and h.shape == (1, 32)
+    assert tokens.union_count == 10 and bitmask.shape == (1, 256 // 32) and bitmask.dtype == torch.int32
+    assert int(sum(bin(w & 0xFFFFFFFF).count("1") for w in bitmask.flatten().tolist())) == 10
+
+
+def test_ngram_inputs():
+    inputs, drafts, lengths = tails.ngram_inputs(4, 64, device="cpu")
+    assert inputs.prompt_ids.shape == (4, 64) and inputs.prompt_ids.dtype == torch.int64
+    assert inputs.generated_ids.shape[0] == 4 and drafts.shape[0] == lengths.shape[0] == 4
+
+
+def test_ctc_inputs():
+    x, targets = tails.ctc_inputs(12, 2, 7, seed=0, device="cpu")
+    assert x.shape == (12, 2, 7) and x.dtype == torch.float32
+    assert targets.num_classes == 7 and targets.max_time == 12 and targets.input_lengths_host == (12, 12)
+
+
+def test_ternary_inputs():
+    x, w, scale = tails.ternary_inputs(16, 256, 1, seed=0, device="cpu")
+    assert x.shape == (1, 256) and x.dtype == torch.bfloat16
+    assert (w.n, w.k, w.fmt) == (16, 256, "2bit_tiles") and isinstance(scale, float) and scale > 0
+
+
+def test_multi_item_inputs():
+    batch, flat = tails.multi_item_inputs([4, 3], [[2, 1], [3]], 2, 16, device="cpu")
+    tokens = (4 + 2 + 1 + 3) + (3 + 3 + 2)  # prefix, items, and a delimiter before each item and after the last
+    assert batch.total_tokens == tokens and flat.dtype == torch.bfloat16
+    q, k, v = tails.qkv_views(flat, 2, 16)
+    assert q.shape == k.shape == v.shape == (2, tokens, 16)
+    assert q.data_ptr() != k.data_ptr() != v.data_ptr()
