@@ -192,6 +192,24 @@ def _passes_near(pos: dict, u: int, v: int, dist: float) -> bool:
     return False
 
 
+def _label_spot(point, first: float, states: list[tuple[float, float]], placed: list[tuple[float, float]],
+                r: float) -> tuple[float, float]:
+    """Where an edge's label goes: the first point along the edge (``point(t)``, t from 0 to 1, starting at
+    ``first`` and moving out) that keeps clear of every state's circle and of the labels already placed, so no
+    label hides a state's name; the clearest point tried where none is clear."""
+    best, best_gap = point(first), -1.0
+    for t in (first, 0.5, 0.4, 0.6, 0.3, 0.7, 0.35, 0.65, 0.25, 0.75, 0.2, 0.8):
+        x, y = point(t)
+        to_state = min(((x - sx) ** 2 + (y - sy) ** 2) ** 0.5 for sx, sy in states) - (r + 0.25)
+        to_label = min((max(abs(x - px) / 1.2, abs(y - py) / 0.3) for px, py in placed), default=2.0) - 1.0
+        gap = min(to_state, to_label)
+        if gap >= 0:
+            return x, y
+        if gap > best_gap:
+            best, best_gap = (x, y), gap
+    return best
+
+
 def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token", compressed: bool = False,
                    ax=None, max_labels: int = 4, title: Optional[str] = None):
     """Draw the automaton with matplotlib only (renders offline). States sit at their distance in bytes
@@ -217,6 +235,7 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
             ax.add_patch(Circle((x * sx, y), r * 0.8, fc="none", ec="#33414f", lw=1.0, zorder=4))
         ax.text(x * sx, y, names.get(n, str(n)), ha="center", va="center", fontsize=8.5, zorder=5)
     label_ys: list[float] = []
+    placed: list[tuple[float, float]] = []  # the edge labels drawn so far, which the next ones keep clear of
     for k, (u, v, d) in enumerate(g.edges(data=True)):
         (x0, y0), (x1, y1) = pos[u], pos[v]
         color = "#d9730d" if d["jump"] else "#33414f"
@@ -237,16 +256,18 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
             patch = FancyArrowPatch((x0 * sx, y0), (x1 * sx, y1), connectionstyle=f"arc3,rad={rad}",
                                     arrowstyle="-|>", mutation_scale=11, color=color, lw=1.9 if d["jump"] else 1.1,
                                     shrinkA=r * 72 * 0.9, shrinkB=r * 72 * 0.9)
-            if rad:  # the middle of matplotlib's arc3 curve
-                lx, ly = x0 * sx + dx / 2 + rad * dy / 2, y0 + dy / 2 - rad * dx / 2
-            else:
-                frac = 0.5 if abs(dx) <= 1.5 else 0.32 + 0.36 * ((k * 0.618) % 1.0)
-                lx, ly = x0 * sx + frac * dx, y0 + frac * dy
+            # matplotlib's arc3 curve is a quadratic Bézier through this control point (the segment when rad = 0)
+            cx, cy = x0 * sx + dx / 2 + rad * dy, y0 + dy / 2 - rad * dx
+            first = 0.5 if rad or abs(dx) <= 1.5 else 0.32 + 0.36 * ((k * 0.618) % 1.0)
+            lx, ly = _label_spot(lambda t: ((1 - t) ** 2 * x0 * sx + 2 * (1 - t) * t * cx + t * t * x1 * sx,
+                                            (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t * t * y1),
+                                 first, [(px * sx, py) for px, py in pos.values()], placed, r)
         patch.set_zorder(2)
         ax.add_patch(patch)
         label_ys.append(ly)
+        placed.append((lx, ly))
         ax.text(lx, ly, _label(d["labels"], max_labels), fontsize=7.5, ha="center", va="center", color=color,
-                family="monospace", zorder=6,
+                family="monospace", zorder=2.5,  # under the states: a label never hides a state's name
                 bbox=dict(boxstyle="round,pad=0.15", fc="white", ec=color, lw=0.5, alpha=0.92))
     x0, y0 = pos[fsm.initial]
     ax.annotate("", xy=(x0 * sx - r, y0), xytext=(x0 * sx - r - 0.45, y0),

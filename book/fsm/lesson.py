@@ -13,7 +13,8 @@ from book.fsm.figures import SERIES_COLORS
 from studylog.fsm.peers import LIBRARIES, PeerRow
 
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "MODES", "suite_passes", "steps_table",
-           "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "agreement_table", "timing_table", "plot_peers"]
+           "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "agreement_table", "timing_table", "plot_peers",
+           "ENGINE_NAMES", "cpu_name"]
 
 #: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
 #: (single CPU thread of an AMD EPYC 7V13, Llama 3 tokenizer:
@@ -166,14 +167,35 @@ def agreement_table(rows: Sequence[PeerRow]) -> str:
     return "\n".join(lines)
 
 
+#: How the timing table names each library: the chapter's automaton is outlines-core's index (plus the chapter's
+#: jump tables), so its compile is outlines-core's.
+ENGINE_NAMES = {"ours": "outlines-core"}
+
+
+def cpu_name() -> str:
+    """This machine's CPU model as the operating system reports it (``/proc/cpuinfo`` on Linux), or the
+    platform's processor string; "an unnamed CPU" where neither says."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "an unnamed CPU"
+
+
 def timing_table(rows: Sequence[PeerRow]) -> str:
     """Markdown: CPU wall time to compile each entry's regex and to fill one mask (median over the walks'
     states; the first mask apart, since llguidance builds its lexer lazily)."""
     table = _by_entry(rows)
     libs_run = [lib for lib in LIBRARIES if any(lib in libs for libs in table.values())]
-    head = ("| entry | " + " | ".join(f"{lib}: compile (ms)" for lib in libs_run) + " | "
-            + " | ".join(f"{lib}: mask, median (µs)" for lib in libs_run) + " | "
-            + " | ".join(f"{lib}: first mask (µs)" for lib in libs_run) + " |")
+    names = {lib: ENGINE_NAMES.get(lib, lib) for lib in libs_run}
+    head = ("| entry | " + " | ".join(f"{names[lib]}: compile (ms)" for lib in libs_run) + " | "
+            + " | ".join(f"{names[lib]}: mask, median (µs)" for lib in libs_run) + " | "
+            + " | ".join(f"{names[lib]}: first mask (µs)" for lib in libs_run) + " |")
     lines = [head, "|" + "---|" * (1 + 3 * len(libs_run))]
     for name, libs in table.items():
         cells = [name]
