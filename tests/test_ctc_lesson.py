@@ -57,6 +57,19 @@ def test_the_checks_reject_a_planted_mistake_and_say_where(check, wrong, says, c
     assert "wrong:" in out and says in out
 
 
+def test_the_kernel_exercise_compiles_the_answer_and_rejects_non_answers(capsys):
+    """Exercise 6 on a CPU: NVRTC compiles the reader's step 8 and the check reads ptxas' report and the PTX (the
+    GPU part says it was skipped); an unchanged source, a comment, or a source that does not compile fail."""
+    assert exercises.check_unrolled(solutions.not_unrolled)
+    out = capsys.readouterr().out
+    assert "local accesses" in out and ("no GPU" in out) is not torch.cuda.is_available()
+    for wrong, says in ((lambda s: s, "unchanged"),
+                        (lambda s: s.replace("// downwards", "// changed: downwards"), "no more local memory"),
+                        (lambda s: s + "\nnot C++\n", "does not compile")):
+        assert not exercises.check_unrolled(wrong)
+        assert says in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------------------
 # Tables and glued numbers
 # --------------------------------------------------------------------------------------

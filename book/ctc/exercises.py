@@ -12,6 +12,8 @@ import.
 4. :func:`check_bank_ways`: the shared-memory bank model of step 4's two layouts (the odd-grain advice).
 5. :func:`check_dispatcher`: a rule that picks step 9 or step 10 from a batch's shape, judged against the
    committed measurements of both (and, on a GPU, timed by the reader).
+6. :func:`check_unrolled`: a change to step 8's kernel (its frame update no longer unrolled), compiled with NVRTC
+   on any machine and read in ptxas' report and the PTX; run against the reference on a GPU.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from studylog.ctc.targets import BLANK, min_frames
 from studylog.ctc.warpctc import GRAIN_SIZES, bank_ways
 
 __all__ = ["check_min_frames", "check_forward", "check_gradient", "check_bank_ways", "check_dispatcher",
-           "extended", "logsumexp"]
+           "check_unrolled", "step8_source", "step8_with", "extended", "logsumexp"]
 
 #: Inputs per check; small shapes, so that a reader's plain-Python loop is quick.
 CASES = 40
@@ -192,3 +194,112 @@ def check_dispatcher(fn: Callable[[int, int, int], int], results=None, tolerance
         return report("check_dispatcher", False, f"{worst[0]:.2f}x the faster step at {worst[1]}", points)
     print(f"check_dispatcher: within {100 * (worst[0] - 1):.1f}% of the faster step at all {points} measured shapes")
     return True
+
+
+# --------------------------------------------------------------------------------------
+# 6. Change a kernel: what full unrolling buys a register array
+# --------------------------------------------------------------------------------------
+
+#: Step 8's recursion file (a file stem in ``studylog/ctc/csrc``).
+STEP8_FILE = "ctc_step08_branch_free"
+
+
+def step8_source() -> str:
+    """Step 8's recursion file (``ctc_step08_branch_free.cu``), as text: what exercise 6 starts from."""
+    from studylog import cuda
+
+    return cuda.read_source(STEP8_FILE)
+
+
+def _step8_instance() -> str:
+    """The recursion instance the benchmark runs at T = 150 (its positions per lane, the default options)."""
+    from studylog.ctc import BENCH_T
+    from studylog.ctc.fused import recursion_name, warp_grain
+
+    return recursion_name(warp_grain(2 * BENCH_T + 1))
+
+
+def _compiled_facts(text: str, name: str) -> dict:
+    """NVRTC's output for ``name`` in ``text``: ptxas' registers, stack and spills, and the PTX's local-memory
+    accesses (``ld.local``/``st.local``: an array the compiler could not keep in registers)."""
+    from studylog import cuda
+
+    compiled = cuda.compile_source(text, arch=cuda.DEFAULT_ARCH, name=f"{STEP8_FILE}.cu", name_expressions=[name])
+    ptx = compiled.ptx_function(name)
+    facts = dict(compiled.ptxas_report().get(compiled.lowered_names[name], {}))
+    facts["local accesses"] = ptx.count("ld.local") + ptx.count("st.local")
+    return facts
+
+
+def step8_with(source: str):
+    """``fn(x, batch) -> (loss, grad)``: step 8 (:func:`studylog.ctc.fused.step08_branch_free`) with its recursion
+    compiled from ``source`` instead of the chapter's file (GPU only; the first and last passes are step 8's)."""
+    from studylog import cuda
+    from studylog.ctc import fused
+
+    def run(x, batch):
+        fused.step08_branch_free(x, batch)  # loads step 8's three kernels for this shape
+        v, _ = fused.launch_shape(8, batch.max_positions)
+        name = fused.recursion_name(v)
+        kernel = cuda.load(source, name_expressions=(name,)).kernel(name, fused.SIGNATURES["ctc_branchless_recursion"])
+        keys = [k for k in fused._LAUNCH if k[:2] == (8, v)]
+        saved = {k: fused._LAUNCH[k] for k in keys}
+        try:
+            for k in keys:
+                first, _, last = saved[k]
+                fused._LAUNCH[k] = (first, kernel, last)
+            return fused.step08_branch_free(x, batch)
+        finally:
+            fused._LAUNCH.update(saved)
+    return run
+
+
+@guarded
+def check_unrolled(fn: Callable[[str], str]) -> bool:
+    """Exercise 6. ``fn(source)`` -> step 8's recursion file (:func:`step8_source`) with the forward direction's
+    frame update (the loop ``for (int i = V - 1; i >= 0; --i)``) no longer unrolled (``#pragma unroll 1``).
+
+    On any machine NVRTC compiles both files for the benchmark's instance and the check prints ptxas' report
+    (registers, stack frame, spills) and the PTX's local-memory accesses side by side: yours must put the
+    lane's positions in local memory, where step 8 keeps them in registers. On a GPU your kernel then runs on
+    random batches against the float64 reference; without one that part is skipped (it says so)."""
+    name = _step8_instance()
+    original = step8_source()
+    text = fn(original)
+    if not isinstance(text, str) or text == original:
+        return report("check_unrolled", False, "fn returned step 8's source unchanged: return the changed text", 1)
+    try:
+        mine = _compiled_facts(text, name)
+    except Exception as exc:  # the compile log says where
+        return report("check_unrolled", False, f"your source does not compile to {name}: {exc}", 1)
+    theirs = _compiled_facts(original, name)
+    keys = ("registers", "stack_bytes", "spill_stores", "spill_loads", "local accesses")
+    print(f"{name}, compiled with NVRTC for sm_90:")
+    for key in keys:
+        print(f"  {key:>15}: step 8 {theirs.get(key, '?')}, yours {mine.get(key, '?')}")
+    if mine["local accesses"] <= theirs["local accesses"] and mine.get("stack_bytes", 0) <= theirs.get("stack_bytes", 0):
+        return report("check_unrolled", False, "your kernel uses no more local memory than step 8's: the frame "
+                      "update's loop still unrolls (or the change is elsewhere)", 1)
+    if not torch.cuda.is_available():
+        print("check_unrolled: your change is in the machine code; no GPU, so your kernel was compiled, not run "
+              "(on a GPU this check also runs it against the float64 reference)")
+        return True
+    from studylog.ctc import prepare_targets, random_targets, padded
+    from studylog.ctc.reference import wrong_utterances
+
+    run = step8_with(text)
+    gen = torch.Generator().manual_seed(0)
+    cases = 0
+    for T, N, A in ((40, 3, 11), (150, 4, 28), (150, 2, 300)):
+        lists = random_targets(T, N, A, gen)
+        x = torch.randn(T, N, A, generator=gen)
+        lengths = [len(t) for t in lists]
+        ref_loss, ref_grad = reference_ctc(x.double(), padded(lists), [T] * N, lengths)
+        batch = prepare_targets(padded(lists), [T] * N, lengths, num_classes=A, max_time=T, device="cuda")
+        loss, grad = run(x.cuda(), batch)
+        wrong = wrong_utterances(loss, grad, ref_loss, ref_grad)
+        cases += N
+        if bool(wrong.any()):
+            return report("check_unrolled", False, f"T = {T}, N = {N}, A = {A}: utterances "
+                          f"{wrong.nonzero().flatten().tolist()} differ from the float64 reference", cases)
+    return report("check_unrolled", True, None, cases)

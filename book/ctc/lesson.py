@@ -18,7 +18,7 @@ from book.ctc.figures import clock_words
 from studylog import paths
 from studylog.ctc import CHAPTER
 from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
-from studylog.ctc.reference import FAR_GRAD, FAR_LOSS
+from studylog.ctc.reference import FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, LESSON_N
 from studylog.ctc.results import clock_of
 from studylog.plotting import Results, load_lab
@@ -360,12 +360,20 @@ def cudnn_verdict(results) -> dict | None:
                            "probability space.")
     else:
         verdict["supports"] = False
+        inexact = {k: v["finite_wrong"] for k, v in cudnn.items() if v["finite_wrong"]}
+        named = [f"{name} on {count}" for name, count in inexact.items()]
+        close = ("" if not named else
+                 f" They are not exact, though: they miss the chapter's tight tolerances ({LOSS_TOLERANCE:g} on the "
+                 f"loss, {GRAD_TOLERANCE:g} on the gradient), " + ", ".join(named) + f" of the {n} utterances, each "
+                 "by less than the bounds above: float32 rounding, not lost alignments.")
         verdict["text"] = (f"Float32 probability space, rescaled every frame, loses {lost(prob)} of these {n} "
-                           f"utterances (infinite {prob['infinite']}, NaN {prob['nan']}, finite but far from float64 "
-                           f"{prob['far']}); cuDNN loses none: no infinite or NaN answer, none off by more than "
-                           f"{FAR_LOSS:g} (loss) or {FAR_GRAD:g} (gradient). So cuDNN does not work in plain float32 "
-                           "probability space; its speed has to come from elsewhere. (It may still rescale in "
-                           "another way, in double, or in log space: the run only rules out the plain form.)")
+                           f"utterances ({prob['infinite']} infinite losses, {prob['nan']} NaN"
+                           + (f", {prob['far']} finite but far from float64" if prob["far"] else "")
+                           + f"). Neither cuDNN call loses one: no infinite or NaN answer, and no loss off by more "
+                           f"than {FAR_LOSS:g} (relative) nor gradient off by more than {FAR_GRAD:g} (norm-relative)."
+                           + close + " So cuDNN does not work in plain float32 probability space; its speed has to "
+                           "come from elsewhere. (It may still rescale in another way, in double, or in log space: "
+                           "the run only rules out the plain form.)")
     return verdict
 
 
@@ -410,6 +418,25 @@ def prose_numbers(results) -> dict[str, str]:
         same = clock_of(results, "torch-best") == clock_of(results, final)
         out[key] = _times(_ratios(results, "torch-best", final, _all_points(A))) if same else PENDING
     out["clock"] = clock_words(clock_of(results, s[10])) or PENDING
+    return out
+
+
+def speedup_minima(results) -> dict | None:
+    """The smallest speedup of the entry point over ``torch-best`` (same clock) over the whole grid and per
+    alphabet, each with where it is: ``{"all": (ratio, A, N), A: (ratio, A, N), ...}``; None without the rows."""
+    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.step(10).series
+    if clock_of(results, "torch-best") != clock_of(results, final):
+        return None
+    points = [(b / a, A, N) for A, N in _all_points()
+              for b, a in [(_ms(results, "torch-best", T=BENCH_T, A=A, N=N), _ms(results, final, T=BENCH_T, A=A, N=N))]
+              if b is not None and a is not None]
+    if not points:
+        return None
+    out = {"all": min(points)}
+    for A in BENCH_A:
+        mine = [p for p in points if p[1] == A]
+        if mine:
+            out[A] = min(mine)
     return out
 
 

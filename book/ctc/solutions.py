@@ -10,7 +10,7 @@ from torch import Tensor
 from book.ctc.exercises import extended, logsumexp
 from studylog.ctc.targets import BLANK
 
-__all__ = ["frames_needed", "forward_loss", "ctc_gradient", "bank_conflict_ways", "dispatcher"]
+__all__ = ["frames_needed", "forward_loss", "ctc_gradient", "bank_conflict_ways", "dispatcher", "not_unrolled"]
 
 
 def frames_needed(labels: Sequence[int]) -> int:
@@ -73,3 +73,21 @@ def dispatcher(A: int, N: int, positions: int) -> int:
     longest extended target (more than 32 x 4 positions); otherwise a barrier per frame costs more than it saves.
     Read off the committed grid (T = 150, A of 28 and 5,000)."""
     return 9 if positions <= 32 * 4 else 10
+
+
+#: The forward direction's frame update in step 8's recursion, and the same loop left rolled.
+UNROLLED = "#pragma unroll\n                    for (int i = V - 1; i >= 0; --i) {"
+ROLLED = "#pragma unroll 1\n                    for (int i = V - 1; i >= 0; --i) {"
+
+
+def not_unrolled(source: str) -> str:
+    """Exercise 6: the forward frame update left rolled. A register has no address, so ``r[i]``, ``r[i - 1]`` and
+    ``el[p][i >> 1]`` with an ``i`` known only at run time cannot live in registers: ptxas moves the lane's
+    positions to local memory (a stack frame, ``ld.local``/``st.local`` in the PTX: a round trip through the L1
+    cache at every position of every frame, on the recursion's dependent chain), and the loop's counter and
+    branch come back. Unrolled, every index is a constant and the V positions are V registers; that is what
+    register blocking (step 4's grain, step 7's lanes) rests on. On a GPU, A = 28 and N = 1, where the recursion
+    is the whole time, shows the cost most."""
+    if source.count(UNROLLED) != 1:
+        raise ValueError("step 8's forward frame update was not found once")
+    return source.replace(UNROLLED, ROLLED)
