@@ -86,8 +86,9 @@ def not_unrolled(source: str) -> str:
     positions to local memory (a stack frame, ``ld.local``/``st.local`` in the PTX: a round trip through the L1
     cache at every position of every frame, on the recursion's dependent chain), and the loop's counter and
     branch come back. Unrolled, every index is a constant and the V positions are V registers; that is what
-    register blocking (step 4's grain, step 7's lanes) rests on. On a GPU, A = 28 and N = 1, where the recursion
-    is the whole time, shows the cost most."""
+    register blocking (step 4's grain, step 7's lanes) rests on. On a GPU the cost should show most at A = 28 and
+    N = 1, where the recursion is the whole time (an expectation: this change was compiled, not timed, for the
+    chapter)."""
     if source.count(UNROLLED) != 1:
         raise ValueError("step 8's forward frame update was not found once")
     return source.replace(UNROLLED, ROLLED)

@@ -89,9 +89,10 @@ def warp_min_step6(source: str) -> str:
     32-bit ``__reduce_min_sync`` (``redux.sync.min.u32`` on sm_80 and later: the high words, then the low words
     among the lanes holding the smallest high word), and lane 0 alone updates the block's ``s_best``. A lane without
     a candidate holds ``NONE_KEY``, the largest key, so it never wins; the key a warp publishes is the smallest of
-    its lanes', so the block's key, and every result, stay bit for bit step 6's. On the GPU, up to 32 times fewer
-    shared 64-bit atomics per tile: they matter where candidates are dense (small vocabularies, short n), hardly
-    at all on the benchmark's uniform ids, where few lanes hold a candidate."""
+    its lanes', so the block's key, and every result, stay bit for bit step 6's. On the GPU a tile issues up to 32
+    times fewer shared 64-bit atomics, for two warp reductions every tile: expect it to pay where candidates are
+    dense (a small vocabulary: most lanes match the newest token) and to cost a little on uniform ids, where few
+    lanes hold one (an expectation: this change was compiled, not timed, for the chapter)."""
     head, fused = source.split("ngram_one_pass_fused", 1)
     if fused.count(STEP6_PUBLISH) != 1:
         raise ValueError("step 6's publication line was not found once in ngram_one_pass_fused")
