@@ -15,7 +15,7 @@ from studylog.masked_lm_head import CHAPTER
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR
 from studylog.masked_lm_head.results import byte_floor_ms
 
-__all__ = ["figures", "series_color", "SERIES_COLORS", "SERIES_MARKERS"]
+__all__ = ["figures", "series_color", "PLAIN_NAMES", "SERIES_COLORS", "SERIES_MARKERS"]
 
 
 def _s(number: int) -> str:
@@ -26,7 +26,7 @@ def _s(number: int) -> str:
 #: One colour per series across the chapter's figures (steps by number, then the baselines and the peer).
 SERIES_COLORS: dict[str, str] = {
     "step00": "#7f7f7f", "step01": "#bcbd22", "step02": "#17becf", "step03": "#9467bd", "step04": "#ff7f0e",
-    "step05": "#d62728", "step06": "#e377c2", "step07": "#2ca02c", "step08": "#8c564b", "step09": "#1f77b4",
+    "step05": "#d62728", "step06": "#e377c2", "step07": "#2ca02c", "step08": "#ff9896", "step09": "#1f77b4",
     "dense_mask": "#000000", "cublas_fp32_mask": "#555555", "index_select": "#a0522d",
     "reordered_in_sample": "#c49c94", "plan_bitmask": "#08306b", "xgrammar_bitmask": "#f5a623",
     "xgrammar_bitmask_bf16": "#f8cf86", "floor": "#000000",
@@ -76,7 +76,7 @@ def _style(ax, xlabel: str, ylabel: str, *, logy: bool):
 
 def figures(results) -> dict[str, Any]:
     """The chapter's figures, at most three panels each, one colour per series (:data:`SERIES_COLORS`):
-    ``speedup_b1`` (each step's speedup over dense + mask at batch 1, linear axis), ``layout`` (steps 1 and 2
+    ``speedup_b1`` (each step's speedup over dense + mask at batch 1, log axis), ``layout`` (steps 1 and 2
     on both layouts, bars), ``batched`` (time against allowed count at batches 8, 64 and 256),
     ``practitioners`` (the whole step against xgrammar's path) and ``host`` (host time per call); a figure
     whose series the file lacks is left out."""
@@ -95,15 +95,29 @@ def figures(results) -> dict[str, Any]:
     return figs
 
 
+#: The speedup figure's legend: each step by its number and its idea in plain words.
+PLAIN_NAMES: dict[str, str] = {
+    "step00": "step 0: the tutorial's matmul, then the mask", "step01": "step 1: skip blocks with nothing allowed",
+    "step02": "step 2: skip disallowed columns too", "step03": "step 3: step 2 written for [V, D] rows",
+    "step04": "step 4: only the allowed ids", "step05": "step 5: one burst of loads per row",
+    "step06": "step 6: a few ids as launch arguments",
+    "step08": "step 8: vocabulary reordered (real grammar masks)", "step09": "step 9: the dispatch (picks a path)",
+    "index_select": "torch: index_select, then a matmul",
+}
+
+
 def _speedup_figure(results, caption: str):
-    """Batch 1, random masks, [V, D]: each step's speedup over dense + mask against the allowed count (linear
-    speedup axis), and ``index_select``'s."""
+    """Batch 1, [V, D]: every step's speedup over dense + mask against the allowed count on a log axis, random
+    masks (step 8 on the real grammar masks it is measured on, against dense + mask on the same masks), and
+    ``index_select``'s; step 9 drawn wide and pale under the step it picks. Step 7 runs only above batch 1
+    (the batched figure)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.6))
-    base = {r["params"]["allowed"]: r for r in results.select("dense_mask", batch=1, kind="random")}
-    for series in [_s(n) for n in (1, 2, 3, 4, 5, 6, 9)] + ["index_select"]:
-        rows = sorted((r for r in results.select(series, batch=1, kind="random")
+    fig, ax = plt.subplots(figsize=(8.6, 4.8))
+    for series in [_s(n) for n in (0, 1, 2, 3, 4, 5, 6, 8, 9)] + ["index_select"]:
+        kind = "real" if series == _s(8) else "random"
+        base = {r["params"]["allowed"]: r for r in results.select("dense_mask", batch=1, kind=kind)}
+        rows = sorted((r for r in results.select(series, batch=1, kind=kind)
                        if r["params"].get("layout", "vd") == "vd" and r["params"]["allowed"] in base),
                       key=lambda r: r["params"]["allowed"])
         if not rows:
@@ -112,15 +126,24 @@ def _speedup_figure(results, caption: str):
         ys = [base[x]["ms"] / r["ms"] for x, r in zip(xs, rows)]
         lo = [y - base[x]["ms"] / r["spread_ms"][2] if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
         hi = [base[x]["ms"] / r["spread_ms"][0] - y if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
+        # step 9 wide and pale under the step it picks; step 2 thick with open markers under step 3, which
+        # nearly equals it on [V, D]
+        under = {_s(9): dict(ms=11, lw=5, alpha=0.35, zorder=1), _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2,
+                                                                             mfc="none", mew=1.5)}
+        style = under.get(series, dict(ms=5, lw=1.3, zorder=3))
         ax.errorbar(xs, ys, yerr=[lo, hi], capsize=2, elinewidth=1, color=series_color(series),
-                    marker=SERIES_MARKERS.get(series, "o"), ms=5, lw=1.2 if series != _s(9) else 2.2,
-                    label=_legend_label(series))
+                    marker=SERIES_MARKERS.get(series, "o"), ls="--" if series in (_s(8), "index_select") else "-",
+                    label=PLAIN_NAMES.get(series, series), **style)
     ax.axhline(1.0, color="k", lw=1, ls=":")
-    _style(ax, "allowed tokens (batch 1, random masks, log scale)", "speedup over dense + mask (×)", logy=False)
-    ax.set_ylim(bottom=0)
-    ax.set_title("Each step's speedup over torch's dense logits + masked_fill", fontsize=FONT + 1)
+    _style(ax, "allowed tokens (batch 1, log scale)", "speedup over dense + mask (×, log scale)", logy=True)
+    from matplotlib.ticker import FormatStrFormatter
+
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.set_title(f"Each step's speedup over torch's dense logits + masked_fill, {results.gpu.replace('NVIDIA ', '')}",
+                 fontsize=FONT + 1)
     ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results), fontsize=FONT - 1, va="top")
+    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results) + "; random masks except step 8's (real grammar "
+             "masks); step 7 runs above batch 1 only", fontsize=FONT - 1, va="top")
     fig.tight_layout()
     return fig
 
