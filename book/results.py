@@ -1,5 +1,5 @@
 """The reader's summary of the course: one line per chapter (the question, the fair headline on each card, a link)
-and the reading path (minutes of prose per chapter), computed from the committed benchmark JSON and the notebooks.
+and the reading path (minutes of prose and code per page), computed from the committed benchmark JSON and the notebooks.
 
 The fair headline of a chapter is its final kernel against the strongest rival measured at the same shape: the
 scoreboard's comparison (:mod:`book.scoreboard`), so the results page, the landing page, the scoreboard and the
@@ -93,10 +93,29 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
     return "\n".join(lines)
 
 
+#: Lines of code a reader gets through in a minute (the code cells the page shows; hidden cells left out).
+CODE_LINES_PER_MINUTE = 10
+
+
+def code_lines(notebook: str | Path, root: Path = REPO_ROOT) -> int:
+    """Non-blank lines of the code cells a notebook shows (cells tagged ``remove-input`` or ``remove-cell`` are
+    hidden on the page and left out)."""
+    import json
+
+    nb = json.loads((Path(root) / notebook).read_text())
+    count = 0
+    for cell in nb["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] == "code" and "remove-input" not in tags and "remove-cell" not in tags:
+            count += sum(1 for line in "".join(cell["source"]).splitlines() if line.strip())
+    return count
+
+
 def reading_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> int:
-    """Minutes a chapter's prose takes at :data:`WORDS_PER_MINUTE`, rounded up to five (code and tables on top)."""
+    """Minutes a page takes to read: its prose at :data:`WORDS_PER_MINUTE` plus the code it shows at
+    :data:`CODE_LINES_PER_MINUTE`, rounded up to the minute (running the code and the exercises take longer)."""
     words = prose_words(Path(root) / notebook)
-    return max(5, 5 * math.ceil(words / WORDS_PER_MINUTE / 5))
+    return max(1, math.ceil(words / WORDS_PER_MINUTE + code_lines(notebook, root) / CODE_LINES_PER_MINUTE))
 
 
 #: What a lesson that is no chapter's headline page is for, by notebook (the reading path's question column).
@@ -139,5 +158,6 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     return "\n".join(lines)
 
 
-__all__ = ["OTHER_PAGES", "reading_order", "JUMP_CASE", "WORDS_PER_MINUTE", "headlines", "jump_forward",
+__all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "JUMP_CASE", "WORDS_PER_MINUTE", "code_lines",
+           "headlines", "jump_forward",
            "reading_minutes", "reading_path_markdown", "summary_markdown"]

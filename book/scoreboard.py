@@ -36,9 +36,9 @@ from studylog.paths import BENCH_RESULTS
 NOT_MEASURED = "not measured"
 
 #: What the files keep of the repetitions (said once on the page, under the tables).
-REPETITIONS = ("the benchmark files keep, for each measurement, the fastest, median and slowest of a few independent "
-               "runs, each run itself a median over many replays of the call; they keep no single call's time, so "
-               "the page shows no percentile beyond these")
+REPETITIONS = ("the chapters' benchmark files keep, for each measurement, the fastest, median and slowest of a few "
+               "independent runs, each run itself a median over many replays of the call; the p99 column is read "
+               "from a separate run that keeps its samples, where a card has one")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,6 +465,37 @@ def missing(root: Path = BENCH_RESULTS) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------
+# The tails run: a 99th percentile where a card has one
+# ----------------------------------------------------------------------------------------------
+
+#: The file of the tails run (``python -m studylog bench tails``) in a card's folder.
+TAILS = "tails"
+#: Each chapter's series in the tails run, at the case its headline row uses.
+TAIL_SERIES: dict[int, tuple[str, dict[str, Any]]] = {
+    2: ("MaskedHeadPlan", {"batch": 1, "kind": "random", "allowed": 1000}),
+    3: ("ngram_match", {"batch": 128, "seq_len": 32768, "threshold": 128}),
+    4: ("ctc_loss", {"T": 150, "A": 5000, "N": 8}),
+    5: ("ternary_matmul", {"shape": "4096x14336", "m": 1}),
+    6: ("multi_item_attention", {"shape": "8 prompts, mixed"}),
+}
+#: What the p99 column holds, said once in the notes.
+TAIL_NOTE = ("p99: the 99th percentile of a separate run of the chapter's final entry point at the same case, with "
+             "that run's median beside it: 300 samples, each one replay of a CUDA graph of at least 60 back-to-back "
+             "calls divided by its calls. It is the tail of repeated measurements (how far a re-measurement can land "
+             "above the median), not of single calls")
+
+
+def tail(card: Path, number: int) -> dict[str, Any] | None:
+    """The tails run's row for chapter ``number`` on ``card`` (``ms`` its median, ``p99_ms``), or None."""
+    data = load(card, TAILS)
+    if data is None or number not in TAIL_SERIES:
+        return None
+    series, params = TAIL_SERIES[number]
+    found = rows(data, series, **params)
+    return found[0] if len(found) == 1 else None
+
+
+# ----------------------------------------------------------------------------------------------
 # The page's table
 # ----------------------------------------------------------------------------------------------
 
@@ -491,9 +522,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             notes.append(text)
         return f"[{notes.index(text) + 1}]"
 
+    folders = {card_name(c): c for c in cards(root)}
+    tails = {(r["number"], r["card"]): tail(folders[r["card"]], r["number"]) for r in scoreboard(root)
+             if r.get("lead") and "missing" not in r}
+    p99 = ""
+    if any(tails.values()):
+        p99 = f"p99, separate run (µs) {note(TAIL_NOTE)} | "
     times = ["**Time, and the strongest rival**", "",
-             "| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | "
-             "strongest rival (µs) | ours × rival |", "|" + "---|" * 7]
+             f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
+             "strongest rival (µs) | ours × rival |", "|" + "---|" * (8 if p99 else 7)]
     floors = ["**Floors, and how close the median is to the binding one**", "",
               "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
               "binding floor | % of the binding floor |", "|" + "---|" * 8]
@@ -512,7 +549,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 continue
             card = "all" if one_reason else _short_card(r["card"])
             shown.add(r["number"])
-            times.append(f"| {chapter} | {card} | {NOT_MEASURED} {note(r['missing'])} |" + " – |" * 4)
+            times.append(f"| {chapter} | {card} | {NOT_MEASURED} {note(r['missing'])} |" + " – |" * (5 if p99 else 4))
             floors.append(f"| {named} | {card} |" + " – |" * 6)
             continue
         shown.add(r["number"])
@@ -536,7 +573,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         median = f"**{us(r['median_ms'])}**"
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: show ours beside
             median += f" on the GPU; **{us(r['ours_end_to_end_ms'])}** end to end"
-        times.append(f"| {chapter} | {card} | {ours} | {median} | {us(r['slowest_ms'])} | {rival} | {vs} |")
+        t = tails.get((r["number"], r["card"])) if r["lead"] else None
+        tail_cell = (f"{us(t['p99_ms'])} (median {us(t['ms'])}) | " if t else f"{NOT_MEASURED} | ") if p99 else ""
+        times.append(f"| {chapter} | {card} | {ours} | {median} | {us(r['slowest_ms'])} | {tail_cell}{rival} | {vs} |")
         latency = _floor(r["latency_floor_ms"])
         if r["latency_floor_ms"] is None:
             latency += " " + note(f"{r['title']} on the {r['card']}: the file records no empty kernel's GPU time")
@@ -559,5 +598,5 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                      + [f"[{i}] {text}  " for i, text in enumerate(notes, 1)])
 
 
-__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "card_name", "cards", "faster_rivals", "load", "missing",
+__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS", "tail", "card_name", "cards", "faster_rivals", "load", "missing",
            "one", "rows", "scoreboard", "scoreboard_markdown", "spread"]

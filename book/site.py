@@ -53,16 +53,46 @@ def notebook_title(path: Path) -> str:
 
 
 def _questions() -> dict[str, tuple[str, str]]:
-    """Per chapter notebook: its question and its headline on each card that measured it (from the committed JSON,
-    through :func:`book.results.headlines`)."""
-    from book.results import headlines
+    """Per lesson notebook: its question and its headline on each card that measured it (from the committed JSON,
+    through :func:`book.results.headlines`); a lesson that is no chapter's headline page but asks a question of
+    its own (chapter 5's first part) gets its question with no number."""
+    from book.results import OTHER_PAGES, headlines
 
     out = {}
     for h in headlines():
-        measured = [f"{card}: {text}" for card, text in h["brief"].items() if h["ratios"].get(card) is not None
-                    or h["number"] == 1]
+        measured = [f"{card}: {text}" for card, text in h["brief"].items() if h["ratios"].get(card) is not None]
+        if h["number"] == 1 and measured:  # the count of forward passes does not depend on the card
+            texts = {text for card, text in h["brief"].items() if h["ratios"].get(card) is not None}
+            measured = [f"on every card: {texts.pop()}"] if len(texts) == 1 else measured
         out[h["notebook"]] = (h["question"], "; ".join(measured) if measured else "not measured yet")
+    for notebook, question in OTHER_PAGES.items():
+        if notebook not in out and "?" in question:
+            out[notebook] = (question, "")
     return out
+
+
+#: What each teaser figure shows, for its alt text (a reader who cannot see the figure gets what it says).
+FIGURE_ALT = {
+    "assets/figures/env_ceilings.png": "The card's copy bandwidth against the size of the copy, rising to its "
+                                        "ceiling above a gibibyte, beside cuBLAS's matmul rates",
+    "assets/figures/fsm_savings.png": "The share of forward passes each step of the chapter saves on every entry "
+                                      "of the suite of JSON schemas and regexes",
+    "assets/figures/masked_lm_head_speedup_b1.png": "Each step of the masked LM head's speedup over dense logits "
+                                                    "followed by a mask, at batch 1, against the number of allowed "
+                                                    "tokens",
+    "assets/figures/ngram_latency.png": "Time per call of every n-gram matching step against the CPU path and the "
+                                        "byte floor, for several batch sizes and prompt lengths",
+    "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7 to 10 over the faster of torch's CTC "
+                                      "calls, against the number of utterances, for two alphabet sizes",
+    "assets/figures/ternary_steps.png": "GPU time of each Triton step of the ternary matmul on the Llama weight "
+                                        "shapes, one row of activations",
+    "assets/figures/ternary_speedup.png": "Each ternary kernel's speedup over cuBLAS in bf16 for one row of "
+                                          "activations, on the H100 and the H200",
+    "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
+                                           "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
+    "assets/figures/speculate_speedup.png": "Per request, the speculative loop's speedup per output token over "
+                                            "chapter 7's loop, against how many forwards it saves",
+}
 
 
 class PostsDirective(SphinxDirective):
@@ -84,10 +114,11 @@ class PostsDirective(SphinxDirective):
             ]
             if doc in asks:  # the card leads with the chapter's question and its measured answer
                 question, answer = asks[doc]
-                lines += [f"**{question}** {answer}", ""]
+                lines += [f"**{question}** {answer}".rstrip(), ""]
             lines += [post["summary"].strip(), ""]
             if post.get("teaser") and (Path(self.env.srcdir) / post["teaser"]).is_file():
-                lines += [f"[![{post['title']}: main benchmark figure](/{post['teaser']})]({doc})", ""]
+                alt = post.get("alt") or FIGURE_ALT.get(post["teaser"]) or f"The main figure of {post['title']}"
+                lines += [f"[![{alt}](/{post['teaser']})]({doc})", ""]
             lines += ["---", ""]
         container = nodes.container(classes=["studylog-posts"])
         self.state.nested_parse(StringList(lines, source="posts.yml"), self.content_offset, container)
