@@ -7,7 +7,10 @@ from typing import Any
 
 from studylog.multi_item import CHAPTER
 from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER, FLEX, ONE_PASS_PER_ITEM, SDPA_CAUSAL,
-                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, series_label)
+                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, order_series, series_label)
+
+#: Step 5a: step 5's first order of the program table (the lesson's "Step 5a"), timed beside the default.
+STEP05A = order_series("first_run")
 
 __all__ = ["COLOURS", "approaches", "colour", "figures", "shape_names", "tiles_figure", "times_figure"]
 
@@ -39,6 +42,7 @@ COLOURS = {
     CHAPTER.step(3).series: "#9ecae1",
     STEP04.series: "#4292c6",
     STEP04_PER_PROMPT: "#bcbd22",
+    STEP05A: "#6baed6",
     STEP05.series: "#08306b",
 }
 
@@ -54,21 +58,32 @@ def figures(results) -> dict[str, Any]:
     return {"times": times_figure(results), "tiles": tiles_figure(results)}
 
 
+def _times_label(series: str) -> str:
+    """The times figure's name of a series: step 5's two orders as the lesson names them (5a, 5b)."""
+    return {STEP05A: f"{STEP05.name}, first order (step 5a)",
+            STEP05.series: f"{STEP05.name}, head groups (step 5b)"}.get(series, series_label(series))
+
+
 def times_figure(results):
     """One panel per benchmark shape (three, stacked so the figure reads at page width): a horizontal bar per
-    approach (median, with the repetitions' range where the file keeps it) on a linear axis, the compute floor
-    dashed; colours from :data:`COLOURS`."""
+    approach, step 5's first order (5a) included (median, with the repetitions' range where the file keeps it) on
+    a linear axis, the compute floor dashed; an approach the benchmark does not run on a shape says "not run" in
+    its row; colours from :data:`COLOURS`."""
     import matplotlib.pyplot as plt
 
     shapes = shape_names(results)[:3]
-    series = [s for s in approaches() if results.select(s)]
+    wanted = approaches()
+    wanted.insert(wanted.index(STEP05.series), STEP05A)
+    series = [s for s in wanted if results.select(s)]
     fig, axes = plt.subplots(len(shapes), 1, figsize=(8, (0.28 * len(series) + 0.9) * len(shapes) + 0.6),
                              squeeze=False)
     for ax, shape in zip(axes[:, 0], shapes):
         ys, widths, errs, cols = [], [], [[], []], []
+        missing = []
         for i, s in enumerate(series):
             rows = results.select(s, shape=shape)
             if not rows:
+                missing.append(i)
                 continue
             mid = rows[0]["ms"] * 1e3
             lo, _, hi = (x * 1e3 for x in rows[0].get("spread_ms", [rows[0]["ms"]] * 3))
@@ -85,11 +100,16 @@ def times_figure(results):
             ax.axvline(floors[0] * 1e3, color="k", ls="--", lw=1)
             ax.text(floors[0] * 1e3, -0.9, " compute floor", fontsize=9, va="center")
         ax.set_xlim(0, max(widths) * 1.3)
+        for i in missing:  # the row stays, so that the panels line up, and says why it is empty
+            why = "takes one prompt" if series[i] in (CHAPTER.step(2).series, CHAPTER.step(3).series, STEP04.series) \
+                else "one prompt: step 4 itself" if series[i] == STEP04_PER_PROMPT else "not in the benchmark"
+            ax.text(max(widths) * 0.01, i, f"not run on this shape ({why})", fontsize=8, va="center",
+                    color="#555555", style="italic")
         ax.set_title(shape, fontsize=10)
         ax.set_xlabel("µs per call (median)", fontsize=9)
         ax.grid(True, axis="x", alpha=0.3)
         ax.tick_params(labelsize=9)
-        ax.set_yticks(range(len(series)), [series_label(s) for s in series], fontsize=9)
+        ax.set_yticks(range(len(series)), [_times_label(s) for s in series], fontsize=9)
         ax.set_ylim(len(series) - 0.4, -1.4)
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
     fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu}\n"

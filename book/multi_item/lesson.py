@@ -152,7 +152,8 @@ def amdahl(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) -> d
     """Per shape: the time of a whole pass of ``model``'s layers over the packed batch, with the linear layers
     at the matmul floor of the same run and the attention measured (the benchmark's shape is one layer's
     attention), with SDPA's dense mask and with step 5; and one pass per item, whose linear layers see every
-    item's copy of the prefix. Times in ms (``None`` where the file lacks a series)."""
+    item's copy of the prefix. Times in ms (``None`` where the file lacks a series). ``pass_gain`` is the pass with
+    step 5 against the pass with SDPA's dense mask, ``pass_gain_flashinfer`` against the pass with FlashInfer."""
     rate = matmul_rate(results, lays)
     out = {}
     for name, lay in lays.items():
@@ -160,7 +161,8 @@ def amdahl(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) -> d
         per_item = sum(p + n for p, lens in zip(lay.batch.prefix_lens, lay.batch.item_lens) for n in lens)
         linear = None if rate is None else linear_flops_per_token(model) * tokens / rate * 1e3
         linear_per_item = None if rate is None else linear_flops_per_token(model) * per_item / rate * 1e3
-        att = {s: ms(results, s, name) for s in (report.SDPA_DENSE, STEP[5].series, report.ONE_PASS_PER_ITEM)}
+        att = {s: ms(results, s, name) for s in (report.SDPA_DENSE, STEP[5].series, report.ONE_PASS_PER_ITEM,
+                                                 report.FLASHINFER)}
         layers = model["layers"]
         total = {s: None if linear is None or t is None else linear + layers * t for s, t in att.items()}
         naive = (None if linear_per_item is None or att[report.ONE_PASS_PER_ITEM] is None
@@ -174,6 +176,7 @@ def amdahl(results, lays: dict[str, Layout], model: dict[str, Any] = MODEL) -> d
             "step05_share": ratio(None if total[STEP[5].series] is None else layers * att[STEP[5].series],
                                   total[STEP[5].series]),
             "pass_gain": ratio(total[report.SDPA_DENSE], total[STEP[5].series]),
+            "pass_gain_flashinfer": ratio(total[report.FLASHINFER], total[STEP[5].series]),
             "per_item_tokens": per_item,
             "tokens": tokens,
             "per_item_total_ms": naive,
