@@ -515,7 +515,7 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
     if results is None:
         return PENDING
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
-    lines = ["| series | N x K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
+    lines = [f"| series ({card(results)}) | N x K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
     for shape, m in cases:
         for s in [CUBLAS] + [SERIES[n] for n in (4, 9, 10, 11, 12, 13)] + [GEMLITE, INT_MM]:
             row = gpu_row(results, s, shape, m)

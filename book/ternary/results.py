@@ -100,6 +100,15 @@ def timeline_figure(timeline: dict, title: str = "Step 12 at M = 1: where a bloc
     return fig
 
 
+def _card(results) -> str:
+    """"H200, " for a table's first header cell: the card its numbers were measured on ("" where the file does not
+    say)."""
+    try:
+        return results.gpu.replace("NVIDIA ", "") + ", "
+    except (KeyError, AttributeError, TypeError):
+        return ""
+
+
 def prefill(results, m: int = 128, series=None) -> dict:
     """At ``m`` rows of x (prefill), per shape, cuBLAS bf16 against ``series`` (ours, default the W2A8 steps 12
     and 13 and the fastest of all ours): ``{"rows": [(shape, cuBLAS ms, {series: ms})], "ratio": {series: (lowest,
@@ -118,7 +127,7 @@ def prefill(results, m: int = 128, series=None) -> dict:
         for s, t in times.items():
             if t is not None:
                 ratios[s].append(base / t)
-    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, x cuBLAS)" for s in series] + \
+    head = [f"shape ({_card(results)}M = {m})", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, x cuBLAS)" for s in series] + \
         ["fastest of ours (µs, x cuBLAS)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape, base, times, name in rows:
@@ -152,7 +161,8 @@ def bitnet_table(results) -> dict:
             rows.append((shape, peer, row["ms"], s, series_ms(view, CUBLAS, shape=shape, m=1)))
     if not rows:
         return None
-    lines = ["| N x K | BitNet W2A8 (µs) | ours, W2A8 (µs) | BitNet / ours | cuBLAS bf16 (µs) |", "|---|---|---|---|---|"]
+    lines = [f"| N x K ({_card(results)}M = 1) | BitNet W2A8 (µs) | ours, W2A8 (µs) | BitNet / ours | cuBLAS bf16 (µs) |",
+             "|---|---|---|---|---|"]
     lines += [f"| {shape} | {us(peer)} | {us(ours)} ({series_label(s)}) | **{peer / ours:.2f}x** | {us(cub)} |"
               for shape, peer, ours, s, cub in rows]
     ratios = [p / o for _, p, o, _, _ in rows]
