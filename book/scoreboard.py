@@ -329,7 +329,9 @@ def _decode(data):
                 byte_floor_ms=med(byte), latency_floor_ms=med(latency),
                 latency_what=(f"{kernels} dependent kernels a forward, each at least an empty kernel" if kernels
                               else "not measured"),
-                ratio_note="step 1's median over step 3's median, on the same requests", notes=tuple(notes),
+                ratio=med([b["ms"] / r["ms"] for r, b in pairs if b is not None]),
+                ratio_note="median over the JSON schemas of each one's ratio, step 1's time over step 3's",
+                notes=tuple(notes),
                 gaps=gaps)
 
 
@@ -402,8 +404,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(7, "Constrained decoding end to end", "notebooks/07_constrained_decoding.ipynb",
           "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode,
           headline="the decode loop with chapters 1 and 2 (step 3) against the same loop with a dense head and a "
-                   "mask (step 1): median time per output token over the nine JSON schemas of chapter 1's suite, one "
-                   "request each (8B-shaped model, batch 1)",
+                   "mask (step 1), per output token: the median over the nine JSON schemas of chapter 1's suite (one "
+                   "request each) of each one's ratio, with the median times (8B-shaped model, batch 1)",
           rival_short="a dense head and a mask"),
     Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
           "Can a grammar and prompt-lookup drafts share one decode loop?", "speculate", _speculate,
@@ -508,6 +510,19 @@ def _short_card(name: str) -> str:
     return name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
 
+#: Plain names for the series ids of the final kernels, shown before the id.
+PLAIN = {"MaskedHeadPlan": "the whole masked step", "step09_dispatch": "the masked head's kernel",
+         "step07": "the GPU drafter", "ngram_match": "the GPU drafter", "step10": "the fused CTC kernel",
+         "step11": "the ternary kernel with TMA copies", "step05_batched": "the batched attention kernel",
+         "step03_masked_head": "the loop with chapters 1 and 2", "step04_gated_draft": "the loop with grammar-cut drafts"}
+
+
+def _plain(label: str) -> str:
+    """A kernel's label with its plain name first (``the GPU drafter: step07``) where :data:`PLAIN` has one."""
+    first = re.split(r" \(|;|,| ", label)[0]
+    return f"{PLAIN[first]}: {label}" if first in PLAIN else label
+
+
 def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
     """The scoreboard as two Markdown tables, a row per chapter and card (one row for a chapter that no card
     measures, saying why): first our time and the strongest rival's, then the floors and how close our median is to
@@ -554,7 +569,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             continue
         shown.add(r["number"])
         card = _short_card(r["card"])
-        ours = r["ours"]
+        ours = _plain(r["ours"])
         lead_shape = next((b.get("shape") for b in board if b["number"] == r["number"] and b["lead"]), None)
         if r.get("shape") != lead_shape:  # a second angle on the chapter at another shape: say which
             ours += f"; {r['shape']}"
@@ -588,7 +603,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             byte += " " + note(f"{r['title']}: {extra}")
         binding = f"{r['binding']}: {_floor(r['binding_floor_ms'])}" if r["binding"] else NOT_MEASURED
         pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
-        kernel = re.split(r" \(|;|,", r["ours"])[0]
+        kernel = _plain(re.split(r" \(|;|,", r["ours"])[0])
         if r.get("shape") != lead_shape:
             kernel += f"; {r['shape']}"
         floors.append(f"| {named} | {card} | {kernel} | {byte} | "

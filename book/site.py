@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -125,13 +126,89 @@ class PostsDirective(SphinxDirective):
         return [container]
 
 
+#: Plain names for the series ids the benchmark files use, shown before the id on the results page.
+PLAIN_NAMES = {
+    "MaskedHeadPlan (step 9 from the packed bitmask)": "the whole masked step from the packed bitmask "
+                                                       "(MaskedHeadPlan, step 9)",
+    "step09_dispatch": "the masked head's kernel, allowed ids given (step09_dispatch)",
+    "n-gram matching, step07_stream": "the GPU drafter (step07_stream)",
+    "n-gram matching, ngram_match (step07)": "the GPU drafter (ngram_match, running step07)",
+    "n-gram matching, ngram_match (step06)": "the GPU drafter (ngram_match, running step06)",
+    "step10_warps_per_direction (CUDA C++)": "the fused CTC kernel (step10_warps_per_direction, CUDA C++)",
+    "ctc_loss (step10, CUDA C++)": "the fused CTC kernel (ctc_loss, running step10, CUDA C++)",
+    "step11_tma (CUDA C++)": "the ternary kernel with TMA copies (step11_tma, CUDA C++)",
+    "step09_mma (Triton)": "the ternary kernel on tensor cores (step09_mma, Triton)",
+    "step12_w2a8 (CUDA C++)": "the ternary kernel with int8 activations (step12_w2a8, CUDA C++)",
+    "step12_w2a8, quantize='every block' (CUDA C++)": "the ternary kernel with int8 activations, x quantised in "
+                                                      "every block (step12_w2a8, CUDA C++)",
+    "step05_batched (Triton, tile skipping, one launch)": "the batched attention kernel (step05_batched, Triton, "
+                                                          "tile skipping, one launch)",
+    "step03_masked_head": "the loop with chapters 1 and 2 (step03_masked_head)",
+    "step02_jump_forward": "the loop with chapter 1's jumps (step02_jump_forward)",
+    "step01_baseline": "the loop with a dense head and a mask (step01_baseline)",
+    "step04_gated_draft": "the loop with grammar-cut drafts (step04_gated_draft)",
+    "chapter 7's step 3 (ch7_step03)": "chapter 7's loop, its step 3",
+    "step03_two_phase (the two-phase kernel of the original pull request)": "the two-phase kernel of the original "
+                                                                            "pull request (step03_two_phase)",
+}
+
+
+def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | None = None) -> str:
+    """The results page's table of every headline row, for readers: each row's first two cells named in plain words
+    beside the series id (:data:`PLAIN_NAMES`), chapter 3's headline comparison (the GPU drafter against the CPU
+    loop, end to end; ``end_to_end`` maps a card's name to the scoreboard's row) added under that card's n-gram
+    table, and each "where the cards differ" list folded into a collapsed block."""
+    from html import escape
+
+    out: list[str] = []
+    lines = markdown.splitlines()
+    i, section = 0, ""
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("**") and " — " in line:
+            section = line
+        if line.startswith("| ") and not line.startswith("| ours"):
+            cells = line.split(" | ")
+            for k in (0, 1):
+                head = cells[k].lstrip("| ").strip()
+                if head in PLAIN_NAMES:
+                    cells[k] = ("| " if k == 0 else "") + PLAIN_NAMES[head]
+            line = " | ".join(cells)
+        out.append(line)
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if (end_to_end and section.startswith("**ngram**") and line.startswith("|") and not nxt.startswith("|")):
+            card = section.split(" — ", 1)[1].split(",")[0]
+            r = end_to_end.get(card)
+            if r and r.get("ours_end_to_end_ms") and r.get("rival_ms"):
+                out.append(f"| the GPU drafter, end to end (the call, then a sync) | the CPU loop it replaces, end to "
+                           f"end | {r['shape']} (the chapter's headline) | **{r['vs_rival']:.2f}×** | "
+                           f"{r['ours_end_to_end_ms'] * 1e3:,.1f} | {r['rival_ms'] * 1e3:,.1f} | – |")
+        if line.startswith("Where the cards differ"):
+            items = []
+            while i + 1 < len(lines) and (lines[i + 1].startswith("- ") or not lines[i + 1].strip()):
+                i += 1
+                if lines[i].startswith("- "):
+                    items.append(lines[i][2:])
+                elif items:
+                    break
+            names = re.compile("|".join(re.escape(k) for k in sorted(PLAIN_NAMES, key=len, reverse=True)))
+            items = [names.sub(lambda m: PLAIN_NAMES[m.group(0)], t) for t in items]
+            out[-1] = (f"<details><summary>{escape(line.rstrip(':'))} ({len(items)} rows)</summary><ul>"
+                       + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
+            out.append("")
+        i += 1
+    return "\n".join(out)
+
+
 class HeadlinesDirective(SphinxDirective):
     """The table of headline results, computed from the committed JSON at build time."""
 
     def run(self) -> list[nodes.Node]:
         from book.plotting import headline_markdown
+        from book.scoreboard import scoreboard
 
-        lines = headline_markdown().splitlines()
+        ngram = {r["card"]: r for r in scoreboard() if r["number"] == 3 and r.get("lead") and "missing" not in r}
+        lines = readable_headlines(headline_markdown(), ngram).splitlines()
         container = nodes.container(classes=["studylog-headlines"])
         self.state.nested_parse(StringList(lines, source="assets/bench"), self.content_offset, container)
         return [container]
