@@ -333,3 +333,17 @@ def test_the_binding_floor_is_the_largest_and_a_latency_bound_case_is_judged_by_
     for r in small:
         if r["latency_floor_ms"] is not None:
             assert r["binding"] == "latency" and r["byte_floor_ms"] < r["latency_floor_ms"]
+
+
+def test_the_results_page_rows_are_named_in_words_and_its_lists_folded():
+    from book.plotting import headline_markdown
+    from book.site import PLAIN_NAMES, readable_headlines
+
+    ngram = {r["card"]: r for r in sb.scoreboard() if r["number"] == 3 and r.get("lead") and "missing" not in r}
+    text = readable_headlines(headline_markdown(), ngram)
+    rows_ = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| ours")
+             and not ln.startswith("|---")]
+    assert rows_ and not any(ln.split(" | ")[0].lstrip("| ").strip() in PLAIN_NAMES for ln in rows_)
+    assert text.count("the CPU loop it replaces, end to end") == len(ngram)
+    assert not re.search(r"^- ", text, re.MULTILINE), "a list of where the cards differ is not folded"
+    assert text.count("<details>") == headline_markdown().count("Where the cards differ")
