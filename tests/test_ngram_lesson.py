@@ -46,7 +46,7 @@ def test_the_steps_figure_draws_the_tables_floor():
     ax = figs["latency"].axes[0]
     floor = next(c for c in ax.collections if "floor" in str(c.get_label()))
     drawn = sorted({round(float(seg[0][1]), 6) for seg in floor.get_segments()})
-    from studylog.ngram.results import grid_configs
+    from book.ngram.results import grid_configs
 
     expected = sorted({round(lesson.floor_us(results, c), 6) for c in grid_configs(results)
                        if lesson.floor_us(results, c) is not None})

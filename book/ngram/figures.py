@@ -1,12 +1,12 @@
-"""Chapter 3's figures, drawn from the committed benchmark JSON through the lookups of :mod:`studylog.ngram.results`:
+"""Chapter 3's figures, drawn from the committed benchmark JSON through the lookups of :mod:`book.ngram.results`:
 no GPU needed. Colours are one per series across the chapter; the labels of the cases and the clocks are the
 lesson's tables' too (``book.ngram.lesson``)."""
 
 from __future__ import annotations
 
+from book.ngram.results import clock_of, grid_configs, grid_select, own_series, real_cases_in, real_row
 from studylog.ngram import CHAPTER
-from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIES, own_series, sweep_series
-from studylog.ngram.results import clock_of, grid_configs, grid_select, real_cases_in, real_row
+from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIES, sweep_series
 
 #: Colour and marker of each step's series, by step number: one colour per series across the chapter's figures.
 STYLE = {1: ("#7f7f7f", "s"), 2: ("#bcbd22", "v"), 3: ("#1f77b4", "o"), 4: ("#2ca02c", "o"),

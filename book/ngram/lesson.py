@@ -1,7 +1,7 @@
 """What notebook 03 reads from a results file besides the figures: a grid case's row (the prose's numbers), the
 tables of steps against the one-pass floor, the summary of every step, the real-text table, and the targets'
 verdicts. Every function takes a :class:`studylog.plotting.Results` and reads it through the lookups the
-figures use (:mod:`studylog.ngram.results`); a file older than a series gives ``–`` (or leaves the
+figures use (:mod:`book.ngram.results`); a file older than a series gives ``–`` (or leaves the
 line out) where it lacks one.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from book.common import us
 from book.ngram.figures import case_label, clock_words, shape_label
+from book.ngram.results import clock_of, grid_configs, grid_select, own_series, real_cases_in, real_row, same_clock_pair
 from studylog.ngram import CHAPTER
-from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, own_series
-from studylog.ngram.results import clock_of, grid_configs, grid_select, real_cases_in, real_row, same_clock_pair
+from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
 __all__ = ["BOEHM_CASES", "boehm_table", "dispatch_table", "floor_us", "grid_row", "step_table", "real_text_table",
            "summary_table", "target_verdicts"]

@@ -16,11 +16,11 @@ algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), 
 batches, synthetic and from real documents, and what the search does on them), ``corpus`` (the real
 documents: the Python standard library's docstrings and source in cl100k tokens, committed as
 ``assets/data/ngram_corpus.npz``; ``python -m studylog.ngram corpus`` rebuilds it), ``report``
-(the benchmark), ``results`` (the headline from the committed JSON). ``__all__`` is what a reader calls
+(the benchmark, and the headline it reads back from the committed JSON). ``__all__`` is what a reader calls
 after the lesson; everything else is reached by its module (``studylog.ngram.<module>.<name>``), and the package
-keeps the names it imports as attributes. The figures, the lesson's tables and target verdicts, and its exercises
-with their checks (on a CPU), are the book's: ``book.ngram.figures``, ``book.ngram.lesson`` and
-``book.ngram.exercises``.
+keeps the names it imports as attributes. The figures, the lookups in the committed JSON they and the lesson read,
+the lesson's tables and target verdicts, and its exercises with their checks (on a CPU), are the book's:
+``book.ngram.figures``, ``book.ngram.results``, ``book.ngram.lesson`` and ``book.ngram.exercises``.
 
 Every GPU step's :class:`NgramMatcher` call can be captured in a CUDA graph once and replayed over new
 values written into its buffers (:meth:`NgramMatcher.capture`); step 1 and the step functions cannot (they
@@ -45,8 +45,8 @@ from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_bu
                                    model_one_pass_keys, published_blockscan_counts, slot_plan)
 from studylog.ngram.reference import reference_ngram_match
 from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, REAL_SHAPES, SYNCED_DESCRIPTION,
-                                   SYNCED_SERIES, bench, gen_width_for, real_batch, real_cases, sweep_series)
-from studylog.ngram.results import gpu_headline, headline
+                                   SYNCED_SERIES, bench, gen_width_for, gpu_headline, real_batch, real_cases,
+                                   sweep_series)
 from studylog.paths import chapter_csrc
 from studylog.ngram import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 

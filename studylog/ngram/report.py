@@ -1,5 +1,5 @@
-"""Chapter 3's benchmark (GPU only): what is measured and how. Its figures, tables and headline, drawn from the
-committed JSON, are in :mod:`studylog.ngram.results`.
+"""Chapter 3's benchmark (GPU only): what is measured and how, and the chapter's headline (:func:`gpu_headline`)
+read back from the committed JSON. The book's figures and tables read that JSON through ``book.ngram.results``.
 
 Series names come from the chapter's table of steps (``CHAPTER.steps``): step N is recorded as
 ``stepNN`` and drawn as ``stepNN_<slug>``. Two more series sweep the split of the fused kernels
@@ -94,11 +94,6 @@ def series_of(step) -> str:
     return next(s.series for s in _chapter().steps if s.function is step)
 
 
-def own_series() -> list[str]:
-    """The series of this chapter's own kernels (the others are the deployed path and its published ports)."""
-    return [s.series for s in _chapter().steps if s.number >= FIRST_OWN_STEP]
-
-
 def sweep_series(step) -> str:
     """The series of a step's chunk sweep: ``chunk_sweep_stepNN`` (a step function's name starts with
     its series, ``stepNN``; the chapter's table of steps is built on that)."""
@@ -129,16 +124,6 @@ def real_batch(corpus: str, batch: int, seq_len: int, *, device=None):
     if corpus == "synthetic":
         return make_batch(batch, seq_len, gen_width, seed=3000 + batch + seq_len, device=device)
     return corpus_batch(corpus, batch, seq_len, gen_width, seed=3000 + batch + seq_len, device=device)
-
-
-def estimated_calls(grid=BENCH_GRID, shapes=REAL_SHAPES) -> dict:
-    """How many measurements the benchmark makes (the GPU-clock ones, the host-clock ones, the sweeps):
-    what its run time is built from."""
-    steps = len(_chapter().steps)
-    gpu = len(grid) * (steps - 1) + len(shapes) * len(CORPORA) * (len(REAL_STEPS) - 1)
-    host = len(grid) * 2 + len(shapes) * len(CORPORA) * 2
-    sweeps = sum(len(CHUNK_SWEEPS[s][1]) for cfg in grid for s in _sweeps_of(cfg))
-    return {"gpu_clock": gpu, "host_clock": host, "sweep_points": sweeps}
 
 
 def _sweeps_of(cfg) -> list:
@@ -344,6 +329,38 @@ def bench(run) -> None:
              "chance), and 'branches' which branches the search takes (see studylog.ngram.batches.branch_stats).")
 
 
-__all__ = ["BENCH_GRID", "CHUNK_SWEEPS", "CLOCK_NOTE", "CORPORA", "FIRST_OWN_STEP", "NO_BUDGET", "QUICK_GRID",
-           "ENTRY_SERIES", "QUICK_REAL_SHAPES", "REAL_SHAPES", "REAL_STEPS", "SYNCED_DESCRIPTION", "SYNCED_SERIES", "bench",
-           "estimated_calls", "gen_width_for", "own_series", "real_batch", "real_cases", "series_of", "sweep_series"]
+#: The cases the headline quotes: the deployed budget at a small and a mid-size batch, and the largest batch with no
+#: budget.
+HEADLINE_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
+
+
+def gpu_headline(results) -> list[dict]:
+    """The chapter's headline rows, on the GPU clock only (the CPU path's time is host time, which moves with the
+    host, so no headline rests on it; the book's ``book.ngram.results.headline`` gives that comparison, end to
+    end): the chapter's entry point (or, on a file that does not time it, its last step) against step 3, the
+    two-phase design of the pull request the chapter starts from, at :data:`HEADLINE_CASES`. No rows on a file
+    measured before the GPU clock."""
+    from studylog.plotting import headline_row
+
+    chapter = _chapter()
+    final, two_phase = chapter.final, chapter.step(3)
+    ours = ENTRY_SERIES if results.select(ENTRY_SERIES) else final.series
+    out = []
+    for batch, seq_len, threshold in HEADLINE_CASES:
+        where = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
+        mine, theirs = results.select(ours, **where), results.select(two_phase.series, **where)
+        if not (mine and theirs and mine[0].get("clock") == theirs[0].get("clock") == "gpu"):
+            continue
+        budget = f", budget {threshold}" if threshold != NO_BUDGET else ", no budget"
+        label = f"ngram_match ({mine[0].get('step', final.series)})" if ours == ENTRY_SERIES else final.name
+        out.append(headline_row(results, ours, two_phase.series, f"{batch} slots x {seq_len} tokens{budget}",
+                                kernel_label=f"n-gram matching, {label}",
+                                baseline_label=f"{two_phase.name} (the two-phase kernel of the original pull request)",
+                                **where))
+    return out
+
+
+__all__ = ["BENCH_GRID", "CHUNK_SWEEPS", "CLOCK_NOTE", "CORPORA", "FIRST_OWN_STEP", "HEADLINE_CASES", "NO_BUDGET",
+           "QUICK_GRID", "ENTRY_SERIES", "QUICK_REAL_SHAPES", "REAL_SHAPES", "REAL_STEPS", "SYNCED_DESCRIPTION",
+           "SYNCED_SERIES", "bench", "gen_width_for", "gpu_headline", "real_batch", "real_cases", "series_of",
+           "sweep_series"]

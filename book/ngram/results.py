@@ -1,16 +1,21 @@
-"""Chapter 3's headline, read from the committed benchmark JSON (what :mod:`studylog.ngram.report` measured): no
-GPU needed. The lookups the headline uses (a grid case's row, the cases a file holds, the clock of a series, the
-same-clock pair the headline compares) are public: the book's figures and lesson tables (``book.ngram``) read a file
-through them too."""
+"""Chapter 3's lookups in a results file (the committed JSON, what :mod:`studylog.ngram.report` measured), for the
+book's figures, tables and lesson numbers: no GPU needed. A grid case's rows, the cases a file holds, the clock of a
+series, the same-clock pair of the CPU path and the chapter's kernel, and the end-to-end comparison the lesson
+quotes (:func:`headline`; the chapter's own headline, on the GPU clock, is
+:func:`studylog.ngram.report.gpu_headline`)."""
 
 from __future__ import annotations
 
-from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, own_series
+from studylog.ngram import CHAPTER
+from studylog.ngram.report import FIRST_OWN_STEP, HEADLINE_CASES, NO_BUDGET, SYNCED_SERIES
 
-def _chapter():
-    from studylog.ngram import CHAPTER  # the package defines it after importing this module
+#: The real-text case the lesson's end-to-end table quotes: Python source, the deployed budget.
+HEADLINE_REAL_CASE = ("code", 32, 4096, 128)
 
-    return CHAPTER
+
+def own_series() -> list[str]:
+    """The series of this chapter's own kernels (the others are the deployed path and its published ports)."""
+    return [s.series for s in CHAPTER.steps if s.number >= FIRST_OWN_STEP]
 
 
 def grid_select(results, series, cfg):
@@ -20,7 +25,7 @@ def grid_select(results, series, cfg):
 
 def grid_configs(results) -> list[tuple[int, int, int]]:
     """The grid cases (batch, seq_len, threshold) the file measured a step at, in the file's order."""
-    steps = {s.series for s in _chapter().steps}
+    steps = {s.series for s in CHAPTER.steps}
     seen: dict[tuple, None] = {}
     for row in results.rows:
         if row["series"] in steps and "corpus" not in row["params"]:
@@ -56,24 +61,16 @@ def same_clock_pair(results, cfg):
     """(CPU path row, kernel row, kernel label) on one clock at a grid config: the final step end to end
     (:data:`SYNCED_SERIES`) where the file has it, else (files measured before it, where every row is a
     do_bench time) the fastest of the chapter's kernels. None when either is missing."""
-    chapter = _chapter()
-    cpu = grid_select(results, chapter.steps[0].series, cfg)
+    cpu = grid_select(results, CHAPTER.steps[0].series, cfg)
     synced = grid_select(results, SYNCED_SERIES, cfg)
     if cpu and synced:
-        return cpu[0], synced[0], f"{chapter.final.name}, call + sync"
+        return cpu[0], synced[0], f"{CHAPTER.final.name}, call + sync"
     kernels = [r for s in own_series() for r in grid_select(results, s, cfg)]
     kernels = [r for r in kernels if r.get("clock", "do_bench") == (cpu[0].get("clock", "do_bench") if cpu else None)]
     if cpu and kernels:
         best = min(kernels, key=lambda r: r["ms"])
-        return cpu[0], best, chapter.label(best["series"])
+        return cpu[0], best, CHAPTER.label(best["series"])
     return None
-
-
-#: The cases the book's headline page quotes: the deployed budget at a small and a mid-size batch, and the
-#: largest batch with no budget.
-HEADLINE_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
-#: The real-text case the headline page quotes: Python source, the deployed budget.
-HEADLINE_REAL_CASE = ("code", 32, 4096, 128)
 
 
 def headline(results) -> list[dict]:
@@ -83,9 +80,8 @@ def headline(results) -> list[dict]:
     (both do_bench)."""
     from studylog.plotting import headline_row
 
-    chapter = _chapter()
-    cpu = chapter.steps[0]
-    final = chapter.final
+    cpu = CHAPTER.steps[0]
+    final = CHAPTER.final
     out = []
     cases = [(None, *c) for c in HEADLINE_CASES] + [HEADLINE_REAL_CASE]
     for corpus, batch, seq_len, threshold in cases:
@@ -118,31 +114,5 @@ def headline(results) -> list[dict]:
     return out
 
 
-def gpu_headline(results) -> list[dict]:
-    """The book's headline rows, on the GPU clock only (the CPU path's time is host time, which moves with the
-    host, so no headline rests on it; :func:`headline` gives that comparison, end to end): the chapter's last
-    step against step 3, the two-phase design of the pull request the chapter starts from, at the headline
-    cases. On a file measured before the GPU clock, :func:`headline`'s rows."""
-    from studylog.plotting import headline_row
-
-    chapter = _chapter()
-    final, two_phase = chapter.final, chapter.step(3)
-    # the entry point (ngram_match, the step its rule picks) where the file times it, else the last step
-    ours = "ngram_match" if results.select("ngram_match") else final.series
-    out = []
-    for batch, seq_len, threshold in HEADLINE_CASES:
-        where = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
-        mine, theirs = results.select(ours, **where), results.select(two_phase.series, **where)
-        if not (mine and theirs and mine[0].get("clock") == theirs[0].get("clock") == "gpu"):
-            continue
-        budget = f", budget {threshold}" if threshold != NO_BUDGET else ", no budget"
-        label = f"ngram_match ({mine[0].get('step', final.series)})" if ours == "ngram_match" else final.name
-        out.append(headline_row(results, ours, two_phase.series, f"{batch} slots x {seq_len} tokens{budget}",
-                                kernel_label=f"n-gram matching, {label}",
-                                baseline_label=f"{two_phase.name} (the two-phase kernel of the original pull request)",
-                                **where))
-    return out or headline(results)
-
-
-__all__ = ["HEADLINE_CASES", "HEADLINE_REAL_CASE", "clock_of", "gpu_headline", "grid_configs", "grid_select",
-           "headline", "real_cases_in", "real_row", "same_clock_pair"]
+__all__ = ["HEADLINE_REAL_CASE", "clock_of", "grid_configs", "grid_select", "headline", "own_series", "real_cases_in",
+           "real_row", "same_clock_pair"]
