@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from book.masked_lm_head.ptx import ptx_loads, ptx_row_load_groups
 from studylog import masked_lm_head as mlh
 from studylog import runtime
 
@@ -242,8 +243,6 @@ def test_mask_generators():
     assert all(len(s) == 100 for s in mlh.random_sets(100, 1000, 3, gen))
     assert all(len(s) == 700 for s in mlh.clustered_sets(700, 1000, 3, gen, run=128))
     assert len(mlh.clustered_sets(1000, 1000, 1, gen)[0]) == 1000
-    counts = mlh.sweep_counts(mlh.VOCAB)
-    assert counts[0] == 1 and counts[-1] == mlh.VOCAB and 1000 in counts and 10_000 in counts
 
 
 def test_real_masks_load_when_present():
@@ -461,7 +460,7 @@ def test_gpu_refuses_cpu_tensors():
 def test_column_mask_on_the_seed_layout_costs_the_vector_loads():
     """Step 2 on [D, V] masks along the contiguous axis, so the weight tile can no longer travel
     as 16-byte async copies; on [V, D] (and in step 3) it still does."""
-    loads = mlh.ptx_loads([(2, "dv", 1), (2, "vd", 1), (3, "vd", 1)])
+    loads = ptx_loads([(2, "dv", 1), (2, "vd", 1), (3, "vd", 1)])
     assert loads[(2, "dv", 1)].get("ld 2 B", 0) > 0
     for case in [(2, "vd", 1), (3, "vd", 1)]:
         assert loads[case].get("ld 2 B", 0) == 0 and loads[case].get("cp.async 16 B", 0) > 0, loads[case]
@@ -470,6 +469,6 @@ def test_column_mask_on_the_seed_layout_costs_the_vector_loads():
 def test_step05_issues_every_row_load_before_the_first_barrier():
     """Step 4 reduces each 1,024-wide chunk (a barrier) before loading the next, so a program
     waits for memory once per chunk; step 5 loads the whole row, then reduces once."""
-    groups = mlh.ptx_row_load_groups((4, 5), rows=2)
+    groups = ptx_row_load_groups((4, 5), rows=2)
     assert groups[4] == [2, 2, 2], groups  # 3 chunks of D = 3072, one 16-byte load per row each
     assert groups[5] == [8], groups  # D padded to 4096: 4 loads per row, the 4th predicated off

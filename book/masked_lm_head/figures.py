@@ -1,4 +1,4 @@
-"""Chapter 2's figures, from the committed JSON (:mod:`studylog.masked_lm_head.results` keeps the headline): at
+"""Chapter 2's figures, from the committed JSON (``studylog.masked_lm_head.report`` keeps the headline): at
 most three panels each, one colour per series across the chapter. Series names come from ``CHAPTER`` (steps
 ``stepNN``, and the other series it lists).
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from book.masked_lm_head.lesson import byte_floor_ms
 from studylog.masked_lm_head import CHAPTER
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR
-from studylog.masked_lm_head.results import byte_floor_ms
 
 __all__ = ["figures", "series_color", "PLAIN_NAMES", "SERIES_COLORS", "SERIES_MARKERS"]
 

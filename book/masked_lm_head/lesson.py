@@ -20,7 +20,6 @@ from book.common import PENDING, fmt, us
 from studylog.masked_lm_head import CHAPTER
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
-from studylog.masked_lm_head.results import byte_floor_ms
 
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "byte_floor_ms", "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
@@ -32,6 +31,13 @@ CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
 FIRST_ONE_CLOCK_FILE = "first_one_clock_run"
 #: Batch-1 allowed counts the steps table shows.
 STEP_COUNTS = (1, 1000, 10_000)
+
+
+def byte_floor_ms(results, batch: int, union: int) -> float:
+    """The time to move a call's bytes at the run's copy bandwidth: ``union`` rows of the bf16 ``[V, D]`` weight
+    read, the fp32 ``[batch, V]`` output written."""
+    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+    return (union * HIDDEN * 2 + batch * VOCAB * 4) / bandwidth * 1e3
 
 
 def _s(number: int) -> str:

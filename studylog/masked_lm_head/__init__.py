@@ -45,12 +45,10 @@ from studylog.masked_lm_head.masks import (StructuredSets, clustered_sets, cross
                                            random_sets, real_sets, structured_sets)
 from studylog.masked_lm_head.plan import (MaskedHeadPlan, apply_bitmask_kernel, batched_count_kernel,
                                           stream_count_kernel, union_count, union_ids_kernel, unpack_bitmask_kernel)
-from studylog.masked_lm_head.ptx import ptx_loads, ptx_row_load_groups
 from studylog.masked_lm_head.reorder import (ReorderedHead, VocabOrder, active_blocks, cluster_order,
                                              reordered_rows_kernel, step08_reordered)
 from studylog.masked_lm_head.report import (BATCHES, IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, bench, cases,
-                                              losses, run_sweep, sweep_counts)
-from studylog.masked_lm_head.results import headline
+                                              headline, losses, run_sweep)
 from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(

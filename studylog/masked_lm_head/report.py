@@ -3,12 +3,13 @@
 practitioners' path (cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer.
 
 The sweep is cut to what the figures, the dispatch rule and the targets read (:func:`cases` lists it; a CPU
-test runs it at toy sizes with a stub harness). Series names come from ``CHAPTER``.
+test runs it at toy sizes with a stub harness). Series names come from ``CHAPTER``. :func:`headline` gives the
+chapter's headline rows from a results file; the figures and the lesson's tables are the book's
+(``book.masked_lm_head``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -45,16 +46,8 @@ def _chapter():
 
 
 def _s(number: int) -> str:
+    """Step ``number``'s series in the benchmark JSON."""
     return _chapter().step(number).series
-
-
-def sweep_counts(vocab: int, points: int = 12, quick: bool = False) -> list[int]:
-    """Allowed counts on a log scale from 1 to ``vocab``, plus the targets' 1,000 and 10,000 (the
-    sweep of the earlier, do_bench runs; :func:`cases` picks fewer)."""
-    if quick:
-        return [1, 1000, 10_000, vocab]
-    grid = {int(round(x)) for x in np.logspace(0, math.log10(vocab), points)}
-    return sorted(grid | {1000, 10_000, vocab})
 
 
 def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = BATCHES) -> list[tuple[int, str, int]]:
@@ -359,3 +352,29 @@ def losses(rows: list[dict]) -> list[str]:
                 out.append(f"we lose: batch {batch}, {kind} masks, {allowed:,} allowed: {mine} {t[mine] * 1e3:.1f} µs "
                            f"against {rival} {t[rival] * 1e3:.1f} µs ({t[mine] / t[rival]:.2f}x)")
     return out
+
+
+def headline(results) -> list[dict]:
+    """The book's headline rows (``plotting.headline_row``: both times, their spread, host time): step 9
+    against torch at batch 1, and the whole step from the bitmask against xgrammar's path at batch 1 and 64
+    (random masks). A file without a series (an older run) gives the rows it can."""
+    from studylog.plotting import headline_row
+
+    label = _chapter().label
+    plan_label = "MaskedHeadPlan (step 9 from the packed bitmask)"
+    peer_label = "xgrammar: cuBLAS logits + apply_token_bitmask_inplace"
+    points = [(_s(9), "dense_mask", 1, 1000, "batch 1, 1,000 of 128,256 tokens allowed", None, "torch dense_mask"),
+              (_s(9), "index_select", 1, 10_000, "batch 1, 10,000 allowed", None, "torch index_select"),
+              (PLAN, XGRAMMAR, 1, 1000, "whole step from the bitmask, batch 1, 1,000 allowed", plan_label, peer_label),
+              (PLAN, XGRAMMAR, 64, 100, "whole step from the bitmask, batch 64, 100 allowed per sequence", plan_label,
+               peer_label),
+              (_s(9), "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (own masks)", None,
+               "torch dense_mask")]
+    rows = []
+    for kernel, baseline, batch, allowed, case, k_label, b_label in points:
+        try:
+            rows.append(headline_row(results, kernel, baseline, case, kernel_label=k_label or label(kernel),
+                                     baseline_label=b_label, batch=batch, kind="random", allowed=allowed))
+        except (KeyError, ValueError):
+            continue  # not measured in this file (or on another clock)
+    return rows

@@ -1,5 +1,5 @@
-"""What the compiler makes of a step's loads: its kernel compiled for sm_90 offline (no GPU needed), and
-the load instructions of the PTX counted.
+"""What the compiler makes of a step's loads (the lesson's PTX tables): its kernel compiled for sm_90 offline (no
+GPU needed), and the load instructions of the PTX counted.
 
 The compile runs in a fresh Python process: Triton builds its own library functions (``tl.cdiv``...) for
 the interpreter when it is imported in interpreter mode, and those cannot be compiled afterwards in the
@@ -56,7 +56,7 @@ def ptx_loads(cases: Sequence[tuple[int, str, int]]) -> dict[tuple[int, str, int
         if step == 3:
             need_layout("step03_row_skip", layout)
     code = ("import json, sys, triton\n"  # triton first: its library functions must be compilable
-            "from studylog.masked_lm_head.ptx import _loads_here\n"
+            "from book.masked_lm_head.ptx import _loads_here\n"
             "cases = [tuple(c) for c in json.loads(sys.argv[1])]\n"
             "print(json.dumps([_loads_here(*c) for c in cases]))\n")
     counts = _offline(code, json.dumps([list(c) for c in cases]))
@@ -74,7 +74,7 @@ def ptx_row_load_groups(steps: Sequence[int] = (4, 5), rows: int = 2) -> dict[in
     if rows < 1 or rows & (rows - 1):
         raise ValueError(f"rows must be a power of two, got {rows}")
     code = ("import json, sys, triton\n"
-            "from studylog.masked_lm_head.ptx import _row_load_groups_here\n"
+            "from book.masked_lm_head.ptx import _row_load_groups_here\n"
             "print(json.dumps([_row_load_groups_here(s, int(sys.argv[2])) for s in json.loads(sys.argv[1])]))\n")
     groups = _offline(code, json.dumps(list(steps)), str(rows))
     return dict(zip(steps, groups))
