@@ -5,15 +5,23 @@ figure from the in-kernel timestamps of ``lab/ternary/w2a8_timeline.py``."""
 from __future__ import annotations
 
 from book.common import us
-from studylog.ternary.results import (BATCH_SERIES, BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM,
-                                      INT_MM_MATMUL, M1_SERIES, W2A8_SERIES, fastest, on_gpu_clock, series_label,
-                                      series_ms, shapes_in)
+from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES,
+                                      fastest, on_gpu_clock, series_label, shapes_in)
 from studylog.ternary.steps import SERIES
 
 __all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table"]
 
 #: the run with BitNet's W2A8 kernel beside ours (``lab/ternary/results/nvidia-h200/``; lab/ternary/README.md)
 BITNET_RUN = "ternary_bitnet_quick"
+#: Series timed at M = 1 (every step), and at M > 1 (the steps made for several rows of x).
+M1_SERIES = [SERIES[n] for n in range(1, 14)]
+BATCH_SERIES = [SERIES[n] for n in (5, 7, 8, 9, 10, 11, 12, 13)]
+
+
+def series_ms(results, series: str, **params) -> float | None:
+    """The GPU-clock time (ms) of the row of ``series`` matching ``params``, or None."""
+    rows = on_gpu_clock(results).select(series, **params)
+    return rows[0]["ms"] if rows else None
 
 
 def speedup_table(results, m: int) -> str:

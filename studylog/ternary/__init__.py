@@ -43,7 +43,7 @@ from studylog.ternary.formats import (FORMATS, FP32_TOLERANCE, GROUP_BYTES, GROU
 from studylog.ternary.report import (BENCH_MS, BENCH_SHAPES, QUICK_CASES, bench, bench_cases, bench_series,
                                      place_series, probe_series, timing_plan)
 from studylog.ternary.results import (BASELINES, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES, fastest,
-                                      headline, on_gpu_clock, series_label, series_ms, shapes_in, target_checks)
+                                      headline, on_gpu_clock, series_label, shapes_in, target_checks)
 from studylog.ternary.triton_mma import (BF16_HALF_BITS, FP16_ONE_BITS, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
                                          SPLIT_WORKSPACE, W2A8_DOT_CONFIGS, pair_weights, step08_w2a8_dot,
                                          step08_w2a8_dot_kernel, step09_mma, step09_mma_kernel)
