@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from book.multi_item import figures, lesson
+from book.multi_item.lesson import bounded_key_tiles, kv_in_flight
 from studylog import multi_item as mi
 from studylog import plotting, runtime
 from studylog.multi_item import report
@@ -292,7 +293,7 @@ def test_flashinfers_bound_visits_what_its_loop_visits_and_never_fewer_tiles_tha
     for prefix_len, item_lens in cases:
         batch = mi.MultiItemBatch.from_item_lens([prefix_len], [item_lens], device=DEV)
         loop = flashinfer_key_tile_loop(batch.seq_lens[0], prefix_len, max(item_lens), bm, bn)
-        bounded = mi.bounded_key_tiles(batch, bm, bn)[0]
+        bounded = bounded_key_tiles(batch, bm, bn)[0]
         assert bounded == [len(v) for v in loop], (prefix_len, item_lens)
         exact = mi.tile_map(batch, bm, bn) != mi.TILE_SKIPPED
         mask = rule_mask(prefix_len, item_lens)
@@ -303,7 +304,7 @@ def test_flashinfers_bound_visits_what_its_loop_visits_and_never_fewer_tiles_tha
             assert set(exact[t].nonzero().flatten().tolist()) <= set(visited), (prefix_len, item_lens, t)
     # a batch: prompt by prompt, with each prompt's own longest item
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
-    assert mi.bounded_key_tiles(batch, bm, bn) == [
+    assert bounded_key_tiles(batch, bm, bn) == [
         [len(v) for v in flashinfer_key_tile_loop(s, p, max(items, default=0), bm, bn)]
         for s, p, items in zip(batch.seq_lens, MIXED[0], MIXED[1])]
 
@@ -482,10 +483,10 @@ def test_grouped_orders_keep_the_keys_in_flight_within_the_budget():
     every prompt in flight, far more than L2; grouping heads keeps a group's keys and values."""
     _, prefixes, items = report.bench_shapes()[2]
     batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device="cpu")
-    first = mi.kv_in_flight(batch, 32, 128, 64, "first_run", programs_at_once=264)
+    first = kv_in_flight(batch, 32, 128, 64, "first_run", programs_at_once=264)
     assert first > 4 * mi.GROUP_KV_BYTES
     for order in ("heads_outer", "head_groups", "prompts_outer"):
-        assert 0 < mi.kv_in_flight(batch, 32, 128, 64, order, programs_at_once=264) <= mi.GROUP_KV_BYTES
+        assert 0 < kv_in_flight(batch, 32, 128, 64, order, programs_at_once=264) <= mi.GROUP_KV_BYTES
 
 
 def test_scores_are_label_log_probs_at_the_last_token_of_each_item(rng):
@@ -699,7 +700,7 @@ def test_gpu_other_dtypes_and_tiles(dtype, head_dim, blocks):
 def test_committed_results_are_read_under_the_step_names():
     results = plotting.load_results("multi_item")
     series = set(results.series())
-    assert set(figures.approaches()) - {report.FLASHINFER} <= series and set(report.order_table_series()) <= series
+    assert set(figures.approaches()) - {report.FLASHINFER} <= series and {*map(report.order_series, mi.SCHEDULE_ORDERS), report.STEP04_PER_PROMPT} <= series
     for s in series:  # every series is a step's or a declared baseline
         assert s in {st.series for st in STEPS} or s in mi.CHAPTER.baselines, s
     assert mi.CHAPTER.label(mi.CHAPTER.final.series) == "step05_batched"

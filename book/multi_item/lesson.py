@@ -26,19 +26,14 @@ from typing import Any
 from book.common import PENDING, fmt, us
 from book.multi_item.figures import approaches, shape_names
 from studylog.multi_item import report
-from studylog.multi_item.formats import MultiItemBatch
-from studylog.multi_item.tiles import (
-    DEFAULT_ORDER,
-    SCHEDULE_ORDERS,
-    TileStats,
-    bounded_key_tiles,
-    kv_in_flight,
-    planned_key_tiles,
-    tile_stats,
-)
+from studylog.multi_item.formats import DEFAULT_RULE, MultiItemBatch
+from studylog.multi_item.tiles import (DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, planned_key_tiles, tile_stats,
+                                      work_order)
 
 STEP = {s.number: s for s in report.STEPS}
 LAB = "`lab/multi_item/README.md`"
+#: the benchmark's mixed batch with grouped-query attention (:func:`studylog.multi_item.report.gqa_shapes`)
+GQA_SHAPE = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS // report.GQA_GROUP} KV heads"
 
 
 def caption(results) -> str:
@@ -368,11 +363,34 @@ def start_bound_batches(lays: dict[str, Layout]) -> dict[str, MultiItemBatch]:
     return {n: lay.batch for n, lay in lays.items()} | {name: MultiItemBatch.from_item_lens(prefixes, items)}
 
 
+def bounded_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int) -> list[list[int]]:
+    """For each prompt and query tile, how many key tiles FlashInfer's multi-item prefill visits at
+    ``block_m x block_n`` tiles (one query row per head, no split of the keys). It bounds where a query tile's
+    items start by the prompt's longest item: no item row at or after ``m_lo`` starts before
+    ``m_lo - max_item_len``, so after the prefix's tiles it resumes at that key, rounded down to a tile, where
+    steps 4 and 5 resume at the exact start of the tile's first item row. Transcribed from the loop bounds of
+    ``include/flashinfer/attention/prefill.cuh`` (``num_iterations_prefix``, ``num_iterations_mask``,
+    ``num_iterations`` and the loop's jump from the first to the second); with an empty prefix the loop never
+    jumps and visits every key tile up to the diagonal, as there."""
+    out = []
+    for b, (s, p) in enumerate(zip(batch.seq_lens, batch.prefix_lens)):
+        longest = int(batch.max_item_lens_t[b])
+        counts = []
+        for m_lo in range(0, s, block_m):
+            m_hi = min(m_lo + block_m, s)
+            prefix_tiles = -(-min(m_hi, p) // block_n)
+            resume = max(max(m_lo - longest, 0) // block_n, prefix_tiles)
+            end = max(resume, -(-m_hi // block_n))
+            counts.append(prefix_tiles + end - resume if prefix_tiles else end)
+        out.append(counts)
+    return out
+
+
 def start_bound(batches: dict[str, MultiItemBatch], tilings=((64, 64), (128, 64))) -> dict[tuple, tuple[int, int]]:
     """Key tiles visited per head, ``(shape, block_m, block_n) -> (exact start, FlashInfer's bound)``: steps 4
     and 5 resume after the prefix at the exact start of each query tile's first item
     (:func:`~studylog.multi_item.tiles.planned_key_tiles`), FlashInfer at ``m_lo - max_item_len``
-    (:func:`~studylog.multi_item.tiles.bounded_key_tiles`). Counted on the CPU, at each tiling."""
+    (:func:`bounded_key_tiles`). Counted on the CPU, at each tiling."""
     out = {}
     for name, batch in batches.items():
         for bm, bn in tilings:
@@ -393,6 +411,21 @@ def start_bound_table(counts: dict[tuple[str, int, int], tuple[int, int]]) -> st
 # ---------------------------------------------------------------------------------------------
 # Step 5's program order, and what did not help
 # ---------------------------------------------------------------------------------------------
+
+def kv_in_flight(batch: MultiItemBatch, heads: int, head_dim: int, block_m: int, order: str,
+                 programs_at_once: int, elem_bytes: int = 2, rule: str = DEFAULT_RULE) -> float:
+    """Bytes of keys and values that ``programs_at_once`` consecutive programs of step 5 read, averaged over
+    the launch: an upper bound per window, taking each (prompt, head) in the window to read its keys up to
+    the highest row it computes. Compare it with the L2 cache: above it, the tiles reread keys from DRAM."""
+    order_rows = work_order(batch, heads, block_m, order, 2 * head_dim * elem_bytes, rule).tolist()
+    windows = []
+    for lo in range(0, len(order_rows), programs_at_once):
+        reach: dict[tuple[int, int], int] = {}
+        for b, t, h in order_rows[lo:lo + programs_at_once]:
+            reach[b, h] = max(reach.get((b, h), 0), min((t + 1) * block_m, batch.seq_lens[b]))
+        windows.append(sum(reach.values()) * 2 * head_dim * elem_bytes)
+    return sum(windows) / len(windows)
+
 
 def in_flight(lay: Layout, orders=(DEFAULT_ORDER, "first_run"), programs_at_once: int = 264) -> dict[str, float]:
     """Bytes of keys and values the programs running at once read in each program order (bf16, the

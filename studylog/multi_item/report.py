@@ -500,17 +500,11 @@ def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tu
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading the committed results
+# The headline, read from the committed results
 # ---------------------------------------------------------------------------------------------
 
-#: the shape of mixed item lengths (the others have items of one length), and it with grouped-query attention
+#: the shape of mixed item lengths (the others have items of one length)
 MIXED_SHAPE = "8 prompts, mixed"
-GQA_SHAPE = f"{MIXED_SHAPE}, {BENCH_HEADS // GQA_GROUP} KV heads"
-
-
-def order_table_series() -> list[str]:
-    """Step 5 in every program order (the default first), then step 4 launched once per prompt."""
-    return [order_series(o) for o in SCHEDULE_ORDERS] + [STEP04_PER_PROMPT]
 
 
 #: the headline rows: (baseline, shape)

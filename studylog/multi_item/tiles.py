@@ -2,11 +2,11 @@
 which order step 5's programs run.
 
 * Tile accounting: :func:`tile_map` is the kernels' three loop ranges in Python, :func:`planned_key_tiles`
-  the count the kernels report back, :func:`tile_stats` the totals the benchmark and the notebook show, and
-  :func:`bounded_key_tiles` what FlashInfer's bound on the items' start visits instead.
+  the count the kernels report back, :func:`tile_stats` the totals the benchmark and the notebook show (what
+  FlashInfer's bound on the items' start visits instead, and the keys in flight of each order, are the book's:
+  ``book.multi_item.lesson``).
 * Step 5's schedule: :func:`work_order` ranks the ``(prompt, query tile, head)`` triples in one of
-  :data:`SCHEDULE_ORDERS`, :func:`schedule_table` turns them into the table the kernel reads, and
-  :func:`kv_in_flight` counts the keys and values the programs running at once read.
+  :data:`SCHEDULE_ORDERS`, and :func:`schedule_table` turns them into the table the kernel reads.
 """
 
 from __future__ import annotations
@@ -127,21 +127,6 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
     return batch._schedules[key]
 
 
-def kv_in_flight(batch: MultiItemBatch, heads: int, head_dim: int, block_m: int, order: str,
-                 programs_at_once: int, elem_bytes: int = 2, rule: str = DEFAULT_RULE) -> float:
-    """Bytes of keys and values that ``programs_at_once`` consecutive programs of step 5 read, averaged over
-    the launch: an upper bound per window, taking each (prompt, head) in the window to read its keys up to
-    the highest row it computes. Compare it with the L2 cache: above it, the tiles reread keys from DRAM."""
-    order_rows = work_order(batch, heads, block_m, order, 2 * head_dim * elem_bytes, rule).tolist()
-    windows = []
-    for lo in range(0, len(order_rows), programs_at_once):
-        reach: dict[tuple[int, int], int] = {}
-        for b, t, h in order_rows[lo:lo + programs_at_once]:
-            reach[b, h] = max(reach.get((b, h), 0), min((t + 1) * block_m, batch.seq_lens[b]))
-        windows.append(sum(reach.values()) * 2 * head_dim * elem_bytes)
-    return sum(windows) / len(windows)
-
-
 # ---------------------------------------------------------------------------------------------
 # Tile accounting: what each kernel visits, what causal attention visits, what is really needed
 # ---------------------------------------------------------------------------------------------
@@ -178,29 +163,6 @@ def planned_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int, rule: s
     compare it with what the kernels count)."""
     return [(tile_map(batch, block_m, block_n, b, rule) != TILE_SKIPPED).sum(dim=1).tolist()
             for b in range(batch.batch_size)]
-
-
-def bounded_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int) -> list[list[int]]:
-    """For each prompt and query tile, how many key tiles FlashInfer's multi-item prefill visits at
-    ``block_m x block_n`` tiles (one query row per head, no split of the keys). It bounds where a query tile's
-    items start by the prompt's longest item: no item row at or after ``m_lo`` starts before
-    ``m_lo - max_item_len``, so after the prefix's tiles it resumes at that key, rounded down to a tile, where
-    steps 4 and 5 resume at the exact start of the tile's first item row. Transcribed from the loop bounds of
-    ``include/flashinfer/attention/prefill.cuh`` (``num_iterations_prefix``, ``num_iterations_mask``,
-    ``num_iterations`` and the loop's jump from the first to the second); with an empty prefix the loop never
-    jumps and visits every key tile up to the diagonal, as there."""
-    out = []
-    for b, (s, p) in enumerate(zip(batch.seq_lens, batch.prefix_lens)):
-        longest = int(batch.max_item_lens_t[b])
-        counts = []
-        for m_lo in range(0, s, block_m):
-            m_hi = min(m_lo + block_m, s)
-            prefix_tiles = -(-min(m_hi, p) // block_n)
-            resume = max(max(m_lo - longest, 0) // block_n, prefix_tiles)
-            end = max(resume, -(-m_hi // block_n))
-            counts.append(prefix_tiles + end - resume if prefix_tiles else end)
-        out.append(counts)
-    return out
 
 
 @dataclass(frozen=True)
