@@ -301,17 +301,15 @@ def _warp_ops(ptx: str) -> int:
 
 def step6_matcher(source: str, inputs: NgramInputs, draft_tokens, seq_lens_this_time,
                   config: NgramConfig = NgramConfig()):
-    """Step 6's matcher (:class:`~studylog.ngram.kernels.NgramMatcher`, same grid and arguments) bound to the
+    """Step 6's launch (the grid and arguments of :func:`~studylog.ngram.kernels.step06_one_pass_fused`) on the
     buffers, with its kernel compiled from ``source`` instead of the chapter's file: call it to run the kernel in
     place (GPU only)."""
     from studylog import cuda
     from studylog.ngram import kernels
 
-    matcher = kernels.NgramMatcher(kernels.step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time,
-                                   config=config)
+    m = kernels.NgramMatcher(kernels.step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config)
     kernel = cuda.load(source).kernel(STEP6_KERNEL, kernels.SIGNATURE)
-    matcher.launches = [(kernel, grid, block) for _, grid, block in matcher.launches]
-    return matcher
+    return lambda: kernel((m.batch, m.prompt_chunks + m.gen_chunks), (kernels.THREADS,), *m.args) if m.batch else None
 
 
 def check_warp_min(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0) -> bool:

@@ -54,8 +54,8 @@ def launcher(variant: dict, vec: int, inputs, draft, this_time, config, chunk_le
     bound = ngram.NgramMatcher(ngram.step07_stream, inputs, draft, this_time, config=config, check_values=False,
                                vec=vec, chunk_len=chunk_len)
     kernel = cuda.load(SOURCE, name_expressions=INSTANCES).kernel(instance(variant, vec), ngram.SIGNATURE)
-    _, grid, block = bound.launches[0]
-    return bound, lambda: kernel(grid, block, *bound.args)
+    grid = (bound.batch, bound.prompt_chunks + bound.gen_chunks)  # step07_stream's grid
+    return bound, lambda: kernel(grid, (ngram.THREADS,), *bound.args)
 
 
 def same_split(inputs) -> int:

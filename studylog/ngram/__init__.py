@@ -36,8 +36,7 @@ from studylog.ngram.corpus import CORPUS_FILES, CORPUS_PATH, Corpus, build_corpu
 from studylog.ngram.cpu_path import CPU_SOURCE, cpu_path_inplace
 from studylog.ngram.formats import (DEFAULT_THRESHOLD, HYBRID_DEFAULT_THRESHOLD, NGRAM_MAX, NONE_KEY, NgramConfig,
                                     NgramInputs, same_state, validate)
-from studylog.ngram.kernels import (ITEMS, SIGNATURE, STREAM_INSTANCES, STREAM_LOADS, THREADS, TILE, LaunchPlan,
-                                    NgramMatcher, launch_plans,
+from studylog.ngram.kernels import (ITEMS, SIGNATURE, STREAM_INSTANCES, STREAM_LOADS, THREADS, TILE, NgramMatcher,
                                     fused_chunk_len, ngram_match, step01_cpu_path, step02_serial, step03_two_phase,
                                     step04_two_phase_scan, step05_one_pass, step06_one_pass_fused, step07_stream,
                                     stream_chunk_len, stream_vec)

@@ -1,5 +1,6 @@
-"""The steps of chapter 3, each a public function that runs it in place, and :class:`NgramMatcher`, a
-step bound to one batch's buffers (validated once, then launched as often as needed).
+"""The steps of chapter 3, each a public function that runs it in place and launches its kernels itself, with
+their grids, and :class:`NgramMatcher`, a step bound to one batch's buffers (validated once, the kernels'
+arguments packed once, then run as often as needed: its call is the step function given the bound matcher).
 
 1. :func:`step01_cpu_path`: the deployed path: copy to the host, run the serial C loop, copy back.
 2. :func:`step02_serial`: the same loop as a one-thread GPU kernel (``csrc/ngram_serial.cu``).
@@ -13,13 +14,12 @@ step bound to one batch's buffers (validated once, then launched as often as nee
 7. :func:`step07_stream`: the fused kernel without barriers in its loop, with wider evict-first
    loads, skipping slots the budget refuses whatever the searches find (``csrc/ngram_stream.cu``).
 
-:func:`ngram_match` is the chapter's result, step 7, under the operator's name.
+:func:`ngram_match` is the chapter's result under the operator's name: step 6 or 7, by the batch's shapes.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -80,41 +80,12 @@ def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *
     return chunk_len
 
 
-# =========================================================================================
-# The launch plan of each GPU step
-# =========================================================================================
-
-ONE_THREAD, PER_SLOT, SCAN, SPLIT = "one thread", "a block per slot", "one scan block", "blocks per chunk"
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """What a GPU step launches, in order: (source, kernel, grid shape) per launch. Step 7's kernel is a
-    template: its instance (:data:`STREAM_INSTANCES`) depends on the load width."""
-
-    launches: tuple[tuple[str, str, str], ...]
-    options: tuple[str, ...] = ()  # keyword options the step takes
-
-
-def launch_plans() -> dict[Callable, LaunchPlan]:
-    """Each GPU step function's launch plan."""
-    search_per_n = ("ngram_two_phase", "ngram_search_per_n", PER_SLOT)
-    budget_scan = ("ngram_two_phase", "ngram_budget_scan", SCAN)
-    return {
-        step02_serial: LaunchPlan((("ngram_serial", "ngram_serial", ONE_THREAD),)),
-        step03_two_phase: LaunchPlan((search_per_n, ("ngram_two_phase", "ngram_budget_serial", ONE_THREAD))),
-        step04_two_phase_scan: LaunchPlan((search_per_n, budget_scan)),
-        step05_one_pass: LaunchPlan((("ngram_one_pass", "ngram_search_one_pass", PER_SLOT), budget_scan)),
-        step06_one_pass_fused: LaunchPlan((("ngram_one_pass", "ngram_one_pass_fused", SPLIT),), ("chunk_tiles",)),
-        step07_stream: LaunchPlan((("ngram_stream", "ngram_stream", SPLIT),), ("chunk_len", "vec")),
-    }
-
-
 @functools.lru_cache(maxsize=None)
-def _loaded_kernel(source: str, name: str, template: bool, device_index: int) -> cuda.CudaKernel:
-    """A step's kernel, compiled and loaded once per device (matchers share it: a launch packs its own
-    arguments, and the driver copies them before the next launch can)."""
-    module = cuda.load(source, name_expressions=STREAM_INSTANCES) if template else cuda.load(source)
+def _kernel(source: str, name: str, device_index: int) -> cuda.CudaKernel:
+    """The kernel ``name`` of ``csrc/<source>.cu`` (step 7's: a template instance of :data:`STREAM_INSTANCES`),
+    compiled and loaded on its first launch, once per device (matchers share it: a launch packs its own arguments,
+    and the driver copies them before the next launch can)."""
+    module = cuda.load(source, name_expressions=STREAM_INSTANCES) if "<" in name else cuda.load(source)
     return module.kernel(name, SIGNATURE)
 
 
@@ -155,21 +126,20 @@ class NgramMatcher:
 
     Options: ``chunk_tiles`` (step 6) and ``chunk_len`` (step 7) set how many haystack positions a block
     scans; ``vec`` (step 7) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
-    For a GPU step, ``launches`` lists ``(kernel, grid, block)`` and ``args`` the kernels' arguments.
+    For a GPU step, ``args`` are the kernels' arguments; a call runs the step function with ``bound=self``, which
+    launches its kernels on them (the grids are in the step functions below).
     """
 
     def __init__(self, step: Callable, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
                  config: NgramConfig = NgramConfig(), check_values: bool = True, chunk_tiles: int | None = None,
                  chunk_len: int | None = None, vec: int | None = None):
-        plans = launch_plans()
-        if step is not step01_cpu_path and step not in plans:
-            names = ", ".join(f.__name__ for f in (step01_cpu_path, *plans))
+        if step not in _OPTIONS:
+            names = ", ".join(f.__name__ for f in _OPTIONS)
             raise ValueError(f"step must be one of the chapter's step functions ({names}), got {step!r}")
         name = step.__name__
         given = {k for k, v in (("chunk_tiles", chunk_tiles), ("chunk_len", chunk_len), ("vec", vec)) if v is not None}
-        takes = set(plans[step].options) if step in plans else set()
-        if given - takes:
-            raise ValueError(f"{name} takes no option {sorted(given - takes)}")
+        if given - set(_OPTIONS[step]):
+            raise ValueError(f"{name} takes no option {sorted(given - set(_OPTIONS[step]))}")
         for option, value in (("chunk_tiles", chunk_tiles), ("chunk_len", chunk_len)):
             if value is not None:
                 check_int(option, value, low=1)
@@ -183,10 +153,10 @@ class NgramMatcher:
         self.graph_safe = step is not step01_cpu_path
         if step is step01_cpu_path:
             self._call = CpuPathCall(inputs, draft_tokens, seq_lens_this_time, config)
-            self.launches = []
             return
         device = inputs.prompt_ids.device
         _require_cuda(name, device)
+        self.device = torch.cuda.current_device()  # the device whose loaded kernels the step launches
         prompt_width, gen_width = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
         if step is step07_stream:
             auto_vec = stream_vec(inputs.prompt_ids, inputs.generated_ids)
@@ -207,23 +177,9 @@ class NgramMatcher:
                      inputs.seq_lens_decoder, seq_lens_this_time, draft_tokens, draft_tokens.shape[1],
                      self.match_keys, self.blocks_done, self.batch, c.max_ngram_size, c.min_ngram_size,
                      c.threshold, int(c.hybrid), c.max_draft_tokens, self.prompt_chunks, self.chunk_len)
-        b = self.batch
-        geometry = {ONE_THREAD: ((1,), (1,)), PER_SLOT: ((b,), (THREADS,)), SCAN: ((1,), (SCAN_THREADS,)),
-                    SPLIT: ((b, self.prompt_chunks + self.gen_chunks), (THREADS,))}
-        self.launches = []
-        for source, kernel, shape in plans[step].launches:
-            instance = STREAM_INSTANCES[0 if self.vec == 2 else 1] if step is step07_stream else kernel
-            compiled = _loaded_kernel(source, instance, step is step07_stream, torch.cuda.current_device())
-            self.launches.append((compiled, *geometry[shape]))
 
     def __call__(self) -> None:
-        if self.batch == 0:
-            return
-        if self.step is step01_cpu_path:
-            self._call()
-            return
-        for kernel, grid, block in self.launches:
-            kernel(grid, block, *self.args)
+        self.step(self.inputs, self.draft_tokens, self.seq_lens_this_time, bound=self)
 
     def check(self) -> None:
         """Check the bound tensors' current values (a device sync): what the constructor's ``check_values``
@@ -265,66 +221,100 @@ Drafts = tuple[Int64[Tensor, "batch draft_width"], Int32[Tensor, " batch"]]
 
 
 def step01_cpu_path(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                    seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
+                    seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                    bound: NgramMatcher | None = None) -> Drafts:
     """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``),
     copy the drafts back (on CPU tensors: only the loop). Updates ``draft_tokens`` and
     ``seq_lens_this_time`` in place and returns them. Not capturable in a CUDA graph: the copies wait for
-    the GPU and the loop runs on the host."""
-    NgramMatcher(step01_cpu_path, inputs, draft_tokens, seq_lens_this_time, config=config)()
+    the GPU and the loop runs on the host. ``bound``, in every step: an :class:`NgramMatcher` of this step
+    already bound to these buffers (its call passes itself: no checks, no allocation)."""
+    m = bound if bound is not None else NgramMatcher(step01_cpu_path, inputs, draft_tokens, seq_lens_this_time,
+                                                     config=config)
+    if m.batch:
+        m._call()
     return draft_tokens, seq_lens_this_time
 
 
 def step02_serial(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                  seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
+                  seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                  bound: NgramMatcher | None = None) -> Drafts:
     """Step 2: the CPU loop as a one-thread GPU kernel (``ngram_serial``), in place."""
-    NgramMatcher(step02_serial, inputs, draft_tokens, seq_lens_this_time, config=config)()
+    m = bound if bound is not None else NgramMatcher(step02_serial, inputs, draft_tokens, seq_lens_this_time,
+                                                     config=config)
+    if m.batch:
+        _kernel("ngram_serial", "ngram_serial", m.device)((1,), (1,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
 def step03_two_phase(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                     seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
-    """Step 3: a parallel search per slot and ``n`` (``ngram_search_per_n``), then the budget on one
-    thread (``ngram_budget_serial``), in place."""
-    NgramMatcher(step03_two_phase, inputs, draft_tokens, seq_lens_this_time, config=config)()
+                     seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                     bound: NgramMatcher | None = None) -> Drafts:
+    """Step 3: a parallel search per slot and ``n`` (``ngram_search_per_n``, a block per slot), then the budget on
+    one thread (``ngram_budget_serial``), in place."""
+    m = bound if bound is not None else NgramMatcher(step03_two_phase, inputs, draft_tokens, seq_lens_this_time,
+                                                     config=config)
+    if m.batch:
+        _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
+        _kernel("ngram_two_phase", "ngram_budget_serial", m.device)((1,), (1,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
 def step04_two_phase_scan(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                          seq_lens_this_time: Int32[Tensor, " batch"], *,
-                          config: NgramConfig = NgramConfig()) -> Drafts:
-    """Step 4: step 3's search, then the exact budget from block-wide prefix sums (``ngram_budget_scan``),
-    in place."""
-    NgramMatcher(step04_two_phase_scan, inputs, draft_tokens, seq_lens_this_time, config=config)()
+                          seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                          bound: NgramMatcher | None = None) -> Drafts:
+    """Step 4: step 3's search, then the exact budget from block-wide prefix sums (``ngram_budget_scan``, one
+    block), in place."""
+    m = bound if bound is not None else NgramMatcher(step04_two_phase_scan, inputs, draft_tokens, seq_lens_this_time,
+                                                     config=config)
+    if m.batch:
+        _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
+        _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
 def step05_one_pass(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                    seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
-    """Step 5: one pass over each haystack for every ``n``, with early exit (``ngram_search_one_pass``),
-    then step 4's budget scan, in place."""
-    NgramMatcher(step05_one_pass, inputs, draft_tokens, seq_lens_this_time, config=config)()
+                    seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                    bound: NgramMatcher | None = None) -> Drafts:
+    """Step 5: one pass over each haystack for every ``n``, with early exit (``ngram_search_one_pass``, a block
+    per slot), then step 4's budget scan, in place."""
+    m = bound if bound is not None else NgramMatcher(step05_one_pass, inputs, draft_tokens, seq_lens_this_time,
+                                                     config=config)
+    if m.batch:
+        _kernel("ngram_one_pass", "ngram_search_one_pass", m.device)((m.batch,), (THREADS,), *m.args)
+        _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
 def step06_one_pass_fused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                           seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                          chunk_tiles: int | None = None) -> Drafts:
+                          chunk_tiles: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
     """Step 6: step 5 split over many blocks per slot (``chunk_tiles`` tiles each, :func:`fused_chunk_len`
     by default) with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``), in place."""
-    NgramMatcher(step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config,
-                 chunk_tiles=chunk_tiles)()
+    m = bound if bound is not None else NgramMatcher(step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time,
+                                                     config=config, chunk_tiles=chunk_tiles)
+    if m.batch:
+        _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)((m.batch, m.prompt_chunks + m.gen_chunks),
+                                                                   (THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
 def step07_stream(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                   seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                  chunk_len: int | None = None, vec: int | None = None) -> Drafts:
+                  chunk_len: int | None = None, vec: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
     """Step 7: step 6 without barriers in its loop, with 16-byte evict-first loads where the rows allow
     (``vec``), skipping the slots the budget refuses (``ngram_stream``), in place. ``chunk_len``:
     haystack positions per block (:func:`stream_chunk_len` by default)."""
-    NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time, config=config, chunk_len=chunk_len,
-                 vec=vec)()
+    m = bound if bound is not None else NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time,
+                                                     config=config, chunk_len=chunk_len, vec=vec)
+    if m.batch:
+        _kernel("ngram_stream", STREAM_INSTANCES[0 if m.vec == 2 else 1], m.device)(
+            (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
+
+
+#: The step functions and the keyword options each takes (what :class:`NgramMatcher` accepts).
+_OPTIONS = {step01_cpu_path: (), step02_serial: (), step03_two_phase: (), step04_two_phase_scan: (),
+            step05_one_pass: (), step06_one_pass_fused: ("chunk_tiles",), step07_stream: ("chunk_len", "vec")}
 
 
 #: The final entry point's rule (:func:`final_step`): step 7 streams a call's rows with fewer, larger blocks and
@@ -363,7 +353,6 @@ def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_wi
     return final_step(inputs)(inputs, draft_tokens, seq_lens_this_time, config=config)
 
 
-__all__ = ["STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "final_step", "step_for_shape", "THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len",
-           "LaunchPlan", "launch_plans",
-           "stream_vec", "stream_chunk_len", "NgramMatcher", "step01_cpu_path", "step02_serial", "step03_two_phase",
+__all__ = ["STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "final_step", "step_for_shape", "THREADS", "ITEMS", "TILE",
+           "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len", "stream_vec", "stream_chunk_len", "NgramMatcher", "step01_cpu_path", "step02_serial", "step03_two_phase",
            "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_fused", "step07_stream", "ngram_match"]
