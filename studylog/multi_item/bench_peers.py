@@ -20,16 +20,21 @@ def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv) -> No
 
     flex = torch.compile(flex_attention, dynamic=False)
     gqa = k.shape[0] != q.shape[0]  # grouped-query attention: FlexAttention's enable_gqa
+
+    def call(qkv, block_mask, options):
+        return flex(*(x[None] for x in qkv), block_mask=block_mask, scale=sm_scale, kernel_options=options,
+                    enable_gqa=gqa)
+
+    def make_calls(block_mask, options):
+        return [lambda qkv=qkv: call(qkv, block_mask, options) for qkv in rotated_qkv()]
+
     sweep, masks = {}, {}
     try:
         for variant, block, options in flex_variants(run.quick):
             masks[variant] = (flex_block_mask(batch, block), options)
-            block_mask = masks[variant][0]
-            if not check(f"{FLEX} ({variant})", flex(q[None], k[None], v[None], block_mask=block_mask, scale=sm_scale,
-                                                     kernel_options=options, enable_gqa=gqa)[0]):
+            if not check(f"{FLEX} ({variant})", call((q, k, v), *masks[variant])[0]):
                 continue
-            calls = [lambda qkv=qkv: flex(*(x[None] for x in qkv), block_mask=block_mask, scale=sm_scale,
-                                          kernel_options=options, enable_gqa=gqa) for qkv in rotated_qkv()]
+            calls = make_calls(*masks[variant])
             sweep[variant] = run.gpu_time(lambda: calls, repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
             del calls
     except Exception as err:  # a peer's failure costs its rows, not the chapter's run
@@ -38,12 +43,7 @@ def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv) -> No
         return
     best = min(sweep, key=sweep.get)
     block_mask, options = masks[best]
-
-    def make_calls():
-        return [lambda qkv=qkv: flex(*(x[None] for x in qkv), block_mask=block_mask, scale=sm_scale,
-                                     kernel_options=options, enable_gqa=gqa) for qkv in rotated_qkv()]
-
-    measure(FLEX, make_calls, "baseline", block_size=best, sweep_ms=sweep,
+    measure(FLEX, lambda: make_calls(block_mask, options), "baseline", block_size=best, sweep_ms=sweep,
             flex_block_density=float((block_mask.to_dense() != 0).float().mean()))  # blocks it computes
 
 
