@@ -8,9 +8,35 @@ import sys
 
 import pytest
 import torch
+from torch import Tensor
 
 from studylog.ternary import bitnet
 from studylog.ternary.formats import quantize_activations
+
+
+def emulate_bitnet_kernel(xq: Tensor, packed: Tensor, s: float, ws: float) -> Tensor:
+    """What ``ladder_int8xint2_kernel`` computes, in float64 on the CPU, read the way its threads read: block
+    ``bx`` of 16 rows, threads ``(tx < 8, ty < 16)``, a 32-bit word of codes and 16 bytes of x per step of 128
+    columns; each code ``(word >> (8 b + 2 i)) & 3`` minus 2 meets ``x[16 tx + 4 i + b]``. A packed
+    layout that this reads back to the weights is the layout the kernel expects."""
+    n, k = packed.shape[0], packed.shape[1] * 4
+    words = packed.contiguous().view(torch.int32).reshape(-1).to(torch.int64) & 0xFFFFFFFF
+    out = torch.zeros(n, dtype=torch.float64)
+    x = xq.reshape(-1).to(torch.float64)
+    for bx in range(n // 16):
+        for ty in range(16):
+            acc = 0.0
+            for k0 in range(k // 128):
+                for tx in range(8):
+                    byte = (bx * 16 * k // 4 + k0 * 512 + (tx >> 1) * 128 + (ty >> 3) * 64 + (tx & 1) * 32
+                            + (ty & 7) * 4)
+                    word = int(words[byte // 4])
+                    for i in range(4):
+                        for b in range(4):
+                            code = ((word >> (8 * b + 2 * i)) & 3) - 2
+                            acc += code * float(x[k0 * 128 + tx * 16 + 4 * i + b])
+            out[bx * 16 + ty] = acc / s * ws
+    return out
 
 
 def random_ternary(n, k, rng):
@@ -24,7 +50,7 @@ def test_the_kernel_reads_the_packed_weights_back(n, k, rng):
     xq, x_scale = quantize_activations(x)
     scale = float(torch.rand(1, generator=rng)) + 0.5
     s, ws = bitnet.bitnet_scales(x_scale, scale, "cpu")
-    got = bitnet.emulate_bitnet_kernel(xq, bitnet.bitnet_pack(w), float(s), float(ws[0]))
+    got = emulate_bitnet_kernel(xq, bitnet.bitnet_pack(w), float(s), float(ws[0]))
     want = (xq.double() @ w.double().T).reshape(-1) / float(s) * float(ws[0])  # float64, the same scales
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-9)
 
@@ -39,7 +65,7 @@ def test_a_mistake_in_the_layout_is_caught(rng):
     xq = torch.arange(-64, 64, dtype=torch.int8).reshape(1, 128)
     packed = bitnet.bitnet_pack(w)
     want = (xq.double() @ w.double().T).reshape(-1)
-    assert torch.allclose(bitnet.emulate_bitnet_kernel(xq, packed, 1.0, 1.0), want)
+    assert torch.allclose(emulate_bitnet_kernel(xq, packed, 1.0, 1.0), want)
     caught = tried = 0
     for i in range(8):
         for j in range(i + 1, 8):
@@ -48,7 +74,7 @@ def test_a_mistake_in_the_layout_is_caught(rng):
             bad = packed.clone()
             bad[0, [i, j]] = bad[0, [j, i]]
             tried += 1
-            caught += not torch.allclose(bitnet.emulate_bitnet_kernel(xq, bad, 1.0, 1.0), want)
+            caught += not torch.allclose(emulate_bitnet_kernel(xq, bad, 1.0, 1.0), want)
     assert tried and caught, f"none of {tried} swaps of two packed bytes changed the emulated product"
 
 

@@ -62,7 +62,7 @@ from studylog.ternary.w2a8 import (TIMELINE_SLOTS, W2A8_INSTANCES, W2A8_MAX_K, W
                                    w2a8_refusal, w2a8_smem_bytes, w2a8_takes, w2a8_tiles_config, w2a8_x_order)
 
 from studylog.ternary import peers
-from studylog.ternary.steps import CSRC, SERIES, STEP_CONFIGS, STEP_WEIGHTS, STEPS, ternary_matmul
+from studylog.ternary.steps import CSRC, SERIES, STEP_CONFIGS, STEPS, ternary_matmul
 from studylog.ternary import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(

@@ -139,28 +139,3 @@ def bitnet_linear(library: ctypes.CDLL, xq: Tensor, packed: Tensor, s: Tensor, w
                                 ctypes.c_void_p(ws.data_ptr()), ctypes.c_int(1), ctypes.c_int(n), ctypes.c_int(k),
                                 ctypes.c_void_p(stream))
     return out
-
-
-def emulate_bitnet_kernel(xq: Tensor, packed: Tensor, s: float, ws: float) -> Tensor:
-    """What ``ladder_int8xint2_kernel`` computes, in float64 on the CPU, read the way its threads read: block
-    ``bx`` of 16 rows, threads ``(tx < 8, ty < 16)``, a 32-bit word of codes and 16 bytes of x per step of 128
-    columns; each code ``(word >> (8 b + 2 i)) & 3`` minus 2 meets ``x[16 tx + 4 i + b]``. For the tests: a packed
-    layout that this reads back to the weights is the layout the kernel expects."""
-    n, k = packed.shape[0], packed.shape[1] * 4
-    words = packed.contiguous().view(torch.int32).reshape(-1).to(torch.int64) & 0xFFFFFFFF
-    out = torch.zeros(n, dtype=torch.float64)
-    x = xq.reshape(-1).to(torch.float64)
-    for bx in range(n // 16):
-        for ty in range(16):
-            acc = 0.0
-            for k0 in range(k // 128):
-                for tx in range(8):
-                    byte = (bx * 16 * k // 4 + k0 * 512 + (tx >> 1) * 128 + (ty >> 3) * 64 + (tx & 1) * 32
-                            + (ty & 7) * 4)
-                    word = int(words[byte // 4])
-                    for i in range(4):
-                        for b in range(4):
-                            code = ((word >> (8 * b + 2 * i)) & 3) - 2
-                            acc += code * float(x[k0 * 128 + tx * 16 + 4 * i + b])
-            out[bx * 16 + ty] = acc / s * ws
-    return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -30,8 +30,6 @@ from studylog.ternary.formats import as_ternary, quantize_activations
 #: GemLite's packing: 2-bit codes, 16 a 32-bit word (its default packing width).
 GEMLITE_BITS = 2
 GEMLITE_PACKING_BITS = 32
-#: The int8 GEMM's name, for tables and prose.
-INT_MM_NAME = "torch._int_mm"
 #: cuBLASLt's int8 GEMM (torch._int_mm on CUDA): rows of x above this, K and N multiples of INT_MM_MULTIPLE.
 INT_MM_MIN_ROWS = 17
 INT_MM_MULTIPLE = 8
@@ -192,11 +190,6 @@ class IntMMPlan:
         x_scale = self.quantize(x)
         acc = self.matmul(w)[: self.m]
         return acc.float() / (x_scale[:, None] * self.scale)
-
-
-def int_mm_call(plan: IntMMPlan, x: Tensor, w: Optional[Tensor] = None) -> Callable[[], Tensor]:
-    """``plan(x, w)`` as a function of no arguments (a call to time)."""
-    return lambda: plan(x, w)
 
 
 # ----------------------------------------------------------------------------------------------

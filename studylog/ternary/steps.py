@@ -77,9 +77,7 @@ STEPS = (
 SERIES = {s.number: s.series for s in STEPS}
 
 #: The configs of each Triton step (their ``config=`` argument: ``config_dict(one of them)``; the tests and the
-#: notebook run every one) and the weights each reads ("dense" float, "int8", or a PackedTernary format).
+#: notebook run every one).
 STEP_CONFIGS = {1: DENSE_CONFIGS, 2: DENSE_CONFIGS, 3: TWO_BIT_CONFIGS, 4: GEMV_CONFIGS,
                 5: DOT_CONFIGS_FEW + DOT_CONFIGS_MANY, 6: BASE3_GEMV_CONFIGS,
                 7: BASE3_DOT_CONFIGS_FEW + BASE3_DOT_CONFIGS_MANY, 8: W2A8_DOT_CONFIGS, 9: MMA_CONFIGS_FEW + MMA_CONFIGS_MANY}
-STEP_WEIGHTS = {1: "dense", 2: "int8", 3: "2bit", 4: "2bit", 5: "2bit", 6: "base3", 7: "base3", 8: "2bit", 9: "2bit_mma",
-                10: "2bit_tiles", 11: "2bit_tiles", 12: "2bit_tiles", 13: "2bit_tiles"}
