@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from book.ctc import compiled as book_compiled
+from book.ctc.lesson import bank_ways
 from studylog import ctc, cuda
 
 SENTINEL = -12345.0  # poison for outputs: no correct loss or gradient entry takes this value
@@ -182,8 +184,8 @@ def test_launch_shapes():
 
 
 def test_bank_conflict_model():
-    assert [ctc.bank_ways(g, blocked=False) for g in range(1, 9)] == [1] * 8
-    assert [ctc.bank_ways(g, blocked=True) for g in range(1, 9)] == [1, 2, 1, 4, 1, 2, 1, 8]
+    assert [bank_ways(g, blocked=False) for g in range(1, 9)] == [1] * 8
+    assert [bank_ways(g, blocked=True) for g in range(1, 9)] == [1, 2, 1, 4, 1, 2, 1, 8]
 
 
 # --------------------------------------------------------------------------------------
@@ -284,8 +286,8 @@ def steps_1_to_3():
 
 def test_restrict_and_ldg_make_the_read_only_loads_non_coherent(steps_1_to_3):
     one, two_three = steps_1_to_3
-    rows = ctc.load_table(one, [f"ctc_{kind}_step1" for kind in ("alpha", "beta_grad")])
-    rows += ctc.load_table(two_three, [f"ctc_{kind}_step{s}" for s in (2, 3) for kind in ("alpha", "beta_grad")])
+    rows = book_compiled.load_table(one, [f"ctc_{kind}_step1" for kind in ("alpha", "beta_grad")])
+    rows += book_compiled.load_table(two_three, [f"ctc_{kind}_step{s}" for s in (2, 3) for kind in ("alpha", "beta_grad")])
     table = {row["kernel"]: row for row in rows}
     for kind in ("alpha", "beta_grad"):
         assert table[f"ctc_{kind}_step1"]["ld.global.nc"] == 0  # aliasing possible: every load coherent
@@ -311,7 +313,7 @@ TESTED_GRAINS = (1, 2, 3, 4, 8)
 
 def test_register_report_per_grain_size(blocked_kernels):
     _, (compiled, _, _) = blocked_kernels
-    rows = ctc.load_table(compiled, [n for g in TESTED_GRAINS for n in ctc.kernel_names(4, g)])
+    rows = book_compiled.load_table(compiled, [n for g in TESTED_GRAINS for n in ctc.kernel_names(4, g)])
     assert len(rows) == 2 * len(TESTED_GRAINS)
     for row in rows:
         assert row["registers"] > 0 and row["spill_stores"] == 0 and row["spill_loads"] == 0, row
@@ -360,11 +362,11 @@ def test_steps_8_to_10_compile_without_spills(recursions_at_v10):
 def test_branch_free_recursion_has_no_divergent_regions_per_frame(recursions_at_v10):
     """SASS: step 7 opens a divergent region (BSSY) at every label position of every unrolled frame;
     step 8 only in its set-up, and computes fewer transcendentals (no duplicated ex2 per branch)."""
-    if ctc.nvdisasm_path() is None:
+    if book_compiled.nvdisasm_path() is None:
         pytest.skip("nvdisasm is not available (neither on the PATH nor in Triton's wheel)")
     seven, eight = recursions_at_v10
-    old = ctc.sass_counts(seven, ["ctc_fused_recursion<10>"])[0]
-    rows = ctc.sass_counts(eight, [ctc.recursion_name(10, o) for o in ctc.RECURSION_OPTIONS])  # one disassembly
+    old = book_compiled.sass_counts(seven, ["ctc_fused_recursion<10>"])[0]
+    rows = book_compiled.sass_counts(eight, [ctc.recursion_name(10, o) for o in ctc.RECURSION_OPTIONS])  # one disassembly
     new = dict(zip(ctc.RECURSION_OPTIONS, rows))
     frames = 2 * 4  # two directions, four frames unrolled
     # the set-up (skip flags) has the same regions in both; step 7 adds one per label position of

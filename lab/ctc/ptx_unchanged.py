@@ -30,9 +30,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from book.ctc.compiled import nvdisasm_path, sass
 from studylog import cuda, paths
 from studylog.ctc import fused, warpctc
-from studylog.ctc.compiled import nvdisasm_path, sass
 from studylog.ngram import kernels as ngram_kernels
 
 #: The lab's frozen stream variants that notebook 03 compiles: (loads, vec, budget skip, cache) template values.

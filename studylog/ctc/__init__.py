@@ -49,8 +49,8 @@ in buffers sized once for the largest batch, refilled on the host between replay
 
 Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6,
 errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``plan`` (:class:`CTCPlan`), ``compiled``
-(PTX, registers, SASS), ``peers`` (torch's two paths), ``report`` (benchmark), ``results`` (headline); CUDA
-sources in ``csrc/``. The figures, the notebook's tables, the numbers its prose quotes, the blog post's question and
+(NVRTC's output for a step; ``book.ctc.compiled`` reads its loads, registers and SASS), ``peers`` (torch's two
+paths), ``report`` (benchmark), ``results`` (headline); CUDA sources in ``csrc/``. The figures, the notebook's tables, the numbers its prose quotes, the blog post's question and
 the exercises are the book's (``book.ctc``), not the library's.
 """
 
@@ -59,7 +59,7 @@ from __future__ import annotations
 from studylog import runtime  # noqa: F401  (runtime: GPU or interpreter is chosen first)
 from studylog.chapter import Chapter, Step
 from studylog.ctc import report, results
-from studylog.ctc.compiled import compile_step, global_loads, load_table, markdown, nvdisasm_path, sass, sass_counts
+from studylog.ctc.compiled import compile_step
 from studylog.ctc.fused import (BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, MAX_RECURSION_WARPS,
                                 RECURSION_OPTIONS, WARP_GRAINS, ctc_loss, fused_kernel_names, preload_fused,
                                 recursion_name, recursion_warps, step07_fused_softmax, step08_branch_free,
@@ -71,11 +71,11 @@ from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOL
                                     outcomes, probability_space_ctc, reference_ctc, silently_wrong, torch_ctc,
                                     untrusted, wrong_utterances)
 from studylog.ctc.report import (BENCH_A, BENCH_N, BENCH_T, LESSON_N, LONG_T, STRESS_A, STRESS_N, STRESS_T,
-                                 dram_bytes, estimated_seconds, grids, kernel_times_us, long_inputs, random_targets,
+                                 dram_bytes, grids, kernel_times_us, long_inputs, random_targets,
                                  stress_inputs, stress_set)
 from studylog.ctc.targets import (BLANK, MAX_TARGET_LENGTH, CTCTargets, min_frames, prepare_targets,
                                   validate_lengths)
-from studylog.ctc.warpctc import (GRAIN_SIZES, UnderflowWarning, bank_ways, block_threads, default_grain,
+from studylog.ctc.warpctc import (GRAIN_SIZES, UnderflowWarning, block_threads, default_grain,
                                   kernel_names, preload_blocked, step01_baseline, step02_restrict, step03_ldg,
                                   step04_register_blocking, step05_shared_rows, step06_probability_space,
                                   untrusted_answers)

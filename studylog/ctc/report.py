@@ -177,21 +177,6 @@ def copies(l2_bytes: int, nbytes: int) -> int:
     return n if n <= MAX_COPIES else 1
 
 
-def measure_cost_s(estimate_ms: float, n_copies: int = 1, *, host: bool = True, repeats: int = 3,
-                   reps: int = GRAPH_REPS) -> float:
-    """GPU seconds one GPU-clock measurement of a call of ``estimate_ms`` costs (the model of the estimate)."""
-    s = graph_settings(estimate_ms, reps)
-    in_graph = n_copies * -(-s["min_calls"] // n_copies)
-    calls = repeats * (2 * n_copies + (1 + s["reps"]) * in_graph)
-    host_cost = (1 + 3 * host_calls(estimate_ms)) * max(estimate_ms, 0.03) if host else 0.0
-    return (calls * estimate_ms + host_cost) / 1e3 + repeats * 0.015  # + capture and instantiation
-
-
-def span_cost_s(estimate_ms: float, reps: int = SPAN_REPS) -> float:
-    """GPU seconds of one kernel-clock measurement (two profiler sessions, L2 flush before each call)."""
-    return ((reps + 4) * (estimate_ms + 0.1)) / 1e3 + 0.15
-
-
 # --------------------------------------------------------------------------------------
 # The benchmark
 # --------------------------------------------------------------------------------------
@@ -547,45 +532,3 @@ def _profile_point(run, x: Tensor, batch: CTCTargets, lists, params: dict) -> No
                        method="torch.profiler: device time per call, summed over kernels and copies (no L2 flush)")
         except Exception as exc:  # the profile is extra information: never lose the run to it
             run.note(f"profiling {series} at {params} failed: {exc!r}")
-
-
-def estimated_seconds(results, quick: bool = False) -> dict[str, float]:
-    """GPU seconds the benchmark should take, by section, from a results file's times (any clock; the
-    committed one before this benchmark existed will do): the cost model of :func:`measure_cost_s` and
-    :func:`span_cost_s` over :func:`grids`. Overheads it leaves out (NVRTC, references, Python) are added as
-    a flat allowance."""
-    from studylog.ctc import CHAPTER
-
-    def ms(series, **params):
-        rows = results.select(series, **params)
-        return rows[0]["ms"] if rows else 1.0
-
-    l2 = results.data["device"].get("l2_cache_bytes") or 64 * 2**20
-    grid = grids(quick)
-    out = {"probe": 8.0, "main": 0.0, "lesson": 0.0, "grain": 0.0, "stress": 0.0, "profile": 0.0}
-    final = CHAPTER.final.series
-    for A, N in grid["main"]:
-        n = copies(l2, 4 * BENCH_T * N * A)
-        where = {"T": BENCH_T, "N": N, "A": A}
-        torch_ms = ms("torch-cuDNN", **where)
-        out["main"] += measure_cost_s(torch_ms, n) + span_cost_s(ms("torch-native", **where))
-        out["main"] += sum(measure_cost_s(ms(_step(k).series, **where), n) for k in (7, 8, 9, 10))
-        out["main"] += 0.05 * (1 + N / 64) + 0.1  # the plan's host time; the reference and the checks
-        if N in LESSON_N:  # spans: the final step's and cuDNN's
-            out["main"] += span_cost_s(ms(final, **where)) + span_cost_s(torch_ms)
-        if (A, N) in PROFILE_CASES:  # F.ctc_loss on its cuDNN path
-            out["main"] += span_cost_s(torch_ms)
-        if (A, N) in grid["lesson"]:
-            out["lesson"] += sum(measure_cost_s(ms(_step(k).series, **where), n) for k in range(1, 7))
-    for A, g in grid["grain"]:
-        out["grain"] += measure_cost_s(ms(f"{_step(4).series} strided", A=A, grain=g), host=False)
-    for T, N in grid["stress"]:
-        scale = 1.0 if T <= max(STRESS_T) else 3.0 * T / max(STRESS_T)  # longer targets, more positions
-        for k in range(5, 11):
-            out["stress"] += measure_cost_s(ms(f"stress {_step(k).series}", T=min(T, max(STRESS_T))) * scale,
-                                            host=False, reps=STRESS_REPS)
-        out["stress"] += 5 * span_cost_s(5.0, reps=5) + 0.3 * T / 100
-    out["profile"] = 0.0 if quick else len([p for p in PROFILE_CASES if p in grid["main"]]) * 6 * 0.2
-    out["overhead"] = 10.0
-    out["total"] = sum(out.values())
-    return out

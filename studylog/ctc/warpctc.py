@@ -71,22 +71,6 @@ def block_threads(max_positions: int, grain: int) -> int:
     return 32 * math.ceil(math.ceil(max_positions / grain) / 32)
 
 
-def bank_ways(grain: int, blocked: bool, threads: int = 128) -> int:
-    """Shared-memory bank conflicts of one warp-wide access to the rows of steps 4 to 6 (a model).
-
-    Each of the 32 lanes reads its i-th position (the worst i is taken); 32 banks of 4 bytes. The
-    strided layout (s = tid + i * threads) puts neighbouring lanes on neighbouring words: 1-way
-    for every grain. The blocked layout (s = tid * VT + i) has a stride of VT words: gcd(VT, 32)
-    lanes share a bank, so even grains conflict and odd ones do not (ModernGPU's advice).
-    """
-    worst = 1
-    for i in range(grain):
-        words = [(lane * grain + i) if blocked else (lane + i * threads) for lane in range(32)]
-        banks = [w % 32 for w in words]
-        worst = max(worst, max(banks.count(b) for b in set(banks)))
-    return worst
-
-
 def scratch_parts(T: int, N: int, A: int, max_positions: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """Scratch of steps 1 to 6: log-probabilities (probabilities for step 6), the alpha matrix, log-likelihoods."""
     return [((T, N, A), torch.float32), ((N, T, max_positions), torch.float32), ((N,), torch.float64)]
