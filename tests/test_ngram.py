@@ -305,14 +305,14 @@ def test_published_blockscan_rule_departs_from_the_sequential_one():
     config = NgramConfig(threshold=2)
     keys = ngram.model_one_pass_keys(inputs, config, this_time)
     assert run_ref(inputs, draft, this_time, config)[1].tolist() == [1]
-    assert ngram.published_blockscan_counts(inputs, keys, this_time, config).tolist() == [2]
+    assert lesson.published_blockscan_counts(inputs, keys, this_time, config).tolist() == [2]
     # (b) a prefill slot before: the sequential rule still reserves its token, the published one does not
     inputs, draft, this_time = batch_of([prompt] * 2, [[0, 1, 2]] * 2, [2] * 2, enc=[5, 0], this_time=[5, 0],
                                         dtn=[5] * 2)
     config = NgramConfig(threshold=10)
     keys = ngram.model_one_pass_keys(inputs, config, this_time)
     assert run_ref(inputs, draft, this_time, config)[1].tolist() == [5, 4]
-    assert ngram.published_blockscan_counts(inputs, keys, this_time, config).tolist() == [5, 5]
+    assert lesson.published_blockscan_counts(inputs, keys, this_time, config).tolist() == [5, 5]
     # the exact scan agrees with the sequential rule on both
     assert ngram.model_budget_scan(inputs, keys, draft, this_time, config)[1].tolist() == [5, 4]
 

@@ -1,20 +1,67 @@
 """What notebook 03 reads from a results file besides the figures: a grid case's row (the prose's numbers), the
 tables of steps against the one-pass floor, the summary of every step, the real-text table, and the targets'
-verdicts. Every function takes a :class:`studylog.plotting.Results` and reads it through the lookups the
+verdicts; and the model of the published BlockScan budget that the notebook shows departing from the sequential
+rule (:func:`published_blockscan_counts`). Every results function takes a :class:`studylog.plotting.Results` and reads it through the lookups the
 figures use (:mod:`book.ngram.results`); a file older than a series gives ``–`` (or leaves the
 line out) where it lacks one.
 """
 
 from __future__ import annotations
 
+import torch
+from torch import Tensor
+
 from book.common import us
 from book.ngram.figures import case_label, clock_words, shape_label
 from book.ngram.results import clock_of, grid_configs, grid_select, own_series, real_cases_in, real_row, same_clock_pair
 from studylog.ngram import CHAPTER
+from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
+from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
-__all__ = ["BOEHM_CASES", "boehm_table", "dispatch_table", "floor_us", "grid_row", "step_table", "real_text_table",
-           "summary_table", "target_verdicts"]
+__all__ = ["published_blockscan_counts", "BOEHM_CASES", "boehm_table", "dispatch_table", "floor_us", "grid_row",
+           "step_table", "real_text_table", "summary_table", "target_verdicts"]
+
+
+def published_blockscan_counts(inputs: NgramInputs, keys: list[int], seq_lens_this_time: Tensor,
+                               config: NgramConfig) -> Tensor:
+    """seq_lens_this_time as the published BlockScan phase 2 (ngram variant) computes it: the
+    budget of slot b is ``threshold - (tentative counts before b) - (active slots after b)``, and a
+    budget <= 1 means no drafts. Kept to show where it departs from the sequential rule."""
+    if config.hybrid:
+        raise ValueError("published_blockscan_counts models the ngram variant only")
+    this_time = seq_lens_this_time.tolist()
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), list(this_time))
+    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
+    batch = inputs.batch
+    tentative, is_active = [], []
+    for b in range(batch):
+        kind, _, base, cap = slot_plan(b, config, *lists)
+        if kind == "keep":  # prefill: its own count, and it counts as active
+            tentative.append(base)
+            is_active.append(1)
+            continue
+        drafted = 0
+        if kind == "active" and keys[b] != NONE_KEY and cap >= 1:
+            n, source, start = decode_key(keys[b])
+            drafted = min(cap, (step_idx[b] if source else prompt_lens[b]) - start - n)
+        tentative.append(base + drafted if kind == "active" else 0)
+        is_active.append(1 if tentative[-1] > 0 else 0)
+    out = list(this_time)
+    token_prefix = active_prefix = 0
+    total_active = sum(is_active)
+    for b in range(batch):
+        token_prefix += tentative[b]
+        active_prefix += is_active[b]
+        if inputs.seq_lens_encoder[b] > 0:
+            continue
+        if tentative[b] == 0:
+            out[b] = 0
+            continue
+        budget = config.threshold - (token_prefix - tentative[b]) - (total_active - active_prefix)
+        out[b] = 1 if budget <= 1 else min(tentative[b], budget)
+    return torch.tensor(out, dtype=torch.int32)
 
 
 def grid_row(results, series: str, cfg: tuple[int, int, int]) -> dict | None:

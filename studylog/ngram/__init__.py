@@ -41,7 +41,7 @@ from studylog.ngram.kernels import (ITEMS, SIGNATURE, STREAM_INSTANCES, STREAM_L
                                     step04_two_phase_scan, step05_one_pass, step06_one_pass_fused, step07_stream,
                                     stream_chunk_len, stream_vec)
 from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_budget_refused, model_budget_scan,
-                                   model_one_pass_keys, published_blockscan_counts, slot_plan)
+                                   model_one_pass_keys, slot_plan)
 from studylog.ngram.reference import reference_ngram_match
 from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, REAL_SHAPES, SYNCED_DESCRIPTION,
                                    SYNCED_SERIES, bench, gen_width_for, gpu_headline, real_batch, real_cases,

@@ -3,9 +3,7 @@ the notebook check each algorithm against the reference on any machine.
 
 * :func:`model_one_pass_keys`: phase 1 of step 5 (one pass over each haystack for every n);
 * :func:`model_budget_scan`: phase 2 of steps 4 to 7 (the exact budget from prefix sums);
-* :func:`model_budget_refused`: step 7's skip rule (slots the budget refuses whatever the searches find);
-* :func:`published_blockscan_counts`: the published BlockScan phase 2, kept to show where it departs
-  from the sequential rule.
+* :func:`model_budget_refused`: step 7's skip rule (slots the budget refuses whatever the searches find).
 
 A match is one 64-bit key (:func:`match_key`), as in ``make_key`` of ``csrc/ngram_common.cuh``.
 """
@@ -153,46 +151,5 @@ def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this
     return refused
 
 
-def published_blockscan_counts(inputs: NgramInputs, keys: list[int], seq_lens_this_time: Tensor,
-                               config: NgramConfig) -> Tensor:
-    """seq_lens_this_time as the published BlockScan phase 2 (ngram variant) computes it: the
-    budget of slot b is ``threshold - (tentative counts before b) - (active slots after b)``, and a
-    budget <= 1 means no drafts. Kept to show where it departs from the sequential rule."""
-    if config.hybrid:
-        raise ValueError("published_blockscan_counts models the ngram variant only")
-    this_time = seq_lens_this_time.tolist()
-    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), list(this_time))
-    prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
-    batch = inputs.batch
-    tentative, is_active = [], []
-    for b in range(batch):
-        kind, _, base, cap = slot_plan(b, config, *lists)
-        if kind == "keep":  # prefill: its own count, and it counts as active
-            tentative.append(base)
-            is_active.append(1)
-            continue
-        drafted = 0
-        if kind == "active" and keys[b] != NONE_KEY and cap >= 1:
-            n, source, start = decode_key(keys[b])
-            drafted = min(cap, (step_idx[b] if source else prompt_lens[b]) - start - n)
-        tentative.append(base + drafted if kind == "active" else 0)
-        is_active.append(1 if tentative[-1] > 0 else 0)
-    out = list(this_time)
-    token_prefix = active_prefix = 0
-    total_active = sum(is_active)
-    for b in range(batch):
-        token_prefix += tentative[b]
-        active_prefix += is_active[b]
-        if inputs.seq_lens_encoder[b] > 0:
-            continue
-        if tentative[b] == 0:
-            out[b] = 0
-            continue
-        budget = config.threshold - (token_prefix - tentative[b]) - (total_active - active_prefix)
-        out[b] = 1 if budget <= 1 else min(tentative[b], budget)
-    return torch.tensor(out, dtype=torch.int32)
-
-
 __all__ = ["SCAN_THREADS", "match_key", "decode_key", "slot_plan", "model_one_pass_keys", "model_budget_scan",
-           "model_budget_refused", "published_blockscan_counts"]
+           "model_budget_refused"]
