@@ -209,10 +209,11 @@ CTC_SMALL_CASE = {"T": 150, "A": 28, "N": 1}
 
 
 def _ctc(data):
-    """Two rows of the chapter's final kernel (step 10) on every card: the headline shape (an alphabet of 5,000,
-    bound by its bytes), then the small alphabet at batch 1, where the recursion's chain of frames, not the bytes,
-    sets the pace."""
-    series = "step10"  # the chapter's final kernel, the same on every card and at both shapes
+    """Two rows of the chapter's final entry point, ``ctc_loss`` (it picks step 8 or step 10 by a measured rule),
+    on every card whose file times it, else of step 10 alone: the headline shape (an alphabet of 5,000, bound by
+    its bytes), then the small alphabet at batch 1, where the recursion's chain of frames, not the bytes, sets the
+    pace."""
+    series = "ctc_loss" if rows(data, "ctc_loss") else "step10"
     out = []
     for case, shape in ((CTC_CASE, "T = 150, A = 5,000, N = 8"), (CTC_SMALL_CASE, "T = 150, A = 28, N = 1")):
         ours = one(data, series, **case)
@@ -513,6 +514,7 @@ def _short_card(name: str) -> str:
 #: Plain names for the series ids of the final kernels, shown before the id.
 PLAIN = {"MaskedHeadPlan": "the whole masked step", "step09_dispatch": "the masked head's kernel",
          "step07": "the GPU drafter", "ngram_match": "the GPU drafter", "step10": "the fused CTC kernel",
+         "ctc_loss": "the CTC loss, picking its step by measured rule",
          "step11": "the ternary kernel with TMA copies", "step05_batched": "the batched attention kernel",
          "step03_masked_head": "the loop with chapters 1 and 2", "step04_gated_draft": "the loop with grammar-cut drafts"}
 
