@@ -380,3 +380,31 @@ def test_the_benchmark_sweep_records_every_step_and_checks_the_tokens(tiny):
     assert all(c["passed"] for c in run.checks if c["name"].startswith("same tokens"))
     b = report.bound(run.rows, 1, "extraction")
     assert b["forwards"] > 0 and "forecast" not in b  # no body costs on a CPU: the forward ratio only
+
+
+# --- the library path ---------------------------------------------------------------------------------------
+
+def test_hugging_faces_prompt_lookup_under_xgrammars_processor_stops_at_an_assertion():
+    """What the chapter says of the library path: Hugging Face ``generate`` drafts by prompt lookup
+    (``prompt_lookup_num_tokens``) and filters each draft through the logits processors, calling them on every
+    candidate prefix; xgrammar's processor accepts the last token of every sequence it is shown into its matcher,
+    with no rollback, and asserts when a token no longer fits. Without lookup the same call decodes. If a release
+    of either library fixes this, this test fails and the chapter's sentence must change with it."""
+    pytest.importorskip("transformers")
+    hf_contrib = pytest.importorskip("xgrammar.contrib.hf")
+    from studylog.decode.peers import hf_generate, hf_model
+    from studylog.fsm import make_vocabulary
+
+    vocab = make_vocabulary({bytes([b]): b for b in range(256)}, eos_id=256, name="bytes",
+                            encoder=lambda text: list(text.encode()))
+    model = LlamaModel(model_config("tiny", vocab_size=vocab.vocab_size), dtype=torch.float32, seed=5)
+    hf = hf_model(model)
+    grammar = Grammar.from_regex(r"[1-9][0-9]{0,11}", vocab, name="digits")
+    ids = list(b"call 555 0199 555 0199 555")
+    plain = hf_generate(hf, grammar, ids, max_new_tokens=12)
+    assert plain and all(48 <= t <= 57 for t in plain)  # without lookup: digits, as the grammar says
+    inputs = torch.tensor([ids])
+    with pytest.raises(AssertionError):
+        hf.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False, max_new_tokens=12,
+                    logits_processor=[hf_contrib.LogitsProcessor(grammar.xgrammar)], eos_token_id=256,
+                    pad_token_id=256, prompt_lookup_num_tokens=4)
