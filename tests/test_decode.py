@@ -17,6 +17,7 @@ from studylog.decode import (CONFIGS, Decoder, Grammar, LlamaModel, from_module,
 from studylog.decode import pieces, report
 from studylog.decode.grammar import ascii_regex
 from studylog.decode.generation import gumbel_noise
+from book.decode import results as decode_results
 
 STEPS = ("baseline", "jump_forward", "masked_head", "automaton_mask")
 SUITE = suite_names()
@@ -563,11 +564,11 @@ def test_the_sweep_records_what_the_figures_read(tiny):
     assert run.checks and all(c["passed"] for c in run.checks)
     assert {r["series"] for r in run.rows} == {"step01", "step02", "step03", "automaton_mask", "char_jump"}
     assert {r["params"]["whitespace"] for r in run.rows if r["params"]["schema"] == "product"} == {"compact", "default"}
-    parts = report.breakdown(run.rows, "tiny", 1)
+    parts = decode_results.breakdown(run.rows, "tiny", 1)
     assert list(parts) == list(report.ORDER)
     for p in parts.values():
         assert p["wall"] > 0 and p["body"] > 0
-    bounds = report.amdahl(parts)
+    bounds = decode_results.amdahl(parts)
     assert 0 < bounds["chapter2_share"] < 1 and 0 <= bounds["chapter1_share"] < 1
 
     class Results:
@@ -669,7 +670,7 @@ def test_the_target_report_reads_rows(tiny):
                              "forwards": 9 if config != "baseline" else 10,
                              "breakdown_ms_per_token": {"body": t * 0.8, "head": t * 0.1, "mask_apply": 0.0,
                                                         "mask_wait": 0.0, "sampling": 0.0, "host": t * 0.1}})
-    out = report.target_report(rows)
+    out = decode_results.target_report(rows)
     assert out[1]["median"] == pytest.approx(2.0 / 1.8) and not out[1]["met"]
     assert set(out[1]["speedups"]) == {"classifier", "weather_call"}  # JSON schemas only
     assert out[8]["min"] == pytest.approx(1.0 / 1.1) and not out[8]["met"]

@@ -16,6 +16,7 @@ import torch
 from book.decode import exercises, figures, lesson, solutions
 from studylog.decode import report
 from studylog.plotting import Results
+from book.decode import results as decode_results
 
 matplotlib.use("Agg")
 
@@ -33,7 +34,7 @@ def test_the_checks_accept_the_solutions(capsys):
 
 
 def test_the_library_agrees_with_the_exercises():
-    """Exercise 2's packing is the one the decode loop hands xgrammar; exercise 1's formula is report.amdahl's
+    """Exercise 2's packing is the one the decode loop hands xgrammar; exercise 1's formula is book.decode.results.amdahl's
     chapter-2 bound when the head, the mask's application and the sampling vanish."""
     from studylog.masked_lm_head.formats import pack_bitmask
 
@@ -43,7 +44,7 @@ def test_the_library_agrees_with_the_exercises():
         ours = solutions.pack_bitmask(np.flatnonzero(mask), vocab)
         assert np.array_equal(ours, pack_bitmask(torch.from_numpy(mask)[None]).numpy()[0])
     parts = {"body": 2.0, "mask_wait": 0.01, "head": 0.2, "mask_apply": 0.02, "sampling": 0.05, "host": 0.1}
-    bound = report.amdahl({"baseline": parts})["chapter2_bound"]
+    bound = decode_results.amdahl({"baseline": parts})["chapter2_bound"]
     vanish = {"head": math.inf, "mask_apply": math.inf, "sampling": math.inf}
     assert solutions.step_speedup(parts, vanish) == pytest.approx(bound)
 
@@ -221,7 +222,7 @@ def test_the_current_series_are_read(earlier):
 
 def test_tables_are_markdown_tables(earlier):
     for table in (lesson.shapes_table(), lesson.head_share_table(), lesson.body_table(earlier), lesson.results_table(earlier),
-                  lesson.amdahl_table(report.breakdown(earlier.rows, "1b", 1)), lesson.tried_table(None, earlier)):
+                  lesson.amdahl_table(decode_results.breakdown(earlier.rows, "1b", 1)), lesson.tried_table(None, earlier)):
         lines = table.splitlines()
         assert lines[1].startswith("|---") and all(line.count("|") == lines[0].count("|") for line in lines)
 
@@ -230,7 +231,7 @@ def test_tables_say_pending_where_a_file_lacks_the_series(earlier):
     empty = Results(earlier.path, {**earlier.data, "measurements": []})
     assert lesson.PENDING in lesson.body_table(empty)
     assert lesson.PENDING in lesson.results_table(empty)
-    assert lesson.PENDING in lesson.amdahl_table(report.breakdown(empty.rows, "1b", 1))
+    assert lesson.PENDING in lesson.amdahl_table(decode_results.breakdown(empty.rows, "1b", 1))
 
 
 # --------------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def test_targets_by_card_names_each_card_and_what_it_misses(earlier, tmp_path):
     a = next(line for line in lines if line.startswith("| Card A"))
     b = next(line for line in lines if line.startswith("| Card B"))
     assert "**1.40×**, met |" in a
-    assert f"**1.10×**, missed by {report.TARGET_SPEEDUP / 1.1 - 1:.0%}" in b
+    assert f"**1.10×**, missed by {decode_results.TARGET_SPEEDUP / 1.1 - 1:.0%}" in b
     assert b.rstrip().endswith("met |"), "at batch 8 the card is 1.1x on every schema: met"
 
 

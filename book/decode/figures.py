@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from studylog.decode.loop import COMPONENTS
-from studylog.decode.report import breakdown, rows_of, series_label
+from book.decode.results import breakdown
+from studylog.decode.report import rows_of, series_label
 
 #: Each component's legend label and colour in the stacked bars.
 LABELS = {"body": "model body", "mask_wait": "mask (host, not hidden)", "head": "LM head",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from book.common import PENDING, fmt
+from book.decode.results import TARGET_SPEEDUP, amdahl, breakdown, target_report
 from studylog.decode import report
 from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
@@ -198,7 +199,7 @@ def components_table(results) -> str:
 
 def amdahl_table(parts: dict[str, dict[str, float]]) -> str:
     """Each chapter's share of the baseline's step, the speedup bound it gives and the measured speedup."""
-    b = report.amdahl(parts)
+    b = amdahl(parts)
     if "chapter1_share" not in b or "masked_head" not in parts:
         return f"({PENDING}: this file lacks a configuration)"
     base, jump, masked = (parts[c]["wall"] for c in ("baseline", "jump_forward", "masked_head"))
@@ -296,22 +297,22 @@ def gemv_findings(gpu: str = "nvidia-h100-80gb-hbm3") -> list[str]:
 
 
 def targets_by_card(root: Path | None = None) -> str:
-    """The chapter's targets on every card's committed run, one row per card (:func:`report.target_report`): at
+    """The chapter's targets on every card's committed run, one row per card (:func:`book.decode.results.target_report`): at
     batch 1 step 3 over step 1, the median of the JSON schemas, beside the bound of chapters 1 and 2 on that
     run's breakdown; at batch 8 the slowest schema. Where a target is missed the row says by how much."""
     from studylog.plotting import DEFAULT_OUT, load_results, result_files
 
     root = Path(root) if root is not None else DEFAULT_OUT
-    lines = [f"| card | batch 1: median of the JSON schemas (target ≥ {report.TARGET_SPEEDUP:.2f}×) | bound of "
+    lines = [f"| card | batch 1: median of the JSON schemas (target ≥ {TARGET_SPEEDUP:.2f}×) | bound of "
              "chapters 1 and 2 on that breakdown | batch 8: slowest schema (target ≥ 1×) |", "|---|---|---|---|"]
     for f in result_files("decode", root):
         card = load_results("decode", gpu=f.parent.name, root=root)
-        v = report.target_report(card.rows)
+        v = target_report(card.rows)
         if 1 not in v or 8 not in v:
             continue
         b1, b8 = v[1], v[8]
         first = (f"**{b1['median']:.2f}×**, met" if b1["met"] else
-                 f"**{b1['median']:.2f}×**, missed by {report.TARGET_SPEEDUP / b1['median'] - 1:.0%}")
+                 f"**{b1['median']:.2f}×**, missed by {TARGET_SPEEDUP / b1['median'] - 1:.0%}")
         eighth = f"**{b8['min']:.2f}×**, " + ("met" if b8["met"] else "missed")
         lines.append(f"| {card.gpu} ({card.date}) | {first} | {b1['bound']:.2f}× | {eighth} |")
     return "\n".join(lines)
@@ -450,7 +451,7 @@ def real_model_numbers(results) -> dict[str, str]:
         pairs = [(chunk_forecast(results, r1, REAL, batch), chunk_forecast(results, r3, REAL, batch))
                  for _, r1, _, r3 in rows]
         fc = [f1 / f3 for f1, f3 in pairs if f1 and f3]
-        b = report.amdahl(report.breakdown(results.rows, REAL, batch, kind=None))
+        b = amdahl(breakdown(results.rows, REAL, batch, kind=None))
         out[f"dec_real_step03_b{batch}"] = fmt(_median(ratios), ".2f", "×")
         out[f"dec_real_forecast_b{batch}"] = fmt(_median(fc), ".2f", "×")
         out[f"dec_real_bound_b{batch}"] = fmt(b.get("both_bound"), ".2f", "×")
@@ -504,8 +505,8 @@ def prose_numbers(current, earlier) -> dict[str, str]:
     for model in ("1b", "8b"):
         for batch in (1, 8):
             tag = f"{model}_b{batch}"
-            parts = report.breakdown(src.rows, model, batch)
-            b = report.amdahl(parts)
+            parts = breakdown(src.rows, model, batch)
+            b = amdahl(parts)
             out[f"dec_share_body_{tag}"] = fmt(b.get("body_share"), ".0%")
             out[f"dec_share_head_{tag}"] = fmt(b.get("chapter2_share"), ".1%")
             out[f"dec_share_host_{tag}"] = fmt(b.get("host_share"), ".1%")
@@ -517,10 +518,10 @@ def prose_numbers(current, earlier) -> dict[str, str]:
                                                    ".2f", "×")
             base = _median(r["ms"] for r in _json_rows(src, "baseline", model, batch))
             out[f"dec_ms_base_{tag}"] = fmt(base, ".2f", " ms")
-    out["dec_target"] = f"{report.TARGET_SPEEDUP:g}×"
-    bound = report.amdahl(report.breakdown(src.rows, "1b", 1)).get("both_bound")
+    out["dec_target"] = f"{TARGET_SPEEDUP:g}×"
+    bound = amdahl(breakdown(src.rows, "1b", 1)).get("both_bound")
     out["dec_target_vs_bound"] = (PENDING if bound is None else
-                                  "above what the parts they remove can give at batch 1" if bound < report.TARGET_SPEEDUP
+                                  "above what the parts they remove can give at batch 1" if bound < TARGET_SPEEDUP
                                   else "within what the parts they remove can give at batch 1")
     u = _body_row(earlier, "body_unfused", "1b", 1) if earlier is not None else None
     out["dec_unfused_vs_floor"] = fmt(u["ms"] / _floor_ms(earlier, "1b", False) if u else None, ".1f", "×")
@@ -540,7 +541,7 @@ def prose_numbers(current, earlier) -> dict[str, str]:
                                   " µs")
     out["dec_sampling_allowed_us"] = fmt(rows[("sampling_allowed", 48)] * 1e3 if ("sampling_allowed", 48) in rows
                                           else None, ".1f", " µs")
-    parts = report.breakdown(src.rows, "1b", 1)
+    parts = breakdown(src.rows, "1b", 1)
     for config in ("baseline", "masked_head"):
         v = parts.get(config, {}).get("sampling")
         out[f"dec_sampling_loop_{config}"] = fmt(v * 1e3 if v is not None else None, ".0f", " µs")
@@ -606,18 +607,18 @@ def _case(results, model: str, batch: int) -> dict | None:
         one = [r1["ms"] for _, r1, _, _ in rows]
         three = [r3["ms"] for _, _, _, r3 in rows]
         ratios = [r1["ms"] / r3["ms"] for _, r1, _, r3 in rows]
-        parts = report.breakdown(results.rows, REAL, batch, kind=None)
+        parts = breakdown(results.rows, REAL, batch, kind=None)
     else:
         one = [r["ms"] for r in _json_rows(results, "baseline", model, batch)]
         three = [r["ms"] for r in _json_rows(results, "masked_head", model, batch)]
         ratios = [] if not one else [_speedup(results, "masked_head", model, batch, how=lambda v: v)][0] or []
-        parts = report.breakdown(results.rows, model, batch)
+        parts = breakdown(results.rows, model, batch)
     if not one or not three:
         return None
     a, b = _median(one), _median(three)
     return {"step1_us": a * 1e3, "step3_us": b * 1e3, "ratio": a / b, "median_request": _median(ratios),
             "requests": len(three),
-            "slowest": min(ratios) if ratios else None, "bound": report.amdahl(parts).get("both_bound")}
+            "slowest": min(ratios) if ratios else None, "bound": amdahl(parts).get("both_bound")}
 
 
 #: The cases of the result table: (label, model, batch).
@@ -726,7 +727,7 @@ def appendix() -> str:
             "schemas' own ratios)", results_table(shown))
     for batch in (1, 8):
         section(f"Each chapter against its Amdahl bound, `1b`, batch {batch}",
-                amdahl_table(report.breakdown(shown.rows, "1b", batch)))
+                amdahl_table(breakdown(shown.rows, "1b", batch)))
         section(f"SmolLM2-135M's real requests, batch {batch}", real_model_table(shown, batch))
     section("The targets on each card", targets_by_card())
     section("The body alone against its floor", body_table(current) if current is not None else PENDING)
