@@ -152,6 +152,18 @@ def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, fl
             "first": statistics.median(report.speedups(committed().rows, batch, workload))}
 
 
+def prefill_probe() -> dict[str, float]:
+    """The first step's median milliseconds of the ``classifier`` request at batch 1 in chapter 7's loop and in step
+    4, run in alternating order (``lab/speculate/prefill_probe.py``; its file in ``lab/speculate/results/``)."""
+    import json
+
+    from studylog.paths import REPO_ROOT
+
+    path = REPO_ROOT / "lab" / "speculate" / "results" / "nvidia-h200" / "prefill_probe.json"
+    loops = json.loads(path.read_text())["loops"]
+    return {k: loops[k]["first_step_ms"]["median"] for k in ("ch7_step03", "step04")}
+
+
 def agreement(results) -> dict[str, Any]:
     """The checks against chapter 7: sequences compared, identical, divergences and the largest gap over its
     rounding bound."""
@@ -201,6 +213,6 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["agreement", "bound_rows", "breakdown_table", "committed", "draft_cost", "drafts_table", "median_ms", "second_machine", "layer_table", "losses", "markdown_table",
+__all__ = ["agreement", "bound_rows", "breakdown_table", "committed", "draft_cost", "drafts_table", "median_ms", "prefill_probe", "second_machine", "layer_table", "losses", "markdown_table",
            "slowest",
            "sample_outputs", "steps_table", "validity"]
