@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from book.multi_item import exercises, lesson, solutions
+
+import triton.language as tl  # noqa: I001  (after studylog, which sets TRITON_INTERPRET on a CPU)
 from studylog import plotting
 from studylog.multi_item import report
 
@@ -21,11 +23,13 @@ def test_checks_accept_the_solutions(capsys):
     assert exercises.check_key_tiles(solutions.key_tiles)
     assert exercises.check_max_programs(solutions.max_programs)
     assert exercises.check_tile_shape(solutions.step5_at)
-    assert capsys.readouterr().out.count("inputs agree") == 5
+    assert exercises.check_items_lo(solutions.items_lo)
+    out = capsys.readouterr().out
+    assert out.count("inputs agree") == 6 and "with the max_item_len bound" in out
 
 
 def test_the_exercises_module_keeps_no_answer():
-    for name in ("visible", "online_softmax", "key_tiles", "max_programs", "step5_at"):
+    for name in ("visible", "online_softmax", "key_tiles", "max_programs", "step5_at", "items_lo"):
         assert not hasattr(exercises, name)
 
 
@@ -34,9 +38,9 @@ def test_a_stub_is_not_written_yet(capsys):
         raise NotImplementedError
 
     for check in (exercises.check_visible, exercises.check_online_softmax, exercises.check_key_tiles,
-                  exercises.check_max_programs, exercises.check_tile_shape):
+                  exercises.check_max_programs, exercises.check_tile_shape, exercises.check_items_lo):
         assert not check(stub)
-    assert capsys.readouterr().out.count("not written yet") == 5
+    assert capsys.readouterr().out.count("not written yet") == 6
 
 
 def test_check_tile_shape_rejects_the_autotuners_tile_and_a_wrong_output(capsys):
@@ -49,6 +53,22 @@ def test_check_tile_shape_rejects_the_autotuners_tile_and_a_wrong_output(capsys)
                                                                                                   bm, bn))
     assert "max difference" in capsys.readouterr().out
     assert steps.launch.__name__ == "launch"  # the check put the launcher back
+
+
+def test_check_items_lo_rejects_step4s_start_and_a_bound_that_skips_keys(capsys):
+    def exact_start(m_lo, prefix_hi, Pos, prefix_len, max_item_len, SKIP_DELIMITER, BLOCK_N):  # step 4, unchanged
+        first = tl.maximum(m_lo, prefix_len)
+        return tl.maximum(((first + SKIP_DELIMITER - tl.load(Pos + first - prefix_len)) // BLOCK_N) * BLOCK_N,
+                          prefix_hi)
+
+    assert not exercises.check_items_lo(exact_start)
+    assert "the max_item_len bound visits" in capsys.readouterr().out
+
+    def diagonal_only(m_lo, prefix_hi, Pos, prefix_len, max_item_len, SKIP_DELIMITER, BLOCK_N):
+        return tl.maximum((m_lo // BLOCK_N) * BLOCK_N, prefix_hi)  # forgets the rows' earlier item keys
+
+    assert not exercises.check_items_lo(diagonal_only)
+    assert "to the float64 reference" in capsys.readouterr().out
 
 
 def test_check_visible_rejects_the_visible_delimiter(capsys):

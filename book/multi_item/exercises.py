@@ -13,6 +13,9 @@ raises ``NotImplementedError`` (the page's stub) gets a note instead of a traceb
 4. :func:`check_max_programs`: the fixed grid of :class:`~studylog.multi_item.plan.MultiItemPlan`, the most
    programs any layout within a capacity can need.
 5. :func:`check_tile_shape`: step 5 launched at a tile shape the reader picks (then timed on a GPU).
+6. :func:`check_items_lo`: the kernel's own code changed: the Triton function that says where a query tile's
+   item loop starts, rewritten to FlashInfer's coarser bound (``m_lo - max_item_len``), run inside a copy of step
+   4's kernel (Triton's interpreter on a CPU), its tiles counted, and timed against step 5 on a GPU.
 """
 
 from __future__ import annotations
@@ -23,10 +26,16 @@ import torch
 from torch import Tensor
 
 from book.common import guarded, report
-from studylog.multi_item.formats import MultiItemBatch, dense_mask
+from studylog.multi_item.config import strides  # studylog first: it sets TRITON_INTERPRET on a CPU
+from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, dense_mask
+from studylog.multi_item.steps import LOG2E, _attend_key_tiles
 from studylog.multi_item.tiles import TILE_SKIPPED, tile_map
 
-__all__ = ["check_visible", "check_online_softmax", "check_key_tiles", "check_max_programs", "check_tile_shape"]
+import triton  # noqa: E402,I001
+import triton.language as tl  # noqa: E402
+
+__all__ = ["check_visible", "check_online_softmax", "check_key_tiles", "check_max_programs", "check_tile_shape",
+           "check_items_lo"]
 
 
 def _random_prompt(gen: torch.Generator) -> MultiItemBatch:
@@ -218,3 +227,144 @@ def check_tile_shape(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILE
     finally:
         steps.launch = real
     return report("check_tile_shape", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 6. A kernel's loop bound, changed: FlashInfer's start of the items
+# --------------------------------------------------------------------------------------
+
+@triton.jit
+def _attn_fwd_items_lo(
+    Q, K, V, Out, Pos, TileCounts,
+    stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
+    seq_len, prefix_len, max_item_len, qk_scale,
+    ITEMS_LO: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Step 4's kernel (one prompt, a key head per query head) with its third loop starting where the reader's
+    ``ITEMS_LO`` says; it counts the key tiles each query tile visits."""
+    start_m = tl.program_id(0)
+    off_h = tl.program_id(1).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = K + off_h * stride_kh
+    v_base = V + off_h * stride_vh
+    in_items = row_ok & (offs_m >= prefix_len)
+    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_lo = start_m * BLOCK_M
+    m_hi = tl.minimum(m_lo + BLOCK_M, seq_len)
+    prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N  # the prefix, up to the diagonal
+    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                      prefix_len, seq_len, 0, prefix_hi, qk_scale,
+                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    items_lo = ITEMS_LO(m_lo, prefix_hi, Pos, prefix_len, max_item_len, SKIP_DELIMITER, BLOCK_N)  # the reader's
+    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                      prefix_len, seq_len, items_lo, m_hi, qk_scale,
+                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
+    tl.store(TileCounts + start_m, visited, mask=off_h == 0)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+def _bound_tiles(batch: MultiItemBatch, block_m: int, block_n: int) -> list[int]:
+    """Key tiles per query tile of one prompt when the items resume at ``m_lo - max_item_len`` (rounded down to
+    a tile, never inside the prefix's tiles): what the exercise asks the kernel to visit."""
+    s, p, longest = batch.seq_lens[0], batch.prefix_lens[0], int(batch.max_item_lens_t[0])
+    out = []
+    for m_lo in range(0, s, block_m):
+        m_hi = min(m_lo + block_m, s)
+        prefix_tiles = -(-min(p, m_hi) // block_n)
+        resume = max(max(m_lo - longest, 0) // block_n, prefix_tiles)
+        out.append(prefix_tiles + max(-(-m_hi // block_n) - resume, 0))
+    return out
+
+
+def _launch_items_lo(jitted, q, k, v, batch: MultiItemBatch, block_m: int, block_n: int, out: Tensor,
+                     counts: Tensor) -> None:
+    """The exercise's kernel on one prompt, writing ``out`` and the key tiles each query tile visited (no host
+    sync: a CUDA graph can replay it)."""
+    import math
+
+    _attn_fwd_items_lo[(-(-batch.seq_lens[0] // block_m), q.shape[0])](
+        q, k, v, out, batch.token_pos[0], counts, *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
+        int(batch.max_item_lens_t[0]), LOG2E / math.sqrt(q.shape[-1]), ITEMS_LO=jitted, HEAD_DIM=q.shape[-1],
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SKIP_DELIMITER=ITEM_KEYS_FROM[DEFAULT_RULE],
+        BLOCK_M=block_m, BLOCK_N=block_n)
+
+
+@guarded
+def check_items_lo(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILES) -> bool:
+    """``fn(m_lo, prefix_hi, Pos, prefix_len, max_item_len, SKIP_DELIMITER, BLOCK_N) -> items_lo``: written with
+    ``tl`` operations, it runs (wrapped in ``triton.jit``) inside a copy of step 4's kernel as the first key of
+    the loop over the items. It must give FlashInfer's bound: from ``m_lo - max_item_len`` rounded down to a tile,
+    never before ``prefix_hi``. On small prompts in float32 (Triton's interpreter on a CPU) at every tile shape of
+    ``tiles``: the output must match the float64 reference within 1e-5 and the key tiles visited must be the
+    bound's. Then prints the tiles visited against step 4's exact start, and on a GPU times the kernel against
+    step 5."""
+    import inspect
+
+    from book.common import gpu_us
+    from studylog import runtime
+    from studylog.multi_item import steps
+    from studylog.multi_item.formats import reference_attention
+    from studylog.multi_item.tiles import planned_key_tiles
+
+    try:
+        if "raise NotImplementedError" in inspect.getsource(fn):
+            raise NotImplementedError
+    except (OSError, TypeError):
+        pass
+    jitted = triton.jit(fn)
+    gen = torch.Generator().manual_seed(11)
+    device = runtime.device()
+    prompts = [(17, [4, 9, 1, 12]), (0, [3, 20, 2, 2, 7]), (5, [1, 1, 30, 1]), (40, [3])]
+    cases = len(prompts) * len(tiles)
+    bound = exact = 0
+    for p, items in prompts:
+        batch = MultiItemBatch.from_item_lens([p], [items], device=device)
+        q, k, v = (torch.randn(2, batch.total_tokens, 16, generator=gen).to(device) for _ in range(3))
+        want = reference_attention(q, k, v, batch)
+        for block_m, block_n in tiles:
+            where = f"{batch.describe()}, tile {block_m} x {block_n}"
+            try:
+                out = torch.empty_like(q)
+                counts = torch.full((-(-batch.seq_lens[0] // block_m),), -1, dtype=torch.int32, device=device)
+                _launch_items_lo(jitted, q, k, v, batch, block_m, block_n, out, counts)
+                counts = counts.tolist()
+            except Exception as e:  # the interpreter wraps what the reader's function raises
+                if "NotImplementedError" in repr(e):
+                    raise NotImplementedError from e
+                raise
+            error = (out.double() - want.double()).abs().max().item()
+            if not error < 1e-5:
+                return report("check_items_lo", False, f"{where}: max difference {error:.1e} to the float64 "
+                              "reference (a tile some row sees was skipped)", cases)
+            expected = _bound_tiles(batch, block_m, block_n)
+            if counts != expected:
+                return report("check_items_lo", False, f"{where}: the query tiles visit {counts} key tiles, the "
+                              f"max_item_len bound visits {expected}", cases)
+            bound += sum(counts)
+            exact += sum(planned_key_tiles(batch, block_m, block_n)[0])
+    ok = report("check_items_lo", True, None, cases)
+    print(f"key tiles visited over these inputs: {bound} with the max_item_len bound, {exact} with step 4's exact "
+          f"start ({bound / exact - 1:+.0%})")
+    if runtime.mode() == "gpu":  # one long prompt of short items and a few long ones, in bfloat16
+        batch = MultiItemBatch.from_item_lens([1024], [[16] * 60 + [256, 16, 16, 256]], device=device)
+        q, k, v = (torch.randn(8, batch.total_tokens, 128, device=device, dtype=torch.bfloat16) for _ in range(3))
+        out = torch.empty_like(q)
+        counts = torch.zeros(-(-batch.seq_lens[0] // 64), dtype=torch.int32, device=device)
+        for block_m, block_n in ((64, 64), (128, 64)):
+            ours = gpu_us(lambda: _launch_items_lo(jitted, q, k, v, batch, block_m, block_n, out, counts))
+            step5 = gpu_us(lambda: steps.step05_batched(q, k, v, batch, blocks=(block_m, block_n)))
+            print(f"{batch.describe()}, tile {block_m} x {block_n}: {ours:,.1f} µs with the bound, {step5:,.1f} µs "
+                  "at step 5")
+    else:
+        print("timing skipped: no GPU here (Triton's interpreter checks what a kernel computes, not how fast)")
+    return ok

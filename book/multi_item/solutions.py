@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import triton.language as tl
 from torch import Tensor
 
-__all__ = ["visible", "online_softmax", "key_tiles", "max_programs", "step5_at"]
+__all__ = ["visible", "online_softmax", "key_tiles", "max_programs", "step5_at", "items_lo"]
 
 
 def visible(q: int, k: int, prefix_len: int, pos: Sequence[int]) -> bool:
@@ -66,3 +67,12 @@ def step5_at(q, k, v, batch, block_m: int, block_n: int):
     from studylog import multi_item as mi
 
     return mi.step05_batched(q, k, v, batch, blocks=(block_m, block_n))
+
+
+def items_lo(m_lo, prefix_hi, Pos, prefix_len, max_item_len, SKIP_DELIMITER, BLOCK_N):
+    """Exercise 6: where a query tile's loop over the items starts, by FlashInfer's bound. Step 4 reads the exact
+    start of the tile's first item row (``first + SKIP_DELIMITER - pos[first]``); no item row at or after ``m_lo``
+    starts before ``m_lo - max_item_len``, so that key, rounded down to a tile, is safe without reading ``Pos``.
+    It loads more tiles wherever a tile's items are shorter than the prompt's longest. (Written with ``tl``
+    operations: the check wraps it in ``triton.jit`` and calls it inside the kernel.)"""
+    return tl.maximum((tl.maximum(m_lo - max_item_len, 0) // BLOCK_N) * BLOCK_N, prefix_hi)
