@@ -7,13 +7,16 @@ import re
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from book.ternary import exercises as E
 from book.ternary import lesson as L
 from book.ternary import solutions as S
 from book.ternary.figures import SERIES_COLOURS, figures
-from studylog import paths
+from studylog import paths, runtime
 from studylog import ternary as T
+from studylog.ternary.triton_steps import gemv_program, k_slice, store_row
 
 LESSONS = [paths.REPO_ROOT / "notebooks" / f"{name}.ipynb" for name in T.CHAPTER.notebooks]
 
@@ -48,6 +51,72 @@ def test_exercise_checks_accept_the_solution_and_reject_a_mistake(check, right, 
     assert check(*right) is True
     assert check(*wrong) is False
     assert "wrong:" in capsys.readouterr().out
+
+
+@triton.jit
+def _gemv_low_half_twice(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                         BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
+    # Exercise 6 with a planted mistake: fields 8..15 decoded from the low half again (shift 2 (f % 8), not 2 f).
+    pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
+    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16
+    acc = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        for f in tl.static_range(16):
+            x = tl.load(x_row + offs_k + 16 * f, mask=offs_k + 16 * f < K, other=0.0).to(tl.float32)
+            acc += (((words >> (2 * (f % 8))) & 3) - 1).to(tl.float32) * x[None, :]
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    store_row(z_ptr, tl.sum(acc, axis=1) / scale, m, stride_zm, rows, row_mask, SPLIT_K)
+
+
+@triton.jit
+def _gemv_codes(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
+    # Exercise 6 with a planted mistake: the code (w + 1) taken for the weight, the 1 never subtracted.
+    pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
+    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16
+    acc = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        for f in tl.static_range(16):
+            x = tl.load(x_row + offs_k + 16 * f, mask=offs_k + 16 * f < K, other=0.0).to(tl.float32)
+            acc += ((words >> (2 * f)) & 3).to(tl.float32) * x[None, :]
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    store_row(z_ptr, tl.sum(acc, axis=1) / scale, m, stride_zm, rows, row_mask, SPLIT_K)
+
+
+def test_the_kernel_check_accepts_the_solution_and_step_4_and_rejects_planted_mistakes(capsys):
+    assert E.check_gemv_kernel(S.gemv_shifts_kernel, time_it=False) is True
+    assert E.check_gemv_kernel(T.step04_gemv_kernel, time_it=False) is True  # the kernel the reader copies
+    for wrong in (_gemv_low_half_twice, _gemv_codes):
+        capsys.readouterr()
+        assert E.check_gemv_kernel(wrong, time_it=False) is False
+        assert "wrong: x " in capsys.readouterr().out
+
+
+def test_the_kernel_check_gives_the_pages_stub_a_note(capsys):
+    @triton.jit
+    def stub(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+             BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
+        raise NotImplementedError  # the page's stub
+
+    assert E.check_gemv_kernel(stub) is False
+    assert "not written yet" in capsys.readouterr().out
+
+
+def test_the_kernel_check_says_it_does_not_time_on_a_cpu(capsys):
+    if runtime.mode() == "gpu":
+        pytest.skip("on a GPU the check times the kernel")
+    assert E.check_gemv_kernel(S.gemv_shifts_kernel) is True
+    assert "no timing here" in capsys.readouterr().out
 
 
 def test_a_check_survives_a_function_that_returns_the_wrong_shape(capsys):

@@ -12,15 +12,17 @@ Lesson 1 (Triton):
 2. :func:`check_field_float`: the bit pattern that turns a 2-bit field into a float with one AND.
 3. :func:`check_base3`: five weights in one byte, and back.
 4. :func:`check_absmean`: BitNet b1.58's absmean quantisation of a weight matrix.
+6. :func:`check_gemv_kernel`: a copy of step 4's Triton kernel with one change (its decode by shifts and a mask),
+   run in Triton's interpreter on awkward sizes and, on a GPU, timed against step 4.
 
 Lesson 2 (CUDA C++):
 
-6. :func:`check_mma_position`: where weight k of a group sits in the MMA-order words.
-7. :func:`check_w2a8_sum`: the four int8 accumulators of step 12 back to ``sum x w``.
-8. :func:`check_round_int8`: BitNet's int8 rounding of x, as the kernels must match it.
-9. :func:`check_ring_waits`: which stage and which mbarrier phase a ring of stages waits on.
+7. :func:`check_mma_position`: where weight k of a group sits in the MMA-order words.
+8. :func:`check_w2a8_sum`: the four int8 accumulators of step 12 back to ``sum x w``.
+9. :func:`check_round_int8`: BitNet's int8 rounding of x, as the kernels must match it.
+10. :func:`check_ring_waits`: which stage and which mbarrier phase a ring of stages waits on.
 
-Exercises 5 (step 9's tile) and 10 (step 13's tiles) change a kernel's launch and time it on a GPU
+Exercises 5 (step 9's tile) and 11 (step 13's tiles) change a kernel's launch and time it on a GPU
 (:func:`book.common.gpu_us`); on a CPU, exercise 5 checks the reader's tile in Triton's interpreter.
 """
 
@@ -31,11 +33,13 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from book.common import guarded, report
-from studylog.ternary.formats import pack_2bit, pack_2bit_mma, pack_base3, quantize_absmean, quantize_activations
+from book.common import gpu_us, guarded, report
+from studylog import runtime
+from studylog.ternary.formats import (FP32_TOLERANCE, PackedTernary, error_ratio, pack_2bit, pack_2bit_mma, pack_base3,
+                                      quantize_absmean, quantize_activations)
 
-__all__ = ["check_unpack_2bit", "check_field_float", "check_base3", "check_absmean", "check_mma_position",
-           "check_w2a8_sum", "check_round_int8", "check_ring_waits"]
+__all__ = ["check_unpack_2bit", "check_field_float", "check_base3", "check_absmean", "check_gemv_kernel",
+           "check_mma_position", "check_w2a8_sum", "check_round_int8", "check_ring_waits"]
 
 
 def _u32(v: int) -> int:
@@ -144,7 +148,81 @@ def check_absmean(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int = 30
 
 
 # --------------------------------------------------------------------------------------
-# 5. Where a weight sits in the MMA order
+# 6. Step 4's kernel with one change (a Triton kernel of the reader's)
+# --------------------------------------------------------------------------------------
+
+#: Sizes of the interpreter run: K and N not multiples of a group (256 weights), of a tile or of BLOCK_N, one row
+#: or two; and the tiles, one of them split K.
+GEMV_CASES = ((1, 1, 1), (1, 7, 300), (2, 13, 17), (1, 37, 600), (1, 9, 1000), (2, 5, 513))
+GEMV_TILES = ({"BLOCK_N": 8, "BLOCK_KW": 32, "SPLIT_K": 1}, {"BLOCK_N": 4, "BLOCK_KW": 16, "SPLIT_K": 3})
+
+
+def run_gemv(kernel, x: Tensor, packed: PackedTernary, scale: Tensor, tile: dict) -> Tensor:
+    """Launch a kernel with step 4's arguments (:func:`studylog.ternary.step04_gemv_kernel`'s signature) on one
+    tile ``{"BLOCK_N", "BLOCK_KW", "SPLIT_K"}`` (and optionally ``num_warps``); returns z, zeroed first because
+    split-K programs add into it."""
+    import triton
+
+    tile = dict(tile)
+    num_warps = tile.pop("num_warps", 4)
+    tile.pop("num_stages", None)
+    (m, k), n, data = x.shape, packed.n, packed.data
+    z = torch.zeros(m, n, device=x.device)
+    grid = (triton.cdiv(n, tile["BLOCK_N"]), tile["SPLIT_K"], m)
+    kernel[grid](x, data, z, scale, n, k, data.shape[1], x.stride(0), data.stride(0), z.stride(0), scale.stride(0),
+                 **tile, num_warps=num_warps)
+    return z
+
+
+@guarded
+def check_gemv_kernel(kernel, time_it: bool = True) -> bool:
+    """``kernel``: a ``@triton.jit`` kernel with step 4's signature, run by :func:`run_gemv` on random ternary
+    weights packed as ``"2bit"``, random x and per-row scales, at the sizes of :data:`GEMV_CASES` and the tiles of
+    :data:`GEMV_TILES`, against the float64 product (:func:`~studylog.ternary.formats.error_ratio` within
+    ``FP32_TOLERANCE``). In Triton's interpreter on a CPU; on a GPU the same sizes compile for it, and then (with
+    ``time_it``) it is timed against step 4's kernel at 4096 x 14336, one row, on step 4's configs."""
+    if "NotImplementedError" in getattr(getattr(getattr(kernel, "fn", kernel), "__code__", None), "co_names", ()):
+        raise NotImplementedError  # the page's stub (a kernel that raises): a note, not a launch
+    from studylog.ternary.triton_steps import GEMV_CONFIGS, config_dict, step04_gemv_kernel
+
+    dev = runtime.device()
+    gen = torch.Generator().manual_seed(58)
+    cases = 0
+    for m, n, k in GEMV_CASES:
+        w = _ternary(gen, n, k)
+        x = torch.randn(m, k, generator=gen)
+        scale = torch.rand(n, generator=gen) + 0.5
+        packed = PackedTernary.pack(w.to(dev), "2bit")
+        for tile in GEMV_TILES:
+            cases += 1
+            z = run_gemv(kernel, x.to(dev), packed, scale.to(dev), tile).cpu()
+            ratio = error_ratio(z, x, w, scale)
+            if not ratio <= FP32_TOLERANCE:
+                row, col = divmod(int(((z.double() - (x.double() @ w.double().T) / scale.double()).abs()
+                                       .nan_to_num(nan=float("inf")).argmax())), n)
+                return report("check_gemv_kernel", False, f"x {m} x {k}, W {n} x {k}, tile {tile}: error {ratio:.1e} "
+                               f"of sum |x||w| (tolerance {FP32_TOLERANCE:.0e}), worst at z[{row}, {col}] = "
+                               f"{float(z[row, col]):.6g}", cases)
+    report("check_gemv_kernel", True, None, cases)
+    if time_it:
+        if runtime.mode() != "gpu":
+            print("check_gemv_kernel: no timing here: Triton's interpreter checks what a kernel computes, not how "
+                  "fast (on a GPU this cell also times it against step 4)")
+        else:
+            n, k = 4096, 14336
+            x = torch.randn(1, k, device=dev).to(torch.bfloat16)
+            packed = PackedTernary.pack(torch.randint(-1, 2, (n, k), device=dev, dtype=torch.int8), "2bit")
+            scale = torch.ones(n, device=dev)
+            for config in (config_dict(c) for c in GEMV_CONFIGS):
+                yours = gpu_us(lambda: run_gemv(kernel, x, packed, scale, config))
+                step4 = gpu_us(lambda: run_gemv(step04_gemv_kernel, x, packed, scale, config))
+                tile = {key: v for key, v in config.items() if key.isupper()}
+                print(f"{tile}: yours {yours:,.1f} µs, step 4 {step4:,.1f} µs ({yours / step4:.2f}x)")
+    return True
+
+
+# --------------------------------------------------------------------------------------
+# 7. Where a weight sits in the MMA order
 # --------------------------------------------------------------------------------------
 
 @guarded
@@ -169,7 +247,7 @@ def check_mma_position(fn: Callable[[int], tuple[int, int]], cases: int = 20) ->
 
 
 # --------------------------------------------------------------------------------------
-# 6. Step 12's four accumulators
+# 8. Step 12's four accumulators
 # --------------------------------------------------------------------------------------
 
 @guarded
@@ -190,7 +268,7 @@ def check_w2a8_sum(fn: Callable[[Sequence[int], int], int], cases: int = 300) ->
 
 
 # --------------------------------------------------------------------------------------
-# 7. Rounding x to int8 as BitNet does
+# 9. Rounding x to int8 as BitNet does
 # --------------------------------------------------------------------------------------
 
 @guarded
@@ -220,7 +298,7 @@ def check_round_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int =
 
 
 # --------------------------------------------------------------------------------------
-# 8. The waits of a ring of stages
+# 10. The waits of a ring of stages
 # --------------------------------------------------------------------------------------
 
 @guarded

@@ -8,8 +8,13 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["MEASURED", "unpack_group", "field_float_bits", "base3_byte", "base3_weights", "absmean", "mma_position", "w2a8_sum",
-           "round_int8", "ring_waits"]
+from studylog.ternary.triton_steps import gemv_program, k_slice, store_row  # first: selects the interpreter
+
+import triton  # noqa: I001  (after studylog, which sets TRITON_INTERPRET on a CPU)
+import triton.language as tl
+
+__all__ = ["MEASURED", "unpack_group", "field_float_bits", "base3_byte", "base3_weights", "absmean",
+           "gemv_shifts_kernel", "mma_position", "w2a8_sum", "round_int8", "ring_waits"]
 
 
 def unpack_group(words: Sequence[int]) -> list[int]:
@@ -47,8 +52,32 @@ def absmean(w: Tensor) -> tuple[Tensor, Tensor]:
     return (w.float() * scale).round().clamp(-1, 1).to(torch.int8), scale
 
 
+@triton.jit
+def gemv_shifts_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                       BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Exercise 6: step 4's kernel with the decode step 4 replaced, a shift and a mask a field and an int to float
+    conversion (``((words >> 2f) & 3) - 1``), as step 3 decodes, instead of one AND under a float exponent. The rest
+    (tiles, x loaded once for BLOCK_N rows, split K, masks) is step 4's."""
+    pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
+    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    x_of_word = (offs_w // 16) * 256 + offs_w % 16  # k of field 0 of each word, from the tile start
+    acc = tl.zeros([BLOCK_N, BLOCK_KW], dtype=tl.float32)
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        kw = kw0 + offs_w
+        words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+        offs_k = kw0 * 16 + x_of_word
+        for f in tl.static_range(16):
+            x = tl.load(x_row + offs_k + 16 * f, mask=offs_k + 16 * f < K, other=0.0).to(tl.float32)
+            w = (((words >> (2 * f)) & 3) - 1).to(tl.float32)  # shift, mask, subtract, convert
+            acc += w * x[None, :]
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = tl.sum(acc, axis=1) / scale
+    store_row(z_ptr, z, m, stride_zm, rows, row_mask, SPLIT_K)
+
+
 def mma_position(k: int) -> tuple[int, int]:
-    """Exercise 6: (word, lowest bit) of weight k (0..255) of a group in the ``"2bit_mma"`` format:
+    """Exercise 7: (word, lowest bit) of weight k (0..255) of a group in the ``"2bit_mma"`` format:
     weight 32 p + 2 t + h is in word t, bits 16 h + 2 p."""
     p, rest = divmod(k, 32)
     t, h = divmod(rest, 2)
@@ -56,35 +85,40 @@ def mma_position(k: int) -> tuple[int, int]:
 
 
 def w2a8_sum(acc: Sequence[int], x_sum: int) -> int:
-    """Exercise 7: ``sum_k x_k w_k`` from step 12's accumulators. ``acc[p]`` sums ``x_k`` times the
+    """Exercise 8: ``sum_k x_k w_k`` from step 12's accumulators. ``acc[p]`` sums ``x_k`` times the
     byte ``code_k << 2p`` over the weights k held at code position p of their byte, with ``code = w + 1``;
     ``x_sum`` is ``sum_k x_k`` over all of them."""
     return acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6) - x_sum
 
 
 def round_int8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Exercise 8: one row of x to int8 with its absmax, ``scale = 127 / max|x|`` and
+    """Exercise 9: one row of x to int8 with its absmax, ``scale = 127 / max|x|`` and
     ``q = round(x * scale)`` rounded half to even (as torch rounds), clamped to [-128, 127]."""
     scale = 127.0 / x.float().abs().max().clamp(min=1e-5)
     return (x.float() * scale).round().clamp(-128, 127).to(torch.int8), scale
 
 
 def ring_waits(c: int, stages: int) -> tuple[int, int, Optional[int]]:
-    """Exercise 9: for chunk c of a ring of ``stages`` stages, (the stage it goes into, the phase
+    """Exercise 10: for chunk c of a ring of ``stages`` stages, (the stage it goes into, the phase
     parity a consumer waits for on that stage's "full" mbarrier, the parity the producer waits for on its
     "empty" mbarrier before refilling it, or None when the stage has never been used)."""
     s, lap = c % stages, c // stages
     return s, lap & 1, None if lap == 0 else (lap - 1) & 1
 
 
-#: Exercises 5 and 10 change a kernel's launch and time it on a GPU; what to look for.
+#: Exercises 5, 6 and 11 time a changed kernel on a GPU; what to look for.
 MEASURED = {
     5: "Step 9 at one row has no reuse of a decoded weight: a smaller tile (BLOCK_N 32) gives more programs, so more "
        "loads in flight across the SMs, and more split K does the same for a short N; the autotuner's configs for "
        "M = 1 split K. At 16 rows each decoded tile feeds 16 rows of x, so a larger tile decodes "
        "fewer times per row and waits on fewer MMAs per weight: the same small tile that helps at M = 1 costs "
        "there. No tile removes the wait on each MMA before the next decode, which is part 2's subject.",
-    10: "The default (4 warps of one tile, 4 stages of 2 groups, split K to fill the GPU once) was the best of the "
+    6: "Not measured for the book: step 4's four changes were timed together. Per weight the shift decode is a "
+       "shift, an AND, a subtraction and an int-to-float conversion, where step 4's is one AND and one subtraction "
+       "(the float's exponent does the conversion); both are then one FMA. Equal times on step 4's configs mean the "
+       "kernel waits on its loads and the decode is hidden behind them; a gap is the decode's share of the "
+       "critical path, larger where a program has more words in flight (the wider tiles).",
+    11: "The default (4 warps of one tile, 4 stages of 2 groups, split K to fill the GPU once) was the best of the "
         "H200 sweep at 4096 x 14336 for M = 1 and 16 (lab/ternary/results/nvidia-h200/w2a8_tiles_sweep_tma.json). "
         "Two tiles a warp read x once for both but measured about a quarter slower "
         "(w2a8_tiles_sweep_two_tiles.json). 8 warps a block hold a chunk of 8 tiles a stage, twice the shared "
