@@ -287,14 +287,14 @@ def _bound_tiles(batch: MultiItemBatch, block_m: int, block_n: int) -> list[int]
 
 
 def _launch_items_lo(jitted, q, k, v, batch: MultiItemBatch, block_m: int, block_n: int, out: Tensor,
-                     counts: Tensor) -> None:
+                     counts: Tensor, max_item_len: int) -> None:
     """The exercise's kernel on one prompt, writing ``out`` and the key tiles each query tile visited (no host
-    sync: a CUDA graph can replay it)."""
+    sync: a CUDA graph can replay it; ``max_item_len`` is read from the batch once, before)."""
     import math
 
     _attn_fwd_items_lo[(-(-batch.seq_lens[0] // block_m), q.shape[0])](
         q, k, v, out, batch.token_pos[0], counts, *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
-        int(batch.max_item_lens_t[0]), LOG2E / math.sqrt(q.shape[-1]), ITEMS_LO=jitted, HEAD_DIM=q.shape[-1],
+        max_item_len, LOG2E / math.sqrt(q.shape[-1]), ITEMS_LO=jitted, HEAD_DIM=q.shape[-1],
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SKIP_DELIMITER=ITEM_KEYS_FROM[DEFAULT_RULE],
         BLOCK_M=block_m, BLOCK_N=block_n)
 
@@ -336,7 +336,8 @@ def check_items_lo(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILES)
             try:
                 out = torch.empty_like(q)
                 counts = torch.full((-(-batch.seq_lens[0] // block_m),), -1, dtype=torch.int32, device=device)
-                _launch_items_lo(jitted, q, k, v, batch, block_m, block_n, out, counts)
+                _launch_items_lo(jitted, q, k, v, batch, block_m, block_n, out, counts,
+                                 int(batch.max_item_lens_t[0]))
                 counts = counts.tolist()
             except Exception as e:  # the interpreter wraps what the reader's function raises
                 if "NotImplementedError" in repr(e):
@@ -360,8 +361,9 @@ def check_items_lo(fn: Callable, tiles: Sequence[tuple[int, int]] = CHECK_TILES)
         q, k, v = (torch.randn(8, batch.total_tokens, 128, device=device, dtype=torch.bfloat16) for _ in range(3))
         out = torch.empty_like(q)
         counts = torch.zeros(-(-batch.seq_lens[0] // 64), dtype=torch.int32, device=device)
+        longest = int(batch.max_item_lens_t[0])
         for block_m, block_n in ((64, 64), (128, 64)):
-            ours = gpu_us(lambda: _launch_items_lo(jitted, q, k, v, batch, block_m, block_n, out, counts))
+            ours = gpu_us(lambda: _launch_items_lo(jitted, q, k, v, batch, block_m, block_n, out, counts, longest))
             step5 = gpu_us(lambda: steps.step05_batched(q, k, v, batch, blocks=(block_m, block_n)))
             print(f"{batch.describe()}, tile {block_m} x {block_n}: {ours:,.1f} µs with the bound, {step5:,.1f} µs "
                   "at step 5")
