@@ -91,6 +91,9 @@ FIGURE_ALT = {
                                           "activations, on the H100 and the H200",
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
+    "assets/figures/decode_breakdown_8b.png": "Where each step of the decode loop spends its time per output token at "
+                                              "the 8B shape, batch 1 and 8: the model body, the mask, the LM head, "
+                                              "sampling and the host",
     "assets/figures/speculate_speedup.png": "Per request, the speculative loop's speedup per output token over "
                                             "chapter 7's loop, against how many forwards it saves",
 }
