@@ -354,3 +354,20 @@ def test_the_results_page_rows_are_named_in_words_and_its_lists_folded():
     assert text.count("the CPU loop it replaces, end to end") == len(ngram)
     assert not re.search(r"^- ", text, re.MULTILINE), "a list of where the cards differ is not folded"
     assert text.count("<details>") == headline_markdown().count("Where the cards differ")
+
+
+def test_chapter_3_is_also_compared_with_the_fastest_published_gpu_port():
+    """Beside the CPU loop the chapter's question is about, the scoreboard compares the GPU drafter with the pull
+    request's two-phase GPU kernel (step 3) on the same clock, from the same file, and shows its floors once."""
+    for card in (H200,):
+        data = json.loads((card / "ngram.json").read_text())
+        name = data["device"]["name"]
+        rows_ = [r for r in sb.scoreboard() if r["number"] == 3 and r["card"] == name]
+        gpu = [r for r in rows_ if r["rival"].startswith("the pull request's two-phase")]
+        assert len(gpu) == 1 and not gpu[0]["lead"] and gpu[0]["rival_clock"] == gpu[0]["clock"] == "gpu"
+        step3 = [m for m in data["measurements"] if m["series"] == "step03" and all(
+            m["params"].get(k) == v for k, v in sb.NGRAM_CASE.items())]
+        assert gpu[0]["vs_rival"] == pytest.approx(step3[0]["ms"] / gpu[0]["median_ms"])
+    board = sb.scoreboard_markdown()
+    floors = board.split("**Floors")[1]
+    assert floors.count("the GPU drafter: ngram_match") == 1
