@@ -408,3 +408,26 @@ def test_hugging_faces_prompt_lookup_under_xgrammars_processor_stops_at_an_asser
         hf.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False, max_new_tokens=12,
                     logits_processor=[hf_contrib.LogitsProcessor(grammar.xgrammar)], eos_token_id=256,
                     pad_token_id=256, prompt_lookup_num_tokens=4)
+
+
+def test_the_walk_is_the_same_on_a_grammar_that_falls_back_to_xgrammar(spec):
+    """A schema outlines-core cannot compile runs on xgrammar's matcher (``MatcherAutomaton``): the walk cuts and
+    extends drafts there exactly as on chapter 1's automaton of the same grammar."""
+    ours = Grammar.from_suite("user_profile", spec.vocab, whitespace="compact")
+    theirs = Grammar.from_suite("user_profile", spec.vocab, whitespace="compact", engine="xgrammar")
+    from studylog.decode.grammar import suite_sample
+
+    ids = spec.vocab.encode(suite_sample("user_profile", seed=3, whitespace="compact"))
+    states = ours.automaton.walk(ids, ours.automaton.initial)
+    fb_states = theirs.automaton.walk(ids, theirs.automaton.initial)
+    rng = random.Random(7)
+    for i in range(len(ids)):
+        draft = ids[i:i + 6]
+        if draft and rng.random() < 0.4:
+            draft[rng.randrange(len(draft))] = rng.randrange(1000)  # a planted wrong token
+        for extend in (False, True):
+            a = walk_draft(ours.automaton, states[i], draft, 8, extend=extend, eos=spec.vocab.eos_id)
+            b = walk_draft(theirs.automaton, fb_states[i], draft, 8, extend=extend, eos=spec.vocab.eos_id)
+            assert (a.tokens, a.proposed, a.cut) == (b.tokens, b.proposed, b.cut), (i, draft, extend)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        walk_draft(theirs.automaton, fb_states[0], [-1], 8, extend=False)

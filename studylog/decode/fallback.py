@@ -139,6 +139,9 @@ class MatcherAutomaton:
         self._probe = xgr.allocate_token_bitmask(1, vocab.vocab_size)
         self._probe_bytes = self._probe[0].numpy().view(np.uint8)  # the same memory
         self.n_token_forced = 0  # forced states among those whose allowed set has been computed
+        self.vocab_size = vocab.vocab_size
+        #: pieces.Automaton's unchecked transition; here the matcher's walk is the work, so it is :meth:`next`
+        self.transition = self.next
 
     @property
     def n_states(self) -> int:

@@ -52,6 +52,10 @@ class Automaton:
         #: Seconds: building the token index (outlines-core), and precomputing the jump tables.
         self.build_seconds: float = self.fsm.build_seconds
         self.precompute_seconds: float = self.fsm.precompute_seconds
+        self.vocab_size: int = vocab.vocab_size
+        #: :meth:`next` without its check of the id: for a walk over ids already checked once (chapter 8's
+        #: draft walk runs between two GPU steps, where a check per token costs more than the transition).
+        self.transition = self.fsm.index.get_next_state
 
     def next(self, state: int, token: int) -> int | None:
         """The state after ``token``; None when the token is not allowed there."""

@@ -163,18 +163,15 @@ def walk_draft(automaton, state: int, draft: Sequence[int], room: int, *, extend
     forced chain of every state the walk reaches (proposed tokens that disagree with a forced token are cut).
     The walk stops at a state where only EOS is allowed (nothing can follow it) and before a proposed ``eos``
     (whether the output ends there is the model's choice at that position)."""
-    fsm = automaton.fsm
-    vocab_size = fsm.vocab.vocab_size
+    vocab_size = automaton.vocab_size
     if any(not 0 <= t < vocab_size for t in draft):
         raise ValueError(f"draft holds ids outside the vocabulary [0, {vocab_size}): {list(draft)}")
-    # The walk runs on the host between two GPU steps, every step: it calls the index's transition directly
-    # (the ids were checked once above, not once per call) and keeps the state in a local.
-    step, jumps, finals, only_eos = fsm.index.get_next_state, fsm.token_jumps, fsm.finals, fsm.only_eos
+    step = automaton.transition  # the ids were checked once above, not once per transition
     tokens, states, proposed = [], [state], []
     cut = i = 0
     n, s = len(draft), state
-    while len(tokens) < room and not (s in finals and only_eos(s)):
-        jump = jumps.get(s) if extend else None
+    while len(tokens) < room and not automaton.only_eos(s):
+        jump = automaton.token_jump(s) if extend else None
         if jump is not None:  # certain tokens: they join the draft, and the proposal goes on if it agrees
             for t in jump.tokens[:room - len(tokens)]:
                 if i < n and draft[i] == t:
