@@ -139,15 +139,19 @@ def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[st
             "forward_share": loop_ms * 1e3 / verify_us}
 
 
-def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """The same benchmark, the same code, run again on a second H200 (``lab/speculate/results/nvidia-h200/``):
-    step 4's median speedup over chapter 7's step 3 there and in the committed run, at ``batch``."""
+def _lab_file(name: str) -> dict[str, Any]:
+    """A file of ``lab/speculate/results/nvidia-h200/``: the runs the page cites beside the committed one."""
     import json
 
     from studylog.paths import REPO_ROOT
 
-    path = REPO_ROOT / "lab" / "speculate" / "results" / "nvidia-h200" / "speculate_second_host_run.json"
-    second = json.loads(path.read_text())["measurements"]
+    return json.loads((REPO_ROOT / "lab" / "speculate" / "results" / "nvidia-h200" / name).read_text())
+
+
+def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, float]:
+    """The same benchmark, the same code, run again on a second H200 (``lab/speculate/results/nvidia-h200/``):
+    step 4's median speedup over chapter 7's step 3 there and in the committed run, at ``batch``."""
+    second = _lab_file("speculate_second_host_run.json")["measurements"]
     return {"second": statistics.median(report.speedups(second, batch, workload)),
             "first": statistics.median(report.speedups(committed().rows, batch, workload))}
 
@@ -155,12 +159,7 @@ def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, fl
 def prefill_probe() -> dict[str, float]:
     """The first step's median milliseconds of the ``classifier`` request at batch 1 in chapter 7's loop and in step
     4, run in alternating order (``lab/speculate/prefill_probe.py``; its file in ``lab/speculate/results/``)."""
-    import json
-
-    from studylog.paths import REPO_ROOT
-
-    path = REPO_ROOT / "lab" / "speculate" / "results" / "nvidia-h200" / "prefill_probe.json"
-    loops = json.loads(path.read_text())["loops"]
+    loops = _lab_file("prefill_probe.json")["loops"]
     return {k: loops[k]["first_step_ms"]["median"] for k in ("ch7_step03", "step04")}
 
 
