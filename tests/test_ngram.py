@@ -14,6 +14,8 @@ from book.ngram import figures, lesson
 from studylog import cuda, ngram, runtime
 from studylog.ngram import NgramConfig, NgramInputs
 
+from ngram_helpers import model_budget_scan
+
 STEPS = [s.function for s in ngram.CHAPTER.steps]  # every step, in order
 I32, I64 = torch.int32, torch.int64
 POISON = -7  # draft_tokens entries nobody may write keep this value
@@ -245,7 +247,7 @@ def test_budget_scan_matches_the_sequential_rule(seeds):
         expected = run_ref(inputs, draft, this_time, config)
         keys = ngram.model_one_pass_keys(inputs, config, this_time)
         for chunk in (1, 3, 32, 1024):
-            got = ngram.model_budget_scan(inputs, keys, draft, this_time, config, chunk=chunk)
+            got = model_budget_scan(inputs, keys, draft, this_time, config, chunk=chunk)
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (seed, chunk)
 
 
@@ -263,7 +265,7 @@ def test_budget_skip_is_exact(seeds):
         keys = [ngram.NONE_KEY if r else k for k, r in zip(keys, refused)]
         skipped += sum(refused)
         for chunk in (1, 7, 1024):
-            got = ngram.model_budget_scan(inputs, keys, draft, this_time, config, chunk=chunk)
+            got = model_budget_scan(inputs, keys, draft, this_time, config, chunk=chunk)
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (seed, chunk)
     assert skipped > 0  # the random budgets do refuse slots, so the test exercises the skip
 
@@ -314,7 +316,7 @@ def test_published_blockscan_rule_departs_from_the_sequential_one():
     assert run_ref(inputs, draft, this_time, config)[1].tolist() == [5, 4]
     assert lesson.published_blockscan_counts(inputs, keys, this_time, config).tolist() == [5, 5]
     # the exact scan agrees with the sequential rule on both
-    assert ngram.model_budget_scan(inputs, keys, draft, this_time, config)[1].tolist() == [5, 4]
+    assert model_budget_scan(inputs, keys, draft, this_time, config)[1].tolist() == [5, 4]
 
 
 def test_make_batch_kinds_do_what_they_say():

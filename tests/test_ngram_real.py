@@ -17,6 +17,8 @@ from book.ngram import figures, lesson
 from book.ngram import results as book_results
 from studylog import ngram
 from studylog.ngram import NgramConfig, NgramInputs
+
+from ngram_helpers import model_budget_scan
 from studylog.ngram import corpus as corpus_module
 
 STEPS = [s.function for s in ngram.CHAPTER.steps]
@@ -139,7 +141,7 @@ def test_cpu_path_and_models_match_the_reference_on_real_text(rng):
         assert torch.equal(d, expected[0]) and torch.equal(t, expected[1]), seed
         keys = ngram.model_one_pass_keys(inputs, config, this_time)
         assert ngram.search_keys(inputs, config, this_time) == keys, seed
-        modelled = ngram.model_budget_scan(inputs, keys, draft, this_time, config)
+        modelled = model_budget_scan(inputs, keys, draft, this_time, config)
         assert torch.equal(modelled[0], expected[0]) and torch.equal(modelled[1], expected[1]), seed
 
 

@@ -1,36 +1,23 @@
 """Chapter 3: n-gram matching for speculative decoding, from a CPU loop to one GPU launch.
 
-Every decoding step, each active slot of a batch looks up its last ``n`` generated tokens in its
-prompt, then in its earlier generated tokens, and proposes the tokens that followed the leftmost
-earlier occurrence as drafts, under a batch-wide token budget. :func:`reference_ngram_match` is the
-specification (the deployed operator's rules, line by line); every step reproduces it bit for bit.
+Every decoding step, each active slot of a batch looks up its last ``n`` generated tokens in its prompt, then in
+its earlier generated tokens, and proposes the tokens that followed the leftmost earlier occurrence as drafts,
+under a batch-wide token budget. :func:`reference_ngram_match` is the specification (the deployed operator's
+rules, line by line); every step reproduces it bit for bit. Step 1 is the deployed CPU path (C), steps 2 to 7
+CUDA C++ kernels in ``csrc/``; :func:`ngram_match` is the chapter's result under the operator's name, and
+:class:`NgramMatcher` binds a step to one batch's buffers (validated once, capturable in a CUDA graph).
 
-The steps (``CHAPTER.steps``; each a function of :mod:`studylog.ngram.kernels` that runs in place):
-step 1 is the deployed CPU path (C, with its copies), steps 2 to 7 are CUDA C++ kernels in
-``studylog/ngram/csrc/``. :func:`ngram_match` is the chapter's result under the operator's name: step 6 or
-step 7, whichever the measured rule :func:`~studylog.ngram.kernels.final_step` picks for the batch's shapes;
-:class:`NgramMatcher` binds any step to one batch's buffers (the benchmark times it).
-
-Modules: ``formats`` (inputs, config, checks), ``reference`` (the specification), ``models`` (the GPU
-algorithms in Python), ``cpu_path`` (step 1's C loop), ``kernels`` (the steps), ``batches`` (realistic
-batches, synthetic and from real documents, and what the search does on them), ``corpus`` (the real
-documents: the Python standard library's docstrings and source in cl100k tokens, committed as
-``assets/data/ngram_corpus.npz``; ``python -m studylog.ngram corpus`` rebuilds it), ``report``
-(the benchmark, and the headline it reads back from the committed JSON). ``__all__`` is what a reader calls
-after the lesson; everything else is reached by its module (``studylog.ngram.<module>.<name>``), and the package
-keeps the names it imports as attributes. The figures, the lookups in the committed JSON they and the lesson read,
-the lesson's tables and target verdicts, and its exercises with their checks (on a CPU), are the book's:
-``book.ngram.figures``, ``book.ngram.results``, ``book.ngram.lesson`` and ``book.ngram.exercises``.
-
-Every GPU step's :class:`NgramMatcher` call can be captured in a CUDA graph once and replayed over new
-values written into its buffers (:meth:`NgramMatcher.capture`); step 1 and the step functions cannot (they
-copy to the host or check values with a device sync).
+Modules: ``formats`` (inputs, config, checks), ``reference``, ``models`` (the GPU algorithms in Python),
+``cpu_path``, ``kernels`` (the steps), ``batches`` (synthetic and real batches, and what the search does on
+them), ``corpus`` (the real documents, ``python -m studylog.ngram corpus`` rebuilds them), ``report`` (the
+benchmark and its headline). ``__all__`` is what a reader calls after the lesson; the figures, tables and
+exercises are the book's (``book.ngram``).
 """
 
 from __future__ import annotations
 
 from studylog.chapter import Chapter, Step
-from studylog.ngram.batches import (BENCH_MIX, SLOT_KINDS, branch_stats, corpus_batch, draft_acceptance,
+from studylog.ngram.batches import (SLOT_KINDS, branch_stats, corpus_batch, draft_acceptance,
                                     early_exit_bytes, haystack_bytes, make_batch, search_keys)
 from studylog.ngram.corpus import CORPUS_FILES, CORPUS_PATH, Corpus, build_corpus, load_corpus, write_corpus
 from studylog.ngram.cpu_path import CPU_SOURCE, cpu_path_inplace
@@ -40,7 +27,7 @@ from studylog.ngram.kernels import (ITEMS, SIGNATURE, STREAM_INSTANCES, STREAM_L
                                     fused_chunk_len, ngram_match, step01_cpu_path, step02_serial, step03_two_phase,
                                     step04_two_phase_scan, step05_one_pass, step06_one_pass_fused, step07_stream,
                                     stream_chunk_len, stream_vec)
-from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_budget_refused, model_budget_scan,
+from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_budget_refused,
                                    model_one_pass_keys, slot_plan)
 from studylog.ngram.reference import reference_ngram_match
 from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, REAL_SHAPES, SYNCED_DESCRIPTION,
@@ -87,7 +74,7 @@ __all__ = [
     # formats and the specification
     "NgramInputs", "NgramConfig", "validate", "same_state", "NGRAM_MAX", "reference_ngram_match",
     # the models of the GPU algorithms
-    "match_key", "model_one_pass_keys", "model_budget_scan", "model_budget_refused",
+    "match_key", "model_one_pass_keys", "model_budget_refused",
     # batches to run on, synthetic and from real documents
     "make_batch", "corpus_batch",
 ]

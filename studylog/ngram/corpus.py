@@ -1,25 +1,12 @@
 """Real token sequences for chapter 3: Python's standard library, as prose and as code, in cl100k tokens.
 
-Uniform random ids (:func:`studylog.ngram.batches.make_batch`) say little about which branches of the
-kernels run on real prompts: text and code repeat tokens in a Zipfian way, so the newest token occurs
-often, 3-gram matches are common and sit early in the haystack. This module builds a small corpus of
-real token windows that ships with the repository, so the benchmark and the tests can use real text on
-a machine without a tokenizer:
-
-* **code**: the source of :data:`CORPUS_FILES` (modules of the Python standard library, found under
-  ``sysconfig.get_paths()["stdlib"]``), each file as it is;
-* **text**: their documentation strings (module, class and function docstrings in source order,
-  ``ast.get_docstring``), one document per file, paragraphs joined by a blank line;
-
-each tokenized with cl100k (``bpe-openai``'s offline copy of the ``cl100k_base`` vocabulary), the files'
-tokens concatenated in the listed order into one stream per kind, and :data:`WINDOWS` windows of
-:data:`WINDOW` tokens taken at evenly spaced starts of each stream. The committed file
-(``assets/data/ngram_corpus.npz``, :data:`CORPUS_PATH`) records the Python version, each file's SHA-256
-and the tokenizer's version beside the ids.
-
-Regenerate it with ``python -m studylog.ngram corpus`` (needs ``bpe-openai``); ``--check`` compares a
-fresh build with the committed file instead of writing it. :func:`load_corpus` reads the committed file
-(numpy only). Batches are built from it by :func:`studylog.ngram.batches.corpus_batch`.
+Uniform random ids say little about which branches of the kernels run on real prompts: text and code repeat
+tokens in a Zipfian way. The corpus, committed as :data:`CORPUS_PATH` so that the benchmark and the tests need no
+tokenizer, holds :data:`WINDOWS` windows of :data:`WINDOW` tokens per kind, taken at evenly spaced starts of one
+stream per kind: **code**, the source of :data:`CORPUS_FILES` as it is; **text**, their docstrings
+(``ast.get_docstring``, in source order, one document per file). It records the Python version, each file's
+SHA-256 and the tokenizer's version. ``python -m studylog.ngram corpus`` rebuilds it (needs ``bpe-openai``;
+``--check`` compares a fresh build instead); :func:`load_corpus` reads it (numpy only).
 """
 
 from __future__ import annotations

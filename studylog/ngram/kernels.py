@@ -1,20 +1,7 @@
-"""The steps of chapter 3, each a public function that runs it in place and launches its kernels itself, with
-their grids, and :class:`NgramMatcher`, a step bound to one batch's buffers (validated once, the kernels'
-arguments packed once, then run as often as needed: its call is the step function given the bound matcher).
-
-1. :func:`step01_cpu_path`: the deployed path: copy to the host, run the serial C loop, copy back.
-2. :func:`step02_serial`: the same loop as a one-thread GPU kernel (``csrc/ngram_serial.cu``).
-3. :func:`step03_two_phase`: phase 1 searches every slot in parallel (one block per slot, one ``n``
-   at a time, leftmost match by 64-bit ``atomicMin``); phase 2 applies the budget on one thread
-   (``csrc/ngram_two_phase.cu``).
-4. :func:`step04_two_phase_scan`: phase 2 from block-wide prefix sums, exact (``csrc/ngram_common.cuh``).
-5. :func:`step05_one_pass`: one pass per haystack for every ``n`` at once, with early exit.
-6. :func:`step06_one_pass_fused`: the same split over many blocks per slot, phase 2 run by the last
-   block to finish, so the whole step is a single launch (``csrc/ngram_one_pass.cu``, with step 5).
-7. :func:`step07_stream`: the fused kernel without barriers in its loop, with wider evict-first
-   loads, skipping slots the budget refuses whatever the searches find (``csrc/ngram_stream.cu``).
-
-:func:`ngram_match` is the chapter's result under the operator's name: step 6 or 7, by the batch's shapes.
+"""The steps of chapter 3 (``CHAPTER.steps``), each a public function that runs in place and launches its kernels
+itself, with their grids; :class:`NgramMatcher`, a step bound to one batch's buffers (validated once, arguments
+packed once); and :func:`ngram_match`, the chapter's result under the operator's name (step 6 or 7, by the
+batch's shapes, :func:`final_step`).
 """
 
 from __future__ import annotations
@@ -102,32 +89,23 @@ def _require_cuda(name: str, device: torch.device) -> None:
 
 class NgramMatcher:
     """One step bound to its buffers: ``NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time)``
-    validates once, then each call runs the step in place on ``draft_tokens`` and ``seq_lens_this_time``
-    (nothing is checked per call, so the benchmark times only the work). ``step`` is one of the step
-    functions of this module. Scratch buffers belong to the matcher; the GPU steps leave theirs ready for
-    the next call (the fused kernels reset them in their last block, the two-launch steps overwrite them).
+    validates once, then each call runs the step in place (nothing is checked per call, so the benchmark times only
+    the work). ``step`` is one of this module's step functions; its call is that function with ``bound=self``,
+    launching the kernels on :attr:`args`. Scratch buffers belong to the matcher; the GPU steps leave them ready
+    for the next call.
 
-    **In a CUDA graph.** A GPU step's call is graph-safe (:attr:`graph_safe`): it launches its kernels on
-    torch's current stream, with no host synchronisation and no allocation, and every value that changes
-    from one decoding step to the next is read by the kernels from the bound tensors: the token ids,
-    ``prompt_lens``, ``step_idx``, ``draft_token_num``, ``max_dec_len``, ``seq_lens_encoder``,
-    ``seq_lens_decoder`` and the state. So a serving loop builds the matcher once over its buffers,
-    captures it once (:meth:`capture`, or its own ``torch.cuda.graph``), and before each replay writes the
-    new step's values into those same tensors in place (``copy_``; never rebind the attributes of
-    ``inputs``). The launch arguments that are plain numbers are fixed by the buffers' shapes (their widths,
-    the batch size, hence the grid) and by ``config`` (n range, threshold, variant), which a deployment sets
-    once: a different batch size or config is a different matcher and a different graph (an engine captures
-    one graph per batch size and pads with empty slots, ``seq_lens_decoder == 0``). Values are checked
-    only when the matcher is built (``check_values``); each step's values must stay within the ranges
-    :func:`~studylog.ngram.formats.validate` states (``prompt_lens <= prompt width``, ``step_idx < generated
-    width``, ``draft_token_num < draft width``), or the kernels read out of bounds; :meth:`check` checks
-    them again, eagerly. Step 1 cannot be captured: it copies to the host, waits for the GPU and runs a C
-    loop there.
+    **In a CUDA graph.** A GPU step's call (:attr:`graph_safe`) launches on torch's current stream with no host
+    synchronisation and no allocation, and the kernels read every value that changes between decoding steps from
+    the bound tensors. So a serving loop builds the matcher once over its buffers, captures it once
+    (:meth:`capture`), and before each replay writes the new values into those same tensors (``copy_``; never
+    rebind the attributes of ``inputs``). The plain-number arguments are fixed by the buffers' shapes and by
+    ``config``: another batch size or config is another matcher and another graph (an engine pads with empty
+    slots, ``seq_lens_decoder == 0``). Values are checked only when the matcher is built (``check_values``) and
+    by :meth:`check`; out of the ranges :func:`~studylog.ngram.formats.validate` states, the kernels read out of
+    bounds. Step 1 cannot be captured: it copies to the host, waits for the GPU and runs a C loop there.
 
-    Options: ``chunk_tiles`` (step 6) and ``chunk_len`` (step 7) set how many haystack positions a block
-    scans; ``vec`` (step 7) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
-    For a GPU step, ``args`` are the kernels' arguments; a call runs the step function with ``bound=self``, which
-    launches its kernels on them (the grids are in the step functions below).
+    Options: ``chunk_tiles`` (step 6) and ``chunk_len`` (step 7), the haystack positions a block scans; ``vec``
+    (step 7) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
     """
 
     def __init__(self, step: Callable, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
@@ -228,8 +206,7 @@ def step01_cpu_path(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draf
     ``seq_lens_this_time`` in place and returns them. Not capturable in a CUDA graph: the copies wait for
     the GPU and the loop runs on the host. ``bound``, in every step: an :class:`NgramMatcher` of this step
     already bound to these buffers (its call passes itself: no checks, no allocation)."""
-    m = bound if bound is not None else NgramMatcher(step01_cpu_path, inputs, draft_tokens, seq_lens_this_time,
-                                                     config=config)
+    m = bound or NgramMatcher(step01_cpu_path, inputs, draft_tokens, seq_lens_this_time, config=config)
     if m.batch:
         m._call()
     return draft_tokens, seq_lens_this_time
@@ -239,8 +216,7 @@ def step02_serial(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_
                   seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
                   bound: NgramMatcher | None = None) -> Drafts:
     """Step 2: the CPU loop as a one-thread GPU kernel (``ngram_serial``), in place."""
-    m = bound if bound is not None else NgramMatcher(step02_serial, inputs, draft_tokens, seq_lens_this_time,
-                                                     config=config)
+    m = bound or NgramMatcher(step02_serial, inputs, draft_tokens, seq_lens_this_time, config=config)
     if m.batch:
         _kernel("ngram_serial", "ngram_serial", m.device)((1,), (1,), *m.args)
     return draft_tokens, seq_lens_this_time
@@ -251,8 +227,7 @@ def step03_two_phase(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch dra
                      bound: NgramMatcher | None = None) -> Drafts:
     """Step 3: a parallel search per slot and ``n`` (``ngram_search_per_n``, a block per slot), then the budget on
     one thread (``ngram_budget_serial``), in place."""
-    m = bound if bound is not None else NgramMatcher(step03_two_phase, inputs, draft_tokens, seq_lens_this_time,
-                                                     config=config)
+    m = bound or NgramMatcher(step03_two_phase, inputs, draft_tokens, seq_lens_this_time, config=config)
     if m.batch:
         _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
         _kernel("ngram_two_phase", "ngram_budget_serial", m.device)((1,), (1,), *m.args)
@@ -264,8 +239,7 @@ def step04_two_phase_scan(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batc
                           bound: NgramMatcher | None = None) -> Drafts:
     """Step 4: step 3's search, then the exact budget from block-wide prefix sums (``ngram_budget_scan``, one
     block), in place."""
-    m = bound if bound is not None else NgramMatcher(step04_two_phase_scan, inputs, draft_tokens, seq_lens_this_time,
-                                                     config=config)
+    m = bound or NgramMatcher(step04_two_phase_scan, inputs, draft_tokens, seq_lens_this_time, config=config)
     if m.batch:
         _kernel("ngram_two_phase", "ngram_search_per_n", m.device)((m.batch,), (THREADS,), *m.args)
         _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
@@ -277,8 +251,7 @@ def step05_one_pass(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draf
                     bound: NgramMatcher | None = None) -> Drafts:
     """Step 5: one pass over each haystack for every ``n``, with early exit (``ngram_search_one_pass``, a block
     per slot), then step 4's budget scan, in place."""
-    m = bound if bound is not None else NgramMatcher(step05_one_pass, inputs, draft_tokens, seq_lens_this_time,
-                                                     config=config)
+    m = bound or NgramMatcher(step05_one_pass, inputs, draft_tokens, seq_lens_this_time, config=config)
     if m.batch:
         _kernel("ngram_one_pass", "ngram_search_one_pass", m.device)((m.batch,), (THREADS,), *m.args)
         _kernel("ngram_two_phase", "ngram_budget_scan", m.device)((1,), (SCAN_THREADS,), *m.args)
@@ -290,8 +263,8 @@ def step06_one_pass_fused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batc
                           chunk_tiles: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
     """Step 6: step 5 split over many blocks per slot (``chunk_tiles`` tiles each, :func:`fused_chunk_len`
     by default) with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``), in place."""
-    m = bound if bound is not None else NgramMatcher(step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time,
-                                                     config=config, chunk_tiles=chunk_tiles)
+    m = bound or NgramMatcher(step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config,
+                              chunk_tiles=chunk_tiles)
     if m.batch:
         _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)((m.batch, m.prompt_chunks + m.gen_chunks),
                                                                    (THREADS,), *m.args)
@@ -304,8 +277,8 @@ def step07_stream(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_
     """Step 7: step 6 without barriers in its loop, with 16-byte evict-first loads where the rows allow
     (``vec``), skipping the slots the budget refuses (``ngram_stream``), in place. ``chunk_len``:
     haystack positions per block (:func:`stream_chunk_len` by default)."""
-    m = bound if bound is not None else NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time,
-                                                     config=config, chunk_len=chunk_len, vec=vec)
+    m = bound or NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time, config=config,
+                              chunk_len=chunk_len, vec=vec)
     if m.batch:
         _kernel("ngram_stream", STREAM_INSTANCES[0 if m.vec == 2 else 1], m.device)(
             (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
@@ -353,6 +326,7 @@ def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_wi
     return final_step(inputs)(inputs, draft_tokens, seq_lens_this_time, config=config)
 
 
-__all__ = ["STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "final_step", "step_for_shape", "THREADS", "ITEMS", "TILE",
-           "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len", "stream_vec", "stream_chunk_len", "NgramMatcher", "step01_cpu_path", "step02_serial", "step03_two_phase",
-           "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_fused", "step07_stream", "ngram_match"]
+__all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len", "stream_vec",
+           "stream_chunk_len", "NgramMatcher", "step01_cpu_path", "step02_serial", "step03_two_phase",
+           "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_fused", "step07_stream", "STREAM_MIN_TOKENS",
+           "STREAM_MIN_WIDTH", "step_for_shape", "final_step", "ngram_match"]
