@@ -4,8 +4,17 @@ Run from the repository root: ``python lab/fsm/unicode_digits.py``. CPU only, ab
 cl100k_base vocabulary and six outlines-core indexes). Uses only the package's public API.
 """
 
+import numpy as np
+
 from studylog import fsm
 from studylog.fsm import schemas
+
+
+def extra_tokens(wide, narrow, ids) -> list[np.ndarray]:
+    """Walk ``ids`` through two automata of one vocabulary, ``narrow`` accepting a subset of ``wide``'s texts:
+    for each state on the way (start to after the last token), the ids ``wide`` allows and ``narrow`` does not."""
+    return [np.setdiff1d(wide.allowed_array(s), narrow.allowed_array(t))
+            for s, t in zip(wide.walk(ids), narrow.walk(ids), strict=True)]
 
 
 def main() -> None:
@@ -21,7 +30,7 @@ def main() -> None:
 
     date = '"2024-02-29"'
     ids = vocab.encode(date)
-    extra = fsm.extra_tokens(unicode_date, ascii_date, ids)
+    extra = extra_tokens(unicode_date, ascii_date, ids)
     print("| state after | allowed with [0-9] | allowed with Unicode \\d | extra tokens |")
     for written, s, t, e in zip(["(start)"] + [vocab.show(i) for i in ids], unicode_date.walk(ids),
                                 ascii_date.walk(ids), extra):

@@ -1,15 +1,9 @@
 """The automaton of constrained decoding and its two jump tables.
 
-A regex (or a JSON schema turned into a regex by outlines) is indexed over a vocabulary by
-``outlines_core.Index``: every state maps to the tokens allowed there. :class:`ConstrainedFSM` holds that
-index, the character-level automaton of the same regex, and the jump tables the lesson's steps read:
-
-* ``token_jumps`` (step 2): a state whose only allowed token is forced (a final state also allows EOS, so
-  it is never forced); chains of forced states collapse into one :class:`Jump` that appends several tokens;
-* ``char_jumps`` (step 3): a state whose next *bytes* are forced jumps over the whole forced string.
-
-:func:`regex_from_schema` builds a schema's regex; by default it writes outlines-core's ``\\d`` as the
-ASCII class ``[0-9]`` (see :func:`ascii_digit_classes`).
+:class:`ConstrainedFSM` holds outlines-core's index of a regex over a vocabulary (every state's allowed tokens),
+the character-level automaton of the same regex, and the tables the steps read: ``token_jumps`` (step 2: chains
+of states that allow one token; a final state also allows EOS, so it is never forced) and ``char_jumps`` (step 3:
+chains of forced bytes). :func:`regex_from_schema` builds a schema's regex, ``\\d`` written as ``[0-9]``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The decode loop, one step of the lesson at a time, and two deterministic stand-ins for a model.
 
-Each step is a complete greedy decode loop over any ``next_logits(token_ids)`` callable (one forward
-pass), so ``CHAPTER.show_diff`` shows what each step adds to the one before:
-
-1. :func:`step01_uncompressed`: one forward pass per token;
-2. :func:`step02_token_jumps`: a chain of states that allow exactly one token is appended without a pass;
-   the ids are those of step 1, for any model and any ``max_tokens``;
-3. :func:`step03_char_jumps`: a chain of forced *bytes* is appended and the whole text re-encoded with the
-   tokenizer (SGLang's compressed FSM); the text still matches the regex, possibly split into other tokens.
-
-:func:`decode` is the general entry point: it runs the step that ``mode`` names (``"none"``, ``"token"``,
-``"char"``).
+Each step is a complete greedy decode loop over a ``next_logits(token_ids)`` callable (one forward pass), so
+``CHAPTER.show_diff`` shows what each step adds; :func:`decode` runs the step a ``mode`` names
+(``"none"``, ``"token"``, ``"char"``).
 """
 
 from __future__ import annotations
@@ -89,6 +81,11 @@ def _start(fsm: ConstrainedFSM, max_tokens: int) -> DecodeResult:
     return DecodeResult([], b"", 0, False)
 
 
+def _finish(fsm: ConstrainedFSM, res: DecodeResult) -> DecodeResult:
+    res.text = fsm.vocab.decode(res.ids)
+    return res
+
+
 def _ends(fsm: ConstrainedFSM, states: list[int], res: DecodeResult, record: bool) -> bool:
     """Whether the walk is in a state that allows EOS alone: the decode ends there without a pass."""
     if not fsm.only_eos(states[-1]):
@@ -131,8 +128,7 @@ def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tok
     while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
         if not _forward_pass(next_logits, fsm, states, res, record_events):
             break
-    res.text = fsm.vocab.decode(ids)
-    return res
+    return _finish(fsm, res)
 
 
 def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
@@ -157,8 +153,7 @@ def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_toke
             continue
         if not _forward_pass(next_logits, fsm, states, res, record_events):
             break
-    res.text = fsm.vocab.decode(ids)
-    return res
+    return _finish(fsm, res)
 
 
 def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
@@ -209,8 +204,7 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
                 continue
         if not _forward_pass(next_logits, fsm, states, res, record_events):
             break
-    res.text = fsm.vocab.decode(ids)
-    return res
+    return _finish(fsm, res)
 
 
 #: The step each mode of :func:`decode` runs.

@@ -1,24 +1,15 @@
 """Three constrained-decoding libraries behind one interface: ours, xgrammar and llguidance.
 
-All three get the *same regex* (the suite entry's, as :meth:`~studylog.fsm.schemas.SuiteEntry.regex` writes it)
-and the *same vocabulary* (:class:`~studylog.fsm.vocabulary.TokenVocabulary`, cl100k_base built offline):
+All three get the same regex (the suite entry's) and the same :class:`~studylog.fsm.vocabulary.TokenVocabulary`:
 outlines-core indexes it (ours), xgrammar compiles it with ``GrammarCompiler.compile_regex``, llguidance with
-``LLMatcher.grammar_from_regex``. Both peers also compile JSON schemas directly, but each makes its own
-whitespace choices (xgrammar allows any whitespace by default, llguidance none), so a schema compiled three ways
-is three languages; one regex is one language.
+``LLMatcher.grammar_from_regex``. (Each peer's own JSON-schema compiler makes its own whitespace choices, so a
+schema compiled three ways is three languages; one regex is one language.)
 
-Each library sits behind a :class:`Library` (built once per vocabulary) whose :meth:`Library.compile` gives a
-:class:`Grammar` and whose :meth:`Library.matcher` a :class:`Matcher`: consume and roll back tokens, fill a
-packed 32-bit bitmask (bit ``i % 32`` of word ``i // 32`` is token ``i``, as all three write it), and say what
-is forced next:
-
-* ``forced_bytes()``: the string every valid continuation starts with (our character-level jump, xgrammar's
-  ``find_jump_forward_string``, llguidance's ``compute_ff_bytes``);
-* ``forced_tokens()``: tokens appended without a forward pass (our token-level jump, a chain of states that
-  allow one token each; llguidance's ``compute_ff_tokens``, the canonical tokenization of the forced bytes
-  with the last tokens held back when a longer token could span the end; xgrammar has no token form).
-
-The decode loop they all drive and the comparison are in :mod:`~studylog.fsm.peers`.
+A :class:`Library` (built once per vocabulary) compiles a :class:`Grammar`; its :class:`Matcher` consumes and
+rolls back tokens, fills a packed 32-bit bitmask (bit ``i % 32`` of word ``i // 32`` is token ``i``) and says
+what is forced next: ``forced_bytes()`` (our character-level jump, xgrammar's ``find_jump_forward_string``,
+llguidance's ``compute_ff_bytes``) and ``forced_tokens()`` (our token-level jump; llguidance's
+``compute_ff_tokens``; xgrammar has none). The decode loop and the comparison are in :mod:`~studylog.fsm.peers`.
 """
 
 from __future__ import annotations
@@ -43,8 +34,6 @@ POLICIES: tuple[str, ...] = ("none", "tokens", "bytes")
 #: appends it and retokenizes), llguidance its fast-forward tokens.
 LIBRARY_POLICIES: dict[str, tuple[str, ...]] = {"ours": ("none", "tokens", "bytes"), "xgrammar": ("bytes",),
                                                 "llguidance": ("tokens",)}
-#: Distribution names, for ``pip install``: the ``peers`` extra of the package.
-PEER_PACKAGES: dict[str, str] = {"xgrammar": "xgrammar", "llguidance": "llguidance"}
 
 
 class PeerError(RuntimeError):
@@ -56,8 +45,7 @@ def _import_peer(name: str):
         return importlib.import_module(name)
     except ImportError as exc:
         raise ImportError(f"{name} is an optional peer of chapter 1; install the package's 'peers' extra "
-                          f"(pip install -e '.[peers]') or `pip install {PEER_PACKAGES[name]}`") from exc
-
+                          f"(pip install -e '.[peers]') or `pip install {name}`") from exc
 
 
 def peer_versions(names: Sequence[str] = ("xgrammar", "llguidance")) -> dict[str, Optional[str]]:
@@ -70,9 +58,8 @@ def peer_versions(names: Sequence[str] = ("xgrammar", "llguidance")) -> dict[str
             out[name] = None
             continue
         version = getattr(mod, "__version__", None)
-        out[name] = str(version or importlib.metadata.version(PEER_PACKAGES.get(name, name)))
+        out[name] = str(version or importlib.metadata.version(name))
     return out
-
 
 
 def mask_words(vocab_size: int) -> int:
@@ -153,10 +140,6 @@ class Library:
     def _setup(self) -> None:
         """Build the library's view of the vocabulary."""
 
-    @property
-    def version(self) -> str:
-        return peer_versions([self.name])[self.name] or "?"
-
     def compile(self, regex: str) -> Grammar:
         """Compile ``regex`` (timed)."""
         if not isinstance(regex, str) or not regex:
@@ -168,35 +151,8 @@ class Library:
     def _compile(self, regex: str) -> Any:
         raise NotImplementedError
 
-    def compile_schema(self, schema: dict) -> Grammar:
-        """Compile a JSON schema with the library's own JSON-schema compiler and its default options (each
-        makes its own whitespace choices, so the languages differ; the comparison compiles regexes)."""
-        import json
-
-        text = json.dumps(schema)
-        t0 = time.perf_counter()
-        handle = self._compile_schema(text)
-        return Grammar(self.name, f"JSON schema {text}", time.perf_counter() - t0, handle)
-
-    def _compile_schema(self, schema: str) -> Any:
-        raise NotImplementedError
-
     def matcher(self, grammar: Grammar) -> Matcher:
         raise NotImplementedError
-
-    def accepts(self, grammar: Grammar, text: str | bytes) -> bool:
-        """True when the grammar accepts ``text`` whole: its canonical tokens are consumed one by one and EOS
-        is allowed after them."""
-        ids = self.vocab.encode(text)
-        m = self.matcher(grammar)
-        try:
-            for t in ids:
-                m.consume(t)
-        except PeerError:
-            return False
-        words = np.zeros(mask_words(self.vocab.vocab_size), dtype=np.int32)
-        m.fill_mask(words)
-        return bool(unpack_mask(words, self.vocab.vocab_size)[self.vocab.eos_id])
 
 
 class _OursMatcher(Matcher):
@@ -244,17 +200,8 @@ class OursLibrary(Library):
     def _setup(self) -> None:
         self.vocab.outlines_vocabulary()
 
-    @property
-    def version(self) -> str:
-        return f"outlines-core {importlib.metadata.version('outlines_core')}"
-
     def _compile(self, regex: str) -> ConstrainedFSM:
         return ConstrainedFSM(regex, self.vocab)
-
-    def _compile_schema(self, schema: str) -> ConstrainedFSM:
-        from studylog.fsm.automaton import regex_from_schema
-
-        return ConstrainedFSM(regex_from_schema(schema), self.vocab)
 
     def adopt(self, fsm: ConstrainedFSM) -> Grammar:
         """An automaton built earlier over the same vocabulary, as a :class:`Grammar` whose time is the one it
@@ -306,9 +253,6 @@ class XGrammarLibrary(Library):
 
     def _compile(self, regex: str) -> Any:
         return self.compiler.compile_regex(regex)
-
-    def _compile_schema(self, schema: str) -> Any:
-        return self.compiler.compile_json_schema(schema)
 
     def matcher(self, grammar: Grammar) -> Matcher:
         return _XGrammarMatcher(self.xgr, grammar.handle, self.vocab.vocab_size)
@@ -372,13 +316,7 @@ class LLGuidanceLibrary(Library):
         self.tokenizer = self.llg.LLTokenizer(_Wrapper(), n_vocab=vocab.vocab_size)
 
     def _compile(self, regex: str) -> Any:
-        return self._matcher(self.llg.LLMatcher.grammar_from_regex(regex))
-
-    def _compile_schema(self, schema: str) -> Any:
-        return self._matcher(self.llg.LLMatcher.grammar_from_json_schema(schema))
-
-    def _matcher(self, grammar: str) -> Any:
-        matcher = self.llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        matcher = self.llg.LLMatcher(self.tokenizer, self.llg.LLMatcher.grammar_from_regex(regex), log_level=0)
         if matcher.is_error():
             raise PeerError(f"llguidance could not compile the grammar: {matcher.get_error()}")
         return matcher

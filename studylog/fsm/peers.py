@@ -1,19 +1,11 @@
-"""The chapter beside the libraries practitioners use: xgrammar and llguidance on the same regex and vocabulary.
+"""The chapter beside xgrammar and llguidance on the same regex and vocabulary (:mod:`~studylog.fsm.matchers`).
 
-The three libraries sit behind one interface (:mod:`~studylog.fsm.matchers`: the same regex, the same
-vocabulary, a :class:`~studylog.fsm.matchers.Matcher` that fills a packed bitmask and says what is forced next).
-
-:func:`jump_forward_decode` is one greedy decode loop that any matcher drives, with a ``policy``: ``"none"``
-(a pass per token), ``"tokens"`` (append the forced tokens) or ``"bytes"`` (append the forced string and
-retokenize the text, as SGLang does with xgrammar's string). Driven by our matcher it gives the ids and pass
-counts of :func:`~studylog.fsm.decoding.step01_uncompressed`, :func:`~studylog.fsm.decoding.step02_token_jumps`
-and :func:`~studylog.fsm.decoding.step03_char_jumps`.
-
-:func:`compare_peers` runs the suite: the same sampled documents, walked token by token through the three
-matchers (the same states: forced strings and masks compared state by state), decoded under each policy
-(forward passes, forced tokens), and timed on the CPU (``time.perf_counter``: compile one grammar, fill one
-mask). :func:`viable_prefix` is the independent judge of a disagreement: the ``regex`` module's partial match
-says whether a text can still be completed into a match of the regex.
+:func:`jump_forward_decode` is one greedy decode loop any matcher drives, under a ``policy``: ``"none"``,
+``"tokens"`` (append the forced tokens) or ``"bytes"`` (append the forced string and retokenize, as SGLang does
+with xgrammar's); driven by our matcher it gives the ids and passes of the chapter's three steps.
+:func:`compare_peers` walks the suite's documents through the three matchers at once (forced strings and masks
+compared state by state, one mask fill timed per state) and decodes them under each policy.
+:func:`viable_prefix` judges a disagreement independently (the ``regex`` module's partial match).
 """
 
 from __future__ import annotations

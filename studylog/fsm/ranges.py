@@ -1,25 +1,12 @@
 """Integer bounds in JSON-schema regexes: what outlines-core leaves out.
 
-outlines-core writes every ``{"type": "integer"}`` as ``(-)?(0|[1-9][0-9]*)`` and ignores ``minimum``,
-``maximum``, ``exclusiveMinimum`` and ``exclusiveMaximum``: for ``{"type": "integer", "minimum": 1,
-"maximum": 9}`` a constrained model may write ``10``, and the output fails ``jsonschema`` validation.
-
-This module puts the bounds back in three steps:
-
-1. :func:`integer_range_regex` writes the decimal integers of ``[lo, hi]`` (either end open) as a compact
-   regex: the classic digit-by-digit decomposition, no leading zeros, no ``-0``, ASCII ``[0-9]`` only,
-   non-capturing groups, longer branches first;
-2. :func:`bound_integers` rewrites a schema so that every bounded integer subschema becomes
-   ``{"const": S}`` with ``S`` a unique sentinel integer, and returns ``{str(S): "(?:range regex)"}``;
-3. :func:`regex_with_bounds` builds the rewritten schema's regex with outlines-core and replaces each
-   sentinel's literal by its range regex (:func:`replace_sentinels`), refusing a sentinel it cannot find.
-
-Only the subschemas outlines-core actually writes are rewritten: :func:`bound_integers` follows
-outlines-core's own dispatch (``properties`` first, then ``allOf``/``anyOf``/``oneOf``/``prefixItems``,
-``enum``/``const``, ``$ref``, ``type``; an array's ``items`` and an object's ``additionalProperties``) and
-follows local ``$ref`` s into their targets, which it rewrites in place (the ``$ref`` s stay). A subschema
-written several times (an array's items appear twice in outlines-core's regex, a definition once per
-reference) keeps one sentinel, replaced at every occurrence.
+outlines-core writes every ``{"type": "integer"}`` as ``(-)?(0|[1-9][0-9]*)`` and ignores ``minimum``/``maximum``
+(and their exclusive forms), so for ``{"maximum": 9}`` a model may write ``10``. :func:`regex_with_bounds` puts
+them back: :func:`bound_integers` replaces every bounded integer subschema by ``{"const": S}`` (``S`` a unique
+sentinel), outlines-core builds the regex, and :func:`replace_sentinels` swaps each sentinel's digits for
+:func:`integer_range_regex` of its range (refusing a sentinel it cannot find). Only subschemas outlines-core
+writes are visited, in its own dispatch order (``properties``, ``allOf``/``anyOf``/``oneOf``/``prefixItems``,
+``enum``/``const``, ``$ref``, ``type``), local ``$ref`` targets rewritten in place.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The chapter's measurement: the schema suite, decoded by the writer model in the three modes.
-
-This chapter has no GPU benchmark (``CHAPTER.bench`` is None): what it measures is CPU work, forward passes
-counted on the suite of :mod:`studylog.fsm.schemas` and the time of the index build and of the jump
-precompute (``time.perf_counter``). The notebook runs :func:`run_suite`; ``python -m studylog.fsm report``
-prints :func:`savings_table`; the book draws the suite's savings (``book.fsm.figures``, ``python -m book plot fsm``).
+"""The chapter's measurement (no GPU benchmark: ``CHAPTER.bench`` is None): the suite of
+:mod:`studylog.fsm.schemas` decoded by the writer model in the three modes, forward passes counted, index build
+and jump precompute timed (``python -m studylog.fsm report`` prints :func:`savings_table`).
 """
 
 from __future__ import annotations
@@ -12,16 +9,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-import numpy as np
-
 from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import MODES, decode, writer_model
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
 
-#: Published reference point: share of tokens a grammar forces on JSON schemas, with JSON's whitespace and
-#: compact (MaskBench's table of fast-forward tokens, Llama 3 tokenizer, about ten thousand schemas:
-#: https://github.com/guidance-ai/jsonschemabench/tree/main/maskbench).
-MASKBENCH_FORCED_SHARE = (0.13, 0.15)
+
 
 @dataclass
 class EntryResult:
@@ -142,12 +134,3 @@ def savings_table(results: Sequence[EntryResult]) -> str:
     lines.append("| " + " | ".join(total) + " |")
     return "\n".join(lines)
 
-
-# --- what a wider character class costs -----------------------------------------------------------------
-
-def extra_tokens(wide: ConstrainedFSM, narrow: ConstrainedFSM, ids: Sequence[int]) -> list[np.ndarray]:
-    """Walk ``ids`` through two automata of the same vocabulary, ``narrow`` accepting a subset of ``wide``'s
-    texts (the same schema with ``[0-9]`` instead of Unicode ``\\d``): for each state on the way, from the
-    start to the state after the last token, the ids that ``wide`` allows there and ``narrow`` does not."""
-    return [np.setdiff1d(wide.allowed_array(s), narrow.allowed_array(t))
-            for s, t in zip(wide.walk(ids), narrow.walk(ids), strict=True)]

@@ -139,11 +139,6 @@ def _padded(vocab: TokenVocabulary, size: int) -> TokenVocabulary:
                            vocab.encoder)
 
 
-def padded_size(ids: int, multiple: int = 128) -> int:
-    """``ids`` rounded up to a multiple of ``multiple`` (the LM head's rows of a model that pads its vocabulary)."""
-    return -(-ids // multiple) * multiple
-
-
 @functools.lru_cache(maxsize=4)
 def load_vocabulary(name: str = "cl100k_base") -> TokenVocabulary:
     """A real BPE vocabulary that ships inside ``bpe-openai`` (``cl100k_base`` or ``o200k_base``), offline, or
