@@ -1,11 +1,8 @@
 """The chapter's benchmark (``python -m studylog bench masked_lm_head``): every series on the GPU clock
-(``run.measure``: CUDA-graph replay, repeated), the public entry points' host time per call beside it, and the
-practitioners' path (cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer.
-
-The sweep is cut to what the figures, the dispatch rule and the targets read (:func:`cases` lists it; a CPU
-test runs it at toy sizes with a stub harness). Series names come from ``CHAPTER``. :func:`headline` gives the
-chapter's headline rows from a results file; the figures and the lesson's tables are the book's
-(``book.masked_lm_head``).
+(CUDA-graph replay, repeated), the public entry points' host time per call beside it, and the practitioners' path
+(cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer. :func:`cases` lists the sweep (what
+the figures, the dispatch rule and the targets read; a CPU test runs it at toy sizes with a stub harness);
+:func:`steps_at` says which steps each case measures. :func:`headline` reads the headline rows back.
 """
 
 from __future__ import annotations
@@ -16,10 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from studylog.masked_lm_head.compact import step04_compact, step05_stream, step06_few_ids, step07_batched
-from studylog.masked_lm_head.dense import step00_dense, step01_block_skip, step02_column_skip, step03_row_skip
-from studylog.masked_lm_head.dispatch import choose_path, crossover_points, cublas_masked, dense_logits, \
-    dispatch_rule, step09_dispatch
+from studylog.masked_lm_head.dispatch import choose_path, crossover_points, cublas_masked, dense_logits, dispatch_rule
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB, AllowedTokens, default_tiles, fp32_gamma, pack_bitmask
 from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, \
     structured_sets
@@ -37,6 +31,8 @@ XGRAMMAR = "xgrammar_bitmask"
 XGRAMMAR_BF16 = "xgrammar_bitmask_bf16"
 #: Batch sizes of the full run: 4 is in the dispatch's branch for batches 2-7.
 BATCHES = (1, 4, 8, 64, 256)
+#: Steps whose logit is one program's reduction of whole rows (``"row"`` summation of :func:`error_bound`).
+ROW_STEPS = (4, 5, 6)
 
 
 def _chapter():
@@ -70,6 +66,16 @@ def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = 
             for c in cap(counts)]
 
 
+def steps_at(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[int]:
+    """The steps measured at a case, in order (``few``: the union fits step 6's slots). Step 8 runs on the
+    structured sets at batch 1, on the reordered vocabulary, beside its in-sample variant."""
+    random, target = kind == "random", count in (1000, 10_000)
+    if batch > 1:
+        return [3, 7, 9] if random and target else [7, 9]
+    return [n for n, on in ((0, random and target), (1, kind != third_kind), (2, random and count >= 100), (3, True),
+                            (4, random), (5, True), (6, few), (9, True)) if on]
+
+
 def _pick_structured(sets: list[np.ndarray], target: int, batch: int, gen: np.random.Generator) -> list[int] | None:
     """Indices of ``batch`` sets whose size is within a factor 2 of ``target`` (None if none is)."""
     sizes = np.array([s.size for s in sets])
@@ -82,14 +88,13 @@ def _pick_structured(sets: list[np.ndarray], target: int, batch: int, gen: np.ra
 
 
 def _xgrammar():
-    """xgrammar's ``apply_token_bitmask_inplace``, or the reason it is missing."""
+    """xgrammar's ``apply_token_bitmask_inplace`` and its version, or None and the reason it is missing."""
     try:
         import xgrammar
+        from importlib.metadata import version
     except Exception as exc:  # ImportError, or a broken install: the peer is optional
         return None, f"{type(exc).__name__}: {exc}"
     try:
-        from importlib.metadata import version
-
         found = version("xgrammar")
     except Exception:
         found = getattr(xgrammar, "__version__", "unknown")
@@ -97,16 +102,15 @@ def _xgrammar():
 
 
 def bench(run) -> None:  # run: studylog.bench.BenchRun
-    """The chapter's sweep at the size of the post's head (V = 128,256, D = 3,072, bf16), batches 1, 4, 8, 64 and 256."""
+    """The chapter's sweep at the size of the post's head (V = 128,256, D = 3,072, bf16), batches :data:`BATCHES`."""
     run_sweep(run, vocab=VOCAB, hidden=HIDDEN, device="cuda", batches=BATCHES)
 
 
 def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[int],
               structured: StructuredSets | None = None, only: Sequence[tuple[int, str, int]] | None = None,
               peer: Callable | None = None) -> None:
-    """The benchmark body, with the sizes as arguments (a CPU test runs it at toy sizes with a stub harness,
-    to catch mistakes before GPU time is spent). ``only`` replaces :func:`cases`; ``peer`` replaces xgrammar's
-    ``apply_token_bitmask_inplace`` (the CPU test passes the CPU one)."""
+    """The benchmark body, with the sizes as arguments (a CPU test runs it at toy sizes with a stub harness).
+    ``only`` replaces :func:`cases`; ``peer`` replaces xgrammar's ``apply_token_bitmask_inplace``."""
     S = {n: _s(n) for n in range(10)}
     dtype = torch.bfloat16
     dev = torch.device(device)
@@ -153,18 +157,11 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
     w64 = weight.double()
     reference: dict[int, tuple[Tensor, Tensor]] = {}  # batch -> (float64 logits, sum |h_i w_i|) of the current h
-    row_paths = {S[4], S[5], S[6]}
 
-    def set_reference(h: Tensor) -> None:
-        reference.clear()
-        reference[h.shape[0]] = (h.double() @ w64.t(), h.double().abs() @ w64.abs().t())
-
-    def check(series: str, out: Tensor, h: Tensor, allowed: AllowedTokens, params: dict,
-              summation: str | None = None) -> None:
+    def check(series: str, out: Tensor, h: Tensor, allowed: AllowedTokens, params: dict, summation: str) -> None:
         """Against float64, within the fp32 bound of the path's summation (:func:`error_bound`)."""
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        summation = summation or ("row" if series in row_paths else "dot")
         ref, scale = reference[h.shape[0]]
         bound = fp32_gamma(hidden, summation) * scale + 1e-30
         mask = allowed.mask
@@ -185,106 +182,80 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
         run.record(series, timing, params=params, role=role, floor_ms=floor, host=host_timing, **extra)
 
     def ours(series: str, fn: Callable[[Tensor | None], Tensor], h: Tensor, allowed: AllowedTokens, params: dict,
-             summation: str | None = None, **kw) -> None:
+             summation: str = "dot", **kw) -> None:
         """One of our steps: checked on a poisoned output, then timed writing into a preallocated one."""
         check(series, fn(torch.full((h.shape[0], vocab), float("nan"), device=dev)), h, allowed, params, summation)
         out = torch.empty(h.shape[0], vocab, device=dev)
         measure(series, lambda: fn(out), params, host=lambda: fn(out), **kw)
 
-    todo = list(only) if only is not None else cases(vocab, quick=run.quick, third_kind=third_kind,
-                                                      batches=batches)
-    plans: dict[int, MaskedHeadPlan] = {}
-    picked: list[int] = []  # indices into data.sets of the structured sets in use
-
-    def sets_for(kind: str, count: int, batch: int) -> list[np.ndarray] | None:
-        if kind == "random":
-            return random_sets(count, vocab, batch, gen)
-        if kind == "clustered":
-            return clustered_sets(count, vocab, batch, gen)
-        chosen = _pick_structured(data.sets, count, batch, gen)
-        picked[:] = chosen or []
-        return None if chosen is None else [data.sets[i] for i in chosen]
-
+    todo = list(only) if only is not None else cases(vocab, quick=run.quick, third_kind=third_kind, batches=batches)
     for batch in sorted({b for b, _, _ in todo}):
         h = torch.randn(batch, hidden, device=dev).to(dtype)
-        set_reference(h)
-        plan = plans.setdefault(batch, MaskedHeadPlan(weight, batch, rule=rule))
+        reference.clear()
+        reference[batch] = (h.double() @ w64.t(), h.double().abs() @ w64.abs().t())
+        plan = MaskedHeadPlan(weight, batch, rule=rule)
         plan.h.copy_(h)
         logits = torch.empty(batch, vocab, device=dev)
         logits_bf16 = torch.empty(batch, vocab, device=dev, dtype=dtype)
         peer_bitmask = torch.zeros_like(plan.bitmask)
         for _, kind, count in run.progress([c for c in todo if c[0] == batch], f"batch {batch}"):
-            sets = sets_for(kind, count, batch)
-            if sets is None:
-                continue
+            picked = None
+            if kind == "random":
+                sets = random_sets(count, vocab, batch, gen)
+            elif kind == "clustered":
+                sets = clustered_sets(count, vocab, batch, gen)
+            else:
+                picked = _pick_structured(data.sets, count, batch, gen)
+                if picked is None:
+                    continue
+                sets = [data.sets[i] for i in picked]
             allowed = AllowedTokens.from_ids(sets, vocab, device=dev)
             host_bitmask = pack_bitmask(allowed.mask.cpu())
             if dev.type == "cuda":
                 host_bitmask = host_bitmask.pin_memory()
             n_union = allowed.union_count
             params = {"batch": batch, "kind": kind, "allowed": count}
+            vd = params | {"layout": "vd"}
             extra = {"allowed_actual": float(np.mean(allowed.counts)), "union": n_union}
             # the bytes, or an empty kernel's GPU time (both on the GPU clock, as the rows are)
             floor = max(run.floor_ms(n_union * row_bytes + batch * vocab * 4), run.empty_launch_gpu.median)
-            vd = params | {"layout": "vd"}
-            long_dense = True
             first = kind == "random"
 
             # torch baselines
             disallowed, union = allowed.disallowed, allowed.union_ids
             measure("dense_mask", lambda: torch.matmul(h, weight.t()).masked_fill_(disallowed, float("-inf")),
-                    params, role="baseline", long=long_dense, **extra)
+                    params, role="baseline", long=True, **extra)
             measure("index_select", lambda: torch.matmul(h, weight.index_select(0, union).t()), params,
                     role="baseline", long=n_union > 20_000, **extra)
             ours("cublas_fp32_mask", lambda out: cublas_masked(h, weight, allowed, out=out), h, allowed, vd,
                  floor=floor, long=True, **extra)
 
-            # the steps
-            if batch == 1 and first and count in (1000, 10_000):
-                ours(S[0], lambda out: step00_dense(h, weight, allowed, out=out), h, allowed, vd, long=True, **extra)
-            if batch == 1 and kind != third_kind:
-                ours(S[1], lambda out: step01_block_skip(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
-                     long=True, **extra)
-            if batch == 1 and first and count >= 100:
-                ours(S[2], lambda out: step02_column_skip(h, weight, allowed, out=out), h, allowed, vd,
-                     floor=floor, long=True, **extra)
-            if batch == 1 or (first and count in (1000, 10_000)):
-                ours(S[3], lambda out: step03_row_skip(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
-                     long=True, **extra)
-            if batch == 1:
-                if first:
-                    ours(S[4], lambda out: step04_compact(h, weight, allowed, out=out), h, allowed, vd,
-                         floor=floor, **extra)
-                ours(S[5], lambda out: step05_stream(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
-                     **extra)
-                if allowed.few_ids is not None:
-                    ours(S[6], lambda out: step06_few_ids(h, weight, allowed, out=out), h, allowed, vd,
-                         floor=floor, **extra)
-            else:
-                ours(S[7], lambda out: step07_batched(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
-                     **extra)
-            path = choose_path(batch, vocab, n_union, rule)
-            ours(S[9], lambda out: step09_dispatch(h, weight, allowed, out=out), h, allowed, vd, floor=floor,
-                 summation="row" if path in ("few_ids", "stream") else "dot", path=path, **extra)
+            # the steps (step 0 has no floor: it computes every logit)
+            for n in steps_at(batch, kind, count, third_kind, allowed.few_ids is not None):
+                step = _chapter().step(n).function
+                kw = {"floor": floor} if n else {}
+                if n == 9:
+                    path = choose_path(batch, vocab, n_union, rule)
+                    kw |= {"summation": "row" if path in ("few_ids", "stream") else "dot", "path": path}
+                elif n in ROW_STEPS:
+                    kw["summation"] = "row"
+                ours(S[n], lambda out, step=step: step(h, weight, allowed, out=out), h, allowed, vd, long=n <= 3,
+                     **kw, **extra)
             if batch == 1 and first and count in (1000, 10_000):  # the post's [D, V] layout
-                dv = params | {"layout": "dv"}
-                for number, fn in ((1, step01_block_skip), (2, step02_column_skip)):
-                    ours(S[number], lambda out, fn=fn: fn(h, weight_dv, allowed, layout="dv", out=out), h, allowed,
-                         dv, floor=floor, long=True, **extra)
+                for n in (1, 2):
+                    step = _chapter().step(n).function
+                    ours(S[n], lambda out, step=step: step(h, weight_dv, allowed, layout="dv", out=out), h, allowed,
+                         params | {"layout": "dv"}, floor=floor, long=True, **extra)
             if kind == third_kind and batch == 1:  # step 8: the same set on a reordered vocabulary
                 block = default_tiles(8, batch).block_v
-                held_out = orders[1 - fold[picked[0]]]  # fitted on the other fold's grammars
-                head = heads[1 - fold[picked[0]]]
-                allowed8 = allowed.permuted(head.order)
-                ours(S[8], lambda out: step08_reordered(h, head, allowed8, out=out), h, allowed, vd, floor=floor,
-                     long=True, **extra, grammar=data.groups[picked[0]],
-                     active_blocks=active_blocks(sets[0], block, held_out),
-                     active_blocks_original=active_blocks(sets[0], block))
-                allowed8i = allowed.permuted(head_in_sample.order)
-                ours(IN_SAMPLE, lambda out: step08_reordered(h, head_in_sample, allowed8i, out=out), h, allowed, vd,
-                     floor=floor, long=True, **extra, grammar=data.groups[picked[0]],
-                     active_blocks=active_blocks(sets[0], block, in_sample),
-                     active_blocks_original=active_blocks(sets[0], block))
+                other = 1 - fold[picked[0]]  # the order fitted on the other fold's grammars
+                for series, order, head in ((S[8], orders[other], heads[other]),
+                                            (IN_SAMPLE, in_sample, head_in_sample)):
+                    permuted = allowed.permuted(head.order)
+                    ours(series, lambda out, head=head, permuted=permuted: step08_reordered(h, head, permuted, out=out),
+                         h, allowed, vd, floor=floor, long=True, **extra, grammar=data.groups[picked[0]],
+                         active_blocks=active_blocks(sets[0], block, order),
+                         active_blocks_original=active_blocks(sets[0], block))
 
             # the whole step from the packed bitmask: ours (the plan) and the practitioners' path
             def plan_step():
@@ -308,7 +279,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                     return out
 
                 logits.fill_(float("nan"))
-                check(XGRAMMAR, xgrammar_step(), h, allowed, params)
+                check(XGRAMMAR, xgrammar_step(), h, allowed, params, "dot")
                 run.check(f"{XGRAMMAR} and {PLAN} agree", _same_masked(logits, plan.out), params=params)
                 measure(XGRAMMAR, xgrammar_step, params, role="peer", long=True, host=xgrammar_step, **extra)
                 if first and (batch, count) in ((1, 1000), (64, 100), (256, 100)):
