@@ -157,21 +157,21 @@ def _estimated_seconds(results, quick: bool = False) -> dict[str, float]:
         where = {"T": report.BENCH_T, "N": N, "A": A}
         torch_ms = ms("torch-cuDNN", **where)
         out["main"] += _measure_cost_s(torch_ms, n) + _span_cost_s(ms("torch-native", **where))
-        out["main"] += sum(_measure_cost_s(ms(report._step(k).series, **where), n) for k in (7, 8, 9, 10))
+        out["main"] += sum(_measure_cost_s(ms(report.step_of(k).series, **where), n) for k in (7, 8, 9, 10))
         out["main"] += 0.05 * (1 + N / 64) + 0.1  # the plan's host time; the reference and the checks
         if N in report.LESSON_N:  # spans: the final step's and cuDNN's
             out["main"] += _span_cost_s(ms(final, **where)) + _span_cost_s(torch_ms)
         if (A, N) in report.PROFILE_CASES:  # F.ctc_loss on its cuDNN path
             out["main"] += _span_cost_s(torch_ms)
         if (A, N) in grid["lesson"]:
-            out["lesson"] += sum(_measure_cost_s(ms(report._step(k).series, **where), n) for k in range(1, 7))
+            out["lesson"] += sum(_measure_cost_s(ms(report.step_of(k).series, **where), n) for k in range(1, 7))
     for A, g in grid["grain"]:
-        out["grain"] += _measure_cost_s(ms(f"{report._step(4).series} strided", A=A, grain=g), host=False)
+        out["grain"] += _measure_cost_s(ms(f"{report.step_of(4).series} strided", A=A, grain=g), host=False)
     for T, N in grid["stress"]:
         longest = max(report.STRESS_T)
         scale = 1.0 if T <= longest else 3.0 * T / longest  # longer targets, more positions
         for k in range(5, 11):
-            out["stress"] += _measure_cost_s(ms(f"stress {report._step(k).series}", T=min(T, longest)) * scale,
+            out["stress"] += _measure_cost_s(ms(f"stress {report.step_of(k).series}", T=min(T, longest)) * scale,
                                              host=False, reps=report.STRESS_REPS)
         out["stress"] += 5 * _span_cost_s(5.0, reps=5) + 0.3 * T / 100
     out["profile"] = 0.0 if quick else len([p for p in report.PROFILE_CASES if p in grid["main"]]) * 6 * 0.2

@@ -1,57 +1,27 @@
 """Chapter 4: CTC loss and its gradient with respect to the activations, in CUDA C++.
 
-The operation is the one warp-ctc and cuDNN provide: activations (pre-softmax logits) of shape
-``(T, N, A)``, one target label sequence per utterance, input and target lengths, blank = 0.
-The output is the per-utterance negative log-likelihood ``loss[N]`` and the gradient of
-``loss.sum()`` with respect to the activations, ``grad[T, N, A]`` (softmax included).
+The operation is warp-ctc's and cuDNN's: activations (pre-softmax logits) ``(T, N, A)``, one target label sequence
+per utterance, input and target lengths, blank = 0; out come the loss per utterance ``loss[N]`` and the gradient of
+``loss.sum()`` with respect to the activations ``grad[T, N, A]`` (softmax included).
 
-Ten steps, each a public function ``stepNN_<slug>`` with the same arguments (``CHAPTER.steps`` is the
-table of their names); :func:`ctc_loss` is the chapter's result, the last step with its defaults:
+Ten steps, each a public function ``stepNN_<slug>`` with the same arguments (``CHAPTER.steps`` lists them; each
+one's docstring says what it changes): steps 1 to 6 (``warpctc``) follow warp-ctc's design, a softmax kernel, then
+one block per utterance for alpha and one for beta and the gradient (``__restrict__``, ``__ldg``, register
+blocking, shared rows; step 6 is the probability-space counterexample, which estimates its own underflow and
+warns); steps 7 to 10 (``fused``) never write the softmax out and run alpha and beta side by side, one warp (steps
+7 to 9) or a block of warps (step 10) per direction. :func:`ctc_loss` is the chapter's result: step 8 or 10, as
+:func:`~studylog.ctc.fused.final_step` picks for the shape.
 
-1. ``step01_baseline``: warp-ctc style. A log-softmax kernel writes log-probabilities; one block per
-   utterance runs the alpha recursion with the whole alpha matrix in global memory; a second
-   kernel runs the beta recursion and writes the gradient frame by frame.
-2. ``step02_restrict``: the same kernels with ``__restrict__`` pointers.
-3. ``step03_ldg``: read-only loads through ``__ldg``.
-4. ``step04_register_blocking``: each thread keeps ``grain`` positions (labels, skip flags) in
-   registers; the grain size is a template parameter and is swept.
-5. ``step05_shared_rows``: the alpha kernel reads the previous row from shared memory (two live
-   rows) and only writes the matrix out for the gradient.
-6. ``step06_probability_space``: step 5 with probabilities rescaled at every frame (Graves) instead
-   of log-probabilities. The counterexample: it estimates what underflow may have cost each answer
-   and warns, naming the utterances, where the answer cannot be trusted.
-7. ``step07_fused_softmax``: the softmax is never written out. One pass computes each frame's
-   log-sum-exp and gathers the emissions of the target's labels; one warp per utterance and
-   direction runs alpha and beta at the same time from those emissions, rows in registers;
-   a last pass writes ``softmax - posterior`` straight from the activations.
-8. ``step08_branch_free``: step 7's warp recursion without the divergent branch it took at every
-   label position (three-term log-sum-exp everywhere, the skip term masked to -inf), with
-   flush-to-zero ``ex2``/``lg2`` and the row maximum as one ``redux.sync`` (template options).
-9. ``step09_two_passes``: the first pass also writes the softmax as the gradient (it holds the frame
-   in registers), and the last pass only corrects the target's classes in place: the activations
-   cross DRAM once.
-10. ``step10_warps_per_direction``: the recursion spread over a block of W warps (2 or 4 positions
-    per thread), boundary values and row maxima exchanged through shared memory with one barrier
-    per frame.
+Every log-space step renormalises its rows by their maximum at every frame (the loss adds the maxima up in float64)
+and divides each frame's posterior by its own sum: plain float32 log space loses about 1e-4 of relative accuracy
+in the gradient at T = 150, the whole error budget. Targets are validated and packed once per batch by
+:func:`prepare_targets`; with prepared targets every step can be captured in a CUDA graph (step 6 with
+``warn=False``), and :class:`CTCPlan` replays one graph over changing batches.
 
-Every log-space step renormalises its rows by their maximum at every frame (the loss adds the
-maxima up in float64) and divides each frame's posterior by its own sum: plain float32 log space
-accumulates ``|log alpha| ~ T log A`` and loses about 1e-4 of relative accuracy in the gradient
-at T = 150, which is the whole error budget.
-
-Host-side preparation (validation, padding, the list of distinct classes of each target) is done
-once per batch by :func:`prepare_targets`; the kernels then only read small int32 arrays.
-
-Every step is capturable in a CUDA graph once its targets are prepared (no host synchronisation, no length
-read on the host; step 6's warning excepted, which needs the host: ``warn=False`` is capturable).
-:class:`CTCPlan` is the form a graph replays over changing batches: targets, lengths, outputs and workspace
-in buffers sized once for the largest batch, refilled on the host between replays.
-
-Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6,
-errors), ``warpctc`` (steps 1 to 6), ``fused`` (steps 7 to 10), ``plan`` (:class:`CTCPlan`), ``compiled``
-(NVRTC's output for a step; ``book.ctc.compiled`` reads its loads, registers and SASS), ``peers`` (torch's two
-paths), ``report`` (benchmark), ``results`` (headline); CUDA sources in ``csrc/``. The figures, the notebook's tables, the numbers its prose quotes, the blog post's question and
-the exercises are the book's (``book.ctc``), not the library's.
+Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6, errors),
+``warpctc``, ``fused``, ``plan``, ``compiled`` (NVRTC's output for a step), ``peers`` (torch's two paths),
+``report`` (benchmark), ``results`` (headline); CUDA sources in ``csrc/``. Figures, tables and exercises are the
+book's (``book.ctc``).
 """
 
 from __future__ import annotations

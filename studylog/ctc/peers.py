@@ -1,23 +1,15 @@
-"""torch's two CTC paths as the benchmark runs them: which one a call takes, the calls themselves, and whether
-each can be captured in a CUDA graph.
+"""torch's two CTC paths as the benchmark runs them: which one a call takes, the calls, and whether a CUDA graph
+can capture each.
 
-``torch.nn.functional.ctc_loss`` dispatches in ATen (``aten/src/ATen/native/LossCTC.cpp``, ``ctc_loss_impl``;
-the rule is ``_use_cudnn_ctc_loss`` in ``aten/src/ATen/native/cudnn/LossCTC.cpp``). It takes cuDNN's CTC when
-cuDNN is enabled, the blank is 0, the log-probabilities are float32, 3-D and on the GPU, the targets are int32,
-1-D (concatenated), contiguous and **on the CPU**, every input length equals T, and every target is shorter than
-256 labels and no longer than its input; then it calls ``_cudnn_ctc_loss`` with ``deterministic=True``.
-Otherwise it runs its native CUDA kernels (``ctc_loss_log_alpha_gpu_kernel``...) on targets moved to the GPU.
-Lengths given as tensors are first copied to the host (a synchronisation); given as tuples they are not.
+``F.ctc_loss`` takes cuDNN's CTC (ATen's ``_use_cudnn_ctc_loss``) when cuDNN is enabled, the blank is 0, the
+log-probabilities are float32, 3-D and on the GPU, the targets int32, 1-D, contiguous and **on the CPU**, every
+input length equals T and every target is shorter than 256 labels and no longer than its input; otherwise its
+native CUDA kernels run on targets moved to the GPU. Lengths given as tuples need no device-to-host copy.
 
-Neither path of ``F.ctc_loss`` is expected to survive a CUDA-graph capture: the native kernels copy the lengths
-and the targets' offsets from pageable host memory to the GPU in every call, which waits for the stream, and the
-cuDNN path hands cuDNN host arrays of labels and lengths. ATen's other cuDNN entry point,
-``torch._cudnn_ctc_loss`` with int32 *device* tensors for the targets and lengths (cuDNN's ``cudnnCTCLoss_v8``),
-reads everything from the device: it is the candidate for a graph, and it takes the activations themselves
-(cuDNN normalises them with a softmax, ``CUDNN_LOSS_NORMALIZATION_SOFTMAX``) and returns the loss and the
-gradient with respect to them, the same contract as :func:`studylog.ctc.ctc_loss`. The benchmark finds out which
-of the three can be captured (:func:`capturable`, in a separate process so that a failed capture cannot disturb
-its own) and times each on the clock it can have.
+Neither path of ``F.ctc_loss`` is expected to survive a capture (host arrays of labels and lengths, copies from
+pageable memory). ``torch._cudnn_ctc_loss`` with int32 *device* targets and lengths (``cudnnCTCLoss_v8``) reads
+everything from the device and takes the activations themselves (cuDNN applies the softmax): the same contract as
+:func:`studylog.ctc.ctc_loss`, and the candidate for a graph. :func:`capturable` finds out, in a separate process.
 """
 
 from __future__ import annotations
