@@ -16,7 +16,7 @@ from studylog.decode import agreement
 from studylog.decode.grammar import continues_utf8, utf8_prefix
 from studylog.decode.generation import Generation
 from studylog.fsm import compile_fsm, make_vocabulary
-from studylog.fsm.vocabulary import longest_match_encoder
+from book.fsm.exercises import longest_match_encoder
 
 STEPS = ("baseline", "jump_forward", "masked_head")
 

@@ -16,7 +16,7 @@ from studylog.decode import (Decoder, Grammar, LlamaModel, model_config, pieces,
                              step02_jump_forward, step03_masked_head, suite_sample)
 from studylog.decode.fallback import MatcherAutomaton
 from studylog.fsm import make_vocabulary
-from studylog.fsm.vocabulary import longest_match_encoder
+from book.fsm.exercises import longest_match_encoder
 
 STEPS = (step01_baseline, step02_jump_forward, step03_masked_head)
 PROMPT = "Give the answer in the required format."

@@ -21,11 +21,32 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import decode, toy_model
-from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, longest_match_encoder, make_vocabulary
+from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, make_vocabulary
 
 __all__ = ["check_token_jumps", "check_jump_decode", "check_replaced_tokens", "check_ff_tokens",
-           "small_vocabulary",
+           "small_vocabulary", "longest_match_encoder",
            "SMALL_REGEXES"]
+
+
+def longest_match_encoder(table: Mapping[bytes, int]) -> Callable[[str], list[int]]:
+    """A tokenizer for a small vocabulary: at each position the longest token that matches (tests and toy
+    examples; a real BPE merges by rank instead). Every byte of the text must be a token."""
+    longest = max(map(len, table))
+
+    def encode(text: str) -> list[int]:
+        data, out, i = text.encode(), [], 0
+        while i < len(data):
+            for k in range(min(longest, len(data) - i), 0, -1):
+                if data[i:i + k] in table:
+                    out.append(table[data[i:i + k]])
+                    i += k
+                    break
+            else:
+                raise ValueError(f"byte {data[i]:#04x} at position {i} is no token of the vocabulary")
+        return out
+
+    return encode
+
 
 Transitions = Mapping[int, Mapping[int, int]]
 

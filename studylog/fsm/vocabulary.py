@@ -164,26 +164,6 @@ def load_vocabulary(name: str = "cl100k_base") -> TokenVocabulary:
     return TokenVocabulary(name, token_bytes, eos, encoder=enc.encode_ordinary)
 
 
-def longest_match_encoder(table: Mapping[bytes, int]) -> Callable[[str], list[int]]:
-    """A tokenizer for a small vocabulary: at each position the longest token that matches (tests and toy
-    examples; a real BPE merges by rank instead). Every byte of the text must be a token."""
-    longest = max(map(len, table))
-
-    def encode(text: str) -> list[int]:
-        data, out, i = text.encode(), [], 0
-        while i < len(data):
-            for k in range(min(longest, len(data) - i), 0, -1):
-                if data[i:i + k] in table:
-                    out.append(table[data[i:i + k]])
-                    i += k
-                    break
-            else:
-                raise ValueError(f"byte {data[i]:#04x} at position {i} is no token of the vocabulary")
-        return out
-
-    return encode
-
-
 def make_vocabulary(tokens: Mapping[str | bytes, int], eos_id: Optional[int], name: str = "custom",
                     encoder: Optional[Callable[[str], list[int]]] = None) -> TokenVocabulary:
     """A small vocabulary from ``{token text or bytes: id}`` (tests and toy examples). Ids not listed and
