@@ -14,7 +14,6 @@ from studylog import bench as harness
 from studylog import plotting, runtime
 from studylog import ternary as T
 from studylog.ternary import report as R
-from studylog.ternary import results as Res
 from studylog.ternary.bitnet import BITNET_SHAPES
 
 
@@ -47,7 +46,7 @@ def test_cases_cover_every_step_the_targets_and_the_peers():
         else:
             assert (T.GEMLITE in names) == ((n, k) in R.GEMLITE_BATCH_SHAPES)
             assert [s for s in names if s.startswith("step")] == [T.SERIES[i] for i in R.BATCH_STEPS]
-    for shape, m, _ in Res.CUBLAS_TARGETS:
+    for shape, m, _ in tables.CUBLAS_TARGETS:
         n, k = map(int, shape.split("x"))
         assert ("llama", n, k, m) in T.bench_cases(quick=True)
     quick = [(f, n, k, m) for f, n, k, m in T.bench_cases(quick=True)]
@@ -189,7 +188,7 @@ def test_targets_and_headline_on_the_gpu_clock():
             _row(T.GEMLITE, 5.0, "peer", shape="2560x2560"), _row(T.SERIES[12], 5.0, shape="2560x2560"),
             _row(T.INT_MM, 12.0, "baseline", shape="2560x2560"),
             _row("cublas_bf16", 33.0, "baseline", m=16), _row(T.SERIES[9], 15.0, m=16)]
-    checks = {c["target"]: c for c in T.target_checks(_results(rows))}
+    checks = {c["target"]: c for c in tables.target_checks(_results(rows))}
     first = checks["M=1, 4096x14336: >= 4x faster than cuBLAS bf16"]
     assert first["met"] is False and first["short_by"] == pytest.approx(4 / (32 / 8.5))
     assert "step12_w2a8 8.5 µs against 32.0 µs: 3.76x" in first["detail"]

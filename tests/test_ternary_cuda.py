@@ -700,7 +700,7 @@ def test_committed_results_read_under_the_steps_names():
         assert rows and all(r["kernel"].split()[0].rstrip(",") in {s.name for s in T.CHAPTER.steps} for r in rows)
         assert all(r["clock"] == "gpu" for r in rows)
         assert tables.speedup_table(results, 1).count("\n") > 2
-        assert {t["met"] for t in T.target_checks(results)} <= {True, False, None}
+        assert {t["met"] for t in tables.target_checks(results)} <= {True, False, None}
         matplotlib.pyplot.close("all")
 
 

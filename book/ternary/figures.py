@@ -4,8 +4,9 @@ repetitions' spread where the file has it."""
 
 from __future__ import annotations
 
+from book.ternary.results import series_label, shapes_in
 from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_PLACE_SERIES,
-                                      W2A8_SERIES, fastest, on_gpu_clock, series_label, shapes_in)
+                                      W2A8_SERIES, fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
 
 __all__ = ["CARD", "FONT", "SERIES_COLOURS", "SMALL", "figures", "series_colour"]

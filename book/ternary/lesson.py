@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from book.common import PENDING, fmt
+from book.ternary.results import series_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
 from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, W2A8_PLACE_SERIES, W2A8_SERIES,
-                                      fastest, on_gpu_clock, series_label)
+                                      fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES, STEPS
 
 H100 = "nvidia-h100-80gb-hbm3"

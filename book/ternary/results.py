@@ -1,21 +1,40 @@
 """Chapter 5's result tables from the committed benchmark file (``assets/bench/<gpu>/ternary.json``), on the GPU
 clock: each step's speedup over cuBLAS bf16 per shape, our fastest against the peers; and step 12's timeline
-figure from the in-kernel timestamps of ``lab/ternary/w2a8_timeline.py``."""
+figure from the in-kernel timestamps of ``lab/ternary/w2a8_timeline.py``; the chapter's targets
+(:func:`target_checks`)."""
 
 from __future__ import annotations
 
+from typing import Any, Callable, Optional
+
 from book.common import us
+from studylog.ternary import CHAPTER
 from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES,
-                                      fastest, on_gpu_clock, series_label, shapes_in)
+                                      fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
 
-__all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table"]
+__all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table",
+           "series_label", "shapes_in", "target_checks"]
 
 #: the run with BitNet's W2A8 kernel beside ours (``lab/ternary/results/nvidia-h200/``; lab/ternary/README.md)
 BITNET_RUN = "ternary_bitnet_quick"
 #: Series timed at M = 1 (every step), and at M > 1 (the steps made for several rows of x).
 M1_SERIES = [SERIES[n] for n in range(1, 14)]
 BATCH_SERIES = [SERIES[n] for n in (5, 7, 8, 9, 10, 11, 12, 13)]
+
+
+def series_label(series: str) -> str:
+    """A series' legend: its step's name (``step12_w2a8``), or what a baseline or peer is."""
+    return CHAPTER.label(series)
+
+
+def shapes_in(results) -> list[str]:
+    """The shapes (``NxK``) of a results file, in the order they were measured."""
+    seen: dict[str, None] = {}
+    for row in results.rows:
+        if "shape" in row["params"]:
+            seen.setdefault(row["params"]["shape"], None)
+    return list(seen)
 
 
 def series_ms(results, series: str, **params) -> float | None:
@@ -176,3 +195,130 @@ def bitnet_table(results) -> dict:
     ratios = [p / o for _, p, o, _, _ in rows]
     return {"rows": rows, "worst": min(ratios), "best": max(ratios), "table": "\n".join(lines)}
 
+
+# ----------------------------------------------------------------------------------------------
+# The chapter's targets
+# ----------------------------------------------------------------------------------------------
+
+#: (shape, M, how many times faster than cuBLAS bf16) of the targets.
+CUBLAS_TARGETS = (("4096x14336", 1, 4.0), ("8192x28672", 1, 6.0), ("4096x14336", 16, 3.0))
+#: (shapes, most our time may be, in multiples of the 2-bit floor).
+FLOOR_TARGET = (("4096x14336", "8192x28672"), 2.0)
+#: Against the peers at M = 1: faster than GemLite at every shape, by GEMLITE_MAIN_FACTOR at GEMLITE_MAIN_SHAPE;
+#: W2A8 faster than torch._int_mm by INT_MM_FACTOR.
+GEMLITE_MAIN_SHAPE, GEMLITE_MAIN_FACTOR, INT_MM_FACTOR = "4096x14336", 1.5, 1.5
+
+
+def _bandwidth_note(view, shape: str, m: int) -> str:
+    """Why a cuBLAS ratio comes out lower on one card than another: how close cuBLAS runs to the copy
+    bandwidth (bandwidth-bound), and how far our fastest is from only reading its weights (latency)."""
+    base = view.select(CUBLAS, shape=shape, m=m)
+    row, s = fastest(view, FLOAT_X_SERIES + W2A8_SERIES, shape=shape, m=m)
+    bandwidth = view.data.get("ceilings", {}).get("copy_bandwidth_gbs")
+    if not base or row is None or not bandwidth or "bytes" not in base[0]:
+        return ""
+    share = base[0]["bytes"] / (base[0]["ms"] * 1e-3) / (bandwidth * 1e9)
+    text = f"cuBLAS streams its bf16 weights at {share:.0%} of this run's copy bandwidth (bound by bandwidth)"
+    read = view.select("read_weights", shape=shape, m=1)
+    if read:
+        text += (f"; {series_label(s)} takes {row['ms'] / read[0]['ms']:.2f}x the time of a kernel that only reads "
+                 f"our 2-bit weights ({us(read[0]['ms'])} µs), bound by latency (launch, x's first trip, the "
+                 "stream's start): a card with more bandwidth speeds cuBLAS up more than it speeds us")
+    return text
+
+
+def _peer_ratios(view, peer: str, ours: list[str]) -> dict[str, tuple[float, str, dict]]:
+    """Per shape at M = 1 where both were measured: (the peer's time over our fastest of ``ours``, that series,
+    its row)."""
+    out = {}
+    for shape in shapes_in(view):
+        theirs = view.select(peer, shape=shape, m=1)
+        row, s = fastest(view, ours, shape=shape, m=1)
+        if theirs and row is not None:
+            out[shape] = (theirs[0]["ms"] / row["ms"], s, row)
+    return out
+
+
+def _worst(ratios: dict) -> Optional[float]:
+    return min((r for r, _, _ in ratios.values()), default=None)
+
+
+def _ratios_text(ratios: dict, more: Callable[[str, dict], str] = lambda shape, row: "") -> str:
+    return ", ".join(f"{shape} {r:.2f}x ({series_label(s)}{more(shape, row)})"
+                     for shape, (r, s, row) in ratios.items())
+
+
+def target_checks(results) -> list[dict[str, Any]]:
+    """The targets, on the GPU clock: each {"target", "met" (True, False, or None where not measured), "detail"
+    (the numbers), "short_by" (where missed: the factor still missing)}."""
+    view = on_gpu_clock(results)
+    out = []
+
+    def add(target, met, detail, short_by=None):
+        out.append({"target": target, "met": met, "detail": detail or "not measured", "short_by": short_by})
+
+    def add_ratio(target, ratio, want, detail, strict=False):
+        """A target met when ``ratio`` reaches ``want`` (exceeds it, ``strict``); None where not measured."""
+        met = None if ratio is None else (ratio > want if strict else ratio >= want)
+        add(target, met, detail, None if met is not False else want / ratio)
+
+    for shape, m, want in CUBLAS_TARGETS:
+        base = view.select(CUBLAS, shape=shape, m=m)
+        row, s = fastest(view, FLOAT_X_SERIES + W2A8_SERIES, shape=shape, m=m)
+        target = f"M={m}, {shape}: >= {want:.0f}x faster than cuBLAS bf16"
+        if not base or row is None:
+            add(target, None, "")
+            continue
+        ratio = base[0]["ms"] / row["ms"]
+        parts = [f"{series_label(s)} {us(row['ms'])} µs against {us(base[0]['ms'])} µs: {ratio:.2f}x"]
+        bf16, s16 = fastest(view, FLOAT_X_SERIES, shape=shape, m=m)
+        if bf16 is not None and s16 != s:
+            parts.append(f"with bf16 x, {series_label(s16)} {us(bf16['ms'])} µs: {base[0]['ms'] / bf16['ms']:.2f}x")
+        if ratio < want:
+            parts.append(_bandwidth_note(view, shape, m))
+        add_ratio(target, ratio, want, "; ".join(p for p in parts if p))
+    shapes, factor = FLOOR_TARGET
+    for shape in shapes:
+        row, s = fastest(view, FLOAT_X_SERIES + W2A8_SERIES, shape=shape, m=1)
+        target = f"M=1, {shape}: within {factor:.0f}x of the 2-bit floor"
+        if row is None or "floor_ms" not in row:
+            add(target, None, "")
+            continue
+        times = row["ms"] / row["floor_ms"]
+        detail = f"{series_label(s)} {us(row['ms'])} µs, {times:.2f}x the floor ({us(row['floor_ms'])} µs)"
+        read = view.select("read_weights", shape=shape, m=1)
+        if read:
+            detail += f"; a kernel that only reads the weights: {us(read[0]['ms'])} µs"
+        add(target, times <= factor, detail, None if times <= factor else times / factor)
+    # the peers, at M = 1
+    gem = _peer_ratios(view, GEMLITE, FLOAT_X_SERIES)
+    add_ratio("M=1: faster than GemLite (2-bit, bf16 x) at every shape", _worst(gem), 1.0, _ratios_text(gem),
+              strict=True)
+    main = gem.get(GEMLITE_MAIN_SHAPE)
+    add_ratio(f"M=1, {GEMLITE_MAIN_SHAPE}: >= {GEMLITE_MAIN_FACTOR}x faster than GemLite", main and main[0],
+              GEMLITE_MAIN_FACTOR, "" if main is None else f"{main[0]:.2f}x ({series_label(main[1])})")
+    int_mm = _peer_ratios(view, INT_MM, W2A8_SERIES)
+
+    def alone(shape, row):
+        rows = view.select(INT_MM_MATMUL, shape=shape, m=1)
+        return f"; {rows[0]['ms'] / row['ms']:.2f}x the int8 GEMM alone" if rows else ""
+
+    add_ratio(f"M=1: W2A8 >= {INT_MM_FACTOR}x faster than torch._int_mm (x quantised, rows padded) at every shape",
+              _worst(int_mm), INT_MM_FACTOR, _ratios_text(int_mm, alone))
+    bitnet = _peer_ratios(view, BITNET, W2A8_SERIES)
+    add_ratio("M=1: W2A8 faster than BitNet's W2A8 kernel at every shape it takes", _worst(bitnet), 1.0,
+              _ratios_text(bitnet), strict=True)
+    from studylog.bench import failed_checks
+
+    checks = results.data.get("checks", [])
+    bad, of_peers = failed_checks(results.data), failed_checks(results.data, peers=True)
+
+    def named(cs):
+        return ", ".join(f"{c['name']} {c['params'].get('shape', '')} M={c['params'].get('m', '')}" for c in cs[:5])
+
+    add("our results equal their float64 reference", not bad and bool(checks),
+        f"{len(checks) - len(bad) - len(of_peers)} of {len(checks) - len(of_peers)} checks of our kernels passed"
+        + (f"; failed: {named(bad)}" if bad else "")
+        + (f"; a peer's output failed its check (a finding about the peer, not a target): {named(of_peers)}"
+           if of_peers else ""))
+    return out

@@ -1,17 +1,11 @@
 """Chapter 5's closest peer: BitNet's own W2A8 GPU kernel (`microsoft/BitNet <https://github.com/microsoft/BitNet>`_,
 ``gpu/bitnet_kernels/bitnet_kernels.cu``), on the same ternary weights as our steps.
 
-Its code is not part of this repository. The benchmark takes the path of a local checkout of BitNet's repository
-(the variable :data:`BITNET_ENV`, or a ``gpu`` folder copied out of it); without one, its rows are skipped with a
-note. :func:`bitnet_library` builds the kernel file with ``nvcc`` for the GPU at hand (BitNet's own ``compile.sh``
-embeds sm_80 PTX only; here it is built for the card it runs on, with the same flags otherwise) and loads it
-through ``ctypes``, as BitNet's ``gpu/test.py`` does.
-
-What the kernel computes, for one row of x (M = 1): ``out[n] = (sum_k xq[k] * w[n, k]) / s * ws[n // (N / G)]`` in
-bf16, where ``xq`` is x already quantised to int8 (BitNet quantises it with torch ops before the call), ``s`` its
-bf16 scale, ``ws`` bf16 weight scales (G of them) and ``w`` the ternary weights in BitNet's packed layout
-(:func:`bitnet_pack`). It is compiled for ten (N, K) only (:data:`BITNET_SHAPES`): BitNet b1.58 2B4T's
-projections and a few others; anything else prints a line and computes nothing.
+Its code is not part of this repository: the benchmark builds it from a local checkout (the variable
+:data:`BITNET_ENV`) with ``nvcc`` for the GPU at hand and calls it through ``ctypes``, as BitNet's ``gpu/test.py``
+does; without a checkout its rows are skipped with a note. For one row of x it computes, in bf16,
+``out[n] = (sum_k xq[k] w[n, k]) / s * ws[...]``: ``xq`` x already quantised to int8, ``s`` its scale, ``ws`` the
+weight scales and ``w`` in BitNet's packed layout (:func:`bitnet_pack`), for the (N, K) of :data:`BITNET_SHAPES`.
 """
 
 from __future__ import annotations

@@ -77,11 +77,9 @@ def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.Cu
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
-    """Step 10's launch for an (M, N, K) problem, from a sweep on the H200 (the notebook shows it).
-    One row of x: blocks of 8 warps x 2 row tiles (256 rows of W), and K cut until there are about
-    two blocks per SM (at most 8 slices on 132 SMs: 4096 rows make 16 row blocks, 8 slices). More
-    rows of x: one row tile a warp (the MMAs double, registers too), and K cut as far as the copy of
-    x in shared memory needs."""
+    """Step 10's launch for an (M, N, K) problem (the notebook shows the sweep). One row of x: blocks of 8 warps
+    x 2 row tiles (256 rows of W), and K cut until there are about two blocks per SM. More rows of x: one row
+    tile a warp (the MMAs double, registers too), and K cut as far as the copy of x in shared memory needs."""
     sms = sms or runtime.sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if m <= 8:
@@ -160,26 +158,41 @@ def step10_cuda_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
 # ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class TmaConfig:
-    """A launch of step 11: a block owns ``row_tiles`` tiles of 16 weight rows and its ``warps``
-    consumer warps (plus one producer warp) split the block's K among themselves; the producer keeps
-    ``stages`` stages of ``chunk`` groups (1 KiB each) per warp and tile in flight. ``slices`` cuts
-    K across blocks too (grid.y; more when a block's x would not fit in shared memory)."""
+class RingConfig:
+    """What the launches of steps 11 to 13 share: ``warps`` consumer warps a block (plus one producer warp) and
+    tiles of 16 weight rows (the field named ``TILES``); the producer keeps ``stages`` stages of ``chunk`` groups
+    (1 KiB each) per warp and tile in flight; ``slices`` cuts K across blocks (grid.y; more when a block's x would
+    not fit in shared memory). Checked against the compiled instances: ``compiled_shapes()`` and ``WARPS``."""
+
+    TILES, WARPS = "row_tiles", (1, 2, 4, 8, 16)
+
+    def __post_init__(self):
+        shape = (getattr(self, self.TILES), self.stages, self.chunk)
+        if shape not in self.compiled_shapes():
+            raise ValueError(f"({self.TILES}, stages, chunk) must be one of the compiled {self.compiled_shapes()}, "
+                             f"got {shape}")
+        if self.warps not in self.WARPS:
+            raise ValueError(f"warps must be {' or '.join(map(str, self.WARPS))} (the compiled instances), got "
+                             f"{self.warps!r}")
+        if isinstance(self.slices, bool) or not isinstance(self.slices, int) or self.slices < 1:
+            raise ValueError(f"slices must be a positive int, got {self.slices!r}")
+
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes of weights one stage holds."""
+        return 1024 * self.warps * getattr(self, self.TILES) * self.chunk
+
+
+@dataclass(frozen=True)
+class TmaConfig(RingConfig):
+    """A launch of step 11 (:class:`RingConfig`): a block owns ``row_tiles`` tiles of 16 weight rows, and its
+    warps split the block's K among themselves."""
 
     row_tiles: int = 1
     warps: int = 8
     stages: int = 4
     chunk: int = 1
     slices: int = 1
-
-    def __post_init__(self):
-        if (self.row_tiles, self.stages, self.chunk) not in self.compiled_shapes():
-            raise ValueError(f"(row_tiles, stages, chunk) must be one of the compiled {self.compiled_shapes()}, "
-                             f"got {(self.row_tiles, self.stages, self.chunk)}")
-        if self.warps not in (1, 2, 4, 8, 16) or isinstance(self.slices, bool) or not isinstance(self.slices, int) \
-                or self.slices < 1:
-            raise ValueError(f"warps must be 1, 2, 4, 8 or 16 and slices a positive int, got {self.warps}, "
-                             f"{self.slices}")
 
     @staticmethod
     def compiled_shapes() -> tuple:
@@ -189,11 +202,6 @@ class TmaConfig:
     def rows(self) -> int:
         """Weight rows a block covers."""
         return 16 * self.row_tiles
-
-    @property
-    def stage_bytes(self) -> int:
-        """Bytes of weights one stage holds."""
-        return 1024 * self.warps * self.row_tiles * self.chunk
 
 
 #: (row_tiles, stages, chunk) of the compiled step-11 instances: the configurations a caller may choose with
@@ -234,11 +242,10 @@ def _tma_kernel(name: str, device_index: int, instances: tuple, options: tuple =
 
 
 def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
-    """Step 11's launch for an (M, N, K) problem, from a sweep on the H200 (4096 x 14336, 8192 x 28672,
-    14336 x 4096, M = 1 and 16): 4 stages of 1 group a warp and tile. One tile of 16 rows a block,
-    with 8 warps for a long K and 4 for K <= 8192; two tiles and 4 warps a block when there are more
-    than two tiles an SM and K is long (8192 x 28672: fewer blocks, each copying x once for two
-    tiles). Above 8 rows of x, two tiles and 8 warps."""
+    """Step 11's launch for an (M, N, K) problem (from a sweep on the H200): 4 stages of 1 group a warp and tile.
+    One tile of 16 rows a block, 8 warps for a long K and 4 for K <= 8192; two tiles and 4 warps a block when
+    there are more than two tiles an SM and K is long (fewer blocks, each copying x once for two tiles). Above 8
+    rows of x, two tiles and 8 warps."""
     sms = sms or runtime.sm_count()
     tiles = triton.cdiv(n, 16)
     if m > 8:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from studylog.checks import check_tensor
 from studylog.ternary.formats import FORMATS, MMA_X_DTYPES, X_DTYPES, PackedTernary, check_device, check_packed_data
-from studylog.ternary.steps import ternary_matmul as _ternary_matmul
+from studylog.ternary import steps
 
 
 def _packed(data: Tensor, n: int, k: int, fmt: str) -> PackedTernary:
@@ -56,7 +56,7 @@ def _matmul(x: Tensor, packed: Tensor, n: int, k: int, fmt: str = "2bit", scale:
     """float32 ``x @ W.T / scale``, ternary ``W`` given as ``PackedTernary``'s ``data, n, k, fmt``."""
     n, k = int(n), int(k)
     _check(x, packed, n, k, fmt, scale_tensor)
-    return _ternary_matmul(x, _packed(packed, n, k, fmt), scale if scale_tensor is None else scale_tensor)
+    return steps.ternary_matmul(x, _packed(packed, n, k, fmt), scale if scale_tensor is None else scale_tensor)
 
 
 ternary_matmul = torch.library.custom_op("studylog::ternary_matmul", _matmul, mutates_args=())

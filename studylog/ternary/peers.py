@@ -1,18 +1,13 @@
 """Chapter 5's peers: what a practitioner would run instead of our kernels, on the same ternary weights.
 
-* **GemLite** (`mobiusml/gemlite <https://github.com/mobiusml/gemlite>`_, Triton low-bit GEMMs, an optional
-  extra: ``pip install gemlite``) with 2-bit weights and bf16 x, the peer of the bf16-activation steps. Its
-  BitNet processor (``gemlite.helper.A16W158_INT``) stores each weight as the 2-bit code ``w + 1`` with an
-  integer zero point of 1 and one float32 scale per output row, so ``w`` in {-1, 0, +1} is represented exactly:
-  we give it the scale ``1 / scale`` (GemLite multiplies, our kernels divide). Its output is bf16.
-* **torch._int_mm** (int8 x int8 -> int32 on cuBLASLt), the baseline of the W2A8 steps: x quantised to int8
-  per row as :func:`~studylog.ternary.formats.quantize_activations` does (the same bits steps 12 and 13 use),
-  the weights as int8, the product exact in int32, then divided by both scales in float32: the product W2A8
-  defines, as torch computes it. cuBLASLt's int8 GEMM takes more than 16 rows of x and K, N multiples of 8, so
-  x's rows are padded with zeros up to :func:`int_mm_rows` (the least it takes).
+* **GemLite** (`mobiusml/gemlite <https://github.com/mobiusml/gemlite>`_, an optional extra: ``pip install
+  gemlite``), 2-bit weights and bf16 x, the peer of the bf16-activation steps, in the layout of its BitNet
+  processor (codes ``w + 1``, zero point 1, one float32 scale ``1 / scale`` a row: exact for ternary ``w``).
+* **torch._int_mm** (int8 x int8 -> int32 on cuBLASLt), the baseline of the W2A8 steps: x quantised as
+  :func:`~studylog.ternary.formats.quantize_activations` does, int8 weights, then divided by both scales in
+  float32. cuBLASLt takes more than 16 rows of x, so x's rows are padded with zeros (:func:`int_mm_rows`).
 
-Nothing here imports GemLite at module level: :func:`import_gemlite` does, and turns any failure (not
-installed, or no GPU to query when it loads) into an ImportError that the benchmark records as a note.
+GemLite is imported by :func:`import_gemlite` only, which turns any failure into an ImportError.
 """
 
 from __future__ import annotations
@@ -40,9 +35,8 @@ INT_MM_MULTIPLE = 8
 # ----------------------------------------------------------------------------------------------
 
 def import_gemlite():
-    """``gemlite``, or an ImportError saying why not. GemLite queries the GPU when it loads (its config for
-    the device), so on a machine without one its import fails with another error: that too is an
-    ImportError here."""
+    """``gemlite``, or an ImportError saying why not (GemLite queries the GPU when it loads: without one its
+    import fails with another error)."""
     try:
         import gemlite
     except ImportError:
@@ -54,11 +48,9 @@ def import_gemlite():
 
 def gemlite_ternary(w: Tensor, scale: float, *, dtype: torch.dtype = torch.bfloat16,
                     device: Optional[torch.device] = None) -> Any:
-    """A GemLite linear layer computing ``x @ w.T / scale`` for ternary ``w`` (N, K) and ``dtype`` x: 2-bit codes
-    ``w + 1``, zero point 1, the float32 scale ``1 / scale`` for every output row (one group of all of K),
-    applied after the sum, as GemLite's BitNet processor (``gemlite.helper.A16W158_INT``) builds it (with the
-    scales made on the weights' device: that processor makes them on the CPU). Call it with x (M, K); it
-    returns (M, N) in ``dtype``. ``w`` is checked to be ternary (a ValueError otherwise)."""
+    """A GemLite linear layer computing ``x @ w.T / scale`` for ternary ``w`` (N, K), as GemLite's BitNet
+    processor (``gemlite.helper.A16W158_INT``) builds it, with the scales on the weights' device: ``layer(x)``
+    is (M, N) in ``dtype``."""
     if isinstance(scale, (bool, Tensor)) or not math.isfinite(float(scale)) or float(scale) == 0:
         raise ValueError(f"scale must be a finite nonzero number (one per tensor), got {scale!r}")
     ternary = as_ternary(w)
@@ -145,14 +137,9 @@ def int_mm_rows(m: int) -> int:
 
 @dataclass
 class IntMMPlan:
-    """``x @ W.T / scale`` for ternary ``W`` stored as int8, through ``torch._int_mm``: x quantised to int8 per
-    row (:func:`~studylog.ternary.formats.quantize_activations`), copied into the first rows of a buffer of
-    :func:`int_mm_rows` rows whose others stay zero, the int8 GEMM (exact int32 sums), then the first ``m`` rows
-    divided by ``x_scale * scale`` in float32. The buffer is allocated once, so a call allocates only fixed
-    sizes and never waits for the host: it can be captured in a CUDA graph.
-
-    ``w`` is the int8 (N, K) matrix (``w.T`` is the column-major (K, N) operand cuBLASLt wants); K and N must be
-    multiples of 8."""
+    """``x @ W.T / scale`` for ternary ``W`` (int8 (N, K), K and N multiples of 8) through ``torch._int_mm``: x
+    quantised into the first rows of a zero buffer of :func:`int_mm_rows` rows (allocated once: a call can be
+    captured in a CUDA graph), the exact int32 GEMM, then the first ``m`` rows divided by ``x_scale * scale``."""
 
     w: Tensor
     scale: float
@@ -197,8 +184,7 @@ class IntMMPlan:
 # ----------------------------------------------------------------------------------------------
 
 #: A bf16 output (GemLite's, cuBLAS's) agrees with the float64 reference when its error, as a fraction of the
-#: reference's norm, is at most this: a few bf16 roundings (2^-9 each) of the sum and of the partial sums a
-#: split of K adds; a wrong weight layout gives an error of the order of the reference itself.
+#: reference's norm, is at most this: a few bf16 roundings (2^-9 each); a wrong layout gives an error near 1.
 BF16_NORM_TOLERANCE = 2.0**-6
 
 

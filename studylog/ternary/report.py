@@ -1,11 +1,9 @@
-"""Chapter 5's benchmark (``python -m studylog bench ternary``, GPU only); what reads its results (headline,
-targets) is :mod:`studylog.ternary.results`; its figures are the book's (``book.ternary.figures``).
+"""Chapter 5's benchmark (``python -m studylog bench ternary``, GPU only): the cases and series it measures, and
+how each series is built, checked and timed. The series' names and the headline are :mod:`studylog.ternary.results`.
 
-Every series is timed by the harness's policy (``studylog.bench``): its **GPU time**, the call replayed in a
-CUDA graph with its weights rotated among copies that together exceed L2, in three repetitions with fresh x
-and fresh copies (``spread_ms``), and beside it the **host time per call** of the public call, eager
-(``host_ms``). Series are named from the chapter's table of steps (step N's series is ``stepNN``); the
-baselines and peers say what they are (``results.BASELINES``).
+Every series is timed by the harness's policy (``studylog.bench``): its **GPU time**, the call replayed in a CUDA
+graph with its weights rotated among copies that together exceed L2, in three repetitions with fresh x and fresh
+copies (``spread_ms``), and beside it the **host time per call** of the public call, eager (``host_ms``).
 """
 
 from __future__ import annotations
@@ -18,13 +16,14 @@ import torch
 from torch import Tensor
 
 from studylog import runtime
+from studylog.bench import read_only
 from studylog.ternary import peers as P
-from studylog.ternary.cuda_steps import PROBES, cuda_mma_config, step10_cuda_mma, step11_probe, step11_tma, tma_config
-from studylog.ternary.formats import FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean, quantize_activations
 from studylog.ternary.bitnet import (BITNET_ENV, BITNET_SHAPES, bitnet_checkout, bitnet_library, bitnet_linear,
                                      bitnet_pack, bitnet_scales)
-from studylog.ternary.results import (BASELINES, BITNET, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES,  # noqa: F401
-                                      W2A8_PLACE_SERIES, headline, on_gpu_clock, target_checks)
+from studylog.ternary.cuda_steps import PROBES, cuda_mma_config, step10_cuda_mma, step11_probe, step11_tma, tma_config
+from studylog.ternary.formats import FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean, quantize_activations
+from studylog.ternary.results import (BITNET, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES,
+                                      W2A8_PLACE_SERIES)
 from studylog.ternary.steps import SERIES, STEPS
 from studylog.ternary.triton_mma import (step08_w2a8_dot, step08_w2a8_dot_tuned_few, step08_w2a8_dot_tuned_many,
                                          step09_mma, step09_mma_tuned_few, step09_mma_tuned_many)
@@ -71,17 +70,16 @@ def bench_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
 def bench_series(family: str, n: int, k: int, m: int, quick: bool = False) -> list[str]:
     """The series measured at one case, in order (besides step 12's other places to quantise x and the probes,
     :func:`place_series` and :func:`probe_series`)."""
-    s = SERIES
     bitnet = [BITNET] if m == 1 and (n, k) in BITNET_SHAPES else []
     if (quick and family == "bitnet") or (n, k) in BITNET_EXTRA_SHAPES:  # measured for BitNet's kernel only
-        return [CUBLAS, *(s[i] for i in BITNET_ONLY_STEPS), "read_weights", *bitnet]
+        return [CUBLAS, *(SERIES[i] for i in BITNET_ONLY_STEPS), "read_weights", *bitnet]
     if quick:
         steps = (9, 10, 11, 12, 13)
     elif m == 1:
         steps = range(1, 14) if family == "llama" else range(4, 14)  # steps 1-3: the step figure's shapes only
     else:
         steps = BATCH_STEPS
-    out = [CUBLAS, *(s[i] for i in steps)]
+    out = [CUBLAS, *(SERIES[i] for i in steps)]
     if m == 1:
         out.append("read_weights")
     if m == 1 or (not quick and (n, k) in GEMLITE_BATCH_SHAPES):
@@ -148,7 +146,7 @@ class Series:
     """One series at one case: ``make(x, w)`` returns the call (graph-safe) on x and one copy of ``weights``;
     ``host(x, w)`` the public call a user makes, where it differs (steps 1 and 2 check their weights); ``check``
     what its output is checked against ("float": x @ W.T / scale, "w2a8": the product of x quantised, "bf16": the
-    float product within bf16 rounding, "cublas", "int32", or None)."""
+    float product within bf16 rounding, "cublas", "int32", "bitnet", or None)."""
 
     weights: Any
     make: Callable[[Tensor, Any], Callable[[], Any]]
@@ -164,35 +162,18 @@ class Series:
     host_time: bool = True
 
 
-def copies(run, weights) -> list:
-    """``weights`` and copies of it, together past L2 (``run.rotated``; a GemLite layer deep-copied)."""
-    if isinstance(weights, (Tensor, PackedTernary)):
-        return run.rotated(weights)
-    return P.gemlite_copies(weights, run.rotation(weights.W_q.numel() * weights.W_q.element_size()))
-
-
-def measure(run, name: str, spec: Series, x: Tensor, *, params: dict, call_ms: float, **extra) -> dict:
-    """Time ``spec`` by the policy: GPU clock over rotated copies, fresh x and copies each repetition; the host
-    time per call of its public call. Returns the row."""
-    plan = timing_plan(call_ms)
-
-    def make_calls():
-        fresh = torch.randn_like(x)
-        return [spec.make(fresh, w) for w in copies(run, spec.weights)]
-
-    timing = run.gpu_time(make_calls, min_calls=plan["min_calls"], reps=plan["reps"])
-    host = run.host_time((spec.host or spec.make)(x, spec.weights), calls=plan["host_calls"]) if spec.host_time else None
-    return run.record(name, timing, params=params, role=spec.role, host=host, graph_calls=plan["min_calls"], **extra)
-
-
-def _autotuner_for(series: str, m: int):
+def _tuned_config(series: str, m: int) -> str:
+    """The config a Triton step's autotuner chose for this case ("" for the other series)."""
     few = block_m_for(m) <= 32
-    return {
-        SERIES[1]: step01_sign_tuned, SERIES[2]: step02_int8_tuned, SERIES[3]: step03_2bit_tuned, SERIES[4]: step04_gemv_tuned, SERIES[6]: step06_base3_gemv_tuned,
-        SERIES[5]: step05_dot_tuned_few if few else step05_dot_tuned_many, SERIES[7]: step07_base3_dot_tuned_few if few else step07_base3_dot_tuned_many,
+    tuner = {
+        SERIES[1]: step01_sign_tuned, SERIES[2]: step02_int8_tuned, SERIES[3]: step03_2bit_tuned,
+        SERIES[4]: step04_gemv_tuned, SERIES[6]: step06_base3_gemv_tuned,
+        SERIES[5]: step05_dot_tuned_few if few else step05_dot_tuned_many,
+        SERIES[7]: step07_base3_dot_tuned_few if few else step07_base3_dot_tuned_many,
         SERIES[8]: step08_w2a8_dot_tuned_few if few else step08_w2a8_dot_tuned_many,
-        SERIES[9]: step09_mma_tuned_few if block_m_for(m) <= 32 else step09_mma_tuned_many,
+        SERIES[9]: step09_mma_tuned_few if few else step09_mma_tuned_many,
     }.get(series)
+    return str(getattr(tuner, "best_config", "") or "")
 
 
 def _peak_matmul(run, dtype) -> tuple[float, float]:
@@ -270,22 +251,13 @@ def bench(run) -> None:
     _notes(run, gemlite)
     bitnet = _load_bitnet(run)
     torch.manual_seed(0)
-    cases = bench_cases(run.quick)
     shapes: dict[tuple, list[int]] = {}
-    for family, n, k, m in cases:
+    for family, n, k, m in bench_cases(run.quick):
         shapes.setdefault((family, n, k), []).append(m)
     bar = run.progress(list(shapes.items()), "shapes")
     for (family, n, k), ms in bar:
         _bench_shape(run, family, n, k, ms, peak, gemlite, bar, bitnet)
         torch.cuda.empty_cache()
-    from studylog.plotting import Results
-
-    so_far = {"measurements": run.rows, "checks": run.checks, "ceilings": {"copy_bandwidth_gbs": run.copy_bandwidth_gbs},
-              "schema": 2}
-    for t in target_checks(Results(None, so_far)):
-        verdict = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
-        short = f" (short by {t['short_by']:.2f}x)" if t.get("short_by") else ""
-        run.note(f"target {t['target']}: {verdict}{short}: {t['detail']}")
 
 
 def _load_bitnet(run) -> Any:
@@ -309,47 +281,51 @@ def _load_bitnet(run) -> Any:
     return library
 
 
+def _gemlite_layer(run, gemlite: Any, w_t: Tensor, scale: float, params: dict) -> Any:
+    """GemLite's layer of the ternary weights, built and checked once a shape (None where it cannot be)."""
+    if isinstance(gemlite, str):
+        return None
+    try:
+        layer = P.gemlite_ternary(w_t, scale)
+        decoded, scales, zeros = P.gemlite_weights(layer)
+        run.check(f"{GEMLITE} holds the ternary weights exactly", bool(
+            torch.equal(decoded, w_t) and torch.all(scales == torch.tensor(1.0 / scale, dtype=torch.float32))
+            and int(zeros.reshape(-1)[0]) == 1), params=params)
+        return layer
+    except Exception as err:  # noqa: BLE001 (a peer that fails is a note, not a lost run)
+        run.note(f"{GEMLITE} at {params['shape']}: could not be built: {type(err).__name__}: {err}")
+        return None
+
+
 def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite: Any, bar: Any = None,
                  bitnet: Any = None) -> None:
     dev = runtime.device()
     w_t, scale_t = quantize_absmean(torch.randn(n, k, device=dev))
     scale = float(scale_t)  # one number: no per-call tensor
-    w_bf16 = w_t.to(torch.bfloat16)
-    p2, p3 = PackedTernary.pack(w_t, "2bit"), PackedTernary.pack(w_t, "base3")
-    pm, pt = PackedTernary.pack(w_t, "2bit_mma"), PackedTernary.pack(w_t, "2bit_tiles")
-    w64 = w_t.double()
-    layer = None
-    wanted = {name for m in ms_list for name in bench_series(family, n, k, m, run.quick)}
+    w_bf16, w64 = w_t.to(torch.bfloat16), w_t.double()
+    packed = {fmt: PackedTernary.pack(w_t, fmt) for fmt in ("2bit", "base3", "2bit_mma", "2bit_tiles")}
+    pt = packed["2bit_tiles"]
     shape_params = {"shape": f"{n}x{k}", "family": family, "n": n, "k": k}
-    if GEMLITE in wanted and not isinstance(gemlite, str):  # built once a shape, checked once
-        try:
-            layer = P.gemlite_ternary(w_t, scale)
-            decoded, scales, zeros = P.gemlite_weights(layer)
-            run.check(f"{GEMLITE} holds the ternary weights exactly", bool(
-                torch.equal(decoded, w_t) and torch.all(scales == torch.tensor(1.0 / scale, dtype=torch.float32))
-                and int(zeros.reshape(-1)[0]) == 1), params=shape_params)
-        except Exception as err:  # noqa: BLE001 (a peer that fails is a note, not a lost run)
-            run.note(f"{GEMLITE} at {n}x{k}: could not be built: {type(err).__name__}: {err}")
-            layer = None
-    s = SERIES
+    wanted = {name for m in ms_list for name in bench_series(family, n, k, m, run.quick)}
+    layer = _gemlite_layer(run, gemlite, w_t, scale, shape_params) if GEMLITE in wanted else None
+
+    def call(fn, **options):
+        """A step's call on x and one copy of its weights."""
+        return lambda x, w: (lambda: fn(x, w, scale, **options))
 
     for m in ms_list:
         params = {**shape_params, "m": m}
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         xq, x_scale = quantize_activations(x)
-        x64, xq64 = x.double(), xq.double()
+        x64, xq64, xs64 = x.double(), xq.double(), x_scale.double()[:, None]
         refs = {"float": ((x64 @ w64.T) / scale, (x64.abs() @ w64.abs().T) / abs(scale)),
-                "w2a8": ((xq64 @ w64.T) / (x_scale.double()[:, None] * scale),
-                         (xq64.abs() @ w64.abs().T) / (x_scale.double()[:, None] * abs(scale)))}
-        refs["int32"], refs["scale"] = (xq64 @ w64.T, None), scale
-        flops, x_bytes, z_bytes = 2 * m * n * k, m * k * 2, m * n * 4
+                "w2a8": ((xq64 @ w64.T) / (xs64 * scale), (xq64.abs() @ w64.abs().T) / (xs64 * abs(scale))),
+                "int32": (xq64 @ w64.T, None), "scale": scale}
 
-        def quantized(fn):
-            """A call of step 8: x quantised beforehand (not timed)."""
-            def make(x, w):
-                q, qs = quantize_activations(x)
-                return lambda: fn(q, qs, w, scale)
-            return make
+        def quantized(x, w):
+            """Step 8: x quantised beforehand (not timed)."""
+            q, qs = quantize_activations(x)
+            return lambda: step08_w2a8_dot(q, qs, w, scale)
 
         def int_mm(x, w):
             plan = P.IntMMPlan(w, scale, m)
@@ -364,25 +340,20 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
         specs = {
             CUBLAS: Series(w_bf16, lambda x, w: (lambda: x @ w.T), n * k * 2, "cublas", "bf16", "baseline",
                            out_bytes=m * n * 2),
-            s[1]: Series(w_bf16, lambda x, w: (lambda: step01_sign(x, w, scale, check_values=False)), n * k * 2,
-                         host=lambda x, w: (lambda: step01_sign(x, w, scale))),
-            s[2]: Series(w_t, lambda x, w: (lambda: step02_int8(x, w, scale, check_values=False)), n * k,
-                         host=lambda x, w: (lambda: step02_int8(x, w, scale))),
-            s[3]: Series(p2, lambda x, w: (lambda: step03_2bit(x, w, scale)), p2.nbytes),
-            s[4]: Series(p2, lambda x, w: (lambda: step04_gemv(x, w, scale)), p2.nbytes),
-            s[5]: Series(p2, lambda x, w: (lambda: step05_dot(x, w, scale)), p2.nbytes, mma="bf16"),
-            s[6]: Series(p3, lambda x, w: (lambda: step06_base3_gemv(x, w, scale)), p3.nbytes),
-            s[7]: Series(p3, lambda x, w: (lambda: step07_base3_dot(x, w, scale)), p3.nbytes, mma="bf16"),
-            s[8]: Series(p2, quantized(step08_w2a8_dot), p2.nbytes, "w2a8", "int8", in_bytes=m * k + m * 4),
-            s[9]: Series(pm, lambda x, w: (lambda: step09_mma(x, w, scale)), pm.nbytes, mma="bf16"),
-            s[10]: Series(pt, lambda x, w: (lambda: step10_cuda_mma(x, w, scale)), pt.nbytes, mma="bf16",
-                          config=lambda: str(cuda_mma_config(m, n, k))),
-            s[11]: Series(pt, lambda x, w: (lambda: step11_tma(x, w, scale)), pt.nbytes, mma="bf16",
-                          config=lambda: str(tma_config(m, n, k))),
-            s[12]: Series(pt, lambda x, w: (lambda: step12_w2a8(x, w, scale)), pt.nbytes, "w2a8", "int8",
-                          config=lambda: f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}"),
-            s[13]: Series(pt, lambda x, w: (lambda: step13_w2a8_tiles(x, w, scale)), pt.nbytes, "w2a8", "int8",
-                          config=lambda: str(w2a8_tiles_config(m, n, k))),
+            SERIES[1]: Series(w_bf16, call(step01_sign, check_values=False), n * k * 2, host=call(step01_sign)),
+            SERIES[2]: Series(w_t, call(step02_int8, check_values=False), n * k, host=call(step02_int8)),
+            **{SERIES[i]: Series(packed[fmt], call(fn), packed[fmt].nbytes, mma=mma) for i, fn, fmt, mma in (
+                (3, step03_2bit, "2bit", None), (4, step04_gemv, "2bit", None), (5, step05_dot, "2bit", "bf16"),
+                (6, step06_base3_gemv, "base3", None), (7, step07_base3_dot, "base3", "bf16"),
+                (9, step09_mma, "2bit_mma", "bf16"))},
+            SERIES[8]: Series(packed["2bit"], quantized, packed["2bit"].nbytes, "w2a8", "int8", in_bytes=m * k + m * 4),
+            SERIES[10]: Series(pt, call(step10_cuda_mma), pt.nbytes, mma="bf16",
+                               config=lambda: str(cuda_mma_config(m, n, k))),
+            SERIES[11]: Series(pt, call(step11_tma), pt.nbytes, mma="bf16", config=lambda: str(tma_config(m, n, k))),
+            SERIES[12]: Series(pt, call(step12_w2a8), pt.nbytes, "w2a8", "int8",
+                               config=lambda: f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}"),
+            SERIES[13]: Series(pt, call(step13_w2a8_tiles), pt.nbytes, "w2a8", "int8",
+                               config=lambda: str(w2a8_tiles_config(m, n, k))),
             "read_weights": Series(pt, lambda x, w: _read_only(w.data), pt.nbytes, None, role="baseline",
                                    in_bytes=0, out_bytes=0, host_time=False),
             INT_MM: Series(w_t, int_mm, n * k, "w2a8", "int8", "baseline", in_bytes=m * k * 2),
@@ -402,44 +373,37 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
                 out = torch.empty(1, n, dtype=torch.bfloat16, device=x.device)
                 return lambda: bitnet_linear(bitnet, xq_, w, s_, ws_, out)
 
-            packed = bitnet_pack(w_t)
-            specs[BITNET] = Series(packed, bitnet_call, packed.numel(), "bitnet", "int8", "peer",
+            weights = bitnet_pack(w_t)
+            specs[BITNET] = Series(weights, bitnet_call, weights.numel(), "bitnet", "int8", "peer",
                                    in_bytes=k + 2, out_bytes=n * 2)
+        names = [name for name in bench_series(family, n, k, m, run.quick) if name in specs]
         for where, series in place_series(n, k, m, run.quick).items():
-            specs[series] = Series(pt, lambda x, w, q=where: (lambda: step12_w2a8(x, w, scale, quantize=q)), pt.nbytes,
-                                   "w2a8", "int8", config=lambda q=where: f"{w2a8_config(m, n, k, quantize=q)}")
+            specs[series] = Series(pt, call(step12_w2a8, quantize=where), pt.nbytes, "w2a8", "int8",
+                                   config=lambda q=where: f"{w2a8_config(m, n, k, quantize=q)}")
+            names.append(series)
         for (step, probe), series in probe_series(family, m, run.quick).items():
             make_probe, config = {11: (step11_probe, tma_config), 12: (step12_probe, w2a8_config)}[step]
             specs[series] = Series(pt, lambda x, w, f=make_probe, p=probe: f(x, w, scale, p), pt.nbytes, None,
                                    config=lambda c=config, p=probe: f"{c(m, n, k)}; {PROBES[p]}", floor=False,
                                    host_time=False)
-        names = [name for name in bench_series(family, n, k, m, run.quick) if name in specs]
-        names += [series for series in specs if series not in names and series not in {s[i] for i in range(1, 14)}
-                  and series not in (CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, "read_weights", BITNET)]
+            names.append(series)
         for name in names:
-            spec = specs[name]
             if bar is not None and hasattr(bar, "set_postfix_str"):  # where a long sweep is, in the log too
                 bar.set_postfix_str(f"{n}x{k} M={m} {name}")
-            peer = spec.role != "kernel" and name != CUBLAS
             try:
-                _bench_series(run, name, spec, x, params, refs, peak, m, flops, x_bytes, z_bytes)
+                _bench_series(run, name, specs[name], x, params, refs, peak, m, 2 * m * n * k, m * k * 2, m * n * 4)
             except Exception as err:  # noqa: BLE001
-                if not peer:
+                if specs[name].role == "kernel" or name == CUBLAS:
                     raise
                 run.note(f"{name} at {params['shape']}, M = {m}: raised {type(err).__name__}: {err}; not measured")
 
 
 def _read_only(data: Tensor) -> Callable[[], Any]:
-    from studylog.bench import read_only
-
     return read_only(data)
 
 
-def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: dict, peak: dict, m: int,
-                  flops: int, x_bytes: int, z_bytes: int) -> None:
-    fn = spec.make(x, spec.weights)
-    z = fn()  # the first call compiles and autotunes
-    _sync()
+def _check(run, name: str, spec: Series, z: Tensor, params: dict, refs: dict, m: int) -> None:
+    """``z`` checked against what ``spec.check`` names (recorded as a check of the run)."""
     if spec.check in ("float", "w2a8"):
         ref, magnitude = refs[spec.check]
         ratio = error_ratio_from(z.float(), ref, magnitude)
@@ -462,17 +426,32 @@ def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: d
         exact, mag = ref * refs["scale"], magnitude * abs(refs["scale"])
         run.check(f"{name} within bf16 rounding of float64", bool(
             ((z.double() - exact).abs() <= 2**-7 * exact.abs() + 2**-10 * mag).all()), params=params)
-    call_ms = _call_ms(fn)
-    in_bytes = x_bytes if spec.in_bytes is None else spec.in_bytes
-    out_bytes = z_bytes if spec.out_bytes is None else spec.out_bytes
-    nbytes = spec.weight_bytes + in_bytes + out_bytes
-    mem = run.floor_ms(nbytes)
-    compute = flops / (peak[spec.mma] * 1e12) * 1e3 if spec.mma else 0.0
-    tuner = _autotuner_for(name, m)
-    config = str(getattr(tuner, "best_config", "") or "") or spec.config()
-    extra = {"weight_bytes": spec.weight_bytes, "bytes": nbytes, "config": config}
-    if spec.floor:
-        extra.update(floor_ms=max(mem, compute), floor_mem_ms=mem, floor_compute_ms=compute)
-    row = measure(run, name, spec, x, params=params, call_ms=call_ms, **extra)
-    row["gbs"] = nbytes / (row["ms"] * 1e-3) / 1e9
 
+
+def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: dict, peak: dict, m: int,
+                  flops: int, x_bytes: int, z_bytes: int) -> None:
+    """One series at one case: checked on its first call (which compiles and autotunes), then timed by the
+    policy (GPU clock over rotated copies, fresh x and copies each repetition; the host time of its public call)
+    and recorded with its floor, bytes and config."""
+    fn = spec.make(x, spec.weights)
+    z = fn()
+    _sync()
+    _check(run, name, spec, z, params, refs, m)
+    plan = timing_plan(_call_ms(fn))
+    nbytes = spec.weight_bytes + (x_bytes if spec.in_bytes is None else spec.in_bytes) + \
+        (z_bytes if spec.out_bytes is None else spec.out_bytes)
+    extra = {"weight_bytes": spec.weight_bytes, "bytes": nbytes, "config": _tuned_config(name, m) or spec.config()}
+    if spec.floor:
+        mem, compute = run.floor_ms(nbytes), flops / (peak[spec.mma] * 1e12) * 1e3 if spec.mma else 0.0
+        extra.update(floor_ms=max(mem, compute), floor_mem_ms=mem, floor_compute_ms=compute)
+
+    def make_calls():  # fresh x, and the weights with copies of them together past L2 (a GemLite layer deep-copied)
+        fresh, w = torch.randn_like(x), spec.weights
+        ws = run.rotated(w) if isinstance(w, (Tensor, PackedTernary)) else \
+            P.gemlite_copies(w, run.rotation(w.W_q.numel() * w.W_q.element_size()))
+        return [spec.make(fresh, copy) for copy in ws]
+
+    host = (spec.host or spec.make)(x, spec.weights) if spec.host_time else None
+    row = run.measure(name, make_calls, params=params, role=spec.role, host=host, min_calls=plan["min_calls"],
+                      reps=plan["reps"], host_calls=plan["host_calls"], graph_calls=plan["min_calls"], **extra)
+    row["gbs"] = nbytes / (row["ms"] * 1e-3) / 1e9

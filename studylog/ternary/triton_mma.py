@@ -107,11 +107,10 @@ step08_w2a8_dot_tuned_many = autotune(W2A8_DOT_CONFIGS_MANY, key=["N", "K", "BLO
 # A operand; one kernel for every M; split-K without a memset.
 # ----------------------------------------------------------------------------------------------
 
-#: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see pair_weights):
-#: bf16 0.5 (exponent 126: bits 8..13 set, bit 7 clear) and fp16 1.0 (exponent 15: bits 10..13).
+#: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see pair_weights): bf16 0.5
+#: (exponent 126: bits 8..13 set, bit 7 clear); fp16's are 1.0 (exponent 15: bits 10..13, 0x3C003C00).
 #: (The kernels spell them out: Triton kernels read only constexpr globals.)
 BF16_HALF_BITS = 0x3F003F00
-FP16_ONE_BITS = 0x3C003C00
 
 
 @triton.jit

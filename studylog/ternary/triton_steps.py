@@ -398,12 +398,16 @@ def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], me
 
 
 def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
-             dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False):
-    """Launch a kernel with one program column per row of x (steps 1-3 and the M=1 kernels)."""
+             dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False,
+             check_values: bool = False):
+    """Launch a kernel with one program column per row of x (steps 1-3 and the M=1 kernels); ``check_values``:
+    dense weights checked to be -1, 0 or +1 (a pass that waits for the GPU)."""
     x2, vector = check_x(x, weights_k(w))
     m, k = x2.shape
     if dense_dtypes is not None:
         w = check_dense(w, dense_dtypes, k, x2)
+        if check_values:
+            check_ternary_values("w", w)
         n, data, extra = w.shape[0], w, ()
     else:
         w = check_packed(w, fmt, k, x2)
@@ -432,11 +436,7 @@ def step01_sign(x: Float[Tensor, "*m k"], w: Float[Tensor, "n k"], scale: Scale 
     capturable form is ``check_values=False``: check the weights once (``check_ternary_values("w", w)``),
     then call with it inside the graph; nothing then stops a value other than -1, 0, +1 from being read as
     its sign."""
-    x2, _ = check_x(x, weights_k(w))
-    dense = check_dense(w, X_DTYPES, x2.shape[1], x2)
-    if check_values:
-        check_ternary_values("w", dense)
-    return _rowwise(step01_sign_tuned, x, w, scale, out, config, dense_dtypes=X_DTYPES)
+    return _rowwise(step01_sign_tuned, x, w, scale, out, config, dense_dtypes=X_DTYPES, check_values=check_values)
 
 
 def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale = 1.0, *,
@@ -445,11 +445,8 @@ def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale =
     """Step 2: int8 weights, each -1, 0 or +1. The kernel selects x by the sign of a weight, as step 1 does,
     so the weights are checked first in the same way (one pass that waits for the GPU; ``check_values=False``
     is the capturable form, as for :func:`step01_sign`)."""
-    x2, _ = check_x(x, weights_k(w))
-    dense = check_dense(w, (torch.int8,), x2.shape[1], x2)
-    if check_values:
-        check_ternary_values("w", dense)
-    return _rowwise(step02_int8_tuned, x, w, scale, out, config, dense_dtypes=(torch.int8,))
+    return _rowwise(step02_int8_tuned, x, w, scale, out, config, dense_dtypes=(torch.int8,),
+                    check_values=check_values)
 
 
 def step03_2bit(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,

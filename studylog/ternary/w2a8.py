@@ -11,9 +11,7 @@ b1.58 does it and exact int32 sums of 2-bit weights on the int8 tensor cores, fe
 13. :func:`step13_w2a8_tiles` (``step13_w2a8_tiles_kernel``): the same product for several rows of x, one tile
     of 16 weight rows a warp over a slice of K.
 
-Three other places to quantise x were tried and measured slower (the first block for all, a thread block
-cluster sharing the work, each warp its own groups): they are in ``lab/ternary/variants/``, their numbers
-in ``lab/ternary/results/`` and notebook 05.
+The places to quantise x that were measured slower are in ``lab/ternary/variants/``.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 import triton
@@ -31,7 +29,7 @@ from torch import Tensor
 
 from studylog import cuda, runtime
 from studylog.checks import check_choice, check_tensor
-from studylog.ternary.cuda_steps import (CUDA_WORKSPACE, PROBES, RING_BARRIER_BYTES, SMEM_LIMIT, TmaConfig,
+from studylog.ternary.cuda_steps import (CUDA_WORKSPACE, PROBES, RING_BARRIER_BYTES, SMEM_LIMIT, RingConfig, TmaConfig,
                                          aligned_rows, cuda_call_args, require_hopper)
 from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, check_x
 
@@ -59,8 +57,7 @@ W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1), (2,
 
 
 class Quant(IntEnum):
-    """Where step 12 quantises x: its QUANT in ternary_w2a8.cu (QUANT_* there, the same numbers; 2, 3 and 5, the
-    places tried and measured slower, are in lab/ternary/variants/)."""
+    """Where step 12 quantises x: its QUANT in ternary_w2a8.cu (QUANT_* there, the same numbers)."""
 
     SEPARATE = 0  # in a kernel of its own before the matmul (quantize_x, the matmul launched early)
     EVERY_BLOCK = 1  # in every block of the matmul, from global memory (up to 8 rows of x, all of K in shared memory)
@@ -103,7 +100,7 @@ def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
     return b - within + 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1)
 
 
-def w2a8_smem_bytes(cfg: Union[TmaConfig, "W2A8TilesConfig"], x_rows: int, groups_per_slice: int,
+def w2a8_smem_bytes(cfg: RingConfig, x_rows: int, groups_per_slice: int,
                     staged: bool = False) -> int:
     """Dynamic shared memory of a step-12 or step-13 block: mbarriers, stages and its int8 x (``staged``:
     room for its rows of 16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
@@ -116,7 +113,7 @@ def w2a8_smem_bytes(cfg: Union[TmaConfig, "W2A8TilesConfig"], x_rows: int, group
 W2A8_STAGED_GROUPS_PER_WARP = 16
 
 
-def w2a8_max_groups_per_slice(cfg: Union[TmaConfig, "W2A8TilesConfig"], x_rows: int) -> int:
+def w2a8_max_groups_per_slice(cfg: RingConfig, x_rows: int) -> int:
     """The longest slice of K (in groups of 256) whose int8 x fits beside the stages."""
     room = SMEM_LIMIT - RING_BARRIER_BYTES - cfg.stages * cfg.stage_bytes
     return max(1, (room // x_rows - 64) // 256)
@@ -160,13 +157,11 @@ SM_SMEM_BYTES = 228 * 1024
 
 
 def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Optional[str] = None) -> W2A8Config:
-    """Step 12's launch for an (M, N, K) problem, from sweeps on the H200 (the seven bench shapes at
-    M = 1) and the H100 (staged; lab/ternary/README.md): 4 stages of 1 group a warp and tile. Quantising x
-    in every block: one tile a block and 8 warps while there are at most two tiles an SM (every block then
-    shares in reading x), else two tiles a block and 8 warps for a long K (4 for K <= 8192). Staged: every
-    block's launch, but with the fewest row tiles a block that give 3/4 of the SMs or more a block (one
-    block an SM), where x fits. After quantize_x: the fewest tiles a block that let every block run at once
-    (one wave), 8 warps for a long K (4 for K <= 8192); above 8 rows of x, 2 tiles and 8 warps."""
+    """Step 12's launch for an (M, N, K) problem (the sweeps: lab/ternary/README.md), 4 stages of 1 group a warp
+    and tile. Quantising x in every block: one tile and 8 warps a block while there are at most two tiles an SM
+    (every block then shares in reading x), else two tiles and 8 warps for a long K (4 for K <= 8192). Staged:
+    the same, with the fewest row tiles a block that give 3/4 of the SMs or more one block, where x fits. After
+    quantize_x: the fewest tiles a block that run in one wave; above 8 rows of x, 2 tiles and 8 warps."""
     if quantize is not None:
         check_choice("quantize", quantize, W2A8_QUANTIZE)
     sms = sms or runtime.sm_count()
@@ -294,7 +289,7 @@ def check_w2a8_k(k: int, step: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def w2a8_grid(m: int, n: int, k: int, cfg: Union[W2A8Config, "W2A8TilesConfig"],
+def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig,
               fused: bool = False) -> tuple[int, tuple[int, int, int]]:
     """(groups of K a block, grid) of a step-12 or step-13 launch: blocks of ``cfg.rows`` weight rows; K cut
     into ``cfg.slices`` (more where a block's int8 x would not fit beside its stages; never where x is
@@ -405,36 +400,25 @@ def w2a8_choose(m: int, n: int, k: int, config: Optional[W2A8Config] = None, qua
 # ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class W2A8TilesConfig:
-    """A launch of step 13: ``warps`` consumer warps (plus a producer), each owning ``tiles`` tiles of 16
-    weight rows, so a block covers ``16 * warps * tiles`` rows; ``stages`` stages of ``chunk`` groups
-    (1 KiB each) a tile in flight; ``slices`` cuts K across blocks (grid.y; more where a block's x would
-    not fit)."""
+class W2A8TilesConfig(RingConfig):
+    """A launch of step 13 (:class:`~studylog.ternary.cuda_steps.RingConfig`): each warp owns ``tiles`` tiles of
+    16 weight rows, so a block covers ``16 * warps * tiles`` rows."""
 
     warps: int = 4
     tiles: int = 1
     stages: int = 4
     chunk: int = 2
     slices: int = 1
-
-    def __post_init__(self):
-        if self.warps not in (4, 8):
-            raise ValueError(f"warps must be 4 or 8 (the compiled instances), got {self.warps!r}")
-        if (self.tiles, self.stages, self.chunk) not in W2A8_TILES_SHAPES:
-            raise ValueError(f"(tiles, stages, chunk) must be one of the compiled {W2A8_TILES_SHAPES}, got "
-                             f"{(self.tiles, self.stages, self.chunk)}")
-        if isinstance(self.slices, bool) or not isinstance(self.slices, int) or self.slices < 1:
-            raise ValueError(f"slices must be a positive int, got {self.slices!r}")
+    TILES, WARPS = "tiles", (4, 8)
 
     @property
     def rows(self) -> int:
         """Weight rows a block covers."""
         return 16 * self.warps * self.tiles
 
-    @property
-    def stage_bytes(self) -> int:
-        """Bytes of weights one stage holds."""
-        return 1024 * self.warps * self.tiles * self.chunk
+    @staticmethod
+    def compiled_shapes() -> tuple:
+        return W2A8_TILES_SHAPES
 
 
 #: (tiles a warp, stages, chunk) of the compiled step-13 instances, the preferred first.
@@ -455,10 +439,8 @@ W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
 @functools.lru_cache(maxsize=256)
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
     """Step 13's launch for an (M, N, K) problem (kept: a call then only launches): 4 warps of one tile each
-    (the H200 sweep's best at 4096 x 14336, M = 1 and 16, lab/ternary/README.md: two tiles a warp were
-    slower), and of the compiled shapes the first (in W2A8_TILES_SHAPES' order) that needs the fewest waves of
-    blocks: for each, the slices of K that fill the GPU once, or more where a block's x would not fit beside
-    its stages (every compiled shape leaves room for 23 groups of 16 rows)."""
+    (lab/ternary/README.md), and the first compiled shape that needs the fewest waves of blocks, with the
+    slices of K that fill the GPU once, or more where a block's x would not fit beside its stages."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
     best = None
