@@ -325,6 +325,11 @@ class StubRun:
     def __init__(self):
         self.rows, self.checks, self.notes = [], [], []
 
+    def measure(self, *args, **kwargs):
+        from studylog.bench import BenchRun
+
+        return BenchRun.measure(self, *args, **kwargs)
+
     def gpu_time(self, make_calls, **_):
         from studylog.bench import Timing
 

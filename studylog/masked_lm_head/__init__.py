@@ -1,25 +1,16 @@
 """Chapter 2: a masked LM head that computes logits only for the tokens a grammar allows.
 
-In constrained decoding the next token must belong to an allowed set (from an FSM state). The
-usual path computes every logit, ``h @ W.T`` over the whole vocabulary, then overwrites the
-disallowed ones with ``-inf``. At batch 1 that is a GEMV over a ``[V, D]`` bf16 weight: it reads
-all of ``W`` (788 MB for V=128256, D=3072) to keep, perhaps, a thousand of its rows.
+In constrained decoding the next token must belong to an allowed set (from an FSM state). The usual path computes
+every logit, ``h @ W.T``, then overwrites the disallowed ones with ``-inf``: at batch 1, a GEMV that reads all of
+``W`` (788 MB for V=128256, D=3072) to keep perhaps a thousand of its rows.
 
-Every step has the same output contract: fp32 logits ``[B, V]``, the logit for allowed tokens and
-``-inf`` for the others; weights and hidden states in bf16 or fp16; fp32 accumulation. The steps, in
-the lesson's order, are ``CHAPTER.steps`` (``CHAPTER.steps_table()``): steps 0-3 in :mod:`.dense`,
-4-7 in :mod:`.compact`, 8 in :mod:`.reorder`, 9 in :mod:`.dispatch`. :func:`masked_logits` is the
-general entry point: it runs the final step.
+Every step has the same contract: fp32 logits ``[B, V]``, the logit where allowed and ``-inf`` elsewhere; bf16 or
+fp16 weights and hidden states; fp32 accumulation. The steps are ``CHAPTER.steps`` (0-3 in :mod:`.dense`, 4-7 in
+:mod:`.compact`, 8 in :mod:`.reorder`, 9 in :mod:`.dispatch`); :func:`masked_logits` runs the final one. The
+allowed sets travel as :class:`AllowedTokens`, built and validated once per FSM state, so no step synchronises.
 
-The allowed sets travel as :class:`AllowedTokens`, built (and validated) once per FSM state, so the
-steps never synchronise with the device.
-
-``__all__`` is what a reader calls after the lesson: the steps, the entry point and its plan, the formats, the
-reference and the dense peer. Everything else (kernels, tiles, masks to measure on, the benchmark) is reached by its
-module, ``studylog.masked_lm_head.<module>.<name>``; the package keeps those it imports as attributes.
-
-The lesson's numbers and tables (read from the benchmark file) and its exercises, each with a check a reader runs
-on a CPU, are the book's: ``book.masked_lm_head.lesson`` and ``book.masked_lm_head.exercises``.
+``__all__`` is what a reader calls after the lesson; the rest is reached by its module. The lesson's tables and
+exercises are the book's (``book.masked_lm_head``).
 """
 
 from __future__ import annotations
@@ -32,7 +23,7 @@ from studylog.masked_lm_head.compact import (EVICTION, batched_union_kernel, com
 from studylog.masked_lm_head.dense import (block_skip_kernel, column_skip_kernel, dense_matmul_kernel,
                                            row_skip_kernel, step00_dense, step01_block_skip, step02_column_skip,
                                            step03_row_skip)
-from studylog.masked_lm_head.dispatch import (FALLBACK_RULE, PATHS, DispatchRule, choose_path, crossover_points,
+from studylog.masked_lm_head.dispatch import (FALLBACK_RULE, DispatchRule, choose_path, crossover_points,
                                               cublas_masked, dense_logits, dispatch_rule, masked_logits,
                                               rule_from_results, step09_dispatch)
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FP32_UNIT_ROUNDOFF, HIDDEN, LAYOUTS, VOCAB, WEIGHT_DTYPES,

@@ -1,13 +1,6 @@
-"""Steps 4-7: programs that work only on the allowed ids (the union of the batch's allowed sets), reading
-whole rows of the ``[V, D]`` weight, with the ``-inf`` written by fill programs of the same launch.
-
-* step 4 (``step04_compact``, ``compact_rows_kernel``): programs work only on the list of allowed ids (batch 1);
-* step 5 (``step05_stream``, ``compact_stream_kernel``): step 4 with each row read in one burst of loads, the
-  fill programs first and an L2 evict-first hint on the rows;
-* step 6 (``step06_few_ids``, ``few_ids_kernel``): up to eight ids passed as launch arguments, so the row read
-  is the only memory access any program waits for;
-* step 7 (``step07_batched``, ``batched_union_kernel``): B sequences with their own masks in one launch; each
-  row of the union of their allowed sets is read once and multiplied with all B hidden states.
+"""Steps 4-7: programs that work only on the allowed ids (the union of the batch's allowed sets), reading whole
+rows of the ``[V, D]`` weight, with the ``-inf`` written by fill programs of the same launch: the id list (step 4),
+read in one burst of loads (step 5), passed as launch arguments (step 6), and for B sequences at once (step 7).
 """
 
 from __future__ import annotations
@@ -21,10 +14,8 @@ from studylog import runtime  # noqa: F401  (selects GPU or interpreter before k
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, AllowedTokens, Tiles, check_inputs, default_tiles,
                                              dot_dtype, few_tiles, need_batch1, need_layout, output, stream_tiles)
 
-# --------------------------------------------------------------------------------------------
 # Step 4: compacted ids, batch 1. Programs [0, n_compute) each take BLOCK_V allowed ids and read
 # their whole rows; the programs after them write -inf over the disallowed part of the output.
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def compact_rows_kernel(
@@ -52,7 +43,6 @@ def compact_rows_kernel(
         tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
 
 
-# --------------------------------------------------------------------------------------------
 # Step 5: step 4 made to stream. Three changes, all about waiting:
 # * the whole row is one tile ([BLOCK_V, D rounded up to a power of two], the padding masked off,
 #   so it costs registers, not bytes): all of a row's loads are issued back to back and reduced
@@ -62,7 +52,6 @@ def compact_rows_kernel(
 #   was the tail of the launch;
 # * the weight rows are read with an L2 evict-first policy: they are used once, so they recycle
 #   their own L2 lines rather than evict lines that other data (often dirty) occupies.
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def compact_stream_kernel(
@@ -90,13 +79,11 @@ def compact_stream_kernel(
         tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
 
 
-# --------------------------------------------------------------------------------------------
 # Step 6: a handful of ids (a grammar state that forces one token, or allows a few) travel as
 # launch arguments. A row program knows its row without loading an id, and a fill program knows
 # which outputs to leave alone without loading the mask: the row read is the only memory access
 # any program waits for. Unused slots hold -1, which no output position equals. The ids must not
 # be specialised on (Triton would compile a variant for every id equal to 1 or divisible by 16).
-# --------------------------------------------------------------------------------------------
 
 @triton.jit(do_not_specialize=["n_ids", "id0", "id1", "id2", "id3", "id4", "id5", "id6", "id7"])
 def few_ids_kernel(
@@ -119,11 +106,9 @@ def few_ids_kernel(
                 | (offs == id6) | (offs == id7))
         tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=(offs < V) & ~keep)
 
-# --------------------------------------------------------------------------------------------
 # Step 7: batched, each sequence its own mask. Programs take BLOCK_V ids of the union of the
 # allowed sets, read those rows once and multiply them with BLOCK_B hidden states (tl.dot); a
 # logit is stored only where that sequence allows that token. Fill programs write the -inf.
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def gathered_dot(h_ptr, w_ptr, rows, live, offs_b, in_b, stride_hb, stride_wv, D: tl.constexpr,
@@ -177,10 +162,8 @@ def batched_union_kernel(
 
 
 
-# --------------------------------------------------------------------------------------------
 # The steps: checks, then the launch (step 9's dispatch launches the same kernels through their
 # compiled launchers, where host time is the lesson)
-# --------------------------------------------------------------------------------------------
 
 #: The L2 policy of the weight-row loads of steps 5 and 6: the rows are read once, so they go first when
 #: the kernel needs space (they recycle their own lines rather than evict other data).

@@ -1,12 +1,6 @@
-"""Steps 0-3: the Triton matmul tutorial's structure, then three ways for a tiled matmul to skip what the
-grammar forbids.
-
-* step 0 (``step00_dense``, ``dense_matmul_kernel``): all logits, then torch's ``masked_fill``;
-* step 1 (``step01_block_skip``, ``block_skip_kernel``): a program whose vocabulary block holds no allowed
-  token writes ``-inf`` and returns; active blocks mask their output;
-* step 2 (``step02_column_skip``, ``column_skip_kernel``): disallowed columns of an active block are not loaded;
-* step 3 (``step03_row_skip``, ``row_skip_kernel``): the same idea written for ``[V, D]``, where a token is a
-  contiguous row, so skipping it saves whole cache lines and leaves the loads vectorised.
+"""Steps 0-3: the Triton matmul tutorial's structure (all logits, then ``masked_fill``), then three ways for a
+tiled matmul to skip what the grammar forbids: empty blocks (step 1), disallowed columns (step 2), and disallowed
+rows of the ``[V, D]`` layout, whole cache lines with the loads left vectorised (step 3).
 """
 
 from __future__ import annotations
@@ -20,10 +14,8 @@ from studylog import runtime  # noqa: F401  (selects GPU or interpreter before k
 from studylog.masked_lm_head.formats import (AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype,
                                              need_layout, output)
 
-# --------------------------------------------------------------------------------------------
 # Step 0: dense, the Triton matmul tutorial's structure (C[M, N] = A[M, K] @ B[K, N])
 # Here A = h [B, D] and "B" is the head seen as [D, V]: its strides say which layout it has.
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
@@ -88,9 +80,7 @@ def dense_matmul_kernel(
     tl.store(c_ptrs, acc, mask=c_mask)
 
 
-# --------------------------------------------------------------------------------------------
 # Step 1: block-level skip (the post's section 3.1)
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def block_skip_kernel(
@@ -123,9 +113,7 @@ def block_skip_kernel(
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
-# --------------------------------------------------------------------------------------------
 # Step 2: column-level skip (the post's section 3.2): disallowed columns are not loaded
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def column_skip_kernel(
@@ -160,9 +148,7 @@ def column_skip_kernel(
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
-# --------------------------------------------------------------------------------------------
 # Step 3: the [V, D] layout written as rows: a token is one contiguous row of the weight
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def row_skip_kernel(
@@ -198,10 +184,8 @@ def row_skip_kernel(
 
 
 
-# --------------------------------------------------------------------------------------------
 # The steps: checks, then the launch (step 9's dispatch launches the same kernels through their
 # compiled launchers, where host time is the lesson)
-# --------------------------------------------------------------------------------------------
 
 def matmul_strides(weight: Tensor, layout: str) -> tuple[int, int]:
     """(stride along D, stride along V) of the weight, i.e. of the [D, V] matrix 'B' in C = A @ B."""

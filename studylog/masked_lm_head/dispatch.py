@@ -25,9 +25,6 @@ from studylog.masked_lm_head.formats import (FEW_IDS_MAX, VOCAB, AllowedTokens, 
                                              dot_dtype, few_tiles, output, stream_tiles)
 from studylog.masked_lm_head.launch import FastKernel
 
-#: The paths :func:`choose_path` names, and the step (or baseline) each one runs.
-PATHS = {"few_ids": "step06_few_ids", "stream": "step05_stream", "batched": "step07_batched",
-         "row_skip": "step03_row_skip", "cublas": "cublas_masked"}
 #: The dense paths: ``"row_skip"`` (step 3, our Triton kernel, fused masking) or ``"cublas"`` (torch matmul
 #: with fp32 output, then ``masked_fill``).
 DENSE_PATHS = ("row_skip", "cublas")
@@ -35,14 +32,11 @@ DENSE_PATHS = ("row_skip", "cublas")
 
 @dataclass(frozen=True)
 class DispatchRule:
-    """The thresholds of :func:`choose_path`.
-
-    ``compact_max_fraction``: batch size -> the largest fraction of the vocabulary (rows of the union of the
-    batch's allowed sets) for which a compacted kernel is used (step 5 or 6 at batch 1, step 7 above);
-    ``dense_path``: batch size -> the dense path used above it. Batch 1 uses key 1's entries; a batch above 1
-    uses those of the largest key above 1 not above it, or, when every key above 1 is larger, the smallest of
-    them: batch 1's numbers were measured on other kernels (steps 5 and 6) than a batch's (step 7), so a batch
-    never takes them. With keys {1, 4}, batch 2 takes key 4's entries. ``few_max``: batch-1 sets of at most this many ids take step 6 (at most :data:`FEW_IDS_MAX`).
+    """The thresholds of :func:`choose_path`. ``compact_max_fraction``: batch size -> the largest fraction of the
+    vocabulary (rows of the union of the batch's sets) that takes a compacted kernel (step 5 or 6 at batch 1, step
+    7 above); ``dense_path``: batch size -> the dense path above it. A batch above 1 uses the entries of the largest
+    key above 1 not above it, else the smallest key above 1 (batch 1's were measured on other kernels): with keys
+    {1, 4}, batch 2 takes key 4's. ``few_max``: batch-1 sets of at most this many ids take step 6.
     ``source`` says where the numbers come from.
     """
 
@@ -119,15 +113,12 @@ def _last_win(points: list[tuple[int, bool]]) -> tuple[int | None, int | None]:
 
 
 def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
-    """The dispatch thresholds measured in one benchmark run (a :class:`studylog.plotting.Results`).
-
-    The rule, per batch size of the run, over all its mask kinds together: a compacted kernel is used up
-    to the largest union at which it was measured no slower than the best dense path with no slower point
-    below it (never past the largest union measured, even where it never lost); the dense path is the one of
-    step 3 and cuBLAS + mask with the smaller total time over the batch's points where both were measured
-    (step 3 if none has both and step 3 was measured, else cuBLAS + mask); batch-1 sets take step 6 up to the
-    largest count at which it was no slower than step 5 with no slower count below it (all it has slots
-    for if it never lost). ``vocab`` is the benchmark's vocabulary (:data:`VOCAB`).
+    """The dispatch thresholds measured in one benchmark run (a :class:`studylog.plotting.Results`), per batch
+    size over all its mask kinds: a compacted kernel up to the largest union where it was no slower than the best
+    dense path with no slower point below (never past the largest union measured); the dense path, step 3 or
+    cuBLAS + mask, whichever has the smaller total time where both were measured (step 3 if only it was); step 6
+    up to the largest batch-1 count where it was no slower than step 5 with no slower count below (all its slots
+    if it never lost). ``vocab`` is the benchmark's vocabulary (:data:`VOCAB`).
     """
     points = crossover_points(results.rows)
     if not points:
@@ -237,12 +228,12 @@ _ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, c
                                                                batched_union_kernel))
 
 
-def _constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> dict:
-    """The constexpr arguments and launch options of ``path``'s kernel, as its step passes them: one dict per
-    configuration, kept (looked up by the tiles' identity, checked, rather than by hashing their fields), as
+def launch_constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> dict:
+    """The constexpr arguments and launch options of ``path``'s kernel (steps 3, 5, 6, 7 and the plan's count
+    kernels), as its step passes them: one dict per configuration, kept (looked up by the tiles' identity), as
     :class:`~studylog.masked_lm_head.launch.FastKernel` wants."""
     key = (path, id(t), hidden, dtype)
-    hit = _CONSTEXPRS.get(key)
+    hit = _LAUNCH_CONSTEXPRS.get(key)
     if hit is None or hit[0] is not t:
         if path == "row_skip":  # step 3
             c = {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
@@ -253,11 +244,11 @@ def _constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> dict:
         else:  # steps 5 and 6
             c = {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), "FILL_BLOCK": t.fill_block,
                  "EVICTION": EVICTION} | ({"BLOCK_V": t.block_v} if path == "stream" else {})
-        hit = _CONSTEXPRS[key] = (t, c | {"num_warps": t.num_warps, "num_stages": t.num_stages})
+        hit = _LAUNCH_CONSTEXPRS[key] = (t, c | {"num_warps": t.num_warps, "num_stages": t.num_stages})
     return hit[1]
 
 
-_CONSTEXPRS: dict[tuple, tuple] = {}
+_LAUNCH_CONSTEXPRS: dict[tuple, tuple] = {}
 
 
 def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
@@ -278,23 +269,23 @@ def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
     if path == "few_ids":  # step 6
         t, ids = few_tiles(), allowed.few_ids
         _FEW(len(ids) + -(-vocab // t.fill_block), (h, weight, out, len(ids), *ids, *NO_IDS[len(ids):], vocab,
-                                                    weight.stride(0)), _constexprs(path, t, hidden, h.dtype))
+                                                    weight.stride(0)), launch_constexprs(path, t, hidden, h.dtype))
     elif path == "stream":  # step 5
         t = stream_tiles(n)
         n_fill = -(-vocab // t.fill_block)
         _STREAM(n_fill + -(-n // t.block_v), (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n, vocab, n_fill,
-                                              weight.stride(0)), _constexprs(path, t, hidden, h.dtype))
+                                              weight.stride(0)), launch_constexprs(path, t, hidden, h.dtype))
     elif path == "batched":  # step 7
         t = default_tiles(7, batch, n)
         n_compute = -(-n // t.block_v) * -(-batch // t.block_b)
         _BATCHED(n_compute + -(-(batch * vocab) // t.fill_block),
                  (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n, batch, vocab, n_compute, h.stride(0),
-                  weight.stride(0), out.stride(0), allowed.mask.stride(0)), _constexprs(path, t, hidden, h.dtype))
+                  weight.stride(0), out.stride(0), allowed.mask.stride(0)), launch_constexprs(path, t, hidden, h.dtype))
     elif path == "row_skip":  # step 3
         t = default_tiles(3, batch)
         _ROW_SKIP(-(-batch // t.block_b) * -(-vocab // t.block_v),
                   (h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), weight.stride(0),
-                   out.stride(0), allowed.mask.stride(0)), _constexprs(path, t, hidden, h.dtype))
+                   out.stride(0), allowed.mask.stride(0)), launch_constexprs(path, t, hidden, h.dtype))
     else:
         dense_logits(h, weight, out)
         out.masked_fill_(allowed.disallowed, float("-inf"))

@@ -1,9 +1,5 @@
 """What every step of the masked LM head shares: the allowed sets (:class:`AllowedTokens`), tile sizes
-(:class:`Tiles` and each step's defaults), the input checks, and the float64 reference the tests and the
-benchmark compare with.
-
-Every step has the same output contract: fp32 logits ``[B, V]``, the logit for allowed tokens and ``-inf``
-for the others; weights and hidden states in bf16 or fp16; fp32 accumulation.
+(:class:`Tiles`, each step's defaults), the input checks, and the float64 reference with its error bound.
 """
 
 from __future__ import annotations
@@ -40,9 +36,7 @@ FEW_IDS_MAX = 8
 LAYOUTS = ("vd", "dv")
 
 
-# --------------------------------------------------------------------------------------------
 # Allowed-token sets
-# --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
 class AllowedTokens:
@@ -188,9 +182,7 @@ def unpack_bitmask(bitmask: Int[Tensor, "b w"], vocab_size: int) -> Bool[Tensor,
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-# --------------------------------------------------------------------------------------------
 # Tile sizes
-# --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Tiles:
@@ -223,52 +215,41 @@ def batch_tile(batch: int) -> int:
 
 
 def default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
-    """The tile sizes step ``step`` uses unless told otherwise (chosen for an H100/H200: the tile sweeps
-    behind them are in ``lab/masked_lm_head/README.md``). Steps 0-3 and 8 are tiled matmuls; step 4 reads
-    whole rows in chunks; steps 5 and 6 read a whole row at once; step 7 is a gathered matmul.
-
-    The choice depends on the step, the batch tile and which side of its thresholds ``allowed_rows`` lies,
-    so each distinct answer is made once and kept (a :class:`Tiles` is validated when made)."""
-    rows_class = 0 if allowed_rows <= 2048 else 1 if allowed_rows <= 16384 else 2
-    return _tiles_for(step, batch_tile(batch), rows_class, (1, 2049, 16385)[rows_class])
+    """The tile sizes step ``step`` uses unless told otherwise (chosen for an H100/H200: the tile sweeps behind
+    them are in ``lab/masked_lm_head/README.md``). Steps 0-3 and 8 are tiled matmuls; step 4 reads whole rows in
+    chunks; steps 5 and 6 read a whole row at once; step 7 is a gathered matmul. Each distinct answer (by step,
+    batch tile, and which side of 2,048 and 16,384 ``allowed_rows`` lies) is made once and kept."""
+    return _tiles_for(step, batch_tile(batch), 0 if allowed_rows <= 2048 else 1 if allowed_rows <= 16384 else 2)
 
 
 @functools.lru_cache(maxsize=None)
-def _tiles_for(step: int, block_b: int, rows_class: int, rows: int) -> Tiles:
-    return _default_tiles(step, block_b, rows)
-
-
-def _default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
-    block_b = batch_tile(batch)
-    if step == 4:
-        # One to four whole rows per program: few rows keep every SM busy when little is allowed.
-        rows = 1 if allowed_rows <= 2048 else 2 if allowed_rows <= 16384 else 4
-        return Tiles(block_b=1, block_v=rows, block_d=1024, fill_block=4096, num_warps=4, num_stages=1)
+def _tiles_for(step: int, block_b: int, rows_class: int) -> Tiles:
+    if step == 4:  # one to four whole rows per program: few rows keep every SM busy when little is allowed
+        return Tiles(block_b=1, block_v=(1, 2, 4)[rows_class], block_d=1024, fill_block=4096, num_warps=4,
+                     num_stages=1)
     if step == 5:
-        return stream_tiles(allowed_rows)
+        return _STREAM_TILES[rows_class == 2]
     if step == 6:
-        return few_tiles()
+        return _FEW_TILES
     if step == 7:
-        if allowed_rows <= 2048:
-            # few rows: many small programs with wide chunks, so no program walks D in tiny steps
+        if rows_class == 0:  # few rows: many small programs with wide chunks, so no program walks D in tiny steps
             return Tiles(block_b=block_b, block_v=16, block_d=256, fill_block=4096, num_warps=4, num_stages=3)
-        if block_b <= 16:
-            return Tiles(block_b=block_b, block_v=64, block_d=128, fill_block=4096, num_warps=4, num_stages=4)
-        return Tiles(block_b=block_b, block_v=64, block_d=64, fill_block=4096, num_warps=4, num_stages=4)
+        return Tiles(block_b=block_b, block_v=64, block_d=128 if block_b <= 16 else 64, fill_block=4096,
+                     num_warps=4, num_stages=4)
     if block_b <= 16:
         return Tiles(block_b=block_b, block_v=64, block_d=128, num_warps=4, num_stages=4)
     return Tiles(block_b=block_b, block_v=128, block_d=64, num_warps=4, num_stages=4)
 
 
 def stream_tiles(allowed_rows: int) -> Tiles:
-    """Tile sizes of step 5 (``step05_stream``): one row per program up to 16,384 rows, two above, 4 warps
-    (from its tile sweep, series ``step4b_tiles`` of the run copied into ``lab/masked_lm_head/results``)."""
+    """Step 5's tiles: one row per program up to 16,384 rows, two above, 4 warps (from its tile sweep, series
+    ``step4b_tiles`` of the run copied into ``lab/masked_lm_head/results``)."""
     return _STREAM_TILES[allowed_rows > 16384]
 
 
 def few_tiles() -> Tiles:
-    """Step 6's launch (``step06_few_ids``): one row per program, and fill programs of 1,024 outputs, more
-    and smaller than step 5's (from its launch-shape sweep, series ``cand_step4c_tiles`` of the same run)."""
+    """Step 6's launch: one row per program, fill programs of 1,024 outputs, more and smaller than step 5's
+    (from its launch-shape sweep, series ``cand_step4c_tiles`` of the same run)."""
     return _FEW_TILES
 
 
@@ -286,9 +267,7 @@ def dot_dtype(dtype: torch.dtype):
     return tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
 
 
-# --------------------------------------------------------------------------------------------
 # Input checks (no device synchronisation: ids were checked when AllowedTokens was built)
-# --------------------------------------------------------------------------------------------
 
 _DTYPES = frozenset(WEIGHT_DTYPES)
 
@@ -377,9 +356,7 @@ def need_batch1(step: str, batch: int) -> None:
         raise ValueError(f"{step} handles one sequence; h has batch {batch} (use step07_batched or masked_logits)")
 
 
-# --------------------------------------------------------------------------------------------
 # The float64 reference
-# --------------------------------------------------------------------------------------------
 
 def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd") -> Tensor:
     """float64 logits, ``-inf`` where not allowed (independent of the kernels)."""
@@ -402,16 +379,11 @@ def accumulation_depth(hidden: int, summation: str = "dot") -> int:
     """The depth ``k`` of :func:`error_bound`: how many fp32 additions, at most, one product ``h_i w_i`` goes
     through on its way into a logit.
 
-    ``"dot"``: a tensor-core ``tl.dot`` (and cuBLAS) adds the products of a logit 16 at a time into one fp32
-    accumulator: ``ceil(D / 16)`` accumulations in a chain, and at most ``log2(16) = 4`` levels inside one
-    instruction; tensor cores may truncate when they align the addends (an error up to ``2u`` instead of
-    ``u``), hence ``k = 2 (ceil(D / 16) + 4)``.
-
-    ``"row"``: a program of 4 warps (128 threads) reduces a tile of at most two whole rows padded to
-    ``D' = next_power_of_2(D)``: each thread adds its share in a chain (at most ``2 D' / 128`` values), then
-    the threads combine in a tree (``log2(128) = 7`` levels); ordinary fp32 additions round to nearest:
-    ``k = 2 D' / 128 + 7``. (Step 4 adds 1,024-wide chunks the same way and its chunks in a chain of
-    ``D / 1024``: fewer.)
+    ``"dot"``: ``tl.dot`` (and cuBLAS) adds 16 products at a time into one fp32 accumulator: ``ceil(D / 16)``
+    accumulations in a chain, at most 4 levels inside one instruction, and tensor cores may truncate when they
+    align the addends (``2u`` instead of ``u``): ``k = 2 (ceil(D / 16) + 4)``. ``"row"``: 128 threads reduce at
+    most two whole rows padded to ``D' = next_power_of_2(D)``, each thread a chain of at most ``2 D' / 128``
+    values, then a tree of 7 levels, rounding to nearest: ``k = 2 D' / 128 + 7`` (step 4's chunks add fewer).
     """
     if summation == "row":
         return 2 * -(-triton.next_power_of_2(int(hidden)) // 128) + 7
@@ -430,16 +402,10 @@ def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens | None = None,
                 summation: str = "dot") -> Tensor:
     """A bound on the fp32-accumulation error of every logit: ``gamma_k * sum_i |h_i w_i|`` with
     ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` and ``k`` = :func:`accumulation_depth` of the path's
-    ``summation`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2: a sum whose terms
-    each go through at most ``k`` additions is within ``gamma_k`` times the sum of their magnitudes). Products
-    of bf16/fp16 values are exact in fp32, so only the additions count; rounding the result to fp32 adds at
-    most ``u |logit|``, which ``gamma_1 sum |h_i w_i|`` already covers. A tiny absolute slack keeps exact
-    zeros comparable.
-
-    The bound is tight enough to fail an output that lost fp32 (rounded to bf16 on the way, or accumulated in
-    bf16) at most allowed tokens (``"row"``: about 5 in 6 at D = 3,072; ``"dot"``, looser: about 2 in 5), so a
-    check of a few ids catches it: ``tests/test_masked_lm_head.py`` checks that it does. ``allowed`` is not
-    used (the bound is for every logit); it stays for the callers that pass it."""
+    ``summation`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2). Products of
+    bf16/fp16 values are exact in fp32, so only the additions count; the final rounding is covered by
+    ``gamma_1``; a tiny absolute slack keeps exact zeros comparable. Tight enough to fail an output that lost
+    fp32 at most allowed tokens (``tests/test_masked_lm_head.py`` checks it). ``allowed`` is not used."""
     w = weight.double() if layout == "vd" else weight.double().t()
     scale = h.double().abs() @ w.abs().t()
     return fp32_gamma(h.shape[1], summation) * scale + 1e-30

@@ -3,20 +3,17 @@ directly. Only step 9 (:func:`~studylog.masked_lm_head.dispatch.step09_dispatch`
 :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan` use it: there host time is the lesson. Steps 0-8 launch
 with ``kernel[grid](...)``, the grid and arguments in plain sight next to their kernels.
 
-``kernel[grid](*args, **constexprs)`` binds the arguments to the signature, works out how each one
-specialises the kernel (an int equal to 1, an int or pointer divisible by 16, a dtype), hashes that into a
-cache key, looks the compiled kernel up and only then calls its launcher. For a kernel of a few
-microseconds that Python path is longer than the kernel. :class:`FastKernel` keeps the compiled kernel of
-each specialisation it has seen and calls its launcher itself: the arguments are reduced to the same
-specialisation facts in one pass (tensors become their data pointers, which the launcher takes as ints),
-and a new combination goes once through ``kernel[grid]``, which compiles (or finds) the kernel and launches
-it, and whose result is kept.
+``kernel[grid](*args, **constexprs)`` binds the arguments, works out how each specialises the kernel (an int
+equal to 1, an int or pointer divisible by 16, a dtype), hashes that into a cache key and looks the compiled
+kernel up before calling its launcher: for a kernel of a few microseconds, longer than the kernel.
+:class:`FastKernel` reduces the arguments to the same facts in one pass (tensors to their data pointers), keeps
+the compiled kernel of each combination it has seen (a new one goes once through ``kernel[grid]``) and calls its
+launcher itself.
 
-Invariants the fast path relies on, checked when an entry is made (else the call takes ``kernel[grid]``):
-the kernel's constexpr parameters come after all its runtime parameters, and no launch hook is installed
-(``triton.knobs.runtime.launch_enter_hook``, a chain of hooks that is empty unless a profiler adds one): with
-a hook, every call goes through ``kernel[grid]`` so the hook sees it. In Triton's interpreter (no GPU) there is no compiled kernel: every
-call is ``kernel[grid]``.
+What the fast path relies on, checked when an entry is made (else the call takes ``kernel[grid]``): the
+constexpr parameters come after all the runtime ones, and no launch hook is installed
+(``triton.knobs.runtime.launch_enter_hook``, set by profilers). In Triton's interpreter every call is
+``kernel[grid]``.
 """
 
 from __future__ import annotations

@@ -29,11 +29,11 @@ from studylog import runtime
 from studylog.checks import check_tensor
 from studylog.masked_lm_head.compact import EVICTION
 from studylog.masked_lm_head.dense import row_skip_kernel
-from studylog.masked_lm_head.dispatch import choose_path, dispatch_rule
+from studylog.masked_lm_head.dispatch import dispatch_rule
 from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, stream_tiles
-from studylog.masked_lm_head.plan import (APPLY_BLOCK, APPLY_WARPS, MIN_CAPACITY, UNION_BLOCK_B, UNION_BLOCK_W,
-                                          apply_bitmask_kernel, batched_count_kernel, stream_count_kernel,
-                                          union_ids_kernel, unpack_bitmask_kernel)
+from studylog.masked_lm_head.plan import (APPLY_BLOCK, APPLY_WARPS, UNION_BLOCK_B, UNION_BLOCK_W, apply_bitmask_kernel,
+                                          batched_count_kernel, bucket_for, stream_count_kernel, union_ids_kernel,
+                                          unpack_bitmask_kernel)
 
 #: Whether the operator is a ``triton_op`` (Inductor sees its kernels) rather than an opaque ``custom_op``.
 TRITON_OP = runtime.mode() == "gpu" and os.environ.get("STUDYLOG_OPAQUE_OPS") != "1"
@@ -69,12 +69,8 @@ def _check(h: Tensor, weight: Tensor, bitmask: Tensor, max_allowed: int) -> tupl
 
 
 def _bucket(batch: int, vocab: int, max_allowed: int) -> tuple[str, int]:
-    """(path, grid capacity) for a union of at most ``max_allowed`` tokens, as :meth:`MaskedHeadPlan.bucket`."""
-    n = vocab if max_allowed < 0 else min(max_allowed, vocab)
-    path = choose_path(batch, vocab, n, dispatch_rule())
-    if path in ("few_ids", "stream", "batched"):
-        return ("stream" if batch == 1 else "batched"), min(vocab, max(MIN_CAPACITY, 1 << max(n - 1, 0).bit_length()))
-    return ("row_skip" if path == "row_skip" else "dense"), vocab
+    """(path, grid capacity) for a union of at most ``max_allowed`` tokens (-1: unknown), as the plan's."""
+    return bucket_for(batch, vocab, vocab if max_allowed < 0 else max_allowed, dispatch_rule())
 
 
 def _dense_logits(h: Tensor, weight: Tensor) -> Tensor:

@@ -1,28 +1,18 @@
 """The masked LM head in a decode loop that a CUDA graph captures once: :class:`MaskedHeadPlan`.
 
-A serving engine captures its decode step in a CUDA graph and replays it every token. A graph keeps the
-launch arguments it was captured with, so nothing that changes from step to step may be one: not the allowed
-ids (step 6 passes them as arguments), not their count (steps 4-7 size their grids and masks by it), not the
-path step 9 picks. The plan moves all of it into device buffers of fixed size:
+A graph keeps the launch arguments it was captured with, so nothing that changes from step to step may be one:
+not the allowed ids (step 6 passes them), not their count (steps 4-7 size their grids by it), not the path step 9
+picks. The plan moves all of it into device buffers of fixed size: the packed int32 bitmask ``[B, ceil(V / 32)]``
+that grammar engines fill (xgrammar, llguidance), copied in by the caller; the union's ids and count, built from it
+on the device (:func:`union_ids_kernel`); and step 5's and step 7's kernels with the count loaded rather than
+passed and the mask read from the bits (:func:`stream_count_kernel`, :func:`batched_count_kernel`), their grid
+sized for a capacity (the programs past the count store nothing).
 
-* ``plan.bitmask``: the allowed sets as the packed int32 bitmask ``[B, ceil(V / 32)]`` that grammar engines
-  fill (xgrammar's ``fill_next_token_bitmask``, llguidance), copied in by the caller each step;
-* the union of the batch's sets as ids, and their count, are built **on the device** from it
-  (:func:`union_ids_kernel`: an atomic counter hands each program its place in the list), so no host
-  round trip is needed;
-* the compacted kernels read the count from that device scalar (:func:`stream_count_kernel`,
-  :func:`batched_count_kernel`: step 5's and step 7's kernels with the count loaded instead of passed, and
-  the mask read from the bitmask's bits); their grid is sized for a **capacity**, and the programs past the
-  count load their id and the count, find nothing to do, and store nothing.
-
-Which path runs (and for how many rows the grid is sized) still depends on the count. The plan keeps **one
-graph per bucket**: a bucket is the path that :func:`~studylog.masked_lm_head.dispatch.choose_path` picks for
-the count, with the capacity rounded up to a power of two (at least 16); the dense path (cuBLAS with fp32
-output, then :func:`apply_bitmask_kernel`, the same work as xgrammar's ``apply_token_bitmask_inplace``) has
-one bucket. The host picks the bucket from a count it knows or bounds (the grammar engine computed the sets
-on the host; :func:`union_count` pops the bits of a host bitmask otherwise) and replays that graph. A
-count bounded from above only costs programs that exit at once; a graph is captured the first time its
-bucket is needed (:meth:`MaskedHeadPlan.capture` captures them ahead).
+The plan keeps one graph per **bucket**: the path :func:`~studylog.masked_lm_head.dispatch.choose_path` picks for
+the count, with the capacity rounded up to a power of two (at least 16); the dense path (cuBLAS with fp32 output,
+then :func:`apply_bitmask_kernel`, xgrammar's ``apply_token_bitmask_inplace``'s work) has one. The host picks the
+bucket from a count it knows or bounds (:func:`union_count` pops the bits of a host bitmask) and replays its graph,
+captured on first use (or ahead, :meth:`MaskedHeadPlan.capture`).
 """
 
 from __future__ import annotations
@@ -38,19 +28,16 @@ from torch import Tensor
 
 from studylog import runtime
 from studylog.checks import check_tensor
-from studylog.masked_lm_head.compact import EVICTION, gathered_dot
+from studylog.masked_lm_head.compact import gathered_dot
 from studylog.masked_lm_head.dense import row_skip_kernel
-from studylog.masked_lm_head.dispatch import DispatchRule, choose_path, dense_logits, dispatch_rule
-from studylog.masked_lm_head.formats import (WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, pack_bitmask,
-                                             stream_tiles)
+from studylog.masked_lm_head.dispatch import (DispatchRule, choose_path, dense_logits, dispatch_rule,
+                                              launch_constexprs)
+from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words, default_tiles, pack_bitmask, stream_tiles
 from studylog.masked_lm_head.launch import FastKernel
 
-# --------------------------------------------------------------------------------------------
-# The union of the batch's sets, as ids and a count, from the packed bitmask. Each program ORs
-# its words over the batch, unpacks them to one flag per token, and takes its place in the id
-# list from an atomic counter (zeroed before the launch): the list comes out in blocks of
-# increasing ids, the blocks in the order the programs arrived; no kernel needs it sorted.
-# --------------------------------------------------------------------------------------------
+# The union of the batch's sets, as ids and a count, from the packed bitmask. Each program ORs its words over
+# the batch, unpacks them to one flag per token, and takes its place in the id list from an atomic counter
+# (zeroed before the launch): blocks of increasing ids, in the order the programs arrived (no kernel needs it sorted).
 
 @triton.jit
 def _or(a, b):
@@ -80,12 +67,9 @@ def union_ids_kernel(
     tl.store(ids_ptr + base + tl.cumsum(flag, axis=0) - 1, tok, mask=flag != 0)
 
 
-# --------------------------------------------------------------------------------------------
-# Step 5's kernel with the count on the device and the mask as bits. The id buffer holds the
-# grid's whole capacity, so the id is loaded unmasked, beside the count: the row load waits
-# for both at once, as it waited for the id alone in step 5. A program past the count (a
-# bucket's spare capacity) returns as soon as the count arrives.
-# --------------------------------------------------------------------------------------------
+# Step 5's kernel with the count on the device and the mask as bits. The id buffer holds the grid's whole
+# capacity, so the id is loaded unmasked, beside the count: the row load waits for both at once. A program past
+# the count (a bucket's spare capacity) returns as soon as the count arrives.
 
 @triton.jit
 def stream_count_kernel(
@@ -115,11 +99,8 @@ def stream_count_kernel(
         tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
 
 
-# --------------------------------------------------------------------------------------------
-# Step 7's kernel with the count on the device and the masks as bits. A program whose block of
-# the union starts past the count returns before its loop over D. The fill programs each take
-# a block of one sequence's outputs (no division per element to find the sequence).
-# --------------------------------------------------------------------------------------------
+# Step 7's kernel with the count on the device and the masks as bits. A program whose block of the union starts
+# past the count returns before its loop over D. A fill program takes a block of one sequence's outputs.
 
 @triton.jit
 def batched_count_kernel(
@@ -158,10 +139,7 @@ def batched_count_kernel(
                  mask=inside & (keep == 0))
 
 
-# --------------------------------------------------------------------------------------------
-# The dense path's mask: -inf wherever a sequence's bit is 0 (what xgrammar's
-# apply_token_bitmask_inplace does). Each program takes a block of one sequence's outputs.
-# --------------------------------------------------------------------------------------------
+# The dense path's mask: -inf wherever a sequence's bit is 0 (xgrammar's apply_token_bitmask_inplace's work).
 
 @triton.jit
 def apply_bitmask_kernel(out_ptr, bitmask_ptr, V, W, stride_ob, stride_bm, FILL_BLOCK: tl.constexpr):
@@ -177,9 +155,7 @@ def apply_bitmask_kernel(out_ptr, bitmask_ptr, V, W, stride_ob, stride_bm, FILL_
              mask=(tok < V) & drop)
 
 
-# --------------------------------------------------------------------------------------------
 # The bitmask as one byte per token (the mask step 3 reads), for the plan's row-skip dense path.
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL_BLOCK: tl.constexpr):
@@ -192,8 +168,7 @@ def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL
     tl.store(mask_ptr + seq * stride_mask + tok, ((word >> (tok % 32)) & 1).to(tl.uint8), mask=inside)
 
 
-# The plan's launches go through the kernels' compiled launchers (:mod:`.launch`): an eager
-# :meth:`MaskedHeadPlan.launch` is step 9's work, and its host time is the lesson there too.
+# The plan launches through the kernels' compiled launchers (:mod:`.launch`): its host time matters as step 9's.
 _UNION = FastKernel(union_ids_kernel)
 _ROW_SKIP = FastKernel(row_skip_kernel)
 _UNPACK = FastKernel(unpack_bitmask_kernel)
@@ -212,6 +187,17 @@ APPLY_WARPS = 32
 MIN_CAPACITY = 16
 
 
+def bucket_for(batch: int, vocab: int, count: int, rule: DispatchRule) -> tuple[str, int]:
+    """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` (batch 1) or ``"batched"`` with the
+    capacity a power of two (at least :data:`MIN_CAPACITY`, at most V); or the rule's dense path, ``("row_skip",
+    V)`` (the bitmask unpacked to bytes, then step 3) or ``("dense", V)`` (cuBLAS, then :func:`apply_bitmask_kernel`)."""
+    n = min(max(int(count), 0), vocab)
+    path = choose_path(batch, vocab, n, rule)
+    if path in ("few_ids", "stream", "batched"):
+        return ("stream" if batch == 1 else "batched"), min(vocab, max(MIN_CAPACITY, 1 << max(n - 1, 0).bit_length()))
+    return ("row_skip" if path == "row_skip" else "dense"), vocab
+
+
 def union_count(bitmask: np.ndarray | Tensor) -> int:
     """How many tokens at least one row of a host bitmask ``[B, W]`` (or ``[W]``) allows: the count a
     caller passes to :meth:`MaskedHeadPlan.step` when it has only the bitmask (bits past ``V`` must be 0)."""
@@ -221,21 +207,18 @@ def union_count(bitmask: np.ndarray | Tensor) -> int:
 
 
 class MaskedHeadPlan:
-    """A masked LM head for a decode loop captured in a CUDA graph (see the module docstring): fixed
-    batch size, fixed buffers, the allowed sets in :attr:`bitmask`.
-
-    ``weight`` is ``[V, D]`` (``lm_head.weight``), bf16 or fp16; ``h`` an existing ``[batch, D]`` buffer
-    the model writes the hidden states into (a new one, :attr:`h`, if not given); ``rule`` the dispatch
-    rule (default :func:`~studylog.masked_lm_head.dispatch.dispatch_rule`). Each step::
+    """A masked LM head for a decode loop captured in a CUDA graph (see the module docstring). ``weight`` is
+    ``[V, D]``, bf16 or fp16; ``h`` an existing ``[batch, D]`` buffer the model writes into (else a new one,
+    :attr:`h`); ``rule`` the dispatch rule (default :func:`~studylog.masked_lm_head.dispatch.dispatch_rule`). Each
+    step::
 
         plan.h.copy_(hidden)                                   # or the model wrote it there
         plan.bitmask.copy_(host_bitmask, non_blocking=True)    # from pinned memory
         logits = plan.step(count)                              # replays the graph of count's bucket
 
-    ``count`` is the number of tokens the union of the batch's sets holds, or a bound above it. The logits
-    land in :attr:`out` (``[batch, V]`` fp32, ``-inf`` where not allowed), overwritten each step. In the
-    cuBLAS dense bucket the bitmask is applied by xgrammar's GPU kernel when xgrammar is installed
-    (``use_xgrammar``), so that path is the practitioners' own; else by :func:`apply_bitmask_kernel`.
+    ``count`` is the union's token count, or a bound above it. The logits land in :attr:`out` (``[batch, V]``
+    fp32, ``-inf`` where not allowed). The dense bucket applies the bitmask with xgrammar's GPU kernel when it is
+    installed (``use_xgrammar``), else with :func:`apply_bitmask_kernel`.
     """
 
     def __init__(self, weight: Float[Tensor, "v d"], batch: int, *, h: Float[Tensor, "b d"] | None = None,
@@ -274,20 +257,11 @@ class MaskedHeadPlan:
 
     # -- which work a count needs ----------------------------------------------------------
     def bucket(self, count: int) -> tuple[str, int]:
-        """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` (batch 1) or ``"batched"``
-        with the capacity a power of two (at least :data:`MIN_CAPACITY`, at most V); or the rule's dense path:
-        ``("row_skip", V)`` (the bitmask unpacked to bytes, then step 3) or ``("dense", V)`` (cuBLAS with fp32
-        output, then :func:`apply_bitmask_kernel`)."""
+        """:func:`bucket_for` this plan's batch, vocabulary and rule (kept per count)."""
         got = self._buckets.get(count)
         if got is not None:
             return got
-        n = min(max(int(count), 0), self.vocab)
-        path = choose_path(self.batch, self.vocab, n, self.rule or dispatch_rule())
-        if path in ("few_ids", "stream", "batched"):
-            capacity = min(self.vocab, max(MIN_CAPACITY, 1 << max(n - 1, 0).bit_length()))
-            got = ("stream" if self.batch == 1 else "batched", capacity)
-        else:
-            got = ("row_skip" if path == "row_skip" else "dense", self.vocab)
+        got = bucket_for(self.batch, self.vocab, count, self.rule or dispatch_rule())
         if len(self._buckets) < 4096:
             self._buckets[count] = got
         return got
@@ -345,9 +319,7 @@ class MaskedHeadPlan:
                     (_ROW_SKIP, -(-batch // t.block_b) * -(-vocab // t.block_v),
                      (self.h, self.weight, self.out, m, batch, vocab, hidden, self.h.stride(0), self.weight.stride(0),
                       self.out.stride(0), m.stride(0)),
-                     {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
-                      "DOT_DTYPE": dot_dtype(self.weight.dtype), "num_warps": t.num_warps,
-                      "num_stages": t.num_stages})]
+                     launch_constexprs("row_skip", t, hidden, self.weight.dtype))]
         words = self.bitmask.shape[1]
         union = (_UNION, -(-words // UNION_BLOCK_W),
                  (self.bitmask, self.ids, self.count, batch, vocab, words, self.bitmask.stride(0)),
@@ -359,17 +331,13 @@ class MaskedHeadPlan:
             return [union, (_STREAM_COUNT, n_fill + -(-capacity // t.block_v),
                             (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, vocab, n_fill,
                              self.weight.stride(0)),
-                            {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), "BLOCK_V": t.block_v,
-                             "FILL_BLOCK": t.fill_block, "EVICTION": EVICTION, "num_warps": t.num_warps,
-                             "num_stages": t.num_stages})]
+                            launch_constexprs("stream", t, hidden, self.weight.dtype))]
         t = default_tiles(7, batch, capacity)
         n_compute = -(-capacity // t.block_v) * -(-batch // t.block_b)
         return [union, (_BATCHED_COUNT, n_compute + batch * -(-vocab // t.fill_block),
                         (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, batch, vocab, n_compute,
                          self.h.stride(0), self.weight.stride(0), self.out.stride(0), self.bitmask.stride(0)),
-                        {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
-                         "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(self.weight.dtype),
-                         "num_warps": t.num_warps, "num_stages": t.num_stages})]
+                        launch_constexprs("batched", t, hidden, self.weight.dtype))]
 
     def _xgrammar_apply(self):
         """xgrammar's ``apply_token_bitmask_inplace`` when it is installed and the plan is on the GPU (its
@@ -403,10 +371,9 @@ class MaskedHeadPlan:
         return graph
 
     def _check_count(self, count: int) -> None:
-        """``count`` must bound the union: the compacted paths compute the logits of at most their bucket's
-        capacity of ids, and an allowed id past it would be left unwritten (no error, whatever the memory
-        held). The device's count is not read (that would wait for the GPU), so the check is against the
-        count :meth:`set_allowed` returned, when the bitmask was last written by it."""
+        """``count`` must bound the union (a compacted bucket computes at most its capacity of ids; an allowed id
+        past it would be left unwritten). The device's count is not read (that would wait for the GPU): the check
+        is against the count :meth:`set_allowed` returned, when it wrote the bitmask last."""
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
             raise TypeError(f"count must be an int (the union's token count), got {type(count).__name__}")
         if count < 0:

@@ -19,10 +19,8 @@ from studylog import runtime  # noqa: F401  (selects GPU or interpreter before k
 from studylog.masked_lm_head.dense import grouped_tile, store_allowed, tile_offsets
 from studylog.masked_lm_head.formats import AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype, output
 
-# --------------------------------------------------------------------------------------------
 # Step 8: step 3 on a reordered vocabulary. Row j of the weight is token perm[j]; the masks are
 # in the same order; the logits go back to their tokens' original positions.
-# --------------------------------------------------------------------------------------------
 
 @triton.jit
 def reordered_rows_kernel(
@@ -59,9 +57,7 @@ def reordered_rows_kernel(
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
-# --------------------------------------------------------------------------------------------
 # The vocabulary order
-# --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
 class VocabOrder:

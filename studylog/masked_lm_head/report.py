@@ -173,13 +173,12 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                   summation=summation, max_abs_err=float(err.max()) if err.numel() else 0.0,
                   max_err_over_bound=float((err / bound[mask]).max()) if err.numel() else 0.0, **res)
 
-    def measure(series: str, call: Callable[[], Any], params: dict, *, role: str = "kernel",
-                host: Callable[[], Any] | None = None, floor: float | None = None, long: bool = False, **extra):
-        """GPU time of ``call`` (graph-replayed; ``long``: a call of 100 µs or more, fewer calls per graph),
-        and the host time per call of ``host`` (the public entry point), recorded together."""
-        timing = run.gpu_time(lambda: [call], min_calls=20 if long else 60, reps=10 if long else 15)
-        host_timing = run.host_time(host) if host is not None else None
-        run.record(series, timing, params=params, role=role, floor_ms=floor, host=host_timing, **extra)
+    def measure(series: str, call: Callable[[], Any], params: dict, *, floor: float | None = None, long: bool = False,
+                **kw):
+        """GPU time of ``call`` (``long``: a call of 100 µs or more, fewer calls per graph), and the host time per
+        call of ``host`` (the public entry point) when given."""
+        run.measure(series, lambda: [call], params=params, floor_ms=floor, min_calls=20 if long else 60,
+                    reps=10 if long else 15, **kw)
 
     def ours(series: str, fn: Callable[[Tensor | None], Tensor], h: Tensor, allowed: AllowedTokens, params: dict,
              summation: str = "dot", **kw) -> None:
