@@ -1,10 +1,7 @@
-"""Realistic batches for the tests, the notebook and the benchmark, and what they cost to search.
-
-:func:`make_batch` draws token streams with planted repeats; :func:`corpus_batch` takes them from real
-documents (:mod:`studylog.ngram.corpus`) with the same slot plan; :func:`haystack_bytes` is the numerator
-of the one-pass floor (every searching slot reads its haystacks once); :func:`early_exit_bytes` is
-what a perfect early exit would read; :func:`branch_stats` counts which branches of the search a batch
-takes, and :func:`draft_acceptance` how many of the drafts the true continuation accepts.
+"""Realistic batches (:func:`make_batch`: planted repeats; :func:`corpus_batch`: real documents, the same slot
+plan), and what the benchmark records of them: the bytes a search reads (:func:`haystack_bytes`,
+:func:`early_exit_bytes`), the branches it takes (:func:`branch_stats`), the drafts accepted
+(:func:`draft_acceptance`).
 """
 
 from __future__ import annotations
@@ -29,13 +26,11 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
                device: torch.device | str = "cpu") -> tuple[NgramInputs, Tensor, Tensor]:
     """A batch of token streams with planted repeats, and its initial (draft_tokens, seq_lens_this_time).
 
-    Tokens are uniform over ``vocab`` ids starting at ``id_base`` (so 1-gram matches are common
-    in long prompts and 3-gram ones only where planted). Per slot kind (``kinds``, else the
-    benchmark mix shuffled): the last 3 generated tokens are copied early or late into the
-    prompt, or earlier into the generated tokens; "short" plants only the newest token; "never"
-    gives the slot fresh ids found nowhere else. ``decoys`` adds copies of the pattern that differ
-    only in bit 33 (a kernel comparing 32 bits would take them). Bulk tokens are drawn on
-    ``device``; per-slot choices come from a CPU generator seeded with ``seed``.
+    Tokens are uniform over ``vocab`` ids from ``id_base`` (1-gram matches are common, 3-gram ones only where
+    planted). Per slot kind (``kinds``, else the benchmark mix shuffled): the last 3 generated tokens are copied
+    early or late into the prompt, or earlier into the generated tokens; "short" plants only the newest token;
+    "never" gives fresh ids. ``decoys`` adds copies of the pattern that differ only in bit 33 (a kernel comparing
+    32 bits would take them). Per-slot choices come from a CPU generator seeded with ``seed``.
     """
     if prompt_width < 1 or gen_width < 1 or draft_width < 2:
         raise ValueError("prompt_width and gen_width must be >= 1 and draft_width >= 2")
@@ -106,16 +101,11 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
 def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, draft_width: int = 11,
                  capped_fraction: float = 0.1, seed: int = 0, corpus=None,
                  device: torch.device | str = "cpu") -> tuple[NgramInputs, Tensor, Tensor]:
-    """A batch of real token streams (``kind``: ``"text"`` or ``"code"`` of :func:`studylog.ngram.corpus.load_corpus`)
-    with :func:`make_batch`'s slot plan (the benchmark mix: 5% prefill, 5% empty, 10% of decoding slots at
-    their length limit) and no planted repeats.
-
-    Slot ``b`` reads one stream of the corpus: windows from a random one on, from a random offset; its
-    prompt is the stream's first ``prompt_lens[b]`` tokens and its generated tokens the ones after them,
-    so the generated text continues the prompt's last document. The generated buffer holds the stream
-    beyond ``step_idx`` too (the kernels never read it): the tokens a model that wrote this document
-    would generate next, which :func:`draft_acceptance` compares the drafts with. ``step_idx`` leaves
-    ``draft_width - 1`` of them in the buffer."""
+    """A batch of real token streams (``kind``: ``"text"`` or ``"code"``) with :func:`make_batch`'s slot plan
+    (the benchmark mix) and no planted repeats. Slot ``b`` reads one stream of the corpus from a random window
+    and offset: its prompt is the stream's first ``prompt_lens[b]`` tokens, its generated tokens the ones after.
+    The buffer also holds ``draft_width - 1`` tokens past ``step_idx`` (the kernels never read them): the true
+    continuation, which :func:`draft_acceptance` compares the drafts with."""
     from studylog.ngram.corpus import load_corpus
 
     if gen_width < draft_width + 1 or prompt_width < 1 or draft_width < 2:
@@ -196,10 +186,8 @@ def _searching_slots(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ng
 
 
 def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
-    """Bytes a perfect early exit reads (budget ignored): a searching slot reads its prompt up to
-    the end of the first window of the top n with a token after it; without one, the whole prompt,
-    then its generated tokens the same way. (Only a top-n match lets the scan stop: a shorter one
-    can still be beaten further on.) Compare with :func:`haystack_bytes`, the floor's numerator."""
+    """Bytes a perfect early exit reads (budget ignored): each haystack up to the end of its first top-n window
+    with a token after it, else all of it (only a top-n match lets the scan stop)."""
     total = 0
     for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
         top = min(config.max_ngram_size, step)

@@ -1,9 +1,6 @@
-"""Step 1, the CPU path: the serial loop the serving engine ran on the host, as C.
-
-``csrc/ngram_cpu_path.c`` is the Python reference written as the C loop a serving engine would ship
-(the reference is the specification; this is its fast twin, tested bit-identical to it). It is compiled
-with the system C compiler at first use and called through ``ctypes``. :class:`CpuPathCall` adds the
-device<->host copies the deployed path made around it every decoding step.
+"""Step 1, the CPU path: the serial loop the serving engine ran on the host, as C (``csrc/ngram_cpu_path.c``,
+tested bit-identical to the reference), compiled with the system C compiler at first use and called through
+``ctypes``. :class:`CpuPathCall` adds the device<->host copies the deployed path made around it every step.
 """
 
 from __future__ import annotations
@@ -85,15 +82,11 @@ def _run_c_loop(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: T
 
 
 class CpuPathCall:
-    """The CPU path bound to one batch: as deployed, the prompt lives on the host from admission on
-    (copied once, here); each call copies the generated tokens, the per-slot lengths and the draft
-    buffers to the host, runs the C loop, and copies the drafts back. On CPU tensors it only runs the loop.
-
-    The host copy of the prompt is the one a new request's admission makes: it is made again when
-    ``prompt_ids`` or ``prompt_lens`` changed since (new values written through torch, ``copy_`` or an
-    indexed assignment, which bump the tensor's version counter, or a new tensor bound to ``inputs``), so
-    a loop that admits new prompts into the same buffers never runs on the old ones. (A write that torch does
-    not see, by a kernel of one's own through the raw pointer, is not noticed: call :meth:`refresh`.)"""
+    """The CPU path bound to one batch: as deployed, the prompt lives on the host from admission on (copied once);
+    each call copies the generated tokens, the per-slot lengths and the draft buffers to the host, runs the C
+    loop, and copies the drafts back. On CPU tensors it only runs the loop. The prompt is copied again when
+    ``prompt_ids`` or ``prompt_lens`` changed since (a write torch sees bumps the tensor's version; a rebound
+    tensor is noticed too); after a write torch does not see, call :meth:`refresh`."""
 
     def __init__(self, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig):
         self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config = (

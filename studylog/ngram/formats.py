@@ -82,9 +82,7 @@ class NgramConfig:
         return cls(max_ngram_size, min_ngram_size, threshold, True, max_draft_tokens)
 
 
-# =========================================================================================
 # Validation (in every step, before any launch)
-# =========================================================================================
 
 _ID_FIELDS = ("prompt_ids", "generated_ids")
 _LEN_FIELDS = ("prompt_lens", "step_idx", "draft_token_num", "max_dec_len", "seq_lens_encoder", "seq_lens_decoder")
