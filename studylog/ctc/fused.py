@@ -238,12 +238,10 @@ def step10_warps_per_direction(activations, targets, input_lengths=None, target_
     return loss, grad
 
 
-#: The final entry point's rule (:func:`final_step`). Step 10 spreads each direction's recursion over a block of
-#: warps, which pays where the softmax over many classes or a mid-size batch keeps the GPU busy; with few classes a
-#: single utterance leaves those warps waiting on each other, and a full batch of short rows keeps step 8's one warp
-#: per direction just as busy with less synchronisation. The alphabet bound lies between the two sizes the benchmark
-#: measures (28 and 5,000 classes); the rule must keep the entry point within the spread of the fastest step at every
-#: measured (T, N, A) (``assets/bench/<gpu>/ctc.json``; the book's ``dispatch_table`` shows it).
+#: The final entry point's rule (:func:`final_step`): step 10's block of warps per direction pays where many classes
+#: or a mid-size batch keep the GPU busy; with few classes one utterance leaves them waiting on each other, and a
+#: full batch keeps step 8's one warp per direction as busy. The rule must keep the entry point within the spread of
+#: the fastest step at every measured (T, N, A) (the book's ``dispatch_table``).
 SMALL_ALPHABET = 1024
 #: Batches at least this large take step 8 on a small alphabet.
 FULL_BATCH = 256

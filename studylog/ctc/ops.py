@@ -1,16 +1,11 @@
-"""Chapter 4's entry point as a PyTorch operator, differentiable: ``torch.ops.studylog.ctc_loss``.
+"""Chapter 4's entry point as a differentiable PyTorch operator: ``torch.ops.studylog.ctc_loss``.
 
-:func:`~studylog.ctc.fused.ctc_loss` returns the loss and the gradient of its sum, computed together (the
-gradient pass is the last of its kernels), and is no part of autograd. The operator returns the same two
-tensors from the same kernels (step 10) and registers an autograd formula whose backward is that gradient,
-scaled by the incoming gradient of each utterance's loss (an utterance's loss depends on its own column of
-activations only): ``loss, _ = ctc_loss(x, *target_tensors(targets)); loss.sum().backward()`` fills ``x.grad``
-with the kernels' gradient, and nothing is computed twice.
-
-The targets arrive as the int32 tensors :func:`~studylog.ctc.targets.prepare_targets` packs (validated on the
-host once per batch): the operator reads nothing back to the host, so on the GPU a call can be captured in a
-CUDA graph. The kernels are CUDA C++: on CPU tensors the operator runs the chapter's float64 reference
-(:func:`~studylog.ctc.reference.reference_ctc`, in float32 or float64), which is what ``gradcheck`` checks.
+It returns the loss and the gradient of its sum from step 10's kernels, and its autograd formula's backward is
+that gradient scaled by each utterance's incoming gradient: ``loss, _ = ctc_loss(x, *target_tensors(targets));
+loss.sum().backward()`` fills ``x.grad`` and nothing is computed twice. The targets are the int32 tensors
+:func:`~studylog.ctc.targets.prepare_targets` packs, so a call reads nothing back to the host (graph-capturable).
+On CPU tensors it runs the float64 reference (:func:`~studylog.ctc.reference.reference_ctc`), which ``gradcheck``
+checks.
 """
 
 from __future__ import annotations

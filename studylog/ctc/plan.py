@@ -1,14 +1,9 @@
 """A CTC loss call for one shape, built once and replayable in a CUDA graph.
 
-Every step takes prepared targets (:class:`CTCTargets`), whose device arrays the kernels read: no step reads a
-length on the host or waits for the GPU once its targets are prepared (step 6 with ``warn=True`` excepted: its
-warning needs the estimate on the host). But a CUDA graph bakes in the addresses and the launch shapes of the
-calls it captured, and the shapes of a call follow its batch: the longest target sets the rows' stride, the
-positions per lane and the workspace's size. A :class:`CTCPlan` fixes them for the largest batch it will see
-(T frames, N utterances, A classes, targets of at most ``max_target_length`` labels): its targets, lengths,
-outputs and workspace live in buffers allocated once, :meth:`CTCPlan.set_targets` writes each new batch's
-targets and lengths into them (on the host, outside the graph: validation and the slot lists are host work),
-and a call only launches the step's kernels on the activations, which the caller keeps in one buffer too.
+A graph bakes in the addresses and launch shapes of the calls it captured, and a call's shapes follow its batch
+(the longest target sets the rows' stride, the positions per lane, the workspace's size). A :class:`CTCPlan` fixes
+them for the largest batch it will see: targets, lengths, outputs and workspace live in buffers allocated once,
+:meth:`CTCPlan.set_targets` refills them on the host between replays, and a call only launches the kernels.
 """
 
 from __future__ import annotations

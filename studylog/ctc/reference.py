@@ -134,15 +134,13 @@ def probability_space_ctc(
     estimate of each utterance, as ``ctc_step06_probability.cu`` computes them in float32 (``dtype``
     float64 shows the same arithmetic with double's range).
 
-    Probabilities with per-frame rescaling (Graves): alpha row t is ``(alpha_{t-1}(s) + alpha_{t-1}(s-1)
-    [+ alpha_{t-1}(s-2)]) / sum(alpha_{t-1}) * y_t(s)``, the log of every divisor goes into the offset
-    (float64), beta mirrors it, and the posterior of frame t is ``alpha beta / y`` divided by its sum. Rescaling
-    keeps each row's *sum* in range, not the spread within it: an entry far below its row's sum becomes a
-    subnormal or 0, and nothing in the loss shows it. The estimate adds up, frame by frame, what such
-    entries may have cost P (relative): ``UNDERFLOW_ULP * beta / y`` for an alpha entry a path reached
-    that fell below ``FLT_MIN``, ``UNDERFLOW_ULP * alpha / y`` for such a beta entry, ``UNDERFLOW_ULP / y``
-    for a posterior that did, each over the frame's total; ``inf`` where a frame's total is 0, an
-    emission is below ``FLT_MIN`` or the loss is infinite. See :func:`untrusted`.
+    Probabilities rescaled every frame (Graves): alpha row t is ``(alpha_{t-1}(s) + alpha_{t-1}(s-1)
+    [+ alpha_{t-1}(s-2)]) / sum(alpha_{t-1}) * y_t(s)``, the log of each divisor added to a float64 offset; beta
+    mirrors it; the posterior of frame t is ``alpha beta / y`` over its sum. The estimate adds up, frame by frame,
+    what entries a path reached but that fell below ``FLT_MIN`` may have cost P (relative): ``UNDERFLOW_ULP * beta
+    / y`` for such an alpha entry, ``UNDERFLOW_ULP * alpha / y`` for a beta entry, ``UNDERFLOW_ULP / y`` for a
+    posterior, each over the frame's total; ``inf`` where a frame's total is 0, an emission is below ``FLT_MIN``
+    or the loss is infinite. See :func:`untrusted`.
     """
     T, N, A = activations.shape
     inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)

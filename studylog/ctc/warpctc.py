@@ -133,16 +133,11 @@ def step01_baseline(
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
     """Step 1, warp-ctc's baseline: CTC loss per utterance and the gradient of its sum w.r.t. the activations.
 
-    ``targets`` is a :class:`CTCTargets` from :func:`prepare_targets` (then leave the lengths out), or
-    raw targets and lengths (validated and prepared on every call). ``out_loss`` / ``out_grad`` let a
-    caller supply (say, poisoned) output buffers. Every step takes these arguments.
-
-    With prepared targets, a call can be captured in a CUDA graph (after one eager call, which compiles and
-    loads the kernels): the kernels read every length from the device, nothing waits for the GPU, and the
-    scratch memory is one allocation of a size fixed by the shapes.
-    Raw targets cannot be (validating and packing them is host work, and one host-to-device copy); nor can
-    a graph replay new targets whose longest label sequence changes the shapes: :class:`CTCPlan` holds
-    buffers sized once for that.
+    ``targets`` is a :class:`CTCTargets` from :func:`prepare_targets` (then leave the lengths out), or raw
+    targets and lengths (validated and prepared on every call); ``out_loss`` / ``out_grad`` are the caller's
+    output buffers. Every step takes these arguments. With prepared targets a call can be captured in a CUDA graph
+    (after one eager call, which compiles the kernels); to replay one graph over changing targets use
+    :class:`CTCPlan`.
     """
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, 1, zero_infinity, None, False)
@@ -191,16 +186,14 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
                              out_grad=None, out_estimate: Float[Tensor, " n"] | None = None, warn: bool = True):
     """Step 6: step 5 in probability space, rescaled every frame (Graves). The lesson's counterexample.
 
-    Rescaling keeps each row's sum in range, not the spread within it, so on long utterances an answer
-    may be wrong with nothing in it to show (no inf, no NaN). The kernels therefore also estimate, per
-    utterance, the relative error of P that underflow may have caused (see
-    ``ctc_step06_probability.cu`` and :func:`probability_space_ctc`, its CPU model); ``out_estimate``
-    (float32, ``(N,)``, on the activations' device) receives it. With ``warn`` (the default) the call
-    waits for the GPU and raises an :class:`UnderflowWarning` naming the utterances whose answer cannot
-    be trusted (:func:`untrusted`); ``warn=False`` queues the kernels only. Only ``warn=False`` can be captured
-    in a CUDA graph: the warning reads the loss and the estimate on the host, which waits for the GPU (in a
-    graph, read ``out_estimate`` after the replay, with :func:`untrusted_answers`, or use a step 6
-    :class:`CTCPlan` and its ``untrusted()``). Other arguments as :func:`step04_register_blocking`.
+    Rescaling keeps each row's sum in range, not the spread within it, so on long utterances an answer may be
+    wrong with nothing in it to show. The kernels therefore also estimate, per utterance, the relative error of P
+    that underflow may have caused (``ctc_step06_probability.cu``; CPU model: :func:`probability_space_ctc`), into
+    ``out_estimate`` (float32, ``(N,)``) when given. With ``warn`` (the default) the call waits for the GPU and
+    issues an :class:`UnderflowWarning` naming the utterances whose answer cannot be trusted (:func:`untrusted`);
+    ``warn=False`` only queues the kernels and can be captured in a CUDA graph (then judge the answers with
+    :func:`untrusted_answers`, or a step 6 :class:`CTCPlan`'s ``untrusted()``). Other arguments as
+    :func:`step04_register_blocking`.
     """
     grain = _grain(grain)
     if out_estimate is not None:
