@@ -162,17 +162,31 @@ def test_pinned_configs_are_read_from_this_benchmarks_results():
     assert report.pinned_configs(None) == {}
 
 
+def bench_plan(quick: bool, flashinfer: bool) -> dict[str, list[str]]:
+    """What the benchmark times on each shape, by kind: ``{"single": [...], "batch": [...], "gqa": [...]}`` series
+    for a one-prompt shape, for a batch and for the batch with grouped-query attention (no step 5 variants)."""
+    r = report
+    extra = [] if quick else [r.order_series(o) for o in mi.SCHEDULE_ORDERS[1:]] + [r.STEP05_OTHER_RULE, r.PLAN]
+    base = [r.SDPA_DENSE, r.SDPA_CAUSAL, r.FLEX] + ([] if quick else [r.ONE_PASS_PER_ITEM])
+    peers = [r.FLASHINFER] if flashinfer else []
+    step5 = [r.STEP05.series]
+    return {"single": [s.series for s in mi.STEPS[1:]] + extra + ([] if quick else [r.DO_BENCH[4], r.DO_BENCH[5]])
+            + base + peers,
+            "batch": step5 + extra + ([] if quick else [r.DO_BENCH[5]]) + [r.STEP04_PER_PROMPT] + base + peers,
+            "gqa": step5 + ([] if quick else [r.DO_BENCH[5]]) + [r.STEP04_PER_PROMPT] + base + peers}
+
+
 def test_graph_calls_and_the_benchmarks_size():
     assert report.graph_calls_for(0.01) == 60 and report.graph_calls_for(0.2) == 40
     assert report.graph_calls_for(5.0) == 4
     shapes = report.bench_shapes()
-    plan = report.bench_plan(quick=False, flashinfer=True)
+    plan = bench_plan(quick=False, flashinfer=True)
     singles = sum(mi.MultiItemBatch.from_item_lens(p, i, device="cpu").batch_size == 1 for _, p, i in shapes)
     timed = singles * len(plan["single"]) + (len(shapes) - singles) * len(plan["batch"])
     sweeps = len(shapes) * (len(report.flex_variants(False)) + 4)  # one graph timing per candidate
     # a series: a probe, 3 captures and 30 replays of ~8 ms (~0.4 s); a sweep candidate: 1 capture, 5 replays
     assert timed * 0.4 + sweeps * 0.15 <= 30
-    quick = report.bench_plan(quick=True, flashinfer=True)
+    quick = bench_plan(quick=True, flashinfer=True)
     assert [s[0] for s in report.bench_shapes(quick=True)] == [shapes[0][0], report.MIXED_SHAPE]
     assert len(quick["single"]) <= 8
 
@@ -422,7 +436,7 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
     run = FakeRun(quick)
     report.bench(run)
     assert run.checks and all(c["passed"] for c in run.checks), [c for c in run.checks if not c["passed"]]
-    plan = report.bench_plan(quick, flashinfer=True)
+    plan = bench_plan(quick, flashinfer=True)
     gqa = report.gqa_shapes(quick)
     assert [(name, kv) for name, _, _, kv in gqa] == [("2 prompts, 1 KV heads", 1)]
     for shape, prefixes, _ in (shapes[:1] if quick else shapes) + [g[:3] for g in gqa]:

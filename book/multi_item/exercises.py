@@ -28,7 +28,7 @@ from torch import Tensor
 from book.common import guarded, report
 from studylog.multi_item.config import strides  # studylog first: it sets TRITON_INTERPRET on a CPU
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, dense_mask
-from studylog.multi_item.steps import LOG2E, _attend_key_tiles
+from studylog.multi_item.steps import LOG2E, attend_key_tiles
 from studylog.multi_item.tiles import TILE_SKIPPED, tile_map
 
 import triton  # noqa: E402,I001
@@ -259,13 +259,13 @@ def _attn_fwd_items_lo(
     m_lo = start_m * BLOCK_M
     m_hi = tl.minimum(m_lo + BLOCK_M, seq_len)
     prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N  # the prefix, up to the diagonal
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, 0, prefix_hi, qk_scale,
-                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                     prefix_len, seq_len, 0, prefix_hi, qk_scale,
+                                     True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     items_lo = ITEMS_LO(m_lo, prefix_hi, Pos, prefix_len, max_item_len, SKIP_DELIMITER, BLOCK_N)  # the reader's
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, items_lo, m_hi, qk_scale,
-                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                     prefix_len, seq_len, items_lo, m_hi, qk_scale,
+                                     True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
     tl.store(TileCounts + start_m, visited, mask=off_h == 0)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

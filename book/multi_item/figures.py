@@ -7,12 +7,19 @@ from typing import Any
 
 from studylog.multi_item import CHAPTER
 from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER, FLEX, ONE_PASS_PER_ITEM, SDPA_CAUSAL,
-                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, order_series, series_label)
+                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, order_series)
+
 
 #: Step 5a: step 5's first order of the program table (the lesson's "Step 5a"), timed beside the default.
 STEP05A = order_series("first_run")
 
-__all__ = ["COLOURS", "approaches", "colour", "figures", "shape_names", "tiles_figure", "times_figure"]
+__all__ = ["COLOURS", "approaches", "colour", "figures", "series_label", "shape_names", "tiles_figure",
+           "times_figure"]
+
+
+def series_label(series: str) -> str:
+    """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description."""
+    return CHAPTER.label(series)
 
 
 def approaches() -> list[str]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from book.common import PENDING, fmt, us
-from book.multi_item.figures import approaches, shape_names
+from book.multi_item.figures import approaches, series_label, shape_names
 from studylog.multi_item import report
 from studylog.multi_item.formats import DEFAULT_RULE, MultiItemBatch
 from studylog.multi_item.tiles import (DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, planned_key_tiles, tile_stats,
@@ -284,7 +284,7 @@ def result_table(results, series_list: list[str] | None = None) -> str:
             else:
                 cells.append(f"{t * 1e3:,.1f} ({t / mine:.2f}×)")
         if set(cells) != {"–"}:
-            lines.append(f"| {report.series_label(series)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {series_label(series)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

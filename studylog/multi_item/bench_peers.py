@@ -12,7 +12,7 @@ from studylog.multi_item.report import (FLASHINFER, FLEX, STEP05, flashinfer_var
                                         graph_calls_for)
 
 
-def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv) -> None:
+def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated) -> None:
     """FlexAttention at each block size of the sweep (one graph timing each), the best one measured."""
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -26,7 +26,7 @@ def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv) -> No
                     enable_gqa=gqa)
 
     def make_calls(block_mask, options):
-        return [lambda qkv=qkv: call(qkv, block_mask, options) for qkv in rotated_qkv()]
+        return rotated(lambda *qkv: lambda: call(qkv, block_mask, options))
 
     sweep, masks = {}, {}
     try:
@@ -34,7 +34,7 @@ def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv) -> No
             masks[variant] = (flex_block_mask(batch, block), options)
             if not check(f"{FLEX} ({variant})", call((q, k, v), *masks[variant])[0]):
                 continue
-            calls = make_calls(*masks[variant])
+            calls = make_calls(*masks[variant])()
             sweep[variant] = run.gpu_time(lambda: calls, repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
             del calls
     except Exception as err:  # a peer's failure costs its rows, not the chapter's run
@@ -43,11 +43,11 @@ def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv) -> No
         return
     best = min(sweep, key=sweep.get)
     block_mask, options = masks[best]
-    measure(FLEX, lambda: make_calls(block_mask, options), "baseline", block_size=best, sweep_ms=sweep,
+    measure(FLEX, make_calls(block_mask, options), "baseline", block_size=best, sweep_ms=sweep,
             flex_block_density=float((block_mask.to_dense() != 0).float().mean()))  # blocks it computes
 
 
-def bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, measure, rotated_qkv, params) -> None:
+def bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, measure, rotated, params) -> None:
     """FlashInfer's multi-item prefill at each (backend, page size) of the sweep, checked against the float32
     reference and against our output (bf16 tolerance); the best one measured with its host time."""
     from studylog.multi_item.peers import flashinfer_inputs, flashinfer_prefill
@@ -68,15 +68,13 @@ def bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, mea
             if not ok:
                 continue
 
-            def make_calls(page=page, backend=backend):
-                calls = []
-                for qkv in rotated_qkv():
-                    x = flashinfer_inputs(*qkv, batch, page)
-                    w = flashinfer_prefill(module, x, heads, sm_scale, backend, workspace)
-                    o = torch.empty_like(x.q)
-                    calls.append(lambda w=w, x=x, o=o: w.run(x.q, (x.k_cache, x.v_cache), out=o))
-                return calls
+            def call(qq, kk, vv, page=page, backend=backend):
+                x = flashinfer_inputs(qq, kk, vv, batch, page)
+                w = flashinfer_prefill(module, x, heads, sm_scale, backend, workspace)
+                o = torch.empty_like(x.q)
+                return lambda: w.run(x.q, (x.k_cache, x.v_cache), out=o)
 
+            make_calls = rotated(call)
             setups[key] = (inputs, wrapper, make_calls, backend, page)
             sweep[key] = run.gpu_time(make_calls, repeats=1, min_calls=graph_calls_for(1.0), reps=5).median
         except Exception as err:  # a peer's failure costs its rows, not the chapter's run

@@ -1,40 +1,21 @@
 """The multi-item batch format, the mask rules, the reference and the checks every step shares.
 
-A ranking request asks how much one member likes each of N candidate items. Instead of N forward passes
-over ``prefix + item_i``, the items are packed into one sequence::
+The N candidate items of a ranking request are packed after a shared prefix, ``prefix <d> item_1 <d> ... item_N
+<d>``, and the mask keeps the items from seeing each other. For a query ``q`` and a key ``k`` of one prompt with
+prefix length ``P``, ``pos[q]`` the query's position inside its item (0 at a delimiter):
 
-    prefix <d> item_1 <d> item_2 <d> ... item_N <d>
-
-and the attention mask keeps the items from seeing each other. Two rules are implemented, for a query at
-index ``q`` and a key at index ``k`` of one prompt with prefix length ``P``, where ``pos[q]`` is the query's
-position inside its item (0 at a delimiter, 1 at an item's first token):
-
-* ``"flashinfer"`` (the default, :data:`DEFAULT_RULE`): FlashInfer's multi-item scoring rule, exactly as its
-  kernel applies it (``logits_mask_multi_item_scoring`` in ``include/flashinfer/attention/prefill.cuh``: a
-  key of an item row is kept when ``kv < prefix_len || q < kv + pos[q]``)::
+* ``"flashinfer"`` (:data:`DEFAULT_RULE`), FlashInfer's rule as its kernel applies it
+  (``logits_mask_multi_item_scoring`` in ``include/flashinfer/attention/prefill.cuh``)::
 
       visible(q, k) = k <= q  and  (k < P  or  q < P  or  k > q - pos[q])
 
-  a prefix token attends causally to the prefix; a token of item ``i`` attends to the whole prefix and
-  causally to the tokens of item ``i`` up to itself, **not** to the delimiter that opens it; a delimiter
-  attends to the prefix only (so with an empty prefix it sees no key at all, and its output row is 0, as
-  FlashInfer writes it);
+  an item token sees the prefix and its own item up to itself, not the delimiter that opens it; a delimiter sees
+  the prefix only (with an empty prefix, no key: its row is 0). Item ``i``'s rows equal a causal forward over
+  ``prefix item_i``.
+* ``"delimiter_visible"``: the same plus ``k >= q - pos[q]``: an item token also sees its opening delimiter and
+  a delimiter sees itself, as in a causal forward over ``prefix <d> item_i``.
 
-* ``"delimiter_visible"``: the same, plus two keys per row: a token of item ``i`` also sees the delimiter
-  that opens item ``i``, and a delimiter sees itself (``k >= q - pos[q]``). Then every row keeps at least one
-  key, and every token of ``<d> item_i`` sees exactly what it would see in a separate causal forward over
-  ``prefix <d> item_i``.
-
-Under FlashInfer's rule the rows of ``item_i`` equal a separate causal forward over ``prefix item_i`` (no
-delimiter). The two rules give different outputs on every item row: the same model scores differently.
-
-The score of item ``i`` is read at the last token of the item (the token just before the delimiter that
-closes it): the log-probabilities of K label tokens ("Yes"/"No"), an ``N x K`` matrix per prompt
-(:func:`score_items`).
-
-This module holds the layout (:class:`MultiItemBatch`), the mask (:func:`dense_mask`), the float64
-reference every step is tested against (:func:`reference_attention`), the input checks of the attention
-steps (:func:`check_qkv`, :func:`check_rule`) and the scores.
+Item ``i``'s score is read at its last token: the log-probabilities of K label tokens (:func:`score_items`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Chapter 6's entry point as a PyTorch operator: ``torch.ops.studylog.multi_item_attention``.
 
-:func:`~studylog.multi_item.steps.multi_item_attention` takes the batch's layout as a
-:class:`~studylog.multi_item.formats.MultiItemBatch`, a Python object; the operator takes what its kernel reads
-of it: step 5's program table (planned on the host once per layout, :func:`layout`), the positions of the
-tokens inside their items (FlashInfer's ``token_pos_in_items``) and how many programs each tile height
-launches. It runs the final kernel (``attn_fwd_batched``, autotuned on the GPU, 16 x 16 tiles in the
-interpreter) and neither synchronises nor reads anything back, so a call can be captured in a CUDA graph.
-
-An opaque ``torch.library.custom_op``, on the GPU too: as a ``torch.library.triton_op`` (``wrap_triton``),
-Inductor recompiles the kernel with its Python float argument ``qk_scale`` typed fp64 (how Inductor types a
-float scalar of a user-defined Triton kernel, where Triton's own launcher takes fp32), which carries the online
-softmax into fp64 until ``tl.dot`` refuses the fp64 accumulator: the compile fails (seen on an H200, torch
-2.11). A ``triton_op`` fits once the kernel casts ``qk_scale`` to fp32. In Triton's interpreter the opaque
-operator also keeps Dynamo out of the interpreter's numpy code (see :mod:`studylog.masked_lm_head.ops`).
+The operator takes what step 5's kernel reads of a :class:`~studylog.multi_item.formats.MultiItemBatch`: its
+program table (planned on the host once per layout, :func:`layout`), the tokens' positions inside their items
+and the programs per tile height; it neither synchronises nor reads back, so a call can be captured in a CUDA
+graph. It is an opaque ``custom_op``: as a ``triton_op``, Inductor types the float ``qk_scale`` fp64, which
+carries the online softmax into fp64 until ``tl.dot`` refuses it (torch 2.11); the opaque operator also keeps
+Dynamo out of Triton's interpreter (see :mod:`studylog.masked_lm_head.ops`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""The libraries the benchmark compares with, on the same inputs and the same mask rule: FlexAttention
-(PyTorch) and FlashInfer's own multi-item scoring prefill. Both are imported lazily, by the benchmark, the
-notebook and the tests that skip without them.
-
-* FlexAttention takes the rule as a ``mask_mod`` over the packed sequence (plus: same prompt only) and a block
-  mask whose block size (and kernel tile) the benchmark sweeps: :data:`FLEX_VARIANTS`.
-* FlashInfer (``BatchPrefillWithPagedKVCacheWrapper`` with ``prefix_len_ptr``, ``token_pos_in_items_ptr``,
-  ``max_item_len_ptr``: https://github.com/flashinfer-ai/flashinfer, ``flashinfer/prefill.py``) reads the
-  keys and values from a paged cache; :func:`flashinfer_inputs` lays ours out in it. Its kernel applies the
-  ``"flashinfer"`` rule. :func:`flashinfer_module` finds the package (``pip install flashinfer-python``) or,
-  on a machine without it, a trimmed build exposing the same wrapper (a module named ``flashinfer_mis``).
+"""The libraries the benchmark compares with, on the same inputs and mask rule, imported lazily: FlexAttention
+(the rule as a ``mask_mod`` over the packed sequence, block sizes swept: :data:`FLEX_VARIANTS`) and FlashInfer's
+multi-item prefill (``BatchPrefillWithPagedKVCacheWrapper`` with ``prefix_len_ptr``, ``token_pos_in_items_ptr``,
+``max_item_len_ptr``; keys and values in its paged cache, :func:`flashinfer_inputs`). :func:`flashinfer_module`
+finds ``flashinfer`` (``pip install flashinfer-python``) or a trimmed build of the same wrapper, ``flashinfer_mis``.
 """
 
 from __future__ import annotations

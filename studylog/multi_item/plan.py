@@ -1,23 +1,12 @@
 """Step 5 in a form a CUDA graph captures once and replays over new inputs *and new batch layouts*.
 
-:func:`~studylog.multi_item.steps.multi_item_attention` can be captured too, but its graph bakes in the
-batch's layout (its program table, its position table and the launch's grid). A serving engine captures a
-step once per batch capacity and replays it over whatever requests arrive; :class:`MultiItemPlan` is for that:
-
-* the layout lives in device buffers sized for a capacity (tokens, prompts, positions per prompt), which
-  :meth:`MultiItemPlan.set_layout` fills between replays (a host-built table copied in stream order: no host
-  synchronisation, no new allocation);
-* the launch's grid is fixed: the most programs any layout within the capacity needs. Entries past the
-  layout's programs are all zero, which the kernel runs as empty programs (sequence length 0: no key tile is
-  visited, no row is stored);
-* the tile config, ``sm_scale``, the rule and the program order are fixed when the plan is made;
-* :meth:`MultiItemPlan.run` launches the kernel with nothing else on the host: no check of the layout (done
-  once in ``set_layout``), no autotuner.
-
-The caller keeps ``q`` and ``out`` of the capacity's shape, ``[heads, max_tokens, head_dim]`` (``k`` and ``v``
-``[kv_heads, max_tokens, head_dim]``, fewer heads under grouped-query attention),
-writes a batch's tokens into their first ``batch.total_tokens`` positions, and reads the output there; the
-positions past them are neither read for any row nor written.
+A graph of :func:`~studylog.multi_item.steps.multi_item_attention` bakes in the batch's layout. A serving engine
+captures once per capacity: :class:`MultiItemPlan` keeps the layout in device buffers sized for a capacity,
+which :meth:`~MultiItemPlan.set_layout` fills between replays (no host sync, no allocation); the grid is the
+most programs any layout within the capacity needs (entries past a layout's programs are zero: empty programs);
+the tile config, ``sm_scale``, rule and order are fixed with the plan; :meth:`~MultiItemPlan.run` launches with
+no check and no autotuner. The caller keeps ``q``, ``k``, ``v`` and ``out`` of the capacity's token count and
+uses their first ``batch.total_tokens`` positions.
 """
 
 from __future__ import annotations
@@ -44,14 +33,12 @@ from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, SCHEDULE
 
 
 class MultiItemPlan:
-    """Step 5's launch with its layout in device buffers: capture :meth:`run` in a CUDA graph once, then
-    replay it after :meth:`set_layout` (a new batch) or after writing new values into ``q``, ``k``, ``v``.
+    """Step 5's launch with its layout in device buffers: capture :meth:`run` once, replay it after
+    :meth:`set_layout` or after writing new values into ``q``, ``k``, ``v``.
 
-    ``max_tokens``, ``max_prompts`` and ``max_width`` (positions after the prefix of one prompt: its items
-    and delimiters; ``max_tokens`` by default) bound the layouts the plan takes. ``config`` (a name of
-    :func:`~studylog.multi_item.config.config_names`) fixes the tile config; ``None`` picks it on the first
-    :meth:`run` (on the GPU by an autotuned eager call, which must not be inside a capture; in the
-    interpreter the 16 x 16 blocks).
+    ``max_tokens``, ``max_prompts`` and ``max_width`` (positions after one prompt's prefix) bound the layouts.
+    ``config`` (a name of :func:`~studylog.multi_item.config.config_names`) fixes the tile config; ``None``
+    picks it on the first :meth:`run` (an autotuned eager call on the GPU, not capturable).
     """
 
     def __init__(self, *, heads: int, head_dim: int, dtype: torch.dtype, max_tokens: int, max_prompts: int,
@@ -106,9 +93,8 @@ class MultiItemPlan:
             self.set_layout(self.batch)
 
     def set_layout(self, batch: MultiItemBatch) -> None:
-        """Put ``batch``'s layout in the plan's buffers (on the current stream, after what is queued there):
-        its program table for the plan's tile height, zeros after it, and its positions. Checks that the
-        batch fits the capacity. Not capturable itself (the table is planned on the host); call it between
+        """Put ``batch``'s layout (checked against the capacity) in the plan's buffers, in stream order: its
+        program table, zeros after it, and its positions. Not capturable (planned on the host): call it between
         replays."""
         if not isinstance(batch, MultiItemBatch):
             raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")

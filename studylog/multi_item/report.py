@@ -1,17 +1,10 @@
 """The chapter's benchmark (``python -m studylog bench multi_item``, GPU only) and its headline from the committed
-JSON (the figures, the lesson's tables and step 5's targets are the book's: ``book.multi_item``).
+JSON. A step's series is ``CHAPTER.step(n).series``; the other series have the names of :data:`BASELINES`.
 
-Series: a step's is ``CHAPTER.step(n).series`` (``step05``); the baselines, the peers and step 5's variants
-have the descriptive names of :data:`BASELINES`.
-
-**How it times** (the harness's one policy, :mod:`studylog.bench`): every series on the GPU clock, the call
-replayed in a CUDA graph over inputs rotated among copies larger than L2 together, in three repetitions with
-fresh inputs (median and spread); our entry points and FlashInfer's also report their host time per call.
-The tile config of each Triton step is fixed per shape before timing: read from the committed results of
-the same GPU when they hold one for that step and shape (``config_source``), else autotuned on that very
-shape in this run (``STUDYLOG_RETUNE=1`` forces it; a quick run tunes step 5 only and runs steps 2 to 4 at
-its config); the timed calls then pass it explicitly, so no timed call autotunes and every shape runs the
-config chosen for it.
+Timing is the harness's (:mod:`studylog.bench`): the GPU clock over a CUDA graph of calls on rotated inputs, three
+repetitions. Each Triton step's tile config is fixed per shape before timing: pinned from this GPU's committed
+results when they hold one (``config_source``), else autotuned on that shape (``STUDYLOG_RETUNE=1`` forces it; a
+quick run tunes step 5 only), so no timed call autotunes.
 """
 
 from __future__ import annotations
@@ -79,17 +72,6 @@ BASELINES = {
 }
 
 
-def series_label(series: str) -> str:
-    """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description."""
-    from studylog import chapter
-
-    return chapter.get("multi_item").label(series)
-
-
-# ---------------------------------------------------------------------------------------------
-# Benchmark (GPU only): python -m studylog bench multi_item
-# ---------------------------------------------------------------------------------------------
-
 def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]]]]:
     """The shapes: ``(name, prefix lengths, item lengths per prompt)``; two prompts of uniform items and a
     batch of eight prompts with items of mixed lengths (a quick run: the first and the batch)."""
@@ -118,21 +100,6 @@ def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]
     return [(f"{name}, {kv_heads} KV heads", prefixes, items, kv_heads)]
 #: the matmul whose rate is the compute ceiling of the run
 CEILING_MATMUL_N = 8192
-
-
-def bench_plan(quick: bool, flashinfer: bool) -> dict[str, list[str]]:
-    """What the benchmark times on each shape, by kind (the pure-Python part of :func:`bench`, so a test can
-    count the measurements): ``{"single": [...], "batch": [...], "gqa": [...]}`` series for a one-prompt shape,
-    for a batch and for the batch with grouped-query attention (no step 5 variants); FlexAttention's and
-    FlashInfer's sweeps add their candidates (timed once each)."""
-    ours_single = [s.series for s in STEPS[1:]]
-    ours_batch = [STEP05.series]
-    extra = [] if quick else [order_series(o) for o in SCHEDULE_ORDERS[1:]] + [STEP05_OTHER_RULE, PLAN]
-    base = [SDPA_DENSE, SDPA_CAUSAL, FLEX] + ([] if quick else [ONE_PASS_PER_ITEM])
-    peers = [FLASHINFER] if flashinfer else []
-    return {"single": ours_single + extra + ([] if quick else [DO_BENCH[4], DO_BENCH[5]]) + base + peers,
-            "batch": ours_batch + extra + ([] if quick else [DO_BENCH[5]]) + [STEP04_PER_PROMPT] + base + peers,
-            "gqa": ours_batch + ([] if quick else [DO_BENCH[5]]) + [STEP04_PER_PROMPT] + base + peers}
 
 
 def flex_variants(quick: bool):
@@ -202,25 +169,14 @@ def _naive_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, rule: 
     return inputs, rows
 
 
-class _DynamoLimits:
+def _dynamo_limits():
     """Lets torch.compile keep one compiled FlexAttention per (shape, block size) the sweep tries, instead of
     falling back to eager after its default number of recompilations."""
+    import torch._dynamo
 
-    NAMES = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
-
-    def __enter__(self):
-        import torch._dynamo
-
-        self.config, self.old = torch._dynamo.config, {}
-        for name in self.NAMES:
-            if hasattr(self.config, name):
-                self.old[name] = getattr(self.config, name)
-                setattr(self.config, name, max(self.old[name], 64))
-        return self
-
-    def __exit__(self, *exc):
-        for name, value in self.old.items():
-            setattr(self.config, name, value)
+    config = torch._dynamo.config
+    names = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
+    return config.patch(**{n: max(getattr(config, n), 64) for n in names if hasattr(config, n)})
 
 
 def bench(run) -> None:
@@ -243,12 +199,8 @@ def bench(run) -> None:
                role="baseline")
     del flush
 
-    run.note("clock: every series is GPU time (CUDA-graph replay, inputs rotated past L2, 3 repetitions); the earlier "
-             "do_bench figures of steps 4 and 5 swung on re-runs because do_bench adds the host's launch time to the "
-             "kernel's whenever the Python call outlasts its 256 MB memset (a constant offset, large against the "
-             "shortest kernel; step 5's host path was the longer), and because both one-prompt shapes fell in one "
-             "autotuning bucket, so prefix 512 ran the config tuned on prefix 2048; this run times steps 4 and 5 "
-             "with do_bench too, beside the memset and the host time per call, to check the first cause")
+    run.note("clock: every series is GPU time (CUDA-graph replay, inputs rotated past L2, 3 repetitions); steps 4 "
+             "and 5 are also timed by do_bench, beside its 256 MB memset and the host time per call")
     retune = os.environ.get("STUDYLOG_RETUNE") == "1"
     pins = {} if retune else pinned_configs(_committed(run))
     run.note("tile configs: " + (f"{len(pins)} (step, shape) configs pinned from this GPU's committed results"
@@ -260,7 +212,7 @@ def bench(run) -> None:
     except ImportError as err:
         flashinfer = None
         run.note(f"FlashInfer not measured: {err}")
-    with _DynamoLimits():
+    with _dynamo_limits():
         shapes = [(*shape, BENCH_HEADS) for shape in bench_shapes(run.quick)] + gqa_shapes(run.quick)
         for shape in run.progress(shapes, "shapes"):
             _bench_shape(run, *shape, tflops_ceiling=tflops_ceiling, pins=pins, flashinfer=flashinfer)
@@ -303,6 +255,10 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
         return [tuple(x.view(-1, T, head_dim) for x in c.split([heads * T * head_dim, kv_heads * T * head_dim,
                                                               kv_heads * T * head_dim])) for c in run.rotated(qkv)]
 
+    def rotated(make_call: Callable) -> Callable[[], list]:
+        """Calls over fresh rotated inputs, ``make_call(q, k, v)`` building each."""
+        return lambda: [make_call(*qkv) for qkv in rotated_qkv()]
+
     def measure(series: str, make_calls: Callable[[], list], role: str, *, host: Callable | None = None,
                 stats: TileStats | None = None, **extra: Any) -> dict:
         """The GPU clock (a graph of about 8 ms of calls, three repetitions), the host time of ``host``."""
@@ -321,14 +277,10 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
 
     def ours(function: Callable, **kwargs: Any) -> Callable[[], list]:
         """Calls of one of our steps over rotated inputs, each into its own output."""
-        def make_calls():
-            out = []
-            for qq, kk, vv in rotated_qkv():
-                o = torch.empty_like(qq)
-                out.append(lambda qq=qq, kk=kk, vv=vv, o=o: function(qq, kk, vv, batch, sm_scale=sm_scale, out=o,
-                                                                    **kwargs))
-            return out
-        return make_calls
+        def call(qq, kk, vv):
+            o = torch.empty_like(qq)
+            return lambda: function(qq, kk, vv, batch, sm_scale=sm_scale, out=o, **kwargs)
+        return rotated(call)
 
     # --- our steps (2 to 4 take one prompt), each at the config chosen for this shape ---
     steps = STEPS[1:] if single else STEPS[-1:]
@@ -367,7 +319,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
     if not quick and not gqa:  # step 5's variants (orders, rule, MultiItemPlan): timed with a KV head per query head
         # step 5's other program orders: same kernel, same tiles, only the order the GPU starts programs in
         for order in SCHEDULE_ORDERS[1:]:
-            check(series_label(order_series(order)), STEP05.function(q, k, v, batch, sm_scale=sm_scale, order=order,
+            check(BASELINES[order_series(order)], STEP05.function(q, k, v, batch, sm_scale=sm_scale, order=order,
                                                                config=cfg5))
             measure(order_series(order), ours(STEP05.function, order=order, config=cfg5), "kernel", order=order,
                     config=cfg5)
@@ -387,29 +339,21 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
         got = torch.empty_like(q)
         check(PLAN, plan.run(q, k, v, got))
 
-        def plan_calls():
-            out = []
-            for qq, kk, vv in rotated_qkv():
-                o = torch.empty_like(qq)
-                out.append(lambda qq=qq, kk=kk, vv=vv, o=o: plan.run(qq, kk, vv, o))
-            return out
+        def plan_call(qq, kk, vv):
+            o = torch.empty_like(qq)
+            return lambda: plan.run(qq, kk, vv, o)
 
-        measure(PLAN, plan_calls, "kernel", host=lambda: plan.run(q, k, v, got), config=cfg5,
+        measure(PLAN, rotated(plan_call), "kernel", host=lambda: plan.run(q, k, v, got), config=cfg5,
                 programs=plan.programs)
         del got
     if not single:  # step 4 once per prompt, to show what one launch saves
-        def per_prompt_calls():
-            out = []
-            for qq, kk, vv in rotated_qkv():
-                views = []
-                for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
-                    sub = MultiItemBatch.from_item_lens([batch.prefix_lens[b]], [batch.item_lens[b]], device=dev)
-                    views.append((sub, *(x[:, start:start + s] for x in (qq, kk, vv))))
-                out.append(lambda views=views: [STEP04.function(a, b_, c, sub, sm_scale=sm_scale, config=cfg5)
-                                                for sub, a, b_, c in views])
-            return out
+        def per_prompt_call(qq, kk, vv):
+            views = [(MultiItemBatch.from_item_lens([batch.prefix_lens[b]], [batch.item_lens[b]], device=dev),
+                      *(x[:, start:start + s] for x in (qq, kk, vv)))
+                     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens))]
+            return lambda: [STEP04.function(a, b_, c, sub, sm_scale=sm_scale, config=cfg5) for sub, a, b_, c in views]
 
-        measure(STEP04_PER_PROMPT, per_prompt_calls, "kernel", config=cfg5)
+        measure(STEP04_PER_PROMPT, rotated(per_prompt_call), "kernel", config=cfg5)
 
     # --- scores: the N x K matrices from step 5's output against the float32 reference's ---
     out = STEP05.function(q, k, v, batch, sm_scale=sm_scale, config=cfg5)
@@ -445,11 +389,10 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
         mask = mask[:, None]
 
     def sdpa_calls(**kwargs):
-        def make_calls():
-            return [lambda args=padded(*qkv): F.scaled_dot_product_attention(*args, scale=sm_scale, enable_gqa=gqa,
-                                                                             **kwargs)
-                    for qkv in rotated_qkv()]
-        return make_calls
+        def call(qq, kk, vv):
+            args = padded(qq, kk, vv)
+            return lambda: F.scaled_dot_product_attention(*args, scale=sm_scale, enable_gqa=gqa, **kwargs)
+        return rotated(call)
 
     if single:
         check("SDPA with the dense mask", F.scaled_dot_product_attention(*padded(q, k, v), attn_mask=mask,
@@ -458,7 +401,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
     measure(SDPA_CAUSAL, sdpa_calls(is_causal=True), "baseline", **({} if single else {"padded_to": batch.max_seq_len}))
     del mask
 
-    bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated_qkv)
+    bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated)
     if not quick:  # the approach this replaces: a causal pass over each item's own sequence, batched over items
         naive_inputs, naive_rows = _naive_inputs(q, k, v, batch)
         outs = [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale, enable_gqa=gqa)
@@ -469,17 +412,14 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
         check("one pass per item (rows of each item)", got, want=ref[:, rows])
         del naive_inputs, outs, got
 
-        def naive_calls():
-            calls = []
-            for qkv in rotated_qkv():
-                inputs, _ = _naive_inputs(*qkv, batch)
-                calls.append(lambda inputs=inputs: [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale,
-                                                                                    enable_gqa=gqa) for x in inputs])
-            return calls
+        def naive_call(qq, kk, vv):
+            inputs, _ = _naive_inputs(qq, kk, vv, batch)
+            return lambda: [F.scaled_dot_product_attention(*x, is_causal=True, scale=sm_scale, enable_gqa=gqa)
+                            for x in inputs]
 
-        measure(ONE_PASS_PER_ITEM, naive_calls, "baseline", passes=sum(batch.num_items))
+        measure(ONE_PASS_PER_ITEM, rotated(naive_call), "baseline", passes=sum(batch.num_items))
     if flashinfer is not None:
-        bench_flashinfer(run, flashinfer, batch, q, k, v, out, sm_scale, check, measure, rotated_qkv, params)
+        bench_flashinfer(run, flashinfer, batch, q, k, v, out, sm_scale, check, measure, rotated, params)
 
 
 def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tuple[str, str, dict | None]:

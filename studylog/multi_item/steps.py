@@ -1,33 +1,18 @@
 """The chapter's five steps, one public function each (``stepNN_<slug>``), each beside its kernel (steps 2 to 5
-are Triton flash-attention forwards under the multi-item mask), and its entry point.
+are Triton flash-attention forwards under the multi-item mask), and :func:`multi_item_attention` (step 5 with its
+defaults).
 
-1. :func:`step01_dense_sdpa`: materialise the boolean mask and call ``scaled_dot_product_attention``.
-2. :func:`step02_dense_mask`: a flash-attention forward (online softmax) reading a dense mask tensor.
-3. :func:`step03_mask_on_the_fly`: the mask computed from the prefix length and item positions.
-4. :func:`step04_tile_skip`: key/value tiles no row of a query tile can see are never loaded, and tiles
-   every row sees whole skip the mask arithmetic.
-5. :func:`step05_batched`: prompts of different shapes in one launch, programs in an order planned on the
-   host (:func:`studylog.multi_item.tiles.schedule_table`: heads in groups whose keys and values fit in L2,
-   heaviest query tiles first within a group).
+Every step takes ``q``, ``k``, ``v`` as ``[heads, tokens, head_dim]`` (unit stride on ``head_dim``; ``k`` and ``v``
+may have fewer heads: query head ``h`` reads key/value head ``h // KV_GROUP``), a
+:class:`~studylog.multi_item.formats.MultiItemBatch` and ``rule`` (FlashInfer's by default), and returns the
+output (into ``out`` when given). The Triton steps take ``blocks=(BLOCK_M, BLOCK_N)`` or ``config`` (by default
+the GPU autotunes and the interpreter uses 16 x 16) and ``return_info=True`` for ``(out, LaunchInfo)``; steps 2
+to 4 take one prompt.
 
-:func:`multi_item_attention` is the chapter's result: step 5 with its defaults.
-
-Every step takes ``q``, ``k``, ``v`` as ``[heads, tokens, head_dim]`` (any strides with a unit stride on
-``head_dim``; a ``[tokens, heads, head_dim]`` tensor transposed works as it is; ``k`` and ``v`` may have fewer
-heads than ``q``, grouped-query attention, query head ``h`` reading key/value head ``h // (heads of q / heads
-of k)``) and a
-:class:`~studylog.multi_item.formats.MultiItemBatch`, and returns the output (written into ``out`` when it
-is given). Every step takes ``rule``, the mask rule (:data:`~studylog.multi_item.formats.RULES`; FlashInfer's
-by default). The Triton steps take ``blocks=(BLOCK_M, BLOCK_N)`` to fix the tile shape or ``config`` to fix
-the tile shape, warps and stages (by default the GPU autotunes them and the interpreter uses 16 x 16), and
-``return_info=True`` to return ``(out, LaunchInfo)``. Steps 2 to 4 take one prompt.
-
-Every kernel keeps, per query row, the running maximum ``m_i`` (in log2 units), the running sum ``l_i`` and
-the unnormalised output ``acc`` (online softmax); scores are scaled by ``sm_scale * log2(e)`` so the
-exponentials are ``exp2``. Query head ``h`` reads key/value head ``h // KV_GROUP``. Where each row's own keys
-start is ``row - pos[row] + SKIP_DELIMITER`` (the constexpr is 1 under FlashInfer's rule, 0 when the delimiter
-is visible, see :mod:`studylog.multi_item.formats`). On the GPU the kernels are autotuned over
-:mod:`studylog.multi_item.config`'s tile shapes.
+Every kernel keeps per query row the running maximum ``m_i`` (log2 units), the running sum ``l_i`` and the
+unnormalised output ``acc`` (online softmax, scores scaled by ``sm_scale * log2(e)`` so the exponentials are
+``exp2``). Each row's own keys start at ``row - pos[row] + SKIP_DELIMITER`` (1 under FlashInfer's rule, 0 when
+the delimiter is visible).
 """
 
 from __future__ import annotations
@@ -555,20 +540,17 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
     return step05_batched(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks, config=config, rule=rule)
 
 
-#: The chapter's steps in lesson order: the single source of their names (function, series, legend).
-STEPS = (
-    Step(1, "dense_sdpa", "the dense boolean mask handed to PyTorch's SDPA", "torch",
-         step01_dense_sdpa, step01_dense_sdpa),
-    Step(2, "dense_mask", "a Triton flash-attention forward reading the dense mask", "triton",
-         step02_dense_mask, attn_fwd_dense_mask),
-    Step(3, "mask_on_the_fly", "the mask computed from the prefix length and item positions", "triton",
-         step03_mask_on_the_fly, attn_fwd_mask_on_the_fly),
-    Step(4, "tile_skip", "invisible key tiles never loaded, whole prefix tiles unmasked", "triton",
-         step04_tile_skip, attn_fwd_tile_skip),
-    Step(5, "batched", "every prompt of a batch in one launch, programs in a planned order", "triton",
-         step05_batched, attn_fwd_batched),
+#: The chapter's steps in lesson order: (function, kernel shown by show_source, what it adds); the slug is the
+#: function's name after ``stepNN_``. The single source of their names (function, series, legend).
+_STEPS = (
+    (step01_dense_sdpa, step01_dense_sdpa, "the dense boolean mask handed to PyTorch's SDPA"),
+    (step02_dense_mask, attn_fwd_dense_mask, "a Triton flash-attention forward reading the dense mask"),
+    (step03_mask_on_the_fly, attn_fwd_mask_on_the_fly, "the mask computed from the prefix length and item positions"),
+    (step04_tile_skip, attn_fwd_tile_skip, "invisible key tiles never loaded, whole prefix tiles unmasked"),
+    (step05_batched, attn_fwd_batched, "every prompt of a batch in one launch, programs in a planned order"),
 )
-
+STEPS = tuple(Step(n, f.__name__[7:], what, "torch" if n == 1 else "triton", f, kernel)
+              for n, (f, kernel, what) in enumerate(_STEPS, 1))
 
 #: The loop over a range of key tiles that steps 4 and 5 call once per range (its Triton name keeps the
 #: leading underscore it was written with, so the kernels that call it are unchanged).

@@ -1,12 +1,6 @@
-"""What the host plans before a launch: which key tiles each query tile visits (steps 4 and 5), and in
-which order step 5's programs run.
-
-* Tile accounting: :func:`tile_map` is the kernels' three loop ranges in Python, :func:`planned_key_tiles`
-  the count the kernels report back, :func:`tile_stats` the totals the benchmark and the notebook show (what
-  FlashInfer's bound on the items' start visits instead, and the keys in flight of each order, are the book's:
-  ``book.multi_item.lesson``).
-* Step 5's schedule: :func:`work_order` ranks the ``(prompt, query tile, head)`` triples in one of
-  :data:`SCHEDULE_ORDERS`, and :func:`schedule_table` turns them into the table the kernel reads.
+"""What the host plans before a launch: the key tiles each query tile visits (steps 4 and 5: :func:`tile_map`,
+:func:`planned_key_tiles`, :func:`tile_stats`) and step 5's program order (:func:`work_order`,
+:func:`schedule_table`).
 """
 
 from __future__ import annotations
@@ -24,17 +18,12 @@ from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemB
 # Step 5's schedule: which program computes what, in which order
 # ---------------------------------------------------------------------------------------------
 
-#: the program orders step 5 can run in (the benchmark times them all; the first is the default):
-#:
-#: * ``"head_groups"``: the heads in a few groups, each as large as fits :data:`GROUP_KV_BYTES` of keys and
-#:   values of the whole batch; group after group, and within a group every (prompt, query tile, head) with
-#:   the most keys first. The programs running at once read one group's keys and values, which stay in L2,
-#:   and the last group ends with its lightest tiles, which fill the tail of the launch;
-#: * ``"heads_outer"``: the same with groups of one head;
-#: * ``"prompts_outer"``: prompt by prompt (most work first), then head by head, then tiles from the
-#:   prompt's end: what a launch per prompt of step 4 does, without the gaps between launches;
-#: * ``"first_run"``: the order of step 5's first version: tiles counted from each prompt's end, with every
-#:   (prompt, head) pair side by side, so the programs running at once read every head of every prompt.
+#: the program orders step 5 can run in (the first is the default): ``"head_groups"``, the heads in as few groups
+#: as keep a group's keys and values within :data:`GROUP_KV_BYTES` (so they stay in L2), group after group, the
+#: heaviest (prompt, query tile, head) first within a group; ``"heads_outer"``, the same with groups of one head;
+#: ``"prompts_outer"``, prompt by prompt (most work first), head by head, tiles from the prompt's end (a launch
+#: per prompt without the gaps); ``"first_run"``, step 5's first version: tiles from each prompt's end, every
+#: (prompt, head) side by side.
 SCHEDULE_ORDERS = ("head_groups", "heads_outer", "prompts_outer", "first_run")
 DEFAULT_ORDER = SCHEDULE_ORDERS[0]
 #: the tile heights a schedule table has a row for (the kernel picks its row from BLOCK_M)
@@ -101,10 +90,9 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
                    rule: str = DEFAULT_RULE) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
     """Step 5's program table on the batch's device, and how many programs each tile height launches.
 
-    Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]`` (only the heights in ``block_ms`` are filled); entry
-    ``i`` of a row is program ``i``'s ``(prompt, query tile, head, seq_begin, seq_len, prefix_len, 0, 0)``.
-    Built on the host once per (batch, heads, order, heights, bytes per token, rule) and cached on the batch,
-    so the attention calls of every layer reuse it.
+    Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]`` (the heights in ``block_ms``); entry ``i`` is program
+    ``i``'s ``(prompt, query tile, head, seq_begin, seq_len, prefix_len, 0, 0)``. Built on the host once per
+    (heads, order, heights, bytes per token, rule) and cached on the batch, for every layer's call.
     """
     key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token, check_rule(rule))
     if key not in batch._schedules:
