@@ -1,28 +1,18 @@
-"""Chapter 5: ternary (-1/0/+1) matmul, ``z = x @ W.T / scale``, in Triton (steps 1 to 9) then CUDA C++
-(steps 10 to 13).
-
-Every weight is -1, 0 or +1, as in BitNet b1.58. ``W`` is stored like an ``nn.Linear`` weight, ``(N, K)``;
-``x`` is ``(M, K)`` (or a vector ``(K,)``); ``z`` is float32. Each step is a kernel next to the previous one,
-so that the diff is the lesson; ``CHAPTER.steps`` lists them, each with its public function
-``stepNN_<slug>`` and its benchmark series ``stepNN``:
+"""Chapter 5: ternary (-1/0/+1) matmul, ``z = x @ W.T / scale`` (W stored as an ``nn.Linear`` weight, (N, K);
+x (M, K) or (K,); z float32), in Triton (steps 1 to 9) then CUDA C++ (steps 10 to 13). ``CHAPTER.steps`` lists the
+steps, each with its public function ``stepNN_<slug>`` and its benchmark series ``stepNN``; the lessons are
+``notebooks/05_ternary_1_triton.ipynb`` and ``notebooks/05_ternary_2_cuda.ipynb``. The modules:
 
 * :mod:`~studylog.ternary.formats`: the packed layouts (:class:`PackedTernary`), BitNet's quantisation, the
   float64 reference and tolerance, the checks every wrapper runs;
-* :mod:`~studylog.ternary.triton_steps`: steps 1 to 7 (dense weights, int8, 2-bit, M = 1, ``tl.dot``,
-  base 3);
-* :mod:`~studylog.ternary.triton_mma`: steps 8 (int8 activations) and 9 (a 2-bit layout for the MMA);
-* :mod:`~studylog.ternary.cuda_steps`: steps 10 (``mma.sync`` by hand) and 11 (weights by the TMA);
-* :mod:`~studylog.ternary.w2a8`: steps 12 and 13 (W2A8 in CUDA C++);
-* :mod:`~studylog.ternary.peers`: GemLite and torch._int_mm on the same ternary weights (the peers);
-  :mod:`~studylog.ternary.bitnet`: BitNet's own W2A8 GPU kernel, built from a local checkout of its repository;
+* :mod:`~studylog.ternary.triton_steps` (steps 1 to 7), :mod:`~studylog.ternary.triton_mma` (8 and 9),
+  :mod:`~studylog.ternary.cuda_steps` (10 and 11), :mod:`~studylog.ternary.w2a8` (12 and 13, W2A8);
+* :mod:`~studylog.ternary.peers` (GemLite, torch._int_mm) and :mod:`~studylog.ternary.bitnet` (BitNet's own
+  W2A8 kernel, from a local checkout of its repository);
 * :mod:`~studylog.ternary.report`: the benchmark; :mod:`~studylog.ternary.results`: its series and headline;
-* :mod:`~studylog.ternary.ops`: :func:`ternary_matmul` as a ``torch.library`` operator.
-
-The lessons: ``notebooks/05_ternary_1_triton.ipynb`` (steps 1 to 9) and ``notebooks/05_ternary_2_cuda.ipynb``
-(steps 10 to 13).
-
-:func:`ternary_matmul` is the chapter's general entry point: it picks the step for the weights' format,
-the rows of x and the GPU.
+* :mod:`~studylog.ternary.steps`: the table of steps and :func:`ternary_matmul`, the chapter's general entry
+  point (the step for the weights' format, the rows of x and the GPU); :mod:`~studylog.ternary.ops`: the same as
+  a ``torch.library`` operator.
 """
 
 from __future__ import annotations

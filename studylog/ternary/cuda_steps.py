@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any, Callable, Optional
 
 import torch
@@ -124,9 +123,13 @@ def aligned_rows(x2: Tensor) -> Tensor:
     at a time."""
     if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0:
         return x2
-    m, k = x2.shape
-    padded = torch.zeros(m, triton.cdiv(k, 8) * 8, dtype=x2.dtype, device=x2.device)
-    padded[:, :k] = x2
+    return _padded_to_8(x2)
+
+
+def _padded_to_8(x2: Tensor) -> Tensor:
+    """A copy of x2 with its rows padded with zeros to a multiple of 8 (16 bytes)."""
+    padded = torch.zeros(x2.shape[0], triton.cdiv(x2.shape[1], 8) * 8, dtype=x2.dtype, device=x2.device)
+    padded[:, :x2.shape[1]] = x2
     return padded
 
 
@@ -264,7 +267,7 @@ def step11_tma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *
     m, k = x2.shape
     require_hopper(x2.device, 11)
     cfg = config or tma_config(m, w.n, k)
-    _launch_tma(_pad_k_to_8(x2), w, s, s_stride, z, cfg, probe=Probe.NONE)
+    _launch_tma(_pad_k_to_8(x2), w, s, s_stride, z, cfg, probe=0)
     return z[0] if vector else z
 
 
@@ -277,32 +280,19 @@ def require_hopper(device: torch.device, step: int) -> None:
 
 def _pad_k_to_8(x2: Tensor) -> Tensor:
     """The copy engine moves x in 16-byte pieces: rows padded with zeros to a multiple of 8."""
-    m, k = x2.shape
-    if k % 8 == 0:
-        return x2
-    padded = torch.zeros(m, triton.cdiv(k, 8) * 8, dtype=x2.dtype, device=x2.device)
-    padded[:, :k] = x2
-    return padded
+    return x2 if x2.shape[1] % 8 == 0 else _padded_to_8(x2)
 
 
-class Probe(IntEnum):
-    """A probe build of step 11 or 12 (BULK_PROBE in ternary_bulk.cu, W2A8_PROBE in ternary_w2a8.cu, the same
-    numbers: PROBE_* in ternary_common.cuh), the kernel with parts left out; ``NONE`` is the kernel itself."""
-
-    NONE = 0
-    COPIES_ONLY = 1  # the copies of the weights and x, no arithmetic
-    ARITHMETIC_ONLY = 2  # the decode and the MMAs on whatever shared memory holds, no copies
-    LAUNCH_ONLY = 3  # the kernel returns at once
-
-
-#: What each probe keeps (the benchmark times them to show what limits the step), by probe.
-PROBES = {Probe.COPIES_ONLY: "copies only", Probe.ARITHMETIC_ONLY: "arithmetic only",
-          Probe.LAUNCH_ONLY: "launch only"}
+#: The probe builds of steps 11 and 12, the kernel with parts left out (the benchmark times them to show what
+#: limits the step), by their number: BULK_PROBE in ternary_bulk.cu, W2A8_PROBE in ternary_w2a8.cu (PROBE_* in
+#: ternary_common.cuh; 0 is the kernel itself). 1: the copies of the weights and x, no arithmetic; 2: the decode
+#: and the MMAs on whatever shared memory holds, no copies; 3: the kernel returns at once.
+PROBES = {1: "copies only", 2: "arithmetic only", 3: "launch only"}
 
 
 def step11_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
                  config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
-    """A step-11 launch with parts left out (a :class:`Probe`, or its number), as a function to time. Its
+    """A step-11 launch with parts left out (a number of :data:`PROBES`), as a function to time. Its
     output means nothing; the time says what the full kernel pays for each part."""
     if probe not in PROBES:
         raise ValueError(f"probe must be one of {sorted(PROBES)} ({PROBES}), got {probe!r}")
@@ -314,8 +304,7 @@ def step11_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe
 
 def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor, cfg: TmaConfig,
                 probe: int) -> Tensor:
-    """Launch step 11 on checked arguments; a ``probe`` other than ``Probe.NONE`` launches that BULK_PROBE build
-    of the .cu."""
+    """Launch step 11 on checked arguments; a ``probe`` other than 0 launches that BULK_PROBE build of the .cu."""
     m, k = x2.shape
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2

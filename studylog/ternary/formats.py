@@ -208,6 +208,8 @@ def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] =
     (N or tiles, packed columns) shape, contiguous. Its codes are not read (that would wait for the GPU)."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"n must be a positive int, got {n!r}")
     if not isinstance(data, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(data).__name__}")
     want = torch.int32 if fmt in INT32_FORMATS else torch.uint8
@@ -238,8 +240,6 @@ class PackedTernary:
     fmt: str = "2bit"
 
     def __post_init__(self):
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be a positive int, got {self.n!r}")
         check_packed_data(self.data, self.k, self.fmt, "data", n=self.n)
         if self.fmt in INT32_FORMATS:
             words = self.data.to(torch.int64) & 0xFFFFFFFF

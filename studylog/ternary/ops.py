@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from studylog.checks import check_tensor
-from studylog.ternary.formats import FORMATS, MMA_X_DTYPES, X_DTYPES, PackedTernary, check_device, check_packed_data
+from studylog.ternary.formats import MMA_X_DTYPES, X_DTYPES, PackedTernary, check_device, check_packed_data
 from studylog.ternary import steps
 
 
@@ -33,10 +33,6 @@ def _packed(data: Tensor, n: int, k: int, fmt: str) -> PackedTernary:
 
 def _check(x: Tensor, packed: Tensor, n: int, k: int, fmt: str, scale_tensor: Optional[Tensor]) -> tuple[int, ...]:
     """The output's shape after the metadata checks."""
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
     check_packed_data(packed, k, fmt, "packed", n=n)
     dtypes = MMA_X_DTYPES if fmt in ("2bit_mma", "2bit_tiles") else X_DTYPES
     check_tensor("x", x, dtype=dtypes, ndim=(1, 2), like=packed, last_dim_contiguous=True)
