@@ -105,7 +105,7 @@ def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[d
     return {key: sorted(pts, key=lambda q: q["union"]) for key, pts in sorted(out.items())}
 
 
-def _last_win(points: list[tuple[int, bool]]) -> tuple[int | None, int | None]:
+def win_range(points: list[tuple[int, bool]]) -> tuple[int | None, int | None]:
     """(largest union won below the first loss, smallest union lost) of (union, won) points."""
     first_loss = min((u for u, won in points if not won), default=None)
     last_win = max((u for u, won in points if won and (first_loss is None or u < first_loss)), default=None)
@@ -127,7 +127,7 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
     dense: dict[int, str] = {}
     for batch in sorted({b for b, _ in points}):
         pts = [q for (b, _), qs in points.items() if b == batch for q in qs]
-        last_win, first_loss = _last_win([(q["union"], q["compact"] <= q["dense"]) for q in pts])
+        last_win, first_loss = win_range([(q["union"], q["compact"] <= q["dense"]) for q in pts])
         fraction[batch] = min(1.0, (last_win or 0) / vocab)  # never past what was measured to win
         both = [q for q in pts if q["row_skip"] is not None and q["cublas"] is not None]
         if both:
@@ -137,7 +137,7 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
         dense[batch] = "row_skip" if faster_row else "cublas"
     few = [(q["union"], q["few"] <= q["stream"]) for (b, _), qs in points.items() if b == 1 for q in qs
            if q["few"] is not None and q["stream"] is not None]
-    last_win, first_loss = _last_win(few)
+    last_win, first_loss = win_range(few)
     few_max = FEW_IDS_MAX if first_loss is None else min(last_win or 0, FEW_IDS_MAX)
     return DispatchRule(fraction, dense, few_max, f"measured on {results.gpu} on {results.date}")
 

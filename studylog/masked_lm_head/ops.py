@@ -1,20 +1,12 @@
 """Chapter 2's entry point as a PyTorch operator: ``torch.ops.studylog.masked_logits``.
 
-:func:`~studylog.masked_lm_head.dispatch.masked_logits` takes the allowed sets as an
-:class:`~studylog.masked_lm_head.formats.AllowedTokens`, a Python object that ``torch.compile`` cannot put in
-a graph, and launches its kernels through their compiled launchers (raw pointers), which Dynamo cannot trace.
-The operator takes the sets as the packed int32 bitmask ``[B, ceil(V / 32)]`` that grammar engines fill
-(:func:`~studylog.masked_lm_head.formats.pack_bitmask`, ``AllowedTokens.bitmask``), and a bound on the
-union's count, and runs :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`'s kernels: the union built on
-the device from the bitmask, then the path step 9 picks for the bound (nothing read back to the host, so a
-call can be captured in a CUDA graph).
-
-On the GPU it is a ``torch.library.triton_op``: ``torch.compile`` sees its Triton kernels (``wrap_triton``).
-In Triton's interpreter (no GPU) it is an opaque ``torch.library.custom_op``: the interpreter runs a kernel as
-Python over numpy arrays, and Dynamo, tracing into it, turns those arrays into tensors (``torch._numpy``),
-whose dtype table has no ``uint64``, the type the interpreter computes its pointers in: tracing
-``masked_logits`` without the operator stops with ``KeyError(torch.uint64)``. ``STUDYLOG_OPAQUE_OPS=1`` makes
-the GPU operator opaque too.
+:func:`~studylog.masked_lm_head.dispatch.masked_logits` takes an ``AllowedTokens`` (a Python object
+``torch.compile`` cannot put in a graph) and launches through raw-pointer launchers (which Dynamo cannot trace).
+The operator takes the packed int32 bitmask ``[B, ceil(V / 32)]`` and a bound on the union's count, and runs
+:class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`'s kernels (nothing read back: a call can be captured in a
+CUDA graph). On the GPU it is a ``torch.library.triton_op`` (``torch.compile`` sees its kernels); in Triton's
+interpreter an opaque ``custom_op``, since Dynamo tracing into the interpreter stops at its ``uint64`` pointers
+(``KeyError(torch.uint64)``). ``STUDYLOG_OPAQUE_OPS=1`` makes the GPU operator opaque too.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from studylog.masked_lm_head.dispatch import choose_path, crossover_points, cublas_masked, dense_logits, dispatch_rule
+from studylog.masked_lm_head.dispatch import (choose_path, crossover_points, cublas_masked, dense_logits, dispatch_rule,
+                                              win_range)
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB, AllowedTokens, default_tiles, fp32_gamma, pack_bitmask
 from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, \
     structured_sets
@@ -287,11 +288,8 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
     # where the compacted kernels stop winning: what the next dispatch rule is read from (dispatch.py)
     for (batch, kind), pts in crossover_points(run.rows).items():
-        lost = [q["union"] for q in pts if q["compact"] > q["dense"]]
-        first_loss = min(lost, default=None)
-        last_win = max((q["union"] for q in pts if q["compact"] <= q["dense"]
-                        and (first_loss is None or q["union"] < first_loss)), default=None)
-        run.note(f"crossover batch={batch} kind={kind}: the compacted kernel is fastest up to union={last_win} and "
+        won, first_loss = win_range([(q["union"], q["compact"] <= q["dense"]) for q in pts])
+        run.note(f"crossover batch={batch} kind={kind}: the compacted kernel is fastest up to union={won} and "
                  f"slower than the best dense path from union={first_loss} (V={vocab})")
     for text in losses(run.rows):
         run.note(text)

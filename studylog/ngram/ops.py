@@ -1,12 +1,8 @@
-"""Chapter 3's entry point as a PyTorch operator: ``torch.ops.studylog.ngram_match``.
-
-:func:`~studylog.ngram.kernels.ngram_match` takes an :class:`~studylog.ngram.formats.NgramInputs` and an
-:class:`~studylog.ngram.formats.NgramConfig`, Python objects; the operator takes their tensors and numbers, and
-updates ``draft_tokens`` and ``seq_lens_this_time`` in place, as the deployed operator does. An opaque
-``torch.library.custom_op`` (its kernel is CUDA C++): on CUDA tensors it runs the step
-:func:`~studylog.ngram.kernels.final_step` picks for the shapes (no value read back, so a call can be captured in a
-CUDA graph); on CPU tensors step 1's C loop (:func:`~studylog.ngram.cpu_path.cpu_path_inplace`, bit-identical to the
-specification), which checks the lengths first.
+"""Chapter 3's entry point as a PyTorch operator: ``torch.ops.studylog.ngram_match``, an opaque
+``torch.library.custom_op`` over the tensors and numbers of ``NgramInputs`` and ``NgramConfig`` that updates
+``draft_tokens`` and ``seq_lens_this_time`` in place. On CUDA tensors it runs the step
+:func:`~studylog.ngram.kernels.final_step` picks (no value read back: capturable in a CUDA graph); on CPU tensors
+step 1's C loop, which checks the lengths first.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The specification of n-gram matching: the deployed operator's rules, line by line.
 
-Every decoding step, each active slot of a batch looks up its last ``n`` generated tokens
-(``n`` from ``max_ngram_size`` down to ``min_ngram_size``) in its prompt, then in its earlier
-generated tokens, and proposes the tokens that followed the **leftmost** earlier occurrence as
-draft tokens for the target model to verify. A batch-wide token budget (``threshold``) limits
-how many drafts the whole batch gets. The rules come from the serial CPU operator that serving
-engines ran; :func:`reference_ngram_match` writes them down line by line and is the
-specification every step must reproduce bit for bit.
+Each active slot looks up its last ``n`` generated tokens (``n`` from ``max_ngram_size`` down to
+``min_ngram_size``) in its prompt, then in its earlier generated tokens, and proposes the tokens that followed the
+**leftmost** earlier occurrence as drafts, under a batch-wide budget (``threshold``). The rules are the serial CPU
+operator's that serving engines ran; every step must reproduce :func:`reference_ngram_match` bit for bit.
 """
 
 from __future__ import annotations
