@@ -20,6 +20,7 @@ import jsonschema  # noqa: E402
 import regex as regex_module  # noqa: E402  (current Unicode tables, see _check_valid)
 
 from book.fsm import drawing  # noqa: E402
+from book.fsm.exercises import toy_model  # noqa: E402
 from studylog import data, fsm  # noqa: E402
 from studylog.fsm import schemas  # noqa: E402
 
@@ -157,7 +158,7 @@ def test_token_id_outside_the_vocabulary(vocab, automata):
 
 def test_decode_refuses_bad_arguments(vocab, automata):
     _, f = automata[("classifier", "default")]
-    good = fsm.toy_model(vocab)
+    good = toy_model(vocab)
     with pytest.raises(ValueError, match="mode must be one of"):
         fsm.decode(good, f, "bytes")
     with pytest.raises(ValueError, match="max_tokens"):
@@ -172,7 +173,7 @@ def test_decode_refuses_bad_arguments(vocab, automata):
         fsm.decode(lambda ids: torch.zeros(vocab.vocab_size, dtype=torch.int64), f)
     no_encoder = fsm.TokenVocabulary("toy", [b"a", b"b", None], 2)
     with pytest.raises(ValueError, match="no encoder"):
-        fsm.decode(fsm.toy_model(no_encoder), fsm.compile_fsm("ab", no_encoder), "char")
+        fsm.decode(toy_model(no_encoder), fsm.compile_fsm("ab", no_encoder), "char")
 
 
 # --- the automaton and its jump tables -------------------------------------------------------------------
@@ -274,7 +275,7 @@ def test_small_vocabulary_without_every_byte(rng):
     after_ab = f.next_state(f.initial, 0)
     assert set(f.token_jumps) == {after_ab}
     assert f.token_jumps[after_ab].tokens == (1,)
-    model = fsm.toy_model(toy, seed=rng.seed_value)
+    model = toy_model(toy, seed=rng.seed_value)
     none = fsm.decode(model, f, "none")
     token = fsm.decode(model, f, "token")
     assert none.ids == token.ids and none.finished and f.matches(none.text)
@@ -288,7 +289,7 @@ def test_token_jumps_write_exactly_the_same_tokens(automata, rng, vocab, case):
     entry, f = automata[case]
     jumped = 0
     for k in range(2):
-        model = fsm.toy_model(vocab, seed=rng.seed_value + k)
+        model = toy_model(vocab, seed=rng.seed_value + k)
         none = fsm.decode(model, f, "none", max_tokens=300)
         token = fsm.decode(model, f, "token", max_tokens=300)
         assert none.finished, f"toy model did not finish: {none.text[:200]!r}"
@@ -316,7 +317,7 @@ def test_char_jumps_still_match_the_regex(automata, rng, vocab, case):
     entry, f = automata[case]
     jumped = 0
     for k in range(2):
-        out = fsm.decode(fsm.toy_model(vocab, seed=rng.seed_value + 100 + k), f, "char", max_tokens=300)
+        out = fsm.decode(toy_model(vocab, seed=rng.seed_value + 100 + k), f, "char", max_tokens=300)
         assert out.finished, f"toy model did not finish: {out.text[:200]!r}"
         assert vocab.decode(out.ids) == out.text
         assert f.matches(out.text)
@@ -491,7 +492,7 @@ def test_token_jumps_give_the_ids_of_uncompressed_decoding_under_every_cap(autom
     r = _py_rng(rng, "caps/" + case[0])
     sample = entry.sample(r, case[1])
     cut = 0
-    for model in (fsm.writer_model(vocab, sample), fsm.toy_model(vocab, seed=rng.seed_value)):
+    for model in (fsm.writer_model(vocab, sample), toy_model(vocab, seed=rng.seed_value)):
         full = fsm.decode(model, f, "none", max_tokens=300)
         jumped = fsm.decode(model, f, "token", max_tokens=300, record_events=True)
         assert jumped.ids == full.ids
@@ -511,7 +512,7 @@ def test_char_jumps_respect_the_cap(automata, rng, vocab, case):
     entry, f = automata[case]
     r = _py_rng(rng, "char-caps/" + case[0])
     sample = entry.sample(r, case[1])
-    for model in (fsm.writer_model(vocab, sample), fsm.toy_model(vocab, seed=rng.seed_value)):
+    for model in (fsm.writer_model(vocab, sample), toy_model(vocab, seed=rng.seed_value)):
         full = fsm.decode(model, f, "char", max_tokens=300)
         for cap in sorted({1, 2, 3, *r.sample(range(1, len(full.ids) + 2), min(len(full.ids) + 1, 8))}):
             char = fsm.decode(model, f, "char", max_tokens=cap)

@@ -16,6 +16,7 @@ for _name in ("outlines_core", "outlines", "bpe_openai", "pydantic", "regex"):
     pytest.importorskip(_name)
 
 from book.fsm import lesson  # noqa: E402
+from book.fsm.exercises import toy_model  # noqa: E402
 from studylog import fsm  # noqa: E402
 from studylog.fsm import peers, schemas  # noqa: E402
 
@@ -141,7 +142,7 @@ def test_the_loop_driven_by_ours_is_the_chapters_steps(vocab, rng, name):
     grammar = ours.compile(e.regex())
     seed = int(rng.seed_value)
     for cap in (3, 64):
-        model = fsm.toy_model(vocab, seed=seed)
+        model = toy_model(vocab, seed=seed)
         for policy, mode in (("none", "none"), ("tokens", "token"), ("bytes", "char")):
             want = fsm.decode(model, grammar.handle, mode, max_tokens=cap)
             got = peers.jump_forward_decode(model, ours.matcher(grammar), vocab, policy, max_tokens=cap)

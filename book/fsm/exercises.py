@@ -17,14 +17,20 @@ from __future__ import annotations
 
 import functools
 import random
+import zlib
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
 from studylog.fsm.automaton import ConstrainedFSM
-from studylog.fsm.decoding import decode, toy_model
+from studylog.fsm.decoding import NextLogits, decode
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, make_vocabulary
 
 __all__ = ["check_token_jumps", "check_jump_decode", "check_replaced_tokens", "check_ff_tokens",
-           "small_vocabulary", "longest_match_encoder",
+           "small_vocabulary", "longest_match_encoder", "toy_model",
            "SMALL_REGEXES"]
 
 
@@ -46,6 +52,22 @@ def longest_match_encoder(table: Mapping[bytes, int]) -> Callable[[str], list[in
         return out
 
     return encode
+
+
+def toy_model(vocab: TokenVocabulary, seed: int = 0, close_bias: float = 0.25) -> NextLogits:
+    """A deterministic stand-in for a language model: logits are pseudo-random, a pure function of the
+    ids (so two decodes that feed the same ids get the same logits), plus a bias growing with the length
+    toward tokens that close strings and objects, so outputs end."""
+    closers = [i for i, b in enumerate(vocab.token_bytes) if b is not None and any(c in b for c in b'"}],;')]
+    closers = np.asarray(closers + [vocab.eos_id], dtype=np.int64)
+
+    def next_logits(ids: list[int]) -> Float[Tensor, " vocab"]:
+        key = zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes())
+        logits = np.random.default_rng([seed, key, len(ids)]).standard_normal(vocab.vocab_size, dtype=np.float32)
+        logits[closers] += close_bias * len(ids)
+        return torch.from_numpy(logits)
+
+    return next_logits
 
 
 Transitions = Mapping[int, Mapping[int, int]]

@@ -8,9 +8,9 @@ per token), ``step02_token_jumps`` (chains of states that allow one token are ap
 ``step03_char_jumps`` (forced strings are appended and the text retokenized: SGLang's compressed FSM).
 
 Modules: ``vocabulary``, ``automaton`` (regexes from schemas, :class:`ConstrainedFSM` and its jump tables),
-``ranges`` (integer bounds outlines-core leaves out), ``decoding`` (the steps, :func:`decode`, two stand-ins for a
-model), ``schemas`` (the suite), ``report`` (the suite's measurement), ``masks`` (chapter 2's mask file),
-``matchers`` and ``peers`` (xgrammar and llguidance on the same regexes). No GPU benchmark. Command line:
+``ranges`` (integer bounds outlines-core leaves out), ``decoding`` (the steps, :func:`decode`, the writer model),
+``schemas`` (the suite), ``report`` (the suite's measurement), ``masks`` (chapter 2's mask file), ``matchers``
+and ``peers`` (xgrammar and llguidance on the same regexes). No GPU benchmark. Command line:
 ``python -m studylog.fsm export-masks | report``.
 """
 
@@ -21,7 +21,7 @@ from studylog.chapter import Chapter, Step
 from studylog.fsm.automaton import (ConstrainedFSM, Jump, ascii_digit_classes, compile_fsm, forced_chains,
                                     regex_from_schema)
 from studylog.fsm.decoding import (MODES, STEP_OF_MODE, DecodeResult, decode, step01_uncompressed, step02_token_jumps,
-                                   step03_char_jumps, toy_model, writer_model)
+                                   step03_char_jumps, writer_model)
 from studylog.fsm.masks import COMMITTED_MASKS_ASCII_DIGITS, select_masks
 from studylog.fsm.peers import compare_peers, jump_forward_decode
 from studylog.fsm.report import EntryResult, measure_entry, run_suite, savings_table
@@ -45,7 +45,7 @@ __all__ = [
     "CHAPTER",
     # the steps and the general entry point
     "step01_uncompressed", "step02_token_jumps", "step03_char_jumps", "decode", "MODES", "DecodeResult",
-    "toy_model", "writer_model",
+    "writer_model",
     # vocabularies
     "TokenVocabulary", "load_vocabulary", "make_vocabulary",
     # regexes and automata

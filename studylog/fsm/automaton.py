@@ -25,14 +25,12 @@ from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocab
 # --- regexes and schemas ------------------------------------------------------------------------------
 
 def ascii_digit_classes(regex: str) -> str:
-    """``regex`` with every ``\\d`` written as the ASCII class ``[0-9]`` (``0-9`` inside a class) and every
-    ``\\D`` outside a class as ``[^0-9]``.
+    """``regex`` with every ``\\d`` written as ``[0-9]`` (``0-9`` inside a class), every ``\\D`` outside a class
+    as ``[^0-9]``.
 
-    outlines-core compiles regexes with Rust's ``regex`` syntax, where ``\\d`` is any Unicode decimal digit
-    (Arabic-Indic, Devanagari, fullwidth, Nag Mundari...): hundreds of code points, not ten. JSON Schema's own
-    ``pattern`` keyword and its ``format`` values follow ECMA-262 and RFC 3339, where digits are ASCII, so
-    the rewrite gives a schema the meaning it has there. Escaped backslashes (``\\\\d``) are left alone;
-    a ``\\D`` inside a class has no flat ASCII spelling and is refused (outlines never writes one)."""
+    In outlines-core's Rust syntax ``\\d`` is any Unicode digit (hundreds of code points); JSON Schema's
+    ``pattern`` and ``format`` follow ECMA-262 and RFC 3339, where digits are ASCII. Escaped backslashes are left
+    alone; a ``\\D`` inside a class has no flat ASCII spelling and is refused (outlines never writes one)."""
     if not isinstance(regex, str):
         raise TypeError(f"regex must be a str, got {type(regex).__name__}")
     out, i, depth = [], 0, 0  # depth: nesting of character classes (Rust's syntax nests them)
@@ -98,17 +96,11 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
                       integer_bounds: bool = False) -> str:
     """The regex outlines builds for a JSON schema (a dict, a JSON string, or a pydantic model class).
 
-    ``whitespace_pattern`` is where optional whitespace may go between JSON tokens (outlines' default,
-    None, is ``[ ]?``; ``""`` allows none). Invalid JSON or an unsupported schema raises ValueError.
-
-    ``ascii_digits`` (default True) rewrites the regex with :func:`ascii_digit_classes`: outlines-core
-    writes ``"format": "date"`` (and ``date-time``, ``time``...) with ``\\d``, which it treats as any
-    Unicode digit, so ``"206\\U0001E4F2-02-04"`` (a Nag Mundari digit) would be a valid date. RFC 3339
-    dates are ASCII. ``ascii_digits=False`` gives outlines' regex unchanged.
-
-    ``integer_bounds`` (default False, outlines' regex) writes an integer's ``minimum``/``maximum`` into the
-    regex (:mod:`studylog.fsm.ranges`): outlines-core ignores them, so ``{"maximum": 9}`` would let a model
-    write ``10`` and the output would fail the schema. Bounds on non-integer numbers stay unenforced."""
+    ``whitespace_pattern``: optional whitespace between JSON tokens (outlines' default, None, is ``[ ]?``; ``""``
+    allows none). Invalid JSON or an unsupported schema raises ValueError. ``ascii_digits`` (default True)
+    applies :func:`ascii_digit_classes`: outlines-core writes a ``"format": "date"`` with ``\\d``, so
+    ``"206\\U0001E4F2-02-04"`` (a Nag Mundari digit) would be a valid date. ``integer_bounds`` writes integers'
+    ``minimum``/``maximum`` into the regex (:mod:`studylog.fsm.ranges`; outlines-core ignores them)."""
     from outlines_core.json_schema import build_regex_from_schema
 
     text, parsed = schema_json(schema)
@@ -135,12 +127,9 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
 def end_anchored(regex: str) -> str:
     """``regex`` as outlines-core must see it to index the whole language: ``(?:regex)$``.
 
-    outlines-core builds its DFA with the leftmost-first semantics of Rust's ``regex-automata``: once a
-    higher-priority branch has matched, the lower-priority threads still running are dropped. For
-    ``(a|ab)`` the DFA stops after ``a`` and never allows the ``b`` of the second branch, although ``ab``
-    is in the language (a schema's integer range written shortest branch first loses its longer numbers
-    the same way). Anchoring the end makes no state a match before the end of the text, so no thread is
-    dropped; the language is the same, and so are the final states."""
+    outlines-core's DFA has the leftmost-first semantics of Rust's ``regex-automata``: once a branch has
+    matched, lower-priority threads are dropped, so for ``(a|ab)`` it never allows the ``b``. Anchoring the end
+    makes no state a match before the end: no thread is dropped, and the language and final states are the same."""
     return f"(?:{regex})$"
 
 
@@ -204,13 +193,9 @@ def forced_chains(step: dict[int, tuple[tuple[int, ...], bytes, int]]) -> dict[i
 class ConstrainedFSM:
     """An outlines-core index over a vocabulary, plus the two jump tables of the chapter.
 
-    ``build_seconds`` is outlines-core's index build; ``precompute_seconds`` is everything the compressions
-    add (the character-level automaton and both jump tables), both measured with ``time.perf_counter``.
-    A jump lookup during decoding is one dict lookup.
-
-    The character-level automaton is the index of the same regex over a vocabulary of the 256 single
-    bytes. Both indexes number their states with the ids of the same regex DFA, so a state of one is the
-    same state of the other (``tests/test_fsm.py`` checks this on the whole suite).
+    ``build_seconds`` times outlines-core's index build, ``precompute_seconds`` what the compressions add (the
+    character-level automaton, the index of the regex over the 256 single bytes, and both jump tables). Both
+    indexes number their states with the ids of the same regex DFA (``tests/test_fsm.py`` checks it on the suite).
     """
 
     def __init__(self, regex: str, vocab: TokenVocabulary, name: str = ""):

@@ -1,4 +1,4 @@
-"""The decode loop, one step of the lesson at a time, and two deterministic stand-ins for a model.
+"""The decode loop, one step of the lesson at a time, and a deterministic stand-in for a model.
 
 Each step is a complete greedy decode loop over a ``next_logits(token_ids)`` callable (one forward pass), so
 ``CHAPTER.show_diff`` shows what each step adds; :func:`decode` runs the step a ``mode`` names
@@ -7,7 +7,6 @@ Each step is a complete greedy decode loop over a ``next_logits(token_ids)`` cal
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -224,23 +223,7 @@ def decode(next_logits: NextLogits, fsm: ConstrainedFSM, mode: Mode = "none", *,
     return STEP_OF_MODE[mode](next_logits, fsm, max_tokens=max_tokens, record_events=record_events)
 
 
-# --- two deterministic "models" -----------------------------------------------------------------------------
-
-def toy_model(vocab: TokenVocabulary, seed: int = 0, close_bias: float = 0.25) -> NextLogits:
-    """A deterministic stand-in for a language model: logits are pseudo-random, a pure function of the
-    ids (so two decodes that feed the same ids get the same logits), plus a bias growing with the length
-    toward tokens that close strings and objects, so outputs end."""
-    closers = [i for i, b in enumerate(vocab.token_bytes) if b is not None and any(c in b for c in b'"}],;')]
-    closers = np.asarray(closers + [vocab.eos_id], dtype=np.int64)
-
-    def next_logits(ids: list[int]) -> Float[Tensor, " vocab"]:
-        key = zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes())
-        logits = np.random.default_rng([seed, key, len(ids)]).standard_normal(vocab.vocab_size, dtype=np.float32)
-        logits[closers] += close_bias * len(ids)
-        return torch.from_numpy(logits)
-
-    return next_logits
-
+# --- a deterministic "model" -----------------------------------------------------------------------------
 
 def writer_model(vocab: TokenVocabulary, text: str) -> NextLogits:
     """A model that writes ``text`` the way the tokenizer splits it: it puts all its mass on the next

@@ -125,7 +125,7 @@ class Grammar:
 
 
 class Library:
-    """One library over one vocabulary. ``setup_seconds``: its vocabulary preprocessing (done once)."""
+    """One library over one vocabulary (its view of the vocabulary built once, by ``_setup``)."""
 
     name = ""
 
@@ -133,9 +133,7 @@ class Library:
         if not isinstance(vocab, TokenVocabulary):
             raise TypeError(f"vocab must be a TokenVocabulary, got {type(vocab).__name__}")
         self.vocab = vocab
-        t0 = time.perf_counter()
         self._setup()
-        self.setup_seconds = time.perf_counter() - t0
 
     def _setup(self) -> None:
         """Build the library's view of the vocabulary."""

@@ -45,16 +45,10 @@ def only_eos_mask(vocab: TokenVocabulary) -> np.ndarray:
 
 def jump_forward_decode(next_logits: NextLogits, matcher: Matcher, vocab: TokenVocabulary, policy: str = "none", *,
                         max_tokens: int = 256, record_events: bool = False) -> DecodeResult:
-    """Greedy constrained decoding through any :class:`Matcher`, in the order of the chapter's steps: end
-    where the mask allows only EOS; else append what ``policy`` forces; else one forward pass picks the
-    masked argmax.
-
-    ``"tokens"`` appends ``matcher.forced_tokens()``; ``"bytes"`` appends ``matcher.forced_bytes()`` and
-    re-encodes the whole text (tokens already emitted may change: ``retokenized``; a jump from text that ends
-    inside a UTF-8 character is skipped). A jump is cut at ``max_tokens``. The matcher must be fresh.
-
-    ``forward_passes`` counts every pass, the one that picks EOS included; a pass that picks a token is one
-    token of the output that a model chose, the rest of ``ids`` no pass chose."""
+    """Greedy constrained decoding through any fresh :class:`Matcher`, in the order of the chapter's steps: end
+    where the mask allows only EOS; else append what ``policy`` forces (``"tokens"``: ``forced_tokens()``;
+    ``"bytes"``: ``forced_bytes()``, the whole text re-encoded, as step 3); else a forward pass picks the masked
+    argmax. A jump is cut at ``max_tokens``; ``forward_passes`` counts the pass that picks EOS too."""
     check_choice("policy", policy, POLICIES)
     check_int("max_tokens", max_tokens, low=1)
     res = DecodeResult([], b"", 0, False)
@@ -122,11 +116,9 @@ def jump_forward_decode(next_logits: NextLogits, matcher: Matcher, vocab: TokenV
 # --- the independent judge --------------------------------------------------------------------------------
 
 def viable_prefix(regex: str, text: bytes, *, max_completions: int = 1 << 16) -> bool:
-    """True when ``text`` is the start of some string that fully matches ``regex``, judged by the ``regex``
-    module's partial matching (its own engine, Unicode classes as outlines-core's; ``.`` excludes ``\\n``).
-
-    A text that ends inside a UTF-8 character is viable when some completion of that character is; the
-    completions are tried one by one (at most ``max_completions``)."""
+    """True when ``text`` starts some string that fully matches ``regex``, by the ``regex`` module's partial
+    matching (its own engine; ``.`` excludes ``\\n``). A text that ends inside a UTF-8 character is viable when
+    some completion of it is (at most ``max_completions`` tried)."""
     try:
         import regex as regex_module
     except ImportError as exc:
@@ -263,16 +255,11 @@ def _walk(lib_matchers: dict[str, Matcher], ids: Sequence[int], vocab: TokenVoca
 def compare_peers(entries=None, vocab: Optional[TokenVocabulary] = None, *, libraries: Sequence[str] = LIBRARIES,
                   whitespace: str = "default", n_samples: int = 8, seed: int = 0, keep_examples: int = 3,
                   fsms: Optional[Mapping[str, ConstrainedFSM]] = None, progress: bool = False) -> list[PeerRow]:
-    """Every suite entry (default: the whole suite) in every library, on the same documents.
-
-    The documents are those :func:`~studylog.fsm.report.measure_entry` samples (same ``seed``); each is
-    walked along its canonical tokens through all libraries at once (same states: forced strings, masks
-    and one timed mask fill per state), then decoded by the writer model under each library's policies
-    (:data:`LIBRARY_POLICIES`). A library missing from the environment raises ImportError.
-
-    ``fsms`` maps entry names to automata already built for the same regex over ``vocab`` (for example kept
-    from :func:`~studylog.fsm.report.run_suite`); they are used as they are, with the build time they
-    recorded as our compile time."""
+    """Every suite entry (default: the whole suite) in every library, on the documents
+    :func:`~studylog.fsm.report.measure_entry` samples: each walked along its canonical tokens through all
+    libraries at once, then decoded by the writer model under each library's policies. A missing library raises
+    ImportError. ``fsms``: automata already built for the same regexes over ``vocab``, used as they are (their
+    build time as our compile time)."""
     import random
 
     from studylog.fsm import schemas

@@ -116,12 +116,10 @@ def _natural_alternatives(a: int, b: Optional[int]) -> list[tuple[float, str]]:
 
 
 def integer_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
-    """A regex matching exactly the integers in ``[lo, hi]`` as JSON writes them.
+    """A regex matching exactly the integers in ``[lo, hi]`` as JSON writes them (``None``: open).
 
-    ``None`` leaves a bound open. The regex uses Rust ``regex`` syntax that Python's ``re`` reads the same
-    way: ASCII ``[0-9]`` classes, non-capturing groups, a top-level alternation (not wrapped), longer
-    branches first. No leading zeros, no ``+``, no ``-0``; ``0`` when in range. An empty range
-    (``lo > hi``) raises ValueError: no regex of an integer would be right."""
+    ASCII ``[0-9]`` classes, non-capturing groups, a top-level alternation (not wrapped), longer branches first;
+    no leading zeros, no ``+``, no ``-0``. An empty range (``lo > hi``) raises ValueError."""
     for name, v in (("lo", lo), ("hi", hi)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
             raise TypeError(f"{name} must be an int or None, got {type(v).__name__}")
@@ -213,14 +211,9 @@ def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
     """``schema`` (not modified) with every bounded integer subschema replaced by ``{"const": S}``, and the
     map ``{str(S): "(?:range regex)"}``.
 
-    ``S`` is a unique sentinel integer (:data:`SENTINEL_BASE` + k, moved elsewhere if the schema's text
-    already holds those digits); outlines-core writes it as its plain digits. Only subschemas that
-    outlines-core writes are visited (see the module docstring); local ``$ref`` targets (``$defs``,
-    ``definitions``, any JSON pointer) are rewritten in place, so the ``$ref`` s and the definitions stay.
-    Integer subschemas without bounds, or with ``enum``/``const``, are left alone. A ``type`` list holding
-    ``"integer"`` becomes ``{"anyOf": [{"const": S}, <the other types>]}``. Other keywords of a rewritten
-    integer subschema (``title``, ``multipleOf``, outlines' ``minDigits``...) are dropped. A bounded integer
-    subschema that no integer satisfies raises ValueError."""
+    ``S`` is :data:`SENTINEL_BASE` + k (moved if the schema's text holds those digits). A ``type`` list holding
+    ``"integer"`` becomes ``{"anyOf": [{"const": S}, <the other types>]}``; other keywords of a rewritten
+    subschema are dropped. A bounded integer subschema no integer satisfies raises ValueError."""
     if not isinstance(schema, dict):
         raise TypeError(f"schema must be a dict, got {type(schema).__name__}")
     root = copy.deepcopy(schema)
@@ -290,9 +283,8 @@ def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
 def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
     """``regex`` with every occurrence of each sentinel's digits replaced by its range regex.
 
-    Raises ValueError when a sentinel does not occur, or occurs inside a longer run of digits or after a
-    ``-`` (not as the whole integer literal outlines-core writes for ``{"const": S}``): a sentinel is never
-    missed silently. A sentinel may occur several times (array items, a definition referenced twice)."""
+    A sentinel may occur several times; one that does not occur, or occurs inside a longer literal (digits or a
+    ``-`` around it), raises ValueError: a sentinel is never missed silently."""
     for digits, replacement in mapping.items():
         if not digits.isdigit():
             raise ValueError(f"sentinel {digits!r} is not a string of digits")
@@ -314,13 +306,9 @@ def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
 
 
 def regex_with_bounds(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True) -> str:
-    """outlines-core's regex for ``schema`` (a dict, JSON text, or a pydantic model class) with integer
-    bounds kept: :func:`bound_integers`, ``outlines_core.json_schema.build_regex_from_schema``, then
-    :func:`replace_sentinels`.
-
-    ``whitespace_pattern`` is outlines' (None: ``[ ]?``). ``ascii_digits`` (default True, as in
-    :func:`studylog.fsm.regex_from_schema`) writes outlines-core's ``\\d`` as ``[0-9]``. An unsupported
-    schema, an empty integer range, or a sentinel not found in the regex raises ValueError."""
+    """outlines-core's regex for ``schema`` (a dict, JSON text, or a pydantic model class) with integer bounds
+    kept; ``whitespace_pattern`` and ``ascii_digits`` as in :func:`studylog.fsm.regex_from_schema`. An
+    unsupported schema, an empty integer range, or a sentinel not found raises ValueError."""
     from outlines_core.json_schema import build_regex_from_schema
 
     from studylog.fsm.automaton import ascii_digit_classes, schema_json
