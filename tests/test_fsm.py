@@ -240,7 +240,7 @@ def test_final_states_keep_every_ascii_continuation(automata, case):
     final state of the suite's character-level automata against the regex module, byte by ASCII byte, on a
     shortest text reaching it. Every byte out of a final state of the suite leads to a final state, so no
     token of the index ends one byte after a final state in a non-final one."""
-    from studylog.fsm.peers import viable_prefix
+    from book.fsm.peers import viable_prefix
 
     _, f = automata[case]
     paths, frontier = {f.initial: b""}, [f.initial]

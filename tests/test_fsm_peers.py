@@ -1,4 +1,4 @@
-"""Chapter 1 beside xgrammar and llguidance (studylog.fsm.peers).
+"""Chapter 1 beside xgrammar and llguidance (book.fsm.peers).
 
 The peers are optional: tests that run them skip when they are missing. Their answers (forced strings,
 masks, fast-forward tokens) are checked state by state against a brute-force computation over small finite
@@ -18,7 +18,8 @@ for _name in ("outlines_core", "outlines", "bpe_openai", "pydantic", "regex"):
 from book.fsm import lesson  # noqa: E402
 from book.fsm.exercises import toy_model  # noqa: E402
 from studylog import fsm  # noqa: E402
-from studylog.fsm import peers, schemas  # noqa: E402
+from book.fsm import peers  # noqa: E402
+from studylog.fsm import schemas  # noqa: E402
 
 
 def _need_peers():

@@ -1,7 +1,7 @@
 """What chapter 1's lesson computes and shows from its measurements: the Amdahl view of a decode step (the
 least time a step takes, and what skipping a share of the steps buys), how many tokens the visited states allow,
 and the tables and figure of the comparison with xgrammar and llguidance (rows of
-:func:`studylog.fsm.peers.compare_peers`)."""
+:func:`book.fsm.peers.compare_peers`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from book.fsm.figures import SERIES_COLORS
-from studylog.fsm.peers import LIBRARIES, PeerRow
+from book.fsm.peers import LIBRARIES, PeerRow
 
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "MODES", "suite_passes", "steps_table",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "agreement_table", "timing_table", "plot_peers",

@@ -12,7 +12,8 @@ Run from the repository root: ``python lab/fsm/peer_disagreements.py`` (needs th
 import numpy as np
 
 from studylog import fsm
-from studylog.fsm import peers, schemas
+from book.fsm import peers
+from studylog.fsm import schemas
 
 
 def suite_disagreements(vocab) -> None:

@@ -9,8 +9,8 @@ per token), ``step02_token_jumps`` (chains of states that allow one token are ap
 
 Modules: ``vocabulary``, ``automaton`` (regexes from schemas, :class:`ConstrainedFSM` and its jump tables),
 ``ranges`` (integer bounds outlines-core leaves out), ``decoding`` (the steps, :func:`decode`, the writer model),
-``schemas`` (the suite), ``report`` (the suite's measurement), ``masks`` (chapter 2's mask file), ``matchers``
-and ``peers`` (xgrammar and llguidance on the same regexes). No GPU benchmark. Command line:
+``schemas`` (the suite), ``report`` (the suite's measurement), ``masks`` (chapter 2's mask file). No GPU
+benchmark; the comparison with xgrammar and llguidance is the book's (``book.fsm.peers``). Command line:
 ``python -m studylog.fsm export-masks | report``.
 """
 
@@ -23,7 +23,6 @@ from studylog.fsm.automaton import (ConstrainedFSM, Jump, ascii_digit_classes, c
 from studylog.fsm.decoding import (MODES, STEP_OF_MODE, DecodeResult, decode, step01_uncompressed, step02_token_jumps,
                                    step03_char_jumps, writer_model)
 from studylog.fsm.masks import COMMITTED_MASKS_ASCII_DIGITS, select_masks
-from studylog.fsm.peers import compare_peers, jump_forward_decode
 from studylog.fsm.report import EntryResult, measure_entry, run_suite, savings_table
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, make_vocabulary
 
@@ -52,6 +51,4 @@ __all__ = [
     "regex_from_schema", "compile_fsm", "ConstrainedFSM", "Jump",
     # the suite's measurement
     "EntryResult", "run_suite", "savings_table",
-    # beside xgrammar and llguidance (studylog.fsm.peers)
-    "compare_peers", "jump_forward_decode",
 ]

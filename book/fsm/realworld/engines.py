@@ -217,7 +217,7 @@ class _LLGuidanceCursor(_BitmaskCursor):
 
 
 class _LLGuidanceEngine(Engine):
-    """llguidance: an ``LLTokenizer`` over the token bytes (studylog.fsm.matchers builds it), a grammar from
+    """llguidance: an ``LLTokenizer`` over the token bytes (book.fsm.matchers builds it), a grammar from
     ``LLMatcher.grammar_from_json_schema`` with compact separators and no flexible whitespace."""
 
     name = "llguidance"
@@ -226,7 +226,7 @@ class _LLGuidanceEngine(Engine):
 
     def __init__(self, vocab: TokenVocabulary):
         super().__init__(vocab)
-        from studylog.fsm.matchers import LLGuidanceLibrary
+        from book.fsm.matchers import LLGuidanceLibrary
 
         lib = LLGuidanceLibrary(vocab)
         self.llg, self.tokenizer = lib.llg, lib.tokenizer

@@ -9,7 +9,7 @@ A :class:`Library` (built once per vocabulary) compiles a :class:`Grammar`; its 
 rolls back tokens, fills a packed 32-bit bitmask (bit ``i % 32`` of word ``i // 32`` is token ``i``) and says
 what is forced next: ``forced_bytes()`` (our character-level jump, xgrammar's ``find_jump_forward_string``,
 llguidance's ``compute_ff_bytes``) and ``forced_tokens()`` (our token-level jump; llguidance's
-``compute_ff_tokens``; xgrammar has none). The decode loop and the comparison are in :mod:`~studylog.fsm.peers`.
+``compute_ff_tokens``; xgrammar has none). The decode loop and the comparison are in :mod:`book.fsm.peers`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The chapter beside xgrammar and llguidance on the same regex and vocabulary (:mod:`~studylog.fsm.matchers`).
+"""The chapter beside xgrammar and llguidance on the same regex and vocabulary (:mod:`book.fsm.matchers`).
 
 :func:`jump_forward_decode` is one greedy decode loop any matcher drives, under a ``policy``: ``"none"``,
 ``"tokens"`` (append the forced tokens) or ``"bytes"`` (append the forced string and retokenize, as SGLang does
@@ -21,7 +21,7 @@ import numpy as np
 from studylog.checks import check_choice, check_int
 from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import DecodeResult, Event, NextLogits, check_logits, writer_model
-from studylog.fsm.matchers import (LIBRARIES, LIBRARY_POLICIES, POLICIES, Matcher, PeerError, library, mask_words,
+from book.fsm.matchers import (LIBRARIES, LIBRARY_POLICIES, POLICIES, Matcher, PeerError, library, mask_words,
                                    peer_versions, unpack_mask)  # noqa: F401  (peer_versions: the lesson reads it here)
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
 
