@@ -38,7 +38,7 @@ from studylog.ctc.peers import (CUDNN_TARGET_LIMIT, capturable, concatenated, cu
                                 takes_cudnn_path)
 from studylog.ctc.plan import CTCPlan
 from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, UNDERFLOW_TOLERANCE, errors,
-                                    outcomes, probability_space_ctc, reference_ctc, silently_wrong, torch_ctc,
+                                    outcomes, probability_space_ctc, reference_ctc, silently_wrong,
                                     untrusted, wrong_utterances)
 from studylog.ctc.report import (BENCH_A, BENCH_N, BENCH_T, LESSON_N, LONG_T, STRESS_A, STRESS_N, STRESS_T,
                                  dram_bytes, grids, kernel_times_us, long_inputs, random_targets,
@@ -108,7 +108,7 @@ __all__ = [
     # formats and checks
     "BLANK", "MAX_TARGET_LENGTH", "CTCTargets", "prepare_targets", "min_frames",
     # yardsticks
-    "reference_ctc", "probability_space_ctc", "torch_ctc", "errors", "UnderflowWarning",
+    "reference_ctc", "probability_space_ctc", "errors", "UnderflowWarning",
     # torch's paths
     "takes_cudnn_path",
 ]

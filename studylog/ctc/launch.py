@@ -32,15 +32,18 @@ def workspace_bytes(parts: Sequence[int]) -> int:
     return max(sum(-(-size // 256) * 256 for size in parts), 1)
 
 
-def _scratch(device: torch.device, total: int, buffer: Tensor | None) -> Tensor:
-    """A new scratch allocation of ``total`` bytes, or the caller's (checked, preallocated) ``buffer``."""
+def _segments(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None) -> tuple[Tensor, list[int]]:
+    """A new scratch allocation, or the caller's (checked, preallocated) ``buffer``, and the byte offsets of its
+    256-byte aligned segments of ``nbytes`` bytes."""
+    total = workspace_bytes(nbytes)
     if buffer is None:
-        return torch.empty((total,), dtype=torch.uint8, device=device)
-    if buffer.dtype != torch.uint8 or buffer.device != device or not buffer.is_contiguous() or buffer.numel() < total:
+        buffer = torch.empty((total,), dtype=torch.uint8, device=device)
+    elif buffer.dtype != torch.uint8 or buffer.device != device or not buffer.is_contiguous() or buffer.numel() < total:
         raise ValueError(f"workspace must be a contiguous uint8 tensor of at least {total} bytes on {device}")
-    if buffer.data_ptr() % 256:
+    elif buffer.data_ptr() % 256:
         raise ValueError("workspace must be 256-byte aligned")
-    return buffer
+    offsets = [sum(-(-size // 256) * 256 for size in nbytes[:i]) for i in range(len(nbytes))]
+    return buffer, offsets
 
 
 def workspace(device: torch.device, parts: Sequence[tuple[tuple[int, ...], torch.dtype]],
@@ -48,25 +51,16 @@ def workspace(device: torch.device, parts: Sequence[tuple[tuple[int, ...], torch
     """Scratch tensors carved out of one allocation (one call to the allocator instead of several), or out
     of ``buffer`` when the caller preallocated one (a plan that a CUDA graph replays)."""
     sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in parts]
-    buffer = _scratch(device, workspace_bytes(sizes), buffer)
-    out, offset = [], 0
-    for size, (shape, dtype) in zip(sizes, parts):
-        out.append(buffer[offset:offset + size].view(dtype).view(shape))
-        offset += -(-size // 256) * 256
-    return out
+    buffer, offsets = _segments(device, sizes, buffer)
+    return [buffer[o:o + size].view(dtype).view(shape) for o, size, (shape, dtype) in zip(offsets, sizes, parts)]
 
 
 def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None = None
                         ) -> tuple[Tensor, list[int]]:
-    """One allocation (or the caller's ``buffer``) carved into 256-byte aligned segments, returned as
-    device addresses: the launcher takes plain integers for pointers, and building tensor views costs
-    microseconds of Python per call. The caller keeps the buffer alive until the launches are queued
-    (the caching allocator only hands the memory out again in stream order)."""
-    buffer = _scratch(device, workspace_bytes(nbytes), buffer)
-    offsets, total = [], 0
-    for size in nbytes:
-        offsets.append(total)
-        total += -(-size // 256) * 256
+    """:func:`workspace` as device addresses: the launcher takes plain integers for pointers (tensor views cost
+    microseconds of Python per call). The caller keeps the buffer alive until the launches are queued (the
+    caching allocator only hands the memory out again in stream order)."""
+    buffer, offsets = _segments(device, nbytes, buffer)
     base = buffer.data_ptr()
     return buffer, [base + o for o in offsets]
 

@@ -102,20 +102,31 @@ def functional(x: Tensor, lists: Sequence[np.ndarray], path: str, *, reduction: 
     return run
 
 
-def kernel_names(fn: Callable[[], object]) -> list[str]:
-    """Names of the CUDA kernels one call of ``fn`` launches (the profiler's), to tell the paths apart."""
+def device_work(fn: Callable[[], object], calls: int = 1) -> dict[str, float]:
+    """Device time per call (µs, torch.profiler, no L2 flush) of every kernel or copy ``fn`` runs, by the
+    profiler's name: work on the device only (an API call such as cudaLaunchKernel may carry its kernel's time)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+        for _ in range(calls):
+            fn()
         torch.cuda.synchronize()
-    from torch.autograd import DeviceType
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        if getattr(event, "device_type", DeviceType.CUDA) == DeviceType.CUDA and not re.match(r"cu(da)?[A-Z]",
+                                                                                              event.key):
+            total = getattr(event, "device_time_total", None)
+            total = getattr(event, "cuda_time_total", 0.0) if total is None else total
+            times[event.key] = times.get(event.key, 0.0) + total / calls
+    return times
 
-    return sorted({e.key for e in prof.key_averages()  # work on the device; not the API calls that launched it
-                   if getattr(e, "device_type", DeviceType.CUDA) == DeviceType.CUDA
-                   and not re.match(r"cu(da)?[A-Z]", e.key)})
+
+def kernel_names(fn: Callable[[], object]) -> list[str]:
+    """Names of the CUDA kernels one call of ``fn`` launches (the profiler's), to tell the paths apart."""
+    return sorted(device_work(fn))
 
 
 #: Run by :func:`capturable` in a fresh process: each torch call warmed up, captured in a CUDA graph,

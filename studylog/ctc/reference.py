@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float, Float64, Int
 from torch import Tensor
 
-from studylog.ctc.targets import BLANK, label_lists, min_frames, validate_lengths
+from studylog.ctc.targets import label_lists, min_frames, validate_lengths
 
 #: Targets (and the tolerance of the checks) for the log-space steps: the largest relative loss error
 #: (over ``max(1, |loss|)``) and the norm-relative gradient error against float64.
@@ -231,23 +231,6 @@ def untrusted(estimate: Tensor, loss: Tensor, input_lengths, target_lists: Seque
                             dtype=torch.bool)
     infinite = ~torch.isfinite(loss)
     return torch.where(infinite, feasible, estimate > UNDERFLOW_TOLERANCE)
-
-
-def torch_ctc(
-    activations: Float[Tensor, "t n a"], targets, input_lengths, target_lengths, *, zero_infinity: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """torch's answer: ``F.ctc_loss(log_softmax(x), reduction="none")`` and autograd's gradient of its sum.
-
-    torch picks its cuDNN path when the targets are int32 on the CPU (concatenated), every input
-    length equals T, every target is shorter than 256 and no longer than its input; otherwise
-    its native kernels. Lengths are passed as tuples so torch needs no device-to-host copy.
-    """
-    x = activations.detach().requires_grad_(True)
-    loss = torch.nn.functional.ctc_loss(
-        x.log_softmax(2), targets, tuple(int(v) for v in input_lengths), tuple(int(v) for v in target_lengths),
-        blank=BLANK, reduction="none", zero_infinity=zero_infinity)
-    (grad,) = torch.autograd.grad(loss.sum(), x)
-    return loss.detach(), grad
 
 
 def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, float]:

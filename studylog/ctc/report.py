@@ -10,7 +10,6 @@ clock (profiler span, L2 flushed), and its row says so; no headline rests on it.
 from __future__ import annotations
 
 import math
-import re
 import time
 
 import numpy as np
@@ -92,26 +91,11 @@ def stress_set(generator: torch.Generator, device, *, quick: bool = False) -> li
 
 
 def kernel_times_us(fn, calls: int = 10) -> dict[str, float]:
-    """Mean device time per call (µs) of every kernel or copy ``fn`` runs, from torch.profiler (no L2 flush)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
+    """Mean device time per call (µs) of every kernel or copy ``fn`` runs, by short name (:func:`peers.device_work`)."""
     times: dict[str, float] = {}
-    for event in prof.key_averages():
-        # work on the device only: an API call (cudaLaunchKernel...) may carry its kernel's time too
-        if getattr(event, "device_type", DeviceType.CUDA) != DeviceType.CUDA or re.match(r"cu(da)?[A-Z]", event.key):
-            continue
-        total = getattr(event, "device_time_total", None)
-        total = getattr(event, "cuda_time_total", 0.0) if total is None else total
-        if total:
-            key = short_kernel_name(event.key)
-            times[key] = times.get(key, 0.0) + total / calls
+    for name, us in peers.device_work(fn, calls).items():
+        if us:
+            times[short_kernel_name(name)] = times.get(short_kernel_name(name), 0.0) + us
     return times
 
 

@@ -19,12 +19,6 @@ def clock_of(results, series: str) -> str:
     return rows[0].get("clock", "do_bench") if rows else ""
 
 
-def native_captured(results) -> bool | None:
-    """Whether torch's native rows are on the GPU clock (None: the file has none)."""
-    rows = results.select("torch-native")
-    return None if not rows else all(r.get("clock") == "gpu" for r in rows)
-
-
 def headline(results) -> list[dict]:
     """The book's headline rows (:func:`studylog.plotting.headline_row`): the last step measured against
     ``torch-best`` on the same clock, at the smallest speedup over N for each alphabet and at the largest batch
@@ -45,8 +39,8 @@ def headline(results) -> list[dict]:
         kernel = f"{step.series} span"
         if clock_of(results, kernel) != clock_of(results, "torch-best"):
             return []
-    captured = native_captured(results)
-    if clock_of(results, "torch-best") == "gpu" and captured is False:
+    native = results.select("torch-native")
+    if clock_of(results, "torch-best") == "gpu" and native and not all(r.get("clock") == "gpu" for r in native):
         baseline = "torch cuDNN (graph-timed; torch's native path cannot be captured in a CUDA graph)"
     elif clock_of(results, "torch-best") == "kernel":
         baseline = "faster of torch cuDNN / native (kernel clock: no torch call could be captured in a CUDA graph)"
