@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from studylog.decode import (CONFIGS, Decoder, Grammar, LlamaModel, from_module, load_checkpoint, model_config,
-                             save_checkpoint, step01_baseline, step02_jump_forward, step03_masked_head, suite_names,
-                             suite_sample)
+from studylog.decode import (CONFIGS, Decoder, Grammar, LlamaModel, from_module, model_config, step01_baseline,
+                             step02_jump_forward, step03_masked_head, suite_names, suite_sample)
 from studylog.decode import pieces, report
+from decode_helpers import LocalRun, load_checkpoint, save_checkpoint
 from studylog.decode.grammar import ascii_regex
 from studylog.decode.generation import gumbel_noise
 from book.decode import results as decode_results
@@ -265,7 +265,7 @@ def test_fused_rope_norm_and_swiglu_match_torch(rng):
     bit, the residual add + RMSNorm and SwiGLU agree to fp32 rounding; the gathering norm reads row last[b]
     and leaves x as it is."""
     from studylog.decode import kernels
-    from studylog.decode.model import _rms_norm, _rotate_half
+    from studylog.decode.model import rms_norm, rotate_half
 
     B, T, H, Hkv, hd, S = 2, 5, 6, 2, 24, 37
     m = LlamaModel(model_config("tiny", vocab_size=50, hidden=H * hd, heads=H, kv_heads=Hkv, head_dim=hd),
@@ -277,7 +277,7 @@ def test_fused_rope_norm_and_swiglu_match_torch(rng):
     pos = start[:, None] + torch.arange(T)
     c, s = cos[pos][:, :, None], sin[pos][:, :, None]
     q, k, v = qkv.view(B, T, -1, hd).split((H, Hkv, Hkv), dim=2)
-    want_q, want_k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+    want_q, want_k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
     got = qkv.clone()
     kernels.rope_cache(got, kc, vc, cos, sin, start, H, Hkv)
     assert torch.equal(got.view(B, T, -1, hd)[:, :, :H], want_q)
@@ -299,12 +299,12 @@ def test_fused_rope_norm_and_swiglu_match_torch(rng):
     x2 = x.clone()
     h = kernels.add_rms_norm(x2, w, 1e-5, add=a)
     assert torch.equal(x2, x + a)
-    torch.testing.assert_close(h, _rms_norm(x + a, w, 1e-5), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(h, rms_norm(x + a, w, 1e-5), rtol=1e-6, atol=1e-6)
     last = torch.tensor([4, 1])
     x3 = x.clone()
     g = kernels.add_rms_norm(x3, w, 1e-5, add=a, last=last)
     assert torch.equal(x3, x)
-    torch.testing.assert_close(g, _rms_norm((x + a)[torch.arange(B), last], w, 1e-5), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(g, rms_norm((x + a)[torch.arange(B), last], w, 1e-5), rtol=1e-6, atol=1e-6)
 
     gu = torch.randn(B, T, 2 * 1100, generator=rng) * 4  # more than one column block
     gate, up = gu.chunk(2, dim=-1)
@@ -317,13 +317,13 @@ def test_gemv_matches_the_composition_it_replaces(rng, N, K):
     SwiGLU, rounded as the model rounds them) and the residual add behind: sizes that are not multiples of the
     tile (and K above one block)."""
     from studylog.decode import kernels
-    from studylog.decode.model import _rms_norm
+    from studylog.decode.model import rms_norm
 
     x, w = torch.randn(1, 1, K, generator=rng), torch.randn(N, K, generator=rng) / K ** 0.5
     nw = torch.rand(K, generator=rng) + 0.5
     ref = lambda a: (a.double() @ w.double().t()).float()  # noqa: E731
     torch.testing.assert_close(kernels.gemv(x, w), ref(x), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(kernels.gemv(x, w, norm=nw, eps=1e-5), ref(_rms_norm(x, nw, 1e-5)), rtol=1e-5,
+    torch.testing.assert_close(kernels.gemv(x, w, norm=nw, eps=1e-5), ref(rms_norm(x, nw, 1e-5)), rtol=1e-5,
                                atol=1e-5)
     gu = torch.randn(1, 1, 2 * K, generator=rng) * 3
     gate, up = gu.chunk(2, dim=-1)
@@ -557,7 +557,7 @@ def test_configurations_refuse_what_they_cannot_do():
 # --- the report, on the CPU ---------------------------------------------------------------------------------------
 
 def test_the_sweep_records_what_the_figures_read(tiny):
-    run = report.LocalRun()
+    run = LocalRun()
     report.sweep(run, device="cpu", shapes=("tiny",), batches=(1,), schemas=["us_phone", "product"], repeats=1,
                  dtype=torch.float32, max_new_tokens=64, max_seq=160, whitespaces=("compact",),
                  both_whitespaces_at=("tiny", 1))
@@ -589,7 +589,7 @@ def test_the_sweep_records_what_the_figures_read(tiny):
     assert set(figures(Results())) == {"breakdown_1b", "speedup"}
 
 
-class FakeBenchRun(report.LocalRun):
+class FakeBenchRun(LocalRun):
     """BenchRun's timing methods without a GPU: each call runs once and takes one millisecond."""
 
     def gpu_time(self, make_calls, **kw):

@@ -255,7 +255,9 @@ def test_the_benchmark_records_the_hf_peer_beside_step_one(tiny, digits, bytes_v
     decoder = Decoder(model, bytes_vocab, batch=1, max_seq=64)
     prompt = list(b"n=")
     step01 = decoder.generate(digits, [prompt], "baseline", max_new_tokens=6)
-    run = report.LocalRun()
+    from decode_helpers import LocalRun
+
+    run = LocalRun()
     report.hf_peer(run, hf, digits, prompt, step01, max_new_tokens=6, repeats=2, params={"model": "tiny"})
     (row,) = run.rows
     assert row["series"] == "hf_generate" and row["role"] == "peer" and row["ms"] > 0

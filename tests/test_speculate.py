@@ -338,7 +338,6 @@ def test_the_workload_holds_documents_whose_values_are_copied():
     for n in names:
         msg = requests.message(n)
         assert msg.index(requests.document(n)["document"]) == 0  # the document first: lookup finds it leftmost
-    assert requests.copied_share("invoice_1", '{"vendor":"Northwind Traders Ltd","customer":"nobody"}') == 0.5
     assert requests.valid("invoice_1", "{}")[0] is False
     with pytest.raises(ValueError, match="kind must be one of"):
         requests.document_names("letters")
@@ -362,7 +361,7 @@ def test_the_benchmark_sweep_records_every_step_and_checks_the_tokens(tiny):
     """The benchmark's sweep on a CPU (the tiny model, cl100k, a chat template of plain text): every step and both
     chapter 7 steps recorded per request, the agreement checks made, and the bound readable from the rows."""
     from studylog.decode import pieces
-    from studylog.decode.report import LocalRun
+    from decode_helpers import LocalRun
 
     vocab = pieces.load_vocabulary("cl100k_base")
 

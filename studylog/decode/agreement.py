@@ -1,24 +1,19 @@
 """When two configurations may write different tokens, and a check that they only do so there.
 
-The configurations compute the same logits in different ways: a dense head (cuBLAS, or torch on a CPU) or
-chapter 2's masked head, a body fed one token a step or a chunk of forced tokens at once. Each sums in fp32
-in its own order, so two logits closer together than that rounding can come out in either order, and a
-greedy step can then pick the other token. The guarantee is therefore:
+The configurations compute the same logits in different ways (a dense or a masked head, a body fed one token or
+a chunk), each summing in fp32 in its own order, so two logits closer than that rounding can come out in either
+order. The guarantee is therefore:
 
     **same tokens wherever the two tokens in question are further apart than the error bound of the two
     computations**; every divergence is counted, and each must sit at a gap inside that bound.
 
-The bound (as chapter 2 bounds its logits, after Higham, *Accuracy and Stability of Numerical Algorithms*,
-2nd ed., §4.2): a logit ``h . w`` summed in fp32 in any order, products included, is within
-``gamma_k sum_i |h_i w_i|`` of its exact value, with ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` and
-``k = 2 D + 1`` (each product goes through at most ``D - 1`` additions, is rounded once when the inputs are
-fp32, and a tensor core's truncating alignment can double an addition's error). Between two
-configurations the hidden states themselves may differ (a chunked forward sums in another order), by
-``dh``; the logit of ``t`` then moves by at most ``sum_i |dh_i| |w_ti|``. Configuration A picked ``a`` and B
-picked ``b``; with ``gap`` the exact difference of their logits from A's hidden state, B can only have
-picked ``b`` if ``gap <= e_A(a) + e_A(b) + e_B(a) + e_B(b) + |dh| . (|w_a| + |w_b|)``. Steering and
-seeded noise add the same numbers in both configurations and enter the gap, not the bound; a temperature
-divides both.
+The bound (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2): a logit ``h . w`` summed in
+fp32 in any order is within ``gamma_k sum_i |h_i w_i|`` of its exact value, ``gamma_k = k u / (1 - k u)``,
+``u = 2**-24``, ``k = 2 D + 1`` (a tensor core's truncating alignment can double an addition's error). The hidden
+states of two configurations may differ by ``dh``, which moves the logit of ``t`` by at most ``|dh| . |w_t|``. If
+A picked ``a`` and B picked ``b``, with ``gap`` the exact difference of their logits from A's hidden state, B can
+only have picked ``b`` if ``gap <= e_A(a) + e_A(b) + e_B(a) + e_B(b) + |dh| . (|w_a| + |w_b|)``. Steering and
+seeded noise enter the gap, not the bound; a temperature divides both.
 """
 
 from __future__ import annotations

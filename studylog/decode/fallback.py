@@ -1,15 +1,11 @@
 """Chapter 1's automaton where outlines-core cannot build it: the same interface, read from xgrammar's matcher.
 
 outlines-core refuses many real JSON schemas (a ``oneOf`` of untyped objects, some ``format`` values, named groups
-in a ``pattern``) and runs for minutes on others: of chapter 1's sample of 40 SchemaStore schemas
-(``assets/data/realworld_cl100k_base.json``) it refused 15 and ran past 60 s on 11, where xgrammar compiled 24 of
-those 26, most in well under a second. Steps 2 and 3 need only what :class:`~studylog.decode.pieces.Automaton`
-gives (a state's allowed ids, its forced-token chain, the state after a token), so the kernels should not be tied
-to one engine: :class:`MatcherAutomaton` gives the same from xgrammar's ``GrammarMatcher``, discovering states as
-decoding reaches them (``Grammar.from_regex(..., engine="auto")`` picks it where outlines-core refuses).
-
-A state is a token path from the start, numbered as first reached (0: the empty path): xgrammar does not say where
-its grammar is, so two paths that lead to the same place are two states, and each new state costs a bitmask.
+in a ``pattern``) and runs for minutes on others, where xgrammar compiles most in well under a second. Steps 2 and 3
+need only what :class:`~studylog.decode.pieces.Automaton` gives (a state's allowed ids, its forced chain, the state
+after a token): :class:`MatcherAutomaton` gives the same from xgrammar's ``GrammarMatcher``, discovering states as
+decoding reaches them. A state is a token path from the start (0: the empty path), numbered as first reached:
+xgrammar does not say where its grammar is, so two paths to the same place are two states.
 """
 
 from __future__ import annotations
@@ -113,13 +109,10 @@ def _witness(vocab: pieces.TokenVocabulary, pending: bytes) -> int:
 class MatcherAutomaton:
     """:class:`~studylog.decode.pieces.Automaton`'s interface over one xgrammar ``CompiledGrammar``.
 
-    ``allowed_ids`` is xgrammar's bitmask less the tokens the decode loop refuses (those that leave the text invalid
-    UTF-8) and the dead ends of xgrammar's byte-level matching (a token ending inside a character that nothing
-    allowed finishes), so that it is chapter 1's allowed set where both engines compile a grammar, and steps 1-3
-    write the same tokens. ``token_jump`` follows the states where one token, not EOS, is allowed (chapter 1's
-    forced chain). ``char_jump`` is always None: a forced-bytes jump needs the character-level automaton enumerated,
-    which a matcher does not give, so the loop's ``"char"`` configuration takes no jumps. ``fsm`` is None.
-    """
+    ``allowed_ids`` is xgrammar's bitmask less the tokens that leave the text invalid UTF-8 and the dead ends of its
+    byte-level matching, so it is chapter 1's set where both engines compile a grammar. ``token_jump`` follows the
+    states where one token, not EOS, is allowed. ``char_jump`` is always None (a matcher does not enumerate the
+    character-level automaton); ``fsm`` is None."""
 
     fsm = None
 
@@ -241,16 +234,9 @@ class MatcherAutomaton:
         self._put(child, m)
         return child
 
-    def walk(self, ids, state: int) -> list[int]:
-        """The states after each prefix of ``ids`` from ``state`` (raises ValueError on a disallowed token)."""
-        states = [self._check(state)]
-        for pos, t in enumerate(ids):
-            nxt = self.next(states[-1], t)
-            if nxt is None:
-                raise ValueError(f"token id {t} ({self.vocab.show(int(t))!r}) at position {pos} is not allowed in "
-                                 f"state {states[-1]} of {self.name!r}")
-            states.append(nxt)
-        return states
+    #: chapter 1's walk (the states after each prefix of ``ids`` from ``state``) over :meth:`next`
+    next_state = next
+    walk = pieces.ConstrainedFSM.walk
 
     def only_eos(self, state: int) -> bool:
         """A final state where only EOS is allowed: decoding ends there without a forward pass."""

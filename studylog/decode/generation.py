@@ -1,6 +1,5 @@
-"""What a decode run is and what it returns: the configurations the chapter compares (:data:`CONFIGS`), the
-result of a request (:class:`Generation`), the seeded sampling noise every configuration shares, and the check
-that a model is one the loop can run.
+"""What a decode run is and what it returns: the configurations the chapter compares (:data:`CONFIGS`), a
+request's result (:class:`Generation`), the seeded sampling noise every configuration shares, and the model check.
 """
 
 from __future__ import annotations
@@ -62,14 +61,10 @@ CONFIGS: dict[str, DecodeConfig] = {
 
 @dataclass
 class Generation:
-    """What one request produced, and what it cost.
-
-    ``ids[b]``: the output tokens of sequence ``b`` (EOS not included); ``forwards``: forward passes of the
-    batch (the first one is the prefill); ``passes[b]``: forwards sequence ``b`` was active in; ``jumped[b]``:
-    tokens appended without a forward; ``retokenized[b]``: emitted tokens a retokenization replaced.
-    ``ms``: milliseconds per component summed over the steps, the first (the prefill) included (see
-    :meth:`Decoder.generate`); ``first_step_ms``: the first step's wall time.
-    """
+    """What one request produced, and what it cost: ``ids[b]``, sequence ``b``'s output tokens (EOS excluded);
+    ``forwards`` of the batch (the first is the prefill); ``passes[b]``, forwards ``b`` was active in; ``jumped[b]``,
+    tokens appended without a forward; ``retokenized[b]``, tokens a retokenization replaced; ``ms``, milliseconds
+    per component summed over the steps (:meth:`Decoder.generate`); ``first_step_ms``, the first step's wall time."""
 
     config: str
     ids: list[list[int]]
@@ -118,10 +113,9 @@ def check_model(model: Any) -> LlamaModel:
 
 
 def hashed_uniform(seed: int, seq: Tensor, position: Tensor, ids: Tensor, salt: int = 0) -> Tensor:
-    """Uniform numbers in (0, 1), ``[R, K]``, for rows of sequence ``seq[r]`` at output position ``position[r]`` and
-    token ``ids[k]``: a 32-bit integer hash of (``seed``, sequence, position, token, ``salt``), computed on the device
-    without a generator's state, so a configuration that skips forwards draws the same number for the same
-    position as one that does not."""
+    """Uniform numbers in (0, 1), ``[R, K]``, for sequence ``seq[r]`` at output position ``position[r]`` and token
+    ``ids[k]``: a 32-bit hash of (``seed``, sequence, position, token, ``salt``) on the device, without a generator's
+    state, so a configuration that skips forwards draws the same number for the same position."""
     M = 0xFFFFFFFF
     x = (ids[None, :] * 0x2C1B3C6D + position[:, None] * 0x297A2D39 + seq[:, None] * 0x5F356495
          + ((seed * 0x1B873593 + salt * 0x68E31DA4) & M)) & M
@@ -134,16 +128,9 @@ def hashed_uniform(seed: int, seq: Tensor, position: Tensor, ids: Tensor, salt: 
 
 
 def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
-    """Gumbel noise ``[B, V]`` that depends only on ``seed``, the sequence, its output position and the token
-    (:func:`hashed_uniform`), so a configuration that skips forwards samples the same tokens as one that does not."""
+    """Gumbel noise ``[B, V]`` that depends only on ``seed``, the sequence, its output position and the token."""
     rows = torch.arange(position.shape[0], device=position.device)
     return -torch.log(-torch.log(hashed_uniform(seed, rows, position, vocab_ids)))
 
 
-def same_tokens(a: Generation, b: Generation) -> bool:
-    """Whether two generations wrote the same tokens in every sequence."""
-    return a.ids == b.ids
-
-
-__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "STEER", "check_model", "gumbel_noise", "hashed_uniform",
-           "same_tokens"]
+__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "STEER", "check_model", "gumbel_noise", "hashed_uniform"]

@@ -1,18 +1,13 @@
 """The constraint of a request, compiled twice: by xgrammar (the practitioners' baseline) and by chapter 1.
 
-Both compile the **same regex** (a JSON schema is first turned into a regex by outlines, as in chapter 1),
-so that both allow exactly the same tokens in every state and a decode gives the same tokens whichever
-masks it. Some regex syntax means different things to the two libraries: outlines-core reads ``\\d``, ``\\s``
-and ``\\w`` with Unicode meaning (``\\d`` also matches Arabic-Indic or full-width digits), xgrammar with ASCII
-meaning, and xgrammar's ``.`` matches a newline where outlines-core's does not; :func:`ascii_regex` writes
-them out as explicit classes before either library sees the regex. :meth:`Grammar.check_agreement` checks
-the result state by state.
-
-Where chapter 1's automaton cannot be built (outlines-core refuses the regex, or outlines cannot write the schema
-as one), ``engine="auto"`` keeps xgrammar's compiled grammar and reads steps 2 and 3's allowed sets and forced
-tokens from its matcher instead (:class:`~studylog.decode.fallback.MatcherAutomaton`).
-
-Also here: :class:`Writer`, which steers a model with random weights to write a realistic output.
+Both compile the **same regex** (a JSON schema is first turned into one by outlines, as in chapter 1), so both
+allow the same tokens in every state and a decode writes the same tokens whichever masks it. Where the two
+libraries read regex syntax differently (``\\d``, ``\\s``, ``\\w`` are Unicode to outlines-core and ASCII to
+xgrammar; xgrammar's ``.`` matches a newline), :func:`ascii_regex` writes it out first, and
+:meth:`Grammar.check_agreement` checks the result state by state. Where chapter 1's automaton cannot be built,
+``engine="auto"`` reads steps 2 and 3's sets from xgrammar's matcher instead
+(:class:`~studylog.decode.fallback.MatcherAutomaton`). Also here: :class:`Writer`, which steers a model with random
+weights to write a realistic output.
 """
 
 from __future__ import annotations
@@ -105,10 +100,8 @@ def schema_regex(schema: Any, whitespace: str = "default") -> str:
         raise ValueError(f"the schema does not compile to a grammar: {exc}") from exc
 
 
-#: xgrammar's JSON-schema options nearest chapter 1's whitespace patterns (``pieces.WHITESPACE``). ``"compact"``
-#: (nothing between JSON tokens) is the same language. ``"default"`` is outlines' ``[ ]?`` at each place between
-#: JSON tokens; xgrammar has no space-only choice, and the nearest is at most one character of ``[ \n\r\t]`` at the
-#: same places (fixed separators such as ``", "`` would require the space and refuse the compact text).
+#: xgrammar's JSON-schema options nearest chapter 1's whitespace patterns: ``"compact"`` is the same language;
+#: for outlines' ``[ ]?`` the nearest is at most one character of ``[ \n\r\t]`` at the same places.
 JSON_WHITESPACE: dict[str, dict[str, Any]] = {"default": {"any_whitespace": True, "max_whitespace_cnt": 1},
                                               "compact": {"any_whitespace": False, "separators": (",", ":")}}
 
@@ -173,14 +166,10 @@ def continues_utf8(text: bytes | bytearray, new: int) -> bool:
 
 @dataclass
 class Grammar:
-    """One constraint, compiled for the decode loop.
-
-    ``xgrammar``: xgrammar's compiled grammar (a :meth:`matcher` per sequence walks it and fills the
-    bitmask); ``automaton``: chapter 1's automaton (allowed ids per state, forced-token and forced-byte
-    jumps), or with ``engine == "xgrammar"`` the same interface read from xgrammar's matcher (no forced-byte
-    jumps; ``regex`` is ``""`` where xgrammar compiled a JSON schema directly). ``compile_seconds`` says what
-    each cost to build (``automaton_refused``: the time outlines-core took to refuse).
-    """
+    """One constraint, compiled for the decode loop: ``xgrammar``, xgrammar's compiled grammar (a :meth:`matcher`
+    per sequence fills the bitmask); ``automaton``, chapter 1's (allowed ids per state, forced-token and forced-byte
+    jumps) or with ``engine == "xgrammar"`` the same interface read from xgrammar's matcher (``regex`` is ``""``
+    where xgrammar compiled a schema directly). ``compile_seconds``: what each cost to build."""
 
     name: str
     regex: str
@@ -201,15 +190,10 @@ class Grammar:
     @classmethod
     def from_regex(cls, regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "",
                    check: bool = True, engine: str = "outlines-core") -> "Grammar":
-        """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine`` (one of
-        :data:`ENGINES`): ``"outlines-core"``, chapter 1's; ``"xgrammar"``, xgrammar's matcher; ``"auto"``,
-        chapter 1's where outlines-core builds it (a ValueError) and else xgrammar's, recorded in
-        ``grammar.engine``. A slow outlines-core build is waited for: only a refusal falls back.
-
-        ``check`` (default True) runs :meth:`check_agreement` on chapter 1's automaton: a grammar on which the
-        two engines allow different tokens somewhere is refused (ValueError), since the steps that read the
-        automaton would then write other tokens than the step that reads xgrammar. With xgrammar's automaton
-        both read one engine, and there is nothing to check."""
+        """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine`` (:data:`ENGINES`;
+        ``"auto"``: chapter 1's, and xgrammar's matcher where outlines-core refuses). ``check`` runs
+        :meth:`check_agreement` on chapter 1's automaton: a grammar where the two engines allow different tokens
+        is refused (ValueError), since the steps would then write different tokens."""
         _check_engine(engine)
         if not isinstance(regex, str) or not regex:
             raise ValueError(f"regex must be a non-empty str, got {regex!r}")
@@ -243,10 +227,9 @@ class Grammar:
     @classmethod
     def from_schema(cls, schema: Any, vocab: pieces.TokenVocabulary | None = None, name: str = "",
                     whitespace: str = "default", check: bool = True, engine: str = "outlines-core") -> "Grammar":
-        """A JSON schema (a dict, a JSON string or a pydantic model class) as :meth:`from_regex` compiles the
-        regex outlines writes for it. Where outlines cannot write one, ``engine`` ``"auto"`` or ``"xgrammar"``
-        compiles the schema with xgrammar directly (whitespace: :data:`JSON_WHITESPACE`) and reads its matcher;
-        a schema neither compiles is a ValueError that names it (``name``, else its title) and gives both reasons."""
+        """A JSON schema (a dict, JSON text or a pydantic model) as :meth:`from_regex` compiles outlines' regex of
+        it; where outlines writes none, ``engine`` ``"auto"`` or ``"xgrammar"`` compiles the schema with xgrammar
+        directly. A schema neither compiles is a ValueError naming it with both reasons."""
         _check_engine(engine)
         if whitespace not in pieces.WHITESPACE:
             raise ValueError(f"whitespace must be one of {sorted(pieces.WHITESPACE)}, got {whitespace!r}")
@@ -293,13 +276,9 @@ class Grammar:
         sequence can reach; return how many states were compared, or raise ValueError naming the first state
         where they differ, a text that reaches it and the tokens only one engine allows.
 
-        A depth-first walk of the automaton drives one xgrammar matcher along (``accept_token`` going down,
-        ``rollback`` coming back) and compares its bitmask with the state's allowed bits at each state, once:
-        the tokens allowed after a text depend only on what may follow it, which the state determines. With a
-        vocabulary in which every byte is a token, the walk's edges are the single-byte tokens (the
-        character-level automaton's transitions, at most 256 per state), which reach every state; a
-        vocabulary that lacks some single bytes (SmolLM2's has no token for 21 of them) adds the tokens that hold
-        such a byte: a token made only of bytes that are tokens reaches what its bytes one by one reach."""
+        A depth-first walk of the automaton drives one xgrammar matcher along (``accept_token`` down,
+        ``rollback`` back) and compares the masks once per state. Its edges are the single-byte tokens (which
+        reach every state) plus the tokens holding a byte that is no token by itself (SmolLM2 lacks 21)."""
         import xgrammar as xgr
 
         if self.engine != "outlines-core":
@@ -381,11 +360,8 @@ class Grammar:
 
     # -- chapter 2's allowed sets, per automaton state --------------------------------------------------
     def allowed(self, states: Sequence[int], device) -> Any:
-        """Chapter 2's ``AllowedTokens`` of a batch whose sequences are in ``states``.
-
-        One sequence: built once per state and kept (a dict lookup per step). Several: their boolean rows
-        (kept per state, on ``device``) are stacked, and the union of their ids is computed on the host
-        from packed bits kept per state (an OR of ``V/8`` bytes per sequence)."""
+        """Chapter 2's ``AllowedTokens`` of a batch whose sequences are in ``states``: one sequence's is kept per
+        state; several stack their kept rows, the union computed on the host from packed bits kept per state."""
         if len(states) == 1 and states[0] is not None:
             return self._state_allowed(states[0], device)
         sets = [self._state_allowed(s, device) for s in states]
@@ -461,15 +437,10 @@ def suite_sample(name: str, seed: int = 0, whitespace: str = "default") -> str:
 
 
 class Writer:
-    """Steers a model toward writing ``text``: each step it names the token to favour, the tokenizer's
-    own next token of ``text`` after what has been written so far (as a model trained on that
-    tokenizer would write it), or None once the output has left ``text``.
-
-    A model with random weights writes gibberish, and gibberish inside a JSON string never ends; the
-    decode loop adds a large bias to the logit of the favoured token, so the output is a realistic one
-    while every logit is still computed as the model computes it. After a character-level jump the
-    output can end inside one of the tokenizer's tokens; the writer then names the tokenizer's split of
-    the rest of that token, as chapter 1's writer model does."""
+    """Steers a model toward writing ``text``: each step it names the token to favour, the tokenizer's own next
+    token of ``text`` after what has been written (None once the output has left ``text``). A model with random
+    weights writes gibberish, which inside a JSON string never ends; the loop adds a large bias to the favoured
+    token's logit, every logit still computed as the model computes it."""
 
     def __init__(self, vocab: pieces.TokenVocabulary, text: str):
         self.vocab = vocab

@@ -1,35 +1,23 @@
 """The model body's fused kernels: what a decode step launches per layer on a GPU.
 
-A batch-1 decode step reads every weight of the body once; at that size each of torch's small elementwise
-kernels (RMSNorm alone is several: square, mean, add, rsqrt, two products, two casts) costs a launch and a
-few microseconds of a mostly idle GPU, even replayed from a CUDA graph. The fused path runs a layer of a step of
-several tokens as nine launches: four cuBLAS matrix products (q/k/v, o, gate/up, down) and five kernels of this
-module:
+At batch 1 each of torch's small elementwise kernels (RMSNorm alone is several) costs a launch and a few
+microseconds of an idle GPU, even from a CUDA graph. The fused path runs a layer of several tokens as nine
+launches, cuBLAS's four products (q/k/v, o, gate/up, down) and five kernels of this module:
 
-* :func:`add_rms_norm`: the residual add and Llama's RMSNorm in one pass (and, for the final norm, the
-  gather of each sequence's last real token);
-* :func:`rope_cache`: rotary positions applied to q and k in place, and k and v written into the KV cache at
-  each token's position;
-* :func:`attention`: grouped-query attention of a chunk over the cache (an online softmax over blocks of
-  keys, the flash-attention recurrence), each program serving the query heads of one KV head; the keys
-  it reads stop at the chunk's last position, which it reads from the device;
+* :func:`add_rms_norm`: the residual add and RMSNorm in one pass (for the final norm, with the gather of each
+  sequence's last real token);
+* :func:`rope_cache`: rotary positions applied to q and k in place, k and v written into the KV cache;
+* :func:`attention`: grouped-query attention of a chunk over the cache (online softmax over key blocks, one
+  program per KV head's query heads), reading keys up to the chunk's last position from the device;
 * :func:`silu_mul`: SwiGLU's ``silu(gate) * up``.
 
-A step of one token runs a layer as six: :func:`gemv` four times in place of cuBLAS's products, each streaming its
-weight once with the work of the small kernels around it inside (RMSNorm or SwiGLU in front, the residual add
-behind), then :func:`rope_cache` and :func:`attention`.
+A step of one token runs six: :func:`gemv` four times, each streaming its weight once with RMSNorm or SwiGLU in
+front and the residual add behind, then :func:`rope_cache` and :func:`attention`. :func:`allowed_argmax` serves the
+loop after the LM head: the greedy token among the ids chapter 2's masked head computed.
 
-One more kernel serves the decode loop after the LM head, not the body: :func:`allowed_argmax`, the greedy
-token among the ids chapter 2's masked head computed logits for (a step's allowed set, often a few dozen ids),
-instead of an argmax over the whole vocabulary.
-
-Each kernel rounds where torch's eager composition rounds (every bf16 op's result is rounded to bf16), so
-the fused path differs from :meth:`~studylog.decode.model.LlamaModel.forward`'s torch path only in the
-order of sums: RMSNorm's mean, and attention, whose scores stay in fp32 here where torch rounds its bf16
-matmul's scores to bf16. Every wrapper is graph-safe: no host synchronisation, positions read from device
-tensors, fixed launch sizes for a given ``(B, T)``. The chunk length ``T`` is not specialised on (Triton would
-compile a variant for ``T == 1`` and for multiples of 16): the graphs of all chunk lengths reuse the same
-compiled kernels (attention has one per query tile size).
+Each kernel rounds where torch's eager composition rounds, so the two paths differ only in the order of sums
+(attention's scores stay fp32 here). Every wrapper is graph-safe (no host synchronisation, positions read from
+the device); ``T`` is not specialised on, so the graphs of all chunk lengths reuse the same compiled kernels.
 """
 
 from __future__ import annotations
@@ -332,10 +320,8 @@ def silu_mul(gate_up: Tensor, out: Tensor | None = None) -> Tensor:
 
 
 def gemv_tiles(N: int, K: int) -> dict[str, int]:
-    """The tile of :func:`gemv` for a ``[N, K]`` weight: two rows per program, so that even a matrix of two
-    thousand rows gives every SM several programs, each streaming its rows in reads of a thousand values (two
-    kilobytes). A grid of tiles timed against cuBLAS on every weight of the chapter's shapes chose it
-    (``lab/decode/gemv_tiles.py``, its results beside it)."""
+    """The tile of :func:`gemv` for a ``[N, K]`` weight: two rows per program (every SM gets several programs),
+    reads of up to a thousand values; chosen by timing a grid of tiles (``lab/decode/gemv_tiles.py``)."""
     return dict(BLOCK_N=2, BLOCK_K=min(1024, max(16, triton.next_power_of_2(K))), num_warps=4, num_stages=2)
 
 
@@ -344,8 +330,7 @@ def gemv(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, eps: float = 
     """``prologue(x) @ weight.T`` for a few tokens (``x [..., K]``: usually one row; a verifier's draft, a few),
     in one launch (:func:`gemv_kernel`): ``norm`` (a ``[K]`` weight) puts RMSNorm in front, ``swiglu`` takes
     ``x [..., 2K]`` and multiplies ``silu(gate) * up`` in front; ``add_to`` (``[..., N]``, as many rows) gets the
-    product added in place and is returned. What a decode step's layer otherwise does in two launches each (the
-    norm or SwiGLU kernel, then cuBLAS), or three with the residual add."""
+    product added in place and is returned (two or three launches otherwise)."""
     N, K = weight.shape
     width = 2 * K if swiglu else K
     if x.shape[-1] != width or x.numel() == 0:

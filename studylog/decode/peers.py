@@ -1,37 +1,17 @@
 """What practitioners would run instead: Hugging Face ``generate`` with xgrammar's logits processor.
 
-:func:`hf_model` builds a ``transformers.LlamaForCausalLM`` with the weights and config of a
-:class:`~studylog.decode.model.LlamaModel`; :func:`hf_generate` runs a constrained greedy request through
-``hf.generate(..., logits_processor=[xgrammar.contrib.hf.LogitsProcessor(grammar.xgrammar)])``, xgrammar's
-documented integration; :func:`time_hf` times it per output token as :attr:`Generation.ms_per_token
-<studylog.decode.generation.Generation.ms_per_token>` does. On a CPU in fp32 it writes the same tokens as step 1 of
-the chapter's loop (tested); what separates the two paths is how each step is run, as read in transformers'
-``GenerationMixin._sample`` (5.x) and xgrammar's ``contrib/hf.py`` (0.2.9):
+:func:`hf_model` builds a ``transformers.LlamaForCausalLM`` with a :class:`~studylog.decode.model.LlamaModel`'s
+weights and config; :func:`hf_generate` runs a constrained greedy request through ``hf.generate(...,
+logits_processor=[xgrammar.contrib.hf.LogitsProcessor(grammar.xgrammar)])``, xgrammar's documented integration;
+:func:`time_hf` times it per output token as the loop's rows are timed. On a CPU in fp32 it writes step 1's tokens
+(tested). What separates the two (transformers 5.x ``GenerationMixin._sample``, xgrammar 0.2.9 ``contrib/hf.py``):
+no CUDA graphs (a growing ``DynamicCache``, torch's operations one launch at a time); a Python host loop per
+token (inputs, masks and rotary tables rebuilt, the processor's ``accept_token`` after an ``.item()``, its bitmask
+filled on the host and copied from pageable memory, a stop check that waits for the device); the dense head's
+logits in the model's dtype; no forced-token jumps.
 
-* **no CUDA graphs**: ``generate`` compiles the forward (``torch.compile``, which may capture graphs) only
-  with a compileable cache other than ``DynamicCache`` (``cache_implementation="static"``); by default the
-  cache is a ``DynamicCache`` that grows by ``torch.cat`` every step, and each forward runs eagerly, torch's
-  operations one launch at a time (SDPA attention; RMSNorm, rotary positions, SwiGLU and the residual adds
-  as separate kernels): the ``body_unfused`` baseline of the chapter, without its graph replay;
-* **a Python host loop per token**: each step runs ``prepare_inputs_for_generation``, the model's
-  ``forward`` (position ids, causal mask and rotary cos/sin rebuilt each time), ``_update_model_kwargs_for_generation``,
-  the logits processors, ``torch.argmax``, the stopping criteria (max length, EOS) and a
-  ``bool(unfinished_sequences.max() == 0)`` that waits for the device (the deferred stop check is used on
-  Apple's ``mps`` only); xgrammar's processor adds a matcher ``accept_token`` (after a ``.item()`` of the
-  last token), ``fill_next_token_bitmask`` on the host and the bitmask's copy to the device from pageable
-  memory, every step;
-* **the dense head over the whole vocabulary**: ``lm_head`` on the last position (``logits_to_keep=1``)
-  computes every logit in the model's dtype (bf16 logits on a GPU, rounded before ``generate`` copies them
-  to fp32, where the loop's GEMM writes fp32 logits from bf16 inputs); the masked head of step 3 reads only
-  the allowed rows;
-* **the mask applied to fp32 logits by xgrammar's kernel**: the processor calls
-  ``xgr.apply_token_bitmask_inplace`` (Triton on a GPU, xgrammar's CPU kernel on a CPU) on the fp32 copy,
-  as step 1 does; there are no forced-token jumps (one forward per output token, as in step 1).
-
-The processor's bitmask has the width of the grammar's vocabulary; logits wider than that (a head padded
-past the tokenizer's vocabulary) are masked only over that width (xgrammar warns, and the padded ids stay
-allowed), so :func:`hf_generate` refuses a grammar whose vocabulary is not exactly the head's rows, as
-:class:`~studylog.decode.loop.Decoder` does.
+The processor masks only the grammar's vocabulary width, so :func:`hf_generate` refuses a grammar whose
+vocabulary is not exactly the head's rows, as :class:`~studylog.decode.loop.Decoder` does.
 """
 
 from __future__ import annotations
@@ -65,14 +45,9 @@ def _rope_theta(config: Any) -> float | None:
 
 @torch.no_grad()
 def hf_model(model: LlamaModel, *, attn_implementation: str | None = None):
-    """A ``transformers.LlamaForCausalLM`` with ``model``'s weights and config (hidden size, layers, heads, KV
-    heads, head_dim, MLP size, rope theta, RMSNorm eps, tied or untied head), on ``model``'s device and dtype,
-    in eval mode. The weights are copied (the two models share nothing). ``attn_implementation``: transformers'
-    choice by default (SDPA), as ``from_pretrained`` would make it.
-
-    The model is built as ``from_pretrained`` builds one (under the dtype as torch's default, so the rotary
-    frequencies stay fp32), without random initialisation, and loaded strictly: a missing or extra tensor
-    is an error."""
+    """A ``transformers.LlamaForCausalLM`` with a copy of ``model``'s weights and its config, on its device and
+    dtype, in eval mode, built as ``from_pretrained`` builds one and loaded strictly (a missing or extra tensor is
+    an error). ``attn_implementation``: transformers' choice by default (SDPA)."""
     model = check_model(model)
     transformers = _transformers()
     cfg = model.config
@@ -207,12 +182,9 @@ class HFTiming(NamedTuple):
 
 def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int, repeats: int = 3,
             eos_id: int | None = None, warmup: bool = True) -> HFTiming:
-    """Milliseconds per output token of :func:`hf_generate`, defined as :attr:`Generation.ms_per_token
-    <studylog.decode.generation.Generation.ms_per_token>`: the request's wall time (prefill included, the
-    ``generate`` call alone: the logits processor is built before the clock starts and its matchers inside
-    the call, as the loop's are before its steps) over its output tokens (EOS not counted). On a GPU the
-    device is synchronised before each clock reading. One untimed run first (``warmup``), then ``repeats``
-    timed ones with Python's garbage collector paused, as the chapter's benchmark runs the loop."""
+    """Milliseconds per output token of :func:`hf_generate`, as ``Generation.ms_per_token``: the ``generate``
+    call's wall time (prefill included, the processor built before the clock) over its output tokens. One
+    untimed run (``warmup``), then ``repeats`` timed with Python's collector paused, as the benchmark runs the loop."""
     from studylog.bench import collector_paused
 
     hf, rows = _check_hf(hf)
@@ -237,8 +209,7 @@ def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: 
             ms = (time.perf_counter() - t0) * 1e3
             per_repeat.append(ms / max(len(out), 1))
             outputs.append(out)
-    # on a GPU greedy generate need not repeat itself (bf16 logits, kernels free to sum in another order): each
-    # repeat is timed over its own tokens, and whether they all agreed is returned
+    # on a GPU greedy generate need not repeat itself (bf16 logits): each repeat is timed over its own tokens
     return HFTiming(statistics.median(per_repeat), per_repeat, outputs[0],
                     all(o == outputs[0] for o in outputs))
 

@@ -1,10 +1,8 @@
-"""Everything this chapter takes from chapters 1 and 2, in one place.
+"""Everything this chapter takes from chapters 1 and 2, in one place (so that a rename there is fixed here).
 
-Chapter 1 (``studylog.fsm``): the cl100k vocabulary, JSON schema -> regex, the automaton with its
-allowed tokens per state and its forced-token jumps, and the schema suite. Chapter 2
-(``studylog.masked_lm_head``): the allowed-token sets in the form its kernels read, and the masked
-LM head's dispatch. Nothing else in ``studylog.decode`` imports those chapters, so a rename there is
-fixed here.
+Chapter 1 (``studylog.fsm``): the cl100k vocabulary, JSON schema -> regex, the automaton with its allowed tokens
+per state and its forced-token jumps, and the schema suite. Chapter 2 (``studylog.masked_lm_head``): the
+allowed-token sets in the form its kernels read, and the masked LM head's dispatch.
 """
 
 from __future__ import annotations
@@ -29,22 +27,14 @@ Jump = _ch1.Jump
 regex_from_schema = _ch1.regex_from_schema
 #: Whitespace patterns between JSON tokens: ``"default"`` (an optional space) and ``"compact"`` (none).
 WHITESPACE: dict[str, Any] = _suite.WHITESPACE
-
-
-def suite() -> list:
-    """Chapter 1's suite: JSON schemas and regexes, each with ``name``, ``kind``, ``regex(ws)`` and a
-    sampler of valid outputs ``sample(rng, ws)``."""
-    return _suite.suite()
-
-
-def suite_entry(name: str):
-    """One entry of the suite by name."""
-    return _suite.entry(name)
+#: Chapter 1's suite (JSON schemas and regexes, each with ``name``, ``kind``, ``regex(ws)`` and a sampler of valid
+#: outputs ``sample(rng, ws)``), and one entry of it by name.
+suite = _suite.suite
+suite_entry = _suite.entry
 
 
 class Automaton:
-    """Chapter 1's automaton of one regex over one vocabulary, seen through the few operations the
-    decode loop uses (so that a rename in chapter 1 is fixed here)."""
+    """Chapter 1's automaton of one regex over one vocabulary, seen through the few operations the loop uses."""
 
     def __init__(self, regex: str, vocab: TokenVocabulary, name: str = ""):
         self.fsm = compile_fsm(regex, vocab, name)
@@ -53,8 +43,7 @@ class Automaton:
         self.build_seconds: float = self.fsm.build_seconds
         self.precompute_seconds: float = self.fsm.precompute_seconds
         self.vocab_size: int = vocab.vocab_size
-        #: :meth:`next` without its check of the id: for a walk over ids already checked once (chapter 8's
-        #: draft walk runs between two GPU steps, where a check per token costs more than the transition).
+        #: :meth:`next` without its check of the id, for a walk over ids checked once (chapter 8's draft walk).
         self.transition = self.fsm.index.get_next_state
 
     def next(self, state: int, token: int) -> int | None:
@@ -86,8 +75,7 @@ class Automaton:
         return len(self.fsm.states)
 
     def token_states(self) -> list[int]:
-        """The states a token can lead to (those with an allowed set; the character-level automaton's
-        states between a token's bytes have none)."""
+        """The states a token can lead to (those with an allowed set)."""
         return [s for s in self.fsm.states if self.fsm.index.get_allowed_tokens(s) is not None]
 
     @property
@@ -120,8 +108,7 @@ def masked_head_kernel(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: T
 
 
 def masked_head_torch(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tensor) -> Tensor:
-    """The same contract in torch (the CPU path: Triton's interpreter is far too slow for a 100k
-    vocabulary): read only the rows of the union of the allowed sets, ``-inf`` elsewhere."""
+    """The same contract in torch (a CPU's path): only the rows of the allowed sets' union, ``-inf`` elsewhere."""
     ids = allowed.union_ids.long()
     out.fill_(float("-inf"))
     if ids.numel():

@@ -1,16 +1,12 @@
 """The chapter's benchmark and headline (the figures are the book's: ``book.decode.figures``).
 
-``bench(run)`` (GPU): for the ~1B shape and the ~8B shape's cost model, at batch 1 and 8, every schema of
-chapter 1's suite is decoded in every configuration; each request is steered to a valid sample of the schema
-(:class:`~studylog.decode.grammar.Writer`), so the outputs, and the forced tokens in them, are realistic.
-Recorded per (shape, batch, schema, configuration): the end-to-end time per output token (wall clock of
-the whole request, prefill included, repeated), the time per component of an instrumented run, the forward
-passes and whether the tokens equal step 1's. Beside them, each component alone on the GPU clock
-(:func:`components`: the body on its fused path and on torch's operations with its floor, both heads with their
-host time per call, the mask's application, the sampling); the book reads the Amdahl bound of each chapter from
-them (``book.decode.results``). The same sweep runs on a CPU at the tiny
-shape (:func:`sweep` with any object that records like ``BenchRun``), which is what the tests and the
-notebook do.
+``bench(run)``: the ~1B shape, the ~8B cost model and the real model (SmolLM2-135M-Instruct), batch 1 and 8,
+every schema of chapter 1's suite in every configuration (:data:`ORDER`). The random-weight shapes are steered to
+a valid sample of the schema (:class:`~studylog.decode.grammar.Writer`), so their outputs and forced tokens are
+realistic. Per case: the wall time per output token (prefill included), an instrumented run's components, the
+forwards and whether the tokens equal step 1's; beside them each component alone on the GPU clock
+(:func:`components`). :func:`sweep` also runs on a CPU at the tiny shape with any recorder that has ``record``,
+``check`` and ``note`` (the tests).
 """
 
 from __future__ import annotations
@@ -40,14 +36,6 @@ def series_of(config: str) -> str:
     return CHAPTER.step(STEP_OF[config]).series if config in STEP_OF else config
 
 
-def wall_clock() -> str:
-    """The clock of an end-to-end row: ``"wall"`` where the harness knows it, else ``"host"`` (the host's
-    time per call; in a loop that waits for the device once per step it is the wall time)."""
-    from studylog.bench import CLOCKS
-
-    return "wall" if "wall" in CLOCKS else "host"
-
-
 def requests(name: str, batch: int, decoder: Decoder, whitespace: str = "compact") -> tuple[list[list[int]], list[str]]:
     """Prompts and steering targets of a batch: sequence ``i`` writes sample ``i`` of the schema."""
     prompts = [decoder.vocab.encode(PROMPT.format(i=i)) for i in range(batch)]
@@ -56,32 +44,26 @@ def requests(name: str, batch: int, decoder: Decoder, whitespace: str = "compact
 
 def measure(decoder: Decoder, grammar: Grammar, config: str, prompts, targets, *, max_new_tokens: int,
             repeats: int) -> tuple[list[Generation], Generation]:
-    """``repeats`` uninstrumented runs of a request (their wall times) and one instrumented (its components),
-    after one warm-up run (graph captures, the automaton's per-state sets). The timed runs run with Python's
-    garbage collector paused (``bench.collector_paused``): a full collection walks the grammars' tables, tens
-    of milliseconds that would land in one repetition of one configuration and not in another."""
+    """A warm-up run, then with Python's collector paused ``repeats`` timed runs and one instrumented run."""
     from studylog.bench import collector_paused
 
-    decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets, instrument=False)
+    def go(instrument: bool) -> Generation:
+        return decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
+                                instrument=instrument)
+
+    go(False)
     with collector_paused():
-        runs = [decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
-                                 instrument=False) for _ in range(repeats)]
-        timed = decoder.generate(grammar, prompts, config, max_new_tokens=max_new_tokens, targets=targets,
-                                 instrument=True)
-    return runs, timed
+        return [go(False) for _ in range(repeats)], go(True)
 
 
 def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Sequence[int],
           schemas: Sequence[str], configs: Sequence[str] = ORDER, repeats: int = 3, max_new_tokens: int = 160,
           max_seq: int = 512, dtype: torch.dtype = torch.bfloat16, head_impl: str | None = None,
           whitespaces: Sequence[str] = ("compact",), both_whitespaces_at: tuple[str, int] | None = None) -> None:
-    """Decode every schema in every configuration and record it with ``run`` (a ``BenchRun``, or any object
-    with its ``record``, ``check`` and ``note``). JSON schemas are compiled with each of ``whitespaces``
-    (chapter 1's ``"compact"``: no space between JSON tokens; ``"default"``: an optional one, which leaves
-    fewer tokens forced); ``both_whitespaces_at`` = ``(shape, batch)`` adds the other one at that case."""
+    """Decode every schema in every configuration and record it with ``run``. JSON schemas are compiled with each
+    of ``whitespaces`` (chapter 1's patterns); ``both_whitespaces_at`` = ``(shape, batch)`` adds the other there."""
     from studylog.bench import Timing
 
-    clock = wall_clock()
     for shape in shapes:
         real = shape == REAL_MODEL
         if real:  # the real model answers real requests on its own: no steering
@@ -121,20 +103,18 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                     same = timed.ids == first.ids
                     params = {"model": shape, "batch": batch, "schema": name, "whitespace": ws, "config": config}
                     role = "kernel" if config in STEP_OF else "baseline"
-                    run.record(series_of(config), Timing.of([g.ms_per_token for g in runs], clock=clock),
-                               params=params, role=role, tokens=timed.tokens, forwards=timed.forwards,
-                               passes=sum(timed.passes), jumped=sum(timed.jumped),
-                               retokenized=sum(timed.retokenized), finished=all(timed.finished),
-                               same_tokens_as_step01=same, chunk_lengths=timed.chunk_lengths,
-                               breakdown_ms_per_token=timed.breakdown_per_token(),
-                               instrumented_ms_per_token=timed.ms_per_token,
-                               compile_seconds=grammar.compile_seconds)
+                    row = run.record(series_of(config), Timing.of([g.ms_per_token for g in runs], clock="wall"),
+                                     params=params, role=role, tokens=timed.tokens, forwards=timed.forwards,
+                                     passes=sum(timed.passes), jumped=sum(timed.jumped),
+                                     retokenized=sum(timed.retokenized), finished=all(timed.finished),
+                                     same_tokens_as_step01=same, chunk_lengths=timed.chunk_lengths,
+                                     breakdown_ms_per_token=timed.breakdown_per_token(),
+                                     instrumented_ms_per_token=timed.ms_per_token,
+                                     compile_seconds=grammar.compile_seconds)
                     if real:
-                        row = run.rows[-1] if hasattr(run, "rows") else None
                         summary = real_requests.summarize([name] * batch, timed.text, timed.finished)
-                        if row is not None:
-                            row.update(finished_share=summary["finished"] / batch, valid=summary["valid"],
-                                       invalid=summary["invalid"])
+                        row.update(finished_share=summary["finished"] / batch, valid=summary["valid"],
+                                   invalid=summary["invalid"])
                         run.check("finished outputs valid for their schema", not summary["invalid"],
                                   params=params, **summary)
                     elif config in ("jump_forward", "masked_head", "automaton_mask"):
@@ -157,11 +137,10 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
             torch.cuda.empty_cache()
 
 
-#: The real model of the benchmark (``studylog.smollm2``), and the cache its requests (instruction + schema) need.
+#: The real model (``studylog.smollm2``), and the cache its requests (instruction + schema) need.
 REAL_MODEL = "smollm2"
 REAL_MAX_SEQ = 1024
-#: Regexes whose alternations list a shorter branch first (an integer range as a schema writes one, among them):
-#: the automaton lost their longer branches once, so the benchmark checks the steps on them every run.
+#: Regexes whose alternations list a shorter branch first (as a schema's integer range does): checked every run.
 AMBIGUOUS_REGEXES = (r"(-(?:[1-9]|[1-3][0-9]|40)|(?:[0-9]|[1-9][0-9]|1[01][0-9]|12[0-5]))", r"(a|ab|abc)d?",
                      r"([1-9]|1[0-9])( items)?")
 
@@ -179,22 +158,19 @@ def hf_twin(run, model: LlamaModel):
 
 def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *, max_new_tokens: int,
             repeats: int, params: dict) -> None:
-    """What practitioners would run instead, on the same model (``hf``: :func:`hf_twin`) and request: Hugging
-    Face ``generate`` with xgrammar's logits processor (:mod:`~studylog.decode.peers`), its time per output token
-    on the same clock as the loop's rows, and whether it wrote step 1's tokens (its logits are rounded to the
-    model's dtype before the mask, so a near-tie may go the other way)."""
+    """Hugging Face ``generate`` with xgrammar's processor (:mod:`~studylog.decode.peers`) on the same model and
+    request, per output token on the loop's clock, and whether it wrote step 1's tokens."""
     from studylog.bench import Timing
     from studylog.decode import peers
 
     timing = peers.time_hf(hf, grammar, prompt, max_new_tokens=max_new_tokens, repeats=repeats)
-    run.record("hf_generate", Timing.of(timing.per_repeat, clock=wall_clock()), params=params, role="peer",
+    run.record("hf_generate", Timing.of(timing.per_repeat, clock="wall"), params=params, role="peer",
                tokens=len(timing.ids), same_tokens_as_step01=timing.ids == step01.ids[0])
 
 
 def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_tokens: int, params: dict) -> dict:
-    """Steps 2 and 3 against step 1 on the model's own choices (no steering), greedy, with the hidden states kept:
-    the same tokens, or a divergence at a gap inside the bound of :mod:`~studylog.decode.agreement`. A check
-    per comparison, with the divergences found (untimed runs)."""
+    """Steps 2 and 3 against step 1, unsteered and untimed: the same tokens, or a divergence inside the bound of
+    :mod:`~studylog.decode.agreement` (a check per comparison)."""
     from studylog.decode import agreement
 
     outs = {c: decoder.generate(grammar, prompts, c, max_new_tokens=max_new_tokens, instrument=False, record=True)
@@ -208,14 +184,12 @@ def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_token
     return report
 
 
-#: Allowed counts per sequence at which the masked head is timed alone (one id: a forced token; a few dozen:
-#: a key or an enum; thousands: a number or the start of a string; inside a string most of the vocabulary).
+#: Allowed counts per sequence at which the masked head is timed alone (a forced token; a key; a number or a string).
 HEAD_COUNTS = (1, 48, 6000)
 
 
 def body_floor_ms(run, cfg, dtype: torch.dtype = torch.bfloat16) -> float:
-    """The least time a forward of the body can take: its weights read once from DRAM at the run's copy
-    bandwidth (the ``8b`` cost model reads its shared layer once per layer, as the full model would)."""
+    """The least time a forward of the body can take: its weights read once at the run's copy bandwidth."""
     return run.floor_ms(cfg.parameter_counts()["body"] * torch.finfo(dtype).bits // 8)
 
 
@@ -238,12 +212,9 @@ def count_kernels(fn) -> dict[str, int]:
 
 def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda",
                  dtype: torch.dtype = torch.bfloat16) -> None:
-    """The kernels one forward of each body launches (fused, fused with cuBLAS's products, and torch's; batch 1,
-    one token), added to the ``body``, ``body_cublas`` and ``body_unfused`` rows of ``run`` at batch 1, chunk 1.
-    Counted by torch's profiler, so called after every timing of the process: once it has profiled, a process keeps NVIDIA's profiling interface
-    attached (PyTorch does not tear it down, pytorch/pytorch#144455), and every kernel it launches afterwards
-    is slower, enough to add a tenth of a millisecond to a decode step of the ~1B shape
-    (``lab/decode/profiler_residue.py``)."""
+    """The kernels one forward of each body launches (batch 1, one token), added to the ``body``, ``body_cublas``
+    and ``body_unfused`` rows at chunk 1. Called after every timing: a process that has profiled stays slower
+    (pytorch/pytorch#144455, ``lab/decode/profiler_residue.py``)."""
     for shape in shapes:
         cfg = model_config(shape)
         model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
@@ -258,14 +229,10 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
 
 
 def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | None = None) -> None:
-    """Each component alone, replayed in a CUDA graph (the harness's GPU clock): the body at chunk lengths 1, 8
-    and the largest (its floor beside it; its kernels per forward at batch 1: :func:`body_kernels`, after every
-    timing), at chunk length 1 the fused body's nine-launch layer (``body_cublas``) and torch's unfused body, the
-    dense head, chapter 2's masked head at :data:`HEAD_COUNTS` allowed ids per sequence (both heads with their
-    host time per call: the masked head runs eagerly in the loop), the bitmask's application, the sampling
-    (argmax over the vocabulary) and step 3's sampling over the allowed ids at the same counts, checked against
-    the argmax. ``run`` is a ``BenchRun`` (or an object with its ``gpu_time``, ``measure``, ``record``, ``check``
-    and ``floor_ms``)."""
+    """Each component alone on the GPU clock: the body at chunk lengths 1, 8 and the largest (with its floor), the
+    nine-launch and torch's bodies at chunk 1, the dense head, chapter 2's masked head at :data:`HEAD_COUNTS`
+    (both heads with their host time per call), the bitmask's application, the argmax, and step 3's sampling
+    over the allowed ids (checked against the argmax)."""
     import numpy as np
     import xgrammar as xgr
 
@@ -297,13 +264,7 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
     rng = np.random.default_rng(0)
     for n in HEAD_COUNTS:
         sets = [np.sort(rng.choice(V, n, replace=False)) for _ in range(B)]
-        if B == 1:
-            allowed = pieces.allowed_from_ids(sets[0], V, decoder.device)
-        else:
-            mask = torch.zeros(B, V, dtype=torch.bool)
-            for b, ids in enumerate(sets):
-                mask[b, torch.from_numpy(ids)] = True
-            allowed = pieces.allowed_batch(mask.to(decoder.device), np.unique(np.concatenate(sets)), (n,) * B)
+        allowed = pieces.AllowedTokens.from_ids(sets, V, device=decoder.device)
         head = pieces.masked_head_kernel if decoder.head_impl == "kernel" else pieces.masked_head_torch
         masked = lambda allowed=allowed: head(hidden, model.lm_head, allowed, logits)  # noqa: E731
         row = run.measure("masked_logits", lambda masked=masked: [masked], params={**base, "allowed": n},
@@ -331,15 +292,9 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
 
 
 def plan(quick: bool) -> list[dict[str, Any]]:
-    """The benchmark's sweeps (keyword arguments of :func:`sweep`): the ~1B shape on every schema of the suite
-    (both whitespace patterns at batch 1), the ~8B cost model and the real model (SmolLM2-135M-Instruct on real
-    requests), at batch 1 and 8. ``quick``: the first four
-    schemas, fewer repetitions. Sized to the time budget: a 1B step is about a millisecond and an 8B one
-    several, each request is run once to warm up, ``repeats`` times timed and once instrumented, in each of
-    the five configurations."""
+    """The sweeps (keyword arguments of :func:`sweep`); ``quick``: four schemas, fewer repetitions. Five
+    repetitions at the headline's shape: the loop waits on the host every step, and one slow run moves a median."""
     schemas = suite_names()[:4] if quick else suite_names()
-    # five timed repetitions at the headline's shape: the loop waits on the host every step, and one slow
-    # repetition of three moves a median on a busy host
     return [dict(shapes=("1b",), batches=(1, 8), schemas=schemas, repeats=2 if quick else 5,
                  both_whitespaces_at=("1b", 1)),
             dict(shapes=("8b",), batches=(1, 8), schemas=schemas, repeats=2),
@@ -363,35 +318,6 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
         sweep(run, device="cuda", whitespaces=("compact",), **kwargs)
     body_kernels(run, [shape for kwargs in plan(quick) for shape in kwargs["shapes"] if shape != REAL_MODEL])
 
-
-class LocalRun:
-    """Records like ``BenchRun`` without a GPU (its rows have the same fields): the CPU sweep of the tests and
-    the notebook. Its timings say how the loop spends a CPU's time, nothing about a GPU."""
-
-    quick = False
-
-    def __init__(self):
-        self.rows: list[dict] = []
-        self.checks: list[dict] = []
-        self.notes: list[str] = []
-
-    def record(self, series: str, ms, *, params: dict, role: str = "kernel", clock: str | None = None, **extra):
-        row = {"series": series, "role": role, "params": dict(params), "ms": ms.median, "clock": "cpu",
-               "spread_ms": ms.spread, **extra}
-        self.rows.append(row)
-        return row
-
-    def check(self, name: str, passed: bool, *, params: dict | None = None, **detail) -> bool:
-        self.checks.append({"name": name, "passed": bool(passed), "params": params or {}, **detail})
-        return bool(passed)
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Reading the results
-# --------------------------------------------------------------------------------------------------------
 
 def rows_of(results_rows: Sequence[dict], **params: Any) -> list[dict]:
     return [r for r in results_rows if all(r["params"].get(k) == v for k, v in params.items())]
@@ -450,6 +376,5 @@ def headline(results) -> list[dict]:
     return out
 
 
-__all__ = ["HEAD_COUNTS", "LocalRun", "ORDER", "bench", "body_floor_ms", "body_kernels",
-           "components", "count_kernels", "headline", "measure", "plan", "requests", "series_label",
-           "series_of", "sweep", "wall_clock"]
+__all__ = ["HEAD_COUNTS", "ORDER", "bench", "body_floor_ms", "body_kernels", "components", "count_kernels",
+           "headline", "measure", "plan", "requests", "rows_of", "series_label", "series_of", "sweep"]

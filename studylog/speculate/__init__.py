@@ -5,9 +5,7 @@ lookup (chapter 3's n-gram matcher) proposes them; chapter 1's automaton cuts ea
 the grammar forbids and extends it with the tokens it forces; one forward of the model
 (:class:`SpeculativeDecoder`, chapter 7's loop with every position's hidden state) verifies the whole draft,
 chapter 2's masked head computing each position's logits for the ids its own state allows; the longest prefix
-the model agrees with is kept. Greedy, every kept token is the allowed argmax at its position, as in chapter
-7's loop: the outputs agree token for token except at near ties of two logits, within the rounding of the two
-computations (:mod:`studylog.decode.agreement`).
+the model agrees with is kept. The outputs are chapter 7's except at near ties (:mod:`studylog.decode.agreement`).
 
 The steps (each a configuration of the same loop, :data:`CONFIGS`; the lesson shows each one's change):
 
@@ -18,8 +16,7 @@ The steps (each a configuration of the same loop, :data:`CONFIGS`; the lesson sh
 * ``step04_gated_draft``: + drafting switches itself off for a sequence whose drafts do not pay.
 
 Modules: ``draft`` (the matcher bound to a batch, the grammar's walk, the gate), ``loop`` (the decoder),
-``requests`` (the extraction workload: documents, schemas, prompts, validity), ``report`` (the benchmark).
-The notebook's tables and figures are the book's (``book.speculate``).
+``requests`` (the extraction workload), ``report`` (the benchmark); the notebook's tables are ``book.speculate``'s.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from studylog.chapter import Chapter, Step
 from studylog.decode.grammar import Grammar
 from studylog.speculate.draft import DRAFT_NGRAM, DraftGate, NgramDrafter, Walked, walk_draft
 from studylog.speculate.loop import CONFIGS, SPEC_COMPONENTS, SpecConfig, SpecGeneration, SpeculativeDecoder
-from studylog.speculate import requests  # the workload: documents, schemas, prompts
+from studylog.speculate import report, requests
 
 
 def step01_masked_head(decoder: SpeculativeDecoder, grammar: Grammar, prompts: Sequence, **options):
@@ -54,40 +51,24 @@ def step04_gated_draft(decoder: SpeculativeDecoder, grammar: Grammar, prompts: S
     return decoder.generate(grammar, prompts, "gated_draft", **options)
 
 
-def _bench(run):
-    from studylog.speculate import report
-
-    return report.bench(run)
-
-
-def _headline(results):
-    from studylog.speculate import report
-
-    return report.headline(results)
-
-
-CHAPTER = Chapter(
-    name="speculate",
-    number=8,
-    title="Speculation under a grammar",
-    notebooks=("08_speculation_under_a_grammar",),
-    steps=(
-        Step(1, "masked_head", "chapter 7's result: jumps and the masked head, one token per forward", "python",
-             step01_masked_head, step01_masked_head),
-        Step(2, "ngram_draft", "n-gram drafts cut by the grammar, verified in one forward", "python",
-             step02_ngram_draft, step02_ngram_draft),
-        Step(3, "forced_draft", "forced chains join the draft", "python", step03_forced_draft, walk_draft),
-        Step(4, "gated_draft", "drafting off where it does not pay", "python", step04_gated_draft, DraftGate),
-    ),
-    bench=_bench,
-    headline=_headline,
-    baselines={
-        "step01_baseline": "chapter 7's step 1 (dense head, xgrammar's bitmask, one forward per token) on the same "
-                           "requests",
-        "verify": "the body alone on a chunk of the draft's length, graph replay: a verifying forward's cost",
-        "draft_call": "one drafting call alone (copies in, the matcher's launch, copies out, the wait)",
-    },
+#: The steps, each a configuration of the same loop (a step's source is what it adds, where that is not its call).
+STEPS = (
+    Step(1, "masked_head", "chapter 7's result: jumps and the masked head, one token per forward", "python",
+         step01_masked_head, step01_masked_head),
+    Step(2, "ngram_draft", "n-gram drafts cut by the grammar, verified in one forward", "python",
+         step02_ngram_draft, step02_ngram_draft),
+    Step(3, "forced_draft", "forced chains join the draft", "python", step03_forced_draft, walk_draft),
+    Step(4, "gated_draft", "drafting off where it does not pay", "python", step04_gated_draft, DraftGate),
 )
+BASELINES = {
+    "step01_baseline": "chapter 7's step 1 (dense head, xgrammar's bitmask, one forward per token) on the same "
+                       "requests",
+    "verify": "the body alone on a chunk of the draft's length, graph replay: a verifying forward's cost",
+    "draft_call": "one drafting call alone (copies in, the matcher's launch, copies out, the wait)",
+}
+CHAPTER = Chapter(name="speculate", number=8, title="Speculation under a grammar",
+                  notebooks=("08_speculation_under_a_grammar",), steps=STEPS, bench=report.bench,
+                  headline=report.headline, baselines=BASELINES)
 
 __all__ = ["CHAPTER", "CONFIGS", "DRAFT_NGRAM", "DraftGate", "NgramDrafter", "SPEC_COMPONENTS", "SpecConfig",
            "SpecGeneration", "SpeculativeDecoder", "Walked", "step01_masked_head", "step02_ngram_draft",

@@ -1,20 +1,10 @@
 """Drafts: chapter 3's n-gram matcher proposes, chapter 1's automaton cuts and extends.
 
-:class:`NgramDrafter` binds chapter 3's :class:`~studylog.ngram.NgramMatcher` to one batch's buffers, once per
-decoder: a prompt row and an output row per sequence. Each call writes the outputs' new tokens and lengths
-into the bound tensors (two copies), runs the matcher (one launch on a GPU: the step
-:func:`~studylog.ngram.kernels.final_step` picks; its C loop on a CPU) and copies the drafts back, waiting for
-them: the grammar walk needs them on the host.
-
-:func:`walk_draft` is the grammar's part. It walks a draft through the automaton from the sequence's state and
-cuts it at the first token the grammar forbids (a verifier would reject that token anyway, and its position
-would cost a row of the head). With ``extend``, wherever the walk reaches a state whose next tokens the
-automaton forces (a key, a quote, a comma), the forced chain joins the draft: those tokens are certain, so the
-forward that verifies the draft also computes the position after them. The walk never advances the sequence's
-own state: it returns the states it passed, and the loop keeps the accepted prefix's, so a rejection needs no
-rollback.
-
-:class:`DraftGate` switches a sequence's drafting off where it does not pay (step 4).
+:class:`NgramDrafter` binds chapter 3's :class:`~studylog.ngram.NgramMatcher` to one batch's buffers: a call copies
+the outputs' new tokens in, runs the matcher (one launch on a GPU) and copies the drafts back, waiting for them
+(the grammar's walk needs them on the host). :func:`walk_draft` cuts a draft at the first token the grammar
+forbids and, with ``extend``, adds the forced chains it reaches; it never advances the sequence's own state, so a
+rejection needs no rollback. :class:`DraftGate` switches a sequence's drafting off where it does not pay.
 """
 
 from __future__ import annotations
@@ -26,6 +16,7 @@ import numpy as np
 import torch
 
 from studylog.checks import check_int
+from studylog.decode.loop import cuda_graph
 from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
 from studylog.ngram import kernels as ngram_kernels
 
@@ -81,16 +72,7 @@ class NgramDrafter:
         the host, instead of five launches and copies, each with its host overhead."""
         if self.device.type != "cuda" or self._graph is not None:
             return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._round_trip()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._round_trip()
-        self._graph = graph
+        self._graph, _ = cuda_graph(self._round_trip)
 
     def admit(self, prompts: Sequence[Sequence[int]]) -> None:
         """A new request's prompts (the haystacks), written into the bound buffers."""
@@ -109,11 +91,9 @@ class NgramDrafter:
         self._written = [0] * self.batch  # output tokens already in the host buffer, per sequence
 
     def propose(self, outputs: Sequence[Sequence[int] | None], room: Sequence[int]) -> list[list[int]]:
-        """Drafts for each sequence from its output so far (None: a sequence that drafts nothing this step), at
-        most ``room[b]`` tokens each. The copies in, one launch and the copies out (one graph replay after
-        :meth:`capture`), then one wait. Outputs grow by a few tokens a step, so only the tokens not written
-        yet are stored (all of them again where the output is shorter than what was written or its last written
-        token changed; :meth:`admit` starts a new request)."""
+        """Drafts for each sequence from its output so far (None: no draft this step), at most ``room[b]`` tokens
+        each: the copies in, one launch, the copies out (a graph replay after :meth:`capture`), one wait. Only the
+        output tokens not written yet are copied (all again where the written ones changed)."""
         width = self._out_np.shape[1]
         lens, out, written = self._lens_np, self._out_np, self._written
         for b, ids in enumerate(outputs):

@@ -2,26 +2,19 @@
 
 A step of :class:`SpeculativeDecoder`, for every sequence of the batch:
 
-1. **draft**: chapter 3's matcher proposes the tokens that followed the output's last n-gram in the prompt
-   (:class:`~studylog.speculate.draft.NgramDrafter`: one launch, one wait);
-2. **walk** (host): chapter 1's automaton cuts the proposal at the first token the grammar forbids and, from
-   step 3 on, extends it with the forced chains it reaches (:func:`~studylog.speculate.draft.walk_draft`);
-3. **body**: one forward on the chunk *pending tokens + draft* (pending: the token sampled last and the forced
-   tokens appended after it, as in chapter 7), returning the hidden state of every position;
-4. **head**: chapter 2's masked head on the verified positions only, each row with the allowed set of its own
-   automaton state: the position before the draft, then one per draft token;
-5. **sampling**: greedy (the allowed argmax of every row) or, above temperature 0, speculative sampling on the
-   masked distributions; the results are copied to the host, which waits for them;
-6. **accept** (host): the draft's longest prefix that agrees with the model, then the model's own token at the
-   first disagreement (or after the whole draft); the grammar advances over exactly those tokens, and the
-   forced tokens that follow are appended as in chapter 7.
+1. **draft**: chapter 3's matcher proposes what followed the output's last n-gram in the prompt;
+2. **walk** (host): chapter 1's automaton cuts the proposal at the first forbidden token and, from step 3 on,
+   extends it with the forced chains it reaches (:func:`~studylog.speculate.draft.walk_draft`);
+3. **body**: one forward on *pending tokens + draft*, returning every position's hidden state;
+4. **head**: chapter 2's masked head on the verified positions, each with its own state's allowed set;
+5. **sampling**: greedy (each row's allowed argmax) or speculative sampling on the masked distributions; the host
+   waits for the results;
+6. **accept** (host): the draft's longest prefix that agrees with the model, then the model's own token; the
+   grammar advances over those, and forced tokens follow as in chapter 7.
 
-Greedy, every accepted token is the allowed argmax at its position, as chapter 7's loop chooses it; the outputs
-are chapter 7's token for token wherever the logits' rounding allows (:mod:`~studylog.decode.agreement`: a verifying
-forward of more than two tokens sums in another order than a one-token forward, so a near tie can break the other
-way). With sampling, a drafted token ``x`` is accepted with probability ``p(x)`` and, when rejected,
-the token is drawn from ``p`` with ``x`` removed: the standard rule for a draft that proposes one token with
-certainty, so every output has exactly the probability the model gives it.
+Greedy, every accepted token is the allowed argmax at its position, so the outputs are chapter 7's wherever the
+logits' rounding allows (:mod:`~studylog.decode.agreement`). Sampled, a drafted ``x`` is accepted with probability
+``p(x)`` and otherwise the token is drawn from ``p`` without ``x``: every output keeps the model's probability.
 """
 
 from __future__ import annotations
@@ -30,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,7 +30,7 @@ from studylog.checks import check_int
 from studylog.decode import kernels, pieces
 from studylog.decode.generation import CONFIGS as DECODE_CONFIGS, DecodeConfig, Generation, hashed_uniform
 from studylog.decode.grammar import Grammar
-from studylog.decode.loop import Decoder, Marks
+from studylog.decode.loop import Decoder, Marks, cuda_graph
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
 from studylog.speculate.draft import DRAFT_NGRAM, DraftGate, NgramDrafter, walk_draft
 
@@ -77,11 +69,9 @@ SPEC_COMPONENTS = ("draft", "body", "head", "sampling", "host")
 
 @dataclass
 class SpecGeneration(Generation):
-    """A :class:`~studylog.decode.generation.Generation` with what the drafts did, per sequence: ``proposed``
-    (tokens the matcher proposed), ``cut`` (of those, refused by the grammar), ``forced_drafted`` (forced tokens
-    that joined drafts), ``verified`` (draft tokens verified), ``accepted`` (of those, accepted), ``drafts``
-    (steps that verified at least one draft token), and per step ``trace`` (with ``trace=True``: for each
-    sequence, its output length and automaton state after the step)."""
+    """A :class:`~studylog.decode.generation.Generation` with what the drafts did, per sequence: tokens
+    ``proposed``, ``cut`` by the grammar, ``forced_drafted``, ``verified``, ``accepted``; ``drafts``: steps that
+    verified one; ``trace`` (``trace=True``): each sequence's output length and state after every step."""
 
     proposed: list[int] = field(default_factory=list)
     cut: list[int] = field(default_factory=list)
@@ -110,10 +100,8 @@ def _pending(r) -> list[int]:
 
 class SpeculativeDecoder(Decoder):
     """Chapter 7's :class:`~studylog.decode.loop.Decoder` whose body returns every position's hidden state, with
-    chapter 3's matcher bound to its batch (``draft_len`` tokens at most per step; ``ngram``: the matcher's
-    n range). ``drafter`` replaces the matcher: a callable ``(outputs, room) -> drafts`` like
-    :meth:`NgramDrafter.propose` (the tests pass drafts of their own). Runs chapter 7's configurations as
-    chapter 7 does, and the :data:`CONFIGS` that draft."""
+    chapter 3's matcher bound to its batch (``draft_len`` tokens at most per step; ``ngram``: its n range), running
+    :data:`CONFIGS`. ``drafter`` replaces the matcher: a callable ``(outputs, room) -> drafts``."""
 
     every_position = True
 
@@ -128,13 +116,11 @@ class SpeculativeDecoder(Decoder):
             raise ValueError(f"draft_len={draft_len} does not fit the largest chunk ({self.max_chunk} tokens, one of "
                              f"them the token sampled last): use at most {self.max_chunk - 1}, or larger chunk_sizes")
         self.draft_len = draft_len
-        #: The gate's threshold (step 4): the accepted tokens a draft must be expected to return. None: what a
-        #: verifying forward costs over a one-token forward, in one-token forwards (set by :meth:`tune`; half a
-        #: forward until then).
+        #: The gate's threshold (step 4): the accepted tokens a draft must be expected to return. None: a verifying
+        #: forward's extra cost in one-token forwards (set by :meth:`tune`; half a forward until then).
         self.min_accepted = min_accepted
         self._derived_min_accepted = 0.5
-        #: Chunk lengths whose verifying forward runs the six-launch layer (:meth:`tune` measures them; until then,
-        #: a one-token step's, as chapter 7 runs it).
+        #: Chunk lengths whose verifying forward runs the six-launch layer (:meth:`tune` measures them).
         self.gemv_chunks = frozenset(T for T in self.chunk_sizes if batch * T == 1)
         self.ngram = NgramDrafter(batch, max_seq, max_seq, draft_len, self.device, config=ngram) \
             if drafter is None else None
@@ -161,9 +147,8 @@ class SpeculativeDecoder(Decoder):
 
     def verify_call(self, T: int, gemv: bool | None = None):
         """The body on a chunk of ``T`` tokens per sequence, returning every position's hidden state (graph-safe):
-        on the six-launch layer (one matrix-vector kernel per product; each token's program computes what a
-        one-token forward computes, re-reading the weights from L2) where ``T`` is in :attr:`gemv_chunks`, else on
-        the nine-launch layer with cuBLAS's products. ``gemv`` forces one or the other."""
+        on the six-launch layer (each token's program re-reads the weights from L2) where ``T`` is in
+        :attr:`gemv_chunks`, else on the nine-launch layer with cuBLAS's products. ``gemv`` forces one."""
         C = self.max_chunk
         if gemv is None:
             gemv = T in self.gemv_chunks
@@ -171,9 +156,8 @@ class SpeculativeDecoder(Decoder):
                                   gemv=gemv)
 
     def tune(self, reps: int = 20) -> dict[int, dict[str, float]]:
-        """Pick the verifying forward's layer per chunk length by measurement (on a GPU, before :meth:`capture`):
-        each layer captured in a CUDA graph and replayed ``reps`` times; the six-launch layer is kept where it is
-        the faster. Returns the milliseconds per replay, ``{T: {"gemv": ms, "cublas": ms}}``."""
+        """Pick the verifying forward's layer per chunk length by timing each captured in a graph (on a GPU, before
+        :meth:`capture`); returns the milliseconds per replay, ``{T: {"gemv": ms, "cublas": ms}}``."""
         if self.device.type != "cuda" or not self.model.uses_fused():
             return {}
         if self._graphs:
@@ -184,15 +168,7 @@ class SpeculativeDecoder(Decoder):
                 continue
             times[T] = {}
             for name, gemv in (("gemv", True), ("cublas", False)):
-                call = self.verify_call(T, gemv)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    call()
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    call()
+                graph, _ = cuda_graph(self.verify_call(T, gemv), warmups=1)
                 graph.replay()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -216,10 +192,8 @@ class SpeculativeDecoder(Decoder):
 
     def generate(self, grammar: Grammar, prompts: Sequence, config: SpecConfig | str = "gated_draft", *,
                  trace: bool = False, **options) -> SpecGeneration:
-        """Decode one request as ``config`` (a name of :data:`CONFIGS`, or a :class:`SpecConfig`): the options of
-        :meth:`Decoder.generate`, but no ``targets`` (a steered token would not be the model's, and drafts are
-        verified against the model). ``trace`` records, after every step, each sequence's output length and
-        automaton state (what the tests compare with a fresh walk of the accepted tokens)."""
+        """Decode one request as ``config`` (a name of :data:`CONFIGS` or a :class:`SpecConfig`) with the options
+        of :meth:`Decoder.generate` but ``targets`` (drafts are verified against the model's own tokens)."""
         if isinstance(config, str):
             if config not in CONFIGS:
                 raise ValueError(f"config must be one of {sorted(CONFIGS)} (chapter 7's configurations run on "
@@ -376,9 +350,8 @@ class SpeculativeDecoder(Decoder):
 
     def _choose(self, logits: Tensor, allowed, R: int, temperature: float, seed: int,
                 owners: list[tuple[int, int]], drafted: list[int]) -> None:
-        """Row 0 of ``_vtok``: each verified position's token (greedy: the allowed argmax; sampled: a draw from
-        the masked distribution). Sampled, also row 1: whether the position's drafted token is accepted
-        (``u < p(x)``), and row 2: a draw from the distribution with that token removed."""
+        """Row 0 of ``_vtok``: each verified position's token (the allowed argmax, or a draw). Sampled, row 1:
+        whether the drafted token is accepted (``u < p(x)``), row 2: a draw without that token."""
         out = self._vtok[:, :R]
         n = allowed.union_count
         if temperature == 0:

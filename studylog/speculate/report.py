@@ -1,13 +1,11 @@
 """The chapter's benchmark and headline (the figures and tables are the book's: ``book.speculate``).
 
-``bench(run)`` (GPU): SmolLM2-135M-Instruct (``studylog.smollm2``, bf16) at batch 1 and 8 on :data:`WORKLOADS`:
-the 25 extraction requests and chapter 7's low-copy requests. Every request runs in every configuration of
-:data:`~studylog.speculate.loop.CONFIGS` (the steps) and, on chapter 7's own decoder, chapter 7's step 3 and
-step 1 (``ch7_step03``, ``ch7_step01``): end-to-end time per output token on the wall clock (median of
-``repeats`` runs after a warm-up), an instrumented run's components, forwards, the drafts' counts, and checks
-(the same tokens as chapter 7's step 3 and step 1; finished outputs valid for their schema). Beside them the
-costs the bound needs, each alone on the GPU clock (graph replay): the body at every chunk length (``verify``)
-and one drafting call (``draft_call``). :func:`bound` turns them into what the accepted lengths allow.
+``bench(run)``: SmolLM2-135M-Instruct (bf16), batch 1 and 8, on :data:`WORKLOADS` (the extraction requests and
+chapter 7's low-copy ones). Every request runs in every step's configuration and, on chapter 7's own decoder, its
+steps 3 and 1 (``ch7_step03``, ``ch7_step01``): wall time per output token, components, forwards, the drafts'
+counts, and checks (chapter 7's tokens up to the rounding bound; finished outputs valid). Beside them, on the GPU
+clock, the body at every chunk length (``verify``) and one drafting call (``draft_call``), from which
+:func:`bound` forecasts what the accepted lengths allow.
 """
 
 from __future__ import annotations
@@ -20,10 +18,10 @@ import torch
 from studylog.decode import requests as decode_requests
 from studylog.decode.grammar import Grammar
 from studylog.decode.loop import Decoder
-from studylog.decode.report import rows_of
+from studylog.decode.report import measure, rows_of
 from studylog.speculate import requests
 from studylog.decode.model import GEMV_MAX_TOKENS
-from studylog.speculate.loop import CONFIGS, SpecGeneration, SpeculativeDecoder
+from studylog.speculate.loop import SpecGeneration, SpeculativeDecoder
 
 #: Series of the configurations: the steps, then chapter 7's two on its own decoder.
 SERIES = {"masked_head": "step01", "ngram_draft": "step02", "forced_draft": "step03", "gated_draft": "step04"}
@@ -33,7 +31,7 @@ MAX_NEW = 160
 MAX_SEQ = 1024
 
 
-def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], Grammar | None, list[list[int]]]]:
+def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], list[list[int]]]]:
     """The requests of ``workload`` as batches of ``batch``: (names, prompts). An extraction batch holds
     documents of one kind (one schema, one grammar); a low-copy batch, one entry's instructions in turn."""
     out = []
@@ -56,10 +54,8 @@ def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], Gr
 def grammar_for(workload: str, name: str, vocab, cache: dict) -> Grammar:
     key = (workload, requests.document(name)["kind"] if workload == "extraction" else name)
     if key not in cache:
-        if workload == "extraction":
-            cache[key] = Grammar.from_schema(requests.schema(name), vocab, name=key[1], whitespace="compact")
-        else:
-            cache[key] = Grammar.from_suite(name, vocab, whitespace="compact")
+        cache[key] = (Grammar.from_schema(requests.schema(name), vocab, name=key[1], whitespace="compact")
+                      if workload == "extraction" else Grammar.from_suite(name, vocab, whitespace="compact"))
     return cache[key]
 
 
@@ -67,26 +63,12 @@ def valid(workload: str, name: str, text: bytes) -> tuple[bool, str]:
     return requests.valid(name, text) if workload == "extraction" else decode_requests.valid(name, text)
 
 
-def timed_runs(decoder, grammar, prompts, config: str, repeats: int, max_new: int = MAX_NEW):
-    """A warm-up run, ``repeats`` timed runs (Python's collector paused) and one instrumented run."""
-    from studylog.bench import collector_paused
-
-    decoder.generate(grammar, prompts, config, max_new_tokens=max_new, instrument=False)
-    with collector_paused():
-        runs = [decoder.generate(grammar, prompts, config, max_new_tokens=max_new, instrument=False)
-                for _ in range(repeats)]
-        timed = decoder.generate(grammar, prompts, config, max_new_tokens=max_new, instrument=True)
-    return runs, timed
-
-
 def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[str] = WORKLOADS, repeats: int = 3,
           model=None, vocab=None, tokenizer=None, limit: int | None = None, max_new: int = MAX_NEW) -> None:
     """Run every request of ``workloads`` in every configuration at each batch size and record it with ``run``
-    (a ``BenchRun``, or any object with its ``record``, ``check`` and ``note``; the tests pass a tiny model,
-    its vocabulary and a tokenizer-like object). ``limit``: the first requests of each workload only; ``max_new``: the
-    output cap."""
+    (the tests pass a tiny model, its vocabulary and a tokenizer-like object). ``limit``: the first requests of
+    each workload only; ``max_new``: the output cap."""
     from studylog.bench import Timing
-    from studylog.decode.report import wall_clock
 
     if model is None:
         from studylog import smollm2
@@ -94,7 +76,6 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
 
         model, vocab, tokenizer = load_smollm2(device=device, dtype=torch.bfloat16), smollm2.vocabulary(), \
             smollm2.tokenizer()
-    clock = wall_clock()
     cache: dict = {}
     for batch in batches:
         spec = SpeculativeDecoder(model, vocab, batch=batch, max_seq=MAX_SEQ)
@@ -117,16 +98,17 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
                 outs = {}
                 for decoder, configs in ((ch7, CH7), (spec, SERIES)):
                     for config, series in configs.items():
-                        runs, timed = timed_runs(decoder, grammar, prompts, config, repeats, max_new)
+                        runs, timed = measure(decoder, grammar, config, prompts, None,
+                                              max_new_tokens=max_new, repeats=repeats)
                         outs[series] = timed
                         extra = _draft_fields(timed) if isinstance(timed, SpecGeneration) else {}
-                        run.record(series, Timing.of([g.ms_per_token for g in runs], clock=clock),
+                        run.record(series, Timing.of([g.ms_per_token for g in runs], clock="wall"),
                                    params={**params, "config": config}, role="kernel" if series in
                                    SERIES.values() else "baseline", tokens=timed.tokens, forwards=timed.forwards,
                                    jumped=sum(timed.jumped), finished=all(timed.finished),
                                    chunk_lengths=timed.chunk_lengths, first_step_ms=timed.first_step_ms,
                                    breakdown_ms_per_token=timed.breakdown_per_token(), **extra)
-                ref3, ref1 = outs["ch7_step03"], outs["ch7_step01"]
+                ref3 = outs["ch7_step03"]
                 for series in SERIES.values():
                     agreement(run, "chapter 7's step 3", ch7, spec, grammar, prompts, "masked_head", series, outs,
                               {**params, "series": series}, max_new)
@@ -146,9 +128,8 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
 
 def agreement(run, name: str, ch7: Decoder, spec: SpeculativeDecoder, grammar, prompts, ref_config: str,
               series: str, outs: dict, params: dict, max_new: int = MAX_NEW) -> None:
-    """Check that ``series`` wrote the same tokens as chapter 7's ``ref_config`` or, where a sequence did not,
-    that the two diverged at a near tie: both re-run with their hidden states recorded, the divergence's gap
-    against the rounding bound of the two computations (:func:`studylog.decode.agreement.compare`)."""
+    """Check that ``series`` wrote chapter 7's ``ref_config``'s tokens or diverged at a near tie (both re-run with
+    their hidden states recorded, :func:`studylog.decode.agreement.compare`)."""
     from studylog.decode.agreement import compare
 
     ref = outs[CH7[ref_config]]
@@ -173,8 +154,7 @@ def _draft_fields(g: SpecGeneration) -> dict[str, Any]:
 
 def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
     """The body at every chunk length (a verifying forward's cost) and one drafting call, each alone on the GPU
-    clock; the drafting call also with its host time (it waits for its result, so its host time is its cost in
-    the loop)."""
+    clock; the drafting call also with its host time (its cost in the loop, which waits for it)."""
     base = {"model": "smollm2", "batch": batch}
     for T in decoder.chunk_sizes:  # the layer the loop runs at each chunk length, and the other where it has one
         for gemv in sorted({T in decoder.gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False}):
@@ -290,4 +270,4 @@ def headline(results) -> list[dict]:
 
 
 __all__ = ["CH7", "MAX_NEW", "SERIES", "WORKLOADS", "agreement", "batches_of", "bench", "bound", "costs", "headline",
-           "median_ms", "plan", "rows_of", "speedups", "summary", "sweep", "timed_runs"]
+           "median_ms", "plan", "rows_of", "speedups", "summary", "sweep"]

@@ -61,23 +61,6 @@ def chat_ids(name: str, tokenizer: Any) -> list[int]:
     return tokenizer.encode_chat([{"role": "user", "content": message(name)}])
 
 
-def copied_share(name: str, text: bytes | str) -> float:
-    """The share of the output's string values that stand word for word in the document."""
-    values = [v for v in _values(text) if isinstance(v, str) and v]
-    if not values:
-        return 0.0
-    doc = document(name)["document"]
-    return sum(v in doc for v in values) / len(values)
-
-
-def _values(text: bytes | str) -> list[Any]:
-    try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return []
-    return list(obj.values()) if isinstance(obj, dict) else []
-
-
 def valid(name: str, text: bytes | str) -> tuple[bool, str]:
     """Whether a finished output is a JSON document valid for the request's schema: (ok, why not)."""
     import jsonschema
@@ -91,5 +74,5 @@ def valid(name: str, text: bytes | str) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["DOCUMENTS_PATH", "LOW_COPY", "chat_ids", "copied_share", "document", "document_names", "message",
+__all__ = ["DOCUMENTS_PATH", "LOW_COPY", "chat_ids", "document", "document_names", "message",
            "schema", "valid", "workload"]
