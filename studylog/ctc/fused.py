@@ -188,7 +188,7 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     del buffer  # queued: the memory may be reused by the next allocation on this stream
 
 
-def _recursion(recursion: str | None) -> str | None:
+def check_recursion(recursion: str | None) -> str | None:
     if recursion is not None and recursion not in RECURSION_OPTIONS:
         raise ValueError(f"recursion must be one of {sorted(RECURSION_OPTIONS)}, got {recursion!r}")
     return recursion
@@ -211,7 +211,7 @@ def step08_branch_free(activations, targets, input_lengths=None, target_lengths=
     """Step 8: step 7's warp recursion without its divergent branch; ``recursion`` (a key of
     ``RECURSION_OPTIONS``, ``DEFAULT_RECURSION`` when None) picks its template options. Other arguments
     as :func:`step01_baseline`."""
-    recursion = _recursion(recursion)
+    recursion = check_recursion(recursion)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, zero_infinity, 8, recursion)
     return loss, grad
@@ -221,7 +221,7 @@ def step09_two_passes(activations, targets, input_lengths=None, target_lengths=N
                       recursion: str | None = None, out_loss=None, out_grad=None):
     """Step 9: the first pass also writes the softmax as the gradient, the last only corrects the target's
     classes in place: the activations cross DRAM once. Arguments as :func:`step08_branch_free`."""
-    recursion = _recursion(recursion)
+    recursion = check_recursion(recursion)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, zero_infinity, 9, recursion)
     return loss, grad

@@ -93,9 +93,9 @@ class CTCPlan:
         if unknown:
             raise TypeError(f"step {self.step} takes no option {unknown} (it takes {list(allowed) or 'none'})")
         if self.step in (4, 5, 6):
-            warpctc._grain(self.how.get("grain"))
+            warpctc.check_grain(self.how.get("grain"))
         if self.step in (8, 9):
-            fused._recursion(self.how.get("recursion"))
+            fused.check_recursion(self.how.get("recursion"))
         if self.step == 10 and self.how.get("grain") not in (None, *fused.BLOCK_GRAINS):
             raise ValueError(f"grain must be one of {fused.BLOCK_GRAINS} for step 10, got {self.how['grain']!r}")
 

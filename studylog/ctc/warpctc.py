@@ -112,7 +112,7 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, 
          T, N, A, lmax, umax, int(zero_infinity), shared_mem=3 * smax * 4)
 
 
-def _grain(grain: int | None) -> int | None:
+def check_grain(grain: int | None) -> int | None:
     if grain is not None and grain not in GRAIN_SIZES:
         raise ValueError(f"grain must be one of {GRAIN_SIZES}, got {grain!r}")
     return grain
@@ -165,7 +165,7 @@ def step04_register_blocking(activations, targets, input_lengths=None, target_le
     """Step 4: each thread keeps ``grain`` positions (labels, skip flags) in registers; ``grain`` is one
     of ``GRAIN_SIZES`` (warp-ctc's rule, :func:`default_grain`, when None) and ``blocked`` lays a thread's
     positions out consecutively instead of strided by the block. Other arguments as :func:`step01_baseline`."""
-    grain = _grain(grain)
+    grain = check_grain(grain)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, 4, zero_infinity, grain, blocked)
     return loss, grad
@@ -175,7 +175,7 @@ def step05_shared_rows(activations, targets, input_lengths=None, target_lengths=
                        grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
     """Step 5: step 4 with the alpha kernel's two live rows in shared memory (arguments as
     :func:`step04_register_blocking`)."""
-    grain = _grain(grain)
+    grain = check_grain(grain)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, 5, zero_infinity, grain, blocked)
     return loss, grad
@@ -195,7 +195,7 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
     :func:`untrusted_answers`, or a step 6 :class:`CTCPlan`'s ``untrusted()``). Other arguments as
     :func:`step04_register_blocking`.
     """
-    grain = _grain(grain)
+    grain = check_grain(grain)
     if out_estimate is not None:
         checks.check_tensor("out_estimate", out_estimate, dtype=torch.float32, ndim=1, contiguous=True)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
