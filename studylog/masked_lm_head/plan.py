@@ -190,7 +190,8 @@ MIN_CAPACITY = 16
 def bucket_for(batch: int, vocab: int, count: int, rule: DispatchRule) -> tuple[str, int]:
     """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` (batch 1) or ``"batched"`` with the
     capacity a power of two (at least :data:`MIN_CAPACITY`, at most V); or the rule's dense path, ``("row_skip",
-    V)`` (the bitmask unpacked to bytes, then step 3) or ``("dense", V)`` (cuBLAS, then :func:`apply_bitmask_kernel`)."""
+    V)`` (the bitmask unpacked to bytes, then step 3) or ``("dense", V)`` (cuBLAS, then
+    :func:`apply_bitmask_kernel`)."""
     n = min(max(int(count), 0), vocab)
     path = choose_path(batch, vocab, n, rule)
     if path in ("few_ids", "stream", "batched"):
