@@ -15,7 +15,8 @@ from torch import Tensor
 
 from studylog.masked_lm_head.dispatch import (choose_path, crossover_points, cublas_masked, dense_logits, dispatch_rule,
                                               win_range)
-from studylog.masked_lm_head.formats import HIDDEN, VOCAB, AllowedTokens, default_tiles, fp32_gamma, pack_bitmask
+from studylog.masked_lm_head.formats import (HIDDEN, VOCAB, AllowedTokens, compare_logits, default_tiles, fp32_gamma,
+                                             pack_bitmask)
 from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, \
     structured_sets
 from studylog.masked_lm_head.plan import MaskedHeadPlan
@@ -164,15 +165,8 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
         if dev.type == "cuda":
             torch.cuda.synchronize()
         ref, scale = reference[h.shape[0]]
-        bound = fp32_gamma(hidden, summation) * scale + 1e-30
-        mask = allowed.mask
-        got = out.double()
-        err = (got - ref).abs()[mask]
-        res = {"nan": int(torch.isnan(got).sum()), "not_minus_inf": int((got[~mask] != float("-inf")).sum()),
-               "over_bound": int((err > bound[mask]).sum())}
-        run.check(series, all(v == 0 for v in res.values()), params=params | {"series": series},
-                  summation=summation, max_abs_err=float(err.max()) if err.numel() else 0.0,
-                  max_err_over_bound=float((err / bound[mask]).max()) if err.numel() else 0.0, **res)
+        res = compare_logits(out, ref, fp32_gamma(hidden, summation) * scale + 1e-30, allowed.mask)
+        run.check(series, res.pop("passed"), params=params | {"series": series}, summation=summation, **res)
 
     def measure(series: str, call: Callable[[], Any], params: dict, *, floor: float | None = None, long: bool = False,
                 **kw):
