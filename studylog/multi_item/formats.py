@@ -96,7 +96,7 @@ class MultiItemBatch:
     max_item_lens_t: Int[Tensor, " b"]
     #: step 5's program tables, built on first use per (heads, order, tile heights, bytes per token, rule) (see
     #: :func:`studylog.multi_item.tiles.schedule_table`)
-    _schedules: dict = field(default_factory=dict, init=False, repr=False)
+    schedules: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod

@@ -95,7 +95,7 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
     (heads, order, heights, bytes per token, rule) and cached on the batch, for every layer's call.
     """
     key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token, check_rule(rule))
-    if key not in batch._schedules:
+    if key not in batch.schedules:
         if not key[2] or any(h not in SCHEDULE_BLOCK_MS for h in key[2]):
             raise ValueError(f"block_ms must be among {SCHEDULE_BLOCK_MS}, got {block_ms!r}")
         begins = torch.tensor(batch.seq_starts)
@@ -111,8 +111,8 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
         table = torch.zeros(len(SCHEDULE_BLOCK_MS), width, 8, dtype=torch.int32)
         for block_m, r in rows.items():
             table[SCHEDULE_BLOCK_MS.index(block_m), : len(r)] = r.to(torch.int32)
-        batch._schedules[key] = (table.to(batch.device), {bm: len(r) for bm, r in rows.items()})
-    return batch._schedules[key]
+        batch.schedules[key] = (table.to(batch.device), {bm: len(r) for bm, r in rows.items()})
+    return batch.schedules[key]
 
 
 # ---------------------------------------------------------------------------------------------
