@@ -28,6 +28,15 @@ def us(ms: float | None, digits: int = 1, missing: str = "–") -> str:
     return missing if ms is None else f"{ms * 1e3:,.{digits}f}"
 
 
+def param_values(results, name: str) -> list:
+    """The values a results file's rows give parameter ``name``, each once, in the order measured."""
+    seen: dict = {}
+    for row in results.rows:
+        if name in row["params"]:
+            seen.setdefault(row["params"][name], None)
+    return list(seen)
+
+
 def fmt(value: float | None, spec: str, suffix: str = "") -> str:
     """``value`` formatted with ``spec`` and ``suffix``, or :data:`PENDING` where there is none."""
     return PENDING if value is None else f"{value:{spec}}{suffix}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from book.common import PENDING, fmt, us
+from book.common import PENDING, fmt, param_values, us
 from studylog.masked_lm_head import CHAPTER
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
@@ -468,11 +468,7 @@ def boehm_table(results) -> str:
 
 def _kinds(results) -> list[str]:
     """The mask kinds the file measured, in the file's order."""
-    seen: dict[str, None] = {}
-    for row in results.rows:
-        if "kind" in row["params"]:
-            seen.setdefault(row["params"]["kind"], None)
-    return list(seen)
+    return param_values(results, "kind")
 
 
 def host_table(results) -> str:

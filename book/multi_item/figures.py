@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from book.common import param_values
 from studylog.multi_item import CHAPTER
 from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER, FLEX, ONE_PASS_PER_ITEM, SDPA_CAUSAL,
                                         SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, order_series)
@@ -31,11 +32,7 @@ def approaches() -> list[str]:
 
 def shape_names(results) -> list[str]:
     """The benchmark's shapes, in the order the results hold them."""
-    names: dict[str, None] = {}
-    for row in results.rows:
-        if "shape" in row["params"]:
-            names.setdefault(row["params"]["shape"], None)
-    return list(names)
+    return param_values(results, "shape")
 
 
 #: One colour per series across the chapter: every figure draws a series in the same colour.

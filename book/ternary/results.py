@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from book.common import us
+from book.common import param_values, us
 from studylog.ternary import CHAPTER
 from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES,
                                       fastest, on_gpu_clock)
@@ -30,11 +30,7 @@ def series_label(series: str) -> str:
 
 def shapes_in(results) -> list[str]:
     """The shapes (``NxK``) of a results file, in the order they were measured."""
-    seen: dict[str, None] = {}
-    for row in results.rows:
-        if "shape" in row["params"]:
-            seen.setdefault(row["params"]["shape"], None)
-    return list(seen)
+    return param_values(results, "shape")
 
 
 def series_ms(results, series: str, **params) -> float | None:
