@@ -326,16 +326,7 @@ class BenchRun:
         for call in calls:  # compile, autotune and allocate before the capture
             call()
         torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up on a side stream, as torch's graph capture asks
-            for call in calls:
-                call()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for call in sequence:
-                call()
+        graph, _ = runtime.cuda_graph(lambda: [call() for call in sequence], warmups=1)
         flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
         graph.replay()
         torch.cuda.synchronize()

@@ -95,3 +95,18 @@ def require_gpu(what: str) -> None:
     """Raise a clear error when ``what`` needs a GPU and none is visible."""
     if not _HAS_GPU:
         raise RuntimeError(f"{what} needs a CUDA GPU, and torch sees none on this machine.")
+
+
+def cuda_graph(fn, *, warmups: int = 2, pool=None):
+    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (so that allocations and lazy
+    initialisation happen outside the capture): the graph, and what the captured call returned."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out

@@ -28,6 +28,7 @@ from studylog.decode import kernels, pieces
 from studylog.decode.generation import CONFIGS, STEER, DecodeConfig, Generation, check_model, gumbel_noise
 from studylog.decode.grammar import Grammar, Writer, continues_utf8
 from studylog.decode.model import LlamaModel, dense_logits
+from studylog.runtime import cuda_graph
 
 class _Row:
     """One sequence of the batch: its tokens, grammar state and place in the cache."""
@@ -74,21 +75,6 @@ class Marks:
             self.marks[-1].synchronize()
             return [self.marks[0].elapsed_time(m) for m in self.marks]
         return [(t - self.marks[0]) * 1e3 for t in self.marks]
-
-
-def cuda_graph(fn, *, warmups: int = 2, pool=None) -> tuple[Any, Any]:
-    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (so that allocations and lazy
-    initialisation happen outside the capture): the graph, and what the captured call returned."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmups):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
-    return graph, out
 
 
 #: Components of a step, in the order the device's stream runs them (see the module docstring).
@@ -524,4 +510,4 @@ class Decoder:
         self._settle(r, grammar, cfg, max_new)
 
 
-__all__ = ["COMPONENTS", "Decoder", "Marks", "cuda_graph"]
+__all__ = ["COMPONENTS", "Decoder", "Marks"]

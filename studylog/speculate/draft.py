@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from studylog.checks import check_int
-from studylog.decode.loop import cuda_graph
+from studylog.runtime import cuda_graph
 from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
 from studylog.ngram import kernels as ngram_kernels
 
