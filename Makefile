@@ -15,20 +15,23 @@ $(STAMP): pyproject.toml tools/install_torch.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python tools/install_torch.py
-	$(BIN)/python -m pip install --quiet -e ".[test,book,peers]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[test,book,peers]"
 	touch $(STAMP)
 
 # The book build executes every notebook (a cell that raises fails it), so the notebooks run once, there, beside
-# the package tests: the two together keep both cores busy. Its log is $(VENV)/book.log, shown when it fails.
+# the package tests, and the site test follows the build on the same side: the two sides keep both cores busy.
+# That side's log is $(VENV)/book.log, shown when it fails. (Packages install with --no-compile: Python compiles
+# the modules a run imports, not every file of every package.)
 test: $(STAMP)
 	@rm -f $(VENV)/book.log $(VENV)/book.rc
-	@($(MAKE) --no-print-directory book > $(VENV)/book.log 2>&1; echo $$? > $(VENV)/book.rc) & \
+	@($(MAKE) --no-print-directory book > $(VENV)/book.log 2>&1 && \
+		$(BIN)/python -m pytest tests/test_site.py -m site -p no:cacheprovider >> $(VENV)/book.log 2>&1; \
+		echo $$? > $(VENV)/book.rc) & \
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile tests -m "not site" -p no:cacheprovider; tests=$$?; \
 	wait; book=$$(cat $(VENV)/book.rc); \
-	if [ "$$book" = 0 ]; then grep -a "build succeeded" $(VENV)/book.log; else cat $(VENV)/book.log; \
-		echo "make book failed (log above: $(VENV)/book.log)"; fi; \
+	if [ "$$book" = 0 ]; then grep -a "build succeeded" $(VENV)/book.log; tail -n 1 $(VENV)/book.log; \
+	else cat $(VENV)/book.log; echo "make book or the site test failed (log above: $(VENV)/book.log)"; fi; \
 	[ "$$tests" = 0 ] && [ "$$book" = 0 ]
-	$(BIN)/python -m pytest tests/test_site.py -m site -p no:cacheprovider
 
 # every notebook under nbval, as a reader checks one (make test runs them through the book build)
 test-notebooks: $(STAMP)

@@ -45,7 +45,7 @@ def installed_torch() -> str | None:
 
 
 def main() -> int:
-    pip = [sys.executable, "-m", "pip", "install"]
+    pip = [sys.executable, "-m", "pip", "install", "--no-compile"]  # Python compiles what it imports
     override = os.environ.get("STUDYLOG_TORCH")
     have = installed_torch()
     if override:
