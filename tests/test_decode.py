@@ -349,7 +349,8 @@ def test_the_body_takes_the_gemv_layer_for_one_token_by_default(rng):
     the six-launch layer each token's state is bit for bit what a one-token forward gives it."""
     from studylog.decode.model import GEMV_MAX_TOKENS
 
-    m = LlamaModel(model_config("tiny", vocab_size=300), dtype=torch.float32, seed=4)
+    # one layer: the same kernels as two, at half the interpreter time
+    m = LlamaModel(model_config("tiny", vocab_size=300, layers=1), dtype=torch.float32, seed=4)
     tok, start, last = torch.tensor([[7]]), torch.tensor([0]), torch.tensor([0])
     want = m(tok, start, last, m.new_cache(1, 16), fused=False)
     for gemv in (None, True, False):
@@ -427,7 +428,8 @@ def test_the_fused_body_gives_what_the_torch_body_gives(rng, dtype, tol, B):
     """The whole forward, fused kernels against torch's operations: a padded prefill chunk with different starts
     per sequence, then one-token steps (at batch 1 on the six-launch layer of ``gemv``); hidden states and the KV
     cache agree (bf16: to its rounding)."""
-    m = LlamaModel(model_config("tiny", vocab_size=500, layers=3), dtype=dtype, seed=2)
+    # two layers: the second reads the first's output and its own slot of the cache
+    m = LlamaModel(model_config("tiny", vocab_size=500, layers=2), dtype=dtype, seed=2)
     toks = torch.randint(0, 500, (B, 13), generator=rng)
     caches = m.new_cache(B, 40), m.new_cache(B, 40)
     steps = [(toks, torch.tensor([0, 3])[:B], torch.tensor([12, 9])[:B])]
