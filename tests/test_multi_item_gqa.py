@@ -10,6 +10,7 @@ import torch
 
 from studylog import multi_item as mi
 from studylog import runtime
+from studylog.multi_item.steps import step06_packed_heads
 
 DEV = runtime.device()
 STEPS = mi.CHAPTER.steps
@@ -18,14 +19,14 @@ STEPS = mi.CHAPTER.steps
 LAYOUTS = [(4, 2), (6, 2), (8, 2), (3, 1)]
 
 
-def gqa_reference(q, k, v, batch):
+def gqa_reference(q, k, v, batch, rule=mi.DEFAULT_RULE):
     """Float64 attention, one query head at a time, each reading its group's key/value head; rows that see no
     key are 0."""
     group = q.shape[0] // k.shape[0]
     out = torch.zeros(q.shape, dtype=torch.float64)
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
         rows = slice(start, start + s)
-        mask = mi.dense_mask(batch, b).cpu()
+        mask = mi.dense_mask(batch, b, rule).cpu()
         for h in range(q.shape[0]):
             kh, vh = k[h // group, rows].double().cpu(), v[h // group, rows].double().cpu()
             scores = (q[h, rows].double().cpu() @ kh.T) / math.sqrt(q.shape[-1])
@@ -112,3 +113,82 @@ def test_the_operator_with_fewer_key_value_heads(rng):
     with pytest.raises(ValueError, match=r"q's heads \(4\) must be a multiple of k's and v's heads \(3\)"):
         k3 = torch.randn(3, batch.total_tokens, 16, device=DEV)
         mi.ops.multi_item_attention(q, k3, k3.clone(), schedule, token_pos, programs)
+
+
+# --------------------------------------------------------------------------------------------
+# Step 6: the query heads of a group in one tile, rows (token, head in the group)
+# --------------------------------------------------------------------------------------------
+
+MIXED = ([21, 5, 0], [[6, 17, 1, 9, 3], [2, 2], [7]])
+
+
+@pytest.mark.parametrize("blocks", [None, (32, 16), (16, 32)], ids=str)
+def test_step6_without_groups_is_step5(blocks, rng):
+    """One key/value head per query head: a row per token, the tiles and the arithmetic of step 5, bit for bit."""
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
+    q, k, v = qkv(3, 3, batch.total_tokens, 16, rng)
+    want = mi.step05_batched(q, k, v, batch, blocks=blocks)
+    got = step06_packed_heads(q, k, v, batch, blocks=blocks, out=torch.full_like(q, float("nan")))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("order", mi.SCHEDULE_ORDERS)
+@pytest.mark.parametrize("heads, kv_heads, blocks", [(8, 2, (16, 32)), (6, 2, (32, 16))], ids=str)
+def test_step6_orders_unequal_blocks_and_tile_counts(order, heads, kv_heads, blocks, rng):
+    """Every program order and unequal blocks (groups of 4 and of 3, whose 16- or 32-row tiles leave a row
+    unused); the key tiles counted per token tile are the plan's at BLOCK_M // group tokens."""
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
+    q, k, v = qkv(heads, kv_heads, batch.total_tokens, 16, rng)
+    poisoned = torch.full_like(q, float("nan"))
+    out, info = step06_packed_heads(q, k, v, batch, order=order, blocks=blocks, count_tiles=True, out=poisoned,
+                                    return_info=True)
+    assert out is poisoned and not torch.isnan(out).any()
+    torch.testing.assert_close(out.double().cpu(), gqa_reference(q, k, v, batch), rtol=1e-5, atol=1e-5)
+    tokens = blocks[0] // (heads // kv_heads)
+    assert (info.step, info.block_m, info.block_n) == (6, *blocks)
+    assert info.tile_counts == mi.planned_key_tiles(batch, tokens, blocks[1])
+    assert [len(c) for c in info.tile_counts] == [-(-s // tokens) for s in batch.seq_lens]
+
+
+@pytest.mark.parametrize("rule", mi.RULES)
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 2), (16, 1)], ids=str)
+def test_step6_both_rules_empty_prefixes_and_one_token_items(rule, heads, kv_heads, rng):
+    """Prompts with no prefix (under FlashInfer's rule their delimiters see nothing: 0) and one-token items;
+    a group of 16 fills a 16-row tile with one token."""
+    batch = mi.MultiItemBatch.from_item_lens([0, 3, 0], [[1, 1, 1], [1], [2, 1]], device=DEV)
+    q, k, v = qkv(heads, kv_heads, batch.total_tokens, 16, rng)
+    out = step06_packed_heads(q, k, v, batch, rule=rule, out=torch.full_like(q, float("nan")))
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.double().cpu(), gqa_reference(q, k, v, batch, rule), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, mi.step05_batched(q, k, v, batch, rule=rule), rtol=1e-6, atol=1e-6)
+
+
+def test_step6_plans_token_tiles_of_block_m_over_the_group():
+    """The table row BLOCK_M selects holds step 5's order over key/value heads at BLOCK_M // group tokens; step
+    5's tables (and their cache keys) are unchanged."""
+    batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
+    table, programs = mi.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4, rows_per_token=3)
+    for row, block_m in ((0, 16), (1, 32)):
+        want = mi.work_order(batch, 2, block_m // 3, "head_groups", 2 * 16 * 4)
+        assert programs[block_m] == len(want)
+        assert torch.equal(table[row, : len(want), :3].cpu().long(), want)
+    plain = mi.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4)
+    assert torch.equal(plain[0], mi.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4, rows_per_token=1)[0])
+    assert (2, "head_groups", (16, 32), 2 * 16 * 4, mi.DEFAULT_RULE) in batch.schedules
+    with pytest.raises(ValueError, match=r"rows_per_token must be an int from 1 to the smallest tile height \(16\)"):
+        mi.schedule_table(batch, 2, block_ms=(16, 32), rows_per_token=17)
+
+
+def test_step6_bad_inputs_are_named():
+    batch = mi.MultiItemBatch.from_item_lens([5], [[3, 2, 6]], device=DEV)
+    q = torch.randn(3, batch.total_tokens, 16, device=DEV)
+    k = torch.randn(2, batch.total_tokens, 16, device=DEV)
+    with pytest.raises(ValueError, match=r"q's heads \(3\) must be a multiple of k's and v's heads \(2\)"):
+        step06_packed_heads(q, k, k.clone(), batch)
+    q32, k1 = torch.randn(32, batch.total_tokens, 16, device=DEV), torch.randn(1, batch.total_tokens, 16, device=DEV)
+    with pytest.raises(ValueError, match="BLOCK_M must be at least 32, got 16"):
+        step06_packed_heads(q32, k1, k1.clone(), batch)
+    with pytest.raises(ValueError, match="order must be one of"):
+        step06_packed_heads(q, q, q, batch, order="random")
+    with pytest.raises(ValueError, match="powers of two"):
+        step06_packed_heads(q, q, q, batch, blocks=(24, 16))

@@ -1,6 +1,7 @@
-"""The chapter's five steps, one public function each (``stepNN_<slug>``), each beside its kernel (steps 2 to 5
-are Triton flash-attention forwards under the multi-item mask), and :func:`multi_item_attention` (step 5 with its
-defaults).
+"""The chapter's steps, one public function each (``stepNN_<slug>``), each beside its kernel (steps 2 to 5
+are Triton flash-attention forwards under the multi-item mask; step 6, grouped-query attention's query heads of a
+group in one tile, is in :mod:`~studylog.multi_item.packed_heads`), and :func:`multi_item_attention` (step 5
+with its defaults).
 
 Every step takes ``q``, ``k``, ``v`` as ``[heads, tokens, head_dim]`` (unit stride on ``head_dim``; ``k`` and ``v``
 may have fewer heads: query head ``h`` reads key/value head ``h // KV_GROUP``), a
@@ -540,6 +541,14 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
     return step05_batched(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks, config=config, rule=rule)
 
 
+# ---------------------------------------------------------------------------------------------
+# Step 6: the query heads of a key/value group in one tile (in packed_heads.py: this module would pass the
+# library's length limit; imported here, below the helpers it takes from this module, so STEPS lists it)
+# ---------------------------------------------------------------------------------------------
+
+from studylog.multi_item.packed_heads import attn_fwd_packed_heads, step06_packed_heads  # noqa: E402
+
+
 #: The chapter's steps in lesson order: (function, kernel shown by show_source, what it adds); the slug is the
 #: function's name after ``stepNN_``. The single source of their names (function, series, legend).
 _STEPS = (
@@ -548,6 +557,8 @@ _STEPS = (
     (step03_mask_on_the_fly, attn_fwd_mask_on_the_fly, "the mask computed from the prefix length and item positions"),
     (step04_tile_skip, attn_fwd_tile_skip, "invisible key tiles never loaded, whole prefix tiles unmasked"),
     (step05_batched, attn_fwd_batched, "every prompt of a batch in one launch, programs in a planned order"),
+    (step06_packed_heads, attn_fwd_packed_heads,
+     "the query heads that share a key/value head in one tile, each key/value tile loaded once for the group"),
 )
 STEPS = tuple(Step(n, f.__name__[7:], what, "torch" if n == 1 else "triton", f, kernel)
               for n, (f, kernel, what) in enumerate(_STEPS, 1))

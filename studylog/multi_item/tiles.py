@@ -87,23 +87,34 @@ def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEF
 def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER,
                    block_ms: Sequence[int] = SCHEDULE_BLOCK_MS,
                    kv_bytes_per_token: int = 2 * 128 * 2,
-                   rule: str = DEFAULT_RULE) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
+                   rule: str = DEFAULT_RULE, rows_per_token: int = 1) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
     """Step 5's program table on the batch's device, and how many programs each tile height launches.
 
     Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]`` (the heights in ``block_ms``); entry ``i`` is program
     ``i``'s ``(prompt, query tile, head, seq_begin, seq_len, prefix_len, 0, 0)``. Built on the host once per
     (heads, order, heights, bytes per token, rule) and cached on the batch, for every layer's call.
+
+    ``rows_per_token``: how many tile rows one token takes (step 6 packs the query heads of a key/value group
+    into a tile, a row per (token, query head), and passes ``heads`` = key/value heads); the row that
+    ``BLOCK_M`` selects then holds query tiles of ``BLOCK_M // rows_per_token`` tokens, so the kernel still
+    finds its row from ``BLOCK_M`` alone.
     """
     key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token, check_rule(rule))
+    if rows_per_token != 1:  # step 5's keys stay as they were
+        key += (rows_per_token,)
     if key not in batch.schedules:
         if not key[2] or any(h not in SCHEDULE_BLOCK_MS for h in key[2]):
             raise ValueError(f"block_ms must be among {SCHEDULE_BLOCK_MS}, got {block_ms!r}")
+        if isinstance(rows_per_token, bool) or not isinstance(rows_per_token, int) \
+                or not 1 <= rows_per_token <= key[2][0]:
+            raise ValueError(f"rows_per_token must be an int from 1 to the smallest tile height ({key[2][0]}), "
+                             f"got {rows_per_token!r}")
         begins = torch.tensor(batch.seq_starts)
         lens = torch.tensor(batch.seq_lens)
         prefixes = torch.tensor(batch.prefix_lens)
         rows = {}
         for block_m in key[2]:
-            w = work_order(batch, heads, block_m, order, kv_bytes_per_token, rule)
+            w = work_order(batch, heads, block_m // rows_per_token, order, kv_bytes_per_token, rule)
             b = w[:, 0]
             rows[block_m] = torch.cat([w, begins[b, None], lens[b, None], prefixes[b, None],
                                        torch.zeros(len(w), 2, dtype=w.dtype)], dim=1)
