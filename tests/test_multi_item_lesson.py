@@ -242,8 +242,11 @@ def test_the_steps_table_of_a_current_file_and_of_none():
 def test_the_steps_table_on_the_committed_file():
     results = plotting.load_results("multi_item")
     rows = [ln for ln in lesson.steps_table(results).splitlines()[3:]]
-    assert [ln.split(" | ")[0] for ln in rows] == ["| 1", "| 2", "| 3", "| 4", "| 5a", "| 5b"]
+    assert [ln.split(" | ")[0] for ln in rows] == ["| 1", "| 2", "| 3", "| 4", "| 5a", "| 5b", "| 6"]
     assert "pending" not in "\n".join(rows)
-    five_b = rows[-1].split(" | ")
+    shapes = lesson.shape_names(results)
+    five_b, six = rows[-2].split(" | "), rows[-1].split(" | ")
     t5 = lesson.ms(results, STEP5, report.MIXED_SHAPE) * 1e3
-    assert five_b[-3] == f"{t5:,.1f}"  # the mixed batch's step 5, the last shape's columns
+    assert five_b[2 + 3 * shapes.index(report.MIXED_SHAPE)] == f"{t5:,.1f}"  # the mixed batch's step 5
+    # step 6 runs on the grouped-query batch only
+    assert [six[2 + 3 * i] == "–" for i in range(len(shapes))] == [s != lesson.GQA_SHAPE for s in shapes]

@@ -170,10 +170,10 @@ def bench_plan(quick: bool, flashinfer: bool) -> dict[str, list[str]]:
     base = [r.SDPA_DENSE, r.SDPA_CAUSAL, r.FLEX] + ([] if quick else [r.ONE_PASS_PER_ITEM])
     peers = [r.FLASHINFER] if flashinfer else []
     step5 = [r.STEP05.series]
-    return {"single": [s.series for s in mi.STEPS[1:]] + extra + ([] if quick else [r.DO_BENCH[4], r.DO_BENCH[5]])
-            + base + peers,
+    single = [s.series for s in mi.STEPS[1:] if s is not r.STEP06]  # step 6 is step 5 without shared heads
+    return {"single": single + extra + ([] if quick else [r.DO_BENCH[4], r.DO_BENCH[5]]) + base + peers,
             "batch": step5 + extra + ([] if quick else [r.DO_BENCH[5]]) + [r.STEP04_PER_PROMPT] + base + peers,
-            "gqa": step5 + ([] if quick else [r.DO_BENCH[5]]) + [r.STEP04_PER_PROMPT] + base + peers}
+            "gqa": step5 + ([] if quick else [r.DO_BENCH[5]]) + [r.STEP06.series, r.STEP04_PER_PROMPT] + base + peers}
 
 
 def test_graph_calls_and_the_benchmarks_size():
@@ -452,7 +452,7 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
     assert any(c["name"].startswith("FlashInfer (fa2, page 16) matches") for c in run.checks) != quick
     results = plotting.Results(None, {"schema": 2, "measurements": run.rows, "device": {"name": "fake"},
                                       "date": "2026-01-01", "ceilings": {"empty_launch_host_ms": 0.004}})
-    assert report.pinned_configs(results)[(mi.CHAPTER.final.series, shapes[0][0])] == name
+    assert report.pinned_configs(results)[(report.STEP05.series, shapes[0][0])] == name
     assert "| prefix 9, items 3,1,4 |" in lesson.target_table(results)
 
 

@@ -232,6 +232,7 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT}),
         ("5a", "every prompt in one launch (programs in the first version's order)", first),
         ("5b", "programs in head groups whose keys and values fit in L2, heaviest tiles first", STEP[5].series),
+        ("6", "a key/value head's query heads in one tile (grouped-query layout only)", STEP[6].series),
     ]
 
 
@@ -241,7 +242,7 @@ def steps_table(results) -> str:
     if results is None:
         return PENDING
     shapes = shape_names(results)
-    short = {s: s.split(",")[0] for s in shapes}
+    short = {s: s.split(",")[0] + (", " + s.split(", ")[-1] if s == GQA_SHAPE else "") for s in shapes}
     head = ["step", "the one change"] + [c for s in shapes for c in (f"{short[s]}: µs", "× previous", "× floor")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floor_cells = [c for s in shapes for c in (_whole_us(floors(results, s)[1]), "", "")]

@@ -3,9 +3,10 @@
 The items are packed after a shared prefix, ``prefix <d> item_1 <d> ... item_N <d>``, and the mask keeps them from
 seeing each other (FlashInfer's rule by default, ``rule="delimiter_visible"`` adds the delimiter keys). Five steps
 go from a dense mask handed to SDPA to a Triton kernel that computes the mask from the metadata, never loads the
-key tiles between the prefix and the current item, and runs a batch of prompts in one launch;
-:func:`multi_item_attention` is the last step with its defaults. Modules: ``formats`` (layout, rules, reference,
-checks, scores), ``config`` (tile configs), ``tiles`` (the host's plan), ``steps``, ``plan`` (step 5 for CUDA
+key tiles between the prefix and the current item, and runs a batch of prompts in one launch
+(:func:`multi_item_attention`: step 5 with its defaults); step 6, for grouped-query attention, computes the query
+heads that share a key/value head in one tile. Modules: ``formats`` (layout, rules, reference,
+checks, scores), ``config`` (tile configs), ``tiles`` (the host's plan), ``steps`` and ``packed_heads``, ``plan`` (step 5 for CUDA
 graphs over changing layouts), ``ops`` (the torch operator), ``report`` and ``bench_peers`` (benchmark,
 headline), ``peers`` (FlexAttention, FlashInfer). Figures, tables and exercises are the book's.
 """
@@ -33,6 +34,7 @@ from studylog.multi_item.steps import (
     step03_mask_on_the_fly,
     step04_tile_skip,
     step05_batched,
+    step06_packed_heads,
 )
 from studylog.multi_item.tiles import (
     DEFAULT_ORDER,
@@ -69,7 +71,7 @@ __all__ = [
     "CHAPTER", "ops",
     # the steps, and the chapter's entry point (step 5)
     "step01_dense_sdpa", "step02_dense_mask", "step03_mask_on_the_fly", "step04_tile_skip", "step05_batched",
-    "multi_item_attention", "MultiItemPlan", "LaunchInfo",
+    "step06_packed_heads", "multi_item_attention", "MultiItemPlan",
     # the format, the mask rules, the reference, the scores
     "MultiItemBatch", "RULES", "DEFAULT_RULE", "dense_mask", "reference_attention", "score_items",
     "SUPPORTED_DTYPES", "SUPPORTED_HEAD_DIMS",

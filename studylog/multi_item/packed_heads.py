@@ -23,7 +23,7 @@ from studylog.multi_item.config import (
     tuned,
 )
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch
-from studylog.multi_item.steps import GPU_BLOCK_MS, QKV, _attend_key_tiles, _prepare, launch, no_counts
+from studylog.multi_item.steps import GPU_BLOCK_MS, QKV, attend_key_tiles, launch, no_counts, prepare_launch
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_table
 
 
@@ -85,19 +85,19 @@ def attn_fwd_packed_heads(
     m_hi = tl.minimum(m_lo + TOKENS, seq_len)
     # 1. prefix tiles every row sees whole (keys < P and <= the first row): no mask arithmetic
     full_hi = (tl.minimum(prefix_len, m_lo + 1) // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
                                       prefix_len, seq_len, 0, full_hi, qk_scale,
                                       False, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     # 2. the rest of the prefix, up to the diagonal
     prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
                                       prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
                                       True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     # 3. the items, from the first key the first item token's item shows it: the tiles between are never loaded
     first_item_row = tl.maximum(m_lo, prefix_len)
     items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
     items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
                                       prefix_len, seq_len, items_lo, m_hi, qk_scale,
                                       True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     if COUNT_TILES:  # how many key tiles this token tile visited, once per tile (the first key/value head)
@@ -122,7 +122,7 @@ def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sca
     ``count_tiles`` counts the key tiles each token tile visits, per prompt: ``LaunchInfo.tile_counts`` is
     what :func:`~studylog.multi_item.tiles.planned_key_tiles` plans at ``BLOCK_M // KV_GROUP`` x ``BLOCK_N``
     (``LaunchInfo.block_m`` is the kernel's ``BLOCK_M``, in rows)."""
-    qk_scale, out, common = _prepare("step06_packed_heads", q, k, v, batch, sm_scale, out, blocks, rule,
+    qk_scale, out, common = prepare_launch("step06_packed_heads", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=False)
     if order not in SCHEDULE_ORDERS:
         raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")

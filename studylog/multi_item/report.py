@@ -28,7 +28,7 @@ def _step(number: int):
     return next(s for s in STEPS if s.number == number)
 
 
-STEP04, STEP05 = _step(4), _step(5)
+STEP04, STEP05, STEP06 = _step(4), _step(5), _step(6)
 #: the baselines: PyTorch over the same rule, and the approach the chapter replaces
 SDPA_DENSE = "SDPA, dense mask"
 SDPA_CAUSAL = "causal SDPA (superset)"
@@ -282,11 +282,13 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
             return lambda: function(qq, kk, vv, batch, sm_scale=sm_scale, out=o, **kwargs)
         return rotated(call)
 
-    # --- our steps (2 to 4 take one prompt), each at the config chosen for this shape ---
-    steps = STEPS[1:] if single else STEPS[-1:]
+    # --- our steps (2 to 4 take one prompt; step 6 differs from step 5 only when key/value heads are shared),
+    # each at the config chosen for this shape ---
+    steps = [s for s in STEPS[1:] if s is not STEP06] if single else [STEP05] + ([STEP06] if gqa else [])
+    group = heads // kv_heads  # query heads per key/value head: step 6's tiles hold BLOCK_M // group tokens
     chosen: dict[int, tuple[str, str, dict | None]] = {}
-    for step in reversed(steps):  # step 5 first: a quick run tunes only step 5 and runs steps 2 to 4 at its config
-        if quick and step is not STEP05 and (step.series, name) not in pins:
+    for step in sorted(steps, key=lambda s: s is not STEP05):  # step 5 first: a quick run tunes steps 5 and 6
+        if quick and step not in (STEP05, STEP06) and (step.series, name) not in pins:  # and runs 2 to 4 at 5's
             chosen[step.number] = (chosen[5][0], "step 5's (quick run)", None)
         else:
             chosen[step.number] = _choose_config(step, name, pins, q, k, v, batch, sm_scale)
@@ -300,16 +302,17 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
                                  **({"autotune_ms": tuned} if tuned else {}),
                                  **({"order": DEFAULT_ORDER} if step is STEP05 else {})}
         stats = None
-        if step in (STEP04, STEP05):
+        if step in (STEP04, STEP05, STEP06):
             _, info = step.function(q, k, v, batch, sm_scale=sm_scale, config=config, count_tiles=True,
                                     return_info=True)
+            tokens = info.block_m // (group if step is STEP06 else 1)  # the query tile's height in tokens
             run.check(f"{step.name} visits the key tiles planned", params=params,
-                      passed=info.tile_counts == planned_key_tiles(batch, info.block_m, info.block_n))
-            stats = tile_stats(batch, info.block_m, info.block_n)
+                      passed=info.tile_counts == planned_key_tiles(batch, tokens, info.block_n))
+            stats = tile_stats(batch, tokens, info.block_n)
         def eager(step=step, out=out, config=config):  # the public call a user makes, eager
             return step.function(q, k, v, batch, sm_scale=sm_scale, out=out, config=config)
 
-        host = eager if step in (STEP04, STEP05) else None
+        host = eager if step in (STEP04, STEP05, STEP06) else None
         measure(step.series, ours(step.function, config=config), "kernel", host=host, stats=stats, **extra)
         if step in (STEP04, STEP05) and not quick:  # do_bench too, beside the GPU clock (the swing)
             ms = run.time(eager)

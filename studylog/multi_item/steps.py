@@ -94,7 +94,7 @@ def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
 # Steps 2 to 5: Triton kernels, each launched by the step function below it
 # ---------------------------------------------------------------------------------------------
 
-def _prepare(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
+def prepare_launch(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
              rule: Any, *, one_prompt: bool) -> tuple[float, Tensor, dict[str, Any]]:
     """Check a Triton step's inputs; returns ``qk_scale`` (``sm_scale * log2(e)``), the output and the
     constexprs every kernel takes."""
@@ -212,7 +212,7 @@ def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
                       out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                       rule: str = DEFAULT_RULE, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 2: our own flash-attention forward, reading the dense ``[S, S]`` mask of ``rule`` (one prompt)."""
-    qk_scale, out, common = _prepare("step02_dense_mask", q, k, v, batch, sm_scale, out, blocks, rule,
+    qk_scale, out, common = prepare_launch("step02_dense_mask", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=True)
     mask = dense_mask(batch, 0, rule).view(torch.uint8)  # same bytes as bool, a type Triton loads everywhere
     args = [q, k, v, out, mask, *strides(q, k, v, out), batch.seq_lens[0], qk_scale]
@@ -279,7 +279,7 @@ def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_
                            rule: str = DEFAULT_RULE, return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 3: the mask computed in the kernel from the prefix length and where each row's own keys start
     (one prompt)."""
-    qk_scale, out, common = _prepare("step03_mask_on_the_fly", q, k, v, batch, sm_scale, out, blocks, rule,
+    qk_scale, out, common = prepare_launch("step03_mask_on_the_fly", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=True)
     common["SKIP_DELIMITER"] = ITEM_KEYS_FROM[rule]
     args = [q, k, v, out, batch.token_pos[0], *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
@@ -388,7 +388,7 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
     """Step 4: key tiles no row of a query tile sees are never loaded, whole prefix tiles skip the mask
     (one prompt). ``count_tiles`` has the kernel count the key tiles each query tile visits (in the
     :class:`LaunchInfo` of ``return_info=True``)."""
-    qk_scale, out, common = _prepare("step04_tile_skip", q, k, v, batch, sm_scale, out, blocks, rule,
+    qk_scale, out, common = prepare_launch("step04_tile_skip", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=True)
     seq_len = batch.seq_lens[0]
     counts = (torch.full((triton.cdiv(seq_len, 16),), -1, dtype=torch.int32, device=q.device) if count_tiles
@@ -484,7 +484,7 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
     ``order`` is one of :data:`~studylog.multi_item.tiles.SCHEDULE_ORDERS` (the default, ``"head_groups"``,
     is the chapter's; the lesson and the benchmark compare the others, which run the same kernel on the same
     tiles); ``count_tiles`` as in :func:`step04_tile_skip`, per prompt."""
-    qk_scale, out, common = _prepare("step05_batched", q, k, v, batch, sm_scale, out, blocks, rule,
+    qk_scale, out, common = prepare_launch("step05_batched", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=False)
     if order not in SCHEDULE_ORDERS:
         raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
@@ -546,6 +546,10 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
 # library's length limit; imported here, below the helpers it takes from this module, so STEPS lists it)
 # ---------------------------------------------------------------------------------------------
 
+#: The loop over a range of key tiles that steps 4 to 6 call once per range (its Triton name keeps the
+#: leading underscore it was written with, so the kernels that call it are unchanged).
+attend_key_tiles = _attend_key_tiles
+
 from studylog.multi_item.packed_heads import attn_fwd_packed_heads, step06_packed_heads  # noqa: E402
 
 
@@ -562,7 +566,3 @@ _STEPS = (
 )
 STEPS = tuple(Step(n, f.__name__[7:], what, "torch" if n == 1 else "triton", f, kernel)
               for n, (f, kernel, what) in enumerate(_STEPS, 1))
-
-#: The loop over a range of key tiles that steps 4 and 5 call once per range (its Triton name keeps the
-#: leading underscore it was written with, so the kernels that call it are unchanged).
-attend_key_tiles = _attend_key_tiles
