@@ -72,9 +72,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 e2e = row.get("ours_end_to_end_ms")
                 cells[name] = f"**{row['vs_rival']:.2f}×**" + (f" ({us(e2e)} against {us(theirs)} µs, end to end)"
                                                                  if e2e else "")
-            elif row["ratio_note"].startswith("median over"):  # a median of per-request ratios, beside median times
-                cells[name] = (f"**{row['vs_rival']:.2f}×**, the median request's ratio (median times {us(ours)} "
-                               f"against {us(theirs)} µs)")
+            elif row["ratio_note"].startswith("the ratio of the two median"):  # several requests: their medians
+                cells[name] = (f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs, medians over the "
+                               "requests)")
             else:
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,

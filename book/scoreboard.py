@@ -146,6 +146,25 @@ def faster_rivals(data: dict[str, Any], ours: dict[str, Any], rival: dict[str, A
     return tuple(f"{r['series']} is measured faster at this shape: {us(r['ms'])} µs" for r in others)
 
 
+def _step_words(series: str) -> str:
+    """``step07`` as a reader says it: ``step 7``."""
+    m = re.match(r"step0*(\d+)", series)
+    return f"step {m.group(1)}" if m else series
+
+
+def _entry_label(what: str, series: str, ours: dict[str, Any]) -> str:
+    """A final kernel named in words: ``what (step 7)``, or, where the row times the chapter's entry point that
+    picks a step by a measured rule, ``what, its entry point (running step 7)``."""
+    if ours.get("step"):
+        return f"{what}, its entry point (running {_step_words(ours['step'])})"
+    return f"{what} ({_step_words(series)})"
+
+
+#: The ternary steps that take bf16 x, in words.
+TERNARY_WORDS = {"step09": "the ternary kernel on tensor cores, Triton", "step10": "the ternary CUDA kernel",
+                 "step11": "the ternary kernel with TMA copies"}
+
+
 def _one_kernel(data: dict[str, Any]) -> tuple[float | None, str]:
     return empty_kernel_ms(data), "one empty kernel, graph-replayed"
 
@@ -161,7 +180,7 @@ def _masked_lm_head(data):
     plan = one(data, "plan_bitmask", **MASKED_HEAD_CASE)
     latency, what = _one_kernel(data)
     if plan is not None:
-        out.append(_row("MaskedHeadPlan (step 9, from the packed bitmask)",
+        out.append(_row("the whole masked step from the packed bitmask (step 9)",
                         "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=plan.get("floor_ms"),
@@ -171,7 +190,7 @@ def _masked_lm_head(data):
                               "host memory is not timed on its own, so the floor shown is one empty kernel",)))
     kernel = one(data, "step09", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
-        out.append(_row("step09_dispatch alone (allowed ids given)",
+        out.append(_row("the masked head's kernel alone, allowed ids given (step 9)",
                         "batch 1, 1,000 of 128,256 tokens allowed", kernel["clock"], kernel,
                         "torch index_select, then a matmul",
                         one(data, "index_select", **MASKED_HEAD_CASE), byte_floor_ms=kernel.get("floor_ms"),
@@ -193,8 +212,8 @@ def _ngram(data):
     cpu, synced = one(data, "step01", **NGRAM_CASE), one(data, "synced_step07", **NGRAM_CASE)
     ratio = cpu["ms"] / synced["ms"] if cpu and synced else None
     latency, what = _one_kernel(data)
-    picked = f" (runs {ours['step']})" if ours.get("step") else ""
-    row = _row(f"{series}{picked}", "128 slots of 32,768 tokens, budget 128", ours["clock"], ours,
+    label = _entry_label("the GPU drafter", series, ours)
+    row = _row(label, "128 slots of 32,768 tokens, budget 128", ours["clock"], ours,
                "the CPU loop it replaces", cpu, byte_floor_ms=ours.get("floor_ms"),
                latency_floor_ms=latency, latency_what=what, ratio=ratio,
                ratio_note="end to end on the host (the call, then a sync) on both sides")
@@ -204,7 +223,7 @@ def _ngram(data):
     if two_phase is not None and two_phase["clock"] == ours["clock"]:
         # the fastest published GPU port (the pull request's two-phase kernel, the chapter's step 3), on the GPU
         # clock like ours: the strongest GPU rival, beside the CPU loop the chapter's question is about
-        gpu_row = _row(f"{series}{picked}", "128 slots of 32,768 tokens, budget 128", ours["clock"], ours,
+        gpu_row = _row(label, "128 slots of 32,768 tokens, budget 128", ours["clock"], ours,
                        "the pull request's two-phase GPU kernel (step 3)", two_phase,
                        byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what)
         out.append(gpu_row | {"floors_as_above": True})  # the same kernel and case: its floors row is the lead's
@@ -230,9 +249,8 @@ def _ctc(data):
             continue
         rival = one(data, "torch-best", **case)
         latency, what = _one_kernel(data)
-        picked = f" (runs {ours['step']})" if ours.get("step") else ""
         label = f"torch {rival.get('picked', 'best').replace('torch-', '')}" if rival else "torch"
-        out.append(_row(f"{series}{picked}", shape, ours["clock"], ours, label, rival,
+        out.append(_row(_entry_label("the fused CTC kernel", series, ours), shape, ours["clock"], ours, label, rival,
                         byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency,
                         latency_what=what + "; the recursion's 150 dependent frames are not measured (a lower bound)",
                         rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)),
@@ -260,7 +278,8 @@ def _ternary(data):
     if read is not None:
         notes = (f"on the {data['device']['name']}, a kernel that only reads the packed weights takes "
                  f"{us(read['ms'])} µs in the same run",)
-    return _row(ours["series"], "M = 1, 4096 x 14336, bf16 x (the fastest of the bf16-x steps)", ours["clock"], ours,
+    return _row(f"{TERNARY_WORDS.get(ours['series'], 'the ternary kernel')} ({_step_words(ours['series'])})",
+                "M = 1, 4096 x 14336, bf16 x (the fastest of the bf16-x steps)", ours["clock"], ours,
                 "GemLite 2-bit", rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
                 compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
                 floor_notes=notes, rival_notes=faster_rivals(data, ours, rival, TERNARY_CASE, skip=("read_weights",)))
@@ -277,7 +296,7 @@ def _multi_item(data):
     rival = one(data, "FlashInfer", **MULTI_ITEM_CASE)
     latency, what = _one_kernel(data)
     label = f"FlashInfer ({rival.get('backend', '?')}, page {rival.get('page_size', '?')})" if rival else "FlashInfer"
-    return _row("step05_batched", "8 prompts, mixed lengths, 32 heads x 128", ours["clock"], ours, label, rival,
+    return _row("the batched attention kernel (step 5)", "8 prompts, mixed lengths, 32 heads x 128", ours["clock"], ours, label, rival,
                 byte_floor_ms=ours.get("floor_ms"), compute_floor_ms=ours.get("compute_floor_ms"),
                 latency_floor_ms=latency, latency_what=what,
                 rival_notes=faster_rivals(data, ours, rival, MULTI_ITEM_CASE))
@@ -293,6 +312,14 @@ def json_schemas() -> set[str]:
     from studylog.fsm.schemas import suite
 
     return {e.name for e in suite() if e.kind == "json"}
+
+
+def _per_request(ratios: list[float], what: str) -> str:
+    """The note beside a ratio of two median times: the spread of the requests' own ratios."""
+    if not ratios:
+        return ""
+    return (f"the ratio of the two median times; each {what}'s own ratio runs from {min(ratios):.2f}× to "
+            f"{max(ratios):.2f}×, median {statistics.median(ratios):.2f}×")
 
 
 def _decode(data):
@@ -333,14 +360,13 @@ def _decode(data):
         notes.append("no library decode loop (Hugging Face generate with xgrammar) is measured on this card")
         gaps = ("no library decode loop is measured on this card (Hugging Face generate with xgrammar's logits "
                 "processor, measured on the H200 on SmolLM2 only)",)
-    return _row("step03_masked_head", f"8B-shaped model, batch 1, per output token, median of the {len(pairs)} JSON "
+    return _row("the loop with chapters 1 and 2 (step 3)", f"8B-shaped model, batch 1, per output token, median of the {len(pairs)} JSON "
                 "schemas (one request each)",
                 ours[0]["clock"], summary, "the same loop, dense head and mask (step 1)", rival_row,
                 byte_floor_ms=med(byte), latency_floor_ms=med(latency),
                 latency_what=(f"{kernels} dependent kernels a forward, each at least an empty kernel" if kernels
                               else "not measured"),
-                ratio=med([b["ms"] / r["ms"] for r, b in pairs if b is not None]),
-                ratio_note="median over the JSON schemas of each one's ratio, step 1's time over step 3's",
+                ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "schema"),
                 notes=tuple(notes),
                 gaps=gaps)
 
@@ -370,12 +396,11 @@ def _speculate(data):
     latency = med([one_token[0]["ms"] * r["forwards"] / r["tokens"] for r, _ in pairs]) if one_token else None
     gbs = data.get("ceilings", {}).get("copy_bandwidth_gbs")
     byte = med([SMOLLM2_BODY_BYTES / (gbs * 1e9) * 1e3 * r["forwards"] / r["tokens"] for r, _ in pairs]) if gbs else None
-    return _row("step04_gated_draft", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
+    return _row("the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
                 "requests", ours[0]["clock"], summary, "chapter 7's loop (its step 3)", rival_row,
                 byte_floor_ms=byte, latency_floor_ms=latency,
                 latency_what="step 4's forwards per output token, each at a one-token forward's GPU time",
-                ratio=med([b["ms"] / r["ms"] for r, b in pairs if b is not None]),
-                ratio_note="median over requests of the per-request ratio",
+                ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request"),
                 notes=("wall clock: the whole step, host included, per output token",
                        "floors: the body's weights read once per forward (from the model's public config, at the "
                        "run's copy bandwidth), and a one-token forward's measured GPU time, per output token"))
@@ -414,13 +439,13 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(7, "Constrained decoding end to end", "notebooks/07_constrained_decoding.ipynb",
           "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode,
           headline="the decode loop with chapters 1 and 2 (step 3) against the same loop with a dense head and a "
-                   "mask (step 1), per output token: the median over the nine JSON schemas of chapter 1's suite (one "
-                   "request each) of each one's ratio, with the median times (8B-shaped model, batch 1)",
+                   "mask (step 1), per output token, the ratio of the median times over the nine JSON schemas of chapter 1's suite (one "
+                   "request each; 8B-shaped model, batch 1)",
           rival_short="a dense head and a mask"),
     Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
           "Can a grammar and prompt-lookup drafts share one decode loop?", "speculate", _speculate,
           headline="n-gram drafts cut by the grammar and verified in one forward, against chapter 7's loop, per "
-                   "output token (SmolLM2-135M, extraction, batch 1)",
+                   "output token, the ratio of the median times over the requests (SmolLM2-135M, extraction, batch 1)",
           rival_short="chapter 7's loop"),
 )
 
@@ -442,8 +467,8 @@ def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             data = load(card, entry.bench) if entry.bench else None
             measured = entry.measure(data) if data is not None and entry.measure else None
             if measured is None:
-                why = entry.absent or (f"no {entry.bench}.json on this card" if data is None
-                                       else "the file lacks the final kernel's series")
+                why = entry.absent or ("not measured on this card" if data is None
+                                       else "this card's run did not time the final kernel")
                 out.append(base | {"missing": why, "lead": True})
                 continue
             for i, row in enumerate(measured if isinstance(measured, list) else [measured]):
@@ -520,20 +545,6 @@ def _short_card(name: str) -> str:
     return name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
 
-#: Plain names for the series ids of the final kernels, shown before the id.
-PLAIN = {"MaskedHeadPlan": "the whole masked step", "step09_dispatch": "the masked head's kernel",
-         "step07": "the GPU drafter", "ngram_match": "the GPU drafter", "step10": "the fused CTC kernel",
-         "ctc_loss": "the CTC loss, picking its step by measured rule",
-         "step11": "the ternary kernel with TMA copies", "step05_batched": "the batched attention kernel",
-         "step03_masked_head": "the loop with chapters 1 and 2", "step04_gated_draft": "the loop with grammar-cut drafts"}
-
-
-def _plain(label: str) -> str:
-    """A kernel's label with its plain name first (``the GPU drafter: step07``) where :data:`PLAIN` has one."""
-    first = re.split(r" \(|;|,| ", label)[0]
-    return f"{PLAIN[first]}: {label}" if first in PLAIN else label
-
-
 def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
     """The scoreboard as two Markdown tables, a row per chapter and card (one row for a chapter that no card
     measures, saying why): first our time and the strongest rival's, then the floors and how close our median is to
@@ -553,7 +564,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
              if r.get("lead") and "missing" not in r}
     p99 = ""
     if any(tails.values()):
-        p99 = f"p99, separate run (µs) {note(TAIL_NOTE)} | "
+        have = sorted({_short_card(c) for (_, c), t in tails.items() if t})
+        p99 = f"p99, separate run (µs) {note(TAIL_NOTE + '; only the ' + ' and the '.join(have) + ' has that run, and – marks a row without one')} | "
     times = ["**Time, and the strongest rival**", "",
              f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
              "strongest rival (µs) | ours × rival |", "|" + "---|" * (8 if p99 else 7)]
@@ -575,12 +587,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 continue
             card = "all" if one_reason else _short_card(r["card"])
             shown.add(r["number"])
-            times.append(f"| {chapter} | {card} | {NOT_MEASURED} {note(r['missing'])} |" + " – |" * (5 if p99 else 4))
+            why = "" if r["missing"] == "not measured on this card" else " " + note(r["missing"])
+            times.append(f"| {chapter} | {card} | {NOT_MEASURED}{why} |" + " – |" * (5 if p99 else 4))
             floors.append(f"| {named} | {card} |" + " – |" * 6)
             continue
         shown.add(r["number"])
         card = _short_card(r["card"])
-        ours = _plain(r["ours"])
+        ours = r["ours"]
         lead_shape = next((b.get("shape") for b in board if b["number"] == r["number"] and b["lead"]), None)
         if r.get("shape") != lead_shape:  # a second angle on the chapter at another shape: say which
             ours += f"; {r['shape']}"
@@ -600,11 +613,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: show ours beside
             median += f" on the GPU; **{us(r['ours_end_to_end_ms'])}** end to end"
         t = tails.get((r["number"], r["card"])) if r["lead"] else None
-        tail_cell = (f"{us(t['p99_ms'])} (median {us(t['ms'])}) | " if t else f"{NOT_MEASURED} | ") if p99 else ""
+        tail_cell = (f"{us(t['p99_ms'])} (median {us(t['ms'])}) | " if t else "– | ") if p99 else ""
         times.append(f"| {chapter} | {card} | {ours} | {median} | {us(r['slowest_ms'])} | {tail_cell}{rival} | {vs} |")
         latency = _floor(r["latency_floor_ms"])
         if r["latency_floor_ms"] is None:
-            latency += " " + note(f"{r['title']} on the {r['card']}: the file records no empty kernel's GPU time")
+            latency += " " + note(f"{r['title']} on the {r['card']}: that run did not time an empty kernel")
         else:
             latency += " " + note(f"{r['title']}: {r['latency_what']}")
         for extra in r["notes"][1:2]:
@@ -614,16 +627,16 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             byte += " " + note(f"{r['title']}: {extra}")
         binding = f"{r['binding']}: {_floor(r['binding_floor_ms'])}" if r["binding"] else NOT_MEASURED
         pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
-        kernel = _plain(re.split(r" \(|;|,", r["ours"])[0])
+        kernel = r["ours"]
         if r.get("shape") != lead_shape:
             kernel += f"; {r['shape']}"
         if r.get("floors_as_above"):
             continue
         floors.append(f"| {named} | {card} | {kernel} | {byte} | "
                       f"{_floor(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} |")
-    notes.append(REPETITIONS[0].upper() + REPETITIONS[1:] + ".")
     return "\n".join(times + [""] + floors + ["", "**Notes**", ""]
-                     + [f"[{i}] {text}  " for i, text in enumerate(notes, 1)])
+                     + [f"[{i}] {text}  " for i, text in enumerate(notes, 1)]
+                     + ["", REPETITIONS[0].upper() + REPETITIONS[1:] + "."])
 
 
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS", "tail", "card_name", "cards", "faster_rivals", "load", "missing",

@@ -4,7 +4,8 @@
   summary and a teaser figure. Post metadata lives in ``posts.yml`` at the book root; titles come from
   each notebook's first heading, so they are never written twice.
 * ``{studylog-headlines}`` is the table of every chapter's headline result (kernel, baseline, speedup,
-  GPU, date), computed from the committed benchmark JSON by the chapter's ``headline(results)``.
+  GPU, date), computed from the committed benchmark JSON by the chapter's ``headline(results)``, each chapter
+  folded under its title.
 * every post page gets a box saying how to open its notebook in JupyterLab locally;
 * an Atom feed, ``feed.xml``, is written next to the HTML and announced in every page's head.
 """
@@ -129,31 +130,103 @@ class PostsDirective(SphinxDirective):
         return [container]
 
 
-#: Plain names for the series ids the benchmark files use, shown before the id on the results page.
+#: Plain names for the series ids the benchmark files use, on the results page (the step number kept).
 PLAIN_NAMES = {
-    "MaskedHeadPlan (step 9 from the packed bitmask)": "the whole masked step from the packed bitmask "
-                                                       "(MaskedHeadPlan, step 9)",
-    "step09_dispatch": "the masked head's kernel, allowed ids given (step09_dispatch)",
-    "n-gram matching, step07_stream": "the GPU drafter (step07_stream)",
-    "n-gram matching, ngram_match (step07)": "the GPU drafter (ngram_match, running step07)",
-    "n-gram matching, ngram_match (step06)": "the GPU drafter (ngram_match, running step06)",
-    "step10_warps_per_direction (CUDA C++)": "the fused CTC kernel (step10_warps_per_direction, CUDA C++)",
-    "ctc_loss (step10, CUDA C++)": "the fused CTC kernel (ctc_loss, running step10, CUDA C++)",
-    "step11_tma (CUDA C++)": "the ternary kernel with TMA copies (step11_tma, CUDA C++)",
-    "step09_mma (Triton)": "the ternary kernel on tensor cores (step09_mma, Triton)",
-    "step12_w2a8 (CUDA C++)": "the ternary kernel with int8 activations (step12_w2a8, CUDA C++)",
+    "MaskedHeadPlan (step 9 from the packed bitmask)": "the whole masked step from the packed bitmask (step 9)",
+    "step09_dispatch": "the masked head's dispatching entry point, allowed ids given (step 9)",
+    "n-gram matching, step07_stream": "the GPU drafter (step 7)",
+    "n-gram matching, ngram_match (step07)": "the GPU drafter's entry point (running step 7)",
+    "n-gram matching, ngram_match (step06)": "the GPU drafter's entry point (running step 6)",
+    "step10_warps_per_direction (CUDA C++)": "the fused CTC kernel (step 10, CUDA C++)",
+    "ctc_loss (step10, CUDA C++)": "the CTC entry point (running step 10, CUDA C++)",
+    "step11_tma (CUDA C++)": "the ternary kernel with TMA copies (step 11, CUDA C++)",
+    "step09_mma (Triton)": "the ternary kernel on tensor cores (step 9, Triton)",
+    "step12_w2a8 (CUDA C++)": "the ternary kernel with int8 activations (step 12, CUDA C++)",
     "step12_w2a8, quantize='every block' (CUDA C++)": "the ternary kernel with int8 activations, x quantised in "
-                                                      "every block (step12_w2a8, CUDA C++)",
-    "step05_batched (Triton, tile skipping, one launch)": "the batched attention kernel (step05_batched, Triton, "
-                                                          "tile skipping, one launch)",
-    "step03_masked_head": "the loop with chapters 1 and 2 (step03_masked_head)",
-    "step02_jump_forward": "the loop with chapter 1's jumps (step02_jump_forward)",
-    "step01_baseline": "the loop with a dense head and a mask (step01_baseline)",
-    "step04_gated_draft": "the loop with grammar-cut drafts (step04_gated_draft)",
-    "chapter 7's step 3 (ch7_step03)": "chapter 7's loop, its step 3",
+                                                      "every block (step 12, CUDA C++)",
+    "step05_batched (Triton, tile skipping, one launch)": "the batched attention kernel (step 5, Triton, tile "
+                                                          "skipping, one launch)",
+    "step03_masked_head": "the loop with chapters 1 and 2 (step 3)",
+    "step02_jump_forward": "the loop with chapter 1's jumps (step 2)",
+    "step01_baseline": "the loop with a dense head and a mask (step 1)",
+    "step04_gated_draft": "the loop with grammar-cut drafts (step 4)",
+    "chapter 7's step 3 (ch7_step03)": "chapter 7's loop (its step 3)",
     "step03_two_phase (the two-phase kernel of the original pull request)": "the two-phase kernel of the original "
-                                                                            "pull request (step03_two_phase)",
+                                                                            "pull request (step 3)",
 }
+
+#: The clocks of the results page's tables, in words.
+CLOCK_WORDS = {"gpu": "GPU time of the call replayed in a CUDA graph",
+               "wall": "wall-clock time per output token, the whole step with its host work",
+               "do_bench": "CUDA events around repeated calls (Triton's do_bench)"}
+
+#: The chapters whose headline case is several requests: their rows compare the two median times.
+MEDIAN_TIME_CHAPTERS = ("decode", "speculate")
+
+
+def fair_headline_rows(root: Path | None = None) -> list[dict[str, Any]]:
+    """Every chapter's headline rows (:func:`studylog.plotting.headline_rows`), each ratio the ratio of the two
+    times printed beside it: a chapter of several requests compares the requests' median times (its rows carry the
+    median of the requests' own ratios, which need not equal it)."""
+    from studylog.paths import BENCH_RESULTS
+    from studylog.plotting import headline_rows
+
+    rows = headline_rows(root or BENCH_RESULTS)
+    for r in rows:
+        if r["chapter"] in MEDIAN_TIME_CHAPTERS and r.get("kernel_ms") and r.get("baseline_ms"):
+            r["speedup"] = r["baseline_ms"] / r["kernel_ms"]
+    return rows
+
+
+def headline_tables_markdown(root: Path | None = None) -> str:
+    """:func:`book.plotting.headline_markdown`'s tables on :func:`fair_headline_rows` (a caption per chapter and card,
+    the rows, then where the cards differ)."""
+    from book.plotting import CARD_TOLERANCE, _headline_line, card_differences
+
+    rows = fair_headline_rows(root)
+    out: list[str] = []
+    for chapter in dict.fromkeys(r["chapter"] for r in rows):
+        of_chapter = [r for r in rows if r["chapter"] == chapter]
+        for gpu in dict.fromkeys(r["gpu"] for r in of_chapter):
+            mine = [r for r in of_chapter if r["gpu"] == gpu]
+            clocks = sorted({r.get("clock", "do_bench") for r in mine})
+            out += [f"**{chapter}** — {gpu}, {mine[0]['date']}; clock: {', '.join(clocks)}", "",
+                    "| ours | against | case | speedup | ours (µs) | theirs (µs) | host per call (µs) |",
+                    "|---|---|---|---|---|---|---|"]
+            out += [_headline_line(r) for r in mine] + [""]
+        differ = card_differences(of_chapter)
+        if differ:
+            out += [f"Where the cards differ by more than {CARD_TOLERANCE:.0%}:", ""] + [f"- {d}" for d in differ]
+            out.append("")
+    return "\n".join(out).rstrip()
+
+
+def folded_by_chapter(markdown: str) -> str:
+    """The results page's tables for readers: each file-key caption (``**decode** — NVIDIA H200, 2026-11-25;
+    clock: wall``) becomes the card, the date and the clock in words, and each chapter's tables fold under its
+    number and title."""
+    from book.scoreboard import ENTRIES
+
+    titles = {e.bench: f"Chapter {e.number}: {e.title}" for e in ENTRIES if e.bench}
+    caption = re.compile(r"^\*\*(\w+)\*\* — (.+), (\d{4}-\d{2}-\d{2}); clock: (.+)$")
+    out: list[str] = []
+    current = None
+    for line in markdown.splitlines():
+        m = caption.match(line)
+        if m:
+            chapter, gpu, date, clocks = m.groups()
+            if chapter != current:
+                if current is not None:
+                    out += [":::", ""]
+                out += [f":::{{dropdown}} {titles.get(chapter, chapter)}", ""]
+                current = chapter
+            when = _dt.date.fromisoformat(date)
+            words = "; ".join(CLOCK_WORDS.get(c.strip(), c.strip()) for c in clocks.split(","))
+            line = f"**{gpu}**, measured {when.day} {when:%B %Y}: {words}."
+        out.append(line)
+    if current is not None:
+        out += ["", ":::"]
+    return "\n".join(out)
 
 
 def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | None = None) -> str:
@@ -207,11 +280,10 @@ class HeadlinesDirective(SphinxDirective):
     """The table of headline results, computed from the committed JSON at build time."""
 
     def run(self) -> list[nodes.Node]:
-        from book.plotting import headline_markdown
         from book.scoreboard import scoreboard
 
         ngram = {r["card"]: r for r in scoreboard() if r["number"] == 3 and r.get("lead") and "missing" not in r}
-        lines = readable_headlines(headline_markdown(), ngram).splitlines()
+        lines = folded_by_chapter(readable_headlines(headline_tables_markdown(), ngram)).splitlines()
         container = nodes.container(classes=["studylog-headlines"])
         self.state.nested_parse(StringList(lines, source="assets/bench"), self.content_offset, container)
         return [container]

@@ -30,10 +30,9 @@ def median_ms(results, batch: int, workload: str, series: str) -> float:
 
 
 def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
-    """One row per step: what changed, the median request's ms per output token, and the median over requests of
-    the previous step's time over this step's and of chapter 7's step 3 time over this step's (each request
-    against itself, so the two ratio columns need not multiply), forwards per output token, accepted tokens per
-    verified draft."""
+    """One row per step: what changed, the median over requests of the ms per output token, the previous step's
+    median over this step's and chapter 7's step 3 median over this step's (ratios of the table's own times, so
+    they multiply), forwards per output token, accepted tokens per verified draft."""
     ref = "ch7_step03"
     out = [{"step": "chapter 7, step 3", "change": "the loop chapter 8 starts from",
             "ms_per_token": median_ms(results, batch, workload, ref), "x_previous": None, "x_ch7_step03": 1.0,
@@ -43,9 +42,10 @@ def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[d
         step = CHAPTER.step(s)
         rows = _rows(results, batch, workload, s)
         drafts = sum(r["drafts"] for r in rows)
-        out.append({"step": step.name, "change": step.title, "ms_per_token": median_ms(results, batch, workload, s),
-                    "x_previous": statistics.median(report.speedups(results.rows, batch, workload, s, over=prev)),
-                    "x_ch7_step03": statistics.median(report.speedups(results.rows, batch, workload, s)),
+        ms = median_ms(results, batch, workload, s)
+        out.append({"step": step.name, "change": step.title, "ms_per_token": ms,
+                    "x_previous": median_ms(results, batch, workload, prev) / ms,
+                    "x_ch7_step03": median_ms(results, batch, workload, ref) / ms,
                     "forwards_per_token": _forwards(results, batch, workload, s),
                     "accepted": sum(r["accepted"] for r in rows) / drafts if drafts else None})
         prev = s
@@ -106,9 +106,15 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
 
 
 def bound_rows(results) -> list[dict[str, Any]]:
-    """Per batch and workload: step 4's median and slowest speedup over chapter 7's step 3, the forward ratio and the
-    forecast at the measured costs (:func:`studylog.speculate.report.bound`)."""
-    return report.summary(results.rows)
+    """Per batch and workload: step 4 against chapter 7's step 3, the ratio of their median times per output token
+    (``ratio``, the headline's statistic) and the requests' own ratios (median, slowest, ``max_speedup``), the
+    forward ratio and the forecast at the measured costs (:func:`studylog.speculate.report.bound`)."""
+    out = []
+    for r in report.summary(results.rows):
+        b, w = r["batch"], r["workload"]
+        out.append(r | {"ratio": median_ms(results, b, w, "ch7_step03") / median_ms(results, b, w, "step04"),
+                        "max_speedup": max(report.speedups(results.rows, b, w))})
+    return out
 
 
 def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
@@ -150,10 +156,13 @@ def _lab_file(name: str) -> dict[str, Any]:
 
 def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, float]:
     """The same benchmark, the same code, run again on a second H200 (``lab/speculate/results/nvidia-h200/``):
-    step 4's median speedup over chapter 7's step 3 there and in the committed run, at ``batch``."""
-    second = _lab_file("speculate_second_host_run.json")["measurements"]
-    return {"second": statistics.median(report.speedups(second, batch, workload)),
-            "first": statistics.median(report.speedups(committed().rows, batch, workload))}
+    step 4 against chapter 7's step 3 there and in the committed run, at ``batch``: the ratio of the two median
+    times per output token, the headline's statistic."""
+    def ratio(rows) -> float:
+        return (report.median_ms(rows, batch, workload, "ch7_step03") / report.median_ms(rows, batch, workload, "step04"))
+
+    return {"second": ratio(_lab_file("speculate_second_host_run.json")["measurements"]),
+            "first": ratio(committed().rows)}
 
 
 def prefill_probe() -> dict[str, float]:
