@@ -16,6 +16,12 @@ row here keeps those too (``repetition_medians_ms``), comparable to the chapter'
 Where this differs from the chapters' rows: every graph here holds at least 60 calls (chapters 4 to 6 size theirs to
 a budget of GPU time: 11 to 20 calls at these shapes), and chapter 2's call, as in its benchmark, is not rotated (one
 copy of the head: the thousand allowed rows a replay's first call reads stay in L2 for the next ones).
+
+After chapter 4's row come two rows of its latency floor (``role`` "baseline", ``floor`` "latency", as the run's
+other yardsticks): :func:`studylog.ctc.floor.chain_floor`, a kernel that runs only the recursion's chain of
+dependent frames over the S = 2L + 1 states of the latency-bound case (T = 150, A = 28, N = 1; L from the draw the
+chapter's benchmark makes there, :func:`ctc_floor_states`), on the same clock: ``frames`` = 2T (alpha then beta,
+as steps 1 to 6 run them) and ``frames`` = T (one direction: the final steps run alpha and beta side by side).
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ REPETITIONS, REPLAYS, MIN_CALLS = 3, 100, 60
 NOTE = ("Each row: the chapter's final entry point at its headline case; REPETITIONS x REPLAYS samples, each one CUDA "
         "graph replay's time per call over at least 60 back-to-back calls (rotated copies of the large input, a "
         "256 MB memset before each replay); ms = p50_ms = their median, p99_ms their 99th percentile (linear "
-        "interpolation): the tail of repeated measurements, not of single calls.")
+        "interpolation): the tail of repeated measurements, not of single calls. The 'ctc recursion chain (latency "
+        "floor)' rows time a kernel that runs only chapter 4's dependent frames at T = 150, A = 28, N = 1 (one "
+        "kernel, no inputs: the same call 60 times a graph).")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -151,6 +159,34 @@ def _ctc(run, rep: int):
     return [call(torch.randn_like(x)) for _ in range(n)], {"step": f"step{final_step(*x.shape):02d}"}
 
 
+#: Chapter 4's latency-bound case (the small alphabet, one utterance) and the seed of the generator its benchmark
+#: draws the T = 150 grid with (``studylog.ctc.report.bench``: ``torch.Generator().manual_seed(2024)``, whose
+#: first draw is this case's target: the grid's first point).
+CTC_FLOOR_CASE = {"T": 150, "N": 1, "A": 28}
+CTC_BENCH_SEED = 2024
+CTC_FLOOR_SERIES = "ctc recursion chain (latency floor)"
+
+
+def ctc_floor_states(T: int = 150, A: int = 28, *, seed: int = CTC_BENCH_SEED) -> int:
+    """S = 2L + 1 states of the utterance chapter 4's benchmark draws first (N = 1): its generator seeded ``seed``,
+    ``random_targets(T, 1, A, generator)`` (127 at T = 150, A = 28: L = 63)."""
+    from studylog.ctc.report import random_targets
+
+    (labels,) = random_targets(T, 1, A, torch.Generator().manual_seed(seed))
+    return 2 * len(labels) + 1
+
+
+def _ctc_chain(frames: int, states: int, *, device="cuda"):
+    """The calls of the latency floor: ``chain_floor(frames, states)`` into one output (no input to rotate)."""
+    def calls(run, rep: int):
+        from studylog.ctc.floor import chain_floor, chain_threads
+
+        out = torch.empty((states,), dtype=torch.float32, device=device)
+        return ([lambda: chain_floor(frames, states, device=device, out=out)],
+                {"floor": "latency", "threads": chain_threads(states)})
+    return calls
+
+
 def _ternary(run, rep: int):
     from studylog.ternary import ternary_matmul
 
@@ -184,6 +220,7 @@ class Case:
     series: str  # the final entry point (chapter 2: the plan that runs the whole step from the bitmask)
     params: dict[str, Any]  # the headline case, as the chapter's JSON names it
     calls: Callable[[Any, int], tuple[list[Callable[[], Any]], dict[str, Any]]]
+    role: str = "kernel"  # the chapter's entry point; "baseline": a yardstick (a floor) measured beside it
 
 
 def cases() -> list[Case]:
@@ -191,11 +228,14 @@ def cases() -> list[Case]:
     from studylog.multi_item.report import bench_shapes
 
     name, prefixes, items = bench_shapes()[-1]
+    T, states = CTC_FLOOR_CASE["T"], ctc_floor_states(CTC_FLOOR_CASE["T"], CTC_FLOOR_CASE["A"])
     return [
         Case("masked_lm_head", "MaskedHeadPlan", {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"},
              _masked_head),
         Case("ngram", "ngram_match", {"batch": 128, "seq_len": 32768, "threshold": 128}, _ngram),
         Case("ctc", "ctc_loss", {"T": 150, "N": 8, "A": 5000}, _ctc),
+        *(Case("ctc", CTC_FLOOR_SERIES, CTC_FLOOR_CASE | {"frames": frames, "states": states},
+               _ctc_chain(frames, states), role="baseline") for frames in (2 * T, T)),
         Case("ternary", "ternary_matmul", {"shape": "4096x14336", "family": "llama", "n": 4096, "k": 14336, "m": 1},
              _ternary),
         Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens":
@@ -216,8 +256,8 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
             del calls
             torch.cuda.empty_cache()
         p50 = percentile(samples, 50)
-        run.record(case.series, p50, params=case.params, clock="gpu", chapter=case.chapter, p50_ms=p50,
-                   p99_ms=percentile(samples, 99), max_ms=max(samples), samples=len(samples),
+        run.record(case.series, p50, params=case.params, role=case.role, clock="gpu", chapter=case.chapter,
+                   p50_ms=p50, p99_ms=percentile(samples, 99), max_ms=max(samples), samples=len(samples),
                    replays_per_repetition=REPLAYS, repetitions=REPETITIONS, min_calls_per_replay=MIN_CALLS,
                    repetition_medians_ms=medians, **extra)
     run.note(NOTE.replace("REPETITIONS x REPLAYS", f"{REPETITIONS} x {REPLAYS}"))

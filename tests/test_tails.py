@@ -66,11 +66,16 @@ def test_percentile_refuses_nonsense(samples, q):
 
 # -- the cases are the scoreboard's headline cases ----------------------------------------------------
 
+#: The chapters' entry points (the other cases are floors measured beside them).
+ENTRY_CASES = [c for c in tails.cases() if c.role == "kernel"]
+
+
 def test_one_case_per_chapter_with_a_gpu_kernel():
-    assert [c.chapter for c in tails.cases()] == list(HEADLINES)
+    assert [c.chapter for c in ENTRY_CASES] == list(HEADLINES)
+    assert {c.role for c in tails.cases()} <= set(bench.ROLES)
 
 
-@pytest.mark.parametrize("case", tails.cases(), ids=lambda c: c.chapter)
+@pytest.mark.parametrize("case", ENTRY_CASES, ids=lambda c: c.chapter)
 def test_case_is_the_scoreboards_headline_case(case):
     """The params contain the scoreboard's case (a None there: the key is absent), and the chapter's committed
     file holds one row of its headline call with exactly these params."""
@@ -84,10 +89,43 @@ def test_case_is_the_scoreboards_headline_case(case):
     assert scoreboard.one(data, series, **want) is not None
 
 
-@pytest.mark.parametrize("case", tails.cases(), ids=lambda c: c.chapter)
+@pytest.mark.parametrize("case", ENTRY_CASES, ids=lambda c: c.chapter)
 def test_series_is_the_chapters_public_entry_point(case):
     package = importlib.import_module(f"studylog.{case.chapter}")
     assert case.series in package.__all__
+
+
+# -- chapter 4's latency floor: the recursion's chain at the latency-bound case ---------------------------
+
+def test_ctc_floor_rows_follow_the_ctc_case():
+    """Right after chapter 4's row: the chain over 2T frames (alpha then beta) and over T (one direction), at
+    the scoreboard's latency-bound case, with the states of the utterance the chapter's benchmark draws there."""
+    cases = tails.cases()
+    at = [(c.chapter, c.series) for c in cases].index(("ctc", "ctc_loss"))
+    floors = cases[at + 1:at + 3]
+    assert [(c.chapter, c.series, c.role) for c in floors] == [("ctc", tails.CTC_FLOOR_SERIES, "baseline")] * 2
+    assert [c.params for c in floors] == [{"T": 150, "N": 1, "A": 28, "frames": 300, "states": 127},
+                                         {"T": 150, "N": 1, "A": 28, "frames": 150, "states": 127}]
+    assert [c for c in cases if c.series == tails.CTC_FLOOR_SERIES] == floors
+    for key, value in scoreboard.CTC_SMALL_CASE.items():
+        assert floors[0].params[key] == value
+
+
+def test_ctc_floor_states_are_those_of_the_chapters_draw():
+    """S = 2L + 1 for the first target of chapter 4's T = 150 grid (its generator's first draw is at A = 28, N = 1),
+    as the committed H200 file records it for that case."""
+    from studylog.ctc import report
+
+    assert report.BENCH_T == 150 and report.grids()["main"][0] == (28, 1)
+    assert report.grids(quick=True)["main"][0] == (28, 1)
+    (labels,) = report.random_targets(150, 1, 28, torch.Generator().manual_seed(tails.CTC_BENCH_SEED))
+    assert tails.ctc_floor_states() == 2 * len(labels) + 1 == 127
+    data = json.loads((H200 / "ctc.json").read_text())
+    recorded = {r["max_positions"] for r in data["measurements"]
+                if r["params"] == tails.CTC_FLOOR_CASE and r.get("max_positions") is not None}
+    assert recorded == {tails.ctc_floor_states()}
+    assert "random_targets(T, N, A, generator)" in inspect.getsource(report.bench)
+    assert f"manual_seed({tails.CTC_BENCH_SEED})" in inspect.getsource(report.bench)
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -162,6 +200,47 @@ def test_bench_records_one_row_per_case_with_its_tail(monkeypatch):
     assert row["repetition_medians_ms"] == [50.5, 150.5, 250.5] and row["max_ms"] == 300.0
     assert row["step"] == "step07" and row["rotated_copies"] == 4 and row["chapter"] == "demo"
     assert run.notes and "60" in run.notes[0]
+
+
+class CallingRun(StubRun):
+    """A stub harness that also makes each call once, as the real one does before its capture."""
+
+    def graph_time(self, calls, *, min_calls, reps, samples):
+        for call in calls:
+            call()
+        return super().graph_time(calls, min_calls=min_calls, reps=reps, samples=samples)
+
+
+def test_bench_records_the_ctc_floor_as_a_baseline_row(monkeypatch):
+    """The floor's row: its series and params, role baseline (a yardstick), tagged as the latency floor, and
+    p50/p99 as every row; its call is chain_floor(frames, states) into one preallocated output."""
+    from studylog.ctc import floor
+
+    made = []
+    monkeypatch.setattr(floor, "chain_floor", lambda frames, states, *, device, out: made.append(
+        (frames, states, device, tuple(out.shape), out.dtype)))
+    params = tails.CTC_FLOOR_CASE | {"frames": 300, "states": 127}
+    case = tails.Case("ctc", tails.CTC_FLOOR_SERIES, params, tails._ctc_chain(300, 127, device="cpu"),
+                      role="baseline")
+    monkeypatch.setattr(tails, "cases", lambda: [case])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    run = CallingRun()
+    tails.bench(run)
+    assert made == [(300, 127, "cpu", (127,), torch.float32)] * 3 and run.graphs == [(1, 60, 100)] * 3
+    (row,) = run.rows
+    assert row["series"] == "ctc recursion chain (latency floor)" and row["params"] == params
+    assert row["role"] == "baseline" and row["floor"] == "latency" and row["chapter"] == "ctc"
+    assert row["clock"] == "gpu" and row["threads"] == 32 and row["rotated_copies"] == 1
+    assert row["ms"] == row["p50_ms"] == 150.5 and row["p99_ms"] == pytest.approx(297.01)
+
+
+def test_entry_rows_keep_the_kernel_role(monkeypatch):
+    case = tails.Case("demo", "demo_entry", {"n": 1}, lambda run, rep: ([lambda: None], {}))
+    monkeypatch.setattr(tails, "cases", lambda: [case])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    run = StubRun()
+    tails.bench(run)
+    assert run.rows[0]["role"] == "kernel" and "floor" not in run.rows[0]
 
 
 # -- the input builders at toy sizes --------------------------------------------------------------------

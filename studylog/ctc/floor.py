@@ -1,0 +1,82 @@
+"""The latency floor of chapter 4's recursion: a kernel that runs only its chain of dependent frames.
+
+Alpha and beta each take T frames one after another: every state of a frame needs the previous frame's values at
+s, s - 1 and s - 2. :func:`chain_floor` launches ``ctc_chain_floor`` (``csrc/ctc_chain_floor.cu``): one block whose
+threads hold :data:`CHAIN_GRAIN` states each in registers, as the final steps do, and for ``frames`` frames take
+the three-term (label) or two-term (blank) log-sum-exp of the old values, add a per-state constant
+(:func:`chain_constant`) and pass their last value on by a warp shuffle (and, past one warp, through shared
+memory with one barrier a frame). No emissions are loaded, no rows stored, no maximum taken: its GPU time is a
+lower bound of any kernel that runs ``frames`` frames of the recursion over ``states`` states
+(``python -m studylog bench tails`` records it at the latency-bound case). :func:`chain_reference` is the same
+recursion in float64 on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from studylog import checks
+from studylog.ctc.launch import kernels
+
+#: States (positions of the extended target) per thread, as steps 8 and 10 hold them at S <= 128.
+CHAIN_GRAIN = 4
+#: Warps of the one block (1024 threads): at most CHAIN_GRAIN x 1024 states.
+MAX_CHAIN_WARPS = 32
+MAX_CHAIN_STATES = CHAIN_GRAIN * 32 * MAX_CHAIN_WARPS
+#: The ``.cu`` file (in ``studylog/ctc/csrc``), its kernel and the kernel's arguments (out, frames, states).
+SOURCE, KERNEL, SIGNATURE = "ctc_chain_floor", "ctc_chain_floor", ("ptr", "i32", "i32")
+
+
+def chain_threads(states: int) -> int:
+    """Threads of the block for ``states`` states: whole warps of CHAIN_GRAIN states a thread."""
+    return 32 * math.ceil(states / (32 * CHAIN_GRAIN))
+
+
+def chain_constant(s: int) -> float:
+    """What the kernel adds at state ``s`` every frame (base-2 log units; exact in float32)."""
+    return -1.25 - 0.0625 * (s & 7)
+
+
+def chain_reference(frames: int, states: int) -> list[float]:
+    """The kernel's recursion in float64 (Python floats) from all zeros: after each frame, state s holds
+    log2(2^r[s] + 2^r[s-1] (+ 2^r[s-2] at a label, odd s >= 3)) + chain_constant(s) of the previous frame's r."""
+    r = [0.0] * states
+    consts = [chain_constant(s) for s in range(states)]
+    for _ in range(frames):
+        new = []
+        for s in range(states):
+            terms = [r[s]] + ([r[s - 1]] if s >= 1 else []) + ([r[s - 2]] if s % 2 == 1 and s >= 2 else [])
+            m = max(terms)
+            new.append(m + math.log2(sum(2.0 ** (x - m) for x in terms)) + consts[s])
+        r = new
+    return r
+
+
+def _check(frames, states) -> tuple[int, int]:
+    frames = checks.check_int("frames", frames, low=1, high=2**31 - 1)
+    states = checks.check_int("states", states, low=1, high=MAX_CHAIN_STATES)
+    return frames, states
+
+
+def chain_floor(frames: int, states: int, *, device="cuda", out: Tensor | None = None) -> Tensor:
+    """Run ``frames`` dependent frames of the recursion over ``states`` states in one block; returns ``out`` (float32,
+    ``(states,)``), the values after the last frame (:func:`chain_reference` computes them). ``frames`` >= 1,
+    1 <= ``states`` <= :data:`MAX_CHAIN_STATES` (one block of 1024 threads); a bad one is a ValueError naming it.
+    With ``out`` given (on ``device``) a call allocates nothing and never synchronises: a CUDA graph can capture it."""
+    frames, states = _check(frames, states)
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device (the floor is a GPU kernel), got {device}")
+    if out is None:
+        out = torch.empty((states,), dtype=torch.float32, device=device)
+    else:
+        out = checks.check_out("out", out, shape=(states,), dtype=torch.float32, device=device)
+    (kernel,) = kernels(SOURCE, [(KERNEL, SIGNATURE)])
+    kernel((1,), (chain_threads(states),), out, frames, states)
+    return out
+
+
+__all__ = ["CHAIN_GRAIN", "MAX_CHAIN_STATES", "chain_constant", "chain_floor", "chain_reference", "chain_threads"]
