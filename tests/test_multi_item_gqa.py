@@ -66,12 +66,15 @@ def test_step5_orders_and_unequal_blocks_with_groups(order, rng):
 
 
 def test_grouped_heads_equal_repeated_heads(rng):
-    """Grouped keys and values give what the same keys and values copied to every query head give."""
+    """Grouped keys and values give what the same keys and values copied to every query head give: bit for bit
+    in step 5 (the same tiles); through the entry point (step 6 for the groups, step 5 for the copies: other
+    tiles, another summation order) to float16 rounding."""
     batch = mi.MultiItemBatch.from_item_lens([13, 30], [[3, 11], [1, 1, 4]], device=DEV)
     q, k, v = qkv(6, 3, batch.total_tokens, 32, rng, torch.float16)
-    grouped = mi.multi_item_attention(q, k, v, batch)
-    repeated = mi.multi_item_attention(q, k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), batch)
-    torch.testing.assert_close(grouped, repeated, rtol=0, atol=0)
+    k2, v2 = k.repeat_interleave(2, 0), v.repeat_interleave(2, 0)
+    torch.testing.assert_close(mi.step05_batched(q, k, v, batch), mi.step05_batched(q, k2, v2, batch), rtol=0, atol=0)
+    torch.testing.assert_close(mi.multi_item_attention(q, k, v, batch), mi.multi_item_attention(q, k2, v2, batch),
+                               rtol=2e-3, atol=2e-3)
 
 
 def test_bad_head_counts_are_named():
@@ -192,3 +195,13 @@ def test_step6_bad_inputs_are_named():
         step06_packed_heads(q, q, q, batch, order="random")
     with pytest.raises(ValueError, match="powers of two"):
         step06_packed_heads(q, q, q, batch, blocks=(24, 16))
+
+
+@pytest.mark.parametrize("heads, kv_heads", LAYOUTS, ids=str)
+def test_the_entry_point_takes_step_6_with_groups(heads, kv_heads, rng):
+    """Under grouped-query attention the entry point is step 6 (bit for bit), and it matches the reference."""
+    batch = mi.MultiItemBatch.from_item_lens([13, 0], [[4, 1, 7], [2, 5]], device=DEV)
+    q, k, v = qkv(heads, kv_heads, batch.total_tokens, 16, rng)
+    got = mi.multi_item_attention(q, k, v, batch, out=torch.full_like(q, float("nan")))
+    torch.testing.assert_close(got, mi.step06_packed_heads(q, k, v, batch), rtol=0, atol=0)
+    torch.testing.assert_close(got.double().cpu(), gqa_reference(q, k, v, batch), rtol=1e-5, atol=1e-5)

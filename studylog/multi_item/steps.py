@@ -522,7 +522,10 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
                          out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                          rule: str = DEFAULT_RULE) -> QKV:
     """Multi-item scoring attention over a packed batch: the chapter's final kernel, :func:`step05_batched`
-    with its default program order, under FlashInfer's mask rule unless ``rule`` says otherwise.
+    with its default program order, under FlashInfer's mask rule unless ``rule`` says otherwise; under
+    grouped-query attention (``k`` and ``v`` with fewer heads than ``q``, groups of up to 16) step 6,
+    :func:`~studylog.multi_item.packed_heads.step06_packed_heads`, which loads each key/value tile once for the
+    group's query heads.
 
     ``q``, ``k``, ``v``: ``[heads, tokens, head_dim]``, any strides with a unit stride on ``head_dim``.
     ``blocks=(BLOCK_M, BLOCK_N)`` fixes the tile shape, ``config`` (a name of
@@ -538,7 +541,11 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
     use :class:`~studylog.multi_item.plan.MultiItemPlan`, whose device buffers take a new layout between
     replays.
     """
-    return step05_batched(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks, config=config, rule=rule)
+    heads, kv_heads = (x.shape[0] if isinstance(x, Tensor) and x.dim() == 3 else 0 for x in (q, k))
+    # a group fits the smallest tile (16 rows) whole; anything else, bad input included, goes to step 5's checks
+    grouped = kv_heads > 0 and heads % kv_heads == 0 and 1 < heads // kv_heads <= 16
+    step = step06_packed_heads if grouped else step05_batched
+    return step(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks, config=config, rule=rule)
 
 
 # ---------------------------------------------------------------------------------------------
