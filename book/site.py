@@ -160,47 +160,6 @@ CLOCK_WORDS = {"gpu": "GPU time of the call replayed in a CUDA graph",
                "wall": "wall-clock time per output token, the whole step with its host work",
                "do_bench": "CUDA events around repeated calls (Triton's do_bench)"}
 
-#: The chapters whose headline case is several requests: their rows compare the two median times.
-MEDIAN_TIME_CHAPTERS = ("decode", "speculate")
-
-
-def fair_headline_rows(root: Path | None = None) -> list[dict[str, Any]]:
-    """Every chapter's headline rows (:func:`studylog.plotting.headline_rows`), each ratio the ratio of the two
-    times printed beside it: a chapter of several requests compares the requests' median times (its rows carry the
-    median of the requests' own ratios, which need not equal it)."""
-    from studylog.paths import BENCH_RESULTS
-    from studylog.plotting import headline_rows
-
-    rows = headline_rows(root or BENCH_RESULTS)
-    for r in rows:
-        if r["chapter"] in MEDIAN_TIME_CHAPTERS and r.get("kernel_ms") and r.get("baseline_ms"):
-            r["speedup"] = r["baseline_ms"] / r["kernel_ms"]
-    return rows
-
-
-def headline_tables_markdown(root: Path | None = None) -> str:
-    """:func:`book.plotting.headline_markdown`'s tables on :func:`fair_headline_rows` (a caption per chapter and card,
-    the rows, then where the cards differ)."""
-    from book.plotting import CARD_TOLERANCE, _headline_line, card_differences
-
-    rows = fair_headline_rows(root)
-    out: list[str] = []
-    for chapter in dict.fromkeys(r["chapter"] for r in rows):
-        of_chapter = [r for r in rows if r["chapter"] == chapter]
-        for gpu in dict.fromkeys(r["gpu"] for r in of_chapter):
-            mine = [r for r in of_chapter if r["gpu"] == gpu]
-            clocks = sorted({r.get("clock", "do_bench") for r in mine})
-            out += [f"**{chapter}** — {gpu}, {mine[0]['date']}; clock: {', '.join(clocks)}", "",
-                    "| ours | against | case | speedup | ours (µs) | theirs (µs) | host per call (µs) |",
-                    "|---|---|---|---|---|---|---|"]
-            out += [_headline_line(r) for r in mine] + [""]
-        differ = card_differences(of_chapter)
-        if differ:
-            out += [f"Where the cards differ by more than {CARD_TOLERANCE:.0%}:", ""] + [f"- {d}" for d in differ]
-            out.append("")
-    return "\n".join(out).rstrip()
-
-
 def folded_by_chapter(markdown: str) -> str:
     """The results page's tables for readers: each file-key caption (``**decode** — NVIDIA H200, 2026-11-25;
     clock: wall``) becomes the card, the date and the clock in words, and each chapter's tables fold under its
@@ -280,10 +239,11 @@ class HeadlinesDirective(SphinxDirective):
     """The table of headline results, computed from the committed JSON at build time."""
 
     def run(self) -> list[nodes.Node]:
+        from book.plotting import headline_markdown
         from book.scoreboard import scoreboard
 
         ngram = {r["card"]: r for r in scoreboard() if r["number"] == 3 and r.get("lead") and "missing" not in r}
-        lines = folded_by_chapter(readable_headlines(headline_tables_markdown(), ngram)).splitlines()
+        lines = folded_by_chapter(readable_headlines(headline_markdown(), ngram)).splitlines()
         container = nodes.container(classes=["studylog-headlines"])
         self.state.nested_parse(StringList(lines, source="assets/bench"), self.content_offset, container)
         return [container]
