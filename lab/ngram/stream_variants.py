@@ -11,6 +11,10 @@ launch takes the arguments and the grid of the library's step 7 bound to the sam
     PYTHONPATH=$PWD python lab/ngram/stream_variants.py check     # every variant bit-identical to the reference
     PYTHONPATH=$PWD python lab/ngram/stream_variants.py measure   # the bench grid -> results/<gpu>/stream_variants.json
 
+``measure`` times on the chapter's GPU clock (CUDA-graph replay over rotated copies of the haystack, as the
+chapter's benchmark does); ``results/nvidia-h200/stream_variants_do_bench.json`` is the same grid timed earlier
+with do_bench.
+
 ``check`` is what the library's tests checked of the variants before they left it: random batches against
 the reference, each variant at both load widths and two splits; the benchmark's inputs with budgets that
 refuse many slots.
@@ -18,6 +22,7 @@ refuse many slots.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -27,7 +32,8 @@ import torch
 
 from studylog import cuda, ngram, paths
 from studylog.bench import BenchRun, gpu_slug
-from studylog.ngram import NgramConfig
+from studylog.ngram import NgramConfig, NgramInputs
+from studylog.ngram.report import MAX_COPIES
 
 SOURCE = Path(__file__).resolve().parent / "variants" / "ngram_stream_variants.cu"
 #: The values of the frozen source's BUDGET_SKIP and CACHE template parameters.
@@ -121,6 +127,10 @@ def measure() -> Path:
         expected = (draft0.cpu(), this0.cpu())
         ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
         split = same_split(inputs)
+        # copies of the haystack to rotate among, as the chapter's benchmark rotates them (past L2 together)
+        nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8
+        copies = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone() for f in dataclasses.fields(inputs)})
+                             for _ in range(max(1, min(run.rotation(nbytes), MAX_COPIES)) - 1)]
         for variant in VARIANTS:
             for vec in (2, 1) if variant is DEFAULT else (2,):
                 state = (draft0.clone(), this0.clone())
@@ -128,8 +138,12 @@ def measure() -> Path:
                 call()
                 knobs = variant | {"vec": vec, "chunk_len": bound.chunk_len}
                 run.check("bit-identical to the CPU path", ngram.same_state(state, expected), params=params | knobs)
-                run.record("stream_variants", run.time(call), params=params | knobs, floor_ms=floor)
-        del inputs, draft0, this0
+
+                def make_calls(variant=variant, vec=vec):
+                    return [launcher(variant, vec, c, draft0.clone(), this0.clone(), config, split)[1] for c in copies]
+                run.record("stream_variants", run.gpu_time(make_calls, min_calls=60, reps=10), params=params | knobs,
+                           floor_ms=floor)
+        del inputs, draft0, this0, copies
         torch.cuda.empty_cache()
     out = paths.lab_results("ngram", gpu_slug(run.device["name"])) / "stream_variants.json"
     out.parent.mkdir(parents=True, exist_ok=True)
