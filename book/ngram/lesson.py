@@ -270,3 +270,42 @@ def boehm_table(results) -> str:
                 previous[i] = (t, row.get("clock"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def step2_excerpt():
+    """Step 2 in a few lines, read from the sources: the launch (one block of one thread), the window search and
+    the kernel's walk over slots and n-gram sizes, the rest elided with ``// ...`` (the whole port is folded)."""
+    import inspect
+
+    from studylog.ngram import kernels
+    from studylog.source import Code
+
+    launch = next(ln.strip() for ln in inspect.getsource(kernels.step02_serial).splitlines() if "((1,), (1,)" in ln)
+    lines = CHAPTER.step(2).source.read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if "__device__ i64 serial_leftmost" in ln)
+    search = lines[start:lines.index("}", start) + 1]
+    kernel = next(i for i, ln in enumerate(lines) if "__global__ void ngram_serial" in ln)
+    loop = next(i for i, ln in enumerate(lines) if "for (int n = min(max_ngram" in ln)
+    indent = lines[loop][:len(lines[loop]) - len(lines[loop].lstrip())]
+    body = [ln[len(indent) - 8:] for ln in lines[loop:lines.index(indent + "}", loop) + 1]]
+    out = [f"// the launch, from Python: one block of one thread: {launch}", "", *search, "",
+           *lines[kernel:kernel + 2], "    for (int b = 0; b < batch; ++b) {  // ... each slot in order, then:", *body,
+           "        // ... the budget, then the slot's drafts", "    }", "}"]
+    return Code("\n".join(out), "cuda", "step 2, excerpt: the launch and the search loop")
+
+
+def result_table(results, headline_rows) -> str:
+    """The result table: per headline case, both paths end to end on the host (the call, then a sync) and
+    their ratio; then our kernel's GPU time beside step 3's (the published two-phase kernel) on the GPU clock
+    and the ratio of those two columns."""
+    lines = ["| case | CPU loop, call + sync (µs) | ours, call + sync (µs) | CPU loop ÷ ours | ours, GPU clock (µs) "
+             "| step 3, GPU clock (µs) | step 3 ÷ ours |", "|---|---|---|---|---|---|---|"]
+    for hd in headline_rows:
+        gpu = hd.get("kernel_gpu_ms")
+        three = [r for r in results.select(CHAPTER.step(3).series, **hd.get("where", {})) if r.get("clock") == "gpu"] \
+            if "where" in hd else []
+        three_ms = three[0]["ms"] if three else None
+        ratio = f"{three_ms / gpu:,.1f}×" if gpu and three_ms else "–"
+        lines.append(f"| {hd['case']} | {us(hd['baseline_ms'])} | {us(hd['kernel_ms'])} | {hd['speedup']:,.1f}× | "
+                     f"{us(gpu)} | {us(three_ms)} | {ratio} |")
+    return "\n".join(lines)

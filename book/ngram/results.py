@@ -101,6 +101,7 @@ def headline(results) -> list[dict]:
                     row["kernel_gpu_spread_ms"] = gpu[0]["spread_ms"]
                 if "host_ms" in gpu[0]:
                     row["host_ms"] = gpu[0]["host_ms"]
+            row["where"] = where
             row["note"] = ("both sides end to end on the host: the call, then torch.cuda.synchronize(); "
                            "kernel_gpu_ms is the kernel's GPU time (CUDA-graph replay)")
             out.append(row)
