@@ -7,7 +7,8 @@ case agrees. The chapter's answers live in :mod:`book.fsm.solutions`, which the 
 loads them only to compare.
 
 1. :func:`check_token_jumps`: the token-level jump table of an automaton (step 2's precompute).
-2. :func:`check_jump_decode`: step 2's decode loop, written from step 1's.
+2. :func:`check_ff_decode`: step 1's loop with llguidance's rule: forced strings appended as their safe
+   fast-forward tokens, nothing retokenized.
 3. :func:`check_replaced_tokens`: what a retokenization costs the KV cache (step 3).
 4. :func:`check_ff_tokens`: llguidance's safe fast-forward tokens: a forced string's tokens, with the last
    ones held back where a longer token could span the end of the string.
@@ -29,7 +30,7 @@ from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import NextLogits, decode
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, make_vocabulary
 
-__all__ = ["check_token_jumps", "check_jump_decode", "check_replaced_tokens", "check_ff_tokens",
+__all__ = ["check_token_jumps", "check_jump_decode", "check_ff_decode", "check_replaced_tokens", "check_ff_tokens",
            "small_vocabulary", "longest_match_encoder", "toy_model",
            "SMALL_REGEXES"]
 
@@ -233,6 +234,40 @@ def check_jump_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool 
                                     f"expected {want_passes} (one pass per token needs "
                                     f"{decode(model, fsm, 'none', max_tokens=cap).forward_passes})")
     return _report("check_jump_decode", failures, cases, verbose)
+
+
+def check_ff_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool = True) -> bool:
+    """Exercise 2. ``fn(next_logits, fsm, ff, max_tokens=...)`` is step 1's loop with llguidance's rule: in a
+    state with forced bytes (``fsm.char_jumps[state].data``) it appends ``ff(data)`` (the safe fast-forward
+    tokens; the check passes the chapter's rule) without a pass, never replacing a token already written, and
+    calls the model where nothing is forced or ``ff`` returns no token. It returns an object with ``ids`` and
+    ``forward_passes`` or a tuple ``(ids, forward_passes)``. Checked under toy models (several seeds) on
+    :data:`SMALL_REGEXES` and several ``max_tokens``: ids and passes must be the chapter's answer's."""
+    sol = _solutions()
+    failures, cases = [], 0
+    for regex in SMALL_REGEXES:
+        fsm = small_fsm(regex)
+        ff = functools.partial(sol.reference_ff_tokens, vocab=fsm.vocab)
+        for seed in range(seeds):
+            model = toy_model(fsm.vocab, seed=seed, close_bias=1.0)
+            for cap in (64, 1 + seed % 7):
+                cases += 1
+                want = sol.reference_ff_decode(model, fsm, ff, max_tokens=cap)
+                got, err = _call(lambda: fn(model, fsm, ff, max_tokens=cap))
+                if err is None:
+                    try:
+                        ids, passes = (got.ids, got.forward_passes) if hasattr(got, "ids") else got
+                        ids, passes = [int(t) for t in ids], int(passes)
+                    except (TypeError, ValueError) as exc:
+                        err = f"returned {got!r}, not (ids, forward_passes): {exc}"
+                where = f"{regex!r}, model seed {seed}, max_tokens {cap}"
+                if err is not None:
+                    failures.append(f"{where}: {err}")
+                elif ids != want.ids:
+                    failures.append(f"{where}: ids {ids}, expected {want.ids}")
+                elif passes != want.forward_passes:
+                    failures.append(f"{where}: {passes} forward passes, expected {want.forward_passes}")
+    return _report("check_ff_decode", failures, cases, verbose)
 
 
 # --- 3. what a retokenization costs ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 from book.fsm.figures import SERIES_COLORS
 from book.fsm.peers import LIBRARIES, PeerRow
 
-__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "MODES", "suite_passes", "steps_table",
+__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "MODES", "suite_passes", "saved_share", "steps_table",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "agreement_table", "timing_table", "plot_peers",
            "ENGINE_NAMES", "cpu_name"]
 
@@ -52,22 +52,23 @@ def suite_passes(results, whitespace: str = "default") -> dict[int, int]:
     return {step: sum(r.passes[mode] for r in rows) for step, mode in MODES.items()}
 
 
+def saved_share(passes: dict[int, int], step: int) -> float:
+    """The chapter's one measure of a step: the share of step 1's forward passes that ``step`` leaves out."""
+    return 1.0 - passes[step] / passes[1]
+
+
 def steps_table(results) -> str:
-    """Markdown, one row per step: the one change, the forward passes over the suite (outlines' default
-    whitespace), × the previous step, and the bound the skipped share of passes puts on a request's speedup
-    (Amdahl; a pass count has no floor the way a kernel's time has one)."""
+    """Markdown, one row per step: the one change, then for outlines' default whitespace and for compact JSON
+    the forward passes over the suite and the share of step 1's passes the step saves (:func:`saved_share`)."""
     from studylog.fsm import CHAPTER
 
-    passes = suite_passes(results)
-    lines = ["| step | the one change | forward passes (suite) | × previous | passes skipped | "
-             "bound on a request's speedup |", "|---|---|---|---|---|---|"]
+    counts = {ws: suite_passes(results, ws) for ws in ("default", "compact")}
+    lines = ["| step | the one change | passes, default whitespace | saved against step 1 | passes, compact JSON | "
+             "saved against step 1 |", "|---|---|---|---|---|---|"]
     for step in CHAPTER.steps:
-        n = passes[step.number]
-        prev = passes.get(step.number - 1)
-        ratio = f"{prev / n:.2f}×" if prev else "–"
-        skipped = 1 - n / passes[1]
-        lines.append(f"| {step.number} | {step.title} | {n:,} | {ratio} | {100 * skipped:.1f}% | "
-                     f"{amdahl_bound(skipped):.2f}× |")
+        cells = [f"{counts[ws][step.number]:,} | {100 * saved_share(counts[ws], step.number):.1f}%"
+                 for ws in ("default", "compact")]
+        lines.append(f"| {step.number} | {step.title} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -112,8 +113,8 @@ FORCED_COLUMNS = (("ours", "tokens", "ours: token jumps"), ("ours", "bytes", "ou
 
 
 def peers_table(rows: Sequence[PeerRow]) -> str:
-    """Markdown: per entry, forward passes per library and policy, with the share of written tokens that no
-    pass picked in parentheses, then the documents each retokenizing or fast-forwarding policy wrote in
+    """Markdown: per entry, forward passes per library and policy, with the share of the passes without jumps
+    (``passes: none``) that the policy saves in parentheses (the steps table's measure), then the documents each retokenizing or fast-forwarding policy wrote in
     another split than the tokenizer's (our token jumps never do); totals last."""
     table = _by_entry(rows)
     cols = [c for c in FORCED_COLUMNS if any(c[0] in libs for libs in table.values())]
@@ -132,7 +133,7 @@ def peers_table(rows: Sequence[PeerRow]) -> str:
                 cells.append("–")
                 canon.append("–")
                 continue
-            cells.append(f"{r.passes[policy]} ({100 * r.forced_share(policy):.0f}%)")
+            cells.append(f"{r.passes[policy]} ({100 * r.saved(policy, libs['ours']):.0f}%)")
             canon.append(str(r.noncanonical[policy]))
             t = total[h]
             t[0] += r.passes[policy]
@@ -142,7 +143,7 @@ def peers_table(rows: Sequence[PeerRow]) -> str:
         lines.append("| " + " | ".join(cells) + " | " + " / ".join(c for c, (*_, h) in zip(canon, cols)
                                                                    if h != "ours: token jumps") + " |")
     cells = ["**all**", f"**{total['none']}**"]
-    cells += [f"**{total[h][0]} ({100 * (1 - total[h][1] / max(total[h][2], 1)):.1f}%)**" for *_, h in cols]
+    cells += [f"**{total[h][0]} ({100 * (1 - total[h][0] / max(total['none'], 1)):.1f}%)**" for *_, h in cols]
     lines.append("| " + " | ".join(cells) + " | **" + " / ".join(str(total[h][3]) for *_, h in split_cols) + "** |")
     return "\n".join(lines)
 

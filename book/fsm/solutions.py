@@ -1,7 +1,6 @@
 """The answers to chapter 1's exercises. The notebook does not import this module: read it after trying.
 
-The checks of :mod:`book.fsm.exercises` compare a reader's function with these; exercise 2's answer is the
-chapter's own step 2 (:func:`studylog.fsm.step02_token_jumps`).
+The checks of :mod:`book.fsm.exercises` compare a reader's function with these.
 """
 
 from __future__ import annotations
@@ -9,10 +8,11 @@ from __future__ import annotations
 import functools
 from typing import Mapping, Sequence
 
-from studylog.fsm.automaton import forced_chains
+from studylog.fsm.automaton import ConstrainedFSM, forced_chains
+from studylog.fsm.decoding import DecodeResult, NextLogits, check_logits, greedy
 from studylog.fsm.vocabulary import TokenVocabulary
 
-__all__ = ["reference_token_jumps", "reference_replaced_tokens", "reference_ff_tokens"]
+__all__ = ["reference_token_jumps", "reference_ff_decode", "reference_replaced_tokens", "reference_ff_tokens"]
 
 Transitions = Mapping[int, Mapping[int, int]]
 
@@ -25,6 +25,35 @@ def reference_token_jumps(transitions: Transitions,
     step = {s: ((t,), b"", n) for s, out in transitions.items() if s not in finals and len(out) == 1
             for t, n in out.items()}
     return {s: (j.tokens, j.end) for s, j in forced_chains(step).items()}
+
+
+def reference_ff_decode(next_logits: NextLogits, fsm: ConstrainedFSM, ff, *, max_tokens: int = 256) -> DecodeResult:
+    """The chapter's answer to exercise 2: step 1's loop with llguidance's rule. In a state whose next bytes are
+    forced (``fsm.char_jumps``), append ``ff(forced bytes)``, the tokens that are safe to append (the tokenizer's
+    split with the last ones held back), cut at ``max_tokens``; tokens already written are never replaced. Where
+    nothing is forced or ``ff`` holds everything back, a forward pass picks the masked argmax."""
+    res = DecodeResult([], b"", 0, False)
+    ids, states = res.ids, [fsm.initial]
+    while len(ids) < max_tokens:
+        if fsm.only_eos(states[-1]):
+            res.finished = True
+            break
+        jump = fsm.char_jumps.get(states[-1])
+        tokens = list(ff(jump.data))[:max_tokens - len(ids)] if jump is not None else []
+        if tokens:
+            ids.extend(tokens)
+            states.extend(fsm.walk(tokens, states[-1])[1:])
+            res.jumped_tokens += len(tokens)
+            continue
+        res.forward_passes += 1
+        tok = greedy(fsm, states[-1], check_logits(next_logits(list(ids)), fsm.vocab.vocab_size))
+        if tok == fsm.vocab.eos_id:
+            res.finished = True
+            break
+        ids.append(tok)
+        states.append(fsm.index.get_next_state(states[-1], tok))
+    res.text = fsm.vocab.decode(ids)
+    return res
 
 
 def reference_replaced_tokens(emitted: Sequence[int], retokenized: Sequence[int]) -> tuple[int, int]:
