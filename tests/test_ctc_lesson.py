@@ -131,3 +131,19 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
         for cell in [c.strip() for c in row.split("|")[1:-1]][4::3]:
             if cell != "–":
                 assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
+
+
+def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_runs():
+    """The recursion's latency floor is the H200 tails run's chain kernel (T frames below 2T, both below the entry
+    point's time; none on a card without that run); the speedup's extremes bracket the large alphabet's smallest;
+    step 7's profile splits into its first pass, recursion and last pass where it was profiled."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    T = ctc.BENCH_T
+    one, two = lesson.chain_floor_us(results, T), lesson.chain_floor_us(results, 2 * T)
+    assert 0 < one < two < 2.5 * one < results.ms("ctc_loss", T=T, A=28, N=1) * 1e3
+    assert lesson.chain_floor_us(plotting.load_results("ctc", "nvidia-h100-80gb-hbm3"), T) is None
+    mins = lesson.speedup_minima(results)
+    assert mins["all"][0] <= mins[max(ctc.BENCH_A)][0] <= mins["max"][0]
+    parts = lesson.kernel_parts_us(results, "step07", 28, 1)
+    assert set(parts) == {"first pass", "recursion", "last pass"} and min(parts.values()) > 0
+    assert lesson.kernel_parts_us(results, "step07", 28, 2) is None

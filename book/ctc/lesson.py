@@ -439,7 +439,8 @@ def prose_numbers(results) -> dict[str, str]:
 
 def speedup_minima(results) -> dict | None:
     """The smallest speedup of the entry point over ``torch-best`` (same clock) over the whole grid and per
-    alphabet, each with where it is: ``{"all": (ratio, A, N), A: (ratio, A, N), ...}``; None without the rows."""
+    alphabet, and the largest over the grid, each with where it is: ``{"all": (ratio, A, N), "max": (ratio, A, N),
+    A: (ratio, A, N), ...}``; None without the rows."""
     final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.step(10).series
     if clock_of(results, "torch-best") != clock_of(results, final):
         return None
@@ -448,7 +449,7 @@ def speedup_minima(results) -> dict | None:
               if b is not None and a is not None]
     if not points:
         return None
-    out = {"all": min(points)}
+    out = {"all": min(points), "max": max(points)}
     for A in BENCH_A:
         mine = [p for p in points if p[1] == A]
         if mine:
@@ -492,6 +493,39 @@ def floor_us(results, A: int, N: int) -> float:
     bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
     empty_s = results.data["ceilings"].get("empty_launch_gpu_ms", 0.0) * 1e-3
     return (empty_s + dram_bytes(BENCH_T, N, A) / bandwidth) * 1e6
+
+
+#: The tails run's kernel that does only the recursion's chain of dependent frames (``studylog.ctc.floor``).
+CHAIN_SERIES = "ctc recursion chain (latency floor)"
+
+
+def chain_floor_us(results, frames: int) -> float | None:
+    """The recursion's latency floor at the small case of :data:`BOEHM_CASES` (A = 28, N = 1), in µs: the tails run,
+    on the same card as ``results``, of a kernel that runs only ``frames`` dependent frames (a log-sum-exp and a warp
+    shuffle each, no memory) over that utterance's positions. ``T`` frames for steps that run alpha and beta side by
+    side (7 to 10), ``2 T`` for steps that run them one after the other (1 to 6). None where the card has no such
+    run."""
+    from studylog.plotting import load_results
+
+    A, N = BOEHM_CASES[0]
+    try:
+        tails = load_results("tails", gpu=results.path.parent.name, root=results.path.parent.parent)
+    except FileNotFoundError:
+        return None
+    rows = tails.select(CHAIN_SERIES, T=BENCH_T, A=A, N=N, frames=frames)
+    return rows[0]["ms"] * 1e3 if len(rows) == 1 else None
+
+
+def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | None:
+    """Device time per role of a step's kernels at a profiled point (torch.profiler, the kernel clock): the first
+    pass over the activations, the recursion and the last pass, in µs; None where the point was not profiled."""
+    kernels = _row(results, f"{series} kernels", A=A, N=N)
+    if kernels is None:
+        return None
+    parts = {"first pass": 0.0, "recursion": 0.0, "last pass": 0.0}
+    for kernel, device_us in kernels["kernels_us"].items():
+        parts[_kernel_role(kernel)] += device_us
+    return parts
 
 
 def boehm_table(results) -> str:
