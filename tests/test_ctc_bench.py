@@ -250,7 +250,7 @@ def test_figures_draw_the_new_series_and_label_other_clocks(tmp_path):
     figs = figures.figures(results)
     assert {"times", "speedup"} <= set(figs)
     labels = [t.get_text() for t in figs["times"].legends[0].get_texts()]
-    assert "torch-native (kernel clock)" in labels and ctc.CHAPTER.final.name in labels
+    assert "torch-native (kernel clock)" in labels and f"step {ctc.CHAPTER.final.number}: {ctc.CHAPTER.final.title}" in labels
     for fig in figs.values():
         assert len(fig.axes) <= 3  # at most three panels a figure
         for legend in fig.legends:

@@ -28,11 +28,20 @@ def main_clock(results) -> str:
     return clock_of(results, CHAPTER.final.series) or "gpu"
 
 
+def step_words(series: str) -> str:
+    """A step's series in the words of the lesson's table of steps (``step 7: no softmax written: ...``); any
+    other series as it is."""
+    for step in CHAPTER.steps:
+        if step.series == series:
+            return f"step {step.number}: {step.title}"
+    return series
+
+
 def label(results, series: str) -> str:
-    """A legend label: the step's name for a step's series, with the clock where it is not the clock of the
-    chapter's own steps (the GPU clock in new files)."""
+    """A legend label: a step's number and what it changed (the words of the table of steps) for a step's series,
+    with the clock where it is not the clock of the chapter's own steps (the GPU clock in new files)."""
     clock = clock_of(results, series)
-    name = series if series in CHAPTER.baselines else CHAPTER.label(series)
+    name = step_words(series)
     main = main_clock(results)
     return name if clock in (main, "") else f"{name} ({clock} clock)"
 
@@ -132,19 +141,19 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
 
     figs = {}
     clock = clock_words(main_clock(results))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.6), layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 5.6), layout="constrained")
     for ax, A in zip(axes, BENCH_A):
         _times_panel(ax, results, A)
-    _shared_legend(fig, axes, ncol=3)
+    _shared_legend(fig, axes, ncol=1)
     bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
     fig.suptitle(f"CTC loss + gradient, T = {BENCH_T}: torch against our steps ({clock}, {results.gpu}{bars})",
                  fontsize=FONT + 1)
     figs["times"] = fig
     if results.select("torch-best"):
-        fig, axes = plt.subplots(1, 2, figsize=(9, 4.4), layout="constrained")
+        fig, axes = plt.subplots(1, 2, figsize=(9, 4.8), layout="constrained")
         for ax, A in zip(axes, BENCH_A):
             _speedup_panel(ax, results, A)
-        _shared_legend(fig, axes, ncol=2)
+        _shared_legend(fig, axes, ncol=1)
         base = clock_words(clock_of(results, "torch-best"))
         bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
         fig.suptitle(f"Speedup of steps 7 to 10 over the faster torch call ({base}{bars})", fontsize=FONT + 1)
@@ -166,6 +175,6 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
             ax.set_title(f"A = {A}, N = {rows[0]['params']['N'] if rows else '?'}", fontsize=FONT + 1)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelsize=FONT - 1)
-        fig.suptitle(f"{CHAPTER.step(4).name}: time against the grain size ({clock})", fontsize=FONT + 1)
+        fig.suptitle(f"step 4: time against the grain size ({clock})", fontsize=FONT + 1)
         figs["grain"] = fig
     return figs
