@@ -151,6 +151,36 @@ def test_amdahl_view_is_a_fraction_and_bounded(results):
         assert 1.0 < view["end_to_end"] < min(view["speedup"], view["limit"])
 
 
+def test_part_1s_amdahl_view_uses_step_9_only(results):
+    """Part 1's opening prices the model's layers with its own last step (step 9), never part 2's kernels."""
+    only9, every = L.amdahl(results, [T.SERIES[9]]), L.amdahl(results)
+    if only9["speedup"] is not None:
+        assert {series for _, series in only9["per_shape"].values()} == {T.SERIES[9]}
+        assert only9["speedup"] <= every["speedup"]
+        table = L.amdahl_layers_table(results, [T.SERIES[9]])
+        assert "step11" not in table and "step10" not in table
+        assert "no 640 x 2560 case" in table  # the k, v row says how it is priced
+
+
+def test_the_result_table_can_keep_to_one_launch_of_step_12(results):
+    table = L.result_table(results, cases=((L.MAIN, 1), (L.MAIN, 16)), w2a8=(T.SERIES[12], T.SERIES[13]))
+    assert "quantised" not in table  # no other place to quantise x than step 12's default
+    row = next(line for line in table.splitlines() if line.startswith(f"| {L.MAIN}, 1 |"))
+    assert f"{L.us(results, T.SERIES[12]):.1f} (" in row
+
+
+@pytest.mark.parametrize("step, needs", [
+    (11, ("mbarrier_wait(&empty", "mbarrier_expect_bytes", "bulk_copy(", "mbarrier_wait(&full", "mbarrier_arrive")),
+    (12, ("0x03030303u", "mma_u8s8(", "w2a8_sum(", "w2a8_z(")),
+    (13, ("take_tiles(", "group_w2a8<MT, TILES>", "w2a8_sum(", "partials[")),
+])
+def test_each_cuda_steps_excerpt_is_short_and_carries_its_idea(step, needs):
+    text = L.excerpt(step).text
+    assert all(n in text for n in needs), [n for n in needs if n not in text]
+    assert len(text.splitlines()) <= 30 and "#pragma unroll" not in text
+    assert text.count("{") == text.count("}")  # the blocks a region leaves open are closed
+
+
 def test_step_table_says_pending_where_the_file_has_no_gpu_clock(results):
     table = L.step_table(results, [1, 12])
     assert "`step01_sign`" in table and "`step12_w2a8`" in table
@@ -225,6 +255,11 @@ def test_the_boehm_table_has_one_row_a_step(results):
     assert len(re.findall(r"^\| \d+ \|", table, flags=re.M)) == len(L.PART2_ROWS)
     assert table.count("| step | the one change | µs | × previous | × floor |") == len({m for _, m, _, _ in L.PART2_ROWS})
     assert all(L.card(results) in line for line in table.splitlines() if line.startswith("**"))  # the card named
+    wide = L.boehm_table(results, L.PART2_ROWS, read_only=True)
+    assert wide.count("| × floor | × read-only |") == len({m for _, m, _, _ in L.PART2_ROWS})
+    reader = L.us(results, "read_weights")
+    row12 = next(line for line in wide.splitlines() if line.startswith("| 12 |"))
+    assert row12.rstrip(" |").endswith(f"{L.us(results, T.SERIES[12]) / reader:.1f}")
 
 
 def test_the_chapter_lists_both_lessons():

@@ -118,11 +118,11 @@ BITNET_LAYERS = (("q, o", 2560, 2560, 2, "2560x2560"), ("k, v", 640, 2560, 2, "2
                  ("gate and up (fused)", 13824, 2560, 1, "13824x2560"), ("down", 2560, 6912, 1, "2560x6912"))
 
 
-def amdahl(results) -> dict[str, Any]:
+def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
     """The share of a BitNet b1.58 2B4T decode step (one token, a full context of KV cache) that its ternary
     layers take when they are bf16 matmuls, by bytes moved (a bandwidth model: at M = 1 every part is
-    memory-bound), and what the measured speedup of our fastest bf16-x kernel over cuBLAS bf16 at the
-    model's own shapes (GPU clock) buys end to end."""
+    memory-bound), and what the measured speedup of the fastest of ``series`` (our bf16-x kernels unless told;
+    part 1 passes step 9 alone) over cuBLAS bf16 at the model's own shapes (GPU clock) buys end to end."""
     c = BITNET_2B4T
     head_dim = c["hidden"] // c["heads"]
     linear = c["layers"] * sum(n * k * count for _, n, k, count, _ in BITNET_LAYERS)  # weights
@@ -134,11 +134,11 @@ def amdahl(results) -> dict[str, Any]:
     per_shape = {}
     for name, _, _, count, shape in BITNET_LAYERS:
         b = us(results, CUBLAS, shape)
-        row, series = fastest(results, FLOAT_X_SERIES, shape=shape, m=1) if results is not None else (None, None)
+        row, name = fastest(results, list(series), shape=shape, m=1) if results is not None else (None, None)
         if b is None or row is None:
             base = ours = None
             break
-        per_shape[shape] = (b / (row["ms"] * 1e3), series)
+        per_shape[shape] = (b / (row["ms"] * 1e3), name)
         base += count * b
         ours += count * row["ms"] * 1e3
     speedup = None if base is None else base / ours
@@ -149,10 +149,11 @@ def amdahl(results) -> dict[str, Any]:
             "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
 
 
-def amdahl_layers_table(results) -> str:
+def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     """Markdown, GPU clock, µs, on the results' card: each ternary layer of a BitNet b1.58 2B4T transformer layer at
-    M = 1, timed at its benchmark shape, cuBLAS bf16 against our fastest bf16-x kernel, and their sums over one
-    transformer layer (count x time): the sums' ratio is :func:`amdahl`'s ``speedup``."""
+    M = 1, timed at its benchmark shape, cuBLAS bf16 against the fastest of ``series`` (as :func:`amdahl`), and their
+    sums over one transformer layer (count x time): the sums' ratio is :func:`amdahl`'s ``speedup``. The benchmark
+    has no 640 x 2560 case: k and v are charged q's time on both sides, as the note under the table says."""
     if results is None:
         return PENDING
     lines = [f"GPU clock, µs, one row of x, {card(results)}\n",
@@ -160,16 +161,17 @@ def amdahl_layers_table(results) -> str:
     base = ours = 0.0
     for name, n, k, count, shape in BITNET_LAYERS:
         b = us(results, CUBLAS, shape)
-        row, series = fastest(results, FLOAT_X_SERIES, shape=shape, m=1)
+        row, series_ = fastest(results, list(series), shape=shape, m=1)
         if b is None or row is None:
             return PENDING
         t = row["ms"] * 1e3
         base, ours = base + count * b, ours + count * t
         lines.append(f"| {name} ({n} x {k}) | {shape.replace('x', ' x ')} | {count} | {b:.1f} | {t:.1f} "
-                     f"(`{series_label(series).split(',')[0]}`) | {b / t:.2f} |")
+                     f"(`{series_label(series_).split(',')[0]}`) | {b / t:.2f} |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
                  f"**{base / ours:.2f}** |")
-    return "\n".join(lines)
+    return "\n".join(lines) + ("\n\nThe benchmark has no 640 x 2560 case: k and v are charged the time of q "
+                               "(2560 x 2560) on both sides.")
 
 
 def amdahl_table(view: dict) -> str:
@@ -247,9 +249,10 @@ def step_table(results, numbers, shapes=(MAIN, BIG), m: int = 1) -> str:
 # ----------------------------------------------------------------------------------------------
 
 def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x2560", 1), (MAIN, 16),
-                                 (MAIN, 128), (BIG, 128))) -> str:
-    """Markdown, GPU clock, µs: per case, cuBLAS bf16, our fastest with bf16 x and our fastest W2A8 (each with
-    its step), the peers (GemLite, torch._int_mm) and the 2-bit floor; speedups over cuBLAS in brackets."""
+                                 (MAIN, 128), (BIG, 128)), w2a8=W2A8_SERIES) -> str:
+    """Markdown, GPU clock, µs: per case, cuBLAS bf16, our fastest with bf16 x and the fastest of ``w2a8`` (each with
+    its step; every launch of step 12 unless told), the peers (GemLite, torch._int_mm) and the 2-bit floor; speedups
+    over cuBLAS in brackets."""
     if results is None:
         return PENDING
     lines = ["| N x K, M | cuBLAS bf16 | ours, bf16 x | GemLite (bf16 x) | ours, W2A8 | torch._int_mm (W8A8) | "
@@ -260,7 +263,7 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
             lines.append(f"| {shape}, {m} | " + " | ".join([PENDING] * 6) + " |")
             continue
         cells = [f"{shape}, {m}", f"{base:.1f}"]
-        for group, peer in ((FLOAT_X_SERIES, GEMLITE), (W2A8_SERIES, INT_MM)):
+        for group, peer in ((FLOAT_X_SERIES, GEMLITE), (list(w2a8), INT_MM)):
             row, s = fastest(results, group, shape=shape, m=m)
             cells.append("–" if row is None else
                          f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, {_launch(s)})")
@@ -635,7 +638,7 @@ def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of
 
 
 __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "device",
-           "BITNET_2B4T", "BITNET_LAYERS", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
+           "BITNET_2B4T", "BITNET_LAYERS", "EXCERPTS", "excerpt", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "tried_cuda", "tried_triton", "tried_markdown", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table",
@@ -675,27 +678,33 @@ PART2_ROWS = (
 )
 
 
-def boehm_table(results, rows, shape: str = MAIN) -> str:
+def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
     speedup over the step it is measured against (named, > 1 is faster) and its multiple of the bandwidth
-    floor of its format (2-bit, or 1.6-bit for steps 6 and 7); "pending" where the file has no time."""
+    floor of its format (2-bit, or 1.6-bit for steps 6 and 7); with ``read_only``, also its multiple of the time of
+    a kernel that only reads the same 2-bit weights (``read_weights``, timed at one row of x); "pending" where the
+    file has no time."""
     tables = []
     for rows_of_x in dict.fromkeys(m for _, m, _, _ in rows):
         caption = (f"**{'One row' if rows_of_x == 1 else f'{rows_of_x} rows'} of x (M = {rows_of_x}), "
                    f"{shape.replace('x', ' x ')}, {card(results)}, GPU clock**")
-        tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == rows_of_x], shape))
+        tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == rows_of_x], shape,
+                                                      read_only))
     return "\n\n".join(tables)
 
 
-def _boehm_rows(results, rows, shape: str) -> str:
-    lines = ["| step | the one change | µs | × previous | × floor |", "|---|---|---|---|---|"]
+def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
+    lines = ["| step | the one change | µs | × previous | × floor |" + (" × read-only |" if read_only else ""),
+             "|---|---|---|---|---|" + ("---|" if read_only else "")]
+    reader = us(results, "read_weights", shape, 1) if read_only else None
     for number, m, previous, change in rows:
         t = us(results, SERIES[number], shape, m)
         floor = floor_us(results, shape, m, "base3" if number in (6, 7) else "2bit")
         before = None if previous is None else us(results, SERIES[previous], shape, m)
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
-        lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')} |")
+        extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
+        lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')} |{extra}")
     return "\n".join(lines)
 
 
@@ -750,6 +759,55 @@ def core_diff(step: int):
     return source.show_diff(textwrap.dedent(_region(text(old), a0, a1)), textwrap.dedent(_region(text(step), b0, b1)),
                             names=(f"{_STEPS[old - 1].name} (its main loop)",
                                    f"{_STEPS[step - 1].name} (the core of the change)"))
+
+
+#: The lines that carry each CUDA C++ step's idea, as (file, (start, stop) markers, ...): step 11's ring (the
+#: producer's fill and the consumers' take, on the two mbarriers of a stage), step 12's group (one AND per 4
+#: weights into the int8 MMA) and its four accumulators brought to one sum, and step 13's consumer warp (its own
+#: tile taken from the ring, its own sums stored).
+EXCERPTS = {
+    11: ("ternary_ring.cuh", ("// The producer: chunk c into stage", "                      w + ((size_t)min(tile0"),
+         ("    __device__ int take_from(", "return ng;")),
+    12: ("ternary_w2a8.cu", ("__device__ __forceinline__ void group_w2a8(", "mma_u8s8(acc[p][r][j]"),
+         ("// acc[p'] counts code p' four^p' times", "return (float)(sum - x_sum)")),
+    13: ("ternary_w2a8.cu", ("int acc[4][TILES][MT][4] = {};", "group_w2a8<MT, TILES>(acc, a[cg], xv);"),
+         ("// the warp's tiles: rows n of W", "w2a8_z(sum, __ldcg(&row_sum[m])")),
+}
+
+
+def excerpt(step: int):
+    """The lines of :data:`EXCERPTS` for a CUDA C++ step, as one listing (``studylog.source.Code``): each region
+    dedented, ``#pragma unroll`` lines left out, the closing braces of the blocks a region leaves open added, regions
+    apart by a ``// ...`` line (the full source is folded beside it on the page)."""
+    import textwrap
+
+    from studylog import cuda, source
+
+    file, *regions = EXCERPTS[step]
+    text = Path(cuda.source_path(file)).read_text()
+    if step == 13:  # the tiles kernel's own loop, not step 12's that comes first in the file
+        text = text[text.index("step13_w2a8_tiles_kernel("):]
+    parts = []
+    for start, stop in regions:
+        lines = [line for line in _region(text, start, stop).splitlines() if line.strip() != "#pragma unroll"]
+        opened = []  # the indent of each block still open at the region's end: its closing brace is added
+        indent, previous = 0, ";"
+        for line in lines:
+            code = line.split("//")[0]
+            if previous[-1:] not in ",(":  # a line that starts a statement (not its continuation) sets the indent
+                indent = len(line) - len(line.lstrip())
+            previous = code.rstrip() or previous
+            for ch in code:
+                if ch == "{":
+                    opened.append(indent)
+                elif ch == "}" and opened:
+                    opened.pop()
+        lines += [" " * indent + "}" for indent in reversed(opened)]
+        parts.append(textwrap.dedent("\n".join(lines)))
+    titles = {11: "step 11: the ring's fill (producer) and take (consumers)",
+              12: "step 12: one group of 256 weights a row on the int8 MMA, and the four accumulators' sum",
+              13: "step 13: a consumer warp's loop and its own sums"}
+    return source.Code("\n// ...\n".join(parts), "cuda", titles[step] + " (#pragma unroll lines left out)")
 
 
 #: The first attempt's bugs, each marked on the line that carries it: (a piece of that line, the mark).
