@@ -202,6 +202,16 @@ def small_fsm(regex: str) -> ConstrainedFSM:
     return ConstrainedFSM(regex, small_vocabulary(), name=regex[:24])
 
 
+def _ids_and_passes(got: Any) -> tuple[list[int] | None, int | None, str | None]:
+    """A decode loop's answer (an object with ``ids`` and ``forward_passes``, or that tuple) as ``(ids, passes,
+    None)``, or ``(None, None, why)`` when it is neither."""
+    try:
+        ids, passes = (got.ids, got.forward_passes) if hasattr(got, "ids") else got
+        return [int(t) for t in ids], int(passes), None
+    except (TypeError, ValueError) as exc:
+        return None, None, f"returned {got!r}, not (ids, forward_passes): {exc}"
+
+
 def check_jump_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool = True) -> bool:
     """Exercise 2. ``fn(next_logits, fsm, max_tokens=...)`` is step 2: greedy constrained decoding that
     appends the chain of ``fsm.token_jumps`` where one starts instead of calling ``next_logits``. It returns
@@ -219,11 +229,7 @@ def check_jump_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool 
                 want_passes = decode(model, fsm, "token", max_tokens=cap).forward_passes
                 got, err = _call(lambda: fn(model, fsm, max_tokens=cap))
                 if err is None:
-                    try:
-                        ids, passes = (got.ids, got.forward_passes) if hasattr(got, "ids") else got
-                        ids, passes = [int(t) for t in ids], int(passes)
-                    except (TypeError, ValueError) as exc:
-                        err = f"returned {got!r}, not (ids, forward_passes): {exc}"
+                    ids, passes, err = _ids_and_passes(got)
                 if err is not None:
                     failures.append(f"{regex!r}, model seed {seed}, max_tokens {cap}: {err}")
                 elif ids != want_ids:
@@ -255,11 +261,7 @@ def check_ff_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool = 
                 want = sol.reference_ff_decode(model, fsm, ff, max_tokens=cap)
                 got, err = _call(lambda: fn(model, fsm, ff, max_tokens=cap))
                 if err is None:
-                    try:
-                        ids, passes = (got.ids, got.forward_passes) if hasattr(got, "ids") else got
-                        ids, passes = [int(t) for t in ids], int(passes)
-                    except (TypeError, ValueError) as exc:
-                        err = f"returned {got!r}, not (ids, forward_passes): {exc}"
+                    ids, passes, err = _ids_and_passes(got)
                 where = f"{regex!r}, model seed {seed}, max_tokens {cap}"
                 if err is not None:
                     failures.append(f"{where}: {err}")
