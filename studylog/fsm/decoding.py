@@ -95,8 +95,8 @@ def _ends(fsm: ConstrainedFSM, states: list[int], res: DecodeResult, record: boo
     return True
 
 
-def _forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, states: list[int], res: DecodeResult,
-                  record: bool) -> bool:
+def forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, states: list[int], res: DecodeResult,
+                 record: bool) -> bool:
     """One forward pass in the last state: the greedy token appended to ``res.ids`` and its state to ``states``;
     False (and finished) when it is EOS."""
     state = states[-1]
@@ -125,7 +125,7 @@ def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tok
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
     while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
-        if not _forward_pass(next_logits, fsm, states, res, record_events):
+        if not forward_pass(next_logits, fsm, states, res, record_events):
             break
     return _finish(fsm, res)
 
@@ -150,7 +150,7 @@ def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_toke
             if record_events:
                 res.events.append(Event("token-jump", tokens, fsm.vocab.decode(tokens)))
             continue
-        if not _forward_pass(next_logits, fsm, states, res, record_events):
+        if not forward_pass(next_logits, fsm, states, res, record_events):
             break
     return _finish(fsm, res)
 
@@ -201,7 +201,7 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
                 ids[:] = new_ids
                 states = new_states
                 continue
-        if not _forward_pass(next_logits, fsm, states, res, record_events):
+        if not forward_pass(next_logits, fsm, states, res, record_events):
             break
     return _finish(fsm, res)
 
