@@ -160,6 +160,7 @@ CLOCK_WORDS = {"gpu": "GPU time of the call replayed in a CUDA graph",
                "wall": "wall-clock time per output token, the whole step with its host work",
                "do_bench": "CUDA events around repeated calls (Triton's do_bench)"}
 
+
 def folded_by_chapter(markdown: str) -> str:
     """The results page's tables for readers: each file-key caption (``**decode** — NVIDIA H200, 2026-11-25;
     clock: wall``) becomes the card, the date and the clock in words, and each chapter's tables fold under its

@@ -22,6 +22,7 @@ from studylog.ctc.reference import FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLE
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, LESSON_N
 from studylog.ctc.results import clock_of
 from studylog.plotting import Results, load_lab
+from studylog.tails import CTC_FLOOR_SERIES
 
 #: The experiment file of ``lab/ctc`` (recursion options, step 10's other grain, the blocked layout).
 OPTIONS_FILE = "options_and_layouts"
@@ -496,7 +497,7 @@ def floor_us(results, A: int, N: int) -> float:
 
 
 #: The tails run's kernel that does only the recursion's chain of dependent frames (``studylog.ctc.floor``).
-CHAIN_SERIES = "ctc recursion chain (latency floor)"
+CHAIN_SERIES = CTC_FLOOR_SERIES
 
 
 def chain_floor_us(results, frames: int) -> float | None:
