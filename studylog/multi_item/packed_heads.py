@@ -12,10 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from studylog import runtime
 from studylog.multi_item.config import (
     GPU_CONFIGS,
-    INTERPRETER_BLOCKS,
     LaunchInfo,
     find_config,
     size_bucket,
@@ -23,7 +21,7 @@ from studylog.multi_item.config import (
     tuned,
 )
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch
-from studylog.multi_item.steps import GPU_BLOCK_MS, QKV, attend_key_tiles, launch, no_counts, prepare_launch
+from studylog.multi_item.steps import QKV, attend_key_tiles, launch, no_counts, prepare_launch, tile_heights
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_table
 
 
@@ -129,14 +127,7 @@ def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sca
     cfg = find_config(config, blocks)
     group = common["KV_GROUP"]
     kv_heads, _, head_dim = k.shape
-    if cfg is not None:
-        heights = (cfg.kwargs["BLOCK_M"],)
-    elif blocks is not None:
-        heights = (blocks[0],)
-    elif runtime.mode() == "gpu":  # every tile height the autotuner may pick
-        heights = GPU_BLOCK_MS
-    else:
-        heights = (INTERPRETER_BLOCKS[0],)
+    heights = tile_heights(cfg, blocks)
     if group > min(heights):
         raise ValueError(f"step06_packed_heads puts a token's {group} query heads (q's heads over k's) in one tile: "
                          f"BLOCK_M must be at least {group}, got {min(heights)} (pass blocks or config)")

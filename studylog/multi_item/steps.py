@@ -160,6 +160,16 @@ def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] |
     return block_m, block_n, config_name(block_m, block_n, *extra.values())
 
 
+def tile_heights(cfg: "triton.Config | None", blocks: tuple[int, int] | None) -> tuple[int, ...]:
+    """The tile heights (``BLOCK_M``) a batched launch may run at, for its schedule table: the config's, the given
+    blocks', every height the GPU's autotuner may pick, or the interpreter's."""
+    if cfg is not None:
+        return (cfg.kwargs["BLOCK_M"],)
+    if blocks is not None:
+        return (blocks[0],)
+    return GPU_BLOCK_MS if runtime.mode() == "gpu" else (INTERPRETER_BLOCKS[0],)
+
+
 # ---------------------------------------------------------------------------------------------
 # Step 2: a flash-attention forward reading the dense mask
 # ---------------------------------------------------------------------------------------------
@@ -490,14 +500,7 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
         raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
     cfg = find_config(config, blocks)
     heads, _, head_dim = q.shape
-    if cfg is not None:
-        heights = (cfg.kwargs["BLOCK_M"],)
-    elif blocks is not None:
-        heights = (blocks[0],)
-    elif runtime.mode() == "gpu":  # every tile height the autotuner may pick
-        heights = GPU_BLOCK_MS
-    else:
-        heights = (INTERPRETER_BLOCKS[0],)
+    heights = tile_heights(cfg, blocks)
     # the keys and values one query head reads, per token: a group of query heads shares them
     kv_bytes = 2 * head_dim * q.element_size() // common["KV_GROUP"]
     table, programs = schedule_table(batch, heads, order, heights, kv_bytes, rule)
