@@ -549,7 +549,28 @@ def test_a_model_without_the_expected_modules_is_named(tmp_path, tiny):
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["tool_call", "us_phone"])
+def test_the_masked_head_read_whole_writes_the_same_tokens(decoder, decoder2, name):
+    """``sample="all"``: the masked head's row read whole by the dense path's argmax (and its seeded sampling) picks
+    what the sampler over the allowed ids picks, on the torch head of a CPU, greedy and sampled."""
+    from dataclasses import replace
+
+    whole = replace(CONFIGS["masked_head"], name="masked_full_argmax", sample="all")
+    grammar = Grammar.from_suite(name, whitespace="compact")
+    sample = suite_sample(name, seed=2, whitespace="compact")
+    assert decoder.head_impl == "torch"
+    for kw in (dict(max_new_tokens=24), dict(max_new_tokens=96, targets=[sample])):
+        a, b = (decoder.generate(grammar, [PROMPT], c, **kw) for c in (CONFIGS["masked_head"], whole))
+        assert b.config == "masked_full_argmax" and a.ids == b.ids and a.forwards == b.forwards, (name, kw)
+    a, b = (decoder2.generate(grammar, [PROMPT, PROMPT], c, max_new_tokens=24, temperature=0.8, seed=5)
+            for c in (CONFIGS["masked_head"], whole))
+    assert a.ids == b.ids, name
+
+
 def test_configurations_refuse_what_they_cannot_do():
+    with pytest.raises(ValueError, match=r"DecodeConfig.sample must be one of \('allowed', 'all'\), got 'every'"):
+        CONFIGS["baseline"].__class__("x", "token", "masked", "automaton", sample="every")
+    assert all(c.sample == "allowed" for c in CONFIGS.values())
     with pytest.raises(ValueError, match="masked head reads allowed sets per automaton state"):
         CONFIGS["baseline"].__class__("x", "token", "masked", "xgrammar")
     with pytest.raises(ValueError, match="jump must be one of"):

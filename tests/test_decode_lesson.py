@@ -444,3 +444,68 @@ def test_the_appendix_holds_the_tables_the_page_moved_out():
     for title in ("Every configuration", "Amdahl bound", "real requests", "targets on each card",
                   "What was tried and did not help", "SchemaStore"):
         assert title in text, title
+
+
+def test_the_step03_changes_table_reads_hand_made_rows():
+    """Step 3's changes one at a time (``lab/decode/step03_changes.py``'s rows): medians over the schemas, each row
+    over the one above, the parts each change targets, and a request that wrote other tokens is named."""
+    def row(config, schema, ms, same=True, batch=1):
+        parts = {"body": ms * 0.8, "mask_wait": 0.001, "mask_apply": 0.002, "head": ms * 0.1, "sampling": 0.004,
+                 "host": 0.0}
+        return {"series": "step03_changes", "ms": ms, "same_tokens_as_step01": same, "breakdown_ms_per_token": parts,
+                "params": {"model": "1b", "batch": batch, "schema": schema, "config": config}}
+
+    times = {"jump_forward": (1.0, 1.2, 1.1), "automaton_mask": (0.95, 1.15, 1.0),
+             "masked_full_argmax": (0.9, 1.0, 0.85), "masked_head": (0.8, 0.9, 0.85)}
+    rows = [row(c, s, t) for c, ts in times.items() for s, t in zip(("a", "b", "c"), ts)]
+    rows.append(row("masked_head", "a", 0.5, batch=8))  # another batch: not in batch 1's rows
+    out = lesson.step03_changes_rows(rows, "1b", 1)
+    assert [r["config"] for r in out] == ["jump_forward", "automaton_mask", "masked_full_argmax", "masked_head"]
+    assert [r["us"] for r in out] == pytest.approx([1100, 1000, 900, 850])
+    assert out[0]["x_previous"] is None and out[2]["x_previous"] == pytest.approx(1.0 / 0.9)
+    assert out[1]["head_us"] == pytest.approx(100) and out[1]["mask_us"] == pytest.approx(3)
+    assert all(r["same_tokens"] and r["schemas"] == 3 for r in out)
+    table = lesson.step03_changes_table(rows, models=("1b",), batches=(1,))
+    lines = table.splitlines()
+    assert len(lines) == 6 and all(line.count("|") == lines[0].count("|") for line in lines)
+    assert "+ masked head" in lines[4] and "1.11×" in lines[4] and "yes (3 schemas)" in lines[4]
+    rows[0]["same_tokens_as_step01"] = False
+    assert "NO (3 schemas)" in lesson.step03_changes_table(rows, models=("1b",), batches=(1,))
+    assert lesson.PENDING in lesson.step03_changes_table([])
+
+
+def test_the_bound_is_the_median_of_the_requests_own():
+    """The result table's bound is the median of the schemas' own bounds, each from its own breakdown."""
+    current = lesson.committed()
+    if current is None:
+        pytest.skip("no committed results")
+    per = decode_results.schema_bounds(current.rows, "1b", 1)
+    assert len(per) == 9
+    import statistics
+
+    case = {(r["model"], r["batch"]): r for r in lesson.result_rows(current)}[("1b", 1)]
+    assert case["bound"] == pytest.approx(statistics.median(b["both_bound"] for b in per.values()))
+    excess = lesson.bound_excess(current, "1b", 1)
+    assert 0 <= excess["above"] <= excess["requests"] == 9 and excess["host_step1_us"] > 0
+
+
+def test_the_breakdown_bars_are_unscaled_and_say_their_rest():
+    """Each bar stacks the instrumented parts as measured; the caption says where they exceed the timed total."""
+    from book.decode import figures as decode_figures
+
+    parts = {"baseline": {"body": 1.0, "mask_wait": 0.0, "head": 0.2, "mask_apply": 0.0, "sampling": 0.05,
+                          "host": 0.05, "wall": 1.2},
+             "masked_head": {"body": 1.0, "mask_wait": 0.0, "head": 0.02, "mask_apply": 0.0, "sampling": 0.01,
+                             "host": 0.02, "wall": 1.1}}
+    assert decode_figures.unattributed(parts["baseline"]) == pytest.approx(-0.1)
+    assert decode_figures.unattributed(parts["masked_head"]) == pytest.approx(0.05)
+    text = decode_figures.rest_caption([parts])
+    assert "in 1 of 2 bars" in text and "100 µs" in text and "50 µs" in text
+    import matplotlib.pyplot as plt
+
+    ax = decode_figures.plot_breakdown(parts)
+    bodies = [p.get_height() for p in ax.patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb(
+        decode_figures.COLORS["body"])]
+    assert bodies == pytest.approx([1.0, 1.0])  # the shared body keeps its height
+    plt.close(ax.figure)
+

@@ -4,6 +4,7 @@ schema's speedup of steps 2 and 3 over step 1."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Sequence
 
 from studylog.decode.loop import COMPONENTS
@@ -15,6 +16,8 @@ LABELS = {"body": "model body", "mask_wait": "mask (host, not hidden)", "head": 
           "mask_apply": "mask application", "sampling": "sampling", "host": "host overhead"}
 COLORS = {"body": "#4c72b0", "mask_wait": "#dd8452", "head": "#c44e52", "mask_apply": "#8172b3",
           "sampling": "#937860", "host": "#8c8c8c"}
+#: The segment no instrumented part accounts for: the timed total less the instrumented parts, where positive.
+REST_LABEL, REST_COLOR = "rest of the step (timed total − instrumented parts)", "#e0e0e0"
 #: One colour per configuration across the chapter's figures (the components have theirs in :data:`COLORS`).
 CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head": "#d95f02",
                  "automaton_mask": "#7570b3", "char_jump": "#e7298a"}
@@ -22,13 +25,20 @@ CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head"
 FONT = 9
 
 
+def unattributed(parts: dict[str, float]) -> float:
+    """A configuration's timed total per output token less the sum of its instrumented parts (ms). The parts come
+    from a separate run with CUDA events between them, whose own cost the timed runs do not pay, so this is often
+    negative: the instrumented parts then add up to more than the timed total."""
+    return parts["wall"] - sum(max(parts[k], 0.0) for k in COMPONENTS)
+
+
 def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms",
                    legend: bool = True):
     """Stacked bars on a linear axis, one per configuration: time per output token split into the loop's
-    components. The split comes from CUDA events between the components in a separate instrumented run, whose
-    total is a little larger than the timed one; each bar's components are scaled to the end-to-end time
-    (measured without the instrumentation), which is written above the bar, so a bar is exactly as tall as its
-    label."""
+    components, as the instrumented run measured them (CUDA events between the components), unscaled, so a part
+    the configurations share keeps its height from bar to bar. Above them, where the timed total (measured without
+    the instrumentation, written above the bar and marked by a black tick) is larger, the rest of the step; where
+    it is smaller, the tick sits inside the stack (:func:`unattributed` is negative)."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(6.4, 4.2))[1]
@@ -36,22 +46,50 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
     scale = 1e3 if unit == "µs" else 1.0
     for i, config in enumerate(names):
         bottom = 0.0
-        measured = sum(max(parts[config][k], 0.0) for k in COMPONENTS)
-        fit = parts[config]["wall"] / measured if measured > 0 else 1.0  # the instrumented split, to the timed total
         for k in COMPONENTS:
-            v = max(parts[config][k], 0.0) * fit * scale
+            v = max(parts[config][k], 0.0) * scale
             ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.62)
             bottom += v
-        ax.text(i, bottom, f"{parts[config]['wall'] * scale:.3g}", ha="center", va="bottom", fontsize=FONT)
+        rest = unattributed(parts[config]) * scale
+        if rest > 0:
+            ax.bar(i, rest, bottom=bottom, color=REST_COLOR, hatch="//", edgecolor="#9a9a9a", linewidth=0,
+                   label=REST_LABEL if i == 0 else None, width=0.62)
+        wall = parts[config]["wall"] * scale
+        ax.hlines(wall, i - 0.36, i + 0.36, color="black", lw=1.6,
+                  label="timed total (no instrumentation)" if i == 0 else None)
+        ax.text(i, max(bottom, wall), f"{wall:.3g}", ha="center", va="bottom", fontsize=FONT)
     ax.set_xticks(range(len(names)), [series_label(n) for n in names], rotation=25, ha="right", fontsize=FONT)
     ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylabel(f"time per output token ({unit})", fontsize=FONT)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
     ax.set_title(title, fontsize=FONT + 1)
     if legend:
-        ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        handles, labels = ax.get_legend_handles_labels()
+        if REST_LABEL not in labels:  # no bar has a positive rest: the legend still names the segment
+            from matplotlib.patches import Patch
+
+            handles.append(Patch(facecolor=REST_COLOR, hatch="//", edgecolor="#9a9a9a", label=REST_LABEL))
+            labels.append(REST_LABEL)
+        ax.legend(handles, labels, fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(True, axis="y", alpha=0.3)
     return ax
+
+
+def rest_caption(panels: Sequence[dict[str, dict[str, float]]]) -> str:
+    """What the bars' rests are, in one sentence: how many bars' instrumented parts add up to more than their
+    timed total, and by how much at most (the instrumentation's own cost), and the largest positive rest."""
+    rests = [unattributed(p) for parts in panels for p in parts.values()]
+    over = [-r for r in rests if r < 0]
+    under = [r for r in rests if r > 0]
+    text = []
+    if over:
+        text.append(f"in {len(over)} of {len(rests)} bars the instrumented parts add up to more than the timed "
+                    f"total (by up to {max(over) * 1e3:.0f} µs per token: that run is another run, and pays for its events): the total's tick "
+                    "sits inside the stack")
+    if under:
+        text.append(f"in {len(under)} the timed total is larger, by up to {max(under) * 1e3:.0f} µs per token "
+                    "(the grey rest)")
+    return "; ".join(text)
 
 
 def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str = ""):
@@ -63,12 +101,15 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     if not batches:
         return None
     # stacked, one panel a batch size, so the figure reads at page width; the legend beside the first panel
-    fig, axes = plt.subplots(len(batches), 1, figsize=(8.5, 3.9 * len(batches) + 0.9), squeeze=False)
-    for j, (ax, b) in enumerate(zip(axes[:, 0], batches)):
-        plot_breakdown(breakdown(rows, model, b), ax=ax, title=f"batch {b}", legend=j == 0)
-    fig.suptitle(f"{what}{model} shape: where each configuration's time per output token goes (median of the "
-                 f"JSON schemas; the split from a separate instrumented run, scaled to the timed total)\n{caption}",
-                 fontsize=FONT)
+    fig, axes = plt.subplots(len(batches), 1, figsize=(8.5, 3.9 * len(batches) + 1.1), squeeze=False)
+    panels = [breakdown(rows, model, b) for b in batches]
+    for j, (ax, b, parts) in enumerate(zip(axes[:, 0], batches, panels)):
+        plot_breakdown(parts, ax=ax, title=f"batch {b}", legend=j == 0)
+    rest = rest_caption(panels)
+    head = (f"{what}{model} shape: where each configuration's time per output token goes (median of the JSON "
+            "schemas; the parts from a separate instrumented run, unscaled; the black tick is the timed total)")
+    lines = [head] + ([rest[:1].upper() + rest[1:] + "."] if rest else [])
+    fig.suptitle("\n".join(textwrap.fill(t, 120) for t in lines) + f"\n{caption}", fontsize=FONT)
     fig.tight_layout()
     return fig
 
@@ -133,5 +174,5 @@ def figures(results, what: str = "") -> dict[str, Any]:
     return out
 
 
-__all__ = ["COLORS", "CONFIG_COLORS", "FONT", "LABELS", "breakdown_figure", "figures", "plot_breakdown",
-           "speedup_figure"]
+__all__ = ["COLORS", "CONFIG_COLORS", "FONT", "LABELS", "REST_COLOR", "REST_LABEL", "breakdown_figure", "figures",
+           "plot_breakdown", "rest_caption", "speedup_figure", "unattributed"]

@@ -1,6 +1,6 @@
 """The decode chapter's readings of its committed benchmark (``python -m studylog bench decode``): each
 configuration's parts per output token (:func:`breakdown`), what each chapter could at best remove of them
-(:func:`amdahl`), and the chapter's targets on a run (:func:`target_report`)."""
+(:func:`amdahl`; per schema, :func:`schema_bounds`), and the chapter's targets on a run (:func:`target_report`)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,33 @@ def amdahl(parts: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def schema_bounds(rows: Sequence[dict], model: str, batch: int, kind: str | None = "json",
+                  whitespace: str = "compact") -> dict[str, dict[str, float]]:
+    """:func:`amdahl` on each schema's own breakdown (of ``kind``; every schema measured with ``None``), by schema:
+    the bound of a request, to set beside that request's measured speedup."""
+    names = set(suite_names(kind)) if kind else None
+    schemas = {r["params"]["schema"] for r in rows_of(rows, model=model, batch=batch, config="baseline",
+                                                      whitespace=whitespace)}
+    out = {}
+    for name in sorted(schemas):
+        if names is not None and name not in names:
+            continue
+        mine = [r for r in rows if r["params"].get("schema") == name]
+        b = amdahl(breakdown(mine, model, batch, kind=kind, whitespace=whitespace))
+        if "both_bound" in b:
+            out[name] = b
+    return out
+
+
+def median_bound(rows: Sequence[dict], model: str, batch: int, kind: str | None = "json",
+                 key: str = "both_bound") -> float | None:
+    """The median over the schemas of each one's own bound (:func:`schema_bounds`): a bound taken request by request,
+    as the speedups it is set beside are, where :func:`amdahl` of :func:`breakdown` takes it on a breakdown of
+    medians that no request has. None where no schema has the bound."""
+    values = [b[key] for b in schema_bounds(rows, model, batch, kind).values() if key in b]
+    return statistics.median(values) if values else None
+
+
 #: The chapter's targets: step 3 over step 1, end to end per output token, at the ~1B shape: the median over
 #: the JSON schemas at batch 1, and no schema slower at batch 8.
 TARGET_SPEEDUP = 1.25
@@ -63,7 +90,7 @@ TARGET_SPEEDUP = 1.25
 
 def target_report(rows: Sequence[dict], model: str = "1b") -> dict[str, Any]:
     """Whether the targets are met on these rows, and why not: per batch, step 3's speedups over step 1 per JSON
-    schema, their median and minimum, and the Amdahl bound of the median schema's breakdown."""
+    schema, their median and minimum, and the median of the schemas' own Amdahl bounds (:func:`median_bound`)."""
     out: dict[str, Any] = {"target": TARGET_SPEEDUP}
     json_names = set(suite_names("json"))
     for batch in (1, 8):
@@ -75,11 +102,11 @@ def target_report(rows: Sequence[dict], model: str = "1b") -> dict[str, Any]:
                 ratios[name] = base[0]["ms"] / r["ms"]
         if not ratios:
             continue
-        bound = amdahl(breakdown(rows, model, batch)).get("both_bound")
+        bound = median_bound(rows, model, batch)
         median = statistics.median(ratios.values())
         out[batch] = {"speedups": ratios, "median": median, "min": min(ratios.values()), "bound": bound,
                       "met": median >= TARGET_SPEEDUP if batch == 1 else min(ratios.values()) >= 1.0}
     return out
 
 
-__all__ = ["TARGET_SPEEDUP", "amdahl", "breakdown", "target_report"]
+__all__ = ["TARGET_SPEEDUP", "amdahl", "breakdown", "median_bound", "schema_bounds", "target_report"]

@@ -15,6 +15,7 @@ from studylog.decode.model import LlamaModel
 JUMPS = ("none", "token", "char")
 HEADS = ("dense", "masked")
 MASKS = ("xgrammar", "automaton")
+SAMPLES = ("allowed", "all")
 #: The logit bias given to the token a :class:`~studylog.decode.grammar.Writer` names: far above any
 #: logit of the model, so the writer decides, and still a finite number added to a computed logit.
 STEER = 1.0e4
@@ -25,16 +26,21 @@ class DecodeConfig:
     """How a request is run. ``jump``: ``"none"`` (one forward per token), ``"token"`` (chapter 1's
     forced-token chains appended without a forward), ``"char"`` (forced bytes appended and the output
     retokenized); ``head``: ``"dense"`` or ``"masked"`` (chapter 2); ``mask``: who computes the allowed
-    tokens, ``"xgrammar"`` or ``"automaton"`` (chapter 1's, precomputed per state)."""
+    tokens, ``"xgrammar"`` or ``"automaton"`` (chapter 1's, precomputed per state); ``sample``: which logits
+    the sampler reads after the masked head, ``"allowed"`` (only the allowed ids',
+    :func:`~studylog.decode.kernels.allowed_argmax` when greedy) or ``"all"`` (the whole row, as after the dense
+    head; the same token, since the masked head writes ``-inf`` elsewhere). A dense head has no allowed ids: its
+    sampler reads the whole row either way."""
 
     name: str
     jump: str = "none"
     head: str = "dense"
     mask: str = "xgrammar"
     title: str = ""
+    sample: str = "allowed"
 
     def __post_init__(self):
-        for key, allowed in (("jump", JUMPS), ("head", HEADS), ("mask", MASKS)):
+        for key, allowed in (("jump", JUMPS), ("head", HEADS), ("mask", MASKS), ("sample", SAMPLES)):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"DecodeConfig.{key} must be one of {allowed}, got {getattr(self, key)!r}")
         if self.head == "masked" and self.mask != "automaton":
@@ -133,4 +139,4 @@ def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
     return -torch.log(-torch.log(hashed_uniform(seed, rows, position, vocab_ids)))
 
 
-__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "STEER", "check_model", "gumbel_noise", "hashed_uniform"]
+__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "SAMPLES", "STEER", "check_model", "gumbel_noise", "hashed_uniform"]

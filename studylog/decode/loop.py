@@ -11,7 +11,8 @@ Every step of every configuration does the same things in the same order:
 5. **mask application**: the bitmask copied to the device and applied (dense head only);
 6. **sampling** on the device, the tokens copied to the host, which waits: the one synchronisation per step, which
    the grammar needs. After the masked head a greedy step reads only the logits it computed
-   (:func:`~studylog.decode.kernels.allowed_argmax`); otherwise an argmax over the vocabulary;
+   (:func:`~studylog.decode.kernels.allowed_argmax`; ``sample="all"`` reads the whole row instead); otherwise an
+   argmax over the vocabulary;
 7. **bookkeeping (host)**: the grammar advances; forced tokens are appended and join the next step's chunk.
 """
 
@@ -346,7 +347,7 @@ class Decoder:
 
                 xgr.apply_token_bitmask_inplace(self._logits, self._bits, vocab_size=V)
             marks()
-            self._sample(temperature, seed, allowed)
+            self._sample(temperature, seed, allowed if cfg.sample == "allowed" else None)
             if self._tok_host is not self._tok:
                 self._tok_host.copy_(self._tok, non_blocking=True)
             marks()
