@@ -3,9 +3,9 @@ and the reading path (minutes of prose and code per page), computed from the com
 
 The fair headline of a chapter is its final kernel against the strongest rival measured at the same shape: the
 scoreboard's comparison (:mod:`book.scoreboard`), so the results page, the landing page, the scoreboard and the
-README never disagree. Chapter 1 has no GPU kernel: its line is the share of forward passes its token-level jumps
-leave out inside chapter 7's decode loop (jump-forward against the plain loop, on the same requests); chapter 01's
-page quotes the same number.
+README never disagree. Chapter 1 has no GPU kernel: its line is the share of forward passes its jumps leave out over
+its own suite (``assets/data/fsm_suite.json``, written by ``python -m studylog.fsm report --json``; chapter 01's page
+checks the file against the suite it runs).
 """
 
 from __future__ import annotations
@@ -17,26 +17,33 @@ from typing import Any, Callable
 
 from book.common import prose_words, us
 from book.scoreboard import ENTRIES, NOT_MEASURED, card_name, cards, load, rows, scoreboard
-from studylog.paths import BENCH_RESULTS, REPO_ROOT
+from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
 
 #: Words of prose a reader gets through in a minute of careful technical reading (code and tables come on top).
 WORDS_PER_MINUTE = 200
 
-#: Chapter 1's case in chapter 7's loop: the 8B-shaped model, batch 1, compact JSON whitespace.
-JUMP_CASE = {"model": "8b", "batch": 1, "whitespace": "compact"}
+#: Chapter 1's suite totals, the file its landing line reads.
+FSM_SUITE = DATA / "fsm_suite.json"
 
 
-def jump_forward(data: dict[str, Any]) -> dict[str, Any] | None:
-    """What chapter 1's compression saves in chapter 7's loop on one card: the share of forward passes
-    jump-forward (step 2) leaves out over the suite's entries (one request each), with the two counts. The count
-    depends on the grammar and the requests, not on the card."""
-    plain = {r["params"]["schema"]: r for r in rows(data, "step01", **JUMP_CASE)}
-    jumped = [(r, plain[r["params"]["schema"]]) for r in rows(data, "step02", **JUMP_CASE)
-              if r["params"]["schema"] in plain]
-    if not jumped:
-        return None
-    before, after = sum(p["forwards"] for _, p in jumped), sum(j["forwards"] for j, _ in jumped)
-    return {"saved": 1 - after / before, "before": before, "after": after, "requests": len(jumped)}
+def fsm_suite(path: Path = FSM_SUITE) -> dict[str, Any] | None:
+    """Chapter 1's suite totals per whitespace pattern (``studylog.fsm.report.suite_summary``), or None where the
+    file is missing."""
+    import json
+
+    return json.loads(path.read_text())["summary"] if path.is_file() else None
+
+
+def fsm_line(summary: dict[str, Any] | None) -> tuple[float | None, str, str]:
+    """Chapter 1's line from its suite totals: the share of forward passes step 3 (character jumps) leaves out on
+    compact JSON, the cell's text and a brief one."""
+    if summary is None:
+        return None, NOT_MEASURED, NOT_MEASURED
+    c, d = summary["compact"]["saved"], summary["default"]["saved"]
+    cell = (f"**{c['char']:.1%}** fewer forward passes on compact JSON ({d['char']:.1%} with outlines' default "
+            f"whitespace), retokenizing the forced bytes; token jumps, which keep the tokens, save {c['token']:.1%} "
+            f"and {d['token']:.1%}")
+    return c["char"], cell, f"{c['char']:.0%} fewer forward passes"
 
 
 def _short(card: str) -> str:
@@ -47,18 +54,14 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     """One dict per chapter: number, title, notebook, question, what the headline compares, and per card (short
     name) the headline's text (``cells``) and its ratio (``ratios``; None where not measured)."""
     board = scoreboard(root)
+    suite = fsm_suite()
     out = []
     for entry in ENTRIES:
         cells, ratios, brief = {}, {}, {}
         for card in cards(root):
             name = _short(card_name(card))
-            if entry.number == 1:
-                data = load(card, "decode")
-                jf = jump_forward(data) if data else None
-                ratios[name] = jf["saved"] if jf else None
-                cells[name] = (f"**{jf['saved']:.0%}** fewer forward passes ({jf['after']:,} instead of "
-                               f"{jf['before']:,} over {jf['requests']} suite entries)" if jf else NOT_MEASURED)
-                brief[name] = f"{jf['saved']:.0%} fewer forward passes" if jf else NOT_MEASURED
+            if entry.number == 1:  # counted on the host, the same on every card
+                ratios[name], cells[name], brief[name] = fsm_line(suite)
                 continue
             row = next((b for b in board if b["number"] == entry.number and _short(b["card"]) == name
                         and b["lead"]), None)
@@ -161,6 +164,6 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     return "\n".join(lines)
 
 
-__all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "JUMP_CASE", "WORDS_PER_MINUTE", "code_lines",
-           "headlines", "jump_forward",
+__all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines",
+           "fsm_line", "fsm_suite", "headlines",
            "reading_minutes", "reading_path_markdown", "summary_markdown"]

@@ -23,6 +23,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                           "reproduces the committed file, exported with outlines' Unicode \\d)")
     rep = sub.add_parser("report", help="print the suite's savings table")
     rep.add_argument("--samples", type=int, default=8)
+    rep.add_argument("--json", type=Path, default=None,
+                     help="also write the suite's totals (report.suite_summary) to this JSON file; the book's "
+                          "landing page reads assets/data/fsm_suite.json, written this way")
     args = parser.parse_args(argv)
     if args.command == "export-masks":
         from studylog import data
@@ -33,7 +36,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): {len(ms)} masks over {ms.vocab_size} ids "
               f"({ms.tokenizer}), allowed tokens from {counts.min()} to {counts.max()}")
         return 0
-    print(savings_table(run_suite(n_samples=args.samples, progress=True)))
+    results = run_suite(n_samples=args.samples, progress=True)
+    print(savings_table(results))
+    if args.json is not None:
+        import datetime
+        import json
+
+        from studylog.fsm.report import suite_summary
+        from studylog.fsm.vocabulary import load_vocabulary
+
+        record = {"command": "python -m studylog.fsm " + " ".join(sys.argv[1:] if argv is None else argv),
+                  "date": datetime.date.today().isoformat(), "samples": args.samples, "seed": 0,
+                  "vocabulary": load_vocabulary().name, "summary": suite_summary(results)}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -106,6 +106,20 @@ def run_suite(vocab: Optional[TokenVocabulary] = None, whitespaces: Sequence[str
     return results
 
 
+def suite_summary(results: Sequence[EntryResult]) -> dict[str, dict]:
+    """Per whitespace pattern, the suite's totals: entries, documents, canonical tokens, forward passes in each
+    mode, tokens retokenization replaced (char mode), and the share of passes each mode saves over none."""
+    out = {}
+    for ws in dict.fromkeys(r.whitespace for r in results):
+        rows = [r for r in results if r.whitespace == ws]
+        passes = {m: sum(r.passes[m] for r in rows) for m in MODES}
+        out[ws] = {"entries": len(rows), "documents": sum(r.samples for r in rows),
+                   "tokens": sum(r.tokens for r in rows), "passes": passes,
+                   "retokenized": sum(r.retokenized for r in rows),
+                   "saved": {m: 1.0 - passes[m] / passes["none"] for m in MODES if m != "none"}}
+    return out
+
+
 def savings_table(results: Sequence[EntryResult]) -> str:
     """A Markdown table of the suite, one row per entry: for each whitespace pattern the forward passes of
     the three steps and the share step 3 saves; totals last."""
