@@ -61,7 +61,7 @@ class Quant(IntEnum):
 
     SEPARATE = 0  # in a kernel of its own before the matmul (quantize_x, the matmul launched early)
     EVERY_BLOCK = 1  # in every block of the matmul, from global memory (up to 8 rows of x, all of K in shared memory)
-    STAGED = 4  # in every block, from a copy the copy engine brought into shared memory ahead of the weights
+    STAGED = 2  # in every block, from a copy the copy engine brought into shared memory ahead of the weights
 
 
 #: The places to quantise x by the name step 12's ``quantize`` takes.
@@ -82,7 +82,7 @@ W2A8_INSTANCES = tuple(_w2a8_instance(Quant.SEPARATE, True, mt, *shape) for mt i
     tuple(_w2a8_instance(Quant.EVERY_BLOCK, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_SHAPES) + \
     tuple(_w2a8_instance(Quant.STAGED, bf16, 1, *shape) for bf16 in (True, False) for shape in W2A8_STAGED_SHAPES)
 cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
-W2A8_SIGNATURE = ["ptr"] * 10 + ["i32"] * 8
+W2A8_SIGNATURE = ["ptr"] * 9 + ["i32"] * 7
 W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
 #: The longest K step 12 takes: its int32 sums and their float32 conversion stay exact below it
 #: (|sum_k x_k w_k| <= 128 K <= 2^24).
@@ -271,13 +271,12 @@ def _step12_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any,
     def call() -> Tensor:
         if quant == Quant.SEPARATE:
             xq, x_scale, row_sum = _quantize_x(x2, build, trace)
-            # launched early (programmatic dependent launch): its weights stream in while x is quantised. The
-            # kernel's `flags` and `epoch` are unused (None, 0): see ternary_w2a8.cu.
-            kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, None, m, w.n, k, groups,
-                   x2.stride(0), s_stride, per_slice, 0, *traced, shared_mem=smem, early=True)
+            # launched early (programmatic dependent launch): its weights stream in while x is quantised
+            kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, m, w.n, k, groups,
+                   x2.stride(0), s_stride, per_slice, *traced, shared_mem=smem, early=True)
         else:
-            kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, None, m, w.n, k, groups,
-                   x2.stride(0), s_stride, per_slice, 0, *traced, shared_mem=smem)
+            kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, m, w.n, k, groups,
+                   x2.stride(0), s_stride, per_slice, *traced, shared_mem=smem)
         return z[0] if vector else z
     return call
 

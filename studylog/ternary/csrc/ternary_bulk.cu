@@ -14,7 +14,7 @@
 //   * a block owns RT tiles of 16 rows and its consumer warps share the block's K: in each stage,
 //     warp i takes groups i CHUNK .. i CHUNK + CHUNK - 1 of the stage's warps x CHUNK groups, which
 //     are consecutive in the "2bit_tiles" format, so a stage is one copy per tile (few, large
-//     copies: 1 KiB copies per warp were slower, the copy engine has a cost per copy);
+//     copies: the TMA has a cost per copy, which copies of 1 KiB per warp would pay once per warp and stage);
 //   * x comes in by the same engine, issued first, so its wait overlaps the weights' wait;
 //   * the warps add their partial sums in shared memory at the end, in a fixed order: no split of K
 //     across blocks, no round trip through L2, and the result is deterministic. (K is split across

@@ -202,9 +202,8 @@ __device__ __forceinline__ void finish_split_with(u32 *arrivals, u32 tile, int s
     if (!last) return;
     __threadfence();
     // B outputs a thread at a time, their slices' loads issued together (4 slices an unrolled step): one
-    // output at a time, a slice at a time, made a chain of slices x outputs-a-thread L2 round trips (28 for
-    // step 13's blocks of 128 rows x 16 rows of x in 4 slices; batched, step 13 was faster at M = 16:
-    // notebook 05)
+    // output at a time, a slice at a time, would make a chain of slices x outputs-a-thread L2 round trips (28
+    // for step 13's blocks of 128 rows x 16 rows of x in 4 slices)
     constexpr int B = 4;
     const int total = rows * cols;
     for (int i0 = threadIdx.x; i0 < total; i0 += B * blockDim.x) {

@@ -145,13 +145,13 @@ __device__ __forceinline__ float row_scale(float amax) { return (1.0f / fmaxf(am
 
 // Unit i of a row of `units`, counted from unit rot (< units). All the blocks of the matmul read the same
 // x; starting each at a different unit spreads their loads over L2's slices (every block reading the same
-// x in the same order was slower: notebook 05).
+// x in the same order queue on the same slices).
 __device__ __forceinline__ int rotated(int i, int rot, int units) {
     return i + rot < units ? i + rot : i + rot - units;
 }
 
 // The groups (of 256 activations, 16 units) of a row of x that block `part` of `parts` quantises: first ..
-// first + count - 1. Callers here take a whole row, RowShare(0, 1, groups) (a row split among blocks was slower).
+// first + count - 1. Callers here take a whole row, RowShare(0, 1, groups).
 struct RowShare {
     int first, count;
     __device__ RowShare(int part, int parts, int groups)
@@ -311,7 +311,7 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
 #endif
 
 // Where step 12 quantises x, its QUANT (Quant in w2a8.py, the same numbers; the comment below says how).
-enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 4 };
+enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 2 };
 
 // z[m, n] = (sum_k xq[m, k] W[n, k]) / (x_scale[m] scale[n * scale_stride]), xq from quantize_x (its
 // order, rows of `groups` x 256 bytes), W in the "2bit_tiles" format. Blocks, warps, stages and the
@@ -322,10 +322,8 @@ enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 4 };
 //
 // Except in QUANT_STAGED, the producer only streams weights: it starts at once and never waits for x. The
 // consumer warps bring the block's x into shared memory themselves, with plain loads (a copy of x by the
-// engine queued behind the first stages of weights left the consumers waiting while the ring sat full and
-// DRAM idle; QUANT_STAGED has the engine copy x *before* them). Where x is quantised (QUANT; the numbers
-// are those of the compiled instances; 2, 3 and 5 were other places, measured slower than these, so not
-// compiled here):
+// engine would queue behind the first stages of weights and leave the consumers waiting while the ring sits
+// full; QUANT_STAGED has the engine copy x *before* them). Where x is quantised (QUANT):
 //   QUANT_SEPARATE: before, by quantize_x (xq, x_scale and row_sum are its outputs); the consumers wait for it
 //      (griddepcontrol.wait), then load their slice of xq;
 //   QUANT_EVERY_BLOCK: in every block (at most 8 rows of x and all of K in one block): the consumers quantise the
@@ -335,22 +333,19 @@ enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 4 };
 //   QUANT_STAGED: as QUANT_EVERY_BLOCK, but the producer first has the copy engine bring the block's rows of x (bf16
 //      or fp16, K & ~7 activations a row) into shared memory, then every chunk of weights at once, with
 //      no pause: x's copy is ahead of every weight this SM asks for, and the ring can be as deep as
-//      shared memory allows (in QUANT_EVERY_BLOCK, every stage the producer filled before x was read delayed x). The
-//      consumers wait for x's barrier and
-//      quantise from shared memory; the int8 bytes overwrite the row they were read from (a row of
+//      shared memory allows (in QUANT_EVERY_BLOCK, every stage the producer fills before x is read delays x).
+//      The consumers wait for x's barrier and quantise from shared memory; the int8 bytes overwrite the row they were read from (a row of
 //      int8 x, groups x 256 + 64 bytes, never reaches the next row of 16-bit x, groups x 512 bytes on;
 //      quantize_row has every activation of a row in registers before its first write, which the
 //      wrapper sees to: K at most 8 x 16 activations a consumer thread).
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
-// (w2a8_blocks_per_sm in studylog/ternary/w2a8.py counts on it; a test checks it). `flags` and `epoch` are
-// read by none of these places (x quantised once by a first block, then a flag, did): they stay so that the kernel's
-// parameters, and so its compiled code, are those of the instances measured.
+// (w2a8_blocks_per_sm in studylog/ternary/w2a8.py counts on it; a test checks it).
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
 __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
     uint4 *__restrict__ xq, const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
     const float *__restrict__ scale, float *__restrict__ x_scale, int *__restrict__ row_sum,
-    int *__restrict__ partials, u32 *__restrict__ arrivals, int *__restrict__ flags, int M, int N, int K, int groups,
-    int x_stride, int scale_stride, int groups_per_slice, int epoch W2A8_TRACE_PARAM) {
+    int *__restrict__ partials, u32 *__restrict__ arrivals, int M, int N, int K, int groups, int x_stride,
+    int scale_stride, int groups_per_slice W2A8_TRACE_PARAM) {
     constexpr bool STAGED = QUANT == QUANT_STAGED;
     constexpr bool FUSED = QUANT == QUANT_EVERY_BLOCK || STAGED;
     static_assert(QUANT == QUANT_SEPARATE || FUSED, "x is quantised before, in every block or staged");
@@ -420,9 +415,9 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
                     W2A8_AT(row == 0 && tid == 0, 56);
                     return amax;
                 };
-                // The row's sum of q is the block's. (The closure refers to tid, nthreads and out, which it
-                // does not need: so did the one the cluster variant shared, and the closure is part of what
-                // the compiler optimises, so keeping them keeps the compiled kernel the one measured.)
+                // The row's sum of q is the block's. The closure names tid, nthreads and out without needing
+                // them: what it captures shapes the schedule ptxas gives this loop, so dropping them is a
+                // change to the compiled kernel to be measured, not a clean-up.
                 const auto sum_all = [&](int sum) {
                     (void)tid, (void)nthreads, (void)out;
                     return sum;
@@ -509,16 +504,15 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
 // consumer warp w owns TILES tiles of the block's WARPS x TILES, so a block covers 16 WARPS TILES weight
 // rows over a slice of K (grid.y), and its x is that slice only (16 rows of 3584 for a quarter of
 // K = 14336: 57 KB). Every warp reads all of the block's x from shared memory, once a group for its
-// TILES tiles. Two tiles a warp halve those reads (2/3 of the shared memory's traffic at M = 16 with one)
-// but were slower in the sweep of launch shapes: one is the default.
+// TILES tiles. Two tiles a warp halve those reads (2/3 of the shared memory's traffic at M = 16 with one),
+// at the cost of half as many warps to hide latency: one is the default.
 // Each warp sums its own tile: no sums across warps, only across the slices of K (finish_split_with).
 // A stage of the ring holds CHUNK groups of each tile (the ring of ternary_ring.cuh made for one warp a
 // tile: WARPS copies of CHUNK KiB a stage). x comes from quantize_x (the matmul launched early: its
 // weights stream in meanwhile); its rows sit in shared memory in step 12's order, so the arithmetic is
 // step 12's group_w2a8, one tile a warp. The copy engine brings x too, one copy a row, issued by a second
-// producer thread once quantize_x is done: the consumers' own loads (step 12's load_xq_slice, 4 in
-// flight a thread) took 57 KB a block through L2 behind the weights' flood, and the matmul alone was
-// slower.
+// producer thread once quantize_x is done, rather than the consumers' own loads (step 12's load_xq_slice,
+// 4 in flight a thread), which would take 57 KB a block through L2 behind the weights' flood.
 template <int MT, int WARPS, int TILES, int STAGES, int CHUNK>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1) step13_w2a8_tiles_kernel(
     const uint4 *__restrict__ xq, const uint4 *__restrict__ w, float *__restrict__ z, const float *__restrict__ scale,
