@@ -566,3 +566,36 @@ def boehm_table(results) -> str:
                 previous[i] = t
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+#: lab/ctc/step07_changes.py's variants, in the table's order: step 7, then step 7 with one change undone.
+STEP07_CHANGES = (("step 7", "step 7 (all five changes)"),
+                  ("softmax written", "change 1 undone: the log-softmax written, then read"),
+                  ("block recursion", "change 2 undone: a block per direction, a barrier per frame (step 5's)"),
+                  ("directions in turn", "change 3 undone: alpha, then beta, in one warp"))
+
+
+def step07_changes(gpu: str = "nvidia-h200") -> dict | None:
+    """Step 7 with one change undone at a time (``lab/ctc/step07_changes.py``, one run): per variant and case (A, N),
+    µs and the ratio to step 7's time; step 5 beside them. None where the run is not committed."""
+    try:
+        data = load_lab("ctc", "step07_changes", gpu)
+    except FileNotFoundError:
+        return None
+    rows = {(r["params"]["variant"], r["params"]["A"], r["params"]["N"]): r["ms"] * 1e3 for r in data["measurements"]}
+    cases = sorted({(a, n) for _, a, n in rows}, key=lambda c: (c[0], c[1]))
+    seven = {c: rows[("step 7", *c)] for c in cases}
+    table = {v: {c: (rows[(v, *c)], rows[(v, *c)] / seven[c]) for c in cases} for v, _ in STEP07_CHANGES}
+    table["library step 5"] = {c: (rows[("library step 5", *c)], rows[("library step 5", *c)] / seven[c])
+                               for c in cases}
+    return {"cases": cases, "rows": table, "failed": [c for c in data["checks"] if not c["passed"]]}
+
+
+def step07_changes_table(changes: dict) -> str:
+    """Markdown: µs per call and × step 7 for each variant of :func:`step07_changes`, one column per case."""
+    head = " | ".join(f"A = {a:,}, N = {n}" for a, n in changes["cases"])
+    lines = [f"| variant | {head} |", "|---|" + "---|" * len(changes["cases"])]
+    for key, label in STEP07_CHANGES + (("library step 5", "step 5, for reference"),):
+        cells = [f"{t:,.1f} ({x:.2f}×)" for t, x in (changes["rows"][key][c] for c in changes["cases"])]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -657,7 +657,7 @@ PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
     (2, 1, 1, "int8 weights"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
-    (4, 1, 3, "a decode of an AND and an FMA a weight, 8 rows a program, split K (four changes, measured together)"),
+    (4, 1, 3, "a decode of an AND and an FMA a weight, 8 rows a program, split K (three changes, each measured under step 4)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
     (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte)"),
     (9, 1, 4, "two weights an AND and a packed FMA, straight into the MMA (built for several rows)"),
@@ -847,3 +847,50 @@ def first_attempt_excerpt() -> str:
         out.append(f"{line}  # <- {mark}" if mark else line)
     out.append("# launched with BLOCK_SIZE_M = BLOCK_SIZE_N = 2  # <- BUG: 2 x 2 blocks, almost every lane idle")
     return "\n".join(out).replace(", X_ALONG_N: tl.constexpr", "")
+
+
+#: lab/ternary/bundled_steps.py's variants, in the page's order: the cumulative chain, then one change undone.
+STEP_CHANGES = {
+    4: {"chain": (("step03", "step 3"), ("+a", "+ the exponent-AND decode"), ("+a+b", "+ 8 rows a thread, one x load "
+                  "for the 8"), ("+a+b+c", "+ split K where the autotuner takes it (step 4)")),
+        "undone": (("step04-a", "step 4 with step 3's decode"), ("step04-b", "step 4 on step 3's tile"),
+                   ("step04-d", "step 4 reducing every tile"), ("step04+split", "step 4 with K split in 4"))},
+    9: {"chain": (("step05", "step 5"), ("step05@9", "step 5 with step 9's configs"),
+                  ("+a", "+ two weights per AND and HFMA2"), ("+a+m", "+ step 9's masks (rows clamped, x unmasked)"),
+                  ("+a+m+b", "+ the 2bit_mma layout"), ("+a+m+b+c", "+ split K without a memset (step 9)")),
+        "undone": (("step09-b", "step 9 on the 2bit layout"), ("step09-m", "step 9 with step 5's masks"))},
+}
+
+
+def step_changes(step: int, gpu: str = "nvidia-h200") -> Optional[dict]:
+    """Step 4's or step 9's changes one at a time (``lab/ternary/bundled_steps.py``, one run): per variant and case
+    (shape, M) the GPU time in µs; None where the run is not committed."""
+    try:
+        data = _lab("bundled_steps", gpu)
+    except FileNotFoundError:
+        return None
+    rows = [r for r in data["measurements"] if r["series"] == f"step{step:02d}_changes"]
+    cases = list(dict.fromkeys((r["params"]["shape"], r["params"]["m"]) for r in rows))
+    us_ = {(r["params"]["variant"], r["params"]["shape"], r["params"]["m"]): r["ms"] * 1e3 for r in rows}
+    return {"cases": cases, "us": us_, "failed": [c for c in data["checks"] if not c["passed"]]}
+
+
+def step_changes_table(step: int, changes: dict) -> str:
+    """Markdown: the cumulative chain (µs, × the row above) and then each change undone (µs, × the step)."""
+    cases = changes["cases"]
+    head = " | ".join(f"{s.replace('x', ' x ')}, M = {m}" for s, m in cases)
+    lines = [f"| change | {head} |", "|---|" + "---|" * len(cases)]
+    spec, previous = STEP_CHANGES[step], None
+    for key, label in spec["chain"]:
+        cells = []
+        for c in cases:
+            t = changes["us"][(key, *c)]
+            cells.append(f"{t:.1f}" + (f" ({changes['us'][(previous, *c)] / t:.2f}×)" if previous else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        previous = key
+    final = spec["chain"][-1][0]
+    for key, label in spec["undone"]:
+        cells = [f"{changes['us'][(key, *c)]:.1f} ({changes['us'][(final, *c)] / changes['us'][(key, *c)]:.2f}×)"
+                 for c in cases]
+        lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -113,11 +113,11 @@ MEASURED = {
        "M = 1 split K. At 16 rows each decoded tile feeds 16 rows of x, so a larger tile decodes "
        "fewer times per row and waits on fewer MMAs per weight: the same small tile that helps at M = 1 costs "
        "there. No tile removes the wait on each MMA before the next decode, which is part 2's subject.",
-    6: "Not measured for the book: step 4's four changes were timed together. Per weight the shift decode is a "
-       "shift, an AND, a subtraction and an int-to-float conversion, where step 4's is one AND and one subtraction "
-       "(the float's exponent does the conversion); both are then one FMA. Equal times on step 4's configs mean the "
-       "kernel waits on its loads and the decode is hidden behind them; a gap is the decode's share of the "
-       "critical path, larger where a program has more words in flight (the wider tiles).",
+    6: "Per weight the shift decode is a shift, an AND, a subtraction and an int-to-float conversion, where step "
+       "4's is one AND and one subtraction (the float's exponent does the conversion); both are then one FMA. Equal "
+       "times on step 4's configs would mean the kernel waits on its loads and the decode hides behind them. The "
+       "table under step 4 has this very kernel (its row 'step 4 with step 3's decode'): the gap is large, so the "
+       "decode is on the critical path, the more so where a program has more words in flight (the wider tiles).",
     11: "The default (4 warps of one tile, 4 stages of 2 groups, split K to fill the GPU once) was the best of the "
         "H200 sweep at 4096 x 14336 for M = 1 and 16 (lab/ternary/results/nvidia-h200/w2a8_tiles_sweep_tma.json). "
         "Two tiles a warp read x once for both but measured about a quarter slower "
