@@ -602,3 +602,65 @@ def target_report(results) -> str:
     if lost:
         lines += ["", "Where we lose:", ""] + [f"- {text.removeprefix('we lose: ')}" for text in lost]
     return "\n".join(lines)
+
+
+#: lab/masked_lm_head/step05_changes.py's rows, in the table's order (its ``variant`` labels).
+STEP05_CHANGES = ("step 4", "step 4 + one_wait", "step 4 + fill_first", "step 4 + evict_first", "step 5 - one_wait",
+                  "step 5 - fill_first", "step 5 - evict_first", "step 5")
+#: The plan's step at batch 1 split into its parts (the same file's ``decode_split`` series).
+PLAN_PARTS = (("whole", "the whole step: the copy, then the plan's three kernels"),
+              ("copy", "the bitmask's host-to-device copy alone"),
+              ("count_zero", "the union's count zeroed alone"),
+              ("union_kernel", "the union kernel alone"),
+              ("row_kernel", "the plan's row kernel alone"))
+
+
+def _lab_rows(gpu: str = "nvidia-h200") -> list[dict] | None:
+    from studylog.plotting import load_lab
+
+    try:
+        return load_lab("masked_lm_head", "step05_changes", gpu)["measurements"]
+    except FileNotFoundError:
+        return None
+
+
+def step05_changes_table(gpu: str = "nvidia-h200") -> str | None:
+    """Markdown: step 4 with each of step 5's three changes added alone, and step 5 with each taken out, at batch 1
+    and 1, 1,000 and 10,000 allowed tokens (µs, × step 4's time in the same run), step 5's tiles throughout; None
+    where the run is not committed."""
+    rows = _lab_rows(gpu)
+    if rows is None:
+        return None
+    at = {(r["params"]["variant"], r["params"]["allowed"]): r["ms"] * 1e3 for r in rows
+          if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
+    counts = sorted({n for _, n in at})
+    lines = ["| variant | " + " | ".join(f"{n:,} allowed" for n in counts) + " |", "|---|" + "---|" * len(counts)]
+    for v in STEP05_CHANGES:
+        cells = [f"{at[(v, n)]:.2f} ({at[('step 4', n)] / at[(v, n)]:.2f}×)" for n in counts]
+        lines.append(f"| {v.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plan_parts(gpu: str = "nvidia-h200") -> dict[int, dict[str, float]] | None:
+    """The plan's step at batch 1, part by part (µs), per allowed count; None where the run is not committed."""
+    rows = _lab_rows(gpu)
+    if rows is None:
+        return None
+    out: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r["series"] == "decode_split":
+            out.setdefault(r["params"]["allowed"], {})[r["params"]["part"]] = r["ms"] * 1e3
+    return out
+
+
+def plan_parts_table(parts: dict[int, dict[str, float]]) -> str:
+    """Markdown: :func:`plan_parts`, one column per allowed count, and what the parts alone leave unexplained."""
+    counts = sorted(parts)
+    lines = ["| part, batch 1 | " + " | ".join(f"{n:,} allowed (µs)" for n in counts) + " |",
+             "|---|" + "---|" * len(counts)]
+    for key, label in PLAN_PARTS:
+        lines.append(f"| {label} | " + " | ".join(f"{parts[n][key]:.1f}" for n in counts) + " |")
+    rest = [parts[n]["whole"] - parts[n]["copy"] - parts[n]["launch"] for n in counts]
+    lines.append("| the kernels waiting for the copy to land (whole − copy − kernels alone) | "
+                 + " | ".join(f"{r:.1f}" for r in rest) + " |")
+    return "\n".join(lines)
