@@ -315,19 +315,6 @@ def bench_inputs(cases) -> dict[tuple[int, int], tuple]:
     return out
 
 
-def _estimate_ms(fn) -> float:
-    """A rough time of ``fn`` (events around three eager calls), to size the graph as the benchmark does."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 3
-
-
 def measure() -> Path:
     """Each case: the library's step 5 and step 7, then every variant, each checked against the float64 reference
     (a failed check is recorded and the row still written), then timed on the chapter's GPU clock."""
@@ -372,7 +359,7 @@ def measure() -> Path:
             if knobs["variant"] == "step 7":
                 run.check("the frozen source's step 7 is the library's, bit for bit", identical, params=params)
             del loss, grad
-            estimate = _estimate_ms(lambda: fn(x, batch))
+            estimate = report.estimate_ms(lambda: fn(x, batch))
 
             def make_calls(fn=fn):
                 calls = []

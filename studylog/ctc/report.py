@@ -157,7 +157,7 @@ def _call(number: int, x: Tensor, batch: CTCTargets, **how):
     return step_of(number).function(x, batch, **({"warn": False} if number == 6 else {}), **how)
 
 
-def _estimate_ms(fn) -> float:
+def estimate_ms(fn) -> float:
     """A first, rough time of ``fn`` (events around three eager calls), to size the measurements."""
     fn()
     torch.cuda.synchronize()
@@ -174,7 +174,7 @@ def _timed(run, series: str, fn, params: dict, *, calls_on=None, x: Tensor | Non
            host: bool = True, reps: int = GRAPH_REPS, **extra) -> dict:
     """Record ``fn`` on the GPU clock, its calls built by ``calls_on(x_i)`` on fresh activations like ``x``, rotated
     among :func:`copies` of them; without ``calls_on``, on the kernel clock. The host time of ``fn`` beside it."""
-    estimate = _estimate_ms(fn)
+    estimate = estimate_ms(fn)
     if calls_on is None:
         timing, extra["clock"] = run.kernel_time(fn, reps=SPAN_REPS), "kernel"
     else:
@@ -404,7 +404,7 @@ def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
     plan = CTCPlan(T, N, A, max(1, max(len(l) for l in lists)), step=step, device=x.device)
     plan.set_targets(padded(lists), (T,) * N, tuple(len(l) for l in lists))
     call = lambda: plan(x)  # noqa: E731
-    run.record(f"{step_of(step).series} plan", run.host_time(call, calls=host_calls(_estimate_ms(call))),
+    run.record(f"{step_of(step).series} plan", run.host_time(call, calls=host_calls(estimate_ms(call))),
                params=params, note="CTCPlan call: the kernels only (targets set once, workspace preallocated)")
 
 
