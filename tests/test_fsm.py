@@ -376,6 +376,24 @@ def test_measure_entry_counts(automata, vocab):
     assert "us_phone" in table and table.count("\n") == 3
 
 
+def test_suite_summary_totals_each_whitespace(automata, vocab):
+    """The totals the landing page reads (assets/data/fsm_suite.json): passes summed per whitespace pattern, the
+    share saved computed from those sums (not averaged over entries)."""
+    from studylog.fsm.report import suite_summary
+
+    results = [fsm.measure_entry(automata[(name, ws)][0], vocab, ws, n_samples=2, seed=1,
+                                 fsm=automata[(name, ws)][1])[0]
+               for name, ws in (("us_phone", "default"), ("weather_call", "default"))]
+    summary = suite_summary(results)
+    assert list(summary) == ["default"]
+    d = summary["default"]
+    assert d["entries"] == 2 and d["documents"] == 4
+    for mode in ("none", "token", "char"):
+        assert d["passes"][mode] == sum(r.passes[mode] for r in results)
+    assert d["saved"]["char"] == 1 - d["passes"]["char"] / d["passes"]["none"]
+    assert d["retokenized"] == sum(r.retokenized for r in results)
+
+
 def test_select_masks_spans_bins_within_budget():
     counts = [("a", s, n) for s, n in enumerate([1, 1, 2, 3, 5, 9, 17, 33, 800, 900, 60000, 70000, 90000])]
     picked = fsm.select_masks(counts, per_bin=1, max_ids=100_000)
