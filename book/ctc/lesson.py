@@ -599,3 +599,19 @@ def step07_changes_table(changes: dict) -> str:
         cells = [f"{t:,.1f} ({x:.2f}×)" for t, x in (changes["rows"][key][c] for c in changes["cases"])]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def ftz_effect(gpu: str = "nvidia-h200") -> dict | None:
+    """What the flush-to-zero ex2/lg2 of steps 8 and 9's default recursion buys: over the benchmark's grid in the
+    earlier options run (``lab/ctc/results/<gpu>/options_and_layouts.json``, do_bench clock), step 9 with the plain
+    branch-free recursion over step 9 (median and largest ratio); None where that run is not committed."""
+    try:
+        data = load_lab("ctc", "options_and_layouts", gpu)
+    except FileNotFoundError:
+        return None
+    by = {}
+    for r in data["measurements"]:
+        if r["series"] in ("step09", "step09 recursion branch-free"):
+            by.setdefault((r["params"]["A"], r["params"]["N"]), {})[r["series"]] = r["ms"]
+    ratios = [v["step09 recursion branch-free"] / v["step09"] for v in by.values() if len(v) == 2]
+    return {"median": statistics.median(ratios), "most": max(ratios)} if ratios else None
