@@ -202,10 +202,9 @@ def figures(results) -> dict:
             ax.axhline(1.0, color="k", lw=1)
             ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
             ax.set_title(f"{card}, M = {m}", fontsize=FONT + 1)
-        _head(fig, "Our fastest kernel against cuBLAS bf16 and the peers (cuBLAS and GemLite against bf16 x, "
-              "torch._int_mm against W2A8;\nbelow 1, the rival is faster; no bar: a shape the peer was not run at)\n"
+        _head(fig, "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there)\n"
               + caption)
-        fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 1.0 / height))
+        fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 0.8 / height))
         _legend_below(fig, list(axes[:, 0]), ncol=3)
         figs["peers"] = fig
     return figs
