@@ -46,6 +46,17 @@ def amdahl_bound(saved_share: float) -> float:
 MODES = {1: "none", 2: "token", 3: "char"}
 
 
+def run_suite(vocab) -> tuple[list, dict]:
+    """The chapter's suite (``studylog.fsm.run_suite``: both whitespace patterns, eight documents an entry, seed 0)
+    and its default-whitespace automata, kept for the comparison with xgrammar and llguidance."""
+    from studylog import fsm
+
+    automata: dict = {}
+    results = fsm.run_suite(vocab, whitespaces=("default", "compact"), n_samples=8, seed=0,
+                            keep=lambda r, f: automata.setdefault(r.name, f) if r.whitespace == "default" else None)
+    return results, automata
+
+
 def suite_passes(results, whitespace: str = "default") -> dict[int, int]:
     """Forward passes each step needs over the suite's documents (rows of ``fsm.run_suite``)."""
     rows = [r for r in results if r.whitespace == whitespace]
