@@ -507,3 +507,11 @@ def peer_by_card(peer: str = report.FLASHINFER, shape: str = report.MIXED_SHAPE,
 #: FlashInfer's prefill kernels, where the multi-item mask and its ``max_item_len`` loop bound live.
 FLASHINFER_PREFILL = ("https://github.com/flashinfer-ai/flashinfer/blob/main/include/flashinfer/attention/"
                       "prefill.cuh")
+
+
+def gqa_ratio(results) -> float | None:
+    """FlashInfer's time over the entry point's step for grouped heads (step 6) on the mixed batch in the
+    grouped-query layout (:data:`GQA_SHAPE`), from the same run; None where the run lacks either."""
+    from studylog.multi_item import CHAPTER
+
+    return ratio(ms(results, report.FLASHINFER, GQA_SHAPE), ms(results, CHAPTER.step(6).series, GQA_SHAPE))

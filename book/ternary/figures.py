@@ -181,6 +181,8 @@ def figures(results) -> dict:
 
         for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
             axis(FormatStrFormatter("%g"))
+        low, high = ax.get_ylim()  # label the decades' steps too, so the fastest bars sit on a labelled tick
+        ax.set_yticks([t for t in (5, 10, 15, 20, 30, 50, 100, 200, 300, 500, 1000, 2000) if low <= t <= high])
         ax.set_ylabel("GPU time (µs, median)", fontsize=FONT)
         ax.set_title(f"{card}, one row of x (M = 1): part 1's Triton steps on the Llama shapes", fontsize=FONT + 1)
         _head(fig, caption)
