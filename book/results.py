@@ -116,6 +116,23 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     return out
 
 
+def versions_markdown(root: Path = BENCH_RESULTS) -> str:
+    """Markdown: per chapter and card, the date of the benchmark file its lines come from, so a reader sees where two
+    cards ran the chapter's code of different days."""
+    folders = cards(root)
+    names = [_short(card_name(c)) for c in folders]
+    lines = ["| chapter | " + " | ".join(f"{n}: measured on" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for entry in ENTRIES:
+        if entry.bench is None:
+            continue
+        cells = []
+        for card in folders:
+            data = load(card, entry.bench)
+            cells.append(data["date"][:10] if data else NOT_MEASURED)
+        lines.append(f"| {entry.number}. {entry.title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
     """The results page's first table: per chapter the question, the fair headline on each card and a link."""
     link = link or (lambda nb: nb)
@@ -195,5 +212,5 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
 
 
 __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines",
-           "fsm_line", "fsm_suite", "headlines", "repeated",
+           "fsm_line", "fsm_suite", "headlines", "repeated", "versions_markdown",
            "reading_minutes", "reading_path_markdown", "summary_markdown"]
