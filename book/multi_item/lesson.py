@@ -515,3 +515,16 @@ def gqa_ratio(results) -> float | None:
     from studylog.multi_item import CHAPTER
 
     return ratio(ms(results, report.FLASHINFER, GQA_SHAPE), ms(results, CHAPTER.step(6).series, GQA_SHAPE))
+
+
+def order_changes(gpu: str = "nvidia-h200") -> dict[str, float] | None:
+    """Step 5b's two changes one at a time on the mixed batch (``lab/multi_item/step_changes.py``, one run): µs of
+    step 5 in the first order, with head groups only, with the heaviest tiles first only, and with both (5b)."""
+    from studylog.plotting import load_lab
+
+    try:
+        data = load_lab("multi_item", "step_changes", gpu)
+    except FileNotFoundError:
+        return None
+    return {r["params"]["order"]: r["ms"] * 1e3 for r in data["measurements"]
+            if r["series"] == "step_changes" and "order" in r["params"]}

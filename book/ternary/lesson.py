@@ -894,3 +894,29 @@ def step_changes_table(step: int, changes: dict) -> str:
                  for c in cases]
         lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+#: lab/ternary/step11_changes.py's variants: step 11, then one side change undone at a time, then all three.
+STEP11_CHANGES = (("step11", "step 11"), ("step11-c", "the magic constant rebuilt before each LOP3, as in step 10"),
+                  ("step11-a", "one 1 KiB copy per warp instead of one per tile"),
+                  ("step11-b", "K split across 8 blocks, partial sums through L2 (8× the blocks)"),
+                  ("step11-a-b-c", "all three undone"))
+
+
+def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
+    """Markdown: step 11 with each of its three side changes undone (``lab/ternary/step11_changes.py``, one run,
+    M = 1): µs and × step 11, step 10 beside them; None where the run is not committed."""
+    try:
+        data = _lab("step11_changes", gpu)
+    except FileNotFoundError:
+        return None
+    rows = data["measurements"]
+    shapes = list(dict.fromkeys(r["params"]["shape"] for r in rows))
+    at = {(r["params"]["variant"], r["params"]["shape"]): r["ms"] * 1e3 for r in rows
+          if r["series"] in ("step11_changes", SERIES[10])}
+    lines = ["| step 11 with | " + " | ".join(f"{s.replace('x', ' x ')}, M = 1 (µs, × step 11)" for s in shapes)
+             + " |", "|---|" + "---|" * len(shapes)]
+    for key, label in STEP11_CHANGES + (("step10", "step 10, for reference"),):
+        lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)]:.1f} ({at[(key, s)] / at[('step11', s)]:.2f}×)"
+                                                  for s in shapes) + " |")
+    return "\n".join(lines)
