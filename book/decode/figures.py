@@ -83,12 +83,10 @@ def rest_caption(panels: Sequence[dict[str, dict[str, float]]]) -> str:
     under = [r for r in rests if r > 0]
     text = []
     if over:
-        text.append(f"in {len(over)} of {len(rests)} bars the instrumented parts add up to more than the timed "
-                    f"total (by up to {max(over) * 1e3:.0f} µs per token: that run is another run, and pays for its events): the total's tick "
-                    "sits inside the stack")
+        text.append(f"in {len(over)} of {len(rests)} bars the parts exceed the timed total, by up to "
+                    f"{max(over) * 1e3:.0f} µs per token (the instrumented run pays for its events)")
     if under:
-        text.append(f"in {len(under)} the timed total is larger, by up to {max(under) * 1e3:.0f} µs per token "
-                    "(the grey rest)")
+        text.append(f"in {len(under)} the total is larger, by up to {max(under) * 1e3:.0f} µs (the grey rest)")
     return "; ".join(text)
 
 
@@ -105,11 +103,9 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     panels = [breakdown(rows, model, b) for b in batches]
     for j, (ax, b, parts) in enumerate(zip(axes[:, 0], batches, panels)):
         plot_breakdown(parts, ax=ax, title=f"batch {b}", legend=j == 0)
-    rest = rest_caption(panels)
-    head = (f"{what}{model} shape: where each configuration's time per output token goes (median of the JSON "
-            "schemas; the parts from a separate instrumented run, unscaled; the black tick is the timed total)")
-    lines = [head] + ([rest[:1].upper() + rest[1:] + "."] if rest else [])
-    fig.suptitle("\n".join(textwrap.fill(t, 120) for t in lines) + f"\n{caption}", fontsize=FONT)
+    # the title names the figure; how its parts relate to the timed total is the page's prose (rest_caption)
+    head = f"{what}{model} shape: time per output token by part (median of the JSON schemas)"
+    fig.suptitle(textwrap.fill(head, 120) + f"\n{caption}", fontsize=FONT)
     fig.tight_layout()
     return fig
 
