@@ -39,9 +39,13 @@ def fsm_line(summary: dict[str, Any] | None) -> tuple[float | None, str, str]:
     out with outlines' default whitespace, then the retokenizing step's range; the cell's text and a brief one."""
     if summary is None:
         return None, NOT_MEASURED, NOT_MEASURED
-    c, d = summary["compact"]["saved"], summary["default"]["saved"]
-    cell = (f"**{d['token']:.1%}** fewer forward passes with token jumps, which keep the tokens ({c['token']:.1%} on "
-            f"compact JSON); {d['char']:.1%} to {c['char']:.1%} if the output may be retokenized (character jumps)")
+    d = summary["default"]["saved"]
+    c = summary.get("compact", {}).get("saved")
+    chars = sorted(x["char"] for x in (d, c) if x)
+    cell = (f"**{d['token']:.1%}** fewer forward passes with token jumps, which keep the tokens"
+            + (f" ({c['token']:.1%} on compact JSON)" if c else "")
+            + f"; {chars[0]:.1%}" + (f" to {chars[-1]:.1%}" if len(chars) > 1 else "")
+            + " if the output may be retokenized (character jumps)")
     return d["token"], cell, f"{d['token']:.1%} fewer forward passes (exact)"
 
 
@@ -100,13 +104,15 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if grouped is not None:
                     cells[name] += f"; **{grouped['vs_rival']:.2f}×** with 8 key/value heads (Llama 3.1 8B's layout)"
             if row.get("dense_ratio") is not None:  # chapter 5: the dense layer beside the fastest peer
-                cells[name] += (" against GemLite" + (", which misses our float64 check at this shape here" if
-                                                      row["rival_fails_check"] else "")
-                                + f"; **{row['dense_ratio']:.2f}×** against cuBLAS bf16 on the dense matrix")
-            unpadded = next((n for n in row["notes"] if "not padded to a multiple of 128" in n), None)
-            if unpadded is not None:  # chapter 7's H100 run: its dense baseline is slowed, the ratio inflated
-                cells[name] += " (this card's run used an unpadded head, which slows the baseline: not comparable)"
-                brief[name] += " (unpadded head)"
+                cells[name] = (f"**{row['vs_rival']:.2f}×** against GemLite ({us(ours)} against {us(theirs)} µs"
+                               + ("; GemLite misses our float64 check here" if row["rival_fails_check"] else "")
+                               + f"); {row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, a weaker "
+                               "baseline")
+            if row.get("unpadded_head"):  # chapter 7's H100 run: its dense baseline is slowed, the ratio inflated
+                ratios[name] = None
+                cells[name] = ("not comparable: this card's run used an unpadded head, which slows the dense baseline "
+                               f"(it measured {row['vs_rival']:.2f}×)")
+                brief[name] = "not comparable (unpadded head)"
             again = repeated(entry.number, name)
             if again is not None:  # a wall-clock loop moves between machines more than a kernel: say by how much
                 cells[name] += f"; {again:.2f}× on a second {name} with the same code"

@@ -191,8 +191,8 @@ def folded_by_chapter(markdown: str) -> str:
 
 def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | None = None) -> str:
     """The results page's table of every headline row, for readers: each row's first two cells named in plain words
-    beside the series id (:data:`PLAIN_NAMES`), chapter 3's headline comparison (the GPU drafter against the CPU
-    loop, end to end; ``end_to_end`` maps a card's name to the scoreboard's row) added under that card's n-gram
+    beside the series id (:data:`PLAIN_NAMES`), chapter 3's comparison with the CPU loop its question is about (end
+    to end; ``end_to_end`` maps a card's name to the scoreboard's row) added under that card's n-gram
     table, and each "where the cards differ" list folded into a collapsed block."""
     from html import escape
 
@@ -217,7 +217,7 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
             r = end_to_end.get(card)
             if r and r.get("ours_end_to_end_ms") and r.get("rival_ms"):
                 out.append(f"| the GPU drafter, end to end (the call, then a sync) | the CPU loop it replaces, end to "
-                           f"end | {r['shape']} (the chapter's headline) | **{r['vs_rival']:.2f}×** | "
+                           f"end | {r['shape']} (the chapter's question) | **{r['vs_rival']:.2f}×** | "
                            f"{r['ours_end_to_end_ms'] * 1e3:,.1f} | {r['rival_ms'] * 1e3:,.1f} | – |")
         if line.startswith("Where the cards differ"):
             items = []

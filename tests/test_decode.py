@@ -559,8 +559,22 @@ def test_the_masked_head_read_whole_writes_the_same_tokens(decoder, decoder2, na
     grammar = Grammar.from_suite(name, whitespace="compact")
     sample = suite_sample(name, seed=2, whitespace="compact")
     assert decoder.head_impl == "torch"
+    real = type(decoder)._sample
+    given = []  # per sampling call: was the sampler handed the allowed sets (the knob's whole effect)?
+
+    def recorded(self, temperature, seed, allowed=None):
+        given.append(allowed is not None)
+        return real(self, temperature, seed, allowed)
     for kw in (dict(max_new_tokens=24), dict(max_new_tokens=96, targets=[sample])):
-        a, b = (decoder.generate(grammar, [PROMPT], c, **kw) for c in (CONFIGS["masked_head"], whole))
+        type(decoder)._sample = recorded
+        try:
+            a = decoder.generate(grammar, [PROMPT], CONFIGS["masked_head"], **kw)
+            by_default, given[:] = list(given), []
+            b = decoder.generate(grammar, [PROMPT], whole, **kw)
+        finally:
+            type(decoder)._sample = real
+        assert by_default and all(by_default) and given and not any(given), "sample='all' reads the whole row"
+        given.clear()
         assert b.config == "masked_full_argmax" and a.ids == b.ids and a.forwards == b.forwards, (name, kw)
     a, b = (decoder2.generate(grammar, [PROMPT, PROMPT], c, max_new_tokens=24, temperature=0.8, seed=5)
             for c in (CONFIGS["masked_head"], whole))

@@ -626,7 +626,7 @@ def _lab_rows(gpu: str = "nvidia-h200") -> list[dict] | None:
 
 def step05_changes_table(gpu: str = "nvidia-h200") -> str | None:
     """Markdown: step 4 with each of step 5's three changes added alone, and step 5 with each taken out, at batch 1
-    and 1, 1,000 and 10,000 allowed tokens (µs, × step 4's time in the same run), step 5's tiles throughout; None
+    and 1, 1,000 and 10,000 allowed tokens (µs, and the time over step 4's in the same run), step 5's tiles throughout; None
     where the run is not committed."""
     rows = _lab_rows(gpu)
     if rows is None:
@@ -636,7 +636,7 @@ def step05_changes_table(gpu: str = "nvidia-h200") -> str | None:
     counts = sorted({n for _, n in at})
     lines = ["| variant | " + " | ".join(f"{n:,} allowed" for n in counts) + " |", "|---|" + "---|" * len(counts)]
     for v in STEP05_CHANGES:
-        cells = [f"{at[(v, n)]:.2f} ({at[('step 4', n)] / at[(v, n)]:.2f}×)" for n in counts]
+        cells = [f"{at[(v, n)]:.2f} ({at[(v, n)] / at[('step 4', n)]:.2f}×)" for n in counts]  # × step 4's time
         lines.append(f"| {v.replace('_', ' ')} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

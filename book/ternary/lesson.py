@@ -528,7 +528,7 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
             lines.append(f"| {series_label(s).split(' (')[0].split(':')[0]} | {shape}, {m} | {row['ms'] * 1e3:.1f} | "
                          f"{row['host_ms'] * 1e3:.1f} | {row['host_ms'] / row['ms']:.1f} |")
     if empty is not None:
-        lines.append(f"| an empty Triton kernel, launched from Python (host time; its GPU side is a few µs) | – | – | "
+        lines.append(f"| an empty Triton kernel, launched from Python (host time only) | – | – | "
                      f"{empty * 1e3:.1f} | – |")
     return "\n".join(lines)
 
@@ -876,7 +876,8 @@ def step_changes(step: int, gpu: str = "nvidia-h200") -> Optional[dict]:
 
 
 def step_changes_table(step: int, changes: dict) -> str:
-    """Markdown: the cumulative chain (µs, × the row above) and then each change undone (µs, × the step)."""
+    """Markdown: the cumulative chain (µs, and how many times faster than the row above) and then each change undone
+    (µs, and its time over the step's)."""
     cases = changes["cases"]
     head = " | ".join(f"{s.replace('x', ' x ')}, M = {m}" for s, m in cases)
     lines = [f"| change | {head} |", "|---|" + "---|" * len(cases)]
@@ -890,8 +891,8 @@ def step_changes_table(step: int, changes: dict) -> str:
         previous = key
     final = spec["chain"][-1][0]
     for key, label in spec["undone"]:
-        cells = [f"{changes['us'][(key, *c)]:.1f} ({changes['us'][(final, *c)] / changes['us'][(key, *c)]:.2f}×)"
-                 for c in cases]
+        cells = [f"{changes['us'][(key, *c)]:.1f} ({changes['us'][(key, *c)] / changes['us'][(final, *c)]:.2f}×)"
+                 for c in cases]  # the time over the step's
         lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
