@@ -661,6 +661,6 @@ def plan_parts_table(parts: dict[int, dict[str, float]]) -> str:
     for key, label in PLAN_PARTS:
         lines.append(f"| {label} | " + " | ".join(f"{parts[n][key]:.1f}" for n in counts) + " |")
     rest = [parts[n]["whole"] - parts[n]["copy"] - parts[n]["launch"] for n in counts]
-    lines.append("| the kernels waiting for the copy to land (whole − copy − kernels alone) | "
+    lines.append("| in no part alone (whole − copy − the three kernels; most likely the kernels waiting for the copy) | "
                  + " | ".join(f"{r:.1f}" for r in rest) + " |")
     return "\n".join(lines)
