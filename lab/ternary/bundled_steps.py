@@ -66,7 +66,7 @@ from studylog import paths, runtime
 from studylog.ternary import FP32_TOLERANCE, PackedTernary, error_ratio, quantize_absmean
 from studylog.ternary import step03_2bit, step04_gemv, step05_dot, step09_mma
 from studylog.ternary.formats import MMA_X_DTYPES, SplitWorkspace, check_packed_call, error_ratio_from
-from studylog.ternary.report import BENCH_SHAPES, timing_plan
+from studylog.ternary.report import BENCH_SHAPES, call_ms, timing_plan
 from studylog.ternary.steps import SERIES
 from studylog.ternary.triton_mma import MMA_CONFIGS_FEW, step09_mma_tuned_few
 from studylog.ternary.triton_steps import (DOT_CONFIGS_FEW, GEMV_CONFIGS, TL_DTYPES, TWO_BIT_CONFIGS, autotune,
@@ -277,16 +277,6 @@ def check(steps: tuple[int, ...] = (4, 9)) -> int:
 # measure
 # ----------------------------------------------------------------------------------------------
 
-def _wall_ms(fn: Callable[[], Any], calls: int = 3) -> float:
-    """Wall time of a call after the first, host and GPU (an upper bound on its GPU time, for timing_plan)."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e3
-
-
 def measure(steps: tuple[int, ...] = (4, 9)) -> Path:
     """Each step's variants (step 4 at M = 1 only) and its library anchors at :data:`CASES`, on the GPU clock."""
     from studylog.bench import BenchRun, gpu_slug
@@ -338,7 +328,7 @@ def measure(steps: tuple[int, ...] = (4, 9)) -> Path:
                 ratio = error_ratio_from(z.float(), ref, magnitude)
                 run.check(f"{name} {label} equals float64 reference", ratio <= FP32_TOLERANCE, params=row_params,
                           error_ratio=ratio, tolerance=FP32_TOLERANCE)
-                plan = timing_plan(_wall_ms(fn))
+                plan = timing_plan(call_ms(fn))
 
                 def make_calls(make=make, w=packed[fmt]):
                     fresh = torch.randn_like(x)

@@ -60,10 +60,10 @@ from studylog import cuda, paths, runtime
 from studylog.ternary import FP32_TOLERANCE, PackedTernary, error_ratio, quantize_absmean
 from studylog.ternary import step10_cuda_mma, step11_tma
 from studylog.ternary.cuda_steps import (CUDA_MMA_SIGNATURE, CUDA_WORKSPACE, SMEM_LIMIT, TmaConfig, cuda_call_args,
-                                         cuda_mma_config, require_hopper, tma_config, tma_max_groups_per_slice,
-                                         tma_smem_bytes)
+                                         cuda_mma_config, padded_to_8, require_hopper, tma_config,
+                                         tma_max_groups_per_slice, tma_smem_bytes)
 from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, error_ratio_from
-from studylog.ternary.report import BENCH_SHAPES, timing_plan
+from studylog.ternary.report import BENCH_SHAPES, call_ms, timing_plan
 from studylog.ternary.steps import SERIES
 
 SOURCE = Path(__file__).resolve().parent / "variants" / "step11_changes.cu"
@@ -114,16 +114,6 @@ INSTANCES = tuple(instance(k, b, mt, *s) for k in _distinct_knobs() for b in (Tr
                   for s in SHAPES)
 
 
-def _padded_k(x2: torch.Tensor) -> torch.Tensor:
-    """The copy engine moves x in 16-byte pieces: rows padded with zeros to a multiple of 8, as step 11's wrapper
-    pads them."""
-    if x2.shape[1] % 8 == 0:
-        return x2
-    padded = torch.zeros(x2.shape[0], triton.cdiv(x2.shape[1], 8) * 8, dtype=x2.dtype, device=x2.device)
-    padded[:, :x2.shape[1]] = x2
-    return padded
-
-
 def slices_for(knobs: dict, m: int, n: int, k: int, cfg: TmaConfig) -> int:
     """The K slices a variant asks for: the config's (step 11's plan: 1), or step 10's for this case."""
     return cuda_mma_config(m, n, k).slices if knobs["split"] else cfg.slices
@@ -147,7 +137,7 @@ def run_variant(name: str, x: torch.Tensor, w: PackedTernary, scale: Any = 1.0, 
     knobs = VARIANTS[name]
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, TmaConfig, f"variant {name}")
     require_hopper(x2.device, 11)
-    x2 = _padded_k(x2)
+    x2 = x2 if x2.shape[1] % 8 == 0 else padded_to_8(x2)  # the TMA moves x in 16-byte pieces, as step 11 pads it
     m, k = x2.shape
     cfg = config or config_for(name, m, w.n, k)
     shape = (cfg.row_tiles, cfg.stages, cfg.chunk)
@@ -315,16 +305,6 @@ def check() -> int:
 # measure (GPU)
 # ----------------------------------------------------------------------------------------------
 
-def _wall_ms(fn: Callable[[], Any], calls: int = 3) -> float:
-    """Wall time of a call after the first, host and GPU (an upper bound on its GPU time, for timing_plan)."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e3
-
-
 def measure() -> Path:
     """The variants and the library's steps 10 and 11 at :data:`CASES`, on the GPU clock."""
     from studylog.bench import BenchRun, gpu_slug
@@ -377,7 +357,7 @@ def measure() -> Path:
                     same = step11_tma(x, packed, scale, config=cfg)
                     run.check(f"{label} bit-equal to the library's step 11 at its config",
                               bool(torch.equal(z, same)), params=row_params)
-                plan = timing_plan(_wall_ms(fn))
+                plan = timing_plan(call_ms(fn))
 
                 def make_calls(make=make):
                     fresh = torch.randn_like(x)

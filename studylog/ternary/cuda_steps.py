@@ -123,10 +123,10 @@ def aligned_rows(x2: Tensor) -> Tensor:
     at a time."""
     if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0:
         return x2
-    return _padded_to_8(x2)
+    return padded_to_8(x2)
 
 
-def _padded_to_8(x2: Tensor) -> Tensor:
+def padded_to_8(x2: Tensor) -> Tensor:
     """A copy of x2 with its rows padded with zeros to a multiple of 8 (16 bytes)."""
     padded = torch.zeros(x2.shape[0], triton.cdiv(x2.shape[1], 8) * 8, dtype=x2.dtype, device=x2.device)
     padded[:, :x2.shape[1]] = x2
@@ -280,7 +280,7 @@ def require_hopper(device: torch.device, step: int) -> None:
 
 def _pad_k_to_8(x2: Tensor) -> Tensor:
     """The copy engine moves x in 16-byte pieces: rows padded with zeros to a multiple of 8."""
-    return x2 if x2.shape[1] % 8 == 0 else _padded_to_8(x2)
+    return x2 if x2.shape[1] % 8 == 0 else padded_to_8(x2)
 
 
 #: The probe builds of steps 11 and 12, the kernel with parts left out (the benchmark times them to show what

@@ -131,7 +131,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _call_ms(fn: Callable[[], Any], calls: int = 3) -> float:
+def call_ms(fn: Callable[[], Any], calls: int = 3) -> float:
     """Wall time of a call, host and GPU, after the first (an upper bound on its GPU time, for timing_plan)."""
     _sync()
     start = time.perf_counter()
@@ -437,7 +437,7 @@ def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: d
     z = fn()
     _sync()
     _check(run, name, spec, z, params, refs, m)
-    plan = timing_plan(_call_ms(fn))
+    plan = timing_plan(call_ms(fn))
     nbytes = spec.weight_bytes + (x_bytes if spec.in_bytes is None else spec.in_bytes) + \
         (z_bytes if spec.out_bytes is None else spec.out_bytes)
     extra = {"weight_bytes": spec.weight_bytes, "bytes": nbytes, "config": _tuned_config(name, m) or spec.config()}
