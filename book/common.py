@@ -130,6 +130,17 @@ def _without_docstrings(text: str) -> str:
     return "\n".join(line for i, line in enumerate(text.splitlines(), 1) if i not in drop)
 
 
+def lab_or_none(chapter: str, name: str, gpu: str = "nvidia-h200"):
+    """An experiment's committed output (:func:`studylog.plotting.load_lab`), or None where that run is not
+    committed: a page shows an experiment's table only where its run exists."""
+    from studylog.plotting import load_lab
+
+    try:
+        return load_lab(chapter, name, gpu)
+    except FileNotFoundError:
+        return None
+
+
 def step_diff(chapter, old, new, *, docstrings: bool = False, context: int = 3):
     """The diff from one step of ``chapter`` to the next, without the functions' docstrings unless asked (a
     ``studylog.source.Diff``: HTML in the book and JupyterLab, text in a terminal)."""

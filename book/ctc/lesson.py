@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable
 
-from book.common import PENDING, us
+from book.common import PENDING, lab_or_none, us
 from book.ctc.figures import clock_words
 from studylog import paths
 from studylog.ctc import CHAPTER
@@ -578,9 +578,8 @@ STEP07_CHANGES = (("step 7", "step 7 (all five changes)"),
 def step07_changes(gpu: str = "nvidia-h200") -> dict | None:
     """Step 7 with one change undone at a time (``lab/ctc/step07_changes.py``, one run): per variant and case (A, N),
     µs and the ratio to step 7's time; step 5 beside them. None where the run is not committed."""
-    try:
-        data = load_lab("ctc", "step07_changes", gpu)
-    except FileNotFoundError:
+    data = lab_or_none("ctc", "step07_changes", gpu)
+    if data is None:
         return None
     rows = {(r["params"]["variant"], r["params"]["A"], r["params"]["N"]): r["ms"] * 1e3 for r in data["measurements"]}
     cases = sorted({(a, n) for _, a, n in rows}, key=lambda c: (c[0], c[1]))
@@ -605,9 +604,8 @@ def ftz_effect(gpu: str = "nvidia-h200") -> dict | None:
     """What the flush-to-zero ex2/lg2 of steps 8 and 9's default recursion buys: over the benchmark's grid in the
     earlier options run (``lab/ctc/results/<gpu>/options_and_layouts.json``, do_bench clock), step 9 with the plain
     branch-free recursion over step 9 (median and largest ratio); None where that run is not committed."""
-    try:
-        data = load_lab("ctc", "options_and_layouts", gpu)
-    except FileNotFoundError:
+    data = lab_or_none("ctc", "options_and_layouts", gpu)
+    if data is None:
         return None
     by = {}
     for r in data["measurements"]:

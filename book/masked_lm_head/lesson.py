@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from book.common import PENDING, fmt, param_values, us
+from book.common import PENDING, fmt, lab_or_none, param_values, us
 from studylog.masked_lm_head import CHAPTER
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
@@ -616,12 +616,8 @@ PLAN_PARTS = (("whole", "the whole step: the copy, then the plan's three kernels
 
 
 def _lab_rows(gpu: str = "nvidia-h200") -> list[dict] | None:
-    from studylog.plotting import load_lab
-
-    try:
-        return load_lab("masked_lm_head", "step05_changes", gpu)["measurements"]
-    except FileNotFoundError:
-        return None
+    data = lab_or_none("masked_lm_head", "step05_changes", gpu)
+    return None if data is None else data["measurements"]
 
 
 def step05_changes_table(gpu: str = "nvidia-h200") -> str | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from book.common import PENDING, fmt, us
+from book.common import PENDING, fmt, lab_or_none, us
 from book.multi_item.figures import approaches, series_label, shape_names
 from studylog.multi_item import report
 from studylog.multi_item.formats import DEFAULT_RULE, MultiItemBatch
@@ -520,11 +520,8 @@ def gqa_ratio(results) -> float | None:
 def order_changes(gpu: str = "nvidia-h200") -> dict[str, float] | None:
     """Step 5b's two changes one at a time on the mixed batch (``lab/multi_item/step_changes.py``, one run): µs of
     step 5 in the first order, with head groups only, with the heaviest tiles first only, and with both (5b)."""
-    from studylog.plotting import load_lab
-
-    try:
-        data = load_lab("multi_item", "step_changes", gpu)
-    except FileNotFoundError:
+    data = lab_or_none("multi_item", "step_changes", gpu)
+    if data is None:
         return None
     return {r["params"]["order"]: r["ms"] * 1e3 for r in data["measurements"]
             if r["series"] == "step_changes" and "order" in r["params"]}

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from book.common import PENDING, fmt
+from book.common import PENDING, fmt, lab_or_none
 from book.ternary.results import series_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
@@ -865,9 +865,8 @@ STEP_CHANGES = {
 def step_changes(step: int, gpu: str = "nvidia-h200") -> Optional[dict]:
     """Step 4's or step 9's changes one at a time (``lab/ternary/bundled_steps.py``, one run): per variant and case
     (shape, M) the GPU time in µs; None where the run is not committed."""
-    try:
-        data = _lab("bundled_steps", gpu)
-    except FileNotFoundError:
+    data = lab_or_none("ternary", "bundled_steps", gpu)
+    if data is None:
         return None
     rows = [r for r in data["measurements"] if r["series"] == f"step{step:02d}_changes"]
     cases = list(dict.fromkeys((r["params"]["shape"], r["params"]["m"]) for r in rows))
@@ -907,9 +906,8 @@ STEP11_CHANGES = (("step11", "step 11"), ("step11-c", "the magic constant rebuil
 def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
     """Markdown: step 11 with each of its three side changes undone (``lab/ternary/step11_changes.py``, one run,
     M = 1): µs and × step 11, step 10 beside them; None where the run is not committed."""
-    try:
-        data = _lab("step11_changes", gpu)
-    except FileNotFoundError:
+    data = lab_or_none("ternary", "step11_changes", gpu)
+    if data is None:
         return None
     rows = data["measurements"]
     shapes = list(dict.fromkeys(r["params"]["shape"] for r in rows))
