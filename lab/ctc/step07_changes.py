@@ -216,11 +216,12 @@ def compile_only() -> int:
     return len(spills) + len(differ)
 
 
-def _same_bits(a, b) -> bool:
+def same_bits(a, b) -> bool:
+    """Whether two float tensors hold the same bits (same shape; NaNs and signed zeros included)."""
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
 
 
-def _cases(gen: torch.Generator):
+def check_cases(gen: torch.Generator):
     """(name, activations, padded targets, input lengths, target lengths, zero_infinity): awkward sizes (odd T and
     A, N = 1 and several, varied lengths, repeated labels), the tests' edge cases, and benchmark-sized inputs."""
     def random_case(T, N, A, max_target, repeats):
@@ -253,7 +254,7 @@ def check(seed: int = 7) -> int:
     each variant also compared bit for bit with the library's step 7. Returns the number of failures."""
     gen = torch.Generator().manual_seed(seed)
     failures = 0
-    for name, x, targets, il, tl, zero_infinity in _cases(gen):
+    for name, x, targets, il, tl, zero_infinity in check_cases(gen):
         for offset in (0, 1) if x.shape[2] % 4 == 0 else (0,):  # 1: rows not 16-byte aligned (scalar path)
             storage = torch.empty(x.numel() + offset, device="cuda")
             xd = storage[offset:].view(x.shape)
@@ -276,7 +277,7 @@ def check(seed: int = 7) -> int:
                 err = errors(loss, grad, *ref)
                 ok = written and same_inf and err["mismatched"] == 0 and err["loss_rel"] <= LOSS_TOLERANCE \
                     and err["grad_rel"] <= GRAD_TOLERANCE
-                identical = _same_bits(loss, lib[0]) and _same_bits(grad, lib[1])
+                identical = same_bits(loss, lib[0]) and same_bits(grad, lib[1])
                 if label == "step 7" and not identical:
                     ok = False  # the frozen source's step 7 must be the library's
                 failures += not ok
@@ -352,7 +353,7 @@ def measure() -> Path:
             fn(x, batch, out_loss=loss, out_grad=grad)
             err = errors(loss, grad, *ref)
             written = not bool((loss == SENTINEL).any()) and not bool((grad == SENTINEL).any())
-            identical = _same_bits(loss, library7[0]) and _same_bits(grad, library7[1])
+            identical = same_bits(loss, library7[0]) and same_bits(grad, library7[1])
             run.check(f"{knobs['variant']} matches the float64 reference", written and err["mismatched"] == 0
                       and err["loss_rel"] <= LOSS_TOLERANCE and err["grad_rel"] <= GRAD_TOLERANCE,
                       params=params | knobs, outputs_written=written, bit_identical_to_step07=identical, **err)
