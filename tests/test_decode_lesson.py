@@ -408,7 +408,9 @@ def test_the_steps_table_is_its_own_ratios(earlier):
         assert b["x_previous"] == pytest.approx(a["us"] / b["us"])
     assert all(r["x_floor"] == pytest.approx(r["us"] / r["floor_us"]) for r in rows)
     table = lesson.steps_table(earlier)
-    assert table.startswith("| step | the one change | µs per token | × previous | × floor |")
+    assert table.startswith("| step | what changes | µs per token | × previous | × floor |")
+    # step 3 bundles three changes (each in step03_changes_table): its row says so, not "the one change"
+    assert "three changes" in table.splitlines()[-1] and "one change" not in table
     assert lesson.PENDING in lesson.steps_table(Results(earlier.path, {**earlier.data, "measurements": []}))
 
 
@@ -489,8 +491,12 @@ def test_the_bound_is_the_median_of_the_requests_own():
     assert 0 <= excess["above"] <= excess["requests"] == 9 and excess["host_step1_us"] > 0
 
 
-def test_the_breakdown_bars_are_unscaled_and_say_their_rest():
-    """Each bar stacks the instrumented parts as measured; the caption says where they exceed the timed total."""
+def test_the_breakdown_bars_are_the_instrumented_totals_with_the_timed_total_as_a_tick():
+    """Each bar stacks the instrumented parts as measured, to their own total; the tick sits at the timed total; the
+    caption gives the range of bar top less tick over the bars, signed, in µs."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+
     from book.decode import figures as decode_figures
 
     parts = {"baseline": {"body": 1.0, "mask_wait": 0.0, "head": 0.2, "mask_apply": 0.0, "sampling": 0.05,
@@ -499,13 +505,22 @@ def test_the_breakdown_bars_are_unscaled_and_say_their_rest():
                              "host": 0.02, "wall": 1.1}}
     assert decode_figures.unattributed(parts["baseline"]) == pytest.approx(-0.1)
     assert decode_figures.unattributed(parts["masked_head"]) == pytest.approx(0.05)
-    text = decode_figures.rest_caption([parts])
-    assert "in 1 of 2 bars" in text and "100 µs" in text and "50 µs" in text
-    import matplotlib.pyplot as plt
+    assert decode_figures.instrumentation_cost([parts]) == pytest.approx((-0.05, 0.1))
+    text = decode_figures.instrumentation_caption([parts])
+    assert "−50 to +100 µs" in text and "2 bars" in text
 
     ax = decode_figures.plot_breakdown(parts)
     bodies = [p.get_height() for p in ax.patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb(
         decode_figures.COLORS["body"])]
     assert bodies == pytest.approx([1.0, 1.0])  # the shared body keeps its height
+    tops = {}
+    for p in ax.patches:  # every patch is a part: the bar ends at the instrumented total
+        x = round(p.get_x() + p.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), p.get_y() + p.get_height())
+    assert [tops[0], tops[1]] == pytest.approx([sum(parts[c][k] for k in report.COMPONENTS)
+                                                for c in ("baseline", "masked_head")])
+    ticks = sorted(seg[0][1] for coll in ax.collections if isinstance(coll, LineCollection) for seg in coll.get_segments())
+    assert ticks == pytest.approx(sorted(p["wall"] for p in parts.values()))
+    assert decode_figures.TICK_LABEL in ax.get_legend_handles_labels()[1]
     plt.close(ax.figure)
 

@@ -4,7 +4,6 @@ schema's speedup of steps 2 and 3 over step 1."""
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any, Sequence
 
 from studylog.decode.loop import COMPONENTS
@@ -16,11 +15,14 @@ LABELS = {"body": "model body", "mask_wait": "mask (host, not hidden)", "head": 
           "mask_apply": "mask application", "sampling": "sampling", "host": "host overhead"}
 COLORS = {"body": "#4c72b0", "mask_wait": "#dd8452", "head": "#c44e52", "mask_apply": "#8172b3",
           "sampling": "#937860", "host": "#8c8c8c"}
-#: The segment no instrumented part accounts for: the timed total less the instrumented parts, where positive.
-REST_LABEL, REST_COLOR = "rest of the step (timed total − instrumented parts)", "#e0e0e0"
+#: The tick's legend label: the timed total, measured in runs without the instrumented run's CUDA events.
+TICK_LABEL = "timed total, no instrumentation (written above)"
 #: One colour per configuration across the chapter's figures (the components have theirs in :data:`COLORS`).
 CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head": "#d95f02",
                  "automaton_mask": "#7570b3", "char_jump": "#e7298a"}
+#: How figure titles name the cost models' shapes (each a body of a public model's shape and a head of chapter 1's
+#: ``cl100k_base`` vocabulary).
+SHAPES = {"1b": "1B-shaped body, cl100k head", "8b": "8B-shaped body, cl100k head"}
 #: The smallest text of a figure, in points at its saved size.
 FONT = 9
 
@@ -34,11 +36,11 @@ def unattributed(parts: dict[str, float]) -> float:
 
 def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms",
                    legend: bool = True):
-    """Stacked bars on a linear axis, one per configuration: time per output token split into the loop's
-    components, as the instrumented run measured them (CUDA events between the components), unscaled, so a part
-    the configurations share keeps its height from bar to bar. Above them, where the timed total (measured without
-    the instrumentation, written above the bar and marked by a black tick) is larger, the rest of the step; where
-    it is smaller, the tick sits inside the stack (:func:`unattributed` is negative)."""
+    """Stacked bars on a linear axis, one per configuration: the instrumented run's total per output token, split
+    into the loop's components as that run measured them (CUDA events between the components), unscaled, so a part
+    the configurations share keeps its height from bar to bar. A black tick marks the timed total, measured without
+    the events and written above the bar; the bar's top less the tick is what the events themselves cost
+    (:func:`instrumentation_caption`)."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(6.4, 4.2))[1]
@@ -50,14 +52,10 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
             v = max(parts[config][k], 0.0) * scale
             ax.bar(i, v, bottom=bottom, color=COLORS[k], label=LABELS[k] if i == 0 else None, width=0.62)
             bottom += v
-        rest = unattributed(parts[config]) * scale
-        if rest > 0:
-            ax.bar(i, rest, bottom=bottom, color=REST_COLOR, hatch="//", edgecolor="#9a9a9a", linewidth=0,
-                   label=REST_LABEL if i == 0 else None, width=0.62)
         wall = parts[config]["wall"] * scale
-        ax.hlines(wall, i - 0.36, i + 0.36, color="black", lw=1.6,
-                  label="timed total (no instrumentation)" if i == 0 else None)
-        ax.text(i, max(bottom, wall), f"{wall:.3g}", ha="center", va="bottom", fontsize=FONT)
+        ax.hlines(wall, i - 0.4, i + 0.4, color="black", lw=2.0, label=TICK_LABEL if i == 0 else None)
+        ax.annotate(f"{wall:.3g}", (i, max(bottom, wall)), xytext=(0, 2), textcoords="offset points", ha="center",
+                    va="bottom", fontsize=FONT)
     ax.set_xticks(range(len(names)), [series_label(n) for n in names], rotation=25, ha="right", fontsize=FONT)
     ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylabel(f"time per output token ({unit})", fontsize=FONT)
@@ -65,29 +63,32 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
     ax.set_title(title, fontsize=FONT + 1)
     if legend:
         handles, labels = ax.get_legend_handles_labels()
-        if REST_LABEL not in labels:  # no bar has a positive rest: the legend still names the segment
-            from matplotlib.patches import Patch
-
-            handles.append(Patch(facecolor=REST_COLOR, hatch="//", edgecolor="#9a9a9a", label=REST_LABEL))
-            labels.append(REST_LABEL)
-        ax.legend(handles, labels, fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        # the tick first: it is the one mark that is not a part of the bar
+        order = [labels.index(TICK_LABEL)] + [j for j, label in enumerate(labels) if label != TICK_LABEL]
+        ax.legend([handles[j] for j in order], [labels[j] for j in order], fontsize=FONT, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), frameon=False, title="bar: instrumented run, parts stacked",
+                  title_fontsize=FONT, alignment="left")
     ax.grid(True, axis="y", alpha=0.3)
     return ax
 
 
-def rest_caption(panels: Sequence[dict[str, dict[str, float]]]) -> str:
-    """What the bars' rests are, in one sentence: how many bars' instrumented parts add up to more than their
-    timed total, and by how much at most (the instrumentation's own cost), and the largest positive rest."""
-    rests = [unattributed(p) for parts in panels for p in parts.values()]
-    over = [-r for r in rests if r < 0]
-    under = [r for r in rests if r > 0]
-    text = []
-    if over:
-        text.append(f"in {len(over)} of {len(rests)} bars the parts exceed the timed total, by up to "
-                    f"{max(over) * 1e3:.0f} µs per token (the instrumented run pays for its events)")
-    if under:
-        text.append(f"in {len(under)} the total is larger, by up to {max(under) * 1e3:.0f} µs (the grey rest)")
-    return "; ".join(text)
+def instrumentation_cost(panels: Sequence[dict[str, dict[str, float]]]) -> tuple[float, float]:
+    """The smallest and largest excess of a bar's instrumented total over its timed total (ms per output token)
+    across the panels' bars: what the instrumentation's events cost, up to run-to-run noise (which can make the
+    smallest negative)."""
+    excess = [-unattributed(p) for parts in panels for p in parts.values()]
+    return min(excess), max(excess)
+
+
+def instrumentation_caption(panels: Sequence[dict[str, dict[str, float]]]) -> str:
+    """One line for a breakdown figure: the bar's top less the tick is the instrumentation's own cost, as the
+    range :func:`instrumentation_cost` gives over the figure's bars (µs per output token)."""
+    lo, hi = (v * 1e3 for v in instrumentation_cost(panels))
+    def signed(v: float) -> str:
+        return f"{v:+.0f}".replace("-", "−")
+
+    return (f"Bar top − tick = what the instrumentation itself costs: {signed(lo)} to {signed(hi)} µs per token "
+            f"across these {sum(len(p) for p in panels)} bars.")
 
 
 def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str = ""):
@@ -103,10 +104,11 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     panels = [breakdown(rows, model, b) for b in batches]
     for j, (ax, b, parts) in enumerate(zip(axes[:, 0], batches, panels)):
         plot_breakdown(parts, ax=ax, title=f"batch {b}", legend=j == 0)
-    # the title names the figure; how its parts relate to the timed total is the page's prose (rest_caption)
-    head = f"{what}{model} shape: time per output token by part (median of the JSON schemas)"
-    fig.suptitle(textwrap.fill(head, 120) + f"\n{caption}", fontsize=FONT)
-    fig.tight_layout()
+    # one line of title; below the panels, what bar and tick differ by and where the numbers come from
+    fig.suptitle(f"{what}{SHAPES.get(model, model + ' shape')}: time per output token by part "
+                 "(median of the JSON schemas)", fontsize=FONT + 1)
+    fig.text(0.01, 0.005, f"{instrumentation_caption(panels)}\n{caption}", fontsize=FONT, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.045, 1, 1))
     return fig
 
 
@@ -146,7 +148,7 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=FONT)
     ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylabel("speedup over step01_baseline\n(end to end, per output token)", fontsize=FONT)
-    ax.set_title(f"{what}{model} shape, batch {batch}: each of the {len(names)} JSON schemas, steps 2 and 3 "
+    ax.set_title(f"{what}{SHAPES.get(model, model + ' shape')}, batch {batch}: each of the {len(names)} JSON schemas, steps 2 and 3 "
                  f"against step 1\n{caption}",
                  fontsize=FONT)
     ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -170,5 +172,5 @@ def figures(results, what: str = "") -> dict[str, Any]:
     return out
 
 
-__all__ = ["COLORS", "CONFIG_COLORS", "FONT", "LABELS", "REST_COLOR", "REST_LABEL", "breakdown_figure", "figures",
-           "plot_breakdown", "rest_caption", "speedup_figure", "unattributed"]
+__all__ = ["COLORS", "CONFIG_COLORS", "FONT", "LABELS", "SHAPES", "TICK_LABEL", "breakdown_figure", "figures",
+           "instrumentation_caption", "instrumentation_cost", "plot_breakdown", "speedup_figure", "unattributed"]
