@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from book.common import prose_words, us
-from book.scoreboard import ENTRIES, NOT_MEASURED, card_name, cards, load, rows, scoreboard
+from book.scoreboard import CTC_CASE, ENTRIES, NOT_MEASURED, card_name, cards, load, rows, scoreboard
 from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
 
 #: Words of prose a reader gets through in a minute of careful technical reading (code and tables come on top).
@@ -62,6 +62,33 @@ def repeated(number: int, card: str) -> float | None:
         return None
 
 
+def ctc_grid(card: Path) -> tuple[tuple[float, str], tuple[float, str]] | None:
+    """Chapter 4's smallest and largest speedup over torch's faster call on one card, over every alphabet and batch
+    its file times (the final entry point where the file times it, else step 10; GPU clock), each with its case in
+    words; None where the file has no such pair."""
+    data = load(card, "ctc")
+    if data is None:
+        return None
+    series = "ctc_loss" if rows(data, "ctc_loss") else "step10"
+    grid = []
+    for ours in rows(data, series):
+        rival = [r for r in rows(data, "torch-best", **ours["params"]) if r["clock"] == ours["clock"] == "gpu"]
+        if len(rival) == 1:
+            p = ours["params"]
+            grid.append((rival[0]["ms"] / ours["ms"], f"A = {p['A']:,}, N = {p['N']}"))
+    return (min(grid), max(grid)) if grid else None
+
+
+def decode_bound(card: Path) -> float | None:
+    """Chapter 7's bound at its headline case (8B shape, batch 1) on one card: the median over the JSON schemas of
+    each request's own bound from chapters 1 and 2 (``book.decode.results.median_bound``); None where not
+    measured."""
+    from book.decode.results import median_bound
+
+    data = load(card, "decode")
+    return None if data is None else median_bound(data["measurements"], "8b", 1)
+
+
 def _short(card: str) -> str:
     return card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
@@ -104,14 +131,28 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if grouped is not None:
                     cells[name] += f"; **{grouped['vs_rival']:.2f}×** with 8 key/value heads (Llama 3.1 8B's layout)"
             if row.get("dense_ratio") is not None:  # chapter 5: the dense layer beside the fastest peer
-                cells[name] = (f"**{row['vs_rival']:.2f}×** against GemLite ({us(ours)} against {us(theirs)} µs"
-                               + ("; GemLite misses our float64 check here" if row["rival_fails_check"] else "")
-                               + f"); {row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, a weaker "
-                               "baseline")
+                cells[name] = (f"**{row['vs_rival']:.2f}×** against GemLite ({us(ours)} against {us(theirs)} µs); "
+                               f"{row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, a weaker baseline"
+                               + (f". GemLite fails our float64 check at this shape: its error is "
+                                  f"{row['rival_check_error']:.2%} of the product's norm, the tolerance "
+                                  f"{row['rival_check_tolerance']:.2%}" if row["rival_fails_check"] else ""))
+            if entry.number == 4:  # the whole grid beside the headline shape, as the results table lists it
+                grid = ctc_grid(card)
+                if grid is not None:
+                    (lo, lo_at), (hi, hi_at) = grid
+                    cells[name] += (f"; {lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at}) over the chapter's grid of "
+                                    "alphabets and batches")
+                    brief[name] = (f"{lo:.2f}× to {hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at A = {CTC_CASE['A']:,}, "
+                                   f"N = {CTC_CASE['N']})")
+            if entry.number == 7:  # the two chapters' bound beside the ratio it caps
+                bound = decode_bound(card)
+                if bound is not None:
+                    cells[name] += f"; the two chapters' bound: {bound:.2f}×"
+                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} (bound {bound:.2f}×)"
             if row.get("unpadded_head"):  # chapter 7's H100 run: its dense baseline is slowed, the ratio inflated
                 ratios[name] = None
-                cells[name] = ("not comparable: this card's run used an unpadded head, which slows the dense baseline "
-                               f"(it measured {row['vs_rival']:.2f}×)")
+                cells[name] = ("not comparable (unpadded head): this card's run used a head not padded as real models "
+                               "ship it, which slows the dense baseline; the scoreboard gives its ratio")
                 brief[name] = "not comparable (unpadded head)"
             again = repeated(entry.number, name)
             if again is not None:  # a wall-clock loop moves between machines more than a kernel: say by how much

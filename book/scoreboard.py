@@ -37,8 +37,7 @@ NOT_MEASURED = "not measured"
 
 #: What the files keep of the repetitions (said once on the page, under the tables).
 REPETITIONS = ("the chapters' benchmark files keep, for each measurement, the fastest, median and slowest of a few "
-               "independent runs, each run itself a median over many replays of the call; the p99 column is read "
-               "from a separate run that keeps its samples, where a card has one")
+               "independent runs, each run itself a median over many replays of the call")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,6 +106,31 @@ class Entry:
     #: What the headline compares, in words (the results page), and the rival in a few words (the landing page).
     headline: str = ""
     rival_short: str = "its rival"
+    #: The floor the chapter's own table of steps divides by (its "× floor" column): a key of
+    #: :data:`CHAPTER_FLOORS`; empty where the chapter shows none.
+    chapter_floor: str = ""
+
+
+def _add(*parts: float | None) -> float | None:
+    return None if any(x is None for x in parts) else sum(parts)
+
+
+def _larger(*parts: float | None) -> float | None:
+    known = [x for x in parts if x is not None]
+    return max(known) if known else None
+
+
+#: The chapters' own floors, as their tables of steps compute them (the "× floor" column there is the time over
+#: it), by key: the words the scoreboard names it with, and how to compute it from a scoreboard row. Chapters 2 to
+#: 4 add the bytes and one empty kernel (the least time if a launch and the memory traffic do not overlap);
+#: chapter 5 takes the bench's floor, the larger of bytes and compute; chapter 6 the compute floor; chapter 7 the
+#: body's bytes per output token.
+CHAPTER_FLOORS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None]]] = {
+    "sum": ("byte floor + one empty kernel", lambda r: _add(r["byte_floor_ms"], r.get("empty_kernel_ms"))),
+    "larger": ("the larger of byte and compute floors", lambda r: _larger(r["byte_floor_ms"], r["compute_floor_ms"])),
+    "compute": ("compute floor", lambda r: r["compute_floor_ms"]),
+    "bytes": ("byte floor", lambda r: r["byte_floor_ms"]),
+}
 
 
 def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_label: str,
@@ -123,7 +147,7 @@ def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_la
            "byte_floor_ms": byte_floor_ms, "compute_floor_ms": compute_floor_ms,
            "latency_floor_ms": latency_floor_ms, "latency_what": latency_what, "ratio_note": ratio_note,
            "notes": list(notes), "rival_notes": list(rival_notes), "floor_notes": list(floor_notes),
-           "gaps": list(gaps)}
+           "gaps": list(gaps), "config": ours.get("config"), "graph_calls": ours.get("graph_calls")}
     row["vs_rival"] = ratio if ratio is not None else (rival["ms"] / med if rival else None)
     floors = {"bytes": byte_floor_ms, "compute": compute_floor_ms, "latency": latency_floor_ms}
     known = {k: v for k, v in floors.items() if v is not None}
@@ -311,18 +335,21 @@ def _ternary(data):
     latency, what = _one_kernel(data)
     notes = ()
     if read is not None:
-        notes = (f"on the {data['device']['name']}, a kernel that only reads the packed weights takes "
-                 f"{us(read['ms'])} µs in the same run",)
+        notes = (f"a kernel that only reads the packed weights takes {us(read['ms'])} µs in the same run",)
     peer_notes, check = [], None
-    if rival is not None:
+    if rival is not None:  # a check it passes is said in the scoreboard's cell; one it fails or lacks, in a note
         check = _accuracy_check(data, "gemlite_w2", TERNARY_CASE)
-        peer_notes.append("GemLite " + _check_words(check))
+        if check is None or not check["passed"]:
+            peer_notes.append("GemLite " + _check_words(check))
     cublas = one(data, "cublas_bf16", **TERNARY_CASE)
     if cublas is not None:
         peer_notes.append(f"cuBLAS bf16 on the same matrix stored densely takes {us(cublas['ms'])} µs, "
                           f"{cublas['ms'] / spread(ours)[1]:.2f}× our median, and "
                           + _check_words(_accuracy_check(data, "cublas_bf16", TERNARY_CASE)))
     extra = {"rival_fails_check": check is not None and not check["passed"],
+             "rival_check": None if check is None else ("passes" if check["passed"] else "misses"),
+             "rival_check_error": None if check is None else check["relative_error"],
+             "rival_check_tolerance": None if check is None else check["tolerance"],
              "dense_ratio": cublas["ms"] / spread(ours)[1] if cublas is not None else None}
     return extra | _row(f"{TERNARY_WORDS.get(ours['series'], 'the ternary kernel')} ({_step_words(ours['series'])})",
                 "M = 1, 4096 x 14336, bf16 x (the fastest of the bf16-x steps)", ours["clock"], ours,
@@ -492,31 +519,31 @@ ENTRIES: tuple[Entry, ...] = (
           _masked_lm_head,
           headline="the whole masked step from the grammar's bitmask against xgrammar's path (cuBLAS logits, then "
                    "its mask kernel), batch 1, 1,000 of 128,256 tokens allowed",
-          rival_short="xgrammar's path"),
+          rival_short="xgrammar's path", chapter_floor="sum"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
           "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram,
           headline="the GPU drafter against our port of the pull request's first GPU kernel (two-phase), both on "
                    "the GPU clock, 128 slots of 32,768 tokens; the CPU loop it replaces on the scoreboard",
-          rival_short="the pull request's kernel (our port)"),
+          rival_short="the pull request's kernel (our port)", chapter_floor="sum"),
     Entry(4, "CTC loss", "notebooks/04_ctc_loss.ipynb",
           "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc,
           headline="loss and gradient against torch's cuDNN path, T = 150, alphabet 5,000, batch 8",
-          rival_short="cuDNN"),
+          rival_short="cuDNN", chapter_floor="sum"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
           "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
-          _ternary, headline="one row of bf16 x times a 4096 x 14336 ternary matrix, against GemLite's 2-bit kernel, "
-                             "the fastest peer (with its float64 check), and cuBLAS bf16 on the matrix stored densely",
-          rival_short="GemLite"),
+          _ternary, headline="one row of bf16 x times a 4096 x 14336 ternary matrix, against GemLite's 2-bit kernel "
+                             "(the fastest peer), and cuBLAS bf16 on the matrix stored densely (a weaker baseline)",
+          rival_short="GemLite", chapter_floor="larger"),
     Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
           "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,
           headline="eight prompts of mixed lengths in one call, against FlashInfer: 32 heads, and (where measured) the "
-                   "grouped-query layout of Llama 3.1 8B", rival_short="FlashInfer"),
+                   "grouped-query layout of Llama 3.1 8B", rival_short="FlashInfer", chapter_floor="compute"),
     Entry(7, "Constrained decoding end to end", "notebooks/07_constrained_decoding.ipynb",
           "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode,
           headline="the decode loop with chapters 1 and 2 (step 3) against the same loop with a dense head and a "
                    "mask (step 1), per output token, the ratio of the median times over the nine JSON schemas of chapter 1's suite (one "
                    "request each; 8B-shaped model, batch 1)",
-          rival_short="a dense head and a mask"),
+          rival_short="a dense head and a mask", chapter_floor="bytes"),
     Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
           "Can a grammar and prompt-lookup drafts share one decode loop?", "speculate", _speculate,
           headline="n-gram drafts cut by the grammar and verified in one forward, against chapter 7's loop, per "
@@ -549,7 +576,13 @@ def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 out.append(base | {"missing": why, "lead": True})
                 continue
             for i, row in enumerate(measured if isinstance(measured, list) else [measured]):
-                out.append(base | {"date": data["date"][:10], "lead": i == 0} | row)
+                row = base | {"date": data["date"][:10], "lead": i == 0, "run_date": data["date"],
+                              "run_code": data.get("git_commit"), "empty_kernel_ms": empty_kernel_ms(data)} | row
+                name, rule = CHAPTER_FLOORS.get(entry.chapter_floor, (None, lambda _: None))
+                floor = rule(row)
+                row |= {"chapter_floor": name, "chapter_floor_ms": floor,
+                        "x_chapter_floor": row["median_ms"] / floor if floor else None}
+                out.append(row)
     return out
 
 
@@ -592,11 +625,11 @@ TAIL_SERIES: dict[int, tuple[str, dict[str, Any]]] = {
     5: ("ternary_matmul", {"shape": "4096x14336", "m": 1}),
     6: ("multi_item_attention", {"shape": "8 prompts, mixed"}),
 }
-#: What the p99 column holds, said once in the notes.
-TAIL_NOTE = ("p99: the 99th percentile of a separate run of the chapter's final entry point at the same case, with "
-             "that run's median beside it: 300 samples, each one replay of a CUDA graph of at least 60 back-to-back "
-             "calls divided by its calls. It is the tail of repeated measurements (how far a re-measurement can land "
-             "above the median), not of single calls")
+#: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
+TAIL_NOTE = ("p99 of replays: a separate run of the chapter's final entry point at the same case keeps the time per "
+             "call of each of its {samples} replays (each replay a CUDA graph of at least {calls} back-to-back calls); "
+             "the column gives the 99th percentile of those per-replay means, with that run's median beside it. It "
+             "says how far a re-measurement can land above the median, not how slow a single call can be")
 
 
 def tail(card: Path, number: int) -> dict[str, Any] | None:
@@ -622,41 +655,99 @@ def _short_card(name: str) -> str:
     return name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
 
+def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, Any], by: float = 0.05) -> str | None:
+    """A sentence where the tails run's median lands more than ``by`` away from the chapter's median: by how much,
+    and what differs between the two runs as their files record it (time, code version, tile configuration, calls
+    per replay); None where the two agree."""
+    gap = t["ms"] / row["median_ms"] - 1
+    if abs(gap) <= by:
+        return None
+    said = []
+    if t.get("config") and row.get("config"):
+        said.append(f"the same tile configuration ({t['config']})" if t["config"] == row["config"]
+                    else f"another tile configuration ({t['config']} against {row['config']})")
+    import datetime as dt
+
+    minutes = (dt.datetime.fromisoformat(tails_run["date"]) - dt.datetime.fromisoformat(row["run_date"])).total_seconds() / 60
+    when = f"{abs(minutes):.0f} minutes {'later' if minutes > 0 else 'earlier'}" if abs(minutes) < 24 * 60 else (
+        f"on {tails_run['date'][:10]} against {row['run_date'][:10]}")
+    said.append(f"timed {when}" + (" by another version of the course's code"
+                                   if tails_run.get("git_commit") != row.get("run_code") else ""))
+    if t.get("min_calls_per_replay") and row.get("graph_calls"):
+        said.append(f"with at least {t['min_calls_per_replay']} calls per replay where the chapter's run replays "
+                    f"{row['graph_calls']}")
+    return (f"the separate run's median is {abs(gap):.0%} {'above' if gap > 0 else 'below'} the chapter's "
+            f"({us(t['ms'])} against {us(row['median_ms'])} µs): {', '.join(said)}; which of these moves it is not "
+            "measured, so both medians are shown")
+
+
+def _ctc_small_case_words(root: Path) -> str | None:
+    """Why chapter 4's small alphabet is shown at one utterance here, and where the results page's table (the
+    smallest speedup over the batch grid) lands instead, per card."""
+    at = []
+    for card in cards(root):
+        data = load(card, "ctc")
+        if data is None:
+            continue
+        series = "ctc_loss" if rows(data, "ctc_loss") else "step10"
+        grid = []
+        for ours in rows(data, series, T=CTC_SMALL_CASE["T"], A=CTC_SMALL_CASE["A"]):
+            rival = one(data, "torch-best", **ours["params"])
+            if rival is not None and ours["clock"] == "gpu":
+                grid.append((rival["ms"] / ours["ms"], ours["params"]["N"]))
+        if grid:
+            ratio, n = min(grid)
+            at.append(f"N = {n} on the {_short_card(card_name(card))} ({ratio:.2f}×)")
+    if not at:
+        return None
+    return ("the small alphabet is shown at one utterance (N = 1), the case whose chain of frames is timed alone as "
+            "its latency floor; the results page's table gives the smallest speedup over the batches of the grid "
+            "instead: " + "; ".join(at))
+
+
+def _sentence(text: str) -> str:
+    """A note as a sentence: a capital first letter, unless it starts with a name from code (``index_select``)."""
+    return text[0].upper() + text[1:] if re.match(r"[a-z]+\b(?!_)", text) else text
+
+
 def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
     """The scoreboard as two Markdown tables, a row per chapter and card (one row for a chapter that no card
-    measures, saying why): first our time and the strongest rival's, then the floors and how close our median is to
-    the binding one; then the notes the cells point to. ``link(notebook)`` gives a chapter's link target (default:
-    the notebook's path)."""
-    link = link or (lambda nb: nb)
-    notes: list[str] = []
+    measures, saying why): first our time and the strongest rival's, then the floors, how close our median is to
+    the binding one and the chapter's own "× floor"; then the definitions the columns need, once, and each
+    chapter's notes folded under its title. A caveat that holds for one card is written in its cell.
+    ``link(notebook)`` gives a chapter's link target (default: the notebook's path)."""
+    from html import escape
 
-    def note(text: str) -> str:
-        text = text[0].upper() + text[1:].rstrip(".") + "."
-        if text not in notes:
-            notes.append(text)
-        return f"[{notes.index(text) + 1}]"
+    link = link or (lambda nb: nb)
+    board = scoreboard(root)
+    measured_cards = {n: [b["card"] for b in board if b["number"] == n and b["lead"] and "missing" not in b]
+                      for n in {b["number"] for b in board}}
+    notes: dict[int, dict[str, list[str]]] = {}
+
+    def note(r: dict[str, Any], text: str, every_card: bool = False) -> None:
+        """A note under chapter ``r``'s fold; it names the card unless every card of the chapter says it."""
+        text = text.rstrip(".") + "."
+        on = notes.setdefault(r["number"], {}).setdefault(text, [])
+        for card in (measured_cards[r["number"]] if every_card else [r["card"]]):
+            if card not in on:
+                on.append(card)
 
     folders = {card_name(c): c for c in cards(root)}
-    tails = {(r["number"], r["card"]): tail(folders[r["card"]], r["number"]) for r in scoreboard(root)
+    tails = {(r["number"], r["card"]): tail(folders[r["card"]], r["number"]) for r in board
              if r.get("lead") and "missing" not in r}
-    p99 = ""
-    if any(tails.values()):
-        have = sorted({_short_card(c) for (_, c), t in tails.items() if t})
-        p99 = f"p99, separate run (µs) {note(TAIL_NOTE + '; only the ' + ' and the '.join(have) + ' has that run, and – marks a row without one')} | "
+    have = sorted({_short_card(c) for (_, c), t in tails.items() if t})
+    p99 = f"p99 of replays (µs; the {' and the '.join(have)} only) | " if have else ""
     times = ["**Time, and the strongest rival**", "",
              f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
              "strongest rival (µs) | ours × rival |", "|" + "---|" * (8 if p99 else 7)]
-    floors = ["**Floors, and how close the median is to the binding one**", "",
+    floors = ["**Floors, and how close the median is to them**", "",
               "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
-              "binding floor | % of the binding floor |", "|" + "---|" * 8]
-    board = scoreboard(root)
+              "binding floor (the largest) | % of the binding floor | × the chapter's floor |", "|" + "---|" * 9]
     shown: set[int] = set()
-    empties = {}
+    empties: dict[str, list[float]] = {}
     for r in board:
         if r.get("latency_what") == ONE_KERNEL and r.get("latency_floor_ms") is not None:
             empties.setdefault(_short_card(r["card"]), []).append(r["latency_floor_ms"] * 1e3)
-    empty_note = ("latency floor: one empty kernel, graph-replayed, timed in the row's own run (" + "; ".join(
-        f"{min(v):.2f} to {max(v):.2f} µs on the {c}" for c, v in empties.items()) + " across the runs)")
     for r in board:
         chapter = "" if r["number"] in shown else f"[{r['number']}. {r['title']}]({link(r['notebook'])})"
         named = chapter  # the floors table names the chapter alone; the times table adds the shape
@@ -670,9 +761,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                 continue
             card = "all" if one_reason else _short_card(r["card"])
             shown.add(r["number"])
-            why = "" if r["missing"] == "not measured on this card" else " " + note(r["missing"])
-            times.append(f"| {chapter} | {card} | {NOT_MEASURED}{why} |" + " – |" * (5 if p99 else 4))
-            floors.append(f"| {named} | {card} |" + " – |" * 6)
+            why = NOT_MEASURED if r["missing"] == "not measured on this card" else r["missing"]
+            times.append(f"| {chapter} | {card} | {why} |" + " – |" * (5 if p99 else 4))
+            floors.append(f"| {named} | {card} |" + " – |" * 7)
             continue
         shown.add(r["number"])
         card = _short_card(r["card"])
@@ -680,50 +771,98 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         lead_shape = next((b.get("shape") for b in board if b["number"] == r["number"] and b["lead"]), None)
         if r.get("shape") != lead_shape:  # a second angle on the chapter at another shape: say which
             ours += f"; {r['shape']}"
-        if r["clock"] != "gpu":
-            ours += " " + note(f"{r['title']}: {r['notes'][0] if r['notes'] else r['clock'] + ' clock'}")
+        if r["clock"] != "gpu":  # the clock in a few words in the cell, the details in the chapter's notes
+            first = r["notes"][0] if r["notes"] else f"{r['clock']} clock"
+            ours += f" ({first.split(':')[0]})"
+            if ":" in first:
+                note(r, first, every_card=True)
         rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
-        for extra in r["notes"][2:] + r["rival_notes"]:
-            rival += " " + note(f"{r['title']} on the {r['card']}: {extra}" if extra in r["notes"]
-                                else f"{r['title']}: {extra}")
+        if r.get("rival_check"):
+            rival += f" ({r['rival_check']} our float64 check)"
         if r["rival_clock"] not in (None, r["clock"]):
-            rival += " " + note(f"{r['title']}: the rival is timed {r['ratio_note'] or 'on another clock'}; "
-                                f"the ratio compares our call timed the same way, not our GPU time")
+            rival += " (end to end, as our time in this row)"
+            note(r, f"the rival is timed {r['ratio_note'] or 'on another clock'}; the ratio compares our call timed "
+                    "the same way, not our GPU time", every_card=True)
+        for extra in r["rival_notes"]:
+            note(r, extra)
+        for extra in r["notes"][2:]:
+            note(r, extra)
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
+        if r.get("unpadded_head"):
+            vs += ", not comparable (unpadded head)"
         if r["ratio_note"] and r["rival_clock"] == r["clock"]:
-            vs += " " + note(f"{r['title']}: {r['ratio_note']}")
+            note(r, r["ratio_note"])
         median = f"**{us(r['median_ms'])}**"
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: show ours beside
             median += f" on the GPU; **{us(r['ours_end_to_end_ms'])}** end to end"
         t = tails.get((r["number"], r["card"])) if r["lead"] else None
         tail_cell = (f"{us(t['p99_ms'])} (median {us(t['ms'])}) | " if t else "– | ") if p99 else ""
+        if t is not None:
+            differs = tail_differs(r, t, load(folders[r["card"]], TAILS))
+            if differs:
+                note(r, differs)
         times.append(f"| {chapter} | {card} | {ours} | {median} | {us(r['slowest_ms'])} | {tail_cell}{rival} | {vs} |")
+        if r.get("floors_as_above"):
+            continue
         latency = _floor(r["latency_floor_ms"])
         if r["latency_floor_ms"] is None:
-            latency += " " + note(f"{r['title']} on the {r['card']}: "
-                                  + (r.get("latency_missing_why") or "that run did not time an empty kernel"))
-        elif r["latency_what"] == ONE_KERNEL:  # one note for every row whose floor is its run's empty kernel
-            latency += " " + note(empty_note)
-        else:
-            latency += " " + note(f"{r['title']}: {r['latency_what']}")
+            why = r.get("latency_missing_why") or "that run did not time an empty kernel"
+            latency = "not computed" if why.startswith("no hardware") else f"{NOT_MEASURED} on this card"
+            note(r, f"latency floor: {why}")
+        elif r["latency_what"] != ONE_KERNEL:
+            note(r, f"latency floor: {r['latency_what']}", every_card=True)
         for extra in r["notes"][1:2]:
-            latency += " " + note(f"{r['title']}: {extra}")
-        byte = _floor(r["byte_floor_ms"])
+            note(r, extra, every_card=True)
         for extra in r["floor_notes"]:
-            byte += " " + note(f"{r['title']}: {extra}")
+            note(r, extra)
         binding = f"{r['binding']}: {_floor(r['binding_floor_ms'])}" if r["binding"] else NOT_MEASURED
         pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
+        if r.get("chapter_floor") is None:
+            mine = "– (no floor in the chapter)"
+        elif r["x_chapter_floor"] is None:
+            mine = f"{NOT_MEASURED} ({r['chapter_floor']})"
+        else:
+            x = r["x_chapter_floor"]
+            mine = f"{x:.2f}× ({r['chapter_floor']})" if x < 10 else f"{x:.0f}× ({r['chapter_floor']})"
         kernel = r["ours"]
         if r.get("shape") != lead_shape:
             kernel += f"; {r['shape']}"
-        if r.get("floors_as_above"):
+        floors.append(f"| {named} | {card} | {kernel} | {_floor(r['byte_floor_ms'])} | "
+                      f"{_floor(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} | {mine} |")
+    small = _ctc_small_case_words(root)
+    if small:
+        r4 = next((b for b in board if b["number"] == 4 and "missing" not in b), None)
+        if r4 is not None:
+            note(r4, small, every_card=True)
+
+    definitions = []
+    if empties:
+        definitions.append("**Latency floor** of a single kernel: one empty kernel, graph-replayed, timed in the row's "
+                           "own run (" + "; ".join(f"{min(v):.2f} to {max(v):.2f} µs on the {c}"
+                                                   for c, v in empties.items()) + " across the runs).")
+    definitions.append("**% of the binding floor** is the largest floor over our median; **× the chapter's floor** is "
+                       "our median over the floor the chapter's own table of steps divides by, named in the cell. "
+                       "Where that is the binding floor, the two are one number read two ways (× = 100 / %); where "
+                       "the chapter adds one empty kernel to the bytes, its floor is larger and its × smaller.")
+    samples = [t for t in tails.values() if t]
+    if samples:
+        definitions.append("**" + TAIL_NOTE.format(samples=samples[0].get("samples", "its"),
+                                                   calls=samples[0].get("min_calls_per_replay", "many"))
+                           .replace("p99 of replays:", "p99 of replays**:", 1) + ".")
+    definitions.append(REPETITIONS[0].upper() + REPETITIONS[1:] + ".")
+    folds = []
+    for entry in ENTRIES:
+        said = notes.get(entry.number)
+        if not said:
             continue
-        floors.append(f"| {named} | {card} | {kernel} | {byte} | "
-                      f"{_floor(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} |")
-    return "\n".join(times + [""] + floors + ["", "**Notes**", ""]
-                     + [f"[{i}] {text}  " for i, text in enumerate(notes, 1)]
-                     + ["", REPETITIONS[0].upper() + REPETITIONS[1:] + "."])
+        everyone = measured_cards[entry.number]
+        items = [_sentence(text) if sorted(on) == sorted(everyone)
+                 else f"{' and '.join(_short_card(c) for c in on)}: {text}" for text, on in said.items()]
+        folds.append(f"<details><summary>Chapter {entry.number}, {escape(entry.title)}: notes ({len(items)})"
+                     "</summary><ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
+        folds.append("")
+    return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
-__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS", "tail", "card_name", "cards", "faster_rivals", "load", "missing",
+__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS", "tail", "tail_differs", "CHAPTER_FLOORS", "card_name", "cards", "faster_rivals", "load", "missing",
            "one", "rows", "scoreboard", "scoreboard_markdown", "spread"]
