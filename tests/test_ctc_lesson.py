@@ -124,7 +124,7 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     if not result_files("ctc"):
         pytest.skip("no committed CTC results")
     table = lesson.boehm_table(load_results("ctc"))
-    rows = table.splitlines()[3:]
+    rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
     assert [r.split("|")[1].strip() for r in rows][:10] == [str(n) for n in range(1, 11)]
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row in rows:
@@ -147,3 +147,103 @@ def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_
     parts = lesson.kernel_parts_us(results, "step07", 28, 1)
     assert set(parts) == {"first pass", "recursion", "last pass"} and min(parts.values()) > 0
     assert lesson.kernel_parts_us(results, "step07", 28, 2) is None
+
+
+# --------------------------------------------------------------------------------------
+# What the page says about its own rows (the entry point, torch-best, step 10, the null steps)
+# --------------------------------------------------------------------------------------
+
+def _raw(series, A, N):
+    """A row of the committed H200 file read straight from its JSON, not through the lesson's helpers."""
+    data = json.loads(plotting.load_results("ctc", "nvidia-h200").path.read_text())
+    rows = [r for r in data["measurements"] if r["series"] == series
+            and r["params"] == {"T": ctc.BENCH_T, "N": N, "A": A}]
+    assert len(rows) == 1, (series, A, N)
+    return rows[0]
+
+
+def test_the_entry_point_row_is_its_own_series_beside_the_step_it_ran():
+    results = plotting.load_results("ctc", "nvidia-h200")
+    for A, N in lesson.BOEHM_CASES:
+        entry = _raw("ctc_loss", A, N)
+        step = _raw(entry["step"], A, N)
+        got = lesson.entry_point(results, A, N)
+        assert got["step"] == int(entry["step"].removeprefix("step"))
+        assert got["us"] == pytest.approx(entry["ms"] * 1e3) and got["step_us"] == pytest.approx(step["ms"] * 1e3)
+        assert got["ratio"] == pytest.approx(entry["ms"] / step["ms"])
+        (e_lo, _, e_hi), (s_lo, _, s_hi) = entry["spread_ms"], step["spread_ms"]
+        assert got["overlap"] == (max(e_lo, s_lo) <= min(e_hi, s_hi))
+    table = lesson.boehm_table(results)
+    assert "timed as its own series" in table and "it ran step 8 at A = 28, N = 1" in table
+    assert lesson.entry_point(results, 28, 3) is None  # no such point
+
+
+def test_step_10_is_marked_where_one_warp_holds_the_target():
+    results = plotting.load_results("ctc", "nvidia-h200")
+    table = lesson.boehm_table(results)
+    ten = next(r for r in table.splitlines() if r.startswith("| 10 |"))
+    for i, (A, N) in enumerate(lesson.BOEHM_CASES):
+        marked = "†" in [c.strip() for c in ten.split("|")[1:-1]][3 + 3 * i]
+        assert marked == (_raw("step10", A, N)["warps"] == 1), (A, N)
+    assert table.count("†") == 1 + sum(_raw("step10", A, N)["warps"] == 1 for A, N in lesson.BOEHM_CASES)
+
+
+def test_the_results_caption_names_torch_best_at_every_point_and_the_kernel_clock_bias():
+    results = plotting.load_results("ctc", "nvidia-h200")
+    data = json.loads(results.path.read_text())
+    best = [r for r in data["measurements"] if r["series"] == "torch-best" and r["params"]["T"] == ctc.BENCH_T]
+    picks = {r["picked"] for r in best}
+    words = lesson.torch_best_words(results)
+    assert words in lesson.results_table(results)
+    if picks == {"torch-cuDNN"}:
+        assert f"torch-cuDNN at all {len(best)} points" in words
+    for pick in picks:
+        assert pick in words
+    native = {(r["params"]["A"], r["params"]["N"]): r["ms"] for r in data["measurements"]
+              if r["series"] == "torch-native" and r["params"]["T"] == ctc.BENCH_T}
+    cudnn = {(r["params"]["A"], r["params"]["N"]): r["ms"] for r in data["measurements"]
+             if r["series"] == "torch-cuDNN" and r["params"]["T"] == ctc.BENCH_T}
+    both = set(native) & set(cudnn)
+    assert "favours it" in words
+    assert f"{sum(native[p] > cudnn[p] for p in both)} of {len(both)} points" in words
+
+
+def test_the_null_steps_get_one_row_of_ratios():
+    results = plotting.load_results("ctc", "nvidia-h200")
+    table = lesson.null_steps_table(results, [(1, 2), (2, 3)])
+    rows = table.splitlines()
+    assert len(rows) == 3 and rows[0].count("over step") == 2
+    ratios = [_raw("step01", A, N)["ms"] / _raw("step02", A, N)["ms"] for A in ctc.BENCH_A for N in (1, 16, 256)]
+    lo, hi = f"{min(ratios):.2f}×", f"{max(ratios):.2f}×"
+    assert (lo if lo == hi else f"{lo} to {hi}") in rows[2].split("|")[2]
+
+
+def test_step_8_changes_read_the_lab_run_or_say_nothing(monkeypatch):
+    """Without the lab run the page gets None (and says the change is not measured alone); with one, each row's
+    ratio is its time over step 8's in the same run."""
+    monkeypatch.setattr(lesson, "lab_or_none", lambda *a, **k: None)
+    assert lesson.step08_changes() is None
+    times = {"library step 8": 40.0, "branch put back": 50.0, "exp2f and __log2f": 44.0, "+ redux max": 41.0,
+             "+ prefetch 8": 39.0, "library step 7": 80.0}
+    measurements = [{"params": {"variant": v, "A": A, "N": N}, "ms": t * k / 1e3}
+                    for k, (A, N) in enumerate([(28, 1), (5000, 256)], 1) for v, t in times.items()]
+    fake = {"measurements": measurements, "checks": [{"passed": True}, {"passed": False, "name": "x"}]}
+    monkeypatch.setattr(lesson, "lab_or_none", lambda *a, **k: fake)
+    got = lesson.step08_changes()
+    assert got["cases"] == [(28, 1), (5000, 256)] and len(got["failed"]) == 1
+    assert got["rows"]["branch put back"][(5000, 256)] == pytest.approx((100.0, 1.25))
+    table = lesson.changes_table(got)
+    assert "| step 8 (both changes) | 40.0 (1.00×) | 80.0 (1.00×) |" in table
+    assert "change 2 undone" in table and "(2.00×)" in table
+
+
+def test_the_page_shows_no_flush_to_zero_number_from_another_clock():
+    from book.common import prose_words
+    from studylog import paths
+
+    page = paths.REPO_ROOT / "notebooks" / "04_ctc_loss.ipynb"
+    cells = json.loads(page.read_text())["cells"]
+    text = "".join("".join(c["source"]) for c in cells)
+    assert "ftz_effect" not in text and "do_bench" not in text
+    assert "lesson.step08_changes()" in text and "measured alone yet" in text
+    assert prose_words(page) <= 2500

@@ -182,7 +182,33 @@ def results_table(results) -> str:
                      f"{_with_spread(_row(results, 'torch-native', T=BENCH_T, A=A, N=N))} | {_with_spread(row)} | "
                      f"{speedup} | {floor:,.2f} | {row['ms'] * 1e3 / floor:,.1f}× |")
     clocks = {s: clock_words(clock_of(results, s)) for s in ("torch-cuDNN", "torch-native", final)}
-    return "\n".join(lines) + "\n\nClocks: " + ", ".join(f"{s}: {c}" for s, c in clocks.items()) + "."
+    return ("\n".join(lines) + "\n\nClocks: " + ", ".join(f"{s}: {c}" for s, c in clocks.items()) + ". "
+            + torch_best_words(results))
+
+
+def torch_best_words(results) -> str:
+    """Which of torch's calls ``torch-best`` is at each point of the grid (its rows' ``picked``), and what the
+    kernel clock of a call that no CUDA graph captures leaves out."""
+    picked: dict[str, list[tuple[int, int]]] = {}
+    for r in results.select("torch-best", T=BENCH_T):
+        picked.setdefault(r.get("picked", PENDING), []).append((r["params"]["A"], r["params"]["N"]))
+    if not picked:
+        return ""
+    total = sum(len(v) for v in picked.values())
+    named = [f"{name} at {'all ' + str(total) + ' points' if len(where) == total else ', '.join(f'A = {a:,}, N = {n}' for a, n in sorted(where))}"
+             for name, where in picked.items()]
+    words = (f"`torch-best` is the faster of torch's calls timed on the {clock_words(clock_of(results, 'torch-best'))}: "
+             + "; ".join(named) + ".")
+    if clock_of(results, "torch-native") == "kernel":
+        points = [(a, n) for a, n in _all_points()
+                  if None not in (_ms(results, "torch-native", T=BENCH_T, A=a, N=n),
+                                  _ms(results, "torch-cuDNN", T=BENCH_T, A=a, N=n))]
+        slower = sum(_ms(results, "torch-native", T=BENCH_T, A=a, N=n) > _ms(results, "torch-cuDNN", T=BENCH_T, A=a, N=n)
+                     for a, n in points)
+        words += (" torch-native copies lengths from the host, so no CUDA graph captures it: its kernel clock leaves "
+                  f"out the gaps between its launches, which favours it, and it is still slower than torch-cuDNN at "
+                  f"{slower} of {len(points)} points.")
+    return words
 
 
 def _kernel_role(name: str) -> str:
@@ -545,9 +571,17 @@ def boehm_table(results) -> str:
         return title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
 
     entries = [(str(s.number), code(s.title), s.series) for s in CHAPTER.steps]
-    entries.append(("entry point", "`ctc_loss`: step 8 or step 10, by a rule on the activations' shape", "ctc_loss"))
-    entries.append(("torch", "the faster of torch's two CTC calls (cuDNN's, or torch's own kernels)", "torch-best"))
+    ran = [(_row(results, "ctc_loss", T=BENCH_T, A=A, N=N) or {}).get("step") for A, N in BOEHM_CASES]
+    ran_words = ", ".join(f"step {CHAPTER.step(r).number} at A = {A}, N = {N}" for r, (A, N) in zip(ran, BOEHM_CASES)
+                          if r)
+    entries.append(("entry point", "`ctc_loss`, step 8 or step 10 by the activations' shape, timed as its own series"
+                    + (f" (it ran {ran_words})" if ran_words else ""), "ctc_loss"))
+    picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in BOEHM_CASES]
+    picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
+    entries.append(("torch", "`torch-best`, the faster of torch's CTC calls on the GPU clock"
+                    + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
     previous = [None] * len(BOEHM_CASES)
+    one_warp = []  # cases where step 10's longest target fits one warp: its several warps do not apply
     for number, title, series in entries:
         cells = [number, title]
         for i, (A, N) in enumerate(BOEHM_CASES):
@@ -561,55 +595,98 @@ def boehm_table(results) -> str:
                 prev = None
             after_side_step = series == CHAPTER.step(7).series  # step 6 is a side branch: step 7 builds on step 5
             versus = (f"{prev / t:.2f}×" + (" (vs step 5)" if after_side_step else "")) if prev else "–"
+            row = _row(results, series, T=BENCH_T, A=A, N=N)
+            if series == CHAPTER.step(10).series and row.get("warps") == 1:
+                versus += " †"
+                one_warp.append((A, N, row.get("max_positions")))
             cells += [f"{t:,.1f}", versus, f"{t / floors[i]:,.1f}×"]
             if series not in ("ctc_loss", "torch-best", CHAPTER.step(6).series):
                 previous[i] = t
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    notes = [f"† At A = {A}, N = {N} the longest target ({p} positions) fits one warp: step 10's idea, several "
+             "warps per direction, does not apply there, and only its barrier per frame is left; its own case is a "
+             "mid-size batch (the text of step 10)." for A, N, p in one_warp]
+    return "\n".join(lines) + "".join("\n\n" + n for n in notes)
+
+
+def entry_point(results, A: int, N: int) -> dict | None:
+    """The entry point's own row (series ``ctc_loss``, timed separately) at (A, N) beside the row of the step it
+    ran there: µs of each, their ratio, their spreads over the repetitions (µs) and whether the spreads overlap.
+    None where either row is missing."""
+    entry = _row(results, "ctc_loss", T=BENCH_T, A=A, N=N)
+    step = _row(results, entry["step"], T=BENCH_T, A=A, N=N) if entry and entry.get("step") else None
+    if step is None:
+        return None
+    spread = [[x * 1e3 for x in (r.get("spread_ms") or [r["ms"]] * 3)] for r in (entry, step)]
+    return {"step": CHAPTER.step(entry["step"]).number, "us": entry["ms"] * 1e3, "step_us": step["ms"] * 1e3,
+            "ratio": entry["ms"] / step["ms"], "spread": (spread[0][0], spread[0][2]),
+            "step_spread": (spread[1][0], spread[1][2]),
+            "overlap": spread[0][0] <= spread[1][2] and spread[1][0] <= spread[0][2]}
+
+
+def null_steps_table(results, pairs: Iterable[tuple[int, int]]) -> str:
+    """Markdown, one row: for each (previous, step) pair of step numbers, the speedup of the step over the previous
+    one, lowest to highest over the points where the lesson timed every step (both alphabets, ``LESSON_N``)."""
+    pairs = list(pairs)
+    head = "| | " + " | ".join(f"step {b} over step {a}" for a, b in pairs) + " |"
+    cells = [_times(_ratios(results, CHAPTER.step(a).series, CHAPTER.step(b).series, _lesson_points()))
+             for a, b in pairs]
+    where = f"speedup, lowest to highest (A = {' and '.join(f'{a:,}' for a in BENCH_A)}; N = {', '.join(map(str, LESSON_N))})"
+    return "\n".join([head, "|---|" + "---|" * len(pairs), f"| {where} | " + " | ".join(cells) + " |"])
 
 
 #: lab/ctc/step07_changes.py's variants, in the table's order: step 7, then step 7 with one change undone.
 STEP07_CHANGES = (("step 7", "step 7 (all five changes)"),
                   ("softmax written", "change 1 undone: the log-softmax written, then read"),
                   ("block recursion", "change 2 undone: a block per direction, a barrier per frame (step 5's)"),
-                  ("directions in turn", "change 3 undone: alpha, then beta, in one warp"))
+                  ("directions in turn", "change 3 undone: alpha, then beta, in one warp"),
+                  ("library step 5", "step 5, for reference"))
+#: lab/ctc/step08_changes.py's rows, in the table's order: step 8, step 8 with one change undone, step 8 with an
+#: option its default leaves off, and step 7.
+STEP08_CHANGES = (("library step 8", "step 8 (both changes)"),
+                  ("branch put back", "change 1 undone: step 7's branch between the two- and three-term sums"),
+                  ("exp2f and __log2f", "change 2 undone: `exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`"),
+                  ("+ redux max", "not in step 8: the row maximum by one `redux.sync`"),
+                  ("+ prefetch 8", "not in step 8: that, and emissions prefetched 8 frames ahead, not 4"),
+                  ("library step 7", "step 7, for reference"))
 
 
-def step07_changes(gpu: str = "nvidia-h200") -> dict | None:
-    """Step 7 with one change undone at a time (``lab/ctc/step07_changes.py``, one run): per variant and case (A, N),
-    µs and the ratio to step 7's time; step 5 beside them. None where the run is not committed."""
-    data = lab_or_none("ctc", "step07_changes", gpu)
+def lab_changes(name: str, anchor: str, variants, gpu: str = "nvidia-h200") -> dict | None:
+    """One run of a ``lab/ctc`` ablation (``<name>.json``): per variant of ``variants`` ((key, label) pairs) and case
+    (A, N), µs and the ratio to the ``anchor`` variant's time in the same run; the run's failed checks. None where the
+    run is not committed."""
+    data = lab_or_none("ctc", name, gpu)
     if data is None:
         return None
     rows = {(r["params"]["variant"], r["params"]["A"], r["params"]["N"]): r["ms"] * 1e3 for r in data["measurements"]}
-    cases = sorted({(a, n) for _, a, n in rows}, key=lambda c: (c[0], c[1]))
-    seven = {c: rows[("step 7", *c)] for c in cases}
-    table = {v: {c: (rows[(v, *c)], rows[(v, *c)] / seven[c]) for c in cases} for v, _ in STEP07_CHANGES}
-    table["library step 5"] = {c: (rows[("library step 5", *c)], rows[("library step 5", *c)] / seven[c])
-                               for c in cases}
-    return {"cases": cases, "rows": table, "failed": [c for c in data["checks"] if not c["passed"]]}
+    cases = sorted({(a, n) for _, a, n in rows})
+    base = {c: rows[(anchor, *c)] for c in cases}
+    table = {v: {c: (rows[(v, *c)], rows[(v, *c)] / base[c]) for c in cases} for v, _ in variants}
+    return {"cases": cases, "rows": table, "labels": dict(variants), "anchor": anchor,
+            "failed": [c for c in data["checks"] if not c["passed"]]}
 
 
-def step07_changes_table(changes: dict) -> str:
-    """Markdown: µs per call and × step 7 for each variant of :func:`step07_changes`, one column per case."""
+def step07_changes(gpu: str = "nvidia-h200") -> dict | None:
+    """Step 7 with one change undone at a time (``lab/ctc/step07_changes.py``): :func:`lab_changes`."""
+    return lab_changes("step07_changes", "step 7", STEP07_CHANGES, gpu)
+
+
+def step08_changes(gpu: str = "nvidia-h200") -> dict | None:
+    """Step 8 with one change undone, or one option added, at a time (``lab/ctc/step08_changes.py``):
+    :func:`lab_changes`, ratios to the library's step 8 in the same run."""
+    return lab_changes("step08_changes", "library step 8", STEP08_CHANGES, gpu)
+
+
+def changes_table(changes: dict) -> str:
+    """Markdown: µs per call and × the anchor's time for each variant of :func:`lab_changes`, one column per case."""
     head = " | ".join(f"A = {a:,}, N = {n}" for a, n in changes["cases"])
     lines = [f"| variant | {head} |", "|---|" + "---|" * len(changes["cases"])]
-    for key, label in STEP07_CHANGES + (("library step 5", "step 5, for reference"),):
+    for key, label in changes["labels"].items():
         cells = [f"{t:,.1f} ({x:.2f}×)" for t, x in (changes["rows"][key][c] for c in changes["cases"])]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def ftz_effect(gpu: str = "nvidia-h200") -> dict | None:
-    """What the flush-to-zero ex2/lg2 of steps 8 and 9's default recursion buys: over the benchmark's grid in the
-    earlier options run (``lab/ctc/results/<gpu>/options_and_layouts.json``, do_bench clock), step 9 with the plain
-    branch-free recursion over step 9 (median and largest ratio); None where that run is not committed."""
-    data = lab_or_none("ctc", "options_and_layouts", gpu)
-    if data is None:
-        return None
-    by = {}
-    for r in data["measurements"]:
-        if r["series"] in ("step09", "step09 recursion branch-free"):
-            by.setdefault((r["params"]["A"], r["params"]["N"]), {})[r["series"]] = r["ms"]
-    ratios = [v["step09 recursion branch-free"] / v["step09"] for v in by.values() if len(v) == 2]
-    return {"median": statistics.median(ratios), "most": max(ratios)} if ratios else None
+def step07_changes_table(changes: dict) -> str:
+    """:func:`changes_table` of :func:`step07_changes`."""
+    return changes_table(changes)
