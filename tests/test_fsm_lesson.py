@@ -42,6 +42,30 @@ def test_drawing_and_table_name_the_states_alike(classifier):
         assert f"→ {names[jump.end]} |" in table
 
 
+@pytest.mark.parametrize("level,compressed", [("token", False), ("token", True), ("char", True)])
+def test_no_two_labels_of_a_drawing_overlap(classifier, level, compressed):
+    """At the size the page draws it, no edge label's box overlaps another's or a state's name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = drawing.draw_automaton(classifier, level, compressed=compressed)
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    boxes = []
+    for t in ax.texts:
+        patch = t.get_bbox_patch()
+        boxes.append((t.get_text(), (patch or t).get_window_extent(renderer)))
+    plt.close(fig)
+    labels = [(s, b) for s, b in boxes if not re.fullmatch(r"q\d+", s)]
+    states = [(s, b) for s, b in boxes if re.fullmatch(r"q\d+", s)]
+    for i, (a, box_a) in enumerate(labels):
+        for b, box_b in labels[i + 1:] + states:
+            assert not box_a.overlaps(box_b), f"label {a!r} overlaps {b!r}"
+
+
 def test_steps_table_reads_the_pass_counts():
     class Row:
         def __init__(self, ws, none, token, char):

@@ -149,10 +149,11 @@ def automaton_graph(fsm: ConstrainedFSM, level: Literal["token", "char"] = "toke
     return g
 
 
-def _layout(g, initial: int, by_bytes: bool = True) -> dict[int, tuple[float, float]]:
+def _layout(g, initial: int, by_bytes: bool = True, gap: float = 1.6) -> dict[int, tuple[float, float]]:
     """x: the longest distance from the start, in bytes (a token spans as many columns as it has bytes)
-    or in edges; y: states of a column ordered by the mean height of their predecessors. Falls back to
-    hop counts when the graph has cycles."""
+    or in edges; y: a state stays on the row of its nearest predecessor (the one in the latest column), so
+    each spelling of a word runs along one row and its longer tokens arc over it; states that would share a
+    spot in a column are pushed ``gap`` apart. Falls back to hop counts when the graph has cycles."""
     import networkx as nx
 
     dag = nx.DiGraph((u, v, d) for u, v, d in g.edges(data=True) if u != v)
@@ -169,13 +170,43 @@ def _layout(g, initial: int, by_bytes: bool = True) -> dict[int, tuple[float, fl
     y: dict[int, float] = {}
     for col in sorted(set(x.values())):
         nodes = [n for n in g.nodes if x[n] == col]
-        def key(n):
-            ys = [y[p] for p in g.predecessors(n) if p in y]
-            return (-(sum(ys) / len(ys)) if ys else 0.0, n)  # highest predecessors first (top)
-        nodes.sort(key=key)
-        for i, n in enumerate(nodes):
-            y[n] = 1.25 * ((len(nodes) - 1) / 2 - i)
+
+        def wanted(n):
+            preds = [p for p in g.predecessors(n) if p in y]
+            if not preds:
+                return 0.0
+            last = max(x[p] for p in preds)
+            near = [y[p] for p in preds if x[p] == last]
+            return sum(near) / len(near)
+
+        # ties (siblings that all want their parent's row) go to the one with the most edges first (top)
+        nodes.sort(key=lambda n: (-wanted(n), -g.out_degree(n), n))
+        want = [wanted(n) for n in nodes]
+        groups: list[list[int]] = []  # runs of states closer than `gap`, each spread evenly around its mean
+        for i in range(len(nodes)):
+            if groups and want[groups[-1][-1]] - want[i] < gap:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        for grp in groups:
+            mid = sum(want[i] for i in grp) / len(grp)
+            if len({want[i] for i in grp}) == 1:  # siblings: the most branching ones on the outside, where
+                grp = _outside_in(grp)  # their arcs bend away from the others
+            for k, i in enumerate(grp):
+                y[nodes[i]] = mid + gap * ((len(grp) - 1) / 2 - k)
     return {n: (float(x[n]), y[n]) for n in g.nodes}
+
+
+def _outside_in(items: list) -> list:
+    """``items`` (most important first) arranged from the top down: first at the top, second at the bottom,
+    third below the first, and so on, so the last ones end in the middle."""
+    top, bottom = [], []
+    for i, item in enumerate(items):
+        if i % 2 == 0:
+            top.append(item)
+        else:
+            bottom.insert(0, item)
+    return top + bottom
 
 
 def _passes_near(pos: dict, u: int, v: int, dist: float) -> bool:
@@ -192,22 +223,49 @@ def _passes_near(pos: dict, u: int, v: int, dist: float) -> bool:
     return False
 
 
-def _label_spot(point, first: float, states: list[tuple[float, float]], placed: list[tuple[float, float]],
-                r: float) -> tuple[float, float]:
+def _label_box(text: str, inches: float) -> tuple[float, float]:
+    """A label's width and height in drawing units, where one unit is drawn ``inches`` wide: 7.5-point
+    monospace (0.6 em a character, 1.2 em a line) with its padding and a small margin."""
+    lines = text.split("\n")
+    char, line = 0.6 * 7.5 / 72, 1.2 * 7.5 / 72
+    return (char * max(len(line) for line in lines) + 0.12) / inches, (line * len(lines) + 0.1) / inches
+
+
+def _label_spot(point, first: float, box: tuple[float, float], states: list[tuple[float, float]],
+                placed: list[tuple[float, float, float, float]], r: float) -> tuple[float, float]:
     """Where an edge's label goes: the first point along the edge (``point(t)``, t from 0 to 1, starting at
-    ``first`` and moving out) that keeps clear of every state's circle and of the labels already placed, so no
-    label hides a state's name; the clearest point tried where none is clear."""
-    best, best_gap = point(first), -1.0
+    ``first`` and moving out) where its ``box`` keeps clear of every state's circle and of the labels already
+    ``placed`` (x, y, width, height), so no label hides a state's name or another label; the clearest point
+    tried where none is clear."""
+    w, h = box
+    best, best_gap = point(first), -1e9
     for t in (first, 0.5, 0.4, 0.6, 0.3, 0.7, 0.35, 0.65, 0.25, 0.75, 0.2, 0.8):
         x, y = point(t)
-        to_state = min(((x - sx) ** 2 + (y - sy) ** 2) ** 0.5 for sx, sy in states) - (r + 0.25)
-        to_label = min((max(abs(x - px) / 1.2, abs(y - py) / 0.3) for px, py in placed), default=2.0) - 1.0
+        to_state = min(((max(abs(x - sx) - w / 2, 0)) ** 2 + (max(abs(y - sy) - h / 2, 0)) ** 2) ** 0.5
+                       for sx, sy in states) - (r + 0.05)
+        to_label = min((max(abs(x - px) - (w + pw) / 2, abs(y - py) - (h + ph) / 2) for px, py, pw, ph in placed),
+                       default=1.0)
         gap = min(to_state, to_label)
         if gap >= 0:
             return x, y
         if gap > best_gap:
             best, best_gap = (x, y), gap
     return best
+
+
+def _clearance(pos: dict, u: int, v: int, rad: float) -> float:
+    """The least distance from the arc3 curve from u to v (bent by ``rad``) to a third state's centre."""
+    (x0, y0), (x1, y1) = pos[u], pos[v]
+    cx, cy = (x0 + x1) / 2 + rad * (y1 - y0), (y0 + y1) / 2 - rad * (x1 - x0)
+    least = float("inf")
+    for i in range(1, 40):
+        t = i / 40
+        x = (1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t * t * x1
+        y = (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t * t * y1
+        for n, (sx, sy) in pos.items():
+            if n not in (u, v):
+                least = min(least, ((x - sx) ** 2 + (y - sy) ** 2) ** 0.5)
+    return least
 
 
 def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token", compressed: bool = False,
@@ -223,8 +281,15 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
         pos = {n: (2.0 * x, y) for n, (x, y) in pos.items()}  # room for the longer labels
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
-    span_x, span_y = max(xs) - min(xs) + 1, max(ys) - min(ys) + 1
-    ax = ax or plt.subplots(figsize=(min(16, 1.6 + 1.45 * span_x), 2.0 + 1.1 * span_y))[1]
+    # the limits: the states with room for the start arrow, and for the arcs' labels above and below
+    x_range, y_range = max(xs) - min(xs) + 1.5, max(ys) - min(ys) + 2.5
+    if ax is None:  # a figure of the drawing's own shape, so equal aspect leaves no wide empty margins
+        unit = min(1.1, 15.0 / x_range)
+        fig, ax = plt.subplots(figsize=(unit * x_range + 0.2, unit * y_range + 0.6))
+        fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - 0.45 / (unit * y_range + 0.6))
+    # how wide one unit is drawn (the axes hold the limits at equal aspect): the labels' boxes are sized in it
+    box = ax.get_position()
+    inches = min(ax.figure.get_figwidth() * box.width / x_range, ax.figure.get_figheight() * box.height / y_range)
     sx = 1.0  # one byte = one unit
     r = 0.22
     names = state_names(fsm)  # the names of state_table, so the drawing and the table agree
@@ -235,9 +300,10 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
             ax.add_patch(Circle((x * sx, y), r * 0.8, fc="none", ec="#33414f", lw=1.0, zorder=4))
         ax.text(x * sx, y, names.get(n, str(n)), ha="center", va="center", fontsize=8.5, zorder=5)
     label_ys: list[float] = []
-    placed: list[tuple[float, float]] = []  # the edge labels drawn so far, which the next ones keep clear of
+    placed: list[tuple[float, float, float, float]] = []  # the labels drawn so far, which the next keep clear of
     for k, (u, v, d) in enumerate(g.edges(data=True)):
         (x0, y0), (x1, y1) = pos[u], pos[v]
+        text = _label(d["labels"], max_labels)
         color = "#d9730d" if d["jump"] else "#33414f"
         if u == v:
             rad, frac = 0.0, 0.5
@@ -249,10 +315,15 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
             rad = 0.0
             if g.has_edge(v, u):
                 rad = 0.25
-            elif _passes_near(pos, u, v, r * 1.5):  # a straight line would run through another state:
-                rad = -0.3 if (y0 + y1) / 2 >= 0 else 0.3  # bend away from the middle (arc3: rad < 0 bends up)
+            elif _passes_near(pos, u, v, r * 1.5):  # a straight line would run through another state: bend,
+                # away from the middle first (arc3: rad < 0 bends up, left to right); at a fixed rad an arc's height
+                # grows with its span, so the arcs over one row nest and their labels stack
+                away = -1.0 if (y0 + y1) / 2 >= 0 else 1.0
                 if dx < 0:
-                    rad = -rad
+                    away = -away
+                tries = [away * k for k in (0.4, 0.25, 0.6)] + [-away * k for k in (0.12, 0.25, 0.4, 0.6)]
+                clear = [c for c in tries if _clearance(pos, u, v, c) >= r * 1.6]
+                rad = clear[0] if clear else max(tries, key=lambda c: _clearance(pos, u, v, c))
             patch = FancyArrowPatch((x0 * sx, y0), (x1 * sx, y1), connectionstyle=f"arc3,rad={rad}",
                                     arrowstyle="-|>", mutation_scale=11, color=color, lw=1.9 if d["jump"] else 1.1,
                                     shrinkA=r * 72 * 0.9, shrinkB=r * 72 * 0.9)
@@ -261,12 +332,12 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
             first = 0.5 if rad or abs(dx) <= 1.5 else 0.32 + 0.36 * ((k * 0.618) % 1.0)
             lx, ly = _label_spot(lambda t: ((1 - t) ** 2 * x0 * sx + 2 * (1 - t) * t * cx + t * t * x1 * sx,
                                             (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t * t * y1),
-                                 first, [(px * sx, py) for px, py in pos.values()], placed, r)
+                                 first, _label_box(text, inches), [(px * sx, py) for px, py in pos.values()], placed, r)
         patch.set_zorder(2)
         ax.add_patch(patch)
         label_ys.append(ly)
-        placed.append((lx, ly))
-        ax.text(lx, ly, _label(d["labels"], max_labels), fontsize=7.5, ha="center", va="center", color=color,
+        placed.append((lx, ly, *_label_box(text, inches)))
+        ax.text(lx, ly, text, fontsize=7.5, ha="center", va="center", color=color,
                 family="monospace", zorder=2.5,  # under the states: a label never hides a state's name
                 bbox=dict(boxstyle="round,pad=0.15", fc="white", ec=color, lw=0.5, alpha=0.92))
     x0, y0 = pos[fsm.initial]
