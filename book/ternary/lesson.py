@@ -252,11 +252,13 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
                                  (MAIN, 128), (BIG, 128)), w2a8=W2A8_SERIES) -> str:
     """Markdown, GPU clock, µs: per case, cuBLAS bf16, our fastest with bf16 x and the fastest of ``w2a8`` (each with
     its step; every launch of step 12 unless told), the peers (GemLite, torch._int_mm) and the 2-bit floor; speedups
-    over cuBLAS in brackets."""
+    over cuBLAS in brackets. The W2A8 columns' headers say that their product is another one: x rounded to int8 a
+    row, where cuBLAS bf16 and the bf16-x columns compute ``x @ W.T`` itself."""
     if results is None:
         return PENDING
-    lines = ["| N x K, M | cuBLAS bf16 | ours, bf16 x | GemLite (bf16 x) | ours, W2A8 | torch._int_mm (W8A8) | "
-             "2-bit floor |", "|---|---|---|---|---|---|---|"]
+    lines = ["| N x K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x | GemLite (bf16 x) | ours, W2A8: different numerics "
+             "(x rounded to int8) | torch._int_mm (W8A8): different numerics (x rounded to int8) | 2-bit floor |",
+             "|---|---|---|---|---|---|---|"]
     for shape, m in cases:
         base = us(results, CUBLAS, shape, m)
         if base is None:
@@ -919,3 +921,176 @@ def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
         lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)]:.1f} ({at[(key, s)] / at[('step11', s)]:.2f}×)"
                                                   for s in shapes) + " |")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Listings and diffs as the page shows them: long comment blocks left to the full source
+# ----------------------------------------------------------------------------------------------
+
+#: The longest run of comment-only lines a shown diff or listing keeps; a longer run becomes one line that says
+#: how many lines it held (they stay in the source files and in the folded full listings).
+COMMENT_RUN = 3
+
+
+def _comment_only(line: str) -> bool:
+    text = line.strip()
+    return text.startswith(("//", "/*", "*")) or text.endswith("*/")
+
+
+def _collapsed(lines: list[str], prefix_of, where_of) -> list[str]:
+    """``lines`` with every run of more than :data:`COMMENT_RUN` comment-only lines of one kind (``prefix_of(line)``:
+    the diff's mark, "" in a listing) cut to one line in that run's place and indent, saying where the lines are
+    (``where_of(mark)``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        mark = prefix_of(lines[i])
+        j = i
+        while j < len(lines) and prefix_of(lines[j]) == mark and _comment_only(lines[j][len(mark):]):
+            j += 1
+        if j - i > COMMENT_RUN:
+            body = lines[i][len(mark):]
+            indent = body[:len(body) - len(body.lstrip())]
+            out.append(f"{mark}{indent}// ({j - i} lines of comment: {where_of(mark)})")
+            i = j
+        elif j > i:
+            out += lines[i:j]
+            i = j
+        else:
+            out.append(lines[i])
+            i += 1
+    return out
+
+
+def short_comments(shown, where="in the source file"):
+    """A ``studylog.source.Diff`` or ``Code`` as the page shows it: runs of more than :data:`COMMENT_RUN`
+    comment-only lines (a kernel's leading design notes, mostly) replaced by one line saying how many lines they
+    were and where they are (``where``; for a diff of two files, a pair: removed lines are in the first, the others
+    in the second). The code lines are all kept; a new object is returned."""
+    from studylog.source import Code, Diff
+
+    old_where, new_where = (where, where) if isinstance(where, str) else where
+    if isinstance(shown, Diff):
+        part = Diff.__new__(Diff)
+        part.old_name, part.new_name = shown.old_name, shown.new_name
+        mark = lambda line: "" if line.startswith("@@") else line[:1]  # noqa: E731
+        part.lines = shown.lines[:2] + _collapsed(shown.lines[2:], mark,
+                                                  lambda m: old_where if m == "-" else new_where)
+        return part
+    if isinstance(shown, Code):
+        return Code("\n".join(_collapsed(shown.text.splitlines(), lambda line: "", lambda m: new_where)),
+                    shown.language, shown.title)
+    raise TypeError(f"a studylog.source.Diff or Code, got {type(shown).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 12: where x is quantised (the designs beside the default)
+# ----------------------------------------------------------------------------------------------
+
+#: Step 12's places to quantise x and what each does.
+W2A8_PLACES = (("staged", "the copy engine brings the block's rows of bf16 x first; the consumers quantise them in "
+                "shared memory while the weights stream in behind"),
+               ("every block", "the consumers quantise the block's rows of x from global memory; the producer "
+                "waits for x before it asks for more than one stage"),
+               ("separate", "a kernel of its own (quantize_x) first; the matmul, launched early, loads its slice "
+                "of int8 x from L2"))
+
+
+def _default_rows(place: str, n: int, k: int, sms: int) -> str:
+    """The rows of x (1 to 16) for which ``place`` is step 12's default (``w2a8_default_quantize``), as "2 to 8"."""
+    from studylog.ternary.w2a8 import w2a8_default_quantize
+
+    ms = [m for m in range(1, 17) if w2a8_default_quantize(m, n, k, sms=sms) == place]
+    if not ms:
+        return "none"
+    return str(ms[0]) if len(ms) == 1 else f"{ms[0]} to {ms[-1]}"
+
+
+def w2a8_places_table(results, shape: str = MAIN, rows_of_x=(1, 16)) -> str:
+    """Markdown, GPU clock, µs: step 12 at each place it can quantise x, at ``shape`` and each of ``rows_of_x`` (the
+    default place's time is step 12's row, the others' their ``W2A8_PLACE_SERIES`` rows), bold where it is the
+    default; "–" where a place is not run at that case."""
+    from studylog.ternary.w2a8 import w2a8_default_quantize
+
+    if results is None:
+        return PENDING
+    n, k = (int(v) for v in shape.split("x"))
+    sms = device(results).get("sm_count", 132)
+    head = " | ".join(f"M = {m} (µs)" for m in rows_of_x)
+    lines = [f"| x quantised | how | step 12's default at M = | {head} |", "|---|---|---|" + "---|" * len(rows_of_x)]
+    for place, how in W2A8_PLACES:
+        cells = []
+        for m in rows_of_x:
+            default = w2a8_default_quantize(m, n, k, sms=sms) == place
+            t = us(results, SERIES[12] if default else W2A8_PLACE_SERIES[place], shape, m)
+            cells.append("–" if t is None else f"**{t:.1f}**" if default else f"{t:.1f}")
+        lines.append(f"| {place} | {how} | {_default_rows(place, n, k, sms)} | " + " | ".join(cells) + " |")
+    return _with_legend("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------
+# Step 13: its copy of x by the TMA undone alone (lab/ternary/step13_changes.py)
+# ----------------------------------------------------------------------------------------------
+
+STEP13_CHANGES = (("step13", "step 13"), ("step13-x", "x loaded by the consumer warps, as step 12 loads it"))
+
+
+def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
+    """Markdown: step 13 with its copy of x by the TMA undone (``lab/ternary/step13_changes.py``, one run): µs and
+    × step 13 per shape and rows of x, steps 12 and 9 beside them; None where the run is not committed."""
+    data = lab_or_none("ternary", "step13_changes", gpu)
+    if data is None:
+        return None
+    rows = data["measurements"]
+    cases = list(dict.fromkeys((r["params"]["shape"], r["params"]["m"]) for r in rows))
+    at = {(r["params"]["variant"], r["params"]["shape"], r["params"]["m"]): r["ms"] * 1e3 for r in rows}
+    lines = ["| step 13 with | " + " | ".join(f"{s.replace('x', ' x ')}, M = {m} (µs, × step 13)" for s, m in cases)
+             + " |", "|---|" + "---|" * len(cases)]
+    labels = STEP13_CHANGES + ((SERIES[12], "step 12, for reference"), (SERIES[9], "part 1's step 9, for reference"))
+    for key, label in labels:
+        cells = [fmt(at.get((key, *c)), ".1f") + (f" ({at[(key, *c)] / at[('step13', *c)]:.2f}×)"
+                                                  if (key, *c) in at and ("step13", *c) in at else "")
+                 for c in cases]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    failed = [c["name"] for c in data["checks"] if not c["passed"]]
+    if failed:
+        lines.append(f"\n{len(failed)} of {len(data['checks'])} checks of this run failed: {', '.join(failed)}.")
+    return "\n".join(lines)
+
+
+def step13_undone_ratio(shape: str = MAIN, m: int = 16, gpu: str = "nvidia-h200") -> tuple:
+    """(µs of step 13 with x loaded by the consumer warps, µs of step 13) in the same run at one case, or
+    (None, None) where the run or the case is missing."""
+    data = lab_or_none("ternary", "step13_changes", gpu)
+    at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
+                                  if (r["params"]["shape"], r["params"]["m"]) == (shape, m)}
+    return at.get("step13-x"), at.get("step13")
+
+
+# ----------------------------------------------------------------------------------------------
+# GemLite's float64 check
+# ----------------------------------------------------------------------------------------------
+
+def gemlite_check(results, shape: str = MAIN) -> Optional[dict]:
+    """GemLite's float64 check at one row of x (the benchmark's ``gemlite_w2 within bf16 rounding`` checks): the
+    tolerance, its error at ``shape``, the shapes where it fails, the worst error and its shape, and how many
+    partial sums its one-row kernel adds into its bf16 output at ``shape`` (GemLite's GEMV_REVSPLITK: grid.y =
+    K / (2 BLOCK_SIZE_K) programs a column, each adding its partial sum by an atomic add in the output's dtype,
+    bf16 on Hopper; BLOCK_SIZE_K from the config its autotuner chose, the row's ``config``). None without the
+    checks."""
+    if results is None:
+        return None
+    checks = [c for c in results.data["checks"] if c["name"].startswith("gemlite_w2 within")
+              and c["params"].get("m") == 1]
+    at = [c for c in checks if c["params"]["shape"] == shape]
+    if not at:
+        return None
+    worst = max(checks, key=lambda c: c["relative_error"])
+    row = gpu_row(results, GEMLITE, shape, 1)
+    block_k = re.search(r"BLOCK_SIZE_K: (\d+)", (row or {}).get("config") or "")
+    k = int(shape.split("x")[1])
+    return {"tolerance": at[0]["tolerance"], "error": at[0]["relative_error"], "passed": at[0]["passed"],
+            "failed": [c["params"]["shape"] for c in checks if not c["passed"]],
+            "passed_at": [c["params"]["shape"] for c in checks if c["passed"]],
+            "worst": worst["relative_error"], "worst_shape": worst["params"]["shape"],
+            "partials": None if block_k is None else -(-k // (2 * int(block_k[1])))}
