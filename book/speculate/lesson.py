@@ -77,7 +77,9 @@ _CH7_HEAD = ("mask_wait", "head", "mask_apply")
 def breakdown_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
     """Where an output token's time goes, in microseconds over all the workload's requests (each request's
     instrumented run; the prefill included in the body): drafting, the body (the verifying forward), the head,
-    sampling and the host's own work, for chapter 7's step 3 and this chapter's steps 1 and 4."""
+    sampling and the host's own work, for chapter 7's step 3 and this chapter's steps 1 and 4. ``total`` is the
+    instrumented runs' time over all the tokens (long requests weigh more); ``median``, the median request's time
+    per output token in the timed runs (the steps table's statistic), sits beside it."""
     out = []
     for s, name in (("ch7_step03", "chapter 7, step 3"), ("step01", CHAPTER.step("step01").name),
                     ("step04", CHAPTER.step("step04").name)):
@@ -89,7 +91,8 @@ def breakdown_table(results, batch: int = 1, workload: str = "extraction") -> li
 
         out.append({"step": name, "draft": us(("draft",)), "body": us(("body",)),
                     "head": us(_CH7_HEAD if s.startswith("ch7") else ("head",)), "sampling": us(("sampling",)),
-                    "host": us(("host",)), "total": us(("wall",))})
+                    "host": us(("host",)), "total": us(("wall",)),
+                    "median": median_ms(results, batch, workload, s) * 1e3})
     return out
 
 
@@ -108,12 +111,18 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
 def bound_rows(results) -> list[dict[str, Any]]:
     """Per batch and workload: step 4 against chapter 7's step 3, the ratio of their median times per output token
     (``ratio``, the headline's statistic) and the requests' own ratios (median, slowest, ``max_speedup``), the
-    forward ratio and the forecast at the measured costs (:func:`studylog.speculate.report.bound`)."""
+    forward ratio and the forecast at the measured costs (:func:`studylog.speculate.report.bound`); beside them the
+    same ratio on the second H200 (``second_ratio``, :func:`second_run`; None without it) and how far the two runs
+    are apart (``runs_apart``: the larger ratio over the smaller, less one)."""
+    again = second_run()
     out = []
     for r in report.summary(results.rows):
         b, w = r["batch"], r["workload"]
-        out.append(r | {"ratio": median_ms(results, b, w, "ch7_step03") / median_ms(results, b, w, "step04"),
-                        "max_speedup": max(report.speedups(results.rows, b, w))})
+        ratio = median_ms(results, b, w, "ch7_step03") / median_ms(results, b, w, "step04")
+        second = _ratio(again, b, w) if again is not None else None
+        out.append(r | {"ratio": ratio, "max_speedup": max(report.speedups(results.rows, b, w)),
+                        "second_ratio": second,
+                        "runs_apart": max(second, ratio) / min(second, ratio) - 1 if second else None})
     return out
 
 
@@ -154,15 +163,56 @@ def _lab_file(name: str) -> dict[str, Any]:
     return json.loads((REPO_ROOT / "lab" / "speculate" / "results" / "nvidia-h200" / name).read_text())
 
 
-def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """The same benchmark, the same code, run again on a second H200 (``lab/speculate/results/nvidia-h200/``):
-    step 4 against chapter 7's step 3 there and in the committed run, at ``batch``: the ratio of the two median
-    times per output token, the headline's statistic."""
-    def ratio(rows) -> float:
-        return (report.median_ms(rows, batch, workload, "ch7_step03") / report.median_ms(rows, batch, workload, "step04"))
+#: The committed run's benchmark repeated with the same code on a second H200, in ``lab/speculate/results/``.
+SECOND_RUN = "speculate_second_host_run.json"
+#: How far apart two runs' headline ratios may be before a page must say so (``how_we_measure.md``).
+RUNS_APART = 0.10
 
-    return {"second": ratio(_lab_file("speculate_second_host_run.json")["measurements"]),
-            "first": ratio(committed().rows)}
+
+def second_run() -> list[dict] | None:
+    """The rows of :data:`SECOND_RUN`, or None where the file is missing."""
+    try:
+        return _lab_file(SECOND_RUN)["measurements"]
+    except FileNotFoundError:
+        return None
+
+
+def _ratio(rows, batch: int, workload: str) -> float:
+    """Chapter 7's step 3 over step 4: the ratio of their median times per output token, the headline's statistic."""
+    return report.median_ms(rows, batch, workload, "ch7_step03") / report.median_ms(rows, batch, workload, "step04")
+
+
+def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, float]:
+    """The same benchmark, the same code, run again on a second H200 (:data:`SECOND_RUN`): step 4 against chapter
+    7's step 3 there and in the committed run, at ``batch`` (:func:`_ratio`)."""
+    return {"second": _ratio(second_run(), batch, workload), "first": _ratio(committed().rows, batch, workload)}
+
+
+#: The run before the verifier's six-launch layer: every verifying forward on the nine-launch layer, with the
+#: drafting code of its day (``lab/speculate/README.md``).
+NINE_LAUNCH_RUN = "speculate_nine_launch_verifier.json"
+
+
+def verify_layer_split(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
+    """Step 2's gain over step 1 in two factors. The committed run has no step 2 without the two-row verify layer,
+    so the factor is priced, not timed: each two-token forward of step 2 (its ``chunk_lengths``) charged the
+    nine-launch layer's time instead of the six-launch one's (:func:`layer_table`, GPU clock), per request, gives
+    ``step2_nine_us`` (the median request, µs per token). Then ``draft_verify`` = step 1 / that and ``layer`` =
+    that / step 2; their product is the steps table's ``measured``. ``earlier``: step 1 over step 2 measured in
+    :data:`NINE_LAUNCH_RUN` (None without it), whose drafting code also differs."""
+    two = next(d for d in layer_table(results, batch) if d["chunk"] == 2)
+    extra = (two["cublas"] - two["gemv"]) / 1e3 if two.get("used") == "gemv" else 0.0
+    priced = [r["ms"] + extra * sum(1 for c in r["chunk_lengths"] if c == 2) / r["tokens"]
+              for r in _rows(results, batch, workload, "step02")]
+    one, measured2 = median_ms(results, batch, workload, "step01"), median_ms(results, batch, workload, "step02")
+    nine = statistics.median(priced)
+    try:
+        rows = _lab_file(NINE_LAUNCH_RUN)["measurements"]
+        earlier = report.median_ms(rows, batch, workload, "step01") / report.median_ms(rows, batch, workload, "step02")
+    except FileNotFoundError:
+        earlier = None
+    return {"measured": one / measured2, "step2_us": measured2 * 1e3, "step2_nine_us": nine * 1e3,
+            "extra_us": extra * 1e3, "draft_verify": one / nine, "layer": nine / measured2, "earlier": earlier}
 
 
 def prefill_probe() -> dict[str, float]:
@@ -221,6 +271,7 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["agreement", "bound_rows", "breakdown_table", "committed", "draft_cost", "drafts_table", "median_ms", "prefill_probe", "second_machine", "layer_table", "losses", "markdown_table",
-           "slowest",
-           "sample_outputs", "steps_table", "validity"]
+__all__ = ["NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "bound_rows", "breakdown_table", "committed",
+           "draft_cost", "drafts_table", "layer_table", "losses", "markdown_table", "median_ms", "prefill_probe",
+           "sample_outputs", "second_machine", "second_run", "slowest", "steps_table", "validity",
+           "verify_layer_split"]

@@ -1,0 +1,77 @@
+"""Chapter 8's page readings (``book.speculate.lesson``) that the page's tables print: step 2's gain split into
+drafting and the two-row verify layer, the result table's second run and how far apart the runs are, and the
+totals table's median request, each checked against a reference computed here from the rows themselves."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+
+import pytest
+
+from book.speculate import lesson
+from studylog.paths import REPO_ROOT
+from studylog.plotting import Results
+
+
+def _row(series: str, request: str, ms: float, chunks: list[int], tokens: int) -> dict:
+    return {"series": series, "params": {"model": "smollm2", "batch": 1, "workload": "extraction", "request": request},
+            "ms": ms, "chunk_lengths": chunks, "tokens": tokens}
+
+
+def _verify(chunk: int, layer: str, ms: float, used: bool) -> dict:
+    return {"series": "verify", "params": {"model": "smollm2", "batch": 1, "chunk": chunk, "layer": layer}, "ms": ms,
+            "used": used}
+
+
+def test_step_2s_gain_splits_into_two_factors_priced_from_its_two_token_forwards():
+    rng = random.Random(8)
+    gemv, cublas = rng.uniform(0.5, 0.6), rng.uniform(0.7, 0.8)
+    rows = [_verify(2, "gemv", gemv, True), _verify(2, "cublas", cublas, False),
+            _verify(4, "cublas", 0.77, True)]
+    priced = []
+    for k in range(7):
+        chunks = [rng.choice([1, 2, 2, 4, 9]) for _ in range(rng.randint(5, 30))]
+        tokens = rng.randint(20, 90)
+        ms = rng.uniform(0.4, 0.7)
+        rows += [_row("step01", f"r{k}", rng.uniform(0.8, 0.9), [1] * tokens, tokens),
+                 _row("step02", f"r{k}", ms, chunks, tokens)]
+        priced.append(ms + chunks.count(2) * (cublas - gemv) / tokens)
+    split = lesson.verify_layer_split(Results(REPO_ROOT / "none.json", {"measurements": rows}))
+    one = statistics.median(r["ms"] for r in rows if r["series"] == "step01")
+    two = statistics.median(r["ms"] for r in rows if r["series"] == "step02")
+    assert split["extra_us"] == pytest.approx((cublas - gemv) * 1e3)
+    assert split["step2_nine_us"] == pytest.approx(statistics.median(priced) * 1e3)
+    assert split["draft_verify"] == pytest.approx(one / statistics.median(priced))
+    assert split["draft_verify"] * split["layer"] == pytest.approx(split["measured"]) == pytest.approx(one / two)
+    assert split["layer"] > 1.0  # the layer the loop chose is the faster one, so charging the other costs time
+
+
+def test_the_result_table_carries_the_second_run_and_flags_runs_far_apart():
+    results = lesson.committed()
+    second = json.loads((REPO_ROOT / "lab" / "speculate" / "results" / "nvidia-h200" / lesson.SECOND_RUN)
+                        .read_text())["measurements"]
+
+    def ratio(rows, batch, workload):
+        def med(series):
+            return statistics.median(r["ms"] for r in rows if r["series"] == series
+                                     and r["params"].get("batch") == batch and r["params"].get("workload") == workload)
+        return med("ch7_step03") / med("step04")
+
+    rows = lesson.bound_rows(results)
+    assert rows
+    for r in rows:
+        first, again = ratio(results.rows, r["batch"], r["workload"]), ratio(second, r["batch"], r["workload"])
+        assert r["ratio"] == pytest.approx(first) and r["second_ratio"] == pytest.approx(again)
+        assert r["runs_apart"] == pytest.approx(max(first, again) / min(first, again) - 1)
+
+
+def test_the_totals_table_sets_the_median_request_beside_the_totals():
+    results = lesson.committed()
+    table = lesson.breakdown_table(results)
+    for row, series in zip(table, ("ch7_step03", "step01", "step04")):
+        ms = [r["ms"] for r in results.rows if r["series"] == series and r["params"].get("batch") == 1
+              and r["params"].get("workload") == "extraction"]
+        assert row["median"] == pytest.approx(statistics.median(ms) * 1e3)
+        assert row["total"] > 0
