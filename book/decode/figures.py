@@ -100,7 +100,7 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
     if not batches:
         return None
     # stacked, one panel a batch size, so the figure reads at page width; the legend beside the first panel
-    fig, axes = plt.subplots(len(batches), 1, figsize=(8.5, 3.9 * len(batches) + 1.1), squeeze=False)
+    fig, axes = plt.subplots(len(batches), 1, figsize=(8.5, 3.4 * len(batches) + 1.1), squeeze=False)
     panels = [breakdown(rows, model, b) for b in batches]
     for j, (ax, b, parts) in enumerate(zip(axes[:, 0], batches, panels)):
         plot_breakdown(parts, ax=ax, title=f"batch {b}", legend=j == 0)
