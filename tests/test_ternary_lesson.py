@@ -266,3 +266,98 @@ def test_the_chapter_lists_both_lessons():
     assert T.CHAPTER.notebooks == ("05_ternary_1_triton", "05_ternary_2_cuda")
     assert all(p.is_file() for p in LESSONS)
     assert not (paths.REPO_ROOT / "notebooks" / "05_ternary_matmul.ipynb").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Part 2's page: comment runs cut from diffs, step 12's places, step 13's undone change, GemLite's check
+# ------------------------------------------------------------------------------------------------
+
+def _comment_runs(lines, mark_of):
+    """The lengths of the runs of comment-only lines of one diff mark, counted here apart from the lesson's code."""
+    runs, last, n = [], None, 0
+    for line in lines:
+        mark = mark_of(line)
+        body = line[len(mark):].strip()
+        comment = body.startswith(("//", "/*", "*")) or body.endswith("*/")
+        if comment and mark == last:
+            n += 1
+        else:
+            if n:
+                runs.append(n)
+            n, last = (1, mark) if comment else (0, None)
+    return runs + ([n] if n else [])
+
+
+@pytest.mark.parametrize("old, new", [(10, 11), (11, 12), (12, 13)])
+def test_a_shown_diff_keeps_every_code_line_and_no_long_comment_run(old, new):
+    from studylog.source import Diff
+
+    full = T.CHAPTER.show_diff(old, new)
+    shown = L.short_comments(full, ("in a.cu", "in b.cu"))
+    assert isinstance(shown, Diff) and shown.lines[:2] == full.lines[:2]
+    mark = lambda line: "" if line.startswith("@@") else line[:1]  # noqa: E731
+    assert max(_comment_runs(full.lines[2:], mark)) > L.COMMENT_RUN  # the case the page has
+    assert max(_comment_runs(shown.lines[2:], mark)) <= L.COMMENT_RUN
+    code = lambda lines: [ln for ln in lines if "//" not in ln[:1] + ln[1:].lstrip()[:2]]  # noqa: E731
+    assert code(shown.lines) == code(full.lines)  # the code lines, in order, all kept
+    cut = [ln for ln in shown.lines if "lines of comment:" in ln]
+    assert cut and all(("in a.cu" in ln) == ln.startswith("-") for ln in cut)  # removed notes are in the old file
+    held = sum(int(re.search(r"\((\d+) lines of comment", ln)[1]) for ln in cut)
+    assert len(full.lines) - len(shown.lines) == held - len(cut)
+
+
+def test_a_shown_listing_cuts_a_long_comment_run_to_one_line():
+    from studylog.source import Code
+
+    text = "// a\n// b\n// c\n// d\nint f() {\n    // one\n    // two\n    return 1;\n}"
+    shown = L.short_comments(Code(text, "cuda", "t"), "in f.cu")
+    assert shown.text.splitlines() == ["// (4 lines of comment: in f.cu)", "int f() {", "    // one", "    // two",
+                                       "    return 1;", "}"]
+    with pytest.raises(TypeError):
+        L.short_comments(text)
+
+
+def test_step_12s_places_table_bolds_the_default_time(results):
+    table = L.w2a8_places_table(results)
+    staged = next(line for line in table.splitlines() if line.startswith("| staged |"))
+    assert f"**{L.us(results, T.SERIES[12]):.1f}**" in staged  # one row of x: staged is step 12's default
+    assert table.count("**") == 2 * 2  # one default a column of rows of x
+
+
+def test_step_13s_undone_change_table_reads_the_lab_run(monkeypatch):
+    rows = [{"series": series, "ms": ms, "params": {"variant": variant, "shape": L.MAIN, "m": 16}}
+            for series, variant, ms in (("step13_changes", "step13", 0.016), ("step13_changes", "step13-x", 0.020),
+                                        (T.SERIES[12], T.SERIES[12], 0.031), (T.SERIES[9], T.SERIES[9], 0.014))]
+    monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
+    table = L.step13_changes()
+    assert "| x loaded by the consumer warps, as step 12 loads it | 20.0 (1.25×) |" in table
+    assert "| part 1's step 9, for reference | 14.0 (0.88×) |" in table
+    assert L.step13_undone_ratio() == pytest.approx((20.0, 16.0))
+    monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: None)
+    assert L.step13_changes() is None and L.step13_undone_ratio() == (None, None)
+
+
+def test_gemlites_check_names_its_tolerance_and_partial_sums(results):
+    from studylog.ternary.peers import BF16_NORM_TOLERANCE
+
+    gem = L.gemlite_check(results)
+    if gem is None:
+        pytest.skip("no GemLite check in the committed file")
+    assert gem["tolerance"] == BF16_NORM_TOLERANCE
+    assert gem["passed"] == (gem["error"] <= gem["tolerance"]) and gem["worst"] >= gem["error"]
+    assert (L.MAIN in gem["failed"]) != gem["passed"]
+    config = L.gpu_row(results, T.results.GEMLITE, L.MAIN)["config"]
+    block_k = int(re.search(r"BLOCK_SIZE_K: (\d+)", config)[1])
+    assert gem["partials"] * 2 * block_k >= 14336 > (gem["partials"] - 1) * 2 * block_k
+
+
+def test_the_result_table_marks_the_w2a8_columns_as_other_numerics(results):
+    head = L.result_table(results, cases=((L.MAIN, 1),)).splitlines()[0].split("|")
+    marked = [cell for cell in head if "different numerics (x rounded to int8)" in cell]
+    assert len(marked) == 2 and all("W2A8" in c or "W8A8" in c for c in marked)
+
+
+def test_part_2s_prose_is_within_the_budget():
+    from book.common import PROSE_BUDGET, prose_words
+
+    assert prose_words(LESSONS[1]) <= PROSE_BUDGET
