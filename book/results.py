@@ -10,6 +10,7 @@ checks the file against the suite it runs).
 
 from __future__ import annotations
 
+import ast
 import math
 import statistics
 from pathlib import Path
@@ -211,11 +212,80 @@ def code_lines(notebook: str | Path, root: Path = REPO_ROOT) -> int:
     return count
 
 
-def reading_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> int:
-    """Minutes a page takes to read: its prose at :data:`WORDS_PER_MINUTE` plus the code it shows at
-    :data:`CODE_LINES_PER_MINUTE`, rounded up to the minute (running the code and the exercises take longer)."""
+#: The calls that print a listing or a diff on a page (``studylog.source``'s, and ``book.common.step_diff``).
+LISTING_CALLS = ("show_source", "show_diff", "step_diff")
+
+
+def _mentions(node: ast.AST, names: set[str]) -> bool:
+    return any((isinstance(n, ast.Name) and n.id in names) or (isinstance(n, ast.Attribute) and n.attr in names)
+               for n in ast.walk(node))
+
+
+def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, list[str]]:
+    """Lines of the kernel listings and diffs a notebook prints, folded or not, counted without running its
+    measurements: its imports, its helper functions and its plain aliases (``CHAPTER = mlh.CHAPTER``) are run, then
+    every statement of a shown code cell that prints a listing, with ``studylog.source``'s two listing functions
+    counting the lines of what they return. Returns the count and the statements that could not be run this way
+    (none is expected: a test checks)."""
+    import contextlib
+    import io
+    import json
+
+    from studylog import source
+
+    counted: list[int] = []
+    originals = {name: getattr(source, name) for name in ("show_source", "show_diff")}
+
+    def counting(fn):
+        def wrapped(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            counted.append(len(out.lines) if hasattr(out, "lines") else len(out.text.splitlines()))
+            return out
+        return wrapped
+
+    failed: list[str] = []
+    from IPython.display import display  # a notebook's kernel has it without an import
+
+    namespace: dict[str, Any] = {"__name__": "listing_lines", "display": display}
+    cells = [c for c in json.loads((Path(root) / notebook).read_text())["cells"] if c["cell_type"] == "code"]
+    # a cell's listing is on the page unless its output is removed (its code may be hidden, as most listings' are)
+    trees = [(ast.parse("".join(c["source"])), not {"remove-output", "remove-cell"} & set(
+        c.get("metadata", {}).get("tags", []))) for c in cells]
+    helpers = {node.name for tree, _ in trees for node in tree.body
+               if isinstance(node, ast.FunctionDef) and _mentions(node, set(LISTING_CALLS))}
+    for name, fn in originals.items():
+        setattr(source, name, counting(fn))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # display() prints its argument outside a notebook
+            for tree, shown in trees:
+                for stmt in tree.body:
+                    setup = (isinstance(stmt, (ast.Import, ast.ImportFrom))
+                             or isinstance(stmt, ast.FunctionDef)
+                             or (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                                 and isinstance(stmt.targets[0], ast.Name)
+                                 and isinstance(stmt.value, (ast.Name, ast.Attribute))))
+                    prints = shown and _mentions(stmt, set(LISTING_CALLS) | helpers)
+                    if not (setup or prints):
+                        continue
+                    try:
+                        exec(compile(ast.Module([stmt], []), str(notebook), "exec"), namespace)
+                    except Exception as e:  # noqa: BLE001 - reported, and a test fails on it
+                        if prints:  # a setup line that fails matters only where a listing then fails too
+                            failed.append(f"{ast.unparse(stmt)[:80]}: {e!r}")
+    finally:
+        for name, fn in originals.items():
+            setattr(source, name, fn)
+    return sum(counted), failed
+
+
+def reading_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, int]:
+    """Minutes a page takes to read, rounded up: its prose at :data:`WORDS_PER_MINUTE`, then that plus every line of
+    code it shows (its code cells, and the listings and diffs they print) at :data:`CODE_LINES_PER_MINUTE`. Running
+    the code and the exercises take longer."""
     words = prose_words(Path(root) / notebook)
-    return max(1, math.ceil(words / WORDS_PER_MINUTE + code_lines(notebook, root) / CODE_LINES_PER_MINUTE))
+    code = code_lines(notebook, root) + listing_lines(notebook, root)[0]
+    prose = words / WORDS_PER_MINUTE
+    return max(1, math.ceil(prose)), max(1, math.ceil(prose + code / CODE_LINES_PER_MINUTE))
 
 
 #: What a lesson that is no chapter's headline page is for, by notebook (the reading path's question column).
@@ -242,7 +312,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = [f"| page | the question | the answer in one number ({card}; × is how many times faster than) | "
-             "reading time |", "|---|---|---|---|"]
+             "reading time: prose | with code and listings |", "|---|---|---|---|---|"]
     for notebook in reading_order():
         stem = Path(notebook).stem
         h = by_notebook.get(notebook)
@@ -253,11 +323,12 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         title = f"{stem[:2]}" + (f". {h['title']}" if h else ". How to read this course")
         if stem.startswith("05_"):
             title += " (Triton)" if "triton" in stem else " (CUDA C++)"
-        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | "
-                     f"{reading_minutes(notebook)} min |")
+        prose, with_code = reading_minutes(notebook)
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {prose} min | {with_code} min |")
     return "\n".join(lines)
 
 
 __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines",
-           "fsm_line", "fsm_suite", "headlines", "repeated", "versions_markdown",
+           "fsm_line", "fsm_suite", "headlines", "repeated", "versions_markdown", "LISTING_CALLS", "listing_lines",
+           "ctc_grid", "decode_bound",
            "reading_minutes", "reading_path_markdown", "summary_markdown"]

@@ -238,8 +238,14 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
     row = _find(data, "ternary_matmul", shape="4096x14336", m=1)
     assert row["p99_ms"] >= row["ms"]
     assert f"{row['p99_ms'] * 1e3:,.1f} (median {row['ms'] * 1e3:,.1f})" in table
-    lines = [ln for ln in table.splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
-    assert any(sb.NOT_MEASURED in ln.split("|")[6] for ln in lines if "H100" in ln)
+    # the header names the cards that have the run, once; other cards' cells are a plain dash
+    names = " and the ".join(sorted(sb._short_card(sb.card_name(c)) for c in tails))
+    assert f"p99 of replays (µs; the {names} only)" in table
+    times = table.split("**Floors")[0]
+    lines = [ln for ln in times.splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
+    no_run = [ln for ln in lines if not any(f"| {sb._short_card(sb.card_name(c))} |" in ln for c in tails)]
+    assert no_run and all(ln.split(" | ")[5].strip() == "–" for ln in no_run)
+    assert table.count("99th percentile of those per-replay means") == 1
 
 
 def test_chapter_seven_headline_is_one_case_and_one_statistic_everywhere():
@@ -332,19 +338,102 @@ def test_pages_run_their_tables_and_the_book_lists_the_scoreboard():
     assert "file: scoreboard" in toc and toc.index("file: results") < toc.index("file: scoreboard")
 
 
-def test_reading_times_follow_the_prose():
+def test_reading_times_follow_the_prose_then_the_code_and_listings():
     order = summary.reading_order()
     assert order == sorted(order) and all((ROOT / nb).is_file() for nb in order)
     from book.common import prose_words
 
     for notebook in order:
-        minutes = summary.reading_minutes(notebook)
+        prose, with_code = summary.reading_minutes(notebook)
         words, code = prose_words(ROOT / notebook), summary.code_lines(notebook)
-        assert minutes - 1 < words / summary.WORDS_PER_MINUTE + code / summary.CODE_LINES_PER_MINUTE <= minutes
+        listed, failed = summary.listing_lines(notebook)
+        assert not failed, f"{notebook}: listings the count could not run: {failed}"
+        assert prose - 1 < words / summary.WORDS_PER_MINUTE <= prose
+        assert with_code - 1 < (words / summary.WORDS_PER_MINUTE
+                                + (code + listed) / summary.CODE_LINES_PER_MINUTE) <= with_code
     table = summary.reading_path_markdown()
-    assert table.count(" min |") == len(order)
+    assert table.count(" min |") == 2 * len(order)
     for entry in sb.ENTRIES:
         assert f"]({entry.notebook}) | {entry.question} |" in table
+
+
+def test_listing_lines_count_what_a_page_prints_and_run_no_measurement(tmp_path):
+    """A notebook of four cells: the count runs its imports and helpers, counts a hidden-input listing and a diff
+    through a helper (lines recounted here with difflib), skips a cell whose output is removed, and never runs the
+    cell's other work (which would leave a file behind)."""
+    import difflib
+
+    marker = tmp_path / "ran"
+
+    def cell(source: str, tags: tuple[str, ...] = ()) -> dict:
+        return {"cell_type": "code", "metadata": {"tags": list(tags)}, "source": source, "outputs": [],
+                "execution_count": None}
+    nb = {"cells": [
+        cell(f"from pathlib import Path\nfrom studylog.source import show_diff, show_source\n"
+             f"Path({str(marker)!r}).write_text('measured')\n"),
+        cell("show_source('a = 1\\nb = 2\\nc = 3\\n')", ("remove-input",)),
+        cell("def parts(d):\n    return d\n\n\nparts(show_diff('x = 1\\ny = 0\\n', 'x = 2\\ny = 0\\n'))"),
+        cell("show_source('q = 1\\n')", ("remove-output",)),
+        {"cell_type": "markdown", "metadata": {}, "source": "Some prose."}],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "toy.ipynb"
+    path.write_text(json.dumps(nb))
+    diff = list(difflib.unified_diff(["x = 1", "y = 0"], ["x = 2", "y = 0"], lineterm="",
+                                     fromfile="a", tofile="b"))
+    assert summary.listing_lines(path, root=tmp_path) == (3 + len(diff), [])
+    assert not marker.exists(), "the count ran a cell's work that prints no listing"
+
+
+def test_chapter_floor_figure_is_the_chapters_own_definition():
+    """Each row shows, beside the % of the binding floor, our median over the floor the chapter's table of steps
+    divides by: chapter 2 adds the bytes and one empty kernel (recomputed here from the raw file), chapter 6 takes
+    the compute floor alone; the page names the definition in the cell."""
+    board = sb.scoreboard()
+    data = _raw(H200, "masked_lm_head")
+    kernel = _find(data, "step09", batch=1, kind="random", allowed=1000, layout="vd")
+    x = kernel["ms"] / (kernel["floor_ms"] + data["ceilings"]["empty_launch_gpu_ms"])
+    name = data["device"]["name"]
+    (row,) = [r for r in board if r["number"] == 2 and r["card"] == name and r["ours"].startswith("the masked head's")]
+    assert row["x_chapter_floor"] == pytest.approx(x)
+    assert row["pct_of_floor"] == pytest.approx(100 * kernel["floor_ms"] / kernel["ms"])
+    table = sb.scoreboard_markdown()
+    assert f"{x:.2f}× (byte floor + one empty kernel)" in table
+    attention = _find(_raw(H200, "multi_item"), "step05", shape="8 prompts, mixed")
+    six = _board_row(board, 6, H200)
+    assert six["x_chapter_floor"] == pytest.approx(attention["ms"] / attention["compute_floor_ms"])
+    assert six["x_chapter_floor"] == pytest.approx(100 / six["pct_of_floor"])  # its chapter's floor is the binding one
+    eight = _board_row(board, 8, H200)
+    assert eight["x_chapter_floor"] is None
+
+
+def test_notes_are_folded_per_chapter_with_no_markers_in_the_cells():
+    table = sb.scoreboard_markdown()
+    assert not re.search(r"\[\d+\]", table), "a numbered footnote marker is left in the tables"
+    folds = re.findall(r"<details><summary>Chapter (\d+),", table)
+    assert folds == sorted(folds, key=int) and len(folds) == len(set(folds))
+    # per-card caveats are in the cells: the H100's unpadded head, GemLite's check
+    assert "not comparable (unpadded head)" in table
+    assert "(misses our float64 check)" in table or "(passes our float64 check)" in table
+
+
+def test_the_tails_median_is_compared_with_the_chapters():
+    """Where the separate run's median lands more than 5% from the chapter's, the chapter's notes say by how much
+    and what the two files record differently; within 5%, nothing is said."""
+    board = sb.scoreboard()
+    table = sb.scoreboard_markdown()
+    for r in [b for b in board if b["lead"] and "missing" not in b]:
+        t = sb.tail(H200, r["number"]) if r["card"] == sb.card_name(H200) else None
+        if t is None:
+            continue
+        gap = t["ms"] / r["median_ms"] - 1
+        said = sb.tail_differs(r, t, _raw(H200, sb.TAILS))
+        assert (said is None) == (abs(gap) <= 0.05)
+        if said:
+            assert f"{abs(gap):.0%} {'above' if gap > 0 else 'below'} the chapter's" in said
+            assert said.replace("'", "&#x27;") in table
+    same = {"ms": 1.0, "config": "a"}
+    assert sb.tail_differs({"median_ms": 1.02, "config": "a", "run_date": "2026-01-01T00:00:00+00:00"}, same,
+                           {"date": "2026-01-01T00:10:00+00:00"}) is None
 
 
 def test_a_faster_new_peer_is_named_beside_the_rival(bench_copy):
@@ -409,3 +498,31 @@ def test_chapter_3_leads_with_the_fastest_published_gpu_port():
     board = sb.scoreboard_markdown()
     floors = board.split("**Floors")[1]
     assert floors.count("the GPU drafter, its entry point") == 1
+
+
+def test_results_lines_say_the_failed_check_the_grid_and_the_bound():
+    """Chapter 5's line gives GemLite's failed check as the file records it (error and tolerance); chapter 4's, the
+    range over its grid (recomputed here); chapter 7's, its bound beside the ratio on the landing page, and no ratio
+    in the headline cell of a card whose run is not comparable."""
+    lines = {h["number"]: h for h in summary.headlines()}
+    data = _raw(H200, "ternary")
+    (check,) = [c for c in data["checks"] if c["name"].startswith("gemlite_w2 within")
+                and c["params"].get("shape") == "4096x14336" and c["params"].get("m") == 1]
+    cell = lines[5]["cells"]["H200"]
+    if not check["passed"]:
+        assert (f"its error is {check['relative_error']:.2%} of the product's norm, the tolerance "
+                f"{check['tolerance']:.2%}") in cell
+    assert "with its float64 check" not in summary.summary_markdown()
+    ctc = _raw(H200, "ctc")
+    ratios = []
+    for ours in [r for r in ctc["measurements"] if r["series"] == "ctc_loss"]:
+        rival = _find(ctc, "torch-best", **ours["params"])
+        ratios.append(rival["ms"] / ours["ms"])
+    assert lines[4]["brief"]["H200"].startswith(f"{min(ratios):.2f}× to {max(ratios):.2f}× cuDNN")
+    from book.decode.results import median_bound
+
+    bound = median_bound(_raw(H200, "decode")["measurements"], "8b", 1)
+    assert lines[7]["brief"]["H200"].endswith(f"(bound {bound:.2f}×)")
+    for name, cell in lines[7]["cells"].items():
+        if cell.startswith("not comparable"):
+            assert not re.search(r"\d\.\d\d×", cell), f"{name}: a ratio in a not comparable headline"
