@@ -195,19 +195,23 @@ def torch_best_words(results) -> str:
     if not picked:
         return ""
     total = sum(len(v) for v in picked.values())
-    named = [f"{name} at {'all ' + str(total) + ' points' if len(where) == total else ', '.join(f'A = {a:,}, N = {n}' for a, n in sorted(where))}"
-             for name, where in picked.items()]
-    words = (f"`torch-best` is the faster of torch's calls timed on the {clock_words(clock_of(results, 'torch-best'))}: "
-             + "; ".join(named) + ".")
+
+    def where(points):
+        if len(points) == total:
+            return f"all {total} points"
+        return ", ".join(f"A = {a:,}, N = {n}" for a, n in sorted(points))
+
+    clock = clock_words(clock_of(results, "torch-best"))
+    words = (f"`torch-best` is the faster of torch's calls timed on the {clock}: "
+             + "; ".join(f"{name} at {where(points)}" for name, points in picked.items()) + ".")
     if clock_of(results, "torch-native") == "kernel":
-        points = [(a, n) for a, n in _all_points()
-                  if None not in (_ms(results, "torch-native", T=BENCH_T, A=a, N=n),
-                                  _ms(results, "torch-cuDNN", T=BENCH_T, A=a, N=n))]
-        slower = sum(_ms(results, "torch-native", T=BENCH_T, A=a, N=n) > _ms(results, "torch-cuDNN", T=BENCH_T, A=a, N=n)
-                     for a, n in points)
+        pairs = [(_ms(results, "torch-native", T=BENCH_T, A=a, N=n), _ms(results, "torch-cuDNN", T=BENCH_T, A=a, N=n))
+                 for a, n in _all_points()]
+        both = [pair for pair in pairs if None not in pair]
+        slower = sum(native > cudnn for native, cudnn in both)
         words += (" torch-native copies lengths from the host, so no CUDA graph captures it: its kernel clock leaves "
                   f"out the gaps between its launches, which favours it, and it is still slower than torch-cuDNN at "
-                  f"{slower} of {len(points)} points.")
+                  f"{slower} of {len(both)} points.")
     return words
 
 
@@ -631,7 +635,8 @@ def null_steps_table(results, pairs: Iterable[tuple[int, int]]) -> str:
     head = "| | " + " | ".join(f"step {b} over step {a}" for a, b in pairs) + " |"
     cells = [_times(_ratios(results, CHAPTER.step(a).series, CHAPTER.step(b).series, _lesson_points()))
              for a, b in pairs]
-    where = f"speedup, lowest to highest (A = {' and '.join(f'{a:,}' for a in BENCH_A)}; N = {', '.join(map(str, LESSON_N))})"
+    alphabets, batches = " and ".join(f"{a:,}" for a in BENCH_A), ", ".join(map(str, LESSON_N))
+    where = f"speedup, lowest to highest (A = {alphabets}; N = {batches})"
     return "\n".join([head, "|---|" + "---|" * len(pairs), f"| {where} | " + " | ".join(cells) + " |"])
 
 

@@ -96,7 +96,8 @@ __device__ __forceinline__ void v8_branched_direction(
                         const float x2 = i >= 2 ? r[i - 2] : (i == 1 ? up1 : up2);
                         float e = (i & 1) ? el[p][i >> 1] : eb[p];
                         e = (valid >> i) & 1 ? e : NEG_INF;
-                        const float v = (i & 1) && ((skip >> i) & 1) ? lse3_select<FTZ>(r[i], x1, x2) : lse2_select<FTZ>(r[i], x1);
+                        const float v = (i & 1) && ((skip >> i) & 1) ? lse3_select<FTZ>(r[i], x1, x2)
+                                                                     : lse2_select<FTZ>(r[i], x1);
                         r[i] = v + e - prev_max;
                     }
                 } else {
@@ -112,7 +113,8 @@ __device__ __forceinline__ void v8_branched_direction(
                         const float x2 = i + 2 < V ? r[i + 2] : (i + 2 == V ? dn1 : dn2);
                         float e = (i & 1) ? el[p][i >> 1] : eb[p];
                         e = (valid >> i) & 1 ? e : NEG_INF;
-                        const float v = (i & 1) && ((skip >> i) & 1) ? lse3_select<FTZ>(r[i], x1, x2) : lse2_select<FTZ>(r[i], x1);
+                        const float v = (i & 1) && ((skip >> i) & 1) ? lse3_select<FTZ>(r[i], x1, x2)
+                                                                     : lse2_select<FTZ>(r[i], x1);
                         r[i] = v + e - prev_max;
                     }
                 }
