@@ -117,3 +117,16 @@ def test_step_3s_core_listing_is_the_loops_own_code():
     assert len(core) >= 8
     missing = [line for line in core if line not in source]
     assert not missing, missing
+
+
+def test_the_folded_events_table_continues_the_first(classifier):
+    """The first rows and the folded rest are together the whole table, the passes counted from the start."""
+    result = fsm.decode(fsm.writer_model(classifier.vocab, '"false"'), classifier, "char", record_events=True)
+    whole = drawing.events_table(result, classifier.vocab).splitlines()
+    for cut in range(len(result.events) + 1):
+        first = drawing.events_table(result, classifier.vocab, stop=cut).splitlines()
+        rest = drawing.events_table(result, classifier.vocab, start=cut).splitlines()
+        assert first[:2] == rest[:2] == whole[:2]
+        assert first[2:] + rest[2:] == whole[2:]
+    passes = [int(row.rsplit("|", 2)[1]) for row in whole[2:]]
+    assert passes[-1] == result.forward_passes

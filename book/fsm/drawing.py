@@ -67,12 +67,15 @@ def state_table(fsm: ConstrainedFSM, max_tokens: int = 8) -> str:
     return "\n".join(lines)
 
 
-def events_table(result: DecodeResult, vocab: TokenVocabulary) -> str:
-    """Markdown: the events of a decode recorded with ``record_events=True``."""
+def events_table(result: DecodeResult, vocab: TokenVocabulary, start: int = 0, stop: Optional[int] = None) -> str:
+    """Markdown: the events ``start`` to ``stop`` (excluded) of a decode recorded with ``record_events=True``;
+    the passes are counted from the first event, so a table of the later rows continues the first one's."""
     lines = ["| # | event | tokens appended | replaced tokens | passes so far |", "|---|---|---|---|---|"]
     passes = 0
     for i, s in enumerate(result.events):
         passes += s.kind in ("pass", "eos")
+        if i < start or (stop is not None and i >= stop):
+            continue
         toks = " ".join(_md(vocab.show(t)) for t in s.tokens)
         lines.append(f"| {i} | {s.kind} | {toks} | {s.dropped or ''} | {passes} |")
     return "\n".join(lines)

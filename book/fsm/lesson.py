@@ -12,7 +12,7 @@ import numpy as np
 from book.fsm.figures import SERIES_COLORS
 from book.fsm.peers import LIBRARIES, PeerRow
 
-__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "amdahl_bound", "MODES", "suite_passes", "saved_share", "steps_table",
+__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes", "saved_share", "steps_table",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "agreement_table", "timing_table", "plot_peers",
            "ENGINE_NAMES", "cpu_name"]
 
@@ -31,10 +31,17 @@ def step_floor_ms(params: int, bandwidth_gbs: float, bytes_per_param: int = 2) -
     return params * bytes_per_param / (bandwidth_gbs * 1e9) * 1e3
 
 
+def chunk_body_ms(decode_results, model: str = "smollm2", batch: int = 1) -> dict[int, float]:
+    """The model body's time per forward on the GPU clock, by chunk length (tokens fed in one pass), from
+    chapter 7's committed benchmark: what a pass that carries jumped tokens costs beside a one-token pass."""
+    return {r["params"]["chunk"]: r["ms"] for r in decode_results.rows
+            if r["series"] == "body" and r["params"].get("model") == model and r["params"].get("batch") == batch}
+
+
 def amdahl_bound(saved_share: float) -> float:
-    """End-to-end speedup when a share of the decode steps disappears and the rest cost what they did: a
-    jump's tokens reach the model inside the next pass, as a chunk, which at batch 1 costs about what a
-    one-token pass costs (the weights are read once either way)."""
+    """End-to-end speedup when a share of the decode steps disappears and the rest cost what they did. An
+    optimistic bound: a jump's tokens reach the model inside the next pass, as a chunk, which costs more than a
+    one-token pass (:func:`chunk_body_ms`)."""
     if not 0 <= saved_share < 1:
         raise ValueError(f"saved_share must be in [0, 1), got {saved_share}")
     return 1.0 / (1.0 - saved_share)
