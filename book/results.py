@@ -194,7 +194,7 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
     return "\n".join(lines)
 
 
-#: Lines of code a reader gets through in a minute (the code cells the page shows; hidden cells left out).
+#: Lines of code a reader gets through in a minute: the code cells a page shows and the listings and diffs they print.
 CODE_LINES_PER_MINUTE = 10
 
 

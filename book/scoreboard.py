@@ -22,6 +22,7 @@ path (which follows ``_toc.yml``) and the README.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import statistics
@@ -666,9 +667,8 @@ def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, An
     if t.get("config") and row.get("config"):
         said.append(f"the same tile configuration ({t['config']})" if t["config"] == row["config"]
                     else f"another tile configuration ({t['config']} against {row['config']})")
-    import datetime as dt
-
-    minutes = (dt.datetime.fromisoformat(tails_run["date"]) - dt.datetime.fromisoformat(row["run_date"])).total_seconds() / 60
+    start = dt.datetime.fromisoformat(row["run_date"])
+    minutes = (dt.datetime.fromisoformat(tails_run["date"]) - start).total_seconds() / 60
     when = f"{abs(minutes):.0f} minutes {'later' if minutes > 0 else 'earlier'}" if abs(minutes) < 24 * 60 else (
         f"on {tails_run['date'][:10]} against {row['run_date'][:10]}")
     said.append(f"timed {when}" + (" by another version of the course's code"
@@ -864,5 +864,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
-__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS", "tail", "tail_differs", "CHAPTER_FLOORS", "card_name", "cards", "faster_rivals", "load", "missing",
-           "one", "rows", "scoreboard", "scoreboard_markdown", "spread"]
+__all__ = ["CHAPTER_FLOORS", "ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+           "card_name", "cards", "faster_rivals", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
+           "spread", "tail", "tail_differs"]
