@@ -773,7 +773,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             ours += f"; {r['shape']}"
         if r["clock"] != "gpu":  # the clock in a few words in the cell, the details in the chapter's notes
             first = r["notes"][0] if r["notes"] else f"{r['clock']} clock"
-            ours += f" ({first.split(':')[0]})"
+            ours += f", {first.split(':')[0]}"
             if ":" in first:
                 note(r, first, every_card=True)
         rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
