@@ -188,6 +188,40 @@ def test_lesson_tables_of_a_current_file():
     assert "**200.0**" in lesson.result_table(results)
 
 
+def test_the_result_table_compares_each_shape_with_the_kernel_that_runs_it():
+    """Where the file times step 6 (shared key/value heads), that shape's ratios are over step 6, not step 5."""
+    results = _current_file()
+    gqa = lesson.GQA_SHAPE
+    p = {"shape": gqa, "prompts": 8, "tokens": 100, "heads": 32, "kv_heads": 8}
+    results.data["measurements"] += [
+        {"series": STEP5, "role": "kernel", "ms": 0.5, "params": p, "clock": "gpu"},
+        {"series": report.STEP06.series, "role": "kernel", "ms": 0.4, "params": p, "clock": "gpu"},
+        {"series": report.FLASHINFER, "role": "peer", "ms": 0.6, "params": p, "clock": "gpu"}]
+    assert lesson.entry_series(results, gqa) == report.STEP06.series
+    assert lesson.entry_series(results, report.MIXED_SHAPE) == STEP5
+    table = lesson.result_table(results, [report.FLASHINFER, STEP5, report.STEP06.series]).splitlines()
+    flashinfer, step5, step6 = table[2:]
+    assert flashinfer.endswith("| 600.0 (1.50×) |") and "| 540.0 (0.90×) |" in flashinfer  # 0.9 x 0.6 on MIXED
+    assert step5.endswith("| 500.0 (1.25×) |") and step6.endswith("| **400.0** |")
+    assert step6.count("–") == 2  # step 6 runs on the shared-head shape only
+
+
+def test_peer_settings_name_each_cards_fastest_setting(tmp_path):
+    import json
+
+    for card, best in (("gpu-a", "fa2, page 1"), ("gpu-b", "fa3, page 16")):
+        sweep = {"fa2, page 1": 2.0, "fa3, page 16": 3.0}
+        sweep[best] = 1.0
+        rows = [{"series": report.FLASHINFER, "ms": 1.0, "params": {"shape": shape}, "sweep_ms": sweep}
+                for shape in ("one", "two")]
+        (tmp_path / card).mkdir()
+        (tmp_path / card / "multi_item.json").write_text(json.dumps(
+            {"schema": 2, "measurements": rows, "device": {"name": card.upper()}, "date": "2026-01-01"}))
+    line = lesson.peer_settings(root=tmp_path)
+    assert "2 settings" in line and "GPU-A: `fa2, page 1` on every shape" in line
+    assert "GPU-B: `fa3, page 16` on every shape" in line
+
+
 def test_lesson_without_a_file_says_pending():
     assert lesson.step_table(None, [2]) == "pending" and lesson.tried_table(None) == "pending"
     assert lesson.peers_table(None, report.FLEX) is None

@@ -8,7 +8,7 @@ from typing import Any
 from book.common import param_values
 from studylog.multi_item import CHAPTER
 from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER, FLEX, ONE_PASS_PER_ITEM, SDPA_CAUSAL,
-                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, order_series)
+                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, STEP06, order_series)
 
 
 #: Step 5a: step 5's first order of the program table (the lesson's "Step 5a"), timed beside the default.
@@ -48,6 +48,7 @@ COLOURS = {
     STEP04_PER_PROMPT: "#bcbd22",
     STEP05A: "#6baed6",
     STEP05.series: "#08306b",
+    STEP06.series: "#2ca02c",
 }
 
 
@@ -69,15 +70,19 @@ def _times_label(series: str) -> str:
 
 
 def times_figure(results):
-    """One panel per benchmark shape (three, stacked so the figure reads at page width): a horizontal bar per
-    approach, step 5's first order (5a) included (median, with the repetitions' range where the file keeps it) on
-    a linear axis, the compute floor dashed; an approach the benchmark does not run on a shape says "not run" in
-    its row; colours from :data:`COLOURS`."""
+    """One panel per benchmark shape (stacked so the figure reads at page width), the grouped-query layout's
+    included: a horizontal bar per approach, step 5's first order (5a) and step 6 included (median, with the
+    repetitions' range where the file keeps it, the value printed), the compute floor dashed. The time axis is
+    logarithmic: the slowest approaches take about ten times the fastest, and a linear axis would squash the gaps
+    between the fast ones. An approach the benchmark does not run on a shape says "not run" in its row; colours
+    from :data:`COLOURS`."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    shapes = shape_names(results)[:3]
+    shapes = shape_names(results)
     wanted = approaches()
     wanted.insert(wanted.index(STEP05.series), STEP05A)
+    wanted.append(STEP06.series)
     series = [s for s in wanted if results.select(s)]
     fig, axes = plt.subplots(len(shapes), 1, figsize=(8, (0.28 * len(series) + 0.9) * len(shapes) + 0.6),
                              squeeze=False)
@@ -96,29 +101,36 @@ def times_figure(results):
             errs[0].append(mid - lo)
             errs[1].append(hi - mid)
             cols.append(colour(s))
+        floors = [r["compute_floor_ms"] * 1e3 for r in results.select(shape=shape) if "compute_floor_ms" in r]
+        left = min(widths + floors[:1]) / 2  # bars start here: a log axis has no zero
         spread = errs if any(map(any, errs)) else None  # no error bars where the file keeps no spread
-        bars = ax.barh(ys, widths, color=cols, xerr=spread, error_kw={"lw": 0.8, "capsize": 2}, height=0.7)
+        bars = ax.barh(ys, [w - left for w in widths], left=left, color=cols, xerr=spread,
+                       error_kw={"lw": 0.8, "capsize": 2}, height=0.7)
         ax.bar_label(bars, labels=[f"{w:,.0f}" for w in widths], fontsize=9, padding=3)
-        floors = [r["compute_floor_ms"] for r in results.select(shape=shape) if "compute_floor_ms" in r]
         if floors:
-            ax.axvline(floors[0] * 1e3, color="k", ls="--", lw=1)
-            ax.text(floors[0] * 1e3, -0.9, " compute floor", fontsize=9, va="center")
-        ax.set_xlim(0, max(widths) * 1.3)
+            ax.axvline(floors[0], color="k", ls="--", lw=1)
+            ax.text(floors[0], -0.9, " compute floor", fontsize=9, va="center")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(left, max(widths) * 2.2)  # room for the slowest bar's value
         for i in missing:  # the row stays, so that the panels line up, and says why it is empty
-            why = "takes one prompt" if series[i] in (CHAPTER.step(2).series, CHAPTER.step(3).series, STEP04.series) \
-                else "one prompt: step 4 itself" if series[i] == STEP04_PER_PROMPT else "not in the benchmark"
-            ax.text(max(widths) * 0.01, i, f"not run on this shape ({why})", fontsize=8, va="center",
+            why = ("takes one prompt" if series[i] in (CHAPTER.step(2).series, CHAPTER.step(3).series, STEP04.series)
+                   else "one prompt: step 4 itself" if series[i] == STEP04_PER_PROMPT
+                   else "shared key/value heads only" if series[i] == STEP06.series else "not in the benchmark")
+            ax.text(left * 1.05, i, f"not run on this shape ({why})", fontsize=8, va="center",
                     color="#555555", style="italic")
         ax.set_title(shape, fontsize=10)
-        ax.set_xlabel("µs per call (median)", fontsize=9)
-        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xlabel("µs per call (median, log scale)", fontsize=9)
+        ax.grid(True, axis="x", which="both", alpha=0.3)
         ax.tick_params(labelsize=9)
         ax.set_yticks(range(len(series)), [_times_label(s) for s in series], fontsize=9)
         ax.set_ylim(len(series) - 0.4, -1.4)
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
     fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu}\n"
                  f"({clock} clock; error bars: the repetitions' range where measured)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # the two title lines above the panels
     return fig
 
 

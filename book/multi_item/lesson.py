@@ -11,7 +11,8 @@ Nothing here times anything.
 * :func:`steps_table`: the lesson's one table of steps: the one change, µs, × the previous step, × the compute
   floor, on every shape (step 5 in two parts: one launch, then the program order).
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
-* :func:`result_table`, :func:`peers_table`: the result against the baselines and the peers.
+* :func:`result_table`, :func:`peers_table`, :func:`peer_settings`: the result against the baselines and the
+  peers, and which of a peer's settings won on each card.
 * :func:`start_bound`, :func:`start_bound_table`: the key tiles of the exact item start against FlashInfer's
   ``max_item_len`` bound.
 * :func:`target`, :func:`target_table`: step 5's targets against the baselines, and whether it meets them.
@@ -265,18 +266,24 @@ def steps_table(results) -> str:
     return "\n".join(lines)
 
 
+def entry_series(results, shape: str) -> str:
+    """The chapter's kernel on ``shape``: step 6 where the file times it there (key/value heads shared by query
+    heads, as the entry point runs them), step 5 elsewhere."""
+    return STEP[6].series if ms(results, STEP[6].series, shape) is not None else STEP[5].series
+
+
 def result_table(results, series_list: list[str] | None = None) -> str:
-    """Every approach (or those of ``series_list``) on every shape: µs per call (median) and step 5's speedup over
-    it."""
+    """Every approach (or those of ``series_list``) on every shape: µs per call (median) and how much faster the
+    chapter's kernel on that shape (:func:`entry_series`, in bold) is than it."""
     if results is None:
         return PENDING
     shapes = shape_names(results)
-    final = STEP[5].series
-    lines = ["| approach | " + " | ".join(f"{s}: µs ({STEP[5].name} faster by)" for s in shapes) + " |",
+    lines = ["| approach | " + " | ".join(f"{s}: µs (ours faster by)" for s in shapes) + " |",
              "|---|" + "---|" * len(shapes)]
     for series in series_list or approaches():
         cells = []
         for shape in shapes:
+            final = entry_series(results, shape)
             t, mine = ms(results, series, shape), ms(results, final, shape)
             if t is None:
                 cells.append("–")
@@ -287,6 +294,35 @@ def result_table(results, series_list: list[str] | None = None) -> str:
         if set(cells) != {"–"}:
             lines.append(f"| {series_label(series)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def peer_settings(peer: str = report.FLASHINFER, root=None) -> str:
+    """One line: the settings of ``peer`` the benchmark tried on every card's committed run (FlashInfer's backends
+    and page sizes), and the fastest on each card, shape by shape where they differ."""
+    from pathlib import Path
+
+    from studylog.plotting import DEFAULT_OUT, load_results, result_files
+
+    root = Path(root) if root is not None else DEFAULT_OUT
+    tried, cards = {}, []
+    for f in result_files("multi_item", root):
+        card = load_results("multi_item", gpu=f.parent.name, root=root)
+        rows = [r for r in card.select(peer) if "sweep_ms" in r]
+        if not rows:
+            continue
+        best: dict[str, list[str]] = {}  # the fastest setting -> the shapes it won
+        for r in rows:
+            tried.update(dict.fromkeys(r["sweep_ms"]))
+            best.setdefault(min(r["sweep_ms"], key=r["sweep_ms"].get), []).append(r["params"]["shape"])
+        if len(best) == 1:
+            cards.append(f"{card.gpu}: `{next(iter(best))}` on every shape")
+        else:
+            cards.append(f"{card.gpu}: " + "; ".join(f"`{b}` on " + " and ".join(f"*{s}*" for s in shapes)
+                                                    for b, shapes in best.items()))
+    if not cards:
+        return PENDING
+    return (f"{peer} was timed at {len(tried)} settings on each shape (" + ", ".join(f"`{t}`" for t in tried)
+            + "); the tables show the fastest, on the " + ". On the ".join(cards) + ".")
 
 
 def peers_table(results, peer: str) -> str | None:
