@@ -23,12 +23,15 @@ def test_the_table_of_steps_has_every_step_and_the_entry_point():
 
 def test_no_ratio_across_clocks():
     """Step 1 is timed end to end on the host, the kernels on the GPU clock: the table says each row's clock and
-    compares a row with the previous one only on the same clock."""
+    compares a row with the previous one, or with the GPU-clock floor, only on the same clock."""
     results = load_results("ngram")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[3:]]
     by_step = {r[0]: r for r in rows}
     assert by_step["1"][2] == "host, end to end" and all(r[2] == "GPU" for r in rows[1:])
     assert by_step["2"][4] == "–"  # step 2 (GPU) is not divided by step 1 (host)
+    for r in rows:  # the floor is a GPU-clock time: only a GPU-clock row is divided by it
+        floor_cells = r[5::3]
+        assert (r[2] == "GPU") == any(c not in ("–", "") for c in floor_cells), r
 
 
 def test_the_dispatch_table_has_no_self_judging_column():

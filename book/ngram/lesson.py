@@ -237,7 +237,7 @@ def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point: the one change, the clock of the row, then per case
     of :data:`BOEHM_CASES` the time in µs, × the previous step, × the floor (:func:`floor_us`). Step 1 is timed
     end to end on the host, the kernels on the GPU clock: a row is compared with the previous one only when both
-    are on the same clock (``–`` otherwise)."""
+    are on the same clock, and with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
     head = ["step", "the one change", "clock"]
     for b, s, t in BOEHM_CASES:
         name = f"{b}x{s}" + (", budget" if t != NO_BUDGET else "")
@@ -265,7 +265,8 @@ def boehm_table(results) -> str:
                 prev = previous[i]
             same_clock = prev is not None and prev[1] == row.get("clock")
             versus = f"{prev[0] / t:.2f}×" if same_clock else "–"
-            cells += [us(row["ms"]), versus, f"{t / floors[i]:,.1f}×" if floors[i] else "–"]
+            on_floor_clock = row.get("clock") == "gpu"  # the floor is a GPU-clock time: a host time is not divided by it
+            cells += [us(row["ms"]), versus, f"{t / floors[i]:,.1f}×" if floors[i] and on_floor_clock else "–"]
             if series != "ngram_match":
                 previous[i] = (t, row.get("clock"))
         lines.append("| " + " | ".join(cells) + " |")
@@ -296,7 +297,8 @@ def step2_excerpt():
 
 def result_table(results, headline_rows) -> str:
     """The result table: per headline case, both paths end to end on the host (the call, then a sync) and
-    their ratio; then our kernel's GPU time beside step 3's (the published two-phase kernel) on the GPU clock
+    their ratio; then our kernel's GPU time beside step 3's (our port of the pull request's first, two-phase
+    kernel) on the GPU clock
     and the ratio of those two columns."""
     lines = ["| case | CPU loop, call + sync (µs) | ours, call + sync (µs) | CPU loop ÷ ours | ours, GPU clock (µs) "
              "| step 3, GPU clock (µs) | step 3 ÷ ours |", "|---|---|---|---|---|---|---|"]
