@@ -311,10 +311,13 @@ def test_fast_launch_matches_the_jit_launch(full_head, rng):
 # ------------------------------------------------------------------------------------------
 
 class StubRun:
-    """Just enough of BenchRun to run the sweep: every call runs once, 'times' are placeholders."""
+    """Just enough of BenchRun to run the sweep: every call runs once, 'times' are placeholders. Its L2 is
+    :attr:`l2` bytes (``rotation`` as BenchRun's), so toy calls rotate over several copies; :attr:`seen` keeps,
+    per measured row, the weight each call read and each call's output."""
 
     quick = False
     empty_launch_ms = 0.004
+    l2 = 1000
 
     @property
     def empty_launch_gpu(self):
@@ -323,18 +326,25 @@ class StubRun:
         return Timing.of([0.002], clock="gpu")
 
     def __init__(self):
-        self.rows, self.checks, self.notes = [], [], []
+        self.rows, self.checks, self.notes, self.seen = [], [], [], []
 
     def measure(self, *args, **kwargs):
         from studylog.bench import BenchRun
 
         return BenchRun.measure(self, *args, **kwargs)
 
+    def rotation(self, nbytes):
+        return max(1, -(-4 * self.l2 // max(int(nbytes), 1)))
+
     def gpu_time(self, make_calls, **_):
         from studylog.bench import Timing
 
-        for call in make_calls():
-            call()
+        weights, outs = [], []
+        for call in make_calls():  # the sweep's calls are partials of a head copy (a tensor, or holding .weight)
+            weights.append(getattr(call.args[0], "weight", call.args[0]))
+            got = call()
+            outs.append(got.clone() if isinstance(got, torch.Tensor) else None)
+        self.seen.append((weights, outs))
         return Timing.of([1.0, 1.0, 1.0], clock="gpu")
 
     def host_time(self, fn, **_):
@@ -407,6 +417,9 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     assert all(r["clock"] == "gpu" and "spread_ms" in r for r in run.rows)
     assert all("host_ms" in r for r in run.rows if r["role"] != "baseline")
     assert any(n.startswith("crossover batch=1") for n in run.notes)
+    assert_rotated(run, head_bytes=150 * 40 * 2, row_bytes=40 * 2)
+    for rotated in (mlh.PLAN, "reordered_in_sample", "step08", "step06", "index_select"):
+        assert any(r["copies"] > 1 for r in run.rows if r["series"] == rotated), rotated
     results = Results(tmp_path / "x.json", {
         "chapter": "masked_lm_head", "device": {"name": "stub"}, "date": "2000-01-01T00:00:00",
         "versions": {"torch": "-", "triton": "-"}, "schema": 2,
@@ -427,6 +440,38 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     report = lesson.target_report(results)
     assert "| target | measured | met |" in report and "host time per call" in report
     assert "| entry point |" in lesson.host_table(results)
+
+
+def assert_rotated(run, *, head_bytes, row_bytes):
+    """Every measured row ran its calls on ``copies`` distinct copies of its head, all equal and giving equal
+    outputs: as many as cover four times the stub's L2 with the bytes a call reads, up to the budget."""
+    assert len(run.seen) == len(run.rows)
+    for row, (weights, outs) in zip(run.rows, run.seen):
+        assert len(weights) == row["copies"] and len({w.data_ptr() for w in weights}) == row["copies"], row
+        assert all(torch.equal(w, weights[0]) for w in weights), row["series"]
+        assert all(o is None or torch.equal(o, outs[0]) for o in outs), row["series"]
+        reads_all = row["read_bytes"] == head_bytes
+        assert reads_all or row["read_bytes"] == row["union"] * row_bytes, row
+        enough = row["copies"] * row["read_bytes"] >= 4 * run.l2
+        assert enough != row["rotation_capped"] and (row["copies"] == 1 or not reads_all), row
+
+
+def test_bench_sweep_caps_the_copies_at_its_budget():
+    """With room for three heads, a call that reads a few rows rotates over three copies, and its row says
+    that they cover less than four times L2; a call that reads the whole head stays on one."""
+    if runtime.mode() == "gpu":
+        pytest.skip("the stub sweep is for the interpreter; the GPU runs the real benchmark")
+    run = StubRun()
+    sets = mlh.grammar_like_sets(12, 150, np.random.default_rng(0), n_classes=20)
+    mlh.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1,), only=[(1, "random", 8)], peer=_cpu_peer(),
+                  structured=mlh.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic"),
+                  copy_budget=3 * 150 * 40 * 2)
+    assert run.checks and all(c["passed"] for c in run.checks)
+    by_series = {r["series"]: r for r in run.rows}
+    assert by_series["step06"]["copies"] == 3 and by_series["step06"]["rotation_capped"]
+    assert by_series["dense_mask"]["copies"] == 1 and not by_series["dense_mask"]["rotation_capped"]
+    assert_rotated(run, head_bytes=150 * 40 * 2, row_bytes=40 * 2)
+    assert any("Rotation:" in n and "3 heads" in n for n in run.notes)
 
 
 def test_headline_reads_the_new_series_and_the_old_file(tmp_path):

@@ -1,12 +1,15 @@
 """The chapter's benchmark (``python -m studylog bench masked_lm_head``): every series on the GPU clock
 (CUDA-graph replay, repeated), the public entry points' host time per call beside it, and the practitioners' path
-(cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer. :func:`cases` lists the sweep (what
+(cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer. Each call is replayed on copies of
+the head in turn (:class:`HeadCopies`), so the rows it reads come from DRAM. :func:`cases` lists the sweep (what
 the figures, the dispatch rule and the targets read; a CPU test runs it at toy sizes with a stub harness);
 :func:`steps_at` says which steps each case measures. :func:`headline` reads the headline rows back.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -35,6 +38,55 @@ XGRAMMAR_BF16 = "xgrammar_bitmask_bf16"
 BATCHES = (1, 4, 8, 64, 256)
 #: Steps whose logit is one program's reduction of whole rows (``"row"`` summation of :func:`error_bound`).
 ROW_STEPS = (4, 5, 6)
+#: The most bytes of copies of a head (the head itself counted) that one measurement rotates among: 48 GiB, 65
+#: copies of the post's head, leaving room on an 80 GB or larger card for everything else the sweep holds.
+COPY_BUDGET = 48 * 2**30
+#: Step 9's paths that compute every logit (they read the whole head).
+DENSE_PATHS = ("cublas", "dense")
+
+
+def head_bytes(head: Tensor | ReorderedHead) -> int:
+    """The bytes of a head's weight (a ``[V, D]`` or ``[D, V]`` tensor, or a :class:`ReorderedHead`)."""
+    weight = head.weight if isinstance(head, ReorderedHead) else head
+    return weight.numel() * weight.element_size()
+
+
+class HeadCopies:
+    """Copies of a head for the GPU clock's rotation (``BenchRun.rotation``): the same call on each copy in turn,
+    so that the rows a call reads come from DRAM, not from the L2 the previous call left them in.
+
+    :meth:`count` gives how many copies a call that reads ``nbytes`` of the head needs: enough that the copies'
+    read bytes together exceed four times L2, at most ``budget`` bytes of copies (the head included); where the
+    budget binds, the call's rows may partly stay in L2, and the row says so. :meth:`of` returns the head and
+    exact clones of it (so a check of a call on the head checks it on every copy). The clones of one head are kept
+    while it is asked for, and freed when another head is asked for or at :meth:`release`, so at most ``budget``
+    bytes of copies are held at once."""
+
+    def __init__(self, run, budget: int = COPY_BUDGET):
+        self.run, self.budget = run, budget
+        self.head: Tensor | ReorderedHead | None = None
+        self.clones: list = []
+
+    def count(self, head: Tensor | ReorderedHead, nbytes: int) -> tuple[int, bool]:
+        """(copies, capped): the copies of ``head`` a call reading ``nbytes`` of it rotates among, and whether
+        the budget cut them below four times L2."""
+        wanted = self.run.rotation(nbytes)
+        most = max(1, self.budget // head_bytes(head))
+        return min(wanted, most), wanted > most
+
+    def of(self, head: Tensor | ReorderedHead, copies: int) -> list:
+        """``head`` and ``copies - 1`` clones of it (of its weight, for a :class:`ReorderedHead`)."""
+        if self.head is not head:
+            self.release()
+            self.head = head
+        while len(self.clones) < copies - 1:
+            self.clones.append(head.clone() if isinstance(head, Tensor)
+                               else dataclasses.replace(head, weight=head.weight.clone()))
+        return [head] + self.clones[:copies - 1]
+
+    def release(self) -> None:
+        """Free the clones (the head itself belongs to the caller)."""
+        self.head, self.clones = None, []
 
 
 def _chapter():
@@ -110,9 +162,10 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
 
 def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[int],
               structured: StructuredSets | None = None, only: Sequence[tuple[int, str, int]] | None = None,
-              peer: Callable | None = None) -> None:
+              peer: Callable | None = None, copy_budget: int = COPY_BUDGET) -> None:
     """The benchmark body, with the sizes as arguments (a CPU test runs it at toy sizes with a stub harness).
-    ``only`` replaces :func:`cases`; ``peer`` replaces xgrammar's ``apply_token_bitmask_inplace``."""
+    ``only`` replaces :func:`cases`; ``peer`` replaces xgrammar's ``apply_token_bitmask_inplace``;
+    ``copy_budget`` bounds the rotated copies of a head (:class:`HeadCopies`)."""
     S = {n: _s(n) for n in range(10)}
     dtype = torch.bfloat16
     dev = torch.device(device)
@@ -121,13 +174,13 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
     weight = (torch.randn(vocab, hidden, device=dev) * 0.02).to(dtype)  # PyTorch layout [V, D]
     weight_dv = weight.t().contiguous()  # the post's layout [D, V]
     row_bytes = hidden * weight.element_size()
+    whole = head_bytes(weight)
+    copies = HeadCopies(run, copy_budget)
 
     data = structured if structured is not None else structured_sets(vocab)
     third_kind = "real" if data.is_real else "grammar"
     orders, fold = cross_fit_orders(data, vocab)
     in_sample = cluster_order(data.sets, vocab)
-    heads = [ReorderedHead.build(weight, VocabOrder(o.perm.to(dev))) for o in orders]
-    head_in_sample = ReorderedHead.build(weight, VocabOrder(in_sample.perm.to(dev)))
     rule = dispatch_rule()
     apply_bitmask, peer_version = (peer, "given") if peer is not None else _xgrammar()
 
@@ -139,6 +192,18 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
              "host_ms is the host time per call of the public entry point, called back to back with a "
              "preallocated out. The steps take their allowed sets precomputed per FSM state (AllowedTokens); "
              f"{PLAN} and {XGRAMMAR} time the whole step from the packed int32 bitmask in pinned host memory.")
+    run.note("Rotation: each GPU-clock row replays its call on copies of the head in turn (exact clones; the "
+             "output is checked on the first), so that the rows a call reads come from DRAM: enough copies that "
+             "the bytes one call reads, times the copies, exceed four times L2 (BenchRun.rotation). A call reads "
+             "the union's rows (union x D x 2 bytes: what any path that reads only allowed rows reads, so a path "
+             "that reads more, step 1's whole active blocks or the [D, V] layout's 32-byte sectors, gets more "
+             "copies than it needs, never fewer) or, for a path that computes "
+             f"every logit ({S[0]}, dense_mask, cublas_fp32_mask, the xgrammar paths, {S[9]} and {PLAN} on a dense "
+             f"path), the whole head: one copy. At most {copy_budget / 2**30:g} GiB of copies "
+             f"({max(1, copy_budget // whole)} heads); where that binds, the row's rotation_capped is true: its "
+             "copies read less than four times L2 together, so some of its rows may be read from L2. Rows keep "
+             f"copies and read_bytes. {PLAN} rotates over one MaskedHeadPlan per copy (h shared); {S[8]} over "
+             "copies of its reordered head; the [D, V] rows over copies of that layout. host_ms is timed on one copy.")
     run.note("Baselines get their cheapest form: dense_mask = (h @ W.T).masked_fill_(~mask, -inf) in bf16 "
              "(our kernels write fp32); index_select = h @ W.index_select(0, union_ids).T, without scattering "
              "into a [B, V] output; cublas_fp32_mask = torch.mm with fp32 output, then masked_fill. "
@@ -168,19 +233,28 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
         res = compare_logits(out, ref, fp32_gamma(hidden, summation) * scale + 1e-30, allowed.mask)
         run.check(series, res.pop("passed"), params=params | {"series": series}, summation=summation, **res)
 
-    def measure(series: str, call: Callable[[], Any], params: dict, *, floor: float | None = None, long: bool = False,
-                **kw):
-        """GPU time of ``call`` (``long``: a call of 100 µs or more, fewer calls per graph), and the host time per
-        call of ``host`` (the public entry point) when given."""
-        run.measure(series, lambda: [call], params=params, floor_ms=floor, min_calls=20 if long else 60,
-                    reps=10 if long else 15, **kw)
+    def measure(series: str, fn: Callable[[Any], Any], head, nbytes: int, params: dict, *, floor: float | None = None,
+                long: bool = False, prepare: Callable[[list], list] | None = None, **kw):
+        """GPU time of ``fn(copy)`` rotated over the copies of ``head`` that a call reading ``nbytes`` of it needs
+        (``prepare`` turns the copies into what ``fn`` takes; ``long``: a call of 100 µs or more, fewer calls per
+        graph), and the host time per call of ``host`` (the public entry point, on the head itself) when given."""
+        n, capped = copies.count(head, nbytes)
 
-    def ours(series: str, fn: Callable[[Tensor | None], Tensor], h: Tensor, allowed: AllowedTokens, params: dict,
-             summation: str = "dot", **kw) -> None:
-        """One of our steps: checked on a poisoned output, then timed writing into a preallocated one."""
-        check(series, fn(torch.full((h.shape[0], vocab), float("nan"), device=dev)), h, allowed, params, summation)
+        def make_calls():
+            held = copies.of(head, n)
+            return [functools.partial(fn, c) for c in (prepare(held) if prepare else held)]
+
+        run.measure(series, make_calls, params=params, floor_ms=floor, min_calls=20 if long else 60,
+                    reps=10 if long else 15, copies=n, read_bytes=int(nbytes), rotation_capped=capped, **kw)
+
+    def ours(series: str, fn: Callable[[Any, Tensor | None], Tensor], head, nbytes: int, h: Tensor,
+             allowed: AllowedTokens, params: dict, summation: str = "dot", **kw) -> None:
+        """One of our steps, ``fn(head, out)``: checked on the head on a poisoned output, then timed over the
+        head's copies writing into a preallocated output."""
+        check(series, fn(head, torch.full((h.shape[0], vocab), float("nan"), device=dev)), h, allowed, params,
+              summation)
         out = torch.empty(h.shape[0], vocab, device=dev)
-        measure(series, lambda: fn(out), params, host=lambda: fn(out), **kw)
+        measure(series, lambda w: fn(w, out), head, nbytes, params, host=lambda: fn(head, out), **kw)
 
     todo = list(only) if only is not None else cases(vocab, quick=run.quick, third_kind=third_kind, batches=batches)
     for batch in sorted({b for b, _, _ in todo}):
@@ -192,6 +266,11 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
         logits = torch.empty(batch, vocab, device=dev)
         logits_bf16 = torch.empty(batch, vocab, device=dev, dtype=dtype)
         peer_bitmask = torch.zeros_like(plan.bitmask)
+
+        def plans(heads: list[Tensor]) -> list[MaskedHeadPlan]:
+            """One plan per copy of the head, the batch's plan first; each has its own buffers, h is shared."""
+            return [plan] + [MaskedHeadPlan(w, batch, h=plan.h, rule=rule) for w in heads[1:]]
+
         for _, kind, count in run.progress([c for c in todo if c[0] == batch], f"batch {batch}"):
             picked = None
             if kind == "random":
@@ -208,6 +287,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
             if dev.type == "cuda":
                 host_bitmask = host_bitmask.pin_memory()
             n_union = allowed.union_count
+            union_bytes = n_union * row_bytes  # the [V, D] rows a call that reads only allowed rows reads
             params = {"batch": batch, "kind": kind, "allowed": count}
             vd = params | {"layout": "vd"}
             extra = {"allowed_actual": float(np.mean(allowed.counts)), "union": n_union}
@@ -217,68 +297,73 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
             # torch baselines
             disallowed, union = allowed.disallowed, allowed.union_ids
-            measure("dense_mask", lambda: torch.matmul(h, weight.t()).masked_fill_(disallowed, float("-inf")),
-                    params, role="baseline", long=True, **extra)
-            measure("index_select", lambda: torch.matmul(h, weight.index_select(0, union).t()), params,
-                    role="baseline", long=n_union > 20_000, **extra)
-            ours("cublas_fp32_mask", lambda out: cublas_masked(h, weight, allowed, out=out), h, allowed, vd,
-                 floor=floor, long=True, **extra)
+            measure("dense_mask", lambda w: torch.matmul(h, w.t()).masked_fill_(disallowed, float("-inf")), weight,
+                    whole, params, role="baseline", long=True, **extra)
+            measure("index_select", lambda w: torch.matmul(h, w.index_select(0, union).t()), weight, union_bytes,
+                    params, role="baseline", long=n_union > 20_000, **extra)
+            ours("cublas_fp32_mask", lambda w, out: cublas_masked(h, w, allowed, out=out), weight, whole, h, allowed,
+                 vd, floor=floor, long=True, **extra)
 
             # the steps (step 0 has no floor: it computes every logit)
             for n in steps_at(batch, kind, count, third_kind, allowed.few_ids is not None):
                 step = _chapter().step(n).function
                 kw = {"floor": floor} if n else {}
+                nbytes = union_bytes if n else whole
                 if n == 9:
                     path = choose_path(batch, vocab, n_union, rule)
                     kw |= {"summation": "row" if path in ("few_ids", "stream") else "dot", "path": path}
+                    nbytes = whole if path in DENSE_PATHS else union_bytes
                 elif n in ROW_STEPS:
                     kw["summation"] = "row"
-                ours(S[n], lambda out, step=step: step(h, weight, allowed, out=out), h, allowed, vd, long=n <= 3,
-                     **kw, **extra)
+                ours(S[n], lambda w, out, step=step: step(h, w, allowed, out=out), weight, nbytes, h, allowed, vd,
+                     long=n <= 3, **kw, **extra)
             if batch == 1 and first and count in (1000, 10_000):  # the post's [D, V] layout
                 for n in (1, 2):
                     step = _chapter().step(n).function
-                    ours(S[n], lambda out, step=step: step(h, weight_dv, allowed, layout="dv", out=out), h, allowed,
-                         params | {"layout": "dv"}, floor=floor, long=True, **extra)
-            if kind == third_kind and batch == 1:  # step 8: the same set on a reordered vocabulary
+                    ours(S[n], lambda w, out, step=step: step(h, w, allowed, layout="dv", out=out), weight_dv,
+                         union_bytes, h, allowed, params | {"layout": "dv"}, floor=floor, long=True, **extra)
+            if kind == third_kind and batch == 1:  # step 8: the same set on a reordered vocabulary, built here
                 block = default_tiles(8, batch).block_v
                 other = 1 - fold[picked[0]]  # the order fitted on the other fold's grammars
-                for series, order, head in ((S[8], orders[other], heads[other]),
-                                            (IN_SAMPLE, in_sample, head_in_sample)):
-                    permuted = allowed.permuted(head.order)
-                    ours(series, lambda out, head=head, permuted=permuted: step08_reordered(h, head, permuted, out=out),
-                         h, allowed, vd, floor=floor, long=True, **extra, grammar=data.groups[picked[0]],
-                         active_blocks=active_blocks(sets[0], block, order),
+                for series, order in ((S[8], orders[other]), (IN_SAMPLE, in_sample)):
+                    on_device = VocabOrder(order.perm.to(dev))
+                    permuted = allowed.permuted(on_device)
+                    ours(series, lambda head, out, permuted=permuted: step08_reordered(h, head, permuted, out=out),
+                         ReorderedHead.build(weight, on_device), union_bytes, h, allowed, vd, floor=floor, long=True,
+                         **extra, grammar=data.groups[picked[0]], active_blocks=active_blocks(sets[0], block, order),
                          active_blocks_original=active_blocks(sets[0], block))
 
             # the whole step from the packed bitmask: ours (the plan) and the practitioners' path
-            def plan_step():
-                plan.bitmask.copy_(host_bitmask, non_blocking=True)
-                return plan.launch(n_union)
+            def plan_step(p: MaskedHeadPlan) -> Tensor:
+                p.bitmask.copy_(host_bitmask, non_blocking=True)
+                return p.launch(n_union)
 
             plan.out.fill_(float("nan"))
             bucket = plan.bucket(n_union)
-            check(PLAN, plan_step(), h, allowed, vd, "row" if bucket[0] == "stream" else "dot")
-            measure(PLAN, plan_step, vd, floor=floor, long=bucket[0] == "dense",
+            check(PLAN, plan_step(plan), h, allowed, vd, "row" if bucket[0] == "stream" else "dot")
+            measure(PLAN, plan_step, weight, whole if bucket[0] == "dense" else union_bytes, vd, prepare=plans,
+                    floor=floor, long=bucket[0] == "dense",
                     host=lambda: (plan.bitmask.copy_(host_bitmask, non_blocking=True), plan.step(n_union)),
                     bucket=f"{bucket[0]} {bucket[1]}", **extra)
             if apply_bitmask is not None:
-                def xgrammar_step(out=logits):
+                def xgrammar_step(w: Tensor, out: Tensor = logits) -> Tensor:
                     peer_bitmask.copy_(host_bitmask, non_blocking=True)
                     if out.dtype == torch.float32:
-                        dense_logits(h, weight, out)
+                        dense_logits(h, w, out)
                     else:
-                        torch.matmul(h, weight.t(), out=out)
+                        torch.matmul(h, w.t(), out=out)
                     apply_bitmask(out, peer_bitmask)
                     return out
 
                 logits.fill_(float("nan"))
-                check(XGRAMMAR, xgrammar_step(), h, allowed, params, "dot")
+                check(XGRAMMAR, xgrammar_step(weight), h, allowed, params, "dot")
                 run.check(f"{XGRAMMAR} and {PLAN} agree", _same_masked(logits, plan.out), params=params)
-                measure(XGRAMMAR, xgrammar_step, params, role="peer", long=True, host=xgrammar_step, **extra)
+                measure(XGRAMMAR, xgrammar_step, weight, whole, params, role="peer", long=True,
+                        host=lambda: xgrammar_step(weight), **extra)
                 if first and (batch, count) in ((1, 1000), (64, 100), (256, 100)):
-                    measure(XGRAMMAR_BF16, lambda: xgrammar_step(logits_bf16), params, role="peer", long=True,
-                            host=lambda: xgrammar_step(logits_bf16), **extra)
+                    measure(XGRAMMAR_BF16, lambda w: xgrammar_step(w, logits_bf16), weight, whole, params,
+                            role="peer", long=True, host=lambda: xgrammar_step(weight, logits_bf16), **extra)
+            copies.release()  # the next case needs its own number of copies
 
     # where the compacted kernels stop winning: what the next dispatch rule is read from (dispatch.py)
     for (batch, kind), pts in crossover_points(run.rows).items():
