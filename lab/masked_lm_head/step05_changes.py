@@ -28,15 +28,20 @@ ONE_WAIT off, step 5 with it on) at the same tiles. ``ptx``: the variant with ev
 PTX and with every knob on to step 5's (sm_90, no GPU needed; source-line records left out).
 
 ``measure`` builds its inputs as the chapter's benchmark (``studylog.masked_lm_head.report.run_sweep``) does: the
-same seeds, the same head (V = 128,256, D = 3,072, bf16, one copy: that benchmark replays one copy of the head, so
-here too), the same hidden state and the same random sets (drawn in the benchmark's order), the same floor and the
-same clock (``BenchRun.measure``: CUDA-graph replay, 60 calls a graph, 15 replays, three repetitions). Every
-variant is checked on a poisoned output before it is timed; a failed check is recorded and the row still written.
+same seeds, the same head (V = 128,256, D = 3,072, bf16), the same hidden state and the same random sets (drawn in
+the benchmark's order), the same floor and the same clock (``BenchRun.measure``: CUDA-graph replay, 60 calls a
+graph, 15 replays, three repetitions), with the calls rotated over exact copies of the head as there
+(``HeadCopies``: enough that the union's rows over all copies exceed four times L2, at most 48 GiB of copies; the
+rows say ``copies`` and whether that cap bound, ``rotation_capped``), so the evict-first hint acts on rows read
+from DRAM. The plan's parts that read the head (whole, launch, row_kernel, step09) rotate over one plan per copy;
+the others read no weight and run on one. Every variant is checked on a poisoned output (on the head itself)
+before it is timed; a failed check is recorded and the row still written.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -62,6 +67,7 @@ from studylog.masked_lm_head import (CHAPTER, HIDDEN, VOCAB, AllowedTokens, Mask
 from studylog.masked_lm_head.dispatch import launch_constexprs  # noqa: E402
 from studylog.masked_lm_head.formats import compare_logits  # noqa: E402
 from studylog.masked_lm_head.plan import UNION_BLOCK_B, UNION_BLOCK_W  # noqa: E402
+from studylog.masked_lm_head.report import HeadCopies  # noqa: E402
 from variants.step05_changes import KNOBS, changes, shared_tiles, step04_tiles  # noqa: E402
 
 #: Every combination of the three knobs: step 4's settings, each change alone, step 5 minus each change, step 5's.
@@ -236,17 +242,24 @@ def measure() -> Path:
              "Every combination at step 5's tiles (params tiles='step05'); where step 4's default tiles differ, "
              "step 4's and step 5's settings also at step 4's tiles (tiles='step04'). "
              f"{S4} and {S5} are the library's steps, timed in the same run as anchors.")
-    run.note("Inputs as the chapter's benchmark builds them (seed 1234, one copy of the head, the batch-1 hidden "
-             "state, the random sets drawn in its order); floor_ms as there; clock: BenchRun.measure, 60 calls a "
-             "graph, 15 replays, 3 repetitions.")
+    run.note("Inputs as the chapter's benchmark builds them (seed 1234, the batch-1 hidden state, the random sets "
+             "drawn in its order); floor_ms as there; clock: BenchRun.measure, 60 calls a graph, 15 replays, 3 "
+             "repetitions, the calls rotated over exact copies of the head as there (HeadCopies: the union's rows "
+             "times the copies above four times L2, at most 48 GiB of copies; where that cap binds, a row's "
+             "rotation_capped is true); the check runs on the head itself.")
+    copies = HeadCopies(run)
 
     def checked(series: str, out: torch.Tensor, allowed: AllowedTokens, params: dict) -> None:
         torch.cuda.synchronize()
         res = compare_logits(out, ref, bound, allowed.mask)
         run.check(series, res.pop("passed"), params=params | {"series": series}, summation="row", **res)
 
-    def timed(series: str, call, params: dict, **extra) -> dict:
-        return run.measure(series, lambda: [call], params=params, min_calls=MIN_CALLS, reps=REPS, **extra)
+    def timed(series: str, fn, nbytes: int, params: dict, **extra) -> dict:
+        """``fn(w)`` on the GPU clock, rotated over the copies of the head that a call reading ``nbytes`` needs."""
+        n, capped = copies.count(weight, nbytes)
+        return run.measure(series, lambda: [functools.partial(fn, w) for w in copies.of(weight, n)], params=params,
+                           min_calls=MIN_CALLS, reps=REPS, copies=n, read_bytes=int(nbytes), rotation_capped=capped,
+                           **extra)
 
     allowed_of = {}
     anchors = []
@@ -262,7 +275,7 @@ def measure() -> Path:
         for series, fn in ((S4, step04_compact), (S5, step05_stream)):
             checked(series, fn(h, weight, allowed, out=torch.full((1, vocab), float("nan"), device=dev)), allowed,
                     base)
-            rows[series] = timed(series, lambda fn=fn: fn(h, weight, allowed, out=out), base, **extra)
+            rows[series] = timed(series, lambda w, fn=fn: fn(h, w, allowed, out=out), n * row_bytes, base, **extra)
         grid = shared_tiles(n)
         todo = [(knobs, "step05", grid) for knobs in COMBINATIONS]
         if step04_tiles(n) != grid:  # the tile change, on its own
@@ -277,12 +290,13 @@ def measure() -> Path:
             twin = library_twin(knobs)
             run.check(f"{SERIES} bit-identical to {twin.__name__} at the same tiles",
                       torch.equal(got, twin(h, weight, allowed, tiles=t)), params=params)
-            row = timed(SERIES, lambda knobs=knobs, t=t: changes(h, weight, allowed, **knobs, tiles=t, out=out),
-                        params, **extra)
+            row = timed(SERIES, lambda w, knobs=knobs, t=t: changes(h, w, allowed, **knobs, tiles=t, out=out),
+                        n * row_bytes, params, **extra)
             if all(not v for v in knobs.values()) and t == step04_tiles(n):
                 anchors.append((rows[S4], row))
             if all(knobs.values()) and tiles_name == "step05":  # step 5's tiles (block_d it does not read)
                 anchors.append((rows[S5], row))
+        copies.release()
     for anchor, twin in anchors:
         lo_a, _, hi_a = anchor["spread_ms"]
         lo_t, _, hi_t = twin["spread_ms"]
@@ -295,7 +309,7 @@ def measure() -> Path:
         run.note(text)
         print(text, flush=True)
 
-    measure_plan(run, weight, h, allowed_of, checked)
+    measure_plan(run, weight, h, allowed_of, checked, copies)
 
     out_path = paths.lab_results("masked_lm_head", gpu_slug(run.device["name"])) / f"{SERIES}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,11 +319,13 @@ def measure() -> Path:
     return out_path
 
 
-def measure_plan(run, weight: torch.Tensor, h: torch.Tensor, allowed_of: dict, checked) -> None:
-    """The plan's step from the bitmask at batch 1, part by part (series :data:`PLAN_SERIES`, params ``part``)."""
+def measure_plan(run, weight: torch.Tensor, h: torch.Tensor, allowed_of: dict, checked, copies: HeadCopies) -> None:
+    """The plan's step from the bitmask at batch 1, part by part (series :data:`PLAN_SERIES`, params ``part``); the
+    parts that read the head rotate over ``copies`` of it, one plan per copy."""
     dev = weight.device
     vocab, hidden = weight.shape
-    plan = MaskedHeadPlan(weight, 1, rule=dispatch_rule())
+    rule = dispatch_rule()
+    plan = MaskedHeadPlan(weight, 1, rule=rule)
     plan.h.copy_(h)
     words = plan.bitmask.shape[1]
     union_constexprs = {"BLOCK_W": UNION_BLOCK_W, "BLOCK_B": min(UNION_BLOCK_B, triton.next_power_of_2(1)),
@@ -322,11 +338,12 @@ def measure_plan(run, weight: torch.Tensor, h: torch.Tensor, allowed_of: dict, c
              "them; count_zero = the zeroing alone; union_kernel = union_ids_kernel alone; row_kernel = the plan's "
              "row kernel (stream_count_kernel) alone, on a union built before; step09 = step09_dispatch on "
              "precomputed AllowedTokens, the kernel the page subtracts from the whole step. Every part is captured "
-             "in the CUDA graph of the GPU clock.")
+             "in the CUDA graph of the GPU clock. whole, launch, row_kernel and step09 read the head: they rotate "
+             "over its copies (one MaskedHeadPlan per copy, h shared); copy, union_build, count_zero and "
+             "union_kernel read no weight and run on one plan (copies=1).")
 
-    def union_kernel(ids: torch.Tensor, count: torch.Tensor) -> None:
-        union_ids_kernel[union_grid](plan.bitmask, ids, count, 1, vocab, words, plan.bitmask.stride(0),
-                                     **union_constexprs)
+    def union_kernel(ids: torch.Tensor, count: torch.Tensor, bitmask: torch.Tensor = plan.bitmask) -> None:
+        union_ids_kernel[union_grid](bitmask, ids, count, 1, vocab, words, bitmask.stride(0), **union_constexprs)
 
     for count in PLAN_COUNTS:
         allowed = allowed_of[count]
@@ -342,21 +359,38 @@ def measure_plan(run, weight: torch.Tensor, h: torch.Tensor, allowed_of: dict, c
         n_fill = triton.cdiv(vocab, t.fill_block)
         row_constexprs = launch_constexprs("stream", t, hidden, weight.dtype)
 
-        def copy():
-            plan.bitmask.copy_(host_bitmask, non_blocking=True)
+        def copy(p: MaskedHeadPlan = plan):
+            p.bitmask.copy_(host_bitmask, non_blocking=True)
 
-        def union_build():
-            plan.count.zero_()
-            union_kernel(plan.ids, plan.count)
+        def union_build(p: MaskedHeadPlan = plan):
+            p.count.zero_()
+            union_kernel(p.ids, p.count, p.bitmask)
 
-        def row_kernel():
+        def row_kernel(p: MaskedHeadPlan = plan):
             stream_count_kernel[(n_fill + triton.cdiv(capacity, t.block_v),)](
-                plan.h, weight, plan.out, plan.bitmask, plan.ids, plan.count, vocab, n_fill,
-                weight.stride(0), **row_constexprs)
+                p.h, p.weight, p.out, p.bitmask, p.ids, p.count, vocab, n_fill, p.weight.stride(0), **row_constexprs)
 
-        def whole():
-            copy()
-            return plan.launch(n)
+        def whole(p: MaskedHeadPlan = plan):
+            copy(p)
+            return p.launch(n)
+
+        read = n * hidden * weight.element_size()  # the union's rows
+        n_copies, capped = copies.count(weight, read)
+
+        def on_plans(fn, ready=None):
+            """Calls of ``fn(p)`` over one plan per copy of the head, the plan first (h shared; ``ready(p)`` run
+            on each before the calls)."""
+            def make_calls():
+                held = copies.of(weight, n_copies)
+                plans = [plan] + [MaskedHeadPlan(w, 1, h=plan.h, rule=rule) for w in held[1:]]
+                for p in plans if ready else ():
+                    ready(p)
+                return [functools.partial(fn, p) for p in plans]
+            return make_calls
+
+        def built(p: MaskedHeadPlan):  # the union the row kernel reads, in the plan's own buffers
+            copy(p)
+            union_build(p)
 
         # the whole step on a poisoned output, against float64; the parts rebuilt here give the plan's logits
         plan.out.fill_(float("nan"))
@@ -387,25 +421,28 @@ def measure_plan(run, weight: torch.Tensor, h: torch.Tensor, allowed_of: dict, c
             scratch.append((ids, count_buf))
             return [lambda: union_kernel(ids, count_buf)]
 
-        parts = [("whole", lambda: [whole]), ("launch", lambda: [lambda: plan.launch(n)]), ("copy", lambda: [copy]),
-                 ("union_build", lambda: [union_build]), ("count_zero", lambda: [plan.count.zero_]),
-                 ("union_kernel", union_alone), ("row_kernel", None),
-                 ("step09", lambda: [lambda: step09_dispatch(h, weight, allowed, out=out)])]
-        for part, make_calls in parts:
+        def step09(w: torch.Tensor) -> torch.Tensor:
+            return step09_dispatch(h, w, allowed, out=out)
+
+        rotated = {"copies": n_copies, "read_bytes": read, "rotation_capped": capped}
+        alone = {"copies": 1, "read_bytes": 0, "rotation_capped": False}
+        parts = [("whole", on_plans(whole), rotated), ("launch", on_plans(lambda p: p.launch(n)), rotated),
+                 ("copy", lambda: [copy], alone), ("union_build", lambda: [union_build], alone),
+                 ("count_zero", lambda: [plan.count.zero_], alone), ("union_kernel", union_alone, alone),
+                 ("row_kernel", on_plans(row_kernel, built), rotated),
+                 ("step09", lambda: [functools.partial(step09, w) for w in copies.of(weight, n_copies)], rotated)]
+        for part, make_calls, rotation in parts:
             print(f"{count:,} allowed: plan part {part}", flush=True)
-            if part == "row_kernel":  # on the union the whole step built (count and ids in the plan's buffers)
-                copy()
-                union_build()
-                make_calls = lambda: [row_kernel]  # noqa: E731
             params = base | {"part": part}
             try:
-                run.measure(PLAN_SERIES, make_calls, params=params, min_calls=MIN_CALLS, reps=REPS, **extra)
+                run.measure(PLAN_SERIES, make_calls, params=params, min_calls=MIN_CALLS, reps=REPS, **extra,
+                            **rotation)
             except RuntimeError as exc:  # a part a CUDA graph cannot capture: the harness's host clock instead
                 torch.cuda.synchronize()
                 calls = make_calls()
                 run.record(PLAN_SERIES, run.host_time(lambda: [c() for c in calls]), params=params, **extra,
-                           note=f"not capturable in a CUDA graph ({type(exc).__name__}: {exc}); host time per "
-                                "call (BenchRun.host_time), not GPU time")
+                           **rotation, note=f"not capturable in a CUDA graph ({type(exc).__name__}: {exc}); host "
+                                            "time per call (BenchRun.host_time), not GPU time")
         for ids, count_buf in scratch:
             got = int(count_buf)
             run.check(f"{PLAN_SERIES} union_kernel stayed inside its id buffer",
@@ -416,6 +453,7 @@ def measure_plan(run, weight: torch.Tensor, h: torch.Tensor, allowed_of: dict, c
         whole()
         torch.cuda.synchronize()
         run.check(f"{PLAN_SERIES} whole, after the parts", torch.equal(plan.out, expected), params=base)
+        copies.release()
 
 
 def main(argv: list[str]) -> int:
