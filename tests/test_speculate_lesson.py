@@ -75,3 +75,12 @@ def test_the_totals_table_sets_the_median_request_beside_the_totals():
               and r["params"].get("workload") == "extraction"]
         assert row["median"] == pytest.approx(statistics.median(ms) * 1e3)
         assert row["total"] > 0
+
+
+def test_the_timed_split_is_read_and_its_factors_make_its_ratio():
+    split = lesson.verify_layer_split(lesson.committed())
+    timed = split["timed"]
+    if timed is None:
+        pytest.skip("no lab/speculate split run committed")
+    assert timed["draft_verify"] * timed["layer"] == pytest.approx(timed["step2_over_step1"], rel=1e-3)
+    assert timed["layer"] > 1.0  # the tuned decoder's verify layer is the faster one

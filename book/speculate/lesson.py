@@ -191,6 +191,8 @@ def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, fl
 #: The run before the verifier's six-launch layer: every verifying forward on the nine-launch layer, with the
 #: drafting code of its day (``lab/speculate/README.md``).
 NINE_LAUNCH_RUN = "speculate_nine_launch_verifier.json"
+#: Steps 1 and 2 with the verifying forward on either layer, in one run (``lab/speculate/verify_layer_split.py``).
+SPLIT_RUN = "verify_layer_split.json"
 
 
 def verify_layer_split(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
@@ -199,7 +201,8 @@ def verify_layer_split(results, batch: int = 1, workload: str = "extraction") ->
     nine-launch layer's time instead of the six-launch one's (:func:`layer_table`, GPU clock), per request, gives
     ``step2_nine_us`` (the median request, µs per token). Then ``draft_verify`` = step 1 / that and ``layer`` =
     that / step 2; their product is the steps table's ``measured``. ``earlier``: step 1 over step 2 measured in
-    :data:`NINE_LAUNCH_RUN` (None without it), whose drafting code also differs."""
+    :data:`NINE_LAUNCH_RUN` (None without it), whose drafting code also differs. ``timed``: the two factors and
+    their product as :data:`SPLIT_RUN` measures them (None without it)."""
     two = next(d for d in layer_table(results, batch) if d["chunk"] == 2)
     extra = (two["cublas"] - two["gemv"]) / 1e3 if two.get("used") == "gemv" else 0.0
     priced = [r["ms"] + extra * sum(1 for c in r["chunk_lengths"] if c == 2) / r["tokens"]
@@ -211,8 +214,14 @@ def verify_layer_split(results, batch: int = 1, workload: str = "extraction") ->
         earlier = report.median_ms(rows, batch, workload, "step01") / report.median_ms(rows, batch, workload, "step02")
     except FileNotFoundError:
         earlier = None
+    try:  # the two factors timed apart (lab/speculate/verify_layer_split.py): the same requests, two decoders
+        timed = _lab_file(SPLIT_RUN)["summary"]
+        timed = {k: timed[k] for k in ("draft_verify", "layer", "step2_over_step1")}
+    except FileNotFoundError:
+        timed = None
     return {"measured": one / measured2, "step2_us": measured2 * 1e3, "step2_nine_us": nine * 1e3,
-            "extra_us": extra * 1e3, "draft_verify": one / nine, "layer": nine / measured2, "earlier": earlier}
+            "extra_us": extra * 1e3, "draft_verify": one / nine, "layer": nine / measured2, "earlier": earlier,
+            "timed": timed}
 
 
 def prefill_probe() -> dict[str, float]:
