@@ -14,8 +14,9 @@ GPU, a slow replay), not how slow one call of a decode step can be: a single slo
 row here keeps those too (``repetition_medians_ms``), comparable to the chapter's ``spread_ms``.
 
 Where this differs from the chapters' rows: every graph here holds at least 60 calls (chapters 4 to 6 size theirs to
-a budget of GPU time: 11 to 20 calls at these shapes), and chapter 2's call, as in its benchmark, is not rotated (one
-copy of the head: the thousand allowed rows a replay's first call reads stay in L2 for the next ones).
+a budget of GPU time: 11 to 20 calls at these shapes), and chapter 2's call is not rotated (one copy of the head: the
+thousand allowed rows a replay's first call reads stay in L2 for the next ones), where its benchmark rotates copies of
+the head; its row records ``rotated_copies`` = 1, which the scoreboard reads to say so beside the p99.
 
 After chapter 4's row come two rows of its latency floor (``role`` "baseline", ``floor`` "latency", as the run's
 other yardsticks): :func:`studylog.ctc.floor.chain_floor`, a kernel that runs only the recursion's chain of
@@ -125,7 +126,7 @@ def _masked_head(run, rep: int):
     plan = MaskedHeadPlan(weight, 1, rule=dispatch_rule())
     plan.h.copy_(h)
 
-    def step():  # the chapter's plan_bitmask: the bitmask copied in, then the plan's kernels (one call, no copies)
+    def step():  # the chapter's plan_bitmask (the bitmask copied in, then the plan's kernels) on one head copy
         plan.bitmask.copy_(bitmask, non_blocking=True)
         return plan.launch(count)
     return [step], {"bucket": " ".join(map(str, plan.bucket(count)))}
