@@ -205,3 +205,83 @@ def test_a_stub_is_reported_as_not_written(capsys):
 
     assert not exercises.check_active_fraction(stub)
     assert "not written yet" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------
+# How a run replayed the head, read from its rows
+# --------------------------------------------------------------------------------------
+
+def _row(allowed, copies=None, capped=False, batch=1, union=None, kind="random"):
+    row = {"series": "step05", "role": "kernel", "clock": "gpu", "ms": 0.01,
+           "params": {"batch": batch, "kind": kind, "allowed": allowed, "layout": "vd"},
+           "union": allowed if union is None else union}
+    if copies is not None:
+        row |= {"copies": copies, "read_bytes": row["union"] * mlh.HIDDEN * 2, "rotation_capped": capped}
+    return row
+
+
+def _run(rows, l2=50 * 2**20):
+    return Results(None, {"device": {"name": "card", "l2_cache_bytes": l2}, "date": "2026-01-01",
+                          "measurements": rows})
+
+
+def test_rotation_is_read_from_the_rows():
+    """A run whose rows lack ``copies`` replayed one head; otherwise the capped unions, batch 1's capped counts and
+    whether their copies fit in L2 together come from the rows, recomputed here by hand."""
+    assert lesson.rotation(_run([_row(1), _row(1000)])) is None
+    rows = [_row(1, 65, True), _row(40, 65, True), _row(3, 65, True, kind="real"), _row(9, 65, True, batch=8, union=60),
+            _row(1000, 41), _row(40_000, 2)]
+    got = lesson.rotation(_run(rows))
+    assert got["max_copies"] == 65 and got["capped_union"] == 60 and got["capped_b1"] == [1, 40]
+    assert got["capped_fit_l2"] == (60 * mlh.HIDDEN * 2 * 65 <= 50 * 2**20)
+    small_l2 = lesson.rotation(_run(rows, l2=60 * mlh.HIDDEN * 2 * 65 - 1))
+    assert not small_l2["capped_fit_l2"]
+    uncapped = lesson.rotation(_run([_row(1000, 41)]))
+    assert uncapped["capped_union"] is None and uncapped["capped_b1"] == [] and not uncapped["capped_fit_l2"]
+    assert lesson.counts_words([1, 8, 1000]) == "1, 8 and 1,000" and lesson.counts_words([5]) == "5"
+
+
+def test_the_committed_runs_say_how_they_replayed():
+    """The H100 file predates the rotation (one head); the H200 file rotates, and every row it marks capped is a
+    union no larger than the largest capped one."""
+    from studylog.plotting import load_results, result_files
+
+    for f in result_files("masked_lm_head"):
+        results = load_results("masked_lm_head", gpu=f.parent.name)
+        rot = lesson.rotation(results)
+        if not any("copies" in r for r in results.rows):
+            assert rot is None
+            continue
+        capped = [r for r in results.rows if r.get("rotation_capped")]
+        assert rot["max_copies"] >= max(r["copies"] for r in results.rows)
+        assert all(r["union"] <= rot["capped_union"] for r in capped)
+
+
+def test_step05_effects_are_the_tables_ratios():
+    """Each change's ratio is its 'step 4 + change' row over step 4's, as the table prints them."""
+    effects, table = lesson.step05_effects(), lesson.step05_changes_table()
+    if effects is None:
+        pytest.skip("the lab run is not committed")
+    cells = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in table.splitlines()[2:]}
+    counts = sorted(effects["step 5"])
+    for knob in lesson.STEP05_KNOBS:
+        printed = [float(c.split("(")[1].rstrip("×) ")) for c in cells[f"step 4 + {knob.replace('_', ' ')}"]]
+        assert printed == pytest.approx([effects[knob][n] for n in counts], abs=0.006)
+    printed = [float(c.split("(")[1].rstrip("×) ")) for c in cells["step 5"]]
+    assert printed == pytest.approx([effects["step 5"][n] for n in counts], abs=0.006)
+
+
+def test_other_card_says_which_run_replayed_one_head():
+    from studylog.plotting import load_results, result_files
+
+    gpus = [f.parent.name for f in result_files("masked_lm_head")]
+    if len(gpus) < 2:
+        pytest.skip("one card")
+    for gpu in gpus:
+        here = load_results("masked_lm_head", gpu=gpu)
+        other = lesson.other_card(here)
+        if other is None:
+            continue
+        theirs = next(g for g in gpus if g != gpu)
+        assert other["one_copy_here"] == (lesson.rotation(here) is None)
+        assert other["one_copy_other"] == (lesson.rotation(load_results("masked_lm_head", gpu=theirs)) is None)

@@ -23,7 +23,8 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "byte_floor_ms", "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
-           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card"]
+           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card",
+           "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -419,8 +420,9 @@ BOEHM_CHANGES = {3: "step 2 rewritten for [V, D] (row tiles, a transposed dot): 
 
 def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))) -> dict | None:
     """The whole step from the bitmask against xgrammar's path on the other card that has a committed run (batch 1,
-    1,000 random by default) beside this run's: both ratios, both sides' times (µs), and how much faster
-    xgrammar's path and the copy bandwidth are here; None where no other card has a run."""
+    1,000 random by default) beside this run's: both ratios, both sides' times (µs), how much faster
+    xgrammar's path and the copy bandwidth are here, and whether each run replayed one copy of the head
+    (``one_copy_other``, ``one_copy_here``: :func:`rotation` is None); None where no other card has a run."""
     from studylog.masked_lm_head.report import PLAN, XGRAMMAR
     from studylog.plotting import load_results, result_files
 
@@ -439,7 +441,7 @@ def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))
     (xh, ph, bh), (xo, po, bo) = times["here"], times["other"]
     return {"gpu": other.gpu.replace("NVIDIA ", "").split()[0], "ratio": xo / po, "here_ratio": xh / ph,
             "xgr_here": xh, "xgr_other": xo, "plan_here": ph, "plan_other": po, "xgr_gain": xo / xh,
-            "bw_gain": bh / bo}
+            "bw_gain": bh / bo, "one_copy_here": rotation(results) is None, "one_copy_other": rotation(other) is None}
 
 
 def boehm_table(results) -> str:
@@ -660,3 +662,60 @@ def plan_parts_table(parts: dict[int, dict[str, float]]) -> str:
     lines.append("| in no part alone (whole − copy − the three kernels; most likely the kernels waiting for the copy) | "
                  + " | ".join(f"{r:.1f}" for r in rest) + " |")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# How the run replays the head, and what step 5's changes did one at a time
+# --------------------------------------------------------------------------------------
+
+def rotation(results) -> dict[str, Any] | None:
+    """How the run's GPU-clock rows replayed the head, read from the rows: None where no row records ``copies``
+    (each call replayed one copy, so the rows it reads could stay in L2 between calls). Otherwise the most copies
+    a row used (the cap), the L2 size (MiB), and where the cap bound (rows marked ``rotation_capped``): the largest
+    such union, batch 1's random counts among them, and whether the capped copies' rows fit in L2 together (if not,
+    they read less than four times L2 and only some of their rows may come from L2)."""
+    rows = [r for r in results.rows if r.get("clock") == "gpu"]
+    if not any("copies" in r for r in rows):
+        return None
+    capped = [r for r in rows if r.get("rotation_capped")]
+    l2 = results.data["device"]["l2_cache_bytes"]
+    return {"max_copies": max(r.get("copies", 1) for r in rows), "l2_mib": l2 / 2**20,
+            "capped_union": max((r["union"] for r in capped if "union" in r), default=None),
+            "capped_b1": sorted({r["params"]["allowed"] for r in capped
+                                 if r["params"].get("batch") == 1 and r["params"].get("kind") == "random"}),
+            "capped_fit_l2": bool(capped) and max(r["read_bytes"] * r["copies"] for r in capped) <= l2}
+
+
+def counts_words(counts) -> str:
+    """``1, 8 and 100``."""
+    names = [f"{c:,}" for c in counts]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+#: Step 5's three changes, as the page names them (the lab file's knob names as keys).
+STEP05_KNOBS = {"one_wait": "the one wait per row", "fill_first": "filling first", "evict_first": "the evict-first hint"}
+
+
+def step05_effects(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]] | None:
+    """Each of step 5's changes added to step 4 alone: its time over step 4's in the same run (under 1: the change
+    makes step 4 faster), per allowed count, at step 5's tiles; ``"step 5"`` the three together. None where the
+    run is not committed."""
+    rows = _lab_rows(gpu)
+    if rows is None:
+        return None
+    at = {(r["params"]["variant"], r["params"]["allowed"]): r["ms"] for r in rows
+          if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
+    counts = sorted({n for _, n in at})
+    out = {knob: {n: at[(f"step 4 + {knob}", n)] / at[("step 4", n)] for n in counts} for knob in STEP05_KNOBS}
+    out["step 5"] = {n: at[("step 5", n)] / at[("step 4", n)] for n in counts}
+    return out
+
+
+def lab_rotation(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
+    """:func:`rotation` of the lab run of step 5's changes (None where it is not committed or replayed one copy)."""
+    data = lab_or_none("masked_lm_head", "step05_changes", gpu)
+    if data is None:
+        return None
+    from studylog.plotting import Results
+
+    return rotation(Results(None, data))
