@@ -526,3 +526,35 @@ def test_results_lines_say_the_failed_check_the_grid_and_the_bound():
     for name, cell in lines[7]["cells"].items():
         if cell.startswith("not comparable"):
             assert not re.search(r"\d\.\d\d×", cell), f"{name}: a ratio in a not comparable headline"
+
+
+def test_a_tails_run_on_fewer_copies_than_the_chapter_is_said_in_the_cell_and_the_notes():
+    """Where the tails run replayed a chapter's call over fewer copies of its input than the chapter's row rotated
+    over (read from the two raw files here), the p99 cell says how many and the chapter's notes say why it matters;
+    where either file does not record its copies, or the counts agree, nothing is said."""
+    assert sb.tail_copies({"copies": 41}, {"rotated_copies": 1}).startswith("the p99 column's run replays the call "
+                                                                            "over 1 copy of its input")
+    assert sb.tail_copies({"copies": 3}, {"rotated_copies": 3}) is None
+    assert sb.tail_copies({"copies": None}, {"rotated_copies": 1}) is None
+    assert sb.tail_copies({"copies": 5}, {}) is None
+    if not (H200 / f"{sb.TAILS}.json").is_file():
+        pytest.skip("no tails run")
+    table = sb.scoreboard_markdown()
+    for number, (series, params) in sb.TAIL_SERIES.items():
+        entry = next(e for e in sb.ENTRIES if e.number == number)
+        tails_rows = [r for r in _raw(H200, sb.TAILS)["measurements"] if r["series"] == series
+                      and all(r["params"].get(k) == v for k, v in params.items())]
+        if len(tails_rows) != 1:
+            continue
+        t = tails_rows[0]
+        lead = _board_row(sb.scoreboard(), number, H200)
+        theirs, mine = t.get("rotated_copies"), lead.get("copies")
+        cell = f"(median {t['ms'] * 1e3:,.1f}; {theirs} cop"
+        said = mine is not None and theirs is not None and theirs < mine
+        assert (cell in table) == said, (entry.title, theirs, mine)
+        if said:
+            assert f"rotates over {mine} copies" in table
+    chapter2 = _find(_raw(H200, "masked_lm_head"), "plan_bitmask", batch=1, kind="random", allowed=1000)
+    tails2 = _find(_raw(H200, sb.TAILS), "MaskedHeadPlan", batch=1, kind="random", allowed=1000)
+    if chapter2.get("copies", 1) > tails2.get("rotated_copies", chapter2.get("copies", 1)):
+        assert "Chapter 2, Masked LM head: notes" in table and "over 1 copy of its input" in table
