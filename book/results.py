@@ -90,6 +90,30 @@ def decode_bound(card: Path) -> float | None:
     return None if data is None else median_bound(data["measurements"], "8b", 1)
 
 
+def replayed_one_copy(card: Path, chapter: str) -> bool | None:
+    """Whether a card's run of ``chapter`` replayed each call on one copy of its input: True where no row records
+    ``copies`` (what a call reads could stay in L2 between calls), False where its rows rotate over copies, None
+    where the card has no file."""
+    data = load(card, chapter)
+    return None if data is None else not any("copies" in r for r in data["measurements"])
+
+
+#: A chapter whose cards' runs may differ in how they replay a call: what its benchmark rotates copies of, and the
+#: calls whose times that changes most.
+ROTATED = {2: ("the head", "small allowed sets")}
+
+
+def one_copy_words(number: int, name: str, rotated: list[str], row: dict[str, Any], l2_bytes: int | None) -> str:
+    """The clause a one-copy card's cell adds where another card's run rotated copies: which run did what, and that
+    the cards' times for calls that read little are not comparable, the headline's included where the rows it reads
+    (``row["read_bytes"]`` of a rotated card's headline row) fit in this card's L2 (``l2_bytes``)."""
+    what, small = ROTATED.get(number, ("its input", "calls that read little"))
+    included = (", this line's included" if row.get("read_bytes") is not None and l2_bytes is not None
+                and row["read_bytes"] <= l2_bytes else "")
+    return (f"; the {name}'s run replayed one copy of {what} (the rows a call reads could stay in L2), the "
+            f"{' and '.join(rotated)}'s rotated copies, so the cards' times for {small}{included}, are not comparable")
+
+
 def _short(card: str) -> str:
     return card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
@@ -158,6 +182,15 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             again = repeated(entry.number, name)
             if again is not None:  # a wall-clock loop moves between machines more than a kernel: say by how much
                 cells[name] += f"; {again:.2f}× on a second {name} with the same code"
+        if entry.bench is not None:  # runs that replayed one copy beside runs that rotated: said once, in its cell
+            one_copy = {_short(card_name(c)): (c, replayed_one_copy(c, entry.bench)) for c in cards(root)}
+            rotated = [n for n, (_, once) in one_copy.items() if once is False]
+            lead = next((b for b in board if b["number"] == entry.number and _short(b["card"]) in rotated
+                         and b["lead"] and "missing" not in b), None)
+            once = next((n for n, (_, v) in one_copy.items() if v and ratios.get(n) is not None), None)
+            if rotated and lead is not None and once is not None:
+                l2 = (load(one_copy[once][0], entry.bench) or {}).get("device", {}).get("l2_cache_bytes")
+                cells[once] += one_copy_words(entry.number, once, rotated, lead, l2)
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
                     "question": entry.question, "what": entry.headline, "cells": cells,
                     "ratios": ratios, "brief": brief})
@@ -330,5 +363,5 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
 
 __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines",
            "fsm_line", "fsm_suite", "headlines", "repeated", "versions_markdown", "LISTING_CALLS", "listing_lines",
-           "ctc_grid", "decode_bound",
+           "ctc_grid", "decode_bound", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "reading_path_markdown", "summary_markdown"]

@@ -149,7 +149,7 @@ def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_la
            "latency_floor_ms": latency_floor_ms, "latency_what": latency_what, "ratio_note": ratio_note,
            "notes": list(notes), "rival_notes": list(rival_notes), "floor_notes": list(floor_notes),
            "gaps": list(gaps), "config": ours.get("config"), "graph_calls": ours.get("graph_calls"),
-           "copies": ours.get("copies")}
+           "copies": ours.get("copies"), "read_bytes": ours.get("read_bytes")}
     row["vs_rival"] = ratio if ratio is not None else (rival["ms"] / med if rival else None)
     floors = {"bytes": byte_floor_ms, "compute": compute_floor_ms, "latency": latency_floor_ms}
     known = {k: v for k, v in floors.items() if v is not None}

@@ -558,3 +558,40 @@ def test_a_tails_run_on_fewer_copies_than_the_chapter_is_said_in_the_cell_and_th
     tails2 = _find(_raw(H200, sb.TAILS), "MaskedHeadPlan", batch=1, kind="random", allowed=1000)
     if chapter2.get("copies", 1) > tails2.get("rotated_copies", chapter2.get("copies", 1)):
         assert "Chapter 2, Masked LM head: notes" in table and "over 1 copy of its input" in table
+
+
+def test_the_results_line_says_once_where_one_card_replayed_one_copy(bench_copy):
+    """Chapter 2's line says, in the cell of the card whose run recorded no ``copies`` (read from the raw files here),
+    that it replayed one copy of the head while the other rotated copies; the clause goes away when both runs
+    replay one copy, and moves to the other card when the rotation is on the other side."""
+    def one_copy(card: Path) -> bool:
+        return not any("copies" in r for r in _raw(card, "masked_lm_head")["measurements"])
+
+    def cells(root: Path) -> dict[str, str]:
+        return next(h for h in summary.headlines(root) if h["number"] == 2)["cells"]
+
+    said = "replayed one copy of the head"
+    folders = [c for c in sb.cards(bench_copy) if (c / "masked_lm_head.json").is_file()]
+    flags = {sb._short_card(sb.card_name(c)): one_copy(c) for c in folders}
+    got = cells(bench_copy)
+    for name, once in flags.items():
+        assert (said in got[name]) == (once and not all(flags.values()) and any(flags.values())), (name, got[name])
+    assert summary.summary_markdown(bench_copy).count(said) == (1 if len(set(flags.values())) == 2 else 0)
+
+    def drop_copies(data):
+        for r in data["measurements"]:
+            for key in ("copies", "read_bytes", "rotation_capped"):
+                r.pop(key, None)
+
+    for card in folders:
+        _rewrite(card / "masked_lm_head.json", drop_copies)
+    assert not any(said in c for c in cells(bench_copy).values())
+    # rotation on the H100's side only: the clause is in the H200's cell, naming the H100's rotated copies
+    h100 = next((c for c in folders if "H100" in sb.card_name(c)), None)
+    if h100 is None:
+        return
+    _rewrite(h100 / "masked_lm_head.json",
+             lambda data: [r.update(copies=2, read_bytes=1, rotation_capped=False) for r in data["measurements"]])
+    got = cells(bench_copy)
+    assert said in got["H200"] and "the H100's rotated copies" in got["H200"] and said not in got["H100"]
+    assert "this line's included" in got["H200"]  # one byte fits in any L2
