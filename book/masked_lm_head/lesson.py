@@ -441,7 +441,8 @@ def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))
     (xh, ph, bh), (xo, po, bo) = times["here"], times["other"]
     return {"gpu": other.gpu.replace("NVIDIA ", "").split()[0], "ratio": xo / po, "here_ratio": xh / ph,
             "xgr_here": xh, "xgr_other": xo, "plan_here": ph, "plan_other": po, "xgr_gain": xo / xh,
-            "bw_gain": bh / bo, "one_copy_here": rotation(results) is None, "one_copy_other": rotation(other) is None}
+            "bw_gain": bh / bo, "one_copy_here": rotation(results) is None,
+            "one_copy_other": rotation(other) is None}
 
 
 def boehm_table(results) -> str:
@@ -693,7 +694,8 @@ def counts_words(counts) -> str:
 
 
 #: Step 5's three changes, as the page names them (the lab file's knob names as keys).
-STEP05_KNOBS = {"one_wait": "the one wait per row", "fill_first": "filling first", "evict_first": "the evict-first hint"}
+STEP05_KNOBS = {"one_wait": "the one wait per row", "fill_first": "filling first",
+                "evict_first": "the evict-first hint"}
 
 
 def step05_effects(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]] | None:
