@@ -151,8 +151,8 @@ PLAIN_NAMES = {
     "step01_baseline": "the loop with a dense head and a mask (step 1)",
     "step04_gated_draft": "the loop with grammar-cut drafts (step 4)",
     "chapter 7's step 3 (ch7_step03)": "chapter 7's loop (its step 3)",
-    "step03_two_phase (the two-phase kernel of the original pull request)": "the two-phase kernel of the original "
-                                                                            "pull request (step 3)",
+    "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of the pull request's "
+                                                                                 "first, two-phase kernel (step 3)",
 }
 
 #: The clocks of the results page's tables, in words.
