@@ -6,6 +6,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.studylog-installed
 JOBS   ?= 2
+# Threads per process for torch's CPU ops (OpenMP): make test runs JOBS test workers and the book's notebook
+# kernel at once, so each gets its share of the cores; more threads than cores spin against each other and cost
+# far more CPU than they save (on two cores the package tests take over twice the CPU time).
+THREADS ?= $(shell $(PYTHON) -c "import os; print(max(1, (os.cpu_count() or 1) // ($(JOBS) + 1)))")
 
 .PHONY: install test test-site test-notebooks test-gpu book bench plot lab clean
 
@@ -22,6 +26,7 @@ $(STAMP): pyproject.toml tools/install_torch.py
 # the package tests, and the site test follows the build on the same side: the two sides keep both cores busy.
 # That side's log is $(VENV)/book.log, shown when it fails. (Packages install with --no-compile: Python compiles
 # the modules a run imports, not every file of every package.)
+test: export OMP_NUM_THREADS = $(THREADS)
 test: $(STAMP)
 	@rm -f $(VENV)/book.log $(VENV)/book.rc
 	@($(MAKE) --no-print-directory book > $(VENV)/book.log 2>&1 && \
