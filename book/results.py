@@ -277,9 +277,10 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, li
         return wrapped
 
     failed: list[str] = []
-    from IPython.display import display  # a notebook's kernel has it without an import
+    from IPython.utils.capture import capture_output
 
-    namespace: dict[str, Any] = {"__name__": "listing_lines", "display": display}
+    # nothing counted is shown: display() is a no-op here, and what a helper displays by itself is captured
+    namespace: dict[str, Any] = {"__name__": "listing_lines", "display": lambda *args, **kwargs: None}
     cells = [c for c in json.loads((Path(root) / notebook).read_text())["cells"] if c["cell_type"] == "code"]
     # a cell's listing is on the page unless its output is removed (its code may be hidden, as most listings' are)
     trees = [(ast.parse("".join(c["source"])), not {"remove-output", "remove-cell"} & set(
@@ -289,7 +290,7 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, li
     for name, fn in originals.items():
         setattr(source, name, counting(fn))
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # display() prints its argument outside a notebook
+        with contextlib.redirect_stdout(io.StringIO()), capture_output():
             for tree, shown in trees:
                 for stmt in tree.body:
                     setup = (isinstance(stmt, (ast.Import, ast.ImportFrom))
