@@ -84,3 +84,21 @@ def test_the_timed_split_is_read_and_its_factors_make_its_ratio():
         pytest.skip("no lab/speculate split run committed")
     assert timed["draft_verify"] * timed["layer"] == pytest.approx(timed["step2_over_step1"], rel=1e-3)
     assert timed["layer"] > 1.0  # the tuned decoder's verify layer is the faster one
+
+
+def test_the_loops_own_bound_prices_each_requests_forwards_at_the_one_token_forward():
+    rng = random.Random(81)
+    gemv, cublas = rng.uniform(0.5, 0.6), rng.uniform(0.7, 0.8)
+    rows = [_verify(1, "gemv", gemv, True), _verify(1, "cublas", cublas, False), _verify(2, "cublas", 0.9, True)]
+    per_request = []
+    for k in range(rng.choice([5, 6, 7])):
+        forwards, tokens = rng.randint(5, 20), rng.randint(41, 120)
+        row = _row("step04", f"r{k}", rng.uniform(0.4, 0.7), [1] * forwards, tokens) | {"forwards": forwards}
+        rows.append(row)
+        per_request.append(gemv * forwards / tokens)
+    bound = lesson.loop_bound(Results(REPO_ROOT / "none.json", {"measurements": rows}))
+    measured = statistics.median(r["ms"] for r in rows if r["series"] == "step04")
+    assert bound["one_token_us"] == pytest.approx(gemv * 1e3)  # the layer the loop runs, not the other one
+    assert bound["bound_us"] == pytest.approx(statistics.median(per_request) * 1e3)
+    assert bound["over"] == pytest.approx(measured / statistics.median(per_request))
+    assert bound["over"] > 1.0  # at most half a forward per token here, each shorter than any request's step

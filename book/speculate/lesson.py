@@ -108,6 +108,20 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
     return [by[k] for k in sorted(by)]
 
 
+def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
+    """The loop's own bound: each request's forwards per output token in step 4, each priced at the one-token
+    forward's GPU time on the layer the loop runs (:func:`layer_table`, chunk 1, graph replay), the median over the
+    requests (µs per token; the scoreboard's note for this chapter gives the same number). It holds the host's work
+    and the drafting at zero, so ``over`` (step 4's median time over it) is what they and the longer verifying
+    forwards add. ``one_token_us``: that forward's time."""
+    one = next(d for d in layer_table(results, batch) if d["chunk"] == 1)
+    one_ms = one[one["used"]] / 1e3
+    bound = statistics.median(one_ms * r["forwards"] / r["tokens"] for r in _rows(results, batch, workload, "step04"))
+    measured = median_ms(results, batch, workload, "step04")
+    return {"one_token_us": one_ms * 1e3, "bound_us": bound * 1e3, "measured_us": measured * 1e3,
+            "over": measured / bound}
+
+
 def bound_rows(results) -> list[dict[str, Any]]:
     """Per batch and workload: step 4 against chapter 7's step 3, the ratio of their median times per output token
     (``ratio``, the headline's statistic) and the requests' own ratios (median, slowest, ``max_speedup``), the
@@ -281,6 +295,6 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
 
 
 __all__ = ["NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "bound_rows", "breakdown_table", "committed",
-           "draft_cost", "drafts_table", "layer_table", "losses", "markdown_table", "median_ms", "prefill_probe",
-           "sample_outputs", "second_machine", "second_run", "slowest", "steps_table", "validity",
+           "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses", "markdown_table", "median_ms",
+           "prefill_probe", "sample_outputs", "second_machine", "second_run", "slowest", "steps_table", "validity",
            "verify_layer_split"]
