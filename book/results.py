@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any, Callable
@@ -118,26 +119,44 @@ def _short(card: str) -> str:
     return card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
 
+def _kernel_words(label: str) -> str:
+    """A scoreboard row's kernel in a few words: its step, or its entry point and the step it ran."""
+    m = re.search(r"its entry point \(running (step \d+)\)", label)
+    if m:
+        return f"the entry point (running {m.group(1)})"
+    m = re.search(r"\((step \d+)\)", label)
+    return f"{m.group(1)} alone" if m else label
+
+
 def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     """One dict per chapter: number, title, notebook, question, what the headline compares, and per card (short
-    name) the headline's text (``cells``) and its ratio (``ratios``; None where not measured)."""
+    name) the headline's cell (``cells``: one number and a few words), the caveats that cell needs (``notes``, a
+    list of sentences the results page numbers under its table), its ratio (``ratios``; None where not measured),
+    the landing page's few words (``brief``) and whether the card's number may stand beside the other card's
+    (``comparable``); ``differs`` says, once per chapter, where the cards time different code."""
     board = scoreboard(root)
     suite = fsm_suite()
     out = []
     for entry in ENTRIES:
-        cells, ratios, brief = {}, {}, {}
+        cells, ratios, brief, notes, comparable = {}, {}, {}, {}, {}
+        leads = {}
         for card in cards(root):
             name = _short(card_name(card))
+            notes[name], comparable[name] = [], True
             if entry.number == 1:  # counted on the host, the same on every card: written out once
-                ratios[name], cells[name], brief[name] = fsm_line(suite)
+                ratios[name], text, brief[name] = fsm_line(suite)
+                cells[name] = text if ratios[name] is None else f"**{ratios[name]:.1%}** fewer forward passes, exact"
                 if len(cells) > 1 and suite is not None:
                     cells[name] = "the same (counted on the host, not on a GPU)"
+                elif suite is not None:
+                    notes[name].append(text.replace(f"**{ratios[name]:.1%}**", f"{ratios[name]:.1%}"))
                 continue
             row = next((b for b in board if b["number"] == entry.number and _short(b["card"]) == name
                         and b["lead"]), None)
             if row is None or "missing" in row or row["vs_rival"] is None:
                 ratios[name], cells[name], brief[name] = None, NOT_MEASURED, NOT_MEASURED
                 continue
+            leads[name] = row
             ratios[name] = row["vs_rival"]
             brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short}"
             ours, theirs = row["median_ms"], row["rival_ms"]
@@ -146,43 +165,61 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 cells[name] = f"**{row['vs_rival']:.2f}×**" + (f" ({us(e2e)} against {us(theirs)} µs, end to end)"
                                                                  if e2e else "")
             elif row["ratio_note"].startswith("the ratio of the two median"):  # several requests: their medians
-                cells[name] = (f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs, medians over the "
-                               "requests)")
+                cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs, medians)"
+                notes[name].append(f"{name}: {row['ratio_note']}")
             else:
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
-            if entry.number == 6:  # the grouped-query layout of the model the chapter cites, beside its headline
+            if entry.number == 6:  # the grouped-query layout of the model the chapter cites leads where measured
                 grouped = next((b for b in board if b["number"] == 6 and _short(b["card"]) == name and not b["lead"]
                                 and "missing" not in b and b.get("vs_rival") is not None), None)
                 if grouped is not None:
-                    cells[name] += f"; **{grouped['vs_rival']:.2f}×** with 8 key/value heads (Llama 3.1 8B's layout)"
+                    cells[name] = (f"**{grouped['vs_rival']:.2f}×** grouped-query (Llama 3.1 8B); "
+                                   f"{row['vs_rival']:.2f}× with 32 heads")
+                    brief[name] = (f"{grouped['vs_rival']:.2f}× {entry.rival_short} (Llama 3.1 8B's grouped "
+                                   f"heads); {row['vs_rival']:.2f}× with 32 heads")
+                    notes[name].append(f"{name}: grouped-query {us(grouped['median_ms'])} against "
+                                       f"{us(grouped['rival_ms'])} µs; 32 heads {us(ours)} against {us(theirs)} µs")
+                else:
+                    cells[name] += ", 32 heads"
+                    brief[name] += " (32 heads)"
             if row.get("dense_ratio") is not None:  # chapter 5: the dense layer beside the fastest peer
-                cells[name] = (f"**{row['vs_rival']:.2f}×** against GemLite ({us(ours)} against {us(theirs)} µs); "
-                               f"{row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, a weaker baseline"
-                               + (f". GemLite fails our float64 check at this shape: its error is "
-                                  f"{row['rival_check_error']:.2%} of the product's norm, the tolerance "
-                                  f"{row['rival_check_tolerance']:.2%}" if row["rival_fails_check"] else ""))
+                notes[name].append(f"{name}: {row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, a "
+                                   "weaker baseline")
+                if row["rival_fails_check"]:
+                    cells[name] += "; GemLite fails our float64 check"
+                    brief[name] += " (GemLite fails our float64 check here)"
+                    notes[name].append(f"{name}: GemLite fails our float64 check at this shape: its error is "
+                                       f"{row['rival_check_error']:.2%} of the product's norm, the tolerance "
+                                       f"{row['rival_check_tolerance']:.2%}")
             if entry.number == 4:  # the whole grid beside the headline shape, as the results table lists it
                 grid = ctc_grid(card)
                 if grid is not None:
                     (lo, lo_at), (hi, hi_at) = grid
-                    cells[name] += (f"; {lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at}) over the chapter's grid of "
-                                    "alphabets and batches")
+                    cells[name] += f"; {lo:.2f}–{hi:.2f}× over the grid"
+                    notes[name].append(f"{name}: over the chapter's grid of alphabets and batches, {lo:.2f}× "
+                                       f"({lo_at}) to {hi:.2f}× ({hi_at})")
                     brief[name] = (f"{lo:.2f}× to {hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at A = {CTC_CASE['A']:,}, "
                                    f"N = {CTC_CASE['N']})")
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 bound = decode_bound(card)
                 if bound is not None:
-                    cells[name] += f"; the two chapters' bound: {bound:.2f}×"
+                    cells[name] += f"; bound {bound:.2f}×"
                     brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} (bound {bound:.2f}×)"
             if row.get("unpadded_head"):  # chapter 7's H100 run: its dense baseline is slowed, the ratio inflated
-                ratios[name] = None
-                cells[name] = ("not comparable (unpadded head): this card's run used a head not padded as real models "
-                               "ship it, which slows the dense baseline; the scoreboard gives its ratio")
+                ratios[name], comparable[name] = None, False
+                cells[name] = "not comparable (unpadded head)"
+                notes[name] = [f"{name}: this card's run used a head not padded as real models ship it, which slows "
+                               "the dense baseline; the scoreboard gives its ratio"]
                 brief[name] = "not comparable (unpadded head)"
             again = repeated(entry.number, name)
-            if again is not None:  # a wall-clock loop moves between machines more than a kernel: say by how much
-                cells[name] += f"; {again:.2f}× on a second {name} with the same code"
-        if entry.bench is not None:  # runs that replayed one copy beside runs that rotated: said once, in its cell
+            if again is not None:  # a wall-clock loop moves between machines more than a kernel: give the range
+                lo, hi = sorted((row["vs_rival"], again))
+                cells[name] = (f"**{lo:.2f}–{hi:.2f}×** on two {name}s ({us(ours)} against {us(theirs)} µs on "
+                               "the first)")
+                brief[name] = f"{lo:.2f}–{hi:.2f}× {entry.rival_short} (two {name}s)"
+                notes[name].append(f"{name}: {row['vs_rival']:.2f}× on the first machine, {again:.2f}× on a second "
+                                   f"{name} with the same code")
+        if entry.bench is not None:  # runs that replayed one copy beside runs that rotated: said once, in a note
             one_copy = {_short(card_name(c)): (c, replayed_one_copy(c, entry.bench)) for c in cards(root)}
             rotated = [n for n, (_, once) in one_copy.items() if once is False]
             lead = next((b for b in board if b["number"] == entry.number and _short(b["card"]) in rotated
@@ -190,10 +227,26 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             once = next((n for n, (_, v) in one_copy.items() if v and ratios.get(n) is not None), None)
             if rotated and lead is not None and once is not None:
                 l2 = (load(one_copy[once][0], entry.bench) or {}).get("device", {}).get("l2_cache_bytes")
-                cells[once] += one_copy_words(entry.number, once, rotated, lead, l2)
+                words = one_copy_words(entry.number, once, rotated, lead, l2)
+                if "this line's included" in words:  # the headline itself is not comparable: no ratio in its cell
+                    comparable[once] = False
+                    r = leads[once]
+                    notes[once].append(f"{once}: {r['vs_rival']:.2f}× ({us(r['median_ms'])} against "
+                                       f"{us(r['rival_ms'])} µs){words}")
+                    cells[once] = "not comparable (the head could stay in L2)"
+                    brief[once] = "not comparable (its run kept one copy of the head)"
+                else:
+                    notes[once].append(f"{once}{words.lstrip(';')}")
+        labels = {n: _kernel_words(r["ours"]) for n, r in leads.items()}
+        differs = ""
+        if len(set(labels.values())) > 1:  # the cards timed different code: which, and of which day
+            oldest = min(r["date"] for r in leads.values())
+            differs = ("the cards time different code: " + "; ".join(
+                f"the {n} (measured {leads[n]['date']}{', older code' if leads[n]['date'] == oldest else ''}) {k}"
+                for n, k in labels.items()))
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
-                    "question": entry.question, "what": entry.headline, "cells": cells,
-                    "ratios": ratios, "brief": brief})
+                    "question": entry.question, "what": entry.headline, "cells": cells, "notes": notes,
+                    "ratios": ratios, "brief": brief, "comparable": comparable, "differs": differs})
     return out
 
 
@@ -215,15 +268,26 @@ def versions_markdown(root: Path = BENCH_RESULTS) -> str:
 
 
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
-    """The results page's first table: per chapter the question, the fair headline on each card and a link."""
+    """The results page's first table: per chapter the question, the fair headline on each card (one number and a
+    few words) and a link; under it, the numbered notes the cells point to (caveats, the other numbers of a line,
+    and where the cards time different code)."""
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = list(dict.fromkeys(n for h in found for n in h["cells"]))
     lines = ["| chapter | the question | the fair headline: ours against the strongest rival | "
-             + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
+             + " | ".join(names) + " | notes |", "|" + "---|" * (4 + len(names))]
+    numbered: list[str] = []
     for h in found:
+        said = [t for n in names for t in h["notes"].get(n, [])] + ([h["differs"]] if h["differs"] else [])
+        refs = []
+        for text in said:
+            numbered.append(text)
+            refs.append(str(len(numbered)))
         lines.append(f"| [{h['number']}. {h['title']}]({link(h['notebook'])}) | {h['question']} | {h['what']} | "
-                     + " | ".join(h["cells"].get(n, NOT_MEASURED) for n in names) + " |")
+                     + " | ".join(h["cells"].get(n, NOT_MEASURED) for n in names) + " | "
+                     + (", ".join(refs) or "–") + " |")
+    if numbered:
+        lines += ["", "Notes:", ""] + [f"{i}. {text[0].upper() + text[1:]}." for i, text in enumerate(numbered, 1)]
     return "\n".join(lines)
 
 
@@ -342,11 +406,16 @@ def reading_order(root: Path = REPO_ROOT) -> list[str]:
 def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
                           card: str = "H200") -> str:
     """The landing page's table: each page in reading order with its question, one number (the fair headline on
-    ``card``) and its reading time."""
+    ``card``, with its caveat in a few words) and its reading time with code and listings; under it, once, the
+    prose budget every page is held to, and the pages whose prose is shorter."""
+    from book.common import PROSE_BUDGET
+
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = [f"| page | the question | the answer in one number ({card}; × is how many times faster than) | "
-             "reading time: prose | with code and listings |", "|---|---|---|---|---|"]
+             "reading time with code and listings |", "|---|---|---|---|"]
+    budget = math.ceil(PROSE_BUDGET / WORDS_PER_MINUTE)
+    shorter = []
     for notebook in reading_order():
         stem = Path(notebook).stem
         h = by_notebook.get(notebook)
@@ -358,7 +427,11 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         if stem.startswith("05_"):
             title += " (Triton)" if "triton" in stem else " (CUDA C++)"
         prose, with_code = reading_minutes(notebook)
-        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {prose} min | {with_code} min |")
+        if prose < budget:
+            shorter.append(f"{stem[:2]}{' (' + title.split('(')[-1] if '(' in title else ''}: {prose} min")
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {with_code} min |")
+    lines += ["", f"Each page's prose is held to {PROSE_BUDGET:,} words, about {budget} minutes"
+              + (f" (shorter: {'; '.join(shorter)})" if shorter else "") + "; the time in the table adds the code."]
     return "\n".join(lines)
 
 

@@ -62,7 +62,9 @@ def _questions() -> dict[str, tuple[str, str]]:
 
     out = {}
     for h in headlines():
-        measured = [f"{card}: {text}" for card, text in h["brief"].items() if h["ratios"].get(card) is not None]
+        # a card whose run is not comparable with the other's (one copy of the input, an unpadded head) is left out
+        measured = [f"{card}: {text}" for card, text in h["brief"].items()
+                    if h["ratios"].get(card) is not None and h["comparable"].get(card, True)]
         if h["number"] == 1 and measured:  # the count of forward passes does not depend on the card
             texts = {text for card, text in h["brief"].items() if h["ratios"].get(card) is not None}
             measured = [f"on every card: {texts.pop()}"] if len(texts) == 1 else measured

@@ -352,7 +352,14 @@ def test_reading_times_follow_the_prose_then_the_code_and_listings():
         assert with_code - 1 < (words / summary.WORDS_PER_MINUTE
                                 + (code + listed) / summary.CODE_LINES_PER_MINUTE) <= with_code
     table = summary.reading_path_markdown()
-    assert table.count(" min |") == 2 * len(order)
+    assert table.count(" min |") == len(order)  # one time per page; the prose budget is said once, under the table
+    from book.common import PROSE_BUDGET
+
+    budget = -(-PROSE_BUDGET // summary.WORDS_PER_MINUTE)
+    assert f"held to {PROSE_BUDGET:,} words, about {budget} minutes" in table
+    for notebook in order:  # every page whose prose is under the budget is named with its own minutes
+        prose, _ = summary.reading_minutes(notebook)
+        assert (f"{Path(notebook).stem[:2]}" in table.split("held to")[1]) or prose >= budget
     for entry in sb.ENTRIES:
         assert f"]({entry.notebook}) | {entry.question} |" in table
 
@@ -508,8 +515,9 @@ def test_results_lines_say_the_failed_check_the_grid_and_the_bound():
     data = _raw(H200, "ternary")
     (check,) = [c for c in data["checks"] if c["name"].startswith("gemlite_w2 within")
                 and c["params"].get("shape") == "4096x14336" and c["params"].get("m") == 1]
-    cell = lines[5]["cells"]["H200"]
+    cell = " ".join([lines[5]["cells"]["H200"]] + lines[5]["notes"]["H200"])
     if not check["passed"]:
+        assert "fails our float64 check" in lines[5]["cells"]["H200"] and "fails" in lines[5]["brief"]["H200"]
         assert (f"its error is {check['relative_error']:.2%} of the product's norm, the tolerance "
                 f"{check['tolerance']:.2%}") in cell
     assert "with its float64 check" not in summary.summary_markdown()
@@ -568,7 +576,8 @@ def test_the_results_line_says_once_where_one_card_replayed_one_copy(bench_copy)
         return not any("copies" in r for r in _raw(card, "masked_lm_head")["measurements"])
 
     def cells(root: Path) -> dict[str, str]:
-        return next(h for h in summary.headlines(root) if h["number"] == 2)["cells"]
+        line = next(h for h in summary.headlines(root) if h["number"] == 2)  # a cell with the notes it points to
+        return {n: " ".join([cell] + line["notes"][n]) for n, cell in line["cells"].items()}
 
     said = "replayed one copy of the head"
     folders = [c for c in sb.cards(bench_copy) if (c / "masked_lm_head.json").is_file()]
@@ -595,3 +604,37 @@ def test_the_results_line_says_once_where_one_card_replayed_one_copy(bench_copy)
     got = cells(bench_copy)
     assert said in got["H200"] and "the H100's rotated copies" in got["H200"] and said not in got["H100"]
     assert "this line's included" in got["H200"]  # one byte fits in any L2
+
+
+def test_headline_cells_are_short_and_their_caveats_numbered():
+    """A results cell is one number and a few words; its caveats are numbered notes under the table. Chapter 6 leads
+    with the grouped-query layout of the model it cites where a card measures it (recomputed from the raw file), and
+    chapter 8's cell gives the range over its two machines."""
+    text = summary.summary_markdown()
+    for h in summary.headlines():
+        for name, cell in h["cells"].items():
+            words = re.sub(r"\([^)]*\)", "", cell).split()
+            assert len(words) <= 10, (h["number"], name, cell)
+    notes = text.split("Notes:")[1]
+    assert notes.count("\n1. ") == 1
+    data = _raw(H200, "multi_item")
+    gqa = {"shape": "8 prompts, mixed, 8 KV heads"}
+    ratio = _find(data, "FlashInfer", **gqa)["ms"] / _find(data, "step06", **gqa)["ms"]
+    line = next(h for h in summary.headlines() if h["number"] == 6)
+    assert line["cells"]["H200"].startswith(f"**{ratio:.2f}×** grouped-query")
+    assert line["brief"]["H200"].startswith(f"{ratio:.2f}× FlashInfer")
+    eight = next(h for h in summary.headlines() if h["number"] == 8)
+    again = summary.repeated(8, "H200")
+    if again is not None:
+        lo, hi = sorted((eight["ratios"]["H200"], again))
+        assert eight["brief"]["H200"].startswith(f"{lo:.2f}–{hi:.2f}×")
+
+
+def test_reading_path_displays_nothing_in_a_kernel():
+    """The landing page's cell shows its table only: the listings it counts are not displayed."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as seen:
+        table = summary.reading_path_markdown()
+    assert not seen.outputs and not seen.stdout.strip()
+    assert table.startswith("| page |")
