@@ -206,7 +206,7 @@ def test_the_result_table_compares_each_shape_with_the_kernel_that_runs_it():
     assert step6.count("–") == 2  # step 6 runs on the shared-head shape only
 
 
-def test_peer_settings_name_each_cards_fastest_setting(tmp_path):
+def test_peer_settings_table_names_each_cards_fastest_setting_per_shape(tmp_path):
     import json
 
     for card, best in (("gpu-a", "fa2, page 1"), ("gpu-b", "fa3, page 16")):
@@ -217,9 +217,11 @@ def test_peer_settings_name_each_cards_fastest_setting(tmp_path):
         (tmp_path / card).mkdir()
         (tmp_path / card / "multi_item.json").write_text(json.dumps(
             {"schema": 2, "measurements": rows, "device": {"name": card.upper()}, "date": "2026-01-01"}))
-    line = lesson.peer_settings(root=tmp_path)
-    assert "2 settings" in line and "GPU-A: `fa2, page 1` on every shape" in line
-    assert "GPU-B: `fa3, page 16` on every shape" in line
+    text = lesson.peer_settings(root=tmp_path)
+    assert "2 settings" in text
+    header, rule, *rows = text.splitlines()[2:]
+    assert header == "| shape | GPU-A | GPU-B |" and rule == "|---|---|---|"
+    assert rows == ["| one | `fa2, page 1` | `fa3, page 16` |", "| two | `fa2, page 1` | `fa3, page 16` |"]
 
 
 def test_lesson_without_a_file_says_pending():

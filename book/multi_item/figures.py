@@ -65,17 +65,18 @@ def figures(results) -> dict[str, Any]:
 
 def _times_label(series: str) -> str:
     """The times figure's name of a series: step 5's two orders as the lesson names them (5a, 5b)."""
-    return {STEP05A: f"{STEP05.name}, first order (step 5a)",
-            STEP05.series: f"{STEP05.name}, head groups (step 5b)"}.get(series, series_label(series))
+    return {STEP05A: f"{STEP05.name} (5a: first order)",
+            STEP05.series: f"{STEP05.name} (5b: head groups)"}.get(series, series_label(series))
 
 
-def times_figure(results):
-    """One panel per benchmark shape (stacked so the figure reads at page width), the grouped-query layout's
-    included: a horizontal bar per approach, step 5's first order (5a) and step 6 included (median, with the
-    repetitions' range where the file keeps it, the value printed), the compute floor dashed. The time axis is
-    logarithmic: the slowest approaches take about ten times the fastest, and a linear axis would squash the gaps
-    between the fast ones. An approach the benchmark does not run on a shape says "not run" in its row; colours
-    from :data:`COLOURS`."""
+def times_figure(results, columns: int = 2):
+    """One panel per benchmark shape, the grouped-query layout's included, on a grid of ``columns`` columns: a
+    horizontal bar per approach the benchmark ran on that shape (step 5's first order, 5a, and step 6 included;
+    median, with the repetitions' range where the file keeps it, the value printed), the compute floor dashed and
+    named above the bars. An approach not run on a shape has no row in its panel (the steps that take one prompt,
+    step 6 outside the grouped-query layout), so each panel holds only bars. The time axis is logarithmic: the
+    slowest approaches take about ten times the fastest, and a linear axis would squash the gaps between the fast
+    ones. Colours from :data:`COLOURS`."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -83,20 +84,20 @@ def times_figure(results):
     wanted = approaches()
     wanted.insert(wanted.index(STEP05.series), STEP05A)
     wanted.append(STEP06.series)
-    series = [s for s in wanted if results.select(s)]
-    fig, axes = plt.subplots(len(shapes), 1, figsize=(8, (0.28 * len(series) + 0.9) * len(shapes) + 0.6),
-                             squeeze=False)
-    for ax, shape in zip(axes[:, 0], shapes):
-        ys, widths, errs, cols = [], [], [[], []], []
-        missing = []
-        for i, s in enumerate(series):
-            rows = results.select(s, shape=shape)
-            if not rows:
-                missing.append(i)
-                continue
-            mid = rows[0]["ms"] * 1e3
-            lo, _, hi = (x * 1e3 for x in rows[0].get("spread_ms", [rows[0]["ms"]] * 3))
-            ys.append(i)
+    ran = {shape: [s for s in wanted if results.select(s, shape=shape)] for shape in shapes}
+    rows_of_panels = -(-len(shapes) // columns)
+    most = max(len(v) for v in ran.values())
+    fig, axes = plt.subplots(rows_of_panels, columns, squeeze=False,
+                             figsize=(6.2 * columns, (0.27 * most + 1.1) * rows_of_panels + 0.7))
+    for ax in axes.flat[len(shapes):]:
+        ax.set_visible(False)
+    for ax, shape in zip(axes.flat, shapes):
+        series = ran[shape]
+        widths, errs, cols = [], [[], []], []
+        for s in series:
+            row = results.select(s, shape=shape)[0]
+            mid = row["ms"] * 1e3
+            lo, _, hi = (x * 1e3 for x in row.get("spread_ms", [row["ms"]] * 3))
             widths.append(mid)
             errs[0].append(mid - lo)
             errs[1].append(hi - mid)
@@ -104,33 +105,28 @@ def times_figure(results):
         floors = [r["compute_floor_ms"] * 1e3 for r in results.select(shape=shape) if "compute_floor_ms" in r]
         left = min(widths + floors[:1]) / 2  # bars start here: a log axis has no zero
         spread = errs if any(map(any, errs)) else None  # no error bars where the file keeps no spread
+        ys = range(len(series))
         bars = ax.barh(ys, [w - left for w in widths], left=left, color=cols, xerr=spread,
                        error_kw={"lw": 0.8, "capsize": 2}, height=0.7)
         ax.bar_label(bars, labels=[f"{w:,.0f}" for w in widths], fontsize=9, padding=3)
-        if floors:
+        if floors:  # the line's name sits in the empty band above the first bar, clear of every bar
             ax.axvline(floors[0], color="k", ls="--", lw=1)
-            ax.text(floors[0], -0.9, " compute floor", fontsize=9, va="center")
+            ax.text(floors[0], -0.95, " compute floor", fontsize=9, va="center")
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlim(left, max(widths) * 2.2)  # room for the slowest bar's value
-        for i in missing:  # the row stays, so that the panels line up, and says why it is empty
-            why = ("takes one prompt" if series[i] in (CHAPTER.step(2).series, CHAPTER.step(3).series, STEP04.series)
-                   else "one prompt: step 4 itself" if series[i] == STEP04_PER_PROMPT
-                   else "shared key/value heads only" if series[i] == STEP06.series else "not in the benchmark")
-            ax.text(left * 1.05, i, f"not run on this shape ({why})", fontsize=8, va="center",
-                    color="#555555", style="italic")
         ax.set_title(shape, fontsize=10)
         ax.set_xlabel("µs per call (median, log scale)", fontsize=9)
         ax.grid(True, axis="x", which="both", alpha=0.3)
         ax.tick_params(labelsize=9)
-        ax.set_yticks(range(len(series)), [_times_label(s) for s in series], fontsize=9)
-        ax.set_ylim(len(series) - 0.4, -1.4)
+        ax.set_yticks(ys, [_times_label(s) for s in series], fontsize=9)
+        ax.set_ylim(len(series) - 0.4, -1.5)
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
-    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu}\n"
+    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu} "
                  f"({clock} clock; error bars: the repetitions' range where measured)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # the two title lines above the panels
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # the title line above the panels
     return fig
 
 

@@ -12,7 +12,7 @@ Nothing here times anything.
   floor, on every shape (step 5 in two parts: one launch, then the program order).
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
 * :func:`result_table`, :func:`peers_table`, :func:`peer_settings`: the result against the baselines and the
-  peers, and which of a peer's settings won on each card.
+  peers, and a table of which of a peer's settings won on each shape and card.
 * :func:`start_bound`, :func:`start_bound_table`: the key tiles of the exact item start against FlashInfer's
   ``max_item_len`` bound.
 * :func:`target`, :func:`target_table`: step 5's targets against the baselines, and whether it meets them.
@@ -297,32 +297,33 @@ def result_table(results, series_list: list[str] | None = None) -> str:
 
 
 def peer_settings(peer: str = report.FLASHINFER, root=None) -> str:
-    """One line: the settings of ``peer`` the benchmark tried on every card's committed run (FlashInfer's backends
-    and page sizes), and the fastest on each card, shape by shape where they differ."""
+    """Markdown: the settings of ``peer`` the benchmark tried (FlashInfer's backends and page sizes), in one line,
+    then a table of the fastest on each shape (rows) on each card's committed run (columns); ``–`` where a card's
+    run does not have that shape."""
     from pathlib import Path
 
     from studylog.plotting import DEFAULT_OUT, load_results, result_files
 
     root = Path(root) if root is not None else DEFAULT_OUT
-    tried, cards = {}, []
+    tried, best, cards = {}, {}, []  # best: (shape, card) -> the fastest setting
     for f in result_files("multi_item", root):
         card = load_results("multi_item", gpu=f.parent.name, root=root)
         rows = [r for r in card.select(peer) if "sweep_ms" in r]
         if not rows:
             continue
-        best: dict[str, list[str]] = {}  # the fastest setting -> the shapes it won
+        cards.append(card.gpu)
         for r in rows:
             tried.update(dict.fromkeys(r["sweep_ms"]))
-            best.setdefault(min(r["sweep_ms"], key=r["sweep_ms"].get), []).append(r["params"]["shape"])
-        if len(best) == 1:
-            cards.append(f"{card.gpu}: `{next(iter(best))}` on every shape")
-        else:
-            cards.append(f"{card.gpu}: " + "; ".join(f"`{b}` on " + " and ".join(f"*{s}*" for s in shapes)
-                                                    for b, shapes in best.items()))
+            best[r["params"]["shape"], card.gpu] = min(r["sweep_ms"], key=r["sweep_ms"].get)
     if not cards:
         return PENDING
-    return (f"{peer} was timed at {len(tried)} settings on each shape (" + ", ".join(f"`{t}`" for t in tried)
-            + "); the tables show the fastest, on the " + ". On the ".join(cards) + ".")
+    shapes = list(dict.fromkeys(shape for shape, _ in best))
+    lines = [f"{peer} was timed at {len(tried)} settings on each shape (" + ", ".join(f"`{t}`" for t in tried)
+             + "); the results above take the fastest on each shape, which is:", "",
+             "| shape | " + " | ".join(cards) + " |", "|---|" + "---|" * len(cards)]
+    lines += [f"| {shape} | " + " | ".join(f"`{best[shape, c]}`" if (shape, c) in best else "–" for c in cards) + " |"
+              for shape in shapes]
+    return "\n".join(lines)
 
 
 def peers_table(results, peer: str) -> str | None:
@@ -551,6 +552,21 @@ def gqa_ratio(results) -> float | None:
     from studylog.multi_item import CHAPTER
 
     return ratio(ms(results, report.FLASHINFER, GQA_SHAPE), ms(results, CHAPTER.step(6).series, GQA_SHAPE))
+
+
+def separate_run_ms(gpu: str = "nvidia-h200") -> float | None:
+    """The entry point's median (ms) on the mixed batch in the multi-head layout, from the card's separate tails run
+    (``python -m studylog bench tails``, the run the scoreboard's p99 column reads); None where the card has none.
+    The page sets it beside the chapter's own run to say how far a re-measurement moves the headline."""
+    from book.scoreboard import TAILS, TAIL_SERIES, load, rows
+    from studylog.paths import BENCH_RESULTS
+
+    data = load(BENCH_RESULTS / gpu, TAILS)
+    if data is None:
+        return None
+    series, params = TAIL_SERIES[6]
+    found = rows(data, series, **params)
+    return found[0]["ms"] if len(found) == 1 else None
 
 
 def order_changes(gpu: str = "nvidia-h200") -> dict[str, float] | None:
