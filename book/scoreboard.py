@@ -498,14 +498,16 @@ def _speculate(data):
     why = ("no hardware latency floor is computed for this loop" + (
         f"; its own bound, step 4's forwards per output token each at this loop's one-token forward's GPU time, is "
         f"{us(latency)} µs" if latency is not None else ""))
-    return {"latency_missing_why": why} | _row(
+    return {"latency_missing_why": why, "loop_bound_ms": latency} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
                 "requests", ours[0]["clock"], summary, "chapter 7's loop (its step 3)", rival_row,
                 byte_floor_ms=byte, latency_floor_ms=None, latency_what=why,
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request"),
                 notes=("wall clock: the whole step, host included, per output token",
                        "floor: the body's weights read once per forward (from the model's public config, at the "
-                       "run's copy bandwidth), per output token"))
+                       "run's copy bandwidth), per output token")) | {
+        # the byte floor does not bind a launch-bound loop: no percentage of a hardware floor is given
+        "binding": None, "binding_floor_ms": None, "pct_of_floor": None}
 
 
 #: The chapters on the scoreboard, in the course's order; a new chapter appends its entry.
@@ -724,6 +726,45 @@ def _ctc_small_case_words(root: Path) -> str | None:
             "instead: " + "; ".join(at))
 
 
+def empty_kernel_spread(root: Path = BENCH_RESULTS, gap_us: float = 0.1) -> list[str]:
+    """Per card whose runs' empty kernels fall in groups more than ``gap_us`` apart: the groups with their chapters,
+    and, where two runs of the same code version within an hour of each other land in different groups, that
+    neither the code nor the day explains the spread (what does is not measured)."""
+    titles = {e.bench: e.number for e in ENTRIES if e.bench}
+    out = []
+    for card in cards(root):
+        runs = []
+        for bench, number in titles.items():
+            data = load(card, bench)
+            if data is not None and empty_kernel_ms(data) is not None:
+                runs.append((empty_kernel_ms(data) * 1e3, number, data))
+        runs.sort(key=lambda x: x[0])
+        groups: list[list[tuple[float, int, dict[str, Any]]]] = []
+        for run in runs:
+            if groups and run[0] - groups[-1][-1][0] <= gap_us:
+                groups[-1].append(run)
+            else:
+                groups.append([run])
+        if len(groups) < 2:
+            continue
+        said = " and ".join(f"{g[0][0]:.2f}–{g[-1][0]:.2f} µs (chapter{'s' if len(g) > 1 else ''} "
+                            f"{', '.join(str(n) for _, n, _ in sorted(g, key=lambda x: x[1]))})" for g in groups)
+        text = f"On the {_short_card(card_name(card))} the runs fall in two groups, {said}"
+        pairs = [(a, b) for i, ga in enumerate(groups) for gb in groups[i + 1:] for a in ga for b in gb
+                 if a[2].get("git_commit") == b[2].get("git_commit")
+                 and abs((dt.datetime.fromisoformat(a[2]["date"])
+                          - dt.datetime.fromisoformat(b[2]["date"])).total_seconds()) < 3600]
+        if pairs:
+            a, b = pairs[0]
+            text += (f": chapters {a[1]} and {b[1]} ran the same code within the hour and land in different groups, "
+                     "so neither the code nor the day sets it; what does (the card's clocks or its state between "
+                     "runs) is not measured, and each row divides by its own run's empty kernel")
+        else:
+            text += "; what sets the group is not measured, and each row divides by its own run's empty kernel"
+        out.append(text + ".")
+    return out
+
+
 def _sentence(text: str) -> str:
     """A note as a sentence: a capital first letter, unless it starts with a name from code (``index_select``)."""
     return text[0].upper() + text[1:] if re.match(r"[a-z]+\b(?!_)", text) else text
@@ -840,6 +881,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, extra)
         binding = f"{r['binding']}: {_floor(r['binding_floor_ms'])}" if r["binding"] else NOT_MEASURED
         pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
+        if r.get("loop_bound_ms") is not None:  # a launch-bound loop: no hardware floor binds; its own bound does
+            latency = f"– (the loop's own bound: {_floor(r['loop_bound_ms'])}, no hardware floor)"
+            binding = "– (none measured binds)"
+            pct = f"– (the loop's own bound is {100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median)"
         if r.get("chapter_floor") is None:
             mine = "– (no floor in the chapter)"
         elif r["x_chapter_floor"] is None:
@@ -847,6 +892,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         else:
             x = r["x_chapter_floor"]
             mine = f"{x:.2f}× ({r['chapter_floor']})" if x < 10 else f"{x:.0f}× ({r['chapter_floor']})"
+            if r["binding"] is None:  # the floor that binds is not measured: the chapter's floor is a loose one
+                mine += ", a looser floor than the one that binds here"
         kernel = r["ours"]
         if r.get("shape") != lead_shape:
             kernel += f"; {r['shape']}"
@@ -862,7 +909,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     if empties:
         definitions.append("**Latency floor** of a single kernel: one empty kernel, graph-replayed, timed in the row's "
                            "own run (" + "; ".join(f"{min(v):.2f} to {max(v):.2f} µs on the {c}"
-                                                   for c, v in empties.items()) + " across the runs).")
+                                                   for c, v in empties.items()) + " across the runs)."
+                           + "".join(f" {w}" for w in empty_kernel_spread(root)))
     definitions.append("**% of the binding floor** is the largest floor over our median; **× the chapter's floor** is "
                        "our median over the floor the chapter's own table of steps divides by, named in the cell. "
                        "Where that is the binding floor, the two are one number read two ways (× = 100 / %); where "
@@ -888,5 +936,5 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 
 
 __all__ = ["CHAPTER_FLOORS", "ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
-           "card_name", "cards", "faster_rivals", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
+           "card_name", "cards", "empty_kernel_spread", "faster_rivals", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs"]

@@ -463,6 +463,10 @@ def test_the_binding_floor_is_the_largest_and_a_latency_bound_case_is_judged_by_
         floors = [f for f in (r["byte_floor_ms"], r["compute_floor_ms"], r["latency_floor_ms"]) if f is not None]
         if r["number"] == 4 and r["latency_floor_ms"] is None and "A = 28" in r["shape"]:
             continue  # the floor that binds is not measured on that card: no binding floor (below)
+        if r.get("loop_bound_ms") is not None:  # a launch-bound loop: no hardware floor binds, its own bound shows
+            assert r["pct_of_floor"] is None and r["binding"] is None
+            assert f"the loop's own bound: {r['loop_bound_ms'] * 1e3:,.1f}" in sb.scoreboard_markdown()
+            continue
         assert r["binding_floor_ms"] == max(floors)
     small = [r for r in board if r["number"] == 4 and "A = 28" in r["shape"]]
     assert small, "the CTC small-alphabet row is on the scoreboard"
@@ -638,3 +642,15 @@ def test_reading_path_displays_nothing_in_a_kernel():
         table = summary.reading_path_markdown()
     assert not seen.outputs and not seen.stdout.strip()
     assert table.startswith("| page |")
+
+
+def test_the_empty_kernel_spread_is_explained_from_the_files():
+    """Where a card's runs time their empty kernel in groups far apart, the note names the groups with their chapters
+    (recomputed here from the raw files)."""
+    said = " ".join(sb.empty_kernel_spread())
+    for card in sb.cards():
+        times = [json.loads(p.read_text()).get("ceilings", {}).get("empty_launch_gpu_ms") for p in card.glob("*.json")
+                 if p.stem in {e.bench for e in sb.ENTRIES if e.bench}]
+        times = sorted(t * 1e3 for t in times if t is not None)
+        if any(b - a > 0.1 for a, b in zip(times, times[1:])):  # two groups more than 0.1 µs apart
+            assert f"{min(times):.2f}–" in said and f"{max(times):.2f} µs" in said
