@@ -102,6 +102,11 @@ def _visit(browser, url: str, shot: Path) -> dict:
         bold: Array.from(document.querySelectorAll('main strong, main b')).map(e => e.innerText.trim()),
         height: document.documentElement.scrollHeight,
         links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+        prose: Array.from(document.querySelectorAll('main p, main li, main td, main th'))
+            .filter(e => !e.closest('pre, .highlight, .cell_input, .math, mjx-container, .MathJax'))
+            .map(e => { const c = e.cloneNode(true);
+                c.querySelectorAll('code, pre, .highlight, .math, mjx-container, .MathJax, script').forEach(n => n.remove());
+                return {cell: e.tagName === 'TD' || e.tagName === 'TH', text: c.textContent}; }),
         final: location.href,
     })""")
     shot.parent.mkdir(parents=True, exist_ok=True)
@@ -241,3 +246,27 @@ def test_no_markup_reaches_the_reader_raw(visits, path):
 def test_pages_fit_a_height_budget(visits, path):
     assert visits[path]["height"] <= HEIGHT_BUDGET_PX, \
         f"{path}: {visits[path]['height']:,} px tall at 1280 px wide, over the budget of {HEIGHT_BUDGET_PX:,}"
+
+
+#: A format field that reached the page because its string was not an f-string (or ``.format`` was not called):
+#: ``{name}``, ``{name[4]}``, ``{name:.1f}``. Looked for in prose and table cells, with code and math taken out.
+RAW_FIELD = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?(:[^}]*)?\}")
+#: Words a table cell shows where a number or an entry is missing: a table on the site is finished or says why not.
+UNFINISHED = re.compile(r"\b(pending|TODO)\b", re.IGNORECASE)
+
+
+def test_no_raw_format_field_or_unfinished_cell_reaches_the_reader_pattern():
+    assert [m.group(0) for m in RAW_FIELD.finditer("a ({tried[4]}) b {n:.1f} c {x} d {-1, 0, +1} e {{")] == \
+        ["{tried[4]}", "{n:.1f}", "{x}"]
+    assert UNFINISHED.search("13.8 (0.84×) | pending") and not UNFINISHED.search("spending")
+
+
+@pytest.mark.parametrize("path", _pages())
+def test_no_raw_format_field_or_unfinished_cell_reaches_the_reader(visits, path):
+    """Prose and table cells show no ``{name[i]}`` left by a string that missed its ``f``, and no table cell reads
+    "pending" or "TODO"."""
+    prose = visits[path]["prose"]
+    fields = sorted({m.group(0) for p in prose for m in RAW_FIELD.finditer(p["text"])})
+    assert not fields, f"{path}: format fields shown as text: {fields[:5]}"
+    unfinished = [p["text"].strip()[:60] for p in prose if p["cell"] and UNFINISHED.search(p["text"])]
+    assert not unfinished, f"{path}: table cells that read pending or TODO: {unfinished[:5]}"

@@ -159,7 +159,8 @@ def test_part_1s_amdahl_view_uses_step_9_only(results):
         assert only9["speedup"] <= every["speedup"]
         table = L.amdahl_layers_table(results, [T.SERIES[9]])
         assert "step11" not in table and "step10" not in table
-        assert "no 640 x 2560 case" in table  # the k, v row says how it is priced
+        kv = next(line for line in table.splitlines() if line.startswith("| k, v "))
+        assert "estimate" in kv and "estimate" in table.splitlines()[0]  # the k, v row and the caption say so
 
 
 def test_the_result_table_can_keep_to_one_launch_of_step_12(results):
@@ -253,10 +254,11 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
 def test_the_boehm_table_has_one_row_a_step(results):
     table = L.boehm_table(results, L.PART2_ROWS)
     assert len(re.findall(r"^\| \d+ \|", table, flags=re.M)) == len(L.PART2_ROWS)
-    assert table.count("| step | the one change | µs | × previous | × floor |") == len({m for _, m, _, _ in L.PART2_ROWS})
+    assert table.count("| step | the one change | µs | × previous | × the 2-bit floor |") == len(
+        {m for _, m, _, _ in L.PART2_ROWS})
     assert all(L.card(results) in line for line in table.splitlines() if line.startswith("**"))  # the card named
     wide = L.boehm_table(results, L.PART2_ROWS, read_only=True)
-    assert wide.count("| × floor | × read-only |") == len({m for _, m, _, _ in L.PART2_ROWS})
+    assert wide.count("| × the 2-bit floor | × read-only |") == len({m for _, m, _, _ in L.PART2_ROWS})
     reader = L.us(results, "read_weights")
     row12 = next(line for line in wide.splitlines() if line.startswith("| 12 |"))
     assert row12.rstrip(" |").endswith(f"{L.us(results, T.SERIES[12]) / reader:.1f}")
@@ -335,6 +337,76 @@ def test_step_13s_undone_change_table_reads_the_lab_run(monkeypatch):
     assert L.step13_undone_ratio() == pytest.approx((20.0, 16.0))
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: None)
     assert L.step13_changes() is None and L.step13_undone_ratio() == (None, None)
+
+
+def test_step_13s_table_marks_a_kernel_the_run_left_out_and_the_steps_tables_times(monkeypatch, results):
+    """A case the ablation run did not time reads "–" with a note, never "pending"; a kernel the steps table also
+    times carries that table's time in brackets where the two runs differ, and the note says which is which."""
+    main13 = L.us(results, T.SERIES[13], L.MAIN, 16)
+    rows = [{"series": "step13_changes", "ms": ms, "params": {"variant": variant, "shape": L.MAIN, "m": m}}
+            for variant, m, ms in (("step13", 1, 0.011), ("step13", 16, main13 / 1e3 + 0.0005),
+                                   ("step13-x", 1, 0.012), ("step13-x", 16, 0.027))]
+    rows.append({"series": T.SERIES[9], "ms": 0.014, "params": {"variant": T.SERIES[9], "shape": L.MAIN, "m": 16}})
+    monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
+    table = L.step13_changes(results)
+    assert "pending" not in table
+    step9 = next(line for line in table.splitlines() if line.startswith("| part 1's step 9"))
+    assert step9.split(" | ")[1] == "–" and "was not run at one row of x" in table
+    step13 = next(line for line in table.splitlines() if line.startswith("| step 13 |"))
+    assert f"{main13 + 0.5:.1f} [{main13:.1f}] (1.00×)" in step13
+    assert "[in brackets], the steps table's time" in table
+    assert "[" not in L.step13_changes()  # without the steps table's file, no brackets and no note
+
+
+def test_the_steps_4_and_9_tables_bracket_the_steps_tables_times(results):
+    for step in (4, 9):
+        changes = L.step_changes(step)
+        if changes is None:
+            pytest.skip("no committed run of the bundled steps")
+        table = L.step_changes_table(step, changes, results)
+        shape, m = changes["cases"][0]
+        final = next(line for line in table.splitlines() if line.startswith(f"| {L.STEP_CHANGES[step]['chain'][-1][1]} |"))
+        ours, bench = changes["us"][(L.STEP_CHANGES[step]["chain"][-1][0], shape, m)], L.us(results, T.SERIES[step], shape, m)
+        cell = final.split(" | ")[1]
+        assert cell.startswith(f"{ours:.1f}") and ((f"[{bench:.1f}]" in cell) == (f"{ours:.1f}" != f"{bench:.1f}"))
+
+
+# ------------------------------------------------------------------------------------------------
+# The pages' prose: no format field left as text
+# ------------------------------------------------------------------------------------------------
+
+#: A format field as it would reach the page from a string that was not an f-string: ``{name}``, ``{name[4]}``,
+#: ``{name:.1f}`` (the same pattern tests/test_site.py looks for on the built page).
+FIELD = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?(:[^}]*)?\}")
+
+
+def _literal_text(code: str) -> list[str]:
+    """The literal pieces of every string a ``say(...)`` or ``Markdown(...)`` call of a code cell is given,
+    however it is built (concatenated, or an f-string's text between its fields)."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("say", "Markdown"):
+            for arg in node.args:
+                for piece in ast.walk(arg):
+                    if isinstance(piece, ast.Constant) and isinstance(piece.value, str):
+                        out.append(piece.value)
+    return out
+
+
+def test_the_field_pattern_finds_an_uninterpolated_string():
+    found = _literal_text('say("a ({tried[4]}) b " f"c {tried[5]}")\nsay("x" + "{n:.1f} µs")\nsay(f"{n} and {{n}}")')
+    assert [m.group(0) for s in found for m in FIELD.finditer(s)] == ["{tried[4]}", "{n:.1f}", "{n}"]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_no_format_field_is_left_in_a_lessons_prose(path):
+    """A string meant as an f-string but written without its ``f`` shows ``{tried[4]}`` to the reader."""
+    cells = json.loads(path.read_text())["cells"]
+    left = [(i, m.group(0)) for i, c in enumerate(cells) if c["cell_type"] == "code"
+            for text in _literal_text("".join(c["source"])) for m in FIELD.finditer(text)]
+    assert not left, f"{path.name}: format fields in plain strings (cell, field): {left}"
 
 
 def test_gemlites_check_names_its_tolerance_and_partial_sums(results):

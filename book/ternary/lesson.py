@@ -153,10 +153,12 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     """Markdown, GPU clock, µs, on the results' card: each ternary layer of a BitNet b1.58 2B4T transformer layer at
     M = 1, timed at its benchmark shape, cuBLAS bf16 against the fastest of ``series`` (as :func:`amdahl`), and their
     sums over one transformer layer (count x time): the sums' ratio is :func:`amdahl`'s ``speedup``. The benchmark
-    has no 640 x 2560 case: k and v are charged q's time on both sides, as the note under the table says."""
+    has no 640 x 2560 case: k and v are charged q's time on both sides, which the caption and their row call an
+    estimate."""
     if results is None:
         return PENDING
-    lines = [f"GPU clock, µs, one row of x, {card(results)}\n",
+    lines = [f"GPU clock, µs, one row of x, {card(results)}; an estimate, since k and v (640 x 2560) were not run "
+             "and are charged q's time\n",
              "| layer (N x K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
     base = ours = 0.0
     for name, n, k, count, shape in BITNET_LAYERS:
@@ -166,12 +168,12 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
             return PENDING
         t = row["ms"] * 1e3
         base, ours = base + count * b, ours + count * t
-        lines.append(f"| {name} ({n} x {k}) | {shape.replace('x', ' x ')} | {count} | {b:.1f} | {t:.1f} "
+        timed = shape.replace("x", " x ") + ("" if shape == f"{n}x{k}" else " (estimate: q's time)")
+        lines.append(f"| {name} ({n} x {k}) | {timed} | {count} | {b:.1f} | {t:.1f} "
                      f"(`{series_label(series_).split(',')[0]}`) | {b / t:.2f} |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
                  f"**{base / ours:.2f}** |")
-    return "\n".join(lines) + ("\n\nThe benchmark has no 640 x 2560 case: k and v are charged the time of q "
-                               "(2560 x 2560) on both sides.")
+    return "\n".join(lines)
 
 
 def amdahl_table(view: dict) -> str:
@@ -684,8 +686,8 @@ PART2_ROWS = (
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
-    speedup over the step it is measured against (named, > 1 is faster) and its multiple of the bandwidth
-    floor of its format (2-bit, or 1.6-bit for steps 6 and 7); with ``read_only``, also its multiple of the time of
+    speedup over the step it is measured against (named, > 1 is faster) and its multiple of the 2-bit weights'
+    bandwidth floor (steps 6 and 7 also over their own 1.6-bit floor); with ``read_only``, also its multiple of the time of
     a kernel that only reads the same 2-bit weights (``read_weights``, timed at one row of x); "pending" where the
     file has no time."""
     tables = []
@@ -698,16 +700,18 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> st
 
 
 def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
-    lines = ["| step | the one change | µs | × previous | × floor |" + (" × read-only |" if read_only else ""),
+    lines = ["| step | the one change | µs | × previous | × the 2-bit floor |" + (" × read-only |" if read_only else ""),
              "|---|---|---|---|---|" + ("---|" if read_only else "")]
     reader = us(results, "read_weights", shape, 1) if read_only else None
     for number, m, previous, change in rows:
         t = us(results, SERIES[number], shape, m)
-        floor = floor_us(results, shape, m, "base3" if number in (6, 7) else "2bit")
+        floor = floor_us(results, shape, m, "2bit")
+        own = (f" (its 1.6-bit floor: {fmt(ratio(t, floor_us(results, shape, m, 'base3')), '.1f')})"
+               if number in (6, 7) else "")
         before = None if previous is None else us(results, SERIES[previous], shape, m)
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
-        lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')} |{extra}")
+        lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')}{own} |{extra}")
     return "\n".join(lines)
 
 
@@ -876,26 +880,44 @@ def step_changes(step: int, gpu: str = "nvidia-h200") -> Optional[dict]:
     return {"cases": cases, "us": us_, "failed": [c for c in data["checks"] if not c["passed"]]}
 
 
-def step_changes_table(step: int, changes: dict) -> str:
+#: Under an ablation table whose cells carry the steps table's time in brackets.
+SEPARATE_RUN = ("\n\nA run of its own, apart from the steps table's; [in brackets], the steps table's time of the "
+                "same kernel where the two runs differ at one decimal.")
+
+
+def _beside_bench(t: float, results, series: Optional[str], shape: str, m: int) -> tuple[str, bool]:
+    """``t`` (µs, from an ablation run) to one decimal, with the committed benchmark's time of ``series`` at the
+    same case in brackets where the two differ at one decimal; and whether it added the brackets."""
+    b = None if results is None or series is None else us(results, series, shape, m)
+    cell = f"{t:.1f}"
+    return (cell, False) if b is None or f"{b:.1f}" == cell else (f"{cell} [{b:.1f}]", True)
+
+
+def step_changes_table(step: int, changes: dict, results=None) -> str:
     """Markdown: the cumulative chain (µs, and how many times faster than the row above) and then each change undone
-    (µs, and its time over the step's)."""
+    (µs, and its time over the step's); with ``results``, the steps table's time of the same kernel (the chain's
+    first and last rows) in brackets where it differs, and a note that says so."""
     cases = changes["cases"]
     head = " | ".join(f"{s.replace('x', ' x ')}, M = {m}" for s, m in cases)
     lines = [f"| change | {head} |", "|---|" + "---|" * len(cases)]
     spec, previous = STEP_CHANGES[step], None
+    final = spec["chain"][-1][0]
+    bench = {key: key for key in SERIES.values()} | {final: SERIES[step]}
+    bracketed = False
     for key, label in spec["chain"]:
         cells = []
         for c in cases:
             t = changes["us"][(key, *c)]
-            cells.append(f"{t:.1f}" + (f" ({changes['us'][(previous, *c)] / t:.2f}×)" if previous else ""))
+            cell, added = _beside_bench(t, results, bench.get(key), *c)
+            bracketed |= added
+            cells.append(cell + (f" ({changes['us'][(previous, *c)] / t:.2f}×)" if previous else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         previous = key
-    final = spec["chain"][-1][0]
     for key, label in spec["undone"]:
         cells = [f"{changes['us'][(key, *c)]:.1f} ({changes['us'][(key, *c)] / changes['us'][(final, *c)]:.2f}×)"
                  for c in cases]  # the time over the step's
         lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + (SEPARATE_RUN if bracketed else "")
 
 
 #: lab/ternary/step11_changes.py's variants: step 11, then one side change undone at a time, then all three.
@@ -905,9 +927,10 @@ STEP11_CHANGES = (("step11", "step 11"), ("step11-c", "the magic constant rebuil
                   ("step11-a-b-c", "all three undone"))
 
 
-def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
+def step11_changes(results=None, gpu: str = "nvidia-h200") -> Optional[str]:
     """Markdown: step 11 with each of its three side changes undone (``lab/ternary/step11_changes.py``, one run,
-    M = 1): µs and × step 11, step 10 beside them; None where the run is not committed."""
+    M = 1): µs and × step 11, step 10 beside them; with ``results``, the steps table's times of steps 11 and 10 in
+    brackets where they differ. None where the run is not committed."""
     data = lab_or_none("ternary", "step11_changes", gpu)
     if data is None:
         return None
@@ -917,10 +940,15 @@ def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
           if r["series"] in ("step11_changes", SERIES[10])}
     lines = ["| step 11 with | " + " | ".join(f"{s.replace('x', ' x ')}, M = 1 (µs, × step 11)" for s in shapes)
              + " |", "|---|" + "---|" * len(shapes)]
+    bracketed = False
     for key, label in STEP11_CHANGES + (("step10", "step 10, for reference"),):
-        lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)]:.1f} ({at[(key, s)] / at[('step11', s)]:.2f}×)"
-                                                  for s in shapes) + " |")
-    return "\n".join(lines)
+        cells = []
+        for s in shapes:
+            cell, added = _beside_bench(at[(key, s)], results, key if key in SERIES.values() else None, s, 1)
+            bracketed |= added
+            cells.append(f"{cell} ({at[(key, s)] / at[('step11', s)]:.2f}×)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (SEPARATE_RUN if bracketed else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1035,9 +1063,11 @@ def w2a8_places_table(results, shape: str = MAIN, rows_of_x=(1, 16)) -> str:
 STEP13_CHANGES = (("step13", "step 13"), ("step13-x", "x loaded by the consumer warps, as step 12 loads it"))
 
 
-def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
+def step13_changes(results=None, gpu: str = "nvidia-h200") -> Optional[str]:
     """Markdown: step 13 with its copy of x by the TMA undone (``lab/ternary/step13_changes.py``, one run): µs and
-    × step 13 per shape and rows of x, steps 12 and 9 beside them; None where the run is not committed."""
+    × step 13 per shape and rows of x, steps 12 and 9 beside them; "–" where the run did not time a kernel at a
+    case (it times part 1's step 9 at 16 rows only), with a note naming what it left out; with ``results``, the
+    steps table's times in brackets where they differ. None where the run is not committed."""
     data = lab_or_none("ternary", "step13_changes", gpu)
     if data is None:
         return None
@@ -1047,11 +1077,24 @@ def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
     lines = ["| step 13 with | " + " | ".join(f"{s.replace('x', ' x ')}, M = {m} (µs, × step 13)" for s, m in cases)
              + " |", "|---|" + "---|" * len(cases)]
     labels = STEP13_CHANGES + ((SERIES[12], "step 12, for reference"), (SERIES[9], "part 1's step 9, for reference"))
+    bench = {"step13": SERIES[13], SERIES[12]: SERIES[12], SERIES[9]: SERIES[9]}
+    bracketed, absent = False, {}
     for key, label in labels:
-        cells = [fmt(at.get((key, *c)), ".1f") + (f" ({at[(key, *c)] / at[('step13', *c)]:.2f}×)"
-                                                  if (key, *c) in at and ("step13", *c) in at else "")
-                 for c in cases]
+        cells = []
+        for c in cases:
+            if (key, *c) not in at:
+                absent.setdefault(label, set()).add(c[1])
+                cells.append("–")
+                continue
+            cell, added = _beside_bench(at[(key, *c)], results, bench.get(key), *c)
+            bracketed |= added
+            cells.append(cell + (f" ({at[(key, *c)] / at[('step13', *c)]:.2f}×)" if ("step13", *c) in at else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for label, ms in absent.items():
+        rows_of_x = " or ".join(f"{'one row' if m == 1 else f'{m} rows'}" for m in sorted(ms))
+        lines.append(f"\n– : {label.split(',')[0]} was not run at {rows_of_x} of x in this run.")
+    if bracketed:
+        lines.append(SEPARATE_RUN.lstrip("\n"))
     failed = [c["name"] for c in data["checks"] if not c["passed"]]
     if failed:
         lines.append(f"\n{len(failed)} of {len(data['checks'])} checks of this run failed: {', '.join(failed)}.")
@@ -1065,6 +1108,21 @@ def step13_undone_ratio(shape: str = MAIN, m: int = 16, gpu: str = "nvidia-h200"
     at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
                                   if (r["params"]["shape"], r["params"]["m"]) == (shape, m)}
     return at.get("step13-x"), at.get("step13")
+
+
+def widest_spread(results, series=W2A8_SERIES, m: int = 16) -> Optional[dict]:
+    """Of the fastest of ``series`` at each shape and ``m`` (the kernel a bar of the peers figure divides by), the
+    one whose repetitions spread widest relative to its median: its shape, series and min and max (µs). None where
+    no row has a spread."""
+    rows = []
+    for shape in dict.fromkeys(r["params"]["shape"] for r in on_gpu_clock(results).select(CUBLAS, m=m)):
+        row, name = fastest(results, list(series), shape=shape, m=m)
+        if row is not None and "spread_ms" in row:
+            rows.append((row["spread_ms"][2] / row["spread_ms"][0], shape, name, row["spread_ms"]))
+    if not rows:
+        return None
+    _, shape, name, (lo, _, hi) = max(rows)
+    return {"shape": shape, "series": name, "min_us": lo * 1e3, "max_us": hi * 1e3}
 
 
 # ----------------------------------------------------------------------------------------------
