@@ -654,3 +654,15 @@ def test_the_empty_kernel_spread_is_explained_from_the_files():
         times = sorted(t * 1e3 for t in times if t is not None)
         if any(b - a > 0.1 for a, b in zip(times, times[1:])):  # two groups more than 0.1 µs apart
             assert f"{min(times):.2f}–" in said and f"{max(times):.2f} µs" in said
+
+
+def test_folded_tables_say_a_shared_column_once_and_mark_a_not_comparable_card():
+    from book.site import compact_tables
+
+    text = "\n".join([":::{dropdown} Chapter 7: X", "", "**Card A**, measured 1 May 2026: wall.", "",
+                      "| ours | against | case | speedup |", "|---|---|---|---|",
+                      "| a | base | 1b, batch 1, per token | **1.30×** |", "| b | base | 8b, batch 1, per token | **1.10×** |"])
+    out = compact_tables(text, {"Chapter 7: X": {"Card A"}})
+    assert "Every case: batch 1, per token; against: base; not comparable" in out
+    assert "| ours | case | speedup |" in out and "| a | 1b | **1.30×** (not comparable) |" in out
+    assert compact_tables(text).count("(not comparable)") == 0
