@@ -286,3 +286,37 @@ def test_the_steps_table_on_the_committed_file():
     assert five_b[2 + 3 * shapes.index(report.MIXED_SHAPE)] == f"{t5:,.1f}"  # the mixed batch's step 5
     # step 6 runs on the grouped-query batch only
     assert [six[2 + 3 * i] == "–" for i in range(len(shapes))] == [s != lesson.GQA_SHAPE for s in shapes]
+
+
+@pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
+def test_times_figure_has_a_panel_per_shape_holding_only_the_approaches_run_there():
+    import matplotlib.pyplot as plt
+
+    from book.multi_item.figures import _times_label, times_figure
+
+    results = plotting.load_results("multi_item")
+    fig = times_figure(results)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    shapes = [name for name, _, _ in report.bench_shapes()] + [lesson.GQA_SHAPE]
+    assert [ax.get_title() for ax in panels] == [s for s in shapes if results.select(shape=s)]
+    for ax in panels:
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        run_here = {_times_label(r["series"]) for r in results.select(shape=ax.get_title())}
+        assert labels and set(labels) <= run_here, (ax.get_title(), set(labels) - run_here)
+        assert not any("not run" in t.get_text() for t in ax.texts)
+    plt.close(fig)
+
+
+def test_separate_run_is_the_tails_files_row():
+    import json
+
+    from studylog.paths import BENCH_RESULTS
+
+    path = BENCH_RESULTS / "nvidia-h200" / "tails.json"
+    if not path.is_file():
+        assert lesson.separate_run_ms() is None
+        return
+    rows = [r for r in json.loads(path.read_text())["measurements"]
+            if r["series"] == "multi_item_attention" and r["params"].get("shape") == report.MIXED_SHAPE]
+    assert len(rows) == 1 and lesson.separate_run_ms() == rows[0]["ms"]
+    assert lesson.separate_run_ms(gpu="no-such-card") is None
