@@ -285,3 +285,69 @@ def test_other_card_says_which_run_replayed_one_head():
         theirs = next(g for g in gpus if g != gpu)
         assert other["one_copy_here"] == (lesson.rotation(here) is None)
         assert other["one_copy_other"] == (lesson.rotation(load_results("masked_lm_head", gpu=theirs)) is None)
+
+
+# --------------------------------------------------------------------------------------
+# Marks, folds and the traced timeline
+# --------------------------------------------------------------------------------------
+
+def test_capped_rows_carry_the_mark_and_no_other_does():
+    """In the steps table and the practitioners' table a time carries the mark exactly where its row says its
+    rotation was capped (looked up here from the rows, not from the table)."""
+    results = plotting.load_results("masked_lm_head")
+    steps = lesson.boehm_table(results).splitlines()[2:]
+    for line in steps:
+        number = int(line.split("|")[1])
+        params = lesson.STEP_CASES[number][0]
+        row = [r for r in results.select(f"step{number:02d}", **params) if r["params"].get("layout", "vd") == "vd"][0]
+        assert (lesson.CAPPED in line.split("|")[4]) == bool(row.get("rotation_capped")), line
+    table = lesson.practitioners_table(results)
+    if table.startswith(lesson.PENDING):
+        pytest.skip("no practitioners' rows")
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        p = {"batch": int(cells[0]), "kind": cells[1], "allowed": int(cells[2].replace(",", ""))}
+        ours = [r for r in results.select(mlh.report.PLAN, **p)][0]
+        assert cells[5].endswith(lesson.CAPPED) == bool(ours.get("rotation_capped")), line
+
+
+def test_the_steps_tables_floor_header_names_step_fives_floor():
+    results = plotting.load_results("masked_lm_head")
+    header = lesson.boehm_table(results).splitlines()[0]
+    row = [r for r in results.select("step05", batch=1, kind="random", allowed=1000)
+           if r["params"].get("layout", "vd") == "vd"][0]
+    want = results.data["ceilings"]["empty_launch_gpu_ms"] + lesson.byte_floor_ms(results, 1, row["union"])
+    assert f"{want * 1e3:.2f} µs" in header and "1,000 allowed rows" in header
+
+
+def test_the_practitioners_short_table_keeps_only_its_points_and_the_fold_keeps_every_row():
+    results = plotting.load_results("masked_lm_head")
+    every = lesson.practitioners_table(results)
+    if every.startswith(lesson.PENDING):
+        pytest.skip("no practitioners' rows")
+    short = lesson.practitioners_table(results, lesson.PRACTITIONER_POINTS)
+    kept = {(int(c[0]), c[1], int(c[2].replace(",", ""))) for c in
+            ([x.strip() for x in line.split("|")[1:-1]] for line in short.splitlines()[2:])}
+    assert kept <= set(lesson.PRACTITIONER_POINTS) and len(kept) >= 6
+    assert set(short.splitlines()[2:]) <= set(every.splitlines()[2:])
+    html = lesson.folded("every point", every)
+    assert html.startswith("<details><summary>every point</summary><table>")
+    assert html.count("<tr>") == every.count("\n")  # the header and every row, the rule left out
+    assert "11.70×" in lesson.html_table("| a | b |\n|---|---|\n| 1 | 11.70× |")
+
+
+def _trace(calls=3, replays=2):
+    """A timeline file as plan_timeline.py writes it, with hand-picked medians."""
+    return {"params": {"allowed": 1000}, "untraced_us_per_call": 18.5,
+            "summary": {"start_us": {"copy": 0.0, "count_zero": 6.0, "union_kernel": 7.5, "row_kernel": 10.5},
+                        "duration_us": {"copy": 1.5, "count_zero": 1.0, "union_kernel": 2.5, "row_kernel": 4.0},
+                        "gap_before_us": {"count_zero": 4.5, "union_kernel": 0.5, "row_kernel": 0.5},
+                        "span_us": 14.5, "period_us": 19.0, "calls": calls * replays}}
+
+
+def test_the_timeline_table_reads_the_medians():
+    rows = lesson.plan_timeline_table(_trace()).splitlines()
+    assert len(rows) == 2 + len(lesson.TIMELINE_PARTS) + 1
+    copy, zero = ([c.strip() for c in r.split("|")[1:-1]] for r in rows[2:4])
+    assert copy[1:] == ["0.0", "1.5", "–"] and zero[1:] == ["6.0", "1.0", "4.5"]
+    assert [c.strip() for c in rows[-1].split("|")[1:-1]][1:] == ["19.0", "", "4.5"]  # 19.0 - (10.5 + 4.0)

@@ -24,7 +24,9 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "byte_floor_ms", "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card",
-           "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation"]
+           "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation", "CAPPED", "capped",
+           "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
+           "plan_parts_capped", "TIMELINE_PARTS"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -270,24 +272,61 @@ def _spread_ratio(theirs: dict, mine: dict) -> str:
     return ""
 
 
-def practitioners_table(results) -> str:
+#: The mark of a time whose row's rotation was capped (``rotation_capped``: memory held fewer copies of the head
+#: than four times L2 needs, so some of its rows may come from L2); the page explains it once, under the run's clock.
+CAPPED = "†"
+
+
+def capped(row: dict | None) -> str:
+    """:data:`CAPPED` where ``row``'s rotation over copies of the head was capped, else nothing."""
+    return CAPPED if row is not None and row.get("rotation_capped") else ""
+
+
+#: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
+#: one token to every token, a real grammar's mask, and one point per larger batch up to where the paths meet.
+PRACTITIONER_POINTS = ((1, "random", 1), (1, "random", 1000), (1, "random", 10_000), (1, "random", VOCAB),
+                       (1, "real", 1000), (8, "random", 1000), (64, "random", 100), (256, "random", 1000))
+
+
+def practitioners_table(results, points=None) -> str:
     """The whole step from the packed bitmask: ours (``MaskedHeadPlan``) against cuBLAS logits + xgrammar's
-    ``apply_token_bitmask_inplace``, every point measured, µs, with the speedup and its range."""
+    ``apply_token_bitmask_inplace``, µs, with the speedup and its range: every point measured, or those of
+    ``points`` ((batch, masks, allowed) as :data:`PRACTITIONER_POINTS`) that the file has. A time whose rotation
+    was capped carries :data:`CAPPED`."""
     if not results.select(XGRAMMAR):
         return (f"{PENDING}: the practitioners' path is not in this results file ({results.gpu}, {results.date}); "
                 "the benchmark measures it when xgrammar is installed.")
     head = ["batch", "masks", "allowed per sequence", "union", "ours: path and capacity", "ours (µs)",
             "xgrammar's path (µs)", "speedup (range)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    wanted = None if points is None else set(points)
     for theirs in results.select(XGRAMMAR):
         p = theirs["params"]
         mine = _row(results, PLAN, **p)
-        if mine is None:
+        if mine is None or (wanted is not None and (p["batch"], p["kind"], p["allowed"]) not in wanted):
             continue
         lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {mine['union']:,} | {mine.get('bucket', '–')} | "
-                     f"{mine['ms'] * 1e3:,.1f} | {theirs['ms'] * 1e3:,.1f} | "
+                     f"{mine['ms'] * 1e3:,.1f}{capped(mine)} | {theirs['ms'] * 1e3:,.1f}{capped(theirs)} | "
                      f"{theirs['ms'] / mine['ms']:.2f}×{_spread_ratio(theirs, mine)} |")
     return "\n".join(lines)
+
+
+def html_table(markdown: str) -> str:
+    """A Markdown pipe table (a header row, a rule, rows; no pipes inside cells) as an HTML table, for a fold
+    (``<details>``), where a Markdown table would not be parsed."""
+    from html import escape
+
+    header, _, *rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in markdown.splitlines()]
+    cells = lambda row, tag: "".join(f"<{tag}>{escape(c)}</{tag}>" for c in row)  # noqa: E731
+    return ("<table><thead><tr>" + cells(header, "th") + "</tr></thead><tbody>"
+            + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows) + "</tbody></table>")
+
+
+def folded(summary: str, markdown: str) -> str:
+    """HTML: a Markdown table folded under ``summary`` (open it to read)."""
+    from html import escape
+
+    return f"<details><summary>{escape(summary)}</summary>{html_table(markdown)}</details>"
 
 
 def _losses(results) -> list[dict]:
@@ -321,7 +360,8 @@ def losses_table(results) -> str:
         share = "–" if union is None else f"{byte_floor_ms(results, p['batch'], 0) / byte_floor_ms(results, p['batch'], union):.0%}"
         ours = label(mine["series"]) + (f" ({mine['path']})" if mine.get("path") else "")
         lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {'–' if union is None else f'{union:,}'} | "
-                     f"{ours}: {mine['ms'] * 1e3:,.1f} µs | {label(rival['series'])}: {rival['ms'] * 1e3:,.1f} µs | "
+                     f"{ours}: {mine['ms'] * 1e3:,.1f} µs{capped(mine)} | "
+                     f"{label(rival['series'])}: {rival['ms'] * 1e3:,.1f} µs{capped(rival)} | "
                      f"{mine['ms'] / rival['ms']:.2f}× | {share} |")
     return "\n".join(lines)
 
@@ -448,8 +488,14 @@ def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))
 def boehm_table(results) -> str:
     """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the reference it is
     measured against at the same point (the step it changes, or a torch baseline) and its speedup over that
-    reference, × the floor (:func:`floor_ms`)."""
-    lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | × floor |",
+    reference, × the floor (:func:`floor_ms`, its value at step 5's point named in the header). A time whose
+    rotation was capped carries :data:`CAPPED`."""
+    params5 = STEP_CASES[5][0]
+    row5 = _row(results, _s(5), **params5)
+    at = floor_ms(results, params5["batch"], (row5 or {}).get("union", params5["allowed"])) * 1e3
+    lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
+             f"× floor (an empty kernel + the call's bytes: {at:.2f} µs at batch 1, "
+             f"{params5['allowed']:,} allowed rows) |",
              "|---|---|---|---|---|---|---|"]
     for step in CHAPTER.steps:
         params, prev = STEP_CASES[step.number]
@@ -461,7 +507,7 @@ def boehm_table(results) -> str:
         vs = f"{before / row['ms']:.2f}×" if before else "–"
         floor = floor_ms(results, params["batch"], row.get("union", params["allowed"]))
         lines.append(f"| {step.number} | {BOEHM_CHANGES.get(step.number, step.title)} | {_case(params)} | "
-                     f"{us(row['ms'])} | {name} | {vs} | {row['ms'] / floor:.1f}× |")
+                     f"{us(row['ms'])}{capped(row)} | {name} | {vs} | {row['ms'] / floor:.1f}× |")
     return "\n".join(lines)
 
 
@@ -630,12 +676,14 @@ def step05_changes_table(gpu: str = "nvidia-h200") -> str | None:
     rows = _lab_rows(gpu)
     if rows is None:
         return None
-    at = {(r["params"]["variant"], r["params"]["allowed"]): r["ms"] * 1e3 for r in rows
-          if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
+    kept = {(r["params"]["variant"], r["params"]["allowed"]): r for r in rows
+            if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
+    at = {key: r["ms"] * 1e3 for key, r in kept.items()}
     counts = sorted({n for _, n in at})
     lines = ["| variant | " + " | ".join(f"{n:,} allowed" for n in counts) + " |", "|---|" + "---|" * len(counts)]
     for v in STEP05_CHANGES:
-        cells = [f"{at[(v, n)]:.2f} ({at[(v, n)] / at[('step 4', n)]:.2f}×)" for n in counts]  # × step 4's time
+        cells = [f"{at[(v, n)]:.2f}{capped(kept[(v, n)])} ({at[(v, n)] / at[('step 4', n)]:.2f}×)"
+                 for n in counts]  # × step 4's time
         lines.append(f"| {v.replace('_', ' ')} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -652,16 +700,52 @@ def plan_parts(gpu: str = "nvidia-h200") -> dict[int, dict[str, float]] | None:
     return out
 
 
-def plan_parts_table(parts: dict[int, dict[str, float]]) -> str:
-    """Markdown: :func:`plan_parts`, one column per allowed count, and what the parts alone leave unexplained."""
+def plan_parts_capped(gpu: str = "nvidia-h200") -> set[tuple[int, str]]:
+    """(allowed, part) of :func:`plan_parts` whose rotation over copies of the head was capped."""
+    return {(r["params"]["allowed"], r["params"]["part"]) for r in _lab_rows(gpu) or ()
+            if r["series"] == "decode_split" and r.get("rotation_capped")}
+
+
+def plan_parts_table(parts: dict[int, dict[str, float]], marked: set[tuple[int, str]] = frozenset()) -> str:
+    """Markdown: :func:`plan_parts`, one column per allowed count, and what the parts alone leave unexplained; the
+    times of ``marked`` (:func:`plan_parts_capped`) carry :data:`CAPPED`."""
     counts = sorted(parts)
     lines = ["| part, batch 1 | " + " | ".join(f"{n:,} allowed (µs)" for n in counts) + " |",
              "|---|" + "---|" * len(counts)]
     for key, label in PLAN_PARTS:
-        lines.append(f"| {label} | " + " | ".join(f"{parts[n][key]:.1f}" for n in counts) + " |")
+        lines.append(f"| {label} | " + " | ".join(f"{parts[n][key]:.1f}{CAPPED if (n, key) in marked else ''}"
+                                                 for n in counts) + " |")
     rest = [parts[n]["whole"] - parts[n]["copy"] - parts[n]["launch"] for n in counts]
     lines.append("| in no part alone (whole − copy − the three kernels; most likely the kernels waiting for the copy) | "
                  + " | ".join(f"{r:.1f}" for r in rest) + " |")
+    return "\n".join(lines)
+
+
+#: The plan's step's activities on the timeline (``lab/masked_lm_head/plan_timeline.py``), in the order a call
+#: enqueues them, as the page names them.
+TIMELINE_PARTS = (("copy", "the bitmask's host-to-device copy"), ("count_zero", "the union's count zeroed"),
+                  ("union_kernel", "the union kernel"), ("row_kernel", "the plan's row kernel"))
+
+
+def plan_timeline(gpu: str = "nvidia-h200") -> dict | None:
+    """The plan's whole step at batch 1 traced inside CUDA-graph replays (``plan_timeline.py``), or None where
+    that run is not committed."""
+    return lab_or_none("masked_lm_head", "plan_timeline", gpu)
+
+
+def plan_timeline_table(data: dict) -> str:
+    """Markdown: one call of :func:`plan_timeline`'s medians: each activity's start after the copy's start, its
+    duration and the idle time before it (after the previous activity ended), then the next call's copy."""
+    s = data["summary"]
+    lines = ["| activity, batch 1 | starts (µs after the copy starts) | takes (µs) | idle before it (µs) |",
+             "|---|---|---|---|"]
+    for key, label in TIMELINE_PARTS:
+        gap = s["gap_before_us"].get(key)
+        lines.append(f"| {label} | {s['start_us'][key]:.1f} | {s['duration_us'][key]:.1f} | "
+                     f"{'–' if gap is None else f'{gap:.1f}'} |")
+    last = TIMELINE_PARTS[-1][0]
+    lines.append(f"| the next call's copy | {s['period_us']:.1f} | | "
+                 f"{s['period_us'] - s['start_us'][last] - s['duration_us'][last]:.1f} |")
     return "\n".join(lines)
 
 
