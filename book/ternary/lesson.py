@@ -1112,8 +1112,8 @@ def step13_undone_ratio(shape: str = MAIN, m: int = 16, gpu: str = "nvidia-h200"
 
 def widest_spread(results, series=W2A8_SERIES, m: int = 16) -> Optional[dict]:
     """Of the fastest of ``series`` at each shape and ``m`` (the kernel a bar of the peers figure divides by), the
-    one whose repetitions spread widest relative to its median: its shape, series and min and max (µs). None where
-    no row has a spread."""
+    one whose repetitions spread widest relative to its median: its shape, series and median and max (µs). None
+    where no row has a spread."""
     rows = []
     for shape in dict.fromkeys(r["params"]["shape"] for r in on_gpu_clock(results).select(CUBLAS, m=m)):
         row, name = fastest(results, list(series), shape=shape, m=m)
@@ -1121,8 +1121,8 @@ def widest_spread(results, series=W2A8_SERIES, m: int = 16) -> Optional[dict]:
             rows.append((row["spread_ms"][2] / row["spread_ms"][0], shape, name, row["spread_ms"]))
     if not rows:
         return None
-    _, shape, name, (lo, _, hi) = max(rows)
-    return {"shape": shape, "series": name, "min_us": lo * 1e3, "max_us": hi * 1e3}
+    _, shape, name, (_, median, hi) = max(rows)
+    return {"shape": shape, "series": name, "median_us": median * 1e3, "max_us": hi * 1e3}
 
 
 # ----------------------------------------------------------------------------------------------
