@@ -351,3 +351,8 @@ def test_the_timeline_table_reads_the_medians():
     copy, zero = ([c.strip() for c in r.split("|")[1:-1]] for r in rows[2:4])
     assert copy[1:] == ["0.0", "1.5", "–"] and zero[1:] == ["6.0", "1.0", "4.5"]
     assert [c.strip() for c in rows[-1].split("|")[1:-1]][1:] == ["19.0", "", "4.5"]  # 19.0 - (10.5 + 4.0)
+
+
+def test_timeline_idle_includes_the_wait_for_the_next_call():
+    idle = lesson.timeline_idle(_trace())
+    assert idle == {"count_zero": 4.5, "union_kernel": 0.5, "row_kernel": 0.5, "next": pytest.approx(4.5)}

@@ -26,7 +26,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card",
            "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation", "CAPPED", "capped",
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
-           "plan_parts_capped", "TIMELINE_PARTS"]
+           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -716,7 +716,7 @@ def plan_parts_table(parts: dict[int, dict[str, float]], marked: set[tuple[int, 
         lines.append(f"| {label} | " + " | ".join(f"{parts[n][key]:.1f}{CAPPED if (n, key) in marked else ''}"
                                                  for n in counts) + " |")
     rest = [parts[n]["whole"] - parts[n]["copy"] - parts[n]["launch"] for n in counts]
-    lines.append("| in no part alone (whole − copy − the three kernels; most likely the kernels waiting for the copy) | "
+    lines.append("| in no part alone (whole − copy − the three kernels) | "
                  + " | ".join(f"{r:.1f}" for r in rest) + " |")
     return "\n".join(lines)
 
@@ -733,6 +733,15 @@ def plan_timeline(gpu: str = "nvidia-h200") -> dict | None:
     return lab_or_none("masked_lm_head", "plan_timeline", gpu)
 
 
+def timeline_idle(data: dict) -> dict[str, float]:
+    """:func:`plan_timeline`'s median idle time before each activity after the copy, and before the next call's
+    copy (key ``next``: the period less the row kernel's end), in µs."""
+    s = data["summary"]
+    last = TIMELINE_PARTS[-1][0]
+    return {**{key: s["gap_before_us"][key] for key, _ in TIMELINE_PARTS[1:]},
+            "next": s["period_us"] - s["start_us"][last] - s["duration_us"][last]}
+
+
 def plan_timeline_table(data: dict) -> str:
     """Markdown: one call of :func:`plan_timeline`'s medians: each activity's start after the copy's start, its
     duration and the idle time before it (after the previous activity ended), then the next call's copy."""
@@ -743,9 +752,7 @@ def plan_timeline_table(data: dict) -> str:
         gap = s["gap_before_us"].get(key)
         lines.append(f"| {label} | {s['start_us'][key]:.1f} | {s['duration_us'][key]:.1f} | "
                      f"{'–' if gap is None else f'{gap:.1f}'} |")
-    last = TIMELINE_PARTS[-1][0]
-    lines.append(f"| the next call's copy | {s['period_us']:.1f} | | "
-                 f"{s['period_us'] - s['start_us'][last] - s['duration_us'][last]:.1f} |")
+    lines.append(f"| the next call's copy | {s['period_us']:.1f} | | {timeline_idle(data)['next']:.1f} |")
     return "\n".join(lines)
 
 

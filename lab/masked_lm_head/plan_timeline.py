@@ -89,9 +89,10 @@ def timeline(events: list[dict], calls: int) -> list[list[dict]]:
             if tuple(p for _, _, p in one) != PARTS:
                 raise ValueError(f"call {c} of replay {r // per_replay} runs {[p for _, _, p in one]}, not {PARTS}")
             t0 = one[0][0]
-            rec = {"start_us": {p: s - t0 for s, _, p in one}, "end_us": {p: e - t0 for _, e, p in one},
-                   "gap_before_us": {p: one[i][0] - one[i - 1][1] for i, (_, _, p) in enumerate(one) if i}}
-            rec["period_us"] = chunk[(c + 1) * len(PARTS)][0] - t0 if c + 1 < calls else None
+            ns = lambda x: round(x, 3)  # noqa: E731  (the trace's timestamps are whole ns)
+            rec = {"start_us": {p: ns(s - t0) for s, _, p in one}, "end_us": {p: ns(e - t0) for _, e, p in one},
+                   "gap_before_us": {p: ns(one[i][0] - one[i - 1][1]) for i, (_, _, p) in enumerate(one) if i}}
+            rec["period_us"] = ns(chunk[(c + 1) * len(PARTS)][0] - t0) if c + 1 < calls else None
             records.append(rec)
         replays.append(records)
     return replays
