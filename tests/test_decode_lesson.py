@@ -474,6 +474,18 @@ def test_the_step03_changes_table_reads_hand_made_rows():
     rows[0]["same_tokens_as_step01"] = False
     assert "NO (3 schemas)" in lesson.step03_changes_table(rows, models=("1b",), batches=(1,))
     assert lesson.PENDING in lesson.step03_changes_table([])
+    # the chapter's own run (another run, more schemas): its median beside the steps' rows, in brackets
+    rng = np.random.default_rng(73)
+    names = ("classifier", "weather_call", "tool_call", "product", "calendar_event")
+    own = {c: rng.uniform(0.7, 1.3, len(names)) for c in ("jump_forward", "masked_head", "automaton_mask")}
+    chapter = Results("decode.json", {"measurements": [
+        {"series": c, "ms": float(t), "params": {"model": "1b", "batch": 1, "schema": n, "config": c,
+                                                  "whitespace": "compact"}}
+        for c, ts in own.items() for n, t in zip(names, ts)]})
+    lines = lesson.step03_changes_table(rows, models=("1b",), batches=(1,), chapter=chapter).splitlines()
+    assert f"[{np.median(own['jump_forward']) * 1e3:,.0f}]" in lines[2]
+    assert f"[{np.median(own['masked_head']) * 1e3:,.0f}]" in lines[5]
+    assert "[" not in lines[3] and "[" not in lines[4]  # not a step of the steps table: nothing to set beside it
 
 
 def test_the_bound_is_the_median_of_the_requests_own():

@@ -726,15 +726,21 @@ def step03_changes_rows(rows, model: str, batch: int) -> list[dict]:
     return out
 
 
-def step03_changes_table(rows, models=("1b", "8b"), batches=(1, 8)) -> str:
-    """:func:`step03_changes_rows` at each shape and batch the rows hold, as one Markdown table."""
+def step03_changes_table(rows, models=("1b", "8b"), batches=(1, 8), chapter=None) -> str:
+    """:func:`step03_changes_rows` at each shape and batch the rows hold, as one Markdown table. With ``chapter``
+    (the chapter's results), the rows whose configuration is one of the steps (step 2, step 3) give in brackets
+    the chapter's own median over the JSON schemas (:func:`steps_rows`' statistic), since the two runs differ in
+    schemas and in time."""
     lines = ["| shape | batch | change | µs per token | × previous | mask (µs/token) | head (µs/token) | "
              "sampling (µs/token) | step 1's tokens |", "|---|---|---|---|---|---|---|---|---|"]
     for model in models:
         for batch in batches:
             for r in step03_changes_rows(rows, model, batch):
                 prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
-                lines.append(f"| `{model}` | {batch} | {r['change']} | {r['us']:,.0f} | {prev} | {r['mask_us']:.1f} | "
+                ref = (_median(x["ms"] for x in _json_rows(chapter, r["config"], model, batch))
+                       if chapter is not None and r["config"] in STEP_CONFIGS else None)
+                us = f"{r['us']:,.0f}" + ("" if ref is None else f" [{ref * 1e3:,.0f}]")
+                lines.append(f"| `{model}` | {batch} | {r['change']} | {us} | {prev} | {r['mask_us']:.1f} | "
                              f"{r['head_us']:.1f} | {r['sampling_us']:.1f} | "
                              f"{'yes' if r['same_tokens'] else 'NO'} ({r['schemas']} schemas) |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: no step03_changes rows)"
