@@ -4,6 +4,7 @@ notebook's tables and glued numbers read the committed results and the new bench
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,10 +183,30 @@ def test_step_10_is_marked_where_one_warp_holds_the_target():
     results = plotting.load_results("ctc", "nvidia-h200")
     table = lesson.boehm_table(results)
     ten = next(r for r in table.splitlines() if r.startswith("| 10 |"))
-    for i, (A, N) in enumerate(lesson.BOEHM_CASES):
+    for i, (A, N) in enumerate(lesson.TABLE_CASES):
         marked = "†" in [c.strip() for c in ten.split("|")[1:-1]][3 + 3 * i]
         assert marked == (_raw("step10", A, N)["warps"] == 1), (A, N)
-    assert table.count("†") == 1 + sum(_raw("step10", A, N)["warps"] == 1 for A, N in lesson.BOEHM_CASES)
+    assert table.count("†") == 1 + sum(_raw("step10", A, N)["warps"] == 1 for A, N in lesson.TABLE_CASES)
+    assert any(_raw("step10", A, N)["warps"] > 1 for A, N in lesson.TABLE_CASES)  # a column where its idea applies
+
+
+def test_the_warp_layout_bar_and_the_host_times_read_the_committed_runs():
+    """The bar a branch-free block recursion must clear is step 8's own time in its ablation run, against the
+    block-recursion row of step 7's; the host times are the headline rows' own, read straight from the JSON."""
+    here = Path(__file__).resolve().parent.parent / "lab" / "ctc" / "results" / "nvidia-h200"
+    seven, eight = (json.loads((here / f"{name}.json").read_text()) for name in ("step07_changes", "step08_changes"))
+    pick = lambda data, v, a, n: next(r["ms"] * 1e3 for r in data["measurements"]  # noqa: E731
+                                      if (r["params"]["variant"], r["params"]["A"], r["params"]["N"]) == (v, a, n))
+    bar = lesson.warp_layout_bar()
+    assert len(bar) == 3
+    for (a, n), b in bar.items():
+        assert b["step8_us"] == pytest.approx(pick(eight, "library step 8", a, n))
+        assert b["block_us"] == pytest.approx(pick(seven, "block recursion", a, n))
+        assert b["needed_cut"] == pytest.approx(1 - b["step8_us"] / b["block_us"])
+    host = lesson.host_at_headline(5000, 8)
+    raw = _raw("ctc_loss", 5000, 8)
+    assert host["nvidia-h200"]["host_us"] == pytest.approx(raw["host_ms"] * 1e3)
+    assert host["nvidia-h200"]["gpu_us"] == pytest.approx(raw["ms"] * 1e3)
 
 
 def test_the_results_caption_names_torch_best_at_every_point_and_the_kernel_clock_bias():

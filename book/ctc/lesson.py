@@ -514,6 +514,10 @@ def dispatch_table(results) -> str:
 #: The two cases of the table of steps: one utterance of the small alphabet, where the recursion's chain of frames
 #: is the time, and a full batch of the large one, where the bytes are.
 BOEHM_CASES = ((28, 1), (5000, 256))
+#: The columns of the table of steps: :data:`BOEHM_CASES` with a mid-size batch of the large alphabet between them,
+#: where step 10's several warps per direction apply (the longest target needs more than one warp) and every step
+#: of the bench is timed.
+TABLE_CASES = (BOEHM_CASES[0], (5000, 16), BOEHM_CASES[1])
 
 
 def floor_us(results, A: int, N: int) -> float:
@@ -561,12 +565,12 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
 
 def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
-    change, then per case of :data:`BOEHM_CASES` the GPU-clock time in µs, × the previous step, × the floor."""
+    change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the previous step, × the floor."""
     head = ["step", "the one change"]
-    for A, N in BOEHM_CASES:
+    for A, N in TABLE_CASES:
         head += [f"A = {A}, N = {N}: µs", "× previous", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    floors = [floor_us(results, A, N) for A, N in BOEHM_CASES]
+    floors = [floor_us(results, A, N) for A, N in TABLE_CASES]
     floor_cells = [cell for f in floors for cell in (f"{f:,.1f}", "", "")]
     lines.append("| | floor: an empty kernel + the activations read and the gradient written | "
                  + " | ".join(floor_cells) + " |")
@@ -575,20 +579,20 @@ def boehm_table(results) -> str:
         return title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
 
     entries = [(str(s.number), code(s.title), s.series) for s in CHAPTER.steps]
-    ran = [(_row(results, "ctc_loss", T=BENCH_T, A=A, N=N) or {}).get("step") for A, N in BOEHM_CASES]
-    ran_words = ", ".join(f"step {CHAPTER.step(r).number} at A = {A}, N = {N}" for r, (A, N) in zip(ran, BOEHM_CASES)
+    ran = [(_row(results, "ctc_loss", T=BENCH_T, A=A, N=N) or {}).get("step") for A, N in TABLE_CASES]
+    ran_words = ", ".join(f"step {CHAPTER.step(r).number} at A = {A}, N = {N}" for r, (A, N) in zip(ran, TABLE_CASES)
                           if r)
     entries.append(("entry point", "`ctc_loss`, step 8 or step 10 by the activations' shape, timed as its own series"
                     + (f" (it ran {ran_words})" if ran_words else ""), "ctc_loss"))
-    picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in BOEHM_CASES]
+    picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
     entries.append(("torch", "`torch-best`, the faster of torch's CTC calls on the GPU clock"
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
-    previous = [None] * len(BOEHM_CASES)
+    previous = [None] * len(TABLE_CASES)
     one_warp = []  # cases where step 10's longest target fits one warp: its several warps do not apply
     for number, title, series in entries:
         cells = [number, title]
-        for i, (A, N) in enumerate(BOEHM_CASES):
+        for i, (A, N) in enumerate(TABLE_CASES):
             ms = _ms(results, series, T=BENCH_T, A=A, N=N)
             if ms is None:
                 cells += ["–", "–", "–"]
@@ -695,3 +699,49 @@ def changes_table(changes: dict) -> str:
 def step07_changes_table(changes: dict) -> str:
     """:func:`changes_table` of :func:`step07_changes`."""
     return changes_table(changes)
+
+
+def warp_layout_bar(gpu: str = "nvidia-h200") -> dict | None:
+    """What a branch-free sum on step 5's block recursion would have to beat for step 7's warp layout (change 2) to
+    be the wrong choice, per case of the two ablation runs: step 8's own time (``step08_changes``), the block
+    recursion's time (step 7 with change 2 undone, ``step07_changes``), the share of the latter a branch-free sum
+    would have to take off to beat step 8, and the share removing the branch took off the warp layout (step 8
+    against step 8 with the branch put back). None where either run is not committed."""
+    seven, eight = step07_changes(gpu), step08_changes(gpu)
+    if seven is None or eight is None:
+        return None
+    out = {}
+    for case in seven["cases"]:
+        if case not in eight["cases"]:
+            continue
+        step8, block = eight["rows"]["library step 8"][case][0], seven["rows"]["block recursion"][case][0]
+        branched = eight["rows"]["branch put back"][case][0]
+        out[case] = {"step8_us": step8, "block_us": block, "needed_cut": 1 - step8 / block,
+                     "branch_cut": 1 - step8 / branched}
+    return out
+
+
+#: The cards' short names, for prose.
+CARD_NAMES = {"nvidia-h200": "H200", "nvidia-h100-80gb-hbm3": "H100"}
+
+
+def host_at_headline(A: int, N: int, gpus: Iterable[str] = ("nvidia-h200", "nvidia-h100-80gb-hbm3")) -> dict:
+    """Per card with a committed run: our call's GPU-clock time and host time per call at (A, N) (the entry point
+    where the card timed it, else the final step), and torch-best's; µs."""
+    from studylog.plotting import load_results
+
+    out = {}
+    for gpu in gpus:
+        try:
+            results = load_results("ctc", gpu)
+        except FileNotFoundError:
+            continue
+        ours = _row(results, "ctc_loss", T=BENCH_T, A=A, N=N) or _row(results, CHAPTER.final.series, T=BENCH_T,
+                                                                       A=A, N=N)
+        torch_row = _row(results, "torch-best", T=BENCH_T, A=A, N=N)
+        if ours is None or torch_row is None or ours.get("host_ms") is None:
+            continue
+        out[gpu] = {"gpu_us": ours["ms"] * 1e3, "host_us": ours["host_ms"] * 1e3,
+                    "torch_gpu_us": torch_row["ms"] * 1e3, "torch_host_us": torch_row["host_ms"] * 1e3,
+                    "card": CARD_NAMES.get(gpu, gpu)}
+    return out
