@@ -51,17 +51,99 @@ def fsm_line(summary: dict[str, Any] | None) -> tuple[float | None, str, str]:
     return d["token"], cell, f"{d['token']:.1%} fewer forward passes (exact)"
 
 
-def repeated(number: int, card: str) -> float | None:
-    """The headline's ratio from a repeat of the whole benchmark on a second machine of ``card``, where a chapter
-    keeps one (chapter 8's loop on a second H200); None elsewhere."""
+def repeated(number: int, card: str, batch: int = 1) -> float | None:
+    """The headline's ratio at ``batch`` from a repeat of the whole benchmark on a second machine of ``card``, where
+    a chapter keeps one (chapter 8's loop on a second H200); None elsewhere."""
     if number != 8 or card != "H200":
         return None
     from book.speculate.lesson import second_machine
 
     try:
-        return second_machine(1)["second"]
-    except FileNotFoundError:
+        return second_machine(batch)["second"]
+    except (FileNotFoundError, StopIteration, KeyError, ValueError):
         return None
+
+
+#: A ratio is flagged where either side's repetitions spread (slowest less fastest, over the median) by more than
+#: this, or where a repeat of the run on a second machine gives a ratio this far from it: the page's one rule, the
+#: one How we measure promises.
+FLAG_ABOVE = 0.10
+
+
+def spread(fastest: float | None, median: float | None, slowest: float | None) -> float | None:
+    """The spread of a time's repetitions as a share of its median; None where the file gives no range."""
+    if fastest is None or slowest is None or not median:
+        return None
+    return (slowest - fastest) / median
+
+
+def caveat(ours: float | None = None, theirs: float | None = None, ratio: float | None = None,
+           again: float | None = None, card: str = "") -> str:
+    """The flag a ratio carries under :data:`FLAG_ABOVE`'s rule, in parentheses (empty where nothing exceeds it):
+    our time's spread, the rival's, and the gap to the ratio a second machine of ``card`` measured (``again``)."""
+    said = []
+    if ours is not None and ours > FLAG_ABOVE:
+        said.append(f"our spread {ours:.0%}")
+    if theirs is not None and theirs > FLAG_ABOVE:
+        said.append(f"the rival's spread {theirs:.0%}")
+    if again is not None and ratio:
+        gap = max(again, ratio) / min(again, ratio) - 1
+        if gap > FLAG_ABOVE:
+            said.append(f"{again:.2f}× on a second {card}, {gap:.0%} apart")
+    return f" ({'; '.join(said)})" if said else ""
+
+
+def _folded_row(board_row: dict[str, Any]) -> dict[str, Any] | None:
+    """The folded tables' row (:func:`book.plotting.headline_rows`) that times the same pair as a scoreboard row:
+    same card, same two medians; None where none does."""
+    from book.plotting import headline_rows
+
+    for r in headline_rows():
+        if (r["gpu"] == board_row["card"] and r.get("kernel_ms") is not None and r.get("baseline_ms") is not None
+                and math.isclose(r["kernel_ms"], board_row["median_ms"], rel_tol=1e-9)
+                and math.isclose(r["baseline_ms"], board_row["rival_ms"], rel_tol=1e-9)):
+            return r
+    return None
+
+
+def row_caveat(board_row: dict[str, Any], again: float | None = None, card: str = "") -> str:
+    """:func:`caveat` for a scoreboard row: our spread from its fastest and slowest runs, the rival's from the
+    folded row that times the same pair."""
+    ours = spread(board_row.get("fastest_ms"), board_row.get("median_ms"), board_row.get("slowest_ms"))
+    folded = _folded_row(board_row)
+    theirs = spread(*folded["baseline_spread_ms"]) if folded and folded.get("baseline_spread_ms") else None
+    return caveat(ours, theirs, board_row.get("vs_rival"), again, card)
+
+
+def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
+    """The headline rows timed on the GPU clock whose host time per call (the Python call's own time, measured
+    apart) exceeds that GPU time: number, card (short name), host and GPU time (ms). There the ratio holds only
+    where calls are replayed in a CUDA graph or otherwise overlap the host's work."""
+    out = []
+    for b in scoreboard(root):
+        if "missing" in b or b.get("vs_rival") is None or b["clock"] != "gpu" or b["rival_clock"] != "gpu":
+            continue
+        if not b["lead"] and b["number"] != 6:  # chapter 6's grouped-query row leads where measured
+            continue
+        folded = _folded_row(b)
+        if folded and folded.get("host_ms") is not None and folded["host_ms"] > b["median_ms"]:
+            out.append({"number": b["number"], "card": _short(b["card"]), "host_ms": folded["host_ms"],
+                        "gpu_ms": b["median_ms"]})
+    return out
+
+
+def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
+    """One sentence for under the headline table: the chapters whose headline's host time per call exceeds its GPU
+    time (:func:`host_bound`), and what that means for the ratio."""
+    rows = host_bound(root)
+    if not rows:
+        return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
+                "ratio holds for calls made one after another too.")
+    said = "; ".join(f"chapter {r['number']} on the {r['card']}, {us(r['host_ms'])} µs on the host against "
+                     f"{us(r['gpu_ms'])} µs on the GPU" for r in rows)
+    return (f"Some headline calls take longer on the host than on the GPU ({said}). Their ratios hold only where "
+            "calls are replayed in a CUDA graph or otherwise overlap the host's work: made one at a time from "
+            "Python, such a call waits on the host ([How we measure](how_we_measure.md)).")
 
 
 def ctc_grid(card: Path) -> tuple[tuple[float, str], tuple[float, str]] | None:
@@ -169,12 +251,13 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 notes[name].append(f"{name}: {row['ratio_note']}")
             else:
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
+            cells[name] += row_caveat(row)
             if entry.number == 6:  # the grouped-query layout of the model the chapter cites leads where measured
                 grouped = next((b for b in board if b["number"] == 6 and _short(b["card"]) == name and not b["lead"]
                                 and "missing" not in b and b.get("vs_rival") is not None), None)
                 if grouped is not None:
-                    cells[name] = (f"**{grouped['vs_rival']:.2f}×** grouped-query (Llama 3.1 8B); "
-                                   f"{row['vs_rival']:.2f}× with 32 heads")
+                    cells[name] = (f"**{grouped['vs_rival']:.2f}×** grouped-query (Llama 3.1 8B){row_caveat(grouped)}; "
+                                   f"{row['vs_rival']:.2f}× with 32 heads{row_caveat(row)}")
                     brief[name] = (f"{grouped['vs_rival']:.2f}× {entry.rival_short} (Llama 3.1 8B's grouped "
                                    f"heads); {row['vs_rival']:.2f}× with 32 heads")
                     notes[name].append(f"{name}: grouped-query {us(grouped['median_ms'])} against "
@@ -215,7 +298,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if again is not None:  # a wall-clock loop moves between machines more than a kernel: give the range
                 lo, hi = sorted((row["vs_rival"], again))
                 cells[name] = (f"**{lo:.2f}–{hi:.2f}×** on two {name}s ({us(ours)} against {us(theirs)} µs on "
-                               "the first)")
+                               f"the first){row_caveat(row)}")
                 brief[name] = f"{lo:.2f}–{hi:.2f}× {entry.rival_short} (two {name}s)"
                 notes[name].append(f"{name}: {row['vs_rival']:.2f}× on the first machine, {again:.2f}× on a second "
                                    f"{name} with the same code")
@@ -437,5 +520,6 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
 
 __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines",
            "fsm_line", "fsm_suite", "headlines", "repeated", "versions_markdown", "LISTING_CALLS", "listing_lines",
-           "ctc_grid", "decode_bound", "ROTATED", "one_copy_words", "replayed_one_copy",
+           "ctc_grid", "decode_bound", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
+           "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "reading_path_markdown", "summary_markdown"]

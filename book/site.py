@@ -294,20 +294,96 @@ def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = N
     return "\n".join(out)
 
 
+_TIME = re.compile(r"^([\d,.]+) \(([\d,.]+)–([\d,.]+)\)")
+
+
+def _time_spread(cell: str) -> float | None:
+    """The spread of a folded table's time cell (``median (fastest–slowest)``) as a share of its median."""
+    from book.results import spread
+
+    m = _TIME.match(cell.strip())
+    if not m:
+        return None
+    median, lo, hi = (float(x.replace(",", "")) for x in m.groups())
+    return spread(lo, median, hi)
+
+
+def flag_rows(markdown: str) -> str:
+    """Every row of the folded tables (:func:`book.plotting.headline_markdown`'s) flagged by the results page's one
+    rule (:func:`book.results.caveat`): either side's spread, or a repeat on a second machine, more than 10% off.
+    The plotting module's own flag (our spread only) gives way to it."""
+    from book.results import caveat, repeated
+    from book.scoreboard import ENTRIES
+
+    numbers = {e.bench: e.number for e in ENTRIES if e.bench}
+    out, section = [], ("", "")
+    for line in markdown.splitlines():
+        m = re.match(r"^\*\*(\w+)\*\* — (.+?), \d{4}-", line)
+        if m:
+            section = (m.group(1), m.group(2).replace("NVIDIA ", "").replace(" 80GB HBM3", ""))
+        if line.startswith("| ") and not line.startswith("| ours"):
+            cells = line.split(" | ")
+            if len(cells) >= 7:
+                ratio = re.match(r"\*\*([\d.]+)×\*\*", cells[3])
+                batch = re.search(r"batch (\d+)", cells[2])
+                again = (repeated(numbers.get(section[0], 0), section[1], int(batch.group(1)))
+                         if batch and ratio else None)
+                cells[3] = re.sub(r" \(spread \d+%\)", "", cells[3]) + caveat(
+                    _time_spread(cells[4]), _time_spread(cells[5]), float(ratio.group(1)) if ratio else None,
+                    again, section[1])
+                line = " | ".join(cells)
+        out.append(line)
+    return "\n".join(out)
+
+
+def grouped_rows(markdown: str, board: list[dict[str, Any]]) -> str:
+    """Chapter 6's grouped-query headline (the scoreboard's row of the entry point on grouped heads) added to its
+    card's folded table, which times 32 heads only: the page's headline for that card has a row to stand on."""
+    from book.results import caveat, spread
+    from book.common import us
+
+    grouped = {r["card"]: r for r in board if r["number"] == 6 and not r["lead"] and "missing" not in r
+               and r.get("vs_rival") is not None}
+    batch = {r["card"]: ", ".join(r["shape"].split(", ")[:2]) for r in board if r["number"] == 6 and r["lead"]}
+    out, lines, card = [], markdown.splitlines(), ""
+    for i, line in enumerate(lines):
+        m = re.match(r"^\*\*multi_item\*\* — (.+?), \d{4}-", line)
+        if m:
+            card = m.group(1)
+        elif line.startswith("**"):
+            card = ""
+        out.append(line)
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        r = grouped.get(card)
+        if r and line.startswith("| ") and not nxt.startswith("|"):
+            ours = spread(r["fastest_ms"], r["median_ms"], r["slowest_ms"])
+            shape = r["shape"].replace("the same batch", batch.get(card, "the same batch"))
+            out.append(f"| {r['ours']} | {r['rival']} | {shape} | **{r['vs_rival']:.2f}×**{caveat(ours)} | "
+                       f"{us(r['median_ms'])} ({us(r['fastest_ms'])}–{us(r['slowest_ms'])}) | {us(r['rival_ms'])} | "
+                       "– |")
+            card = ""
+    return "\n".join(out)
+
+
+def headlines_page_markdown() -> str:
+    """The results page's folded tables, every chapter's, as the ``{studylog-headlines}`` directive shows them."""
+    from book.plotting import headline_markdown
+    from book.scoreboard import scoreboard
+
+    board = scoreboard()
+    ngram = {r["card"]: r for r in board if r["number"] == 3 and r.get("ours_end_to_end_ms")
+             and "missing" not in r}  # the row against the CPU loop, end to end
+    # chapter 7's runs whose head was not padded (the scoreboard's flag): their speedups are marked
+    unpadded = {f"Chapter {r['number']}: {r['title']}": {r["card"]} for r in board if r.get("unpadded_head")}
+    text = grouped_rows(flag_rows(headline_markdown()), board)
+    return compact_tables(folded_by_chapter(readable_headlines(text, ngram)), unpadded)
+
+
 class HeadlinesDirective(SphinxDirective):
     """The table of headline results, computed from the committed JSON at build time."""
 
     def run(self) -> list[nodes.Node]:
-        from book.plotting import headline_markdown
-        from book.scoreboard import scoreboard
-
-        ngram = {r["card"]: r for r in scoreboard() if r["number"] == 3 and r.get("ours_end_to_end_ms")
-                 and "missing" not in r}  # the row against the CPU loop, end to end
-        # chapter 7's runs whose head was not padded (the scoreboard's flag): their speedups are marked
-        unpadded = {f"Chapter {r['number']}: {r['title']}": {r["card"]} for r in scoreboard()
-                    if r.get("unpadded_head")}
-        lines = compact_tables(folded_by_chapter(readable_headlines(headline_markdown(), ngram)),
-                               unpadded).splitlines()
+        lines = headlines_page_markdown().splitlines()
         container = nodes.container(classes=["studylog-headlines"])
         self.state.nested_parse(StringList(lines, source="assets/bench"), self.content_offset, container)
         return [container]
