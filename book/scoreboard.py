@@ -7,7 +7,8 @@ shape, its time over the run's repetitions, the strongest rival measured at the 
   ``floor_ms``, or ``floor_mem_ms`` where the file splits memory from compute);
 * the **compute floor**: the useful FLOPs at the run's measured matmul rate, where the file records one;
 * the **latency floor**: the GPU-clock time of the shortest chain of dependent work the call cannot avoid. A single
-  kernel cannot take less than an empty kernel replayed in a CUDA graph (``ceilings.empty_launch_gpu_ms``); a
+  kernel cannot take less than an empty kernel replayed in a CUDA graph; a floor is a lower bound, so it is the
+  smallest ``ceilings.empty_launch_gpu_ms`` of all the card's committed runs (:func:`card_empty_kernel_ms`); a
   decode step runs its forward's kernels one after another, so that many empty kernels.
 
 The **binding floor** is the largest of these; "% of the floor" is the binding floor over our median (100% would be
@@ -107,42 +108,19 @@ class Entry:
     #: What the headline compares, in words (the results page), and the rival in a few words (the landing page).
     headline: str = ""
     rival_short: str = "its rival"
-    #: The floor the chapter's own table of steps divides by (its "× floor" column): a key of
-    #: :data:`CHAPTER_FLOORS`; empty where the chapter shows none.
-    chapter_floor: str = ""
-
-
-def _add(*parts: float | None) -> float | None:
-    return None if any(x is None for x in parts) else sum(parts)
-
-
-def _larger(*parts: float | None) -> float | None:
-    known = [x for x in parts if x is not None]
-    return max(known) if known else None
-
-
-#: The chapters' own floors, as their tables of steps compute them (the "× floor" column there is the time over
-#: it), by key: the words the scoreboard names it with, and how to compute it from a scoreboard row. Chapters 2 to
-#: 4 add the bytes and one empty kernel (the least time if a launch and the memory traffic do not overlap);
-#: chapter 5 takes the bench's floor, the larger of bytes and compute; chapter 6 the compute floor; chapter 7 the
-#: body's bytes per output token.
-CHAPTER_FLOORS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None]]] = {
-    "sum": ("byte floor + one empty kernel", lambda r: _add(r["byte_floor_ms"], r.get("empty_kernel_ms"))),
-    "larger": ("the larger of byte and compute floors", lambda r: _larger(r["byte_floor_ms"], r["compute_floor_ms"])),
-    "compute": ("compute floor", lambda r: r["compute_floor_ms"]),
-    "bytes": ("byte floor", lambda r: r["byte_floor_ms"]),
-}
 
 
 def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_label: str,
          rival: dict[str, Any] | None, *, byte_floor_ms: float | None, latency_floor_ms: float | None,
          latency_what: str, compute_floor_ms: float | None = None, ratio: float | None = None,
          ratio_note: str = "", notes: tuple[str, ...] = (), rival_notes: tuple[str, ...] = (),
-         floor_notes: tuple[str, ...] = (), gaps: tuple[str, ...] = ()) -> dict[str, Any]:
+         floor_notes: tuple[str, ...] = (), gaps: tuple[str, ...] = (), short: str = "",
+         no_pct_why: str = "") -> dict[str, Any]:
     """A scoreboard row from our measurement and the rival's (``ratio`` overrides rival median / our median, for a
-    comparison made on another clock)."""
+    comparison made on another clock). ``short`` names the kernel in the tables (``ours_label`` goes to the notes);
+    ``no_pct_why``: no floor is measured for all of the call's work, so no percentage is given, and why."""
     lo, med, hi = spread(ours)
-    row = {"ours": ours_label, "shape": shape, "clock": clock, "fastest_ms": lo, "median_ms": med, "slowest_ms": hi,
+    row = {"ours": short or ours_label, "ours_long": ours_label, "no_pct_why": no_pct_why, "shape": shape, "clock": clock, "fastest_ms": lo, "median_ms": med, "slowest_ms": hi,
            "rival": rival_label, "rival_ms": rival["ms"] if rival else None,
            "rival_clock": rival.get("clock") if rival else None,
            "byte_floor_ms": byte_floor_ms, "compute_floor_ms": compute_floor_ms,
@@ -153,7 +131,7 @@ def _row(ours_label: str, shape: str, clock: str, ours: dict[str, Any], rival_la
     row["vs_rival"] = ratio if ratio is not None else (rival["ms"] / med if rival else None)
     floors = {"bytes": byte_floor_ms, "compute": compute_floor_ms, "latency": latency_floor_ms}
     known = {k: v for k, v in floors.items() if v is not None}
-    if known:
+    if known and not no_pct_why:
         row["binding"] = max(known, key=known.get)
         row["binding_floor_ms"] = known[row["binding"]]
         row["pct_of_floor"] = 100 * row["binding_floor_ms"] / med
@@ -186,17 +164,35 @@ def _entry_label(what: str, series: str, ours: dict[str, Any]) -> str:
     return f"{what} ({_step_words(series)})"
 
 
+def _entry_short(series: str, ours: dict[str, Any]) -> str:
+    """The final kernel in a table cell: ``step 7``, or ``entry point, step 7`` where the row times the entry point."""
+    return f"entry point, {_step_words(ours['step'])}" if ours.get("step") else _step_words(series)
+
+
 #: The ternary steps that take bf16 x, in words.
 TERNARY_WORDS = {"step09": "the ternary kernel on tensor cores, Triton", "step10": "the ternary CUDA kernel",
                  "step11": "the ternary kernel with TMA copies"}
 
 
-#: The latency floor of a single kernel: an empty kernel's GPU time in the same run.
+#: The latency floor of a single kernel: the fastest empty kernel timed on the card.
 ONE_KERNEL = "one empty kernel, graph-replayed"
 
 
+def card_empty_kernel_ms(card: Path) -> float | None:
+    """The smallest empty-kernel GPU time of all the card's committed runs (None where none timed one): a floor is a
+    lower bound, and runs on one card land in groups apart for reasons the files do not record."""
+    times = [empty_kernel_ms(json.loads(p.read_text())) for p in sorted(Path(card).glob("*.json"))]
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
+def _floor_empty_ms(data: dict[str, Any]) -> float | None:
+    """The empty kernel a latency floor counts: the card's smallest (set by :func:`scoreboard`), else the run's."""
+    return data.get("card_empty_kernel_ms", empty_kernel_ms(data))
+
+
 def _one_kernel(data: dict[str, Any]) -> tuple[float | None, str]:
-    return empty_kernel_ms(data), ONE_KERNEL
+    return _floor_empty_ms(data), ONE_KERNEL
 
 
 #: Chapter 2's headline: the whole masked step from the packed bitmask, batch 1, 1,000 of 128,256 tokens allowed.
@@ -214,17 +210,22 @@ def _masked_lm_head(data):
                         "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=plan.get("floor_ms"),
-                        latency_floor_ms=latency,
-                        latency_what=what + " (the step also copies the bitmask from host memory: a lower bound)",
-                        gaps=("the latency floor of the whole step from the bitmask: the copy of the bitmask from "
-                              "host memory is not timed on its own, so the floor shown is one empty kernel",)))
+                        latency_floor_ms=None, latency_what="not measured for a step with a host copy",
+                        short="step 9, whole step",
+                        no_pct_why="no floor is measured for a step with a host copy",
+                        floor_notes=("step 9, whole step: it copies the bitmask from host memory and launches three "
+                                     "kernels; one empty kernel is no floor for that, and a floor for the copy is not "
+                                     "measured, so no percentage is given",),
+                        gaps=("a latency floor of the whole step from the bitmask: a floor for its copy from host "
+                              "memory is not measured",)) | {"latency_missing_why": "not measured for a step with "
+                                                               "a host copy and three launches"})
     kernel = one(data, "step09", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
         out.append(_row("the masked head's kernel alone, allowed ids given (step 9)",
                         "batch 1, 1,000 of 128,256 tokens allowed", kernel["clock"], kernel,
                         "torch index_select, then a matmul",
                         one(data, "index_select", **MASKED_HEAD_CASE), byte_floor_ms=kernel.get("floor_ms"),
-                        latency_floor_ms=latency, latency_what=what,
+                        latency_floor_ms=latency, latency_what=what, short="step 9, kernel alone",
                         rival_notes=("index_select returns only the allowed logits; step 9 writes the whole [B, V] "
                                      "output, masked",)))
     return out or None
@@ -245,7 +246,7 @@ def _ngram(data):
     label = _entry_label("the GPU drafter", series, ours)
     row = _row(label, "128 slots of 32,768 tokens, budget 128", ours["clock"], ours,
                "the CPU loop it replaces", cpu, byte_floor_ms=ours.get("floor_ms"),
-               latency_floor_ms=latency, latency_what=what, ratio=ratio,
+               latency_floor_ms=latency, latency_what=what, ratio=ratio, short=_entry_short(series, ours),
                ratio_note="end to end on the host (the call, then a sync) on both sides")
     row["ours_end_to_end_ms"] = synced["ms"] if synced else None
     two_phase = one(data, "step03", **NGRAM_CASE)
@@ -255,7 +256,8 @@ def _ngram(data):
     # 3), on the GPU clock like ours: it leads; the CPU loop the chapter's question is about stands beside it
     gpu_row = _row(label, "128 slots of 32,768 tokens, budget 128", ours["clock"], ours,
                    "our port of the pull request's first GPU kernel, two-phase (step 3)", two_phase,
-                   byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what)
+                   byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
+                   short=_entry_short(series, ours))
     return [gpu_row, row | {"floors_as_above": True}]  # the same kernel and case: one floors row
 
 
@@ -296,7 +298,8 @@ def _ctc(data):
         label = f"torch {rival.get('picked', 'best').replace('torch-', '')}" if rival else "torch"
         row = _row(_entry_label("the fused CTC kernel", series, ours), shape, ours["clock"], ours, label, rival,
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
-                   rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)), gaps=gaps)
+                   rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)), gaps=gaps,
+                   short=_entry_short(series, ours) + ("" if case is CTC_CASE else "; A = 28, N = 1"))
         if case is CTC_SMALL_CASE and latency is None:  # the floor that binds here is not measured: no percentage
             row |= {"binding": None, "binding_floor_ms": None, "pct_of_floor": None, "latency_missing_why": what}
         out.append(row)
@@ -357,7 +360,7 @@ def _ternary(data):
                 "M = 1, 4096 x 14336, bf16 x (the fastest of the bf16-x steps)", ours["clock"], ours,
                 "GemLite 2-bit", rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
                 compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
-                floor_notes=notes, rival_notes=tuple(peer_notes) + faster_rivals(
+                short=_step_words(ours["series"]), floor_notes=notes, rival_notes=tuple(peer_notes) + faster_rivals(
                     # the int8 baselines compute another product (x quantised to int8), not a rival of bf16 x
                     data, ours, rival, TERNARY_CASE, skip=("read_weights", "torch_int_mm", "torch_int_mm_matmul")))
 
@@ -377,7 +380,7 @@ def _multi_item(data):
     label = f"FlashInfer ({rival.get('backend', '?')}, page {rival.get('page_size', '?')})" if rival else "FlashInfer"
     out = [_row("the batched attention kernel (step 5)", "8 prompts, mixed lengths, 32 heads x 128", ours["clock"], ours,
                 label, rival, byte_floor_ms=ours.get("floor_ms"), compute_floor_ms=ours.get("compute_floor_ms"),
-                latency_floor_ms=latency, latency_what=what,
+                latency_floor_ms=latency, latency_what=what, short="step 5, batched attention",
                 rival_notes=faster_rivals(data, ours, rival, MULTI_ITEM_CASE))]
     grouped = one(data, "step06", **MULTI_ITEM_GQA_CASE)
     if grouped is not None:  # the layout of the model the chapter cites, where the entry point runs step 6
@@ -386,7 +389,7 @@ def _multi_item(data):
         out.append(_row("the entry point on grouped heads (step 6)", "the same batch, 32 query heads sharing 8 key/value "
                         "heads (Llama 3.1 8B)", grouped["clock"], grouped, label, rival,
                         byte_floor_ms=grouped.get("floor_ms"), compute_floor_ms=grouped.get("compute_floor_ms"),
-                        latency_floor_ms=latency, latency_what=what,
+                        latency_floor_ms=latency, latency_what=what, short="step 6, GQA",
                         rival_notes=faster_rivals(data, grouped, rival, MULTI_ITEM_GQA_CASE)))
     return out
 
@@ -419,7 +422,7 @@ def _decode(data):
         return None
     by_schema = {r["params"]["schema"]: r for r in rows(data, "step01", **DECODE_CASE)}
     pairs = [(r, by_schema.get(r["params"]["schema"])) for r in ours]
-    empty = empty_kernel_ms(data)
+    empty = _floor_empty_ms(data)
     byte, latency = [], []
     for r, _ in pairs:
         share = r["forwards"] / r["tokens"]  # forward passes per output token (jump-forward makes it < 1)
@@ -464,8 +467,7 @@ def _decode(data):
                            latency_what=(f"{kernels} dependent kernels a forward, each at least an empty kernel"
                                          if kernels else "not measured"),
                            ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "schema"),
-                           notes=tuple(notes),
-                           gaps=gaps)
+                           notes=tuple(notes), gaps=gaps, short="step 3, whole loop")
 
 
 #: Chapter 8's headline: SmolLM2-135M at batch 1 on the extraction requests, per output token.
@@ -501,7 +503,7 @@ def _speculate(data):
     return {"latency_missing_why": why, "loop_bound_ms": latency} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
                 "requests", ours[0]["clock"], summary, "chapter 7's loop (its step 3)", rival_row,
-                byte_floor_ms=byte, latency_floor_ms=None, latency_what=why,
+                byte_floor_ms=byte, latency_floor_ms=None, latency_what=why, short="step 4, whole loop",
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request"),
                 notes=("wall clock: the whole step, host included, per output token",
                        "floor: the body's weights read once per forward (from the model's public config, at the "
@@ -524,31 +526,31 @@ ENTRIES: tuple[Entry, ...] = (
           _masked_lm_head,
           headline="the whole masked step from the grammar's bitmask against xgrammar's path (cuBLAS logits, then "
                    "its mask kernel), batch 1, 1,000 of 128,256 tokens allowed",
-          rival_short="xgrammar's path", chapter_floor="sum"),
+          rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
           "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram,
           headline="the GPU drafter against our port of the pull request's first GPU kernel (two-phase), both on "
                    "the GPU clock, 128 slots of 32,768 tokens; the CPU loop it replaces on the scoreboard",
-          rival_short="the pull request's kernel (our port)", chapter_floor="sum"),
+          rival_short="the pull request's kernel (our port)"),
     Entry(4, "CTC loss", "notebooks/04_ctc_loss.ipynb",
           "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc,
           headline="loss and gradient against torch's cuDNN path, T = 150, alphabet 5,000, batch 8",
-          rival_short="cuDNN", chapter_floor="sum"),
+          rival_short="cuDNN"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
           "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
           _ternary, headline="one row of bf16 x times a 4096 x 14336 ternary matrix, against GemLite's 2-bit kernel "
                              "(the fastest peer), and cuBLAS bf16 on the matrix stored densely (a weaker baseline)",
-          rival_short="GemLite", chapter_floor="larger"),
+          rival_short="GemLite"),
     Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
           "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,
           headline="eight prompts of mixed lengths in one call, against FlashInfer: 32 heads, and (where measured) the "
-                   "grouped-query layout of Llama 3.1 8B", rival_short="FlashInfer", chapter_floor="compute"),
+                   "grouped-query layout of Llama 3.1 8B", rival_short="FlashInfer"),
     Entry(7, "Constrained decoding end to end", "notebooks/07_constrained_decoding.ipynb",
           "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode,
           headline="the decode loop with chapters 1 and 2 (step 3) against the same loop with a dense head and a "
                    "mask (step 1), per output token, the ratio of the median times over the nine JSON schemas of chapter 1's suite (one "
                    "request each; 8B-shaped body with a cl100k head, batch 1)",
-          rival_short="a dense head and a mask", chapter_floor="bytes"),
+          rival_short="a dense head and a mask"),
     Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
           "Can a grammar and prompt-lookup drafts share one decode loop?", "speculate", _speculate,
           headline="n-gram drafts cut by the grammar and verified in one forward, against chapter 7's loop, per "
@@ -573,7 +575,7 @@ def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             base = {"number": entry.number, "title": entry.title, "notebook": entry.notebook, "card": card_name(card)}
             data = load(card, entry.bench) if entry.bench else None
             if data is not None:  # the card's tails run beside it: some floors are timed there
-                data = data | {"tails_run": load(card, TAILS)}
+                data = data | {"tails_run": load(card, TAILS), "card_empty_kernel_ms": card_empty_kernel_ms(card)}
             measured = entry.measure(data) if data is not None and entry.measure else None
             if measured is None:
                 why = entry.absent or ("not measured on this card" if data is None
@@ -583,10 +585,6 @@ def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             for i, row in enumerate(measured if isinstance(measured, list) else [measured]):
                 row = base | {"date": data["date"][:10], "lead": i == 0, "run_date": data["date"],
                               "run_code": data.get("git_commit"), "empty_kernel_ms": empty_kernel_ms(data)} | row
-                name, rule = CHAPTER_FLOORS.get(entry.chapter_floor, (None, lambda _: None))
-                floor = rule(row)
-                row |= {"chapter_floor": name, "chapter_floor_ms": floor,
-                        "x_chapter_floor": row["median_ms"] / floor if floor else None}
                 out.append(row)
     return out
 
@@ -602,7 +600,7 @@ def missing(root: Path = BENCH_RESULTS) -> list[str]:
         else:
             said += r["gaps"]
             if r["latency_floor_ms"] is None and not r.get("latency_missing_why"):
-                said.append("the latency floor: that run did not record an empty kernel's GPU time")
+                said.append("the latency floor: no run on this card recorded an empty kernel's GPU time")
             if r["rival_ms"] is None:
                 said.append(f"the rival ({r['rival']}) at this shape")
         for text in said:
@@ -631,10 +629,9 @@ TAIL_SERIES: dict[int, tuple[str, dict[str, Any]]] = {
     6: ("multi_item_attention", {"shape": "8 prompts, mixed"}),
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
-TAIL_NOTE = ("p99 of replays: a separate run of the chapter's final entry point at the same case keeps the time per "
-             "call of each of its {samples} replays (each replay a CUDA graph of at least {calls} back-to-back calls); "
-             "the column gives the 99th percentile of those per-replay means, with that run's median beside it. It "
-             "says how far a re-measurement can land above the median, not how slow a single call can be")
+TAIL_NOTE = ("p99 of replays: the 99th percentile of the per-call means of {samples} replays (CUDA graphs of at "
+             "least {calls} calls) in a separate run, with its median beside it: how far a re-measurement can land "
+             "above the median, not how slow one call can be")
 
 
 def tail(card: Path, number: int) -> dict[str, Any] | None:
@@ -758,10 +755,24 @@ def empty_kernel_spread(root: Path = BENCH_RESULTS, gap_us: float = 0.1) -> list
             a, b = pairs[0]
             text += (f": chapters {a[1]} and {b[1]} ran the same code within the hour and land in different groups, "
                      "so neither the code nor the day sets it; what does (the card's clocks or its state between "
-                     "runs) is not measured, and each row divides by its own run's empty kernel")
+                     "runs) is not measured")
         else:
-            text += "; what sets the group is not measured, and each row divides by its own run's empty kernel"
+            text += "; what sets the group is not measured"
         out.append(text + ".")
+    return out
+
+
+def empty_kernel_runs(root: Path = BENCH_RESULTS) -> list[str]:
+    """Per card, every committed run's empty-kernel GPU time, named by its chapter (chapter 0 is the ceilings run,
+    the p99 run the tails), smallest first: the latency floor takes the smallest."""
+    names = {e.bench: f"chapter {e.number}" for e in ENTRIES if e.bench} | {"env": "chapter 0", TAILS: "the p99 run"}
+    out = []
+    for card in cards(root):
+        runs = sorted((t * 1e3, names.get(p.stem, p.stem)) for p in sorted(card.glob("*.json"))
+                      if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None)
+        if runs:
+            out.append(f"On the {_short_card(card_name(card))}: "
+                       + ", ".join(f"{t:.2f} µs ({name})" for t, name in runs) + ".")
     return out
 
 
@@ -772,9 +783,9 @@ def _sentence(text: str) -> str:
 
 def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
     """The scoreboard as two Markdown tables, a row per chapter and card (one row for a chapter that no card
-    measures, saying why): first our time and the strongest rival's, then the floors, how close our median is to
-    the binding one and the chapter's own "× floor"; then the definitions the columns need, once, and each
-    chapter's notes folded under its title. A caveat that holds for one card is written in its cell.
+    measures, saying why): first our time and the strongest rival's, then the floors and how close our median is to
+    the binding one; then the definitions the columns need, once, and each chapter's notes folded under its title
+    (the kernels' full names among them), and the per-run empty kernels folded. A caveat that holds for one card is written in its cell.
     ``link(notebook)`` gives a chapter's link target (default: the notebook's path)."""
     from html import escape
 
@@ -802,7 +813,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
              "strongest rival (µs) | ours × rival |", "|" + "---|" * (8 if p99 else 7)]
     floors = ["**Floors, and how close the median is to them**", "",
               "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
-              "binding floor (the largest) | % of the binding floor | × the chapter's floor |", "|" + "---|" * 9]
+              "binding floor (the largest) | % of the binding floor |", "|" + "---|" * 8]
     shown: set[int] = set()
     empties: dict[str, list[float]] = {}
     for r in board:
@@ -823,14 +834,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             shown.add(r["number"])
             why = NOT_MEASURED if r["missing"] == "not measured on this card" else r["missing"]
             times.append(f"| {chapter} | {card} | {why} |" + " – |" * (5 if p99 else 4))
-            floors.append(f"| {named} | {card} |" + " – |" * 7)
+            floors.append(f"| {named} | {card} |" + " – |" * 6)
             continue
         shown.add(r["number"])
         card = _short_card(r["card"])
         ours = r["ours"]
         lead_shape = next((b.get("shape") for b in board if b["number"] == r["number"] and b["lead"]), None)
-        if r.get("shape") != lead_shape:  # a second angle on the chapter at another shape: say which
-            ours += f"; {r['shape']}"
+        if r["ours_long"] != ours and not r.get("floors_as_above"):  # the short label's full name, in the notes
+            other = f", at {r['shape']}" if r.get("shape") != lead_shape else ""
+            note(r, f"{ours}: {r['ours_long']}{other}")
         if r["clock"] != "gpu":  # the clock in a few words in the cell, the details in the chapter's notes
             first = r["notes"][0] if r["notes"] else f"{r['clock']} clock"
             ours += f", {first.split(':')[0]}"
@@ -869,8 +881,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("floors_as_above"):
             continue
         latency = _floor(r["latency_floor_ms"])
-        if r["latency_floor_ms"] is None:
-            why = r.get("latency_missing_why") or "that run did not time an empty kernel"
+        if r["no_pct_why"]:
+            latency = "–"
+        elif r["latency_floor_ms"] is None:
+            why = r.get("latency_missing_why") or "no run on this card timed an empty kernel"
             latency = "not computed" if why.startswith("no hardware") else f"{NOT_MEASURED} on this card"
             note(r, f"latency floor: {why}")
         elif r["latency_what"] != ONE_KERNEL:
@@ -885,20 +899,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             latency = f"– (the loop's own bound: {_floor(r['loop_bound_ms'])}, no hardware floor)"
             binding = "– (none measured binds)"
             pct = f"– (the loop's own bound is {100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median)"
-        if r.get("chapter_floor") is None:
-            mine = "– (no floor in the chapter)"
-        elif r["x_chapter_floor"] is None:
-            mine = f"{NOT_MEASURED} ({r['chapter_floor']})"
-        else:
-            x = r["x_chapter_floor"]
-            mine = f"{x:.2f}× ({r['chapter_floor']})" if x < 10 else f"{x:.0f}× ({r['chapter_floor']})"
-            if r["binding"] is None:  # the floor that binds is not measured: the chapter's floor is a loose one
-                mine += ", a looser floor than the one that binds here"
-        kernel = r["ours"]
-        if r.get("shape") != lead_shape:
-            kernel += f"; {r['shape']}"
-        floors.append(f"| {named} | {card} | {kernel} | {_floor(r['byte_floor_ms'])} | "
-                      f"{_floor(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} | {mine} |")
+        if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
+            binding, pct = "–", f"– ({r['no_pct_why']})"
+        floors.append(f"| {named} | {card} | {r['ours']} | {_floor(r['byte_floor_ms'])} | "
+                      f"{_floor(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} |")
     small = _ctc_small_case_words(root)
     if small:
         r4 = next((b for b in board if b["number"] == 4 and "missing" not in b), None)
@@ -906,15 +910,14 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r4, small, every_card=True)
 
     definitions = []
+    floor_by_card = {_short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
     if empties:
-        definitions.append("**Latency floor** of a single kernel: one empty kernel, graph-replayed, timed in the row's "
-                           "own run (" + "; ".join(f"{min(v):.2f} to {max(v):.2f} µs on the {c}"
-                                                   for c, v in empties.items()) + " across the runs)."
-                           + "".join(f" {w}" for w in empty_kernel_spread(root)))
-    definitions.append("**% of the binding floor** is the largest floor over our median; **× the chapter's floor** is "
-                       "our median over the floor the chapter's own table of steps divides by, named in the cell. "
-                       "Where that is the binding floor, the two are one number read two ways (× = 100 / %); where "
-                       "the chapter adds one empty kernel to the bytes, its floor is larger and its × smaller.")
+        definitions.append("**Latency floor** of one kernel: a floor is a lower bound, so it is the fastest empty "
+                           "kernel (graph-replayed) timed on the card in any committed run, "
+                           + " and ".join(f"{v * 1e3:.2f} µs on the {c}" for c, v in floor_by_card.items()
+                                          if v is not None) + " (each run's own, folded below).")
+    definitions.append("**% of the binding floor**: the largest floor over our median. Each chapter's own tables "
+                       "name the floor they divide by in their headers.")
     samples = [t for t in tails.values() if t]
     if samples:
         definitions.append("**" + TAIL_NOTE.format(samples=samples[0].get("samples", "its"),
@@ -932,9 +935,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         folds.append(f"<details><summary>Chapter {entry.number}, {escape(entry.title)}: notes ({len(items)})"
                      "</summary><ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
         folds.append("")
+    per_run = empty_kernel_runs(root)
+    if per_run:
+        folds.append("<details><summary>The empty kernel in each run</summary><ul>"
+                     + "".join(f"<li>{escape(t)}</li>" for t in per_run + empty_kernel_spread(root)) + "</ul></details>")
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
-__all__ = ["CHAPTER_FLOORS", "ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
-           "card_name", "cards", "empty_kernel_spread", "faster_rivals", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
+__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+           "card_empty_kernel_ms", "card_name", "cards", "empty_kernel_runs", "empty_kernel_spread", "faster_rivals", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs"]
