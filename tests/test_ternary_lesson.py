@@ -239,6 +239,31 @@ def test_figures_give_each_series_one_colour(results):
         plt.close(fig)
 
 
+def test_a_peer_bar_whisker_spans_that_peers_repetitions_alone(results):
+    """Each bar of the peers figure is a rival's median over our fastest kernel's; its whisker must run from the
+    rival's fastest to its slowest repetition over that same median of ours (our spread is not the rival's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+
+    from studylog.ternary.results import INT_MM, W2A8_SERIES, fastest
+
+    figs = figures(results)
+    ax = next(a for a in figs["peers"].axes if a.get_title().endswith("M = 16"))
+    shape = "13824x2560"
+    peer = json.loads(results.path.read_text())
+    row = next(r for r in peer["measurements"] if r["series"] == INT_MM
+               and r["params"].get("shape") == shape and r["params"].get("m") == 16 and r.get("clock") == "gpu")
+    ours, _ = fastest(results, W2A8_SERIES, shape=shape, m=16)
+    lo, hi = row["spread_ms"][0] / ours["ms"], row["spread_ms"][2] / ours["ms"]
+    segments = [seg for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments()]
+    assert any(len(seg) == 2 and abs(seg[0][1] - lo) < 1e-9 and abs(seg[1][1] - hi) < 1e-9 for seg in segments)
+    for fig in figs.values():
+        plt.close(fig)
+
+
 # ------------------------------------------------------------------------------------------------
 # The notebooks
 # ------------------------------------------------------------------------------------------------

@@ -48,6 +48,17 @@ def _ratio_err(base: dict, mine: dict):
     return value, [0.0, 0.0]
 
 
+def _own_err(base: dict, mine: dict):
+    """(value, [low error, high error]) of the speedup base / mine, the range over ``base``'s repetitions alone
+    (``mine`` at its median): a bar's whisker then shows the spread of the kernel the bar stands for, not of the
+    kernel it is divided by, whose spread is drawn on its own bar elsewhere."""
+    value = base["ms"] / mine["ms"]
+    if "spread_ms" in base:
+        lo, hi = base["spread_ms"][0] / mine["ms"], base["spread_ms"][2] / mine["ms"]
+        return value, [value - lo, hi - value]
+    return value, [0.0, 0.0]
+
+
 def _bars(ax, shapes, series, value):
     """Grouped bars: for each shape, one bar a series (value(series, shape) -> (v, [lo, hi]) or None)."""
     import numpy as np
@@ -199,12 +210,13 @@ def figures(results) -> dict:
                 ours = W2A8_SERIES if peer == INT_MM else FLOAT_X_SERIES
                 p = view.select(peer, shape=shape, m=m)
                 row, _ = fastest(view, ours, shape=shape, m=m)
-                return _ratio_err(p[0], row) if p and row is not None else None
+                return _own_err(p[0], row) if p and row is not None else None
             _bars(ax, shapes, [CUBLAS, GEMLITE, INT_MM], over_peer)
             ax.axhline(1.0, color="k", lw=1)
             ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
             ax.set_title(f"{card}, M = {m}", fontsize=FONT + 1)
-        _head(fig, "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there)\n"
+        _head(fig, "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there;"
+              " whiskers: the rival's repetitions)\n"
               + caption)
         fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 0.8 / height))
         _legend_below(fig, list(axes[:, 0]), ncol=3)
