@@ -73,3 +73,18 @@ def test_the_real_text_axis_is_readable():
     assert labels and all("\n" not in lab and len(lab) <= 10 for lab in labels), labels
     for fig in figs.values():
         plt.close(fig)
+
+
+def test_every_multi_part_diff_is_folded_under_a_line_naming_its_idea():
+    """A step's diff shown in parts sits in one folded output, and the prose just above it names the change."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    shown = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and "".join(c["source"]).startswith("parts(")]
+    assert len(shown) >= 4
+    for i in shown:
+        assert "hide-output" in cells[i]["metadata"].get("tags", []), i
+        above = next(c for c in reversed(cells[:i]) if c["cell_type"] == "markdown")
+        assert "folded" in "".join(above["source"]).splitlines()[-1], i
