@@ -916,8 +916,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
                            "kernel (graph-replayed) timed on the card in any committed run, "
                            + " and ".join(f"{v * 1e3:.2f} µs on the {c}" for c, v in floor_by_card.items()
                                           if v is not None) + " (each run's own, folded below).")
-    definitions.append("**% of the binding floor**: the largest floor over our median. Each chapter's own tables "
-                       "name the floor they divide by in their headers.")
+    definitions.append("**% of the binding floor**: the largest floor over our median, the one floor this page uses; "
+                       "a chapter's own \"× floor\" column may divide by another, which its page defines.")
     samples = [t for t in tails.values() if t]
     if samples:
         definitions.append("**" + TAIL_NOTE.format(samples=samples[0].get("samples", "its"),
