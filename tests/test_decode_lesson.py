@@ -408,7 +408,8 @@ def test_the_steps_table_is_its_own_ratios(earlier):
         assert b["x_previous"] == pytest.approx(a["us"] / b["us"])
     assert all(r["x_floor"] == pytest.approx(r["us"] / r["floor_us"]) for r in rows)
     table = lesson.steps_table(earlier)
-    assert table.startswith("| step | what changes | µs per token | × previous | × floor |")
+    assert table.startswith("| step | what changes | µs per token | × previous | "
+                            "× floor (its forwards' weight bytes) |")
     # step 3 bundles three changes (each in step03_changes_table): its row says so, not "the one change"
     assert "three changes" in table.splitlines()[-1] and "one change" not in table
     assert lesson.PENDING in lesson.steps_table(Results(earlier.path, {**earlier.data, "measurements": []}))

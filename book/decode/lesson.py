@@ -596,7 +596,8 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
 
 def steps_table(results, model: str = "1b", batch: int = 1) -> str:
     """:func:`steps_rows` as the page's one steps table (Markdown)."""
-    lines = ["| step | what changes | µs per token | × previous | × floor |", "|---|---|---|---|---|"]
+    lines = ["| step | what changes | µs per token | × previous | × floor (its forwards' weight bytes) |",
+             "|---|---|---|---|---|"]
     for r in steps_rows(results, model, batch):
         prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
         lines.append(f"| `{r['step']}` | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
