@@ -176,12 +176,12 @@ def _kernel(name: str, device_index: int):
 # check --compile-only (CPU): NVRTC, spills, the library's SASS, the magic moves
 # ----------------------------------------------------------------------------------------------
 
-def _cuobjdump() -> Optional[str]:
+def cuobjdump() -> Optional[str]:
     tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     return str(tool) if tool.is_file() else shutil.which("cuobjdump")
 
 
-def _sass_functions(cubin: bytes, tool: str) -> dict[str, list[str]]:
+def sass_functions(cubin: bytes, tool: str) -> dict[str, list[str]]:
     """Each kernel's SASS instructions (addresses, encodings and the kernel's own name taken out)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -224,11 +224,11 @@ def compile_check() -> int:
     step11_shapes = [(b, mt, *s) for b in (True, False) for mt in (1, 2) for s in SHAPES]
     lib_exprs = [_library_instance(*args) for args in step11_shapes]
     lib = cuda.compile_source("ternary_bulk", arch="sm_90", name_expressions=lib_exprs)
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         print("no cuobjdump: SASS not compared")
         return failures
-    ours_sass, lib_sass = _sass_functions(ours.cubin, tool), _sass_functions(lib.cubin, tool)
+    ours_sass, lib_sass = sass_functions(ours.cubin, tool), sass_functions(lib.cubin, tool)
     same = 0
     for args, lib_expr in zip(step11_shapes, lib_exprs):
         mine = ours_sass[ours.lowered_names[instance(STEP11, *args)]]

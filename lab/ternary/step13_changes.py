@@ -39,10 +39,7 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -50,6 +47,7 @@ from typing import Any, Optional
 import torch
 import triton
 
+from lab.ternary.step11_changes import cuobjdump, sass_functions
 from studylog import cuda, paths, runtime
 from studylog import ternary as T
 from studylog.bench import write_lab_output
@@ -128,29 +126,6 @@ def _kernel(name: str, device_index: int):
 # check --compile-only (CPU): NVRTC, spills, the library's SASS
 # ----------------------------------------------------------------------------------------------
 
-def _cuobjdump() -> Optional[str]:
-    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    return str(tool) if tool.is_file() else shutil.which("cuobjdump")
-
-
-def _sass_functions(cubin: bytes, tool: str) -> dict[str, list[str]]:
-    """Each kernel's SASS instructions (addresses, encodings and the kernel's own name taken out)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    out, current = {}, None
-    for line in text.splitlines():
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            current = out.setdefault(m[1], [])
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;?\s*/\*", line)
-        if current is not None and m:
-            current.append(m[1].strip())
-    return {name: [re.sub(r"_Z\w+", "<kernel>", ins) for ins in lines] for name, lines in out.items()}
-
-
 def compile_check() -> int:
     """Every instance compiles (sm_90) without spills; those at step 13's knob give the library's SASS. Returns the
     number of failures."""
@@ -168,11 +143,11 @@ def compile_check() -> int:
           f"{'none' if not failures else failures}")
     lib_exprs = [_library_instance(*launch) for launch in LAUNCHES]
     lib = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=lib_exprs)
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         print("no cuobjdump: SASS not compared")
         return failures
-    ours_sass, lib_sass = _sass_functions(ours.cubin, tool), _sass_functions(lib.cubin, tool)
+    ours_sass, lib_sass = sass_functions(ours.cubin, tool), sass_functions(lib.cubin, tool)
     same = 0
     for launch, lib_expr in zip(LAUNCHES, lib_exprs):
         mine = ours_sass[ours.lowered_names[instance(VARIANTS["step13"], *launch)]]
