@@ -102,3 +102,13 @@ def test_the_loops_own_bound_prices_each_requests_forwards_at_the_one_token_forw
     assert bound["bound_us"] == pytest.approx(statistics.median(per_request) * 1e3)
     assert bound["over"] == pytest.approx(measured / statistics.median(per_request))
     assert bound["over"] > 1.0  # at most half a forward per token here, each shorter than any request's step
+
+
+def test_the_page_and_the_scoreboard_give_the_loop_the_same_bound():
+    from book import scoreboard
+
+    row = next((r for r in scoreboard.scoreboard() if r["number"] == 8 and r.get("loop_bound_ms") is not None
+                and "H200" in r["card"]), None)
+    if row is None:
+        pytest.skip("no committed H200 run of chapter 8")
+    assert row["loop_bound_ms"] * 1e3 == pytest.approx(lesson.loop_bound(lesson.committed())["bound_us"])
