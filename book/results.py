@@ -407,8 +407,6 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, li
     every statement of a shown code cell that prints a listing, with ``studylog.source``'s two listing functions
     counting the lines of what they return. Returns the count and the statements that could not be run this way
     (none is expected: a test checks)."""
-    import contextlib
-    import io
     import json
 
     from studylog import source
@@ -437,7 +435,7 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, li
     for name, fn in originals.items():
         setattr(source, name, counting(fn))
     try:
-        with contextlib.redirect_stdout(io.StringIO()), capture_output():
+        with capture_output():  # stdout, stderr and rich outputs alike
             for tree, shown in trees:
                 for stmt in tree.body:
                     setup = (isinstance(stmt, (ast.Import, ast.ImportFrom))
