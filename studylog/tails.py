@@ -14,9 +14,9 @@ GPU, a slow replay), not how slow one call of a decode step can be: a single slo
 row here keeps those too (``repetition_medians_ms``), comparable to the chapter's ``spread_ms``.
 
 Where this differs from the chapters' rows: every graph here holds at least 60 calls (chapters 4 to 6 size theirs to
-a budget of GPU time: 11 to 20 calls at these shapes), and chapter 2's call is not rotated (one copy of the head: the
-thousand allowed rows a replay's first call reads stay in L2 for the next ones), where its benchmark rotates copies of
-the head; its row records ``rotated_copies`` = 1, which the scoreboard reads to say so beside the p99.
+a budget of GPU time: 11 to 20 calls at these shapes). Chapter 2's call rotates over copies of the head as its benchmark
+does (:class:`~studylog.masked_lm_head.report.HeadCopies`: one plan a copy, the hidden state shared); every row
+records ``rotated_copies``, which the scoreboard holds against the chapter's row.
 
 After chapter 4's row come two rows of its latency floor (``role`` "baseline", ``floor`` "latency", as the run's
 other yardsticks): :func:`studylog.ctc.floor.chain_floor`, a kernel that runs only the recursion's chain of
@@ -120,16 +120,24 @@ def qkv_views(flat: torch.Tensor, heads: int, head_dim: int):
 
 def _masked_head(run, rep: int):
     from studylog.masked_lm_head import HIDDEN, VOCAB, MaskedHeadPlan, dispatch_rule
+    from studylog.masked_lm_head.report import HeadCopies
 
     weight, h, tokens, bitmask = masked_head_inputs(VOCAB, HIDDEN, 1000, seed=rep)
     bitmask, count = bitmask.pin_memory(), tokens.union_count
     plan = MaskedHeadPlan(weight, 1, rule=dispatch_rule())
     plan.h.copy_(h)
+    # the rows a call reads, as the chapter's benchmark counts them: every row on the dense bucket, else the allowed
+    row_bytes = weight.shape[1] * weight.element_size()
+    nbytes = weight.shape[0] * row_bytes if plan.bucket(count)[0] == "dense" else count * row_bytes
+    heads = HeadCopies(run)
+    n, capped = heads.count(weight, nbytes)
+    plans = [plan] + [MaskedHeadPlan(w, 1, h=plan.h, rule=plan.rule) for w in heads.of(weight, n)[1:]]
 
-    def step():  # the chapter's plan_bitmask (the bitmask copied in, then the plan's kernels) on one head copy
-        plan.bitmask.copy_(bitmask, non_blocking=True)
-        return plan.launch(count)
-    return [step], {"bucket": " ".join(map(str, plan.bucket(count)))}
+    def step(p):  # the chapter's plan_bitmask: the bitmask copied in, then the plan's kernels, on one head copy
+        p.bitmask.copy_(bitmask, non_blocking=True)
+        return p.launch(count)
+    return ([lambda p=p: step(p) for p in plans],
+            {"bucket": " ".join(map(str, plan.bucket(count))), "read_bytes": nbytes, "rotation_capped": capped})
 
 
 def _ngram(run, rep: int):

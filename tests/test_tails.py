@@ -277,3 +277,37 @@ def test_multi_item_inputs():
     q, k, v = tails.qkv_views(flat, 2, 16)
     assert q.shape == k.shape == v.shape == (2, tokens, 16)
     assert q.data_ptr() != k.data_ptr() != v.data_ptr()
+
+
+class RotatingRun:
+    """What chapter 2's case asks of a BenchRun: how many copies a call reading ``nbytes`` rotates among."""
+
+    def __init__(self, copies):
+        self.copies, self.asked = copies, []
+
+    def rotation(self, nbytes):
+        self.asked.append(nbytes)
+        return self.copies
+
+
+def test_masked_head_case_rotates_one_plan_over_each_head_copy(monkeypatch):
+    """Chapter 2's tails call is the benchmark's: the plan's step on each copy of the head in turn (as many copies as
+    the run's rotation asks for the rows a call reads), every copy giving the same logits as a float64 reference."""
+    from studylog.masked_lm_head import AllowedTokens
+
+    vocab, hidden, allowed, build = 300, 64, 20, tails.masked_head_inputs
+    monkeypatch.setattr(tails, "masked_head_inputs", lambda v, d, n, *, seed: build(vocab, hidden, allowed, seed=seed,
+                                                                                     device="cpu"))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    run = RotatingRun(3)
+    calls, extra = tails._masked_head(run, 0)
+    assert len(calls) == 3 and extra["read_bytes"] == run.asked[0] and extra["rotation_capped"] is False
+    weight, h, tokens, _ = build(vocab, hidden, allowed, seed=0, device="cpu")
+    assert isinstance(tokens, AllowedTokens)
+    want = (h.double() @ weight.double().t()).masked_fill(~tokens.mask, float("-inf"))
+    outs = [call().clone() for call in calls]
+    for out in outs:
+        assert torch.equal(torch.isinf(out), torch.isinf(want))
+        finite = torch.isfinite(want)
+        torch.testing.assert_close(out.double()[finite], want[finite], rtol=1e-3, atol=1e-3)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
