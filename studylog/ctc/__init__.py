@@ -58,31 +58,41 @@ def _csrc(name: str):
     return paths.chapter_csrc("ctc") / f"{name}.cu"
 
 
+#: What each step changes (the chapter's table of steps), by its function ``stepNN_<slug>``.
+_TITLES = {
+    step01_baseline: "warp-ctc's design: alpha matrix in global memory, gradient in the beta kernel",
+    step02_restrict: "every pointer __restrict__",
+    step03_ldg: "read-only loads through __ldg",
+    step04_register_blocking: "a thread's positions, labels and skips in registers (grain size)",
+    step05_shared_rows: "the alpha kernel's two live rows in shared memory",
+    step06_probability_space: "probabilities rescaled every frame instead of logs (the counterexample)",
+    step07_fused_softmax: "no softmax written: emissions, one warp per direction, fused gradient",
+    step08_branch_free: "the warp recursion without its divergent branch",
+    step09_two_passes: "softmax written by the first pass, target's classes corrected in place",
+    step10_warps_per_direction: "the recursion over several warps per direction",
+}
+#: Each step's ``.cu`` file (in ``csrc``) and the kernel (or device function) of it that the lesson shows.
+_SHOWN = {
+    1: ("ctc_step01_baseline", "ctc_alpha_step1"), 2: ("ctc_step02_03_restrict_ldg", "ctc_alpha_step2"),
+    3: ("ctc_step02_03_restrict_ldg", "ctc_beta_grad_step3"), 4: ("ctc_step04_05_blocked", "ctc_alpha_step4"),
+    5: ("ctc_step04_05_blocked", "ctc_alpha_step5"), 6: ("ctc_step06_probability", "ctc_alpha_step6"),
+    7: ("ctc_step07_fused_softmax", "ctc_recursion_direction"),
+    8: ("ctc_step08_branch_free", "ctc_branchless_direction"),
+    9: ("ctc_step09_two_passes", "ctc_target_grad"), 10: ("ctc_step10_warps", "ctc_warps_direction"),
+}
+
+
+def _step(function, title: str) -> Step:
+    """The step of ``function`` (``stepNN_<slug>``: its number and slug) with its title and shown kernel."""
+    number, slug = function.__name__.removeprefix("step").split("_", 1)
+    source, kernel = _SHOWN[int(number)]
+    return Step(int(number), slug, title, "cuda", function, _csrc(source), kernel)
+
+
 CHAPTER = Chapter(
     name="ctc", number=4, notebooks=("04_ctc_loss",),
     title="CTC loss in CUDA C++",
-    steps=(
-        Step(1, "baseline", "warp-ctc's design: alpha matrix in global memory, gradient in the beta kernel", "cuda",
-             step01_baseline, _csrc("ctc_step01_baseline"), "ctc_alpha_step1"),
-        Step(2, "restrict", "every pointer __restrict__", "cuda",
-             step02_restrict, _csrc("ctc_step02_03_restrict_ldg"), "ctc_alpha_step2"),
-        Step(3, "ldg", "read-only loads through __ldg", "cuda",
-             step03_ldg, _csrc("ctc_step02_03_restrict_ldg"), "ctc_beta_grad_step3"),
-        Step(4, "register_blocking", "a thread's positions, labels and skips in registers (grain size)", "cuda",
-             step04_register_blocking, _csrc("ctc_step04_05_blocked"), "ctc_alpha_step4"),
-        Step(5, "shared_rows", "the alpha kernel's two live rows in shared memory", "cuda",
-             step05_shared_rows, _csrc("ctc_step04_05_blocked"), "ctc_alpha_step5"),
-        Step(6, "probability_space", "probabilities rescaled every frame instead of logs (the counterexample)",
-             "cuda", step06_probability_space, _csrc("ctc_step06_probability"), "ctc_alpha_step6"),
-        Step(7, "fused_softmax", "no softmax written: emissions, one warp per direction, fused gradient", "cuda",
-             step07_fused_softmax, _csrc("ctc_step07_fused_softmax"), "ctc_recursion_direction"),
-        Step(8, "branch_free", "the warp recursion without its divergent branch", "cuda",
-             step08_branch_free, _csrc("ctc_step08_branch_free"), "ctc_branchless_direction"),
-        Step(9, "two_passes", "softmax written by the first pass, target's classes corrected in place", "cuda",
-             step09_two_passes, _csrc("ctc_step09_two_passes"), "ctc_target_grad"),
-        Step(10, "warps_per_direction", "the recursion over several warps per direction", "cuda",
-             step10_warps_per_direction, _csrc("ctc_step10_warps"), "ctc_warps_direction"),
-    ),
+    steps=tuple(_step(function, title) for function, title in _TITLES.items()),
     bench=report.bench,
     headline=results.headline,
     baselines={
