@@ -96,14 +96,15 @@ class CTCTargets:
 
     num_classes: int
     max_time: int
+    # Each device array (int32: what the kernels read) beside the host values it was built from.
     input_lengths_host: tuple[int, ...]
+    input_lengths: Int[Tensor, " n"]
     target_lengths_host: tuple[int, ...]
+    target_lengths: Int[Tensor, " n"]
     label_lists: tuple[np.ndarray, ...]
     label_stride: int  # columns of ``labels`` (>= 1): the kernels' L_max
-    slot_stride: int  # columns of ``slot_class`` (>= 1): the kernels' U_max
     labels: Int[Tensor, "n lmax"]
-    input_lengths: Int[Tensor, " n"]
-    target_lengths: Int[Tensor, " n"]
+    slot_stride: int  # columns of ``slot_class`` (>= 1): the kernels' U_max
     slot_class: Int[Tensor, "n umax"]
     slot_start: Int[Tensor, "n umax_plus_1"]
     slot_members: Int[Tensor, "n lmax"]
