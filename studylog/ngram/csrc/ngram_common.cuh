@@ -117,6 +117,27 @@ __device__ __forceinline__ void write_draft(u64 key, i64 drafted, i64 base, cons
     for (i64 k = 0; k < drafted; ++k) dst[k] = src[k];
 }
 
+// The batch budget walked on one thread, slot after slot, as the Python reference's batch loop
+// does (steps 2 and 3). `drafts(b, p, room)` gives an active slot's drafts, written to
+// draft_tokens, within `room`, the drafts the batch budget allows it.
+template <typename Drafts>
+__device__ __forceinline__ void walk_budget(NGRAM_KERNEL_PARAMS, Drafts drafts) {
+    i64 unprocessed = 0;
+    for (int b = 0; b < batch; ++b) unprocessed += plan_slot(b, SLOT_ARGS).counted;
+
+    i64 total = 0;  // sum of this step's seq_lens_this_time over the slots already visited
+    for (int b = 0; b < batch; ++b) {
+        const SlotPlan p = plan_slot(b, SLOT_ARGS);
+        if (p.kind == SLOT_KEEP) { total += p.base; continue; }
+        if (p.kind == SLOT_ZERO) { seq_lens_this_time[b] = 0; continue; }
+        unprocessed -= 1;
+        const i64 sum = total + p.base;
+        const i64 drafted = drafts(b, p, (i64)threshold - sum - unprocessed);
+        seq_lens_this_time[b] = (int)(p.base + drafted);
+        total = sum + drafted;
+    }
+}
+
 // Inclusive prefix sum over the block (blockDim.x a multiple of 32); *total gets the block's sum.
 __device__ __forceinline__ i64 block_inclusive_scan(i64 v, i64 *s_warp, i64 *total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -212,5 +233,21 @@ __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
         total_before += chunk_total;
         active_before += chunk_active;
         crossed |= first != 0x7fffffff;
+    }
+}
+
+// The end of a fused launch (steps 6 and 7): the last block to finish runs phase 2, once every
+// block has counted itself done (all keys are final then). `s_last` is the caller's shared flag.
+__device__ __forceinline__ void last_block_budget(int &s_last, NGRAM_KERNEL_PARAMS) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();  // this block's key updates are visible before it counts itself done
+        s_last = atomicAdd(blocks_done, 1u) == gridDim.x * gridDim.y - 1;
+    }
+    __syncthreads();
+    if (s_last) {
+        __threadfence();
+        budget_scan_block(NGRAM_KERNEL_ARGS, /*reset_keys=*/1);
+        if (threadIdx.x == 0) *blocks_done = 0;  // ready for the next launch
     }
 }

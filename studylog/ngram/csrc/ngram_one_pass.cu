@@ -124,15 +124,5 @@ extern "C" __global__ void ngram_one_pass_fused(NGRAM_KERNEL_PARAMS) {
         }
     }
     // The last block to finish runs phase 2 (all keys are final once every block has counted).
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();  // this block's key updates are visible before it counts itself done
-        s_last = atomicAdd(blocks_done, 1u) == gridDim.x * gridDim.y - 1;
-    }
-    __syncthreads();
-    if (s_last) {
-        __threadfence();
-        budget_scan_block(NGRAM_KERNEL_ARGS, /*reset_keys=*/1);
-        if (threadIdx.x == 0) *blocks_done = 0;  // ready for the next launch
-    }
+    last_block_budget(s_last, NGRAM_KERNEL_ARGS);
 }

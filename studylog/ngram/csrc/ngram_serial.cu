@@ -15,17 +15,7 @@ __device__ i64 serial_leftmost(const i64 *hay, i64 hay_len, const i64 *pattern, 
 
 extern "C" __global__ void ngram_serial(NGRAM_KERNEL_PARAMS) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    i64 unprocessed = 0;
-    for (int b = 0; b < batch; ++b) unprocessed += plan_slot(b, SLOT_ARGS).counted;
-
-    i64 total = 0;  // sum of this step's seq_lens_this_time over the slots already visited
-    for (int b = 0; b < batch; ++b) {
-        const SlotPlan p = plan_slot(b, SLOT_ARGS);
-        if (p.kind == SLOT_KEEP) { total += p.base; continue; }
-        if (p.kind == SLOT_ZERO) { seq_lens_this_time[b] = 0; continue; }
-        unprocessed -= 1;
-        const i64 sum = total + p.base;
-        const i64 room = (i64)threshold - sum - unprocessed;  // drafts the batch budget allows
+    walk_budget(NGRAM_KERNEL_ARGS, [&](int b, const SlotPlan &p, i64 room) {
         i64 drafted = 0;
         u64 key = NONE_KEY;
         if (room >= 2 && p.cap >= 1) {
@@ -42,7 +32,6 @@ extern "C" __global__ void ngram_serial(NGRAM_KERNEL_PARAMS) {
             drafted = min64(tentative_drafted(key, p, prompt_lens[b], step), room);
             if (drafted > 0) write_draft(key, drafted, p.base, prompt, gen, draft_tokens + (i64)b * draft_width);
         }
-        seq_lens_this_time[b] = (int)(p.base + drafted);
-        total = sum + drafted;
-    }
+        return drafted;
+    });
 }

@@ -153,15 +153,5 @@ __global__ void __launch_bounds__(256) ngram_stream(NGRAM_KERNEL_PARAMS) {
         }
     }
     // The last block to finish runs phase 2, as in step 6.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        s_last = atomicAdd(blocks_done, 1u) == gridDim.x * gridDim.y - 1;
-    }
-    __syncthreads();
-    if (s_last) {
-        __threadfence();
-        budget_scan_block(NGRAM_KERNEL_ARGS, /*reset_keys=*/1);
-        if (threadIdx.x == 0) *blocks_done = 0;  // ready for the next launch
-    }
+    last_block_budget(s_last, NGRAM_KERNEL_ARGS);
 }

@@ -44,17 +44,7 @@ extern "C" __global__ void ngram_search_per_n(NGRAM_KERNEL_PARAMS) {
 
 extern "C" __global__ void ngram_budget_serial(NGRAM_KERNEL_PARAMS) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    i64 unprocessed = 0;
-    for (int b = 0; b < batch; ++b) unprocessed += plan_slot(b, SLOT_ARGS).counted;
-
-    i64 total = 0;  // sum of this step's seq_lens_this_time over the slots already visited
-    for (int b = 0; b < batch; ++b) {
-        const SlotPlan p = plan_slot(b, SLOT_ARGS);
-        if (p.kind == SLOT_KEEP) { total += p.base; continue; }
-        if (p.kind == SLOT_ZERO) { seq_lens_this_time[b] = 0; continue; }
-        unprocessed -= 1;
-        const i64 sum = total + p.base;
-        const i64 room = (i64)threshold - sum - unprocessed;
+    walk_budget(NGRAM_KERNEL_ARGS, [&](int b, const SlotPlan &p, i64 room) {
         const u64 key = match_keys[b];
         i64 drafted = 0;
         if (room >= 2) {
@@ -63,9 +53,8 @@ extern "C" __global__ void ngram_budget_serial(NGRAM_KERNEL_PARAMS) {
                 write_draft(key, drafted, p.base, prompt_ids + (i64)b * prompt_width,
                             generated_ids + (i64)b * gen_width, draft_tokens + (i64)b * draft_width);
         }
-        seq_lens_this_time[b] = (int)(p.base + drafted);
-        total = sum + drafted;
-    }
+        return drafted;
+    });
 }
 
 extern "C" __global__ void ngram_budget_scan(NGRAM_KERNEL_PARAMS) {
