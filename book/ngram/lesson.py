@@ -275,7 +275,8 @@ def boehm_table(results) -> str:
 
 def step2_excerpt():
     """Step 2 in a few lines, read from the sources: the launch (one block of one thread), the window search and
-    the kernel's walk over slots and n-gram sizes, the rest elided with ``// ...`` (the whole port is folded)."""
+    the kernel's walk over slots (``walk_budget``) and n-gram sizes, the rest elided with ``// ...`` (the whole port
+    is folded)."""
     import inspect
 
     from studylog.ngram import kernels
@@ -289,9 +290,10 @@ def step2_excerpt():
     loop = next(i for i, ln in enumerate(lines) if "for (int n = min(max_ngram" in ln)
     indent = lines[loop][:len(lines[loop]) - len(lines[loop].lstrip())]
     body = [ln[len(indent) - 8:] for ln in lines[loop:lines.index(indent + "}", loop) + 1]]
+    walk = lines[kernel + 2] + "  // each slot in order"
     out = [f"// the launch, from Python: one block of one thread: {launch}", "", *search, "",
-           *lines[kernel:kernel + 2], "    for (int b = 0; b < batch; ++b) {  // ... each slot in order, then:", *body,
-           "        // ... the budget, then the slot's drafts", "    }", "}"]
+           *lines[kernel:kernel + 2], walk, "        // ...", *body, "        // ... the slot's drafts, within the room",
+           "    });", "}"]
     return Code("\n".join(out), "cuda", "step 2, excerpt: the launch and the search loop")
 
 
