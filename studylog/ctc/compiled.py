@@ -15,8 +15,9 @@ def compile_step(step: int, *, grains: Sequence[int] = (), layouts: Sequence[boo
     (steps 2 and 3 share one; steps 4 and 5 another; steps 8 and 10 launch step 7's and 9's passes from
     those steps' files), with the requested grain sizes of steps 4 to 6 (in the ``layouts``), positions
     per lane of steps 7 and 8 (with the recursion options ``recursions`` of step 8) or per thread of step 10."""
-    if step in (1, 2, 3):
-        return cuda.compile_source(warpctc.SOURCES[step], arch=arch)
+    if step in (1, 2, 3):  # steps 2 and 3: both instances of the file's templates
+        names = [n for s in ((2, 3) if step > 1 else (1,)) for n in warpctc.kernel_names(s) if "<" in n]
+        return cuda.compile_source(warpctc.SOURCES[step], arch=arch, name_expressions=names)
     if step in (4, 5, 6):
         names = [n for vt in grains for b in layouts for n in warpctc.kernel_names(step, vt, b)]
         return cuda.compile_source(warpctc.SOURCES[step], arch=arch, name_expressions=list(dict.fromkeys(names)))

@@ -40,8 +40,11 @@ class UnderflowWarning(RuntimeWarning):
 
 def kernel_names(step: int, grain: int | None = None, blocked: bool = False) -> tuple[str, str]:
     """(alpha kernel, beta + gradient kernel) of steps 1 to 6, as NVRTC name expressions."""
-    if step in (1, 2, 3):
-        return f"ctc_alpha_step{step}", f"ctc_beta_grad_step{step}"
+    if step == 1:
+        return "ctc_alpha_step1", "ctc_beta_grad_step1"
+    if step in (2, 3):  # one template each: LDG = false is step 2, true step 3
+        ldg = "true" if step == 3 else "false"
+        return f"ctc_alpha_restrict<{ldg}>", f"ctc_beta_grad_restrict<{ldg}>"
     if step in (4, 5, 6):
         if grain not in GRAIN_SIZES:
             raise ValueError(f"grain must be one of {GRAIN_SIZES}, got {grain!r}")
@@ -216,4 +219,5 @@ def step06_probability_space(activations, targets, input_lengths=None, target_le
     return loss, grad
 
 
+cuda.declare_instances(SOURCES[2], [n for step in (2, 3) for n in kernel_names(step)])
 cuda.declare_instances(SOURCES[6], [n for b in (False, True) for n in kernel_names(6, 2, b)])

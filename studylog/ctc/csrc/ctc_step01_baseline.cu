@@ -14,112 +14,24 @@
 // double) for the loss. The posterior of frame t is normalised by its own sum over positions,
 // which cancels the offsets of both rows: no offset needs to be stored.
 
-#include "ctc_common.cuh"   // NEG_INF, NEG_INF_D, log_plus, row_max
-#include "ctc_warpctc.cuh"  // the pieces of steps 1 to 6 that no step changes
+#include "ctc_baseline.cuh"  // alpha_baseline, beta_grad_baseline: the kernels of steps 1 to 3
 
 // ==========================================================================================
 // Step 1: baseline. One block per utterance; the alpha kernel reads the previous row from the
-// alpha matrix in global memory and re-reads labels every frame.
+// alpha matrix in global memory and re-reads labels every frame (ctc_baseline.cuh).
 // ==========================================================================================
 extern "C" __global__ void ctc_alpha_step1(
     const float* log_probs, const int* labels, const int* input_lengths, const int* target_lengths,
     float* alphas, double* log_likelihood, int T, int N, int A, int Lmax) {
-    const int n = blockIdx.x;
-    const int Tn = input_lengths[n];
-    const int S = 2 * target_lengths[n] + 1;
-    const int Smax = 2 * Lmax + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    __shared__ float warp_maxima[2][32];
-    float* a = alphas + (size_t)n * T * Smax;
-    double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift
-    float prev_max = 0.0f;    // maximum of row t - 1, subtracted while reading it
-    for (int t = 0; t < Tn; ++t) {
-        if (t > 0) {
-            prev_max = row_max(warp_maxima[(t - 1) & 1], nwarps);
-            shift += prev_max;
-        }
-        const float* lp = log_probs + ((size_t)t * N + n) * A;
-        const float* prev = a + (size_t)(t > 0 ? t - 1 : 0) * Smax;
-        float local_max = NEG_INF;
-        for (int s = threadIdx.x; s < S; s += blockDim.x) {
-            const int label = (s & 1) ? labels[n * Lmax + (s >> 1)] : 0;
-            float v;
-            if (t == 0) {
-                v = (s <= 1) ? 0.0f : NEG_INF;
-            } else {
-                v = prev[s] - prev_max;
-                if (s >= 1) v = log_plus(v, prev[s - 1] - prev_max);
-                if ((s & 1) && s >= 3 && label != labels[n * Lmax + (s >> 1) - 1])
-                    v = log_plus(v, prev[s - 2] - prev_max);
-            }
-            v += lp[label];
-            a[(size_t)t * Smax + s] = v;
-            local_max = fmaxf(local_max, v);
-        }
-        publish_row_max(local_max, warp_maxima[t & 1], warp, lane);
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) log_likelihood[n] = log_likelihood_of(a + (size_t)(Tn - 1) * Smax, S, shift);
+    alpha_baseline<false>(log_probs, labels, input_lengths, target_lengths, alphas, log_likelihood, T, N, A, Lmax);
 }
 
-// Beta recursion (two live rows in shared memory) and the gradient of frame t:
-// grad[t][n][k] = softmax_k - (sum over positions s with label k of alpha_t(s) beta_t(s) / y_t(k)) / P,
-// where P = the same sum over all positions (the likelihood, up to the rows' offsets).
+// The beta recursion and the gradient, frame by frame (ctc_baseline.cuh).
 extern "C" __global__ void ctc_beta_grad_step1(
     const float* log_probs, const int* labels, const int* input_lengths, const int* target_lengths,
     const int* slot_class, const int* slot_start, const int* slot_members, const int* num_slots,
     const float* alphas, const double* log_likelihood, float* grad, float* loss,
     int T, int N, int A, int Lmax, int Umax, int zero_infinity) {
-    extern __shared__ float smem[];  // beta rows [2][Smax], then the posterior of each position [Smax]
-    __shared__ float warp_maxima[2][32];
-    __shared__ float warp_top[32], warp_total[32], warp_blank[32];
-    const int n = blockIdx.x;
-    const int Tn = input_lengths[n];
-    const int S = 2 * target_lengths[n] + 1;
-    const int Smax = 2 * Lmax + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    float* post = smem + 2 * Smax;
-    if (no_alignment(log_likelihood[n], loss, grad, zero_infinity, Tn, T, n, N, A)) return;
-    const float* a = alphas + (size_t)n * T * Smax;
-    const int U = num_slots[n];
-    float next_max = 0.0f;    // maximum of row t + 1, subtracted while reading it
-    for (int t = Tn - 1; t >= 0; --t) {
-        if (t < Tn - 1) next_max = row_max(warp_maxima[(t + 1) & 1], nwarps);
-        const float* lp = log_probs + ((size_t)t * N + n) * A;
-        float* g = grad + ((size_t)t * N + n) * A;
-        float* cur = smem + (t & 1) * Smax;
-        const float* nxt = smem + ((t + 1) & 1) * Smax;
-        float local_max = NEG_INF, top = NEG_INF;
-        for (int s = threadIdx.x; s < S; s += blockDim.x) {
-            const int label = (s & 1) ? labels[n * Lmax + (s >> 1)] : 0;
-            const float e = lp[label];
-            float v;
-            if (t == Tn - 1) {
-                v = (s >= S - 2) ? 0.0f : NEG_INF;
-            } else {
-                v = nxt[s] - next_max;
-                if (s + 1 < S) v = log_plus(v, nxt[s + 1] - next_max);
-                if ((s & 1) && s + 2 < S && label != labels[n * Lmax + (s >> 1) + 1])
-                    v = log_plus(v, nxt[s + 2] - next_max);
-            }
-            v += e;
-            cur[s] = v;
-            local_max = fmaxf(local_max, v);
-            post[s] = a[(size_t)t * Smax + s] + v - e;  // log of alpha beta / y, up to the offsets
-            top = fmaxf(top, post[s]);
-        }
-        top = frame_top(local_max, top, warp_maxima[t & 1], warp_top);
-        float total = 0.0f, blank = 0.0f;
-        for (int s = threadIdx.x; s < S; s += blockDim.x) normalise_posterior(post, s, top, total, blank);
-        publish_posterior_sums(total, blank, warp_total, warp_blank, warp, lane);
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(lp[k]);
-        __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
-        const float inv_total = 1.0f / sum_of_warps(warp_total, nwarps);
-        for (int u = threadIdx.x; u < U; u += blockDim.x) {
-            const int cls = slot_class[n * Umax + u];
-            const float sum = slot_sum<false>(post, warp_blank, nwarps, slot_start, slot_members, n, u, Umax, Lmax);
-            g[cls] = expf(lp[cls]) - sum * inv_total;
-        }
-        __syncthreads();  // post and the per-warp sums are rewritten by the next frame
-    }
+    beta_grad_baseline<false>(log_probs, labels, input_lengths, target_lengths, slot_class, slot_start, slot_members,
+                              num_slots, alphas, log_likelihood, grad, loss, T, N, A, Lmax, Umax, zero_infinity);
 }

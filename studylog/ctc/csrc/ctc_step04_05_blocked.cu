@@ -128,8 +128,8 @@ __global__ void ctc_beta_grad_step4(
             const int s = position<VT, BLOCKED>(i);
             if (s < S) normalise_posterior(post, s, top, total, blank);
         }
-        frame_gradient(g, lp, post, total, blank, warp_total, warp_blank, slot_class, slot_start, slot_members, n, U, Umax,
-                       Lmax, A, warp, lane, nwarps);
+        frame_gradient<true>(g, lp, post, total, blank, warp_total, warp_blank, slot_class, slot_start, slot_members, n,
+                             U, Umax, Lmax, A, warp, lane, nwarps);
     }
 }
 

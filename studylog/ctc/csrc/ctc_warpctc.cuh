@@ -6,6 +6,15 @@
 
 #include "ctc_common.cuh"  // NEG_INF, NEG_INF_D, log_plus, warp_max, warp_sum, slot_posterior
 
+// Element i + j + ... of p: a plain load p[i + j + ...] (steps 1 and 2), or with LDG one through the read-only data
+// cache, __ldg(p + i + j + ...) (step 3). With LDG the offsets are added to the pointer one by one, in the order
+// given, as a hand-written __ldg(p + i + j) does (p + (i + j) can compile to other instructions).
+template <bool LDG, class T, class... I>
+__device__ __forceinline__ T read(const T* p, I... i) {
+    if constexpr (LDG) return __ldg((p + ... + i));
+    else return p[(... + i)];
+}
+
 // ------------------------------------------------------------------------------------------
 // The rows of the recursions.
 // ------------------------------------------------------------------------------------------
@@ -99,21 +108,23 @@ __device__ __forceinline__ float slot_sum(const float* post, const float* warp_b
                   : slot_posterior<LDG>(post, slot_start, slot_members, n, u, Umax, Lmax);
 }
 
-// The end of a frame of the beta kernels of steps 3 to 5, once post holds the frame's posteriors relative
+// The end of a frame of the log-space beta kernels (steps 1 to 5), once post holds the frame's posteriors relative
 // to the largest and this thread's sums of them (total: all positions, blank: the blanks): the softmax written over
 // the frame's gradient g, then each class slot of the target corrected by its posterior over the frame's total.
+// LDG: the log-probabilities and slot arrays are read through __ldg (steps 3 to 5).
+template <bool LDG>
 __device__ __forceinline__ void frame_gradient(float* g, const float* lp, const float* post, float total, float blank,
                                                float* warp_total, float* warp_blank, const int* slot_class,
                                                const int* slot_start, const int* slot_members, int n, int U, int Umax,
                                                int Lmax, int A, int warp, int lane, int nwarps) {
     publish_posterior_sums(total, blank, warp_total, warp_blank, warp, lane);
-    for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(__ldg(lp + k));
+    for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = expf(read<LDG>(lp, k));
     __syncthreads();  // the softmax of the frame is written before the labels' entries are fixed
     const float inv_total = 1.0f / sum_of_warps(warp_total, nwarps);
     for (int u = threadIdx.x; u < U; u += blockDim.x) {
-        const int cls = __ldg(slot_class + n * Umax + u);
-        const float sum = slot_sum<true>(post, warp_blank, nwarps, slot_start, slot_members, n, u, Umax, Lmax);
-        g[cls] = expf(__ldg(lp + cls)) - sum * inv_total;
+        const int cls = read<LDG>(slot_class, n * Umax, u);
+        const float sum = slot_sum<LDG>(post, warp_blank, nwarps, slot_start, slot_members, n, u, Umax, Lmax);
+        g[cls] = expf(read<LDG>(lp, cls)) - sum * inv_total;
     }
     __syncthreads();  // post and the per-warp sums are rewritten by the next frame
 }
