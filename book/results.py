@@ -352,8 +352,8 @@ def versions_markdown(root: Path = BENCH_RESULTS) -> str:
 
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
     """The results page's first table: per chapter the question, the fair headline on each card (one number and a
-    few words) and a link; under it, the numbered notes the cells point to (caveats, the other numbers of a line,
-    and where the cards time different code)."""
+    few words) and a link; under it, folded, the numbered notes the cells point to (caveats, the other numbers of a
+    line, and where the cards time different code)."""
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = list(dict.fromkeys(n for h in found for n in h["cells"]))
@@ -369,8 +369,10 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
         lines.append(f"| [{h['number']}. {h['title']}]({link(h['notebook'])}) | {h['question']} | {h['what']} | "
                      + " | ".join(h["cells"].get(n, NOT_MEASURED) for n in names) + " | "
                      + (", ".join(refs) or "–") + " |")
-    if numbered:
-        lines += ["", "Notes:", ""] + [f"{i}. {text[0].upper() + text[1:]}." for i, text in enumerate(numbered, 1)]
+    if numbered:  # folded: the table is the page's answer, the notes are for the reader who asks about a cell
+        lines += ["", f"<details><summary>Notes 1 to {len(numbered)}: the caveats and the other numbers the table's "
+                  "cells point to</summary>", ""]
+        lines += [f"{i}. {text[0].upper() + text[1:]}." for i, text in enumerate(numbered, 1)] + ["", "</details>"]
     return "\n".join(lines)
 
 
