@@ -76,8 +76,8 @@ def dispatcher(A: int, N: int, positions: int) -> int:
 
 
 #: The forward direction's frame update in step 8's recursion, and the same loop left rolled.
-UNROLLED = "#pragma unroll\n                    for (int i = V - 1; i >= 0; --i) {"
-ROLLED = "#pragma unroll 1\n                    for (int i = V - 1; i >= 0; --i) {"
+UNROLLED = "#pragma unroll\n            for (int i = V - 1; i >= 0; --i) {"
+ROLLED = "#pragma unroll 1\n            for (int i = V - 1; i >= 0; --i) {"
 
 
 def not_unrolled(source: str) -> str:

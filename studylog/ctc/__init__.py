@@ -76,8 +76,7 @@ _SHOWN = {
     1: ("ctc_step01_baseline", "ctc_alpha_step1"), 2: ("ctc_step02_03_restrict_ldg", "ctc_alpha_restrict"),
     3: ("ctc_step02_03_restrict_ldg", "ctc_beta_grad_restrict"), 4: ("ctc_step04_05_blocked", "ctc_alpha_step4"),
     5: ("ctc_step04_05_blocked", "ctc_alpha_step5"), 6: ("ctc_step06_probability", "ctc_alpha_step6"),
-    7: ("ctc_step07_fused_softmax", "ctc_recursion_direction"),
-    8: ("ctc_step08_branch_free", "ctc_branchless_direction"),
+    7: ("ctc_step07_fused_softmax", "FrameUpdate"), 8: ("ctc_step08_branch_free", "FrameUpdate"),
     9: ("ctc_step09_two_passes", "ctc_target_grad"), 10: ("ctc_step10_warps", "ctc_warps_direction"),
 }
 

@@ -4,6 +4,14 @@
 
 #include "ctc_common.cuh"  // NEG_INF
 
+// The arguments of the recursion kernels of steps 7, 8 and 10, in the order studylog.ctc.fused passes them: the
+// emissions (N, T, Lmax + 1), the labels and lengths, then what they write, the rows and the rows' offsets.
+#define RECURSION_PARAMS                                                                                        \
+    const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths, \
+        const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift, int T, \
+        int N, int Lmax
+#define RECURSION_ARGS emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax
+
 // The emissions lane `lane` (step 10: thread) needs of one frame (e: the frame's Lmax + 1 emissions): the
 // blank's, and those of its H labels lane H + 1 .. lane H + H (-inf past the target's L labels).
 template <int H>
@@ -31,4 +39,28 @@ __device__ __forceinline__ void store_row(float* dst_row, const float (&r)[V]) {
     float2* dst = reinterpret_cast<float2*>(dst_row);
 #pragma unroll
     for (int i = 0; i < V; i += 2) dst[i >> 1] = make_float2(r[i], r[i + 1]);
+}
+
+// Slot p of the prefetched emissions (eb, el: a frame's blank and H labels per slot) refilled with the k-th frame
+// the direction visits (frame k forward, Tn - 1 - k BACKWARD), if there is one. em_base: the utterance's
+// emissions, Lmax + 1 per frame.
+template <int H, int P, bool BACKWARD>
+__device__ __forceinline__ void refill_emissions(const float* em_base, int k, int Tn, int Lmax, int lane, int L,
+                                                 float (&eb)[P], float (&el)[P][H], int p) {
+    if (k < Tn) {
+        frame_emissions<H>(em_base + (size_t)(BACKWARD ? Tn - 1 - k : k) * (Lmax + 1), lane, L, eb[p], el[p]);
+    }
+}
+
+// The P slots filled with the first P frames the direction visits (-inf past its Tn frames).
+template <int H, int P, bool BACKWARD>
+__device__ __forceinline__ void prefetch_emissions(const float* em_base, int Tn, int Lmax, int lane, int L,
+                                                   float (&eb)[P], float (&el)[P][H]) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+        eb[p] = NEG_INF;
+#pragma unroll
+        for (int q = 0; q < H; ++q) el[p][q] = NEG_INF;
+        refill_emissions<H, P, BACKWARD>(em_base, p, Tn, Lmax, lane, L, eb, el, p);
+    }
 }

@@ -16,9 +16,9 @@
 // once (three passes), against four for steps 1 to 6 (activations read, log-probabilities
 // written and read back, gradient written); the emission and row arrays are small.
 
-#include "ctc_common.cuh"     // NEG_INF, FULL_MASK, warp_max, slot_posterior
-#include "ctc_fused.cuh"      // frame_lse, write_emissions, frame_posterior, loss_of_frame, write_softmax
-#include "ctc_recursion.cuh"  // frame_emissions, lane_max, store_row
+#include "ctc_common.cuh"          // NEG_INF, FULL_MASK, slot_posterior
+#include "ctc_fused.cuh"           // frame_lse, write_emissions, frame_posterior, loss_of_frame, write_softmax
+#include "ctc_warp_recursion.cuh"  // warp_recursion: the recursion on a warp per direction, but its update
 
 // ------------------------------------------------------------------------------------------
 // Pass 1: log-sum-exp of each frame and the emissions of the target's labels.
@@ -58,127 +58,53 @@ __device__ __forceinline__ float lse3(float a, float b, float c) {
 // Frames prefetched ahead of the one being computed (hides the load latency of the emissions).
 #define PREFETCH 4
 
-// One direction for one utterance. Lane l owns positions s = l V .. l V + V - 1 (V even, so
-// position i of a lane is a blank for even i and label j = l V / 2 + (i + 1) / 2 for odd i).
-template <int V, bool BACKWARD>
-__device__ __forceinline__ void ctc_recursion_direction(
-    const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift,
-    int T, int N, int Lmax) {
-    constexpr int H = V / 2;  // labels per lane
-    const int n = blockIdx.x, lane = threadIdx.x;
-    const int Tn = __ldg(input_lengths + n);
-    const int L = __ldg(target_lengths + n);
-    const int S = 2 * L + 1;
-    const int s0 = lane * V;
-    const int* lab = labels + n * Lmax;
-
-    unsigned valid = 0, skip = 0;  // bit i: position s0 + i exists / takes the s -/+ 2 transition
+// The update of a frame: the lane's V positions from the old row r (prev_max: its maximum, subtracted), the
+// neighbours across lanes from shuffles. eb, el: the frame's blank and the lane's H = V / 2 label emissions.
+// warp_recursion (ctc_warp_recursion.cuh) runs it for every frame of each direction.
+struct FrameUpdate {
+    template <int V, bool BACKWARD>
+    static __device__ __forceinline__ void frame(float (&r)[V], float eb, const float (&el)[V / 2], unsigned valid,
+                                                 unsigned skip, float prev_max, int lane) {
+        if (!BACKWARD) {
+            float up1 = __shfl_up_sync(FULL_MASK, r[V - 1], 1);
+            float up2 = __shfl_up_sync(FULL_MASK, r[V - 2], 1);
+            if (lane == 0) {
+                up1 = NEG_INF;
+                up2 = NEG_INF;
+            }
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-        const int s = s0 + i;
-        if (s < S) valid |= 1u << i;
-        if ((i & 1) && s < S) {
-            const int j = (s + 1) >> 1;  // 1-based label position; its label is lab[j - 1]
-            const bool jump = BACKWARD ? (j + 1 <= L && __ldg(lab + j) != __ldg(lab + j - 1))
-                                       : (j >= 2 && __ldg(lab + j - 1) != __ldg(lab + j - 2));
-            if (jump) skip |= 1u << i;
-        }
-    }
-
-    // The row before the first frame (alpha) or after the last (beta) holds one path of
-    // probability 1: at s = 0 for alpha, at s = S - 1 for beta. Every frame is then one update.
-    float r[V];
+            for (int i = V - 1; i >= 0; --i) {  // downwards: r[i - 1], r[i - 2] are still old
+                const float x1 = i >= 1 ? r[i - 1] : up1;
+                const float x2 = i >= 2 ? r[i - 2] : (i == 1 ? up1 : up2);
+                float e = (i & 1) ? el[i >> 1] : eb;
+                e = (valid >> i) & 1 ? e : NEG_INF;
+                const float v = (i & 1) && ((skip >> i) & 1) ? lse3(r[i], x1, x2) : lse2(r[i], x1);
+                r[i] = v + e - prev_max;
+            }
+        } else {
+            float dn1 = __shfl_down_sync(FULL_MASK, r[0], 1);
+            float dn2 = __shfl_down_sync(FULL_MASK, r[1], 1);
+            if (lane == 31) {
+                dn1 = NEG_INF;
+                dn2 = NEG_INF;
+            }
 #pragma unroll
-    for (int i = 0; i < V; ++i) r[i] = (s0 + i == (BACKWARD ? S - 1 : 0)) ? 0.0f : NEG_INF;
-
-    const size_t stride = 32 * V;
-    float* out_rows = rows + ((size_t)(BACKWARD ? N + n : n) * T) * stride + s0;
-    double* out_shift = row_shift + (size_t)(BACKWARD ? N + n : n) * T;
-    const float* em_base = emissions + (size_t)n * T * (Lmax + 1);
-
-    float eb[PREFETCH];       // blank emission of the frame in each prefetch slot
-    float el[PREFETCH][H];    // the lane's label emissions
-#pragma unroll
-    for (int p = 0; p < PREFETCH; ++p) {
-        const int t = BACKWARD ? Tn - 1 - p : p;
-        eb[p] = NEG_INF;
-#pragma unroll
-        for (int q = 0; q < H; ++q) el[p][q] = NEG_INF;
-        if (p < Tn) {
-            frame_emissions<H>(em_base + (size_t)t * (Lmax + 1), lane, L, eb[p], el[p]);
-        }
-    }
-
-    double shift = 0.0;  // log2 alpha (or beta) of frame t = r + shift
-    for (int k0 = 0; k0 < Tn; k0 += PREFETCH) {
-#pragma unroll
-        for (int p = 0; p < PREFETCH; ++p) {
-            const int k = k0 + p;
-            if (k < Tn) {  // the same for the whole warp
-                const int t = BACKWARD ? Tn - 1 - k : k;
-                // the old row's maximum is reduced alongside the update and subtracted after it
-                float prev_max = warp_max(lane_max<V>(r));
-                prev_max = prev_max == NEG_INF ? 0.0f : prev_max;
-                if (!BACKWARD) {
-                    float up1 = __shfl_up_sync(FULL_MASK, r[V - 1], 1);
-                    float up2 = __shfl_up_sync(FULL_MASK, r[V - 2], 1);
-                    if (lane == 0) {
-                        up1 = NEG_INF;
-                        up2 = NEG_INF;
-                    }
-#pragma unroll
-                    for (int i = V - 1; i >= 0; --i) {  // downwards: r[i - 1], r[i - 2] are still old
-                        const float x1 = i >= 1 ? r[i - 1] : up1;
-                        const float x2 = i >= 2 ? r[i - 2] : (i == 1 ? up1 : up2);
-                        float e = (i & 1) ? el[p][i >> 1] : eb[p];
-                        e = (valid >> i) & 1 ? e : NEG_INF;
-                        const float v = (i & 1) && ((skip >> i) & 1) ? lse3(r[i], x1, x2) : lse2(r[i], x1);
-                        r[i] = v + e - prev_max;
-                    }
-                } else {
-                    float dn1 = __shfl_down_sync(FULL_MASK, r[0], 1);
-                    float dn2 = __shfl_down_sync(FULL_MASK, r[1], 1);
-                    if (lane == 31) {
-                        dn1 = NEG_INF;
-                        dn2 = NEG_INF;
-                    }
-#pragma unroll
-                    for (int i = 0; i < V; ++i) {  // upwards: r[i + 1], r[i + 2] are still old
-                        const float x1 = i + 1 < V ? r[i + 1] : dn1;
-                        const float x2 = i + 2 < V ? r[i + 2] : (i + 2 == V ? dn1 : dn2);
-                        float e = (i & 1) ? el[p][i >> 1] : eb[p];
-                        e = (valid >> i) & 1 ? e : NEG_INF;
-                        const float v = (i & 1) && ((skip >> i) & 1) ? lse3(r[i], x1, x2) : lse2(r[i], x1);
-                        r[i] = v + e - prev_max;
-                    }
-                }
-                shift += prev_max;
-                if (s0 < S) store_row<V>(out_rows + (size_t)t * stride, r);
-                if (lane == 0) out_shift[t] = shift;
-                // refill this slot with the frame PREFETCH steps ahead
-                const int kn = k + PREFETCH;
-                if (kn < Tn) {
-                    frame_emissions<H>(em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1), lane, L, eb[p],
-                                       el[p]);
-                }
+            for (int i = 0; i < V; ++i) {  // upwards: r[i + 1], r[i + 2] are still old
+                const float x1 = i + 1 < V ? r[i + 1] : dn1;
+                const float x2 = i + 2 < V ? r[i + 2] : (i + 2 == V ? dn1 : dn2);
+                float e = (i & 1) ? el[i >> 1] : eb;
+                e = (valid >> i) & 1 ? e : NEG_INF;
+                const float v = (i & 1) && ((skip >> i) & 1) ? lse3(r[i], x1, x2) : lse2(r[i], x1);
+                r[i] = v + e - prev_max;
             }
         }
     }
-}
+};
 
-// grid (N, 2), block 32: blockIdx.y = 0 runs alpha forward in time, 1 runs beta backward.
+// grid (N, 2), block 32: alpha's warp and beta's side by side (warp_recursion).
 template <int V>
-__global__ void __launch_bounds__(32) ctc_fused_recursion(
-    const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift,
-    int T, int N, int Lmax) {
-    if (blockIdx.y == 0)
-        ctc_recursion_direction<V, false>(emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N,
-                                          Lmax);
-    else
-        ctc_recursion_direction<V, true>(emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N,
-                                         Lmax);
+__global__ void __launch_bounds__(32) ctc_fused_recursion(RECURSION_PARAMS) {
+    warp_recursion<FrameUpdate, V, PREFETCH, false>(RECURSION_ARGS);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 #include "ctc_common.cuh"       // NEG_INF, FULL_MASK, warp_max
 #include "ctc_branch_free.cuh"  // lse2_select, lse3_select
-#include "ctc_recursion.cuh"    // frame_emissions, lane_max, store_row
+#include "ctc_recursion.cuh"    // RECURSION_PARAMS, prefetch_emissions, refill_emissions, lane_max, store_row
 
 // ==========================================================================================
 // Step 10: several warps per utterance and direction.
@@ -21,10 +21,7 @@
 #define MAX_RECURSION_WARPS 16
 
 template <int V, bool BACKWARD>
-__device__ __forceinline__ void ctc_warps_direction(
-    const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift,
-    int T, int N, int Lmax) {
+__device__ __forceinline__ void ctc_warps_direction(RECURSION_PARAMS) {
     constexpr int H = V / 2;  // labels per thread
     constexpr int PREFETCH_FRAMES = 4;
     // exchange[b][0][w]: warp w's maximum of the old row; exchange[b][1..2][w]: its boundary value(s)
@@ -62,16 +59,7 @@ __device__ __forceinline__ void ctc_warps_direction(
 
     float eb[PREFETCH_FRAMES];
     float el[PREFETCH_FRAMES][H];
-#pragma unroll
-    for (int p = 0; p < PREFETCH_FRAMES; ++p) {
-        const int t = BACKWARD ? Tn - 1 - p : p;
-        eb[p] = NEG_INF;
-#pragma unroll
-        for (int q = 0; q < H; ++q) el[p][q] = NEG_INF;
-        if (p < Tn) {
-            frame_emissions<H>(em_base + (size_t)t * (Lmax + 1), tid, L, eb[p], el[p]);
-        }
-    }
+    prefetch_emissions<H, PREFETCH_FRAMES, BACKWARD>(em_base, Tn, Lmax, tid, L, eb, el);
 
     // the row before the first frame: its boundary values, already in final form (offset 0)
     if (!BACKWARD && lane == 31) exchange[0][1][warp] = r[V - 1];
@@ -152,11 +140,8 @@ __device__ __forceinline__ void ctc_warps_direction(
                 shift += prev_max;
                 if (s0 < S) store_row<V>(out_rows + (size_t)t * stride, r);
                 if (tid == 0) out_shift[t] = shift;
-                const int kn = k + PREFETCH_FRAMES;
-                if (kn < Tn) {
-                    frame_emissions<H>(em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1), tid, L, eb[p],
-                                       el[p]);
-                }
+                refill_emissions<H, PREFETCH_FRAMES, BACKWARD>(em_base, k + PREFETCH_FRAMES, Tn, Lmax, tid, L, eb, el,
+                                                               p);
             }
         }
     }
@@ -164,12 +149,9 @@ __device__ __forceinline__ void ctc_warps_direction(
 
 // grid (N, 2), block 32 W (W <= MAX_RECURSION_WARPS warps cover the S positions, V per thread).
 template <int V>
-__global__ void __launch_bounds__(32 * MAX_RECURSION_WARPS) ctc_warps_recursion(
-    const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift,
-    int T, int N, int Lmax) {
+__global__ void __launch_bounds__(32 * MAX_RECURSION_WARPS) ctc_warps_recursion(RECURSION_PARAMS) {
     if (blockIdx.y == 0)
-        ctc_warps_direction<V, false>(emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax);
+        ctc_warps_direction<V, false>(RECURSION_ARGS);
     else
-        ctc_warps_direction<V, true>(emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax);
+        ctc_warps_direction<V, true>(RECURSION_ARGS);
 }

@@ -1,0 +1,83 @@
+// One direction of the recursion on one warp, steps 7 and 8 of chapter 4: everything but the update of a frame,
+// which each step brings (Update::frame: step 7's in ctc_step07_fused_softmax.cu, step 8's in
+// ctc_step08_branch_free.cu).
+#pragma once
+
+#include "ctc_common.cuh"       // NEG_INF
+#include "ctc_branch_free.cuh"  // warp_max_of
+#include "ctc_recursion.cuh"    // RECURSION_PARAMS, position_bits, initial_row, prefetch_emissions, ...
+
+// One direction for one utterance. Lane l owns positions s = l V .. l V + V - 1 (V even, so position i of a lane
+// is a blank for even i and label j = l V / 2 + (i + 1) / 2 for odd i). The emissions are prefetched
+// PREFETCH_FRAMES frames ahead; REDUX: the row maximum as one redux.sync (warp_max_of). Every frame,
+// Update::frame<V, BACKWARD>(r, eb, el, valid, skip, prev_max, lane) turns the lane's old row r into the new one,
+// prev_max (the old row's maximum) subtracted. Every row is written out (rows (2, N, T, 32 V)) with its base-2
+// offset (row_shift (2, N, T), double).
+template <class Update, int V, int PREFETCH_FRAMES, bool REDUX, bool BACKWARD>
+__device__ __forceinline__ void warp_recursion_direction(RECURSION_PARAMS) {
+    constexpr int H = V / 2;  // labels per lane
+    const int n = blockIdx.x, lane = threadIdx.x;
+    const int Tn = __ldg(input_lengths + n);
+    const int L = __ldg(target_lengths + n);
+    const int S = 2 * L + 1;
+    const int s0 = lane * V;
+    const int* lab = labels + n * Lmax;
+
+    unsigned valid = 0, skip = 0;  // bit i: position s0 + i exists / takes the s -/+ 2 transition
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const int s = s0 + i;
+        if (s < S) valid |= 1u << i;
+        if ((i & 1) && s < S) {
+            const int j = (s + 1) >> 1;  // 1-based label position; its label is lab[j - 1]
+            const bool jump = BACKWARD ? (j + 1 <= L && __ldg(lab + j) != __ldg(lab + j - 1))
+                                       : (j >= 2 && __ldg(lab + j - 1) != __ldg(lab + j - 2));
+            if (jump) skip |= 1u << i;
+        }
+    }
+
+
+    // The row before the first frame (alpha) or after the last (beta) holds one path of
+    // probability 1: at s = 0 for alpha, at s = S - 1 for beta. Every frame is then one update.
+    float r[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) r[i] = (s0 + i == (BACKWARD ? S - 1 : 0)) ? 0.0f : NEG_INF;
+
+    const size_t stride = 32 * V;
+    float* out_rows = rows + ((size_t)(BACKWARD ? N + n : n) * T) * stride + s0;
+    double* out_shift = row_shift + (size_t)(BACKWARD ? N + n : n) * T;
+    const float* em_base = emissions + (size_t)n * T * (Lmax + 1);
+    float eb[PREFETCH_FRAMES];     // blank emission of the frame in each prefetch slot
+    float el[PREFETCH_FRAMES][H];  // the lane's label emissions
+    prefetch_emissions<H, PREFETCH_FRAMES, BACKWARD>(em_base, Tn, Lmax, lane, L, eb, el);
+
+    double shift = 0.0;  // log2 alpha (or beta) of frame t = r + shift
+    for (int k0 = 0; k0 < Tn; k0 += PREFETCH_FRAMES) {
+#pragma unroll
+        for (int p = 0; p < PREFETCH_FRAMES; ++p) {
+            const int k = k0 + p;
+            if (k < Tn) {  // the same for the whole warp
+                const int t = BACKWARD ? Tn - 1 - k : k;
+                // the old row's maximum is reduced alongside the update and subtracted after it
+                float prev_max = warp_max_of<REDUX>(lane_max<V>(r));
+                prev_max = prev_max == NEG_INF ? 0.0f : prev_max;
+                Update::template frame<V, BACKWARD>(r, eb[p], el[p], valid, skip, prev_max, lane);
+                shift += prev_max;
+                if (s0 < S) store_row<V>(out_rows + (size_t)t * stride, r);
+                if (lane == 0) out_shift[t] = shift;
+                // refill this slot with the frame PREFETCH_FRAMES steps ahead
+                refill_emissions<H, PREFETCH_FRAMES, BACKWARD>(em_base, k + PREFETCH_FRAMES, Tn, Lmax, lane, L, eb, el,
+                                                               p);
+            }
+        }
+    }
+}
+
+// Both directions, grid (N, 2), block 32: blockIdx.y = 0 runs alpha forward in time, 1 runs beta backward.
+template <class Update, int V, int PREFETCH_FRAMES, bool REDUX>
+__device__ __forceinline__ void warp_recursion(RECURSION_PARAMS) {
+    if (blockIdx.y == 0)
+        warp_recursion_direction<Update, V, PREFETCH_FRAMES, REDUX, false>(RECURSION_ARGS);
+    else
+        warp_recursion_direction<Update, V, PREFETCH_FRAMES, REDUX, true>(RECURSION_ARGS);
+}
