@@ -723,10 +723,22 @@ def _ctc_small_case_words(root: Path) -> str | None:
             "instead: " + "; ".join(at))
 
 
+def clock_probe(card: Path) -> tuple[float, float, int, int] | None:
+    """lab/env's probe of the empty kernel against the clock state on this card: (fastest, slowest µs, lowest and
+    highest SM clock read beside them, MHz), or None where the card has no probe."""
+    path = Path(__file__).resolve().parents[1] / "lab" / "env" / "results" / card.name / "empty_kernel_probe.json"
+    if not path.is_file():
+        return None
+    rows = [r for r in json.loads(path.read_text()) if "clock_before" in r]
+    mhz = [int(c.split()[0]) for r in rows for c in (r["clock_before"], r["clock_after"])]
+    times = [r["empty_gpu_us"] for r in rows]
+    return min(times), max(times), min(mhz), max(mhz)
+
+
 def empty_kernel_spread(root: Path = BENCH_RESULTS, gap_us: float = 0.1) -> list[str]:
     """Per card whose runs' empty kernels fall in groups more than ``gap_us`` apart: the groups with their chapters,
     and, where two runs of the same code version within an hour of each other land in different groups, that
-    neither the code nor the day explains the spread (what does is not measured)."""
+    neither the code nor the day explains the spread; nor the clock state, where lab/env's probe ran on the card."""
     titles = {e.bench: e.number for e in ENTRIES if e.bench}
     out = []
     for card in cards(root):
@@ -754,11 +766,13 @@ def empty_kernel_spread(root: Path = BENCH_RESULTS, gap_us: float = 0.1) -> list
         if pairs:
             a, b = pairs[0]
             text += (f": chapters {a[1]} and {b[1]} ran the same code within the hour and land in different groups, "
-                     "so neither the code nor the day sets it; what does (the card's clocks or its state between "
-                     "runs) is not measured")
-        else:
-            text += "; what sets the group is not measured"
-        out.append(text + ".")
+                     "so neither the code nor the day sets it")
+        probe = clock_probe(card)
+        if probe:
+            text += (f"; nor the card's clock state: timed idle and right after seconds of matmuls (SM clock "
+                     f"{probe[2]:,}–{probe[3]:,} MHz), the empty kernel took {probe[0]:.2f}–{probe[1]:.2f} µs "
+                     "(lab/env)")
+        out.append(text + "; what sets the group is not known.")
     return out
 
 
