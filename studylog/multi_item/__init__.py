@@ -25,10 +25,22 @@ from studylog.multi_item.formats import (
     score_items,
 )
 from studylog.multi_item.plan import MultiItemPlan
+from studylog.multi_item.packed_heads import attn_fwd_packed_heads
 from studylog.multi_item.steps import (
     STEPS,
     attend_key_tiles,
+    attend_query_tile,
+    attend_visible_tiles,
+    attn_fwd_batched,
+    attn_fwd_tile_skip,
+    item_row_start,
+    load_key_tile,
     multi_item_attention,
+    query_tile,
+    scheduled_tile,
+    softmax_start,
+    softmax_update,
+    store_rows,
     step01_dense_sdpa,
     step02_dense_mask,
     step03_mask_on_the_fly,

@@ -3,12 +3,11 @@ query heads that share a key/value head computed in one tile, so each key/value 
 group instead of once per query head.
 
 It is a module of its own because ``steps.py`` would otherwise pass the library's limit on a module's length;
-``steps`` imports it after defining the helpers it uses (the launch, the input checks, the key-tile loop).
+``steps`` imports it after defining the helpers it uses (the launch, the input checks, the kernels' shared pieces).
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -21,7 +20,19 @@ from studylog.multi_item.config import (
     tuned,
 )
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch
-from studylog.multi_item.steps import QKV, attend_key_tiles, launch, no_counts, prepare_launch, tile_heights
+from studylog.multi_item.steps import (
+    QKV,
+    attend_visible_tiles,
+    batched_result,
+    item_row_start,
+    launch,
+    prepare_launch,
+    scheduled_tile,
+    softmax_start,
+    store_rows,
+    tile_count_buffer,
+    tile_heights,
+)
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_table
 
 
@@ -40,22 +51,10 @@ def attn_fwd_packed_heads(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # One program per (prompt, token tile, key/value head), in the order the host planned: the schedule row
-    # BLOCK_M selects holds tiles of BLOCK_M // KV_GROUP tokens (schedule_table's rows_per_token), one entry of
-    # (prompt, token tile, key/value head, seq_begin, seq_len, prefix_len) per program.
+    # BLOCK_M selects holds tiles of BLOCK_M // KV_GROUP tokens (schedule_table's rows_per_token).
     TOKENS: tl.constexpr = BLOCK_M // KV_GROUP
-    work = Schedule + ((BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)) * stride_schedule \
-        + tl.program_id(0) * 8
-    prompt = tl.load(work)
-    start_m = tl.load(work + 1)
-    off_kv = tl.load(work + 2).to(tl.int64)
-    seq_begin = tl.load(work + 3)
-    seq_len = tl.load(work + 4)
-    prefix_len = tl.load(work + 5)
-    Q += seq_begin.to(tl.int64) * stride_qt
-    K += seq_begin.to(tl.int64) * stride_kt
-    V += seq_begin.to(tl.int64) * stride_vt
-    Out += seq_begin.to(tl.int64) * stride_ot
-    Pos += prompt.to(tl.int64) * stride_pos
+    prompt, start_m, off_kv, seq_len, prefix_len, Q, K, V, Out, Pos = scheduled_tile(
+        Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt, stride_ot, BLOCK_M)
     # row r is (token m_lo + r // KV_GROUP, query head off_kv * KV_GROUP + r % KV_GROUP): the group's heads side
     # by side, so every key/value tile loaded below serves all of them. Tokens never decrease down the rows,
     # which the item range below needs. Rows from TOKENS * KV_GROUP on (KV_GROUP not dividing BLOCK_M) hold no
@@ -70,41 +69,16 @@ def attn_fwd_packed_heads(
                 mask=row_ok[:, None], other=0.0)
     k_base = K + off_kv * stride_kh
     v_base = V + off_kv * stride_vh
-    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
-    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
-    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
-    in_items = row_ok & (offs_m >= prefix_len)
-    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
-    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    # the key ranges are step 5's, in tokens: the tile's tokens are [m_lo, m_hi)
-    m_hi = tl.minimum(m_lo + TOKENS, seq_len)
-    # 1. prefix tiles every row sees whole (keys < P and <= the first row): no mask arithmetic
-    full_hi = (tl.minimum(prefix_len, m_lo + 1) // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, 0, full_hi, qk_scale,
-                                      False, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    # 2. the rest of the prefix, up to the diagonal
-    prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
-                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    # 3. the items, from the first key the first item token's item shows it: the tiles between are never loaded
-    first_item_row = tl.maximum(m_lo, prefix_len)
-    items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
-    items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
-    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, items_lo, m_hi, qk_scale,
-                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    row_start = item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER)
+    m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
+    # the key ranges are step 5's, in tokens: the tile's tokens are [m_lo, m_lo + TOKENS)
+    acc, l_i, m_i, visited = attend_visible_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m,
+                                                  row_start, Pos, m_lo, tl.minimum(m_lo + TOKENS, seq_len),
+                                                  prefix_len, seq_len, qk_scale,
+                                                  SKIP_DELIMITER, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     if COUNT_TILES:  # how many key tiles this token tile visited, once per tile (the first key/value head)
-        visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
         tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_kv == 0)
-    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(Out + off_h[:, None] * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    store_rows(Out + off_h[:, None] * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], acc, l_i, row_ok)
 
 
 def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -134,18 +108,11 @@ def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sca
     # the programs' heads are key/value heads: a key and a value per token each
     kv_bytes = 2 * head_dim * q.element_size()
     table, programs = schedule_table(batch, kv_heads, order, heights, kv_bytes, rule, rows_per_token=group)
-    max_tiles = triton.cdiv(batch.max_seq_len, min(heights) // group)  # token tiles of a prompt, at most
-    counts = (torch.full((batch.batch_size * max_tiles,), -1, dtype=torch.int32, device=q.device) if count_tiles
-              else no_counts(q.device))
+    counts, max_tiles = tile_count_buffer(batch, min(heights) // group, count_tiles, q.device)  # token tiles
     grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
     args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles,
             *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
     block_m, block_n, name = launch(attn_fwd_packed_heads, grid, args, common, blocks, cfg)
-    if not return_info:
-        return out
-    tile_counts = None
-    if count_tiles:
-        rows = counts.view(batch.batch_size, max_tiles).tolist()
-        tile_counts = [row[: triton.cdiv(s, block_m // group)] for row, s in zip(rows, batch.seq_lens)]
-    return out, LaunchInfo(6, block_m, block_n, tile_counts, name)
+    return batched_result(6, out, counts if count_tiles else None, batch, max_tiles, block_m // group,
+                          (block_m, block_n, name), return_info)

@@ -126,6 +126,31 @@ def no_counts(device: torch.device) -> Tensor:
 _NO_COUNTS: dict[str, Tensor] = {}
 
 
+def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool,
+                      device: torch.device) -> tuple[Tensor, int]:
+    """A batched launch's tile counts and their stride: ``max_tiles`` entries a prompt (its query tiles of
+    ``tile_tokens`` tokens, at most), -1 until written; :func:`no_counts` when the launch does not count."""
+    max_tiles = triton.cdiv(batch.max_seq_len, tile_tokens)
+    if not count_tiles:
+        return no_counts(device), max_tiles
+    return torch.full((batch.batch_size * max_tiles,), -1, dtype=torch.int32, device=device), max_tiles
+
+
+def batched_result(number: int, out: Tensor, counts: Tensor | None, batch: MultiItemBatch, max_tiles: int,
+                   tile_tokens: int, launched: tuple[int, int, str],
+                   return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
+    """What a batched step returns: ``out``, or ``(out, LaunchInfo)`` whose tile counts (when ``counts`` is
+    given) are per prompt, one per query tile of ``tile_tokens`` tokens; ``launched`` is :func:`launch`'s."""
+    if not return_info:
+        return out
+    tile_counts = None
+    if counts is not None:
+        rows = counts.view(batch.batch_size, max_tiles).tolist()
+        tile_counts = [row[: triton.cdiv(s, tile_tokens)] for row, s in zip(rows, batch.seq_lens)]
+    block_m, block_n, name = launched
+    return out, LaunchInfo(number, block_m, block_n, tile_counts, name)
+
+
 def _one_prompt(number: int, kernel, q: Tensor, out: Tensor, batch: MultiItemBatch, args: list,
                 common: dict[str, Any], blocks: tuple[int, int] | None, config, counts: Tensor | None,
                 return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
@@ -171,6 +196,70 @@ def tile_heights(cfg: "triton.Config | None", blocks: tuple[int, int] | None) ->
 
 
 # ---------------------------------------------------------------------------------------------
+# What the kernels of steps 2 to 6 share: the query tile, the online softmax and the store
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt, stride_kh, stride_vh,
+               HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Query tile ``start_m`` of head ``off_h``: its rows, the offsets along the head dimension, which rows the
+    prompt holds, the queries (0 past its end) and where the head's key/value head starts in K and V."""
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
+    v_base = V + (off_h // KV_GROUP) * stride_vh
+    return offs_m, offs_d, row_ok, q, k_base, v_base
+
+
+@triton.jit
+def item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER: tl.constexpr):
+    """Where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
+    which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index (plus
+    SKIP_DELIMITER), and see their keys through the test keys < prefix_len."""
+    in_items = row_ok & (offs_m >= prefix_len)
+    return offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
+
+
+@triton.jit
+def softmax_start(BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The online softmax's state per row: running max (finite: a row may see no key in its first tiles),
+    running sum, unnormalised output."""
+    return (tl.full([BLOCK_M], -1.0e30, tl.float32), tl.zeros([BLOCK_M], tl.float32),
+            tl.zeros([BLOCK_M, HEAD_DIM], tl.float32))
+
+
+@triton.jit
+def load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt):
+    """The keys of columns ``cols`` as ``[HEAD_DIM, BLOCK_N]`` and their values as ``[BLOCK_N, HEAD_DIM]``, 0 past
+    the prompt's end."""
+    col_ok = cols < seq_len
+    k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+    v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.constexpr):
+    """One key tile into the online softmax: its scores ``qk`` (-inf where masked) and values ``v``; returns the
+    new ``acc``, ``l_i``, ``m_i``."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # scale after the max: qk_scale > 0
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add per score
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def store_rows(out_ptrs, acc, l_i, row_ok):
+    """The normalised output tile at ``out_ptrs``, rows past the prompt's end not stored. A row that saw no key
+    would divide 0 by 0; it is written 0 (FlashInfer's convention)."""
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=row_ok[:, None])
+# ---------------------------------------------------------------------------------------------
 # Step 2: a flash-attention forward reading the dense mask
 # ---------------------------------------------------------------------------------------------
 
@@ -185,37 +274,18 @@ def attn_fwd_dense_mask(
 ):
     start_m = tl.program_id(0)
     off_h = tl.program_id(1).to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
-    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
-    v_base = V + (off_h // KV_GROUP) * stride_vh
-    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    offs_m, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt,
+                                                           stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M)
+    m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
     for start_n in range(0, seq_len, BLOCK_N):
-        cols = start_n + offs_n
-        col_ok = cols < seq_len
-        k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=col_ok[None, :], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k, v = load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt)
         mask_tile = Mask + offs_m[:, None].to(tl.int64) * seq_len + cols[None, :]
-        visible = tl.load(mask_tile, mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
+        visible = tl.load(mask_tile, mask=row_ok[:, None] & (cols < seq_len)[None, :], other=0) != 0
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # scale after the max: qk_scale > 0
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add per score
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
-    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None])
+        acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
+    store_rows(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], acc, l_i, row_ok)
 
 
 def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -245,43 +315,20 @@ def attn_fwd_mask_on_the_fly(
 ):
     start_m = tl.program_id(0)
     off_h = tl.program_id(1).to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
-    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
-    v_base = V + (off_h // KV_GROUP) * stride_vh
-    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
-    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
-    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
-    in_items = row_ok & (offs_m >= prefix_len)
-    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
-    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    offs_m, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt,
+                                                           stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M)
+    row_start = item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER)
+    m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
     for start_n in range(0, seq_len, BLOCK_N):
-        cols = start_n + offs_n
-        col_ok = cols < seq_len
-        k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=col_ok[None, :], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k, v = load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt)
         # keys past seq_len pass this test only for rows past seq_len, which are never stored
         keys = cols[None, :]
         visible = (keys <= offs_m[:, None]) & ((keys < prefix_len) | (keys >= row_start[:, None]))
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # scale after the max: qk_scale > 0
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add per score
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
-    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None])
+        acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
+    store_rows(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], acc, l_i, row_ok)
 
 
 def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -303,20 +350,17 @@ def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _attend_key_tiles(
+def attend_key_tiles(
     acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start, prefix_len, seq_len, lo, hi, qk_scale,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Step 3's loop body over the key tiles ``[lo, hi)``; ``MASKED=False`` for tiles every row sees whole."""
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        cols = start_n + offs_n
+        cols = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
-            col_ok = cols < seq_len
-            k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=col_ok[None, :], other=0.0)
-            v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            k, v = load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt)
         else:  # whole prefix tiles: in bounds by construction
             k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None])
             v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])
@@ -325,14 +369,62 @@ def _attend_key_tiles(
             keys = cols[None, :]
             visible = (keys <= offs_m[:, None]) & ((keys < prefix_len) | (keys >= row_start[:, None]))
             qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # scale after the max: qk_scale > 0
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add per score
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
     return acc, l_i, m_i
+
+
+@triton.jit
+def attend_visible_tiles(
+    acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start, Pos, m_lo, m_hi, prefix_len, seq_len,
+    qk_scale,
+    SKIP_DELIMITER: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The key tiles some row of a query tile of tokens ``[m_lo, m_hi)`` sees, in three ranges; returns
+    ``acc``, ``l_i``, ``m_i`` and how many key tiles it visited."""
+    # 1. prefix tiles every row sees whole (keys < P and <= the first row): no mask arithmetic
+    full_hi = (tl.minimum(prefix_len, m_lo + 1) // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                     prefix_len, seq_len, 0, full_hi, qk_scale,
+                                     False, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    # 2. the rest of the prefix, up to the diagonal
+    prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                     prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
+                                     True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    # 3. the items, from the first key the first item row's item shows it (row starts never decrease down the
+    # rows): the tiles between are never loaded
+    first_item_row = tl.maximum(m_lo, prefix_len)
+    items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
+    items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
+    acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
+                                     prefix_len, seq_len, items_lo, m_hi, qk_scale,
+                                     True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
+    return acc, l_i, m_i, visited
+
+
+@triton.jit
+def attend_query_tile(
+    Q, K, V, Out, Pos, TileCounts, start_m, off_h, seq_len, prefix_len, qk_scale,
+    stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
+    HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
+    COUNT_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """What step 4's program computes for query tile ``start_m`` of head ``off_h`` (step 5's too, once it has
+    looked its tile up)."""
+    offs_m, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt,
+                                                           stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M)
+    row_start = item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER)
+    m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
+    m_lo = start_m * BLOCK_M
+    acc, l_i, m_i, visited = attend_visible_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m,
+                                                  row_start, Pos, m_lo, tl.minimum(m_lo + BLOCK_M, seq_len),
+                                                  prefix_len, seq_len, qk_scale,
+                                                  SKIP_DELIMITER, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+    if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
+        tl.store(TileCounts + start_m, visited, mask=off_h == 0)
+    store_rows(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], acc, l_i, row_ok)
 
 
 @tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
@@ -345,50 +437,11 @@ def attn_fwd_tile_skip(
     COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
-    off_h = tl.program_id(1).to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
-    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
-    v_base = V + (off_h // KV_GROUP) * stride_vh
-    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
-    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
-    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
-    in_items = row_ok & (offs_m >= prefix_len)
-    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
-    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    m_lo = start_m * BLOCK_M
-    m_hi = tl.minimum(m_lo + BLOCK_M, seq_len)
-    # 1. prefix tiles every row sees whole (keys < P and <= the first row): no mask arithmetic
-    full_hi = (tl.minimum(prefix_len, m_lo + 1) // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, 0, full_hi, qk_scale,
-                                      False, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    # 2. the rest of the prefix, up to the diagonal
-    prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
-                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    # 3. the items, from the first key the first item row's item shows it (row starts never decrease down the
-    # rows): the tiles between are never loaded
-    first_item_row = tl.maximum(m_lo, prefix_len)
-    items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
-    items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, items_lo, m_hi, qk_scale,
-                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
-        visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
-        tl.store(TileCounts + start_m, visited, mask=off_h == 0)
-    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None])
+    # one program per (query tile, head) of the one prompt
+    attend_query_tile(Q, K, V, Out, Pos, TileCounts, tl.program_id(0), tl.program_id(1).to(tl.int64), seq_len,
+                      prefix_len, qk_scale, stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
+                      stride_oh, stride_ot, HEAD_DIM, KV_GROUP, DOT_PRECISION, SKIP_DELIMITER, COUNT_TILES,
+                      BLOCK_M, BLOCK_N)
 
 
 def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -414,6 +467,26 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
 # Step 5: a batch of prompts in one launch
 # ---------------------------------------------------------------------------------------------
 
+@triton.jit
+def scheduled_tile(Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt,
+                   stride_ot, BLOCK_M: tl.constexpr):
+    """What program ``i`` computes, in the order the host planned (schedule_table): the GPU starts programs
+    roughly in index order, so entry i says what program i computes. The table has one row per tile height (16,
+    32, 64, 128 rows); each entry carries its prompt's offsets, so one round of loads from a single 32-byte entry
+    is all the lookup a program does, and no program is empty. Returns the entry's prompt, tile, head (int64),
+    sequence length and prefix length, and Q, K, V, Out moved to the prompt's first token and Pos to its row."""
+    work = Schedule + ((BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)) * stride_schedule \
+        + tl.program_id(0) * 8
+    prompt = tl.load(work)
+    start_m = tl.load(work + 1)
+    off_h = tl.load(work + 2).to(tl.int64)
+    seq_begin = tl.load(work + 3).to(tl.int64)
+    seq_len = tl.load(work + 4)
+    prefix_len = tl.load(work + 5)
+    return (prompt, start_m, off_h, seq_len, prefix_len, Q + seq_begin * stride_qt, K + seq_begin * stride_kt,
+            V + seq_begin * stride_vt, Out + seq_begin * stride_ot, Pos + prompt.to(tl.int64) * stride_pos)
+
+
 @tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
 @triton.jit
 def attn_fwd_batched(
@@ -424,65 +497,13 @@ def attn_fwd_batched(
     COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # One program per (prompt, query tile, head), in the order the host planned (schedule_table): the GPU
-    # starts programs roughly in index order, so entry i says what program i computes. The table has one row
-    # per tile height (16, 32, 64, 128 rows); each entry carries its prompt's offsets, so one round of loads
-    # from a single 32-byte entry is all the lookup a program does, and no program is empty.
-    work = Schedule + ((BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)) * stride_schedule \
-        + tl.program_id(0) * 8
-    prompt = tl.load(work)
-    start_m = tl.load(work + 1)
-    off_h = tl.load(work + 2).to(tl.int64)
-    seq_begin = tl.load(work + 3)
-    seq_len = tl.load(work + 4)
-    prefix_len = tl.load(work + 5)
-    Q += seq_begin.to(tl.int64) * stride_qt
-    K += seq_begin.to(tl.int64) * stride_kt
-    V += seq_begin.to(tl.int64) * stride_vt
-    Out += seq_begin.to(tl.int64) * stride_ot
-    Pos += prompt.to(tl.int64) * stride_pos
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
-    q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
-    v_base = V + (off_h // KV_GROUP) * stride_vh
-    # where each row's own keys start: its item's delimiter, plus SKIP_DELIMITER (1 under FlashInfer's rule,
-    # which hides the delimiter from its item and a delimiter from itself); prefix rows get their own index
-    # (plus SKIP_DELIMITER), and see their keys through the test keys < prefix_len
-    in_items = row_ok & (offs_m >= prefix_len)
-    row_start = offs_m + SKIP_DELIMITER - tl.load(Pos + offs_m - prefix_len, mask=in_items, other=0)
-    # running max (finite: a row may see no key in its first tiles), running sum, unnormalised output
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    m_lo = start_m * BLOCK_M
-    m_hi = tl.minimum(m_lo + BLOCK_M, seq_len)
-    # 1. prefix tiles every row sees whole (keys < P and <= the first row): no mask arithmetic
-    full_hi = (tl.minimum(prefix_len, m_lo + 1) // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, 0, full_hi, qk_scale,
-                                      False, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    # 2. the rest of the prefix, up to the diagonal
-    prefix_hi = tl.cdiv(tl.minimum(prefix_len, m_hi), BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, full_hi, prefix_hi, qk_scale,
-                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    # 3. the items, from the first key the first item row's item shows it (row starts never decrease down the
-    # rows): the tiles between are never loaded
-    first_item_row = tl.maximum(m_lo, prefix_len)
-    items_lo = first_item_row + SKIP_DELIMITER - tl.load(Pos + first_item_row - prefix_len)
-    items_lo = tl.maximum((items_lo // BLOCK_N) * BLOCK_N, prefix_hi)
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
-                                      prefix_len, seq_len, items_lo, m_hi, qk_scale,
-                                      True, HEAD_DIM, DOT_PRECISION, BLOCK_N)
-    if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
-        visited = prefix_hi // BLOCK_N + tl.maximum(tl.cdiv(m_hi - items_lo, BLOCK_N), 0)
-        tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_h == 0)
-    # a row that saw no key would divide 0 by 0; it is written 0 (FlashInfer's convention)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None])
+    # one program per (prompt, query tile, head), in the order of the host's table
+    prompt, start_m, off_h, seq_len, prefix_len, Q, K, V, Out, Pos = scheduled_tile(
+        Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt, stride_ot, BLOCK_M)
+    attend_query_tile(Q, K, V, Out, Pos, TileCounts + prompt * stride_counts, start_m, off_h, seq_len,
+                      prefix_len, qk_scale, stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
+                      stride_oh, stride_ot, HEAD_DIM, KV_GROUP, DOT_PRECISION, SKIP_DELIMITER, COUNT_TILES,
+                      BLOCK_M, BLOCK_N)
 
 
 def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -504,21 +525,14 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
     # the keys and values one query head reads, per token: a group of query heads shares them
     kv_bytes = 2 * head_dim * q.element_size() // common["KV_GROUP"]
     table, programs = schedule_table(batch, heads, order, heights, kv_bytes, rule)
-    max_tiles_16 = triton.cdiv(batch.max_seq_len, 16)
-    counts = (torch.full((batch.batch_size * max_tiles_16,), -1, dtype=torch.int32, device=q.device) if count_tiles
-              else no_counts(q.device))
+    counts, max_tiles_16 = tile_count_buffer(batch, 16, count_tiles, q.device)  # 16: the lowest tile
     grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
     args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles_16,
             *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
     block_m, block_n, name = launch(attn_fwd_batched, grid, args, common, blocks, cfg)
-    if not return_info:
-        return out
-    tile_counts = None
-    if count_tiles:
-        rows = counts.view(batch.batch_size, max_tiles_16).tolist()
-        tile_counts = [row[: triton.cdiv(s, block_m)] for row, s in zip(rows, batch.seq_lens)]
-    return out, LaunchInfo(5, block_m, block_n, tile_counts, name)
+    return batched_result(5, out, counts if count_tiles else None, batch, max_tiles_16, block_m,
+                          (block_m, block_n, name), return_info)
 
 
 def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -556,20 +570,18 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
 # library's length limit; imported here, below the helpers it takes from this module, so STEPS lists it)
 # ---------------------------------------------------------------------------------------------
 
-#: The loop over a range of key tiles that steps 4 to 6 call once per range (its Triton name keeps the
-#: leading underscore it was written with, so the kernels that call it are unchanged).
-attend_key_tiles = _attend_key_tiles
-
 from studylog.multi_item.packed_heads import attn_fwd_packed_heads, step06_packed_heads  # noqa: E402
 
 
-#: The chapter's steps in lesson order: (function, kernel shown by show_source, what it adds); the slug is the
-#: function's name after ``stepNN_``. The single source of their names (function, series, legend).
+#: The chapter's steps in lesson order: (function, source shown by show_source, what it adds); the source is the
+#: step's kernel, or for step 4 the function its kernel calls per program (step 5's kernel calls it too, after its
+#: lookup); the slug is the function's name after ``stepNN_``. The single source of their names (function,
+#: series, legend).
 _STEPS = (
     (step01_dense_sdpa, step01_dense_sdpa, "the dense boolean mask handed to PyTorch's SDPA"),
     (step02_dense_mask, attn_fwd_dense_mask, "a Triton flash-attention forward reading the dense mask"),
     (step03_mask_on_the_fly, attn_fwd_mask_on_the_fly, "the mask computed from the prefix length and item positions"),
-    (step04_tile_skip, attn_fwd_tile_skip, "invisible key tiles never loaded, whole prefix tiles unmasked"),
+    (step04_tile_skip, attend_query_tile, "invisible key tiles never loaded, whole prefix tiles unmasked"),
     (step05_batched, attn_fwd_batched, "every prompt of a batch in one launch, programs in a planned order"),
     (step06_packed_heads, attn_fwd_packed_heads,
      "the query heads that share a key/value head in one tile, each key/value tile loaded once for the group"),
