@@ -10,20 +10,12 @@
 // cache; read<LDG> in ctc_warpctc.cuh).
 // ==========================================================================================
 template <bool LDG>
-__global__ void ctc_alpha_restrict(
-    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
-    int N, int A, int Lmax) {
+__global__ void ctc_alpha_restrict(ALPHA_PARAMS(log_probs)) {
     alpha_baseline<LDG>(log_probs, labels, input_lengths, target_lengths, alphas, log_likelihood, T, N, A, Lmax);
 }
 
 template <bool LDG>
-__global__ void ctc_beta_grad_restrict(
-    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, const int* __restrict__ slot_class, const int* __restrict__ slot_start,
-    const int* __restrict__ slot_members, const int* __restrict__ num_slots, const float* __restrict__ alphas,
-    const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss, int T, int N,
-    int A, int Lmax, int Umax, int zero_infinity) {
+__global__ void ctc_beta_grad_restrict(BETA_POINTERS(log_probs), BETA_SIZES) {
     beta_grad_baseline<LDG>(log_probs, labels, input_lengths, target_lengths, slot_class, slot_start, slot_members,
                             num_slots, alphas, log_likelihood, grad, loss, T, N, A, Lmax, Umax, zero_infinity);
 }

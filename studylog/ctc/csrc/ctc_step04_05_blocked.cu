@@ -14,10 +14,7 @@
 // ==========================================================================================
 
 template <int VT, bool BLOCKED>
-__global__ void ctc_alpha_step4(
-    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
-    int N, int A, int Lmax) {
+__global__ void ctc_alpha_step4(ALPHA_PARAMS(log_probs)) {
     const int n = blockIdx.x;
     const int Tn = __ldg(input_lengths + n);
     const int S = 2 * __ldg(target_lengths + n) + 1;
@@ -67,12 +64,7 @@ __global__ void ctc_alpha_step4(
 }
 
 template <int VT, bool BLOCKED>
-__global__ void ctc_beta_grad_step4(
-    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, const int* __restrict__ slot_class, const int* __restrict__ slot_start,
-    const int* __restrict__ slot_members, const int* __restrict__ num_slots, const float* __restrict__ alphas,
-    const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss, int T, int N,
-    int A, int Lmax, int Umax, int zero_infinity) {
+__global__ void ctc_beta_grad_step4(BETA_POINTERS(log_probs), BETA_SIZES) {
     extern __shared__ float shared[];  // beta rows [2][Smax], then the posterior of each position [Smax]
     __shared__ float warp_maxima[2][32];
     __shared__ float warp_top[32], warp_total[32], warp_blank[32];
@@ -139,10 +131,7 @@ __global__ void ctc_beta_grad_step4(
 // (The beta kernel already worked this way: step 5 uses ctc_beta_grad_step4.)
 // ==========================================================================================
 template <int VT, bool BLOCKED>
-__global__ void ctc_alpha_step5(
-    const float* __restrict__ log_probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
-    int N, int A, int Lmax) {
+__global__ void ctc_alpha_step5(ALPHA_PARAMS(log_probs)) {
     extern __shared__ float rows[];  // [2][Smax]: row t - 1 and row t
     const int n = blockIdx.x;
     const int Tn = __ldg(input_lengths + n);
@@ -197,6 +186,4 @@ __global__ void ctc_alpha_step5(
 // One instance is compiled with the file itself, so that the source has an entry even when no
 // name expressions are given (the package's tests compile every .cu that way); the others are
 // compiled on request (studylog.ctc asks NVRTC for the grain sizes it launches).
-template __global__ void ctc_alpha_step4<1, false>(
-    const float* __restrict__, const int* __restrict__, const int* __restrict__, const int* __restrict__,
-    float* __restrict__, double* __restrict__, int, int, int, int);
+template __global__ void ctc_alpha_step4<1, false>(ALPHA_PARAMS(log_probs));

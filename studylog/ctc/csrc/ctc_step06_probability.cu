@@ -31,10 +31,7 @@
 #define UNDERFLOW_ULP 0x1p-148            // 2 x 2^-149: the largest error of a value stored below FLT_MIN
 
 template <int VT, bool BLOCKED>
-__global__ void ctc_alpha_step6(
-    const float* __restrict__ probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ alphas, double* __restrict__ log_likelihood, int T,
-    int N, int A, int Lmax) {
+__global__ void ctc_alpha_step6(ALPHA_PARAMS(probs)) {
     extern __shared__ float rows[];  // [2][Smax]: row t - 1 and row t
     const int n = blockIdx.x;
     const int Tn = __ldg(input_lengths + n);
@@ -99,12 +96,7 @@ __global__ void ctc_alpha_step6(
 }
 
 template <int VT, bool BLOCKED>
-__global__ void ctc_beta_grad_step6(
-    const float* __restrict__ probs, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, const int* __restrict__ slot_class, const int* __restrict__ slot_start,
-    const int* __restrict__ slot_members, const int* __restrict__ num_slots, const float* __restrict__ alphas,
-    const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss,
-    float* __restrict__ error_estimate, int T, int N, int A, int Lmax, int Umax, int zero_infinity) {
+__global__ void ctc_beta_grad_step6(BETA_POINTERS(probs), float* __restrict__ error_estimate, BETA_SIZES) {
     extern __shared__ float shared[];  // beta rows [2][Smax], then the posterior of each position [Smax]
     __shared__ float warp_sums[2][32];
     __shared__ float warp_total[32], warp_blank[32], warp_lost[32];

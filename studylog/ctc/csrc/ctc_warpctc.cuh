@@ -6,6 +6,23 @@
 
 #include "ctc_common.cuh"  // NEG_INF, NEG_INF_D, log_plus, warp_max, warp_sum, slot_posterior
 
+// The arguments of the alpha and beta kernels of steps 2 to 6 (step 1's: the same without __restrict__), in the
+// order studylog.ctc.warpctc passes them. Alpha: the frames' log-probabilities (step 6: probabilities, y), the
+// labels and lengths, then what it writes, the alpha matrix and each utterance's log-likelihood. Beta: the same
+// inputs, the class slots, the alpha matrix and log-likelihoods, then what it writes, the gradient and the loss
+// (BETA_POINTERS; step 6 adds an output before the sizes, BETA_SIZES).
+#define ALPHA_PARAMS(y)                                                                                   \
+    const float* __restrict__ y, const int* __restrict__ labels, const int* __restrict__ input_lengths, \
+        const int* __restrict__ target_lengths, float* __restrict__ alphas,                              \
+        double* __restrict__ log_likelihood, int T, int N, int A, int Lmax
+#define BETA_POINTERS(y)                                                                                      \
+    const float* __restrict__ y, const int* __restrict__ labels, const int* __restrict__ input_lengths,     \
+        const int* __restrict__ target_lengths, const int* __restrict__ slot_class,                          \
+        const int* __restrict__ slot_start, const int* __restrict__ slot_members,                            \
+        const int* __restrict__ num_slots, const float* __restrict__ alphas,                                 \
+        const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss
+#define BETA_SIZES int T, int N, int A, int Lmax, int Umax, int zero_infinity
+
 // Element i + j + ... of p: a plain load p[i + j + ...] (steps 1 and 2), or with LDG one through the read-only data
 // cache, __ldg(p + i + j + ...) (step 3). With LDG the offsets are added to the pointer one by one, in the order
 // given, as a hand-written __ldg(p + i + j) does (p + (i + j) can compile to other instructions).
