@@ -111,9 +111,9 @@ __device__ __forceinline__ void lane_emissions(const float* em_base, const float
     }
 }
 
-// One direction for one utterance, one warp (step 7's ctc_recursion_direction). Lane l owns positions
-// s = l V .. l V + V - 1 (V even, so position i of a lane is a blank for even i and label
-// j = l V / 2 + (i + 1) / 2 for odd i).
+// One direction for one utterance, one warp (step 7's warp_recursion_direction with its FrameUpdate).
+// Lane l owns positions s = l V .. l V + V - 1 (V even, so position i of a lane is a blank for even i
+// and label j = l V / 2 + (i + 1) / 2 for odd i).
 template <int V, bool BACKWARD, int SOFTMAX>
 __device__ __forceinline__ void warp_direction(
     const float* __restrict__ emissions, const float* __restrict__ log_probs, const int* __restrict__ labels,
