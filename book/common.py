@@ -130,6 +130,21 @@ def _without_docstrings(text: str) -> str:
     return "\n".join(line for i, line in enumerate(text.splitlines(), 1) if i not in drop)
 
 
+def latency_floor_ms(results) -> float:
+    """The card's latency floor, in ms: the smallest empty-kernel GPU time of any committed run on the card of
+    ``results`` (the scoreboard's, :func:`book.scoreboard.card_empty_kernel_ms`), else this run's, else 0. One value
+    a card, so every page gives a kernel the same floor."""
+    from book.scoreboard import card_empty_kernel_ms, empty_kernel_ms
+
+    return card_empty_kernel_ms(results.path.parent) or empty_kernel_ms(results.data) or 0.0
+
+
+def floor_ms(results, nbytes: float) -> float:
+    """The book's floor of a call, in ms: the larger of its bytes at the run's copy bandwidth (read plus written per
+    second) and the card's latency floor (:func:`latency_floor_ms`). The scoreboard's definition, on every page."""
+    return max(nbytes / (results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9) * 1e3, latency_floor_ms(results))
+
+
 def lab_or_none(chapter: str, name: str, gpu: str = "nvidia-h200"):
     """An experiment's committed output (:func:`studylog.plotting.load_lab`), or None where that run is not
     committed: a page shows an experiment's table only where its run exists."""

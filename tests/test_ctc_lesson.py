@@ -268,3 +268,19 @@ def test_the_page_shows_no_flush_to_zero_number_from_another_clock():
     assert "ftz_effect" not in text and "do_bench" not in text
     assert "lesson.step08_changes()" in text and "measured alone yet" in text
     assert prose_words(page) <= 2500
+
+
+def test_the_floor_is_the_scoreboards_on_every_card():
+    """One floor a card on every page: the bytes at the run's copy bandwidth, or the card's fastest empty kernel (the
+    smallest of all its committed runs, as the scoreboard takes it) where that is larger."""
+    from book import scoreboard
+    from studylog.ctc.report import dram_bytes
+
+    for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
+        results = plotting.load_results("ctc", gpu)
+        empty = scoreboard.card_empty_kernel_ms(results.path.parent)
+        bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+        for A, N in ((28, 1), (5000, 256)):
+            by_bytes = dram_bytes(lesson.BENCH_T, N, A) / bandwidth * 1e6
+            assert lesson.floor_us(results, A, N) == pytest.approx(max(by_bytes, empty * 1e3), rel=1e-12)
+        assert lesson.floor_us(results, 28, 1) == pytest.approx(empty * 1e3)  # a few bytes: the empty kernel binds
