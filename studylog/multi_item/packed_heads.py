@@ -78,7 +78,7 @@ def attn_fwd_packed_heads(
                                                   SKIP_DELIMITER, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     if COUNT_TILES:  # how many key tiles this token tile visited, once per tile (the first key/value head)
         tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_kv == 0)
-    store_rows(Out + off_h[:, None] * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], acc, l_i, row_ok)
+    store_rows(Out, off_h[:, None], offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok)
 
 
 def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,

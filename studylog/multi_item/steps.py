@@ -201,16 +201,18 @@ def tile_heights(cfg: "triton.Config | None", blocks: tuple[int, int] | None) ->
 
 @triton.jit
 def query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt, stride_kh, stride_vh,
-               HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Query tile ``start_m`` of head ``off_h``: its rows, the offsets along the head dimension, which rows the
-    prompt holds, the queries (0 past its end) and where the head's key/value head starts in K and V."""
+               HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query tile ``start_m`` of head ``off_h``: its rows, a key tile's column offsets, the offsets along the head
+    dimension, which rows the prompt holds, the queries (0 past its end) and where the head's key/value head
+    starts in K and V."""
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len
     q = tl.load(Q + off_h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + (off_h // KV_GROUP) * stride_kh  # query heads off_h share one key/value head
     v_base = V + (off_h // KV_GROUP) * stride_vh
-    return offs_m, offs_d, row_ok, q, k_base, v_base
+    return offs_m, offs_n, offs_d, row_ok, q, k_base, v_base
 
 
 @triton.jit
@@ -254,11 +256,14 @@ def softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def store_rows(out_ptrs, acc, l_i, row_ok):
-    """The normalised output tile at ``out_ptrs``, rows past the prompt's end not stored. A row that saw no key
-    would divide 0 by 0; it is written 0 (FlashInfer's convention)."""
+def store_rows(Out, off_h, offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok):
+    """The normalised output tile of head(s) ``off_h``, rows past the prompt's end not stored. A row that saw no
+    key would divide 0 by 0; it is written 0 (FlashInfer's convention)."""
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
 # ---------------------------------------------------------------------------------------------
 # Step 2: a flash-attention forward reading the dense mask
 # ---------------------------------------------------------------------------------------------
@@ -274,18 +279,18 @@ def attn_fwd_dense_mask(
 ):
     start_m = tl.program_id(0)
     off_h = tl.program_id(1).to(tl.int64)
-    offs_m, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt,
-                                                           stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M)
+    offs_m, offs_n, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh,
+        stride_qt, stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M, BLOCK_N)
     m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
     for start_n in range(0, seq_len, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
+        cols = start_n + offs_n
         k, v = load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt)
         mask_tile = Mask + offs_m[:, None].to(tl.int64) * seq_len + cols[None, :]
         visible = tl.load(mask_tile, mask=row_ok[:, None] & (cols < seq_len)[None, :], other=0) != 0
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
         qk = tl.where(visible, qk, float("-inf"))
         acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
-    store_rows(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], acc, l_i, row_ok)
+    store_rows(Out, off_h, offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok)
 
 
 def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -315,12 +320,12 @@ def attn_fwd_mask_on_the_fly(
 ):
     start_m = tl.program_id(0)
     off_h = tl.program_id(1).to(tl.int64)
-    offs_m, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt,
-                                                           stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M)
+    offs_m, offs_n, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh,
+        stride_qt, stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M, BLOCK_N)
     row_start = item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER)
     m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
     for start_n in range(0, seq_len, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
+        cols = start_n + offs_n
         k, v = load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt)
         # keys past seq_len pass this test only for rows past seq_len, which are never stored
         keys = cols[None, :]
@@ -328,7 +333,7 @@ def attn_fwd_mask_on_the_fly(
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
         qk = tl.where(visible, qk, float("-inf"))
         acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
-    store_rows(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], acc, l_i, row_ok)
+    store_rows(Out, off_h, offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok)
 
 
 def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
@@ -355,10 +360,11 @@ def attend_key_tiles(
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Step 3's loop body over the key tiles ``[lo, hi)``; ``MASKED=False`` for tiles every row sees whole."""
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        cols = start_n + tl.arange(0, BLOCK_N)
+        cols = start_n + offs_n
         if MASKED:
             k, v = load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt)
         else:  # whole prefix tiles: in bounds by construction
@@ -405,16 +411,16 @@ def attend_visible_tiles(
 
 @triton.jit
 def attend_query_tile(
-    Q, K, V, Out, Pos, TileCounts, start_m, off_h, seq_len, prefix_len, qk_scale,
+    Q, K, V, Out, Pos, TileCounts, prompt, stride_counts, start_m, off_h, seq_len, prefix_len, qk_scale,
     stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
     HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_DELIMITER: tl.constexpr,
     COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """What step 4's program computes for query tile ``start_m`` of head ``off_h`` (step 5's too, once it has
-    looked its tile up)."""
-    offs_m, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt,
-                                                           stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M)
+    looked its tile up); with COUNT_TILES, how many key tiles it visits goes to row ``prompt`` of TileCounts."""
+    offs_m, _, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt,
+        stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M, BLOCK_N)
     row_start = item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER)
     m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM)
     m_lo = start_m * BLOCK_M
@@ -423,8 +429,8 @@ def attend_query_tile(
                                                   prefix_len, seq_len, qk_scale,
                                                   SKIP_DELIMITER, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     if COUNT_TILES:  # how many key tiles this query tile visited (tests and the tile-skip figure)
-        tl.store(TileCounts + start_m, visited, mask=off_h == 0)
-    store_rows(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], acc, l_i, row_ok)
+        tl.store(TileCounts + prompt * stride_counts + start_m, visited, mask=off_h == 0)
+    store_rows(Out, off_h, offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok)
 
 
 @tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
@@ -438,8 +444,8 @@ def attn_fwd_tile_skip(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # one program per (query tile, head) of the one prompt
-    attend_query_tile(Q, K, V, Out, Pos, TileCounts, tl.program_id(0), tl.program_id(1).to(tl.int64), seq_len,
-                      prefix_len, qk_scale, stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
+    attend_query_tile(Q, K, V, Out, Pos, TileCounts, 0, 0, tl.program_id(0), tl.program_id(1).to(tl.int64),
+                      seq_len, prefix_len, qk_scale, stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
                       stride_oh, stride_ot, HEAD_DIM, KV_GROUP, DOT_PRECISION, SKIP_DELIMITER, COUNT_TILES,
                       BLOCK_M, BLOCK_N)
 
@@ -480,11 +486,15 @@ def scheduled_tile(Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, str
     prompt = tl.load(work)
     start_m = tl.load(work + 1)
     off_h = tl.load(work + 2).to(tl.int64)
-    seq_begin = tl.load(work + 3).to(tl.int64)
+    seq_begin = tl.load(work + 3)
     seq_len = tl.load(work + 4)
     prefix_len = tl.load(work + 5)
-    return (prompt, start_m, off_h, seq_len, prefix_len, Q + seq_begin * stride_qt, K + seq_begin * stride_kt,
-            V + seq_begin * stride_vt, Out + seq_begin * stride_ot, Pos + prompt.to(tl.int64) * stride_pos)
+    Q += seq_begin.to(tl.int64) * stride_qt
+    K += seq_begin.to(tl.int64) * stride_kt
+    V += seq_begin.to(tl.int64) * stride_vt
+    Out += seq_begin.to(tl.int64) * stride_ot
+    Pos += prompt.to(tl.int64) * stride_pos
+    return prompt, start_m, off_h, seq_len, prefix_len, Q, K, V, Out, Pos
 
 
 @tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
@@ -500,7 +510,7 @@ def attn_fwd_batched(
     # one program per (prompt, query tile, head), in the order of the host's table
     prompt, start_m, off_h, seq_len, prefix_len, Q, K, V, Out, Pos = scheduled_tile(
         Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt, stride_ot, BLOCK_M)
-    attend_query_tile(Q, K, V, Out, Pos, TileCounts + prompt * stride_counts, start_m, off_h, seq_len,
+    attend_query_tile(Q, K, V, Out, Pos, TileCounts, prompt, stride_counts, start_m, off_h, seq_len,
                       prefix_len, qk_scale, stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
                       stride_oh, stride_ot, HEAD_DIM, KV_GROUP, DOT_PRECISION, SKIP_DELIMITER, COUNT_TILES,
                       BLOCK_M, BLOCK_N)
