@@ -894,16 +894,18 @@ def _beside_bench(t: float, results, series: Optional[str], shape: str, m: int) 
 
 
 def step_changes_table(step: int, changes: dict, results=None) -> str:
-    """Markdown: the cumulative chain (µs, and how many times faster than the row above) and then each change undone
-    (µs, and its time over the step's); with ``results``, the steps table's time of the same kernel (the chain's
-    first and last rows) in brackets where it differs, and a note that says so."""
+    """Markdown, two tables with one ratio a column, named in its header: the changes added one at a time (µs, and
+    how many times faster than the row above), then each change undone alone from the step (µs, and its time over
+    the step's); with ``results``, the steps table's time of the same kernel (the chain's first and last rows) in
+    brackets where it differs, and a note that says so."""
     cases = changes["cases"]
-    head = " | ".join(f"{s.replace('x', ' x ')}, M = {m}" for s, m in cases)
-    lines = [f"| change | {head} |", "|---|" + "---|" * len(cases)]
+    where = [f"{s.replace('x', ' x ')}, M = {m}" for s, m in cases]
     spec, previous = STEP_CHANGES[step], None
     final = spec["chain"][-1][0]
     bench = {key: key for key in SERIES.values()} | {final: SERIES[step]}
     bracketed = False
+    lines = ["| added one at a time | " + " | ".join(f"{w}: µs (× faster than the row above)" for w in where) + " |",
+             "|---|" + "---|" * len(cases)]
     for key, label in spec["chain"]:
         cells = []
         for c in cases:
@@ -913,10 +915,12 @@ def step_changes_table(step: int, changes: dict, results=None) -> str:
             cells.append(cell + (f" ({changes['us'][(previous, *c)] / t:.2f}×)" if previous else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         previous = key
+    lines += ["", f"| undone alone from step {step} | "
+              + " | ".join(f"{w}: µs (× step {step}'s time)" for w in where) + " |", "|---|" + "---|" * len(cases)]
     for key, label in spec["undone"]:
         cells = [f"{changes['us'][(key, *c)]:.1f} ({changes['us'][(key, *c)] / changes['us'][(final, *c)]:.2f}×)"
                  for c in cases]  # the time over the step's
-        lines.append(f"| *{label}* | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + (SEPARATE_RUN if bracketed else "")
 
 
