@@ -100,12 +100,17 @@ def test_exercise_four_is_the_dispatch_rule():
 # Glued numbers and tables
 # --------------------------------------------------------------------------------------
 
+def _on_card(gpu: str, name: str) -> Results:
+    """A lab run, placed at its card's benchmark file: the floor takes the card's fastest empty kernel from there."""
+    return Results(plotting.load_results("masked_lm_head", gpu).path, load_lab("masked_lm_head", name, gpu))
+
+
 def _one_clock() -> Results:
-    return Results(None, load_lab("masked_lm_head", lesson.FIRST_ONE_CLOCK_FILE, "nvidia-h100-80gb-hbm3"))
+    return _on_card("nvidia-h100-80gb-hbm3", lesson.FIRST_ONE_CLOCK_FILE)
 
 
 def _first_run() -> Results:
-    return Results(None, load_lab("masked_lm_head", lesson.CANDIDATES_FILE, lesson.CANDIDATES_GPU))
+    return _on_card(lesson.CANDIDATES_GPU, lesson.CANDIDATES_FILE)
 
 
 def test_prose_numbers_on_the_one_clock_series():
@@ -189,8 +194,8 @@ def test_figures_three_panels_one_colour_per_series_readable_text(which):
 
 
 def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
-    """One row per step, each at the point its idea is about; the floor (an empty kernel on the GPU clock plus
-    the bytes) is below every step's time."""
+    """One row per step, each at the point its idea is about; the floor (the bytes, or the card's fastest empty
+    kernel where larger) is below every step's time."""
     results = plotting.load_results("masked_lm_head")
     table = lesson.boehm_table(results)
     rows = table.splitlines()[2:]
@@ -311,13 +316,40 @@ def test_capped_rows_carry_the_mark_and_no_other_does():
         assert cells[5].endswith(lesson.CAPPED) == bool(ours.get("rotation_capped")), line
 
 
-def test_the_steps_tables_floor_header_names_step_fives_floor():
+def test_the_floor_is_the_scoreboards_on_every_card():
+    """One floor a card on every page: the bytes at the run's copy bandwidth, or the card's fastest empty kernel (the
+    smallest of all its committed runs, as the scoreboard takes it) where that is larger; and the scoreboard's own
+    row for step 9's kernel alone gives the same number."""
+    from book import scoreboard
+
+    for f in plotting.result_files("masked_lm_head"):
+        results = plotting.load_results("masked_lm_head", f.parent.name)
+        empty = scoreboard.card_empty_kernel_ms(results.path.parent)
+        bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+        for batch, union in ((1, 1), (1, 1000), (64, 5000)):
+            by_bytes = (union * mlh.HIDDEN * 2 + batch * mlh.VOCAB * 4) / bandwidth * 1e3
+            assert lesson.floor_ms(results, batch, union) == pytest.approx(max(by_bytes, empty), rel=1e-12)
+        assert lesson.floor_ms(results, 1, 1) == pytest.approx(empty)  # one row: the empty kernel binds
+        board = [r for r in scoreboard.scoreboard() if r["number"] == 2 and r["card"] == results.gpu
+                 and r.get("ours") == "step 9, kernel alone"]
+        if board:
+            row = results.select("step09", batch=1, kind="random", allowed=1000, layout="vd")[0]
+            assert board[0]["binding_floor_ms"] == pytest.approx(lesson.floor_ms(results, 1, row["union"]), rel=1e-9)
+
+
+def test_the_steps_table_gives_each_row_its_own_floor():
+    """Each step's floor is computed at the point it is measured (its batch and union), and its × floor is its
+    time over that floor."""
     results = plotting.load_results("masked_lm_head")
-    header = lesson.boehm_table(results).splitlines()[0]
-    row = [r for r in results.select("step05", batch=1, kind="random", allowed=1000)
-           if r["params"].get("layout", "vd") == "vd"][0]
-    want = results.data["ceilings"]["empty_launch_gpu_ms"] + lesson.byte_floor_ms(results, 1, row["union"])
-    assert f"{want * 1e3:.2f} µs" in header and "1,000 allowed rows" in header
+    for line in lesson.boehm_table(results).splitlines()[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        params = lesson.STEP_CASES[int(cells[0])][0]
+        row = [r for r in results.select(f"step{int(cells[0]):02d}", **params)
+               if r["params"].get("layout", "vd") == "vd"][0]
+        floor = lesson.floor_ms(results, params["batch"], row["union"])
+        assert cells[6].startswith(f"{floor * 1e3:.2f} (")
+        binds = "bytes" if lesson.byte_floor_ms(results, params["batch"], row["union"]) >= floor else "empty kernel"
+        assert cells[6].endswith(f"({binds})") and cells[7] == f"{row['ms'] / floor:.1f}×", line
 
 
 def test_the_practitioners_short_table_keeps_only_its_points_and_the_fold_keeps_every_row():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from book.masked_lm_head.lesson import byte_floor_ms
+from book.masked_lm_head.lesson import floor_ms
 from studylog.masked_lm_head import CHAPTER
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR
 
@@ -181,7 +181,7 @@ def _layout_figure(results, caption: str):
 
 def _batched_figure(results, caption: str):
     """Time against allowed tokens per sequence at (up to) three batch sizes, random masks: the dense paths,
-    index_select (the union's logits only), steps 3, 7 and 9, and the byte floor."""
+    index_select (the union's logits only), steps 3, 7 and 9, and the floor (``lesson.floor_ms``)."""
     import matplotlib.pyplot as plt
 
     batches = sorted({r["params"]["batch"] for r in results.select(_s(7), kind="random")})
@@ -196,7 +196,7 @@ def _batched_figure(results, caption: str):
                 _errorbar(ax, [r["params"]["allowed"] for r in rows], rows, lambda ms: ms * 1e3,
                           color=series_color(x), marker=SERIES_MARKERS.get(x, "o"), ms=4,
                           lw=2.2 if x == _s(9) else 1.0, label=_legend_label(x))
-        floor = sorted((r["params"]["allowed"], byte_floor_ms(results, batch, r["union"]) * 1e3)
+        floor = sorted((r["params"]["allowed"], floor_ms(results, batch, r["union"]) * 1e3)
                        for r in results.select(_s(9), batch=batch, kind="random") if "union" in r)
         if floor:
             ax.plot([p[0] for p in floor], [p[1] for p in floor], "k--", lw=1, label="floor: union rows + fp32 output")

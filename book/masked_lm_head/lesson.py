@@ -6,22 +6,24 @@ Every function takes a :class:`studylog.plotting.Results` and reads series by th
 (``CHAPTER.steps``, ``CHAPTER.baselines``). Where a file predates a series (the first, do_bench run has no
 plan, no peer and no host time) a table says so and a prose number reads :data:`PENDING` instead of failing.
 
-The floor here is the bytes a call must move, at the copy bandwidth measured in the same run: the allowed rows
-of the weight (the union's, for a batch) plus the fp32 ``[B, V]`` output. The file's own ``floor_ms`` also
-takes the larger of that and an empty launch as timed by ``do_bench``; on the GPU clock a kernel's fixed cost
-is smaller than that launch, so the lesson compares with the bytes alone and says so.
+The floor of a call is the book's (:func:`book.common.floor_ms`, the scoreboard's): the larger of the bytes it
+must move at the copy bandwidth measured in the same run (the allowed rows of the weight, the union's for a batch,
+plus the fp32 ``[B, V]`` output) and the card's fastest empty kernel. The benchmark file's own ``floor_ms`` values
+are not read here: the lesson computes its floor from the bytes, so the page and the scoreboard agree.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from book.common import PENDING, fmt, lab_or_none, param_values, us
+from book import common
+from book.common import PENDING, fmt, lab_or_none, latency_floor_ms, param_values, us
 from studylog.masked_lm_head import CHAPTER
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 
-__all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "byte_floor_ms", "clock_of",
+__all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
+           "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card",
            "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation", "CAPPED", "capped",
@@ -36,11 +38,23 @@ FIRST_ONE_CLOCK_FILE = "first_one_clock_run"
 STEP_COUNTS = (1, 1000, 10_000)
 
 
+def call_bytes(batch: int, union: int) -> int:
+    """The bytes a call must move: ``union`` rows of the bf16 ``[V, D]`` weight read, the fp32 ``[batch, V]``
+    output written."""
+    return union * HIDDEN * 2 + batch * VOCAB * 4
+
+
 def byte_floor_ms(results, batch: int, union: int) -> float:
-    """The time to move a call's bytes at the run's copy bandwidth: ``union`` rows of the bf16 ``[V, D]`` weight
-    read, the fp32 ``[batch, V]`` output written."""
-    bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
-    return (union * HIDDEN * 2 + batch * VOCAB * 4) / bandwidth * 1e3
+    """The time to move a call's bytes (:func:`call_bytes`) at the run's copy bandwidth, which counts bytes read
+    plus bytes written, as the sum does."""
+    return call_bytes(batch, union) / (results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9) * 1e3
+
+
+def floor_ms(results, batch: int, union: int) -> float:
+    """The least time a call can take, in ms: the book's floor (:func:`book.common.floor_ms`, the scoreboard's), the
+    larger of the call's bytes at the run's copy bandwidth (:func:`byte_floor_ms`) and the card's fastest empty
+    kernel (:func:`book.common.latency_floor_ms`)."""
+    return common.floor_ms(results, call_bytes(batch, union))
 
 
 def _s(number: int) -> str:
@@ -68,7 +82,7 @@ def _floor(results, batch: int, kind: str, allowed: int) -> float | None:
     for series in (_s(9), "dense_mask"):
         row = _row(results, series, batch=batch, kind=kind, allowed=allowed)
         if row is not None and "union" in row:
-            return byte_floor_ms(results, batch, row["union"])
+            return floor_ms(results, batch, row["union"])
     return None
 
 
@@ -110,6 +124,10 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_weight_read"] = _us(byte_floor_ms(results, 0, VOCAB))
     n["mlh_rows1000_read"] = _us(byte_floor_ms(results, 0, 1000))
     n["mlh_output_b1"] = _us(byte_floor_ms(results, 1, 0), 2)
+    # the floor of a call: its bytes, or the card's fastest empty kernel where larger
+    n["mlh_empty"] = _us(latency_floor_ms(results) or None, 2)
+    n["mlh_floor_b1_1000"] = _us(floor_ms(results, 1, 1000), 2)
+    n["mlh_floor_b1_1"] = _us(floor_ms(results, 1, 1), 2)
     dense = {c: _b1(results, "dense_mask", c) for c in STEP_COUNTS}
     n["mlh_dense_1000"] = _us(dense[1000])
 
@@ -174,6 +192,9 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_dispatch_min_vs_dense"] = f"{min(1 / q for q, _ in small):.0f}×" if small else PENDING
     n["mlh_dispatch_1000_vs_dense"] = _x(_ratio(dense[1000], _b1(results, s[9], 1000)), 0)
     n["mlh_dispatch_vs_index_10000"] = _x(_ratio(_b1(results, "index_select", 10_000), _b1(results, s[9], 10_000)))
+    # the kernel alone against the fastest same-shape rival, at the headline's point (the scoreboard's second row)
+    n["mlh_index_1000"] = _us(_b1(results, "index_select", 1000))
+    n["mlh_dispatch_vs_index_1000"] = _x(_ratio(_b1(results, "index_select", 1000), _b1(results, s[9], 1000)))
     worst = max(((r["ms"] / d["ms"], r["params"]) for r in results.select(s[9])
                  for d in [_row(results, "dense_mask", batch=r["params"]["batch"], kind=r["params"]["kind"],
                                 allowed=r["params"]["allowed"])] if d is not None), default=None, key=lambda q: q[0])
@@ -227,12 +248,12 @@ def _cell(results, series: str, batch: int, kind: str, allowed: int, layout: str
 
 def steps_table(results, counts=STEP_COUNTS) -> str:
     """Batch 1, random masks, ``[V, D]``: every step and the torch baselines at a few allowed counts, in µs,
-    with the ratio to the byte floor; the floor on the first line."""
+    with the ratio to the floor (:func:`floor_ms`); the floor on the first line."""
     label = CHAPTER.label
     head = ["series"] + [f"{c:,} allowed: µs (× floor)" for c in counts]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floors = [_floor(results, 1, "random", c) for c in counts]
-    lines.append("| floor: allowed rows read + fp32 output written | "
+    lines.append("| floor: allowed rows read + fp32 output written, or an empty kernel where larger | "
                  + " | ".join(us(f) for f in floors) + " |")
     for series in ["dense_mask", "index_select"] + [_s(k) for k in (0, 1, 2, 3, 4, 5, 6, 9)]:
         cells = [_cell(results, series, 1, "random", c) for c in counts]
@@ -243,7 +264,7 @@ def steps_table(results, counts=STEP_COUNTS) -> str:
 
 def batch_table(results) -> str:
     """Batches above 1, random masks: the dense paths, ``index_select`` (the union's logits only), steps 3, 7
-    and 9 (with the path it took), µs, and the floor."""
+    and 9 (with the path it took), µs, and the floor (:func:`floor_ms`)."""
     label = CHAPTER.label
     series = ["dense_mask", "cublas_fp32_mask", "index_select", _s(3), _s(7), _s(9)]
     head = ["batch", "allowed per sequence", "union", "floor (µs)"] + [f"{label(x)} (µs)" for x in series]
@@ -259,7 +280,7 @@ def batch_table(results) -> str:
                 text += f" ({row9['path']})"
             cells.append(text)
         union = row9["union"] if row9 else None
-        floor = byte_floor_ms(results, batch, union) if union is not None else None
+        floor = floor_ms(results, batch, union) if union is not None else None
         lines.append(f"| {batch} | {allowed:,} | {'–' if union is None else f'{union:,}'} | "
                      f"{us(floor)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -346,18 +367,19 @@ def _losses(results) -> list[dict]:
 
 
 def losses_table(results) -> str:
-    """Where a series of ours is slower than a rival, with the union and the fp32 output's share of the floor."""
+    """Where a series of ours is slower than a rival, with the union and the fp32 output's share of the call's
+    bytes."""
     lost = _losses(results)
     if not lost:
         return "No measured point where a series of ours is slower than its rival."
     label = CHAPTER.label
     head = ["batch", "masks", "allowed per sequence", "union", "ours", "rival", "ours / rival",
-            "fp32 output's share of the floor"]
+            "fp32 output's share of the call's bytes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for q in sorted(lost, key=lambda q: (q["params"]["batch"], q["params"]["kind"], q["params"]["allowed"])):
         p, mine, rival = q["params"], q["mine"], q["rival"]
         union = mine.get("union")
-        share = "–" if union is None else f"{byte_floor_ms(results, p['batch'], 0) / byte_floor_ms(results, p['batch'], union):.0%}"
+        share = "–" if union is None else f"{call_bytes(p['batch'], 0) / call_bytes(p['batch'], union):.0%}"
         ours = label(mine["series"]) + (f" ({mine['path']})" if mine.get("path") else "")
         lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {'–' if union is None else f'{union:,}'} | "
                      f"{ours}: {mine['ms'] * 1e3:,.1f} µs{capped(mine)} | "
@@ -425,13 +447,6 @@ def tried_table(results, candidates: dict | None) -> str:
 # The chapter's one table of steps
 # --------------------------------------------------------------------------------------
 
-def floor_ms(results, batch: int, union: int) -> float:
-    """The least time a call can take: an empty kernel on the GPU clock (launch and completion inside a CUDA
-    graph, measured in the same run) plus the call's bytes (the union's rows read, the fp32 output written) at
-    the run's copy bandwidth, which counts bytes read plus bytes written, as this sum does."""
-    return results.data["ceilings"].get("empty_launch_gpu_ms", 0.0) + byte_floor_ms(results, batch, union)
-
-
 #: Where each step is measured (the case its idea is about) and the step it is compared with there.
 STEP_CASES = {
     0: (dict(batch=1, kind="random", allowed=1000), "dense_mask"),
@@ -488,15 +503,11 @@ def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))
 def boehm_table(results) -> str:
     """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the reference it is
     measured against at the same point (the step it changes, or a torch baseline) and its speedup over that
-    reference, × the floor (:func:`floor_ms`, its value at step 5's point named in the header). A time whose
-    rotation was capped carries :data:`CAPPED`."""
-    params5 = STEP_CASES[5][0]
-    row5 = _row(results, _s(5), **params5)
-    at = floor_ms(results, params5["batch"], (row5 or {}).get("union", params5["allowed"])) * 1e3
+    reference, the floor at that point (:func:`floor_ms`, which of its two parts binds) and the time over it. A
+    time whose rotation was capped carries :data:`CAPPED`."""
     lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
-             f"× floor (an empty kernel + the call's bytes: {at:.2f} µs at batch 1, "
-             f"{params5['allowed']:,} allowed rows) |",
-             "|---|---|---|---|---|---|---|"]
+             "floor: the bytes, or an empty kernel where larger (µs) | × floor |",
+             "|---|---|---|---|---|---|---|---|"]
     for step in CHAPTER.steps:
         params, prev = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
@@ -505,9 +516,12 @@ def boehm_table(results) -> str:
         before = _ms(results, prev if isinstance(prev, str) else _s(prev), **params)
         name = CHAPTER.label(prev) if isinstance(prev, str) else f"step {prev}"
         vs = f"{before / row['ms']:.2f}×" if before else "–"
-        floor = floor_ms(results, params["batch"], row.get("union", params["allowed"]))
+        union = row.get("union", params["allowed"])
+        floor = floor_ms(results, params["batch"], union)
+        binds = "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
         lines.append(f"| {step.number} | {BOEHM_CHANGES.get(step.number, step.title)} | {_case(params)} | "
-                     f"{us(row['ms'])}{capped(row)} | {name} | {vs} | {row['ms'] / floor:.1f}× |")
+                     f"{us(row['ms'])}{capped(row)} | {name} | {vs} | {floor * 1e3:.2f} ({binds}) | "
+                     f"{row['ms'] / floor:.1f}× |")
     return "\n".join(lines)
 
 
@@ -570,15 +584,13 @@ def target_report(results) -> str:
         worst = None
         for r in results.select("dense_mask", batch=1, kind=kind):
             best = _best(results, 1, kind, r["params"]["allowed"])
-            if best and "union" in best:  # the bytes floor (a launch's latency is not on the GPU clock)
-                # with the empty kernel's GPU time where the run measured it (few bytes: latency bounds the call)
-                floor_ms = max(byte_floor_ms(results, 1, best["union"]),
-                               results.data["ceilings"].get("empty_launch_gpu_ms", 0.0))
-                ratio = best["ms"] / floor_ms
+            if best and "union" in best:
+                ratio = best["ms"] / floor_ms(results, 1, best["union"])
                 if worst is None or ratio > worst[0]:
                     worst = (ratio, r["params"]["allowed"], label(best["series"]))
         if worst:
-            add(f"best kernel ≤ 1.3× the floor (bytes, or an empty kernel's GPU time where measured), batch 1, {kind} masks, worst count",
+            add(f"best kernel ≤ 1.3× the floor (bytes, or the card's fastest empty kernel where larger), batch 1, "
+                f"{kind} masks, worst count",
                 f"{worst[0]:.2f}× at {worst[1]:,} allowed ({worst[2]})", worst[0] <= 1.3)
     # step 9 (the dispatch) >= 10x dense + mask at <= 1,000 allowed, batch 1
     ratios = []
@@ -791,8 +803,9 @@ STEP05_KNOBS = {"one_wait": "the one wait per row", "fill_first": "filling first
 
 def step05_effects(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]] | None:
     """Each of step 5's changes added to step 4 alone: its time over step 4's in the same run (under 1: the change
-    makes step 4 faster), per allowed count, at step 5's tiles; ``"step 5"`` the three together. None where the
-    run is not committed."""
+    makes step 4 faster), per allowed count, at step 5's tiles; ``"step 5"`` the three together; ``"step 5 -
+    <change>"`` step 5 with that change taken out, its time over step 5's (under 1: step 5 is faster without it).
+    None where the run is not committed."""
     rows = _lab_rows(gpu)
     if rows is None:
         return None
@@ -801,6 +814,8 @@ def step05_effects(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]] | No
     counts = sorted({n for _, n in at})
     out = {knob: {n: at[(f"step 4 + {knob}", n)] / at[("step 4", n)] for n in counts} for knob in STEP05_KNOBS}
     out["step 5"] = {n: at[("step 5", n)] / at[("step 4", n)] for n in counts}
+    for knob in STEP05_KNOBS:
+        out[f"step 5 - {knob}"] = {n: at[(f"step 5 - {knob}", n)] / at[("step 5", n)] for n in counts}
     return out
 
 
