@@ -11,7 +11,11 @@ and fp16, against the float64 W2A8 reference, and bit-equal to step 12 where K i
 (GPU): the candidate at several (R, CH, WARPS, UNITS) beside step 12, cuBLAS bf16 and the read-only floor
 (``read_weights``) at 4096 x 14336, 2560 x 6912 and 8192 x 28672, M = 1, the benchmark's weights, rotation and GPU
 clock; writes ``results/<gpu>/step14_gemv.json``. Run from the repository root on a GPU machine:
-``PYTHONPATH=$PWD python lab/ternary/step14_gemv.py`` (both, about 80 s on an H200).
+``PYTHONPATH=$PWD python lab/ternary/step14_gemv.py`` (both, about 80 s on an H200). ``profile``: one call each of
+the two fastest candidates and step 12 at 4096 x 14336 inside cudaProfilerStart/Stop, for Nsight Compute:
+``ncu --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis
+--section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --csv --page details
+python lab/ternary/step14_gemv.py profile > results/nvidia-h200/step14_gemv_ncu.csv``.
 """
 from __future__ import annotations
 
@@ -125,8 +129,29 @@ def measure(kern: dict) -> Path:
     return write_lab_output(paths.LAB / "ternary" / "results", run.device["name"], NAME, run.to_json())
 
 
+def profile(kern: dict) -> None:
+    n, k = 4096, 14336
+    torch.manual_seed(n * 31 + k)
+    w_t, scale_t = quantize_absmean(torch.randn(n, k, device="cuda"))
+    mma, tiles = PackedTernary.pack(w_t, "2bit_mma"), PackedTernary.pack(w_t, "2bit_tiles")
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    calls = [lambda c=c: step14(kern, x, mma, float(scale_t), c) for c in CONFIGS[(n, k)][:2]]
+    calls.append(lambda: T.step12_w2a8(x, tiles, float(scale_t)))
+    for call in calls:  # compiled and warm before the profiled calls
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 if __name__ == "__main__":
     compiled = kernels()
+    if sys.argv[1:] == ["profile"]:
+        profile(compiled)
+        sys.exit(0)
     failures = check(compiled)
     if failures:
         sys.exit(f"{failures} checks failed: nothing measured")
