@@ -276,6 +276,36 @@ def test_step05_effects_are_the_tables_ratios():
     assert printed == pytest.approx([effects["step 5"][n] for n in counts], abs=0.006)
 
 
+def _change_row(variant, allowed, ms, spread):
+    return {"series": "step05_changes", "ms": ms, "spread_ms": [ms - spread, ms, ms + spread],
+            "params": {"variant": variant, "allowed": allowed, "tiles": "step05"}}
+
+
+def test_a_kept_loss_is_slower_at_every_count_outside_the_spread(monkeypatch):
+    """A change is a kept loss only where step 5 without it is faster at every count with the repetitions apart;
+    a change that is slower at one count only, or whose spreads overlap, is not one."""
+    times = {"step 5": (2.0, 4.0), "step 5 - fill_first": (1.8, 3.9), "step 5 - one_wait": (2.5, 3.5),
+             "step 5 - evict_first": (1.99, 3.99)}
+    rows = [_change_row(v, n, t, 0.02) for v, ts in times.items() for n, t in zip((1, 1000), ts)]
+    monkeypatch.setattr(lesson, "_lab_rows", lambda gpu="nvidia-h200": rows)
+    got = lesson.step05_kept_losses()
+    assert set(got) == {"fill_first"} and got["fill_first"] == pytest.approx({1: 2.0 / 1.8, 1000: 4.0 / 3.9})
+    monkeypatch.setattr(lesson, "_lab_rows", lambda gpu="nvidia-h200": None)
+    assert lesson.step05_kept_losses() == {}
+
+
+def test_the_committed_kept_losses_read_as_the_table_prints_them():
+    table = lesson.step05_changes_table()
+    if table is None:
+        pytest.skip("the lab run is not committed")
+    cells = {line.split("|")[1].strip(): [float(c.split("(")[0].strip().rstrip(lesson.CAPPED))
+                                          for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
+    for knob, ratios in lesson.step05_kept_losses().items():
+        without = cells[f"step 5 - {knob.replace('_', ' ')}"]
+        assert all(w < s5 for w, s5 in zip(without, cells["step 5"]))
+        assert list(ratios.values()) == pytest.approx([s5 / w for w, s5 in zip(without, cells["step 5"])], abs=0.01)
+
+
 def test_other_card_says_which_run_replayed_one_head():
     from studylog.plotting import load_results, result_files
 

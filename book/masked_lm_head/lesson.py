@@ -27,7 +27,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card",
            "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation", "CAPPED", "capped",
-           "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
+           "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table", "step05_kept_losses",
            "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
@@ -791,8 +791,8 @@ def rotation(results) -> dict[str, Any] | None:
 
 
 def counts_words(counts) -> str:
-    """``1, 8 and 100``."""
-    names = [f"{c:,}" for c in counts]
+    """``1, 8 and 100`` (numbers with thousands separators; words as they are)."""
+    names = [c if isinstance(c, str) else f"{c:,}" for c in counts]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -816,6 +816,23 @@ def step05_effects(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]] | No
     out["step 5"] = {n: at[("step 5", n)] / at[("step 4", n)] for n in counts}
     for knob in STEP05_KNOBS:
         out[f"step 5 - {knob}"] = {n: at[(f"step 5 - {knob}", n)] / at[("step 5", n)] for n in counts}
+    return out
+
+
+def step05_kept_losses(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]]:
+    """Step 5's changes that its own ablation measures as a loss: taken out of step 5, step 5 is faster at every
+    count, and its slowest repetition without the change beats its fastest with it. Each with step 5's time over
+    the time without it, per allowed count (above 1: how much slower the change makes step 5); empty where none is,
+    or the run is not committed."""
+    rows = _lab_rows(gpu) or []
+    kept = {(r["params"]["variant"], r["params"]["allowed"]): r for r in rows
+            if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
+    counts = sorted({n for v, n in kept if v == "step 5"})
+    out = {}
+    for knob in STEP05_KNOBS:
+        pairs = [(kept[("step 5", n)], kept[(f"step 5 - {knob}", n)]) for n in counts]
+        if pairs and all(without["spread_ms"][2] < with_["spread_ms"][0] for with_, without in pairs):
+            out[knob] = {n: with_["ms"] / without["ms"] for n, (with_, without) in zip(counts, pairs)}
     return out
 
 
