@@ -88,3 +88,71 @@ def test_every_multi_part_diff_is_folded_under_a_line_naming_its_idea():
         assert "hide-output" in cells[i]["metadata"].get("tags", []), i
         above = next(c for c in reversed(cells[:i]) if c["cell_type"] == "markdown")
         assert "folded" in "".join(above["source"]).splitlines()[-1], i
+
+
+def test_the_floor_is_the_scoreboards_on_every_card():
+    """One floor a card on every page: the active slots' haystack bytes at the run's copy bandwidth, or the card's
+    fastest empty kernel (the smallest of all its committed runs, as the scoreboard takes it) where that is larger."""
+    from book import scoreboard
+    from book.ngram.results import grid_configs
+
+    for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
+        results = load_results("ngram", gpu)
+        empty_us = scoreboard.card_empty_kernel_ms(results.path.parent) * 1e3
+        bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+        for cfg in grid_configs(results):
+            row = lesson.grid_row(results, ngram.CHAPTER.step(1).series, cfg)
+            by_bytes = row["haystack_bytes"] / bandwidth * 1e6
+            assert lesson.floor_us(results, cfg) == pytest.approx(max(by_bytes, empty_us), rel=1e-12), (gpu, cfg)
+        small, large = lesson.BOEHM_CASES
+        assert lesson.floor_us(results, small) == pytest.approx(empty_us)  # a few bytes: the empty kernel binds
+        assert lesson.floor_us(results, large) > 10 * empty_us  # the bytes bind
+        floor_row = lesson.boehm_table(results).splitlines()[2]
+        assert "empty kernel where larger" in floor_row and f"{empty_us:,.2f}" in floor_row
+
+
+def test_the_result_table_times_the_entry_point_as_the_headline_does():
+    """The page's GPU-clock column is the series the chapter's headline (and the results page) quotes: the entry
+    point, with the step its rule ran; its ratio to step 3 is the headline's."""
+    from book.ngram import results as book_results
+    from studylog.ngram.report import gpu_headline
+
+    results = load_results("ngram")
+    table = lesson.result_table(results, book_results.headline(results))
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]}
+    for head in gpu_headline(results):
+        cells = rows[head["case"]]
+        assert head["kernel"].startswith("n-gram matching, ngram_match (step")  # the headline times the entry point
+        step = int(head["kernel"].split("(step")[1][:2])
+        assert cells[4] == f"{head['kernel_ms'] * 1e3:,.1f} (runs step {step})", cells
+        assert cells[6] == f"{head['speedup']:,.2f}×", (cells, head["speedup"])
+
+
+def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_match():
+    """The share the page quotes, against a count made here: each searching slot's haystacks read up to the end of
+    the first window equal to its longest pattern with a token after it (prompt, then the generated tokens), else
+    whole."""
+    from studylog.ngram import NgramConfig, gen_width_for, haystack_bytes, make_batch
+    from studylog.ngram.models import slot_plan
+
+    results = load_results("ngram")
+    cfg = (32, 512, 128)
+    inputs, _, this_time = make_batch(32, 512, gen_width_for(512), seed=1000 + 32 + 512)
+    config = NgramConfig(threshold=128)
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), this_time.tolist())
+    read = 0
+    for b in range(inputs.batch):
+        kind, _, _, cap = slot_plan(b, config, *lists)
+        step, prompt_len = int(inputs.step_idx[b]), int(inputs.prompt_lens[b])
+        top = min(config.max_ngram_size, step)
+        if kind != "active" or cap < 1 or top < config.min_ngram_size:
+            continue  # a slot that does not search reads nothing
+        pattern = inputs.generated_ids[b, step + 1 - top:step + 1].tolist()
+        for hay, n in ((inputs.prompt_ids[b].tolist(), prompt_len), (inputs.generated_ids[b].tolist(), step)):
+            hit = next((i for i in range(n - top) if hay[i:i + top] == pattern), None)
+            read += (n if hit is None else hit + top) * 8
+            if hit is not None:
+                break
+    assert 0 < read < haystack_bytes(inputs, this_time, config)  # some slot stops early, none reads past the floor
+    assert lesson.early_exit_share(results, cfg) == pytest.approx(read / haystack_bytes(inputs, this_time, config))

@@ -4,7 +4,8 @@ lesson's tables' too (``book.ngram.lesson``)."""
 
 from __future__ import annotations
 
-from book.ngram.results import clock_of, grid_configs, grid_select, own_series, real_cases_in, real_row
+from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
+                                row_bytes)
 from studylog.ngram import CHAPTER
 from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIES, sweep_series
 
@@ -49,12 +50,11 @@ def caption(results) -> str:
 
 
 def floor_ms(results, cfg: tuple[int, int, int]) -> float | None:
-    """The floor of a grid case in ms, as the table of steps counts it: an empty kernel on the GPU clock plus the
-    active slots' haystacks read once at the copy bandwidth (the file's ``floor_ms``); None without a floor."""
-    rows = [r for r in results.select(corpus=None, batch=cfg[0], seq_len=cfg[1], threshold=cfg[2]) if "floor_ms" in r]
-    if not rows:
-        return None
-    return results.data.get("ceilings", {}).get("empty_launch_gpu_ms", 0.0) + rows[0]["floor_ms"]
+    """The floor of a grid case in ms, the book's (:func:`book.ngram.results.floor_of`): the active slots' haystacks
+    read once at the copy bandwidth, or the card's fastest empty kernel where that is larger; None without one."""
+    rows = [r for r in results.select(corpus=None, batch=cfg[0], seq_len=cfg[1], threshold=cfg[2])
+            if row_bytes(results, r) is not None]
+    return floor_of(results, rows[0]) if rows else None
 
 
 def _errorbar(ax, xs, rows, scale, **style):
@@ -103,7 +103,7 @@ def figures(results) -> dict:
     if floors:
         ax.hlines([f for _, f in floors], [i - 0.42 for i, _ in floors], [i + 0.42 for i, _ in floors],
                   colors=series_color("floor"), linestyles="--", lw=1,
-                  label="floor: an empty kernel + the haystacks read once")
+                  label="floor: the haystacks read once, or an empty kernel where larger")
     ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT)
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
@@ -122,8 +122,8 @@ def figures(results) -> dict:
     for k, series in enumerate(kernel_series):
         color, marker = STYLE[CHAPTER.step(series).number]
         pts = [(i, grid_select(results, series, c)) for i, c in enumerate(configs)]
-        pts = [(i + (k - (len(kernel_series) - 1) / 2) * dodge, rows[0]["ms"] / rows[0]["floor_ms"])
-               for i, rows in pts if rows and rows[0].get("floor_ms")]
+        pts = [(i + (k - (len(kernel_series) - 1) / 2) * dodge, rows[0]["ms"] / floor_of(results, rows[0]))
+               for i, rows in pts if rows and floor_of(results, rows[0])]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="none", marker=marker, color=color,
                 ms=8 if marker == "*" else 6, label=CHAPTER.label(series))
     ax.axhline(1.0, color="k", lw=1, label="the floor")
@@ -131,7 +131,7 @@ def figures(results) -> dict:
     ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT)
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
-    ax.set_ylabel("time / bytes at copy speed (no empty kernel)", fontsize=FONT)
+    ax.set_ylabel("time / floor (bytes, or an empty kernel)", fontsize=FONT)
     ax.grid(True, which="major", axis="y", alpha=0.3)
     ax.legend(fontsize=FONT, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.17), frameon=False)
     ax.set_title("How far each kernel is from reading every haystack once", fontsize=FONT + 1)
@@ -152,12 +152,12 @@ def figures(results) -> dict:
                                                     r["params"]["threshold"]) == cfg),
                               key=lambda r: r["params"]["chunk_len"])
                 # one line per case: its points are one split varied over a numeric axis
-                ax.plot([r["params"]["chunk_len"] for r in rows], [r["ms"] / r["floor_ms"] for r in rows],
+                ax.plot([r["params"]["chunk_len"] for r in rows], [r["ms"] / floor_of(results, r) for r in rows],
                         marker=marker, color=color, ls=dashes[j % len(dashes)],
                         label=f"{step.__name__}, {case_label(cfg).replace(chr(10), ', ')}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("haystack positions per block (chunk_len)", fontsize=FONT)
-        ax.set_ylabel("time / bytes at copy speed (no empty kernel)", fontsize=FONT)
+        ax.set_ylabel("time / floor (bytes, or an empty kernel)", fontsize=FONT)
         ax.set_ylim(bottom=0)
         ax.tick_params(labelsize=FONT)
         ax.grid(True, which="major", alpha=0.3)

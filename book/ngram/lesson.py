@@ -13,14 +13,16 @@ from torch import Tensor
 
 from book.common import us
 from book.ngram.figures import case_label, clock_words, shape_label
-from book.ngram.results import clock_of, grid_configs, grid_select, own_series, real_cases_in, real_row, same_clock_pair
+from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
+                                same_clock_pair)
 from studylog.ngram import CHAPTER
 from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
-__all__ = ["published_blockscan_counts", "BOEHM_CASES", "boehm_table", "dispatch_table", "floor_us", "grid_row",
-           "step_table", "real_text_table", "summary_table", "target_verdicts"]
+__all__ = ["published_blockscan_counts", "BOEHM_CASES", "boehm_table", "dispatch_table", "early_exit_share",
+           "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
+           "target_verdicts"]
 
 
 def published_blockscan_counts(inputs: NgramInputs, keys: list[int], seq_lens_this_time: Tensor,
@@ -82,8 +84,8 @@ def _us_cell(row) -> str:
 
 
 def step_table(results, steps, configs=None) -> str:
-    """Markdown: per grid case, the one-pass floor and the time of each of ``steps`` (numbers or series; µs per
-    call, median, with the repetitions' min–max where the file has them; each column says its clock), and the
+    """Markdown: per grid case, the floor (:func:`floor_us`) and the time of each of ``steps`` (numbers or series; µs
+    per call, median, with the repetitions' min–max where the file has them; each column says its clock), and the
     last step's time over the floor."""
     steps = [CHAPTER.step(s) for s in steps]
     configs = configs or grid_configs(results)
@@ -92,7 +94,7 @@ def step_table(results, steps, configs=None) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cfg in configs:
         rows = [grid_row(results, s.series, cfg) for s in steps]
-        floor = next((r["floor_ms"] for r in rows if r and r.get("floor_ms")), None)
+        floor = next((floor_of(results, r) for r in rows if r and floor_of(results, r)), None)
         last = rows[-1]
         ratio = f"{last['ms'] / floor:,.2f}" if last and floor else "–"
         lines.append("| " + " | ".join([case_label(cfg).replace("\n", ", "), f"{floor * 1e3:,.2f}" if floor else "–"]
@@ -128,7 +130,8 @@ def real_text_table(results) -> str:
 
 def summary_table(results) -> str:
     """Markdown: µs per step (step 1 on the host clock, end to end; the others on the GPU clock), the final
-    step end to end, the CPU path's time over it (one clock), and the best kernel's distance to the floor."""
+    step end to end, the CPU path's time over it (one clock), and the best kernel's distance to the floor (the book's,
+    :func:`book.ngram.results.floor_of`)."""
     steps = CHAPTER.steps
     head = ["config", "threshold"] + [s.name for s in steps] + [f"{steps[-1].name} call + sync",
                                                                 "CPU path / kernel (one clock)", "best / floor"]
@@ -146,9 +149,9 @@ def summary_table(results) -> str:
         pair = same_clock_pair(results, c)
         cells.append(f"{pair[0]['ms'] / pair[1]['ms']:,.1f}x" if pair else "–")
         kernels = [r for s, r in ms.items() if s in own_series()]
-        if kernels and kernels[0].get("floor_ms"):
-            best = min(kernels, key=lambda r: r["ms"])
-            cells.append(f"{best['ms'] / best['floor_ms']:.2f}")
+        best = min(kernels, key=lambda r: r["ms"]) if kernels else None
+        if best is not None and floor_of(results, best):
+            cells.append(f"{best['ms'] / floor_of(results, best):.2f}")
         else:
             cells.append("–")
         lines.append("| " + " | ".join(cells) + " |")
@@ -158,7 +161,7 @@ def summary_table(results) -> str:
 def target_verdicts(results) -> str:
     """The chapter's goals, each with the measured number that meets or misses it (Markdown list): bit-identical
     results, at least 10x faster than the CPU path at batch >= 32 (one clock), 32x512 under 15 µs, and 256x131072
-    within 1.5x of the one-pass floor."""
+    within 1.5x of the floor (the book's, :func:`book.ngram.results.floor_of`)."""
     checks = results.data.get("checks", [])
     failed = [c for c in checks if not c["passed"]]
     lines = [f"- bit-identical on every benchmark input: {len(checks) - len(failed)} of {len(checks)} checks passed"
@@ -187,10 +190,11 @@ def target_verdicts(results) -> str:
         name = CHAPTER.label(top["series"])
         clock = clock_words(top.get("clock", "do_bench"))
         if target is None:
-            ratio = top["ms"] / top["floor_ms"]
+            floor = floor_of(results, top)
+            ratio = top["ms"] / floor
             verdict = "met" if ratio <= 1.5 else "missed"
-            lines.append(f"- {b}x{s} within 1.5x of the one-pass floor: {verdict}; {name} takes {top_us:.1f} µs "
-                         f"({clock}), {ratio:.2f}x the floor of {top['floor_ms'] * 1e3:.1f} µs")
+            lines.append(f"- {b}x{s} within 1.5x of the floor: {verdict}; {name} takes {top_us:.1f} µs "
+                         f"({clock}), {ratio:.2f}x the floor of {floor * 1e3:.1f} µs")
         else:
             verdict = "met" if top_us < target else "missed"
             lines.append(f"- {b}x{s} under {what}: {verdict}; {name} takes {top_us:.1f} µs ({clock})")
@@ -224,13 +228,31 @@ BOEHM_CASES = ((32, 512, 128), (256, 131072, NO_BUDGET))
 
 
 def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
-    """The least time a call can take at ``cfg``, in µs: an empty kernel on the GPU clock (measured in the same run)
-    plus the active slots' haystacks read once at the copy bandwidth (bytes read plus written per second, as
-    the file's ``floor_ms`` counts them). At small cases the empty kernel is most of it: a latency floor."""
+    """The least time a call can take at ``cfg``, in µs (the book's floor, :func:`book.common.floor_ms`): the larger
+    of the active slots' haystacks read once at the copy bandwidth (bytes read plus written per second) and the
+    card's fastest empty kernel. At small cases the empty kernel is larger: a latency floor."""
     row = grid_row(results, CHAPTER.step(1).series, cfg)
-    if row is None:
-        return None
-    return (results.data["ceilings"].get("empty_launch_gpu_ms", 0.0) + row["floor_ms"]) * 1e3
+    return None if row is None else floor_of(results, row) * 1e3
+
+
+def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
+    """The share of the floor's bytes that a perfect early exit reads at grid case ``cfg``
+    (:func:`studylog.ngram.early_exit_bytes`: each haystack up to the end of its first top-n window, else all of it),
+    on the benchmark's batch rebuilt on the CPU. The slots' plan and planted repeats come from a CPU generator, so the
+    rebuilt batch has the benchmark's lengths and matches (a chance 3-gram among uniform ids is vanishingly rare); the
+    haystack bytes must equal the committed row's, or the rebuild is not the benchmark's batch."""
+    from studylog.ngram import early_exit_bytes, gen_width_for, haystack_bytes, make_batch
+
+    batch, seq_len, threshold = cfg
+    inputs, draft, this_time = make_batch(batch, seq_len, gen_width_for(seq_len),
+                                          kinds=["short"] if batch == 1 else None,
+                                          seed=1000 + batch + seq_len)  # the benchmark's rule (studylog.ngram.report)
+    config = NgramConfig(threshold=threshold)
+    nbytes = haystack_bytes(inputs, this_time, config)
+    row = grid_row(results, CHAPTER.step(1).series, cfg)
+    if row is None or row.get("haystack_bytes") != nbytes:
+        raise ValueError(f"the batch rebuilt at {cfg} is not the committed run's ({nbytes:,} haystack bytes)")
+    return early_exit_bytes(inputs, this_time, config) / nbytes
 
 
 def boehm_table(results) -> str:
@@ -245,7 +267,8 @@ def boehm_table(results) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floors = [floor_us(results, cfg) for cfg in BOEHM_CASES]
     floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
-    lines.append("| | floor: an empty kernel + the haystacks' bytes | GPU | " + " | ".join(floor_cells) + " |")
+    lines.append("| | floor: the haystacks' bytes, or an empty kernel where larger | GPU | " + " | ".join(floor_cells)
+                 + " |")
     previous = [None] * len(BOEHM_CASES)  # (µs, clock) of the previous step measured at each case
     entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`"), st.series) for st in CHAPTER.steps]
     entries.append(("entry point", "`ngram_match`: step 6 or step 7, by a rule on the batch's shapes", "ngram_match"))
@@ -297,19 +320,41 @@ def step2_excerpt():
     return Code("\n".join(out), "cuda", "step 2, excerpt: the launch and the search loop")
 
 
+def entry_row(results, where: dict) -> dict | None:
+    """The GPU-clock row the headline quotes at ``where``: the entry point ``ngram_match`` (its ``step`` field says
+    which step its rule ran), or the last step on a file that does not time the entry point. None where neither is."""
+    for series in ("ngram_match", CHAPTER.final.series):
+        rows = [r for r in results.select(series, **where) if r.get("clock") == "gpu"]
+        if rows:
+            return rows[0]
+    return None
+
+
 def result_table(results, headline_rows) -> str:
-    """The result table: per headline case, both paths end to end on the host (the call, then a sync) and
-    their ratio; then our kernel's GPU time beside step 3's (our port of the pull request's first, two-phase
-    kernel) on the GPU clock
-    and the ratio of those two columns."""
-    lines = ["| case | CPU loop, call + sync (µs) | ours, call + sync (µs) | CPU loop ÷ ours | ours, GPU clock (µs) "
-             "| step 3, GPU clock (µs) | step 3 ÷ ours |", "|---|---|---|---|---|---|---|"]
+    """The result table: per headline case, the CPU path and step 7 end to end on the host (the call, then a sync;
+    step 7 is the series the benchmark times that way) and their ratio; then, on the GPU clock, the entry point
+    ``ngram_match`` (:func:`entry_row`, as the chapter's headline times it; the last step on a file without it)
+    beside step 3 (our port of the pull request's first, two-phase kernel) and step 4 (the same with an exact
+    block-scan phase 2), with the ratios."""
+    final = f"step {CHAPTER.final.number}"
+    ours_name = "`ngram_match`" if results.select("ngram_match") else final
+    lines = [f"| case | CPU loop, call + sync (µs) | {final}, call + sync (µs) | CPU loop ÷ {final} "
+             f"| {ours_name}, GPU clock (µs) | step 3, GPU clock (µs) | step 3 ÷ {ours_name} "
+             f"| step 4, GPU clock (µs) | step 4 ÷ {ours_name} |", "|" + "---|" * 9]
     for hd in headline_rows:
-        gpu = hd.get("kernel_gpu_ms")
-        three = [r for r in results.select(CHAPTER.step(3).series, **hd.get("where", {})) if r.get("clock") == "gpu"] \
-            if "where" in hd else []
-        three_ms = three[0]["ms"] if three else None
-        ratio = f"{three_ms / gpu:,.1f}×" if gpu and three_ms else "–"
-        lines.append(f"| {hd['case']} | {us(hd['baseline_ms'])} | {us(hd['kernel_ms'])} | {hd['speedup']:,.1f}× | "
-                     f"{us(gpu)} | {us(three_ms)} | {ratio} |")
+        where = hd.get("where")
+        ours = entry_row(results, where) if where else None
+        cells = [hd["case"], us(hd["baseline_ms"]), us(hd["kernel_ms"]), f"{hd['speedup']:,.1f}×"]
+        if ours is None:
+            cells.append("–")
+        elif ours["series"] == "ngram_match" and "step" in ours:
+            cells.append(f"{us(ours['ms'])} (runs step {CHAPTER.step(ours['step']).number})")
+        else:
+            cells.append(us(ours["ms"]))
+        for number in (3, 4):
+            rival = [r for r in results.select(CHAPTER.step(number).series, **where) if r.get("clock") == "gpu"] \
+                if where else []
+            rival_ms = rival[0]["ms"] if rival else None
+            cells += [us(rival_ms), f"{rival_ms / ours['ms']:,.2f}×" if ours and rival_ms else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ quotes (:func:`headline`; the chapter's own headline, on the GPU clock, is
 
 from __future__ import annotations
 
+from book.common import floor_ms
 from studylog.ngram import CHAPTER
 from studylog.ngram.report import FIRST_OWN_STEP, HEADLINE_CASES, NO_BUDGET, SYNCED_SERIES
 
@@ -55,6 +56,29 @@ def real_row(results, series, case):
     corpus, batch, seq_len, threshold = case
     rows = results.select(series, corpus=corpus, batch=batch, seq_len=seq_len, threshold=threshold)
     return rows[0] if rows else None
+
+
+def row_bytes(results, row) -> float | None:
+    """The bytes a row's call must move: the active slots' haystacks read once (the row's ``haystack_bytes``; on a
+    row without it, its ``floor_ms`` at the run's copy bandwidth, which that field counts). None without either."""
+    if "haystack_bytes" in row:
+        return row["haystack_bytes"]
+    if "floor_ms" not in row:
+        return None
+    return row["floor_ms"] * 1e-3 * results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9
+
+
+def floor_of(results, row) -> float | None:
+    """The book's floor of a row's call, in ms (:func:`book.common.floor_ms`, the scoreboard's): the larger of its
+    bytes at the run's copy bandwidth and the card's fastest empty kernel. A file not read from disk has no card,
+    so its own run's empty kernel stands in. None where the row has no bytes."""
+    nbytes = row_bytes(results, row)
+    if nbytes is None:
+        return None
+    if results.path is None:
+        by_bytes = nbytes / (results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9) * 1e3
+        return max(by_bytes, results.data["ceilings"].get("empty_launch_gpu_ms") or 0.0)
+    return floor_ms(results, nbytes)
 
 
 def same_clock_pair(results, cfg):
@@ -115,5 +139,5 @@ def headline(results) -> list[dict]:
     return out
 
 
-__all__ = ["HEADLINE_REAL_CASE", "clock_of", "grid_configs", "grid_select", "headline", "own_series", "real_cases_in",
-           "real_row", "same_clock_pair"]
+__all__ = ["HEADLINE_REAL_CASE", "clock_of", "floor_of", "grid_configs", "grid_select", "headline", "own_series",
+           "real_cases_in", "real_row", "row_bytes", "same_clock_pair"]
