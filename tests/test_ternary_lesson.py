@@ -458,3 +458,101 @@ def test_part_2s_prose_is_within_the_budget():
     from book.common import PROSE_BUDGET, prose_words
 
     assert prose_words(LESSONS[1]) <= PROSE_BUDGET
+
+
+# ------------------------------------------------------------------------------------------------
+# One ratio a column, and a peer's failed check shown where its time is
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("step", [4, 9])
+def test_each_column_of_an_ablation_table_is_one_ratio_named_in_its_header(step):
+    """The chain's ratios (x faster than the row above) and the undone rows' (x the step's time) sit in two tables,
+    each header naming its ratio; every cell's ratio is recomputed here from the run's times."""
+    changes = L.step_changes(step)
+    if changes is None:
+        pytest.skip("no committed run of the bundled steps")
+    chain, undone = L.step_changes_table(step, changes).split("\n\n")[:2]
+    spec = L.STEP_CHANGES[step]
+    for table, rows, header in ((chain, spec["chain"], "× faster than the row above"),
+                                (undone, spec["undone"], f"× step {step}'s time")):
+        lines = table.splitlines()
+        assert all(header in cell for cell in lines[0].strip("|").split("|")[1:])
+        assert [line.split(" | ")[0][2:] for line in lines[2:]] == [label for _, label in rows]
+    final = spec["chain"][-1][0]
+    for i, (key, _) in enumerate(spec["chain"][1:], 1):
+        cells = chain.splitlines()[2 + i].strip(" |").split(" | ")[1:]
+        for cell, case in zip(cells, changes["cases"]):
+            want = changes["us"][(spec["chain"][i - 1][0], *case)] / changes["us"][(key, *case)]
+            assert cell.endswith(f"({want:.2f}×)")
+    for i, (key, _) in enumerate(spec["undone"]):
+        cells = undone.splitlines()[2 + i].strip(" |").split(" | ")[1:]
+        for cell, case in zip(cells, changes["cases"]):
+            assert cell.endswith(f"({changes['us'][(key, *case)] / changes['us'][(final, *case)]:.2f}×)")
+
+
+def _failed_gemlite_cases(path):
+    """(shape, M) of each failed float64 check of GemLite's output, read from the raw file."""
+    data = json.loads(path.read_text())
+    return {(c["params"]["shape"], c["params"].get("m")) for c in data["checks"]
+            if c["name"].startswith(T.results.GEMLITE + " ") and not c["passed"]}
+
+
+def test_the_peers_figure_marks_exactly_the_gemlite_bars_that_fail_their_check(results):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from book.ternary.figures import FAILED_EDGE, _short
+    from book.ternary.results import shapes_in
+
+    failed = _failed_gemlite_cases(results.path)
+    figs = figures(results)
+    ax = next(a for a in figs["peers"].axes if a.get_title().endswith("M = 1"))
+    bars = next(c for c in ax.containers if c.get_label() == _short(T.results.GEMLITE))
+    red = matplotlib.colors.to_rgba(FAILED_EDGE)
+    marked = {shape for shape, bar in zip(shapes_in(results), bars.patches) if bar.get_edgecolor() == red}
+    assert marked == {shape for shape, m in failed if m in (1, None)}
+    notes = [t for t in ax.texts if t.get_text() == "fails\ncheck"]
+    assert len(notes) == len(marked)
+    for fig in figs.values():
+        plt.close(fig)
+
+
+def test_the_result_table_marks_a_peers_time_where_its_check_failed(results):
+    import copy
+
+    table = L.result_table(results, cases=((L.MAIN, 1), ("2560x2560", 1)))
+    failed = _failed_gemlite_cases(results.path)
+    for shape in (L.MAIN, "2560x2560"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {shape}, 1 |"))
+        gemlite, int_mm = row.strip(" |").split(" | ")[3], row.strip(" |").split(" | ")[5]
+        assert gemlite.endswith(L.FAILS) == ((shape, 1) in failed)
+        assert not int_mm.endswith(L.FAILS)
+    assert (L.FAILS_NOTE in table) == any((s, 1) in failed for s in (L.MAIN, "2560x2560"))
+    # a planted failure of the other peer's check is marked in its own cell only
+    planted = copy.copy(results)
+    planted.data = copy.deepcopy(results.data)
+    planted.data["checks"] = [c for c in planted.data["checks"] if not c["name"].startswith(T.results.GEMLITE)]
+    planted.data["checks"].append({"name": f"{T.results.INT_MM} within int8 rounding", "passed": False,
+                                   "params": {"shape": "2560x2560", "m": 1}})
+    planted.data["measurements"] = [dict(r, role="peer") if r["series"] == T.results.INT_MM else r
+                                    for r in planted.data["measurements"]]
+    row = next(line for line in L.result_table(planted, cases=(("2560x2560", 1),)).splitlines()
+               if line.startswith("| 2560x2560, 1 |")).strip(" |").split(" | ")
+    assert row[5].endswith(L.FAILS) and not row[3].endswith(L.FAILS)
+
+
+def test_bitnets_table_counts_its_checks_from_the_file():
+    from book.ternary import results as tables
+    from studylog.plotting import Results, load_lab
+
+    try:
+        data = load_lab("ternary", tables.BITNET_RUN)
+    except FileNotFoundError:
+        pytest.skip("no committed run with BitNet's kernel")
+    table = tables.bitnet_table(Results(None, data))
+    raw = [c for c in data["checks"] if c["name"].startswith(T.results.BITNET + " ")]
+    assert (table["checks"], table["passed"]) == (len(raw), sum(c["passed"] for c in raw))
+    ratios = [peer / ours for _, peer, ours, _, _ in table["rows"]]
+    assert (table["worst"], table["best"]) == (min(ratios), max(ratios))

@@ -4,7 +4,7 @@ repetitions' spread where the file has it."""
 
 from __future__ import annotations
 
-from book.ternary.results import series_label, shapes_in
+from book.ternary.results import failed_peer_checks, series_label, shapes_in
 from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_PLACE_SERIES,
                                       W2A8_SERIES, fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
@@ -80,6 +80,32 @@ def _bars(ax, shapes, series, value):
                   fontsize=SMALL)
     ax.tick_params(axis="y", labelsize=SMALL)
     ax.grid(True, axis="y", alpha=0.3)
+
+
+#: How a bar whose peer fails our float64 check at that case is drawn (its edge and hatch), and its legend entry.
+FAILED_EDGE, FAILED_HATCH, FAILED_LABEL = "#d62728", "xxx", "the peer's output fails our float64 check there"
+
+
+def _mark_failed(ax, shapes, failed, m) -> None:
+    """Redraw the bars of a peer whose output failed its float64 check at (shape, ``m``): red edge, cross-hatch and
+    a "fails check" note above, and one legend entry for them."""
+    marked = False
+    for container in ax.containers:
+        series = next((s for s in (GEMLITE, INT_MM) if container.get_label() == _short(s)), None)
+        if series is None:
+            continue
+        for shape, bar in zip(shapes, container.patches):
+            if (series, shape, m) in failed or (series, shape, None) in failed:
+                bar.set_edgecolor(FAILED_EDGE)
+                bar.set_hatch(FAILED_HATCH)
+                bar.set_linewidth(1.2)
+                ax.annotate("fails\ncheck", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", color=FAILED_EDGE,
+                            fontsize=SMALL - 2)
+                marked = True
+    if marked:
+        ax.bar([0], [0], 0, color="white", edgecolor=FAILED_EDGE, hatch=FAILED_HATCH, linewidth=1.2,
+               label=FAILED_LABEL)
 
 
 def _head(fig, text: str) -> None:
@@ -203,6 +229,7 @@ def figures(results) -> dict:
 
     peer_ms = [m for m in ms_present if view.select(GEMLITE, m=m) or view.select(INT_MM, m=m)][:3]
     if peer_ms:
+        failed = failed_peer_checks(results.data)
         height = 3.3 * len(peer_ms) + 1.6  # one panel per M, stacked so the figure reads at page width
         fig, axes = plt.subplots(len(peer_ms), 1, figsize=(9, height), squeeze=False)
         for ax, m in zip(axes[:, 0], peer_ms):
@@ -212,11 +239,12 @@ def figures(results) -> dict:
                 row, _ = fastest(view, ours, shape=shape, m=m)
                 return _own_err(p[0], row) if p and row is not None else None
             _bars(ax, shapes, [CUBLAS, GEMLITE, INT_MM], over_peer)
+            _mark_failed(ax, shapes, failed, m)
             ax.axhline(1.0, color="k", lw=1)
             ax.set_ylabel("peer's time / our fastest's (GPU clock)", fontsize=FONT)
             ax.set_title(f"{card}, M = {m}", fontsize=FONT + 1)
         _head(fig, "The rival's time over our fastest kernel's (below 1: the rival is faster; no bar: not run there;"
-              " whiskers: the rival's repetitions)\n"
+              " whiskers: the rival's repetitions; red cross-hatch: the rival's output fails our float64 check)\n"
               + caption)
         fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 0.8 / height))
         _legend_below(fig, list(axes[:, 0]), ncol=3)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from book.common import PENDING, fmt, lab_or_none
-from book.ternary.results import series_label
+from book.ternary.results import failed_peer_checks, series_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
 from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, W2A8_PLACE_SERIES, W2A8_SERIES,
@@ -99,6 +99,17 @@ def floor_us(results, shape: str = MAIN, m: int = 1, fmt: str = "2bit") -> Optio
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None or b == 0 else a / b
+
+
+def faster(ours: Optional[float], theirs: Optional[float], we: str = "ours", they: str = "it") -> str:
+    """Which of two times is faster and by how much, in words that hold either way: "ours is 1.28× faster" where
+    ``ours`` (µs) is the shorter time, "it is 1.03× faster than ours" where ``theirs`` is; "pending" where one is
+    missing."""
+    if ours is None or theirs is None or ours <= 0 or theirs <= 0:
+        return PENDING
+    if ours <= theirs:
+        return f"{we} is {theirs / ours:.2f}× faster"
+    return f"{they} is {ours / theirs:.2f}× faster than {we}"
 
 
 def device(results) -> dict:
@@ -254,13 +265,15 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
                                  (MAIN, 128), (BIG, 128)), w2a8=W2A8_SERIES) -> str:
     """Markdown, GPU clock, µs: per case, cuBLAS bf16, our fastest with bf16 x and the fastest of ``w2a8`` (each with
     its step; every launch of step 12 unless told), the peers (GemLite, torch._int_mm) and the 2-bit floor; speedups
-    over cuBLAS in brackets. The W2A8 columns' headers say that their product is another one: x rounded to int8 a
+    over cuBLAS in brackets; a peer's time is marked where its output fails its float64 check there (:data:`FAILS`).
+    The W2A8 columns' headers say that their product is another one: x rounded to int8 a
     row, where cuBLAS bf16 and the bf16-x columns compute ``x @ W.T`` itself."""
     if results is None:
         return PENDING
     lines = ["| N x K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x | GemLite (bf16 x) | ours, W2A8: different numerics "
              "(x rounded to int8) | torch._int_mm (W8A8): different numerics (x rounded to int8) | 2-bit floor |",
              "|---|---|---|---|---|---|---|"]
+    failed, marked = failed_peer_checks(results.data), False
     for shape, m in cases:
         base = us(results, CUBLAS, shape, m)
         if base is None:
@@ -272,10 +285,17 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
             cells.append("–" if row is None else
                          f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, {_launch(s)})")
             p = us(results, peer, shape, m)
-            cells.append("–" if p is None else f"{p:.1f} ({base / p:.1f}×)")
+            bad = p is not None and bool({(peer, shape, m), (peer, shape, None)} & failed)
+            cells.append("–" if p is None else f"{p:.1f} ({base / p:.1f}×)" + (f" {FAILS}" if bad else ""))
+            marked |= bad
         cells.append(fmt(floor_us(results, shape, m), '.1f'))
         lines.append("| " + " | ".join(cells) + " |")
-    return _with_legend("\n".join(lines))
+    return _with_legend("\n".join(lines)) + (FAILS_NOTE if marked else "")
+
+
+#: After a peer's time where its output fails our float64 check at that case, and the note under such a table.
+FAILS = "✗"
+FAILS_NOTE = f"\n\n{FAILS}: the peer's output fails our float64 check at this case; its time is shown as measured."
 
 
 def _launch(series: str) -> str:
@@ -642,7 +662,8 @@ def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of
     return "\n".join(lines)
 
 
-__all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "device",
+__all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "faster",
+           "device",
            "BITNET_2B4T", "BITNET_LAYERS", "EXCERPTS", "excerpt", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "tried_cuda", "tried_triton", "tried_markdown", "first_attempt", "cuobjdump", "sass",

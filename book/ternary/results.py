@@ -14,7 +14,7 @@ from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, I
 from studylog.ternary.steps import SERIES
 
 __all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table",
-           "series_label", "shapes_in", "target_checks"]
+           "series_label", "shapes_in", "failed_peer_checks", "target_checks"]
 
 #: the run with BitNet's W2A8 kernel beside ours (``lab/ternary/results/nvidia-h200/``; lab/ternary/README.md)
 BITNET_RUN = "ternary_bitnet_quick"
@@ -31,6 +31,16 @@ def series_label(series: str) -> str:
 def shapes_in(results) -> list[str]:
     """The shapes (``NxK``) of a results file, in the order they were measured."""
     return param_values(results, "shape")
+
+
+def failed_peer_checks(data: dict) -> set[tuple[str, str, object]]:
+    """(series, shape, M) of each failed check of a peer's output in a results file
+    (:func:`studylog.bench.failed_checks` with ``peers``), the series read from the check's name (``"gemlite_w2 within bf16 rounding of float64"``); M is
+    None where the check is not per M."""
+    from studylog.bench import failed_checks
+
+    return {(c["name"].split(" ", 1)[0], c["params"].get("shape"), c["params"].get("m"))
+            for c in failed_checks(data, peers=True)}
 
 
 def series_ms(results, series: str, **params) -> float | None:
@@ -174,7 +184,8 @@ def host_over_gpu(results, m: int = 1, series=(SERIES[12], SERIES[13])) -> tuple
 def bitnet_table(results) -> dict:
     """Ours (the fastest W2A8 step, x quantised inside the call) against BitNet's W2A8 kernel (x already int8) at
     M = 1, at every (N, K) its kernel is compiled for: ``{"rows": [(shape, BitNet ms, ours ms, our series)],
-    "worst": the lowest BitNet / ours, "table": markdown}``; ``None`` where the file has no BitNet rows."""
+    "worst"/"best": the lowest/highest BitNet / ours, "table": markdown, "checks"/"passed": how many float64 checks
+    of BitNet's output the file has, and how many passed}``; ``None`` where the file has no BitNet rows."""
     view = on_gpu_clock(results)
     rows = []
     for shape in shapes_in(view):
@@ -189,7 +200,9 @@ def bitnet_table(results) -> dict:
     lines += [f"| {shape} | {us(peer)} | {us(ours)} ({series_label(s)}) | **{peer / ours:.2f}x** | {us(cub)} |"
               for shape, peer, ours, s, cub in rows]
     ratios = [p / o for _, p, o, _, _ in rows]
-    return {"rows": rows, "worst": min(ratios), "best": max(ratios), "table": "\n".join(lines)}
+    checks = [c for c in results.data.get("checks", []) if c["name"].startswith(f"{BITNET} ")]
+    return {"rows": rows, "worst": min(ratios), "best": max(ratios), "table": "\n".join(lines),
+            "checks": len(checks), "passed": sum(c["passed"] for c in checks)}
 
 
 # ----------------------------------------------------------------------------------------------
