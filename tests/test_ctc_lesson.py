@@ -190,23 +190,27 @@ def test_step_10_is_marked_where_one_warp_holds_the_target():
     assert any(_raw("step10", A, N)["warps"] > 1 for A, N in lesson.TABLE_CASES)  # a column where its idea applies
 
 
-def test_the_warp_layout_bar_and_the_host_times_read_the_committed_runs():
-    """The bar a branch-free block recursion must clear is step 8's own time in its ablation run, against the
-    block-recursion row of step 7's; the host times are the headline rows' own, read straight from the JSON."""
-    here = Path(__file__).resolve().parent.parent / "lab" / "ctc" / "results" / "nvidia-h200"
-    seven, eight = (json.loads((here / f"{name}.json").read_text()) for name in ("step07_changes", "step08_changes"))
-    pick = lambda data, v, a, n: next(r["ms"] * 1e3 for r in data["measurements"]  # noqa: E731
-                                      if (r["params"]["variant"], r["params"]["A"], r["params"]["N"]) == (v, a, n))
-    bar = lesson.warp_layout_bar()
-    assert len(bar) == 3
-    for (a, n), b in bar.items():
-        assert b["step8_us"] == pytest.approx(pick(eight, "library step 8", a, n))
-        assert b["block_us"] == pytest.approx(pick(seven, "block recursion", a, n))
-        assert b["needed_cut"] == pytest.approx(1 - b["step8_us"] / b["block_us"])
+def test_the_host_times_read_the_committed_runs():
+    """The host times are the headline rows' own, read straight from the JSON."""
     host = lesson.host_at_headline(5000, 8)
     raw = _raw("ctc_loss", 5000, 8)
     assert host["nvidia-h200"]["host_us"] == pytest.approx(raw["host_ms"] * 1e3)
     assert host["nvidia-h200"]["gpu_us"] == pytest.approx(raw["ms"] * 1e3)
+
+
+def test_step_7_states_what_was_measured_and_presents_no_unmeasured_alternative_as_a_number():
+    """Change 2's ratios are the lab run's block-recursion row over its step 7 row; the page says the alternative is
+    not measured and computes no time for it."""
+    here = Path(__file__).resolve().parent.parent / "lab" / "ctc" / "results" / "nvidia-h200"
+    data = json.loads((here / "step07_changes.json").read_text())
+    ms = {(r["params"]["variant"], r["params"]["A"], r["params"]["N"]): r["ms"] for r in data["measurements"]}
+    changes = lesson.step07_changes()
+    for (a, n), (t, x) in changes["rows"]["block recursion"].items():
+        assert t == pytest.approx(ms[("block recursion", a, n)] * 1e3)
+        assert x == pytest.approx(ms[("block recursion", a, n)] / ms[("step 7", a, n)])
+    page = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "04_ctc_loss.ipynb").read_text())
+    text = " ".join("".join("".join(c["source"]) for c in page["cells"]).split())
+    assert "not measured" in text and "needed_cut" not in text and not hasattr(lesson, "warp_layout_bar")
 
 
 def test_the_results_caption_names_torch_best_at_every_point_and_the_kernel_clock_bias():
@@ -229,14 +233,61 @@ def test_the_results_caption_names_torch_best_at_every_point_and_the_kernel_cloc
     assert f"{sum(native[p] > cudnn[p] for p in both)} of {len(both)} points" in words
 
 
-def test_the_null_steps_get_one_row_of_ratios():
+def test_the_tuning_steps_get_one_table_of_ratios_over_the_step_before():
+    """Steps 2 to 5, one row each: every cell is the step before's time over the step's, at the points where the
+    lesson timed steps 1 to 6, read straight from the JSON."""
     results = plotting.load_results("ctc", "nvidia-h200")
-    table = lesson.null_steps_table(results, [(1, 2), (2, 3)])
-    rows = table.splitlines()
-    assert len(rows) == 3 and rows[0].count("over step") == 2
-    ratios = [_raw("step01", A, N)["ms"] / _raw("step02", A, N)["ms"] for A in ctc.BENCH_A for N in (1, 16, 256)]
-    lo, hi = f"{min(ratios):.2f}×", f"{max(ratios):.2f}×"
-    assert (lo if lo == hi else f"{lo} to {hi}") in rows[2].split("|")[2]
+    rows = lesson.tuning_table(results).splitlines()
+    points = [(A, N) for A in ctc.BENCH_A for N in (1, 16, 256)]
+    assert len(rows) == 2 + 4 and [r.split("|")[1].strip() for r in rows[2:]] == ["2", "3", "4", "5"]
+    assert "`__restrict__`" in rows[2] and "`__ldg`" in rows[3]
+    for k, row in zip((2, 3, 4, 5), rows[2:]):
+        cells = [c.strip() for c in row.split("|")[3:-1]]
+        want = [f"{_raw(f'step0{k - 1}', A, N)['ms'] / _raw(f'step0{k}', A, N)['ms']:.2f}×" for A, N in points]
+        assert cells == want, k
+
+
+def test_the_grain_rule_and_sweep_summary_match_the_sweeps_own_targets():
+    """The grain step 4 runs in the sweep is warp-ctc's rule on the sweep's longest extended target, found again
+    by redrawing the sweep's targets (the benchmark's generator, seeded 1000 + A) on the CPU; the threads and the
+    speedup of grain 1 over it are the JSON's rows'."""
+    from studylog.ctc.report import SWEEP_N
+
+    results = plotting.load_results("ctc", "nvidia-h200")
+    data = json.loads(results.path.read_text())
+    sweep = {(r["params"]["A"], r["params"]["grain"]): r for r in data["measurements"]
+             if r["series"] == "step04 strided"}
+    summary = lesson.grain_summary(results)
+    assert set(summary) == set(ctc.BENCH_A)
+    for A, got in summary.items():
+        gen = torch.Generator().manual_seed(1000 + A)
+        lists = ctc.random_targets(ctc.BENCH_T, SWEEP_N, A, gen)
+        batch = ctc.prepare_targets(ctc.padded(lists), [ctc.BENCH_T] * SWEEP_N, [len(t) for t in lists],
+                                    num_classes=A, max_time=ctc.BENCH_T, device="cpu")
+        rule = math.ceil(batch.max_positions / 128)
+        assert got["rule"] == rule and got["N"] == SWEEP_N
+        assert sweep[(A, rule)]["threads"] == ctc.block_threads(batch.max_positions, rule) == got["rule_threads"]
+        assert got["one_over_rule"] == pytest.approx(sweep[(A, rule)]["ms"] / sweep[(A, 1)]["ms"])
+        fewest = [r["ms"] for (a, g), r in sweep.items() if a == A and r["threads"] == got["fewest_threads"]]
+        assert got["flat"] == pytest.approx(max(fewest) / min(fewest) - 1) and len(fewest) == len(got["flat_grains"])
+
+
+def test_the_dispatch_rows_pick_by_the_rule_and_compare_with_the_fastest_step():
+    from studylog.ctc.fused import final_step
+
+    results = plotting.load_results("ctc", "nvidia-h200")
+    rows = lesson.dispatch_rows(results)
+    assert len(rows) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
+    data = json.loads(results.path.read_text())
+    ms = {(m["series"], m["params"]["A"], m["params"]["N"]): m["ms"] for m in data["measurements"]
+          if m["series"].startswith("step") and m.get("clock") == "gpu" and set(m["params"]) == {"T", "N", "A"}
+          and m["params"]["T"] == ctc.BENCH_T}
+    for r in rows:
+        A, N = r["A"], r["N"]
+        timed = [t for (series, a, n), t in ms.items() if (a, n) == (A, N)]
+        assert r["picked"] == final_step(ctc.BENCH_T, N, A)
+        assert r["over_fastest"] == pytest.approx(ms[(f"step{r['picked']:02d}", A, N)] / min(timed))
+    assert lesson.dispatch_table(results).count("\n") == len(rows) + 1
 
 
 def test_step_8_changes_read_the_lab_run_or_say_nothing(monkeypatch):

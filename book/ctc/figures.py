@@ -7,6 +7,7 @@ from __future__ import annotations
 from studylog.ctc import CHAPTER
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T
 from studylog.ctc.results import clock_of
+from studylog.ctc.warpctc import default_grain
 
 #: One colour per series across the chapter: every figure draws a series in the same colour.
 COLOURS = {
@@ -52,6 +53,27 @@ def colour(series: str) -> str:
 
 def clock_words(clock: str) -> str:
     return {"gpu": "GPU clock", "do_bench": "do_bench", "kernel": "kernel clock"}.get(clock, clock)
+
+
+#: The series of step 4's grain sweep (warp-ctc's strided layout, one grain a row).
+GRAIN_SERIES = f"{CHAPTER.step(4).series} strided"
+
+
+def grain_sweep(results) -> dict[int, dict]:
+    """Step 4's grain sweep per alphabet: its batch ``N``, per grain the row (``ms``, ``threads`` per utterance,
+    spread), and ``rule``, the grain warp-ctc's rule (:func:`~studylog.ctc.warpctc.default_grain`, about 128 threads
+    an utterance) gives that batch, the grain step 4 runs there. The rule needs the batch's longest extended target:
+    the grain-1 block covers it in whole warps, so its thread count is that length rounded up to a multiple of 32,
+    which leaves the rule's answer (one more grain per 128 positions) unchanged. Empty without the sweep."""
+    out: dict[int, dict] = {}
+    for row in results.select(GRAIN_SERIES):
+        A = row["params"]["A"]
+        entry = out.setdefault(A, {"N": row["params"]["N"], "rows": {}})
+        entry["rows"][row["params"]["grain"]] = row
+    for entry in out.values():
+        one = entry["rows"].get(1)
+        entry["rule"] = default_grain(one["threads"]) if one and "threads" in one else None
+    return dict(sorted(out.items()))
 
 
 def _spread(row: dict) -> tuple[float, float, float]:
@@ -158,23 +180,28 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
         fig.suptitle(f"Speedup of steps 7 to 10 over the faster torch call ({base}{bars})", fontsize=FONT + 1)
         figs["speedup"] = fig
-    series = f"{CHAPTER.step(4).series} strided"
-    if results.select(series):
+    sweep = grain_sweep(results)
+    if sweep:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), layout="constrained")
         for ax, A in zip(axes, BENCH_A):
-            rows = sorted(results.select(series, A=A), key=lambda r: r["params"]["grain"])
-            grains = [r["params"]["grain"] for r in rows]
+            entry = sweep.get(A, {"N": "?", "rows": {}, "rule": None})
+            grains = sorted(entry["rows"])
+            rows = [entry["rows"][g] for g in grains]
             lo, mid, hi = zip(*(_spread(r) for r in rows)) if rows else ((), (), ())
             ax.errorbar(grains, [m * 1e3 for m in mid], yerr=[[(m - a) * 1e3 for a, m in zip(lo, mid)],
                                                               [(b - m) * 1e3 for b, m in zip(hi, mid)]],
-                        marker="o", ms=5, lw=1.5, capsize=2, color=colour(series))
-            ax.set_xticks(grains or [1])
+                        marker="o", ms=5, lw=1.5, capsize=2, color=colour(GRAIN_SERIES), label="step 4")
+            if entry["rule"] in entry["rows"]:
+                ax.axvline(entry["rule"], color="k", ls=":", lw=1.2,
+                           label=f"warp-ctc's rule, step 4's grain here (VT = {entry['rule']})")
+            ax.set_xticks(grains or [1], [f"{g}\n{r.get('threads', '?')}" for g, r in zip(grains, rows)] or ["1"])
             ax.set_ylim(bottom=0)
-            ax.set_xlabel("grain VT (positions per thread)", fontsize=FONT)
+            ax.set_xlabel("grain VT (positions per thread) / threads per utterance", fontsize=FONT)
             ax.set_ylabel("µs per call (median)", fontsize=FONT)
-            ax.set_title(f"A = {A}, N = {rows[0]['params']['N'] if rows else '?'}", fontsize=FONT + 1)
+            ax.set_title(f"A = {A}, N = {entry['N']}", fontsize=FONT + 1)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelsize=FONT - 1)
+        _shared_legend(fig, axes, ncol=2)
         fig.suptitle(f"step 4: time against the grain size ({clock})", fontsize=FONT + 1)
         figs["grain"] = fig
     return figs

@@ -14,7 +14,7 @@ import statistics
 from typing import Iterable
 
 from book.common import PENDING, floor_ms, lab_or_none, us
-from book.ctc.figures import clock_words
+from book.ctc.figures import clock_words, grain_sweep
 from studylog import paths
 from studylog.ctc import CHAPTER
 from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
@@ -345,6 +345,27 @@ def tried_table(options, results) -> str:
     return "\n".join(lines)
 
 
+def grain_summary(results) -> dict[int, dict] | None:
+    """What step 4's grain sweep says, per alphabet (:func:`~book.ctc.figures.grain_sweep`): the grain warp-ctc's rule
+    picks (``rule``) and its threads per utterance, the grain-1 block's threads and its speedup over the rule's
+    (``one_over_rule``), and, over the grains that share the fewest threads, how many there are and how far their
+    times spread (``flat``: slowest over fastest, minus one). None without the sweep or where the rule's grain or
+    grain 1 was not timed."""
+    out = {}
+    for A, entry in grain_sweep(results).items():
+        rows, rule = entry["rows"], entry["rule"]
+        if rule not in rows or 1 not in rows:
+            return None
+        fewest = min(r["threads"] for r in rows.values())
+        flat = [r["ms"] for r in rows.values() if r["threads"] == fewest]
+        out[A] = {"N": entry["N"], "rule": rule, "rule_threads": rows[rule]["threads"],
+                  "one_threads": rows[1]["threads"], "one_over_rule": rows[rule]["ms"] / rows[1]["ms"],
+                  "fewest_threads": fewest,
+                  "flat_grains": sorted(g for g, r in rows.items() if r["threads"] == fewest),
+                  "flat": max(flat) / min(flat) - 1}
+    return out or None
+
+
 # --------------------------------------------------------------------------------------
 # The blog post's question: does cuDNN work in float32 probability space?
 # --------------------------------------------------------------------------------------
@@ -444,6 +465,8 @@ def prose_numbers(results) -> dict[str, str]:
     out["blocking_small"] = _times(_ratios(results, s[3], s[4], _lesson_points(small)))
     out["blocking_big"] = _times(_ratios(results, s[3], s[4], _lesson_points(big)))
     out["rows_change"] = _largest_change(_ratios(results, s[4], s[5], _lesson_points()))
+    out["flat_change"] = _largest_change([r for a, b in ((1, 2), (2, 3), (4, 5))
+                                          for r in _ratios(results, s[a], s[b], _lesson_points())])
     out["prob_vs_rows"] = _times(_ratios(results, s[5], s[6], _lesson_points()))
     rows6 = results.select(s[6], T=BENCH_T)
     if rows6:
@@ -488,13 +511,13 @@ def speedup_minima(results) -> dict | None:
     return out
 
 
-def dispatch_table(results) -> str:
-    """The entry point's rule on one card's grid: per (N, A) at the benchmark's T, steps 8, 9 and 10 (GPU
-    clock), the step :func:`~studylog.ctc.fused.final_step` picks, and its time over the fastest step there."""
+def dispatch_rows(results) -> list[dict]:
+    """The entry point's rule on one card's grid: per (A, N) at the benchmark's T where steps 8, 9 and 10 were all
+    timed on the GPU clock, their µs, the step :func:`~studylog.ctc.fused.final_step` picks, and its time over the
+    fastest step timed there."""
     from studylog.ctc.fused import final_step
 
-    lines = ["| N | A | step 8 (µs) | step 9 (µs) | step 10 (µs) | `ctc_loss` runs | its time / the fastest step |",
-             "|---|---|---|---|---|---|---|"]
+    out = []
     for A in BENCH_A:
         for N in BENCH_N:
             where = {"T": BENCH_T, "N": N, "A": A}
@@ -506,8 +529,19 @@ def dispatch_table(results) -> str:
             if not {8, 9, 10} <= set(ms):
                 continue
             picked = final_step(BENCH_T, N, A)
-            cells = " | ".join(us(ms[k]) for k in (8, 9, 10))
-            lines.append(f"| {N} | {A:,} | {cells} | step {picked} | {ms[picked] / min(ms.values()):.2f} |")
+            out.append({"A": A, "N": N, "us": {k: ms[k] * 1e3 for k in (8, 9, 10)}, "picked": picked,
+                        "over_fastest": ms[picked] / min(ms.values())})
+    return out
+
+
+def dispatch_table(results) -> str:
+    """Markdown of :func:`dispatch_rows`: per (N, A), steps 8, 9 and 10 (GPU clock), the step ``ctc_loss`` runs and
+    its time over the fastest step there."""
+    lines = ["| N | A | step 8 (µs) | step 9 (µs) | step 10 (µs) | `ctc_loss` runs | its time / the fastest step |",
+             "|---|---|---|---|---|---|---|"]
+    for r in dispatch_rows(results):
+        cells = " | ".join(f"{r['us'][k]:,.1f}" for k in (8, 9, 10))
+        lines.append(f"| {r['N']} | {r['A']:,} | {cells} | step {r['picked']} | {r['over_fastest']:.2f} |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file times steps 8 to 10 nowhere)"
 
 
@@ -630,16 +664,22 @@ def entry_point(results, A: int, N: int) -> dict | None:
             "overlap": spread[0][0] <= spread[1][2] and spread[1][0] <= spread[0][2]}
 
 
-def null_steps_table(results, pairs: Iterable[tuple[int, int]]) -> str:
-    """Markdown, one row: for each (previous, step) pair of step numbers, the speedup of the step over the previous
-    one, lowest to highest over the points where the lesson timed every step (both alphabets, ``LESSON_N``)."""
-    pairs = list(pairs)
-    head = "| | " + " | ".join(f"step {b} over step {a}" for a, b in pairs) + " |"
-    cells = [_times(_ratios(results, CHAPTER.step(a).series, CHAPTER.step(b).series, _lesson_points()))
-             for a, b in pairs]
-    alphabets, batches = " and ".join(f"{a:,}" for a in BENCH_A), ", ".join(map(str, LESSON_N))
-    where = f"speedup, lowest to highest (A = {alphabets}; N = {batches})"
-    return "\n".join([head, "|---|" + "---|" * len(pairs), f"| {where} | " + " | ".join(cells) + " |"])
+def tuning_table(results, numbers: Iterable[int] = (2, 3, 4, 5)) -> str:
+    """Markdown, one row per step of ``numbers`` (steps that change what a frame loads, not the structure): what it
+    changes, then its speedup over the step before it at every point where the lesson timed steps 1 to 6 (both
+    alphabets, ``LESSON_N``); above 1 the step is faster."""
+    points = _lesson_points()
+    head = "| step | the one change | " + " | ".join(f"A = {a:,}, N = {n}" for a, n in points) + " |"
+    lines = [head, "|---|---|" + "---|" * len(points)]
+    for number in numbers:
+        step, before = CHAPTER.step(number), CHAPTER.step(number - 1)
+        cells = []
+        for point in points:
+            ratio = _ratios(results, before.series, step.series, [point])
+            cells.append(f"{ratio[0]:.2f}×" if ratio else "–")
+        title = step.title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
+        lines.append(f"| {number} | {title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 #: lab/ctc/step07_changes.py's variants, in the table's order: step 7, then step 7 with one change undone.
@@ -697,26 +737,6 @@ def changes_table(changes: dict) -> str:
 def step07_changes_table(changes: dict) -> str:
     """:func:`changes_table` of :func:`step07_changes`."""
     return changes_table(changes)
-
-
-def warp_layout_bar(gpu: str = "nvidia-h200") -> dict | None:
-    """What a branch-free sum on step 5's block recursion would have to beat for step 7's warp layout (change 2) to
-    be the wrong choice, per case of the two ablation runs: step 8's own time (``step08_changes``), the block
-    recursion's time (step 7 with change 2 undone, ``step07_changes``), the share of the latter a branch-free sum
-    would have to take off to beat step 8, and the share removing the branch took off the warp layout (step 8
-    against step 8 with the branch put back). None where either run is not committed."""
-    seven, eight = step07_changes(gpu), step08_changes(gpu)
-    if seven is None or eight is None:
-        return None
-    out = {}
-    for case in seven["cases"]:
-        if case not in eight["cases"]:
-            continue
-        step8, block = eight["rows"]["library step 8"][case][0], seven["rows"]["block recursion"][case][0]
-        branched = eight["rows"]["branch put back"][case][0]
-        out[case] = {"step8_us": step8, "block_us": block, "needed_cut": 1 - step8 / block,
-                     "branch_cut": 1 - step8 / branched}
-    return out
 
 
 #: The cards' short names, for prose.
