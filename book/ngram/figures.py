@@ -195,7 +195,6 @@ def _real_text_figure(results, cases):
                   ms=8 if marker == "*" else 6, label=f"{name} ({clock_words(rows[0][1].get('clock', 'do_bench'))})")
     ax_t.set_yscale("log")
     ax_t.set_ylabel("µs per call (median; bars: min–max)", fontsize=FONT)
-    ax_t.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax_t.set_title("Real text and code against synthetic ids", fontsize=FONT + 1)
     drafts = [((real_row(results, CHAPTER.final.series, c) or {}).get("drafts") or {}) for c in cases]
     ax_d.bar([x - 0.2 for x in xs], [d.get("drafted_tokens", float("nan")) for d in drafts], 0.4,
@@ -203,7 +202,6 @@ def _real_text_figure(results, cases):
     ax_d.bar([x + 0.2 for x in xs], [d.get("accepted_tokens", float("nan")) for d in drafts], 0.4,
              color=series_color("accepted"), label="accepted by the true continuation")
     ax_d.set_ylabel("draft tokens in the batch", fontsize=FONT)
-    ax_d.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax_d.set_title("Drafts proposed, and accepted", fontsize=FONT + 1)
     for ax in (ax_t, ax_d):
         ax.tick_params(labelsize=FONT)
@@ -220,8 +218,11 @@ def _real_text_figure(results, cases):
         if k:
             for ax in (ax_t, ax_d):
                 ax.axvline(members[0] - 0.5, color="#999999", lw=0.8)
+    # one legend under both panels, so the panels take the figure's whole width and the groups spread out
+    handles, labels = (sum(pair, []) for pair in zip(*(ax.get_legend_handles_labels() for ax in (ax_t, ax_d))))
+    fig.legend(handles, labels, fontsize=FONT, loc="lower center", bbox_to_anchor=(0.5, 0.03), ncol=3, frameon=False)
     fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 
 

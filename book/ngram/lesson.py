@@ -298,8 +298,7 @@ def boehm_table(results) -> str:
 
 def step2_excerpt():
     """Step 2 in a few lines, read from the sources: the launch (one block of one thread), the window search and
-    the kernel's walk over slots (``walk_budget``) and n-gram sizes, the rest elided with ``// ...`` (the whole port
-    is folded)."""
+    the kernel's walk over slots (``walk_budget``) and n-gram sizes, the rest elided with ``// ...``."""
     import inspect
 
     from studylog.ngram import kernels
