@@ -265,12 +265,25 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 else:
                     cells[name] += ", 32 heads"
                     brief[name] += " (32 heads)"
+            if entry.number == 2:  # the strongest rival of the kernel alone, beside the whole step's
+                alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
+                              and "missing" not in b and b.get("vs_rival") is not None), None)
+                if alone is not None:
+                    cells[name] += f"; kernel alone {alone['vs_rival']:.2f}× a gather + matmul"
+                    brief[name] += f" ({alone['vs_rival']:.2f}× a gather + matmul, kernel alone)"
             if row.get("dense_ratio") is not None:  # chapter 5: the dense layer beside the fastest peer
                 notes[name].append(f"{name}: {row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, a "
                                    "weaker baseline")
                 if row["rival_fails_check"]:
                     cells[name] += "; GemLite fails our float64 check"
                     brief[name] += " (GemLite fails our float64 check here)"
+                beaten = bitnet_range(card)
+                if beaten is not None:  # the peer that passes the check, at the shapes its kernel is built for
+                    lo, hi, shapes = beaten
+                    cells[name] += f"; {lo:.2f}–{hi:.2f}× BitNet (its own W2A8 kernel, at its {shapes} shapes)"
+                    brief[name] += f"; {lo:.2f}–{hi:.2f}× BitNet's own kernel"
+                    notes[name].append(f"{name}: against BitNet's own W2A8 kernel (checked against float64) at the "
+                                       f"{shapes} shapes it is built for, one row of x: {lo:.2f}× to {hi:.2f}×")
                     notes[name].append(f"{name}: GemLite fails our float64 check at this shape: its error is "
                                        f"{row['rival_check_error']:.2%} of the product's norm, the tolerance "
                                        f"{row['rival_check_tolerance']:.2%}")
@@ -405,7 +418,8 @@ def _mentions(node: ast.AST, names: set[str]) -> bool:
 
 def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, list[str]]:
     """Lines of the kernel listings and diffs a notebook prints, folded or not, counted without running its
-    measurements: its imports, its helper functions and its plain aliases (``CHAPTER = mlh.CHAPTER``) are run, then
+    measurements: its imports, its helper functions and its assignments that call nothing (``CHAPTER = mlh.CHAPTER``,
+    a table of names) are run, then
     every statement of a shown code cell that prints a listing, with ``studylog.source``'s two listing functions
     counting the lines of what they return. Returns the count and the statements that could not be run this way
     (none is expected: a test checks)."""
@@ -444,7 +458,7 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, li
                              or isinstance(stmt, ast.FunctionDef)
                              or (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
                                  and isinstance(stmt.targets[0], ast.Name)
-                                 and isinstance(stmt.value, (ast.Name, ast.Attribute))))
+                                 and not any(isinstance(n, ast.Call) for n in ast.walk(stmt.value))))
                     prints = shown and _mentions(stmt, set(LISTING_CALLS) | helpers)
                     if not (setup or prints):
                         continue
@@ -477,6 +491,44 @@ OTHER_PAGES = {
 }
 
 
+def bitnet_range(card: Path) -> tuple[float, float, int] | None:
+    """Chapter 5's fastest W2A8 step against BitNet's W2A8 kernel on ``card`` (the lab run the chapter reads):
+    (lowest, highest ratio, how many shapes), or None where the card has no such run."""
+    from book.ternary import results as ternary
+    from studylog.plotting import Results, load_lab
+
+    try:
+        data = load_lab("ternary", ternary.BITNET_RUN, Path(card).name)
+    except FileNotFoundError:  # no BitNet run on this card
+        return None
+    table = ternary.bitnet_table(Results(None, data))
+    return (table["worst"], table["best"], len(table["rows"])) if table else None
+
+
+def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, str]:
+    """The landing page's one number for the pages that are no chapter's headline, on ``card``: chapter 00's two
+    ceilings (the empty kernel and the copy bandwidth of the card's environment run) and part 1 of chapter 5's
+    fastest Triton step against cuBLAS bf16 at the chapter's headline shape (one row of x, 4096 x 14336)."""
+    folder = next((c for c in cards(root) if _short(card_name(c)) == card), None)
+    out: dict[str, str] = {}
+    env = load(folder, "env") if folder else None
+    if env:
+        c = env["ceilings"]
+        out["notebooks/00_how_to_read.ipynb"] = (f"an empty kernel {c['empty_launch_gpu_ms'] * 1e3:.2f} µs; copies at "
+                                                 f"{c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s")
+    ternary = load(folder, "ternary") if folder else None
+    if ternary:
+        case = {"n": 4096, "k": 14336, "m": 1}
+        at = {r["series"]: r for r in ternary["measurements"]
+              if r.get("clock") == "gpu" and all(r.get("params", {}).get(k) == v for k, v in case.items())}
+        triton = [s for s in at if re.fullmatch(r"step0[1-9]", s)]
+        if triton and "cublas_bf16" in at:
+            best = min(triton, key=lambda s: at[s]["ms"])
+            out["notebooks/05_ternary_1_triton.ipynb"] = (f"{at['cublas_bf16']['ms'] / at[best]['ms']:.2f}× cuBLAS bf16 "
+                                                          f"(step {int(best[4:])}, one row of x)")
+    return out
+
+
 def reading_order(root: Path = REPO_ROOT) -> list[str]:
     """The lessons in the book's order (``_toc.yml``): a chapter added to the book joins the reading path."""
     import yaml
@@ -489,20 +541,22 @@ def reading_order(root: Path = REPO_ROOT) -> list[str]:
 def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
                           card: str = "H200") -> str:
     """The landing page's table: each page in reading order with its question, one number (the fair headline on
-    ``card``, with its caveat in a few words) and its reading time with code and listings; under it, once, the
-    prose budget every page is held to, and the pages whose prose is shorter."""
+    ``card``, with its caveat in a few words; :func:`other_answers` for the pages that are no headline) and its
+    reading time, of the prose and with code and listings; under it, once, the prose budget every page is held to,
+    the pages whose prose is shorter, and how the times are counted."""
     from book.common import PROSE_BUDGET
 
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = [f"| page | the question | the answer in one number ({card}; × is how many times faster than) | "
-             "reading time with code and listings |", "|---|---|---|---|"]
+             "prose | with code and listings |", "|---|---|---|---|---|"]
+    others = other_answers(root, card)
     budget = math.ceil(PROSE_BUDGET / WORDS_PER_MINUTE)
     shorter = []
     for notebook in reading_order():
         stem = Path(notebook).stem
         h = by_notebook.get(notebook)
-        number = h["brief"].get(card, "–") if h else "–"
+        number = h["brief"].get(card, "–") if h else others.get(notebook, "–")
         question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
         if h is None:  # a part of a chapter whose headline is on another page shares its title, not its number
             h = next((v for k, v in by_notebook.items() if Path(k).stem[:2] == stem[:2]), None)
@@ -512,9 +566,11 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         prose, with_code = reading_minutes(notebook)
         if prose < budget:
             shorter.append(f"{stem[:2]}{' (' + title.split('(')[-1] if '(' in title else ''}: {prose} min")
-        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {with_code} min |")
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {prose} min | {with_code} min |")
     lines += ["", f"Each page's prose is held to {PROSE_BUDGET:,} words, about {budget} minutes"
-              + (f" (shorter: {'; '.join(shorter)})" if shorter else "") + "; the time in the table adds the code."]
+              + (f" (shorter: {'; '.join(shorter)})" if shorter else "") + f", read at {WORDS_PER_MINUTE} words a "
+              f"minute; the last column adds every line of code the page shows, its code cells and the listings and "
+              f"diffs they print (most of them folded), at {CODE_LINES_PER_MINUTE} lines a minute."]
     return "\n".join(lines)
 
 
@@ -522,4 +578,4 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "fsm_line", "fsm_suite", "headlines", "repeated", "versions_markdown", "LISTING_CALLS", "listing_lines",
            "ctc_grid", "decode_bound", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
-           "reading_minutes", "reading_path_markdown", "summary_markdown"]
+           "reading_minutes", "reading_path_markdown", "summary_markdown", "other_answers", "bitnet_range"]

@@ -353,7 +353,10 @@ def test_reading_times_follow_the_prose_then_the_code_and_listings():
         assert with_code - 1 < (words / summary.WORDS_PER_MINUTE
                                 + (code + listed) / summary.CODE_LINES_PER_MINUTE) <= with_code
     table = summary.reading_path_markdown()
-    assert table.count(" min |") == len(order)  # one time per page; the prose budget is said once, under the table
+    assert table.count(" min |") == 2 * len(order)  # two times a page; the prose budget is said once, under the table
+    for notebook in order:
+        prose, with_code = summary.reading_minutes(notebook)
+        assert f" | {prose} min | {with_code} min |" in table
     from book.common import PROSE_BUDGET
 
     budget = -(-PROSE_BUDGET // summary.WORDS_PER_MINUTE)
