@@ -88,12 +88,22 @@ def _said(code: str) -> list[str]:
         tree = ast.parse(code)
     except SyntaxError:
         return []
+    def text(node) -> list[str]:  # the literal pieces of one argument: strings, f-strings, their concatenations
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, ast.JoinedStr):  # an f-string's fields are no prose
+            return [v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return text(node.left) + text(node.right)
+        if isinstance(node, ast.IfExp):  # one branch is shown: count the longer
+            return max(text(node.body), text(node.orelse), key=lambda pieces: len(" ".join(pieces).split()))
+        return []  # a name or a call: text built elsewhere (a table, a computed sentence) is not counted here
+
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "say":
             for arg in node.args:
-                parts = arg.values if isinstance(arg, ast.JoinedStr) else [arg]  # an f-string's fields are no prose
-                out += [v.value for v in parts if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+                out += text(arg)
     return out
 
 
@@ -132,11 +142,13 @@ def _without_docstrings(text: str) -> str:
 
 def latency_floor_ms(results) -> float:
     """The card's latency floor, in ms: the smallest empty-kernel GPU time of any committed run on the card of
-    ``results`` (the scoreboard's, :func:`book.scoreboard.card_empty_kernel_ms`), else this run's, else 0. One value
+    ``results`` (the scoreboard's, :func:`book.scoreboard.card_empty_kernel_ms`), else this run's (a run read from no
+    card's folder), else 0. One value
     a card, so every page gives a kernel the same floor."""
     from book.scoreboard import card_empty_kernel_ms, empty_kernel_ms
 
-    return card_empty_kernel_ms(results.path.parent) or empty_kernel_ms(results.data) or 0.0
+    card = card_empty_kernel_ms(results.path.parent) if getattr(results, "path", None) else None
+    return card or empty_kernel_ms(results.data) or 0.0
 
 
 def floor_ms(results, nbytes: float) -> float:

@@ -104,6 +104,11 @@ def test_the_word_counter_counts_prose_only(tmp_path):
     ])
     # "A title" (2) + "Two linked words and" (4) + "Said in" and "words." (3)
     assert prose_words(page) == 9
+    joined = _notebook(tmp_path, [
+        ("code", "say(f\"One {1} two\" + \" three four\" + table)\nsay(\"five six\" if ok else \"seven\")"),
+    ])
+    # a concatenation counts each literal piece (not the table built elsewhere); a choice its longer branch
+    assert prose_words(joined) == 6
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS + [ROOT / "how_we_measure.md"], ids=lambda p: p.name)
