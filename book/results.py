@@ -416,13 +416,14 @@ def _mentions(node: ast.AST, names: set[str]) -> bool:
                for n in ast.walk(node))
 
 
-def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, list[str]]:
+def listing_lines(notebook: str | Path, root: Path = REPO_ROOT, folded: bool | None = None) -> tuple[int, list[str]]:
     """Lines of the kernel listings and diffs a notebook prints, folded or not, counted without running its
     measurements: its imports, its helper functions and its assignments that call nothing (``CHAPTER = mlh.CHAPTER``,
     a table of names) are run, then
     every statement of a shown code cell that prints a listing, with ``studylog.source``'s two listing functions
-    counting the lines of what they return. Returns the count and the statements that could not be run this way
-    (none is expected: a test checks)."""
+    counting the lines of what they return. ``folded``: count only the listings of cells whose output the page
+    folds (tag ``hide-output``: a reader opens them on demand), or only the others; None counts both. Returns the
+    count and the statements that could not be run this way (none is expected: a test checks)."""
     import json
 
     from studylog import source
@@ -445,14 +446,15 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, li
     cells = [c for c in json.loads((Path(root) / notebook).read_text())["cells"] if c["cell_type"] == "code"]
     # a cell's listing is on the page unless its output is removed (its code may be hidden, as most listings' are)
     trees = [(ast.parse("".join(c["source"])), not {"remove-output", "remove-cell"} & set(
-        c.get("metadata", {}).get("tags", []))) for c in cells]
-    helpers = {node.name for tree, _ in trees for node in tree.body
+        c.get("metadata", {}).get("tags", [])), "hide-output" in c.get("metadata", {}).get("tags", [])) for c in cells]
+    total = 0
+    helpers = {node.name for tree, _, _ in trees for node in tree.body
                if isinstance(node, ast.FunctionDef) and _mentions(node, set(LISTING_CALLS))}
     for name, fn in originals.items():
         setattr(source, name, counting(fn))
     try:
         with capture_output():  # stdout, stderr and rich outputs alike
-            for tree, shown in trees:
+            for tree, shown, folded_here in trees:
                 for stmt in tree.body:
                     setup = (isinstance(stmt, (ast.Import, ast.ImportFrom))
                              or isinstance(stmt, ast.FunctionDef)
@@ -462,25 +464,33 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, li
                     prints = shown and _mentions(stmt, set(LISTING_CALLS) | helpers)
                     if not (setup or prints):
                         continue
+                    before = len(counted)
                     try:
                         exec(compile(ast.Module([stmt], []), str(notebook), "exec"), namespace)
                     except Exception as e:  # noqa: BLE001 - reported, and a test fails on it
                         if prints:  # a setup line that fails matters only where a listing then fails too
                             failed.append(f"{ast.unparse(stmt)[:80]}: {e!r}")
+                    if folded is None or folded == folded_here:
+                        total += sum(counted[before:])
     finally:
         for name, fn in originals.items():
             setattr(source, name, fn)
-    return sum(counted), failed
+    return total, failed
 
 
 def reading_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, int]:
     """Minutes a page takes to read, rounded up: its prose at :data:`WORDS_PER_MINUTE`, then that plus every line of
-    code it shows (its code cells, and the listings and diffs they print) at :data:`CODE_LINES_PER_MINUTE`. Running
-    the code and the exercises take longer."""
+    code it shows unfolded (its code cells, and the listings and diffs they print) at :data:`CODE_LINES_PER_MINUTE`.
+    The folded listings are :func:`folded_minutes`. Running the code and the exercises take longer."""
     words = prose_words(Path(root) / notebook)
-    code = code_lines(notebook, root) + listing_lines(notebook, root)[0]
+    code = code_lines(notebook, root) + listing_lines(notebook, root, folded=False)[0]
     prose = words / WORDS_PER_MINUTE
     return max(1, math.ceil(prose)), max(1, math.ceil(prose + code / CODE_LINES_PER_MINUTE))
+
+
+def folded_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> int:
+    """Minutes of the listings a page folds (a reader opens them on demand), at :data:`CODE_LINES_PER_MINUTE`."""
+    return math.ceil(listing_lines(notebook, root, folded=True)[0] / CODE_LINES_PER_MINUTE)
 
 
 #: What a lesson that is no chapter's headline page is for, by notebook (the reading path's question column).
@@ -549,7 +559,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = [f"| page | the question | the answer in one number ({card}; × is how many times faster than) | "
-             "prose | with code and listings |", "|---|---|---|---|---|"]
+             "prose | with the code shown | folded listings |", "|---|---|---|---|---|---|"]
     others = other_answers(root, card)
     budget = math.ceil(PROSE_BUDGET / WORDS_PER_MINUTE)
     shorter = []
@@ -566,11 +576,13 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         prose, with_code = reading_minutes(notebook)
         if prose < budget:
             shorter.append(f"{stem[:2]}{' (' + title.split('(')[-1] if '(' in title else ''}: {prose} min")
-        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {prose} min | {with_code} min |")
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {prose} min | {with_code} min | "
+                     f"{folded_minutes(notebook)} min more |")
     lines += ["", f"Each page's prose is held to {PROSE_BUDGET:,} words, about {budget} minutes"
               + (f" (shorter: {'; '.join(shorter)})" if shorter else "") + f", read at {WORDS_PER_MINUTE} words a "
-              f"minute; the last column adds every line of code the page shows, its code cells and the listings and "
-              f"diffs they print (most of them folded), at {CODE_LINES_PER_MINUTE} lines a minute."]
+              f"minute; the next column adds every line of code the page shows unfolded, its code cells and the "
+              f"listings and diffs they print, at {CODE_LINES_PER_MINUTE} lines a minute, and the last the listings "
+              "and diffs folded under their step, for a reader who opens them."]
     return "\n".join(lines)
 
 
@@ -578,4 +590,4 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "fsm_line", "fsm_suite", "headlines", "repeated", "versions_markdown", "LISTING_CALLS", "listing_lines",
            "ctc_grid", "decode_bound", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
-           "reading_minutes", "reading_path_markdown", "summary_markdown", "other_answers", "bitnet_range"]
+           "reading_minutes", "folded_minutes", "reading_path_markdown", "summary_markdown", "other_answers", "bitnet_range"]

@@ -349,14 +349,17 @@ def test_reading_times_follow_the_prose_then_the_code_and_listings():
         words, code = prose_words(ROOT / notebook), summary.code_lines(notebook)
         listed, failed = summary.listing_lines(notebook)
         assert not failed, f"{notebook}: listings the count could not run: {failed}"
+        shown, folded = (summary.listing_lines(notebook, folded=f)[0] for f in (False, True))
+        assert shown + folded == listed  # every listing is either folded or shown
         assert prose - 1 < words / summary.WORDS_PER_MINUTE <= prose
         assert with_code - 1 < (words / summary.WORDS_PER_MINUTE
-                                + (code + listed) / summary.CODE_LINES_PER_MINUTE) <= with_code
+                                + (code + shown) / summary.CODE_LINES_PER_MINUTE) <= with_code
+        assert summary.folded_minutes(notebook) == -(-folded // summary.CODE_LINES_PER_MINUTE)
     table = summary.reading_path_markdown()
     assert table.count(" min |") == 2 * len(order)  # two times a page; the prose budget is said once, under the table
     for notebook in order:
         prose, with_code = summary.reading_minutes(notebook)
-        assert f" | {prose} min | {with_code} min |" in table
+        assert f" | {prose} min | {with_code} min | {summary.folded_minutes(notebook)} min more |" in table
     from book.common import PROSE_BUDGET
 
     budget = -(-PROSE_BUDGET // summary.WORDS_PER_MINUTE)
@@ -370,7 +373,8 @@ def test_reading_times_follow_the_prose_then_the_code_and_listings():
 
 def test_listing_lines_count_what_a_page_prints_and_run_no_measurement(tmp_path):
     """A notebook of four cells: the count runs its imports and helpers, counts a hidden-input listing and a diff
-    through a helper (lines recounted here with difflib), skips a cell whose output is removed, and never runs the
+    through a helper (lines recounted here with difflib; its output folded, counted apart when asked), skips a cell
+    whose output is removed, and never runs the
     cell's other work (which would leave a file behind)."""
     import difflib
 
@@ -383,7 +387,8 @@ def test_listing_lines_count_what_a_page_prints_and_run_no_measurement(tmp_path)
         cell(f"from pathlib import Path\nfrom studylog.source import show_diff, show_source\n"
              f"Path({str(marker)!r}).write_text('measured')\n"),
         cell("show_source('a = 1\\nb = 2\\nc = 3\\n')", ("remove-input",)),
-        cell("def parts(d):\n    return d\n\n\nparts(show_diff('x = 1\\ny = 0\\n', 'x = 2\\ny = 0\\n'))"),
+        cell("def parts(d):\n    return d\n\n\nparts(show_diff('x = 1\\ny = 0\\n', 'x = 2\\ny = 0\\n'))",
+             ("remove-input", "hide-output")),
         cell("show_source('q = 1\\n')", ("remove-output",)),
         {"cell_type": "markdown", "metadata": {}, "source": "Some prose."}],
         "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
@@ -392,6 +397,9 @@ def test_listing_lines_count_what_a_page_prints_and_run_no_measurement(tmp_path)
     diff = list(difflib.unified_diff(["x = 1", "y = 0"], ["x = 2", "y = 0"], lineterm="",
                                      fromfile="a", tofile="b"))
     assert summary.listing_lines(path, root=tmp_path) == (3 + len(diff), [])
+    # the diff's cell folds its output: a reader opens it on demand
+    assert summary.listing_lines(path, root=tmp_path, folded=True) == (len(diff), [])
+    assert summary.listing_lines(path, root=tmp_path, folded=False) == (3, [])
     assert not marker.exists(), "the count ran a cell's work that prints no listing"
 
 
