@@ -5,6 +5,8 @@ mistakes), what the lessons compute from the committed results and lab/, the fig
 import json
 import re
 
+from pathlib import Path
+
 import pytest
 import torch
 import triton
@@ -160,7 +162,30 @@ def test_part_1s_amdahl_view_uses_step_9_only(results):
         table = L.amdahl_layers_table(results, [T.SERIES[9]])
         assert "step11" not in table and "step10" not in table
         kv = next(line for line in table.splitlines() if line.startswith("| k, v "))
-        assert "estimate" in kv and "estimate" in table.splitlines()[0]  # the k, v row and the caption say so
+        if L.layer_run(results) is None:  # the k, v row and the caption say where k and v were not run
+            assert "estimate" in kv and "estimate" in table.splitlines()[0]
+        else:
+            assert "| 640 x 2560 |" in kv and "estimate" not in table
+
+
+def test_amdahl_times_every_layer_at_its_own_shape_where_the_lab_run_is_committed(results):
+    """With lab/ternary's run of the four layer shapes, k and v are timed at 640 x 2560 (not charged q's time), and
+    the speedup is the ratio of the count-weighted sums of that run's times, recomputed here from its raw rows."""
+    import json
+
+    from studylog import paths
+
+    path = paths.LAB / "ternary" / "results" / Path(results.path).parent.name / f"{L.LAYER_RUN}.json"
+    if not path.is_file():
+        pytest.skip("no layer run on this card")
+    rows = [r for r in json.loads(path.read_text())["measurements"] if r["clock"] == "gpu"]
+    ms = lambda series, n, k: next(r["ms"] for r in rows if r["series"] == series and r["params"]["n"] == n  # noqa
+                                   and r["params"]["k"] == k and r["params"]["m"] == 1)
+    view = L.amdahl(results, [T.SERIES[11]])
+    assert view["measured"] and "640x2560" in view["per_shape"] and L.layers_note(view).startswith("every layer")
+    base = sum(c * ms("cublas_bf16", n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
+    ours = sum(c * ms(T.SERIES[11], n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
+    assert view["speedup"] == pytest.approx(base / ours, rel=1e-12)
 
 
 def test_the_result_table_can_keep_to_one_launch_of_step_12(results):

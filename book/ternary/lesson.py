@@ -123,10 +123,29 @@ def device(results) -> dict:
 #: BitNet b1.58 2B4T's shape (its config.json on Hugging Face: microsoft/bitnet-b1.58-2B-4T).
 BITNET_2B4T = {"hidden": 2560, "intermediate": 6912, "layers": 30, "heads": 20, "kv_heads": 5, "vocab": 128256,
                "context": 4096}
-#: Its ternary linear layers as (name, N, K, how many a layer), and the benchmark shape each is timed at
-#: (q and o at 2560 x 2560; k and v, 640 x 2560, are not in the benchmark: they take q's speedup).
+#: Its ternary linear layers as (name, N, K, how many a layer), and the benchmark shape each is timed at where
+#: :func:`layer_run` has no run (q and o at 2560 x 2560; k and v, 640 x 2560, are not in the benchmark: q's time).
 BITNET_LAYERS = (("q, o", 2560, 2560, 2, "2560x2560"), ("k, v", 640, 2560, 2, "2560x2560"),
                  ("gate and up (fused)", 13824, 2560, 1, "13824x2560"), ("down", 2560, 6912, 1, "2560x6912"))
+
+
+#: lab/ternary's run of every layer at its own shape (k and v included), all in one run.
+LAYER_RUN = "amdahl_shapes"
+
+
+def layer_run(results):
+    """The lab run that times each of :data:`BITNET_LAYERS` at its own shape on the card of ``results``, or None
+    where it is not committed for that card (then the benchmark's shapes stand in, k and v at q's)."""
+    if results is None or getattr(results, "path", None) is None:
+        return None
+    data = lab_or_none("ternary", LAYER_RUN, Path(results.path).parent.name)
+    return None if data is None else plotting.Results(None, data)
+
+
+def layers_note(view: dict[str, Any]) -> str:
+    """How :func:`amdahl` timed the layers, in a few words for the page."""
+    return ("every layer at its own shape, in one run" if view.get("measured")
+            else "k and v, 640 x 2560, charged q's time, not run")
 
 
 def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
@@ -143,38 +162,44 @@ def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
     share = linear_bytes / (linear_bytes + sum(rest.values()))
     base = ours = 0.0
     per_shape = {}
-    for name, _, _, count, shape in BITNET_LAYERS:
-        b = us(results, CUBLAS, shape)
-        row, name = fastest(results, list(series), shape=shape, m=1) if results is not None else (None, None)
+    layers = layer_run(results)
+    for name, n, k, count, shape in BITNET_LAYERS:
+        source, at = (layers, f"{n}x{k}") if layers is not None else (results, shape)
+        b = us(source, CUBLAS, at)
+        row, name = fastest(source, list(series), shape=at, m=1) if source is not None else (None, None)
         if b is None or row is None:
             base = ours = None
             break
-        per_shape[shape] = (b / (row["ms"] * 1e3), name)
+        per_shape[at] = (b / (row["ms"] * 1e3), name)
         base += count * b
         ours += count * row["ms"] * 1e3
     speedup = None if base is None else base / ours
     end_to_end = None if speedup is None else 1 / ((1 - share) + share / speedup)
     bytes_2bit = linear * 2 / 8  # 2 bits a weight
-    return {"weights": linear, "linear_bytes": linear_bytes, "rest": rest, "share": share, "speedup": speedup,
+    return {"measured": layers is not None, "weights": linear, "linear_bytes": linear_bytes, "rest": rest,
+            "share": share, "speedup": speedup,
             "end_to_end": end_to_end, "limit": 1 / (1 - share), "per_shape": per_shape,
             "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
 
 
 def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     """Markdown, GPU clock, µs, on the results' card: each ternary layer of a BitNet b1.58 2B4T transformer layer at
-    M = 1, timed at its benchmark shape, cuBLAS bf16 against the fastest of ``series`` (as :func:`amdahl`), and their
-    sums over one transformer layer (count x time): the sums' ratio is :func:`amdahl`'s ``speedup``. The benchmark
-    has no 640 x 2560 case: k and v are charged q's time on both sides, which the caption and their row call an
-    estimate."""
+    M = 1, timed at its own shape in :func:`layer_run`'s run where committed, else at its benchmark shape (k and v
+    then charged q's time on both sides, which the caption and their row call an estimate), cuBLAS bf16 against the
+    fastest of ``series`` (as :func:`amdahl`), and their sums over one transformer layer (count x time): the sums'
+    ratio is :func:`amdahl`'s ``speedup``."""
     if results is None:
         return PENDING
-    lines = [f"GPU clock, µs, one row of x, {card(results)}; an estimate, since k and v (640 x 2560) were not run "
-             "and are charged q's time\n",
+    layers = layer_run(results)
+    head = ("every layer at its own shape, all in one run (lab/ternary, amdahl_shapes)" if layers is not None else
+            "an estimate, since k and v (640 x 2560) were not run and are charged q's time")
+    lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}\n",
              "| layer (N x K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
     base = ours = 0.0
     for name, n, k, count, shape in BITNET_LAYERS:
-        b = us(results, CUBLAS, shape)
-        row, series_ = fastest(results, list(series), shape=shape, m=1)
+        source, shape = (layers, f"{n}x{k}") if layers is not None else (results, shape)
+        b = us(source, CUBLAS, shape)
+        row, series_ = fastest(source, list(series), shape=shape, m=1)
         if b is None or row is None:
             return PENDING
         t = row["ms"] * 1e3
@@ -664,7 +689,7 @@ def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of
 
 __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row", "us", "floor_us", "ratio", "faster",
            "device",
-           "BITNET_2B4T", "BITNET_LAYERS", "EXCERPTS", "excerpt", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
+           "BITNET_2B4T", "BITNET_LAYERS", "LAYER_RUN", "layer_run", "layers_note", "EXCERPTS", "excerpt", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "tried_cuda", "tried_triton", "tried_markdown", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table",
