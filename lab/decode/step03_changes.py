@@ -49,9 +49,9 @@ VARIANTS = (CONFIGS["baseline"], CONFIGS["jump_forward"], CONFIGS["automaton_mas
 #: The change each configuration adds to the one before it (what the lesson's table names its rows).
 CHANGES = {"automaton_mask": "+ automaton masks", "masked_full_argmax": "+ masked head",
            "masked_head": "+ allowed-only argmax"}
-#: JSON schemas of chapter 1's suite: few forced tokens and many (``tool_call``, ``calendar_event``), long free
-#: strings (``article_summary``) and a short one (``product``).
-SCHEMAS = ("tool_call", "product", "calendar_event", "article_summary")
+#: The nine JSON schemas of chapter 1's suite, the requests of the chapter's headline.
+SCHEMAS = ("classifier", "weather_call", "tool_call", "user_profile", "ticket_triage", "shopping_list", "product",
+           "calendar_event", "article_summary")
 SERIES = "step03_changes"
 
 
