@@ -787,3 +787,15 @@ def test_the_fused_body_on_the_gpu_gives_what_torch_gives():
     k_err = [((c.k.float() - k_ref).norm() / k_ref.norm()).item() for c in caches[:2]]
     assert k_err[1] <= 1.5 * k_err[0] + 0.005, k_err
     assert model.uses_fused()
+
+
+def test_a_changed_shape_derives_its_own_head_width():
+    """Llama 3.2 3B built from the 1B config (hidden 3072, 24 heads): head_dim 3072 / 24 = 128, not the 1B's 64, so
+    the body has Llama 3.2 3B's 2.82 B parameters (3.21 B with its tied 128256 x 3072 embedding, as published)."""
+    cfg = model_config("1b", vocab_size=128256, hidden=3072, layers=28, heads=24, kv_heads=8, intermediate=8192)
+    assert cfg.head_dim == 128
+    counts = cfg.parameter_counts()
+    q_o, k_v, mlp = 2 * 3072 * 24 * 128, 2 * 3072 * 8 * 128, 3 * 3072 * 8192
+    assert counts["body"] == 28 * (q_o + k_v + mlp + 2 * 3072) + 3072
+    assert abs(counts["body"] + counts["head"] - 3.21e9) < 0.01e9
+    assert model_config("1b", hidden=3072, heads=24, head_dim=64).head_dim == 64  # an explicit width is kept

@@ -95,10 +95,15 @@ CONFIGS: dict[str, ModelConfig] = {
 
 
 def model_config(name: str, **changes: Any) -> ModelConfig:
-    """One of :data:`CONFIGS`, with fields changed (``model_config("tiny", vocab_size=1000)``)."""
+    """One of :data:`CONFIGS`, with fields changed (``model_config("tiny", vocab_size=1000)``). A head_dim the base
+    derives (hidden // heads) is derived again when ``hidden`` or ``heads`` change and ``head_dim`` is not given:
+    a new shape must not keep the old shape's head width."""
     if name not in CONFIGS:
         raise ValueError(f"unknown model config {name!r}; choose from {sorted(CONFIGS)}")
-    return replace(CONFIGS[name], **changes)
+    base = CONFIGS[name]
+    if {"hidden", "heads"} & changes.keys() and "head_dim" not in changes and base.head_dim == base.hidden // base.heads:
+        changes["head_dim"] = 0
+    return replace(base, **changes)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
