@@ -335,3 +335,13 @@ def test_the_floor_is_the_scoreboards_on_every_card():
             by_bytes = dram_bytes(lesson.BENCH_T, N, A) / bandwidth * 1e6
             assert lesson.floor_us(results, A, N) == pytest.approx(max(by_bytes, empty * 1e3), rel=1e-12)
         assert lesson.floor_us(results, 28, 1) == pytest.approx(empty * 1e3)  # a few bytes: the empty kernel binds
+
+
+def test_the_steps_table_floors_the_small_case_at_the_chain_where_the_card_timed_it():
+    for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
+        results = plotting.load_results("ctc", gpu)
+        chain = lesson.chain_floor_us(results, ctc.BENCH_T)
+        row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
+        small = row.split(" | ")[2]
+        want = max(lesson.floor_us(results, *lesson.BOEHM_CASES[0]), chain or 0.0)
+        assert small == f"{want:,.1f}" and (("chain of T dependent frames" in row) == (chain is not None))

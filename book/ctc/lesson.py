@@ -602,10 +602,14 @@ def boehm_table(results) -> str:
     for A, N in TABLE_CASES:
         head += [f"A = {A}, N = {N}: µs", "× previous", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    floors = [floor_us(results, A, N) for A, N in TABLE_CASES]
+    # at the small case the chain of T dependent frames binds (measured on the card), far above the empty kernel
+    chain = chain_floor_us(results, BENCH_T)
+    floors = [max(floor_us(results, A, N), chain) if (A, N) == BOEHM_CASES[0] and chain else floor_us(results, A, N)
+              for A, N in TABLE_CASES]
     floor_cells = [cell for f in floors for cell in (f"{f:,.1f}", "", "")]
-    lines.append("| | floor: the activations read and the gradient written, or an empty kernel where larger | "
-                 + " | ".join(floor_cells) + " |")
+    lines.append("| | floor: the activations read and the gradient written, or an empty kernel where larger"
+                 + (f"; at A = {BOEHM_CASES[0][0]}, N = {BOEHM_CASES[0][1]}, the chain of T dependent frames"
+                    if chain else "") + " | " + " | ".join(floor_cells) + " |")
 
     def code(title: str) -> str:
         return title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
