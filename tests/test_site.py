@@ -95,7 +95,8 @@ def _visit(browser, url: str, shot: Path) -> dict:
     info = page.evaluate("""() => ({
         text: (document.querySelector('main') || document.body).innerText.trim(),
         h1: Array.from(document.querySelectorAll('main h1')).map(h => h.innerText),
-        images: Array.from(document.images).map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0,
+        images: Array.from(document.images).map(i => ({src: i.currentSrc || i.src, alt: i.getAttribute('alt') || '',
+            ok: i.complete && i.naturalWidth > 0,
             natural: i.naturalWidth, shown: i.clientWidth, linked: !!i.closest('a[href]'),
             inMain: !!i.closest('main')})),
         tables: document.querySelectorAll('main table').length,
@@ -231,6 +232,15 @@ CUDA_DUNDER = {"restrict", "ldg", "global", "device", "shared", "host", "syncthr
                "launch_bounds", "forceinline", "shfl_up_sync", "shfl_down_sync", "shfl_sync", "constant"}
 #: The tallest a page may be at 1280 px wide: a lesson a reader finishes, not a listing to scroll through.
 HEIGHT_BUDGET_PX = 36_000
+
+
+@pytest.mark.parametrize("path", [p for p in _pages() if p.startswith("notebooks/")])
+def test_every_figure_says_what_it_shows(visits, path):
+    """A figure's alt text describes it: not empty, not the image's file name (what the page gets when the alt text
+    sits on another cell than the one that draws the figure)."""
+    bad = [i["src"][-40:] for i in visits[path]["images"] if i["inMain"] and i["ok"]
+           and (not i["alt"].strip() or i["alt"].endswith((".png", ".svg", ".jpg")) or "_images/" in i["alt"])]
+    assert not bad, f"{path}: figures without an alt text of their own: {bad}"
 
 
 @pytest.mark.parametrize("path", _pages())
