@@ -16,12 +16,12 @@ import sys
 import torch
 
 from lab.ternary.step13_changes import w2a8_reference
+from lab.ternary.step14_gemv import time_series
 from studylog import paths
 from studylog import ternary as T
 from studylog.bench import BenchRun, write_lab_output
 from studylog.ternary import FP32_TOLERANCE, PackedTernary, quantize_absmean
 from studylog.ternary.formats import error_ratio, error_ratio_from
-from studylog.ternary.report import call_ms, timing_plan
 
 NAME = "amdahl_shapes"
 #: (N, K) of BitNet b1.58 2B4T's ternary layers: q and o, k and v, gate and up (fused), down.
@@ -59,18 +59,8 @@ def main() -> int:
                       error_ratio=ratio, tolerance=FP32_TOLERANCE)
             series.append((name, lambda x_, w_, f=fn: (lambda: f(x_, w_, scale)), packed))
         for name, make, weights in series:
-            fn = make(x, weights)
-            fn()
-            torch.cuda.synchronize()
-            plan = timing_plan(call_ms(fn))
-
-            def make_calls(make=make, weights=weights):
-                fresh = torch.randn_like(x)
-                return [make(fresh, c) for c in run.rotated(weights)]
-
-            run.measure(name, make_calls, params=params, min_calls=plan["min_calls"], reps=plan["reps"],
-                        role="baseline" if name == "cublas_bf16" else "kernel")
-            print(f"{n}x{k} {name:12s} {run.rows[-1]['ms'] * 1e3:7.2f} µs", flush=True)
+            t = time_series(run, name, make, weights, x, params, role="baseline" if name == "cublas_bf16" else "kernel")
+            print(f"{n}x{k} {name:12s} {t:7.2f} µs", flush=True)
     out = write_lab_output(paths.LAB / "ternary" / "results", run.device["name"], NAME, run.to_json())
     print(f"{len(run.rows)} measurements, {len(run.checks)} checks ({failed} failed) -> {out}")
     return 1 if failed else 0

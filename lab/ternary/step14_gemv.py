@@ -72,6 +72,23 @@ def step14(kernels: dict, x, w: PackedTernary, scale, cfg):
     return z
 
 
+def time_series(run: BenchRun, name: str, make, weights, x: torch.Tensor, params: dict, **kw) -> float:
+    """Time ``make(x, weights)`` (a call built on x and one copy of the weights) as the benchmark times a step: the
+    weights rotated among copies past L2, fresh x in each repetition, the timing plan of the call's own time. Records
+    the row in ``run`` and returns its time in µs."""
+    fn = make(x, weights)
+    fn()
+    torch.cuda.synchronize()
+    plan = timing_plan(call_ms(fn))
+
+    def make_calls():
+        fresh = torch.randn_like(x)
+        return [make(fresh, copy) for copy in run.rotated(weights)]
+
+    run.measure(name, make_calls, params=params, min_calls=plan["min_calls"], reps=plan["reps"], **kw)
+    return run.rows[-1]["ms"] * 1e3
+
+
 def ternary(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     u = torch.rand(n, k, generator=gen)
     sign = torch.where(torch.rand(n, k, generator=gen) < 0.5, -1, 1)
@@ -114,18 +131,8 @@ def measure(kern: dict) -> Path:
                   ("step12", lambda x_, w_: (lambda: T.step12_w2a8(x_, w_, scale)), tiles)]
         series += [(f"step14 {c}", lambda x_, w_, c=c: (lambda: step14(kern, x_, w_, scale, c)), mma) for c in cfgs]
         for name, make, weights in series:
-            fn = make(x, weights)
-            fn()
-            torch.cuda.synchronize()
-            plan = timing_plan(call_ms(fn))
-
-            def make_calls(make=make, weights=weights):
-                fresh = torch.randn_like(x)
-                return [make(fresh, c) for c in run.rotated(weights)]
-
-            run.measure(name, make_calls, params={"n": n, "k": k, "m": 1}, min_calls=plan["min_calls"],
-                        reps=plan["reps"])
-            print(f"{n}x{k} {name:28s} {run.rows[-1]['ms'] * 1e3:7.2f} µs", flush=True)
+            t = time_series(run, name, make, weights, x, {"n": n, "k": k, "m": 1})
+            print(f"{n}x{k} {name:28s} {t:7.2f} µs", flush=True)
     return write_lab_output(paths.LAB / "ternary" / "results", run.device["name"], NAME, run.to_json())
 
 
