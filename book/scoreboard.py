@@ -523,20 +523,18 @@ ENTRIES: tuple[Entry, ...] = (
           "How many forward passes can a grammar spare the model?", None,
           absent="no GPU kernel: the compression runs on the host, over the grammar's automaton; what it saves, forward "
                  "passes, is counted over the chapter's suite and given on the results page",
-          headline="the share of forward passes jumps over forced tokens leave out, writing the same tokens, over "
-                   "the chapter's suite of schemas and regexes, against decoding every token; jumps over forced "
-                   "characters save more but retokenize (counted on the host)"),
+          headline="forward passes saved by jumping over forced tokens (same output), against decoding every token; "
+                   "the chapter's suite"),
     Entry(2, "Masked LM head", "notebooks/02_masked_lm_head.ipynb",
           "If the grammar allows a thousand tokens, why compute all 128,256 logits?", "masked_lm_head",
           _masked_lm_head,
-          headline="the whole masked step from the grammar's bitmask against xgrammar's path (cuBLAS logits, then "
-                   "its mask kernel), batch 1, 1,000 of 128,256 tokens allowed",
+          headline="the whole masked step against xgrammar's path (cuBLAS logits, then its mask); batch 1, 1,000 of "
+                   "128,256 tokens",
           rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
           "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram,
-          headline="the GPU drafter against the faster of our ports of the pull request's GPU kernel (its first "
-                   "version and its revision, made exact), both on the GPU clock, 128 slots of 32,768 tokens; the CPU "
-                   "loop it replaces on the scoreboard",
+          headline="the GPU drafter against the faster of our two ports of the pull request's kernel; 128 slots of "
+                   "32,768 tokens",
           rival_short="the pull request's kernel (our port)"),
     Entry(4, "CTC loss", "notebooks/04_ctc_loss.ipynb",
           "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc,
@@ -544,23 +542,21 @@ ENTRIES: tuple[Entry, ...] = (
           rival_short="cuDNN"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
           "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
-          _ternary, headline="one row of bf16 x times a 4096 x 14336 ternary matrix, against GemLite's 2-bit kernel "
-                             "(the fastest peer), and cuBLAS bf16 on the matrix stored densely (a weaker baseline)",
+          _ternary, headline="one row of x times a ternary matrix, against BitNet's own kernel and GemLite's 2-bit "
+                             "kernel",
           rival_short="GemLite"),
     Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
           "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,
-          headline="eight prompts of mixed lengths in one call, against FlashInfer: 32 heads, and (where measured) the "
-                   "grouped-query layout of Llama 3.1 8B", rival_short="FlashInfer"),
+          headline="eight prompts of mixed lengths in one call, against FlashInfer", rival_short="FlashInfer"),
     Entry(7, "Constrained decoding end to end", "notebooks/07_constrained_decoding.ipynb",
           "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode,
-          headline="the decode loop with chapters 1 and 2 (step 3) against the same loop with a dense head and a "
-                   "mask (step 1), per output token, the ratio of the median times over the nine JSON schemas of chapter 1's suite (one "
-                   "request each; 8B-shaped body with a cl100k head, batch 1)",
+          headline="the loop with chapters 1 and 2 against the same loop with a dense head and a mask, per output "
+                   "token; nine JSON schemas, 8B-shaped body, batch 1",
           rival_short="a dense head and a mask"),
     Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
           "Can a grammar and prompt-lookup drafts share one decode loop?", "speculate", _speculate,
-          headline="n-gram drafts cut by the grammar and verified in one forward, against chapter 7's loop, per "
-                   "output token, the ratio of the median times over the requests (SmolLM2-135M, extraction, batch 1)",
+          headline="grammar-cut n-gram drafts verified in one forward, against chapter 7's loop, per output token; "
+                   "SmolLM2-135M, batch 1",
           rival_short="chapter 7's loop"),
 )
 
