@@ -698,7 +698,8 @@ def tail_copies(row: dict[str, Any], t: dict[str, Any]) -> str | None:
         return None
     return (f"the p99 column's run replays the call over {_copies(theirs)} of its input, where the chapter's median "
             f"rotates over {_copies(mine)}: the rows a call reads may stay in L2 in the p99 run and come from "
-            "device memory in the chapter's, so the p99 and the median beside it are not measured as the chapter's median is")
+            "device memory in the chapter's, so the p99 and the median beside it are not measured as the chapter's "
+            "median is")
 
 
 def _ctc_small_case_words(root: Path) -> str | None:
