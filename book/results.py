@@ -11,6 +11,7 @@ checks the file against the suite it runs).
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 import statistics
@@ -428,6 +429,16 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT, folded: bool | N
     counting the lines of what they return. ``folded``: count only the listings of cells whose output the page
     folds (tag ``hide-output``: a reader opens them on demand), or only the others; None counts both. Returns the
     count and the statements that could not be run this way (none is expected: a test checks)."""
+    path = Path(root) / notebook
+    shown, hidden, failed = _listing_counts(str(path), path.stat().st_mtime_ns)
+    return (shown + hidden if folded is None else hidden if folded else shown), list(failed)
+
+
+@functools.lru_cache(maxsize=None)
+def _listing_counts(path: str, mtime_ns: int) -> tuple[int, int, tuple[str, ...]]:
+    """(shown, folded, failed) of :func:`listing_lines` for the notebook at ``path``, counted once per version of
+    the file (``mtime_ns``): the landing page and its tests ask for both counts of every page."""
+    notebook, root = Path(path), Path("/")
     import json
 
     from studylog import source
@@ -451,7 +462,7 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT, folded: bool | N
     # a cell's listing is on the page unless its output is removed (its code may be hidden, as most listings' are)
     trees = [(ast.parse("".join(c["source"])), not {"remove-output", "remove-cell"} & set(
         c.get("metadata", {}).get("tags", [])), "hide-output" in c.get("metadata", {}).get("tags", [])) for c in cells]
-    total = 0
+    counts = {False: 0, True: 0}
     helpers = {node.name for tree, _, _ in trees for node in tree.body
                if isinstance(node, ast.FunctionDef) and _mentions(node, set(LISTING_CALLS))}
     for name, fn in originals.items():
@@ -474,12 +485,11 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT, folded: bool | N
                     except Exception as e:  # noqa: BLE001 - reported, and a test fails on it
                         if prints:  # a setup line that fails matters only where a listing then fails too
                             failed.append(f"{ast.unparse(stmt)[:80]}: {e!r}")
-                    if folded is None or folded == folded_here:
-                        total += sum(counted[before:])
+                    counts[folded_here] += sum(counted[before:])
     finally:
         for name, fn in originals.items():
             setattr(source, name, fn)
-    return total, failed
+    return counts[False], counts[True], tuple(failed)
 
 
 def reading_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> tuple[int, int]:
