@@ -143,8 +143,7 @@ def _without_docstrings(text: str) -> str:
 def latency_floor_ms(results) -> float:
     """The card's latency floor, in ms: the smallest empty-kernel GPU time of any committed run on the card of
     ``results`` (the scoreboard's, :func:`book.scoreboard.card_empty_kernel_ms`), else this run's (a run read from no
-    card's folder), else 0. One value
-    a card, so every page gives a kernel the same floor."""
+    card's folder), else 0. One value a card, so every page gives a kernel the same floor."""
     from book.scoreboard import card_empty_kernel_ms, empty_kernel_ms
 
     card = card_empty_kernel_ms(results.path.parent) if getattr(results, "path", None) else None

@@ -275,11 +275,11 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if row.get("dense_ratio") is not None:  # chapter 5: the dense layer beside the fastest peer
                 notes[name].append(f"{name}: {row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, a "
                                    "weaker baseline")
-                if row["rival_fails_check"]:
+                beaten = bitnet_range(card) if row["rival_fails_check"] else None
+                if row["rival_fails_check"] and beaten is None:
                     cells[name] += "; GemLite fails our float64 check"
                     brief[name] += " (GemLite fails our float64 check here)"
-                beaten = bitnet_range(card)
-                if beaten is not None and row["rival_fails_check"]:
+                if beaten is not None:
                     # the peer that passes the check leads, at the shapes its kernel is built for; GemLite follows
                     lo, hi, shapes = beaten
                     cells[name] = (f"**{lo:.2f}–{hi:.2f}×** BitNet (its own W2A8 kernel, at its {shapes} shapes); "
@@ -438,7 +438,6 @@ def listing_lines(notebook: str | Path, root: Path = REPO_ROOT, folded: bool | N
 def _listing_counts(path: str, mtime_ns: int) -> tuple[int, int, tuple[str, ...]]:
     """(shown, folded, failed) of :func:`listing_lines` for the notebook at ``path``, counted once per version of
     the file (``mtime_ns``): the landing page and its tests ask for both counts of every page."""
-    notebook, root = Path(path), Path("/")
     import json
 
     from studylog import source
@@ -458,7 +457,7 @@ def _listing_counts(path: str, mtime_ns: int) -> tuple[int, int, tuple[str, ...]
 
     # nothing counted is shown: display() is a no-op here, and what a helper displays by itself is captured
     namespace: dict[str, Any] = {"__name__": "listing_lines", "display": lambda *args, **kwargs: None}
-    cells = [c for c in json.loads((Path(root) / notebook).read_text())["cells"] if c["cell_type"] == "code"]
+    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
     # a cell's listing is on the page unless its output is removed (its code may be hidden, as most listings' are)
     trees = [(ast.parse("".join(c["source"])), not {"remove-output", "remove-cell"} & set(
         c.get("metadata", {}).get("tags", [])), "hide-output" in c.get("metadata", {}).get("tags", [])) for c in cells]
@@ -481,7 +480,7 @@ def _listing_counts(path: str, mtime_ns: int) -> tuple[int, int, tuple[str, ...]
                         continue
                     before = len(counted)
                     try:
-                        exec(compile(ast.Module([stmt], []), str(notebook), "exec"), namespace)
+                        exec(compile(ast.Module([stmt], []), path, "exec"), namespace)
                     except Exception as e:  # noqa: BLE001 - reported, and a test fails on it
                         if prints:  # a setup line that fails matters only where a listing then fails too
                             failed.append(f"{ast.unparse(stmt)[:80]}: {e!r}")
@@ -518,14 +517,12 @@ OTHER_PAGES = {
 def bitnet_range(card: Path) -> tuple[float, float, int] | None:
     """Chapter 5's fastest W2A8 step against BitNet's W2A8 kernel on ``card`` (the lab run the chapter reads):
     (lowest, highest ratio, how many shapes), or None where the card has no such run."""
+    from book.common import lab_or_none
     from book.ternary import results as ternary
-    from studylog.plotting import Results, load_lab
+    from studylog.plotting import Results
 
-    try:
-        data = load_lab("ternary", ternary.BITNET_RUN, Path(card).name)
-    except FileNotFoundError:  # no BitNet run on this card
-        return None
-    table = ternary.bitnet_table(Results(None, data))
+    data = lab_or_none("ternary", ternary.BITNET_RUN, Path(card).name)
+    table = ternary.bitnet_table(Results(None, data)) if data is not None else None
     return (table["worst"], table["best"], len(table["rows"])) if table else None
 
 
@@ -542,14 +539,16 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, s
                                                  f"{c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s")
     ternary = load(folder, "ternary") if folder else None
     if ternary:
-        case = {"n": 4096, "k": 14336, "m": 1}
-        at = {r["series"]: r for r in ternary["measurements"]
-              if r.get("clock") == "gpu" and all(r.get("params", {}).get(k) == v for k, v in case.items())}
-        triton = [s for s in at if re.fullmatch(r"step0[1-9]", s)]
-        if triton and "cublas_bf16" in at:
-            best = min(triton, key=lambda s: at[s]["ms"])
-            out["notebooks/05_ternary_1_triton.ipynb"] = (f"{at['cublas_bf16']['ms'] / at[best]['ms']:.2f}× cuBLAS bf16 "
-                                                          f"(step {int(best[4:])}, one row of x)")
+        from studylog.plotting import Results
+        from studylog.ternary.results import CUBLAS, fastest
+        from studylog.ternary.steps import SERIES
+
+        run, case = Results(None, ternary), {"n": 4096, "k": 14336, "m": 1}
+        best, series = fastest(run, [SERIES[n] for n in range(1, 10)], **case)  # part 1's steps are Triton's
+        cublas, _ = fastest(run, [CUBLAS], **case)
+        if best is not None and cublas is not None:
+            out["notebooks/05_ternary_1_triton.ipynb"] = (f"{cublas['ms'] / best['ms']:.2f}× cuBLAS bf16 "
+                                                          f"(step {int(series[4:])}, one row of x)")
     return out
 
 

@@ -729,10 +729,12 @@ def _ctc_small_case_words(root: Path) -> str | None:
 def clock_probe(card: Path) -> tuple[float, float, int, int] | None:
     """lab/env's probe of the empty kernel against the clock state on this card: (fastest, slowest µs, lowest and
     highest SM clock read beside them, MHz), or None where the card has no probe."""
-    path = Path(__file__).resolve().parents[1] / "lab" / "env" / "results" / card.name / "empty_kernel_probe.json"
-    if not path.is_file():
+    from book.common import lab_or_none
+
+    probe = lab_or_none("env", "empty_kernel_probe", card.name)
+    if probe is None:
         return None
-    rows = [r for r in json.loads(path.read_text()) if "clock_before" in r]
+    rows = [r for r in probe if "clock_before" in r]
     mhz = [int(c.split()[0]) for r in rows for c in (r["clock_before"], r["clock_after"])]
     times = [r["empty_gpu_us"] for r in rows]
     return min(times), max(times), min(mhz), max(mhz)
