@@ -197,11 +197,47 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     """One row per step, each at the point its idea is about; the floor (the bytes, or the card's fastest empty
     kernel where larger) is below every step's time."""
     results = plotting.load_results("masked_lm_head")
-    table = lesson.boehm_table(results)
-    rows = table.splitlines()[2:]
+    rows = _step_rows(lesson.boehm_table(results))
     assert [int(r.split("|")[1]) for r in rows] == [s.number for s in mlh.CHAPTER.steps]
     ratios = [float(r.split("|")[-2].strip().rstrip("×")) for r in rows]
     assert all(x >= 1.0 for x in ratios), ratios
+
+
+def _step_rows(table: str) -> list[str]:
+    """The table of steps' rows of whole steps (a number in the first cell), its sub-rows (5a, 7b...) left out."""
+    return [r for r in table.splitlines()[2:] if r.split("|")[1].strip().isdigit()]
+
+
+def test_bundled_steps_have_a_sub_row_per_change():
+    """Step 5's three changes each have a sub-row right under step 5 with its factor from the ablation (step 4's
+    time over step 4 with that change alone, at step 5's point); a change the ablation finds a loss says so, with
+    what removing it needs; step 7's two ideas each have a sub-row that says it was not timed alone."""
+    results = plotting.load_results("masked_lm_head")
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
+    labels = [r[0] for r in rows]
+    effects = lesson.step05_effects()
+    if effects is not None:
+        assert labels[labels.index("5") + 1:labels.index("5") + 4] == ["5a", "5b", "5c"]
+        at = lesson.STEP_CASES[5][0]["allowed"]
+        for row, knob in zip(rows[labels.index("5a"):], lesson.STEP05_KNOBS):
+            assert row[5] == f"{1 / effects[knob][at]:.2f}×", row
+            assert ("measured loss" in row[1]) == (knob in lesson.step05_kept_losses()), row
+            if knob in lesson.step05_kept_losses():
+                assert "benchmark again" in row[1]
+    assert labels[labels.index("7") + 1:labels.index("7") + 3] == ["7a", "7b"]
+    for label in ("7a", "7b"):
+        assert rows[labels.index(label)][5].startswith("not timed alone"), label
+
+
+def test_a_step_ratio_in_the_prose_is_the_tables():
+    """The prose quotes a step's speedup over the step before with the table's two decimals (one number, not a
+    rounded twin)."""
+    results = plotting.load_results("masked_lm_head")
+    numbers = lesson.prose_numbers(results)
+    table = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]]
+             for r in _step_rows(lesson.boehm_table(results))}
+    assert numbers["mlh_step06_vs_step05_1"] == f"{table['6'][5]} faster"
+    assert numbers["mlh_step04_vs_step03"] == f"{table['4'][5]} faster"
 
 
 def test_a_stub_is_reported_as_not_written(capsys):
@@ -330,7 +366,7 @@ def test_capped_rows_carry_the_mark_and_no_other_does():
     """In the steps table and the practitioners' table a time carries the mark exactly where its row says its
     rotation was capped (looked up here from the rows, not from the table)."""
     results = plotting.load_results("masked_lm_head")
-    steps = lesson.boehm_table(results).splitlines()[2:]
+    steps = _step_rows(lesson.boehm_table(results))
     for line in steps:
         number = int(line.split("|")[1])
         params = lesson.STEP_CASES[number][0]
@@ -371,7 +407,7 @@ def test_the_steps_table_gives_each_row_its_own_floor():
     """Each step's floor is computed at the point it is measured (its batch and union), and its × floor is its
     time over that floor."""
     results = plotting.load_results("masked_lm_head")
-    for line in lesson.boehm_table(results).splitlines()[2:]:
+    for line in _step_rows(lesson.boehm_table(results)):
         cells = [c.strip() for c in line.split("|")[1:-1]]
         params = lesson.STEP_CASES[int(cells[0])][0]
         row = [r for r in results.select(f"step{int(cells[0]):02d}", **params)

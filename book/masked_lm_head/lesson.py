@@ -28,7 +28,8 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card",
            "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation", "CAPPED", "capped",
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table", "step05_kept_losses",
-           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle"]
+           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step05_rows", "STEP07_PARTS",
+           "STEP05_CHANGES_TEXT"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -104,8 +105,8 @@ def _change(before: float | None, after: float | None) -> str:
     if before is None or after is None:
         return PENDING
     if after <= before:
-        ratio = before / after
-        return f"{ratio:.1f}× faster" if ratio >= 1.1 else f"{100 * (ratio - 1):.0f}% faster"
+        ratio = before / after  # two decimals, as the table of steps prints the same ratio
+        return f"{ratio:.2f}× faster" if ratio >= 1.1 else f"{100 * (ratio - 1):.0f}% faster"
     return f"{100 * (after / before - 1):.0f}% slower"
 
 
@@ -500,14 +501,55 @@ def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))
             "one_copy_other": rotation(other) is None}
 
 
+#: Step 7's two ideas, each a sub-row of the table of steps: (label, the idea, why it has no time of its own).
+STEP07_PARTS = (("7a", "the union of the batch's allowed sets: each allowed row read once for every sequence",
+                 "not timed alone: no kernel reads the union once without the batch's product (7b); a split needs a "
+                 "union kernel with one reduction per sequence, which was not built"),
+                ("7b", "`tl.dot`: one tile of union rows multiplied with the batch's hidden states on the tensor cores",
+                 "not timed alone: `tl.dot` has no batch to multiply without the union (7a)"))
+
+
+def step05_rows(point: int = 1000) -> list[tuple[str, str, str]]:
+    """Step 5's three changes as sub-rows of the table of steps: (label, the change, its factor at ``point`` allowed
+    tokens: step 4's time over step 4 with that change alone, from :func:`step05_effects`). A change that
+    :func:`step05_kept_losses` finds is labelled a measured loss, with what step 5 gains without it and what
+    removing it needs. Empty where the ablation is not committed."""
+    eff = step05_effects()
+    if eff is None:
+        return []
+    losses = step05_kept_losses()
+    out = []
+    for label, knob in zip("abc", STEP05_KNOBS):
+        text = STEP05_CHANGES_TEXT[knob]
+        if knob in losses:
+            cost = losses[knob]
+            text += (f". **A measured loss, kept in the library**: step 5 without it is faster at every count (by "
+                     f"{counts_words([f'{100 * (c - 1):.1f}%' for c in cost.values()])} at {counts_words(cost)} "
+                     "allowed). Removing it means putting the row programs first in this kernel and in the plan's "
+                     "(the kernels of step 9 and of the whole step), then running the chapter's benchmark again: "
+                     "every later time on this page was measured with it")
+        out.append((f"5{label}", text, f"{1 / eff[knob][point]:.2f}×"))
+    return out
+
+
+#: Step 5's three changes in the words of the table of steps.
+STEP05_CHANGES_TEXT = {"one_wait": "one wait per row: the whole row loaded as one tile and reduced once",
+                       "fill_first": "the fill programs first in the grid",
+                       "evict_first": "an L2 evict-first hint on the rows, which are read once"}
+
+
 def boehm_table(results) -> str:
     """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the reference it is
     measured against at the same point (the step it changes, or a torch baseline) and its speedup over that
     reference, the floor at that point (:func:`floor_ms`, which of its two parts binds) and the time over it. A
-    time whose rotation was capped carries :data:`CAPPED`."""
+    time whose rotation was capped carries :data:`CAPPED`. Under step 5, one sub-row per change with its factor from
+    the ablation (:func:`step05_rows`); under step 7, one per idea, neither timed alone (:data:`STEP07_PARTS`)."""
     lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
              "floor: the bytes, or an empty kernel where larger (µs) | × floor |",
              "|---|---|---|---|---|---|---|---|"]
+    subrows = {5: [(label, text, "–", "step 4, in step 5's ablation", factor)
+                   for label, text, factor in step05_rows(STEP_CASES[5][0]["allowed"])],
+               7: [(label, text, "–", "–", why) for label, text, why in STEP07_PARTS]}
     for step in CHAPTER.steps:
         params, prev = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
@@ -522,6 +564,8 @@ def boehm_table(results) -> str:
         lines.append(f"| {step.number} | {BOEHM_CHANGES.get(step.number, step.title)} | {_case(params)} | "
                      f"{us(row['ms'])}{capped(row)} | {name} | {vs} | {floor * 1e3:.2f} ({binds}) | "
                      f"{row['ms'] / floor:.1f}× |")
+        for label, text, ms, ref, factor in subrows.get(step.number, ()):
+            lines.append(f"| {label} | {text} | {_case(params)} | {ms} | {ref} | {factor} | – | – |")
     return "\n".join(lines)
 
 
