@@ -129,8 +129,9 @@ class CompiledSource:
         m = re.search(r"\.entry\s+" + re.escape(mangled) + r"\b", self.ptx)
         if not m:
             raise KeyError(f"no entry {kernel!r} in the PTX of {self.name}")
-        end = self.ptx.find("\n}\n", m.start())
-        return self.ptx[m.start() : end + 3 if end >= 0 else len(self.ptx)]
+        # the body runs to the next top-level declaration: a "}" at the start of a line may close an inline asm block
+        nxt = re.compile(r"^(?:\s*// \.(?:globl|weak)\b|\.visible|\.weak|\.entry|\.func|\.extern)", re.MULTILINE).search(self.ptx, m.end())
+        return self.ptx[m.start() : nxt.start() if nxt else len(self.ptx)].rstrip() + "\n"
 
 
 def _nvrtc():

@@ -14,6 +14,17 @@ from studylog.ternary import formats as F
 from ternary_helpers import DEV, TOL, assert_matches, poisoned, ternary, weights_for, x_for  # noqa: F401
 
 
+def w2a8_compiled(instances):
+    """(PTX, ptxas report) of ``instances`` of ternary_w2a8.cu, read per kernel from one compile of every instance
+    the chapter declares: the compile ``test_every_cu_compiles_for_hopper`` makes, which NVRTC's cache then serves
+    to each test (a template instance's code does not depend on which others share its compile)."""
+    from studylog import cuda
+    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=cuda.INSTANCES["ternary_w2a8"])
+    report = compiled.ptxas_report()
+    mangled = [compiled.lowered_names[i] for i in instances]
+    return "\n".join(compiled.ptx_function(m) for m in mangled), {m: report[m] for m in mangled}
+
+
 # ------------------------------------------------------------------------------------------------
 # Step 10: CUDA C++ on mma.sync (compiled and checked here; run on the GPU)
 # ------------------------------------------------------------------------------------------------
@@ -297,9 +308,7 @@ def test_step12_compiles_to_int8_mma_and_bulk_copies_without_spills():
     import re, shutil, subprocess, tempfile
     from pathlib import Path
     from studylog import cuda
-    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90",
-                                   name_expressions=T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
-    ptx = compiled.ptx
+    ptx, report = w2a8_compiled(T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
     assert "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32" in ptx
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
     assert "fma.rn.bf16x2" not in ptx  # no float decode: the codes go to the tensor cores as they are
@@ -307,9 +316,8 @@ def test_step12_compiles_to_int8_mma_and_bulk_copies_without_spills():
     # the weights come by the engine; after quantize_x the consumers load int8 x themselves, 16 bytes
     # at a time through L2 (.cg: another kernel's bytes), and nothing else in 16-byte loads
     separate = [i for i in T.W2A8_INSTANCES if i.startswith(f"step12_w2a8_kernel<{int(T.Quant.SEPARATE)},")]
-    matmul_only = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=separate).ptx
+    matmul_only, _ = w2a8_compiled(separate)
     assert set(re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", matmul_only)) == {"ld.global.cg.v4.u32"}
-    report = compiled.ptxas_report()
     assert len(report) == len(T.W2A8_QUANTIZE_INSTANCES + T.W2A8_INSTANCES)
     for name, r in report.items():  # what w2a8_blocks_per_sm counts on (8 rows of x a block)
         args = re.search(r"step12_w2a8_kernelILi(\d)ELb(\d)ELi(\d)ELi(\d)E", name)
@@ -416,16 +424,14 @@ def test_step12_staged_x_comes_by_the_copy_engine():
     """quantize="staged": the producer's copy engine brings x (no 16-byte loads of x by the consumers: only
     the last K % 8 activations of a row, one by one), ahead of the weights, and nothing spills."""
     import re
-    from studylog import cuda
     staged = [i for i in T.W2A8_INSTANCES if i.startswith(f"step12_w2a8_kernel<{int(T.Quant.STAGED)},")]
     assert len(staged) == 2 * len(T.W2A8_STAGED_SHAPES)
-    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=staged)
-    ptx = compiled.ptx
+    ptx, report = w2a8_compiled(staged)
     assert not re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", ptx)
     assert "ld.global.nc.u16" in ptx  # the tail of a row
     assert "createpolicy.fractional.L2::evict_last" in ptx  # x: every block reads it
     assert "bar.arrive 2" not in ptx and "bar.sync 2" not in ptx  # no pause of the weights for x
-    for name, r in compiled.ptxas_report().items():
+    for name, r in report.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
 
 
@@ -598,9 +604,7 @@ def test_gpu_step12_full_size_unaligned_x_and_probes():
 
 def test_step13_compiles_to_int8_mma_and_bulk_copies_without_spills():
     import re
-    from studylog import cuda
-    compiled = cuda.compile_source("ternary_w2a8", arch="sm_90", name_expressions=T.W2A8_TILES_INSTANCES)
-    ptx = compiled.ptx
+    ptx, report = w2a8_compiled(T.W2A8_TILES_INSTANCES)
     assert "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32" in ptx and "fma.rn.bf16x2" not in ptx
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
     assert "griddepcontrol.wait" in ptx  # launched early, behind quantize_x
@@ -608,7 +612,6 @@ def test_step13_compiles_to_int8_mma_and_bulk_copies_without_spills():
     # loads from global memory at all
     assert not re.findall(r"ld\.global[.\w:]*\.v[24]\.\w+", ptx)
     assert "createpolicy.fractional.L2::evict_last" in ptx and "createpolicy.fractional.L2::evict_first" in ptx
-    report = compiled.ptxas_report()
     assert len(report) == len(T.W2A8_TILES_INSTANCES)
     for name, r in report.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
