@@ -165,12 +165,13 @@ def test_part_1s_amdahl_view_uses_step_9_only(results):
         if L.layer_run(results) is None:  # the k, v row and the caption say where k and v were not run
             assert "estimate" in kv and "estimate" in table.splitlines()[0]
         else:
-            assert "| 640 x 2560 |" in kv and "estimate" not in table
+            assert "| 640 × 2560 |" in kv and "estimate" not in table
 
 
 def test_amdahl_times_every_layer_at_its_own_shape_where_the_lab_run_is_committed(results):
-    """With lab/ternary's run of the four layer shapes, k and v are timed at 640 x 2560 (not charged q's time), and
-    the speedup is the ratio of the count-weighted sums of that run's times, recomputed here from its raw rows."""
+    """With lab/ternary's run of the four layer shapes, k and v are timed at 640 x 2560 (not charged q's time) in
+    that run, the other layers in the benchmark (one time a kernel and shape on a page), and the speedup is the
+    ratio of the count-weighted sums, recomputed here from the raw rows of the two files."""
     import json
 
     from studylog import paths
@@ -178,11 +179,19 @@ def test_amdahl_times_every_layer_at_its_own_shape_where_the_lab_run_is_committe
     path = paths.LAB / "ternary" / "results" / Path(results.path).parent.name / f"{L.LAYER_RUN}.json"
     if not path.is_file():
         pytest.skip("no layer run on this card")
-    rows = [r for r in json.loads(path.read_text())["measurements"] if r["clock"] == "gpu"]
-    ms = lambda series, n, k: next(r["ms"] for r in rows if r["series"] == series and r["params"]["n"] == n  # noqa
-                                   and r["params"]["k"] == k and r["params"]["m"] == 1)
+    lab = [r for r in json.loads(path.read_text())["measurements"] if r["clock"] == "gpu"]
+    bench = [r for r in json.loads(results.path.read_text())["measurements"] if r.get("clock") == "gpu"]
+
+    def ms(series, n, k):
+        for rows in (bench, lab):  # the benchmark first: the lab run only for the shapes it lacks
+            found = [r["ms"] for r in rows if r["series"] == series and r["params"].get("n") == n
+                     and r["params"].get("k") == k and r["params"].get("m") == 1]
+            if found:
+                return found[0]
+
     view = L.amdahl(results, [T.SERIES[11]])
     assert view["measured"] and "640x2560" in view["per_shape"] and L.layers_note(view).startswith("every layer")
+    assert view["separate"] == ["640x2560"] and L.SEPARATE_RUN_WORDS in L.layers_note(view)
     base = sum(c * ms("cublas_bf16", n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
     ours = sum(c * ms(T.SERIES[11], n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
     assert view["speedup"] == pytest.approx(base / ours, rel=1e-12)
@@ -232,7 +241,8 @@ def test_probe_table_uses_one_clock_for_the_step_and_its_probes(results):
 def test_clock_and_card_tables(results):
     rows = L.clock_rows()
     assert set(rows) == {"A", "B"} and T.SERIES[12] in rows["A"]
-    assert "do_bench" in L.clocks_table()
+    assert "do_bench" in L.clocks_table() and "machine" not in L.clocks_table()
+    assert 0 <= L.clock_spread() < 0.5
     cards = L.cards()
     assert cards and all(0 < (L.bandwidth_share(r) or 0.5) < 1.2 for r in cards.values())
 
@@ -273,7 +283,8 @@ def test_a_peer_bar_whisker_spans_that_peers_repetitions_alone(results):
     import matplotlib.pyplot as plt
     from matplotlib.collections import LineCollection
 
-    from studylog.ternary.results import INT_MM, W2A8_SERIES, fastest
+    from book.ternary.figures import W2A8_DEFAULTS
+    from studylog.ternary.results import INT_MM, fastest
 
     figs = figures(results)
     ax = next(a for a in figs["peers"].axes if a.get_title().endswith("M = 16"))
@@ -281,7 +292,7 @@ def test_a_peer_bar_whisker_spans_that_peers_repetitions_alone(results):
     peer = json.loads(results.path.read_text())
     row = next(r for r in peer["measurements"] if r["series"] == INT_MM
                and r["params"].get("shape") == shape and r["params"].get("m") == 16 and r.get("clock") == "gpu")
-    ours, _ = fastest(results, W2A8_SERIES, shape=shape, m=16)
+    ours, _ = fastest(results, W2A8_DEFAULTS, shape=shape, m=16)
     lo, hi = row["spread_ms"][0] / ours["ms"], row["spread_ms"][2] / ours["ms"]
     segments = [seg for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments()]
     assert any(len(seg) == 2 and abs(seg[0][1] - lo) < 1e-9 and abs(seg[1][1] - hi) < 1e-9 for seg in segments)
@@ -304,7 +315,7 @@ def test_a_lesson_imports_no_answer_and_shows_one_steps_table(path):
 def test_the_boehm_table_has_one_row_a_step(results):
     table = L.boehm_table(results, L.PART2_ROWS)
     assert len(re.findall(r"^\| \d+ \|", table, flags=re.M)) == len(L.PART2_ROWS)
-    assert table.count("| step | the one change | µs | × previous | × the 2-bit floor |") == len(
+    assert table.count("| step | the change | µs | × previous | × the 2-bit floor |") == len(
         {m for _, m, _, _ in L.PART2_ROWS})
     assert all(L.card(results) in line for line in table.splitlines() if line.startswith("**"))  # the card named
     wide = L.boehm_table(results, L.PART2_ROWS, read_only=True)
@@ -382,43 +393,53 @@ def test_step_13s_undone_change_table_reads_the_lab_run(monkeypatch):
                                         (T.SERIES[12], T.SERIES[12], 0.031), (T.SERIES[9], T.SERIES[9], 0.014))]
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
     table = L.step13_changes()
-    assert "| x loaded by the consumer warps, as step 12 loads it | 20.0 (1.25×) |" in table
-    assert "| part 1's step 9, for reference | 14.0 (0.88×) |" in table
+    assert "| x loaded by the consumer warps, as step 12 loads it | 1.25× |" in table
+    assert "| part 1's step 9, for reference | 0.88× |" in table
     assert L.step13_undone_ratio() == pytest.approx((20.0, 16.0))
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: None)
     assert L.step13_changes() is None and L.step13_undone_ratio() == (None, None)
 
 
-def test_step_13s_table_marks_a_kernel_the_run_left_out_and_the_steps_tables_times(monkeypatch, results):
-    """A case the ablation run did not time reads "–" with a note, never "pending"; a kernel the steps table also
-    times carries that table's time in brackets where the two runs differ, and the note says which is which."""
-    main13 = L.us(results, T.SERIES[13], L.MAIN, 16)
+def test_step_13s_table_marks_a_kernel_the_run_left_out(monkeypatch):
+    """A case the ablation run did not time reads "–" with a note, never "pending"; the table holds ratios only (its
+    run is apart from the benchmark's, so it quotes no second time of a kernel)."""
     rows = [{"series": "step13_changes", "ms": ms, "params": {"variant": variant, "shape": L.MAIN, "m": m}}
-            for variant, m, ms in (("step13", 1, 0.011), ("step13", 16, main13 / 1e3 + 0.0005),
+            for variant, m, ms in (("step13", 1, 0.011), ("step13", 16, 0.016),
                                    ("step13-x", 1, 0.012), ("step13-x", 16, 0.027))]
     rows.append({"series": T.SERIES[9], "ms": 0.014, "params": {"variant": T.SERIES[9], "shape": L.MAIN, "m": 16}})
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
-    table = L.step13_changes(results)
-    assert "pending" not in table
+    table = L.step13_changes()
+    assert "pending" not in table and "[" not in table and "µs" not in table
     step9 = next(line for line in table.splitlines() if line.startswith("| part 1's step 9"))
     assert step9.split(" | ")[1] == "–" and "was not run at one row of x" in table
-    step13 = next(line for line in table.splitlines() if line.startswith("| step 13 |"))
-    assert f"{main13 + 0.5:.1f} [{main13:.1f}] (1.00×)" in step13
-    assert "[in brackets], the steps table's time" in table
-    assert "[" not in L.step13_changes()  # without the steps table's file, no brackets and no note
+    assert "| x loaded by the consumer warps, as step 12 loads it | 1.09× | 1.69× |" in table
 
 
-def test_the_steps_4_and_9_tables_bracket_the_steps_tables_times(results):
+def test_the_ablation_tables_hold_ratios_only():
     for step in (4, 9):
         changes = L.step_changes(step)
         if changes is None:
             pytest.skip("no committed run of the bundled steps")
-        table = L.step_changes_table(step, changes, results)
-        shape, m = changes["cases"][0]
-        final = next(line for line in table.splitlines() if line.startswith(f"| {L.STEP_CHANGES[step]['chain'][-1][1]} |"))
-        ours, bench = changes["us"][(L.STEP_CHANGES[step]["chain"][-1][0], shape, m)], L.us(results, T.SERIES[step], shape, m)
-        cell = final.split(" | ")[1]
-        assert cell.startswith(f"{ours:.1f}") and ((f"[{bench:.1f}]" in cell) == (f"{ours:.1f}" != f"{bench:.1f}"))
+        table = L.step_changes_table(step, changes)
+        assert "[" not in table and "µs" not in table
+    table = L.step11_changes()
+    if table is not None:
+        assert "[" not in table and "µs" not in table and "| step 11 | 1.00× |" in table
+
+
+def test_the_steps_tables_give_each_bundled_change_a_lettered_row(results):
+    """Steps 4 and 9 (part 1) and 10 to 13 (part 2) get a row a change under their own, each with a factor or the
+    reason it was not timed alone; step 12's come from the benchmark itself, its time in the µs column."""
+    part1, part2 = L.boehm_table(results, L.PART1_ROWS), L.boehm_table(results, L.PART2_ROWS)
+    labels = lambda table: re.findall(r"^\| (\d+[a-z]) \|", table, flags=re.M)  # noqa: E731
+    if L.step_changes(4) is not None:
+        assert labels(part1) == ["4a", "4b", "4c", "9a", "9b", "9c", "9d"]
+        assert L.SUB_ROWS_NOTE in part1 and "Step 12" not in part1
+    assert {"10a", "12a", "12b"} <= set(labels(part2))
+    row12a = next(line for line in part2.splitlines() if line.startswith("| 12a |")).split(" | ")
+    apart = L.us(results, T.results.W2A8_PLACE_SERIES["separate"])
+    assert row12a[2] == f"{apart:.1f}" and row12a[3].startswith(f"{L.us(results, T.SERIES[11]) / apart:.2f} added")
+    assert "not timed alone" in next(line for line in part2.splitlines() if line.startswith("| 10a |"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -508,11 +529,11 @@ def test_each_column_of_an_ablation_table_is_one_ratio_named_in_its_header(step)
         cells = chain.splitlines()[2 + i].strip(" |").split(" | ")[1:]
         for cell, case in zip(cells, changes["cases"]):
             want = changes["us"][(spec["chain"][i - 1][0], *case)] / changes["us"][(key, *case)]
-            assert cell.endswith(f"({want:.2f}×)")
+            assert cell == f"{want:.2f}×"
     for i, (key, _) in enumerate(spec["undone"]):
         cells = undone.splitlines()[2 + i].strip(" |").split(" | ")[1:]
         for cell, case in zip(cells, changes["cases"]):
-            assert cell.endswith(f"({changes['us'][(key, *case)] / changes['us'][(final, *case)]:.2f}×)")
+            assert cell == f"{changes['us'][(key, *case)] / changes['us'][(final, *case)]:.2f}×"
 
 
 def _failed_gemlite_cases(path):

@@ -30,8 +30,7 @@ H200 = "nvidia-h200"
 #: The two Llama shapes the targets are set on (N x K): an MLP down projection of an 8B and of a 70B model.
 MAIN, BIG = "4096x14336", "8192x28672"
 #: Under a table whose "–" cells are series the benchmark does not run at that size (only where a cell is "–").
-NOT_MEASURED = ("\n\n– : not measured at this size (the series the benchmark runs at each size: "
-                "`ternary.report.bench_series`).")
+NOT_MEASURED = "\n\n– : not measured at this size."
 
 
 def _with_legend(table: str) -> str:
@@ -124,13 +123,17 @@ def device(results) -> dict:
 BITNET_2B4T = {"hidden": 2560, "intermediate": 6912, "layers": 30, "heads": 20, "kv_heads": 5, "vocab": 128256,
                "context": 4096}
 #: Its ternary linear layers as (name, N, K, how many a layer), and the benchmark shape each is timed at where
-#: :func:`layer_run` has no run (q and o at 2560 x 2560; k and v, 640 x 2560, are not in the benchmark: q's time).
+#: the benchmark lacks its own shape and :func:`layer_run` has no run (k and v, 640 x 2560, are not in the
+#: benchmark: then q's time).
 BITNET_LAYERS = (("q, o", 2560, 2560, 2, "2560x2560"), ("k, v", 640, 2560, 2, "2560x2560"),
                  ("gate and up (fused)", 13824, 2560, 1, "13824x2560"), ("down", 2560, 6912, 1, "2560x6912"))
 
 
-#: lab/ternary's run of every layer at its own shape (k and v included), all in one run.
+#: lab/ternary's run of every layer at its own shape (k and v included): only the shapes the benchmark lacks are
+#: read from it, so that a page quotes one time for a kernel at a shape.
 LAYER_RUN = "amdahl_shapes"
+#: How a page names that run, once, where a table reads a shape from it.
+SEPARATE_RUN_WORDS = "measured in a separate run on the same card"
 
 
 def layer_run(results):
@@ -142,10 +145,24 @@ def layer_run(results):
     return None if data is None else plotting.Results(None, data)
 
 
+def layer_source(results, layers, n: int, k: int, shape: str):
+    """(the results to read a layer from, the shape to read, whether it is the separate layer run): the benchmark
+    at the layer's own shape where it has it; else :func:`layer_run` (``layers``) at that shape; else the benchmark
+    at the stand-in ``shape``."""
+    own = f"{n}x{k}"
+    if results is not None and gpu_row(results, CUBLAS, own) is not None:
+        return results, own, False
+    if layers is not None:
+        return layers, own, True
+    return results, shape, False
+
+
 def layers_note(view: dict[str, Any]) -> str:
     """How :func:`amdahl` timed the layers, in a few words for the page."""
-    return ("every layer at its own shape, in one run" if view.get("measured")
-            else "k and v, 640 x 2560, charged q's time, not run")
+    if not view.get("measured"):
+        return "k and v, 640 × 2560, charged q's time, not run"
+    return f"every layer at its own shape; {', '.join(s.replace('x', ' × ') for s in view['separate'])} " \
+           f"{SEPARATE_RUN_WORDS}" if view.get("separate") else "every layer at its own shape"
 
 
 def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
@@ -163,8 +180,11 @@ def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
     base = ours = 0.0
     per_shape = {}
     layers = layer_run(results)
+    separate = []
     for name, n, k, count, shape in BITNET_LAYERS:
-        source, at = (layers, f"{n}x{k}") if layers is not None else (results, shape)
+        source, at, apart = layer_source(results, layers, n, k, shape)
+        if apart:
+            separate.append(at)
         b = us(source, CUBLAS, at)
         row, name = fastest(source, list(series), shape=at, m=1) if source is not None else (None, None)
         if b is None or row is None:
@@ -176,7 +196,8 @@ def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
     speedup = None if base is None else base / ours
     end_to_end = None if speedup is None else 1 / ((1 - share) + share / speedup)
     bytes_2bit = linear * 2 / 8  # 2 bits a weight
-    return {"measured": layers is not None, "weights": linear, "linear_bytes": linear_bytes, "rest": rest,
+    own = layers is not None or all(gpu_row(results, CUBLAS, f"{n}x{k}") for _, n, k, _, _ in BITNET_LAYERS)
+    return {"measured": own, "separate": separate, "weights": linear, "linear_bytes": linear_bytes, "rest": rest,
             "share": share, "speedup": speedup,
             "end_to_end": end_to_end, "limit": 1 / (1 - share), "per_shape": per_shape,
             "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
@@ -191,21 +212,24 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     if results is None:
         return PENDING
     layers = layer_run(results)
-    head = ("every layer at its own shape, all in one run (lab/ternary, amdahl_shapes)" if layers is not None else
-            "an estimate, since k and v (640 x 2560) were not run and are charged q's time")
+    separate = [f"{n}x{k}" for _, n, k, _, shape in BITNET_LAYERS if layer_source(results, layers, n, k, shape)[2]]
+    own = layers is not None or all(gpu_row(results, CUBLAS, f"{n}x{k}") for _, n, k, _, _ in BITNET_LAYERS)
+    head = ("every layer at its own shape" + (f"; {', '.join(s.replace('x', ' × ') for s in separate)} "
+                                              f"{SEPARATE_RUN_WORDS}" if separate else "")
+            if own else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
     lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}\n",
-             "| layer (N x K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
+             "| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
     base = ours = 0.0
     for name, n, k, count, shape in BITNET_LAYERS:
-        source, shape = (layers, f"{n}x{k}") if layers is not None else (results, shape)
+        source, shape, _ = layer_source(results, layers, n, k, shape)
         b = us(source, CUBLAS, shape)
         row, series_ = fastest(source, list(series), shape=shape, m=1)
         if b is None or row is None:
             return PENDING
         t = row["ms"] * 1e3
         base, ours = base + count * b, ours + count * t
-        timed = shape.replace("x", " x ") + ("" if shape == f"{n}x{k}" else " (estimate: q's time)")
-        lines.append(f"| {name} ({n} x {k}) | {timed} | {count} | {b:.1f} | {t:.1f} "
+        timed = shape.replace("x", " × ") + ("" if shape == f"{n}x{k}" else " (estimate: q's time)")
+        lines.append(f"| {name} ({n} × {k}) | {timed} | {count} | {b:.1f} | {t:.1f} "
                      f"(`{series_label(series_).split(',')[0]}`) | {b / t:.2f} |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
                  f"**{base / ours:.2f}** |")
@@ -549,7 +573,7 @@ def clocks_table() -> str:
     ternary_bench_before_one_clock.json and ternary_bench_second_host.json."""
     runs = [plotting.Results(Path(name), plotting.load_lab("ternary", name, H200))
             for name in ("ternary_bench_before_one_clock", "ternary_bench_second_host")]
-    head = ["series"] + [f"{clock}, {host}" for host in ("first machine", "second machine")
+    head = ["series"] + [f"{clock}, {host}" for host in ("run 1", "run 2")
                          for clock in ("do_bench", "kernel time", "CUDA graph")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in (CUBLAS, SERIES[9], SERIES[11], SERIES[12], "read_weights"):
@@ -560,6 +584,16 @@ def clocks_table() -> str:
                 cells.append(f"{rows[0][key] * 1e3:.1f}" if rows and rows[0].get(key) else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def clock_spread(clock: str = "graph_ms") -> Optional[float]:
+    """The largest relative difference, on one clock (CUDA-graph replay unless told), between the two H200 runs of
+    :func:`clock_rows` over the kernels of :func:`clocks_table` at 4096 x 14336, M = 1: (slower / faster) - 1."""
+    rows = clock_rows()
+    shown = (CUBLAS, SERIES[9], SERIES[11], SERIES[12], "read_weights")  # the kernels of :func:`clocks_table`
+    diffs = [max(a, b) / min(a, b) - 1 for s in shown if s in rows["A"] and s in rows["B"]
+             for a, b in [(rows["A"][s].get(clock), rows["B"][s].get(clock))] if a and b]
+    return max(diffs) if diffs else None
 
 
 def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
@@ -693,6 +727,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "tried_cuda", "tried_triton", "tried_markdown", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table",
+           "clock_spread", "sub_rows", "SUB_ROWS_NOTE", "SEPARATE_RUN_WORDS", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
 
@@ -707,26 +742,110 @@ PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
     (2, 1, 1, "int8 weights"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
-    (4, 1, 3, "a decode of an AND and an FMA a weight, 8 rows a program, split K (three changes, each measured under step 4)"),
+    (4, 1, 3, "three changes (4a to 4c)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
     (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte)"),
     (9, 1, 4, "two weights an AND and a packed FMA, straight into the MMA (built for several rows)"),
     (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
     (7, 16, 5, "1.6-bit weights with `tl.dot`"),
     (8, 16, 5, "int8 activations on the int8 tensor cores"),
-    (9, 16, 5, "two weights an AND and a packed FMA, straight into the MMA"),
+    (9, 16, 5, "two weights an AND and a packed FMA, straight into the MMA (9a to 9d)"),
 )
 
 #: Part 2's rows, as :data:`PART1_ROWS`.
 PART2_ROWS = (
     (9, 1, None, "part 1's last Triton step"),
     (10, 1, 9, "the same bits on `mma.sync`, loads issued groups ahead"),
-    (11, 1, 10, "the weights brought by the TMA into a ring, a producer warp (with three smaller changes)"),
-    (12, 1, 11, "int8 x on the int8 tensor cores: one AND per 4 weights"),
+    (11, 1, 10, "the weights brought by the TMA into a ring (11a to 11d)"),
+    (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (12a, 12b)"),
     (13, 1, 12, "one tile of weights a warp, a slice of K a block (built for several rows; at one row it loses)"),
     (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
-    (13, 16, 12, "one tile of weights a warp, a slice of K a block (part 1's step 9 stays the fastest at 16 rows)"),
+    (13, 16, 12, "one tile of weights a warp, a slice of K a block (13a, 13b; part 1's step 9 stays the fastest "
+                 "at 16 rows)"),
 )
+
+
+def _factor(a: Optional[float], b: Optional[float]) -> str:
+    return fmt(ratio(a, b), ".2f")
+
+
+def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, str, str, str]]:
+    """The rows a step's changes get under it in the steps table (:func:`boehm_table`): (label, the change, µs,
+    the factor). A factor is "added" (how many times faster the kernel gets when the change joins the one before
+    it, in the ablation's order) or "undone" (the step's time without it over its time with it), from the ablation
+    runs (:func:`step_changes`, lab/ternary's step11_changes and step13_changes) except step 12's, which the
+    benchmark times itself (x quantised by a kernel of its own); µs only where the time is the benchmark's. A
+    change never timed alone says so and why. Empty where the step has no sub-rows or the run is missing."""
+    rows: list[tuple] = []
+    if (step, m) == (4, 1):
+        ch = step_changes(4)
+        at = None if ch is None else (lambda v: ch["us"].get((v, shape, m)))  # noqa: E731
+        if at is None or at("+a+b+c") is None:
+            return rows
+        end = at("+a+b+c")
+        rows = [("4a", "the exponent-AND decode: one AND and one FMA a weight",
+                 f"{_factor(at('step03'), at('+a'))} added; {_factor(at('step04-a'), end)} undone"),
+                ("4b", "8 rows a program, one load of x for the 8",
+                 f"{_factor(at('+a'), at('+a+b'))} added; {_factor(at('step04-b'), end)} undone"),
+                ("4c", "split K, where the autotuner takes it (it does not here)",
+                 f"{_factor(at('+a+b'), end)} added or undone (the last change)")]
+    elif (step, m) == (9, 16):
+        ch = step_changes(9)
+        at = None if ch is None else (lambda v: ch["us"].get((v, shape, m)))  # noqa: E731
+        if at is None or at("+a+m+b+c") is None:
+            return rows
+        end = at("+a+m+b+c")
+        rows = [("9a", "two weights per AND and packed FMA",
+                 f"{_factor(at('step05@9'), at('+a'))} added; not undone alone: 9c needs it"),
+                ("9b", "rows past N clamped, x loaded unmasked on whole tiles",
+                 f"{_factor(at('+a'), at('+a+m'))} added; {_factor(at('step09-m'), end)} undone"),
+                ("9c", "the `2bit_mma` layout: a word's two halves are neighbours along K",
+                 f"{_factor(at('+a+m'), at('+a+m+b'))} added; {_factor(at('step09-b'), end)} undone"),
+                ("9d", "split K without a memset",
+                 f"{_factor(at('+a+m+b'), end)} added or undone (the last change)")]
+    elif (step, m) == (10, 1):
+        rows = [("10a", "what the loop needs: the `2bit_tiles` layout, x in shared memory, split K summed in a "
+                        "fixed order", "not timed alone: the loop is written for them")]
+    elif (step, m) == (11, 1):
+        data = lab_or_none("ternary", "step11_changes", H200)
+        at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
+                                      if r["params"]["shape"] == shape}
+        if "step11" not in at:
+            return rows
+        end = at["step11"]
+        rows = [("11a", "the ring alone: a producer warp, the TMA, full and empty mbarriers",
+                 f"{_factor(at.get('step10'), at.get('step11-a-b-c'))} against step 10, 11b to 11d undone: a loss "
+                 "alone, kept: 11b to 11d build on it"),
+                ("11b", "one copy a tile of 16 rows, not one a warp", f"{_factor(at.get('step11-a'), end)} undone"),
+                ("11c", "K not split: the warps share the block's K, sums meet in shared memory",
+                 f"{_factor(at.get('step11-b'), end)} undone"),
+                ("11d", "the decode's constant kept in a register", f"{_factor(at.get('step11-c'), end)} undone")]
+    elif (step, m) == (12, 1):
+        apart, t11, t12 = (us(results, s, shape, m) for s in (W2A8_PLACE_SERIES["separate"], SERIES[11], SERIES[12]))
+        if apart is None:
+            return rows
+        rows = [("12a", "int8 x on the int8 tensor cores, x quantised by a kernel of its own", fmt(apart, ".1f"),
+                 f"{_factor(t11, apart)} added: a loss alone (a second launch; x through memory), kept: 12b "
+                 "builds on it"),
+                ("12b", "x quantised in the kernel", fmt(t12, ".1f"), f"{_factor(apart, t12)} added")]
+    elif (step, m) == (13, 16):
+        data = lab_or_none("ternary", "step13_changes", H200)
+        at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
+                                      if (r["params"]["shape"], r["params"]["m"]) == (shape, m)}
+        if "step13" not in at:
+            return rows
+        rows = [("13a", "one tile a warp, a slice of K a block, x loaded as step 12 loads it",
+                 f"{_factor(at.get(SERIES[12]), at.get('step13-x'))} added"),
+                ("13b", "x brought by the TMA", f"{_factor(at.get('step13-x'), at['step13'])} added or undone "
+                                                "(the last change)")]
+    return [r if len(r) == 4 else (r[0], r[1], "–", r[2]) for r in rows]
+
+
+#: Under the steps tables where a step has sub-rows (the last sentence only where step 12 is among them).
+SUB_ROWS_NOTE = ("Rows with a letter split a step into its changes. *Added*: how many times faster the kernel gets "
+                 "when the change joins the one before it, in the letters' order; *undone*: how many times slower "
+                 "the step is without it. Their factors come from the same kernels " + SEPARATE_RUN_WORDS + ".")
+SUB_ROWS_NOTE_12 = " Step 12's are this table's own: its run also times x quantised by a kernel of its own."
 
 
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
@@ -739,14 +858,16 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> st
     tables = []
     for rows_of_x in dict.fromkeys(m for _, m, _, _ in rows):
         caption = (f"**{'One row' if rows_of_x == 1 else f'{rows_of_x} rows'} of x (M = {rows_of_x}), "
-                   f"{shape.replace('x', ' x ')}, {card(results)}, GPU clock**")
+                   f"{shape.replace('x', ' × ')}, {card(results)}, GPU clock**")
         tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == rows_of_x], shape,
                                                       read_only))
-    return "\n\n".join(tables)
+    lettered = [n for n, m, _, _ in rows if sub_rows(results, n, m, shape)]
+    note = "" if not lettered else "\n\n" + SUB_ROWS_NOTE + (SUB_ROWS_NOTE_12 if 12 in lettered else "")
+    return "\n\n".join(tables) + note
 
 
 def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
-    lines = ["| step | the one change | µs | × previous | × the 2-bit floor |" + (" × read-only |" if read_only else ""),
+    lines = ["| step | the change | µs | × previous | × the 2-bit floor |" + (" × read-only |" if read_only else ""),
              "|---|---|---|---|---|" + ("---|" if read_only else "")]
     reader = us(results, "read_weights", shape, 1) if read_only else None
     for number, m, previous, change in rows:
@@ -758,6 +879,8 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
         lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')}{own} |{extra}")
+        for label, what, t_sub, factor in sub_rows(results, number, m, shape):
+            lines.append(f"| {label} | {what} | {t_sub} | {factor} | – |" + (" – |" if read_only else ""))
     return "\n".join(lines)
 
 
@@ -926,48 +1049,27 @@ def step_changes(step: int, gpu: str = "nvidia-h200") -> Optional[dict]:
     return {"cases": cases, "us": us_, "failed": [c for c in data["checks"] if not c["passed"]]}
 
 
-#: Under an ablation table whose cells carry the steps table's time in brackets.
-SEPARATE_RUN = ("\n\nA run of its own, apart from the steps table's; [in brackets], the steps table's time of the "
-                "same kernel where the two runs differ at one decimal.")
-
-
-def _beside_bench(t: float, results, series: Optional[str], shape: str, m: int) -> tuple[str, bool]:
-    """``t`` (µs, from an ablation run) to one decimal, with the committed benchmark's time of ``series`` at the
-    same case in brackets where the two differ at one decimal; and whether it added the brackets."""
-    b = None if results is None or series is None else us(results, series, shape, m)
-    cell = f"{t:.1f}"
-    return (cell, False) if b is None or f"{b:.1f}" == cell else (f"{cell} [{b:.1f}]", True)
-
-
-def step_changes_table(step: int, changes: dict, results=None) -> str:
-    """Markdown, two tables with one ratio a column, named in its header: the changes added one at a time (µs, and
-    how many times faster than the row above), then each change undone alone from the step (µs, and its time over
-    the step's); with ``results``, the steps table's time of the same kernel (the chain's first and last rows) in
-    brackets where it differs, and a note that says so."""
+def step_changes_table(step: int, changes: dict) -> str:
+    """Markdown, two tables of ratios only (their run is apart from the benchmark's, so the page quotes no second
+    time for a kernel): the changes added one at a time (how many times faster than the row above), then each
+    change undone alone from the step (its time over the step's), one column a case."""
     cases = changes["cases"]
-    where = [f"{s.replace('x', ' x ')}, M = {m}" for s, m in cases]
+    where = [f"{s.replace('x', ' × ')}, M = {m}" for s, m in cases]
     spec, previous = STEP_CHANGES[step], None
     final = spec["chain"][-1][0]
-    bench = {key: key for key in SERIES.values()} | {final: SERIES[step]}
-    bracketed = False
-    lines = ["| added one at a time | " + " | ".join(f"{w}: µs (× faster than the row above)" for w in where) + " |",
+    lines = ["| added one at a time | " + " | ".join(f"{w}: × faster than the row above" for w in where) + " |",
              "|---|" + "---|" * len(cases)]
     for key, label in spec["chain"]:
-        cells = []
-        for c in cases:
-            t = changes["us"][(key, *c)]
-            cell, added = _beside_bench(t, results, bench.get(key), *c)
-            bracketed |= added
-            cells.append(cell + (f" ({changes['us'][(previous, *c)] / t:.2f}×)" if previous else ""))
+        cells = [f"{changes['us'][(previous, *c)] / changes['us'][(key, *c)]:.2f}×" if previous else "–"
+                 for c in cases]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         previous = key
     lines += ["", f"| undone alone from step {step} | "
-              + " | ".join(f"{w}: µs (× step {step}'s time)" for w in where) + " |", "|---|" + "---|" * len(cases)]
+              + " | ".join(f"{w}: × step {step}'s time" for w in where) + " |", "|---|" + "---|" * len(cases)]
     for key, label in spec["undone"]:
-        cells = [f"{changes['us'][(key, *c)]:.1f} ({changes['us'][(key, *c)] / changes['us'][(final, *c)]:.2f}×)"
-                 for c in cases]  # the time over the step's
+        cells = [f"{changes['us'][(key, *c)] / changes['us'][(final, *c)]:.2f}×" for c in cases]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + (SEPARATE_RUN if bracketed else "")
+    return "\n".join(lines)
 
 
 #: lab/ternary/step11_changes.py's variants: step 11, then one side change undone at a time, then all three.
@@ -977,10 +1079,10 @@ STEP11_CHANGES = (("step11", "step 11"), ("step11-c", "the magic constant rebuil
                   ("step11-a-b-c", "all three undone"))
 
 
-def step11_changes(results=None, gpu: str = "nvidia-h200") -> Optional[str]:
+def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
     """Markdown: step 11 with each of its three side changes undone (``lab/ternary/step11_changes.py``, one run,
-    M = 1): µs and × step 11, step 10 beside them; with ``results``, the steps table's times of steps 11 and 10 in
-    brackets where they differ. None where the run is not committed."""
+    M = 1), each as its time over step 11's in that run, step 10 beside them; ratios only (the run is apart from the
+    benchmark's). None where the run is not committed."""
     data = lab_or_none("ternary", "step11_changes", gpu)
     if data is None:
         return None
@@ -988,17 +1090,11 @@ def step11_changes(results=None, gpu: str = "nvidia-h200") -> Optional[str]:
     shapes = list(dict.fromkeys(r["params"]["shape"] for r in rows))
     at = {(r["params"]["variant"], r["params"]["shape"]): r["ms"] * 1e3 for r in rows
           if r["series"] in ("step11_changes", SERIES[10])}
-    lines = ["| step 11 with | " + " | ".join(f"{s.replace('x', ' x ')}, M = 1 (µs, × step 11)" for s in shapes)
+    lines = ["| step 11 with | " + " | ".join(f"{s.replace('x', ' × ')}, M = 1: × step 11's time" for s in shapes)
              + " |", "|---|" + "---|" * len(shapes)]
-    bracketed = False
     for key, label in STEP11_CHANGES + (("step10", "step 10, for reference"),):
-        cells = []
-        for s in shapes:
-            cell, added = _beside_bench(at[(key, s)], results, key if key in SERIES.values() else None, s, 1)
-            bracketed |= added
-            cells.append(f"{cell} ({at[(key, s)] / at[('step11', s)]:.2f}×)")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + (SEPARATE_RUN if bracketed else "")
+        lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)] / at[('step11', s)]:.2f}×" for s in shapes) + " |")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1007,7 +1103,7 @@ def step11_changes(results=None, gpu: str = "nvidia-h200") -> Optional[str]:
 
 #: The longest run of comment-only lines a shown diff or listing keeps; a longer run becomes one line that says
 #: how many lines it held (they stay in the source files and in the folded full listings).
-COMMENT_RUN = 3
+COMMENT_RUN = 2
 
 
 def _comment_only(line: str) -> bool:
@@ -1113,38 +1209,33 @@ def w2a8_places_table(results, shape: str = MAIN, rows_of_x=(1, 16)) -> str:
 STEP13_CHANGES = (("step13", "step 13"), ("step13-x", "x loaded by the consumer warps, as step 12 loads it"))
 
 
-def step13_changes(results=None, gpu: str = "nvidia-h200") -> Optional[str]:
-    """Markdown: step 13 with its copy of x by the TMA undone (``lab/ternary/step13_changes.py``, one run): µs and
-    × step 13 per shape and rows of x, steps 12 and 9 beside them; "–" where the run did not time a kernel at a
-    case (it times part 1's step 9 at 16 rows only), with a note naming what it left out; with ``results``, the
-    steps table's times in brackets where they differ. None where the run is not committed."""
+def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
+    """Markdown: step 13 with its copy of x by the TMA undone (``lab/ternary/step13_changes.py``, one run), each
+    kernel's time over step 13's in that run per shape and rows of x, steps 12 and 9 beside them; ratios only (the
+    run is apart from the benchmark's); "–" where the run did not time a kernel at a case (it times part 1's
+    step 9 at 16 rows only), with a note naming what it left out. None where the run is not committed."""
     data = lab_or_none("ternary", "step13_changes", gpu)
     if data is None:
         return None
     rows = data["measurements"]
     cases = list(dict.fromkeys((r["params"]["shape"], r["params"]["m"]) for r in rows))
     at = {(r["params"]["variant"], r["params"]["shape"], r["params"]["m"]): r["ms"] * 1e3 for r in rows}
-    lines = ["| step 13 with | " + " | ".join(f"{s.replace('x', ' x ')}, M = {m} (µs, × step 13)" for s, m in cases)
+    lines = ["| step 13 with | " + " | ".join(f"{s.replace('x', ' × ')}, M = {m}: × step 13's time" for s, m in cases)
              + " |", "|---|" + "---|" * len(cases)]
     labels = STEP13_CHANGES + ((SERIES[12], "step 12, for reference"), (SERIES[9], "part 1's step 9, for reference"))
-    bench = {"step13": SERIES[13], SERIES[12]: SERIES[12], SERIES[9]: SERIES[9]}
-    bracketed, absent = False, {}
+    absent = {}
     for key, label in labels:
         cells = []
         for c in cases:
-            if (key, *c) not in at:
+            if (key, *c) not in at or ("step13", *c) not in at:
                 absent.setdefault(label, set()).add(c[1])
                 cells.append("–")
                 continue
-            cell, added = _beside_bench(at[(key, *c)], results, bench.get(key), *c)
-            bracketed |= added
-            cells.append(cell + (f" ({at[(key, *c)] / at[('step13', *c)]:.2f}×)" if ("step13", *c) in at else ""))
+            cells.append(f"{at[(key, *c)] / at[('step13', *c)]:.2f}×")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     for label, ms in absent.items():
         rows_of_x = " or ".join(f"{'one row' if m == 1 else f'{m} rows'}" for m in sorted(ms))
         lines.append(f"\n– : {label.split(',')[0]} was not run at {rows_of_x} of x in this run.")
-    if bracketed:
-        lines.append(SEPARATE_RUN.lstrip("\n"))
     failed = [c["name"] for c in data["checks"] if not c["passed"]]
     if failed:
         lines.append(f"\n{len(failed)} of {len(data['checks'])} checks of this run failed: {', '.join(failed)}.")
