@@ -5,11 +5,11 @@ repetitions' spread where the file has it."""
 from __future__ import annotations
 
 from book.ternary.results import failed_peer_checks, series_label, shapes_in
-from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_PLACE_SERIES,
-                                      W2A8_SERIES, fastest, on_gpu_clock)
+from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL,
+                                      W2A8_PLACE_SERIES, fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
 
-__all__ = ["CARD", "FONT", "SERIES_COLOURS", "SMALL", "figures", "series_colour"]
+__all__ = ["CARD", "FONT", "SERIES_COLOURS", "SMALL", "W2A8_DEFAULTS", "figures", "series_colour"]
 
 #: The card both lessons of the chapter read (its results folder): the one whose run also has BitNet's kernel and
 #: the Nsight Compute profile beside ours, so that every number on a page comes from one card.
@@ -19,6 +19,7 @@ CARD = "nvidia-h200"
 #: One colour per series across the chapter (figures of both lessons): the steps, the baselines and the peers.
 SERIES_COLOURS = {
     CUBLAS: "#404040", "read_weights": "#a0a0a0", GEMLITE: "#8c564b", INT_MM: "#bcbd22", INT_MM_MATMUL: "#dbdb8d",
+    BITNET: "#393b79",
     **dict(zip((SERIES[n] for n in range(1, 14)),
                ("#aec7e8", "#ffbb78", "#98df8a", "#1f77b4", "#ff7f0e", "#9edae5", "#c5b0d5", "#f7b6d2", "#2ca02c",
                 "#17becf", "#9467bd", "#d62728", "#e377c2"))),
@@ -35,7 +36,7 @@ def series_colour(series: str) -> str:
 def _short(series: str) -> str:
     """A legend entry: the step's name, or the baseline's or peer's short name."""
     return {CUBLAS: "cuBLAS bf16", "read_weights": "only reading the 2-bit weights", GEMLITE: "GemLite 2-bit (peer)",
-            INT_MM: "torch._int_mm W8A8 (peer)", INT_MM_MATMUL: "torch._int_mm, the GEMM alone"}.get(
+            BITNET: "BitNet's W2A8 kernel (peer)", INT_MM: "torch._int_mm W8A8 (peer)", INT_MM_MATMUL: "torch._int_mm, the GEMM alone"}.get(
         series, series_label(series).split(" (")[0].replace("step12_w2a8, x quantised at ", "step12_w2a8, "))
 
 
@@ -71,7 +72,7 @@ def _bars(ax, shapes, series, value):
             vals.append(np.nan if got is None else got[0])
             errs[0].append(0.0 if got is None else got[1][0])
             errs[1].append(0.0 if got is None else got[1][1])
-        peer = s in (GEMLITE, INT_MM)
+        peer = s in (GEMLITE, INT_MM, BITNET)
         spread = errs if any(e > 0 for e in errs[0] + errs[1]) else None
         ax.bar(np.arange(len(shapes)) + (i - (len(series) - 1) / 2) * width, vals, width, yerr=spread, capsize=2,
                color=series_colour(s), hatch="//" if peer else None, edgecolor="k" if peer else None, linewidth=0.3,
@@ -126,11 +127,18 @@ def _legend_below(fig, axes, ncol=3):
                frameon=False, bbox_to_anchor=(0.5, 0.0))
 
 
-def figures(results) -> dict:
+#: The W2A8 kernels a peer's bar divides by: step 12 at its default place to quantise x, and step 13 (the
+#: launches the pages quote).
+W2A8_DEFAULTS = [SERIES[12], SERIES[13]]
+
+
+def figures(results, bitnet=None) -> dict:
     """GPU clock, one colour per series (:data:`SERIES_COLOURS`), legends below the panels, spread where the file
     has it, the card in every title. speedup: M = 1, speedup over cuBLAS bf16 per shape; speedup_batched: the same
     at M = 16 and 128; floor: M = 1, time over the 2-bit floor; steps: M = 1, the time of part 1's Triton steps
-    (1 to 9) on the Llama shapes beside cuBLAS and GemLite; peers: our fastest over GemLite and torch._int_mm."""
+    (1 to 9) on the Llama shapes beside cuBLAS and GemLite; peers: our fastest over GemLite and torch._int_mm, and
+    with ``bitnet`` (the run with BitNet's kernel beside ours, ``Results``) a first panel of BitNet's W2A8 kernel
+    over our fastest W2A8 kernel of that same run at its shapes, M = 1 (then the M = 128 panel is left out)."""
     import matplotlib.pyplot as plt
 
     view = on_gpu_clock(results)
@@ -228,13 +236,33 @@ def figures(results) -> dict:
         figs["steps"] = fig
 
     peer_ms = [m for m in ms_present if view.select(GEMLITE, m=m) or view.select(INT_MM, m=m)][:3]
+    bit_view = None if bitnet is None else on_gpu_clock(bitnet)
+    if bit_view is not None and not bit_view.select(BITNET, m=1):
+        bit_view = None
+    if bit_view is not None:
+        peer_ms = peer_ms[:2]  # three panels at most: BitNet's, M = 1 and M = 16
     if peer_ms:
         failed = failed_peer_checks(results.data)
-        height = 3.3 * len(peer_ms) + 1.6  # one panel per M, stacked so the figure reads at page width
-        fig, axes = plt.subplots(len(peer_ms), 1, figsize=(9, height), squeeze=False)
-        for ax, m in zip(axes[:, 0], peer_ms):
+        panels = len(peer_ms) + (bit_view is not None)
+        height = 3.3 * panels + 1.6  # one panel per M, stacked so the figure reads at page width
+        fig, axes = plt.subplots(panels, 1, figsize=(9, height), squeeze=False)
+        if bit_view is not None:
+            ax = axes[0, 0]
+            bit_shapes = [s for s in shapes_in(bit_view) if bit_view.select(BITNET, shape=s, m=1)]
+
+            def over_bitnet(peer, shape):
+                p = bit_view.select(peer, shape=shape, m=1)
+                row, _ = fastest(bit_view, W2A8_DEFAULTS, shape=shape, m=1)
+                return _own_err(p[0], row) if p and row is not None else None
+            _bars(ax, bit_shapes, [BITNET], over_bitnet)
+            ax.axhline(1.0, color="k", lw=1)
+            ax.set_ylabel("peer's time / our fastest's", fontsize=FONT)
+            ax.set_title(f"{card}, M = 1, the {len(bit_shapes)} shapes BitNet's kernel is built for (W2A8, both; "
+                         "a separate run on the same card)",
+                         fontsize=FONT + 1)
+        for ax, m in zip(axes[int(bit_view is not None):, 0], peer_ms):
             def over_peer(peer, shape, m=m):
-                ours = W2A8_SERIES if peer == INT_MM else FLOAT_X_SERIES
+                ours = W2A8_DEFAULTS if peer == INT_MM else FLOAT_X_SERIES
                 p = view.select(peer, shape=shape, m=m)
                 row, _ = fastest(view, ours, shape=shape, m=m)
                 return _own_err(p[0], row) if p and row is not None else None

@@ -55,8 +55,8 @@ def speedup_table(results, m: int) -> str:
     view = on_gpu_clock(results)
     ours = [s for s in (M1_SERIES if m == 1 else BATCH_SERIES) if view.select(s, m=m)]
     peers = [s for s in (GEMLITE, INT_MM) if view.select(s, m=m)]
-    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, x)" for s in ours] + \
-        [f"{'GemLite' if s == GEMLITE else 'torch._int_mm'} (µs, x)" for s in peers] + ["2-bit floor (µs)"]
+    head = ["shape", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, ×)" for s in ours] + \
+        [f"{'GemLite' if s == GEMLITE else 'torch._int_mm'} (µs, ×)" for s in peers] + ["2-bit floor (µs)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape in shapes_in(view):
         base = series_ms(view, CUBLAS, shape=shape, m=m)
@@ -65,7 +65,7 @@ def speedup_table(results, m: int) -> str:
         cells = [shape, us(base)]
         for s in ours + peers:
             t = series_ms(view, s, shape=shape, m=m)
-            cells.append("–" if t is None else f"{t * 1e3:.1f} ({base / t:.1f}x)")
+            cells.append("–" if t is None else f"{t * 1e3:.1f} ({base / t:.1f}×)")
         floors = [r["floor_ms"] for s in (SERIES[4], SERIES[5], SERIES[9], SERIES[11])
                   for r in view.select(s, shape=shape, m=m) if "floor_ms" in r]
         cells.append(us(floors[0]) if floors else "–")
@@ -89,12 +89,12 @@ def peers_table(results) -> str:
             cells = [str(m), shape]
             row, s = fastest(view, FLOAT_X_SERIES, shape=shape, m=m)
             cells += [f"{us(row['ms'])} ({series_label(s)})" if row else "–", us(gem[0]["ms"]) if gem else "–",
-                      f"**{gem[0]['ms'] / row['ms']:.2f}x**" if gem and row else "–"]
+                      f"**{gem[0]['ms'] / row['ms']:.2f}×**" if gem and row else "–"]
             row, s = fastest(view, W2A8_SERIES, shape=shape, m=m)
             alone = view.select(INT_MM_MATMUL, shape=shape, m=m)
             cells += [f"{us(row['ms'])} ({series_label(s)})" if row else "–",
                       (us(mm[0]["ms"]) if mm else "–") + (f" ({us(alone[0]['ms'])})" if alone else ""),
-                      f"**{mm[0]['ms'] / row['ms']:.2f}x**" if mm and row else "–"]
+                      f"**{mm[0]['ms'] / row['ms']:.2f}×**" if mm and row else "–"]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -160,14 +160,14 @@ def prefill(results, m: int = 128, series=None) -> dict:
         for s, t in times.items():
             if t is not None:
                 ratios[s].append(base / t)
-    head = [f"shape ({_card(results)}M = {m})", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, x cuBLAS)" for s in series] + \
-        ["fastest of ours (µs, x cuBLAS)"]
+    head = [f"shape ({_card(results)}M = {m})", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, × cuBLAS)" for s in series] + \
+        ["fastest of ours (µs, × cuBLAS)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape, base, times, name in rows:
-        cells = [shape, us(base)] + [("–" if times[s] is None else f"{us(times[s])} ({base / times[s]:.2f}x)")
+        cells = [shape, us(base)] + [("–" if times[s] is None else f"{us(times[s])} ({base / times[s]:.2f}×)")
                                      for s in series]
         t = times["fastest"]
-        cells.append("–" if t is None else f"{us(t)} ({base / t:.2f}x, {series_label(name)})")
+        cells.append("–" if t is None else f"{us(t)} ({base / t:.2f}×, {series_label(name)})")
         lines.append("| " + " | ".join(cells) + " |")
     return {"rows": rows, "ratio": {s: (min(r), max(r)) if r else None for s, r in ratios.items()},
             "table": "\n".join(lines) if rows else f"(no GPU-clock times at M = {m} in this file)"}
@@ -195,9 +195,9 @@ def bitnet_table(results) -> dict:
             rows.append((shape, peer, row["ms"], s, series_ms(view, CUBLAS, shape=shape, m=1)))
     if not rows:
         return None
-    lines = [f"| N x K ({_card(results)}M = 1) | BitNet W2A8 (µs) | ours, W2A8 (µs) | BitNet / ours | cuBLAS bf16 (µs) |",
+    lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8 (µs) | ours, W2A8 (µs) | BitNet / ours | cuBLAS bf16 (µs) |",
              "|---|---|---|---|---|"]
-    lines += [f"| {shape} | {us(peer)} | {us(ours)} ({series_label(s)}) | **{peer / ours:.2f}x** | {us(cub)} |"
+    lines += [f"| {shape.replace('x', ' × ')} | {us(peer)} | {us(ours)} ({series_label(s)}) | **{peer / ours:.2f}×** | {us(cub)} |"
               for shape, peer, ours, s, cub in rows]
     ratios = [p / o for _, p, o, _, _ in rows]
     checks = [c for c in results.data.get("checks", []) if c["name"].startswith(f"{BITNET} ")]
