@@ -178,7 +178,7 @@ def test_lesson_tables_of_a_current_file():
     assert "gpu clock" in lesson.caption(results)
     assert "commit" not in lesson.caption(results)
     tried = lesson.tried_table(results)
-    assert "| step 5 with every head of every prompt side by side (`first_run`) | +40% |" in tried
+    assert "| step 5 in tail-first order, every head of every prompt side by side (step 5a) | +40% |" in tried
     assert "do_bench` instead of the GPU clock | +25% |" in tried
     assert "128-row query tiles (best such config), autotuner's own timings | +10% |" in tried
     flex = lesson.peers_table(results, report.FLEX)
@@ -269,7 +269,7 @@ def test_the_steps_table_of_a_current_file_and_of_none():
     table = lesson.steps_table(results)
     shape = report.bench_shapes()[0][0].split(",")[0]
     assert table.splitlines()[0].startswith(f"| step | the one change | {shape}: µs | × previous | × floor |")
-    # the file holds step 5 in the first version's order at 1.4x its time: step 5a, then 5b 1.40x faster
+    # the file holds step 5 in tail-first order at 1.4x its time: step 5a, then 5b 1.40x faster
     assert "| 5b | " in table and "| 200.0 | 1.40× | 2.0× |" in table
     assert lesson.steps_table(None) == "pending"
 
@@ -320,3 +320,26 @@ def test_separate_run_is_the_tails_files_row():
             if r["series"] == "multi_item_attention" and r["params"].get("shape") == report.MIXED_SHAPE]
     assert len(rows) == 1 and lesson.separate_run_ms() == rows[0]["ms"]
     assert lesson.separate_run_ms(gpu="no-such-card") is None
+
+
+def test_the_page_names_orders_not_their_history_and_folds_step_2s_helpers():
+    """Step 5a's order is named by what it does (tail first), never as a first version; step 2 shows its kernel and
+    folds the five helpers the later kernels reuse; the prose stays within the book's length."""
+    import json
+
+    from book.common import prose_words
+    from studylog import paths
+
+    page = paths.REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb"
+    cells = json.loads(page.read_text())["cells"]
+    text = " ".join(" ".join("".join(c["source"]) for c in cells).split())
+    import re
+
+    for words in ("first version", "(?<!tail-)first order", "first run", "first_run`"):
+        assert not re.search(words, text.lower()), words
+    assert "tail-first order" in text and "tail-first" in lesson.steps_table(_current_file())
+    helpers = [c for c in cells if "shared.items()" in "".join(c["source"])]
+    assert len(helpers) == 1 and "hide-output" in helpers[0]["metadata"]["tags"]
+    assert "listing(mi.CHAPTER.show_source(2))" in "".join(
+        next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
+    assert prose_words(page) <= 2500

@@ -11,7 +11,7 @@ from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER,
                                         SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, STEP06, order_series)
 
 
-#: Step 5a: step 5's first order of the program table (the lesson's "Step 5a"), timed beside the default.
+#: Step 5a: step 5 with its program table in tail-first order (the lesson's "Step 5a"), timed beside the default.
 STEP05A = order_series("first_run")
 
 __all__ = ["COLOURS", "approaches", "colour", "figures", "series_label", "shape_names", "tiles_figure",
@@ -65,13 +65,13 @@ def figures(results) -> dict[str, Any]:
 
 def _times_label(series: str) -> str:
     """The times figure's name of a series: step 5's two orders as the lesson names them (5a, 5b)."""
-    return {STEP05A: f"{STEP05.name} (5a: first order)",
+    return {STEP05A: f"{STEP05.name} (5a: tail-first order)",
             STEP05.series: f"{STEP05.name} (5b: head groups)"}.get(series, series_label(series))
 
 
 def times_figure(results, columns: int = 2):
     """One panel per benchmark shape, the grouped-query layout's included, on a grid of ``columns`` columns: a
-    horizontal bar per approach the benchmark ran on that shape (step 5's first order, 5a, and step 6 included;
+    horizontal bar per approach the benchmark ran on that shape (step 5 in tail-first order, 5a, and step 6 included;
     median, with the repetitions' range where the file keeps it, the value printed), the compute floor dashed and
     named above the bars. An approach not run on a shape has no row in its panel (the steps that take one prompt,
     step 6 outside the grouped-query layout), so each panel holds only bars. The time axis is logarithmic: the

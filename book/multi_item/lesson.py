@@ -220,8 +220,8 @@ def step_table(results, numbers: list[int]) -> str:
 
 
 #: The lesson's steps as the table lists them: (label, the one change, the series per shape; ``None`` for every
-#: shape but the mixed batch means the series is the same on all). Step 5 is shown in two parts: one launch in the
-#: first version's program order, then the planned order (the default).
+#: shape but the mixed batch means the series is the same on all). Step 5 is shown in two parts: one launch in
+#: tail-first order (the ``first_run`` order), then the planned order (the default).
 def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
     first = report.order_series("first_run")
     return [
@@ -231,7 +231,8 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
         ("3", "the mask computed from the prefix length and item positions", STEP[3].series),
         ("4", "key tiles no row sees never loaded (the batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5a", "every prompt in one launch (programs in the first version's order)", first),
+        ("5a", "every prompt in one launch (programs in tail-first order: query tiles from each prompt's end, every "
+                "head of every prompt side by side)", first),
         ("5b", "programs in head groups whose keys and values fit in L2, heaviest tiles first", STEP[5].series),
         ("6", "a key/value head's query heads in one tile (grouped-query layout only)", STEP[6].series),
     ]
@@ -499,7 +500,7 @@ def tried_table(results) -> str:
     for order in SCHEDULE_ORDERS[1:]:
         what = {"heads_outer": "step 5 with one head per group (`heads_outer`)",
                 "prompts_outer": "step 5 prompt after prompt (`prompts_outer`, a launch per prompt without gaps)",
-                "first_run": "step 5 with every head of every prompt side by side (`first_run`)"}[order]
+                "first_run": "step 5 in tail-first order, every head of every prompt side by side (step 5a)"}[order]
         cells = [change(ms(results, report.order_series(order), s), ms(results, final, s)) for s in shapes]
         lines.append(f"| {what} | " + " | ".join(cells) + f" | {LAB}, program orders |")
     cells = [change(ms(results, report.STEP04_PER_PROMPT, s), ms(results, final, s)) for s in shapes]
@@ -571,7 +572,7 @@ def separate_run_ms(gpu: str = "nvidia-h200") -> float | None:
 
 def order_changes(gpu: str = "nvidia-h200") -> dict[str, float] | None:
     """Step 5b's two changes one at a time on the mixed batch (``lab/multi_item/step_changes.py``, one run): µs of
-    step 5 in the first order, with head groups only, with the heaviest tiles first only, and with both (5b)."""
+    step 5 in tail-first order (5a), with head groups only, with the heaviest tiles first only, and with both (5b)."""
     data = lab_or_none("multi_item", "step_changes", gpu)
     if data is None:
         return None
