@@ -10,12 +10,19 @@ from studylog.plotting import load_results, result_files
 pytestmark = pytest.mark.skipif(not result_files("ngram"), reason="no committed n-gram results")
 
 
+def _step_rows(table: str) -> list[str]:
+    """The table of steps' rows of whole steps and the entry point (head, rule and floor left out, and the sub-rows
+    of bundled steps: 5a, 7b...)."""
+    return [r for r in table.splitlines()[3:] if not r.split("|")[1].strip()[-1:].isalpha()
+            or r.split("|")[1].strip() == "entry point"]
+
+
 def test_the_table_of_steps_has_every_step_and_the_entry_point():
     results = load_results("ngram")
-    rows = lesson.boehm_table(results).splitlines()[3:]  # head, rule, floor
+    rows = _step_rows(lesson.boehm_table(results))
     assert [r.split("|")[1].strip() for r in rows] == [str(s.number) for s in ngram.CHAPTER.steps] + ["entry point"]
     for row in rows:
-        ratios = [c.strip() for c in row.split("|")[1:-1]][5::3]  # the two "× floor" columns
+        ratios = [c.strip() for c in row.split("|")[1:-1]][5::3]  # the "× floor" columns
         for cell in ratios:
             if cell != "–":
                 assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
@@ -25,7 +32,7 @@ def test_no_ratio_across_clocks():
     """Step 1 is timed end to end on the host, the kernels on the GPU clock: the table says each row's clock and
     compares a row with the previous one, or with the GPU-clock floor, only on the same clock."""
     results = load_results("ngram")
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[3:]]
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(lesson.boehm_table(results))]
     by_step = {r[0]: r for r in rows}
     assert by_step["1"][2] == "host, end to end" and all(r[2] == "GPU" for r in rows[1:])
     assert by_step["2"][4] == "–"  # step 2 (GPU) is not divided by step 1 (host)
@@ -104,7 +111,7 @@ def test_the_floor_is_the_scoreboards_on_every_card():
             row = lesson.grid_row(results, ngram.CHAPTER.step(1).series, cfg)
             by_bytes = row["haystack_bytes"] / bandwidth * 1e6
             assert lesson.floor_us(results, cfg) == pytest.approx(max(by_bytes, empty_us), rel=1e-12), (gpu, cfg)
-        small, large = lesson.BOEHM_CASES
+        small, large = lesson.BOEHM_CASES[0], lesson.BOEHM_CASES[-1]
         assert lesson.floor_us(results, small) == pytest.approx(empty_us)  # a few bytes: the empty kernel binds
         assert lesson.floor_us(results, large) > 10 * empty_us  # the bytes bind
         floor_row = lesson.boehm_table(results).splitlines()[2]
@@ -156,3 +163,30 @@ def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_mat
                 break
     assert 0 < read < haystack_bytes(inputs, this_time, config)  # some slot stops early, none reads past the floor
     assert lesson.early_exit_share(results, cfg) == pytest.approx(read / haystack_bytes(inputs, this_time, config))
+
+
+def test_the_table_of_steps_has_the_headline_case_and_a_sub_row_per_bundled_change():
+    """The headline's case is a column of the table of steps; steps 5, 6 and 7 have one sub-row per change, right
+    under the step; a change the variants timed gives, per case, step 7's time without it over its time with it
+    (the variants' run), and is called a measured loss, with why it stays, where that is under 1; the others say
+    they were not timed alone."""
+    from studylog.ngram.report import HEADLINE_CASES
+
+    assert lesson.HEADLINE in HEADLINE_CASES and lesson.HEADLINE in lesson.BOEHM_CASES
+    results = load_results("ngram")
+    table = lesson.boehm_table(results)
+    assert "(headline)" in table.splitlines()[0]
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[3:]]
+    labels = [r[0] for r in rows]
+    variants = lesson.step07_variants(results.path.parent.name)
+    for step, subs in lesson.SUB_ROWS.items():
+        at = labels.index(str(step))
+        assert labels[at + 1:at + 1 + len(subs)] == [label for label, *_ in subs]
+        for row, (label, _, knobs, why) in zip(rows[at + 1:], subs):
+            factors = row[4::3]
+            if knobs is None:
+                assert "not timed alone" in row[1] and set(factors) == {"–"}, row
+                continue
+            want = [lesson.change_factor(variants, knobs, cfg) for cfg in lesson.BOEHM_CASES]
+            assert factors == [f"{f:.2f}×" for f in want], row
+            assert ("measured loss" in row[1]) == any(f < 1 for f in want), row

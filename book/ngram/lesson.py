@@ -20,7 +20,8 @@ from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
-__all__ = ["published_blockscan_counts", "BOEHM_CASES", "boehm_table", "dispatch_table", "early_exit_share",
+__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "SUB_ROWS", "STEP07_KNOBS", "step07_variants",
+           "variant_ms", "change_factor", "boehm_table", "dispatch_table", "early_exit_share",
            "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
            "target_verdicts"]
 
@@ -222,9 +223,60 @@ def dispatch_table(results) -> str:
     return "\n".join(lines)
 
 
-#: The two cases of the table of steps: a small batch under the deployed budget, where a launch and one round
-#: trip to memory bound the time, and the largest grid case, where the bytes do.
-BOEHM_CASES = ((32, 512, 128), (256, 131072, NO_BUDGET))
+#: The cases of the table of steps: a small batch under the deployed budget, where a launch and one round trip to
+#: memory bound the time; the chapter's headline case (:data:`HEADLINE`); and the largest grid case, where the
+#: bytes do.
+BOEHM_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
+#: The case the chapter's headline is quoted at (a column of the table of steps).
+HEADLINE = (128, 32768, 128)
+
+#: Step 7's variants (``lab/ngram``'s ``stream_variants`` series): the knobs of the library's step 7, and for each
+#: change the table of steps gives a factor, the knob that takes it back.
+STEP07_KNOBS = {"loads": 4, "vec": 2, "budget_skip": "lazy", "cache": "evict_first"}
+#: The bundled steps' changes, each a sub-row of the table of steps: (label, the change, the knob that takes it back
+#: in step 7's variants, or None with why it has no time of its own).
+SUB_ROWS = {
+    5: (("5a", "one pass over each haystack for all n, windows aligned by their end", None,
+         "not timed alone: no kernel with 5a and without 5b was built"),
+        ("5b", "an early exit once no later window can beat the slot's best key", None,
+         "not timed alone: no kernel with 5b and without 5a was built")),
+    6: (("6a", "each slot split over a column of blocks, each publishing its best key with a global atomicMin", None,
+         "not timed alone: no kernel with 6a and without 6b was built"),
+        ("6b", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", None,
+         "not timed alone: no kernel with 6b and without 6a was built")),
+    7: (("7a", "no barrier in the loop: a thread publishes its own candidate", None,
+         "not timed alone: every variant of step 7 keeps it"),
+        ("7b", "16-byte loads, two tokens each", {"vec": 1}, None),
+        ("7c", "an L2 evict-first hint on the haystack loads", {"cache": "ldg"}, None),
+        ("7d", "slots the budget refuses skip their search", {"budget_skip": "off"}, None)),
+}
+
+
+def step07_variants(gpu: str = "nvidia-h200"):
+    """Step 7's variants, one change taken back at a time (``lab/ngram/results/<gpu>/stream_variants.json``), as
+    :class:`~studylog.plotting.Results`; None where the run is not committed."""
+    from book.common import lab_or_none
+    from studylog.plotting import Results
+
+    data = lab_or_none("ngram", "stream_variants", gpu)
+    return None if data is None else Results(None, data)
+
+
+def variant_ms(variants, knobs: dict, cfg: tuple[int, int, int]) -> float | None:
+    """The time of step 7 with ``knobs`` (over :data:`STEP07_KNOBS`) at grid case ``cfg``, in ms; None where not
+    measured."""
+    b, s, t = cfg
+    rows = variants.select("stream_variants", batch=b, seq_len=s, threshold=t, **{**STEP07_KNOBS, **knobs})
+    return rows[0]["ms"] if rows else None
+
+
+def change_factor(variants, knobs: dict, cfg: tuple[int, int, int]) -> float | None:
+    """How much faster step 7 is with a change than with it taken back (``knobs``), at ``cfg``, both in the
+    variants' run: above 1 the change pays, below 1 it costs."""
+    if variants is None:
+        return None
+    without, with_ = variant_ms(variants, knobs, cfg), variant_ms(variants, {}, cfg)
+    return None if without is None or with_ is None else without / with_
 
 
 def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
@@ -257,14 +309,16 @@ def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
 
 def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point: the one change, the clock of the row, then per case
-    of :data:`BOEHM_CASES` the time in µs, × the previous step, × the floor (:func:`floor_us`). Step 1 is timed
+    of :data:`BOEHM_CASES` the time in µs, × the previous step, × the floor (:func:`floor_us`); under a bundled step,
+    a sub-row per change (:data:`SUB_ROWS`) with its factor from step 7's variants or why it has none. Step 1 is timed
     end to end on the host, the kernels on the GPU clock: a row is compared with the previous one only when both
     are on the same clock, and with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
     head = ["step", "the one change", "clock"]
     for b, s, t in BOEHM_CASES:
-        name = f"{b}x{s}" + (", budget" if t != NO_BUDGET else "")
+        name = f"{b}x{s}" + (", budget" if t != NO_BUDGET else "") + (" (headline)" if (b, s, t) == HEADLINE else "")
         head += [f"{name}: µs", "× previous", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    variants = step07_variants(results.path.parent.name) if results.path is not None else None
     floors = [floor_us(results, cfg) for cfg in BOEHM_CASES]
     floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
     lines.append("| | floor: the haystacks' bytes, or an empty kernel where larger | GPU | " + " | ".join(floor_cells)
@@ -293,7 +347,50 @@ def boehm_table(results) -> str:
             if series != "ngram_match":
                 previous[i] = (t, row.get("clock"))
         lines.append("| " + " | ".join(cells) + " |")
+        if number.isdigit():
+            lines += _sub_rows(int(number), variants)
     return "\n".join(lines)
+
+
+def _sub_rows(step: int, variants) -> list[str]:
+    """The sub-rows of a bundled step (:data:`SUB_ROWS`): per case, the change's factor from step 7's variants in
+    the "× previous" column (how much faster the step is with it than without it); a change with none says why in
+    its own cell. A factor under 1 is a measured loss, and the row says where and why the change stays
+    (:func:`_kept_loss`)."""
+    out = []
+    for label, change, knobs, why in SUB_ROWS.get(step, ()):
+        factors = [None if knobs is None else change_factor(variants, knobs, cfg) for cfg in BOEHM_CASES]
+        if why is None and all(f is None for f in factors):
+            why = "not timed on this card"
+        text = change if why is None else f"{change}; {why}"
+        lost = [cfg for cfg, f in zip(BOEHM_CASES, factors) if f is not None and f < 1]
+        if lost:
+            text += f"; {_kept_loss(knobs, lost)}"
+        cells = [label, text, "GPU"]
+        for factor in factors:
+            cells += ["–", "–" if factor is None else f"{factor:.2f}×", "–"]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _case_name(cfg: tuple[int, int, int]) -> str:
+    return f"{cfg[0]}x{cfg[1]}" + (" with the budget" if cfg[2] != NO_BUDGET else " without one")
+
+
+def _kept_loss(knobs: dict, lost: list[tuple[int, int, int]]) -> str:
+    """Why a change of step 7 stays where its factor is under 1 at the cases ``lost``: the entry point runs step 6
+    there, or (the budget skip without a budget) there is no slot to refuse; otherwise it pays elsewhere."""
+    from studylog.ngram.kernels import step07_stream, step_for_shape
+
+    reasons = []
+    for cfg in lost:
+        if step_for_shape(cfg[0], cfg[1]) is not step07_stream:
+            reasons.append(f"{_case_name(cfg)}: the entry point runs step 6 there")
+        elif "budget_skip" in knobs and cfg[2] == NO_BUDGET:
+            reasons.append(f"{_case_name(cfg)}: no slot to refuse")
+        else:
+            reasons.append(f"{_case_name(cfg)}: kept for the other cases")
+    return "a measured loss where under 1×, kept (" + "; ".join(reasons) + ")"
 
 
 def step2_excerpt():
@@ -333,8 +430,8 @@ def result_table(results, headline_rows) -> str:
     """The result table: per headline case, the CPU path and step 7 end to end on the host (the call, then a sync;
     step 7 is the series the benchmark times that way) and their ratio; then, on the GPU clock, the entry point
     ``ngram_match`` (:func:`entry_row`, as the chapter's headline times it; the last step on a file without it)
-    beside step 3 (our port of the pull request's first, two-phase kernel) and step 4 (the same with an exact
-    block-scan phase 2), with the ratios."""
+    beside step 3 (our port of the pull request's first, two-phase kernel) and step 4 (our corrected port of the
+    pull request's revision: its block-scan phase 2, made exact), with the ratios."""
     final = f"step {CHAPTER.final.number}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
     lines = [f"| case | CPU loop, call + sync (µs) | {final}, call + sync (µs) | CPU loop ÷ {final} "
