@@ -509,15 +509,15 @@ STEP07_PARTS = (("7a", "the union of the batch's allowed sets: each allowed row 
                  "not timed alone: `tl.dot` has no batch to multiply without the union (7a)"))
 
 
-def step05_rows(point: int = 1000) -> list[tuple[str, str, str]]:
+def step05_rows(point: int = 1000, gpu: str = "nvidia-h200") -> list[tuple[str, str, str]]:
     """Step 5's three changes as sub-rows of the table of steps: (label, the change, its factor at ``point`` allowed
     tokens: step 4's time over step 4 with that change alone, from :func:`step05_effects`). A change that
     :func:`step05_kept_losses` finds is labelled a measured loss, with what step 5 gains without it and what
-    removing it needs. Empty where the ablation is not committed."""
-    eff = step05_effects()
+    removing it needs. Empty where the ablation is not committed for ``gpu``."""
+    eff = step05_effects(gpu)
     if eff is None:
         return []
-    losses = step05_kept_losses()
+    losses = step05_kept_losses(gpu)
     out = []
     for label, knob in zip("abc", STEP05_KNOBS):
         text = STEP05_CHANGES_TEXT[knob]
@@ -547,8 +547,9 @@ def boehm_table(results) -> str:
     lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
              "floor: the bytes, or an empty kernel where larger (µs) | × floor |",
              "|---|---|---|---|---|---|---|---|"]
+    card = results.path.parent.name if results.path is not None else None
     subrows = {5: [(label, text, "–", "step 4, in step 5's ablation", factor)
-                   for label, text, factor in step05_rows(STEP_CASES[5][0]["allowed"])],
+                   for label, text, factor in (step05_rows(STEP_CASES[5][0]["allowed"], card) if card else [])],
                7: [(label, text, "–", "–", why) for label, text, why in STEP07_PARTS]}
     for step in CHAPTER.steps:
         params, prev = STEP_CASES[step.number]
