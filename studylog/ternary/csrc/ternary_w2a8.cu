@@ -416,8 +416,8 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
                     return amax;
                 };
                 // The row's sum of q is the block's. The closure names tid, nthreads and out without needing
-                // them: what it captures shapes the schedule ptxas gives this loop, so dropping them is a
-                // change to the compiled kernel to be measured, not a clean-up.
+                // them: what it captures shapes the schedule ptxas gives this loop, so dropping them changes
+                // the compiled kernel and must be measured.
                 const auto sum_all = [&](int sum) {
                     (void)tid, (void)nthreads, (void)out;
                     return sum;
