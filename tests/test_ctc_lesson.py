@@ -126,9 +126,13 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
         pytest.skip("no committed CTC results")
     table = lesson.boehm_table(load_results("ctc"))
     rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
-    assert [r.split("|")[1].strip() for r in rows][:10] == [str(n) for n in range(1, 11)]
+    labels = [r.split("|")[1].strip() for r in rows]
+    assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 11)]
+    assert labels[:17] == ["1", "2", "3", "4", "5", "6", "7", "7a", "7b", "7c", "7d", "7e", "8", "8a", "8b", "9", "10"]
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
-    for row in rows:
+    for row, label in zip(rows, labels):
+        if label[-1:].isalpha() and label[:1].isdigit():
+            continue  # a change's own sub-row: no time of its own against the floor
         for cell in [c.strip() for c in row.split("|")[1:-1]][4::3]:
             if cell != "–":
                 assert float(cell.rstrip("×").replace(",", "")) >= 1.0, row
@@ -306,7 +310,7 @@ def test_step_8_changes_read_the_lab_run_or_say_nothing(monkeypatch):
     assert got["rows"]["branch put back"][(5000, 256)] == pytest.approx((100.0, 1.25))
     table = lesson.changes_table(got)
     assert "| step 8 (both changes) | 40.0 (1.00×) | 80.0 (1.00×) |" in table
-    assert "change 2 undone" in table and "(2.00×)" in table
+    assert "8b undone" in table and "(2.00×)" in table
 
 
 def test_the_page_shows_no_flush_to_zero_number_from_another_clock():
@@ -344,4 +348,53 @@ def test_the_steps_table_floors_the_small_case_at_the_chain_where_the_card_timed
         row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
         small = row.split(" | ")[2]
         want = max(lesson.floor_us(results, *lesson.BOEHM_CASES[0]), chain or 0.0)
-        assert small == f"{want:,.1f}" and (("chain of T dependent frames" in row) == (chain is not None))
+        kind = "chain of T frames" if chain is not None else "empty kernel"
+        assert small == f"{want:,.1f} ({kind})"
+
+
+def test_every_case_has_one_floor_on_the_page():
+    """The table of steps and the result table divide a case's time by the same floor: the larger of the bytes (or
+    the empty kernel) and the measured chain of T frames, which applies where the case's longest target has at least
+    the chain's positions (every case of the grid)."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    chain = lesson.chain_floor_us(results, ctc.BENCH_T)
+    for A in ctc.BENCH_A:
+        for N in ctc.BENCH_N:
+            floor, kind = lesson.case_floor(results, A, N)
+            assert lesson.longest_target(results, A, N) >= lesson.longest_target(results, *lesson.BOEHM_CASES[0])
+            assert floor == pytest.approx(max(chain, lesson.floor_us(results, A, N)))
+            assert kind == ("chain" if chain > lesson.floor_us(results, A, N) else "bytes")
+    results_rows = {tuple(int(c.strip().replace(",", "")) for c in line.split("|")[1:3]): line
+                    for line in lesson.results_table(results).splitlines()[2:] if line[2:3].isdigit()}
+    floor_row = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| | floor"))
+    cells = [c.strip() for c in floor_row.split("|")[1:-1]][2::3]
+    entry = next(line for line in lesson.boehm_table(results).splitlines() if line.startswith("| entry point"))
+    entry_over = [c.strip() for c in entry.split("|")[1:-1]][4::3]
+    for (A, N), cell, over in zip(lesson.TABLE_CASES, cells, entry_over):
+        line = results_rows[(A, N)]
+        assert f"| {cell} |" in line and line.rstrip(" |").endswith(over), (A, N)
+    small = results_rows[lesson.BOEHM_CASES[0]]
+    assert f"{chain:,.1f} (chain of T frames)" in small
+
+
+def test_steps_7_and_8_show_each_change_with_its_own_factor():
+    """Sub-rows 7a to 7e and 8a, 8b: the lab runs' time with the change undone over the step's, per case; the warp
+    recursion (7b) is labelled a kept loss with its reason; 7d and 7e say they were not timed alone and why; step 10
+    is marked where its idea does not apply."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    rows = {line.split(" | ")[0].strip("| "): line for line in lesson.boehm_table(results).splitlines()}
+    for label, ablation, variant in (("7a", lesson.step07_changes(), "softmax written"),
+                                     ("7b", lesson.step07_changes(), "block recursion"),
+                                     ("7c", lesson.step07_changes(), "directions in turn"),
+                                     ("8a", lesson.step08_changes(), "branch put back"),
+                                     ("8b", lesson.step08_changes(), "exp2f and __log2f")):
+        cells = [c.strip() for c in rows[label].split("|")[1:-1]]
+        for i, case in enumerate(lesson.TABLE_CASES):
+            t, x = ablation["rows"][variant][case]
+            assert cells[2 + 3 * i] == f"without it: {t:,.1f}" and cells[3 + 3 * i] == f"{x:.2f}×", (label, case)
+    assert all(x < 1 for _, x in lesson.step07_changes()["rows"]["block recursion"].values())
+    assert "**a measured loss, kept**: steps 8 and 10 build on the warp layout" in rows["7b"]
+    for label in ("7d", "7e"):
+        assert "**not timed alone**" in rows[label] and rows[label].count("not timed alone |") == 3
+    assert "undoes 7c" in rows["7d"]
+    assert "(not its case)" in rows["10"]

@@ -159,13 +159,14 @@ def step_table(results, number: int) -> str:
 def results_table(results) -> str:
     """The chapter's result, the entry point ``ctc_loss`` (the last step where a file predates it), against
     torch's two calls at every point, with the speedup over the faster one timed on the same clock
-    (``torch-best``) and the distance to the floor of :func:`floor_us` (the bytes, or an empty kernel where larger)."""
+    (``torch-best``) and the distance to the case's one floor (:func:`case_floor`, the table of steps' too)."""
     final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.final.series
     name = "`ctc_loss`" if final == "ctc_loss" else CHAPTER.final.name
     if not results.select(final, T=BENCH_T):
         return f"{name}: {PENDING}."
     lines = [f"| A | N | torch-cuDNN (µs) | torch-native (µs) | {name} (µs) | speedup over torch-best | "
-             "floor: bytes or an empty kernel (µs) | time / floor |", "|---|---|---|---|---|---|---|---|"]
+             "floor (µs): the larger of the bytes and the chain of T frames | time / floor |",
+             "|---|---|---|---|---|---|---|---|"]
     for A, N in _all_points():
         row = _row(results, final, T=BENCH_T, A=A, N=N)
         if row is None:
@@ -177,10 +178,10 @@ def results_table(results) -> str:
             if best.get("spread_ms") and row.get("spread_ms"):
                 speedup += f" ({best['spread_ms'][0] / row['spread_ms'][2]:.2f}–" \
                            f"{best['spread_ms'][2] / row['spread_ms'][0]:.2f})"
-        floor = floor_us(results, A, N)
-        lines.append(f"| {A} | {N} | {_with_spread(_row(results, 'torch-cuDNN', T=BENCH_T, A=A, N=N))} | "
+        floor, kind = case_floor(results, A, N)
+        lines.append(f"| {A:,} | {N} | {_with_spread(_row(results, 'torch-cuDNN', T=BENCH_T, A=A, N=N))} | "
                      f"{_with_spread(_row(results, 'torch-native', T=BENCH_T, A=A, N=N))} | {_with_spread(row)} | "
-                     f"{speedup} | {floor:,.2f} | {row['ms'] * 1e3 / floor:,.1f}× |")
+                     f"{speedup} | {floor:,.1f} ({FLOOR_KIND[kind]}) | {row['ms'] * 1e3 / floor:,.1f}× |")
     clocks = {s: clock_words(clock_of(results, s)) for s in ("torch-cuDNN", "torch-native", final)}
     return ("\n".join(lines) + "\n\nClocks: " + ", ".join(f"{s}: {c}" for s, c in clocks.items()) + ". "
             + torch_best_words(results))
@@ -457,7 +458,7 @@ def prose_numbers(results) -> dict[str, str]:
     big, small = max(BENCH_A), min(BENCH_A)
     final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else s[10]  # the entry point, where timed
     last = _row(results, final, T=BENCH_T, A=big, N=max(BENCH_N))
-    floor = floor_us(results, big, max(BENCH_N)) * 1e-3 if last else None  # ms: an empty kernel + the bytes
+    floor = case_floor(results, big, max(BENCH_N))[0] * 1e-3 if last else None  # ms: the case's one floor
     out["floor_big"] = f"{floor * 1e3:.0f} µs" if floor else PENDING
     out["final_over_floor_big"] = f"{last['ms'] / floor:.1f}×" if last and floor else PENDING
     out["restrict_change"] = _largest_change(_ratios(results, s[1], s[2], _lesson_points()))
@@ -566,12 +567,9 @@ def floor_us(results, A: int, N: int) -> float:
 CHAIN_SERIES = CTC_FLOOR_SERIES
 
 
-def chain_floor_us(results, frames: int) -> float | None:
-    """The recursion's latency floor at the small case of :data:`BOEHM_CASES` (A = 28, N = 1), in µs: the tails run,
-    on the same card as ``results``, of a kernel that runs only ``frames`` dependent frames (a log-sum-exp and a warp
-    shuffle each, no memory) over that utterance's positions. ``T`` frames for steps that run alpha and beta side by
-    side (7 to 10), ``2 T`` for steps that run them one after the other (1 to 6). None where the card has no such
-    run."""
+def _chain_row(results, frames: int) -> dict | None:
+    """The tails run's row of the chain kernel over ``frames`` dependent frames at the small case of
+    :data:`BOEHM_CASES`, on the card of ``results``; None where the card has no such run."""
     from studylog.plotting import load_results
 
     A, N = BOEHM_CASES[0]
@@ -580,7 +578,50 @@ def chain_floor_us(results, frames: int) -> float | None:
     except FileNotFoundError:
         return None
     rows = tails.select(CHAIN_SERIES, T=BENCH_T, A=A, N=N, frames=frames)
-    return rows[0]["ms"] * 1e3 if len(rows) == 1 else None
+    return rows[0] if len(rows) == 1 else None
+
+
+def chain_floor_us(results, frames: int) -> float | None:
+    """The recursion's latency floor at the small case of :data:`BOEHM_CASES` (A = 28, N = 1), in µs: the tails run,
+    on the same card as ``results``, of a kernel that runs only ``frames`` dependent frames (a log-sum-exp and a warp
+    shuffle each, no memory) over that utterance's positions. ``T`` frames for steps that run alpha and beta side by
+    side (7 to 10), ``2 T`` for steps that run them one after the other (1 to 6). None where the card has no such
+    run."""
+    row = _chain_row(results, frames)
+    return None if row is None else row["ms"] * 1e3
+
+
+def longest_target(results, A: int, N: int) -> int | None:
+    """Positions (2 L + 1) of the longest extended target of the benchmark's batch at (A, N), as the fused steps'
+    rows record it; None where no such row says."""
+    for number in (7, 8, 9, 10):
+        row = _row(results, CHAPTER.step(number).series, T=BENCH_T, A=A, N=N)
+        if row and row.get("max_positions"):
+            return row["max_positions"]
+    return None
+
+
+def case_floor(results, A: int, N: int) -> tuple[float, str]:
+    """The one floor of a case, in µs, and its kind: the larger of :func:`floor_us` (the bytes at the copy
+    bandwidth, or the card's fastest empty kernel where that is larger) and the latency floor of the recursion, the
+    measured chain of ``T`` dependent frames (:func:`chain_floor_us`). The chain was timed over the small case's
+    positions, so it applies to a case whose longest target has at least as many positions: each frame of any
+    recursion here then does at least that dependent work. Kinds: ``"bytes"``, ``"empty kernel"``, ``"chain"``."""
+    from studylog.ctc.report import dram_bytes
+
+    by_bytes = floor_us(results, A, N)
+    bytes_us = dram_bytes(BENCH_T, N, A) / (results.data["ceilings"]["copy_bandwidth_gbs"] * 1e9) * 1e6
+    kind = "bytes" if bytes_us >= by_bytes else "empty kernel"
+    chain = _chain_row(results, BENCH_T)
+    longest = longest_target(results, A, N)
+    if chain is not None and longest is not None and longest >= chain["params"]["states"] \
+            and chain["ms"] * 1e3 > by_bytes:
+        return chain["ms"] * 1e3, "chain"
+    return by_bytes, kind
+
+
+#: How the tables name each kind of floor.
+FLOOR_KIND = {"bytes": "bytes", "empty kernel": "empty kernel", "chain": "chain of T frames"}
 
 
 def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | None:
@@ -595,28 +636,61 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
     return parts
 
 
+#: The sub-rows of the table of steps: each change of steps 7 and 8 on its own, from the runs that undo one change
+#: at a time (:func:`step07_changes`, :func:`step08_changes`). (label, the change, the run's variant with that change
+#: undone, or None where the change cannot be undone alone, and why it stays where it is a measured loss, or why it
+#: cannot be undone alone.)
+STEP_CHANGES = {
+    7: (("7a", "no softmax written: a block per frame computes its log-sum-exp and the target's log-probabilities",
+         "softmax written", ""),
+        ("7b", "one warp per direction: positions in registers, a neighbour's by `__shfl_up_sync`",
+         "block recursion", "steps 8 and 10 build on the warp layout"),
+        ("7c", "alpha and beta side by side, two warps: the chain of 2T frames becomes T", "directions in turn", ""),
+        ("7d", "the gradient a pass of its own, a block per frame", None,
+         "a gradient inside beta's loop needs alpha finished first, which undoes 7c"),
+        ("7e", "no alpha matrix read back in a frame loop", None,
+         "it is 7d seen from the alpha matrix (no frame loop is left to read it)")),
+    8: (("8a", "the skip a value, not a path: a label always takes the three-term sum", "branch put back", ""),
+        ("8b", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`", "exp2f and __log2f", "")),
+}
+
+
+def _change_cells(changes: dict | None, variant: str | None) -> list[str]:
+    """A sub-row's cells per case of :data:`TABLE_CASES`: the step's time with the change undone, and that time over
+    the step's in the same run (above 1.00×, the change pays); "not timed alone" where it cannot be undone."""
+    cells = []
+    for case in TABLE_CASES:
+        if variant is None:
+            cells += ["not timed alone", "–", "–"]
+        elif changes is None or case not in changes["rows"].get(variant, {}):
+            cells += ["–", "–", "–"]
+        else:
+            t, x = changes["rows"][variant][case]
+            cells += [f"without it: {t:,.1f}", f"{x:.2f}×", "–"]
+    return cells
+
+
 def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
-    change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the previous step, × the floor."""
+    change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the previous step, × the case's one
+    floor (:func:`case_floor`); under steps 7 and 8 a sub-row per change (:data:`STEP_CHANGES`) with its own
+    factor."""
     head = ["step", "the one change"]
     for A, N in TABLE_CASES:
-        head += [f"A = {A}, N = {N}: µs", "× previous", "× floor"]
+        head += [f"A = {A:,}, N = {N}: µs", "× previous", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    # at the small case the chain of T dependent frames binds (measured on the card), far above the empty kernel
-    chain = chain_floor_us(results, BENCH_T)
-    floors = [max(floor_us(results, A, N), chain) if (A, N) == BOEHM_CASES[0] and chain else floor_us(results, A, N)
-              for A, N in TABLE_CASES]
-    floor_cells = [cell for f in floors for cell in (f"{f:,.1f}", "", "")]
-    lines.append("| | floor: the activations read and the gradient written, or an empty kernel where larger"
-                 + (f"; at A = {BOEHM_CASES[0][0]}, N = {BOEHM_CASES[0][1]}, the chain of T dependent frames"
-                    if chain else "") + " | " + " | ".join(floor_cells) + " |")
+    floors = [case_floor(results, A, N) for A, N in TABLE_CASES]
+    floor_cells = [cell for f, kind in floors for cell in (f"{f:,.1f} ({FLOOR_KIND[kind]})", "", "")]
+    lines.append("| | floor: the larger of the bytes (the activations read and the gradient written once) and the "
+                 "chain of T dependent frames | " + " | ".join(floor_cells) + " |")
+    floors = [f for f, _ in floors]
 
     def code(title: str) -> str:
         return title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
 
     entries = [(str(s.number), code(s.title), s.series) for s in CHAPTER.steps]
     ran = [(_row(results, "ctc_loss", T=BENCH_T, A=A, N=N) or {}).get("step") for A, N in TABLE_CASES]
-    ran_words = ", ".join(f"step {CHAPTER.step(r).number} at A = {A}, N = {N}" for r, (A, N) in zip(ran, TABLE_CASES)
+    ran_words = ", ".join(f"step {CHAPTER.step(r).number} at A = {A:,}, N = {N}" for r, (A, N) in zip(ran, TABLE_CASES)
                           if r)
     entries.append(("entry point", "`ctc_loss`, step 8 or step 10 by the activations' shape, timed as its own series"
                     + (f" (it ran {ran_words})" if ran_words else ""), "ctc_loss"))
@@ -624,6 +698,7 @@ def boehm_table(results) -> str:
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
     entries.append(("torch", "`torch-best`, the faster of torch's CTC calls on the GPU clock"
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
+    ablations = {7: step07_changes(), 8: step08_changes()}
     previous = [None] * len(TABLE_CASES)
     one_warp = []  # cases where step 10's longest target fits one warp: its several warps do not apply
     for number, title, series in entries:
@@ -641,15 +716,32 @@ def boehm_table(results) -> str:
             versus = (f"{prev / t:.2f}×" + (" (vs step 5)" if after_side_step else "")) if prev else "–"
             row = _row(results, series, T=BENCH_T, A=A, N=N)
             if series == CHAPTER.step(10).series and row.get("warps") == 1:
-                versus += " †"
+                versus += " † (not its case)"
                 one_warp.append((A, N, row.get("max_positions")))
             cells += [f"{t:,.1f}", versus, f"{t / floors[i]:,.1f}×"]
             if series not in ("ctc_loss", "torch-best", CHAPTER.step(6).series):
                 previous[i] = t
         lines.append("| " + " | ".join(cells) + " |")
-    notes = [f"† At A = {A}, N = {N} the longest target ({p} positions) fits one warp: step 10's idea, several "
-             "warps per direction, does not apply there, and only its barrier per frame is left; its own case is a "
-             "mid-size batch (the text of step 10)." for A, N, p in one_warp]
+        for label, change, variant, why in STEP_CHANGES.get(int(number) if number.isdigit() else 0, ()):
+            changes = ablations[int(number)]
+            factors = {c: x for c, (_, x) in (changes or {"rows": {}})["rows"].get(variant, {}).items()
+                       if c in TABLE_CASES}
+            losses = [c for c, x in factors.items() if x < 1]
+            words = ""
+            if variant is None:
+                words = f": **not timed alone**, {why}"
+            elif losses and len(losses) == len(factors):
+                words = f"; **a measured loss, kept**: {why or 'no reason measured'}"
+            elif losses:  # a loss at some cases, kept for the others
+                words = "; a loss at " + " and ".join(f"A = {a:,}, N = {n}" for a, n in losses) + \
+                        ", kept for the other cases"
+            lines.append(f"| {label} | {change}{words} | " + " | ".join(_change_cells(changes, variant)) + " |")
+    notes = [f"† At A = {A:,}, N = {N} the longest target ({p} positions) fits one warp: step 10's idea, several "
+             "warps per direction, does not apply there, and only its barrier per frame is left; its own case is the "
+             "mid-size batch." for A, N, p in one_warp]
+    notes.append("Rows 7a to 8b: each change of steps 7 and 8 on its own, from a run that times the step with one "
+                 "change undone: \"without it\" is the step's time without the change, the factor that time over the "
+                 "step's in the same run (above 1.00×, the change pays).")
     return "\n".join(lines) + "".join("\n\n" + n for n in notes)
 
 
@@ -688,15 +780,15 @@ def tuning_table(results, numbers: Iterable[int] = (2, 3, 4, 5)) -> str:
 
 #: lab/ctc/step07_changes.py's variants, in the table's order: step 7, then step 7 with one change undone.
 STEP07_CHANGES = (("step 7", "step 7 (all five changes)"),
-                  ("softmax written", "change 1 undone: the log-softmax written, then read"),
-                  ("block recursion", "change 2 undone: a block per direction, a barrier per frame (step 5's)"),
-                  ("directions in turn", "change 3 undone: alpha, then beta, in one warp"),
+                  ("softmax written", "7a undone: the log-softmax written, then read"),
+                  ("block recursion", "7b undone: a block per direction, a barrier per frame (step 5's)"),
+                  ("directions in turn", "7c undone: alpha, then beta, in one warp"),
                   ("library step 5", "step 5, for reference"))
 #: lab/ctc/step08_changes.py's rows, in the table's order: step 8, step 8 with one change undone, step 8 with an
 #: option its default leaves off, and step 7.
 STEP08_CHANGES = (("library step 8", "step 8 (both changes)"),
-                  ("branch put back", "change 1 undone: step 7's branch between the two- and three-term sums"),
-                  ("exp2f and __log2f", "change 2 undone: `exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`"),
+                  ("branch put back", "8a undone: step 7's branch between the two- and three-term sums"),
+                  ("exp2f and __log2f", "8b undone: `exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`"),
                   ("+ redux max", "not in step 8: the row maximum by one `redux.sync`"),
                   ("+ prefetch 8", "not in step 8: that, and emissions prefetched 8 frames ahead, not 4"),
                   ("library step 7", "step 7, for reference"))
