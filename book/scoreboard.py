@@ -6,13 +6,15 @@ shape, its time over the run's repetitions, the strongest rival measured at the 
 * the **byte floor**: the bytes the call must move at the copy bandwidth measured in the same run (the row's
   ``floor_ms``, or ``floor_mem_ms`` where the file splits memory from compute);
 * the **compute floor**: the useful FLOPs at the run's measured matmul rate, where the file records one;
-* the **latency floor**: the GPU-clock time of the shortest chain of dependent work the call cannot avoid. A single
-  kernel cannot take less than an empty kernel replayed in a CUDA graph; a floor is a lower bound, so it is the
-  smallest ``ceilings.empty_launch_gpu_ms`` of all the card's committed runs (:func:`card_empty_kernel_ms`); a
-  decode step runs its forward's kernels one after another, so that many empty kernels.
+* the **latency floor**: the GPU-clock time of the shortest chain of dependent work the call cannot avoid: for a
+  one-launch kernel the card's fastest empty kernel replayed in a CUDA graph (the smallest
+  ``ceilings.empty_launch_gpu_ms`` of the card's runs, :func:`card_empty_kernel_ms`); for chapter 4's recursion the
+  timed chain of its T dependent frames; for a decode step its forward's kernels, one after another.
 
-The **binding floor** is the largest of these; "% of the floor" is the binding floor over our median (100% would be
-at the floor). Where a file lacks a number the scoreboard needs, the cell says "not measured" and
+The case's **floor** is the largest of these, a yardstick from a simple model (a kernel passes it only by moving
+fewer bytes than counted or by being served from L2); "% of the floor" is that floor over our median (100% would
+be at the floor). Each row names its floor's kind. Chapter 8's loop has a forecast of its own, a bound, not a
+floor. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
 :func:`missing` says why; nothing is filled in by hand.
 
 The module reads the JSON files directly (no chapter code is imported), so the page and its test do not depend on
@@ -179,8 +181,8 @@ ONE_KERNEL = "one empty kernel, graph-replayed"
 
 
 def card_empty_kernel_ms(card: Path) -> float | None:
-    """The smallest empty-kernel GPU time of all the card's committed runs (None where none timed one): a floor is a
-    lower bound, and runs on one card land in groups apart for reasons the files do not record."""
+    """The smallest empty-kernel GPU time of all the card's runs (None where none timed one): one latency floor per
+    card, the least a one-launch kernel was seen to take there."""
     times = [empty_kernel_ms(json.loads(p.read_text())) for p in sorted(Path(card).glob("*.json"))]
     known = [t for t in times if t is not None]
     return min(known) if known else None
@@ -228,7 +230,14 @@ def _masked_lm_head(data):
                         latency_floor_ms=latency, latency_what=what, short="step 9, kernel alone",
                         rival_notes=("index_select returns only the allowed logits; step 9 writes the whole [B, V] "
                                      "output, masked",)))
-    return out or None
+    once = replayed_one_copy(data)
+    return [r | {"one_copy": once} for r in out] or None
+
+
+def replayed_one_copy(data: dict[str, Any]) -> bool:
+    """Whether a run replayed each call on one copy of its input: no row records ``copies`` (what a call reads could
+    then stay in L2 between calls, and a small read is served from L2)."""
+    return not any("copies" in r for r in data["measurements"])
 
 
 #: Chapter 3's headline: 128 draft slots of 32,768 tokens, the deployed budget of 128 drafted tokens.
@@ -252,8 +261,8 @@ def _ngram(data):
     # the strongest rival is the faster of our ports of the pull request's GPU kernel on the GPU clock like ours:
     # its first version (step 3) or its revision's block-wide prefix sums, made exact (step 4); it leads, the
     # other stands in the notes, and the CPU loop the chapter's question is about stands beside it
-    ports = {3: "our port of the pull request's first GPU kernel, two-phase (step 3)",
-             4: "our exact port of the pull request's revision, block-wide prefix sums (step 4)"}
+    ports = {3: "our port of FastDeploy pull request #6960's first GPU kernel, two-phase (step 3)",
+             4: "our corrected port of its revision (#7136), block-wide prefix sums, made exact (step 4)"}
     found = {n: one(data, f"step0{n}", **NGRAM_CASE) for n in ports}
     found = {n: r for n, r in found.items() if r is not None and r["clock"] == ours["clock"]}
     if not found:
@@ -317,7 +326,7 @@ TERNARY_CASE = {"shape": "4096x14336", "m": 1}
 TERNARY_BF16_X = ("step09", "step10", "step11")
 
 
-def _accuracy_check(data: dict[str, Any], series: str, params: dict[str, Any]) -> dict[str, Any] | None:
+def accuracy_check(data: dict[str, Any], series: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The float64 check of ``series`` at ``params`` in this run (``passed`` says how it went), or None where the run
     has none."""
     return next((c for c in data.get("checks", []) if c["name"].startswith(f"{series} within")
@@ -348,14 +357,14 @@ def _ternary(data):
         notes = (f"a kernel that only reads the packed weights takes {us(read['ms'])} µs in the same run",)
     peer_notes, check = [], None
     if rival is not None:  # a check it passes is said in the scoreboard's cell; one it fails or lacks, in a note
-        check = _accuracy_check(data, "gemlite_w2", TERNARY_CASE)
+        check = accuracy_check(data, "gemlite_w2", TERNARY_CASE)
         if check is None or not check["passed"]:
             peer_notes.append("GemLite " + _check_words(check))
     cublas = one(data, "cublas_bf16", **TERNARY_CASE)
     if cublas is not None:
         peer_notes.append(f"cuBLAS bf16 on the same matrix stored densely takes {us(cublas['ms'])} µs, "
                           f"{cublas['ms'] / spread(ours)[1]:.2f}× our median, and "
-                          + _check_words(_accuracy_check(data, "cublas_bf16", TERNARY_CASE)))
+                          + _check_words(accuracy_check(data, "cublas_bf16", TERNARY_CASE)))
     extra = {"rival_fails_check": check is not None and not check["passed"],
              "rival_check": None if check is None else ("passes" if check["passed"] else "misses"),
              "rival_check_error": None if check is None else check["relative_error"],
@@ -500,11 +509,11 @@ def _speculate(data):
     latency = med([one_token[0]["ms"] * r["forwards"] / r["tokens"] for r, _ in pairs]) if one_token else None
     gbs = data.get("ceilings", {}).get("copy_bandwidth_gbs")
     byte = med([SMOLLM2_BODY_BYTES / (gbs * 1e9) * 1e3 * r["forwards"] / r["tokens"] for r, _ in pairs]) if gbs else None
-    # the loop's own bound (its forwards at its measured one-token forward) is no hardware floor: it stays in the
-    # notes, and the latency floor is not measured for this loop
-    why = ("no hardware latency floor is computed for this loop" + (
-        f"; its own bound, step 4's forwards per output token each at this loop's one-token forward's GPU time, is "
-        f"{us(latency)} µs" if latency is not None else ""))
+    # the loop's forecast (its forwards at its measured one-token forward) is a bound, not a floor: it stays in the
+    # notes, and no latency floor is computed for this loop
+    why = ("none is computed for this loop" + (
+        f"; its forecast, step 4's forwards per output token each at this loop's one-token forward's GPU time, is a "
+        f"bound, not a floor: {us(latency)} µs" if latency is not None else ""))
     return {"latency_missing_why": why, "loop_bound_ms": latency} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
                 "requests", ours[0]["clock"], summary, "chapter 7's loop (its step 3)", rival_row,
@@ -533,17 +542,17 @@ ENTRIES: tuple[Entry, ...] = (
           rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
           "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram,
-          headline="the GPU drafter against the faster of our two ports of the pull request's kernel; 128 slots of "
-                   "32,768 tokens",
-          rival_short="the pull request's kernel (our port)"),
+          headline="the GPU drafter against our corrected port of FastDeploy's GPU kernel (the revision, pull "
+                   "request #7136, made exact; step 4); 128 slots of 32,768 tokens",
+          rival_short="our corrected port of FastDeploy's GPU kernel (pull request #7136)"),
     Entry(4, "CTC loss", "notebooks/04_ctc_loss.ipynb",
           "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc,
           headline="loss and gradient against torch's cuDNN path, T = 150, alphabet 5,000, batch 8",
           rival_short="cuDNN"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
           "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
-          _ternary, headline="one row of x times a ternary matrix, against BitNet's own kernel and GemLite's 2-bit "
-                             "kernel",
+          _ternary, headline="one row of x times a ternary matrix, against BitNet's own W2A8 kernel (2-bit weights, "
+                             "8-bit activations) at the decode shapes it is built for",
           rival_short="GemLite"),
     Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
           "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,
@@ -726,73 +735,29 @@ def _ctc_small_case_words(root: Path) -> str | None:
             "instead: " + "; ".join(at))
 
 
-def clock_probe(card: Path) -> tuple[float, float, int, int] | None:
-    """lab/env's probe of the empty kernel against the clock state on this card: (fastest, slowest µs, lowest and
-    highest SM clock read beside them, MHz), or None where the card has no probe."""
-    from book.common import lab_or_none
-
-    probe = lab_or_none("env", "empty_kernel_probe", card.name)
-    if probe is None:
-        return None
-    rows = [r for r in probe if "clock_before" in r]
-    mhz = [int(c.split()[0]) for r in rows for c in (r["clock_before"], r["clock_after"])]
-    times = [r["empty_gpu_us"] for r in rows]
-    return min(times), max(times), min(mhz), max(mhz)
+#: A ratio measured on a run that replayed one copy of its input, in a cell; the note that says why, once.
+L2_FAVOURED = "L2-favoured"
+ONE_COPY_NOTE = ("L2-favoured: this card's run replayed one copy of the head, so the rows a call reads could stay in "
+                 "L2 between calls; its times for small allowed sets are not comparable with the other card's, which "
+                 "rotates copies")
 
 
-def empty_kernel_spread(root: Path = BENCH_RESULTS, gap_us: float = 0.1) -> list[str]:
-    """Per card whose runs' empty kernels fall in groups more than ``gap_us`` apart: the groups with their chapters,
-    and, where two runs of the same code version within an hour of each other land in different groups, that
-    neither the code nor the day explains the spread; nor the clock state, where lab/env's probe ran on the card."""
-    titles = {e.bench: e.number for e in ENTRIES if e.bench}
-    out = []
-    for card in cards(root):
-        runs = []
-        for bench, number in titles.items():
-            data = load(card, bench)
-            if data is not None and empty_kernel_ms(data) is not None:
-                runs.append((empty_kernel_ms(data) * 1e3, number, data))
-        runs.sort(key=lambda x: x[0])
-        groups: list[list[tuple[float, int, dict[str, Any]]]] = []
-        for run in runs:
-            if groups and run[0] - groups[-1][-1][0] <= gap_us:
-                groups[-1].append(run)
-            else:
-                groups.append([run])
-        if len(groups) < 2:
-            continue
-        said = " and ".join(f"{g[0][0]:.2f}–{g[-1][0]:.2f} µs (chapter{'s' if len(g) > 1 else ''} "
-                            f"{', '.join(str(n) for _, n, _ in sorted(g, key=lambda x: x[1]))})" for g in groups)
-        text = f"On the {_short_card(card_name(card))} the runs fall in two groups, {said}"
-        pairs = [(a, b) for i, ga in enumerate(groups) for gb in groups[i + 1:] for a in ga for b in gb
-                 if a[2].get("git_commit") == b[2].get("git_commit")
-                 and abs((dt.datetime.fromisoformat(a[2]["date"])
-                          - dt.datetime.fromisoformat(b[2]["date"])).total_seconds()) < 3600]
-        if pairs:
-            a, b = pairs[0]
-            text += (f": chapters {a[1]} and {b[1]} ran the same code within the hour and land in different groups, "
-                     "so neither the code nor the day sets it")
-        probe = clock_probe(card)
-        if probe:
-            text += (f"; nor the card's clock state: timed idle and right after seconds of matmuls (SM clock "
-                     f"{probe[2]:,}–{probe[3]:,} MHz), the empty kernel took {probe[0]:.2f}–{probe[1]:.2f} µs "
-                     "(lab/env)")
-        out.append(text + "; what sets the group is not known.")
-    return out
-
-
-def empty_kernel_runs(root: Path = BENCH_RESULTS) -> list[str]:
-    """Per card, every committed run's empty-kernel GPU time, named by its chapter (chapter 0 is the ceilings run,
-    the p99 run the tails), smallest first: the latency floor takes the smallest."""
-    names = {e.bench: f"chapter {e.number}" for e in ENTRIES if e.bench} | {"env": "chapter 0", TAILS: "the p99 run"}
-    out = []
-    for card in cards(root):
-        runs = sorted((t * 1e3, names.get(p.stem, p.stem)) for p in sorted(card.glob("*.json"))
-                      if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None)
-        if runs:
-            out.append(f"On the {_short_card(card_name(card))}: "
-                       + ", ".join(f"{t:.2f} µs ({name})" for t, name in runs) + ".")
-    return out
+def floor_kind(r: dict[str, Any]) -> str:
+    """The kind of a row's floor, in a few words: a byte or compute floor, or a latency floor and its chain."""
+    if r.get("binding") == "bytes":
+        return "byte floor"
+    if r.get("binding") == "compute":
+        return "compute floor"
+    what = r.get("latency_what") or ""
+    if what == ONE_KERNEL:
+        return "latency floor (one empty kernel)"
+    m = re.match(r"the recursion's (\d+) dependent frames", what)
+    if m:
+        return f"latency floor (a chain of {m.group(1)} frames)"
+    m = re.match(r"(\d+) dependent kernels", what)
+    if m:
+        return f"latency floor (a chain of {m.group(1)} kernels a forward)"
+    return "latency floor"
 
 
 def _sentence(text: str) -> str:
@@ -832,14 +797,14 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
              "strongest rival (µs) | ours × rival |", "|" + "---|" * (8 if p99 else 7)]
     floors = ["**Floors, and how close the median is to them**", "",
               "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
-              "binding floor (the largest) | % of the binding floor |", "|" + "---|" * 8]
+              "the case's floor (the largest), its kind | % of the floor |", "|" + "---|" * 8]
     shown: set[int] = set()
     empties: dict[str, list[float]] = {}
     for r in board:
         if r.get("latency_what") == ONE_KERNEL and r.get("latency_floor_ms") is not None:
             empties.setdefault(_short_card(r["card"]), []).append(r["latency_floor_ms"] * 1e3)
     for r in board:
-        chapter = "" if r["number"] in shown else f"[{r['number']}. {r['title']}]({link(r['notebook'])})"
+        chapter = "" if r["number"] in shown else f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])})"
         named = chapter  # the floors table names the chapter alone; the times table adds the shape
         if chapter and "shape" in r:
             chapter += f": {r['shape']}"
@@ -879,6 +844,9 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         for extra in r["notes"][2:]:
             note(r, extra)
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
+        if r.get("one_copy"):  # the run replayed one copy of the head: a small read is served from L2
+            vs += f", {L2_FAVOURED}"
+            note(r, ONE_COPY_NOTE)
         if r.get("unpadded_head"):
             vs += ", not comparable (unpadded head)"
         if r["ratio_note"] and r["rival_clock"] == r["clock"]:
@@ -904,7 +872,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             latency = "–"
         elif r["latency_floor_ms"] is None:
             why = r.get("latency_missing_why") or "no run on this card timed an empty kernel"
-            latency = "not computed" if why.startswith("no hardware") else f"{NOT_MEASURED} on this card"
+            latency = "not computed" if why.startswith("none is computed") else f"{NOT_MEASURED} on this card"
             note(r, f"latency floor: {why}")
         elif r["latency_what"] != ONE_KERNEL:
             note(r, f"latency floor: {r['latency_what']}", every_card=True)
@@ -912,12 +880,14 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, extra, every_card=True)
         for extra in r["floor_notes"]:
             note(r, extra)
-        binding = f"{r['binding']}: {_floor(r['binding_floor_ms'])}" if r["binding"] else NOT_MEASURED
+        binding = f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}" if r["binding"] else NOT_MEASURED
         pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
-        if r.get("loop_bound_ms") is not None:  # a launch-bound loop: no hardware floor binds; its own bound does
-            latency = f"– (the loop's own bound: {_floor(r['loop_bound_ms'])}, no hardware floor)"
-            binding = "– (none measured binds)"
-            pct = f"– (the loop's own bound is {100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median)"
+        if r.get("one_copy") and r["pct_of_floor"] is not None:
+            pct += f", {L2_FAVOURED}"
+        if r.get("loop_bound_ms") is not None:  # a launch-bound loop: its forecast is a bound, not a floor
+            latency = "–"
+            binding = f"– (no floor; the loop's forecast, a bound: {_floor(r['loop_bound_ms'])})"
+            pct = f"– (the forecast is {100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median)"
         if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
             binding, pct = "–", f"– ({r['no_pct_why']})"
         floors.append(f"| {named} | {card} | {r['ours']} | {_floor(r['byte_floor_ms'])} | "
@@ -931,12 +901,16 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     definitions = []
     floor_by_card = {_short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
     if empties:
-        definitions.append("**Latency floor** of one kernel: a floor is a lower bound, so it is the fastest empty "
-                           "kernel (graph-replayed) timed on the card in any committed run, "
+        definitions.append("**Latency floor** of a one-launch kernel: the card's fastest empty kernel (graph-replayed), "
                            + " and ".join(f"{v * 1e3:.2f} µs on the {c}" for c, v in floor_by_card.items()
-                                          if v is not None) + " (each run's own, folded below).")
-    definitions.append("**% of the binding floor**: the largest floor over our median, the one floor this page uses; "
-                       "a chapter's own \"× floor\" column may divide by another, which its page defines.")
+                                          if v is not None)
+                           + "; of a chain of dependent work (chapter 04's frames, a forward's kernels), that chain.")
+    definitions.append("**% of the floor**: the case's floor, the largest of its byte, compute and latency floors, "
+                       "over our median; the chapters' \"× floor\" columns divide by the same floor. A floor is a "
+                       "yardstick from a simple model: a kernel passes it only by moving fewer bytes than counted or "
+                       "by being served from L2.")
+    definitions.append("**entry point, step N**: the chapter's public function, which picks one of its steps by the "
+                       "case's shape; N is the step it ran here. A bare \"step N\" times that step directly.")
     samples = [t for t in tails.values() if t]
     if samples:
         definitions.append("**" + TAIL_NOTE.format(samples=samples[0].get("samples", "its"),
@@ -951,16 +925,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         everyone = measured_cards[entry.number]
         items = [_sentence(text) if sorted(on) == sorted(everyone)
                  else f"{' and '.join(_short_card(c) for c in on)}: {text}" for text, on in said.items()]
-        folds.append(f"<details><summary>Chapter {entry.number}, {escape(entry.title)}: notes ({len(items)})"
+        folds.append(f"<details><summary>Chapter {entry.number:02d}, {escape(entry.title)}: notes ({len(items)})"
                      "</summary><ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
         folds.append("")
-    per_run = empty_kernel_runs(root)
-    if per_run:
-        folds.append("<details><summary>The empty kernel in each run</summary><ul>"
-                     + "".join(f"<li>{escape(t)}</li>" for t in per_run + empty_kernel_spread(root)) + "</ul></details>")
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
-           "card_empty_kernel_ms", "card_name", "cards", "empty_kernel_runs", "empty_kernel_spread", "faster_rivals", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
+           "card_empty_kernel_ms", "card_name", "cards", "faster_rivals", "floor_kind", "replayed_one_copy",
+           "accuracy_check", "L2_FAVOURED", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs"]
