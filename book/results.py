@@ -52,22 +52,8 @@ def fsm_line(summary: dict[str, Any] | None) -> tuple[float | None, str, str]:
     return d["token"], cell, f"{d['token']:.1%} fewer forward passes (exact)"
 
 
-def repeated(number: int, card: str, batch: int = 1) -> float | None:
-    """The headline's ratio at ``batch`` from a repeat of the whole benchmark on a second machine of ``card``, where
-    a chapter keeps one (chapter 8's loop on a second H200); None elsewhere."""
-    if number != 8 or card != "H200":
-        return None
-    from book.speculate.lesson import second_machine
-
-    try:
-        return second_machine(batch)["second"]
-    except (FileNotFoundError, StopIteration, KeyError, ValueError):
-        return None
-
-
 #: A ratio is flagged where either side's repetitions spread (slowest less fastest, over the median) by more than
-#: this, or where a repeat of the run on a second machine gives a ratio this far from it: the page's one rule, the
-#: one How we measure promises.
+#: this: the page's one rule, the one How we measure promises.
 FLAG_ABOVE = 0.10
 
 
@@ -78,19 +64,14 @@ def spread(fastest: float | None, median: float | None, slowest: float | None) -
     return (slowest - fastest) / median
 
 
-def caveat(ours: float | None = None, theirs: float | None = None, ratio: float | None = None,
-           again: float | None = None, card: str = "") -> str:
+def caveat(ours: float | None = None, theirs: float | None = None) -> str:
     """The flag a ratio carries under :data:`FLAG_ABOVE`'s rule, in parentheses (empty where nothing exceeds it):
-    our time's spread, the rival's, and the gap to the ratio a second machine of ``card`` measured (``again``)."""
+    our time's spread and the rival's."""
     said = []
     if ours is not None and ours > FLAG_ABOVE:
         said.append(f"our spread {ours:.0%}")
     if theirs is not None and theirs > FLAG_ABOVE:
         said.append(f"the rival's spread {theirs:.0%}")
-    if again is not None and ratio:
-        gap = max(again, ratio) / min(again, ratio) - 1
-        if gap > FLAG_ABOVE:
-            said.append(f"{again:.2f}× on a second {card}, {gap:.0%} apart")
     return f" ({'; '.join(said)})" if said else ""
 
 
@@ -107,13 +88,13 @@ def _folded_row(board_row: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def row_caveat(board_row: dict[str, Any], again: float | None = None, card: str = "") -> str:
+def row_caveat(board_row: dict[str, Any]) -> str:
     """:func:`caveat` for a scoreboard row: our spread from its fastest and slowest runs, the rival's from the
     folded row that times the same pair."""
     ours = spread(board_row.get("fastest_ms"), board_row.get("median_ms"), board_row.get("slowest_ms"))
     folded = _folded_row(board_row)
     theirs = spread(*folded["baseline_spread_ms"]) if folded and folded.get("baseline_spread_ms") else None
-    return caveat(ours, theirs, board_row.get("vs_rival"), again, card)
+    return caveat(ours, theirs)
 
 
 def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
@@ -140,7 +121,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
     if not rows:
         return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
                 "ratio holds for calls made one after another too.")
-    said = "; ".join(f"chapter {r['number']} on the {r['card']}, {us(r['host_ms'])} µs on the host against "
+    said = "; ".join(f"chapter {r['number']:02d} on the {r['card']}, {us(r['host_ms'])} µs on the host against "
                      f"{us(r['gpu_ms'])} µs on the GPU" for r in rows)
     return (f"Some headline calls take longer on the host than on the GPU ({said}). Their ratios hold only where "
             "calls are replayed in a CUDA graph or otherwise overlap the host's work: made one at a time from "
@@ -188,35 +169,67 @@ ROTATED = {2: ("the head", "small allowed sets")}
 
 
 def one_copy_words(number: int, name: str, rotated: list[str], row: dict[str, Any], l2_bytes: int | None) -> str:
-    """The clause a one-copy card's cell adds where another card's run rotated copies: which run did what, and that
+    """The clause a one-copy card's note adds where another card's run rotated copies: which run did what, and that
     the cards' times for calls that read little are not comparable, the headline's included where the rows it reads
     (``row["read_bytes"]`` of a rotated card's headline row) fit in this card's L2 (``l2_bytes``)."""
     what, small = ROTATED.get(number, ("its input", "calls that read little"))
     included = (", this line's included" if row.get("read_bytes") is not None and l2_bytes is not None
                 and row["read_bytes"] <= l2_bytes else "")
-    return (f"; the {name}'s run replayed one copy of {what} (the rows a call reads could stay in L2), the "
-            f"{' and '.join(rotated)}'s rotated copies, so the cards' times for {small}{included}, are not comparable")
+    return (f"; L2-favoured: the {name}'s run replayed one copy of {what} (the rows a call reads could stay in L2), "
+            f"the {' and '.join(rotated)}'s rotated copies, so the cards' times for {small}{included}, are not "
+            "comparable")
 
 
 def _short(card: str) -> str:
     return card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
 
-def _kernel_words(label: str) -> str:
-    """A scoreboard row's kernel in a few words: its step, or its entry point and the step it ran."""
-    m = re.search(r"its entry point \(running (step \d+)\)", label)
-    if m:
-        return f"the entry point (running {m.group(1)})"
-    m = re.search(r"\((step \d+)\)", label)
-    return f"{m.group(1)} alone" if m else label
+def _step_of(label: str) -> str:
+    """The step a scoreboard row's kernel ran, from its label (``entry point, step 7`` or ``step 7``)."""
+    m = re.search(r"step \d+", label)
+    return m.group(0) if m else label
+
+
+#: Where a cell's number is void (not measured, or not comparable), the cell shows this and a note says why.
+VOID = "–"
+
+
+def part_one_answer(card: Path) -> dict[str, Any] | None:
+    """Chapter 5 part 1's answer on ``card``, one row of x: its last Triton step, step 9, against GemLite (the Triton
+    peer) at every shape where GemLite passes our float64 check (``ratios``: shape -> GemLite's time over ours), and
+    against cuBLAS bf16 at the chapter's headline shape, 4096 x 14336 (``cublas``); None where the file lacks them."""
+    from studylog.plotting import Results
+    from studylog.ternary.results import CUBLAS, GEMLITE, fastest
+    from studylog.ternary.steps import SERIES
+
+    from book.scoreboard import accuracy_check
+
+    data = load(card, "ternary")
+    if data is None:
+        return None
+    run, triton = Results(None, data), [SERIES[9]]
+    ratios = {}
+    for peer in rows(data, GEMLITE, m=1):
+        shape = peer["params"]["shape"]
+        check = accuracy_check(data, GEMLITE, {"shape": shape, "m": 1})
+        best, _ = fastest(run, triton, shape=shape, m=1)
+        if peer["clock"] == "gpu" and check is not None and check["passed"] and best is not None:
+            ratios[shape] = peer["ms"] / best["ms"]
+    case = {"shape": "4096x14336", "m": 1}
+    best, _ = fastest(run, triton, **case)
+    cublas, _ = fastest(run, [CUBLAS], **case)
+    if not ratios or best is None or cublas is None:
+        return None
+    return {"ratios": ratios, "cublas": cublas["ms"] / best["ms"]}
 
 
 def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     """One dict per chapter: number, title, notebook, question, what the headline compares, and per card (short
-    name) the headline's cell (``cells``: one number and a few words), the caveats that cell needs (``notes``, a
-    list of sentences the results page numbers under its table), its ratio (``ratios``; None where not measured),
-    the landing page's few words (``brief``) and whether the card's number may stand beside the other card's
-    (``comparable``); ``differs`` says, once per chapter, where the cards time different code."""
+    name) the headline's cell (``cells``: one number and a few words, or :data:`VOID`), the caveats that cell needs
+    (``notes``, a list of sentences the results page numbers under its table), its ratio (``ratios``; None where not
+    measured or not comparable), the landing page's few words (``brief``) and whether the card's number may stand
+    beside the other card's (``comparable``); ``differs`` says, once per chapter, where the cards time different
+    steps."""
     board = scoreboard(root)
     suite = fsm_suite()
     out = []
@@ -237,7 +250,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             row = next((b for b in board if b["number"] == entry.number and _short(b["card"]) == name
                         and b["lead"]), None)
             if row is None or "missing" in row or row["vs_rival"] is None:
-                ratios[name], cells[name], brief[name] = None, NOT_MEASURED, NOT_MEASURED
+                ratios[name], cells[name], brief[name] = None, VOID, NOT_MEASURED
+                notes[name].append(f"{name}: not measured on this card")
                 continue
             leads[name] = row
             ratios[name] = row["vs_rival"]
@@ -272,26 +286,26 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if alone is not None:
                     cells[name] += f"; kernel alone {alone['vs_rival']:.2f}× a gather + matmul"
                     brief[name] += f" ({alone['vs_rival']:.2f}× a gather + matmul, kernel alone)"
-            if row.get("dense_ratio") is not None:  # chapter 5: the dense layer beside the fastest peer
-                notes[name].append(f"{name}: {row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, a "
-                                   "weaker baseline")
-                beaten = bitnet_range(card) if row["rival_fails_check"] else None
-                if row["rival_fails_check"] and beaten is None:
-                    cells[name] += "; GemLite fails our float64 check"
-                    brief[name] += " (GemLite fails our float64 check here)"
+            if entry.number == 5:  # the peer that passes our check, at the shapes its kernel is built for, leads
+                beaten = bitnet_range(card)
+                check = ("GemLite passes our float64 check here" if not row["rival_fails_check"] else
+                         f"GemLite fails our float64 check here: its error is {row['rival_check_error']:.2%} of the "
+                         f"product's norm, the tolerance {row['rival_check_tolerance']:.2%}")
+                gemlite = f"against GemLite at 4096 x 14336, {row['vs_rival']:.2f}× ({us(ours)} against {us(theirs)} µs; {check})"
                 if beaten is not None:
-                    # the peer that passes the check leads, at the shapes its kernel is built for; GemLite follows
                     lo, hi, shapes = beaten
-                    cells[name] = (f"**{lo:.2f}–{hi:.2f}×** BitNet (its own W2A8 kernel, at its {shapes} shapes); "
-                                   f"{row['vs_rival']:.2f}× GemLite, which fails our float64 check")
-                    brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's own kernel (its {shapes} shapes); "
-                                   f"{row['vs_rival']:.2f}× GemLite, which fails our check")
+                    cells[name] = f"**{lo:.2f}–{hi:.2f}×** BitNet's W2A8 kernel, at its {shapes} shapes"
+                    brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's own W2A8 kernel (2-bit weights, 8-bit activations; "
+                                   f"its {shapes} decode shapes, one row of x)")
                     notes[name].append(f"{name}: against BitNet's own W2A8 kernel (checked against float64) at the "
                                        f"{shapes} shapes it is built for, one row of x: {lo:.2f}× to {hi:.2f}×; "
-                                       f"against GemLite at 4096 x 14336, {us(ours)} against {us(theirs)} µs")
-                    notes[name].append(f"{name}: GemLite fails our float64 check at this shape: its error is "
-                                       f"{row['rival_check_error']:.2%} of the product's norm, the tolerance "
-                                       f"{row['rival_check_tolerance']:.2%}")
+                                       f"{gemlite}")
+                else:
+                    ratios[name], cells[name], brief[name] = None, VOID, "BitNet's kernel not measured"
+                    notes[name].append(f"{name}: BitNet's kernel is not measured on this card; {gemlite}")
+                if row.get("dense_ratio") is not None:
+                    notes[name].append(f"{name}: {row['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix, "
+                                       "a weaker baseline")
             if entry.number == 4:  # the whole grid beside the headline shape, as the results table lists it
                 grid = ctc_grid(card)
                 if grid is not None:
@@ -308,18 +322,10 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} (bound {bound:.2f}×)"
             if row.get("unpadded_head"):  # chapter 7's H100 run: its dense baseline is slowed, the ratio inflated
                 ratios[name], comparable[name] = None, False
-                cells[name] = "not comparable (unpadded head)"
-                notes[name] = [f"{name}: this card's run used a head not padded as real models ship it, which slows "
-                               "the dense baseline; the scoreboard gives its ratio"]
+                cells[name] = VOID
+                notes[name] = [f"{name}: {row['vs_rival']:.2f}×, not comparable: this card's run used a head not "
+                               "padded as real models ship it, which slows the dense baseline"]
                 brief[name] = "not comparable (unpadded head)"
-            again = repeated(entry.number, name)
-            if again is not None:  # a wall-clock loop moves between machines more than a kernel: give the range
-                lo, hi = sorted((row["vs_rival"], again))
-                cells[name] = (f"**{lo:.2f}–{hi:.2f}×** on two {name}s ({us(ours)} against {us(theirs)} µs on "
-                               f"the first){row_caveat(row)}")
-                brief[name] = f"{lo:.2f}–{hi:.2f}× {entry.rival_short} (two {name}s)"
-                notes[name].append(f"{name}: {row['vs_rival']:.2f}× on the first machine, {again:.2f}× on a second "
-                                   f"{name} with the same code")
         if entry.bench is not None:  # runs that replayed one copy beside runs that rotated: said once, in a note
             one_copy = {_short(card_name(c)): (c, replayed_one_copy(c, entry.bench)) for c in cards(root)}
             rotated = [n for n, (_, once) in one_copy.items() if once is False]
@@ -330,42 +336,22 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 l2 = (load(one_copy[once][0], entry.bench) or {}).get("device", {}).get("l2_cache_bytes")
                 words = one_copy_words(entry.number, once, rotated, lead, l2)
                 if "this line's included" in words:  # the headline itself is not comparable: no ratio in its cell
-                    comparable[once] = False
+                    comparable[once], ratios[once] = False, None
                     r = leads[once]
-                    notes[once].append(f"{once}: {r['vs_rival']:.2f}× ({us(r['median_ms'])} against "
-                                       f"{us(r['rival_ms'])} µs){words}")
-                    cells[once] = "not comparable (the head could stay in L2)"
+                    notes[once] = [f"{once}: {r['vs_rival']:.2f}× ({us(r['median_ms'])} against "
+                                   f"{us(r['rival_ms'])} µs){words}"]
+                    cells[once] = VOID
                     brief[once] = "not comparable (its run kept one copy of the head)"
                 else:
                     notes[once].append(f"{once}{words.lstrip(';')}")
-        labels = {n: _kernel_words(r["ours"]) for n, r in leads.items()}
+        steps = {n: _step_of(r["ours"]) for n, r in leads.items() if ratios.get(n) is not None}
         differs = ""
-        if len(set(labels.values())) > 1:  # the cards timed different code: which, and of which day
-            oldest = min(r["date"] for r in leads.values())
-            differs = ("the cards time different code: " + "; ".join(
-                f"the {n} (measured {leads[n]['date']}{', older code' if leads[n]['date'] == oldest else ''}) {k}"
-                for n, k in labels.items()))
+        if len(set(steps.values())) > 1:  # the cards' headlines time different steps: which
+            differs = "the cards time different steps: " + "; ".join(f"the {n} {k}" for n, k in steps.items())
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
                     "question": entry.question, "what": entry.headline, "cells": cells, "notes": notes,
                     "ratios": ratios, "brief": brief, "comparable": comparable, "differs": differs})
     return out
-
-
-def versions_markdown(root: Path = BENCH_RESULTS) -> str:
-    """Markdown: per chapter and card, the date of the benchmark file its lines come from, so a reader sees where two
-    cards ran the chapter's code of different days."""
-    folders = cards(root)
-    names = [_short(card_name(c)) for c in folders]
-    lines = ["| chapter | " + " | ".join(f"{n}: measured on" for n in names) + " |", "|---|" + "---|" * len(names)]
-    for entry in ENTRIES:
-        if entry.bench is None:
-            continue
-        cells = []
-        for card in folders:
-            data = load(card, entry.bench)
-            cells.append(data["date"][:10] if data else NOT_MEASURED)
-        lines.append(f"| {entry.number}. {entry.title} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
@@ -384,7 +370,7 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
         for text in said:
             numbered.append(text)
             refs.append(str(len(numbered)))
-        lines.append(f"| [{h['number']}. {h['title']}]({link(h['notebook'])}) | {h['question']} | {h['what']} | "
+        lines.append(f"| [{h['number']:02d}. {h['title']}]({link(h['notebook'])}) | {h['question']} | {h['what']} | "
                      + " | ".join(h["cells"].get(n, NOT_MEASURED) for n in names) + " | "
                      + (", ".join(refs) or "–") + " |")
     if numbered:  # folded: the table is the page's answer, the notes are for the reader who asks about a cell
@@ -526,10 +512,34 @@ def bitnet_range(card: Path) -> tuple[float, float, int] | None:
     return (table["worst"], table["best"], len(table["rows"])) if table else None
 
 
+def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """Chapter 5's fastest W2A8 step against BitNet's W2A8 kernel on ``card`` at every shape of
+    :func:`book.ternary.results.bitnet_table`, as the folded tables list them: (our step's label, the case, our row,
+    BitNet's row), both on the GPU clock with their spreads; empty where the card has no such run."""
+    from book.common import lab_or_none
+    from book.ternary import results as ternary
+    from studylog.plotting import Results
+    from studylog.ternary.results import BITNET
+    from studylog.ternary.steps import STEPS
+
+    data = lab_or_none("ternary", ternary.BITNET_RUN, Path(card).name)
+    table = ternary.bitnet_table(Results(None, data)) if data is not None else None
+    out = []
+    for shape, _, _, series, _ in (table or {}).get("rows", []):
+        ours = [r for r in rows(data, series, shape=shape, m=1) if r["clock"] == "gpu"]
+        rival = [r for r in rows(data, BITNET, shape=shape, m=1) if r["clock"] == "gpu"]
+        if len(ours) == 1 and len(rival) == 1:
+            n, k = shape.split("x")
+            name = next(s.name for s in STEPS if s.series == series)
+            out.append((f"{name} (CUDA C++)", f"M = 1, N x K = {n} x {k}", ours[0], rival[0]))
+    return out
+
+
 def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, str]:
     """The landing page's one number for the pages that are no chapter's headline, on ``card``: chapter 00's two
     ceilings (the empty kernel and the copy bandwidth of the card's environment run) and part 1 of chapter 5's
-    fastest Triton step against cuBLAS bf16 at the chapter's headline shape (one row of x, 4096 x 14336)."""
+    answer (:func:`part_one_answer`): its fastest Triton step against GemLite where GemLite passes our check, a
+    loss shown as a loss, then against cuBLAS bf16 at the chapter's headline shape."""
     folder = next((c for c in cards(root) if _short(card_name(c)) == card), None)
     out: dict[str, str] = {}
     env = load(folder, "env") if folder else None
@@ -537,18 +547,14 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, s
         c = env["ceilings"]
         out["notebooks/00_how_to_read.ipynb"] = (f"an empty kernel {c['empty_launch_gpu_ms'] * 1e3:.2f} µs; copies at "
                                                  f"{c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s")
-    ternary = load(folder, "ternary") if folder else None
-    if ternary:
-        from studylog.plotting import Results
-        from studylog.ternary.results import CUBLAS, fastest
-        from studylog.ternary.steps import SERIES
-
-        run, case = Results(None, ternary), {"n": 4096, "k": 14336, "m": 1}
-        best, series = fastest(run, [SERIES[n] for n in range(1, 10)], **case)  # part 1's steps are Triton's
-        cublas, _ = fastest(run, [CUBLAS], **case)
-        if best is not None and cublas is not None:
-            out["notebooks/05_ternary_1_triton.ipynb"] = (f"{cublas['ms'] / best['ms']:.2f}× cuBLAS bf16 "
-                                                          f"(step {int(series[4:])}, one row of x)")
+    part_one = part_one_answer(folder) if folder else None
+    if part_one:
+        r = part_one["ratios"]
+        lost = sum(1 for v in r.values() if v < 1)
+        out["notebooks/05_ternary_1_triton.ipynb"] = (
+            f"{min(r.values()):.2f}× to {max(r.values()):.2f}× GemLite (step 9, one row of x, at the {len(r)} "
+            f"shapes where GemLite passes our check" + (f"; slower at {lost}" if lost else "") + "); "
+            f"{part_one['cublas']:.2f}× cuBLAS bf16 at 4096 × 14336")
     return out
 
 
@@ -565,17 +571,12 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
                           card: str = "H200") -> str:
     """The landing page's table: each page in reading order with its question, one number (the fair headline on
     ``card``, with its caveat in a few words; :func:`other_answers` for the pages that are no headline) and its
-    reading time, of the prose and with code and listings; under it, once, the prose budget every page is held to,
-    the pages whose prose is shorter, and how the times are counted."""
-    from book.common import PROSE_BUDGET
-
+    reading time, of the prose and with code and listings; under it, once, how the times are counted."""
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = [f"| page | the question | the answer in one number ({card}; × is how many times faster than) | "
              "prose | with the code shown | folded listings |", "|---|---|---|---|---|---|"]
     others = other_answers(root, card)
-    budget = math.ceil(PROSE_BUDGET / WORDS_PER_MINUTE)
-    shorter = []
     for notebook in reading_order():
         stem = Path(notebook).stem
         h = by_notebook.get(notebook)
@@ -587,20 +588,17 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         if stem.startswith("05_"):
             title += " (Triton)" if "triton" in stem else " (CUDA C++)"
         prose, with_code = reading_minutes(notebook)
-        if prose < budget:
-            shorter.append(f"{stem[:2]}{' (' + title.split('(')[-1] if '(' in title else ''}: {prose} min")
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {prose} min | {with_code} min | "
                      f"{folded_minutes(notebook)} min more |")
-    lines += ["", f"Each page's prose is held to {PROSE_BUDGET:,} words, about {budget} minutes"
-              + (f" (shorter: {'; '.join(shorter)})" if shorter else "") + f", read at {WORDS_PER_MINUTE} words a "
-              f"minute; the next column adds every line of code the page shows unfolded, its code cells and the "
-              f"listings and diffs they print, at {CODE_LINES_PER_MINUTE} lines a minute, and the last the listings "
-              "and diffs folded under their step, for a reader who opens them."]
+    lines += ["", f"Reading times: the prose at {WORDS_PER_MINUTE} words a minute; the next column adds every line "
+              f"of code the page shows unfolded, its code cells and the listings and diffs they print, at "
+              f"{CODE_LINES_PER_MINUTE} lines a minute, and the last the listings and diffs folded under their step, "
+              "for a reader who opens them."]
     return "\n".join(lines)
 
 
 __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_MINUTE", "code_lines",
-           "fsm_line", "fsm_suite", "headlines", "repeated", "versions_markdown", "LISTING_CALLS", "listing_lines",
-           "ctc_grid", "decode_bound", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
+           "fsm_line", "fsm_suite", "headlines", "part_one_answer", "VOID", "LISTING_CALLS", "listing_lines",
+           "ctc_grid", "decode_bound", "bitnet_rows", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "reading_path_markdown", "summary_markdown", "other_answers", "bitnet_range"]

@@ -116,7 +116,7 @@ class PostsDirective(SphinxDirective):
             lines += [
                 f"### [{post['title']}]({doc})",
                 "",
-                f"*{_dt.date.fromisoformat(post['date']):%d %B %Y}* · {tags}",
+                tags,
                 "",
             ]
             if doc in asks:  # the card leads with the chapter's question and its measured answer
@@ -144,8 +144,7 @@ PLAIN_NAMES = {
     "step11_tma (CUDA C++)": "the ternary kernel with TMA copies (step 11, CUDA C++)",
     "step09_mma (Triton)": "the ternary kernel on tensor cores (step 9, Triton)",
     "step12_w2a8 (CUDA C++)": "the ternary kernel with int8 activations (step 12, CUDA C++)",
-    "step12_w2a8, quantize='every block' (CUDA C++)": "the ternary kernel with int8 activations, x quantised in "
-                                                      "every block (step 12, CUDA C++)",
+    "step13_w2a8_tiles (CUDA C++)": "the W2A8 kernel for several rows of x, one tile a warp (step 13, CUDA C++)",
     "step05_batched (Triton, tile skipping, one launch)": "the batched attention kernel (step 5, Triton, tile "
                                                           "skipping, one launch)",
     "step03_masked_head": "the loop with chapters 1 and 2 (step 3)",
@@ -153,8 +152,9 @@ PLAIN_NAMES = {
     "step01_baseline": "the loop with a dense head and a mask (step 1)",
     "step04_gated_draft": "the loop with grammar-cut drafts (step 4)",
     "chapter 7's step 3 (ch7_step03)": "chapter 7's loop (its step 3)",
-    "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of the pull request's "
-                                                                                 "first, two-phase kernel (step 3)",
+    "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of FastDeploy pull "
+                                                                                 "request #6960's first kernel, "
+                                                                                 "two-phase (step 3)",
 }
 
 #: The clocks of the results page's tables, in words.
@@ -238,12 +238,22 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
     return "\n".join(out)
 
 
-def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = None) -> str:
+#: Why a card's speedups in a folded table are marked, by the mark: the sentence said once above the table.
+MARKS = {"not comparable": "not comparable with the other card: this run's head is not padded as real models ship "
+                           "it, which slows the dense baseline",
+         "L2-favoured": "L2-favoured: this run replayed one copy of the head, so the rows a call reads could stay in "
+                        "L2 between calls (the other card's run rotates copies); its small allowed sets are not "
+                        "comparable with the other card's"}
+
+
+def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = None,
+                   l2_favoured: dict[str, set[str]] | None = None) -> str:
     """The folded tables for readers: a column whose cell is the same on every row of a table moves into a line above
     it, as does the tail the case cells share (``…, batch 1, end to end per output token``); the speedups of a card
     whose run is not comparable with the other's (``not_comparable`` maps a chapter's dropdown title to its cards'
     full names) are marked in their cells."""
-    not_comparable = not_comparable or {}
+    marked = {mark: by_chapter or {} for mark, by_chapter in (("not comparable", not_comparable),
+                                                             ("L2-favoured", l2_favoured))}
     lines, out, i = markdown.splitlines(), [], 0
     chapter = card = ""
     while i < len(lines):
@@ -280,12 +290,12 @@ def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = N
                 said.append(f"{name}: {body[0][k]}")
             else:
                 keep.append(k)
-        if card in not_comparable.get(chapter, set()) and "speedup" in head:
-            k = head.index("speedup")
-            for c in body:
-                c[k] += " (not comparable)"
-            said.append("not comparable with the other card: this run's head is not padded as real models ship it, "
-                        "which slows the dense baseline")
+        for mark, by_chapter in marked.items():
+            if card in by_chapter.get(chapter, set()) and "speedup" in head:
+                k = head.index("speedup")
+                for c in body:
+                    c[k] += f" ({mark})"
+                said.append(MARKS[mark])
         if said:
             out += ["; ".join(said)[0].upper() + "; ".join(said)[1:] + ".", ""]
         out.append("| " + " | ".join(head[k] for k in keep) + " |")
@@ -310,38 +320,117 @@ def _time_spread(cell: str) -> float | None:
 
 def flag_rows(markdown: str) -> str:
     """Every row of the folded tables (:func:`book.plotting.headline_markdown`'s) flagged by the results page's one
-    rule (:func:`book.results.caveat`): either side's spread, or a repeat on a second machine, more than 10% off.
-    The plotting module's own flag (our spread only) gives way to it."""
-    from book.results import caveat, repeated
-    from book.scoreboard import ENTRIES
+    rule (:func:`book.results.caveat`): either side's spread more than 10% of its median. The plotting module's own
+    flag (our spread only) gives way to it."""
+    from book.results import caveat
 
-    numbers = {e.bench: e.number for e in ENTRIES if e.bench}
-    out, section = [], ("", "")
+    out = []
     for line in markdown.splitlines():
-        m = re.match(r"^\*\*(\w+)\*\* — (.+?), \d{4}-", line)
-        if m:
-            section = (m.group(1), m.group(2).replace("NVIDIA ", "").replace(" 80GB HBM3", ""))
         if line.startswith("| ") and not line.startswith("| ours"):
             cells = line.split(" | ")
             if len(cells) >= 7:
-                ratio = re.match(r"\*\*([\d.]+)×\*\*", cells[3])
-                batch = re.search(r"batch (\d+)", cells[2])
-                again = (repeated(numbers.get(section[0], 0), section[1], int(batch.group(1)))
-                         if batch and ratio else None)
-                cells[3] = re.sub(r" \(spread \d+%\)", "", cells[3]) + caveat(
-                    _time_spread(cells[4]), _time_spread(cells[5]), float(ratio.group(1)) if ratio else None,
-                    again, section[1])
+                cells[3] = re.sub(r" \(spread \d+%\)", "", cells[3]) + caveat(_time_spread(cells[4]),
+                                                                               _time_spread(cells[5]))
                 line = " | ".join(cells)
         out.append(line)
+    return "\n".join(out)
+
+
+def _time_cell(row: dict[str, Any]) -> str:
+    """A benchmark row's time as the folded tables write it: median (fastest–slowest), µs."""
+    from book.common import us
+    from book.scoreboard import spread
+
+    lo, med, hi = spread(row)
+    return f"{us(med)} ({us(lo)}–{us(hi)})"
+
+
+def _pair_line(ours_label: str, rival_label: str, case: str, ours: dict[str, Any], rival: dict[str, Any]) -> str:
+    """A folded table's row for two benchmark rows of one run: the ratio with the page's flag, both times with their
+    spread, and our host time per call."""
+    from book.common import us
+    from book.results import caveat, spread as share
+    from book.scoreboard import spread
+
+    flag = caveat(share(*spread(ours)), share(*spread(rival)))
+    return (f"| {ours_label} | {rival_label} | {case} | **{rival['ms'] / ours['ms']:.2f}×**{flag} | "
+            f"{_time_cell(ours)} | {_time_cell(rival)} | {us(ours.get('host_ms'))} |")
+
+
+#: The folded tables' label of chapter 5's step 12 at its default place to quantise x (the chapter times it).
+W2A8_DEFAULT = "step12_w2a8 (CUDA C++)"
+
+
+def headline_rival_rows(markdown: str) -> str:
+    """The folded tables with the rows each headline stands on that the chapters' own tables leave out, computed from
+    the same card's benchmark file: chapter 2's kernel alone against index_select at the headline's 1,000 allowed
+    tokens; chapter 3's drafter against our corrected port of the pull request's revision (step 4); chapter 5's W2A8
+    step against BitNet's own kernel at its shapes, in a table of its own under the card's; and chapter 5's step 12
+    at the place to quantise x its chapter times (its default), not the fastest of its places."""
+    from book.results import bitnet_rows
+    from book.scoreboard import MASKED_HEAD_CASE, NGRAM_CASE, card_name, cards, load, one, rows
+
+    folders = {card_name(c): c for c in cards()}
+    extra: dict[tuple[str, str], list[str]] = {}
+    after: dict[tuple[str, str], list[str]] = {}
+    for gpu, folder in folders.items():
+        data = load(folder, "masked_lm_head")
+        if data is not None:
+            ours, rival = one(data, "step09", **MASKED_HEAD_CASE, layout="vd"), one(data, "index_select",
+                                                                                  **MASKED_HEAD_CASE)
+            if ours is not None and rival is not None:
+                extra[("masked_lm_head", gpu)] = [_pair_line(
+                    "the masked head's kernel alone, allowed ids given (step 9)",
+                    "torch index_select of the allowed rows, then a matmul",
+                    "batch 1, 1,000 of 128,256 tokens allowed, the kernel alone", ours, rival)]
+        data = load(folder, "ngram")
+        if data is not None:
+            series = "ngram_match" if rows(data, "ngram_match") else "step07"
+            ours, rival = one(data, series, **NGRAM_CASE), one(data, "step04", **NGRAM_CASE)
+            if ours is not None and rival is not None and ours["clock"] == rival["clock"]:
+                step = re.search(r"\d+", ours.get("step") or "")
+                label = (f"the GPU drafter's entry point (running step {int(step.group(0))})" if step
+                         else "the GPU drafter (step 7)")
+                extra[("ngram", gpu)] = [_pair_line(
+                    label, "our corrected port of the pull request's revision (#7136), made exact (step 4)",
+                    "128 slots x 32768 tokens, budget 128", ours, rival)]
+        found = bitnet_rows(folder)
+        if found:
+            after[("ternary", gpu)] = [
+                "", f"Against BitNet's own W2A8 kernel (2-bit weights, 8-bit activations; x quantised to int8 before "
+                    f"its call, inside ours), one row of x, at the {len(found)} shapes its kernel is built for, on the "
+                    "same card and clock:", "",
+                "| ours | against | case | speedup | ours (µs) | theirs (µs) | host per call (µs) |",
+                "|---|---|---|---|---|---|---|"] + [_pair_line(ours_label, "BitNet's W2A8 kernel", case, ours, rival)
+                                                    for ours_label, case, ours, rival in found]
+    out, key, lines = [], ("", ""), markdown.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^\*\*(\w+)\*\* — (.+?), \d{4}-", line)
+        if m:
+            key = (m.group(1), m.group(2))
+        if key[0] == "ternary" and line.startswith("| step12_w2a8, quantize="):  # the chapter's default place
+            data = load(folders[key[1]], "ternary") if key[1] in folders else None
+            cells = line.split(" | ")
+            ours = one(data, "step12", shape="4096x14336", m=1) if data else None
+            rival = one(data, "torch_int_mm", shape="4096x14336", m=1) if data else None
+            if ours is not None and rival is not None and ours["clock"] == rival["clock"] == "gpu":
+                line = _pair_line(W2A8_DEFAULT, cells[1], cells[2], ours, rival)
+        out.append(line)
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if line.startswith("| ") and not nxt.startswith("|"):  # the end of a card's table
+            out += extra.pop(key, [])
+            out += after.pop(key, [])
     return "\n".join(out)
 
 
 def grouped_rows(markdown: str, board: list[dict[str, Any]]) -> str:
     """Chapter 6's grouped-query headline (the scoreboard's row of the entry point on grouped heads) added to its
     card's folded table, which times 32 heads only: the page's headline for that card has a row to stand on."""
-    from book.results import caveat, spread
     from book.common import us
+    from book.results import caveat, spread
+    from book.scoreboard import MULTI_ITEM_GQA_CASE, card_name, cards, load, one
 
+    folders = {card_name(c): c for c in cards()}
     grouped = {r["card"]: r for r in board if r["number"] == 6 and not r["lead"] and "missing" not in r
                and r.get("vs_rival") is not None}
     batch = {r["card"]: ", ".join(r["shape"].split(", ")[:2]) for r in board if r["number"] == 6 and r["lead"]}
@@ -356,11 +445,17 @@ def grouped_rows(markdown: str, board: list[dict[str, Any]]) -> str:
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         r = grouped.get(card)
         if r and line.startswith("| ") and not nxt.startswith("|"):
-            ours = spread(r["fastest_ms"], r["median_ms"], r["slowest_ms"])
             shape = r["shape"].replace("the same batch", batch.get(card, "the same batch"))
-            out.append(f"| {r['ours']} | {r['rival']} | {shape} | **{r['vs_rival']:.2f}×**{caveat(ours)} | "
-                       f"{us(r['median_ms'])} ({us(r['fastest_ms'])}–{us(r['slowest_ms'])}) | {us(r['rival_ms'])} | "
-                       "– |")
+            data = load(folders[card], "multi_item") if card in folders else None
+            mine = one(data, "step06", **MULTI_ITEM_GQA_CASE) if data else None
+            peer = one(data, "FlashInfer", **MULTI_ITEM_GQA_CASE) if data else None
+            if mine is not None and peer is not None:  # both rows of the run, with their spreads and host time
+                out.append(_pair_line(r["ours_long"], r["rival"], shape, mine, peer))
+            else:
+                ours = spread(r["fastest_ms"], r["median_ms"], r["slowest_ms"])
+                out.append(f"| {r['ours']} | {r['rival']} | {shape} | **{r['vs_rival']:.2f}×**{caveat(ours)} | "
+                           f"{us(r['median_ms'])} ({us(r['fastest_ms'])}–{us(r['slowest_ms'])}) | "
+                           f"{us(r['rival_ms'])} | – |")
             card = ""
     return "\n".join(out)
 
@@ -375,8 +470,13 @@ def headlines_page_markdown() -> str:
              and "missing" not in r}  # the row against the CPU loop, end to end
     # chapter 7's runs whose head was not padded (the scoreboard's flag): their speedups are marked
     unpadded = {f"Chapter {r['number']}: {r['title']}": {r["card"]} for r in board if r.get("unpadded_head")}
-    text = grouped_rows(flag_rows(headline_markdown()), board)
-    return compact_tables(folded_by_chapter(readable_headlines(text, ngram)), unpadded)
+    one_copy: dict[str, set[str]] = {}  # chapter 2's runs that replayed one copy of the head, where another rotated
+    if any(r.get("one_copy") is False for r in board):
+        for r in board:
+            if r.get("one_copy"):
+                one_copy.setdefault(f"Chapter {r['number']}: {r['title']}", set()).add(r["card"])
+    text = grouped_rows(headline_rival_rows(flag_rows(headline_markdown())), board)
+    return compact_tables(folded_by_chapter(readable_headlines(text, ngram)), unpadded, one_copy)
 
 
 class HeadlinesDirective(SphinxDirective):
