@@ -25,8 +25,9 @@ INSIDER = [
     (re.compile(r"(?<![\w/.#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w/.-])"), "a commit hash"),
 ]
 
-#: A measured quantity written into prose: a number with a unit of time, speed, size or ratio.
-NUMBER_WITH_UNIT = re.compile(r"(?<![\w.{`$])\d[\d,]*(?:\.\d+)?\s?(?:µs|us|ms|ns|s|x|×|%|GB/s|TB/s|TFLOP/s|TFLOPS|"
+#: A measured quantity written into prose: a number with a unit of time, speed, size or ratio ("4096 × 14336" is
+#: a shape, not a ratio).
+NUMBER_WITH_UNIT = re.compile(r"(?<![\w.{`$×])\d[\d,]*(?:\.\d+)?\s?(?:µs|us|ms|ns|s|(?:x|×)(?!\s?\d)|%|GB/s|TB/s|TFLOP/s|TFLOPS|"
                               r"MB|GB|KB|MiB|GiB)(?![\w])")
 
 
