@@ -75,12 +75,18 @@ def caveat(ours: float | None = None, theirs: float | None = None) -> str:
     return f" ({'; '.join(said)})" if said else ""
 
 
+@functools.lru_cache(maxsize=1)
+def _committed_headlines() -> tuple[dict[str, Any], ...]:
+    """Every chapter's headline rows from the committed files, read once a process (each scoreboard row asks)."""
+    from book.plotting import headline_rows
+
+    return tuple(headline_rows())
+
+
 def _folded_row(board_row: dict[str, Any]) -> dict[str, Any] | None:
     """The folded tables' row (:func:`book.plotting.headline_rows`) that times the same pair as a scoreboard row:
     same card, same two medians; None where none does."""
-    from book.plotting import headline_rows
-
-    for r in headline_rows():
+    for r in _committed_headlines():
         if (r["gpu"] == board_row["card"] and r.get("kernel_ms") is not None and r.get("baseline_ms") is not None
                 and math.isclose(r["kernel_ms"], board_row["median_ms"], rel_tol=1e-9)
                 and math.isclose(r["baseline_ms"], board_row["rival_ms"], rel_tol=1e-9)):

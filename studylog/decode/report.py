@@ -345,18 +345,23 @@ def headline(results) -> list[dict]:
     models the medians over the suite's JSON schemas (the case names the head's rows: a run whose head was not padded is another case), on the real
     model the median over its requests."""
     json_names = set(suite_names("json"))
+    compact = rows_of(results.rows, whitespace="compact")
+    baselines = {}  # (model, batch, schema) -> the first baseline row, as rows_of(...)[0] would give
+    for r in compact:
+        p = r["params"]
+        if p.get("config") == "baseline":
+            baselines.setdefault((p.get("model"), p.get("batch"), p.get("schema")), r)
     out = []
     for model, batch in (("1b", 1), ("1b", 8), ("8b", 1), ("8b", 8), ("smollm2", 1), ("smollm2", 8)):
         real = model == "smollm2"
         for config in ("masked_head", "jump_forward"):
             ratios, mine, theirs, host = [], [], [], []
-            for r in rows_of(results.rows, model=model, batch=batch, config=config, whitespace="compact"):
-                base = rows_of(results.rows, model=model, batch=batch, config="baseline", whitespace="compact",
-                               schema=r["params"]["schema"])
+            for r in rows_of(compact, model=model, batch=batch, config=config):
+                base = baselines.get((model, batch, r["params"]["schema"]))
                 if base and (real or r["params"]["schema"] in json_names):
-                    ratios.append(base[0]["ms"] / r["ms"])
+                    ratios.append(base["ms"] / r["ms"])
                     mine.append(r["ms"])
-                    theirs.append(base[0]["ms"])
+                    theirs.append(base["ms"])
                     parts = r.get("breakdown_ms_per_token") or {}
                     if "host" in parts:  # the step's time outside every timed part: host overhead, per token
                         host.append(parts["host"])
