@@ -537,3 +537,47 @@ def test_the_breakdown_bars_are_the_instrumented_totals_with_the_timed_total_as_
     assert decode_figures.TICK_LABEL in ax.get_legend_handles_labels()[1]
     plt.close(ax.figure)
 
+
+
+def test_the_steps_table_gives_step_3s_changes_their_own_rows():
+    """With the rows that add step 3's changes one at a time, step 3 is followed by 3a to 3c, each with its factor
+    there (the ratio of the median times before and after it), and no time of that other timing."""
+    def row(config, schema, ms):
+        parts = {"body": ms * 0.8, "mask_wait": 0.0, "mask_apply": 0.0, "head": 0.0, "sampling": 0.0, "host": 0.0}
+        return {"series": "step03_changes", "ms": ms, "same_tokens_as_step01": True, "breakdown_ms_per_token": parts,
+                "params": {"model": "1b", "batch": 1, "schema": schema, "config": config}}
+
+    times = {"jump_forward": (1.0, 1.2, 1.1), "automaton_mask": (0.95, 1.15, 1.0),
+             "masked_full_argmax": (0.9, 1.0, 0.85), "masked_head": (0.8, 0.9, 0.85)}
+    changes = [row(c, s, t) for c, ts in times.items() for s, t in zip(("a", "b", "c"), ts)]
+    names = ("classifier", "weather_call", "tool_call")
+    chapter = Results("decode.json", {"ceilings": {"copy_bandwidth_gbs": 4000.0}, "measurements": [
+        {"series": c, "ms": t, "forwards": 10, "tokens": 10,
+         "params": {"model": "1b", "batch": 1, "schema": n, "config": c, "whitespace": "compact"}}
+        for c, t in (("baseline", 1.2), ("jump_forward", 1.1), ("masked_head", 0.9)) for n in names]})
+    lines = lesson.steps_table(chapter, "1b", 1, changes).splitlines()
+    assert [ln.split("|")[1].strip() for ln in lines[2:]] == ["`step01_baseline`", "`step02_jump_forward`",
+                                                              "`step03_masked_head`", "3a", "3b", "3c"]
+    factors = [r["x_previous"] for r in lesson.step03_changes_rows(changes, "1b", 1)[1:]]
+    for line, factor in zip(lines[5:], factors):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert cells[2] == "–" and cells[3] == f"{factor:.2f}×" and cells[4] == "–"
+    assert lesson.steps_table(chapter, "1b", 1) == "\n".join(lines[:5])  # without the rows: no sub-rows
+
+
+def test_the_jump_counts_count_two_ways():
+    """Chapter 7's way (medians of forwards per token) and chapter 1's (sums, the baseline's EOS forwards left out)
+    from hand-made rows."""
+    names = ("classifier", "weather_call", "tool_call")
+    counts = {"baseline": ((3, 4), (20, 21), (30, 31)), "jump_forward": ((3, 2), (20, 20), (30, 27)),
+              "char_jump": ((3, 1), (20, 6), (30, 10))}
+    rows = [{"series": c, "ms": 1.0, "tokens": t, "forwards": f,
+             "params": {"model": "1b", "batch": 1, "schema": n, "config": c, "whitespace": "compact"}}
+            for c, per in counts.items() for n, (t, f) in zip(names, per)]
+    jc = lesson.jump_counts(Results("decode.json", {"measurements": rows}))
+    assert jc["documents"] == 3 and jc["eos_forwards"] == 3
+    assert jc["fwd_base"] == pytest.approx(21 / 20)
+    assert jc["saved_token"] == pytest.approx(1 - (27 / 30) / (21 / 20))
+    assert jc["ch1_saved_token"] == pytest.approx(1 - 49 / 53)
+    assert jc["ch1_saved_char"] == pytest.approx(1 - 17 / 53)
+    assert lesson.jump_counts(Results("decode.json", {"measurements": rows[:3]})) is None

@@ -23,8 +23,9 @@ from studylog.decode import report
 from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
 
-__all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "amdahl_table", "body_table", "bound_excess",
-           "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings", "head_share_table",
+__all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "SUBSTEPS", "amdahl_table", "body_table",
+           "bound_excess", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
+           "head_share_table", "jump_counts",
            "measurement_findings", "step03_changes_rows", "step03_changes_table",
            "padding_table", "prose_numbers", "real_model_table", "results_table", "shapes_table", "targets_by_card",
            "tried_table", "public_shapes"]
@@ -488,7 +489,7 @@ def prose_numbers(current, earlier) -> dict[str, str]:
         out[f"dec_head_share_{key}"] = f"{s:.1%}"
         out[f"dec_head_bound_{key}"] = f"{1 / (1 - s):.2f}×"
     src = current or earlier
-    out["dec_source"] = ("the chapter's committed results" if current is not None else
+    out["dec_source"] = ("one benchmark run" if current is not None else
                          "an earlier quick run, from before the body was fused")
     out["dec_gpu"] = src.gpu if src is not None else PENDING
     out["dec_status"] = ("measured" if current is not None else
@@ -525,8 +526,10 @@ def prose_numbers(current, earlier) -> dict[str, str]:
     out["dec_target_vs_bound"] = (PENDING if bound is None else
                                   "above what the parts they remove can give at batch 1" if bound < TARGET_SPEEDUP
                                   else "within what the parts they remove can give at batch 1")
-    u = _body_row(earlier, "body_unfused", "1b", 1) if earlier is not None else None
-    out["dec_unfused_vs_floor"] = fmt(u["ms"] / _floor_ms(earlier, "1b", False) if u else None, ".1f", "×")
+    # torch's eager body from the page's own run where it timed one, else from the earlier run
+    unfused = next((r for r in (current, earlier) if r is not None and _body_row(r, "body_unfused", "1b", 1)), None)
+    u = _body_row(unfused, "body_unfused", "1b", 1) if unfused is not None else None
+    out["dec_unfused_vs_floor"] = fmt(u["ms"] / _floor_ms(unfused, "1b", False) if u else None, ".1f", "×")
     f = _body_row(current, "body", "1b", 1) if current is not None else None
     out["dec_fused_vs_floor"] = fmt(f["ms"] / _floor_ms(current, "1b", False) if f else None, ".2f", "×")
     out["dec_fused_kernels"] = fmt(f.get("kernels_per_layer") if f else None, ".0f")
@@ -548,7 +551,7 @@ def prose_numbers(current, earlier) -> dict[str, str]:
         v = parts.get(config, {}).get("sampling")
         out[f"dec_sampling_loop_{config}"] = fmt(v * 1e3 if v is not None else None, ".0f", " µs")
     out["dec_floor_1b"] = fmt(_floor_ms(src, "1b", False), ".3f", " ms")
-    out["dec_bandwidth"] = f"{src.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s"
+    out["dec_bandwidth"] = f"{src.data['ceilings']['copy_bandwidth_gbs']:,.0f} GB/s"
     for model in ("1b", "8b"):
         for batch in (1, 8):
             u, p = (report.rows_of([r for r in src.rows if r["series"] == n], model=model, batch=batch)
@@ -567,12 +570,15 @@ def prose_numbers(current, earlier) -> dict[str, str]:
 
 #: The lesson's three steps, as the benchmark's configurations.
 STEP_CONFIGS = ("baseline", "jump_forward", "masked_head")
-#: What each step changes, for the steps table (step 3 holds three changes, each measured on its own in step 3's
-#: section, above the table: :data:`STEP03_CHANGES`).
+#: What each step changes, for the steps table (step 3 holds three changes, each with its own sub-row where the
+#: rows that add them one at a time are given: :data:`STEP03_CHANGES`, :data:`SUBSTEPS`).
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 1)",
-                "masked_head": "the automaton's allowed sets, the masked head on them, the argmax among them (chapter 2; "
-                                "three changes, each measured above)"}
+                "masked_head": "chapter 2's masked head and what it needs: three changes, 3a to 3c"}
+#: Step 3's sub-rows: the configuration that adds each change, its label and what it changes.
+SUBSTEPS = (("automaton_mask", "3a", "the automaton's allowed sets as the mask, no bitmask (dense head)"),
+            ("masked_full_argmax", "3b", "chapter 2's masked head reads only the allowed rows"),
+            ("masked_head", "3c", "the argmax reads only the allowed ids"))
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -594,14 +600,45 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
     return rows
 
 
-def steps_table(results, model: str = "1b", batch: int = 1) -> str:
-    """:func:`steps_rows` as the page's one steps table (Markdown)."""
+def steps_table(results, model: str = "1b", batch: int = 1, changes=None) -> str:
+    """:func:`steps_rows` as the page's one steps table (Markdown). With ``changes`` (rows of series
+    ``step03_changes``, which add step 3's changes one at a time), step 3 is followed by one sub-row per change
+    (:data:`SUBSTEPS`) whose "× previous" is that change's factor there (:func:`step03_changes_rows`); their times
+    are another timing's, so the sub-rows give the factor alone."""
     lines = ["| step | what changes | µs per token | × previous | × floor (its forwards' weight bytes) |",
              "|---|---|---|---|---|"]
+    factors = {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], model, batch)}
     for r in steps_rows(results, model, batch):
         prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
         lines.append(f"| `{r['step']}` | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
+        if r["step"] == report.series_label("masked_head"):
+            for config, label, what in SUBSTEPS:
+                if factors.get(config) is not None:
+                    lines.append(f"| {label} | {what} | – | {factors[config]:.2f}× | – |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
+
+
+def jump_counts(results, model: str = "1b", batch: int = 1) -> dict[str, float] | None:
+    """The forwards chapter 1's jumps save in this chapter's loop on the JSON schemas (compact), counted two ways.
+    The page's way: forwards per output token, the median over the schemas, token jumps (``jump_forward``) and
+    character jumps (``char_jump``) against the baseline (``saved_token``, ``saved_char``). Chapter 1's way
+    (``ch1_saved_token``, ``ch1_saved_char``): forwards summed over the documents, and the baseline's forwards
+    that pick EOS where nothing else is allowed left out (its forwards beyond one per token): chapter 1's step 1
+    never spends them, and the jump configurations stop there without one. ``eos_forwards``: how many those are;
+    ``documents``: one per schema. None where a configuration is missing."""
+    rows = {c: _json_rows(results, c, model, batch) for c in ("baseline", "jump_forward", "char_jump")}
+    if not all(rows.values()):
+        return None
+    per_token = {c: forwards_per_token(results, c, model, batch) for c in rows}
+    base = rows["baseline"]
+    eos = sum(r["forwards"] - r["tokens"] for r in base)
+    passes = sum(r["forwards"] for r in base) - eos
+    total = {c: sum(r["forwards"] for r in rows[c]) for c in ("jump_forward", "char_jump")}
+    return {"fwd_base": per_token["baseline"], "fwd_token": per_token["jump_forward"],
+            "saved_token": 1 - per_token["jump_forward"] / per_token["baseline"],
+            "saved_char": 1 - per_token["char_jump"] / per_token["baseline"],
+            "ch1_saved_token": 1 - total["jump_forward"] / passes, "ch1_saved_char": 1 - total["char_jump"] / passes,
+            "eos_forwards": eos, "documents": len(base)}
 
 
 def _case(results, model: str, batch: int) -> dict | None:
@@ -665,13 +702,15 @@ def result_rows(results) -> list[dict]:
 
 
 def result_table(results) -> str:
-    """Step 3 against the fair baseline (step 1) on every case, with the chapters' bound (the median of the
-    requests' own bounds) (Markdown): the medians
+    """Step 3 against the fair baseline (step 1) on every case, with the chapters' Amdahl forecast (the median of the
+    requests' own, :func:`~book.decode.results.median_bound`; host time held at step 1's, so a measurement can pass
+    it) (Markdown): the medians
     of the time per token over the case's requests (the cost models' nine JSON schemas; the real model's requests),
     their ratio (the statistic the headline uses), and the requests' own ratios: the smallest, the median and the
     largest."""
     lines = ["| case | batch | requests | step 1 (µs per token, median) | step 3 (µs per token, median) | "
-             "step 1 / step 3 | per request: least, median, most | bound of chapters 1 and 2 (median of the requests') |",
+             "step 1 / step 3 | per request: least, median, most | Amdahl forecast of chapters 1 and 2 (median of the "
+             "requests') |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result_rows(results):
         each = "–" if r["slowest"] is None else (f"{r['slowest']:.2f}×, {r['median_request']:.2f}×, "
