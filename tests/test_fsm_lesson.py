@@ -130,3 +130,52 @@ def test_the_folded_events_table_continues_the_first(classifier):
         assert first[2:] + rest[2:] == whole[2:]
     passes = [int(row.rsplit("|", 2)[1]) for row in whole[2:]]
     assert passes[-1] == result.forward_passes
+
+
+def test_no_label_of_a_drawing_covers_another_edge(classifier):
+    """At the size the page draws it, no edge label's box covers a point of another edge's curve (the classifier's
+    drawings have room for every label beside its own edge)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+
+    for level, compressed in (("token", False), ("token", True), ("char", True)):
+        ax = drawing.draw_automaton(classifier, level, compressed=compressed)
+        fig = ax.figure
+        renderer = fig.canvas.get_renderer()
+        fig.draw(renderer)
+        arrows = [p for p in ax.patches if isinstance(p, FancyArrowPatch)]
+        labels = [t for t in ax.texts if t.get_bbox_patch() is not None and not re.fullmatch(r"q\d+", t.get_text())]
+        assert len(arrows) == len(labels)  # one label per edge, drawn in the edges' order
+        for k, label in enumerate(labels):
+            box = label.get_bbox_patch().get_window_extent(renderer)
+            for j, arrow in enumerate(arrows):
+                if j == k:
+                    continue
+                path = arrow.get_transform().transform_path(arrow.get_path())
+                points = [p for poly in path.to_polygons(closed_only=False) for p in poly]
+                assert not any(box.contains(x, y) for x, y in points), (level, compressed, label.get_text(), j)
+        plt.close(fig)
+
+
+def test_step_1s_helpers_are_everything_its_listing_calls():
+    """The folded listings under step 1 hold every function and class of its module that the loop calls, directly
+    or through one another, so the listing reads alone."""
+    import ast
+    import inspect
+
+    from studylog.fsm import decoding
+
+    helpers = lesson.step_helpers(decoding.step01_uncompressed)
+    titles = [h.title for h in helpers]
+    module = {n.name for n in ast.parse(inspect.getsource(decoding)).body
+              if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    shown = [inspect.getsource(decoding.step01_uncompressed)] + [h.text for h in helpers]
+    for text in shown:
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in module:
+                assert node.func.id in titles + ["step01_uncompressed"], node.func.id
+    assert len(titles) == len(set(titles)) and {"forward_pass", "greedy"} <= set(titles)
+    assert next(h for h in helpers if h.title == "DecodeResult").text.startswith("@dataclass")

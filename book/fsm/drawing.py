@@ -235,24 +235,33 @@ def _label_box(text: str, inches: float) -> tuple[float, float]:
 
 
 def _label_spot(point, first: float, box: tuple[float, float], states: list[tuple[float, float]],
-                placed: list[tuple[float, float, float, float]], r: float) -> tuple[float, float]:
+                placed: list[tuple[float, float, float, float]], r: float,
+                curves: tuple[tuple[float, float], ...] = ()) -> tuple[float, float]:
     """Where an edge's label goes: the first point along the edge (``point(t)``, t from 0 to 1, starting at
-    ``first`` and moving out) where its ``box`` keeps clear of every state's circle and of the labels already
-    ``placed`` (x, y, width, height), so no label hides a state's name or another label; the clearest point
-    tried where none is clear."""
+    ``first`` and moving out) where its ``box`` keeps clear of every state's circle, of the labels already
+    ``placed`` (x, y, width, height) and of the other edges' ``curves`` (points sampled along them), then the
+    same points moved up or down by half the box, so the box touches its edge. A state or a
+    label is never covered where some point allows it, so no label hides a state's name or another label; among
+    those points, the one farthest from the other edges is taken when none clears them all."""
     w, h = box
-    best, best_gap = point(first), -1e9
-    for t in (first, 0.5, 0.4, 0.6, 0.3, 0.7, 0.35, 0.65, 0.25, 0.75, 0.2, 0.8):
+    best, best_score = point(first), (False, -1e9)
+    ts = (first, 0.5, 0.4, 0.6, 0.3, 0.7, 0.35, 0.65, 0.25, 0.75, 0.2, 0.8, 0.15, 0.85)
+    # on the edge first; then just above or below it, the box's edge touching the curve, so it still reads as
+    # the edge's label
+    for t, shift in [(t, 0.0) for t in ts] + [(t, s * (h / 2 + 0.04)) for t in ts for s in (1, -1)]:
         x, y = point(t)
+        y += shift
         to_state = min(((max(abs(x - sx) - w / 2, 0)) ** 2 + (max(abs(y - sy) - h / 2, 0)) ** 2) ** 0.5
                        for sx, sy in states) - (r + 0.05)
         to_label = min((max(abs(x - px) - (w + pw) / 2, abs(y - py) - (h + ph) / 2) for px, py, pw, ph in placed),
                        default=1.0)
-        gap = min(to_state, to_label)
-        if gap >= 0:
+        to_curve = min((max(abs(x - cx) - w / 2, abs(y - cy) - h / 2) for cx, cy in curves), default=1.0)
+        hard = min(to_state, to_label)
+        if hard >= 0 and to_curve >= 0:
             return x, y
-        if gap > best_gap:
-            best, best_gap = (x, y), gap
+        score = (hard >= 0, min(hard, to_curve) if hard >= 0 else hard)
+        if score > best_score:
+            best, best_score = (x, y), score
     return best
 
 
@@ -272,12 +281,16 @@ def _clearance(pos: dict, u: int, v: int, rad: float) -> float:
 
 
 def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token", compressed: bool = False,
-                   ax=None, max_labels: int = 4, title: Optional[str] = None):
+                   ax=None, max_labels: Optional[int] = None, title: Optional[str] = None):
     """Draw the automaton with matplotlib only (renders offline). States sit at their distance in bytes
-    from the start (in edges when compressed); forced jumps are orange; final states have a double ring."""
+    from the start (in edges when compressed); forced jumps are orange; final states have a double ring.
+    An edge's label lists at most ``max_labels`` of what it writes (default: 4, and 2 compressed, where merged
+    edges carry longer labels), then how many more."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Circle, FancyArrowPatch
 
+    if max_labels is None:
+        max_labels = 2 if compressed else 4
     g = automaton_graph(fsm, level, compressed)
     pos = _layout(g, fsm.initial, by_bytes=not compressed)
     if compressed:
@@ -302,40 +315,53 @@ def draw_automaton(fsm: ConstrainedFSM, level: Literal["token", "char"] = "token
         if g.nodes[n]["final"]:
             ax.add_patch(Circle((x * sx, y), r * 0.8, fc="none", ec="#33414f", lw=1.0, zorder=4))
         ax.text(x * sx, y, names.get(n, str(n)), ha="center", va="center", fontsize=8.5, zorder=5)
+    # first every edge's curve, then the labels, so a label can keep clear of the edges drawn after it too
+    curves = []  # per edge: (patch, its label's t to start from, point(t), points sampled along it)
+    for k, (u, v, d) in enumerate(g.edges(data=True)):
+        (x0, y0), (x1, y1) = pos[u], pos[v]
+        color = "#d9730d" if d["jump"] else "#33414f"
+        if u == v:
+            patch = FancyArrowPatch((x0 * sx - 0.1, y0 + r), (x0 * sx + 0.1, y0 + r), connectionstyle="arc3,rad=-2.5",
+                                    arrowstyle="-|>", mutation_scale=10, color=color, lw=1.0)
+            curves.append((patch, None, None, ()))
+            continue
+        dx, dy = (x1 - x0) * sx, y1 - y0
+        rad = 0.0
+        if g.has_edge(v, u):
+            rad = 0.25
+        elif _passes_near(pos, u, v, r * 1.5):  # a straight line would run through another state: bend,
+            # away from the middle first (arc3: rad < 0 bends up, left to right); at a fixed rad an arc's height
+            # grows with its span, so the arcs over one row nest and their labels stack
+            away = -1.0 if (y0 + y1) / 2 >= 0 else 1.0
+            if dx < 0:
+                away = -away
+            tries = [away * k for k in (0.4, 0.25, 0.6)] + [-away * k for k in (0.12, 0.25, 0.4, 0.6)]
+            clear = [c for c in tries if _clearance(pos, u, v, c) >= r * 1.6]
+            rad = clear[0] if clear else max(tries, key=lambda c: _clearance(pos, u, v, c))
+        patch = FancyArrowPatch((x0 * sx, y0), (x1 * sx, y1), connectionstyle=f"arc3,rad={rad}",
+                                arrowstyle="-|>", mutation_scale=11, color=color, lw=1.9 if d["jump"] else 1.1,
+                                shrinkA=r * 72 * 0.9, shrinkB=r * 72 * 0.9)
+        # matplotlib's arc3 curve is a quadratic Bézier through this control point (the segment when rad = 0)
+        cx, cy = x0 * sx + dx / 2 + rad * dy, y0 + dy / 2 - rad * dx
+
+        def point(t, x0=x0, y0=y0, x1=x1, y1=y1, cx=cx, cy=cy):
+            return ((1 - t) ** 2 * x0 * sx + 2 * (1 - t) * t * cx + t * t * x1 * sx,
+                    (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t * t * y1)
+
+        first = 0.5 if rad or abs(dx) <= 1.5 else 0.32 + 0.36 * ((k * 0.618) % 1.0)
+        curves.append((patch, first, point, tuple(point(i / 40) for i in range(3, 38))))
     label_ys: list[float] = []
     placed: list[tuple[float, float, float, float]] = []  # the labels drawn so far, which the next keep clear of
     for k, (u, v, d) in enumerate(g.edges(data=True)):
-        (x0, y0), (x1, y1) = pos[u], pos[v]
+        patch, first, point, _ = curves[k]
         text = _label(d["labels"], max_labels)
         color = "#d9730d" if d["jump"] else "#33414f"
-        if u == v:
-            rad, frac = 0.0, 0.5
-            patch = FancyArrowPatch((x0 * sx - 0.1, y0 + r), (x0 * sx + 0.1, y0 + r), connectionstyle="arc3,rad=-2.5",
-                                    arrowstyle="-|>", mutation_scale=10, color=color, lw=1.0)
-            lx, ly = x0 * sx, y0 + r + 0.35
+        if point is None:  # a loop on one state: its label above it
+            lx, ly = pos[u][0] * sx, pos[u][1] + r + 0.35
         else:
-            dx, dy = (x1 - x0) * sx, y1 - y0
-            rad = 0.0
-            if g.has_edge(v, u):
-                rad = 0.25
-            elif _passes_near(pos, u, v, r * 1.5):  # a straight line would run through another state: bend,
-                # away from the middle first (arc3: rad < 0 bends up, left to right); at a fixed rad an arc's height
-                # grows with its span, so the arcs over one row nest and their labels stack
-                away = -1.0 if (y0 + y1) / 2 >= 0 else 1.0
-                if dx < 0:
-                    away = -away
-                tries = [away * k for k in (0.4, 0.25, 0.6)] + [-away * k for k in (0.12, 0.25, 0.4, 0.6)]
-                clear = [c for c in tries if _clearance(pos, u, v, c) >= r * 1.6]
-                rad = clear[0] if clear else max(tries, key=lambda c: _clearance(pos, u, v, c))
-            patch = FancyArrowPatch((x0 * sx, y0), (x1 * sx, y1), connectionstyle=f"arc3,rad={rad}",
-                                    arrowstyle="-|>", mutation_scale=11, color=color, lw=1.9 if d["jump"] else 1.1,
-                                    shrinkA=r * 72 * 0.9, shrinkB=r * 72 * 0.9)
-            # matplotlib's arc3 curve is a quadratic Bézier through this control point (the segment when rad = 0)
-            cx, cy = x0 * sx + dx / 2 + rad * dy, y0 + dy / 2 - rad * dx
-            first = 0.5 if rad or abs(dx) <= 1.5 else 0.32 + 0.36 * ((k * 0.618) % 1.0)
-            lx, ly = _label_spot(lambda t: ((1 - t) ** 2 * x0 * sx + 2 * (1 - t) * t * cx + t * t * x1 * sx,
-                                            (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t * t * y1),
-                                 first, _label_box(text, inches), [(px * sx, py) for px, py in pos.values()], placed, r)
+            others = tuple(p for j, c in enumerate(curves) if j != k for p in c[3])
+            lx, ly = _label_spot(point, first, _label_box(text, inches), [(px * sx, py) for px, py in pos.values()],
+                                 placed, r, others)
         patch.set_zorder(2)
         ax.add_patch(patch)
         label_ys.append(ly)

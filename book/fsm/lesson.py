@@ -12,7 +12,8 @@ import numpy as np
 from book.fsm.figures import SERIES_COLORS
 from book.fsm.peers import LIBRARIES, PeerRow
 
-__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes", "saved_share", "steps_table",
+__all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes",
+           "saved_share", "steps_table", "step_helpers",
            "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "agreement_table", "timing_table", "plot_peers",
            "ENGINE_NAMES", "cpu_name"]
 
@@ -90,6 +91,48 @@ def steps_table(results) -> str:
     return "\n".join(lines)
 
 
+# --- the code a step's listing calls --------------------------------------------------------------------------
+
+def step_helpers(step) -> list:
+    """The module-level functions and classes of ``step``'s module that it calls by name, directly or through one
+    another, in the order they are first called, each as a ``studylog.source.Code`` titled with its name: what a
+    reader needs beside the step's listing to read it alone. Read from the module's source, so it is the code the
+    loop runs."""
+    import ast
+    import inspect
+    import sys
+
+    from studylog.source import show_source
+
+    module = sys.modules[step.__module__]
+    text = inspect.getsource(module)
+    defs = {node.name: node for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+    def called(node) -> list[str]:
+        names = []
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in defs \
+                    and sub.func.id not in names:
+                names.append(sub.func.id)
+        return sorted(names, key=lambda n: next(c.lineno for c in ast.walk(node) if isinstance(c, ast.Call)
+                                                  and isinstance(c.func, ast.Name) and c.func.id == n))
+
+    order, todo = [], called(defs[step.__name__])
+    while todo:
+        name = todo.pop(0)
+        if name in order or name == step.__name__:
+            continue
+        order.append(name)
+        todo.extend(called(defs[name]))
+    lines = text.splitlines()
+
+    def source(node) -> str:  # from its first decorator (a dataclass's ``@dataclass``) to its last line
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        return "\n".join(lines[first - 1:node.end_lineno]) + "\n"
+
+    return [show_source(source(defs[name]), title=name) for name in order]
+
+
 # --- how many tokens a state allows --------------------------------------------------------------------------
 
 def plot_mask_counts(counts: Sequence[int], vocab_size: int, ax=None, title: Optional[str] = None):
@@ -131,18 +174,19 @@ FORCED_COLUMNS = (("ours", "tokens", "ours: token jumps"), ("ours", "bytes", "ou
 
 
 def peers_table(rows: Sequence[PeerRow]) -> str:
-    """Markdown: per entry, forward passes per library and policy, with the share of the passes without jumps
-    (``passes: none``) that the policy saves in parentheses (the steps table's measure), then the documents each retokenizing or fast-forwarding policy wrote in
-    another split than the tokenizer's (our token jumps never do); totals last."""
+    """Markdown: per entry, the forward passes without jumps, then per library and policy the passes with its
+    jumps and, in parentheses, the share of the passes without jumps it saves (the steps table's measure), then the
+    documents each retokenizing or fast-forwarding policy wrote in another split than the tokenizer's (our token
+    jumps never do); totals last."""
     table = _by_entry(rows)
     cols = [c for c in FORCED_COLUMNS if any(c[0] in libs for libs in table.values())]
     split_cols = [c for c in cols if c[2] != "ours: token jumps"]
-    lines = ["| entry | passes: none | " + " | ".join(h for *_, h in cols)
+    lines = ["| entry | passes, no jumps | " + " | ".join(h for *_, h in cols)
              + " | non-canonical documents: " + " / ".join(h for *_, h in split_cols) + " |",
              "|" + "---|" * (3 + len(cols))]
     total = {"none": 0, **{h: [0, 0, 0, 0] for *_, h in cols}}
     for name, libs in table.items():
-        cells = [name, str(libs["ours"].passes["none"])]
+        cells = [name, f"{libs['ours'].passes['none']:,}"]
         total["none"] += libs["ours"].passes["none"]
         canon = []
         for lib, policy, h in cols:
@@ -151,8 +195,8 @@ def peers_table(rows: Sequence[PeerRow]) -> str:
                 cells.append("–")
                 canon.append("–")
                 continue
-            cells.append(f"{r.passes[policy]} ({100 * r.saved(policy, libs['ours']):.0f}%)")
-            canon.append(str(r.noncanonical[policy]))
+            cells.append(f"{r.passes[policy]:,} ({100 * r.saved(policy, libs['ours']):.0f}%)")
+            canon.append(f"{r.noncanonical[policy]:,}")
             t = total[h]
             t[0] += r.passes[policy]
             t[1] += r.picked[policy]
@@ -160,9 +204,9 @@ def peers_table(rows: Sequence[PeerRow]) -> str:
             t[3] += r.noncanonical[policy]
         lines.append("| " + " | ".join(cells) + " | " + " / ".join(c for c, (*_, h) in zip(canon, cols)
                                                                    if h != "ours: token jumps") + " |")
-    cells = ["**all**", f"**{total['none']}**"]
-    cells += [f"**{total[h][0]} ({100 * (1 - total[h][0] / max(total['none'], 1)):.1f}%)**" for *_, h in cols]
-    lines.append("| " + " | ".join(cells) + " | **" + " / ".join(str(total[h][3]) for *_, h in split_cols) + "** |")
+    cells = ["**all**", f"**{total['none']:,}**"]
+    cells += [f"**{total[h][0]:,} ({100 * (1 - total[h][0] / max(total['none'], 1)):.1f}%)**" for *_, h in cols]
+    lines.append("| " + " | ".join(cells) + " | **" + " / ".join(f"{total[h][3]:,}" for *_, h in split_cols) + "** |")
     return "\n".join(lines)
 
 
