@@ -112,3 +112,35 @@ def test_the_page_and_the_scoreboard_give_the_loop_the_same_bound():
     if row is None:
         pytest.skip("no committed H200 run of chapter 8")
     assert row["loop_bound_ms"] * 1e3 == pytest.approx(lesson.loop_bound(lesson.committed())["bound_us"])
+
+
+def test_the_capped_requests_are_told_apart_from_the_rest():
+    """The requests that run to the output cap, found from hand-made rows at batch 1: their speedups, which of
+    their outputs repeat a phrase, how many of the largest speedups they hold, and the medians without them."""
+    from studylog.speculate import report
+
+    cap = report.MAX_NEW
+    speeds = {"a": (1.0, 1.2, 50), "b": (1.0, 1.5, 60), "c": (1.0, 3.0, cap), "d": (1.0, 1.4, cap), "e": (1.0, 1.3, 70)}
+    rows = []
+    for name, (ms7, up, tokens) in speeds.items():
+        rows.append(_row("ch7_step03", name, ms7, [1], tokens))
+        rows.append(_row("step04", name, ms7 / up, [1], tokens))
+    notes = ["c (batch 1): {\"name\":\"Kai-Kai-Kai-Kai-Kai-Kai", "d (batch 1): {\"name\":\"A long copy of the text"]
+    got = lesson.capped(Results(REPO_ROOT / "none.json", {"measurements": rows, "notes": notes}))
+    assert [r["request"] for r in got["rows"]] == ["c", "d"] and got["cap"] == cap and got["requests"] == 5
+    assert [r["repeats"] for r in got["rows"]] == [True, False]
+    assert got["top"] == 1  # of the two largest speedups (3.0, 1.5) one is capped
+    assert got["median_without"] == pytest.approx(1.3) and got["median_all"] == pytest.approx(1.4)
+    assert got["ratio_without"] == pytest.approx(1.0 / statistics.median([1 / 1.2, 1 / 1.5, 1 / 1.3]))
+
+
+def test_the_samples_are_the_first_document_of_each_kind():
+    from studylog.speculate import requests
+
+    results = lesson.committed()
+    samples = lesson.sample_outputs(results)
+    kinds = list(dict.fromkeys(d["kind"] for d in requests.workload()["documents"]))
+    firsts = [next(d["name"] for d in requests.workload()["documents"] if d["kind"] == k) for k in kinds]
+    assert [s.split(": ", 1)[0] for s in samples] == firsts
+    assert all(len(s) <= 40 for s in lesson.sample_outputs(results, width=40))
+    assert lesson.repeats("Kai-Kai-Kai-Kai-") and not lesson.repeats("Kai-Kai-Kai-")

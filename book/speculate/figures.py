@@ -13,23 +13,33 @@ MARKERS = {"extraction": ("o", "#1b9e77"), "low_copy": ("s", "#d95f02")}
 
 def speedup_figure(results):
     """Per request: tokens per forward of step 4 over chapter 7's step 3 (x) against the measured speedup (y); the
-    diagonal is the speedup if a verifying forward cost a one-token forward."""
+    diagonal is the speedup if a verifying forward cost a one-token forward. At batch 1 a ring marks the requests
+    whose output ran to the output cap."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), sharey=True)
+    capped_labelled = False
     for ax, batch in zip(axes, (1, 8)):
         top = 1.0
         for workload, (marker, color) in MARKERS.items():
             rows = report.rows_of(results.rows, batch=batch, workload=workload)
             ref = {r["params"]["request"]: r for r in rows if r["series"] == "ch7_step03"}
-            xs, ys = [], []
+            xs, ys, cap_x, cap_y = [], [], [], []
             for r in rows:
                 if r["series"] != "step04" or r["params"]["request"] not in ref:
                     continue
                 base = ref[r["params"]["request"]]
                 xs.append(base["forwards"] / r["forwards"])
                 ys.append(base["ms"] / r["ms"])
+                # ran to the output cap (at batch 1, where a row is one sequence): mostly a model repeating itself
+                if batch == 1 and r["tokens"] >= report.MAX_NEW:
+                    cap_x.append(xs[-1])
+                    cap_y.append(ys[-1])
             ax.scatter(xs, ys, marker=marker, color=color, s=28, label=workload.replace("_", "-"), alpha=0.85)
+            if cap_x:
+                ax.scatter(cap_x, cap_y, marker="o", s=90, facecolors="none", edgecolors="black", lw=0.9,
+                           label=f"ran to the {report.MAX_NEW}-token cap" if not capped_labelled else None)
+                capped_labelled = True
             top = max([top, *xs, *ys])
         ax.plot([0.8, top * 1.05], [0.8, top * 1.05], color="#999999", lw=1, ls="--", label="forward ratio")
         ax.axhline(1.0, color="#4d4d4d", lw=0.8)

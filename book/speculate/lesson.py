@@ -282,11 +282,64 @@ def markdown_table(rows: list[dict[str, Any]], formats: dict[str, str]) -> str:
     return "\n".join([head] + lines)
 
 
-def sample_outputs(results, names=("invoice_2", "contact_1", "event_2", "product_3")) -> list[str]:
-    """The outputs the benchmark kept for a few extraction requests at batch 1 (chapter 7's step 3 wrote them;
-    every step writes the same)."""
-    notes = [t for t in results.data["notes"] if "(batch 1):" in t]
-    return [t for n in names for t in notes if t.startswith(f"{n} (batch 1):")]
+def _notes(results, batch: int) -> dict[str, str]:
+    """The outputs the benchmark kept (chapter 7's step 3 wrote them), by request, at ``batch``."""
+    tag = f" (batch {batch}): "
+    return {t.split(tag, 1)[0]: t.split(tag, 1)[1] for t in results.data["notes"] if tag in t}
+
+
+def sample_outputs(results, batch: int = 1, width: int | None = None) -> list[str]:
+    """The page's samples, picked by a rule and not by their quality: the output kept for the first document of
+    each kind (``invoice_1``, ``contact_1``, ...), as ``name: output``, cut at ``width`` characters."""
+    from studylog.speculate import requests
+
+    notes, seen, out = _notes(results, batch), set(), []
+    for doc in requests.workload()["documents"]:
+        if doc["kind"] in seen or doc["name"] not in notes:
+            continue
+        seen.add(doc["kind"])
+        out.append(_cut(f"{doc['name']}: {notes[doc['name']]}", width))
+    return out
+
+
+def _cut(text: str, width: int | None) -> str:
+    return text if width is None or len(text) <= width else text[:width - 1] + "…"
+
+
+def repeats(text: str, times: int = 4) -> bool:
+    """Whether ``text`` holds a phrase of 3 to 80 characters written ``times`` times in a row: the output of a
+    model caught in a loop (``Kai-Kai-Kai-Kai-``)."""
+    import re
+
+    return re.search(r"(.{3,80}?)\1{%d,}" % (times - 1), text, flags=re.S) is not None
+
+
+def capped(results, workload: str = "extraction") -> dict[str, Any]:
+    """The requests whose step 4 output ran to the output cap (:data:`studylog.speculate.report.MAX_NEW` tokens)
+    instead of closing its JSON, against the rest, at batch 1 (where a row is one sequence; a batch's row sums its
+    sequences' tokens). ``rows``: each such request, its speedup over chapter 7's step 3,
+    whether its kept output repeats a phrase (:func:`repeats`) and that output; largest speedup first. ``top``: how
+    many of the workload's largest speedups, as many as there are capped requests, are capped ones. Without them:
+    the median of the requests' own speedups (``median_without``) and the ratio of the median times
+    (``ratio_without``, the headline's statistic), beside ``median_all`` and ``ratio_all``."""
+    ref = {r["params"]["request"]: r for r in _rows(results, 1, workload, "ch7_step03")}
+    mine = {r["params"]["request"]: r for r in _rows(results, 1, workload, "step04")}
+    speed = {name: ref[name]["ms"] / r["ms"] for name, r in mine.items() if name in ref}
+    notes = _notes(results, 1)
+    hit = sorted((n for n, r in mine.items() if r["tokens"] >= report.MAX_NEW and n in speed), key=lambda n: -speed[n])
+    rest = [n for n in speed if n not in hit]
+    largest = sorted(speed, key=lambda n: -speed[n])[:len(hit)]
+
+    def ratio(names) -> float:
+        return statistics.median(ref[n]["ms"] for n in names) / statistics.median(mine[n]["ms"] for n in names)
+
+    return {"cap": report.MAX_NEW, "requests": len(speed),
+            "rows": [{"request": n, "speedup": speed[n], "repeats": repeats(notes.get(n, "")),
+                      "output": notes.get(n, "")} for n in hit],
+            "top": sum(n in hit for n in largest),
+            "median_all": statistics.median(speed.values()), "ratio_all": ratio(list(speed)),
+            "median_without": statistics.median(speed[n] for n in rest) if rest else None,
+            "ratio_without": ratio(rest) if rest else None}
 
 
 def slowest(results, batch: int, workload: str, series: str) -> float:
@@ -296,5 +349,5 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
 
 __all__ = ["NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "bound_rows", "breakdown_table", "committed",
            "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses", "markdown_table", "median_ms",
-           "prefill_probe", "sample_outputs", "second_machine", "second_run", "slowest", "steps_table", "validity",
+           "prefill_probe", "capped", "repeats", "sample_outputs", "second_machine", "second_run", "slowest", "steps_table", "validity",
            "verify_layer_split"]
