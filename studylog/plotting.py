@@ -40,7 +40,7 @@ class Results:
         command stay in the file."""
         v = self.data["versions"]
         return (f"Measured on {self.gpu} on {self.date} (torch {v['torch']}, triton {v['triton']}; "
-                f"copy bandwidth {self.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s).")
+                f"copy bandwidth {self.data['ceilings']['copy_bandwidth_gbs']:,.0f} GB/s).")
 
     def select(self, series: str | None = None, role: str | None = None, **params: Any) -> list[dict[str, Any]]:
         """Rows matching a series name, a role and parameter values."""

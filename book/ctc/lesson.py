@@ -54,7 +54,7 @@ def caption(results) -> str:
     """Where and when a results file was measured (GPU, date, versions, the copy bandwidth of that run)."""
     v = results.data["versions"]
     return (f"Measured on {results.gpu} on {results.date} (torch {v['torch']}, triton {v['triton']}; copy bandwidth "
-            f"{results.data['ceilings']['copy_bandwidth_gbs']:.0f} GB/s in the same run).")
+            f"{results.data['ceilings']['copy_bandwidth_gbs']:,.0f} GB/s in the same run).")
 
 
 def _row(results, series: str, **params) -> dict | None:
