@@ -1,0 +1,331 @@
+"""Chapter 3's steps 5 and 6 split into the two changes each bundles, one measured number each.
+
+Step 5 (``step05_one_pass``) bundles 5a, one pass for every n (windows aligned by their end, a thread per end
+measuring the common suffix), and 5b, an early exit once no later window can beat the slot's best key. Step 6
+(``step06_one_pass_fused``) bundles 6a, each slot split over a column of blocks (the best key published with a
+global atomicMin, blocks stopping when they cannot beat it), and 6b, phase 2 fused into the last block to finish
+(a ticket) instead of a second launch. A frozen copy of both kernels (``variants/step05_06_changes.cu``, which
+includes the library's ``ngram_common.cuh``) takes each second change back with one compile-time knob, so the
+chain step 4 -> 5a -> step 5 -> 6a -> step 6 is timed one change at a time:
+
+* ``5a``: ``one_pass_search<false>`` (no early exit, and so no barrier in its loop), then the library's
+  ``ngram_budget_scan``, step 5's phase 2;
+* ``5``: ``one_pass_search<true>``, the library's step 5 (the same PTX as ``ngram_search_one_pass``, names
+  aside), then ``ngram_budget_scan``;
+* ``6a``: ``one_pass_split<false>``, step 6's split search, then phase 2 in a second launch
+  (``budget_scan_reset``: the library's ``budget_scan_block``, resetting the keys as step 6's last block does);
+* ``6``: ``one_pass_split<true>``, the library's step 6 (the same PTX as ``ngram_one_pass_fused``), one launch.
+
+Each launch takes the arguments, grid and scratch of the library's step bound to the same batch
+(``NgramMatcher(step05_one_pass | step06_one_pass_fused, ...)``), so every variant is bit-identical to it.
+
+    PYTHONPATH=$PWD python lab/ngram/step05_06_changes.py check --compile-only  # CPU: NVRTC, spills, the PTX
+    PYTHONPATH=$PWD python lab/ngram/step05_06_changes.py check                 # GPU: bit-identical
+    PYTHONPATH=$PWD python lab/ngram/step05_06_changes.py measure               # GPU: the timings, as JSON
+
+``measure`` times the variants and the library's steps 4, 5 and 6 (the anchors) at the table of steps' three
+cases (``book.ngram.lesson.BOEHM_CASES``) as the chapter's benchmark times a step (``studylog.ngram.report``):
+the benchmark's batch, the GPU clock (CUDA-graph replay over rotated copies of the batch, three repetitions),
+fewer calls a replay when a call is slow; every row checked bit-identical to the CPU path before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from book.ngram.lesson import BOEHM_CASES as CASES
+from studylog import cuda, ngram, paths, runtime
+from studylog.ngram import SCAN_THREADS, SIGNATURE, THREADS, NgramConfig, NgramInputs, NgramMatcher
+from studylog.ngram.report import BENCH_GRID, GRAPH_BUDGET_MS, MAX_COPIES, SLOW_CALL_MS, gen_width_for
+
+SOURCE = Path(__file__).resolve().parent / "variants" / "step05_06_changes.cu"
+NAME = SERIES = "step05_06_changes"
+#: Variant -> its search kernel, its phase 2 ((source, kernel), or None: fused), the library step that binds it.
+VARIANTS = {
+    "5a": ("one_pass_search<false>", ("ngram_two_phase", "ngram_budget_scan"), ngram.step05_one_pass),
+    "5": ("one_pass_search<true>", ("ngram_two_phase", "ngram_budget_scan"), ngram.step05_one_pass),
+    "6a": ("one_pass_split<false>", (SOURCE, "budget_scan_reset"), ngram.step06_one_pass_fused),
+    "6": ("one_pass_split<true>", None, ngram.step06_one_pass_fused),
+}
+CHANGES = {"5a": "step 4 + 5a (one pass for every n, no early exit)", "5": "5a + 5b (early exit): step 5",
+           "6a": "step 5 + 6a (split over blocks, phase 2 launched apart)", "6": "6a + 6b (phase 2 fused): step 6"}
+KNOBS = {"5a": {"early_exit": False}, "5": {"early_exit": True}, "6a": {"fused": False}, "6": {"fused": True}}
+INSTANCES = tuple(search for search, _, _ in VARIANTS.values())
+#: The instances at the library's setting, and the library kernel each must compile to.
+LIBRARY_TWINS = {"one_pass_search<true>": "ngram_search_one_pass", "one_pass_split<true>": "ngram_one_pass_fused"}
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(source, name: str, device: int) -> cuda.CudaKernel:
+    module = cuda.load(source, name_expressions=INSTANCES if source == SOURCE else (), device=device)
+    return module.kernel(name, SIGNATURE)
+
+
+def bind(variant: str, inputs: NgramInputs, draft, this_time, config: NgramConfig, chunk_tiles=None):
+    """(matcher, launches): the library step bound to the batch (arguments, scratch, split), and the variant's
+    launches on it in order (the search, then phase 2 unless fused)."""
+    search, phase2, step = VARIANTS[variant]
+    options = {"chunk_tiles": chunk_tiles} if chunk_tiles and step is ngram.step06_one_pass_fused else {}
+    m = NgramMatcher(step, inputs, draft, this_time, config=config, check_values=False, **options)
+    dev = torch.cuda.current_device()
+    grid = (m.batch,) if step is ngram.step05_one_pass else (m.batch, m.prompt_chunks + m.gen_chunks)
+    k = kernel(SOURCE, search, dev)
+    launches = [lambda: k(grid, (THREADS,), *m.args)]
+    if phase2 is not None:
+        p2 = kernel(*phase2, dev)
+        launches.append(lambda: p2((1,), (SCAN_THREADS,), *m.args))
+    return m, launches
+
+
+def run_all(launches) -> None:
+    for launch in launches:
+        launch()
+
+
+# ---------------------------------------------------------------------------------------------
+# check --compile-only (CPU): NVRTC, spills, the library's PTX
+# ---------------------------------------------------------------------------------------------
+
+def code(compiled: cuda.CompiledSource, entry: str) -> tuple[list[str], list[str]]:
+    """One kernel's PTX, names aside: (its instructions, its shared variables' declarations, sorted). Kernel
+    and local names become placeholders, block labels are numbered per module in PTX (renumbered here), and a
+    shared variable two kernels use is declared once for the module, not in either: declarations are compared
+    as a set."""
+    lowered = compiled.lowered_names.get(entry, entry)
+    body = compiled.ptx_function(entry)
+
+    def plain(text: str) -> str:
+        text = re.sub(r"_ZZ\w*E\d+([A-Za-z_]\w*)", r"<local \1>", text)
+        return re.sub(r"\$L__BB\d+_", "$L__BB_", text.replace(lowered, "<kernel>"))
+
+    skip = re.compile(r"\s*(\.shared\b|// demoted variable|\.(file|loc)\b)")
+    lines = [plain(s) for s in body.splitlines() if not skip.match(s)]
+    shared = sorted({plain(d.strip()) for name in set(re.findall(r"_ZZ\w+", body))
+                     for d in re.findall(r"^\s*\.shared[^;\n]*\b" + name + r"\b[^;\n]*;", compiled.ptx, re.M)})
+    return lines, shared
+
+
+def compile_check() -> int:
+    """Every instance compiles for sm_90 without spills; at the library's setting, to the library's PTX."""
+    failures = 0
+    if not set(CASES) <= set(BENCH_GRID):
+        failures += 1
+        print(f"FAIL the table's cases {CASES} are not all benchmark cases")
+    start = time.perf_counter()
+    ours = cuda.compile_source(SOURCE, arch="sm_90", name_expressions=INSTANCES)
+    lib = cuda.compile_source("ngram_one_pass", arch="sm_90")
+    print(f"{len(INSTANCES) + 1} kernels compiled in {time.perf_counter() - start:.0f} s")
+    report, lib_report = ours.ptxas_report(), lib.ptxas_report()
+    for expr in INSTANCES + ("budget_scan_reset",):
+        r = report.get(ours.lowered_names.get(expr, expr), {})
+        ok = r.get("spill_stores", 1) == r.get("spill_loads", 1) == r.get("stack_bytes", 1) == 0
+        twin = LIBRARY_TWINS.get(expr)
+        line = f"  {expr:24s} {r.get('registers')} registers, {'no spills' if ok else f'SPILLS {r}'}"
+        if twin:
+            same = code(ours, expr) == code(lib, twin)
+            line += f"; PTX {'the same as' if same else 'DIFFERS from'} the library's {twin} " \
+                    f"({lib_report[twin]['registers']} registers), names aside"
+            ok &= same
+        failures += not ok
+        print(line)
+    print(f"compile-only: {failures} failures")
+    return failures
+
+
+# ---------------------------------------------------------------------------------------------
+# check (GPU): every variant bit-identical to the library's step and to the reference
+# ---------------------------------------------------------------------------------------------
+
+def check_batch(inputs, draft, this_time, config, expected, tiles=(None, 1)) -> int:
+    """Each variant (6a and 6 at each split of ``tiles``), called twice (the state written back between, as a
+    serving loop does): drafts and counts equal ``expected`` and the library step's; the keys after the search
+    equal the library step 5's (6: reset to none, as 6a's are after its phase 2; no ticket left)."""
+    library = {}
+    for step in (ngram.step05_one_pass, ngram.step06_one_pass_fused):
+        d, t = draft.clone(), this_time.clone()
+        m = NgramMatcher(step, inputs, d, t, config=config, check_values=False)
+        m()
+        library[step] = (d, t, m.match_keys.clone())
+    failures = 0
+    for variant, (_, _, step) in VARIANTS.items():
+        for chunk_tiles in tiles if step is ngram.step06_one_pass_fused else (None,):
+            d, t = draft.clone(), this_time.clone()
+            m, launches = bind(variant, inputs, d, t, config, chunk_tiles)
+            for _ in range(2):
+                d.copy_(draft), t.copy_(this_time)
+                launches[0]()
+                keys = m.match_keys.clone()
+                run_all(launches[1:])
+                torch.cuda.synchronize()
+                ok = ngram.same_state((d, t), expected) and ngram.same_state((d, t), library[step][:2])
+                keys5 = library[ngram.step05_one_pass][2]
+                ok &= bool((keys == -1).all()) if variant == "6" else torch.equal(keys, keys5)
+                if step is ngram.step06_one_pass_fused:
+                    ok &= bool((m.match_keys == -1).all()) and int(m.blocks_done) == 0
+                if not ok:
+                    failures += 1
+                    print("MISMATCH", variant, f"chunk_len={m.chunk_len}", inputs.prompt_ids.shape, config)
+    return failures
+
+
+def check() -> int:
+    failures = compile_check()
+    if runtime.mode() != "gpu":
+        print("no GPU: only compiled (run `check` on a GPU for the bit-identity checks)")
+        return failures
+    cases = 0
+    for seed in range(50):  # random batches: small vocabularies, decoys, high ids, hybrid, any budget; the last
+        r = random.Random(seed)  # ten wide enough for several blocks a haystack at chunk_tiles=1
+        b, width = (r.randint(1, 40), 300) if seed < 40 else (r.randint(1, 8), 6000)
+        pw, gw = r.randint(1, width), r.randint(1, width // 2 + 2)
+        hybrid = r.random() < 0.3
+        inputs, draft, this_time = ngram.make_batch(
+            b, pw, gw, kinds=[r.choice(ngram.SLOT_KINDS) for _ in range(b)], draft_width=r.randint(2, 9),
+            vocab=r.choice([2, 3, 5, 50]), id_base=r.choice([0, 1 << 40]), decoys=r.random() < 0.5,
+            capped_fraction=0.3, hybrid=hybrid, seed=seed)
+        dw = draft.shape[1]
+        max_n = r.randint(1, 4)
+        config = NgramConfig(max_n, r.randint(1, max_n), r.choice([0, 1, 2, 3, 5, 8, 13, 21, 40, 1 << 30]), hybrid,
+                             r.randint(dw // 2, dw - 1) if hybrid else 10)
+        expected = ngram.reference_ngram_match(inputs, draft, this_time, config) if seed < 40 else \
+            _cpu_path(inputs, draft, this_time, config)
+        failures += check_batch(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected)
+        cases += 1
+    for threshold in (1 << 30, 6000, 900):  # more slots than phase 2's block: the budget bites in a later chunk
+        inputs, draft, this_time = ngram.make_batch(2500, 64, 32, vocab=4, seed=threshold)
+        config = NgramConfig(threshold=threshold)
+        failures += check_batch(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config,
+                                _cpu_path(inputs, draft, this_time, config))
+        cases += 1
+    for threshold in (128, 1500, 1 << 30):  # benchmark-sized, decoys and high ids; splits of 1, 3 and 16 tiles
+        inputs, draft, this_time = ngram.make_batch(128, 4096, 512, decoys=True, id_base=1 << 40, seed=threshold,
+                                                    device="cuda")
+        config = NgramConfig(threshold=threshold)
+        failures += check_batch(inputs, draft, this_time, config, _cpu_path(inputs, draft, this_time, config),
+                                tiles=(None, 1, 3, 16))
+        cases += 1
+    print(f"{len(VARIANTS)} variants on {cases} batches, each called twice: {failures} failures")
+    return failures
+
+
+def _cpu_path(inputs, draft, this_time, config):
+    expected = (draft.cpu(), this_time.cpu())
+    ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+    return expected
+
+
+# ---------------------------------------------------------------------------------------------
+# measure (GPU)
+# ---------------------------------------------------------------------------------------------
+
+def measure() -> Path:
+    from studylog.bench import BenchRun, gpu_slug, write_lab_output
+
+    run = BenchRun("ngram", command=" ".join(["python", *sys.argv]))
+    anchors = [ngram.CHAPTER.step(n) for n in (4, 5, 6)]
+    run.note(f"Series {SERIES}: the variants of lab/ngram/variants/step05_06_changes.cu (params variant, change, "
+             "early_exit or fused, launches, chunk_len): 5a = step 4 + one pass for every n (no early exit), "
+             "5 = 5a + the early exit (the library's step 5, frozen), 6a = step 5 split over blocks with phase 2 "
+             "launched apart, 6 = 6a + phase 2 fused (the library's step 6, frozen). "
+             f"{', '.join(s.series for s in anchors)} are the library's steps, timed in the same run as anchors.")
+    run.note("Inputs and clock as the chapter's benchmark (studylog.ngram.report): make_batch(batch, seq_len, "
+             "gen_width_for(seq_len), seed=1000 + batch + seq_len); each call graph-replayed over rotated copies of "
+             f"the batch (at least four times the L2, at most {MAX_COPIES}), three repetitions, 60 calls a graph "
+             f"and 15 replays; a call slower than {SLOW_CALL_MS} ms gets about {GRAPH_BUDGET_MS:.0f} ms of work a "
+             "replay (graph_calls) and 5 replays. No host time. Each row is checked bit-identical to the CPU path "
+             "before timing and after the replays.")
+    for batch, seq_len, threshold in run.progress(CASES, "cases"):
+        config = NgramConfig(threshold=threshold)
+        inputs, draft0, this0 = ngram.make_batch(batch, seq_len, gen_width_for(seq_len),
+                                                 kinds=["short"] if batch == 1 else None,
+                                                 seed=1000 + batch + seq_len, device="cuda")
+        base = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
+        floor = run.floor_ms(ngram.haystack_bytes(inputs, this0, config))
+        expected = _cpu_path(inputs, draft0, this0, config)
+        nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8
+        twins = {}
+        todo = [(s.series, s.function, None) for s in anchors] + [(SERIES, None, v) for v in VARIANTS]
+        for series, step, variant in todo:
+            def make(batch_inputs, step=step, variant=variant):
+                state = (draft0.clone(), this0.clone())
+                if variant is None:
+                    m = NgramMatcher(step, batch_inputs, *state, config=config, check_values=False)
+                    return m, m
+                m, launches = bind(variant, batch_inputs, *state, config)
+                return m, functools.partial(run_all, launches)
+
+            m, call = make(inputs)
+            call()  # untimed: compiles and loads the kernels
+            torch.cuda.synchronize()
+            m.draft_tokens.copy_(draft0), m.seq_lens_this_time.copy_(this0)
+            t0 = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            first_ms = (time.perf_counter() - t0) * 1e3
+            params = base | ({"step": step.__name__} if variant is None else
+                             {"variant": variant, "change": CHANGES[variant], **KNOBS[variant],
+                              "launches": 1 + (VARIANTS[variant][1] is not None)}
+                             | ({"chunk_len": m.chunk_len} if variant.startswith("6") else {}))
+            state = (m.draft_tokens, m.seq_lens_this_time)
+            run.check("bit-identical to the CPU path", ngram.same_state(state, expected), params=params)
+            slow = first_ms > SLOW_CALL_MS
+            per_replay = max(1, int(GRAPH_BUDGET_MS / first_ms)) if slow else None
+            copies = max(1, min(run.rotation(nbytes), per_replay or MAX_COPIES))
+            made = []
+
+            def make_calls(make=make, copies=copies, made=made):
+                batches = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone()
+                                                     for f in dataclasses.fields(inputs)}) for _ in range(copies - 1)]
+                made[:] = [make(c) for c in batches]
+                return [call for _, call in made]
+
+            timing = run.gpu_time(make_calls, min_calls=per_replay or 60, reps=5 if slow else 15)
+            row = run.record(series, timing, params=base if variant is None else params, floor_ms=floor,
+                             rotated_copies=copies, **({"graph_calls": per_replay} if slow else {}))
+            torch.cuda.synchronize()
+            run.check("bit-identical after graph replays", all(
+                ngram.same_state((x.draft_tokens, x.seq_lens_this_time), expected) for x, _ in (made[0], made[-1])),
+                params=params)
+            twins[variant or step.__name__] = row
+            made.clear()  # the copies and their matchers go before the next row
+        for anchor, frozen in ((ngram.step05_one_pass.__name__, "5"), (ngram.step06_one_pass_fused.__name__, "6")):
+            a, f = twins[anchor], twins[frozen]
+            overlap = a["spread_ms"][0] <= f["spread_ms"][2] and f["spread_ms"][0] <= a["spread_ms"][2]
+            run.note(f"{batch}x{seq_len} threshold {threshold}: {anchor} {a['ms'] * 1e3:.2f} µs, its frozen copy "
+                     f"(variant {frozen}) {f['ms'] * 1e3:.2f} µs: spreads {'overlap' if overlap else 'do NOT overlap'}")
+        del inputs, draft0, this0
+        torch.cuda.empty_cache()
+    data = run.to_json()
+    out = paths.lab_results("ngram", gpu_slug(run.device["name"])) / f"{NAME}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    if os.environ.get("OUT"):
+        write_lab_output(Path(os.environ["OUT"]), run.device["name"], NAME, data)
+    bad = [c for c in run.checks if not c["passed"]]
+    print(f"{len(run.rows)} measurements, {len(run.checks)} checks ({len(bad)} failed) -> {out}")
+    for note in run.notes[2:]:
+        print(note)
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("check", "measure"))
+    parser.add_argument("--compile-only", action="store_true", help="check: NVRTC, spills and PTX only (no GPU)")
+    args = parser.parse_args()
+    if args.what == "check":
+        sys.exit(1 if (compile_check() if args.compile_only else check()) else 0)
+    if args.compile_only:
+        parser.error("--compile-only goes with check")
+    measure()

@@ -1,0 +1,149 @@
+// Steps 5 and 6 of chapter 3 (the library's ngram_one_pass.cu), each with one compile-time knob that
+// takes its second change back, so that each change is timed alone:
+//
+//   one_pass_search<EARLY_EXIT> <<<batch, 256>>>, then ngram_budget_scan <<<1, 1024>>> (the library's):
+//     true  = step 5 (5a and 5b): the library's ngram_search_one_pass;
+//     false = 5a alone: one pass for every n, each thread measuring the common suffix at its end
+//             positions, over every tile of both haystacks. Nothing reads the block's best key
+//             before the end, so the loop keeps no barrier: the two a tile are the exit's (5b's).
+//   one_pass_split<FUSED> <<<(batch, chunks), 256>>>:
+//     true  = step 6 (6a and 6b): the library's ngram_one_pass_fused, one launch;
+//     false = 6a alone: the same split search (blocks publish their best key with a global
+//             atomicMin and stop when they cannot beat it), then phase 2 in a second launch,
+//             budget_scan_reset <<<1, 1024>>>: the library's phase 2 (budget_scan_block) with its
+//             keys reset as step 6's last block resets them, since the split search lowers the
+//             slot's global key from where the previous call left it (a stale key would end the
+//             next call's blocks early, and give another batch wrong drafts).
+//
+// At the library's setting each kernel compiles to the library kernel's PTX (the lab script checks
+// it, names aside): the knobs change nothing else.
+#include "ngram_common.cuh"
+
+#define ITEMS 4  // end positions per thread per tile: independent loads in flight
+
+// Best key among this thread's ends in the tile (tile + j * blockDim.x + threadIdx.x, j < ITEMS),
+// ends beyond last_end excluded. s_pattern[k] = generated[step - k], the pattern read backwards.
+__device__ __forceinline__ u64 scan_tile(const i64 *__restrict__ hay, i64 tile, i64 last_end,
+                                         const i64 *s_pattern, int top, int min_ngram, int src) {
+    i64 token[ITEMS];
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const i64 e = tile + (i64)j * blockDim.x + threadIdx.x;
+        token[j] = e <= last_end ? __ldg(hay + e) : 0;
+    }
+    u64 best = NONE_KEY;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const i64 e = tile + (i64)j * blockDim.x + threadIdx.x;
+        if (e <= last_end && token[j] == s_pattern[0]) {
+            int len = 1;  // common suffix of hay[.. e] and the generated tokens, up to top
+            while (len < top && len <= e && __ldg(hay + e - len) == s_pattern[len]) ++len;
+            if (len >= min_ngram) {
+                const u64 key = make_key(len, src, e - len + 1);
+                best = key < best ? key : best;
+            }
+        }
+    }
+    return best;
+}
+
+template <bool EARLY_EXIT>
+__global__ void one_pass_search(NGRAM_KERNEL_PARAMS) {
+    const int b = blockIdx.x;
+    if (b >= batch) return;  // uniform over the block
+    __shared__ i64 s_pattern[NGRAM_MAX];
+    __shared__ u64 s_best;
+    const SlotPlan p = plan_slot(b, SLOT_ARGS);
+    const int step = step_idx[b];
+    const int top = min(max_ngram, step);
+    const i64 *prompt = prompt_ids + (i64)b * prompt_width;
+    const i64 *gen = generated_ids + (i64)b * gen_width;
+    const bool search = p.kind == SLOT_ACTIVE && p.cap >= 1 && top >= min_ngram;
+    if (threadIdx.x == 0) s_best = NONE_KEY;
+    if (search && (int)threadIdx.x < top) s_pattern[threadIdx.x] = gen[step - (int)threadIdx.x];
+    __syncthreads();
+    if (search) {
+        const i64 tile_len = (i64)blockDim.x * ITEMS;
+        for (int src = 0; src < 2; ++src) {
+            const i64 *hay = src ? gen : prompt;
+            const i64 last_end = (src ? (i64)step : (i64)prompt_lens[b]) - 2;  // keeps a token after
+            if constexpr (EARLY_EXIT) {
+                for (i64 tile = 0;; tile += tile_len) {
+                    const bool stop = tile > last_end || s_best <= tile_floor_key(top, src, tile);
+                    __syncthreads();  // everyone has read s_best before anyone lowers it
+                    if (stop) break;
+                    const u64 mine = scan_tile(hay, tile, last_end, s_pattern, top, min_ngram, src);
+                    if (mine != NONE_KEY) atomicMin(&s_best, mine);
+                    __syncthreads();
+                }
+            } else {
+                for (i64 tile = 0; tile <= last_end; tile += tile_len) {
+                    const u64 mine = scan_tile(hay, tile, last_end, s_pattern, top, min_ngram, src);
+                    if (mine != NONE_KEY) atomicMin(&s_best, mine);
+                }
+            }
+        }
+        if constexpr (!EARLY_EXIT) __syncthreads();  // every atomicMin is done before thread 0 reads s_best
+    }
+    if (threadIdx.x == 0) match_keys[b] = s_best;
+}
+
+template <bool FUSED>
+__global__ void one_pass_split(NGRAM_KERNEL_PARAMS) {
+    const int b = blockIdx.x;
+    const int chunk = blockIdx.y;
+    const int src = chunk >= prompt_chunks;  // 0: a prompt chunk, 1: a chunk of generated tokens
+    __shared__ i64 s_pattern[NGRAM_MAX];
+    __shared__ u64 s_best;
+    __shared__ int s_stop;
+    __shared__ int s_last;
+    if (b < batch) {  // uniform over the block
+        const SlotPlan p = plan_slot(b, SLOT_ARGS);
+        const int step = step_idx[b];
+        const int top = min(max_ngram, step);
+        const i64 *gen = generated_ids + (i64)b * gen_width;
+        const i64 *hay = src ? gen : prompt_ids + (i64)b * prompt_width;
+        const i64 first_end = (i64)(src ? chunk - prompt_chunks : chunk) * chunk_len;
+        const i64 hay_last_end = (src ? (i64)step : (i64)prompt_lens[b]) - 2;  // keeps a token after
+        const i64 last_end = min64(first_end + chunk_len - 1, hay_last_end);
+        if (p.kind == SLOT_ACTIVE && p.cap >= 1 && top >= min_ngram && first_end <= last_end) {
+            // Thread 0 reads the slot's global key while the pattern loads: another block may
+            // already hold a match this chunk cannot beat.
+            u64 seen = NONE_KEY;
+            if (threadIdx.x == 0) seen = load_shared_key(match_keys + b);
+            if ((int)threadIdx.x < top) s_pattern[threadIdx.x] = gen[step - (int)threadIdx.x];
+            if (threadIdx.x == 0) {
+                s_best = NONE_KEY;
+                s_stop = seen <= tile_floor_key(top, src, first_end);
+            }
+            __syncthreads();
+            u64 published = NONE_KEY;  // thread 0: the best key this block has made global
+            const i64 tile_len = (i64)blockDim.x * ITEMS;
+            for (i64 tile = first_end;; tile += tile_len) {
+                if (s_stop) break;  // thread 0 rewrites s_stop only after the next barrier
+                if (threadIdx.x == 0) seen = load_shared_key(match_keys + b);  // in flight with the tile's loads
+                const u64 mine = scan_tile(hay, tile, last_end, s_pattern, top, min_ngram, src);
+                if (mine != NONE_KEY) atomicMin(&s_best, mine);
+                __syncthreads();  // s_best is final for this tile, and everyone has read s_stop
+                if (threadIdx.x == 0) {
+                    if (s_best < published) {
+                        atomicMin(match_keys + b, s_best);  // lets the slot's other blocks stop early
+                        published = s_best;
+                    }
+                    const i64 next = tile + tile_len;
+                    const u64 floor_key = tile_floor_key(top, src, next);
+                    s_stop = next > last_end || s_best <= floor_key || seen <= floor_key;
+                }
+                __syncthreads();
+            }
+        }
+    }
+    // Step 6: the last block to finish runs phase 2 (all keys are final once every block has counted).
+    // 6a alone: phase 2 is budget_scan_reset, launched after this kernel.
+    if constexpr (FUSED) last_block_budget(s_last, NGRAM_KERNEL_ARGS);
+}
+
+// 6a's phase 2, a launch of its own: what step 6's last block runs, keys reset for the next call.
+extern "C" __global__ void budget_scan_reset(NGRAM_KERNEL_PARAMS) {
+    budget_scan_block(NGRAM_KERNEL_ARGS, /*reset_keys=*/1);
+}
