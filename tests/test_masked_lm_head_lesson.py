@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from book.common import us
 from book.masked_lm_head import exercises, figures, lesson, solutions
 from studylog import masked_lm_head as mlh
 from studylog import plotting
@@ -211,7 +212,7 @@ def _step_rows(table: str) -> list[str]:
 def test_bundled_steps_have_a_sub_row_per_change():
     """Step 5's three changes each have a sub-row right under step 5 with its factor from the ablation (step 4's
     time over step 4 with that change alone, at step 5's point); a change the ablation finds a loss says so, with
-    what removing it needs; step 7's two ideas each have a sub-row that says it was not timed alone."""
+    what removing it needs; step 7's two ideas each have a sub-row right under step 7."""
     results = plotting.load_results("masked_lm_head")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
     labels = [r[0] for r in rows]
@@ -225,8 +226,34 @@ def test_bundled_steps_have_a_sub_row_per_change():
             if knob in lesson.step05_kept_losses():
                 assert "benchmark again" in row[1]
     assert labels[labels.index("7") + 1:labels.index("7") + 3] == ["7a", "7b"]
-    for label in ("7a", "7b"):
-        assert rows[labels.index(label)][5].startswith("not timed alone"), label
+    assert not any("not timed alone" in c for r in rows for c in r)
+
+
+def test_step_7_sub_rows_read_the_run_that_times_its_ideas_apart():
+    """7a is step 7's kernel without tl.dot, against step 5 once per sequence; 7b is step 7, against 7a: each sub-row's
+    time and factor (the reference's time over its own) come from the lab file's rows at the table's step-7 case, and
+    7a, slower than its reference, is labelled a measured loss with the reason it stays."""
+    data = load_lab("masked_lm_head", "step07_changes")
+    case = lesson.STEP_CASES[7][0]
+    rows = {(r["series"], r["params"].get("dot")): r for r in data["measurements"]
+            if r["params"]["batch"] == case["batch"] and r["params"]["allowed"] == case["allowed"]}
+    union, step7, per_sequence = (rows[("step07_changes", False)]["ms"], rows[("step07_changes", True)]["ms"],
+                                  rows[("step05_per_sequence", None)]["ms"])
+    table = [[c.strip() for c in r.split("|")[1:-1]]
+             for r in lesson.boehm_table(plotting.load_results("masked_lm_head")).splitlines()[2:]]
+    sub = {r[0]: r for r in table if r[0] in ("7a", "7b")}
+    assert (sub["7a"][3], sub["7b"][3]) == (us(union), us(step7))
+    assert sub["7a"][5] == f"{per_sequence / union:.2f}×" and sub["7b"][5] == f"{union / step7:.2f}×"
+    assert sub["7a"][4].startswith("step 5 once per sequence") and sub["7b"][4] == "7a"
+    assert sub["7a"][2] == sub["7b"][2] == f"batch {case['batch']}, {case['allowed']:,} random per sequence"
+    assert (per_sequence < union) == ("measured loss" in sub["7a"][1])
+    assert "tiles" in sub["7a"][1]  # 7a runs at step 7's tiles, chosen for tl.dot
+
+
+def test_step_7_sub_rows_take_the_nearest_count_and_have_no_numbers_without_the_run():
+    near = lesson.step07_rows(50)
+    assert [r[2] for r in near] == [10, 10]
+    assert [r[3:] for r in lesson.step07_rows(100, None)] == [("–", "–", "–")] * 2
 
 
 def test_a_step_ratio_in_the_prose_is_the_tables():

@@ -28,7 +28,8 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card",
            "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation", "CAPPED", "capped",
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table", "step05_kept_losses",
-           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step05_rows", "STEP07_PARTS",
+           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step05_rows", "STEP07_IDEAS",
+           "STEP07_REFERENCES", "step07_changes", "step07_rows",
            "STEP05_CHANGES_TEXT"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
@@ -501,12 +502,63 @@ def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))
             "one_copy_other": rotation(other) is None}
 
 
-#: Step 7's two ideas, each a sub-row of the table of steps: (label, the idea, why it has no time of its own).
-STEP07_PARTS = (("7a", "the union of the batch's allowed sets: each allowed row read once for every sequence",
-                 "not timed alone: no kernel reads the union once without the batch's product (7b); a split needs a "
-                 "union kernel with one reduction per sequence, which was not built"),
-                ("7b", "`tl.dot`: one tile of union rows multiplied with the batch's hidden states on the tensor cores",
-                 "not timed alone: `tl.dot` has no batch to multiply without the union (7a)"))
+#: Step 7's two ideas in the words of the table of steps.
+STEP07_IDEAS = {"7a": "the union of the batch's allowed sets: each block of allowed rows read once for every "
+                      "sequence, then reduced against each sequence in turn (no `tl.dot`; step 7's tiles, which are "
+                      "chosen for `tl.dot`)",
+                "7b": "`tl.dot`: one tile of union rows multiplied with the batch's hidden states on the tensor cores"}
+#: The reference each idea is measured against in :func:`step07_rows`.
+STEP07_REFERENCES = {"7a": "step 5 once per sequence, on its own rows (no union)", "7b": "7a"}
+
+
+def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
+    """Step 7's two ideas timed apart (``lab/masked_lm_head/step07_changes.py``): ``batch`` and, per allowed count
+    per sequence, ``ms`` of ``union`` (7a alone: step 7's kernel with ``dot`` off), ``step 7`` (7a and 7b: ``dot``
+    on), ``per sequence`` (step 5 launched once per sequence on its own set: no union) and ``index_select``, all
+    from one run. None where the run is not committed."""
+    data = lab_or_none("masked_lm_head", "step07_changes", gpu)
+    if data is None:
+        return None
+    names = {"step05_per_sequence": "per sequence", "index_select": "index_select"}
+    ms: dict[int, dict[str, float]] = {}
+    batches = set()
+    for r in data["measurements"]:
+        p = r["params"]
+        if r["series"] == "step07_changes":
+            name = "step 7" if p["dot"] else "union"
+        elif r["series"] in names:
+            name = names[r["series"]]
+        else:
+            continue
+        batches.add(p["batch"])
+        ms.setdefault(p["allowed"], {})[name] = r["ms"]
+    if len(batches) != 1:  # the ratios below compare rows of one batch
+        raise ValueError(f"step07_changes: one batch expected, found {sorted(batches)}")
+    return {"batch": batches.pop(), "ms": ms}
+
+
+def step07_rows(point: int = 100, gpu: str | None = "nvidia-h200") -> list[tuple[str, str, int | None, str, str, str]]:
+    """Step 7's two ideas as sub-rows of the table of steps: (label, the idea, the allowed count per sequence it was
+    timed at, its time in µs, its reference, its factor: the reference's time over its own, from
+    :func:`step07_changes`). They are timed at ``point``, or at the file's count nearest it where the file lacks
+    ``point``. 7a, the union alone, is measured against step 5 launched once per sequence, and 7b against 7a; 7a is
+    labelled a measured loss where it is slower than its reference, with the reason it stays (7b multiplies the
+    union's rows). Without the run for ``gpu`` (or with no ``gpu``), the ideas with no numbers."""
+    data = step07_changes(gpu) if gpu else None
+    if data is None:
+        return [(label, text, None, "–", "–", "–") for label, text in STEP07_IDEAS.items()]
+    at = min(data["ms"], key=lambda n: (abs(n - point), n))
+    t = data["ms"][at]
+    times = {"7a": (t["union"], t["per sequence"]), "7b": (t["step 7"], t["union"])}
+    out = []
+    for label, text in STEP07_IDEAS.items():
+        mine, reference = times[label]
+        if label == "7a" and mine > reference:
+            text += (". **A measured loss alone, kept**: each program loops over the batch's sequences, one "
+                     f"reduction each, so the union saves reads but each row costs {data['batch']} dot products in "
+                     "series; it stays because 7b multiplies the union's rows with every sequence at once")
+        out.append((label, text, at, us(mine), STEP07_REFERENCES[label], f"{reference / mine:.2f}×"))
+    return out
 
 
 def step05_rows(point: int = 1000, gpu: str = "nvidia-h200") -> list[tuple[str, str, str]]:
@@ -543,14 +595,16 @@ def boehm_table(results) -> str:
     measured against at the same point (the step it changes, or a torch baseline) and its speedup over that
     reference, the floor at that point (:func:`floor_ms`, which of its two parts binds) and the time over it. A
     time whose rotation was capped carries :data:`CAPPED`. Under step 5, one sub-row per change with its factor from
-    the ablation (:func:`step05_rows`); under step 7, one per idea, neither timed alone (:data:`STEP07_PARTS`)."""
+    the ablation (:func:`step05_rows`); under step 7, one per idea with its time and factor from the run that times
+    them apart (:func:`step07_rows`)."""
     lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
              "floor: the bytes, or an empty kernel where larger (µs) | × floor |",
              "|---|---|---|---|---|---|---|---|"]
     card = results.path.parent.name if results.path is not None else None
     subrows = {5: [(label, text, "–", "step 4, in step 5's ablation", factor)
                    for label, text, factor in (step05_rows(STEP_CASES[5][0]["allowed"], card) if card else [])],
-               7: [(label, text, "–", "–", why) for label, text, why in STEP07_PARTS]}
+               7: [(label, text, ms, ref, factor, at)
+                   for label, text, at, ms, ref, factor in step07_rows(STEP_CASES[7][0]["allowed"], card)]}
     for step in CHAPTER.steps:
         params, prev = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
@@ -565,8 +619,9 @@ def boehm_table(results) -> str:
         lines.append(f"| {step.number} | {BOEHM_CHANGES.get(step.number, step.title)} | {_case(params)} | "
                      f"{us(row['ms'])}{capped(row)} | {name} | {vs} | {floor * 1e3:.2f} ({binds}) | "
                      f"{row['ms'] / floor:.1f}× |")
-        for label, text, ms, ref, factor in subrows.get(step.number, ()):
-            lines.append(f"| {label} | {text} | {_case(params)} | {ms} | {ref} | {factor} | – | – |")
+        for label, text, ms, ref, factor, *at in subrows.get(step.number, ()):
+            case = params if not at or at[0] is None else {**params, "allowed": at[0]}
+            lines.append(f"| {label} | {text} | {_case(case)} | {ms} | {ref} | {factor} | – | – |")
     return "\n".join(lines)
 
 
