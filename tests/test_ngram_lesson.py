@@ -167,9 +167,10 @@ def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_mat
 
 def test_the_table_of_steps_has_the_headline_case_and_a_sub_row_per_bundled_change():
     """The headline's case is a column of the table of steps; steps 5, 6 and 7 have one sub-row per change, right
-    under the step; a change the variants timed gives, per case, step 7's time without it over its time with it
-    (the variants' run), and is called a measured loss, with why it stays, where that is under 1; the others say
-    they were not timed alone."""
+    under the step; a change of step 7 the variants timed gives, per case, step 7's time without it over its time
+    with it (the variants' run), and is called a measured loss, with why it stays, where that is under 1; a change
+    of steps 5 and 6 has its factor from the chain that adds them one at a time (checked against the file in
+    :func:`test_the_sub_rows_of_steps_5_and_6_read_the_changes_run`); the others say they were not timed alone."""
     from studylog.ngram.report import HEADLINE_CASES
 
     assert lesson.HEADLINE in HEADLINE_CASES and lesson.HEADLINE in lesson.BOEHM_CASES
@@ -184,9 +185,50 @@ def test_the_table_of_steps_has_the_headline_case_and_a_sub_row_per_bundled_chan
         assert labels[at + 1:at + 1 + len(subs)] == [label for label, *_ in subs]
         for row, (label, _, knobs, why) in zip(rows[at + 1:], subs):
             factors = row[4::3]
+            if label in lesson.CHANGE_CHAIN:
+                continue
             if knobs is None:
                 assert "not timed alone" in row[1] and set(factors) == {"–"}, row
                 continue
             want = [lesson.change_factor(variants, knobs, cfg) for cfg in lesson.BOEHM_CASES]
             assert factors == [f"{f:.2f}×" for f in want], row
             assert ("measured loss" in row[1]) == any(f < 1 for f in want), row
+
+
+def test_the_sub_rows_of_steps_5_and_6_read_the_changes_run():
+    """5a, 5b, 6a and 6b each show, per case of the table of steps, the time of the kernel that adds the change and
+    its factor: the time of the row without the change over the row with it (step 4 -> 5a -> 5 -> 6a -> 6), read
+    here from the committed file itself; a factor under 1 is called a measured loss, with why the change stays;
+    none says "not timed alone"."""
+    import json
+
+    from book.common import us
+    from studylog import paths
+
+    results = load_results("ngram")
+    path = paths.lab_results("ngram", results.path.parent.name) / "step05_06_changes.json"
+    if not path.is_file():
+        pytest.skip("steps 5 and 6 were not timed one change at a time on this card")
+    measured = json.loads(path.read_text())["measurements"]
+
+    def ms(link, cfg):
+        b, s, t = cfg
+        [row] = [r for r in measured if r["params"]["batch"] == b and r["params"]["seq_len"] == s
+                 and r["params"]["threshold"] == t and r["clock"] == "gpu"
+                 and (r["series"] == link if link.startswith("step") else
+                      r["series"] == "step05_06_changes" and r["params"]["variant"] == link)]
+        return row["ms"]
+
+    chain = {"5a": ("step04", "5a"), "5b": ("5a", "5"), "6a": ("5", "6a"), "6b": ("6a", "6")}
+    assert lesson.CHANGE_CHAIN == chain
+    rows = {r[0]: r for r in ([c.strip() for c in line.split("|")[1:-1]]
+                              for line in lesson.boehm_table(results).splitlines()[3:])}
+    for label, (without, with_) in chain.items():
+        row = rows[label]
+        factors = [ms(without, cfg) / ms(with_, cfg) for cfg in lesson.BOEHM_CASES]
+        assert row[4::3] == [f"{f:.2f}×" for f in factors], row
+        assert row[3::3] == [us(ms(with_, cfg)) for cfg in lesson.BOEHM_CASES], row
+        assert "not timed alone" not in row[1]
+        assert ("measured loss" in row[1]) == any(f < 1 for f in factors), row
+        if any(f < 1 for f in factors):
+            assert "kept: step 7 builds on it" in row[1], row

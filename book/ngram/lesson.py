@@ -21,7 +21,8 @@ from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "SUB_ROWS", "STEP07_KNOBS", "step07_variants",
-           "variant_ms", "change_factor", "boehm_table", "dispatch_table", "early_exit_share",
+           "variant_ms", "change_factor", "CHANGE_CHAIN", "KEPT_BY_STEP7", "step05_06_changes", "chain_ms",
+           "chain_factor", "boehm_table", "dispatch_table", "early_exit_share",
            "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
            "target_verdicts"]
 
@@ -234,22 +235,61 @@ HEADLINE = (128, 32768, 128)
 #: change the table of steps gives a factor, the knob that takes it back.
 STEP07_KNOBS = {"loads": 4, "vec": 2, "budget_skip": "lazy", "cache": "evict_first"}
 #: The bundled steps' changes, each a sub-row of the table of steps: (label, the change, the knob that takes it back
-#: in step 7's variants, or None with why it has no time of its own).
+#: in step 7's variants, or None, with why it has no time of its own, or None where :data:`CHANGE_CHAIN` times it).
 SUB_ROWS = {
-    5: (("5a", "one pass over each haystack for all n, windows aligned by their end", None,
-         "not timed alone: no kernel with 5a and without 5b was built"),
-        ("5b", "an early exit once no later window can beat the slot's best key", None,
-         "not timed alone: no kernel with 5b and without 5a was built")),
+    5: (("5a", "one pass over each haystack for all n, windows aligned by their end", None, None),
+        ("5b", "an early exit once no later window can beat the slot's best key (two barriers a tile)", None, None)),
     6: (("6a", "each slot split over a column of blocks, each publishing its best key with a global atomicMin", None,
-         "not timed alone: no kernel with 6a and without 6b was built"),
-        ("6b", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", None,
-         "not timed alone: no kernel with 6b and without 6a was built")),
+         None),
+        ("6b", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", None, None)),
     7: (("7a", "no barrier in the loop: a thread publishes its own candidate", None,
          "not timed alone: every variant of step 7 keeps it"),
         ("7b", "16-byte loads, two tokens each", {"vec": 1}, None),
         ("7c", "an L2 evict-first hint on the haystack loads", {"cache": "ldg"}, None),
         ("7d", "slots the budget refuses skip their search", {"budget_skip": "off"}, None)),
 }
+
+
+#: Steps 5 and 6 one change at a time (``lab/ngram``'s ``step05_06_changes`` series): per change, the variant without
+#: it and the variant with it. The chain is step 4 -> 5a -> 5 -> 6a -> 6: ``5`` and ``6`` are copies of the library's
+#: steps 5 and 6, and ``step04`` is the library's step 4, timed beside them.
+CHANGE_CHAIN = {"5a": ("step04", "5a"), "5b": ("5a", "5"), "6a": ("5", "6a"), "6b": ("6a", "6")}
+#: Why a change of :data:`CHANGE_CHAIN` stays where it is a measured loss: what step 7, which builds on it, keeps.
+KEPT_BY_STEP7 = {
+    "5b": "it too reads the slot's key with each tile and stops",
+    "6b": "its last block runs phase 2 too",
+}
+
+
+def step05_06_changes(gpu: str = "nvidia-h200"):
+    """Steps 5 and 6 one change at a time (``lab/ngram/results/<gpu>/step05_06_changes.json``), as
+    :class:`~studylog.plotting.Results`; None where the run is not committed."""
+    from book.common import lab_or_none
+    from studylog.plotting import Results
+
+    data = lab_or_none("ngram", "step05_06_changes", gpu)
+    return None if data is None else Results(None, data)
+
+
+def chain_ms(changes, variant: str, cfg: tuple[int, int, int]) -> float | None:
+    """The time in ms at grid case ``cfg`` of a link of :data:`CHANGE_CHAIN` in ``changes``
+    (:func:`step05_06_changes`): ``"step04"``, or a variant ``"5a"``, ``"5"``, ``"6a"``, ``"6"``; None where not
+    measured."""
+    if changes is None:
+        return None
+    b, s, t = cfg
+    where = dict(batch=b, seq_len=s, threshold=t)
+    rows = changes.select(variant, **where) if variant.startswith("step") else \
+        changes.select("step05_06_changes", variant=variant, **where)
+    return rows[0]["ms"] if rows else None
+
+
+def chain_factor(changes, label: str, cfg: tuple[int, int, int]) -> float | None:
+    """How much faster the chain is with change ``label`` ("5a", "5b", "6a", "6b") than without it at ``cfg``: the
+    link without it over the link with it (:data:`CHANGE_CHAIN`), both in ``changes``. Above 1 the change pays, below
+    1 it costs."""
+    without, with_ = (chain_ms(changes, v, cfg) for v in CHANGE_CHAIN[label])
+    return None if without is None or with_ is None else without / with_
 
 
 def step07_variants(gpu: str = "nvidia-h200"):
@@ -310,7 +350,8 @@ def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
 def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point: the one change, the clock of the row, then per case
     of :data:`BOEHM_CASES` the time in µs, × the previous step, × the floor (:func:`floor_us`); under a bundled step,
-    a sub-row per change (:data:`SUB_ROWS`) with its factor from step 7's variants or why it has none. Step 1 is timed
+    a sub-row per change (:data:`SUB_ROWS`) with its factor from steps 5 and 6 one change at a time (and the time
+    with it) or from step 7's variants, or why it has none. Step 1 is timed
     end to end on the host, the kernels on the GPU clock: a row is compared with the previous one only when both
     are on the same clock, and with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
     head = ["step", "the one change", "clock"]
@@ -319,6 +360,7 @@ def boehm_table(results) -> str:
         head += [f"{name}: µs", "× previous", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     variants = step07_variants(results.path.parent.name) if results.path is not None else None
+    changes = step05_06_changes(results.path.parent.name) if results.path is not None else None
     floors = [floor_us(results, cfg) for cfg in BOEHM_CASES]
     floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
     lines.append("| | floor: the haystacks' bytes, or an empty kernel where larger | GPU | " + " | ".join(floor_cells)
@@ -348,27 +390,38 @@ def boehm_table(results) -> str:
                 previous[i] = (t, row.get("clock"))
         lines.append("| " + " | ".join(cells) + " |")
         if number.isdigit():
-            lines += _sub_rows(int(number), variants)
+            lines += _sub_rows(int(number), variants, changes)
     return "\n".join(lines)
 
 
-def _sub_rows(step: int, variants) -> list[str]:
-    """The sub-rows of a bundled step (:data:`SUB_ROWS`): per case, the change's factor from step 7's variants in
-    the "× previous" column (how much faster the step is with it than without it); a change with none says why in
-    its own cell. A factor under 1 is a measured loss, and the row says where and why the change stays
-    (:func:`_kept_loss`)."""
+def _sub_rows(step: int, variants, changes) -> list[str]:
+    """The sub-rows of a bundled step (:data:`SUB_ROWS`): per case, the change's factor in the "× previous" column
+    (how much faster the kernel is with it than without it): for steps 5 and 6 from the chain that adds their
+    changes one at a time (:func:`chain_factor`, with the time of the link that adds it), for step 7 from step 7's
+    variants; a change with none says why in its own cell. A factor under 1 is a measured loss, and the row says why
+    the change stays (:data:`KEPT_BY_STEP7`, :func:`_kept_loss`)."""
     out = []
     for label, change, knobs, why in SUB_ROWS.get(step, ()):
-        factors = [None if knobs is None else change_factor(variants, knobs, cfg) for cfg in BOEHM_CASES]
+        chained = label in CHANGE_CHAIN
+        if chained:
+            factors = [chain_factor(changes, label, cfg) for cfg in BOEHM_CASES]
+            times = [chain_ms(changes, CHANGE_CHAIN[label][1], cfg) for cfg in BOEHM_CASES]
+        else:
+            factors = [None if knobs is None else change_factor(variants, knobs, cfg) for cfg in BOEHM_CASES]
+            times = [None] * len(BOEHM_CASES)
         if why is None and all(f is None for f in factors):
             why = "not timed on this card"
         text = change if why is None else f"{change}; {why}"
         lost = [cfg for cfg, f in zip(BOEHM_CASES, factors) if f is not None and f < 1]
-        if lost:
+        if lost and chained:
+            where = "at every case" if len(lost) == len(BOEHM_CASES) else \
+                "at " + ", ".join(_case_name(cfg) for cfg in lost)
+            text += f"; a measured loss {where}, kept: step 7 builds on it ({KEPT_BY_STEP7[label]})"
+        elif lost:
             text += f"; {_kept_loss(knobs, lost)}"
         cells = [label, text, "GPU"]
-        for factor in factors:
-            cells += ["–", "–" if factor is None else f"{factor:.2f}×", "–"]
+        for factor, ms in zip(factors, times):
+            cells += ["–" if ms is None else us(ms), "–" if factor is None else f"{factor:.2f}×", "–"]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
