@@ -191,7 +191,8 @@ def test_amdahl_times_every_layer_at_its_own_shape_where_the_lab_run_is_committe
 
     view = L.amdahl(results, [T.SERIES[11]])
     assert view["measured"] and "640x2560" in view["per_shape"] and L.layers_note(view).startswith("every layer")
-    assert view["separate"] == ["640x2560"] and L.SEPARATE_RUN_WORDS in L.layers_note(view)
+    assert view["separate"] == ["640x2560"] and L.layers_note(view) == "every layer at its own shape"
+    assert "separate run" not in L.amdahl_layers_table(results, [T.SERIES[11]])  # the page's provenance says it once
     base = sum(c * ms("cublas_bf16", n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
     ours = sum(c * ms(T.SERIES[11], n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
     assert view["speedup"] == pytest.approx(base / ours, rel=1e-12)
@@ -394,7 +395,7 @@ def test_step_13s_undone_change_table_reads_the_lab_run(monkeypatch):
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
     table = L.step13_changes()
     assert "| x loaded by the consumer warps, as step 12 loads it | 1.25× |" in table
-    assert "| part 1's step 9, for reference | 0.88× |" in table
+    assert "for reference" not in table  # the steps table gives step 13 against steps 12 and 9, once
     assert L.step13_undone_ratio() == pytest.approx((20.0, 16.0))
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: None)
     assert L.step13_changes() is None and L.step13_undone_ratio() == (None, None)
@@ -404,15 +405,12 @@ def test_step_13s_table_marks_a_kernel_the_run_left_out(monkeypatch):
     """A case the ablation run did not time reads "–" with a note, never "pending"; the table holds ratios only (its
     run is apart from the benchmark's, so it quotes no second time of a kernel)."""
     rows = [{"series": "step13_changes", "ms": ms, "params": {"variant": variant, "shape": L.MAIN, "m": m}}
-            for variant, m, ms in (("step13", 1, 0.011), ("step13", 16, 0.016),
-                                   ("step13-x", 1, 0.012), ("step13-x", 16, 0.027))]
-    rows.append({"series": T.SERIES[9], "ms": 0.014, "params": {"variant": T.SERIES[9], "shape": L.MAIN, "m": 16}})
+            for variant, m, ms in (("step13", 1, 0.011), ("step13", 16, 0.016), ("step13-x", 16, 0.027))]
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
     table = L.step13_changes()
-    assert "pending" not in table and "[" not in table and "µs" not in table
-    step9 = next(line for line in table.splitlines() if line.startswith("| part 1's step 9"))
-    assert step9.split(" | ")[1] == "–" and "was not run at one row of x" in table
-    assert "| x loaded by the consumer warps, as step 12 loads it | 1.09× | 1.69× |" in table
+    assert "pending" not in table and "[" not in table and "µs" not in table and "this run" not in table
+    assert "| x loaded by the consumer warps, as step 12 loads it | – | 1.69× |" in table
+    assert "not timed at one row of x" in table
 
 
 def test_the_ablation_tables_hold_ratios_only():
@@ -428,18 +426,63 @@ def test_the_ablation_tables_hold_ratios_only():
 
 
 def test_the_steps_tables_give_each_bundled_change_a_lettered_row(results):
-    """Steps 4 and 9 (part 1) and 10 to 13 (part 2) get a row a change under their own, each with a factor or the
-    reason it was not timed alone; step 12's come from the benchmark itself, its time in the µs column."""
+    """Steps 4 and 9 (part 1) and 11 to 13 (part 2) get a row for each change measured alone, each with its factor
+    (a change never timed alone gets no row: the step's text says what was built together); a kept loss says so in
+    a few words; step 12's come from the benchmark itself, its time in the µs column."""
     part1, part2 = L.boehm_table(results, L.PART1_ROWS), L.boehm_table(results, L.PART2_ROWS)
     labels = lambda table: re.findall(r"^\| (\d+[a-z]) \|", table, flags=re.M)  # noqa: E731
     if L.step_changes(4) is not None:
-        assert labels(part1) == ["4a", "4b", "4c", "9a", "9b", "9c", "9d"]
+        assert labels(part1) == ["4a", "4b", "9a", "9b", "9c", "9d"]
         assert L.SUB_ROWS_NOTE in part1 and "Step 12" not in part1
-    assert {"10a", "12a", "12b"} <= set(labels(part2))
+    assert {"12a", "12b"} <= set(labels(part2)) and "10a" not in labels(part2)
+    for table in (part1, part2):
+        assert "not timed alone" not in table and "not undone alone" not in table and "separate run" not in table
     row12a = next(line for line in part2.splitlines() if line.startswith("| 12a |")).split(" | ")
     apart = L.us(results, T.results.W2A8_PLACE_SERIES["separate"])
     assert row12a[2] == f"{apart:.1f}" and row12a[3].startswith(f"{L.us(results, T.SERIES[11]) / apart:.2f} added")
-    assert "not timed alone" in next(line for line in part2.splitlines() if line.startswith("| 10a |"))
+    assert "a loss" in row12a[3] and "kept" in row12a[3]
+
+
+def test_each_page_names_the_runs_apart_from_the_benchmark_once_with_their_dates(results):
+    """One provenance sentence a page: the dates of the further runs it reads (and, in part 2, of BitNet's run),
+    from the files themselves."""
+    from book.ternary import results as tables
+    from studylog.plotting import load_lab
+
+    try:
+        bitnet = load_lab("ternary", tables.BITNET_RUN)
+    except FileNotFoundError:
+        pytest.skip("no committed run with BitNet's kernel")
+    one, two = L.provenance(results, 1), L.provenance(results, 2, bitnet)
+    assert bitnet["date"][:10] in two and "BitNet" in two and "BitNet" not in one
+    for text, part in ((one, 1), (two, 2)):
+        for name, what in L.APART_RUNS[part]:
+            data = L.lab_or_none("ternary", name, results.path.parent.name)
+            if data is not None and what:
+                assert what.lower() in text.lower() and data["date"][:10] in text
+        assert text.count("each ratio on this page is from one run") == 1
+    for path in LESSONS:
+        code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+        assert code.count("lesson.provenance(") == 1 and "SEPARATE_RUN" not in code
+
+
+def test_bitnets_host_times_come_from_its_run():
+    from book.ternary import results as tables
+    from studylog.plotting import Results, load_lab
+
+    try:
+        data = load_lab("ternary", tables.BITNET_RUN)
+    except FileNotFoundError:
+        pytest.skip("no committed run with BitNet's kernel")
+    host = tables.bitnet_host(Results(None, data))
+    raw = {(r["series"], r["params"]["shape"]): r for r in data["measurements"]
+           if r["params"].get("m") == 1 and r.get("clock", "gpu") == "gpu"}
+    assert len(host["rows"]) == len(tables.bitnet_table(Results(None, data))["rows"])
+    for shape, bitnet_host, bitnet_ms, ours_host, ours_ms, series in host["rows"]:
+        assert bitnet_host == raw[(T.results.BITNET, shape)]["host_ms"]
+        assert ours_host == raw[(series, shape)]["host_ms"] and ours_ms == raw[(series, shape)]["ms"]
+    assert host["bitnet"] == (min(r[1] for r in host["rows"]), max(r[1] for r in host["rows"]))
+    assert 0 <= host["slower_eager"] <= len(host["rows"])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -132,8 +132,36 @@ BITNET_LAYERS = (("q, o", 2560, 2560, 2, "2560x2560"), ("k, v", 640, 2560, 2, "2
 #: lab/ternary's run of every layer at its own shape (k and v included): only the shapes the benchmark lacks are
 #: read from it, so that a page quotes one time for a kernel at a shape.
 LAYER_RUN = "amdahl_shapes"
-#: How a page names that run, once, where a table reads a shape from it.
-SEPARATE_RUN_WORDS = "measured in a separate run on the same card"
+#: The runs apart from the benchmark that each part reads, with what each gives the page (:func:`provenance`; None:
+#: the words of the run before it cover it).
+APART_RUNS = {1: (("bundled_steps", "the changes of steps 4 and 9 one at a time"),
+                  (LAYER_RUN, "the k and v layers (640 × 2560)")),
+              2: (("step11_changes", "the changes of steps 11 and 13 undone one at a time"),
+                  ("step13_changes", None), (LAYER_RUN, "the k and v layers (640 × 2560)"))}
+
+
+def provenance(results, part: int, bitnet_run=None) -> str:
+    """The page's one sentence on where its numbers come from besides the benchmark run of its caption: the
+    further runs on the same card (:data:`APART_RUNS`, dated), each of which times every kernel it compares, so
+    that every ratio on the page is from one run; for part 2 also BitNet's comparison (``bitnet_run``, the raw file
+    of the benchmark's quick mode, dated). "" where none of them is committed for the results' card."""
+    if results is None or getattr(results, "path", None) is None:
+        return ""
+    gpu = Path(results.path).parent.name
+    dates: dict[str, list[str]] = {}
+    for name, what in APART_RUNS[part]:
+        data = lab_or_none("ternary", name, gpu)
+        if data is not None and what:
+            dates.setdefault(data["date"][:10], []).append(what)
+    further = "; ".join(f"{' and '.join(whats)} come from further runs on the same {card(results)} on {day}"
+                        for day, whats in sorted(dates.items()))
+    first = ""
+    if bitnet_run is not None:
+        first = (f"BitNet's comparison is a second run of the benchmark on the same {card(results)} on "
+                 f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it)")
+    text = "; ".join(t for t in (first, further) if t)
+    return "" if not text else text[0].upper() + text[1:] + ". Each run times every kernel it compares, so each " \
+        "ratio on this page is from one run."
 
 
 def layer_run(results):
@@ -161,8 +189,7 @@ def layers_note(view: dict[str, Any]) -> str:
     """How :func:`amdahl` timed the layers, in a few words for the page."""
     if not view.get("measured"):
         return "k and v, 640 × 2560, charged q's time, not run"
-    return f"every layer at its own shape; {', '.join(s.replace('x', ' × ') for s in view['separate'])} " \
-           f"{SEPARATE_RUN_WORDS}" if view.get("separate") else "every layer at its own shape"
+    return "every layer at its own shape"
 
 
 def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
@@ -200,6 +227,7 @@ def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
     return {"measured": own, "separate": separate, "weights": linear, "linear_bytes": linear_bytes, "rest": rest,
             "share": share, "speedup": speedup,
             "end_to_end": end_to_end, "limit": 1 / (1 - share), "per_shape": per_shape,
+            "layer_bytes_ratio": linear_bytes / bytes_2bit,
             "bytes_ratio": (linear_bytes + sum(rest.values())) / (bytes_2bit + sum(rest.values()))}
 
 
@@ -212,11 +240,9 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     if results is None:
         return PENDING
     layers = layer_run(results)
-    separate = [f"{n}x{k}" for _, n, k, _, shape in BITNET_LAYERS if layer_source(results, layers, n, k, shape)[2]]
     own = layers is not None or all(gpu_row(results, CUBLAS, f"{n}x{k}") for _, n, k, _, _ in BITNET_LAYERS)
-    head = ("every layer at its own shape" + (f"; {', '.join(s.replace('x', ' × ') for s in separate)} "
-                                              f"{SEPARATE_RUN_WORDS}" if separate else "")
-            if own else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
+    head = ("every layer at its own shape" if own
+            else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
     lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}\n",
              "| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
     base = ours = 0.0
@@ -727,7 +753,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "tried_cuda", "tried_triton", "tried_markdown", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table",
-           "clock_spread", "sub_rows", "SUB_ROWS_NOTE", "SEPARATE_RUN_WORDS", "layer_source",
+           "clock_spread", "sub_rows", "SUB_ROWS_NOTE", "APART_RUNS", "provenance", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
 
@@ -742,7 +768,7 @@ PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
     (2, 1, 1, "int8 weights"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
-    (4, 1, 3, "three changes (4a to 4c)"),
+    (4, 1, 3, "an AND decode and 8 rows a program (4a, 4b)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
     (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte)"),
     (9, 1, 4, "two weights an AND and a packed FMA, straight into the MMA (built for several rows)"),
@@ -775,7 +801,8 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
     it, in the ablation's order) or "undone" (the step's time without it over its time with it), from the ablation
     runs (:func:`step_changes`, lab/ternary's step11_changes and step13_changes) except step 12's, which the
     benchmark times itself (x quantised by a kernel of its own); µs only where the time is the benchmark's. A
-    change never timed alone says so and why. Empty where the step has no sub-rows or the run is missing."""
+    change that was never timed alone gets no row (the page says in the step's text what was built together).
+    Empty where the step has no sub-rows or the run is missing."""
     rows: list[tuple] = []
     if (step, m) == (4, 1):
         ch = step_changes(4)
@@ -786,9 +813,7 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
         rows = [("4a", "the exponent-AND decode: one AND and one FMA a weight",
                  f"{_factor(at('step03'), at('+a'))} added; {_factor(at('step04-a'), end)} undone"),
                 ("4b", "8 rows a program, one load of x for the 8",
-                 f"{_factor(at('+a'), at('+a+b'))} added; {_factor(at('step04-b'), end)} undone"),
-                ("4c", "split K, where the autotuner takes it (it does not here)",
-                 f"{_factor(at('+a+b'), end)} added or undone (the last change)")]
+                 f"{_factor(at('+a'), at('+a+b'))} added; {_factor(at('step04-b'), end)} undone")]
     elif (step, m) == (9, 16):
         ch = step_changes(9)
         at = None if ch is None else (lambda v: ch["us"].get((v, shape, m)))  # noqa: E731
@@ -796,16 +821,13 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
             return rows
         end = at("+a+m+b+c")
         rows = [("9a", "two weights per AND and packed FMA",
-                 f"{_factor(at('step05@9'), at('+a'))} added; not undone alone: 9c needs it"),
+                 f"{_factor(at('step05@9'), at('+a'))} added"),
                 ("9b", "rows past N clamped, x loaded unmasked on whole tiles",
                  f"{_factor(at('+a'), at('+a+m'))} added; {_factor(at('step09-m'), end)} undone"),
                 ("9c", "the `2bit_mma` layout: a word's two halves are neighbours along K",
                  f"{_factor(at('+a+m'), at('+a+m+b'))} added; {_factor(at('step09-b'), end)} undone"),
                 ("9d", "split K without a memset",
                  f"{_factor(at('+a+m+b'), end)} added or undone (the last change)")]
-    elif (step, m) == (10, 1):
-        rows = [("10a", "what the loop needs: the `2bit_tiles` layout, x in shared memory, split K summed in a "
-                        "fixed order", "not timed alone: the loop is written for them")]
     elif (step, m) == (11, 1):
         data = lab_or_none("ternary", "step11_changes", H200)
         at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
@@ -814,8 +836,8 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
             return rows
         end = at["step11"]
         rows = [("11a", "the ring alone: a producer warp, the TMA, full and empty mbarriers",
-                 f"{_factor(at.get('step10'), at.get('step11-a-b-c'))} against step 10, 11b to 11d undone: a loss "
-                 "alone, kept: 11b to 11d build on it"),
+                 f"{_factor(at.get('step10'), at.get('step11-a-b-c'))} against step 10: a loss, kept: 11b to 11d "
+                 "build on it"),
                 ("11b", "one copy a tile of 16 rows, not one a warp", f"{_factor(at.get('step11-a'), end)} undone"),
                 ("11c", "K not split: the warps share the block's K, sums meet in shared memory",
                  f"{_factor(at.get('step11-b'), end)} undone"),
@@ -825,8 +847,7 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
         if apart is None:
             return rows
         rows = [("12a", "int8 x on the int8 tensor cores, x quantised by a kernel of its own", fmt(apart, ".1f"),
-                 f"{_factor(t11, apart)} added: a loss alone (a second launch; x through memory), kept: 12b "
-                 "builds on it"),
+                 f"{_factor(t11, apart)} added: a loss (a second launch), kept: 12b builds on it"),
                 ("12b", "x quantised in the kernel", fmt(t12, ".1f"), f"{_factor(apart, t12)} added")]
     elif (step, m) == (13, 16):
         data = lab_or_none("ternary", "step13_changes", H200)
@@ -844,8 +865,8 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
 #: Under the steps tables where a step has sub-rows (the last sentence only where step 12 is among them).
 SUB_ROWS_NOTE = ("Rows with a letter split a step into its changes. *Added*: how many times faster the kernel gets "
                  "when the change joins the one before it, in the letters' order; *undone*: how many times slower "
-                 "the step is without it. Their factors come from the same kernels " + SEPARATE_RUN_WORDS + ".")
-SUB_ROWS_NOTE_12 = " Step 12's are this table's own: its run also times x quantised by a kernel of its own."
+                 "the step is without it.")
+SUB_ROWS_NOTE_12 = " Step 12's rows are timed by the benchmark itself, which also runs x quantised by a kernel of its own."
 
 
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
@@ -1026,7 +1047,7 @@ def first_attempt_excerpt() -> str:
 
 #: lab/ternary/bundled_steps.py's variants, in the page's order: the cumulative chain, then one change undone.
 STEP_CHANGES = {
-    4: {"chain": (("step03", "step 3"), ("+a", "+ the exponent-AND decode"), ("+a+b", "+ 8 rows a thread, one x load "
+    4: {"chain": (("step03", "step 3"), ("+a", "+ the exponent-AND decode"), ("+a+b", "+ 8 rows a program, one x load "
                   "for the 8"), ("+a+b+c", "+ split K where the autotuner takes it (step 4)")),
         "undone": (("step04-a", "step 4 with step 3's decode"), ("step04-b", "step 4 on step 3's tile"),
                    ("step04-d", "step 4 reducing every tile"), ("step04+split", "step 4 with K split in 4"))},
@@ -1081,8 +1102,9 @@ STEP11_CHANGES = (("step11", "step 11"), ("step11-c", "the magic constant rebuil
 
 def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
     """Markdown: step 11 with each of its three side changes undone (``lab/ternary/step11_changes.py``, one run,
-    M = 1), each as its time over step 11's in that run, step 10 beside them; ratios only (the run is apart from the
-    benchmark's). None where the run is not committed."""
+    M = 1), each as its time over step 11's in that run; ratios only (the run is apart from the benchmark's, and the
+    steps table gives step 11 against step 10 from the benchmark, so the page shows that ratio once). None where
+    the run is not committed."""
     data = lab_or_none("ternary", "step11_changes", gpu)
     if data is None:
         return None
@@ -1092,7 +1114,7 @@ def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
           if r["series"] in ("step11_changes", SERIES[10])}
     lines = ["| step 11 with | " + " | ".join(f"{s.replace('x', ' × ')}, M = 1: × step 11's time" for s in shapes)
              + " |", "|---|" + "---|" * len(shapes)]
-    for key, label in STEP11_CHANGES + (("step10", "step 10, for reference"),):
+    for key, label in STEP11_CHANGES:
         lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)] / at[('step11', s)]:.2f}×" for s in shapes) + " |")
     return "\n".join(lines)
 
@@ -1211,9 +1233,10 @@ STEP13_CHANGES = (("step13", "step 13"), ("step13-x", "x loaded by the consumer 
 
 def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
     """Markdown: step 13 with its copy of x by the TMA undone (``lab/ternary/step13_changes.py``, one run), each
-    kernel's time over step 13's in that run per shape and rows of x, steps 12 and 9 beside them; ratios only (the
-    run is apart from the benchmark's); "–" where the run did not time a kernel at a case (it times part 1's
-    step 9 at 16 rows only), with a note naming what it left out. None where the run is not committed."""
+    kernel's time over step 13's in that run per shape and rows of x; ratios only (the run is apart from the
+    benchmark's, whose steps table gives step 13 against step 12 and part 1's step 9, so the page shows those ratios
+    once); "–" where the run did not time a variant at a case, with its legend. None where the run is not
+    committed."""
     data = lab_or_none("ternary", "step13_changes", gpu)
     if data is None:
         return None
@@ -1222,9 +1245,8 @@ def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
     at = {(r["params"]["variant"], r["params"]["shape"], r["params"]["m"]): r["ms"] * 1e3 for r in rows}
     lines = ["| step 13 with | " + " | ".join(f"{s.replace('x', ' × ')}, M = {m}: × step 13's time" for s, m in cases)
              + " |", "|---|" + "---|" * len(cases)]
-    labels = STEP13_CHANGES + ((SERIES[12], "step 12, for reference"), (SERIES[9], "part 1's step 9, for reference"))
     absent = {}
-    for key, label in labels:
+    for key, label in STEP13_CHANGES:
         cells = []
         for c in cases:
             if (key, *c) not in at or ("step13", *c) not in at:
@@ -1235,7 +1257,7 @@ def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     for label, ms in absent.items():
         rows_of_x = " or ".join(f"{'one row' if m == 1 else f'{m} rows'}" for m in sorted(ms))
-        lines.append(f"\n– : {label.split(',')[0]} was not run at {rows_of_x} of x in this run.")
+        lines.append(f"\n– : {label.split(',')[0]}: not timed at {rows_of_x} of x.")
     failed = [c["name"] for c in data["checks"] if not c["passed"]]
     if failed:
         lines.append(f"\n{len(failed)} of {len(data['checks'])} checks of this run failed: {', '.join(failed)}.")

@@ -13,7 +13,7 @@ from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, I
                                       fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
 
-__all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table",
+__all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table", "bitnet_host",
            "series_label", "shapes_in", "failed_peer_checks", "target_checks"]
 
 #: the run with BitNet's W2A8 kernel beside ours (``lab/ternary/results/nvidia-h200/``; lab/ternary/README.md)
@@ -204,6 +204,37 @@ def bitnet_table(results) -> dict:
     checks = [c for c in results.data.get("checks", []) if c["name"].startswith(f"{BITNET} ")]
     return {"rows": rows, "worst": min(ratios), "best": max(ratios), "table": "\n".join(lines),
             "checks": len(checks), "passed": sum(c["passed"] for c in checks)}
+
+
+def bitnet_host(results) -> Optional[dict]:
+    """The host time per call (eager, back-to-back Python calls) of BitNet's W2A8 kernel and of ours (the series
+    :func:`bitnet_table` compares at each shape) at M = 1, from the run with BitNet's kernel: ``{"rows": [(shape,
+    BitNet host ms, BitNet GPU ms, our host ms, our GPU ms, our series)], "bitnet"/"ours": (lowest, highest) host
+    ms, "host_bound": whether our host time exceeds our GPU time at every shape, "slower_eager": at how many shapes
+    our call's lower bound when called eagerly (the longer of its host and GPU times) exceeds BitNet's, "table":
+    markdown of the host times}``; ``None`` where the file has no BitNet rows with a host time. BitNet's call takes
+    x already quantised (its model quantises with torch ops first, launches not counted here); ours quantises x
+    inside the call."""
+    table = bitnet_table(results)
+    if table is None:
+        return None
+    view = on_gpu_clock(results)
+    rows = []
+    for shape, peer_ms, ours_ms, s, _ in table["rows"]:
+        peer, ours = (view.select(name, shape=shape, m=1) for name in (BITNET, s))
+        if peer and ours and "host_ms" in peer[0] and "host_ms" in ours[0]:
+            rows.append((shape, peer[0]["host_ms"], peer_ms, ours[0]["host_ms"], ours_ms, s))
+    if not rows:
+        return None
+    lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8: host per call (µs) | ours: host per call (µs) | "
+             "ours, W2A8 |", "|---|---|---|---|"]
+    lines += [f"| {shape.replace('x', ' × ')} | {us(bh)} | {us(oh)} | {series_label(s)} |"
+              for shape, bh, _, oh, _, s in rows]
+    return {"rows": rows, "bitnet": (min(r[1] for r in rows), max(r[1] for r in rows)),
+            "ours": (min(r[3] for r in rows), max(r[3] for r in rows)),
+            "host_bound": all(oh > og for _, _, _, oh, og, _ in rows),
+            "slower_eager": sum(max(oh, og) > max(bh, bg) for _, bh, bg, oh, og, _ in rows),
+            "table": "\n".join(lines)}
 
 
 # ----------------------------------------------------------------------------------------------
