@@ -396,93 +396,6 @@ def _best(rows, key="graph_us"):
     return min(rows, key=lambda r: r[key]) if rows else None
 
 
-def _pct(new: Optional[float], old: Optional[float]) -> str:
-    if new is None or old is None:
-        return PENDING
-    change = new / old - 1
-    return f"{change:+.1%}" if abs(change) < 0.05 else f"{change:+.0%}"
-
-
-def tried_cuda(results) -> list[dict[str, str]]:
-    """What was tried in the CUDA C++ steps and did not help, each measured against what was kept (a positive
-    change is slower): {"what", "effect", "details"}. Numbers from the committed bench and lab/ternary/results."""
-    out = []
-    s12 = SERIES[12]
-    # places to quantise x that the library keeps but that are not the default at one row of x
-    staged = us(results, s12)
-    for place, what in (("every block", "x quantised by every block, reading it from global memory (step 12, "
-                                        "`quantize=\"every block\"`; kept for 2 to 8 rows of x)"),
-                        ("separate", "x quantised by a kernel of its own, the matmul launched early "
-                                     "(`quantize=\"separate\"`; kept above 8 rows of x)")):
-        t = us(results, W2A8_PLACE_SERIES[place])
-        out.append({"what": what, "effect": f"{_pct(t, staged)} at {MAIN}, M = 1 ({fmt(t, '.1f')} against "
-                    f"{fmt(staged, '.1f')} µs, GPU clock)", "details": "the benchmark file; lab/ternary/README.md"})
-    # the places that left the library, from the bench file that still timed them (H100)
-    old = plotting.Results(Path("lab"), plotting.load_lab("ternary", "ternary_bench_with_first_block", H100))
-    pick = lambda series, key: next((r[key] for r in old.select(series, shape=MAIN, m=1) if r.get(key)), None)  # noqa: E731
-    first, kept = pick(f"{s12}_first_block", "kernel_ms"), pick(s12, "kernel_ms")
-    out.append({"what": "x quantised once, by the first block, published to the others by a flag",
-                "effect": f"{_pct(first, kept)} by kernel time (the file has no GPU-clock time for it)",
-                "details": "lab/ternary/variants (QUANT 2); results/nvidia-h100-80gb-hbm3/ternary_bench_with_first_block.json"})
-    cluster, kept = pick(f"{s12}_cluster", "graph_ms"), pick(s12, "graph_ms")
-    out.append({"what": "x quantised once a thread-block cluster, shared through distributed shared memory",
-                "effect": f"{_pct(cluster, kept)} (GPU clock, the same file)",
-                "details": "lab/ternary/variants (QUANT 3), w2a8_cluster_sweep.json, w2a8_rows_hang.json (a deadlock "
-                           "when launched without cluster dimensions)"})
-    rows = [r for r in _lab("w2a8_per_warp_sweep_long", H100) if r.get("n") == 4096 and "graph_us" in r]
-    pw, st = _best([r for r in rows if r["q"] == "per warp"]), _best([r for r in rows if r["q"] == "staged"])
-    out.append({"what": "each warp quantises the groups of x it takes, inside its loop",
-                "effect": f"{_pct(pw and pw['graph_us'], st and st['graph_us'])} (best launch of each, GPU clock)",
-                "details": "lab/ternary/variants (QUANT 5), w2a8_per_warp_sweep_*.json"})
-    rows = [r for r in _lab("w2a8_staged_deep_sweep", H100) if r.get("n") == 4096 and "graph_us" in r]
-    deep, base4 = _best([r for r in rows if r["st"] > 4]), _best([r for r in rows if r["st"] == 4])
-    out.append({"what": "deeper rings of weights (5 or 8 stages instead of 4) behind x staged first: no gain beyond the "
-                        "run-to-run spread",
-                "effect": f"{_pct(deep and deep['graph_us'], base4 and base4['graph_us'])} (best of each, GPU clock)",
-                "details": "w2a8_staged_deep_sweep.json, w2a8_staged_deep_timeline.json"})
-    def best16(name):
-        rows = [r for r in _lab(name, H200) if r.get("m") == 16 and r.get("n") == 4096 and "graph_us" in r
-                and r.get("tiles", 1) == 1]
-        best = _best(rows)
-        return best and best["graph_us"]
-
-    loads, tma, batched = (best16(n) for n in ("w2a8_tiles_sweep_loads", "w2a8_tiles_sweep_tma",
-                                               "w2a8_tiles_sweep_batched_finish"))
-    out.append({"what": "step 13 with x loaded by the consumer warps (4 loads in flight a thread) instead of the copy "
-                        "engine", "effect": f"{_pct(loads, tma)} at {MAIN}, M = 16 (H200, best config of each, GPU clock)",
-                "details": "w2a8_tiles_sweep_loads.json, w2a8_tiles_sweep_tma.json"})
-    out.append({"what": "step 13's first split-K ending, adding one output's slices one load at a time (now 4 outputs "
-                        "at once, their loads issued together)", "effect": f"{_pct(tma, batched)} at {MAIN}, M = 16 (H200, GPU clock)",
-                "details": "w2a8_tiles_sweep_tma.json, w2a8_tiles_sweep_batched_finish.json"})
-    rows = [r for r in _lab("w2a8_tiles_sweep_two_tiles", H200) if r.get("m") == 16 and "graph_us" in r]
-    two, one = _best([r for r in rows if r.get("tiles") == 2]), _best([r for r in rows if r.get("tiles", 1) == 1])
-    out.append({"what": "step 13 with two tiles of weights a warp (x read once for both)",
-                "effect": f"{_pct(two and two['graph_us'], one and one['graph_us'])} at {MAIN}, M = 16 (H200, best "
-                          "config of each, GPU clock)", "details": "w2a8_tiles_sweep_two_tiles.json"})
-    return out
-
-
-def tried_triton(results) -> list[dict[str, str]]:
-    """What the Triton steps tried that did not pay, against the step it was meant to beat (GPU clock)."""
-    s = SERIES
-    cases = (("1.6-bit weights (base 3, a table lookup a byte) instead of 2-bit, M = 1", s[6], s[4], 1),
-             ("1.6-bit weights with `tl.dot`, M = 16", s[7], s[5], 16),
-             ("int8 activations in Triton (W2A8 on the int8 tensor cores), M = 16", s[8], s[5], 16),
-             ("`tl.dot` (step 5) at one row of x instead of the GEMV", s[5], s[4], 1))
-    out = []
-    for what, new, old, m in cases:
-        a, b = us(results, new, MAIN, m), us(results, old, MAIN, m)
-        out.append({"what": what, "effect": f"{_pct(a, b)} against `{STEPS[int(old[4:]) - 1].name}` at {MAIN}",
-                    "details": f"`{STEPS[int(new[4:]) - 1].name}` above; the benchmark file"})
-    return out
-
-
-def tried_markdown(rows: list[dict[str, str]]) -> str:
-    lines = ["| what | measured effect | details |", "|---|---|---|"]
-    lines += [f"| {r['what']} | {r['effect']} | {r['details']} |" for r in rows]
-    return "\n".join(lines)
-
-
 def first_attempt():
     """``lab/ternary/first_attempt.py`` as a module: the first attempt's kernel and ``ternary_first_attempt``, which
     runs it with its bugs (a rejected kernel lives beside the library, not in it)."""
@@ -581,45 +494,6 @@ def bandwidth_share(res, shape: str = MAIN, m: int = 1) -> Optional[float]:
     if row is None or "bytes" not in row:
         return None
     return row["bytes"] / (row["ms"] * 1e-3) / (res.data["ceilings"]["copy_bandwidth_gbs"] * 1e9)
-
-
-def clock_rows() -> dict[str, dict[str, dict]]:
-    """The rows at 4096 x 14336, M = 1, of the two H200 runs that kept three clocks ("A": the first machine, "B": a
-    second machine of the same day), by series: {"A": {series: row}, "B": ...}."""
-    out = {}
-    for host, name in (("A", "ternary_bench_before_one_clock"), ("B", "ternary_bench_second_host")):
-        res = plotting.Results(Path(name), plotting.load_lab("ternary", name, H200))
-        out[host] = {r["series"]: r for r in res.select(shape=MAIN, m=1)}
-    return out
-
-
-def clocks_table() -> str:
-    """Markdown, µs: the same kernels at 4096 x 14336, M = 1, on two H200 hosts of one day, by the three clocks
-    those runs kept (do_bench; the profiler's kernel time; CUDA-graph replay): lab/ternary/results/nvidia-h200,
-    ternary_bench_before_one_clock.json and ternary_bench_second_host.json."""
-    runs = [plotting.Results(Path(name), plotting.load_lab("ternary", name, H200))
-            for name in ("ternary_bench_before_one_clock", "ternary_bench_second_host")]
-    head = ["series"] + [f"{clock}, {host}" for host in ("run 1", "run 2")
-                         for clock in ("do_bench", "kernel time", "CUDA graph")]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in (CUBLAS, SERIES[9], SERIES[11], SERIES[12], "read_weights"):
-        cells = [series_label(s).split(" (")[0].split(":")[0]]
-        for res in runs:
-            rows = res.select(s, shape=MAIN, m=1)
-            for key in ("ms", "kernel_ms", "graph_ms"):
-                cells.append(f"{rows[0][key] * 1e3:.1f}" if rows and rows[0].get(key) else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def clock_spread(clock: str = "graph_ms") -> Optional[float]:
-    """The largest relative difference, on one clock (CUDA-graph replay unless told), between the two H200 runs of
-    :func:`clock_rows` over the kernels of :func:`clocks_table` at 4096 x 14336, M = 1: (slower / faster) - 1."""
-    rows = clock_rows()
-    shown = (CUBLAS, SERIES[9], SERIES[11], SERIES[12], "read_weights")  # the kernels of :func:`clocks_table`
-    diffs = [max(a, b) / min(a, b) - 1 for s in shown if s in rows["A"] and s in rows["B"]
-             for a, b in [(rows["A"][s].get(clock), rows["B"][s].get(clock))] if a and b]
-    return max(diffs) if diffs else None
 
 
 def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
@@ -751,9 +625,9 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "device",
            "BITNET_2B4T", "BITNET_LAYERS", "LAYER_RUN", "layer_run", "layers_note", "EXCERPTS", "excerpt", "amdahl", "amdahl_layers_table", "amdahl_table", "card", "core_diff",
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
-           "result_table", "tried_cuda", "tried_triton", "tried_markdown", "first_attempt", "cuobjdump", "sass",
-           "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share", "clock_rows", "clocks_table",
-           "clock_spread", "sub_rows", "SUB_ROWS_NOTE", "APART_RUNS", "provenance", "layer_source",
+           "result_table", "first_attempt", "cuobjdump", "sass",
+           "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
+           "sub_rows", "SUB_ROWS_NOTE", "APART_RUNS", "provenance", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
 
