@@ -281,6 +281,10 @@ CTC_CASE = {"T": 150, "A": 5000, "N": 8}
 CTC_SMALL_CASE = {"T": 150, "A": 28, "N": 1}
 
 
+#: The step chapter 4's entry point runs at the small alphabet (its measured rule), timed alone on every card.
+CTC_SMALL_STEP = "step08"
+
+
 #: The tails run's kernel that does only the recursion's chain of frames (``studylog.ctc.floor.chain_floor``).
 CTC_CHAIN = "ctc recursion chain (latency floor)"
 
@@ -292,10 +296,13 @@ def _ctc(data):
     pace. The small case's latency floor is the card's tails run of a kernel that does only that chain, T frames
     (steps 7 to 10 run the forward and backward chains side by side), where the card has one."""
     series = "ctc_loss" if rows(data, "ctc_loss") else "step10"
+    # the entry point runs step 8 at the small alphabet: a run without the entry point is shown at that step there,
+    # so both cards time the same kernel
+    small = "ctc_loss" if series == "ctc_loss" else CTC_SMALL_STEP
     chain = one(data.get("tails_run") or {"measurements": []}, CTC_CHAIN, **CTC_SMALL_CASE, frames=CTC_SMALL_CASE["T"])
     out = []
     for case, shape in ((CTC_CASE, "T = 150, A = 5,000, N = 8"), (CTC_SMALL_CASE, "T = 150, A = 28, N = 1")):
-        ours = one(data, series, **case)
+        ours = one(data, series if case is CTC_CASE else small, **case)
         if ours is None:
             continue
         rival = one(data, "torch-best", **case)
@@ -310,10 +317,11 @@ def _ctc(data):
             what = "the recursion's chain of frames alone is not timed on this card"
             gaps = ("the latency floor of the recursion at the small alphabet (the chain of frames alone)",)
         label = f"torch {rival.get('picked', 'best').replace('torch-', '')}" if rival else "torch"
-        row = _row(_entry_label("the fused CTC kernel", series, ours), shape, ours["clock"], ours, label, rival,
+        used = series if case is CTC_CASE else small
+        row = _row(_entry_label("the fused CTC kernel", used, ours), shape, ours["clock"], ours, label, rival,
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
                    rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)), gaps=gaps,
-                   short=_entry_short(series, ours) + ("" if case is CTC_CASE else "; A = 28, N = 1"))
+                   short=_entry_short(used, ours) + ("" if case is CTC_CASE else "; A = 28, N = 1"))
         if case is CTC_SMALL_CASE and latency is None:  # the floor that binds here is not measured: no percentage
             row |= {"binding": None, "binding_floor_ms": None, "pct_of_floor": None, "latency_missing_why": what}
         out.append(row)
@@ -343,40 +351,118 @@ def _check_words(check: dict[str, Any] | None) -> str:
 
 
 def _ternary(data):
+    """Chapter 5's rows, the headline first: where the card has the chapter's BitNet run, its fastest W2A8 step
+    against BitNet's own W2A8 kernel at the largest of the shapes that kernel is built for (:func:`_ternary_bitnet`);
+    then its fastest bf16-x step at 4096 x 14336 against the fastest rival that passes our float64 check in the same
+    run (:func:`_ternary_llama`)."""
+    llama = _ternary_llama(data)
+    if llama is None:
+        return None
+    bitnet = _ternary_bitnet(data)
+    return ([bitnet] if bitnet is not None else []) + [llama]
+
+
+#: The lab run that times BitNet's W2A8 kernel beside ours (the benchmark's quick mode on the same card).
+TERNARY_BITNET_RUN = "ternary_bitnet_quick"
+#: Our W2A8 steps (x quantised inside the call), BitNet's kernel and its float64 check's name.
+TERNARY_W2A8 = ("step12", "step13")
+BITNET = "bitnet_w2a8"
+
+
+def bitnet_run(card_folder: str) -> dict[str, Any] | None:
+    """The card's second ternary run, the one that times BitNet's W2A8 kernel (ours re-timed beside it), or None."""
+    from book.common import lab_or_none
+
+    return lab_or_none("ternary", TERNARY_BITNET_RUN, card_folder)
+
+
+def run_label(run: dict[str, Any]) -> str:
+    """The BitNet run in a few words, for a label: ``the chapter's BitNet run on this card, 28 November 2026``."""
+    day = dt.date.fromisoformat(run["date"][:10])
+    return f"the chapter's BitNet run on this card, {day.day} {day:%B %Y}"
+
+
+def run_words(run: dict[str, Any]) -> str:
+    """The provenance of a BitNet ratio, said once per page: the run and its date."""
+    day = dt.date.fromisoformat(run["date"][:10])
+    return (f"BitNet's kernel is timed in another run of the chapter's benchmark on the same card, on "
+            f"{day.day} {day:%B %Y} (its quick mode: BitNet's ten shapes and the chapter's targets, ours re-timed "
+            "in that run, so each ratio is from one run)")
+
+
+def _ternary_bitnet(data):
+    run = bitnet_run(data.get("card_folder", "")) if data.get("card_folder") else None
+    if run is None:
+        return None
+    peers = [r for r in rows(run, BITNET, m=1) if r["clock"] == "gpu"]
+    if not peers:
+        return None
+    rival = max(peers, key=lambda r: r.get("weight_bytes", 0))  # the shape whose weights weigh most
+    case = {"shape": rival["params"]["shape"], "m": 1}
+    mine = [r for s in TERNARY_W2A8 for r in rows(run, s, **case) if r["clock"] == "gpu"]
+    if not mine:
+        return None
+    ours = min(mine, key=lambda r: r["ms"])
+    n, k = case["shape"].split("x")
+    check = accuracy_check(run, BITNET, case)
+    latency, what = _one_kernel(data)
+    return {"ternary_case": "bitnet", "tail_row": False, "run_words": run_words(run), "run_label": run_label(run),
+            "rival_check": (
+        None if check is None else ("passes" if check["passed"] else "misses"))} | _row(
+        f"the fastest W2A8 kernel ({_step_words(ours['series'])}; x quantised to int8 inside the call)",
+        "one row of x (M = 1); the weight shape N x K in the kernel column", ours["clock"], ours,
+        "BitNet's W2A8 kernel (x already int8)", rival,
+        byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")), compute_floor_ms=ours.get("floor_compute_ms"),
+        latency_floor_ms=latency, latency_what=what, short=f"{_step_words(ours['series'])}, W2A8; {n} x {k}",
+        rival_notes=(run_words(run), f"{n} x {k} is the largest of BitNet's ten shapes; the results page gives "
+                     "all ten"))
+
+
+def _ternary_llama(data):
     mine = [r for s in TERNARY_BF16_X for r in rows(data, s, **TERNARY_CASE) if r["clock"] == "gpu"]
     if not mine:
         return None
     ours = min(mine, key=lambda r: r["ms"])
-    # The rival is the fastest peer, GemLite's 2-bit kernel, even where its output strays past bf16 rounding of
-    # float64 (the smaller, conservative ratio); its check and cuBLAS bf16, which passes it, stand beside the row.
-    rival = one(data, "gemlite_w2", **TERNARY_CASE)
+    # The rival is the fastest peer or baseline that passes our float64 check in this run: GemLite's 2-bit kernel
+    # where it passes, else cuBLAS bf16. A faster peer that fails the check is named beside the row, with no ratio.
+    gemlite, cublas = one(data, "gemlite_w2", **TERNARY_CASE), one(data, "cublas_bf16", **TERNARY_CASE)
+    checks = {s: accuracy_check(data, s, TERNARY_CASE) for s in ("gemlite_w2", "cublas_bf16")}
+    passing = [(s, r) for s, r in (("gemlite_w2", gemlite), ("cublas_bf16", cublas))
+               if r is not None and checks[s] is not None and checks[s]["passed"]]
+    series, rival = min(passing, key=lambda p: p[1]["ms"]) if passing else ("gemlite_w2", gemlite)
+    label = {"gemlite_w2": "GemLite 2-bit", "cublas_bf16": "cuBLAS bf16 (the matrix stored densely)"}[series]
     read = one(data, "read_weights", **TERNARY_CASE)
     latency, what = _one_kernel(data)
     notes = ()
     if read is not None:
         notes = (f"a kernel that only reads the packed weights takes {us(read['ms'])} µs in the same run",)
-    peer_notes, check = [], None
-    if rival is not None:  # a check it passes is said in the scoreboard's cell; one it fails or lacks, in a note
-        check = accuracy_check(data, "gemlite_w2", TERNARY_CASE)
-        if check is None or not check["passed"]:
-            peer_notes.append("GemLite " + _check_words(check))
-    cublas = one(data, "cublas_bf16", **TERNARY_CASE)
-    if cublas is not None:
+    peer_notes = []
+    gem_check = checks["gemlite_w2"]
+    if gemlite is not None and series != "gemlite_w2":
+        peer_notes.append(f"GemLite 2-bit takes {us(gemlite['ms'])} µs and " + _check_words(gem_check)
+                          + ", so no ratio against it is given")
+    if cublas is not None and series != "cublas_bf16":
         peer_notes.append(f"cuBLAS bf16 on the same matrix stored densely takes {us(cublas['ms'])} µs, "
                           f"{cublas['ms'] / spread(ours)[1]:.2f}× our median, and "
-                          + _check_words(accuracy_check(data, "cublas_bf16", TERNARY_CASE)))
-    extra = {"rival_fails_check": check is not None and not check["passed"],
+                          + _check_words(checks["cublas_bf16"]))
+    check = checks.get(series)
+    extra = {"ternary_case": "llama", "tail_row": True, "rival_series": series,
              "rival_check": None if check is None else ("passes" if check["passed"] else "misses"),
-             "rival_check_error": None if check is None else check["relative_error"],
-             "rival_check_tolerance": None if check is None else check["tolerance"],
+             "gemlite_fails_check": gem_check is not None and not gem_check["passed"],
+             "gemlite_check_error": None if gem_check is None else gem_check["relative_error"],
+             "gemlite_check_tolerance": None if gem_check is None else gem_check["tolerance"],
+             "gemlite_ms": gemlite["ms"] if gemlite is not None else None,
              "dense_ratio": cublas["ms"] / spread(ours)[1] if cublas is not None else None}
     return extra | _row(f"{TERNARY_WORDS.get(ours['series'], 'the ternary kernel')} ({_step_words(ours['series'])})",
-                "M = 1, 4096 x 14336, bf16 x (the fastest of the bf16-x steps)", ours["clock"], ours,
-                "GemLite 2-bit", rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
+                "one row of x (M = 1); the weight shape N x K in the kernel column", ours["clock"], ours,
+                label, rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
                 compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
-                short=_step_words(ours["series"]), floor_notes=notes, rival_notes=tuple(peer_notes) + faster_rivals(
-                    # the int8 baselines compute another product (x quantised to int8), not a rival of bf16 x
-                    data, ours, rival, TERNARY_CASE, skip=("read_weights", "torch_int_mm", "torch_int_mm_matmul")))
+                short=f"{_step_words(ours['series'])}, bf16 x; 4096 x 14336", floor_notes=notes,
+                rival_notes=tuple(peer_notes) + faster_rivals(
+                    # the int8 baselines compute another product (x quantised to int8), not a rival of bf16 x; a
+                    # peer that fails the check is named above
+                    data, ours, rival, TERNARY_CASE, skip=("read_weights", "torch_int_mm", "torch_int_mm_matmul",
+                                                           "gemlite_w2")))
 
 
 #: Chapter 6's headline: eight prompts of mixed prefix and item lengths in one batch.
@@ -488,12 +574,6 @@ def _decode(data):
 SPECULATE_CASE = {"model": "smollm2", "batch": 1, "workload": "extraction"}
 
 
-#: SmolLM2-135M's body, from its public config (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct, config.json):
-#: hidden 576, 30 layers, MLP 1536, 9 query and 3 key/value heads of 64; bf16 weights, norms included. The head is
-#: not counted: chapter 2's masked head reads only the allowed rows.
-SMOLLM2_BODY_BYTES = 2 * 30 * (576 * (576 + 2 * 3 * 64) + 576 * 576 + 3 * 576 * 1536 + 2 * 576)
-
-
 def _speculate(data):
     ours = rows(data, "step04", **SPECULATE_CASE)
     if not ours:
@@ -507,21 +587,19 @@ def _speculate(data):
     rival = [b for _, b in pairs if b is not None]
     rival_row = {"ms": med([b["ms"] for b in rival]), "clock": rival[0]["clock"]} if rival else None
     latency = med([one_token[0]["ms"] * r["forwards"] / r["tokens"] for r, _ in pairs]) if one_token else None
-    gbs = data.get("ceilings", {}).get("copy_bandwidth_gbs")
-    byte = med([SMOLLM2_BODY_BYTES / (gbs * 1e9) * 1e3 * r["forwards"] / r["tokens"] for r, _ in pairs]) if gbs else None
     # the loop's forecast (its forwards at its measured one-token forward) is a bound, not a floor: it stays in the
-    # notes, and no latency floor is computed for this loop
+    # notes; no floor is computed for this loop (its weights' bytes, a few µs a token, are far below its launches'
+    # chain, which is not counted), so no byte floor is shown either
     why = ("none is computed for this loop" + (
         f"; its forecast, step 4's forwards per output token each at this loop's one-token forward's GPU time, is a "
         f"bound, not a floor: {us(latency)} µs" if latency is not None else ""))
     return {"latency_missing_why": why, "loop_bound_ms": latency} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
-                "requests", ours[0]["clock"], summary, "chapter 7's loop (its step 3)", rival_row,
-                byte_floor_ms=byte, latency_floor_ms=None, latency_what=why, short="step 4, whole loop",
+                "requests", ours[0]["clock"], summary, f"chapter 7's loop (its step 3) on the same {len(pairs)} requests",
+                rival_row,
+                byte_floor_ms=None, latency_floor_ms=None, latency_what=why, short="step 4, whole loop",
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request"),
-                notes=("wall clock: the whole step, host included, per output token",
-                       "floor: the body's weights read once per forward (from the model's public config, at the "
-                       "run's copy bandwidth), per output token")) | {
+                notes=("wall clock: the whole step, host included, per output token",)) | {
         # the byte floor does not bind a launch-bound loop: no percentage of a hardware floor is given
         "binding": None, "binding_floor_ms": None, "pct_of_floor": None}
 
@@ -542,9 +620,9 @@ ENTRIES: tuple[Entry, ...] = (
           rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
           "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram,
-          headline="the GPU drafter against our corrected port of FastDeploy's GPU kernel (the revision, pull "
-                   "request #7136, made exact; step 4); 128 slots of 32,768 tokens",
-          rival_short="our corrected port of FastDeploy's GPU kernel (pull request #7136)"),
+          headline="the GPU drafter against our corrected port of FastDeploy's GPU kernel (its revision, made "
+                   "exact; step 4); 128 slots of 32,768 tokens",
+          rival_short="our corrected port of FastDeploy's GPU kernel"),
     Entry(4, "CTC loss", "notebooks/04_ctc_loss.ipynb",
           "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc,
           headline="loss and gradient against torch's cuDNN path, T = 150, alphabet 5,000, batch 8",
@@ -553,7 +631,7 @@ ENTRIES: tuple[Entry, ...] = (
           "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
           _ternary, headline="one row of x times a ternary matrix, against BitNet's own W2A8 kernel (2-bit weights, "
                              "8-bit activations) at the decode shapes it is built for",
-          rival_short="GemLite"),
+          rival_short="BitNet's own W2A8 kernel"),
     Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
           "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,
           headline="eight prompts of mixed lengths in one call, against FlashInfer", rival_short="FlashInfer"),
@@ -564,8 +642,9 @@ ENTRIES: tuple[Entry, ...] = (
           rival_short="a dense head and a mask"),
     Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
           "Can a grammar and prompt-lookup drafts share one decode loop?", "speculate", _speculate,
-          headline="grammar-cut n-gram drafts verified in one forward, against chapter 7's loop, per output token; "
-                   "SmolLM2-135M, batch 1",
+          headline="grammar-cut n-gram drafts verified in one forward, against chapter 7's loop (its step 3) on the "
+                   "same extraction requests, per output token; SmolLM2-135M, batch 1 (chapter 7's own table "
+                   "times another set of requests)",
           rival_short="chapter 7's loop"),
 )
 
@@ -586,7 +665,8 @@ def scoreboard(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             base = {"number": entry.number, "title": entry.title, "notebook": entry.notebook, "card": card_name(card)}
             data = load(card, entry.bench) if entry.bench else None
             if data is not None:  # the card's tails run beside it: some floors are timed there
-                data = data | {"tails_run": load(card, TAILS), "card_empty_kernel_ms": card_empty_kernel_ms(card)}
+                data = data | {"tails_run": load(card, TAILS), "card_empty_kernel_ms": card_empty_kernel_ms(card),
+                               "card_folder": Path(card).name}
             measured = entry.measure(data) if data is not None and entry.measure else None
             if measured is None:
                 why = entry.absent or ("not measured on this card" if data is None
@@ -727,7 +807,8 @@ def _ctc_small_case_words(root: Path) -> str | None:
                 grid.append((rival["ms"] / ours["ms"], ours["params"]["N"]))
         if grid:
             ratio, n = min(grid)
-            at.append(f"N = {n} on the {_short_card(card_name(card))} ({ratio:.2f}×)")
+            which = "the entry point" if series == "ctc_loss" else "step 10"
+            at.append(f"N = {n} on the {_short_card(card_name(card))} ({ratio:.2f}×, {which})")
     if not at:
         return None
     return ("the small alphabet is shown at one utterance (N = 1), the case whose chain of frames is timed alone as "
@@ -854,7 +935,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         median = f"**{us(r['median_ms'])}**"
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: show ours beside
             median += f" on the GPU; **{us(r['ours_end_to_end_ms'])}** end to end"
-        t = tails.get((r["number"], r["card"])) if r["lead"] else None
+        t = tails.get((r["number"], r["card"])) if r.get("tail_row", r["lead"]) else None
         tail_cell = (f"{us(t['p99_ms'])} (median {us(t['ms'])}) | " if t else "– | ") if p99 else ""
         if t is not None:
             differs = tail_differs(r, t, load(folders[r["card"]], TAILS))
@@ -884,13 +965,14 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
         if r.get("one_copy") and r["pct_of_floor"] is not None:
             pct += f", {L2_FAVOURED}"
+        byte = _floor(r["byte_floor_ms"])
         if r.get("loop_bound_ms") is not None:  # a launch-bound loop: its forecast is a bound, not a floor
-            latency = "–"
+            latency = byte = "–"
             binding = f"– (no floor; the loop's forecast, a bound: {_floor(r['loop_bound_ms'])})"
             pct = f"– (the forecast is {100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median)"
         if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
             binding, pct = "–", f"– ({r['no_pct_why']})"
-        floors.append(f"| {named} | {card} | {r['ours']} | {_floor(r['byte_floor_ms'])} | "
+        floors.append(f"| {named} | {card} | {r['ours']} | {byte} | "
                       f"{_floor(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} |")
     small = _ctc_small_case_words(root)
     if small:
@@ -933,5 +1015,5 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "cards", "faster_rivals", "floor_kind", "replayed_one_copy",
-           "accuracy_check", "L2_FAVOURED", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
+           "accuracy_check", "bitnet_run", "run_label", "run_words", "L2_FAVOURED", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs"]
