@@ -58,7 +58,7 @@ def _questions() -> dict[str, tuple[str, str]]:
     """Per lesson notebook: its question and its headline on each card that measured it (from the committed JSON,
     through :func:`book.results.headlines`); a lesson that is no chapter's headline page but asks a question of
     its own (chapter 5's first part) gets its question with no number."""
-    from book.results import OTHER_PAGES, headlines
+    from book.results import OTHER_PAGES, headlines, other_answers
 
     out = {}
     for h in headlines():
@@ -67,11 +67,15 @@ def _questions() -> dict[str, tuple[str, str]]:
                     if h["ratios"].get(card) is not None and h["comparable"].get(card, True)]
         if h["number"] == 1 and measured:  # the count of forward passes does not depend on the card
             texts = {text for card, text in h["brief"].items() if h["ratios"].get(card) is not None}
-            measured = [f"on every card: {texts.pop()}"] if len(texts) == 1 else measured
+            if len(texts) == 1:
+                text = texts.pop()
+                measured = [f"{text[0].upper()}{text[1:]}, counted on the host"]
         out[h["notebook"]] = (h["question"], "; ".join(measured) if measured else "not measured yet")
+    answers = other_answers()
     for notebook, question in OTHER_PAGES.items():
         if notebook not in out and "?" in question:
-            out[notebook] = (question, "")
+            answer = answers.get(notebook, "")
+            out[notebook] = (question, f"H200: {answer}" if answer else "")
     return out
 
 
@@ -90,8 +94,9 @@ FIGURE_ALT = {
                                       "calls, against the number of utterances, for two alphabet sizes",
     "assets/figures/ternary_steps.png": "GPU time of each Triton step of the ternary matmul on the Llama weight "
                                         "shapes, one row of activations",
-    "assets/figures/ternary_speedup.png": "Each ternary kernel's speedup over cuBLAS in bf16 for one row of "
-                                          "activations, on the H100 and the H200",
+    "assets/figures/ternary_speedup.png": "On the H200, one row of activations: each ternary kernel's speedup "
+                                          "over cuBLAS in bf16 at seven weight shapes, beside GemLite's and "
+                                          "torch._int_mm's",
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
     "assets/figures/decode_breakdown_8b.png": "Where each step of the decode loop spends its time per output token at "
@@ -151,7 +156,8 @@ PLAIN_NAMES = {
     "step02_jump_forward": "the loop with chapter 1's jumps (step 2)",
     "step01_baseline": "the loop with a dense head and a mask (step 1)",
     "step04_gated_draft": "the loop with grammar-cut drafts (step 4)",
-    "chapter 7's step 3 (ch7_step03)": "chapter 7's loop (its step 3)",
+    "chapter 7's step 3 (ch7_step03)": "chapter 7's loop (its step 3), run on these extraction requests, not on "
+                                       "chapter 7's own",
     "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of FastDeploy pull "
                                                                                  "request #6960's first kernel, "
                                                                                  "two-phase (step 3)",
@@ -238,6 +244,11 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
     return "\n".join(out)
 
 
+#: What the host column means on a decode loop's rows, said above each such table.
+LOOP_HOST = ("host per call: here the host's own time per output token, the part of the step outside every timed "
+             "GPU part")
+
+
 #: Why a card's speedups in a folded table are marked, by the mark: the sentence said once above the table.
 MARKS = {"not comparable": "not comparable with the other card: this run's head is not padded as real models ship "
                            "it, which slows the dense baseline",
@@ -248,13 +259,30 @@ MARKS = {"not comparable": "not comparable with the other card: this run's head 
 
 def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = None,
                    l2_favoured: dict[str, set[str]] | None = None) -> str:
-    """The folded tables for readers: a column whose cell is the same on every row of a table moves into a line above
-    it, as does the tail the case cells share (``…, batch 1, end to end per output token``); the speedups of a card
-    whose run is not comparable with the other's (``not_comparable`` maps a chapter's dropdown title to its cards'
-    full names) are marked in their cells."""
+    """The folded tables for readers: the "ours" or "against" column moves into a line above each table of a chapter
+    where it is the same on every row of every one of that chapter's tables (so a chapter's tables share one layout
+    on every card), as does the tail the case cells of a table share (``…, batch 1, end to end per output token``);
+    the speedups of a card whose run is not comparable with the other's (``not_comparable`` maps a chapter's
+    dropdown title to its cards' full names) are marked in their cells."""
     marked = {mark: by_chapter or {} for mark, by_chapter in (("not comparable", not_comparable),
                                                              ("L2-favoured", l2_favoured))}
     lines, out, i = markdown.splitlines(), [], 0
+    loop = False
+    factor: dict[str, set[str]] = {}  # per chapter: the columns constant in every table of it
+    chapter = ""
+    for k, line in enumerate(lines):
+        if line.startswith(":::{dropdown} "):
+            chapter = line.split(" ", 1)[1]
+        if line.startswith("| ours"):
+            head = [c.strip() for c in line.strip("|").split("|")]
+            body = []
+            for row in lines[k + 2:]:
+                if not row.startswith("| "):
+                    break
+                body.append([c.strip() for c in row.strip().strip("|").split("|")])
+            same = {name for j, name in enumerate(head) if name in ("ours", "against") and len(body) > 1
+                    and len({c[j] for c in body}) == 1}
+            factor[chapter] = factor.get(chapter, same) & same
     chapter = card = ""
     while i < len(lines):
         line = lines[i]
@@ -263,6 +291,7 @@ def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = N
         m = re.match(r"^\*\*(.+?)\*\*, measured", line)
         if m:
             card = m.group(1)
+            loop = CLOCK_WORDS["wall"] in line
         if not line.startswith("| ours"):
             out.append(line)
             i += 1
@@ -286,10 +315,12 @@ def compact_tables(markdown: str, not_comparable: dict[str, set[str]] | None = N
                     c[k] = ", ".join(p[:-n])
         keep = []
         for k, name in enumerate(head):
-            if len(body) > 1 and name in ("ours", "against") and len({c[k] for c in body}) == 1:
+            if name in factor.get(chapter, set()):
                 said.append(f"{name}: {body[0][k]}")
             else:
                 keep.append(k)
+        if loop and "host per call (µs)" in head and any(c[head.index("host per call (µs)")] != "–" for c in body):
+            said.append(LOOP_HOST)
         for mark, by_chapter in marked.items():
             if card in by_chapter.get(chapter, set()) and "speedup" in head:
                 k = head.index("speedup")
@@ -368,7 +399,8 @@ def headline_rival_rows(markdown: str) -> str:
     step against BitNet's own kernel at its shapes, in a table of its own under the card's; and chapter 5's step 12
     at the place to quantise x its chapter times (its default), not the fastest of its places."""
     from book.results import bitnet_rows
-    from book.scoreboard import MASKED_HEAD_CASE, NGRAM_CASE, card_name, cards, load, one, rows
+    from book.scoreboard import (MASKED_HEAD_CASE, NGRAM_CASE, bitnet_run, card_name, cards, load, one, rows,
+                                 run_words)
 
     folders = {card_name(c): c for c in cards()}
     extra: dict[tuple[str, str], list[str]] = {}
@@ -395,11 +427,12 @@ def headline_rival_rows(markdown: str) -> str:
                     label, "our corrected port of the pull request's revision (#7136), made exact (step 4)",
                     "128 slots x 32768 tokens, budget 128", ours, rival)]
         found = bitnet_rows(folder)
-        if found:
+        run = bitnet_run(Path(folder).name) if found else None
+        if found and run is not None:
             after[("ternary", gpu)] = [
                 "", f"Against BitNet's own W2A8 kernel (2-bit weights, 8-bit activations; x quantised to int8 before "
                     f"its call, inside ours), one row of x, at the {len(found)} shapes its kernel is built for, on the "
-                    "same card and clock:", "",
+                    f"GPU clock. {run_words(run)}:", "",
                 "| ours | against | case | speedup | ours (µs) | theirs (µs) | host per call (µs) |",
                 "|---|---|---|---|---|---|---|"] + [_pair_line(ours_label, "BitNet's W2A8 kernel", case, ours, rival)
                                                     for ours_label, case, ours, rival in found]
