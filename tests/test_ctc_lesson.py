@@ -128,7 +128,7 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
     labels = [r.split("|")[1].strip() for r in rows]
     assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 11)]
-    assert labels[:17] == ["1", "2", "3", "4", "5", "6", "7", "7a", "7b", "7c", "7d", "7e", "8", "8a", "8b", "9", "10"]
+    assert labels[:15] == ["1", "2", "3", "4", "5", "6", "7", "7a", "7b", "7c", "8", "8a", "8b", "9", "10"]
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
         if label[-1:].isalpha() and label[:1].isdigit():
@@ -378,9 +378,9 @@ def test_every_case_has_one_floor_on_the_page():
 
 
 def test_steps_7_and_8_show_each_change_with_its_own_factor():
-    """Sub-rows 7a to 7e and 8a, 8b: the lab runs' time with the change undone over the step's, per case; the warp
-    recursion (7b) is labelled a kept loss with its reason; 7d and 7e say they were not timed alone and why; step 10
-    is marked where its idea does not apply."""
+    """Sub-rows 7a to 7c and 8a, 8b: the lab runs' time with the change undone over the step's, per case; the warp
+    recursion (7b) is labelled a kept loss with its reason, tersely; no row only says a change was not timed alone
+    (step 7's fused gradient has none); step 10 is marked where its idea does not apply."""
     results = plotting.load_results("ctc", "nvidia-h200")
     rows = {line.split(" | ")[0].strip("| "): line for line in lesson.boehm_table(results).splitlines()}
     for label, ablation, variant in (("7a", lesson.step07_changes(), "softmax written"),
@@ -393,8 +393,7 @@ def test_steps_7_and_8_show_each_change_with_its_own_factor():
             t, x = ablation["rows"][variant][case]
             assert cells[2 + 3 * i] == f"without it: {t:,.1f}" and cells[3 + 3 * i] == f"{x:.2f}×", (label, case)
     assert all(x < 1 for _, x in lesson.step07_changes()["rows"]["block recursion"].values())
-    assert "**a measured loss, kept**: steps 8 and 10 build on the warp layout" in rows["7b"]
-    for label in ("7d", "7e"):
-        assert "**not timed alone**" in rows[label] and rows[label].count("not timed alone |") == 3
-    assert "undoes 7c" in rows["7d"]
+    assert "**a loss, kept**: steps 8 and 10 build on the warp layout" in rows["7b"]
+    assert "a loss at A = 28, N = 1, kept: it pays at the others" in rows["8b"]
+    assert "7d" not in rows and "7e" not in rows and "not timed alone" not in "".join(rows.values())
     assert "(not its case)" in rows["10"]

@@ -636,33 +636,28 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
     return parts
 
 
-#: The sub-rows of the table of steps: each change of steps 7 and 8 on its own, from the runs that undo one change
-#: at a time (:func:`step07_changes`, :func:`step08_changes`). (label, the change, the run's variant with that change
-#: undone, or None where the change cannot be undone alone, and why it stays where it is a measured loss, or why it
-#: cannot be undone alone.)
+#: The sub-rows of the table of steps: each change of steps 7 and 8 that a run undoes on its own
+#: (:func:`step07_changes`, :func:`step08_changes`). A change that cannot be undone alone (step 7's fused gradient
+#: needs alpha and beta side by side) gets no row: the page's text says it was built with the other.
+#: (label, the change, the run's variant with that change undone, why it stays where it is a measured loss.)
 STEP_CHANGES = {
     7: (("7a", "no softmax written: a block per frame computes its log-sum-exp and the target's log-probabilities",
          "softmax written", ""),
         ("7b", "one warp per direction: positions in registers, a neighbour's by `__shfl_up_sync`",
          "block recursion", "steps 8 and 10 build on the warp layout"),
-        ("7c", "alpha and beta side by side, two warps: the chain of 2T frames becomes T", "directions in turn", ""),
-        ("7d", "the gradient a pass of its own, a block per frame", None,
-         "a gradient inside beta's loop needs alpha finished first, which undoes 7c"),
-        ("7e", "no alpha matrix read back in a frame loop", None,
-         "it is 7d seen from the alpha matrix (no frame loop is left to read it)")),
+        ("7c", "alpha and beta side by side, two warps: the chain of 2T frames becomes T", "directions in turn", "")),
     8: (("8a", "the skip a value, not a path: a label always takes the three-term sum", "branch put back", ""),
-        ("8b", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`", "exp2f and __log2f", "")),
+        ("8b", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`", "exp2f and __log2f",
+         "it pays at the others")),
 }
 
 
-def _change_cells(changes: dict | None, variant: str | None) -> list[str]:
+def _change_cells(changes: dict | None, variant: str) -> list[str]:
     """A sub-row's cells per case of :data:`TABLE_CASES`: the step's time with the change undone, and that time over
-    the step's in the same run (above 1.00×, the change pays); "not timed alone" where it cannot be undone."""
+    the step's in the same run (above 1.00×, the change pays)."""
     cells = []
     for case in TABLE_CASES:
-        if variant is None:
-            cells += ["not timed alone", "–", "–"]
-        elif changes is None or case not in changes["rows"].get(variant, {}):
+        if changes is None or case not in changes["rows"].get(variant, {}):
             cells += ["–", "–", "–"]
         else:
             t, x = changes["rows"][variant][case]
@@ -728,18 +723,16 @@ def boehm_table(results) -> str:
                        if c in TABLE_CASES}
             losses = [c for c, x in factors.items() if x < 1]
             words = ""
-            if variant is None:
-                words = f": **not timed alone**, {why}"
-            elif losses and len(losses) == len(factors):
-                words = f"; **a measured loss, kept**: {why or 'no reason measured'}"
+            if losses and len(losses) == len(factors):
+                words = f"; **a loss, kept**: {why}"
             elif losses:  # a loss at some cases, kept for the others
                 words = "; a loss at " + " and ".join(f"A = {a:,}, N = {n}" for a, n in losses) + \
-                        ", kept for the other cases"
+                        f", kept: {why or 'it pays at the others'}"
             lines.append(f"| {label} | {change}{words} | " + " | ".join(_change_cells(changes, variant)) + " |")
     notes = [f"† At A = {A:,}, N = {N} the longest target ({p} positions) fits one warp: step 10's idea, several "
              "warps per direction, does not apply there, and only its barrier per frame is left; its own case is the "
              "mid-size batch." for A, N, p in one_warp]
-    notes.append("Rows 7a to 8b: each change of steps 7 and 8 on its own, from a run that times the step with one "
+    notes.append("Rows 7a to 8b: one change of step 7 or 8 at a time, from a run that times the step with that "
                  "change undone: \"without it\" is the step's time without the change, the factor that time over the "
                  "step's in the same run (above 1.00×, the change pays).")
     return "\n".join(lines) + "".join("\n\n" + n for n in notes)
@@ -779,7 +772,7 @@ def tuning_table(results, numbers: Iterable[int] = (2, 3, 4, 5)) -> str:
 
 
 #: lab/ctc/step07_changes.py's variants, in the table's order: step 7, then step 7 with one change undone.
-STEP07_CHANGES = (("step 7", "step 7 (all five changes)"),
+STEP07_CHANGES = (("step 7", "step 7 (all its changes)"),
                   ("softmax written", "7a undone: the log-softmax written, then read"),
                   ("block recursion", "7b undone: a block per direction, a barrier per frame (step 5's)"),
                   ("directions in turn", "7c undone: alpha, then beta, in one warp"),
