@@ -563,6 +563,15 @@ def test_the_steps_table_gives_step_3s_changes_their_own_rows():
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert cells[2] == "–" and cells[3] == f"{factor:.2f}×" and cells[4] == "–"
     assert lesson.steps_table(chapter, "1b", 1) == "\n".join(lines[:5])  # without the rows: no sub-rows
+    assert "a loss" not in "\n".join(lines)  # no 8B rows: no loss to label
+    eight = [dict(r, params=dict(r["params"], model="8b")) for r in changes]
+    for r in eight:  # the allowed sets alone a loss at the 8B shape, the headline's
+        if r["params"]["config"] == "automaton_mask":
+            r["ms"] *= 1.2
+    sub = lesson.steps_table(chapter, "1b", 1, changes + eight).splitlines()[5]
+    loss = lesson.step03_changes_rows(eight, "8b", 1)[1]["x_previous"]
+    assert loss < 1 and sub.startswith("| 3a |")
+    assert f"; {loss:.2f}× at the 8B shape, a loss, kept: 3b and 3c read the sets |" in sub
 
 
 def test_the_jump_counts_count_two_ways():

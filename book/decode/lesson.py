@@ -579,6 +579,9 @@ STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per tok
 SUBSTEPS = (("automaton_mask", "3a", "the automaton's allowed sets as the mask, no bitmask (dense head)"),
             ("masked_full_argmax", "3b", "chapter 2's masked head reads only the allowed rows"),
             ("masked_head", "3c", "the argmax reads only the allowed ids"))
+#: Why a change of step 3 stays where it is a measured loss at the headline's shape (the 8B shape): the changes
+#: after it read what it builds.
+KEPT_BECAUSE = {"automaton_mask": "3b and 3c read the sets"}
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -604,16 +607,22 @@ def steps_table(results, model: str = "1b", batch: int = 1, changes=None) -> str
     """:func:`steps_rows` as the page's one steps table (Markdown). With ``changes`` (rows of series
     ``step03_changes``, which add step 3's changes one at a time), step 3 is followed by one sub-row per change
     (:data:`SUBSTEPS`) whose "× previous" is that change's factor there (:func:`step03_changes_rows`); their times
-    are another timing's, so the sub-rows give the factor alone."""
+    are another timing's, so the sub-rows give the factor alone. A change that is a loss at the 8B shape, the
+    headline's, says so in its row with why it stays (:data:`KEPT_BECAUSE`)."""
     lines = ["| step | what changes | µs per token | × previous | × floor (its forwards' weight bytes) |",
              "|---|---|---|---|---|"]
     factors = {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], model, batch)}
+    headline = {} if model == "8b" else \
+        {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], "8b", batch)}
     for r in steps_rows(results, model, batch):
         prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
         lines.append(f"| `{r['step']}` | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
         if r["step"] == report.series_label("masked_head"):
             for config, label, what in SUBSTEPS:
                 if factors.get(config) is not None:
+                    at8 = headline.get(config)
+                    if at8 is not None and at8 < 1 and config in KEPT_BECAUSE:
+                        what += f"; {at8:.2f}× at the 8B shape, a loss, kept: {KEPT_BECAUSE[config]}"
                     lines.append(f"| {label} | {what} | – | {factors[config]:.2f}× | – |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
 
