@@ -1,5 +1,5 @@
 """What notebook 08 reads from the committed benchmark (``assets/bench/<gpu>/speculate.json``, written by
-``python -m studylog bench speculate``): the steps' table, the verifier's layer per chunk length, the bound, the
+``python -m studylog bench speculate``): the steps' table, the verifier's layer per chunk length, the forecasts, the
 drafting's cost, the agreement with chapter 7, and the requests where drafting loses."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
 
 
 def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """The loop's own bound: each request's forwards per output token in step 4, each priced at the one-token
+    """The loop's own forecast: each request's forwards per output token in step 4, each priced at the one-token
     forward's GPU time on the layer the loop runs (:func:`layer_table`, chunk 1, graph replay), the median over the
     requests (µs per token; the scoreboard's note for this chapter gives the same number). It holds the host's work
     and the drafting at zero, so ``over`` (step 4's median time over it) is what they and the longer verifying
