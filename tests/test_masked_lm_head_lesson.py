@@ -211,8 +211,8 @@ def _step_rows(table: str) -> list[str]:
 
 def test_bundled_steps_have_a_sub_row_per_change():
     """Step 5's three changes each have a sub-row right under step 5 with its factor from the ablation (step 4's
-    time over step 4 with that change alone, at step 5's point); a change the ablation finds a loss says so, with
-    what removing it needs; step 7's two ideas each have a sub-row right under step 7."""
+    time over step 4 with that change alone, at step 5's point); a change the ablation finds a loss says so tersely,
+    with why it stays (no to-do); step 7's two ideas each have a sub-row right under step 7."""
     results = plotting.load_results("masked_lm_head")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
     labels = [r[0] for r in rows]
@@ -222,9 +222,8 @@ def test_bundled_steps_have_a_sub_row_per_change():
         at = lesson.STEP_CASES[5][0]["allowed"]
         for row, knob in zip(rows[labels.index("5a"):], lesson.STEP05_KNOBS):
             assert row[5] == f"{1 / effects[knob][at]:.2f}×", row
-            assert ("measured loss" in row[1]) == (knob in lesson.step05_kept_losses()), row
-            if knob in lesson.step05_kept_losses():
-                assert "benchmark again" in row[1]
+            assert ("a loss, kept**: " in row[1]) == (knob in lesson.step05_kept_losses()), row
+            assert "again" not in row[1] and "Removing" not in row[1], row
     assert labels[labels.index("7") + 1:labels.index("7") + 3] == ["7a", "7b"]
     assert not any("not timed alone" in c for r in rows for c in r)
 
@@ -242,12 +241,34 @@ def test_step_7_sub_rows_read_the_run_that_times_its_ideas_apart():
     table = [[c.strip() for c in r.split("|")[1:-1]]
              for r in lesson.boehm_table(plotting.load_results("masked_lm_head")).splitlines()[2:]]
     sub = {r[0]: r for r in table if r[0] in ("7a", "7b")}
-    assert (sub["7a"][3], sub["7b"][3]) == (us(union), us(step7))
+    # 7b's kernel is step 7's, timed beside 7a: its cell says so, beside the step's own (benchmark) row
+    assert (sub["7a"][3], sub["7b"][3]) == (us(union), f"{us(step7)} (step 7, timed beside 7a)")
     assert sub["7a"][5] == f"{per_sequence / union:.2f}×" and sub["7b"][5] == f"{union / step7:.2f}×"
     assert sub["7a"][4].startswith("step 5 once per sequence") and sub["7b"][4] == "7a"
     assert sub["7a"][2] == sub["7b"][2] == f"batch {case['batch']}, {case['allowed']:,} random per sequence"
-    assert (per_sequence < union) == ("measured loss" in sub["7a"][1])
+    assert (per_sequence < union) == ("a loss, kept**: " in sub["7a"][1])
     assert "tiles" in sub["7a"][1]  # 7a runs at step 7's tiles, chosen for tl.dot
+
+
+def test_the_floors_parts_add_up_as_printed():
+    """The prose prints the 1,000 rows' read and the output's write with the floor's digits, so the two add up to
+    the floor it prints (within the last digit's rounding)."""
+    numbers = lesson.prose_numbers(plotting.load_results("masked_lm_head"))
+    rows, output, floor = (float(numbers[k].removesuffix(" µs"))
+                           for k in ("mlh_rows1000_read", "mlh_output_b1", "mlh_floor_b1_1000"))
+    assert abs(rows + output - floor) <= 0.011, (rows, output, floor)
+
+
+def test_step_9s_worst_point_is_given_against_dense_and_against_every_rival():
+    """Step 9's worst point against dense + mask is qualified as such, and its worst against any rival of the losses
+    table (index_select returns only the union's logits) is given beside it."""
+    results = plotting.load_results("masked_lm_head")
+    numbers = lesson.prose_numbers(results)
+    table = lesson.losses_table(results)
+    ratios = [float(r.split("|")[7].strip().rstrip("×")) for r in table.splitlines()[2:]
+              if "step09" in r.split("|")[5]]
+    assert numbers["mlh_dispatch_worst_any"].startswith(f"{max(ratios):.2f}× the time of ")
+    assert "dense" not in numbers["mlh_dispatch_worst"]  # the page names the rival in the sentence
 
 
 def test_step_7_sub_rows_take_the_nearest_count_and_have_no_numbers_without_the_run():

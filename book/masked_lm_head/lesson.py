@@ -30,7 +30,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table", "step05_kept_losses",
            "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step05_rows", "STEP07_IDEAS",
            "STEP07_REFERENCES", "step07_changes", "step07_rows",
-           "STEP05_CHANGES_TEXT"]
+           "STEP05_CHANGES_TEXT", "RIVAL_WORDS"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -115,6 +115,11 @@ def _b1(results, series: str, allowed: int, layout: str = "vd", kind: str = "ran
     return _ms(results, series, layout, batch=1, kind=kind, allowed=allowed)
 
 
+#: Step 9's rivals as the prose names them.
+RIVAL_WORDS = {"index_select": "`index_select` + matmul", "dense_mask": "dense + mask",
+               "cublas_fp32_mask": "cuBLAS with fp32 output, then `masked_fill`"}
+
+
 def prose_numbers(results) -> dict[str, Any]:
     """Every number the lesson's prose quotes, by glue key, read from ``results`` (``pending`` where the file
     lacks the series)."""
@@ -124,7 +129,7 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_bandwidth"] = f"{bandwidth:,.0f} GB/s"  # the unit of the figures' captions
     n["mlh_weight_mb"] = f"{VOCAB * HIDDEN * 2 / 1e6:.0f} MB"
     n["mlh_weight_read"] = _us(byte_floor_ms(results, 0, VOCAB))
-    n["mlh_rows1000_read"] = _us(byte_floor_ms(results, 0, 1000))
+    n["mlh_rows1000_read"] = _us(byte_floor_ms(results, 0, 1000), 2)  # two decimals, as its sum (the floor) has
     n["mlh_output_b1"] = _us(byte_floor_ms(results, 1, 0), 2)
     # the floor of a call: its bytes, or the card's fastest empty kernel where larger
     n["mlh_empty"] = _us(latency_floor_ms(results) or None, 2)
@@ -200,8 +205,17 @@ def prose_numbers(results) -> dict[str, Any]:
     worst = max(((r["ms"] / d["ms"], r["params"]) for r in results.select(s[9])
                  for d in [_row(results, "dense_mask", batch=r["params"]["batch"], kind=r["params"]["kind"],
                                 allowed=r["params"]["allowed"])] if d is not None), default=None, key=lambda q: q[0])
-    n["mlh_dispatch_worst"] = (f"{worst[0]:.2f}× the time of dense + mask (batch {worst[1]['batch']}, "
-                               f"{worst[1]['allowed']:,} allowed per sequence)") if worst else PENDING
+    n["mlh_dispatch_worst"] = (f"{worst[0]:.2f}× the time (batch {worst[1]['batch']}, {worst[1]['allowed']:,} "
+                               f"{worst[1]['kind']} per sequence)") if worst else PENDING
+    # and against every rival the losses table lists (index_select returns only the union's logits)
+    lost9 = [(q["mine"]["ms"] / q["rival"]["ms"], q) for q in _losses(results) if q["mine"]["series"] == s[9]]
+    if lost9:
+        ratio, q = max(lost9, key=lambda x: x[0])
+        p = q["params"]
+        n["mlh_dispatch_worst_any"] = (f"{ratio:.2f}× the time of {RIVAL_WORDS[q['rival']['series']]} (batch "
+                                       f"{p['batch']}, {p['allowed']:,} {p['kind']} per sequence)")
+    else:
+        n["mlh_dispatch_worst_any"] = PENDING
     # host time and the plan
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
     hosts = sorted(r["host_ms"] for r in results.select(s[9], batch=1) if "host_ms" in r)
@@ -504,8 +518,7 @@ def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))
 
 #: Step 7's two ideas in the words of the table of steps.
 STEP07_IDEAS = {"7a": "the union of the batch's allowed sets: each block of allowed rows read once for every "
-                      "sequence, then reduced against each sequence in turn (no `tl.dot`; step 7's tiles, which are "
-                      "chosen for `tl.dot`)",
+                      "sequence, then reduced against each sequence in turn (no `tl.dot`, at step 7's tiles)",
                 "7b": "`tl.dot`: one tile of union rows multiplied with the batch's hidden states on the tensor cores"}
 #: The reference each idea is measured against in :func:`step07_rows`.
 STEP07_REFERENCES = {"7a": "step 5 once per sequence, on its own rows (no union)", "7b": "7a"}
@@ -542,8 +555,9 @@ def step07_rows(point: int = 100, gpu: str | None = "nvidia-h200") -> list[tuple
     timed at, its time in µs, its reference, its factor: the reference's time over its own, from
     :func:`step07_changes`). They are timed at ``point``, or at the file's count nearest it where the file lacks
     ``point``. 7a, the union alone, is measured against step 5 launched once per sequence, and 7b against 7a; 7a is
-    labelled a measured loss where it is slower than its reference, with the reason it stays (7b multiplies the
-    union's rows). Without the run for ``gpu`` (or with no ``gpu``), the ideas with no numbers."""
+    labelled a loss where it is slower than its reference, with the reason it stays (7b multiplies the union's rows).
+    7b's time is step 7's kernel timed beside 7a, and its cell says so. Without the run for ``gpu`` (or with no
+    ``gpu``), the ideas with no numbers."""
     data = step07_changes(gpu) if gpu else None
     if data is None:
         return [(label, text, None, "–", "–", "–") for label, text in STEP07_IDEAS.items()]
@@ -554,18 +568,19 @@ def step07_rows(point: int = 100, gpu: str | None = "nvidia-h200") -> list[tuple
     for label, text in STEP07_IDEAS.items():
         mine, reference = times[label]
         if label == "7a" and mine > reference:
-            text += (". **A measured loss alone, kept**: each program loops over the batch's sequences, one "
-                     f"reduction each, so the union saves reads but each row costs {data['batch']} dot products in "
-                     "series; it stays because 7b multiplies the union's rows with every sequence at once")
-        out.append((label, text, at, us(mine), STEP07_REFERENCES[label], f"{reference / mine:.2f}×"))
+            text += "; **a loss, kept**: 7b needs the union's rows"
+        # 7a with 7b is step 7's kernel, timed here beside 7a: the cell says so, since the step's own row has its
+        # time from the benchmark
+        time = us(mine) if label == "7a" else f"{us(mine)} (step 7, timed beside 7a)"
+        out.append((label, text, at, time, STEP07_REFERENCES[label], f"{reference / mine:.2f}×"))
     return out
 
 
 def step05_rows(point: int = 1000, gpu: str = "nvidia-h200") -> list[tuple[str, str, str]]:
     """Step 5's three changes as sub-rows of the table of steps: (label, the change, its factor at ``point`` allowed
     tokens: step 4's time over step 4 with that change alone, from :func:`step05_effects`). A change that
-    :func:`step05_kept_losses` finds is labelled a measured loss, with what step 5 gains without it and what
-    removing it needs. Empty where the ablation is not committed for ``gpu``."""
+    :func:`step05_kept_losses` finds is labelled a loss, with why it stays. Empty where the ablation is not committed
+    for ``gpu``."""
     eff = step05_effects(gpu)
     if eff is None:
         return []
@@ -574,12 +589,7 @@ def step05_rows(point: int = 1000, gpu: str = "nvidia-h200") -> list[tuple[str, 
     for label, knob in zip("abc", STEP05_KNOBS):
         text = STEP05_CHANGES_TEXT[knob]
         if knob in losses:
-            cost = losses[knob]
-            text += (f". **A measured loss, kept in the library**: step 5 without it is faster at every count (by "
-                     f"{counts_words([f'{100 * (c - 1):.1f}%' for c in cost.values()])} at {counts_words(cost)} "
-                     "allowed). Removing it means putting the row programs first in this kernel and in the plan's "
-                     "(the kernels of step 9 and of the whole step), then running the chapter's benchmark again: "
-                     "every later time on this page was measured with it")
+            text += "; **a loss, kept**: step 9 and the whole step run step 5's kernel, timed with it"
         out.append((f"5{label}", text, f"{1 / eff[knob][point]:.2f}×"))
     return out
 

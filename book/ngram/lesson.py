@@ -21,8 +21,8 @@ from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "SUB_ROWS", "STEP07_KNOBS", "step07_variants",
-           "variant_ms", "change_factor", "CHANGE_CHAIN", "KEPT_BY_STEP7", "step05_06_changes", "chain_ms",
-           "chain_factor", "boehm_table", "dispatch_table", "early_exit_share",
+           "variant_ms", "change_factor", "CHANGE_CHAIN", "CHAIN_STEPS", "KEPT_BY_STEP7", "step05_06_changes",
+           "chain_ms", "chain_factor", "boehm_table", "dispatch_table", "early_exit_share",
            "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
            "target_verdicts"]
 
@@ -234,25 +234,25 @@ HEADLINE = (128, 32768, 128)
 #: Step 7's variants (``lab/ngram``'s ``stream_variants`` series): the knobs of the library's step 7, and for each
 #: change the table of steps gives a factor, the knob that takes it back.
 STEP07_KNOBS = {"loads": 4, "vec": 2, "budget_skip": "lazy", "cache": "evict_first"}
-#: The bundled steps' changes, each a sub-row of the table of steps: (label, the change, the knob that takes it back
-#: in step 7's variants, or None, with why it has no time of its own, or None where :data:`CHANGE_CHAIN` times it).
+#: The bundled steps' changes that were timed alone, each a sub-row of the table of steps: (label, the change, the knob
+#: that takes it back in step 7's variants, or None where :data:`CHANGE_CHAIN` times it). Step 7's first change (no
+#: barrier) has no row: every variant keeps it, and the page says so in the step's text.
 SUB_ROWS = {
-    5: (("5a", "one pass over each haystack for all n, windows aligned by their end", None, None),
-        ("5b", "an early exit once no later window can beat the slot's best key (two barriers a tile)", None, None)),
-    6: (("6a", "each slot split over a column of blocks, each publishing its best key with a global atomicMin", None,
-         None),
-        ("6b", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", None, None)),
-    7: (("7a", "no barrier in the loop: a thread publishes its own candidate", None,
-         "not timed alone: every variant of step 7 keeps it"),
-        ("7b", "16-byte loads, two tokens each", {"vec": 1}, None),
-        ("7c", "an L2 evict-first hint on the haystack loads", {"cache": "ldg"}, None),
-        ("7d", "slots the budget refuses skip their search", {"budget_skip": "off"}, None)),
+    5: (("5a", "one pass over each haystack for all n, windows aligned by their end", None),
+        ("5b", "an early exit once no later window can beat the slot's best key (two barriers a tile)", None)),
+    6: (("6a", "each slot split over a column of blocks, each publishing its best key with a global atomicMin", None),
+        ("6b", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", None)),
+    7: (("7b", "16-byte loads, two tokens each", {"vec": 1}),
+        ("7c", "an L2 evict-first hint on the haystack loads", {"cache": "ldg"}),
+        ("7d", "slots the budget refuses skip their search", {"budget_skip": "off"})),
 }
 
 
 #: Steps 5 and 6 one change at a time (``lab/ngram``'s ``step05_06_changes`` series): per change, the variant without
 #: it and the variant with it. The chain is step 4 -> 5a -> 5 -> 6a -> 6: ``5`` and ``6`` are copies of the library's
 #: steps 5 and 6, and ``step04`` is the library's step 4, timed beside them.
+#: The library step a link of the chain is a copy of: its sub-row shows the step's own row's time, not a second one.
+CHAIN_STEPS = {"5": 5, "6": 6}
 CHANGE_CHAIN = {"5a": ("step04", "5a"), "5b": ("5a", "5"), "6a": ("5", "6a"), "6b": ("6a", "6")}
 #: Why a change of :data:`CHANGE_CHAIN` stays where it is a measured loss: what step 7, which builds on it, keeps.
 KEPT_BY_STEP7 = {
@@ -350,8 +350,8 @@ def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
 def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point: the one change, the clock of the row, then per case
     of :data:`BOEHM_CASES` the time in µs, × the previous step, × the floor (:func:`floor_us`); under a bundled step,
-    a sub-row per change (:data:`SUB_ROWS`) with its factor from steps 5 and 6 one change at a time (and the time
-    with it) or from step 7's variants, or why it has none. Step 1 is timed
+    a sub-row per change timed alone (:data:`SUB_ROWS`) with its factor from steps 5 and 6 one change at a time (and
+    the time with it) or from step 7's variants. Step 1 is timed
     end to end on the host, the kernels on the GPU clock: a row is compared with the previous one only when both
     are on the same clock, and with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
     head = ["step", "the one change", "clock"]
@@ -397,21 +397,21 @@ def boehm_table(results) -> str:
 def _sub_rows(step: int, variants, changes) -> list[str]:
     """The sub-rows of a bundled step (:data:`SUB_ROWS`): per case, the change's factor in the "× previous" column
     (how much faster the kernel is with it than without it): for steps 5 and 6 from the chain that adds their
-    changes one at a time (:func:`chain_factor`, with the time of the link that adds it), for step 7 from step 7's
-    variants; a change with none says why in its own cell. A factor under 1 is a measured loss, and the row says why
-    the change stays (:data:`KEPT_BY_STEP7`, :func:`_kept_loss`)."""
+    changes one at a time (:func:`chain_factor`, with the time of the link that adds it, or ``= step N`` where that
+    link is the library's step: one time per kernel on the page), for step 7 from step 7's variants. A factor under
+    1 is a measured loss, and the row says why the change stays (:data:`KEPT_BY_STEP7`, :func:`_kept_loss`)."""
     out = []
-    for label, change, knobs, why in SUB_ROWS.get(step, ()):
+    for label, change, knobs in SUB_ROWS.get(step, ()):
         chained = label in CHANGE_CHAIN
         if chained:
             factors = [chain_factor(changes, label, cfg) for cfg in BOEHM_CASES]
-            times = [chain_ms(changes, CHANGE_CHAIN[label][1], cfg) for cfg in BOEHM_CASES]
+            link = CHANGE_CHAIN[label][1]
+            times = [None if ms is None else f"= step {CHAIN_STEPS[link]}" if link in CHAIN_STEPS else us(ms)
+                     for ms in (chain_ms(changes, link, cfg) for cfg in BOEHM_CASES)]
         else:
-            factors = [None if knobs is None else change_factor(variants, knobs, cfg) for cfg in BOEHM_CASES]
+            factors = [change_factor(variants, knobs, cfg) for cfg in BOEHM_CASES]
             times = [None] * len(BOEHM_CASES)
-        if why is None and all(f is None for f in factors):
-            why = "not timed on this card"
-        text = change if why is None else f"{change}; {why}"
+        text = change + ("; not timed on this card" if all(f is None for f in factors) else "")
         lost = [cfg for cfg, f in zip(BOEHM_CASES, factors) if f is not None and f < 1]
         if lost and chained:
             where = "at every case" if len(lost) == len(BOEHM_CASES) else \
@@ -420,8 +420,8 @@ def _sub_rows(step: int, variants, changes) -> list[str]:
         elif lost:
             text += f"; {_kept_loss(knobs, lost)}"
         cells = [label, text, "GPU"]
-        for factor, ms in zip(factors, times):
-            cells += ["–" if ms is None else us(ms), "–" if factor is None else f"{factor:.2f}×", "–"]
+        for factor, time in zip(factors, times):
+            cells += ["–" if time is None else time, "–" if factor is None else f"{factor:.2f}×", "–"]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -484,7 +484,8 @@ def result_table(results, headline_rows) -> str:
     step 7 is the series the benchmark times that way) and their ratio; then, on the GPU clock, the entry point
     ``ngram_match`` (:func:`entry_row`, as the chapter's headline times it; the last step on a file without it)
     beside step 3 (our port of the pull request's first, two-phase kernel) and step 4 (our corrected port of the
-    pull request's revision: its block-scan phase 2, made exact), with the ratios."""
+    pull request's revision: its block-scan phase 2, made exact), with the ratios. Where the entry point runs another
+    step than step 7, the end-to-end cell says that it times step 7."""
     final = f"step {CHAPTER.final.number}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
     lines = [f"| case | CPU loop, call + sync (µs) | {final}, call + sync (µs) | CPU loop ÷ {final} "
@@ -493,7 +494,11 @@ def result_table(results, headline_rows) -> str:
     for hd in headline_rows:
         where = hd.get("where")
         ours = entry_row(results, where) if where else None
-        cells = [hd["case"], us(hd["baseline_ms"]), us(hd["kernel_ms"]), f"{hd['speedup']:,.1f}×"]
+        runs = ours.get("step") if ours is not None and ours["series"] == "ngram_match" else None
+        other = runs is not None and CHAPTER.step(runs).number != CHAPTER.final.number
+        synced = us(hd["kernel_ms"]) + (f" (the entry point runs step {CHAPTER.step(runs).number} here)"
+                                        if other else "")
+        cells = [hd["case"], us(hd["baseline_ms"]), synced, f"{hd['speedup']:,.1f}×"]
         if ours is None:
             cells.append("–")
         elif ours["series"] == "ngram_match" and "step" in ours:
