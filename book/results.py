@@ -14,7 +14,6 @@ import ast
 import functools
 import math
 import re
-import statistics
 from pathlib import Path
 from typing import Any, Callable
 
@@ -532,13 +531,13 @@ OTHER_PAGES = {
 
 
 def bitnet_range(card: Path) -> tuple[float, float, int] | None:
-    """Chapter 5's fastest W2A8 step against BitNet's W2A8 kernel on ``card`` (the lab run the chapter reads):
+    """Chapter 5's fastest W2A8 step against BitNet's W2A8 kernel on ``card`` (the run the chapter reads):
     (lowest, highest ratio, how many shapes), or None where the card has no such run."""
-    from book.common import lab_or_none
+    from book.scoreboard import bitnet_run
     from book.ternary import results as ternary
     from studylog.plotting import Results
 
-    data = lab_or_none("ternary", ternary.BITNET_RUN, Path(card).name)
+    data = bitnet_run(Path(card).name)
     table = ternary.bitnet_table(Results(None, data)) if data is not None else None
     return (table["worst"], table["best"], len(table["rows"])) if table else None
 
@@ -547,13 +546,13 @@ def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, An
     """Chapter 5's fastest W2A8 step against BitNet's W2A8 kernel on ``card`` at every shape of
     :func:`book.ternary.results.bitnet_table`, as the folded tables list them: (our step's label, the case, our row,
     BitNet's row), both on the GPU clock with their spreads; empty where the card has no such run."""
-    from book.common import lab_or_none
+    from book.scoreboard import bitnet_run
     from book.ternary import results as ternary
     from studylog.plotting import Results
     from studylog.ternary.results import BITNET
     from studylog.ternary.steps import STEPS
 
-    data = lab_or_none("ternary", ternary.BITNET_RUN, Path(card).name)
+    data = bitnet_run(Path(card).name)
     table = ternary.bitnet_table(Results(None, data)) if data is not None else None
     out = []
     for shape, _, _, series, _ in (table or {}).get("rows", []):

@@ -362,7 +362,8 @@ def _ternary(data):
     return ([bitnet] if bitnet is not None else []) + [llama]
 
 
-#: The lab run that times BitNet's W2A8 kernel beside ours (the benchmark's quick mode on the same card).
+#: The lab run that times BitNet's W2A8 kernel beside ours (the benchmark's quick mode on the same card), read where
+#: the chapter's own run has no BitNet rows.
 TERNARY_BITNET_RUN = "ternary_bitnet_quick"
 #: Our W2A8 steps (x quantised inside the call), BitNet's kernel and its float64 check's name.
 TERNARY_W2A8 = ("step12", "step13")
@@ -370,14 +371,20 @@ BITNET = "bitnet_w2a8"
 
 
 def bitnet_run(card_folder: str) -> dict[str, Any] | None:
-    """The card's second ternary run, the one that times BitNet's W2A8 kernel (ours re-timed beside it), or None."""
+    """The card's ternary run that times BitNet's W2A8 kernel beside ours: the chapter's own benchmark file where it
+    has BitNet's rows, else the lab's quick run, else None."""
     from book.common import lab_or_none
 
+    own = load(BENCH_RESULTS / card_folder, "ternary") if card_folder else None
+    if own is not None and rows(own, BITNET):
+        return own
     return lab_or_none("ternary", TERNARY_BITNET_RUN, card_folder)
 
 
 def run_label(run: dict[str, Any]) -> str:
-    """The BitNet run in a few words, for a label: ``the chapter's BitNet run on this card, 28 November 2026``."""
+    """The BitNet run in a few words, for a label (empty where it is the chapter's own run)."""
+    if not run.get("quick"):
+        return ""
     day = dt.date.fromisoformat(run["date"][:10])
     return f"the chapter's BitNet run on this card, {day.day} {day:%B %Y}"
 
@@ -385,6 +392,9 @@ def run_label(run: dict[str, Any]) -> str:
 def run_words(run: dict[str, Any]) -> str:
     """The provenance of a BitNet ratio, said once per page: the run and its date."""
     day = dt.date.fromisoformat(run["date"][:10])
+    if not run.get("quick"):
+        return (f"BitNet's kernel is timed in the chapter's benchmark run of {day.day} {day:%B %Y}, beside ours, so "
+                "each ratio is from one run")
     return (f"BitNet's kernel is timed in another run of the chapter's benchmark on the same card, on "
             f"{day.day} {day:%B %Y} (its quick mode: BitNet's ten shapes and the chapter's targets, ours re-timed "
             "in that run, so each ratio is from one run)")

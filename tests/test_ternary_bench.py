@@ -210,7 +210,7 @@ def test_targets_and_headline_on_the_gpu_clock():
         ("step12_w2a8 (CUDA C++)", "torch._int_mm W8A8", "M = 1, N x K = 4096 x 14336, x quantised to int8 in the call")]
     assert all(h["clock"] == "gpu" and "kernel_spread_ms" in h and h["host_ms"] == 0.03 for h in heads)
     assert heads[0]["speedup"] == pytest.approx(32 / 9.8)
-    assert "| 1 | 4096x14336 | 9.8 (step11_tma) | 20.0 | **2.04x** |" in tables.peers_table(_results(rows))
+    assert "| 1 | 4096x14336 | 9.8 (step11_tma) | 20.0 | **2.04×** |" in tables.peers_table(_results(rows))
 
 
 def test_figures_from_a_fresh_file():

@@ -156,7 +156,7 @@ def provenance(results, part: int, bitnet_run=None) -> str:
     further = "; ".join(f"{' and '.join(whats)} come from further runs on the same {card(results)} on {day}"
                         for day, whats in sorted(dates.items()))
     first = ""
-    if bitnet_run is not None:
+    if bitnet_run is not None and bitnet_run.get("quick"):
         first = (f"BitNet's comparison is a second run of the benchmark on the same {card(results)} on "
                  f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it)")
     text = "; ".join(t for t in (first, further) if t)
