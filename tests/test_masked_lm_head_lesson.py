@@ -122,7 +122,10 @@ def test_prose_numbers_on_the_one_clock_series():
         assert numbers[key].endswith("faster"), (key, numbers[key])
     assert numbers["mlh_step02_dv"].endswith("slower")
     assert numbers["mlh_plan_vs_xgr_b1"].endswith("×") and numbers["mlh_host_ratio"].endswith("×")
-    assert numbers["mlh_losses"] == str(len(mlh.losses(_one_clock().rows)))
+    # the points where a series of ours loses, each counted once however many rivals beat it there
+    lost, points = mlh.losses(_one_clock().rows), int(numbers["mlh_losses"].split()[0])
+    assert 0 < points <= len(lost)
+    assert points == len(lost) or f"({len(lost)} losses, counting each rival)" in numbers["mlh_losses"]
 
 
 def test_prose_numbers_on_the_first_run_say_pending_where_it_lacks_a_series():

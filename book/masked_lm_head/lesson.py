@@ -246,7 +246,9 @@ def prose_numbers(results) -> dict[str, Any]:
         n["mlh_plan_vs_xgr_worst"] = PENDING
     # where we lose
     lost = _losses(results)
-    n["mlh_losses"] = f"{len(lost)}" if results.select(PLAN) or lost else PENDING
+    points = {(r["mine"]["series"], tuple(sorted(r["params"].items()))) for r in lost}  # a point may lose to several
+    n["mlh_losses"] = (f"{len(points)}" + (f" ({len(lost)} losses, counting each rival)" if len(lost) > len(points) else "")
+                       if results.select(PLAN) or lost else PENDING)
     for batch in (64, 256):
         n[f"mlh_output_b{batch}"] = _us(byte_floor_ms(results, batch, 0))
     return n
