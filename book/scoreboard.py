@@ -761,12 +761,13 @@ def _short_card(name: str) -> str:
     return name.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
 
 
-def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, Any], by: float = 0.05) -> str | None:
-    """A sentence where the tails run's median lands more than ``by`` away from the chapter's median: by how much,
-    and what differs between the two runs as their files record it (time, code version, tile configuration, calls
-    per replay); None where the two agree."""
+def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, Any], by: float = 0.03) -> str | None:
+    """A sentence where the tails run's median lands more than ``by`` away from the chapter's median, or its p99 below
+    the chapter's median: by how much, and what differs between the two runs as their files record it (time, code
+    version, tile configuration, calls per replay); None where the two agree."""
     gap = t["ms"] / row["median_ms"] - 1
-    if abs(gap) <= by:
+    below = t.get("p99_ms", float("inf")) < row["median_ms"]
+    if abs(gap) <= by and not below:
         return None
     said = []
     if t.get("config") and row.get("config"):
@@ -782,8 +783,9 @@ def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, An
         said.append(f"with at least {t['min_calls_per_replay']} calls per replay where the chapter's run replays "
                     f"{row['graph_calls']}")
     return (f"the separate run's median is {abs(gap):.0%} {'above' if gap > 0 else 'below'} the chapter's "
-            f"({us(t['ms'])} against {us(row['median_ms'])} µs): {', '.join(said)}; which of these moves it is not "
-            "measured, so both medians are shown")
+            f"({us(t['ms'])} against {us(row['median_ms'])} µs)"
+            + (f", so its p99 ({us(t['p99_ms'])} µs) lands below the chapter's median" if below else "")
+            + f": {', '.join(said)}; which of these moves it is not measured, so both medians are shown")
 
 
 def _copies(n: int) -> str:
