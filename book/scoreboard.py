@@ -362,23 +362,21 @@ def _ternary(data):
     return ([bitnet] if bitnet is not None else []) + [llama]
 
 
-#: The lab run that times BitNet's W2A8 kernel beside ours (the benchmark's quick mode on the same card), read where
-#: the chapter's own run has no BitNet rows.
-TERNARY_BITNET_RUN = "ternary_bitnet_quick"
 #: Our W2A8 steps (x quantised inside the call), BitNet's kernel and its float64 check's name.
 TERNARY_W2A8 = ("step12", "step13")
 BITNET = "bitnet_w2a8"
 
 
 def bitnet_run(card_folder: str) -> dict[str, Any] | None:
-    """The card's ternary run that times BitNet's W2A8 kernel beside ours: the chapter's own benchmark file where it
-    has BitNet's rows, else the lab's quick run, else None."""
-    from book.common import lab_or_none
+    """The card's ternary run that times BitNet's W2A8 kernel beside ours, as JSON
+    (:func:`book.ternary.results.bitnet_results`: the chapter's own file, else the lab's quick run), or None."""
+    from book.ternary.results import bitnet_results
+    from studylog.plotting import Results
 
-    own = load(BENCH_RESULTS / card_folder, "ternary") if card_folder else None
-    if own is not None and rows(own, BITNET):
-        return own
-    return lab_or_none("ternary", TERNARY_BITNET_RUN, card_folder)
+    path = BENCH_RESULTS / card_folder / "ternary.json"
+    own = load(path.parent, "ternary") if card_folder else None
+    run = bitnet_results(Results(path, own)) if own is not None else None
+    return None if run is None else run.data
 
 
 def run_label(run: dict[str, Any]) -> str:

@@ -130,7 +130,8 @@ class CompiledSource:
         if not m:
             raise KeyError(f"no entry {kernel!r} in the PTX of {self.name}")
         # the body runs to the next top-level declaration: a "}" at the start of a line may close an inline asm block
-        nxt = re.compile(r"^(?:\s*// \.(?:globl|weak)\b|\.visible|\.weak|\.entry|\.func|\.extern)", re.MULTILINE).search(self.ptx, m.end())
+        top_level = re.compile(r"^(?:\s*// \.(?:globl|weak)\b|\.visible|\.weak|\.entry|\.func|\.extern)", re.MULTILINE)
+        nxt = top_level.search(self.ptx, m.end())
         return self.ptx[m.start() : nxt.start() if nxt else len(self.ptx)].rstrip() + "\n"
 
 
