@@ -50,25 +50,42 @@ from studylog.ngram import SCAN_THREADS, SIGNATURE, THREADS, NgramConfig, NgramI
 from studylog.ngram.report import BENCH_GRID, GRAPH_BUDGET_MS, MAX_COPIES, SLOW_CALL_MS, gen_width_for
 
 SOURCE = Path(__file__).resolve().parent / "variants" / "step05_06_changes.cu"
+SOURCE7 = Path(__file__).resolve().parent / "variants" / "step07_changes.cu"
 NAME = SERIES = "step05_06_changes"
+#: ``measure --step 7`` writes the step-7 variants (and the anchors steps 6 and 7) to this file instead.
+NAME7 = "step07_changes"
 #: Variant -> its search kernel, its phase 2 ((source, kernel), or None: fused), the library step that binds it.
 VARIANTS = {
     "5a": ("one_pass_search<false>", ("ngram_two_phase", "ngram_budget_scan"), ngram.step05_one_pass),
     "5": ("one_pass_search<true>", ("ngram_two_phase", "ngram_budget_scan"), ngram.step05_one_pass),
     "6a": ("one_pass_split<false>", (SOURCE, "budget_scan_reset"), ngram.step06_one_pass_fused),
     "6": ("one_pass_split<true>", None, ngram.step06_one_pass_fused),
+    "7": ("stream_changes<4, {vec}, 2, 2, true, true>", None, ngram.step07_stream),
+    "7 unfused": ("stream_changes<4, {vec}, 2, 2, true, false>", (SOURCE7, "budget_scan_reset"), ngram.step07_stream),
+    "7 no exit": ("stream_changes<4, {vec}, 2, 2, false, true>", None, ngram.step07_stream),
+    "7 neither": ("stream_changes<4, {vec}, 2, 2, false, false>", (SOURCE7, "budget_scan_reset"),
+                  ngram.step07_stream),
 }
 CHANGES = {"5a": "step 4 + 5a (one pass for every n, no early exit)", "5": "5a + 5b (early exit): step 5",
-           "6a": "step 5 + 6a (split over blocks, phase 2 launched apart)", "6": "6a + 6b (phase 2 fused): step 6"}
-KNOBS = {"5a": {"early_exit": False}, "5": {"early_exit": True}, "6a": {"fused": False}, "6": {"fused": True}}
-INSTANCES = tuple(search for search, _, _ in VARIANTS.values())
+           "6a": "step 5 + 6a (split over blocks, phase 2 launched apart)", "6": "6a + 6b (phase 2 fused): step 6",
+           "7": "step 7 (frozen copy)", "7 unfused": "step 7, phase 2 launched apart",
+           "7 no exit": "step 7, no per-tile read of the slot's key (no early exit)",
+           "7 neither": "step 7, no early exit and phase 2 launched apart"}
+KNOBS = {"5a": {"early_exit": False}, "5": {"early_exit": True}, "6a": {"fused": False}, "6": {"fused": True},
+         "7": {"early_exit": True, "fused": True}, "7 unfused": {"early_exit": True, "fused": False},
+         "7 no exit": {"early_exit": False, "fused": True}, "7 neither": {"early_exit": False, "fused": False}}
+STEP7 = tuple(v for v in VARIANTS if v.startswith("7"))
+INSTANCES = tuple(search for v, (search, _, _) in VARIANTS.items() if v not in STEP7)
+INSTANCES7 = tuple(VARIANTS[v][0].format(vec=vec) for v in STEP7 for vec in (2, 1))
 #: The instances at the library's setting, and the library kernel each must compile to.
-LIBRARY_TWINS = {"one_pass_search<true>": "ngram_search_one_pass", "one_pass_split<true>": "ngram_one_pass_fused"}
+LIBRARY_TWINS = {"one_pass_search<true>": "ngram_search_one_pass", "one_pass_split<true>": "ngram_one_pass_fused",
+                 **{VARIANTS["7"][0].format(vec=vec): ngram.STREAM_INSTANCES[i] for i, vec in enumerate((2, 1))}}
 
 
 @functools.lru_cache(maxsize=None)
 def kernel(source, name: str, device: int) -> cuda.CudaKernel:
-    module = cuda.load(source, name_expressions=INSTANCES if source == SOURCE else (), device=device)
+    names = {SOURCE: INSTANCES, SOURCE7: INSTANCES7, "ngram_stream": ngram.STREAM_INSTANCES}.get(source, ())
+    module = cuda.load(source, name_expressions=names, device=device)
     return module.kernel(name, SIGNATURE)
 
 
@@ -77,10 +94,13 @@ def bind(variant: str, inputs: NgramInputs, draft, this_time, config: NgramConfi
     launches on it in order (the search, then phase 2 unless fused)."""
     search, phase2, step = VARIANTS[variant]
     options = {"chunk_tiles": chunk_tiles} if chunk_tiles and step is ngram.step06_one_pass_fused else {}
+    if chunk_tiles and step is ngram.step07_stream:
+        options = {"chunk_len": chunk_tiles * THREADS * ngram.STREAM_LOADS * ngram.stream_vec(inputs.prompt_ids,
+                                                                                           inputs.generated_ids)}
     m = NgramMatcher(step, inputs, draft, this_time, config=config, check_values=False, **options)
     dev = torch.cuda.current_device()
     grid = (m.batch,) if step is ngram.step05_one_pass else (m.batch, m.prompt_chunks + m.gen_chunks)
-    k = kernel(SOURCE, search, dev)
+    k = kernel(SOURCE7, search.format(vec=m.vec), dev) if variant in STEP7 else kernel(SOURCE, search, dev)
     launches = [lambda: k(grid, (THREADS,), *m.args)]
     if phase2 is not None:
         p2 = kernel(*phase2, dev)
@@ -123,23 +143,34 @@ def compile_check() -> int:
         failures += 1
         print(f"FAIL the table's cases {CASES} are not all benchmark cases")
     start = time.perf_counter()
-    ours = cuda.compile_source(SOURCE, arch="sm_90", name_expressions=INSTANCES)
-    lib = cuda.compile_source("ngram_one_pass", arch="sm_90")
-    print(f"{len(INSTANCES) + 1} kernels compiled in {time.perf_counter() - start:.0f} s")
+    sources = [(cuda.compile_source(SOURCE, arch="sm_90", name_expressions=INSTANCES),
+                cuda.compile_source("ngram_one_pass", arch="sm_90"), INSTANCES + ("budget_scan_reset",)),
+               (cuda.compile_source(SOURCE7, arch="sm_90", name_expressions=INSTANCES7),
+                cuda.compile_source("ngram_stream", arch="sm_90", name_expressions=ngram.STREAM_INSTANCES),
+                INSTANCES7 + ("budget_scan_reset",))]
+    print(f"{len(INSTANCES) + len(INSTANCES7) + 2} kernels compiled in {time.perf_counter() - start:.0f} s")
+    for ours, lib, exprs in sources:
+        failures += _compare(ours, lib, exprs)
+    print(f"compile-only: {failures} failures")
+    return failures
+
+
+def _compare(ours: cuda.CompiledSource, lib: cuda.CompiledSource, exprs) -> int:
+    failures = 0
     report, lib_report = ours.ptxas_report(), lib.ptxas_report()
-    for expr in INSTANCES + ("budget_scan_reset",):
+    for expr in exprs:
         r = report.get(ours.lowered_names.get(expr, expr), {})
         ok = r.get("spill_stores", 1) == r.get("spill_loads", 1) == r.get("stack_bytes", 1) == 0
         twin = LIBRARY_TWINS.get(expr)
         line = f"  {expr:24s} {r.get('registers')} registers, {'no spills' if ok else f'SPILLS {r}'}"
         if twin:
             same = code(ours, expr) == code(lib, twin)
+            twin_name = lib.lowered_names.get(twin, twin)
             line += f"; PTX {'the same as' if same else 'DIFFERS from'} the library's {twin} " \
-                    f"({lib_report[twin]['registers']} registers), names aside"
+                    f"({lib_report[twin_name]['registers']} registers), names aside"
             ok &= same
         failures += not ok
         print(line)
-    print(f"compile-only: {failures} failures")
     return failures
 
 
@@ -152,14 +183,14 @@ def check_batch(inputs, draft, this_time, config, expected, tiles=(None, 1)) -> 
     serving loop does): drafts and counts equal ``expected`` and the library step's; the keys after the search
     equal the library step 5's (6: reset to none, as 6a's are after its phase 2; no ticket left)."""
     library = {}
-    for step in (ngram.step05_one_pass, ngram.step06_one_pass_fused):
+    for step in (ngram.step05_one_pass, ngram.step06_one_pass_fused, ngram.step07_stream):
         d, t = draft.clone(), this_time.clone()
         m = NgramMatcher(step, inputs, d, t, config=config, check_values=False)
         m()
         library[step] = (d, t, m.match_keys.clone())
     failures = 0
     for variant, (_, _, step) in VARIANTS.items():
-        for chunk_tiles in tiles if step is ngram.step06_one_pass_fused else (None,):
+        for chunk_tiles in tiles if step is not ngram.step05_one_pass else (None,):
             d, t = draft.clone(), this_time.clone()
             m, launches = bind(variant, inputs, d, t, config, chunk_tiles)
             for _ in range(2):
@@ -170,8 +201,9 @@ def check_batch(inputs, draft, this_time, config, expected, tiles=(None, 1)) -> 
                 torch.cuda.synchronize()
                 ok = ngram.same_state((d, t), expected) and ngram.same_state((d, t), library[step][:2])
                 keys5 = library[ngram.step05_one_pass][2]
-                ok &= bool((keys == -1).all()) if variant == "6" else torch.equal(keys, keys5)
-                if step is ngram.step06_one_pass_fused:
+                if variant not in STEP7:  # step 7's budget skip may stop a refused slot's search early
+                    ok &= bool((keys == -1).all()) if variant == "6" else torch.equal(keys, keys5)
+                if step is not ngram.step05_one_pass:
                     ok &= bool((m.match_keys == -1).all()) and int(m.blocks_done) == 0
                 if not ok:
                     failures += 1
@@ -229,16 +261,27 @@ def _cpu_path(inputs, draft, this_time, config):
 # measure (GPU)
 # ---------------------------------------------------------------------------------------------
 
-def measure() -> Path:
+def measure(step7: bool = False) -> Path:
+    """Time the variants of steps 5 and 6 with the anchors steps 4, 5 and 6, or (``step7``) step 7's variants
+    with the anchors steps 6 and 7."""
     from studylog.bench import BenchRun, gpu_slug, write_lab_output
 
     run = BenchRun("ngram", command=" ".join(["python", *sys.argv]))
-    anchors = [ngram.CHAPTER.step(n) for n in (4, 5, 6)]
-    run.note(f"Series {SERIES}: the variants of lab/ngram/variants/step05_06_changes.cu (params variant, change, "
+    name = NAME7 if step7 else NAME
+    variants = [v for v in VARIANTS if (v in STEP7) == step7]
+    anchors = [ngram.CHAPTER.step(n) for n in ((6, 7) if step7 else (4, 5, 6))]
+    if step7:
+        run.note(f"Series {NAME7}: the variants of lab/ngram/variants/step07_changes.cu (params variant, change, "
+                 "early_exit, fused, launches, chunk_len): 7 = the library's step 7 (frozen), '7 unfused' = phase 2 "
+                 "launched apart (budget_scan_reset), '7 no exit' = no per-tile read of the slot's key, '7 neither' "
+                 f"= both. {', '.join(s.series for s in anchors)} are the library's steps, timed in the same run.")
+    else:
+        run.note(f"Series {SERIES}: the variants of lab/ngram/variants/step05_06_changes.cu (params variant, change, "
              "early_exit or fused, launches, chunk_len): 5a = step 4 + one pass for every n (no early exit), "
              "5 = 5a + the early exit (the library's step 5, frozen), 6a = step 5 split over blocks with phase 2 "
              "launched apart, 6 = 6a + phase 2 fused (the library's step 6, frozen). "
-             f"{', '.join(s.series for s in anchors)} are the library's steps, timed in the same run as anchors.")
+                 f"{', '.join(s.series for s in anchors)} are the library's steps, timed in the same run as "
+                 "anchors.")
     run.note("Inputs and clock as the chapter's benchmark (studylog.ngram.report): make_batch(batch, seq_len, "
              "gen_width_for(seq_len), seed=1000 + batch + seq_len); each call graph-replayed over rotated copies of "
              f"the batch (at least four times the L2, at most {MAX_COPIES}), three repetitions, 60 calls a graph "
@@ -255,7 +298,7 @@ def measure() -> Path:
         expected = _cpu_path(inputs, draft0, this0, config)
         nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8
         twins = {}
-        todo = [(s.series, s.function, None) for s in anchors] + [(SERIES, None, v) for v in VARIANTS]
+        todo = [(s.series, s.function, None) for s in anchors] + [(name, None, v) for v in variants]
         for series, step, variant in todo:
             def make(batch_inputs, step=step, variant=variant):
                 state = (draft0.clone(), this0.clone())
@@ -276,7 +319,7 @@ def measure() -> Path:
             params = base | ({"step": step.__name__} if variant is None else
                              {"variant": variant, "change": CHANGES[variant], **KNOBS[variant],
                               "launches": 1 + (VARIANTS[variant][1] is not None)}
-                             | ({"chunk_len": m.chunk_len} if variant.startswith("6") else {}))
+                             | ({"chunk_len": m.chunk_len} if variant[0] in "67" else {}))
             state = (m.draft_tokens, m.seq_lens_this_time)
             run.check("bit-identical to the CPU path", ngram.same_state(state, expected), params=params)
             slow = first_ms > SLOW_CALL_MS
@@ -299,7 +342,9 @@ def measure() -> Path:
                 params=params)
             twins[variant or step.__name__] = row
             made.clear()  # the copies and their matchers go before the next row
-        for anchor, frozen in ((ngram.step05_one_pass.__name__, "5"), (ngram.step06_one_pass_fused.__name__, "6")):
+        pairs = [(ngram.step07_stream.__name__, "7")] if step7 else \
+            [(ngram.step05_one_pass.__name__, "5"), (ngram.step06_one_pass_fused.__name__, "6")]
+        for anchor, frozen in pairs:
             a, f = twins[anchor], twins[frozen]
             overlap = a["spread_ms"][0] <= f["spread_ms"][2] and f["spread_ms"][0] <= a["spread_ms"][2]
             run.note(f"{batch}x{seq_len} threshold {threshold}: {anchor} {a['ms'] * 1e3:.2f} µs, its frozen copy "
@@ -307,11 +352,11 @@ def measure() -> Path:
         del inputs, draft0, this0
         torch.cuda.empty_cache()
     data = run.to_json()
-    out = paths.lab_results("ngram", gpu_slug(run.device["name"])) / f"{NAME}.json"
+    out = paths.lab_results("ngram", gpu_slug(run.device["name"])) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     if os.environ.get("OUT"):
-        write_lab_output(Path(os.environ["OUT"]), run.device["name"], NAME, data)
+        write_lab_output(Path(os.environ["OUT"]), run.device["name"], name, data)
     bad = [c for c in run.checks if not c["passed"]]
     print(f"{len(run.rows)} measurements, {len(run.checks)} checks ({len(bad)} failed) -> {out}")
     for note in run.notes[2:]:
@@ -323,9 +368,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("check", "measure"))
     parser.add_argument("--compile-only", action="store_true", help="check: NVRTC, spills and PTX only (no GPU)")
+    parser.add_argument("--step", type=int, choices=(5, 7), default=5,
+                        help="measure: the variants of steps 5 and 6 (5, the default) or of step 7 (7)")
     args = parser.parse_args()
     if args.what == "check":
         sys.exit(1 if (compile_check() if args.compile_only else check()) else 0)
     if args.compile_only:
         parser.error("--compile-only goes with check")
-    measure()
+    measure(step7=args.step == 7)
