@@ -132,11 +132,67 @@ def _legend_below(fig, axes, ncol=3):
 W2A8_DEFAULTS = [SERIES[12], SERIES[13]]
 
 
+#: How a peer's time whose output fails our float64 check is drawn in the steps figure (a red cross instead of a
+#: dot), and its legend entry.
+FAILED_MARKER = "X"
+
+
+def _steps_dots(view, shapes, series, failed, card: str, caption: str):
+    """Part 1's steps figure: one panel a shape, one row a kernel (cuBLAS, steps 1 to 9, GemLite), its median GPU
+    time as a dot on a linear axis that starts at zero (whiskers: the repetitions' range) and the value written
+    beside it; cuBLAS's time a dashed line across the panel; a peer whose output fails our float64 check at that
+    shape and one row drawn as a red cross, with one legend entry."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.2 * len(shapes) + 1.6, 5.4), sharey=True, squeeze=False)
+    rows = list(range(len(series)))[::-1]  # cuBLAS on top, GemLite at the bottom
+    marked = False
+    for ax, shape in zip(axes[0], shapes):
+        top = 0.0
+        for y, s in zip(rows, series):
+            got = view.select(s, shape=shape, m=1)
+            if not got:
+                continue
+            r = got[0]
+            t = r["ms"] * 1e3
+            lo, hi = ((r["spread_ms"][0] * 1e3, r["spread_ms"][2] * 1e3) if "spread_ms" in r else (t, t))
+            top = max(top, hi)
+            fails = (s, shape, 1) in failed or (s, shape, None) in failed
+            ax.plot([lo, hi], [y, y], color=series_colour(s), lw=1.2)
+            ax.plot([t], [y], marker=FAILED_MARKER if fails else "o", ms=8 if fails else 7, linestyle="none",
+                    color=FAILED_EDGE if fails else series_colour(s), markeredgecolor=FAILED_EDGE if fails else "k",
+                    markeredgewidth=0.6)
+            ax.annotate(f"{t:.1f}", (hi, y), xytext=(4, 0), textcoords="offset points", va="center",
+                        fontsize=SMALL - 1, color=FAILED_EDGE if fails else "k")
+            marked = marked or fails
+            if s == CUBLAS:
+                ax.axvline(t, color=series_colour(CUBLAS), lw=0.8, ls="--", zorder=0)
+        ax.set_xlim(0, top * 1.22)
+        ax.set_title(shape.replace("x", " × "), fontsize=FONT)
+        ax.set_xlabel("GPU time (µs, median)", fontsize=SMALL)
+        ax.tick_params(labelsize=SMALL)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0, 0].set_yticks(rows, [_short(s) for s in series], fontsize=SMALL)
+    axes[0, 0].set_ylim(-0.7, len(series) - 0.3)
+    handles = [Line2D([], [], color=series_colour(CUBLAS), lw=0.8, ls="--", label="cuBLAS bf16's time")]
+    if marked:
+        handles.append(Line2D([], [], marker=FAILED_MARKER, color=FAILED_EDGE, linestyle="none", ms=8,
+                              label="GemLite's output fails our float64 check there"))
+    fig.suptitle(f"{card}, one row of x (M = 1): part 1's Triton steps on the Llama shapes (linear axes from 0)",
+                 fontsize=FONT + 1, y=0.93)
+    _head(fig, caption)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.91))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=SMALL, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
+    return fig
+
+
 def figures(results, bitnet=None) -> dict:
     """GPU clock, one colour per series (:data:`SERIES_COLOURS`), legends below the panels, spread where the file
     has it, the card in every title. speedup: M = 1, speedup over cuBLAS bf16 per shape; speedup_batched: the same
     at M = 16 and 128; floor: M = 1, time over the 2-bit floor; steps: M = 1, the time of part 1's Triton steps
-    (1 to 9) on the Llama shapes beside cuBLAS and GemLite; peers: our fastest over GemLite and torch._int_mm, and
+    (1 to 9) on the Llama shapes beside cuBLAS and GemLite, dots on linear axes (:func:`_steps_dots`); peers: our fastest over GemLite and torch._int_mm, and
     with ``bitnet`` (the run with BitNet's kernel beside ours, ``Results``) a first panel of BitNet's W2A8 kernel
     over our fastest W2A8 kernel of that same run at its shapes, M = 1 (then the M = 128 panel is left out)."""
     import matplotlib.pyplot as plt
@@ -211,29 +267,7 @@ def figures(results, bitnet=None) -> dict:
     llama = [s for s in shapes if view.select(CUBLAS, shape=s, family="llama", m=1)]
     steps = [s for s in [CUBLAS] + [SERIES[n] for n in range(1, 10)] + [GEMLITE] if view.select(s, m=1)]
     if llama and steps:
-        def time_us(s, shape):
-            rows = view.select(s, shape=shape, m=1)
-            if not rows:
-                return None
-            r = rows[0]
-            err = [(r["ms"] - r["spread_ms"][0]) * 1e3, (r["spread_ms"][2] - r["ms"]) * 1e3] \
-                if "spread_ms" in r else [0.0, 0.0]
-            return r["ms"] * 1e3, err
-        fig, ax = plt.subplots(figsize=(9, 6.2))
-        _bars(ax, llama, steps, time_us)
-        ax.set_yscale("log")
-        from matplotlib.ticker import FormatStrFormatter
-
-        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            axis(FormatStrFormatter("%g"))
-        low, high = ax.get_ylim()  # label the decades' steps too, so the fastest bars sit on a labelled tick
-        ax.set_yticks([t for t in (5, 10, 15, 20, 30, 50, 100, 200, 300, 500, 1000, 2000) if low <= t <= high])
-        ax.set_ylabel("GPU time (µs, median)", fontsize=FONT)
-        ax.set_title(f"{card}, one row of x (M = 1): part 1's Triton steps on the Llama shapes", fontsize=FONT + 1)
-        _head(fig, caption)
-        fig.tight_layout(rect=(0, 0.14, 1, 0.94))  # room below for the shapes' labels and a legend of three rows
-        _legend_below(fig, [ax], ncol=4)
-        figs["steps"] = fig
+        figs["steps"] = _steps_dots(view, llama, steps, failed_peer_checks(results.data), card, caption)
 
     peer_ms = [m for m in ms_present if view.select(GEMLITE, m=m) or view.select(INT_MM, m=m)][:3]
     bit_view = None if bitnet is None else on_gpu_clock(bitnet)
