@@ -286,8 +286,10 @@ def measure(step7: bool = False) -> Path:
              "gen_width_for(seq_len), seed=1000 + batch + seq_len); each call graph-replayed over rotated copies of "
              f"the batch (at least four times the L2, at most {MAX_COPIES}), three repetitions, 60 calls a graph "
              f"and 15 replays; a call slower than {SLOW_CALL_MS} ms gets about {GRAPH_BUDGET_MS:.0f} ms of work a "
-             "replay (graph_calls) and 5 replays. No host time. Each row is checked bit-identical to the CPU path "
-             "before timing and after the replays.")
+             "replay (graph_calls) and 5 replays. Beside it host_ms, the host time per eager call (the launches "
+             "back to back, no sync; a variant's launches go straight to its kernels, the anchors through the "
+             "library's matcher). Each row is checked bit-identical to the CPU path before timing and after the "
+             "replays.")
     for batch, seq_len, threshold in run.progress(CASES, "cases"):
         config = NgramConfig(threshold=threshold)
         inputs, draft0, this0 = ngram.make_batch(batch, seq_len, gen_width_for(seq_len),
@@ -334,7 +336,9 @@ def measure(step7: bool = False) -> Path:
                 return [call for _, call in made]
 
             timing = run.gpu_time(make_calls, min_calls=per_replay or 60, reps=5 if slow else 15)
-            row = run.record(series, timing, params=base if variant is None else params, floor_ms=floor,
+            # host time per eager call (back to back, no sync): what a launch more or fewer costs a loop
+            host = run.host_time(call, calls=max(3, min(per_replay or 200, 200)), repeats=3)
+            row = run.record(series, timing, params=base if variant is None else params, floor_ms=floor, host=host,
                              rotated_copies=copies, **({"graph_calls": per_replay} if slow else {}))
             torch.cuda.synchronize()
             run.check("bit-identical after graph replays", all(
