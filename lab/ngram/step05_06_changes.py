@@ -1,4 +1,4 @@
-"""Chapter 3's steps 5 and 6 split into the two changes each bundles, one measured number each.
+"""Chapter 3's steps 5, 6 and 7 split into the changes each bundles, one measured number each.
 
 Step 5 (``step05_one_pass``) bundles 5a, one pass for every n (windows aligned by their end, a thread per end
 measuring the common suffix), and 5b, an early exit once no later window can beat the slot's best key. Step 6
@@ -15,6 +15,12 @@ chain step 4 -> 5a -> step 5 -> 6a -> step 6 is timed one change at a time:
 * ``6a``: ``one_pass_split<false>``, step 6's split search, then phase 2 in a second launch
   (``budget_scan_reset``: the library's ``budget_scan_block``, resetting the keys as step 6's last block does);
 * ``6``: ``one_pass_split<true>``, the library's step 6 (the same PTX as ``ngram_one_pass_fused``), one launch.
+
+Step 7 (``measure --step 7``, ``variants/step07_changes.cu``, a frozen copy of ``ngram_stream.cu`` with two knobs)
+takes back the two changes it inherits from steps 5 and 6: ``7 no exit`` (no per-tile read of the slot's key),
+``7 unfused`` (phase 2 in a second launch, ``budget_scan_reset``) and ``7 neither``; ``7a`` is step 7's first change
+alone, ``ngram_stream<4, 1, 0, 0>`` of ``variants/ngram_stream_variants.cu`` (7b, 7c and 7d all taken back: 8-byte
+default-policy loads, no budget skip); ``7`` is the library's step 7 (the same PTX, names aside).
 
 Each launch takes the arguments, grid and scratch of the library's step bound to the same batch
 (``NgramMatcher(step05_one_pass | step06_one_pass_fused, ...)``), so every variant is bit-identical to it.
@@ -51,6 +57,9 @@ from studylog.ngram.report import BENCH_GRID, GRAPH_BUDGET_MS, MAX_COPIES, SLOW_
 
 SOURCE = Path(__file__).resolve().parent / "variants" / "step05_06_changes.cu"
 SOURCE7 = Path(__file__).resolve().parent / "variants" / "step07_changes.cu"
+#: Step 7's knobs (``stream_variants.py``): 7a alone is its instance with 7b, 7c and 7d all taken back.
+STREAM_SOURCE = Path(__file__).resolve().parent / "variants" / "ngram_stream_variants.cu"
+STEP7A = "ngram_stream<4, 1, 0, 0>"  # 4 loads of one token (8 bytes), no budget skip, default-policy loads
 NAME = SERIES = "step05_06_changes"
 #: ``measure --step 7`` writes the step-7 variants (and the anchors steps 6 and 7) to this file instead.
 NAME7 = "step07_changes"
@@ -60,6 +69,7 @@ VARIANTS = {
     "5": ("one_pass_search<true>", ("ngram_two_phase", "ngram_budget_scan"), ngram.step05_one_pass),
     "6a": ("one_pass_split<false>", (SOURCE, "budget_scan_reset"), ngram.step06_one_pass_fused),
     "6": ("one_pass_split<true>", None, ngram.step06_one_pass_fused),
+    "7a": (STEP7A, None, ngram.step07_stream),
     "7": ("stream_changes<4, {vec}, 2, 2, true, true>", None, ngram.step07_stream),
     "7 unfused": ("stream_changes<4, {vec}, 2, 2, true, false>", (SOURCE7, "budget_scan_reset"), ngram.step07_stream),
     "7 no exit": ("stream_changes<4, {vec}, 2, 2, false, true>", None, ngram.step07_stream),
@@ -68,15 +78,17 @@ VARIANTS = {
 }
 CHANGES = {"5a": "step 4 + 5a (one pass for every n, no early exit)", "5": "5a + 5b (early exit): step 5",
            "6a": "step 5 + 6a (split over blocks, phase 2 launched apart)", "6": "6a + 6b (phase 2 fused): step 6",
+           "7a": "step 6 + 7a (no barrier in the loop; 8-byte default-policy loads, no budget skip)",
            "7": "step 7 (frozen copy)", "7 unfused": "step 7, phase 2 launched apart",
            "7 no exit": "step 7, no per-tile read of the slot's key (no early exit)",
            "7 neither": "step 7, no early exit and phase 2 launched apart"}
 KNOBS = {"5a": {"early_exit": False}, "5": {"early_exit": True}, "6a": {"fused": False}, "6": {"fused": True},
+         "7a": {"early_exit": True, "fused": True, "vec": 1, "cache": "ldg", "budget_skip": "off"},
          "7": {"early_exit": True, "fused": True}, "7 unfused": {"early_exit": True, "fused": False},
          "7 no exit": {"early_exit": False, "fused": True}, "7 neither": {"early_exit": False, "fused": False}}
 STEP7 = tuple(v for v in VARIANTS if v.startswith("7"))
 INSTANCES = tuple(search for v, (search, _, _) in VARIANTS.items() if v not in STEP7)
-INSTANCES7 = tuple(VARIANTS[v][0].format(vec=vec) for v in STEP7 for vec in (2, 1))
+INSTANCES7 = tuple(VARIANTS[v][0].format(vec=vec) for v in STEP7 if v != "7a" for vec in (2, 1))
 #: The instances at the library's setting, and the library kernel each must compile to.
 LIBRARY_TWINS = {"one_pass_search<true>": "ngram_search_one_pass", "one_pass_split<true>": "ngram_one_pass_fused",
                  **{VARIANTS["7"][0].format(vec=vec): ngram.STREAM_INSTANCES[i] for i, vec in enumerate((2, 1))}}
@@ -84,7 +96,8 @@ LIBRARY_TWINS = {"one_pass_search<true>": "ngram_search_one_pass", "one_pass_spl
 
 @functools.lru_cache(maxsize=None)
 def kernel(source, name: str, device: int) -> cuda.CudaKernel:
-    names = {SOURCE: INSTANCES, SOURCE7: INSTANCES7, "ngram_stream": ngram.STREAM_INSTANCES}.get(source, ())
+    names = {SOURCE: INSTANCES, SOURCE7: INSTANCES7, STREAM_SOURCE: (STEP7A,),
+             "ngram_stream": ngram.STREAM_INSTANCES}.get(source, ())
     module = cuda.load(source, name_expressions=names, device=device)
     return module.kernel(name, SIGNATURE)
 
@@ -94,13 +107,14 @@ def bind(variant: str, inputs: NgramInputs, draft, this_time, config: NgramConfi
     launches on it in order (the search, then phase 2 unless fused)."""
     search, phase2, step = VARIANTS[variant]
     options = {"chunk_tiles": chunk_tiles} if chunk_tiles and step is ngram.step06_one_pass_fused else {}
-    if chunk_tiles and step is ngram.step07_stream:
-        options = {"chunk_len": chunk_tiles * THREADS * ngram.STREAM_LOADS * ngram.stream_vec(inputs.prompt_ids,
-                                                                                           inputs.generated_ids)}
+    if step is ngram.step07_stream:
+        vec = 1 if variant == "7a" else ngram.stream_vec(inputs.prompt_ids, inputs.generated_ids)
+        options = {"vec": vec} | ({"chunk_len": chunk_tiles * THREADS * ngram.STREAM_LOADS * vec} if chunk_tiles else {})
     m = NgramMatcher(step, inputs, draft, this_time, config=config, check_values=False, **options)
     dev = torch.cuda.current_device()
     grid = (m.batch,) if step is ngram.step05_one_pass else (m.batch, m.prompt_chunks + m.gen_chunks)
-    k = kernel(SOURCE7, search.format(vec=m.vec), dev) if variant in STEP7 else kernel(SOURCE, search, dev)
+    source = STREAM_SOURCE if variant == "7a" else SOURCE7 if variant in STEP7 else SOURCE
+    k = kernel(source, search.format(vec=m.vec), dev)
     launches = [lambda: k(grid, (THREADS,), *m.args)]
     if phase2 is not None:
         p2 = kernel(*phase2, dev)
@@ -147,8 +161,9 @@ def compile_check() -> int:
                 cuda.compile_source("ngram_one_pass", arch="sm_90"), INSTANCES + ("budget_scan_reset",)),
                (cuda.compile_source(SOURCE7, arch="sm_90", name_expressions=INSTANCES7),
                 cuda.compile_source("ngram_stream", arch="sm_90", name_expressions=ngram.STREAM_INSTANCES),
-                INSTANCES7 + ("budget_scan_reset",))]
-    print(f"{len(INSTANCES) + len(INSTANCES7) + 2} kernels compiled in {time.perf_counter() - start:.0f} s")
+                INSTANCES7 + ("budget_scan_reset",)),
+               (cuda.compile_source(STREAM_SOURCE, arch="sm_90", name_expressions=(STEP7A,)), None, (STEP7A,))]
+    print(f"{len(INSTANCES) + len(INSTANCES7) + 3} kernels compiled in {time.perf_counter() - start:.0f} s")
     for ours, lib, exprs in sources:
         failures += _compare(ours, lib, exprs)
     print(f"compile-only: {failures} failures")
@@ -157,7 +172,7 @@ def compile_check() -> int:
 
 def _compare(ours: cuda.CompiledSource, lib: cuda.CompiledSource, exprs) -> int:
     failures = 0
-    report, lib_report = ours.ptxas_report(), lib.ptxas_report()
+    report, lib_report = ours.ptxas_report(), lib.ptxas_report() if lib else {}
     for expr in exprs:
         r = report.get(ours.lowered_names.get(expr, expr), {})
         ok = r.get("spill_stores", 1) == r.get("spill_loads", 1) == r.get("stack_bytes", 1) == 0
