@@ -114,7 +114,7 @@ def bind(variant: str, inputs: NgramInputs, draft, this_time, config: NgramConfi
     dev = torch.cuda.current_device()
     grid = (m.batch,) if step is ngram.step05_one_pass else (m.batch, m.prompt_chunks + m.gen_chunks)
     source = STREAM_SOURCE if variant == "7a" else SOURCE7 if variant in STEP7 else SOURCE
-    k = kernel(source, search.format(vec=m.vec), dev)
+    k = kernel(source, search.format(vec=m.vec) if variant in STEP7 else search, dev)
     launches = [lambda: k(grid, (THREADS,), *m.args)]
     if phase2 is not None:
         p2 = kernel(*phase2, dev)
