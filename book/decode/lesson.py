@@ -23,12 +23,11 @@ from studylog.decode import report
 from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
 
-__all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "SUBSTEPS", "amdahl_table", "body_table",
+__all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "NOTED", "SUBSTEPS", "amdahl_table", "body_table",
            "bound_excess", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
-           "head_share_table", "jump_counts",
-           "measurement_findings", "step03_changes_rows", "step03_changes_table",
-           "padding_table", "prose_numbers", "real_model_table", "results_table", "shapes_table", "targets_by_card",
-           "tried_table", "public_shapes"]
+           "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
+           "steps_note", "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
+           "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
 
 #: ``lab/decode/results/<gpu>/<name>.json``: the quick benchmark from before the body was fused.
 EARLIER_FILE, EARLIER_GPU = "decode_bench_unfused_quick", "nvidia-h100-80gb-hbm3"
@@ -409,7 +408,7 @@ def real_model_table(results, batch: int = 1) -> str:
     Face ``generate`` with xgrammar's logits processor (batch 1)."""
     hf = {r["params"]["schema"]: r for r in results.rows if r["series"] == "hf_generate"}
     lines = ["| request (schema) | tokens | forwards, step 1 → 3 | step 1 (ms/token) | step 2 | step 3 | step 3 over 1 | "
-             "forecast from chunk lengths | HF generate (ms/token) |", "|---|---|---|---|---|---|---|---|---|"]
+             "chunk-length forecast | HF generate (ms/token) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r1, r2, r3 in _real_rows(results, batch):
         f1, f3 = chunk_forecast(results, r1, REAL, batch), chunk_forecast(results, r3, REAL, batch)
         fc = f"{f1 / f3:.2f}×" if f1 and f3 else "–"
@@ -570,18 +569,18 @@ def prose_numbers(current, earlier) -> dict[str, str]:
 
 #: The lesson's three steps, as the benchmark's configurations.
 STEP_CONFIGS = ("baseline", "jump_forward", "masked_head")
-#: What each step changes, for the steps table (step 3 holds three changes, each with its own sub-row where the
-#: rows that add them one at a time are given: :data:`STEP03_CHANGES`, :data:`SUBSTEPS`).
+#: What each step changes, for the steps table (step 3 holds three changes: :data:`STEP03_CHANGES`,
+#: :data:`SUBSTEPS`).
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 1)",
                 "masked_head": "chapter 2's masked head and what it needs: three changes, 3a to 3c"}
-#: Step 3's sub-rows: the configuration that adds each change, its label and what it changes.
+#: Step 3's changes: the configuration that adds each, its label and what it changes.
 SUBSTEPS = (("automaton_mask", "3a", "the automaton's allowed sets as the mask, no bitmask (dense head)"),
             ("masked_full_argmax", "3b", "chapter 2's masked head reads only the allowed rows"),
             ("masked_head", "3c", "the argmax reads only the allowed ids"))
-#: Why a change of step 3 stays where it is a measured loss at the headline's shape (the 8B shape): the changes
-#: after it read what it builds.
-KEPT_BECAUSE = {"automaton_mask": "3b and 3c read the sets"}
+#: Step 3's changes given as a note under the steps table instead of a row: the ones that come first because the
+#: changes after them read what they build, so their factor alone is bookkeeping, not a step of the lesson.
+NOTED = ("automaton_mask",)
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -605,26 +604,39 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
 
 def steps_table(results, model: str = "1b", batch: int = 1, changes=None) -> str:
     """:func:`steps_rows` as the page's one steps table (Markdown). With ``changes`` (rows of series
-    ``step03_changes``, which add step 3's changes one at a time), step 3 is followed by one sub-row per change
-    (:data:`SUBSTEPS`) whose "× previous" is that change's factor there (:func:`step03_changes_rows`); their times
-    are another timing's, so the sub-rows give the factor alone. A change that is a loss at the 8B shape, the
-    headline's, says so in its row with why it stays (:data:`KEPT_BECAUSE`)."""
+    ``step03_changes``, which add step 3's changes one at a time), step 3 is followed by one sub-row per change of
+    :data:`SUBSTEPS` not in :data:`NOTED`, whose "× previous" is that change's factor there
+    (:func:`step03_changes_rows`); their times are another timing's, so the sub-rows give the factor alone. The
+    :data:`NOTED` changes get a note under the table instead (:func:`steps_note`)."""
     lines = ["| step | what changes | µs per token | × previous | × floor (its forwards' weight bytes) |",
              "|---|---|---|---|---|"]
     factors = {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], model, batch)}
-    headline = {} if model == "8b" else \
-        {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], "8b", batch)}
     for r in steps_rows(results, model, batch):
         prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
         lines.append(f"| `{r['step']}` | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
         if r["step"] == report.series_label("masked_head"):
             for config, label, what in SUBSTEPS:
-                if factors.get(config) is not None:
-                    at8 = headline.get(config)
-                    if at8 is not None and at8 < 1 and config in KEPT_BECAUSE:
-                        what += f"; {at8:.2f}× at the 8B shape, a loss, kept: {KEPT_BECAUSE[config]}"
+                if factors.get(config) is not None and config not in NOTED:
                     lines.append(f"| {label} | {what} | – | {factors[config]:.2f}× | – |")
-    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file holds no decode series)"
+    if len(lines) == 2:
+        return f"({PENDING}: this file holds no decode series)"
+    note = steps_note(changes, model, batch)
+    return "\n".join(lines) + (f"\n\n{note}" if note else "")
+
+
+def steps_note(changes, model: str = "1b", batch: int = 1) -> str:
+    """The note under the steps table for the :data:`NOTED` changes of step 3: each one's factor at ``model`` and
+    ``batch`` and, where ``model`` is not the headline's shape (``8b``), at the headline's too. Empty where
+    ``changes`` holds none of them."""
+    here = {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], model, batch)}
+    at8 = {} if model == "8b" else \
+        {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], "8b", batch)}
+    notes = []
+    for config, label, what in SUBSTEPS:
+        if config in NOTED and here.get(config) is not None:
+            also = "" if at8.get(config) is None else f", {at8[config]:.2f}× at the 8B shape"
+            notes.append(f"Note: {label}, {what}, is {here[config]:.2f}× here{also}.")
+    return " ".join(notes)
 
 
 def jump_counts(results, model: str = "1b", batch: int = 1) -> dict[str, float] | None:
