@@ -109,7 +109,7 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
 
 
 def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """The loop's own forecast: each request's forwards per output token in step 4, each priced at the one-token
+    """The forecast time per token: each request's forwards per output token in step 4, each priced at the one-token
     forward's GPU time on the layer the loop runs (:func:`layer_table`, chunk 1, graph replay), the median over the
     requests (µs per token; the scoreboard's note for this chapter gives the same number). It holds the host's work
     and the drafting at zero, so ``over`` (step 4's median time over it) is what they and the longer verifying
@@ -125,9 +125,10 @@ def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[st
 def bound_rows(results) -> list[dict[str, Any]]:
     """Per batch and workload: step 4 against chapter 7's step 3, the ratio of their median times per output token
     (``ratio``, the headline's statistic) and the requests' own ratios (median, slowest, ``max_speedup``), the
-    forward ratio and the forecast at the measured costs (:func:`studylog.speculate.report.bound`); beside them the
-    same ratio on the second H200 (``second_ratio``, :func:`second_run`; None without it) and how far the two runs
-    are apart (``runs_apart``: the larger ratio over the smaller, less one)."""
+    forward ratio and the chunk-length forecast (``forecast``: each forward priced at its chunk length's measured
+    time, each drafting call at its own; :func:`studylog.speculate.report.bound`); the requests timed
+    (``requests``); beside them the same ratio on the second H200 (``second_ratio``, :func:`second_run`; None
+    without it) and how far the two runs are apart (``runs_apart``: the larger ratio over the smaller, less one)."""
     again = second_run()
     out = []
     for r in report.summary(results.rows):
@@ -135,9 +136,19 @@ def bound_rows(results) -> list[dict[str, Any]]:
         ratio = median_ms(results, b, w, "ch7_step03") / median_ms(results, b, w, "step04")
         second = _ratio(again, b, w) if again is not None else None
         out.append(r | {"ratio": ratio, "max_speedup": max(report.speedups(results.rows, b, w)),
+                        "requests": len(_rows(results, b, w, "step04")),
                         "second_ratio": second,
                         "runs_apart": max(second, ratio) / min(second, ratio) - 1 if second else None})
     return out
+
+
+def low_copy_counts(results, batch: int = 1) -> dict[str, int]:
+    """How many requests the low-copy workload holds at ``batch`` (``low_copy``, from the results) and how many
+    real requests chapter 7 runs (``chapter7``: one per entry of its request list): the low-copy set is the JSON
+    ones among them whose answers the prompt mostly does not hold."""
+    from studylog.decode.requests import INSTRUCTIONS
+
+    return {"low_copy": len(_rows(results, batch, "low_copy", "step04")), "chapter7": len(INSTRUCTIONS)}
 
 
 def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
@@ -347,7 +358,7 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "bound_rows", "breakdown_table", "committed",
-           "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses", "markdown_table", "median_ms",
-           "prefill_probe", "capped", "repeats", "sample_outputs", "second_machine", "second_run", "slowest", "steps_table", "validity",
-           "verify_layer_split"]
+__all__ = ["NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "bound_rows", "breakdown_table", "capped",
+           "committed", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses", "low_copy_counts",
+           "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs", "second_machine", "second_run",
+           "slowest", "steps_table", "validity", "verify_layer_split"]
