@@ -207,14 +207,21 @@ def test_the_result_table_can_keep_to_one_launch_of_step_12(results):
 
 @pytest.mark.parametrize("step, needs", [
     (11, ("mbarrier_wait(&empty", "mbarrier_expect_bytes", "bulk_copy(", "mbarrier_wait(&full", "mbarrier_arrive")),
-    (12, ("0x03030303u", "mma_u8s8(", "w2a8_sum(", "w2a8_z(")),
-    (13, ("take_tiles(", "group_w2a8<MT, TILES>", "w2a8_sum(", "partials[")),
+    (12, ("w2a8_sum(", "w2a8_z(", "sum - x_sum")),
 ])
-def test_each_cuda_steps_excerpt_is_short_and_carries_its_idea(step, needs):
-    text = L.excerpt(step).text
+def test_each_cuda_steps_excerpt_is_short_real_code_and_carries_its_idea(step, needs):
+    """A listing the page shows unfolded: the source's own lines (comments and pragmas kept, no stub saying what was
+    cut), short, its blocks closed."""
+    shown = L.excerpt(step)
+    text = shown.text
     assert all(n in text for n in needs), [n for n in needs if n not in text]
-    assert len(text.splitlines()) <= 30 and "#pragma unroll" not in text
+    assert len(text.splitlines()) <= 30 and "lines of comment" not in text and "left out" not in shown.title
     assert text.count("{") == text.count("}")  # the blocks a region leaves open are closed
+    from studylog import cuda
+
+    source = Path(cuda.source_path(L.EXCERPTS[step][0])).read_text()
+    stripped = {line.strip() for line in source.splitlines()}
+    assert all(line.strip() in stripped for line in text.splitlines() if line.strip() not in ("}", "// ..."))
 
 
 def test_step_table_says_pending_where_the_file_has_no_gpu_clock(results):
@@ -325,49 +332,11 @@ def test_the_chapter_lists_both_lessons():
 # Part 2's page: comment runs cut from diffs, step 12's places, step 13's undone change, GemLite's check
 # ------------------------------------------------------------------------------------------------
 
-def _comment_runs(lines, mark_of):
-    """The lengths of the runs of comment-only lines of one diff mark, counted here apart from the lesson's code."""
-    runs, last, n = [], None, 0
-    for line in lines:
-        mark = mark_of(line)
-        body = line[len(mark):].strip()
-        comment = body.startswith(("//", "/*", "*")) or body.endswith("*/")
-        if comment and mark == last:
-            n += 1
-        else:
-            if n:
-                runs.append(n)
-            n, last = (1, mark) if comment else (0, None)
-    return runs + ([n] if n else [])
-
-
-@pytest.mark.parametrize("old, new", [(10, 11), (11, 12), (12, 13)])
-def test_a_shown_diff_keeps_every_code_line_and_no_long_comment_run(old, new):
-    from studylog.source import Diff
-
-    full = T.CHAPTER.show_diff(old, new)
-    shown = L.short_comments(full, ("in a.cu", "in b.cu"))
-    assert isinstance(shown, Diff) and shown.lines[:2] == full.lines[:2]
-    mark = lambda line: "" if line.startswith("@@") else line[:1]  # noqa: E731
-    assert max(_comment_runs(full.lines[2:], mark)) > L.COMMENT_RUN  # the case the page has
-    assert max(_comment_runs(shown.lines[2:], mark)) <= L.COMMENT_RUN
-    code = lambda lines: [ln for ln in lines if "//" not in ln[:1] + ln[1:].lstrip()[:2]]  # noqa: E731
-    assert code(shown.lines) == code(full.lines)  # the code lines, in order, all kept
-    cut = [ln for ln in shown.lines if "lines of comment:" in ln]
-    assert cut and all(("in a.cu" in ln) == ln.startswith("-") for ln in cut)  # removed notes are in the old file
-    held = sum(int(re.search(r"\((\d+) lines of comment", ln)[1]) for ln in cut)
-    assert len(full.lines) - len(shown.lines) == held - len(cut)
-
-
-def test_a_shown_listing_cuts_a_long_comment_run_to_one_line():
-    from studylog.source import Code
-
-    text = "// a\n// b\n// c\n// d\nint f() {\n    // one\n    // two\n    return 1;\n}"
-    shown = L.short_comments(Code(text, "cuda", "t"), "in f.cu")
-    assert shown.text.splitlines() == ["// (4 lines of comment: in f.cu)", "int f() {", "    // one", "    // two",
-                                       "    return 1;", "}"]
-    with pytest.raises(TypeError):
-        L.short_comments(text)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_a_lesson_shows_its_listings_uncut(path):
+    """Diffs and listings reach the page as the source has them: no helper that cuts comment runs to a stub."""
+    code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    assert "short_comments" not in code and not hasattr(L, "short_comments")
 
 
 def test_step_12s_places_table_bolds_the_default_time(results):
@@ -415,47 +384,51 @@ def test_the_ablation_tables_hold_ratios_only():
 
 
 def test_the_steps_tables_give_each_bundled_change_a_lettered_row(results):
-    """Steps 4 and 9 (part 1) and 11 to 13 (part 2) get a row for each change measured alone, each with its factor
-    (a change never timed alone gets no row: the step's text says what was built together); a kept loss says so in
-    a few words; step 12's come from the benchmark itself, its time in the µs column."""
+    """Step 4's two changes and step 9's layout (part 1), steps 11 to 13's changes (part 2) get a row each with its
+    factor and a few words, no bookkeeping (why a loss stays is said once, in the page's prose); step 9's three
+    smaller changes are a note; step 12's rows come from the benchmark itself, its time in the µs column."""
     part1, part2 = L.boehm_table(results, L.PART1_ROWS), L.boehm_table(results, L.PART2_ROWS)
     labels = lambda table: re.findall(r"^\| (\d+[a-z]) \|", table, flags=re.M)  # noqa: E731
     if L.step_changes(4) is not None:
-        assert labels(part1) == ["4a", "4b", "9a", "9b", "9c", "9d"]
-        assert L.SUB_ROWS_NOTE in part1 and "Step 12" not in part1
+        assert labels(part1) == ["4a", "4b", "9a"]
+        assert L.SUB_ROWS_NOTE in part1 and "Step 12" not in part1 and L.step9_companions() in part1
+        assert "layout" in next(line for line in part1.splitlines() if line.startswith("| 9a |"))
     assert {"12a", "12b"} <= set(labels(part2)) and "10a" not in labels(part2)
+    if L.lab_or_none("ternary", "step11_changes", L.H200) is not None:
+        assert labels(part2)[:4] == ["11a", "11b", "11c", "11d"]
+        assert "K not split" in next(line for line in part2.splitlines() if line.startswith("| 11a |"))
     for table in (part1, part2):
         assert "not timed alone" not in table and "not undone alone" not in table and "separate run" not in table
+        assert ", kept" not in table and "build on" not in table and "builds on" not in table and "a loss" not in table
     row12a = next(line for line in part2.splitlines() if line.startswith("| 12a |")).split(" | ")
     apart = L.us(results, T.results.W2A8_PLACE_SERIES["separate"])
-    assert row12a[2] == f"{apart:.1f}" and row12a[3].startswith(f"{L.us(results, T.SERIES[11]) / apart:.2f} added")
-    assert "a loss" in row12a[3] and "kept" in row12a[3]
+    assert row12a[2] == f"{apart:.1f}" and row12a[3] == f"{L.us(results, T.SERIES[11]) / apart:.2f} added"
 
 
-def test_each_page_names_the_runs_apart_from_the_benchmark_once_with_their_dates(results):
-    """One provenance sentence a page: the dates of the further runs it reads (and, in part 2, of BitNet's run),
-    from the files themselves."""
+def test_the_runs_apart_from_the_benchmark_are_named_where_their_numbers_are(results):
+    """No run bookkeeping at the top of a page: each further run is named, dated, in the caption or note of the
+    table it fills (the steps tables' lettered rows, the layers table); part 2's provenance sentence only for
+    BitNet's comparison where it is a second run of the benchmark."""
     from book.ternary import results as tables
 
+    assert L.provenance(results, 1) == ""
+    dates = {name: L.lab_or_none("ternary", name, results.path.parent.name) for name in set(L.SUB_ROW_RUNS.values())}
+    for rows in (L.PART1_ROWS, L.PART2_ROWS):
+        table = L.boehm_table(results, rows)
+        for step in {n for n, _, _, _ in rows} & set(L.SUB_ROW_RUNS):
+            data = dates[L.SUB_ROW_RUNS[step]]
+            if data is not None:
+                assert data["date"][:10] in table.split("Rows with a letter")[1]
+    layers = L.lab_or_none("ternary", L.LAYER_RUN, results.path.parent.name)
+    if layers is not None:
+        assert layers["date"][:10] in L.amdahl_layers_table(results).splitlines()[0]
     run = tables.bitnet_results(results)
-    if run is None:
-        pytest.skip("no committed run with BitNet's kernel")
-    bitnet = run.data
-    one, two = L.provenance(results, 1), L.provenance(results, 2, bitnet)
-    assert "BitNet" not in one
-    if bitnet.get("quick"):  # a second run: named with its date
-        assert bitnet["date"][:10] in two and "BitNet" in two
-    else:  # the page's own run: nothing to say about it
-        assert "BitNet" not in two
-    for text, part in ((one, 1), (two, 2)):
-        for name, what in L.APART_RUNS[part]:
-            data = L.lab_or_none("ternary", name, results.path.parent.name)
-            if data is not None and what:
-                assert what.lower() in text.lower() and data["date"][:10] in text
-        assert text.count("each ratio on this page is from one run") == 1
-    for path in LESSONS:
-        code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
-        assert code.count("lesson.provenance(") == 1 and "SEPARATE_RUN" not in code
+    if run is not None:
+        two = L.provenance(results, 2, run.data)
+        assert (run.data["date"][:10] in two and "BitNet" in two) if run.data.get("quick") else two == ""
+    one, two = (json.loads(p.read_text())["cells"] for p in LESSONS)
+    code = lambda cells: "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")  # noqa: E731
+    assert "lesson.provenance(" not in code(one) and code(two).count("lesson.provenance(") == 1
 
 
 def test_bitnets_host_times_come_from_its_run(results):
@@ -635,3 +608,30 @@ def test_bitnets_table_counts_its_checks_from_the_file(results):
     assert (table["checks"], table["passed"]) == (len(raw), sum(c["passed"] for c in raw))
     ratios = [peer / ours for _, peer, ours, _, _ in table["rows"]]
     assert (table["worst"], table["best"]) == (min(ratios), max(ratios))
+
+
+def test_the_steps_figure_draws_times_from_zero_and_crosses_out_failed_peer_times(results):
+    """Part 1's steps figure (also the landing page's teaser): linear axes that start at 0, one panel a Llama shape,
+    and GemLite's time drawn as a red cross exactly where its output fails our float64 check at one row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from book.ternary.figures import FAILED_EDGE, FAILED_MARKER
+
+    failed = {shape for shape, m in _failed_gemlite_cases(results.path) if m in (1, None)}
+    figs = figures(results)
+    panels = [ax for ax in figs["steps"].axes if ax.get_title()]
+    assert panels
+    red = matplotlib.colors.to_rgba(FAILED_EDGE)
+    for ax in panels:
+        assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
+        crosses = [line for line in ax.get_lines() if line.get_marker() == FAILED_MARKER
+                   and matplotlib.colors.to_rgba(line.get_color()) == red]
+        assert len(crosses) == (ax.get_title().replace(" × ", "x") in failed), ax.get_title()
+    labels = [t.get_text() for legend in figs["steps"].legends for t in legend.get_texts()]
+    assert any("fails our float64 check" in t for t in labels) == bool(
+        failed & {ax.get_title().replace(" × ", "x") for ax in panels})
+    for fig in figs.values():
+        plt.close(fig)

@@ -132,36 +132,28 @@ BITNET_LAYERS = (("q, o", 2560, 2560, 2, "2560x2560"), ("k, v", 640, 2560, 2, "2
 #: lab/ternary's run of every layer at its own shape (k and v included): only the shapes the benchmark lacks are
 #: read from it, so that a page quotes one time for a kernel at a shape.
 LAYER_RUN = "amdahl_shapes"
-#: The runs apart from the benchmark that each part reads, with what each gives the page (:func:`provenance`; None:
-#: the words of the run before it cover it).
-APART_RUNS = {1: (("bundled_steps", "the changes of steps 4 and 9 one at a time"),
-                  (LAYER_RUN, "the k and v layers (640 × 2560)")),
-              2: (("step11_changes", "the changes of steps 11 and 13 undone one at a time"),
-                  ("step13_changes", None), (LAYER_RUN, "the k and v layers (640 × 2560)"))}
+def further_run(results, name: str) -> str:
+    """A table caption's sentence for numbers read from lab/ternary's run ``name`` on the results' card: the run
+    is apart from the benchmark of the page's caption, dated, and times every kernel it compares (so the table's
+    ratios are from one run). "" where the run is not committed for that card."""
+    if results is None or getattr(results, "path", None) is None:
+        return ""
+    data = lab_or_none("ternary", name, Path(results.path).parent.name)
+    if data is None:
+        return ""
+    return (f"From a further run on the same {card(results)} on {data['date'][:10]}, which times every kernel it "
+            "compares.")
 
 
 def provenance(results, part: int, bitnet_run=None) -> str:
-    """The page's one sentence on where its numbers come from besides the benchmark run of its caption: the
-    further runs on the same card (:data:`APART_RUNS`, dated), each of which times every kernel it compares, so
-    that every ratio on the page is from one run; for part 2 also BitNet's comparison (``bitnet_run``, the raw file
-    of the benchmark's quick mode, dated). "" where none of them is committed for the results' card."""
-    if results is None or getattr(results, "path", None) is None:
+    """The page's one sentence, beside its caption, on a run of the benchmark other than the caption's: for part 2,
+    BitNet's comparison where it is a second run (``bitnet_run``, the raw file of the benchmark's quick mode,
+    dated). "" otherwise: the further lab runs are named in the captions of the tables they fill
+    (:func:`further_run`)."""
+    if results is None or bitnet_run is None or not bitnet_run.get("quick") or part != 2:
         return ""
-    gpu = Path(results.path).parent.name
-    dates: dict[str, list[str]] = {}
-    for name, what in APART_RUNS[part]:
-        data = lab_or_none("ternary", name, gpu)
-        if data is not None and what:
-            dates.setdefault(data["date"][:10], []).append(what)
-    further = "; ".join(f"{' and '.join(whats)} come from further runs on the same {card(results)} on {day}"
-                        for day, whats in sorted(dates.items()))
-    first = ""
-    if bitnet_run is not None and bitnet_run.get("quick"):
-        first = (f"BitNet's comparison is a second run of the benchmark on the same {card(results)} on "
-                 f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it)")
-    text = "; ".join(t for t in (first, further) if t)
-    return "" if not text else text[0].upper() + text[1:] + ". Each run times every kernel it compares, so each " \
-        "ratio on this page is from one run."
+    return (f"BitNet's comparison is a second run of the benchmark on the same {card(results)} on "
+            f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it).")
 
 
 def layer_run(results):
@@ -243,7 +235,9 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     own = layers is not None or all(gpu_row(results, CUBLAS, f"{n}x{k}") for _, n, k, _, _ in BITNET_LAYERS)
     head = ("every layer at its own shape" if own
             else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
-    lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}\n",
+    apart = "" if layers is None else " " + further_run(results, LAYER_RUN).replace(
+        "From a further run", "The layers the benchmark lacks (k and v, 640 × 2560) come from a further run")
+    lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}.{apart}\n",
              "| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
     base = ours = 0.0
     for name, n, k, count, shape in BITNET_LAYERS:
@@ -627,7 +621,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "sub_rows", "SUB_ROWS_NOTE", "APART_RUNS", "provenance", "layer_source",
+           "sub_rows", "SUB_ROWS_NOTE", "further_run", "provenance", "step9_companions", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
 
@@ -645,18 +639,19 @@ PART1_ROWS = (
     (4, 1, 3, "an AND decode and 8 rows a program (4a, 4b)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
     (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte)"),
-    (9, 1, 4, "two weights an AND and a packed FMA, straight into the MMA (built for several rows)"),
+    (9, 1, 4, "the `2bit_mma` layout: its decoded words are the MMA's operand (built for several rows)"),
     (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
     (7, 16, 5, "1.6-bit weights with `tl.dot`"),
     (8, 16, 5, "int8 activations on the int8 tensor cores"),
-    (9, 16, 5, "two weights an AND and a packed FMA, straight into the MMA (9a to 9d)"),
+    (9, 16, 5, "the `2bit_mma` layout: a word's two halves are neighbours along K, decoded straight into the "
+               "MMA's operand (9a; its other changes: note)"),
 )
 
 #: Part 2's rows, as :data:`PART1_ROWS`.
 PART2_ROWS = (
     (9, 1, None, "part 1's last Triton step"),
     (10, 1, 9, "the same bits on `mma.sync`, loads issued groups ahead"),
-    (11, 1, 10, "the weights brought by the TMA into a ring (11a to 11d)"),
+    (11, 1, 10, "the warps share K, fed by a TMA ring (11a to 11d)"),
     (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (12a, 12b)"),
     (13, 1, 12, "one tile of weights a warp, a slice of K a block (built for several rows; at one row it loses)"),
     (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
@@ -693,15 +688,8 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
         at = None if ch is None else (lambda v: ch["us"].get((v, shape, m)))  # noqa: E731
         if at is None or at("+a+m+b+c") is None:
             return rows
-        end = at("+a+m+b+c")
-        rows = [("9a", "two weights per AND and packed FMA",
-                 f"{_factor(at('step05@9'), at('+a'))} added"),
-                ("9b", "rows past N clamped, x loaded unmasked on whole tiles",
-                 f"{_factor(at('+a'), at('+a+m'))} added; {_factor(at('step09-m'), end)} undone"),
-                ("9c", "the `2bit_mma` layout: a word's two halves are neighbours along K",
-                 f"{_factor(at('+a+m'), at('+a+m+b'))} added; {_factor(at('step09-b'), end)} undone"),
-                ("9d", "split K without a memset",
-                 f"{_factor(at('+a+m+b'), end)} added or undone (the last change)")]
+        rows = [("9a", "the layout: added after the packed decode and the masks; undone from step 9",
+                 f"{_factor(at('+a+m'), at('+a+m+b'))} added; {_factor(at('step09-b'), at('+a+m+b+c'))} undone")]
     elif (step, m) == (11, 1):
         data = lab_or_none("ternary", "step11_changes", H200)
         at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
@@ -709,19 +697,18 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
         if "step11" not in at:
             return rows
         end = at["step11"]
-        rows = [("11a", "the ring alone: a producer warp, the TMA, full and empty mbarriers",
-                 f"{_factor(at.get('step10'), at.get('step11-a-b-c'))} against step 10: a loss, kept: 11b to 11d "
-                 "build on it"),
-                ("11b", "one copy a tile of 16 rows, not one a warp", f"{_factor(at.get('step11-a'), end)} undone"),
-                ("11c", "K not split: the warps share the block's K, sums meet in shared memory",
+        rows = [("11a", "K not split: the warps share the block's K, sums meet in shared memory",
                  f"{_factor(at.get('step11-b'), end)} undone"),
+                ("11b", "the ring alone: a producer warp, the TMA, full and empty mbarriers",
+                 f"{_factor(at.get('step10'), at.get('step11-a-b-c'))} alone (vs 10)"),
+                ("11c", "one copy a tile of 16 rows, not one a warp", f"{_factor(at.get('step11-a'), end)} undone"),
                 ("11d", "the decode's constant kept in a register", f"{_factor(at.get('step11-c'), end)} undone")]
     elif (step, m) == (12, 1):
         apart, t11, t12 = (us(results, s, shape, m) for s in (W2A8_PLACE_SERIES["separate"], SERIES[11], SERIES[12]))
         if apart is None:
             return rows
         rows = [("12a", "int8 x on the int8 tensor cores, x quantised by a kernel of its own", fmt(apart, ".1f"),
-                 f"{_factor(t11, apart)} added: a loss (a second launch), kept: 12b builds on it"),
+                 f"{_factor(t11, apart)} added"),
                 ("12b", "x quantised in the kernel", fmt(t12, ".1f"), f"{_factor(apart, t12)} added")]
     elif (step, m) == (13, 16):
         data = lab_or_none("ternary", "step13_changes", H200)
@@ -736,11 +723,47 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
     return [r if len(r) == 4 else (r[0], r[1], "–", r[2]) for r in rows]
 
 
+def step9_companions(shape: str = MAIN, m: int = 16) -> str:
+    """One sentence on step 9's three changes beside its layout, each a factor from the ablation run
+    (:func:`step_changes`) at ``shape`` and ``m`` (added: in the run's order; the masks also undone); "" without
+    the run."""
+    ch = step_changes(9)
+    at = None if ch is None else (lambda v: ch["us"].get((v, shape, m)))  # noqa: E731
+    if at is None or at("+a+m+b+c") is None:
+        return ""
+    end = at("+a+m+b+c")
+    return (f"Step 9's other changes, from the same run: its packed decode, two weights an AND and a packed "
+            f"FMA, {_factor(at('step05@9'), at('+a'))}× added (without the layout its two weights are 128 apart "
+            f"along K); rows clamped and x unmasked {_factor(at('+a'), at('+a+m'))}× added, "
+            f"{_factor(at('step09-m'), end)}× undone; split K without a memset {_factor(at('+a+m+b'), end)}× "
+            f"added, the last change.")
+
+
 #: Under the steps tables where a step has sub-rows (the last sentence only where step 12 is among them).
 SUB_ROWS_NOTE = ("Rows with a letter split a step into its changes. *Added*: how many times faster the kernel gets "
-                 "when the change joins the one before it, in the letters' order; *undone*: how many times slower "
-                 "the step is without it.")
+                 "when the change joins the changes before it; *undone*: how many times slower the step is without "
+                 "it.")
+SUB_ROWS_NOTE_ALONE = " *Alone*: the change without the others, against the step before."
 SUB_ROWS_NOTE_12 = " Step 12's rows are timed by the benchmark itself, which also runs x quantised by a kernel of its own."
+#: The lab run each step's lettered rows read (step 12's are the benchmark's own).
+SUB_ROW_RUNS = {4: "bundled_steps", 9: "bundled_steps", 11: "step11_changes", 13: "step13_changes"}
+
+
+def _sub_rows_runs(results, steps) -> str:
+    """The note's sentence on where the lettered rows of ``steps`` come from: the further runs, dated."""
+    days: dict[str, list[str]] = {}
+    for step in steps:
+        name = SUB_ROW_RUNS.get(step)
+        data = None if name is None or getattr(results, "path", None) is None else lab_or_none(
+            "ternary", name, Path(results.path).parent.name)
+        if data is not None:
+            days.setdefault(data["date"][:10], []).append(str(step))
+    if not days:
+        return ""
+    which = "; ".join(f"step{'s' if len(steps_) > 1 else ''} {' and '.join(steps_)} on {day}"
+                      for day, steps_ in sorted(days.items()))
+    return (f" The lettered rows of {which} come from further runs on the same {card(results)}, each timing every "
+            "kernel it compares.")
 
 
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
@@ -757,7 +780,10 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> st
         tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == rows_of_x], shape,
                                                       read_only))
     lettered = [n for n, m, _, _ in rows if sub_rows(results, n, m, shape)]
-    note = "" if not lettered else "\n\n" + SUB_ROWS_NOTE + (SUB_ROWS_NOTE_12 if 12 in lettered else "")
+    note = "" if not lettered else ("\n\n" + SUB_ROWS_NOTE + (SUB_ROWS_NOTE_ALONE if 11 in lettered else "")
+                                    + (SUB_ROWS_NOTE_12 if 12 in lettered else "")
+                                    + _sub_rows_runs(results, lettered)
+                                    + (" " + step9_companions(shape) if 9 in lettered else ""))
     return "\n\n".join(tables) + note
 
 
@@ -832,40 +858,32 @@ def core_diff(step: int):
                                    f"{_STEPS[step - 1].name} (the core of the change)"))
 
 
-#: The lines that carry each CUDA C++ step's idea, as (file, (start, stop) markers, ...): step 11's ring (the
-#: producer's fill and the consumers' take, on the two mbarriers of a stage), step 12's group (one AND per 4
-#: weights into the int8 MMA) and its four accumulators brought to one sum, and step 13's consumer warp (its own
-#: tile taken from the ring, its own sums stored).
+#: The lines of a CUDA C++ step that the page shows as a listing beside its diffs, as (file, (start, stop) markers,
+#: ...): step 11's ring (the producer's fill and the consumers' take, on the two mbarriers of a stage, which
+#: exercise 10 asks about) and step 12's four accumulators brought to one sum (exercise 8).
 EXCERPTS = {
     11: ("ternary_ring.cuh", ("// The producer: chunk c into stage", "                      w + ((size_t)min(tile0"),
          ("    __device__ int take_from(", "return ng;")),
-    12: ("ternary_w2a8.cu", ("__device__ __forceinline__ void group_w2a8(", "mma_u8s8(acc[p][r][j]"),
-         ("// acc[p'] counts code p' four^p' times", "return (float)(sum - x_sum)")),
-    13: ("ternary_w2a8.cu", ("int acc[4][TILES][MT][4] = {};", "group_w2a8<MT, TILES>(acc, a[cg], xv);"),
-         ("// the warp's tiles: rows n of W", "w2a8_z(sum, __ldcg(&row_sum[m])")),
+    12: ("ternary_w2a8.cu", ("// acc[p'] counts code p' four^p' times", "return (float)(sum - x_sum)")),
 }
 
 
 def excerpt(step: int):
     """The lines of :data:`EXCERPTS` for a CUDA C++ step, as one listing (``studylog.source.Code``): each region
-    dedented, ``#pragma unroll`` lines left out, the closing braces of the blocks a region leaves open added, regions
-    apart by a ``// ...`` line (the full source is folded beside it on the page)."""
-    import textwrap
-
+    dedented, the closing braces of the blocks a region leaves open added, regions apart by a ``// ...`` line (the
+    full source is folded beside it on the page)."""
     from studylog import cuda, source
 
     file, *regions = EXCERPTS[step]
     text = Path(cuda.source_path(file)).read_text()
-    if step == 13:  # the tiles kernel's own loop, not step 12's that comes first in the file
-        text = text[text.index("step13_w2a8_tiles_kernel("):]
     parts = []
     for start, stop in regions:
-        lines = [line for line in _region(text, start, stop).splitlines() if line.strip() != "#pragma unroll"]
+        lines = _region(text, start, stop).splitlines()
         opened = []  # the indent of each block still open at the region's end: its closing brace is added
         indent, previous = 0, ";"
         for line in lines:
             code = line.split("//")[0]
-            if previous[-1:] not in ",(":  # a line that starts a statement (not its continuation) sets the indent
+            if previous[-1:] not in ",(" and not line.lstrip().startswith("#"):  # a statement's first line
                 indent = len(line) - len(line.lstrip())
             previous = code.rstrip() or previous
             for ch in code:
@@ -874,11 +892,12 @@ def excerpt(step: int):
                 elif ch == "}" and opened:
                     opened.pop()
         lines += [" " * indent + "}" for indent in reversed(opened)]
-        parts.append(textwrap.dedent("\n".join(lines)))
-    titles = {11: "step 11: the ring's fill (producer) and take (consumers)",
-              12: "step 12: one group of 256 weights a row on the int8 MMA, and the four accumulators' sum",
-              13: "step 13: a consumer warp's loop and its own sums"}
-    return source.Code("\n// ...\n".join(parts), "cuda", titles[step] + " (#pragma unroll lines left out)")
+        # dedent by the code's common indent; preprocessor lines stay at column 0
+        cut = min(len(line) - len(line.lstrip()) for line in lines if line.strip() and not line.startswith("#"))
+        parts.append("\n".join(line if line.startswith("#") else line[cut:] for line in lines))
+    titles = {11: "step 11: the ring's fill (the producer) and take (a consumer warp), from ternary_ring.cuh",
+              12: "step 12: the four accumulators' sum, from ternary_w2a8.cu"}
+    return source.Code("\n// ...\n".join(parts), "cuda", titles[step])
 
 
 #: The first attempt's bugs, each marked on the line that carries it: (a piece of that line, the mark).
@@ -991,66 +1010,6 @@ def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
     for key, label in STEP11_CHANGES:
         lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)] / at[('step11', s)]:.2f}×" for s in shapes) + " |")
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------------------------
-# Listings and diffs as the page shows them: long comment blocks left to the full source
-# ----------------------------------------------------------------------------------------------
-
-#: The longest run of comment-only lines a shown diff or listing keeps; a longer run becomes one line that says
-#: how many lines it held (they stay in the source files and in the folded full listings).
-COMMENT_RUN = 2
-
-
-def _comment_only(line: str) -> bool:
-    text = line.strip()
-    return text.startswith(("//", "/*", "*")) or text.endswith("*/")
-
-
-def _collapsed(lines: list[str], prefix_of, where_of) -> list[str]:
-    """``lines`` with every run of more than :data:`COMMENT_RUN` comment-only lines of one kind (``prefix_of(line)``:
-    the diff's mark, "" in a listing) cut to one line in that run's place and indent, saying where the lines are
-    (``where_of(mark)``)."""
-    out: list[str] = []
-    i = 0
-    while i < len(lines):
-        mark = prefix_of(lines[i])
-        j = i
-        while j < len(lines) and prefix_of(lines[j]) == mark and _comment_only(lines[j][len(mark):]):
-            j += 1
-        if j - i > COMMENT_RUN:
-            body = lines[i][len(mark):]
-            indent = body[:len(body) - len(body.lstrip())]
-            out.append(f"{mark}{indent}// ({j - i} lines of comment: {where_of(mark)})")
-            i = j
-        elif j > i:
-            out += lines[i:j]
-            i = j
-        else:
-            out.append(lines[i])
-            i += 1
-    return out
-
-
-def short_comments(shown, where="in the source file"):
-    """A ``studylog.source.Diff`` or ``Code`` as the page shows it: runs of more than :data:`COMMENT_RUN`
-    comment-only lines (a kernel's leading design notes, mostly) replaced by one line saying how many lines they
-    were and where they are (``where``; for a diff of two files, a pair: removed lines are in the first, the others
-    in the second). The code lines are all kept; a new object is returned."""
-    from studylog.source import Code, Diff
-
-    old_where, new_where = (where, where) if isinstance(where, str) else where
-    if isinstance(shown, Diff):
-        part = Diff.__new__(Diff)
-        part.old_name, part.new_name = shown.old_name, shown.new_name
-        mark = lambda line: "" if line.startswith("@@") else line[:1]  # noqa: E731
-        part.lines = shown.lines[:2] + _collapsed(shown.lines[2:], mark,
-                                                  lambda m: old_where if m == "-" else new_where)
-        return part
-    if isinstance(shown, Code):
-        return Code("\n".join(_collapsed(shown.text.splitlines(), lambda line: "", lambda m: new_where)),
-                    shown.language, shown.title)
-    raise TypeError(f"a studylog.source.Diff or Code, got {type(shown).__name__}")
 
 
 # ----------------------------------------------------------------------------------------------
