@@ -144,3 +144,21 @@ def test_the_samples_are_the_first_document_of_each_kind():
     assert [s.split(": ", 1)[0] for s in samples] == firsts
     assert all(len(s) <= 40 for s in lesson.sample_outputs(results, width=40))
     assert lesson.repeats("Kai-Kai-Kai-Kai-") and not lesson.repeats("Kai-Kai-Kai-")
+
+
+def test_the_counts_the_page_states_come_from_the_rows():
+    """The low-copy set's size is the requests the results hold for it, chapter 7's the entries of its request
+    list; the result table's requests per batch and workload are the step 4 rows timed there."""
+    from studylog.decode.requests import INSTRUCTIONS
+    from studylog.speculate.requests import LOW_COPY
+
+    rows = [dict(_row("step04", name, 0.5, [1], 10), params={"model": "smollm2", "batch": 1, "workload": "low_copy",
+                                                            "request": name}) for name in LOW_COPY[:4]]
+    got = lesson.low_copy_counts(Results(REPO_ROOT / "none.json", {"measurements": rows}))
+    assert got == {"low_copy": 4, "chapter7": len(INSTRUCTIONS)}
+    assert set(LOW_COPY) <= set(INSTRUCTIONS)  # the low-copy set is a part of chapter 7's requests
+    results = lesson.committed()
+    for r in lesson.bound_rows(results):
+        timed = [x for x in results.rows if x["series"] == "step04" and x["params"]["batch"] == r["batch"]
+                 and x["params"]["workload"] == r["workload"]]
+        assert r["requests"] == len(timed) > 0
