@@ -638,17 +638,17 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
 
 #: The sub-rows of the table of steps: each change of steps 7 and 8 that a run undoes on its own
 #: (:func:`step07_changes`, :func:`step08_changes`). A change that cannot be undone alone (step 7's fused gradient
-#: needs alpha and beta side by side) gets no row: the page's text says it was built with the other.
-#: (label, the change, the run's variant with that change undone, why it stays where it is a measured loss.)
+#: needs alpha and beta side by side) gets no row: the page's text says so. A cell gives the factor only; why a
+#: change that loses stays is said once, in the page's prose.
+#: (label, the change, the run's variant with that change undone.)
 STEP_CHANGES = {
     7: (("7a", "no softmax written: a block per frame computes its log-sum-exp and the target's log-probabilities",
-         "softmax written", ""),
+         "softmax written"),
         ("7b", "one warp per direction: positions in registers, a neighbour's by `__shfl_up_sync`",
-         "block recursion", "steps 8 and 10 build on the warp layout"),
-        ("7c", "alpha and beta side by side, two warps: the chain of 2T frames becomes T", "directions in turn", "")),
-    8: (("8a", "the skip a value, not a path: a label always takes the three-term sum", "branch put back", ""),
-        ("8b", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`", "exp2f and __log2f",
-         "it pays at the others")),
+         "block recursion"),
+        ("7c", "alpha and beta side by side, two warps: the chain of 2T frames becomes T", "directions in turn")),
+    8: (("8a", "the skip a value, not a path: a label always takes the three-term sum", "branch put back"),
+        ("8b", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`", "exp2f and __log2f")),
 }
 
 
@@ -669,7 +669,8 @@ def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
     change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the previous step, × the case's one
     floor (:func:`case_floor`); under steps 7 and 8 a sub-row per change (:data:`STEP_CHANGES`) with its own
-    factor."""
+    factor. The entry point's row, right under step 10's, names the step it ran in each case and compares with step
+    9, the last step before its choice between steps 8 and 10, so the table ends on the chapter's result."""
     head = ["step", "the one change"]
     for A, N in TABLE_CASES:
         head += [f"A = {A:,}, N = {N}: µs", "× previous", "× floor"]
@@ -684,58 +685,48 @@ def boehm_table(results) -> str:
         return title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
 
     entries = [(str(s.number), code(s.title), s.series) for s in CHAPTER.steps]
-    ran = [(_row(results, "ctc_loss", T=BENCH_T, A=A, N=N) or {}).get("step") for A, N in TABLE_CASES]
-    ran_words = ", ".join(f"step {CHAPTER.step(r).number} at A = {A:,}, N = {N}" for r, (A, N) in zip(ran, TABLE_CASES)
-                          if r)
-    entries.append(("entry point", "`ctc_loss`, step 8 or step 10 by the activations' shape, timed as its own series"
-                    + (f" (it ran {ran_words})" if ran_words else ""), "ctc_loss"))
+    entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 8 or step 10 by the activations' shape "
+                    "(in brackets, the step it ran), timed as its own series", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
     entries.append(("torch", "`torch-best`, the faster of torch's CTC calls on the GPU clock"
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
     ablations = {7: step07_changes(), 8: step08_changes()}
     previous = [None] * len(TABLE_CASES)
-    one_warp = []  # cases where step 10's longest target fits one warp: its several warps do not apply
+    before_choice = [None] * len(TABLE_CASES)  # step 9's time: what the entry point's choice is compared with
     for number, title, series in entries:
         cells = [number, title]
         for i, (A, N) in enumerate(TABLE_CASES):
-            ms = _ms(results, series, T=BENCH_T, A=A, N=N)
-            if ms is None:
+            row = _row(results, series, T=BENCH_T, A=A, N=N)
+            if row is None:
                 cells += ["–", "–", "–"]
                 continue
-            t = ms * 1e3
-            prev = previous[i]
-            if series in ("ctc_loss", "torch-best"):
-                prev = None
-            after_side_step = series == CHAPTER.step(7).series  # step 6 is a side branch: step 7 builds on step 5
-            versus = (f"{prev / t:.2f}×" + (" (vs step 5)" if after_side_step else "")) if prev else "–"
-            row = _row(results, series, T=BENCH_T, A=A, N=N)
-            if series == CHAPTER.step(10).series and row.get("warps") == 1:
-                versus += " † (not its case)"
-                one_warp.append((A, N, row.get("max_positions")))
-            cells += [f"{t:,.1f}", versus, f"{t / floors[i]:,.1f}×"]
+            t = row["ms"] * 1e3
+            time_cell = f"{t:,.1f}"
+            if series == "ctc_loss":
+                prev, against = before_choice[i], f"vs step {CHAPTER.step(9).number}"
+                if row.get("step"):
+                    time_cell += f" (step {CHAPTER.step(row['step']).number})"
+            elif series == "torch-best":
+                prev, against = None, ""
+            else:  # step 6 is a side branch: step 7 builds on step 5
+                prev = previous[i]
+                against = "vs step 5" if series == CHAPTER.step(7).series else ""
+            versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
+            cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
             if series not in ("ctc_loss", "torch-best", CHAPTER.step(6).series):
                 previous[i] = t
+            if series == CHAPTER.step(9).series:
+                before_choice[i] = t
         lines.append("| " + " | ".join(cells) + " |")
-        for label, change, variant, why in STEP_CHANGES.get(int(number) if number.isdigit() else 0, ()):
-            changes = ablations[int(number)]
-            factors = {c: x for c, (_, x) in (changes or {"rows": {}})["rows"].get(variant, {}).items()
-                       if c in TABLE_CASES}
-            losses = [c for c, x in factors.items() if x < 1]
-            words = ""
-            if losses and len(losses) == len(factors):
-                words = f"; **a loss, kept**: {why}"
-            elif losses:  # a loss at some cases, kept for the others
-                words = "; a loss at " + " and ".join(f"A = {a:,}, N = {n}" for a, n in losses) + \
-                        f", kept: {why or 'it pays at the others'}"
-            lines.append(f"| {label} | {change}{words} | " + " | ".join(_change_cells(changes, variant)) + " |")
-    notes = [f"† At A = {A:,}, N = {N} the longest target ({p} positions) fits one warp: step 10's idea, several "
-             "warps per direction, does not apply there, and only its barrier per frame is left; its own case is the "
-             "mid-size batch." for A, N, p in one_warp]
-    notes.append("Rows 7a to 8b: one change of step 7 or 8 at a time, from a run that times the step with that "
-                 "change undone: \"without it\" is the step's time without the change, the factor that time over the "
-                 "step's in the same run (above 1.00×, the change pays).")
-    return "\n".join(lines) + "".join("\n\n" + n for n in notes)
+        for label, change, variant in STEP_CHANGES.get(int(number) if number.isdigit() else 0, ()):
+            cells = _change_cells(ablations[int(number)], variant)
+            lines.append(f"| {label} | {change} | " + " | ".join(cells) + " |")
+    note = ("Rows 7a to 8b: one change of step 7 or 8 at a time, from a run that times the step with that change "
+            "undone: \"without it\" is the step's time without the change, the factor that time over the step's in "
+            "the same run (above 1.00×, the change pays). The entry point's \"× previous\" is over step 9, the last "
+            "step before its choice.")
+    return "\n".join(lines) + "\n\n" + note
 
 
 def entry_point(results, A: int, N: int) -> dict | None:
