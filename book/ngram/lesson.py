@@ -21,7 +21,8 @@ from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "SUB_ROWS", "STEP07_KNOBS", "step07_variants",
-           "variant_ms", "change_factor", "CHANGE_CHAIN", "CHAIN_STEPS", "KEPT_BY_STEP7", "step05_06_changes",
+           "variant_ms", "change_factor", "CHANGE_CHAIN", "CHAIN_STEPS", "STEP07_INHERITED", "step07_changes",
+           "variant_row", "inherited_factor", "alone_7a", "step05_06_changes",
            "chain_ms", "chain_factor", "boehm_table", "dispatch_table", "early_exit_share",
            "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
            "target_verdicts"]
@@ -235,14 +236,15 @@ HEADLINE = (128, 32768, 128)
 #: change the table of steps gives a factor, the knob that takes it back.
 STEP07_KNOBS = {"loads": 4, "vec": 2, "budget_skip": "lazy", "cache": "evict_first"}
 #: The bundled steps' changes that were timed alone, each a sub-row of the table of steps: (label, the change, the knob
-#: that takes it back in step 7's variants, or None where :data:`CHANGE_CHAIN` times it). Step 7's first change (no
-#: barrier) has no row: every variant keeps it, and the page says so in the step's text.
+#: that takes it back in step 7's variants, or None where :data:`CHANGE_CHAIN` or, for 7a, :func:`step07_changes`
+#: times it: step 7 with 7b, 7c and 7d all taken back, beside step 6 in the same run).
 SUB_ROWS = {
     5: (("5a", "one pass over each haystack for all n, windows aligned by their end", None),
         ("5b", "an early exit once no later window can beat the slot's best key (two barriers a tile)", None)),
     6: (("6a", "each slot split over a column of blocks, each publishing its best key with a global atomicMin", None),
         ("6b", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", None)),
-    7: (("7b", "16-byte loads, two tokens each", {"vec": 1}),
+    7: (("7a", "no barrier in the loop: each thread publishes its own candidates and reads the slot's key", None),
+        ("7b", "16-byte loads, two tokens each", {"vec": 1}),
         ("7c", "an L2 evict-first hint on the haystack loads", {"cache": "ldg"}),
         ("7d", "slots the budget refuses skip their search", {"budget_skip": "off"})),
 }
@@ -254,11 +256,9 @@ SUB_ROWS = {
 #: The library step a link of the chain is a copy of: its sub-row shows the step's own row's time, not a second one.
 CHAIN_STEPS = {"5": 5, "6": 6}
 CHANGE_CHAIN = {"5a": ("step04", "5a"), "5b": ("5a", "5"), "6a": ("5", "6a"), "6b": ("6a", "6")}
-#: Why a change of :data:`CHANGE_CHAIN` stays where it is a measured loss: what step 7, which builds on it, keeps.
-KEPT_BY_STEP7 = {
-    "5b": "it too reads the slot's key with each tile and stops",
-    "6b": "its last block runs phase 2 too",
-}
+#: The two changes step 7 inherits from steps 5 and 6, each taken back in ``lab/ngram``'s ``step07_changes`` series:
+#: change -> the variant of step 7 without it. "7" is a copy of the library's step 7, timed beside them.
+STEP07_INHERITED = {"5b": "7 no exit", "6b": "7 unfused"}
 
 
 def step05_06_changes(gpu: str = "nvidia-h200"):
@@ -290,6 +290,44 @@ def chain_factor(changes, label: str, cfg: tuple[int, int, int]) -> float | None
     1 it costs."""
     without, with_ = (chain_ms(changes, v, cfg) for v in CHANGE_CHAIN[label])
     return None if without is None or with_ is None else without / with_
+
+
+def step07_changes(gpu: str = "nvidia-h200"):
+    """Step 7 with the early exit or the fused phase 2 taken back (``lab/ngram/results/<gpu>/step07_changes.json``),
+    as :class:`~studylog.plotting.Results`; None where the run is not committed."""
+    from book.common import lab_or_none
+    from studylog.plotting import Results
+
+    data = lab_or_none("ngram", "step07_changes", gpu)
+    return None if data is None else Results(None, data)
+
+
+def variant_row(changes, series: str, variant: str, cfg: tuple[int, int, int]) -> dict | None:
+    """The row of ``variant`` (a variant of ``series`` in ``changes``) at grid case ``cfg``; None where not measured."""
+    if changes is None:
+        return None
+    b, s, t = cfg
+    rows = changes.select(series, variant=variant, batch=b, seq_len=s, threshold=t)
+    return rows[0] if rows else None
+
+
+def alone_7a(changes7, cfg: tuple[int, int, int]) -> tuple[float, float] | None:
+    """7a alone at ``cfg`` (:func:`step07_changes`): its time in ms and how much faster it is than step 6 in the same
+    run; None where not measured."""
+    row = variant_row(changes7, "step07_changes", "7a", cfg)
+    six = None if changes7 is None else changes7.select("step06", batch=cfg[0], seq_len=cfg[1], threshold=cfg[2])
+    return None if row is None or not six else (row["ms"], six[0]["ms"] / row["ms"])
+
+
+def inherited_factor(changes7, label: str, cfg: tuple[int, int, int], clock: str = "ms") -> float | None:
+    """How much faster step 7 is with change ``label`` (``"5b"``, the early exit; ``"6b"``, phase 2 fused) than
+    without it at ``cfg``, on the GPU clock (``clock="ms"``) or in host time per eager call (``"host_ms"``), from
+    :func:`step07_changes`. Above 1 the change pays."""
+    without = variant_row(changes7, "step07_changes", STEP07_INHERITED[label], cfg)
+    with_ = variant_row(changes7, "step07_changes", "7", cfg)
+    if without is None or with_ is None or without.get(clock) is None or with_.get(clock) is None:
+        return None
+    return without[clock] / with_[clock]
 
 
 def step07_variants(gpu: str = "nvidia-h200"):
@@ -347,31 +385,30 @@ def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
     return early_exit_bytes(inputs, this_time, config) / nbytes
 
 
-def boehm_table(results) -> str:
-    """Markdown, one row per step and one for the entry point: the one change, the clock of the row, then per case
-    of :data:`BOEHM_CASES` the time in µs, × the previous step, × the floor (:func:`floor_us`); under a bundled step,
-    a sub-row per change timed alone (:data:`SUB_ROWS`) with its factor from steps 5 and 6 one change at a time (and
-    the time with it) or from step 7's variants. Step 1 is timed
-    end to end on the host, the kernels on the GPU clock: a row is compared with the previous one only when both
-    are on the same clock, and with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
-    head = ["step", "the one change", "clock"]
-    for b, s, t in BOEHM_CASES:
+def boehm_table(results, cases=BOEHM_CASES) -> str:
+    """Markdown, one row per step and one for the entry point: the one change, then per case of ``cases`` (of
+    :data:`BOEHM_CASES`) the time in µs, × the previous step and × the floor (:func:`floor_us`); under a bundled step,
+    a sub-row per change timed alone (:data:`SUB_ROWS`) with its factor, from steps 5 and 6 one change at a time or
+    from step 7's variants. Step 1 is timed end to end on the host (its cells say so), the kernels on the GPU clock:
+    a row is compared with the previous one only when both are on the same clock, and with the floor only on the GPU
+    clock, the floor's own (``–`` otherwise)."""
+    head = ["step", "the one change"]
+    for b, s, t in cases:
         name = f"{b}x{s}" + (", budget" if t != NO_BUDGET else "") + (" (headline)" if (b, s, t) == HEADLINE else "")
         head += [f"{name}: µs", "× previous", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     variants = step07_variants(results.path.parent.name) if results.path is not None else None
     changes = step05_06_changes(results.path.parent.name) if results.path is not None else None
-    floors = [floor_us(results, cfg) for cfg in BOEHM_CASES]
+    changes7 = step07_changes(results.path.parent.name) if results.path is not None else None
+    floors = [floor_us(results, cfg) for cfg in cases]
     floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
-    lines.append("| | floor: the haystacks' bytes, or an empty kernel where larger | GPU | " + " | ".join(floor_cells)
-                 + " |")
-    previous = [None] * len(BOEHM_CASES)  # (µs, clock) of the previous step measured at each case
+    lines.append("| | floor: the haystacks' bytes, or an empty kernel where larger | " + " | ".join(floor_cells) + " |")
+    previous = [None] * len(cases)  # (µs, clock) of the previous step measured at each case
     entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`"), st.series) for st in CHAPTER.steps]
     entries.append(("entry point", "`ngram_match`: step 6 or step 7, by a rule on the batch's shapes", "ngram_match"))
     for number, title, series in entries:
-        clock = clock_of(results, series)
-        cells = [number, title, {"gpu": "GPU", "host_e2e": "host, end to end"}.get(clock, clock_words(clock or "do_bench"))]
-        for i, cfg in enumerate(BOEHM_CASES):
+        cells = [number, title]
+        for i, cfg in enumerate(cases):
             row = grid_row(results, series, cfg)
             if row is None:
                 cells += ["skipped (too slow)" if series == CHAPTER.step(2).series else "–", "–", "–"]
@@ -385,65 +422,41 @@ def boehm_table(results) -> str:
             same_clock = prev is not None and prev[1] == row.get("clock")
             versus = f"{prev[0] / t:.2f}×" if same_clock else "–"
             on_floor_clock = row.get("clock") == "gpu"  # the floor is a GPU-clock time: a host time is not divided by it
-            cells += [us(row["ms"]), versus, f"{t / floors[i]:,.1f}×" if floors[i] and on_floor_clock else "–"]
+            cells += [us(row["ms"]) + ("" if on_floor_clock else " (host, end to end)"), versus,
+                      f"{t / floors[i]:,.1f}×" if floors[i] and on_floor_clock else "–"]
             if series != "ngram_match":
                 previous[i] = (t, row.get("clock"))
         lines.append("| " + " | ".join(cells) + " |")
         if number.isdigit():
-            lines += _sub_rows(int(number), variants, changes)
+            lines += _sub_rows(int(number), variants, changes, cases, changes7)
     return "\n".join(lines)
 
 
-def _sub_rows(step: int, variants, changes) -> list[str]:
+def _sub_rows(step: int, variants, changes, cases=BOEHM_CASES, changes7=None) -> list[str]:
     """The sub-rows of a bundled step (:data:`SUB_ROWS`): per case, the change's factor in the "× previous" column
     (how much faster the kernel is with it than without it): for steps 5 and 6 from the chain that adds their
     changes one at a time (:func:`chain_factor`, with the time of the link that adds it, or ``= step N`` where that
     link is the library's step: one time per kernel on the page), for step 7 from step 7's variants. A factor under
-    1 is a measured loss, and the row says why the change stays (:data:`KEPT_BY_STEP7`, :func:`_kept_loss`)."""
+    1 is a measured loss; the page says in prose why such a change stays."""
     out = []
     for label, change, knobs in SUB_ROWS.get(step, ()):
-        chained = label in CHANGE_CHAIN
-        if chained:
-            factors = [chain_factor(changes, label, cfg) for cfg in BOEHM_CASES]
+        if label == "7a":
+            alone = [alone_7a(changes7, cfg) for cfg in cases]
+            factors = [None if a is None else a[1] for a in alone]
+            times = [None if a is None else us(a[0]) for a in alone]
+        elif label in CHANGE_CHAIN:
+            factors = [chain_factor(changes, label, cfg) for cfg in cases]
             link = CHANGE_CHAIN[label][1]
             times = [None if ms is None else f"= step {CHAIN_STEPS[link]}" if link in CHAIN_STEPS else us(ms)
-                     for ms in (chain_ms(changes, link, cfg) for cfg in BOEHM_CASES)]
+                     for ms in (chain_ms(changes, link, cfg) for cfg in cases)]
         else:
-            factors = [change_factor(variants, knobs, cfg) for cfg in BOEHM_CASES]
-            times = [None] * len(BOEHM_CASES)
-        text = change + ("; not timed on this card" if all(f is None for f in factors) else "")
-        lost = [cfg for cfg, f in zip(BOEHM_CASES, factors) if f is not None and f < 1]
-        if lost and chained:
-            where = "at every case" if len(lost) == len(BOEHM_CASES) else \
-                "at " + ", ".join(_case_name(cfg) for cfg in lost)
-            text += f"; a measured loss {where}, kept: step 7 builds on it ({KEPT_BY_STEP7[label]})"
-        elif lost:
-            text += f"; {_kept_loss(knobs, lost)}"
-        cells = [label, text, "GPU"]
+            factors = [change_factor(variants, knobs, cfg) for cfg in cases]
+            times = [None] * len(cases)
+        cells = [label, change + ("; not timed on this card" if all(f is None for f in factors) else "")]
         for factor, time in zip(factors, times):
             cells += ["–" if time is None else time, "–" if factor is None else f"{factor:.2f}×", "–"]
         out.append("| " + " | ".join(cells) + " |")
     return out
-
-
-def _case_name(cfg: tuple[int, int, int]) -> str:
-    return f"{cfg[0]}x{cfg[1]}" + (" with the budget" if cfg[2] != NO_BUDGET else " without one")
-
-
-def _kept_loss(knobs: dict, lost: list[tuple[int, int, int]]) -> str:
-    """Why a change of step 7 stays where its factor is under 1 at the cases ``lost``: the entry point runs step 6
-    there, or (the budget skip without a budget) there is no slot to refuse; otherwise it pays elsewhere."""
-    from studylog.ngram.kernels import step07_stream, step_for_shape
-
-    reasons = []
-    for cfg in lost:
-        if step_for_shape(cfg[0], cfg[1]) is not step07_stream:
-            reasons.append(f"{_case_name(cfg)}: the entry point runs step 6 there")
-        elif "budget_skip" in knobs and cfg[2] == NO_BUDGET:
-            reasons.append(f"{_case_name(cfg)}: no slot to refuse")
-        else:
-            reasons.append(f"{_case_name(cfg)}: kept for the other cases")
-    return "a measured loss where under 1×, kept (" + "; ".join(reasons) + ")"
 
 
 def step2_excerpt():
