@@ -760,8 +760,12 @@ def _sub_rows_runs(results, steps) -> str:
             days.setdefault(data["date"][:10], []).append(str(step))
     if not days:
         return ""
-    which = "; ".join(f"step{'s' if len(steps_) > 1 else ''} {' and '.join(steps_)} on {day}"
-                      for day, steps_ in sorted(days.items()))
+    named = lambda steps_: f"step{'s' if len(steps_) > 1 else ''} {' and '.join(steps_)}"  # noqa: E731
+    if len(days) == 1:
+        (day, steps_), = days.items()
+        return (f" The lettered rows of {named(steps_)} come from further runs on the same {card(results)} on "
+                f"{day}, each timing every kernel it compares.")
+    which = "; ".join(f"{named(steps_)} on {day}" for day, steps_ in sorted(days.items()))
     return (f" The lettered rows of {which} come from further runs on the same {card(results)}, each timing every "
             "kernel it compares.")
 
