@@ -123,9 +123,9 @@ def test_prose_numbers_on_the_one_clock_series():
     assert numbers["mlh_step02_dv"].endswith("slower")
     assert numbers["mlh_plan_vs_xgr_b1"].endswith("×") and numbers["mlh_host_ratio"].endswith("×")
     # the points where a series of ours loses, each counted once however many rivals beat it there
-    lost, points = mlh.losses(_one_clock().rows), int(numbers["mlh_losses"].split()[0])
-    assert 0 < points <= len(lost)
-    assert points == len(lost) or f"({len(lost)} losses, counting each rival)" in numbers["mlh_losses"]
+    lost, points = mlh.losses(_one_clock().rows), int(numbers["mlh_losses"])
+    assert 0 < points <= len(lost) == lesson.loss_counts(_one_clock())["rows"]
+    assert int(numbers["mlh_losses_step09"]) + int(numbers["mlh_losses_plan"]) == points
 
 
 def test_prose_numbers_on_the_first_run_say_pending_where_it_lacks_a_series():
@@ -214,8 +214,8 @@ def _step_rows(table: str) -> list[str]:
 
 def test_bundled_steps_have_a_sub_row_per_change():
     """Step 5's three changes each have a sub-row right under step 5 with its factor from the ablation (step 4's
-    time over step 4 with that change alone, at step 5's point); a change the ablation finds a loss says so tersely,
-    with why it stays (no to-do); step 7's two ideas each have a sub-row right under step 7."""
+    time over step 4 with that change alone, at step 5's point); a change the ablation finds a loss says so in a few
+    words, with no reason in the cell (the prose gives it once). Step 7 is one row: its ablation is a note."""
     results = plotting.load_results("masked_lm_head")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
     labels = [r[0] for r in rows]
@@ -225,32 +225,71 @@ def test_bundled_steps_have_a_sub_row_per_change():
         at = lesson.STEP_CASES[5][0]["allowed"]
         for row, knob in zip(rows[labels.index("5a"):], lesson.STEP05_KNOBS):
             assert row[5] == f"{1 / effects[knob][at]:.2f}×", row
-            assert ("a loss, kept**: " in row[1]) == (knob in lesson.step05_kept_losses()), row
-            assert "again" not in row[1] and "Removing" not in row[1], row
-    assert labels[labels.index("7") + 1:labels.index("7") + 3] == ["7a", "7b"]
+            assert ("a small loss" in row[1]) == (knob in lesson.step05_kept_losses()), row
+            assert "kept" not in row[1] and "timed" not in row[1] and "again" not in row[1], row
+    assert labels[labels.index("7") + 1] == "8"
+    assert "tl.dot" in rows[labels.index("7")][1]
     assert not any("not timed alone" in c for r in rows for c in r)
 
 
-def test_step_7_sub_rows_read_the_run_that_times_its_ideas_apart():
-    """7a is step 7's kernel without tl.dot, against step 5 once per sequence; 7b is step 7, against 7a: each sub-row's
-    time and factor (the reference's time over its own) come from the lab file's rows at the table's step-7 case, and
-    7a, slower than its reference, is labelled a measured loss with the reason it stays."""
+def test_step_7s_ablation_reads_the_run_that_times_tl_dot_apart():
+    """The note under step 7 reads one lab run: step 7's kernel with and without tl.dot, and step 5 once per
+    sequence, at each count per sequence of one batch."""
     data = load_lab("masked_lm_head", "step07_changes")
-    case = lesson.STEP_CASES[7][0]
-    rows = {(r["series"], r["params"].get("dot")): r for r in data["measurements"]
-            if r["params"]["batch"] == case["batch"] and r["params"]["allowed"] == case["allowed"]}
-    union, step7, per_sequence = (rows[("step07_changes", False)]["ms"], rows[("step07_changes", True)]["ms"],
-                                  rows[("step05_per_sequence", None)]["ms"])
-    table = [[c.strip() for c in r.split("|")[1:-1]]
-             for r in lesson.boehm_table(plotting.load_results("masked_lm_head")).splitlines()[2:]]
-    sub = {r[0]: r for r in table if r[0] in ("7a", "7b")}
-    # 7b's kernel is step 7's, timed beside 7a: its cell says so, beside the step's own (benchmark) row
-    assert (sub["7a"][3], sub["7b"][3]) == (us(union), f"{us(step7)} (step 7, timed beside 7a)")
-    assert sub["7a"][5] == f"{per_sequence / union:.2f}×" and sub["7b"][5] == f"{union / step7:.2f}×"
-    assert sub["7a"][4].startswith("step 5 once per sequence") and sub["7b"][4] == "7a"
-    assert sub["7a"][2] == sub["7b"][2] == f"batch {case['batch']}, {case['allowed']:,} random per sequence"
-    assert (per_sequence < union) == ("a loss, kept**: " in sub["7a"][1])
-    assert "tiles" in sub["7a"][1]  # 7a runs at step 7's tiles, chosen for tl.dot
+    parts = lesson.step07_changes()
+    names = {"step05_per_sequence": "per sequence", "index_select": "index_select"}
+    read = [r for r in data["measurements"] if r["series"] in names or r["series"] == "step07_changes"]
+    assert {r["params"]["batch"] for r in read} == {parts["batch"]}
+    for r in read:
+        name = names.get(r["series"]) or ("step 7" if r["params"]["dot"] else "union")
+        assert parts["ms"][r["params"]["allowed"]][name] == r["ms"]
+
+
+def test_step_0_is_compared_with_dense_plus_masks_fast_cluster():
+    """Dense + mask's batch-1 repetitions fall in two clusters in the committed run; step 0's reference is the
+    fastest repetition at its point, the cell says so, and the ratio is that time over step 0's."""
+    results = plotting.load_results("masked_lm_head")
+    two = lesson.dense_clusters(results)
+    if two is None:
+        pytest.skip("one cluster in this run")
+    assert two["fast_ms"] < two["slow_ms"] and 0 < len(two["slow"]) < two["points"]
+    params = lesson.STEP_CASES[0][0]
+    dense = results.select("dense_mask", **params)[0]
+    step0 = [r for r in results.select("step00", **params) if r["params"].get("layout", "vd") == "vd"][0]
+    row = [[c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(lesson.boehm_table(results))][0]
+    assert "fastest of three repetitions" in row[4]
+    assert row[5] == f"{dense['spread_ms'][0] / step0['ms']:.2f}×"
+
+
+def test_dense_clusters_need_a_gap():
+    def run(times):
+        return Results(None, {"device": {"name": "card"}, "date": "2026-01-01", "measurements": [
+            {"series": "dense_mask", "ms": sorted(t)[1], "spread_ms": sorted(t), "clock": "gpu",
+             "params": {"batch": 1, "kind": "random", "allowed": n}} for n, t in enumerate(times, 1)]})
+
+    assert lesson.dense_clusters(run([(1.0, 1.01, 1.02), (1.0, 1.0, 1.03)])) is None
+    two = lesson.dense_clusters(run([(1.0, 1.2, 1.21), (1.0, 1.01, 1.2), (1.0, 1.0, 1.0)]))
+    assert two["slow"] == [("random", 1)] and two["points"] == 3
+    assert two["fast_ms"] == 1.0 and two["slow_ms"] == pytest.approx(1.2, abs=0.011)
+
+
+def test_filling_firsts_cost_reads_the_ablation_and_step_9s_path():
+    results = plotting.load_results("masked_lm_head")
+    cost = lesson.fill_first_cost(results)
+    if cost is None:
+        pytest.skip("filling first is not a loss in this run")
+    assert set(cost) == set(lesson.step05_kept_losses()["fill_first"])
+    for n, c in cost.items():
+        assert c["cost"] > 1 and c["extra_us"] > 0
+        row = results.select("step09", batch=1, kind="random", allowed=n, layout="vd")
+        assert c["path"] == (row[0].get("path") if row else None)
+
+
+def test_the_capped_key_names_the_cap():
+    assert lesson.capped_key(None) is None
+    assert lesson.capped_key({"capped_union": None, "max_copies": 65}) is None
+    assert lesson.capped_key({"capped_union": 1, "max_copies": 65}).startswith(f"{lesson.CAPPED} A union of one row")
+    assert "at most 1,200 rows" in lesson.capped_key({"capped_union": 1200, "max_copies": 65})
 
 
 def test_the_floors_parts_add_up_as_printed():
@@ -272,12 +311,6 @@ def test_step_9s_worst_point_is_given_against_dense_and_against_every_rival():
               if "step09" in r.split("|")[5]]
     assert numbers["mlh_dispatch_worst_any"].startswith(f"{max(ratios):.2f}× the time of ")
     assert "dense" not in numbers["mlh_dispatch_worst"]  # the page names the rival in the sentence
-
-
-def test_step_7_sub_rows_take_the_nearest_count_and_have_no_numbers_without_the_run():
-    near = lesson.step07_rows(50)
-    assert [r[2] for r in near] == [10, 10]
-    assert [r[3:] for r in lesson.step07_rows(100, None)] == [("–", "–", "–")] * 2
 
 
 def test_a_step_ratio_in_the_prose_is_the_tables():
@@ -391,22 +424,6 @@ def test_the_committed_kept_losses_read_as_the_table_prints_them():
         without = cells[f"step 5 - {knob.replace('_', ' ')}"]
         assert all(w < s5 for w, s5 in zip(without, cells["step 5"]))
         assert list(ratios.values()) == pytest.approx([s5 / w for w, s5 in zip(without, cells["step 5"])], abs=0.01)
-
-
-def test_other_card_says_which_run_replayed_one_head():
-    from studylog.plotting import load_results, result_files
-
-    gpus = [f.parent.name for f in result_files("masked_lm_head")]
-    if len(gpus) < 2:
-        pytest.skip("one card")
-    for gpu in gpus:
-        here = load_results("masked_lm_head", gpu=gpu)
-        other = lesson.other_card(here)
-        if other is None:
-            continue
-        theirs = next(g for g in gpus if g != gpu)
-        assert other["one_copy_here"] == (lesson.rotation(here) is None)
-        assert other["one_copy_other"] == (lesson.rotation(load_results("masked_lm_head", gpu=theirs)) is None)
 
 
 # --------------------------------------------------------------------------------------

@@ -25,12 +25,11 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
-           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table", "other_card",
+           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table",
            "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation", "CAPPED", "capped",
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table", "step05_kept_losses",
-           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step05_rows", "STEP07_IDEAS",
-           "STEP07_REFERENCES", "step07_changes", "step07_rows",
-           "STEP05_CHANGES_TEXT", "RIVAL_WORDS"]
+           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step05_rows", "step07_changes",
+           "STEP05_CHANGES_TEXT", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "fill_first_cost"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -141,6 +140,8 @@ def prose_numbers(results) -> dict[str, Any]:
     # step 0: the tutorial's matmul reads the whole weight, like cuBLAS
     n["mlh_step00_1000"] = _us(_b1(results, s[0], 1000))
     n["mlh_step00_vs_read"] = _x(_ratio(_b1(results, s[0], 1000), byte_floor_ms(results, 1, VOCAB)))
+    n["mlh_dense_floor_b1"] = _us(byte_floor_ms(results, 1, VOCAB))  # a dense head's floor: every row read
+    n["mlh_step00_vs_floor"] = _x(_ratio(_b1(results, s[0], 1000), _floor(results, 1, "random", 1000)), 0)
     # step 1: block skipping keeps the active blocks' share of the time
     for c in (1000, 10_000):
         n[f"mlh_step01_share_{c}"] = f"{_ratio(_b1(results, s[1], c), _b1(results, s[0], c)):.2f}" \
@@ -245,10 +246,11 @@ def prose_numbers(results) -> dict[str, Any]:
     else:
         n["mlh_plan_vs_xgr_worst"] = PENDING
     # where we lose
-    lost = _losses(results)
-    points = {(r["mine"]["series"], tuple(sorted(r["params"].items()))) for r in lost}  # a point may lose to several
-    n["mlh_losses"] = (f"{len(points)}" + (f" ({len(lost)} losses, counting each rival)" if len(lost) > len(points) else "")
-                       if results.select(PLAN) or lost else PENDING)
+    counts = loss_counts(results)
+    have = results.select(PLAN) or counts["rows"]
+    n["mlh_losses"] = f"{counts['points']}" if have else PENDING
+    n["mlh_losses_step09"] = f"{counts['by_series'].get(s[9], 0)}" if have else PENDING
+    n["mlh_losses_plan"] = f"{counts['by_series'].get(PLAN, 0)}" if have else PENDING
     for batch in (64, 256):
         n[f"mlh_output_b{batch}"] = _us(byte_floor_ms(results, batch, 0))
     return n
@@ -321,6 +323,17 @@ def capped(row: dict | None) -> str:
     return CAPPED if row is not None and row.get("rotation_capped") else ""
 
 
+def capped_key(rot: dict[str, Any] | None) -> str | None:
+    """The key to :data:`CAPPED`, said under each table that uses it: which unions were capped and why their rows
+    may come from L2, from a run's :func:`rotation` (or :func:`lab_rotation`); None where the run marks no row."""
+    if rot is None or rot["capped_union"] is None:
+        return None
+    n = rot["capped_union"]
+    union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
+    return (f"{CAPPED} {union}: the {rot['max_copies']} copies of the head that memory holds read less than four "
+            "times L2 together, so part of what it reads may come from L2.")
+
+
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
 #: one token to every token, a real grammar's mask, and one point per larger batch up to where the paths meet.
 PRACTITIONER_POINTS = ((1, "random", 1), (1, "random", 1000), (1, "random", 10_000), (1, "random", VOCAB),
@@ -382,6 +395,22 @@ def _losses(results) -> list[dict]:
             if other is not None and other["ms"] < r["ms"]:
                 out.append({"mine": r, "rival": other, "params": p})
     return out
+
+
+def loss_counts(results) -> dict[str, Any]:
+    """How :func:`_losses` counts: ``rows`` (one per rival faster than ours at a point), ``points`` (each point of
+    a series of ours counted once, however many rivals beat it there), ``by_series`` (points per series) and
+    ``min_batch`` (the smallest batch with a loss; None where there is none) and ``clean_batches`` (the batches
+    measured below it, where nothing of ours loses)."""
+    lost = _losses(results)
+    points = {(q["mine"]["series"], tuple(sorted(q["params"].items()))) for q in lost}
+    by_series: dict[str, int] = {}
+    for series, _ in points:
+        by_series[series] = by_series.get(series, 0) + 1
+    low = min((q["params"]["batch"] for q in lost), default=None)
+    measured = {r["params"]["batch"] for r in results.select(_s(9)) + results.select(PLAN)}
+    return {"rows": len(lost), "points": len(points), "by_series": by_series, "min_batch": low,
+            "clean_batches": sorted(b for b in measured if low is None or b < low)}
 
 
 def losses_table(results) -> str:
@@ -486,51 +515,19 @@ def _case(p: dict) -> str:
 
 
 #: The table of steps' words for a step whose title alone would mislead there: step 3 follows step 2 measured on
-#: the same layout, so its row says what it tried and that it did not pay.
+#: the same layout, so its row says what it tried and that it did not pay; step 7's names both halves of its one
+#: idea (the union pays only multiplied on the tensor cores: its ablation is the page's note, not a row).
 BOEHM_CHANGES = {3: "step 2 rewritten for [V, D] (row tiles, a transposed dot): no gain, since step 2 on [V, D] "
-                    "already skips whole rows; a change that did not pay"}
-
-
-def other_card(results, at=(("batch", 1), ("kind", "random"), ("allowed", 1000))) -> dict | None:
-    """The whole step from the bitmask against xgrammar's path on the other card that has a committed run (batch 1,
-    1,000 random by default) beside this run's: both ratios, both sides' times (µs), how much faster
-    xgrammar's path and the copy bandwidth are here, and whether each run replayed one copy of the head
-    (``one_copy_other``, ``one_copy_here``: :func:`rotation` is None); None where no other card has a run."""
-    from studylog.masked_lm_head.report import PLAN, XGRAMMAR
-    from studylog.plotting import load_results, result_files
-
-    params = dict(at)
-    others = [f.parent.name for f in result_files("masked_lm_head")
-              if load_results("masked_lm_head", gpu=f.parent.name).gpu != results.gpu]
-    if not others:
-        return None
-    other = load_results("masked_lm_head", gpu=others[0])
-    times = {}
-    for name, res in (("here", results), ("other", other)):
-        xgr, plan = res.ms(XGRAMMAR, **params), res.ms(PLAN, **params)
-        if xgr is None or plan is None:
-            return None
-        times[name] = (xgr * 1e3, plan * 1e3, res.data["ceilings"]["copy_bandwidth_gbs"])
-    (xh, ph, bh), (xo, po, bo) = times["here"], times["other"]
-    return {"gpu": other.gpu.replace("NVIDIA ", "").split()[0], "ratio": xo / po, "here_ratio": xh / ph,
-            "xgr_here": xh, "xgr_other": xo, "plan_here": ph, "plan_other": po, "xgr_gain": xo / xh,
-            "bw_gain": bh / bo, "one_copy_here": rotation(results) is None,
-            "one_copy_other": rotation(other) is None}
-
-
-#: Step 7's two ideas in the words of the table of steps.
-STEP07_IDEAS = {"7a": "the union of the batch's allowed sets: each block of allowed rows read once for every "
-                      "sequence, then reduced against each sequence in turn (no `tl.dot`, at step 7's tiles)",
-                "7b": "`tl.dot`: one tile of union rows multiplied with the batch's hidden states on the tensor cores"}
-#: The reference each idea is measured against in :func:`step07_rows`.
-STEP07_REFERENCES = {"7a": "step 5 once per sequence, on its own rows (no union)", "7b": "7a"}
+                    "already skips whole rows; a change that did not pay",
+                 7: "the union of the batch's allowed sets, each block of its rows read once and multiplied with "
+                    "every sequence's hidden state on the tensor cores (`tl.dot`)"}
 
 
 def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
-    """Step 7's two ideas timed apart (``lab/masked_lm_head/step07_changes.py``): ``batch`` and, per allowed count
-    per sequence, ``ms`` of ``union`` (7a alone: step 7's kernel with ``dot`` off), ``step 7`` (7a and 7b: ``dot``
-    on), ``per sequence`` (step 5 launched once per sequence on its own set: no union) and ``index_select``, all
-    from one run. None where the run is not committed."""
+    """Step 7's ablation (``lab/masked_lm_head/step07_changes.py``), the page's note under step 7: ``batch`` and, per
+    allowed count per sequence, ``ms`` of ``union`` (step 7's kernel with ``dot`` off: the union without
+    ``tl.dot``), ``step 7`` (``dot`` on), ``per sequence`` (step 5 launched once per sequence on its own set: no
+    union) and ``index_select``, all from one run. None where the run is not committed."""
     data = lab_or_none("masked_lm_head", "step07_changes", gpu)
     if data is None:
         return None
@@ -552,37 +549,11 @@ def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
     return {"batch": batches.pop(), "ms": ms}
 
 
-def step07_rows(point: int = 100, gpu: str | None = "nvidia-h200") -> list[tuple[str, str, int | None, str, str, str]]:
-    """Step 7's two ideas as sub-rows of the table of steps: (label, the idea, the allowed count per sequence it was
-    timed at, its time in µs, its reference, its factor: the reference's time over its own, from
-    :func:`step07_changes`). They are timed at ``point``, or at the file's count nearest it where the file lacks
-    ``point``. 7a, the union alone, is measured against step 5 launched once per sequence, and 7b against 7a; 7a is
-    labelled a loss where it is slower than its reference, with the reason it stays (7b multiplies the union's rows).
-    7b's time is step 7's kernel timed beside 7a, and its cell says so. Without the run for ``gpu`` (or with no
-    ``gpu``), the ideas with no numbers."""
-    data = step07_changes(gpu) if gpu else None
-    if data is None:
-        return [(label, text, None, "–", "–", "–") for label, text in STEP07_IDEAS.items()]
-    at = min(data["ms"], key=lambda n: (abs(n - point), n))
-    t = data["ms"][at]
-    times = {"7a": (t["union"], t["per sequence"]), "7b": (t["step 7"], t["union"])}
-    out = []
-    for label, text in STEP07_IDEAS.items():
-        mine, reference = times[label]
-        if label == "7a" and mine > reference:
-            text += "; **a loss, kept**: 7b needs the union's rows"
-        # 7a with 7b is step 7's kernel, timed here beside 7a: the cell says so, since the step's own row has its
-        # time from the benchmark
-        time = us(mine) if label == "7a" else f"{us(mine)} (step 7, timed beside 7a)"
-        out.append((label, text, at, time, STEP07_REFERENCES[label], f"{reference / mine:.2f}×"))
-    return out
-
-
 def step05_rows(point: int = 1000, gpu: str = "nvidia-h200") -> list[tuple[str, str, str]]:
     """Step 5's three changes as sub-rows of the table of steps: (label, the change, its factor at ``point`` allowed
     tokens: step 4's time over step 4 with that change alone, from :func:`step05_effects`). A change that
-    :func:`step05_kept_losses` finds is labelled a loss, with why it stays. Empty where the ablation is not committed
-    for ``gpu``."""
+    :func:`step05_kept_losses` finds is labelled a small loss; why it stays is said once, in step 5's prose. Empty
+    where the ablation is not committed for ``gpu``."""
     eff = step05_effects(gpu)
     if eff is None:
         return []
@@ -591,7 +562,7 @@ def step05_rows(point: int = 1000, gpu: str = "nvidia-h200") -> list[tuple[str, 
     for label, knob in zip("abc", STEP05_KNOBS):
         text = STEP05_CHANGES_TEXT[knob]
         if knob in losses:
-            text += "; **a loss, kept**: step 9 and the whole step run step 5's kernel, timed with it"
+            text += ": a small loss (under step 5)"
         out.append((f"5{label}", text, f"{1 / eff[knob][point]:.2f}×"))
     return out
 
@@ -605,25 +576,30 @@ STEP05_CHANGES_TEXT = {"one_wait": "one wait per row: the whole row loaded as on
 def boehm_table(results) -> str:
     """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the reference it is
     measured against at the same point (the step it changes, or a torch baseline) and its speedup over that
-    reference, the floor at that point (:func:`floor_ms`, which of its two parts binds) and the time over it. A
-    time whose rotation was capped carries :data:`CAPPED`. Under step 5, one sub-row per change with its factor from
-    the ablation (:func:`step05_rows`); under step 7, one per idea with its time and factor from the run that times
-    them apart (:func:`step07_rows`)."""
+    reference, the floor of the masked call at that point (:func:`floor_ms`, which of its two parts binds) and the
+    time over it: one floor a row (a dense head's floor, for step 0, is the prose's). A time whose rotation was
+    capped carries :data:`CAPPED`. Under step 5, one sub-row per change with its factor from the ablation
+    (:func:`step05_rows`). Where dense + mask's repetitions fall in two clusters (:func:`dense_clusters`), a step
+    measured against it at batch 1 is compared with that point's fastest repetition, and the reference cell says
+    so."""
     lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
-             "floor: the bytes, or an empty kernel where larger (µs) | × floor |",
+             "floor of the masked call: its bytes, or an empty kernel where larger (µs) | × floor |",
              "|---|---|---|---|---|---|---|---|"]
     card = results.path.parent.name if results.path is not None else None
-    subrows = {5: [(label, text, "–", "step 4, in step 5's ablation", factor)
-                   for label, text, factor in (step05_rows(STEP_CASES[5][0]["allowed"], card) if card else [])],
-               7: [(label, text, ms, ref, factor, at)
-                   for label, text, at, ms, ref, factor in step07_rows(STEP_CASES[7][0]["allowed"], card)]}
+    subrows = {5: [(label, text, factor)
+                   for label, text, factor in (step05_rows(STEP_CASES[5][0]["allowed"], card) if card else [])]}
+    two_clusters = dense_clusters(results) is not None
     for step in CHAPTER.steps:
         params, prev = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
         if row is None:
             continue
-        before = _ms(results, prev if isinstance(prev, str) else _s(prev), **params)
         name = CHAPTER.label(prev) if isinstance(prev, str) else f"step {prev}"
+        reference = _row(results, prev if isinstance(prev, str) else _s(prev), **params)
+        before = None if reference is None else reference["ms"]
+        if prev == "dense_mask" and params["batch"] == 1 and two_clusters and reference.get("spread_ms"):
+            before = reference["spread_ms"][0]  # the fast cluster: the median may sit in the slow one
+            name += ", its fastest of three repetitions (the fast cluster)"
         vs = f"{before / row['ms']:.2f}×" if before else "–"
         union = row.get("union", params["allowed"])
         floor = floor_ms(results, params["batch"], union)
@@ -631,10 +607,34 @@ def boehm_table(results) -> str:
         lines.append(f"| {step.number} | {BOEHM_CHANGES.get(step.number, step.title)} | {_case(params)} | "
                      f"{us(row['ms'])}{capped(row)} | {name} | {vs} | {floor * 1e3:.2f} ({binds}) | "
                      f"{row['ms'] / floor:.1f}× |")
-        for label, text, ms, ref, factor, *at in subrows.get(step.number, ()):
-            case = params if not at or at[0] is None else {**params, "allowed": at[0]}
-            lines.append(f"| {label} | {text} | {_case(case)} | {ms} | {ref} | {factor} | – | – |")
+        for label, text, factor in subrows.get(step.number, ()):
+            lines.append(f"| {label} | {text} | {_case(params)} | – | step 4, in step 5's ablation | {factor} "
+                         "| – | – |")
     return "\n".join(lines)
+
+
+def dense_clusters(results, batch: int = 1, gap: float = 0.05) -> dict[str, Any] | None:
+    """Dense + mask's repetitions at ``batch``, where they fall in two clusters. At batch 1 every count does the
+    same work (the whole head read, the whole row written), so its repetitions (each row's fastest, median and
+    slowest of three) are pooled and split at their largest gap. None where that gap is under ``gap`` of the
+    fastest time (one cluster) or the rows have no spread. Otherwise each cluster's median time (ms), cuBLAS with
+    fp32 output's median over the same points (the same read, with twice the output bytes), and the points
+    (kind, allowed) whose median repetition lands in the slow cluster, of ``points`` in all."""
+    rows = [r for r in results.select("dense_mask", batch=batch) if r.get("spread_ms")]
+    times = sorted(t for r in rows for t in r["spread_ms"])
+    if len(times) < 2:
+        return None
+    width, cut = max((b - a, (a + b) / 2) for a, b in zip(times, times[1:]))
+    if width < gap * times[0]:
+        return None
+
+    def median(xs):
+        return sorted(xs)[len(xs) // 2]
+
+    fp32 = [r["ms"] for r in results.select("cublas_fp32_mask", batch=batch) if r["params"].get("layout", "vd") == "vd"]
+    return {"fast_ms": median([t for t in times if t < cut]), "slow_ms": median([t for t in times if t > cut]),
+            "fp32_ms": median(fp32) if fp32 else None, "points": len(rows),
+            "slow": sorted((r["params"]["kind"], r["params"]["allowed"]) for r in rows if r["ms"] > cut)}
 
 
 # --------------------------------------------------------------------------------------
@@ -945,6 +945,27 @@ def step05_kept_losses(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]]:
         pairs = [(kept[("step 5", n)], kept[(f"step 5 - {knob}", n)]) for n in counts]
         if pairs and all(without["spread_ms"][2] < with_["spread_ms"][0] for with_, without in pairs):
             out[knob] = {n: with_["ms"] / without["ms"] for n, (with_, without) in zip(counts, pairs)}
+    return out
+
+
+def fill_first_cost(results, gpu: str = "nvidia-h200") -> dict[str, Any] | None:
+    """What filling first costs where :func:`step05_kept_losses` finds it a loss: per allowed count, ``cost`` (step
+    5's time over its time without it, from the ablation), ``extra_us`` (the µs it adds there), ``path`` (the path
+    step 9 takes at batch 1 on random masks at that count, in ``results``: ``stream`` runs step 5's kernel,
+    ``few_ids`` step 6's) and ``plan_us`` (the whole step from the bitmask there, which runs step 5's kernel at
+    every count). None where it is not a loss or the ablation is not committed."""
+    cost = step05_kept_losses(gpu).get("fill_first")
+    if not cost:
+        return None
+    at = {(r["params"]["variant"], r["params"]["allowed"]): r["ms"] for r in _lab_rows(gpu) or ()
+          if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
+    out = {}
+    for n, ratio in cost.items():
+        step9 = _row(results, _s(9), batch=1, kind="random", allowed=n)
+        plan = _ms(results, PLAN, batch=1, kind="random", allowed=n)
+        out[n] = {"cost": ratio, "extra_us": (at[("step 5", n)] - at[("step 5 - fill_first", n)]) * 1e3,
+                  "path": None if step9 is None else step9.get("path"),
+                  "plan_us": None if plan is None else plan * 1e3}
     return out
 
 
