@@ -148,21 +148,89 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
     return text
 
 
-def ctc_grid(card: Path) -> tuple[tuple[float, str], tuple[float, str]] | None:
-    """Chapter 4's smallest and largest speedup over torch's faster call on one card, over every alphabet and batch
-    its file times (the final entry point where the file times it, else step 10; GPU clock), each with its case in
-    words; None where the file has no such pair."""
+def ctc_series(data: dict[str, Any], params: dict[str, Any]) -> str:
+    """The series that times chapter 4's final code at one case of ``data``: the entry point (``ctc_loss``) where the
+    file times it, else the step the entry point's rule (:func:`studylog.ctc.fused.final_step`) picks for the case,
+    timed directly, so that every card's grid times the same kernel at the same case."""
+    if rows(data, "ctc_loss"):
+        return "ctc_loss"
+    from studylog.ctc.fused import final_step
+
+    return f"step{final_step(params['T'], params['N'], params['A']):02d}"
+
+
+def ctc_cases(card: Path) -> list[dict[str, Any]]:
+    """Chapter 4's grid on one card, one dict per case its file times on the GPU clock against torch's faster call:
+    ``ratio`` (torch's time over ours), ``case`` in words, our row (``ours``: ``ms``, ``host_ms``) and its series;
+    empty where the card has no file."""
     data = load(card, "ctc")
     if data is None:
-        return None
-    series = "ctc_loss" if rows(data, "ctc_loss") else "step10"
-    grid = []
-    for ours in rows(data, series):
-        rival = [r for r in rows(data, "torch-best", **ours["params"]) if r["clock"] == ours["clock"] == "gpu"]
-        if len(rival) == 1:
-            p = ours["params"]
-            grid.append((rival[0]["ms"] / ours["ms"], f"A = {p['A']:,}, N = {p['N']}"))
+        return []
+    out = []
+    for rival in rows(data, "torch-best"):
+        if rival["clock"] != "gpu":
+            continue
+        p = rival["params"]
+        series = ctc_series(data, p)
+        ours = [r for r in rows(data, series, **p) if r["clock"] == "gpu"]
+        if len(ours) == 1:
+            out.append({"ratio": rival["ms"] / ours[0]["ms"], "case": f"A = {p['A']:,}, N = {p['N']}",
+                        "ours": ours[0], "series": series})
+    return out
+
+
+def ctc_grid(card: Path) -> tuple[tuple[float, str], tuple[float, str]] | None:
+    """Chapter 4's smallest and largest speedup over torch's faster call on one card, over every alphabet and batch
+    its file times (:func:`ctc_cases`: the entry point, or the step it picks at each case; GPU clock), each with its
+    case in words; None where the file has no such pair."""
+    grid = [(c["ratio"], c["case"]) for c in ctc_cases(card)]
     return (min(grid), max(grid)) if grid else None
+
+
+def ctc_which(card: Path) -> str:
+    """What chapter 4's grid on ``card`` times, in words: the entry point, or the steps it would pick."""
+    cases = ctc_cases(card)
+    if any(c["series"] == "ctc_loss" for c in cases):
+        return "the entry point"
+    steps = sorted({int(c["series"][4:]) for c in cases})
+    return ("at each case the step the entry point picks there (" + " or ".join(f"step {n}" for n in steps)
+            + "), timed directly")
+
+
+def ctc_host_bound(card: Path) -> tuple[int, int]:
+    """How many of chapter 4's grid cases on ``card`` take longer on the host per call than on the GPU, of how
+    many: there the graph-replayed ratio does not hold for calls made one at a time."""
+    cases = [c for c in ctc_cases(card) if c["ours"].get("host_ms") is not None]
+    return sum(1 for c in cases if c["ours"]["host_ms"] > c["ours"]["ms"]), len(cases)
+
+
+def ctc_other_cards_words(root: Path, card: Path) -> str:
+    """The clause chapter 4's landing line adds for the other cards whose headline call is host-bound when called
+    eagerly (its host time per call above its GPU time at the headline case), with both times; empty where none."""
+    said = []
+    for other in cards(root):
+        if other == card:
+            continue
+        data = load(other, "ctc")
+        ours = [r for r in rows(data, ctc_series(data, CTC_CASE), **CTC_CASE) if r["clock"] == "gpu"] if data else []
+        if len(ours) == 1 and ours[0].get("host_ms") is not None and ours[0]["host_ms"] > ours[0]["ms"]:
+            said.append(f"on the {_short(card_name(other))} at A = {CTC_CASE['A']:,}, N = {CTC_CASE['N']} "
+                        f"({us(ours[0]['host_ms'])} µs host, {us(ours[0]['ms'])} µs GPU)")
+    return f", and {' and '.join(said)}" if said else ""
+
+
+def bitnet_eager_words(card: Path) -> str:
+    """The clause chapter 5's landing line adds where BitNet's own call costs less host time than ours at every one
+    of its shapes on ``card``: the ratio holds under CUDA-graph replay only; called eagerly, BitNet's kernel is
+    faster. Empty where the card's run does not show that."""
+    pairs = bitnet_rows(card)
+    peer = [p["host_ms"] for _, _, _, p in pairs if p.get("host_ms") is not None]
+    ours = [o["host_ms"] for _, _, o, _ in pairs if o.get("host_ms") is not None]
+    if not pairs or len(peer) < len(pairs) or not ours or max(peer) >= min(ours):
+        return ""
+    span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
+    return (f"; called eagerly, one call at a time, BitNet's is faster (host time per call {span(peer)} µs "
+            f"against our {span(ours)} µs)")
 
 
 def decode_bound(card: Path) -> float | None:
@@ -212,6 +280,9 @@ def _step_of(label: str) -> str:
 
 #: Where a cell's number is void (not measured, or not comparable), the cell shows this and a note says why.
 VOID = "–"
+#: The cell of a card whose run is not comparable with the other card's: its number is in the page's one fold for
+#: that run (:func:`summary_markdown`), not in the table.
+EARLIER_CELL = "– (an earlier run, another setup: below the table)"
 
 
 def part_one_answer(card: Path) -> dict[str, Any] | None:
@@ -254,7 +325,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     suite = fsm_suite()
     out = []
     for entry in ENTRIES:
-        cells, ratios, brief, notes, comparable = {}, {}, {}, {}, {}
+        cells, ratios, brief, notes, comparable, earlier = {}, {}, {}, {}, {}, {}
         leads = {}
         for card in cards(root):
             name = _short(card_name(card))
@@ -303,9 +374,11 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if entry.number == 2:  # the strongest rival of the kernel alone, beside the whole step's
                 alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
-                if alone is not None:
+                if alone is not None:  # the like-for-like ratio leads the landing page's line
                     cells[name] += f"; kernel alone {alone['vs_rival']:.2f}× a gather + matmul"
-                    brief[name] += f" ({alone['vs_rival']:.2f}× a gather + matmul, kernel alone)"
+                    brief[name] = (f"{alone['vs_rival']:.2f}× a gather + matmul, kernel alone (like for like); the "
+                                   f"whole step {row['vs_rival']:.2f}× {entry.rival_short}, which computes every "
+                                   "logit")
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
                 llama = next((b for b in board if b["number"] == 5 and _short(b["card"]) == name
@@ -324,10 +397,10 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     ratios[name] = lo
                     cells[name] = f"**{lo:.2f}–{hi:.2f}×** BitNet's W2A8 kernel, at its {shapes} shapes"
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's own W2A8 kernel (2-bit weights, 8-bit activations; "
-                                   f"its {shapes} decode shapes, one row of x)")
-                    notes[name].append(f"{name}: against BitNet's own W2A8 kernel (checked against float64) at the "
-                                       f"{shapes} shapes it is built for, one row of x: {lo:.2f}× to {hi:.2f}×"
-                                       + (f", from {row['run_label']}" if row.get("run_label") else ""))
+                                   f"its {shapes} decode shapes, one row of x) under CUDA-graph replay"
+                                   + bitnet_eager_words(card))
+                    if row.get("run_label"):  # the range is the cell's; where its rows come from is not
+                        notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
                     if at:
                         notes[name].append(f"{name}: {at}")
                 else:
@@ -341,10 +414,13 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if grid is not None:
                     (lo, lo_at), (hi, hi_at) = grid
                     cells[name] += f"; {lo:.2f}–{hi:.2f}× over the grid"
-                    notes[name].append(f"{name}: over the chapter's grid of alphabets and batches, {lo:.2f}× "
-                                       f"({lo_at}) to {hi:.2f}× ({hi_at})")
+                    notes[name].append(f"{name}: over the chapter's grid of alphabets and batches "
+                                       f"({ctc_which(card)}), {lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at})")
+                    slow, of = ctc_host_bound(card)
                     brief[name] = (f"{lo:.2f}× to {hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at A = {CTC_CASE['A']:,}, "
-                                   f"N = {CTC_CASE['N']})")
+                                   f"N = {CTC_CASE['N']}); graph-replayed: called eagerly, host-bound"
+                                   + (f" at {slow} of the {of} cases" if slow else "")
+                                   + ctc_other_cards_words(root, card))
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 bound = decode_bound(card)
                 if bound is not None:
@@ -352,9 +428,10 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} (forecast {bound:.2f}×)"
             if row.get("unpadded_head"):  # chapter 7's H100 run: its dense baseline is slowed, the ratio inflated
                 ratios[name], comparable[name] = None, False
-                cells[name] = VOID
-                notes[name] = [f"{name}: {row['vs_rival']:.2f}×, not comparable: this card's run used a head not "
-                               "padded as real models ship it, which slows the dense baseline"]
+                cells[name] = EARLIER_CELL
+                notes[name] = []
+                earlier[name] = (f"{row['vs_rival']:.2f}× ({us(ours)} against {us(theirs)} µs, medians): its run "
+                                 "used a head not padded as real models ship it, which slows the dense baseline")
                 brief[name] = "not comparable (unpadded head)"
         if entry.bench is not None:  # runs that replayed one copy beside runs that rotated: said once, in a note
             one_copy = {_short(card_name(c)): (c, replayed_one_copy(c, entry.bench)) for c in cards(root)}
@@ -368,9 +445,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if "this line's included" in words:  # the headline itself is not comparable: no ratio in its cell
                     comparable[once], ratios[once] = False, None
                     r = leads[once]
-                    notes[once] = [f"{once}: {r['vs_rival']:.2f}× ({us(r['median_ms'])} against "
-                                   f"{us(r['rival_ms'])} µs){words}"]
-                    cells[once] = VOID
+                    notes[once] = []
+                    earlier[once] = f"{r['vs_rival']:.2f}× ({us(r['median_ms'])} against {us(r['rival_ms'])} µs){words}"
+                    cells[once] = EARLIER_CELL
                     brief[once] = "not comparable (its run kept one copy of the head)"
                 else:
                     notes[once].append(f"{once}{words.lstrip(';')}")
@@ -380,34 +457,156 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             differs = "the cards time different steps: " + "; ".join(f"the {n} {k}" for n, k in steps.items())
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
                     "question": entry.question, "what": entry.headline, "cells": cells, "notes": notes,
-                    "ratios": ratios, "brief": brief, "comparable": comparable, "differs": differs})
+                    "ratios": ratios, "brief": brief, "comparable": comparable, "differs": differs,
+                    "earlier": earlier})
     return out
 
 
+def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
+    """Chapter 5 part 1's line for the results table, per card (short name): its cell (:func:`part_one_answer`'s
+    range against GemLite) and its notes (the shapes it loses at, cuBLAS bf16 at the headline shape); None where no
+    card has the answer."""
+    cells: dict[str, str] = {}
+    notes: dict[str, list[str]] = {}
+    for card in cards(root):
+        name = _short(card_name(card))
+        answer = part_one_answer(card)
+        notes[name] = []
+        if answer is None:
+            cells[name] = VOID
+            notes[name].append(f"{name}: not measured on this card")
+            continue
+        r = answer["ratios"]
+        lost = sorted(k for k, v in r.items() if v < 1)
+        cells[name] = f"**{min(r.values()):.2f}–{max(r.values()):.2f}×** GemLite, at {len(r)} shapes"
+        notes[name].append(f"{name}: step 9 against GemLite at the {len(r)} shapes where GemLite passes our float64 "
+                           "check" + (f"; slower than GemLite at {len(lost)} of them ("
+                                      + ", ".join(k.replace("x", " × ") for k in lost) + ")" if lost else "")
+                           + f"; {answer['cublas']:.2f}× cuBLAS bf16 on the dense matrix at 4096 × 14336, a weaker "
+                           "baseline")
+    if all(c == VOID for c in cells.values()):
+        return None
+    return {"notebook": "notebooks/05_ternary_1_triton.ipynb", "cells": cells, "notes": notes,
+            "question": OTHER_PAGES["notebooks/05_ternary_1_triton.ipynb"].replace(" (part 1 of 2)", ""),
+            "what": "the last Triton step (step 9), one row of x, against GemLite, the Triton peer, at the shapes "
+                    "where GemLite passes our float64 check"}
+
+
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
-    """The results page's first table: per chapter the question, the fair headline on each card (one number and a
-    few words) and a link; under it, folded, the numbered notes the cells point to (caveats, the other numbers of a
-    line, and where the cards time different code)."""
+    """The results page's first table: per chapter (and chapter 5's Triton part, :func:`part_one_line`) the
+    question, the fair headline on each card (one number and a few words) and a link; under it, shown, the numbered
+    notes the cells point to (caveats, the other numbers of a line, and where the cards time different code); then,
+    folded once, the numbers of a card whose run is not comparable with the other card's (``earlier``)."""
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = list(dict.fromkeys(n for h in found for n in h["cells"]))
     lines = ["| chapter | the question | the fair headline: ours against the strongest rival | "
              + " | ".join(names) + " | notes |", "|" + "---|" * (4 + len(names))]
     numbered: list[str] = []
-    for h in found:
-        said = [t for n in names for t in h["notes"].get(n, [])] + ([h["differs"]] if h["differs"] else [])
+    earlier: list[str] = []
+    part_one = part_one_line(root)
+
+    def line(title: str, notebook: str, question: str, what: str, cells: dict[str, str], said: list[str]) -> None:
         refs = []
         for text in said:
             numbered.append(text)
             refs.append(str(len(numbered)))
-        lines.append(f"| [{h['number']:02d}. {h['title']}]({link(h['notebook'])}) | {h['question']} | {h['what']} | "
-                     + " | ".join(h["cells"].get(n, NOT_MEASURED) for n in names) + " | "
-                     + (", ".join(refs) or "–") + " |")
-    if numbered:  # folded: the table is the page's answer, the notes are for the reader who asks about a cell
-        lines += ["", f"<details><summary>Notes 1 to {len(numbered)}: the caveats and the other numbers the table's "
-                  "cells point to</summary>", ""]
-        lines += [f"{i}. {text[0].upper() + text[1:]}." for i, text in enumerate(numbered, 1)] + ["", "</details>"]
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {what} | "
+                     + " | ".join(cells.get(n, NOT_MEASURED) for n in names) + " | " + (", ".join(refs) or "–") + " |")
+
+    for h in found:
+        if h["number"] == 5 and part_one is not None:  # part 1 (Triton) first, as the book reads
+            line(f"05. {h['title']}, part 1 (Triton)", part_one["notebook"], part_one["question"], part_one["what"],
+                 part_one["cells"], [t for n in names for t in part_one["notes"].get(n, [])])
+        title = f"{h['number']:02d}. {h['title']}" + (", part 2 (CUDA C++)" if h["number"] == 5 and part_one else "")
+        line(title, h["notebook"], h["question"], h["what"], h["cells"],
+             [t for n in names for t in h["notes"].get(n, [])] + ([h["differs"]] if h["differs"] else []))
+        earlier += [f"chapter {h['number']:02d} ({h['title']}) on the {n}: {text}"
+                    for n, text in h.get("earlier", {}).items()]
+    if numbered:
+        lines += ["", "Notes:", ""]
+        lines += [f"{i}. {text[0].upper() + text[1:]}." for i, text in enumerate(numbered, 1)]
+    if earlier:  # one fold for the runs whose setup differs: their numbers are not the table's
+        lines += ["", f"<details><summary>An earlier run, different setup ({len(earlier)} "
+                  f"line{'s' if len(earlier) > 1 else ''}; not comparable with the table)</summary>", ""]
+        lines += [f"- {_sentence_start(text)}." for text in earlier] + ["", "</details>"]
     return "\n".join(lines)
+
+
+def _sentence_start(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
+def not_comparable_runs(root: Path = BENCH_RESULTS) -> dict[tuple[int, str], str]:
+    """The chapters' runs on a card whose setup differs from the other card's, so that its numbers may not stand
+    beside them (:func:`book.scoreboard.not_comparable`): (chapter number, the card's full name) -> why."""
+    from book.scoreboard import not_comparable
+
+    return not_comparable(scoreboard(root))
+
+
+def _ctc_entry_words(card: Path) -> str | None:
+    """Under a chapter 4 table of a card that times step 10 at every case (no entry point in its file): the cases
+    where the entry point would run another step, with that step's ratio, which the headline table's range uses."""
+    other = [c for c in ctc_cases(card) if c["series"] != "step10"]
+    if not other or any(c["series"] == "ctc_loss" for c in other):
+        return None
+    said = ", ".join(f"{c['case']} ({c['series'].replace('step0', 'step ').replace('step1', 'step 1')}, "
+                     f"{c['ratio']:.2f}×)" for c in other)
+    return ("This run times step 10 at every case. Where the entry point picks another step, the headline table's "
+            f"range uses that step's own row from the same run: {said}.")
+
+
+def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
+    """The results page's folded tables (:func:`book.site.headlines_page_markdown`), with each card's tables whose
+    run is not comparable with the other card's (:func:`not_comparable_runs`) taken out of its chapter's fold, and
+    the cards' differences that compare them dropped, into one fold at the end; under a chapter 4 table that times
+    step 10 everywhere, the cases where the entry point picks another step (:func:`_ctc_entry_words`)."""
+    from book.site import headlines_page_markdown
+
+    moved = not_comparable_runs(root)
+    folders = {card_name(c): c for c in cards(root)}
+    out: list[str] = []
+    later: list[str] = []
+    chapter, card, title = 0, "", ""
+    for line in headlines_page_markdown().splitlines():
+        m = re.match(r":::\{dropdown\} Chapter (\d+): (.+)", line)
+        if m:  # titled as the table above titles its lines: "02. Masked LM head"
+            chapter, title, card = int(m.group(1)), m.group(2), ""
+            line = f":::{{dropdown}} {chapter:02d}. {title}"
+        elif line == ":::":
+            chapter, card = 0, ""
+        else:
+            c = re.match(r"\*\*(NVIDIA [^*]+)\*\*, measured", line)
+            if c:
+                card = c.group(1)
+                if (chapter, card) in moved:
+                    later += ["", f"**{chapter:02d}. {title}**, {line[2:].replace('**', '', 1)}", "",
+                              f"Not comparable: {moved[(chapter, card)][0].lower()}{moved[(chapter, card)][1:]}."]
+                    continue
+        if (chapter, card) in moved and not line.startswith("<details>"):
+            if line.startswith("L2-favoured: ") or "not comparable with the other card" in line:
+                line = re.sub(r"; not comparable with the other card: [^.]*", "", line)
+                if line.startswith("L2-favoured: "):
+                    continue
+            later.append(line.replace(" (L2-favoured)", "").replace(" (not comparable)", ""))
+            continue
+        if line.startswith("<details><summary>Where the cards differ") and any(
+                (chapter, name) in moved for name in folders):
+            continue  # a difference from a run that is not comparable says nothing about the cards
+        out.append(line)
+        if line.startswith("Ours: the fused CTC kernel (step 10") and card in folders:
+            said = _ctc_entry_words(folders[card])
+            if said:
+                out += ["", said]
+    if later:
+        names = sorted({_short(n) for _, n in moved})
+        chapters = sorted({n for n, _ in moved})
+        out += ["", f":::{{dropdown}} An earlier {' and '.join(names)} run, different setup (chapter"
+                f"{'s' if len(chapters) > 1 else ''} {' and '.join(f'{n:02d}' for n in chapters)})", "",
+                "These runs were set up differently from the other card's, so their ratios are not the headline "
+                "tables' and are not compared with them."] + later + ["", ":::"]
+    return "\n".join(re.sub(r"\n{3,}", "\n\n", "\n".join(out)).splitlines())
 
 
 #: Lines of code a reader gets through in a minute: the code cells a page shows and the listings and diffs they print.
@@ -604,8 +803,8 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     reading time, of the prose and with code and listings; under it, once, how the times are counted."""
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
-    lines = [f"| page | the question | the answer ({card}; × is how many times faster than) | "
-             "reading time | folded listings |", "|---|---|---|---|---|"]
+    lines = [f"| page | the question | the answer ({card}; × is how many times faster than) | reading time |",
+             "|---|---|---|---|"]
     others = other_answers(root, card)
     for notebook in reading_order():
         stem = Path(notebook).stem
@@ -618,12 +817,9 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         if stem.startswith("05_"):
             title += " (Triton)" if "triton" in stem else " (CUDA C++)"
         _, with_code = reading_minutes(notebook)
-        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {with_code} min | "
-                     f"{folded_minutes(notebook)} min more |")
-    lines += ["", f"Reading time: the prose at {WORDS_PER_MINUTE} words a minute and every line of code the page "
-              f"shows unfolded (its code cells and the listings and diffs they print) at {CODE_LINES_PER_MINUTE} lines "
-              "a minute; the last column is the listings and diffs folded under their step, for a reader who opens "
-              "them."]
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {with_code} min |")
+    lines += ["", "Reading time: the prose and the code the page shows; the listings folded under its steps, running "
+              "the code and the exercises come on top."]
     return "\n".join(lines)
 
 
@@ -631,4 +827,6 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "fsm_line", "fsm_suite", "headlines", "part_one_answer", "VOID", "LISTING_CALLS", "listing_lines",
            "ctc_grid", "decode_bound", "bitnet_rows", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
-           "reading_minutes", "folded_minutes", "reading_path_markdown", "summary_markdown", "other_answers", "bitnet_range"]
+           "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
+           "part_one_line", "ctc_cases", "ctc_series", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
+           "ctc_other_cards_words", "EARLIER_CELL", "reading_path_markdown", "summary_markdown", "other_answers", "bitnet_range"]

@@ -570,7 +570,7 @@ def _decode(data):
         gaps = ("no library decode loop is measured on this card (Hugging Face generate with xgrammar's logits "
                 "processor, measured on the H200 on SmolLM2 only)",)
     unpadded = {"unpadded_head": head is not None and int(head) % 128 != 0}
-    return unpadded | _row("the loop with chapters 1 and 2 (step 3)",
+    return unpadded | _row("the loop with chapters 01 and 02 (step 3)",
                            f"8B-shaped body with a cl100k head, batch 1, per output token, median of the {len(pairs)} "
                            "JSON schemas (one request each)",
                            ours[0]["clock"], summary, "the same loop, dense head and mask (step 1)", rival_row,
@@ -647,8 +647,8 @@ ENTRIES: tuple[Entry, ...] = (
           "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,
           headline="eight prompts of mixed lengths in one call, against FlashInfer", rival_short="FlashInfer"),
     Entry(7, "Constrained decoding end to end", "notebooks/07_constrained_decoding.ipynb",
-          "What do chapters 1 and 2 buy a real decode loop?", "decode", _decode,
-          headline="the loop with chapters 1 and 2 against the same loop with a dense head and a mask, per output "
+          "What do chapters 01 and 02 buy a real decode loop?", "decode", _decode,
+          headline="the loop with chapters 01 and 02 against the same loop with a dense head and a mask, per output "
                    "token; nine JSON schemas, 8B-shaped body, batch 1",
           rival_short="a dense head and a mask"),
     Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
@@ -782,7 +782,9 @@ def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, An
                     f"{row['graph_calls']}")
     return (f"the separate run's median is {abs(gap):.0%} {'above' if gap > 0 else 'below'} the chapter's "
             f"({us(t['ms'])} against {us(row['median_ms'])} µs)"
-            + (f", so its p99 ({us(t['p99_ms'])} µs) lands below the chapter's median" if below else "")
+            + (f", so its p99 ({us(t['p99_ms'])} µs) lands below the chapter's median" if below else
+               f", and its p99 ({us(t['p99_ms'])} µs) {t['p99_ms'] / row['median_ms'] - 1:.0%} above the chapter's "
+               "median")
             + f": {', '.join(said)}; which of these moves it is not measured, so both medians are shown")
 
 
@@ -806,22 +808,20 @@ def tail_copies(row: dict[str, Any], t: dict[str, Any]) -> str | None:
 
 def _ctc_small_case_words(root: Path) -> str | None:
     """Why chapter 4's small alphabet is shown at one utterance here, and where the results page's table (the
-    smallest speedup over the batch grid) lands instead, per card."""
+    smallest speedup over the batch grid, each case timing the step the entry point runs there) lands instead, per
+    card."""
+    from book.results import ctc_cases
+
     at = []
     for card in cards(root):
-        data = load(card, "ctc")
-        if data is None:
-            continue
-        series = "ctc_loss" if rows(data, "ctc_loss") else "step10"
-        grid = []
-        for ours in rows(data, series, T=CTC_SMALL_CASE["T"], A=CTC_SMALL_CASE["A"]):
-            rival = one(data, "torch-best", **ours["params"])
-            if rival is not None and ours["clock"] == "gpu":
-                grid.append((rival["ms"] / ours["ms"], ours["params"]["N"]))
+        grid = [c for c in ctc_cases(card) if c["ours"]["params"]["A"] == CTC_SMALL_CASE["A"]
+                and c["ours"]["params"]["T"] == CTC_SMALL_CASE["T"]]
         if grid:
-            ratio, n = min(grid)
-            which = "the entry point" if series == "ctc_loss" else "step 10"
-            at.append(f"N = {n} on the {_short_card(card_name(card))} ({ratio:.2f}×, {which})")
+            c = min(grid, key=lambda c: c["ratio"])
+            which = ("the entry point" if c["series"] == "ctc_loss"
+                     else f"step {int(c['series'][4:])}, the step the entry point picks there")
+            at.append(f"N = {c['ours']['params']['N']} on the {_short_card(card_name(card))} ({c['ratio']:.2f}×, "
+                      f"{which})")
     if not at:
         return None
     return ("the small alphabet is shown at one utterance (N = 1), the case whose chain of frames is timed alone as "
@@ -834,6 +834,22 @@ L2_FAVOURED = "L2-favoured"
 ONE_COPY_NOTE = ("L2-favoured: this card's run replayed one copy of the head, so the rows a call reads could stay in "
                  "L2 between calls; its times for small allowed sets are not comparable with the other card's, which "
                  "rotates copies")
+
+
+def not_comparable(board: list[dict[str, Any]]) -> dict[tuple[int, str], str]:
+    """The runs of a chapter on one card whose setup differs from another card's, so that their numbers may not stand
+    beside that card's: (chapter number, the card's full name) -> why, in a few words. A run that replayed one copy
+    of the head where another card's run rotated copies; a run whose head is not padded as real models ship it."""
+    rotated = {b["number"] for b in board if b.get("one_copy") is False}
+    out = {}
+    for b in board:
+        if b.get("one_copy") and b["number"] in rotated:
+            out[(b["number"], b["card"])] = ("its run replayed one copy of the head, so the rows a call reads could "
+                                             "stay in L2 between calls; the other card's run rotates copies")
+        elif b.get("unpadded_head"):
+            out[(b["number"], b["card"])] = ("its run's head is not padded as real models ship it, which slows the "
+                                             "dense baseline")
+    return out
 
 
 def floor_kind(r: dict[str, Any]) -> str:
@@ -868,7 +884,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     from html import escape
 
     link = link or (lambda nb: nb)
-    board = scoreboard(root)
+    every = scoreboard(root)
+    apart = not_comparable(every)
+    # a run set up differently from the other card's stays out of the tables: one fold under them says what it gave
+    board = [r for r in every if (r["number"], r["card"]) not in apart]
+    # chapter 5 leads with the shape its chapter leads with, 4096 x 14336; BitNet's row (at its own shapes) follows
+    first = {}
+    for i, r in enumerate(board):
+        first.setdefault((r["number"], r["card"]), i)
+    board.sort(key=lambda r: (first[(r["number"], r["card"])], r.get("ternary_case") == "bitnet"))
     measured_cards = {n: [b["card"] for b in board if b["number"] == n and b["lead"] and "missing" not in b]
                       for n in {b["number"] for b in board}}
     notes: dict[int, dict[str, list[str]]] = {}
@@ -912,7 +936,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             shown.add(r["number"])
             why = NOT_MEASURED if r["missing"] == "not measured on this card" else r["missing"]
             times.append(f"| {chapter} | {card} | {why} |" + " – |" * (5 if p99 else 4))
-            floors.append(f"| {named} | {card} |" + " – |" * 6)
+            if r["number"] != 1:  # chapter 1 has no GPU kernel, so no floor: its one line above says so
+                floors.append(f"| {named} | {card} |" + " – |" * 6)
             continue
         shown.add(r["number"])
         card = _short_card(r["card"])
@@ -938,11 +963,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         for extra in r["notes"][2:]:
             note(r, extra)
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
-        if r.get("one_copy"):  # the run replayed one copy of the head: a small read is served from L2
-            vs += f", {L2_FAVOURED}"
-            note(r, ONE_COPY_NOTE)
-        if r.get("unpadded_head"):
-            vs += ", not comparable (unpadded head)"
         if r["ratio_note"] and r["rival_clock"] == r["clock"]:
             note(r, r["ratio_note"])
         median = f"**{us(r['median_ms'])}**"
@@ -976,13 +996,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, extra)
         binding = f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}" if r["binding"] else NOT_MEASURED
         pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
-        if r.get("one_copy") and r["pct_of_floor"] is not None:
-            pct += f", {L2_FAVOURED}"
         byte = _floor(r["byte_floor_ms"])
         if r.get("loop_bound_ms") is not None:  # a launch-bound loop: its forecast is a bound, not a floor
             latency = byte = "–"
-            binding = f"– (no floor; the loop's forecast: {_floor(r['loop_bound_ms'])})"
-            pct = f"– (the forecast is {100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median)"
+            binding, pct = "– (no floor: a loop bound by its launches; its forecast is in the notes)", "–"
+            note(r, f"the loop's forecast ({_floor(r['loop_bound_ms'])} µs) is "
+                    f"{100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median")
+        if (r["pct_of_floor"] is None and r["binding"] is None and r.get("latency_missing_why")
+                and not r["no_pct_why"] and r.get("loop_bound_ms") is None):
+            continue  # the floor that binds is not measured on this card: the notes say so, no row of dashes
         if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
             binding, pct = "–", f"– ({r['no_pct_why']})"
         floors.append(f"| {named} | {card} | {r['ours']} | {byte} | "
@@ -1023,10 +1045,24 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         folds.append(f"<details><summary>Chapter {entry.number:02d}, {escape(entry.title)}: notes ({len(items)})"
                      "</summary><ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
         folds.append("")
+    if apart:
+        items = []
+        for (number, card), why in apart.items():
+            title = next(e.title for e in ENTRIES if e.number == number)
+            said = "; ".join(f"{r['ours']}, {us(r['median_ms'])} µs against {r['rival']}, {us(r['rival_ms'])} µs: "
+                             f"{r['vs_rival']:.2f}×" + (f", {r['pct_of_floor']:.0f}% of its floor"
+                                                        if r.get("pct_of_floor") is not None else "")
+                             for r in every if r["number"] == number and r["card"] == card and "missing" not in r
+                             and r.get("vs_rival") is not None)
+            items.append(f"{number:02d}. {title} on the {_short_card(card)}: {said}. Not comparable: {why}.")
+        names = sorted({_short_card(c) for _, c in apart})
+        folds += [f"<details><summary>An earlier {' and '.join(names)} run, different setup: chapter"
+                  f"{'s' if len(items) > 1 else ''} {' and '.join(f'{n:02d}' for n, _ in apart)}, left out of the "
+                  "tables</summary><ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>", ""]
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
-           "card_empty_kernel_ms", "card_name", "cards", "faster_rivals", "floor_kind", "replayed_one_copy",
+           "card_empty_kernel_ms", "card_name", "cards", "faster_rivals", "floor_kind", "not_comparable", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "L2_FAVOURED", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs"]
