@@ -99,3 +99,60 @@ def test_host_bound_sentence_lists_exactly_the_rows_whose_host_time_exceeds_gpu_
 def test_landing_table_still_renders():
     table = results.reading_path_markdown()
     assert table.count("\n| [") >= 9
+
+
+def test_runs_set_up_differently_are_in_one_fold_of_their_own():
+    """A card's run that is not comparable with the other card's (the scoreboard's flags) is out of its chapter's
+    fold on the results page, and out of the headline table's cells, in one fold at the end."""
+    page = results.headline_tables_markdown()
+    moved = results.not_comparable_runs()
+    body, _, last = page.rpartition(":::{dropdown} An earlier")
+    assert moved and last, "the fold of runs set up differently"
+    for number, card in moved:
+        chapter = body.split(f":::{{dropdown}} {number:02d}. ")[1].split("\n:::")[0]
+        assert f"**{card}**" not in chapter and f"**{number:02d}. " in last and card in last
+        assert "(L2-favoured)" not in last and "(not comparable)" not in last
+    summary = results.summary_markdown()
+    table = summary.split("\nNotes:\n")[0]
+    for h in results.headlines():
+        for name, text in h["earlier"].items():
+            assert h["cells"][name] == results.EARLIER_CELL and text in summary.split("An earlier run")[1]
+    assert "Where the cards differ" not in body.split(":::{dropdown} 02. ")[1].split("\n:::")[0]
+    assert "05. Ternary matmul, part 1 (Triton)" in table
+
+
+def test_chapter_4_grid_times_one_kernel_per_case_on_every_card():
+    """Each card's range over chapter 4's grid times, at each case, the step its entry point runs there: the entry
+    point where the file times it, else the step the entry point's rule picks, read here from the raw file."""
+    from studylog.ctc.fused import final_step
+
+    for path in BENCH_RESULTS.glob("*/ctc.json"):
+        rows = json.loads(path.read_text())["measurements"]
+        entry = any(r["series"] == "ctc_loss" for r in rows)
+        ratios = []
+        for rival in [r for r in rows if r["series"] == "torch-best" and r["clock"] == "gpu"]:
+            p = rival["params"]
+            series = "ctc_loss" if entry else f"step{final_step(p['T'], p['N'], p['A']):02d}"
+            ours = _find(rows, series, **p)
+            ratios.append(rival["ms"] / ours["ms"])
+        (lo, _), (hi, _) = results.ctc_grid(path.parent)
+        assert (lo, hi) == (min(ratios), max(ratios))
+
+
+def test_landing_lines_say_the_like_for_like_ratio_and_the_eager_caveats():
+    """Chapter 2's landing line leads with the kernel alone against a gather and a matmul; chapter 5's says, where
+    BitNet's call costs less host time than ours at every shape (read from the raw rows), that called eagerly BitNet's
+    kernel is faster; chapter 4's says its graph replay and how many of its cases are host-bound called eagerly."""
+    from book.scoreboard import cards
+
+    lines = {h["number"]: h for h in results.headlines()}
+    alone = next(b for b in results.scoreboard() if b["number"] == 2 and "H200" in b["card"] and not b["lead"])
+    assert lines[2]["brief"]["H200"].startswith(f"{alone['vs_rival']:.2f}× a gather + matmul, kernel alone")
+    h200 = next(c for c in cards() if "h200" in c.name)
+    pairs = results.bitnet_rows(h200)
+    if pairs and max(p["host_ms"] for *_, p in pairs) < min(o["host_ms"] for _, _, o, _ in pairs):
+        assert "called eagerly, one call at a time, BitNet's is faster" in lines[5]["brief"]["H200"]
+    slow, of = results.ctc_host_bound(h200)
+    assert "graph-replayed" in lines[4]["brief"]["H200"]
+    if slow:
+        assert f"host-bound at {slow} of the {of} cases" in lines[4]["brief"]["H200"]
