@@ -829,4 +829,5 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
            "part_one_line", "ctc_cases", "ctc_series", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
-           "ctc_other_cards_words", "EARLIER_CELL", "reading_path_markdown", "summary_markdown", "other_answers", "bitnet_range"]
+           "ctc_other_cards_words", "EARLIER_CELL", "reading_path_markdown", "summary_markdown", "other_answers",
+           "bitnet_range"]

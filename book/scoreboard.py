@@ -829,13 +829,6 @@ def _ctc_small_case_words(root: Path) -> str | None:
             "instead: " + "; ".join(at))
 
 
-#: A ratio measured on a run that replayed one copy of its input, in a cell; the note that says why, once.
-L2_FAVOURED = "L2-favoured"
-ONE_COPY_NOTE = ("L2-favoured: this card's run replayed one copy of the head, so the rows a call reads could stay in "
-                 "L2 between calls; its times for small allowed sets are not comparable with the other card's, which "
-                 "rotates copies")
-
-
 def not_comparable(board: list[dict[str, Any]]) -> dict[tuple[int, str], str]:
     """The runs of a chapter on one card whose setup differs from another card's, so that their numbers may not stand
     beside that card's: (chapter number, the card's full name) -> why, in a few words. A run that replayed one copy
@@ -1064,5 +1057,5 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "cards", "faster_rivals", "floor_kind", "not_comparable", "replayed_one_copy",
-           "accuracy_check", "bitnet_run", "run_label", "run_words", "L2_FAVOURED", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
+           "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs"]

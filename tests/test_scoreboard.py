@@ -694,8 +694,8 @@ def test_the_results_line_says_once_where_one_card_replayed_one_copy(bench_copy)
 
 
 def test_headline_cells_are_short_and_their_caveats_numbered():
-    """A results cell is one number and a few words; its caveats are numbered notes shown under the table. Chapter 6 leads
-    with the grouped-query layout of the model it cites where a card measures it (recomputed from the raw file), and
+    """A results cell is one number and a few words; its caveats are numbered notes shown under the table. Chapter 6
+    leads with the grouped-query layout of the model it cites where a card measures it (recomputed from the raw file), and
     chapter 8's cell gives this run's one ratio (recomputed from the raw file's medians), no range over machines."""
     text = summary.summary_markdown()
     for h in summary.headlines():
