@@ -10,9 +10,11 @@ memory (``X_SMEM`` = false) and the loads to one group ahead (``STAGES`` = 1); t
 
 * ``step10-b-c``: the hand-written loop, loads two groups ahead on the ``2bit_tiles`` layout, x read from global
   memory (L2) by every warp for every group, K in one slice: **10a**, against step 9;
-* ``step10-c``: x copied once into shared memory, K in one slice: **10b** = ``step10-b-c`` / ``step10-c``;
-* ``step10``: the frozen kernel at the library's settings and launch (its SASS is the library's, names aside):
-  **10c**, the split of K = ``step10-c`` / ``step10``;
+* ``step10-b``: K split as the library splits it, x still from global memory: **10c** = ``step10-b-c`` /
+  ``step10-b`` (the split first: in one slice a 4096-row layer has 16 blocks for 132 SMs);
+* ``step10``: the frozen kernel at the library's settings and launch (its SASS is the library's, names aside): x
+  copied once into shared memory, **10b** = ``step10-b`` / ``step10``;
+* ``step10-c``: x in shared memory, K in one slice (the other order's middle link);
 * ``step10-depth1``: step 10 with loads one group ahead instead of two (how deep the ring of registers must be).
 
 The layout is not a knob: the kernel's addressing is the ``2bit_tiles`` layout's, so 10a carries it with the
@@ -57,15 +59,18 @@ CASES = (("llama", 4096, 14336, (1,)), ("bitnet", 2560, 6912, (1,)))
 STEP10 = {"x": "shared", "stages": 2, "split": True}
 VARIANTS = {
     "step10": STEP10,
+    "step10-b": STEP10 | {"x": "global"},
     "step10-c": STEP10 | {"split": False},
     "step10-b-c": STEP10 | {"x": "global", "split": False},
     "step10-depth1": STEP10 | {"stages": 1},
 }
-CHANGES = {"step10": "none (step 10)", "step10-c": "(c) K in one slice",
+CHANGES = {"step10": "none (step 10)", "step10-b": "(b) x read from global memory",
+           "step10-c": "(c) K in one slice",
            "step10-b-c": "(b) x read from global memory, (c) K in one slice",
            "step10-depth1": "loads one group ahead instead of two"}
-#: The link of the chain each change adds: label -> (without it, with it).
-CHAIN = {"10a": ("step09", "step10-b-c"), "10b": ("step10-b-c", "step10-c"), "10c": ("step10-c", "step10")}
+#: The link of the chain each change adds: label -> (without it, with it). The split comes before x's copy: without
+#: it a 4096-row layer has 16 blocks for 132 SMs, and every other change would be timed on an idle GPU.
+CHAIN = {"10a": ("step09", "step10-b-c"), "10c": ("step10-b-c", "step10-b"), "10b": ("step10-b", "step10")}
 
 
 def instance(knobs: dict, bf16: bool, col_tiles: int, row_tiles: int) -> str:
