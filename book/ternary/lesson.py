@@ -621,7 +621,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "sub_rows", "SUB_ROWS_NOTE", "further_run", "provenance", "step9_companions", "layer_source",
+           "sub_rows", "SUB_ROWS_NOTE", "further_run", "provenance", "step9_companions", "step10_changes", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
 
@@ -690,6 +690,13 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
             return rows
         rows = [("9a", "the layout: added after the packed decode and the masks; undone from step 9",
                  f"{_factor(at('+a+m'), at('+a+m+b'))} added; {_factor(at('step09-b'), at('+a+m+b+c'))} undone")]
+    elif (step, m) == (10, 1):
+        at = step10_changes(shape)
+        if "step10" not in at:
+            return rows
+        rows = [("10a", "the loop by hand: loads two groups ahead, the `2bit_tiles` layout, K split with a "
+                        "fixed-order sum; x read from L2", f"{_factor(at.get(SERIES[9]), at.get('step10-b'))} alone (vs 9)"),
+                ("10b", "x copied once into shared memory", f"{_factor(at.get('step10-b'), at['step10'])} added")]
     elif (step, m) == (11, 1):
         data = lab_or_none("ternary", "step11_changes", H200)
         at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
@@ -723,6 +730,20 @@ def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, s
     return [r if len(r) == 4 else (r[0], r[1], "–", r[2]) for r in rows]
 
 
+def step10_changes(shape: str = MAIN, gpu: str = H200) -> dict[str, float]:
+    """Step 10's changes (``lab/ternary/results/<gpu>/step10_changes.json``) at ``shape``, M = 1: variant -> µs
+    (``step09`` and ``step10 (library)``: the library's steps in the same run; ``step10``: its frozen copy;
+    ``step10-b``: x from global memory; ``step10-c``: K in one slice; ``step10-b-c``: both; ``step10-depth1``: loads
+    one group ahead). Empty without the run."""
+    data = lab_or_none("ternary", "step10_changes", gpu)
+    if data is None:
+        return {}
+    # the library's step 10 is keyed "step10 (library)": "step10" is its frozen copy among the variants
+    return {r["params"]["variant"] if r["series"] == "step10_changes" else
+            r["series"] + (" (library)" if r["series"] == SERIES[10] else ""): r["ms"] * 1e3
+            for r in data["measurements"] if r["params"]["shape"] == shape}
+
+
 def step9_companions(shape: str = MAIN, m: int = 16) -> str:
     """One sentence on step 9's three changes beside its layout, each a factor from the ablation run
     (:func:`step_changes`) at ``shape`` and ``m`` (added: in the run's order; the masks also undone); "" without
@@ -746,7 +767,8 @@ SUB_ROWS_NOTE = ("Rows with a letter split a step into its changes. *Added*: how
 SUB_ROWS_NOTE_ALONE = " *Alone*: the change without the others, against the step before."
 SUB_ROWS_NOTE_12 = " Step 12's rows are timed by the benchmark itself, which also runs x quantised by a kernel of its own."
 #: The lab run each step's lettered rows read (step 12's are the benchmark's own).
-SUB_ROW_RUNS = {4: "bundled_steps", 9: "bundled_steps", 11: "step11_changes", 13: "step13_changes"}
+SUB_ROW_RUNS = {4: "bundled_steps", 9: "bundled_steps", 10: "step10_changes", 11: "step11_changes",
+                13: "step13_changes"}
 
 
 def _sub_rows_runs(results, steps) -> str:
@@ -760,7 +782,8 @@ def _sub_rows_runs(results, steps) -> str:
             days.setdefault(data["date"][:10], []).append(str(step))
     if not days:
         return ""
-    named = lambda steps_: f"step{'s' if len(steps_) > 1 else ''} {' and '.join(steps_)}"  # noqa: E731
+    named = lambda steps_: (f"step{'s' if len(steps_) > 1 else ''} "  # noqa: E731
+                            + (", ".join(steps_[:-1]) + " and " if len(steps_) > 1 else "") + steps_[-1])
     if len(days) == 1:
         (day, steps_), = days.items()
         return (f" The lettered rows of {named(steps_)} come from further runs on the same {card(results)} on "
@@ -784,7 +807,7 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> st
         tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == rows_of_x], shape,
                                                       read_only))
     lettered = [n for n, m, _, _ in rows if sub_rows(results, n, m, shape)]
-    note = "" if not lettered else ("\n\n" + SUB_ROWS_NOTE + (SUB_ROWS_NOTE_ALONE if 11 in lettered else "")
+    note = "" if not lettered else ("\n\n" + SUB_ROWS_NOTE + (SUB_ROWS_NOTE_ALONE if {10, 11} & set(lettered) else "")
                                     + (SUB_ROWS_NOTE_12 if 12 in lettered else "")
                                     + _sub_rows_runs(results, lettered)
                                     + (" " + step9_companions(shape) if 9 in lettered else ""))
