@@ -424,8 +424,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 bound = decode_bound(card)
                 if bound is not None:
-                    cells[name] += f"; forecast {bound:.2f}×"
-                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} (forecast {bound:.2f}×)"
+                    cells[name] += f"; Amdahl forecast {bound:.2f}×"
+                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} (Amdahl forecast {bound:.2f}×)"
             if row.get("unpadded_head"):  # chapter 7's H100 run: its dense baseline is slowed, the ratio inflated
                 ratios[name], comparable[name] = None, False
                 cells[name] = EARLIER_CELL

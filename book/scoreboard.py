@@ -13,7 +13,7 @@ shape, its time over the run's repetitions, the strongest rival measured at the 
 
 The case's **floor** is the largest of these, a yardstick from a simple model (a kernel passes it only by moving
 fewer bytes than counted or by being served from L2); "% of the floor" is that floor over our median (100% would
-be at the floor). Each row names its floor's kind. Chapter 8's loop has a forecast of its own, not a
+be at the floor). Each row names its floor's kind. Chapter 8's loop has a forecast time per token, not a
 floor. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
 :func:`missing` says why; nothing is filled in by hand.
 
@@ -602,7 +602,8 @@ def _speculate(data):
     # notes; no floor is computed for this loop (its weights' bytes, a few µs a token, are far below its launches'
     # chain, which is not counted), so no byte floor is shown either
     why = ("none is computed for this loop" + (
-        f"; its forecast, step 4's forwards per output token each at this loop's one-token forward's GPU time, is a "
+        f"; its forecast time per token, step 4's forwards per output token each at this loop's one-token forward's "
+        f"GPU time, is a "
         f"bound, not a floor: {us(latency)} µs" if latency is not None else ""))
     return {"latency_missing_why": why, "loop_bound_ms": latency} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
@@ -992,8 +993,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         byte = _floor(r["byte_floor_ms"])
         if r.get("loop_bound_ms") is not None:  # a launch-bound loop: its forecast is a bound, not a floor
             latency = byte = "–"
-            binding, pct = "– (no floor: a loop bound by its launches; its forecast is in the notes)", "–"
-            note(r, f"the loop's forecast ({_floor(r['loop_bound_ms'])} µs) is "
+            binding, pct = "– (no floor: a loop bound by its launches; its forecast time per token is in the notes)", "–"
+            note(r, f"the loop's forecast time per token ({_floor(r['loop_bound_ms'])} µs) is "
                     f"{100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median")
         if (r["pct_of_floor"] is None and r["binding"] is None and r.get("latency_missing_why")
                 and not r["no_pct_why"] and r.get("loop_bound_ms") is None):

@@ -541,7 +541,7 @@ def test_the_binding_floor_is_the_largest_and_a_latency_bound_case_is_judged_by_
             continue
         if r.get("loop_bound_ms") is not None:  # a launch-bound loop: no floor binds; its forecast, a bound, shows
             assert r["pct_of_floor"] is None and r["binding"] is None
-            assert f"forecast ({r['loop_bound_ms'] * 1e3:,.1f} µs) is" in sb.scoreboard_markdown()
+            assert f"forecast time per token ({r['loop_bound_ms'] * 1e3:,.1f} µs) is" in sb.scoreboard_markdown()
             continue
         assert r["binding_floor_ms"] == max(floors)
     small = [r for r in board if r["number"] == 4 and "A = 28" in r["shape"]]
@@ -616,7 +616,7 @@ def test_results_lines_say_the_failed_check_the_grid_and_the_bound():
     from book.decode.results import median_bound
 
     bound = median_bound(_raw(H200, "decode")["measurements"], "8b", 1)
-    assert lines[7]["brief"]["H200"].endswith(f"(forecast {bound:.2f}×)")
+    assert lines[7]["brief"]["H200"].endswith(f"(Amdahl forecast {bound:.2f}×)")
     for name, cell in lines[7]["cells"].items():
         if not lines[7]["comparable"][name]:
             assert cell.startswith(summary.VOID) and "×" not in cell, f"{name}: a ratio in a not comparable headline"
@@ -736,8 +736,9 @@ def test_every_floor_names_its_kind_and_the_page_keeps_no_lab_notes():
     for line in floors.splitlines()[3:]:
         if "%**" in line:
             assert re.search(r"(byte|compute|latency) floor", line), line
-    assert "latency floor (a chain of" in floors and "its forecast is in the notes" in floors
-    assert "forecast" not in floors.split("| % of the floor |")[1].replace("its forecast is in the notes", "")
+    assert "latency floor (a chain of" in floors and "its forecast time per token is in the notes" in floors
+    assert "forecast" not in floors.split("| % of the floor |")[1].replace(
+        "its forecast time per token is in the notes", "")
     for bad in ("lab/", "not known", "The empty kernel in each run", "committed", "lower bound"):
         assert bad not in table, bad
     # the H100's run of chapter 2 replayed one copy of the head where the H200's rotated (read from the raw files):
