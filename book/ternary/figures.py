@@ -4,7 +4,7 @@ repetitions' spread where the file has it."""
 
 from __future__ import annotations
 
-from book.ternary.results import failed_peer_checks, series_label, shapes_in
+from book.ternary.results import BITNET_OURS, failed_peer_checks, series_label, shapes_in
 from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL,
                                       W2A8_PLACE_SERIES, fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
@@ -194,7 +194,7 @@ def figures(results, bitnet=None) -> dict:
     at M = 16 and 128; floor: M = 1, time over the 2-bit floor; steps: M = 1, the time of part 1's Triton steps
     (1 to 9) on the Llama shapes beside cuBLAS and GemLite, dots on linear axes (:func:`_steps_dots`); peers: our fastest over GemLite and torch._int_mm, and
     with ``bitnet`` (the run with BitNet's kernel beside ours, ``Results``) a first panel of BitNet's W2A8 kernel
-    over our fastest W2A8 kernel of that same run at its shapes, M = 1 (then the M = 128 panel is left out)."""
+    over step 12 (the one-row W2A8 kernel) of that same run at its shapes, M = 1 (then the M = 128 panel is left out)."""
     import matplotlib.pyplot as plt
 
     view = on_gpu_clock(results)
@@ -286,11 +286,11 @@ def figures(results, bitnet=None) -> dict:
 
             def over_bitnet(peer, shape):
                 p = bit_view.select(peer, shape=shape, m=1)
-                row, _ = fastest(bit_view, W2A8_DEFAULTS, shape=shape, m=1)
+                row, _ = fastest(bit_view, (BITNET_OURS,), shape=shape, m=1)
                 return _own_err(p[0], row) if p and row is not None else None
             _bars(ax, bit_shapes, [BITNET], over_bitnet)
             ax.axhline(1.0, color="k", lw=1)
-            ax.set_ylabel("peer's time / our fastest's", fontsize=FONT)
+            ax.set_ylabel("BitNet's time / step 12's", fontsize=FONT)
             apart = "; a separate run on the same card" if bitnet.data.get("quick") else ""
             ax.set_title(f"{card}, M = 1, the {len(bit_shapes)} shapes BitNet's kernel is built for (W2A8, both{apart})",
                          fontsize=FONT + 1)
