@@ -142,7 +142,7 @@ def further_run(results, name: str) -> str:
     if data is None:
         return ""
     return (f"From a further run on the same {card(results)} on {data['date'][:10]}, which times every kernel it "
-            "compares.")
+            "compares (as do the page's other tables of changes).")
 
 
 def provenance(results, part: int, bitnet_run=None) -> str:
