@@ -14,8 +14,8 @@
 //   * A slot the batch budget refuses whatever the searches find is not searched (the serial loop
 //     never searched it either). The bound needs only per-slot facts.
 // BUDGET_SKIP and CACHE name those last two choices in the kernel's template parameters; the library
-// compiles one value of each (SKIP_LAZY, CACHE_EVICT_FIRST). The other values were variants measured
-// side by side and rejected: a frozen copy of the source that has them is in lab/ngram/variants/.
+// compiles one value of each (SKIP_LAZY, CACHE_EVICT_FIRST): the others were measured side by side
+// and rejected (the table of steps times each change taken back).
 #include "ngram_common.cuh"
 
 // How the scan loads haystack tokens (the CACHE template parameter; the variants had 0 and 1).
