@@ -1,17 +1,17 @@
 """Chapter 3's steps 5, 6 and 7 split into the changes each bundles, one measured number each.
 
-Step 5 (``step05_one_pass``) bundles 5a, one pass for every n (windows aligned by their end, a thread per end
-measuring the common suffix), and 5b, an early exit once no later window can beat the slot's best key. Step 6
-(``step06_one_pass_fused``) bundles 6a, each slot split over a column of blocks (the best key published with a
-global atomicMin, blocks stopping when they cannot beat it), and 6b, phase 2 fused into the last block to finish
-(a ticket) instead of a second launch. A frozen copy of both kernels (``variants/step05_06_changes.cu``, which
-includes the library's ``ngram_common.cuh``) takes each second change back with one compile-time knob, so the
-chain step 4 -> 5a -> step 5 -> 6a -> step 6 is timed one change at a time:
+Step 5 (``step05_one_pass``) is 5a, one pass for every n (windows aligned by their end, a thread per end measuring
+the common suffix). 5b, an early exit once no later window can beat the slot's best key, checked behind two barriers
+a tile, was measured here and rejected (step 7 keeps the exit as one load a tile). Step 6 (``step06_one_pass_fused``)
+bundles 6a, each slot split over a column of blocks (the best key published with a global atomicMin, blocks stopping
+when they cannot beat it), and 6b, phase 2 fused into the last block to finish (a ticket) instead of a second launch.
+A frozen copy of the kernels (``variants/step05_06_changes.cu``, which includes the library's ``ngram_common.cuh``)
+has one compile-time knob for each of 5b and 6b, so the chain step 4 -> 5a -> 6a -> step 6 is timed one change at a
+time, and 5b beside it:
 
-* ``5a``: ``one_pass_search<false>`` (no early exit, and so no barrier in its loop), then the library's
-  ``ngram_budget_scan``, step 5's phase 2;
-* ``5``: ``one_pass_search<true>``, the library's step 5 (the same PTX as ``ngram_search_one_pass``, names
-  aside), then ``ngram_budget_scan``;
+* ``5a``: ``one_pass_search<false>`` (no early exit, no barrier in its loop), the library's step 5 (the same PTX as
+  ``ngram_search_one_pass``, names aside), then the library's ``ngram_budget_scan``, step 5's phase 2;
+* ``5``: ``one_pass_search<true>``, 5a with the early exit (rejected), then ``ngram_budget_scan``;
 * ``6a``: ``one_pass_split<false>``, step 6's split search, then phase 2 in a second launch
   (``budget_scan_reset``: the library's ``budget_scan_block``, resetting the keys as step 6's last block does);
 * ``6``: ``one_pass_split<true>``, the library's step 6 (the same PTX as ``ngram_one_pass_fused``), one launch.
@@ -76,7 +76,7 @@ VARIANTS = {
     "7 neither": ("stream_changes<4, {vec}, 2, 2, false, false>", (SOURCE7, "budget_scan_reset"),
                   ngram.step07_stream),
 }
-CHANGES = {"5a": "step 4 + 5a (one pass for every n, no early exit)", "5": "5a + 5b (early exit): step 5",
+CHANGES = {"5a": "step 4 + 5a (one pass for every n, no early exit): step 5", "5": "5a + 5b (early exit, rejected)",
            "6a": "step 5 + 6a (split over blocks, phase 2 launched apart)", "6": "6a + 6b (phase 2 fused): step 6",
            "7a": "step 6 + 7a (no barrier in the loop; 8-byte default-policy loads, no budget skip)",
            "7": "step 7 (frozen copy)", "7 unfused": "step 7, phase 2 launched apart",
@@ -90,7 +90,7 @@ STEP7 = tuple(v for v in VARIANTS if v.startswith("7"))
 INSTANCES = tuple(search for v, (search, _, _) in VARIANTS.items() if v not in STEP7)
 INSTANCES7 = tuple(VARIANTS[v][0].format(vec=vec) for v in STEP7 if v != "7a" for vec in (2, 1))
 #: The instances at the library's setting, and the library kernel each must compile to.
-LIBRARY_TWINS = {"one_pass_search<true>": "ngram_search_one_pass", "one_pass_split<true>": "ngram_one_pass_fused",
+LIBRARY_TWINS = {"one_pass_search<false>": "ngram_search_one_pass", "one_pass_split<true>": "ngram_one_pass_fused",
                  **{VARIANTS["7"][0].format(vec=vec): ngram.STREAM_INSTANCES[i] for i, vec in enumerate((2, 1))}}
 
 
@@ -362,7 +362,7 @@ def measure(step7: bool = False) -> Path:
             twins[variant or step.__name__] = row
             made.clear()  # the copies and their matchers go before the next row
         pairs = [(ngram.step07_stream.__name__, "7")] if step7 else \
-            [(ngram.step05_one_pass.__name__, "5"), (ngram.step06_one_pass_fused.__name__, "6")]
+            [(ngram.step05_one_pass.__name__, "5a"), (ngram.step06_one_pass_fused.__name__, "6")]
         for anchor, frozen in pairs:
             a, f = twins[anchor], twins[frozen]
             overlap = a["spread_ms"][0] <= f["spread_ms"][2] and f["spread_ms"][0] <= a["spread_ms"][2]

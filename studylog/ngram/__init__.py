@@ -50,7 +50,7 @@ CHAPTER = Chapter(
              step03_two_phase, _CSRC / "ngram_two_phase.cu", "ngram_budget_serial"),
         Step(4, "two_phase_scan", "the budget exactly, from block-wide prefix sums", "cuda", step04_two_phase_scan,
              _CSRC / "ngram_common.cuh", "budget_scan_block"),
-        Step(5, "one_pass", "one pass over each haystack for every n, with early exit", "cuda", step05_one_pass,
+        Step(5, "one_pass", "one pass over each haystack for every n", "cuda", step05_one_pass,
              _CSRC / "ngram_one_pass.cu", "ngram_search_one_pass"),
         Step(6, "one_pass_fused", "each slot split over many blocks, the budget in the last one: one launch",
              "cuda", step06_one_pass_fused, _CSRC / "ngram_one_pass.cu", "ngram_one_pass_fused"),

@@ -247,8 +247,8 @@ def step04_two_phase_scan(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batc
 def step05_one_pass(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                     seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
                     bound: NgramMatcher | None = None) -> Drafts:
-    """Step 5: one pass over each haystack for every ``n``, with early exit (``ngram_search_one_pass``, a block
-    per slot), then step 4's budget scan, in place."""
+    """Step 5: one pass over each haystack for every ``n`` (``ngram_search_one_pass``, a block per slot, no barrier
+    in its loop), then step 4's budget scan, in place."""
     m = bound or NgramMatcher(step05_one_pass, inputs, draft_tokens, seq_lens_this_time, config=config)
     if m.batch:
         _kernel("ngram_one_pass", "ngram_search_one_pass", m.device)((m.batch,), (THREADS,), *m.args)

@@ -6,8 +6,10 @@
 // token rarely matches), and the largest n it allows is that end's best candidate. Keys
 // (ngram_common.cuh) rank candidates, so the block keeps the best with one atomicMin.
 //
-//   step 5, ngram_search_one_pass <<<batch, 256>>>: one block per slot, early exit once nothing left
-//       can beat the best key; phase 2 is still ngram_budget_scan (a second launch).
+//   step 5, ngram_search_one_pass <<<batch, 256>>>: one block per slot, every tile of both haystacks,
+//       no barrier in the loop; phase 2 is still ngram_budget_scan (a second launch). (Stopping once
+//       nothing left can beat the best key costs two barriers a tile here, more than the bytes it
+//       saves; step 7 stops with one load a tile instead.)
 //   step 6, ngram_one_pass_fused <<<(batch, chunks), 256>>>: each slot's haystacks are split into
 //       chunks, one block each, so a few long slots still fill the GPU; blocks publish their best
 //       key with a global atomicMin and skip what can no longer win; the last block to finish
@@ -61,15 +63,12 @@ extern "C" __global__ void ngram_search_one_pass(NGRAM_KERNEL_PARAMS) {
         for (int src = 0; src < 2; ++src) {
             const i64 *hay = src ? gen : prompt;
             const i64 last_end = (src ? (i64)step : (i64)prompt_lens[b]) - 2;  // keeps a token after
-            for (i64 tile = 0;; tile += tile_len) {
-                const bool stop = tile > last_end || s_best <= tile_floor_key(top, src, tile);
-                __syncthreads();  // everyone has read s_best before anyone lowers it
-                if (stop) break;
+            for (i64 tile = 0; tile <= last_end; tile += tile_len) {
                 const u64 mine = scan_tile(hay, tile, last_end, s_pattern, top, min_ngram, src);
                 if (mine != NONE_KEY) atomicMin(&s_best, mine);
-                __syncthreads();
             }
         }
+        __syncthreads();  // every atomicMin is done before thread 0 reads s_best
     }
     if (threadIdx.x == 0) match_keys[b] = s_best;
 }
