@@ -162,3 +162,17 @@ def test_the_counts_the_page_states_come_from_the_rows():
         timed = [x for x in results.rows if x["series"] == "step04" and x["params"]["batch"] == r["batch"]
                  and x["params"]["workload"] == r["workload"]]
         assert r["requests"] == len(timed) > 0
+
+
+def test_a_batch_row_is_one_kind_of_document_or_one_low_copy_request():
+    """At batch 8 the result table counts batches: one per document kind on extraction (its documents, some twice,
+    filling the batch) and one per low-copy request, as many as the committed rows time."""
+    from studylog.speculate import requests
+
+    mix = lesson.batch_makeup(8)
+    kinds = {d["kind"] for d in requests.workload()["documents"]}
+    per_kind = min(len(requests.document_names(k)) for k in kinds)
+    assert mix == {"batch": 8, "extraction": len(kinds), "documents": per_kind, "repeated": 8 - per_kind,
+                   "low_copy": len(requests.LOW_COPY)}
+    rows = {(r["batch"], r["workload"]): r["requests"] for r in lesson.bound_rows(lesson.committed())}
+    assert rows[(8, "extraction")] == mix["extraction"] and rows[(8, "low_copy")] == mix["low_copy"]

@@ -151,6 +151,27 @@ def low_copy_counts(results, batch: int = 1) -> dict[str, int]:
     return {"low_copy": len(_rows(results, batch, "low_copy", "step04")), "chapter7": len(INSTRUCTIONS)}
 
 
+class _NoTokenizer:
+    """A tokenizer that encodes every chat as no tokens: enough for :func:`batch_makeup` to read which requests
+    :func:`studylog.speculate.report.batches_of` puts in a batch."""
+
+    @staticmethod
+    def encode_chat(messages) -> list[int]:
+        return []
+
+
+def batch_makeup(batch: int = 8) -> dict[str, int]:
+    """What one row of the results holds at ``batch`` (a batch of ``batch`` sequences, timed as one, as
+    :func:`studylog.speculate.report.batches_of` forms it): on extraction, one kind's documents repeated to fill the
+    batch (``extraction``: how many batches; ``documents``: the fewest distinct documents a batch holds;
+    ``repeated``: the most sequences of a batch that repeat a document); on low-copy, one request's instructions in
+    turn (``low_copy``: how many batches)."""
+    jobs = report.batches_of("extraction", batch, _NoTokenizer())
+    distinct = [len(set(names)) for names, _ in jobs]
+    return {"batch": batch, "extraction": len(jobs), "documents": min(distinct), "repeated": batch - min(distinct),
+            "low_copy": len(report.batches_of("low_copy", batch, _NoTokenizer()))}
+
+
 def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
     """What drafting and the grammar's walk cost against a verifying step, in the loop's instrumented runs
     (wall clock, the prefill left out). The loop's drafting component also holds the step's bookkeeping (each
@@ -179,13 +200,17 @@ def draft_cost(results, batch: int = 1, workload: str = "extraction") -> dict[st
             "forward_share": loop_ms * 1e3 / verify_us}
 
 
+#: Where the runs the page cites beside the committed one keep their files, from the repository's root.
+LAB_RESULTS = "lab/speculate/results/nvidia-h200"
+
+
 def _lab_file(name: str) -> dict[str, Any]:
-    """A file of ``lab/speculate/results/nvidia-h200/``: the runs the page cites beside the committed one."""
+    """A file of :data:`LAB_RESULTS`."""
     import json
 
     from studylog.paths import REPO_ROOT
 
-    return json.loads((REPO_ROOT / "lab" / "speculate" / "results" / "nvidia-h200" / name).read_text())
+    return json.loads((REPO_ROOT / LAB_RESULTS / name).read_text())
 
 
 #: The committed run's benchmark repeated with the same code on a second H200, in ``lab/speculate/results/``.
@@ -358,7 +383,7 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "bound_rows", "breakdown_table", "capped",
-           "committed", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses", "low_copy_counts",
-           "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs", "second_machine", "second_run",
-           "slowest", "steps_table", "validity", "verify_layer_split"]
+__all__ = ["LAB_RESULTS", "NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "batch_makeup", "bound_rows",
+           "breakdown_table", "capped", "committed", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
+           "low_copy_counts", "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs",
+           "second_machine", "second_run", "slowest", "steps_table", "validity", "verify_layer_split"]
