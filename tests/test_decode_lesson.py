@@ -502,6 +502,13 @@ def test_the_bound_is_the_median_of_the_requests_own():
     assert case["bound"] == pytest.approx(statistics.median(b["both_bound"] for b in per.values()))
     excess = lesson.bound_excess(current, "1b", 1)
     assert 0 <= excess["above"] <= excess["requests"] == 9 and excess["host_step1_us"] > 0
+    # the host's own work the page quotes is the median over the JSON schemas of each row's ``host`` component
+    for config, key in (("baseline", "host_step1_us"), ("masked_head", "host_step3_us")):
+        rows = [r for r in current.rows if r["params"].get("model") == "1b" and r["params"].get("batch") == 1
+                and r["params"].get("config") == config and r["params"].get("whitespace") == "compact"
+                and r["params"].get("schema") in per]
+        assert len(rows) == 9
+        assert excess[key] == pytest.approx(statistics.median(r["breakdown_ms_per_token"]["host"] for r in rows) * 1e3)
 
 
 def test_the_breakdown_bars_are_the_instrumented_totals_with_the_timed_total_as_a_tick():
@@ -594,3 +601,20 @@ def test_the_jump_counts_count_two_ways():
     assert jc["ch1_saved_token"] == pytest.approx(1 - 49 / 53)
     assert jc["ch1_saved_char"] == pytest.approx(1 - 17 / 53)
     assert lesson.jump_counts(Results("decode.json", {"measurements": rows[:3]})) is None
+
+
+def test_the_breakdown_bars_put_3a_before_step_3():
+    """Step 3's first change alone (3a) stands just before step 3, as the page lists step 3's changes, with its
+    steps-table label; chapter 1's character-level jumps come last."""
+    import matplotlib.pyplot as plt
+
+    from book.decode import figures as decode_figures
+
+    part = {"body": 1.0, "mask_wait": 0.0, "head": 0.1, "mask_apply": 0.0, "sampling": 0.01, "host": 0.01,
+            "wall": 1.1}
+    parts = {c: dict(part) for c in ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")}
+    ax = decode_figures.plot_breakdown(parts)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == [report.series_label("baseline"), report.series_label("jump_forward"), "3a: automaton_mask",
+                      report.series_label("masked_head"), "char_jump"]
+    plt.close(ax.figure)

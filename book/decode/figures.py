@@ -20,6 +20,11 @@ TICK_LABEL = "timed total, no instrumentation (written above)"
 #: One colour per configuration across the chapter's figures (the components have theirs in :data:`COLORS`).
 CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head": "#d95f02",
                  "automaton_mask": "#7570b3", "char_jump": "#e7298a"}
+#: The bars' order: the steps, step 3's first change alone (3a, ``automaton_mask``) just before step 3, as the page
+#: lists step 3's changes, then chapter 1's character-level jumps, which are not a step.
+BAR_ORDER = ("baseline", "jump_forward", "automaton_mask", "masked_head", "char_jump")
+#: A bar's label where it is not a step's name: the change's label in the steps table beside its configuration.
+BAR_LABELS = {"automaton_mask": "3a: automaton_mask"}
 #: How figure titles name the cost models' shapes (each a body of a public model's shape and a head of chapter 1's
 #: ``cl100k_base`` vocabulary).
 SHAPES = {"1b": "1B-shaped body, cl100k head", "8b": "8B-shaped body, cl100k head"}
@@ -36,7 +41,7 @@ def unattributed(parts: dict[str, float]) -> float:
 
 def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "", unit: str = "ms",
                    legend: bool = True):
-    """Stacked bars on a linear axis, one per configuration: the instrumented run's total per output token, split
+    """Stacked bars on a linear axis, one per configuration (in :data:`BAR_ORDER`): the instrumented run's total per output token, split
     into the loop's components as that run measured them (CUDA events between the components), unscaled, so a part
     the configurations share keeps its height from bar to bar. A black tick marks the timed total, measured without
     the events and written above the bar; the bar's top less the tick is what the events themselves cost
@@ -44,7 +49,7 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(6.4, 4.2))[1]
-    names = list(parts)
+    names = sorted(parts, key=lambda c: BAR_ORDER.index(c) if c in BAR_ORDER else len(BAR_ORDER))
     scale = 1e3 if unit == "µs" else 1.0
     for i, config in enumerate(names):
         bottom = 0.0
@@ -56,7 +61,7 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
         ax.hlines(wall, i - 0.4, i + 0.4, color="black", lw=2.0, label=TICK_LABEL if i == 0 else None)
         ax.annotate(f"{wall:.3g}", (i, max(bottom, wall)), xytext=(0, 2), textcoords="offset points", ha="center",
                     va="bottom", fontsize=FONT)
-    ax.set_xticks(range(len(names)), [series_label(n) for n in names], rotation=25, ha="right", fontsize=FONT)
+    ax.set_xticks(range(len(names)), [BAR_LABELS.get(n, series_label(n)) for n in names], rotation=25, ha="right", fontsize=FONT)
     ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylabel(f"time per output token ({unit})", fontsize=FONT)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
@@ -172,5 +177,6 @@ def figures(results, what: str = "") -> dict[str, Any]:
     return out
 
 
-__all__ = ["COLORS", "CONFIG_COLORS", "FONT", "LABELS", "SHAPES", "TICK_LABEL", "breakdown_figure", "figures",
-           "instrumentation_caption", "instrumentation_cost", "plot_breakdown", "speedup_figure", "unattributed"]
+__all__ = ["BAR_LABELS", "BAR_ORDER", "COLORS", "CONFIG_COLORS", "FONT", "LABELS", "SHAPES", "TICK_LABEL",
+           "breakdown_figure", "figures", "instrumentation_caption", "instrumentation_cost", "plot_breakdown",
+           "speedup_figure", "unattributed"]
