@@ -209,6 +209,50 @@ def test_the_host_times_read_the_committed_runs():
     assert host["nvidia-h200"]["gpu_us"] == pytest.approx(raw["ms"] * 1e3)
 
 
+def test_the_host_bound_cases_are_the_rows_whose_host_time_exceeds_their_gpu_time():
+    """Each card's host-bound cases are its grid's rows (the entry point, or the step the entry point picks where the
+    card's run does not time it) with host time per call above GPU time, as the landing page counts them; the page's
+    card marks them in bold in its result table."""
+    from studylog.ctc.fused import final_step
+
+    for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
+        bound = lesson.host_bound(gpu)
+        if bound is None:
+            continue
+        data = json.loads(plotting.load_results("ctc", gpu).path.read_text())
+        entry = any(r["series"] == "ctc_loss" for r in data["measurements"])
+        rows = [r for r in data["measurements"] if r["params"].get("T") == ctc.BENCH_T and r.get("host_ms") is not None
+                and r["series"] == ("ctc_loss" if entry else
+                                    f"step{final_step(ctc.BENCH_T, r['params']['N'], r['params']['A']):02d}")]
+        assert bound["of"] == len(rows) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
+        assert {(A, N) for A, N, _, _ in bound["cases"]} == {(r["params"]["A"], r["params"]["N"]) for r in rows
+                                                             if r["host_ms"] > r["ms"]}
+        assert all(host > gpu_us for _, _, host, gpu_us in bound["cases"])
+    results = plotting.load_results("ctc", "nvidia-h200")
+    lines = [line for line in lesson.results_table(results).splitlines()[2:] if line[2:3].isdigit()]
+    bold = {tuple(int(c.strip().replace(",", "")) for c in line.split("|")[1:3])
+            for line in lines if "**" in line.split("|")[6]}
+    assert bold == {(A, N) for A, N, _, _ in lesson.host_bound("nvidia-h200")["cases"]}
+    words = lesson.cases_words([(28, 1, 0, 0), (28, 2, 0, 0), (5000, 1, 0, 0)])
+    assert words == "A = 28 at N = 1 and 2; A = 5,000 at N = 1"
+
+
+def test_the_ablation_runs_step_rows_say_their_run_and_how_far_it_sits_from_the_benchmark():
+    """The tables of changes label their own step rows by run, and the table of steps says how far those runs' step
+    times sit from its own rows (the largest gap over every re-timed step and case)."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    changes = [lesson.step07_changes(), lesson.step08_changes()]
+    if None in changes:
+        return
+    gaps = [abs(t / (results.select(series, T=ctc.BENCH_T, A=A, N=N)[0]["ms"] * 1e3) - 1)
+            for c in changes for variant, series in lesson.RERUN_ANCHORS.items()
+            for (A, N), (t, _) in c["rows"].get(variant, {}).items()]
+    assert lesson.rerun_drift(results, changes) == pytest.approx(max(gaps))
+    assert f"within {max(gaps):.0%} of these rows" in lesson.boehm_table(results)
+    for c in changes:
+        assert all("in this table's run" in label for key, label in c["labels"].items() if key in lesson.RERUN_ANCHORS)
+
+
 def test_step_7_states_what_was_measured_and_presents_no_unmeasured_alternative_as_a_number():
     """Change 2's ratios are the lab run's block-recursion row over its step 7 row; the page says the alternative is
     not measured and computes no time for it."""
@@ -316,7 +360,7 @@ def test_step_8_changes_read_the_lab_run_or_say_nothing(monkeypatch):
     assert got["cases"] == [(28, 1), (5000, 256)] and len(got["failed"]) == 1
     assert got["rows"]["branch put back"][(5000, 256)] == pytest.approx((100.0, 1.25))
     table = lesson.changes_table(got)
-    assert "| step 8 (both changes) | 40.0 (1.00×) | 80.0 (1.00×) |" in table
+    assert "| step 8 (both changes), in this table's run | 40.0 (1.00×) | 80.0 (1.00×) |" in table
     assert "8b undone" in table and "(2.00×)" in table
 
 

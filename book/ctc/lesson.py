@@ -164,9 +164,10 @@ def results_table(results) -> str:
     name = "`ctc_loss`" if final == "ctc_loss" else CHAPTER.final.name
     if not results.select(final, T=BENCH_T):
         return f"{name}: {PENDING}."
-    lines = [f"| A | N | torch-cuDNN (µs) | torch-native (µs) | {name} (µs) | speedup over torch-best | "
-             "floor (µs): the larger of the bytes and the chain of T frames | time / floor |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| A | N | torch-cuDNN (µs) | torch-native (µs) | {name} (µs) | host per call (µs) | "
+             "speedup over torch-best | floor (µs): the larger of the bytes and the chain of T frames | "
+             "time / floor |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for A, N in _all_points():
         row = _row(results, final, T=BENCH_T, A=A, N=N)
         if row is None:
@@ -179,12 +180,16 @@ def results_table(results) -> str:
                 speedup += f" ({best['spread_ms'][0] / row['spread_ms'][2]:.2f}–" \
                            f"{best['spread_ms'][2] / row['spread_ms'][0]:.2f})"
         floor, kind = case_floor(results, A, N)
+        host = "–" if row.get("host_ms") is None else us(row["host_ms"])
+        if row.get("host_ms") is not None and row["host_ms"] > row["ms"]:
+            host = f"**{host}**"
         lines.append(f"| {A:,} | {N} | {_with_spread(_row(results, 'torch-cuDNN', T=BENCH_T, A=A, N=N))} | "
                      f"{_with_spread(_row(results, 'torch-native', T=BENCH_T, A=A, N=N))} | {_with_spread(row)} | "
-                     f"{speedup} | {floor:,.1f} ({FLOOR_KIND[kind]}) | {row['ms'] * 1e3 / floor:,.1f}× |")
+                     f"{host} | {speedup} | {floor:,.1f} ({FLOOR_KIND[kind]}) | {row['ms'] * 1e3 / floor:,.1f}× |")
     clocks = {s: clock_words(clock_of(results, s)) for s in ("torch-cuDNN", "torch-native", final)}
     return ("\n".join(lines) + "\n\nClocks: " + ", ".join(f"{s}: {c}" for s, c in clocks.items()) + ". "
-            + torch_best_words(results))
+            + torch_best_words(results) + f" Host per call: {name}'s time on the host for one call made eagerly, "
+            "without a CUDA graph; in bold where it is above the GPU time, so that such a call waits on the host.")
 
 
 def torch_best_words(results) -> str:
@@ -726,7 +731,30 @@ def boehm_table(results) -> str:
             "undone: \"without it\" is the step's time without the change, the factor that time over the step's in "
             "the same run (above 1.00×, the change pays). The entry point's \"× previous\" is over step 9, the last "
             "step before its choice.")
+    drift = rerun_drift(results, ablations.values())
+    if drift is not None:
+        note += (" Every other row comes from the chapter's benchmark run; the tables of changes under steps 7 and 8 "
+                 f"time their steps again in runs of their own, within {drift:.0%} of these rows.")
     return "\n".join(lines) + "\n\n" + note
+
+
+#: The library steps the ablation runs time again, by their variant names there, and the benchmark's series.
+RERUN_ANCHORS = {"step 7": "step07", "library step 5": "step05", "library step 8": "step08",
+                 "library step 7": "step07"}
+
+
+def rerun_drift(results, ablations: Iterable[dict | None]) -> float | None:
+    """The largest relative difference between a library step's time in an ablation run (:func:`lab_changes`) and
+    the same step's time at the same case in ``results``: how far a table of changes' own step rows may sit from the
+    table of steps. None where no ablation run or no matching row exists."""
+    gaps = []
+    for changes in ablations:
+        for variant, series in RERUN_ANCHORS.items():
+            for (A, N), (t, _) in ((changes or {}).get("rows", {}).get(variant) or {}).items():
+                bench = _ms(results, series, T=BENCH_T, A=A, N=N)
+                if bench:
+                    gaps.append(abs(t / (bench * 1e3) - 1))
+    return max(gaps) if gaps else None
 
 
 def entry_point(results, A: int, N: int) -> dict | None:
@@ -763,19 +791,19 @@ def tuning_table(results, numbers: Iterable[int] = (2, 3, 4, 5)) -> str:
 
 
 #: lab/ctc/step07_changes.py's variants, in the table's order: step 7, then step 7 with one change undone.
-STEP07_CHANGES = (("step 7", "step 7 (all its changes)"),
+STEP07_CHANGES = (("step 7", "step 7 (all its changes), in this table's run"),
                   ("softmax written", "7a undone: the log-softmax written, then read"),
                   ("block recursion", "7b undone: a block per direction, a barrier per frame (step 5's)"),
                   ("directions in turn", "7c undone: alpha, then beta, in one warp"),
-                  ("library step 5", "step 5, for reference"))
+                  ("library step 5", "step 5, for reference, in this table's run"))
 #: lab/ctc/step08_changes.py's rows, in the table's order: step 8, step 8 with one change undone, step 8 with an
 #: option its default leaves off, and step 7.
-STEP08_CHANGES = (("library step 8", "step 8 (both changes)"),
+STEP08_CHANGES = (("library step 8", "step 8 (both changes), in this table's run"),
                   ("branch put back", "8a undone: step 7's branch between the two- and three-term sums"),
                   ("exp2f and __log2f", "8b undone: `exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`"),
                   ("+ redux max", "not in step 8: the row maximum by one `redux.sync`"),
                   ("+ prefetch 8", "not in step 8: that, and emissions prefetched 8 frames ahead, not 4"),
-                  ("library step 7", "step 7, for reference"))
+                  ("library step 7", "step 7, for reference, in this table's run"))
 
 
 def lab_changes(name: str, anchor: str, variants, gpu: str = "nvidia-h200") -> dict | None:
@@ -821,6 +849,44 @@ def step07_changes_table(changes: dict) -> str:
 
 #: The cards' short names, for prose.
 CARD_NAMES = {"nvidia-h200": "H200", "nvidia-h100-80gb-hbm3": "H100"}
+
+
+def host_bound(gpu: str = "nvidia-h200") -> dict | None:
+    """The grid's cases on one card where our call, made eagerly, takes longer on the host than on the GPU (its host
+    time per call above its GPU time): ``cases``, (A, N, host µs, GPU µs) in the grid's order; ``of``, the cases with
+    a host time; ``card``, the card's short name. Our call is the entry point's row where the card's run times it,
+    else the step the entry point picks for the case (:func:`studylog.ctc.fused.final_step`), as on the landing
+    page. None where the card has no run."""
+    from studylog.ctc.fused import final_step
+    from studylog.plotting import load_results
+
+    try:
+        results = load_results("ctc", gpu)
+    except FileNotFoundError:
+        return None
+    entry = bool(results.select("ctc_loss", T=BENCH_T))
+    cases, of = [], 0
+    for A, N in _all_points():
+        row = _row(results, "ctc_loss" if entry else f"step{final_step(BENCH_T, N, A):02d}", T=BENCH_T, A=A, N=N)
+        if row is None or row.get("host_ms") is None:
+            continue
+        of += 1
+        if row["host_ms"] > row["ms"]:
+            cases.append((A, N, row["host_ms"] * 1e3, row["ms"] * 1e3))
+    return {"cases": cases, "of": of, "card": CARD_NAMES.get(gpu, gpu)}
+
+
+def cases_words(cases: Iterable[tuple]) -> str:
+    """Cases (A, N, ...) in words, grouped by alphabet: "A = 28 at N = 1, 2 and 8; A = 5,000 at N = 1"."""
+    by_a: dict[int, list[int]] = {}
+    for case in cases:
+        by_a.setdefault(case[0], []).append(case[1])
+
+    def listed(ns):
+        ns = [str(n) for n in ns]
+        return ns[0] if len(ns) == 1 else ", ".join(ns[:-1]) + " and " + ns[-1]
+
+    return "; ".join(f"A = {a:,} at N = {listed(ns)}" for a, ns in by_a.items())
 
 
 def host_at_headline(A: int, N: int, gpus: Iterable[str] = ("nvidia-h200", "nvidia-h100-80gb-hbm3")) -> dict:
