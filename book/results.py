@@ -104,27 +104,48 @@ def row_caveat(board_row: dict[str, Any]) -> str:
 
 def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     """The headline rows timed on the GPU clock whose host time per call (the Python call's own time, measured
-    apart) exceeds that GPU time: number, card (short name), host and GPU time (ms). There the ratio holds only
-    where calls are replayed in a CUDA graph or otherwise overlap the host's work."""
+    apart) exceeds that GPU time: number, card (short name), host and GPU time (ms), the shape in words where the
+    row is not the chapter's lead (``at``), and the rival (``rival``, its name, and ``rival_host_ms``, ``rival_ms``)
+    where its file records the rival's own host time. There the ratio holds only where calls are replayed in a CUDA
+    graph or otherwise overlap the host's work. Chapter 5's row at 4096 x 14336 counts beside its BitNet lead."""
+    from book.scoreboard import load as load_file
+
+    folders = {card_name(c): c for c in cards(root)}
     out = []
     for b in scoreboard(root):
         if "missing" in b or b.get("vs_rival") is None or b["clock"] != "gpu" or b["rival_clock"] != "gpu":
             continue
-        if not b["lead"] and b["number"] != 6:  # chapter 6's grouped-query row leads where measured
+        llama = b.get("ternary_case") == "llama"
+        if not b["lead"] and not llama:
             continue
         folded = _folded_row(b)
-        if folded and folded.get("host_ms") is not None and folded["host_ms"] > b["median_ms"]:
-            out.append({"number": b["number"], "card": _short(b["card"]), "host_ms": folded["host_ms"],
-                        "gpu_ms": b["median_ms"]})
+        host = folded.get("host_ms") if folded else None
+        if host is None and llama:  # the row at 4096 x 14336, read from the chapter's file
+            data = load_file(folders[b["card"]], "ternary")
+            step = re.search(r"step \d+", b["ours"])
+            mine = [r for r in rows(data, f"step{int(step.group(0)[5:]):02d}", shape="4096x14336", m=1)
+                    if r["clock"] == "gpu"] if data and step else []
+            host = mine[0].get("host_ms") if len(mine) == 1 else None
+        if host is None or host <= b["median_ms"]:
+            continue
+        found = {"number": b["number"], "card": _short(b["card"]), "host_ms": host, "gpu_ms": b["median_ms"],
+                 "at": "4096 × 14336" if llama else ""}
+        if llama and b.get("rival_series"):
+            data = load_file(folders[b["card"]], "ternary")
+            theirs = [r for r in rows(data, b["rival_series"], shape="4096x14336", m=1) if r["clock"] == "gpu"]
+            if len(theirs) == 1 and theirs[0].get("host_ms") is not None:
+                found |= {"rival": b["rival"].split(" (")[0].split(" on the")[0], "rival_ms": theirs[0]["ms"],
+                          "rival_host_ms": theirs[0]["host_ms"]}
+        out.append(found)
     return out
 
 
 def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
     """One sentence for under the headline table: the chapters whose headline's host time per call exceeds its GPU
     time (:func:`host_bound`), and what that means for the ratio."""
-    rows = host_bound(root)
-    said = "; ".join(f"chapter {r['number']:02d} on the {r['card']}, {us(r['host_ms'])} µs on the host against "
-                     f"{us(r['gpu_ms'])} µs on the GPU" for r in rows)
+    found = host_bound(root)
+    said = "; ".join(f"chapter {r['number']:02d} on the {r['card']}" + (f" at {r['at']}" if r["at"] else "")
+                     + f", {us(r['host_ms'])} µs on the host against {us(r['gpu_ms'])} µs on the GPU" for r in found)
     bitnet = [(c, pairs) for c in cards(root) if (pairs := bitnet_rows(c))]
     for folder, pairs in bitnet:  # chapter 5's headline rows, BitNet's included: its eager call is cheaper
         span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
@@ -138,6 +159,11 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
     text = (f"Some headline calls take longer on the host than on the GPU ({said}). Their ratios hold only where "
             "calls are replayed in a CUDA graph or otherwise overlap the host's work: made one at a time from "
             "Python, such a call waits on the host ([How we measure](how_we_measure.md)).")
+    for r in found:  # where the rival's own call, made eagerly, would then be the faster of the two
+        if r.get("rival_host_ms") is not None and max(r["rival_host_ms"], r["rival_ms"]) < r["host_ms"]:
+            text += (f" On the {r['card']}" + (f" at {r['at']}" if r["at"] else "") + f", called eagerly, "
+                     f"{r['rival']} would be faster ({us(r['rival_host_ms'])} µs of host time a call, "
+                     f"{us(r['rival_ms'])} µs on the GPU).")
     for folder, pairs in bitnet:
         peer = [p["host_ms"] for _, _, _, p in pairs if p.get("host_ms") is not None]
         ours = [o["host_ms"] for _, _, o, _ in pairs]
@@ -174,7 +200,7 @@ def ctc_cases(card: Path) -> list[dict[str, Any]]:
         series = ctc_series(data, p)
         ours = [r for r in rows(data, series, **p) if r["clock"] == "gpu"]
         if len(ours) == 1:
-            out.append({"ratio": rival["ms"] / ours[0]["ms"], "case": f"A = {p['A']:,}, N = {p['N']}",
+            out.append({"ratio": rival["ms"] / ours[0]["ms"], "case": f"alphabet {p['A']:,}, batch {p['N']}",
                         "ours": ours[0], "series": series})
     return out
 
@@ -193,8 +219,7 @@ def ctc_which(card: Path) -> str:
     if any(c["series"] == "ctc_loss" for c in cases):
         return "the entry point"
     steps = sorted({int(c["series"][4:]) for c in cases})
-    return ("at each case the step the entry point picks there (" + " or ".join(f"step {n}" for n in steps)
-            + "), timed directly")
+    return "the step the entry point picks at each case, " + " or ".join(f"step {n}" for n in steps) + ", timed directly"
 
 
 def ctc_host_bound(card: Path) -> tuple[int, int]:
@@ -202,21 +227,6 @@ def ctc_host_bound(card: Path) -> tuple[int, int]:
     many: there the graph-replayed ratio does not hold for calls made one at a time."""
     cases = [c for c in ctc_cases(card) if c["ours"].get("host_ms") is not None]
     return sum(1 for c in cases if c["ours"]["host_ms"] > c["ours"]["ms"]), len(cases)
-
-
-def ctc_other_cards_words(root: Path, card: Path) -> str:
-    """The clause chapter 4's landing line adds for the other cards whose headline call is host-bound when called
-    eagerly (its host time per call above its GPU time at the headline case), with both times; empty where none."""
-    said = []
-    for other in cards(root):
-        if other == card:
-            continue
-        data = load(other, "ctc")
-        ours = [r for r in rows(data, ctc_series(data, CTC_CASE), **CTC_CASE) if r["clock"] == "gpu"] if data else []
-        if len(ours) == 1 and ours[0].get("host_ms") is not None and ours[0]["host_ms"] > ours[0]["ms"]:
-            said.append(f"on the {_short(card_name(other))} at A = {CTC_CASE['A']:,}, N = {CTC_CASE['N']} "
-                        f"({us(ours[0]['host_ms'])} µs host, {us(ours[0]['ms'])} µs GPU)")
-    return f", and {' and '.join(said)}" if said else ""
 
 
 def bitnet_eager_words(card: Path) -> str:
@@ -229,8 +239,7 @@ def bitnet_eager_words(card: Path) -> str:
     if not pairs or len(peer) < len(pairs) or not ours or max(peer) >= min(ours):
         return ""
     span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
-    return (f"; called eagerly, one call at a time, BitNet's is faster (host time per call {span(peer)} µs "
-            f"against our {span(ours)} µs)")
+    return f"; called eagerly, BitNet's is faster ({span(peer)} µs of host time a call against our {span(ours)} µs)"
 
 
 def decode_bound(card: Path) -> float | None:
@@ -280,9 +289,6 @@ def _step_of(label: str) -> str:
 
 #: Where a cell's number is void (not measured, or not comparable), the cell shows this and a note says why.
 VOID = "–"
-#: The cell of a card whose run is not comparable with the other card's: its number is in the page's one fold for
-#: that run (:func:`summary_markdown`), not in the table.
-EARLIER_CELL = "– (an earlier run, another setup: below the table)"
 
 
 def part_one_answer(card: Path) -> dict[str, Any] | None:
@@ -325,7 +331,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     suite = fsm_suite()
     out = []
     for entry in ENTRIES:
-        cells, ratios, brief, notes, comparable, earlier = {}, {}, {}, {}, {}, {}
+        cells, ratios, brief, notes, comparable = {}, {}, {}, {}, {}
         leads = {}
         for card in cards(root):
             name = _short(card_name(card))
@@ -358,27 +364,25 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             else:
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
             cells[name] += row_caveat(row)
-            if entry.number == 6:  # the grouped-query layout of the model the chapter cites leads where measured
+            if entry.number == 6:  # the layout every card measures (32 heads) first, the grouped-query one second
+                cells[name] += ", 32 heads"
+                brief[name] += " (32 heads)"
                 grouped = next((b for b in board if b["number"] == 6 and _short(b["card"]) == name and not b["lead"]
                                 and "missing" not in b and b.get("vs_rival") is not None), None)
                 if grouped is not None:
-                    cells[name] = (f"**{grouped['vs_rival']:.2f}×** grouped-query, Llama 3.1 8B "
-                                   f"({us(grouped['median_ms'])} against {us(grouped['rival_ms'])} µs)"
-                                   f"{row_caveat(grouped)}; {row['vs_rival']:.2f}× with 32 heads ({us(ours)} against "
-                                   f"{us(theirs)} µs){row_caveat(row)}")
-                    brief[name] = (f"{grouped['vs_rival']:.2f}× {entry.rival_short} (Llama 3.1 8B's grouped "
-                                   f"heads); {row['vs_rival']:.2f}× with 32 heads")
-                else:
-                    cells[name] += ", 32 heads"
-                    brief[name] += " (32 heads)"
-            if entry.number == 2:  # the strongest rival of the kernel alone, beside the whole step's
+                    cells[name] += f"; {grouped['vs_rival']:.2f}× grouped-query{row_caveat(grouped)}"
+                    brief[name] += f"; {grouped['vs_rival']:.2f}× with Llama 3.1 8B's grouped-query heads"
+                    notes[name].append(f"{name}: grouped-query (GQA): 32 query heads sharing 8 key/value heads, as in "
+                                       f"Llama 3.1 8B, {us(grouped['median_ms'])} against "
+                                       f"{us(grouped['rival_ms'])} µs")
+            if entry.number == 2:  # one headline, the whole step; the kernel alone against its rival in a note
+                brief[name] += " (cuBLAS logits, then its mask), the whole step"
                 alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
-                if alone is not None:  # the like-for-like ratio leads the landing page's line
-                    cells[name] += f"; kernel alone {alone['vs_rival']:.2f}× a gather + matmul"
-                    brief[name] = (f"{alone['vs_rival']:.2f}× a gather + matmul, kernel alone (like for like); the "
-                                   f"whole step {row['vs_rival']:.2f}× {entry.rival_short}, which computes every "
-                                   "logit")
+                if alone is not None:
+                    notes[name].append(f"{name}: the kernel alone, given the allowed ids, {alone['vs_rival']:.2f}× "
+                                       "torch's gather of the allowed rows and a matmul (which returns only the "
+                                       "allowed logits; ours writes the whole row, masked)")
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
                 llama = next((b for b in board if b["number"] == 5 and _short(b["card"]) == name
@@ -396,8 +400,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     lo, hi, shapes = beaten
                     ratios[name] = lo
                     cells[name] = f"**{lo:.2f}–{hi:.2f}×** BitNet's W2A8 kernel, at its {shapes} shapes"
-                    brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's own W2A8 kernel (2-bit weights, 8-bit activations; "
-                                   f"its {shapes} decode shapes, one row of x) under CUDA-graph replay"
+                    brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's own W2A8 kernel (2-bit weights, 8-bit activations) "
+                                   f"at its {shapes} decode shapes, one row of x, under CUDA-graph replay"
                                    + bitnet_eager_words(card))
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
@@ -407,32 +411,39 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     ratios[name], cells[name], brief[name] = None, VOID, "BitNet's kernel not measured"
                     notes[name].append(f"{name}: BitNet's kernel is not measured on this card" + (f"; {at}" if at else ""))
                 if llama is not None and llama.get("dense_ratio") is not None:
+                    # where GemLite fails the check, cuBLAS is the strongest rival at that shape (the scoreboard's
+                    # row); where GemLite passes, cuBLAS is the weaker of the two
                     notes[name].append(f"{name}: {llama['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix "
-                                       "at 4096 × 14336, a weaker baseline")
+                                       "at 4096 × 14336, " + (
+                                           "the strongest rival there that passes our float64 check (BitNet's kernel "
+                                           "is not built for this shape)" if llama.get("gemlite_fails_check")
+                                           else "a weaker baseline than GemLite"))
             if entry.number == 4:  # the whole grid beside the headline shape, as the results table lists it
                 grid = ctc_grid(card)
                 if grid is not None:
                     (lo, lo_at), (hi, hi_at) = grid
-                    cells[name] += f"; {lo:.2f}–{hi:.2f}× over the grid"
                     notes[name].append(f"{name}: over the chapter's grid of alphabets and batches "
                                        f"({ctc_which(card)}), {lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at})")
                     slow, of = ctc_host_bound(card)
-                    brief[name] = (f"{lo:.2f}× to {hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at A = {CTC_CASE['A']:,}, "
-                                   f"N = {CTC_CASE['N']}); graph-replayed: called eagerly, host-bound"
-                                   + (f" at {slow} of the {of} cases" if slow else "")
-                                   + ctc_other_cards_words(root, card))
+                    brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
+                                   f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']}), under CUDA-graph replay"
+                                   + (f"; called eagerly, {slow} of the {of} cases wait on the host" if slow else ""))
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 bound = decode_bound(card)
                 if bound is not None:
-                    cells[name] += f"; Amdahl forecast {bound:.2f}×"
+                    notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
                     brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} (Amdahl forecast {bound:.2f}×)"
-            if row.get("unpadded_head"):  # chapter 7's H100 run: its dense baseline is slowed, the ratio inflated
+                if row.get("real_ratio") is not None:
+                    notes[name].append(f"{name}: on a real model, SmolLM2-135M, over its {row['real_requests']} "
+                                       f"requests at batch 1, {row['real_ratio']:.2f}× (the ratio of the two median "
+                                       "times)")
+                    brief[name] += f"; on a real model, SmolLM2-135M, {row['real_ratio']:.2f}×"
+            if row.get("unpadded_head"):  # a run whose dense baseline is slowed: its ratio is not compared
                 ratios[name], comparable[name] = None, False
-                cells[name] = EARLIER_CELL
-                notes[name] = []
-                earlier[name] = (f"{row['vs_rival']:.2f}× ({us(ours)} against {us(theirs)} µs, medians): its run "
-                                 "used a head not padded as real models ship it, which slows the dense baseline")
-                brief[name] = "not comparable (unpadded head)"
+                cells[name] = VOID
+                notes[name] = [f"{name}: not compared on this card: its run's head is not padded as real models ship "
+                               "it, which slows the dense baseline"]
+                brief[name] = "not compared on this card"
         if entry.bench is not None:  # runs that replayed one copy beside runs that rotated: said once, in a note
             one_copy = {_short(card_name(c)): (c, replayed_one_copy(c, entry.bench)) for c in cards(root)}
             rotated = [n for n, (_, once) in one_copy.items() if once is False]
@@ -444,11 +455,11 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 words = one_copy_words(entry.number, once, rotated, lead, l2)
                 if "this line's included" in words:  # the headline itself is not comparable: no ratio in its cell
                     comparable[once], ratios[once] = False, None
-                    r = leads[once]
-                    notes[once] = []
-                    earlier[once] = f"{r['vs_rival']:.2f}× ({us(r['median_ms'])} against {us(r['rival_ms'])} µs){words}"
-                    cells[once] = EARLIER_CELL
-                    brief[once] = "not comparable (its run kept one copy of the head)"
+                    notes[once] = [f"{once}: not compared on this card: its run replayed one copy of "
+                                   f"{ROTATED.get(entry.number, ('its input',))[0]}, so the rows a call reads could "
+                                   "stay in L2 between calls"]
+                    cells[once] = VOID
+                    brief[once] = "not compared on this card"
                 else:
                     notes[once].append(f"{once}{words.lstrip(';')}")
         steps = {n: _step_of(r["ours"]) for n, r in leads.items() if ratios.get(n) is not None}
@@ -457,8 +468,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             differs = "the cards time different steps: " + "; ".join(f"the {n} {k}" for n, k in steps.items())
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
                     "question": entry.question, "what": entry.headline, "cells": cells, "notes": notes,
-                    "ratios": ratios, "brief": brief, "comparable": comparable, "differs": differs,
-                    "earlier": earlier})
+                    "ratios": ratios, "brief": brief, "comparable": comparable, "differs": differs})
     return out
 
 
@@ -488,22 +498,20 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
         return None
     return {"notebook": "notebooks/05_ternary_1_triton.ipynb", "cells": cells, "notes": notes,
             "question": OTHER_PAGES["notebooks/05_ternary_1_triton.ipynb"].replace(" (part 1 of 2)", ""),
-            "what": "the last Triton step (step 9), one row of x, against GemLite, the Triton peer, at the shapes "
-                    "where GemLite passes our float64 check"}
+            "what": "step 9, one row of x, against GemLite where it passes our float64 check"}
 
 
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
     """The results page's first table: per chapter (and chapter 5's Triton part, :func:`part_one_line`) the
     question, the fair headline on each card (one number and a few words) and a link; under it, shown, the numbered
-    notes the cells point to (caveats, the other numbers of a line, and where the cards time different code); then,
-    folded once, the numbers of a card whose run is not comparable with the other card's (``earlier``)."""
+    notes the cells point to (caveats, the other numbers of a line, and where the cards time different code). A card
+    whose run is not comparable with the other card's shows no ratio; its note says why."""
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = list(dict.fromkeys(n for h in found for n in h["cells"]))
     lines = ["| chapter | the question | the fair headline: ours against the strongest rival | "
              + " | ".join(names) + " | notes |", "|" + "---|" * (4 + len(names))]
     numbered: list[str] = []
-    earlier: list[str] = []
     part_one = part_one_line(root)
 
     def line(title: str, notebook: str, question: str, what: str, cells: dict[str, str], said: list[str]) -> None:
@@ -521,20 +529,10 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
         title = f"{h['number']:02d}. {h['title']}" + (", part 2 (CUDA C++)" if h["number"] == 5 and part_one else "")
         line(title, h["notebook"], h["question"], h["what"], h["cells"],
              [t for n in names for t in h["notes"].get(n, [])] + ([h["differs"]] if h["differs"] else []))
-        earlier += [f"chapter {h['number']:02d} ({h['title']}) on the {n}: {text}"
-                    for n, text in h.get("earlier", {}).items()]
     if numbered:
         lines += ["", "Notes:", ""]
         lines += [f"{i}. {text[0].upper() + text[1:]}." for i, text in enumerate(numbered, 1)]
-    if earlier:  # one fold for the runs whose setup differs: their numbers are not the table's
-        lines += ["", f"<details><summary>An earlier run, different setup ({len(earlier)} "
-                  f"line{'s' if len(earlier) > 1 else ''}; not comparable with the table)</summary>", ""]
-        lines += [f"- {_sentence_start(text)}." for text in earlier] + ["", "</details>"]
     return "\n".join(lines)
-
-
-def _sentence_start(text: str) -> str:
-    return text[0].upper() + text[1:]
 
 
 def not_comparable_runs(root: Path = BENCH_RESULTS) -> dict[tuple[int, str], str]:
@@ -545,29 +543,21 @@ def not_comparable_runs(root: Path = BENCH_RESULTS) -> dict[tuple[int, str], str
     return not_comparable(scoreboard(root))
 
 
-def _ctc_entry_words(card: Path) -> str | None:
-    """Under a chapter 4 table of a card that times step 10 at every case (no entry point in its file): the cases
-    where the entry point would run another step, with that step's ratio, which the headline table's range uses."""
-    other = [c for c in ctc_cases(card) if c["series"] != "step10"]
-    if not other or any(c["series"] == "ctc_loss" for c in other):
-        return None
-    said = ", ".join(f"{c['case']} ({c['series'].replace('step0', 'step ').replace('step1', 'step 1')}, "
-                     f"{c['ratio']:.2f}×)" for c in other)
-    return ("This run times step 10 at every case. Where the entry point picks another step, the headline table's "
-            f"range uses that step's own row from the same run: {said}.")
+#: Under a chapter 4 table of a card whose file times the steps directly (no row of the entry point itself).
+CTC_STEPS_WORDS = ("This card's file times the steps directly, not the entry point: each row times the step the "
+                   "entry point picks at its case.")
 
 
 def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
-    """The results page's folded tables (:func:`book.site.headlines_page_markdown`), with each card's tables whose
-    run is not comparable with the other card's (:func:`not_comparable_runs`) taken out of its chapter's fold, and
-    the cards' differences that compare them dropped, into one fold at the end; under a chapter 4 table that times
-    step 10 everywhere, the cases where the entry point picks another step (:func:`_ctc_entry_words`)."""
+    """The results page's folded tables (:func:`book.site.headlines_page_markdown`), without the tables of a card
+    whose run is not comparable with the other card's (:func:`not_comparable_runs`) and without the cards'
+    differences that would compare them; under a chapter 4 table whose file times the steps directly, a line that
+    says so (:data:`CTC_STEPS_WORDS`)."""
     from book.site import headlines_page_markdown
 
     moved = not_comparable_runs(root)
     folders = {card_name(c): c for c in cards(root)}
     out: list[str] = []
-    later: list[str] = []
     chapter, card, title = 0, "", ""
     for line in headlines_page_markdown().splitlines():
         m = re.match(r":::\{dropdown\} Chapter (\d+): (.+)", line)
@@ -580,32 +570,15 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
             c = re.match(r"\*\*(NVIDIA [^*]+)\*\*, measured", line)
             if c:
                 card = c.group(1)
-                if (chapter, card) in moved:
-                    later += ["", f"**{chapter:02d}. {title}**, {line[2:].replace('**', '', 1)}", "",
-                              f"Not comparable: {moved[(chapter, card)][0].lower()}{moved[(chapter, card)][1:]}."]
-                    continue
         if (chapter, card) in moved and not line.startswith("<details>"):
-            if line.startswith("L2-favoured: ") or "not comparable with the other card" in line:
-                line = re.sub(r"; not comparable with the other card: [^.]*", "", line)
-                if line.startswith("L2-favoured: "):
-                    continue
-            later.append(line.replace(" (L2-favoured)", "").replace(" (not comparable)", ""))
             continue
         if line.startswith("<details><summary>Where the cards differ") and any(
                 (chapter, name) in moved for name in folders):
             continue  # a difference from a run that is not comparable says nothing about the cards
         out.append(line)
-        if line.startswith("Ours: the fused CTC kernel (step 10") and card in folders:
-            said = _ctc_entry_words(folders[card])
-            if said:
-                out += ["", said]
-    if later:
-        names = sorted({_short(n) for _, n in moved})
-        chapters = sorted({n for n, _ in moved})
-        out += ["", f":::{{dropdown}} An earlier {' and '.join(names)} run, different setup (chapter"
-                f"{'s' if len(chapters) > 1 else ''} {' and '.join(f'{n:02d}' for n in chapters)})", "",
-                "These runs were set up differently from the other card's, so their ratios are not the headline "
-                "tables' and are not compared with them."] + later + ["", ":::"]
+        if (line.startswith("Ours: the fused CTC kernel (step") and card in folders
+                and ctc_which(folders[card]) != "the entry point"):
+            out += ["", CTC_STEPS_WORDS]
     return "\n".join(re.sub(r"\n{3,}", "\n\n", "\n".join(out)).splitlines())
 
 
@@ -730,7 +703,7 @@ OTHER_PAGES = {
 
 
 def bitnet_range(card: Path) -> tuple[float, float, int] | None:
-    """Chapter 5's fastest W2A8 step against BitNet's W2A8 kernel on ``card`` (the run the chapter reads):
+    """Chapter 5's one-row W2A8 kernel (step 12) against BitNet's W2A8 kernel on ``card`` (the run the chapter reads):
     (lowest, highest ratio, how many shapes), or None where the card has no such run."""
     from book.scoreboard import bitnet_run
     from book.ternary import results as ternary
@@ -742,7 +715,7 @@ def bitnet_range(card: Path) -> tuple[float, float, int] | None:
 
 
 def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
-    """Chapter 5's fastest W2A8 step against BitNet's W2A8 kernel on ``card`` at every shape of
+    """Chapter 5's one-row W2A8 kernel (step 12) against BitNet's W2A8 kernel on ``card`` at every shape of
     :func:`book.ternary.results.bitnet_table`, as the folded tables list them: (our step's label, the case, our row,
     BitNet's row), both on the GPU clock with their spreads; empty where the card has no such run."""
     from book.scoreboard import bitnet_run
@@ -781,7 +754,7 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, s
         r = part_one["ratios"]
         lost = sum(1 for v in r.values() if v < 1)
         out["notebooks/05_ternary_1_triton.ipynb"] = (
-            f"{min(r.values()):.2f}× to {max(r.values()):.2f}× GemLite (step 9, one row of x, at the {len(r)} "
+            f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite (step 9, one row of x, at the {len(r)} "
             f"shapes where GemLite passes our check" + (f"; slower than GemLite at {lost} of them" if lost else "")
             + ")")
     return out
@@ -828,6 +801,6 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "ctc_grid", "decode_bound", "bitnet_rows", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
-           "part_one_line", "ctc_cases", "ctc_series", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
-           "ctc_other_cards_words", "EARLIER_CELL", "reading_path_markdown", "summary_markdown", "other_answers",
+           "part_one_line", "CTC_STEPS_WORDS", "ctc_cases", "ctc_series", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
+       "reading_path_markdown", "summary_markdown", "other_answers",
            "bitnet_range"]

@@ -70,7 +70,8 @@ def _questions() -> dict[str, tuple[str, str]]:
             if len(texts) == 1:
                 text = texts.pop()
                 measured = [f"{text[0].upper()}{text[1:]}, counted on the host"]
-        out[h["notebook"]] = (h["question"], "; ".join(measured) if measured else "not measured yet")
+        # one line per card (a hard line break between them), so that no card's clause runs into another's
+        out[h["notebook"]] = (h["question"], "  \n".join(measured) if measured else "not measured yet")
     answers = other_answers()
     for notebook, question in OTHER_PAGES.items():
         if notebook not in out and "?" in question:
@@ -126,7 +127,7 @@ class PostsDirective(SphinxDirective):
             ]
             if doc in asks:  # the card leads with the chapter's question and its measured answer
                 question, answer = asks[doc]
-                lines += [f"**{question}** {answer}".rstrip(), ""]
+                lines += [f"**{question}**" + (f"  \n{answer}" if answer else ""), ""]
             lines += [post["summary"].strip(), ""]
             if post.get("teaser") and (Path(self.env.srcdir) / post["teaser"]).is_file():
                 alt = post.get("alt") or FIGURE_ALT.get(post["teaser"]) or f"The main figure of {post['title']}"
@@ -145,6 +146,7 @@ PLAIN_NAMES = {
     "n-gram matching, ngram_match (step07)": "the GPU drafter's entry point (running step 7)",
     "n-gram matching, ngram_match (step06)": "the GPU drafter's entry point (running step 6)",
     "step10_warps_per_direction (CUDA C++)": "the fused CTC kernel (step 10, CUDA C++)",
+    "step08_branch_free (CUDA C++)": "the fused CTC kernel (step 8, CUDA C++)",
     "ctc_loss (step10, CUDA C++)": "the CTC entry point (running step 10, CUDA C++)",
     "step11_tma (CUDA C++)": "the ternary kernel with TMA copies (step 11, CUDA C++)",
     "step09_mma (Triton)": "the ternary kernel on tensor cores (step 9, Triton)",
@@ -456,6 +458,52 @@ def headline_rival_rows(markdown: str) -> str:
     return "\n".join(out)
 
 
+def ctc_entry_rows(markdown: str) -> str:
+    """Chapter 4's folded table of a card whose file times the steps directly (no row of the entry point): its rows
+    rebuilt so that each case times the step the entry point picks there (:func:`book.results.ctc_cases`), as the
+    headline table's range over the grid does: the smallest speedup over the batches of each alphabet, and the
+    largest batch of the largest alphabet. A card whose file times the entry point keeps its rows."""
+    from book.results import ctc_cases
+    from book.scoreboard import card_name, cards, load, one
+    from studylog.ctc import CHAPTER
+
+    names = {s.series: s.name for s in CHAPTER.steps}
+    folders = {card_name(c): c for c in cards()}
+    out, lines, card = [], markdown.splitlines(), ""
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = re.match(r"^\*\*(\w+)\*\* — (.+?), \d{4}-", line)
+        if m:
+            card = m.group(2) if m.group(1) == "ctc" else ""
+        cases = ctc_cases(folders[card]) if card in folders else []
+        if not (card and line.startswith("| ") and not line.startswith("| ours") and cases
+                and all(c["series"] != "ctc_loss" for c in cases)):
+            out.append(line)
+            i += 1
+            continue
+        rival_label = line.split(" | ")[1]
+        while i < len(lines) and lines[i].startswith("| "):  # the file's rows, replaced below
+            i += 1
+        data = load(folders[card], "ctc")
+        alphabets = sorted({c["ours"]["params"]["A"] for c in cases})
+        picks = []
+        for a in alphabets:
+            grid = [c for c in cases if c["ours"]["params"]["A"] == a]
+            batches = sorted(c["ours"]["params"]["N"] for c in grid)
+            worst = min(grid, key=lambda c: c["ratio"])
+            picks.append((worst, f" (smallest speedup over N = {batches[0]}..{batches[-1]})"))
+            if a == alphabets[-1]:
+                picks.append((max(grid, key=lambda c: c["ours"]["params"]["N"]), ""))
+        for c, why in picks:
+            p = c["ours"]["params"]
+            rival = one(data, "torch-best", **p)
+            case = f"T = {p['T']}, A = {p['A']}, N = {p['N']}{why}"
+            out.append(_pair_line(f"{names.get(c['series'], c['series'])} (CUDA C++)", rival_label, case, c["ours"],
+                                  rival))
+    return "\n".join(out)
+
+
 def grouped_rows(markdown: str, board: list[dict[str, Any]]) -> str:
     """Chapter 6's grouped-query headline (the scoreboard's row of the entry point on grouped heads) added to its
     card's folded table, which times 32 heads only: the page's headline for that card has a row to stand on."""
@@ -508,7 +556,7 @@ def headlines_page_markdown() -> str:
         for r in board:
             if r.get("one_copy"):
                 one_copy.setdefault(f"Chapter {r['number']}: {r['title']}", set()).add(r["card"])
-    text = grouped_rows(headline_rival_rows(flag_rows(headline_markdown())), board)
+    text = grouped_rows(headline_rival_rows(ctc_entry_rows(flag_rows(headline_markdown()))), board)
     return compact_tables(folded_by_chapter(readable_headlines(text, ngram)), unpadded, one_copy)
 
 
