@@ -351,8 +351,9 @@ def _check_words(check: dict[str, Any] | None) -> str:
 
 
 def _ternary(data):
-    """Chapter 5's rows, the headline first: where the card has the chapter's BitNet run, its one-row W2A8 kernel (step 12)
-    against BitNet's own W2A8 kernel at the largest of the shapes that kernel is built for (:func:`_ternary_bitnet`);
+    """Chapter 5's rows, the headline first: where the card has the chapter's BitNet run, its one-row W2A8 kernel
+    (step 12) against BitNet's own W2A8 kernel at the one of that kernel's shapes where our lead is smallest
+    (:func:`_ternary_bitnet`);
     then its fastest bf16-x step at 4096 x 14336 against the fastest rival that passes our float64 check in the same
     run (:func:`_ternary_llama`)."""
     llama = _ternary_llama(data)
