@@ -343,3 +343,17 @@ def test_the_page_names_orders_not_their_history_and_folds_step_2s_helpers():
     assert "listing(mi.CHAPTER.show_source(2))" in "".join(
         next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
     assert prose_words(page) <= 2500
+
+
+def test_step_5bs_two_changes_are_rows_of_a_table_labelled_by_run():
+    """Step 5b's two changes alone are numbered rows of their own table, each over 5a's time in the same run, and the
+    table says its times are that run's, not the table of steps'."""
+    orders = lesson.order_changes()
+    if orders is None:
+        return
+    table = lesson.order_changes_table(orders)
+    assert "in this table's run" in table.splitlines()[0]
+    base = orders["5a (first_run)"]
+    for key, label in lesson.ORDER_CHANGES:
+        assert f"| {label} | {orders[key]:,.1f} | {base / orders[key]:.2f}× |" in table
+    assert "5b's first change alone" in table and "5b's second change alone" in table

@@ -578,3 +578,20 @@ def order_changes(gpu: str = "nvidia-h200") -> dict[str, float] | None:
         return None
     return {r["params"]["order"]: r["ms"] * 1e3 for r in data["measurements"]
             if r["series"] == "step_changes" and "order" in r["params"]}
+
+
+#: :func:`order_changes`'s orders in the table's order, with their rows' labels.
+ORDER_CHANGES = (("5a (first_run)", "5a: tail-first order"),
+                 ("head groups only", "5b's first change alone: head groups"),
+                 ("heaviest first only", "5b's second change alone: the heaviest tiles first"),
+                 ("5b (head_groups)", "5b: both changes (the default order)"))
+
+
+def order_changes_table(orders: dict[str, float]) -> str:
+    """Markdown: step 5 on the mixed batch in each order of :func:`order_changes` (one run of its own), µs and step
+    5a's time in that run over it (above 1.00×, the order pays)."""
+    base = orders["5a (first_run)"]
+    lines = ["| order of the table | mixed batch: µs, in this table's run | × 5a |", "|---|---|---|"]
+    for key, label in ORDER_CHANGES:
+        lines.append(f"| {label} | {orders[key]:,.1f} | {base / orders[key]:.2f}× |")
+    return "\n".join(lines)
