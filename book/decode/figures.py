@@ -1,4 +1,4 @@
-"""Chapter 7's figures, drawn from a results file (the committed JSON, or an earlier run kept in ``lab/decode``)
+"""Chapter 07's figures, drawn from a results file (the committed JSON, or an earlier run kept in ``lab/decode``)
 through :mod:`studylog.decode.report`'s readings: where each configuration's time per output token goes, and each
 schema's speedup of steps 2 and 3 over step 1."""
 
@@ -21,11 +21,11 @@ TICK_LABEL = "timed total, no instrumentation (written above)"
 CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head": "#d95f02",
                  "automaton_mask": "#7570b3", "char_jump": "#e7298a"}
 #: The bars' order: the steps, step 3's first change alone (3a, ``automaton_mask``) just before step 3, as the page
-#: lists step 3's changes, then chapter 1's character-level jumps, which are not a step.
+#: lists step 3's changes, then chapter 01's character-level jumps, which are not a step.
 BAR_ORDER = ("baseline", "jump_forward", "automaton_mask", "masked_head", "char_jump")
 #: A bar's label where it is not a step's name: the change's label in the steps table beside its configuration.
 BAR_LABELS = {"automaton_mask": "3a: automaton_mask"}
-#: How figure titles name the cost models' shapes (each a body of a public model's shape and a head of chapter 1's
+#: How figure titles name the cost models' shapes (each a body of a public model's shape and a head of chapter 01's
 #: ``cl100k_base`` vocabulary).
 SHAPES = {"1b": "1B-shaped body, cl100k head", "8b": "8B-shaped body, cl100k head"}
 #: The smallest text of a figure, in points at its saved size.
@@ -118,7 +118,7 @@ def breakdown_figure(rows: Sequence[dict], model: str, caption: str, what: str =
 
 
 def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch: int = 1, what: str = ""):
-    """Steps 2 and 3 over step 1 per JSON schema of chapter 1's suite (the requests the chapter's tables take
+    """Steps 2 and 3 over step 1 per JSON schema of chapter 01's suite (the requests the chapter's tables take
     medians over), end to end, on a linear axis; the bars' whiskers span the repetitions' spread (the fastest and
     slowest combinations of the two rows' ``spread_ms``)."""
     import matplotlib.pyplot as plt

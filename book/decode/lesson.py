@@ -181,7 +181,7 @@ def results_table(results) -> str:
 
 def components_table(results) -> str:
     """Each component alone on the GPU clock (graph replay), with its host time per call where measured: the
-    dense head, chapter 2's masked head at a few allowed counts (``masked_logits``), the bitmask's application,
+    dense head, chapter 02's masked head at a few allowed counts (``masked_logits``), the bitmask's application,
     the sampling over the vocabulary and step 3's over the allowed ids (``sampling_allowed``)."""
     lines = ["| shape | batch | component | GPU time (ms) | host time per call (ms) |", "|---|---|---|---|---|"]
     for model in ("1b", "8b"):
@@ -205,9 +205,9 @@ def amdahl_table(parts: dict[str, dict[str, float]]) -> str:
     base, jump, masked = (parts[c]["wall"] for c in ("baseline", "jump_forward", "masked_head"))
     return "\n".join([
         "| what | share of the baseline's time per token | bound | measured |", "|---|---|---|---|",
-        f"| chapter 1: the forwards its jumps save | {b['chapter1_share']:.1%} | {b['chapter1_bound']:.2f}× | "
+        f"| chapter 01: the forwards its jumps save | {b['chapter1_share']:.1%} | {b['chapter1_bound']:.2f}× | "
         f"{base / jump:.2f}× (`step02_jump_forward` over step 1) |",
-        f"| chapter 2: the LM head, the mask's application and the sampling | {b['chapter2_share']:.1%} | "
+        f"| chapter 02: the LM head, the mask's application and the sampling | {b['chapter2_share']:.1%} | "
         f"{b['chapter2_bound']:.2f}× "
         f"| {jump / masked:.2f}× (`step03_masked_head` over step 2) |",
         f"| both | | {b['both_bound']:.2f}× | {base / masked:.2f}× (`step03_masked_head` over step 1) |",
@@ -299,12 +299,12 @@ def gemv_findings(gpu: str = "nvidia-h100-80gb-hbm3") -> list[str]:
 def targets_by_card(root: Path | None = None) -> str:
     """The chapter's targets on every card's committed run, one row per card (:func:`book.decode.results.target_report`): at
     batch 1 step 3 over step 1, the median of the JSON schemas, beside the median of the schemas' own bounds of
-    chapters 1 and 2; at batch 8 the slowest schema. Where a target is missed the row says by how much."""
+    chapters 01 and 02; at batch 8 the slowest schema. Where a target is missed the row says by how much."""
     from studylog.plotting import DEFAULT_OUT, load_results, result_files
 
     root = Path(root) if root is not None else DEFAULT_OUT
     lines = [f"| card | batch 1: median of the JSON schemas (target ≥ {TARGET_SPEEDUP:.2f}×) | bound of "
-             "chapters 1 and 2 (median of the schemas' own) | batch 8: slowest schema (target ≥ 1×) |", "|---|---|---|---|"]
+             "chapters 01 and 02 (median of the schemas' own) | batch 8: slowest schema (target ≥ 1×) |", "|---|---|---|---|"]
     for f in result_files("decode", root):
         card = load_results("decode", gpu=f.parent.name, root=root)
         v = target_report(card.rows)
@@ -572,11 +572,11 @@ STEP_CONFIGS = ("baseline", "jump_forward", "masked_head")
 #: What each step changes, for the steps table (step 3 holds three changes: :data:`STEP03_CHANGES`,
 #: :data:`SUBSTEPS`).
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
-                "jump_forward": "forced tokens appended without a forward (chapter 1)",
-                "masked_head": "chapter 2's masked head and what it needs: three changes, 3a to 3c"}
+                "jump_forward": "forced tokens appended without a forward (chapter 01)",
+                "masked_head": "chapter 02's masked head and what it needs: three changes, 3a to 3c"}
 #: Step 3's changes: the configuration that adds each, its label and what it changes.
 SUBSTEPS = (("automaton_mask", "3a", "the automaton's allowed sets as the mask, no bitmask (dense head)"),
-            ("masked_full_argmax", "3b", "chapter 2's masked head reads only the allowed rows"),
+            ("masked_full_argmax", "3b", "chapter 02's masked head reads only the allowed rows"),
             ("masked_head", "3c", "the argmax reads only the allowed ids"))
 #: Step 3's changes given as a note under the steps table instead of a row: the ones that come first because the
 #: changes after them read what they build, so their factor alone is bookkeeping, not a step of the lesson.
@@ -640,11 +640,11 @@ def steps_note(changes, model: str = "1b", batch: int = 1) -> str:
 
 
 def jump_counts(results, model: str = "1b", batch: int = 1) -> dict[str, float] | None:
-    """The forwards chapter 1's jumps save in this chapter's loop on the JSON schemas (compact), counted two ways.
+    """The forwards chapter 01's jumps save in this chapter's loop on the JSON schemas (compact), counted two ways.
     The page's way: forwards per output token, the median over the schemas, token jumps (``jump_forward``) and
-    character jumps (``char_jump``) against the baseline (``saved_token``, ``saved_char``). Chapter 1's way
+    character jumps (``char_jump``) against the baseline (``saved_token``, ``saved_char``). Chapter 01's way
     (``ch1_saved_token``, ``ch1_saved_char``): forwards summed over the documents, and the baseline's forwards
-    that pick EOS where nothing else is allowed left out (its forwards beyond one per token): chapter 1's step 1
+    that pick EOS where nothing else is allowed left out (its forwards beyond one per token): chapter 01's step 1
     never spends them, and the jump configurations stop there without one. ``eos_forwards``: how many those are;
     ``documents``: one per schema. None where a configuration is missing."""
     rows = {c: _json_rows(results, c, model, batch) for c in ("baseline", "jump_forward", "char_jump")}
@@ -730,7 +730,7 @@ def result_table(results) -> str:
     their ratio (the statistic the headline uses), and the requests' own ratios: the smallest, the median and the
     largest."""
     lines = ["| case | batch | requests | step 1 (µs per token, median) | step 3 (µs per token, median) | "
-             "step 1 / step 3 | per request: least, median, most | Amdahl forecast of chapters 1 and 2 (median of the "
+             "step 1 / step 3 | per request: least, median, most | Amdahl forecast of chapters 01 and 02 (median of the "
              "requests') |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result_rows(results):

@@ -1,4 +1,4 @@
-"""Chapter 8's figure, drawn from the committed results: each request's speedup of step 4 over chapter 7's step 3
+"""Chapter 08's figure, drawn from the committed results: each request's speedup of step 4 over chapter 07's step 3
 against the tokens a verifying forward returned, at batch 1 and 8, both workloads."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ MARKERS = {"extraction": ("o", "#1b9e77"), "low_copy": ("s", "#d95f02")}
 
 
 def speedup_figure(results):
-    """Per request: tokens per forward of step 4 over chapter 7's step 3 (x) against the measured speedup (y); the
+    """Per request: tokens per forward of step 4 over chapter 07's step 3 (x) against the measured speedup (y); the
     diagonal is the speedup if a verifying forward cost a one-token forward. At batch 1 a ring marks the requests
     whose output ran to the output cap."""
     import matplotlib.pyplot as plt
@@ -44,11 +44,11 @@ def speedup_figure(results):
         ax.plot([0.8, top * 1.05], [0.8, top * 1.05], color="#999999", lw=1, ls="--", label="forward ratio")
         ax.axhline(1.0, color="#4d4d4d", lw=0.8)
         ax.set_title(f"batch {batch}", fontsize=FONT + 1)
-        ax.set_xlabel("forwards of chapter 7's step 3 / forwards of step 4", fontsize=FONT)
+        ax.set_xlabel("forwards of chapter 07's step 3 / forwards of step 4", fontsize=FONT)
         ax.tick_params(labelsize=FONT)
     axes[0].set_ylabel("speedup per output token", fontsize=FONT)
     axes[0].legend(fontsize=FONT, loc="upper left")
-    fig.suptitle("step04_gated_draft against chapter 7's step 3, per request", fontsize=FONT + 1)
+    fig.suptitle("step04_gated_draft against chapter 07's step 3, per request", fontsize=FONT + 1)
     fig.text(0.5, 0.005, results.caption(), ha="center", va="bottom", fontsize=FONT - 1, color="#555555", wrap=True)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig

@@ -1,6 +1,6 @@
 """What notebook 08 reads from the committed benchmark (``assets/bench/<gpu>/speculate.json``, written by
 ``python -m studylog bench speculate``): the steps' table, the verifier's layer per chunk length, the forecasts, the
-drafting's cost, the agreement with chapter 7, and the requests where drafting loses."""
+drafting's cost, the agreement with chapter 07, and the requests where drafting loses."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ def median_ms(results, batch: int, workload: str, series: str) -> float:
 
 def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
     """One row per step: what changed, the median over requests of the ms per output token, the previous step's
-    median over this step's and chapter 7's step 3 median over this step's (ratios of the table's own times, so
+    median over this step's and chapter 07's step 3 median over this step's (ratios of the table's own times, so
     they multiply), forwards per output token, accepted tokens per verified draft."""
     ref = "ch7_step03"
-    out = [{"step": "chapter 7, step 3", "change": "the loop chapter 8 starts from",
+    out = [{"step": "chapter 07, step 3", "change": "the loop chapter 08 starts from",
             "ms_per_token": median_ms(results, batch, workload, ref), "x_previous": None, "x_ch7_step03": 1.0,
             "forwards_per_token": _forwards(results, batch, workload, ref), "accepted": None}]
     prev = ref
@@ -70,18 +70,18 @@ def drafts_table(results, batch: int = 1, workload: str = "extraction") -> list[
     return out
 
 
-#: Chapter 7's components folded into this chapter's: the mask's wait and its application count as the head's.
+#: Chapter 07's components folded into this chapter's: the mask's wait and its application count as the head's.
 _CH7_HEAD = ("mask_wait", "head", "mask_apply")
 
 
 def breakdown_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
     """Where an output token's time goes, in microseconds over all the workload's requests (each request's
     instrumented run; the prefill included in the body): drafting, the body (the verifying forward), the head,
-    sampling and the host's own work, for chapter 7's step 3 and this chapter's steps 1 and 4. ``total`` is the
+    sampling and the host's own work, for chapter 07's step 3 and this chapter's steps 1 and 4. ``total`` is the
     instrumented runs' time over all the tokens (long requests weigh more); ``median``, the median request's time
     per output token in the timed runs (the steps table's statistic), sits beside it."""
     out = []
-    for s, name in (("ch7_step03", "chapter 7, step 3"), ("step01", CHAPTER.step("step01").name),
+    for s, name in (("ch7_step03", "chapter 07, step 3"), ("step01", CHAPTER.step("step01").name),
                     ("step04", CHAPTER.step("step04").name)):
         rows = _rows(results, batch, workload, s)
         tokens = sum(r["tokens"] for r in rows)
@@ -123,7 +123,7 @@ def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[st
 
 
 def bound_rows(results) -> list[dict[str, Any]]:
-    """Per batch and workload: step 4 against chapter 7's step 3, the ratio of their median times per output token
+    """Per batch and workload: step 4 against chapter 07's step 3, the ratio of their median times per output token
     (``ratio``, the headline's statistic) and the requests' own ratios (median, slowest, ``max_speedup``), the
     forward ratio and the chunk-length forecast (``forecast``: each forward priced at its chunk length's measured
     time, each drafting call at its own; :func:`studylog.speculate.report.bound`); the requests timed
@@ -144,7 +144,7 @@ def bound_rows(results) -> list[dict[str, Any]]:
 
 def low_copy_counts(results, batch: int = 1) -> dict[str, int]:
     """How many requests the low-copy workload holds at ``batch`` (``low_copy``, from the results) and how many
-    real requests chapter 7 runs (``chapter7``: one per entry of its request list): the low-copy set is the JSON
+    real requests chapter 07 runs (``chapter7``: one per entry of its request list): the low-copy set is the JSON
     ones among them whose answers the prompt mostly does not hold."""
     from studylog.decode.requests import INSTRUCTIONS
 
@@ -228,7 +228,7 @@ def second_run() -> list[dict] | None:
 
 
 def _ratio(rows, batch: int, workload: str) -> float:
-    """Chapter 7's step 3 over step 4: the ratio of their median times per output token, the headline's statistic."""
+    """Chapter 07's step 3 over step 4: the ratio of their median times per output token, the headline's statistic."""
     return report.median_ms(rows, batch, workload, "ch7_step03") / report.median_ms(rows, batch, workload, "step04")
 
 
@@ -275,14 +275,14 @@ def verify_layer_split(results, batch: int = 1, workload: str = "extraction") ->
 
 
 def prefill_probe() -> dict[str, float]:
-    """The first step's median milliseconds of the ``classifier`` request at batch 1 in chapter 7's loop and in step
+    """The first step's median milliseconds of the ``classifier`` request at batch 1 in chapter 07's loop and in step
     4, run in alternating order (``lab/speculate/prefill_probe.py``; its file in ``lab/speculate/results/``)."""
     loops = _lab_file("prefill_probe.json")["loops"]
     return {k: loops[k]["first_step_ms"]["median"] for k in ("ch7_step03", "step04")}
 
 
 def agreement(results) -> dict[str, Any]:
-    """The checks against chapter 7: sequences compared, identical, divergences and the largest gap over its
+    """The checks against chapter 07: sequences compared, identical, divergences and the largest gap over its
     rounding bound."""
     checks = [c for c in results.data["checks"] if c["name"].startswith("same tokens as")]
     divs = [d for c in checks for d in c.get("divergences", [])]
@@ -298,7 +298,7 @@ def validity(results) -> dict[str, int]:
 
 
 def losses(results, batch: int = 1) -> list[dict[str, Any]]:
-    """Every request of either workload with step 4's speedup over chapter 7's step 3, slowest first."""
+    """Every request of either workload with step 4's speedup over chapter 07's step 3, slowest first."""
     out = []
     for workload in report.WORKLOADS:
         ref = {r["params"]["request"]: r for r in _rows(results, batch, workload, "ch7_step03")}
@@ -319,7 +319,7 @@ def markdown_table(rows: list[dict[str, Any]], formats: dict[str, str]) -> str:
 
 
 def _notes(results, batch: int) -> dict[str, str]:
-    """The outputs the benchmark kept (chapter 7's step 3 wrote them), by request, at ``batch``."""
+    """The outputs the benchmark kept (chapter 07's step 3 wrote them), by request, at ``batch``."""
     tag = f" (batch {batch}): "
     return {t.split(tag, 1)[0]: t.split(tag, 1)[1] for t in results.data["notes"] if tag in t}
 
@@ -353,7 +353,7 @@ def repeats(text: str, times: int = 4) -> bool:
 def capped(results, workload: str = "extraction") -> dict[str, Any]:
     """The requests whose step 4 output ran to the output cap (:data:`studylog.speculate.report.MAX_NEW` tokens)
     instead of closing its JSON, against the rest, at batch 1 (where a row is one sequence; a batch's row sums its
-    sequences' tokens). ``rows``: each such request, its speedup over chapter 7's step 3,
+    sequences' tokens). ``rows``: each such request, its speedup over chapter 07's step 3,
     whether its kept output repeats a phrase (:func:`repeats`) and that output; largest speedup first. ``top``: how
     many of the workload's largest speedups, as many as there are capped requests, are capped ones. Without them:
     the median of the requests' own speedups (``median_without``) and the ratio of the median times
@@ -379,7 +379,7 @@ def capped(results, workload: str = "extraction") -> dict[str, Any]:
 
 
 def slowest(results, batch: int, workload: str, series: str) -> float:
-    """The slowest request's speedup over chapter 7's step 3."""
+    """The slowest request's speedup over chapter 07's step 3."""
     return min(report.speedups(results.rows, batch, workload, series))
 
 
