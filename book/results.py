@@ -3,7 +3,7 @@ and the reading path (minutes of prose and code per page), computed from the com
 
 The fair headline of a chapter is its final kernel against the strongest rival measured at the same shape: the
 scoreboard's comparison (:mod:`book.scoreboard`), so the results page, the landing page, the scoreboard and the
-README never disagree. Chapter 1 has no GPU kernel: its line is the share of forward passes its jumps leave out over
+README never disagree. Chapter 01 has no GPU kernel: its line is the share of forward passes its jumps leave out over
 its own suite (``assets/data/fsm_suite.json``, written by ``python -m studylog.fsm report --json``; chapter 01's page
 checks the file against the suite it runs).
 """
@@ -24,12 +24,12 @@ from studylog.paths import BENCH_RESULTS, DATA, REPO_ROOT
 #: Words of prose a reader gets through in a minute of careful technical reading (code and tables come on top).
 WORDS_PER_MINUTE = 200
 
-#: Chapter 1's suite totals, the file its landing line reads.
+#: Chapter 01's suite totals, the file its landing line reads.
 FSM_SUITE = DATA / "fsm_suite.json"
 
 
 def fsm_suite(path: Path = FSM_SUITE) -> dict[str, Any] | None:
-    """Chapter 1's suite totals per whitespace pattern (``studylog.fsm.report.suite_summary``), or None where the
+    """Chapter 01's suite totals per whitespace pattern (``studylog.fsm.report.suite_summary``), or None where the
     file is missing."""
     import json
 
@@ -37,7 +37,7 @@ def fsm_suite(path: Path = FSM_SUITE) -> dict[str, Any] | None:
 
 
 def fsm_line(summary: dict[str, Any] | None) -> tuple[float | None, str, str]:
-    """Chapter 1's line from its suite totals: the share of forward passes the exact step (token jumps, step 2) leaves
+    """Chapter 01's line from its suite totals: the share of forward passes the exact step (token jumps, step 2) leaves
     out with outlines' default whitespace, then the retokenizing step's range; the cell's text and a brief one."""
     if summary is None:
         return None, NOT_MEASURED, NOT_MEASURED
@@ -107,7 +107,7 @@ def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     apart) exceeds that GPU time: number, card (short name), host and GPU time (ms), the shape in words where the
     row is not the chapter's lead (``at``), and the rival (``rival``, its name, and ``rival_host_ms``, ``rival_ms``)
     where its file records the rival's own host time. There the ratio holds only where calls are replayed in a CUDA
-    graph or otherwise overlap the host's work. Chapter 5's row at 4096 x 14336 counts beside its BitNet lead."""
+    graph or otherwise overlap the host's work. Chapter 05's row at 4096 x 14336 counts beside its BitNet lead."""
     from book.scoreboard import load as load_file
 
     folders = {card_name(c): c for c in cards(root)}
@@ -147,7 +147,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
     said = "; ".join(f"chapter {r['number']:02d} on the {r['card']}" + (f" at {r['at']}" if r["at"] else "")
                      + f", {us(r['host_ms'])} µs on the host against {us(r['gpu_ms'])} µs on the GPU" for r in found)
     bitnet = [(c, pairs) for c in cards(root) if (pairs := bitnet_rows(c))]
-    for folder, pairs in bitnet:  # chapter 5's headline rows, BitNet's included: its eager call is cheaper
+    for folder, pairs in bitnet:  # chapter 05's headline rows, BitNet's included: its eager call is cheaper
         span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
         said += ("; " if said else "") + (
             f"chapter 05 on the {_short(card_name(folder))} at BitNet's {len(pairs)} shapes, "
@@ -175,7 +175,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
 
 
 def ctc_series(data: dict[str, Any], params: dict[str, Any]) -> str:
-    """The series that times chapter 4's final code at one case of ``data``: the entry point (``ctc_loss``) where the
+    """The series that times chapter 04's final code at one case of ``data``: the entry point (``ctc_loss``) where the
     file times it, else the step the entry point's rule (:func:`studylog.ctc.fused.final_step`) picks for the case,
     timed directly, so that every card's grid times the same kernel at the same case."""
     if rows(data, "ctc_loss"):
@@ -186,7 +186,7 @@ def ctc_series(data: dict[str, Any], params: dict[str, Any]) -> str:
 
 
 def ctc_cases(card: Path) -> list[dict[str, Any]]:
-    """Chapter 4's grid on one card, one dict per case its file times on the GPU clock against torch's faster call:
+    """Chapter 04's grid on one card, one dict per case its file times on the GPU clock against torch's faster call:
     ``ratio`` (torch's time over ours), ``case`` in words, our row (``ours``: ``ms``, ``host_ms``) and its series;
     empty where the card has no file."""
     data = load(card, "ctc")
@@ -206,7 +206,7 @@ def ctc_cases(card: Path) -> list[dict[str, Any]]:
 
 
 def ctc_grid(card: Path) -> tuple[tuple[float, str], tuple[float, str]] | None:
-    """Chapter 4's smallest and largest speedup over torch's faster call on one card, over every alphabet and batch
+    """Chapter 04's smallest and largest speedup over torch's faster call on one card, over every alphabet and batch
     its file times (:func:`ctc_cases`: the entry point, or the step it picks at each case; GPU clock), each with its
     case in words; None where the file has no such pair."""
     grid = [(c["ratio"], c["case"]) for c in ctc_cases(card)]
@@ -214,7 +214,7 @@ def ctc_grid(card: Path) -> tuple[tuple[float, str], tuple[float, str]] | None:
 
 
 def ctc_which(card: Path) -> str:
-    """What chapter 4's grid on ``card`` times, in words: the entry point, or the steps it would pick."""
+    """What chapter 04's grid on ``card`` times, in words: the entry point, or the steps it would pick."""
     cases = ctc_cases(card)
     if any(c["series"] == "ctc_loss" for c in cases):
         return "the entry point"
@@ -223,14 +223,14 @@ def ctc_which(card: Path) -> str:
 
 
 def ctc_host_bound(card: Path) -> tuple[int, int]:
-    """How many of chapter 4's grid cases on ``card`` take longer on the host per call than on the GPU, of how
+    """How many of chapter 04's grid cases on ``card`` take longer on the host per call than on the GPU, of how
     many: there the graph-replayed ratio does not hold for calls made one at a time."""
     cases = [c for c in ctc_cases(card) if c["ours"].get("host_ms") is not None]
     return sum(1 for c in cases if c["ours"]["host_ms"] > c["ours"]["ms"]), len(cases)
 
 
 def bitnet_eager_words(card: Path) -> str:
-    """The clause chapter 5's landing line adds where BitNet's own call costs less host time than ours at every one
+    """The clause chapter 05's landing line adds where BitNet's own call costs less host time than ours at every one
     of its shapes on ``card``: the ratio holds under CUDA-graph replay only; called eagerly, BitNet's kernel is
     faster. Empty where the card's run does not show that."""
     pairs = bitnet_rows(card)
@@ -243,8 +243,8 @@ def bitnet_eager_words(card: Path) -> str:
 
 
 def decode_bound(card: Path) -> float | None:
-    """Chapter 7's bound at its headline case (8B shape, batch 1) on one card: the median over the JSON schemas of
-    each request's own bound from chapters 1 and 2 (``book.decode.results.median_bound``); None where not
+    """Chapter 07's bound at its headline case (8B shape, batch 1) on one card: the median over the JSON schemas of
+    each request's own bound from chapters 01 and 02 (``book.decode.results.median_bound``); None where not
     measured."""
     from book.decode.results import median_bound
 
@@ -292,7 +292,7 @@ VOID = "–"
 
 
 def part_one_answer(card: Path) -> dict[str, Any] | None:
-    """Chapter 5 part 1's answer on ``card``, one row of x: its last Triton step, step 9, against GemLite (the Triton
+    """Chapter 05 part 1's answer on ``card``, one row of x: its last Triton step, step 9, against GemLite (the Triton
     peer) at every shape where GemLite passes our float64 check (``ratios``: shape -> GemLite's time over ours), and
     against cuBLAS bf16 at the chapter's headline shape, 4096 x 14336 (``cublas``); None where the file lacks them."""
     from studylog.plotting import Results
@@ -473,7 +473,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
 
 
 def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
-    """Chapter 5 part 1's line for the results table, per card (short name): its cell (:func:`part_one_answer`'s
+    """Chapter 05 part 1's line for the results table, per card (short name): its cell (:func:`part_one_answer`'s
     range against GemLite) and its notes (the shapes it loses at, cuBLAS bf16 at the headline shape); None where no
     card has the answer."""
     cells: dict[str, str] = {}
@@ -502,7 +502,7 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
 
 
 def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
-    """The results page's first table: per chapter (and chapter 5's Triton part, :func:`part_one_line`) the
+    """The results page's first table: per chapter (and chapter 05's Triton part, :func:`part_one_line`) the
     question, the fair headline on each card (one number and a few words) and a link; under it, shown, the numbered
     notes the cells point to (caveats, the other numbers of a line, and where the cards time different code). A card
     whose run is not comparable with the other card's shows no ratio; its note says why."""
@@ -543,7 +543,7 @@ def not_comparable_runs(root: Path = BENCH_RESULTS) -> dict[tuple[int, str], str
     return not_comparable(scoreboard(root))
 
 
-#: Under a chapter 4 table of a card whose file times the steps directly (no row of the entry point itself).
+#: Under a chapter 04 table of a card whose file times the steps directly (no row of the entry point itself).
 CTC_STEPS_WORDS = ("This card's file times the steps directly, not the entry point: each row times the step the "
                    "entry point picks at its case.")
 
@@ -551,7 +551,7 @@ CTC_STEPS_WORDS = ("This card's file times the steps directly, not the entry poi
 def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
     """The results page's folded tables (:func:`book.site.headlines_page_markdown`), without the tables of a card
     whose run is not comparable with the other card's (:func:`not_comparable_runs`) and without the cards'
-    differences that would compare them; under a chapter 4 table whose file times the steps directly, a line that
+    differences that would compare them; under a chapter 04 table whose file times the steps directly, a line that
     says so (:data:`CTC_STEPS_WORDS`)."""
     from book.site import headlines_page_markdown
 
@@ -703,7 +703,7 @@ OTHER_PAGES = {
 
 
 def bitnet_range(card: Path) -> tuple[float, float, int] | None:
-    """Chapter 5's one-row W2A8 kernel (step 12) against BitNet's W2A8 kernel on ``card`` (the run the chapter reads):
+    """Chapter 05's one-row W2A8 kernel (step 12) against BitNet's W2A8 kernel on ``card`` (the run the chapter reads):
     (lowest, highest ratio, how many shapes), or None where the card has no such run."""
     from book.scoreboard import bitnet_run
     from book.ternary import results as ternary
@@ -715,7 +715,7 @@ def bitnet_range(card: Path) -> tuple[float, float, int] | None:
 
 
 def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
-    """Chapter 5's one-row W2A8 kernel (step 12) against BitNet's W2A8 kernel on ``card`` at every shape of
+    """Chapter 05's one-row W2A8 kernel (step 12) against BitNet's W2A8 kernel on ``card`` at every shape of
     :func:`book.ternary.results.bitnet_table`, as the folded tables list them: (our step's label, the case, our row,
     BitNet's row), both on the GPU clock with their spreads; empty where the card has no such run."""
     from book.scoreboard import bitnet_run
@@ -739,7 +739,7 @@ def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, An
 
 def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, str]:
     """The landing page's one number for the pages that are no chapter's headline, on ``card``: chapter 00's two
-    ceilings (the empty kernel and the copy bandwidth of the card's environment run) and part 1 of chapter 5's
+    ceilings (the empty kernel and the copy bandwidth of the card's environment run) and part 1 of chapter 05's
     answer (:func:`part_one_answer`): its fastest Triton step against GemLite where GemLite passes our check, a
     loss shown as a loss (cuBLAS bf16, a weaker baseline, stays in the chapter)."""
     folder = next((c for c in cards(root) if _short(card_name(c)) == card), None)

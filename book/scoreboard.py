@@ -8,17 +8,17 @@ shape, its time over the run's repetitions, the strongest rival measured at the 
 * the **compute floor**: the useful FLOPs at the run's measured matmul rate, where the file records one;
 * the **latency floor**: the GPU-clock time of the shortest chain of dependent work the call cannot avoid: for a
   one-launch kernel the card's fastest empty kernel replayed in a CUDA graph (the smallest
-  ``ceilings.empty_launch_gpu_ms`` of the card's runs, :func:`card_empty_kernel_ms`); for chapter 4's recursion the
+  ``ceilings.empty_launch_gpu_ms`` of the card's runs, :func:`card_empty_kernel_ms`); for chapter 04's recursion the
   timed chain of its T dependent frames; for a decode step its forward's kernels, one after another.
 
 The case's **floor** is the largest of these, a yardstick from a simple model (a kernel passes it only by moving
 fewer bytes than counted or by being served from L2); "% of the floor" is that floor over our median (100% would
-be at the floor). Each row names its floor's kind. Chapter 8's loop has a forecast time per token, not a
+be at the floor). Each row names its floor's kind. Chapter 08's loop has a forecast time per token, not a
 floor. Where a file lacks a number the scoreboard needs, the cell says "not measured" and
 :func:`missing` says why; nothing is filled in by hand.
 
 The module reads the JSON files directly (no chapter code is imported), so the page and its test do not depend on
-how the library is laid out. A chapter is one :class:`Entry` in :data:`ENTRIES`: a new chapter (chapter 8, say)
+how the library is laid out. A chapter is one :class:`Entry` in :data:`ENTRIES`: a new chapter (chapter 08, say)
 appends one with its ``measure`` function, and appears on the scoreboard, the results page, the landing page's reading
 path (which follows ``_toc.yml``) and the README.
 """
@@ -197,7 +197,7 @@ def _one_kernel(data: dict[str, Any]) -> tuple[float | None, str]:
     return _floor_empty_ms(data), ONE_KERNEL
 
 
-#: Chapter 2's headline: the whole masked step from the packed bitmask, batch 1, 1,000 of 128,256 tokens allowed.
+#: Chapter 02's headline: the whole masked step from the packed bitmask, batch 1, 1,000 of 128,256 tokens allowed.
 MASKED_HEAD_CASE = {"batch": 1, "kind": "random", "allowed": 1000}
 
 
@@ -240,7 +240,7 @@ def replayed_one_copy(data: dict[str, Any]) -> bool:
     return not any("copies" in r for r in data["measurements"])
 
 
-#: Chapter 3's headline: 128 draft slots of 32,768 tokens, the deployed budget of 128 drafted tokens.
+#: Chapter 03's headline: 128 draft slots of 32,768 tokens, the deployed budget of 128 drafted tokens.
 NGRAM_CASE = {"batch": 128, "seq_len": 32768, "threshold": 128, "corpus": None}
 
 
@@ -275,13 +275,13 @@ def _ngram(data):
     return [gpu_row, row | {"floors_as_above": True}]  # the same kernel and case: one floors row
 
 
-#: Chapter 4's headline: T = 150 frames, an alphabet of 5,000, a batch of 8 utterances.
+#: Chapter 04's headline: T = 150 frames, an alphabet of 5,000, a batch of 8 utterances.
 CTC_CASE = {"T": 150, "A": 5000, "N": 8}
 #: Its latency-bound case: the small alphabet (characters), one utterance.
 CTC_SMALL_CASE = {"T": 150, "A": 28, "N": 1}
 
 
-#: The step chapter 4's entry point runs at the small alphabet (its measured rule), timed alone on every card.
+#: The step chapter 04's entry point runs at the small alphabet (its measured rule), timed alone on every card.
 CTC_SMALL_STEP = "step08"
 
 
@@ -328,7 +328,7 @@ def _ctc(data):
     return out or None
 
 
-#: Chapter 5's headline: one row of bf16 x times a 4096 x 14336 ternary matrix (a Llama 3 8B MLP projection).
+#: Chapter 05's headline: one row of bf16 x times a 4096 x 14336 ternary matrix (a Llama 3 8B MLP projection).
 TERNARY_CASE = {"shape": "4096x14336", "m": 1}
 #: The chapter's kernels that take bf16 x, the product GemLite computes (the W2A8 steps quantise x first).
 TERNARY_BF16_X = ("step09", "step10", "step11")
@@ -351,7 +351,7 @@ def _check_words(check: dict[str, Any] | None) -> str:
 
 
 def _ternary(data):
-    """Chapter 5's rows, the headline first: where the card has the chapter's BitNet run, its one-row W2A8 kernel
+    """Chapter 05's rows, the headline first: where the card has the chapter's BitNet run, its one-row W2A8 kernel
     (step 12) against BitNet's own W2A8 kernel at the one of that kernel's shapes where our lead is smallest
     (:func:`_ternary_bitnet`);
     then its fastest bf16-x step at 4096 x 14336 against the fastest rival that passes our float64 check in the same
@@ -483,7 +483,7 @@ def _ternary_llama(data):
                                                            "gemlite_w2")))
 
 
-#: Chapter 6's headline: eight prompts of mixed prefix and item lengths in one batch.
+#: Chapter 06's headline: eight prompts of mixed prefix and item lengths in one batch.
 MULTI_ITEM_CASE = {"shape": "8 prompts, mixed"}
 #: The same batch in the grouped-query layout of Llama 3.1 8B.
 MULTI_ITEM_GQA_CASE = {"shape": "8 prompts, mixed, 8 KV heads"}
@@ -512,13 +512,13 @@ def _multi_item(data):
     return out
 
 
-#: Chapter 7's headline: the 8B-shaped cost model at batch 1, per output token, over the JSON schemas of chapter 1's
+#: Chapter 07's headline: the 8B-shaped cost model at batch 1, per output token, over the JSON schemas of chapter 01's
 #: suite (one request each; the suite's regexes are left out, as the chapter's own table leaves them out).
 DECODE_CASE = {"model": "8b", "batch": 1, "whitespace": "compact"}
 
 
 def json_schemas() -> set[str]:
-    """The names of the JSON schemas in chapter 1's suite (the chapter 7 headline's requests)."""
+    """The names of the JSON schemas in chapter 01's suite (the chapter 07 headline's requests)."""
     from studylog.fsm.schemas import suite
 
     return {e.name for e in suite() if e.kind == "json"}
@@ -562,7 +562,7 @@ def _decode(data):
                  if n.startswith("model 8b: ") and "'vocab_size': " in n), None)
     if head is not None and int(head) % 128:  # the run's head was not padded: its cuBLAS baseline is slower
         notes.append(f"this card's run has a head of {int(head):,} rows, not padded to a multiple of 128 as real models "
-                     "ship it; that slows the dense baseline (chapter 7 measures how much), so this ratio is higher "
+                     "ship it; that slows the dense baseline (chapter 07 measures how much), so this ratio is higher "
                      "than a padded head gives and not comparable with the other card's")
     hf = rows(data, "hf_generate", model="smollm2", batch=1)
     mine = {r["params"]["schema"]: r for r in rows(data, "step03", model="smollm2", batch=1, whitespace="compact")}
@@ -596,7 +596,7 @@ def _decode(data):
                            notes=tuple(notes), gaps=gaps, short="step 3, whole loop")
 
 
-#: Chapter 8's headline: SmolLM2-135M at batch 1 on the extraction requests, per output token.
+#: Chapter 08's headline: SmolLM2-135M at batch 1 on the extraction requests, per output token.
 SPECULATE_CASE = {"model": "smollm2", "batch": 1, "workload": "extraction"}
 
 
@@ -622,7 +622,7 @@ def _speculate(data):
         f"bound, not a floor: {us(latency)} µs" if latency is not None else ""))
     return {"latency_missing_why": why, "loop_bound_ms": latency} | _row(
                 "the loop with grammar-cut drafts (step 4)", f"SmolLM2-135M, extraction, batch 1, per output token, median of {len(pairs)} "
-                "requests", ours[0]["clock"], summary, f"chapter 7's loop (its step 3) on the same {len(pairs)} requests",
+                "requests", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
                 byte_floor_ms=None, latency_floor_ms=None, latency_what=why, short="step 4, whole loop",
                 ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request"),
@@ -667,8 +667,8 @@ ENTRIES: tuple[Entry, ...] = (
           rival_short="a dense head and a mask"),
     Entry(8, "Speculation under a grammar", "notebooks/08_speculation_under_a_grammar.ipynb",
           "Can a grammar and prompt-lookup drafts share one decode loop?", "speculate", _speculate,
-          headline="grammar-cut drafts against chapter 7's loop, per output token, SmolLM2-135M, batch 1",
-          rival_short="chapter 7's loop"),
+          headline="grammar-cut drafts against chapter 07's loop, per output token, SmolLM2-135M, batch 1",
+          rival_short="chapter 07's loop"),
 )
 
 
@@ -806,7 +806,7 @@ def tail_copies(row: dict[str, Any], t: dict[str, Any]) -> str | None:
 
 
 def _ctc_small_case_words(root: Path) -> str | None:
-    """Why chapter 4's small alphabet is shown at one utterance here, and where the results page's table (the
+    """Why chapter 04's small alphabet is shown at one utterance here, and where the results page's table (the
     smallest speedup over the batch grid, each case timing the step the entry point runs there) lands instead, per
     card."""
     from book.results import ctc_cases
@@ -880,7 +880,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     apart = not_comparable(every)
     # a run set up differently from the other card's is not compared with it: it stays off the page
     board = [r for r in every if (r["number"], r["card"]) not in apart]
-    # chapter 5 leads with the shape its chapter leads with, 4096 x 14336; BitNet's row (at its own shapes) follows
+    # chapter 05 leads with the shape its chapter leads with, 4096 x 14336; BitNet's row (at its own shapes) follows
     first = {}
     for i, r in enumerate(board):
         first.setdefault((r["number"], r["card"]), i)
@@ -930,7 +930,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             shown.add(r["number"])
             why = NOT_MEASURED if r["missing"] == "not measured on this card" else r["missing"]
             times.append(f"| {chapter} | {card} | {why} |" + " – |" * (5 if p99 else 4))
-            if r["number"] != 1:  # chapter 1 has no GPU kernel, so no floor: its one line above says so
+            if r["number"] != 1:  # chapter 01 has no GPU kernel, so no floor: its one line above says so
                 floors.append(f"| {named} | {card} |" + " – |" * 6)
             continue
         shown.add(r["number"])

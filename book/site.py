@@ -57,7 +57,7 @@ def notebook_title(path: Path) -> str:
 def _questions() -> dict[str, tuple[str, str]]:
     """Per lesson notebook: its question and its headline on each card that measured it (from the committed JSON,
     through :func:`book.results.headlines`); a lesson that is no chapter's headline page but asks a question of
-    its own (chapter 5's first part) gets its question with no number."""
+    its own (chapter 05's first part) gets its question with no number."""
     from book.results import OTHER_PAGES, headlines, other_answers
 
     out = {}
@@ -104,7 +104,7 @@ FIGURE_ALT = {
                                               "the 8B shape, batch 1 and 8: the model body, the mask, the LM head, "
                                               "sampling and the host",
     "assets/figures/speculate_speedup.png": "Per request, the speculative loop's speedup per output token over "
-                                            "chapter 7's loop, against how many forwards it saves",
+                                            "chapter 07's loop, against how many forwards it saves",
 }
 
 
@@ -154,12 +154,12 @@ PLAIN_NAMES = {
     "step13_w2a8_tiles (CUDA C++)": "the W2A8 kernel for several rows of x, one tile a warp (step 13, CUDA C++)",
     "step05_batched (Triton, tile skipping, one launch)": "the batched attention kernel (step 5, Triton, tile "
                                                           "skipping, one launch)",
-    "step03_masked_head": "the loop with chapters 1 and 2 (step 3)",
-    "step02_jump_forward": "the loop with chapter 1's jumps (step 2)",
+    "step03_masked_head": "the loop with chapters 01 and 02 (step 3)",
+    "step02_jump_forward": "the loop with chapter 01's jumps (step 2)",
     "step01_baseline": "the loop with a dense head and a mask (step 1)",
     "step04_gated_draft": "the loop with grammar-cut drafts (step 4)",
-    "chapter 7's step 3 (ch7_step03)": "chapter 7's loop (its step 3), run on these extraction requests, not on "
-                                       "chapter 7's own",
+    "chapter 07's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these extraction requests, not on "
+                                       "chapter 07's own",
     "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of FastDeploy pull "
                                                                                  "request #6960's first kernel, "
                                                                                  "two-phase (step 3)",
@@ -201,7 +201,7 @@ def folded_by_chapter(markdown: str) -> str:
 
 def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | None = None) -> str:
     """The results page's table of every headline row, for readers: each row's first two cells named in plain words
-    beside the series id (:data:`PLAIN_NAMES`), chapter 3's comparison with the CPU loop its question is about (end
+    beside the series id (:data:`PLAIN_NAMES`), chapter 03's comparison with the CPU loop its question is about (end
     to end; ``end_to_end`` maps a card's name to the scoreboard's row) added under that card's n-gram
     table, and each "where the cards differ" list folded into a collapsed block."""
     from html import escape
@@ -390,15 +390,15 @@ def _pair_line(ours_label: str, rival_label: str, case: str, ours: dict[str, Any
             f"{_time_cell(ours)} | {_time_cell(rival)} | {us(ours.get('host_ms'))} |")
 
 
-#: The folded tables' label of chapter 5's step 12 at its default place to quantise x (the chapter times it).
+#: The folded tables' label of chapter 05's step 12 at its default place to quantise x (the chapter times it).
 W2A8_DEFAULT = "step12_w2a8 (CUDA C++)"
 
 
 def headline_rival_rows(markdown: str) -> str:
     """The folded tables with the rows each headline stands on that the chapters' own tables leave out, computed from
-    the same card's benchmark file: chapter 2's kernel alone against index_select at the headline's 1,000 allowed
-    tokens; chapter 3's drafter against our corrected port of the pull request's revision (step 4); chapter 5's W2A8
-    step against BitNet's own kernel at its shapes, in a table of its own under the card's; and chapter 5's step 12
+    the same card's benchmark file: chapter 02's kernel alone against index_select at the headline's 1,000 allowed
+    tokens; chapter 03's drafter against our corrected port of the pull request's revision (step 4); chapter 05's W2A8
+    step against BitNet's own kernel at its shapes, in a table of its own under the card's; and chapter 05's step 12
     at the place to quantise x its chapter times (its default), not the fastest of its places."""
     from book.results import bitnet_rows
     from book.scoreboard import (MASKED_HEAD_CASE, NGRAM_CASE, bitnet_run, card_name, cards, load, one, rows,
@@ -459,7 +459,7 @@ def headline_rival_rows(markdown: str) -> str:
 
 
 def ctc_entry_rows(markdown: str) -> str:
-    """Chapter 4's folded table of a card whose file times the steps directly (no row of the entry point): its rows
+    """Chapter 04's folded table of a card whose file times the steps directly (no row of the entry point): its rows
     rebuilt so that each case times the step the entry point picks there (:func:`book.results.ctc_cases`), as the
     headline table's range over the grid does: the smallest speedup over the batches of each alphabet, and the
     largest batch of the largest alphabet. A card whose file times the entry point keeps its rows."""
@@ -505,7 +505,7 @@ def ctc_entry_rows(markdown: str) -> str:
 
 
 def grouped_rows(markdown: str, board: list[dict[str, Any]]) -> str:
-    """Chapter 6's grouped-query headline (the scoreboard's row of the entry point on grouped heads) added to its
+    """Chapter 06's grouped-query headline (the scoreboard's row of the entry point on grouped heads) added to its
     card's folded table, which times 32 heads only: the page's headline for that card has a row to stand on."""
     from book.common import us
     from book.results import caveat, spread
@@ -549,9 +549,9 @@ def headlines_page_markdown() -> str:
     board = scoreboard()
     ngram = {r["card"]: r for r in board if r["number"] == 3 and r.get("ours_end_to_end_ms")
              and "missing" not in r}  # the row against the CPU loop, end to end
-    # chapter 7's runs whose head was not padded (the scoreboard's flag): their speedups are marked
+    # chapter 07's runs whose head was not padded (the scoreboard's flag): their speedups are marked
     unpadded = {f"Chapter {r['number']}: {r['title']}": {r["card"]} for r in board if r.get("unpadded_head")}
-    one_copy: dict[str, set[str]] = {}  # chapter 2's runs that replayed one copy of the head, where another rotated
+    one_copy: dict[str, set[str]] = {}  # chapter 02's runs that replayed one copy of the head, where another rotated
     if any(r.get("one_copy") is False for r in board):
         for r in board:
             if r.get("one_copy"):

@@ -723,7 +723,7 @@ def test_headline_cells_are_short_and_their_caveats_numbered():
     assert line["brief"]["H200"].startswith(f"{heads:.2f}× FlashInfer (32 heads); {ratio:.2f}×")
     eight = next(h for h in summary.headlines() if h["number"] == 8)
     row = _board_row(sb.scoreboard(), 8, H200)
-    assert eight["brief"]["H200"] == f"{row['vs_rival']:.2f}× chapter 7's loop"
+    assert eight["brief"]["H200"] == f"{row['vs_rival']:.2f}× chapter 07's loop"
     assert "second" not in text and "first machine" not in text
 
 
