@@ -232,7 +232,7 @@ def test_the_sub_rows_of_step_6_read_the_changes_run():
         factors = [ms(without, cfg) / ms(with_, cfg) for cfg in lesson.BOEHM_CASES]
         assert row[3::3] == [f"{f:.2f}×" for f in factors], row
         # the kernel with 6b is step 6 itself: its sub-row points at the step's row, one time per kernel
-        want = [f"= step {lesson.CHAIN_STEPS[with_]}" if with_ in lesson.CHAIN_STEPS else us(ms(with_, cfg))
+        want = [f"as step {lesson.CHAIN_STEPS[with_]}" if with_ in lesson.CHAIN_STEPS else us(ms(with_, cfg))
                 for cfg in lesson.BOEHM_CASES]
         assert row[2::3] == want, row
         assert "not timed alone" not in row[1]

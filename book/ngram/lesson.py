@@ -434,7 +434,7 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
 def _sub_rows(step: int, variants, changes, cases=BOEHM_CASES, changes7=None) -> list[str]:
     """The sub-rows of a bundled step (:data:`SUB_ROWS`): per case, the change's factor in the "× previous" column
     (how much faster the kernel is with it than without it): for steps 5 and 6 from the chain that adds their
-    changes one at a time (:func:`chain_factor`, with the time of the link that adds it, or ``= step N`` where that
+    changes one at a time (:func:`chain_factor`, with the time of the link that adds it, or ``as step N`` where that
     link is the library's step: one time per kernel on the page), for step 7 from step 7's variants. A factor under
     1 is a measured loss; the page says in prose why such a change stays."""
     out = []
@@ -446,7 +446,7 @@ def _sub_rows(step: int, variants, changes, cases=BOEHM_CASES, changes7=None) ->
         elif label in CHANGE_CHAIN:
             factors = [chain_factor(changes, label, cfg) for cfg in cases]
             link = CHANGE_CHAIN[label][1]
-            times = [None if ms is None else f"= step {CHAIN_STEPS[link]}" if link in CHAIN_STEPS else us(ms)
+            times = [None if ms is None else f"as step {CHAIN_STEPS[link]}" if link in CHAIN_STEPS else us(ms)
                      for ms in (chain_ms(changes, link, cfg) for cfg in cases)]
         else:
             factors = [change_factor(variants, knobs, cfg) for cfg in cases]
