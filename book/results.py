@@ -164,13 +164,16 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
             text += (f" On the {r['card']}" + (f" at {r['at']}" if r["at"] else "") + f", called eagerly, "
                      f"{r['rival']} would be faster ({us(r['rival_host_ms'])} µs of host time a call, "
                      f"{us(r['rival_ms'])} µs on the GPU).")
-    for folder, pairs in bitnet:
-        peer = [p["host_ms"] for _, _, _, p in pairs if p.get("host_ms") is not None]
-        ours = [o["host_ms"] for _, _, o, _ in pairs]
-        if peer and max(peer) < min(ours):
-            text += (f" BitNet's own call costs less host time than ours ({us(min(peer))}–{us(max(peer))} µs against "
-                     f"{us(min(ours))}–{us(max(ours))} µs; ours quantises x in the call, its x comes quantised): called "
-                     "eagerly, one call at a time, BitNet's kernel would beat ours at these shapes.")
+    for folder, _ in bitnet:
+        eager = bitnet_eager(folder)
+        if eager and eager["slower_eager"]:
+            n, of = eager["slower_eager"], len(eager["rows"])
+            text += (f" BitNet's own call costs less host time than ours ({us(eager['bitnet'][0])}–"
+                     f"{us(eager['bitnet'][1])} µs against {us(eager['ours'][0])}–{us(eager['ours'][1])} µs; ours "
+                     "quantises x in the call, its x comes quantised): called eagerly, one call at a time, BitNet's "
+                     + ("kernel would beat ours at every one of its shapes." if n == of else
+                        f"kernel would beat ours at {n} of its {of} shapes (the call's time taken as the longer of "
+                        "its host and GPU times)."))
     return text
 
 
@@ -229,17 +232,30 @@ def ctc_host_bound(card: Path) -> tuple[int, int]:
     return sum(1 for c in cases if c["ours"]["host_ms"] > c["ours"]["ms"]), len(cases)
 
 
+def bitnet_eager(card: Path) -> dict[str, Any] | None:
+    """Chapter 05's eager-call comparison with BitNet's W2A8 kernel on ``card``, as chapter 05 part 2 computes it
+    (:func:`book.ternary.results.bitnet_host`: each call's lower bound called eagerly is the longer of its host and
+    GPU times; ``slower_eager`` counts the shapes where ours is the slower); None where the card has no such run."""
+    from book.scoreboard import bitnet_run
+    from book.ternary import results as ternary
+    from studylog.plotting import Results
+
+    data = bitnet_run(Path(card).name)
+    return ternary.bitnet_host(Results(None, data)) if data is not None else None
+
+
 def bitnet_eager_words(card: Path) -> str:
-    """The clause chapter 05's landing line adds where BitNet's own call costs less host time than ours at every one
-    of its shapes on ``card``: the ratio holds under CUDA-graph replay only; called eagerly, BitNet's kernel is
-    faster. Empty where the card's run does not show that."""
-    pairs = bitnet_rows(card)
-    peer = [p["host_ms"] for _, _, _, p in pairs if p.get("host_ms") is not None]
-    ours = [o["host_ms"] for _, _, o, _ in pairs if o.get("host_ms") is not None]
-    if not pairs or len(peer) < len(pairs) or not ours or max(peer) >= min(ours):
+    """The clause chapter 05's landing line adds where, called eagerly, BitNet's own call is the faster at some of
+    its shapes on ``card`` (:func:`bitnet_eager`): the ratio holds under CUDA-graph replay only. Empty where the
+    card's run does not show that."""
+    eager = bitnet_eager(card)
+    if not eager or not eager["slower_eager"]:
         return ""
-    span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
-    return f"; called eagerly, BitNet's is faster ({span(peer)} µs of host time a call against our {span(ours)} µs)"
+    n, of = eager["slower_eager"], len(eager["rows"])
+    at = "at every one of its" if n == of else f"at {n} of its"
+    span = lambda pair: f"{us(pair[0])}–{us(pair[1])}"  # noqa: E731
+    return (f"; called eagerly, BitNet's is faster {at} {of} shapes ({span(eager['bitnet'])} µs of host time a "
+            f"call against our {span(eager['ours'])} µs)")
 
 
 def decode_bound(card: Path) -> float | None:
@@ -803,4 +819,4 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
            "part_one_line", "CTC_STEPS_WORDS", "ctc_cases", "ctc_series", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
        "reading_path_markdown", "summary_markdown", "other_answers",
-           "bitnet_range"]
+           "bitnet_range", "bitnet_eager"]
