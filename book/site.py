@@ -96,8 +96,8 @@ FIGURE_ALT = {
     "assets/figures/ternary_steps.png": "GPU time of each Triton step of the ternary matmul on the Llama weight "
                                         "shapes, one row of activations",
     "assets/figures/ternary_speedup.png": "On the H200, one row of activations: each ternary kernel's speedup "
-                                          "over cuBLAS in bf16 at seven weight shapes, beside GemLite's and "
-                                          "torch._int_mm's",
+                                          "over cuBLAS in bf16 at each weight shape it times, beside GemLite's "
+                                          "and torch._int_mm's",
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
     "assets/figures/decode_breakdown_8b.png": "Where each step of the decode loop spends its time per output token at "
