@@ -41,7 +41,7 @@ def check_accept(fn: Callable, *, trials: int = 2000, seed: int = 0) -> bool:
 
 @guarded
 def check_cut(fn: Callable, *, trials: int = 300, seed: int = 0) -> bool:
-    """Exercise 2. ``fn(automaton, state, draft, room) -> tokens`` on chapter 1's automaton of a small schema."""
+    """Exercise 2. ``fn(automaton, state, draft, room) -> tokens`` on chapter 01's automaton of a small schema."""
     from book.speculate.solutions import cut
     from studylog.decode import Grammar
 

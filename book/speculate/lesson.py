@@ -4,6 +4,8 @@ drafting's cost, the agreement with chapter 07, and the requests where drafting 
 
 from __future__ import annotations
 
+import ast
+import re
 import statistics
 from typing import Any
 
@@ -29,6 +31,12 @@ def median_ms(results, batch: int, workload: str, series: str) -> float:
     return report.median_ms(results.rows, batch, workload, series)
 
 
+def two_digits(text: str) -> str:
+    """``text`` with every chapter number written in two digits, as the book writes them ("chapter 7's" becomes
+    "chapter 07's"): the library's step titles keep the short form."""
+    return re.sub(r"\b([Cc]hapter) (\d)\b", r"\1 0\2", text)
+
+
 def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
     """One row per step: what changed, the median over requests of the ms per output token, the previous step's
     median over this step's and chapter 07's step 3 median over this step's (ratios of the table's own times, so
@@ -43,7 +51,7 @@ def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[d
         rows = _rows(results, batch, workload, s)
         drafts = sum(r["drafts"] for r in rows)
         ms = median_ms(results, batch, workload, s)
-        out.append({"step": step.name, "change": step.title, "ms_per_token": ms,
+        out.append({"step": step.name, "change": two_digits(step.title), "ms_per_token": ms,
                     "x_previous": median_ms(results, batch, workload, prev) / ms,
                     "x_ch7_step03": median_ms(results, batch, workload, ref) / ms,
                     "forwards_per_token": _forwards(results, batch, workload, s),
@@ -96,15 +104,37 @@ def breakdown_table(results, batch: int = 1, workload: str = "extraction") -> li
     return out
 
 
+def tuned_layers(results, batch: int = 1) -> dict[int, dict[str, float]]:
+    """What the decoder's start-up timing (:meth:`studylog.speculate.SpeculativeDecoder.tune`, graph replay) measured
+    per chunk length at ``batch``, in microseconds: ``{chunk: {"gemv": us, "cublas": us}}``, read from the note the
+    benchmark writes with it; empty where the run has no such note."""
+    pattern = re.compile(rf"^batch {batch}: the verifying forward runs the six-launch layer .*?ms: (\{{.*\}})\);")
+    for note in results.data.get("notes", []):
+        found = pattern.match(note)
+        if found:
+            return {t: {k: v * 1e3 for k, v in d.items()} for t, d in ast.literal_eval(found.group(1)).items()}
+    return {}
+
+
 def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
-    """The body per chunk length on each layer (GPU clock, graph replay), and which one the loop runs."""
+    """The body per chunk length on each layer (GPU clock, graph replay), and which one the loop runs. The timed
+    rows hold only the layer the loop runs beyond two tokens; where a layer's time is missing there, it comes from
+    the decoder's start-up timing (:func:`tuned_layers`) and its name is in ``tuned``. A chunk the six-launch layer
+    cannot take (more tokens than ``studylog.decode.model.GEMV_MAX_TOKENS``) keeps None."""
     rows = [r for r in report.rows_of(results.rows, batch=batch) if r["series"] == "verify"]
+    tuned = tuned_layers(results, batch)
     by: dict[int, dict[str, Any]] = {}
     for r in rows:
-        d = by.setdefault(r["params"]["chunk"], {"chunk": r["params"]["chunk"], "gemv": None, "cublas": None})
+        d = by.setdefault(r["params"]["chunk"], {"chunk": r["params"]["chunk"], "gemv": None, "cublas": None,
+                                                 "tuned": []})
         d[r["params"]["layer"]] = r["ms"] * 1e3
         if r.get("used"):
             d["used"] = r["params"]["layer"]
+    for chunk, d in by.items():
+        for layer in ("gemv", "cublas"):
+            if d[layer] is None and layer in tuned.get(chunk, {}):
+                d[layer] = tuned[chunk][layer]
+                d["tuned"].append(layer)
     return [by[k] for k in sorted(by)]
 
 
@@ -386,4 +416,5 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
 __all__ = ["LAB_RESULTS", "NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "batch_makeup", "bound_rows",
            "breakdown_table", "capped", "committed", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
            "low_copy_counts", "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs",
-           "second_machine", "second_run", "slowest", "steps_table", "validity", "verify_layer_split"]
+           "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
+           "verify_layer_split"]

@@ -1,4 +1,4 @@
-"""The answers to chapter 8's exercises. The notebook does not import this module: read it after trying."""
+"""The answers to chapter 08's exercises. The notebook does not import this module: read it after trying."""
 
 from __future__ import annotations
 
