@@ -415,22 +415,21 @@ def test_the_steps_tables_give_each_bundled_change_a_lettered_row(results):
 
 
 def test_the_runs_apart_from_the_benchmark_are_named_where_their_numbers_are(results):
-    """No run bookkeeping at the top of a page: each further run is named, dated, in the caption or note of the
-    table it fills (the steps tables' lettered rows, the layers table); part 2's provenance sentence only for
-    BitNet's comparison where it is a second run of the benchmark."""
+    """The further runs are said once a page, in the layers table's caption near the top (one date for the layers
+    run and every run behind a table of changes, so that one sentence holds for all of them), not under each table;
+    part 2's provenance sentence only for BitNet's comparison where it is a second run of the benchmark."""
     from book.ternary import results as tables
 
     assert L.provenance(results, 1) == ""
-    dates = {name: L.lab_or_none("ternary", name, results.path.parent.name) for name in set(L.SUB_ROW_RUNS.values())}
-    for rows in (L.PART1_ROWS, L.PART2_ROWS):
-        table = L.boehm_table(results, rows)
-        for step in {n for n, _, _, _ in rows} & set(L.SUB_ROW_RUNS):
-            data = dates[L.SUB_ROW_RUNS[step]]
-            if data is not None:
-                assert data["date"][:10] in table.split("Rows with a letter")[1]
     layers = L.lab_or_none("ternary", L.LAYER_RUN, results.path.parent.name)
     if layers is not None:
-        assert layers["date"][:10] in L.amdahl_layers_table(results).splitlines()[0]
+        caption = L.amdahl_layers_table(results).splitlines()[0]
+        assert layers["date"][:10] in caption and "every table of this page that splits a step" in caption
+        for name in set(L.SUB_ROW_RUNS.values()):
+            data = L.lab_or_none("ternary", name, results.path.parent.name)
+            assert data is None or data["date"][:10] == layers["date"][:10], name
+    for rows in (L.PART1_ROWS, L.PART2_ROWS):
+        assert "further run" not in L.boehm_table(results, rows)
     run = tables.bitnet_results(results)
     if run is not None:
         two = L.provenance(results, 2, run.data)

@@ -142,7 +142,7 @@ def further_run(results, name: str) -> str:
     if data is None:
         return ""
     return (f"From a further run on the same {card(results)} on {data['date'][:10]}, which times every kernel it "
-            "compares (as do the page's other tables of changes).")
+            "compares.")
 
 
 def provenance(results, part: int, bitnet_run=None) -> str:
@@ -236,7 +236,8 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     head = ("every layer at its own shape" if own
             else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
     apart = "" if layers is None else " " + further_run(results, LAYER_RUN).replace(
-        "From a further run", "The layers the benchmark lacks (k and v, 640 × 2560) come from a further run")
+        "From a further run", "The layers the benchmark lacks (k and v, 640 × 2560), and every table of this page "
+        "that splits a step into its changes, come from further runs").replace("which times", "each timing")
     lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}.{apart}\n",
              "| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
     base = ours = 0.0
@@ -771,28 +772,6 @@ SUB_ROW_RUNS = {4: "bundled_steps", 9: "bundled_steps", 10: "step10_changes", 11
                 13: "step13_changes"}
 
 
-def _sub_rows_runs(results, steps) -> str:
-    """The note's sentence on where the lettered rows of ``steps`` come from: the further runs, dated."""
-    days: dict[str, list[str]] = {}
-    for step in steps:
-        name = SUB_ROW_RUNS.get(step)
-        data = None if name is None or getattr(results, "path", None) is None else lab_or_none(
-            "ternary", name, Path(results.path).parent.name)
-        if data is not None:
-            days.setdefault(data["date"][:10], []).append(str(step))
-    if not days:
-        return ""
-    named = lambda steps_: (f"step{'s' if len(steps_) > 1 else ''} "  # noqa: E731
-                            + (", ".join(steps_[:-1]) + " and " if len(steps_) > 1 else "") + steps_[-1])
-    if len(days) == 1:
-        (day, steps_), = days.items()
-        return (f" The lettered rows of {named(steps_)} come from further runs on the same {card(results)} on "
-                f"{day}, each timing every kernel it compares.")
-    which = "; ".join(f"{named(steps_)} on {day}" for day, steps_ in sorted(days.items()))
-    return (f" The lettered rows of {which} come from further runs on the same {card(results)}, each timing every "
-            "kernel it compares.")
-
-
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
@@ -809,7 +788,7 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> st
     lettered = [n for n, m, _, _ in rows if sub_rows(results, n, m, shape)]
     note = "" if not lettered else ("\n\n" + SUB_ROWS_NOTE + (SUB_ROWS_NOTE_ALONE if {10, 11} & set(lettered) else "")
                                     + (SUB_ROWS_NOTE_12 if 12 in lettered else "")
-                                    + _sub_rows_runs(results, lettered)
+
                                     + (" " + step9_companions(shape) if 9 in lettered else ""))
     return "\n\n".join(tables) + note
 
