@@ -876,6 +876,24 @@ def host_bound(gpu: str = "nvidia-h200") -> dict | None:
     return {"cases": cases, "of": of, "card": CARD_NAMES.get(gpu, gpu)}
 
 
+def plan_host(gpu: str = "nvidia-h200") -> dict | None:
+    """What :class:`studylog.ctc.CTCPlan` does to the host-bound cases of :func:`host_bound` on one card: its host
+    time per call (the ``step10 plan`` series: targets set once, workspace allocated once, the kernels only) per
+    case, ``plan_us`` {(A, N): µs}; ``cases``, those of :func:`host_bound`'s cases where even the plan's host time is
+    above our call's GPU time, (A, N, plan host µs, GPU µs). None where the card's run has no plan series."""
+    from studylog.plotting import load_results
+
+    bound = host_bound(gpu)
+    if bound is None:
+        return None
+    results = load_results("ctc", gpu)
+    plan = {(r["params"]["A"], r["params"]["N"]): r["ms"] * 1e3 for r in results.select("step10 plan", T=BENCH_T)}
+    if not plan:
+        return None
+    still = [(A, N, plan[A, N], g) for A, N, _, g in bound["cases"] if (A, N) in plan and plan[A, N] > g]
+    return {"plan_us": plan, "cases": still}
+
+
 def cases_words(cases: Iterable[tuple]) -> str:
     """Cases (A, N, ...) in words, grouped by alphabet: "A = 28 at N = 1, 2 and 8; A = 5,000 at N = 1"."""
     by_a: dict[int, list[int]] = {}
