@@ -19,7 +19,11 @@ __all__ = ["COLOURS", "approaches", "colour", "figures", "series_label", "shape_
 
 
 def series_label(series: str) -> str:
-    """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description."""
+    """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description. Step 5 carries the
+    name the page's tables give it (5b, its planned order, beside 5a's tail-first one), so figure, tables and
+    prose call the shipped kernel one thing."""
+    if series == STEP05.series:
+        return f"step 5b ({STEP05.name})"
     return CHAPTER.label(series)
 
 
@@ -65,8 +69,8 @@ def figures(results) -> dict[str, Any]:
 
 def _times_label(series: str) -> str:
     """The times figure's name of a series: step 5's two orders as the lesson names them (5a, 5b)."""
-    return {STEP05A: f"{STEP05.name} (5a: tail-first order)",
-            STEP05.series: f"{STEP05.name} (5b: head groups)"}.get(series, series_label(series))
+    return {STEP05A: f"step 5a ({STEP05.name}, tail-first order)",
+            STEP05.series: f"step 5b ({STEP05.name}, head groups)"}.get(series, series_label(series))
 
 
 def times_figure(results, columns: int = 2):

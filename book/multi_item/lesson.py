@@ -230,7 +230,7 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
         ("2", "a Triton flash-attention forward that reads the mask", STEP[2].series),
         ("3", "the mask computed from the prefix length and item positions", STEP[3].series),
         ("4", "key tiles no row sees never loaded (the batch: a launch per prompt)",
-         {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT}),
+         {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
         ("5a", "every prompt in one launch (programs in tail-first order: query tiles from each prompt's end, every "
                 "head of every prompt side by side)", first),
         ("5b", "programs in head groups whose keys and values fit in L2, heaviest tiles first", STEP[5].series),
