@@ -842,7 +842,8 @@ def loop_code(step: int):
         run = _function_body(Decoder._run)
         head = _between(run, "dense_logits(", "masked_head_torch(")
         head = textwrap.dedent("\n".join([run[run.index(head[0]) - 1]] + head)).splitlines()
-        sample = _between(_function_body(Decoder._sample), "if temperature == 0 and", "return")
+        sample = textwrap.dedent("\n".join(_between(_function_body(Decoder._sample), "if temperature == 0 and",
+                                                    "return"))).splitlines()
         text = "\n".join(mask + ["    ...", "", "# in Decoder._run, every step:"] + head
                          + ["", "# in Decoder._sample:"] + sample)
         return Code(text, "python", "loop.py: what head=\"masked\", mask=\"automaton\" turns on")
