@@ -188,6 +188,27 @@ def card_empty_kernel_ms(card: Path) -> float | None:
     return min(known) if known else None
 
 
+def latency_floor_words(root: Path = BENCH_RESULTS) -> str:
+    """One sentence, said once on the scoreboard and on How we measure: the one-launch latency floor of each card
+    (:func:`card_empty_kernel_ms`, the smallest of its runs), the range its runs recorded, and why the smallest is
+    used: the empty kernel drifts from run to run with the card's state, and a floor is the least a call can take."""
+    said = []
+    for card in cards(root):
+        times = [t for p in sorted(Path(card).glob("*.json"))
+                 if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None]
+        if not times:
+            continue
+        lo, hi = min(times) * 1e3, max(times) * 1e3
+        said.append(f"{lo:.2f} µs on the {_short_card(card_name(card))}"
+                    + (f" (its runs recorded {lo:.2f} to {hi:.2f} µs)" if f"{lo:.2f}" != f"{hi:.2f}" else ""))
+    if not said:
+        return ""
+    return ("The latency floor of a one-launch kernel is the card's fastest empty kernel (graph-replayed) over all "
+            "the card's runs, " + " and ".join(said) + ": the same empty kernel drifts by a few tenths of a "
+            "microsecond from run to run with the card's state, and a floor is the least a call can take, so the "
+            "smallest is used; against a run's own empty kernel a latency-bound row would sit closer to its floor.")
+
+
 def _floor_empty_ms(data: dict[str, Any]) -> float | None:
     """The empty kernel a latency floor counts: the card's smallest (set by :func:`scoreboard`), else the run's."""
     return data.get("card_empty_kernel_ms", empty_kernel_ms(data))
@@ -1016,10 +1037,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 
     definitions = []
     floor_by_card = {_short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
-    if empties:
-        definitions.append("**Latency floor** of a one-launch kernel: the card's fastest empty kernel (graph-replayed), "
-                           + " and ".join(f"{v * 1e3:.2f} µs on the {c}" for c, v in floor_by_card.items()
-                                          if v is not None)
+    if empties and any(v is not None for v in floor_by_card.values()):
+        definitions.append("**Latency floor** " + latency_floor_words(root)[len("The latency floor "):].rstrip(".")
                            + "; of a chain of dependent work (chapter 04's frames, a forward's kernels), that chain.")
     definitions.append("**% of the floor**: the case's floor, the largest of its byte, compute and latency floors, "
                        "over our median; the chapters' \"× floor\" columns divide by the same floor. A floor is a "
@@ -1046,6 +1065,6 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 
 
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
-           "card_empty_kernel_ms", "card_name", "cards", "faster_rivals", "floor_kind", "not_comparable", "replayed_one_copy",
+           "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs"]
