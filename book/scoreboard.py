@@ -804,11 +804,14 @@ def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, An
     below = t.get("p99_ms", float("inf")) < row["median_ms"]
     if abs(gap) <= by and not below:
         return None
+    if below:
+        return (f"the p99 comes from a separate run, which was {abs(gap):.0%} {'slower' if gap > 0 else 'faster'} "
+                f"overall (its median {us(t['ms'])} against the chapter's {us(row['median_ms'])} µs), so even its "
+                f"p99 ({us(t['p99_ms'])} µs) lands below the chapter's median")
     return (f"the p99 comes from a separate run; its median is {abs(gap):.0%} {'above' if gap > 0 else 'below'} the "
             f"chapter's ({us(t['ms'])} against {us(row['median_ms'])} µs)"
-            + (f", so its p99 ({us(t['p99_ms'])} µs) lands below the chapter's median" if below else
-               f", and its p99 ({us(t['p99_ms'])} µs) is {t['p99_ms'] / row['median_ms'] - 1:.0%} above the "
-               "chapter's median"))
+            + f", and its p99 ({us(t['p99_ms'])} µs) is {t['p99_ms'] / row['median_ms'] - 1:.0%} above the "
+              "chapter's median")
 
 
 def _copies(n: int) -> str:
@@ -935,6 +938,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
               "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
               "the case's floor (the largest), its kind | % of the floor |", "|" + "---|" * 8]
     shown: set[int] = set()
+    under: list[str] = []
     empties: dict[str, list[float]] = {}
     for r in board:
         if r.get("latency_what") == ONE_KERNEL and r.get("latency_floor_ms") is not None:
@@ -955,6 +959,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             card = "all" if one_reason else _short_card(r["card"])
             shown.add(r["number"])
             why = NOT_MEASURED if r["missing"] == "not measured on this card" else r["missing"]
+            if one_reason:  # a chapter no card can time (no GPU kernel): a line under the table, not a row of dashes
+                head, _, rest = why.partition(": ")
+                under.append(f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])}) has no row ({head})"
+                             + (f": {rest}." if rest else "."))
+                continue
             times.append(f"| {chapter} | {card} | {why} |" + " – |" * (5 if p99 else 4))
             if r["number"] != 1:  # chapter 01 has no GPU kernel, so no floor: its one line above says so
                 floors.append(f"| {named} | {card} |" + " – |" * 6)
@@ -1022,9 +1031,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             binding, pct = "– (no floor: a loop bound by its launches; its forecast time per token is in the notes)", "–"
             note(r, f"the loop's forecast time per token ({_floor(r['loop_bound_ms'])} µs) is "
                     f"{100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median")
-        if (r["pct_of_floor"] is None and r["binding"] is None and r.get("latency_missing_why")
-                and not r["no_pct_why"] and r.get("loop_bound_ms") is None):
-            continue  # the floor that binds is not measured on this card: the notes say so, no row of dashes
+        # where the floor that binds is not measured on this card the row still stands, its cells "not measured"
+        # (as the page promises), and the notes say what is missing
         if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
             binding, pct = "–", f"– ({r['no_pct_why']})"
         floors.append(f"| {named} | {card} | {r['ours']} | {byte} | "
@@ -1061,6 +1069,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         folds.append(f"<details><summary>Chapter {entry.number:02d}, {escape(entry.title)}: notes ({len(items)})"
                      "</summary><ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
         folds.append("")
+    times += [""] + [u + "  " for u in under] if under else []
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
