@@ -160,6 +160,9 @@ PLAIN_NAMES = {
     "step04_gated_draft": "the loop with grammar-cut drafts (step 4)",
     "chapter 07's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these extraction requests, not on "
                                        "chapter 07's own",
+    "chapter 7's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these extraction requests, not on "
+                                      "chapter 07's own",
+    "torch dense_mask": "torch: dense logits, then a mask",
     "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of FastDeploy pull "
                                                                                  "request #6960's first kernel, "
                                                                                  "two-phase (step 3)",
