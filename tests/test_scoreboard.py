@@ -287,7 +287,7 @@ def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
         _rewrite(path, lambda d: d.get("ceilings", {}).pop("empty_launch_gpu_ms", None))
     board = sb.scoreboard(bench_copy)
     assert "missing" in _board_row(board, 2, bench_copy / "nvidia-h200")
-    assert _board_row(board, 4, bench_copy / "nvidia-h200")["latency_floor_ms"] is None
+    assert _board_row(board, 3, bench_copy / "nvidia-h200")["latency_floor_ms"] is None
     assert _ternary_row(board, bench_copy / "nvidia-h200")["vs_rival"] is None
     table = sb.scoreboard_markdown(bench_copy)
     assert f"GemLite 2-bit: {sb.NOT_MEASURED}" in table
