@@ -356,7 +356,8 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
                          f"{row['ms'] * 1e3:.1f} ({base / (row['ms'] * 1e3):.1f}×, {_launch(s)})")
             p = us(results, peer, shape, m)
             bad = p is not None and bool({(peer, shape, m), (peer, shape, None)} & failed)
-            cells.append("–" if p is None else f"{p:.1f} ({base / p:.1f}×)" + (f" {FAILS}" if bad else ""))
+            # a failing output gets its time and the mark, no ratio (no ratio is drawn from a failing output)
+            cells.append("–" if p is None else f"{p:.1f} {FAILS}" if bad else f"{p:.1f} ({base / p:.1f}×)")
             marked |= bad
         cells.append(fmt(floor_us(results, shape, m), '.1f'))
         lines.append("| " + " | ".join(cells) + " |")
@@ -365,7 +366,8 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
 
 #: After a peer's time where its output fails our float64 check at that case, and the note under such a table.
 FAILS = "✗"
-FAILS_NOTE = f"\n\n{FAILS}: the peer's output fails our float64 check at this case; its time is shown as measured."
+FAILS_NOTE = (f"\n\n{FAILS}: the peer's output fails our float64 check at this case; its time is shown as measured, "
+              "with no ratio.")
 
 
 def _launch(series: str) -> str:
