@@ -3,9 +3,6 @@
 * ``{studylog-posts}`` lists the chapters in the course's order (00, 01, ...): title, date, tags, a one-paragraph
   summary and a teaser figure. Post metadata lives in ``posts.yml`` at the book root; titles come from
   each notebook's first heading, so they are never written twice.
-* ``{studylog-headlines}`` is the table of every chapter's headline result (kernel, baseline, speedup,
-  GPU, date), computed from the committed benchmark JSON by the chapter's ``headline(results)``, each chapter
-  folded under its title.
 * every post page gets a box saying how to open its notebook in JupyterLab locally;
 * an Atom feed, ``feed.xml``, is written next to the HTML and announced in every page's head.
 """
@@ -545,7 +542,8 @@ def grouped_rows(markdown: str, board: list[dict[str, Any]]) -> str:
 
 
 def headlines_page_markdown() -> str:
-    """The results page's folded tables, every chapter's, as the ``{studylog-headlines}`` directive shows them."""
+    """The results page's folded tables, every chapter's (the page shows them through
+    :func:`book.results.headline_tables_markdown`)."""
     from book.plotting import headline_markdown
     from book.scoreboard import scoreboard
 
@@ -561,16 +559,6 @@ def headlines_page_markdown() -> str:
                 one_copy.setdefault(f"Chapter {r['number']}: {r['title']}", set()).add(r["card"])
     text = grouped_rows(headline_rival_rows(ctc_entry_rows(flag_rows(headline_markdown()))), board)
     return compact_tables(folded_by_chapter(readable_headlines(text, ngram)), unpadded, one_copy)
-
-
-class HeadlinesDirective(SphinxDirective):
-    """The table of headline results, computed from the committed JSON at build time."""
-
-    def run(self) -> list[nodes.Node]:
-        lines = headlines_page_markdown().splitlines()
-        container = nodes.container(classes=["studylog-headlines"])
-        self.state.nested_parse(StringList(lines, source="assets/bench"), self.content_offset, container)
-        return [container]
 
 
 def _add_open_locally_note(app, doctree) -> None:
@@ -691,7 +679,6 @@ def setup(app):
     app.add_js_file(None, body=ZOOM_SCRIPT)
     app.add_js_file(None, body=TABLE_STYLE)
     app.add_directive("studylog-posts", PostsDirective)
-    app.add_directive("studylog-headlines", HeadlinesDirective)
     app.connect("doctree-read", _add_open_locally_note)
     app.connect("html-page-context", _page_context, priority=900)
     app.connect("build-finished", _write_feed)
