@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ from typing import Any, Optional
 import torch
 import triton
 
-from lab.ternary.step11_changes import _ternary, cuobjdump, sass_functions
+from lab.ternary.step11_changes import cuobjdump, random_ternary, sass_functions
 from studylog import cuda, paths, runtime
 from studylog.ternary import FP32_TOLERANCE, PackedTernary, error_ratio, quantize_absmean, step09_mma, step10_cuda_mma
 from studylog.ternary.cuda_steps import (CUDA_MMA_SIGNATURE, CUDA_WORKSPACE, CudaMmaConfig, cuda_call_args,
@@ -183,7 +184,7 @@ def check() -> int:
     dev = runtime.device()
     for n, k, m, dtype in CHECK_CASES:
         gen = torch.Generator().manual_seed(n * 31 + k * 7 + m)
-        w = _ternary(n, k, gen).to(dev)
+        w = random_ternary(n, k, gen).to(dev)
         x = torch.randn(m, k, generator=gen).to(dev, dtype)
         scale = 0.75 + float(torch.rand(1, generator=gen))
         packed = PackedTernary.pack(w, "2bit_tiles")
@@ -205,7 +206,7 @@ def check() -> int:
 
 def measure() -> Path:
     """The variants and the library's steps 9 and 10 at :data:`CASES`, on the GPU clock."""
-    from studylog.bench import BenchRun, gpu_slug
+    from studylog.bench import BenchRun, gpu_slug, write_lab_output
 
     run = BenchRun("ternary", command=" ".join(sys.argv))
     run.note("Series: step09/step10 are the library's steps as the benchmark calls them (their default launch); "
@@ -268,9 +269,7 @@ def measure() -> Path:
     out = paths.lab_results("ternary", gpu_slug(run.device["name"])) / f"{NAME}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
-    import os
     if os.environ.get("OUT"):
-        from studylog.bench import write_lab_output
         write_lab_output(Path(os.environ["OUT"]), run.device["name"], NAME, data)
     bad = [c for c in run.checks if not c["passed"]]
     print(f"{len(run.rows)} measurements, {len(run.checks)} checks ({len(bad)} failed) -> {out}")

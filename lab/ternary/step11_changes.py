@@ -251,7 +251,7 @@ def compile_check() -> int:
 # check (GPU)
 # ----------------------------------------------------------------------------------------------
 
-def _ternary(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+def random_ternary(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     u = torch.rand(n, k, generator=gen)
     sign = torch.where(torch.rand(n, k, generator=gen) < 0.5, -1, 1)
     return torch.where(u < 1 / 3, 0, sign).to(torch.int8)
@@ -277,7 +277,7 @@ def check() -> int:
     dev = runtime.device()
     for n, k, m, dtype in CHECK_CASES:
         gen = torch.Generator().manual_seed(n * 31 + k * 7 + m)
-        w = _ternary(n, k, gen).to(dev)
+        w = random_ternary(n, k, gen).to(dev)
         x = torch.randn(m, k, generator=gen).to(dev, dtype)
         scale = 0.75 + float(torch.rand(1, generator=gen))
         packed = PackedTernary.pack(w, "2bit_tiles")
