@@ -11,16 +11,13 @@ from typing import Any, Callable, Optional
 from book.common import lab_or_none, param_values, us
 from studylog.plotting import Results
 from studylog.ternary import CHAPTER
-from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_PLACE_SERIES,
-                                      W2A8_SERIES, fastest, on_gpu_clock)
+from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES,
+                                      fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
 
 __all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table", "bitnet_host", "bitnet_results", "BITNET_OURS",
            "series_label", "shapes_in", "failed_peer_checks", "target_checks"]
 
-#: our W2A8 steps at their default launches (step 12's places to quantise x are options, not steps): what BitNet's
-#: kernel is compared with, as in the run of the benchmark's quick mode, which times only these
-W2A8_DEFAULTS = tuple(s for s in W2A8_SERIES if s not in W2A8_PLACE_SERIES.values())
 #: what BitNet's kernel (one row of x only) is compared with: step 12, the one-row W2A8 kernel, at its default
 #: launch. One kernel, as a deployer calls it, not the faster of steps 12 and 13 picked per shape after the fact.
 BITNET_OURS = SERIES[12]
