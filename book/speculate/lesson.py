@@ -141,15 +141,18 @@ def layer_table(results, batch: int = 1) -> list[dict[str, Any]]:
 def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
     """The forecast time per token: each request's forwards per output token in step 4, each priced at the one-token
     forward's GPU time on the layer the loop runs (:func:`layer_table`, chunk 1, graph replay), the median over the
-    requests (µs per token; the scoreboard's note for this chapter gives the same number). It holds the host's work
-    and the drafting at zero, so ``over`` (step 4's median time over it) is what they and the longer verifying
-    forwards add. ``one_token_us``: that forward's time."""
+    requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: those that close their JSON; µs
+    per token; the scoreboard's note for this chapter gives the same number). It holds the host's work and the
+    drafting at zero, so ``over`` (step 4's median time over those requests, over it) is what they and the longer
+    verifying forwards add. ``one_token_us``: that forward's time; ``requests``: how many."""
     one = next(d for d in layer_table(results, batch) if d["chunk"] == 1)
     one_ms = one[one["used"]] / 1e3
-    bound = statistics.median(one_ms * r["forwards"] / r["tokens"] for r in _rows(results, batch, workload, "step04"))
-    measured = median_ms(results, batch, workload, "step04")
+    kept = report.closed_requests(results.rows, workload)
+    mine = [r for r in _rows(results, batch, workload, "step04") if r["params"]["request"] in kept]
+    bound = statistics.median(one_ms * r["forwards"] / r["tokens"] for r in mine)
+    measured = statistics.median(r["ms"] for r in mine)
     return {"one_token_us": one_ms * 1e3, "bound_us": bound * 1e3, "measured_us": measured * 1e3,
-            "over": measured / bound}
+            "over": measured / bound, "requests": len(mine)}
 
 
 def bound_rows(results) -> list[dict[str, Any]]:
