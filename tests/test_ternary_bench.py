@@ -124,7 +124,7 @@ def test_one_shape_of_the_bench_on_the_cpu(monkeypatch):
         monkeypatch.setattr(R, name, _reference_step(w2a8=True))
     for name in ("step11_probe", "step12_probe"):
         monkeypatch.setattr(R, name, lambda x, w, scale, probe: (lambda: None))
-    monkeypatch.setattr(R, "_read_only", lambda data: (lambda: None))
+    monkeypatch.setattr(R, "read_only", lambda data: (lambda: None))
     # (GemLite's own kernels run on the CPU only with its device queries answered: test_ternary_peers.py)
     gemlite = R._load_gemlite() if runtime.has_gpu() else "not run here"
     run = CpuRun()
@@ -149,7 +149,7 @@ def test_one_shape_of_the_bench_on_the_cpu(monkeypatch):
 
 
 def test_a_peer_that_raises_is_a_note_and_ours_raise(monkeypatch):
-    monkeypatch.setattr(R, "_read_only", lambda data: (lambda: None))
+    monkeypatch.setattr(R, "read_only", lambda data: (lambda: None))
     run = CpuRun()
     x = torch.randn(1, 64).to(torch.bfloat16)
     spec = R.Series(torch.zeros(8, 64, dtype=torch.int8), lambda x, w: (lambda: 1 / 0), 8 * 64, None, role="baseline")

@@ -1,19 +1,6 @@
-"""Chapter 5: ternary (-1/0/+1) matmul, ``z = x @ W.T / scale`` (W stored as an ``nn.Linear`` weight, (N, K);
-x (M, K) or (K,); z float32), in Triton (steps 1 to 9) then CUDA C++ (steps 10 to 13). ``CHAPTER.steps`` lists the
-steps, each with its public function ``stepNN_<slug>`` and its benchmark series ``stepNN``; the lessons are
-``notebooks/05_ternary_1_triton.ipynb`` and ``notebooks/05_ternary_2_cuda.ipynb``. The modules:
-
-* :mod:`~studylog.ternary.formats`: the packed layouts (:class:`PackedTernary`), BitNet's quantisation, the
-  float64 reference and tolerance, the checks every wrapper runs;
-* :mod:`~studylog.ternary.triton_steps` (steps 1 to 7), :mod:`~studylog.ternary.triton_mma` (8 and 9),
-  :mod:`~studylog.ternary.cuda_steps` (10 and 11), :mod:`~studylog.ternary.w2a8` (12 and 13, W2A8);
-* :mod:`~studylog.ternary.peers` (GemLite, torch._int_mm) and :mod:`~studylog.ternary.bitnet` (BitNet's own
-  W2A8 kernel, from a local checkout of its repository);
-* :mod:`~studylog.ternary.report`: the benchmark; :mod:`~studylog.ternary.results`: its series and headline;
-* :mod:`~studylog.ternary.steps`: the table of steps and :func:`ternary_matmul`, the chapter's general entry
-  point (the step for the weights' format, the rows of x and the GPU); :mod:`~studylog.ternary.ops`: the same as
-  a ``torch.library`` operator.
-"""
+"""Chapter 5: ternary (-1/0/+1) matmul, ``z = x @ W.T / scale`` (W an ``nn.Linear`` weight, (N, K); x (M, K) or
+(K,); z float32), in Triton (steps 1 to 9) then CUDA C++ (steps 10 to 13). ``CHAPTER.steps`` lists the steps,
+each with its function ``stepNN_<slug>`` and benchmark series ``stepNN``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Chapter 5's closest peer: BitNet's own W2A8 GPU kernel (`microsoft/BitNet <https://github.com/microsoft/BitNet>`_,
-``gpu/bitnet_kernels/bitnet_kernels.cu``), on the same ternary weights as our steps.
-
-Its code is not part of this repository: the benchmark builds it from a local checkout (the variable
-:data:`BITNET_ENV`) with ``nvcc`` for the GPU at hand and calls it through ``ctypes``, as BitNet's ``gpu/test.py``
-does; without a checkout its rows are skipped with a note. For one row of x it computes, in bf16,
-``out[n] = (sum_k xq[k] w[n, k]) / s * ws[...]``: ``xq`` x already quantised to int8, ``s`` its scale, ``ws`` the
-weight scales and ``w`` in BitNet's packed layout (:func:`bitnet_pack`), for the (N, K) of :data:`BITNET_SHAPES`.
-"""
+"""Chapter 5's closest peer: BitNet's own W2A8 GPU kernel (microsoft/BitNet, ``gpu/bitnet_kernels``), built from
+a local checkout (:data:`BITNET_ENV`) with nvcc and called through ctypes as its ``gpu/test.py`` does. For one row
+of int8 x it computes ``out[n] = (sum_k xq[k] w[n, k]) / s * ws[...]`` in bf16, for the (N, K) of
+:data:`BITNET_SHAPES`."""
 
 from __future__ import annotations
 
@@ -38,9 +33,8 @@ KERNEL_FILE = Path("gpu") / "bitnet_kernels" / "bitnet_kernels.cu"
 
 
 def bitnet_checkout(path: Optional[str] = None) -> Optional[Path]:
-    """The checkout to build from: ``path``, else the variable :data:`BITNET_ENV`; the folder that holds
-    ``gpu/bitnet_kernels/bitnet_kernels.cu``. None where none is given; ``FileNotFoundError`` where the path
-    given holds no kernel file."""
+    """The checkout that holds :data:`KERNEL_FILE`, from ``path`` or :data:`BITNET_ENV`; None where none is
+    given."""
     path = path if path is not None else os.environ.get(BITNET_ENV)
     if not path:
         return None
@@ -86,9 +80,8 @@ def _shared_load_layout() -> np.ndarray:
 
 
 def bitnet_pack(w: Int8[Tensor, "n k"]) -> Int8[Tensor, "n k4"]:
-    """Ternary weights ``(N, K)`` in BitNet's layout (its ``convert_weight_int8_to_int2``, in torch): codes
-    ``w + 2``, tiles of 16 x 32 permuted for its loads, four 2-bit codes a byte, and the codes of each 32-bit word
-    interleaved so that one shift and mask yields four int8 values. N a multiple of 16, K of 32."""
+    """Ternary weights (N, K) in BitNet's layout (its ``convert_weight_int8_to_int2``): codes ``w + 2``, 16 x 32
+    tiles permuted for its loads, each word's 16 codes interleaved so one shift and mask yields four int8."""
     check_tensor("w", w, dtype=torch.int8, ndim=2)
     n, k = w.shape
     if n % 16 or k % 32:
@@ -112,8 +105,8 @@ def bitnet_pack(w: Int8[Tensor, "n k"]) -> Int8[Tensor, "n k4"]:
 
 
 def bitnet_scales(x_scale: Tensor, scale: float, device) -> tuple[Tensor, Tensor]:
-    """The two bf16 scales BitNet's kernel divides and multiplies by: ``s`` (x's int8 scale, one row) and ``ws``
-    (``1 / scale`` of our weights, repeated for each of its weight-scale slots)."""
+    """The bf16 scales BitNet's kernel divides and multiplies by: ``s`` (x's, one row) and ``ws`` (``1 / scale``
+    in each of its weight-scale slots)."""
     s = x_scale.reshape(-1)[:1].to(device=device, dtype=torch.bfloat16)
     ws = torch.full((BITNET_WEIGHT_SCALES,), 1.0 / scale, dtype=torch.bfloat16, device=device)
     return s, ws
@@ -121,8 +114,8 @@ def bitnet_scales(x_scale: Tensor, scale: float, device) -> tuple[Tensor, Tensor
 
 def bitnet_linear(library: ctypes.CDLL, xq: Tensor, packed: Tensor, s: Tensor, ws: Tensor,
                   out: Tensor) -> Tensor:
-    """One call of BitNet's ``bitlinear_int8xint2`` on the current stream: ``out (1, N) bf16`` from ``xq (1, K)``
-    int8 and the packed weights, as its ``gpu/test.py`` calls it."""
+    """One call of BitNet's ``bitlinear_int8xint2`` on the current stream: bf16 ``out`` (1, N) from int8 ``xq``
+    (1, K)."""
     n, k = packed.shape[0], packed.shape[1] * 4
     if xq.shape != (1, k) or (n, k) not in BITNET_SHAPES:
         raise ValueError(f"BitNet's kernel takes one row of x at (N, K) in {BITNET_SHAPES}; got x {tuple(xq.shape)} "

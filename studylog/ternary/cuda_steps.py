@@ -1,16 +1,6 @@
-"""Chapter 5, steps 10 and 11: step 9's words and decode in CUDA C++ (``studylog/ternary/csrc``).
-
-10. :func:`step10_cuda_mma` (``step10_cuda_mma_kernel`` in ``ternary_mma.cu``): the same layout and decode on
-    ``mma.sync``, scheduled by hand: each thread loads its own weights ahead of the one it decodes; x in shared
-    memory.
-11. :func:`step11_tma` (``step11_tma_kernel`` in ``ternary_bulk.cu``): the weights (and x) brought into shared
-    memory by the Tensor Memory Accelerator (``cp.async.bulk``, a producer warp, mbarriers; Hopper GPUs and
-    later), the K of a block shared by its warps. :func:`step11_probe` builds it with parts left out, to time
-    what limits it.
-
-Both read weights in the ``2bit_tiles`` format (``PackedTernary.pack(w, "2bit_tiles")``) and bf16 or fp16 x,
-and run on a GPU only (on the CPU the wrappers check their inputs, then say so).
-"""
+"""Chapter 5, steps 10 and 11: step 9's words and decode in CUDA C++ on ``mma.sync`` (``ternary_mma.cu``), then
+the weights brought by the TMA (``ternary_bulk.cu``). Both read ``2bit_tiles`` weights and bf16 or fp16 x, on a
+GPU only (on the CPU the wrappers check their inputs, then say so)."""
 
 from __future__ import annotations
 
@@ -27,15 +17,12 @@ from studylog import cuda, runtime
 from studylog.ternary.formats import (GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace,
                                       check_packed_call)
 
-# ----------------------------------------------------------------------------------------------
-# Step 10: the same layout and decode in CUDA C++ (csrc/ternary_mma.cu), on mma.sync
-# ----------------------------------------------------------------------------------------------
+# Step 10: the same layout and decode in CUDA C++, on mma.sync
 
 @dataclass(frozen=True)
 class CudaMmaConfig:
-    """A launch of step 10: ``row_tiles`` tiles of 16 weight rows a warp, ``warps`` a block, ``stages``
-    groups of 256 weights a row in flight per thread, and K cut into ``slices`` (grid.y; more when
-    a slice of x would not fit in shared memory)."""
+    """A launch of step 10: ``row_tiles`` tiles of 16 weight rows a warp, ``warps`` a block, ``stages`` groups
+    a row in flight per thread, K cut into ``slices`` (more when a slice of x would not fit in shared memory)."""
 
     row_tiles: int = 2
     stages: int = 2
@@ -61,7 +48,7 @@ def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int) 
 
 
 #: The instances step 10 launches: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp,
-#: 2 groups in flight. (On the H200, 4 in flight was never faster: more registers, fewer warps.)
+#: 2 groups in flight.
 CUDA_MMA_INSTANCES = tuple(_cuda_mma_instance(b, mt, rt, 2) for b in (True, False) for mt in (1, 2) for rt in (1, 2))
 CUDA_MMA_SIGNATURE = ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
 cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
@@ -69,16 +56,14 @@ cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
 
 @functools.lru_cache(maxsize=None)
 def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.CudaKernel":
-    # Looked up once: compiling, loading and finding a kernel cost far more than the launch itself
-    # (tens of microseconds, which would show up in the timings of a 5-microsecond kernel).
+    # Looked up once: compiling, loading and finding a kernel cost far more than the launch itself.
     module = cuda.load("ternary_mma", name_expressions=instances, device=device_index)
     return module.kernel(name, CUDA_MMA_SIGNATURE)
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
-    """Step 10's launch for an (M, N, K) problem (the notebook shows the sweep). One row of x: blocks of 8 warps
-    x 2 row tiles (256 rows of W), and K cut until there are about two blocks per SM. More rows of x: one row
-    tile a warp (the MMAs double, registers too), and K cut as far as the copy of x in shared memory needs."""
+    """Step 10's launch for an (M, N, K) problem. Up to 8 rows of x: 8 warps x 2 row tiles a block, K cut
+    until there are about two blocks an SM. More: one row tile a warp, K cut only as far as x needs."""
     sms = sms or runtime.sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if m <= 8:
@@ -107,8 +92,8 @@ CUDA_WORKSPACE = SplitWorkspace()  # not step 9's: its sums must stay zeros, the
 
 def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type,
                    what: str) -> tuple:
-    """Checks shared by steps 10 to 13 (on the CPU too, before the GPU is asked for), then x in rows
-    that start on 16-byte boundaries: (x2, vector, w, scale tensor, its stride, z)."""
+    """Checks shared by steps 10 to 13 (on the CPU too), then x in rows that start on 16-byte boundaries:
+    (x2, vector, w, scale tensor, its stride, z)."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_tiles", dtypes=MMA_X_DTYPES)
     if w.data.data_ptr() % 16:
         raise ValueError("w.data must start on a 16-byte boundary (the kernel loads 16 bytes at a time)")
@@ -119,8 +104,7 @@ def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: An
 
 
 def aligned_rows(x2: Tensor) -> Tensor:
-    """x2, or a zero-padded copy whose rows start on 16-byte boundaries: the kernels load x 16 bytes
-    at a time."""
+    """x2, or a zero-padded copy whose rows start on 16-byte boundaries (the kernels load 16 bytes at a time)."""
     if x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0:
         return x2
     return padded_to_8(x2)
@@ -135,9 +119,8 @@ def padded_to_8(x2: Tensor) -> Tensor:
 
 def step10_cuda_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                     out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 10: step 9's words and decode in CUDA C++ on ``mma.sync`` (GPU only), weights in the
-    ``2bit_tiles`` format (``PackedTernary.pack(w, "2bit_tiles")``). Built for few rows
-    of x (M <= 16 a block; larger M runs, re-decoding the weights once per 16 rows of x)."""
+    """Step 10: step 9's words and decode in CUDA C++ on ``mma.sync`` (GPU only), ``2bit_tiles`` weights. Built
+    for few rows of x (larger M re-decodes the weights once per 16 rows)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, CudaMmaConfig,
                                                    "step 10 (CUDA C++ step10_cuda_mma_kernel)")
     m, k = x2.shape
@@ -155,17 +138,13 @@ def step10_cuda_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1
     return z[0] if vector else z
 
 
-# ----------------------------------------------------------------------------------------------
 # Step 11: step 10's decode and MMAs, the weights brought into shared memory by the TMA
-# (csrc/ternary_bulk.cu)
-# ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class RingConfig:
-    """What the launches of steps 11 to 13 share: ``warps`` consumer warps a block (plus one producer warp) and
-    tiles of 16 weight rows (the field named ``TILES``); the producer keeps ``stages`` stages of ``chunk`` groups
-    (1 KiB each) per warp and tile in flight; ``slices`` cuts K across blocks (grid.y; more when a block's x would
-    not fit in shared memory). Checked against the compiled instances: ``compiled_shapes()`` and ``WARPS``."""
+    """What the launches of steps 11 to 13 share: ``warps`` consumer warps a block (plus a producer), tiles of 16
+    weight rows (the field named ``TILES``), ``stages`` stages of ``chunk`` groups (1 KiB each) per warp and tile
+    in flight, ``slices`` of K. Checked against the compiled instances (``compiled_shapes()``, ``WARPS``)."""
 
     TILES, WARPS = "row_tiles", (1, 2, 4, 8, 16)
 
@@ -188,8 +167,7 @@ class RingConfig:
 
 @dataclass(frozen=True)
 class TmaConfig(RingConfig):
-    """A launch of step 11 (:class:`RingConfig`): a block owns ``row_tiles`` tiles of 16 weight rows, and its
-    warps split the block's K among themselves."""
+    """A launch of step 11: a block owns ``row_tiles`` tiles of 16 weight rows; its warps split its K."""
 
     row_tiles: int = 1
     warps: int = 8
@@ -207,9 +185,8 @@ class TmaConfig(RingConfig):
         return 16 * self.row_tiles
 
 
-#: (row_tiles, stages, chunk) of the compiled step-11 instances: the configurations a caller may choose with
-#: ``TmaConfig`` (the default plan takes (1, 4, 1) or (2, 4, 1); lab/ternary/stream_read_sweep.py compares them
-#: all). CHUNK = 4 or 8, or RT = 2 with CHUNK = 4, would make ptxas spill, so they are not compiled.
+#: (row_tiles, stages, chunk) of the compiled step-11 instances. CHUNK = 4 or 8, or RT = 2 with CHUNK = 4,
+#: would make ptxas spill.
 TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
 
 
@@ -245,10 +222,9 @@ def _tma_kernel(name: str, device_index: int, instances: tuple, options: tuple =
 
 
 def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
-    """Step 11's launch for an (M, N, K) problem (from a sweep on the H200): 4 stages of 1 group a warp and tile.
-    One tile of 16 rows a block, 8 warps for a long K and 4 for K <= 8192; two tiles and 4 warps a block when
-    there are more than two tiles an SM and K is long (fewer blocks, each copying x once for two tiles). Above 8
-    rows of x, two tiles and 8 warps."""
+    """Step 11's launch for an (M, N, K) problem, 4 stages of 1 group a warp and tile: one tile a block, 8 warps
+    for K > 8192 (else 4); two tiles and 4 warps where there are more than two tiles an SM and K is long (each
+    block copies x once for two tiles); above 8 rows of x, two tiles and 8 warps."""
     sms = sms or runtime.sm_count()
     tiles = triton.cdiv(n, 16)
     if m > 8:
@@ -260,8 +236,8 @@ def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
 
 def step11_tma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 11: step 10 with the weights copied into shared memory by the TMA (``cp.async.bulk``, a
-    producer warp and mbarriers; Hopper GPUs and later), weights in the ``2bit_tiles`` format."""
+    """Step 11: step 10 with the weights copied into shared memory by the TMA (``cp.async.bulk``, a producer warp
+    and mbarriers; Hopper GPUs and later)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, TmaConfig,
                                                    "step 11 (CUDA C++ step11_tma_kernel)")
     m, k = x2.shape
@@ -283,17 +259,16 @@ def _pad_k_to_8(x2: Tensor) -> Tensor:
     return x2 if x2.shape[1] % 8 == 0 else padded_to_8(x2)
 
 
-#: The probe builds of steps 11 and 12, the kernel with parts left out (the benchmark times them to show what
-#: limits the step), by their number: BULK_PROBE in ternary_bulk.cu, W2A8_PROBE in ternary_w2a8.cu (PROBE_* in
-#: ternary_common.cuh; 0 is the kernel itself). 1: the copies of the weights and x, no arithmetic; 2: the decode
-#: and the MMAs on whatever shared memory holds, no copies; 3: the kernel returns at once.
+#: The probe builds of steps 11 and 12 (BULK_PROBE, W2A8_PROBE; PROBE_* in ternary_common.cuh), the kernel with
+#: parts left out, to time what limits it: 1 copies weights and x only, 2 decodes and multiplies whatever shared
+#: memory holds, 3 returns at once.
 PROBES = {1: "copies only", 2: "arithmetic only", 3: "launch only"}
 
 
 def step11_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
                  config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
-    """A step-11 launch with parts left out (a number of :data:`PROBES`), as a function to time. Its
-    output means nothing; the time says what the full kernel pays for each part."""
+    """A step-11 launch with parts left out (a number of :data:`PROBES`), as a function to time (its output
+    means nothing)."""
     if probe not in PROBES:
         raise ValueError(f"probe must be one of {sorted(PROBES)} ({PROBES}), got {probe!r}")
     x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-11 probe")

@@ -1,8 +1,6 @@
-"""Chapter 5's formats and shared checks: the packed ternary layouts, BitNet's quantisation, the float64
-reference and tolerance, and the input checks every step's wrapper runs before a kernel sees its inputs.
-
-Packed layouts. Each is a small transpose, so that one decode step over a tile of words yields weights
-whose activations are *contiguous* in memory (one vector load of x serves a whole field):
+"""Chapter 5's packed ternary layouts, BitNet's quantisation, the float64 reference and tolerance, and the
+checks every step's wrapper runs. Each layout is a small transpose, so that one decode step over a tile of words
+yields weights whose activations are contiguous in memory (one vector load of x serves a whole field):
 
 * **2-bit** (``"2bit"``, steps 3 to 8): each row's K weights are cut into groups of 256, stored as 16 int32
   words. Word ``t`` of a group holds weights ``16 j + t`` (j = 0..15) in bits ``2j, 2j+1``, as the code
@@ -16,8 +14,7 @@ whose activations are *contiguous* in memory (one vector load of x serves a whol
 * **2-bit tiles** (``"2bit_tiles"``, steps 10 to 13): the MMA-order words reordered so that what one warp
   loads for one group of a tile of 16 rows is 1 KiB of consecutive memory (:func:`pack_2bit_tiles`).
 
-Padding (K up to a whole group) holds zero weights, so rows are a whole number of 64- or 16-byte
-groups: every row starts aligned and loads stay vectorised.
+Padding (K up to a whole group) holds zero weights, so every row starts aligned and loads stay vectorised.
 """
 
 from __future__ import annotations
@@ -34,10 +31,6 @@ from torch import Tensor
 
 from studylog import runtime
 from studylog.checks import check_out
-
-# ----------------------------------------------------------------------------------------------
-# Packed formats
-# ----------------------------------------------------------------------------------------------
 
 GROUP_WORDS = 16  #: int32 words in a 2-bit group
 GROUP_WEIGHTS_2BIT = 256  #: weights in a 2-bit group (16 words x 16 fields)
@@ -62,8 +55,8 @@ def packed_cols(k: int, fmt: str) -> int:
 
 
 def check_ternary_values(name: str, w: Tensor) -> None:
-    """Raise a ValueError naming ``name`` unless every value of ``w`` is -1, 0 or +1 (NaN is not). One pass
-    over ``w``; on a GPU it waits for that pass (the answer is needed on the host)."""
+    """Raise a ValueError naming ``name`` unless every value of ``w`` is -1, 0 or +1 (a pass that waits for the
+    GPU)."""
     bad = (w != 0) & (w.abs() != 1)  # NaN compares unequal to everything: bad too
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0])
@@ -83,8 +76,7 @@ def as_ternary(w: Any, name: str = "w") -> Tensor:
 
 
 def _padded_codes(w: Any, group: int) -> tuple[Tensor, int]:
-    """The codes ``w + 1`` of ternary ``w`` (N, K) as int64, each row padded with zero weights (code 1) to whole
-    groups of ``group`` weights, and the groups a row."""
+    """(codes ``w + 1`` as int64, rows padded with code 1 to whole groups of ``group``, groups a row)."""
     codes = as_ternary(w) + 1
     n, k = codes.shape
     groups = triton.cdiv(k, group)
@@ -143,11 +135,9 @@ def unpack_2bit_mma(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"
 
 
 def pack_2bit_tiles(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "tiles kt"]:
-    """Step 10's layout: the words of :func:`pack_2bit_mma`, reordered so that what one warp loads
-    for one group is 1 KiB of consecutive memory. Rows are cut into tiles of 16 (the last one padded
-    with zero weights); tile i is row i of the result, its groups one after another, and a group holds
-    [half h][row g][word 4 t + i] for the tile's row 8 h + g: lane 4 g + t of a warp reads words
-    4 t .. 4 t + 3 of rows g and 8 + g with two 16-byte loads, 512 consecutive bytes each."""
+    """Step 10's layout: the words of :func:`pack_2bit_mma` in tiles of 16 rows (the last padded with zero
+    weights), tile i row i of the result, a group holding [half h][row g][word 4 t + i] for the tile's row
+    8 h + g: lane 4 g + t reads words 4 t .. 4 t + 3 of rows g and 8 + g with two 16-byte loads."""
     words = pack_2bit_mma(w)
     n, kw = words.shape
     tiles = triton.cdiv(n, TILE_ROWS)
@@ -187,9 +177,8 @@ def unpack_base3(packed: UInt8[Tensor, "n kb"], k: int) -> Int8[Tensor, "n k"]:
 
 
 def base3_table_values() -> list[int]:
-    """The kernels' decode table: entry ``v`` holds the 5 base-3 digits of ``v`` as 2-bit fields
-    (digit d in bits 2d, 2d+1, like the 2-bit format's fields) under the float exponent bits that
-    :func:`_field_to_float` expects. Entries 243..255 are not base-3 bytes and decode to zeros."""
+    """The kernels' decode table: entry ``v`` holds the 5 base-3 digits of ``v`` as 2-bit fields (digit d in
+    bits 2d, 2d+1) under the float exponent bits of the 2-bit decode; entries 243..255 decode to zeros."""
     out = []
     for v in range(256):
         u = v if v < 243 else ZERO_BYTE
@@ -230,9 +219,8 @@ def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] =
 
 @dataclass(frozen=True)
 class PackedTernary:
-    """A packed ternary matrix of logical shape (n, k), checked once when it is built: dtype,
-    shape against (n, k), and that every code is a valid one (2-bit code 3 and bytes above 242
-    would otherwise decode to a wrong weight without any error)."""
+    """A packed ternary matrix of logical shape (n, k), checked once when built: dtype, shape, and every code
+    (2-bit code 3 and bytes above 242 would decode to a wrong weight without an error)."""
 
     data: Tensor
     n: int
@@ -267,17 +255,13 @@ class PackedTernary:
         return self.data.numel() * self.data.element_size()
 
 
-# ----------------------------------------------------------------------------------------------
-# BitNet b1.58 quantisation (the weights of every step's benchmark; step 8's int8 activations)
-# ----------------------------------------------------------------------------------------------
+# BitNet b1.58 quantisation
 
 def quantize_absmean(w: Float[Tensor, "n k"], *, per_channel: bool = False, eps: float = 1e-5
                      ) -> tuple[Int8[Tensor, "n k"], Float[Tensor, "..."]]:
-    """BitNet b1.58 weights: ``scale = 1 / mean|W|`` (over the tensor, or over each output row
-    when ``per_channel``) and ``W_t = clamp(round(W * scale), -1, 1)``. Then ``W ~= W_t / scale``,
-    so ``x @ W.T ~= x @ W_t.T / scale``: the product every kernel here computes. ``w`` must be finite: a NaN
-    or an infinity is refused with a ValueError that says where (it would turn every code to 0 and the
-    scale to NaN). The check reads ``w`` on the host (a device sync)."""
+    """BitNet b1.58 weights: ``scale = 1 / mean|W|`` (per output row when ``per_channel``) and
+    ``W_t = clamp(round(W * scale), -1, 1)``, so ``x @ W.T ~= x @ W_t.T / scale``. ``w`` must be finite
+    (checked on the host)."""
     if not isinstance(w, Tensor) or not w.is_floating_point():
         raise TypeError(f"w must be a floating-point torch.Tensor, got {getattr(w, 'dtype', type(w).__name__)}")
     if w.ndim != 2:
@@ -308,13 +292,10 @@ def quantize_activations(x: Float[Tensor, "m k"], eps: float = 1e-5) -> tuple[In
     return xq.contiguous(), scale.contiguous()
 
 
-# ----------------------------------------------------------------------------------------------
 # Reference and tolerance
-# ----------------------------------------------------------------------------------------------
 
 #: Largest accepted |z - reference| as a fraction of sum_k |x_k w_nk| / |scale_n|: about 32 float32
-#: rounding steps of the magnitude sum. One wrong weight moves z by 2 |x_k|, far above this for
-#: every size used here (the tests check that the tolerance does catch one flipped weight).
+#: rounding steps. One wrong weight moves z by 2 |x_k|, far above it (a test checks it is caught).
 FP32_TOLERANCE = 4e-6
 
 
@@ -337,19 +318,15 @@ def error_ratio(z: Tensor, x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1
 
 
 def error_ratio_from(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:
-    """``max |z - ref| / magnitude`` over every element (0 where z equals ref); a NaN anywhere counts as
-    infinite. :func:`error_ratio` with the reference and the magnitude of the sums already computed."""
+    """:func:`error_ratio` from the reference and the magnitude already computed (0 where z equals ref)."""
     err = (z.double() - ref).abs()
     ratio = torch.where(err == 0, torch.zeros_like(err), err / magnitude.clamp(min=1e-300))
     ratio = torch.nan_to_num(ratio, nan=math.inf)
     return float(ratio.max()) if ratio.numel() else 0.0
 
 
-# ----------------------------------------------------------------------------------------------
-# Checks shared by every step's wrapper. Nothing here waits for the GPU (no .item(), no host
-# copies), so a timed call measures the kernels and nothing else; check_ternary_values (steps 1 and 2's
-# dense weights) is the one exception, and says so.
-# ----------------------------------------------------------------------------------------------
+# Checks shared by every step's wrapper. None waits for the GPU (check_ternary_values excepted), so a timed
+# call measures the kernels and nothing else.
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Scale = Union[float, Tensor]
@@ -393,8 +370,8 @@ def _scalar_tensor(value: float, device: str) -> Tensor:
 
 
 def check_scale(scale: Any, n: int, like: Tensor) -> tuple[Tensor, int]:
-    """(float32 tensor, stride): stride 0 for one scale, 1 for one per output channel. Tensor values
-    are not inspected (that would wait for the GPU); a Python number must be finite and nonzero."""
+    """(float32 tensor, stride 0 for one scale or 1 for one per output channel). A number must be finite and
+    nonzero; tensor values are not read (that would wait for the GPU)."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float, Tensor)):
         raise TypeError(f"scale must be a number or a float32 tensor of shape ({n},), got {type(scale).__name__}")
     if not isinstance(scale, Tensor):
@@ -449,8 +426,8 @@ def check_packed(w: Any, fmt: str, k: int, like: Tensor) -> PackedTernary:
 
 def check_packed_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], fmt: str, dtypes: tuple = X_DTYPES,
                       x_name: str = "x") -> tuple[Tensor, bool, PackedTernary, Tensor, int, Tensor]:
-    """The checks of a step on packed weights, in order (x, w, scale, out): ``(x2, vector, w, scale tensor, its
-    stride, z)``, x as (M, K) and whether it came as a vector, z the (M, N) float32 output."""
+    """The checks of a step on packed weights (x, w, scale, out): ``(x2, vector, w, scale tensor, its stride,
+    z)``."""
     x2, vector = check_x(x, weights_k(w), dtypes=dtypes, name=x_name)
     w = check_packed(w, fmt, x2.shape[1], x2)
     s, s_stride = check_scale(scale, w.n, x2)
@@ -465,10 +442,9 @@ def weights_k(w: Any) -> Optional[int]:
 
 
 class SplitWorkspace:
-    """Split-K scratch on one device (step 9 has its own, steps 10 to 13 share one): float32 partial sums
-    (step 9 keeps them all zeros between launches) and one arrival counter per output tile (zeros too). The
-    last slice of a tile to arrive restores them, so the workspace is allocated and zeroed once, not
-    every call. Launches that share it must not overlap: one stream at a time, like a cuBLAS workspace."""
+    """Split-K scratch on one device: float32 partial sums (step 9 keeps them zeros) and one arrival counter per
+    output tile (zeros), restored by the last slice of a tile, so it is zeroed once. Launches that share it
+    must not overlap: one stream at a time, like a cuBLAS workspace."""
 
     def __init__(self):
         self.sums: dict[str, Tensor] = {}

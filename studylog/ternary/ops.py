@@ -1,14 +1,7 @@
-"""Chapter 5's entry point as a PyTorch operator: ``torch.ops.studylog.ternary_matmul``.
-
-:func:`~studylog.ternary.steps.ternary_matmul` takes the weights as a
-:class:`~studylog.ternary.formats.PackedTernary`, a Python object; the operator takes its tensor and its
-numbers (``w.data, w.n, w.k, w.fmt``) and the scale as a number or a float32 tensor, and runs the same
-dispatch: steps 10 and 11 (CUDA C++) for ``2bit_tiles``, the Triton steps for the other formats. An opaque
-``torch.library.custom_op``: the CUDA C++ steps launch through NVRTC, and the Triton steps are autotuned with
-pre-hooks (split-K configs zero their output) and keep split-K workspaces across calls, which ``wrap_triton``
-does not take. The codes are not checked per call (a device synchronisation): build the tensor with
-``PackedTernary.pack``, which checks them once. On the CPU the Triton formats run in Triton's interpreter;
-``2bit_tiles`` needs a GPU.
+"""Chapter 5's entry point as a PyTorch operator, ``torch.ops.studylog.ternary_matmul``: the weights as
+``PackedTernary``'s ``data, n, k, fmt``, the same dispatch. An opaque ``custom_op``: the CUDA C++ steps launch
+through NVRTC, and the Triton steps' autotune pre-hooks and kept split-K workspaces are not what ``wrap_triton``
+takes. The codes are not checked per call (a device synchronisation): build the tensor with ``PackedTernary.pack``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Chapter 5's peers: what a practitioner would run instead of our kernels, on the same ternary weights.
-
-* **GemLite** (`mobiusml/gemlite <https://github.com/mobiusml/gemlite>`_, an optional extra: ``pip install
-  gemlite``), 2-bit weights and bf16 x, the peer of the bf16-activation steps, in the layout of its BitNet
-  processor (codes ``w + 1``, zero point 1, one float32 scale ``1 / scale`` a row: exact for ternary ``w``).
-* **torch._int_mm** (int8 x int8 -> int32 on cuBLASLt), the baseline of the W2A8 steps: x quantised as
-  :func:`~studylog.ternary.formats.quantize_activations` does, int8 weights, then divided by both scales in
-  float32. cuBLASLt takes more than 16 rows of x, so x's rows are padded with zeros (:func:`int_mm_rows`).
-
-GemLite is imported by :func:`import_gemlite` only, which turns any failure into an ImportError.
-"""
+"""Chapter 5's peers on the same ternary weights: GemLite (an optional extra, ``pip install gemlite``; 2-bit
+weights and bf16 x in the layout of its BitNet processor), and torch._int_mm (cuBLASLt int8 x int8 -> int32), the
+baseline of the W2A8 steps. GemLite is imported by :func:`import_gemlite` only."""
 
 from __future__ import annotations
 
@@ -30,10 +22,6 @@ INT_MM_MIN_ROWS = 17
 INT_MM_MULTIPLE = 8
 
 
-# ----------------------------------------------------------------------------------------------
-# GemLite
-# ----------------------------------------------------------------------------------------------
-
 def import_gemlite():
     """``gemlite``, or an ImportError saying why not (GemLite queries the GPU when it loads: without one its
     import fails with another error)."""
@@ -48,9 +36,8 @@ def import_gemlite():
 
 def gemlite_ternary(w: Tensor, scale: float, *, dtype: torch.dtype = torch.bfloat16,
                     device: Optional[torch.device] = None) -> Any:
-    """A GemLite linear layer computing ``x @ w.T / scale`` for ternary ``w`` (N, K), as GemLite's BitNet
-    processor (``gemlite.helper.A16W158_INT``) builds it, with the scales on the weights' device: ``layer(x)``
-    is (M, N) in ``dtype``."""
+    """A GemLite layer computing ``x @ w.T / scale`` (M, N) in ``dtype`` for ternary ``w`` (N, K), as its BitNet
+    processor (``gemlite.helper.A16W158_INT``) builds it: codes ``w + 1``, zero 1, a float32 scale a row."""
     if isinstance(scale, (bool, Tensor)) or not math.isfinite(float(scale)) or float(scale) == 0:
         raise ValueError(f"scale must be a finite nonzero number (one per tensor), got {scale!r}")
     ternary = as_ternary(w)
@@ -71,9 +58,8 @@ def gemlite_ternary(w: Tensor, scale: float, *, dtype: torch.dtype = torch.bfloa
 
 
 def gemlite_weights(layer: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """What a GemLite layer holds, decoded: (its weights as the ternary int8 matrix (N, K) they stand for, its
-    scales (N,), its zero points). GemLite packs ``GEMLITE_PACKING_BITS / GEMLITE_BITS`` codes a word along K
-    (code j of a run in bits ``GEMLITE_BITS * j``) and keeps the words transposed, (K / 16, N)."""
+    """A GemLite layer's (ternary int8 weights (N, K), scales (N,), zero points), decoded from its words: codes
+    along K, code j in bits ``GEMLITE_BITS * j``, the words transposed, (K / 16, N)."""
     per_word = GEMLITE_PACKING_BITS // GEMLITE_BITS
     if (layer.W_nbits, layer.elements_per_sample) != (GEMLITE_BITS, per_word):
         raise ValueError(f"not a {GEMLITE_BITS}-bit layer packed {per_word} a word: W_nbits={layer.W_nbits}, "
@@ -100,8 +86,7 @@ def gemlite_matmul_type(m: int) -> str:
 
 
 def gemlite_best_config(matmul_type: str) -> str:
-    """The config GemLite's autotuner chose last for ``matmul_type``'s integer kernel ("" where it cannot be
-    read)."""
+    """The config GemLite's autotuner chose last for ``matmul_type`` ("" where it cannot be read)."""
     import importlib
 
     module = {"GEMV": "gemv_kernels", "GEMV_REVSPLITK": "gemv_revsplitK_kernels", "GEMV_SPLITK": "gemv_splitK_kernels",
@@ -115,8 +100,7 @@ def gemlite_best_config(matmul_type: str) -> str:
 
 
 def gemlite_autotune_setting(matmul_type: str) -> str:
-    """GemLite's autotune setting for ``matmul_type`` ("fast" unless changed: a short list of configs per
-    shape, timed on the first call)."""
+    """GemLite's autotune setting for ``matmul_type`` ("" where it cannot be read)."""
     try:
         from gemlite.triton_kernels.config import AUTOTUNE
     except Exception:  # noqa: BLE001
@@ -124,9 +108,7 @@ def gemlite_autotune_setting(matmul_type: str) -> str:
     return str(getattr(AUTOTUNE, matmul_type, ""))
 
 
-# ----------------------------------------------------------------------------------------------
 # torch._int_mm (W8A8 on cuBLASLt), the W2A8 baseline
-# ----------------------------------------------------------------------------------------------
 
 def int_mm_rows(m: int) -> int:
     """Rows of x that torch._int_mm takes for ``m`` rows: more than 16 (cuBLASLt's int8 GEMM on CUDA)."""
@@ -137,9 +119,9 @@ def int_mm_rows(m: int) -> int:
 
 @dataclass
 class IntMMPlan:
-    """``x @ W.T / scale`` for ternary ``W`` (int8 (N, K), K and N multiples of 8) through ``torch._int_mm``: x
-    quantised into the first rows of a zero buffer of :func:`int_mm_rows` rows (allocated once: a call can be
-    captured in a CUDA graph), the exact int32 GEMM, then the first ``m`` rows divided by ``x_scale * scale``."""
+    """``x @ W.T / scale`` for ternary int8 ``W`` through ``torch._int_mm``: x quantised into a zero buffer of
+    :func:`int_mm_rows` rows (allocated once: graph-safe), the int32 GEMM, the first ``m`` rows divided by
+    ``x_scale * scale``."""
 
     w: Tensor
     scale: float
@@ -163,8 +145,7 @@ class IntMMPlan:
         return x_scale
 
     def matmul(self, w: Optional[Tensor] = None) -> Tensor:
-        """The int8 GEMM alone on the buffer as it is: int32 (rows, N). ``w``: another copy of the weights, of
-        the plan's shape (torch._int_mm would take another N and answer for another matrix)."""
+        """The int8 GEMM alone on the buffer as it is: int32 (rows, N); ``w``: another copy of the weights."""
         if w is None:
             w = self.w
         elif w.shape != self.w.shape:
@@ -178,10 +159,6 @@ class IntMMPlan:
         acc = self.matmul(w)[: self.m]
         return acc.float() / (x_scale[:, None] * self.scale)
 
-
-# ----------------------------------------------------------------------------------------------
-# Agreement of a 16-bit output with the float64 reference
-# ----------------------------------------------------------------------------------------------
 
 #: A bf16 output (GemLite's, cuBLAS's) agrees with the float64 reference when its error, as a fraction of the
 #: reference's norm, is at most this: a few bf16 roundings (2^-9 each); a wrong layout gives an error near 1.

@@ -1,10 +1,5 @@
 """Chapter 5's benchmark (``python -m studylog bench ternary``, GPU only): the cases and series it measures, and
-how each series is built, checked and timed. The series' names and the headline are :mod:`studylog.ternary.results`.
-
-Every series is timed by the harness's policy (``studylog.bench``): its **GPU time**, the call replayed in a CUDA
-graph with its weights rotated among copies that together exceed L2, in three repetitions with fresh x and fresh
-copies (``spread_ms``), and beside it the **host time per call** of the public call, eager (``host_ms``).
-"""
+how each series is built, checked and timed (by the harness's policy, ``studylog.bench``)."""
 
 from __future__ import annotations
 
@@ -35,9 +30,7 @@ from studylog.ternary.triton_steps import (block_m_for, step01_sign, step01_sign
 from studylog.ternary.w2a8 import (step12_probe, step12_w2a8, step13_w2a8_tiles, w2a8_config, w2a8_default_quantize,
                                    w2a8_takes, w2a8_tiles_config)
 
-# ----------------------------------------------------------------------------------------------
 # What is measured
-# ----------------------------------------------------------------------------------------------
 
 #: (family, N, K): BitNet b1.58 2B4T-style and Llama-style projections.
 BENCH_SHAPES = [
@@ -52,8 +45,7 @@ QUICK_CASES = (("llama", 4096, 14336, (1, 16)), ("llama", 8192, 28672, (1,)),
 BITNET_EXTRA_SHAPES = tuple((n, k) for n, k in BITNET_SHAPES if ("bitnet", n, k) not in BENCH_SHAPES)
 #: What a shape measured only for BitNet's kernel times.
 BITNET_ONLY_STEPS = (12, 13)
-#: GemLite above one row of x only here: its autotune compiles some twenty configs a shape for each of its
-#: batched kernels (at M = 1 every shape runs it: the target is there).
+#: GemLite above one row of x only here: its autotune compiles some twenty configs a shape for each batched kernel.
 GEMLITE_BATCH_SHAPES = ((4096, 14336),)
 #: The steps made for several rows of x, timed at M > 1.
 BATCH_STEPS = (5, 7, 8, 9, 10, 11, 12, 13)
@@ -68,8 +60,7 @@ def bench_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
 
 
 def bench_series(family: str, n: int, k: int, m: int, quick: bool = False) -> list[str]:
-    """The series measured at one case, in order (besides step 12's other places to quantise x and the probes,
-    :func:`place_series` and :func:`probe_series`)."""
+    """The series measured at one case, in order (besides :func:`place_series` and :func:`probe_series`)."""
     bitnet = [BITNET] if m == 1 and (n, k) in BITNET_SHAPES else []
     if (quick and family == "bitnet") or (n, k) in BITNET_EXTRA_SHAPES:  # measured for BitNet's kernel only
         return [CUBLAS, *(SERIES[i] for i in BITNET_ONLY_STEPS), "read_weights", *bitnet]
@@ -104,9 +95,7 @@ def probe_series(family: str, m: int, quick: bool = False) -> dict[tuple[int, in
     return {} if quick or m != 1 or family != "llama" else dict(PROBE_SERIES)
 
 
-# ----------------------------------------------------------------------------------------------
 # How a series is timed
-# ----------------------------------------------------------------------------------------------
 
 #: GPU time of one replay of a graph of slow calls (ms): a slow call gets fewer calls a replay, at least
 #: MIN_GRAPH_CALLS; a fast one MAX_GRAPH_CALLS (the harness's default).
@@ -144,9 +133,8 @@ def call_ms(fn: Callable[[], Any], calls: int = 3) -> float:
 @dataclass
 class Series:
     """One series at one case: ``make(x, w)`` returns the call (graph-safe) on x and one copy of ``weights``;
-    ``host(x, w)`` the public call a user makes, where it differs (steps 1 and 2 check their weights); ``check``
-    what its output is checked against ("float": x @ W.T / scale, "w2a8": the product of x quantised, "bf16": the
-    float product within bf16 rounding, "cublas", "int32", "bitnet", or None)."""
+    ``host(x, w)`` the public call, where it differs; ``check`` what its output is checked against (a case of
+    :func:`_check`, or None)."""
 
     weights: Any
     make: Callable[[Tensor, Any], Callable[[], Any]]
@@ -177,8 +165,7 @@ def _tuned_config(series: str, m: int) -> str:
 
 
 def _peak_matmul(run, dtype) -> tuple[float, float]:
-    """(median ms, rate in T(FL)OP/s) of a dense 8192^3 matmul measured in this run (bf16: cuBLAS; int8:
-    torch._int_mm), by do_bench: a kernel of a millisecond and more, where do_bench and the GPU clock agree."""
+    """(median ms, T(FL)OP/s) of a dense 8192^3 bf16 or int8 matmul, by do_bench (long enough for it)."""
     n = 8192
     if dtype == torch.int8:
         a = torch.randint(-127, 128, (n, n), dtype=torch.int8, device="cuda")
@@ -191,9 +178,7 @@ def _peak_matmul(run, dtype) -> tuple[float, float]:
     return ms, 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-# ----------------------------------------------------------------------------------------------
 # The benchmark
-# ----------------------------------------------------------------------------------------------
 
 def _notes(run, gemlite: Any) -> None:
     s, name = SERIES, {st.number: st.name for st in STEPS}
@@ -354,7 +339,7 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
                                config=lambda: f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}"),
             SERIES[13]: Series(pt, call(step13_w2a8_tiles), pt.nbytes, "w2a8", "int8",
                                config=lambda: str(w2a8_tiles_config(m, n, k))),
-            "read_weights": Series(pt, lambda x, w: _read_only(w.data), pt.nbytes, None, role="baseline",
+            "read_weights": Series(pt, lambda x, w: read_only(w.data), pt.nbytes, None, role="baseline",
                                    in_bytes=0, out_bytes=0, host_time=False),
             INT_MM: Series(w_t, int_mm, n * k, "w2a8", "int8", "baseline", in_bytes=m * k * 2),
             INT_MM_MATMUL: Series(w_t, int_mm_matmul, n * k, "int32", "int8", "baseline",
@@ -398,10 +383,6 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
                 run.note(f"{name} at {params['shape']}, M = {m}: raised {type(err).__name__}: {err}; not measured")
 
 
-def _read_only(data: Tensor) -> Callable[[], Any]:
-    return read_only(data)
-
-
 def _check(run, name: str, spec: Series, z: Tensor, params: dict, refs: dict, m: int) -> None:
     """``z`` checked against what ``spec.check`` names (recorded as a check of the run)."""
     if spec.check in ("float", "w2a8"):
@@ -430,9 +411,8 @@ def _check(run, name: str, spec: Series, z: Tensor, params: dict, refs: dict, m:
 
 def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: dict, peak: dict, m: int,
                   flops: int, x_bytes: int, z_bytes: int) -> None:
-    """One series at one case: checked on its first call (which compiles and autotunes), then timed by the
-    policy (GPU clock over rotated copies, fresh x and copies each repetition; the host time of its public call)
-    and recorded with its floor, bytes and config."""
+    """One series at one case: checked on its first call (which compiles and autotunes), then timed and
+    recorded with its floor, bytes and config."""
     fn = spec.make(x, spec.weights)
     z = fn()
     _sync()

@@ -1,6 +1,4 @@
-"""Chapter 5's series names and its headline, read from a benchmark file (``assets/bench/<gpu>/ternary.json``) on
-the **GPU clock** (rows whose ``"clock"`` is ``"gpu"``: :func:`on_gpu_clock`). The tables, figures and targets are
-the book's (``book.ternary``).
+"""Chapter 5's series names and its headline, read from a benchmark file on the GPU clock (:func:`on_gpu_clock`).
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ W2A8_SERIES = [SERIES[12], SERIES[13], *W2A8_PLACE_SERIES.values()]
 
 
 def on_gpu_clock(results):
-    """The rows of ``results`` timed on the GPU clock; rows on other clocks (the peak matmuls' do_bench) are left
-    out."""
+    """The rows of ``results`` timed on the GPU clock (not the peak matmuls' do_bench)."""
     from studylog.plotting import Results
 
     rows = [row for row in results.rows if row["clock"] == "gpu"]
@@ -61,10 +58,9 @@ def fastest(results, series: list[str], **params) -> tuple[Optional[dict], Optio
 
 
 def headline(results) -> list[dict]:
-    """The book's headline rows, on the GPU clock (``plotting.headline_row``): the chapter's fastest bf16-x kernel
-    against cuBLAS bf16 at M = 1 and 16 (4096 x 14336) and M = 1 (8192 x 28672); at M = 1, 4096 x 14336, the
-    same against GemLite (where its output passed our check) and the fastest W2A8 kernel against torch._int_mm, where
-    the run has them."""
+    """The headline rows: the fastest bf16-x kernel against cuBLAS bf16 at M = 1 and 16 (4096 x 14336) and M = 1
+    (8192 x 28672); at M = 1, 4096 x 14336, the same against GemLite (where its output passed our check) and the
+    fastest W2A8 kernel against torch._int_mm, where the run has them."""
     from studylog.plotting import headline_row
 
     view = on_gpu_clock(results)

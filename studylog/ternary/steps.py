@@ -28,13 +28,10 @@ CSRC = chapter_csrc("ternary")
 
 def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                    out: Optional[Tensor] = None) -> Float[Tensor, "*m n"]:
-    """The chapter's general entry point: ``x @ W.T / scale`` for packed ternary ``W``, by the step made for
-    its format. ``2bit_tiles``: step 11 (CUDA C++ on the TMA) up to 8 rows of x on Hopper GPUs and later,
-    step 10 otherwise. The rule: step 11 keeps one row block of x per warp in flight, which fits up to 8 rows
-    (its compiled shapes); beyond that step 10's MMA tiles take the work (the committed runs measure both at
-    M = 1 and M = 16, the points the rule sits between; see the chapter's benchmark file); ``2bit_mma``: step 9 (bf16 or fp16 x);
-    ``base3``: step 6 for one row of x, step 7 above; ``2bit``: step 4 for one row of x, step 5 above. (The
-    W2A8 steps 8, 12 and 13 compute another product, of x quantised to int8: call them by name.)"""
+    """The chapter's general entry point: ``x @ W.T / scale`` for packed ternary ``W``, by the step made for its
+    format. ``2bit_tiles``: step 11 up to 8 rows of x (its compiled shapes) on Hopper GPUs and later, else step
+    10; ``2bit_mma``: step 9; ``base3``: step 6 for one row of x, else 7; ``2bit``: step 4 for one row, else 5.
+    (The W2A8 steps 8, 12 and 13 compute another product, of x quantised to int8: call them by name.)"""
     if isinstance(w, PackedTernary) and w.fmt == "2bit_tiles":
         few = isinstance(x, Tensor) and (x.ndim == 1 or (x.ndim == 2 and x.shape[0] <= 8))
         if few and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9:

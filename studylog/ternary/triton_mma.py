@@ -1,14 +1,5 @@
-"""Chapter 5, steps 8 and 9 (Triton): int8 activations on the tensor cores, then a 2-bit layout made for them.
-
-8. :func:`step08_w2a8_dot` (:func:`step08_w2a8_dot_kernel`): BitNet's int8 activations
-   (:func:`~studylog.ternary.formats.quantize_activations`) against 2-bit weights, int8 x int8 -> int32 on
-   the tensor cores, the scales at the end.
-9. :func:`step09_mma` (:func:`step09_mma_kernel`): a 2-bit layout for the tensor cores
-   (``PackedTernary.pack(w, "2bit_mma")``), one kernel for every M: a word's two 16-bit halves decode
-   together into two bf16 (or fp16) weights with one AND and one packed fused multiply-add, already in the
-   register layout of the MMA's A operand; split-K partial sums meet in a self-cleaning workspace (no
-   memset launch).
-"""
+"""Chapter 5, steps 8 and 9 (Triton): int8 activations on the tensor cores (step 8), then a 2-bit layout made
+for them (step 9, ``"2bit_mma"``: two weights decoded a 32-bit op, split-K without a memset)."""
 
 from __future__ import annotations
 
@@ -64,9 +55,7 @@ MMA_CONFIGS_MANY = [
 W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + W2A8_DOT_CONFIGS_MANY
 
 
-# ----------------------------------------------------------------------------------------------
 # Step 8: int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores, scales at the end
-# ----------------------------------------------------------------------------------------------
 
 @triton.jit
 def _field_to_int8(words, f: tl.constexpr):
@@ -102,10 +91,7 @@ step08_w2a8_dot_tuned_few = autotune(W2A8_DOT_CONFIGS_FEW, key=["N", "K", "BLOCK
 step08_w2a8_dot_tuned_many = autotune(W2A8_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step08_w2a8_dot_kernel)
 
 
-# ----------------------------------------------------------------------------------------------
-# Step 9: a layout for the tensor cores. Two weights a 32-bit op, decoded straight into the MMA's
-# A operand; one kernel for every M; split-K without a memset.
-# ----------------------------------------------------------------------------------------------
+# Step 9: a layout for the tensor cores. Two weights a 32-bit op, decoded straight into the MMA's A operand.
 
 #: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see pair_weights): bf16 0.5
 #: (exponent 126: bits 8..13 set, bit 7 clear); fp16's are 1.0 (exponent 15: bits 10..13, 0x3C003C00).
@@ -222,9 +208,7 @@ step09_mma_tuned_few = autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step
 step09_mma_tuned_many = autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(step09_mma_kernel)  # BLOCK_M is tuned too
 
 
-# ----------------------------------------------------------------------------------------------
 # The wrappers
-# ----------------------------------------------------------------------------------------------
 
 def step08_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
@@ -253,10 +237,8 @@ SPLIT_WORKSPACE = SplitWorkspace()
 
 
 def _mma_types(x_dtype: torch.dtype) -> tuple:
-    """(MAGIC, DOT_DTYPE, DOT_PRECISION) of step 9: the 16-bit float the weights are decoded in (x's
-    type), the operand type of tl.dot and its precision. On the GPU the operands are x's type, on the
-    tensor cores, exact for weights of -1, 0, +1. The interpreter computes the decode and the dot in
-    float32 (its bf16 arithmetic is wrong), from the same bits."""
+    """(MAGIC, DOT_DTYPE, DOT_PRECISION) of step 9: the weights decoded in x's type, the dot in x's type on the
+    GPU, in float32 in the interpreter (its bf16 arithmetic is wrong)."""
     magic = TL_DTYPES[x_dtype]
     if runtime.mode() == "interpreter":
         return magic, tl.float32, "ieee"
@@ -265,9 +247,8 @@ def _mma_types(x_dtype: torch.dtype) -> tuple:
 
 def step09_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 9: weights in the MMA-order 2-bit format (``PackedTernary.pack(w, "2bit_mma")``), decoded
-    two at a time into the tensor cores' operand; one kernel for M = 1 and for batches. x is bf16 or
-    fp16, the types the tensor cores multiply exactly (float32 x: :func:`~studylog.ternary.triton_steps.step05_dot`)."""
+    """Step 9: weights in the MMA-order 2-bit format (``PackedTernary.pack(w, "2bit_mma")``), decoded two at a
+    time into the tensor cores' operand; one kernel for every M. x is bf16 or fp16."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_mma", dtypes=MMA_X_DTYPES)
     m, k = x2.shape
     sums, counts = SPLIT_WORKSPACE.get(x2.device, m, w.n)

@@ -1,24 +1,6 @@
-"""Chapter 5, steps 1 to 7: ternary (-1/0/+1) matmul in Triton, from dense weights to packed ones.
-
-``z = x @ W.T / scale`` with every weight in {-1, 0, +1}, as in BitNet b1.58. ``W`` is stored like an
-``nn.Linear`` weight, ``(N, K)``: N outputs, K inputs, one output's weights in one row. ``x`` is
-``(M, K)`` (or a vector ``(K,)``); ``z`` is float32. Each step is a kernel next to the previous one, so
-that the diff is the lesson (the packed formats: :mod:`studylog.ternary.formats`):
-
-1. :func:`step01_sign` (:func:`step01_sign_kernel`): the first attempt's idea made correct. Dense float weights, sign
-   selection instead of a multiply, masks on every edge, autotuned block sizes, float32 out.
-2. :func:`step02_int8` (:func:`step02_int8_kernel`): the same kernel reading int8 weights.
-3. :func:`step03_2bit` (:func:`step03_2bit_kernel`): 2-bit packing, 16 weights per int32 word, decoded
-   with shifts and masks.
-4. :func:`step04_gemv` (:func:`step04_gemv_kernel`): M = 1 made fast: wide tiles, many programs (split-K
-   when there are few rows), and a decode of two instructions per weight.
-5. :func:`step05_dot` (:func:`step05_dot_kernel`): batched activations (M > 1); decoded weights feed
-   ``tl.dot``.
-6. and 7. :func:`step06_base3_gemv`, :func:`step07_base3_dot`: 1.6-bit packing, 5 weights per byte in base
-   3; a 256-entry table turns a byte into five 2-bit fields, then the same decode as steps 4 and 5.
-
-Steps 8 and 9 (int8 activations; the tensor cores' layout) are in :mod:`studylog.ternary.triton_mma`.
-"""
+"""Chapter 5, steps 1 to 7 in Triton: ``z = x @ W.T / scale`` (float32) for ternary ``W`` (N, K) and x (M, K)
+or (K,), from dense weights to packed ones (:mod:`studylog.ternary.formats`). Each step's kernel sits next to
+the previous one, so that the diff is the lesson."""
 
 from __future__ import annotations
 
@@ -35,10 +17,7 @@ from studylog.ternary.formats import (X_DTYPES, PackedTernary, Scale, base3_tabl
                                       check_packed_call, check_scale, check_ternary_values, check_x, prepare_out,
                                       weights_k)
 
-# ----------------------------------------------------------------------------------------------
-# Autotuning: few configs on the GPU. The interpreter cannot time, so it keeps the first one;
-# the tests run every config explicitly (the ``config=`` argument of the wrappers).
-# ----------------------------------------------------------------------------------------------
+# Autotuning: few configs on the GPU; the interpreter cannot time, so it keeps the first (the tests run each).
 
 def _zero_output(nargs):
     """pre_hook of split-K configs: their programs add partial sums into z with atomics."""
@@ -86,9 +65,7 @@ BASE3_DOT_CONFIGS_MANY = [triton_config(BLOCK_N=64, BLOCK_KB=64, SPLIT_K=1, num_
                           triton_config(BLOCK_N=128, BLOCK_KB=64, SPLIT_K=1, num_stages=1, num_warps=8)]
 
 
-# ----------------------------------------------------------------------------------------------
 # Step 1: the first attempt's idea, made correct
-# ----------------------------------------------------------------------------------------------
 
 @triton.jit
 def step01_sign_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
@@ -113,9 +90,7 @@ def step01_sign_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_w
     tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)  # float32 out
 
 
-# ----------------------------------------------------------------------------------------------
 # Step 2: int8 weights
-# ----------------------------------------------------------------------------------------------
 
 @triton.jit
 def step02_int8_kernel(x_ptr, w_ptr, z_ptr, scale_ptr, N, K, stride_xm, stride_wn, stride_zm, scale_stride,
@@ -143,9 +118,7 @@ step01_sign_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step01_sign_kernel)
 step02_int8_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step02_int8_kernel)
 
 
-# ----------------------------------------------------------------------------------------------
 # Steps 3 and 4: 2-bit packing. First the direct decode, then a kernel built for M=1.
-# ----------------------------------------------------------------------------------------------
 
 @triton.jit
 def step03_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
@@ -253,9 +226,7 @@ def step04_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stri
 step04_gemv_tuned = autotune(GEMV_CONFIGS, key=["N", "K"])(step04_gemv_kernel)
 
 
-# ----------------------------------------------------------------------------------------------
 # Step 5: batched activations, decoded weights into tl.dot
-# ----------------------------------------------------------------------------------------------
 
 @triton.jit
 def dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -318,9 +289,7 @@ step05_dot_tuned_few = autotune(DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step
 step05_dot_tuned_many = autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step05_dot_kernel)
 
 
-# ----------------------------------------------------------------------------------------------
 # Steps 6 and 7: 1.6-bit packing, 5 weights a byte in base 3
-# ----------------------------------------------------------------------------------------------
 
 @triton.jit
 def step06_base3_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, stride_xm, stride_pn, stride_zm,
@@ -377,16 +346,12 @@ step07_base3_dot_tuned_few = autotune(BASE3_DOT_CONFIGS_FEW, key=["N", "K", "BLO
 step07_base3_dot_tuned_many = autotune(BASE3_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step07_base3_dot_kernel)
 
 
-# ----------------------------------------------------------------------------------------------
-# The wrappers: check, allocate, launch. Nothing here waits for the GPU (no .item(), no host
-# copies), so a timed call measures the kernels and nothing else (the checks of steps 1 and 2's dense
-# weights excepted: see step01_sign).
-# ----------------------------------------------------------------------------------------------
+# The wrappers: check, allocate, launch (nothing waits for the GPU but steps 1 and 2's check of their weights)
 
 def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], meta: dict,
                  zero_output: bool = True) -> None:
-    """Launch an autotuned kernel on ``grid`` with ``args`` and the constexprs ``meta``, or one explicit config
-    (``config``, from :func:`config_dict`; the tests run every config this way)."""
+    """Launch an autotuned kernel on ``grid`` with ``args`` and the constexprs ``meta``, or one explicit
+    ``config`` (from :func:`config_dict`)."""
     if config is None:
         kernel[grid](*args, **meta)
         return
@@ -428,23 +393,16 @@ def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config
 def step01_sign(x: Float[Tensor, "*m k"], w: Float[Tensor, "n k"], scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[dict] = None,
                 check_values: bool = True) -> Float[Tensor, "*m n"]:
-    """Step 1: dense float weights (float32, bf16 or fp16), each -1, 0 or +1. The kernel selects x by the
-    sign of a weight, so any other value would be taken for +1 or -1: the weights are checked first (a
-    ValueError naming ``w``), one pass over them that waits for the GPU (the packers check the same).
-
-    That wait keeps the default call out of a CUDA graph (capture forbids a host synchronisation). The
-    capturable form is ``check_values=False``: check the weights once (``check_ternary_values("w", w)``),
-    then call with it inside the graph; nothing then stops a value other than -1, 0, +1 from being read as
-    its sign."""
+    """Step 1: dense float weights (float32, bf16 or fp16), each -1, 0 or +1. The kernel selects x by the sign
+    of a weight, so the weights are checked first, a pass that waits for the GPU; ``check_values=False`` is the
+    form a CUDA graph can capture (check once with ``check_ternary_values("w", w)``)."""
     return _rowwise(step01_sign_tuned, x, w, scale, out, config, dense_dtypes=X_DTYPES, check_values=check_values)
 
 
 def step02_int8(x: Float[Tensor, "*m k"], w: Int8[Tensor, "n k"], scale: Scale = 1.0, *,
                 out: Optional[Tensor] = None, config: Optional[dict] = None,
                 check_values: bool = True) -> Float[Tensor, "*m n"]:
-    """Step 2: int8 weights, each -1, 0 or +1. The kernel selects x by the sign of a weight, as step 1 does,
-    so the weights are checked first in the same way (one pass that waits for the GPU; ``check_values=False``
-    is the capturable form, as for :func:`step01_sign`)."""
+    """Step 2: int8 weights, each -1, 0 or +1, checked as :func:`step01_sign` checks its own."""
     return _rowwise(step02_int8_tuned, x, w, scale, out, config, dense_dtypes=(torch.int8,),
                     check_values=check_values)
 
@@ -478,17 +436,15 @@ TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float
 
 
 def _dot_types(x_dtype: torch.dtype) -> tuple:
-    """(operand dtype, input_precision) of the tl.dot kernels. Weights are exact in any of them.
-    float32 x: "ieee", not TF32, which would round x. The interpreter of Triton 3.9 computes bf16
-    tl.dot wrongly, so there bf16 operands are widened to float32 (exactly; only on the CPU)."""
+    """(operand dtype, input_precision) of the tl.dot kernels: float32 x "ieee", not TF32, which would round x;
+    the interpreter computes bf16 tl.dot wrongly, so there bf16 operands are widened to float32 (exactly)."""
     if x_dtype == torch.float32 or (x_dtype == torch.bfloat16 and runtime.mode() == "interpreter"):
         return tl.float32, "ieee"
     return TL_DTYPES[x_dtype], "tf32"  # the precision argument only matters for float32 operands
 
 
 def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict], fmt: str):
-    """Launch step 5's or step 7's tl.dot kernel (``kernels``: its autotuners for few and many rows of x): the
-    program grid is (N blocks, K slices, M blocks)."""
+    """Launch step 5's or step 7's tl.dot kernel (``kernels``: its autotuners for few and many rows of x)."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, fmt)
     (m, k), block_m = x2.shape, block_m_for(x2.shape[0])
     dot_dtype, precision = _dot_types(x2.dtype)

@@ -1,18 +1,6 @@
-"""Chapter 5, steps 12 and 13: W2A8 in CUDA C++ (``csrc/ternary_w2a8.cu``), x quantised to int8 as BitNet
-b1.58 does it and exact int32 sums of 2-bit weights on the int8 tensor cores, fed as in step 11.
-
-12. :func:`step12_w2a8`: step 11's plumbing with the int8 MMA, one AND per 4 weights. Where x is quantised
-    (``quantize``): in every block of the matmul from a copy of x the copy engine stages ahead of the
-    weights (``"staged"``, the default for one row of x where it fits), in every block from global memory
-    (``"every block"``, the default for up to 8 rows where it fits), or by a kernel of its own first
-    (``"separate"``: ``quantize_x``, then the matmul launched early; :class:`Quant` names the three).
-    :func:`step12_probe` builds it with parts left out; :func:`step12_timeline` with timestamps
-    (``W2A8_TIMELINE``, for lab/ternary). The kernel is ``step12_w2a8_kernel``.
-13. :func:`step13_w2a8_tiles` (``step13_w2a8_tiles_kernel``): the same product for several rows of x, one tile
-    of 16 weight rows a warp over a slice of K.
-
-The places to quantise x that were measured slower are in ``lab/ternary/variants/``.
-"""
+"""Chapter 5, steps 12 and 13 (``csrc/ternary_w2a8.cu``): W2A8, x quantised to int8 as BitNet b1.58 does it,
+exact int32 sums of 2-bit weights on the int8 tensor cores, fed by the TMA as in step 11. Step 12 quantises x
+where ``quantize`` says (:class:`Quant`); step 13 takes several rows of x, one tile of weights a warp."""
 
 from __future__ import annotations
 
@@ -33,15 +21,11 @@ from studylog.ternary.cuda_steps import (CUDA_WORKSPACE, PROBES, RING_BARRIER_BY
                                          aligned_rows, cuda_call_args, require_hopper)
 from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, check_x
 
-# ----------------------------------------------------------------------------------------------
-# Step 12: W2A8 in CUDA C++ (csrc/ternary_w2a8.cu): x quantised to int8, then step 11's plumbing
-# with the int8 MMA, one AND per 4 weights
-# ----------------------------------------------------------------------------------------------
+# Step 12: x quantised to int8, then step 11's plumbing with the int8 MMA, one AND per 4 weights
 
 @dataclass(frozen=True)
 class W2A8Config(TmaConfig):
-    """A launch of step 12: as :class:`~studylog.ternary.cuda_steps.TmaConfig` (step 11's blocks, warps,
-    stages and slices), from step 12's compiled shapes."""
+    """A launch of step 12: a :class:`~studylog.ternary.cuda_steps.TmaConfig` of step 12's compiled shapes."""
 
     @staticmethod
     def compiled_shapes() -> tuple:
@@ -90,10 +74,8 @@ W2A8_MAX_K = 1 << 17
 
 
 def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
-    """The order in which step 12 keeps a row of quantised x: byte ``b`` of a row (K padded to a
-    multiple of 256) holds ``x[order[b]]``. In each group of 256, byte ``64 p + 16 t + 4 i + j``
-    is the activation that meets code ``p`` of byte ``j`` of word ``4 t + i`` of a weight row in the
-    int8 MMA (the order comment in ternary_w2a8.cu): B register ``i`` of the lanes ``4 g + t``."""
+    """Step 12's order of a row of quantised x: byte ``b`` (K padded to 256) holds ``x[order[b]]``; in a group,
+    byte ``64 p + 16 t + 4 i + j`` meets code ``p`` of byte ``j`` of word ``4 t + i`` (ternary_w2a8.cu)."""
     b = torch.arange(triton.cdiv(k, GROUP_WEIGHTS_2BIT) * GROUP_WEIGHTS_2BIT, device=device)
     within = b % 256
     p, t, i, j = within >> 6, (within >> 4) & 3, (within >> 2) & 3, within & 3
@@ -102,8 +84,8 @@ def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
 
 def w2a8_smem_bytes(cfg: RingConfig, x_rows: int, groups_per_slice: int,
                     staged: bool = False) -> int:
-    """Dynamic shared memory of a step-12 or step-13 block: mbarriers, stages and its int8 x (``staged``:
-    room for its rows of 16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
+    """Dynamic shared memory of a step-12 or step-13 block: mbarriers, stages and its int8 x (``staged``: its
+    16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
     x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
     return RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_bytes
 
@@ -121,8 +103,8 @@ def w2a8_max_groups_per_slice(cfg: RingConfig, x_rows: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
-    """(quantize_x by bf16, {instance: kernel}) of ternary_w2a8.cu built with ``options`` (the probes'
-    -DW2A8_PROBE, the timeline's -DW2A8_TIMELINE=1, whose kernels take one more pointer, the trace)."""
+    """(quantize_x by bf16, {instance: kernel}) of ternary_w2a8.cu built with ``options`` (the timeline's
+    kernels take one more pointer, the trace)."""
     module = cuda.load("ternary_w2a8", name_expressions=W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES + W2A8_TILES_INSTANCES,
                        device=device_index, options=options)
     traced = ["ptr"] if TIMELINE_OPTION in options else []
@@ -145,23 +127,23 @@ TIMELINE_BLOCKS = 120000 // 64
 
 
 def check_timeline_grid(grid: tuple) -> None:
-    """Refuse a timeline launch whose blocks would not all have their 64 slots in the trace: block ``b`` stamps
-    slots ``64 b`` to ``64 b + 63``, so blocks past :data:`TIMELINE_BLOCKS` would write over quantize_x's
-    stamps, then past the end of the trace."""
+    """Refuse a timeline launch with more than :data:`TIMELINE_BLOCKS` blocks: block ``b`` stamps slots ``64 b``
+    to ``64 b + 63``, and those past it would write over quantize_x's stamps, then past the trace."""
     blocks = math.prod(grid)
     if blocks > TIMELINE_BLOCKS:
         raise ValueError(f"the timeline's trace holds {TIMELINE_BLOCKS} blocks of 64 slots, and this launch has "
                          f"{blocks} (grid {tuple(grid)}): time a smaller N, or a config with fewer slices of K")
+
+
 #: Shared memory of one SM of the H100/H200 (blocks on an SM share it; each block also takes 1 KiB).
 SM_SMEM_BYTES = 228 * 1024
 
 
 def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Optional[str] = None) -> W2A8Config:
-    """Step 12's launch for an (M, N, K) problem (the sweeps: lab/ternary/README.md), 4 stages of 1 group a warp
-    and tile. Quantising x in every block: one tile and 8 warps a block while there are at most two tiles an SM
-    (every block then shares in reading x), else two tiles and 8 warps for a long K (4 for K <= 8192). Staged:
-    the same, with the fewest row tiles a block that give 3/4 of the SMs or more one block, where x fits. After
-    quantize_x: the fewest tiles a block that run in one wave; above 8 rows of x, 2 tiles and 8 warps."""
+    """Step 12's launch for an (M, N, K) problem, 4 stages of 1 group a warp and tile. Every block: one tile and
+    8 warps while there are at most two tiles an SM, else two tiles (4 warps for K <= 8192). Staged: the fewest
+    row tiles that give 3/4 of the SMs or more one block, where x fits. Separate: the fewest tiles a block that
+    run in one wave; above 8 rows of x, 2 tiles and 8 warps."""
     if quantize is not None:
         check_choice("quantize", quantize, W2A8_QUANTIZE)
     sms = sms or runtime.sm_count()
@@ -191,27 +173,23 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
 
 
 def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
-    """Step-12 blocks one SM holds at once: by shared memory (each block also takes 1 KiB) and by
-    registers (ptxas gives the kernels of 8 rows of x at most 96 a thread with one or two row tiles, 136
-    with four: the launch bounds ask for two blocks an SM below four tiles; a test checks it)."""
+    """Step-12 blocks one SM holds at once, by shared memory (1 KiB more a block) and by registers (96 a thread
+    below four row tiles, where the launch bounds ask for two blocks an SM, else 136; a test checks it)."""
     smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
     registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
     return min(smem, registers)
 
 
 def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
-    """Step 12's quantisation kernel (quantize="separate") on (M, K) or (K,) bf16/fp16 x: (xq, x_scale,
-    row_sum). xq is int8, (M, K padded to 256) in :func:`w2a8_x_order`; x_scale and xq are what
-    :func:`~studylog.ternary.formats.quantize_activations` gives (bit for bit); row_sum is sum_k xq[m, k]
-    (int32)."""
+    """Step 12's quantize_x on (M, K) or (K,) bf16/fp16 x: (xq, x_scale, row_sum), xq int8 (M, K padded to 256)
+    in :func:`w2a8_x_order`, bit for bit what ``quantize_activations`` gives; row_sum = sum_k xq[m, k]."""
     x2, _ = check_x(x, None, dtypes=MMA_X_DTYPES)
     runtime.require_gpu("step 12's quantisation (CUDA C++ quantize_x)")
     return _quantize_x(aligned_rows(x2))
 
 
 def _quantize_x(x2: Tensor, options: tuple = (), trace: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
-    """quantize_x on checked x (2-D, rows on 16-byte boundaries): the launch inside a step-12 or step-13 call
-    (``trace``: the timeline build's, with its options)."""
+    """quantize_x on checked x (2-D, rows on 16-byte boundaries; ``trace``: the timeline build's)."""
     m, k = x2.shape
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     xq = torch.empty(m, groups * GROUP_WEIGHTS_2BIT, dtype=torch.int8, device=x2.device)
@@ -227,26 +205,18 @@ def step12_w2a8(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, 
                 out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
                 quantize: Optional[str] = None) -> Float[Tensor, "*m n"]:
     """Step 12 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
-    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU, then exact int32 sums of 2-bit
-    weights (``2bit_tiles``) and int8 x on the tensor cores, fed by the TMA as in step 11. The product
-    of BitNet b1.58's int8 activations: it differs from ``x @ W.T / scale`` by the activations'
-    rounding (about 0.4% of |x| a row), not by the arithmetic.
-
-    ``quantize`` (one of ``W2A8_QUANTIZE``; None: the default, :func:`w2a8_default_quantize`): "staged" (one
-    launch; the copy engine brings every block's rows of x into its shared memory ahead of the weights, and
-    the block quantises them there; up to 8 rows of x whose 16-bit rows fit beside the stages, K <= 4096 x
-    warps; the default for one row of x), "every block" (one launch, every block quantises x itself from
-    global memory; up to 8 rows of x whose whole K fits in shared memory; the default for 2 to 8), or
-    "separate" (quantize_x, then the matmul launched early; two launches from the host, back to back, and on
-    a slow host the GPU waits for the second; the default elsewhere)."""
+    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU, exact int32 sums of ``2bit_tiles`` weights
+    and int8 x on the tensor cores. ``quantize`` (None: :func:`w2a8_default_quantize`): "staged" (the copy
+    engine brings each block's rows of x ahead of the weights, the block quantises them; up to 8 rows, K <=
+    4096 x warps), "every block" (each block quantises x from global memory; up to 8 rows whose whole K fits
+    in shared memory) or "separate" (quantize_x, then the matmul launched early)."""
     return _step12_call(x, w, scale, out, config, quantize)()
 
 
 def _step12_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
                  build: tuple = (), trace: Optional[Tensor] = None) -> Callable[[], Tensor]:
-    """Step 12's checks and launch, as a function to call (step12_w2a8 calls it at once; its probes and its
-    timeline return it to time). ``build``: the .cu's options of a probe or the timeline (then ``trace`` is
-    the timeline's)."""
+    """Step 12's checks and launch, as a function to call; ``build``: the .cu's options of a probe or the
+    timeline (then ``trace`` is the timeline's)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8Config,
                                                    "step 12 (CUDA C++ step12_w2a8_kernel)")
     m, k = x2.shape
@@ -290,10 +260,9 @@ def check_w2a8_k(k: int, step: int) -> None:
 @functools.lru_cache(maxsize=256)
 def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig,
               fused: bool = False) -> tuple[int, tuple[int, int, int]]:
-    """(groups of K a block, grid) of a step-12 or step-13 launch: blocks of ``cfg.rows`` weight rows; K cut
-    into ``cfg.slices`` (more where a block's int8 x would not fit beside its stages; never where x is
-    quantised in the matmul, ``fused``: every block then holds all of K); 8 rows of x a block (16 above 8).
-    Kept per shape: on the host triton.cdiv costs more than a launch."""
+    """(groups of K a block, grid) of a step-12 or step-13 launch: K cut into ``cfg.slices`` (more where x would
+    not fit beside the stages; never when ``fused``: every block holds all of K); 8 rows of x a block (16 above
+    8). Cached: on the host triton.cdiv costs more than a launch."""
     groups, col_tiles = triton.cdiv(k, GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
     per_slice = groups if fused else \
         min(triton.cdiv(groups, cfg.slices), w2a8_max_groups_per_slice(cfg, min(m, 8 * col_tiles)))
@@ -302,32 +271,25 @@ def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig,
 
 def step12_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
                  config: Optional[W2A8Config] = None) -> Callable[[], Tensor]:
-    """As :func:`~studylog.ternary.cuda_steps.step11_probe`, for step 12's default launch (the quantisation
-    of x is kept in full)."""
+    """As :func:`~studylog.ternary.cuda_steps.step11_probe`, for step 12 (x's quantisation kept in full)."""
     check_choice("probe", probe, PROBES)
     return _step12_call(x, w, scale, None, config, build=(f"-DW2A8_PROBE={int(probe)}",))
 
 
 def step12_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, trace: Tensor, *,
                     config: Optional[W2A8Config] = None, quantize: Optional[str] = None) -> Callable[[], Tensor]:
-    """Step 12 built with its timeline (``W2A8_TIMELINE`` in ternary_w2a8.cu), as a function to call: the
-    same launch and result as :func:`step12_w2a8`, and thread 0 of every block (and of quantize_x) writes
-    %globaltimer and clock64() stamps into ``trace`` (int64, ``TIMELINE_SLOTS`` elements, on x's device;
-    the slots are listed in the .cu file). For lab/ternary/w2a8_timeline.py."""
+    """Step 12 built with its timeline (``W2A8_TIMELINE`` in ternary_w2a8.cu), as a function to call: the same
+    result, and stamps of every block in ``trace`` (int64, ``TIMELINE_SLOTS`` elements, on x's device)."""
     check_tensor("trace", trace, dtype=torch.int64, shape=(TIMELINE_SLOTS,), contiguous=True,
                  like=x if isinstance(x, Tensor) else None)
     return _step12_call(x, w, scale, None, config, quantize, build=(TIMELINE_OPTION,), trace=trace)
 
 
-# ----------------------------------------------------------------------------------------------
 # Where step 12 quantises x and its config: the defaults, and what a launch can take
-# ----------------------------------------------------------------------------------------------
 
 def w2a8_refusal(m: int, k: int, quant: Quant, cfg: W2A8Config) -> Optional[str]:
-    """Why step 12 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant`` (a :class:`Quant`),
-    or None where it can: shared memory (all of K in every block where x is quantised in the matmul, as 16-bit
-    x where staged), the launch bounds, a row of x in the consumers' registers (staged), the compiled
-    instances."""
+    """Why step 12 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant``, or None where it
+    can: shared memory, the launch bounds, a row of x in the consumers' registers (staged), the instances."""
     where = _PLACE_NAMES[quant]
     if quant != Quant.SEPARATE and m > 8:
         return f"quantize={where!r} quantises x in the matmul, at most 8 rows of x; M = {m}: use 'separate'"
@@ -363,10 +325,8 @@ def w2a8_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Confi
 
 
 def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
-    """Where step 12 quantises x by default: for one row of x, in every block from a copy the copy
-    engine stages ahead of the weights ("staged", where it fits; faster than "every block" at the Llama
-    shapes of the sweeps, notebook 05); else (or with ``staged=False``) in every block where its launch fits
-    shared memory (up to 8 rows of x), else in quantize_x."""
+    """Where step 12 quantises x by default: "staged" for one row of x where it fits (unless ``staged=False``),
+    else "every block" where it fits, else "separate"."""
     if staged and m == 1 and w2a8_takes(m, n, k, "staged", sms=sms):
         return "staged"
     return "every block" if w2a8_takes(m, n, k, "every block", sms=sms) else "separate"
@@ -375,10 +335,9 @@ def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, sta
 @functools.lru_cache(maxsize=256)
 def w2a8_choose(m: int, n: int, k: int, config: Optional[W2A8Config] = None, quantize: Optional[str] = None,
                 sms: Optional[int] = None) -> tuple[Quant, W2A8Config]:
-    """Where step 12 quantises x and its config for one shape: ``quantize`` and ``config`` as asked, else the
-    defaults (:func:`w2a8_default_quantize`, which gives way to the next default where a config given cannot
-    stage x; :func:`w2a8_config`). Checked once and kept, so that a call then only launches; a ValueError says
-    why a config or a place to quantise x does not take the problem."""
+    """(Quant, config) of step 12 for one shape: ``quantize`` and ``config`` as asked, else the defaults (a
+    config given that cannot stage x falls back to the next place). Cached, so that a call only launches; a
+    ValueError says why a config or a place does not take the problem."""
     sms = sms or runtime.sm_count()
     where = quantize
     if where is None:
@@ -393,15 +352,11 @@ def w2a8_choose(m: int, n: int, k: int, config: Optional[W2A8Config] = None, qua
     return quant, cfg
 
 
-# ----------------------------------------------------------------------------------------------
-# Step 13: W2A8 for several rows of x, one tile of weights a warp (ternary_w2a8_tiles in
-# csrc/ternary_w2a8.cu): a block covers 16 x warps weight rows over a slice of K
-# ----------------------------------------------------------------------------------------------
+# Step 13: W2A8 for several rows of x, one tile of 16 weight rows a warp over a slice of K
 
 @dataclass(frozen=True)
 class W2A8TilesConfig(RingConfig):
-    """A launch of step 13 (:class:`~studylog.ternary.cuda_steps.RingConfig`): each warp owns ``tiles`` tiles of
-    16 weight rows, so a block covers ``16 * warps * tiles`` rows."""
+    """A launch of step 13: each warp owns ``tiles`` tiles of 16 weight rows."""
 
     warps: int = 4
     tiles: int = 1
@@ -437,9 +392,8 @@ W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
 
 @functools.lru_cache(maxsize=256)
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
-    """Step 13's launch for an (M, N, K) problem (kept: a call then only launches): 4 warps of one tile each
-    (lab/ternary/README.md), and the first compiled shape that needs the fewest waves of blocks, with the
-    slices of K that fill the GPU once, or more where a block's x would not fit beside its stages."""
+    """Step 13's launch for an (M, N, K) problem: 4 warps, the first compiled shape that needs the fewest waves,
+    with the slices of K that fill the GPU once (more where x would not fit beside the stages)."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
     best = None
@@ -459,10 +413,8 @@ def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8
 
 def step13_w2a8_tiles(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[W2A8TilesConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 13 (W2A8, Hopper GPUs and later), the product of step 12 (``x`` quantised as
-    :func:`quantize_activations` does, exact int32 sums, ``2bit_tiles`` weights) for several rows of x:
-    quantize_x, then the matmul launched early, whose warps each own a tile of 16 weight rows over a
-    slice of K (see ternary_w2a8.cu). Built for 2 to 16 rows of x (more run in blocks of 16 rows)."""
+    """Step 13 (W2A8, Hopper GPUs and later): step 12's product for 2 to 16 rows of x (more run in blocks of
+    16): quantize_x, then the matmul launched early, each warp a tile of 16 weight rows over a slice of K."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8TilesConfig,
                                                    "step 13 (CUDA C++ step13_w2a8_tiles_kernel)")
     m, k = x2.shape
