@@ -22,7 +22,7 @@ import regex as regex_module  # noqa: E402  (current Unicode tables, see _check_
 from book.fsm import drawing  # noqa: E402
 from book.fsm.exercises import toy_model  # noqa: E402
 from studylog import data, fsm  # noqa: E402
-from studylog.fsm import schemas  # noqa: E402
+from studylog.fsm import masks, schemas  # noqa: E402
 
 SUITE = schemas.suite()
 NAMES = [e.name for e in SUITE]
@@ -263,7 +263,7 @@ def test_final_states_keep_every_ascii_continuation(automata, case):
 
 
 def test_chains_cut_a_forced_cycle():
-    jumps = fsm.forced_chains({1: ((5,), b"a", 2), 2: ((6,), b"b", 1), 3: ((7,), b"c", 1)})
+    jumps = fsm.automaton.forced_chains({1: ((5,), b"a", 2), 2: ((6,), b"b", 1), 3: ((7,), b"c", 1)})
     assert jumps[3].tokens[:2] == (7, 5) and set(jumps) == {1, 2, 3}
 
 
@@ -367,7 +367,7 @@ def test_retokenization_rewrites_a_split_the_model_would_not_make(automata, voca
 
 def test_measure_entry_counts(automata, vocab):
     entry, f = automata[("us_phone", "default")]
-    res, _ = fsm.measure_entry(entry, vocab, "default", n_samples=4, seed=3, fsm=f)
+    res, _ = fsm.report.measure_entry(entry, vocab, "default", n_samples=4, seed=3, fsm=f)
     assert res.passes["none"] >= res.tokens > 0
     assert res.passes["char"] <= res.passes["token"] < res.passes["none"]
     assert 0 < res.saved("token") <= res.saved("char") < 1
@@ -381,7 +381,7 @@ def test_suite_summary_totals_each_whitespace(automata, vocab):
     share saved computed from those sums (not averaged over entries)."""
     from studylog.fsm.report import suite_summary
 
-    results = [fsm.measure_entry(automata[(name, ws)][0], vocab, ws, n_samples=2, seed=1,
+    results = [fsm.report.measure_entry(automata[(name, ws)][0], vocab, ws, n_samples=2, seed=1,
                                  fsm=automata[(name, ws)][1])[0]
                for name, ws in (("us_phone", "default"), ("weather_call", "default"))]
     summary = suite_summary(results)
@@ -396,7 +396,7 @@ def test_suite_summary_totals_each_whitespace(automata, vocab):
 
 def test_select_masks_spans_bins_within_budget():
     counts = [("a", s, n) for s, n in enumerate([1, 1, 2, 3, 5, 9, 17, 33, 800, 900, 60000, 70000, 90000])]
-    picked = fsm.select_masks(counts, per_bin=1, max_ids=100_000)
+    picked = masks.select_masks(counts, per_bin=1, max_ids=100_000)
     sizes = sorted(n for _, _, n in picked)
     assert sum(sizes) <= 100_000
     assert sizes[0] == 1 and sizes[-1] >= 60000
@@ -424,7 +424,7 @@ def test_mask_file_holds_the_real_masks(automata, vocab):
     """Masks of the default-whitespace entries are recomputed from the index (with the digit class the file
     was exported with) and compared id by id; so are the date entries' masks, whose automata differ."""
     ms = data.load_masks()
-    digits = fsm.COMMITTED_MASKS_ASCII_DIGITS
+    digits = masks.COMMITTED_MASKS_ASCII_DIGITS
     compared, dates = 0, 0
     for i in range(len(ms)):
         key = (str(ms.source[i]), "default")
@@ -486,7 +486,7 @@ def test_token_jumps_stop_at_the_cap_on_the_smallest_case():
 
 def test_each_mode_runs_its_step():
     """``decode``'s modes are the chapter's steps, in the lesson's order."""
-    assert [fsm.STEP_OF_MODE[m] for m in fsm.MODES] == [s.function for s in fsm.CHAPTER.steps]
+    assert [fsm.decoding.STEP_OF_MODE[m] for m in fsm.MODES] == [s.function for s in fsm.CHAPTER.steps]
     assert [s.name for s in fsm.CHAPTER.steps] == ["step01_uncompressed", "step02_token_jumps", "step03_char_jumps"]
 
 
@@ -587,7 +587,7 @@ def test_the_suites_dates_accept_only_ascii_digits(automata, rng, name):
 def test_ascii_digit_classes(regex, ascii):
     """The rewrite, and (where Python's `regex` reads the syntax the same way) the same matches as the
     original regex read with ASCII classes."""
-    assert fsm.ascii_digit_classes(regex) == ascii
+    assert fsm.automaton.ascii_digit_classes(regex) == ascii
     if "[:" not in regex and "\\p" not in regex:
         for text in ("7", "\U0001E4F2", "x", "]", "."):
             want = regex_module.fullmatch(regex, text, flags=regex_module.ASCII)
@@ -596,9 +596,9 @@ def test_ascii_digit_classes(regex, ascii):
 
 def test_ascii_digit_classes_refuses_what_it_cannot_write():
     with pytest.raises(ValueError, match="inside a character class"):
-        fsm.ascii_digit_classes(r"[\Da]")
+        fsm.automaton.ascii_digit_classes(r"[\Da]")
     with pytest.raises(TypeError, match="regex must be a str"):
-        fsm.ascii_digit_classes(None)
+        fsm.automaton.ascii_digit_classes(None)
 
 
 def _unicode_digit_prefix(b: bytes, digits: set[str], partial: set[bytes], n: int) -> bool:

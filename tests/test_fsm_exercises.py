@@ -24,7 +24,7 @@ def test_token_jumps_check(rng, capsys):
 
     def finals_forced(trans, finals):  # forgets that a final state also allows EOS
         step = {s: ((t,), b"", n) for s, out in trans.items() if len(out) == 1 for t, n in out.items()}
-        return {s: (j.tokens, j.end) for s, j in fsm.forced_chains(step).items()}
+        return {s: (j.tokens, j.end) for s, j in fsm.automaton.forced_chains(step).items()}
 
     for wrong in (one_step_only, finals_forced, lambda t, f: 1 / 0, lambda t, f: None):
         assert not exercises.check_token_jumps(wrong, seed=seed)

@@ -1,16 +1,8 @@
 """Chapter 1: compressing the automaton of constrained decoding.
 
-A constrained decoder walks an automaton built from a regex (or a JSON schema turned into a regex) over a
-tokenizer's vocabulary: ``outlines_core.Index`` maps every state to the tokens allowed there, and each token
-normally costs one forward pass. The chapter counts the passes two compressions save on cl100k_base (shipped
-offline by ``bpe-openai``); its steps are three decode loops (``CHAPTER.steps``): ``step01_uncompressed`` (a pass
-per token), ``step02_token_jumps`` (chains of states that allow one token are appended without a pass) and
-``step03_char_jumps`` (forced strings are appended and the text retokenized: SGLang's compressed FSM).
-
-Modules: ``vocabulary``, ``automaton`` (regexes from schemas, :class:`ConstrainedFSM` and its jump tables),
-``ranges`` (integer bounds outlines-core leaves out), ``decoding`` (the steps, :func:`decode`, the writer model),
-``schemas`` (the suite), ``report`` (the suite's measurement), ``masks`` (chapter 2's mask file). No GPU
-benchmark; the comparison with xgrammar and llguidance is the book's (``book.fsm.peers``). Command line:
+A constrained decoder walks an automaton built from a regex (or a JSON schema's regex) over a tokenizer's
+vocabulary, and each token normally costs one forward pass. The chapter counts the passes two compressions save on
+cl100k_base; its steps are three decode loops (``CHAPTER.steps``). No GPU benchmark. Command line:
 ``python -m studylog.fsm export-masks | report``.
 """
 
@@ -18,12 +10,10 @@ from __future__ import annotations
 
 from studylog import runtime  # noqa: F401  (package convention: the runtime is selected first)
 from studylog.chapter import Chapter, Step
-from studylog.fsm.automaton import (ConstrainedFSM, Jump, ascii_digit_classes, compile_fsm, forced_chains,
-                                    regex_from_schema)
-from studylog.fsm.decoding import (MODES, STEP_OF_MODE, DecodeResult, decode, step01_uncompressed, step02_token_jumps,
+from studylog.fsm.automaton import ConstrainedFSM, Jump, compile_fsm, regex_from_schema
+from studylog.fsm.decoding import (MODES, DecodeResult, decode, step01_uncompressed, step02_token_jumps,
                                    step03_char_jumps, writer_model)
-from studylog.fsm.masks import COMMITTED_MASKS_ASCII_DIGITS, select_masks
-from studylog.fsm.report import EntryResult, measure_entry, run_suite, savings_table
+from studylog.fsm.report import EntryResult, run_suite, savings_table
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary, make_vocabulary
 
 #: Each step's function and what it adds; its slug is the function's name after ``stepNN_``.
@@ -39,7 +29,6 @@ CHAPTER = Chapter(
     headline=None,
 )
 
-#: What a reader imports after the lesson (the other names above stay attributes of the package).
 __all__ = [
     "CHAPTER",
     # the steps and the general entry point

@@ -1,9 +1,5 @@
-"""The automaton of constrained decoding and its two jump tables.
-
-:class:`ConstrainedFSM` holds outlines-core's index of a regex over a vocabulary (every state's allowed tokens),
-the character-level automaton of the same regex, and the tables the steps read: ``token_jumps`` (step 2: chains
-of states that allow one token; a final state also allows EOS, so it is never forced) and ``char_jumps`` (step 3:
-chains of forced bytes). :func:`regex_from_schema` builds a schema's regex, ``\\d`` written as ``[0-9]``.
+"""The automaton of constrained decoding and its two jump tables (:class:`ConstrainedFSM`), and the regex of a JSON
+schema (:func:`regex_from_schema`).
 """
 
 from __future__ import annotations
@@ -22,15 +18,10 @@ from torch import Tensor
 from studylog.fsm.vocabulary import TokenVocabulary, byte_vocabulary, load_vocabulary
 
 
-# --- regexes and schemas ------------------------------------------------------------------------------
-
 def ascii_digit_classes(regex: str) -> str:
     """``regex`` with every ``\\d`` written as ``[0-9]`` (``0-9`` inside a class), every ``\\D`` outside a class
-    as ``[^0-9]``.
-
-    In outlines-core's Rust syntax ``\\d`` is any Unicode digit (hundreds of code points); JSON Schema's
-    ``pattern`` and ``format`` follow ECMA-262 and RFC 3339, where digits are ASCII. Escaped backslashes are left
-    alone; a ``\\D`` inside a class has no flat ASCII spelling and is refused (outlines never writes one)."""
+    as ``[^0-9]``: in outlines-core's syntax ``\\d`` is any Unicode digit, while JSON Schema's ``pattern`` and
+    ``format`` mean ASCII digits. A ``\\D`` inside a class has no flat ASCII spelling and is refused."""
     if not isinstance(regex, str):
         raise TypeError(f"regex must be a str, got {type(regex).__name__}")
     out, i, depth = [], 0, 0  # depth: nesting of character classes (Rust's syntax nests them)
@@ -96,11 +87,9 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
                       integer_bounds: bool = False) -> str:
     """The regex outlines builds for a JSON schema (a dict, a JSON string, or a pydantic model class).
 
-    ``whitespace_pattern``: optional whitespace between JSON tokens (outlines' default, None, is ``[ ]?``; ``""``
-    allows none). Invalid JSON or an unsupported schema raises ValueError. ``ascii_digits`` (default True)
-    applies :func:`ascii_digit_classes`: outlines-core writes a ``"format": "date"`` with ``\\d``, so
-    ``"206\\U0001E4F2-02-04"`` (a Nag Mundari digit) would be a valid date. ``integer_bounds`` writes integers'
-    ``minimum``/``maximum`` into the regex (:mod:`studylog.fsm.ranges`; outlines-core ignores them)."""
+    ``whitespace_pattern``: whitespace between JSON tokens (None: outlines' ``[ ]?``; ``""``: none).
+    ``ascii_digits`` applies :func:`ascii_digit_classes` (else ``"206\\U0001E4F2-02-04"``, with a Nag Mundari
+    digit, is a valid date); ``integer_bounds`` keeps integers' bounds (:mod:`studylog.fsm.ranges`)."""
     from outlines_core.json_schema import build_regex_from_schema
 
     text, parsed = schema_json(schema)
@@ -125,11 +114,8 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
 
 
 def end_anchored(regex: str) -> str:
-    """``regex`` as outlines-core must see it to index the whole language: ``(?:regex)$``.
-
-    outlines-core's DFA has the leftmost-first semantics of Rust's ``regex-automata``: once a branch has
-    matched, lower-priority threads are dropped, so for ``(a|ab)`` it never allows the ``b``. Anchoring the end
-    makes no state a match before the end: no thread is dropped, and the language and final states are the same."""
+    """``(?:regex)$``: outlines-core's DFA is leftmost-first (Rust's ``regex-automata``), so for ``(a|ab)`` it
+    drops the ``ab`` thread once ``a`` matches; anchoring the end drops none and keeps the language."""
     return f"(?:{regex})$"
 
 
@@ -154,8 +140,6 @@ def _build_index(regex: str, vocabulary, vocab_name: str):
         raise ValueError(f"outlines-core could not index regex {short!r}: {msg}") from exc
 
 
-# --- the automaton and its jump tables ------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Jump:
     """A chain of forced steps from one state: the tokens (token level) or bytes it emits, and where it ends."""
@@ -166,10 +150,8 @@ class Jump:
 
 
 def forced_chains(step: dict[int, tuple[tuple[int, ...], bytes, int]]) -> dict[int, Jump]:
-    """Collapse forced single steps ``state -> (tokens, bytes, next)`` into maximal jumps, in O(states +
-    total jump length). A cycle of forced states (no way out, so no accepting path) is cut where it closes.
-
-    Each state's jump runs to the end of its chain, so a jump that starts inside another one is its tail."""
+    """Collapse forced single steps ``state -> (tokens, bytes, next)`` into maximal jumps, in O(states + total jump
+    length); a jump starting inside another is its tail. A forced cycle (no accepting path) is cut where it closes."""
     jumps: dict[int, Jump] = {}
     for start in step:
         if start in jumps:
@@ -191,11 +173,10 @@ def forced_chains(step: dict[int, tuple[tuple[int, ...], bytes, int]]) -> dict[i
 
 
 class ConstrainedFSM:
-    """An outlines-core index over a vocabulary, plus the two jump tables of the chapter.
-
-    ``build_seconds`` times outlines-core's index build, ``precompute_seconds`` what the compressions add (the
-    character-level automaton, the index of the regex over the 256 single bytes, and both jump tables). Both
-    indexes number their states with the ids of the same regex DFA (``tests/test_fsm.py`` checks it on the suite).
+    """An outlines-core index over a vocabulary, plus the chapter's two jump tables: ``token_jumps`` (step 2: chains
+    of states that allow one token; a final state also allows EOS, so it is never forced) and ``char_jumps`` (step
+    3: chains of forced bytes). ``build_seconds`` times the index, ``precompute_seconds`` what the compressions add.
+    The token and byte indexes number their states alike (the ids of the same regex DFA).
     """
 
     def __init__(self, regex: str, vocab: TokenVocabulary, name: str = ""):
@@ -215,7 +196,6 @@ class ConstrainedFSM:
         self._allowed: dict[int, np.ndarray] = {}
         self._count: dict[int, int] = {}
 
-    # -- precompute ---------------------------------------------------------------------------------
     def precompute_jumps(self) -> None:
         """Build the character-level automaton and both jump tables (run once, by the constructor)."""
         self.initial: int = self.index.get_initial_state()
@@ -246,7 +226,6 @@ class ConstrainedFSM:
                 step[s] = ((t,), self.vocab.token_bytes[t], self.index.get_next_state(s, t))
         self.token_jumps: dict[int, Jump] = forced_chains(step)
 
-    # -- queries ---------------------------------------------------------------------------------------
     @property
     def states(self) -> list[int]:
         """States of the character-level automaton (a superset of the token-level states)."""
@@ -263,10 +242,7 @@ class ConstrainedFSM:
         """The same ids as :meth:`allowed`, as a cached read-only int64 numpy array (no copy)."""
         out = self._allowed.get(state)
         if out is None:
-            ids = self.index.get_allowed_tokens(state)
-            if ids is None:
-                raise ValueError(f"state {state} is not a state of the automaton of {self.name!r}")
-            out = np.sort(np.asarray(ids, dtype=np.int64))
+            out = np.sort(np.asarray(self._allowed_ids(state), dtype=np.int64))
             out.flags.writeable = False
             self._allowed[state] = out
             self._count[state] = out.size
@@ -276,11 +252,14 @@ class ConstrainedFSM:
         """How many tokens a state allows (EOS counts in final states)."""
         n = self._count.get(state)
         if n is None:
-            ids = self.index.get_allowed_tokens(state)
-            if ids is None:
-                raise ValueError(f"state {state} is not a state of the automaton of {self.name!r}")
-            n = self._count[state] = len(ids)
+            n = self._count[state] = len(self._allowed_ids(state))
         return n
+
+    def _allowed_ids(self, state: int):
+        ids = self.index.get_allowed_tokens(state)
+        if ids is None:
+            raise ValueError(f"state {state} is not a state of the automaton of {self.name!r}")
+        return ids
 
     def only_eos(self, state: int) -> bool:
         """A final state where nothing but EOS is allowed: decoding stops there without a forward pass."""

@@ -1,8 +1,5 @@
-"""The decode loop, one step of the lesson at a time, and a deterministic stand-in for a model.
-
-Each step is a complete greedy decode loop over a ``next_logits(token_ids)`` callable (one forward pass), so
-``CHAPTER.show_diff`` shows what each step adds; :func:`decode` runs the step a ``mode`` names
-(``"none"``, ``"token"``, ``"char"``).
+"""The decode loop, one step of the lesson at a time (each a complete greedy loop over a ``next_logits(token_ids)``
+callable, one forward pass), :func:`decode` (the step a ``mode`` names) and a deterministic stand-in for a model.
 """
 
 from __future__ import annotations
@@ -117,11 +114,8 @@ def forward_pass(next_logits: NextLogits, fsm: ConstrainedFSM, states: list[int]
 
 def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
                         record_events: bool = False) -> DecodeResult:
-    """Step 1: greedy constrained decoding, one forward pass per token.
-
-    ``next_logits(ids)`` is one forward pass: the logits of the token after ``ids`` (shape ``[vocab]``).
-    Decoding stops at EOS, in a state where only EOS is allowed (no pass needed), or after ``max_tokens``
-    ids; ``finished`` says whether it ended."""
+    """Step 1: greedy constrained decoding, one forward pass (``next_logits(ids)``: the ``[vocab]`` logits of the
+    token after ``ids``) per token, until EOS, a state where only EOS is allowed, or ``max_tokens`` ids."""
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
     while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
@@ -132,12 +126,9 @@ def step01_uncompressed(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tok
 
 def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
                        record_events: bool = False) -> DecodeResult:
-    """Step 2: token-level jumps. In a state that allows exactly one token, that token is what any pass
-    would pick, so the chain of such tokens is appended without a pass.
-
-    The ids are those of :func:`step01_uncompressed` for any model and any ``max_tokens``: a jump that
-    would cross the cap is cut there. A pass after a jump feeds the jumped tokens to the model together,
-    as a chunked prefill does; it still counts as one pass."""
+    """Step 2: token-level jumps. In a state that allows exactly one token, any pass would pick it, so the chain
+    of such tokens is appended without a pass: the ids of :func:`step01_uncompressed` for any model and any
+    ``max_tokens``. The pass after a jump feeds the jumped tokens together (a chunked prefill: one pass)."""
     res = _start(fsm, max_tokens)
     ids, states = res.ids, [fsm.initial]
     while len(ids) < max_tokens and not _ends(fsm, states, res, record_events):
@@ -157,16 +148,14 @@ def step02_token_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_toke
 
 def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_tokens: int = 256,
                       record_events: bool = False) -> DecodeResult:
-    """Step 3: character-level jumps with retokenization (SGLang's compressed FSM). In a state whose next
-    bytes are forced, the forced string is appended and the whole text re-encoded with the tokenizer, so
-    the model is fed the split it was trained on; that can replace tokens already emitted (``retokenized``:
-    KV-cache entries to recompute). The text still matches the regex, possibly in other tokens than step 1.
+    """Step 3: character-level jumps with retokenization (SGLang's compressed FSM). In a state whose next bytes are
+    forced, the forced string is appended and the whole text re-encoded, so the model sees the split it was trained
+    on; that can replace tokens already emitted (``retokenized``: KV-cache entries to recompute). The text still
+    matches the regex, possibly in other tokens than step 1.
 
-    A jump whose retokenized ids would pass ``max_tokens`` is cut: the result is the first ``max_tokens`` ids
-    of the retokenized text (a valid walk of the automaton whose text ends inside the jump, or, when the
-    tokenizer splits the earlier text into more tokens than were emitted, before it), with ``finished``
-    False. A jump from text that ends inside a UTF-8 character cannot be retokenized: it is skipped and a
-    pass picks the next token (``skipped_jumps``)."""
+    A jump past ``max_tokens`` keeps the first ``max_tokens`` retokenized ids (a valid walk), ``finished`` False.
+    A jump from text that ends inside a UTF-8 character cannot be retokenized: a pass picks the next token
+    instead (``skipped_jumps``)."""
     res = _start(fsm, max_tokens)
     vocab = fsm.vocab
     if vocab.encoder is None:
@@ -213,22 +202,17 @@ STEP_OF_MODE: dict[str, Callable[..., DecodeResult]] = {
 
 def decode(next_logits: NextLogits, fsm: ConstrainedFSM, mode: Mode = "none", *, max_tokens: int = 256,
            record_events: bool = False) -> DecodeResult:
-    """The general entry point: greedy constrained decoding with the step that ``mode`` names.
-
-    ``"none"`` is :func:`step01_uncompressed` (one pass per token), ``"token"`` :func:`step02_token_jumps`
-    (forced token chains appended without a pass; the same ids as ``"none"``, under any ``max_tokens``),
-    ``"char"`` :func:`step03_char_jumps` (forced strings appended, the text retokenized; it still matches
-    the regex, possibly in other tokens). At most ``max_tokens`` ids come back in every mode."""
+    """Greedy constrained decoding with the step ``mode`` names: ``"none"`` :func:`step01_uncompressed`,
+    ``"token"`` :func:`step02_token_jumps` (the same ids), ``"char"`` :func:`step03_char_jumps` (the same text,
+    possibly in other tokens). At most ``max_tokens`` ids come back in every mode."""
     check_choice("mode", mode, MODES)
     return STEP_OF_MODE[mode](next_logits, fsm, max_tokens=max_tokens, record_events=record_events)
 
 
-# --- a deterministic "model" -----------------------------------------------------------------------------
-
 def writer_model(vocab: TokenVocabulary, text: str) -> NextLogits:
-    """A model that writes ``text`` the way the tokenizer splits it: it puts all its mass on the next
-    canonical token. When a retokenization leaves the output between canonical boundaries, it writes the
-    canonical split of the rest of the current canonical token, then continues canonically."""
+    """A deterministic model that writes ``text`` as the tokenizer splits it (all its mass on the next canonical
+    token); left between canonical boundaries by a retokenization, it writes the canonical split of the rest of
+    the current canonical token, then goes on canonically."""
     target = text.encode()
     canon = vocab.encode(text)
     starts: dict[int, int] = {}

@@ -1,7 +1,5 @@
-"""Real grammar masks for the masked-LM-head chapter: ``assets/data/fsm_masks.npz``.
-
-``python -m studylog.fsm export-masks`` runs the suite, collects every visited state and keeps a sample that
-spans the distribution of allowed-token counts, in the format of :mod:`studylog.data`.
+"""Real grammar masks for chapter 2 (``assets/data/fsm_masks.npz``): states the suite visits, sampled across the
+distribution of allowed-token counts (``python -m studylog.fsm export-masks``).
 """
 
 from __future__ import annotations
@@ -16,10 +14,8 @@ from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.report import EntryResult, run_suite
 from studylog.fsm.vocabulary import load_vocabulary
 
-#: The digit class of the committed ``assets/data/fsm_masks.npz``: outlines' regexes, where ``\\d`` is any Unicode
-#: digit (the suite writes ``[0-9]``); chapter 2's committed benchmark read that file. ``export_masks`` keeps this
-#: default so that the command reproduces the committed file; ``ascii_digits=True`` (``--ascii-digits``) exports
-#: the masks of the suite as the chapter compiles it.
+#: The committed masks were exported from outlines' regexes (``\\d`` any Unicode digit), and chapter 2's benchmark
+#: read them: the default reproduces that file; ``--ascii-digits`` exports the suite as the chapter compiles it.
 COMMITTED_MASKS_ASCII_DIGITS = False
 
 
@@ -47,10 +43,8 @@ def select_masks(counts: Sequence[tuple[str, int, int]], per_bin: int = 24, max_
 
 def export_masks(path: Optional[Path] = None, n_samples: int = 8, seed: int = 0, per_bin: int = 24,
                  max_ids: int = 450_000, ascii_digits: bool = COMMITTED_MASKS_ASCII_DIGITS) -> Path:
-    """Write real grammar masks (cl100k_base, states visited by the suite) in ``studylog.data``'s format.
-
-    Deterministic: same suite, same samples, same selection. Command: ``python -m studylog.fsm export-masks``.
-    ``ascii_digits`` picks the suite's regexes (see :data:`COMMITTED_MASKS_ASCII_DIGITS` for the default)."""
+    """Write the masks of the states the suite visits (cl100k_base) in ``studylog.data``'s format,
+    deterministically."""
     from studylog import data
 
     path = Path(path) if path is not None else data.MASKS_FILE

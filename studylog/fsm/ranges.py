@@ -1,12 +1,7 @@
-"""Integer bounds in JSON-schema regexes: what outlines-core leaves out.
-
-outlines-core writes every ``{"type": "integer"}`` as ``(-)?(0|[1-9][0-9]*)`` and ignores ``minimum``/``maximum``
-(and their exclusive forms), so for ``{"maximum": 9}`` a model may write ``10``. :func:`regex_with_bounds` puts
-them back: :func:`bound_integers` replaces every bounded integer subschema by ``{"const": S}`` (``S`` a unique
-sentinel), outlines-core builds the regex, and :func:`replace_sentinels` swaps each sentinel's digits for
-:func:`integer_range_regex` of its range (refusing a sentinel it cannot find). Only subschemas outlines-core
-writes are visited, in its own dispatch order (``properties``, ``allOf``/``anyOf``/``oneOf``/``prefixItems``,
-``enum``/``const``, ``$ref``, ``type``), local ``$ref`` targets rewritten in place.
+"""Integer bounds in JSON-schema regexes, which outlines-core ignores (for ``{"maximum": 9}`` a model may write
+``10``). :func:`regex_with_bounds` puts them back: :func:`bound_integers` replaces every bounded integer subschema
+by ``{"const": S}`` (``S`` a unique sentinel), outlines-core builds the regex, and :func:`replace_sentinels` swaps
+each sentinel's digits for :func:`integer_range_regex` of its range.
 """
 
 from __future__ import annotations
@@ -28,8 +23,6 @@ _BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # outlines-core's dispatch (parsing.rs, ``to_regex``): the first key present decides how a node is written.
 _BEFORE_TYPE = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref")
 
-
-# --- the range regex --------------------------------------------------------------------------------------
 
 def _cls(a: int, b: int) -> str:
     """One digit from ``a`` to ``b``."""
@@ -116,10 +109,8 @@ def _natural_alternatives(a: int, b: Optional[int]) -> list[tuple[float, str]]:
 
 
 def integer_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
-    """A regex matching exactly the integers in ``[lo, hi]`` as JSON writes them (``None``: open).
-
-    ASCII ``[0-9]`` classes, non-capturing groups, a top-level alternation (not wrapped), longer branches first;
-    no leading zeros, no ``+``, no ``-0``. An empty range (``lo > hi``) raises ValueError."""
+    """A regex matching exactly the integers in ``[lo, hi]`` as JSON writes them (``None``: open): a top-level
+    alternation (not wrapped), longer branches first; no leading zeros, no ``+``, no ``-0``."""
     for name, v in (("lo", lo), ("hi", hi)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
             raise TypeError(f"{name} must be an int or None, got {type(v).__name__}")
@@ -139,8 +130,6 @@ def integer_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
     return "|".join(r for _, r in alts)
 
 
-# --- the schema rewrite -----------------------------------------------------------------------------------
-
 def _number(value: Any, where: str, key: str):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{where}: {key} must be a number, got {value!r}")
@@ -150,10 +139,8 @@ def _number(value: Any, where: str, key: str):
 
 
 def integer_bounds(schema: dict, where: str = "#") -> tuple[Optional[int], Optional[int]]:
-    """The integer interval ``[lo, hi]`` allowed by a subschema's ``minimum``/``maximum``/
-    ``exclusiveMinimum``/``exclusiveMaximum`` (None: open), non-integer bounds rounded inward
-    (``minimum: 1.5`` is 2, ``exclusiveMaximum: 9.5`` is 9, ``exclusiveMinimum: 1`` is 2). Draft 4's
-    boolean ``exclusiveMinimum``/``exclusiveMaximum`` make ``minimum``/``maximum`` exclusive."""
+    """The integers ``[lo, hi]`` a subschema's bounds allow (None: open), non-integer bounds rounded inward
+    (``minimum: 1.5`` is 2, ``exclusiveMinimum: 1`` is 2); draft 4's boolean exclusive forms are honoured."""
     lows, highs = [], []
     excl_min, excl_max = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
     if "minimum" in schema:
@@ -208,12 +195,10 @@ def _sentinel_base(text: str) -> int:
 
 
 def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
-    """``schema`` (not modified) with every bounded integer subschema replaced by ``{"const": S}``, and the
-    map ``{str(S): "(?:range regex)"}``.
-
-    ``S`` is :data:`SENTINEL_BASE` + k (moved if the schema's text holds those digits). A ``type`` list holding
-    ``"integer"`` becomes ``{"anyOf": [{"const": S}, <the other types>]}``; other keywords of a rewritten
-    subschema are dropped. A bounded integer subschema no integer satisfies raises ValueError."""
+    """A copy of ``schema`` with every bounded integer subschema replaced by ``{"const": S}``, and the map
+    ``{str(S): "(?:range regex)"}`` (other keywords of a rewritten subschema are dropped). Only the subschemas
+    outlines-core writes are visited, in its dispatch order; a ``type`` list holding ``"integer"`` becomes
+    ``{"anyOf": [{"const": S}, <the other types>]}``."""
     if not isinstance(schema, dict):
         raise TypeError(f"schema must be a dict, got {type(schema).__name__}")
     root = copy.deepcopy(schema)
@@ -278,13 +263,9 @@ def bound_integers(schema: dict) -> tuple[dict, dict[str, str]]:
     return root, mapping
 
 
-# --- the regex ----------------------------------------------------------------------------------------------
-
 def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
-    """``regex`` with every occurrence of each sentinel's digits replaced by its range regex.
-
-    A sentinel may occur several times; one that does not occur, or occurs inside a longer literal (digits or a
-    ``-`` around it), raises ValueError: a sentinel is never missed silently."""
+    """``regex`` with each sentinel's digits replaced by its range regex; a sentinel that does not occur, or occurs
+    inside a longer literal, raises ValueError (never missed silently)."""
     for digits, replacement in mapping.items():
         if not digits.isdigit():
             raise ValueError(f"sentinel {digits!r} is not a string of digits")
@@ -306,9 +287,8 @@ def replace_sentinels(regex: str, mapping: dict[str, str]) -> str:
 
 
 def regex_with_bounds(schema: Any, whitespace_pattern: Optional[str] = None, *, ascii_digits: bool = True) -> str:
-    """outlines-core's regex for ``schema`` (a dict, JSON text, or a pydantic model class) with integer bounds
-    kept; ``whitespace_pattern`` and ``ascii_digits`` as in :func:`studylog.fsm.regex_from_schema`. An
-    unsupported schema, an empty integer range, or a sentinel not found raises ValueError."""
+    """outlines-core's regex for ``schema`` with integer bounds kept; arguments as in
+    :func:`~studylog.fsm.automaton.regex_from_schema`."""
     from outlines_core.json_schema import build_regex_from_schema
 
     from studylog.fsm.automaton import ascii_digit_classes, schema_json

@@ -1,6 +1,5 @@
-"""The chapter's measurement (no GPU benchmark: ``CHAPTER.bench`` is None): the suite of
-:mod:`studylog.fsm.schemas` decoded by the writer model in the three modes, forward passes counted, index build
-and jump precompute timed (``python -m studylog.fsm report`` prints :func:`savings_table`).
+"""The chapter's measurement (no GPU benchmark): the suite decoded by the writer model in the three modes, forward
+passes counted (``python -m studylog.fsm report`` prints :func:`savings_table`).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from typing import Callable, Optional, Sequence
 from studylog.fsm.automaton import ConstrainedFSM
 from studylog.fsm.decoding import MODES, decode, writer_model
 from studylog.fsm.vocabulary import TokenVocabulary, load_vocabulary
-
 
 
 @dataclass
@@ -48,9 +46,8 @@ class EntryResult:
 def measure_entry(entry, vocab: TokenVocabulary, whitespace: str = "default", n_samples: int = 8, seed: int = 0,
                   fsm: Optional[ConstrainedFSM] = None, *, ascii_digits: bool = True
                   ) -> tuple[EntryResult, ConstrainedFSM]:
-    """Sample ``n_samples`` valid outputs of a suite entry; decode each with the writer model in the three
-    modes; check that every mode writes the sample exactly; count passes. ``ascii_digits`` picks the
-    entry's regex (see :meth:`studylog.fsm.schemas.SuiteEntry.regex`)."""
+    """Decode ``n_samples`` valid outputs of a suite entry with the writer model in the three modes, each checked
+    to write the sample exactly, and count passes."""
     regex = entry.regex(whitespace, ascii_digits=ascii_digits)
     fsm = fsm or ConstrainedFSM(regex, vocab, name=entry.name)
     rng = random.Random(f"{seed}/{entry.name}/{whitespace}")
@@ -83,11 +80,8 @@ def measure_entry(entry, vocab: TokenVocabulary, whitespace: str = "default", n_
 def run_suite(vocab: Optional[TokenVocabulary] = None, whitespaces: Sequence[str] = ("default", "compact"),
               n_samples: int = 8, seed: int = 0, keep: Optional[Callable[[EntryResult, ConstrainedFSM], None]] = None,
               progress: bool = False, ascii_digits: bool = True) -> list[EntryResult]:
-    """Measure every suite entry (JSON entries once per whitespace pattern, regex entries once).
-
-    ``keep(result, fsm)`` is called while each automaton is alive (for example to copy masks out); the
-    automata are then dropped, so memory holds one index at a time. ``ascii_digits=False`` measures
-    outlines' regexes unchanged, where ``\\d`` is any Unicode digit."""
+    """Measure every suite entry (JSON entries once per whitespace pattern). ``keep(result, fsm)`` sees each
+    automaton while it is alive (memory holds one index at a time)."""
     from studylog.fsm import schemas
 
     vocab = vocab or load_vocabulary()
@@ -107,8 +101,7 @@ def run_suite(vocab: Optional[TokenVocabulary] = None, whitespaces: Sequence[str
 
 
 def suite_summary(results: Sequence[EntryResult]) -> dict[str, dict]:
-    """Per whitespace pattern, the suite's totals: entries, documents, canonical tokens, forward passes in each
-    mode, tokens retokenization replaced (char mode), and the share of passes each mode saves over none."""
+    """Per whitespace pattern, the suite's totals, and the share of passes each mode saves over none."""
     out = {}
     for ws in dict.fromkeys(r.whitespace for r in results):
         rows = [r for r in results if r.whitespace == ws]
@@ -121,8 +114,8 @@ def suite_summary(results: Sequence[EntryResult]) -> dict[str, dict]:
 
 
 def savings_table(results: Sequence[EntryResult]) -> str:
-    """A Markdown table of the suite, one row per entry: for each whitespace pattern the forward passes of
-    the three steps and the share step 3 saves; totals last."""
+    """A Markdown table of the suite: per entry and whitespace pattern, the passes of the three steps and the share
+    steps 2 and 3 save; totals last."""
     wss = list(dict.fromkeys(r.whitespace for r in results))
     rows = {(r.name, r.whitespace): r for r in results}
     names = list(dict.fromkeys(r.name for r in results))

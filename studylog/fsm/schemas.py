@@ -1,8 +1,5 @@
-"""The schema suite of chapter 1: realistic JSON schemas and regexes, each with a sampler of valid outputs.
-
-JSON entries are pydantic models, turned into a JSON schema and then a regex by ``outlines`` (the path a
-reader would take); their string fields carry ``examples`` that the sampler draws from, so the sampled
-outputs read like what a model would write. Regex entries are built with the ``outlines.types`` DSL.
+"""The schema suite of chapter 1: realistic JSON schemas (pydantic models, whose string fields carry the
+``examples`` the sampler draws from) and regexes (``outlines.types``), each with a sampler of valid outputs.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, Field
 
-#: Whitespace patterns compared in the chapter: outlines' default lets an optional space appear between
-#: JSON tokens; "compact" allows none (``{"a":1,"b":2}``).
+#: Whitespace patterns compared in the chapter: outlines' default (an optional space between JSON tokens), none.
 WHITESPACE = {"default": None, "compact": ""}
 #: ``json.dumps`` separators that produce text matching each whitespace pattern.
 SEPARATORS = {"default": (", ", ": "), "compact": (",", ":")}
@@ -28,8 +24,6 @@ PHRASES = [
     "low battery warning", "see attached notes", "the meeting moved to Friday",
 ]
 
-
-# --- JSON entries: pydantic models -------------------------------------------------------------------
 
 class WeatherArgs(BaseModel):
     location: str = Field(examples=["Paris", "San Francisco, CA", "Tokyo", "Berlin", "Cape Town"])
@@ -135,15 +129,10 @@ class ArticleSummary(BaseModel):
     sentiment: Literal["positive", "neutral", "negative"]
 
 
-# --- the suite -----------------------------------------------------------------------------------------
-
 @dataclass
 class SuiteEntry:
-    """One schema or regex of the suite.
-
-    ``schema`` is a JSON schema dict (JSON entries) or None (regex entries, whose ``pattern`` is fixed).
-    ``sampler(rng, whitespace)`` returns one valid output as text.
-    """
+    """One schema (``schema``) or regex (``pattern``) of the suite; ``sampler(rng, whitespace)``, where given,
+    returns one valid output as text."""
 
     name: str
     kind: Literal["json", "regex"]
@@ -153,11 +142,8 @@ class SuiteEntry:
     sampler: Optional[Callable[[random.Random, str], str]] = field(default=None, repr=False)
 
     def regex(self, whitespace: str = "default", *, ascii_digits: bool = True) -> str:
-        """The regex outlines builds for this entry (JSON entries depend on the whitespace pattern).
-
-        ``ascii_digits`` (default True) writes ``\\d`` as ``[0-9]`` in JSON and regex entries alike (see
-        :func:`studylog.fsm.ascii_digit_classes`); False gives outlines' regex, where ``\\d`` is any Unicode
-        digit."""
+        """The regex outlines builds for this entry; ``ascii_digits`` writes ``\\d`` as ``[0-9]``
+        (:func:`~studylog.fsm.automaton.ascii_digit_classes`)."""
         from studylog.fsm.automaton import ascii_digit_classes, regex_from_schema
 
         if self.kind == "regex":
@@ -267,23 +253,19 @@ def _regex_entries() -> list[SuiteEntry]:
     ]
 
 
-def _schema(model: type[BaseModel]) -> dict:
-    return model.model_json_schema()
-
-
 def suite() -> list[SuiteEntry]:
     """The chapter's suite: 9 JSON schemas and 4 regexes."""
     json_entries = [
         SuiteEntry("classifier", "json", 'the post\'s enum field: "true", "false" or "NA"',
                    schema={"type": "string", "enum": ["true", "false", "NA"]}, sampler=_sample_classifier),
-        SuiteEntry("weather_call", "json", "function call with a fixed name", schema=_schema(WeatherCall)),
-        SuiteEntry("tool_call", "json", "choice between two tool calls (anyOf)", schema=_schema(ToolCall)),
-        SuiteEntry("user_profile", "json", "nested object", schema=_schema(UserProfile)),
-        SuiteEntry("ticket_triage", "json", "enums and a boolean", schema=_schema(TicketTriage)),
-        SuiteEntry("shopping_list", "json", "array of objects", schema=_schema(ShoppingList)),
-        SuiteEntry("product", "json", "numbers, integer and boolean", schema=_schema(Product)),
-        SuiteEntry("calendar_event", "json", "date, time, list of strings", schema=_schema(CalendarEvent)),
-        SuiteEntry("article_summary", "json", "mostly free text", schema=_schema(ArticleSummary)),
+        SuiteEntry("weather_call", "json", "function call with a fixed name", schema=WeatherCall.model_json_schema()),
+        SuiteEntry("tool_call", "json", "choice between two tool calls (anyOf)", schema=ToolCall.model_json_schema()),
+        SuiteEntry("user_profile", "json", "nested object", schema=UserProfile.model_json_schema()),
+        SuiteEntry("ticket_triage", "json", "enums and a boolean", schema=TicketTriage.model_json_schema()),
+        SuiteEntry("shopping_list", "json", "array of objects", schema=ShoppingList.model_json_schema()),
+        SuiteEntry("product", "json", "numbers, integer and boolean", schema=Product.model_json_schema()),
+        SuiteEntry("calendar_event", "json", "date, time, list of strings", schema=CalendarEvent.model_json_schema()),
+        SuiteEntry("article_summary", "json", "mostly free text", schema=ArticleSummary.model_json_schema()),
     ]
     return json_entries + _regex_entries()
 

@@ -1,8 +1,5 @@
-"""A tokenizer's vocabulary as the automaton sees it: the bytes of every token id, and an EOS id.
-
-``load_vocabulary`` gives a real 100k-token BPE vocabulary (cl100k_base, shipped offline inside
-``bpe-openai``); ``make_vocabulary`` a small one for tests and toy examples; ``byte_vocabulary`` the 256
-single bytes, over which an outlines-core index is the character-level automaton.
+"""A tokenizer's vocabulary as the automaton sees it: a real one (:func:`load_vocabulary`), a small one
+(:func:`make_vocabulary`), and the 256 single bytes (:func:`byte_vocabulary`).
 """
 
 from __future__ import annotations
@@ -108,11 +105,8 @@ class TokenVocabulary:
         return list(self.encoder(text))
 
     def padded(self, size: int) -> "TokenVocabulary":
-        """This vocabulary over ``size`` ids: the ids past its own carry no text, so no grammar ever allows them.
-
-        Real checkpoints pad their LM head (Llama 3's 128,256 rows are 1,002 x 128) because a matrix product
-        whose row count is a multiple of the GEMM's tile runs at full speed, and cuBLAS handles an odd count
-        badly; a model whose head has ``size`` rows decodes over this vocabulary. Built once per size."""
+        """This vocabulary over ``size`` ids, for a model whose LM head is padded to ``size`` rows (a multiple of the
+        GEMM's tile): the extra ids carry no text, so no grammar allows them. Built once per size."""
         return _padded(self, size)
 
     def outlines_vocabulary(self):
@@ -141,10 +135,8 @@ def _padded(vocab: TokenVocabulary, size: int) -> TokenVocabulary:
 
 @functools.lru_cache(maxsize=4)
 def load_vocabulary(name: str = "cl100k_base") -> TokenVocabulary:
-    """A real BPE vocabulary that ships inside ``bpe-openai`` (``cl100k_base`` or ``o200k_base``), offline, or
-    ``smollm2``: SmolLM2-135M-Instruct's (:func:`studylog.smollm2.vocabulary`, its EOS ``<|im_end|>``).
-
-    A bpe-openai vocabulary's EOS is ``<|endoftext|>``; the other special tokens and unused ids carry no text."""
+    """A real BPE vocabulary shipped offline inside ``bpe-openai`` (``cl100k_base`` or ``o200k_base``; EOS
+    ``<|endoftext|>``), or ``smollm2``: SmolLM2-135M-Instruct's (EOS ``<|im_end|>``)."""
     if name == "smollm2":
         from studylog.smollm2 import vocabulary
         return vocabulary()
@@ -183,8 +175,8 @@ def make_vocabulary(tokens: Mapping[str | bytes, int], eos_id: Optional[int], na
 
 @functools.lru_cache(maxsize=1)
 def byte_vocabulary():
-    """All 256 single bytes (ids 0-255) and an EOS (256), as an ``outlines_core.Vocabulary``: the index of a
-    regex over it is the regex's character-level (byte-level) automaton."""
+    """The 256 single bytes and an EOS (256), as an ``outlines_core.Vocabulary``: a regex's index over it is the
+    regex's byte-level automaton."""
     from outlines_core import Vocabulary
 
     return Vocabulary(256, {bytes([b]): [b] for b in range(256)})
