@@ -28,11 +28,9 @@ def _mma_cfg(**kw) -> triton.Config:
     return triton_config(zero_output=False, **kw)  # step 9 reduces split-K itself: z needs no zeroing
 
 
-# Step 9. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma (64 x BLOCK_M x 16, the weights
-# from registers). Each dot waits for its wgmma before the next decode (Triton 3.6), so the SM hides
-# that wait with other programs: small tiles (BLOCK_KW = 16: 69 registers, 32 KB of shared memory)
-# let 7 programs share an SM. K is split so that N = 4096 still makes 256-512 programs; the workspace
-# reduction makes a split cost a few atomics, not a launch.
+# Step 9. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma. Each dot waits for its wgmma before
+# the next decode, so the SM hides that wait with other programs: small tiles let several share an SM, and K
+# is split so that N = 4096 still makes 256-512 programs (a split costs a few atomics, not a launch).
 MMA_CONFIGS_FEW = [
     _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=2, num_stages=3),
     _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=3),
@@ -93,9 +91,8 @@ step08_w2a8_dot_tuned_many = autotune(W2A8_DOT_CONFIGS_MANY, key=["N", "K", "BLO
 
 # Step 9: a layout for the tensor cores. Two weights a 32-bit op, decoded straight into the MMA's A operand.
 
-#: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see pair_weights): bf16 0.5
-#: (exponent 126: bits 8..13 set, bit 7 clear); fp16's are 1.0 (exponent 15: bits 10..13, 0x3C003C00).
-#: (The kernels spell them out: Triton kernels read only constexpr globals.)
+#: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see pair_weights): bf16 0.5; fp16's
+#: are 1.0, 0x3C003C00 (the kernels spell them out: Triton kernels read only constexpr globals).
 BF16_HALF_BITS = 0x3F003F00
 
 

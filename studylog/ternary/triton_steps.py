@@ -53,9 +53,8 @@ GEMV_CONFIGS = [triton_config(BLOCK_N=8, BLOCK_KW=kw, SPLIT_K=split, num_warps=w
                 for kw, split, warps in _GEMV_TILES]
 BASE3_GEMV_CONFIGS = [triton_config(BLOCK_N=8, BLOCK_KB=kb, SPLIT_K=split, num_warps=warps)
                       for kb, split, warps in _GEMV_TILES]
-# tl.dot kernels (steps 5 and 7). Few rows of x (BLOCK_M <= 32): pipelined loads; many: no pipelining, or the
-# 16 x-tiles a step would not fit in shared memory.
-# With N = 4096 and 64 rows a program there are only 64 programs for 132 SMs: split K.
+# tl.dot kernels (steps 5 and 7). Few rows of x (BLOCK_M <= 32): pipelined loads, and split K (N = 4096 in
+# blocks of 64 rows is 64 programs); many: no pipelining, or the 16 x-tiles a step would not fit in shared memory.
 DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KW=kw, SPLIT_K=split, num_stages=2)
                    for kw, split in ((64, 1), (32, 4), (32, 8))]
 DOT_CONFIGS_MANY = [triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),

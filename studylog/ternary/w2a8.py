@@ -34,9 +34,8 @@ class W2A8Config(TmaConfig):
 
 #: (row_tiles, stages, chunk) of the compiled step-12 instances.
 W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
-#: (row_tiles, stages, chunk) of the compiled "staged" instances: deeper rings where shared memory allows
-#: (two blocks an SM of 1 tile and 8 stages, or of 2 tiles and 3 stages, with 8 warps and K = 14336 / 28672;
-#: one block an SM of 2 tiles and 8 stages, or of 4 tiles and 5).
+#: (row_tiles, stages, chunk) of the compiled "staged" instances: deeper rings where shared memory allows (x
+#: is copied ahead of the weights, so a deep ring no longer delays it).
 W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1), (2, 8, 1), (4, 5, 1))
 
 

@@ -1,48 +1,36 @@
 // Step 11: step 10's decode and MMAs, fed by the Tensor Memory Accelerator (step11_tma_kernel <<<(row
-// tiles / RT, K slices, M blocks), 32 x (warps + 1)>>>, Hopper and later).
-//
-// Step 10 kept each thread's next weights in registers: two groups of 16 bytes a thread, which a
-// version that only loaded the weights showed was too little to stream at the copy bandwidth, and
-// it split K across blocks, which costs a round trip through L2 at the end (partial sums, a fence,
-// a counter). Probes (BULK_PROBE below) then showed what else it paid for: a time a call that did not
-// depend on the size (launch, the first DRAM wait, the copy of x, the split-K ending), on top of the
-// streaming itself (notebook 05). Step 11 changes the plumbing, not the arithmetic:
+// tiles / RT, K slices, M blocks), 32 x (warps + 1)>>>, Hopper and later). Step 10 kept too few weights in
+// flight in registers and split K across blocks (a round trip through L2 at the end); step 11 changes the
+// plumbing, not the arithmetic:
 //   * one producer warp (the block's last) has the copy engine move the weights from global to
 //     shared memory (cp.async.bulk, no registers, no address arithmetic per thread) into a ring of
 //     STAGES stages; a stage's "full" mbarrier counts its bytes in, its "empty" mbarrier counts the
 //     consumer warps out, and the producer refills it then;
 //   * a block owns RT tiles of 16 rows and its consumer warps share the block's K: in each stage,
 //     warp i takes groups i CHUNK .. i CHUNK + CHUNK - 1 of the stage's warps x CHUNK groups, which
-//     are consecutive in the "2bit_tiles" format, so a stage is one copy per tile (few, large
-//     copies: the TMA has a cost per copy, which copies of 1 KiB per warp would pay once per warp and stage);
+//     are consecutive in the "2bit_tiles" format, so a stage is one copy per tile (the TMA has a cost
+//     per copy);
 //   * x comes in by the same engine, issued first, so its wait overlaps the weights' wait;
 //   * the warps add their partial sums in shared memory at the end, in a fixed order: no split of K
 //     across blocks, no round trip through L2, and the result is deterministic. (K is split across
 //     blocks only when a block's x would not fit in shared memory; then as in step 10.)
 //   * the decode's magic constant sits in a register (decode_pair_reg), which saves ptxas's
-//     IMAD.MOV before each of its LOP3s: 219 instead of 239 instructions a group.
+//     IMAD.MOV before each of its LOP3s.
 #include "ternary_common.cuh"
 #include "ternary_ring.cuh"
 
-// Probes for the notebook's "what limits it" (compiled with -DBULK_PROBE=...; PROBE_* in ternary_common.cuh):
-// PROBE_COPIES_ONLY keeps the copies and drops the arithmetic, PROBE_ARITHMETIC_ONLY keeps the arithmetic (on
-// whatever shared memory holds) and drops the copies, PROBE_LAUNCH_ONLY returns at once. PROBE_NONE, the kernel
-// itself, by default.
+// Probes (compiled with -DBULK_PROBE=...; PROBE_* in ternary_common.cuh): the kernel with parts left out.
 #ifndef BULK_PROBE
 #define BULK_PROBE PROBE_NONE
 #endif
 
 // z[m, n] = sum_k x[m, k] W[n, k] / scale[n * scale_stride], W in the "2bit_tiles" format, as step 10,
 // but a block owns RT tiles (16 RT rows of W) and its `warps` consumer warps split the block's slice
-// of K among themselves: warp i takes the i-th of `warps` equal runs of groups. A block's x (its
-// x rows over its slice of K) and its weights all come in by the copy engine, started at once by
-// the producer; the warps add their sums in shared memory, in a fixed order, at the end. K is split
-// over blockIdx.y as well only when the block's x would not fit in shared memory (M > 1, long K);
-// then finish_split sums the slices as in step 10. K must be a multiple of 8 and x's rows must start
-// on 16-byte boundaries (the wrapper pads x otherwise). blockDim.x = 32 (warps + 1).
-// Dynamic shared memory: RING_BARRIER_BYTES (the mbarriers), STAGES stages of warps x RT x CHUNK groups (1 KiB each),
-// then x (x rows of groups_per_slice x 32 pieces + 4 of padding).
-// Up to 16 consumer warps a block with one tile of W and of x (51 registers), 8 with more (up to 131).
+// of K among themselves. K is split over blockIdx.y as well only when the block's x would not fit in
+// shared memory; then finish_split sums the slices as in step 10. K must be a multiple of 8 and x's rows
+// must start on 16-byte boundaries (the wrapper pads x otherwise). Dynamic shared memory:
+// RING_BARRIER_BYTES, STAGES stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of
+// groups_per_slice x 32 pieces + 4 of padding). Up to 16 consumer warps with one tile of W and of x, else 8.
 template <bool BF16, int MT, int RT, int STAGES, int CHUNK>
 __global__ void __launch_bounds__(RT * MT == 1 ? 544 : 288) step11_tma_kernel(
     const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,

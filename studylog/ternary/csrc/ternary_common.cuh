@@ -18,8 +18,8 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// The probe builds of steps 11 and 12 (-DBULK_PROBE, -DW2A8_PROBE; Probe in cuda_steps.py, the same numbers):
-// the kernel itself, or the kernel with parts left out, to time what limits it. (An enum: names, no storage.)
+// The probe builds of steps 11 and 12 (-DBULK_PROBE, -DW2A8_PROBE; PROBES in cuda_steps.py, the same numbers):
+// the kernel itself, or with parts left out: the copies only, the arithmetic only, or nothing.
 enum Probe { PROBE_NONE = 0, PROBE_COPIES_ONLY = 1, PROBE_ARITHMETIC_ONLY = 2, PROBE_LAUNCH_ONLY = 3 };
 
 // Weights and x in one 16-bit float type: bf16 (BF16 = true) or fp16. The decode, for pair p < 4 of
@@ -201,9 +201,8 @@ __device__ __forceinline__ void finish_split_with(u32 *arrivals, u32 tile, int s
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // B outputs a thread at a time, their slices' loads issued together (4 slices an unrolled step): one
-    // output at a time, a slice at a time, would make a chain of slices x outputs-a-thread L2 round trips (28
-    // for step 13's blocks of 128 rows x 16 rows of x in 4 slices)
+    // B outputs a thread at a time, their slices' loads issued together: one output at a time would make a
+    // chain of slices x outputs-a-thread L2 round trips
     constexpr int B = 4;
     const int total = rows * cols;
     for (int i0 = threadIdx.x; i0 < total; i0 += B * blockDim.x) {

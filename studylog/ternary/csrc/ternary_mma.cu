@@ -1,11 +1,8 @@
 // Step 10: step 9's decode and layout, written by hand on mma.sync (step10_cuda_mma_kernel <<<(row
 // blocks, K slices, M blocks), 32 x warps>>>).
 //
-// Step 9 (Triton) decodes two weights per AND and one packed FMA straight into the MMA's A operand,
-// yet it ran far above the 2-bit floor for M = 1 (notebook 05): Triton 3.6 waits for each MMA before it
-// decodes the next operand, so the loads, the decode and the tensor cores take turns. Here the same
-// words (step 9's "2bit_mma" words, reordered as "2bit_tiles") meet the same decode, but the
-// schedule is ours:
+// Triton waits for each MMA before it decodes the next operand, so step 9's loads, decode and tensor cores
+// take turns. Here the same words (reordered as "2bit_tiles") meet the same decode, but the schedule is ours:
 //   * each thread loads its own A fragments with 16-byte loads, STAGES groups of 256 weights ahead
 //     of the one it decodes (a ring of registers, no barrier in the loop); x is copied into shared
 //     memory once per block;
@@ -13,16 +10,12 @@
 //     with float32 accumulators: the decode of the next step overlaps the MMA of this one;
 //   * K is split over blockIdx.y; each slice stores its partial sums, and the last slice of a
 //     tile to arrive adds them up in a fixed order (deterministic) and divides by the scale.
-//
-// The fragment layout and the decode are in ternary_common.cuh (step 11 shares them).
 #include "ternary_common.cuh"
 
 // z[m, n] = sum_k x[m, k] W[n, k] / scale[n * scale_stride], W packed in the "2bit_mma" format
 // (`groups` groups of 16 words a row). A block: `warps` warps, each RT tiles of 16 rows of W, all on
 // the same slice of K (groups_per_slice groups) and the same 8 MT rows of x, which the block first
-// copies into shared memory: every warp reads them from there, at shared-memory latency, instead
-// of waiting on L2 once per group (dynamic shared memory: x_smem_bytes(), see the wrapper).
-// With gridDim.y > 1 the slices store partial sums in partials[slice][m][n] and arrivals[tile]
+// copies into shared memory (rather than every warp waiting on L2 once per group). With gridDim.y > 1 the slices store partial sums in partials[slice][m][n] and arrivals[tile]
 // counts them in (it is 0 again when the kernel ends).
 template <bool BF16, int MT, int RT, int STAGES>
 __global__ void __launch_bounds__(256) step10_cuda_mma_kernel(

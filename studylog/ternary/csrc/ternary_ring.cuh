@@ -7,9 +7,8 @@
 // then the kernel's own), then the STAGES stages (RING_BARRIER_BYTES in studylog/ternary/cuda_steps.py).
 constexpr int RING_BARRIER_BYTES = 512;
 
-// A block (blockIdx.x: its RT tiles of 16 weight rows; blockIdx.y: its slice of K, groups_per_slice
-// groups of 256) and its `warps` consumer warps share its RT tiles of 16 weight rows ("2bit_tiles": a tile's groups
-// of 256 weights, 1 KiB each, one after another) over groups g_begin .. g_end. Chunk c of the ring
+// A block (blockIdx.x: its RT tiles of 16 weight rows; blockIdx.y: its slice of K) and its `warps` consumer
+// warps share its tiles ("2bit_tiles": 1 KiB a group) over groups g_begin .. g_end. Chunk c of the ring
 // holds, for each tile, groups g_begin + c warps CHUNK .. + warps CHUNK - 1, consecutive in memory, so
 // a stage is one copy per tile: [row tile][warp][group][half], 64 pieces of 16 bytes a group. A
 // stage's "full" mbarrier counts its bytes in, its "empty" mbarrier counts the consumer warps out,

@@ -1,8 +1,6 @@
 // Step 12: W2A8. The weights of steps 10 and 11 ("2bit_tiles"), x quantised to int8 as BitNet b1.58
-// does it (one absmax scale a row of x), and exact int32 sums on the tensor cores' int8 MMA.
-//
-// Step 11's probes put the arithmetic above the copies: to turn 2 weights into bf16 it spends two
-// instructions (a LOP3 and a packed FMA). With int8 activations the tensor cores take the weights'
+// does it (one absmax scale a row of x), and exact int32 sums on the tensor cores' int8 MMA. Step 11 spends
+// two instructions to turn 2 weights into bf16; with int8 activations the tensor cores take the weights'
 // codes as they lie in the words, 4 at a time:
 //   * a 2bit_tiles word holds a code (weight + 1, in {0, 1, 2}) at bits 2 p' of each of its 4 bytes
 //     for p' = 0..3. One AND with 0x03030303 << 2 p' leaves, in every byte, code << 2 p': four
@@ -15,20 +13,16 @@
 //   * which 32 weights of a row form one MMA step is ours to choose, as long as x matches: the
 //     quantisation writes x's bytes in the order the B fragments want them (below), so that a
 //     thread's B registers for a whole group are 4 conflict-free 16-byte loads from shared memory.
-// The TMA ring and the sums across warps (ternary_ring.cuh), the producer warp and the split of K only
-// when x would not fit are step 11's; x is not: it must come before the weights flood DRAM (the kernel's
-// comment below says how, QUANT_EVERY_BLOCK and QUANT_STAGED). This is the chapter's fastest kernel at M = 1,
-// for the W2A8 product (its times: the benchmark JSON and notebook 05). Step 13, the same product for several
-// rows of x, is at the end of this file.
+// The TMA ring, the sums across warps and the split of K are step 11's; x is not: it must come before the
+// weights flood DRAM (see the kernel). Step 13, for several rows of x, is at the end of this file.
 #include "ternary_common.cuh"
 #include "ternary_ring.cuh"
 
-// The timeline (compiled with -DW2A8_TIMELINE=1; lab/ternary/w2a8_timeline.py): the kernels take one more
-// argument, `trace`, where thread 0 of each block (and of quantize_x) writes %globaltimer at its start and
-// end and clock64() since its start at the points W2A8_STAMP marks: slots 64 b + i of block b (b counted
-// x fastest), 1 x quantised, 2 loop over the weights done, 3 sums stored, 4 + c chunk c taken (c < 24),
-// 32 + c chunk c asked for by the producer, 56 x read; quantize_x writes slots 120000 and 120001. Off by
-// default: then every W2A8_* macro below expands to nothing and the kernels are the library's as they are.
+// The timeline (compiled with -DW2A8_TIMELINE=1): the kernels take one more argument, `trace`, where thread 0
+// of each block (and of quantize_x) writes %globaltimer at its start and end and clock64() since its start:
+// slots 64 b + i of block b (b counted x fastest), 1 x quantised, 2 loop over the weights done, 3 sums stored,
+// 4 + c chunk c taken (c < 24), 32 + c chunk c asked for by the producer, 56 x read; quantize_x writes slots
+// 120000 and 120001. Off by default: then every W2A8_* macro below expands to nothing.
 #ifndef W2A8_TIMELINE
 #define W2A8_TIMELINE 0
 #endif
@@ -112,10 +106,9 @@ __device__ __forceinline__ float piece_absmax(const uint4 &v) {
 // q = round-half-even(f x scale) as the low byte of a float's bits. Adding 1.5 x 2^23 to a float t
 // with |t| < 2^22 leaves a float whose unit in the last place is 1, so the addition itself rounds t
 // to an integer, half to even, and its low mantissa byte is that integer's two's-complement byte: an
-// FMUL and an FADD (full rate) instead of rintf and a float-to-int conversion (quarter rate, and
-// the larger cost of quantising x). Kept apart (__fmul_rn, __fadd_rn: no fused multiply-add), so the
-// product is rounded to float first, as torch rounds it. |f x scale| <= 127 since |f| <= the row's
-// max; the lower clamp keeps the old answer to a NaN product (-128).
+// FMUL and an FADD (full rate) instead of rintf and a float-to-int conversion (quarter rate). Kept apart
+// (no fused multiply-add), so the product is rounded to float first, as torch rounds it. The lower clamp
+// maps a NaN product to -128.
 __device__ __forceinline__ u32 rounded_bits(float f, float scale) {
     return __float_as_uint(__fadd_rn(fmaxf(__fmul_rn(f, scale), -128.0f), 12582912.0f));
 }
@@ -150,25 +143,20 @@ __device__ __forceinline__ int rotated(int i, int rot, int units) {
     return i + rot < units ? i + rot : i + rot - units;
 }
 
-// The groups (of 256 activations, 16 units) of a row of x that block `part` of `parts` quantises: first ..
-// first + count - 1. Callers here take a whole row, RowShare(0, 1, groups).
+// The groups (of 256 activations, 16 units) of a row of x that block `part` of `parts` quantises.
 struct RowShare {
     int first, count;
     __device__ RowShare(int part, int parts, int groups)
         : first(part * groups / parts), count((part + 1) * groups / parts - part * groups / parts) {}
 };
 
-// BitNet's activation quantisation of one row of x, as quantize_activations in Python computes it
-// (float32 throughout, so both give the same bytes): scale = (1 / max(max_k |x_k|, 1e-5)) * 127
-// (torch's 127 / t is a reciprocal, then a product), q = clamp(round-half-even(x * scale), -128, 127).
-// Threads tid = 0 .. nthreads - 1 (whole warps) share the block's part of it (`share`), `sync` a
-// barrier of exactly them; UNITS units of 16 activations a thread stay in registers
-// between the two passes (x is read once while K <= UNITS x 16 x nthreads: 32768 for 8 warps and 8
-// units). The threads take the units from their `spread`-th group on (see rotated). After the first pass
-// every thread calls max_all(the block's max |x|), which returns the row's, and after the second
-// sum_all(the block's sum of q), which returns the row's. Writes the
-// share's bytes in the order above to `out` (zeros past K; unit u is bytes 16 u .. 16 u + 15 of the row),
-// and returns (to every thread) the row's scale and the sum of its q.
+// BitNet's activation quantisation of one row of x, bit for bit as quantize_activations in Python (float32
+// throughout): scale = (1 / max(max_k |x_k|, 1e-5)) * 127, q = clamp(round-half-even(x * scale), -128, 127).
+// Threads tid = 0 .. nthreads - 1 (whole warps, `sync` a barrier of exactly them) share the block's `share`;
+// UNITS units of 16 activations a thread stay in registers between the two passes (x is read once while
+// K <= UNITS x 16 x nthreads), taken from their `spread`-th group on (see rotated). max_all and sum_all turn
+// the block's max |x| and sum of q into the row's. Writes the bytes in the order above to `out` (zeros past
+// K; unit u is bytes 16 u .. 16 u + 15 of the row) and returns the row's scale and sum of q.
 template <bool BF16, int UNITS, typename Row, typename Sync, typename MaxAll, typename SumAll>
 __device__ __forceinline__ void quantize_row(const Row &row, int groups, RowShare share, uint4 *out,
                                              int tid, int nthreads, int spread, Sync sync, MaxAll max_all,
@@ -304,8 +292,7 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
     }
 }
 
-// Probes (compiled with -DW2A8_PROBE=...), as step 11's (PROBE_* in ternary_common.cuh): PROBE_COPIES_ONLY keeps
-// the copies and drops the arithmetic, PROBE_ARITHMETIC_ONLY the reverse, PROBE_LAUNCH_ONLY returns at once.
+// Probes (compiled with -DW2A8_PROBE=...), as step 11's (PROBE_* in ternary_common.cuh).
 #ifndef W2A8_PROBE
 #define W2A8_PROBE PROBE_NONE
 #endif
@@ -320,26 +307,20 @@ enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 2 };
 // stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of groups_per_slice x 256 bytes
 // + 64 of padding, so that the 8 lanes of a quarter warp reading 2 rows hit 8 different banks).
 //
-// Except in QUANT_STAGED, the producer only streams weights: it starts at once and never waits for x. The
-// consumer warps bring the block's x into shared memory themselves, with plain loads (a copy of x by the
-// engine would queue behind the first stages of weights and leave the consumers waiting while the ring sits
-// full; QUANT_STAGED has the engine copy x *before* them). Where x is quantised (QUANT):
+// Except in QUANT_STAGED, the producer only streams weights and the consumers load the block's x themselves
+// (a copy of x by the engine would queue behind the first stages of weights). Where x is quantised (QUANT):
 //   QUANT_SEPARATE: before, by quantize_x (xq, x_scale and row_sum are its outputs); the consumers wait for it
 //      (griddepcontrol.wait), then load their slice of xq;
-//   QUANT_EVERY_BLOCK: in every block (at most 8 rows of x and all of K in one block): the consumers quantise the
-//      block's rows of x from global memory straight into shared memory while the first stage of
-//      weights arrives; the producer asks for the others once the consumers have read x (X_READ below),
-//      so that x is not queued behind them. One launch, but every block reads and quantises all of x;
-//   QUANT_STAGED: as QUANT_EVERY_BLOCK, but the producer first has the copy engine bring the block's rows of x (bf16
-//      or fp16, K & ~7 activations a row) into shared memory, then every chunk of weights at once, with
-//      no pause: x's copy is ahead of every weight this SM asks for, and the ring can be as deep as
-//      shared memory allows (in QUANT_EVERY_BLOCK, every stage the producer fills before x is read delays x).
-//      The consumers wait for x's barrier and quantise from shared memory; the int8 bytes overwrite the row they were read from (a row of
-//      int8 x, groups x 256 + 64 bytes, never reaches the next row of 16-bit x, groups x 512 bytes on;
-//      quantize_row has every activation of a row in registers before its first write, which the
-//      wrapper sees to: K at most 8 x 16 activations a consumer thread).
+//   QUANT_EVERY_BLOCK: in every block (at most 8 rows of x, all of K): the consumers quantise the block's
+//      rows of x from global memory into shared memory while the first stage of weights arrives; the
+//      producer asks for the others once x is read (X_READ below), so that x is not queued behind them;
+//   QUANT_STAGED: as QUANT_EVERY_BLOCK, but the copy engine first brings the block's 16-bit rows of x (K & ~7
+//      activations a row) into shared memory, then every chunk of weights with no pause, so the ring can be
+//      as deep as shared memory allows. The int8 bytes overwrite the row they were read from (a row of int8
+//      x, groups x 256 + 64 bytes, never reaches the next 16-bit row, groups x 512 bytes on; quantize_row
+//      holds a whole row in registers before its first write: K at most 8 x 16 activations a thread).
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
-// (w2a8_blocks_per_sm in studylog/ternary/w2a8.py counts on it; a test checks it).
+// (w2a8_blocks_per_sm counts on it; a test checks it).
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
 __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
     uint4 *__restrict__ xq, const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
@@ -497,22 +478,14 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
     }
 }
 
-// Step 13: several rows of x (up to 16 a block: a short prefill, or the tokens speculative decoding
-// checks at once). Step 12 gives a block RT tiles of 16 weight rows and lets its warps share the block's
-// K; every block then needs its rows of x over all of its K (16 rows of K = 14336 are 229 KB, more than
-// shared memory), and step 12 above 8 rows is slower than step 9. Here the warps share the rows instead:
-// consumer warp w owns TILES tiles of the block's WARPS x TILES, so a block covers 16 WARPS TILES weight
-// rows over a slice of K (grid.y), and its x is that slice only (16 rows of 3584 for a quarter of
-// K = 14336: 57 KB). Every warp reads all of the block's x from shared memory, once a group for its
-// TILES tiles. Two tiles a warp halve those reads (2/3 of the shared memory's traffic at M = 16 with one),
-// at the cost of half as many warps to hide latency: one is the default.
-// Each warp sums its own tile: no sums across warps, only across the slices of K (finish_split_with).
-// A stage of the ring holds CHUNK groups of each tile (the ring of ternary_ring.cuh made for one warp a
-// tile: WARPS copies of CHUNK KiB a stage). x comes from quantize_x (the matmul launched early: its
-// weights stream in meanwhile); its rows sit in shared memory in step 12's order, so the arithmetic is
-// step 12's group_w2a8, one tile a warp. The copy engine brings x too, one copy a row, issued by a second
-// producer thread once quantize_x is done, rather than the consumers' own loads (step 12's load_xq_slice,
-// 4 in flight a thread), which would take 57 KB a block through L2 behind the weights' flood.
+// Step 13: several rows of x (up to 16 a block). Step 12's warps share a block's K, so every block needs its
+// rows of x over all of its K (16 rows of K = 14336 are more than shared memory). Here the warps share the
+// rows instead: consumer warp w owns TILES tiles of the block's WARPS x TILES, a block covers 16 WARPS TILES
+// weight rows over a slice of K (grid.y), and its x is that slice only. Each warp sums its own tiles: no sums
+// across warps, only across the slices of K (finish_split_with). A stage of the ring holds CHUNK groups of
+// each tile. x comes from quantize_x (the matmul launched early) in step 12's order, so the arithmetic is
+// group_w2a8; a second producer thread has the copy engine bring it once quantize_x is done (the consumers'
+// own loads would queue in L2 behind the weights).
 template <int MT, int WARPS, int TILES, int STAGES, int CHUNK>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1) step13_w2a8_tiles_kernel(
     const uint4 *__restrict__ xq, const uint4 *__restrict__ w, float *__restrict__ z, const float *__restrict__ scale,
