@@ -521,14 +521,19 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
             "what": "step 9, one row of x, against GemLite where it passes our float64 check"}
 
 
-def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
+#: The card the one-line summary gives: every chapter is measured on it, with the course's current code.
+SUMMARY_CARD = "H200"
+
+
+def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
+                     card: str | None = SUMMARY_CARD) -> str:
     """The results page's first table: per chapter (and chapter 05's Triton part, :func:`part_one_line`) the
-    question, the fair headline on each card (one number and a few words) and a link; under it, shown, the numbered
-    notes the cells point to (caveats, the other numbers of a line, and where the cards time different code). A card
-    whose run is not comparable with the other card's shows no ratio; its note says why."""
+    question, the fair headline on ``card`` (every card with None: one number and a few words) and a link; under
+    it, shown, the numbered notes the cells point to (caveats, the other numbers of a line, and where the cards time
+    different code). A card whose run is not comparable with the other card's shows no ratio; its note says why."""
     link = link or (lambda nb: nb)
     found = headlines(root)
-    names = list(dict.fromkeys(n for h in found for n in h["cells"]))
+    names = [n for n in dict.fromkeys(n for h in found for n in h["cells"]) if card is None or n == card]
     lines = ["| chapter | the question | the fair headline: ours against the strongest rival | "
              + " | ".join(names) + " | notes |", "|" + "---|" * (4 + len(names))]
     numbered: list[str] = []
@@ -542,13 +547,28 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {what} | "
                      + " | ".join(cells.get(n, NOT_MEASURED) for n in names) + " | " + (", ".join(refs) or "–") + " |")
 
+    def one_card(h: dict[str, Any]) -> dict[str, Any]:
+        """``h`` for the single card shown: a cell that says "the same" as another card's (chapter 01, counted on the
+        host) takes that card's words, and the notes lose their card's name."""
+        if card is None:
+            return h
+        cells, notes = dict(h["cells"]), {n: list(t) for n, t in h["notes"].items()}
+        first = next(iter(h["cells"]))
+        if cells.get(card, "").startswith("the same"):
+            cells[card], notes[card] = h["cells"][first], notes[first]
+        notes[card] = [t.removeprefix(f"{card}: ") for t in notes.get(card, [])]
+        return h | {"cells": cells, "notes": notes}
+
+    found = [one_card(h) for h in found]
+    part_one = part_one and one_card(part_one)
     for h in found:
         if h["number"] == 5 and part_one is not None:  # part 1 (Triton) first, as the book reads
             line(f"05. {h['title']}, part 1 (Triton)", part_one["notebook"], part_one["question"], part_one["what"],
                  part_one["cells"], [t for n in names for t in part_one["notes"].get(n, [])])
         title = f"{h['number']:02d}. {h['title']}" + (", part 2 (CUDA C++)" if h["number"] == 5 and part_one else "")
         line(title, h["notebook"], h["question"], h["what"], h["cells"],
-             [t for n in names for t in h["notes"].get(n, [])] + ([h["differs"]] if h["differs"] else []))
+             [t for n in names for t in h["notes"].get(n, [])] + ([h["differs"]] if h["differs"] and len(names) > 1
+                                                                 else []))
     if numbered:
         lines += ["", "Notes:", ""]
         lines += [f"{i}. {text[0].upper() + text[1:]}." for i, text in enumerate(numbered, 1)]
