@@ -130,10 +130,10 @@ def test_probability_space_rescaling_breaks_on_long_blank_heavy_input():
         torch.testing.assert_close(grad64, ref_grad, rtol=0, atol=1e-9)
         if breaks:
             assert torch.isinf(prob32).all() and torch.isinf(estimate).all(), prob32
-            assert ctc.untrusted(estimate, prob32, [T, T], lists).all()
+            assert ctc.reference.untrusted(estimate, prob32, [T, T], lists).all()
         else:
             torch.testing.assert_close(prob32.double(), ref, rtol=1e-5, atol=0)
-            assert not ctc.wrong_utterances(prob32, grad32, ref, ref_grad).any()
+            assert not ctc.reference.wrong_utterances(prob32, grad32, ref, ref_grad).any()
 
 
 def test_probability_space_model_matches_the_reference_where_nothing_underflows(rng):
@@ -144,10 +144,11 @@ def test_probability_space_model_matches_the_reference_where_nothing_underflows(
     ref_loss, ref_grad = ctc.reference_ctc(x, targets, il, tl)
     loss, grad, estimate = ctc.probability_space_ctc(x, targets, il, tl)
     feasible = torch.isfinite(ref_loss)
-    assert (estimate[feasible] < ctc.UNDERFLOW_TOLERANCE).all(), estimate
+    assert (estimate[feasible] < ctc.reference.UNDERFLOW_TOLERANCE).all(), estimate
     assert torch.isinf(loss[~feasible]).all() and torch.isinf(estimate[~feasible]).all()
-    assert not ctc.wrong_utterances(loss, grad, ref_loss, ref_grad).any()
-    assert not ctc.untrusted(estimate, loss, il, [targets[i, :l].numpy() for i, l in enumerate(tl.tolist())]).any()
+    assert not ctc.reference.wrong_utterances(loss, grad, ref_loss, ref_grad).any()
+    lists = [targets[i, :l].numpy() for i, l in enumerate(tl.tolist())]
+    assert not ctc.reference.untrusted(estimate, loss, il, lists).any()
 
 
 def test_silently_wrong_counts_only_finite_answers_without_nan():
@@ -156,8 +157,8 @@ def test_silently_wrong_counts_only_finite_answers_without_nan():
     loss = torch.tensor([10.0, 11.0, 11.0, math.inf])
     grad = torch.zeros(2, 4, 3)
     grad[0, 2, 0] = math.nan  # utterance 2: wrong and shows it
-    assert ctc.wrong_utterances(loss, grad, ref_loss, ref_grad).tolist() == [False, True, True, False]
-    assert ctc.silently_wrong(loss, grad, ref_loss, ref_grad).tolist() == [False, True, False, False]
+    assert ctc.reference.wrong_utterances(loss, grad, ref_loss, ref_grad).tolist() == [False, True, True, False]
+    assert ctc.reference.silently_wrong(loss, grad, ref_loss, ref_grad).tolist() == [False, True, False, False]
     assert ctc.errors(loss, grad, ref_loss, ref_grad)["silently_wrong"] == 1
 
 
@@ -180,16 +181,17 @@ def test_prepared_slots_list_every_position_once(rng):
 
 
 def test_launch_shapes():
-    assert ctc.default_grain(301) == 3 and ctc.block_threads(301, 3) == 128
-    assert ctc.block_threads(301, 1) == 320 and ctc.block_threads(3, 8) == 32
+    assert ctc.warpctc.default_grain(301) == 3 and ctc.warpctc.block_threads(301, 3) == 128
+    assert ctc.warpctc.block_threads(301, 1) == 320 and ctc.warpctc.block_threads(3, 8) == 32
     assert ctc.warp_grain(3) == 2 and ctc.warp_grain(301) == 10 and ctc.warp_grain(1023) == 32
     with pytest.raises(ValueError, match="one warp"):
         ctc.warp_grain(1025)
-    assert ctc.dram_bytes(150, 256, 5000) == 2 * 4 * 150 * 256 * 5000
-    assert ctc.recursion_warps(301, 4) == 3 and ctc.recursion_warps(301, 2) == 5
-    assert ctc.recursion_warps(1023, 4) == 8 and ctc.recursion_warps(1023, 2) == 16 and ctc.recursion_warps(3, 4) == 1
+    assert ctc.report.dram_bytes(150, 256, 5000) == 2 * 4 * 150 * 256 * 5000
+    assert ctc.fused.recursion_warps(301, 4) == 3 and ctc.fused.recursion_warps(301, 2) == 5
+    warps = ctc.fused.recursion_warps
+    assert warps(1023, 4) == 8 and warps(1023, 2) == 16 and warps(3, 4) == 1
     with pytest.raises(ValueError, match="at most"):
-        ctc.recursion_warps(1100, 2)
+        ctc.fused.recursion_warps(1100, 2)
 
 
 def test_bank_conflict_model():
@@ -267,20 +269,20 @@ def test_bad_call_options_are_named():
     with pytest.raises(ValueError, match="positions per lane"):
         ctc.recursion_name(7)
     with pytest.raises(ValueError, match="steps 8 and 9"):
-        ctc.fused_kernel_names(7, 10, "branch-free")
+        ctc.fused.fused_kernel_names(7, 10, "branch-free")
     with pytest.raises(ValueError, match="steps 8 and 9"):
-        ctc.fused_kernel_names(10, 4, "branch-free")
+        ctc.fused.fused_kernel_names(10, 4, "branch-free")
     with pytest.raises(ValueError, match=r"grain must be one of \(2, 4\) for step 10"):
         ctc.step10_warps_per_direction(x, batch, grain=3)
     with pytest.raises(ValueError, match="positions per thread"):
-        ctc.fused_kernel_names(10, 3)
+        ctc.fused.fused_kernel_names(10, 3)
     with pytest.raises(TypeError, match="out_estimate must be float32"):
         ctc.step06_probability_space(x, batch, out_estimate=torch.empty(2, dtype=torch.float64))
 
 
 def test_the_final_step_is_the_entry_point():
     assert ctc.CHAPTER.final.function is ctc.step10_warps_per_direction
-    assert ctc.FINAL_STEP == 10 and [s.series for s in ctc.CHAPTER.steps][:2] == ["step01", "step02"]
+    assert ctc.CHAPTER.final.number == 10 and [s.series for s in ctc.CHAPTER.steps][:2] == ["step01", "step02"]
     assert ctc.CHAPTER.label("step06") == "step06_probability_space"
 
 
@@ -348,21 +350,22 @@ def test_template_instances_of_steps_5_to_7_compile(blocked_kernels):
 @pytest.fixture(scope="module")
 def recursions_at_v10():
     """Step 7's recursion and step 8's (every option) for 32 x 10 positions, the benchmark's usual size."""
-    return ctc.compile_step(7, grains=[10]), ctc.compile_step(8, grains=[10], recursions=list(ctc.RECURSION_OPTIONS))
+    options = list(ctc.fused.RECURSION_OPTIONS)
+    return ctc.compile_step(7, grains=[10]), ctc.compile_step(8, grains=[10], recursions=options)
 
 
 def test_steps_8_to_10_compile_without_spills(recursions_at_v10):
     _, eight = recursions_at_v10
     report = eight.ptxas_report()
-    names = [ctc.recursion_name(10, option) for option in ctc.RECURSION_OPTIONS]
+    names = [ctc.recursion_name(10, option) for option in ctc.fused.RECURSION_OPTIONS]
     assert {eight.lowered_names[n] for n in names} <= set(report)
     report.update(ctc.compile_step(9).ptxas_report())
     assert {"ctc_stats_softmax", "ctc_target_grad"} <= set(report)
-    ten = ctc.compile_step(10, grains=ctc.BLOCK_GRAINS)
+    ten = ctc.compile_step(10, grains=ctc.fused.BLOCK_GRAINS)
     report.update(ten.ptxas_report())
-    assert {ten.lowered_names[f"ctc_warps_recursion<{v}>"] for v in ctc.BLOCK_GRAINS} <= set(report)
+    assert {ten.lowered_names[f"ctc_warps_recursion<{v}>"] for v in ctc.fused.BLOCK_GRAINS} <= set(report)
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in report.values()), report
-    ptx = {option: eight.ptx_function(ctc.recursion_name(10, option)) for option in ctc.RECURSION_OPTIONS}
+    ptx = {option: eight.ptx_function(ctc.recursion_name(10, option)) for option in ctc.fused.RECURSION_OPTIONS}
     assert "ex2.approx.ftz.f32" not in ptx["branch-free"] and "redux.sync" not in ptx["branch-free"]
     assert "ex2.approx.ftz.f32" in ptx["+ ftz ex2/lg2"] and "redux.sync" not in ptx["+ ftz ex2/lg2"]
     assert "ex2.approx.ftz.f32" in ptx["+ redux max"] and "redux.sync" in ptx["+ redux max"]
@@ -375,8 +378,9 @@ def test_branch_free_recursion_has_no_divergent_regions_per_frame(recursions_at_
         pytest.skip("nvdisasm is not available (neither on the PATH nor in Triton's wheel)")
     seven, eight = recursions_at_v10
     old = book_compiled.sass_counts(seven, ["ctc_fused_recursion<10>"])[0]
-    rows = book_compiled.sass_counts(eight, [ctc.recursion_name(10, o) for o in ctc.RECURSION_OPTIONS])  # one disassembly
-    new = dict(zip(ctc.RECURSION_OPTIONS, rows))
+    options = ctc.fused.RECURSION_OPTIONS
+    rows = book_compiled.sass_counts(eight, [ctc.recursion_name(10, o) for o in options])  # one disassembly
+    new = dict(zip(ctc.fused.RECURSION_OPTIONS, rows))
     frames = 2 * 4  # two directions, four frames unrolled
     # the set-up (skip flags) has the same regions in both; step 7 adds one per label position of
     # every unrolled frame (5 labels per lane at V = 10), step 8 none: unrolling twice as many
@@ -392,7 +396,7 @@ def test_branch_free_recursion_has_no_divergent_regions_per_frame(recursions_at_
 
 
 #: Frames unrolled per direction relative to the default (the prefetch distance sets the unrolling).
-RECURSION_PREFETCH_SCALE = {o: ctc.RECURSION_OPTIONS[o][0] // 4 for o in ctc.RECURSION_OPTIONS}
+RECURSION_PREFETCH_SCALE = {o: ctc.fused.RECURSION_OPTIONS[o][0] // 4 for o in ctc.fused.RECURSION_OPTIONS}
 
 
 # --------------------------------------------------------------------------------------
@@ -446,7 +450,7 @@ def test_edge_cases_on_gpu(step, zero_infinity, rng):
 ])  # every grain where the index arithmetic is most intricate (blocked); a few elsewhere (NVRTC time)
 def test_grain_sizes_on_gpu(step, blocked, grains, rng):
     x, targets, il, tl = random_case(rng, 40, 4, 11, max_target=30)
-    ctc.preload_blocked(step, grains, (blocked,))
+    ctc.warpctc.preload_blocked(step, grains, (blocked,))
     for grain in grains:
         _check_against_reference(x, targets, il, tl, step, grain=grain, blocked=blocked)
 
@@ -524,7 +528,7 @@ def test_rescaling_fails_where_log_space_holds_on_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recursion", list(ctc.RECURSION_OPTIONS))
+@pytest.mark.parametrize("recursion", list(ctc.fused.RECURSION_OPTIONS))
 def test_recursion_options_on_gpu(recursion, rng):
     """Every option of the branch-free recursion, in both steps that use it, on awkward sizes:
     repeated labels (skips masked), up to 81 positions (several per lane), varied input lengths,
@@ -537,13 +541,13 @@ def test_recursion_options_on_gpu(recursion, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("grain", ctc.BLOCK_GRAINS)
+@pytest.mark.parametrize("grain", ctc.fused.BLOCK_GRAINS)
 def test_block_recursion_on_gpu(grain, rng):
     """Step 10 with several warps per direction: targets long enough for 2 to 5 warps, repeated
     labels, varied input lengths (some targets too long for their input), both zero_infinity modes."""
     x, targets, il, tl = random_case(rng, 160, 6, 11, max_target=150, repeats=True)
     tl[0], il[0] = 150, 160  # 301 positions: 3 warps at 4 per thread, 5 at 2
-    assert ctc.recursion_warps(2 * int(tl.max()) + 1, grain) >= 3
+    assert ctc.fused.recursion_warps(2 * int(tl.max()) + 1, grain) >= 3
     for zero_infinity in (False, True):
         _check_against_reference(x, targets, il, tl, 10, zero_infinity=zero_infinity, grain=grain)
     x, targets, il, tl = random_case(rng, 90, 4, 4000, max_target=80)
@@ -557,7 +561,7 @@ def test_agrees_with_both_torch_paths_on_gpu(rng):
     x = torch.randn(50, 6, 29, generator=gen).cuda()
     tl = [len(l) for l in lists]
     ours, our_grad = ctc.ctc_loss(x, ctc.padded(lists).cuda(), [50] * 6, tl)
-    for targets in (ctc.concatenated(lists, torch.int32), ctc.padded(lists).cuda()):  # cuDNN, native
+    for targets in (ctc.peers.concatenated(lists, torch.int32), ctc.padded(lists).cuda()):  # cuDNN, native
         loss, grad = torch_ctc(x, targets, [50] * 6, tl)
         # torch's float32 gradient is itself only ~1e-4 accurate: this is a sanity check, the
         # strict comparison is against the float64 reference above
@@ -570,17 +574,17 @@ def test_probability_space_flags_the_finite_wrong_loss_it_returns():
     finite loss far from float64, no inf and no NaN in the loss. The CPU model of step 6's arithmetic
     reproduces it, and its error estimate must flag every utterance whose answer is off."""
     gen = torch.Generator().manual_seed(0)
-    x, lists = ctc.long_inputs(1100, 6, 28, gen, "cpu")
+    x, lists = ctc.report.long_inputs(1100, 6, 28, gen, "cpu")
     targets, tl = ctc.padded(lists), [len(l) for l in lists]
     ref_loss, ref_grad = ctc.reference_ctc(x, targets, [1100] * 6, tl)
     loss, grad, estimate = ctc.probability_space_ctc(x, targets, [1100] * 6, tl)
     assert loss.dtype == grad.dtype == torch.float32
-    wrong = ctc.wrong_utterances(loss, grad, ref_loss, ref_grad)
+    wrong = ctc.reference.wrong_utterances(loss, grad, ref_loss, ref_grad)
     finite_wrong = wrong & torch.isfinite(loss)
     assert finite_wrong.any(), "the reproduction lost its finite wrong loss"
-    assert (estimate[wrong] > ctc.UNDERFLOW_TOLERANCE).all(), (estimate, wrong)
-    assert ctc.untrusted(estimate, loss, [1100] * 6, lists).tolist() == \
-        (estimate > ctc.UNDERFLOW_TOLERANCE).tolist()
+    assert (estimate[wrong] > ctc.reference.UNDERFLOW_TOLERANCE).all(), (estimate, wrong)
+    assert ctc.reference.untrusted(estimate, loss, [1100] * 6, lists).tolist() == \
+        (estimate > ctc.reference.UNDERFLOW_TOLERANCE).tolist()
 
 
 @pytest.mark.gpu
@@ -590,7 +594,7 @@ def test_probability_space_kernel_flags_every_answer_it_gets_wrong():
     flagged by its estimate, and the estimate agrees with the CPU model's where the model is right."""
     gen = torch.Generator().manual_seed(3)
     seen_finite_wrong = False
-    for name, x, lists in ctc.stress_set(gen, "cpu"):
+    for name, x, lists in ctc.report.stress_set(gen, "cpu"):
         T, N, A = x.shape
         targets, tl = ctc.padded(lists), [len(l) for l in lists]
         ref_loss, ref_grad = ctc.reference_ctc(x, targets, [T] * N, tl)
@@ -598,9 +602,9 @@ def test_probability_space_kernel_flags_every_answer_it_gets_wrong():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loss, grad = ctc.step06_probability_space(x.cuda(), targets.cuda(), [T] * N, tl, out_estimate=estimate)
-        wrong = ctc.wrong_utterances(loss, grad, ref_loss, ref_grad)
+        wrong = ctc.reference.wrong_utterances(loss, grad, ref_loss, ref_grad)
         batch = ctc.prepare_targets(targets, [T] * N, tl, num_classes=A, max_time=T, device="cuda")
-        flagged = ctc.untrusted_answers(loss, estimate, batch)
+        flagged = ctc.warpctc.untrusted_answers(loss, estimate, batch)
         assert not (estimate == SENTINEL).any(), name
         assert not (wrong & ~flagged).any(), (name, wrong, estimate)
         seen_finite_wrong |= bool((wrong & torch.isfinite(loss.cpu())).any())
@@ -615,12 +619,12 @@ def test_default_entry_point_is_never_silently_wrong_on_the_stress_set():
     """ctc_loss (the final step, log space) on every input of the chapter's stress set: the reference's
     answer within the tolerances, so no silently wrong finite loss."""
     gen = torch.Generator().manual_seed(3)
-    for name, x, lists in ctc.stress_set(gen, "cpu"):
+    for name, x, lists in ctc.report.stress_set(gen, "cpu"):
         T, N, A = x.shape
         targets, tl = ctc.padded(lists), [len(l) for l in lists]
         loss, grad = ctc.ctc_loss(x.cuda(), targets.cuda(), [T] * N, tl)
         ref_loss, ref_grad = ctc.reference_ctc(x.cuda(), targets, [T] * N, tl)
-        assert not ctc.wrong_utterances(loss, grad, ref_loss, ref_grad).any(), name
+        assert not ctc.reference.wrong_utterances(loss, grad, ref_loss, ref_grad).any(), name
         assert ctc.errors(loss, grad, ref_loss, ref_grad)["silently_wrong"] == 0
 
 

@@ -77,8 +77,8 @@ def _fake_log_probs(T, N, A, device="cuda", dtype=torch.float32):
 
 
 def test_the_cudnn_rule_as_aten_states_it():
-    assert ctc.cudnn_eligible([50, 50, 50], [255, 3, 50], 50).tolist() == [False, True, True]
-    assert ctc.cudnn_eligible([40, 50], [3, 51], 50).tolist() == [False, False]  # short input; too long
+    assert ctc.peers.cudnn_eligible([50, 50, 50], [255, 3, 50], 50).tolist() == [False, True, True]
+    assert ctc.peers.cudnn_eligible([40, 50], [3, 51], 50).tolist() == [False, False]  # short input; too long
     ok = dict(log_probs=_fake_log_probs(50, 2, 7), targets=torch.tensor([1, 2, 3], dtype=torch.int32),
               input_lengths=(50, 50), target_lengths=(2, 1))
     assert peers.takes_cudnn_path(**ok, cudnn_enabled=True)
@@ -99,7 +99,7 @@ def test_outcomes_split_every_possible_utterance_once():
     loss = torch.tensor([10.0, math.inf, 10.0, 10.0 + 1e-4, 10.1, math.inf])
     grad = ref_grad.float().clone()
     grad[0, 2, 1] = math.nan  # finite loss, NaN gradient
-    counts = ctc.outcomes(loss, grad, ref_loss, ref_grad)
+    counts = ctc.reference.outcomes(loss, grad, ref_loss, ref_grad)
     assert counts == {"utterances": 6, "impossible": 1, "infinite": 1, "nan": 1, "finite_wrong": 2, "far": 1,
                       "right": 1}
     assert counts["infinite"] + counts["nan"] + counts["finite_wrong"] + counts["right"] == 5
@@ -111,10 +111,10 @@ def test_outcomes_split_every_possible_utterance_once():
 
 def test_the_benchmark_grids_and_settings():
     for quick in (False, True):
-        grid = ctc.grids(quick)
+        grid = ctc.report.grids(quick)
         assert set(grid["lesson"]) <= set(grid["main"])  # steps 1 to 6 run inside the main loop
         assert {A for A, _ in grid["main"]} == set(ctc.BENCH_A)
-    assert len(ctc.grids()["main"]) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
+    assert len(ctc.report.grids()["main"]) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
     assert report.graph_settings(0.01) == {"min_calls": 60, "reps": report.GRAPH_REPS}
     assert report.graph_settings(4.0)["min_calls"] == 2 and report.graph_settings(4.0)["reps"] < report.GRAPH_REPS
     assert report.host_calls(0.01) == 200 and report.host_calls(5.0) == 5
@@ -210,7 +210,7 @@ def new_results(tmp_path, *, cudnn_loses: bool):
                      {**_row("torch-best", 0.2 * N ** 0.5, role="baseline", **p), "picked": "torch-cuDNN"}]
             rows += [{**_row(s.series, 0.05 * N ** 0.5 * (11 - s.number), **p), "loss_rel": 1e-7, "grad_rel": 1e-6,
                       "mismatched": 0, "infinite_losses": 0, "silently_wrong": 0} for s in ctc.CHAPTER.steps]
-    for T in ctc.STRESS_T:
+    for T in ctc.report.STRESS_T:
         for s in ctc.CHAPTER.steps[4:]:
             rows.append({**_row(f"stress {s.series}", 0.1, T=T, N=8, A=28, inputs="blank-heavy"),
                          "loss_rel": 1e-7 if s.number != 6 or T < 200 else math.inf,
@@ -288,7 +288,7 @@ def test_the_answer_to_the_blog_posts_question_follows_the_counts(tmp_path, cudn
     assert ("supports the hypothesis" in verdict["text"]) is cudnn_loses
     assert ("does not work in plain float32 probability space" in verdict["text"]) is not cudnn_loses
     cases = lesson.cudnn_cases(new_results(tmp_path, cudnn_loses=cudnn_loses))
-    assert [c["T"] for c in cases] == list(ctc.STRESS_T)
+    assert [c["T"] for c in cases] == list(ctc.report.STRESS_T)
     assert all(c["lost"]["step06"] == (8 if c["T"] >= 200 else 0) for c in cases)
     assert all(c["lost"]["torch-cuDNN"] == (8 if cudnn_loses and c["T"] >= 200 else 0) for c in cases)
 
@@ -302,7 +302,7 @@ def test_the_answer_is_pending_on_a_file_without_the_comparison():
 def test_capture_probe_answers_for_every_torch_call():
     """Without a GPU the probe still answers (not capturable, with the reason); on a GPU it says which calls
     a graph can hold."""
-    found = ctc.capturable()
+    found = ctc.peers.capturable()
     assert set(found) == set(peers.TORCH_SERIES)
     for ok, why in found.values():
         assert isinstance(ok, bool) and (ok or why)
@@ -356,7 +356,7 @@ def test_plan_replays_in_a_cuda_graph_over_changing_inputs(step, rng):
         assert loss.data_ptr() == plan.loss.data_ptr() and not (loss == SENTINEL).any()
         assert not (grad == SENTINEL).any()
         if step == 6:  # probability space may lose an answer, never silently: the estimate flags it
-            wrong = ctc.wrong_utterances(loss, grad, ref_loss, ref_grad)
+            wrong = ctc.reference.wrong_utterances(loss, grad, ref_loss, ref_grad)
             assert not (wrong & ~plan.untrusted()).any(), max_target
             plan.set_targets(targets, il, tl)  # new targets, no replay yet: the old answer is not theirs
             with pytest.raises(ValueError, match="has not been called"):
@@ -400,8 +400,9 @@ def test_torch_takes_the_paths_the_benchmark_names(rng):
     x = torch.randn(T, 3, A, generator=rng).cuda()
     log_probs = x.log_softmax(2)
     lengths = tuple(len(l) for l in lists)
-    for targets, il in ((ctc.concatenated(lists), (T,) * 3), (ctc.concatenated(lists), (T, T - 1, T)),
-                        (ctc.concatenated(lists).long(), (T,) * 3), (ctc.concatenated(lists).cuda(), (T,) * 3),
+    flat = ctc.peers.concatenated
+    for targets, il in ((flat(lists), (T,) * 3), (flat(lists), (T, T - 1, T)),
+                        (flat(lists).long(), (T,) * 3), (flat(lists).cuda(), (T,) * 3),
                         (ctc.padded(lists).int(), (T,) * 3)):
         assert bool(torch._use_cudnn_ctc_loss(log_probs, targets, il, lengths, 0)) == \
             peers.takes_cudnn_path(log_probs, targets, il, lengths), (targets.dtype, targets.device, il)

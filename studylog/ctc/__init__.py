@@ -1,61 +1,34 @@
 """Chapter 4: CTC loss and its gradient with respect to the activations, in CUDA C++.
 
-The operation is warp-ctc's and cuDNN's: activations (pre-softmax logits) ``(T, N, A)``, one target label sequence
-per utterance, input and target lengths, blank = 0; out come the loss per utterance ``loss[N]`` and the gradient of
-``loss.sum()`` with respect to the activations ``grad[T, N, A]`` (softmax included).
+Activations (pre-softmax logits) ``(T, N, A)``, one target label sequence per utterance, input and target lengths,
+blank = 0; out come ``loss[N]`` and the gradient of ``loss.sum()`` with respect to the activations (softmax
+included). Ten steps ``stepNN_<slug>`` with the same arguments: steps 1 to 6 (``warpctc``) follow warp-ctc's
+design, step 6 being the probability-space counterexample; steps 7 to 10 (``fused``) never write the softmax out
+and run alpha and beta side by side. :func:`ctc_loss` runs step 8 or 10, as ``fused.final_step`` picks.
 
-Ten steps, each a public function ``stepNN_<slug>`` with the same arguments (``CHAPTER.steps`` lists them; each
-one's docstring says what it changes): steps 1 to 6 (``warpctc``) follow warp-ctc's design, a softmax kernel, then
-one block per utterance for alpha and one for beta and the gradient (``__restrict__``, ``__ldg``, register
-blocking, shared rows; step 6 is the probability-space counterexample, which estimates its own underflow and
-warns); steps 7 to 10 (``fused``) never write the softmax out and run alpha and beta side by side, one warp (steps
-7 to 9) or a block of warps (step 10) per direction. :func:`ctc_loss` is the chapter's result: step 8 or 10, as
-:func:`~studylog.ctc.fused.final_step` picks for the shape.
-
-Every log-space step renormalises its rows by their maximum at every frame (the loss adds the maxima up in float64)
-and divides each frame's posterior by its own sum: plain float32 log space loses about 1e-4 of relative accuracy
-in the gradient at T = 150, the whole error budget. Targets are validated and packed once per batch by
-:func:`prepare_targets`; with prepared targets every step can be captured in a CUDA graph (step 6 with
-``warn=False``), and :class:`CTCPlan` replays one graph over changing batches.
-
-Modules: ``targets`` (formats and checks), ``reference`` (float64 reference, the CPU model of step 6, errors),
-``warpctc``, ``fused``, ``plan``, ``compiled`` (NVRTC's output for a step), ``peers`` (torch's two paths),
-``report`` (benchmark), ``results`` (headline); CUDA sources in ``csrc/``. Figures, tables and exercises are the
-book's (``book.ctc``).
+Every log-space step renormalises its rows by their maximum at every frame and divides each frame's posterior by
+its own sum: plain float32 log space loses about 1e-4 of relative accuracy in the gradient at T = 150, the whole
+error budget.
 """
 
 from __future__ import annotations
 
 from studylog import runtime  # noqa: F401  (runtime: GPU or interpreter is chosen first)
 from studylog.chapter import Chapter, Step
+from studylog.paths import chapter_csrc
 from studylog.ctc import report, results
 from studylog.ctc.compiled import compile_step
-from studylog.ctc.fused import (BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, MAX_RECURSION_WARPS,
-                                RECURSION_OPTIONS, WARP_GRAINS, ctc_loss, fused_kernel_names, preload_fused,
-                                recursion_name, recursion_warps, step07_fused_softmax, step08_branch_free,
+from studylog.ctc.fused import (DEFAULT_RECURSION, ctc_loss, recursion_name, step07_fused_softmax, step08_branch_free,
                                 step09_two_passes, step10_warps_per_direction, warp_grain)
-from studylog.ctc.peers import (CUDNN_TARGET_LIMIT, capturable, concatenated, cudnn_eligible, padded,
-                                takes_cudnn_path)
+from studylog.ctc.peers import padded, takes_cudnn_path
 from studylog.ctc.plan import CTCPlan
-from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, UNDERFLOW_TOLERANCE, errors,
-                                    outcomes, probability_space_ctc, reference_ctc, silently_wrong,
-                                    untrusted, wrong_utterances)
-from studylog.ctc.report import (BENCH_A, BENCH_N, BENCH_T, LESSON_N, LONG_T, STRESS_A, STRESS_N, STRESS_T,
-                                 dram_bytes, grids, kernel_times_us, long_inputs, random_targets,
-                                 stress_inputs, stress_set)
-from studylog.ctc.targets import (BLANK, MAX_TARGET_LENGTH, CTCTargets, min_frames, prepare_targets,
-                                  validate_lengths)
-from studylog.ctc.warpctc import (GRAIN_SIZES, UnderflowWarning, block_threads, default_grain,
-                                  kernel_names, preload_blocked, step01_baseline, step02_restrict, step03_ldg,
-                                  step04_register_blocking, step05_shared_rows, step06_probability_space,
-                                  untrusted_answers)
+from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, errors, probability_space_ctc,
+                                    reference_ctc)
+from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, random_targets, stress_inputs
+from studylog.ctc.targets import BLANK, MAX_TARGET_LENGTH, CTCTargets, min_frames, prepare_targets
+from studylog.ctc.warpctc import (GRAIN_SIZES, UnderflowWarning, kernel_names, step01_baseline, step02_restrict,
+                                  step03_ldg, step04_register_blocking, step05_shared_rows, step06_probability_space)
 from studylog.ctc import ops  # the entry point as a torch.library operator (torch.ops.studylog)
-
-
-def _csrc(name: str):
-    from studylog import paths
-
-    return paths.chapter_csrc("ctc") / f"{name}.cu"
 
 
 #: What each step changes (the chapter's table of steps), by its function ``stepNN_<slug>``.
@@ -85,7 +58,7 @@ def _step(function, title: str) -> Step:
     """The step of ``function`` (``stepNN_<slug>``: its number and slug) with its title and shown kernel."""
     number, slug = function.__name__.removeprefix("step").split("_", 1)
     source, kernel = _SHOWN[int(number)]
-    return Step(int(number), slug, title, "cuda", function, _csrc(source), kernel)
+    return Step(int(number), slug, title, "cuda", function, chapter_csrc("ctc") / f"{source}.cu", kernel)
 
 
 CHAPTER = Chapter(
@@ -104,11 +77,7 @@ CHAPTER = Chapter(
     },
 )
 
-#: The last step: what the chapter's headline and targets are measured on (``ctc_loss`` runs it).
-FINAL_STEP = CHAPTER.final.number
-
-#: What a reader imports after the chapter: the entry point, its plan, the steps, the formats, the references and
-#: torch's rule. Everything else imported above stays reachable here and by its module.
+#: What a reader imports after the chapter; the benchmark's and the book's names above stay reachable too.
 __all__ = [
     "CHAPTER", "ops", "ctc_loss", "CTCPlan",
     "step01_baseline", "step02_restrict", "step03_ldg", "step04_register_blocking", "step05_shared_rows",

@@ -1,5 +1,4 @@
-"""What NVRTC makes of each step's own ``.cu`` file (runs on the CPU: NVRTC needs no GPU). The book reads its PTX
-loads, ptxas' registers and spills and the SASS opcode counts (``book.ctc.compiled``)."""
+"""What NVRTC makes of each step's own ``.cu`` file (on the CPU: NVRTC needs no GPU)."""
 
 from __future__ import annotations
 
@@ -11,10 +10,8 @@ from studylog.ctc import fused, warpctc
 
 def compile_step(step: int, *, grains: Sequence[int] = (), layouts: Sequence[bool] = (False,),
                  recursions: Sequence[str | None] = (None,), arch: str = cuda.DEFAULT_ARCH) -> cuda.CompiledSource:
-    """NVRTC output (PTX, cubin, ptxas report) of the ``.cu`` file that holds step ``step``'s own kernels
-    (steps 2 and 3 share one; steps 4 and 5 another; steps 8 and 10 launch step 7's and 9's passes from
-    those steps' files), with the requested grain sizes of steps 4 to 6 (in the ``layouts``), positions
-    per lane of steps 7 and 8 (with the recursion options ``recursions`` of step 8) or per thread of step 10."""
+    """NVRTC output (PTX, cubin, ptxas report) of the ``.cu`` file that holds step ``step``'s own kernels, with the
+    requested ``grains`` of steps 4 to 10 (``layouts`` of steps 4 to 6, ``recursions`` of steps 8 and 9)."""
     if step in (1, 2, 3):  # steps 2 and 3: both instances of the file's templates
         names = [n for s in ((2, 3) if step > 1 else (1,)) for n in warpctc.kernel_names(s) if "<" in n]
         return cuda.compile_source(warpctc.SOURCES[step], arch=arch, name_expressions=names)

@@ -1,15 +1,6 @@
-"""The latency floor of chapter 4's recursion: a kernel that runs only its chain of dependent frames.
-
-Alpha and beta each take T frames one after another: every state of a frame needs the previous frame's values at
-s, s - 1 and s - 2. :func:`chain_floor` launches ``ctc_chain_floor`` (``csrc/ctc_chain_floor.cu``): one block whose
-threads hold :data:`CHAIN_GRAIN` states each in registers, as the final steps do, and for ``frames`` frames take
-the three-term (label) or two-term (blank) log-sum-exp of the old values, add a per-state constant
-(:func:`chain_constant`) and pass their last value on by a warp shuffle (and, past one warp, through shared
-memory with one barrier a frame). No emissions are loaded, no rows stored, no maximum taken: its GPU time is a
-lower bound of any kernel that runs ``frames`` frames of the recursion over ``states`` states
-(``python -m studylog bench tails`` records it at the latency-bound case). :func:`chain_reference` is the same
-recursion in float64 on the CPU.
-"""
+"""The latency floor of chapter 4's recursion: ``csrc/ctc_chain_floor.cu`` runs only its chain of dependent frames
+(no emissions, no rows stored, no maximum), so its GPU time is a lower bound of any kernel that runs ``frames``
+frames of the recursion over ``states`` states. :func:`chain_reference` is the same recursion in float64."""
 
 from __future__ import annotations
 
@@ -62,10 +53,9 @@ def _check(frames, states) -> tuple[int, int]:
 
 
 def chain_floor(frames: int, states: int, *, device="cuda", out: Tensor | None = None) -> Tensor:
-    """Run ``frames`` dependent frames of the recursion over ``states`` states in one block; returns ``out`` (float32,
-    ``(states,)``), the values after the last frame (:func:`chain_reference` computes them). ``frames`` >= 1,
-    1 <= ``states`` <= :data:`MAX_CHAIN_STATES` (one block of 1024 threads); a bad one is a ValueError naming it.
-    With ``out`` given (on ``device``) a call allocates nothing and never synchronises: a CUDA graph can capture it."""
+    """Run ``frames`` dependent frames of the recursion over ``states`` (<= :data:`MAX_CHAIN_STATES`) states in one
+    block; returns ``out`` (float32, ``(states,)``), the values after the last frame. With ``out`` given a call
+    allocates nothing and never synchronises (graph-safe)."""
     frames, states = _check(frames, states)
     device = torch.device(device)
     if device.type != "cuda":

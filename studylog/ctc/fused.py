@@ -1,10 +1,6 @@
-"""Steps 7 to 10 of chapter 4: the softmax is never written out.
-
-A first pass computes each frame's log-sum-exp and the emissions of the target's labels; alpha and beta run
-at the same time, one warp (steps 7 to 9) or one block of warps (step 10) per utterance and direction, from
-those emissions; a last pass writes ``softmax - posterior`` from the activations (steps 7, 8), or only
-corrects the target's classes of the softmax that the first pass wrote (steps 9, 10).
-"""
+"""Steps 7 to 10 of chapter 4: a first pass writes each frame's log-sum-exp and the target's emissions, alpha and
+beta run side by side (a warp, or for step 10 a block of warps, per direction), and a last pass writes ``softmax -
+posterior`` (steps 9 and 10: corrects the softmax the first pass wrote)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ import math
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from studylog import cuda
+from studylog import checks, cuda
 from studylog.ctc.launch import kernels, prepare_call, workspace_addresses, workspace_bytes
 from studylog.ctc.targets import CTCTargets
 
@@ -27,9 +23,7 @@ RECURSION_OPTIONS: dict[str, tuple[int, bool, bool]] = {
     "+ redux max": (4, True, True),
     "+ prefetch 8": (8, True, True),
 }
-#: The options steps 8 and 9 use unless told otherwise: the branch-free recursion with the fast ex2/lg2
-#: approximations (flush-to-zero is exact enough here: the values are log-probabilities far from the denormals).
-#: The sweep of the options, and which one was fastest on which card, is in lab/ctc (its README).
+#: The options steps 8 and 9 use unless told otherwise (flush-to-zero is exact enough for log-probabilities).
 DEFAULT_RECURSION = "+ ftz ex2/lg2"
 #: Positions per thread compiled for step 10's block recursion, and the one it uses by default.
 BLOCK_GRAINS = (2, 4)
@@ -63,14 +57,14 @@ def warp_grain(max_positions: int) -> int:
     raise ValueError(f"{max_positions} positions do not fit one warp (at most {32 * WARP_GRAINS[-1]})")
 
 
+def check_recursion(recursion: str | None) -> str | None:
+    return recursion if recursion is None else checks.check_choice("recursion", recursion, sorted(RECURSION_OPTIONS))
+
+
 def recursion_name(v: int, option: str | None = None) -> str:
     """Name expression of the branch-free recursion (steps 8 and 9) with ``v`` positions per lane."""
-    option = DEFAULT_RECURSION if option is None else option
-    if option not in RECURSION_OPTIONS:
-        raise ValueError(f"recursion must be one of {sorted(RECURSION_OPTIONS)}, got {option!r}")
-    if v not in WARP_GRAINS:
-        raise ValueError(f"positions per lane must be one of {WARP_GRAINS}, got {v!r}")
-    prefetch, ftz, redux = RECURSION_OPTIONS[option]
+    prefetch, ftz, redux = RECURSION_OPTIONS[check_recursion(option) or DEFAULT_RECURSION]
+    checks.check_choice("positions per lane", v, WARP_GRAINS)
     return f"ctc_branchless_recursion<{v}, {prefetch}, {str(ftz).lower()}, {str(redux).lower()}>"
 
 
@@ -102,8 +96,7 @@ def _load(names) -> list:
 
 
 def preload_fused(step: int, grains, recursions=(None,)) -> None:
-    """Compile the positions per lane ``grains`` of steps 7 to 10 (with the ``recursions`` of steps 8
-    and 9), one NVRTC call per source."""
+    """Compile ``grains`` of steps 7 to 10 (with the ``recursions`` of steps 8 and 9), one NVRTC call per source."""
     names = list(dict.fromkeys(n for v in grains for option in recursions for n in fused_kernel_names(step, v, option)))
     for source in dict.fromkeys(source_of(n) for n in names):
         kernels(source, [(n, SIGNATURES[n.split("<")[0]]) for n in names if source_of(n) == source])
@@ -118,16 +111,6 @@ def recursion_warps(max_positions: int, grain: int) -> int:
     return warps
 
 
-def _row_threads(num_classes: int) -> int:
-    """Threads of the per-frame blocks of step 7 (a frame of A activations per block)."""
-    return 64 if num_classes <= 512 else 256
-
-
-def _target_threads(max_positions: int) -> int:
-    """Threads of step 9's last pass (a frame's S positions per block; A does not matter)."""
-    return 64 if max_positions <= 256 else 128
-
-
 _LAUNCH: dict[tuple[int, int, str | None], list] = {}
 
 
@@ -140,8 +123,7 @@ def launch_shape(step: int, max_positions: int, grain: int | None = None) -> tup
 
 
 def scratch_sizes(T: int, N: int, label_stride: int, row_stride: int) -> list[int]:
-    """Bytes of each scratch array of steps 7 to 10: row log-sum-exps, emissions, both directions' rows
-    (``row_stride`` positions each) and their offsets."""
+    """Bytes of each scratch array of steps 7 to 10: row log-sum-exps, emissions, both directions' rows, offsets."""
     return [T * N * 4, N * T * (label_stride + 1) * 4, 2 * N * T * row_stride * 4, 2 * N * T * 8]
 
 
@@ -153,8 +135,7 @@ def scratch_bytes(step: int, T: int, N: int, label_stride: int, grain: int | Non
 
 def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
            recursion: str | None, grain: int | None = None, scratch: Tensor | None = None) -> None:
-    """Launch step ``step`` (7 to 10) of the fused kernels on checked inputs: the grid, block and arguments of its
-    kernels (steps 7 to 10 and :class:`~studylog.ctc.plan.CTCPlan` call it; nothing here is checked again)."""
+    """Launch step ``step`` (7 to 10) on checked inputs (nothing here is checked again)."""
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
     v, recursion_threads = launch_shape(step, smax, grain)
@@ -165,7 +146,7 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
         launch = _LAUNCH[key] = _load(fused_kernel_names(step, v, recursion))
     first, warp_recursion, last = launch
     vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
-    threads = _row_threads(A)
+    threads = 64 if A <= 512 else 256  # a frame of A activations per block
     buffer, (row_lse, emissions, rows, row_shift) = workspace_addresses(
         x.device, scratch_sizes(T, N, lmax, row_stride), scratch)
     labels, input_lengths, target_lengths = batch.labels, batch.input_lengths, batch.target_lengths
@@ -178,7 +159,7 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     warp_recursion((N, 2), (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows, row_shift,
                    T, N, lmax)
     if step >= 9:
-        last((T * N,), (_target_threads(smax),), x, row_lse, emissions, rows, row_shift, input_lengths,
+        last((T * N,), (64 if smax <= 256 else 128,), x, row_lse, emissions, rows, row_shift, input_lengths,
              target_lengths, batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad, loss,
              T, N, A, lmax, umax, row_stride, int(zero_infinity))
     else:
@@ -188,19 +169,13 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     del buffer  # queued: the memory may be reused by the next allocation on this stream
 
 
-def check_recursion(recursion: str | None) -> str | None:
-    if recursion is not None and recursion not in RECURSION_OPTIONS:
-        raise ValueError(f"recursion must be one of {sorted(RECURSION_OPTIONS)}, got {recursion!r}")
-    return recursion
-
-
 def step07_fused_softmax(
     activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
     out_grad: Float[Tensor, "t n a"] | None = None,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
-    """Step 7: the softmax is never written out; one warp per utterance and direction runs alpha and beta
-    at the same time, rows in registers. Arguments as :func:`step01_baseline`."""
+    """Step 7: the softmax is never written out; one warp per utterance and direction runs alpha and beta at the
+    same time, rows in registers. Arguments as :func:`step01_baseline`."""
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, zero_infinity, 7, None)
     return loss, grad
@@ -209,8 +184,7 @@ def step07_fused_softmax(
 def step08_branch_free(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                        recursion: str | None = None, out_loss=None, out_grad=None):
     """Step 8: step 7's warp recursion without its divergent branch; ``recursion`` (a key of
-    ``RECURSION_OPTIONS``, ``DEFAULT_RECURSION`` when None) picks its template options. Other arguments
-    as :func:`step01_baseline`."""
+    ``RECURSION_OPTIONS``, ``DEFAULT_RECURSION`` when None) picks its template options."""
     recursion = check_recursion(recursion)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, zero_infinity, 8, recursion)
@@ -229,8 +203,8 @@ def step09_two_passes(activations, targets, input_lengths=None, target_lengths=N
 
 def step10_warps_per_direction(activations, targets, input_lengths=None, target_lengths=None, *,
                                zero_infinity=False, grain: int | None = None, out_loss=None, out_grad=None):
-    """Step 10: step 9 with the recursion spread over a block of warps per direction, ``grain`` positions
-    per thread (one of ``BLOCK_GRAINS``, ``DEFAULT_BLOCK_GRAIN`` when None). Arguments as :func:`step01_baseline`."""
+    """Step 10: step 9 with the recursion spread over a block of warps per direction, ``grain`` positions per
+    thread (one of ``BLOCK_GRAINS``, ``DEFAULT_BLOCK_GRAIN`` when None)."""
     if grain is not None and grain not in BLOCK_GRAINS:
         raise ValueError(f"grain must be one of {BLOCK_GRAINS} for step 10, got {grain!r}")
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
@@ -238,19 +212,16 @@ def step10_warps_per_direction(activations, targets, input_lengths=None, target_
     return loss, grad
 
 
-#: The final entry point's rule (:func:`final_step`): step 10's block of warps per direction pays where many classes
-#: or a mid-size batch keep the GPU busy; with few classes one utterance leaves them waiting on each other, and a
-#: full batch keeps step 8's one warp per direction as busy. The rule must keep the entry point within the spread of
-#: the fastest step at every measured (T, N, A) (the book's ``dispatch_table``).
+#: :func:`final_step`'s rule: step 10's warps per direction pay where many classes or a mid-size batch keep the GPU
+#: busy; with few classes one utterance leaves them waiting on each other, and a full batch (FULL_BATCH or more)
+#: keeps step 8's one warp per direction as busy. It must keep ``ctc_loss`` within the spread of the fastest step.
 SMALL_ALPHABET = 1024
-#: Batches at least this large take step 8 on a small alphabet.
 FULL_BATCH = 256
 
 
 def final_step(max_time: int, batch_size: int, num_classes: int) -> int:
-    """The step :func:`ctc_loss` runs for activations of shape ``(max_time, batch_size, num_classes)``: step 8
-    for an alphabet of at most :data:`SMALL_ALPHABET` classes with one utterance or at least :data:`FULL_BATCH`,
-    step 10 otherwise. Shapes only: no device synchronisation."""
+    """The step :func:`ctc_loss` runs for activations of this shape: 8 for a small alphabet with one utterance or a
+    full batch, 10 otherwise (shapes only: no device synchronisation)."""
     if num_classes <= SMALL_ALPHABET and (batch_size == 1 or batch_size >= FULL_BATCH):
         return 8
     return 10
@@ -261,14 +232,11 @@ def ctc_loss(
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
     out_grad: Float[Tensor, "t n a"] | None = None,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
-    """The chapter's CTC loss: step 8 or step 10 (:func:`step10_warps_per_direction`), with their defaults,
-    as the measured rule :func:`final_step` picks for the activations' shape.
+    """The chapter's CTC loss: step 8 or step 10 with their defaults, as :func:`final_step` picks for the shape.
 
-    Loss per utterance (``(N,)``, blank = 0) and the gradient of its sum w.r.t. the activations
-    (``(T, N, A)``, softmax included), in log space: no input of the chapter's stress set makes it
-    underflow. Arguments as :func:`step01_baseline`. With prepared targets (and, for a fixed graph, the
-    caller's ``out_loss``/``out_grad``) a call can be captured in a CUDA graph; to replay one graph over batches
-    whose targets change, use :class:`CTCPlan` (its default step is the one this rule picks for its shape).
+    Loss per utterance ``(N,)`` and the gradient of its sum w.r.t. the activations ``(T, N, A)``, softmax included.
+    Arguments as :func:`step01_baseline`. With prepared targets a call can be captured in a CUDA graph; to replay
+    one graph over batches whose targets change, use :class:`CTCPlan`.
     """
     shape = tuple(getattr(activations, "shape", ()))  # a bad shape goes on to step 10, whose checks name it
     step = step08_branch_free if len(shape) == 3 and final_step(*shape) == 8 else step10_warps_per_direction

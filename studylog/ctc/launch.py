@@ -1,5 +1,5 @@
-"""What every step's launcher shares: the compiled kernels (one NVRTC call per source and set of
-template instances), the scratch memory of a call, and the checks a call makes before any launch."""
+"""What every step's launcher shares: the compiled kernels, the scratch memory of a call, and the checks a call
+makes before any launch."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ _KERNELS: dict[tuple[str, str], cuda.CudaKernel] = {}
 
 
 def kernels(source: str, wanted: Sequence[tuple[str, Sequence[str]]]) -> list:
-    """Kernels (name, signature) of one source (a file stem in ``studylog/ctc/csrc``); the missing
-    template instances are compiled in one NVRTC call."""
+    """Kernels (name, signature) of one source in ``csrc``; the missing instances are compiled in one NVRTC call."""
     missing = [name for name, _ in wanted if (source, name) not in _KERNELS]
     if missing:
         module = cuda.load(source, name_expressions=tuple(name for name in missing if "<" in name))
@@ -33,8 +32,8 @@ def workspace_bytes(parts: Sequence[int]) -> int:
 
 
 def _segments(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None) -> tuple[Tensor, list[int]]:
-    """A new scratch allocation, or the caller's (checked, preallocated) ``buffer``, and the byte offsets of its
-    256-byte aligned segments of ``nbytes`` bytes."""
+    """A new scratch allocation, or the caller's ``buffer`` (checked), and the offsets of its 256-byte aligned
+    segments of ``nbytes`` bytes."""
     total = workspace_bytes(nbytes)
     if buffer is None:
         buffer = torch.empty((total,), dtype=torch.uint8, device=device)
@@ -48,8 +47,7 @@ def _segments(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None
 
 def workspace(device: torch.device, parts: Sequence[tuple[tuple[int, ...], torch.dtype]],
               buffer: Tensor | None = None) -> list[Tensor]:
-    """Scratch tensors carved out of one allocation (one call to the allocator instead of several), or out
-    of ``buffer`` when the caller preallocated one (a plan that a CUDA graph replays)."""
+    """Scratch tensors carved out of one allocation, or out of ``buffer`` when the caller preallocated one."""
     sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in parts]
     buffer, offsets = _segments(device, sizes, buffer)
     return [buffer[o:o + size].view(dtype).view(shape) for o, size, (shape, dtype) in zip(offsets, sizes, parts)]
@@ -57,9 +55,8 @@ def workspace(device: torch.device, parts: Sequence[tuple[tuple[int, ...], torch
 
 def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None = None
                         ) -> tuple[Tensor, list[int]]:
-    """:func:`workspace` as device addresses: the launcher takes plain integers for pointers (tensor views cost
-    microseconds of Python per call). The caller keeps the buffer alive until the launches are queued (the
-    caching allocator only hands the memory out again in stream order)."""
+    """:func:`workspace` as device addresses (tensor views cost microseconds of Python per call). The caller keeps
+    the buffer alive until the launches are queued."""
     buffer, offsets = _segments(device, nbytes, buffer)
     base = buffer.data_ptr()
     return buffer, [base + o for o in offsets]

@@ -1,11 +1,8 @@
 """Chapter 4's entry point as a differentiable PyTorch operator: ``torch.ops.studylog.ctc_loss``.
 
-It returns the loss and the gradient of its sum from step 10's kernels, and its autograd formula's backward is
-that gradient scaled by each utterance's incoming gradient: ``loss, _ = ctc_loss(x, *target_tensors(targets));
-loss.sum().backward()`` fills ``x.grad`` and nothing is computed twice. The targets are the int32 tensors
-:func:`~studylog.ctc.targets.prepare_targets` packs, so a call reads nothing back to the host (graph-capturable).
-On CPU tensors it runs the float64 reference (:func:`~studylog.ctc.reference.reference_ctc`), which ``gradcheck``
-checks.
+It returns the loss and the gradient of its sum from step 10's kernels; its backward scales that gradient by each
+utterance's incoming gradient, so nothing is computed twice. The targets are the packed int32 tensors
+(:func:`target_tensors`), so a call reads nothing back to the host. On CPU tensors it runs the float64 reference.
 """
 
 from __future__ import annotations

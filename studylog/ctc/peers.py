@@ -1,15 +1,11 @@
 """torch's two CTC paths as the benchmark runs them: which one a call takes, the calls, and whether a CUDA graph
 can capture each.
 
-``F.ctc_loss`` takes cuDNN's CTC (ATen's ``_use_cudnn_ctc_loss``) when cuDNN is enabled, the blank is 0, the
-log-probabilities are float32, 3-D and on the GPU, the targets int32, 1-D, contiguous and **on the CPU**, every
-input length equals T and every target is shorter than 256 labels and no longer than its input; otherwise its
-native CUDA kernels run on targets moved to the GPU. Lengths given as tuples need no device-to-host copy.
-
-Neither path of ``F.ctc_loss`` is expected to survive a capture (host arrays of labels and lengths, copies from
-pageable memory). ``torch._cudnn_ctc_loss`` with int32 *device* targets and lengths (``cudnnCTCLoss_v8``) reads
-everything from the device and takes the activations themselves (cuDNN applies the softmax): the same contract as
-:func:`studylog.ctc.ctc_loss`, and the candidate for a graph. :func:`capturable` finds out, in a separate process.
+``F.ctc_loss`` takes cuDNN's CTC (ATen's ``_use_cudnn_ctc_loss``) for float32 GPU log-probabilities, blank 0, int32
+1-D targets **on the CPU**, every input length T and every target shorter than 256 labels and its input; otherwise
+its native kernels. ``torch._cudnn_ctc_loss`` with int32 *device* targets and lengths reads everything from the
+device and takes the activations themselves: the same contract as :func:`studylog.ctc.ctc_loss`, and the candidate
+for a graph.
 """
 
 from __future__ import annotations
@@ -48,9 +44,8 @@ def cudnn_eligible(input_lengths: Sequence[int], target_lengths: Sequence[int], 
 
 def takes_cudnn_path(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, *, blank: int = BLANK,
                      cudnn_enabled: bool | None = None) -> bool:
-    """ATen's rule (``_use_cudnn_ctc_loss``, without ``torch.backends.cudnn`` forcing) for a call of
-    ``F.ctc_loss`` with lengths as sequences: a model of it that runs anywhere; on a GPU the benchmark checks
-    it against ``torch._use_cudnn_ctc_loss`` itself."""
+    """A model of ATen's rule (``_use_cudnn_ctc_loss``) for ``F.ctc_loss`` with lengths as sequences, that runs
+    anywhere (the benchmark checks it against ATen's on a GPU)."""
     enabled = torch.backends.cudnn.enabled if cudnn_enabled is None else cudnn_enabled
     if not (enabled and blank == 0 and log_probs.device.type == "cuda" and log_probs.dtype == torch.float32
             and log_probs.ndim == 3 and targets.ndim == 1 and targets.dtype == torch.int32

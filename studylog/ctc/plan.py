@@ -1,9 +1,8 @@
 """A CTC loss call for one shape, built once and replayable in a CUDA graph.
 
-A graph bakes in the addresses and launch shapes of the calls it captured, and a call's shapes follow its batch
-(the longest target sets the rows' stride, the positions per lane, the workspace's size). A :class:`CTCPlan` fixes
-them for the largest batch it will see: targets, lengths, outputs and workspace live in buffers allocated once,
-:meth:`CTCPlan.set_targets` refills them on the host between replays, and a call only launches the kernels.
+A graph bakes in the addresses and launch shapes it captured, and a call's shapes follow its batch (the longest
+target sets the rows' stride, the positions per lane, the workspace). A :class:`CTCPlan` fixes them for the largest
+batch it will see, in buffers allocated once that :meth:`CTCPlan.set_targets` refills between replays.
 """
 
 from __future__ import annotations
@@ -19,23 +18,17 @@ from studylog.ctc.targets import (MAX_TARGET_LENGTH, CTCTargets, label_lists, pa
 
 
 class CTCPlan:
-    """Step ``step`` (by default the one :func:`ctc_loss` runs for this shape,
-    :func:`~studylog.ctc.fused.final_step`) for activations of shape ``(max_time, batch_size, num_classes)`` and
-    targets of at most ``max_target_length`` labels.
-
-    Build it once; then, per batch::
+    """Step ``step`` (by default the one :func:`ctc_loss` runs for this shape) for activations of shape
+    ``(max_time, batch_size, num_classes)`` and targets of at most ``max_target_length`` labels. Per batch::
 
         plan.set_targets(targets, input_lengths, target_lengths)  # host: validate, pack, copy in
         activations.copy_(new_activations)                         # the buffer the graph captured
         graph.replay()                                             # or plan(activations), eagerly
 
-    where ``graph`` captured ``plan(activations)``. A call launches the kernels only: no host
-    synchronisation, no allocation (the workspace is the plan's), no argument that changes between calls.
-    ``plan.loss`` and ``plan.grad`` are the outputs (a call also returns them); ``plan.estimate`` receives
-    step 6's underflow estimate (read it with :meth:`untrusted` after the replay: that one waits for the GPU).
-    Kernels run with the plan's capacity (the longest target it allows), so a plan sized far beyond its
-    batches runs wider rows than :func:`ctc_loss` would for the same batch; the answers are the same.
-    ``how`` holds the step's options (``grain``, ``blocked``, ``recursion``), fixed for the plan.
+    A call only launches the kernels (no synchronisation, no allocation) into ``plan.loss`` and ``plan.grad``;
+    ``plan.estimate`` receives step 6's underflow estimate (:meth:`untrusted`). Kernels run with the plan's
+    capacity, so rows may be wider than :func:`ctc_loss`'s for the same batch; the answers are the same. ``how``:
+    the step's options (``grain``, ``blocked``, ``recursion``), fixed for the plan.
     """
 
     def __init__(self, max_time: int, batch_size: int, num_classes: int, max_target_length: int, *,
@@ -118,9 +111,8 @@ class CTCPlan:
         return targets_view(self._packed, A, T, inputs, lengths, lists, self.label_stride, self.slot_stride)
 
     def set_targets(self, targets: Tensor, input_lengths, target_lengths) -> CTCTargets:
-        """Validate a batch's targets and lengths (as :func:`prepare_targets` takes them) and write them into
-        the plan's device buffers, in stream order (the next call or replay reads them). Host work; never
-        inside a capture. Raises if the batch needs more room than the plan has."""
+        """Validate a batch's targets and lengths (as :func:`prepare_targets` takes them) and write them into the
+        plan's buffers in stream order. Host work, never inside a capture; raises if the batch needs more room."""
         T, N, A = self.shape
         inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
         if lengths.size and int(lengths.max()) > self.label_stride:
@@ -144,8 +136,8 @@ class CTCPlan:
                           self.how.get("recursion"), self.how.get("grain"), self.workspace)
 
     def __call__(self, activations: Tensor) -> tuple[Tensor, Tensor]:
-        """Loss and gradient of the targets last set, for ``activations`` (float32, contiguous, the plan's
-        shape and device): the kernels are queued, nothing waits. Graph-safe."""
+        """Loss and gradient of the targets last set, for ``activations`` of the plan's shape and device (queued,
+        graph-safe)."""
         if (not isinstance(activations, Tensor) or activations.shape != self.shape
                 or activations.dtype != torch.float32 or not activations.is_contiguous()):
             raise ValueError(f"activations must be contiguous float32 of shape {self.shape} (the plan's); got "
@@ -156,8 +148,7 @@ class CTCPlan:
         return self.loss, self.grad
 
     def untrusted(self) -> Tensor:
-        """Step 6 only: the utterances whose answer underflow may have spoilt (:func:`untrusted_answers`), after
-        the call or replay; waits for the GPU."""
+        """Step 6 only: :func:`untrusted_answers` after the call or replay; waits for the GPU."""
         if self.estimate is None:
             raise ValueError("only a step 6 plan estimates underflow")
         if int(self._call_gen) != int(self._set_gen):

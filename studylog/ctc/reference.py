@@ -1,6 +1,5 @@
-"""Chapter 4's yardsticks, all on the CPU or any device: the float64 reference, a float32 model of
-step 6's probability-space arithmetic (with its underflow estimate), torch's own answer, and how far a
-result is from the reference."""
+"""Chapter 4's yardsticks, on any device: the float64 reference, a model of step 6's probability-space
+arithmetic (with its underflow estimate), and how far a result is from the reference."""
 
 from __future__ import annotations
 
@@ -18,12 +17,10 @@ from studylog.ctc.targets import label_lists, min_frames, validate_lengths
 #: (over ``max(1, |loss|)``) and the norm-relative gradient error against float64.
 LOSS_TOLERANCE = 1e-5
 GRAD_TOLERANCE = 1e-4
-#: Step 6's answer for an utterance cannot be trusted when its underflow estimate (a first-order
-#: estimate of the relative error of P that underflow may have caused) exceeds this: the stricter of
-#: the two tolerances above.
+#: Step 6's answer for an utterance cannot be trusted when its underflow estimate (of the relative error of P)
+#: exceeds this.
 UNDERFLOW_TOLERANCE = min(LOSS_TOLERANCE, GRAD_TOLERANCE)
-#: The largest error of a float32 value stored below the normal range: two roundings to a multiple of
-#: 2^-149 (gradual underflow), as in ctc_step06_probability.cu (UNDERFLOW_ULP).
+#: The largest error of a float32 value stored below the normal range: two roundings to a multiple of 2^-149.
 UNDERFLOW_ULP = 2.0 ** -148
 FLT_MIN = torch.finfo(torch.float32).tiny
 
@@ -53,13 +50,9 @@ def reference_ctc(
     *,
     zero_infinity: bool = False,
 ) -> tuple[Float64[Tensor, " n"], Float64[Tensor, "t n a"]]:
-    """Loss per utterance and d(sum of losses)/d(activations), in float64 (the yardstick).
-
-    Plain log-space alpha/beta recursions over the blank-interleaved target; the gradient is
-    ``softmax - posterior``. An infeasible target gives an infinite loss and a NaN gradient over
-    its frames (as torch does), or 0 and 0 with ``zero_infinity``. Frames past an utterance's
-    input length get a zero gradient.
-    """
+    """Loss per utterance and d(sum of losses)/d(activations) in float64, by plain log-space recursions. An
+    infeasible target gives an infinite loss and a NaN gradient over its frames (as torch does), or 0 and 0 with
+    ``zero_infinity``; frames past an utterance's input length get a zero gradient."""
     if not isinstance(activations, Tensor) or activations.ndim != 3:
         raise ValueError("activations must be a (T, N, A) tensor")
     T, N, A = activations.shape
@@ -130,17 +123,14 @@ def reference_ctc(
 def probability_space_ctc(
     activations: Float[Tensor, "t n a"], targets, input_lengths, target_lengths, *, dtype=torch.float32,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"], Float64[Tensor, " n"]]:
-    """Step 6's arithmetic in torch ops (on the CPU or any device): loss, gradient and the underflow
-    estimate of each utterance, as ``ctc_step06_probability.cu`` computes them in float32 (``dtype``
-    float64 shows the same arithmetic with double's range).
+    """Step 6's arithmetic in torch ops: loss, gradient and underflow estimate of each utterance, as
+    ``ctc_step06_probability.cu`` computes them (``dtype`` float64: the same arithmetic with double's range).
 
-    Probabilities rescaled every frame (Graves): alpha row t is ``(alpha_{t-1}(s) + alpha_{t-1}(s-1)
-    [+ alpha_{t-1}(s-2)]) / sum(alpha_{t-1}) * y_t(s)``, the log of each divisor added to a float64 offset; beta
-    mirrors it; the posterior of frame t is ``alpha beta / y`` over its sum. The estimate adds up, frame by frame,
-    what entries a path reached but that fell below ``FLT_MIN`` may have cost P (relative): ``UNDERFLOW_ULP * beta
-    / y`` for such an alpha entry, ``UNDERFLOW_ULP * alpha / y`` for a beta entry, ``UNDERFLOW_ULP / y`` for a
-    posterior, each over the frame's total; ``inf`` where a frame's total is 0, an emission is below ``FLT_MIN``
-    or the loss is infinite. See :func:`untrusted`.
+    Alpha row t is ``(alpha_{t-1}(s) + alpha_{t-1}(s-1) [+ alpha_{t-1}(s-2)]) / sum(alpha_{t-1}) * y_t(s)``, the
+    log of each divisor added to a float64 offset; beta mirrors it. The estimate adds up, per frame and over the
+    frame's total, ``UNDERFLOW_ULP * beta / y`` for a reached alpha entry below ``FLT_MIN``, ``UNDERFLOW_ULP *
+    alpha / y`` for such a beta entry and ``UNDERFLOW_ULP / y`` for such a posterior; ``inf`` where a frame's
+    total is 0, an emission is below ``FLT_MIN`` or the loss is infinite.
     """
     T, N, A = activations.shape
     inputs, lengths = validate_lengths(input_lengths, target_lengths, batch=N, max_time=T)
@@ -223,9 +213,8 @@ def probability_space_ctc(
 
 
 def untrusted(estimate: Tensor, loss: Tensor, input_lengths, target_lists: Sequence) -> Tensor:
-    """Utterances (a bool per utterance) whose probability-space answer cannot be trusted: an underflow
-    estimate above ``UNDERFLOW_TOLERANCE``, or an infinite loss for a target that fits its input (an
-    infinite loss is right only where no alignment exists)."""
+    """A bool per utterance: an underflow estimate above ``UNDERFLOW_TOLERANCE``, or an infinite loss for a
+    target that fits its input (right only where no alignment exists)."""
     estimate, loss = estimate.detach().double().cpu(), loss.detach().double().cpu()
     feasible = torch.tensor([min_frames(labels) <= int(n) for labels, n in zip(target_lists, input_lengths)],
                             dtype=torch.bool)
@@ -234,15 +223,10 @@ def untrusted(estimate: Tensor, loss: Tensor, input_lengths, target_lists: Seque
 
 
 def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, float]:
-    """How far a result is from the reference.
-
-    ``mismatched``: utterances whose loss is finite in one and not in the other, plus utterances
-    with a finite loss and a NaN in their gradient (0 for a correct result).
-    ``loss_rel``: largest ``|loss - ref| / max(1, |ref|)`` over utterances finite in both.
-    ``grad_rel``: ``||grad - ref|| / ||ref||`` over the frames of those utterances (norm-relative).
-    ``silently_wrong``: utterances with a finite loss and no NaN whose loss or gradient misses the
-    tolerances (:func:`silently_wrong`): nothing in the result shows that they are wrong.
-    """
+    """How far a result is from the reference. ``mismatched``: utterances finite in one and not the other, or
+    with a finite loss and a NaN gradient; ``loss_rel``: largest ``|loss - ref| / max(1, |ref|)`` and
+    ``grad_rel``: ``||grad - ref|| / ||ref||``, both over utterances finite in both; ``silently_wrong``: the
+    count of :func:`silently_wrong`."""
     loss, grad = loss.detach().double().cpu(), grad.detach().double()
     ref_loss, ref_grad = ref_loss.detach().double().cpu(), ref_grad.detach().double()
     finite = torch.isfinite(ref_loss) & torch.isfinite(loss)
@@ -262,10 +246,8 @@ def errors(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> di
 
 
 def wrong_utterances(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
-    """Utterances (a bool per utterance) whose result is not the reference's within the chapter's
-    tolerances: finite where the reference is not (or the reverse), a NaN in the gradient of a finite
-    loss, a loss off by more than ``LOSS_TOLERANCE`` (relative to ``max(1, |ref|)``), or a gradient off
-    by more than ``GRAD_TOLERANCE`` (norm-relative, over the utterance's frames)."""
+    """A bool per utterance: finite where the reference is not (or the reverse), a NaN in the gradient of a
+    finite loss, or a loss or gradient outside ``LOSS_TOLERANCE`` / ``GRAD_TOLERANCE`` (as in :func:`errors`)."""
     loss, ref_loss = loss.detach().double().cpu(), ref_loss.detach().double().cpu()
     grad = grad.detach().double()
     ref_grad = ref_grad.detach().to(grad.device, torch.float64)
@@ -278,24 +260,20 @@ def wrong_utterances(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Ten
 
 
 def silently_wrong(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> Tensor:
-    """Utterances whose result is wrong (:func:`wrong_utterances`) with nothing to show it: a finite loss
-    and a gradient without NaN."""
+    """:func:`wrong_utterances` with nothing to show it: a finite loss and a gradient without NaN."""
     nan = torch.isnan(grad.detach()).any(2).any(0).cpu()
     return wrong_utterances(loss, grad, ref_loss, ref_grad) & torch.isfinite(loss.detach().cpu()) & ~nan
 
 
-#: An answer *far* from float64: a loss off by more than this (relative to ``max(1, |ref|)``), or a gradient
-#: off by more than ``FAR_GRAD`` (norm-relative): what losing alignments to underflow does, well beyond the
-#: few units of float32 rounding that the chapter's tolerances leave room for.
+#: An answer *far* from float64 (loss and gradient errors as in :func:`errors`): what losing alignments to
+#: underflow does, well beyond float32 rounding.
 FAR_LOSS, FAR_GRAD = 1e-3, 1e-2
 
 
 def outcomes(loss: Tensor, grad: Tensor, ref_loss: Tensor, ref_grad: Tensor) -> dict[str, int]:
-    """What happened to each utterance, counted: ``utterances``; ``impossible`` (no alignment: the reference's
-    loss is infinite; not counted below); of the others, ``infinite`` (an infinite loss), ``nan`` (a NaN loss,
-    or a finite loss with a NaN in its gradient), ``finite_wrong`` (finite, no NaN, outside the chapter's
-    tolerances: :func:`silently_wrong`), ``far`` (of those, off by more than ``FAR_LOSS`` / ``FAR_GRAD``) and
-    ``right`` (within the tolerances)."""
+    """What happened to each utterance, counted: ``utterances``, ``impossible`` (the reference's loss is
+    infinite), and of the others ``infinite``, ``nan`` (a NaN loss or gradient), ``finite_wrong``
+    (:func:`silently_wrong`), ``far`` (of those, beyond ``FAR_LOSS`` / ``FAR_GRAD``) and ``right``."""
     loss_c, ref_c = loss.detach().double().cpu(), ref_loss.detach().double().cpu()
     g = grad.detach().double()
     r = ref_grad.detach().to(g.device, torch.float64)

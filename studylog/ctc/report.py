@@ -1,10 +1,7 @@
-"""Chapter 4's benchmark and its inputs (the blog post's grid, the grain sweep, the stress set of long utterances).
-Series names come from ``CHAPTER.steps``; the headline is :mod:`studylog.ctc.results`.
+"""Chapter 4's benchmark and its inputs: the blog post's grid, the grain sweep, the stress set of long utterances.
 
-Clocks (the harness's policy, ``studylog/bench.py``): every step and every torch call a CUDA graph can capture is
-timed on the GPU clock (graph replay, three repetitions), with the host time per call of the same public call
-beside it. A torch call that cannot be captured (:func:`studylog.ctc.peers.capturable`) is timed on the ``kernel``
-clock (profiler span, L2 flushed), and its row says so; no headline rests on it.
+Every step and every torch call a CUDA graph can capture is timed on the GPU clock, with the host time per call
+beside it; a torch call that cannot be captured is timed on the ``kernel`` clock and its row says so.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ LESSON_N = (1, 16, 256)
 #: Utterances of step 4's grain sweep (strided layout).
 SWEEP_N = 64
 #: The stress set: blank-heavy utterances of STRESS_T frames (targets of T / 3 labels), and long random ones of
-#: LONG_T frames with targets of up to MAX_TARGET_LENGTH labels (the short among them stay finite and wrong in
-#: float32 probability space).
+#: LONG_T frames with targets of up to MAX_TARGET_LENGTH labels.
 STRESS_T = (50, 100, 200, 400)
 STRESS_A, STRESS_N = 28, 8
 LONG_T = (1100,)
@@ -45,9 +41,8 @@ BENCH_DEVICE = "cuda"
 #: (A, N) where the benchmark also records the device time of every kernel of steps 7 to 10 and torch.
 PROFILE_CASES = ((28, 1), (28, 256), (5000, 2), (5000, 256))
 #: GPU clock: a graph replay holds at least GRAPH_REPLAY_MS of calls (at least 2), replayed GRAPH_REPS times; host
-#: time over about HOST_BUDGET_MS of calls; activations rotated among at most MAX_COPIES copies (a smaller input is a
-#: layer's fresh output, which a real step finds in L2). SPAN_REPS: repetitions of the kernel clock; STRESS_REPS:
-#: graph replays per repetition on the stress set (its rows are for the counts, not the times).
+#: time over about HOST_BUDGET_MS of calls; activations rotated among at most MAX_COPIES copies. SPAN_REPS:
+#: repetitions of the kernel clock; STRESS_REPS: graph replays per repetition on the stress set (kept for its counts).
 GRAPH_REPLAY_MS, GRAPH_REPS, HOST_BUDGET_MS, MAX_COPIES = 1.0, 10, 10.0, 16
 SPAN_REPS, STRESS_REPS = 20, 3
 
@@ -71,8 +66,8 @@ def dram_bytes(T: int, N: int, A: int) -> int:
 
 
 def stress_inputs(T: int, N: int, A: int, generator: torch.Generator, device) -> tuple[Tensor, list[np.ndarray]]:
-    """Long utterances whose frames strongly prefer the blank, with targets of about T / 3 labels: the surviving
-    alignments are far less likely than the best partial path, which float32 rescaling cannot hold."""
+    """Long utterances whose frames strongly prefer the blank, with targets of about T / 3 labels: alignments far
+    less likely than the best partial path, which float32 rescaling cannot hold."""
     x = torch.randn((T, N, A), generator=generator) * 2.0
     x[:, :, BLANK] += 6.0
     lists = [torch.randint(1, A, (min(T // 3, MAX_TARGET_LENGTH),), generator=generator).numpy() for _ in range(N)]
@@ -93,7 +88,7 @@ def stress_set(generator: torch.Generator, device, *, quick: bool = False) -> li
 
 
 def kernel_times_us(fn, calls: int = 10) -> dict[str, float]:
-    """Mean device time per call (µs) of every kernel or copy ``fn`` runs, by short name (:func:`peers.device_work`)."""
+    """Mean device time per call (µs) of every kernel or copy ``fn`` runs, by short name."""
     times: dict[str, float] = {}
     for name, us in peers.device_work(fn, calls).items():
         if us:
@@ -112,8 +107,7 @@ def short_kernel_name(name: str) -> str:
 
 
 def grids(quick: bool = False) -> dict[str, list[tuple]]:
-    """The benchmark's points, by section: ``main`` (A, N): torch and steps 7 to 10; ``lesson`` (A, N): steps 1 to
-    6; ``grain`` (A, grain): step 4's sweep at ``SWEEP_N``; ``stress`` (T, N): the stress set."""
+    """The benchmark's points by section: ``main``, ``lesson`` (A, N), ``grain`` (A, grain), ``stress`` (T, N)."""
     if quick:  # a smoke test of every section
         return {"main": [(A, N) for A in BENCH_A for N in (BENCH_N[0], BENCH_N[-1])],
                 "lesson": [(BENCH_A[0], BENCH_N[0])],
@@ -124,8 +118,8 @@ def grids(quick: bool = False) -> dict[str, list[tuple]]:
 
 
 def graph_settings(estimate_ms: float, reps: int = GRAPH_REPS) -> dict[str, int]:
-    """``min_calls`` and ``reps`` of :meth:`BenchRun.gpu_time` for a call of about ``estimate_ms``: calls of a
-    millisecond or more vary little from replay to replay, and get half the replays."""
+    """``min_calls`` and ``reps`` of :meth:`BenchRun.gpu_time` for a call of about ``estimate_ms`` (calls of a
+    millisecond or more vary little, and get half the replays)."""
     return {"min_calls": int(min(60, max(2, math.ceil(GRAPH_REPLAY_MS / max(estimate_ms, 1e-3))))),
             "reps": reps if estimate_ms < 1.0 else max(3, reps // 2)}
 
@@ -136,15 +130,13 @@ def host_calls(estimate_ms: float) -> int:
 
 
 def copies(l2_bytes: int, nbytes: int) -> int:
-    """Copies of the activations to rotate among: enough to exceed 4x L2 together (the harness's rule), but only
-    for inputs of at least a quarter of L2 (MAX_COPIES copies); a smaller input stays in L2."""
+    """Copies of the activations to rotate among: enough to exceed 4x L2 together, or 1 (a smaller input stays in
+    L2) where that takes more than MAX_COPIES."""
     n = max(1, -(-4 * l2_bytes // max(nbytes, 1)))
     return n if n <= MAX_COPIES else 1
 
 
-# --------------------------------------------------------------------------------------
 # How one row is measured
-# --------------------------------------------------------------------------------------
 
 def step_of(number: int):
     from studylog.ctc import CHAPTER
@@ -210,8 +202,8 @@ def _check_step(run, step, loss, grad, ref, batch, params, estimate=None) -> dic
 
 def _time_step(run, number: int, x: Tensor, batch: CTCTargets, ref, params: dict, *, series: str | None = None,
                counted: bool = False, extra: dict | None = None, **how) -> dict:
-    """Check step ``number`` on ``x`` against the reference (with :func:`outcomes` when ``counted``), then time it
-    on the GPU clock. ``how``: the step's options and :func:`_timed`'s (``host``, ``floor_ms``, ``reps``)."""
+    """Check step ``number`` on ``x`` against the reference (with :func:`outcomes` when ``counted``), then time it;
+    ``how``: the step's options and :func:`_timed`'s (``host``, ``floor_ms``, ``reps``)."""
     step = step_of(number)
     timing = {k: how.pop(k) for k in ("host", "floor_ms", "reps") if k in how}
     estimate = torch.empty((x.shape[1],), device=x.device)
@@ -238,9 +230,8 @@ def _time_entry(run, x: Tensor, batch: CTCTargets, ref, params: dict, floor: flo
 
 def _torch_rows(run, x: Tensor, lists, ref, params: dict, capture: dict, floor: float, *, users_path: bool
                 ) -> dict[str, dict]:
-    """torch's calls at one point, each checked against the reference (within float32 torch's accuracy) and timed
-    on the GPU clock when a graph can capture it, else on the kernel clock. ``users_path``: also ``F.ctc_loss`` on
-    its cuDNN path."""
+    """torch's calls at one point, each checked against the reference and timed on the GPU clock when a graph
+    can capture it, else on the kernel clock. ``users_path``: also ``F.ctc_loss`` on its cuDNN path."""
     factories = {"torch-cuDNN": lambda xi: peers.cudnn_direct(xi, lists),
                  "torch-cuDNN F.ctc_loss": lambda xi: peers.functional(xi, lists, "cudnn"),
                  "torch-native": lambda xi: peers.functional(xi, lists, "native")}
@@ -302,14 +293,11 @@ def _reference(x: Tensor, lists):
     return reference_ctc(x, padded(lists).to(x.device), (x.shape[0],) * len(lists), tuple(len(l) for l in lists))
 
 
-# --------------------------------------------------------------------------------------
 # The benchmark
-# --------------------------------------------------------------------------------------
 
 def bench(run) -> None:
-    """Forward + backward from activations for T = 150, N = 1..256, A in {28, 5000}: torch's cuDNN and native
-    paths and steps 7 to 10 at every N, steps 1 to 6 at a few; then step 4's grain sweep, the stress set (steps 5
-    to 10), torch on the stress set against float64 (the blog post's question), and per-kernel device times."""
+    """Forward + backward from activations over :func:`grids`' points: torch's two paths and the steps, step 4's
+    grain sweep, the stress set against float64, and per-kernel device times."""
     from studylog.ctc import CHAPTER
 
     started = time.perf_counter()
@@ -409,8 +397,8 @@ def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
 
 
 def _stress_case(run, name: str, x: Tensor, lists) -> None:
-    """Steps 5 to 10 on one input of the stress set (checked, timed), then torch's calls and steps 6 and 10 on its
-    utterances that torch's cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
+    """Steps 5 to 10 on one input of the stress set, then torch's calls and steps 6 and 10 on the utterances
+    torch's cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
     from studylog.ctc import CHAPTER
 
     T, N, A = x.shape

@@ -1,16 +1,9 @@
-"""Chapter 4's headline, from a results file (the committed JSON), and the clock of a series that the book's figures
-and tables name. It reads the benchmark's series as :mod:`studylog.ctc.report` writes them and, where a file predates
-a series, gives the rows it can instead of failing."""
+"""Chapter 4's headline from a results file, and the clock of a series; a file that predates a series gives the rows
+it can."""
 
 from __future__ import annotations
 
 from studylog.ctc.report import BENCH_A, BENCH_T
-
-
-def _chapter():
-    from studylog.ctc import CHAPTER
-
-    return CHAPTER
 
 
 def clock_of(results, series: str) -> str:
@@ -20,21 +13,17 @@ def clock_of(results, series: str) -> str:
 
 
 def headline(results) -> list[dict]:
-    """The book's headline rows (:func:`studylog.plotting.headline_row`): the last step measured against
-    ``torch-best`` on the same clock, at the smallest speedup over N for each alphabet and at the largest batch
-    of the large alphabet. ``torch-best`` is the faster of torch's calls timed on the GPU clock; where its native
-    path cannot be captured in a graph, that is torch's cuDNN call alone, and the baseline says so."""
+    """The headline rows: the entry point (or last step measured) against ``torch-best`` on the same clock, at the
+    smallest speedup over N for each alphabet and at the largest batch of the large alphabet."""
+    from studylog.ctc import CHAPTER
     from studylog.plotting import headline_row
 
-    CHAPTER = _chapter()
     measured = [s for s in reversed(CHAPTER.steps) if results.select(s.series, T=BENCH_T)]
     if not measured or not results.select("torch-best"):
         return []
     step = measured[0]
-    kernel = step.series
     entry = bool(results.select("ctc_loss", T=BENCH_T))  # the entry point, where the file times it
-    if entry:
-        kernel = "ctc_loss"
+    kernel = "ctc_loss" if entry else step.series
     if clock_of(results, "torch-best") != clock_of(results, kernel):  # no torch call on the GPU clock: spans
         kernel = f"{step.series} span"
         if clock_of(results, kernel) != clock_of(results, "torch-best"):

@@ -1,5 +1,5 @@
-"""Chapter 4's formats and checks: targets validated and packed for the kernels (once per batch), the
-checks every step makes of its activations and output buffers, and what "the frames a target needs" is."""
+"""Chapter 4's formats and checks: targets validated and packed for the kernels (once per batch), and the checks
+every step makes of its activations and output buffers."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from studylog import checks, runtime
 BLANK = 0
 #: Longest target the kernels accept (2 L + 1 <= 1023 positions: one warp holds 32 x 32 of them).
 MAX_TARGET_LENGTH = 511
-#: Device type the kernels' tensors must live on.
-KERNEL_DEVICE_TYPE = "cuda"
 
 
 def _lengths(value, name: str, batch: int) -> np.ndarray:
@@ -86,13 +84,9 @@ def validate_lengths(input_lengths, target_lengths, *, batch: int, max_time: int
 
 @dataclass(frozen=True)
 class CTCTargets:
-    """Targets validated and packed for the kernels: build once per batch with :func:`prepare_targets`.
-
-    ``slot`` arrays list, for each utterance, the distinct classes of ``blank + target``: slot 0 is
-    the blank, slot ``u >= 1`` a label, with the target positions ``j`` (1-based) where it occurs
-    in ``slot_members[slot_start[u]:slot_start[u + 1]]``. The gradient kernels use them to add up
-    the posterior of a class that occurs several times without atomics.
-    """
+    """Targets validated and packed for the kernels (:func:`prepare_targets`). ``slot`` arrays list, per utterance,
+    the distinct classes of ``blank + target`` (slot 0: the blank) with the 1-based target positions of slot ``u``
+    in ``slot_members[slot_start[u]:slot_start[u + 1]]``: the gradient adds a repeated class up without atomics."""
 
     num_classes: int
     max_time: int
@@ -134,13 +128,9 @@ def prepare_targets(
     device: torch.device | str | None = None,
     batch_size: int | None = None,
 ) -> CTCTargets:
-    """Validate targets and lengths and pack them (one host-to-device copy) for the kernels.
-
-    ``targets`` is concatenated (1-D, ``sum(target_lengths)`` labels) or padded ``(N, S)``, int32
-    or int64, on any device. ``input_lengths`` must be in ``[1, max_time]``; labels in ``[1, A)``.
-    Targets too long for their input are allowed: their loss is infinite (see ``zero_infinity``).
-    ``batch_size`` (N) is taken from the lengths when not given.
-    """
+    """Validate targets and lengths and pack them (one host-to-device copy) for the kernels. ``targets``:
+    concatenated (1-D) or padded ``(N, S)``, int32 or int64, on any device; labels in ``[1, A)``. Targets too long
+    for their input are allowed (an infinite loss). ``batch_size`` (N) is taken from the lengths when not given."""
     if not isinstance(num_classes, int) or num_classes < 2:
         raise ValueError(f"num_classes (A) must be an int >= 2, got {num_classes!r}")
     if not isinstance(max_time, int) or max_time < 1:
@@ -167,10 +157,9 @@ def prepare_targets(
 
 def pack(lists: Sequence[np.ndarray], inputs: np.ndarray, lengths: np.ndarray, label_stride: int,
          slot_stride: int) -> list[np.ndarray]:
-    """The int32 arrays the kernels read, in the order of the packed buffer: padded labels ``(N, label_stride)``,
-    input and target lengths, the slots (``(N, slot_stride)`` classes, ``(N, slot_stride + 1)`` starts,
-    ``(N, label_stride)`` members) and the number of slots. The strides are the buffer's capacity: at least
-    the longest target and its distinct classes plus the blank (:class:`CTCPlan` sizes them once)."""
+    """The int32 arrays the kernels read, in the packed buffer's order: padded labels, input and target lengths,
+    the slots (classes, starts, members) and their number. The strides are the buffer's capacity: at least the
+    longest target and its distinct classes plus the blank."""
     batch = len(lists)
     slots = []
     for labels in lists:
@@ -233,7 +222,6 @@ def min_frames(labels: Sequence[int] | np.ndarray) -> int:
     return int(labels.size + (labels[1:] == labels[:-1]).sum()) if labels.size else 0
 
 
-
 def check_activations(activations: Tensor, batch: CTCTargets) -> None:
     """float32, contiguous ``(T, N, A)`` activations that match the prepared targets."""
     checks.check_tensor("activations", activations, dtype=torch.float32)
@@ -251,7 +239,7 @@ def check_activations(activations: Tensor, batch: CTCTargets) -> None:
 
 def check_device(activations: Tensor, batch: CTCTargets) -> None:
     """The kernels run on a CUDA device, with the targets prepared on the same one."""
-    if activations.device.type != KERNEL_DEVICE_TYPE:
+    if activations.device.type != "cuda":
         raise ValueError(f"activations must be on a CUDA device, got {activations.device}")
     if batch.device != activations.device:
         raise ValueError(f"targets were prepared on {batch.device} but activations are on {activations.device}")

@@ -1,10 +1,6 @@
-"""Steps 1 to 6 of chapter 4: warp-ctc's design, one block per utterance.
-
-A softmax kernel writes log-probabilities (probabilities for step 6); an alpha kernel runs the forward
-recursion and writes the alpha matrix; a beta kernel runs the backward recursion and writes the gradient
-frame by frame. Steps 4 to 6 are templates on the grain size (positions per thread) and on the layout of a
-thread's positions (strided by the block as in warp-ctc, or ``blocked``: consecutive).
-"""
+"""Steps 1 to 6 of chapter 4, warp-ctc's design: a softmax kernel, then one block per utterance for the alpha
+matrix and one for beta and the gradient. Steps 4 to 6 are templates on the grain size (positions per thread) and
+the layout of a thread's positions (strided by the block as in warp-ctc, or ``blocked``: consecutive)."""
 
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ def kernel_names(step: int, grain: int | None = None, blocked: bool = False) -> 
         ldg = "true" if step == 3 else "false"
         return f"ctc_alpha_restrict<{ldg}>", f"ctc_beta_grad_restrict<{ldg}>"
     if step in (4, 5, 6):
-        if grain not in GRAIN_SIZES:
-            raise ValueError(f"grain must be one of {GRAIN_SIZES}, got {grain!r}")
+        checks.check_choice("grain", grain, GRAIN_SIZES)
         layout = "true" if blocked else "false"
         beta = 6 if step == 6 else 4  # step 5 only changes the alpha kernel
         return f"ctc_alpha_step{step}<{grain}, {layout}>", f"ctc_beta_grad_step{beta}<{grain}, {layout}>"
@@ -87,8 +82,7 @@ def scratch_bytes(T: int, N: int, A: int, max_positions: int) -> int:
 
 def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
            grain: int | None, blocked: bool, estimate: Tensor | None = None, scratch: Tensor | None = None) -> None:
-    """Launch step ``step`` (1 to 6) of the warp-ctc kernels on checked inputs: the grid, block and arguments of its
-    kernels (steps 1 to 6 and :class:`~studylog.ctc.plan.CTCPlan` call it; nothing here is checked again)."""
+    """Launch step ``step`` (1 to 6) on checked inputs (nothing here is checked again)."""
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
     rows = T * N
@@ -116,14 +110,11 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, 
 
 
 def check_grain(grain: int | None) -> int | None:
-    if grain is not None and grain not in GRAIN_SIZES:
-        raise ValueError(f"grain must be one of {GRAIN_SIZES}, got {grain!r}")
-    return grain
+    return grain if grain is None else checks.check_choice("grain", grain, GRAIN_SIZES)
 
 
 def untrusted_answers(loss: Tensor, estimate: Tensor, batch: CTCTargets) -> Tensor:
-    """Utterances (a bool per utterance, on the CPU) whose step 6 answer cannot be trusted, from its loss
-    and underflow estimate (:func:`untrusted`); waits for the GPU."""
+    """:func:`untrusted` of a step 6 answer, from its loss and underflow estimate; waits for the GPU."""
     # with zero_infinity an underflowed (infinite) loss reads 0: the estimate stays inf, so judge by it
     judged = torch.where(torch.isinf(estimate), torch.full_like(loss, math.inf), loss)
     return untrusted(estimate, judged, batch.input_lengths_host, batch.label_lists)
@@ -136,11 +127,9 @@ def step01_baseline(
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
     """Step 1, warp-ctc's baseline: CTC loss per utterance and the gradient of its sum w.r.t. the activations.
 
-    ``targets`` is a :class:`CTCTargets` from :func:`prepare_targets` (then leave the lengths out), or raw
-    targets and lengths (validated and prepared on every call); ``out_loss`` / ``out_grad`` are the caller's
-    output buffers. Every step takes these arguments. With prepared targets a call can be captured in a CUDA graph
-    (after one eager call, which compiles the kernels); to replay one graph over changing targets use
-    :class:`CTCPlan`.
+    ``targets``: a :class:`CTCTargets` (then leave the lengths out), or raw targets and lengths (prepared on every
+    call); ``out_loss`` / ``out_grad``: the caller's output buffers. Every step takes these arguments. With
+    prepared targets a call can be captured in a CUDA graph after one eager call (which compiles the kernels).
     """
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, 1, zero_infinity, None, False)
@@ -165,9 +154,8 @@ def step03_ldg(activations, targets, input_lengths=None, target_lengths=None, *,
 
 def step04_register_blocking(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                              grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
-    """Step 4: each thread keeps ``grain`` positions (labels, skip flags) in registers; ``grain`` is one
-    of ``GRAIN_SIZES`` (warp-ctc's rule, :func:`default_grain`, when None) and ``blocked`` lays a thread's
-    positions out consecutively instead of strided by the block. Other arguments as :func:`step01_baseline`."""
+    """Step 4: each thread keeps ``grain`` positions (labels, skip flags) in registers (one of ``GRAIN_SIZES``;
+    :func:`default_grain` when None); ``blocked`` lays a thread's positions out consecutively."""
     grain = check_grain(grain)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, 4, zero_infinity, grain, blocked)
@@ -176,8 +164,7 @@ def step04_register_blocking(activations, targets, input_lengths=None, target_le
 
 def step05_shared_rows(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                        grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
-    """Step 5: step 4 with the alpha kernel's two live rows in shared memory (arguments as
-    :func:`step04_register_blocking`)."""
+    """Step 5: step 4 with the alpha kernel's two live rows in shared memory."""
     grain = check_grain(grain)
     batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
     launch(activations, batch, loss, grad, 5, zero_infinity, grain, blocked)
@@ -187,16 +174,13 @@ def step05_shared_rows(activations, targets, input_lengths=None, target_lengths=
 def step06_probability_space(activations, targets, input_lengths=None, target_lengths=None, *,
                              zero_infinity=False, grain: int | None = None, blocked: bool = False, out_loss=None,
                              out_grad=None, out_estimate: Float[Tensor, " n"] | None = None, warn: bool = True):
-    """Step 6: step 5 in probability space, rescaled every frame (Graves). The lesson's counterexample.
+    """Step 6: step 5 in probability space, rescaled every frame (Graves): the lesson's counterexample.
 
-    Rescaling keeps each row's sum in range, not the spread within it, so on long utterances an answer may be
-    wrong with nothing in it to show. The kernels therefore also estimate, per utterance, the relative error of P
-    that underflow may have caused (``ctc_step06_probability.cu``; CPU model: :func:`probability_space_ctc`), into
-    ``out_estimate`` (float32, ``(N,)``) when given. With ``warn`` (the default) the call waits for the GPU and
-    issues an :class:`UnderflowWarning` naming the utterances whose answer cannot be trusted (:func:`untrusted`);
-    ``warn=False`` only queues the kernels and can be captured in a CUDA graph (then judge the answers with
-    :func:`untrusted_answers`, or a step 6 :class:`CTCPlan`'s ``untrusted()``). Other arguments as
-    :func:`step04_register_blocking`.
+    Rescaling keeps each row's sum in range, not the spread within it, so an answer may be silently wrong. The
+    kernels also estimate, per utterance, the relative error of P that underflow may have caused, into
+    ``out_estimate`` (float32, ``(N,)``) when given. With ``warn`` the call waits for the GPU and issues an
+    :class:`UnderflowWarning` naming the utterances it cannot trust; ``warn=False`` only queues the kernels
+    (graph-safe: judge the answers with :func:`untrusted_answers`).
     """
     grain = check_grain(grain)
     if out_estimate is not None:
