@@ -156,7 +156,7 @@ def test_hybrid_writes_after_existing_tokens_and_respects_min_ngram():
 
 
 def test_hybrid_threshold_is_its_own():
-    assert NgramConfig.hybrid_variant().threshold == ngram.HYBRID_DEFAULT_THRESHOLD != NgramConfig().threshold
+    assert NgramConfig.hybrid_variant().threshold == ngram.formats.HYBRID_DEFAULT_THRESHOLD != NgramConfig().threshold
 
 
 def test_ids_differing_only_in_high_bits_do_not_match():
@@ -177,7 +177,7 @@ def random_case(seed: int, *, max_batch: int = 12, max_width: int = 48):
     b = r.randint(1, max_batch)
     pw, gw, dw = r.randint(1, max_width), r.randint(1, max_width // 2 + 2), r.randint(2, 9)
     hybrid = r.random() < 0.3
-    kinds = [r.choice(ngram.SLOT_KINDS) for _ in range(b)]
+    kinds = [r.choice(ngram.batches.SLOT_KINDS) for _ in range(b)]
     inputs, draft, this_time = ngram.make_batch(
         b, pw, gw, kinds=kinds, draft_width=dw, vocab=r.choice([2, 3, 5, 50]), id_base=r.choice([0, 1 << 40]),
         decoys=r.random() < 0.5, capped_fraction=0.3, hybrid=hybrid, seed=seed)
@@ -197,7 +197,7 @@ def test_cpu_path_matches_reference(seeds):
         inputs, draft, this_time, config = random_case(seed)
         expected = run_ref(inputs, draft, this_time, config)
         d, t = draft.clone(), this_time.clone()
-        ngram.cpu_path_inplace(inputs, d, t, config)
+        ngram.cpu_path.cpu_path_inplace(inputs, d, t, config)
         assert torch.equal(d, expected[0]) and torch.equal(t, expected[1]), (seed, config)
 
 
@@ -235,7 +235,7 @@ def test_one_pass_keys_match_the_per_n_search(seeds):
         run_ref(inputs, draft, this_time, free, trace)
         keys = ngram.model_one_pass_keys(inputs, free, this_time)
         for b, note in enumerate(trace):
-            expected = ngram.NONE_KEY if note["n"] is None else \
+            expected = ngram.formats.NONE_KEY if note["n"] is None else \
                 ngram.match_key(note["n"], note["source"] == "generated", note["start"])
             assert keys[b] == expected, (seed, b, note)
 
@@ -262,7 +262,7 @@ def test_budget_skip_is_exact(seeds):
         refused = ngram.model_budget_refused(inputs, config, this_time)
         assert all(not note["searched"] for note, r in zip(trace, refused) if r), seed
         keys = ngram.model_one_pass_keys(inputs, config, this_time)
-        keys = [ngram.NONE_KEY if r else k for k, r in zip(keys, refused)]
+        keys = [ngram.formats.NONE_KEY if r else k for k, r in zip(keys, refused)]
         skipped += sum(refused)
         for chunk in (1, 7, 1024):
             got = model_budget_scan(inputs, keys, draft, this_time, config, chunk=chunk)
@@ -296,8 +296,8 @@ def test_early_exit_bytes_by_hand():
                                         [[1, 2, 3, 1, 2], [1, 2, 6, 1, 2], [4, 6, 3, 1, 2], [1, 2, 3, 1, 2]],
                                         [4, 4, 4, 4], enc=[0, 0, 0, 5])
     config = NgramConfig(max_ngram_size=2, threshold=1 << 30)
-    assert ngram.early_exit_bytes(inputs, this_time, config) == 8 * (3 + (4 + 2) + (3 + 4))
-    assert ngram.haystack_bytes(inputs, this_time, config) == 8 * ((6 + 4) + (4 + 4) + (3 + 4))
+    assert ngram.batches.early_exit_bytes(inputs, this_time, config) == 8 * (3 + (4 + 2) + (3 + 4))
+    assert ngram.batches.haystack_bytes(inputs, this_time, config) == 8 * ((6 + 4) + (4 + 4) + (3 + 4))
 
 
 def test_published_blockscan_rule_departs_from_the_sequential_one():
@@ -345,15 +345,15 @@ def test_cpu_step_through_the_matcher_on_cpu_tensors(rng):
 
 def test_fused_chunks_fit_the_grid():
     for tile in (512, 2048, 4096):
-        assert ngram.stream_chunk_len(1, 512, 256, tile) == 2 * tile
-        assert ngram.stream_chunk_len(256, 131072, 2048, tile) == 8 * tile
-        assert ngram.stream_chunk_len(256, 131072, 2048, tile, chunk_len=3000) % tile == 0
-        cl = ngram.stream_chunk_len(1, 2**31 - 1, 16, tile)
+        assert ngram.kernels.stream_chunk_len(1, 512, 256, tile) == 2 * tile
+        assert ngram.kernels.stream_chunk_len(256, 131072, 2048, tile) == 8 * tile
+        assert ngram.kernels.stream_chunk_len(256, 131072, 2048, tile, chunk_len=3000) % tile == 0
+        cl = ngram.kernels.stream_chunk_len(1, 2**31 - 1, 16, tile)
         assert -(-(2**31 - 1) // cl) + 1 <= 65535
-    assert ngram.fused_chunk_len(1, 512, 256) == ngram.TILE
-    assert ngram.fused_chunk_len(256, 131072, 2048) % ngram.TILE == 0
-    assert ngram.fused_chunk_len(256, 131072, 2048) <= 8 * ngram.TILE
-    cl = ngram.fused_chunk_len(1, 2**31 - 1, 16, chunk_tiles=1)
+    assert ngram.kernels.fused_chunk_len(1, 512, 256) == ngram.kernels.TILE
+    assert ngram.kernels.fused_chunk_len(256, 131072, 2048) % ngram.kernels.TILE == 0
+    assert ngram.kernels.fused_chunk_len(256, 131072, 2048) <= 8 * ngram.kernels.TILE
+    cl = ngram.kernels.fused_chunk_len(1, 2**31 - 1, 16, chunk_tiles=1)
     assert -(-(2**31 - 1) // cl) + 1 <= 65535
 
 
@@ -443,7 +443,7 @@ def test_kernels_compile_without_spills_and_use_64bit_atomics():
     assert "atom.global.min.u64" in fused and "membar.gl" in fused
     # step 7: the compiled instances (both load widths) do not spill, have no barrier in the scan
     # loop (one in the budget bound, two around the ticket, the rest in phase 2) and load 16 bytes
-    shipped = list(ngram.STREAM_INSTANCES)
+    shipped = list(ngram.kernels.STREAM_INSTANCES)
     assert shipped == ["ngram_stream<4, 2, 2, 2>", "ngram_stream<4, 1, 2, 2>"]
     stream = cuda.compile_source("ngram_stream", name_expressions=shipped)
     report = stream.ptxas_report()
@@ -511,7 +511,7 @@ def test_scan_phase_walks_batches_larger_than_its_block():
         inputs, draft, this_time = ngram.make_batch(2500, 64, 32, vocab=4, seed=threshold)
         config = NgramConfig(threshold=threshold)
         expected = (draft.clone(), this_time.clone())
-        ngram.cpu_path_inplace(inputs, *expected, config)
+        ngram.cpu_path.cpu_path_inplace(inputs, *expected, config)
         _check_all_steps(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected,
                          steps=(ngram.step03_two_phase, ngram.step04_two_phase_scan, ngram.step05_one_pass,
                                 ngram.step06_one_pass_fused))
@@ -526,7 +526,7 @@ def test_full_size_bench_inputs(batch, seq_len, threshold):
                                                 decoys=True, id_base=1 << 40, seed=seq_len + batch, device="cuda")
     config = NgramConfig(threshold=threshold)
     expected = (draft.cpu(), this_time.cpu())
-    ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+    ngram.cpu_path.cpu_path_inplace(inputs.to("cpu"), *expected, config)
     steps = [s for s in STEPS if s is not ngram.step02_serial or batch * seq_len <= 16 * 131072]
     _check_all_steps(inputs, draft, this_time, config, expected, steps=steps)
     for tiles in (1, 3, 16):  # any split of the haystacks gives the same answer
@@ -538,7 +538,7 @@ def test_full_size_bench_inputs(batch, seq_len, threshold):
 
 def _check_stream(inputs, draft, this_time, config, expected, chunk_lens=(None,)):
     """Both compiled step-7 instances (8- and 16-byte loads, where the rows allow 16), at several splits."""
-    wide = ngram.stream_vec(inputs.prompt_ids, inputs.generated_ids) == 2
+    wide = ngram.kernels.stream_vec(inputs.prompt_ids, inputs.generated_ids) == 2
     for vec in (1, 2) if wide else (1,):
         for chunk_len in chunk_lens:
             d, t = draft.clone(), this_time.clone()
@@ -565,7 +565,7 @@ def test_stream_takes_rows_that_are_not_16_byte_aligned():
     expected = run_ref(inputs, draft, this_time, config)
     gpu = inputs.to("cuda")
     gpu.prompt_ids = torch.cat([torch.zeros(1, dtype=I64, device="cuda"), gpu.prompt_ids.flatten()])[1:].view(24, 1001)
-    assert gpu.prompt_ids.data_ptr() % 16 == 8 and ngram.stream_vec(gpu.prompt_ids, gpu.generated_ids) == 1
+    assert gpu.prompt_ids.data_ptr() % 16 == 8 and ngram.kernels.stream_vec(gpu.prompt_ids, gpu.generated_ids) == 1
     _check_all_steps(gpu, draft.cuda(), this_time.cuda(), config, expected, steps=(ngram.step07_stream,))
     with pytest.raises(ValueError, match="vec must be"):
         ngram.NgramMatcher(ngram.step07_stream, gpu, draft.cuda(), this_time.cuda(), vec=2)
@@ -578,7 +578,7 @@ def test_stream_budget_skip_at_scale():
         inputs, draft, this_time = ngram.make_batch(128, 4096, 512, seed=threshold, device="cuda")
         config = NgramConfig(threshold=threshold)
         expected = (draft.cpu(), this_time.cpu())
-        ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+        ngram.cpu_path.cpu_path_inplace(inputs.to("cpu"), *expected, config)
         assert any(ngram.model_budget_refused(inputs.to("cpu"), config, this_time.cpu()))
         _check_stream(inputs, draft, this_time, config, expected)
 
@@ -587,7 +587,7 @@ def test_stream_budget_skip_at_scale():
 def test_kernels_run_on_the_current_stream():
     inputs, draft, this_time = ngram.make_batch(64, 4096, 512, seed=5, device="cuda")
     expected = (draft.cpu(), this_time.cpu())
-    ngram.cpu_path_inplace(inputs.to("cpu"), *expected, NgramConfig())
+    ngram.cpu_path.cpu_path_inplace(inputs.to("cpu"), *expected, NgramConfig())
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
     with torch.cuda.stream(stream):
@@ -612,7 +612,7 @@ def _synthetic_results(kernel_us: float):
     from studylog.plotting import Results
 
     rows = []
-    for batch, seq_len, threshold in ngram.BENCH_GRID:
+    for batch, seq_len, threshold in ngram.report.BENCH_GRID:
         params = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
         floor_ms = batch * seq_len * 8 / 4e12 * 1e3
         for k, step in enumerate(ngram.CHAPTER.steps):
@@ -638,7 +638,7 @@ def test_reporting_code_runs_and_judges(kernel_us, verdict):
     for fig in figs.values():
         plt.close(fig)
     table = lesson.summary_table(results)
-    assert table.count("\n") == len(ngram.BENCH_GRID) + 1
+    assert table.count("\n") == len(ngram.report.BENCH_GRID) + 1
     verdicts = lesson.target_verdicts(results)
     assert "1 of 1 checks passed" in verdicts
     assert f"10x faster than the CPU path at batch >= 32: {verdict}" in verdicts
@@ -668,10 +668,10 @@ def test_the_cpu_loop_checks_what_it_is_given():
     inputs, draft, this_time = _good()
     inputs.step_idx = torch.tensor([3, 1], dtype=I32)  # generated_ids has 3 columns
     with pytest.raises(ValueError, match="step_idx must index"):
-        ngram.cpu_path_inplace(inputs, draft, this_time, NgramConfig())
+        ngram.cpu_path.cpu_path_inplace(inputs, draft, this_time, NgramConfig())
     inputs, draft, this_time = _good()
     with pytest.raises(TypeError, match="draft_tokens must be int64"):
-        ngram.cpu_path_inplace(inputs, draft.int(), this_time, NgramConfig())
+        ngram.cpu_path.cpu_path_inplace(inputs, draft.int(), this_time, NgramConfig())
 
 
 def test_a_matchers_block_sizes_are_positive():

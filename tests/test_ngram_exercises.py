@@ -76,13 +76,13 @@ def test_the_rules_agree_with_the_specification():
         assert refused == ngram.model_budget_refused(inputs, config, this_time), seed
         keys = ngram.model_one_pass_keys(inputs, config, this_time)
         for b, key in enumerate(keys):
-            if key == ngram.NONE_KEY or ngram.decode_key(key)[1] != 0:
+            if key == ngram.formats.NONE_KEY or ngram.models.decode_key(key)[1] != 0:
                 continue  # no match, or a match in the generated tokens only
             step = int(inputs.step_idx[b])
             gen = inputs.generated_ids[b, :step + 1].tolist()
             top = min(config.max_ngram_size, step)
             args = (inputs.prompt_ids[b].tolist(), int(inputs.prompt_lens[b]), gen, top, config.min_ngram_size)
-            n, _, start = ngram.decode_key(key)
+            n, _, start = ngram.models.decode_key(key)
             assert ex.best_window(*args) == sol.one_pass(*args) == (n, start), (seed, b)
 
 

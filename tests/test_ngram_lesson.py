@@ -142,7 +142,8 @@ def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_mat
     """The share the page quotes, against a count made here: each searching slot's haystacks read up to the end of
     the first window equal to its longest pattern with a token after it (prompt, then the generated tokens), else
     whole."""
-    from studylog.ngram import NgramConfig, gen_width_for, haystack_bytes, make_batch
+    from studylog.ngram import NgramConfig, gen_width_for, make_batch
+    from studylog.ngram.batches import haystack_bytes
     from studylog.ngram.models import slot_plan
 
     results = load_results("ngram")

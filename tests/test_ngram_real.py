@@ -31,10 +31,10 @@ VOCAB = 100_277  # cl100k_base's ids are below this
 # -----------------------------------------------------------------------------------------
 
 def test_committed_corpus_is_small_and_says_where_it_came_from():
-    corpus = ngram.load_corpus()
-    assert ngram.CORPUS_PATH.stat().st_size < 400_000
-    assert list(corpus.meta["files"]) == list(ngram.CORPUS_FILES) == sorted(ngram.CORPUS_FILES)
-    assert set(corpus.meta["sha256"]) == set(ngram.CORPUS_FILES) and corpus.meta["tokenizer"] == "cl100k_base"
+    corpus = corpus_module.load_corpus()
+    assert corpus_module.CORPUS_PATH.stat().st_size < 400_000
+    assert list(corpus.meta["files"]) == list(corpus_module.CORPUS_FILES) == sorted(corpus_module.CORPUS_FILES)
+    assert set(corpus.meta["sha256"]) == set(corpus_module.CORPUS_FILES) and corpus.meta["tokenizer"] == "cl100k_base"
     for kind in corpus_module.KINDS:
         t = corpus.tokens[kind]
         assert t.shape == (corpus_module.WINDOWS, corpus_module.WINDOW) and t.dtype == I64
@@ -52,12 +52,12 @@ def test_committed_corpus_is_small_and_says_where_it_came_from():
 
 def test_corpus_rebuilds_to_the_committed_ids():
     pytest.importorskip("bpe_openai", reason="rebuilding the corpus needs the tokenizer package bpe-openai")
-    committed = ngram.load_corpus()
+    committed = corpus_module.load_corpus()
     differ = corpus_module.stdlib_differences(committed.meta)
     if differ:
         pytest.skip(f"this Python's standard library differs from the one the corpus was built from "
                     f"(Python {committed.meta['python']}) in {differ}")
-    fresh = ngram.build_corpus()
+    fresh = corpus_module.build_corpus()
     for kind in corpus_module.KINDS:
         assert torch.equal(torch.from_numpy(fresh[kind]).long(), committed.tokens[kind]), kind
     assert fresh["meta"]["window_starts"] == committed.meta["window_starts"]
@@ -137,10 +137,10 @@ def test_cpu_path_and_models_match_the_reference_on_real_text(rng):
         inputs, draft, this_time, config = real_case(seed)
         expected = ngram.reference_ngram_match(inputs, draft, this_time, config)
         d, t = draft.clone(), this_time.clone()
-        ngram.cpu_path_inplace(inputs, d, t, config)
+        ngram.cpu_path.cpu_path_inplace(inputs, d, t, config)
         assert torch.equal(d, expected[0]) and torch.equal(t, expected[1]), seed
         keys = ngram.model_one_pass_keys(inputs, config, this_time)
-        assert ngram.search_keys(inputs, config, this_time) == keys, seed
+        assert ngram.batches.search_keys(inputs, config, this_time) == keys, seed
         modelled = model_budget_scan(inputs, keys, draft, this_time, config)
         assert torch.equal(modelled[0], expected[0]) and torch.equal(modelled[1], expected[1]), seed
 
@@ -152,7 +152,8 @@ def test_search_keys_match_the_one_pass_model_on_random_batches(rng):
                                                 vocab=r.randint(2, 6), seed=seed, hybrid=r.random() < 0.3)
         max_n = r.randint(1, 5)
         config = NgramConfig(max_n, r.randint(1, max_n), hybrid=bool(r.random() < 0.3))
-        assert ngram.search_keys(inputs, config, this_time) == ngram.model_one_pass_keys(inputs, config, this_time)
+        keys = ngram.batches.search_keys(inputs, config, this_time)
+        assert keys == ngram.model_one_pass_keys(inputs, config, this_time)
 
 
 def _hand_batch():
@@ -176,27 +177,27 @@ def test_draft_acceptance_by_hand():
     config = NgramConfig(threshold=1 << 30)
     after = ngram.reference_ngram_match(inputs, draft, this_time, config)
     assert after[1].tolist() == [4, 4, 1] and after[0][0, 1:].tolist() == [4, 5, 6]
-    got = ngram.draft_acceptance(inputs, this_time, *after, config)
+    got = ngram.batches.draft_acceptance(inputs, this_time, *after, config)
     assert got == {"active_slots": 3, "slots_with_drafts": 2, "drafted_tokens": 6, "accepted_tokens": 2,
                    "slots_with_accepted": 1}
     # with a budget of 6 only slot 0 drafts (3 + 1 + 1 tokens): the same two accepted
     tight = NgramConfig(threshold=6)
     after = ngram.reference_ngram_match(inputs, draft, this_time, tight)
-    assert ngram.draft_acceptance(inputs, this_time, *after, tight)["accepted_tokens"] == 2
+    assert ngram.batches.draft_acceptance(inputs, this_time, *after, tight)["accepted_tokens"] == 2
 
 
 def test_branch_stats_by_hand():
     inputs, _, this_time = _hand_batch()
-    stats = ngram.branch_stats(inputs, this_time, NgramConfig(threshold=1 << 30))
+    stats = ngram.batches.branch_stats(inputs, this_time, NgramConfig(threshold=1 << 30))
     assert stats["searching_slots"] == 3 and stats["refused_slots"] == 0
     assert (stats["top_n_matches"], stats["shorter_matches"], stats["no_match"]) == (1, 1, 1)
     # searched positions: prompt ends 0..6 / 0..2 / 0..2 and generated ends 0..1 each: 19; newest token 3 at 2
     assert stats["newest_token_hits_per_1k"] == pytest.approx(1000 * 2 / 19)
     # a perfect early exit reads slot 0's prompt up to its match (3 tokens) and everything of the others
-    floor = ngram.haystack_bytes(inputs, this_time, NgramConfig(threshold=1 << 30))
+    floor = ngram.batches.haystack_bytes(inputs, this_time, NgramConfig(threshold=1 << 30))
     assert stats["early_exit_fraction"] == pytest.approx((3 + 4 + 3 + 4 + 3) * 8 / floor)
     # the deployed budget refuses the last slots whatever they find
-    refused = ngram.branch_stats(inputs, this_time, NgramConfig(threshold=4))["refused_slots"]
+    refused = ngram.batches.branch_stats(inputs, this_time, NgramConfig(threshold=4))["refused_slots"]
     assert refused == sum(ngram.model_budget_refused(inputs, NgramConfig(threshold=4), this_time)) > 0
 
 
@@ -212,9 +213,9 @@ def test_real_text_takes_other_branches_than_uniform_ids():
         else:
             inputs, draft, this_time = ngram.corpus_batch(kind, 16, 2048, 512, seed=5)
         after = (draft.clone(), this_time.clone())
-        ngram.cpu_path_inplace(inputs, *after, config)
-        out[kind] = (ngram.branch_stats(inputs, this_time, config),
-                     ngram.draft_acceptance(inputs, this_time, *after, config))
+        ngram.cpu_path.cpu_path_inplace(inputs, *after, config)
+        out[kind] = (ngram.batches.branch_stats(inputs, this_time, config),
+                     ngram.batches.draft_acceptance(inputs, this_time, *after, config))
     synthetic_branches, synthetic_drafts = out["synthetic"]
     for kind in ("text", "code"):
         branches, drafts = out[kind]
@@ -293,12 +294,12 @@ def test_every_kernel_matches_the_reference_on_real_text(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("corpus, batch, seq_len, threshold", ngram.real_cases())
+@pytest.mark.parametrize("corpus, batch, seq_len, threshold", ngram.report.real_cases())
 def test_real_text_bench_inputs(corpus, batch, seq_len, threshold):
-    inputs, draft, this_time = ngram.real_batch(corpus, batch, seq_len, device="cuda")
+    inputs, draft, this_time = ngram.report.real_batch(corpus, batch, seq_len, device="cuda")
     config = NgramConfig(threshold=threshold)
     expected = (draft.cpu(), this_time.cpu())
-    ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+    ngram.cpu_path.cpu_path_inplace(inputs.to("cpu"), *expected, config)
     for step in (ngram.step05_one_pass, ngram.step06_one_pass_fused, ngram.step07_stream):
         d, t = draft.clone(), this_time.clone()
         ngram.NgramMatcher(step, inputs, d, t, config=config)()
@@ -402,9 +403,9 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     assert all(r["clock"] == "gpu" and r["params"]["batch"] == 16 for r in sweep)
     # the real-text cases: every corpus, the CPU path and steps 5 to 7, drafts and branches on step 7's row
     real = [r for r in rows if "corpus" in r["params"]]
-    assert {r["params"]["corpus"] for r in real} == set(ngram.CORPORA)
+    assert {r["params"]["corpus"] for r in real} == set(ngram.report.CORPORA)
     final = [r for r in real if r["series"] == steps[-1].series]
-    assert len(final) == len(ngram.CORPORA)
+    assert len(final) == len(ngram.report.CORPORA)
     for r in final:
         assert set(r["drafts"]) >= {"drafted_tokens", "accepted_tokens"} and "early_exit_fraction" in r["branches"]
     assert {r["series"] for r in real} == ({steps[n - 1].series for n in report.REAL_STEPS}
@@ -427,7 +428,7 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     assert {"latency", "vs_floor", "chunks", "real_text"} <= set(figs)
     for fig in figs.values():
         plt.close(fig)
-    assert lesson.real_text_table(results).count("\n") == 1 + len(ngram.CORPORA)
+    assert lesson.real_text_table(results).count("\n") == 1 + len(ngram.report.CORPORA)
     assert "call + sync" in lesson.summary_table(results)
     assert "host clock" in lesson.target_verdicts(results)
 
@@ -449,4 +450,4 @@ def test_quick_bench_stays_small():
                                                                                             report.QUICK_REAL_SHAPES)
     assert quick["gpu_clock"] <= full["gpu_clock"] // 2
     assert full["gpu_clock"] <= 80 and full["sweep_points"] <= 40
-    assert len(ngram.real_cases(quick=True)) == len(ngram.CORPORA)
+    assert len(ngram.report.real_cases(quick=True)) == len(ngram.report.CORPORA)

@@ -366,11 +366,12 @@ def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
 
 def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
     """The share of the floor's bytes that a perfect early exit reads at grid case ``cfg``
-    (:func:`studylog.ngram.early_exit_bytes`: each haystack up to the end of its first top-n window, else all of it),
+    (:func:`studylog.ngram.batches.early_exit_bytes`: each haystack up to the end of its first top-n window, else all of it),
     on the benchmark's batch rebuilt on the CPU. The slots' plan and planted repeats come from a CPU generator, so the
     rebuilt batch has the benchmark's lengths and matches (a chance 3-gram among uniform ids is vanishingly rare); the
     haystack bytes must equal the committed row's, or the rebuild is not the benchmark's batch."""
-    from studylog.ngram import early_exit_bytes, gen_width_for, haystack_bytes, make_batch
+    from studylog.ngram import gen_width_for, make_batch
+    from studylog.ngram.batches import early_exit_bytes, haystack_bytes
 
     batch, seq_len, threshold = cfg
     inputs, draft, this_time = make_batch(batch, seq_len, gen_width_for(seq_len),

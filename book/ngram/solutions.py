@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from studylog.ngram import NONE_KEY, decode_key, match_key
+from studylog.ngram.formats import NONE_KEY
+from studylog.ngram.models import decode_key, match_key
 
 __all__ = ["one_pass", "budget_scan", "refused_bound", "warp_min_step6"]
 

@@ -52,7 +52,8 @@ import torch
 
 from book.ngram.lesson import BOEHM_CASES as CASES
 from studylog import cuda, ngram, paths, runtime
-from studylog.ngram import SCAN_THREADS, SIGNATURE, THREADS, NgramConfig, NgramInputs, NgramMatcher
+from studylog.ngram import SCAN_THREADS, NgramConfig, NgramInputs, NgramMatcher
+from studylog.ngram.kernels import SIGNATURE, STREAM_INSTANCES, STREAM_LOADS, THREADS, stream_vec
 from studylog.ngram.report import BENCH_GRID, GRAPH_BUDGET_MS, MAX_COPIES, SLOW_CALL_MS, gen_width_for
 
 SOURCE = Path(__file__).resolve().parent / "variants" / "step05_06_changes.cu"
@@ -91,13 +92,13 @@ INSTANCES = tuple(search for v, (search, _, _) in VARIANTS.items() if v not in S
 INSTANCES7 = tuple(VARIANTS[v][0].format(vec=vec) for v in STEP7 if v != "7a" for vec in (2, 1))
 #: The instances at the library's setting, and the library kernel each must compile to.
 LIBRARY_TWINS = {"one_pass_search<false>": "ngram_search_one_pass", "one_pass_split<true>": "ngram_one_pass_fused",
-                 **{VARIANTS["7"][0].format(vec=vec): ngram.STREAM_INSTANCES[i] for i, vec in enumerate((2, 1))}}
+                 **{VARIANTS["7"][0].format(vec=vec): STREAM_INSTANCES[i] for i, vec in enumerate((2, 1))}}
 
 
 @functools.lru_cache(maxsize=None)
 def kernel(source, name: str, device: int) -> cuda.CudaKernel:
     names = {SOURCE: INSTANCES, SOURCE7: INSTANCES7, STREAM_SOURCE: (STEP7A,),
-             "ngram_stream": ngram.STREAM_INSTANCES}.get(source, ())
+             "ngram_stream": STREAM_INSTANCES}.get(source, ())
     module = cuda.load(source, name_expressions=names, device=device)
     return module.kernel(name, SIGNATURE)
 
@@ -108,8 +109,8 @@ def bind(variant: str, inputs: NgramInputs, draft, this_time, config: NgramConfi
     search, phase2, step = VARIANTS[variant]
     options = {"chunk_tiles": chunk_tiles} if chunk_tiles and step is ngram.step06_one_pass_fused else {}
     if step is ngram.step07_stream:
-        vec = 1 if variant == "7a" else ngram.stream_vec(inputs.prompt_ids, inputs.generated_ids)
-        options = {"vec": vec} | ({"chunk_len": chunk_tiles * THREADS * ngram.STREAM_LOADS * vec} if chunk_tiles else {})
+        vec = 1 if variant == "7a" else stream_vec(inputs.prompt_ids, inputs.generated_ids)
+        options = {"vec": vec} | ({"chunk_len": chunk_tiles * THREADS * STREAM_LOADS * vec} if chunk_tiles else {})
     m = NgramMatcher(step, inputs, draft, this_time, config=config, check_values=False, **options)
     dev = torch.cuda.current_device()
     grid = (m.batch,) if step is ngram.step05_one_pass else (m.batch, m.prompt_chunks + m.gen_chunks)
@@ -160,7 +161,7 @@ def compile_check() -> int:
     sources = [(cuda.compile_source(SOURCE, arch="sm_90", name_expressions=INSTANCES),
                 cuda.compile_source("ngram_one_pass", arch="sm_90"), INSTANCES + ("budget_scan_reset",)),
                (cuda.compile_source(SOURCE7, arch="sm_90", name_expressions=INSTANCES7),
-                cuda.compile_source("ngram_stream", arch="sm_90", name_expressions=ngram.STREAM_INSTANCES),
+                cuda.compile_source("ngram_stream", arch="sm_90", name_expressions=STREAM_INSTANCES),
                 INSTANCES7 + ("budget_scan_reset",)),
                (cuda.compile_source(STREAM_SOURCE, arch="sm_90", name_expressions=(STEP7A,)), None, (STEP7A,))]
     print(f"{len(INSTANCES) + len(INSTANCES7) + 3} kernels compiled in {time.perf_counter() - start:.0f} s")
@@ -238,7 +239,7 @@ def check() -> int:
         pw, gw = r.randint(1, width), r.randint(1, width // 2 + 2)
         hybrid = r.random() < 0.3
         inputs, draft, this_time = ngram.make_batch(
-            b, pw, gw, kinds=[r.choice(ngram.SLOT_KINDS) for _ in range(b)], draft_width=r.randint(2, 9),
+            b, pw, gw, kinds=[r.choice(ngram.batches.SLOT_KINDS) for _ in range(b)], draft_width=r.randint(2, 9),
             vocab=r.choice([2, 3, 5, 50]), id_base=r.choice([0, 1 << 40]), decoys=r.random() < 0.5,
             capped_fraction=0.3, hybrid=hybrid, seed=seed)
         dw = draft.shape[1]
@@ -268,7 +269,7 @@ def check() -> int:
 
 def _cpu_path(inputs, draft, this_time, config):
     expected = (draft.cpu(), this_time.cpu())
-    ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+    ngram.cpu_path.cpu_path_inplace(inputs.to("cpu"), *expected, config)
     return expected
 
 
@@ -311,7 +312,7 @@ def measure(step7: bool = False) -> Path:
                                                  kinds=["short"] if batch == 1 else None,
                                                  seed=1000 + batch + seq_len, device="cuda")
         base = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
-        floor = run.floor_ms(ngram.haystack_bytes(inputs, this0, config))
+        floor = run.floor_ms(ngram.batches.haystack_bytes(inputs, this0, config))
         expected = _cpu_path(inputs, draft0, this0, config)
         nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8
         twins = {}

@@ -32,7 +32,7 @@ import torch
 
 from studylog import cuda, ngram, paths
 from studylog.bench import BenchRun, gpu_slug
-from studylog.ngram import NgramConfig, NgramInputs
+from studylog.ngram import NgramConfig, NgramInputs, kernels
 from studylog.ngram.report import MAX_COPIES
 
 SOURCE = Path(__file__).resolve().parent / "variants" / "ngram_stream_variants.cu"
@@ -56,18 +56,19 @@ def launcher(variant: dict, vec: int, inputs, draft, this_time, config, chunk_le
     """A call of one variant on this batch: the library's step 7 bound to it gives the arguments and grid.
     ``chunk_len`` is rounded up to whole tiles of the variant, then of the library's instance."""
     p, g = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
-    chunk_len = ngram.stream_chunk_len(inputs.batch, p, g, ngram.THREADS * variant["loads"] * vec, chunk_len=chunk_len)
+    tile = kernels.THREADS * variant["loads"] * vec
+    chunk_len = kernels.stream_chunk_len(inputs.batch, p, g, tile, chunk_len=chunk_len)
     bound = ngram.NgramMatcher(ngram.step07_stream, inputs, draft, this_time, config=config, check_values=False,
                                vec=vec, chunk_len=chunk_len)
-    kernel = cuda.load(SOURCE, name_expressions=INSTANCES).kernel(instance(variant, vec), ngram.SIGNATURE)
+    kernel = cuda.load(SOURCE, name_expressions=INSTANCES).kernel(instance(variant, vec), kernels.SIGNATURE)
     grid = (bound.batch, bound.prompt_chunks + bound.gen_chunks)  # step07_stream's grid
-    return bound, lambda: kernel(grid, (ngram.THREADS,), *bound.args)
+    return bound, lambda: kernel(grid, (kernels.THREADS,), *bound.args)
 
 
 def same_split(inputs) -> int:
     """The split of the default's 16-byte instance, which every variant takes (rounded to its own tiles)."""
     p, g = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
-    return ngram.stream_chunk_len(inputs.batch, p, g, ngram.THREADS * DEFAULT["loads"] * 2)
+    return kernels.stream_chunk_len(inputs.batch, p, g, kernels.THREADS * DEFAULT["loads"] * 2)
 
 
 def check(seeds: int = 40) -> int:
@@ -78,7 +79,7 @@ def check(seeds: int = 40) -> int:
         b, pw, gw = r.randint(1, 40), r.randint(1, 300), r.randint(1, 152)
         hybrid = r.random() < 0.3
         inputs, draft, this_time = ngram.make_batch(
-            b, pw, gw, kinds=[r.choice(ngram.SLOT_KINDS) for _ in range(b)], draft_width=r.randint(2, 9),
+            b, pw, gw, kinds=[r.choice(ngram.batches.SLOT_KINDS) for _ in range(b)], draft_width=r.randint(2, 9),
             vocab=r.choice([2, 3, 5, 50]), decoys=r.random() < 0.5, capped_fraction=0.3, hybrid=hybrid, seed=seed)
         dw = draft.shape[1]
         max_n = r.randint(1, 4)
@@ -90,14 +91,14 @@ def check(seeds: int = 40) -> int:
         inputs, draft, this_time = ngram.make_batch(128, 4096, 512, seed=threshold, device="cuda")
         config = NgramConfig(threshold=threshold)
         expected = (draft.cpu(), this_time.cpu())
-        ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+        ngram.cpu_path.cpu_path_inplace(inputs.to("cpu"), *expected, config)
         failures += _check_batch(inputs, draft, this_time, config, expected, (None,))
     print(f"{len(VARIANTS)} variants x 2 load widths: {failures} failures")
     return failures
 
 
 def _check_batch(inputs, draft, this_time, config, expected, chunk_lens) -> int:
-    wide = ngram.stream_vec(inputs.prompt_ids, inputs.generated_ids) == 2
+    wide = kernels.stream_vec(inputs.prompt_ids, inputs.generated_ids) == 2
     failures = 0
     for variant in VARIANTS:
         for vec in (1, 2) if wide else (1,):
@@ -117,15 +118,15 @@ def measure() -> Path:
     """The bench grid, every variant at the same split, each checked against the CPU path; the rows keep
     the old bench's layout (series ``stream_variants``, the knobs in ``params``)."""
     run = BenchRun("ngram", command=" ".join(sys.argv))
-    for batch, seq_len, threshold in run.progress(ngram.BENCH_GRID, "grid"):
+    for batch, seq_len, threshold in run.progress(ngram.report.BENCH_GRID, "grid"):
         config = NgramConfig(threshold=threshold)
         inputs, draft0, this0 = ngram.make_batch(batch, seq_len, ngram.gen_width_for(seq_len),
                                                  kinds=["short"] if batch == 1 else None,
                                                  seed=1000 + batch + seq_len, device="cuda")
         params = {"batch": batch, "seq_len": seq_len, "threshold": threshold}
-        floor = run.floor_ms(ngram.haystack_bytes(inputs, this0, config))
+        floor = run.floor_ms(ngram.batches.haystack_bytes(inputs, this0, config))
         expected = (draft0.cpu(), this0.cpu())
-        ngram.cpu_path_inplace(inputs.to("cpu"), *expected, config)
+        ngram.cpu_path.cpu_path_inplace(inputs.to("cpu"), *expected, config)
         split = same_split(inputs)
         # copies of the haystack to rotate among, as the chapter's benchmark rotates them (past L2 together)
         nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8

@@ -2,36 +2,22 @@
 
 Every decoding step, each active slot of a batch looks up its last ``n`` generated tokens in its prompt, then in
 its earlier generated tokens, and proposes the tokens that followed the leftmost earlier occurrence as drafts,
-under a batch-wide token budget. :func:`reference_ngram_match` is the specification (the deployed operator's
-rules, line by line); every step reproduces it bit for bit. Step 1 is the deployed CPU path (C), steps 2 to 7
-CUDA C++ kernels in ``csrc/``; :func:`ngram_match` is the chapter's result under the operator's name, and
-:class:`NgramMatcher` binds a step to one batch's buffers (validated once, capturable in a CUDA graph).
-
-Modules: ``formats`` (inputs, config, checks), ``reference``, ``models`` (the GPU algorithms in Python),
-``cpu_path``, ``kernels`` (the steps), ``batches`` (synthetic and real batches, and what the search does on
-them), ``corpus`` (the real documents, ``python -m studylog.ngram corpus`` rebuilds them), ``report`` (the
-benchmark and its headline). ``__all__`` is what a reader calls after the lesson; the figures, tables and
-exercises are the book's (``book.ngram``).
+under a batch-wide token budget. :func:`reference_ngram_match` is the specification, which every step reproduces
+bit for bit: step 1 is the deployed CPU path (C), steps 2 to 7 CUDA C++ kernels in ``csrc/``. :func:`ngram_match`
+is the chapter's result under the operator's name; :class:`NgramMatcher` binds a step to one batch's buffers.
 """
 
 from __future__ import annotations
 
 from studylog.chapter import Chapter, Step
-from studylog.ngram.batches import (SLOT_KINDS, branch_stats, corpus_batch, draft_acceptance,
-                                    early_exit_bytes, haystack_bytes, make_batch, search_keys)
-from studylog.ngram.corpus import CORPUS_FILES, CORPUS_PATH, Corpus, build_corpus, load_corpus, write_corpus
-from studylog.ngram.cpu_path import CPU_SOURCE, cpu_path_inplace
-from studylog.ngram.formats import (DEFAULT_THRESHOLD, HYBRID_DEFAULT_THRESHOLD, NGRAM_MAX, NONE_KEY, NgramConfig,
-                                    NgramInputs, same_state, validate)
-from studylog.ngram.kernels import (ITEMS, SIGNATURE, STREAM_INSTANCES, STREAM_LOADS, THREADS, TILE, NgramMatcher,
-                                    fused_chunk_len, ngram_match, step01_cpu_path, step02_serial, step03_two_phase,
-                                    step04_two_phase_scan, step05_one_pass, step06_one_pass_fused, step07_stream,
-                                    stream_chunk_len, stream_vec)
-from studylog.ngram.models import (SCAN_THREADS, decode_key, match_key, model_budget_refused,
-                                   model_one_pass_keys, slot_plan)
+from studylog.ngram.batches import corpus_batch, make_batch
+from studylog.ngram.cpu_path import CPU_SOURCE
+from studylog.ngram.formats import NGRAM_MAX, NgramConfig, NgramInputs, same_state, validate
+from studylog.ngram.kernels import (NgramMatcher, ngram_match, step01_cpu_path, step02_serial, step03_two_phase,
+                                    step04_two_phase_scan, step05_one_pass, step06_one_pass_fused, step07_stream)
+from studylog.ngram.models import SCAN_THREADS, match_key, model_budget_refused, model_one_pass_keys
 from studylog.ngram.reference import reference_ngram_match
-from studylog.ngram.report import (BENCH_GRID, CORPORA, NO_BUDGET, QUICK_GRID, REAL_SHAPES, SYNCED_DESCRIPTION,
-                                   SYNCED_SERIES, bench, gen_width_for, gpu_headline, real_batch, real_cases,
+from studylog.ngram.report import (NO_BUDGET, SYNCED_DESCRIPTION, SYNCED_SERIES, bench, gen_width_for, gpu_headline,
                                    sweep_series)
 from studylog.paths import chapter_csrc
 from studylog.ngram import ops  # the entry point as a torch.library operator (torch.ops.studylog)
@@ -74,7 +60,7 @@ __all__ = [
     # formats and the specification
     "NgramInputs", "NgramConfig", "validate", "same_state", "NGRAM_MAX", "reference_ngram_match",
     # the models of the GPU algorithms
-    "match_key", "model_one_pass_keys", "model_budget_refused",
-    # batches to run on, synthetic and from real documents
-    "make_batch", "corpus_batch",
+    "match_key", "model_one_pass_keys", "model_budget_refused", "SCAN_THREADS",
+    # batches to run on, synthetic and from real documents, at the benchmark's sizes
+    "make_batch", "corpus_batch", "gen_width_for", "NO_BUDGET",
 ]

@@ -1,7 +1,5 @@
-"""Realistic batches (:func:`make_batch`: planted repeats; :func:`corpus_batch`: real documents, the same slot
-plan), and what the benchmark records of them: the bytes a search reads (:func:`haystack_bytes`,
-:func:`early_exit_bytes`), the branches it takes (:func:`branch_stats`), the drafts accepted
-(:func:`draft_acceptance`).
+"""Batches (:func:`make_batch`: planted repeats; :func:`corpus_batch`: real documents), and what the benchmark
+records of them: bytes read, branches taken, drafts accepted.
 """
 
 from __future__ import annotations
@@ -24,14 +22,11 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
                draft_width: int = 11, vocab: int = 50_000, id_base: int = 0, decoys: bool = False,
                capped_fraction: float = 0.1, hybrid: bool = False, seed: int = 0,
                device: torch.device | str = "cpu") -> tuple[NgramInputs, Tensor, Tensor]:
-    """A batch of token streams with planted repeats, and its initial (draft_tokens, seq_lens_this_time).
-
-    Tokens are uniform over ``vocab`` ids from ``id_base`` (1-gram matches are common, 3-gram ones only where
-    planted). Per slot kind (``kinds``, else the benchmark mix shuffled): the last 3 generated tokens are copied
-    early or late into the prompt, or earlier into the generated tokens; "short" plants only the newest token;
-    "never" gives fresh ids. ``decoys`` adds copies of the pattern that differ only in bit 33 (a kernel comparing
-    32 bits would take them). Per-slot choices come from a CPU generator seeded with ``seed``.
-    """
+    """A batch with planted repeats, and its initial (draft_tokens, seq_lens_this_time). Tokens are uniform over
+    ``vocab`` ids from ``id_base`` (3-gram matches only where planted). Per slot kind (``kinds``, else the benchmark
+    mix shuffled) the last 3 generated tokens are copied early or late into the prompt, or earlier into the
+    generated tokens; "short" plants only the newest token; "never" gives fresh ids. ``decoys`` adds copies that
+    differ only in bit 33 (a kernel comparing 32 bits would take them)."""
     if prompt_width < 1 or gen_width < 1 or draft_width < 2:
         raise ValueError("prompt_width and gen_width must be >= 1 and draft_width >= 2")
     device = torch.device(device)
@@ -101,11 +96,10 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
 def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, draft_width: int = 11,
                  capped_fraction: float = 0.1, seed: int = 0, corpus=None,
                  device: torch.device | str = "cpu") -> tuple[NgramInputs, Tensor, Tensor]:
-    """A batch of real token streams (``kind``: ``"text"`` or ``"code"``) with :func:`make_batch`'s slot plan
-    (the benchmark mix) and no planted repeats. Slot ``b`` reads one stream of the corpus from a random window
-    and offset: its prompt is the stream's first ``prompt_lens[b]`` tokens, its generated tokens the ones after.
-    The buffer also holds ``draft_width - 1`` tokens past ``step_idx`` (the kernels never read them): the true
-    continuation, which :func:`draft_acceptance` compares the drafts with."""
+    """A batch of real token streams (``kind``: ``"text"`` or ``"code"``) with the benchmark's slot mix: slot ``b``'s
+    prompt is a corpus stream's first ``prompt_lens[b]`` tokens, its generated tokens the ones after. The
+    ``draft_width - 1`` tokens past ``step_idx`` (never read by the kernels) are the true continuation that
+    :func:`draft_acceptance` compares the drafts with."""
     from studylog.ngram.corpus import load_corpus
 
     if gen_width < draft_width + 1 or prompt_width < 1 or draft_width < 2:
@@ -139,8 +133,7 @@ def corpus_batch(kind: str, batch: int, prompt_width: int, gen_width: int, *, dr
 
 
 def _slot_state(kinds, prompt_lens, step_idx, draft_width, capped_fraction, hybrid, rand, rng):
-    """Per-slot lengths of a batch (draft_token_num, max_dec_len, seq_lens_encoder, seq_lens_decoder,
-    seq_lens_this_time) by its slot kinds: prefill, inactive, or decoding."""
+    """(draft_token_num, max_dec_len, seq_lens_encoder, seq_lens_decoder, seq_lens_this_time) by slot kind."""
     encoder, decoder, this_time, dtn, max_dec = [], [], [], [], []
     for b, kind in enumerate(kinds):
         step = step_idx[b]
@@ -169,8 +162,7 @@ def _assemble(prompt, gen, prompt_lens, step_idx, dtn, max_dec, encoder, decoder
 
 
 def haystack_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
-    """Bytes of every haystack a searching slot must read once: prompt and generated tokens of the
-    active slots (the one-pass floor's numerator)."""
+    """Bytes of every haystack a searching slot must read once (the one-pass floor's numerator)."""
     return sum((prompt_len + step) * 8 for _, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config))
 
 
@@ -218,8 +210,8 @@ def _suffix_lengths(hay: Tensor, ends: int, gen_row: Tensor, step: int, top: int
 
 
 def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[int]:
-    """Each slot's match key, as :func:`studylog.ngram.models.model_one_pass_keys` gives it, computed with
-    whole-haystack tensor operations (fast enough for benchmark-sized batches, on any device)."""
+    """Each slot's match key, as :func:`~studylog.ngram.models.model_one_pass_keys` gives it, from whole-haystack
+    tensor operations (fast enough for benchmark-sized batches)."""
     keys = [NONE_KEY] * inputs.batch
     for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
         top = min(config.max_ngram_size, step)
@@ -239,18 +231,11 @@ def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Te
 
 
 def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> dict:
-    """Which branches of the search a batch takes (budget ignored except for the skip rule):
-
-    * ``searching_slots``: active slots with room for a draft and a pattern of at least ``min_ngram_size``;
-    * ``refused_slots``: those step 7 does not search, since the budget refuses them whatever they find
-      (:func:`~studylog.ngram.models.model_budget_refused`);
-    * ``top_n_matches`` / ``shorter_matches`` / ``no_match``: searching slots whose best match has the
-      largest n (an early exit can stop the scan there), a smaller n (the whole haystack must be read to
-      know no larger one follows), or none (read to the end);
-    * ``newest_token_hits_per_1k``: positions of the searched haystacks that hold the newest token, per
-      thousand: where the kernels' inner comparison loop runs;
-    * ``early_exit_fraction``: what a perfect early exit reads, as a fraction of the one-pass floor's bytes.
-    """
+    """Which branches of the search a batch takes (budget ignored but for the skip rule): ``searching_slots``
+    (active, with room and a long enough pattern), ``refused_slots`` (of those, the ones step 7 skips),
+    ``top_n_matches`` / ``shorter_matches`` / ``no_match`` (only a top-n match lets a scan stop early),
+    ``newest_token_hits_per_1k`` (where the inner comparison loop runs), ``early_exit_fraction`` (what a perfect
+    early exit reads over the floor's bytes)."""
     keys = search_keys(inputs, config, seq_lens_this_time)
     refused = model_budget_refused(inputs, config, seq_lens_this_time)
     searching = top = shorter = none = refused_n = 0
@@ -281,13 +266,9 @@ def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramC
 
 def draft_acceptance(inputs: NgramInputs, before: Tensor, draft_tokens: Tensor, seq_lens_this_time: Tensor,
                      config: NgramConfig) -> dict:
-    """How many drafts a batch got and how many of them the true continuation accepts.
-
-    ``before`` is ``seq_lens_this_time`` before the call; ``draft_tokens`` and ``seq_lens_this_time`` are
-    the state after it. A slot's drafts are accepted as a verifier with greedy decoding accepts them: the
-    longest prefix equal to the tokens that really follow, ``generated_ids[b, step_idx[b] + 1:]`` (on a
-    :func:`corpus_batch`, the document's continuation; on a :func:`make_batch`, random ids, so acceptance
-    there is chance). A draft beyond the buffer's end counts as rejected."""
+    """How many drafts a batch got (``before``: ``seq_lens_this_time`` before the call) and how many a greedy
+    verifier accepts: the longest prefix equal to ``generated_ids[b, step_idx[b] + 1:]`` (the document's
+    continuation on a :func:`corpus_batch`, random on a :func:`make_batch`); past the buffer's end, rejected."""
     lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
              inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), before.tolist())
     after = seq_lens_this_time.tolist()

@@ -1,12 +1,10 @@
 """Real token sequences for chapter 3: Python's standard library, as prose and as code, in cl100k tokens.
 
-Uniform random ids say little about which branches of the kernels run on real prompts: text and code repeat
-tokens in a Zipfian way. The corpus, committed as :data:`CORPUS_PATH` so that the benchmark and the tests need no
-tokenizer, holds :data:`WINDOWS` windows of :data:`WINDOW` tokens per kind, taken at evenly spaced starts of one
-stream per kind: **code**, the source of :data:`CORPUS_FILES` as it is; **text**, their docstrings
-(``ast.get_docstring``, in source order, one document per file). It records the Python version, each file's
-SHA-256 and the tokenizer's version. ``python -m studylog.ngram corpus`` rebuilds it (needs ``bpe-openai``;
-``--check`` compares a fresh build instead); :func:`load_corpus` reads it (numpy only).
+Random ids say little about which branches run on real prompts (text and code repeat tokens in a Zipfian way).
+The committed corpus (:data:`CORPUS_PATH`; no tokenizer needed to read it) holds :data:`WINDOWS` windows of
+:data:`WINDOW` tokens per kind, evenly spaced over one stream per kind: **code**, the source of
+:data:`CORPUS_FILES`; **text**, their docstrings. ``python -m studylog.ngram corpus`` rebuilds it (``--check``
+compares instead; needs ``bpe-openai``).
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ from torch import Tensor
 
 from studylog.paths import DATA
 
-#: The standard-library modules the corpus reads, sorted (paths under the stdlib folder). Large, stable
-#: modules with both long code and long docstrings.
+#: The standard-library modules the corpus reads, sorted: large, stable, with long code and long docstrings.
 CORPUS_FILES = (
     "argparse.py", "ast.py", "dataclasses.py", "difflib.py", "doctest.py", "email/message.py", "enum.py",
     "functools.py", "inspect.py", "logging/__init__.py", "pickle.py", "pydoc.py", "shutil.py", "statistics.py",
@@ -38,20 +35,18 @@ KINDS = ("text", "code")
 #: Tokens per window, and windows per kind.
 WINDOW = 4096
 WINDOWS = 16
-#: The vocabulary.
 TOKENIZER = "cl100k_base"
-#: The committed corpus.
 CORPUS_PATH = DATA / "ngram_corpus.npz"
 
 
 def stdlib_folder() -> Path:
-    """The folder of this Python's standard library (``sysconfig.get_paths()["stdlib"]``)."""
+    """The folder of this Python's standard library."""
     return Path(sysconfig.get_paths()["stdlib"])
 
 
 def docstrings(source: str) -> str:
-    """The documentation strings of a module's source: the module's, then every class's and function's
-    in source order (``ast.get_docstring``, cleaned), joined by a blank line."""
+    """The docstrings of a module's source (the module's, then its classes' and functions' in source order),
+    joined by a blank line."""
     tree = ast.parse(source)
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
     nodes = [tree] + sorted(defs, key=lambda n: (n.lineno, n.col_offset))
@@ -76,8 +71,8 @@ def corpus_documents(stdlib: Path | None = None) -> tuple[dict[str, list[str]], 
 
 
 def window_starts(stream_len: int, windows: int = WINDOWS, window: int = WINDOW) -> list[int]:
-    """Evenly spaced starts of ``windows`` windows of ``window`` tokens in a stream (first at 0, last at the
-    end; they overlap only when the stream is shorter than all of them together)."""
+    """Evenly spaced starts of ``windows`` windows of ``window`` tokens in a stream, the first at 0, the last at
+    the end."""
     if stream_len < window:
         raise ValueError(f"a stream of {stream_len} tokens holds no window of {window}")
     if windows == 1:
@@ -128,13 +123,9 @@ class Corpus:
     tokens: dict[str, Tensor]
     meta: dict
 
-    @property
-    def window(self) -> int:
-        return int(self.meta["window"])
-
     def stream(self, kind: str, first_window: int, length: int, offset: int = 0) -> Tensor:
-        """``length`` tokens of ``kind`` starting ``offset`` tokens into window ``first_window``, running on
-        through the following windows (cyclically). Raises if that would reach the first window again."""
+        """``length`` tokens of ``kind`` from ``offset`` into window ``first_window``, on through the following
+        windows (cyclically, never reaching the first again)."""
         windows = self.tokens[kind]
         count, window = windows.shape
         needed = -(-(offset + length) // window)
@@ -154,8 +145,8 @@ def load_corpus(path: Path = CORPUS_PATH) -> Corpus:
 
 
 def stdlib_differences(meta: dict, stdlib: Path | None = None) -> list[str]:
-    """The corpus files whose bytes differ from (or are missing in) this Python's standard library: a
-    rebuild reproduces the committed ids only where this list is empty."""
+    """The corpus files that differ from (or are missing in) this Python's standard library: a rebuild reproduces
+    the committed ids only when there are none."""
     folder = stdlib_folder() if stdlib is None else Path(stdlib)
     differ = []
     for name, digest in meta["sha256"].items():

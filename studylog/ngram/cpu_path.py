@@ -1,6 +1,5 @@
-"""Step 1, the CPU path: the serial loop the serving engine ran on the host, as C (``csrc/ngram_cpu_path.c``,
-tested bit-identical to the reference), compiled with the system C compiler at first use and called through
-``ctypes``. :class:`CpuPathCall` adds the device<->host copies the deployed path made around it every step.
+"""Step 1, the CPU path: the serving engine's serial loop as C (``csrc/ngram_cpu_path.c``), compiled at first use
+and called through ``ctypes``; :class:`CpuPathCall` adds the deployed path's device<->host copies.
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ def cpu_library() -> ctypes.CDLL:
 
 def cpu_path_inplace(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
                      config: NgramConfig) -> int:
-    """Run the C loop on CPU tensors, in place; returns the number of windows it compared. The arguments are
-    checked first (:func:`~studylog.ngram.formats.validate`, values included): the loop trusts every
-    length and dtype it is given."""
+    """Run the C loop on CPU tensors, in place; returns the windows it compared. The arguments are validated
+    first, values included: the loop trusts every length and dtype it is given."""
     tensors = [getattr(inputs, name, None) for name in ("prompt_ids", "generated_ids")] + [draft_tokens]
     if any(isinstance(t, Tensor) and t.device.type != "cpu" for t in tensors):
         raise ValueError("cpu_path_inplace takes CPU tensors; step01_cpu_path does the copies")
@@ -82,11 +80,10 @@ def _run_c_loop(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: T
 
 
 class CpuPathCall:
-    """The CPU path bound to one batch: as deployed, the prompt lives on the host from admission on (copied once);
-    each call copies the generated tokens, the per-slot lengths and the draft buffers to the host, runs the C
-    loop, and copies the drafts back. On CPU tensors it only runs the loop. The prompt is copied again when
-    ``prompt_ids`` or ``prompt_lens`` changed since (a write torch sees bumps the tensor's version; a rebound
-    tensor is noticed too); after a write torch does not see, call :meth:`refresh`."""
+    """The CPU path bound to one batch, as deployed: the prompt is copied to the host once; each call copies the
+    generated tokens, lengths and draft buffers there, runs the C loop, and copies the drafts back (on CPU tensors:
+    only the loop). The prompt is copied again when its tensors are rebound or their version changes; after a
+    write torch does not see, call :meth:`refresh`."""
 
     def __init__(self, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig):
         self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config = (

@@ -1,8 +1,5 @@
-"""What the n-gram matcher reads and writes, its parameters, and the checks every step runs first.
-
-Dtypes are explicit: token ids are int64, every per-slot length is int32. The output state
-(``draft_tokens``, ``seq_lens_this_time``) is passed beside the inputs because every step updates it
-in place, as the deployed operator did.
+"""What the n-gram matcher reads and writes, its parameters, and the checks every step runs first. Token ids are
+int64, every per-slot length int32.
 """
 
 from __future__ import annotations
@@ -27,8 +24,8 @@ _INT32_MAX = 2**31 - 1
 
 @dataclass
 class NgramInputs:
-    """What the matcher reads. ``B`` slots; the output state (``draft_tokens``,
-    ``seq_lens_this_time``) is passed separately because the kernels update it in place.
+    """What the matcher reads (the state it updates in place, ``draft_tokens`` and ``seq_lens_this_time``, is passed
+    beside it, as the deployed operator did).
 
     * ``prompt_ids[b, :prompt_lens[b]]``: slot ``b``'s prompt.
     * ``generated_ids[b, :step_idx[b] + 1]``: its generated tokens; the newest is at ``step_idx[b]``
@@ -63,8 +60,8 @@ class NgramConfig:
     ``draft_tokens[b, 1:]``, the cap is ``draft_token_num[b]``. ``hybrid=True`` is the variant run
     after MTP drafting: a slot keeps its ``seq_lens_this_time`` tokens and drafts go after them,
     capped by ``max_draft_tokens - seq_lens_this_time + 1``; ``seq_lens_encoder`` is ignored.
-    Both are the same kernels with a flag (see the notebook). The parameters are checked when the config is
-    made (a ValueError or TypeError names the one out of range), and again by :func:`validate`.
+    Both are the same kernels with a flag. The parameters are checked when the config is made, and by
+    :func:`validate`.
     """
 
     max_ngram_size: int = 3
@@ -102,11 +99,8 @@ def _check_config(config: NgramConfig) -> None:
 
 def validate(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, config: NgramConfig,
              *, check_values: bool = True) -> None:
-    """Raise a clear error naming the argument for any input the kernels cannot take.
-
-    Shapes, dtypes, devices and contiguity are checked always; ``check_values`` also reads the
-    per-slot lengths (a device sync on the GPU) to check their ranges.
-    """
+    """Raise an error naming the argument for any input the kernels cannot take: shapes, dtypes, devices and
+    contiguity always; with ``check_values``, the per-slot lengths' ranges too (a device sync on the GPU)."""
     if not isinstance(inputs, NgramInputs):
         raise TypeError(f"inputs must be an NgramInputs, got {type(inputs).__name__}")
     _check_config(config)

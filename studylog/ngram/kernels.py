@@ -1,7 +1,5 @@
-"""The steps of chapter 3 (``CHAPTER.steps``), each a public function that runs in place and launches its kernels
-itself, with their grids; :class:`NgramMatcher`, a step bound to one batch's buffers (validated once, arguments
-packed once); and :func:`ngram_match`, the chapter's result under the operator's name (step 6 or 7, by the
-batch's shapes, :func:`final_step`).
+"""Chapter 3's steps (each launches its own kernels, in place), :class:`NgramMatcher` (a step bound to one batch's
+buffers) and :func:`ngram_match` (step 6 or 7, by the batch's shapes: :func:`final_step`).
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ cuda.declare_instances("ngram_stream", STREAM_INSTANCES)
 
 
 def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
-    """Haystack positions per block of step 6: enough blocks to fill the GPU about eight blocks per
-    SM, at most 8 tiles of TILE positions per block (``chunk_tiles`` overrides)."""
+    """Haystack positions per block of step 6: about eight blocks per SM, at most 8 tiles of TILE positions per
+    block (``chunk_tiles`` overrides)."""
     if chunk_tiles is None:
         tiles = batch * (-(-prompt_width // TILE) + -(-gen_width // TILE))
         chunk_tiles = max(1, min(8, tiles // (8 * runtime.sm_count())))
@@ -55,9 +53,8 @@ def stream_vec(*haystacks: Tensor) -> int:
 
 def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *,
                      chunk_len: int | None = None) -> int:
-    """Haystack positions per block of step 7: a whole number of tiles (``tile`` positions each),
-    about four blocks per SM when the haystacks are long, 2 to 8 tiles per block (``chunk_len``
-    overrides, rounded up to whole tiles). The range comes from the benchmark's chunk sweep."""
+    """Haystack positions per block of step 7: whole tiles of ``tile`` positions, about four blocks per SM, 2 to 8
+    tiles per block (the benchmark's chunk sweep; ``chunk_len`` overrides, rounded up to whole tiles)."""
     if chunk_len is None:
         tiles = batch * (-(-prompt_width // tile) + -(-gen_width // tile))
         chunk_len = max(2, min(8, tiles // (4 * runtime.sm_count()))) * tile
@@ -69,9 +66,8 @@ def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *
 
 @functools.lru_cache(maxsize=None)
 def _kernel(source: str, name: str, device_index: int) -> cuda.CudaKernel:
-    """The kernel ``name`` of ``csrc/<source>.cu`` (step 7's: a template instance of :data:`STREAM_INSTANCES`),
-    compiled and loaded on its first launch, once per device (matchers share it: a launch packs its own arguments,
-    and the driver copies them before the next launch can)."""
+    """Kernel ``name`` of ``csrc/<source>.cu``, loaded once per device (matchers share it: the driver copies each
+    launch's arguments before the next launch can)."""
     module = cuda.load(source, name_expressions=STREAM_INSTANCES) if "<" in name else cuda.load(source)
     return module.kernel(name, SIGNATURE)
 
@@ -81,28 +77,17 @@ _BOUND_FIELDS = ("prompt_ids", "prompt_lens", "generated_ids", "step_idx", "draf
                  "seq_lens_encoder", "seq_lens_decoder")
 
 
-def _require_cuda(name: str, device: torch.device) -> None:
-    runtime.require_gpu(f"the {name} n-gram kernels")
-    if device.type != "cuda":
-        raise ValueError(f"{name} runs on the GPU; prompt_ids is on {device}")
-
-
 class NgramMatcher:
     """One step bound to its buffers: ``NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time)``
-    validates once, then each call runs the step in place (nothing is checked per call, so the benchmark times only
-    the work). ``step`` is one of this module's step functions; its call is that function with ``bound=self``,
-    launching the kernels on :attr:`args`. Scratch buffers belong to the matcher; the GPU steps leave them ready
-    for the next call.
+    validates once, then each call runs the step in place with nothing checked (the benchmark times only the work).
+    The scratch buffers are the matcher's; the GPU steps leave them ready for the next call.
 
-    **In a CUDA graph.** A GPU step's call (:attr:`graph_safe`) launches on torch's current stream with no host
-    synchronisation and no allocation, and the kernels read every value that changes between decoding steps from
-    the bound tensors. So a serving loop builds the matcher once over its buffers, captures it once
-    (:meth:`capture`), and before each replay writes the new values into those same tensors (``copy_``; never
-    rebind the attributes of ``inputs``). The plain-number arguments are fixed by the buffers' shapes and by
-    ``config``: another batch size or config is another matcher and another graph (an engine pads with empty
-    slots, ``seq_lens_decoder == 0``). Values are checked only when the matcher is built (``check_values``) and
-    by :meth:`check`; out of the ranges :func:`~studylog.ngram.formats.validate` states, the kernels read out of
-    bounds. Step 1 cannot be captured: it copies to the host, waits for the GPU and runs a C loop there.
+    **In a CUDA graph.** A GPU step's call (:attr:`graph_safe`) neither syncs nor allocates, and the kernels read
+    every value that changes between decoding steps from the bound tensors: capture once (:meth:`capture`), then
+    before each replay write the new values into those same tensors (``copy_``; never rebind the attributes of
+    ``inputs``). Shapes and ``config`` are fixed per matcher (an engine pads with empty slots,
+    ``seq_lens_decoder == 0``). Values are checked only when built (``check_values``) and by :meth:`check`: out of
+    the ranges :func:`~studylog.ngram.formats.validate` states, the kernels read out of bounds.
 
     Options: ``chunk_tiles`` (step 6) and ``chunk_len`` (step 7), the haystack positions a block scans; ``vec``
     (step 7) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
@@ -133,7 +118,9 @@ class NgramMatcher:
             self._call = CpuPathCall(inputs, draft_tokens, seq_lens_this_time, config)
             return
         device = inputs.prompt_ids.device
-        _require_cuda(name, device)
+        runtime.require_gpu(f"the {name} n-gram kernels")
+        if device.type != "cuda":
+            raise ValueError(f"{name} runs on the GPU; prompt_ids is on {device}")
         self.device = torch.cuda.current_device()  # the device whose loaded kernels the step launches
         prompt_width, gen_width = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
         if step is step07_stream:
@@ -160,10 +147,8 @@ class NgramMatcher:
         self.step(self.inputs, self.draft_tokens, self.seq_lens_this_time, bound=self)
 
     def check(self) -> None:
-        """Check the bound tensors' current values (a device sync): what the constructor's ``check_values``
-        checks, for a loop that has since written new values into them. A GPU step's launches hold the
-        tensors the matcher was built over: a field of ``inputs`` rebound to another tensor since is an error
-        (the kernels would go on reading the old one), not a check of the new one."""
+        """Check the bound tensors' current values, as ``check_values`` does (a device sync). A field of ``inputs``
+        rebound to another tensor is an error: the kernels would go on reading the old one."""
         if self.graph_safe:
             rebound = [name for name in _BOUND_FIELDS if getattr(self.inputs, name) is not self._bound[name]]
             if rebound:
@@ -173,22 +158,11 @@ class NgramMatcher:
         validate(self.inputs, self.draft_tokens, self.seq_lens_this_time, self.config, check_values=True)
 
     def capture(self) -> torch.cuda.CUDAGraph:
-        """A CUDA graph of one call, captured now: replay it (``graph.replay()``) after writing each decoding
-        step's values into the bound tensors. The call runs twice first, on a side stream, as torch's graph
-        capture asks (it updates the state in place, as any call does)."""
+        """A CUDA graph of one call (after two warm-up calls, which update the state in place as any call does)."""
         if not self.graph_safe:
             raise ValueError(f"{self.step.__name__} cannot be captured in a CUDA graph: it copies the batch to "
                              "the host, waits for the GPU and runs a C loop there")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self()
-        return graph
+        return runtime.cuda_graph(self)[0]
 
 
 # The steps
@@ -199,11 +173,9 @@ Drafts = tuple[Int64[Tensor, "batch draft_width"], Int32[Tensor, " batch"]]
 def step01_cpu_path(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                     seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
                     bound: NgramMatcher | None = None) -> Drafts:
-    """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``),
-    copy the drafts back (on CPU tensors: only the loop). Updates ``draft_tokens`` and
-    ``seq_lens_this_time`` in place and returns them. Not capturable in a CUDA graph: the copies wait for
-    the GPU and the loop runs on the host. ``bound``, in every step: an :class:`NgramMatcher` of this step
-    already bound to these buffers (its call passes itself: no checks, no allocation)."""
+    """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``), copy the
+    drafts back (on CPU tensors: only the loop), in place; not capturable in a CUDA graph. ``bound``, in every
+    step: an :class:`NgramMatcher` of this step already bound to these buffers (no checks, no allocation)."""
     m = bound or NgramMatcher(step01_cpu_path, inputs, draft_tokens, seq_lens_this_time, config=config)
     if m.batch:
         m._call()
@@ -288,39 +260,32 @@ _OPTIONS = {step01_cpu_path: (), step02_serial: (), step03_two_phase: (), step04
             step05_one_pass: (), step06_one_pass_fused: ("chunk_tiles",), step07_stream: ("chunk_len", "vec")}
 
 
-#: The final entry point's rule (:func:`final_step`): step 7 streams a call's rows with fewer, larger blocks and
-#: no barriers, which pays once a call scans many long rows; on fewer or shorter rows step 6's finer split keeps
-#: more of the GPU busy. The thresholds are read off the benchmark's grid on every card with committed results
-#: (``assets/bench/<gpu>/ngram.json``, series step06 and step07; the book's ``dispatch_table`` shows it), and
-#: must keep the final entry point within the spread of the faster of the two at every measured case.
+#: The rule of :func:`final_step`: step 7's fewer, larger blocks with no barriers pay once a call scans many long
+#: rows; on fewer or shorter rows step 6's finer split keeps more of the GPU busy. The thresholds must keep the
+#: entry point within the spread of the faster step at every case of the committed benchmarks (step06, step07).
 STREAM_MIN_WIDTH = 32_768
 STREAM_MIN_TOKENS = 1 << 21
 
 
 def step_for_shape(batch: int, prompt_width: int) -> Callable:
-    """The rule of :func:`final_step` on shapes: :func:`step07_stream` where the prompts are at least
-    :data:`STREAM_MIN_WIDTH` wide and a call scans at least :data:`STREAM_MIN_TOKENS` prompt positions (slots ×
-    prompt width), :func:`step06_one_pass_fused` otherwise."""
+    """:func:`step07_stream` where the prompts are at least :data:`STREAM_MIN_WIDTH` wide and a call scans at least
+    :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width), else :func:`step06_one_pass_fused`."""
     if prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS:
         return step07_stream
     return step06_one_pass_fused
 
 
 def final_step(inputs: NgramInputs) -> Callable:
-    """The step the final entry point runs on ``inputs`` (:func:`step_for_shape` of its prompts' shape). Shapes
-    only: no device synchronisation, so a serving loop picks once per batch shape and builds an
-    :class:`NgramMatcher` over it."""
+    """The step the entry point runs on ``inputs``, by shapes only (no sync): a serving loop picks once per batch
+    shape and builds an :class:`NgramMatcher` over it."""
     return step_for_shape(*inputs.prompt_ids.shape)
 
 
 def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                 seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
-    """The chapter's operator: propose draft tokens in place, as the deployed operator does, with the step
-    :func:`final_step` picks for these shapes; returns ``(draft_tokens, seq_lens_this_time)``.
-
-    Like every step function it checks the values first (one device sync) and allocates the kernel's
-    scratch, so it cannot be captured in a CUDA graph; a decoding loop builds an :class:`NgramMatcher`
-    over its buffers once, with ``final_step(inputs)``, and captures that (:meth:`NgramMatcher.capture`)."""
+    """The chapter's operator: drafts proposed in place by the step :func:`final_step` picks; returns
+    ``(draft_tokens, seq_lens_this_time)``. It checks values (a sync) and allocates scratch, so a decoding loop
+    captures an :class:`NgramMatcher` of ``final_step(inputs)`` instead (:meth:`NgramMatcher.capture`)."""
     return final_step(inputs)(inputs, draft_tokens, seq_lens_this_time, config=config)
 
 

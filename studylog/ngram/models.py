@@ -1,10 +1,5 @@
-"""Python models of the GPU algorithms: what the kernels compute, in plain Python, so that the tests and
-the notebook check each algorithm against the reference on any machine.
-
-* :func:`model_one_pass_keys`: phase 1 of step 5 (one pass over each haystack for every n);
-* :func:`model_budget_refused`: step 7's skip rule (slots the budget refuses whatever the searches find).
-
-A match is one 64-bit key (:func:`match_key`), as in ``make_key`` of ``csrc/ngram_common.cuh``.
+"""The GPU algorithms in plain Python, so that the tests and the notebook check each against the reference on any
+machine: step 5's one-pass search (:func:`model_one_pass_keys`) and step 7's skip rule (:func:`model_budget_refused`).
 """
 
 from __future__ import annotations
@@ -47,9 +42,8 @@ def slot_plan(b: int, config: NgramConfig, step_idx, draft_token_num, max_dec_le
 
 def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
                         seq_lens_this_time: Tensor | None = None) -> list[int]:
-    """Phase 1 of step 5 in plain Python: for every end position e of each haystack, the length
-    of the common suffix of ``hay[:e+1]`` and the generated tokens (up to the top n) names the best
-    candidate ending there; the smallest key over all ends is the slot's match."""
+    """Phase 1 of step 5: for every end e of each haystack, the common suffix of ``hay[:e+1]`` and the generated
+    tokens (up to the top n) names the best candidate ending there; the smallest key over all ends wins."""
     prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()
     prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
     this_time = seq_lens_this_time.tolist() if seq_lens_this_time is not None else [0] * inputs.batch
@@ -74,9 +68,9 @@ def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
 
 
 def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[bool]:
-    """Step 7's skip rule in plain Python (``budget_bound_part`` in ``ngram_stream.cu``): an active
-    slot is refused whatever the searches find when the smallest possible running total (every
-    earlier slot at its base, no drafts) plus ``left`` already reaches ``threshold - 1``."""
+    """Step 7's skip rule (``budget_bound_part`` in ``ngram_stream.cu``): an active slot is refused whatever the
+    searches find when the smallest running total (every slot so far at its base) plus ``left`` reaches
+    ``threshold - 1``."""
     lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
              inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
     plans = [slot_plan(b, config, *lists) for b in range(inputs.batch)]

@@ -15,9 +15,8 @@ from torch import Tensor
 from studylog.ngram.formats import NgramConfig, NgramInputs, validate
 
 def _leftmost_continuation(hay: list[int], hay_len: int, pattern: list[int], cap: int):
-    """(start of the leftmost window ``hay[i:i+n] == pattern`` followed by at least one draft
-    token, the draft tokens), or None. A window at the very end has no continuation: the search
-    goes on to the next window, as the deployed loop does. ``cap <= 0`` never yields drafts."""
+    """(start, drafts) of the leftmost window ``hay[i:i+n] == pattern`` followed by at least one token, or None
+    (a window at the very end is skipped, as deployed; ``cap <= 0`` never yields drafts)."""
     n = len(pattern)
     for i in range(hay_len - n + 1):
         if hay[i:i + n] == pattern:

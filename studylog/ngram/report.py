@@ -1,10 +1,5 @@
-"""Chapter 3's benchmark (GPU only) and its headline (:func:`gpu_headline`), read back from the committed JSON.
-
-Step N is recorded as series ``stepNN``; :data:`CHUNK_SWEEPS` sweep the split of the fused kernels;
-:data:`SYNCED_SERIES` is the final step's call followed by a sync (the clock step 1 has, see :data:`CLOCK_NOTE`);
-:data:`ENTRY_SERIES` is ``ngram_match`` as a reader calls it. Beside the synthetic grid (:data:`BENCH_GRID`), the
-real-text cases (:data:`REAL_SHAPES` x :data:`CORPORA`) run :data:`REAL_STEPS` on real documents; their rows carry
-a ``corpus`` parameter, and the final step's row the drafts accepted and the branches taken.
+"""Chapter 3's benchmark (GPU only) and its headline. Step N is series ``stepNN``; besides the synthetic grid
+(:data:`BENCH_GRID`), :data:`REAL_STEPS` run on real documents (rows with a ``corpus`` parameter).
 """
 
 from __future__ import annotations
@@ -50,14 +45,12 @@ CLOCK_NOTE = ("Clocks: the GPU steps are timed on the GPU clock (their call repl
               "back to back, no sync). The CPU path (step01) cannot be captured in a graph: it copies the batch to "
               "the host, waits for the GPU and runs its loop there; it is timed on the host clock, end to end "
               "(clock host_e2e: the call followed by torch.cuda.synchronize(), wall time per call). The headlines "
-              "compare that same "
-              f"end-to-end host time for both sides: {SYNCED_SERIES} is step07_stream's call followed by the same "
-              "sync (what a serving loop that waits for the drafts observes); the kernel's GPU time is kept beside "
-              "it (kernel_gpu_ms). A GPU row's rotated_copies says over how many copies of the batch its graph "
-              f"rotates (enough to exceed four times the L2, at most {MAX_COPIES}: on the smallest batches the "
-              "copies cover less); calls slower than "
-              f"{SLOW_CALL_MS} ms are replayed about {GRAPH_BUDGET_MS:.0f} ms of work per replay (graph_calls) in "
-              "five replays per repetition.")
+              f"compare that same end-to-end host time for both sides: {SYNCED_SERIES} is step07_stream's call "
+              "followed by the same sync (what a serving loop that waits for the drafts observes); the kernel's GPU "
+              "time is kept beside it (kernel_gpu_ms). A GPU row's rotated_copies says over how many copies of the "
+              f"batch its graph rotates (enough to exceed four times the L2, at most {MAX_COPIES}: on the smallest "
+              f"batches the copies cover less); calls slower than {SLOW_CALL_MS} ms are replayed about "
+              f"{GRAPH_BUDGET_MS:.0f} ms of work per replay (graph_calls) in five replays per repetition.")
 END_TO_END = "end to end: the call, then torch.cuda.synchronize(); wall time per call"
 
 
@@ -107,7 +100,7 @@ def _sweeps_of(cfg) -> list:
 
 
 def _matchers(step, inputs, state0, config, copies, **options) -> list:
-    """Matchers of ``step`` over ``copies`` rotated copies of the batch, each with its own state."""
+    """Matchers of ``step`` over ``copies`` copies of the batch, each with its own state."""
     batches = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone() for f in fields(inputs)})
                           for _ in range(copies - 1)]
     return [NgramMatcher(step, c, state0[0].clone(), state0[1].clone(), config=config, check_values=False, **options)
@@ -145,9 +138,8 @@ def _same(matchers, expected) -> bool:
 
 
 def _measure_step(run, step, inputs, state0, config, expected, *, params, role, floor, extra, series=None):
-    """Check one GPU step on the case, then time it: the GPU clock over rotated copies (fewer calls per replay
-    when a call is slow), and the host time per call of the matcher's eager call. Returns the row, the matchers
-    of the last repetition and the first call's time (for the end-to-end timing)."""
+    """Check one GPU step on the case, then time it (GPU clock over rotated copies, host time of the eager call).
+    Returns the row, the matchers of the last repetition and the first call's time."""
     state = (state0[0].clone(), state0[1].clone())
     matcher = NgramMatcher(step, inputs, *state, config=config, check_values=False)
     matcher()  # untimed: a step's first call compiles and loads its kernels
@@ -178,9 +170,8 @@ def _measure_step(run, step, inputs, state0, config, expected, *, params, role, 
 
 
 def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference_check=False, real=False):
-    """One case: every step of ``steps`` checked and timed, the final step also end to end, the entry point as
-    its rule picks, and the drafts (and on real text the branches) recorded. ``speed`` carries the one-thread
-    kernel's slowest time per window seen so far (to skip it where it would be too slow)."""
+    """One case: every step of ``steps`` checked and timed, the final step also end to end, then the entry point.
+    ``speed`` carries the one-thread kernel's slowest time per window so far (to skip it where too slow)."""
     validate(inputs, draft0, this0, config)
     nbytes = haystack_bytes(inputs, this0, config)
     floor = run.floor_ms(nbytes)
@@ -229,9 +220,8 @@ def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference
 
 
 def bench(run) -> None:
-    """Every step on the synthetic grid, then the CPU path and steps 5 to 7 on real text and code (and on
-    synthetic batches of the same shapes); each result checked bit-identical to the CPU path (itself checked
-    against the Python reference where that is fast enough) before timing and after the graph replays."""
+    """Every step on the synthetic grid, then :data:`REAL_STEPS` on real text, code and synthetic batches of the
+    same shapes; each result checked bit-identical to the CPU path before timing and after the graph replays."""
     speed = {"serial_ms_per_window": 0.0}
     chapter = _chapter()
     for batch, seq_len, threshold in run.progress(QUICK_GRID if run.quick else BENCH_GRID, "grid"):
@@ -288,9 +278,8 @@ HEADLINE_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
 
 
 def gpu_headline(results) -> list[dict]:
-    """The headline rows, on the GPU clock only (the CPU path's host time moves with the host; the book's
-    ``book.ngram.results.headline`` gives that comparison, end to end): the entry point (or, on a file that does
-    not time it, the last step) against step 3, the pull request's two-phase kernel, at :data:`HEADLINE_CASES`."""
+    """The headline rows on the GPU clock (the book compares with the CPU path end to end): the entry point (else
+    the last step) against step 3, the pull request's two-phase kernel, at :data:`HEADLINE_CASES`."""
     from studylog.plotting import headline_row
 
     chapter = _chapter()

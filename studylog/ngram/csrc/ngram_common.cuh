@@ -32,9 +32,7 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ i64 min64(i64 a, i64 b) { return a < b ? a : b; }
 
-// ---------------------------------------------------------------------------------------
 // What the batch loop does with a slot, before any search (the Python reference's rules).
-// ---------------------------------------------------------------------------------------
 #define SLOT_KEEP 0    // left alone: prefill (ngram), or nothing to add (hybrid)
 #define SLOT_ZERO 1    // inactive: seq_lens_this_time = 0
 #define SLOT_ACTIVE 2  // decoding: keeps `base` tokens and may get drafts after them
@@ -76,11 +74,9 @@ __device__ __forceinline__ SlotPlan plan_slot(int b, int hybrid, int max_draft_t
     return p;
 }
 
-// ---------------------------------------------------------------------------------------
 // A match as one 64-bit key. The winner is the largest n, then the prompt before the
 // generated tokens, then the leftmost start: (rank << 32 | start) with a rank that grows as
 // n shrinks orders all three, so one atomicMin keeps the winner.
-// ---------------------------------------------------------------------------------------
 __device__ __forceinline__ u64 make_key(int n, int src, i64 start) {
     const u64 rank = 2ull * (u64)(NGRAM_MAX - n) + (u64)src;
     return (rank << 32) | (u64)start;
@@ -162,14 +158,12 @@ __device__ __forceinline__ i64 block_inclusive_scan(i64 v, i64 *s_warp, i64 *tot
     return result;
 }
 
-// ---------------------------------------------------------------------------------------
 // Phase 2, exact and parallel (steps 4 to 7). Until the first slot where the budget bites,
 // every slot keeps its tentative count, so an exclusive prefix sum of tentative counts is the
 // true running sum; that first slot gets what room is left; every active slot after it gets
 // no drafts (the notebook proves both). One block walks the batch blockDim.x slots at a time,
 // carrying the running sums between chunks. With reset_keys, it also leaves match_keys as
 // NONE_KEY for the next call (the fused kernel's scratch).
-// ---------------------------------------------------------------------------------------
 __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
     __shared__ i64 s_warp[32];
     __shared__ int s_first;

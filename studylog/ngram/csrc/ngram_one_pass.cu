@@ -1,5 +1,4 @@
 // Steps 5 and 6: one pass over each haystack for every n at once.
-//
 // A window of size n that ends at position e matches the last n generated tokens exactly when
 // hay[.. e] and the generated tokens share a common suffix of length >= n. So a thread looks at
 // an end position e, measures that suffix (one comparison in almost every position: the newest

@@ -1,6 +1,5 @@
 // Step 7: the fused one-pass kernel, streamed (ngram_stream <<<(batch, chunks), 256>>>).
-//
-// Step 6 reads each haystack at most once and is one launch, but its loop is not a streaming read.
+// Step 6 reads each haystack at most once in one launch, but its loop is not a streaming read.
 // What changes here:
 //   * No barrier in the loop. In step 6 every tile ends with two __syncthreads (a shared best key,
 //     then a shared stop flag), so each warp waits for the block's slowest load before its next
@@ -13,12 +12,10 @@
 //     of L2 what other work still needs.
 //   * A slot the batch budget refuses whatever the searches find is not searched (the serial loop
 //     never searched it either). The bound needs only per-slot facts.
-// BUDGET_SKIP and CACHE name those last two choices in the kernel's template parameters; the library
-// compiles one value of each (SKIP_LAZY, CACHE_EVICT_FIRST): the others were measured side by side
-// and rejected (the table of steps times each change taken back).
+// BUDGET_SKIP and CACHE name those last two choices; the library compiles one value of each.
 #include "ngram_common.cuh"
 
-// How the scan loads haystack tokens (the CACHE template parameter; the variants had 0 and 1).
+// How the scan loads haystack tokens (the CACHE template parameter).
 #define CACHE_EVICT_FIRST 2  // ld.global.nc with an L2 evict-first cache policy (createpolicy)
 
 // An L2 policy that marks every line it loads as the first to evict.
@@ -51,8 +48,7 @@ __device__ __forceinline__ void load_tile(const i64 *__restrict__ hay, i64 tile,
     }
 }
 
-// How slots the budget refuses skip their search (the BUDGET_SKIP template parameter; the variants
-// had 0, no skip, and 1, the block sums the bound before searching, behind two barriers).
+// How slots the budget refuses skip their search (the BUDGET_SKIP template parameter).
 #define SKIP_LAZY 2   // the warps search at once; the last warp to add its part of the bound raises a
                       // flag if the slot is refused, and every warp stops at the end of its tile
 
