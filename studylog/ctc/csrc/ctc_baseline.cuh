@@ -1,6 +1,5 @@
-// The alpha and beta kernels of steps 1 to 3 of chapter 4, written once: step 1's kernels run them with plain
-// pointers, step 2's with every pointer __restrict__, step 3's with LDG, every load of read-only data through
-// __ldg (read<LDG>). Layouts and conventions: ctc_step01_baseline.cu.
+// The alpha and beta kernels of steps 1 to 3 of chapter 4, written once (step 1: plain pointers, step 2:
+// __restrict__, step 3: LDG). Layouts and conventions: ctc_step01_baseline.cu.
 #pragma once
 
 #include "ctc_common.cuh"   // NEG_INF, log_plus, row_max

@@ -3,22 +3,13 @@
 
 #include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
 
-// ==========================================================================================
-// Step 8: the same recursion without a branch in the frame loop.
-//
-// In step 7 the choice between the two- and three-term log-sum-exp of a label position depends on
-// the lane's skip bit, a run-time value that differs between lanes: the compiler turns each label
-// position into a divergent branch (BSSY/BRA/BSYNC in the SASS), and the V positions of a lane,
-// independent in principle, run one after another with every exp and log latency exposed. Here a
-// label always takes the three-term form, with the s -/+ 2 term set to -inf where the skip is not
-// allowed: the same value, and straight-line code the scheduler can interleave. Two smaller
-// options, template flags so the benchmark can measure each:
-//   FTZ    ex2/lg2 with flush-to-zero. exp2f guards subnormal inputs and results with a compare
-//          and two multiplies around every ex2; a term 2^-126 below the largest one of its sum
+// Step 7's choice between the two- and three-term log-sum-exp of a label depends on the lane's skip bit: a
+// divergent branch per label position, which serialises a lane's V positions. Here a label always takes the
+// three-term form, its s -/+ 2 term -inf where the skip is not allowed: the same value, straight-line code.
+// Two options, template flags the benchmark measures:
+//   FTZ    ex2/lg2 with flush-to-zero (no subnormal guards); a term 2^-126 below the largest of its sum
 //          changes nothing, so flushing it is exact to float32 here.
-//   REDUX  the warp maximum as one redux.sync on an order-preserving integer image of the floats
-//          instead of five rounds of shuffle and max.
-// ==========================================================================================
+//   REDUX  the warp maximum as one redux.sync on an order-preserving integer image of the floats.
 __device__ __forceinline__ float ex2_ftz(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

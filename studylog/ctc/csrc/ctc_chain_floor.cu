@@ -1,22 +1,13 @@
 // The latency floor of chapter 4's recursion: its chain of dependent frames and nothing else
-// (launched by studylog/ctc/floor.py; the tails run times it at the latency-bound case).
+// (studylog/ctc/floor.py launches it).
 //
 // Every frame of alpha (or beta) needs the whole previous frame at s, s - 1 and s - 2, so frames cannot
-// overlap: whatever a kernel does, T frames cost at least T times one frame's update and exchange.
-// This kernel is that update, laid out as the final steps lay it out: one block whose threads own
-// CHAIN_V = 4 consecutive positions each (step 8 at S <= 128: one warp, 4 per lane; step 10: 4 per
-// thread), held in registers. Per frame a thread takes the left neighbour's last value by a warp
-// shuffle (step 8); with more than one warp the warps' boundary values also cross through shared
-// memory, double-buffered, with one barrier per frame (step 10). Then each position takes the
-// log-sum-exp of its old value and its one or two left neighbours exactly as step 8's branch-free
-// recursion does (base 2, ex2/lg2.approx.ftz: a blank two terms, a label always three) and adds a
-// per-state constant (standing in for the emission, so nothing can be hoisted out of the loop).
-//
-// Left out, so the time is a lower bound of any implementation: the emissions' loads and prefetch,
-// the softmax and the first pass, the rows' stores and the gradient pass, the per-frame maximum
-// (renormalisation) and its reduction, the skip and validity selects and the -inf guard (all values
-// start finite, so no log-sum-exp meets -inf - -inf). Alpha and beta are the same chain mirrored;
-// the final steps run them side by side in two blocks, steps 1 to 6 one after the other.
+// overlap. This kernel is one frame's update, laid out as the final steps lay it out: CHAIN_V positions per
+// thread in registers, the left neighbour by a warp shuffle and, past one warp, the warps' boundary values
+// through shared memory with one barrier per frame; each position takes step 8's branch-free log-sum-exp and
+// adds a per-state constant (standing in for the emission, so nothing can be hoisted out of the loop).
+// Left out, so the time is a lower bound: the emissions, the passes around the recursion, the rows' stores,
+// the per-frame maximum, the skip and validity selects and the -inf guard (all values stay finite).
 
 #include "ctc_common.cuh"       // NEG_INF, FULL_MASK
 #include "ctc_branch_free.cuh"  // ex2_ftz, lg2_ftz

@@ -1,5 +1,5 @@
-// Block-wide reductions and constants shared by the fused kernels of steps 7 to 10 of chapter 4, and the
-// pieces that the first and last passes of steps 7 and 9 share.
+// What the fused kernels of steps 7 to 10 of chapter 4 share: block-wide reductions, and the pieces of the
+// first and last passes.
 #pragma once
 
 #include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
@@ -7,9 +7,7 @@
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453
 
-// ------------------------------------------------------------------------------------------
 // Block-wide reductions (blockDim.x a multiple of 32, every thread calls them).
-// ------------------------------------------------------------------------------------------
 // Combine two (max, sum of exp(x - max)) pairs.
 __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
     const float mm = fmaxf(m, m2);
@@ -77,9 +75,7 @@ __device__ __forceinline__ void online_lse(float& m, float& s, float v) {
     }
 }
 
-// ------------------------------------------------------------------------------------------
 // Pieces of the first and last passes (steps 7 and 9): one block per frame (t, n).
-// ------------------------------------------------------------------------------------------
 // Log-sum-exp (natural log) of a frame's A activations xr: an online maximum and sum, with 16-byte loads
 // when vectorised (A % 4 == 0 and xr 16-byte aligned).
 __device__ __forceinline__ float frame_lse(const float* xr, int A, int vectorised, float* scratch) {

@@ -42,8 +42,7 @@ __device__ __forceinline__ void store_row(float* dst_row, const float (&r)[V]) {
 }
 
 // Slot p of the prefetched emissions (eb, el: a frame's blank and H labels per slot) refilled with the k-th frame
-// the direction visits (frame k forward, Tn - 1 - k BACKWARD), if there is one. em_base: the utterance's
-// emissions, Lmax + 1 per frame.
+// the direction visits (frame k forward, Tn - 1 - k BACKWARD), if there is one.
 template <int H, int P, bool BACKWARD>
 __device__ __forceinline__ void refill_emissions(const float* em_base, int k, int Tn, int Lmax, int lane, int L,
                                                  float (&eb)[P], float (&el)[P][H], int p) {

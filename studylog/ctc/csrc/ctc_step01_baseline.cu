@@ -16,10 +16,8 @@
 
 #include "ctc_baseline.cuh"  // alpha_baseline, beta_grad_baseline: the kernels of steps 1 to 3
 
-// ==========================================================================================
-// Step 1: baseline. One block per utterance; the alpha kernel reads the previous row from the
-// alpha matrix in global memory and re-reads labels every frame (ctc_baseline.cuh).
-// ==========================================================================================
+// Step 1: one block per utterance; the alpha kernel reads the previous row from the alpha matrix in global
+// memory and re-reads labels every frame (ctc_baseline.cuh).
 extern "C" __global__ void ctc_alpha_step1(
     const float* log_probs, const int* labels, const int* input_lengths, const int* target_lengths,
     float* alphas, double* log_likelihood, int T, int N, int A, int Lmax) {

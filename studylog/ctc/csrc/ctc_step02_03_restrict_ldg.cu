@@ -3,12 +3,8 @@
 
 #include "ctc_baseline.cuh"  // alpha_baseline, beta_grad_baseline: the kernels of steps 1 to 3
 
-// ==========================================================================================
-// Step 2 (LDG = false): the same kernels, with every pointer __restrict__: the compiler may assume
-// that the stores to alphas and grad never change what the other pointers point at.
-// Step 3 (LDG = true): step 2 with every load of read-only data through __ldg (the read-only data
-// cache; read<LDG> in ctc_warpctc.cuh).
-// ==========================================================================================
+// Step 2 (LDG = false): every pointer __restrict__: the compiler may assume that the stores to alphas and grad
+// never change what the other pointers point at. Step 3 (LDG = true): every load of read-only data through __ldg.
 template <bool LDG>
 __global__ void ctc_alpha_restrict(ALPHA_PARAMS(log_probs)) {
     alpha_baseline<LDG>(log_probs, labels, input_lengths, target_lengths, alphas, log_likelihood, T, N, A, Lmax);

@@ -1,18 +1,12 @@
-// CTC loss and gradient, warp-ctc style with register blocking: steps 4 and 5 of chapter 4 (step 6:
-// ctc_step06_probability.cu). Same layouts and conventions as ctc_step01_baseline.cu. The kernels are
-// templates on the grain size VT (positions per thread) and on how a thread's positions are laid out.
+// CTC loss and gradient, warp-ctc style with register blocking: steps 4 and 5 of chapter 4, templates on the
+// grain size VT (positions per thread) and the layout of a thread's positions. Layouts: ctc_step01_baseline.cu.
 
 #include "ctc_common.cuh"   // NEG_INF, NEG_INF_D, log_plus, row_max
 #include "ctc_warpctc.cuh"  // the pieces of steps 1 to 6 that no step changes
 #include "ctc_blocked.cuh"  // position<VT, BLOCKED>
 
-// ==========================================================================================
-// Step 4: register blocking. Each thread owns VT positions for the whole utterance, so their
-// labels and skip flags are loaded once into registers, and the VT updates of a frame are
-// independent instructions. Positions are strided by the block, as in warp-ctc
-// (s = threadIdx.x + i * blockDim.x); BLOCKED gives each thread VT consecutive positions instead.
-// ==========================================================================================
-
+// Step 4: each thread owns VT positions for the whole utterance, their labels and skip flags in registers, and
+// the VT updates of a frame are independent instructions. Layout of a thread's positions: ctc_blocked.cuh.
 template <int VT, bool BLOCKED>
 __global__ void ctc_alpha_step4(ALPHA_PARAMS(log_probs)) {
     const int n = blockIdx.x;
@@ -125,11 +119,8 @@ __global__ void ctc_beta_grad_step4(BETA_POINTERS(log_probs), BETA_SIZES) {
     }
 }
 
-// ==========================================================================================
-// Step 5: the alpha kernel keeps the two live rows in shared memory. The recursion reads the
-// previous row on chip; the row still goes to global memory, write-only, for the gradient.
-// (The beta kernel already worked this way: step 5 uses ctc_beta_grad_step4.)
-// ==========================================================================================
+// Step 5: the alpha kernel keeps the two live rows in shared memory; each row still goes to global memory,
+// write-only, for the gradient. (The beta kernel already worked this way: step 5 uses ctc_beta_grad_step4.)
 template <int VT, bool BLOCKED>
 __global__ void ctc_alpha_step5(ALPHA_PARAMS(log_probs)) {
     extern __shared__ float rows[];  // [2][Smax]: row t - 1 and row t
@@ -183,7 +174,5 @@ __global__ void ctc_alpha_step5(ALPHA_PARAMS(log_probs)) {
     if (threadIdx.x == 0) log_likelihood[n] = log_likelihood_of(rows + ((Tn - 1) & 1) * Smax, S, shift);
 }
 
-// One instance is compiled with the file itself, so that the source has an entry even when no
-// name expressions are given (the package's tests compile every .cu that way); the others are
-// compiled on request (studylog.ctc asks NVRTC for the grain sizes it launches).
+// One instance compiled with the file itself, so that it has an entry without name expressions.
 template __global__ void ctc_alpha_step4<1, false>(ALPHA_PARAMS(log_probs));

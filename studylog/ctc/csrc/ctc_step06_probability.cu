@@ -1,32 +1,21 @@
-// CTC loss and gradient in probability space: step 6 of chapter 4 (step 5 with products and sums,
-// ctc_step04_05_blocked.cu). Same layouts and conventions as ctc_step01_baseline.cu.
+// CTC loss and gradient in probability space: step 6 of chapter 4. Layouts: ctc_step01_baseline.cu.
 
 #include "ctc_common.cuh"   // NEG_INF_D, warp_sum
 #include "ctc_warpctc.cuh"  // fill_frames, slot_sum
 #include "ctc_blocked.cuh"  // position<VT, BLOCKED>
 
-// ==========================================================================================
-// Step 6: probability space with per-frame rescaling (Graves): step 5 with products and sums in
-// place of log_plus. Each row is divided by the previous row's sum, whose log goes into the
-// offset. Cheaper arithmetic, but a position whose probability is below float's normal range
-// relative to the row's sum becomes a subnormal with a few bits left, or exactly 0, and stays 0;
-// the rescaling hides it (the next row is divided by a sum that no longer counts it).
-//
-// So that an answer built on such values is not silently wrong, the kernels also estimate, for
-// each utterance, the relative error of P that underflow can have caused (error_estimate[n]):
-//   - the alpha kernel stores a value that a path reached but that underflowed to 0 as -0.0f in
-//     the alpha matrix (a positive subnormal already says so), so the beta kernel knows which
-//     entries lost their precision; the recursion itself reads its shared rows, unchanged;
-//   - an entry stored below FLT_MIN is off by at most UNDERFLOW_ULP in the units of its row
-//     (gradual underflow rounds to a multiple of 2^-149, twice: the sum's scaling and the
-//     emission). P is linear in every alpha_t(s) and beta_t(s), with sum_s alpha_t(s) beta_t(s) /
-//     y_t(s) = P at every frame, so such an error moves P by UNDERFLOW_ULP * beta_t(s) / y_t(s)
-//     (alpha's error) or UNDERFLOW_ULP * alpha_t(s) / y_t(s) (beta's) relative to the frame's
-//     total, and a posterior alpha beta / y that underflows by UNDERFLOW_ULP / y_t(s);
-//   - the beta kernel adds these up over the frames, first order, from its own rows: +inf where a
-//     frame's total is 0 (the NaN gradient), an emission y_t(s) < FLT_MIN, or the loss is infinite.
-// Values that never held a path (exact zeros of unreachable positions) add nothing.
-// ==========================================================================================
+// Step 6: step 5 with products and sums in place of log_plus, each row divided by the previous row's sum
+// (Graves). A probability below float's normal range relative to the row's sum keeps a few bits, or becomes 0
+// and stays 0, and the rescaling hides it. So the kernels also estimate, per utterance, the relative error of P
+// that underflow can have caused (error_estimate[n]):
+//   - the alpha kernel stores a reached value that underflowed to 0 as -0.0f (a positive subnormal already
+//     says so), so the beta kernel knows which entries lost their precision;
+//   - an entry stored below FLT_MIN is off by at most UNDERFLOW_ULP in its row's units. P is linear in every
+//     alpha_t(s) and beta_t(s), with sum_s alpha_t(s) beta_t(s) / y_t(s) = P at every frame, so such an error
+//     moves P by UNDERFLOW_ULP * beta_t(s) / y_t(s) (alpha's) or UNDERFLOW_ULP * alpha_t(s) / y_t(s) (beta's),
+//     relative to the frame's total, and an underflowing posterior alpha beta / y by UNDERFLOW_ULP / y_t(s);
+//   - the beta kernel adds these up over the frames (first order): +inf where a frame's total is 0, an
+//     emission is below FLT_MIN, or the loss is infinite. Exact zeros of unreachable positions add nothing.
 #define FLT_MIN_NORMAL 1.17549435e-38f  // FLT_MIN: smallest normal float
 #define UNDERFLOW_ULP 0x1p-148            // 2 x 2^-149: the largest error of a value stored below FLT_MIN
 

@@ -1,28 +1,17 @@
 // CTC loss and gradient, step 7 of chapter 4: the softmax is never written out.
-//
-//   ctc_fused_stats      one block per frame (t, n): log-sum-exp of the A activations, then the
-//                        base-2 log-probabilities of the blank and of the target's labels
-//                        ("emissions", (N, T, Lmax + 1), entry 0 = blank, j = label j).
-//   ctc_fused_recursion  one warp per utterance and direction, alpha and beta at the same time:
-//                        a lane holds V consecutive positions in registers, the neighbours
-//                        across lanes come from shuffles, the emissions are prefetched a few
-//                        frames ahead. Every row is written out (rows (2, N, T, 32 V)) with its
-//                        base-2 offset (row_shift (2, N, T), double).
-//   ctc_fused_grad       one block per frame (t, n): the posterior of each position from the
-//                        two rows, normalised over the frame, then grad = softmax - posterior,
-//                        computed from the activations and the frame's log-sum-exp.
-//
-// Traffic in arrays of T N A floats: the activations are read twice and the gradient written
-// once (three passes), against four for steps 1 to 6 (activations read, log-probabilities
-// written and read back, gradient written); the emission and row arrays are small.
+//   ctc_fused_stats      a block per frame (t, n): the frame's log-sum-exp and the base-2 log-probabilities of
+//                        the blank and the target's labels ("emissions", (N, T, Lmax + 1), entry 0 = blank).
+//   ctc_fused_recursion  a warp per utterance and direction, alpha and beta at the same time
+//                        (ctc_warp_recursion.cuh); rows (2, N, T, 32 V), offsets row_shift (2, N, T), double.
+//   ctc_fused_grad       a block per frame (t, n): the posterior from the two rows, normalised over the frame,
+//                        then grad = softmax - posterior from the activations and the frame's log-sum-exp.
+// Traffic in T N A floats: activations read twice, gradient written once, against four for steps 1 to 6.
 
 #include "ctc_common.cuh"          // NEG_INF, FULL_MASK, slot_posterior
 #include "ctc_fused.cuh"           // frame_lse, write_emissions, frame_posterior, loss_of_frame, write_softmax
 #include "ctc_warp_recursion.cuh"  // warp_recursion: the recursion on a warp per direction, but its update
 
-// ------------------------------------------------------------------------------------------
 // Pass 1: log-sum-exp of each frame and the emissions of the target's labels.
-// ------------------------------------------------------------------------------------------
 extern "C" __global__ void ctc_fused_stats(
     const float* __restrict__ x, const int* __restrict__ labels, const int* __restrict__ input_lengths,
     const int* __restrict__ target_lengths, float* __restrict__ row_lse, float* __restrict__ emissions,
@@ -39,9 +28,7 @@ extern "C" __global__ void ctc_fused_stats(
     write_emissions(em, xr, labels, n, Lmax, L, lse);
 }
 
-// ------------------------------------------------------------------------------------------
 // Pass 2: the recursions. Base-2 log space: log2(2^a + 2^b [+ 2^c]).
-// ------------------------------------------------------------------------------------------
 __device__ __forceinline__ float lse2(float a, float b) {
     const float m = fmaxf(a, b);
     const float r = m + __log2f(1.0f + exp2f(fminf(a, b) - m));
@@ -107,9 +94,7 @@ __global__ void __launch_bounds__(32) ctc_fused_recursion(RECURSION_PARAMS) {
     warp_recursion<FrameUpdate, V, PREFETCH, false>(RECURSION_ARGS);
 }
 
-// ------------------------------------------------------------------------------------------
 // Pass 3: posterior of frame t and grad = softmax - posterior, straight from the activations.
-// ------------------------------------------------------------------------------------------
 extern "C" __global__ void ctc_fused_grad(
     const float* __restrict__ x, const float* __restrict__ row_lse, const float* __restrict__ emissions,
     const float* __restrict__ rows, const double* __restrict__ row_shift, const int* __restrict__ input_lengths,

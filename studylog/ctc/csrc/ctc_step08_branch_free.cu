@@ -1,6 +1,5 @@
-// CTC loss, step 8 of chapter 4: step 7's warp recursion (ctc_step07_fused_softmax.cu) without the
-// divergent branch at every label position; why and how: ctc_branch_free.cuh. Step 8 launches step 7's
-// first and last passes around this recursion.
+// CTC loss, step 8 of chapter 4: step 7's warp recursion without the divergent branch at every label position
+// (why and how: ctc_branch_free.cuh), between step 7's first and last passes.
 
 #include "ctc_common.cuh"          // NEG_INF, FULL_MASK
 #include "ctc_branch_free.cuh"     // lse2_select, lse3_select

@@ -1,19 +1,12 @@
-// CTC loss, step 9 of chapter 4: two passes over the activations instead of three (the recursion
-// between them is step 8's, ctc_step08_branch_free.cu).
+// CTC loss, step 9 of chapter 4: two passes over the activations instead of three (step 8's recursion
+// between them). Step 7's gradient pass reads every activation again to write the softmax, although only the
+// target's L + 1 classes need the recursions. Here the first pass writes the softmax as the gradient while it
+// holds the frame in registers, and the last pass only corrects the target's classes in place: the
+// activations cross DRAM once, the gradient once, plus L + 1 entries per frame.
 
 #include "ctc_common.cuh"  // NEG_INF, slot_posterior
 #include "ctc_fused.cuh"   // LOG2E, block_max, block_sum2, frame_lse, write_emissions, write_softmax, ...
 
-// ==========================================================================================
-// Step 9: two passes over the activations instead of three.
-//
-// Step 7's gradient pass reads every activation a second time from DRAM to write the softmax,
-// although only the L + 1 classes of the target need the recursions. Here the first pass writes
-// the softmax as the gradient while it still holds the frame (in registers: every load of the
-// frame is issued before the first is used, then a maximum, a sum and the softmax), and the last
-// pass only corrects the target's classes, softmax - posterior, in place. DRAM traffic: the
-// activations once, the gradient once, plus a read and a write of L + 1 entries per frame.
-// ==========================================================================================
 // float4s per thread the first pass holds in registers: frames of A <= 4 * ROW_CHUNKS * blockDim
 #define ROW_CHUNKS 8
 
@@ -73,10 +66,9 @@ extern "C" __global__ void ctc_stats_softmax(
     write_softmax(g, xr, A, vectorised, lse);  // each thread re-reads exactly the float4s it reduced above
 }
 
-// Pass 3 of step 9: one block per frame (t, n); only the target's classes are corrected, in place:
-// reading the softmax back makes each touched 32-byte sector whole in L2 before it is written
-// (and, for an utterance without any alignment, the whole frame is filled). x and row_lse are
-// left in the signature of step 7's pass for the diff; the softmax is no longer recomputed.
+// Pass 3 of step 9: one block per frame (t, n); only the target's classes are corrected, in place (the whole
+// frame is filled for an utterance without any alignment). x and row_lse stay in the signature of step 7's
+// pass for the diff.
 extern "C" __global__ void ctc_target_grad(
     const float* __restrict__ x, const float* __restrict__ row_lse, const float* __restrict__ emissions,
     const float* __restrict__ rows, const double* __restrict__ row_shift, const int* __restrict__ input_lengths,

@@ -5,19 +5,12 @@
 #include "ctc_branch_free.cuh"  // lse2_select, lse3_select
 #include "ctc_recursion.cuh"    // RECURSION_PARAMS, prefetch_emissions, refill_emissions, lane_max, store_row
 
-// ==========================================================================================
-// Step 10: several warps per utterance and direction.
-//
-// One warp per direction leaves three of an SM's four schedulers idle and runs every frame as
-// about 28 instructions per position for V positions per lane (V = 10 for S up to 320). Here a
-// block of W warps shares the S positions, V = 2 or 4 per thread, so each scheduler runs a short
-// chain. Neighbouring warps exchange one or two
-// boundary values per frame through shared memory, double-buffered so that one barrier per frame
-// is enough; the same barrier combines the warps' maxima of the old row, which each warp reduces
-// while it computes the new one, as in steps 7 and 8. The new row is stored before subtracting
-// that maximum, so the barrier waits on the update only: after it, every thread subtracts the
-// block's maximum from its own values and from the boundary values it reads.
-// ==========================================================================================
+// One warp per direction leaves three of an SM's four schedulers idle and runs a long chain per frame (V
+// positions per lane). Here a block of W warps shares the S positions, V = 2 or 4 per thread. Neighbouring
+// warps exchange one or two boundary values per frame through shared memory, double-buffered so that one
+// barrier per frame is enough; the same barrier combines the warps' maxima of the old row. The barrier waits
+// on the update only: after it, every thread subtracts the block's maximum from its own values and from the
+// boundary values it reads.
 #define MAX_RECURSION_WARPS 16
 
 template <int V, bool BACKWARD>

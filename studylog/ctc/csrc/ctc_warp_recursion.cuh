@@ -1,11 +1,10 @@
 // One direction of the recursion on one warp, steps 7 and 8 of chapter 4: everything but the update of a frame,
-// which each step brings (Update::frame: step 7's in ctc_step07_fused_softmax.cu, step 8's in
-// ctc_step08_branch_free.cu).
+// which each step brings (Update::frame).
 #pragma once
 
 #include "ctc_common.cuh"       // NEG_INF
 #include "ctc_branch_free.cuh"  // warp_max_of
-#include "ctc_recursion.cuh"    // RECURSION_PARAMS, position_bits, initial_row, prefetch_emissions, ...
+#include "ctc_recursion.cuh"    // RECURSION_PARAMS, prefetch_emissions, refill_emissions, lane_max, store_row
 
 // One direction for one utterance. Lane l owns positions s = l V .. l V + V - 1 (V even, so position i of a lane
 // is a blank for even i and label j = l V / 2 + (i + 1) / 2 for odd i). The emissions are prefetched
@@ -35,7 +34,6 @@ __device__ __forceinline__ void warp_recursion_direction(RECURSION_PARAMS) {
             if (jump) skip |= 1u << i;
         }
     }
-
 
     // The row before the first frame (alpha) or after the last (beta) holds one path of
     // probability 1: at s = 0 for alpha, at s = S - 1 for beta. Every frame is then one update.

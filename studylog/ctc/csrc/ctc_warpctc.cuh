@@ -1,16 +1,11 @@
-// Pieces of the alpha and beta kernels of steps 1 to 6 of chapter 4 (warp-ctc's design, one block per
-// utterance) that no step changes. Layouts and conventions: ctc_step01_baseline.cu. Each piece takes the
-// values its kernel already holds (warp, lane, ...) rather than recomputing them: the kernels compile to the
-// same code as when the pieces were written out in each of them.
+// Pieces of the alpha and beta kernels of steps 1 to 6 of chapter 4 that no step changes (layouts:
+// ctc_step01_baseline.cu). Each takes the values its kernel already holds (warp, lane, ...).
 #pragma once
 
 #include "ctc_common.cuh"  // NEG_INF, NEG_INF_D, log_plus, warp_max, warp_sum, slot_posterior
 
-// The arguments of the alpha and beta kernels of steps 2 to 6 (step 1's: the same without __restrict__), in the
-// order studylog.ctc.warpctc passes them. Alpha: the frames' log-probabilities (step 6: probabilities, y), the
-// labels and lengths, then what it writes, the alpha matrix and each utterance's log-likelihood. Beta: the same
-// inputs, the class slots, the alpha matrix and log-likelihoods, then what it writes, the gradient and the loss
-// (BETA_POINTERS; step 6 adds an output before the sizes, BETA_SIZES).
+// The arguments of the alpha and beta kernels of steps 2 to 6 (step 1's without __restrict__), in the order
+// studylog.ctc.warpctc passes them: inputs first, then outputs (step 6's beta adds one before BETA_SIZES).
 #define ALPHA_PARAMS(y)                                                                                   \
     const float* __restrict__ y, const int* __restrict__ labels, const int* __restrict__ input_lengths, \
         const int* __restrict__ target_lengths, float* __restrict__ alphas,                              \
@@ -23,18 +18,16 @@
         const double* __restrict__ log_likelihood, float* __restrict__ grad, float* __restrict__ loss
 #define BETA_SIZES int T, int N, int A, int Lmax, int Umax, int zero_infinity
 
-// Element i + j + ... of p: a plain load p[i + j + ...] (steps 1 and 2), or with LDG one through the read-only data
-// cache, __ldg(p + i + j + ...) (step 3). With LDG the offsets are added to the pointer one by one, in the order
-// given, as a hand-written __ldg(p + i + j) does (p + (i + j) can compile to other instructions).
+// Element i + j + ... of p: a plain load (steps 1 and 2), or with LDG through the read-only data cache (step 3).
+// With LDG the offsets are added to the pointer one by one, as a hand-written __ldg(p + i + j) does
+// (p + (i + j) can compile to other instructions).
 template <bool LDG, class T, class... I>
 __device__ __forceinline__ T read(const T* p, I... i) {
     if constexpr (LDG) return __ldg((p + ... + i));
     else return p[(... + i)];
 }
 
-// ------------------------------------------------------------------------------------------
 // The rows of the recursions.
-// ------------------------------------------------------------------------------------------
 // Each warp's maximum of a row (this thread's share: local_max) goes to row_maxima, for the next frame.
 __device__ __forceinline__ void publish_row_max(float local_max, float* row_maxima, int warp, int lane) {
     local_max = warp_max(local_max);
@@ -49,9 +42,7 @@ __device__ __forceinline__ double log_likelihood_of(const float* last, int S, do
     return (double)tail + shift;
 }
 
-// ------------------------------------------------------------------------------------------
 // The gradient, frame by frame in the beta kernels.
-// ------------------------------------------------------------------------------------------
 // Frames t_begin .. t_end - 1 of utterance n's gradient set to value.
 __device__ __forceinline__ void fill_frames(float* grad, float value, int t_begin, int t_end, int n, int N, int A) {
     for (int t = t_begin; t < t_end; ++t)
