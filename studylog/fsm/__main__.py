@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 from studylog.fsm.masks import export_masks
-from studylog.fsm.report import run_suite, savings_table
+from studylog.fsm.report import run_suite, savings_table, suite_summary
+from studylog.fsm.vocabulary import load_vocabulary
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -39,12 +42,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     results = run_suite(n_samples=args.samples, progress=True)
     print(savings_table(results))
     if args.json is not None:
-        import datetime
-        import json
-
-        from studylog.fsm.report import suite_summary
-        from studylog.fsm.vocabulary import load_vocabulary
-
         record = {"command": "python -m studylog.fsm " + " ".join(sys.argv[1:] if argv is None else argv),
                   "date": datetime.date.today().isoformat(), "samples": args.samples, "seed": 0,
                   "vocabulary": load_vocabulary().name, "summary": suite_summary(results)}

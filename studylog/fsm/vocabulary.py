@@ -12,12 +12,9 @@ from torch import Tensor
 
 
 class TokenVocabulary:
-    """A tokenizer's vocabulary as the automaton sees it: the bytes of every token id, and an EOS id.
-
-    ``token_bytes[i]`` is None for ids that are not text (special tokens, unused ids); the EOS id must be
-    one of them. ``encoder`` (text -> ids, the tokenizer's own canonical split) is needed only by the
-    character-level compression, which retokenizes.
-    """
+    """The bytes of every token id (None for ids that are not text, the EOS id among them), an EOS id, and the
+    tokenizer's canonical ``encoder`` (text -> ids; only the character-level compression, which retokenizes, needs
+    it)."""
 
     def __init__(self, name: str, token_bytes: Sequence[Optional[bytes]], eos_id: Optional[int],
                  encoder: Optional[Callable[[str], list[int]]] = None):

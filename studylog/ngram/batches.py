@@ -47,45 +47,37 @@ def make_batch(batch: int, prompt_width: int, gen_width: int, *, kinds: list[str
     prompt_lens = [rand(max(1, prompt_width // 2), prompt_width) for _ in range(batch)]
     step_idx = [rand(max(0, gen_width // 2 - 1), gen_width - 1) for _ in range(batch)]
 
+    def put(t: Tensor, cells: list[tuple[int, int, int]]) -> None:  # (row, column, id) cells, one index_put
+        if cells:
+            rows, cols, ids = (torch.tensor(x, device=device) for x in zip(*cells))
+            t[rows, cols] = ids
+
     # "never": fresh ids (>= vocab) at the end of the generated tokens.
-    rows, cols, vals = [], [], []
-    for b, kind in enumerate(kinds):
-        if kind == "never":
-            for k in range(min(3, step_idx[b] + 1)):
-                rows.append(b), cols.append(step_idx[b] - k), vals.append(id_base + vocab + 3 * b + k)
-    if rows:
-        gen[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = torch.tensor(vals, device=device)
+    put(gen, [(b, step_idx[b] - k, id_base + vocab + 3 * b + k) for b, kind in enumerate(kinds) if kind == "never"
+              for k in range(min(3, step_idx[b] + 1))])
     idx = torch.tensor([[max(0, s - 2 + k) for k in range(3)] for s in step_idx], device=device).reshape(batch, 3)
     patterns = torch.gather(gen, 1, idx).tolist()  # the last 3 generated tokens (one sync)
 
-    p_rows, p_cols, p_vals, g_rows, g_cols, g_vals = [], [], [], [], [], []
-    d_rows, d_cols, d_vals = [], [], []
+    in_prompt, in_gen, decoy = [], [], []  # cells to write
     for b, kind in enumerate(kinds):
         plen, step, pat = prompt_lens[b], step_idx[b], patterns[b]
         if kind in ("early", "late") and plen >= 4 and step >= 2:
             lo, hi = (0, max(0, plen // 10 - 1)) if kind == "early" else (max(0, plen * 9 // 10 - 3), plen - 4)
             at = rand(lo, min(hi, plen - 4))
-            p_rows += [b] * 3
-            p_cols += [at, at + 1, at + 2]
-            p_vals += pat
+            in_prompt += [(b, at + k, t) for k, t in enumerate(pat)]
         elif kind == "generated" and step >= 6:
             at = rand(0, step - 6)  # ends before the pattern itself, with a token after it
-            g_rows += [b] * 3
-            g_cols += [at, at + 1, at + 2]
-            g_vals += pat
+            in_gen += [(b, at + k, t) for k, t in enumerate(pat)]
         elif kind == "short" and plen >= 2:
-            p_rows.append(b), p_cols.append(rand(0, plen - 2)), p_vals.append(pat[2])
+            in_prompt.append((b, rand(0, plen - 2), pat[2]))
         if decoys and kind not in ("prefill", "inactive") and plen >= 4:
             for _ in range(2):
                 at = rand(0, plen - 4)
-                d_rows += [b] * 3
-                d_cols += [at, at + 1, at + 2]
-                d_vals += [t ^ (1 << 33) for t in pat]
+                decoy += [(b, at + k, t ^ (1 << 33)) for k, t in enumerate(pat)]
     # Decoys first, planted copies last: repeated indices in one index_put have no defined winner.
-    writes = ((prompt, d_rows, d_cols, d_vals), (prompt, p_rows, p_cols, p_vals), (gen, g_rows, g_cols, g_vals))
-    for t, r, c, v in writes:
-        if r:
-            t[torch.tensor(r, device=device), torch.tensor(c, device=device)] = torch.tensor(v, device=device)
+    put(prompt, decoy)
+    put(prompt, in_prompt)
+    put(gen, in_gen)
 
     dtn, max_dec, encoder, decoder, this_time = _slot_state(kinds, prompt_lens, step_idx, draft_width,
                                                             capped_fraction, hybrid, rand, rng)

@@ -72,7 +72,6 @@ def _kernel(source: str, name: str, device_index: int) -> cuda.CudaKernel:
     return module.kernel(name, SIGNATURE)
 
 
-#: The fields of NgramInputs a matcher binds.
 _BOUND_FIELDS = ("prompt_ids", "prompt_lens", "generated_ids", "step_idx", "draft_token_num", "max_dec_len",
                  "seq_lens_encoder", "seq_lens_decoder")
 
@@ -164,8 +163,6 @@ class NgramMatcher:
                              "the host, waits for the GPU and runs a C loop there")
         return runtime.cuda_graph(self)[0]
 
-
-# The steps
 
 Drafts = tuple[Int64[Tensor, "batch draft_width"], Int32[Tensor, " batch"]]
 

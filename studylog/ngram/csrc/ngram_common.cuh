@@ -181,11 +181,7 @@ __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
     for (int chunk = 0; chunk < batch; chunk += blockDim.x) {
         const int b = chunk + tid;
         const bool valid = b < batch;
-        SlotPlan p;
-        p.kind = SLOT_KEEP;
-        p.counted = 0;
-        p.base = 0;
-        p.cap = 0;
+        SlotPlan p = {SLOT_KEEP, 0, 0, 0};
         u64 key = NONE_KEY;
         i64 drafted_t = 0;
         if (valid) {
