@@ -1,28 +1,12 @@
 """Benchmark harness: ``python -m studylog bench <chapter|all> [--out DIR]`` (``bench verify DIR``:
 :mod:`studylog.verify`).
 
-Every chapter with a benchmark declares it (``CHAPTER.bench``, see :mod:`studylog.chapter`). The harness
-
-* refuses to run without a GPU (interpreter timings say nothing about GPU speed);
-* measures the device's ceilings in the same run (copy bandwidth, an empty kernel's launch time on the
-  GPU and on the host), so that floors and ratios never mix numbers from different runs or machines;
-* times by **one policy** (the book's "How we measure" page says it in prose):
-
-  - the headline clock of a kernel is its **GPU time** (:meth:`BenchRun.gpu_time`): the call replayed in
-    a CUDA graph, with its large inputs rotated among copies that together exceed the L2 cache, so each
-    call reads them from DRAM as a real step would; no host in the loop;
-  - beside it, the **host time per call** (:meth:`BenchRun.host_time`): back-to-back Python calls with no
-    synchronisation, per call; when it exceeds the GPU time, the host bounds a decode step, not the GPU;
-  - each is measured in several independent repetitions (fresh inputs, a new graph) and the JSON keeps
-    their minimum, median and maximum; the headline is the median;
-  - ``do_bench`` (:meth:`BenchRun.time`) and the profiler's kernel time (:meth:`BenchRun.kernel_time`)
-    stay for long kernels and for comparison; every row says which clock it is (``"clock"``);
-
-* writes one JSON file per chapter to ``assets/bench/<gpu-name>/<chapter>.json`` holding the
-  device, the versions, the date, the git commit, the command line and every measurement
-  (our kernels and the baselines, each with its parameters, and a floor where one applies);
-* (:mod:`studylog.verify`) compares a fresh run with the committed one: series by series and headline by
-  headline, so a reader can see whether our numbers hold on their machine.
+It refuses to run without a GPU (interpreter timings say nothing about GPU speed), measures the device's ceilings in
+the same run (copy bandwidth, an empty kernel), so floors and ratios never mix runs, and times by one policy (the
+book's "How we measure" page): the headline clock is the **GPU time** (:meth:`BenchRun.gpu_time`: the call replayed
+in a CUDA graph, large inputs rotated among copies larger than L2 together), with the **host time per call**
+(:meth:`BenchRun.host_time`) beside it; each in independent repetitions, whose minimum, median and maximum the JSON
+keeps. Each chapter's run is written to ``assets/bench/<gpu-name>/<chapter>.json``.
 """
 
 from __future__ import annotations
@@ -58,13 +42,9 @@ CPU_REFUSAL = (
 
 @contextlib.contextmanager
 def collector_paused():
-    """Python's cyclic garbage collector off inside the block (after one collection), as ``timeit`` runs.
-
-    A full collection walks every container object the process holds. With chapter 1's grammars in memory
-    that is hundreds of thousands of objects, tens of milliseconds of one thread's time: in a timed loop it
-    would land in whichever repetition it happened to fall in. (In chapter 7's decode loop none ran inside a
-    timed request even with the collector on, ``lab/decode/gc_pauses.py``: this is insurance.) Host clocks
-    (``host``, ``host_e2e``, ``wall``) are taken inside this block; GPU clocks never see the host."""
+    """Python's cyclic garbage collector off inside the block (after one collection), as ``timeit`` runs: a full
+    collection over chapter 1's grammars takes tens of milliseconds and would land in whichever timed repetition it
+    fell in. Host clocks are taken inside this block; GPU clocks never see the host."""
     was_on = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -249,13 +229,8 @@ class BenchRun:
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
     def kernel_time(self, fn: Callable[[], Any], *, reps: int = 40) -> float:
-        """Median GPU time of ``fn()``'s kernels in milliseconds, as the profiler (CUPTI) records them:
-        from the start of its first kernel to the end of its last, L2 flushed before each repetition.
-
-        do_bench's events add the launch and the events themselves (about 3 µs on an H100/H200, see
-        ``ceilings.empty_launch_ms``); that matters for kernels of a few microseconds, so chapters that
-        have them record both.
-        """
+        """Median GPU time of ``fn()``'s kernels in milliseconds, as the profiler (CUPTI) records them: from the start
+        of its first kernel to the end of its last, L2 flushed before each repetition (no launch or event in it)."""
         from torch.profiler import ProfilerActivity, profile
 
         flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
@@ -299,27 +274,19 @@ class BenchRun:
     def rotated(self, weights: Any) -> list:
         """``weights`` and copies of it, :meth:`rotation` of them in all: a tensor, or a dataclass that keeps
         its bytes in a tensor ``data`` (a packed weight format), copied with that tensor cloned."""
-        import dataclasses
-
         data = weights if isinstance(weights, torch.Tensor) else weights.data
         clone = weights.clone if data is weights else lambda: dataclasses.replace(weights, data=data.clone())
         return [weights] + [clone() for _ in range(self.rotation(data.numel() * data.element_size()) - 1)]
 
     def graph_time(self, calls: list[Callable[[], Any]], *, min_calls: int = 60, reps: int = 15,
                    samples: bool = False) -> float | list[float]:
-        """Median GPU time per call, in milliseconds, of ``calls`` replayed in a CUDA graph, as a serving
-        engine runs decode steps: no host in the loop, so neither Python's launch cost nor do_bench's
-        events are in the number; the launches the GPU itself makes between kernels are.
+        """Median GPU time per call, in milliseconds, of ``calls`` replayed in a CUDA graph, as a serving engine runs
+        decode steps: no host in the loop; the launches the GPU makes between kernels are in it.
 
-        ``calls`` are the same call on different copies of its large input (see :meth:`rotation`), so
-        each call reads its copy from DRAM, not from L2; small inputs (x) stay in L2, where the kernel
-        before them would have left them. The graph holds ``calls`` in turn, at least ``min_calls``
-        calls in all; each replay follows a 256 MB memset, so the host's launch of the replay
-        overlaps the GPU's work, and is timed with events. Calls must be graph-safe: no host
-        synchronisation, and no argument that must change from call to call. With ``samples``, returns
-        every replay's time per call (``reps`` of them, in order) instead of their median
-        (:mod:`studylog.tails` reads their tail).
-        """
+        ``calls`` are one call on different copies of its large input (:meth:`rotation`), so each reads its copy from
+        DRAM; small inputs stay in L2. The graph holds them in turn, at least ``min_calls`` in all; each replay
+        follows a 256 MB memset, so the host's launch overlaps the GPU's work. Calls must be graph-safe (no host
+        synchronisation). With ``samples``: every replay's time per call instead of their median."""
         if not calls:
             raise ValueError("graph_time needs at least one call")
         sequence = calls * -(-min_calls // len(calls))
@@ -391,11 +358,9 @@ class BenchRun:
         host: "Timing | None" = None,
         **extra: Any,
     ) -> dict[str, Any]:
-        """Record one timing. ``role`` is ``"kernel"`` (ours), ``"baseline"`` or ``"peer"`` (another library).
-
-        ``ms`` is a number of milliseconds on ``clock`` (``"do_bench"`` unless said), or a :class:`Timing`,
-        whose median becomes ``ms`` and whose spread is kept (``"spread_ms"``: min, median, max); ``host``
-        is the call's host time per call, kept beside it (``"host_ms"``, ``"host_spread_ms"``)."""
+        """Record one timing: ``ms`` on ``clock`` (``"do_bench"`` unless said), or a :class:`Timing` (its median, and
+        its spread as ``spread_ms``); ``host``: the call's host time, kept beside it. ``role``: ``"kernel"`` (ours),
+        ``"baseline"`` or ``"peer"`` (another library)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if isinstance(ms, Timing):
@@ -476,9 +441,7 @@ class BenchRun:
         return path
 
 
-# --------------------------------------------------------------------------------------
 # Ceilings, measured in every run
-# --------------------------------------------------------------------------------------
 
 def measure_copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
@@ -536,9 +499,7 @@ def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[],
     return lambda: kernel(grid, (1024,), t, n16, sink)
 
 
-# --------------------------------------------------------------------------------------
 # Command line
-# --------------------------------------------------------------------------------------
 
 def run_chapters(chapters: list[str], *, out_dir: Path, command: str, quick: bool = False) -> list[Path]:
     if not torch.cuda.is_available():

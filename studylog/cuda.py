@@ -1,17 +1,10 @@
 """Compile CUDA C++ kernels with NVRTC and launch them on torch tensors.
 
-Chapters keep their kernels as ``.cu`` files in ``studylog/csrc``. One loader serves all:
-
-* :func:`compile_source` turns a source into PTX (and, for a real ``sm_XX`` target, a cubin
-  plus ptxas' register/spill report). NVRTC needs no driver, so this works on a machine
-  without a GPU: the tests compile every ``.cu`` and notebooks show PTX.
-* :func:`load` compiles for the visible GPU and returns a :class:`CudaModule` whose kernels
-  launch on torch's current stream, with typed arguments and launch errors checked.
-
-NVRTC takes about 0.1 s per source, against about 30 s for ``torch.utils.cpp_extension``; a source of
-many template instances takes longer (step 10's, 20 s), so compiles are kept on disk
-(:func:`compile_cache_dir`), keyed by everything NVRTC sees: the tests, the notebooks and the book build
-compile the same sources.
+:func:`compile_source` turns a source into PTX (and for an ``sm_XX`` target a cubin and ptxas' register/spill
+report); NVRTC needs no driver, so the tests compile every ``.cu`` without a GPU. :func:`load` compiles for the
+visible GPU and returns a :class:`CudaModule` whose kernels launch on torch's current stream. Compiles are kept on
+disk (:func:`compile_cache_dir`), keyed by everything NVRTC sees: a source of many template instances takes tens of
+seconds, and the tests, notebooks and book compile the same sources.
 """
 
 from __future__ import annotations
@@ -276,9 +269,7 @@ def ptx(source: str | Path, *, arch: str = DEFAULT_ARCH, options: Sequence[str] 
     return compile_source(source, arch=arch, options=options).ptx
 
 
-# --------------------------------------------------------------------------------------
 # Loading and launching on the GPU
-# --------------------------------------------------------------------------------------
 
 #: Argument kinds a kernel signature may use, with the ctypes type each is passed as.
 ARG_TYPES = {
@@ -333,13 +324,9 @@ def _current_stream_handle() -> int:
 
 
 class CudaKernel:
-    """One ``__global__`` function, launched on torch tensors on torch's current stream.
-
-    Launching from Python has a cost of its own, which matters for kernels of a few microseconds:
-    the argument block and the array of pointers into it are built once per kernel, and a launch
-    only packs the values (``struct.pack``) into that block. The driver copies the arguments during
-    ``cuLaunchKernel``, so reusing the block for the next launch is safe.
-    """
+    """One ``__global__`` function, launched on torch tensors on torch's current stream. The argument block is built
+    once per kernel and a launch only packs values into it (a launch's host cost matters for kernels of a few
+    microseconds); the driver copies the arguments during ``cuLaunchKernel``, so reusing the block is safe."""
 
     _FORMATS = {"ptr": "Q", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "f32": "f4x", "f64": "d"}
 
@@ -359,15 +346,11 @@ class CudaKernel:
 
     def __call__(self, grid, block, *args, shared_mem: int = 0, stream: torch.cuda.Stream | None = None,
                  early: bool = False, cluster: int | None = None) -> None:
-        """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (Hopper and later):
-        the kernel may start before the previous kernel in the stream has finished, as soon as that
-        one has run ``griddepcontrol.launch_dependents`` in every block; it must then run
-        ``griddepcontrol.wait`` before it reads anything the previous kernel writes. ``cluster``: blocks
-        ``cluster`` at a time along x form a thread block cluster (Hopper and later; at most 8, dividing
-        grid x), which run at once and may use each other's shared memory. A kernel that uses cluster
-        barriers needs a cluster launch, a cluster of 1 included: launched without one (``None``), the
-        same kernel deadlocked on the H200 once a barrier.cluster.arrive and its wait were apart
-        (notebook 05)."""
+        """Launch on ``grid`` x ``block``. ``early``: a programmatic dependent launch (Hopper): the kernel may start
+        once the previous kernel in the stream has run ``griddepcontrol.launch_dependents`` in every block, and must
+        run ``griddepcontrol.wait`` before it reads what that kernel writes. ``cluster``: blocks ``cluster`` at a
+        time along x form a thread block cluster (at most 8, dividing grid x). A kernel that uses cluster barriers
+        needs a cluster launch, a cluster of 1 included: without one it can deadlock."""
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes {len(self.signature)} arguments ({self.signature}), got {len(args)}")
         grid = tuple(grid) + (1,) * (3 - len(grid))

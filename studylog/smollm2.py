@@ -43,9 +43,7 @@ ENV_VAR = "STUDYLOG_SMOLLM2"
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
 
-# --------------------------------------------------------------------------------------------------------
 # Finding the file
-# --------------------------------------------------------------------------------------------------------
 
 def cache_dir() -> Path:
     """Where the GGUF is kept: ``$XDG_CACHE_HOME/studylog``, else ``~/.cache/studylog``."""
@@ -143,9 +141,7 @@ def gguf_path(download: bool = True) -> Path:
         return _extract(got, folder)
 
 
-# --------------------------------------------------------------------------------------------------------
 # The checkpoint: config and weights
-# --------------------------------------------------------------------------------------------------------
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's ``permute`` of a q or k projection (``[n_head * d, cols]``).
@@ -266,9 +262,7 @@ def read(path: str | Path | None = None) -> Checkpoint:
     return _read(Path(path).resolve() if path is not None else gguf_path())
 
 
-# --------------------------------------------------------------------------------------------------------
 # The tokenizer
-# --------------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:

@@ -1,28 +1,13 @@
 """The tail of each chapter's final kernel at its headline shape: ``python -m studylog bench tails [--out DIR]``.
 
-For chapters 2 to 6 this times the call the chapter's headline row times, built as the chapter's benchmark builds
-it (same shapes, dtypes and rotation of large inputs), on the GPU clock of :meth:`BenchRun.graph_time`: a CUDA graph
-of at least :data:`MIN_CALLS` back-to-back calls cycling over the rotated copies, a 256 MB memset before each
-replay, events around the replay. :data:`REPETITIONS` repetitions, each with fresh inputs and a graph of its own,
-replay it :data:`REPLAYS` times; every replay gives one **sample**: its time divided by its calls.
+Each case times the call the chapter's headline row times, built as its benchmark builds it, on the clock of
+:meth:`BenchRun.graph_time` (a graph of at least :data:`MIN_CALLS` calls over rotated copies). :data:`REPETITIONS`
+repetitions, each with fresh inputs and its own graph, replay it :data:`REPLAYS` times; a replay's time per call is one
+sample. So ``p99_ms`` is the tail of *repeated measurements* (a replay's mean over >= 60 calls), not of single calls:
+how far a re-measurement can land above the median. Percentiles interpolate linearly (numpy's default).
 
-So ``p99_ms`` is the 99th percentile of *repeated measurements*: of replays' means over >= 60 calls, not of single
-calls. It says how far a re-measurement of the headline can land above its median (clock changes, a neighbour on the
-GPU, a slow replay), not how slow one call of a decode step can be: a single slow call is averaged with 59 others.
-``ms`` and ``p50_ms`` are the median of all samples; percentiles interpolate linearly between order statistics
-(numpy's default), so p50 is the median. The chapters' own rows keep the median of each repetition instead; each
-row here keeps those too (``repetition_medians_ms``), comparable to the chapter's ``spread_ms``.
-
-Where this differs from the chapters' rows: every graph here holds at least 60 calls (chapters 4 to 6 size theirs to
-a budget of GPU time: 11 to 20 calls at these shapes). Chapter 2's call rotates over copies of the head as its benchmark
-does (:class:`~studylog.masked_lm_head.report.HeadCopies`: one plan a copy, the hidden state shared); every row
-records ``rotated_copies``, which the scoreboard holds against the chapter's row.
-
-After chapter 4's row come two rows of its latency floor (``role`` "baseline", ``floor`` "latency", as the run's
-other yardsticks): :func:`studylog.ctc.floor.chain_floor`, a kernel that runs only the recursion's chain of
-dependent frames over the S = 2L + 1 states of the latency-bound case (T = 150, A = 28, N = 1; L from the draw the
-chapter's benchmark makes there, :func:`ctc_floor_states`), on the same clock: ``frames`` = 2T (alpha then beta,
-as steps 1 to 6 run them) and ``frames`` = T (one direction: the final steps run alpha and beta side by side).
+Chapter 4's latency floor comes after its row: :func:`studylog.ctc.floor.chain_floor`, only the recursion's chain of
+dependent frames at T = 150, A = 28, N = 1, over 2T frames (alpha then beta, steps 1 to 6) and T (side by side).
 """
 
 from __future__ import annotations
