@@ -14,6 +14,15 @@ from studylog.ternary import formats as F
 from ternary_helpers import DEV, TOL, assert_matches, poisoned, ternary, weights_for, x_for  # noqa: F401
 
 
+def w2a8_x_order(k: int, device=None):
+    """Step 12's order of a row of quantised x: byte ``b`` (K padded to 256) holds ``x[order[b]]``; in a group,
+    byte ``64 p + 16 t + 4 i + j`` meets code ``p`` of byte ``j`` of word ``4 t + i`` (ternary_w2a8.cu)."""
+    b = torch.arange(-(-k // 256) * 256, device=device)
+    within = b % 256
+    p, t, i, j = within >> 6, (within >> 4) & 3, (within >> 2) & 3, within & 3
+    return b - within + 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1)
+
+
 def w2a8_compiled(instances):
     """(PTX, ptxas report) of ``instances`` of ternary_w2a8.cu, read per kernel from one compile of every instance
     the chapter declares: the compile ``test_every_cu_compiles_for_hopper`` makes, which NVRTC's cache then serves
@@ -342,7 +351,7 @@ def test_step12_compiles_to_int8_mma_and_bulk_copies_without_spills():
 
 
 def test_step12_x_order_is_a_permutation_of_each_group():
-    order = T.w2a8_x_order(300)
+    order = w2a8_x_order(300)
     assert order.shape == (512,)
     assert torch.equal(order.sort().values, torch.arange(512))
     assert torch.equal(order[:256] + 256, order[256:])
@@ -360,7 +369,7 @@ def test_step12_fragments_emulated_on_the_cpu_give_the_product(n, k, rng):
     words = words.view(tiles, groups, 2, 8, 16)  # [tile, group, half h, row g, word]
     xk = torch.zeros(groups * 256, dtype=torch.long)
     xk[:k] = x
-    xb = xk[T.w2a8_x_order(k)].view(groups, 4, 4, 4, 4)  # [group, p', t, i, byte j]
+    xb = xk[w2a8_x_order(k)].view(groups, 4, 4, 4, 4)  # [group, p', t, i, byte j]
     total = torch.zeros(tiles, 16, dtype=torch.long)
     for p in range(4):
         for q in range(2):
@@ -518,7 +527,7 @@ def test_gpu_step12_every_config(m, n, k, x_dtype):
     # the first kernel: quantize_activations' bytes and scales, bit for bit, in the MMA's order
     xq, x_scale, row_sum = T.w2a8_quantize(x)
     want_q, want_scale = T.quantize_activations(x.float())
-    order = T.w2a8_x_order(k, device="cuda")
+    order = w2a8_x_order(k, device="cuda")
     padded = torch.zeros(m, order.numel(), dtype=torch.int8, device="cuda")
     padded[:, :k] = want_q
     assert torch.equal(xq, padded[:, order]) and torch.equal(x_scale, want_scale)

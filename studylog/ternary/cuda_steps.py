@@ -14,6 +14,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from studylog import cuda, runtime
+from studylog.checks import check_choice
 from studylog.ternary.formats import (GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace,
                                       check_packed_call)
 
@@ -269,8 +270,7 @@ def step11_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe
                  config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
     """A step-11 launch with parts left out (a number of :data:`PROBES`), as a function to time (its output
     means nothing)."""
-    if probe not in PROBES:
-        raise ValueError(f"probe must be one of {sorted(PROBES)} ({PROBES}), got {probe!r}")
+    check_choice("probe", probe, PROBES)
     x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-11 probe")
     cfg = config or tma_config(x2.shape[0], w.n, x2.shape[1])
     x2 = _pad_k_to_8(x2)

@@ -30,7 +30,7 @@ from jaxtyping import Float, Int8, Int32, Shaped, UInt8
 from torch import Tensor
 
 from studylog import runtime
-from studylog.checks import check_out
+from studylog.checks import check_choice, check_out
 
 GROUP_WORDS = 16  #: int32 words in a 2-bit group
 GROUP_WEIGHTS_2BIT = 256  #: weights in a 2-bit group (16 words x 16 fields)
@@ -195,8 +195,7 @@ def base3_table(device: str) -> Int32[Tensor, " 256"]:
 def check_packed_data(data: Any, k: int, fmt: str, name: str, n: Optional[int] = None) -> None:
     """``data`` (named ``name`` in the errors) as the packed tensor of K = ``k`` weights a row in ``fmt``: dtype,
     (N or tiles, packed columns) shape, contiguous. Its codes are not read (that would wait for the GPU)."""
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    check_choice("fmt", fmt, FORMATS)
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"n must be a positive int, got {n!r}")
     if not isinstance(data, Tensor):
@@ -240,8 +239,7 @@ class PackedTernary:
 
     @classmethod
     def pack(cls, w: Shaped[Tensor, "n k"], fmt: str = "2bit") -> "PackedTernary":
-        if fmt not in FORMATS:
-            raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+        check_choice("fmt", fmt, FORMATS)
         data = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma, "2bit_tiles": pack_2bit_tiles}[fmt](w)
         return cls(data, int(w.shape[0]), int(w.shape[1]), fmt)
 

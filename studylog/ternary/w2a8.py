@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import triton
-from jaxtyping import Float, Int8, Int32, Int64
+from jaxtyping import Float, Int8, Int32
 from torch import Tensor
 
 from studylog import cuda, runtime
@@ -70,15 +70,6 @@ W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
 #: The longest K step 12 takes: its int32 sums and their float32 conversion stay exact below it
 #: (|sum_k x_k w_k| <= 128 K <= 2^24).
 W2A8_MAX_K = 1 << 17
-
-
-def w2a8_x_order(k: int, device=None) -> Int64[Tensor, " kp"]:
-    """Step 12's order of a row of quantised x: byte ``b`` (K padded to 256) holds ``x[order[b]]``; in a group,
-    byte ``64 p + 16 t + 4 i + j`` meets code ``p`` of byte ``j`` of word ``4 t + i`` (ternary_w2a8.cu)."""
-    b = torch.arange(triton.cdiv(k, GROUP_WEIGHTS_2BIT) * GROUP_WEIGHTS_2BIT, device=device)
-    within = b % 256
-    p, t, i, j = within >> 6, (within >> 4) & 3, (within >> 2) & 3, within & 3
-    return b - within + 32 * p + 2 * (4 * t + i) + 128 * (j & 1) + (j >> 1)
 
 
 def w2a8_smem_bytes(cfg: RingConfig, x_rows: int, groups_per_slice: int,
@@ -181,7 +172,7 @@ def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> i
 
 def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
     """Step 12's quantize_x on (M, K) or (K,) bf16/fp16 x: (xq, x_scale, row_sum), xq int8 (M, K padded to 256)
-    in :func:`w2a8_x_order`, bit for bit what ``quantize_activations`` gives; row_sum = sum_k xq[m, k]."""
+    in ternary_w2a8.cu's order, bit for bit what ``quantize_activations`` gives; row_sum = sum_k xq[m, k]."""
     x2, _ = check_x(x, None, dtypes=MMA_X_DTYPES)
     runtime.require_gpu("step 12's quantisation (CUDA C++ quantize_x)")
     return _quantize_x(aligned_rows(x2))

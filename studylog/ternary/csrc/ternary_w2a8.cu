@@ -51,7 +51,7 @@
 // x's order in one group (256 activations, 256 bytes): byte 64 p' + 16 t + 4 i + j holds x[k] with
 // k = 32 p' + 2 (4 t + i) + 128 (j & 1) + (j >> 1): the activation that meets code p' of byte j of
 // word 4 t + i of a weight row, in the B register i of thread t (mma fragments: lane = 4 g + t);
-// w2a8_x_order in Python computes the same. The quantisation writes it 16 bytes (a unit) at a time.
+// w2a8_x_order (tests/test_ternary_cuda.py) computes the same. The quantisation writes it 16 bytes (a unit) at a time.
 
 template <bool BF16>
 __device__ __forceinline__ float half_to_float(unsigned short bits) {
