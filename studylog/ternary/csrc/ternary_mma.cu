@@ -15,8 +15,9 @@
 // z[m, n] = sum_k x[m, k] W[n, k] / scale[n * scale_stride], W packed in the "2bit_mma" format
 // (`groups` groups of 16 words a row). A block: `warps` warps, each RT tiles of 16 rows of W, all on
 // the same slice of K (groups_per_slice groups) and the same 8 MT rows of x, which the block first
-// copies into shared memory (rather than every warp waiting on L2 once per group). With gridDim.y > 1 the slices store partial sums in partials[slice][m][n] and arrivals[tile]
-// counts them in (it is 0 again when the kernel ends).
+// copies into shared memory (rather than every warp waiting on L2 once per group). With gridDim.y > 1
+// the slices store partial sums in partials[slice][m][n] and arrivals[tile] counts them in (it is 0
+// again when the kernel ends).
 template <bool BF16, int MT, int RT, int STAGES>
 __global__ void __launch_bounds__(256) step10_cuda_mma_kernel(
     const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
