@@ -227,9 +227,9 @@ def test_tile_map_skips_only_invisible_tiles_and_unmasks_only_whole_ones(blocks,
         for t in range(tiles.shape[0]):
             for u in range(tiles.shape[1]):
                 block = mask[t * bm:(t + 1) * bm, u * bn:(u + 1) * bn]
-                if tiles[t, u] == mi.TILE_SKIPPED:
+                if tiles[t, u] == mi.tiles.TILE_SKIPPED:
                     assert not block.any(), f"tile {(t, u)} holds visible pairs but is skipped"
-                elif tiles[t, u] == mi.TILE_WHOLE:
+                elif tiles[t, u] == mi.tiles.TILE_WHOLE:
                     assert block.all() and block.shape[1] == bn, f"tile {(t, u)} is not whole but unmasked"
 
 
@@ -295,7 +295,7 @@ def test_flashinfers_bound_visits_what_its_loop_visits_and_never_fewer_tiles_tha
         loop = flashinfer_key_tile_loop(batch.seq_lens[0], prefix_len, max(item_lens), bm, bn)
         bounded = bounded_key_tiles(batch, bm, bn)[0]
         assert bounded == [len(v) for v in loop], (prefix_len, item_lens)
-        exact = mi.tile_map(batch, bm, bn) != mi.TILE_SKIPPED
+        exact = mi.tile_map(batch, bm, bn) != mi.tiles.TILE_SKIPPED
         mask = rule_mask(prefix_len, item_lens)
         for t, visited in enumerate(loop):
             # the bound skips no tile that holds a visible pair, and the exact start visits a subset of its tiles
@@ -391,15 +391,15 @@ MIXED = ([17, 0, 40, 5, 29], [[4, 9, 1], [6, 6], [3], [], [2, 30, 1, 1]])
 
 
 @pytest.mark.parametrize("order", mi.SCHEDULE_ORDERS)
-@pytest.mark.parametrize("block_m", mi.SCHEDULE_BLOCK_MS)
+@pytest.mark.parametrize("block_m", mi.tiles.SCHEDULE_BLOCK_MS)
 def test_every_schedule_runs_every_program_once(order, block_m):
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device="cpu")
     heads = 5
-    bytes_per_token = mi.GROUP_KV_BYTES // (2 * batch.total_tokens)  # two heads fit a group: 3 groups
-    rows = [tuple(r) for r in mi.work_order(batch, heads, block_m, order, bytes_per_token).tolist()]
+    bytes_per_token = mi.tiles.GROUP_KV_BYTES // (2 * batch.total_tokens)  # two heads fit a group: 3 groups
+    rows = [tuple(r) for r in mi.tiles.work_order(batch, heads, block_m, order, bytes_per_token).tolist()]
     want = {(b, t, h) for b, s in enumerate(batch.seq_lens) for t in range(-(-s // block_m)) for h in range(heads)}
     assert len(rows) == len(want) and set(rows) == want
-    cost = {(b, t): c for b, t, c in mi.query_tile_costs(batch, block_m)}
+    cost = {(b, t): c for b, t, c in mi.tiles.query_tile_costs(batch, block_m)}
     if order in ("heads_outer", "head_groups"):  # group by group; within a group, most keys first
         groups = ([list(g) for g in mi.head_groups(batch, heads, bytes_per_token)] if order == "head_groups"
                   else [[h] for h in range(heads)])
@@ -424,7 +424,7 @@ def test_every_schedule_runs_every_program_once(order, block_m):
 
 def test_head_groups_fit_the_budget():
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device="cpu")
-    per_head = lambda heads_per_group: mi.GROUP_KV_BYTES // (heads_per_group * batch.total_tokens)  # noqa: E731
+    per_head = lambda heads_per_group: mi.tiles.GROUP_KV_BYTES // (heads_per_group * batch.total_tokens)  # noqa: E731
     assert [len(g) for g in mi.head_groups(batch, 32, per_head(32))] == [32]
     assert [len(g) for g in mi.head_groups(batch, 32, per_head(15))] == [11, 10, 11]  # 3 near-equal groups
     assert [list(g) for g in mi.head_groups(batch, 3, 10**9)] == [[0], [1], [2]]  # one head at least
@@ -438,7 +438,7 @@ def test_tile_costs_are_the_planned_ranges_counted_key_by_key(blocks):
     """The schedule's cost of a query tile is the number of keys of the kernel's three ranges: the planned
     key tiles at key tiles of one key (tile_map computes them with different code)."""
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device="cpu")
-    costs = [c for _, _, c in mi.query_tile_costs(batch, blocks[0])]
+    costs = [c for _, _, c in mi.tiles.query_tile_costs(batch, blocks[0])]
     assert costs == [n for per_prompt in mi.planned_key_tiles(batch, blocks[0], 1) for n in per_prompt]
     # and host_item_starts is row - pos[row], the positions the kernels read
     for b, starts in enumerate(batch.host_item_starts):
@@ -448,23 +448,23 @@ def test_tile_costs_are_the_planned_ranges_counted_key_by_key(blocks):
 
 def test_schedule_table_entries():
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
-    table, programs = mi.schedule_table(batch, 2, "heads_outer", (32, 128))
-    assert mi.schedule_table(batch, 2, "heads_outer", (128, 32))[0] is table  # cached per batch
+    table, programs = mi.tiles.schedule_table(batch, 2, "heads_outer", (32, 128))
+    assert mi.tiles.schedule_table(batch, 2, "heads_outer", (128, 32))[0] is table  # cached per batch
     assert set(programs) == {32, 128}
     table = table.cpu()
     for block_m in (16, 32, 64, 128):
-        row = table[mi.SCHEDULE_BLOCK_MS.index(block_m)]
+        row = table[mi.tiles.SCHEDULE_BLOCK_MS.index(block_m)]
         if block_m not in programs:
             assert not row.any()
             continue
         entries = row[: programs[block_m]]
-        assert entries[:, :3].tolist() == mi.work_order(batch, 2, block_m, "heads_outer").tolist()
+        assert entries[:, :3].tolist() == mi.tiles.work_order(batch, 2, block_m, "heads_outer").tolist()
         for prompt, _, _, begin, length, prefix, pad0, pad1 in entries.tolist():
             assert (begin, length, prefix, pad0, pad1) == (batch.seq_starts[prompt], batch.seq_lens[prompt],
                                                           batch.prefix_lens[prompt], 0, 0)
         assert not row[programs[block_m]:].any()
     with pytest.raises(ValueError, match="block_ms must be among"):
-        mi.schedule_table(batch, 2, "heads_outer", (48,))
+        mi.tiles.schedule_table(batch, 2, "heads_outer", (48,))
 
 
 @pytest.mark.parametrize("order", mi.SCHEDULE_ORDERS)
@@ -485,9 +485,9 @@ def test_grouped_orders_keep_the_keys_in_flight_within_the_budget():
     _, prefixes, items = report.bench_shapes()[2]
     batch = mi.MultiItemBatch.from_item_lens(prefixes, items, device="cpu")
     first = kv_in_flight(batch, 32, 128, 64, "first_run", programs_at_once=264)
-    assert first > 4 * mi.GROUP_KV_BYTES
+    assert first > 4 * mi.tiles.GROUP_KV_BYTES
     for order in ("heads_outer", "head_groups", "prompts_outer"):
-        assert 0 < kv_in_flight(batch, 32, 128, 64, order, programs_at_once=264) <= mi.GROUP_KV_BYTES
+        assert 0 < kv_in_flight(batch, 32, 128, 64, order, programs_at_once=264) <= mi.tiles.GROUP_KV_BYTES
 
 
 def test_scores_are_label_log_probs_at_the_last_token_of_each_item(rng):

@@ -170,16 +170,17 @@ def test_step6_plans_token_tiles_of_block_m_over_the_group():
     """The table row BLOCK_M selects holds step 5's order over key/value heads at BLOCK_M // group tokens; step
     5's tables (and their cache keys) are unchanged."""
     batch = mi.MultiItemBatch.from_item_lens(*MIXED, device=DEV)
-    table, programs = mi.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4, rows_per_token=3)
+    table, programs = mi.tiles.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4, rows_per_token=3)
     for row, block_m in ((0, 16), (1, 32)):
-        want = mi.work_order(batch, 2, block_m // 3, "head_groups", 2 * 16 * 4)
+        want = mi.tiles.work_order(batch, 2, block_m // 3, "head_groups", 2 * 16 * 4)
         assert programs[block_m] == len(want)
         assert torch.equal(table[row, : len(want), :3].cpu().long(), want)
-    plain = mi.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4)
-    assert torch.equal(plain[0], mi.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4, rows_per_token=1)[0])
+    plain = mi.tiles.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4)
+    assert torch.equal(plain[0], mi.tiles.schedule_table(batch, 2, "head_groups", (16, 32), 2 * 16 * 4,
+                                                         rows_per_token=1)[0])
     assert (2, "head_groups", (16, 32), 2 * 16 * 4, mi.DEFAULT_RULE) in batch.schedules
     with pytest.raises(ValueError, match=r"rows_per_token must be an int from 1 to the smallest tile height \(16\)"):
-        mi.schedule_table(batch, 2, block_ms=(16, 32), rows_per_token=17)
+        mi.tiles.schedule_table(batch, 2, block_ms=(16, 32), rows_per_token=17)
 
 
 def test_step6_bad_inputs_are_named():

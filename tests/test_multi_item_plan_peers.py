@@ -57,8 +57,8 @@ def test_plan_grid_bounds_every_layout_it_accepts(rng):
         prompts = int(torch.randint(1, 6, (), generator=rng))
         layouts = random_layouts(rng, prompts)[-prompts:]
         batch = mi.MultiItemBatch.from_item_lens([p for p, _ in layouts], [i for _, i in layouts], device="cpu")
-        for block_m in mi.SCHEDULE_BLOCK_MS:
-            _, programs = mi.schedule_table(batch, 3, "head_groups", (block_m,))
+        for block_m in mi.tiles.SCHEDULE_BLOCK_MS:
+            _, programs = mi.tiles.schedule_table(batch, 3, "head_groups", (block_m,))
             bound = 3 * (-(-batch.total_tokens // block_m) + batch.batch_size - 1)
             assert programs[block_m] <= bound
 
@@ -85,7 +85,7 @@ def test_named_configs(rng):
     """A step takes a config by name (its blocks in the interpreter; on the GPU also its warps and stages)."""
     batch = mi.MultiItemBatch.from_item_lens([21], [[6, 17, 1]], device=DEV)
     q, k, v = random_qkv(2, batch.total_tokens, 16, rng)
-    name = next(n for n in mi.config_names() if n.startswith("64 x 32"))
+    name = next(n for n in mi.config.config_names() if n.startswith("64 x 32"))
     out, info = mi.step05_batched(q, k, v, batch, config=name, count_tiles=True, return_info=True)
     assert (info.block_m, info.block_n) == (64, 32)
     assert info.tile_counts == mi.planned_key_tiles(batch, 64, 32)
@@ -152,7 +152,7 @@ def test_one_pass_per_item_inputs_compute_the_item_rows(rule, rng):
 
 
 def test_pinned_configs_are_read_from_this_benchmarks_results():
-    name = mi.config_names()[3]
+    name = mi.config.config_names()[3]
     rows = [{"series": "step05", "params": {"shape": "a"}, "config": name, "config_source": "autotuned"},
             {"series": "step04", "params": {"shape": "a"}, "config": "12 x 12", "config_source": "autotuned"},
             {"series": "step03", "params": {"shape": "b"}, "config": name},
@@ -431,7 +431,7 @@ def test_the_benchmark_runs_end_to_end_on_a_fake_run(quick, monkeypatch):
     from studylog.multi_item import peers
 
     monkeypatch.setattr(peers, "flashinfer_module", lambda: FakeFlashInfer)
-    name = next(n for n in mi.config_names() if n.startswith("64 x 32"))
+    name = next(n for n in mi.config.config_names() if n.startswith("64 x 32"))
     monkeypatch.setattr(report, "_choose_config", lambda step, *a: (name, "autotuned", {name: 0.1}))
     run = FakeRun(quick)
     report.bench(run)

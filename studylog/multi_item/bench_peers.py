@@ -1,8 +1,5 @@
-"""Chapter 6's benchmark, the peers' part: FlexAttention at each block size of its sweep and FlashInfer's multi-item
-prefill at each (backend, page size), on the same inputs as our kernels (``[heads, tokens, head_dim]``; ``k`` and
-``v`` with fewer heads under grouped-query attention), each checked against the float32 reference first, the best
-setting of each measured. Called by :mod:`studylog.multi_item.report` for every shape.
-"""
+"""The benchmark's peers: each setting of FlexAttention and FlashInfer checked against the float32 reference,
+the best one measured."""
 
 from __future__ import annotations
 
@@ -48,8 +45,7 @@ def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated) -> None:
 
 
 def bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, measure, rotated, params) -> None:
-    """FlashInfer's multi-item prefill at each (backend, page size) of the sweep, checked against the float32
-    reference and against our output (bf16 tolerance); the best one measured with its host time."""
+    """FlashInfer at each (backend, page size), also checked against our output; the best one measured."""
     from studylog.multi_item.peers import flashinfer_inputs, flashinfer_prefill
 
     heads = q.shape[0]

@@ -1,6 +1,5 @@
-"""Tile shapes of the Triton steps: the autotuner's configs on the GPU, fixed small blocks in the interpreter,
-and what a launch reports back (:class:`LaunchInfo`); the launches are beside their kernels, in
-:mod:`studylog.multi_item.steps`."""
+"""Tile shapes of the Triton steps: the autotuner's configs on the GPU, small blocks in the interpreter, and
+what a launch reports back (:class:`LaunchInfo`)."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ def prune_configs(configs, named_args, **kwargs):
 
 
 def tuned(configs, key=("HEAD_DIM",)):
-    """On the GPU, let Triton pick the tile shape among ``configs`` (per value of the ``key`` arguments, and
-    dtype); in the interpreter, the wrapper passes small blocks itself."""
+    """On the GPU, autotune over ``configs`` per ``key`` (and dtype); in the interpreter, the kernel as it is."""
     def wrap(kernel):
         if runtime.mode() != "gpu":
             return kernel
@@ -65,15 +63,12 @@ def tuned(configs, key=("HEAD_DIM",)):
 
 
 def size_bucket(tokens: int) -> int:
-    """The autotuning key of steps 4 and 5 besides the head dim: the power of two of the token count, so a
-    single prompt and a batch many times its size are tuned apart, and sizes within a factor of two share
-    one tuning."""
+    """Steps 4 and 5's autotuning key besides the head dim: sizes within a factor of two share one tuning."""
     return max(int(tokens), 1).bit_length()
 
 @dataclass(frozen=True)
 class LaunchInfo:
-    """What a kernel step ran with: its tile shape (and, on the GPU, warps and pipeline stages), and (when
-    asked) the key tiles each query tile visited."""
+    """What a kernel step ran with, and (when asked) the key tiles each query tile visited."""
 
     step: int
     block_m: int
@@ -103,8 +98,7 @@ def config_names() -> list[str]:
 
 
 def find_config(name: Any, blocks: Any = None) -> "triton.Config | None":
-    """The config of :data:`GPU_CONFIGS` called ``name`` (``"64 x 64, 4 warps, 3 stages"``), or ``None`` for
-    ``None``; a step takes either ``config`` or ``blocks``, not both."""
+    """The config of :data:`GPU_CONFIGS` called ``name``, or ``None``; a step takes ``config`` or ``blocks``."""
     if name is None:
         return None
     if blocks is not None:

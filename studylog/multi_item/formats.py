@@ -1,21 +1,15 @@
 """The multi-item batch format, the mask rules, the reference and the checks every step shares.
 
-The N candidate items of a ranking request are packed after a shared prefix, ``prefix <d> item_1 <d> ... item_N
-<d>``, and the mask keeps the items from seeing each other. For a query ``q`` and a key ``k`` of one prompt with
-prefix length ``P``, ``pos[q]`` the query's position inside its item (0 at a delimiter):
+Items are packed after a shared prefix, ``prefix <d> item_1 <d> ... item_N <d>``. For a query ``q`` and a key
+``k`` of one prompt with prefix length ``P``, ``pos[q]`` the query's position inside its item (0 at a delimiter):
 
-* ``"flashinfer"`` (:data:`DEFAULT_RULE`), FlashInfer's rule as its kernel applies it
-  (``logits_mask_multi_item_scoring`` in ``include/flashinfer/attention/prefill.cuh``)::
+* ``"flashinfer"`` (:data:`DEFAULT_RULE`, as FlashInfer's ``logits_mask_multi_item_scoring`` applies it)::
 
       visible(q, k) = k <= q  and  (k < P  or  q < P  or  k > q - pos[q])
 
-  an item token sees the prefix and its own item up to itself, not the delimiter that opens it; a delimiter sees
-  the prefix only (with an empty prefix, no key: its row is 0). Item ``i``'s rows equal a causal forward over
-  ``prefix item_i``.
-* ``"delimiter_visible"``: the same plus ``k >= q - pos[q]``: an item token also sees its opening delimiter and
-  a delimiter sees itself, as in a causal forward over ``prefix <d> item_i``.
-
-Item ``i``'s score is read at its last token: the log-probabilities of K label tokens (:func:`score_items`).
+  item ``i``'s rows equal a causal forward over ``prefix item_i``; a delimiter sees the prefix only (with an
+  empty prefix, no key: its row is 0).
+* ``"delimiter_visible"``: ``k >= q - pos[q]`` instead, a causal forward over ``prefix <d> item_i``.
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ import math
 import operator
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 from typing import Any, Sequence
 
 import torch
@@ -52,9 +47,7 @@ def check_rule(rule: Any) -> str:
     return rule
 
 
-# ---------------------------------------------------------------------------------------------
 # The batch layout: where the prefix, the delimiters and the items lie, checked once per batch
-# ---------------------------------------------------------------------------------------------
 
 def _as_int_list(x: Any, name: str) -> list[int]:
     if isinstance(x, Tensor):
@@ -75,12 +68,9 @@ def _as_int_list(x: Any, name: str) -> list[int]:
 
 @dataclass(frozen=True, eq=False)
 class MultiItemBatch:
-    """The layout of a batch of multi-item prompts, packed one after the other.
-
-    Prompt ``b`` occupies tokens ``cu_seqlens[b] : cu_seqlens[b + 1]`` of the packed sequence: ``prefix_lens[b]``
-    prefix tokens, then a delimiter, then each item followed by a delimiter. Build it with
-    :meth:`from_item_lens` or, from FlashInfer's inputs, :meth:`from_token_positions`; both check
-    everything once, on the host, so the attention calls (one per layer in a model) need no device sync.
+    """The layout of a batch of multi-item prompts, packed one after the other: prompt ``b`` occupies tokens
+    ``cu_seqlens[b] : cu_seqlens[b + 1]``. Both constructors check everything once, on the host, so the attention
+    calls (one per layer) need no device sync.
     """
 
     prefix_lens: tuple[int, ...]
@@ -94,8 +84,7 @@ class MultiItemBatch:
     token_pos: Int[Tensor, "b l"]
     #: ``[B]`` int32: the longest item of each prompt (an upper bound, as FlashInfer takes it)
     max_item_lens_t: Int[Tensor, " b"]
-    #: step 5's program tables, built on first use per (heads, order, tile heights, bytes per token, rule) (see
-    #: :func:`studylog.multi_item.tiles.schedule_table`)
+    #: step 5's program tables (:func:`studylog.multi_item.tiles.schedule_table`), built on first use
     schedules: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- construction ------------------------------------------------------------------------
@@ -122,10 +111,9 @@ class MultiItemBatch:
     def from_token_positions(cls, prefix_lens: Any, token_pos_in_items: Any, max_item_lens: Any, *,
                              token_pos_in_items_len: int | None = None, seq_lens: Any = None,
                              device: torch.device | str | None = None) -> "MultiItemBatch":
-        """FlashInfer's inputs: per prompt, its prefix length, the position of every token from the prefix's end
-        on inside its item (0 at delimiters, e.g. ``[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0]`` for items of 3, 2
-        and 4 tokens) zero-padded to ``token_pos_in_items_len`` and concatenated (or as a ``[B, L]`` tensor),
-        and its longest item. ``seq_lens`` (optional) are checked against the positions."""
+        """FlashInfer's inputs: per prompt, its prefix length, the position of every token after the prefix inside
+        its item (``[0, 1, 2, 3, 0, 1, 2, 0]`` for items of 3 and 2 tokens) zero-padded to
+        ``token_pos_in_items_len`` and concatenated (or ``[B, L]``), and its longest item."""
         prefix = _as_int_list(prefix_lens, "prefix_lens")
         max_items = _as_int_list(max_item_lens, "max_item_lens")
         batch = len(prefix)
@@ -187,9 +175,7 @@ class MultiItemBatch:
                 cursor += n + 1  # the item, then the delimiter that closes it
         if max_items is None:
             max_items = [max(its, default=0) for its in items]
-        cu = [0]
-        for s in seq_lens:
-            cu.append(cu[-1] + s)
+        cu = [0, *accumulate(seq_lens)]
         return cls(
             prefix_lens=tuple(prefix),
             item_lens=tuple(tuple(it) for it in items),
@@ -214,11 +200,7 @@ class MultiItemBatch:
 
     @cached_property
     def seq_starts(self) -> tuple[int, ...]:
-        starts, total = [], 0
-        for s in self.seq_lens:
-            starts.append(total)
-            total += s
-        return tuple(starts)
+        return tuple(accumulate(self.seq_lens[:-1], initial=0))
 
     @cached_property
     def total_tokens(self) -> int:
@@ -234,8 +216,8 @@ class MultiItemBatch:
 
     @cached_property
     def host_item_starts(self) -> tuple[tuple[int, ...], ...]:
-        """Per prompt, for every token from the prefix's end on, the index (in the prompt) of the delimiter
-        that opens its item: ``row - pos[row]``, computed on the host from the item lengths (no device sync)."""
+        """Per prompt, for every token after the prefix, the delimiter that opens its item (``row - pos[row]``),
+        from the item lengths (no device sync)."""
         out = []
         for p, lens in zip(self.prefix_lens, self.item_lens):
             starts, delim = [p], p
@@ -246,8 +228,7 @@ class MultiItemBatch:
         return tuple(out)
 
     def score_positions(self, prompt: int | None = None) -> list[int]:
-        """Indices in the packed sequence of the last token of every item (the token just before the
-        delimiter that closes it), where the item's score is read; all prompts, or one."""
+        """Packed indices of every item's last token, where its score is read; all prompts, or one."""
         out = []
         prompts = range(self.batch_size) if prompt is None else [prompt]
         for b in prompts:
@@ -293,13 +274,10 @@ def _items_from_positions(row: list[int], b: int, max_item_len: int) -> list[int
     return items
 
 
-# ---------------------------------------------------------------------------------------------
 # The mask, the reference, the checks the steps share, the scores
-# ---------------------------------------------------------------------------------------------
 
 def dense_mask(batch: MultiItemBatch, prompt: int = 0, rule: str = DEFAULT_RULE) -> Bool[Tensor, "s s"]:
-    """The boolean ``[S, S]`` mask of one prompt under ``rule`` (True: the query of the row may see the key of
-    the column)."""
+    """The boolean ``[S, S]`` mask of one prompt under ``rule`` (True: the row's query sees the column's key)."""
     check_rule(rule)
     s, p = batch.seq_lens[prompt], batch.prefix_lens[prompt]
     idx = torch.arange(s, device=batch.device)
@@ -314,10 +292,8 @@ def dense_mask(batch: MultiItemBatch, prompt: int = 0, rule: str = DEFAULT_RULE)
 def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v: Float[Tensor, "h t d"],
                         batch: MultiItemBatch, sm_scale: float | None = None,
                         rule: str = DEFAULT_RULE) -> Float[Tensor, "h t d"]:
-    """Float64 attention with the dense mask of ``rule``, written out (no fused kernel): what every step is
-    checked against. ``k`` and ``v`` may have fewer heads than ``q`` (each serves a group of query heads). A
-    row that sees no key (under FlashInfer's rule, a delimiter of a prompt without a prefix)
-    is 0, as FlashInfer and our kernels write it."""
+    """Float64 attention with the dense mask of ``rule``, written out: what every step is checked against. A row
+    that sees no key is 0, as FlashInfer and our kernels write it."""
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     group = q.shape[0] // k.shape[0]  # grouped-query attention: query head h reads key/value head h // group
@@ -333,10 +309,8 @@ def reference_attention(q: Float[Tensor, "h t d"], k: Float[Tensor, "h t d"], v:
 
 
 def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
-    """What every attention step takes: ``q``, ``k``, ``v`` (and ``out``, shaped like ``q``) of one dtype,
-    ``[heads, tokens, head_dim]`` with a unit stride on ``head_dim``, on the batch's device, with as many
-    tokens as ``batch`` (a :class:`MultiItemBatch`) describes; ``k`` and ``v`` may have fewer heads than ``q``
-    (grouped-query attention: ``q``'s heads a multiple of theirs)."""
+    """What every attention step takes: ``q``, ``k``, ``v`` (and ``out``) of one dtype, ``[heads, tokens,
+    head_dim]``, unit stride on ``head_dim``, on the batch's device; ``q``'s heads a multiple of ``k``'s."""
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -368,10 +342,7 @@ def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
 def score_items(hidden: Float[Tensor, "t d_model"], lm_head: Float[Tensor, "vocab d_model"],
                 label_ids: Int[Tensor, " k"] | Sequence[int], batch: MultiItemBatch) -> list[Float[Tensor, "n k"]]:
     """Log-probabilities of the label tokens at the last token of every item: one ``[N_b, K]`` matrix per prompt.
-
-    ``hidden`` holds the final hidden states of the packed sequence; only the ``sum(N_b)`` scored rows go
-    through the LM head, and the log-softmax over the vocabulary is taken in float32.
-    """
+    Only the scored rows of ``hidden`` go through the LM head; the log-softmax is taken in float32."""
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     for name, x in (("hidden", hidden), ("lm_head", lm_head)):

@@ -1,11 +1,8 @@
 """Chapter 6's entry point as a PyTorch operator: ``torch.ops.studylog.multi_item_attention``.
 
-The operator takes what step 5's kernel reads of a :class:`~studylog.multi_item.formats.MultiItemBatch`: its
-program table (planned on the host once per layout, :func:`layout`), the tokens' positions inside their items
-and the programs per tile height; it neither synchronises nor reads back, so a call can be captured in a CUDA
-graph. It is an opaque ``custom_op``: as a ``triton_op``, Inductor types the float ``qk_scale`` fp64, which
-carries the online softmax into fp64 until ``tl.dot`` refuses it (torch 2.11); the opaque operator also keeps
-Dynamo out of Triton's interpreter (see :mod:`studylog.masked_lm_head.ops`).
+It takes what step 5's kernel reads of a batch (program table, positions, programs per tile height, from
+:func:`layout`) and never synchronises, so a call can be captured. It is an opaque ``custom_op``: as a
+``triton_op``, Inductor types the float ``qk_scale`` fp64, which ``tl.dot`` then refuses.
 """
 
 from __future__ import annotations
@@ -30,8 +27,8 @@ HEIGHTS = GPU_BLOCK_MS if runtime.mode() == "gpu" else (INTERPRETER_BLOCKS[0],)
 
 def layout(batch: MultiItemBatch, q: Tensor, rule: str = DEFAULT_RULE,
            kv_heads: Optional[int] = None) -> tuple[Tensor, Tensor, list[int]]:
-    """The operator's layout arguments for ``batch`` and ``q``: (program table, token positions, programs);
-    ``kv_heads``, the heads of ``k`` and ``v`` where fewer than ``q``'s, sizes step 5's head groups as it does."""
+    """The operator's layout arguments: (program table, token positions, programs); ``kv_heads`` sizes the head
+    groups as step 5 does."""
     if not isinstance(batch, MultiItemBatch):
         raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
     group = q.shape[0] // (kv_heads or q.shape[0])

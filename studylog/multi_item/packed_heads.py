@@ -1,9 +1,5 @@
-"""Step 6 of the chapter (listed in :data:`studylog.multi_item.steps.STEPS`): under grouped-query attention, the
-query heads that share a key/value head computed in one tile, so each key/value tile is loaded once for the
-group instead of once per query head.
-
-It is a module of its own because ``steps.py`` would otherwise pass the library's limit on a module's length;
-``steps`` imports it after defining the helpers it uses (the launch, the input checks, the kernels' shared pieces).
+"""Step 6: under grouped-query attention, the query heads that share a key/value head computed in one tile, so
+each key/value tile is loaded once for the group (``steps`` imports it after the helpers it uses).
 """
 
 from __future__ import annotations
@@ -34,11 +30,6 @@ from studylog.multi_item.steps import (
     tile_heights,
 )
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_table
-
-
-# ---------------------------------------------------------------------------------------------
-# Step 6: the query heads of a key/value group in one tile
-# ---------------------------------------------------------------------------------------------
 
 @tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
 @triton.jit
@@ -85,15 +76,11 @@ def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sca
                         out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                         rule: str = DEFAULT_RULE, count_tiles: bool = False, order: str = DEFAULT_ORDER,
                         return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Step 6: step 5 with one program per (prompt, token tile, key/value head), whose ``BLOCK_M`` rows are the
-    (token, query head) pairs of ``BLOCK_M // KV_GROUP`` tokens and the group's ``KV_GROUP = q heads // k heads``
-    query heads, so each key/value tile is loaded once for the group. With ``KV_GROUP = 1`` it computes what
-    :func:`~studylog.multi_item.steps.step05_batched` computes.
+    """Step 6: step 5 with one program per (prompt, token tile, key/value head), its ``BLOCK_M`` rows the (token,
+    query head) pairs of ``BLOCK_M // KV_GROUP`` tokens, so each key/value tile is loaded once for the group.
 
-    Takes what step 5 takes; ``BLOCK_M`` must be at least ``KV_GROUP`` (a tile holds a token at least).
-    ``count_tiles`` counts the key tiles each token tile visits, per prompt: ``LaunchInfo.tile_counts`` is
-    what :func:`~studylog.multi_item.tiles.planned_key_tiles` plans at ``BLOCK_M // KV_GROUP`` x ``BLOCK_N``
-    (``LaunchInfo.block_m`` is the kernel's ``BLOCK_M``, in rows)."""
+    Takes what step 5 takes; ``BLOCK_M`` must be at least ``KV_GROUP``. ``count_tiles`` counts per token tile
+    (``LaunchInfo.block_m`` stays the kernel's ``BLOCK_M``, in rows)."""
     qk_scale, out, common = prepare_launch("step06_packed_heads", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=False)
     if order not in SCHEDULE_ORDERS:

@@ -1,8 +1,5 @@
-"""The libraries the benchmark compares with, on the same inputs and mask rule, imported lazily: FlexAttention
-(the rule as a ``mask_mod`` over the packed sequence, block sizes swept: :data:`FLEX_VARIANTS`) and FlashInfer's
-multi-item prefill (``BatchPrefillWithPagedKVCacheWrapper`` with ``prefix_len_ptr``, ``token_pos_in_items_ptr``,
-``max_item_len_ptr``; keys and values in its paged cache, :func:`flashinfer_inputs`). :func:`flashinfer_module`
-finds ``flashinfer`` (``pip install flashinfer-python``) or a trimmed build of the same wrapper, ``flashinfer_mis``.
+"""The peers, on the same inputs and mask rule, imported lazily: FlexAttention (the rule as a ``mask_mod`` over
+the packed sequence) and FlashInfer's multi-item prefill (keys and values in its paged cache).
 """
 
 from __future__ import annotations
@@ -15,13 +12,10 @@ from torch import Tensor
 
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule
 
-# ---------------------------------------------------------------------------------------------
 # FlexAttention
-# ---------------------------------------------------------------------------------------------
 
-#: the block sizes the benchmark tries for FlexAttention: ``(name, (Q block, KV block), kernel_options)``;
-#: a block mask's block must be a multiple of the kernel's tile, so each smaller block fixes the kernel's tile
-#: to it (the first entry is FlexAttention's default, with its own kernel choice)
+#: FlexAttention's block sizes to try: ``(name, (Q block, KV block), kernel_options)``; a block mask's block must
+#: be a multiple of the kernel's tile, so each smaller block fixes the kernel's tile to it
 FLEX_VARIANTS = (
     ("128 x 128 (default)", (128, 128), {}),
     ("128 x 64", (128, 64), {"BLOCK_M": 128, "BLOCK_N": 64}),
@@ -59,13 +53,10 @@ def flex_block_mask(batch: MultiItemBatch, block_size: tuple[int, int] = (128, 1
                              device=batch.device, BLOCK_SIZE=block_size)
 
 
-# ---------------------------------------------------------------------------------------------
 # FlashInfer
-# ---------------------------------------------------------------------------------------------
 
 def flashinfer_module():
-    """FlashInfer's package, or the trimmed build of its multi-item prefill (``flashinfer_mis``, same wrapper);
-    raises ``ImportError`` naming both when neither imports."""
+    """``flashinfer``, or the trimmed build of its multi-item prefill, ``flashinfer_mis`` (same wrapper)."""
     errors = []
     for name in ("flashinfer", "flashinfer_mis"):
         try:
@@ -78,8 +69,7 @@ def flashinfer_module():
 
 
 def flashinfer_backends(module) -> list[str]:
-    """The backends of ``module`` to try, FlashInfer's default first: on Hopper fa3 (its Hopper kernel), then
-    fa2 (``prefill.cuh``); elsewhere fa2. The trimmed build offers the ones it holds (``backends()``)."""
+    """The backends of ``module`` to try, FlashInfer's default first (on Hopper fa3, then fa2; elsewhere fa2)."""
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     names = list(module.backends()) if hasattr(module, "backends") else (["fa3", "fa2"] if hopper else ["fa2"])
     return sorted(names, key=lambda b: b != "fa3") if hopper else names
@@ -104,9 +94,7 @@ class FlashInferInputs:
 
 
 def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, page_size: int = 1) -> FlashInferInputs:
-    """Our ``[H, T, D]`` q, k, v and layout as FlashInfer's paged multi-item prefill takes them: queries
-    ``[T, H, D]``; keys and values copied into pages of ``page_size`` tokens, each prompt in pages of its own
-    (its last page part-filled); the multi-item metadata in FlashInfer's dtypes."""
+    """Our q, k, v and layout as FlashInfer's paged prefill takes them, each prompt in pages of its own."""
     dev, head_dim = q.device, q.shape[2]
     pages_per_prompt = [-(-s // page_size) for s in batch.seq_lens]
     slot = torch.cat([torch.arange(s, device=dev) + sum(pages_per_prompt[:b]) * page_size
@@ -134,9 +122,7 @@ def flashinfer_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, pa
 
 def flashinfer_prefill(module, inputs: FlashInferInputs, heads: int, sm_scale: float, backend: str = "auto",
                        workspace: Tensor | None = None) -> Any:
-    """A planned ``BatchPrefillWithPagedKVCacheWrapper`` for the inputs' layout (``plan`` runs on the host,
-    once; ``heads`` query heads, as many key/value heads as the cache holds: fewer for grouped-query attention);
-    call ``wrapper.run(inputs.q, (inputs.k_cache, inputs.v_cache), out=...)``."""
+    """A ``BatchPrefillWithPagedKVCacheWrapper`` planned for the inputs' layout (on the host, once)."""
     dev = inputs.q.device
     workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev) if workspace is None else workspace
     wrapper = module.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)

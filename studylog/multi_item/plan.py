@@ -1,12 +1,8 @@
 """Step 5 in a form a CUDA graph captures once and replays over new inputs *and new batch layouts*.
 
-A graph of :func:`~studylog.multi_item.steps.multi_item_attention` bakes in the batch's layout. A serving engine
-captures once per capacity: :class:`MultiItemPlan` keeps the layout in device buffers sized for a capacity,
-which :meth:`~MultiItemPlan.set_layout` fills between replays (no host sync, no allocation); the grid is the
-most programs any layout within the capacity needs (entries past a layout's programs are zero: empty programs);
-the tile config, ``sm_scale``, rule and order are fixed with the plan; :meth:`~MultiItemPlan.run` launches with
-no check and no autotuner. The caller keeps ``q``, ``k``, ``v`` and ``out`` of the capacity's token count and
-uses their first ``batch.total_tokens`` positions.
+The layout lives in device buffers sized for a capacity; the grid is the most programs any layout within it
+needs (entries past a layout's programs are zero: empty programs). ``q``, ``k``, ``v`` and ``out`` hold the
+capacity's token count; a layout uses their first ``batch.total_tokens`` positions.
 """
 
 from __future__ import annotations
@@ -93,9 +89,7 @@ class MultiItemPlan:
             self.set_layout(self.batch)
 
     def set_layout(self, batch: MultiItemBatch) -> None:
-        """Put ``batch``'s layout (checked against the capacity) in the plan's buffers, in stream order: its
-        program table, zeros after it, and its positions. Not capturable (planned on the host): call it between
-        replays."""
+        """Put ``batch``'s layout in the plan's buffers, in stream order. Not capturable: call it between replays."""
         if not isinstance(batch, MultiItemBatch):
             raise TypeError(f"batch must be a MultiItemBatch, got {type(batch).__name__}")
         if batch.device != self.device:
@@ -121,8 +115,7 @@ class MultiItemPlan:
 
     # -- the launch ------------------------------------------------------------------------------
     def run(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor:
-        """Attention over the layout last set, into ``out``; ``q``, ``out``: ``[heads, max_tokens, head_dim]``,
-        ``k``, ``v``: ``[kv_heads, max_tokens, head_dim]``, of the plan's dtype, unit stride on ``head_dim``.
+        """Attention over the layout last set, into ``out`` (``[heads or kv_heads, max_tokens, head_dim]``).
         Capturable once the config is pinned (after the first run, or a ``config`` given)."""
         if self.batch is None:
             raise RuntimeError("set_layout(batch) before run")

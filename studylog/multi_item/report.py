@@ -1,10 +1,7 @@
-"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only) and its headline from the committed
-JSON. A step's series is ``CHAPTER.step(n).series``; the other series have the names of :data:`BASELINES`.
+"""The chapter's benchmark (``python -m studylog bench multi_item``, GPU only) and its headline.
 
-Timing is the harness's (:mod:`studylog.bench`): the GPU clock over a CUDA graph of calls on rotated inputs, three
-repetitions. Each Triton step's tile config is fixed per shape before timing: pinned from this GPU's committed
-results when they hold one (``config_source``), else autotuned on that shape (``STUDYLOG_RETUNE=1`` forces it; a
-quick run tunes step 5 only), so no timed call autotunes.
+Each Triton step's tile config is fixed per shape before timing, so no timed call autotunes: pinned from this GPU's
+committed results when they hold one (``config_source``), else autotuned on that shape (``STUDYLOG_RETUNE=1``).
 """
 
 from __future__ import annotations
@@ -73,8 +70,7 @@ BASELINES = {
 
 
 def bench_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]]]]:
-    """The shapes: ``(name, prefix lengths, item lengths per prompt)``; two prompts of uniform items and a
-    batch of eight prompts with items of mixed lengths (a quick run: the first and the batch)."""
+    """``(name, prefix lengths, item lengths per prompt)``: two prompts of uniform items, a mixed batch of eight."""
     shapes = [("prefix 2048, 32 items x 32", [2048], [[32] * 32]),
               ("prefix 512, 128 items x 16", [512], [[16] * 128])]
     gen = torch.Generator().manual_seed(6)  # fixed: the same mixed batch in every run
@@ -92,9 +88,8 @@ GQA_GROUP = 4
 
 
 def gqa_shapes(quick: bool = False) -> list[tuple[str, list[int], list[list[int]], int]]:
-    """The shapes measured with grouped-query attention, ``(name, prefixes, items, kv heads)``: the batch of
-    :func:`bench_shapes` (the mixed one) with one key/value head for every :data:`GQA_GROUP` of the
-    :data:`BENCH_HEADS` query heads, 8 for 32 (in a quick run too: it is a target's case)."""
+    """The mixed batch with one key/value head per :data:`GQA_GROUP` query heads: ``(name, prefixes, items,
+    kv heads)`` (in a quick run too: it is a target's case)."""
     name, prefixes, items = bench_shapes()[-1]
     kv_heads = max(1, BENCH_HEADS // GQA_GROUP)
     return [(f"{name}, {kv_heads} KV heads", prefixes, items, kv_heads)]
@@ -110,8 +105,7 @@ def flex_variants(quick: bool):
 
 
 def flashinfer_variants(module, quick: bool) -> list[tuple[str, int]]:
-    """FlashInfer's settings to try: ``(backend, page size)``; its default backend with one-token pages in a
-    quick run."""
+    """FlashInfer's ``(backend, page size)`` settings to try (its default backend, one-token pages, if quick)."""
     from studylog.multi_item.peers import flashinfer_backends
 
     backends = flashinfer_backends(module)
@@ -124,8 +118,7 @@ def graph_calls_for(ms_per_call: float) -> int:
 
 
 def pinned_configs(results) -> dict[tuple[str, str], str]:
-    """``{(series, shape): config}`` from committed results written by this benchmark (rows with a
-    ``config_source``): the tile configs it chose per step and shape, re-used by the next run on the same GPU."""
+    """``{(series, shape): config}`` from committed results' rows with a ``config_source``."""
     if results is None:
         return {}
     names = set(config_names())
@@ -145,10 +138,8 @@ def _committed(run):
 
 
 def _naive_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, rule: str = DEFAULT_RULE):
-    """For the one-pass-per-item baseline: per prompt, ``[N, H, P + width + max item, D]`` copies of each
-    item's sequence (``prefix item_i`` under FlashInfer's rule, ``prefix <d> item_i`` with visible delimiters;
-    right-padded, and causal attention never looks at the padding), and for each item the packed indices of
-    the rows it computes."""
+    """For the one-pass-per-item baseline: per prompt, right-padded ``[N, H, length, D]`` copies of each item's
+    sequence (``prefix item_i``, or ``prefix <d> item_i``), and per item the packed indices of its rows."""
     first = 1 if rule == "flashinfer" else 0  # the delimiter is not part of the item's pass
     inputs, rows = [], []
     for b, (start, s) in enumerate(zip(batch.seq_starts, batch.seq_lens)):
@@ -170,8 +161,7 @@ def _naive_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, rule: 
 
 
 def _dynamo_limits():
-    """Lets torch.compile keep one compiled FlexAttention per (shape, block size) the sweep tries, instead of
-    falling back to eager after its default number of recompilations."""
+    """Lets torch.compile keep one FlexAttention per (shape, block size) instead of falling back to eager."""
     import torch._dynamo
 
     config = torch._dynamo.config
@@ -180,10 +170,8 @@ def _dynamo_limits():
 
 
 def bench(run) -> None:
-    """Steps 2 to 5 (step 5 in every program order, under the other rule and through MultiItemPlan) against
-    SDPA (dense mask), causal SDPA, one pass per item and the peers (FlexAttention at its best block size,
-    FlashInfer's multi-item prefill when it imports), all on the GPU clock; every output is checked against the
-    float32 reference of FlashInfer's rule first."""
+    """Steps 2 to 6 and step 5's variants against SDPA, one pass per item and the peers, on the GPU clock; every
+    output is checked against the float32 reference first."""
     from studylog.multi_item.peers import flashinfer_module
 
     dev = runtime.device()
@@ -426,8 +414,7 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
 
 
 def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tuple[str, str, dict | None]:
-    """The tile config a step runs at on this shape: pinned from the committed results, or autotuned on this
-    very shape (the autotuner's cache is cleared first, so no shape inherits another's tuning)."""
+    """The tile config a step runs at on this shape: pinned, or autotuned on it (cache cleared first)."""
     pinned = pins.get((step.series, shape))
     if pinned is not None:
         return pinned, "pinned", None
@@ -442,23 +429,15 @@ def _choose_config(step, shape: str, pins: dict, q, k, v, batch, sm_scale) -> tu
     return info.config, "autotuned", timings
 
 
-# ---------------------------------------------------------------------------------------------
-# The headline, read from the committed results
-# ---------------------------------------------------------------------------------------------
-
 #: the shape of mixed item lengths (the others have items of one length)
 MIXED_SHAPE = "8 prompts, mixed"
-
-
 #: the headline rows: (baseline, shape)
 HEADLINES = ((FLEX, MIXED_SHAPE), (FLASHINFER, MIXED_SHAPE), (FLASHINFER, "prefix 2048, 32 items x 32"),
              (SDPA_DENSE, "prefix 512, 128 items x 16"), (SDPA_CAUSAL, "prefix 512, 128 items x 16"))
 
 
 def headline(results) -> list[dict]:
-    """The book's headline rows (:func:`studylog.plotting.headline_row`): step 5 against FlexAttention and
-    FlashInfer on the mixed batch, FlashInfer on uniform items, SDPA with the dense mask and causal SDPA on the
-    many-items prompt (whichever of these the results hold)."""
+    """The book's headline rows: step 5 against the :data:`HEADLINES` the results hold."""
     from studylog.plotting import headline_row
 
     rows = []

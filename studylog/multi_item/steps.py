@@ -1,23 +1,15 @@
-"""The chapter's steps, one public function each (``stepNN_<slug>``), each beside its kernel (steps 2 to 5
-are Triton flash-attention forwards under the multi-item mask; step 6, grouped-query attention's query heads of a
-group in one tile, is in :mod:`~studylog.multi_item.packed_heads`), and :func:`multi_item_attention` (step 5
-with its defaults).
+"""Steps 1 to 5 (``stepNN_<slug>``), each beside its kernel, and :func:`multi_item_attention`; step 6 is in
+:mod:`~studylog.multi_item.packed_heads`.
 
-Every step takes ``q``, ``k``, ``v`` as ``[heads, tokens, head_dim]`` (unit stride on ``head_dim``; ``k`` and ``v``
-may have fewer heads: query head ``h`` reads key/value head ``h // KV_GROUP``), a
-:class:`~studylog.multi_item.formats.MultiItemBatch` and ``rule`` (FlashInfer's by default), and returns the
-output (into ``out`` when given). The Triton steps take ``blocks=(BLOCK_M, BLOCK_N)`` or ``config`` (by default
-the GPU autotunes and the interpreter uses 16 x 16) and ``return_info=True`` for ``(out, LaunchInfo)``; steps 2
-to 4 take one prompt.
-
-Every kernel keeps per query row the running maximum ``m_i`` (log2 units), the running sum ``l_i`` and the
-unnormalised output ``acc`` (online softmax, scores scaled by ``sm_scale * log2(e)`` so the exponentials are
-``exp2``). Each row's own keys start at ``row - pos[row] + SKIP_DELIMITER`` (1 under FlashInfer's rule, 0 when
-the delimiter is visible).
+Every step takes ``q``, ``k``, ``v`` as ``[heads, tokens, head_dim]`` (unit stride on ``head_dim``; query head
+``h`` reads key/value head ``h // KV_GROUP``). Every kernel keeps per query row the running maximum ``m_i`` (log2
+units), the running sum ``l_i`` and the unnormalised output ``acc``; each row's own keys start at
+``row - pos[row] + SKIP_DELIMITER``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -59,9 +51,7 @@ QKV = Float[Tensor, "h t d"]
 GPU_BLOCK_MS = tuple(sorted({cfg.kwargs["BLOCK_M"] for cfg in GPU_CONFIGS}))
 
 
-# ---------------------------------------------------------------------------------------------
 # Step 1: the dense reference
-# ---------------------------------------------------------------------------------------------
 
 def _check_scale(sm_scale: Any) -> float:
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
@@ -90,9 +80,7 @@ def step01_dense_sdpa(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
     return out
 
 
-# ---------------------------------------------------------------------------------------------
 # Steps 2 to 5: Triton kernels, each launched by the step function below it
-# ---------------------------------------------------------------------------------------------
 
 def prepare_launch(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any, blocks: Any,
              rule: Any, *, one_prompt: bool) -> tuple[float, Tensor, dict[str, Any]]:
@@ -114,22 +102,15 @@ def prepare_launch(name: str, q: Any, k: Any, v: Any, batch: Any, sm_scale: floa
     return sm_scale * LOG2E, out, common
 
 
+@functools.cache
 def no_counts(device: torch.device) -> Tensor:
-    """The tile-count buffer a launch passes when it does not count (``COUNT_TILES=False`` never writes it):
-    one int32 per device, allocated once, so a call allocates nothing."""
-    key = str(device)
-    if key not in _NO_COUNTS:
-        _NO_COUNTS[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _NO_COUNTS[key]
-
-
-_NO_COUNTS: dict[str, Tensor] = {}
+    """The tile-count buffer of a launch that does not count: one int32 per device, allocated once."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool,
                       device: torch.device) -> tuple[Tensor, int]:
-    """A batched launch's tile counts and their stride: ``max_tiles`` entries a prompt (its query tiles of
-    ``tile_tokens`` tokens, at most), -1 until written; :func:`no_counts` when the launch does not count."""
+    """A batched launch's tile counts (-1 until written) and their stride, ``max_tiles`` entries a prompt."""
     max_tiles = triton.cdiv(batch.max_seq_len, tile_tokens)
     if not count_tiles:
         return no_counts(device), max_tiles
@@ -139,8 +120,7 @@ def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool
 def batched_result(number: int, out: Tensor, counts: Tensor | None, batch: MultiItemBatch, max_tiles: int,
                    tile_tokens: int, launched: tuple[int, int, str],
                    return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
-    """What a batched step returns: ``out``, or ``(out, LaunchInfo)`` whose tile counts (when ``counts`` is
-    given) are per prompt, one per query tile of ``tile_tokens`` tokens; ``launched`` is :func:`launch`'s."""
+    """``out``, or ``(out, LaunchInfo)`` with per-prompt tile counts, one per query tile of ``tile_tokens``."""
     if not return_info:
         return out
     tile_counts = None
@@ -166,8 +146,7 @@ def _one_prompt(number: int, kernel, q: Tensor, out: Tensor, batch: MultiItemBat
 
 def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None,
            config: "triton.Config | None" = None) -> tuple[int, int, str]:
-    """Launch with a given config (on the GPU: its blocks, warps and stages; in the interpreter its blocks),
-    with given blocks (interpreter, or on the GPU with default warps and stages), or let the autotuner pick."""
+    """Launch at ``config``, at ``blocks`` (default warps and stages), or as the GPU's autotuner picks."""
     if config is not None:
         blocks = (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"])
     if runtime.mode() == "gpu" and blocks is None:
@@ -186,8 +165,7 @@ def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] |
 
 
 def tile_heights(cfg: "triton.Config | None", blocks: tuple[int, int] | None) -> tuple[int, ...]:
-    """The tile heights (``BLOCK_M``) a batched launch may run at, for its schedule table: the config's, the given
-    blocks', every height the GPU's autotuner may pick, or the interpreter's."""
+    """The tile heights (``BLOCK_M``) a batched launch may run at, for its schedule table."""
     if cfg is not None:
         return (cfg.kwargs["BLOCK_M"],)
     if blocks is not None:
@@ -195,16 +173,13 @@ def tile_heights(cfg: "triton.Config | None", blocks: tuple[int, int] | None) ->
     return GPU_BLOCK_MS if runtime.mode() == "gpu" else (INTERPRETER_BLOCKS[0],)
 
 
-# ---------------------------------------------------------------------------------------------
 # What the kernels of steps 2 to 6 share: the query tile, the online softmax and the store
-# ---------------------------------------------------------------------------------------------
 
 @triton.jit
 def query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt, stride_kh, stride_vh,
                HEAD_DIM: tl.constexpr, KV_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Query tile ``start_m`` of head ``off_h``: its rows, a key tile's column offsets, the offsets along the head
-    dimension, which rows the prompt holds, the queries (0 past its end) and where the head's key/value head
-    starts in K and V."""
+    """Query tile ``start_m`` of head ``off_h``: offsets, which rows the prompt holds, the queries (0 past its
+    end) and the bases of its key/value head in K and V."""
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -226,16 +201,14 @@ def item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER: tl.constexpr
 
 @triton.jit
 def softmax_start(BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """The online softmax's state per row: running max (finite: a row may see no key in its first tiles),
-    running sum, unnormalised output."""
+    """Running max (finite: a row may see no key in its first tiles), running sum, unnormalised output."""
     return (tl.full([BLOCK_M], -1.0e30, tl.float32), tl.zeros([BLOCK_M], tl.float32),
             tl.zeros([BLOCK_M, HEAD_DIM], tl.float32))
 
 
 @triton.jit
 def load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt):
-    """The keys of columns ``cols`` as ``[HEAD_DIM, BLOCK_N]`` and their values as ``[BLOCK_N, HEAD_DIM]``, 0 past
-    the prompt's end."""
+    """Keys ``[HEAD_DIM, BLOCK_N]`` and values ``[BLOCK_N, HEAD_DIM]`` of columns ``cols``, 0 past the end."""
     col_ok = cols < seq_len
     k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=col_ok[None, :], other=0.0)
     v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
@@ -244,8 +217,7 @@ def load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt):
 
 @triton.jit
 def softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.constexpr):
-    """One key tile into the online softmax: its scores ``qk`` (-inf where masked) and values ``v``; returns the
-    new ``acc``, ``l_i``, ``m_i``."""
+    """One key tile (scores ``qk``, -inf where masked) into the online softmax."""
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # scale after the max: qk_scale > 0
     p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add per score
     alpha = tl.math.exp2(m_i - m_new)
@@ -257,16 +229,13 @@ def softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.constexpr):
 
 @triton.jit
 def store_rows(Out, off_h, offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok):
-    """The normalised output tile of head(s) ``off_h``, rows past the prompt's end not stored. A row that saw no
-    key would divide 0 by 0; it is written 0 (FlashInfer's convention)."""
+    """The normalised output tile; a row that saw no key is written 0 (FlashInfer's convention), not 0/0."""
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(Out + off_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=row_ok[:, None])
 
 
-# ---------------------------------------------------------------------------------------------
 # Step 2: a flash-attention forward reading the dense mask
-# ---------------------------------------------------------------------------------------------
 
 @tuned(FEW_GPU_CONFIGS)
 @triton.jit
@@ -305,9 +274,7 @@ def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
                        None, return_info)
 
 
-# ---------------------------------------------------------------------------------------------
 # Step 3: the mask from the metadata
-# ---------------------------------------------------------------------------------------------
 
 @tuned(FEW_GPU_CONFIGS)
 @triton.jit
@@ -350,9 +317,7 @@ def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_
                        None, return_info)
 
 
-# ---------------------------------------------------------------------------------------------
 # Step 4: tile skipping
-# ---------------------------------------------------------------------------------------------
 
 @triton.jit
 def attend_key_tiles(
@@ -385,8 +350,7 @@ def attend_visible_tiles(
     qk_scale,
     SKIP_DELIMITER: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """The key tiles some row of a query tile of tokens ``[m_lo, m_hi)`` sees, in three ranges; returns
-    ``acc``, ``l_i``, ``m_i`` and how many key tiles it visited."""
+    """The key tiles some row of tokens ``[m_lo, m_hi)`` sees, in three ranges; also how many it visited."""
     # 1. prefix tiles every row sees whole (keys < P and <= the first row): no mask arithmetic
     full_hi = (tl.minimum(prefix_len, m_lo + 1) // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, row_start,
@@ -417,8 +381,7 @@ def attend_query_tile(
     COUNT_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """What step 4's program computes for query tile ``start_m`` of head ``off_h`` (step 5's too, once it has
-    looked its tile up); with COUNT_TILES, how many key tiles it visits goes to row ``prompt`` of TileCounts."""
+    """Step 4's program (and step 5's, after its lookup); COUNT_TILES writes the key tiles it visits."""
     offs_m, _, offs_d, row_ok, q, k_base, v_base = query_tile(Q, K, V, start_m, off_h, seq_len, stride_qh, stride_qt,
         stride_kh, stride_vh, HEAD_DIM, KV_GROUP, BLOCK_M, BLOCK_N)
     row_start = item_row_start(Pos, offs_m, row_ok, prefix_len, SKIP_DELIMITER)
@@ -455,8 +418,7 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
                      rule: str = DEFAULT_RULE, count_tiles: bool = False,
                      return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 4: key tiles no row of a query tile sees are never loaded, whole prefix tiles skip the mask
-    (one prompt). ``count_tiles`` has the kernel count the key tiles each query tile visits (in the
-    :class:`LaunchInfo` of ``return_info=True``)."""
+    (one prompt). ``count_tiles``: the key tiles each query tile visits, in the :class:`LaunchInfo`."""
     qk_scale, out, common = prepare_launch("step04_tile_skip", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=True)
     seq_len = batch.seq_lens[0]
@@ -469,18 +431,14 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
                        counts if count_tiles else None, return_info)
 
 
-# ---------------------------------------------------------------------------------------------
 # Step 5: a batch of prompts in one launch
-# ---------------------------------------------------------------------------------------------
 
 @triton.jit
 def scheduled_tile(Schedule, stride_schedule, Q, K, V, Out, Pos, stride_pos, stride_qt, stride_kt, stride_vt,
                    stride_ot, BLOCK_M: tl.constexpr):
-    """What program ``i`` computes, in the order the host planned (schedule_table): the GPU starts programs
-    roughly in index order, so entry i says what program i computes. The table has one row per tile height (16,
-    32, 64, 128 rows); each entry carries its prompt's offsets, so one round of loads from a single 32-byte entry
-    is all the lookup a program does, and no program is empty. Returns the entry's prompt, tile, head (int64),
-    sequence length and prefix length, and Q, K, V, Out moved to the prompt's first token and Pos to its row."""
+    """Program ``i``'s entry of the host's table (one row per tile height 16, 32, 64, 128): the GPU starts programs
+    roughly in index order. One 32-byte entry carries its prompt's offsets, so a program does one round of loads;
+    Q, K, V, Out are moved to the prompt's first token and Pos to its row."""
     work = Schedule + ((BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)) * stride_schedule \
         + tl.program_id(0) * 8
     prompt = tl.load(work)
@@ -520,11 +478,8 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
                    out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                    rule: str = DEFAULT_RULE, count_tiles: bool = False, order: str = DEFAULT_ORDER,
                    return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
-    """Step 5: every prompt of the batch in one launch, programs in the order the host planned.
-
-    ``order`` is one of :data:`~studylog.multi_item.tiles.SCHEDULE_ORDERS` (the default, ``"head_groups"``,
-    is the chapter's; the lesson and the benchmark compare the others, which run the same kernel on the same
-    tiles); ``count_tiles`` as in :func:`step04_tile_skip`, per prompt."""
+    """Step 5: every prompt of the batch in one launch, programs in the order the host planned (``order``, one
+    of :data:`~studylog.multi_item.tiles.SCHEDULE_ORDERS`); ``count_tiles`` as in step 4, per prompt."""
     qk_scale, out, common = prepare_launch("step05_batched", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=False)
     if order not in SCHEDULE_ORDERS:
@@ -548,25 +503,13 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
 def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
                          out: QKV | None = None, blocks: tuple[int, int] | None = None, config: str | None = None,
                          rule: str = DEFAULT_RULE) -> QKV:
-    """Multi-item scoring attention over a packed batch: the chapter's final kernel, :func:`step05_batched`
-    with its default program order, under FlashInfer's mask rule unless ``rule`` says otherwise; under
-    grouped-query attention (``k`` and ``v`` with fewer heads than ``q``, groups of up to 16) step 6,
-    :func:`~studylog.multi_item.packed_heads.step06_packed_heads`, which loads each key/value tile once for the
-    group's query heads.
+    """Multi-item scoring attention over a packed batch: :func:`step05_batched`, or under grouped-query attention
+    (groups of up to 16 query heads) :func:`~studylog.multi_item.packed_heads.step06_packed_heads`.
 
-    ``q``, ``k``, ``v``: ``[heads, tokens, head_dim]``, any strides with a unit stride on ``head_dim``.
-    ``blocks=(BLOCK_M, BLOCK_N)`` fixes the tile shape, ``config`` (a name of
-    :func:`~studylog.multi_item.config.config_names`) the tile shape, warps and stages; by default the GPU
-    autotunes them and the interpreter uses 16 x 16. ``out`` is written in place when given (the tests pass a
-    NaN-filled one, so a row the kernel forgets cannot pass).
-
-    **In a CUDA graph**: the call synchronises nothing and allocates nothing but ``out`` (pass ``out`` to
-    allocate nothing), so it can be captured once its first eager call on this ``batch`` has run (on the GPU
-    that call autotunes, and it builds the batch's program table on the host and copies it to the device). The
-    graph then replays over new values of the same ``q``, ``k``, ``v`` tensors; the layout (``batch``),
-    ``sm_scale`` and the tile config are baked into it. To replay one graph over batches of different layouts,
-    use :class:`~studylog.multi_item.plan.MultiItemPlan`, whose device buffers take a new layout between
-    replays.
+    ``config`` is a name of :func:`~studylog.multi_item.config.config_names`; by default the GPU autotunes and the
+    interpreter uses 16 x 16 tiles. In a CUDA graph: after a first eager call on this ``batch`` (it autotunes and
+    builds the program table), a call synchronises nothing and allocates nothing but ``out``; the layout,
+    ``sm_scale`` and tile config are baked in (:class:`~studylog.multi_item.plan.MultiItemPlan` takes new layouts).
     """
     heads, kv_heads = (x.shape[0] if isinstance(x, Tensor) and x.dim() == 3 else 0 for x in (q, k))
     # a group fits the smallest tile (16 rows) whole; anything else, bad input included, goes to step 5's checks
@@ -575,18 +518,13 @@ def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sc
     return step(q, k, v, batch, sm_scale=sm_scale, out=out, blocks=blocks, config=config, rule=rule)
 
 
-# ---------------------------------------------------------------------------------------------
-# Step 6: the query heads of a key/value group in one tile (in packed_heads.py: this module would pass the
-# library's length limit; imported here, below the helpers it takes from this module, so STEPS lists it)
-# ---------------------------------------------------------------------------------------------
+# Step 6, imported below the helpers it takes from this module, so STEPS lists it
 
 from studylog.multi_item.packed_heads import attn_fwd_packed_heads, step06_packed_heads  # noqa: E402
 
 
-#: The chapter's steps in lesson order: (function, source shown by show_source, what it adds); the source is the
-#: step's kernel, or for step 4 the function its kernel calls per program (step 5's kernel calls it too, after its
-#: lookup); the slug is the function's name after ``stepNN_``. The single source of their names (function,
-#: series, legend).
+#: The chapter's steps: (function, source shown by show_source, what it adds); for step 4 the source is the
+#: function its kernel (and step 5's) calls per program. The slug is the function's name after ``stepNN_``.
 _STEPS = (
     (step01_dense_sdpa, step01_dense_sdpa, "the dense boolean mask handed to PyTorch's SDPA"),
     (step02_dense_mask, attn_fwd_dense_mask, "a Triton flash-attention forward reading the dense mask"),

@@ -1,7 +1,5 @@
-"""What the host plans before a launch: the key tiles each query tile visits (steps 4 and 5: :func:`tile_map`,
-:func:`planned_key_tiles`, :func:`tile_stats`) and step 5's program order (:func:`work_order`,
-:func:`schedule_table`).
-"""
+"""What the host plans before a launch: the key tiles each query tile visits (steps 4 and 5) and step 5's
+program order."""
 
 from __future__ import annotations
 
@@ -14,16 +12,12 @@ from torch import Tensor
 
 from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch, check_rule, dense_mask
 
-# ---------------------------------------------------------------------------------------------
 # Step 5's schedule: which program computes what, in which order
-# ---------------------------------------------------------------------------------------------
 
-#: the program orders step 5 can run in (the first is the default): ``"head_groups"``, the heads in as few groups
-#: as keep a group's keys and values within :data:`GROUP_KV_BYTES` (so they stay in L2), group after group, the
-#: heaviest (prompt, query tile, head) first within a group; ``"heads_outer"``, the same with groups of one head;
-#: ``"prompts_outer"``, prompt by prompt (most work first), head by head, tiles from the prompt's end (a launch
-#: per prompt without the gaps); ``"first_run"``, step 5's first version: tiles from each prompt's end, every
-#: (prompt, head) side by side.
+#: step 5's program orders (the first is the default): ``"head_groups"``, groups of heads whose keys and values fit
+#: :data:`GROUP_KV_BYTES` (so they stay in L2), heaviest tiles first within a group; ``"heads_outer"``, groups of
+#: one head; ``"prompts_outer"``, prompt by prompt, head by head, tiles from the prompt's end; ``"first_run"``,
+#: tiles from each prompt's end, every (prompt, head) side by side.
 SCHEDULE_ORDERS = ("head_groups", "heads_outer", "prompts_outer", "first_run")
 DEFAULT_ORDER = SCHEDULE_ORDERS[0]
 #: the tile heights a schedule table has a row for (the kernel picks its row from BLOCK_M)
@@ -42,8 +36,7 @@ def head_groups(batch: MultiItemBatch, heads: int, kv_bytes_per_token: int) -> l
 
 
 def query_tile_costs(batch: MultiItemBatch, block_m: int, rule: str = DEFAULT_RULE) -> list[tuple[int, int, int]]:
-    """``(prompt, query tile, keys it visits)`` for every query tile of the batch: the keys of steps 4 and
-    5's three ranges under ``rule`` counted one by one (at key-tile granularity they round up a little)."""
+    """``(prompt, query tile, keys it visits)`` for every query tile: steps 4 and 5's three ranges, in keys."""
     skip = ITEM_KEYS_FROM[check_rule(rule)]
     out = []
     for b, (s, p) in enumerate(zip(batch.seq_lens, batch.prefix_lens)):
@@ -59,9 +52,8 @@ def query_tile_costs(batch: MultiItemBatch, block_m: int, rule: str = DEFAULT_RU
 
 def work_order(batch: MultiItemBatch, heads: int, block_m: int, order: str = DEFAULT_ORDER,
                kv_bytes_per_token: int = 2 * 128 * 2, rule: str = DEFAULT_RULE) -> Int[Tensor, "n 3"]:
-    """Step 5's programs in launch order: rows of ``(prompt, query tile, head)``, one per program.
-    ``kv_bytes_per_token`` (a key and a value of one head: ``2 * head_dim * element size``) sizes the head
-    groups of the ``"head_groups"`` order; ``rule`` (the mask rule) sets each query tile's cost."""
+    """Step 5's programs in launch order: rows of ``(prompt, query tile, head)``. ``kv_bytes_per_token`` (a key and
+    a value of one head) sizes the head groups of ``"head_groups"``."""
     if order not in SCHEDULE_ORDERS:
         raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
     tiles = query_tile_costs(batch, block_m, rule)
@@ -90,14 +82,10 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
                    rule: str = DEFAULT_RULE, rows_per_token: int = 1) -> tuple[Int[Tensor, "4 n 8"], dict[int, int]]:
     """Step 5's program table on the batch's device, and how many programs each tile height launches.
 
-    Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]`` (the heights in ``block_ms``); entry ``i`` is program
-    ``i``'s ``(prompt, query tile, head, seq_begin, seq_len, prefix_len, 0, 0)``. Built on the host once per
-    (heads, order, heights, bytes per token, rule) and cached on the batch, for every layer's call.
-
-    ``rows_per_token``: how many tile rows one token takes (step 6 packs the query heads of a key/value group
-    into a tile, a row per (token, query head), and passes ``heads`` = key/value heads); the row that
-    ``BLOCK_M`` selects then holds query tiles of ``BLOCK_M // rows_per_token`` tokens, so the kernel still
-    finds its row from ``BLOCK_M`` alone.
+    Row ``r`` serves ``BLOCK_M = SCHEDULE_BLOCK_MS[r]``; entry ``i`` is program ``i``'s ``(prompt, query tile,
+    head, seq_begin, seq_len, prefix_len, 0, 0)``. Cached on the batch, for every layer's call.
+    ``rows_per_token``: tile rows per token (step 6's group of query heads); row ``BLOCK_M`` then holds tiles of
+    ``BLOCK_M // rows_per_token`` tokens.
     """
     key = (heads, order, tuple(sorted(set(block_ms))), kv_bytes_per_token, check_rule(rule))
     if rows_per_token != 1:  # step 5's keys stay as they were
@@ -126,9 +114,7 @@ def schedule_table(batch: MultiItemBatch, heads: int, order: str = DEFAULT_ORDER
     return batch.schedules[key]
 
 
-# ---------------------------------------------------------------------------------------------
 # Tile accounting: what each kernel visits, what causal attention visits, what is really needed
-# ---------------------------------------------------------------------------------------------
 
 #: codes of :func:`tile_map`
 TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2
@@ -136,9 +122,8 @@ TILE_SKIPPED, TILE_WHOLE, TILE_MASKED = 0, 1, 2
 
 def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0,
              rule: str = DEFAULT_RULE) -> Int[Tensor, "m_tiles n_tiles"]:
-    """What steps 4 and 5 do with each (query tile, key tile) of one prompt under ``rule``: the kernels' three
-    loop ranges, in Python. ``TILE_SKIPPED`` (never loaded), ``TILE_WHOLE`` (every row sees every key: no mask
-    arithmetic) or ``TILE_MASKED``."""
+    """What steps 4 and 5 do with each (query tile, key tile) of one prompt: the kernels' three loop ranges, in
+    Python. ``TILE_WHOLE``: every row sees every key, no mask arithmetic."""
     skip = ITEM_KEYS_FROM[check_rule(rule)]
     s, p = batch.seq_lens[prompt], batch.prefix_lens[prompt]
     pos = batch.token_pos[prompt].tolist()
@@ -158,8 +143,7 @@ def tile_map(batch: MultiItemBatch, block_m: int, block_n: int, prompt: int = 0,
 
 
 def planned_key_tiles(batch: MultiItemBatch, block_m: int, block_n: int, rule: str = DEFAULT_RULE) -> list[list[int]]:
-    """For each prompt and query tile, how many key tiles steps 4 and 5 visit under ``rule`` (the tests
-    compare it with what the kernels count)."""
+    """For each prompt and query tile, how many key tiles steps 4 and 5 visit."""
     return [(tile_map(batch, block_m, block_n, b, rule) != TILE_SKIPPED).sum(dim=1).tolist()
             for b in range(batch.batch_size)]
 
@@ -189,8 +173,7 @@ class TileStats:
 
 
 def tile_stats(batch: MultiItemBatch, block_m: int, block_n: int, rule: str = DEFAULT_RULE) -> TileStats:
-    """The key tiles of all prompts at ``block_m x block_n`` tiles under ``rule``: all, causal, needed,
-    visited (per head)."""
+    """The key tiles of all prompts at ``block_m x block_n`` tiles: all, causal, needed, visited (per head)."""
     total = causal = needed = visible = causal_pairs = 0
     for b, s in enumerate(batch.seq_lens):
         mask = dense_mask(batch, b, rule).cpu()
