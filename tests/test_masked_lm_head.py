@@ -15,8 +15,8 @@ from studylog import runtime
 DEV = runtime.device()
 # Small, awkward sizes for the interpreter: V and D are not multiples of any block.
 V, D = 203, 77
-SMALL = mlh.Tiles(block_b=16, block_v=32, block_d=32, group=2, fill_block=64, num_warps=4, num_stages=2)
-SMALL_ROWS = mlh.Tiles(block_b=1, block_v=4, block_d=32, fill_block=64, num_warps=4, num_stages=1)
+SMALL = mlh.formats.Tiles(block_b=16, block_v=32, block_d=32, group=2, fill_block=64, num_warps=4, num_stages=2)
+SMALL_ROWS = mlh.formats.Tiles(block_b=1, block_v=4, block_d=32, fill_block=64, num_warps=4, num_stages=1)
 MASK_KINDS = ["random", "empty", "all", "last", "few"]
 #: step number -> its public function, from the chapter's table of steps
 STEP = {s.number: s.function for s in mlh.CHAPTER.steps}
@@ -52,7 +52,7 @@ def assert_logits(out, h, weight_vd, allowed):
     """Allowed entries match float64 within the fp32-accumulation bound, the rest are exactly -inf."""
     assert not torch.isnan(out).any(), "the kernel left poisoned (NaN) outputs unwritten"
     ref = h.double() @ weight_vd.double().t()
-    bound = mlh.error_bound(h, weight_vd)
+    bound = mlh.formats.error_bound(h, weight_vd)
     mask = allowed.mask
     got = out.double()
     assert torch.all(got[~mask] == float("-inf")), "a disallowed token got a finite logit"
@@ -156,7 +156,7 @@ def test_step04_odd_hidden_size(rng):
     assert_logits(out, h, weight, allowed)
 
 
-SMALL_UNION = mlh.Tiles(block_b=16, block_v=16, block_d=32, fill_block=128, num_warps=4, num_stages=2)
+SMALL_UNION = mlh.formats.Tiles(block_b=16, block_v=16, block_d=32, fill_block=128, num_warps=4, num_stages=2)
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
@@ -190,23 +190,24 @@ def test_step07_default_tiles_fp16(rng):
 
 def test_cluster_order_is_a_permutation_that_makes_small_sets_contiguous():
     gen = np.random.default_rng(0)
-    sets = mlh.grammar_like_sets(40, 5000, gen, n_classes=60)
+    sets = mlh.masks.grammar_like_sets(40, 5000, gen, n_classes=60)
     order = mlh.cluster_order(sets, 5000)
     perm = order.perm.numpy()
     assert np.array_equal(np.sort(perm), np.arange(5000))
     smallest = min(sets, key=len)
     pos = np.sort(order.position[smallest])
     assert pos[-1] - pos[0] == len(smallest) - 1, "the smallest set should be one contiguous run"
-    before = sum(mlh.active_blocks(s, 64) for s in sets)
-    after = sum(mlh.active_blocks(s, 64, order) for s in sets)
+    before = sum(mlh.reorder.active_blocks(s, 64) for s in sets)
+    after = sum(mlh.reorder.active_blocks(s, 64, order) for s in sets)
     assert after < before
 
 
 def test_active_blocks_counts_distinct_blocks():
-    assert mlh.active_blocks(np.array([0, 1, 63, 64, 200]), 64) == 3
-    order = mlh.VocabOrder(torch.tensor([3, 2, 1, 0], dtype=torch.int32))
+    assert mlh.reorder.active_blocks(np.array([0, 1, 63, 64, 200]), 64) == 3
+    order = mlh.reorder.VocabOrder(torch.tensor([3, 2, 1, 0], dtype=torch.int32))
     assert list(order.position) == [3, 2, 1, 0]
-    assert mlh.active_blocks(np.array([3]), 2, order) == 1 and mlh.active_blocks(np.array([0, 3]), 2, order) == 2
+    assert mlh.reorder.active_blocks(np.array([3]), 2, order) == 1
+    assert mlh.reorder.active_blocks(np.array([0, 3]), 2, order) == 2
 
 
 @pytest.mark.parametrize("kind", ["random", "few", "all", "last"])
@@ -214,8 +215,8 @@ def test_active_blocks_counts_distinct_blocks():
 def test_step08_reordered_writes_original_order(batch, kind, rng):
     h, weight, allowed = inputs(rng, batch, kind=kind)
     gen = np.random.default_rng(rng.seed_value)
-    order = mlh.cluster_order(mlh.grammar_like_sets(10, V, gen, n_classes=12), V)
-    head = mlh.ReorderedHead.build(weight, mlh.VocabOrder(order.perm.to(DEV)))
+    order = mlh.cluster_order(mlh.masks.grammar_like_sets(10, V, gen, n_classes=12), V)
+    head = mlh.ReorderedHead.build(weight, mlh.reorder.VocabOrder(order.perm.to(DEV)))
     out = mlh.step08_reordered(h, head, allowed.permuted(head.order), out=poisoned(batch), tiles=SMALL)
     assert_logits(out, h, weight, allowed)
 
@@ -237,16 +238,16 @@ def test_allowed_tokens_from_ids_and_mask_agree():
 
 def test_mask_generators():
     gen = np.random.default_rng(1)
-    for sets in (mlh.random_sets(100, 1000, 3, gen), mlh.clustered_sets(700, 1000, 3, gen, run=128)):
+    for sets in (mlh.masks.random_sets(100, 1000, 3, gen), mlh.masks.clustered_sets(700, 1000, 3, gen, run=128)):
         for s in sets:
             assert len(np.unique(s)) == len(s) and s.min() >= 0 and s.max() < 1000
-    assert all(len(s) == 100 for s in mlh.random_sets(100, 1000, 3, gen))
-    assert all(len(s) == 700 for s in mlh.clustered_sets(700, 1000, 3, gen, run=128))
-    assert len(mlh.clustered_sets(1000, 1000, 1, gen)[0]) == 1000
+    assert all(len(s) == 100 for s in mlh.masks.random_sets(100, 1000, 3, gen))
+    assert all(len(s) == 700 for s in mlh.masks.clustered_sets(700, 1000, 3, gen, run=128))
+    assert len(mlh.masks.clustered_sets(1000, 1000, 1, gen)[0]) == 1000
 
 
 def test_real_masks_load_when_present():
-    real = mlh.real_sets()
+    real = mlh.masks.real_sets()
     if real is None:
         pytest.skip("assets/data/fsm_masks.npz is not there yet (the FSM chapter exports it)")
     assert real.is_real and len(real.sets) == len(real.groups) > 0
@@ -256,9 +257,9 @@ def test_real_masks_load_when_present():
 
 def test_cross_fitting_never_fits_on_the_grammar_it_measures():
     gen = np.random.default_rng(3)
-    sets = mlh.grammar_like_sets(12, 400, gen, n_classes=15)
-    data = mlh.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic")
-    orders, fold = mlh.cross_fit_orders(data, 400)
+    sets = mlh.masks.grammar_like_sets(12, 400, gen, n_classes=15)
+    data = mlh.masks.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic")
+    orders, fold = mlh.masks.cross_fit_orders(data, 400)
     assert sorted(set(fold)) == [0, 1]
     for k in (0, 1):  # refitting on the other fold's sets alone gives the same order
         expected = mlh.cluster_order([s for s, f in zip(sets, fold) if f != k], 400)
@@ -276,8 +277,8 @@ def test_error_bound_is_fp32_accumulation_and_fails_a_bf16_output(rng):
     do no better); the same logits rounded to bf16 on the way (a kernel that accumulated in fp32 but kept a
     bf16 result, or a bf16 matmul cast up) fail at most allowed tokens, so a check of a few ids catches it."""
     d = mlh.HIDDEN
-    assert mlh.accumulation_depth(d) == 2 * (d // 16 + 4) and mlh.accumulation_depth(d) * 7 < d
-    assert mlh.accumulation_depth(d, "row") == 2 * 4096 // 128 + 7
+    assert mlh.formats.accumulation_depth(d) == 2 * (d // 16 + 4) and mlh.formats.accumulation_depth(d) * 7 < d
+    assert mlh.formats.accumulation_depth(d, "row") == 2 * 4096 // 128 + 7
     h = torch.randn(1, d, generator=rng).to(torch.bfloat16)
     weight = (torch.randn(2000, d, generator=rng) * 0.02).to(torch.bfloat16)
     allowed = mlh.AllowedTokens.from_ids([np.arange(2000)], 2000, device="cpu")
@@ -288,7 +289,7 @@ def test_error_bound_is_fp32_accumulation_and_fails_a_bf16_output(rng):
     row = mlh.check_logits(rounded, h, weight, allowed, summation="row")
     assert not dot["passed"] and dot["over_bound"] > 0.3 * 2000, dot
     assert row["over_bound"] > 0.7 * 2000, row
-    bound = mlh.error_bound(h, weight)
+    bound = mlh.formats.error_bound(h, weight)
     old = d * 2.0**-24 * (h.double().abs() @ weight.double().abs().t())
     assert torch.all(bound * 7 < old)
     for ids in ([5], [3, 700, 1999], list(range(0, 2000, 250))):  # the few-id paths' sizes
@@ -371,7 +372,7 @@ def test_bad_layout_and_out():
     with pytest.raises(TypeError, match=r"out must be .*; got a ndarray"):
         mlh.step04_compact(h, w, a, out=np.zeros((1, 10), np.float32))
     with pytest.raises(ValueError, match="power of two"):
-        mlh.Tiles(block_v=48)
+        mlh.formats.Tiles(block_v=48)
 
 
 # ------------------------------------------------------------------------------------------
@@ -386,9 +387,9 @@ def full_head():
 
 def _full_sets(kind, batch, gen):
     if kind in ("random_1000", "random_10000"):
-        return mlh.random_sets(int(kind.split("_")[1]), mlh.VOCAB, batch, gen)
+        return mlh.masks.random_sets(int(kind.split("_")[1]), mlh.VOCAB, batch, gen)
     if kind == "clustered_5000":
-        return mlh.clustered_sets(5000, mlh.VOCAB, batch, gen)
+        return mlh.masks.clustered_sets(5000, mlh.VOCAB, batch, gen)
     return make_sets(kind, mlh.VOCAB, batch, gen)
 
 
@@ -431,9 +432,9 @@ def test_full_size_every_step(batch, kind, full_head, rng):
 def test_full_size_step08(batch, full_head, rng):
     weight, _ = full_head
     gen = np.random.default_rng(rng.seed_value)
-    data = mlh.structured_sets()
-    orders, fold = mlh.cross_fit_orders(data, mlh.VOCAB)
-    head = mlh.ReorderedHead.build(weight, mlh.VocabOrder(orders[0].perm.cuda()))
+    data = mlh.masks.structured_sets()
+    orders, fold = mlh.masks.cross_fit_orders(data, mlh.VOCAB)
+    head = mlh.ReorderedHead.build(weight, mlh.reorder.VocabOrder(orders[0].perm.cuda()))
     h = torch.randn(batch, mlh.HIDDEN, generator=rng).to(torch.bfloat16).cuda()
     chosen = gen.choice(len(data.sets), batch)
     allowed = mlh.AllowedTokens.from_ids([data.sets[i] for i in chosen], mlh.VOCAB, device="cuda")

@@ -37,7 +37,7 @@ def test_the_library_passes_the_checks_too(capsys):
     gen = np.random.default_rng(0)
     mask = torch.from_numpy(gen.random((3, 250)) < 0.1)
     packed = mlh.pack_bitmask(mask)
-    assert mlh.union_count(packed) == solutions.union_from_bitmask(packed.numpy(), 250).size
+    assert mlh.plan.union_count(packed) == solutions.union_from_bitmask(packed.numpy(), 250).size
 
 
 def _with_replacement(n, vocab, block):
@@ -90,10 +90,10 @@ def test_exercise_one_is_what_step_one_computes():
 def test_exercise_four_is_the_dispatch_rule():
     """On the one-clock run, the exercise's threshold per batch size is the library's rule."""
     results = _one_clock()
-    rule = mlh.rule_from_results(results)
+    rule = mlh.dispatch.rule_from_results(results)
     for batch, fraction in rule.compact_max_fraction.items():
-        points = [(q["union"], q["compact"], q["dense"]) for (b, _), qs in mlh.crossover_points(results.rows).items()
-                  if b == batch for q in qs]
+        points = [(q["union"], q["compact"], q["dense"])
+                  for (b, _), qs in mlh.dispatch.crossover_points(results.rows).items() if b == batch for q in qs]
         assert solutions.compact_threshold(points, mlh.VOCAB) == pytest.approx(fraction)
 
 
@@ -123,7 +123,7 @@ def test_prose_numbers_on_the_one_clock_series():
     assert numbers["mlh_step02_dv"].endswith("slower")
     assert numbers["mlh_plan_vs_xgr_b1"].endswith("×") and numbers["mlh_host_ratio"].endswith("×")
     # the points where a series of ours loses, each counted once however many rivals beat it there
-    lost, points = mlh.losses(_one_clock().rows), int(numbers["mlh_losses"])
+    lost, points = mlh.report.losses(_one_clock().rows), int(numbers["mlh_losses"])
     assert 0 < points <= len(lost) == lesson.loss_counts(_one_clock())["rows"]
     assert int(numbers["mlh_losses_step09"]) + int(numbers["mlh_losses_plan"]) == points
 
@@ -145,7 +145,7 @@ def test_tables_are_markdown_tables(which):
         lines = table.splitlines()
         assert lines[0].startswith("| ") and set(lines[1]) <= set("|-"), table[:200]
         assert all(line.count("|") == lines[0].count("|") for line in lines), table
-    assert len(lesson._losses(results)) == len(mlh.losses(results.rows))
+    assert len(lesson._losses(results)) == len(mlh.report.losses(results.rows))
 
 
 def test_the_byte_floor_is_rows_and_output():

@@ -67,7 +67,7 @@ def test_rule_from_results_follows_its_documented_rule():
                  _row("cublas_fp32_mask", 4, allowed, 2 * allowed, 2.0)]
     results = Results(None, {"device": {"name": "stub"}, "date": "2000-01-01T00:00:00", "git_commit": "abc",
                              "measurements": rows})
-    rule = mlh.rule_from_results(results, vocab=10_000)
+    rule = mlh.dispatch.rule_from_results(results, vocab=10_000)
     assert rule.compact_max_fraction == {1: 100 / 10_000, 4: 1.0}  # batch 4 never lost, up to a union of 20,000
     assert rule.dense_path == {1: "row_skip", 4: "cublas"} and rule.few_max == 1
     assert "stub" in rule.source
@@ -80,9 +80,9 @@ def test_dispatch_rule_reads_the_committed_results():
         pytest.skip("no committed benchmark results")
     rule = mlh.dispatch_rule()
     results = plotting.load_results("masked_lm_head")
-    assert rule == mlh.rule_from_results(results) and rule.source.startswith("measured on")
+    assert rule == mlh.dispatch.rule_from_results(results) and rule.source.startswith("measured on")
     # at every measured point below its threshold, the compacted path was no slower than the dense paths
-    for (batch, _), pts in mlh.crossover_points(results.rows).items():
+    for (batch, _), pts in mlh.dispatch.crossover_points(results.rows).items():
         for q in pts:
             if q["union"] <= rule.compact_max_fraction[batch] * mlh.VOCAB:
                 assert q["compact"] <= q["dense"], (batch, q)
@@ -95,7 +95,7 @@ def test_dispatch_rule_falls_back_without_results(monkeypatch):
         raise FileNotFoundError("no results")
 
     monkeypatch.setattr(plotting, "load_results", missing)
-    assert mlh.dispatch_rule.__wrapped__() is mlh.FALLBACK_RULE
+    assert mlh.dispatch_rule.__wrapped__() is mlh.dispatch.FALLBACK_RULE
 
 
 def test_dispatch_default_output_allocation(rng):
@@ -111,14 +111,14 @@ def test_pack_bitmask_round_trip_and_layout():
     mask = torch.from_numpy(gen.random((3, 100)) < 0.3)
     mask[0, 31] = mask[1, 0] = mask[2, 99] = True
     packed = mlh.pack_bitmask(mask)
-    assert packed.dtype == torch.int32 and packed.shape == (3, mlh.bitmask_words(100)) == (3, 4)
-    assert torch.equal(mlh.unpack_bitmask(packed, 100), mask)
+    assert packed.dtype == torch.int32 and packed.shape == (3, mlh.formats.bitmask_words(100)) == (3, 4)
+    assert torch.equal(mlh.formats.unpack_bitmask(packed, 100), mask)
     words = packed.numpy().view(np.uint32)
     assert all(bool(words[b, v // 32] >> (v % 32) & 1) == bool(mask[b, v]) for b in range(3) for v in range(100))
     assert int(words[0, 3]) >> 4 == 0, "bits past V are 0"
     a = mlh.AllowedTokens.from_bitmask(packed, 100)
     assert torch.equal(a.mask, mask) and torch.equal(a.bitmask, packed)
-    assert mlh.union_count(packed) == int(mask.any(0).sum())
+    assert mlh.plan.union_count(packed) == int(mask.any(0).sum())
     with pytest.raises(ValueError, match="words per row"):
         mlh.AllowedTokens.from_bitmask(packed[:, :3], 100)
 
@@ -195,7 +195,7 @@ def test_plan_takes_the_dense_bitmask_path_where_the_rule_says_compacted_loses(r
         rows += [_row(s[7], 4, allowed, union, compact), _row("cublas_fp32_mask", 4, allowed, union, dense),
                  _row(s[5], 1, allowed, allowed, 1.0), _row("cublas_fp32_mask", 1, allowed, allowed, 5.0)]
     results = Results(None, {"device": {"name": "stub"}, "date": "2000-01-01T00:00:00", "measurements": rows})
-    rule = mlh.rule_from_results(results, vocab=100_000)
+    rule = mlh.dispatch.rule_from_results(results, vocab=100_000)
     assert rule.compact_max_fraction[4] == 0.2 and rule.dense_path[4] == "cublas"
     assert mlh.choose_path(4, V, int(0.2 * V), rule) == "batched" and mlh.choose_path(4, V, V, rule) == "cublas"
     weight = torch.randn(V, D, generator=rng).to(torch.bfloat16).to(DEV)
@@ -260,7 +260,7 @@ def test_plan_captured_once_replayed_over_changing_sets(batch, full_head, rng):
         plan.h.copy_(torch.randn(batch, mlh.HIDDEN, generator=rng).to(torch.bfloat16))
         plan.bitmask.copy_(host, non_blocking=True)
         plan.out.fill_(float("nan"))
-        out = plan.step(mlh.union_count(host))
+        out = plan.step(mlh.plan.union_count(host))
         torch.cuda.synchronize()
         res = mlh.check_logits(out, plan.h, weight, allowed)
         assert res["passed"], (n, plan.bucket(allowed.union_count), res)
@@ -393,7 +393,7 @@ def _cpu_peer():
     try:
         import xgrammar
     except ImportError:
-        return lambda logits, bitmask: logits.masked_fill_(~mlh.unpack_bitmask(bitmask, logits.shape[1]),
+        return lambda logits, bitmask: logits.masked_fill_(~mlh.formats.unpack_bitmask(bitmask, logits.shape[1]),
                                                            float("-inf"))
     return lambda logits, bitmask: xgrammar.apply_token_bitmask_inplace(
         logits, _padding_bits_set(bitmask, logits.shape[1]))
@@ -406,11 +406,11 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
 
     run = StubRun()
     gen = np.random.default_rng(0)
-    sets = mlh.grammar_like_sets(12, 150, gen, n_classes=20)
+    sets = mlh.masks.grammar_like_sets(12, 150, gen, n_classes=20)
     only = [(1, "random", 8), (1, "random", 1000), (1, "grammar", 8), (1, "clustered", 100), (3, "random", 10),
             (3, "grammar", 40)]
-    mlh.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1, 3), only=only, peer=_cpu_peer(),
-                  structured=mlh.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic"))
+    mlh.report.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1, 3), only=only, peer=_cpu_peer(),
+                  structured=mlh.masks.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic"))
     assert run.checks and all(c["passed"] for c in run.checks), [c for c in run.checks if not c["passed"]]
     series = {r["series"] for r in run.rows}
     assert {s.series for s in mlh.CHAPTER.steps} | set(mlh.CHAPTER.baselines) == series
@@ -418,7 +418,7 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     assert all("host_ms" in r for r in run.rows if r["role"] != "baseline")
     assert any(n.startswith("crossover batch=1") for n in run.notes)
     assert_rotated(run, head_bytes=150 * 40 * 2, row_bytes=40 * 2)
-    for rotated in (mlh.PLAN, "reordered_in_sample", "step08", "step06", "index_select"):
+    for rotated in (mlh.report.PLAN, "reordered_in_sample", "step08", "step06", "index_select"):
         assert any(r["copies"] > 1 for r in run.rows if r["series"] == rotated), rotated
     results = Results(tmp_path / "x.json", {
         "chapter": "masked_lm_head", "device": {"name": "stub"}, "date": "2000-01-01T00:00:00",
@@ -462,10 +462,11 @@ def test_bench_sweep_caps_the_copies_at_its_budget():
     if runtime.mode() == "gpu":
         pytest.skip("the stub sweep is for the interpreter; the GPU runs the real benchmark")
     run = StubRun()
-    sets = mlh.grammar_like_sets(12, 150, np.random.default_rng(0), n_classes=20)
-    mlh.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1,), only=[(1, "random", 8)], peer=_cpu_peer(),
-                  structured=mlh.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic"),
-                  copy_budget=3 * 150 * 40 * 2)
+    sets = mlh.masks.grammar_like_sets(12, 150, np.random.default_rng(0), n_classes=20)
+    mlh.report.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1,), only=[(1, "random", 8)],
+                         peer=_cpu_peer(), structured=mlh.masks.StructuredSets(sets, [f"g{i % 4}" for i in range(12)],
+                                                                                "synthetic"),
+                         copy_budget=3 * 150 * 40 * 2)
     assert run.checks and all(c["passed"] for c in run.checks)
     by_series = {r["series"]: r for r in run.rows}
     assert by_series["step06"]["copies"] == 3 and by_series["step06"]["rotation_capped"]
@@ -482,8 +483,8 @@ def test_headline_reads_the_new_series_and_the_old_file(tmp_path):
 
     rows = []
     for series, role, ms in (("step09", "kernel", 0.01), ("dense_mask", "baseline", 0.2),
-                             ("index_select", "baseline", 0.05), (mlh.PLAN, "kernel", 0.012),
-                             (mlh.XGRAMMAR, "peer", 0.21)):
+                             ("index_select", "baseline", 0.05), (mlh.report.PLAN, "kernel", 0.012),
+                             (mlh.report.XGRAMMAR, "peer", 0.21)):
         for batch, allowed in ((1, 1000), (1, 10_000), (64, 100)):
             params = {"batch": batch, "kind": "random", "allowed": allowed}
             if role == "kernel":
@@ -501,9 +502,9 @@ def test_headline_reads_the_new_series_and_the_old_file(tmp_path):
 
 def test_bench_cases_stay_short():
     """The full run's case list (what its two-minute budget is counted on) and the quick one."""
-    full = mlh.cases(mlh.VOCAB, quick=False, third_kind="real")
-    quick = mlh.cases(mlh.VOCAB, quick=True, third_kind="real")
+    full = mlh.report.cases(mlh.VOCAB, quick=False, third_kind="real")
+    quick = mlh.report.cases(mlh.VOCAB, quick=True, third_kind="real")
     assert len(full) <= 36 and len(quick) <= 5
-    assert {b for b, _, _ in full} == set(mlh.BATCHES) and any(2 <= b <= 7 for b in mlh.BATCHES)
+    assert {b for b, _, _ in full} == set(mlh.report.BATCHES) and any(2 <= b <= 7 for b in mlh.report.BATCHES)
     assert (1, "random", 1000) in full and (1, "random", 10_000) in full and (64, "random", 100) in full
     assert (64, "random", 100) in quick and (1, "random", 1000) in quick

@@ -19,6 +19,7 @@ from typing import Any
 from book import common
 from book.common import PENDING, fmt, lab_or_none, latency_floor_ms, param_values, us
 from studylog.masked_lm_head import CHAPTER
+from studylog.masked_lm_head.dispatch import step_series
 from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 
@@ -58,10 +59,6 @@ def floor_ms(results, batch: int, union: int) -> float:
     return common.floor_ms(results, call_bytes(batch, union))
 
 
-def _s(number: int) -> str:
-    return CHAPTER.step(number).series
-
-
 def _row(results, series: str, layout: str = "vd", **params) -> dict | None:
     """The one row of ``series`` at these parameters (our kernels on ``layout``; baselines have none)."""
     rows = [r for r in results.select(series, **params) if r["params"].get("layout", "vd") == layout]
@@ -80,7 +77,7 @@ def clock_of(results) -> str:
 
 
 def _floor(results, batch: int, kind: str, allowed: int) -> float | None:
-    for series in (_s(9), "dense_mask"):
+    for series in (step_series(9), "dense_mask"):
         row = _row(results, series, batch=batch, kind=kind, allowed=allowed)
         if row is not None and "union" in row:
             return floor_ms(results, batch, row["union"])
@@ -122,7 +119,7 @@ RIVAL_WORDS = {"index_select": "`index_select` + matmul", "dense_mask": "dense +
 def prose_numbers(results) -> dict[str, Any]:
     """Every number the lesson's prose quotes, by glue key, read from ``results`` (``pending`` where the file
     lacks the series)."""
-    s = {n: _s(n) for n in range(10)}
+    s = {n: step_series(n) for n in range(10)}
     n: dict[str, Any] = {"mlh_gpu": results.gpu, "mlh_date": results.date, "mlh_clock": clock_of(results)}
     bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"]
     n["mlh_bandwidth"] = f"{bandwidth:,.0f} GB/s"  # the unit of the figures' captions
@@ -275,7 +272,7 @@ def steps_table(results, counts=STEP_COUNTS) -> str:
     floors = [_floor(results, 1, "random", c) for c in counts]
     lines.append("| floor: allowed rows read + fp32 output written, or an empty kernel where larger | "
                  + " | ".join(us(f) for f in floors) + " |")
-    for series in ["dense_mask", "index_select"] + [_s(k) for k in (0, 1, 2, 3, 4, 5, 6, 9)]:
+    for series in ["dense_mask", "index_select"] + [step_series(k) for k in (0, 1, 2, 3, 4, 5, 6, 9)]:
         cells = [_cell(results, series, 1, "random", c) for c in counts]
         if any(c != "–" for c in cells):
             lines.append(f"| {label(series)} | " + " | ".join(cells) + " |")
@@ -286,17 +283,18 @@ def batch_table(results) -> str:
     """Batches above 1, random masks: the dense paths, ``index_select`` (the union's logits only), steps 3, 7
     and 9 (with the path it took), µs, and the floor (:func:`floor_ms`)."""
     label = CHAPTER.label
-    series = ["dense_mask", "cublas_fp32_mask", "index_select", _s(3), _s(7), _s(9)]
+    series = ["dense_mask", "cublas_fp32_mask", "index_select", step_series(3), step_series(7), step_series(9)]
     head = ["batch", "allowed per sequence", "union", "floor (µs)"] + [f"{label(x)} (µs)" for x in series]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    points = sorted({(r["params"]["batch"], r["params"]["allowed"]) for r in results.select(_s(7), kind="random")})
+    points = sorted({(r["params"]["batch"], r["params"]["allowed"])
+                     for r in results.select(step_series(7), kind="random")})
     for batch, allowed in points:
         p = dict(batch=batch, kind="random", allowed=allowed)
-        row9 = _row(results, _s(9), **p)
+        row9 = _row(results, step_series(9), **p)
         cells = []
         for x in series:
             text = us(_ms(results, x, **p))
-            if x == _s(9) and row9 is not None and row9.get("path"):
+            if x == step_series(9) and row9 is not None and row9.get("path"):
                 text += f" ({row9['path']})"
             cells.append(text)
         union = row9["union"] if row9 else None
@@ -384,7 +382,7 @@ def folded(summary: str, markdown: str) -> str:
 def _losses(results) -> list[dict]:
     """Every point where a series of ours is slower than a rival (the benchmark's own list, as rows)."""
     out = []
-    s9 = _s(9)
+    s9 = step_series(9)
     for r in results.select(s9) + results.select(PLAN):
         p = {k: v for k, v in r["params"].items() if k != "layout"}
         if r["params"].get("layout", "vd") != "vd":
@@ -408,7 +406,7 @@ def loss_counts(results) -> dict[str, Any]:
     for series, _ in points:
         by_series[series] = by_series.get(series, 0) + 1
     low = min((q["params"]["batch"] for q in lost), default=None)
-    measured = {r["params"]["batch"] for r in results.select(_s(9)) + results.select(PLAN)}
+    measured = {r["params"]["batch"] for r in results.select(step_series(9)) + results.select(PLAN)}
     return {"rows": len(lost), "points": len(points), "by_series": by_series, "min_batch": low,
             "clean_batches": sorted(b for b in measured if low is None or b < low)}
 
@@ -438,7 +436,7 @@ def losses_table(results) -> str:
 def tried_table(results, candidates: dict | None) -> str:
     """What was tried and did not help: one line each, the measured effect, where the details are.
     ``candidates`` is :data:`CANDIDATES_FILE` (``studylog.plotting.load_lab``), or None when absent."""
-    s = {k: _s(k) for k in range(10)}
+    s = {k: step_series(k) for k in range(10)}
     rows = []
 
     def b1(series, allowed, layout="vd", kind="random"):
@@ -596,7 +594,7 @@ def boehm_table(results) -> str:
         if row is None:
             continue
         name = CHAPTER.label(prev) if isinstance(prev, str) else f"step {prev}"
-        reference = _row(results, prev if isinstance(prev, str) else _s(prev), **params)
+        reference = _row(results, prev if isinstance(prev, str) else step_series(prev), **params)
         before = None if reference is None else reference["ms"]
         if prev == "dense_mask" and params["batch"] == 1 and two_clusters and reference.get("spread_ms"):
             before = reference["spread_ms"][0]  # the fast cluster: the median may sit in the slow one
@@ -685,7 +683,7 @@ def target_report(results) -> str:
     """The targets with the ratios measured in one run (the clock each row is on is the file's), as a
     Markdown table, and the points where we lose."""
     label = CHAPTER.label
-    dispatch = _s(9)
+    dispatch = step_series(9)
     clock = results.rows[0]["clock"] if results.rows else "–"
     lines = [f"Clock: {clock}.", "", "| target | measured | met |", "|---|---|---|"]
 
@@ -962,7 +960,7 @@ def fill_first_cost(results, gpu: str = "nvidia-h200") -> dict[str, Any] | None:
           if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
     out = {}
     for n, ratio in cost.items():
-        step9 = _row(results, _s(9), batch=1, kind="random", allowed=n)
+        step9 = _row(results, step_series(9), batch=1, kind="random", allowed=n)
         plan = _ms(results, PLAN, batch=1, kind="random", allowed=n)
         out[n] = {"cost": ratio, "extra_us": (at[("step 5", n)] - at[("step 5 - fill_first", n)]) * 1e3,
                   "path": None if step9 is None else step9.get("path"),

@@ -23,9 +23,10 @@ sys.path.insert(0, str(HERE))  # the frozen variants beside this script
 
 from studylog import bench as harness  # noqa: E402
 from studylog import paths  # noqa: E402
-from studylog.masked_lm_head import (CHAPTER, HIDDEN, VOCAB, AllowedTokens, Tiles, batch_tile,  # noqa: E402
-                                     clustered_sets, random_sets, step03_row_skip, step04_compact, step05_stream,
-                                     step06_few_ids, step07_batched)
+from studylog.masked_lm_head import (CHAPTER, HIDDEN, VOCAB, AllowedTokens, step03_row_skip,  # noqa: E402
+                                     step04_compact, step05_stream, step06_few_ids, step07_batched)
+from studylog.masked_lm_head.formats import Tiles, batch_tile  # noqa: E402
+from studylog.masked_lm_head.masks import clustered_sets, random_sets  # noqa: E402
 from variants import eviction, persistent  # noqa: E402
 
 

@@ -38,8 +38,9 @@ from studylog import runtime  # noqa: I001  (before triton: it selects GPU or in
 import numpy as np
 import torch
 
-from studylog.masked_lm_head import (HIDDEN, VOCAB, AllowedTokens, MaskedHeadPlan, cases, check_logits, pack_bitmask,
-                                     random_sets)
+from studylog.masked_lm_head import HIDDEN, VOCAB, AllowedTokens, MaskedHeadPlan, check_logits, pack_bitmask
+from studylog.masked_lm_head.masks import random_sets
+from studylog.masked_lm_head.report import cases
 
 HERE = Path(__file__).resolve().parent
 #: The allowed ids of the page's headline at batch 1 (random).

@@ -60,14 +60,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from studylog.masked_lm_head import (CHAPTER, HIDDEN, VOCAB, AllowedTokens, MaskedHeadPlan, Tiles,  # noqa: E402
-                                     cases, check_logits, dispatch_rule, fp32_gamma, pack_bitmask,
-                                     random_sets, step04_compact, step05_stream, step09_dispatch, stream_count_kernel,
-                                     stream_tiles, union_ids_kernel)
+from studylog.masked_lm_head import (CHAPTER, HIDDEN, VOCAB, AllowedTokens, MaskedHeadPlan, check_logits,  # noqa: E402
+                                     dispatch_rule, pack_bitmask, step04_compact, step05_stream, step09_dispatch)
 from studylog.masked_lm_head.dispatch import launch_constexprs  # noqa: E402
-from studylog.masked_lm_head.formats import compare_logits  # noqa: E402
-from studylog.masked_lm_head.plan import UNION_BLOCK_B, UNION_BLOCK_W  # noqa: E402
-from studylog.masked_lm_head.report import HeadCopies  # noqa: E402
+from studylog.masked_lm_head.formats import Tiles, compare_logits, fp32_gamma, stream_tiles  # noqa: E402
+from studylog.masked_lm_head.masks import random_sets  # noqa: E402
+from studylog.masked_lm_head.plan import (UNION_BLOCK_B, UNION_BLOCK_W, stream_count_kernel,  # noqa: E402
+                                          union_ids_kernel)
+from studylog.masked_lm_head.report import HeadCopies, cases  # noqa: E402
 from variants.step05_changes import KNOBS, changes, shared_tiles, step04_tiles  # noqa: E402
 
 #: Every combination of the three knobs: step 4's settings, each change alone, step 5 minus each change, step 5's.

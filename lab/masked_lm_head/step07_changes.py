@@ -38,11 +38,11 @@ from studylog import paths, runtime  # noqa: E402, I001  (before triton: it sele
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from studylog.masked_lm_head import (CHAPTER, HIDDEN, VOCAB, AllowedTokens, Tiles, cases, default_tiles,  # noqa: E402
-                                     fp32_gamma, random_sets, step05_stream, step06_few_ids, step07_batched)
-from studylog.masked_lm_head.formats import compare_logits  # noqa: E402
-from studylog.masked_lm_head.masks import clustered_sets, structured_sets  # noqa: E402
-from studylog.masked_lm_head.report import HeadCopies  # noqa: E402
+from studylog.masked_lm_head import (CHAPTER, HIDDEN, VOCAB, AllowedTokens, step05_stream, step06_few_ids,  # noqa: E402
+                                     step07_batched)
+from studylog.masked_lm_head.formats import Tiles, compare_logits, default_tiles, fp32_gamma  # noqa: E402
+from studylog.masked_lm_head.masks import clustered_sets, random_sets, structured_sets  # noqa: E402
+from studylog.masked_lm_head.report import HeadCopies, cases  # noqa: E402
 from variants.step07_changes import changes  # noqa: E402
 
 SERIES = "step07_changes"

@@ -16,7 +16,7 @@ from variants import eviction, persistent
 
 DEV = runtime.device()
 V, D = 203, 77
-SMALL_ROWS = mlh.Tiles(block_b=1, block_v=4, block_d=32, fill_block=64, num_warps=4, num_stages=1)
+SMALL_ROWS = mlh.formats.Tiles(block_b=1, block_v=4, block_d=32, fill_block=64, num_warps=4, num_stages=1)
 MASK_KINDS = ["random", "empty", "all", "last", "few"]
 
 
@@ -82,10 +82,10 @@ def test_other_eviction_policies(kind, policy, gen):
 def test_full_size(count, gen):
     weight = (torch.randn(mlh.VOCAB, mlh.HIDDEN, device="cuda") * 0.02).to(torch.bfloat16)
     h = torch.randn(1, mlh.HIDDEN, device="cuda").to(torch.bfloat16)
-    allowed = mlh.AllowedTokens.from_ids(mlh.random_sets(count, mlh.VOCAB, 1, gen), mlh.VOCAB, device="cuda")
+    allowed = mlh.AllowedTokens.from_ids(mlh.masks.random_sets(count, mlh.VOCAB, 1, gen), mlh.VOCAB, device="cuda")
     runs = {"stream_no_hint": lambda out: eviction.stream(h, weight, allowed, eviction="", out=out)}
     for rows, per_sm in ((1, 4), (2, 8)):
-        t = mlh.Tiles(block_b=1, block_v=rows, num_warps=4, num_stages=1)
+        t = mlh.formats.Tiles(block_b=1, block_v=rows, num_warps=4, num_stages=1)
         runs[f"persistent_{rows}_{per_sm}"] = (
             lambda out, t=t, k=per_sm: persistent.persistent(h, weight, allowed, out=out, tiles=t, programs_per_sm=k))
     if allowed.few_ids is not None:

@@ -1,45 +1,27 @@
 """Chapter 2: a masked LM head that computes logits only for the tokens a grammar allows.
 
-In constrained decoding the next token must belong to an allowed set (from an FSM state). The usual path computes
-every logit, ``h @ W.T``, then overwrites the disallowed ones with ``-inf``: at batch 1, a GEMV that reads all of
-``W`` (788 MB for V=128256, D=3072) to keep perhaps a thousand of its rows.
-
 Every step has the same contract: fp32 logits ``[B, V]``, the logit where allowed and ``-inf`` elsewhere; bf16 or
-fp16 weights and hidden states; fp32 accumulation. The steps are ``CHAPTER.steps`` (0-3 in :mod:`.dense`, 4-7 in
-:mod:`.compact`, 8 in :mod:`.reorder`, 9 in :mod:`.dispatch`); :func:`masked_logits` runs the final one. The
-allowed sets travel as :class:`AllowedTokens`, built and validated once per FSM state, so no step synchronises.
-
-``__all__`` is what a reader calls after the lesson; the rest is reached by its module. The lesson's tables and
-exercises are the book's (``book.masked_lm_head``).
+fp16 weights and hidden states; fp32 accumulation. Steps 0-3 are in :mod:`.dense`, 4-7 in :mod:`.compact`, 8 in
+:mod:`.reorder`, 9 in :mod:`.dispatch`; the allowed sets travel as :class:`AllowedTokens`, built once per FSM state.
 """
 
 from __future__ import annotations
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
 from studylog.chapter import Chapter, Step
-from studylog.masked_lm_head.compact import (EVICTION, batched_union_kernel, compact_rows_kernel,
-                                             compact_stream_kernel, few_ids_kernel, step04_compact, step05_stream,
-                                             step06_few_ids, step07_batched)
+from studylog.masked_lm_head.compact import (batched_union_kernel, compact_rows_kernel, compact_stream_kernel,
+                                             few_ids_kernel, step04_compact, step05_stream, step06_few_ids,
+                                             step07_batched)
 from studylog.masked_lm_head.dense import (block_skip_kernel, column_skip_kernel, dense_matmul_kernel,
                                            row_skip_kernel, step00_dense, step01_block_skip, step02_column_skip,
                                            step03_row_skip)
-from studylog.masked_lm_head.dispatch import (FALLBACK_RULE, DispatchRule, choose_path, crossover_points,
-                                              cublas_masked, dense_logits, dispatch_rule, masked_logits,
-                                              rule_from_results, step09_dispatch)
-from studylog.masked_lm_head.formats import (FEW_IDS_MAX, FP32_UNIT_ROUNDOFF, HIDDEN, LAYOUTS, VOCAB, WEIGHT_DTYPES,
-                                             AllowedTokens, SUMMATIONS, Tiles, accumulation_depth, batch_tile, bitmask_words,
-                                             check_logits, default_tiles, error_bound, few_tiles, fp32_gamma, pack_bitmask,
-                                             reference_logits, stream_tiles, unpack_bitmask)
-from studylog.masked_lm_head import launch
-from studylog.masked_lm_head.launch import FastKernel
-from studylog.masked_lm_head.masks import (StructuredSets, clustered_sets, cross_fit_orders, grammar_like_sets,
-                                           random_sets, real_sets, structured_sets)
-from studylog.masked_lm_head.plan import (MaskedHeadPlan, apply_bitmask_kernel, batched_count_kernel,
-                                          stream_count_kernel, union_count, union_ids_kernel, unpack_bitmask_kernel)
-from studylog.masked_lm_head.reorder import (ReorderedHead, VocabOrder, active_blocks, cluster_order,
-                                             reordered_rows_kernel, step08_reordered)
-from studylog.masked_lm_head.report import (BATCHES, IN_SAMPLE, PLAN, XGRAMMAR, XGRAMMAR_BF16, bench, cases,
-                                              headline, losses, run_sweep)
+from studylog.masked_lm_head.dispatch import (FALLBACK_RULE, DispatchRule, choose_path, cublas_masked, dispatch_rule,
+                                              masked_logits, step09_dispatch)
+from studylog.masked_lm_head.formats import (FEW_IDS_MAX, HIDDEN, VOCAB, AllowedTokens, check_logits, pack_bitmask,
+                                             reference_logits)
+from studylog.masked_lm_head.plan import MaskedHeadPlan
+from studylog.masked_lm_head.reorder import ReorderedHead, cluster_order, reordered_rows_kernel, step08_reordered
+from studylog.masked_lm_head.report import bench, headline
 from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
 CHAPTER = Chapter(
@@ -89,5 +71,5 @@ __all__ = [
     # formats and the reference
     "VOCAB", "HIDDEN", "AllowedTokens", "pack_bitmask", "reference_logits", "check_logits",
     # step 8's reordered vocabulary, step 9's rule, and the dense peer (torch: cuBLAS, then masked_fill)
-    "ReorderedHead", "cluster_order", "dispatch_rule", "choose_path", "cublas_masked",
+    "ReorderedHead", "cluster_order", "DispatchRule", "dispatch_rule", "choose_path", "cublas_masked",
 ]

@@ -162,11 +162,7 @@ def batched_union_kernel(
 
 
 
-# The steps: checks, then the launch (step 9's dispatch launches the same kernels through their
-# compiled launchers, where host time is the lesson)
-
-#: The L2 policy of the weight-row loads of steps 5 and 6: the rows are read once, so they go first when
-#: the kernel needs space (they recycle their own lines rather than evict other data).
+#: The L2 policy of the weight-row loads of steps 5 and 6: the rows are read once.
 EVICTION = "evict_first"
 #: Step 6's unused id slots: -1, which no output position equals.
 NO_IDS = (-1,) * FEW_IDS_MAX
@@ -212,12 +208,8 @@ def step05_stream(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed
 
 def step06_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                    out: Float[Tensor, "1 v"] | None = None, tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
-    """Step 6 (batch 1, at most :data:`FEW_IDS_MAX` allowed ids): the ids are launch arguments,
-    so no program loads an id or the mask.
-
-    Not for a CUDA graph replayed over changing sets: a graph keeps the launch arguments it was captured
-    with, here the ids themselves. :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan` reads them from a
-    device buffer instead."""
+    """Step 6 (batch 1, at most :data:`FEW_IDS_MAX` allowed ids): the ids are launch arguments, so no program
+    loads an id or the mask (and a CUDA graph of a call replays the same ids)."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     need_batch1("step06_few_ids", batch)
     ids = allowed.few_ids

@@ -184,9 +184,6 @@ def row_skip_kernel(
 
 
 
-# The steps: checks, then the launch (step 9's dispatch launches the same kernels through their
-# compiled launchers, where host time is the lesson)
-
 def matmul_strides(weight: Tensor, layout: str) -> tuple[int, int]:
     """(stride along D, stride along V) of the weight, i.e. of the [D, V] matrix 'B' in C = A @ B."""
     return (weight.stride(1), weight.stride(0)) if layout == "vd" else (weight.stride(0), weight.stride(1))

@@ -1,10 +1,6 @@
-"""Step 9: one function that picks the path from the batch size and the allowed count, and the chapter's
-general entry point :func:`masked_logits`.
-
-Which path is fastest is measured, not guessed: the thresholds are a :class:`DispatchRule` computed from
-the chapter's committed benchmark results (:func:`rule_from_results`, the rule is in its docstring), or,
-when no results are committed, the :data:`FALLBACK_RULE`. Choosing needs only the allowed count, which
-:class:`~studylog.masked_lm_head.formats.AllowedTokens` knows on the host: no device round trip.
+"""Step 9: one function that picks the path from the batch size and the allowed count, and the chapter's entry
+point :func:`masked_logits`. The thresholds come from the committed benchmark results
+(:func:`rule_from_results`), else :data:`FALLBACK_RULE`; choosing needs no device round trip.
 """
 
 from __future__ import annotations
@@ -33,11 +29,9 @@ DENSE_PATHS = ("row_skip", "cublas")
 @dataclass(frozen=True)
 class DispatchRule:
     """The thresholds of :func:`choose_path`. ``compact_max_fraction``: batch size -> the largest fraction of the
-    vocabulary (rows of the union of the batch's sets) that takes a compacted kernel (step 5 or 6 at batch 1, step
-    7 above); ``dense_path``: batch size -> the dense path above it. A batch above 1 uses the entries of the largest
-    key above 1 not above it, else the smallest key above 1 (batch 1's were measured on other kernels): with keys
-    {1, 4}, batch 2 takes key 4's. ``few_max``: batch-1 sets of at most this many ids take step 6.
-    ``source`` says where the numbers come from.
+    vocabulary (the union's rows) that takes a compacted kernel; ``dense_path``: batch size -> the dense path above
+    it. A batch above 1 never takes batch 1's entries (measured on other kernels): with keys {1, 4}, batch 2 takes
+    key 4's. ``few_max``: batch-1 sets of at most this many ids take step 6.
     """
 
     compact_max_fraction: Mapping[int, float]
@@ -56,8 +50,7 @@ class DispatchRule:
         object.__setattr__(self, "_limits", {})  # (batch, vocab) -> limits(), filled on first use
 
     def limits(self, batch: int, vocab: int) -> tuple[int, str]:
-        """(the largest union count that takes a compacted kernel, the dense path) at this batch size and
-        vocabulary, from the entries the class docstring names for ``batch``, worked out once per (batch, vocab)."""
+        """(the largest union count that takes a compacted kernel, the dense path), kept per (batch, vocab)."""
         got = self._limits.get((batch, vocab))
         if got is None:
             got = (int(_for_batch(self.compact_max_fraction, batch) * vocab), _for_batch(self.dense_path, batch))
@@ -65,26 +58,24 @@ class DispatchRule:
         return got
 
 
-#: The rule when no benchmark results are committed: at batch 1 a compacted kernel reads only the allowed
-#: rows, never more than a dense path, so it is always used; above batch 1 step 7's gathered tiles lose to a
-#: streaming dense kernel as the union nears the whole vocabulary, and the switch is put at half of it;
-#: the dense path is our own step 3; step 6 takes every set it has slots for.
+#: The rule without committed results: at batch 1 a compacted kernel never reads more than a dense path; above
+#: it, step 7's gathered tiles lose as the union nears the whole vocabulary, so the switch is put at half of it.
 FALLBACK_RULE = DispatchRule({1: 1.0, 2: 0.5}, {1: "row_skip", 2: "row_skip"}, FEW_IDS_MAX,
                              "fallback rule (no committed benchmark results)")
 
 
-def _series(number: int) -> str:
+def step_series(number: int) -> str:
+    """Step ``number``'s series in the benchmark JSON."""
     from studylog.masked_lm_head import CHAPTER
 
     return CHAPTER.step(number).series
 
 
 def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
-    """(batch, mask kind) -> one point per measured allowed count, sorted by union: ``union`` (rows of the
-    union of the allowed sets), ``compact`` (the fastest compacted step: 5 or 6 at batch 1, 7 above),
-    ``dense`` (the faster of the dense paths measured there: step 3 and ``cublas_fp32_mask``), and each of
-    ``row_skip``, ``cublas``, ``few`` and ``stream`` (None where not measured), in ms, on ``[V, D]``."""
-    compact_b1, few, batched, row = _series(5), _series(6), _series(7), _series(3)
+    """(batch, mask kind) -> one point per measured allowed count, sorted by union: ``compact`` (the fastest
+    compacted step), ``dense`` (the faster dense path), and each of ``row_skip``, ``cublas``, ``few`` and ``stream``
+    (None where not measured), in ms, on ``[V, D]``."""
+    compact_b1, few, batched, row = (step_series(n) for n in (5, 6, 7, 3))
     by_case: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         p = r["params"]
@@ -113,12 +104,10 @@ def win_range(points: list[tuple[int, bool]]) -> tuple[int | None, int | None]:
 
 
 def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
-    """The dispatch thresholds measured in one benchmark run (a :class:`studylog.plotting.Results`), per batch
-    size over all its mask kinds: a compacted kernel up to the largest union where it was no slower than the best
-    dense path with no slower point below (never past the largest union measured); the dense path, step 3 or
-    cuBLAS + mask, whichever has the smaller total time where both were measured (step 3 if only it was); step 6
-    up to the largest batch-1 count where it was no slower than step 5 with no slower count below (all its slots
-    if it never lost). ``vocab`` is the benchmark's vocabulary (:data:`VOCAB`).
+    """The dispatch thresholds measured in one benchmark run, per batch size over all its mask kinds: a compacted
+    kernel up to the largest union where it was no slower than the best dense path with no slower point below; the
+    dense path with the smaller total time where both were measured; step 6 up to the largest batch-1 count where
+    it was no slower than step 5 with no slower count below (all its slots if it never lost).
     """
     points = crossover_points(results.rows)
     if not points:
@@ -144,8 +133,8 @@ def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
 
 @functools.lru_cache(maxsize=None)
 def dispatch_rule() -> DispatchRule:
-    """The rule :func:`masked_logits` uses: from the committed results of this GPU when there are some
-    (of the newest run of any GPU otherwise, as on a CPU), else :data:`FALLBACK_RULE`. Read once."""
+    """The rule :func:`masked_logits` uses: from this GPU's committed results (else the newest run of any GPU),
+    else :data:`FALLBACK_RULE`. Read once."""
     from studylog import plotting
 
     try:
@@ -163,8 +152,7 @@ def dispatch_rule() -> DispatchRule:
 
 
 def _for_batch(table: Mapping[int, Any], batch: int) -> Any:
-    """The entry measured at the largest batch size not above ``batch``; a batch above 1 never takes batch 1's
-    entry (measured on other kernels), but the smallest batched size measured."""
+    """The entry at the largest batch size not above ``batch``; a batch above 1 never takes batch 1's."""
     batched = sorted(k for k in table if k > 1)
     if batch > 1 and batched:
         below = [k for k in batched if k <= batch]
@@ -174,9 +162,8 @@ def _for_batch(table: Mapping[int, Any], batch: int) -> Any:
 
 
 def choose_path(batch: int, vocab: int, union_count: int, rule: DispatchRule | None = None) -> str:
-    """The path :func:`step09_dispatch` takes (a key of :data:`PATHS`): ``"few_ids"`` (step 6), ``"stream"``
-    (step 5), ``"batched"`` (step 7), ``"row_skip"`` (step 3) or ``"cublas"``; ``rule`` defaults to
-    :func:`dispatch_rule`."""
+    """The path :func:`step09_dispatch` takes: ``"few_ids"`` (step 6), ``"stream"`` (step 5), ``"batched"``
+    (step 7), ``"row_skip"`` (step 3) or ``"cublas"``."""
     rule = rule or dispatch_rule()
     max_union, dense = rule.limits(batch, vocab)
     if union_count <= max_union:
@@ -188,8 +175,7 @@ def choose_path(batch: int, vocab: int, union_count: int, rule: DispatchRule | N
 
 def cublas_masked(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                   out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
-    """The dense path through torch: ``h @ W.T`` with fp32 output (cuBLAS on the GPU), then
-    ``masked_fill``. Used by :func:`step09_dispatch` when the rule's dense path is ``"cublas"``."""
+    """The dense path through torch: ``h @ W.T`` with fp32 output (cuBLAS on the GPU), then ``masked_fill``."""
     batch, vocab, _ = check_inputs(h, weight, allowed, "vd", out)
     out = output(out, batch, vocab, h.device)
     dense_logits(h, weight, out)
@@ -197,9 +183,7 @@ def cublas_masked(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed
 
 
 def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Float[Tensor, "b v"]) -> None:
-    """``out = h @ weight.T`` in fp32: cuBLAS with fp32 output on the GPU (accumulated in fp32, never
-    rounded to bf16); on the CPU, the operands widened to fp32 first (exact) since CPU torch has no
-    bf16 -> fp32 matmul. Arguments unchecked (the callers check them)."""
+    """``out = h @ weight.T`` in fp32, never rounded to bf16 (on the CPU the operands are widened first)."""
     global _MM_OUT_DTYPE
     if not h.is_cuda:
         torch.mm(h.float(), weight.float().t(), out=out)
@@ -221,17 +205,15 @@ def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Flo
 _MM_OUT_DTYPE: bool | None = None
 
 
-# Step 9's host time is its lesson (the kernels of steps 5 and 6 take a few microseconds, less than
-# ``kernel[grid]``'s Python path): it launches the kernels of steps 3, 5, 6 and 7, with the grids and arguments
-# those steps show, through their compiled launchers (:mod:`.launch`).
+# Step 9's host time is its lesson: it launches the kernels of steps 3, 5, 6 and 7 through their compiled
+# launchers (:mod:`.launch`), with the grids and arguments those steps show.
 _ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, compact_stream_kernel, few_ids_kernel,
                                                                batched_union_kernel))
 
 
 def launch_constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> dict:
-    """The constexpr arguments and launch options of ``path``'s kernel (steps 3, 5, 6, 7 and the plan's count
-    kernels), as its step passes them: one dict per configuration, kept (looked up by the tiles' identity), as
-    :class:`~studylog.masked_lm_head.launch.FastKernel` wants."""
+    """The constexprs and launch options of ``path``'s kernel as its step passes them, one dict per
+    configuration, kept (looked up by the tiles' identity)."""
     key = (path, id(t), hidden, dtype)
     hit = _LAUNCH_CONSTEXPRS.get(key)
     if hit is None or hit[0] is not t:
@@ -253,15 +235,10 @@ _LAUNCH_CONSTEXPRS: dict[tuple, tuple] = {}
 
 def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                     out: Float[Tensor, "b v"] | None = None, rule: DispatchRule | None = None) -> Float[Tensor, "b v"]:
-    """Step 9: the fastest path for this batch size and allowed count, by :func:`choose_path` and ``rule``
-    (default :func:`dispatch_rule`, from the committed benchmark results).
+    """Step 9: the fastest path for this batch size and allowed count, by :func:`choose_path`.
 
-    Host cost: the arguments are checked once, the path is a comparison with the rule's limits for this
-    batch size, and the kernel is launched through its compiled launcher (pass ``out`` to save the
-    allocation). In a CUDA graph: a call can be captured and replayed for the *same* ``allowed`` (nothing
-    synchronises, nothing is allocated when ``out`` is given), but not replayed over changing sets, since
-    the path, the grid and (step 6) the ids are launch arguments fixed at capture. For a decode loop that
-    captures once, use :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`."""
+    A CUDA graph of a call replays only the *same* ``allowed``: the path, the grid and (step 6) the ids are
+    launch arguments fixed at capture; :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan` captures once."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     n = allowed.union_count
     path = choose_path(batch, vocab, n, rule)
@@ -294,10 +271,8 @@ def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
 
 def masked_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                   out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
-    """Masked LM head, the chapter's general entry point: fp32 logits where ``allowed``, ``-inf`` elsewhere,
-    by step 9 (:func:`step09_dispatch`, which picks the fastest path for this batch size and allowed
-    count). For a decode loop captured in a CUDA graph, see :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`.
-
-    ``weight`` is PyTorch's ``lm_head.weight``, ``[V, D]``, bf16 or fp16.
+    """Masked LM head: fp32 logits where ``allowed``, ``-inf`` elsewhere, by step 9; ``weight`` is PyTorch's
+    ``lm_head.weight``, ``[V, D]``, bf16 or fp16. In a CUDA graph, see
+    :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`.
     """
     return step09_dispatch(h, weight, allowed, out=out)

@@ -1,6 +1,4 @@
-"""What every step of the masked LM head shares: the allowed sets (:class:`AllowedTokens`), tile sizes
-(:class:`Tiles`, each step's defaults), the input checks, and the float64 reference with its error bound.
-"""
+"""What every step shares: the allowed sets, tile sizes, input checks, and the float64 reference with its bound."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ if TYPE_CHECKING:
 VOCAB = 128_256
 HIDDEN = 3072
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
-#: Allowed sets up to this size also keep their ids on the host: step 6 (``step06_few_ids``) passes them
-#: to the kernel as launch arguments (it has this many id slots).
+#: Allowed sets up to this size also keep their ids on the host, for step 6's launch-argument slots.
 FEW_IDS_MAX = 8
 #: The weight layouts: ``"vd"`` is ``[V, D]`` (PyTorch's ``lm_head.weight``), ``"dv"`` the post's ``[D, V]``.
 LAYOUTS = ("vd", "dv")
@@ -42,11 +39,9 @@ LAYOUTS = ("vd", "dv")
 class AllowedTokens:
     """Which tokens each sequence of a batch may produce next, in the forms the kernels read.
 
-    ``mask[b, v]`` is True when sequence ``b`` may produce token ``v``; ``union_ids`` holds, sorted,
-    the ids at least one sequence allows (int32, on the mask's device); ``counts[b]`` is how many
-    tokens sequence ``b`` allows; ``few_ids`` is ``union_ids`` as host integers when there are at
-    most :data:`FEW_IDS_MAX` of them (else None). Build it once per FSM state with :meth:`from_ids`
-    or :meth:`from_mask`: they check every id, so the kernels' wrappers need no device round trip.
+    ``union_ids``: sorted int32 ids at least one sequence allows; ``few_ids``: the same as host integers when
+    there are at most :data:`FEW_IDS_MAX`. Build it once per FSM state: the constructors check every id, so the
+    kernels' wrappers need no device round trip.
     """
 
     vocab_size: int
@@ -74,8 +69,7 @@ class AllowedTokens:
 
     @cached_property
     def kernel_ids(self) -> Int[Tensor, " u"]:
-        """``union_ids`` as the kernels get it: never empty (an empty tensor has a null pointer,
-        which some Triton launchers refuse); the kernels read only the first ``union_count``."""
+        """``union_ids``, never empty (some Triton launchers refuse a null pointer); read up to ``union_count``."""
         if self.union_count:
             return self.union_ids
         return torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -92,10 +86,7 @@ class AllowedTokens:
     @classmethod
     def from_ids(cls, ids_per_sequence: Sequence[Any], vocab_size: int,
                  device: torch.device | str | None = None) -> "AllowedTokens":
-        """From one list of allowed ids per sequence, e.g. ``[ids]`` for batch 1.
-
-        Duplicates are merged; ids must be integers in ``[0, vocab_size)``.
-        """
+        """From one list of allowed ids per sequence, e.g. ``[ids]`` for batch 1 (duplicates merged)."""
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         if isinstance(ids_per_sequence, (Tensor, np.ndarray)) or not isinstance(ids_per_sequence, Sequence):
@@ -140,8 +131,7 @@ class AllowedTokens:
 
     @classmethod
     def from_bitmask(cls, bitmask: Int[Tensor, "*b w"], vocab_size: int) -> "AllowedTokens":
-        """From a packed int32 bitmask ``[W]`` or ``[B, W]`` (:func:`pack_bitmask`, xgrammar's format); bits
-        at ``vocab_size`` and beyond are ignored."""
+        """From a packed int32 bitmask ``[W]`` or ``[B, W]`` (:func:`pack_bitmask`); bits past V are ignored."""
         check_tensor("bitmask", bitmask, dtype=torch.int32, ndim=(1, 2))
         if bitmask.shape[-1] != bitmask_words(vocab_size):
             raise ValueError(f"bitmask must have ceil(vocab_size / 32) = {bitmask_words(vocab_size)} words per "
@@ -166,8 +156,8 @@ def bitmask_words(vocab_size: int) -> int:
 
 
 def pack_bitmask(mask: Bool[Tensor, "b v"]) -> Int[Tensor, "b w"]:
-    """A boolean mask ``[B, V]`` as the packed int32 bitmask grammar engines fill (xgrammar, llguidance):
-    token ``v`` is bit ``v % 32`` of word ``v // 32``, 1 = allowed; the bits past ``V`` are 0."""
+    """The packed int32 bitmask grammar engines fill: token ``v`` is bit ``v % 32`` of word ``v // 32``, 1 =
+    allowed; the bits past ``V`` are 0."""
     batch, vocab = mask.shape
     words = bitmask_words(vocab)
     padded = torch.zeros(batch, words * 32, dtype=torch.int64, device=mask.device)
@@ -186,12 +176,9 @@ def unpack_bitmask(bitmask: Int[Tensor, "b w"], vocab_size: int) -> Bool[Tensor,
 
 @dataclass(frozen=True)
 class Tiles:
-    """Block sizes and launch options of one kernel call (powers of two).
-
-    ``block_b``: sequences per program (at least 16 wherever ``tl.dot`` is used); ``block_v``:
-    vocabulary rows (tokens) per program; ``block_d``: hidden-dimension chunk per step of the inner
-    loop; ``group``: the tutorial's grouped ordering; ``fill_block``: outputs a fill program sets to
-    ``-inf`` (steps 4 to 7).
+    """Block sizes (powers of two) and launch options of one kernel call: ``block_b`` sequences (at least 16
+    wherever ``tl.dot`` is used), ``block_v`` tokens and ``block_d`` hidden features per program step;
+    ``fill_block``: outputs a fill program sets to ``-inf`` (steps 4 to 7).
     """
 
     block_b: int = 16
@@ -215,10 +202,8 @@ def batch_tile(batch: int) -> int:
 
 
 def default_tiles(step: int, batch: int, allowed_rows: int = 0) -> Tiles:
-    """The tile sizes step ``step`` uses unless told otherwise (chosen for an H100/H200: the tile sweeps behind
-    them are in ``lab/masked_lm_head/README.md``). Steps 0-3 and 8 are tiled matmuls; step 4 reads whole rows in
-    chunks; steps 5 and 6 read a whole row at once; step 7 is a gathered matmul. Each distinct answer (by step,
-    batch tile, and which side of 2,048 and 16,384 ``allowed_rows`` lies) is made once and kept."""
+    """The tile sizes step ``step`` uses unless told otherwise (chosen for an H100/H200 by the sweeps in
+    ``lab/masked_lm_head/README.md``), made once per step, batch tile and class of ``allowed_rows``."""
     return _tiles_for(step, batch_tile(batch), 0 if allowed_rows <= 2048 else 1 if allowed_rows <= 16384 else 2)
 
 
@@ -242,14 +227,12 @@ def _tiles_for(step: int, block_b: int, rows_class: int) -> Tiles:
 
 
 def stream_tiles(allowed_rows: int) -> Tiles:
-    """Step 5's tiles: one row per program up to 16,384 rows, two above, 4 warps (from its tile sweep, series
-    ``step4b_tiles`` of the run copied into ``lab/masked_lm_head/results``)."""
+    """Step 5's tiles: one row per program up to 16,384 rows, two above."""
     return _STREAM_TILES[allowed_rows > 16384]
 
 
 def few_tiles() -> Tiles:
-    """Step 6's launch: one row per program, fill programs of 1,024 outputs, more and smaller than step 5's
-    (from its launch-shape sweep, series ``cand_step4c_tiles`` of the same run)."""
+    """Step 6's launch: one row per program, fill programs of 1,024 outputs (smaller than step 5's)."""
     return _FEW_TILES
 
 
@@ -259,9 +242,8 @@ _FEW_TILES = Tiles(block_b=1, block_v=1, fill_block=1024, num_warps=4, num_stage
 
 
 def dot_dtype(dtype: torch.dtype):
-    """Operand type of ``tl.dot``. On the GPU the weights' own type (tensor cores, fp32
-    accumulation). Triton 3.9's interpreter multiplies bf16 operands as raw 16-bit integers, so
-    there the operands are widened to fp32 first (exact: bf16 and fp16 fit in fp32)."""
+    """Operand type of ``tl.dot``: the weights' own on the GPU; fp32 in the interpreter, which multiplies bf16
+    operands as raw 16-bit integers (widening is exact)."""
     if runtime.mode() == "interpreter":
         return tl.float32
     return tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
@@ -273,11 +255,8 @@ _DTYPES = frozenset(WEIGHT_DTYPES)
 
 
 def check_inputs(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tuple[int, int, int]:
-    """Validate a step's arguments and return (B, V, D).
-
-    The common case (everything right) is one expression over metadata that the tensors hold on the host
-    (dtype, shape, contiguity, device index: no device round trip, no new objects); anything else goes
-    through the checks one by one, so the error names the argument and what is wrong with it."""
+    """Validate a step's arguments and return (B, V, D): the common case in one expression over host metadata,
+    anything else through the checks one by one, so the error names the argument."""
     try:
         hs, ws = h.shape, weight.shape
         dev = h.get_device()
@@ -299,7 +278,6 @@ def check_inputs(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tu
 
 
 def _check_inputs_detailed(h: Any, weight: Any, allowed: Any, layout: str, out: Any) -> tuple[int, int, int]:
-    """Every check of :func:`check_inputs`, one by one, each with its own message."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'vd' (weight [V, D], PyTorch's lm_head.weight) or 'dv' (weight [D, V]), "
                          f"got {layout!r}")
@@ -345,13 +323,11 @@ def output(out: Tensor | None, batch: int, vocab: int, device) -> Tensor:
 
 
 def need_layout(step: str, layout: str) -> None:
-    """Refuse a layout other than ``[V, D]`` for a step that reads the weight as rows."""
     if layout != "vd":
         raise ValueError(f"{step} reads the weight as rows and needs layout 'vd' ([V, D]), got {layout!r}")
 
 
 def need_batch1(step: str, batch: int) -> None:
-    """Refuse a batch for a step that handles one sequence."""
     if batch != 1:
         raise ValueError(f"{step} handles one sequence; h has batch {batch} (use step07_batched or masked_logits)")
 
@@ -359,7 +335,7 @@ def need_batch1(step: str, batch: int) -> None:
 # The float64 reference
 
 def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd") -> Tensor:
-    """float64 logits, ``-inf`` where not allowed (independent of the kernels)."""
+    """float64 logits, ``-inf`` where not allowed."""
     w = weight.double() if layout == "vd" else weight.double().t()
     logits = h.double() @ w.t()
     return logits.masked_fill(~allowed.mask.to(logits.device), float("-inf"))
@@ -369,9 +345,8 @@ def reference_logits(h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: 
 FP32_UNIT_ROUNDOFF = 2.0**-24
 
 
-#: How a path adds the products of a logit (:func:`accumulation_depth`): ``"dot"`` through tensor-core
-#: ``tl.dot`` or cuBLAS (steps 0-3, 7, 8, the cuBLAS paths), ``"row"`` as one program's reduction of whole rows
-#: (steps 4-6, and the plan's batch-1 kernel).
+#: How a path adds the products of a logit: ``"dot"`` through ``tl.dot`` or cuBLAS, ``"row"`` as one program's
+#: reduction of whole rows (steps 4-6, and the plan's batch-1 kernel).
 SUMMATIONS = ("dot", "row")
 
 
@@ -401,11 +376,9 @@ def fp32_gamma(hidden: int, summation: str = "dot") -> float:
 def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens | None = None, layout: str = "vd", *,
                 summation: str = "dot") -> Tensor:
     """A bound on the fp32-accumulation error of every logit: ``gamma_k * sum_i |h_i w_i|`` with
-    ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` and ``k`` = :func:`accumulation_depth` of the path's
-    ``summation`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2). Products of
-    bf16/fp16 values are exact in fp32, so only the additions count; the final rounding is covered by
-    ``gamma_1``; a tiny absolute slack keeps exact zeros comparable. Tight enough to fail an output that lost
-    fp32 at most allowed tokens (``tests/test_masked_lm_head.py`` checks it). ``allowed`` is not used."""
+    ``k`` = :func:`accumulation_depth` (Higham, *Accuracy and Stability of Numerical Algorithms*, §4.2).
+    Products of bf16/fp16 values are exact in fp32, so only the additions count; a tiny absolute slack keeps
+    exact zeros comparable. ``allowed`` is not used."""
     w = weight.double() if layout == "vd" else weight.double().t()
     scale = h.double().abs() @ w.abs().t()
     return fp32_gamma(h.shape[1], summation) * scale + 1e-30
@@ -413,16 +386,13 @@ def error_bound(h: Tensor, weight: Tensor, allowed: AllowedTokens | None = None,
 
 def check_logits(out: Tensor, h: Tensor, weight: Tensor, allowed: AllowedTokens, layout: str = "vd", *,
                  summation: str = "dot") -> dict:
-    """Compare kernel logits with the float64 reference: allowed entries within
-    :func:`error_bound` (of the path's ``summation``), every other entry exactly ``-inf``, no NaN (poison) left."""
+    """Against the float64 reference: allowed entries within :func:`error_bound`, others exactly ``-inf``, no NaN."""
     return compare_logits(out, reference_logits(h, weight, allowed, layout),
                           error_bound(h, weight, allowed, layout, summation=summation), allowed.mask.to(out.device))
 
 
 def compare_logits(out: Tensor, ref: Tensor, bound: Tensor, mask: Tensor) -> dict:
-    """:func:`check_logits`'s verdict from a float64 reference and bound already computed (the benchmark keeps
-    them per batch): ``passed``, the counts of ``nan``, ``not_minus_inf`` and ``over_bound``, the largest error
-    and the largest error over its bound."""
+    """:func:`check_logits`'s verdict from a reference and bound already computed (the benchmark keeps them)."""
     got = out.double()
     err = (got - ref).abs()[mask]
     res = {"nan": int(torch.isnan(got).sum()), "not_minus_inf": int((got[~mask] != float("-inf")).sum()),

@@ -1,19 +1,10 @@
-"""Launching the chapter's Triton kernels with little host time: a compiled kernel's own launcher, called
-directly. Only step 9 (:func:`~studylog.masked_lm_head.dispatch.step09_dispatch`, the general entry point) and
-:class:`~studylog.masked_lm_head.plan.MaskedHeadPlan` use it: there host time is the lesson. Steps 0-8 launch
-with ``kernel[grid](...)``, the grid and arguments in plain sight next to their kernels.
+"""Launching Triton kernels with little host time (step 9 and the plan, where host time is the lesson).
 
-``kernel[grid](*args, **constexprs)`` binds the arguments, works out how each specialises the kernel (an int
-equal to 1, an int or pointer divisible by 16, a dtype), hashes that into a cache key and looks the compiled
-kernel up before calling its launcher: for a kernel of a few microseconds, longer than the kernel.
-:class:`FastKernel` reduces the arguments to the same facts in one pass (tensors to their data pointers), keeps
-the compiled kernel of each combination it has seen (a new one goes once through ``kernel[grid]``) and calls its
-launcher itself.
-
-What the fast path relies on, checked when an entry is made (else the call takes ``kernel[grid]``): the
-constexpr parameters come after all the runtime ones, and no launch hook is installed
-(``triton.knobs.runtime.launch_enter_hook``, set by profilers). In Triton's interpreter every call is
-``kernel[grid]``.
+``kernel[grid](...)`` works out how each argument specialises the kernel and hashes that into a cache key before
+calling the launcher: for a kernel of a few microseconds, longer than the kernel. :class:`FastKernel` reduces the
+arguments to the same facts in one pass, keeps the compiled kernel of each combination and calls its launcher.
+It relies on the constexpr parameters coming after all the runtime ones and on no launch hook being installed
+(else, and in the interpreter, every call takes ``kernel[grid]``).
 """
 
 from __future__ import annotations
@@ -45,10 +36,8 @@ def _installed(hook) -> bool:
 
 
 def specialization(args: tuple, skip: frozenset[int] = frozenset()) -> tuple[tuple, list]:
-    """(key, values): what Triton specialises a launch on, for the runtime arguments ``args`` in the kernel's
-    order, and the values its launcher takes (a tensor's data pointer, an int as it is). A pointer counts
-    its 16-byte alignment and its dtype; an int whether it is 1, divisible by 16, and whether it fits in
-    32 bits. Arguments whose index is in ``skip`` (``do_not_specialize``) count only their width."""
+    """(key, values): what Triton specialises a launch on (a pointer's 16-byte alignment and dtype; an int
+    whether it is 1, divisible by 16, and fits in 32 bits; ``skip``: only the width), and the launcher's values."""
     values = [a if type(a) is int else a.data_ptr() for a in args]
     flags = [(v == 1) + 2 * (v % 16 == 0) + 4 * (not -_I32 <= v < _I32) if type(a) is int else 8 + 2 * (v % 16 == 0)
              for a, v in zip(args, values)]
@@ -58,12 +47,8 @@ def specialization(args: tuple, skip: frozenset[int] = frozenset()) -> tuple[tup
 
 
 class FastKernel:
-    """A Triton kernel launched through its compiled launcher (see the module docstring).
-
-    ``FastKernel(kernel)(grid, args, constexprs)`` launches ``kernel`` on a 1-D ``grid`` (an int) with the
-    runtime arguments ``args`` (a tuple, in the kernel's order, the first a tensor on the launch's device)
-    and ``constexprs`` (a dict of the constexpr arguments and launch options such as ``num_warps``, hashable
-    values). Callers keep one such dict per configuration (not a new one per call): calls with the same
+    """``FastKernel(kernel)(grid, args, constexprs)``: a 1-D launch, ``args`` in the kernel's order (the first a
+    tensor on the launch's device). Callers keep one ``constexprs`` dict per configuration: calls with the same
     pointers, ints and dict skip the specialisation work."""
 
     def __init__(self, kernel):

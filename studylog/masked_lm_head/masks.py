@@ -1,7 +1,5 @@
-"""Allowed sets to measure on: random, clustered, the FSM chapter's real grammar masks (or a synthetic
-stand-in when the file is missing), and the two-fold cross-fitting that judges a vocabulary order on
-grammars it never saw.
-"""
+"""Allowed sets to measure on: random, clustered, real grammar masks (or a synthetic stand-in), and the
+cross-fitting that judges a vocabulary order on grammars it never saw."""
 
 from __future__ import annotations
 
@@ -36,9 +34,8 @@ def clustered_sets(count: int, vocab: int, batch: int, gen: np.random.Generator,
 
 
 def grammar_like_sets(n_sets: int, vocab: int, gen: np.random.Generator, n_classes: int = 400) -> list[np.ndarray]:
-    """Synthetic stand-in for grammar masks: the vocabulary is split into random token classes
-    (not contiguous in id order, like "digits" or "tokens starting with a quote"), and each set is
-    the union of a few classes. Used when the real masks file is missing."""
+    """Synthetic stand-in for grammar masks: each set is the union of a few random token classes (not
+    contiguous in id order, like "digits")."""
     weights = gen.lognormal(0.0, 1.5, size=n_classes)
     labels = gen.choice(n_classes, size=vocab, p=weights / weights.sum())
     members = [np.flatnonzero(labels == c) for c in range(n_classes)]
@@ -51,8 +48,7 @@ def grammar_like_sets(n_sets: int, vocab: int, gen: np.random.Generator, n_class
 
 @dataclass
 class StructuredSets:
-    """Allowed sets with a structure (real grammar masks, or the synthetic stand-in), each tagged
-    with the grammar it comes from, so a vocabulary order can be judged on grammars it never saw."""
+    """Allowed sets with a structure, each tagged with the grammar it comes from."""
 
     sets: list[np.ndarray]
     groups: list[str]
@@ -90,9 +86,8 @@ def structured_sets(vocab: int = VOCAB, seed: int = 0) -> StructuredSets:
 
 
 def cross_fit_orders(data: StructuredSets, vocab: int) -> tuple[list[VocabOrder], list[int]]:
-    """Two-fold cross-fitting by grammar: grammars alternate between folds (sorted by name); the
-    order used for a set is fitted on the *other* fold's sets. Returns the two orders and each
-    set's fold."""
+    """Two-fold cross-fitting by grammar: the order used for a set is fitted on the *other* fold's sets.
+    Returns the two orders and each set's fold."""
     names = sorted(set(data.groups))
     fold_of_group = {name: i % 2 for i, name in enumerate(names)}
     fold = [fold_of_group[g] for g in data.groups]

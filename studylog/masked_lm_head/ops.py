@@ -1,12 +1,9 @@
 """Chapter 2's entry point as a PyTorch operator: ``torch.ops.studylog.masked_logits``.
 
-:func:`~studylog.masked_lm_head.dispatch.masked_logits` takes an ``AllowedTokens`` (a Python object
-``torch.compile`` cannot put in a graph) and launches through raw-pointer launchers (which Dynamo cannot trace).
-The operator takes the packed int32 bitmask ``[B, ceil(V / 32)]`` and a bound on the union's count, and runs
-:class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`'s kernels (nothing read back: a call can be captured in a
-CUDA graph). On the GPU it is a ``torch.library.triton_op`` (``torch.compile`` sees its kernels); in Triton's
-interpreter an opaque ``custom_op``, since Dynamo tracing into the interpreter stops at its ``uint64`` pointers
-(``KeyError(torch.uint64)``). ``STUDYLOG_OPAQUE_OPS=1`` makes the GPU operator opaque too.
+It takes the packed int32 bitmask and a bound on the union's count (no ``AllowedTokens``, which ``torch.compile``
+cannot put in a graph) and runs :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`'s kernels, reading nothing
+back. On the GPU a ``triton_op``; in the interpreter an opaque ``custom_op`` (Dynamo stops at its ``uint64``
+pointers); ``STUDYLOG_OPAQUE_OPS=1`` makes the GPU operator opaque too.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The masked LM head in a decode loop that a CUDA graph captures once: :class:`MaskedHeadPlan`.
 
-A graph keeps the launch arguments it was captured with, so nothing that changes from step to step may be one:
-not the allowed ids (step 6 passes them), not their count (steps 4-7 size their grids by it), not the path step 9
-picks. The plan moves all of it into device buffers of fixed size: the packed int32 bitmask ``[B, ceil(V / 32)]``
-that grammar engines fill (xgrammar, llguidance), copied in by the caller; the union's ids and count, built from it
-on the device (:func:`union_ids_kernel`); and step 5's and step 7's kernels with the count loaded rather than
-passed and the mask read from the bits (:func:`stream_count_kernel`, :func:`batched_count_kernel`), their grid
-sized for a capacity (the programs past the count store nothing).
-
-The plan keeps one graph per **bucket**: the path :func:`~studylog.masked_lm_head.dispatch.choose_path` picks for
-the count, with the capacity rounded up to a power of two (at least 16); the dense path (cuBLAS with fp32 output,
-then :func:`apply_bitmask_kernel`, xgrammar's ``apply_token_bitmask_inplace``'s work) has one. The host picks the
-bucket from a count it knows or bounds (:func:`union_count` pops the bits of a host bitmask) and replays its graph,
-captured on first use (or ahead, :meth:`MaskedHeadPlan.capture`).
+A graph keeps the launch arguments it was captured with, so nothing that changes from step to step may be one
+(the ids, their count, the path). The plan keeps them in device buffers: the packed int32 bitmask the caller
+copies in, the union's ids and count built from it on the device, and step 5's and 7's kernels with the count
+loaded rather than passed, their grid sized for a capacity (programs past the count store nothing). It keeps one
+graph per **bucket**: the path for the count, the capacity rounded up to a power of two (at least 16).
 """
 
 from __future__ import annotations
@@ -35,9 +27,8 @@ from studylog.masked_lm_head.dispatch import (DispatchRule, choose_path, dense_l
 from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words, default_tiles, pack_bitmask, stream_tiles
 from studylog.masked_lm_head.launch import FastKernel
 
-# The union of the batch's sets, as ids and a count, from the packed bitmask. Each program ORs its words over
-# the batch, unpacks them to one flag per token, and takes its place in the id list from an atomic counter
-# (zeroed before the launch): blocks of increasing ids, in the order the programs arrived (no kernel needs it sorted).
+# The union's ids and count from the packed bitmask: each program ORs its words over the batch and takes its
+# place in the id list from an atomic counter (zeroed before the launch); no kernel needs the ids sorted.
 
 @triton.jit
 def _or(a, b):
@@ -168,7 +159,6 @@ def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL
     tl.store(mask_ptr + seq * stride_mask + tok, ((word >> (tok % 32)) & 1).to(tl.uint8), mask=inside)
 
 
-# The plan launches through the kernels' compiled launchers (:mod:`.launch`): its host time matters as step 9's.
 _UNION = FastKernel(union_ids_kernel)
 _ROW_SKIP = FastKernel(row_skip_kernel)
 _UNPACK = FastKernel(unpack_bitmask_kernel)
@@ -179,8 +169,7 @@ _APPLY = FastKernel(apply_bitmask_kernel)
 #: Words of the bitmask per program of :func:`union_ids_kernel` (1,024 tokens), and sequences per load.
 UNION_BLOCK_W = 32
 UNION_BLOCK_B = 16
-#: Outputs per program of :func:`apply_bitmask_kernel` (and tokens of :func:`unpack_bitmask_kernel`), and its warps
-#: (xgrammar's kernel, for the same work, takes 4,096 fp32 outputs per step with 32 warps).
+#: Outputs per program of :func:`apply_bitmask_kernel` (and tokens of :func:`unpack_bitmask_kernel`), and its warps.
 APPLY_BLOCK = 4096
 APPLY_WARPS = 32
 #: The smallest capacity of a compacted bucket.
@@ -188,10 +177,8 @@ MIN_CAPACITY = 16
 
 
 def bucket_for(batch: int, vocab: int, count: int, rule: DispatchRule) -> tuple[str, int]:
-    """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` (batch 1) or ``"batched"`` with the
-    capacity a power of two (at least :data:`MIN_CAPACITY`, at most V); or the rule's dense path, ``("row_skip",
-    V)`` (the bitmask unpacked to bytes, then step 3) or ``("dense", V)`` (cuBLAS, then
-    :func:`apply_bitmask_kernel`)."""
+    """(path, capacity) for a union of at most ``count`` tokens: ``"stream"`` or ``"batched"`` with a power-of-two
+    capacity, or the rule's dense path, ``("row_skip", V)`` or ``("dense", V)`` (cuBLAS, then the bitmask)."""
     n = min(max(int(count), 0), vocab)
     path = choose_path(batch, vocab, n, rule)
     if path in ("few_ids", "stream", "batched"):
@@ -200,26 +187,22 @@ def bucket_for(batch: int, vocab: int, count: int, rule: DispatchRule) -> tuple[
 
 
 def union_count(bitmask: np.ndarray | Tensor) -> int:
-    """How many tokens at least one row of a host bitmask ``[B, W]`` (or ``[W]``) allows: the count a
-    caller passes to :meth:`MaskedHeadPlan.step` when it has only the bitmask (bits past ``V`` must be 0)."""
+    """How many tokens at least one row of a host bitmask allows (bits past ``V`` must be 0)."""
     words = bitmask.numpy() if isinstance(bitmask, Tensor) else np.asarray(bitmask)
     words = words.reshape(-1, words.shape[-1]).view(np.uint32)
     return int(np.bitwise_count(np.bitwise_or.reduce(words, axis=0)).sum())
 
 
 class MaskedHeadPlan:
-    """A masked LM head for a decode loop captured in a CUDA graph (see the module docstring). ``weight`` is
-    ``[V, D]``, bf16 or fp16; ``h`` an existing ``[batch, D]`` buffer the model writes into (else a new one,
-    :attr:`h`); ``rule`` the dispatch rule (default :func:`~studylog.masked_lm_head.dispatch.dispatch_rule`). Each
-    step::
+    """A masked LM head for a decode loop captured in a CUDA graph. ``weight`` is ``[V, D]``, bf16 or fp16; ``h``
+    an existing ``[batch, D]`` buffer the model writes into (else a new one). Each step::
 
         plan.h.copy_(hidden)                                   # or the model wrote it there
         plan.bitmask.copy_(host_bitmask, non_blocking=True)    # from pinned memory
         logits = plan.step(count)                              # replays the graph of count's bucket
 
-    ``count`` is the union's token count, or a bound above it. The logits land in :attr:`out` (``[batch, V]``
-    fp32, ``-inf`` where not allowed). The dense bucket applies the bitmask with xgrammar's GPU kernel when it is
-    installed (``use_xgrammar``), else with :func:`apply_bitmask_kernel`.
+    ``count`` is the union's token count, or a bound above it. The dense bucket applies the bitmask with
+    xgrammar's GPU kernel when it is installed (``use_xgrammar``), else with :func:`apply_bitmask_kernel`.
     """
 
     def __init__(self, weight: Float[Tensor, "v d"], batch: int, *, h: Float[Tensor, "b d"] | None = None,
@@ -268,8 +251,7 @@ class MaskedHeadPlan:
         return got
 
     def buckets(self) -> list[tuple[str, int]]:
-        """Every bucket a count can fall in, smallest first: the powers of two up to V, and the largest count
-        the rule sends to a compacted kernel (its capacity may be one that no power of two up to it reaches)."""
+        """Every bucket a count can fall in, smallest first (the rule's largest compacted count included)."""
         counts, c = [], MIN_CAPACITY
         while c < self.vocab:
             counts.append(c)
@@ -280,8 +262,7 @@ class MaskedHeadPlan:
 
     # -- the work, eager -------------------------------------------------------------------
     def launch(self, count: int) -> Float[Tensor, "b v"]:
-        """Enqueue one step for a union of at most ``count`` tokens, without a graph: what a graph of
-        its bucket holds (nothing synchronises, nothing is allocated). Returns :attr:`out`."""
+        """Enqueue one step without a graph: what a graph of its bucket holds. Returns :attr:`out`."""
         self._check_count(count)
         self._enqueue(self.bucket(count))
         return self.out
@@ -341,8 +322,8 @@ class MaskedHeadPlan:
                         launch_constexprs("batched", t, hidden, self.weight.dtype))]
 
     def _xgrammar_apply(self):
-        """xgrammar's ``apply_token_bitmask_inplace`` when it is installed and the plan is on the GPU (its
-        GPU kernel; its CPU one writes past the row's end for 0 bits past V), else None."""
+        """xgrammar's ``apply_token_bitmask_inplace`` on the GPU when installed (its CPU one writes past the row's
+        end for 0 bits past V), else None."""
         if not self.weight.is_cuda:
             return None
         try:
@@ -372,9 +353,8 @@ class MaskedHeadPlan:
         return graph
 
     def _check_count(self, count: int) -> None:
-        """``count`` must bound the union (a compacted bucket computes at most its capacity of ids; an allowed id
-        past it would be left unwritten). The device's count is not read (that would wait for the GPU): the check
-        is against the count :meth:`set_allowed` returned, when it wrote the bitmask last."""
+        """``count`` must bound the union (an allowed id past a bucket's capacity would be left unwritten); checked
+        against the count :meth:`set_allowed` returned, not the device's (no wait for the GPU)."""
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
             raise TypeError(f"count must be an int (the union's token count), got {type(count).__name__}")
         if count < 0:
@@ -385,10 +365,8 @@ class MaskedHeadPlan:
                              "returned, or a bound above it")
 
     def step(self, count: int) -> Float[Tensor, "b v"]:
-        """One decode step for a union of at most ``count`` tokens: replay the graph of its bucket (captured
-        the first time that bucket is needed); in Triton's interpreter, :meth:`launch`. Returns :attr:`out`.
-        A ``count`` below the union's is refused when :meth:`set_allowed` wrote the bitmask; a caller that
-        copies the bitmask itself must pass a bound of its union."""
+        """One decode step for a union of at most ``count`` tokens: replay its bucket's graph (captured on first
+        use); in Triton's interpreter, :meth:`launch`. Returns :attr:`out`."""
         self._check_count(count)
         if not self.weight.is_cuda:
             return self.launch(count)
@@ -396,9 +374,8 @@ class MaskedHeadPlan:
         return self.out
 
     def set_allowed(self, ids_per_sequence: Sequence, *, non_blocking: bool = False) -> int:
-        """Fill :attr:`bitmask` from one list of allowed ids per sequence (packed on the host, then copied);
-        returns the union's count, for :meth:`step`. A convenience for tests and examples: an engine copies
-        the bitmask its grammar library filled."""
+        """Fill :attr:`bitmask` from one list of allowed ids per sequence; returns the union's count, for
+        :meth:`step` (an engine copies the bitmask its grammar library filled instead)."""
         from studylog.masked_lm_head.formats import AllowedTokens
 
         allowed = AllowedTokens.from_ids(ids_per_sequence, self.vocab, device="cpu")

@@ -82,12 +82,9 @@ class VocabOrder:
 
 
 def cluster_order(train_sets: Sequence[np.ndarray], vocab_size: int) -> VocabOrder:
-    """Reorder the vocabulary so that tokens allowed by the same sets are neighbours.
-
-    Each token gets a signature: which of the training sets allow it. Sorting the tokens by that
-    signature, smallest sets as the leading keys, makes each small set one contiguous run and the
-    larger sets runs of runs; tokens no training set allows go last. The sort is stable, so ties
-    keep their id order.
+    """Reorder the vocabulary so that tokens allowed by the same sets are neighbours: sorting tokens by which
+    training sets allow them, smallest sets as the leading keys, makes each small set one contiguous run (stable:
+    ties keep their id order; tokens no set allows go last).
     """
     sets = [np.unique(np.asarray(s, dtype=np.int64)) for s in train_sets]
     sets = [s for s in sets if s.size]
@@ -129,9 +126,8 @@ class ReorderedHead:
 
 def step08_reordered(h: Float[Tensor, "b d"], head: ReorderedHead, allowed_reordered: AllowedTokens, *,
                       out: Float[Tensor, "b v"] | None = None, tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
-    """Step 8: step 3 on a reordered vocabulary. ``allowed_reordered`` is
-    ``allowed.permuted(head.order)`` (computed once per FSM state); logits come out in the original
-    token order."""
+    """Step 8: step 3 on a reordered vocabulary (``allowed_reordered = allowed.permuted(head.order)``, once per
+    FSM state); logits come out in the original token order."""
     if not isinstance(head, ReorderedHead):
         raise TypeError(f"head must be a ReorderedHead, got {type(head).__name__}")
     batch, vocab, hidden = check_inputs(h, head.weight, allowed_reordered, "vd", out)

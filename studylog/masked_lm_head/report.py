@@ -1,9 +1,6 @@
-"""The chapter's benchmark (``python -m studylog bench masked_lm_head``): every series on the GPU clock
-(CUDA-graph replay, repeated), the public entry points' host time per call beside it, and the practitioners' path
-(cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer. Each call is replayed on copies of
-the head in turn (:class:`HeadCopies`), so the rows it reads come from DRAM. :func:`cases` lists the sweep (what
-the figures, the dispatch rule and the targets read; a CPU test runs it at toy sizes with a stub harness);
-:func:`steps_at` says which steps each case measures. :func:`headline` reads the headline rows back.
+"""The chapter's benchmark (``python -m studylog bench masked_lm_head``) and its headline: every series on the GPU
+clock, the practitioners' path (cuBLAS logits, then xgrammar's ``apply_token_bitmask_inplace``) as a peer. Each
+call is replayed on copies of the head in turn (:class:`HeadCopies`), so the rows it reads come from DRAM.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import torch
 from torch import Tensor
 
 from studylog.masked_lm_head.dispatch import (choose_path, crossover_points, cublas_masked, dense_logits, dispatch_rule,
-                                              win_range)
+                                              step_series, win_range)
 from studylog.masked_lm_head.formats import (HIDDEN, VOCAB, AllowedTokens, compare_logits, default_tiles, fp32_gamma,
                                              pack_bitmask)
 from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, \
@@ -38,29 +35,22 @@ XGRAMMAR_BF16 = "xgrammar_bitmask_bf16"
 BATCHES = (1, 4, 8, 64, 256)
 #: Steps whose logit is one program's reduction of whole rows (``"row"`` summation of :func:`error_bound`).
 ROW_STEPS = (4, 5, 6)
-#: The most bytes of copies of a head (the head itself counted) that one measurement rotates among: 48 GiB, 65
-#: copies of the post's head, leaving room on an 80 GB or larger card for everything else the sweep holds.
+#: The most bytes of copies of a head (itself counted) one measurement rotates among: room is left on an 80 GB card.
 COPY_BUDGET = 48 * 2**30
 #: Step 9's paths that compute every logit (they read the whole head).
 DENSE_PATHS = ("cublas", "dense")
 
 
 def head_bytes(head: Tensor | ReorderedHead) -> int:
-    """The bytes of a head's weight (a ``[V, D]`` or ``[D, V]`` tensor, or a :class:`ReorderedHead`)."""
+    """The bytes of a head's weight (a tensor, or a :class:`ReorderedHead`)."""
     weight = head.weight if isinstance(head, ReorderedHead) else head
     return weight.numel() * weight.element_size()
 
 
 class HeadCopies:
-    """Copies of a head for the GPU clock's rotation (``BenchRun.rotation``): the same call on each copy in turn,
-    so that the rows a call reads come from DRAM, not from the L2 the previous call left them in.
-
-    :meth:`count` gives how many copies a call that reads ``nbytes`` of the head needs: enough that the copies'
-    read bytes together exceed four times L2, at most ``budget`` bytes of copies (the head included); where the
-    budget binds, the call's rows may partly stay in L2, and the row says so. :meth:`of` returns the head and
-    exact clones of it (so a check of a call on the head checks it on every copy). The clones of one head are kept
-    while it is asked for, and freed when another head is asked for or at :meth:`release`, so at most ``budget``
-    bytes of copies are held at once."""
+    """Copies of a head for the GPU clock's rotation, so that the rows a call reads come from DRAM, not from the L2
+    the previous call left them in: enough that their read bytes exceed four times L2, at most ``budget`` bytes.
+    The clones of one head are kept until another head is asked for or :meth:`release`."""
 
     def __init__(self, run, budget: int = COPY_BUDGET):
         self.run, self.budget = run, budget
@@ -68,8 +58,7 @@ class HeadCopies:
         self.clones: list = []
 
     def count(self, head: Tensor | ReorderedHead, nbytes: int) -> tuple[int, bool]:
-        """(copies, capped): the copies of ``head`` a call reading ``nbytes`` of it rotates among, and whether
-        the budget cut them below four times L2."""
+        """(copies, capped): the copies a call reading ``nbytes`` rotates among; whether the budget cut them."""
         wanted = self.run.rotation(nbytes)
         most = max(1, self.budget // head_bytes(head))
         return min(wanted, most), wanted > most
@@ -95,15 +84,9 @@ def _chapter():
     return CHAPTER
 
 
-def _s(number: int) -> str:
-    """Step ``number``'s series in the benchmark JSON."""
-    return _chapter().step(number).series
-
-
 def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = BATCHES) -> list[tuple[int, str, int]]:
-    """(batch, mask kind, allowed per sequence) of one run. Batch 1 sweeps random masks from 1 to V (the
-    speedup and floor figures, the targets at 1,000 and 10,000) and a few counts of the other kinds; batches
-    above 1 take counts around the batched targets (0.1% of V per row, and 1,000 / 10,000)."""
+    """(batch, mask kind, allowed per sequence) of one run: batch 1 sweeps random masks from 1 to V and a few
+    counts of the other kinds; batches above 1 take counts around the batched targets."""
     def cap(counts):
         return sorted({min(c, vocab) for c in counts})
 
@@ -121,8 +104,7 @@ def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = 
 
 
 def steps_at(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[int]:
-    """The steps measured at a case, in order (``few``: the union fits step 6's slots). Step 8 runs on the
-    structured sets at batch 1, on the reordered vocabulary, beside its in-sample variant."""
+    """The steps measured at a case, in order (``few``: the union fits step 6's slots; step 8 is apart)."""
     random, target = kind == "random", count in (1000, 10_000)
     if batch > 1:
         return [3, 7, 9] if random and target else [7, 9]
@@ -163,10 +145,9 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
 def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[int],
               structured: StructuredSets | None = None, only: Sequence[tuple[int, str, int]] | None = None,
               peer: Callable | None = None, copy_budget: int = COPY_BUDGET) -> None:
-    """The benchmark body, with the sizes as arguments (a CPU test runs it at toy sizes with a stub harness).
-    ``only`` replaces :func:`cases`; ``peer`` replaces xgrammar's ``apply_token_bitmask_inplace``;
-    ``copy_budget`` bounds the rotated copies of a head (:class:`HeadCopies`)."""
-    S = {n: _s(n) for n in range(10)}
+    """The benchmark body, sizes as arguments (a CPU test runs it at toy sizes); ``only`` replaces :func:`cases`,
+    ``peer`` xgrammar's ``apply_token_bitmask_inplace``."""
+    S = {n: step_series(n) for n in range(10)}
     dtype = torch.bfloat16
     dev = torch.device(device)
     gen = np.random.default_rng(1234)
@@ -235,9 +216,8 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
     def measure(series: str, fn: Callable[[Any], Any], head, nbytes: int, params: dict, *, floor: float | None = None,
                 long: bool = False, prepare: Callable[[list], list] | None = None, **kw):
-        """GPU time of ``fn(copy)`` rotated over the copies of ``head`` that a call reading ``nbytes`` of it needs
-        (``prepare`` turns the copies into what ``fn`` takes; ``long``: a call of 100 µs or more, fewer calls per
-        graph), and the host time per call of ``host`` (the public entry point, on the head itself) when given."""
+        """GPU time of ``fn(copy)`` rotated over the head's copies (``prepare`` turns them into what ``fn`` takes;
+        ``long``: a call of 100 µs or more), and the host time of ``host`` when given."""
         n, capped = copies.count(head, nbytes)
 
         def make_calls():
@@ -249,8 +229,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
     def ours(series: str, fn: Callable[[Any, Tensor | None], Tensor], head, nbytes: int, h: Tensor,
              allowed: AllowedTokens, params: dict, summation: str = "dot", **kw) -> None:
-        """One of our steps, ``fn(head, out)``: checked on the head on a poisoned output, then timed over the
-        head's copies writing into a preallocated output."""
+        """One of our steps, ``fn(head, out)``: checked on a poisoned output, then timed over the head's copies."""
         check(series, fn(head, torch.full((h.shape[0], vocab), float("nan"), device=dev)), h, allowed, params,
               summation)
         out = torch.empty(h.shape[0], vocab, device=dev)
@@ -375,23 +354,20 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
 
 
 def _same_masked(a: Tensor, b: Tensor) -> bool:
-    """Both outputs ``-inf`` at the same places and finite elsewhere (their values are checked against the
-    float64 reference separately)."""
+    """Both outputs ``-inf`` at the same places and finite elsewhere."""
     return bool(torch.equal(torch.isneginf(a), torch.isneginf(b)) and torch.isfinite(a[~torch.isneginf(a)]).all()
                 and torch.isfinite(b[~torch.isneginf(b)]).all())
 
 
 def losses(rows: list[dict]) -> list[str]:
-    """Every measured point where a series of ours is slower than a rival, as sentences: step 9 against
-    index_select (which writes only the union's logits, not a [B, V] output), dense_mask and cublas_fp32_mask,
-    and the plan against the practitioners' path."""
+    """Every measured point where step 9 or the plan is slower than a rival, as sentences."""
     by_point: dict[tuple, dict[str, float]] = {}
     for r in rows:
         p = r["params"]
         if p.get("layout", "vd") != "vd" or "kind" not in p:
             continue
         by_point.setdefault((p["batch"], p["kind"], p["allowed"]), {})[r["series"]] = r["ms"]
-    s9 = _s(9)
+    s9 = step_series(9)
     out = []
     for (batch, kind, allowed), t in sorted(by_point.items()):
         for mine, rival in ((s9, "index_select"), (s9, "dense_mask"), (s9, "cublas_fp32_mask"), (PLAN, XGRAMMAR)):
@@ -402,21 +378,20 @@ def losses(rows: list[dict]) -> list[str]:
 
 
 def headline(results) -> list[dict]:
-    """The book's headline rows (``plotting.headline_row``: both times, their spread, host time): step 9
-    against torch at batch 1, and the whole step from the bitmask against xgrammar's path at batch 1 and 64
-    (random masks). A file without a series (an older run) gives the rows it can."""
+    """The book's headline rows: step 9 against torch, the whole step from the bitmask against xgrammar's path
+    (the rows the file holds)."""
     from studylog.plotting import headline_row
 
     label = _chapter().label
     plan_label = "MaskedHeadPlan (step 9 from the packed bitmask)"
     peer_label = "xgrammar: cuBLAS logits + apply_token_bitmask_inplace"
-    points = [(_s(9), "dense_mask", 1, 1000, "batch 1, 1,000 of 128,256 tokens allowed", None, "torch dense_mask"),
-              (_s(9), "index_select", 1, 10_000, "batch 1, 10,000 allowed", None, "torch index_select"),
+    s9 = step_series(9)
+    points = [(s9, "dense_mask", 1, 1000, "batch 1, 1,000 of 128,256 tokens allowed", None, "torch dense_mask"),
+              (s9, "index_select", 1, 10_000, "batch 1, 10,000 allowed", None, "torch index_select"),
               (PLAN, XGRAMMAR, 1, 1000, "whole step from the bitmask, batch 1, 1,000 allowed", plan_label, peer_label),
               (PLAN, XGRAMMAR, 64, 100, "whole step from the bitmask, batch 64, 100 allowed per sequence", plan_label,
                peer_label),
-              (_s(9), "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (own masks)", None,
-               "torch dense_mask")]
+              (s9, "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (own masks)", None, "torch dense_mask")]
     rows = []
     for kernel, baseline, batch, allowed, case, k_label, b_label in points:
         try:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import triton
 from torch import Tensor
 
-from studylog.masked_lm_head import (FEW_IDS_MAX, AllowedTokens, Tiles, compact_stream_kernel, default_tiles,
-                                     few_ids_kernel)
-from studylog.masked_lm_head.formats import check_inputs, need_batch1, output
+from studylog.masked_lm_head import FEW_IDS_MAX, AllowedTokens, compact_stream_kernel, few_ids_kernel
+from studylog.masked_lm_head.formats import Tiles, check_inputs, default_tiles, need_batch1, output
 
 EVICTIONS = ("evict_first", "", "evict_last")
 

@@ -12,8 +12,8 @@ import triton.language as tl
 from torch import Tensor
 
 from studylog import runtime
-from studylog.masked_lm_head import AllowedTokens, Tiles, stream_tiles
-from studylog.masked_lm_head.formats import check_inputs, need_batch1, output
+from studylog.masked_lm_head import AllowedTokens
+from studylog.masked_lm_head.formats import Tiles, check_inputs, need_batch1, output, stream_tiles
 
 EVICTIONS = ("evict_first", "", "evict_last")
 

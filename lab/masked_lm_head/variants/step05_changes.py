@@ -27,8 +27,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from studylog.masked_lm_head import AllowedTokens, Tiles, default_tiles, stream_tiles  # noqa: E402
-from studylog.masked_lm_head.formats import check_inputs, need_batch1, output  # noqa: E402
+from studylog.masked_lm_head import AllowedTokens  # noqa: E402
+from studylog.masked_lm_head.formats import (Tiles, check_inputs, default_tiles, need_batch1, output,  # noqa: E402
+                                             stream_tiles)
 
 #: The knobs, in the order the tables list them; each is one of step 5's changes.
 KNOBS = ("one_wait", "fill_first", "evict_first")
@@ -113,7 +114,7 @@ def changes(h: Tensor, weight: Tensor, allowed: AllowedTokens, *, one_wait: bool
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     if tiles is not None and not isinstance(tiles, Tiles):
-        raise TypeError(f"tiles must be a studylog.masked_lm_head.Tiles, got {type(tiles).__name__}")
+        raise TypeError(f"tiles must be a studylog.masked_lm_head.formats.Tiles, got {type(tiles).__name__}")
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     need_batch1("step05_changes", batch)
     out = output(out, batch, vocab, h.device)

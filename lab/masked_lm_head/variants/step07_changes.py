@@ -23,8 +23,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from studylog.masked_lm_head import AllowedTokens, Tiles, default_tiles  # noqa: E402
-from studylog.masked_lm_head.formats import check_inputs, dot_dtype, output  # noqa: E402
+from studylog.masked_lm_head import AllowedTokens  # noqa: E402
+from studylog.masked_lm_head.formats import Tiles, check_inputs, default_tiles, dot_dtype, output  # noqa: E402
 
 
 @triton.jit
@@ -110,7 +110,7 @@ def changes(h: Tensor, weight: Tensor, allowed: AllowedTokens, *, dot: bool, out
     if not isinstance(dot, bool):
         raise TypeError(f"dot must be a bool, got {dot!r}")
     if tiles is not None and not isinstance(tiles, Tiles):
-        raise TypeError(f"tiles must be a studylog.masked_lm_head.Tiles, got {type(tiles).__name__}")
+        raise TypeError(f"tiles must be a studylog.masked_lm_head.formats.Tiles, got {type(tiles).__name__}")
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     out = output(out, batch, vocab, h.device)
     n_union = allowed.union_count
