@@ -1,19 +1,9 @@
 """Chapter 7: constrained decoding end to end, or what the kernels of chapters 1 and 2 buy a real decode loop.
 
-A Llama-style model (:mod:`~studylog.decode.model`: SmolLM2-135M-Instruct with ``load_smollm2``, or random weights
-at a real model's shapes) decodes a request constrained by a JSON schema or a regex
-(:mod:`~studylog.decode.grammar`) in one loop that runs every configuration alike (:mod:`~studylog.decode.loop`;
-on a GPU the body runs the fused kernels of :mod:`~studylog.decode.kernels`). The steps:
-
-* ``step01_baseline``: dense LM head, xgrammar's bitmask, one forward per token;
-* ``step02_jump_forward``: + chapter 1's forced-token jumps (the forced tokens join the next forward's chunk);
-* ``step03_masked_head``: + chapter 2's masked LM head on chapter 1's allowed sets per state, the greedy token
-  picked among the allowed ids alone.
-
-They write the same tokens wherever the two tokens in question are further apart than the rounding of the two
-computations (:mod:`~studylog.decode.agreement`). Every use of chapters 1 and 2 goes through
-:mod:`~studylog.decode.pieces`; real requests are in :mod:`~studylog.decode.requests`, Hugging Face ``generate``
-with xgrammar's processor in :mod:`~studylog.decode.peers`. The notebook's figures and tables are ``book.decode``'s.
+A Llama-style model (:mod:`~studylog.decode.model`) decodes a request constrained by a JSON schema or a regex
+(:mod:`~studylog.decode.grammar`) in one loop that runs every configuration alike (:mod:`~studylog.decode.loop`).
+The steps write the same tokens wherever the two tokens in question are further apart than the rounding of the
+two computations (:mod:`~studylog.decode.agreement`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """When two configurations may write different tokens, and a check that they only do so there.
 
-The configurations compute the same logits in different ways (a dense or a masked head, a body fed one token or
-a chunk), each summing in fp32 in its own order, so two logits closer than that rounding can come out in either
-order. The guarantee is therefore:
-
-    **same tokens wherever the two tokens in question are further apart than the error bound of the two
-    computations**; every divergence is counted, and each must sit at a gap inside that bound.
+The configurations compute the same logits in different ways, each summing in fp32 in its own order, so the
+guarantee is: **same tokens wherever the two tokens in question are further apart than the error bound of the two
+computations**; every divergence is counted, and each must sit at a gap inside that bound.
 
 The bound (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §4.2): a logit ``h . w`` summed in
 fp32 in any order is within ``gamma_k sum_i |h_i w_i|`` of its exact value, ``gamma_k = k u / (1 - k u)``,
@@ -48,10 +45,9 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare(reference: Generation, other: Generation, weight: Tensor) -> dict[str, Any]:
-    """Compare two generations of the same request (both run with ``record=True``) with the rule of the module
-    docstring. ``weight``: the LM head ``[V, D]``. Returns ``sequences``, ``identical`` (how many wrote the same
-    tokens), ``divergences`` (for each sequence that did not: the first position where they differ, both
-    tokens, the gap and the bound, and ``inside``) and ``all_inside`` (every divergence sits inside its bound)."""
+    """Compare two generations of the same request (both run with ``record=True``; ``weight``: the LM head):
+    ``sequences``, ``identical``, ``divergences`` (each sequence's first difference, with its gap, bound and
+    ``inside``) and ``all_inside``."""
     for name, g in (("reference", reference), ("other", other)):
         if not isinstance(g, Generation):
             raise TypeError(f"{name} must be a Generation, got {type(g).__name__}")

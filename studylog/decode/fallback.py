@@ -1,11 +1,7 @@
-"""Chapter 1's automaton where outlines-core cannot build it: the same interface, read from xgrammar's matcher.
-
-outlines-core refuses many real JSON schemas (a ``oneOf`` of untyped objects, some ``format`` values, named groups
-in a ``pattern``) and runs for minutes on others, where xgrammar compiles most in well under a second. Steps 2 and 3
-need only what :class:`~studylog.decode.pieces.Automaton` gives (a state's allowed ids, its forced chain, the state
-after a token): :class:`MatcherAutomaton` gives the same from xgrammar's ``GrammarMatcher``, discovering states as
-decoding reaches them. A state is a token path from the start (0: the empty path), numbered as first reached:
-xgrammar does not say where its grammar is, so two paths to the same place are two states.
+"""Chapter 1's automaton where outlines-core cannot build it (it refuses or runs for minutes on many real JSON
+schemas): the same interface, read from xgrammar's matcher, states discovered as decoding reaches them. A state is
+a token path from the start (0: the empty path): xgrammar does not say where its grammar is, so two paths to the
+same place are two states.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from studylog.decode import pieces
-from studylog.decode.grammar import continues_utf8
+from studylog.decode.grammar import continues_utf8, packed_bits
 
 #: Matchers kept, each at a state: up to this many sequences that went apart advance one ``accept_token`` a token;
 #: past it, a sequence's matcher is walked again from the start.
@@ -48,19 +44,11 @@ def _ids(row: np.ndarray, V: int) -> np.ndarray:
     return ids[ids < V]
 
 
-def _bits(ids: list[int], V: int) -> np.ndarray:
-    """Token ids as a bitmask row in xgrammar's layout, as bytes (bit ``v % 8`` of byte ``v // 8``)."""
-    row = np.zeros((V + 31) // 32 * 32, dtype=bool)
-    row[np.asarray(ids, dtype=np.int64)] = True
-    return np.packbits(row, bitorder="little")
-
-
 def _has(bits: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ((bits[ids >> 3] >> (ids & 7)) & 1).astype(bool)
 
 
 def _holds(ids: np.ndarray, token: int) -> bool:
-    """Whether the sorted ``ids`` hold ``token``."""
     i = int(np.searchsorted(ids, token))
     return i < len(ids) and int(ids[i]) == token
 
@@ -81,9 +69,8 @@ def _split(vocab: pieces.TokenVocabulary) -> tuple[list[int], list[int]]:
 
 @functools.lru_cache(maxsize=1024)
 def _after(vocab: pieces.TokenVocabulary, pending: bytes) -> tuple[np.ndarray, np.ndarray, dict[int, bytes]]:
-    """After the unfinished character ``pending`` at the end of a text, as bitmask rows: EOS and the tokens that
-    keep the text valid UTF-8 by the loop's rule (``continues_utf8``); those of them after which it ends inside a
-    character again; and the unfinished character each of the latter leaves."""
+    """After the unfinished character ``pending``, as bitmask rows: EOS and the tokens that keep the text valid
+    UTF-8 (``continues_utf8``); those that end inside a character again; and the character each of those leaves."""
     (whole, odd), tb = _split(vocab), vocab.token_bytes
     ok, tails = [vocab.eos_id] + (whole if not pending else []), {}
     for t in odd:  # after a part, only a token that starts with a continuation byte may be valid
@@ -91,7 +78,7 @@ def _after(vocab: pieces.TokenVocabulary, pending: bytes) -> tuple[np.ndarray, n
             ok.append(t)
             if _tail(pending + tb[t]):
                 tails[t] = _tail(pending + tb[t])
-    return _bits(ok, vocab.vocab_size), _bits(list(tails), vocab.vocab_size), tails
+    return packed_bits(ok, vocab.vocab_size), packed_bits(list(tails), vocab.vocab_size), tails
 
 
 @functools.lru_cache(maxsize=1024)
@@ -107,12 +94,9 @@ def _witness(vocab: pieces.TokenVocabulary, pending: bytes) -> int:
 
 
 class MatcherAutomaton:
-    """:class:`~studylog.decode.pieces.Automaton`'s interface over one xgrammar ``CompiledGrammar``.
-
-    ``allowed_ids`` is xgrammar's bitmask less the tokens that leave the text invalid UTF-8 and the dead ends of its
-    byte-level matching, so it is chapter 1's set where both engines compile a grammar. ``token_jump`` follows the
-    states where one token, not EOS, is allowed. ``char_jump`` is always None (a matcher does not enumerate the
-    character-level automaton); ``fsm`` is None."""
+    """:class:`~studylog.decode.pieces.Automaton`'s interface over one xgrammar ``CompiledGrammar``. ``allowed_ids``
+    is xgrammar's bitmask less the tokens that leave the text invalid UTF-8 and the dead ends of its byte-level
+    matching: chapter 1's set where both engines compile a grammar. No ``char_jump`` (nor ``fsm``)."""
 
     fsm = None
 
@@ -137,12 +121,10 @@ class MatcherAutomaton:
         self.transition = self.next
 
     @property
-    def n_states(self) -> int:
-        """States discovered so far."""
+    def n_states(self) -> int:  # discovered so far
         return len(self._parent)
 
     def token_states(self) -> list[int]:
-        """The states discovered so far (each reached by a token but the start)."""
         return list(range(self.n_states))
 
     def _check(self, state: int) -> int:
@@ -152,8 +134,8 @@ class MatcherAutomaton:
         return int(state)
 
     def _reach(self, state: int):
-        """A matcher at ``state``, taken out of the dict: the one at its nearest ancestor that has one (or a fresh
-        one at the start), moved down. Never from a sibling: a matcher stays with the sequence it follows."""
+        """A matcher at ``state``: the one at its nearest ancestor that has one (or a fresh one), moved down. Never
+        from a sibling: a matcher stays with the sequence it follows."""
         path, cur = [], state
         while cur not in self._at and cur != 0:
             path.append(self._token[cur])
@@ -172,7 +154,7 @@ class MatcherAutomaton:
             self._at.popitem(last=False)
 
     def allowed_ids(self, state: int) -> np.ndarray:
-        """The sorted allowed token ids of a state (EOS included where xgrammar may stop), int64, read-only."""
+        """The sorted allowed token ids of a state (EOS included where xgrammar may stop), read-only."""
         state = self._check(state)
         ids = self._sets.get(state)
         if ids is not None:
@@ -239,13 +221,11 @@ class MatcherAutomaton:
     walk = pieces.ConstrainedFSM.walk
 
     def only_eos(self, state: int) -> bool:
-        """A final state where only EOS is allowed: decoding ends there without a forward pass."""
         n, _, final = self._state_info(self._check(state))
         return final and n == 1
 
     def token_jump(self, state: int):
-        """The forced-token chain from ``state`` (``.tokens``, ``.data``, ``.end``), or None: the states where
-        exactly one token, not EOS, is allowed, followed to the first that is not (chapter 1's ``Jump``)."""
+        """The forced-token chain from ``state`` (chapter 1's ``Jump``), or None."""
         state = self._check(state)
         path, toks, cur = [], [], state
         while len(toks) < MAX_CHAIN:
@@ -267,7 +247,7 @@ class MatcherAutomaton:
         return self._jumps.get(state)
 
     def char_jump(self, state: int):
-        """None: forced-byte jumps need the character-level automaton enumerated (see the class)."""
+        """None: forced-byte jumps need the character-level automaton enumerated."""
         self._check(state)
 
 

@@ -1,6 +1,4 @@
-"""What a decode run is and what it returns: the configurations the chapter compares (:data:`CONFIGS`), a
-request's result (:class:`Generation`), the seeded sampling noise every configuration shares, and the model check.
-"""
+"""The configurations the chapter compares, a request's result, and the seeded noise every configuration shares."""
 
 from __future__ import annotations
 
@@ -23,14 +21,10 @@ STEER = 1.0e4
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How a request is run. ``jump``: ``"none"`` (one forward per token), ``"token"`` (chapter 1's
-    forced-token chains appended without a forward), ``"char"`` (forced bytes appended and the output
-    retokenized); ``head``: ``"dense"`` or ``"masked"`` (chapter 2); ``mask``: who computes the allowed
-    tokens, ``"xgrammar"`` or ``"automaton"`` (chapter 1's, precomputed per state); ``sample``: which logits
-    the sampler reads after the masked head, ``"allowed"`` (only the allowed ids',
-    :func:`~studylog.decode.kernels.allowed_argmax` when greedy) or ``"all"`` (the whole row, as after the dense
-    head; the same token, since the masked head writes ``-inf`` elsewhere). A dense head has no allowed ids: its
-    sampler reads the whole row either way."""
+    """How a request is run. ``jump``: ``"none"``, ``"token"`` (forced-token chains appended without a forward) or
+    ``"char"`` (forced bytes appended, the output retokenized); ``head``: ``"dense"`` or ``"masked"``; ``mask``:
+    who computes the allowed tokens, ``"xgrammar"`` or ``"automaton"``; ``sample``: after the masked head, read
+    only the allowed ids' logits (``"allowed"``) or the whole row (``"all"``, the same token)."""
 
     name: str
     jump: str = "none"
@@ -67,10 +61,9 @@ CONFIGS: dict[str, DecodeConfig] = {
 
 @dataclass
 class Generation:
-    """What one request produced, and what it cost: ``ids[b]``, sequence ``b``'s output tokens (EOS excluded);
-    ``forwards`` of the batch (the first is the prefill); ``passes[b]``, forwards ``b`` was active in; ``jumped[b]``,
-    tokens appended without a forward; ``retokenized[b]``, tokens a retokenization replaced; ``ms``, milliseconds
-    per component summed over the steps (:meth:`Decoder.generate`); ``first_step_ms``, the first step's wall time."""
+    """What one request produced and cost: per sequence its output ``ids`` (EOS excluded), the forwards it was
+    active in (``passes``), tokens ``jumped`` and ``retokenized``; the batch's ``forwards`` (the first is the
+    prefill) and ``ms`` per component, summed over the steps."""
 
     config: str
     ids: list[list[int]]
@@ -84,31 +77,29 @@ class Generation:
     ms: dict[str, float]
     first_step_ms: float
     instrumented: bool
-    #: With ``record=True``: per sequence, output position -> (the hidden state the token was sampled from, as
-    #: float64 on the CPU; the token, EOS included; the steered token or -1). What :mod:`.agreement` reads.
+    #: With ``record=True``: per sequence, output position -> (the hidden state the token was sampled from, float64
+    #: on the CPU; the token, EOS included; the steered token or -1).
     records: list[dict[int, tuple[Tensor, int, int]]] | None = None
     temperature: float = 0.0
     seed: int = 0
 
     @property
     def tokens(self) -> int:
-        """Output tokens of all sequences (EOS not counted)."""
         return sum(len(i) for i in self.ids)
 
     @property
     def ms_per_token(self) -> float:
-        """End-to-end time per output token: the request's wall time (prefill included) over its tokens."""
+        """The request's wall time (prefill included) over its output tokens."""
         return self.ms["wall"] / max(self.tokens, 1)
 
     def breakdown_per_token(self) -> dict[str, float]:
-        """The components of :attr:`ms` per output token (all but ``mask_host`` and ``head_host``, host work
-        that overlaps the device's, add up to ``wall``)."""
+        """The components of :attr:`ms` per output token (all but the host parts add up to ``wall``)."""
         n = max(self.tokens, 1)
         return {k: v / n for k, v in self.ms.items()}
 
 
 def check_model(model: Any) -> LlamaModel:
-    """The model the loop can run: a :class:`LlamaModel` (see ``model.from_module`` for other modules)."""
+    """``model`` if it is a :class:`LlamaModel`."""
     if isinstance(model, LlamaModel):
         return model
     parts = ("embed_tokens", "layers", "norm", "lm_head", "new_cache")
@@ -119,9 +110,8 @@ def check_model(model: Any) -> LlamaModel:
 
 
 def hashed_uniform(seed: int, seq: Tensor, position: Tensor, ids: Tensor, salt: int = 0) -> Tensor:
-    """Uniform numbers in (0, 1), ``[R, K]``, for sequence ``seq[r]`` at output position ``position[r]`` and token
-    ``ids[k]``: a 32-bit hash of (``seed``, sequence, position, token, ``salt``) on the device, without a generator's
-    state, so a configuration that skips forwards draws the same number for the same position."""
+    """Uniform numbers in (0, 1), ``[R, K]``: a 32-bit hash of (``seed``, ``seq[r]``, ``position[r]``, ``ids[k]``,
+    ``salt``), without a generator's state, so a configuration that skips forwards draws the same numbers."""
     M = 0xFFFFFFFF
     x = (ids[None, :] * 0x2C1B3C6D + position[:, None] * 0x297A2D39 + seq[:, None] * 0x5F356495
          + ((seed * 0x1B873593 + salt * 0x68E31DA4) & M)) & M
@@ -139,4 +129,5 @@ def gumbel_noise(seed: int, position: Tensor, vocab_ids: Tensor) -> Tensor:
     return -torch.log(-torch.log(hashed_uniform(seed, rows, position, vocab_ids)))
 
 
-__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "SAMPLES", "STEER", "check_model", "gumbel_noise", "hashed_uniform"]
+__all__ = ["CONFIGS", "DecodeConfig", "Generation", "HEADS", "JUMPS", "MASKS", "SAMPLES", "STEER", "check_model",
+           "gumbel_noise", "hashed_uniform"]

@@ -1,13 +1,9 @@
 """The constraint of a request, compiled twice: by xgrammar (the practitioners' baseline) and by chapter 1.
 
-Both compile the **same regex** (a JSON schema is first turned into one by outlines, as in chapter 1), so both
-allow the same tokens in every state and a decode writes the same tokens whichever masks it. Where the two
-libraries read regex syntax differently (``\\d``, ``\\s``, ``\\w`` are Unicode to outlines-core and ASCII to
-xgrammar; xgrammar's ``.`` matches a newline), :func:`ascii_regex` writes it out first, and
-:meth:`Grammar.check_agreement` checks the result state by state. Where chapter 1's automaton cannot be built,
-``engine="auto"`` reads steps 2 and 3's sets from xgrammar's matcher instead
-(:class:`~studylog.decode.fallback.MatcherAutomaton`). Also here: :class:`Writer`, which steers a model with random
-weights to write a realistic output.
+Both compile the **same regex** (:func:`ascii_regex` writes out what the two read differently), so both allow the
+same tokens in every state, which :meth:`Grammar.check_agreement` checks state by state. Where chapter 1's
+automaton cannot be built, ``engine="auto"`` reads the sets from xgrammar's matcher
+(:class:`~studylog.decode.fallback.MatcherAutomaton`).
 """
 
 from __future__ import annotations
@@ -79,8 +75,7 @@ def ascii_regex(regex: str) -> str:
 
 @functools.lru_cache(maxsize=2)
 def _xgrammar_compiler(vocab: pieces.TokenVocabulary):
-    """xgrammar's tokenizer info and grammar compiler for a vocabulary (built once). Ids that carry no
-    text (special and unused ids) are given as empty strings: xgrammar never allows them."""
+    """xgrammar's grammar compiler for a vocabulary; ids without text are empty strings, which it never allows."""
     import xgrammar as xgr
 
     encoded = [b if b is not None else b"" for b in vocab.token_bytes]
@@ -89,9 +84,8 @@ def _xgrammar_compiler(vocab: pieces.TokenVocabulary):
 
 
 def schema_regex(schema: Any, whitespace: str = "default") -> str:
-    """The regex of a JSON schema (a dict, a JSON string or a pydantic model class), as chapter 1 builds it with
-    its integers' bounds written in (outlines-core ignores them); a schema that does not compile is a ValueError
-    that says why."""
+    """The regex of a JSON schema (a dict, JSON text or a pydantic model class), with its integers' bounds written
+    in (outlines-core ignores them)."""
     if whitespace not in pieces.WHITESPACE:
         raise ValueError(f"whitespace must be one of {sorted(pieces.WHITESPACE)}, got {whitespace!r}")
     try:
@@ -107,8 +101,7 @@ JSON_WHITESPACE: dict[str, dict[str, Any]] = {"default": {"any_whitespace": True
 
 
 def _schema_grammar(schema: Any, vocab: pieces.TokenVocabulary, whitespace: str):
-    """xgrammar's ``CompiledGrammar`` of a JSON schema (a dict, a JSON string or a pydantic model class), with
-    :data:`JSON_WHITESPACE`; a schema it does not compile is a ValueError that says why."""
+    """xgrammar's ``CompiledGrammar`` of a JSON schema, with :data:`JSON_WHITESPACE`."""
     if isinstance(schema, dict):
         schema = json.dumps(schema)
     try:
@@ -119,6 +112,13 @@ def _schema_grammar(schema: Any, vocab: pieces.TokenVocabulary, whitespace: str)
 
 #: The second byte a lead byte allows where it is not 0x80-0xBF (Unicode's table of well-formed UTF-8).
 _SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def packed_bits(ids: Sequence[int], V: int) -> np.ndarray:
+    """Token ids as a bitmask row in xgrammar's layout, as bytes (bit ``v % 8`` of byte ``v // 8``)."""
+    row = np.zeros((V + 31) // 32 * 32, dtype=bool)
+    row[np.asarray(ids, dtype=np.int64)] = True
+    return np.packbits(row, bitorder="little")
 
 
 def _byte_tokens(vocab: pieces.TokenVocabulary) -> dict[int, int]:
@@ -133,10 +133,8 @@ def _byte_tokens(vocab: pieces.TokenVocabulary) -> dict[int, int]:
 
 
 def utf8_prefix(data: bytes) -> bool:
-    """Whether ``data`` is valid UTF-8 or the start of it (a character may be cut at the end).
-
-    Python's incremental decoder checks a cut character only once it is complete for some lead bytes
-    (``b"\xed\xa0"``, the start of a surrogate, passes), so the cut tail's second byte is checked here."""
+    """Whether ``data`` is valid UTF-8 or the start of it. Python's incremental decoder passes some cut characters
+    (``b"\xed\xa0"``, a surrogate's start), so the cut tail's second byte is checked here."""
     try:
         codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
     except UnicodeDecodeError:
@@ -152,8 +150,7 @@ def utf8_prefix(data: bytes) -> bool:
 
 
 def continues_utf8(text: bytes | bytearray, new: int) -> bool:
-    """Whether the last ``new`` bytes of ``text`` keep it valid UTF-8 (or the start of it), given that the
-    bytes before them were: only the last character begun before them is read again."""
+    """Whether the last ``new`` bytes of ``text`` keep it valid UTF-8 (or its start), the bytes before being so."""
     start = len(text) - new
     if start > 0:
         start -= 1
@@ -166,10 +163,9 @@ def continues_utf8(text: bytes | bytearray, new: int) -> bool:
 
 @dataclass
 class Grammar:
-    """One constraint, compiled for the decode loop: ``xgrammar``, xgrammar's compiled grammar (a :meth:`matcher`
-    per sequence fills the bitmask); ``automaton``, chapter 1's (allowed ids per state, forced-token and forced-byte
-    jumps) or with ``engine == "xgrammar"`` the same interface read from xgrammar's matcher (``regex`` is ``""``
-    where xgrammar compiled a schema directly). ``compile_seconds``: what each cost to build."""
+    """One constraint, compiled for the decode loop: ``xgrammar``'s compiled grammar (a :meth:`matcher` per
+    sequence) and an ``automaton``, chapter 1's or (``engine == "xgrammar"``) one read from xgrammar's matcher
+    (``regex`` is ``""`` where xgrammar compiled a schema directly)."""
 
     name: str
     regex: str
@@ -180,8 +176,7 @@ class Grammar:
     #: States where xgrammar also allows tokens that leave the text invalid UTF-8 or that its own grammar cannot
     #: continue from (set by check_agreement).
     utf8_only_states: int = 0
-    #: Who built ``automaton`` (one of :data:`ENGINES` but ``"auto"``), and why outlines-core did not where
-    #: ``"auto"`` fell back to xgrammar.
+    #: Who built ``automaton``, and why outlines-core did not where ``"auto"`` fell back to xgrammar.
     engine: str = "outlines-core"
     fallback_reason: str = ""
     _allowed: dict[int, Any] = field(default_factory=dict, repr=False)
@@ -190,10 +185,8 @@ class Grammar:
     @classmethod
     def from_regex(cls, regex: str, vocab: pieces.TokenVocabulary | None = None, name: str = "",
                    check: bool = True, engine: str = "outlines-core") -> "Grammar":
-        """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine`` (:data:`ENGINES`;
-        ``"auto"``: chapter 1's, and xgrammar's matcher where outlines-core refuses). ``check`` runs
-        :meth:`check_agreement` on chapter 1's automaton: a grammar where the two engines allow different tokens
-        is refused (ValueError), since the steps would then write different tokens."""
+        """Compile ``regex`` with xgrammar, and the automaton of steps 2 and 3 with ``engine`` (:data:`ENGINES`).
+        ``check`` refuses a grammar where the two engines allow different tokens (:meth:`check_agreement`)."""
         _check_engine(engine)
         if not isinstance(regex, str) or not regex:
             raise ValueError(f"regex must be a non-empty str, got {regex!r}")
@@ -227,9 +220,8 @@ class Grammar:
     @classmethod
     def from_schema(cls, schema: Any, vocab: pieces.TokenVocabulary | None = None, name: str = "",
                     whitespace: str = "default", check: bool = True, engine: str = "outlines-core") -> "Grammar":
-        """A JSON schema (a dict, JSON text or a pydantic model) as :meth:`from_regex` compiles outlines' regex of
-        it; where outlines writes none, ``engine`` ``"auto"`` or ``"xgrammar"`` compiles the schema with xgrammar
-        directly. A schema neither compiles is a ValueError naming it with both reasons."""
+        """A JSON schema, as :meth:`from_regex` compiles outlines' regex of it; where outlines writes none,
+        ``engine`` ``"auto"`` or ``"xgrammar"`` compiles the schema with xgrammar directly."""
         _check_engine(engine)
         if whitespace not in pieces.WHITESPACE:
             raise ValueError(f"whitespace must be one of {sorted(pieces.WHITESPACE)}, got {whitespace!r}")
@@ -266,19 +258,16 @@ class Grammar:
                               engine)
 
     def matcher(self):
-        """A fresh xgrammar matcher (one per sequence), able to roll back (character-level jumps)."""
+        """A fresh xgrammar matcher (one per sequence), able to roll back."""
         import xgrammar as xgr
 
         return xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
 
     def check_agreement(self) -> int:
-        """Check that xgrammar and the automaton allow the same tokens (EOS included) in every state a token
-        sequence can reach; return how many states were compared, or raise ValueError naming the first state
-        where they differ, a text that reaches it and the tokens only one engine allows.
-
-        A depth-first walk of the automaton drives one xgrammar matcher along (``accept_token`` down,
-        ``rollback`` back) and compares the masks once per state. Its edges are the single-byte tokens (which
-        reach every state) plus the tokens holding a byte that is no token by itself (SmolLM2 lacks 21)."""
+        """Check that xgrammar and the automaton allow the same tokens (EOS included) in every reachable state;
+        return how many states were compared, or raise ValueError naming the first that differs. A depth-first
+        walk of the automaton drives one xgrammar matcher along (``accept_token`` down, ``rollback`` back); its
+        edges are the single-byte tokens (which reach every state) and the tokens holding a byte that is none."""
         import xgrammar as xgr
 
         if self.engine != "outlines-core":
@@ -298,7 +287,7 @@ class Grammar:
         def compare(state: int, path: list[int]) -> None:
             matcher.fill_next_token_bitmask(bitmask)
             got = bitmask[0].numpy().view(np.uint8)
-            want = self._state_bits(state)
+            want = self.state_words(state)
             if not np.array_equal(got, want):
                 bits = np.unpackbits(got, bitorder="little")[:vocab.vocab_size].astype(bool)
                 mine = np.unpackbits(want, bitorder="little")[:vocab.vocab_size].astype(bool)
@@ -306,11 +295,9 @@ class Grammar:
                 extra = np.flatnonzero(bits & ~mine)
                 if not (mine & ~bits).any() and all(not utf8_prefix(text + vocab.token_bytes[t]) or dead_end(t)
                                                     for t in extra):
-                    # xgrammar works on bytes: it lets a character be left invalid (a UTF-16 surrogate after
-                    # 0xED), and after an optional space it allows a token ending in the lead byte of a character
-                    # the grammar cannot continue with (" \xe0" before a digit): a dead end, after which its own
-                    # mask allows nothing. The automaton allows neither. A model that picks such a token stops the
-                    # loop with an error (never other tokens), so the grammar is kept.
+                    # xgrammar works on bytes: it lets a character be left invalid (a surrogate after 0xED) or
+                    # allows a dead end (" \xe0" before a digit), which the automaton does not; a model that picks
+                    # such a token stops the loop with an error (never other tokens), so the grammar is kept.
                     self.utf8_only_states += 1
                     return
                 only_x = [vocab.show(int(t)) for t in extra[:5]]
@@ -358,21 +345,18 @@ class Grammar:
                     path.pop()
         return len(seen)
 
-    # -- chapter 2's allowed sets, per automaton state --------------------------------------------------
     def allowed(self, states: Sequence[int], device) -> Any:
-        """Chapter 2's ``AllowedTokens`` of a batch whose sequences are in ``states``: one sequence's is kept per
-        state; several stack their kept rows, the union computed on the host from packed bits kept per state."""
+        """Chapter 2's ``AllowedTokens`` of a batch in ``states``, from the sets and packed bits kept per state."""
         if len(states) == 1 and states[0] is not None:
             return self._state_allowed(states[0], device)
         sets = [self._state_allowed(s, device) for s in states]
         mask = torch.cat([a.mask for a in sets])
-        bits = np.bitwise_or.reduce(np.stack([self._state_bits(s) for s in states]), axis=0)
+        bits = np.bitwise_or.reduce(np.stack([self.state_words(s) for s in states]), axis=0)
         union = np.flatnonzero(np.unpackbits(bits, bitorder="little"))
         return pieces.allowed_batch(mask, union, tuple(a.counts[0] for a in sets))
 
     def prepare_allowed(self, device) -> int:
-        """Build chapter 2's allowed set of every state of the automaton on ``device`` now (else on first use,
-        inside a decode step); returns how many states there are."""
+        """Build every state's allowed set on ``device`` now (else inside a decode step); returns the count."""
         states = self.automaton.token_states()
         for s in states:
             self._state_allowed(s, device)
@@ -387,28 +371,20 @@ class Grammar:
             self._forget(self._allowed)
         return a
 
-    def _state_bits(self, state: int | None) -> np.ndarray:
+    def state_words(self, state: int | None) -> np.ndarray:
         """The allowed tokens of a state as packed bits (bit ``v % 8`` of byte ``v // 8`` is token ``v``),
-        padded to whole 32-bit words: xgrammar's bitmask layout on a little-endian host."""
+        padded to whole 32-bit words: xgrammar's bitmask row on a little-endian host."""
         b = self._bits.get(state)
         if b is None:
-            words = (self.vocab.vocab_size + 31) // 32
-            m = np.zeros(words * 32, dtype=bool)
-            if state is not None:
-                m[self.automaton.allowed_ids(state)] = True
-            b = self._bits[state] = np.packbits(m, bitorder="little")
+            ids = self.automaton.allowed_ids(state) if state is not None else []
+            b = self._bits[state] = packed_bits(ids, self.vocab.vocab_size)
             self._forget(self._bits)
         return b
 
     def _forget(self, kept: dict) -> None:
-        """Drop the oldest state's entry where xgrammar's automaton makes a state per token (chapter 1's has a
-        fixed number of states, all kept)."""
+        """Drop the oldest entry where xgrammar's automaton makes a state per token (chapter 1's are all kept)."""
         if self.engine == "xgrammar" and len(kept) > _LAZY_KEPT:
             del kept[next(iter(kept))]
-
-    def state_words(self, state: int) -> np.ndarray:
-        """The allowed tokens of an automaton state as xgrammar's bitmask row, as bytes (kept per state)."""
-        return self._state_bits(state)
 
 
 @functools.lru_cache(maxsize=32)
@@ -437,10 +413,8 @@ def suite_sample(name: str, seed: int = 0, whitespace: str = "default") -> str:
 
 
 class Writer:
-    """Steers a model toward writing ``text``: each step it names the token to favour, the tokenizer's own next
-    token of ``text`` after what has been written (None once the output has left ``text``). A model with random
-    weights writes gibberish, which inside a JSON string never ends; the loop adds a large bias to the favoured
-    token's logit, every logit still computed as the model computes it."""
+    """Steers a model toward writing ``text`` (random weights write gibberish, which inside a JSON string never
+    ends): each step it names the tokenizer's next token of ``text``, whose logit the loop biases."""
 
     def __init__(self, vocab: pieces.TokenVocabulary, text: str):
         self.vocab = vocab
@@ -469,5 +443,5 @@ class Writer:
             return self.vocab.token_bytes.index(self.target[n:n + 1])
 
 
-__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "schema_regex", "suite_names",
-           "suite_sample"]
+__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "packed_bits", "schema_regex",
+           "suite_names", "suite_sample"]

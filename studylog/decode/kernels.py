@@ -1,23 +1,14 @@
 """The model body's fused kernels: what a decode step launches per layer on a GPU.
 
-At batch 1 each of torch's small elementwise kernels (RMSNorm alone is several) costs a launch and a few
-microseconds of an idle GPU, even from a CUDA graph. The fused path runs a layer of several tokens as nine
-launches, cuBLAS's four products (q/k/v, o, gate/up, down) and five kernels of this module:
+At batch 1 each of torch's small elementwise kernels costs a launch and a few microseconds of an idle GPU, even
+from a CUDA graph. A layer of several tokens runs nine launches: cuBLAS's four products (q/k/v, o, gate/up, down),
+:func:`add_rms_norm` twice, :func:`rope_cache`, :func:`attention` and :func:`silu_mul`. A step of one token runs
+six: :func:`gemv` four times (RMSNorm or SwiGLU in front, the residual add behind), :func:`rope_cache` and
+:func:`attention`. :func:`allowed_argmax` is the greedy token among the ids chapter 2's masked head computed.
 
-* :func:`add_rms_norm`: the residual add and RMSNorm in one pass (for the final norm, with the gather of each
-  sequence's last real token);
-* :func:`rope_cache`: rotary positions applied to q and k in place, k and v written into the KV cache;
-* :func:`attention`: grouped-query attention of a chunk over the cache (online softmax over key blocks, one
-  program per KV head's query heads), reading keys up to the chunk's last position from the device;
-* :func:`silu_mul`: SwiGLU's ``silu(gate) * up``.
-
-A step of one token runs six: :func:`gemv` four times, each streaming its weight once with RMSNorm or SwiGLU in
-front and the residual add behind, then :func:`rope_cache` and :func:`attention`. :func:`allowed_argmax` serves the
-loop after the LM head: the greedy token among the ids chapter 2's masked head computed.
-
-Each kernel rounds where torch's eager composition rounds, so the two paths differ only in the order of sums
-(attention's scores stay fp32 here). Every wrapper is graph-safe (no host synchronisation, positions read from
-the device); ``T`` is not specialised on, so the graphs of all chunk lengths reuse the same compiled kernels.
+Each kernel rounds where torch's eager composition rounds, so the two paths differ only in the order of sums.
+Every wrapper is graph-safe (no host synchronisation, positions read from the device); ``T`` is not specialised
+on, so the graphs of all chunk lengths reuse the same compiled kernels.
 """
 
 from __future__ import annotations
@@ -242,13 +233,11 @@ def gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, N, K, eps, NORM: tl.constexpr, SW
     tl.store(out_ptr + n, y, mask=in_n)
 
 
-# --------------------------------------------------------------------------------------------------------
 # Wrappers: shapes as the model holds them; no checks that would synchronise
-# --------------------------------------------------------------------------------------------------------
 
 def _dot_type(x: Tensor):
-    """``tl.dot``'s operand type: the tensor's own 16-bit type on a GPU (tensor cores, fp32 accumulation);
-    fp32 in Triton's interpreter, whose dot multiplies 16-bit floats as raw integers, and for fp32 tensors."""
+    """``tl.dot``'s operand type: the tensor's 16-bit type on a GPU; fp32 for fp32 tensors and in Triton's
+    interpreter, whose dot multiplies 16-bit floats as raw integers."""
     if runtime.mode() == "interpreter" or x.dtype == torch.float32:
         return tl.float32
     return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
@@ -256,9 +245,8 @@ def _dot_type(x: Tensor):
 
 def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = None, out: Tensor | None = None,
                  last: Tensor | None = None) -> Tensor:
-    """``out = weight * rms_norm(x (+ add))`` row by row over ``x [..., D]``; with ``add``, ``x += add`` in place
-    first. With ``last [B]`` (``x`` viewed as ``[B, T, D]``): only row ``last[b]`` of each sequence, into
-    ``out [B, D]`` (``x`` is then left as it is)."""
+    """``out = weight * rms_norm(x (+ add))`` row by row over ``x [..., D]`` (``x += add`` in place); with
+    ``last [B]``, only row ``last[b]`` of each sequence, into ``out [B, D]``, ``x`` left as it is."""
     D = x.shape[-1]
     rows = x.numel() // D
     if last is not None:
@@ -292,9 +280,8 @@ def rope_cache(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, cos: Tensor, sin: 
 
 def attention(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: Tensor, heads: int, scale: float,
               out: Tensor | None = None) -> Tensor:
-    """Grouped-query attention of the q heads of ``qkv [B, T, (H + 2 Hkv) * hd]`` (token ``t`` at position
-    ``start[b] + t``) over ``k_cache``/``v_cache`` ``[B, Hkv, S, hd]``, causal by position; returns
-    ``[B, T, H * hd]`` in the cache's type."""
+    """Causal grouped-query attention of the q heads of ``qkv [B, T, (H + 2 Hkv) * hd]`` over the cache
+    ``[B, Hkv, S, hd]``; ``[B, T, H * hd]``."""
     B, T = qkv.shape[0], qkv.shape[1]
     _, Hkv, S, hd = k_cache.shape
     G = heads // Hkv
@@ -321,16 +308,14 @@ def silu_mul(gate_up: Tensor, out: Tensor | None = None) -> Tensor:
 
 def gemv_tiles(N: int, K: int) -> dict[str, int]:
     """The tile of :func:`gemv` for a ``[N, K]`` weight: two rows per program (every SM gets several programs),
-    reads of up to a thousand values; chosen by timing a grid of tiles (``lab/decode/gemv_tiles.py``)."""
+    reads of up to a thousand values (the best of a timed grid, ``lab/decode/gemv_tiles.py``)."""
     return dict(BLOCK_N=2, BLOCK_K=min(1024, max(16, triton.next_power_of_2(K))), num_warps=4, num_stages=2)
 
 
 def gemv(x: Tensor, weight: Tensor, *, norm: Tensor | None = None, eps: float = 0.0, swiglu: bool = False,
          add_to: Tensor | None = None) -> Tensor:
-    """``prologue(x) @ weight.T`` for a few tokens (``x [..., K]``: usually one row; a verifier's draft, a few),
-    in one launch (:func:`gemv_kernel`): ``norm`` (a ``[K]`` weight) puts RMSNorm in front, ``swiglu`` takes
-    ``x [..., 2K]`` and multiplies ``silu(gate) * up`` in front; ``add_to`` (``[..., N]``, as many rows) gets the
-    product added in place and is returned (two or three launches otherwise)."""
+    """``prologue(x) @ weight.T`` for a few tokens in one launch: ``norm`` puts RMSNorm in front, ``swiglu`` takes
+    ``x [..., 2K]`` and puts ``silu(gate) * up`` in front; ``add_to`` gets the product added in place."""
     N, K = weight.shape
     width = 2 * K if swiglu else K
     if x.shape[-1] != width or x.numel() == 0:
@@ -355,10 +340,8 @@ ALLOWED_ARGMAX_MAX = 8192
 
 
 def allowed_argmax(logits: Tensor, ids: Tensor, n: int, steer: Tensor, steer_bias: float, out: Tensor) -> Tensor:
-    """Greedy tokens ``out [B]`` (int64) from ``logits [B, V]`` (fp32, ``-inf`` outside the allowed ids) read only at
-    the first ``n`` sorted ids of ``ids`` (int32, on the device): ``argmax`` with ``steer_bias`` added to the logit
-    of ``steer[b]`` (see :func:`allowed_argmax_kernel`). ``n`` is a host integer (the allowed set's size, known
-    when the set was built), so nothing synchronises."""
+    """Greedy tokens ``out [B]`` from ``logits [B, V]`` (fp32, ``-inf`` outside the allowed ids) read only at the
+    first ``n`` sorted ``ids`` (see :func:`allowed_argmax_kernel`). ``n`` is a host integer: nothing synchronises."""
     if not 1 <= n <= min(ids.numel(), ALLOWED_ARGMAX_MAX):
         raise ValueError(f"n must be in [1, min(ids.numel()={ids.numel()}, {ALLOWED_ARGMAX_MAX})], got {n}")
     if logits.dtype != torch.float32 or ids.dtype != torch.int32 or out.dtype != torch.int64:

@@ -1,19 +1,11 @@
 """The decode loop: one constrained request, run every configuration's way on the same model.
 
-Every step of every configuration does the same things in the same order:
-
-1. **inputs**: each sequence's tokens not yet in the KV cache (the token sampled last, and after a jump the
-   jumped ones) go to the device in one copy;
-2. **body**: one forward on that chunk (a CUDA graph per chunk length on a GPU);
-3. **mask (host)**: the next position's allowed tokens, computed while the GPU runs the body;
-4. **LM head**: dense (one GEMM) or chapter 2's masked head (allowed rows only), which runs eagerly: its launch
-   depends on the step's allowed set, which a replayed graph cannot change (its host cost is ``head_host``);
-5. **mask application**: the bitmask copied to the device and applied (dense head only);
-6. **sampling** on the device, the tokens copied to the host, which waits: the one synchronisation per step, which
-   the grammar needs. After the masked head a greedy step reads only the logits it computed
-   (:func:`~studylog.decode.kernels.allowed_argmax`; ``sample="all"`` reads the whole row instead); otherwise an
-   argmax over the vocabulary;
-7. **bookkeeping (host)**: the grammar advances; forced tokens are appended and join the next step's chunk.
+Every step of every configuration: (1) the tokens not yet in the KV cache go to the device in one copy; (2) one
+forward of the body on that chunk (a CUDA graph per chunk length on a GPU); (3) the host computes the next
+position's allowed tokens while the body runs; (4) the LM head, dense or chapter 2's masked head (eager: its launch
+depends on the step's allowed set, which a replayed graph cannot change); (5) the bitmask applied (dense head
+only); (6) sampling, then the one wait per step, for the tokens the grammar needs; (7) the grammar advances and
+forced tokens join the next step's chunk.
 """
 
 from __future__ import annotations
@@ -32,8 +24,6 @@ from studylog.decode.model import LlamaModel, dense_logits
 from studylog.runtime import cuda_graph
 
 class _Row:
-    """One sequence of the batch: its tokens, grammar state and place in the cache."""
-
     def __init__(self, prompt: list[int], grammar: Grammar, cfg: DecodeConfig, target: str | None):
         self.prompt = prompt
         self.ids: list[int] = []
@@ -46,8 +36,9 @@ class _Row:
         self.writer = Writer(grammar.vocab, target) if target is not None else None
 
     def pending(self) -> list[int]:
-        """Tokens of prompt + output whose keys and values are not in the cache yet."""
-        return (self.prompt + self.ids)[self.kv_len:]
+        """Tokens not in the cache yet (after the prefill: the token sampled last and the forced ones after it)."""
+        n = len(self.prompt)
+        return self.ids[self.kv_len - n:] if self.kv_len >= n else self.prompt[self.kv_len:] + self.ids
 
 
 class Marks:
@@ -69,7 +60,6 @@ class Marks:
             self.marks.append(time.perf_counter())
 
     def ms(self) -> list[float]:
-        """Milliseconds from the first mark to each mark."""
         if not self.marks:
             return []
         if self.cuda:
@@ -84,10 +74,9 @@ _MARKS_PER_STEP = 7
 
 
 class Decoder:
-    """A model, a KV cache for ``batch`` sequences of up to ``max_seq`` tokens, and the loop's device buffers,
-    allocated once. ``graphs`` (default: on a GPU) replays the body per chunk length of ``chunk_sizes`` (a chunk
-    is padded to the next; longer ones run eagerly). ``head_impl``: ``"kernel"`` (chapter 2's kernels, a GPU's
-    default) or ``"torch"`` (the same contract in torch, a CPU's)."""
+    """A model, a KV cache for ``batch`` sequences of up to ``max_seq`` tokens, and the loop's buffers. ``graphs``
+    replays the body per chunk length (a chunk padded to the next of ``chunk_sizes``; longer ones run eagerly);
+    ``head_impl``: ``"kernel"`` (chapter 2's kernels) or ``"torch"`` (the same contract in torch)."""
 
     def __init__(self, model: LlamaModel, vocab: pieces.TokenVocabulary | None = None, *, batch: int = 1,
                  max_seq: int = 512, chunk_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
@@ -147,15 +136,13 @@ class Decoder:
     #: Whether the body returns every chunk position's hidden state (a verifier of drafts) or the last one's.
     every_position = False
 
-    # -- the body -------------------------------------------------------------------------------------------
     def _body_eager(self, T: int) -> Tensor:
         C = self.max_chunk
         return self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache,
                           every=self.every_position)
 
     def _graph(self, T: int) -> tuple[Any, Tensor]:
-        """The body for chunk length ``T`` captured in a CUDA graph (captured on first use). Its inputs are
-        the static buffer ``_inp``; its output is a static hidden-state tensor."""
+        """The body for chunk length ``T`` in a CUDA graph (captured on first use), reading the static ``_inp``."""
         if T not in self._graphs:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
@@ -163,8 +150,7 @@ class Decoder:
         return self._graphs[T]
 
     def body_call(self, T: int = 1, fused: bool | None = None, gemv: bool | None = None):
-        """A graph-safe call of the body on the static input buffers at chunk length ``T`` (what a benchmark times
-        alone); ``fused`` and ``gemv`` as :meth:`LlamaModel.forward` takes them."""
+        """A graph-safe call of the body on the static input buffers at chunk length ``T`` (timed alone)."""
         if T > self.max_chunk:
             raise ValueError(f"T must be at most the largest chunk size {self.max_chunk}, got {T}")
         C = self.max_chunk
@@ -172,9 +158,8 @@ class Decoder:
                                   gemv=gemv)
 
     def prepare(self, grammar: Grammar, config: DecodeConfig | str = "masked_head") -> None:
-        """What the first request of ``grammar`` would otherwise do inside its steps (masked head, Triton kernels):
-        build every state's allowed set on the device, run the head once on each at batch 1 (compiling every
-        launch variant a batch-1 request reaches) and compile the sampler's two variants. Once per grammar."""
+        """Build every state's allowed set and compile the head's and the sampler's launch variants now, not
+        inside the first request's steps (masked head, Triton kernels; once per grammar)."""
         cfg = CONFIGS[config] if isinstance(config, str) else config
         if cfg.head != "masked" or self.head_impl != "kernel" or self._prepared.get(id(grammar)) is grammar:
             return  # the torch head (a CPU's) compiles nothing, and builds a state's set in microseconds
@@ -202,9 +187,8 @@ class Decoder:
         """One forward of the body on a chunk per sequence; returns the hidden state ``[B, D]``."""
         T = max(len(c) for c in chunks)
         C = self.max_chunk
-        # Written through a numpy view of the (pinned) host buffer: this runs while the device waits for the
-        # step's input, and a numpy store costs well under a microsecond where a torch ``__setitem__`` costs
-        # several. The previous step's copy from this buffer has finished: its token was waited for.
+        # a numpy store into the pinned buffer (far cheaper than torch's __setitem__); the previous step's copy
+        # from it has finished, since its token was waited for
         host = self._inp_np
         for b, c in enumerate(chunks):
             if T <= C:
@@ -224,20 +208,15 @@ class Decoder:
             return out
         return self._body_eager(T)
 
-    # -- a request ------------------------------------------------------------------------------------------
     def generate(self, grammar: Grammar, prompts: Sequence[Sequence[int] | str], config: DecodeConfig | str,
                  *, max_new_tokens: int = 64, targets: Sequence[str | None] | None = None,
                  temperature: float = 0.0, seed: int = 0, instrument: bool = True, record: bool = False) -> Generation:
-        """Decode one request: ``prompts`` (one per sequence: token ids or text), constrained by ``grammar``, run
-        as ``config``. ``targets`` (a text or None per sequence) steer the model to write them
-        (:class:`~studylog.decode.grammar.Writer`). ``temperature`` 0 is greedy; above 0, Gumbel-max sampling
-        with noise that depends only on ``seed``, the sequence, the position and the token, so every
-        configuration samples the same tokens.
-
-        ``instrument`` times the components of every step (CUDA events on a GPU): ``ms`` splits the wall time
-        into :data:`COMPONENTS` (``mask_wait``: the device idle while the host finishes the mask; ``host``: the
-        rest), beside ``mask_host`` and ``head_host``, host work that overlaps the body. ``record`` keeps the
-        hidden state of every sampled position, which :func:`~studylog.decode.agreement.compare` reads."""
+        """Decode one request: ``prompts`` (token ids or text per sequence) under ``grammar``, run as ``config``.
+        ``targets`` steer sequences to write given texts (:class:`~studylog.decode.grammar.Writer`). ``temperature``
+        above 0 samples with noise that depends only on ``seed``, sequence, position and token, so every
+        configuration samples the same tokens. ``instrument`` splits the wall time into :data:`COMPONENTS`
+        (``mask_wait``: the device idle while the host finishes the mask); ``record`` keeps the hidden state of
+        every sampled position, which :func:`~studylog.decode.agreement.compare` reads."""
         cfg = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
         if not isinstance(cfg, DecodeConfig):
             raise ValueError(f"config must be a DecodeConfig or one of {sorted(CONFIGS)}, got {config!r}")
@@ -373,7 +352,7 @@ class Decoder:
     @staticmethod
     def _account(marks: list[float], wall: list[float], mask_host: list[float], head_host: list[float],
                  instrument: bool) -> dict[str, float]:
-        """Per-component milliseconds summed over the steps (see :meth:`generate`)."""
+        """Per-component milliseconds summed over the steps."""
         ms = {"wall": float(sum(wall)), "mask_host": float(sum(mask_host)), "head_host": float(sum(head_host))}
         if not instrument or not wall:
             return ms
@@ -386,10 +365,8 @@ class Decoder:
         ms["host"] = ms["wall"] - sum(ms[k] for k in COMPONENTS[:-1])
         return ms
 
-    # -- the host's parts --------------------------------------------------------------------------------------
     def _host_mask(self, rows: list[_Row], active: list[int], grammar: Grammar, cfg: DecodeConfig):
-        """Compute the next position's allowed tokens on the host: into the bitmask buffer (dense head), or as
-        chapter 2's allowed sets (masked head). Finished sequences allow nothing."""
+        """The next position's allowed tokens: the bitmask (dense head) or chapter 2's allowed sets (masked head)."""
         if cfg.head == "masked":
             return grammar.allowed([rows[b].states[-1] if b in active else None for b in range(len(rows))],
                                    self.device)
@@ -408,8 +385,8 @@ class Decoder:
         return None
 
     def _sample(self, temperature: float, seed: int, allowed: pieces.AllowedTokens | None = None) -> None:
-        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok`` (on the device); with
-        the masked head's ``allowed`` sets, reading only the union's logits (the same token)."""
+        """Steering bias, then greedy or Gumbel-max sampling of ``_logits`` into ``_tok``; with ``allowed``, only
+        the union's logits are read (the same token)."""
         C = self.max_chunk
         steer = self._inp[:, C + 2]
         logits = self._logits
@@ -433,8 +410,7 @@ class Decoder:
         torch.argmax(logits, dim=1, out=self._tok)
 
     def _settle(self, r: _Row, grammar: Grammar, cfg: DecodeConfig, max_new: int) -> None:
-        """After a token: stop at the cap or where only EOS is allowed (jump configurations), and take the
-        jumps of the state reached (cut at the cap: a jump never writes past ``max_new``)."""
+        """After a token: stop at the cap or where only EOS is allowed, else take the state's jumps (cut at the cap)."""
         auto = grammar.automaton
         while True:
             if len(r.ids) >= max_new:
@@ -460,8 +436,8 @@ class Decoder:
                 return
 
     def _char_jump(self, r: _Row, jump, grammar: Grammar, max_new: int) -> bool:
-        """Append the forced bytes and retokenize (chapter 1's character-level jump); the cache and the matcher go
-        back to the first token that changed. False where the jump is not taken."""
+        """Append the forced bytes and retokenize; the cache and the matcher go back to the first changed token.
+        False where the jump is not taken."""
         new_text = bytes(r.text) + jump.data
         try:
             new_ids = self.vocab.encode(new_text.decode("utf-8"))

@@ -1,19 +1,13 @@
 """A Llama-style decoder with a static KV cache: the model the decode loop of this chapter runs.
 
-Llama's architecture (RMSNorm, rotary positions, grouped-query attention, SwiGLU, an optionally tied head) with
-random weights, a Hugging Face ``LlamaForCausalLM``'s (:func:`from_module`) or SmolLM2-135M-Instruct's
-(:func:`load_smollm2`). Two layout choices are a serving engine's:
-
-* q/k/v are one ``[(H + 2 Hkv) d, D]`` weight and gate/up one ``[2 I, D]`` weight (split again for a checkpoint);
-* the KV cache is static, ``[B, Hkv, S, d]`` per layer, and a forward takes a chunk per sequence (``tokens [B, T]``,
-  its first position ``start [B]``, its last real token ``last [B]``). Shapes depend only on ``(B, T)``, so a
-  forward per chunk length can be captured in a CUDA graph; padded tokens write keys past the sequence's end,
-  which a real token overwrites before any query sees them, so the cache holds ``max_seq + max_chunk`` positions.
-
-The body runs on torch's eager operations (a CPU, or ``fused=False``) or on the fused kernels of
-:mod:`~studylog.decode.kernels` (a GPU's default): six launches per layer for one token (four matrix-vector
-products with RMSNorm or SwiGLU in front and the residual add behind, rotary + cache write, attention), nine with
-cuBLAS's products for more. Both agree up to the order of sums; every configuration of the loop runs the same one.
+Random weights, a Hugging Face ``LlamaForCausalLM``'s (:func:`from_module`) or SmolLM2-135M-Instruct's
+(:func:`load_smollm2`). As in a serving engine, q/k/v are one ``[(H + 2 Hkv) d, D]`` weight and gate/up one
+``[2 I, D]`` weight; the KV cache is static, ``[B, Hkv, S, d]`` per layer, and a forward takes a chunk per sequence
+(``tokens [B, T]``, its first position ``start [B]``, its last real token ``last [B]``). Shapes depend only on
+``(B, T)``, so a forward per chunk length can be captured in a CUDA graph; padded tokens write keys past the
+sequence's end, which a real token overwrites before any query sees them, so the cache holds
+``max_seq + max_chunk`` positions. The body runs torch's operations or the fused kernels of
+:mod:`~studylog.decode.kernels`; both agree up to the order of sums.
 """
 
 from __future__ import annotations
@@ -95,9 +89,8 @@ CONFIGS: dict[str, ModelConfig] = {
 
 
 def model_config(name: str, **changes: Any) -> ModelConfig:
-    """One of :data:`CONFIGS`, with fields changed (``model_config("tiny", vocab_size=1000)``). A head_dim the base
-    derives (hidden // heads) is derived again when ``hidden`` or ``heads`` change and ``head_dim`` is not given:
-    a new shape must not keep the old shape's head width."""
+    """One of :data:`CONFIGS`, with fields changed; a derived head_dim is derived again when ``hidden`` or
+    ``heads`` change (a new shape must not keep the old shape's head width)."""
     if name not in CONFIGS:
         raise ValueError(f"unknown model config {name!r}; choose from {sorted(CONFIGS)}")
     base = CONFIGS[name]
@@ -114,9 +107,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def _attention(q: Tensor, kc: Tensor, vc: Tensor, visible: Tensor, scale: float) -> Tensor:
-    """Grouped-query attention of ``q [B, T, H, d]`` over the whole cache ``[B, Hkv, S, d]``, keys masked by
-    ``visible [B, T, S]``; softmax in fp32. Returns ``[B, T, H * d]``. (Two batched matmuls: on a CPU,
-    torch's fused attention with a mask is far slower at these sizes.)"""
+    """Grouped-query attention of ``q [B, T, H, d]`` over the cache ``[B, Hkv, S, d]``, keys masked by
+    ``visible [B, T, S]``, softmax in fp32; ``[B, T, H * d]``. (On a CPU, torch's fused attention with a mask is
+    far slower than two matmuls.)"""
     B, T, H, d = q.shape
     Hkv, S = kc.shape[1], kc.shape[2]
     G = H // Hkv
@@ -133,8 +126,6 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 class Layer(nn.Module):
-    """One decoder layer (weights only; the cache lives in :class:`KVCache`)."""
-
     def __init__(self, cfg: ModelConfig, device=None, dtype=None):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
@@ -155,10 +146,6 @@ class KVCache:
     v: Tensor
 
     @property
-    def batch(self) -> int:
-        return self.k.shape[1]
-
-    @property
     def positions(self) -> int:
         return self.k.shape[3]
 
@@ -168,8 +155,7 @@ GEMV_MAX_TOKENS = 16
 
 
 class LlamaModel(nn.Module):
-    """A Llama-style decoder: ``forward`` runs the body on a chunk and returns the final hidden state of
-    each sequence's last real token; :meth:`logits` is the dense LM head (fp32 output)."""
+    """A Llama-style decoder: ``forward`` runs the body on a chunk; :meth:`logits` is the dense LM head (fp32)."""
 
     def __init__(self, cfg: ModelConfig, *, device=None, dtype=torch.bfloat16, seed: int | None = 0,
                  fused: bool | None = None):
@@ -178,8 +164,7 @@ class LlamaModel(nn.Module):
                             f"...), got dtype={dtype!r}: weights are trained and stored as floats")
         super().__init__()
         self.config = cfg
-        #: Which body :meth:`forward` runs by default: the fused kernels (True), torch's operations (False),
-        #: or None: fused on a CUDA device, torch elsewhere.
+        #: Which body :meth:`forward` runs by default (True: fused; None: fused on a CUDA device).
         self.fused = fused
         kw = dict(device=device, dtype=dtype)
         self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **kw))
@@ -193,7 +178,6 @@ class LlamaModel(nn.Module):
         if seed is not None:
             self.randomize(seed)
 
-    # -- weights --------------------------------------------------------------------------------------
     @torch.no_grad()
     def randomize(self, seed: int = 0, std: float = 0.02) -> "LlamaModel":
         """Random weights (normal, ``std``; norms at one), drawn on the weights' device from ``seed``."""
@@ -216,7 +200,6 @@ class LlamaModel(nn.Module):
     def layer(self, i: int) -> Layer:
         return self.layers[0 if self.config.shared_layers else i]
 
-    # -- cache ----------------------------------------------------------------------------------------
     def new_cache(self, batch: int, positions: int) -> KVCache:
         c = self.config
         shape = (c.layers, batch, c.kv_heads, positions, c.head_dim)
@@ -233,9 +216,7 @@ class LlamaModel(nn.Module):
             self._rope[key] = (ang.cos().to(self.device, self.dtype), ang.sin().to(self.device, self.dtype))
         return self._rope[key]
 
-    # -- forward --------------------------------------------------------------------------------------
     def uses_fused(self, device: torch.device | None = None) -> bool:
-        """Whether :meth:`forward` runs the fused kernels by default on ``device`` (the model's by default)."""
         if self.fused is not None:
             return self.fused
         return torch.device(device or self.device).type == "cuda"
@@ -243,10 +224,9 @@ class LlamaModel(nn.Module):
     def forward(self, tokens: Tensor, start: Tensor, last: Tensor, cache: KVCache, *,
                 fused: bool | None = None, gemv: bool | None = None, every: bool = False) -> Tensor:
         """Run the body on ``tokens [B, T]`` at positions ``start[b] + 0..T-1``, writing their keys and values
-        into ``cache``; return the final-normed hidden state of token ``last[b]``, ``[B, D]``, or with ``every``
-        that of every token, ``[B, T, D]``. ``fused``: the fused kernels or torch's (default :meth:`uses_fused`);
-        ``gemv``: the fused path's six-launch layer (default for one token) or, False, the nine-launch one.
-        No host synchronisation on a GPU: the call can be captured in a CUDA graph."""
+        into ``cache``; return the final-normed hidden state of token ``last[b]``, ``[B, D]`` (``every``: of every
+        token, ``[B, T, D]``). ``gemv``: the fused path's six-launch layer (default for one token) or the
+        nine-launch one. No host synchronisation on a GPU, so the call can be captured in a CUDA graph."""
         if tokens.device.type == "cpu" and tokens.numel():  # on a GPU a check would wait for the device
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0 or hi >= self.config.vocab_size:
@@ -286,8 +266,7 @@ class LlamaModel(nn.Module):
 
     def _forward_fused(self, tokens: Tensor, start: Tensor, last: Tensor | None, cache: KVCache,
                        gemv: bool | None = None) -> Tensor:
-        """:meth:`forward` on the kernels of :mod:`~studylog.decode.kernels`: six launches per layer for one token
-        (a decode step at batch 1), nine for more. ``last`` None: every token's hidden state."""
+        """:meth:`forward` on the fused kernels; ``last`` None: every token's hidden state."""
         c = self.config
         B, T = tokens.shape
         cos_t, sin_t = self._rope_tables(cache.positions)
@@ -356,9 +335,7 @@ def dense_logits(hidden: Tensor, weight: Tensor, out: Tensor | None = None) -> T
     return out.copy_(torch.mm(hidden, weight.t()))
 
 
-# --------------------------------------------------------------------------------------------------------
 # Checkpoints: the Hugging Face Llama layout (config.json + model.safetensors)
-# --------------------------------------------------------------------------------------------------------
 
 _LAYER_KEYS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
                "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
@@ -427,8 +404,7 @@ def state_dict_hf(model: LlamaModel) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str = "the checkpoint") -> LlamaModel:
-    """Copy Hugging Face Llama tensors into ``model``; a missing, unexpected or mis-shaped tensor is an
-    error that names it."""
+    """Copy Hugging Face Llama tensors into ``model``; a missing, unexpected or mis-shaped tensor is an error."""
     c = model.config
     want = {k: tuple(t.shape) for k, t in state_dict_hf(model).items()}
     optional = {"lm_head.weight"} if c.tie_embeddings else set()
@@ -443,7 +419,6 @@ def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str
     for k, shape in want.items():
         if tuple(tensors[k].shape) != shape:
             raise ValueError(f"{where}: tensor {k} has shape {tuple(tensors[k].shape)}, the config says {shape}")
-    hd = c.head_dim
     model.embed_tokens.copy_(tensors["model.embed_tokens.weight"])
     model.norm.copy_(tensors["model.norm.weight"])
     if not c.tie_embeddings:
@@ -461,8 +436,7 @@ def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str
 
 
 def from_module(module: nn.Module, *, device=None, dtype: torch.dtype | None = None) -> LlamaModel:
-    """A :class:`LlamaModel` with the weights of a Hugging Face ``LlamaForCausalLM`` (or a module with its names);
-    a module without them is an error naming them."""
+    """A :class:`LlamaModel` with the weights of a Hugging Face ``LlamaForCausalLM`` (or a module with its names)."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     inner = getattr(module, "model", None)
@@ -482,8 +456,7 @@ def from_module(module: nn.Module, *, device=None, dtype: torch.dtype | None = N
 
 
 def load_smollm2(*, device=None, dtype: torch.dtype | None = None, path: str | Path | None = None) -> LlamaModel:
-    """SmolLM2-135M-Instruct (:mod:`studylog.smollm2`) as a :class:`LlamaModel` named ``smollm2-135m``, its
-    weights dequantized; ``device`` defaults to the GPU where there is one, ``dtype`` to bf16 there, else fp32."""
+    """SmolLM2-135M-Instruct (:mod:`studylog.smollm2`), dequantized, on the GPU in bf16 where there is one."""
     from studylog import runtime, smollm2
 
     ckpt = smollm2.read(path)
@@ -500,7 +473,7 @@ def load_smollm2(*, device=None, dtype: torch.dtype | None = None, path: str | P
 
 
 def describe(cfg: ModelConfig) -> dict[str, Any]:
-    """The config and its parameter counts (what the notebook and the benchmark print)."""
+    """The config and its parameter counts."""
     counts = cfg.parameter_counts()
     return {**asdict(cfg), **{f"params_{k}": v for k, v in counts.items()},
             "head_share": round(cfg.head_share(), 4), "params_total_b": round(sum(counts.values()) / 1e9, 3)}

@@ -1,17 +1,10 @@
 """What practitioners would run instead: Hugging Face ``generate`` with xgrammar's logits processor.
 
-:func:`hf_model` builds a ``transformers.LlamaForCausalLM`` with a :class:`~studylog.decode.model.LlamaModel`'s
-weights and config; :func:`hf_generate` runs a constrained greedy request through ``hf.generate(...,
-logits_processor=[xgrammar.contrib.hf.LogitsProcessor(grammar.xgrammar)])``, xgrammar's documented integration;
-:func:`time_hf` times it per output token as the loop's rows are timed. On a CPU in fp32 it writes step 1's tokens
-(tested). What separates the two (transformers 5.x ``GenerationMixin._sample``, xgrammar 0.2.9 ``contrib/hf.py``):
-no CUDA graphs (a growing ``DynamicCache``, torch's operations one launch at a time); a Python host loop per
-token (inputs, masks and rotary tables rebuilt, the processor's ``accept_token`` after an ``.item()``, its bitmask
-filled on the host and copied from pageable memory, a stop check that waits for the device); the dense head's
-logits in the model's dtype; no forced-token jumps.
-
-The processor masks only the grammar's vocabulary width, so :func:`hf_generate` refuses a grammar whose
-vocabulary is not exactly the head's rows, as :class:`~studylog.decode.loop.Decoder` does.
+:func:`hf_model` copies a :class:`~studylog.decode.model.LlamaModel` into a ``transformers.LlamaForCausalLM``;
+:func:`hf_generate` runs a constrained greedy request through ``hf.generate`` with
+``xgrammar.contrib.hf.LogitsProcessor``, xgrammar's documented integration; :func:`time_hf` times it per output
+token as the loop's rows are timed. The processor masks only the grammar's vocabulary width, so a grammar whose
+vocabulary is not exactly the head's rows is refused.
 """
 
 from __future__ import annotations
@@ -45,9 +38,8 @@ def _rope_theta(config: Any) -> float | None:
 
 @torch.no_grad()
 def hf_model(model: LlamaModel, *, attn_implementation: str | None = None):
-    """A ``transformers.LlamaForCausalLM`` with a copy of ``model``'s weights and its config, on its device and
-    dtype, in eval mode, built as ``from_pretrained`` builds one and loaded strictly (a missing or extra tensor is
-    an error). ``attn_implementation``: transformers' choice by default (SDPA)."""
+    """A ``transformers.LlamaForCausalLM`` with a copy of ``model``'s weights and config, on its device and dtype,
+    in eval mode, built as ``from_pretrained`` builds one and loaded strictly."""
     model = check_model(model)
     transformers = _transformers()
     cfg = model.config
@@ -135,10 +127,8 @@ def _positive(name: str, v: Any) -> int:
 
 def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int,
                 eos_id: int | None = None) -> list[int]:
-    """The greedy constrained output of ``hf`` (a :func:`hf_model`) for one prompt: ``hf.generate`` with
-    ``do_sample=False``, ``max_new_tokens``, xgrammar's HF logits processor for ``grammar.xgrammar`` (a new one per
-    call: it holds the matchers' state), ``eos_token_id = pad_token_id = eos_id`` (default: the grammar's
-    vocabulary's EOS) and an all-ones attention mask. Returns the output ids, EOS excluded."""
+    """The greedy constrained output ids of ``hf`` for one prompt, EOS excluded (a new xgrammar processor per
+    call: it holds the matchers' state); ``eos_id`` defaults to the grammar's vocabulary's EOS."""
     hf, rows = _check_hf(hf)
     grammar = _check_grammar(grammar, rows)
     ids = _prompt(prompt_ids, rows)
@@ -170,8 +160,7 @@ def _inputs(hf, grammar: Grammar, ids: list[int]) -> tuple:
 
 
 class HFTiming(NamedTuple):
-    """:func:`time_hf`'s result: the median of ``per_repeat`` (ms per output token), each repeat's value, and the
-    output ids (the same every repeat: greedy)."""
+    """:func:`time_hf`'s result: the median ms per output token, each repeat's, and the first repeat's ids."""
 
     ms_per_token: float
     per_repeat: list[float]
@@ -182,9 +171,8 @@ class HFTiming(NamedTuple):
 
 def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int, repeats: int = 3,
             eos_id: int | None = None, warmup: bool = True) -> HFTiming:
-    """Milliseconds per output token of :func:`hf_generate`, as ``Generation.ms_per_token``: the ``generate``
-    call's wall time (prefill included, the processor built before the clock) over its output tokens. One
-    untimed run (``warmup``), then ``repeats`` timed with Python's collector paused, as the benchmark runs the loop."""
+    """Milliseconds per output token of :func:`hf_generate`, as ``Generation.ms_per_token`` (prefill included, the
+    processor built before the clock): a warm-up, then ``repeats`` timed with Python's collector paused."""
     from studylog.bench import collector_paused
 
     hf, rows = _check_hf(hf)

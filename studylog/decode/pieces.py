@@ -1,9 +1,4 @@
-"""Everything this chapter takes from chapters 1 and 2, in one place (so that a rename there is fixed here).
-
-Chapter 1 (``studylog.fsm``): the cl100k vocabulary, JSON schema -> regex, the automaton with its allowed tokens
-per state and its forced-token jumps, and the schema suite. Chapter 2 (``studylog.masked_lm_head``): the
-allowed-token sets in the form its kernels read, and the masked LM head's dispatch.
-"""
+"""Everything this chapter takes from chapters 1 (``studylog.fsm``) and 2 (``studylog.masked_lm_head``)."""
 
 from __future__ import annotations
 
@@ -47,11 +42,10 @@ class Automaton:
         self.transition = self.fsm.index.get_next_state
 
     def next(self, state: int, token: int) -> int | None:
-        """The state after ``token``; None when the token is not allowed there."""
+        """The state after ``token``; None where it is not allowed."""
         return self.fsm.next_state(state, token)
 
     def walk(self, ids, state: int) -> list[int]:
-        """The states after each prefix of ``ids`` from ``state`` (raises on a disallowed token)."""
         return self.fsm.walk(ids, state)
 
     def only_eos(self, state: int) -> bool:
@@ -59,15 +53,13 @@ class Automaton:
         return self.fsm.only_eos(state)
 
     def token_jump(self, state: int):
-        """The forced-token chain from ``state`` (``.tokens``, ``.data``, ``.end``), or None."""
         return self.fsm.token_jumps.get(state)
 
     def char_jump(self, state: int):
-        """The forced-bytes chain from ``state`` (``.data``, ``.end``), or None."""
         return self.fsm.char_jumps.get(state)
 
     def allowed_ids(self, state: int) -> np.ndarray:
-        """The sorted allowed token ids of a state (EOS included in final states), int64."""
+        """The sorted allowed token ids of a state (EOS included in final states)."""
         return self.fsm.allowed(state).numpy()
 
     @property
@@ -94,16 +86,15 @@ def allowed_from_ids(ids: np.ndarray, vocab_size: int, device) -> AllowedTokens:
 
 
 def allowed_batch(mask: Tensor, union: np.ndarray, counts: tuple[int, ...]) -> AllowedTokens:
-    """Chapter 2's allowed sets of a batch from parts the caller has already checked: the ``[B, V]`` mask (on
-    the device), the sorted union of the ids (on the host) and each sequence's count. No device round trip."""
+    """Chapter 2's allowed sets of a batch from checked parts (the ``[B, V]`` mask, the sorted union on the host,
+    the counts), without a device round trip."""
     union_ids = torch.from_numpy(np.ascontiguousarray(union, dtype=np.int32)).to(mask.device, non_blocking=True)
     few = tuple(int(i) for i in union) if len(union) <= FEW_IDS_MAX else None
     return AllowedTokens(vocab_size=mask.shape[1], mask=mask, union_ids=union_ids, counts=counts, few_ids=few)
 
 
 def masked_head_kernel(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: Tensor) -> Tensor:
-    """Chapter 2's masked LM head (its dispatch: the path for this batch size and allowed count): fp32
-    logits for the allowed tokens, ``-inf`` elsewhere. Weights in bf16 or fp16."""
+    """Chapter 2's masked LM head (its dispatch): fp32 logits for the allowed tokens, ``-inf`` elsewhere."""
     return _ch2.masked_logits(h, weight, allowed, out=out)
 
 

@@ -1,12 +1,8 @@
-"""The chapter's benchmark and headline (the figures are the book's: ``book.decode.figures``).
+"""The chapter's benchmark and headline.
 
-``bench(run)``: the ~1B shape, the ~8B cost model and the real model (SmolLM2-135M-Instruct), batch 1 and 8,
-every schema of chapter 1's suite in every configuration (:data:`ORDER`). The random-weight shapes are steered to
-a valid sample of the schema (:class:`~studylog.decode.grammar.Writer`), so their outputs and forced tokens are
-realistic. Per case: the wall time per output token (prefill included), an instrumented run's components, the
-forwards and whether the tokens equal step 1's; beside them each component alone on the GPU clock
-(:func:`components`). :func:`sweep` also runs on a CPU at the tiny shape with any recorder that has ``record``,
-``check`` and ``note`` (the tests).
+``bench(run)``: the ~1B shape, the ~8B cost model and the real model (SmolLM2-135M-Instruct), batch 1 and 8, every
+schema of chapter 1's suite in every configuration (:data:`ORDER`), the random-weight shapes steered to a valid
+sample of the schema; beside them each component alone on the GPU clock (:func:`components`).
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ PROMPT = "Reply with one JSON value or string that follows the format you are gi
 
 
 def series_of(config: str) -> str:
-    """The benchmark series of a configuration: a step's series (``step01``) or the configuration's name."""
+    """A configuration's benchmark series: its step's (``step01``) or its own name."""
     from studylog.decode import CHAPTER
 
     return CHAPTER.step(STEP_OF[config]).series if config in STEP_OF else config
@@ -60,8 +56,8 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
           schemas: Sequence[str], configs: Sequence[str] = ORDER, repeats: int = 3, max_new_tokens: int = 160,
           max_seq: int = 512, dtype: torch.dtype = torch.bfloat16, head_impl: str | None = None,
           whitespaces: Sequence[str] = ("compact",), both_whitespaces_at: tuple[str, int] | None = None) -> None:
-    """Decode every schema in every configuration and record it with ``run``. JSON schemas are compiled with each
-    of ``whitespaces`` (chapter 1's patterns); ``both_whitespaces_at`` = ``(shape, batch)`` adds the other there."""
+    """Decode every schema in every configuration and record it with ``run`` (any recorder with ``record``,
+    ``check`` and ``note``); ``both_whitespaces_at`` = ``(shape, batch)`` adds the other whitespace there."""
     from studylog.bench import Timing
 
     for shape in shapes:
@@ -158,8 +154,7 @@ def hf_twin(run, model: LlamaModel):
 
 def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *, max_new_tokens: int,
             repeats: int, params: dict) -> None:
-    """Hugging Face ``generate`` with xgrammar's processor (:mod:`~studylog.decode.peers`) on the same model and
-    request, per output token on the loop's clock, and whether it wrote step 1's tokens."""
+    """Hugging Face ``generate`` with xgrammar's processor on the same request, and whether it wrote step 1's tokens."""
     from studylog.bench import Timing
     from studylog.decode import peers
 
@@ -169,8 +164,7 @@ def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *,
 
 
 def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_tokens: int, params: dict) -> dict:
-    """Steps 2 and 3 against step 1, unsteered and untimed: the same tokens, or a divergence inside the bound of
-    :mod:`~studylog.decode.agreement` (a check per comparison)."""
+    """Steps 2 and 3 against step 1, unsteered: the same tokens, or a divergence inside the rounding bound."""
     from studylog.decode import agreement
 
     outs = {c: decoder.generate(grammar, prompts, c, max_new_tokens=max_new_tokens, instrument=False, record=True)
@@ -212,9 +206,8 @@ def count_kernels(fn) -> dict[str, int]:
 
 def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda",
                  dtype: torch.dtype = torch.bfloat16) -> None:
-    """The kernels one forward of each body launches (batch 1, one token), added to the ``body``, ``body_cublas``
-    and ``body_unfused`` rows at chunk 1. Called after every timing: a process that has profiled stays slower
-    (pytorch/pytorch#144455, ``lab/decode/profiler_residue.py``)."""
+    """The kernels one forward of each body launches (batch 1, one token), added to the body rows at chunk 1.
+    Called after every timing: a process that has profiled stays slower (pytorch/pytorch#144455)."""
     for shape in shapes:
         cfg = model_config(shape)
         model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
@@ -229,10 +222,8 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
 
 
 def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | None = None) -> None:
-    """Each component alone on the GPU clock: the body at chunk lengths 1, 8 and the largest (with its floor), the
-    nine-launch and torch's bodies at chunk 1, the dense head, chapter 2's masked head at :data:`HEAD_COUNTS`
-    (both heads with their host time per call), the bitmask's application, the argmax, and step 3's sampling
-    over the allowed ids (checked against the argmax)."""
+    """Each component alone on the GPU clock: the bodies (the fused one with its floor), both heads (with their
+    host time per call), the bitmask's application and both samplings (the masked ones checked)."""
     import numpy as np
     import xgrammar as xgr
 
@@ -292,8 +283,8 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
 
 
 def plan(quick: bool) -> list[dict[str, Any]]:
-    """The sweeps (keyword arguments of :func:`sweep`); ``quick``: four schemas, fewer repetitions. Five
-    repetitions at the headline's shape: the loop waits on the host every step, and one slow run moves a median."""
+    """The sweeps (keyword arguments of :func:`sweep`). Five repetitions at the headline's shape: the loop waits
+    on the host every step, and one slow run moves a median."""
     schemas = suite_names()[:4] if quick else suite_names()
     return [dict(shapes=("1b",), batches=(1, 8), schemas=schemas, repeats=2 if quick else 5,
                  both_whitespaces_at=("1b", 1)),
@@ -324,14 +315,14 @@ def rows_of(results_rows: Sequence[dict], **params: Any) -> list[dict]:
 
 
 def series_label(config: str) -> str:
-    """A configuration's legend label: its step's name (``step01_baseline``) or its own name."""
+    """A configuration's label: its step's name (``step01_baseline``) or its own."""
     from studylog.decode import CHAPTER
 
     return CHAPTER.step(STEP_OF[config]).name if config in STEP_OF else config
 
 
 def _head_rows(results, model: str) -> int | None:
-    """The head's rows of ``model`` in a run, from the run's note on the model (None where it has none)."""
+    """The head's rows of ``model``, from the run's note on it (None without one)."""
     import ast
 
     for note in results.data.get("notes", []):
@@ -341,9 +332,8 @@ def _head_rows(results, model: str) -> int | None:
 
 
 def headline(results) -> list[dict]:
-    """Step 3 (and step 2) over step 1, end to end per output token, as the ratio of the median times: on the cost
-    models the medians over the suite's JSON schemas (the case names the head's rows: a run whose head was not padded is another case), on the real
-    model the median over its requests."""
+    """Step 3 (and step 2) over step 1 per output token, the ratio of the medians over the JSON schemas (cost
+    models; the case names the head's rows) or the requests (the real model)."""
     json_names = set(suite_names("json"))
     compact = rows_of(results.rows, whitespace="compact")
     baselines = {}  # (model, batch, schema) -> the first baseline row, as rows_of(...)[0] would give
@@ -366,8 +356,6 @@ def headline(results) -> list[dict]:
                     if "host" in parts:  # the step's time outside every timed part: host overhead, per token
                         host.append(parts["host"])
             if ratios:
-                # the speedup is the ratio of the two medians printed beside it (the schemas' times per output
-                # token), so the row's columns agree
                 rows = _head_rows(results, model)
                 what = (f"SmolLM2-135M-Instruct, real requests, batch {batch}, end to end per output token, median "
                         f"of {len(ratios)} requests" if real else

@@ -1,10 +1,5 @@
-"""Real requests for the real model: an instruction as a user writes it, plus the format, in the model's chat
-template; and the check that a finished output is what the format asks for.
-
-Each entry of chapter 1's suite gets instructions a user could send (JSON entries name their schema in the
-message, as structured-output APIs put it in the prompt; regex entries describe the format in words). The model
-answers on its own: no steering. A finished JSON output must validate against its schema (``jsonschema``), a
-regex output must match its pattern whole.
+"""Real requests for the real model (an instruction, then the schema or the format in words, in the chat template),
+and the check that a finished output is what the format asks for.
 """
 
 from __future__ import annotations
@@ -68,8 +63,7 @@ def message(name: str, variant: int = 0) -> str:
 
 
 def chat_ids(name: str, tokenizer: Any, variant: int = 0) -> list[int]:
-    """The request as the model reads it: the chat template around the user's message, as token ids
-    (``tokenizer``: :func:`studylog.smollm2.tokenizer`)."""
+    """The request as the model reads it (``tokenizer``: :func:`studylog.smollm2.tokenizer`)."""
     return tokenizer.encode_chat([{"role": "user", "content": message(name, variant)}])
 
 
@@ -89,11 +83,16 @@ def valid(name: str, text: bytes | str) -> tuple[bool, str]:
     if entry.kind == "regex":
         ok = re.fullmatch(entry.regex("default"), text) is not None
         return ok, "" if ok else "does not match the pattern"
+    return valid_json(text, entry.schema)
+
+
+def valid_json(text: bytes | str, schema: dict[str, Any]) -> tuple[bool, str]:
+    """Whether ``text`` is a JSON document valid for ``schema``: (ok, why not)."""
     import jsonschema
 
     try:
-        jsonschema.validate(json.loads(text), entry.schema)
-    except json.JSONDecodeError as exc:
+        jsonschema.validate(json.loads(text), schema)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return False, f"not JSON: {exc}"
     except jsonschema.ValidationError as exc:
         return False, f"not valid for the schema: {exc.message}"
@@ -108,4 +107,4 @@ def summarize(names: Sequence[str], texts: Sequence[bytes], finished: Sequence[b
             "invalid": [(n, why) for n, ok, why in checks if not ok]}
 
 
-__all__ = ["FORMATS", "INSTRUCTIONS", "batch_ids", "chat_ids", "message", "summarize", "valid"]
+__all__ = ["FORMATS", "INSTRUCTIONS", "batch_ids", "chat_ids", "message", "summarize", "valid", "valid_json"]

@@ -1,22 +1,9 @@
 """Chapter 8: speculation under a grammar, or drafts the grammar allows.
 
-Extracting fields from a document into JSON copies text: most values of the output stand in the prompt. Prompt
-lookup (chapter 3's n-gram matcher) proposes them; chapter 1's automaton cuts each proposal at the first token
-the grammar forbids and extends it with the tokens it forces; one forward of the model
-(:class:`SpeculativeDecoder`, chapter 7's loop with every position's hidden state) verifies the whole draft,
-chapter 2's masked head computing each position's logits for the ids its own state allows; the longest prefix
-the model agrees with is kept. The outputs are chapter 7's except at near ties (:mod:`studylog.decode.agreement`).
-
-The steps (each a configuration of the same loop, :data:`CONFIGS`; the lesson shows each one's change):
-
-* ``step01_masked_head``: chapter 7's result: forced-token jumps and the masked head, one token per forward;
-* ``step02_ngram_draft``: + n-gram drafts cut at the first forbidden token, verified in one forward;
-* ``step03_forced_draft``: + the forced chains the walk reaches join the draft (a field's closing quote, the next
-  key), so the verifying forward also computes the position after them;
-* ``step04_gated_draft``: + drafting switches itself off for a sequence whose drafts do not pay.
-
-Modules: ``draft`` (the matcher bound to a batch, the grammar's walk, the gate), ``loop`` (the decoder),
-``requests`` (the extraction workload), ``report`` (the benchmark); the notebook's tables are ``book.speculate``'s.
+Extracting fields from a document into JSON copies text. Prompt lookup (chapter 3's n-gram matcher) proposes it;
+chapter 1's automaton cuts each proposal at the first forbidden token and extends it with forced tokens; one
+forward (:class:`SpeculativeDecoder`) verifies the whole draft with chapter 2's masked head per position; the
+longest prefix the model agrees with is kept. The outputs are chapter 7's except at near ties.
 """
 
 from __future__ import annotations
@@ -51,7 +38,7 @@ def step04_gated_draft(decoder: SpeculativeDecoder, grammar: Grammar, prompts: S
     return decoder.generate(grammar, prompts, "gated_draft", **options)
 
 
-#: The steps, each a configuration of the same loop (a step's source is what it adds, where that is not its call).
+#: The steps, each a configuration of the same loop (a step's source is what it adds, where not its call).
 STEPS = (
     Step(1, "masked_head", "chapter 7's result: jumps and the masked head, one token per forward", "python",
          step01_masked_head, step01_masked_head),

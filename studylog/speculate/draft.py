@@ -1,11 +1,4 @@
-"""Drafts: chapter 3's n-gram matcher proposes, chapter 1's automaton cuts and extends.
-
-:class:`NgramDrafter` binds chapter 3's :class:`~studylog.ngram.NgramMatcher` to one batch's buffers: a call copies
-the outputs' new tokens in, runs the matcher (one launch on a GPU) and copies the drafts back, waiting for them
-(the grammar's walk needs them on the host). :func:`walk_draft` cuts a draft at the first token the grammar
-forbids and, with ``extend``, adds the forced chains it reaches; it never advances the sequence's own state, so a
-rejection needs no rollback. :class:`DraftGate` switches a sequence's drafting off where it does not pay.
-"""
+"""Drafts: chapter 3's n-gram matcher proposes, chapter 1's automaton cuts and extends, a gate switches them off."""
 
 from __future__ import annotations
 
@@ -58,7 +51,6 @@ class NgramDrafter:
         self.admit([[]] * batch)
 
     def _round_trip(self) -> None:
-        """The device's part of a call: the outputs and lengths in, the matcher, the drafts out."""
         if self._out is not self._out_host:
             self._out.copy_(self._out_host, non_blocking=True)
             self._lens.copy_(self._lens_host, non_blocking=True)
@@ -68,14 +60,13 @@ class NgramDrafter:
             self._this_time_host.copy_(self.seq_lens_this_time, non_blocking=True)
 
     def capture(self) -> None:
-        """Capture :meth:`_round_trip` in a CUDA graph (on a GPU): a call then costs one replay and one wait on
-        the host, instead of five launches and copies, each with its host overhead."""
+        """Capture the round trip in a CUDA graph: one replay instead of five launches and copies."""
         if self.device.type != "cuda" or self._graph is not None:
             return
         self._graph, _ = cuda_graph(self._round_trip)
 
     def admit(self, prompts: Sequence[Sequence[int]]) -> None:
-        """A new request's prompts (the haystacks), written into the bound buffers."""
+        """A new request's prompts (the haystacks)."""
         if len(prompts) != self.batch:
             raise ValueError(f"prompts holds {len(prompts)} sequences; the drafter has batch {self.batch}")
         width = self._prompt.shape[1]
@@ -91,9 +82,8 @@ class NgramDrafter:
         self._written = [0] * self.batch  # output tokens already in the host buffer, per sequence
 
     def propose(self, outputs: Sequence[Sequence[int] | None], room: Sequence[int]) -> list[list[int]]:
-        """Drafts for each sequence from its output so far (None: no draft this step), at most ``room[b]`` tokens
-        each: the copies in, one launch, the copies out (a graph replay after :meth:`capture`), one wait. Only the
-        output tokens not written yet are copied (all again where the written ones changed)."""
+        """Drafts of at most ``room[b]`` tokens from each output so far (None: no draft), waited for (the walk needs
+        them on the host). Only the output tokens not written yet are copied (all where the written ones changed)."""
         width = self._out_np.shape[1]
         lens, out, written = self._lens_np, self._out_np, self._written
         for b, ids in enumerate(outputs):
@@ -123,9 +113,8 @@ class NgramDrafter:
 
 @dataclass
 class Walked:
-    """A draft after the grammar's walk: the tokens to verify, the automaton's state before each of them and
-    after the last (``states[0]`` is the sequence's own state), which tokens the matcher proposed (the others
-    are forced tokens the walk added), and how many proposed tokens the grammar cut."""
+    """A draft after the grammar's walk: the tokens to verify, the states before each and after the last, which
+    tokens the matcher proposed (the others are forced), and how many proposed tokens the grammar cut."""
 
     tokens: list[int]
     states: list[int]

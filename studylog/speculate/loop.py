@@ -1,20 +1,14 @@
 """The speculative loop: draft, walk, verify in one forward, accept the longest agreeing prefix.
 
-A step of :class:`SpeculativeDecoder`, for every sequence of the batch:
-
-1. **draft**: chapter 3's matcher proposes what followed the output's last n-gram in the prompt;
-2. **walk** (host): chapter 1's automaton cuts the proposal at the first forbidden token and, from step 3 on,
-   extends it with the forced chains it reaches (:func:`~studylog.speculate.draft.walk_draft`);
-3. **body**: one forward on *pending tokens + draft*, returning every position's hidden state;
-4. **head**: chapter 2's masked head on the verified positions, each with its own state's allowed set;
-5. **sampling**: greedy (each row's allowed argmax) or speculative sampling on the masked distributions; the host
-   waits for the results;
-6. **accept** (host): the draft's longest prefix that agrees with the model, then the model's own token; the
-   grammar advances over those, and forced tokens follow as in chapter 7.
+A step, for every sequence of the batch: (1) chapter 3's matcher drafts; (2) chapter 1's automaton cuts the draft
+at the first forbidden token and, from step 3 on, extends it with forced chains; (3) one forward on *pending tokens
++ draft* returns every position's hidden state; (4) chapter 2's masked head runs on each verified position with its
+own state's allowed set; (5) sampling, and the host waits; (6) the draft's longest prefix that agrees with the
+model is kept, then the model's own token.
 
 Greedy, every accepted token is the allowed argmax at its position, so the outputs are chapter 7's wherever the
-logits' rounding allows (:mod:`~studylog.decode.agreement`). Sampled, a drafted ``x`` is accepted with probability
-``p(x)`` and otherwise the token is drawn from ``p`` without ``x``: every output keeps the model's probability.
+logits' rounding allows. Sampled, a drafted ``x`` is accepted with probability ``p(x)`` and otherwise the token is
+drawn from ``p`` without ``x``: every output keeps the model's probability.
 """
 
 from __future__ import annotations
@@ -70,9 +64,8 @@ SPEC_COMPONENTS = ("draft", "body", "head", "sampling", "host")
 
 @dataclass
 class SpecGeneration(Generation):
-    """A :class:`~studylog.decode.generation.Generation` with what the drafts did, per sequence: tokens
-    ``proposed``, ``cut`` by the grammar, ``forced_drafted``, ``verified``, ``accepted``; ``drafts``: steps that
-    verified one; ``trace`` (``trace=True``): each sequence's output length and state after every step."""
+    """A :class:`~studylog.decode.generation.Generation` with what the drafts did, per sequence (``drafts``: steps
+    that verified one); ``trace``: each sequence's output length and state after every step."""
 
     proposed: list[int] = field(default_factory=list)
     cut: list[int] = field(default_factory=list)
@@ -93,16 +86,9 @@ class SpecGeneration(Generation):
         return self.forwards / max(self.tokens, 1)
 
 
-def _pending(r) -> list[int]:
-    """A sequence's tokens not in the cache yet (the token sampled last and the forced ones after it)."""
-    n = len(r.prompt)
-    return r.ids[r.kv_len - n:] if r.kv_len >= n else r.prompt[r.kv_len:] + r.ids
-
-
 class SpeculativeDecoder(Decoder):
     """Chapter 7's :class:`~studylog.decode.loop.Decoder` whose body returns every position's hidden state, with
-    chapter 3's matcher bound to its batch (``draft_len`` tokens at most per step; ``ngram``: its n range), running
-    :data:`CONFIGS`. ``drafter`` replaces the matcher: a callable ``(outputs, room) -> drafts``."""
+    chapter 3's matcher bound to its batch (or a ``drafter(outputs, room) -> drafts``), running :data:`CONFIGS`."""
 
     every_position = True
 
@@ -117,8 +103,7 @@ class SpeculativeDecoder(Decoder):
             raise ValueError(f"draft_len={draft_len} does not fit the largest chunk ({self.max_chunk} tokens, one of "
                              f"them the token sampled last): use at most {self.max_chunk - 1}, or larger chunk_sizes")
         self.draft_len = draft_len
-        #: The gate's threshold (step 4): the accepted tokens a draft must be expected to return. None: a verifying
-        #: forward's extra cost in one-token forwards (set by :meth:`tune`; half a forward until then).
+        #: The gate's threshold (step 4). None: a verifying forward's extra cost in one-token forwards (:meth:`tune`).
         self.min_accepted = min_accepted
         self._derived_min_accepted = 0.5
         #: Chunk lengths whose verifying forward runs the six-launch layer (:meth:`tune` measures them).
@@ -140,7 +125,7 @@ class SpeculativeDecoder(Decoder):
 
     @property
     def gate_threshold(self) -> float:
-        """The accepted tokens per draft below which step 4's gate stops drafting (see ``min_accepted``)."""
+        """The accepted tokens per draft below which step 4's gate stops drafting."""
         return self.min_accepted if self.min_accepted is not None else self._derived_min_accepted
 
     def _body_eager(self, T: int) -> Tensor:
@@ -157,8 +142,8 @@ class SpeculativeDecoder(Decoder):
                                   gemv=gemv)
 
     def tune(self, reps: int = 20) -> dict[int, dict[str, float]]:
-        """Pick the verifying forward's layer per chunk length by timing each captured in a graph (on a GPU, before
-        :meth:`capture`); returns the milliseconds per replay, ``{T: {"gemv": ms, "cublas": ms}}``."""
+        """Pick the verifying forward's layer per chunk length by timing both in a graph (before :meth:`capture`);
+        returns ``{T: {"gemv": ms, "cublas": ms}}``."""
         if self.device.type != "cuda" or not self.model.uses_fused():
             return {}
         if self._graphs:
@@ -186,15 +171,14 @@ class SpeculativeDecoder(Decoder):
         return times
 
     def capture(self) -> None:
-        """Capture the body's graph of every chunk length and the drafter's round trip now (else on first use)."""
+        """Capture the body's graphs and the drafter's round trip now (else on first use)."""
         super().capture()
         if self.ngram is not None:
             self.ngram.capture()
 
     def generate(self, grammar: Grammar, prompts: Sequence, config: SpecConfig | str = "gated_draft", *,
                  trace: bool = False, **options) -> SpecGeneration:
-        """Decode one request as ``config`` (a name of :data:`CONFIGS` or a :class:`SpecConfig`) with the options
-        of :meth:`Decoder.generate` but ``targets`` (drafts are verified against the model's own tokens)."""
+        """Decode one request as ``config`` with :meth:`Decoder.generate`'s options but ``targets``."""
         if isinstance(config, str):
             if config not in CONFIGS:
                 raise ValueError(f"config must be one of {sorted(CONFIGS)} (chapter 7's configurations run on "
@@ -209,7 +193,6 @@ class SpeculativeDecoder(Decoder):
         self._trace = trace
         return super().generate(grammar, prompts, config, **options)
 
-    # -- the loop ------------------------------------------------------------------------------------------
     def _run(self, rows, grammar: Grammar, cfg: DecodeConfig, max_new: int, temperature: float, seed: int,
              instrument: bool, record: bool = False) -> Generation:
         records: list[dict] | None = [{} for _ in rows] if record else None
@@ -229,7 +212,7 @@ class SpeculativeDecoder(Decoder):
             t_step = time.perf_counter()
             marks = Marks(self.device, instrument)
             # 1-2. draft and walk
-            pend = [_pending(r) if not r.finished else [0] for r in rows]
+            pend = [r.pending() if not r.finished else [0] for r in rows]
             pending = [len(p) for p in pend]
             room = [0 if r.finished else min(max_new - len(r.ids) - 1, C - pending[b],
                                              self.max_seq - r.kv_len - pending[b] - 1)

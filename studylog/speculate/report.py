@@ -1,11 +1,8 @@
-"""The chapter's benchmark and headline (the figures and tables are the book's: ``book.speculate``).
+"""The chapter's benchmark and headline.
 
-``bench(run)``: SmolLM2-135M-Instruct (bf16), batch 1 and 8, on :data:`WORKLOADS` (the extraction requests and
-chapter 7's low-copy ones). Every request runs in every step's configuration and, on chapter 7's own decoder, its
-steps 3 and 1 (``ch7_step03``, ``ch7_step01``): wall time per output token, components, forwards, the drafts'
-counts, and checks (chapter 7's tokens up to the rounding bound; finished outputs valid). Beside them, on the GPU
-clock, the body at every chunk length (``verify``) and one drafting call (``draft_call``), from which
-:func:`bound` forecasts what the accepted lengths allow.
+``bench(run)``: SmolLM2-135M-Instruct (bf16), batch 1 and 8, on :data:`WORKLOADS`: every request in every step's
+configuration and in chapter 7's steps 3 and 1 on its own decoder; beside them, on the GPU clock, the body at every
+chunk length (``verify``) and one drafting call (``draft_call``), from which :func:`bound` forecasts.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ MAX_SEQ = 1024
 
 
 def batches_of(workload: str, batch: int, tokenizer) -> list[tuple[list[str], list[list[int]]]]:
-    """The requests of ``workload`` as batches of ``batch``: (names, prompts). An extraction batch holds
-    documents of one kind (one schema, one grammar); a low-copy batch, one entry's instructions in turn."""
+    """The requests of ``workload`` as batches of ``batch``: (names, prompts), one grammar per batch."""
     out = []
     if workload == "extraction":
         kinds = sorted({requests.document(n)["kind"] for n in requests.document_names()})
@@ -65,9 +61,8 @@ def valid(workload: str, name: str, text: bytes) -> tuple[bool, str]:
 
 def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[str] = WORKLOADS, repeats: int = 3,
           model=None, vocab=None, tokenizer=None, limit: int | None = None, max_new: int = MAX_NEW) -> None:
-    """Run every request of ``workloads`` in every configuration at each batch size and record it with ``run``
-    (the tests pass a tiny model, its vocabulary and a tokenizer-like object). ``limit``: the first requests of
-    each workload only; ``max_new``: the output cap."""
+    """Run every request of ``workloads`` (the first ``limit``) in every configuration at each batch size and
+    record it with ``run``."""
     from studylog.bench import Timing
 
     if model is None:
@@ -128,8 +123,7 @@ def sweep(run, *, device, batches: Sequence[int] = (1, 8), workloads: Sequence[s
 
 def agreement(run, name: str, ch7: Decoder, spec: SpeculativeDecoder, grammar, prompts, ref_config: str,
               series: str, outs: dict, params: dict, max_new: int = MAX_NEW) -> None:
-    """Check that ``series`` wrote chapter 7's ``ref_config``'s tokens or diverged at a near tie (both re-run with
-    their hidden states recorded, :func:`studylog.decode.agreement.compare`)."""
+    """Check that ``series`` wrote chapter 7's ``ref_config``'s tokens or diverged at a near tie."""
     from studylog.decode.agreement import compare
 
     ref = outs[CH7[ref_config]]
@@ -153,8 +147,8 @@ def _draft_fields(g: SpecGeneration) -> dict[str, Any]:
 
 
 def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
-    """The body at every chunk length (a verifying forward's cost) and one drafting call, each alone on the GPU
-    clock; the drafting call also with its host time (its cost in the loop, which waits for it)."""
+    """The body at every chunk length and one drafting call (also its host time: the loop waits for it), each
+    alone on the GPU clock."""
     base = {"model": "smollm2", "batch": batch}
     for T in decoder.chunk_sizes:  # the layer the loop runs at each chunk length, and the other where it has one
         for gemv in sorted({T in decoder.gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False}):
@@ -187,9 +181,7 @@ def bench(run) -> None:  # run: studylog.bench.BenchRun
     sweep(run, device="cuda", **plan(getattr(run, "quick", False)))
 
 
-# --------------------------------------------------------------------------------------------------------
 # Reading the results
-# --------------------------------------------------------------------------------------------------------
 
 def median_ms(rows: Sequence[dict], batch: int, workload: str, series: str) -> float:
     """The median over a workload's requests of each request's milliseconds per output token."""
@@ -203,9 +195,8 @@ def body_ms(rows: Sequence[dict], batch: int) -> dict[int, float]:
 
 
 def bound(rows: Sequence[dict], batch: int, workload: str, series: str = "step04") -> dict[str, float]:
-    """What the drafts allow, against chapter 7's step 3, summed over a workload's requests: ``forwards`` (the
-    ratio of forwards: the speedup if a verifying forward cost what a one-token forward costs) and ``forecast``
-    (each forward counted at its chunk length's measured body time, the drafting calls at theirs)."""
+    """What the drafts allow against chapter 7's step 3 over a workload: the ratio of ``forwards``, and the
+    ``forecast`` with each forward at its chunk length's body time and the drafting calls at theirs."""
     body = body_ms(rows, batch)
     draft = [r for r in rows_of(rows, batch=batch) if r["series"] == "draft_call"]
     draft_ms = draft[0].get("host_ms", draft[0]["ms"]) if draft else 0.0  # the loop waits for the drafts
@@ -236,8 +227,8 @@ def speedups(rows: Sequence[dict], batch: int, workload: str, series: str = "ste
 
 
 def summary(rows: Sequence[dict]) -> list[dict]:
-    """Per batch and workload: step 4's median and slowest speedup over chapter 7's step 3 (per request), the
-    accepted tokens per verified draft, and :func:`bound`'s forward ratio and forecast."""
+    """Per batch and workload: step 4's median and slowest speedup over chapter 7's step 3, the accepted tokens
+    per draft, and :func:`bound`'s ratios."""
     out = []
     for batch in (1, 8):
         for workload in WORKLOADS:

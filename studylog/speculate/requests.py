@@ -1,10 +1,8 @@
-"""The chapter's workload: document-to-JSON extraction, and requests where little is copied.
+"""The chapter's workload: document-to-JSON extraction, and chapter 7's requests, where little is copied.
 
-``assets/data/extraction_documents.json`` holds 25 documents of five kinds (invoices, contact cards, event
-notices, product pages, bug reports; ``lab/speculate/make_documents.py`` wrote them) and one JSON schema per kind.
-A request puts the document first and the instruction and schema after it: prompt lookup matches the leftmost
-occurrence of an n-gram, and the values are in the document. The low-copy requests are chapter 7's
-(:mod:`studylog.decode.requests`: a short instruction, its schema), whose outputs the prompt mostly does not hold.
+``assets/data/extraction_documents.json`` holds 25 documents of five kinds and one JSON schema per kind. A request
+puts the document first and the instruction and schema after it: prompt lookup matches the leftmost occurrence of
+an n-gram, and the values are in the document.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ import functools
 import json
 from typing import Any
 
+from studylog.decode.requests import valid_json
 from studylog.paths import DATA
 
 DOCUMENTS_PATH = DATA / "extraction_documents.json"
@@ -63,15 +62,7 @@ def chat_ids(name: str, tokenizer: Any) -> list[int]:
 
 def valid(name: str, text: bytes | str) -> tuple[bool, str]:
     """Whether a finished output is a JSON document valid for the request's schema: (ok, why not)."""
-    import jsonschema
-
-    try:
-        jsonschema.validate(json.loads(text), schema(name))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return False, f"not JSON: {exc}"
-    except jsonschema.ValidationError as exc:
-        return False, f"not valid for the schema: {exc.message}"
-    return True, ""
+    return valid_json(text, schema(name))
 
 
 __all__ = ["DOCUMENTS_PATH", "LOW_COPY", "chat_ids", "document", "document_names", "message",
