@@ -69,7 +69,7 @@ __all__ = [
     "step05_stream", "step06_few_ids", "step07_batched", "step08_reordered", "step09_dispatch", "masked_logits",
     "MaskedHeadPlan",
     # formats and the reference
-    "VOCAB", "HIDDEN", "AllowedTokens", "pack_bitmask", "reference_logits", "check_logits",
+    "VOCAB", "HIDDEN", "FEW_IDS_MAX", "AllowedTokens", "pack_bitmask", "reference_logits", "check_logits",
     # step 8's reordered vocabulary, step 9's rule, and the dense peer (torch: cuBLAS, then masked_fill)
-    "ReorderedHead", "cluster_order", "DispatchRule", "dispatch_rule", "choose_path", "cublas_masked",
+    "ReorderedHead", "cluster_order", "DispatchRule", "FALLBACK_RULE", "dispatch_rule", "choose_path", "cublas_masked",
 ]
