@@ -34,10 +34,9 @@ _CLASSES = {"d": ("[0-9]", "0-9"), "s": ("[ \\t\\n\\r\\f\\v]", " \\t\\n\\r\\f\\v
 
 
 def ascii_regex(regex: str) -> str:
-    """``regex`` with ``\\d``, ``\\s`` and ``\\w`` written as ASCII classes (inside a character class too),
-    ``.`` written as ``[^\\n]`` (what it means to outlines-core; xgrammar's ``.`` also matches a newline) and
-    an escaped space written as a space (xgrammar warns on ``\\ ``). ``\\D``, ``\\S``, ``\\W`` are
-    refused: their ASCII complement is not a plain class inside another class."""
+    """``regex`` as both libraries read it alike: ``\\d``, ``\\s`` and ``\\w`` as ASCII classes (Unicode to
+    outlines-core), ``.`` as ``[^\\n]`` (xgrammar's also matches a newline), ``\\ `` as a space. ``\\D``, ``\\S``,
+    ``\\W`` are refused: their ASCII complement is not a plain class inside another class."""
     out, i, in_class = [], 0, False
     while i < len(regex):
         c = regex[i]

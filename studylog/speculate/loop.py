@@ -32,9 +32,8 @@ from studylog.runtime import cuda_graph
 
 @dataclass(frozen=True)
 class SpecConfig(DecodeConfig):
-    """Chapter 7's step 3 (forced-token jumps, masked head on the automaton's sets) plus drafting: ``draft``
-    (n-gram proposals verified in one forward), ``extend`` (forced chains join the draft), ``gate`` (drafting
-    switches itself off where it does not pay)."""
+    """Chapter 7's step 3 plus drafting: ``draft`` (n-gram proposals verified in one forward), ``extend`` (forced
+    chains join the draft), ``gate`` (drafting switches itself off where it does not pay)."""
 
     draft: bool = True
     extend: bool = False
