@@ -30,8 +30,8 @@ DENSE_PATHS = ("row_skip", "cublas")
 class DispatchRule:
     """The thresholds of :func:`choose_path`. ``compact_max_fraction``: batch size -> the largest fraction of the
     vocabulary (the union's rows) that takes a compacted kernel; ``dense_path``: batch size -> the dense path above
-    it. A batch above 1 never takes batch 1's entries (measured on other kernels): with keys {1, 4}, batch 2 takes
-    key 4's. ``few_max``: batch-1 sets of at most this many ids take step 6.
+    it. A batch above 1 never takes batch 1's entries (measured on other kernels): with keys {1, 4},
+    batch 2 takes key 4's. ``few_max``: batch-1 sets of at most this many ids take step 6.
     """
 
     compact_max_fraction: Mapping[int, float]
