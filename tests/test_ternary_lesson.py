@@ -415,21 +415,30 @@ def test_the_steps_tables_give_each_bundled_change_a_lettered_row(results):
 
 
 def test_the_runs_apart_from_the_benchmark_are_named_where_their_numbers_are(results):
-    """The further runs are said once a page, in the layers table's caption near the top (one date for the layers
-    run and every run behind a table of changes, so that one sentence holds for all of them), not under each table;
-    part 2's provenance sentence only for BitNet's comparison where it is a second run of the benchmark."""
+    """Every table read from a lab run names its file under it (lab/ternary/results/<card>/<name>.json), its card
+    and its date, so that a reader can trace each number: the layers table for its k, v row, each ablation table,
+    and the steps table's note for its lettered rows (step 12's are the benchmark's own); part 2's provenance
+    sentence only for BitNet's comparison where it is a second run of the benchmark."""
     from book.ternary import results as tables
 
+    gpu = results.path.parent.name
     assert L.provenance(results, 1) == ""
-    layers = L.lab_or_none("ternary", L.LAYER_RUN, results.path.parent.name)
+    layers = L.lab_or_none("ternary", L.LAYER_RUN, gpu)
     if layers is not None:
-        caption = L.amdahl_layers_table(results).splitlines()[0]
-        assert layers["date"][:10] in caption and "every table of this page that splits a step" in caption
-        for name in set(L.SUB_ROW_RUNS.values()):
-            data = L.lab_or_none("ternary", name, results.path.parent.name)
-            assert data is None or data["date"][:10] == layers["date"][:10], name
-    for rows in (L.PART1_ROWS, L.PART2_ROWS):
-        assert "further run" not in L.boehm_table(results, rows)
+        table = L.amdahl_layers_table(results)
+        under = table.splitlines()[-1]
+        assert f"`lab/ternary/results/{gpu}/{L.LAYER_RUN}.json`" in under and layers["date"][:10] in under
+        assert f"`{L.bench_file(results)}`" in under and L.bench_file(results).startswith("assets/bench/")
+    for rows, steps in ((L.PART1_ROWS, (4, 9)), (L.PART2_ROWS, (10, 11, 13))):
+        table = L.boehm_table(results, rows)
+        for step in steps:
+            name = L.SUB_ROW_RUNS[step]
+            if L.lab_or_none("ternary", name, gpu) is not None:
+                assert f"`lab/ternary/results/{gpu}/{name}.json`" in table, name
+    for name, text in (("bundled_steps", L.step_changes(4) and L.step_changes_table(4, L.step_changes(4))),
+                       ("step11_changes", L.step11_changes(gpu)), ("step13_changes", L.step13_changes(gpu))):
+        if text is not None:
+            assert text.splitlines()[-1].startswith(f"From `lab/ternary/results/{gpu}/{name}.json`"), name
     run = tables.bitnet_results(results)
     if run is not None:
         two = L.provenance(results, 2, run.data)
@@ -437,6 +446,18 @@ def test_the_runs_apart_from_the_benchmark_are_named_where_their_numbers_are(res
     one, two = (json.loads(p.read_text())["cells"] for p in LESSONS)
     code = lambda cells: "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")  # noqa: E731
     assert "lesson.provenance(" not in code(one) and code(two).count("lesson.provenance(") == 1
+
+
+def test_the_peers_table_gives_the_binding_floor(results):
+    """The peers table's floor is the larger of the 2-bit bytes at the copy bandwidth and the card's latency floor
+    (an empty kernel), as every page's floor is."""
+    from book.common import latency_floor_ms
+
+    table = L.result_table(results, cases=((L.MAIN, 1), ("2560x2560", 1)))
+    empty = latency_floor_ms(results) * 1e3
+    for shape in (L.MAIN, "2560x2560"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {shape}, 1 |"))
+        assert row.strip(" |").split(" | ")[-1] == f"{max(L.floor_us(results, shape), empty):.1f}"
 
 
 def test_bitnets_host_times_come_from_its_run(results):

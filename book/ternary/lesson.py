@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from book.common import PENDING, fmt, lab_or_none
+from book.common import PENDING, fmt, lab_or_none, latency_floor_ms
 from book.ternary.results import failed_peer_checks, series_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
@@ -132,28 +132,54 @@ BITNET_LAYERS = (("q, o", 2560, 2560, 2, "2560x2560"), ("k, v", 640, 2560, 2, "2
 #: lab/ternary's run of every layer at its own shape (k and v included): only the shapes the benchmark lacks are
 #: read from it, so that a page quotes one time for a kernel at a shape.
 LAYER_RUN = "amdahl_shapes"
-def further_run(results, name: str) -> str:
-    """A table caption's sentence for numbers read from lab/ternary's run ``name`` on the results' card: the run
-    is apart from the benchmark of the page's caption, dated, and times every kernel it compares (so the table's
-    ratios are from one run). "" where the run is not committed for that card."""
-    if results is None or getattr(results, "path", None) is None:
-        return ""
-    data = lab_or_none("ternary", name, Path(results.path).parent.name)
+def lab_file(name: str, gpu: str = H200) -> str:
+    """The path, from the repository's root, of lab/ternary's run ``name`` on ``gpu``: the file a table from that
+    run names under it, so that a reader can trace its numbers."""
+    return f"lab/ternary/results/{gpu}/{name if Path(name).suffix else name + '.json'}"
+
+
+def run_source(name: str, gpu: str = H200) -> str:
+    """The sentence under a table read from lab/ternary's run ``name`` on ``gpu``: its file, its card and date, and
+    that it times every kernel it compares (so the table's ratios are from one run). "" where it is not committed."""
+    data = lab_or_none("ternary", name, gpu)
     if data is None:
         return ""
-    return (f"From a further run on the same {card(results)} on {data['date'][:10]}, which times every kernel it "
-            "compares.")
+    card_name = gpu.split("-")[1].upper() if "-" in gpu else gpu
+    date = f" on {data['date'][:10]}" if data.get("date") else ""
+    return (f"From `{lab_file(name, gpu)}`, a further run on the same {card_name}{date}, which times every kernel "
+            "it compares.")
+
+
+def bench_file(results) -> str:
+    """The path, from the repository's root, of the benchmark file ``results`` was read from."""
+    from studylog import paths
+
+    path = Path(results.path).resolve()
+    try:
+        return str(path.relative_to(paths.REPO_ROOT.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def further_run(results, name: str) -> str:
+    """:func:`run_source` for the card of ``results``; "" where the results or the run are missing."""
+    if results is None or getattr(results, "path", None) is None:
+        return ""
+    return run_source(name, Path(results.path).parent.name)
 
 
 def provenance(results, part: int, bitnet_run=None) -> str:
     """The page's one sentence, beside its caption, on a run of the benchmark other than the caption's: for part 2,
     BitNet's comparison where it is a second run (``bitnet_run``, the raw file of the benchmark's quick mode,
-    dated). "" otherwise: the further lab runs are named in the captions of the tables they fill
+    dated, its file named). "" otherwise: the further lab runs are named under the tables they fill
     (:func:`further_run`)."""
     if results is None or bitnet_run is None or not bitnet_run.get("quick") or part != 2:
         return ""
+    from book.ternary.results import BITNET_RUN
+
     return (f"BitNet's comparison is a second run of the benchmark on the same {card(results)} on "
-            f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it).")
+            f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it), "
+            f"`{lab_file(BITNET_RUN, Path(results.path).parent.name)}`.")
 
 
 def layer_run(results):
@@ -235,10 +261,7 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     own = layers is not None or all(gpu_row(results, CUBLAS, f"{n}x{k}") for _, n, k, _, _ in BITNET_LAYERS)
     head = ("every layer at its own shape" if own
             else "an estimate, since k and v (640 × 2560) were not run and are charged q's time")
-    apart = "" if layers is None else " " + further_run(results, LAYER_RUN).replace(
-        "From a further run", "The layers the benchmark lacks (k and v, 640 × 2560), and every table of this page "
-        "that splits a step into its changes, come from further runs").replace("which times", "each timing")
-    lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}.{apart}\n",
+    lines = [f"GPU clock, µs, one row of x, {card(results)}; {head}.\n",
              "| layer (N × K) | timed at | a layer has | cuBLAS bf16 | ours, bf16 x | × faster |", "|---|---|---|---|---|---|"]
     base = ours = 0.0
     for name, n, k, count, shape in BITNET_LAYERS:
@@ -254,6 +277,10 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
                      f"(`{series_label(series_).split(',')[0]}`) | {b / t:.2f} |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
                  f"**{base / ours:.2f}** |")
+    apart = further_run(results, LAYER_RUN) if layers is not None else ""
+    if apart:  # only the shapes the benchmark lacks are read from the layer run
+        lines.append("\nThe k, v row (the benchmark has no 640 × 2560): " + apart[0].lower() + apart[1:]
+                     + f" The other rows: `{bench_file(results)}`.")
     return "\n".join(lines)
 
 
@@ -334,16 +361,18 @@ def step_table(results, numbers, shapes=(MAIN, BIG), m: int = 1) -> str:
 def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x2560", 1), (MAIN, 16),
                                  (MAIN, 128), (BIG, 128)), w2a8=W2A8_SERIES) -> str:
     """Markdown, GPU clock, µs: per case, cuBLAS bf16, our fastest with bf16 x and the fastest of ``w2a8`` (each with
-    its step; every launch of step 12 unless told), the peers (GemLite, torch._int_mm) and the 2-bit floor; speedups
+    its step; every launch of step 12 unless told), the peers (GemLite, torch._int_mm) and the binding floor (the
+    larger of the 2-bit weights' time at the copy bandwidth and the card's latency floor, an empty kernel); speedups
     over cuBLAS in brackets; a peer's time is marked where its output fails its float64 check there (:data:`FAILS`).
     The W2A8 columns' headers say that their product is another one: x rounded to int8 a
     row, where cuBLAS bf16 and the bf16-x columns compute ``x @ W.T`` itself."""
     if results is None:
         return PENDING
     lines = ["| N x K, M | cuBLAS bf16 (x @ W.T) | ours, bf16 x | GemLite (bf16 x) | ours, W2A8: different numerics "
-             "(x rounded to int8) | torch._int_mm (W8A8): different numerics (x rounded to int8) | 2-bit floor |",
+             "(x rounded to int8) | torch._int_mm (W8A8): different numerics (x rounded to int8) | floor |",
              "|---|---|---|---|---|---|---|"]
     failed, marked = failed_peer_checks(results.data), False
+    empty = latency_floor_ms(results) * 1e3  # the card's latency floor: no call ends sooner
     for shape, m in cases:
         base = us(results, CUBLAS, shape, m)
         if base is None:
@@ -359,7 +388,8 @@ def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x
             # a failing output gets its time and the mark, no ratio (no ratio is drawn from a failing output)
             cells.append("–" if p is None else f"{p:.1f} {FAILS}" if bad else f"{p:.1f} ({base / p:.1f}×)")
             marked |= bad
-        cells.append(fmt(floor_us(results, shape, m), '.1f'))
+        two_bit = floor_us(results, shape, m)
+        cells.append(fmt(None if two_bit is None else max(two_bit, empty), '.1f'))
         lines.append("| " + " | ".join(cells) + " |")
     return _with_legend("\n".join(lines)) + (FAILS_NOTE if marked else "")
 
@@ -624,7 +654,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "sub_rows", "SUB_ROWS_NOTE", "further_run", "provenance", "step9_companions", "step10_changes", "layer_source",
+           "sub_rows", "SUB_ROWS_NOTE", "further_run", "run_source", "lab_file", "bench_file", "sub_row_sources", "provenance", "step9_companions", "step10_changes", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
 
@@ -774,6 +804,25 @@ SUB_ROW_RUNS = {4: "bundled_steps", 9: "bundled_steps", 10: "step10_changes", 11
                 13: "step13_changes"}
 
 
+def sub_row_sources(results, rows, shape: str = MAIN) -> str:
+    """One sentence naming the file each step's lettered rows are read from (:data:`SUB_ROW_RUNS`; step 12's are
+    the benchmark's own), so that every factor in the steps table traces to a committed file; "" where no lettered
+    row comes from a lab run."""
+    files: dict[str, list[str]] = {}
+    for number, m, _, _ in rows:
+        labels = [r[0] for r in sub_rows(results, number, m, shape)]
+        if labels and number in SUB_ROW_RUNS:
+            files.setdefault(SUB_ROW_RUNS[number], []).extend(labels)
+    if not files:
+        return ""
+    date = next((f" on {d['date'][:10]}" for d in (lab_or_none("ternary", f, H200) for f in files)
+                 if d and d.get("date")), "")
+    each = "; ".join(f"{', '.join(labels)} from `{lab_file(name)}`" for name, labels in files.items())
+    runs = ("a further run on the same H200{}, which times every kernel it compares" if len(files) == 1 else
+            "further runs on the same H200{}, each timing every kernel it compares").format(date)
+    return f" The lettered rows' factors: {each}, {runs}."
+
+
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
@@ -791,7 +840,8 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> st
     note = "" if not lettered else ("\n\n" + SUB_ROWS_NOTE + (SUB_ROWS_NOTE_ALONE if {10, 11} & set(lettered) else "")
                                     + (SUB_ROWS_NOTE_12 if 12 in lettered else "")
 
-                                    + (" " + step9_companions(shape) if 9 in lettered else ""))
+                                    + (" " + step9_companions(shape) if 9 in lettered else "")
+                                    + sub_row_sources(results, rows, shape))
     return "\n\n".join(tables) + note
 
 
@@ -991,7 +1041,8 @@ def step_changes_table(step: int, changes: dict) -> str:
     for key, label in spec["undone"]:
         cells = [f"{changes['us'][(key, *c)] / changes['us'][(final, *c)]:.2f}×" for c in cases]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    source = run_source("bundled_steps")
+    return "\n".join(lines) + (f"\n\n{source}" if source else "")
 
 
 #: lab/ternary/step11_changes.py's variants: step 11, then one side change undone at a time, then all three.
@@ -1017,7 +1068,8 @@ def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
              + " |", "|---|" + "---|" * len(shapes)]
     for key, label in STEP11_CHANGES:
         lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)] / at[('step11', s)]:.2f}×" for s in shapes) + " |")
-    return "\n".join(lines)
+    source = run_source("step11_changes", gpu)
+    return "\n".join(lines) + (f"\n\n{source}" if source else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1102,7 +1154,8 @@ def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
     failed = [c["name"] for c in data["checks"] if not c["passed"]]
     if failed:
         lines.append(f"\n{len(failed)} of {len(data['checks'])} checks of this run failed: {', '.join(failed)}.")
-    return "\n".join(lines)
+    source = run_source("step13_changes", gpu)
+    return "\n".join(lines) + (f"\n\n{source}" if source else "")
 
 
 def step13_undone_ratio(shape: str = MAIN, m: int = 16, gpu: str = "nvidia-h200") -> tuple:
