@@ -23,10 +23,10 @@ from studylog.decode import report
 from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
 
-__all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "NOTED", "SUBSTEPS", "amdahl_table", "body_table",
+__all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "SUBSTEPS", "amdahl_table", "body_table",
            "bound_excess", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
-           "steps_note", "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
+           "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
 
 #: ``lab/decode/results/<gpu>/<name>.json``: the quick benchmark from before the body was fused.
@@ -578,9 +578,6 @@ STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per tok
 SUBSTEPS = (("automaton_mask", "3a", "the automaton's allowed sets as the mask, no bitmask (dense head)"),
             ("masked_full_argmax", "3b", "chapter 02's masked head reads only the allowed rows"),
             ("masked_head", "3c", "the argmax reads only the allowed ids"))
-#: Step 3's changes given as a note under the steps table instead of a row: the ones that come first because the
-#: changes after them read what they build, so their factor alone is bookkeeping, not a step of the lesson.
-NOTED = ("automaton_mask",)
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -605,9 +602,8 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
 def steps_table(results, model: str = "1b", batch: int = 1, changes=None) -> str:
     """:func:`steps_rows` as the page's one steps table (Markdown). With ``changes`` (rows of series
     ``step03_changes``, which add step 3's changes one at a time), step 3 is followed by one sub-row per change of
-    :data:`SUBSTEPS` not in :data:`NOTED`, whose "× previous" is that change's factor there
-    (:func:`step03_changes_rows`); their times are another timing's, so the sub-rows give the factor alone. The
-    :data:`NOTED` changes get a note under the table instead (:func:`steps_note`)."""
+    :data:`SUBSTEPS` measured there, whose "× previous" is that change's factor (:func:`step03_changes_rows`);
+    their times are another timing's, so the sub-rows give the factor alone."""
     lines = ["| step | what changes | µs per token | × previous | × floor (its forwards' weight bytes) |",
              "|---|---|---|---|---|"]
     factors = {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], model, batch)}
@@ -616,27 +612,11 @@ def steps_table(results, model: str = "1b", batch: int = 1, changes=None) -> str
         lines.append(f"| `{r['step']}` | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
         if r["step"] == report.series_label("masked_head"):
             for config, label, what in SUBSTEPS:
-                if factors.get(config) is not None and config not in NOTED:
+                if factors.get(config) is not None:
                     lines.append(f"| {label} | {what} | – | {factors[config]:.2f}× | – |")
     if len(lines) == 2:
         return f"({PENDING}: this file holds no decode series)"
-    note = steps_note(changes, model, batch)
-    return "\n".join(lines) + (f"\n\n{note}" if note else "")
-
-
-def steps_note(changes, model: str = "1b", batch: int = 1) -> str:
-    """The note under the steps table for the :data:`NOTED` changes of step 3: each one's factor at ``model`` and
-    ``batch`` and, where ``model`` is not the headline's shape (``8b``), at the headline's too. Empty where
-    ``changes`` holds none of them."""
-    here = {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], model, batch)}
-    at8 = {} if model == "8b" else \
-        {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], "8b", batch)}
-    notes = []
-    for config, label, what in SUBSTEPS:
-        if config in NOTED and here.get(config) is not None:
-            also = "" if at8.get(config) is None else f", {at8[config]:.2f}× at the 8B shape"
-            notes.append(f"Note: {label}, {what}, is {here[config]:.2f}× here{also}.")
-    return " ".join(notes)
+    return "\n".join(lines)
 
 
 def jump_counts(results, model: str = "1b", batch: int = 1) -> dict[str, float] | None:
