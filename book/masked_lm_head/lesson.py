@@ -502,7 +502,7 @@ STEP_CASES = {
     5: (dict(batch=1, kind="random", allowed=1000), 4),
     6: (dict(batch=1, kind="random", allowed=1), 5),
     7: (dict(batch=64, kind="random", allowed=100), "index_select"),
-    8: (dict(batch=1, kind="real", allowed=1000), 3),
+    8: (dict(batch=1, kind="real", allowed=1000), 5),  # the step the dispatch runs there, which step 8 would replace
     9: (dict(batch=1, kind="random", allowed=1000), 5),
 }
 
@@ -514,12 +514,13 @@ def _case(p: dict) -> str:
 
 #: The table of steps' words for a step whose title alone would mislead there: steps 3 and 8 stay numbered (the
 #: library keeps them: step 3's form is the dispatch's dense path) but say first that they were tried and did not
-#: pay (step 3 gains nothing over step 2; step 8 beats step 3 but not step 5); step 7's names both halves of its one
-#: idea (the union pays only multiplied on the tensor cores: its ablation is the page's note, not a row).
+#: pay (step 3 gains nothing over step 2; step 8 beats step 3, its diff's base, but loses to step 5, its reference);
+#: step 7's names both halves of its one idea (the union pays only multiplied on the tensor cores: its ablation is the
+#: page's note, not a row).
 BOEHM_CHANGES = {3: "tried, did not pay: step 2 rewritten for [V, D] (row tiles, a transposed dot)",
                  7: "the union of the batch's allowed sets, each block of its rows read once and multiplied with "
                     "every sequence's hidden state on the tensor cores (`tl.dot`)",
-                 8: "tried, did not pay (step 5 is faster): the vocabulary reordered so that allowed tokens cluster"}
+                 8: "tried, did not pay: the vocabulary reordered so that allowed tokens cluster"}
 
 
 def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
@@ -578,16 +579,17 @@ def boehm_table(results) -> str:
     reference, the floor of the masked call at that point (:func:`floor_ms`, which of its two parts binds) and the
     time over it: one floor a row (a dense head's floor, for step 0, is the prose's). A time whose rotation was
     capped carries :data:`CAPPED`. Under step 5, one sub-row per change with its factor from the ablation
-    (:func:`step05_rows`). Where dense + mask's repetitions fall in two clusters (:func:`dense_clusters`), a step
-    measured against it at batch 1 is compared with that point's fastest repetition, and the reference cell says
-    so."""
+    (:func:`step05_rows`). Every ratio is of medians, flagged by :func:`book.results.caveat` where either side's
+    repetitions spread past its threshold, the rule of every page (dense + mask's batch-1 repetitions may fall in two
+    clusters, :func:`dense_clusters`: its median then carries the flag)."""
     lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
              "floor of the masked call: its bytes, or an empty kernel where larger (µs) | × floor |",
              "|---|---|---|---|---|---|---|---|"]
     card = results.path.parent.name if results.path is not None else None
     subrows = {5: [(label, text, factor)
                    for label, text, factor in (step05_rows(STEP_CASES[5][0]["allowed"], card) if card else [])]}
-    two_clusters = dense_clusters(results) is not None
+    from book.results import caveat, spread
+
     for step in CHAPTER.steps:
         params, prev = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
@@ -596,10 +598,10 @@ def boehm_table(results) -> str:
         name = CHAPTER.label(prev) if isinstance(prev, str) else f"step {prev}"
         reference = _row(results, prev if isinstance(prev, str) else step_series(prev), **params)
         before = None if reference is None else reference["ms"]
-        if prev == "dense_mask" and params["batch"] == 1 and two_clusters and reference.get("spread_ms"):
-            before = reference["spread_ms"][0]  # the fast cluster: the median may sit in the slow one
-            name += ", its fastest of three repetitions (the fast cluster)"
         vs = f"{before / row['ms']:.2f}×" if before else "–"
+        if before:
+            vs += caveat(spread(*row["spread_ms"]) if row.get("spread_ms") else None,
+                         spread(*reference["spread_ms"]) if reference.get("spread_ms") else None)
         union = row.get("union", params["allowed"])
         floor = floor_ms(results, params["batch"], union)
         binds = "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
