@@ -27,7 +27,8 @@ def _rows(results, batch: int, workload: str, series: str) -> list[dict]:
 
 def median_ms(results, batch: int, workload: str, series: str) -> float:
     """The median request's milliseconds per output token (:func:`studylog.speculate.report.median_ms`): the
-    statistic of the chapter's headline, its scoreboard row and its results row."""
+    statistic of the chapter's headline, its scoreboard row and its results row (which at batch 1 take it over the
+    requests that close their JSON: :func:`capped`)."""
     return report.median_ms(results.rows, batch, workload, series)
 
 
@@ -157,7 +158,8 @@ def loop_bound(results, batch: int = 1, workload: str = "extraction") -> dict[st
 
 def bound_rows(results) -> list[dict[str, Any]]:
     """Per batch and workload: step 4 against chapter 07's step 3, the ratio of their median times per output token
-    (``ratio``, the headline's statistic) and the requests' own ratios (median, slowest, ``max_speedup``), the
+    over every request timed (``ratio``, the headline's statistic; the headline at batch 1 keeps only the requests
+    that close their JSON, :func:`capped`) and the requests' own ratios (median, slowest, ``max_speedup``), the
     forward ratio and the chunk-length forecast (``forecast``: each forward priced at its chunk length's measured
     time, each drafting call at its own; :func:`studylog.speculate.report.bound`); the requests timed
     (``requests``); beside them the same ratio on the second H200 (``second_ratio``, :func:`second_run`; None
