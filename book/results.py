@@ -141,40 +141,42 @@ def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
 
 
 def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
-    """One sentence for under the headline table: the chapters whose headline's host time per call exceeds its GPU
-    time (:func:`host_bound`), and what that means for the ratio."""
+    """For under the headline table: the chapters whose headline's host time per call exceeds its GPU time
+    (:func:`host_bound`), one row each, what that means for the ratio, and where the rival called eagerly, one call
+    at a time, would then be the faster."""
     found = host_bound(root)
-    said = "; ".join(f"chapter {r['number']:02d} on the {r['card']}" + (f" at {r['at']}" if r["at"] else "")
-                     + f", {us(r['host_ms'])} µs on the host against {us(r['gpu_ms'])} µs on the GPU" for r in found)
-    bitnet = [(c, pairs) for c in cards(root) if (pairs := bitnet_rows(c))]
-    for folder, pairs in bitnet:  # chapter 05's headline rows, BitNet's included: its eager call is cheaper
-        span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
-        said += ("; " if said else "") + (
-            f"chapter 05 on the {_short(card_name(folder))} at BitNet's {len(pairs)} shapes, "
-            f"{span([o['host_ms'] for _, _, o, _ in pairs])} µs on the host against "
-            f"{span([o['ms'] for _, _, o, _ in pairs])} µs on the GPU")
-    if not said:
-        return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
-                "ratio holds for calls made one after another too.")
-    text = (f"Some headline calls take longer on the host than on the GPU ({said}). Their ratios hold only where "
-            "calls are replayed in a CUDA graph or otherwise overlap the host's work: made one at a time from "
-            "Python, such a call waits on the host ([How we measure](how_we_measure.md)).")
-    for r in found:  # where the rival's own call, made eagerly, would then be the faster of the two
+    lines = []
+    for r in found:
+        eager = "–"
         if r.get("rival_host_ms") is not None and max(r["rival_host_ms"], r["rival_ms"]) < r["host_ms"]:
-            text += (f" On the {r['card']}" + (f" at {r['at']}" if r["at"] else "") + f", called eagerly, "
-                     f"{r['rival']} would be faster ({us(r['rival_host_ms'])} µs of host time a call, "
-                     f"{us(r['rival_ms'])} µs on the GPU).")
-    for folder, _ in bitnet:
-        eager = bitnet_eager(folder)
+            eager = (f"{r['rival']} would be faster ({us(r['rival_host_ms'])} µs of host time a call, "
+                     f"{us(r['rival_ms'])} µs on the GPU)")
+        lines.append(f"| chapter {r['number']:02d} on the {r['card']}" + (f" at {r['at']}" if r["at"] else "")
+                     + f" | {us(r['host_ms'])} | {us(r['gpu_ms'])} | {eager} |")
+    for folder in cards(root):  # chapter 05's headline rows, BitNet's included: its eager call is cheaper
+        pairs = bitnet_rows(folder)
+        if not pairs:
+            continue
+        span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
+        eager, said = bitnet_eager(folder), "–"
         if eager and eager["slower_eager"]:
             n, of = eager["slower_eager"], len(eager["rows"])
-            text += (f" BitNet's own call costs less host time than ours ({us(eager['bitnet'][0])}–"
-                     f"{us(eager['bitnet'][1])} µs against {us(eager['ours'][0])}–{us(eager['ours'][1])} µs; ours "
-                     "quantises x in the call, its x comes quantised): called eagerly, one call at a time, BitNet's "
-                     + ("kernel would beat ours at every one of its shapes." if n == of else
-                        f"kernel would beat ours at {n} of its {of} shapes (the call's time taken as the longer of "
-                        "its host and GPU times)."))
-    return text
+            said = ("BitNet's kernel would be faster " + ("at every one of its shapes" if n == of else
+                                                          f"at {n} of its {of} shapes")
+                    + f" (its host time {us(eager['bitnet'][0])}–{us(eager['bitnet'][1])} µs: ours quantises x in "
+                    "the call, its x comes quantised)")
+        lines.append(f"| chapter 05 on the {_short(card_name(folder))} at BitNet's {len(pairs)} shapes | "
+                     f"{span([o['host_ms'] for _, _, o, _ in pairs])} | {span([o['ms'] for _, _, o, _ in pairs])} | "
+                     f"{said} |")
+    if not lines:
+        return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
+                "ratio holds for calls made one after another too.")
+    return "\n".join([
+        "Some headline calls take longer on the host than on the GPU. Their ratios hold only where calls are replayed "
+        "in a CUDA graph or otherwise overlap the host's work: made one at a time from Python, such a call waits on "
+        "the host ([How we measure](how_we_measure.md)). Called eagerly, a call takes the longer of its two times.",
+        "", "| headline | host per call (µs) | GPU (µs) | called eagerly, one call at a time |", "|---|---|---|---|",
+        *lines])
 
 
 def ctc_series(data: dict[str, Any], params: dict[str, Any]) -> str:
@@ -253,9 +255,7 @@ def bitnet_eager_words(card: Path) -> str:
         return ""
     n, of = eager["slower_eager"], len(eager["rows"])
     at = "at every one of its" if n == of else f"at {n} of its"
-    span = lambda pair: f"{us(pair[0])}–{us(pair[1])}"  # noqa: E731
-    return (f"; called eagerly, BitNet's is faster {at} {of} shapes ({span(eager['bitnet'])} µs of host time a "
-            f"call against our {span(eager['ours'])} µs)")
+    return f"; called eagerly, BitNet's is faster {at} {of} shapes (its call costs the host less)"
 
 
 def decode_bound(card: Path) -> float | None:
@@ -386,11 +386,12 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                 and "missing" not in b and b.get("vs_rival") is not None), None)
                 if grouped is not None:
                     cells[name] = (f"**{grouped['vs_rival']:.2f}×** ({us(grouped['median_ms'])} against "
-                                   f"{us(grouped['rival_ms'])} µs), grouped-query heads (Llama 3.1 8B)"
-                                   f"{row_caveat(grouped)}; {row['vs_rival']:.2f}× with 32 heads{row_caveat(row)}")
+                                   f"{us(grouped['rival_ms'])} µs), grouped-query heads (Llama 3.1 8B, step 6)"
+                                   f"{row_caveat(grouped)}; {row['vs_rival']:.2f}× with 32 heads (step 5)"
+                                   f"{row_caveat(row)}")
                     brief[name] = (f"{grouped['vs_rival']:.2f}× {entry.rival_short} with Llama 3.1 8B's grouped-query "
-                                   f"heads; {row['vs_rival']:.2f}× with 32 heads")
-                    notes[name].append(f"{name}: with 32 heads (every card's layout), {us(ours)} against "
+                                   f"heads (step 6); {row['vs_rival']:.2f}× with 32 heads (step 5)")
+                    notes[name].append(f"{name}: with 32 heads (every card's layout), step 5, {us(ours)} against "
                                        f"{us(theirs)} µs")
                 else:
                     cells[name] += ", 32 heads (grouped-query heads not measured on this card)"
@@ -420,8 +421,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     lo, hi, shapes = beaten
                     ratios[name] = lo
                     cells[name] = f"**{lo:.2f}–{hi:.2f}×** BitNet's W2A8 kernel, at its {shapes} shapes"
-                    brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's own W2A8 kernel (2-bit weights, 8-bit activations) "
-                                   f"at its {shapes} decode shapes, one row of x, under CUDA-graph replay"
+                    brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's own W2A8 kernel (2-bit weights, 8-bit "
+                                   f"activations) at its {shapes} decode shapes, under CUDA-graph replay"
                                    + bitnet_eager_words(card))
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
@@ -433,8 +434,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if llama is not None and llama.get("dense_ratio") is not None:
                     # where GemLite fails the check, cuBLAS is the strongest rival at that shape (the scoreboard's
                     # row); where GemLite passes, cuBLAS is the weaker of the two
-                    notes[name].append(f"{name}: {llama['dense_ratio']:.2f}× against cuBLAS bf16 on the dense matrix "
-                                       "at 4096 × 14336, " + (
+                    step = "{} ({})".format(*llama["ours"].split(";")[0].split(", ", 1))  # "step 11 (bf16 x)"
+                    notes[name].append(f"{name}: {step} runs {llama['dense_ratio']:.2f}× faster than cuBLAS bf16 on "
+                                       "the dense matrix at 4096 × 14336, " + (
                                            "the strongest rival there that passes our float64 check (BitNet's kernel "
                                            "is not built for this shape)" if llama.get("gemlite_fails_check")
                                            else "a weaker baseline than GemLite"))

@@ -83,6 +83,9 @@ FIGURE_ALT = {
                                         "ceiling above a gibibyte, beside cuBLAS's matmul rates",
     "assets/figures/fsm_savings.png": "The share of forward passes each step of the chapter saves on every entry "
                                       "of the suite of JSON schemas and regexes",
+    "assets/figures/masked_lm_head_practitioners.png": "The whole masked step's speedup over cuBLAS logits followed "
+                                                       "by xgrammar's bitmask, from the packed bitmask, against the "
+                                                       "number of allowed tokens, at batch sizes 1 to 256",
     "assets/figures/masked_lm_head_speedup_b1.png": "Each step of the masked LM head's speedup over dense logits "
                                                     "followed by a mask, at batch 1, against the number of allowed "
                                                     "tokens",

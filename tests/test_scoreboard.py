@@ -723,8 +723,8 @@ def test_headline_cells_are_short_and_their_caveats_numbered():
     heads = _find(data, "FlashInfer", **mixed)["ms"] / _find(data, "step05", **mixed)["ms"]
     line = next(h for h in summary.headlines() if h["number"] == 6)
     assert line["cells"]["H200"].startswith(f"**{ratio:.2f}×**") and f"; {heads:.2f}× with 32 heads" in line["cells"]["H200"]
-    assert line["brief"]["H200"].startswith(f"{ratio:.2f}× FlashInfer with Llama 3.1 8B's grouped-query heads; "
-                                            f"{heads:.2f}× with 32 heads")
+    assert line["brief"]["H200"].startswith(f"{ratio:.2f}× FlashInfer with Llama 3.1 8B's grouped-query heads "
+                                            f"(step 6); {heads:.2f}× with 32 heads (step 5)")
     board = [r for r in sb.scoreboard() if r["number"] == 6 and "H200" in r["card"] and "missing" not in r]
     shown = sb.scoreboard_markdown()
     assert shown.index("| H200 | step 6, grouped-query") < shown.index("| H200 | step 5, 32 heads") and len(board) == 2
