@@ -1,21 +1,10 @@
-"""The chapter protocol: what every chapter declares, and the one registry that finds chapters.
+"""The chapter protocol and the one registry that finds chapters.
 
-A chapter is a package ``studylog/<name>/`` whose ``__init__`` is its public API and defines
-``CHAPTER``, a :class:`Chapter`. The chapter says explicitly
-
-* its **steps**, in the order the lesson builds them: number, short name, one line on what changed,
-  the public function that runs the step, the language, and the source that ``show_diff`` compares
-  (a Triton/Python function, or a ``.cu`` file and one function of it);
-* its **benchmark** (``bench(run)``, given a :class:`studylog.bench.BenchRun`) and its **headline**
-  (``headline(results) -> [row, ...]``), each ``None`` when the chapter has none.
-
-Its figures are the book's (``book/<chapter>/figures.py``), not the library's.
-
-The harness (``python -m studylog bench``), the book and the tests all go through
-:func:`get` and :func:`chapters`; nothing looks a chapter's functions up by ``hasattr``.
-
-A step has one name everywhere: ``step.name`` (``"step09_tma"``) is its public function's name and its
-legend label, ``step.series`` (``"step09"``) its series in the benchmark JSON.
+A chapter is a package ``studylog/<name>/`` whose ``__init__`` defines ``CHAPTER``, a :class:`Chapter`: its steps in
+the lesson's order (number, name, what changed, the function that runs it, its language, the source ``show_diff``
+compares), its benchmark (``bench(run)``) and headline (``headline(results)``). The harness, the book and the tests
+go through :func:`get` and :func:`chapters`. A step has one name everywhere: ``step.name`` (``"step09_tma"``) is its
+function and legend label, ``step.series`` (``"step09"``) its series in the benchmark JSON.
 """
 
 from __future__ import annotations
