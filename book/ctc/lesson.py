@@ -876,6 +876,40 @@ def host_bound(gpu: str = "nvidia-h200") -> dict | None:
     return {"cases": cases, "of": of, "card": CARD_NAMES.get(gpu, gpu)}
 
 
+def host_noise(gpu: str = "nvidia-h200") -> dict | None:
+    """How far to trust :func:`host_bound`'s verdicts on one card: over the grid, the widest spread of a case's host
+    repetitions, ``widest`` (A, N, (max - min) / median); per alphabet, the smallest and largest median host time,
+    ``span`` {A: (µs, µs)}, and whether those medians rise with N, ``ordered`` {A: bool}; and ``fragile``, the
+    host-bound cases (median host time above the GPU time) whose fastest repetition is not above it. None where the
+    card's rows carry no host repetitions."""
+    from studylog.ctc.fused import final_step
+    from studylog.plotting import load_results
+
+    bound = host_bound(gpu)
+    if bound is None:
+        return None
+    results = load_results("ctc", gpu)
+    entry = bool(results.select("ctc_loss", T=BENCH_T))
+    widest, medians = None, {}
+    for A, N in _all_points():
+        row = _row(results, "ctc_loss" if entry else f"step{final_step(BENCH_T, N, A):02d}", T=BENCH_T, A=A, N=N)
+        if row is None or not row.get("host_spread_ms"):
+            continue
+        lo, med, hi = row["host_spread_ms"]
+        medians.setdefault(A, []).append(med * 1e3)
+        if widest is None or (hi - lo) / med > widest[2]:
+            widest = (A, N, (hi - lo) / med)
+    if widest is None:
+        return None
+    fragile = []
+    for A, N, _, gpu_us in bound["cases"]:
+        row = _row(results, "ctc_loss" if entry else f"step{final_step(BENCH_T, N, A):02d}", T=BENCH_T, A=A, N=N)
+        if row.get("host_spread_ms") and row["host_spread_ms"][0] * 1e3 <= gpu_us:
+            fragile.append((A, N))
+    return {"widest": widest, "span": {A: (min(m), max(m)) for A, m in medians.items()},
+            "ordered": {A: m == sorted(m) for A, m in medians.items()}, "fragile": fragile}
+
+
 def plan_host(gpu: str = "nvidia-h200") -> dict | None:
     """What :class:`studylog.ctc.CTCPlan` does to the host-bound cases of :func:`host_bound` on one card: its host
     time per call (the ``step10 plan`` series: targets set once, workspace allocated once, the kernels only) per
