@@ -282,8 +282,8 @@ def _ngram(data):
     # the strongest rival is the faster of our ports of the pull request's GPU kernel on the GPU clock like ours:
     # its first version (step 3) or its revision's block-wide prefix sums, made exact (step 4); it leads, the
     # other stands in the notes, and the CPU loop the chapter's question is about stands beside it
-    ports = {3: "our port of FastDeploy pull request #6960's first GPU kernel, two-phase (step 3)",
-             4: "our corrected port of FastDeploy's revised GPU kernel (pull request #7136), made exact (step 4)"}
+    ports = {3: "our port of FastDeploy's first GPU n-gram kernel, two-phase (step 3)",
+             4: "our corrected port of FastDeploy's revised GPU n-gram kernel, made exact (step 4)"}
     found = {n: one(data, f"step0{n}", **NGRAM_CASE) for n in ports}
     found = {n: r for n, r in found.items() if r is not None and r["clock"] == ours["clock"]}
     if not found:

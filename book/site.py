@@ -163,9 +163,9 @@ PLAIN_NAMES = {
     "chapter 7's step 3 (ch7_step03)": "chapter 07's loop (its step 3), run on these extraction requests, not on "
                                       "chapter 07's own",
     "torch dense_mask": "torch: dense logits, then a mask",
-    "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of FastDeploy pull "
-                                                                                 "request #6960's first kernel, "
-                                                                                 "two-phase (step 3)",
+    "step03_two_phase (our port of the pull request's first, two-phase kernel)": "our port of FastDeploy's first "
+                                                                                 "GPU n-gram kernel, two-phase "
+                                                                                 "(step 3)",
 }
 
 #: The clocks of the results page's tables, in words.
@@ -429,7 +429,7 @@ def headline_rival_rows(markdown: str) -> str:
                 label = (f"the GPU drafter's entry point (running step {int(step.group(0))})" if step
                          else "the GPU drafter (step 7)")
                 extra[("ngram", gpu)] = [_pair_line(
-                    label, "our corrected port of the pull request's revision (#7136), made exact (step 4)",
+                    label, "our corrected port of FastDeploy's revised GPU n-gram kernel, made exact (step 4)",
                     "128 slots x 32768 tokens, budget 128", ours, rival)]
         found = bitnet_rows(folder)
         run = bitnet_run(Path(folder).name) if found else None
