@@ -661,7 +661,8 @@ def _speculate(data):
                 "requests that close their JSON", ours[0]["clock"], summary, f"chapter 07's loop (its step 3) on the same {len(pairs)} requests",
                 rival_row,
                 byte_floor_ms=None, latency_floor_ms=None, latency_what=why, short="step 4, whole loop",
-                ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request"),
+                ratio_note=_per_request([b["ms"] / r["ms"] for r, b in pairs if b is not None], "request")
+                .replace("each request's own", f"each of these {len(pairs)} requests' own"),
                 notes=("wall clock: the whole step, host included, per output token",)) | {
         # the byte floor does not bind a launch-bound loop: no percentage of a hardware floor is given
         "binding": None, "binding_floor_ms": None, "pct_of_floor": None}
