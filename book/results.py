@@ -323,19 +323,21 @@ def part_one_answer(card: Path) -> dict[str, Any] | None:
     if data is None:
         return None
     run, triton = Results(None, data), [SERIES[9]]
-    ratios = {}
+    ratios, failed = {}, []
     for peer in rows(data, GEMLITE, m=1):
         shape = peer["params"]["shape"]
         check = accuracy_check(data, GEMLITE, {"shape": shape, "m": 1})
         best, _ = fastest(run, triton, shape=shape, m=1)
         if peer["clock"] == "gpu" and check is not None and check["passed"] and best is not None:
             ratios[shape] = peer["ms"] / best["ms"]
+        elif peer["clock"] == "gpu" and check is not None and not check["passed"]:
+            failed.append(shape)
     case = {"shape": "4096x14336", "m": 1}
     best, _ = fastest(run, triton, **case)
     cublas, _ = fastest(run, [CUBLAS], **case)
     if not ratios or best is None or cublas is None:
         return None
-    return {"ratios": ratios, "cublas": cublas["ms"] / best["ms"]}
+    return {"ratios": ratios, "cublas": cublas["ms"] / best["ms"], "failed": failed}
 
 
 def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
@@ -456,7 +458,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 bound = decode_bound(card)
                 if bound is not None:
                     notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
-                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} (Amdahl forecast {bound:.2f}×)"
+                    brief[name] = (f"{row['vs_rival']:.2f}× {entry.rival_short} on an 8B-shaped cost model (one "
+                                   f"layer's weights in all 32 layers; Amdahl forecast {bound:.2f}×)")
                 if row.get("real_ratio") is not None:
                     notes[name].append(f"{name}: on a real model, SmolLM2-135M, over its {row['real_requests']} "
                                        f"requests at batch 1, {row['real_ratio']:.2f}× (the ratio of the two median "
@@ -516,6 +519,9 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
         notes[name].append(f"{name}: step 9 against GemLite at the {len(r)} shapes where GemLite passes our float64 "
                            "check" + (f"; slower than GemLite at {len(lost)} of them ("
                                       + ", ".join(k.replace("x", " × ") for k in lost) + ")" if lost else "")
+                           + (f"; GemLite fails the check at the other {len(answer['failed'])} ("
+                              + ", ".join(k.replace("x", " × ") for k in answer["failed"]) + ")"
+                              if answer["failed"] else "")
                            + f"; {answer['cublas']:.2f}× cuBLAS bf16 on the dense matrix at 4096 × 14336, a weaker "
                            "baseline")
     if all(c == VOID for c in cells.values()):
@@ -800,7 +806,9 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, s
         out["notebooks/05_ternary_1_triton.ipynb"] = (
             f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite (step 9, one row of x, at the {len(r)} "
             f"shapes where GemLite passes our check" + (f"; slower than GemLite at {lost} of them" if lost else "")
-            + ")")
+            + (f"; it fails at the other {len(part_one['failed'])}" + (", 4096 × 14336 among them"
+                                                                      if "4096x14336" in part_one["failed"] else "")
+               if part_one["failed"] else "") + ")")
     return out
 
 
