@@ -1066,8 +1066,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     definitions = []
     floor_by_card = {_short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
     if empties and any(v is not None for v in floor_by_card.values()):
-        definitions.append("**Latency floor** " + latency_floor_words(root)[len("The latency floor "):].rstrip(".")
-                           + "; of a chain of dependent work (chapter 04's frames, a forward's kernels), that chain.")
+        fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
+        definitions.append("**Latency floor**: the least a call can take whatever its bytes: for one kernel, the "
+                           f"card's fastest empty kernel over all its runs ({fastest}); for a chain of dependent work "
+                           "(chapter 04's frames, a forward's kernels), that chain ([How we measure]"
+                           "(how_we_measure.md) says why the fastest run's).")
     definitions.append("**% of the floor**: the case's floor, the largest of its byte, compute and latency floors, "
                        "over our median; the chapters' \"× floor\" columns divide by the same floor. A floor is a "
                        "yardstick from a simple model: a kernel passes it only by moving fewer bytes than counted or "
