@@ -609,3 +609,19 @@ def test_the_breakdown_bars_put_3a_before_step_3():
     assert labels == [report.series_label("baseline"), report.series_label("jump_forward"), "3a: automaton_mask",
                       report.series_label("masked_head"), "char_jump"]
     plt.close(ax.figure)
+
+
+def test_the_page_names_its_result_files_once_at_the_end():
+    """The prose and table notes say where a number comes from in words; the files themselves are listed once, in
+    "Where the numbers come from": the chapter's benchmark and the lab run of step 3's changes."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    at = next(i for i, t in enumerate(text) if t.startswith("## Where the numbers come from"))
+    assert text[at + 1].startswith("## Further reading")
+    assert not [i for i, t in enumerate(text) if i != at and ("lab/decode/results" in t or ".json`" in t)]
+    for name in ("assets/bench/nvidia-h200/decode.json", "lab/decode/results/nvidia-h200/step03_changes.json"):
+        assert name in text[at], name

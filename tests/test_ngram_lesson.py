@@ -267,3 +267,20 @@ def test_the_inherited_changes_are_read_from_step_7s_variants():
             for clock in ("ms", "host_ms"):
                 assert lesson.inherited_factor(changes, label, cfg, clock) == \
                     pytest.approx(by[without][clock] / by["7"][clock]), (cfg, label, clock)
+
+
+def test_the_page_names_its_result_files_once_at_the_end():
+    """The prose and table notes say where a number comes from in words; the files themselves are listed once, in
+    "Where the numbers come from": the chapter's benchmark and every lab run the page reads."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    at = next(i for i, t in enumerate(text) if t.startswith("## Where the numbers come from"))
+    assert text[at + 1].startswith("## Further reading")
+    assert not [i for i, t in enumerate(text) if i != at and ("lab/ngram/results" in t or ".json`" in t)]
+    for name in ("assets/bench/nvidia-h200/ngram.json", "step05_06_changes.json", "step07_changes.json",
+                 "stream_variants.json"):
+        assert name in text[at], name
