@@ -414,35 +414,82 @@ def test_the_steps_tables_give_each_bundled_change_a_lettered_row(results):
     assert row12a[2] == f"{apart:.1f}" and row12a[3] == f"{L.us(results, T.SERIES[11]) / apart:.2f} added"
 
 
-def test_the_runs_apart_from_the_benchmark_are_named_where_their_numbers_are(results):
-    """Every table read from a lab run names its file under it (lab/ternary/results/<card>/<name>.json), its card
-    and its date, so that a reader can trace each number: the layers table for its k, v row, each ablation table,
-    and the steps table's note for its lettered rows (step 12's are the benchmark's own); part 2's provenance
-    sentence only for BitNet's comparison where it is a second run of the benchmark."""
+#: The lab runs each page reads beside the benchmark (by page: part 1, part 2), each listed once at the page's end.
+PAGE_RUNS = ((L.LAYER_RUN, *(L.SUB_ROW_RUNS[s] for s in (4, 9))),
+             (L.LAYER_RUN, *(L.SUB_ROW_RUNS[s] for s in (10, 11, 13)), "w2a8_tiles_ncu_m16.txt"))
+CLOSING = "## Where the numbers come from"
+#: A path or file name of a committed result, which the prose and the notes under tables leave to the closing list.
+RESULT_PATH = re.compile(r"lab/|assets/bench|results/nvidia|\.json\b|\.txt\b|\.csv\b")
+
+
+def _closing_list(cells) -> dict[str, str]:
+    """The page's closing list, before its Further reading: path -> what the file holds, one line a file."""
+    at = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "".join(c["source"]).startswith(CLOSING)]
+    reading = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Further reading"))
+    assert len(at) == 1 and at[0] < reading
+    lines = "".join(cells[at[0]]["source"]).splitlines()[1:]
+    items = [re.fullmatch(r"\* `([^`]+)`: (.+)\.", line) for line in lines if line.strip()]
+    assert all(items), lines
+    return {m[1]: m[2] for m in items}
+
+
+@pytest.mark.parametrize("part", [1, 2])
+def test_each_page_lists_the_files_its_numbers_come_from_once_at_its_end(results, part):
+    """Every number traces to a committed file: the page ends (before Further reading) with one line a file, the
+    chapter's benchmark file of each card it reads and each lab run it reads; the files exist and are named there only
+    (the prose, the notes under tables and the tables of changes say where a number comes from in plain words)."""
+    gpu = results.path.parent.name
+    cells = json.loads(LESSONS[part - 1].read_text())["cells"]
+    listed = _closing_list(cells)
+    want = {L.bench_file(results)} | {L.lab_file(name, gpu) for name in PAGE_RUNS[part - 1]
+                                      if L.lab_or_none("ternary", name, gpu) is not None}
+    if part == 2:  # the two cards' table reads every card's benchmark file
+        want |= {L.bench_file(r) for r in L.cards().values()}
+    assert set(listed) == want
+    assert all((paths.REPO_ROOT / f).is_file() for f in listed)
+    assert all(len(what.split()) <= 10 for what in listed.values())  # terse: one line a file
+    assert L.bench_file(results).startswith("assets/bench/") and "benchmark" in listed[L.bench_file(results)]
+    for i, c in enumerate(cells):  # named nowhere else on the page
+        source = "".join(c["source"])
+        if source.startswith(CLOSING):
+            continue
+        prose = [source] if c["cell_type"] == "markdown" else _literal_text(source)
+        assert not any(RESULT_PATH.search(p.replace("config.json", "")) for p in prose), (i, prose)
+        assert "lab_file(" not in source and "bench_file(" not in source, i
+
+
+def test_the_notes_under_tables_say_where_their_numbers_come_from_without_a_path(results):
+    """A table read from a lab run says so in plain words under it (a further run of the same harness on the same
+    card, its date, what it times); no path or file name: the page lists the files once, at its end."""
     from book.ternary import results as tables
 
     gpu = results.path.parent.name
     assert L.provenance(results, 1) == ""
+    notes = []
     layers = L.lab_or_none("ternary", L.LAYER_RUN, gpu)
     if layers is not None:
-        table = L.amdahl_layers_table(results)
-        under = table.splitlines()[-1]
-        assert f"`lab/ternary/results/{gpu}/{L.LAYER_RUN}.json`" in under and layers["date"][:10] in under
-        assert f"`{L.bench_file(results)}`" in under and L.bench_file(results).startswith("assets/bench/")
+        under = L.amdahl_layers_table(results).splitlines()[-1]
+        assert under.startswith("The k, v row") and layers["date"][:10] in under and "the chapter's benchmark" in under
+        notes.append(under)
     for rows, steps in ((L.PART1_ROWS, (4, 9)), (L.PART2_ROWS, (10, 11, 13))):
-        table = L.boehm_table(results, rows)
-        for step in steps:
-            name = L.SUB_ROW_RUNS[step]
-            if L.lab_or_none("ternary", name, gpu) is not None:
-                assert f"`lab/ternary/results/{gpu}/{name}.json`" in table, name
+        if any(L.lab_or_none("ternary", L.SUB_ROW_RUNS[s], gpu) is not None for s in steps):
+            note = L.boehm_table(results, rows).split("\n\n")[-1]
+            assert "The lettered rows' factors (" in note, note
+            notes.append(note)
     for name, text in (("bundled_steps", L.step_changes(4) and L.step_changes_table(4, L.step_changes(4))),
                        ("step11_changes", L.step11_changes(gpu)), ("step13_changes", L.step13_changes(gpu))):
         if text is not None:
-            assert text.splitlines()[-1].startswith(f"From `lab/ternary/results/{gpu}/{name}.json`"), name
+            under = text.splitlines()[-1]
+            assert under == L.run_source(name, gpu) and L.lab_or_none("ternary", name, gpu)["date"][:10] in under
+            notes.append(under)
+    for note in notes:
+        assert "further run" in note and "of the same harness on the same H200" in note, note
+        assert not RESULT_PATH.search(note), note
     run = tables.bitnet_results(results)
     if run is not None:
         two = L.provenance(results, 2, run.data)
         assert (run.data["date"][:10] in two and "BitNet" in two) if run.data.get("quick") else two == ""
+        assert not RESULT_PATH.search(two)
     one, two = (json.loads(p.read_text())["cells"] for p in LESSONS)
     code = lambda cells: "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")  # noqa: E731
     assert "lesson.provenance(" not in code(one) and code(two).count("lesson.provenance(") == 1

@@ -133,21 +133,27 @@ BITNET_LAYERS = (("q, o", 2560, 2560, 2, "2560x2560"), ("k, v", 640, 2560, 2, "2
 #: read from it, so that a page quotes one time for a kernel at a shape.
 LAYER_RUN = "amdahl_shapes"
 def lab_file(name: str, gpu: str = H200) -> str:
-    """The path, from the repository's root, of lab/ternary's run ``name`` on ``gpu``: the file a table from that
-    run names under it, so that a reader can trace its numbers."""
+    """The path, from the repository's root, of lab/ternary's run ``name`` on ``gpu``: the file a page's closing
+    list ("Where the numbers come from") names, so that a reader can trace its numbers."""
     return f"lab/ternary/results/{gpu}/{name if Path(name).suffix else name + '.json'}"
 
 
+#: What each lab run times, in the words a table's note gives it (the files are listed once, at the end of a page).
+RUN_WORDS = {LAYER_RUN: "every kernel it compares at BitNet's own layer shapes"}
+
+
 def run_source(name: str, gpu: str = H200) -> str:
-    """The sentence under a table read from lab/ternary's run ``name`` on ``gpu``: its file, its card and date, and
-    that it times every kernel it compares (so the table's ratios are from one run). "" where it is not committed."""
+    """The sentence under a table read from lab/ternary's run ``name`` on ``gpu``, in plain words (no path: the page
+    lists its files once, at its end): a further run of the benchmark's harness on the same card, its date, and what
+    it times (:data:`RUN_WORDS`, else one change at a time), every kernel it compares timed in it (so a table's
+    ratios are from one run). "" where it is not committed."""
     data = lab_or_none("ternary", name, gpu)
     if data is None:
         return ""
     card_name = gpu.split("-")[1].upper() if "-" in gpu else gpu
     date = f" on {data['date'][:10]}" if data.get("date") else ""
-    return (f"From `{lab_file(name, gpu)}`, a further run on the same {card_name}{date}, which times every kernel "
-            "it compares.")
+    what = RUN_WORDS.get(name, "one change at a time and every kernel it compares")
+    return f"From a further run of the same harness on the same {card_name}{date}, which times {what}."
 
 
 def bench_file(results) -> str:
@@ -171,15 +177,12 @@ def further_run(results, name: str) -> str:
 def provenance(results, part: int, bitnet_run=None) -> str:
     """The page's one sentence, beside its caption, on a run of the benchmark other than the caption's: for part 2,
     BitNet's comparison where it is a second run (``bitnet_run``, the raw file of the benchmark's quick mode,
-    dated, its file named). "" otherwise: the further lab runs are named under the tables they fill
-    (:func:`further_run`)."""
+    dated; the page lists its file at its end). "" otherwise: the further lab runs are said under the tables they
+    fill (:func:`further_run`)."""
     if results is None or bitnet_run is None or not bitnet_run.get("quick") or part != 2:
         return ""
-    from book.ternary.results import BITNET_RUN
-
     return (f"BitNet's comparison is a second run of the benchmark on the same {card(results)} on "
-            f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it), "
-            f"`{lab_file(BITNET_RUN, Path(results.path).parent.name)}`.")
+            f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it).")
 
 
 def layer_run(results):
@@ -280,7 +283,7 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
     if apart:  # only the shapes the benchmark lacks are read from the layer run
         lines.append("\nThe k, v row (the benchmark has no 640 × 2560): " + apart[0].lower() + apart[1:]
-                     + f" The other rows: `{bench_file(results)}`.")
+                     + " The other rows: the chapter's benchmark.")
     return "\n".join(lines)
 
 
@@ -805,9 +808,9 @@ SUB_ROW_RUNS = {4: "bundled_steps", 9: "bundled_steps", 10: "step10_changes", 11
 
 
 def sub_row_sources(results, rows, shape: str = MAIN) -> str:
-    """One sentence naming the file each step's lettered rows are read from (:data:`SUB_ROW_RUNS`; step 12's are
-    the benchmark's own), so that every factor in the steps table traces to a committed file; "" where no lettered
-    row comes from a lab run."""
+    """One sentence saying, in plain words, which lettered rows come from the further runs of :data:`SUB_ROW_RUNS`
+    (step 12's are the benchmark's own); the page lists those files once, at its end, so that every factor in the
+    steps table traces to a committed file. "" where no lettered row comes from a lab run."""
     files: dict[str, list[str]] = {}
     for number, m, _, _ in rows:
         labels = [r[0] for r in sub_rows(results, number, m, shape)]
@@ -817,10 +820,11 @@ def sub_row_sources(results, rows, shape: str = MAIN) -> str:
         return ""
     date = next((f" on {d['date'][:10]}" for d in (lab_or_none("ternary", f, H200) for f in files)
                  if d and d.get("date")), "")
-    each = "; ".join(f"{', '.join(labels)} from `{lab_file(name)}`" for name, labels in files.items())
-    runs = ("a further run on the same H200{}, which times every kernel it compares" if len(files) == 1 else
-            "further runs on the same H200{}, each timing every kernel it compares").format(date)
-    return f" The lettered rows' factors: {each}, {runs}."
+    each = "; ".join(", ".join(labels) for labels in files.values())
+    runs = ("a further run of the same harness on the same H200{}, which times one change at a time and every kernel "
+            "it compares" if len(files) == 1 else "further runs of the same harness on the same H200{}, one for each "
+            "step, each timing one change at a time and every kernel it compares").format(date)
+    return f" The lettered rows' factors ({each}) come from {runs}."
 
 
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
