@@ -598,6 +598,9 @@ def ncu_metrics(name: str) -> dict[str, float]:
                   "Issued Warp Per Scheduler"):
         m = re.search(rf"^\s*{label}\s+(?:\S+\s+)?([\d,.]+)\s*$", text, re.M)
         out[label] = float(m.group(1).replace(",", "")) if m else None
+    # the launch profiled (the report's first line names its config), which may differ from today's default
+    m = re.search(r"^config \w+\((.*)\)$", text, re.M)
+    out["config"] = dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))) if m else None
     return out
 
 
