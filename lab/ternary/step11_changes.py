@@ -17,7 +17,14 @@ copy of step 11's kernel (``variants/step11_changes.cu``, which includes the lib
   with step 10's split-K ending (partial sums through L2, a fence, a counter; the library kernel's own
   ``finish_split`` path, taken when grid.y > 1). This is a launch knob, and not the ending alone: the split also
   makes more, shorter blocks (each still adds its warps' sums in shared memory first);
-* ``step11-a-b-c``: all three put back.
+* ``step11-a-c``: (a) and (c) put back, K in one slice (step 11's): the link between the ring alone and step 11
+  in the chain below;
+* ``step11-a-b-c``: all three put back: the ring alone, every other choice step 10's.
+
+``measure --chain`` times step 11 one change at a time, cumulative, between its two anchors: the library's step 10,
+then the ring alone (``step11-a-b-c``), K in one slice (``step11-a-c``), one copy a stage and tile
+(``step11-c``), the magic constant in a register (``step11``, the frozen kernel), and the library's step 11; each
+row adds one change to the row above (:data:`CHAIN`). It writes ``results/<gpu>/step11_chain.json``.
 
 Every variant takes the library's launch for the case (``tma_config``: row tiles, warps, stages, chunk) and keeps
 step 11's arithmetic order, so each is bit-equal to the library's step 11 at the same config (``step11-b`` to the
@@ -26,6 +33,7 @@ library's step 11 at the same ``slices``).
     PYTHONPATH=$PWD python lab/ternary/step11_changes.py check --compile-only   # CPU: NVRTC, spills, SASS
     PYTHONPATH=$PWD python lab/ternary/step11_changes.py check                  # GPU: float64 and bit-equality
     PYTHONPATH=$PWD python lab/ternary/step11_changes.py measure                # GPU: results/<gpu>/step11_changes.json
+    PYTHONPATH=$PWD python lab/ternary/step11_changes.py measure --chain        # GPU: results/<gpu>/step11_chain.json
 
 ``check`` on the GPU runs every variant at awkward shapes (N, K not multiples of 16 or 256; M = 1, 3 and 12, so
 both tiles of x; bf16 and fp16) at several step-11 configs against the chapter's float64 reference and against
@@ -79,11 +87,20 @@ VARIANTS = {
     "step11-c": STEP11 | {"magic": "rebuilt"},
     "step11-a": STEP11 | {"copies": "warp"},
     "step11-b": STEP11 | {"split": True},
+    "step11-a-c": {"magic": "rebuilt", "copies": "warp", "split": False},
     "step11-a-b-c": {"magic": "rebuilt", "copies": "warp", "split": True},
 }
 CHANGES = {"step11": "none (step 11)", "step11-c": "(c) decode constant back in step 10's form",
            "step11-a": "(a) one copy a warp and tile instead of one a tile",
-           "step11-b": "(b) K split across blocks, step 10's split-K ending", "step11-a-b-c": "(a), (b), (c) all back"}
+           "step11-b": "(b) K split across blocks, step 10's split-K ending",
+           "step11-a-c": "(a), (c) back, K in one slice", "step11-a-b-c": "(a), (b), (c) all back"}
+
+#: Step 11 one change at a time, cumulative (``measure --chain``): each variant adds to the one before it the
+#: change named here; the library's step 10 comes first and its step 11 last (the anchors).
+CHAIN = (("step11-a-b-c", "the TMA ring, K split and copies a warp as in step 10"),
+         ("step11-a-c", "(b) K in one slice: the block's warps share K"),
+         ("step11-c", "(a) one copy a stage and tile"),
+         ("step11", "(c) the magic constant in a register"))
 
 #: (row_tiles, stages, chunk) compiled here: the two the default plan takes (tma_config). (A chunk of two groups,
 #: (1, 4, 2), spills with copies a warp and the rebuilt magic: not compiled.)
@@ -109,6 +126,15 @@ def _distinct_knobs() -> list[dict]:
             out.append(compiled)
     return out
 
+
+def changed_knobs(a: str, b: str) -> list[str]:
+    """The knobs in which variants ``a`` and ``b`` differ."""
+    return [knob for knob in STEP11 if VARIANTS[a][knob] != VARIANTS[b][knob]]
+
+
+# The chain is cumulative: one knob a link, ending at step 11's knobs, starting from every knob undone.
+assert CHAIN[-1][0] == "step11" and all(VARIANTS[CHAIN[0][0]][k] != STEP11[k] for k in STEP11)
+assert all(len(changed_knobs(a, b)) == 1 for (a, _), (b, _) in zip(CHAIN, CHAIN[1:]))
 
 INSTANCES = tuple(instance(k, b, mt, *s) for k in _distinct_knobs() for b in (True, False) for mt in (1, 2)
                   for s in SHAPES)
@@ -305,8 +331,10 @@ def check() -> int:
 # measure (GPU)
 # ----------------------------------------------------------------------------------------------
 
-def measure() -> Path:
-    """The variants and the library's steps 10 and 11 at :data:`CASES`, on the GPU clock."""
+def measure(chain: bool = False) -> Path:
+    """The variants and the library's steps 10 and 11 at :data:`CASES`, on the GPU clock: every variant
+    (``step11_changes.json``), or with ``chain`` the variants of :data:`CHAIN` in its order between step 10 and
+    step 11 (``step11_chain.json``; each row's ``params`` has ``chain``, its place in the chain, 0 for step 10)."""
     from studylog.bench import BenchRun, gpu_slug
 
     run = BenchRun("ternary", command=" ".join(sys.argv))
@@ -317,6 +345,9 @@ def measure() -> Path:
              "repetitions with fresh x and copies). floor_ms: the 2-bit byte floor, (weights + x + z) bytes at this "
              "run's copy bandwidth (the benchmark's floor_mem_ms). Weights: quantize_absmean(randn(N, K)), one "
              "scale; x: randn(M, K) in bf16.")
+    if chain:
+        run.note("Chain: each row's params.chain is its place (0: the library's step 10; last: its step 11); each "
+                 "variant's params.adds is the one change it adds to the row before it.")
     dev = runtime.device()
     for family, n, k, ms in CASES:
         if (family, n, k) not in BENCH_SHAPES:
@@ -332,8 +363,12 @@ def measure() -> Path:
             ref, magnitude = (x64 @ w64.T) / scale, (x64.abs() @ w64.abs().T) / abs(scale)
             nbytes = packed.nbytes + m * k * 2 + m * n * 4
             floor = run.floor_ms(nbytes)
-            rows = [(SERIES[10], None), (SERIES[11], None)] + [("step11_changes", name) for name in VARIANTS]
-            for series, name in rows:
+            if chain:
+                rows = ([(SERIES[10], None)] + [("step11_changes", name) for name, _ in CHAIN]
+                        + [(SERIES[11], None)])
+            else:
+                rows = [(SERIES[10], None), (SERIES[11], None)] + [("step11_changes", name) for name in VARIANTS]
+            for place, (series, name) in enumerate(rows):
                 print(f"{n}x{k} M={m}: {series} {name or 'library'}", flush=True)
                 if name is None:
                     fn_of = step10_cuda_mma if series == SERIES[10] else step11_tma
@@ -346,6 +381,10 @@ def measure() -> Path:
                     row_params = {**params, "variant": name, "change": CHANGES[name], **VARIANTS[name]}
                 row_params.update({f: getattr(cfg, f) for f in ("row_tiles", "warps", "stages", "chunk", "slices")
                                    if hasattr(cfg, f)})
+                if chain:
+                    row_params["chain"] = place
+                    if name is not None:
+                        row_params["adds"] = dict(CHAIN)[name]
                 fn = make(x, packed)
                 z = fn()
                 torch.cuda.synchronize()
@@ -368,7 +407,8 @@ def measure() -> Path:
                             bytes=nbytes, config=str(cfg))
             del x
             torch.cuda.empty_cache()
-    out = paths.lab_results("ternary", gpu_slug(run.device["name"])) / f"{NAME}.json"
+    name = "step11_chain" if chain else NAME
+    out = paths.lab_results("ternary", gpu_slug(run.device["name"])) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(run.to_json(), indent=1) + "\n")
     bad = [c for c in run.checks if not c["passed"]]
@@ -381,9 +421,14 @@ if __name__ == "__main__":
     parser.add_argument("what", choices=("check", "measure"))
     parser.add_argument("--compile-only", action="store_true",
                         help="check: compile (NVRTC), spills and SASS only (what a machine without a GPU can do)")
+    parser.add_argument("--chain", action="store_true",
+                        help="measure: step 10, the chain of CHAIN one change at a time, step 11 "
+                             "(results/<gpu>/step11_chain.json)")
     args = parser.parse_args()
     if args.what == "check":
+        if args.chain:
+            parser.error("--chain goes with measure (check runs every variant)")
         sys.exit(1 if (compile_check() if args.compile_only else check()) else 0)
     if args.compile_only:
         parser.error("--compile-only goes with check")
-    measure()
+    measure(chain=args.chain)
