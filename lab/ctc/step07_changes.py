@@ -1,4 +1,5 @@
-"""Step 7's changes, one at a time: step 7 minus one change, each timed beside step 7 and step 5.
+"""Step 7's changes, one at a time: step 7 minus one change (``measure``), or the cumulative chain from step 5 to
+step 7 one change per link (``measure --chain``), each timed beside step 7 and step 5.
 
 Step 7 of chapter 4 (``step07_fused_softmax``) changes five things against step 5 at once. The frozen source
 ``variants/ctc_step07_changes.cu`` (a copy of step 7's kernels with compile-time knobs) undoes three of them, one
@@ -13,18 +14,21 @@ at a time, keeping everything else of step 7 (its passes, block sizes, prefetchi
   instead of two warps side by side (grid (N, 2)).
 
 Changes 4 (the gradient a pass of its own) and 5 (no alpha matrix read back in a frame loop) have no knob: the
-README says why. Every variant does step 7's arithmetic in step 7's order, so each is expected to match the
-library's step 7 bit for bit; ``check`` says whether it does, and holds every variant to the chapter's float64
-reference.
+README says why. The three knobs compose (all eight combinations compile), so the chain (``CHAIN``) starts from
+step 7 with all three undone, "7a": step 5 plus the two changes without a knob. Every variant does step 7's
+arithmetic in step 7's order, so each is expected to match the library's step 7 bit for bit; ``check`` says whether
+it does, and holds every variant to the chapter's float64 reference.
 
     PYTHONPATH=$PWD python lab/ctc/step07_changes.py check --compile-only  # CPU: NVRTC, registers, no spills
     PYTHONPATH=$PWD python lab/ctc/step07_changes.py check                 # GPU: every variant against float64
     PYTHONPATH=$PWD python lab/ctc/step07_changes.py measure               # GPU -> results/<gpu>/step07_changes.json
+    PYTHONPATH=$PWD python lab/ctc/step07_changes.py measure --chain       # GPU -> results/<gpu>/step07_chain.json
 
 ``measure`` times the cases of the chapter's table of steps (``book.ctc.lesson.BOEHM_CASES``) and one middle
 point of the benchmark grid, on the chapter's inputs (the benchmark's generator, seeded ``BENCH_SEED``, replayed
 through its grid) and GPU clock (CUDA-graph replay over fresh copies of the activations, ``report.copies`` of them,
-``report.graph_settings``), with the library's step 7 and step 5 as anchors in the same run.
+``report.graph_settings``), with the library's step 7 and step 5 as anchors in the same run. With ``--chain`` the
+chain's links are also held to the library's step 7 bit for bit (recorded as checks).
 """
 
 from __future__ import annotations
@@ -61,6 +65,19 @@ VARIANTS = [
     ("block recursion", STEP7 | {"recursion": "block"}, 2),
     ("directions in turn", STEP7 | {"directions": "in turn"}, 3),
 ]
+#: The cumulative chain from step 5 to step 7, one change added per link: (link, knobs, the change it adds). 7a is
+#: step 7's structure with all three knobs undone, so it differs from step 5 by the two changes that have no knob
+#: (the gradient a pass of its own; no alpha matrix read back in a frame loop). The order of the three knobbed links
+#: is a choice: the memory change first (it is what step 7 is named after), then the recursion's grain, then
+#: running its two directions side by side. The last link is step 7 itself (the frozen copy, bit for bit).
+CHAIN_STEP5 = {"softmax": "written", "recursion": "block", "directions": "in turn"}
+CHAIN = [
+    ("7a", CHAIN_STEP5, "the gradient a pass of its own (no alpha matrix read back in a frame loop)"),
+    ("7b", CHAIN_STEP5 | {"softmax": "not written"}, "softmax not written"),
+    ("7c", CHAIN_STEP5 | {"softmax": "not written", "recursion": "warp"}, "one warp per direction"),
+    ("step 7", STEP7, "directions side by side"),
+]
+CHAIN_NAME = "step07_chain"
 #: Positions per lane compiled for the warp recursion (the library's WARP_GRAINS up to 320 positions: targets of
 #: up to 159 labels, which covers the benchmark's T = 150) and per thread for the block recursion (step 5's grains).
 LANE_GRAINS = tuple(v for v in fused.WARP_GRAINS if v <= 10)
@@ -80,21 +97,23 @@ def row_threads(num_classes: int) -> int:
 def kernel_names(variant: dict, v: int) -> tuple[str, str, str]:
     """(first pass, recursion, last pass) name expressions of a variant with ``v`` positions per lane/thread."""
     s = SOFTMAX[variant["softmax"]]
-    if variant["recursion"] == "block":
-        if variant["softmax"] != "not written" or variant["directions"] != "side by side":
-            raise ValueError("the block recursion is compiled with step 7's other knobs only")
-        recursion = f"v7_block_recursion<{v}>"
-    elif variant["recursion"] == "warp":
-        recursion = f"v7_recursion<{v}, {s}, {DIRECTIONS[variant['directions']]}>"
-    else:
+    if variant["recursion"] not in RECURSIONS:
         raise ValueError(f"recursion must be one of {RECURSIONS}, got {variant['recursion']!r}")
+    kernel = "v7_block_recursion" if variant["recursion"] == "block" else "v7_recursion"
+    recursion = f"{kernel}<{v}, {s}, {DIRECTIONS[variant['directions']]}>"
     return f"v7_stats<{s}>", recursion, f"v7_grad<{s}>"
 
 
+#: Every combination of the three knobs (all eight compile: the chain below uses four of them, the one-at-a-time
+#: variants three more).
+ALL_KNOBS = [{"softmax": s, "recursion": r, "directions": d}
+             for s in SOFTMAX for r in RECURSIONS for d in DIRECTIONS]
+
+
 def instances() -> list[str]:
-    """Every name expression the variants launch, compiled in one NVRTC call."""
+    """Every name expression of every knob combination, compiled in one NVRTC call."""
     names = []
-    for _, variant, _ in VARIANTS:
+    for variant in ALL_KNOBS:
         grains = THREAD_GRAINS if variant["recursion"] == "block" else LANE_GRAINS
         names += [n for v in grains for n in kernel_names(variant, v)]
     return list(dict.fromkeys(names))
@@ -249,6 +268,14 @@ def check_cases(gen: torch.Generator):
         yield f"benchmark-sized A={A}", x, padded(lists), il, [min(len(l), i) for l, i in zip(lists, il)], False
 
 
+def checked() -> list[tuple[str, dict]]:
+    """(name, knobs) of every variant that ``measure`` times, with or without ``--chain``: the one-at-a-time
+    variants, then the chain's links that are not among them."""
+    out = [(name, variant) for name, variant, _ in VARIANTS]
+    out += [(f"chain {link}", variant) for link, variant, _ in CHAIN if variant not in [v for _, v in out]]
+    return out
+
+
 def check(seed: int = 7) -> int:
     """Every variant (and the library's step 7) against the float64 reference on fresh inputs, outputs poisoned;
     each variant also compared bit for bit with the library's step 7. Returns the number of failures."""
@@ -266,7 +293,7 @@ def check(seed: int = 7) -> int:
             for label, run_ in [("library step 7", lambda lo, g: ctc.step07_fused_softmax(
                     xd, batch, zero_infinity=zero_infinity, out_loss=lo, out_grad=g))] + [
                     (vname, lambda lo, g, v=variant: call(v, xd, batch, zero_infinity=zero_infinity,
-                                                          out_loss=lo, out_grad=g)) for vname, variant, _ in VARIANTS]:
+                                                          out_loss=lo, out_grad=g)) for vname, variant in checked()]:
                 loss = torch.full((N,), SENTINEL, device="cuda")
                 grad = torch.full((T, N, A), SENTINEL, device="cuda")
                 run_(loss, grad)
@@ -285,7 +312,7 @@ def check(seed: int = 7) -> int:
                       f"loss_rel={err['loss_rel']:.1e} grad_rel={err['grad_rel']:.1e} "
                       f"{'bit-identical to step 7' if identical else 'differs from step 7'}"
                       f"{'' if written else ' (outputs left unwritten)'}")
-    print(f"{len(VARIANTS)} variants and the library's step 7: {failures} failures")
+    print(f"{len(checked())} variants and the library's step 7: {failures} failures")
     return failures
 
 
@@ -316,13 +343,38 @@ def bench_inputs(cases) -> dict[tuple[int, int], tuple]:
     return out
 
 
-def measure() -> Path:
-    """Each case: the library's step 5 and step 7, then every variant, each checked against the float64 reference
-    (a failed check is recorded and the row still written), then timed on the chapter's GPU clock."""
+def one_at_a_time(batch) -> list[tuple[str, dict, dict]]:
+    """``measure``'s variants: step 7, then step 7 with one change undone at a time."""
+    out = []
+    for vname, variant, undone in VARIANTS:
+        v, threads = launch_shape(variant, batch.max_positions)
+        out.append((RESULT_NAME, variant, {"variant": vname, "change_undone": undone, **variant,
+                                           "positions_per_thread": v, "recursion_threads": threads,
+                                           "max_positions": batch.max_positions}))
+    return out
+
+
+def chain(batch) -> list[tuple[str, dict, dict]]:
+    """``measure --chain``'s variants: the links of :data:`CHAIN`, each adding one change to the one before."""
+    out = []
+    for link, variant, added in CHAIN:
+        v, threads = launch_shape(variant, batch.max_positions)
+        out.append((CHAIN_NAME, variant, {"variant": link, "change_added": added, **variant,
+                                          "positions_per_thread": v, "recursion_threads": threads,
+                                          "max_positions": batch.max_positions}))
+    return out
+
+
+def measure(chained: bool = False) -> Path:
+    """Each case: the library's step 5 and step 7, then every variant (step 7 with one change undone at a time, or
+    with ``chained`` the links of :data:`CHAIN`), each checked against the float64 reference (a failed check is
+    recorded and the row still written), then timed on the chapter's GPU clock. The chain's links are also held to
+    the library's step 7 bit for bit: they do its arithmetic in its order."""
     from studylog.bench import BenchRun, write_lab_output
 
     from book.ctc.lesson import BOEHM_CASES
 
+    name = CHAIN_NAME if chained else RESULT_NAME
     run = BenchRun("ctc", command=" ".join(sys.argv))
     cases = list(BOEHM_CASES) + [MIDDLE_CASE]
     inputs = bench_inputs(cases)
@@ -341,13 +393,10 @@ def measure() -> Path:
         library7 = ctc.step07_fused_softmax(x, batch)
         entries = [("step05", {"variant": "library step 5"}, ctc.step05_shared_rows),
                    ("step07", {"variant": "library step 7"}, ctc.step07_fused_softmax)]
-        for vname, variant, undone in VARIANTS:
-            v, threads = launch_shape(variant, batch.max_positions)
-            knobs = {"variant": vname, "change_undone": undone, **variant, "positions_per_thread": v,
-                     "recursion_threads": threads, "max_positions": batch.max_positions}
-            entries.append((RESULT_NAME, knobs, lambda xi, b, v=variant, **out: call(v, xi, b, **out)))
+        for series, variant, knobs in (chain if chained else one_at_a_time)(batch):
+            entries.append((series, knobs, lambda xi, b, v=variant, **out: call(v, xi, b, **out)))
         for series, knobs, fn in entries:
-            print(f"ctc {RESULT_NAME}: A={A} N={N} {knobs['variant']}", flush=True)
+            print(f"ctc {name}: A={A} N={N} {knobs['variant']}", flush=True)
             loss = torch.full((N,), SENTINEL, device="cuda")
             grad = torch.full((T, N, A), SENTINEL, device="cuda")
             fn(x, batch, out_loss=loss, out_grad=grad)
@@ -359,6 +408,9 @@ def measure() -> Path:
                       params=params | knobs, outputs_written=written, bit_identical_to_step07=identical, **err)
             if knobs["variant"] == "step 7":
                 run.check("the frozen source's step 7 is the library's, bit for bit", identical, params=params)
+            elif series == CHAIN_NAME:
+                run.check(f"{knobs['variant']} is bit-identical to the library's step 7", identical,
+                          params=params | knobs)
             del loss, grad
             estimate = report.estimate_ms(lambda: fn(x, batch))
 
@@ -374,10 +426,17 @@ def measure() -> Path:
                        **err)
         del x, ref, batch, library7
         torch.cuda.empty_cache()
-    run.note("Variants of step 7 from lab/ctc/variants/ctc_step07_changes.cu, each undoing one change "
-             "(change_undone: 1 softmax written, 2 block recursion, 3 directions in turn); step05 and step07 are the "
-             "library's steps, timed in the same run on the same inputs (the benchmark's, BENCH_SEED).")
-    out = write_lab_output(paths.LAB / "ctc" / "results", run.device["name"], RESULT_NAME, run.to_json())
+    if chained:
+        run.note("The cumulative chain from step 5 to step 7, built from lab/ctc/variants/ctc_step07_changes.cu: "
+                 "7a is step 7 with its three knobs undone (softmax written, block recursion, directions in turn), "
+                 "each later link adds one change (change_added) to the one before, and the last link is step 7; "
+                 "step05 and step07 are the library's steps, timed in the same run on the same inputs (the "
+                 "benchmark's, BENCH_SEED).")
+    else:
+        run.note("Variants of step 7 from lab/ctc/variants/ctc_step07_changes.cu, each undoing one change "
+                 "(change_undone: 1 softmax written, 2 block recursion, 3 directions in turn); step05 and step07 are "
+                 "the library's steps, timed in the same run on the same inputs (the benchmark's, BENCH_SEED).")
+    out = write_lab_output(paths.LAB / "ctc" / "results", run.device["name"], name, run.to_json())
     bad = [c for c in run.checks if not c["passed"]]
     print(f"{len(run.rows)} measurements, {len(run.checks)} checks ({len(bad)} failed) -> {out}")
     return out
@@ -388,6 +447,9 @@ def main(argv=None) -> int:
     parser.add_argument("what", choices=("check", "measure"))
     parser.add_argument("--compile-only", action="store_true",
                         help="check: compile every variant with NVRTC (no GPU), report registers and spills")
+    parser.add_argument("--chain", action="store_true",
+                        help=f"measure: the cumulative chain step 5 -> 7a -> ... -> step 7 (results/<gpu>/"
+                             f"{CHAIN_NAME}.json) instead of step 7 minus one change at a time")
     args = parser.parse_args(argv)
     if args.what == "check":
         if args.compile_only:
@@ -398,7 +460,7 @@ def main(argv=None) -> int:
         return 1 if failures else 0
     if args.compile_only:
         sys.exit("--compile-only applies to check")
-    measure()
+    measure(chained=args.chain)
     return 0
 
 

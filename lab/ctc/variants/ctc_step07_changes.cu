@@ -14,8 +14,11 @@
 //                        a block of threads per direction, G positions per thread strided by the block, the
 //                        two live rows in shared memory and one barrier per frame (step 5's way).
 //   SIDE_BY_SIDE (change 3)
-//                        true: grid (N, 2), alpha's warp and beta's side by side (step 7); false: grid
-//                        (N, 1), one warp runs alpha, then beta.
+//                        true: grid (N, 2), alpha's warp (or block) and beta's side by side (step 7); false:
+//                        grid (N, 1), one warp (or block) runs alpha, then beta.
+//
+// The three knobs compose: both recursions take SOFTMAX and SIDE_BY_SIDE, so all eight combinations compile
+// (lab/ctc/step07_changes.py times a cumulative chain of them from the one with all three undone).
 //
 // Every variant does the same arithmetic in the same order as step 7 (the emissions are the same floats,
 // the row maxima are exact, the log-sum-exps take their arguments in step 7's order), so each should match
@@ -246,11 +249,27 @@ __global__ void __launch_bounds__(32) v7_recursion(
 // log-sum-exp of its predecessors in the old row (their order as the warp kernel takes them), plus the emission,
 // minus the old row's maximum. Rows are written to global memory with stride blockDim.x G.
 #define MAX_SHARED_POSITIONS 1024  // S <= 2 MAX_TARGET_LENGTH + 1 = 1023
-template <int G, bool BACKWARD>
+// Position s's emission of frame t (NEG_INF where s does not exist): from the emissions array (SOFTMAX_NONE), or
+// gathered from the log-softmax row at the blank or at label (s + 1) / 2's class (SOFTMAX_WRITTEN), scaled to base 2
+// as lane_emissions scales it, so both give the float step 7 stores.
+template <int SOFTMAX>
+__device__ __forceinline__ float position_emission(const float* em_base, const float* __restrict__ log_probs,
+                                                   const int* __restrict__ lab, int t, int n, int N, int A, int Lmax,
+                                                   int s, bool exists) {
+    if (!exists) return NEG_INF;
+    if constexpr (SOFTMAX == SOFTMAX_WRITTEN) {
+        const int cls = (s & 1) ? __ldg(lab + (s >> 1)) : 0;
+        return __fmul_rn(__ldg(log_probs + ((size_t)t * N + n) * A + cls), LOG2E);
+    } else {
+        return __ldg(em_base + (size_t)t * (Lmax + 1) + ((s & 1) ? (s + 1) >> 1 : 0));
+    }
+}
+
+template <int G, bool BACKWARD, int SOFTMAX>
 __device__ __forceinline__ void block_direction(
-    const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths,
-    const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift,
-    int T, int N, int Lmax) {
+    const float* __restrict__ emissions, const float* __restrict__ log_probs, const int* __restrict__ labels,
+    const int* __restrict__ input_lengths, const int* __restrict__ target_lengths, float* __restrict__ rows,
+    double* __restrict__ row_shift, int T, int N, int A, int Lmax) {
     __shared__ float row[2][MAX_SHARED_POSITIONS];  // row[k & 1]: the row of the k-th frame computed
     __shared__ float warp_maxima[2][32];             // [k & 1][w]: warp w's maximum of that row
     const int n = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
@@ -287,11 +306,11 @@ __device__ __forceinline__ void block_direction(
     float e[PREFETCH][G];  // each position's emission of the frame in each prefetch slot
 #pragma unroll
     for (int p = 0; p < PREFETCH; ++p) {
-        const float* em = em_base + (size_t)(BACKWARD ? Tn - 1 - p : p) * (Lmax + 1);
+        const int t = BACKWARD ? Tn - 1 - p : p;
 #pragma unroll
         for (int i = 0; i < G; ++i) {
-            const int s = tid + i * blockDim.x;
-            e[p][i] = p < Tn && ((valid >> i) & 1) ? __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0)) : NEG_INF;
+            e[p][i] = position_emission<SOFTMAX>(em_base, log_probs, lab, t, n, N, A, Lmax, tid + i * blockDim.x,
+                                                 p < Tn && ((valid >> i) & 1));
         }
     }
     __syncthreads();
@@ -332,11 +351,11 @@ __device__ __forceinline__ void block_direction(
                 if (lane == 0) warp_maxima[b][warp] = local;
                 const int kn = k + PREFETCH;
                 if (kn < Tn) {
-                    const float* em = em_base + (size_t)(BACKWARD ? Tn - 1 - kn : kn) * (Lmax + 1);
+                    const int tn = BACKWARD ? Tn - 1 - kn : kn;
 #pragma unroll
                     for (int i = 0; i < G; ++i) {
-                        const int s = tid + i * blockDim.x;
-                        e[p][i] = (valid >> i) & 1 ? __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0)) : NEG_INF;
+                        e[p][i] = position_emission<SOFTMAX>(em_base, log_probs, lab, tn, n, N, A, Lmax,
+                                                             tid + i * blockDim.x, (valid >> i) & 1);
                     }
                 }
                 __syncthreads();  // the new row and its maxima are complete; the old row is no longer read
@@ -345,16 +364,24 @@ __device__ __forceinline__ void block_direction(
     }
 }
 
-// grid (N, 2), block 32 W threads (enough for S at G positions each): blockIdx.y = 0 alpha, 1 beta.
-template <int G>
+// Block 32 W threads (enough for S at G positions each). SIDE_BY_SIDE: grid (N, 2), blockIdx.y = 0 alpha, 1 beta.
+// Otherwise grid (N, 1): the block runs alpha, then beta. The two directions are two instantiations of
+// block_direction, each with shared rows of its own, so beta's first writes cannot meet alpha's last reads.
+template <int G, int SOFTMAX, bool SIDE_BY_SIDE>
 __global__ void v7_block_recursion(
     const float* __restrict__ emissions, const float* __restrict__ log_probs, const int* __restrict__ labels,
     const int* __restrict__ input_lengths, const int* __restrict__ target_lengths, float* __restrict__ rows,
     double* __restrict__ row_shift, int T, int N, int A, int Lmax) {
-    if (blockIdx.y == 0)
-        block_direction<G, false>(emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax);
-    else
-        block_direction<G, true>(emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax);
+    if (SIDE_BY_SIDE && blockIdx.y != 0) {
+        block_direction<G, true, SOFTMAX>(emissions, log_probs, labels, input_lengths, target_lengths, rows,
+                                          row_shift, T, N, A, Lmax);
+        return;
+    }
+    block_direction<G, false, SOFTMAX>(emissions, log_probs, labels, input_lengths, target_lengths, rows,
+                                       row_shift, T, N, A, Lmax);
+    if (!SIDE_BY_SIDE)
+        block_direction<G, true, SOFTMAX>(emissions, log_probs, labels, input_lengths, target_lengths, rows,
+                                          row_shift, T, N, A, Lmax);
 }
 
 // ------------------------------------------------------------------------------------------
