@@ -151,9 +151,8 @@ def run_source(name: str, gpu: str = H200) -> str:
     if data is None:
         return ""
     card_name = gpu.split("-")[1].upper() if "-" in gpu else gpu
-    date = f" on {data['date'][:10]}" if data.get("date") else ""
     what = RUN_WORDS.get(name, "one change at a time and every kernel it compares")
-    return f"From a further run of the same harness on the same {card_name}{date}, which times {what}."
+    return f"A run of its own on the same {card_name}, which times {what}."
 
 
 def bench_file(results) -> str:
@@ -181,8 +180,8 @@ def provenance(results, part: int, bitnet_run=None) -> str:
     fill (:func:`further_run`)."""
     if results is None or bitnet_run is None or not bitnet_run.get("quick") or part != 2:
         return ""
-    return (f"BitNet's comparison is a second run of the benchmark on the same {card(results)} on "
-            f"{bitnet_run['date'][:10]} (its quick mode: the target shapes and BitNet's own, ours re-timed in it).")
+    return (f"BitNet's comparison is a run of its own on the same {card(results)} (the target shapes and BitNet's "
+            "own, ours timed in it beside BitNet's kernel).")
 
 
 def layer_run(results):
@@ -541,7 +540,8 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
             lines.append(f"| {series_label(s).split(' (')[0].split(':')[0]} | {shape}, {m} | {row['ms'] * 1e3:.1f} | "
                          f"{row['host_ms'] * 1e3:.1f} | {row['host_ms'] / row['ms']:.1f} |")
     if empty is not None:
-        lines.append(f"| an empty Triton kernel, launched from Python (host time only) | – | – | "
+        lines.append(f"| an empty Triton kernel, launched from Python (host time only; a host time is per run, so "
+                     "other chapters' runs give their own) | – | – | "
                      f"{empty * 1e3:.1f} | – |")
     return "\n".join(lines)
 
@@ -660,7 +660,8 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "sub_rows", "SUB_ROWS_NOTE", "further_run", "run_source", "lab_file", "bench_file", "sub_row_sources", "provenance", "step9_companions", "step10_changes", "layer_source",
+           "CHAINS", "chain", "chain_table", "chain_factor", "undone_table", "further_run", "run_source", "lab_file",
+           "bench_file", "provenance", "step10_changes", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
 
@@ -675,98 +676,32 @@ PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
     (2, 1, 1, "int8 weights"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
-    (4, 1, 3, "an AND decode and 8 rows a program (4a, 4b)"),
+    (4, 1, 3, "an AND decode and 8 rows a program (three changes: below)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
-    (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte)"),
+    (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte): did not pay"),
     (9, 1, 4, "the `2bit_mma` layout: its decoded words are the MMA's operand (built for several rows)"),
     (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
-    (7, 16, 5, "1.6-bit weights with `tl.dot`"),
-    (8, 16, 5, "int8 activations on the int8 tensor cores"),
+    (7, 16, 5, "1.6-bit weights with `tl.dot`: did not pay"),
+    (8, 16, 5, "int8 activations on the int8 tensor cores: did not pay"),
     (9, 16, 5, "the `2bit_mma` layout: a word's two halves are neighbours along K, decoded straight into the "
-               "MMA's operand (9a; its other changes: note)"),
+               "MMA's operand (five changes: below)"),
 )
 
 #: Part 2's rows, as :data:`PART1_ROWS`.
 PART2_ROWS = (
     (9, 1, None, "part 1's last Triton step"),
-    (10, 1, 9, "the same bits on `mma.sync`, loads issued groups ahead"),
-    (11, 1, 10, "the warps share K, fed by a TMA ring (11a to 11d)"),
-    (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (12a, 12b)"),
+    (10, 1, 9, "the same bits on `mma.sync`, loads issued groups ahead (three changes: below)"),
+    (11, 1, 10, "the warps share K, fed by a TMA ring (four changes: below)"),
+    (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (two changes: below)"),
     (13, 1, 12, "one tile of weights a warp, a slice of K a block (built for several rows; at one row it loses)"),
     (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
-    (13, 16, 12, "one tile of weights a warp, a slice of K a block (13a, 13b; part 1's step 9 stays the fastest "
-                 "at 16 rows)"),
+    (13, 16, 12, "one tile of weights a warp, a slice of K a block (two changes: below; part 1's step 9 stays "
+                 "the fastest at 16 rows)"),
 )
 
 
 def _factor(a: Optional[float], b: Optional[float]) -> str:
     return fmt(ratio(a, b), ".2f")
-
-
-def sub_rows(results, step: int, m: int, shape: str = MAIN) -> list[tuple[str, str, str, str]]:
-    """The rows a step's changes get under it in the steps table (:func:`boehm_table`): (label, the change, µs,
-    the factor). A factor is "added" (how many times faster the kernel gets when the change joins the one before
-    it, in the ablation's order) or "undone" (the step's time without it over its time with it), from the ablation
-    runs (:func:`step_changes`, lab/ternary's step11_changes and step13_changes) except step 12's, which the
-    benchmark times itself (x quantised by a kernel of its own); µs only where the time is the benchmark's. A
-    change that was never timed alone gets no row (the page says in the step's text what was built together).
-    Empty where the step has no sub-rows or the run is missing."""
-    rows: list[tuple] = []
-    if (step, m) == (4, 1):
-        ch = step_changes(4)
-        at = None if ch is None else (lambda v: ch["us"].get((v, shape, m)))  # noqa: E731
-        if at is None or at("+a+b+c") is None:
-            return rows
-        end = at("+a+b+c")
-        rows = [("4a", "the exponent-AND decode: one AND and one FMA a weight",
-                 f"{_factor(at('step03'), at('+a'))} added; {_factor(at('step04-a'), end)} undone"),
-                ("4b", "8 rows a program, one load of x for the 8",
-                 f"{_factor(at('+a'), at('+a+b'))} added; {_factor(at('step04-b'), end)} undone")]
-    elif (step, m) == (9, 16):
-        ch = step_changes(9)
-        at = None if ch is None else (lambda v: ch["us"].get((v, shape, m)))  # noqa: E731
-        if at is None or at("+a+m+b+c") is None:
-            return rows
-        rows = [("9a", "the layout: added after the packed decode and the masks; undone from step 9",
-                 f"{_factor(at('+a+m'), at('+a+m+b'))} added; {_factor(at('step09-b'), at('+a+m+b+c'))} undone")]
-    elif (step, m) == (10, 1):
-        at = step10_changes(shape)
-        if "step10" not in at:
-            return rows
-        rows = [("10a", "the loop by hand: loads two groups ahead, the `2bit_tiles` layout, K split with a "
-                        "fixed-order sum; x read from L2", f"{_factor(at.get(SERIES[9]), at.get('step10-b'))} alone (vs 9)"),
-                ("10b", "x copied once into shared memory", f"{_factor(at.get('step10-b'), at['step10'])} added")]
-    elif (step, m) == (11, 1):
-        data = lab_or_none("ternary", "step11_changes", H200)
-        at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
-                                      if r["params"]["shape"] == shape}
-        if "step11" not in at:
-            return rows
-        end = at["step11"]
-        rows = [("11a", "K not split: the warps share the block's K, sums meet in shared memory",
-                 f"{_factor(at.get('step11-b'), end)} undone"),
-                ("11b", "the ring alone: a producer warp, the TMA, full and empty mbarriers",
-                 f"{_factor(at.get('step10'), at.get('step11-a-b-c'))} alone (vs 10)"),
-                ("11c", "one copy a tile of 16 rows, not one a warp", f"{_factor(at.get('step11-a'), end)} undone"),
-                ("11d", "the decode's constant kept in a register", f"{_factor(at.get('step11-c'), end)} undone")]
-    elif (step, m) == (12, 1):
-        apart, t11, t12 = (us(results, s, shape, m) for s in (W2A8_PLACE_SERIES["separate"], SERIES[11], SERIES[12]))
-        if apart is None:
-            return rows
-        rows = [("12a", "int8 x on the int8 tensor cores, x quantised by a kernel of its own", fmt(apart, ".1f"),
-                 f"{_factor(t11, apart)} added"),
-                ("12b", "x quantised in the kernel", fmt(t12, ".1f"), f"{_factor(apart, t12)} added")]
-    elif (step, m) == (13, 16):
-        data = lab_or_none("ternary", "step13_changes", H200)
-        at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
-                                      if (r["params"]["shape"], r["params"]["m"]) == (shape, m)}
-        if "step13" not in at:
-            return rows
-        rows = [("13a", "one tile a warp, a slice of K a block, x loaded as step 12 loads it",
-                 f"{_factor(at.get(SERIES[12]), at.get('step13-x'))} added"),
-                ("13b", "x brought by the TMA", f"{_factor(at.get('step13-x'), at['step13'])} added or undone "
-                                                "(the last change)")]
-    return [r if len(r) == 4 else (r[0], r[1], "–", r[2]) for r in rows]
 
 
 def step10_changes(shape: str = MAIN, gpu: str = H200) -> dict[str, float]:
@@ -783,53 +718,6 @@ def step10_changes(shape: str = MAIN, gpu: str = H200) -> dict[str, float]:
             for r in data["measurements"] if r["params"]["shape"] == shape}
 
 
-def step9_companions(shape: str = MAIN, m: int = 16) -> str:
-    """One sentence on step 9's three changes beside its layout, each a factor from the ablation run
-    (:func:`step_changes`) at ``shape`` and ``m`` (added: in the run's order; the masks also undone); "" without
-    the run."""
-    ch = step_changes(9)
-    at = None if ch is None else (lambda v: ch["us"].get((v, shape, m)))  # noqa: E731
-    if at is None or at("+a+m+b+c") is None:
-        return ""
-    end = at("+a+m+b+c")
-    return (f"Step 9's other changes, from the same run: its packed decode, two weights an AND and a packed "
-            f"FMA, {_factor(at('step05@9'), at('+a'))}× added (without the layout its two weights are 128 apart "
-            f"along K); rows clamped and x unmasked {_factor(at('+a'), at('+a+m'))}× added, "
-            f"{_factor(at('step09-m'), end)}× undone; split K without a memset {_factor(at('+a+m+b'), end)}× "
-            f"added, the last change.")
-
-
-#: Under the steps tables where a step has sub-rows (the last sentence only where step 12 is among them).
-SUB_ROWS_NOTE = ("Rows with a letter split a step into its changes. *Added*: how many times faster the kernel gets "
-                 "when the change joins the changes before it; *undone*: how many times slower the step is without "
-                 "it.")
-SUB_ROWS_NOTE_ALONE = " *Alone*: the change without the others, against the step before."
-SUB_ROWS_NOTE_12 = " Step 12's rows are timed by the benchmark itself, which also runs x quantised by a kernel of its own."
-#: The lab run each step's lettered rows read (step 12's are the benchmark's own).
-SUB_ROW_RUNS = {4: "bundled_steps", 9: "bundled_steps", 10: "step10_changes", 11: "step11_changes",
-                13: "step13_changes"}
-
-
-def sub_row_sources(results, rows, shape: str = MAIN) -> str:
-    """One sentence saying, in plain words, which lettered rows come from the further runs of :data:`SUB_ROW_RUNS`
-    (step 12's are the benchmark's own); the page lists those files once, at its end, so that every factor in the
-    steps table traces to a committed file. "" where no lettered row comes from a lab run."""
-    files: dict[str, list[str]] = {}
-    for number, m, _, _ in rows:
-        labels = [r[0] for r in sub_rows(results, number, m, shape)]
-        if labels and number in SUB_ROW_RUNS:
-            files.setdefault(SUB_ROW_RUNS[number], []).extend(labels)
-    if not files:
-        return ""
-    date = next((f" on {d['date'][:10]}" for d in (lab_or_none("ternary", f, H200) for f in files)
-                 if d and d.get("date")), "")
-    each = "; ".join(", ".join(labels) for labels in files.values())
-    runs = ("a further run of the same harness on the same H200{}, which times one change at a time and every kernel "
-            "it compares" if len(files) == 1 else "further runs of the same harness on the same H200{}, one for each "
-            "step, each timing one change at a time and every kernel it compares").format(date)
-    return f" The lettered rows' factors ({each}) come from {runs}."
-
-
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
@@ -843,13 +731,7 @@ def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> st
                    f"{shape.replace('x', ' × ')}, {card(results)}, GPU clock**")
         tables.append(caption + "\n\n" + _boehm_rows(results, [r for r in rows if r[1] == rows_of_x], shape,
                                                       read_only))
-    lettered = [n for n, m, _, _ in rows if sub_rows(results, n, m, shape)]
-    note = "" if not lettered else ("\n\n" + SUB_ROWS_NOTE + (SUB_ROWS_NOTE_ALONE if {10, 11} & set(lettered) else "")
-                                    + (SUB_ROWS_NOTE_12 if 12 in lettered else "")
-
-                                    + (" " + step9_companions(shape) if 9 in lettered else "")
-                                    + sub_row_sources(results, rows, shape))
-    return "\n\n".join(tables) + note
+    return "\n\n".join(tables)
 
 
 def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
@@ -865,8 +747,6 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
         lines.append(f"| {number} | {change} | {fmt(t, '.1f')} | {speed} | {fmt(ratio(t, floor), '.1f')}{own} |{extra}")
-        for label, what, t_sub, factor in sub_rows(results, number, m, shape):
-            lines.append(f"| {label} | {what} | {t_sub} | {factor} | – |" + (" – |" if read_only else ""))
     return "\n".join(lines)
 
 
@@ -1028,28 +908,17 @@ def step_changes(step: int, gpu: str = "nvidia-h200") -> Optional[dict]:
     return {"cases": cases, "us": us_, "failed": [c for c in data["checks"] if not c["passed"]]}
 
 
-def step_changes_table(step: int, changes: dict) -> str:
-    """Markdown, two tables of ratios only (their run is apart from the benchmark's, so the page quotes no second
-    time for a kernel): the changes added one at a time (how many times faster than the row above), then each
-    change undone alone from the step (its time over the step's), one column a case."""
+def undone_table(step: int, changes: dict) -> str:
+    """Markdown: each change taken back alone from step 4 or 9 (``STEP_CHANGES[step]["undone"]``), its time over
+    the step's frozen copy in the same run, one column a case: the folded table beside the step's chain."""
     cases = changes["cases"]
-    where = [f"{s.replace('x', ' × ')}, M = {m}" for s, m in cases]
-    spec, previous = STEP_CHANGES[step], None
-    final = spec["chain"][-1][0]
-    lines = ["| added one at a time | " + " | ".join(f"{w}: × faster than the row above" for w in where) + " |",
+    final = STEP_CHANGES[step]["chain"][-1][0]
+    lines = [f"| step {step} with | " + " | ".join(f"{_case(c)}: × step {step}'s time" for c in cases) + " |",
              "|---|" + "---|" * len(cases)]
-    for key, label in spec["chain"]:
-        cells = [f"{changes['us'][(previous, *c)] / changes['us'][(key, *c)]:.2f}×" if previous else "–"
-                 for c in cases]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        previous = key
-    lines += ["", f"| undone alone from step {step} | "
-              + " | ".join(f"{w}: × step {step}'s time" for w in where) + " |", "|---|" + "---|" * len(cases)]
-    for key, label in spec["undone"]:
+    for key, label in STEP_CHANGES[step]["undone"]:
         cells = [f"{changes['us'][(key, *c)] / changes['us'][(final, *c)]:.2f}×" for c in cases]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    source = run_source("bundled_steps")
-    return "\n".join(lines) + (f"\n\n{source}" if source else "")
+        lines.append(f"| {label.replace(f'step {step} ', '', 1)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 #: lab/ternary/step11_changes.py's variants: step 11, then one side change undone at a time, then all three.
@@ -1075,8 +944,7 @@ def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
              + " |", "|---|" + "---|" * len(shapes)]
     for key, label in STEP11_CHANGES:
         lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)] / at[('step11', s)]:.2f}×" for s in shapes) + " |")
-    source = run_source("step11_changes", gpu)
-    return "\n".join(lines) + (f"\n\n{source}" if source else "")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1131,40 +999,6 @@ def w2a8_places_table(results, shape: str = MAIN, rows_of_x=(1, 16)) -> str:
 STEP13_CHANGES = (("step13", "step 13"), ("step13-x", "x loaded by the consumer warps, as step 12 loads it"))
 
 
-def step13_changes(gpu: str = "nvidia-h200") -> Optional[str]:
-    """Markdown: step 13 with its copy of x by the TMA undone (``lab/ternary/step13_changes.py``, one run), each
-    kernel's time over step 13's in that run per shape and rows of x; ratios only (the run is apart from the
-    benchmark's, whose steps table gives step 13 against step 12 and part 1's step 9, so the page shows those ratios
-    once); "–" where the run did not time a variant at a case, with its legend. None where the run is not
-    committed."""
-    data = lab_or_none("ternary", "step13_changes", gpu)
-    if data is None:
-        return None
-    rows = data["measurements"]
-    cases = list(dict.fromkeys((r["params"]["shape"], r["params"]["m"]) for r in rows))
-    at = {(r["params"]["variant"], r["params"]["shape"], r["params"]["m"]): r["ms"] * 1e3 for r in rows}
-    lines = ["| step 13 with | " + " | ".join(f"{s.replace('x', ' × ')}, M = {m}: × step 13's time" for s, m in cases)
-             + " |", "|---|" + "---|" * len(cases)]
-    absent = {}
-    for key, label in STEP13_CHANGES:
-        cells = []
-        for c in cases:
-            if (key, *c) not in at or ("step13", *c) not in at:
-                absent.setdefault(label, set()).add(c[1])
-                cells.append("–")
-                continue
-            cells.append(f"{at[(key, *c)] / at[('step13', *c)]:.2f}×")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    for label, ms in absent.items():
-        rows_of_x = " or ".join(f"{'one row' if m == 1 else f'{m} rows'}" for m in sorted(ms))
-        lines.append(f"\n– : {label.split(',')[0]}: not timed at {rows_of_x} of x.")
-    failed = [c["name"] for c in data["checks"] if not c["passed"]]
-    if failed:
-        lines.append(f"\n{len(failed)} of {len(data['checks'])} checks of this run failed: {', '.join(failed)}.")
-    source = run_source("step13_changes", gpu)
-    return "\n".join(lines) + (f"\n\n{source}" if source else "")
-
-
 def step13_undone_ratio(shape: str = MAIN, m: int = 16, gpu: str = "nvidia-h200") -> tuple:
     """(µs of step 13 with x loaded by the consumer warps, µs of step 13) in the same run at one case, or
     (None, None) where the run or the case is missing."""
@@ -1216,3 +1050,129 @@ def gemlite_check(results, shape: str = MAIN) -> Optional[dict]:
             "passed_at": [c["params"]["shape"] for c in checks if c["passed"]],
             "worst": worst["relative_error"], "worst_shape": worst["params"]["shape"],
             "partials": None if block_k is None else -(-k // (2 * int(block_k[1])))}
+
+
+# ----------------------------------------------------------------------------------------------
+# Chains: a bundled step one change at a time, cumulative, between its two anchors
+# ----------------------------------------------------------------------------------------------
+
+#: Each bundled step's chain, in the page's order: the run that times it (a lab run's name, or None for the
+#: benchmark's own file), its cases (N x K, rows of x), and its rows as (label, the one change, (series, variant)).
+#: The first row is the step before (the library's, the anchor) and the last the library's step itself; each row
+#: between adds one change to the row above. A variant of None is the library's kernel of that series.
+CHAINS = {
+    4: ("bundled_steps", ((MAIN, 1), ("2560x6912", 1)), (
+        ("3", "step 3", (SERIES[3], None)),
+        ("4a", "the exponent-AND decode: one AND and one FMA a weight", ("step04_changes", "+a")),
+        ("4b", "8 rows a program, one load of x for the 8", ("step04_changes", "+a+b")),
+        ("4c", "step 4's configs, K split where the autotuner takes it", ("step04_changes", "+a+b+c")),
+        ("4", "step 4, the library's kernel", (SERIES[4], None)))),
+    9: ("bundled_steps", ((MAIN, 16), (MAIN, 1), ("2560x6912", 1)), (
+        ("5", "step 5", (SERIES[5], None)),
+        ("9a", "step 9's configs", ("step09_changes", "step05@9")),
+        ("9b", "two weights an AND and a packed FMA, on the `2bit` layout", ("step09_changes", "+a")),
+        ("9c", "step 9's masks: rows clamped, x unmasked below K", ("step09_changes", "+a+m")),
+        ("9d", "the `2bit_mma` layout", ("step09_changes", "+a+m+b")),
+        ("9e", "K split through the workspace, no memset", ("step09_changes", "+a+m+b+c")),
+        ("9", "step 9, the library's kernel", (SERIES[9], None)))),
+    10: ("step10_changes", ((MAIN, 1), ("2560x6912", 1)), (
+        ("9", "step 9", (SERIES[9], None)),
+        ("10a", "the loop by hand on `mma.sync`, loads two groups ahead, the `2bit_tiles` layout; one slice of K, "
+                "x read from L2", ("step10_changes", "step10-b-c")),
+        ("10b", "K split across blocks, a fixed-order sum of the slices", ("step10_changes", "step10-b")),
+        ("10c", "x copied once into shared memory", ("step10_changes", "step10")),
+        ("10", "step 10, the library's kernel", (SERIES[10], None)))),
+    11: ("step11_chain", ((MAIN, 1), ("2560x6912", 1)), (
+        ("10", "step 10", (SERIES[10], None)),
+        ("11a", "the TMA ring alone: K still split, one copy a warp, the constant rebuilt",
+         ("step11_changes", "step11-a-b-c")),
+        ("11b", "K in one slice: the block's warps share it, sums meet in shared memory",
+         ("step11_changes", "step11-a-c")),
+        ("11c", "one copy a stage and tile of 16 rows, not one a warp", ("step11_changes", "step11-c")),
+        ("11d", "the decode's constant kept in a register", ("step11_changes", "step11")),
+        ("11", "step 11, the library's kernel", (SERIES[11], None)))),
+    12: (None, ((MAIN, 1), ("2560x6912", 1)), (
+        ("11", "step 11", (SERIES[11], None)),
+        ("12a", "int8 x on the int8 tensor cores, x quantised by a kernel of its own",
+         (W2A8_PLACE_SERIES["separate"], None)),
+        ("12b", "x quantised in the kernel: step 12, the library's kernel", (SERIES[12], None)))),
+    13: ("step13_changes", ((MAIN, 16), ("2560x6912", 16), (MAIN, 1)), (
+        ("12", "step 12", (SERIES[12], None)),
+        ("13a", "one tile a warp, a slice of K a block; x loaded by the warps as step 12 loads it",
+         ("step13_changes", "step13-x")),
+        ("13b", "x brought by the TMA", ("step13_changes", "step13")),
+        ("13", "step 13, the library's kernel", (SERIES[13], None)))),
+}
+
+
+def chain(step: int, results, data: Optional[dict] = None) -> dict:
+    """Step ``step``'s chain (:data:`CHAINS`) from its one run: ``rows`` of (label, the one change, µs per case,
+    × previous per case: the row above's time over this row's, None on the first row), ``cases``, the ``run``'s
+    name (None: the benchmark's own file) and ``gap``, the largest relative difference between the run's anchors
+    and the same kernels in ``results`` (0 where the run is the benchmark's). ``data`` stands in for the lab run's
+    file. Raises FileNotFoundError where the run is not committed, KeyError where it lacks a row of the chain."""
+    name, cases, spec = CHAINS[step]
+    if name is None:
+        at = {(s, v, c): us(results, s, *c) for _, _, (s, v) in spec for c in cases}
+    else:
+        data = data if data is not None else lab_or_none("ternary", name, H200)
+        if data is None:
+            raise FileNotFoundError(f"step {step}'s chain needs {lab_file(name)} (run lab/ternary's script for it)")
+        at = {}
+        for r in data["measurements"]:
+            p = r["params"]
+            variant = p.get("variant") if r["series"].endswith("_changes") else None
+            at[(r["series"], variant, (p["shape"], p["m"]))] = r["ms"] * 1e3
+    rows, previous = [], None
+    for label, change, (series, variant) in spec:
+        times = []
+        for c in cases:
+            t = at.get((series, variant, c))
+            if t is None:
+                raise KeyError(f"step {step}'s chain: {series} {variant or ''} not timed at {c} in its run")
+            times.append(t)
+        factors = None if previous is None else [a / b for a, b in zip(previous, times)]
+        rows.append((label, change, times, factors))
+        previous = times
+    gap = 0.0
+    if name is not None:
+        for (_, _, times, _), (_, _, (series, _)) in ((rows[0], spec[0]), (rows[-1], spec[-1])):
+            for t, c in zip(times, cases):
+                main = us(results, series, *c)
+                gap = max(gap, abs(t / main - 1)) if main else gap
+    return {"rows": rows, "cases": cases, "run": name, "gap": gap}
+
+
+def _case(case) -> str:
+    shape, m = case
+    return f"{shape.replace('x', ' × ')}, M = {m}"
+
+
+def chain_factor(value: Optional[float]) -> str:
+    """A chain row's × previous: "1.23×", or "0.92×, does not pay" where the change makes the kernel slower."""
+    if value is None:
+        return ""
+    return f"{value:.2f}×" + (", does not pay" if round(value, 2) < 1 else "")
+
+
+def chain_table(step: int, results, data: Optional[dict] = None) -> str:
+    """Markdown: "Step N, one change at a time" (:func:`chain`), a column of µs and one of × previous per case,
+    then one sentence on its run and its two anchors (the largest gap to the main table, computed)."""
+    ch = chain(step, results, data)
+    cases = ch["cases"]
+    head = ([f"µs, {_case(c)}" for c in cases] + [f"× previous, {_case(c)}" for c in cases])
+    lines = [f"**Step {step}, one change at a time**", "",
+             "| row | the one change | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
+    for label, change, times, factors in ch["rows"]:
+        lettered = label[-1].isalpha()  # the anchors' rows are the same kernel as the row above, not a change
+        cells = [f"{t:.1f}" for t in times] + [chain_factor(f) if lettered or f is None else f"{f:.2f}×"
+                                               for f in (factors or [None] * len(cases))]
+        lines.append(f"| {label} | {change} | " + " | ".join(cells) + " |")
+    first, last = ch["rows"][0][0], step
+    if ch["run"] is None:
+        note = (f"Every row is from the benchmark's own run, the main table's: steps {step - 1} and {step} are its "
+                "rows there.")
+    else:
+        note = (f"A run of its own, with its two anchors (steps {first} and {last}) timed in it: its step times "
+                f"differ from the main table's by up to {ch['gap']:.0%}, the run-to-run spread.")
+    return "\n".join(lines) + "\n\n" + note
