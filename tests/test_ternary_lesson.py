@@ -346,77 +346,107 @@ def test_step_12s_places_table_bolds_the_default_time(results):
     assert table.count("**") == 2 * 2  # one default a column of rows of x
 
 
-def test_step_13s_undone_change_table_reads_the_lab_run(monkeypatch):
+def test_step_13s_undone_ratio_reads_the_lab_run(monkeypatch):
     rows = [{"series": series, "ms": ms, "params": {"variant": variant, "shape": L.MAIN, "m": 16}}
-            for series, variant, ms in (("step13_changes", "step13", 0.016), ("step13_changes", "step13-x", 0.020),
-                                        (T.SERIES[12], T.SERIES[12], 0.031), (T.SERIES[9], T.SERIES[9], 0.014))]
+            for series, variant, ms in (("step13_changes", "step13", 0.016), ("step13_changes", "step13-x", 0.020))]
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
-    table = L.step13_changes()
-    assert "| x loaded by the consumer warps, as step 12 loads it | 1.25× |" in table
-    assert "for reference" not in table  # the steps table gives step 13 against steps 12 and 9, once
     assert L.step13_undone_ratio() == pytest.approx((20.0, 16.0))
     monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: None)
-    assert L.step13_changes() is None and L.step13_undone_ratio() == (None, None)
+    assert L.step13_undone_ratio() == (None, None)
 
 
-def test_step_13s_table_marks_a_kernel_the_run_left_out(monkeypatch):
-    """A case the ablation run did not time reads "–" with a note, never "pending"; the table holds ratios only (its
-    run is apart from the benchmark's, so it quotes no second time of a kernel)."""
-    rows = [{"series": "step13_changes", "ms": ms, "params": {"variant": variant, "shape": L.MAIN, "m": m}}
-            for variant, m, ms in (("step13", 1, 0.011), ("step13", 16, 0.016), ("step13-x", 16, 0.027))]
-    monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
-    table = L.step13_changes()
-    assert "pending" not in table and "[" not in table and "µs" not in table and "this run" not in table
-    assert "| x loaded by the consumer warps, as step 12 loads it | – | 1.69× |" in table
-    assert "not timed at one row of x" in table
-
-
-def test_the_ablation_tables_hold_ratios_only():
+def test_the_undone_tables_hold_ratios_only():
     for step in (4, 9):
         changes = L.step_changes(step)
         if changes is None:
             pytest.skip("no committed run of the bundled steps")
-        table = L.step_changes_table(step, changes)
+        table = L.undone_table(step, changes)
         assert "[" not in table and "µs" not in table
     table = L.step11_changes()
     if table is not None:
         assert "[" not in table and "µs" not in table and "| step 11 | 1.00× |" in table
 
 
-def test_the_steps_tables_give_each_bundled_change_a_lettered_row(results):
-    """Step 4's two changes and step 9's layout (part 1), steps 11 to 13's changes (part 2) get a row each with its
-    factor and a few words, no bookkeeping (why a loss stays is said once, in the page's prose); step 9's three
-    smaller changes are a note; step 12's rows come from the benchmark itself, its time in the µs column."""
-    part1, part2 = L.boehm_table(results, L.PART1_ROWS), L.boehm_table(results, L.PART2_ROWS)
-    labels = lambda table: re.findall(r"^\| (\d+[a-z]) \|", table, flags=re.M)  # noqa: E731
-    if L.step_changes(4) is not None:
-        assert labels(part1) == ["4a", "4b", "9a"]
-        assert L.SUB_ROWS_NOTE in part1 and "Step 12" not in part1 and L.step9_companions() in part1
-        assert "layout" in next(line for line in part1.splitlines() if line.startswith("| 9a |"))
-    assert {"12a", "12b"} <= set(labels(part2))
-    ten = L.lab_or_none("ternary", "step10_changes", L.H200)
-    if ten is not None:  # step 10's two rows, their factors read here from the run itself
-        at = {(r["series"], r["params"]["variant"]): r["ms"] for r in ten["measurements"]
-              if r["params"]["shape"] == L.MAIN}
-        rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in part2.splitlines() if line.startswith("| 10")}
-        assert labels(part2)[:2] == ["10a", "10b"]
-        b = at[("step10_changes", "step10-b")]
-        assert rows["10a"][3] == f"{at[(T.SERIES[9], T.SERIES[9])] / b:.2f} alone (vs 9)"
-        assert rows["10b"][3] == f"{b / at[('step10_changes', 'step10')]:.2f} added"
-    if L.lab_or_none("ternary", "step11_changes", L.H200) is not None:
-        assert labels(part2)[2 if ten is not None else 0:][:4] == ["11a", "11b", "11c", "11d"]
-        assert "K not split" in next(line for line in part2.splitlines() if line.startswith("| 11a |"))
-    for table in (part1, part2):
-        assert "not timed alone" not in table and "not undone alone" not in table and "separate run" not in table
-        assert ", kept" not in table and "build on" not in table and "builds on" not in table and "a loss" not in table
-    row12a = next(line for line in part2.splitlines() if line.startswith("| 12a |")).split(" | ")
-    apart = L.us(results, T.results.W2A8_PLACE_SERIES["separate"])
-    assert row12a[2] == f"{apart:.1f}" and row12a[3] == f"{L.us(results, T.SERIES[11]) / apart:.2f} added"
+def test_the_main_tables_have_no_lettered_rows(results):
+    """One row a numbered step: a bundled step's changes live in its chain table, not in the main table."""
+    for rows in (L.PART1_ROWS, L.PART2_ROWS):
+        table = L.boehm_table(results, rows)
+        assert not re.search(r"^\| \d+[a-z] \|", table, flags=re.M), table
+        assert "added" not in table and "undone" not in table and "alone (vs" not in table
+    for number in (6, 7, 8):  # tried and slower than the step it builds on: said in the cell
+        number_, m, previous, change = next(r for r in L.PART1_ROWS if r[0] == number)
+        assert L.us(results, T.SERIES[previous], L.MAIN, m) < L.us(results, T.SERIES[number], L.MAIN, m)
+        assert "did not pay" in change
+
+
+def _chain_rows(table: str) -> list[list[str]]:
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[1:]]
+
+
+def _check_chain(step: int, table: str):
+    """Each row's label once, the anchors first and last, each × previous the ratio of its own µs cells."""
+    _, cases, spec = L.CHAINS[step]
+    rows = _chain_rows(table)
+    labels = [r[0] for r in rows]
+    assert labels == [label for label, _, _ in spec] and len(set(labels)) == len(labels)
+    assert labels[0].isdigit() and labels[-1].startswith(str(step))  # the anchors: the step before, the step
+    assert all(label[:-1] == str(step) and label[-1].isalpha() for label in labels[1:-1])  # one change each
+    n = len(cases)
+    for above, row in zip(rows, rows[1:]):
+        for i in range(n):
+            a, b = float(above[2 + i]), float(row[2 + i])
+            cell = row[2 + n + i]
+            factor = float(cell.split("×")[0])
+            # the µs cells are rounded to 0.1: their ratio matches the factor within that rounding
+            assert abs(factor - a / b) <= a / b * (0.05 / a + 0.05 / b) + 0.005, (row, cell, a / b)
+            assert ("does not pay" in cell) == (row[0][-1].isalpha() and factor < 1), cell
+            assert "–" not in cell
+    assert all(row[2 + n + i] == "" for row in rows[:1] for i in range(n))
+    assert "A run of its own" in table or "benchmark's own run" in table
+    assert not re.search(r"20\d\d-\d\d", table)  # no dates
+
+
+@pytest.mark.parametrize("step", [4, 9, 10, 12, 13])
+def test_each_chain_table_is_cumulative_and_read_from_one_run(results, step):
+    table = L.chain_table(step, results)
+    _check_chain(step, table)
+    ch = L.chain(step, results)
+    for (label, _, times, factors), (_, _, times_above, _) in zip(ch["rows"][1:], ch["rows"]):
+        assert factors == pytest.approx([a / b for a, b in zip(times_above, times)])
+    assert f"up to {ch['gap']:.0%}" in table or ch["run"] is None
+
+
+def test_step_11s_chain_reads_its_run_and_fails_loudly_without_it(results):
+    """Step 11's chain needs lab/ternary's `step11_changes.py measure --chain` (step11_chain.json): the page must
+    not skip it silently. The table is checked against the committed run, and its code against a copy with the
+    schema the script writes (the chain's rows, fed in as ``data``)."""
+    data = L.lab_or_none("ternary", "step11_chain", L.H200)
+    assert data is not None, "lab/ternary/results/nvidia-h200/step11_chain.json is not committed yet"
+    _check_chain(11, L.chain_table(11, results))
+
+
+def test_step_11s_chain_code_reads_the_scripts_schema(results, monkeypatch):
+    from lab.ternary import step11_changes as lab11
+
+    rows = [{"series": T.SERIES[10], "ms": 0.0116, "params": {"variant": T.SERIES[10], "shape": s, "m": 1}}
+            for s in (L.MAIN, "2560x6912")]
+    for place, (name, _) in enumerate(lab11.CHAIN, 1):
+        rows += [{"series": "step11_changes", "ms": 0.020 / place, "params": {"variant": name, "shape": s, "m": 1,
+                                                                             "chain": place}}
+                 for s in (L.MAIN, "2560x6912")]
+    rows += [{"series": T.SERIES[11], "ms": 0.0096, "params": {"variant": T.SERIES[11], "shape": s, "m": 1}}
+             for s in (L.MAIN, "2560x6912")]
+    assert [v for _, _, (_, v) in L.CHAINS[11][2][1:-1]] == [name for name, _ in lab11.CHAIN]
+    _check_chain(11, L.chain_table(11, results, data={"measurements": rows}))
+    monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: None)
+    with pytest.raises(FileNotFoundError):
+        L.chain(11, results)
 
 
 #: The lab runs each page reads beside the benchmark (by page: part 1, part 2), each listed once at the page's end.
-PAGE_RUNS = ((L.LAYER_RUN, *(L.SUB_ROW_RUNS[s] for s in (4, 9))),
-             (L.LAYER_RUN, *(L.SUB_ROW_RUNS[s] for s in (10, 11, 13)), "w2a8_tiles_ncu_m16.txt"))
+PAGE_RUNS = ((L.LAYER_RUN, L.CHAINS[4][0]),
+             (L.LAYER_RUN, *(L.CHAINS[s][0] for s in (10, 11, 13)), "step11_changes", "w2a8_tiles_ncu_m16.txt"))
 CLOSING = "## Where the numbers come from"
 #: A path or file name of a committed result, which the prose and the notes under tables leave to the closing list.
 RESULT_PATH = re.compile(r"lab/|assets/bench|results/nvidia|\.json\b|\.txt\b|\.csv\b")
@@ -458,9 +488,9 @@ def test_each_page_lists_the_files_its_numbers_come_from_once_at_its_end(results
         assert "lab_file(" not in source and "bench_file(" not in source, i
 
 
-def test_the_notes_under_tables_say_where_their_numbers_come_from_without_a_path(results):
-    """A table read from a lab run says so in plain words under it (a further run of the same harness on the same
-    card, its date, what it times); no path or file name: the page lists the files once, at its end."""
+def test_the_notes_under_tables_say_where_their_numbers_come_from_without_a_path_or_a_date(results):
+    """A table read from a lab run says so in plain words under it (a run of its own on the same card, what it
+    times); no path, no file name, no date: the page lists the files once, at its end."""
     from book.ternary import results as tables
 
     gpu = results.path.parent.name
@@ -468,28 +498,15 @@ def test_the_notes_under_tables_say_where_their_numbers_come_from_without_a_path
     notes = []
     layers = L.lab_or_none("ternary", L.LAYER_RUN, gpu)
     if layers is not None:
-        under = L.amdahl_layers_table(results).splitlines()[-1]
-        assert under.startswith("The k, v row") and layers["date"][:10] in under and "the chapter's benchmark" in under
-        notes.append(under)
-    for rows, steps in ((L.PART1_ROWS, (4, 9)), (L.PART2_ROWS, (10, 11, 13))):
-        if any(L.lab_or_none("ternary", L.SUB_ROW_RUNS[s], gpu) is not None for s in steps):
-            note = L.boehm_table(results, rows).split("\n\n")[-1]
-            assert "The lettered rows' factors (" in note, note
-            notes.append(note)
-    for name, text in (("bundled_steps", L.step_changes(4) and L.step_changes_table(4, L.step_changes(4))),
-                       ("step11_changes", L.step11_changes(gpu)), ("step13_changes", L.step13_changes(gpu))):
-        if text is not None:
-            under = text.splitlines()[-1]
-            assert under == L.run_source(name, gpu) and L.lab_or_none("ternary", name, gpu)["date"][:10] in under
-            notes.append(under)
-    for note in notes:
-        assert "further run" in note and "of the same harness on the same H200" in note, note
-        assert not RESULT_PATH.search(note), note
+        notes.append(L.amdahl_layers_table(results).splitlines()[-1])
+    for step in (4, 9, 10, 12, 13):
+        notes.append(L.chain_table(step, results).splitlines()[-1])
     run = tables.bitnet_results(results)
     if run is not None:
-        two = L.provenance(results, 2, run.data)
-        assert (run.data["date"][:10] in two and "BitNet" in two) if run.data.get("quick") else two == ""
-        assert not RESULT_PATH.search(two)
+        notes.append(L.provenance(results, 2, run.data))
+    for note in notes:
+        assert not RESULT_PATH.search(note), note
+        assert "further run" not in note and not re.search(r"20\d\d-\d\d-\d\d", note), note
     one, two = (json.loads(p.read_text())["cells"] for p in LESSONS)
     code = lambda cells: "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")  # noqa: E731
     assert "lesson.provenance(" not in code(one) and code(two).count("lesson.provenance(") == 1
@@ -592,32 +609,6 @@ def test_part_2s_prose_is_within_the_budget():
 # ------------------------------------------------------------------------------------------------
 # One ratio a column, and a peer's failed check shown where its time is
 # ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("step", [4, 9])
-def test_each_column_of_an_ablation_table_is_one_ratio_named_in_its_header(step):
-    """The chain's ratios (x faster than the row above) and the undone rows' (x the step's time) sit in two tables,
-    each header naming its ratio; every cell's ratio is recomputed here from the run's times."""
-    changes = L.step_changes(step)
-    if changes is None:
-        pytest.skip("no committed run of the bundled steps")
-    chain, undone = L.step_changes_table(step, changes).split("\n\n")[:2]
-    spec = L.STEP_CHANGES[step]
-    for table, rows, header in ((chain, spec["chain"], "× faster than the row above"),
-                                (undone, spec["undone"], f"× step {step}'s time")):
-        lines = table.splitlines()
-        assert all(header in cell for cell in lines[0].strip("|").split("|")[1:])
-        assert [line.split(" | ")[0][2:] for line in lines[2:]] == [label for _, label in rows]
-    final = spec["chain"][-1][0]
-    for i, (key, _) in enumerate(spec["chain"][1:], 1):
-        cells = chain.splitlines()[2 + i].strip(" |").split(" | ")[1:]
-        for cell, case in zip(cells, changes["cases"]):
-            want = changes["us"][(spec["chain"][i - 1][0], *case)] / changes["us"][(key, *case)]
-            assert cell == f"{want:.2f}×"
-    for i, (key, _) in enumerate(spec["undone"]):
-        cells = undone.splitlines()[2 + i].strip(" |").split(" | ")[1:]
-        for cell, case in zip(cells, changes["cases"]):
-            assert cell == f"{changes['us'][(key, *case)] / changes['us'][(final, *case)]:.2f}×"
-
 
 def _failed_gemlite_cases(path):
     """(shape, M) of each failed float64 check of GemLite's output, read from the raw file."""
