@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import matplotlib
 import numpy as np
@@ -546,34 +547,88 @@ def test_the_breakdown_bars_are_the_instrumented_totals_with_the_timed_total_as_
 
 
 
-def test_the_steps_table_gives_step_3s_changes_their_own_rows():
-    """With the rows that add step 3's changes one at a time, step 3 is followed by 3a, 3b and 3c, each with its
-    factor there (the ratio of the median times before and after it), and no time of that other timing; no note
-    under the table and no word of a kept loss in it (the page's prose says that once)."""
+def _chain_rows(times, batch=1, model="1b"):
+    """Rows of series ``step03_changes`` by hand: one per configuration and schema, with the parts the chain reads."""
     def row(config, schema, ms):
-        parts = {"body": ms * 0.8, "mask_wait": 0.0, "mask_apply": 0.0, "head": 0.0, "sampling": 0.0, "host": 0.0}
+        parts = {"body": ms * 0.8, "mask_wait": 0.0, "mask_apply": 0.0, "head": ms * 0.1, "sampling": ms * 0.02,
+                 "host": ms * 0.05}
         return {"series": "step03_changes", "ms": ms, "same_tokens_as_step01": True, "breakdown_ms_per_token": parts,
-                "params": {"model": "1b", "batch": 1, "schema": schema, "config": config}}
+                "params": {"model": model, "batch": batch, "schema": schema, "config": config}}
 
-    times = {"jump_forward": (1.0, 1.2, 1.1), "automaton_mask": (0.95, 1.15, 1.0),
+    return [row(c, s, t) for c, ts in times.items() for s, t in zip(("a", "b", "c"), ts)]
+
+
+def _table_rows(table: str) -> list[list[str]]:
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+
+
+def test_the_steps_table_has_one_row_per_step_and_no_lettered_rows():
+    """The main table: the three steps, nothing else (step 3's changes have their own chain table)."""
+    for results in (lesson.committed(), lesson.earlier_run()):
+        if results is None:
+            continue
+        rows = _table_rows(lesson.steps_table(results, "1b", 1))
+        assert [r[0] for r in rows] == ["`step01_baseline`", "`step02_jump_forward`", "`step03_masked_head`"]
+        assert not any(re.fullmatch(r"\d+[a-z]", r[0].strip("`")) for r in rows)
+
+
+def _check_chain(table: str) -> list[list[str]]:
+    """A chain table's rules: each row's label once, step 2 first and step 3 last, every "× previous" the ratio of the
+    row above's µs cell over its own (to the cells' rounding), "does not pay" exactly where it is below one."""
+    rows = _table_rows(table)
+    labels = [r[0] for r in rows]
+    assert len(set(labels)) == len(labels) and labels[0] == "step 2" and labels[-1].endswith("step 3")
+    assert labels[1:] == ["3a", "3b", "3c = step 3"]
+    cases = (len(rows[0]) - 2) // 2
+    assert cases == len(lesson.CHAIN_CASES)
+    for above, row in zip(rows, rows[1:]):
+        for k in range(cases):
+            us_above, us = (float(r[2 + 2 * k].replace(",", "")) for r in (above, row))
+            factor = row[3 + 2 * k]
+            x = float(factor.split("×")[0])
+            assert x == pytest.approx(us_above / us, abs=0.006), (row[0], k)
+            if x != 1.0:  # a factor that rounds to 1.00x may be either side of one
+                assert ("does not pay" in factor) == (x < 1.0), (row[0], factor)
+    assert all(r[3 + 2 * k] == "anchor" for r in rows[:1] for k in range(cases))
+    return rows
+
+
+def test_step_3s_chain_is_cumulative_from_hand_made_rows():
+    times = {"jump_forward": (1.0, 1.2, 1.1), "automaton_mask": (1.05, 1.25, 1.12),
              "masked_full_argmax": (0.9, 1.0, 0.85), "masked_head": (0.8, 0.9, 0.85)}
-    changes = [row(c, s, t) for c, ts in times.items() for s, t in zip(("a", "b", "c"), ts)]
+    changes = _chain_rows(times) + _chain_rows(times, model="8b")
+    chain = lesson.step03_chain(changes)
+    assert [r["row"] for r in chain] == ["step 2", "3a", "3b", "3c = step 3"]
+    one = lesson.CHAIN_CASES[0][0]
+    assert [r["us"][one] for r in chain] == pytest.approx([1100, 1120, 900, 850])
+    assert chain[1]["x_previous"][one] == pytest.approx(1100 / 1120) and chain[0]["x_previous"][one] is None
+    rows = _check_chain(lesson.step03_chain_table(changes))
+    assert "does not pay" in rows[1][3] and "does not pay" not in rows[2][3]
+    # a missing link is an error, not a row left out
+    with pytest.raises(ValueError):
+        lesson.step03_chain([r for r in changes if r["params"]["config"] != "masked_full_argmax"])
+    # the anchors against the chapter's own steps: the largest gap, computed
     names = ("classifier", "weather_call", "tool_call")
     chapter = Results("decode.json", {"ceilings": {"copy_bandwidth_gbs": 4000.0}, "measurements": [
-        {"series": c, "ms": t, "forwards": 10, "tokens": 10,
-         "params": {"model": "1b", "batch": 1, "schema": n, "config": c, "whitespace": "compact"}}
-        for c, t in (("baseline", 1.2), ("jump_forward", 1.1), ("masked_head", 0.9)) for n in names]})
-    table = lesson.steps_table(chapter, "1b", 1, changes)
-    lines = table.splitlines()
-    assert [ln.split("|")[1].strip() for ln in lines[2:]] == ["`step01_baseline`", "`step02_jump_forward`",
-                                                              "`step03_masked_head`", "3a", "3b", "3c"]
-    factors = [r["x_previous"] for r in lesson.step03_changes_rows(changes, "1b", 1)[1:]]
-    assert len(factors) == 3
-    for line, factor in zip(lines[5:], factors):
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        assert cells[2] == "–" and cells[3] == f"{factor:.2f}×" and cells[4] == "–"
-    assert lesson.steps_table(chapter, "1b", 1) == "\n".join(lines[:5])  # without the rows: no sub-rows
-    assert "Note" not in table and "loss" not in table and "kept" not in table
+        {"series": c, "ms": t * (1.02 if m == "8b" else 1.0), "forwards": 10, "tokens": 10,
+         "params": {"model": m, "batch": 1, "schema": n, "config": c, "whitespace": "compact"}}
+        for m in ("1b", "8b") for c, t in (("baseline", 1.2), ("jump_forward", 1.1), ("masked_head", 0.85))
+        for n in names]})
+    gap = lesson.chain_anchor_gap(changes, chapter)
+    assert gap["gap"] == pytest.approx(1 - 1 / 1.02) and gap["case"] == lesson.CHAIN_CASES[1][0]
+
+
+def test_step_3s_chain_from_the_committed_run():
+    """The page's chain table, read from the committed lab run: the rules hold, every request wrote step 1's
+    tokens, and the run's file must exist (the page has no other source: a missing file is an error)."""
+    changes = lesson.step03_chain_run()
+    _check_chain(lesson.step03_chain_table(changes))
+    chain = lesson.step03_chain(changes)
+    assert all(r["same_tokens"] for r in chain)
+    gap = lesson.chain_anchor_gap(changes, lesson.committed())
+    assert 0 <= gap["gap"] < 0.10
+    with pytest.raises(FileNotFoundError):
+        lesson.step03_chain_run(gpu="no-such-gpu")
 
 
 def test_the_jump_counts_count_two_ways():

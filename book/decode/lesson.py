@@ -23,7 +23,9 @@ from studylog.decode import report
 from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
 
-__all__ = ["PENDING", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "SUBSTEPS", "amdahl_table", "body_table",
+__all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "amdahl_table",
+           "body_table", "chain_anchor_gap", "chain_factor_cell", "step03_chain", "step03_chain_run",
+           "step03_chain_table",
            "bound_excess", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
            "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
@@ -569,15 +571,12 @@ def prose_numbers(current, earlier) -> dict[str, str]:
 
 #: The lesson's three steps, as the benchmark's configurations.
 STEP_CONFIGS = ("baseline", "jump_forward", "masked_head")
-#: What each step changes, for the steps table (step 3 holds three changes: :data:`STEP03_CHANGES`,
-#: :data:`SUBSTEPS`).
+#: What each step changes, for the steps table (step 3 bundles three changes, timed one at a time in
+#: :func:`step03_chain_table`).
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
-                "masked_head": "chapter 02's masked head and what it needs: three changes, 3a to 3c"}
-#: Step 3's changes: the configuration that adds each, its label and what it changes.
-SUBSTEPS = (("automaton_mask", "3a", "the automaton's allowed sets as the mask, no bitmask (dense head)"),
-            ("masked_full_argmax", "3b", "chapter 02's masked head reads only the allowed rows"),
-            ("masked_head", "3c", "the argmax reads only the allowed ids"))
+                "masked_head": "chapter 02's masked head and what it needs: three changes, 3a to 3c, timed one "
+                                "at a time in step 3's section"}
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
@@ -599,21 +598,14 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
     return rows
 
 
-def steps_table(results, model: str = "1b", batch: int = 1, changes=None) -> str:
-    """:func:`steps_rows` as the page's one steps table (Markdown). With ``changes`` (rows of series
-    ``step03_changes``, which add step 3's changes one at a time), step 3 is followed by one sub-row per change of
-    :data:`SUBSTEPS` measured there, whose "× previous" is that change's factor (:func:`step03_changes_rows`);
-    their times are another timing's, so the sub-rows give the factor alone."""
+def steps_table(results, model: str = "1b", batch: int = 1) -> str:
+    """:func:`steps_rows` as the page's one steps table (Markdown): one row per step, no sub-rows (step 3's changes
+    have their own table, :func:`step03_chain_table`)."""
     lines = ["| step | what changes | µs per token | × previous | × floor (its forwards' weight bytes) |",
              "|---|---|---|---|---|"]
-    factors = {r["config"]: r["x_previous"] for r in step03_changes_rows(changes or [], model, batch)}
     for r in steps_rows(results, model, batch):
         prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
         lines.append(f"| `{r['step']}` | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
-        if r["step"] == report.series_label("masked_head"):
-            for config, label, what in SUBSTEPS:
-                if factors.get(config) is not None:
-                    lines.append(f"| {label} | {what} | – | {factors[config]:.2f}× | – |")
     if len(lines) == 2:
         return f"({PENDING}: this file holds no decode series)"
     return "\n".join(lines)
@@ -761,7 +753,7 @@ def step03_changes_rows(rows, model: str, batch: int) -> list[dict]:
 
         out.append({"config": config, "change": change, "us": ms * 1e3, "x_previous": prev / ms if prev else None,
                     "mask_us": part("mask_wait", "mask_apply"), "head_us": part("head"),
-                    "sampling_us": part("sampling"), "schemas": len(sel),
+                    "sampling_us": part("sampling"), "host_us": part("host"), "schemas": len(sel),
                     "same_tokens": all(r.get("same_tokens_as_step01") for r in sel)})
         prev = ms
     return out
@@ -785,6 +777,91 @@ def step03_changes_table(rows, models=("1b", "8b"), batches=(1, 8), chapter=None
                              f"{r['head_us']:.1f} | {r['sampling_us']:.1f} | "
                              f"{'yes' if r['same_tokens'] else 'NO'} ({r['schemas']} schemas) |")
     return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: no step03_changes rows)"
+
+
+#: ``lab/decode/results/<gpu>/<name>.json``: step 2, then step 3's changes added one at a time, in one run
+#: (``lab/decode/step03_changes.py``).
+CHAIN_FILE = "step03_changes"
+#: Step 3's chain, one row per link: its label, the configuration the run times for it, and the one change it adds
+#: to the row above. The first row is step 2 (the anchor); the last adds 3c and is step 3 itself (``masked_head``,
+#: the library's step 3, timed in the same run).
+STEP03_CHAIN = (("step 2", "jump_forward", "the anchor: jumps, dense head, xgrammar's bitmask"),
+                ("3a", "automaton_mask", "the automaton's allowed sets as the mask (dense head still)"),
+                ("3b", "masked_full_argmax", "chapter 02's masked head: only the allowed rows' logits"),
+                ("3c = step 3", "masked_head", "the greedy token picked among the allowed ids only"))
+#: The chain table's cases: (column label, shape, batch): the steps table's case and the headline's.
+CHAIN_CASES = (("1B shape", "1b", 1), ("8B shape (headline)", "8b", 1))
+
+
+def step03_chain_run(gpu: str = "nvidia-h200") -> list[dict]:
+    """The rows of :data:`CHAIN_FILE` (series ``step03_changes``). Raises ``FileNotFoundError`` where the run is not
+    committed: the page's chain table has no other source."""
+    from studylog.plotting import load_lab
+
+    return load_lab("decode", CHAIN_FILE, gpu=gpu)["measurements"]
+
+
+def step03_chain(changes, cases=CHAIN_CASES) -> list[dict]:
+    """Step 3's chain (:data:`STEP03_CHAIN`) from one run's rows: per link, its label and change, and per case the
+    median over the schemas of the time per output token (``us``, keyed by the case's label), its ratio to the row
+    above's (``x_previous``: above 1 the change pays; None on the anchor), the instrumented parts each change
+    targets (:func:`step03_changes_rows`: ``head_us``, ``sampling_us``, and ``host_us``, the host's own work), and
+    whether every request wrote step 1's tokens. Raises ``ValueError`` where a link is missing at a case."""
+    per_case = {}
+    for label, model, batch in cases:
+        got = {r["config"]: r for r in step03_changes_rows(changes, model, batch)}
+        missing = [config for _, config, _ in STEP03_CHAIN if config not in got]
+        if missing:
+            raise ValueError(f"step 3's chain lacks {missing} at {model}, batch {batch}")
+        per_case[label] = got
+    out, prev = [], None
+    for row, config, change in STEP03_CHAIN:
+        cells = {label: per_case[label][config] for label in per_case}
+        out.append({"row": row, "config": config, "change": change,
+                    "us": {k: c["us"] for k, c in cells.items()},
+                    "x_previous": {k: (prev[k]["us"] / c["us"] if prev else None) for k, c in cells.items()},
+                    "head_us": {k: c["head_us"] for k, c in cells.items()},
+                    "sampling_us": {k: c["sampling_us"] for k, c in cells.items()},
+                    "host_us": {k: c["host_us"] for k, c in cells.items()},
+                    "same_tokens": all(c["same_tokens"] for c in cells.values())})
+        prev = cells
+    return out
+
+
+def chain_factor_cell(x: float | None) -> str:
+    """A chain row's "× previous" cell: the anchor's says so; a change that costs time says it does not pay."""
+    if x is None:
+        return "anchor"
+    return f"{x:.2f}×" + (", does not pay" if x < 1.0 else "")
+
+
+def step03_chain_table(changes, cases=CHAIN_CASES) -> str:
+    """:func:`step03_chain` as a Markdown table: row | the one change | per case, µs per token and × previous."""
+    chain = step03_chain(changes, cases)
+    labels = [label for label, _, _ in cases]
+    head = ["row", "the one change"] + [h for label in labels for h in (f"{label}: µs per token", "× previous")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in chain:
+        cells = [r["row"], r["change"]] + [c for label in labels
+                                            for c in (f"{r['us'][label]:,.0f}", chain_factor_cell(r["x_previous"][label]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def chain_anchor_gap(changes, results, cases=CHAIN_CASES) -> dict:
+    """How far the chain's two anchors (step 2 and step 3, timed in the chain's run) sit from the same steps in the
+    chapter's run (:func:`steps_rows`, the same statistic): the largest gap over the cases, as a fraction of the
+    chapter's time (``gap``), and which step and case it is."""
+    chain = step03_chain(changes, cases)
+    worst = None
+    for label, model, batch in cases:
+        own = {r["step"]: r["us"] for r in steps_rows(results, model, batch)}
+        for r in (chain[0], chain[-1]):
+            ref = own[report.series_label(r["config"])]
+            gap = abs(r["us"][label] / ref - 1)
+            if worst is None or gap > worst["gap"]:
+                worst = {"gap": gap, "step": r["row"], "case": label}
+    return worst
 
 
 def _function_body(fn) -> list[str]:
