@@ -1,6 +1,6 @@
-"""Chapter 8's page readings (``book.speculate.lesson``) that the page's tables print: step 2's gain split into
-drafting and the two-row verify layer, the result table's second run and how far apart the runs are, and the
-totals table's median request, each checked against a reference computed here from the rows themselves."""
+"""Chapter 8's page readings (``book.speculate.lesson``) that the page's tables print: the main table's one row per
+step, step 2's chain (step 1, 2a, 2b = step 2) from its own run, the result table's second run and how far apart the
+runs are, and the totals table's median request, each checked against a reference computed here from the rows."""
 
 from __future__ import annotations
 
@@ -23,29 +23,6 @@ def _row(series: str, request: str, ms: float, chunks: list[int], tokens: int) -
 def _verify(chunk: int, layer: str, ms: float, used: bool) -> dict:
     return {"series": "verify", "params": {"model": "smollm2", "batch": 1, "chunk": chunk, "layer": layer}, "ms": ms,
             "used": used}
-
-
-def test_step_2s_gain_splits_into_two_factors_priced_from_its_two_token_forwards():
-    rng = random.Random(8)
-    gemv, cublas = rng.uniform(0.5, 0.6), rng.uniform(0.7, 0.8)
-    rows = [_verify(2, "gemv", gemv, True), _verify(2, "cublas", cublas, False),
-            _verify(4, "cublas", 0.77, True)]
-    priced = []
-    for k in range(7):
-        chunks = [rng.choice([1, 2, 2, 4, 9]) for _ in range(rng.randint(5, 30))]
-        tokens = rng.randint(20, 90)
-        ms = rng.uniform(0.4, 0.7)
-        rows += [_row("step01", f"r{k}", rng.uniform(0.8, 0.9), [1] * tokens, tokens),
-                 _row("step02", f"r{k}", ms, chunks, tokens)]
-        priced.append(ms + chunks.count(2) * (cublas - gemv) / tokens)
-    split = lesson.verify_layer_split(Results(REPO_ROOT / "none.json", {"measurements": rows}))
-    one = statistics.median(r["ms"] for r in rows if r["series"] == "step01")
-    two = statistics.median(r["ms"] for r in rows if r["series"] == "step02")
-    assert split["extra_us"] == pytest.approx((cublas - gemv) * 1e3)
-    assert split["step2_nine_us"] == pytest.approx(statistics.median(priced) * 1e3)
-    assert split["draft_verify"] == pytest.approx(one / statistics.median(priced))
-    assert split["draft_verify"] * split["layer"] == pytest.approx(split["measured"]) == pytest.approx(one / two)
-    assert split["layer"] > 1.0  # the layer the loop chose is the faster one, so charging the other costs time
 
 
 def test_the_result_table_carries_the_second_run_and_flags_runs_far_apart():
@@ -77,13 +54,67 @@ def test_the_totals_table_sets_the_median_request_beside_the_totals():
         assert row["total"] > 0
 
 
-def test_the_timed_split_is_read_and_its_factors_make_its_ratio():
-    split = lesson.verify_layer_split(lesson.committed())
-    timed = split["timed"]
-    if timed is None:
-        pytest.skip("no lab/speculate split run committed")
-    assert timed["draft_verify"] * timed["layer"] == pytest.approx(timed["step2_over_step1"], rel=1e-3)
-    assert timed["layer"] > 1.0  # the tuned decoder's verify layer is the faster one
+def _check_chain(table: str) -> list[list[str]]:
+    """A chain table's rules: each row's label once, step 1 first and step 2 last, every "× previous" the ratio of the
+    row above's µs cell over its own (to the cells' rounding), "does not pay" exactly where it is below one."""
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+    labels = [r[0] for r in rows]
+    assert labels == ["step 1", "2a", "2b = step 2"] and len(set(labels)) == len(labels)
+    assert rows[0][3] == "anchor"
+    for above, row in zip(rows, rows[1:]):
+        us_above, us = (float(r[2].replace(",", "")) for r in (above, row))
+        x = float(row[3].split("×")[0])
+        assert x == pytest.approx(us_above / us, abs=0.006), row[0]
+        if x != 1.0:
+            assert ("does not pay" in row[3]) == (x < 1.0), row
+    return rows
+
+
+def test_step_2s_chain_is_cumulative_and_read_from_its_run():
+    """The committed run of step 2's chain: step 1, 2a (drafts verified on the nine-launch layer), 2b = step 2, each
+    the median request of its decoder and step; the anchors' gap to the chapter's run, computed."""
+    results = lesson.committed()
+    chain = lesson.step02_chain(results)
+    _check_chain(lesson.chain_table(chain))
+    run = json.loads((REPO_ROOT / lesson.LAB_RESULTS / lesson.SPLIT_RUN).read_text())
+    summary = run["summary"]
+    assert [r["us"] for r in chain["rows"]] == pytest.approx(
+        [summary["tuned"]["step01"] * 1e3, summary["nine"]["step02"] * 1e3, summary["tuned"]["step02"] * 1e3])
+    own = {r["step"]: r["ms_per_token"] * 1e3 for r in lesson.steps_table(results)}
+    gaps = [abs(chain["rows"][0]["us"] / own["step01_masked_head"] - 1),
+            abs(chain["rows"][-1]["us"] / own["step02_ngram_draft"] - 1)]
+    assert chain["gap"] == pytest.approx(max(gaps)) and chain["requests"] == 25
+
+
+def test_step_2s_chain_from_hand_made_rows_and_a_missing_run(tmp_path, monkeypatch):
+    rng = random.Random(2)
+    rows = []
+    for k in range(5):
+        for variant, step, ms in (("tuned", "step01", 0.85), ("nine", "step01", 0.86), ("nine", "step02", 0.5),
+                                  ("tuned", "step02", 0.52)):
+            rows.append({"request": f"r{k}", "variant": variant, "step": step, "ms_per_token": ms * rng.uniform(0.99, 1.01)})
+    (tmp_path / lesson.SPLIT_RUN).write_text(json.dumps({"rows": rows, "same_tokens_in_both_variants": True}))
+    monkeypatch.setattr(lesson, "LAB_RESULTS", str(tmp_path))
+    chain = lesson.step02_chain(lesson.committed())
+    table = _check_chain(lesson.chain_table(chain))
+    assert "does not pay" in table[2][3]  # 2b slower than 2a here: the cell says so
+    assert chain["rows"][1]["us"] == pytest.approx(statistics.median(
+        r["ms_per_token"] for r in rows if r["variant"] == "nine" and r["step"] == "step02") * 1e3)
+    (tmp_path / lesson.SPLIT_RUN).unlink()
+    with pytest.raises(FileNotFoundError):  # the page has no other source for the chain
+        lesson.step02_chain(lesson.committed())
+
+
+def test_the_main_table_has_one_row_per_step():
+    """The page's main table: chapter 07's step 3 and the four steps, no lettered rows (step 2's changes have their
+    own chain table); the notebook builds no sub-row."""
+    rows = lesson.steps_table(lesson.committed())
+    assert [r["step"] for r in rows] == ["chapter 07, step 3", "step01_masked_head", "step02_ngram_draft",
+                                         "step03_forced_draft", "step04_gated_draft"]
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells)
+    assert '"step": "2a"' not in text and '"step": "2b"' not in text
+    assert "A second run" not in text and "another H200" not in text
 
 
 def test_the_loops_own_bound_prices_each_requests_forwards_at_the_one_token_forward():

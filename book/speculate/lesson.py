@@ -273,40 +273,50 @@ def second_machine(batch: int = 1, workload: str = "extraction") -> dict[str, fl
     return {"second": _ratio(second_run(), batch, workload), "first": _ratio(committed().rows, batch, workload)}
 
 
-#: The run before the verifier's six-launch layer: every verifying forward on the nine-launch layer, with the
-#: drafting code of its day (``lab/speculate/README.md``).
-NINE_LAUNCH_RUN = "speculate_nine_launch_verifier.json"
 #: Steps 1 and 2 with the verifying forward on either layer, in one run (``lab/speculate/verify_layer_split.py``).
 SPLIT_RUN = "verify_layer_split.json"
+#: Step 2's chain, one row per link: its label, the decoder and step of :data:`SPLIT_RUN` timed for it, and the one
+#: change it adds to the row above. ``tuned`` is the benchmark's decoder (two-token forwards on the six-launch layer);
+#: ``nine`` keeps the six-launch layer for one-token forwards only, as chapter 07's loop does. The first row is
+#: step 1 (the anchor), the last step 2 itself, both timed in the same run.
+STEP02_CHAIN = (("step 1", "tuned", "step01", "the anchor: chapter 07's loop with every position's hidden state"),
+                ("2a", "nine", "step02", "drafts cut by the grammar, verified on the nine-launch layer"),
+                ("2b = step 2", "tuned", "step02", "two-token verifying forwards on the six-launch layer"))
 
 
-def verify_layer_split(results, batch: int = 1, workload: str = "extraction") -> dict[str, float]:
-    """Step 2's gain over step 1 in two factors. The committed run has no step 2 without the two-row verify layer,
-    so the factor is priced, not timed: each two-token forward of step 2 (its ``chunk_lengths``) charged the
-    nine-launch layer's time instead of the six-launch one's (:func:`layer_table`, GPU clock), per request, gives
-    ``step2_nine_us`` (the median request, µs per token). Then ``draft_verify`` = step 1 / that and ``layer`` =
-    that / step 2; their product is the steps table's ``measured``. ``earlier``: step 1 over step 2 measured in
-    :data:`NINE_LAUNCH_RUN` (None without it), whose drafting code also differs. ``timed``: the two factors and
-    their product as :data:`SPLIT_RUN` measures them (None without it)."""
-    two = next(d for d in layer_table(results, batch) if d["chunk"] == 2)
-    extra = (two["cublas"] - two["gemv"]) / 1e3 if two.get("used") == "gemv" else 0.0
-    priced = [r["ms"] + extra * sum(1 for c in r["chunk_lengths"] if c == 2) / r["tokens"]
-              for r in _rows(results, batch, workload, "step02")]
-    one, measured2 = median_ms(results, batch, workload, "step01"), median_ms(results, batch, workload, "step02")
-    nine = statistics.median(priced)
-    try:
-        rows = _lab_file(NINE_LAUNCH_RUN)["measurements"]
-        earlier = report.median_ms(rows, batch, workload, "step01") / report.median_ms(rows, batch, workload, "step02")
-    except FileNotFoundError:
-        earlier = None
-    try:  # the two factors timed apart (lab/speculate/verify_layer_split.py): the same requests, two decoders
-        timed = _lab_file(SPLIT_RUN)["summary"]
-        timed = {k: timed[k] for k in ("draft_verify", "layer", "step2_over_step1")}
-    except FileNotFoundError:
-        timed = None
-    return {"measured": one / measured2, "step2_us": measured2 * 1e3, "step2_nine_us": nine * 1e3,
-            "extra_us": extra * 1e3, "draft_verify": one / nine, "layer": nine / measured2, "earlier": earlier,
-            "timed": timed}
+def step02_chain(results, batch: int = 1, workload: str = "extraction") -> dict[str, Any]:
+    """Step 2's chain (:data:`STEP02_CHAIN`) from :data:`SPLIT_RUN`, which times it on the extraction requests at
+    batch 1 (raises ``FileNotFoundError`` where the run is not committed: the page has no other source). ``rows``:
+    per link its label, change, the median request's µs per output token and its ratio to the row above's
+    (``x_previous``, None on the anchor); ``requests``; ``gap``: the larger of the two anchors' gaps to the same
+    steps in the chapter's run (:func:`steps_table`, the same statistic), as a fraction of the chapter's time, and
+    ``gap_step``, which anchor; ``same_tokens``: whether the two decoders wrote the same tokens."""
+    run = _lab_file(SPLIT_RUN)
+    rows, prev = [], None
+    for label, variant, step, change in STEP02_CHAIN:
+        ms = [r["ms_per_token"] for r in run["rows"] if r["variant"] == variant and r["step"] == step]
+        if not ms:
+            raise ValueError(f"{SPLIT_RUN} lacks {variant} {step}")
+        us = statistics.median(ms) * 1e3
+        rows.append({"row": label, "change": change, "us": us, "x_previous": prev / us if prev else None})
+        prev = us
+    own = {r["step"]: r["ms_per_token"] * 1e3 for r in steps_table(results, batch, workload)}
+    gaps = [(abs(rows[i]["us"] / own[CHAPTER.step(s).name] - 1), rows[i]["row"])
+            for i, s in ((0, "step01"), (-1, "step02"))]
+    gap, where = max(gaps)
+    return {"rows": rows, "requests": len({r["request"] for r in run["rows"]}), "gap": gap, "gap_step": where,
+            "same_tokens": bool(run["same_tokens_in_both_variants"])}
+
+
+def chain_table(chain: dict[str, Any]) -> str:
+    """:func:`step02_chain` as a Markdown table: row | the one change | µs per token | × previous (above 1.00× the
+    change pays; below, the cell says it does not pay)."""
+    lines = ["| row | the one change | batch 1, extraction: µs per token | × previous |", "|---|---|---|---|"]
+    for r in chain["rows"]:
+        x = r["x_previous"]
+        factor = "anchor" if x is None else f"{x:.2f}×" + (", does not pay" if x < 1.0 else "")
+        lines.append(f"| {r['row']} | {r['change']} | {r['us']:,.0f} | {factor} |")
+    return "\n".join(lines)
 
 
 def prefill_probe() -> dict[str, float]:
@@ -419,8 +429,8 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["LAB_RESULTS", "NINE_LAUNCH_RUN", "RUNS_APART", "SECOND_RUN", "agreement", "batch_makeup", "bound_rows",
+__all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "agreement", "batch_makeup", "bound_rows",
            "breakdown_table", "capped", "committed", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
            "low_copy_counts", "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
-           "verify_layer_split"]
+           "step02_chain", "chain_table"]
