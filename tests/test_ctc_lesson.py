@@ -128,7 +128,7 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
     labels = [r.split("|")[1].strip() for r in rows]
     assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 11)]
-    assert labels[:15] == ["1", "2", "3", "4", "5", "6", "7", "7a", "7b", "7c", "8", "8a", "8b", "9", "10"]
+    assert labels[:10] == [str(n) for n in range(1, 11)]  # one row per numbered step, no lettered sub-rows
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
         if label[-1:].isalpha() and label[:1].isdigit():
@@ -237,21 +237,18 @@ def test_the_host_bound_cases_are_the_rows_whose_host_time_exceeds_their_gpu_tim
     assert words == "A = 28 at N = 1 and 2; A = 5,000 at N = 1"
 
 
-def test_the_ablation_runs_step_rows_say_their_run_and_how_far_it_sits_from_the_benchmark():
-    """The tables of changes label their own step rows by run, and the table of steps says how far those runs' step
-    times sit from its own rows (the largest gap over every re-timed step and case)."""
+def test_a_chains_anchor_gap_is_the_largest_gap_between_its_runs_steps_and_the_benchmarks():
+    """The sentence under a chain table states how far the chain's run's steps sit from the table of steps: the
+    largest gap over every anchor and case, computed from both files."""
     results = plotting.load_results("ctc", "nvidia-h200")
-    changes = [lesson.step07_changes(), lesson.step08_changes()]
-    if None in changes:
-        return
-    gaps = [abs(t / (results.select(series, T=ctc.BENCH_T, A=A, N=N)[0]["ms"] * 1e3) - 1)
-            for c in changes for variant, series in lesson.RERUN_ANCHORS.items()
-            for (A, N), (t, _) in c["rows"].get(variant, {}).items()]
-    assert lesson.rerun_drift(results, changes) == pytest.approx(max(gaps))
-    assert f"within {max(gaps):.0%} of these rows" in lesson.boehm_table(results)
-    for c in changes:
-        assert all("in this table's run" in label for key, label in c["labels"].items() if key in lesson.RERUN_ANCHORS)
-
+    ch = lesson.step08_chain()
+    gaps = [abs(t / (results.select(lesson.CHAIN_ANCHORS[v], T=ctc.BENCH_T, A=A, N=N)[0]["ms"] * 1e3) - 1)
+            for v, times in ch["anchors"].items() for (A, N), t in times.items()]
+    assert set(ch["anchors"]) == {"library step 7", "library step 8"} and len(gaps) == 2 * len(ch["cases"])
+    assert lesson.anchor_gap(results, ch) == pytest.approx(max(gaps))
+    for changes in (lesson.step07_changes(), lesson.step08_changes()):
+        assert all("in this table's run" in label for key, label in changes["labels"].items()
+                   if key.startswith(("library", "step ")))
 
 def test_step_7_states_what_was_measured_and_presents_no_unmeasured_alternative_as_a_number():
     """Change 2's ratios are the lab run's block-recursion row over its step 7 row; the page says the alternative is
@@ -265,7 +262,7 @@ def test_step_7_states_what_was_measured_and_presents_no_unmeasured_alternative_
         assert x == pytest.approx(ms[("block recursion", a, n)] / ms[("step 7", a, n)])
     page = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "04_ctc_loss.ipynb").read_text())
     text = " ".join("".join("".join(c["source"]) for c in page["cells"]).split())
-    assert "not measured" in text and "needed_cut" not in text and not hasattr(lesson, "warp_layout_bar")
+    assert "no block version of them was built" in text and "needed_cut" not in text and not hasattr(lesson, "warp_layout_bar")
 
 
 def test_the_results_caption_names_torch_best_at_every_point_and_the_kernel_clock_bias():
@@ -362,7 +359,7 @@ def test_step_8_changes_read_the_lab_run_or_say_nothing(monkeypatch):
     assert got["rows"]["branch put back"][(5000, 256)] == pytest.approx((100.0, 1.25))
     table = lesson.changes_table(got)
     assert "| step 8 (both changes), in this table's run | 40.0 (1.00×) | 80.0 (1.00×) |" in table
-    assert "8b undone" in table and "(2.00×)" in table
+    assert "`exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`, taken back" in table and "(2.00×)" in table
 
 
 def test_the_page_shows_no_flush_to_zero_number_from_another_clock():
@@ -373,7 +370,7 @@ def test_the_page_shows_no_flush_to_zero_number_from_another_clock():
     cells = json.loads(page.read_text())["cells"]
     text = "".join("".join(c["source"]) for c in cells)
     assert "ftz_effect" not in text and "do_bench" not in text
-    assert "lesson.step08_changes()" in text and "measured alone yet" in text
+    assert "lesson.step08_chain()" in text and "lesson.step07_chain()" in text
     assert prose_words(page) <= 2500
 
 
@@ -429,38 +426,101 @@ def test_every_case_has_one_floor_on_the_page():
     assert f"{chain:,.1f} (chain of T frames)" in small
 
 
-def test_steps_7_and_8_show_each_change_with_its_own_factor():
-    """Sub-rows 7a to 7c and 8a, 8b: the lab runs' time with the change undone over the step's, per case, and no
-    more: why a change that loses stays (the warp recursion, 7b) is said once, in the page's prose, not in a cell; no
-    row only says a change was not timed alone (step 7's fused gradient has none)."""
-    results = plotting.load_results("ctc", "nvidia-h200")
-    rows = {line.split(" | ")[0].strip("| "): line for line in lesson.boehm_table(results).splitlines()}
-    for label, ablation, variant in (("7a", lesson.step07_changes(), "softmax written"),
-                                     ("7b", lesson.step07_changes(), "block recursion"),
-                                     ("7c", lesson.step07_changes(), "directions in turn"),
-                                     ("8a", lesson.step08_changes(), "branch put back"),
-                                     ("8b", lesson.step08_changes(), "exp2f and __log2f")):
-        cells = [c.strip() for c in rows[label].split("|")[1:-1]]
-        for i, case in enumerate(lesson.TABLE_CASES):
-            t, x = ablation["rows"][variant][case]
-            assert cells[2 + 3 * i] == f"without it: {t:,.1f}" and cells[3 + 3 * i] == f"{x:.2f}×", (label, case)
-    assert all(x < 1 for _, x in lesson.step07_changes()["rows"]["block recursion"].values())
-    assert not any(word in "".join(rows.values()) for word in ("kept", "build on", "not its case", "†"))
-    assert "7d" not in rows and "7e" not in rows and "not timed alone" not in "".join(rows.values())
+def _fake_step07_chain(folder: Path) -> Path:
+    """A step07_chain.json written under ``folder`` (a ``lab`` folder outside the repository) with the run's schema:
+    the rows of the committed one-at-a-time run that the chain shares (steps 5 and 7, and 7c, whose knobs are
+    "directions in turn"), and made-up times for 7a and 7b."""
+    here = Path(__file__).resolve().parent.parent / "lab" / "ctc" / "results" / "nvidia-h200"
+    data = json.loads((here / "step07_changes.json").read_text())
+    rows = []
+    for m in data["measurements"]:
+        v = m["params"]["variant"]
+        if v in ("library step 5", "library step 7", "step 7"):
+            rows.append(m)
+        if v == "directions in turn":
+            rows.append(m | {"params": m["params"] | {"variant": "7c"}})
+        if v == "library step 5":
+            rows += [m | {"params": m["params"] | {"variant": k}, "ms": m["ms"] * f, "bit_identical_to_step07": True}
+                     for k, f in (("7a", 0.5), ("7b", 0.3))]
+    out = folder / "ctc" / "results" / "nvidia-h200" / "step07_chain.json"
+    out.parent.mkdir(parents=True)
+    out.write_text(json.dumps(data | {"measurements": rows}))
+    return folder
 
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.split("|")[1:-1]]
+
+
+def _assert_cumulative(table: str, links) -> None:
+    """A chain table: one row per link, each label once, in the chain's order; each "× previous" the row above's µs
+    over this row's, "does not pay" exactly where it is below 1.00×; no "–"."""
+    rows = [_cells(line) for line in table.splitlines()[2:]]
+    assert [r[0] for r in rows] == [label for label, _, _ in links]
+    assert len({r[0] for r in rows}) == len(rows) and "–" not in table
+    for above, row in zip(rows, rows[1:]):
+        for i in range(2, len(row), 2):
+            x = float(above[i].replace(",", "")) / float(row[i].replace(",", ""))
+            assert row[i + 1].startswith(f"{x:.2f}×"), (row[0], row[i + 1], x)
+            assert row[i + 1].endswith("(does not pay)") == (round(x, 2) < 1), row
+
+
+def test_the_main_table_has_no_lettered_rows_and_names_the_bundled_steps():
+    results = plotting.load_results("ctc", "nvidia-h200")
+    rows = [_cells(line) for line in lesson.boehm_table(results).splitlines()[3:] if line.startswith("|")]
+    labels = [r[0] for r in rows]
+    assert not any(label[:1].isdigit() and label[-1:].isalpha() for label in labels)
+    cells = {r[0]: r[1] for r in rows}
+    assert cells["7"].endswith("(four changes: below)") and cells["8"].endswith("(two changes: below)")
+    assert "changes: below" not in "".join(v for k, v in cells.items() if k not in ("7", "8"))
+
+
+def test_step_8s_chain_is_cumulative_from_its_committed_run():
+    """Step 7 -> 8a (step 7 with the branch-free sum) -> step 8, all from one run, each row one change more."""
+    ch = lesson.step08_chain()
+    assert ch["cases"] == list(lesson.TABLE_CASES) and not ch["failed"]
+    _assert_cumulative(lesson.chain_table(ch), lesson.STEP08_CHAIN)
+    x = lesson.chain_factors(ch)
+    raw = lesson.step08_changes()["rows"]
+    for case in lesson.TABLE_CASES:  # 8a is "exp2f and __log2f" (step 8 without flush-to-zero)
+        assert x["8"][case] == pytest.approx(raw["exp2f and __log2f"][case][1])
+
+
+def test_step_7s_chain_reads_its_run_and_is_cumulative(tmp_path):
+    """Against a run written outside the repository with the chain's schema: cumulative rows, the anchors found,
+    bit identity read from the rows; no run, a loud error (the page has no step 7 section without it)."""
+    with pytest.raises(FileNotFoundError):
+        lesson.step07_chain(root=tmp_path)
+    ch = lesson.step07_chain(root=_fake_step07_chain(tmp_path / "lab"))
+    assert ch["cases"] == list(lesson.TABLE_CASES)
+    assert set(ch["anchors"]) == {"library step 5", "library step 7"}
+    assert all(ch["identical"][v] for _, v, _ in lesson.STEP07_CHAIN[1:])
+    table = lesson.chain_table(ch)
+    _assert_cumulative(table, lesson.STEP07_CHAIN)
+    assert "(does not pay)" in table  # 7c at A = 28: the committed run's "directions in turn" over made-up 7b
+
+
+def test_step_7s_chain_run_is_committed():
+    """The page reads lab/ctc/results/nvidia-h200/step07_chain.json (lab/ctc/step07_changes.py measure --chain on a
+    GPU): until it is committed this fails, as the page does."""
+    ch = lesson.step07_chain()
+    assert not ch["failed"] and ch["cases"] == list(lesson.TABLE_CASES)
+    assert all(ch["identical"][v] for _, v, _ in lesson.STEP07_CHAIN[1:])
+    _assert_cumulative(lesson.chain_table(ch), lesson.STEP07_CHAIN)
 
 def _page_cells():
     return json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "04_ctc_loss.ipynb").read_text())["cells"]
 
 
-def test_the_page_says_once_what_step_7_times_alone_and_why_the_warp_stays():
-    """Step 7's four changes: the page says once that 7a to 7c are timed undone and 7d is not, and once why the warp
-    recursion, a measured loss at step 7, stays; the warp layout is called a choice, not a gain."""
+def test_the_page_says_once_why_the_losing_changes_stay():
+    """One sentence each, said once: why the warp recursion stays where it does not pay, and why flush-to-zero stays;
+    no step 7d, and no change left only in a note."""
     text = " ".join("".join("".join(c["source"]) for c in _page_cells()).split())
-    assert text.count("What is timed alone") == 1 and text.count("7d has no time of its own") == 1
-    assert text.count("The warp stays because") == 1 and "a choice, not a gain" in text.lower()
-    assert "a loss, kept" not in text
-
+    assert text.count("it stays because steps 8 to 10 build on it") == 1
+    assert text.count("it stays because it pays elsewhere") == 1
+    assert "7d" not in text and "a loss, kept" not in text and "timed alone" not in text
+    folds = [c["metadata"].get("mystnb", {}).get("code_prompt_show") for c in _page_cells()]
+    assert "Show each change taken back from step 7" in folds and "Show each change taken back from step 8" in folds
 
 def test_every_folded_cell_says_what_it_folds():
     """A hidden cell's toggle names its contents (myst-nb's per-cell code_prompt_show / code_prompt_hide), not

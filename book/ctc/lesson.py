@@ -402,6 +402,19 @@ def cudnn_cases(results) -> list[dict]:
     return [cases[k] for k in sorted(cases, key=lambda k: (str(k[0]), k[1]))]
 
 
+#: How the page names the stress comparison's series where the benchmark's name would read like another's: the
+#: autograd call that takes cuDNN's path (series ``torch-cuDNN F.ctc_loss``) beside cuDNN called directly
+#: (``torch-cuDNN``).
+SERIES_LABELS = {"torch-cuDNN F.ctc_loss": "F.ctc_loss on its cuDNN path"}
+
+
+def series_label(series: str) -> str:
+    """A series' name on the page: step N for a step's series, :data:`SERIES_LABELS` where set, else the series."""
+    if series.startswith("step") and series[4:].isdigit():
+        return f"step {int(series[4:])}"
+    return SERIES_LABELS.get(series, series)
+
+
 def lost(counts: dict[str, int]) -> int:
     """Utterances lost to what underflow does: an infinite or NaN answer, or a finite one far from float64."""
     return counts["infinite"] + counts["nan"] + counts["far"]
@@ -435,7 +448,7 @@ def cudnn_verdict(results) -> dict | None:
     else:
         verdict["supports"] = False
         inexact = {k: v["finite_wrong"] for k, v in cudnn.items() if v["finite_wrong"]}
-        named = [f"{name} on {count}" for name, count in inexact.items()]
+        named = [f"{series_label(name)} on {count}" for name, count in inexact.items()]
         close = ("" if not named else
                  f" They are not exact, though: they miss the chapter's tight tolerances ({LOSS_TOLERANCE:g} on the "
                  f"loss, {GRAD_TOLERANCE:g} on the gradient), " + ", ".join(named) + f" of the {n} utterances, each "
@@ -641,40 +654,11 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
     return parts
 
 
-#: The sub-rows of the table of steps: each change of steps 7 and 8 that a run undoes on its own
-#: (:func:`step07_changes`, :func:`step08_changes`). A change that cannot be undone alone (step 7's fused gradient
-#: needs alpha and beta side by side) gets no row: the page's text says so. A cell gives the factor only; why a
-#: change that loses stays is said once, in the page's prose.
-#: (label, the change, the run's variant with that change undone.)
-STEP_CHANGES = {
-    7: (("7a", "no softmax written: a block per frame computes its log-sum-exp and the target's log-probabilities",
-         "softmax written"),
-        ("7b", "one warp per direction: positions in registers, a neighbour's by `__shfl_up_sync`",
-         "block recursion"),
-        ("7c", "alpha and beta side by side, two warps: the chain of 2T frames becomes T", "directions in turn")),
-    8: (("8a", "the skip a value, not a path: a label always takes the three-term sum", "branch put back"),
-        ("8b", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`", "exp2f and __log2f")),
-}
-
-
-def _change_cells(changes: dict | None, variant: str) -> list[str]:
-    """A sub-row's cells per case of :data:`TABLE_CASES`: the step's time with the change undone, and that time over
-    the step's in the same run (above 1.00×, the change pays)."""
-    cells = []
-    for case in TABLE_CASES:
-        if changes is None or case not in changes["rows"].get(variant, {}):
-            cells += ["–", "–", "–"]
-        else:
-            t, x = changes["rows"][variant][case]
-            cells += [f"without it: {t:,.1f}", f"{x:.2f}×", "–"]
-    return cells
-
-
 def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
     change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the previous step, × the case's one
-    floor (:func:`case_floor`); under steps 7 and 8 a sub-row per change (:data:`STEP_CHANGES`) with its own
-    factor. The entry point's row, right under step 10's, names the step it ran in each case and compares with step
+    floor (:func:`case_floor`). No sub-rows: a step that bundles changes (:data:`CHAINS`) says how many in its cell,
+    and its section's chain table (:func:`chain_table`) times them one at a time. The entry point's row, right under step 10's, names the step it ran in each case and compares with step
     9, the last step before its choice between steps 8 and 10, so the table ends on the chapter's result."""
     head = ["step", "the one change"]
     for A, N in TABLE_CASES:
@@ -689,14 +673,17 @@ def boehm_table(results) -> str:
     def code(title: str) -> str:
         return title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
 
-    entries = [(str(s.number), code(s.title), s.series) for s in CHAPTER.steps]
+    def bundled(number: int) -> str:
+        links = CHAINS.get(number)
+        return f" ({NUMBER_WORDS[len(links) - 1]} changes: below)" if links else ""
+
+    entries = [(str(s.number), code(s.title) + bundled(s.number), s.series) for s in CHAPTER.steps]
     entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 8 or step 10 by the activations' shape "
                     "(in brackets, the step it ran), timed as its own series", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
     entries.append(("torch", "`torch-best`, the faster of torch's CTC calls on the GPU clock"
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
-    ablations = {7: step07_changes(), 8: step08_changes()}
     previous = [None] * len(TABLE_CASES)
     before_choice = [None] * len(TABLE_CASES)  # step 9's time: what the entry point's choice is compared with
     for number, title, series in entries:
@@ -724,37 +711,9 @@ def boehm_table(results) -> str:
             if series == CHAPTER.step(9).series:
                 before_choice[i] = t
         lines.append("| " + " | ".join(cells) + " |")
-        for label, change, variant in STEP_CHANGES.get(int(number) if number.isdigit() else 0, ()):
-            cells = _change_cells(ablations[int(number)], variant)
-            lines.append(f"| {label} | {change} | " + " | ".join(cells) + " |")
-    note = ("Rows 7a to 8b: one change of step 7 or 8 at a time, from a run that times the step with that change "
-            "undone: \"without it\" is the step's time without the change, the factor that time over the step's in "
-            "the same run (above 1.00×, the change pays). The entry point's \"× previous\" is over step 9, the last "
-            "step before its choice.")
-    drift = rerun_drift(results, ablations.values())
-    if drift is not None:
-        note += (" Every other row comes from the chapter's benchmark run; the tables of changes under steps 7 and 8 "
-                 f"time their steps again in runs of their own, within {drift:.0%} of these rows.")
+    note = ("\"× previous\": the step before over this step (above 1.00×, the step pays); the entry point's is over "
+            "step 9, the last step before its choice.")
     return "\n".join(lines) + "\n\n" + note
-
-
-#: The library steps the ablation runs time again, by their variant names there, and the benchmark's series.
-RERUN_ANCHORS = {"step 7": "step07", "library step 5": "step05", "library step 8": "step08",
-                 "library step 7": "step07"}
-
-
-def rerun_drift(results, ablations: Iterable[dict | None]) -> float | None:
-    """The largest relative difference between a library step's time in an ablation run (:func:`lab_changes`) and
-    the same step's time at the same case in ``results``: how far a table of changes' own step rows may sit from the
-    table of steps. None where no ablation run or no matching row exists."""
-    gaps = []
-    for changes in ablations:
-        for variant, series in RERUN_ANCHORS.items():
-            for (A, N), (t, _) in ((changes or {}).get("rows", {}).get(variant) or {}).items():
-                bench = _ms(results, series, T=BENCH_T, A=A, N=N)
-                if bench:
-                    gaps.append(abs(t / (bench * 1e3) - 1))
-    return max(gaps) if gaps else None
 
 
 def entry_point(results, A: int, N: int) -> dict | None:
@@ -790,17 +749,17 @@ def tuning_table(results, numbers: Iterable[int] = (2, 3, 4, 5)) -> str:
     return "\n".join(lines)
 
 
-#: lab/ctc/step07_changes.py's variants, in the table's order: step 7, then step 7 with one change undone.
+#: lab/ctc/step07_changes.py's variants, in the folded table's order: step 7, then step 7 with one change taken back.
 STEP07_CHANGES = (("step 7", "step 7 (all its changes), in this table's run"),
-                  ("softmax written", "7a undone: the log-softmax written, then read"),
-                  ("block recursion", "7b undone: a block per direction, a barrier per frame (step 5's)"),
-                  ("directions in turn", "7c undone: alpha, then beta, in one warp"),
+                  ("softmax written", "the log-softmax written, then read, taken back"),
+                  ("block recursion", "a block per direction, a barrier per frame (step 5's), taken back"),
+                  ("directions in turn", "alpha, then beta, in one warp, taken back"),
                   ("library step 5", "step 5, for reference, in this table's run"))
-#: lab/ctc/step08_changes.py's rows, in the table's order: step 8, step 8 with one change undone, step 8 with an
-#: option its default leaves off, and step 7.
+#: lab/ctc/step08_changes.py's rows, in the folded table's order: step 8, step 8 with one change taken back, step 8
+#: with an option its default leaves off, and step 7.
 STEP08_CHANGES = (("library step 8", "step 8 (both changes), in this table's run"),
-                  ("branch put back", "8a undone: step 7's branch between the two- and three-term sums"),
-                  ("exp2f and __log2f", "8b undone: `exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`"),
+                  ("branch put back", "step 7's branch between the two- and three-term sums, taken back"),
+                  ("exp2f and __log2f", "`exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`, taken back"),
                   ("+ redux max", "not in step 8: the row maximum by one `redux.sync`"),
                   ("+ prefetch 8", "not in step 8: that, and emissions prefetched 8 frames ahead, not 4"),
                   ("library step 7", "step 7, for reference, in this table's run"))
@@ -842,9 +801,106 @@ def changes_table(changes: dict) -> str:
     return "\n".join(lines)
 
 
-def step07_changes_table(changes: dict) -> str:
-    """:func:`changes_table` of :func:`step07_changes`."""
-    return changes_table(changes)
+#: The chains of the steps that bundle changes: (row, the lab run's variant, the one change the row adds to the row
+#: above). The first row is the step before (the anchor), the last the step itself, each row one change more than the
+#: row above. Step 7's order after 7a is a choice (lab/ctc/step07_changes.py, ``CHAIN``): the memory change first,
+#: then the recursion's grain, then its two directions side by side. Step 8's run has both orders' middle rows; the
+#: branch-free sum, the change its title names, comes first.
+STEP07_CHAIN = (
+    ("5", "library step 5", "step 5, the anchor"),
+    ("7a", "7a", "the gradient a pass of its own, a block per frame, so no frame loop reads the alpha matrix back "
+                 "(the softmax still written, a block per direction, alpha then beta)"),
+    ("7b", "7b", "no softmax written: the first pass keeps each frame's log-sum-exp and the target's emissions"),
+    ("7c", "7c", "one warp per direction: positions in registers, a neighbour's by `__shfl_up_sync`, no barrier"),
+    ("7", "step 7", "alpha and beta side by side, two warps: the chain of 2T frames becomes T"),
+)
+STEP08_CHAIN = (
+    ("7", "library step 7", "step 7, the anchor"),
+    ("8a", "exp2f and __log2f", "the skip a value, not a path: a label always takes the three-term sum"),
+    ("8", "library step 8", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`"),
+)
+CHAINS = {7: STEP07_CHAIN, 8: STEP08_CHAIN}
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
+#: The library's steps a chain's run times as its anchors, by their variant names there, and the benchmark's series.
+CHAIN_ANCHORS = {"library step 5": "step05", "library step 7": "step07", "library step 8": "step08"}
+
+
+def chain(data: dict, links) -> dict:
+    """A chain of ``links`` (:data:`CHAINS`) from one lab run (``data``): its cases (those of :data:`TABLE_CASES`
+    where the run times every link), ``rows`` [(row, change, {case: µs})], the run's ``anchors`` {variant: {case:
+    µs}}, ``identical`` {variant: whether the run found it bit-identical to step 7 at every case, None where it does
+    not say} and the run's ``failed`` checks."""
+    ms, same = {}, {}
+    for r in data["measurements"]:
+        key = (r["params"]["variant"], r["params"]["A"], r["params"]["N"])
+        ms[key] = r["ms"] * 1e3
+        same[key] = r.get("bit_identical_to_step07")
+    cases = [c for c in TABLE_CASES if all((v, *c) in ms for _, v, _ in links)]
+    if not cases:
+        raise ValueError("the run times no case of the table of steps at every link of the chain")
+    rows = [(label, change, {c: ms[(v, *c)] for c in cases}) for label, v, change in links]
+    anchors = {v: {c: ms[(v, *c)] for c in cases} for v in CHAIN_ANCHORS if all((v, *c) in ms for c in cases)}
+    identical = {}
+    for _, v, _ in links:
+        flags = [same[(v, *c)] for c in cases]
+        identical[v] = None if None in flags else all(flags)
+    return {"cases": cases, "rows": rows, "anchors": anchors, "identical": identical,
+            "failed": [c for c in data["checks"] if not c["passed"]]}
+
+
+def step07_chain(gpu: str = "nvidia-h200", root=None) -> dict:
+    """Step 7's chain, step 5 to step 7 one change at a time (``lab/ctc/step07_changes.py measure --chain``, its
+    ``step07_chain`` run; ``root``: another ``lab`` folder): :func:`chain`. Raises FileNotFoundError where the run is
+    not committed: the page has no step 7 section without it."""
+    from studylog.plotting import load_lab
+
+    return chain(load_lab("ctc", "step07_chain", gpu, root=root), STEP07_CHAIN)
+
+
+def step08_chain(gpu: str = "nvidia-h200", root=None) -> dict:
+    """Step 8's chain, step 7 to step 8 one change at a time, from the run that times step 8's changes
+    (``lab/ctc/step08_changes.py``): :func:`chain`. Raises FileNotFoundError where the run is not committed."""
+    from studylog.plotting import load_lab
+
+    return chain(load_lab("ctc", "step08_changes", gpu, root=root), STEP08_CHAIN)
+
+
+def chain_factor(before: float, after: float) -> str:
+    """A chain row's "× previous" cell: the row above's time over this row's; below 1.00× the change does not pay."""
+    x = before / after
+    return f"{x:.2f}×" + (" (does not pay)" if round(x, 2) < 1 else "")
+
+
+def chain_table(ch: dict) -> str:
+    """Markdown of a :func:`chain`: per row the one change it adds, then per case its µs and × the row above."""
+    head = ["row", "the one change"]
+    for A, N in ch["cases"]:
+        head += [f"A = {A:,}, N = {N}: µs", "× previous"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    previous = None
+    for label, change, us_ in ch["rows"]:
+        cells = [label, change]
+        for c in ch["cases"]:
+            cells += [f"{us_[c]:,.1f}", "" if previous is None else chain_factor(previous[c], us_[c])]
+        lines.append("| " + " | ".join(cells) + " |")
+        previous = us_
+    return "\n".join(lines)
+
+
+def chain_factors(ch: dict) -> dict[str, dict[tuple[int, int], float]]:
+    """Per row of a :func:`chain` but the anchor: {case: the row above's time over this row's}."""
+    rows = ch["rows"]
+    return {rows[i][0]: {c: rows[i - 1][2][c] / rows[i][2][c] for c in ch["cases"]} for i in range(1, len(rows))}
+
+
+def anchor_gap(results, ch: dict) -> float:
+    """The largest relative gap between an anchor of a chain's run (:data:`CHAIN_ANCHORS`) and the same step at the
+    same case in ``results`` (the table of steps): how far the chain's step times may sit from that table's."""
+    gaps = [abs(t / (_ms(results, CHAIN_ANCHORS[v], T=BENCH_T, A=A, N=N) * 1e3) - 1)
+            for v, times in ch["anchors"].items() for (A, N), t in times.items()]
+    if not gaps:
+        raise ValueError("the chain's run has no anchor the table of steps times")
+    return max(gaps)
 
 
 #: The cards' short names, for prose.
