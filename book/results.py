@@ -436,8 +436,6 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                    + bitnet_eager_words(card))
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
-                    if at:
-                        notes[name].append(f"{name}: {at}")
                 else:
                     ratios[name], cells[name], brief[name] = None, VOID, "BitNet's kernel not measured"
                     notes[name].append(f"{name}: BitNet's kernel is not measured on this card" + (f"; {at}" if at else ""))
@@ -445,11 +443,13 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     # where GemLite fails the check, cuBLAS is the strongest rival at that shape (the scoreboard's
                     # row); where GemLite passes, cuBLAS is the weaker of the two
                     step = "{} ({})".format(*llama["ours"].split(";")[0].split(", ", 1))  # "step 11 (bf16 x)"
-                    notes[name].append(f"{name}: {step} runs {llama['dense_ratio']:.2f}× faster than cuBLAS bf16 on "
-                                       "the dense matrix at 4096 × 14336, " + (
-                                           "the strongest rival there that passes our float64 check (BitNet's kernel "
-                                           "is not built for this shape)" if llama.get("gemlite_fails_check")
-                                           else "a weaker baseline than GemLite"))
+                    notes[name].append(f"{name}: at 4096 × 14336, a Llama shape BitNet's kernel is not built for, "
+                                       f"{step} runs {llama['dense_ratio']:.2f}× faster than cuBLAS bf16 on the "
+                                       "dense matrix, " + (
+                                           "the strongest rival there that passes our float64 check"
+                                           if llama.get("gemlite_fails_check") else "a weaker baseline than GemLite"))
+                if beaten is not None and at:
+                    notes[name].append(f"{name}: " + at.replace("at 4096 × 14336 GemLite", "there GemLite", 1))
             if entry.number == 4:  # the whole grid beside the headline shape, as the results table lists it
                 grid = ctc_grid(card)
                 if grid is not None:
@@ -545,23 +545,21 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
                      card: str | None = SUMMARY_CARD) -> str:
     """The results page's first table: per chapter (and chapter 05's Triton part, :func:`part_one_line`) the
     question, the fair headline on ``card`` (every card with None: one number and a few words) and a link; under
-    it, shown, the numbered notes the cells point to (caveats, the other numbers of a line, and where the cards time
+    it, a list of each line's notes (caveats, the other numbers of a line, and where the cards time
     different code). A card whose run is not comparable with the other card's shows no ratio; its note says why."""
     link = link or (lambda nb: nb)
     found = headlines(root)
     names = [n for n in dict.fromkeys(n for h in found for n in h["cells"]) if card is None or n == card]
     lines = ["| chapter | the question | the fair headline: ours against the strongest rival | "
-             + " | ".join(names) + " | notes |", "|" + "---|" * (4 + len(names))]
-    numbered: list[str] = []
+             + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
+    notes: list[str] = []
     part_one = part_one_line(root)
 
     def line(title: str, notebook: str, question: str, what: str, cells: dict[str, str], said: list[str]) -> None:
-        refs = []
-        for text in said:
-            numbered.append(text)
-            refs.append(str(len(numbered)))
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {what} | "
-                     + " | ".join(cells.get(n, NOT_MEASURED) for n in names) + " | " + (", ".join(refs) or "–") + " |")
+                     + " | ".join(cells.get(n, NOT_MEASURED) for n in names) + " |")
+        if said:
+            notes.append(f"- **{title}.** " + " ".join(f"{t[0].upper() + t[1:]}." for t in said))
 
     def one_card(h: dict[str, Any]) -> dict[str, Any]:
         """``h`` for the single card shown: a cell that says "the same" as another card's (chapter 01, counted on the
@@ -585,9 +583,8 @@ def summary_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | No
         line(title, h["notebook"], h["question"], h["what"], h["cells"],
              [t for n in names for t in h["notes"].get(n, [])] + ([h["differs"]] if h["differs"] and len(names) > 1
                                                                  else []))
-    if numbered:
-        lines += ["", "Notes:", ""]
-        lines += [f"{i}. {text[0].upper() + text[1:]}." for i, text in enumerate(numbered, 1)]
+    if notes:
+        lines += ["", "More on each line:", ""] + notes
     return "\n".join(lines)
 
 

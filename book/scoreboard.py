@@ -192,13 +192,14 @@ def latency_floor_words(root: Path = BENCH_RESULTS) -> str:
     """One sentence, said once on the scoreboard and on How we measure: the one-launch latency floor of each card
     (:func:`card_empty_kernel_ms`, the smallest of its runs), the range its runs recorded, and why the smallest is
     used: the empty kernel drifts from run to run with the card's state, and a floor is the least a call can take."""
-    said = []
+    said, widest = [], 1.0
     for card in cards(root):
         times = [t for p in sorted(Path(card).glob("*.json"))
                  if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None]
         if not times:
             continue
         lo, hi = min(times) * 1e3, max(times) * 1e3
+        widest = max(widest, hi / lo)
         said.append(f"{lo:.2f} µs on the {_short_card(card_name(card))}"
                     + (f" (its runs recorded {lo:.2f} to {hi:.2f} µs)" if f"{lo:.2f}" != f"{hi:.2f}" else ""))
     if not said:
@@ -206,7 +207,8 @@ def latency_floor_words(root: Path = BENCH_RESULTS) -> str:
     return ("The latency floor of a one-launch kernel is the card's fastest empty kernel (graph-replayed) over all "
             "the card's runs, " + " and ".join(said) + ": the same empty kernel drifts by a few tenths of a "
             "microsecond from run to run with the card's state, and a floor is the least a call can take, so the "
-            "smallest is used; against a run's own empty kernel a latency-bound row would sit closer to its floor.")
+            "smallest is used. A latency-bound row's \"× floor\" is therefore the far end: against the slowest run's "
+            f"empty kernel it would read up to {widest:.1f}× lower.")
 
 
 def _floor_empty_ms(data: dict[str, Any]) -> float | None:
@@ -279,6 +281,7 @@ def _ngram(data):
                latency_floor_ms=latency, latency_what=what, ratio=ratio, short=_entry_short(series, ours),
                ratio_note="end to end on the host (the call, then a sync) on both sides")
     row["ours_end_to_end_ms"] = synced["ms"] if synced else None
+    row["ours_end_to_end_slowest_ms"] = (synced.get("spread_ms") or [None] * 3)[-1] if synced else None
     # the strongest rival is the faster of our ports of the pull request's GPU kernel on the GPU clock like ours:
     # its first version (step 3) or its revision's block-wide prefix sums, made exact (step 4); it leads, the
     # other stands in the notes, and the CPU loop the chapter's question is about stands beside it
@@ -781,8 +784,8 @@ TAIL_SERIES: dict[int, tuple[str, dict[str, Any]]] = {
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
 TAIL_NOTE = ("p99 of replays: the 99th percentile of the per-call means of {samples} replays (CUDA graphs of at "
-             "least {calls} calls) in a separate run, with its median beside it: how far a re-measurement can land "
-             "above the median, not how slow one call can be")
+             "least {calls} calls) in a run of its own, given over that run's median: how far a re-measurement can "
+             "land above the median, not how slow one call can be")
 
 
 def tail(card: Path, number: int) -> dict[str, Any] | None:
@@ -810,21 +813,20 @@ def _short_card(name: str) -> str:
 
 def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, Any] | None = None,
                  by: float = 0.03) -> str | None:
-    """A sentence where the tails run's median lands more than ``by`` away from the chapter's median, or its p99 below
-    the chapter's median: by how much (the two are separate runs, so both medians are shown); None where the two
-    agree. ``tails_run`` is accepted for callers that pass the run's file; the sentence does not need it."""
+    """A sentence where the tails run's median lands more than ``by`` away from the chapter's median: by how much
+    (the two are separate runs; the p99 cell gives its ratio to its own run's median); None where the two agree. ``tails_run`` is accepted for callers that pass the run's file; the sentence does not need it."""
     gap = t["ms"] / row["median_ms"] - 1
-    below = t.get("p99_ms", float("inf")) < row["median_ms"]
-    if abs(gap) <= by and not below:
+    if abs(gap) <= by:
         return None
-    if below:
-        return (f"the p99 comes from a separate run, which was {abs(gap):.0%} {'slower' if gap > 0 else 'faster'} "
-                f"overall (its median {us(t['ms'])} against the chapter's {us(row['median_ms'])} µs), so even its "
-                f"p99 ({us(t['p99_ms'])} µs) lands below the chapter's median")
-    return (f"the p99 comes from a separate run; its median is {abs(gap):.0%} {'above' if gap > 0 else 'below'} the "
-            f"chapter's ({us(t['ms'])} against {us(row['median_ms'])} µs)"
-            + f", and its p99 ({us(t['p99_ms'])} µs) is {t['p99_ms'] / row['median_ms'] - 1:.0%} above the "
-              "chapter's median")
+    return (f"the p99's own run has its median {abs(gap):.0%} {'above' if gap > 0 else 'below'} this row's "
+            f"({us(t['ms'])} against {us(row['median_ms'])} µs): compare the p99 with its own run's median, as its "
+            "cell does")
+
+
+def tail_ratio(t: dict[str, Any]) -> str:
+    """The p99 cell's words: the p99 over the median of its own run (a tail factor, not a time to set beside
+    another run's median)."""
+    return f"{t['p99_ms'] / t['ms']:.2f}× its run's median"
 
 
 def _copies(n: int) -> str:
@@ -1007,11 +1009,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
         if r["ratio_note"] and r["rival_clock"] == r["clock"]:
             note(r, r["ratio_note"])
-        median = f"**{us(r['median_ms'])}**"
-        if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: show ours beside
-            median += f" on the GPU; **{us(r['ours_end_to_end_ms'])}** end to end"
+        median, slowest = f"**{us(r['median_ms'])}**", us(r["slowest_ms"])
+        if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: one clock in the row
+            ours += ", end to end (its GPU time: the row above)"
+            median = f"**{us(r['ours_end_to_end_ms'])}**"
+            slowest = us(r.get("ours_end_to_end_slowest_ms"), missing="–")
         t = tails.get((r["number"], r["card"])) if r.get("tail_row", r["lead"]) else None
-        tail_cell = (f"{us(t['p99_ms'])} (median {us(t['ms'])}) | " if t else "– | ") if p99 else ""
+        tail_cell = (f"{us(t['p99_ms'])} ({tail_ratio(t)}) | " if t else "– | ") if p99 else ""
         if t is not None:
             differs = tail_differs(r, t, load(folders[r["card"]], TAILS))
             if differs:
@@ -1019,8 +1023,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             fewer = tail_copies(r, t)
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
-                tail_cell = f"{us(t['p99_ms'])} (median {us(t['ms'])}; {_copies(t['rotated_copies'])}) | "
-        times.append(f"| {chapter} | {card} | {ours} | {median} | {us(r['slowest_ms'])} | {tail_cell}{rival} | {vs} |")
+                tail_cell = f"{us(t['p99_ms'])} ({tail_ratio(t)}; {_copies(t['rotated_copies'])}) | "
+        times.append(f"| {chapter} | {card} | {ours} | {median} | {slowest} | {tail_cell}{rival} | {vs} |")
         if r.get("floors_as_above"):
             continue
         latency = _floor(r["latency_floor_ms"])
@@ -1067,20 +1071,13 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     floor_by_card = {_short_card(card_name(c)): card_empty_kernel_ms(c) for c in cards(root)}
     if empties and any(v is not None for v in floor_by_card.values()):
         fastest = ", ".join(f"{ms * 1e3:.2f} µs on the {card}" for card, ms in floor_by_card.items() if ms is not None)
-        definitions.append("**Latency floor**: the least a call can take whatever its bytes: for one kernel, the "
-                           f"card's fastest empty kernel over all its runs ({fastest}); for a chain of dependent work "
-                           "(chapter 04's frames, a forward's kernels), that chain ([How we measure]"
-                           "(how_we_measure.md) says why the fastest run's).")
-    definitions.append("**% of the floor**: the case's floor, the largest of its byte, compute and latency floors, "
-                       "over our median; the chapters' \"× floor\" columns divide by the same floor. A floor is a "
-                       "yardstick from a simple model: a kernel passes it only by moving fewer bytes than counted or "
-                       "by being served from L2.")
+        definitions.append(f"A one-kernel call's latency floor, the card's fastest empty kernel over all its runs: "
+                           f"{fastest}.")
     samples = [t for t in tails.values() if t]
     if samples:
-        definitions.append("**" + TAIL_NOTE.format(samples=samples[0].get("samples", "its"),
-                                                   calls=samples[0].get("min_calls_per_replay", "many"))
-                           .replace("p99 of replays:", "p99 of replays**:", 1) + ".")
-    definitions.append(REPETITIONS[0].upper() + REPETITIONS[1:] + ".")
+        definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "its"),
+                                            calls=samples[0].get("min_calls_per_replay", "many"))
+                           .replace("p99 of replays: t", "The p99 column: t", 1) + ".")
     folds = []
     for entry in ENTRIES:
         said = notes.get(entry.number)
@@ -1099,4 +1096,4 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
-           "spread", "tail", "tail_copies", "tail_differs"]
+           "spread", "tail", "tail_copies", "tail_differs", "tail_ratio"]

@@ -121,7 +121,7 @@ def test_runs_set_up_differently_are_left_out_with_no_fold():
                 assert h["cells"][name] == results.VOID and h["ratios"][name] is None
                 assert any(n.startswith(f"{name}: not compared on this card") for n in h["notes"][name])
     assert "Where the cards differ" not in page.split(":::{dropdown} 02. ")[1].split("\n:::")[0]
-    assert "05. Ternary matmul, part 1 (Triton)" in summary.split("\nNotes:\n")[0]
+    assert "05. Ternary matmul, part 1 (Triton)" in summary.split("\nMore on each line:\n")[0]
 
 
 def test_chapter_4_tables_time_the_entry_points_step_at_each_case():
