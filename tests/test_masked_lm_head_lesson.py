@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from book.common import us
 from book.masked_lm_head import exercises, figures, lesson, solutions
 from studylog import masked_lm_head as mlh
 from studylog import plotting
@@ -208,28 +207,97 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
 
 
 def _step_rows(table: str) -> list[str]:
-    """The table of steps' rows of whole steps (a number in the first cell), its sub-rows (5a, 7b...) left out."""
+    """The table of steps' rows (each a numbered step: a number in the first cell)."""
     return [r for r in table.splitlines()[2:] if r.split("|")[1].strip().isdigit()]
 
 
-def test_bundled_steps_have_a_sub_row_per_change():
-    """Step 5's three changes each have a sub-row right under step 5 with its factor from the ablation (step 4's
-    time over step 4 with that change alone, at step 5's point); a change the ablation finds a loss says so in a few
-    words, with no reason in the cell (the prose gives it once). Step 7 is one row: its ablation is a note."""
+def test_the_table_of_steps_has_one_row_per_step_and_no_lettered_rows():
+    """Every row of the table of steps is a numbered step (no 5a, 7b...); step 5 says it bundles three changes, steps
+    3 and 8 that they did not pay, and step 8's reference names the step its diff starts from as well."""
     results = plotting.load_results("masked_lm_head")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
+    assert [r[0] for r in rows] == [str(s.number) for s in mlh.CHAPTER.steps]
+    by = {r[0]: r for r in rows}
+    assert by["5"][1].startswith("three changes")
+    for n in ("3", "8"):
+        assert by[n][1].startswith("tried, did not pay") and float(by[n][5].split("×")[0]) < 1, by[n]
+    assert by["8"][4].startswith("step 5") and "from step 3" in by["8"][4]
+    assert "tl.dot" in by["7"][1]
+
+
+def _chain_problems(table: str) -> list[str]:
+    """What breaks the chain table's rule: a label twice, the first row not the anchor (step 4), the last not step 5,
+    a lettered row whose × previous is not the row above's µs over its own (within the printed digits), or whose
+    factor is under 1.00× without saying it does not pay."""
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
     labels = [r[0] for r in rows]
-    effects = lesson.step05_effects()
-    if effects is not None:
-        assert labels[labels.index("5") + 1:labels.index("5") + 4] == ["5a", "5b", "5c"]
-        at = lesson.STEP_CASES[5][0]["allowed"]
-        for row, knob in zip(rows[labels.index("5a"):], lesson.STEP05_KNOBS):
-            assert row[5] == f"{1 / effects[knob][at]:.2f}×", row
-            assert ("a small loss" in row[1]) == (knob in lesson.step05_kept_losses()), row
-            assert "kept" not in row[1] and "timed" not in row[1] and "again" not in row[1], row
-    assert labels[labels.index("7") + 1] == "8"
-    assert "tl.dot" in rows[labels.index("7")][1]
-    assert not any("not timed alone" in c for r in rows for c in r)
+    problems = [f"{x} twice" for x in set(labels) if labels.count(x) > 1]
+    if labels[0] != "step 4" or not labels[-1].endswith("= step 5"):
+        problems.append(f"anchors: {labels[0]!r}, {labels[-1]!r}")
+    for above, row in zip(rows, rows[1:]):
+        for col in range(2, len(row), 2):
+            mine, theirs = (float(r[col].rstrip(lesson.CAPPED)) for r in (row, above))
+            factor = float(row[col + 1].split("×")[0])
+            if abs(theirs / mine - factor) > 0.011:
+                problems.append(f"{row[0]}: {theirs} / {mine} is not {factor}")
+            if (factor < 1) != ("does not pay" in row[col + 1]):
+                problems.append(f"{row[0]}: {row[col + 1]}")
+    return problems
+
+
+def test_step_5s_chain_adds_one_change_a_row_from_step_4_to_step_5():
+    """The chain reads one committed run: the library's steps 4 and 5 at both ends, each row between one change more
+    than the row above (in STEP05_CHAIN's order), at the counts where the two steps share their tiles; the table
+    keeps the chain's rule, and a tampered table breaks it (the check can fail)."""
+    chain = lesson.step05_chain()
+    assert chain is not None, "lab/masked_lm_head/results/nvidia-h200/step05_changes.json is not committed"
+    data = load_lab("masked_lm_head", "step05_changes")
+    own = {r["params"]["allowed"] for r in data["measurements"] if r["params"].get("tiles") == "step04"}
+    assert chain["counts"] and not own & set(chain["counts"])
+    rows = chain["rows"]
+    assert [r["knobs"] for r in rows] == [frozenset(lesson.STEP05_KNOBS[:i]) for i in range(len(rows))]
+    library = {(r["series"], r["params"]["allowed"]): r["ms"] for r in data["measurements"]}
+    for n in chain["counts"]:
+        assert rows[0]["ms"][n] == library[("step04", n)] and rows[-1]["ms"][n] == library[("step05", n)]
+        for r in rows[1:-1]:
+            assert r["ms"][n] == next(m["ms"] for m in data["measurements"] if m["series"] == "step05_changes"
+                                      and m["params"]["allowed"] == n and m["params"]["tiles"] == "step05"
+                                      and {k for k in lesson.STEP05_KNOBS if m["params"][k]} == r["knobs"])
+    table = lesson.step05_chain_table(chain)
+    assert _chain_problems(table) == []
+    lines = table.splitlines()
+    assert _chain_problems("\n".join(lines[:3] + lines[4:]))  # a row left out: the factors no longer divide
+    assert _chain_problems("\n".join(lines + [lines[-1]]))  # a row twice
+    assert "–" not in table
+
+
+def test_the_chain_says_its_anchor_gap_and_fill_first_does_not_pay():
+    """The anchor gap is the largest of the anchors' gaps to the table of steps' run; in the committed run filling
+    first does not pay at any of the chain's counts, and the table says so."""
+    results = plotting.load_results("masked_lm_head")
+    chain = lesson.step05_chain()
+    gaps = [abs(chain["rows"][i]["ms"][n] / results.select(f"step0{s}", batch=1, kind="random", allowed=n,
+                                                           layout="vd")[0]["ms"] - 1)
+            for i, s in ((0, 4), (-1, 5)) for n in chain["counts"]]
+    assert lesson.chain_anchor_gap(chain, results) == max(gaps)
+    row = next(r for r in lesson.step05_chain_table(chain).splitlines() if r.startswith("| 5b |"))
+    assert row.count("does not pay") == len(chain["counts"])
+
+
+def test_the_undone_table_takes_each_change_back_from_step_5():
+    """The folded table: step 5 and step 5 without each change, every count of the run, × step 5's time."""
+    undone = lesson.step05_undone()
+    table = lesson.step05_undone_table(undone)
+    rows = table.splitlines()[2:]
+    assert len(rows) == 1 + len(lesson.STEP05_KNOBS)
+    for line in rows:
+        name = line.split("|")[1].strip()
+        variant = "step 5" if name.startswith("step 5 (") else "step 5 - " + next(
+            k for k, w in lesson.STEP05_WORDS.items() if name.endswith(w))
+        for n, cell in zip(undone["counts"], line.split("|")[2:-1]):
+            assert float(cell.split("(")[1].rstrip("×) ")) == pytest.approx(
+                undone["ms"][variant][n] / undone["ms"]["step 5"][n], abs=0.006)
+            assert cell.split("(")[0].strip().endswith(lesson.CAPPED) == ((variant, n) in undone["capped"])
 
 
 def test_step_7s_ablation_reads_the_run_that_times_tl_dot_apart():
@@ -273,23 +341,36 @@ def test_dense_clusters_need_a_gap():
     assert two["fast_ms"] == 1.0 and two["slow_ms"] == pytest.approx(1.2, abs=0.011)
 
 
-def test_filling_firsts_cost_reads_the_ablation_and_step_9s_path():
-    results = plotting.load_results("masked_lm_head")
-    cost = lesson.fill_first_cost(results)
-    if cost is None:
-        pytest.skip("filling first is not a loss in this run")
-    assert set(cost) == set(lesson.step05_kept_losses()["fill_first"])
-    for n, c in cost.items():
-        assert c["cost"] > 1 and c["extra_us"] > 0
-        row = results.select("step09", batch=1, kind="random", allowed=n, layout="vd")
-        assert c["path"] == (row[0].get("path") if row else None)
-
-
 def test_the_capped_key_names_the_cap():
+    """The key names the largest capped union; the page says it once, for the chapter's run and the lab run of step
+    5's changes together."""
     assert lesson.capped_key(None) is None
     assert lesson.capped_key({"capped_union": None, "max_copies": 65}) is None
     assert lesson.capped_key({"capped_union": 1, "max_copies": 65}).startswith(f"{lesson.CAPPED} A union of one row")
     assert "at most 1,200 rows" in lesson.capped_key({"capped_union": 1200, "max_copies": 65})
+    results = plotting.load_results("masked_lm_head")
+    rots = [r for r in (lesson.rotation(results), lesson.lab_rotation()) if r and r["capped_union"]]
+    assert rots, "the committed H200 runs mark capped rows"
+    key = lesson.page_capped_key(results)
+    assert key == lesson.capped_key({"capped_union": max(r["capped_union"] for r in rots),
+                                     "max_copies": min(r["max_copies"] for r in rots)})
+    assert f"at most {lesson.rotation(results)['capped_union']:,} rows" in key
+
+
+def test_at_least_is_the_smallest_ratio_and_names_its_point():
+    """Step 9 against dense + mask up to 1,000 allowed at batch 1: 'at least' is the smallest ratio of the points
+    measured, and the prose names the point that gives it."""
+    results = plotting.load_results("masked_lm_head")
+    numbers = lesson.prose_numbers(results)
+    ratios = {}
+    for r in results.select("step09", batch=1, layout="vd"):
+        p = r["params"]
+        dense = results.select("dense_mask", batch=1, kind=p["kind"], allowed=p["allowed"])
+        if p["allowed"] <= 1000 and dense:
+            ratios[f"{p['allowed']:,} allowed on {p['kind']} masks"] = dense[0]["ms"] / r["ms"]
+    least = min(ratios, key=ratios.get)
+    assert numbers["mlh_dispatch_min_vs_dense"] == f"{ratios[least]:.0f}×"
+    assert numbers["mlh_dispatch_min_at"] == least
 
 
 def test_the_floors_parts_add_up_as_printed():
@@ -380,50 +461,6 @@ def test_the_committed_runs_say_how_they_replayed():
         capped = [r for r in results.rows if r.get("rotation_capped")]
         assert rot["max_copies"] >= max(r["copies"] for r in results.rows)
         assert all(r["union"] <= rot["capped_union"] for r in capped)
-
-
-def test_step05_effects_are_the_tables_ratios():
-    """Each change's ratio is its 'step 4 + change' row over step 4's, as the table prints them."""
-    effects, table = lesson.step05_effects(), lesson.step05_changes_table()
-    if effects is None:
-        pytest.skip("the lab run is not committed")
-    cells = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in table.splitlines()[2:]}
-    counts = sorted(effects["step 5"])
-    for knob in lesson.STEP05_KNOBS:
-        printed = [float(c.split("(")[1].rstrip("×) ")) for c in cells[f"step 4 + {knob.replace('_', ' ')}"]]
-        assert printed == pytest.approx([effects[knob][n] for n in counts], abs=0.006)
-    printed = [float(c.split("(")[1].rstrip("×) ")) for c in cells["step 5"]]
-    assert printed == pytest.approx([effects["step 5"][n] for n in counts], abs=0.006)
-
-
-def _change_row(variant, allowed, ms, spread):
-    return {"series": "step05_changes", "ms": ms, "spread_ms": [ms - spread, ms, ms + spread],
-            "params": {"variant": variant, "allowed": allowed, "tiles": "step05"}}
-
-
-def test_a_kept_loss_is_slower_at_every_count_outside_the_spread(monkeypatch):
-    """A change is a kept loss only where step 5 without it is faster at every count with the repetitions apart;
-    a change that is slower at one count only, or whose spreads overlap, is not one."""
-    times = {"step 5": (2.0, 4.0), "step 5 - fill_first": (1.8, 3.9), "step 5 - one_wait": (2.5, 3.5),
-             "step 5 - evict_first": (1.99, 3.99)}
-    rows = [_change_row(v, n, t, 0.02) for v, ts in times.items() for n, t in zip((1, 1000), ts)]
-    monkeypatch.setattr(lesson, "_lab_rows", lambda gpu="nvidia-h200": rows)
-    got = lesson.step05_kept_losses()
-    assert set(got) == {"fill_first"} and got["fill_first"] == pytest.approx({1: 2.0 / 1.8, 1000: 4.0 / 3.9})
-    monkeypatch.setattr(lesson, "_lab_rows", lambda gpu="nvidia-h200": None)
-    assert lesson.step05_kept_losses() == {}
-
-
-def test_the_committed_kept_losses_read_as_the_table_prints_them():
-    table = lesson.step05_changes_table()
-    if table is None:
-        pytest.skip("the lab run is not committed")
-    cells = {line.split("|")[1].strip(): [float(c.split("(")[0].strip().rstrip(lesson.CAPPED))
-                                          for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
-    for knob, ratios in lesson.step05_kept_losses().items():
-        without = cells[f"step 5 - {knob.replace('_', ' ')}"]
-        assert all(w < s5 for w, s5 in zip(without, cells["step 5"]))
-        assert list(ratios.values()) == pytest.approx([s5 / w for w, s5 in zip(without, cells["step 5"])], abs=0.01)
 
 
 # --------------------------------------------------------------------------------------

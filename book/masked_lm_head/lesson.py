@@ -27,10 +27,12 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table",
-           "rotation", "counts_words", "STEP05_KNOBS", "step05_effects", "lab_rotation", "CAPPED", "capped",
-           "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table", "step05_kept_losses",
-           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step05_rows", "step07_changes",
-           "STEP05_CHANGES_TEXT", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "fill_first_cost"]
+           "rotation", "counts_words", "STEP05_CHAIN", "STEP05_KNOBS", "STEP05_WORDS", "step05_variant",
+           "step05_chain", "step05_chain_table", "chain_factor", "chain_anchor_gap", "step05_undone",
+           "step05_undone_table", "lab_rotation", "CAPPED", "capped", "page_capped_key",
+           "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
+           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step07_changes",
+           "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "step09_path", "plan_step", "PATH_STEPS"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -195,6 +197,11 @@ def prose_numbers(results) -> dict[str, Any]:
              for d in [_row(results, "dense_mask", batch=1, kind=r["params"]["kind"], allowed=r["params"]["allowed"])]
              if d is not None]
     n["mlh_dispatch_min_vs_dense"] = f"{min(1 / q for q, _ in small):.0f}×" if small else PENDING
+    if small:  # the point of the smallest ratio: the statistic behind "at least"
+        p = max(small, key=lambda q: q[0])[1]["params"]
+        n["mlh_dispatch_min_at"] = f"{p['allowed']:,} allowed on {p['kind']} masks"
+    else:
+        n["mlh_dispatch_min_at"] = PENDING
     n["mlh_dispatch_1000_vs_dense"] = _x(_ratio(dense[1000], _b1(results, s[9], 1000)), 0)
     n["mlh_dispatch_vs_index_10000"] = _x(_ratio(_b1(results, "index_select", 10_000), _b1(results, s[9], 10_000)))
     # the kernel alone against the fastest same-shape rival, at the headline's point (the scoreboard's second row)
@@ -515,12 +522,17 @@ def _case(p: dict) -> str:
 #: The table of steps' words for a step whose title alone would mislead there: steps 3 and 8 stay numbered (the
 #: library keeps them: step 3's form is the dispatch's dense path) but say first that they were tried and did not
 #: pay (step 3 gains nothing over step 2; step 8 beats step 3, its diff's base, but loses to step 5, its reference);
-#: step 7's names both halves of its one idea (the union pays only multiplied on the tensor cores: its ablation is the
-#: page's note, not a row).
+#: step 5 says it bundles three changes, timed one at a time in its own section (:func:`step05_chain`); step 7's
+#: names both halves of its one idea (the union pays only multiplied on the tensor cores: its ablation is the page's
+#: note, not a row).
 BOEHM_CHANGES = {3: "tried, did not pay: step 2 rewritten for [V, D] (row tiles, a transposed dot)",
+                 5: "three changes, one at a time in step 5's section: one wait per row, the fill programs first, "
+                    "an L2 evict-first hint",
                  7: "the union of the batch's allowed sets, each block of its rows read once and multiplied with "
                     "every sequence's hidden state on the tensor cores (`tl.dot`)",
                  8: "tried, did not pay: the vocabulary reordered so that allowed tokens cluster"}
+#: The reference column's words where the step compared with is not the one the page's diff starts from.
+BOEHM_REFERENCES = {8: "step 5, the kernel step 9 runs there (step 8's diff is from step 3)"}
 
 
 def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
@@ -549,45 +561,18 @@ def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
     return {"batch": batches.pop(), "ms": ms}
 
 
-def step05_rows(point: int = 1000, gpu: str = "nvidia-h200") -> list[tuple[str, str, str]]:
-    """Step 5's three changes as sub-rows of the table of steps: (label, the change, its factor at ``point`` allowed
-    tokens: step 4's time over step 4 with that change alone, from :func:`step05_effects`). A change that
-    :func:`step05_kept_losses` finds is labelled a small loss; why it stays is said once, in step 5's prose. Empty
-    where the ablation is not committed for ``gpu``."""
-    eff = step05_effects(gpu)
-    if eff is None:
-        return []
-    losses = step05_kept_losses(gpu)
-    out = []
-    for label, knob in zip("abc", STEP05_KNOBS):
-        text = STEP05_CHANGES_TEXT[knob]
-        if knob in losses:
-            text += ": a small loss (under step 5)"
-        out.append((f"5{label}", text, f"{1 / eff[knob][point]:.2f}×"))
-    return out
-
-
-#: Step 5's three changes in the words of the table of steps.
-STEP05_CHANGES_TEXT = {"one_wait": "one wait per row: the whole row loaded as one tile and reduced once",
-                       "fill_first": "the fill programs first in the grid",
-                       "evict_first": "an L2 evict-first hint on the rows, which are read once"}
-
-
 def boehm_table(results) -> str:
     """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the reference it is
     measured against at the same point (the step it changes, or a torch baseline) and its speedup over that
     reference, the floor of the masked call at that point (:func:`floor_ms`, which of its two parts binds) and the
     time over it: one floor a row (a dense head's floor, for step 0, is the prose's). A time whose rotation was
-    capped carries :data:`CAPPED`. Under step 5, one sub-row per change with its factor from the ablation
-    (:func:`step05_rows`). Every ratio is of medians, flagged by :func:`book.results.caveat` where either side's
-    repetitions spread past its threshold, the rule of every page (dense + mask's batch-1 repetitions may fall in two
-    clusters, :func:`dense_clusters`: its median then carries the flag)."""
+    capped carries :data:`CAPPED`. One row per numbered step: step 5's changes are its section's chain
+    (:func:`step05_chain`), not rows here. Every ratio is of medians, flagged by :func:`book.results.caveat` where
+    either side's repetitions spread past its threshold, the rule of every page (dense + mask's batch-1 repetitions
+    may fall in two clusters, :func:`dense_clusters`: its median then carries the flag)."""
     lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
              "floor of the masked call: its bytes, or an empty kernel where larger (µs) | × floor |",
              "|---|---|---|---|---|---|---|---|"]
-    card = results.path.parent.name if results.path is not None else None
-    subrows = {5: [(label, text, factor)
-                   for label, text, factor in (step05_rows(STEP_CASES[5][0]["allowed"], card) if card else [])]}
     from book.results import caveat, spread
 
     for step in CHAPTER.steps:
@@ -595,7 +580,7 @@ def boehm_table(results) -> str:
         row = _row(results, step.series, **params)
         if row is None:
             continue
-        name = CHAPTER.label(prev) if isinstance(prev, str) else f"step {prev}"
+        name = BOEHM_REFERENCES.get(step.number, CHAPTER.label(prev) if isinstance(prev, str) else f"step {prev}")
         reference = _row(results, prev if isinstance(prev, str) else step_series(prev), **params)
         before = None if reference is None else reference["ms"]
         vs = f"{before / row['ms']:.2f}×" if before else "–"
@@ -608,9 +593,6 @@ def boehm_table(results) -> str:
         lines.append(f"| {step.number} | {BOEHM_CHANGES.get(step.number, step.title)} | {_case(params)} | "
                      f"{us(row['ms'])}{capped(row)} | {name} | {vs} | {floor * 1e3:.2f} ({binds}) | "
                      f"{row['ms'] / floor:.1f}× |")
-        for label, text, factor in subrows.get(step.number, ()):
-            lines.append(f"| {label} | {text} | {_case(params)} | – | step 4, in step 5's ablation | {factor} "
-                         "| – | – |")
     return "\n".join(lines)
 
 
@@ -778,9 +760,6 @@ def target_report(results) -> str:
     return "\n".join(lines)
 
 
-#: lab/masked_lm_head/step05_changes.py's rows, in the table's order (its ``variant`` labels).
-STEP05_CHANGES = ("step 4", "step 4 + one_wait", "step 4 + fill_first", "step 4 + evict_first", "step 5 - one_wait",
-                  "step 5 - fill_first", "step 5 - evict_first", "step 5")
 #: The plan's step at batch 1 split into its parts (the same file's ``decode_split`` series).
 PLAN_PARTS = (("whole", "the whole step: the copy, then the plan's three kernels"),
               ("copy", "the bitmask's host-to-device copy alone"),
@@ -794,22 +773,129 @@ def _lab_rows(gpu: str = "nvidia-h200") -> list[dict] | None:
     return None if data is None else data["measurements"]
 
 
-def step05_changes_table(gpu: str = "nvidia-h200") -> str | None:
-    """Markdown: step 4 with each of step 5's three changes added alone, and step 5 with each taken out, at batch 1
-    and 1, 1,000 and 10,000 allowed tokens (µs, and the time over step 4's in the same run), step 5's tiles throughout; None
-    where the run is not committed."""
+#: Step 5's three changes in the order its chain adds them to step 4 (a choice: the one that pays most comes first),
+#: each with its knob in ``lab/masked_lm_head/step05_changes.py`` and its words in the chain table.
+STEP05_CHAIN = (("5a", "one_wait", "one wait per row: the whole row loaded as one tile and reduced once"),
+                ("5b", "fill_first", "the fill programs first in the grid"),
+                ("5c", "evict_first", "an L2 evict-first hint on the rows, which are read once"))
+#: The knobs as the lab run names them, in the chain's order.
+STEP05_KNOBS = tuple(knob for _, knob, _ in STEP05_CHAIN)
+#: Each change in a few words, as the prose and the folded table name it.
+STEP05_WORDS = {"one_wait": "one wait per row", "fill_first": "the fill programs first",
+                "evict_first": "the evict-first hint"}
+#: The chain's last row: step 5 itself, the library's kernel (the lab's variant with every knob on has its PTX).
+STEP05_LAST = "the library's step 5, timed in this run"
+
+
+def step05_variant(on) -> str:
+    """The lab run's ``variant`` name for step 4 with the changes ``on``: ``step 4 + <change>`` for at most one,
+    ``step 5 - <change>`` for the one left out (``step05_changes.label``'s names)."""
+    on = set(on)
+    if len(on) <= 1:
+        return "step 4" + "".join(f" + {k}" for k in STEP05_KNOBS if k in on)
+    return "step 5" + "".join(f" - {k}" for k in STEP05_KNOBS if k not in on)
+
+
+def step05_chain(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
+    """Step 5, one change at a time, from one lab run (``step05_changes.json``): ``counts`` (the allowed counts at
+    batch 1 where step 4's and step 5's tiles agree, so a row differs from the one above by one change only: the
+    run times step 4's tiles apart where they differ) and ``rows``, cumulative: the library's step 4 (the anchor),
+    then each change of :data:`STEP05_CHAIN` added to the row above (the lab's frozen variant with the changes up
+    to it), the last the library's step 5, the other anchor. Each row: ``label``, ``change``, ``knobs`` (the changes
+    it has), ``ms`` and ``capped`` per count. None where the run is not committed."""
     rows = _lab_rows(gpu)
     if rows is None:
         return None
-    kept = {(r["params"]["variant"], r["params"]["allowed"]): r for r in rows
-            if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
-    at = {key: r["ms"] * 1e3 for key, r in kept.items()}
-    counts = sorted({n for _, n in at})
-    lines = ["| variant | " + " | ".join(f"{n:,} allowed" for n in counts) + " |", "|---|" + "---|" * len(counts)]
-    for v in STEP05_CHANGES:
-        cells = [f"{at[(v, n)]:.2f}{capped(kept[(v, n)])} ({at[(v, n)] / at[('step 4', n)]:.2f}×)"
-                 for n in counts]  # × step 4's time
-        lines.append(f"| {v.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    lab = {(r["params"]["variant"], r["params"]["allowed"]): r for r in rows
+           if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
+    own_tiles = {r["params"]["allowed"] for r in rows if r["params"].get("tiles") == "step04"}
+    counts = sorted({n for _, n in lab} - own_tiles)
+    library = {(r["series"], r["params"]["allowed"]): r for r in rows if r["series"] in ("step04", "step05")}
+
+    def row(label, change, knobs, found):
+        return {"label": label, "change": change, "knobs": frozenset(knobs),
+                "ms": {n: found[n]["ms"] for n in counts}, "capped": {n: bool(capped(found[n])) for n in counts}}
+
+    out = [row("step 4", "the library's step 4, timed in this run (the anchor)", (),
+               {n: library[("step04", n)] for n in counts})]
+    for i, (label, knob, text) in enumerate(STEP05_CHAIN):
+        on = STEP05_KNOBS[:i + 1]
+        if len(on) == len(STEP05_KNOBS):  # the last: step 5 itself, whose frozen twin the run timed too
+            assert all((step05_variant(on), n) in lab for n in counts)
+            out.append(row(f"{label} = step 5", f"{text}: {STEP05_LAST}", on,
+                           {n: library[("step05", n)] for n in counts}))
+        else:
+            out.append(row(label, text, on, {n: lab[(step05_variant(on), n)] for n in counts}))
+    return {"counts": counts, "rows": out}
+
+
+def chain_factor(chain: dict[str, Any], label: str, n: int) -> float:
+    """``× previous`` of a chain row at ``n`` allowed: the row above's time over its own (above 1: the change
+    pays)."""
+    labels = [r["label"] for r in chain["rows"]]
+    i = labels.index(label)
+    return chain["rows"][i - 1]["ms"][n] / chain["rows"][i]["ms"][n]
+
+
+def step05_chain_table(chain: dict[str, Any]) -> str:
+    """Markdown: :func:`step05_chain`, one row per change: µs and × previous at each count; a factor under 1.00×
+    says the change does not pay."""
+    counts = chain["counts"]
+    lines = ["| row | the one change | " + " | ".join(f"{n:,} allowed: µs | × previous" for n in counts) + " |",
+             "|---|---|" + "---|---|" * len(counts)]
+    for i, r in enumerate(chain["rows"]):
+        cells = []
+        for n in counts:
+            time = f"{r['ms'][n] * 1e3:.2f}{CAPPED if r['capped'][n] else ''}"
+            if i == 0:
+                cells += [time, "(anchor)"]
+                continue
+            factor = f"{chain_factor(chain, r['label'], n):.2f}×"
+            cells += [time, factor + (", does not pay" if float(factor[:-1]) < 1 else "")]
+        lines.append(f"| {r['label']} | {r['change']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def chain_anchor_gap(chain: dict[str, Any], results) -> float:
+    """The largest gap between the chain's anchors (the library's steps 4 and 5 in the lab run) and the same steps
+    at the same points in ``results`` (the table of steps' run), as a fraction of the latter."""
+    anchors = {"step 4": step_series(4), f"{STEP05_CHAIN[-1][0]} = step 5": step_series(5)}
+    gaps = [abs(r["ms"][n] / _b1(results, anchors[r["label"]], n) - 1)
+            for r in chain["rows"] if r["label"] in anchors for n in chain["counts"]]
+    return max(gaps)
+
+
+def step05_undone(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
+    """Step 5 with each change taken back (the lab's frozen variants, step 5's tiles, the same run as the chain):
+    ``counts``, ``ms`` by variant name (``step 5``, ``step 5 - <change>``) and count, and ``capped`` (the (variant,
+    count) pairs whose rotation was capped). None where the run is not committed."""
+    rows = _lab_rows(gpu)
+    if rows is None:
+        return None
+    names = ["step 5"] + [f"step 5 - {k}" for k in STEP05_KNOBS]
+    ms: dict[str, dict[int, float]] = {}
+    marked = set()
+    for r in rows:
+        p = r["params"]
+        if r["series"] == "step05_changes" and p.get("tiles") == "step05" and p["variant"] in names:
+            ms.setdefault(p["variant"], {})[p["allowed"]] = r["ms"]
+            if capped(r):
+                marked.add((p["variant"], p["allowed"]))
+    return {"counts": sorted(ms["step 5"]), "ms": {name: ms[name] for name in names}, "capped": marked}
+
+
+def step05_undone_table(undone: dict[str, Any]) -> str:
+    """Markdown: :func:`step05_undone`, µs and the time over step 5's at each count (above 1.00×: the change taken
+    back paid in step 5)."""
+    counts, ms = undone["counts"], undone["ms"]
+    lines = ["| variant | " + " | ".join(f"{n:,} allowed: µs (× step 5's time)" for n in counts) + " |",
+             "|---|" + "---|" * len(counts)]
+    for name, time in ms.items():
+        knob = name.removeprefix("step 5 - ")
+        label = "step 5 (the lab's copy)" if name == "step 5" else f"step 5 without {STEP05_WORDS[knob]}"
+        mark = lambda n: CAPPED if (name, n) in undone.get("capped", ()) else ""  # noqa: E731
+        lines.append(f"| {label} | " + " | ".join(f"{time[n] * 1e3:.2f}{mark(n)} ({time[n] / ms['step 5'][n]:.2f}×)"
+                                                 for n in counts) + " |")
     return "\n".join(lines)
 
 
@@ -909,67 +995,6 @@ def counts_words(counts) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-#: Step 5's three changes, as the page names them (the lab file's knob names as keys).
-STEP05_KNOBS = {"one_wait": "the one wait per row", "fill_first": "filling first",
-                "evict_first": "the evict-first hint"}
-
-
-def step05_effects(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]] | None:
-    """Each of step 5's changes added to step 4 alone: its time over step 4's in the same run (under 1: the change
-    makes step 4 faster), per allowed count, at step 5's tiles; ``"step 5"`` the three together; ``"step 5 -
-    <change>"`` step 5 with that change taken out, its time over step 5's (under 1: step 5 is faster without it).
-    None where the run is not committed."""
-    rows = _lab_rows(gpu)
-    if rows is None:
-        return None
-    at = {(r["params"]["variant"], r["params"]["allowed"]): r["ms"] for r in rows
-          if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
-    counts = sorted({n for _, n in at})
-    out = {knob: {n: at[(f"step 4 + {knob}", n)] / at[("step 4", n)] for n in counts} for knob in STEP05_KNOBS}
-    out["step 5"] = {n: at[("step 5", n)] / at[("step 4", n)] for n in counts}
-    for knob in STEP05_KNOBS:
-        out[f"step 5 - {knob}"] = {n: at[(f"step 5 - {knob}", n)] / at[("step 5", n)] for n in counts}
-    return out
-
-
-def step05_kept_losses(gpu: str = "nvidia-h200") -> dict[str, dict[int, float]]:
-    """Step 5's changes that its own ablation measures as a loss: taken out of step 5, step 5 is faster at every
-    count, and its slowest repetition without the change beats its fastest with it. Each with step 5's time over
-    the time without it, per allowed count (above 1: how much slower the change makes step 5); empty where none is,
-    or the run is not committed."""
-    rows = _lab_rows(gpu) or []
-    kept = {(r["params"]["variant"], r["params"]["allowed"]): r for r in rows
-            if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
-    counts = sorted({n for v, n in kept if v == "step 5"})
-    out = {}
-    for knob in STEP05_KNOBS:
-        pairs = [(kept[("step 5", n)], kept[(f"step 5 - {knob}", n)]) for n in counts]
-        if pairs and all(without["spread_ms"][2] < with_["spread_ms"][0] for with_, without in pairs):
-            out[knob] = {n: with_["ms"] / without["ms"] for n, (with_, without) in zip(counts, pairs)}
-    return out
-
-
-def fill_first_cost(results, gpu: str = "nvidia-h200") -> dict[str, Any] | None:
-    """What filling first costs where :func:`step05_kept_losses` finds it a loss: per allowed count, ``cost`` (step
-    5's time over its time without it, from the ablation), ``extra_us`` (the µs it adds there), ``path`` (the path
-    step 9 takes at batch 1 on random masks at that count, in ``results``: ``stream`` runs step 5's kernel,
-    ``few_ids`` step 6's) and ``plan_us`` (the whole step from the bitmask there, which runs step 5's kernel at
-    every count). None where it is not a loss or the ablation is not committed."""
-    cost = step05_kept_losses(gpu).get("fill_first")
-    if not cost:
-        return None
-    at = {(r["params"]["variant"], r["params"]["allowed"]): r["ms"] for r in _lab_rows(gpu) or ()
-          if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
-    out = {}
-    for n, ratio in cost.items():
-        step9 = _row(results, step_series(9), batch=1, kind="random", allowed=n)
-        plan = _ms(results, PLAN, batch=1, kind="random", allowed=n)
-        out[n] = {"cost": ratio, "extra_us": (at[("step 5", n)] - at[("step 5 - fill_first", n)]) * 1e3,
-                  "path": None if step9 is None else step9.get("path"),
-                  "plan_us": None if plan is None else plan * 1e3}
-    return out
-
-
 def lab_rotation(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
     """:func:`rotation` of the lab run of step 5's changes (None where it is not committed or replayed one copy)."""
     data = lab_or_none("masked_lm_head", "step05_changes", gpu)
@@ -978,3 +1003,36 @@ def lab_rotation(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
     from studylog.plotting import Results
 
     return rotation(Results(None, data))
+
+
+def page_capped_key(results, gpu: str = "nvidia-h200") -> str | None:
+    """:func:`capped_key` once for the whole page: the tables of the chapter's run (``results``) and of the lab run
+    of step 5's changes mark their capped rows alike, so the key names the largest capped union of either and the
+    fewer copies; None where neither marks a row."""
+    rots = [r for r in (rotation(results), lab_rotation(gpu)) if r is not None and r["capped_union"] is not None]
+    if not rots:
+        return None
+    return capped_key({"capped_union": max(r["capped_union"] for r in rots),
+                       "max_copies": min(r["max_copies"] for r in rots)})
+
+
+#: The step whose kernel each path of step 9 (and of the plan's buckets) runs.
+PATH_STEPS = {"few_ids": 6, "stream": 5, "batched": 7, "row_skip": 3}
+
+
+def step09_path(results, allowed: int) -> str | None:
+    """The step whose kernel step 9 runs at batch 1 on random masks of ``allowed`` ids in ``results`` (``step 6``,
+    ``step 5``...), from the path its row records; None where the row is not there."""
+    row = _row(results, step_series(9), batch=1, kind="random", allowed=allowed)
+    return None if row is None or row.get("path") is None else _path_step(row["path"])
+
+
+def plan_step(results, **params) -> str | None:
+    """The step whose kernel the plan's graph replays at a point of ``results`` (``step 5`` at batch 1), from the
+    bucket its row records (``stream 1024``: the path, then the capacity); None where the row is not there."""
+    row = _row(results, PLAN, **params)
+    return None if row is None or not row.get("bucket") else _path_step(row["bucket"].split()[0])
+
+
+def _path_step(path: str) -> str:
+    return f"step {PATH_STEPS[path]}" if path in PATH_STEPS else path
