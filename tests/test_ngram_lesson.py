@@ -11,10 +11,8 @@ pytestmark = pytest.mark.skipif(not result_files("ngram"), reason="no committed 
 
 
 def _step_rows(table: str) -> list[str]:
-    """The table of steps' rows of whole steps and the entry point (head, rule and floor left out, and the sub-rows
-    of bundled steps: 5a, 7b...)."""
-    return [r for r in table.splitlines()[3:] if not r.split("|")[1].strip()[-1:].isalpha()
-            or r.split("|")[1].strip() == "entry point"]
+    """The table of steps' rows (head, rule and floor left out): every numbered step and the entry point."""
+    return table.splitlines()[3:]
 
 
 def test_the_table_of_steps_has_every_step_and_the_entry_point():
@@ -116,7 +114,7 @@ def test_the_floor_is_the_scoreboards_on_every_card():
         assert lesson.floor_us(results, small) == pytest.approx(empty_us)  # a few bytes: the empty kernel binds
         assert lesson.floor_us(results, large) > 10 * empty_us  # the bytes bind
         floor_row = lesson.boehm_table(results).splitlines()[2]
-        assert "empty kernel where larger" in floor_row and f"{empty_us:,.2f}" in floor_row
+        assert "| the floor |" in floor_row and f"{empty_us:,.2f}" in floor_row  # defined once, in the prose
 
 
 def test_the_result_table_times_the_entry_point_as_the_headline_does():
@@ -169,74 +167,134 @@ def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_mat
     assert lesson.early_exit_share(results, cfg) == pytest.approx(read / haystack_bytes(inputs, this_time, config))
 
 
-def test_the_table_of_steps_has_the_headline_case_and_a_sub_row_per_bundled_change():
-    """The headline's case is a column of the table of steps; steps 5, 6 and 7 have one sub-row per change, right
-    under the step; a change of step 7 the variants timed gives, per case, step 7's time without it over its time
-    with it (the variants' run), and no cell argues for it (the page says why a losing change stays, once); a change
-    of steps 5 and 6 has its factor from the chain that adds them one at a time (checked against the file in
-    :func:`test_the_sub_rows_of_steps_5_and_6_read_the_changes_run`), 7a from step 7's changes run
-    (:func:`test_the_inherited_changes_are_read_from_step_7s_variants`); no row says "not timed alone"."""
+def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step():
+    """The headline's case is a column of the table of steps; the table has one row per numbered step (no lettered
+    row), and a bundled step says in its cell how many changes it makes, which its section times one at a time."""
+    import re
+
     from studylog.ngram.report import HEADLINE_CASES
 
     assert lesson.HEADLINE in HEADLINE_CASES and lesson.HEADLINE in lesson.BOEHM_CASES
     results = load_results("ngram")
-    table = lesson.boehm_table(results)
-    assert "(headline)" in table.splitlines()[0]
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[3:]]
-    labels = [r[0] for r in rows]
-    variants = lesson.step07_variants(results.path.parent.name)
-    for step, subs in lesson.SUB_ROWS.items():
-        at = labels.index(str(step))
-        assert labels[at + 1:at + 1 + len(subs)] == [label for label, *_ in subs]
-        for row, (label, _, knobs) in zip(rows[at + 1:], subs):
-            factors = row[3::3]
-            assert "kept" not in row[1] and "loss" not in row[1], row
-            if label in lesson.CHANGE_CHAIN or label == "7a":
-                continue
-            want = [lesson.change_factor(variants, knobs, cfg) for cfg in lesson.BOEHM_CASES]
-            assert factors == [f"{f:.2f}×" for f in want], row
-    assert not any("not timed alone" in c for r in rows for c in r)
+    for cases in (lesson.BOEHM_CASES, lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
+        table = lesson.boehm_table(results, cases)
+        labels = [r.split("|")[1].strip() for r in _step_rows(table)]
+        assert not [label for label in labels if re.fullmatch(r"\d+[a-z]", label)], labels
+        assert labels == [str(s.number) for s in ngram.CHAPTER.steps] + ["entry point"]
+        rows = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(table)}
+        for step, words in lesson.BUNDLED.items():
+            assert f"({words}: below)" in rows[str(step)]
+            assert len(lesson.CHAINS[step][1]) - 1 == {"two changes": 2, "four changes": 4}[words]  # anchor aside
+    assert "(headline)" in lesson.boehm_table(results).splitlines()[0]
 
 
-def test_the_sub_rows_of_step_6_read_the_changes_run():
-    """Step 5 is one change (5a: its kernel is the chain's 5a) and has no sub-row; 6a and 6b each show, per case of
-    the table of steps, the time of the kernel that adds the change and its factor: the time of the row without the
-    change over the row with it (step 4 -> 5a = step 5 -> 6a -> 6; 5b, the rejected exit, beside it), read here from
-    the committed file itself; none says "not timed alone"."""
+def _read_chain(step: int, gpu: str) -> dict:
+    """Step ``step``'s chain read from its committed file itself: per row label, its µs at each case of the table of
+    steps (the anchors from their own series, each lettered link from its variant)."""
     import json
 
-    from book.common import us
+    from studylog import paths
+
+    name, rows = lesson.CHAINS[step]
+    measured = json.loads((paths.lab_results("ngram", gpu) / f"{name}.json").read_text())["measurements"]
+    out = {}
+    for label, _, series, variant in rows:
+        out[label] = []
+        for cfg in lesson.BOEHM_CASES:
+            [row] = [r for r in measured if r["series"] == series and r["clock"] == "gpu"
+                     and (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == cfg
+                     and r["params"].get("variant") == variant]
+            out[label].append(row["ms"] * 1e3)
+    return out
+
+
+def _check_chain_table(table: str, want: dict, anchors: tuple[str, str]) -> None:
+    """A chain table is cumulative: the step before first (an anchor), then one row per link, each label once, the
+    step itself last; each row's "× previous" is the row above's µs over its own (from ``want``, the file's), a
+    factor under 1.00× says "does not pay", and no cell is "–"."""
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+    labels = [r[0] for r in rows]
+    assert labels == list(want) and len(set(labels)) == len(labels)
+    assert labels[0] == anchors[0] and labels[-1].endswith(anchors[1])
+    assert not any(c == "–" for r in rows for c in r)
+    for i, r in enumerate(rows):
+        times, factors = r[2::2], r[3::2]
+        assert times == [f"{t:,.2f}" for t in want[r[0]]], r
+        if i == 0:
+            assert factors == ["(anchor)"] * len(lesson.BOEHM_CASES)
+            continue
+        above = want[labels[i - 1]]
+        for cell, a, t in zip(factors, above, want[r[0]]):
+            assert cell.split("×")[0] == f"{a / t:.2f}", (r, cell)
+            assert cell.endswith("does not pay") == (round(a / t, 2) < 1), (r, cell)
+        # the factor is also the ratio of the table's own µs cells (as printed), within their rounding
+        for cell, a, t in zip(factors, rows[i - 1][2::2], times):
+            assert float(cell.split("×")[0]) == pytest.approx(float(a.replace(",", "")) / float(t.replace(",", "")),
+                                                              abs=0.006)
+
+
+def test_step_6s_chain_reads_its_run():
+    """Step 6's chain: step 5 -> 6a -> 6b = step 6, every number from one run (the library's steps 5 and 6 as its
+    anchors), read here from the committed file itself; the anchors lie within a few percent of the table of steps'."""
+    results = load_results("ngram")
+    gpu = results.path.parent.name
+    run = lesson.chain_run(6, gpu)
+    if run is None:
+        pytest.skip("step 6 was not timed one change at a time on this card")
+    rows = lesson.chain_rows(run, 6)
+    _check_chain_table(lesson.chain_table(rows), _read_chain(6, gpu), ("step 5", "step 6"))
+    assert 0 <= lesson.chain_anchor_gap(results, rows, 6) < 0.05
+
+
+def test_step_7s_chain_is_committed_and_reads_its_run():
+    """Step 7's chain: step 6 -> 7a -> 7b -> 7c -> 7d = step 7, every number from one run (the library's steps 6 and
+    7 as its anchors), written by ``lab/ngram/step05_06_changes.py measure --step 7 --chain``. Fails until that run is
+    committed for the H200: the page shows no chain table without it."""
     from studylog import paths
 
     results = load_results("ngram")
-    path = paths.lab_results("ngram", results.path.parent.name) / "step05_06_changes.json"
-    if not path.is_file():
-        pytest.skip("steps 5 and 6 were not timed one change at a time on this card")
-    measured = json.loads(path.read_text())["measurements"]
+    gpu = results.path.parent.name
+    assert (paths.lab_results("ngram", gpu) / "step07_chain.json").is_file(), \
+        "run lab/ngram/step05_06_changes.py check && ... measure --step 7 --chain on the H200 and commit its JSON"
+    rows = lesson.chain_rows(lesson.chain_run(7, gpu), 7)
+    _check_chain_table(lesson.chain_table(rows), _read_chain(7, gpu), ("step 6", "step 7"))
+    assert 0 <= lesson.chain_anchor_gap(results, rows, 7) < 0.05
 
-    def ms(link, cfg):
-        b, s, t = cfg
-        [row] = [r for r in measured if r["params"]["batch"] == b and r["params"]["seq_len"] == s
-                 and r["params"]["threshold"] == t and r["clock"] == "gpu"
-                 and (r["series"] == link if link.startswith("step") else
-                      r["series"] == "step05_06_changes" and r["params"]["variant"] == link)]
-        return row["ms"]
 
-    chain = {"5a": ("step04", "5a"), "5b": ("5a", "5"), "6a": ("5a", "6a"), "6b": ("6a", "6")}
-    assert lesson.CHANGE_CHAIN == chain and lesson.CHAIN_STEPS == {"5a": 5, "6": 6}
-    rows = {r[0]: r for r in ([c.strip() for c in line.split("|")[1:-1]]
-                              for line in lesson.boehm_table(results).splitlines()[3:])}
-    assert "5a" not in rows and "5b" not in rows
-    for label in ("6a", "6b"):
-        without, with_ = chain[label]
-        row = rows[label]
-        factors = [ms(without, cfg) / ms(with_, cfg) for cfg in lesson.BOEHM_CASES]
-        assert row[3::3] == [f"{f:.2f}×" for f in factors], row
-        # the kernel with 6b is step 6 itself: its sub-row points at the step's row, one time per kernel
-        want = [f"as step {lesson.CHAIN_STEPS[with_]}" if with_ in lesson.CHAIN_STEPS else us(ms(with_, cfg))
-                for cfg in lesson.BOEHM_CASES]
-        assert row[2::3] == want, row
-        assert "not timed alone" not in row[1]
+def test_a_chain_is_whole_and_cumulative_on_any_run():
+    """On a made-up run with the chain file's schema: the table's factors are the row above over the row, a link
+    missing at a case raises (no "–" row), and the words for where a change pays follow the rounded factors."""
+    from studylog.plotting import Results
+
+    def row(series, ms, cfg, variant=None):
+        params = dict(zip(("batch", "seq_len", "threshold"), cfg)) | ({"variant": variant} if variant else {})
+        return {"series": series, "params": params, "ms": ms, "clock": "gpu"}
+
+    times = {"step06": 10.0, "7a": 8.0, "7b": 9.0, "7c": 4.5, "step07": 4.5}
+    rows = [row(series if variant is None else "step07_chain", times[variant or series] * (i + 1) / 1e3, cfg, variant)
+            for i, cfg in enumerate(lesson.BOEHM_CASES) for _, _, series, variant in lesson.CHAINS[7][1]]
+    chain = lesson.chain_rows(Results(None, {"measurements": rows}), 7)
+    want = {label: [times[variant or series] * (i + 1) for i in range(3)]
+            for label, _, series, variant in lesson.CHAINS[7][1]}
+    _check_chain_table(lesson.chain_table(chain), want, ("step 6", "step 7"))
+    assert [r["factor"] for r in chain][1:] == [pytest.approx([f] * 3) for f in (1.25, 8 / 9, 2.0, 1.0)]
+    with pytest.raises(ValueError):
+        lesson.chain_rows(Results(None, {"measurements": rows[:-1]}), 7)
+    assert lesson.pays_at([1.2, 1.3, 1.01]) == "pays at every case"
+    assert lesson.pays_at([0.9, 0.5, 0.99]) == "does not pay at any case"
+    assert lesson.pays_at([0.95, 1.0, 1.2]) == "pays at 256 × 131072; breaks even at 128 × 32768; does not pay at 32 × 512"
+
+
+def test_the_lab_script_writes_the_chain_the_page_reads():
+    """The lab script's step 7 chain: the file, series and variants :data:`lesson.CHAINS` reads."""
+    from studylog import paths
+
+    text = (paths.REPO_ROOT / "lab" / "ngram" / "step05_06_changes.py").read_text()
+    name, rows = lesson.CHAINS[7]
+    assert f'NAME_CHAIN = "{name}"' in text
+    links = tuple(variant for _, _, series, variant in rows if variant is not None)
+    assert all(series == name for _, _, series, variant in rows if variant is not None)
+    assert f"CHAIN7 = {links[:3] + ('7d',)!r}".replace("'", '"') in text
 
 
 def test_the_inherited_changes_are_read_from_step_7s_variants():
@@ -258,11 +316,6 @@ def test_the_inherited_changes_are_read_from_step_7s_variants():
         at = [r for r in measured if (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == cfg]
         by = {r["params"].get("variant", r["series"]): r for r in at}
         assert abs(by["7"]["ms"] / by["step07"]["ms"] - 1) < 0.02, cfg
-        table = {r[0]: r for r in ([c.strip() for c in line.split("|")[1:-1]]
-                                   for line in lesson.boehm_table(results).splitlines()[3:])}
-        i = lesson.BOEHM_CASES.index(cfg)
-        assert table["7a"][2 + 3 * i] == f"{by['7a']['ms'] * 1e3:,.1f}"  # 7a alone, against step 6 in its run
-        assert table["7a"][3 + 3 * i] == f"{by['step06']['ms'] / by['7a']['ms']:.2f}×"
         for label, without in (("5b", "7 no exit"), ("6b", "7 unfused")):
             for clock in ("ms", "host_ms"):
                 assert lesson.inherited_factor(changes, label, cfg, clock) == \
@@ -282,5 +335,26 @@ def test_the_page_names_its_result_files_once_at_the_end():
     assert text[at + 1].startswith("## Further reading")
     assert not [i for i, t in enumerate(text) if i != at and ("lab/ngram/results" in t or ".json`" in t)]
     for name in ("assets/bench/nvidia-h200/ngram.json", "step05_06_changes.json", "step07_changes.json",
-                 "stream_variants.json"):
+                 "step07_chain.json"):
         assert name in text[at], name
+
+
+def test_the_page_tells_no_run_history_and_shows_each_chain_under_its_step():
+    """No run history in the prose (a separate, further or second run, a date); each bundled step's section shows its
+    chain table ("Step N, one change at a time") after the step's heading and before the next step's."""
+    import json
+    import re
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    page = "\n".join(text)
+    assert not re.search(r"(separate|further|second|another) run|20\d\d-\d\d-\d\d|percent or two", page)
+    heads = {int(m[1]): i for i, t in enumerate(text) for m in [re.match(r"## Step (\d+)", t)] if m}
+    after = sorted(heads.values()) + [len(text)]
+    for step in lesson.BUNDLED:
+        start = heads[step]
+        end = next(i for i in after if i > start)
+        assert any(f"Step {step}, one change at a time" in t for t in text[start:end]), step
+

@@ -20,10 +20,9 @@ from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
-__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "SUB_ROWS", "STEP07_KNOBS", "step07_variants",
-           "variant_ms", "change_factor", "CHANGE_CHAIN", "CHAIN_STEPS", "STEP07_INHERITED", "step07_changes",
-           "variant_row", "inherited_factor", "alone_7a", "step05_06_changes",
-           "chain_ms", "chain_factor", "boehm_table", "dispatch_table", "early_exit_share",
+__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "BUNDLED", "CHANGE_CHAIN", "STEP07_INHERITED",
+           "step07_changes", "variant_row", "inherited_factor", "step05_06_changes", "chain_ms", "chain_factor",
+           "CHAINS", "chain_run", "chain_rows", "chain_table", "chain_anchor_gap", "pays_at", "boehm_table", "dispatch_table", "early_exit_share",
            "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
            "target_verdicts"]
 
@@ -232,28 +231,15 @@ BOEHM_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
 #: The case the chapter's headline is quoted at (a column of the table of steps).
 HEADLINE = (128, 32768, 128)
 
-#: Step 7's variants (``lab/ngram``'s ``stream_variants`` series): the knobs of the library's step 7, and for each
-#: change the table of steps gives a factor, the knob that takes it back.
-STEP07_KNOBS = {"loads": 4, "vec": 2, "budget_skip": "lazy", "cache": "evict_first"}
-#: The bundled steps' changes that were timed alone, each a sub-row of the table of steps: (label, the change, the knob
-#: that takes it back in step 7's variants, or None where :data:`CHANGE_CHAIN` or, for 7a, :func:`step07_changes`
-#: times it: step 7 with 7b, 7c and 7d all taken back, beside step 6 in the same run).
-SUB_ROWS = {
-    6: (("6a", "each slot split over a column of blocks, each publishing its best key with a global atomicMin", None),
-        ("6b", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", None)),
-    7: (("7a", "no barrier in the loop: each thread publishes its own candidates and reads the slot's key", None),
-        ("7b", "16-byte loads, two tokens each", {"vec": 1}),
-        ("7c", "an L2 evict-first hint on the haystack loads", {"cache": "ldg"}),
-        ("7d", "slots the budget refuses skip their search", {"budget_skip": "off"})),
-}
+#: The numbered steps that bundle several changes: their row in the table of steps says how many, and their section
+#: times them one at a time (:data:`CHAINS`).
+BUNDLED = {6: "two changes", 7: "four changes"}
 
 
 #: Steps 5 and 6 one change at a time (``lab/ngram``'s ``step05_06_changes`` series): per change, the variant without
 #: it and the variant with it. The chain is step 4 -> 5a -> 6a -> 6: ``5a`` and ``6`` are copies of the library's
 #: steps 5 and 6, and ``step04`` is the library's step 4, timed beside them; ``5`` is step 5 with the early exit
 #: behind two barriers a tile (5b), measured and not kept.
-#: The library step a link of the chain is a copy of: its sub-row shows the step's own row's time, not a second one.
-CHAIN_STEPS = {"5a": 5, "6": 6}
 CHANGE_CHAIN = {"5a": ("step04", "5a"), "5b": ("5a", "5"), "6a": ("5a", "6a"), "6b": ("6a", "6")}
 #: The two changes step 7 inherits from steps 5 and 6, each taken back in ``lab/ngram``'s ``step07_changes`` series:
 #: change -> the variant of step 7 without it. "7" is a copy of the library's step 7, timed beside them.
@@ -291,6 +277,96 @@ def chain_factor(changes, label: str, cfg: tuple[int, int, int]) -> float | None
     return None if without is None or with_ is None else without / with_
 
 
+#: Each bundled step's chain, one change a row, every row from one lab run (its file's name, then the rows): the
+#: step before (an anchor, the library's step timed in that run), a row per lettered change, each adding one change
+#: to the row above, and the step itself (the library's step, the other anchor): (label, the one change, series,
+#: variant of that series or None for an anchor's own series).
+CHAINS = {
+    6: ("step05_06_changes", (
+        ("step 5", "the step before: one pass over each haystack for every n", "step05", None),
+        ("6a", "each slot split over a column of blocks, each publishing its best key with a global atomicMin; "
+               "phase 2 still a second launch", "step05_06_changes", "6a"),
+        ("6b = step 6", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", "step06",
+         None))),
+    7: ("step07_chain", (
+        ("step 6", "the step before: each slot split over blocks, phase 2 in the last one", "step06", None),
+        ("7a", "no barrier in the loop: each thread publishes its own candidates and reads the slot's key a tile",
+         "step07_chain", "7a"),
+        ("7b", "16-byte loads, two tokens each", "step07_chain", "7b"),
+        ("7c", "an L2 evict-first hint on the haystack loads", "step07_chain", "7c"),
+        ("7d = step 7", "slots the budget refuses skip their search", "step07", None))),
+}
+
+
+def chain_run(step: int, gpu: str = "nvidia-h200"):
+    """The lab run that times step ``step``'s chain (:data:`CHAINS`), as :class:`~studylog.plotting.Results`; None
+    where it is not committed for ``gpu``."""
+    from book.common import lab_or_none
+    from studylog.plotting import Results
+
+    data = lab_or_none("ngram", CHAINS[step][0], gpu)
+    return None if data is None else Results(None, data)
+
+
+def chain_rows(run, step: int, cases=BOEHM_CASES) -> list[dict]:
+    """Step ``step``'s chain in ``run`` (:func:`chain_run`): per row its ``label``, ``change``, ``ms`` at each of
+    ``cases``, and ``factor``, the row above's time over its own at each case (None for the first row; above 1 the
+    change pays). Raises where the run lacks a row: a chain is whole or not shown."""
+    out = []
+    for label, change, series, variant in CHAINS[step][1]:
+        ms = []
+        for b, s, t in cases:
+            where = dict(batch=b, seq_len=s, threshold=t) | ({} if variant is None else {"variant": variant})
+            rows = [r for r in run.select(series, **where) if r.get("clock") == "gpu"]
+            if len(rows) != 1:
+                raise ValueError(f"step {step}'s chain: {len(rows)} rows of {label} at {(b, s, t)}")
+            ms.append(rows[0]["ms"])
+        factor = None if not out else [above / this for above, this in zip(out[-1]["ms"], ms)]
+        out.append({"label": label, "change": change, "ms": ms, "factor": factor})
+    return out
+
+
+def chain_table(rows: list[dict], cases=BOEHM_CASES) -> str:
+    """Markdown: :func:`chain_rows`, a row per link: per case its µs and × previous (the row above's time over its
+    own); a factor under 1.00× says the change does not pay there."""
+    head = ["row", "the one change"]
+    for b, s, t in cases:
+        head += [f"{b}x{s}" + (", budget" if t != NO_BUDGET else "") + ": µs", "× previous"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["label"], r["change"]]
+        for i, ms in enumerate(r["ms"]):
+            f = None if r["factor"] is None else r["factor"][i]
+            cells += [f"{ms * 1e3:,.2f}", "(anchor)" if f is None else
+                      f"{f:.2f}×" + (", does not pay" if round(f, 2) < 1 else "")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def chain_anchor_gap(results, rows: list[dict], step: int, cases=BOEHM_CASES) -> float:
+    """The largest gap between the chain's anchors (its first and last rows: the library's steps ``step - 1`` and
+    ``step`` in the chain's run) and the same steps at the same cases in ``results`` (the table of steps' run), as a
+    fraction of the latter."""
+    gaps = []
+    for r, number in ((rows[0], step - 1), (rows[-1], step)):
+        for ms, cfg in zip(r["ms"], cases):
+            gaps.append(abs(ms / grid_row(results, CHAPTER.step(number).series, cfg)["ms"] - 1))
+    return max(gaps)
+
+
+def pays_at(factors: list[float], cases=BOEHM_CASES) -> str:
+    """Where a change pays, in words, from its factors at ``cases`` (as the tables round them: above 1.00× it pays,
+    below it does not): "pays at every case", "does not pay at any case", or the cases of each kind."""
+    kinds = [("pays at", lambda f: f > 1), ("breaks even at", lambda f: f == 1), ("does not pay at", lambda f: f < 1)]
+    rounded = [round(f, 2) for f in factors]
+    if all(f > 1 for f in rounded):
+        return "pays at every case"
+    if all(f < 1 for f in rounded):
+        return "does not pay at any case"
+    parts = [(words, [f"{b} × {s}" for (b, s, _), f in zip(cases, rounded) if pick(f)]) for words, pick in kinds]
+    return "; ".join(f"{words} {' and '.join(at)}" for words, at in parts if at)
+
+
 def step07_changes(gpu: str = "nvidia-h200"):
     """Step 7 with the early exit or the fused phase 2 taken back (``lab/ngram/results/<gpu>/step07_changes.json``),
     as :class:`~studylog.plotting.Results`; None where the run is not committed."""
@@ -310,14 +386,6 @@ def variant_row(changes, series: str, variant: str, cfg: tuple[int, int, int]) -
     return rows[0] if rows else None
 
 
-def alone_7a(changes7, cfg: tuple[int, int, int]) -> tuple[float, float] | None:
-    """7a alone at ``cfg`` (:func:`step07_changes`): its time in ms and how much faster it is than step 6 in the same
-    run; None where not measured."""
-    row = variant_row(changes7, "step07_changes", "7a", cfg)
-    six = None if changes7 is None else changes7.select("step06", batch=cfg[0], seq_len=cfg[1], threshold=cfg[2])
-    return None if row is None or not six else (row["ms"], six[0]["ms"] / row["ms"])
-
-
 def inherited_factor(changes7, label: str, cfg: tuple[int, int, int], clock: str = "ms") -> float | None:
     """How much faster step 7 is with change ``label`` (``"5b"``, the early exit; ``"6b"``, phase 2 fused) than
     without it at ``cfg``, on the GPU clock (``clock="ms"``) or in host time per eager call (``"host_ms"``), from
@@ -327,33 +395,6 @@ def inherited_factor(changes7, label: str, cfg: tuple[int, int, int], clock: str
     if without is None or with_ is None or without.get(clock) is None or with_.get(clock) is None:
         return None
     return without[clock] / with_[clock]
-
-
-def step07_variants(gpu: str = "nvidia-h200"):
-    """Step 7's variants, one change taken back at a time (``lab/ngram/results/<gpu>/stream_variants.json``), as
-    :class:`~studylog.plotting.Results`; None where the run is not committed."""
-    from book.common import lab_or_none
-    from studylog.plotting import Results
-
-    data = lab_or_none("ngram", "stream_variants", gpu)
-    return None if data is None else Results(None, data)
-
-
-def variant_ms(variants, knobs: dict, cfg: tuple[int, int, int]) -> float | None:
-    """The time of step 7 with ``knobs`` (over :data:`STEP07_KNOBS`) at grid case ``cfg``, in ms; None where not
-    measured."""
-    b, s, t = cfg
-    rows = variants.select("stream_variants", batch=b, seq_len=s, threshold=t, **{**STEP07_KNOBS, **knobs})
-    return rows[0]["ms"] if rows else None
-
-
-def change_factor(variants, knobs: dict, cfg: tuple[int, int, int]) -> float | None:
-    """How much faster step 7 is with a change than with it taken back (``knobs``), at ``cfg``, both in the
-    variants' run: above 1 the change pays, below 1 it costs."""
-    if variants is None:
-        return None
-    without, with_ = variant_ms(variants, knobs, cfg), variant_ms(variants, {}, cfg)
-    return None if without is None or with_ is None else without / with_
 
 
 def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
@@ -386,25 +427,22 @@ def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
 
 
 def boehm_table(results, cases=BOEHM_CASES) -> str:
-    """Markdown, one row per step and one for the entry point: the one change, then per case of ``cases`` (of
-    :data:`BOEHM_CASES`) the time in µs, × the previous step and × the floor (:func:`floor_us`); under a bundled step,
-    a sub-row per change timed alone (:data:`SUB_ROWS`) with its factor, from steps 5 and 6 one change at a time or
-    from step 7's variants. Step 1 is timed end to end on the host (its cells say so), the kernels on the GPU clock:
-    a row is compared with the previous one only when both are on the same clock, and with the floor only on the GPU
-    clock, the floor's own (``–`` otherwise)."""
+    """Markdown, one row per numbered step and one for the entry point: the one change (a bundled step, of
+    :data:`BUNDLED`, says how many and that its section times them), then per case of ``cases`` (of
+    :data:`BOEHM_CASES`) the time in µs, × the previous step and × the floor (:func:`floor_us`). Step 1 is timed end
+    to end on the host (its cells say so), the kernels on the GPU clock: a row is compared with the previous one only
+    when both are on the same clock, and with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
     head = ["step", "the one change"]
     for b, s, t in cases:
         name = f"{b}x{s}" + (", budget" if t != NO_BUDGET else "") + (" (headline)" if (b, s, t) == HEADLINE else "")
         head += [f"{name}: µs", "× previous", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    variants = step07_variants(results.path.parent.name) if results.path is not None else None
-    changes = step05_06_changes(results.path.parent.name) if results.path is not None else None
-    changes7 = step07_changes(results.path.parent.name) if results.path is not None else None
     floors = [floor_us(results, cfg) for cfg in cases]
     floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
-    lines.append("| | floor: the haystacks' bytes, or an empty kernel where larger | " + " | ".join(floor_cells) + " |")
+    lines.append("| | the floor | " + " | ".join(floor_cells) + " |")
     previous = [None] * len(cases)  # (µs, clock) of the previous step measured at each case
-    entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`"), st.series) for st in CHAPTER.steps]
+    entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
+                + (f" ({BUNDLED[st.number]}: below)" if st.number in BUNDLED else ""), st.series) for st in CHAPTER.steps]
     entries.append(("entry point", "`ngram_match`: step 6 or step 7, by a rule on the batch's shapes", "ngram_match"))
     for number, title, series in entries:
         cells = [number, title]
@@ -427,36 +465,7 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
             if series != "ngram_match":
                 previous[i] = (t, row.get("clock"))
         lines.append("| " + " | ".join(cells) + " |")
-        if number.isdigit():
-            lines += _sub_rows(int(number), variants, changes, cases, changes7)
     return "\n".join(lines)
-
-
-def _sub_rows(step: int, variants, changes, cases=BOEHM_CASES, changes7=None) -> list[str]:
-    """The sub-rows of a bundled step (:data:`SUB_ROWS`): per case, the change's factor in the "× previous" column
-    (how much faster the kernel is with it than without it): for steps 5 and 6 from the chain that adds their
-    changes one at a time (:func:`chain_factor`, with the time of the link that adds it, or ``as step N`` where that
-    link is the library's step: one time per kernel on the page), for step 7 from step 7's variants. A factor under
-    1 is a measured loss; the page says in prose why such a change stays."""
-    out = []
-    for label, change, knobs in SUB_ROWS.get(step, ()):
-        if label == "7a":
-            alone = [alone_7a(changes7, cfg) for cfg in cases]
-            factors = [None if a is None else a[1] for a in alone]
-            times = [None if a is None else us(a[0]) for a in alone]
-        elif label in CHANGE_CHAIN:
-            factors = [chain_factor(changes, label, cfg) for cfg in cases]
-            link = CHANGE_CHAIN[label][1]
-            times = [None if ms is None else f"as step {CHAIN_STEPS[link]}" if link in CHAIN_STEPS else us(ms)
-                     for ms in (chain_ms(changes, link, cfg) for cfg in cases)]
-        else:
-            factors = [change_factor(variants, knobs, cfg) for cfg in cases]
-            times = [None] * len(cases)
-        cells = [label, change + ("; not timed on this card" if all(f is None for f in factors) else "")]
-        for factor, time in zip(factors, times):
-            cells += ["–" if time is None else time, "–" if factor is None else f"{factor:.2f}×", "–"]
-        out.append("| " + " | ".join(cells) + " |")
-    return out
 
 
 def step2_excerpt():
