@@ -343,25 +343,19 @@ def bench_inputs(cases) -> dict[tuple[int, int], tuple]:
     return out
 
 
-def one_at_a_time(batch) -> list[tuple[str, dict, dict]]:
-    """``measure``'s variants: step 7, then step 7 with one change undone at a time."""
+def timed_variants(batch, chained: bool) -> list[tuple[str, dict, dict]]:
+    """(series, knobs, recorded params) of what ``measure`` times beside the library's steps: step 7, then step 7 with
+    one change undone at a time; or, ``chained``, the links of :data:`CHAIN`, each adding one change to the one
+    before."""
+    if chained:
+        specs = [(CHAIN_NAME, link, variant, {"change_added": added}) for link, variant, added in CHAIN]
+    else:
+        specs = [(RESULT_NAME, name, variant, {"change_undone": undone}) for name, variant, undone in VARIANTS]
     out = []
-    for vname, variant, undone in VARIANTS:
+    for series, name, variant, what in specs:
         v, threads = launch_shape(variant, batch.max_positions)
-        out.append((RESULT_NAME, variant, {"variant": vname, "change_undone": undone, **variant,
-                                           "positions_per_thread": v, "recursion_threads": threads,
-                                           "max_positions": batch.max_positions}))
-    return out
-
-
-def chain(batch) -> list[tuple[str, dict, dict]]:
-    """``measure --chain``'s variants: the links of :data:`CHAIN`, each adding one change to the one before."""
-    out = []
-    for link, variant, added in CHAIN:
-        v, threads = launch_shape(variant, batch.max_positions)
-        out.append((CHAIN_NAME, variant, {"variant": link, "change_added": added, **variant,
-                                          "positions_per_thread": v, "recursion_threads": threads,
-                                          "max_positions": batch.max_positions}))
+        out.append((series, variant, {"variant": name, **what, **variant, "positions_per_thread": v,
+                                      "recursion_threads": threads, "max_positions": batch.max_positions}))
     return out
 
 
@@ -393,7 +387,7 @@ def measure(chained: bool = False) -> Path:
         library7 = ctc.step07_fused_softmax(x, batch)
         entries = [("step05", {"variant": "library step 5"}, ctc.step05_shared_rows),
                    ("step07", {"variant": "library step 7"}, ctc.step07_fused_softmax)]
-        for series, variant, knobs in (chain if chained else one_at_a_time)(batch):
+        for series, variant, knobs in timed_variants(batch, chained):
             entries.append((series, knobs, lambda xi, b, v=variant, **out: call(v, xi, b, **out)))
         for series, knobs, fn in entries:
             print(f"ctc {name}: A={A} N={N} {knobs['variant']}", flush=True)
