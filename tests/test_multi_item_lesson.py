@@ -264,28 +264,104 @@ def test_the_start_bound_table_counts_both_starts_at_each_tiling():
     assert name in lesson.start_bound_batches({})
 
 
+def _rows(table: str) -> list[list[str]]:
+    """A Markdown table's body rows as lists of cells (its header and rule dropped)."""
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+
+
 def test_the_steps_table_of_a_current_file_and_of_none():
     results = _current_file()
     table = lesson.steps_table(results)
     shape = report.bench_shapes()[0][0].split(",")[0]
-    assert table.splitlines()[0].startswith(f"| step | the one change | {shape}: µs | × previous | × floor |")
-    # the file holds step 5 in tail-first order at 1.4x its time: step 5a, then 5b 1.40x faster
-    assert "| 5b | " in table and "| 200.0 | 1.40× | 2.0× |" in table
+    assert table.splitlines()[0] == f"| step | the one change | {shape}: µs | × previous | × floor |"
+    # one row a numbered step: step 5 is the library's default order, over step 4 (absent from this file)
+    assert [r[0] for r in _rows(table)] == ["", "1", "2", "3", "4", "5", "6"]
+    assert "| 5 | " in table and "| 200.0 | – | 2.0× |" in table
+    # the folded table of every shape holds the mixed batch too
+    assert lesson.steps_table(results, None).splitlines()[0].count("µs") == 2
     assert lesson.steps_table(None) == "pending"
 
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
-def test_the_steps_table_on_the_committed_file():
+def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     results = plotting.load_results("multi_item")
-    rows = [ln for ln in lesson.steps_table(results).splitlines()[3:]]
-    assert [ln.split(" | ")[0] for ln in rows] == ["| 1", "| 2", "| 3", "| 4", "| 5a", "| 5b", "| 6"]
-    assert "pending" not in "\n".join(rows)
-    shapes = lesson.shape_names(results)
-    five_b, six = rows[-2].split(" | "), rows[-1].split(" | ")
-    t5 = lesson.ms(results, STEP5, report.MIXED_SHAPE) * 1e3
-    assert five_b[2 + 3 * shapes.index(report.MIXED_SHAPE)] == f"{t5:,.1f}"  # the mixed batch's step 5
-    # step 6 runs on the grouped-query batch only
-    assert [six[2 + 3 * i] == "–" for i in range(len(shapes))] == [s != lesson.GQA_SHAPE for s in shapes]
+    for shapes in (lesson.MAIN_SHAPES, None):
+        rows = _rows(lesson.steps_table(results, shapes))[1:]  # after the floors' row
+        assert [r[0] for r in rows] == ["1", "2", "3", "4", "5", "6"]  # no lettered rows
+        assert "pending" not in str(rows)
+    table = lesson.steps_table(results)
+    rows = {r[0]: r for r in _rows(table)[1:]}
+    long_, gqa = lesson.MAIN_SHAPES
+    assert table.splitlines()[0].count("µs") == 2
+    t5 = lesson.ms(results, STEP5, gqa) * 1e3
+    t4 = lesson.ms(results, report.STEP04_PER_PROMPT, gqa) * 1e3
+    assert rows["5"][5] == f"{t5:,.1f}" and rows["5"][6] == f"{t4 / t5:.2f}×"  # no blank: over step 4 per prompt
+    assert rows["6"][2] == "–" and rows["6"][5] != "–"  # step 6 runs on the grouped-query batch only
+    assert rows["5"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
+
+
+def _check_chain(chain: lesson.Chain, number: int) -> None:
+    """A chain table is cumulative: the anchor first, lettered rows of step ``number`` each once, step ``number``
+    last; each × previous is the ratio of the µs cells above and here, a loss says so."""
+    rows = _rows(chain.table())
+    labels = [r[0] for r in rows]
+    assert len(set(labels)) == len(labels) and labels[-1] == f"step {number}"
+    assert rows[0][3] == "the anchor" and labels[0] in (f"step {number - 1}", f"{number}a")
+    for letter, label in zip("abcdefg", [lab for lab in labels[:-1] if lab[0].isdigit()]):
+        assert label == f"{number}{letter}"
+    for above, row in zip(rows, rows[1:]):
+        x = float(above[2].replace(",", "")) / float(row[2].replace(",", ""))
+        assert row[3].startswith(f"{x:.2f}×") and ("does not pay" in row[3]) == (round(x, 2) < 1)
+        assert row[1].startswith("+ ") and "–" not in row
+
+
+def test_a_chain_table_is_cumulative_and_names_a_loss():
+    chain = lesson.Chain("a case", [("step 4", "a launch per prompt", 680.0), ("5a", "+ one launch", 814.0),
+                                    ("5b", "+ groups", 640.0), ("step 5", "+ heaviest first", 632.0)],
+                         {"step 4": report.STEP04_PER_PROMPT})
+    _check_chain(chain, 5)
+    assert "| 5a | + one launch | 814.0 | 0.84×, does not pay |" in chain.table()
+    broken = lesson.Chain("a case", [("5a", "x", 800.0), ("5a", "+ y", 700.0), ("step 5", "+ z", 600.0)], {})
+    with pytest.raises(AssertionError):
+        _check_chain(broken, 5)
+
+
+@pytest.mark.skipif(lesson.step4_chain() is None, reason="no committed step_changes.json")
+def test_step_4s_chain_on_the_committed_run():
+    results = plotting.load_results("multi_item")
+    chain = lesson.step4_chain()
+    _check_chain(chain, 4)
+    assert [r[0] for r in chain.rows] == ["step 3", "4a", "step 4"]
+    times = {label: t for label, _, t in chain.rows}
+    want = max(abs(times[f"step {n}"] / (lesson.ms(results, lesson.STEP[n].series, chain.case) * 1e3) - 1)
+               for n in (3, 4))
+    assert chain.gap(results) == pytest.approx(want)
+
+
+@pytest.mark.skipif(lesson.step5_chain() is None, reason="no committed step 5 chain")
+def test_step_5s_chain_on_the_committed_run_starts_at_step_4_where_that_run_timed_it():
+    from book.common import lab_or_none
+
+    chain = lesson.step5_chain()
+    _check_chain(chain, 5)
+    labels = [r[0] for r in chain.rows]
+    # step 4 launched per prompt is the chain's first anchor once step05_chain.json is committed
+    want = ["step 4"] * (lab_or_none("multi_item", "step05_chain") is not None) + ["5a", "5b", "step 5"]
+    assert labels == want
+
+
+def test_step_5s_chain_reads_step_4s_anchor_where_the_run_has_it(monkeypatch):
+    shape = report.MIXED_SHAPE
+    row = lambda series, us, **p: {"series": series, "ms": us / 1e3, "params": {"shape": shape, **p}}  # noqa: E731
+    data = {"measurements": [row(report.STEP04_PER_PROMPT, 680.0), row(report.order_series("first_run"), 814.0),
+                             row("step_changes", 640.0, order="head groups only"), row(STEP5, 632.0)]}
+    monkeypatch.setattr(lesson, "lab_or_none", lambda chapter, name, gpu="nvidia-h200": data)
+    chain = lesson.step5_chain()
+    _check_chain(chain, 5)
+    assert [r[0] for r in chain.rows] == ["step 4", "5a", "5b", "step 5"]
+    assert set(chain.anchors) == {"step 4", "5a", "step 5"}
+    data["measurements"].pop(0)  # a run without step 4: the chain starts at the one launch
+    assert [r[0] for r in lesson.step5_chain().rows] == ["5a", "5b", "step 5"]
 
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
@@ -307,21 +383,6 @@ def test_times_figure_has_a_panel_per_shape_holding_only_the_approaches_run_ther
     plt.close(fig)
 
 
-def test_separate_run_is_the_tails_files_row():
-    import json
-
-    from studylog.paths import BENCH_RESULTS
-
-    path = BENCH_RESULTS / "nvidia-h200" / "tails.json"
-    if not path.is_file():
-        assert lesson.separate_run_ms() is None
-        return
-    rows = [r for r in json.loads(path.read_text())["measurements"]
-            if r["series"] == "multi_item_attention" and r["params"].get("shape") == report.MIXED_SHAPE]
-    assert len(rows) == 1 and lesson.separate_run_ms() == rows[0]["ms"]
-    assert lesson.separate_run_ms(gpu="no-such-card") is None
-
-
 def test_the_page_names_orders_not_their_history_and_folds_step_2s_helpers():
     """Step 5a's order is named by what it does (tail first), never as a first version; step 2 shows its kernel and
     folds the five helpers the later kernels reuse; the prose stays within the book's length."""
@@ -337,23 +398,11 @@ def test_the_page_names_orders_not_their_history_and_folds_step_2s_helpers():
 
     for words in ("first version", "(?<!tail-)first order", "first run", "first_run`"):
         assert not re.search(words, text.lower()), words
-    assert "tail-first order" in text and "tail-first" in lesson.steps_table(_current_file())
+    assert "tail-first order" in text and "tail-first" in lesson.step5_chain().table()
+    for words in ("separate run", "step 5b", "a further run"):  # no run history, no 5b for step 5
+        assert words not in text.lower(), words
     helpers = [c for c in cells if "shared.items()" in "".join(c["source"])]
     assert len(helpers) == 1 and "hide-output" in helpers[0]["metadata"]["tags"]
     assert "listing(mi.CHAPTER.show_source(2))" in "".join(
         next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
     assert prose_words(page) <= 2500
-
-
-def test_step_5bs_two_changes_are_rows_of_a_table_labelled_by_run():
-    """Step 5b's two changes alone are numbered rows of their own table, each over 5a's time in the same run, and the
-    table says its times are that run's, not the table of steps'."""
-    orders = lesson.order_changes()
-    if orders is None:
-        return
-    table = lesson.order_changes_table(orders)
-    assert "in this table's run" in table.splitlines()[0]
-    base = orders["5a (first_run)"]
-    for key, label in lesson.ORDER_CHANGES:
-        assert f"| {label} | {orders[key]:,.1f} | {base / orders[key]:.2f}× |" in table
-    assert "5b's first change alone" in table and "5b's second change alone" in table

@@ -11,7 +11,8 @@ from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER,
                                         SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, STEP06, order_series)
 
 
-#: Step 5a: step 5 with its program table in tail-first order (the lesson's "Step 5a"), timed beside the default.
+#: Step 5a: step 5's one launch with its program table in tail-first order (the first row of the lesson's chain
+#: under step 5), timed beside the default order.
 STEP05A = order_series("first_run")
 
 __all__ = ["COLOURS", "approaches", "colour", "figures", "series_label", "shape_names", "tiles_figure",
@@ -19,11 +20,10 @@ __all__ = ["COLOURS", "approaches", "colour", "figures", "series_label", "shape_
 
 
 def series_label(series: str) -> str:
-    """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description. Step 5 carries the
-    name the page's tables give it (5b, its planned order, beside 5a's tail-first one), so figure, tables and
-    prose call the shipped kernel one thing."""
+    """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description. Step 5 is the
+    shipped kernel in its default order, as the page's tables, the results and the landing pages call it."""
     if series == STEP05.series:
-        return f"step 5b ({STEP05.name})"
+        return f"step 5 ({STEP05.name})"
     return CHAPTER.label(series)
 
 
@@ -68,9 +68,10 @@ def figures(results) -> dict[str, Any]:
 
 
 def _times_label(series: str) -> str:
-    """The times figure's name of a series: step 5's two orders as the lesson names them (5a, 5b)."""
+    """The times figure's name of a series: 5a (step 5's launch in tail-first order) as the lesson's chain names
+    it, step 5 in its default order."""
     return {STEP05A: f"step 5a ({STEP05.name}, tail-first order)",
-            STEP05.series: f"step 5b ({STEP05.name}, head groups)"}.get(series, series_label(series))
+            STEP05.series: f"step 5 ({STEP05.name}, head groups, heaviest first)"}.get(series, series_label(series))
 
 
 def times_figure(results, columns: int = 2):

@@ -8,8 +8,9 @@ Nothing here times anything.
 * :func:`layouts`: the benchmark's batches and their tile accounting at step 5's tiling.
 * :func:`bounds_table`: the pairs each approach computes and the floors of each shape.
 * :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
-* :func:`steps_table`: the lesson's one table of steps: the one change, µs, × the previous step, × the compute
-  floor, on every shape (step 5 in two parts: one launch, then the program order).
+* :func:`steps_table`: the lesson's one table of steps, one row a numbered step: the one change, µs, × the previous
+  step, × the compute floor, on the long-prefix prompt and the grouped-query batch (or every shape, folded).
+* :func:`step4_chain`, :func:`step5_chain`: the two bundled steps one change at a time (:class:`Chain`, one run).
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
 * :func:`result_table`, :func:`peers_table`, :func:`peer_settings`: the result against the baselines and the
   peers, and a table of which of a peer's settings won on each shape and card.
@@ -219,31 +220,36 @@ def step_table(results, numbers: list[int]) -> str:
     return "\n".join(lines)
 
 
-#: The lesson's steps as the table lists them: (label, the one change, the series per shape; ``None`` for every
-#: shape but the mixed batch means the series is the same on all). Step 5 is shown in two parts: one launch in
-#: tail-first order (the ``first_run`` order), then the planned order (the default).
+#: The lesson's steps as the table lists them, one row a numbered step: (label, the one change, the series per
+#: shape; a dict maps a shape to its series, "" every other shape). Steps 4 and 5 bundle changes, taken one at a time
+#: in their chain tables (:func:`step4_chain`, :func:`step5_chain`).
 def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
-    first = report.order_series("first_run")
     return [
         ("1", "the dense boolean mask handed to PyTorch's SDPA (the batch padded to its longest prompt)",
          report.SDPA_DENSE),
         ("2", "a Triton flash-attention forward that reads the mask", STEP[2].series),
         ("3", "the mask computed from the prefix length and item positions", STEP[3].series),
-        ("4", "key tiles no row sees never loaded (the batch: a launch per prompt)",
+        ("4", "two changes (below): key tiles no row sees never loaded, a larger set of tile configurations "
+              "(a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5a", "every prompt in one launch (programs in tail-first order: query tiles from each prompt's end, every "
-                "head of every prompt side by side)", first),
-        ("5b", "programs in head groups whose keys and values fit in L2, heaviest tiles first", STEP[5].series),
+        ("5", "every prompt in one launch, its programs in an order that keeps the keys in L2 (three changes: "
+              "below)", STEP[5].series),
         ("6", "a key/value head's query heads in one tile (grouped-query layout only)", STEP[6].series),
     ]
 
 
-def steps_table(results) -> str:
-    """Markdown: the lesson's one table of steps (:func:`step_rows`), a row of compute floors first, then per shape
-    the time (µs), the previous step's time over it and the time over the compute floor."""
+#: The main table's cases: the long-prefix prompt (steps 1 to 5) and the mixed batch in the model's own layout
+#: (steps 1, 4, 5 and 6); :func:`steps_table` with ``shapes=None`` gives every shape (the lesson folds it).
+MAIN_SHAPES = ("prefix 2048, 32 items x 32", GQA_SHAPE)
+
+
+def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
+    """Markdown: the lesson's one table of steps (:func:`step_rows`), one row a numbered step, a row of compute
+    floors first, then per shape (``shapes``, or every shape of the file) the time (µs), the previous step's time
+    on that shape over it and the time over the compute floor."""
     if results is None:
         return PENDING
-    shapes = shape_names(results)
+    shapes = [s for s in shape_names(results) if shapes is None or s in shapes]
     short = {s: s.split(",")[0] + (", " + s.split(", ")[-1] if s == GQA_SHAPE else "") for s in shapes}
     head = ["step", "the one change"] + [c for s in shapes for c in (f"{short[s]}: µs", "× previous", "× floor")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -265,6 +271,89 @@ def steps_table(results) -> str:
             previous[s] = t
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps 4 and 5, one change at a time (lab/multi_item/step_changes.py)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Chain:
+    """A bundled step's changes one at a time, all from one run: ``rows`` are (label, the one change, µs), each
+    adding one change to the row above; the first is the previous step (the anchor), the last the library's step.
+    ``anchors`` maps a row's label to the main benchmark's series it re-times on ``case``."""
+    case: str
+    rows: list[tuple[str, str, float]]
+    anchors: dict[str, str]
+
+    def table(self) -> str:
+        """Markdown: row | the one change | µs | × previous (the row above over this row; above 1.00× it pays)."""
+        lines = [f"| row | the one change | {self.case}: µs | × previous |", "|---|---|---|---|"]
+        before = None
+        for label, change, t in self.rows:
+            if before is None:
+                cell = "the anchor"
+            else:
+                cell = f"{before / t:.2f}×" + (", does not pay" if round(before / t, 2) < 1 else "")
+            lines.append(f"| {label} | {change} | {t:,.1f} | {cell} |")
+            before = t
+        return "\n".join(lines)
+
+    def gap(self, results) -> float | None:
+        """The largest relative gap between an anchor's time here and the same series in ``results`` (the main
+        run), or None where the main run lacks them all."""
+        times = {label: t for label, _, t in self.rows}
+        gaps = [abs(times[label] / (ms(results, series, self.case) * 1e3) - 1) for label, series in self.anchors.items()
+                if ms(results, series, self.case) is not None]
+        return max(gaps) if gaps else None
+
+
+def _row(data: dict, series: str, shape: str, **params) -> float:
+    """µs of the one row of ``series`` on ``shape`` whose params hold ``params``; a missing row raises."""
+    found = [r["ms"] * 1e3 for r in data["measurements"] if r["series"] == series and r["params"]["shape"] == shape
+             and all(r["params"].get(k) == v for k, v in params.items())]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} rows of {series!r} {params} on {shape!r}")
+    return found[0]
+
+
+def step4_chain(gpu: str = "nvidia-h200") -> Chain | None:
+    """Step 3, then step 4's kernel autotuned over step 3's two configurations (the tile skipping alone), then step
+    4 as the library runs it (the larger set): ``step_changes.json``, one run, on the long-prefix prompt."""
+    data = lab_or_none("multi_item", "step_changes", gpu)
+    if data is None:
+        return None
+    shape = MAIN_SHAPES[0]
+    few = [r["ms"] * 1e3 for r in data["measurements"] if r["series"] == "step_changes"
+           and r["params"]["shape"] == shape and r["params"].get("step") == 4
+           and "FEW_GPU_CONFIGS" in r["params"].get("in_sets", [])]
+    if not few:
+        raise LookupError(f"no row of step 4 at a configuration of step 3's set on {shape!r}")
+    return Chain(shape, [
+        ("step 3", "the mask computed from the metadata", _row(data, STEP[3].series, shape)),
+        ("4a", "+ key tiles no row sees never loaded (step 3's two configurations)", min(few)),
+        ("step 4", "+ the larger set of ten configurations", _row(data, STEP[4].series, shape))],
+        {"step 3": STEP[3].series, "step 4": STEP[4].series})
+
+
+def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
+    """Step 4 launched per prompt, step 5 in tail-first order (one launch), with the head groups, and the library's
+    step 5 (the heaviest tiles first as well), on the mixed batch: ``step05_chain.json`` (one run with both anchors),
+    or, where it is not committed, ``step_changes.json``, which starts at the one launch (no step 4 in it)."""
+    data = lab_or_none("multi_item", "step05_chain", gpu) or lab_or_none("multi_item", "step_changes", gpu)
+    if data is None:
+        return None
+    shape, first = report.MIXED_SHAPE, report.order_series("first_run")
+    rows, anchors = [], {"5a": first, "step 5": STEP[5].series}
+    if any(r["series"] == report.STEP04_PER_PROMPT for r in data["measurements"]):
+        rows.append(("step 4", "a launch per prompt", _row(data, report.STEP04_PER_PROMPT, shape)))
+        anchors["step 4"] = report.STEP04_PER_PROMPT
+    rows += [("5a", ("+ " if rows else "") + "every prompt in one launch, its programs in tail-first order",
+              _row(data, first, shape)),
+             ("5b", "+ the heads in groups whose keys and values fit in L2",
+              _row(data, "step_changes", shape, order="head groups only")),
+             ("step 5", "+ the heaviest query tiles first", _row(data, STEP[5].series, shape))]
+    return Chain(shape, rows, anchors)
 
 
 def entry_series(results, shape: str) -> str:
@@ -553,45 +642,3 @@ def gqa_ratio(results) -> float | None:
     from studylog.multi_item import CHAPTER
 
     return ratio(ms(results, report.FLASHINFER, GQA_SHAPE), ms(results, CHAPTER.step(6).series, GQA_SHAPE))
-
-
-def separate_run_ms(gpu: str = "nvidia-h200") -> float | None:
-    """The entry point's median (ms) on the mixed batch in the multi-head layout, from the card's separate tails run
-    (``python -m studylog bench tails``, the run the scoreboard's p99 column reads); None where the card has none.
-    The page sets it beside the chapter's own run to say how far a re-measurement moves the headline."""
-    from book.scoreboard import TAILS, TAIL_SERIES, load, rows
-    from studylog.paths import BENCH_RESULTS
-
-    data = load(BENCH_RESULTS / gpu, TAILS)
-    if data is None:
-        return None
-    series, params = TAIL_SERIES[6]
-    found = rows(data, series, **params)
-    return found[0]["ms"] if len(found) == 1 else None
-
-
-def order_changes(gpu: str = "nvidia-h200") -> dict[str, float] | None:
-    """Step 5b's two changes one at a time on the mixed batch (``lab/multi_item/step_changes.py``, one run): µs of
-    step 5 in tail-first order (5a), with head groups only, with the heaviest tiles first only, and with both (5b)."""
-    data = lab_or_none("multi_item", "step_changes", gpu)
-    if data is None:
-        return None
-    return {r["params"]["order"]: r["ms"] * 1e3 for r in data["measurements"]
-            if r["series"] == "step_changes" and "order" in r["params"]}
-
-
-#: :func:`order_changes`'s orders in the table's order, with their rows' labels.
-ORDER_CHANGES = (("5a (first_run)", "5a: tail-first order"),
-                 ("head groups only", "5b's first change alone: head groups"),
-                 ("heaviest first only", "5b's second change alone: the heaviest tiles first"),
-                 ("5b (head_groups)", "5b: both changes (the default order)"))
-
-
-def order_changes_table(orders: dict[str, float]) -> str:
-    """Markdown: step 5 on the mixed batch in each order of :func:`order_changes` (one run of its own), µs and step
-    5a's time in that run over it (above 1.00×, the order pays)."""
-    base = orders["5a (first_run)"]
-    lines = ["| order of the table | mixed batch: µs, in this table's run | × 5a |", "|---|---|---|"]
-    for key, label in ORDER_CHANGES:
-        lines.append(f"| {label} | {orders[key]:,.1f} | {base / orders[key]:.2f}× |")
-    return "\n".join(lines)

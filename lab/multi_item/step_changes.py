@@ -1,4 +1,4 @@
-"""Steps 4 and 5b of chapter 6 taken apart: one change at a time (not run by the tests or the bench).
+"""Steps 4 and 5 of chapter 6 taken apart: one change at a time (not run by the tests or the bench).
 
 Step 4's diff changes two things against step 3: the kernel skips the key tiles no row sees, and the autotuner's
 set grows from ``FEW_GPU_CONFIGS`` (step 3's two) to ``GPU_CONFIGS`` (ten, keyed also on ``size_bucket``). To
@@ -6,9 +6,9 @@ separate them, steps 3 and 4 run at every config of ``GPU_CONFIGS`` (the public 
 library's own steps, so no kernel is copied), each timed on the chapter's GPU clock: "step N with set S" is the
 fastest config of S for step N, so step 3 with step 4's set and step 4 with step 3's set come out of one sweep.
 
-Step 5b changes two things against step 5a (``order="first_run"``): the heads run in groups whose keys and values
+Step 5's order changes two things against its one launch in tail-first order, 5a (``order="first_run"``): the heads run in groups whose keys and values
 fit in L2 (``head_groups``), and within a group the heaviest query tiles start first. The library's
-``SCHEDULE_ORDERS`` hold 5a and 5b but neither half alone, so :func:`step05_ordered` launches the library's
+``SCHEDULE_ORDERS`` hold 5a and the default but neither half alone, so :func:`step05_ordered` launches the library's
 step 5 kernel (``attn_fwd_batched``, unchanged, at the same config) over a program table built here with two knobs:
 ``l2_groups`` (the heads in ``head_groups``' groups, or in one group) and ``heaviest_first`` (a group's query tiles
 by decreasing work, or 5a's ``r``-th tile from each prompt's end, prompt after prompt). Both on is exactly the
@@ -17,13 +17,19 @@ only decides which programs run side by side: every variant must be bit-identica
 
     PYTHONPATH=$PWD python lab/multi_item/step_changes.py check     # CPU (interpreter) or GPU
     PYTHONPATH=$PWD python lab/multi_item/step_changes.py measure   # GPU -> results/<gpu>/step_changes.json
+    PYTHONPATH=$PWD python lab/multi_item/step_changes.py measure --chain   # GPU -> results/<gpu>/step05_chain.json
 
 ``measure`` uses the benchmark's inputs (``report.bench_shapes``, bf16, 32 heads x 128, q/k/v rotated past L2 as
 ``report.bench`` rotates them), its graph size (``report.graph_calls_for``) and its check (the float32 reference of
 the default rule, the benchmark's tolerance), at the cases the lesson quotes: step 4's gain over step 3 on
-``prefix 2048, 32 items x 32``, step 5b's over 5a on ``8 prompts, mixed``. The library's steps 3, 4, 5a and 5b
+``prefix 2048, 32 items x 32``, step 5's order over 5a on ``8 prompts, mixed``. The library's steps 3, 4, 5a and 5
 are timed in the same run as anchors, at the config the benchmark runs them at (pinned from this GPU's committed
 results, as the benchmark pins it; autotuned by the library otherwise).
+
+``measure --chain`` times step 5's whole chain on the mixed batch in one run, with both of its anchors: step 4
+launched once per prompt (as the benchmark's ``report.STEP04_PER_PROMPT``, at step 5's config), the library's step 5
+in tail-first order (5a), the head groups alone (5b) and the library's step 5; the order variants as ``measure``
+times them. The lesson's chain table reads that file where it is committed.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from studylog.multi_item.steps import attn_fwd_batched, launch, no_counts, prepa
 from studylog.multi_item.tiles import SCHEDULE_BLOCK_MS, head_groups, query_tile_costs, work_order
 
 STEP = {s.number: s for s in mi.CHAPTER.steps}
-#: the shapes the lesson quotes step 4's and step 5b's gains on
+#: the shapes the lesson quotes step 4's and step 5's gains on
 STEP4_SHAPE = "prefix 2048, 32 items x 32"
 STEP5B_SHAPE = report.MIXED_SHAPE
 
@@ -58,7 +64,8 @@ def _names(configs) -> list[str]:
 
 #: the two autotuning sets of the diff, by config name
 CONFIG_SETS = {"FEW_GPU_CONFIGS": _names(FEW_GPU_CONFIGS), "GPU_CONFIGS": _names(GPU_CONFIGS)}
-#: step 5's program orders as (l2_groups, heaviest_first): 5a, each change alone, 5b
+#: step 5's program orders as (l2_groups, heaviest_first): 5a, each change alone, both (the default order, step 5);
+#: the labels are the keys the committed results carry in ``params["order"]`` (the lesson's 5b is "head groups only")
 ORDER_KNOBS = {"5a (first_run)": (False, False), "head groups only": (True, False),
                "heaviest first only": (False, True), "5b (head_groups)": (True, True)}
 
@@ -209,10 +216,11 @@ def check(seed: int = 0) -> int:
 # measure
 # ---------------------------------------------------------------------------------------------
 
-def measure() -> str:
-    """The sweep of steps 3 and 4 over the configs on step 4's shape, the four orders of step 5 on step 5b's, and the
-    library's steps 3, 4, 5a, 5b beside them; every output checked (float32 reference, the benchmark's tolerance)
-    before it is timed."""
+def measure(chain: bool = False) -> str:
+    """The sweep of steps 3 and 4 over the configs on step 4's shape, the four orders of step 5 on its shape, and the
+    library's steps 3, 4, 5a, 5 beside them; every output checked (float32 reference, the benchmark's tolerance)
+    before it is timed. ``chain``: the mixed batch only, with step 4 launched per prompt as its first anchor, written
+    to ``step05_chain.json`` (step 5's chain in one run)."""
     from studylog.plotting import load_results
 
     run = BenchRun("multi_item", command=" ".join(sys.argv))
@@ -226,7 +234,7 @@ def measure() -> str:
     heads, head_dim, dtype = report.BENCH_HEADS, report.BENCH_HEAD_DIM, report.BENCH_DTYPE
     sm_scale = 1.0 / math.sqrt(head_dim)
     summary: dict[str, Any] = {}
-    for shape in run.progress([STEP4_SHAPE, STEP5B_SHAPE], "shapes"):
+    for shape in run.progress([STEP5B_SHAPE] if chain else [STEP4_SHAPE, STEP5B_SHAPE], "shapes"):
         dev = runtime.device()
         batch = MultiItemBatch.from_item_lens(*shapes[shape], device=dev)
         T = batch.total_tokens
@@ -301,7 +309,18 @@ def measure() -> str:
             if cfg5 is None:
                 _, info = mi.step05_batched(q, k, v, batch, sm_scale=sm_scale, return_info=True)
                 cfg5, source = info.config, "autotuned"
-            for order in ("first_run", "head_groups"):  # the library's 5a and 5b
+            if chain:  # the chain's first anchor: step 4 once per prompt, as the benchmark runs it (report.bench)
+                subs = [MultiItemBatch.from_item_lens([batch.prefix_lens[b]], [batch.item_lens[b]], device=dev)
+                        for b in range(batch.batch_size)]
+
+                def per_prompt(qq, kk, vv, o=None):  # each prompt's own output, as the benchmark's call leaves it
+                    return [STEP[4].function(*(x[:, start:start + n] for x in (qq, kk, vv)), sub, sm_scale=sm_scale,
+                                             config=cfg5)
+                            for sub, start, n in zip(subs, batch.seq_starts, batch.seq_lens)]
+
+                checked(report.STEP04_PER_PROMPT, torch.cat(per_prompt(q, k, v), dim=1), {})
+                timed(report.STEP04_PER_PROMPT, per_prompt, {}, config=cfg5, config_source=source)
+            for order in ("first_run", "head_groups"):  # the library's 5a and step 5
                 series = report.order_series(order)
                 checked(series, mi.step05_batched(q, k, v, batch, sm_scale=sm_scale, order=order, config=cfg5), {})
                 timed(series, lambda qq, kk, vv, o, order=order:
@@ -323,7 +342,8 @@ def measure() -> str:
         torch.cuda.empty_cache()
     result = run.to_json()
     result["summary"] = summary
-    out = paths.lab_results("multi_item", gpu_slug(run.device["name"])) / "step_changes.json"
+    out = paths.lab_results("multi_item", gpu_slug(run.device["name"])) / ("step05_chain.json" if chain
+                                                                          else "step_changes.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     bad = [c for c in run.checks if not c["passed"]]
@@ -338,6 +358,6 @@ if __name__ == "__main__":
     if what == "check":
         sys.exit(1 if check() else 0)
     elif what == "measure":
-        measure()
+        measure(chain="--chain" in sys.argv[2:])
     else:
-        sys.exit(f"usage: {sys.argv[0]} check|measure")
+        sys.exit(f"usage: {sys.argv[0]} check|measure [--chain]")
