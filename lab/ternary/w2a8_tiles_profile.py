@@ -1,5 +1,5 @@
 """Experiment (GPU): the launches of step 13 (and step 12) for Nsight Compute to read, at 4096 x 14336:
-ncu --clock-control none -k regex:w2a8_ --launch-skip 4 --launch-count 2 --section WarpStateStats \\
+ncu --clock-control none -k regex:step13_w2a8_tiles --launch-skip 4 --launch-count 1 --section WarpStateStats \\
     python lab/ternary/w2a8_tiles_profile.py 16 [8,1,4,2,4]   (rows of x, a W2A8TilesConfig; PYTHONPATH=$PWD)
 Five calls of step 13 (its default config unless one is given), then five of step 12 (quantize="separate")."""
 import sys
