@@ -207,3 +207,75 @@ def test_a_batch_row_is_one_kind_of_document_or_one_low_copy_request():
                    "low_copy": len(requests.LOW_COPY)}
     rows = {(r["batch"], r["workload"]): r["requests"] for r in lesson.bound_rows(lesson.committed())}
     assert rows[(8, "extraction")] == mix["extraction"] and rows[(8, "low_copy")] == mix["low_copy"]
+
+
+def test_a_request_capped_only_under_drafting_is_told_apart():
+    """A request that closes in chapter 07's loop but runs to the cap under drafting: not like for like (in_both
+    False), with where its tokens parted (from the checks), which steps capped it, chapter 07's token count, and the
+    headline's ratio with it kept; a request capped in chapter 07's loop only makes the page's wording wrong: raises."""
+    from studylog.speculate import report
+
+    cap = report.MAX_NEW
+    speeds = {"a": (1.0, 1.2, 50, 50), "b": (1.0, 1.5, 60, 60), "c": (1.0, 3.0, cap, cap), "e": (1.0, 2.2, 90, cap)}
+    rows = []
+    for name, (ms7, up, tokens7, tokens4) in speeds.items():
+        rows.append(_row("ch7_step03", name, ms7, [1], tokens7))
+        for s in lesson.SERIES:
+            rows.append(_row(s, name, ms7 / up, [1], tokens4 if s in ("step03", "step04") else tokens7))
+    div = {"sequence": 0, "position": 41, "tokens": [1, 2], "gap": 0.1, "bound": 2.0, "inside": True}
+    checks = [{"name": "same tokens as chapter 7's step 3 wherever the rounding bound allows", "passed": True,
+               "params": {"batch": 1, "workload": "extraction", "request": "e", "series": "step04"},
+               "identical": 0, "sequences": 1, "divergences": [div]}]
+    got = lesson.capped(Results(REPO_ROOT / "none.json", {"measurements": rows, "notes": [], "checks": checks}))
+    by = {r["request"]: r for r in got["rows"]}
+    assert set(by) == {"c", "e"} and by["c"]["in_both"] and not by["e"]["in_both"]
+    assert (by["e"]["position"], by["e"]["near_tie"], by["e"]["steps"], by["e"]["ch7_tokens"]) == (
+        41, True, ["step03", "step04"], 90)
+    assert got["top"] == 1  # only c is capped in both loops; it holds the largest speedup
+    assert got["ratio_without"] == pytest.approx(1.0 / statistics.median([1 / 1.2, 1 / 1.5]))
+    assert got["ratio_with_drafting_only"] == pytest.approx(1.0 / statistics.median([1 / 1.2, 1 / 1.5, 1 / 2.2]))
+    bad = [dict(r, tokens=cap) if r["series"] == "ch7_step03" and r["params"]["request"] == "a" else r for r in rows]
+    with pytest.raises(ValueError):
+        lesson.capped(Results(REPO_ROOT / "none.json", {"measurements": bad, "notes": [], "checks": checks}))
+
+
+def test_the_committed_run_parts_event_5_at_a_near_tie_and_caps_it_under_drafting_only():
+    """The facts the page states about the capped requests, read from the committed run."""
+    got = lesson.capped(lesson.committed())
+    both = sorted(r["request"] for r in got["rows"] if r["in_both"])
+    only = [r for r in got["rows"] if not r["in_both"]]
+    assert both == ["bug_report_2", "bug_report_4", "contact_2", "contact_4"]
+    assert [(r["request"], r["position"], r["near_tie"], r["steps"]) for r in only] == [
+        ("event_5", 104, True, ["step02", "step03", "step04"])]
+    assert only[0]["ch7_tokens"] < got["cap"]
+
+
+def test_the_forecasts_are_on_the_headlines_requests():
+    """The forecast table: the forward ratio and the chunk-length forecast are report.bound on the kept requests'
+    rows (and on all of them in brackets), measured against the headline's ratio; the time per token is loop_bound."""
+    from studylog.speculate import report
+
+    results = lesson.committed()
+    kept = report.closed_requests(results.rows, "extraction")
+    fc = {f["forecast"]: f for f in lesson.forecasts(results)}
+    rows = [r for r in results.rows if r["params"].get("request") in kept or r["params"].get("batch") != 1
+            or r["params"].get("workload") != "extraction"]
+    assert fc["forward ratio"]["value"] == pytest.approx(report.bound(rows, 1, "extraction")["forwards"])
+    assert fc["forward ratio"]["value"] != pytest.approx(fc["forward ratio"]["value_all"])  # the capped ones count
+    assert fc["chunk-length forecast"]["value_all"] == pytest.approx(report.bound(results.rows, 1, "extraction")["forecast"])
+    assert fc["forward ratio"]["measured"] == pytest.approx(report.headline(results)[0]["speedup"])
+    assert fc["forecast time per token"]["value"] == pytest.approx(lesson.loop_bound(results)["bound_us"])
+    assert lesson.closed_ratio(results, "step03") > lesson.closed_ratio(results, "step04")  # the page says step 3 wins
+
+
+def test_the_page_names_the_low_copy_point_and_the_files_note():
+    """The point above the diagonal is named with its workload; the agreement paragraph sets the file's note
+    beside the checks; the result section opens with step 3's answer before the headline's statistic."""
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    assert not any("One point sits above the forward ratio" in t for t in text)
+    assert any("l['workload']" in t and "sits above the diagonal" in t for t in text)
+    assert any("the file's note says “the same tokens”" in t for t in text)
+    at = next(i for i, t in enumerate(text) if t.startswith("## The result, against chapter 07"))
+    assert 'closed_ratio(results, "step03")' in text[at + 1] and "share a loop" in text[at + 1]
+    assert lesson.agreement(lesson.committed())["note_says_same"]

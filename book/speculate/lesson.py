@@ -177,6 +177,44 @@ def bound_rows(results) -> list[dict[str, Any]]:
     return out
 
 
+def closed_ratio(results, series: str = "step04", workload: str = "extraction") -> float:
+    """Chapter 07's step 3 over ``series`` at batch 1, the ratio of their median times per output token over the
+    requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: step 4's output closed its JSON)."""
+    kept = report.closed_requests(results.rows, workload)
+
+    def med(s: str) -> float:
+        return statistics.median(r["ms"] for r in _rows(results, 1, workload, s) if r["params"]["request"] in kept)
+
+    return med("ch7_step03") / med(series)
+
+
+def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
+    """The page's three forecasts of step 4 against chapter 07's step 3 at batch 1, each beside what was measured,
+    on the requests the headline keeps (``value``, ``measured``) and on all the workload's requests (``value_all``,
+    ``measured_all``; None for the time per token, which the scoreboard gives on the kept ones only). ``unit``:
+    "x" for a ratio, "us" for microseconds per token. The forward ratio and the chunk-length forecast are
+    :func:`studylog.speculate.report.bound` on the rows of the kept requests; the time per token is
+    :func:`loop_bound`."""
+    kept = report.closed_requests(results.rows, workload)
+    mine = [r for r in results.rows if not (r["params"].get("batch") == 1 and r["params"].get("workload") == workload
+                                            and r["params"].get("request") not in kept)]
+    on_kept, on_all = report.bound(mine, 1, workload), report.bound(results.rows, 1, workload)
+    measured = closed_ratio(results, "step04", workload)
+    measured_all = median_ms(results, 1, workload, "ch7_step03") / median_ms(results, 1, workload, "step04")
+    loop = loop_bound(results, 1, workload)
+    return [{"forecast": "forward ratio", "unit": "x", "value": on_kept["forwards"], "value_all": on_all["forwards"],
+             "measured": measured, "measured_all": measured_all,
+             "assumes": "a verifying forward costs a one-token forward; drafting and the host's work cost nothing"},
+            {"forecast": "chunk-length forecast", "unit": "x", "value": on_kept["forecast"],
+             "value_all": on_all["forecast"], "measured": measured, "measured_all": measured_all,
+             "assumes": "each forward costs its chunk length's measured GPU time, each drafting call its own; "
+                        "the host's work costs nothing"},
+            {"forecast": "forecast time per token", "unit": "us", "value": loop["bound_us"], "value_all": None,
+             "measured": loop["measured_us"], "measured_all": None,
+             "assumes": f"step 4's forwards per token, each at a one-token forward's GPU time "
+                        f"({loop['one_token_us']:.1f} µs); drafting and the host's work cost nothing"}]
+
+
 def low_copy_counts(results, batch: int = 1) -> dict[str, int]:
     """How many requests the low-copy workload holds at ``batch`` (``low_copy``, from the results) and how many
     real requests chapter 07 runs (``chapter7``: one per entry of its request list): the low-copy set is the JSON
@@ -328,10 +366,12 @@ def prefill_probe() -> dict[str, float]:
 
 def agreement(results) -> dict[str, Any]:
     """The checks against chapter 07: sequences compared, identical, divergences and the largest gap over its
-    rounding bound."""
+    rounding bound; ``note_says_same``: whether the file's notes say every configuration writes chapter 07's tokens
+    (the checks, which count the near ties, are the accurate statement)."""
     checks = [c for c in results.data["checks"] if c["name"].startswith("same tokens as")]
     divs = [d for c in checks for d in c.get("divergences", [])]
-    return {"checks": len(checks), "sequences": sum(c["sequences"] for c in checks),
+    says_same = any("writes the same tokens as chapter 7's step 3" in n for n in results.data.get("notes", []))
+    return {"checks": len(checks), "sequences": sum(c["sequences"] for c in checks), "note_says_same": says_same,
             "identical": sum(c["identical"] for c in checks), "divergences": len(divs),
             "all_inside": all(d["inside"] for d in divs) and all(c["passed"] for c in checks),
             "largest_gap_over_bound": max((d["gap"] / d["bound"] for d in divs if d["bound"]), default=0.0)}
@@ -402,26 +442,48 @@ def capped(results, workload: str = "extraction") -> dict[str, Any]:
     whether its kept output repeats a phrase (:func:`repeats`) and that output; largest speedup first. ``top``: how
     many of the workload's largest speedups, as many as there are capped requests, are capped ones. Without them:
     the median of the requests' own speedups (``median_without``) and the ratio of the median times
-    (``ratio_without``, the headline's statistic), beside ``median_all`` and ``ratio_all``."""
+    (``ratio_without``, the headline's statistic), beside ``median_all`` and ``ratio_all``. ``in_both``: the request
+    ran to the cap in chapter 07's loop too, so its two outputs are the same text and its speedup like for like; a
+    request capped only under drafting also carries where its tokens first left chapter 07's (``position``, from the
+    checks; ``near_tie``: inside the rounding bound), the steps that ran it to the cap (``steps``) and chapter 07's
+    token count (``ch7_tokens``), and ``ratio_with_drafting_only`` is the headline's ratio with such requests kept.
+    ``top`` counts, among as many of the largest speedups as requests capped in both loops, those ones. The
+    excluded set is step 4's capped requests; a request capped in chapter 07's loop but not step 4's raises."""
     ref = {r["params"]["request"]: r for r in _rows(results, 1, workload, "ch7_step03")}
     mine = {r["params"]["request"]: r for r in _rows(results, 1, workload, "step04")}
     speed = {name: ref[name]["ms"] / r["ms"] for name, r in mine.items() if name in ref}
     notes = _notes(results, 1)
     closed = report.closed_requests(results.rows, workload)  # the headline's rule: the rest ran to the cap
     hit = sorted((n for n in mine if n not in closed and n in speed), key=lambda n: -speed[n])
+    both = [n for n in hit if ref[n]["tokens"] >= report.MAX_NEW]  # capped in chapter 07's loop as well
+    if any(r["tokens"] >= report.MAX_NEW and n not in hit for n, r in ref.items() if n in speed):
+        # the page calls the excluded set "the requests capped in either loop": it must hold chapter 07's too
+        raise ValueError("a request ran to the cap in chapter 07's loop but not in step 4's")
     rest = [n for n in speed if n not in hit]
-    largest = sorted(speed, key=lambda n: -speed[n])[:len(hit)]
+    largest = sorted(speed, key=lambda n: -speed[n])[:len(both)]
+    checks = [c for c in results.data.get("checks", []) if c["name"].startswith("same tokens as chapter 7's step 3")
+              and c["params"].get("batch") == 1 and c["params"].get("workload") == workload]
 
     def ratio(names) -> float:
         return statistics.median(ref[n]["ms"] for n in names) / statistics.median(mine[n]["ms"] for n in names)
 
+    def parted(name: str) -> dict[str, Any]:  # where step 4's tokens first left chapter 07's, and which steps cap
+        div = [d for c in checks if c["params"]["request"] == name and c["params"]["series"] == "step04"
+               for d in c.get("divergences", [])]
+        steps = [s for s in SERIES if any(r["tokens"] >= report.MAX_NEW for r in _rows(results, 1, workload, s)
+                                          if r["params"]["request"] == name)]
+        return {"position": div[0]["position"] if div else None, "near_tie": bool(div) and div[0]["inside"],
+                "steps": steps, "ch7_tokens": ref[name]["tokens"]}
+
     return {"cap": report.MAX_NEW, "requests": len(speed),
             "rows": [{"request": n, "speedup": speed[n], "repeats": repeats(notes.get(n, "")),
-                      "output": notes.get(n, "")} for n in hit],
-            "top": sum(n in hit for n in largest),
+                      "output": notes.get(n, ""), "in_both": n in both} | ({} if n in both else parted(n))
+                     for n in hit],
+            "top": sum(n in both for n in largest),
             "median_all": statistics.median(speed.values()), "ratio_all": ratio(list(speed)),
             "median_without": statistics.median(speed[n] for n in rest) if rest else None,
-            "ratio_without": ratio(rest) if rest else None}
+            "ratio_without": ratio(rest) if rest else None,
+            "ratio_with_drafting_only": ratio(rest + [n for n in hit if n not in both]) if rest else None}
 
 
 def slowest(results, batch: int, workload: str, series: str) -> float:
@@ -430,7 +492,7 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
 
 
 __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "agreement", "batch_makeup", "bound_rows",
-           "breakdown_table", "capped", "committed", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
+           "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
            "low_copy_counts", "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
            "step02_chain", "chain_table"]
