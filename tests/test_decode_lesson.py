@@ -680,3 +680,18 @@ def test_the_page_names_its_result_files_once_at_the_end():
     assert not [i for i, t in enumerate(text) if i != at and ("lab/decode/results" in t or ".json`" in t)]
     for name in ("assets/bench/nvidia-h200/decode.json", "lab/decode/results/nvidia-h200/step03_changes.json"):
         assert name in text[at], name
+
+
+def test_the_headline_says_at_first_mention_that_its_output_is_steered():
+    """The 8B headline rests on random weights whose output is steered: the cell that first names the headline says
+    so and prints the real model's ratio, read from the results, beside it; 3a's loss at the 8B shape is said once."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    first = next(t for t in text if "headline" in t.lower())
+    assert "steered" in first and 'cases[("smollm2", 1)][\'ratio\']' in first
+    assert "how much faster does" not in text[0]
+    assert sum(t.count("does not pay at the 8B shape") for t in text) == 1
