@@ -379,6 +379,79 @@ def test_the_main_tables_have_no_lettered_rows(results):
         assert "did not pay" in change
 
 
+def test_step_4s_third_change_is_said_to_change_nothing_only_where_it_does_not(results):
+    label, change, _, factors = L.chain(4, results)["rows"][3]
+    assert label == "4c" and "no change at these shapes" in change
+    assert all(round(f, 2) == 1.00 for f in factors)
+
+
+def _sections(path) -> dict[int, str]:
+    """Each numbered step's section of a page: its heading and the Markdown up to the next heading, by step."""
+    out, step = {}, None
+    for cell in json.loads(path.read_text())["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] != "markdown":
+            continue
+        head = re.match(r"#+ Step (\d+):", text)
+        if head:
+            step = int(head[1])
+            out[step] = text
+        elif text.startswith("#"):
+            step = None
+        elif step is not None:
+            out[step] += "\n" + text
+    return out
+
+
+def test_each_bundled_steps_prose_meets_its_changes_in_the_chain_tables_order():
+    """The prose introduces a bundled step's lettered changes in the order its chain adds them (a decode is not
+    met before the layout it decodes, or the other way round, on one page and in its table)."""
+    sections = {**_sections(LESSONS[0]), **_sections(LESSONS[1])}
+    for step, (_, _, spec) in L.CHAINS.items():
+        letters = [label for label, _, _ in spec[1:] if label[-1].isalpha()]
+        met = list(dict.fromkeys(re.findall(rf"\b{step}[a-e]\b", sections[step])))
+        assert met == letters, (step, met)
+
+
+def test_part_1s_spine_is_steps_1_to_5_and_9_with_what_did_not_pay_after_it(results):
+    cells = json.loads(LESSONS[0].read_text())["cells"]
+    heads = [("".join(c["source"]).splitlines() or [""])[0] for c in cells if c["cell_type"] == "markdown"]
+    numbered = [(h.split(" ")[0], int(re.match(r"#+ Step (\d+):", h)[1])) for h in heads if re.match(r"#+ Step \d+:", h)]
+    assert [n for level, n in numbered if level == "##"] == [1, 2, 3, 4, 5, 9]
+    assert [n for level, n in numbered if level == "###"] == [6, 7, 8]
+    tried = next(i for i, h in enumerate(heads) if h.startswith("## Tried, did not pay"))
+    assert heads.index(next(h for h in heads if h.startswith("## Step 9:"))) < tried < heads.index(
+        next(h for h in heads if h.startswith("### Step 6:")))
+    for number, m, previous, change in L.PART1_ROWS:
+        assert change.startswith("tried, did not pay") == (number in (6, 7, 8))
+
+
+def test_part_2_says_up_front_that_each_steps_first_change_loses_alone_and_names_what_pays(results):
+    alone = L.first_changes(results)
+    assert list(alone) == ["10a", "11a", "12a", "13a"] and all(v < 1 for v in alone.values())
+    cells = json.loads(LESSONS[1].read_text())["cells"]
+    first10 = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 10:"))
+    assert any("lesson.first_changes(" in "".join(c["source"]) for c in cells[:first10])
+    # each heading names the change with the largest gain at the chain's first case
+    named = {10: ("10b", "K split"), 11: ("11b", "share K"), 12: ("12b", "x quantised in the kernel"),
+             13: ("13b", "x brought by the TMA")}
+    heads = {n: text.splitlines()[0] for n, text in _sections(LESSONS[1]).items()}
+    for step, (label, words) in named.items():
+        rows = [r for r in L.chain(step, results)["rows"][1:] if r[0][-1].isalpha()]
+        assert max(rows, key=lambda r: r[3][0])[0] == label, step
+        assert words in heads[step], heads[step]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_a_lesson_has_no_internal_words_or_unclear_it(path, results):
+    cells = json.loads(path.read_text())["cells"]
+    text = " ".join("".join(c["source"]) if c["cell_type"] == "markdown" else " ".join(_literal_text("".join(c["source"])))
+                    for c in cells)
+    text += " ".join(L.chain_table(s, results) for s in L.CHAINS)
+    for word in (r"\blinks?\b", r"\bfrozen\b", r"lab's copy", r"\bit fails\b", r"library's kernel"):
+        assert not re.search(word, text), word
+
+
 def _chain_rows(table: str) -> list[list[str]]:
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     return [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[1:]]
@@ -404,6 +477,9 @@ def _check_chain(step: int, table: str):
             assert "–" not in cell
     assert all(row[2 + n + i] == "" for row in rows[:1] for i in range(n))
     assert "A run of its own" in table or "benchmark's own run" in table
+    assert rows[-1][1].endswith("as shipped") and "library's kernel" not in table
+    note = table.rsplit("\n\n", 1)[1]
+    assert note.count(".") == 1 and len(note.split()) <= 25  # one short sentence, right under the table
     assert not re.search(r"20\d\d-\d\d", table)  # no dates
 
 
@@ -539,6 +615,16 @@ def test_bitnets_host_times_come_from_its_run(results):
         assert bitnet_host == raw[(T.results.BITNET, shape)]["host_ms"]
         assert ours_host == raw[(series, shape)]["host_ms"] and ours_ms == raw[(series, shape)]["ms"]
     assert host["bitnet"] == (min(r[1] for r in host["rows"]), max(r[1] for r in host["rows"]))
+    import statistics
+
+    # the page quotes medians, and the widest spread of ours at one shape, so a range over shapes is not read as
+    # a property of the shapes
+    assert host["medians"] == (statistics.median(r[1] for r in host["rows"]),
+                               statistics.median(r[3] for r in host["rows"]))
+    shape, lo, hi = host["noisiest"]
+    spreads = {s: raw[(series, s)]["host_spread_ms"] for s, *_, series in host["rows"]}
+    assert (lo, hi) == (spreads[shape][0], spreads[shape][2])
+    assert all(hi - lo >= v[2] - v[0] for v in spreads.values())
     assert 0 <= host["slower_eager"] <= len(host["rows"])
 
 

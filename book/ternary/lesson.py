@@ -678,11 +678,11 @@ PART1_ROWS = (
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
     (4, 1, 3, "an AND decode and 8 rows a program (three changes: below)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
-    (6, 1, 4, "1.6-bit weights (base 3, a table lookup a byte): did not pay"),
+    (6, 1, 4, "tried, did not pay: 1.6-bit weights (base 3, a table lookup a byte)"),
     (9, 1, 4, "the `2bit_mma` layout: its decoded words are the MMA's operand (built for several rows)"),
     (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
-    (7, 16, 5, "1.6-bit weights with `tl.dot`: did not pay"),
-    (8, 16, 5, "int8 activations on the int8 tensor cores: did not pay"),
+    (7, 16, 5, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
+    (8, 16, 5, "tried, did not pay: int8 activations on the int8 tensor cores"),
     (9, 16, 5, "the `2bit_mma` layout: a word's two halves are neighbours along K, decoded straight into the "
                "MMA's operand (five changes: below)"),
 )
@@ -1065,8 +1065,9 @@ CHAINS = {
         ("3", "step 3", (SERIES[3], None)),
         ("4a", "the exponent-AND decode: one AND and one FMA a weight", ("step04_changes", "+a")),
         ("4b", "8 rows a program, one load of x for the 8", ("step04_changes", "+a+b")),
-        ("4c", "step 4's configs, K split where the autotuner takes it", ("step04_changes", "+a+b+c")),
-        ("4", "step 4, the library's kernel", (SERIES[4], None)))),
+        ("4c", "step 4's configs, K split where the autotuner takes it (no change at these shapes)",
+         ("step04_changes", "+a+b+c")),
+        ("4", "step 4 as shipped", (SERIES[4], None)))),
     9: ("bundled_steps", ((MAIN, 16), (MAIN, 1), ("2560x6912", 1)), (
         ("5", "step 5", (SERIES[5], None)),
         ("9a", "step 9's configs", ("step09_changes", "step05@9")),
@@ -1074,14 +1075,14 @@ CHAINS = {
         ("9c", "step 9's masks: rows clamped, x unmasked below K", ("step09_changes", "+a+m")),
         ("9d", "the `2bit_mma` layout", ("step09_changes", "+a+m+b")),
         ("9e", "K split through the workspace, no memset", ("step09_changes", "+a+m+b+c")),
-        ("9", "step 9, the library's kernel", (SERIES[9], None)))),
+        ("9", "step 9 as shipped", (SERIES[9], None)))),
     10: ("step10_changes", ((MAIN, 1), ("2560x6912", 1)), (
         ("9", "step 9", (SERIES[9], None)),
         ("10a", "the loop by hand on `mma.sync`, loads two groups ahead, the `2bit_tiles` layout; one slice of K, "
                 "x read from L2", ("step10_changes", "step10-b-c")),
         ("10b", "K split across blocks, a fixed-order sum of the slices", ("step10_changes", "step10-b")),
         ("10c", "x copied once into shared memory", ("step10_changes", "step10")),
-        ("10", "step 10, the library's kernel", (SERIES[10], None)))),
+        ("10", "step 10 as shipped", (SERIES[10], None)))),
     11: ("step11_chain", ((MAIN, 1), ("2560x6912", 1)), (
         ("10", "step 10", (SERIES[10], None)),
         ("11a", "the TMA ring alone: K still split, one copy a warp, the constant rebuilt",
@@ -1090,18 +1091,18 @@ CHAINS = {
          ("step11_changes", "step11-a-c")),
         ("11c", "one copy a stage and tile of 16 rows, not one a warp", ("step11_changes", "step11-c")),
         ("11d", "the decode's constant kept in a register", ("step11_changes", "step11")),
-        ("11", "step 11, the library's kernel", (SERIES[11], None)))),
+        ("11", "step 11 as shipped", (SERIES[11], None)))),
     12: (None, ((MAIN, 1), ("2560x6912", 1)), (
         ("11", "step 11", (SERIES[11], None)),
         ("12a", "int8 x on the int8 tensor cores, x quantised by a kernel of its own",
          (W2A8_PLACE_SERIES["separate"], None)),
-        ("12b", "x quantised in the kernel: step 12, the library's kernel", (SERIES[12], None)))),
+        ("12b", "x quantised in the kernel: step 12 as shipped", (SERIES[12], None)))),
     13: ("step13_changes", ((MAIN, 16), ("2560x6912", 16), (MAIN, 1)), (
         ("12", "step 12", (SERIES[12], None)),
         ("13a", "one tile a warp, a slice of K a block; x loaded by the warps as step 12 loads it",
          ("step13_changes", "step13-x")),
         ("13b", "x brought by the TMA", ("step13_changes", "step13")),
-        ("13", "step 13, the library's kernel", (SERIES[13], None)))),
+        ("13", "step 13 as shipped", (SERIES[13], None)))),
 }
 
 
@@ -1143,6 +1144,17 @@ def chain(step: int, results, data: Optional[dict] = None) -> dict:
     return {"rows": rows, "cases": cases, "run": name, "gap": gap}
 
 
+def first_changes(results, steps=(10, 11, 12, 13), case=(MAIN, 1)) -> dict[str, float]:
+    """Each step's first change alone at ``case``: its chain's first lettered row -> × previous (the step before's
+    time over that row's, in the chain's run). Below 1 the change loses on its own."""
+    out = {}
+    for step in steps:
+        ch = chain(step, results)
+        label, _, _, factors = ch["rows"][1]
+        out[label] = factors[ch["cases"].index(case)]
+    return out
+
+
 def _case(case) -> str:
     shape, m = case
     return f"{shape.replace('x', ' × ')}, M = {m}"
@@ -1173,6 +1185,6 @@ def chain_table(step: int, results, data: Optional[dict] = None) -> str:
         note = (f"Every row is from the benchmark's own run, the main table's: steps {step - 1} and {step} are its "
                 "rows there.")
     else:
-        note = (f"A run of its own, with its two anchors (steps {first} and {last}) timed in it: its step times "
-                f"differ from the main table's by up to {ch['gap']:.0%}, the run-to-run spread.")
+        note = (f"A run of its own: its steps {first} and {last} differ from the main table's by up to "
+                f"{ch['gap']:.0%}, the run-to-run spread.")
     return "\n".join(lines) + "\n\n" + note

@@ -5,6 +5,7 @@ figure from the in-kernel timestamps of ``lab/ternary/w2a8_timeline.py``; the ch
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -226,7 +227,8 @@ def bitnet_host(results) -> Optional[dict]:
     """The host time per call (eager, back-to-back Python calls) of BitNet's W2A8 kernel and of ours (the series
     :func:`bitnet_table` compares at each shape) at M = 1, from the run with BitNet's kernel: ``{"rows": [(shape,
     BitNet host ms, BitNet GPU ms, our host ms, our GPU ms, our series)], "bitnet"/"ours": (lowest, highest) host
-    ms, "host_bound": whether our host time exceeds our GPU time at every shape, "slower_eager": at how many shapes
+    ms, "medians": (BitNet's, ours) median over the shapes of the per-shape medians (ms), "noisiest": (shape, lowest,
+    highest repetition, ms) where our host time spread widest, "host_bound": whether our host time exceeds our GPU time at every shape, "slower_eager": at how many shapes
     our call's lower bound when called eagerly (the longer of its host and GPU times) exceeds BitNet's, "table":
     markdown of the host times}``; ``None`` where the file has no BitNet rows with a host time. BitNet's call takes
     x already quantised (its model quantises with torch ops first, launches not counted here); ours quantises x
@@ -245,8 +247,15 @@ def bitnet_host(results) -> Optional[dict]:
     lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8: host per call (µs) | step 12: host per call (µs) |",
              "|---|---|---|"]
     lines += [f"| {shape.replace('x', ' × ')} | {us(bh)} | {us(oh)} |" for shape, bh, _, oh, _, _ in rows]
+    # each host time is a median of repetitions; how far ours spread at one shape says how much of the range
+    # across shapes is run noise
+    spreads = [(r["host_spread_ms"][2] - r["host_spread_ms"][0], shape, r["host_spread_ms"])
+               for shape, *_, s in rows for r in view.select(s, shape=shape, m=1) if "host_spread_ms" in r]
+    noisiest = max(spreads) if spreads else None
     return {"rows": rows, "bitnet": (min(r[1] for r in rows), max(r[1] for r in rows)),
             "ours": (min(r[3] for r in rows), max(r[3] for r in rows)),
+            "medians": (statistics.median(r[1] for r in rows), statistics.median(r[3] for r in rows)),
+            "noisiest": None if noisiest is None else (noisiest[1], noisiest[2][0], noisiest[2][2]),
             "host_bound": all(oh > og for _, _, _, oh, og, _ in rows),
             "slower_eager": sum(max(oh, og) > max(bh, bg) for _, bh, bg, oh, og, _ in rows),
             "table": "\n".join(lines)}
