@@ -332,6 +332,9 @@ def test_step_4s_chain_on_the_committed_run():
     chain = lesson.step4_chain()
     _check_chain(chain, 4)
     assert [r[0] for r in chain.rows] == ["step 3", "4a", "step 4"]
+    # the larger set picks step 3's best configuration here: its row and the main table's say it changes nothing
+    assert "no change here" in chain.rows[-1][1]
+    assert "(no change here)" in {r[0]: r for r in _rows(lesson.steps_table(results))}["4"][1]
     times = {label: t for label, _, t in chain.rows}
     want = max(abs(times[f"step {n}"] / (lesson.ms(results, lesson.STEP[n].series, chain.case) * 1e3) - 1)
                for n in (3, 4))
@@ -348,6 +351,9 @@ def test_step_5s_chain_on_the_committed_run_starts_at_step_4_where_that_run_time
     # step 4 launched per prompt is the chain's first anchor once step05_chain.json is committed
     want = ["step 4"] * (lab_or_none("multi_item", "step05_chain") is not None) + ["5a", "5b", "step 5"]
     assert labels == want
+    # the chain runs the mixed batch with 32 heads; the main table's batch has 8 KV heads: the column says which
+    assert chain.table().splitlines()[0].startswith(f"| row | the one change | {lesson.MIXED_LABEL}: µs |")
+    assert "32 heads" in lesson.MIXED_LABEL
 
 
 def test_step_5s_chain_reads_step_4s_anchor_where_the_run_has_it(monkeypatch):

@@ -229,14 +229,17 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
          report.SDPA_DENSE),
         ("2", "a Triton flash-attention forward that reads the mask", STEP[2].series),
         ("3", "the mask computed from the prefix length and item positions", STEP[3].series),
-        ("4", "two changes (below): key tiles no row sees never loaded, a larger set of tile configurations "
-              "(a batch: a launch per prompt)",
+        ("4", "two changes (below): key tiles no row sees never loaded; a larger set of tile configurations "
+              "(no change here). A batch: a launch per prompt",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
         ("5", "every prompt in one launch, its programs in an order that keeps the keys in L2 (three changes: "
               "below)", STEP[5].series),
         ("6", "a key/value head's query heads in one tile (grouped-query layout only)", STEP[6].series),
     ]
 
+
+#: The mixed batch in the multi-head layout as the tables name it, told apart from the grouped-query one (GQA_SHAPE)
+MIXED_LABEL = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS} heads"
 
 #: The main table's cases: the long-prefix prompt (steps 1 to 5) and the mixed batch in the model's own layout
 #: (steps 1, 4, 5 and 6); :func:`steps_table` with ``shapes=None`` gives every shape (the lesson folds it).
@@ -251,6 +254,8 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
         return PENDING
     shapes = [s for s in shape_names(results) if shapes is None or s in shapes]
     short = {s: s.split(",")[0] + (", " + s.split(", ")[-1] if s == GQA_SHAPE else "") for s in shapes}
+    if report.MIXED_SHAPE in short:  # the multi-head layout named, as the grouped-query one is
+        short[report.MIXED_SHAPE] += f", {report.BENCH_HEADS} heads"
     head = ["step", "the one change"] + [c for s in shapes for c in (f"{short[s]}: µs", "× previous", "× floor")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floor_cells = [c for s in shapes for c in (_whole_us(floors(results, s)[1]), "", "")]
@@ -285,10 +290,12 @@ class Chain:
     case: str
     rows: list[tuple[str, str, float]]
     anchors: dict[str, str]
+    #: the case as the table's column names it (its layout where the page has two of one batch); ``case`` if empty
+    case_label: str = ""
 
     def table(self) -> str:
         """Markdown: row | the one change | µs | × previous (the row above over this row; above 1.00× it pays)."""
-        lines = [f"| row | the one change | {self.case}: µs | × previous |", "|---|---|---|---|"]
+        lines = [f"| row | the one change | {self.case_label or self.case}: µs | × previous |", "|---|---|---|---|"]
         before = None
         for label, change, t in self.rows:
             if before is None:
@@ -324,15 +331,21 @@ def step4_chain(gpu: str = "nvidia-h200") -> Chain | None:
     if data is None:
         return None
     shape = MAIN_SHAPES[0]
-    few = [r["ms"] * 1e3 for r in data["measurements"] if r["series"] == "step_changes"
+    few = [(r["ms"] * 1e3, r["params"].get("config")) for r in data["measurements"] if r["series"] == "step_changes"
            and r["params"]["shape"] == shape and r["params"].get("step") == 4
            and "FEW_GPU_CONFIGS" in r["params"].get("in_sets", [])]
     if not few:
         raise LookupError(f"no row of step 4 at a configuration of step 3's set on {shape!r}")
+    best, best_config = min(few)
+    chosen = [r.get("config") for r in data["measurements"] if r["series"] == STEP[4].series
+              and r["params"]["shape"] == shape]
+    # "no change" only where the larger set's tuner chose the configuration that was already best in step 3's set
+    same = chosen == [best_config] and best_config is not None
     return Chain(shape, [
         ("step 3", "the mask computed from the metadata", _row(data, STEP[3].series, shape)),
-        ("4a", "+ key tiles no row sees never loaded (step 3's two configurations)", min(few)),
-        ("step 4", "+ the larger set of ten configurations", _row(data, STEP[4].series, shape))],
+        ("4a", "+ key tiles no row sees never loaded (step 3's two configurations)", best),
+        ("step 4", "+ the larger set of ten configurations" + (" (no change here: the tuner picks the same one)"
+                                                               if same else ""), _row(data, STEP[4].series, shape))],
         {"step 3": STEP[3].series, "step 4": STEP[4].series})
 
 
@@ -353,7 +366,7 @@ def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
              ("5b", "+ the heads in groups whose keys and values fit in L2",
               _row(data, "step_changes", shape, order="head groups only")),
              ("step 5", "+ the heaviest query tiles first", _row(data, STEP[5].series, shape))]
-    return Chain(shape, rows, anchors)
+    return Chain(shape, rows, anchors, MIXED_LABEL)
 
 
 def entry_series(results, shape: str) -> str:
