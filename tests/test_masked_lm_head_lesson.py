@@ -24,7 +24,22 @@ def test_the_checks_accept_the_solutions(capsys):
     assert exercises.check_union_ids(solutions.union_from_bitmask)
     assert exercises.check_masked_logits(solutions.masked_logits_rows)
     assert exercises.check_compact_threshold(solutions.compact_threshold)
-    assert capsys.readouterr().out.count("agree") == 4
+    assert exercises.check_rows_first(solutions.rows_first)
+    assert capsys.readouterr().out.count("agree") == 5
+
+
+def test_rows_first_keeps_step_5s_launch_and_changes_only_the_order():
+    """The answer to exercise 6 is step 5's kernel with the two branches' program numbers swapped: the text differs,
+    it no longer tests n_fill, and it still defines the kernel step05_matcher launches."""
+    original = exercises.step05_source()
+    mine = solutions.rows_first(original)
+    assert mine != original and "pid >= n_fill" in original and "pid >= n_fill" not in mine
+    assert f"def {exercises.STEP05_KERNEL}(" in mine and "n_rows = tl.cdiv(n_ids, BLOCK_V)" in mine
+
+
+def _fill_programs_shifted(source):
+    """A planted mistake: rows first, but the fill programs numbered one block too far (the first block unwritten)."""
+    return solutions.rows_first(source).replace("(pid - n_rows) * FILL_BLOCK", "(pid - n_rows + 1) * FILL_BLOCK")
 
 
 def test_the_library_passes_the_checks_too(capsys):
@@ -71,6 +86,10 @@ def _last_win_anywhere(points, vocab):
     (exercises.check_masked_logits, lambda h, w, a, out: out, "NaN left in out"),
     (exercises.check_masked_logits, lambda h, w, a, out: out[:, :-1], "shape"),
     (exercises.check_compact_threshold, _last_win_anywhere, "points (sorted)"),
+    (exercises.check_rows_first, lambda source: source, "unchanged"),
+    (exercises.check_rows_first, lambda source: source + "\n# rows first\n", "still test n_fill"),
+    (exercises.check_rows_first, _fill_programs_shifted, "differ from step 5's"),
+    (exercises.check_rows_first, lambda source: solutions.rows_first(source) + "(", "SyntaxError"),
 ])
 def test_the_checks_reject_a_planted_mistake_and_say_where(check, wrong, says, capsys):
     assert not check(wrong)
@@ -212,17 +231,61 @@ def _step_rows(table: str) -> list[str]:
 
 
 def test_the_table_of_steps_has_one_row_per_step_and_no_lettered_rows():
-    """Every row of the table of steps is a numbered step (no 5a, 7b...); step 5 says it bundles three changes, steps
-    3 and 8 that they did not pay, and step 8's reference names the step its diff starts from as well."""
+    """Every row of the table of steps is a numbered step (no 5a, 7b...), then the rivals in rows of their own; step 5
+    says it bundles three changes, steps 3 and 8 that they did not pay (step 3 is slower than step 2; step 8 beats step
+    3, its base, and its cell says how much faster step 5 is on its mask)."""
     results = plotting.load_results("masked_lm_head")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
-    assert [r[0] for r in rows] == [str(s.number) for s in mlh.CHAPTER.steps]
+    steps = [str(s.number) for s in mlh.CHAPTER.steps]
+    assert [r[0] for r in rows] == steps + ["rival"] * len(lesson.RIVAL_ROWS)
     by = {r[0]: r for r in rows}
     assert by["5"][1].startswith("three changes")
     for n in ("3", "8"):
-        assert by[n][1].startswith("tried, did not pay") and float(by[n][5].split("×")[0]) < 1, by[n]
-    assert by["8"][4].startswith("step 5") and "from step 3" in by["8"][4]
+        assert by[n][1].startswith("tried, did not pay"), by[n]
+    assert float(by["3"][4].split("×")[0]) < 1
+    params = lesson.STEP_CASES[8][0]
+    five, eight = (results.select(f"step0{n}", layout="vd", **params)[0]["ms"] for n in (5, 8))
+    assert f"step 5 is {eight / five:.2f}× as fast" in by["8"][1]
     assert "tl.dot" in by["7"][1]
+
+
+def _previous_problems(results, table: str) -> list[str]:
+    """What breaks the × previous rule: a step's factor that is not the step it builds on (STEP_CASES), timed at its
+    own point, over its own time; a cell that names no step where that step is not the row above, or names one where
+    it is; a rival row with a factor."""
+    problems = []
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
+    above = None
+    for r in rows:
+        if r[0] == "rival":
+            if r[4] != "–":
+                problems.append(f"a rival has a × previous: {r[4]}")
+            continue
+        params, prev = lesson.STEP_CASES[int(r[0])]
+        cell = r[4]
+        if prev is None:
+            if not cell.startswith("–"):
+                problems.append(f"step {r[0]} has no previous step but shows {cell}")
+        else:
+            mine, theirs = (results.select(f"step{n:02d}", layout="vd", **params)[0]["ms"] for n in (int(r[0]), prev))
+            if not cell.startswith(f"{theirs / mine:.2f}×"):
+                problems.append(f"step {r[0]}: {cell}, not step {prev} over it ({theirs / mine:.2f}×)")
+            if (f"step {prev}" in cell) == (prev == above):
+                problems.append(f"step {r[0]}: {cell!r} names step {prev} {'needlessly' if prev == above else 'not'}")
+        above = int(r[0])
+    return problems
+
+
+def test_times_previous_is_the_step_each_builds_on_and_names_it_where_it_is_not_the_row_above():
+    results = plotting.load_results("masked_lm_head")
+    table = lesson.boehm_table(results)
+    assert _previous_problems(results, table) == []
+    lines = table.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("| 5 |"))
+    swapped = lines[:i] + [lines[i + 1], lines[i]] + lines[i + 2:]  # step 6 above step 4: its cell names no step
+    assert _previous_problems(results, "\n".join(swapped))
+    rival = next(line for line in lines if line.startswith("| rival |"))
+    assert _previous_problems(results, "\n".join(lines + [rival.replace("| – |", "| 1.00× |")]))
 
 
 def _chain_problems(table: str) -> list[str]:
@@ -314,19 +377,20 @@ def test_step_7s_ablation_reads_the_run_that_times_tl_dot_apart():
 
 
 def test_step_0_is_compared_with_dense_plus_masks_median_flagged():
-    """Step 0's reference is dense + mask's median, as on every page; where the repetitions spread past the flag's
-    threshold (two clusters in the committed run), the ratio carries the rival's spread."""
+    """Dense + mask's row, a rival's row at step 0's point, says step 0's ratio over its median, as on every page;
+    where the repetitions spread past the flag's threshold (two clusters in the committed run), the ratio carries the
+    rival's spread."""
     from book.results import FLAG_ABOVE, spread
 
     results = plotting.load_results("masked_lm_head")
     params = lesson.STEP_CASES[0][0]
     dense = results.select("dense_mask", **params)[0]
     step0 = [r for r in results.select("step00", **params) if r["params"].get("layout", "vd") == "vd"][0]
-    row = [[c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(lesson.boehm_table(results))][0]
-    assert row[5].startswith(f"{dense['ms'] / step0['ms']:.2f}×")
+    rival = next(r for r in lesson.boehm_table(results).splitlines() if r.startswith("| rival |") and "dense" in r)
+    cell = rival.split("|")[2]
+    assert f"step 0 is {dense['ms'] / step0['ms']:.2f}× as fast" in cell
     theirs = spread(*dense["spread_ms"])
-    assert ("the rival's spread" in row[5]) == (theirs > FLAG_ABOVE)
-    assert "fastest" not in row[4]
+    assert ("the rival's spread" in cell) == (theirs > FLAG_ABOVE)
 
 
 def test_dense_clusters_need_a_gap():
@@ -401,8 +465,8 @@ def test_a_step_ratio_in_the_prose_is_the_tables():
     numbers = lesson.prose_numbers(results)
     table = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]]
              for r in _step_rows(lesson.boehm_table(results))}
-    assert numbers["mlh_step06_vs_step05_1"] == f"{table['6'][5]} faster"
-    assert numbers["mlh_step04_vs_step03"] == f"{table['4'][5]} faster"
+    assert numbers["mlh_step06_vs_step05_1"] == f"{table['6'][4]} faster"
+    assert numbers["mlh_step04_vs_step03"] == f"{table['4'][4]} faster"
 
 
 def test_a_stub_is_reported_as_not_written(capsys):
@@ -518,9 +582,9 @@ def test_the_steps_table_gives_each_row_its_own_floor():
         row = [r for r in results.select(f"step{int(cells[0]):02d}", **params)
                if r["params"].get("layout", "vd") == "vd"][0]
         floor = lesson.floor_ms(results, params["batch"], row["union"])
-        assert cells[6].startswith(f"{floor * 1e3:.2f} (")
+        assert cells[5].startswith(f"{floor * 1e3:.2f} (")
         binds = "bytes" if lesson.byte_floor_ms(results, params["batch"], row["union"]) >= floor else "empty kernel"
-        assert cells[6].endswith(f"({binds})") and cells[7] == f"{row['ms'] / floor:.1f}×", line
+        assert cells[5].endswith(f"({binds})") and cells[6] == f"{row['ms'] / floor:.1f}×", line
 
 
 def test_the_practitioners_short_table_keeps_only_its_points_and_the_fold_keeps_every_row():
@@ -559,3 +623,16 @@ def test_the_timeline_table_reads_the_medians():
 def test_timeline_idle_includes_the_wait_for_the_next_call():
     idle = lesson.timeline_idle(_trace())
     assert idle == {"count_zero": 4.5, "union_kernel": 0.5, "row_kernel": 0.5, "next": pytest.approx(4.5)}
+
+
+def test_the_loss_count_says_which_point_two_rivals_beat():
+    """The losses table has a row per rival that beats a point: where it has more rows than points, ``shared`` names
+    each point beaten twice (the page says so under its count)."""
+    results = plotting.load_results("masked_lm_head")
+    lost = lesson.loss_counts(results)
+    rows = lesson.losses_table(results).splitlines()[2:]
+    assert len(rows) == lost["rows"]
+    keys = [tuple(c.strip() for c in r.split("|")[1:4]) + (r.split("|")[5].split(":")[0].strip(),) for r in rows]
+    twice = [k for k in dict.fromkeys(keys) if keys.count(k) > 1]
+    assert [(str(p["batch"]), p["kind"], f"{p['allowed']:,}") for p in lost["shared"]] == [k[:3] for k in twice]
+    assert lost["rows"] - lost["points"] == sum(keys.count(k) - 1 for k in twice)

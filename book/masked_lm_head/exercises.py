@@ -14,6 +14,9 @@ to compare.
    fp32 accumulation, every element of ``out`` written.
 4. :func:`check_compact_threshold`: step 9's threshold from measurements: up to which union a compacted kernel
    is used.
+5. :func:`check_rows_first` (the page's exercise 6): step 5's kernel with its row programs first in the grid (a
+   change of the kernel's text, :func:`step05_source`), checked on the interpreter against step 5 bit for bit;
+   :func:`step05_matcher` launches it as step 5 is launched, for timing on a GPU.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from torch import Tensor
 from book.common import guarded, report
 from studylog.masked_lm_head.formats import AllowedTokens, check_logits, pack_bitmask
 
-__all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold"]
+__all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold",
+           "step05_source", "step05_matcher", "check_rows_first"]
 
 
 def _solutions():
@@ -184,3 +188,104 @@ def check_compact_threshold(fn: Callable[[list[tuple[int, float, float]], int], 
             return report("check_compact_threshold", False,
                           f"vocab={vocab}, points (sorted) [{shown}]: expected {want:.6f}, got {got!r}", cases)
     return report("check_compact_threshold", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 5. Step 5 with its row programs first
+# --------------------------------------------------------------------------------------
+
+#: The kernel of step 5 that exercise 5 changes (its name in the text the reader returns).
+STEP05_KERNEL = "compact_stream_kernel"
+
+
+def step05_source() -> str:
+    """The text of step 5's kernel (``@triton.jit`` and the function), as the library defines it."""
+    import inspect
+
+    from studylog.masked_lm_head import compact
+
+    return inspect.getsource(getattr(compact, STEP05_KERNEL).fn)
+
+
+def _kernel_from(source: str):
+    """The kernel named :data:`STEP05_KERNEL` defined by ``source`` (a module of its own, written to a temporary
+    file: Triton reads a kernel's text from its file)."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp(prefix="mlh_exercise_"))
+    path = folder / "rows_first.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source)
+    spec = importlib.util.spec_from_file_location(f"mlh_exercise_{folder.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, STEP05_KERNEL)
+
+
+def step05_matcher(source: str, h: Tensor, weight: Tensor, allowed: AllowedTokens, tiles=None):
+    """A call of the kernel in ``source`` with step 5's grid and arguments (those of
+    :func:`~studylog.masked_lm_head.step05_stream`: as many programs, the fill count ``n_fill`` passed as there, the
+    same tiles), writing one output made for it (NaN until a call writes it): call it to run the kernel."""
+    import triton
+
+    from studylog.masked_lm_head.compact import EVICTION
+    from studylog.masked_lm_head.formats import stream_tiles
+
+    kernel = _kernel_from(source)
+    vocab, hidden = weight.shape
+    n_ids = allowed.union_count
+    t = tiles or stream_tiles(n_ids)
+    fills = triton.cdiv(vocab, t.fill_block)
+    grid = (fills + triton.cdiv(n_ids, t.block_v),)
+    meta = dict(D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block,
+                EVICTION=EVICTION, num_warps=t.num_warps, num_stages=t.num_stages)
+
+    out = torch.full((1, vocab), float("nan"), dtype=torch.float32, device=h.device)
+
+    def run() -> Tensor:
+        kernel[grid](h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, fills, weight.stride(0),
+                     **meta)
+        return out
+
+    return run
+
+
+@guarded
+def check_rows_first(fn: Callable[[str], str], cases: int = 8) -> bool:
+    """``fn(source) -> source``: step 5's kernel text (:func:`step05_source`) with the row programs first: the
+    programs below ``tl.cdiv(n_ids, BLOCK_V)`` read rows, the rest write ``-inf``. The launch stays step 5's
+    (:func:`step05_matcher`). Checked on the CPU (Triton's interpreter) or a GPU at sizes that are multiples of no
+    block, with empty, full, single-id and random sets: the output must equal step 5's bit for bit (the same
+    products, summed in the same order)."""
+    from studylog.masked_lm_head import step05_stream
+
+    original = step05_source()
+    text = fn(original)
+    if not isinstance(text, str) or text == original:
+        return report("check_rows_first", False, "fn returned step 5's source unchanged: return the changed text", 1)
+    if text.replace(" ", "").count("pid>=n_fill") or "pid - n_fill" in text:
+        return report("check_rows_first", False, "the programs still test n_fill: the fill programs come first", 1)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(9)
+    rng = np.random.default_rng(9)
+    for i in range(cases):
+        vocab, hidden = int(rng.integers(20, 150)), int(rng.integers(8, 100))
+        kind = ["random", "empty", "all", "one"][i % 4]
+        ids = {"random": lambda: rng.choice(vocab, int(rng.integers(1, vocab)), replace=False),
+               "empty": lambda: np.array([], dtype=np.int64), "all": lambda: np.arange(vocab),
+               "one": lambda: np.array([vocab - 1])}[kind]()
+        allowed = AllowedTokens.from_ids([ids], vocab, device=device)
+        h = torch.randn(1, hidden, generator=gen).to(torch.bfloat16).to(device)
+        weight = torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16).to(device)
+        try:
+            got = step05_matcher(text, h, weight, allowed)()
+        except Exception as exc:  # a syntax error, a renamed kernel, a launch that fails: say which
+            return report("check_rows_first", False, f"V={vocab}, D={hidden}, {kind} set: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}", i + 1)
+        want = step05_stream(h, weight, allowed)
+        if not torch.equal(got, want):
+            differ = int((got != want).sum())  # a position left unwritten is NaN, which equals nothing
+            return report("check_rows_first", False, f"V={vocab}, D={hidden}, {kind} set ({len(ids)} ids): {differ} "
+                          "of the outputs differ from step 5's", i + 1)
+    return report("check_rows_first", True, None, cases)

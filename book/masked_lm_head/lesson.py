@@ -26,7 +26,8 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
-           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "boehm_table",
+           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "PREVIOUS_WORDS",
+           "RIVAL_ROWS", "boehm_table",
            "rotation", "counts_words", "STEP05_CHAIN", "STEP05_KNOBS", "STEP05_WORDS", "step05_variant",
            "step05_chain", "step05_chain_table", "chain_factor", "chain_anchor_gap", "step05_undone",
            "step05_undone_table", "lab_rotation", "CAPPED", "capped", "page_capped_key",
@@ -405,17 +406,21 @@ def _losses(results) -> list[dict]:
 def loss_counts(results) -> dict[str, Any]:
     """How :func:`_losses` counts: ``rows`` (one per rival faster than ours at a point), ``points`` (each point of
     a series of ours counted once, however many rivals beat it there), ``by_series`` (points per series) and
-    ``min_batch`` (the smallest batch with a loss; None where there is none) and ``clean_batches`` (the batches
-    measured below it, where nothing of ours loses)."""
+    ``min_batch`` (the smallest batch with a loss; None where there is none), ``clean_batches`` (the batches
+    measured below it, where nothing of ours loses) and ``shared`` (the params of each point that more than one rival
+    beats, so that the losses table has more rows than points, with ``ours``: "step 9" or "the whole step")."""
     lost = _losses(results)
-    points = {(q["mine"]["series"], tuple(sorted(q["params"].items()))) for q in lost}
+    keys = [(q["mine"]["series"], tuple(sorted(q["params"].items()))) for q in lost]
+    points = set(keys)
+    shared = [dict(key[1]) | {"ours": "step 9" if key[0] == step_series(9) else "the whole step"}
+              for key in sorted(points) if keys.count(key) > 1]
     by_series: dict[str, int] = {}
     for series, _ in points:
         by_series[series] = by_series.get(series, 0) + 1
     low = min((q["params"]["batch"] for q in lost), default=None)
     measured = {r["params"]["batch"] for r in results.select(step_series(9)) + results.select(PLAN)}
     return {"rows": len(lost), "points": len(points), "by_series": by_series, "min_batch": low,
-            "clean_batches": sorted(b for b in measured if low is None or b < low)}
+            "clean_batches": sorted(b for b in measured if low is None or b < low), "shared": shared}
 
 
 def losses_table(results) -> str:
@@ -499,19 +504,29 @@ def tried_table(results, candidates: dict | None) -> str:
 # The chapter's one table of steps
 # --------------------------------------------------------------------------------------
 
-#: Where each step is measured (the case its idea is about) and the step it is compared with there.
+#: Where each step is measured (the case its idea is about) and the step it builds on, which its ``× previous``
+#: compares with at the same point: the step before, except step 8 (its diff starts from step 3) and step 9 (it runs
+#: step 5 there); None for step 0 (the first) and step 7 (its base, step 4, takes one sequence; its rival is a row of
+#: :data:`RIVAL_ROWS`).
 STEP_CASES = {
-    0: (dict(batch=1, kind="random", allowed=1000), "dense_mask"),
+    0: (dict(batch=1, kind="random", allowed=1000), None),
     1: (dict(batch=1, kind="random", allowed=1000), 0),
     2: (dict(batch=1, kind="random", allowed=1000), 1),
     3: (dict(batch=1, kind="random", allowed=1000), 2),
     4: (dict(batch=1, kind="random", allowed=1000), 3),
     5: (dict(batch=1, kind="random", allowed=1000), 4),
     6: (dict(batch=1, kind="random", allowed=1), 5),
-    7: (dict(batch=64, kind="random", allowed=100), "index_select"),
-    8: (dict(batch=1, kind="real", allowed=1000), 5),  # the step the dispatch runs there, which step 8 would replace
+    7: (dict(batch=64, kind="random", allowed=100), None),
+    8: (dict(batch=1, kind="real", allowed=1000), 3),
     9: (dict(batch=1, kind="random", allowed=1000), 5),
 }
+#: The ``× previous`` cell's words where the step compared with is not the row above (or there is none).
+PREVIOUS_WORDS = {8: "over step 3, its diff's base", 9: "over step 5, which it runs here",
+                  7: "its base, step 4, takes one sequence"}
+#: The rivals, in rows of their own under the steps (never a step's ``× previous``): the series, the step that
+#: faces it at that step's point, and its words.
+RIVAL_ROWS = (("dense_mask", 0, "torch's dense logits, then `masked_fill` (bf16)"),
+              ("index_select", 7, "torch's `index_select` of the union's rows, then a matmul"))
 
 
 def _case(p: dict) -> str:
@@ -521,18 +536,16 @@ def _case(p: dict) -> str:
 
 #: The table of steps' words for a step whose title alone would mislead there: steps 3 and 8 stay numbered (the
 #: library keeps them: step 3's form is the dispatch's dense path) but say first that they were tried and did not
-#: pay (step 3 gains nothing over step 2; step 8 beats step 3, its diff's base, but loses to step 5, its reference);
-#: step 5 says it bundles three changes, timed one at a time in its own section (:func:`step05_chain`); step 7's
-#: names both halves of its one idea (the union pays only multiplied on the tensor cores: its ablation is the page's
-#: note, not a row).
+#: pay (step 3 gains nothing over step 2; step 8 beats step 3, its diff's base, but loses to step 5, which step 9 runs
+#: there: its cell says by how much); step 5 says it bundles three changes, timed one at a time in its own section
+#: (:func:`step05_chain`); step 7's names both halves of its one idea (the union pays only multiplied on the tensor
+#: cores: its ablation is the page's note, not a row).
 BOEHM_CHANGES = {3: "tried, did not pay: step 2 rewritten for [V, D] (row tiles, a transposed dot)",
                  5: "three changes, one at a time in step 5's section: one wait per row, the fill programs first, "
                     "an L2 evict-first hint",
                  7: "the union of the batch's allowed sets, each block of its rows read once and multiplied with "
                     "every sequence's hidden state on the tensor cores (`tl.dot`)",
                  8: "tried, did not pay: the vocabulary reordered so that allowed tokens cluster"}
-#: The reference column's words where the step compared with is not the one the page's diff starts from.
-BOEHM_REFERENCES = {8: "step 5, the kernel step 9 runs there (step 8's diff is from step 3)"}
 
 
 def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
@@ -561,38 +574,67 @@ def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
     return {"batch": batches.pop(), "ms": ms}
 
 
+def _vs(row: dict, reference: dict | None) -> str:
+    """``reference``'s time over ``row``'s, flagged by :func:`book.results.caveat` where either side's repetitions
+    spread past its threshold (``row``'s are "ours", ``reference``'s "the rival's"); ``–`` without a reference."""
+    from book.results import caveat, spread
+
+    if reference is None:
+        return "–"
+    return f"{reference['ms'] / row['ms']:.2f}×" + caveat(spread(*row["spread_ms"]) if row.get("spread_ms") else None,
+                                                          spread(*reference["spread_ms"]) if reference.get("spread_ms")
+                                                          else None)
+
+
+def _floor_cells(results, row: dict, params: dict) -> str:
+    """A row's floor of the masked call at its point (which part binds) and its time over it, two cells."""
+    union = row.get("union", params["allowed"])
+    floor = floor_ms(results, params["batch"], union)
+    binds = "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
+    return f"{floor * 1e3:.2f} ({binds}) | {row['ms'] / floor:.1f}×"
+
+
 def boehm_table(results) -> str:
-    """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the reference it is
-    measured against at the same point (the step it changes, or a torch baseline) and its speedup over that
-    reference, the floor of the masked call at that point (:func:`floor_ms`, which of its two parts binds) and the
-    time over it: one floor a row (a dense head's floor, for step 0, is the prose's). A time whose rotation was
-    capped carries :data:`CAPPED`. One row per numbered step: step 5's changes are its section's chain
+    """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, ``× previous`` (the
+    step it builds on at the same point over this step, :data:`STEP_CASES`: the row above unless the cell names
+    another, :data:`PREVIOUS_WORDS`), the floor of the masked call at that point (:func:`floor_ms`, which of its
+    two parts binds) and the time over it: one floor a row (a dense head's floor, for step 0, is the prose's). Then
+    the rivals (:data:`RIVAL_ROWS`), each in a row of its own at the point of the step that faces it, whose cell
+    says how much faster that step is: a rival is never a step's ``× previous``. A time whose rotation was capped
+    carries :data:`CAPPED`. One row per numbered step: step 5's changes are its section's chain
     (:func:`step05_chain`), not rows here. Every ratio is of medians, flagged by :func:`book.results.caveat` where
     either side's repetitions spread past its threshold, the rule of every page (dense + mask's batch-1 repetitions
     may fall in two clusters, :func:`dense_clusters`: its median then carries the flag)."""
-    lines = ["| step | the one change | measured at | µs | reference | × faster than the reference | "
+    lines = ["| step | the one change | measured at | µs | × previous | "
              "floor of the masked call: its bytes, or an empty kernel where larger (µs) | × floor |",
-             "|---|---|---|---|---|---|---|---|"]
-    from book.results import caveat, spread
-
+             "|---|---|---|---|---|---|---|"]
+    shown = {}
     for step in CHAPTER.steps:
         params, prev = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
         if row is None:
             continue
-        name = BOEHM_REFERENCES.get(step.number, CHAPTER.label(prev) if isinstance(prev, str) else f"step {prev}")
-        reference = _row(results, prev if isinstance(prev, str) else step_series(prev), **params)
-        before = None if reference is None else reference["ms"]
-        vs = f"{before / row['ms']:.2f}×" if before else "–"
-        if before:
-            vs += caveat(spread(*row["spread_ms"]) if row.get("spread_ms") else None,
-                         spread(*reference["spread_ms"]) if reference.get("spread_ms") else None)
-        union = row.get("union", params["allowed"])
-        floor = floor_ms(results, params["batch"], union)
-        binds = "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
-        lines.append(f"| {step.number} | {BOEHM_CHANGES.get(step.number, step.title)} | {_case(params)} | "
-                     f"{us(row['ms'])}{capped(row)} | {name} | {vs} | {floor * 1e3:.2f} ({binds}) | "
-                     f"{row['ms'] / floor:.1f}× |")
+        shown[step.number] = row
+        reference = None if prev is None else _row(results, step_series(prev), **params)
+        vs = _vs(row, reference)
+        words = PREVIOUS_WORDS.get(step.number)
+        if words:
+            vs = f"{vs} ({words})" if reference is not None else f"– ({words})"
+        change = BOEHM_CHANGES.get(step.number, step.title)
+        if step.number == 8:  # did not pay: step 5, which step 9 runs there, is faster on the same mask
+            five = _row(results, step_series(5), **params)
+            if five is not None:
+                change += f" (step 5 is {row['ms'] / five['ms']:.2f}× as fast on this mask)"
+        lines.append(f"| {step.number} | {change} | {_case(params)} | {us(row['ms'])}{capped(row)} | {vs} | "
+                     f"{_floor_cells(results, row, params)} |")
+    for series, faces, words in RIVAL_ROWS:
+        params = STEP_CASES[faces][0]
+        rival = _row(results, series, **params)
+        if rival is None or faces not in shown:
+            continue
+        ratio, _, flag = _vs(shown[faces], rival).partition(" ")  # the flag, if any, after the sentence
+        lines.append(f"| rival | {words}; step {faces} is {ratio} as fast here{' ' + flag if flag else ''} | "
+                     f"{_case(params)} | {us(rival['ms'])}{capped(rival)} | – | {_floor_cells(results, rival, params)} |")
     return "\n".join(lines)
 
 
@@ -892,7 +934,7 @@ def step05_undone_table(undone: dict[str, Any]) -> str:
              "|---|" + "---|" * len(counts)]
     for name, time in ms.items():
         knob = name.removeprefix("step 5 - ")
-        label = "step 5 (the lab's copy)" if name == "step 5" else f"step 5 without {STEP05_WORDS[knob]}"
+        label = "step 5 (all three changes)" if name == "step 5" else f"step 5 without {STEP05_WORDS[knob]}"
         mark = lambda n: CAPPED if (name, n) in undone.get("capped", ()) else ""  # noqa: E731
         lines.append(f"| {label} | " + " | ".join(f"{time[n] * 1e3:.2f}{mark(n)} ({time[n] / ms['step 5'][n]:.2f}×)"
                                                  for n in counts) + " |")

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from studylog.masked_lm_head.formats import AllowedTokens
 
-__all__ = ["active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold"]
+__all__ = ["active_fraction", "union_from_bitmask", "masked_logits_rows", "compact_threshold", "rows_first"]
 
 
 def _log_comb(n: int, k: int) -> float:
@@ -51,7 +51,7 @@ def masked_logits_rows(h: Tensor, weight: Tensor, allowed: AllowedTokens, out: T
 
 
 def compact_threshold(points: Sequence[tuple[int, float, float]], vocab: int) -> float:
-    """Exercise 4: ``points`` are ``(union, compacted ms, best dense ms)`` measured at one batch
+    """Exercise 5: ``points`` are ``(union, compacted ms, best dense ms)`` measured at one batch
     size, in any order. The compacted kernel is used up to the largest union at which it was no slower than the
     dense path with no slower point below it: return that union as a fraction of ``vocab`` (at most 1.0; never
     past the largest union measured, even where it never lost), 0.0 if it lost at the smallest union."""
@@ -59,3 +59,17 @@ def compact_threshold(points: Sequence[tuple[int, float, float]], vocab: int) ->
     first_loss = min(losses, default=None)
     wins = [u for u, compact, dense in points if compact <= dense and (first_loss is None or u < first_loss)]
     return min(1.0, max(wins, default=0) / vocab)
+
+
+def rows_first(source: str) -> str:
+    """Exercise 6: step 5's kernel with the row programs first. The launch is step 5's (as many programs, ``n_fill``
+    passed as there), so the kernel counts its row programs itself, ``tl.cdiv(n_ids, BLOCK_V)``, and numbers the
+    fill programs after them."""
+    edits = (("    if pid >= n_fill:\n", "    n_rows = tl.cdiv(n_ids, BLOCK_V)\n    if pid < n_rows:\n"),
+             ("slots = (pid - n_fill) * BLOCK_V", "slots = pid * BLOCK_V"),
+             ("offs = pid * FILL_BLOCK", "offs = (pid - n_rows) * FILL_BLOCK"))
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise ValueError(f"step 5's kernel changed: {old.strip()!r} is not there once")
+        source = source.replace(old, new)
+    return source
