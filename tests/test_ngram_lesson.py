@@ -358,3 +358,40 @@ def test_the_page_tells_no_run_history_and_shows_each_chain_under_its_step():
         end = next(i for i in after if i > start)
         assert any(f"Step {step}, one change at a time" in t for t in text[start:end]), step
 
+
+
+def test_a_bundled_steps_row_says_what_its_costly_change_buys_and_where_it_loses():
+    """Step 6's row gives its fused budget's GPU cost (6b's factors in its chain run, as a range) and the host time it
+    saves per eager call (6a's copy over step 6's, the same run); step 7's row says where it is slower than step 6 and
+    which step the entry point runs there, read from the benchmark, and only there."""
+    results = load_results("ngram")
+    notes = lesson.bundle_notes(results)
+    cost = lesson.chain_rows(lesson.chain_run(6), 6)[-1]["factor"]
+    changes = lesson.step05_06_changes()
+    saved = [(lesson.variant_row(changes, "step05_06_changes", "6a", cfg)["host_ms"]
+              - lesson.variant_row(changes, "step05_06_changes", "6", cfg)["host_ms"]) * 1e3 for cfg in lesson.BOEHM_CASES]
+    assert f"({min(cost):.2f}–{max(cost):.2f}×)" in notes[6] and f"{min(saved):.0f}–{max(saved):.0f} µs" in notes[6]
+    assert max(cost) < 1 and min(saved) > 0  # the committed run: 6b costs GPU time everywhere, and saves host time
+    for cases in (lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
+        rows = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(lesson.boehm_table(results, cases))}
+        assert notes[6] in rows["6"]
+        for b, s, t in cases:
+            six, seven = (lesson.grid_row(results, ngram.CHAPTER.step(n).series, (b, s, t))["ms"] for n in (6, 7))
+            entry = lesson.entry_row(results, {"batch": b, "seq_len": s, "threshold": t, "corpus": None})
+            said = f"slower than step 6 at {b} × {s}, where `ngram_match` runs step"
+            assert (said in rows["7"]) == (seven > six), (b, s)
+            if seven > six:
+                assert f"{said} {ngram.CHAPTER.step(entry['step']).number}" in rows["7"]
+    assert "slower than step 6 at 32 × 512, where `ngram_match` runs step 6" in notes[7]
+
+
+def test_the_page_says_rows_and_changes_not_links():
+    """The chain's vocabulary on the page is "row" and "change": "link" is the lab's word."""
+    import json
+    import re
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    page = "\n".join("".join(c["source"]) for c in cells)
+    assert not re.search(r"\blinks?\d*\b", page, re.IGNORECASE), re.findall(r".{30}\blinks?\d*\b.{30}", page, re.I)

@@ -22,7 +22,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "BUNDLED", "CHANGE_CHAIN", "STEP07_INHERITED",
            "step07_changes", "variant_row", "inherited_factor", "step05_06_changes", "chain_ms", "chain_factor",
-           "CHAINS", "chain_run", "chain_rows", "chain_table", "chain_anchor_gap", "pays_at", "boehm_table", "dispatch_table", "early_exit_share",
+           "CHAINS", "chain_run", "chain_rows", "chain_table", "chain_anchor_gap", "pays_at", "bundle_notes", "boehm_table", "dispatch_table", "early_exit_share",
            "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
            "target_verdicts"]
 
@@ -426,9 +426,39 @@ def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
     return early_exit_bytes(inputs, this_time, config) / nbytes
 
 
+def bundle_notes(results, cases=BOEHM_CASES) -> dict[int, str]:
+    """What a bundled step's row in the table of steps says besides its changes, computed: for step 6, what its fused
+    budget (6b) costs on the GPU clock in its chain run (:func:`chain_rows`, the range over :data:`BOEHM_CASES`) and
+    the host time per eager call it saves there (6a's over step 6's copy, the same run); for step 7, the cases of
+    ``cases`` where it is slower than step 6 in ``results`` and the step the entry point runs there. A note is left
+    out where its run or rows are not committed (or, for step 7, where it loses nowhere in ``cases``)."""
+    notes = {}
+    run = chain_run(6)
+    changes = step05_06_changes()
+    if run is not None and changes is not None:
+        cost = chain_rows(run, 6)[-1]["factor"]
+        rows = [(variant_row(changes, "step05_06_changes", "6a", cfg), variant_row(changes, "step05_06_changes", "6",
+                                                                                   cfg)) for cfg in BOEHM_CASES]
+        if all(a and b and a.get("host_ms") and b.get("host_ms") for a, b in rows):
+            saved = [(a["host_ms"] - b["host_ms"]) * 1e3 for a, b in rows]
+            notes[6] = (f"the fused budget costs GPU time ({min(cost):.2f}–{max(cost):.2f}×) and saves "
+                        f"{min(saved):.0f}–{max(saved):.0f} µs of host time per eager call")
+    slower = []
+    for b, s, t in cases:
+        six, seven = (grid_row(results, CHAPTER.step(n).series, (b, s, t)) for n in (6, 7))
+        entry = entry_row(results, {"batch": b, "seq_len": s, "threshold": t, "corpus": None})
+        if six and seven and seven["ms"] > six["ms"] and entry and entry.get("step"):
+            slower.append(f"slower than step 6 at {b} × {s}, where `ngram_match` runs step "
+                          f"{CHAPTER.step(entry['step']).number}")
+    if slower:
+        notes[7] = "; ".join(slower)
+    return notes
+
+
 def boehm_table(results, cases=BOEHM_CASES) -> str:
     """Markdown, one row per numbered step and one for the entry point: the one change (a bundled step, of
-    :data:`BUNDLED`, says how many and that its section times them), then per case of ``cases`` (of
+    :data:`BUNDLED`, says how many and that its section times them, then its :func:`bundle_notes`), then per case of
+    ``cases`` (of
     :data:`BOEHM_CASES`) the time in µs, × the previous step and × the floor (:func:`floor_us`). Step 1 is timed end
     to end on the host (its cells say so), the kernels on the GPU clock: a row is compared with the previous one only
     when both are on the same clock, and with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
@@ -441,8 +471,10 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
     lines.append("| | the floor | " + " | ".join(floor_cells) + " |")
     previous = [None] * len(cases)  # (µs, clock) of the previous step measured at each case
+    notes = bundle_notes(results, cases)
     entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
-                + (f" ({BUNDLED[st.number]}: below)" if st.number in BUNDLED else ""), st.series) for st in CHAPTER.steps]
+                + (f" ({BUNDLED[st.number]}: below)" if st.number in BUNDLED else "")
+                + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
     entries.append(("entry point", "`ngram_match`: step 6 or step 7, by a rule on the batch's shapes", "ngram_match"))
     for number, title, series in entries:
         cells = [number, title]
