@@ -473,12 +473,8 @@ def _ternary_llama(data):
     label = {"gemlite_w2": "GemLite 2-bit", "cublas_bf16": "cuBLAS bf16 (the matrix stored densely)"}[series]
     gem_failed = checks["gemlite_w2"] is not None and not checks["gemlite_w2"]["passed"]
     if series == "cublas_bf16" and gem_failed:  # the strongest rival that runs this shape and passes the check
-        gem_words = "" if gemlite is None else (
-            f"GemLite 2-bit takes {us(gemlite['ms'])} µs but fails our float64 check here, "
-            f"{checks['gemlite_w2']['relative_error']:.2%} error against {checks['gemlite_w2']['tolerance']:.2%} "
-            "allowed, so it gets no ratio; ")
-        label = (f"cuBLAS bf16 on the matrix stored densely ({gem_words or 'GemLite fails our float64 check here; '}"
-                 "BitNet's kernel is not built for this shape)")
+        label = ("cuBLAS bf16 on the matrix stored densely (GemLite, faster, fails our float64 check here; BitNet's "
+                 "kernel is not built for this shape: the notes)")
     read = one(data, "read_weights", **TERNARY_CASE)
     latency, what = _one_kernel(data)
     notes = ()
@@ -824,9 +820,9 @@ def tail_differs(row: dict[str, Any], t: dict[str, Any], tails_run: dict[str, An
 
 
 def tail_ratio(t: dict[str, Any]) -> str:
-    """The p99 cell's words: the p99 over the median of its own run (a tail factor, not a time to set beside
-    another run's median)."""
-    return f"{t['p99_ms'] / t['ms']:.2f}× its run's median"
+    """The p99 cell: the p99 over the median of its own run (a tail factor, not a time to set beside another run's
+    median)."""
+    return f"{t['p99_ms'] / t['ms']:.2f}×"
 
 
 def _copies(n: int) -> str:
@@ -945,7 +941,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     tails = {(r["number"], r["card"]): tail(folders[r["card"]], r["number"]) for r in board
              if r.get("lead") and "missing" not in r}
     have = sorted({_short_card(c) for (_, c), t in tails.items() if t})
-    p99 = f"p99 of replays (µs; the {' and the '.join(have)} only) | " if have else ""
+    p99 = f"p99 of replays over its run's median (the {' and the '.join(have)} only) | " if have else ""
     times = ["**Time, and the strongest rival**", "",
              f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
              "strongest rival (µs) | ours × rival |", "|" + "---|" * (8 if p99 else 7)]
@@ -1000,7 +996,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             rival += f" ({r['rival_check']} our float64 check)"
         if r["rival_clock"] not in (None, r["clock"]):
             rival += " (end to end, as our time in this row)"
-            note(r, f"the rival is timed {r['ratio_note'] or 'on another clock'}; the ratio compares our call timed "
+            note(r, f"against {r['rival']}: it is timed {r['ratio_note'] or 'on another clock'}; the ratio compares our call timed "
                     "the same way, not our GPU time", every_card=True)
         for extra in r["rival_notes"]:
             note(r, extra)
@@ -1015,7 +1011,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             median = f"**{us(r['ours_end_to_end_ms'])}**"
             slowest = us(r.get("ours_end_to_end_slowest_ms"), missing="–")
         t = tails.get((r["number"], r["card"])) if r.get("tail_row", r["lead"]) else None
-        tail_cell = (f"{us(t['p99_ms'])} ({tail_ratio(t)}) | " if t else "– | ") if p99 else ""
+        tail_cell = (f"{tail_ratio(t)} | " if t else "– | ") if p99 else ""
         if t is not None:
             differs = tail_differs(r, t, load(folders[r["card"]], TAILS))
             if differs:
@@ -1023,7 +1019,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             fewer = tail_copies(r, t)
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
-                tail_cell = f"{us(t['p99_ms'])} ({tail_ratio(t)}; {_copies(t['rotated_copies'])}) | "
+                tail_cell = f"{tail_ratio(t)} ({_copies(t['rotated_copies'])}) | "
         times.append(f"| {chapter} | {card} | {ours} | {median} | {slowest} | {tail_cell}{rival} | {vs} |")
         if r.get("floors_as_above"):
             continue
@@ -1041,7 +1037,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         for extra in r["floor_notes"]:
             note(r, extra)
         binding = f"{_floor(r['binding_floor_ms'])}, {floor_kind(r)}" if r["binding"] else NOT_MEASURED
-        pct = f"**{r['pct_of_floor']:.0f}%**" if r["pct_of_floor"] is not None else NOT_MEASURED
+        pct = (f"**{r['pct_of_floor']:.0f}%** ({100 / r['pct_of_floor']:.1f}× floor)" if r["pct_of_floor"] is not None
+               else NOT_MEASURED)
         byte = _floor(r["byte_floor_ms"])
         if r.get("loop_bound_ms") is not None:  # a launch-bound loop: its forecast is a bound, not a floor
             latency = byte = "–"

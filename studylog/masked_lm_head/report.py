@@ -391,7 +391,7 @@ def headline(results) -> list[dict]:
               (PLAN, XGRAMMAR, 1, 1000, "whole step from the bitmask, batch 1, 1,000 allowed", plan_label, peer_label),
               (PLAN, XGRAMMAR, 64, 100, "whole step from the bitmask, batch 64, 100 allowed per sequence", plan_label,
                peer_label),
-              (s9, "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (own masks)", None, "torch dense_mask")]
+              (s9, "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (each row its own allowed set)", None, "torch dense_mask")]
     rows = []
     for kernel, baseline, batch, allowed, case, k_label, b_label in points:
         try:
