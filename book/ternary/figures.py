@@ -4,7 +4,7 @@ repetitions' spread where the file has it."""
 
 from __future__ import annotations
 
-from book.ternary.results import BITNET_OURS, failed_peer_checks, series_label, shapes_in
+from book.ternary.results import BITNET_OURS, bitnet_results, failed_peer_checks, series_label, shapes_in
 from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL,
                                       W2A8_PLACE_SERIES, fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
@@ -270,6 +270,7 @@ def figures(results, bitnet=None) -> dict:
         figs["steps"] = _steps_dots(view, llama, steps, failed_peer_checks(results.data), card, caption)
 
     peer_ms = [m for m in ms_present if view.select(GEMLITE, m=m) or view.select(INT_MM, m=m)][:3]
+    bitnet = bitnet if bitnet is not None else bitnet_results(results)
     bit_view = None if bitnet is None else on_gpu_clock(bitnet)
     if bit_view is not None and not bit_view.select(BITNET, m=1):
         bit_view = None
@@ -281,19 +282,7 @@ def figures(results, bitnet=None) -> dict:
         height = 3.3 * panels + 1.6  # one panel per M, stacked so the figure reads at page width
         fig, axes = plt.subplots(panels, 1, figsize=(9, height), squeeze=False)
         if bit_view is not None:
-            ax = axes[0, 0]
-            bit_shapes = [s for s in shapes_in(bit_view) if bit_view.select(BITNET, shape=s, m=1)]
-
-            def over_bitnet(peer, shape):
-                p = bit_view.select(peer, shape=shape, m=1)
-                row, _ = fastest(bit_view, (BITNET_OURS,), shape=shape, m=1)
-                return _own_err(p[0], row) if p and row is not None else None
-            _bars(ax, bit_shapes, [BITNET], over_bitnet)
-            ax.axhline(1.0, color="k", lw=1)
-            ax.set_ylabel("BitNet's time / step 12's", fontsize=FONT)
-            apart = "; a separate run on the same card" if bitnet.data.get("quick") else ""
-            ax.set_title(f"{card}, M = 1, the {len(bit_shapes)} shapes BitNet's kernel is built for (W2A8, both{apart})",
-                         fontsize=FONT + 1)
+            _bitnet_panel(axes[0, 0], bit_view, card, bitnet.data.get("quick"))
         for ax, m in zip(axes[int(bit_view is not None):, 0], peer_ms):
             def over_peer(peer, shape, m=m):
                 ours = W2A8_DEFAULTS if peer == INT_MM else FLOAT_X_SERIES
@@ -312,4 +301,27 @@ def figures(results, bitnet=None) -> dict:
         fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - 0.8 / height))
         _legend_below(fig, list(axes[:, 0]), ncol=3)
         figs["peers"] = fig
+    if bit_view is not None:  # the chapter's headline alone: the landing page's figure
+        fig, ax = plt.subplots(figsize=(9, 4.6))
+        _bitnet_panel(ax, bit_view, card, bitnet.data.get("quick"))
+        _head(fig, "BitNet's W2A8 kernel's time over step 12's (above 1: step 12 is faster; whiskers: BitNet's "
+              "repetitions)\n" + bitnet.caption())
+        fig.tight_layout(rect=(0, 0, 1, 0.86))
+        figs["bitnet"] = fig
     return figs
+
+
+def _bitnet_panel(ax, bit_view, card: str, quick: bool) -> None:
+    """BitNet's W2A8 kernel's time over step 12's (the one-row W2A8 kernel), M = 1, at the shapes it is built for."""
+    bit_shapes = [s for s in shapes_in(bit_view) if bit_view.select(BITNET, shape=s, m=1)]
+
+    def over_bitnet(peer, shape):
+        p = bit_view.select(peer, shape=shape, m=1)
+        row, _ = fastest(bit_view, (BITNET_OURS,), shape=shape, m=1)
+        return _own_err(p[0], row) if p and row is not None else None
+    _bars(ax, bit_shapes, [BITNET], over_bitnet)
+    ax.axhline(1.0, color="k", lw=1)
+    ax.set_ylabel("BitNet's time / step 12's", fontsize=FONT)
+    apart = "; a separate run on the same card" if quick else ""
+    ax.set_title(f"{card}, M = 1, the {len(bit_shapes)} shapes BitNet's kernel is built for (W2A8, both{apart})",
+                 fontsize=FONT + 1)
