@@ -119,7 +119,8 @@ def times_figure(results, columns: int = 2):
             ax.text(floors[0], -0.95, " compute floor", fontsize=9, va="center")
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        # "1k", "2k": thousands in four digits would run into each other at this panel width
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v >= 1000 else f"{v:,.0f}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlim(left, max(widths) * 2.2)  # room for the slowest bar's value
         ax.set_title(shape, fontsize=10)
