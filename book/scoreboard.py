@@ -686,7 +686,7 @@ ENTRIES: tuple[Entry, ...] = (
                    "tokens",
           rival_short="our corrected port of FastDeploy's GPU kernel"),
     Entry(4, "CTC loss", "notebooks/04_ctc_loss.ipynb",
-          "How fast can a CTC loss and its gradient run past cuDNN?", "ctc", _ctc,
+          "How much faster than cuDNN can a CTC loss and its gradient run?", "ctc", _ctc,
           headline="loss and gradient against cuDNN, 150 frames, alphabet 5,000, batch 8",
           rival_short="cuDNN"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",

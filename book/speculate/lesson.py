@@ -366,12 +366,10 @@ def prefill_probe() -> dict[str, float]:
 
 def agreement(results) -> dict[str, Any]:
     """The checks against chapter 07: sequences compared, identical, divergences and the largest gap over its
-    rounding bound; ``note_says_same``: whether the file's notes say every configuration writes chapter 07's tokens
-    (the checks, which count the near ties, are the accurate statement)."""
+    rounding bound."""
     checks = [c for c in results.data["checks"] if c["name"].startswith("same tokens as")]
     divs = [d for c in checks for d in c.get("divergences", [])]
-    says_same = any("writes the same tokens as chapter 7's step 3" in n for n in results.data.get("notes", []))
-    return {"checks": len(checks), "sequences": sum(c["sequences"] for c in checks), "note_says_same": says_same,
+    return {"checks": len(checks), "sequences": sum(c["sequences"] for c in checks),
             "identical": sum(c["identical"] for c in checks), "divergences": len(divs),
             "all_inside": all(d["inside"] for d in divs) and all(c["passed"] for c in checks),
             "largest_gap_over_bound": max((d["gap"] / d["bound"] for d in divs if d["bound"]), default=0.0)}

@@ -693,7 +693,8 @@ PART2_ROWS = (
     (10, 1, 9, "the same bits on `mma.sync`, loads issued groups ahead (three changes: below)"),
     (11, 1, 10, "the warps share K, fed by a TMA ring (four changes: below)"),
     (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (two changes: below)"),
-    (13, 1, 12, "one tile of weights a warp, a slice of K a block (built for several rows; at one row it loses)"),
+    (13, 1, 12, "one tile of weights a warp, a slice of K a block (built for several rows; at one row it loses "
+                "at this shape)"),
     (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
     (13, 16, 12, "one tile of weights a warp, a slice of K a block (two changes: below; part 1's step 9 stays "
                  "the fastest at 16 rows)"),
