@@ -39,11 +39,6 @@ from studylog.paths import BENCH_RESULTS
 #: What a cell reads where the committed files do not hold the number.
 NOT_MEASURED = "not measured"
 
-#: What the files keep of the repetitions (said once on the page, under the tables).
-REPETITIONS = ("the chapters' benchmark files keep, for each measurement, the fastest, median and slowest of a few "
-               "independent runs, each run itself a median over many replays of the call")
-
-
 # ----------------------------------------------------------------------------------------------
 # Reading the files
 # ----------------------------------------------------------------------------------------------
@@ -1090,7 +1085,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
-__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "REPETITIONS", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs", "tail_ratio"]
