@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -279,3 +280,58 @@ PROSE_BUDGET = 2500
 
 __all__ = ["PENDING", "PROSE_BUDGET", "changed_lines", "cu_kernel", "diff_parts", "fmt", "gpu_us", "guarded",
            "listing_parts", "prose_words", "quiet_native_stderr", "report", "say", "step_diff", "us"]
+
+
+# Chain tables: a bundled step timed one change at a time
+
+@dataclasses.dataclass(frozen=True)
+class ChainRow:
+    """One row of a chain table: its label ("5a", "step 5"), the one change it adds over the row above, and its time
+    per case (µs, or the unit the table names). ``remeasure`` marks a row that times the same kernel as the row
+    above (an anchor timed again): its ratio is shown, but not as a change that pays or does not."""
+
+    label: str
+    change: str
+    us: dict
+    remeasure: bool = False
+
+
+def chain_factor(before: float, after: float, *, remeasure: bool = False) -> str:
+    """A chain row's "× previous" cell: the row above's time over this row's, marked where a change costs time."""
+    x = before / after
+    return f"{x:.2f}×" + ("" if remeasure or round(x, 2) >= 1 else ", does not pay")
+
+
+def chain_factors(rows: list[ChainRow]) -> dict[str, dict]:
+    """Per row but the first: {case: the row above's time over this row's}."""
+    return {b.label: {c: a.us[c] / b.us[c] for c in b.us} for a, b in zip(rows, rows[1:])}
+
+
+def chain_table(rows: list[ChainRow], cases: list, case_name=str, *, unit: str = "µs", digits: int = 1,
+                grouped: bool = False) -> str:
+    """Markdown of a chain: row | the one change | per case its time and × previous (the first row, the anchor,
+    has none). ``case_name(case)`` heads a case's columns; ``grouped`` puts every case's times first, then every
+    case's ratios (for many cases), instead of a time and its ratio side by side."""
+    if len(rows) < 2:
+        raise ValueError(f"a chain needs an anchor and at least one change, got {len(rows)} row(s)")
+    for row in rows:
+        missing = [c for c in cases if c not in row.us]
+        if missing:
+            raise ValueError(f"chain row {row.label!r} has no time at case(s) {missing}")
+    times = [f"{case_name(c)}: {unit}" for c in cases]
+    ratios = [f"× previous" + (f", {case_name(c)}" if grouped else "") for c in cases]
+    head = ["row", "the one change"] + (times + ratios if grouped else [h for p in zip(times, ratios) for h in p])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, row in enumerate(rows):
+        t = [f"{row.us[c]:,.{digits}f}" for c in cases]
+        f = ["anchor" if i == 0 else chain_factor(rows[i - 1].us[c], row.us[c], remeasure=row.remeasure)
+             for c in cases]
+        cells = t + f if grouped else [x for p in zip(t, f) for x in p]
+        lines.append("| " + " | ".join([row.label, row.change] + cells) + " |")
+    return "\n".join(lines)
+
+
+def chain_note(first: str, last: str, gap: float) -> str:
+    """The sentence under a chain table timed in a run of its own: how far its two anchors sit from the steps
+    table (the run-to-run spread; "How we measure" says why such a table keeps its own run)."""
+    return f"One run of its own: its {first} and {last} sit within {gap:.0%} of the steps table."

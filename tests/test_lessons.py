@@ -186,3 +186,39 @@ def test_no_accidental_markdown(path):
     assert not bullets, f"{path.name}: lines that Markdown turns into bullets: {bullets[:3]}"
     bold = [m.group(0) for ln in lines for m in re.finditer(r"(?<![`\w])__\w+__(?![`\w])", re.sub(r"`[^`]*`", "", ln))]
     assert not bold, f"{path.name}: names Markdown turns bold: {bold[:3]}"
+
+
+def test_the_chain_table_computes_each_ratio_from_its_own_cells():
+    import random
+
+    from book.common import ChainRow, chain_table
+
+    rng = random.Random(7)
+    cases = [1, 16, 256]
+    rows = [ChainRow(label, f"change {label}", {c: rng.uniform(5, 50) for c in cases}) for label in ("4", "5a", "5b")]
+    rows.append(ChainRow("5", "timed again", dict(rows[-1].us), remeasure=True))
+    for grouped in (False, True):
+        lines = chain_table(rows, cases, lambda c: f"N = {c}", grouped=grouped).splitlines()
+        assert len(lines) == 2 + len(rows)
+        for i, line in enumerate(lines[2:]):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            times = [float(c.replace(",", "")) for c in (cells[2:5] if grouped else cells[2::2])]
+            ratios = cells[5:] if grouped else cells[3::2]
+            for c, t, r in zip(cases, times, ratios):
+                assert abs(t - rows[i].us[c]) < 0.051
+                if i == 0:
+                    assert r == "anchor"
+                    continue
+                x = rows[i - 1].us[c] / rows[i].us[c]
+                assert r.startswith(f"{x:.2f}×")
+                assert r.endswith("does not pay") == (round(x, 2) < 1 and not rows[i].remeasure)
+
+
+def test_the_chain_table_refuses_a_row_without_a_case():
+    from book.common import ChainRow, chain_table
+
+    rows = [ChainRow("4", "", {1: 1.0}), ChainRow("5a", "x", {2: 1.0})]
+    with pytest.raises(ValueError, match="5a"):
+        chain_table(rows, [1], str)
+    with pytest.raises(ValueError, match="anchor"):
+        chain_table(rows[:1], [1], str)
