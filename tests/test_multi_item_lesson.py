@@ -1,9 +1,12 @@
 """Chapter 6's lesson helpers and exercises: the checks accept the library's solutions and reject planted
 mistakes; the lesson's tables read the committed file, a file of the current benchmark, and no file at all."""
 
+import re
+
 import pytest
 import torch
 
+from book.common import ChainRow, chain_note, chain_table
 from book.multi_item import exercises, lesson, solutions
 
 import triton.language as tl  # noqa: I001  (after studylog, which sets TRITON_INTERPRET on a CPU)
@@ -175,7 +178,7 @@ def _current_file() -> plotting.Results:
 def test_lesson_tables_of_a_current_file():
     results = _current_file()
     shape = report.bench_shapes()[0][0]
-    assert "gpu clock" in lesson.caption(results)
+    assert "GPU clock" in lesson.caption(results)
     assert "commit" not in lesson.caption(results)
     tried = lesson.tried_table(results)
     assert "| step 5 in tail-first order, every head of every prompt side by side (step 5a) | +40% |" in tried
@@ -300,28 +303,38 @@ def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     assert rows["5"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
 
 
+def _table(chain: lesson.Chain) -> str:
+    """The chain as the page renders it (the book's one chain renderer)."""
+    return chain_table(chain.rows, [chain.case], chain.name)
+
+
 def _check_chain(chain: lesson.Chain, number: int) -> None:
     """A chain table is cumulative: the anchor first, lettered rows of step ``number`` each once, step ``number``
-    last; each × previous is the ratio of the µs cells above and here, a loss says so."""
-    rows = _rows(chain.table())
+    last; each × previous is the ratio of the µs cells above and here, a loss says so (a row timing the same kernel
+    again does not)."""
+    rows = _rows(_table(chain))
     labels = [r[0] for r in rows]
     assert len(set(labels)) == len(labels) and labels[-1] == f"step {number}"
-    assert rows[0][3] == "the anchor" and labels[0] in (f"step {number - 1}", f"{number}a")
+    assert rows[0][3] == "anchor" and labels[0] in (f"step {number - 1}", f"{number}a")
     for letter, label in zip("abcdefg", [lab for lab in labels[:-1] if lab[0].isdigit()]):
         assert label == f"{number}{letter}"
-    for above, row in zip(rows, rows[1:]):
+    for above, row, kept in zip(rows, rows[1:], chain.rows[1:]):
         x = float(above[2].replace(",", "")) / float(row[2].replace(",", ""))
-        assert row[3].startswith(f"{x:.2f}×") and ("does not pay" in row[3]) == (round(x, 2) < 1)
+        assert row[3].startswith(f"{x:.2f}×")
+        assert ("does not pay" in row[3]) == (round(x, 2) < 1 and not kept.remeasure)
         assert row[1].startswith("+ ") and "–" not in row
 
 
 def test_a_chain_table_is_cumulative_and_names_a_loss():
-    chain = lesson.Chain("a case", [("step 4", "a launch per prompt", 680.0), ("5a", "+ one launch", 814.0),
-                                    ("5b", "+ groups", 640.0), ("step 5", "+ heaviest first", 632.0)],
+    rows = [("step 4", "a launch per prompt", 680.0), ("5a", "+ one launch", 814.0), ("5b", "+ groups", 640.0),
+            ("step 5", "+ heaviest first", 632.0)]
+    chain = lesson.Chain("a case", [ChainRow(label, change, {"a case": t}) for label, change, t in rows],
                          {"step 4": report.STEP04_PER_PROMPT})
     _check_chain(chain, 5)
-    assert "| 5a | + one launch | 814.0 | 0.84×, does not pay |" in chain.table()
-    broken = lesson.Chain("a case", [("5a", "x", 800.0), ("5a", "+ y", 700.0), ("step 5", "+ z", 600.0)], {})
+    assert "| 5a | + one launch | 814.0 | 0.84×, does not pay |" in _table(chain)
+    broken = lesson.Chain("a case", [ChainRow(label, change, {"a case": t})
+                                     for label, change, t in (("5a", "x", 800.0), ("5a", "+ y", 700.0),
+                                                              ("step 5", "+ z", 600.0))], {})
     with pytest.raises(AssertionError):
         _check_chain(broken, 5)
 
@@ -331,28 +344,27 @@ def test_step_4s_chain_on_the_committed_run():
     results = plotting.load_results("multi_item")
     chain = lesson.step4_chain()
     _check_chain(chain, 4)
-    assert [r[0] for r in chain.rows] == ["step 3", "4a", "step 4"]
-    # the larger set picks step 3's best configuration here: its row and the main table's say it changes nothing
-    assert "no change here" in chain.rows[-1][1]
-    assert "(no change here)" in {r[0]: r for r in _rows(lesson.steps_table(results))}["4"][1]
-    times = {label: t for label, _, t in chain.rows}
+    assert [r.label for r in chain.rows] == ["step 3", "4a", "step 4"]
+    # the larger set picks step 3's best configuration here: its chain row times the same kernel again, and the main
+    # table's row keeps it out of the step's change (one clause, not a second change)
+    assert chain.rows[-1].remeasure and "the same kernel timed again" in chain.rows[-1].change
+    cell = {r[0]: r for r in _rows(lesson.steps_table(results))}["4"][1]
+    assert cell.startswith("key tiles no row sees never loaded (") and "changes" not in cell
+    times = chain.times
     want = max(abs(times[f"step {n}"] / (lesson.ms(results, lesson.STEP[n].series, chain.case) * 1e3) - 1)
                for n in (3, 4))
     assert chain.gap(results) == pytest.approx(want)
+    assert f"within {want:.0%} of the steps table" in chain_note("step 3", "step 4", chain.gap(results))
 
 
 @pytest.mark.skipif(lesson.step5_chain() is None, reason="no committed step 5 chain")
-def test_step_5s_chain_on_the_committed_run_starts_at_step_4_where_that_run_timed_it():
-    from book.common import lab_or_none
-
+def test_step_5s_chain_on_the_committed_run_starts_at_step_4():
     chain = lesson.step5_chain()
     _check_chain(chain, 5)
-    labels = [r[0] for r in chain.rows]
-    # step 4 launched per prompt is the chain's first anchor once step05_chain.json is committed
-    want = ["step 4"] * (lab_or_none("multi_item", "step05_chain") is not None) + ["5a", "5b", "step 5"]
-    assert labels == want
+    # the page quotes 5a against step 4 from this run: step 4 launched per prompt is its first anchor
+    assert [r.label for r in chain.rows] == ["step 4", "5a", "5b", "step 5"]
     # the chain runs the mixed batch with 32 heads; the main table's batch has 8 KV heads: the column says which
-    assert chain.table().splitlines()[0].startswith(f"| row | the one change | {lesson.MIXED_LABEL}: µs |")
+    assert _table(chain).splitlines()[0].startswith(f"| row | the one change | {lesson.MIXED_LABEL}: µs |")
     assert "32 heads" in lesson.MIXED_LABEL
 
 
@@ -364,10 +376,27 @@ def test_step_5s_chain_reads_step_4s_anchor_where_the_run_has_it(monkeypatch):
     monkeypatch.setattr(lesson, "lab_or_none", lambda chapter, name, gpu="nvidia-h200": data)
     chain = lesson.step5_chain()
     _check_chain(chain, 5)
-    assert [r[0] for r in chain.rows] == ["step 4", "5a", "5b", "step 5"]
+    assert [r.label for r in chain.rows] == ["step 4", "5a", "5b", "step 5"]
     assert set(chain.anchors) == {"step 4", "5a", "step 5"}
     data["measurements"].pop(0)  # a run without step 4: the chain starts at the one launch
-    assert [r[0] for r in lesson.step5_chain().rows] == ["5a", "5b", "step 5"]
+    assert [r.label for r in lesson.step5_chain().rows] == ["5a", "5b", "step 5"]
+
+
+def test_the_page_quotes_5a_from_its_chain_and_names_each_batchs_layout():
+    """5a has one value on the page (the chain's run); the figure has no 5a bar (the main run's), and every mention of
+    the mixed batch in the prose says its layout; the figure's title is true of every panel."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells)
+    assert "chained['5a']" in code and "order_series(\"first_run\")" not in code
+    for c in cells:
+        text = " ".join("".join(c["source"]).split())
+        for m in re.finditer(r"the mixed batch(.{0,40})", text):
+            assert re.match(r"(,| with| in)? ?(32 heads|8 KV heads|in the model's own layout|\S* on an)", m.group(1)) \
+                or "layout" in text[max(0, m.start() - 200):m.start()], m.group(0)
 
 
 @pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
@@ -404,7 +433,7 @@ def test_the_page_names_orders_not_their_history_and_folds_step_2s_helpers():
 
     for words in ("first version", "(?<!tail-)first order", "first run", "first_run`"):
         assert not re.search(words, text.lower()), words
-    assert "tail-first order" in text and "tail-first" in lesson.step5_chain().table()
+    assert "tail-first order" in text and "tail-first" in _table(lesson.step5_chain())
     for words in ("separate run", "step 5b", "a further run"):  # no run history, no 5b for step 5
         assert words not in text.lower(), words
     helpers = [c for c in cells if "shared.items()" in "".join(c["source"])]

@@ -8,12 +8,7 @@ from typing import Any
 from book.common import param_values
 from studylog.multi_item import CHAPTER
 from studylog.multi_item.report import (BENCH_HEAD_DIM, BENCH_HEADS, FLASHINFER, FLEX, ONE_PASS_PER_ITEM, SDPA_CAUSAL,
-                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, STEP06, order_series)
-
-
-#: Step 5a: step 5's one launch with its program table in tail-first order (the first row of the lesson's chain
-#: under step 5), timed beside the default order.
-STEP05A = order_series("first_run")
+                                        SDPA_DENSE, STEP04, STEP04_PER_PROMPT, STEP05, STEP06)
 
 __all__ = ["COLOURS", "approaches", "colour", "figures", "series_label", "shape_names", "tiles_figure",
            "times_figure"]
@@ -50,7 +45,6 @@ COLOURS = {
     CHAPTER.step(3).series: "#9ecae1",
     STEP04.series: "#4292c6",
     STEP04_PER_PROMPT: "#bcbd22",
-    STEP05A: "#6baed6",
     STEP05.series: "#08306b",
     STEP06.series: "#2ca02c",
 }
@@ -68,15 +62,14 @@ def figures(results) -> dict[str, Any]:
 
 
 def _times_label(series: str) -> str:
-    """The times figure's name of a series: 5a (step 5's launch in tail-first order) as the lesson's chain names
-    it, step 5 in its default order."""
-    return {STEP05A: f"step 5a ({STEP05.name}, tail-first order)",
-            STEP05.series: f"step 5 ({STEP05.name}, head groups, heaviest first)"}.get(series, series_label(series))
+    """The times figure's name of a series: step 5 in its default order. The figure has one bar per numbered step,
+    as the steps table has one row: 5a lives in step 5's chain table only (its own run, one value on the page)."""
+    return {STEP05.series: f"step 5 ({STEP05.name}, head groups, heaviest first)"}.get(series, series_label(series))
 
 
 def times_figure(results, columns: int = 2):
     """One panel per benchmark shape, the grouped-query layout's included, on a grid of ``columns`` columns: a
-    horizontal bar per approach the benchmark ran on that shape (step 5 in tail-first order, 5a, and step 6 included;
+    horizontal bar per approach the benchmark ran on that shape (step 6 included;
     median, with the repetitions' range where the file keeps it, the value printed), the compute floor dashed and
     named above the bars. An approach not run on a shape has no row in its panel (the steps that take one prompt,
     step 6 outside the grouped-query layout), so each panel holds only bars. The time axis is logarithmic: the
@@ -87,7 +80,6 @@ def times_figure(results, columns: int = 2):
 
     shapes = shape_names(results)
     wanted = approaches()
-    wanted.insert(wanted.index(STEP05.series), STEP05A)
     wanted.append(STEP06.series)
     ran = {shape: [s for s in wanted if results.select(s, shape=shape)] for shape in shapes}
     rows_of_panels = -(-len(shapes) // columns)
@@ -130,9 +122,14 @@ def times_figure(results, columns: int = 2):
         ax.set_yticks(ys, [_times_label(s) for s in series], fontsize=9)
         ax.set_ylim(len(series) - 0.4, -1.5)
     clock = results.select(STEP05.series)[0].get("clock", "do_bench")
-    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} heads of {BENCH_HEAD_DIM}, on {results.gpu} "
-                 f"({clock} clock; error bars: the repetitions' range where measured)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # the title line above the panels
+    clock = {"gpu": "GPU"}.get(clock, clock)
+    # the heads as every panel has them: a key/value head per query head, but where a panel names its KV heads
+    kv = sorted({r["params"]["kv_heads"] for r in results.select() if r["params"].get("kv_heads") not in
+                 (None, BENCH_HEADS)})
+    grouped = f" ({', '.join(map(str, kv))} KV heads where the panel says so)" if kv else ""
+    fig.suptitle(f"Time per call of every approach, bf16, {BENCH_HEADS} query heads of {BENCH_HEAD_DIM}{grouped}, "
+                 f"on {results.gpu}\n({clock} clock; error bars: the repetitions' range where measured)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / fig.get_figheight()))  # the title's two lines above the panels
     return fig
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from book.common import PENDING, fmt, lab_or_none, us
+from book.common import PENDING, ChainRow, fmt, lab_or_none, us
 from book.multi_item.figures import approaches, series_label, shape_names
 from studylog.multi_item import report
 from studylog.multi_item.formats import DEFAULT_RULE, MultiItemBatch
@@ -48,8 +48,9 @@ def caption(results) -> str:
 
 
 def clock(results) -> str:
-    """The clock of step 5's rows."""
-    return results.select(STEP[5].series)[0]["clock"]
+    """The clock of step 5's rows, as prose names it (the file's "gpu" is the GPU clock)."""
+    name = results.select(STEP[5].series)[0].get("clock", "do_bench")
+    return {"gpu": "GPU"}.get(name, name)
 
 
 def ms(results, series: str, shape: str) -> float | None:
@@ -229,8 +230,8 @@ def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
          report.SDPA_DENSE),
         ("2", "a Triton flash-attention forward that reads the mask", STEP[2].series),
         ("3", "the mask computed from the prefix length and item positions", STEP[3].series),
-        ("4", "two changes (below): key tiles no row sees never loaded; a larger set of tile configurations "
-              "(no change here). A batch: a launch per prompt",
+        ("4", "key tiles no row sees never loaded (the tuner's larger set of configurations picks step 3's tile "
+              "here: below). A batch: a launch per prompt",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
         ("5", "every prompt in one launch, its programs in an order that keeps the keys in L2 (three changes: "
               "below)", STEP[5].series),
@@ -284,32 +285,29 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
 
 @dataclass
 class Chain:
-    """A bundled step's changes one at a time, all from one run: ``rows`` are (label, the one change, µs), each
-    adding one change to the row above; the first is the previous step (the anchor), the last the library's step.
-    ``anchors`` maps a row's label to the main benchmark's series it re-times on ``case``."""
+    """A bundled step's changes one at a time, all from one run: ``rows`` (:class:`~book.common.ChainRow`, timed on
+    ``case``) each add one change to the row above; the first is the previous step (the anchor), the last the
+    library's step. ``anchors`` maps a row's label to the main benchmark's series it re-times on ``case``. The page
+    renders it with :func:`book.common.chain_table`."""
     case: str
-    rows: list[tuple[str, str, float]]
+    rows: list[ChainRow]
     anchors: dict[str, str]
     #: the case as the table's column names it (its layout where the page has two of one batch); ``case`` if empty
     case_label: str = ""
 
-    def table(self) -> str:
-        """Markdown: row | the one change | µs | × previous (the row above over this row; above 1.00× it pays)."""
-        lines = [f"| row | the one change | {self.case_label or self.case}: µs | × previous |", "|---|---|---|---|"]
-        before = None
-        for label, change, t in self.rows:
-            if before is None:
-                cell = "the anchor"
-            else:
-                cell = f"{before / t:.2f}×" + (", does not pay" if round(before / t, 2) < 1 else "")
-            lines.append(f"| {label} | {change} | {t:,.1f} | {cell} |")
-            before = t
-        return "\n".join(lines)
+    def name(self, case: str) -> str:
+        """The column's name of ``case`` (for :func:`book.common.chain_table`)."""
+        return self.case_label or case
+
+    @property
+    def times(self) -> dict[str, float]:
+        """µs per row label."""
+        return {r.label: r.us[self.case] for r in self.rows}
 
     def gap(self, results) -> float | None:
         """The largest relative gap between an anchor's time here and the same series in ``results`` (the main
         run), or None where the main run lacks them all."""
-        times = {label: t for label, _, t in self.rows}
+        times = self.times
         gaps = [abs(times[label] / (ms(results, series, self.case) * 1e3) - 1) for label, series in self.anchors.items()
                 if ms(results, series, self.case) is not None]
         return max(gaps) if gaps else None
@@ -341,11 +339,13 @@ def step4_chain(gpu: str = "nvidia-h200") -> Chain | None:
               and r["params"]["shape"] == shape]
     # "no change" only where the larger set's tuner chose the configuration that was already best in step 3's set
     same = chosen == [best_config] and best_config is not None
+    # where the tuner picks 4a's configuration, step 4 is 4a's kernel timed again (no change, no ratio that pays)
+    last = ("+ the larger set of ten configurations: the tuner picks 4a's, the same kernel timed again" if same
+            else "+ the larger set of ten configurations")
     return Chain(shape, [
-        ("step 3", "the mask computed from the metadata", _row(data, STEP[3].series, shape)),
-        ("4a", "+ key tiles no row sees never loaded (step 3's two configurations)", best),
-        ("step 4", "+ the larger set of ten configurations" + (" (no change here: the tuner picks the same one)"
-                                                               if same else ""), _row(data, STEP[4].series, shape))],
+        ChainRow("step 3", "the mask computed from the metadata", {shape: _row(data, STEP[3].series, shape)}),
+        ChainRow("4a", "+ key tiles no row sees never loaded (step 3's two configurations)", {shape: best}),
+        ChainRow("step 4", last, {shape: _row(data, STEP[4].series, shape)}, remeasure=same)],
         {"step 3": STEP[3].series, "step 4": STEP[4].series})
 
 
@@ -359,13 +359,13 @@ def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
     shape, first = report.MIXED_SHAPE, report.order_series("first_run")
     rows, anchors = [], {"5a": first, "step 5": STEP[5].series}
     if any(r["series"] == report.STEP04_PER_PROMPT for r in data["measurements"]):
-        rows.append(("step 4", "a launch per prompt", _row(data, report.STEP04_PER_PROMPT, shape)))
+        rows.append(ChainRow("step 4", "a launch per prompt", {shape: _row(data, report.STEP04_PER_PROMPT, shape)}))
         anchors["step 4"] = report.STEP04_PER_PROMPT
-    rows += [("5a", ("+ " if rows else "") + "every prompt in one launch, its programs in tail-first order",
-              _row(data, first, shape)),
-             ("5b", "+ the heads in groups whose keys and values fit in L2",
-              _row(data, "step_changes", shape, order="head groups only")),
-             ("step 5", "+ the heaviest query tiles first", _row(data, STEP[5].series, shape))]
+    rows += [ChainRow("5a", ("+ " if rows else "") + "every prompt in one launch, its programs in tail-first order",
+                      {shape: _row(data, first, shape)}),
+             ChainRow("5b", "+ the heads in groups whose keys and values fit in L2",
+                      {shape: _row(data, "step_changes", shape, order="head groups only")}),
+             ChainRow("step 5", "+ the heaviest query tiles first", {shape: _row(data, STEP[5].series, shape)})]
     return Chain(shape, rows, anchors, MIXED_LABEL)
 
 
