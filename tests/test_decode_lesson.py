@@ -572,6 +572,14 @@ def test_the_steps_table_has_one_row_per_step_and_no_lettered_rows():
         assert not any(re.fullmatch(r"\d+[a-z]", r[0].strip("`")) for r in rows)
 
 
+def _chain_table(changes) -> str:
+    """Step 3's chain as the page renders it: the book's one chain renderer, µs per output token, whole µs."""
+    from book.common import chain_table
+
+    return chain_table(lesson.step03_chain_rows(changes), [label for label, _, _ in lesson.CHAIN_CASES], str,
+                       unit="µs per token", digits=0)
+
+
 def _check_chain(table: str) -> list[list[str]]:
     """A chain table's rules: each row's label once, step 2 first and step 3 last, every "× previous" the ratio of the
     row above's µs cell over its own (to the cells' rounding), "does not pay" exactly where it is below one."""
@@ -587,8 +595,7 @@ def _check_chain(table: str) -> list[list[str]]:
             factor = row[3 + 2 * k]
             x = float(factor.split("×")[0])
             assert x == pytest.approx(us_above / us, abs=0.006), (row[0], k)
-            if x != 1.0:  # a factor that rounds to 1.00x may be either side of one
-                assert ("does not pay" in factor) == (x < 1.0), (row[0], factor)
+            assert ("does not pay" in factor) == (x < 1.0), (row[0], factor)  # the cell's own two digits decide
     assert all(r[3 + 2 * k] == "anchor" for r in rows[:1] for k in range(cases))
     return rows
 
@@ -602,8 +609,10 @@ def test_step_3s_chain_is_cumulative_from_hand_made_rows():
     one = lesson.CHAIN_CASES[0][0]
     assert [r["us"][one] for r in chain] == pytest.approx([1100, 1120, 900, 850])
     assert chain[1]["x_previous"][one] == pytest.approx(1100 / 1120) and chain[0]["x_previous"][one] is None
-    rows = _check_chain(lesson.step03_chain_table(changes))
+    rows = _check_chain(_chain_table(changes))
     assert "does not pay" in rows[1][3] and "does not pay" not in rows[2][3]
+    assert rows[0][:4] == ["step 2", "jumps, dense head, xgrammar's bitmask", "1,100", "anchor"]
+    assert all(r[1].startswith("+ ") for r in rows[1:])
     # a missing link is an error, not a row left out
     with pytest.raises(ValueError):
         lesson.step03_chain([r for r in changes if r["params"]["config"] != "masked_full_argmax"])
@@ -622,7 +631,7 @@ def test_step_3s_chain_from_the_committed_run():
     """The page's chain table, read from the committed lab run: the rules hold, every request wrote step 1's
     tokens, and the run's file must exist (the page has no other source: a missing file is an error)."""
     changes = lesson.step03_chain_run()
-    _check_chain(lesson.step03_chain_table(changes))
+    _check_chain(_chain_table(changes))
     chain = lesson.step03_chain(changes)
     assert all(r["same_tokens"] for r in chain)
     gap = lesson.chain_anchor_gap(changes, lesson.committed())

@@ -17,15 +17,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from book.common import PENDING, fmt
+from book.common import PENDING, ChainRow, fmt
 from book.decode.results import TARGET_SPEEDUP, amdahl, breakdown, median_bound, schema_bounds, target_report
 from studylog.decode import report
 from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
 
 __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "amdahl_table",
-           "body_table", "chain_anchor_gap", "chain_factor_cell", "step03_chain", "step03_chain_run",
-           "step03_chain_table",
+           "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
            "bound_excess", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
            "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
@@ -572,7 +571,7 @@ def prose_numbers(current, earlier) -> dict[str, str]:
 #: The lesson's three steps, as the benchmark's configurations.
 STEP_CONFIGS = ("baseline", "jump_forward", "masked_head")
 #: What each step changes, for the steps table (step 3 bundles three changes, timed one at a time in
-#: :func:`step03_chain_table`).
+#: :func:`step03_chain_rows`).
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
                 "masked_head": "chapter 02's masked head and what it needs: three changes, 3a to 3c, timed one "
@@ -600,7 +599,7 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
 
 def steps_table(results, model: str = "1b", batch: int = 1) -> str:
     """:func:`steps_rows` as the page's one steps table (Markdown): one row per step, no sub-rows (step 3's changes
-    have their own table, :func:`step03_chain_table`)."""
+    have their own table, :func:`step03_chain_rows`)."""
     lines = ["| step | what changes | µs per token | × previous | × floor (its forwards' weight bytes) |",
              "|---|---|---|---|---|"]
     for r in steps_rows(results, model, batch):
@@ -785,10 +784,10 @@ CHAIN_FILE = "step03_changes"
 #: Step 3's chain, one row per link: its label, the configuration the run times for it, and the one change it adds
 #: to the row above. The first row is step 2 (the anchor); the last adds 3c and is step 3 itself (``masked_head``,
 #: the library's step 3, timed in the same run).
-STEP03_CHAIN = (("step 2", "jump_forward", "the anchor: jumps, dense head, xgrammar's bitmask"),
-                ("3a", "automaton_mask", "the automaton's allowed sets as the mask (dense head still)"),
-                ("3b", "masked_full_argmax", "chapter 02's masked head: only the allowed rows' logits"),
-                ("3c = step 3", "masked_head", "the greedy token picked among the allowed ids only"))
+STEP03_CHAIN = (("step 2", "jump_forward", "jumps, dense head, xgrammar's bitmask"),
+                ("3a", "automaton_mask", "+ the automaton's allowed sets as the mask (dense head still)"),
+                ("3b", "masked_full_argmax", "+ chapter 02's masked head: only the allowed rows' logits"),
+                ("3c = step 3", "masked_head", "+ the greedy token picked among the allowed ids only"))
 #: The chain table's cases: (column label, shape, batch): the steps table's case and the headline's.
 CHAIN_CASES = (("1B shape", "1b", 1), ("8B shape (headline)", "8b", 1))
 
@@ -828,24 +827,10 @@ def step03_chain(changes, cases=CHAIN_CASES) -> list[dict]:
     return out
 
 
-def chain_factor_cell(x: float | None) -> str:
-    """A chain row's "× previous" cell: the anchor's says so; a change that costs time says it does not pay."""
-    if x is None:
-        return "anchor"
-    return f"{x:.2f}×" + (", does not pay" if x < 1.0 else "")
-
-
-def step03_chain_table(changes, cases=CHAIN_CASES) -> str:
-    """:func:`step03_chain` as a Markdown table: row | the one change | per case, µs per token and × previous."""
-    chain = step03_chain(changes, cases)
-    labels = [label for label, _, _ in cases]
-    head = ["row", "the one change"] + [h for label in labels for h in (f"{label}: µs per token", "× previous")]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in chain:
-        cells = [r["row"], r["change"]] + [c for label in labels
-                                            for c in (f"{r['us'][label]:,.0f}", chain_factor_cell(r["x_previous"][label]))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def step03_chain_rows(changes, cases=CHAIN_CASES) -> list[ChainRow]:
+    """:func:`step03_chain` as the rows of the book's chain table (:func:`book.common.chain_table`, its cases the
+    labels of ``cases``, µs per output token)."""
+    return [ChainRow(r["row"], r["change"], dict(r["us"])) for r in step03_chain(changes, cases)]
 
 
 def chain_anchor_gap(changes, results, cases=CHAIN_CASES) -> dict:
