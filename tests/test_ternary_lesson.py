@@ -379,10 +379,16 @@ def test_the_main_tables_have_no_lettered_rows(results):
         assert "did not pay" in change
 
 
-def test_step_4s_third_change_is_said_to_change_nothing_only_where_it_does_not(results):
-    label, change, _, factors = L.chain(4, results)["rows"][3]
-    assert label == "4c" and "no change at these shapes" in change
-    assert all(round(f, 2) == 1.00 for f in factors)
+def test_step_4s_configs_are_a_clause_not_a_chain_row_where_they_change_nothing(results):
+    """Step 4's configs (which may split K) time the same as the chain's 4b at the chain's cases: they are no
+    change there, so the chain is 4a and 4b, and the page says in one clause that the configs are a no-op here."""
+    assert [label for label, _, _, _ in L.chain(4, results)["rows"]] == ["3", "4a", "4b", "4"]
+    changes = L.step_changes(4)
+    assert changes is not None, "lab/ternary/results/nvidia-h200/bundled_steps.json is not committed"
+    for case in changes["cases"]:
+        with_configs, without = changes["us"][("+a+b+c", *case)], changes["us"][("+a+b", *case)]
+        assert round(without / with_configs, 2) == 1.00, case
+    assert "no-op at these shapes" in _sections(LESSONS[0])[4]
 
 
 def _sections(path) -> dict[int, str]:
@@ -403,43 +409,105 @@ def _sections(path) -> dict[int, str]:
     return out
 
 
+#: Part 2's change that carries each step: its section leads with it, in bold, and its heading names it.
+CARRIERS = {10: ("10b", "K split"), 11: ("11b", "share K"), 12: ("12b", "x quantised in the kernel"),
+            13: ("13b", "x brought by the TMA")}
+
+
 def test_each_bundled_steps_prose_meets_its_changes_in_the_chain_tables_order():
     """The prose introduces a bundled step's lettered changes in the order its chain adds them (a decode is not
-    met before the layout it decodes, or the other way round, on one page and in its table)."""
+    met before the layout it decodes, or the other way round, on one page and in its table); part 2's sections
+    lead with the change that carries the step, then meet the others in the chain's order."""
     sections = {**_sections(LESSONS[0]), **_sections(LESSONS[1])}
     for step, (_, _, spec) in L.CHAINS.items():
         letters = [label for label, _, _ in spec[1:] if label[-1].isalpha()]
+        if step in CARRIERS:
+            letters = [CARRIERS[step][0]] + [x for x in letters if x != CARRIERS[step][0]]
         met = list(dict.fromkeys(re.findall(rf"\b{step}[a-e]\b", sections[step])))
         assert met == letters, (step, met)
 
 
-def test_part_1s_spine_is_steps_1_to_5_and_9_with_what_did_not_pay_after_it(results):
+def test_part_1s_steps_run_1_to_9_down_the_page_and_in_its_table(results):
+    """Steps 6 to 8 (tried, did not pay) sit in their numeric place, before step 9, each heading saying so; step 9's
+    section names step 5 as the step it builds on; each steps table's rows run upward."""
     cells = json.loads(LESSONS[0].read_text())["cells"]
     heads = [("".join(c["source"]).splitlines() or [""])[0] for c in cells if c["cell_type"] == "markdown"]
-    numbered = [(h.split(" ")[0], int(re.match(r"#+ Step (\d+):", h)[1])) for h in heads if re.match(r"#+ Step \d+:", h)]
-    assert [n for level, n in numbered if level == "##"] == [1, 2, 3, 4, 5, 9]
-    assert [n for level, n in numbered if level == "###"] == [6, 7, 8]
-    tried = next(i for i, h in enumerate(heads) if h.startswith("## Tried, did not pay"))
-    assert heads.index(next(h for h in heads if h.startswith("## Step 9:"))) < tried < heads.index(
-        next(h for h in heads if h.startswith("### Step 6:")))
+    numbered = [(h, int(re.match(r"## Step (\d+):", h)[1])) for h in heads if re.match(r"## Step \d+:", h)]
+    assert [n for _, n in numbered] == list(range(1, 10))
+    assert all(("did not pay" in h) == (n in (6, 7, 8)) for h, n in numbered)
+    assert not any(h.startswith("## Tried") for h in heads)
+    assert "builds on step 5" in _sections(LESSONS[0])[9]
+    for m in (1, 16):
+        steps = [n for n, rows_of_x, _, _ in L.PART1_ROWS if rows_of_x == m]
+        assert steps == sorted(steps)
     for number, m, previous, change in L.PART1_ROWS:
         assert change.startswith("tried, did not pay") == (number in (6, 7, 8))
 
 
-def test_part_2_says_up_front_that_each_steps_first_change_loses_alone_and_names_what_pays(results):
+def test_step_9s_row_names_the_changes_it_ships_at_a_loss(results):
+    """The steps table's step 9 row names each lettered change that costs time at a case of its chain, and only
+    those; the page says why from the same data."""
+    losing = L.losing_changes(9, results)
+    assert losing, "step 9's chain has no change that loses: the row's clause is wrong"
+    row = next(c for n, m, _, c in L.PART1_ROWS if (n, m) == (9, 16))
+    named = re.search(r"; ([0-9a-e, and]+) ship though each loses at ([^)]+)\)", row)
+    assert named and re.findall(r"9[a-e]", named[1]) == list(losing), row
+    assert {s for where in losing.values() for s, _ in where} == {named[2].replace(" × ", "x")}
+    code = "".join("".join(c["source"]) for c in json.loads(LESSONS[0].read_text())["cells"])
+    assert "lesson.losing_changes(9, results)" in code
+
+
+def test_part_2_leads_each_step_with_its_carrying_change_and_says_where_step_13_wins(results):
+    """No paragraph on how steps are built: each step's section opens with the change that carries it (the largest
+    gain at the chain's first case), in bold; step 13's heading and rows say where it loses and where it wins."""
+    from book.ternary import results as tables
+
     alone = L.first_changes(results)
     assert list(alone) == ["10a", "11a", "12a", "13a"] and all(v < 1 for v in alone.values())
     cells = json.loads(LESSONS[1].read_text())["cells"]
-    first10 = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 10:"))
-    assert any("lesson.first_changes(" in "".join(c["source"]) for c in cells[:first10])
-    # each heading names the change with the largest gain at the chain's first case
-    named = {10: ("10b", "K split"), 11: ("11b", "share K"), 12: ("12b", "x quantised in the kernel"),
-             13: ("13b", "x brought by the TMA")}
-    heads = {n: text.splitlines()[0] for n, text in _sections(LESSONS[1]).items()}
-    for step, (label, words) in named.items():
+    assert not any("How each step is built" in "".join(c["source"]) for c in cells)
+    sections = _sections(LESSONS[1])
+    for step, (label, words) in CARRIERS.items():
         rows = [r for r in L.chain(step, results)["rows"][1:] if r[0][-1].isalpha()]
         assert max(rows, key=lambda r: r[3][0])[0] == label, step
-        assert words in heads[step], heads[step]
+        head, body = sections[step].split("\n", 1)
+        assert words in head, head
+        assert body.strip().startswith(f"**{label}"), body[:80]
+    head13 = sections[13].splitlines()[0]
+    assert "loses to step 12 at one row" in head13 and "step 9 at 16" in head13 and "wins" in head13
+    assert L.us(results, T.SERIES[13]) > L.us(results, T.SERIES[12])
+    assert L.us(results, T.SERIES[13], L.MAIN, 16) > L.us(results, T.SERIES[9], L.MAIN, 16)
+    run = tables.bitnet_results(results)
+    wins = L.step13_wins(run)
+    assert wins and all(v > 1 for v in wins.values())
+    row = next(c for n, m, _, c in L.part2_rows(run) if (n, m) == (13, 1))
+    assert f"wins at {len(wins)} BitNet shapes" in row and f"{max(wins.values()):.2f}×" in row
+
+
+def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_a_choice():
+    cells = json.loads(LESSONS[1].read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    result = next(i for i, t in enumerate(text) if t.startswith("## The result"))
+    first = text[result + 1]
+    assert "Against BitNet's own W2A8 kernel" in first and "eager['slower_eager']" in first
+    assert first.index("BitNet's own") < first.index("slower_eager") < first.index('bitnet["table"]')
+    assert text.index(next(t for t in text if "lesson.result_table(" in t)) > result + 1
+    exercises = next(i for i, t in enumerate(text) if t.startswith("## Exercises"))
+    assert "**Which kernel to use.**" in text[exercises - 1]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_a_page_folds_its_long_listings(path):
+    """The main flow keeps short listings: a shown cell displays at most one diff or listing, and the group's
+    whole MMA listing, long diffs and the Little's-law arithmetic are behind labelled folds."""
+    for c in json.loads(path.read_text())["cells"]:
+        src = "".join(c["source"])
+        folded = "hide-output" in c["metadata"].get("tags", [])
+        if c["cell_type"] != "code" or folded:
+            assert not folded or c["metadata"].get("mystnb", {}).get("code_prompt_show", "").startswith("Show ")
+            continue
+        assert '"group_mma")' not in src and "Little's law" not in src and "core_diff(11)" not in src, src[:80]
+        assert "show_diff(" not in src or "diff_parts(" in src, src[:80]
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -475,8 +543,8 @@ def _check_chain(step: int, table: str):
             assert abs(factor - a / b) <= a / b * (0.05 / a + 0.05 / b) + 0.005, (row, cell, a / b)
             assert ("does not pay" in cell) == (row[0][-1].isalpha() and factor < 1), cell
             assert "–" not in cell
-    assert all(row[2 + n + i] == "" for row in rows[:1] for i in range(n))
-    assert "A run of its own" in table or "benchmark's own run" in table
+    assert all(row[2 + n + i] == "anchor" for row in rows[:1] for i in range(n))
+    assert "One run of its own" in table or "steps table's own run" in table
     assert rows[-1][1].endswith("as shipped") and "library's kernel" not in table
     note = table.rsplit("\n\n", 1)[1]
     assert note.count(".") == 1 and len(note.split()) <= 25  # one short sentence, right under the table
@@ -490,7 +558,7 @@ def test_each_chain_table_is_cumulative_and_read_from_one_run(results, step):
     ch = L.chain(step, results)
     for (label, _, times, factors), (_, _, times_above, _) in zip(ch["rows"][1:], ch["rows"]):
         assert factors == pytest.approx([a / b for a, b in zip(times_above, times)])
-    assert f"up to {ch['gap']:.0%}" in table or ch["run"] is None
+    assert f"within {ch['gap']:.0%} of the steps table" in table or ch["run"] is None
 
 
 def test_step_11s_chain_reads_its_run_and_fails_loudly_without_it(results):

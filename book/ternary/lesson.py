@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from book.common import PENDING, fmt, lab_or_none, latency_floor_ms
+from book.common import PENDING, ChainRow, chain_note, fmt, lab_or_none, latency_floor_ms
+from book.common import chain_table as common_chain_table
 from book.ternary.results import failed_peer_checks, series_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
@@ -660,7 +661,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "CHAINS", "chain", "chain_table", "chain_factor", "undone_table", "further_run", "run_source", "lab_file",
+           "PART1_ROWS", "PART2_ROWS", "part2_rows", "step13_wins", "CHAINS", "chain", "chain_rows", "chain_table", "losing_changes", "undone_table", "further_run", "run_source", "lab_file",
            "bench_file", "provenance", "step10_changes", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
@@ -676,7 +677,7 @@ PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
     (2, 1, 1, "int8 weights"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
-    (4, 1, 3, "an AND decode and 8 rows a program (three changes: below)"),
+    (4, 1, 3, "an AND decode and 8 rows a program (two changes: below)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
     (6, 1, 4, "tried, did not pay: 1.6-bit weights (base 3, a table lookup a byte)"),
     (9, 1, 4, "the `2bit_mma` layout: its decoded words are the MMA's operand (built for several rows)"),
@@ -684,21 +685,44 @@ PART1_ROWS = (
     (7, 16, 5, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
     (8, 16, 5, "tried, did not pay: int8 activations on the int8 tensor cores"),
     (9, 16, 5, "the `2bit_mma` layout: a word's two halves are neighbours along K, decoded straight into the "
-               "MMA's operand (five changes: below)"),
+               "MMA's operand (five changes: below; 9b, 9c and 9e ship though each loses at 2560 × 6912)"),
 )
 
 #: Part 2's rows, as :data:`PART1_ROWS`.
 PART2_ROWS = (
     (9, 1, None, "part 1's last Triton step"),
-    (10, 1, 9, "the same bits on `mma.sync`, loads issued groups ahead (three changes: below)"),
+    (10, 1, 9, "K split across blocks, on a hand-written `mma.sync` loop (three changes: below)"),
     (11, 1, 10, "the warps share K, fed by a TMA ring (four changes: below)"),
     (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (two changes: below)"),
-    (13, 1, 12, "one tile of weights a warp, a slice of K a block (built for several rows; at one row it loses "
-                "at this shape)"),
+    (13, 1, 12, "x brought by the TMA to one tile of weights a warp (two changes: below); loses to step 12 "
+                "here, wins at the widest BitNet shapes"),
     (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
-    (13, 16, 12, "one tile of weights a warp, a slice of K a block (two changes: below; part 1's step 9 stays "
-                 "the fastest at 16 rows)"),
+    (13, 16, 12, "x brought by the TMA to one tile of weights a warp; beats step 12, loses to part 1's step 9"),
 )
+
+
+def step13_wins(bitnet_run) -> dict[str, float]:
+    """The shapes of BitNet's run (one row of x) where step 13 is faster than step 12: shape -> step 12's time
+    over step 13's. Empty without the run."""
+    if bitnet_run is None:
+        return {}
+    out = {}
+    for shape in dict.fromkeys(r["params"]["shape"] for r in bitnet_run.select("bitnet_w2a8", m=1)):
+        t13, t12 = (bitnet_run.select(SERIES[n], shape=shape, m=1) for n in (13, 12))
+        if t13 and t12 and t13[0]["ms"] < t12[0]["ms"]:
+            out[shape] = t12[0]["ms"] / t13[0]["ms"]
+    return out
+
+
+def part2_rows(bitnet_run) -> tuple:
+    """:data:`PART2_ROWS`, step 13's one-row cell saying where it wins, computed from BitNet's run."""
+    wins = step13_wins(bitnet_run)
+    if not wins:
+        return PART2_ROWS
+    where = (f"wins at {len(wins)} BitNet shapes, {', '.join(s.replace('x', ' × ') for s in wins)}, by "
+             f"{min(wins.values()):.2f}× to {max(wins.values()):.2f}×")
+    return tuple((n, m, p, c.replace("wins at the widest BitNet shapes", where) if (n, m) == (13, 1) else c)
+                 for n, m, p, c in PART2_ROWS)
 
 
 def _factor(a: Optional[float], b: Optional[float]) -> str:
@@ -1066,8 +1090,6 @@ CHAINS = {
         ("3", "step 3", (SERIES[3], None)),
         ("4a", "the exponent-AND decode: one AND and one FMA a weight", ("step04_changes", "+a")),
         ("4b", "8 rows a program, one load of x for the 8", ("step04_changes", "+a+b")),
-        ("4c", "step 4's configs, K split where the autotuner takes it (no change at these shapes)",
-         ("step04_changes", "+a+b+c")),
         ("4", "step 4 as shipped", (SERIES[4], None)))),
     9: ("bundled_steps", ((MAIN, 16), (MAIN, 1), ("2560x6912", 1)), (
         ("5", "step 5", (SERIES[5], None)),
@@ -1161,31 +1183,30 @@ def _case(case) -> str:
     return f"{shape.replace('x', ' × ')}, M = {m}"
 
 
-def chain_factor(value: Optional[float]) -> str:
-    """A chain row's × previous: "1.23×", or "0.92×, does not pay" where the change makes the kernel slower."""
-    if value is None:
-        return ""
-    return f"{value:.2f}×" + (", does not pay" if round(value, 2) < 1 else "")
+def chain_rows(step: int, results, data: Optional[dict] = None) -> list[ChainRow]:
+    """Step ``step``'s chain (:func:`chain`) as the shared renderer's rows: each lettered row a change, the last
+    row, where it is the step as shipped (the same kernel as the row above), marked as timed again."""
+    ch = chain(step, results, data)
+    return [ChainRow(label, change, dict(zip(ch["cases"], times)), remeasure=i > 0 and not label[-1].isalpha())
+            for i, (label, change, times, _) in enumerate(ch["rows"])]
 
 
 def chain_table(step: int, results, data: Optional[dict] = None) -> str:
-    """Markdown: "Step N, one change at a time" (:func:`chain`), a column of µs and one of × previous per case,
-    then one sentence on its run and its two anchors (the largest gap to the main table, computed)."""
+    """Markdown: "Step N, one change at a time", the shared chain table (every case's µs, then every case's
+    × previous), then the line on its run: its two anchors' largest gap to the steps table, computed."""
     ch = chain(step, results, data)
-    cases = ch["cases"]
-    head = ([f"µs, {_case(c)}" for c in cases] + [f"× previous, {_case(c)}" for c in cases])
-    lines = [f"**Step {step}, one change at a time**", "",
-             "| row | the one change | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
-    for label, change, times, factors in ch["rows"]:
-        lettered = label[-1].isalpha()  # the anchors' rows are the same kernel as the row above, not a change
-        cells = [f"{t:.1f}" for t in times] + [chain_factor(f) if lettered or f is None else f"{f:.2f}×"
-                                               for f in (factors or [None] * len(cases))]
-        lines.append(f"| {label} | {change} | " + " | ".join(cells) + " |")
-    first, last = ch["rows"][0][0], step
+    table = common_chain_table(chain_rows(step, results, data), ch["cases"], _case, grouped=True)
     if ch["run"] is None:
-        note = (f"Every row is from the benchmark's own run, the main table's: steps {step - 1} and {step} are its "
-                "rows there.")
+        note = "Every row is from the steps table's own run."
     else:
-        note = (f"A run of its own: its steps {first} and {last} differ from the main table's by up to "
-                f"{ch['gap']:.0%}, the run-to-run spread.")
-    return "\n".join(lines) + "\n\n" + note
+        note = chain_note(f"step {ch['rows'][0][0]}", f"step {step}", ch["gap"])
+    return f"**Step {step}, one change at a time**\n\n{table}\n\n{note}"
+
+
+def losing_changes(step: int, results) -> dict[str, list]:
+    """Each lettered change of step ``step``'s chain that costs time at some case: label -> the cases where its
+    × previous rounds below 1.00 (the rule of the table's "does not pay")."""
+    ch = chain(step, results)
+    return {label: [c for c, f in zip(ch["cases"], factors) if round(f, 2) < 1]
+            for label, _, _, factors in ch["rows"][1:-1]
+            if any(round(f, 2) < 1 for f in factors)}
