@@ -232,16 +232,19 @@ def _step_rows(table: str) -> list[str]:
 
 def test_the_table_of_steps_has_one_row_per_step_and_no_lettered_rows():
     """Every row of the table of steps is a numbered step (no 5a, 7b...), then the rivals in rows of their own; step 5
-    says it bundles three changes, steps 3 and 8 that they did not pay (step 3 is slower than step 2; step 8 beats step
-    3, its base, and its cell says how much faster step 5 is on its mask)."""
+    says it bundles three changes and keeps the one that loses, with the loss its chain measured; steps 3 and 8 that
+    they did not pay (step 3 is slower than step 2; step 8 beats step 3, its base, and its cell says how much faster
+    step 5 is on its mask)."""
     results = plotting.load_results("masked_lm_head")
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.boehm_table(results).splitlines()[2:]]
     steps = [str(s.number) for s in mlh.CHAPTER.steps]
     assert [r[0] for r in rows] == steps + ["rival"] * len(lesson.RIVAL_ROWS)
     by = {r[0]: r for r in rows}
     assert by["5"][1].startswith("three changes")
+    loss = lesson.fill_first_loss(lesson.step05_chain(), lesson.STEP_CASES[5][0]["allowed"])
+    assert loss > 0 and f"the fill programs first (kept, a measured {loss:.1%} loss at 1,000 allowed)" in by["5"][1]
     for n in ("3", "8"):
-        assert by[n][1].startswith("tried, did not pay"), by[n]
+        assert by[n][1].startswith("did not pay:"), by[n]
     assert float(by["3"][4].split("×")[0]) < 1
     params = lesson.STEP_CASES[8][0]
     five, eight = (results.select(f"step0{n}", layout="vd", **params)[0]["ms"] for n in (5, 8))
@@ -250,42 +253,74 @@ def test_the_table_of_steps_has_one_row_per_step_and_no_lettered_rows():
 
 
 def _previous_problems(results, table: str) -> list[str]:
-    """What breaks the × previous rule: a step's factor that is not the step it builds on (STEP_CASES), timed at its
-    own point, over its own time; a cell that names no step where that step is not the row above, or names one where
-    it is; a rival row with a factor."""
+    """What breaks the × previous rule: a step's factor that is not the row above's time at this step's point over
+    its own ("– (step N not run here)" exactly where the row above has no time there, "–" on the first row); a
+    change cell that does not name the step it builds on (STEP_CASES) where that is not the row above, or names one
+    where it is, or whose ratio is not that step's over it; a rival row with a factor."""
     problems = []
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
     above = None
+
+    def ms(n, params):
+        found = results.select(f"step{n:02d}", layout="vd", **params)
+        return found[0]["ms"] if found else None
+
     for r in rows:
         if r[0] == "rival":
             if r[4] != "–":
                 problems.append(f"a rival has a × previous: {r[4]}")
             continue
-        params, prev = lesson.STEP_CASES[int(r[0])]
-        cell = r[4]
-        if prev is None:
-            if not cell.startswith("–"):
-                problems.append(f"step {r[0]} has no previous step but shows {cell}")
-        else:
-            mine, theirs = (results.select(f"step{n:02d}", layout="vd", **params)[0]["ms"] for n in (int(r[0]), prev))
-            if not cell.startswith(f"{theirs / mine:.2f}×"):
-                problems.append(f"step {r[0]}: {cell}, not step {prev} over it ({theirs / mine:.2f}×)")
-            if (f"step {prev}" in cell) == (prev == above):
-                problems.append(f"step {r[0]}: {cell!r} names step {prev} {'needlessly' if prev == above else 'not'}")
-        above = int(r[0])
+        number = int(r[0])
+        params, base = lesson.STEP_CASES[number]
+        cell, mine = r[4], ms(number, params)
+        if above is None:
+            if cell != "–":
+                problems.append(f"step {number} is first but shows {cell}")
+        elif ms(above, params) is None:
+            if cell != f"– (step {above} not run here)":
+                problems.append(f"step {number}: {cell!r}, but step {above} has no time at its point")
+        elif not cell.startswith(f"{ms(above, params) / mine:.2f}×"):
+            problems.append(f"step {number}: {cell}, not step {above} over it ({ms(above, params) / mine:.2f}×)")
+        named = number in lesson.BASE_WORDS and f"; {lesson.BASE_WORDS[number]}" in r[1]
+        if named and f"step {base}" not in lesson.BASE_WORDS[number]:
+            problems.append(f"step {number}: its change names another step than step {base}")
+        if base is not None and (base == above) == named:
+            problems.append(f"step {number}: its change {'names' if named else 'does not name'} step {base}")
+        if base is not None and base != above and ms(base, params) is not None \
+                and f"{lesson.BASE_WORDS.get(number, chr(63))}: {ms(base, params) / mine:.2f}×" not in r[1]:
+            problems.append(f"step {number}: its change lacks step {base}'s ratio ({ms(base, params) / mine:.2f}×)")
+        above = number
     return problems
 
 
-def test_times_previous_is_the_step_each_builds_on_and_names_it_where_it_is_not_the_row_above():
+def test_times_previous_is_the_row_above_and_a_step_names_its_base_in_its_change():
     results = plotting.load_results("masked_lm_head")
     table = lesson.boehm_table(results)
     assert _previous_problems(results, table) == []
+    rows = {r.split("|")[1].strip(): r for r in table.splitlines()[2:]}
+    assert "over step 5, which it runs here: 1.00×" in rows["9"] and "over step 3, its diff's base: " in rows["8"]
+    assert "builds on step 4" in rows["7"]
     lines = table.splitlines()
     i = next(k for k, line in enumerate(lines) if line.startswith("| 5 |"))
-    swapped = lines[:i] + [lines[i + 1], lines[i]] + lines[i + 2:]  # step 6 above step 4: its cell names no step
+    swapped = lines[:i] + [lines[i + 1], lines[i]] + lines[i + 2:]  # step 6 above step 5: the factors are not its
     assert _previous_problems(results, "\n".join(swapped))
+    nine = next(k for k, line in enumerate(lines) if line.startswith("| 9 |"))
+    assert _previous_problems(results, "\n".join(lines[:nine] + [lines[nine].replace("over step 5", "over step 4")]
+                                                   + lines[nine + 1:]))
     rival = next(line for line in lines if line.startswith("| rival |"))
     assert _previous_problems(results, "\n".join(lines + [rival.replace("| – |", "| 1.00× |")]))
+
+
+def test_the_headline_gives_its_range_from_the_run():
+    results = plotting.load_results("masked_lm_head")
+    numbers = lesson.prose_numbers(results)
+    speed = [next(r for r in results.select(mlh.report.XGRAMMAR, batch=b, kind=k, allowed=a))["ms"]
+             / next(r for r in results.select(mlh.report.PLAN, batch=b, kind=k, allowed=a))["ms"]
+             for b, k, a in lesson.HEADLINE_POINTS]
+    assert [b for b, _, _ in lesson.HEADLINE_POINTS] == [1, 64, 256]
+    assert numbers["mlh_headline"] == (f"{speed[0]:.1f}× at batch 1 ({speed[1]:.1f}× at batch 64, "
+                                       f"{speed[2]:.1f}× at 256)")
+    assert numbers["mlh_headline"].startswith(numbers["mlh_plan_vs_xgr_b1"])
 
 
 def _chain_problems(table: str) -> list[str]:
@@ -295,17 +330,24 @@ def _chain_problems(table: str) -> list[str]:
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
     labels = [r[0] for r in rows]
     problems = [f"{x} twice" for x in set(labels) if labels.count(x) > 1]
-    if labels[0] != "step 4" or not labels[-1].endswith("= step 5"):
+    if labels[0] != "step 4" or rows[0][3] != "anchor" or not labels[-1].endswith("= step 5"):
         problems.append(f"anchors: {labels[0]!r}, {labels[-1]!r}")
     for above, row in zip(rows, rows[1:]):
         for col in range(2, len(row), 2):
-            mine, theirs = (float(r[col].rstrip(lesson.CAPPED)) for r in (row, above))
+            mine, theirs = (float(r[col]) for r in (row, above))
             factor = float(row[col + 1].split("×")[0])
             if abs(theirs / mine - factor) > 0.011:
                 problems.append(f"{row[0]}: {theirs} / {mine} is not {factor}")
             if (factor < 1) != ("does not pay" in row[col + 1]):
                 problems.append(f"{row[0]}: {row[col + 1]}")
     return problems
+
+
+def _chain_table(chain) -> str:
+    """Step 5's chain as the page renders it: the book's one chain renderer, times in µs to two decimals."""
+    from book.common import chain_table
+
+    return chain_table(lesson.step05_chain_rows(chain), chain["counts"], lesson.step05_case_name(chain), digits=2)
 
 
 def test_step_5s_chain_adds_one_change_a_row_from_step_4_to_step_5():
@@ -326,7 +368,7 @@ def test_step_5s_chain_adds_one_change_a_row_from_step_4_to_step_5():
             assert r["ms"][n] == next(m["ms"] for m in data["measurements"] if m["series"] == "step05_changes"
                                       and m["params"]["allowed"] == n and m["params"]["tiles"] == "step05"
                                       and {k for k in lesson.STEP05_KNOBS if m["params"][k]} == r["knobs"])
-    table = lesson.step05_chain_table(chain)
+    table = _chain_table(chain)
     assert _chain_problems(table) == []
     lines = table.splitlines()
     assert _chain_problems("\n".join(lines[:3] + lines[4:]))  # a row left out: the factors no longer divide
@@ -343,8 +385,25 @@ def test_the_chain_says_its_anchor_gap_and_fill_first_does_not_pay():
                                                            layout="vd")[0]["ms"] - 1)
             for i, s in ((0, 4), (-1, 5)) for n in chain["counts"]]
     assert lesson.chain_anchor_gap(chain, results) == max(gaps)
-    row = next(r for r in lesson.step05_chain_table(chain).splitlines() if r.startswith("| 5b |"))
+    row = next(r for r in _chain_table(chain).splitlines() if r.startswith("| 5b |"))
     assert row.count("does not pay") == len(chain["counts"])
+    for n in chain["counts"]:
+        five_b = next(r for r in chain["rows"] if r["label"] == "5b")
+        above = chain["rows"][chain["rows"].index(five_b) - 1]
+        assert lesson.fill_first_loss(chain, n) == pytest.approx(five_b["ms"][n] / above["ms"][n] - 1)
+
+
+def test_the_chain_marks_a_capped_count_in_its_heading_and_refuses_a_mixed_one():
+    """The shared renderer marks a column, not a cell: a count whose every row was capped carries the mark in its
+    heading, one capped in some rows only is refused."""
+    chain = lesson.step05_chain()
+    name = lesson.step05_case_name(chain)
+    for n in chain["counts"]:
+        assert name(n).endswith(lesson.CAPPED) == all(r["capped"][n] for r in chain["rows"])
+    n = chain["counts"][0]
+    mixed = {**chain, "rows": [{**r, "capped": {**r["capped"], n: i == 0}} for i, r in enumerate(chain["rows"])]}
+    with pytest.raises(ValueError):
+        lesson.step05_case_name(mixed)
 
 
 def test_the_undone_table_takes_each_change_back_from_step_5():

@@ -26,10 +26,10 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of",
            "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
-           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "PREVIOUS_WORDS",
+           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
            "RIVAL_ROWS", "boehm_table",
            "rotation", "counts_words", "STEP05_CHAIN", "STEP05_KNOBS", "STEP05_WORDS", "step05_variant",
-           "step05_chain", "step05_chain_table", "chain_factor", "chain_anchor_gap", "step05_undone",
+           "step05_chain", "step05_chain_rows", "step05_case_name", "fill_first_loss", "HEADLINE_POINTS", "chain_anchor_gap", "step05_undone",
            "step05_undone_table", "lab_rotation", "CAPPED", "capped", "page_capped_key",
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
            "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step07_changes",
@@ -117,6 +117,12 @@ def _b1(results, series: str, allowed: int, layout: str = "vd", kind: str = "ran
 #: Step 9's rivals as the prose names them.
 RIVAL_WORDS = {"index_select": "`index_select` + matmul", "dense_mask": "dense + mask",
                "cublas_fp32_mask": "cuBLAS with fp32 output, then `masked_fill`"}
+
+
+#: The headline's points (batch, masks, allowed per sequence): the answer at batch 1, then its range over the
+#: practitioners' table's larger batches (the batch-64 point the prose compares step 7 at, batch 256 where the paths
+#: meet).
+HEADLINE_POINTS = ((1, "random", 1000), (64, "random", 100), (256, "random", 1000))
 
 
 def prose_numbers(results) -> dict[str, Any]:
@@ -237,6 +243,19 @@ def prose_numbers(results) -> dict[str, Any]:
         theirs = _ms(results, XGRAMMAR, batch=batch, kind="random", allowed=allowed)
         n[f"mlh_plan_vs_xgr_{key}"] = _x(_ratio(theirs, mine), 1)
         n[f"mlh_xgr_{key}"] = _us(theirs)
+    # the headline with its range: the whole step against xgrammar's path at each batch of HEADLINE_POINTS
+    speed = {b: _ratio(_ms(results, XGRAMMAR, batch=b, kind=k, allowed=a), _ms(results, PLAN, batch=b, kind=k,
+                                                                               allowed=a))
+             for b, k, a in HEADLINE_POINTS}
+    if all(speed.values()):
+        (b1, x1), *rest = speed.items()
+        n["mlh_headline"] = (f"{x1:.1f}× at batch {b1} (" + ", ".join(
+            f"{x:.1f}× at {'batch ' if i == 0 else ''}{b}" for i, (b, x) in enumerate(rest)) + ")")
+    else:
+        n["mlh_headline"] = PENDING
+    (_, _, first), *others = HEADLINE_POINTS
+    n["mlh_headline_points"] = f"{first:,} allowed tokens per sequence" + "".join(
+        f" ({a:,} at batch {b})" for b, _, a in others if a != first)
     n["mlh_xgr_bf16_b1"] = _change(_ms(results, XGRAMMAR, batch=1, kind="random", allowed=1000),
                                    _ms(results, XGRAMMAR_BF16, batch=1, kind="random", allowed=1000))
     pairs = []
@@ -504,10 +523,10 @@ def tried_table(results, candidates: dict | None) -> str:
 # The chapter's one table of steps
 # --------------------------------------------------------------------------------------
 
-#: Where each step is measured (the case its idea is about) and the step it builds on, which its ``× previous``
-#: compares with at the same point: the step before, except step 8 (its diff starts from step 3) and step 9 (it runs
-#: step 5 there); None for step 0 (the first) and step 7 (its base, step 4, takes one sequence; its rival is a row of
-#: :data:`RIVAL_ROWS`).
+#: Where each step is measured (the case its idea is about) and the step it builds on: the row above, except step 7
+#: (its base, step 4, takes one sequence; its rival is a row of :data:`RIVAL_ROWS`), step 8 (its diff starts from
+#: step 3) and step 9 (it runs step 5 there); None for step 0 (the first). The table's ``× previous`` is always the
+#: row above's (:func:`boehm_table`); a base that is not the row above is named, with its ratio, in the change cell.
 STEP_CASES = {
     0: (dict(batch=1, kind="random", allowed=1000), None),
     1: (dict(batch=1, kind="random", allowed=1000), 0),
@@ -516,13 +535,14 @@ STEP_CASES = {
     4: (dict(batch=1, kind="random", allowed=1000), 3),
     5: (dict(batch=1, kind="random", allowed=1000), 4),
     6: (dict(batch=1, kind="random", allowed=1), 5),
-    7: (dict(batch=64, kind="random", allowed=100), None),
+    7: (dict(batch=64, kind="random", allowed=100), 4),
     8: (dict(batch=1, kind="real", allowed=1000), 3),
     9: (dict(batch=1, kind="random", allowed=1000), 5),
 }
-#: The ``× previous`` cell's words where the step compared with is not the row above (or there is none).
-PREVIOUS_WORDS = {8: "over step 3, its diff's base", 9: "over step 5, which it runs here",
-                  7: "its base, step 4, takes one sequence"}
+#: The change cell's words for a step whose base (:data:`STEP_CASES`) is not the row above: how the base relates,
+#: before its ratio at the step's point (none for step 7, whose base takes one sequence).
+BASE_WORDS = {7: "builds on step 4, which takes one sequence: the `index_select` rival below is its comparison",
+              8: "over step 3, its diff's base", 9: "over step 5, which it runs here"}
 #: The rivals, in rows of their own under the steps (never a step's ``× previous``): the series, the step that
 #: faces it at that step's point, and its words.
 RIVAL_ROWS = (("dense_mask", 0, "torch's dense logits, then `masked_fill` (bf16)"),
@@ -535,17 +555,24 @@ def _case(p: dict) -> str:
 
 
 #: The table of steps' words for a step whose title alone would mislead there: steps 3 and 8 stay numbered (the
-#: library keeps them: step 3's form is the dispatch's dense path) but say first that they were tried and did not
-#: pay (step 3 gains nothing over step 2; step 8 beats step 3, its diff's base, but loses to step 5, which step 9 runs
-#: there: its cell says by how much); step 5 says it bundles three changes, timed one at a time in its own section
-#: (:func:`step05_chain`); step 7's names both halves of its one idea (the union pays only multiplied on the tensor
-#: cores: its ablation is the page's note, not a row).
-BOEHM_CHANGES = {3: "tried, did not pay: step 2 rewritten for [V, D] (row tiles, a transposed dot)",
+#: library keeps them: step 3's form is the dispatch's dense path) but say first that they did not pay (step 3 gains
+#: nothing over step 2; step 8 beats step 3, its diff's base, but loses to step 5, which step 9 runs there: its cell
+#: says by how much); step 5 says it bundles three changes, timed one at a time in its own section
+#: (:func:`step05_chain`), and that it keeps one that loses (:func:`boehm_table` adds the measured loss); step 7's
+#: names both halves of its one idea (the union pays only multiplied on the tensor cores: its ablation is the page's
+#: note, not a row).
+BOEHM_CHANGES = {3: "did not pay: step 2 rewritten for [V, D] (row tiles, a transposed dot)",
                  5: "three changes, one at a time in step 5's section: one wait per row, the fill programs first, "
                     "an L2 evict-first hint",
                  7: "the union of the batch's allowed sets, each block of its rows read once and multiplied with "
                     "every sequence's hidden state on the tensor cores (`tl.dot`)",
-                 8: "tried, did not pay: the vocabulary reordered so that allowed tokens cluster"}
+                 8: "did not pay: the vocabulary reordered so that allowed tokens cluster"}
+
+
+def fill_first_loss(chain: dict[str, Any], n: int) -> float:
+    """What step 5 loses by keeping the fill programs first (5b in :func:`step05_chain`) at ``n`` allowed: the
+    time 5b adds over the row above, as a fraction (above 0: a loss)."""
+    return 1 / common.chain_factors(step05_chain_rows(chain))["5b"][n] - 1
 
 
 def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
@@ -596,37 +623,49 @@ def _floor_cells(results, row: dict, params: dict) -> str:
 
 def boehm_table(results) -> str:
     """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, ``× previous`` (the
-    step it builds on at the same point over this step, :data:`STEP_CASES`: the row above unless the cell names
-    another, :data:`PREVIOUS_WORDS`), the floor of the masked call at that point (:func:`floor_ms`, which of its
-    two parts binds) and the time over it: one floor a row (a dense head's floor, for step 0, is the prose's). Then
-    the rivals (:data:`RIVAL_ROWS`), each in a row of its own at the point of the step that faces it, whose cell
-    says how much faster that step is: a rival is never a step's ``× previous``. A time whose rotation was capped
-    carries :data:`CAPPED`. One row per numbered step: step 5's changes are its section's chain
-    (:func:`step05_chain`), not rows here. Every ratio is of medians, flagged by :func:`book.results.caveat` where
-    either side's repetitions spread past its threshold, the rule of every page (dense + mask's batch-1 repetitions
-    may fall in two clusters, :func:`dense_clusters`: its median then carries the flag)."""
+    row above's time over this step's, both at this step's point; ``– (step N not run here)`` where the row above
+    has no time there), the floor of the masked call at that point (:func:`floor_ms`, which of its two parts binds)
+    and the time over it: one floor a row (a dense head's floor, for step 0, is the prose's). Where the step a row
+    builds on is not the row above (:data:`STEP_CASES`), its change cell names it with its ratio
+    (:data:`BASE_WORDS`). Then the rivals (:data:`RIVAL_ROWS`), each in a row of its own at the point of the step
+    that faces it, whose cell says how much faster that step is: a rival is never a step's ``× previous``. A time
+    whose rotation was capped carries :data:`CAPPED`. One row per numbered step: step 5's changes are its section's
+    chain (:func:`step05_chain`), not rows here; its cell gives the loss it keeps (:func:`fill_first_loss`). Every
+    ratio is of medians, flagged by :func:`book.results.caveat` where either side's repetitions spread past its
+    threshold, the rule of every page (dense + mask's batch-1 repetitions may fall in two clusters,
+    :func:`dense_clusters`: its median then carries the flag)."""
     lines = ["| step | the one change | measured at | µs | × previous | "
              "floor of the masked call: its bytes, or an empty kernel where larger (µs) | × floor |",
              "|---|---|---|---|---|---|---|"]
     shown = {}
+    chain = step05_chain()
+    above = None
     for step in CHAPTER.steps:
-        params, prev = STEP_CASES[step.number]
+        params, base = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
         if row is None:
             continue
         shown[step.number] = row
-        reference = None if prev is None else _row(results, step_series(prev), **params)
-        vs = _vs(row, reference)
-        words = PREVIOUS_WORDS.get(step.number)
-        if words:
-            vs = f"{vs} ({words})" if reference is not None else f"– ({words})"
+        if above is None:
+            vs = "–"
+        else:
+            previous = _row(results, step_series(above), **params)
+            vs = _vs(row, previous) if previous is not None else f"– (step {above} not run here)"
         change = BOEHM_CHANGES.get(step.number, step.title)
+        if step.number == 5 and chain is not None:  # the shipped kernel keeps 5b, measured as a loss at this point
+            n = params["allowed"]
+            change = change.replace("the fill programs first", f"the fill programs first (kept, a measured "
+                                    f"{fill_first_loss(chain, n):.1%} loss at {n:,} allowed)")
+        if base is not None and base != above:  # the step it builds on, named with its ratio at this point
+            reference = _row(results, step_series(base), **params)
+            change += f"; {BASE_WORDS[step.number]}" + ("" if reference is None else f": {_vs(row, reference)}")
         if step.number == 8:  # did not pay: step 5, which step 9 runs there, is faster on the same mask
             five = _row(results, step_series(5), **params)
             if five is not None:
-                change += f" (step 5 is {row['ms'] / five['ms']:.2f}× as fast on this mask)"
+                change += f", but step 5 is {row['ms'] / five['ms']:.2f}× as fast on this mask"
         lines.append(f"| {step.number} | {change} | {_case(params)} | {us(row['ms'])}{capped(row)} | {vs} | "
                      f"{_floor_cells(results, row, params)} |")
+        above = step.number
     for series, faces, words in RIVAL_ROWS:
         params = STEP_CASES[faces][0]
         rival = _row(results, series, **params)
@@ -858,7 +897,7 @@ def step05_chain(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
         return {"label": label, "change": change, "knobs": frozenset(knobs),
                 "ms": {n: found[n]["ms"] for n in counts}, "capped": {n: bool(capped(found[n])) for n in counts}}
 
-    out = [row("step 4", "the library's step 4, timed in this run (the anchor)", (),
+    out = [row("step 4", "the library's step 4, timed in this run", (),
                {n: library[("step04", n)] for n in counts})]
     for i, (label, knob, text) in enumerate(STEP05_CHAIN):
         on = STEP05_KNOBS[:i + 1]
@@ -871,31 +910,24 @@ def step05_chain(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
     return {"counts": counts, "rows": out}
 
 
-def chain_factor(chain: dict[str, Any], label: str, n: int) -> float:
-    """``× previous`` of a chain row at ``n`` allowed: the row above's time over its own (above 1: the change
-    pays)."""
-    labels = [r["label"] for r in chain["rows"]]
-    i = labels.index(label)
-    return chain["rows"][i - 1]["ms"][n] / chain["rows"][i]["ms"][n]
+def step05_chain_rows(chain: dict[str, Any]) -> list[common.ChainRow]:
+    """:func:`step05_chain`'s rows for the book's chain table (:func:`book.common.chain_table`), times in µs: the
+    first, step 4, is the anchor; the last, step 5 itself, closes the chain."""
+    return [common.ChainRow(r["label"], r["change"], {n: r["ms"][n] * 1e3 for n in chain["counts"]})
+            for r in chain["rows"]]
 
 
-def step05_chain_table(chain: dict[str, Any]) -> str:
-    """Markdown: :func:`step05_chain`, one row per change: µs and × previous at each count; a factor under 1.00×
-    says the change does not pay."""
-    counts = chain["counts"]
-    lines = ["| row | the one change | " + " | ".join(f"{n:,} allowed: µs | × previous" for n in counts) + " |",
-             "|---|---|" + "---|---|" * len(counts)]
-    for i, r in enumerate(chain["rows"]):
-        cells = []
-        for n in counts:
-            time = f"{r['ms'][n] * 1e3:.2f}{CAPPED if r['capped'][n] else ''}"
-            if i == 0:
-                cells += [time, "(anchor)"]
-                continue
-            factor = f"{chain_factor(chain, r['label'], n):.2f}×"
-            cells += [time, factor + (", does not pay" if float(factor[:-1]) < 1 else "")]
-        lines.append(f"| {r['label']} | {r['change']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def step05_case_name(chain: dict[str, Any]):
+    """The chain table's column heading for a count: ``1,000 allowed``, with :data:`CAPPED` where every row's
+    rotation was capped at that count (the shared table marks a column, not a cell: a count capped in some rows
+    only is refused)."""
+    marked = {}
+    for n in chain["counts"]:
+        flags = {r["capped"][n] for r in chain["rows"]}
+        if len(flags) > 1:
+            raise ValueError(f"step 5's chain: the rotation was capped in some rows only at {n:,} allowed")
+        marked[n] = CAPPED if flags.pop() else ""
+    return lambda n: f"{n:,} allowed{marked[n]}"
 
 
 def chain_anchor_gap(chain: dict[str, Any], results) -> float:
