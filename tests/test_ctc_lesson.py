@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from book.common import chain_factors, chain_table
 from book.ctc import exercises, lesson, solutions
 from studylog import ctc, plotting
 
@@ -452,17 +453,25 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.split("|")[1:-1]]
 
 
+def _table(ch: dict) -> str:
+    """A chain as the page draws it: the book's one chain-table renderer, the chapter's case names."""
+    return chain_table(ch["rows"], ch["cases"], lesson.case_name)
+
+
 def _assert_cumulative(table: str, links) -> None:
-    """A chain table: one row per link, each label once, in the chain's order; each "× previous" the row above's µs
-    over this row's, "does not pay" exactly where it is below 1.00×; no "–"."""
-    rows = [_cells(line) for line in table.splitlines()[2:]]
+    """A chain table: one row per link, each label once, in the chain's order; the first row the anchor; each
+    "× previous" the row above's µs over this row's, "does not pay" exactly where it is below 1.00×; no "–"."""
+    lines = table.splitlines()
+    assert _cells(lines[0])[:4] == ["row", "the one change", "A = 28, N = 1: µs", "× previous"]
+    rows = [_cells(line) for line in lines[2:]]
     assert [r[0] for r in rows] == [label for label, _, _ in links]
     assert len({r[0] for r in rows}) == len(rows) and "–" not in table
+    assert all(cell == "anchor" for cell in rows[0][3::2])
     for above, row in zip(rows, rows[1:]):
         for i in range(2, len(row), 2):
             x = float(above[i].replace(",", "")) / float(row[i].replace(",", ""))
             assert row[i + 1].startswith(f"{x:.2f}×"), (row[0], row[i + 1], x)
-            assert row[i + 1].endswith("(does not pay)") == (round(x, 2) < 1), row
+            assert row[i + 1].endswith(", does not pay") == (round(x, 2) < 1), row
 
 
 def test_the_main_table_has_no_lettered_rows_and_names_the_bundled_steps():
@@ -479,8 +488,8 @@ def test_step_8s_chain_is_cumulative_from_its_committed_run():
     """Step 7 -> 8a (step 7 with the branch-free sum) -> step 8, all from one run, each row one change more."""
     ch = lesson.step08_chain()
     assert ch["cases"] == list(lesson.TABLE_CASES) and not ch["failed"]
-    _assert_cumulative(lesson.chain_table(ch), lesson.STEP08_CHAIN)
-    x = lesson.chain_factors(ch)
+    _assert_cumulative(_table(ch), lesson.STEP08_CHAIN)
+    x = chain_factors(ch["rows"])
     raw = lesson.step08_changes()["rows"]
     for case in lesson.TABLE_CASES:  # 8a is "exp2f and __log2f" (step 8 without flush-to-zero)
         assert x["8"][case] == pytest.approx(raw["exp2f and __log2f"][case][1])
@@ -495,9 +504,9 @@ def test_step_7s_chain_reads_its_run_and_is_cumulative(tmp_path):
     assert ch["cases"] == list(lesson.TABLE_CASES)
     assert set(ch["anchors"]) == {"library step 5", "library step 7"}
     assert all(ch["identical"][v] for _, v, _ in lesson.STEP07_CHAIN[1:])
-    table = lesson.chain_table(ch)
+    table = _table(ch)
     _assert_cumulative(table, lesson.STEP07_CHAIN)
-    assert "(does not pay)" in table  # 7c at A = 28: the committed run's "directions in turn" over made-up 7b
+    assert ", does not pay" in table  # 7c at A = 28: the committed run's "directions in turn" over made-up 7b
 
 
 def test_step_7s_chain_run_is_committed():
@@ -506,7 +515,7 @@ def test_step_7s_chain_run_is_committed():
     ch = lesson.step07_chain()
     assert not ch["failed"] and ch["cases"] == list(lesson.TABLE_CASES)
     assert all(ch["identical"][v] for _, v, _ in lesson.STEP07_CHAIN[1:])
-    _assert_cumulative(lesson.chain_table(ch), lesson.STEP07_CHAIN)
+    _assert_cumulative(_table(ch), lesson.STEP07_CHAIN)
 
 def _page_cells():
     return json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "04_ctc_loss.ipynb").read_text())["cells"]
@@ -532,3 +541,19 @@ def test_every_folded_cell_says_what_it_folds():
             assert prompts.get("code_prompt_show", "").startswith("Show "), i
             assert prompts.get("code_prompt_hide", "").startswith("Hide "), i
             assert "code cell" not in prompts["code_prompt_show"], i
+
+
+def test_step_7_opens_on_its_kept_loss_and_chains_use_the_books_note():
+    """The first thing under step 7's heading says why 7c, a loss, stays; steps 2 to 5 share one section without
+    sub-headings; each chain's note is the book's (:func:`book.common.chain_note`), not a sentence of its own; the
+    page names the committed files it reads."""
+    cells = _page_cells()
+    heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 7:")]
+    assert len(heads) == 1 and "steps 8 to 10 build on it" in "".join(cells[heads[0] + 1]["source"])
+    text = "".join("".join(c["source"]) for c in cells)
+    assert not any(f"### Step {n}" in text for n in (2, 3, 4, 5))
+    assert text.count("chain_note(") == 2 and "its step times may differ" not in text
+    assert "how_we_measure.md#a-step-timed-one-change-at-a-time" in text
+    where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
+    for name in ("ctc.json", "tails.json", "step07_chain.json", "step07_changes.json", "step08_changes.json"):
+        assert name in where

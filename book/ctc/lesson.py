@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable
 
-from book.common import PENDING, floor_ms, lab_or_none, us
+from book.common import PENDING, ChainRow, floor_ms, lab_or_none, us
 from book.ctc.figures import clock_words, grain_sweep
 from studylog import paths
 from studylog.ctc import CHAPTER
@@ -658,7 +658,7 @@ def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
     change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the previous step, × the case's one
     floor (:func:`case_floor`). No sub-rows: a step that bundles changes (:data:`CHAINS`) says how many in its cell,
-    and its section's chain table (:func:`chain_table`) times them one at a time. The entry point's row, right under step 10's, names the step it ran in each case and compares with step
+    and its section's chain table (:func:`chain`, drawn by :func:`book.common.chain_table`) times them one at a time. The entry point's row, right under step 10's, names the step it ran in each case and compares with step
     9, the last step before its choice between steps 8 and 10, so the table ends on the chapter's result."""
     head = ["step", "the one change"]
     for A, N in TABLE_CASES:
@@ -807,15 +807,14 @@ def changes_table(changes: dict) -> str:
 #: then the recursion's grain, then its two directions side by side. Step 8's run has both orders' middle rows; the
 #: branch-free sum, the change its title names, comes first.
 STEP07_CHAIN = (
-    ("5", "library step 5", "step 5, the anchor"),
-    ("7a", "7a", "the gradient a pass of its own, a block per frame, so no frame loop reads the alpha matrix back "
-                 "(the softmax still written, a block per direction, alpha then beta)"),
+    ("5", "library step 5", "step 5"),
+    ("7a", "7a", "the gradient a pass of its own, a block per frame (the softmax still written)"),
     ("7b", "7b", "no softmax written: the first pass keeps each frame's log-sum-exp and the target's emissions"),
     ("7c", "7c", "one warp per direction: positions in registers, a neighbour's by `__shfl_up_sync`, no barrier"),
     ("7", "step 7", "alpha and beta side by side, two warps: the chain of 2T frames becomes T"),
 )
 STEP08_CHAIN = (
-    ("7", "library step 7", "step 7, the anchor"),
+    ("7", "library step 7", "step 7"),
     ("8a", "exp2f and __log2f", "the skip a value, not a path: a label always takes the three-term sum"),
     ("8", "library step 8", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`"),
 )
@@ -827,7 +826,7 @@ CHAIN_ANCHORS = {"library step 5": "step05", "library step 7": "step07", "librar
 
 def chain(data: dict, links) -> dict:
     """A chain of ``links`` (:data:`CHAINS`) from one lab run (``data``): its cases (those of :data:`TABLE_CASES`
-    where the run times every link), ``rows`` [(row, change, {case: µs})], the run's ``anchors`` {variant: {case:
+    where the run times every link), ``rows`` (:class:`book.common.ChainRow`, µs by case), the run's ``anchors`` {variant: {case:
     µs}}, ``identical`` {variant: whether the run found it bit-identical to step 7 at every case, None where it does
     not say} and the run's ``failed`` checks."""
     ms, same = {}, {}
@@ -838,7 +837,7 @@ def chain(data: dict, links) -> dict:
     cases = [c for c in TABLE_CASES if all((v, *c) in ms for _, v, _ in links)]
     if not cases:
         raise ValueError("the run times no case of the table of steps at every link of the chain")
-    rows = [(label, change, {c: ms[(v, *c)] for c in cases}) for label, v, change in links]
+    rows = [ChainRow(label, change, {c: ms[(v, *c)] for c in cases}) for label, v, change in links]
     anchors = {v: {c: ms[(v, *c)] for c in cases} for v in CHAIN_ANCHORS if all((v, *c) in ms for c in cases)}
     identical = {}
     for _, v, _ in links:
@@ -865,32 +864,10 @@ def step08_chain(gpu: str = "nvidia-h200", root=None) -> dict:
     return chain(load_lab("ctc", "step08_changes", gpu, root=root), STEP08_CHAIN)
 
 
-def chain_factor(before: float, after: float) -> str:
-    """A chain row's "× previous" cell: the row above's time over this row's; below 1.00× the change does not pay."""
-    x = before / after
-    return f"{x:.2f}×" + (" (does not pay)" if round(x, 2) < 1 else "")
-
-
-def chain_table(ch: dict) -> str:
-    """Markdown of a :func:`chain`: per row the one change it adds, then per case its µs and × the row above."""
-    head = ["row", "the one change"]
-    for A, N in ch["cases"]:
-        head += [f"A = {A:,}, N = {N}: µs", "× previous"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    previous = None
-    for label, change, us_ in ch["rows"]:
-        cells = [label, change]
-        for c in ch["cases"]:
-            cells += [f"{us_[c]:,.1f}", "" if previous is None else chain_factor(previous[c], us_[c])]
-        lines.append("| " + " | ".join(cells) + " |")
-        previous = us_
-    return "\n".join(lines)
-
-
-def chain_factors(ch: dict) -> dict[str, dict[tuple[int, int], float]]:
-    """Per row of a :func:`chain` but the anchor: {case: the row above's time over this row's}."""
-    rows = ch["rows"]
-    return {rows[i][0]: {c: rows[i - 1][2][c] / rows[i][2][c] for c in ch["cases"]} for i in range(1, len(rows))}
+def case_name(case: tuple[int, int]) -> str:
+    """A case of the tables, (A, N), as a chain table's column heads name it (:func:`book.common.chain_table`)."""
+    A, N = case
+    return f"A = {A:,}, N = {N}"
 
 
 def anchor_gap(results, ch: dict) -> float:
