@@ -162,8 +162,9 @@ def _entry_label(what: str, series: str, ours: dict[str, Any]) -> str:
 
 
 def _entry_short(series: str, ours: dict[str, Any]) -> str:
-    """The final kernel in a table cell: ``step 7``, or ``entry point, step 7`` where the row times the entry point."""
-    return f"entry point, {_step_words(ours['step'])}" if ours.get("step") else _step_words(series)
+    """The final kernel in a table cell: the step it ran (``step 7``), the same words on every card whether the run
+    timed the step or the entry point that picks it (the chapter's notes say which)."""
+    return _step_words(ours["step"]) if ours.get("step") else _step_words(series)
 
 
 #: The ternary steps that take bf16 x, in words.
@@ -413,10 +414,9 @@ def run_label(run: dict[str, Any]) -> str:
 
 def run_words(run: dict[str, Any]) -> str:
     """The provenance of a BitNet ratio, said once per page: the run and its date."""
-    day = dt.date.fromisoformat(run["date"][:10])
     if not run.get("quick"):
-        return (f"BitNet's kernel is timed in the chapter's benchmark run of {day.day} {day:%B %Y}, beside ours, so "
-                "each ratio is from one run")
+        return "BitNet's kernel is timed in the chapter's own benchmark run, beside ours, so each ratio is from one run"
+    day = dt.date.fromisoformat(run["date"][:10])
     return (f"BitNet's kernel is timed in another run of the chapter's benchmark on the same card, on "
             f"{day.day} {day:%B %Y} (its quick mode: BitNet's ten shapes and the chapter's targets, ours re-timed "
             "in that run, so each ratio is from one run)")
@@ -1081,6 +1081,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         folds.append(f"<details><summary>Chapter {entry.number:02d}, {escape(entry.title)}: notes ({len(items)})"
                      "</summary><ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
         folds.append("")
+    for (number, card), why in sorted(apart.items()):  # said per chapter and card, not as a catch-all
+        r = next(b for b in every if b["number"] == number)
+        under.append(f"The {_short_card(card)}'s run of [{number:02d}. {r['title']}]({link(r['notebook'])}) is left "
+                     f"out: {why}.")
     times += [""] + [u + "  " for u in under] if under else []
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 

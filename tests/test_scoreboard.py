@@ -617,7 +617,7 @@ def test_results_lines_say_the_failed_check_the_grid_and_the_bound():
                 f"{check['tolerance']:.2%}") in cell
     beaten = summary.bitnet_range(H200)
     if beaten is not None:
-        assert lines[5]["brief"]["H200"].startswith(f"{beaten[0]:.2f}–{beaten[1]:.2f}× BitNet's W2A8 kernel at its")
+        assert lines[5]["brief"]["H200"].startswith(f"{beaten[0]:.2f}–{beaten[1]:.2f}× BitNet's kernel (2-bit weights, 8-bit x) at its")
     assert "with its float64 check" not in summary.summary_markdown()
     ctc = _raw(H200, "ctc")
     ratios = []
