@@ -3,6 +3,7 @@ notebook's glued numbers and tables read both the first (do_bench) results and t
 (from lab/, as the next committed file will hold them), saying 'pending' where a file lacks a series; the figures
 keep to three panels, one colour per series and readable text."""
 
+import json
 import math
 
 import numpy as np
@@ -695,3 +696,27 @@ def test_the_loss_count_says_which_point_two_rivals_beat():
     twice = [k for k in dict.fromkeys(keys) if keys.count(k) > 1]
     assert [(str(p["batch"]), p["kind"], f"{p['allowed']:,}") for p in lost["shared"]] == [k[:3] for k in twice]
     assert lost["rows"] - lost["points"] == sum(keys.count(k) - 1 for k in twice)
+
+
+def test_other_cards_runs_are_named_with_why_they_are_left_out():
+    """Every other card's benchmark file of the chapter is listed once, and one that replayed a single copy of the head
+    says so (its rows may come from L2); the page's own card is not listed."""
+    results = plotting.load_results("masked_lm_head", "nvidia-h200")
+    listed = lesson.other_runs(results)
+    files = [f for f in plotting.result_files("masked_lm_head") if f.parent.name != "nvidia-h200"]
+    assert [p for p, _ in listed] == files
+    for path, words in listed:
+        one_copy = lesson.rotation(plotting.Results(path, json.loads(path.read_text()))) is None
+        assert ("replayed one copy of the head" in words) == one_copy, words
+
+
+def test_the_prose_flags_the_dense_ratio_where_its_repetitions_spread():
+    """The 1,000-random ratio against dense + mask carries the table's flag where dense + mask's median may sit in
+    its slow speed (its spread over the threshold), and none where neither side spreads."""
+    from book.results import FLAG_ABOVE, spread
+
+    results = plotting.load_results("masked_lm_head")
+    numbers = lesson.prose_numbers(results)
+    dense = results.select("dense_mask", batch=1, kind="random", allowed=1000)[0]
+    flagged = spread(*dense["spread_ms"]) > FLAG_ABOVE
+    assert ("the rival's spread" in numbers["mlh_dispatch_1000_vs_dense"]) == flagged

@@ -14,6 +14,7 @@ are not read here: the lesson computes its floor from the bytes, so the page and
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from book import common
@@ -29,7 +30,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
            "RIVAL_ROWS", "boehm_table",
            "rotation", "counts_words", "STEP05_CHAIN", "STEP05_KNOBS", "STEP05_WORDS", "step05_variant",
-           "step05_chain", "step05_chain_rows", "step05_case_name", "fill_first_loss", "HEADLINE_POINTS", "chain_anchor_gap", "step05_undone",
+           "step05_chain", "step05_chain_rows", "step05_case_name", "fill_first_loss", "HEADLINE_POINTS", "other_runs", "chain_anchor_gap", "step05_undone",
            "step05_undone_table", "lab_rotation", "CAPPED", "capped", "page_capped_key",
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
            "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step07_changes",
@@ -210,6 +211,10 @@ def prose_numbers(results) -> dict[str, Any]:
     else:
         n["mlh_dispatch_min_at"] = PENDING
     n["mlh_dispatch_1000_vs_dense"] = _x(_ratio(dense[1000], _b1(results, s[9], 1000)), 0)
+    d1000, k1000 = (_row(results, x, batch=1, kind="random", allowed=1000) for x in ("dense_mask", s[9]))
+    if d1000 is not None and k1000 is not None:  # dense + mask's two speeds may put its median in the slow one
+        flag = _vs(k1000, d1000).partition(" ")[2]  # the caveat after the ratio, if either side spreads
+        n["mlh_dispatch_1000_vs_dense"] += f" {flag}" if flag else ""
     n["mlh_dispatch_vs_index_10000"] = _x(_ratio(_b1(results, "index_select", 10_000), _b1(results, s[9], 10_000)))
     # the kernel alone against the fastest same-shape rival, at the headline's point (the scoreboard's second row)
     n["mlh_index_1000"] = _us(_b1(results, "index_select", 1000))
@@ -1044,6 +1049,24 @@ def plan_timeline_table(data: dict) -> str:
 # --------------------------------------------------------------------------------------
 # How the run replays the head, and what step 5's changes did one at a time
 # --------------------------------------------------------------------------------------
+
+def other_runs(results) -> list[tuple[Any, str]]:
+    """The chapter's benchmark files on other cards than ``results``'s, each with why the page leaves it out: a run
+    that replayed one copy of the head (:func:`rotation` None) times rows that may stay in L2, so its times are not
+    this page's kind; any other is named as a run of its own."""
+    from studylog.plotting import Results, result_files
+
+    out = []
+    for path in result_files(CHAPTER.name):
+        if path.parent.name == results.path.parent.name:
+            continue
+        other = Results(path, json.loads(path.read_text()))
+        gpu = other.data["device"]["name"]
+        out.append((path, f"a run on an {gpu} that replayed one copy of the head, so the allowed rows may stay in L2 "
+                          "between calls: not comparable with this page's times, left out" if rotation(other) is None
+                    else f"a run on an {gpu}, set up as this page's, not shown here"))
+    return out
+
 
 def rotation(results) -> dict[str, Any] | None:
     """How the run's GPU-clock rows replayed the head, read from the rows: None where no row records ``copies``
