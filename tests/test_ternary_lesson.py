@@ -480,6 +480,9 @@ def test_part_2_leads_each_step_with_its_carrying_change_and_says_where_step_13_
     run = tables.bitnet_results(results)
     wins = L.step13_wins(run)
     assert wins and all(v > 1 for v in wins.values())
+    size = lambda shape: int(shape.split("x")[0]) * int(shape.split("x")[1])  # noqa: E731
+    shapes = sorted(dict.fromkeys(r["params"]["shape"] for r in run.select("bitnet_w2a8", m=1)), key=size)
+    assert set(wins) == set(shapes[-len(wins):]), "the page calls the shapes where step 13 wins BitNet's largest"
     row = next(c for n, m, _, c in L.part2_rows(run) if (n, m) == (13, 1))
     assert f"wins at {len(wins)} BitNet shapes" in row and f"{max(wins.values()):.2f}×" in row
 

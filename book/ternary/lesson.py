@@ -695,7 +695,7 @@ PART2_ROWS = (
     (11, 1, 10, "the warps share K, fed by a TMA ring (four changes: below)"),
     (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (two changes: below)"),
     (13, 1, 12, "x brought by the TMA to one tile of weights a warp (two changes: below); loses to step 12 "
-                "here, wins at the widest BitNet shapes"),
+                "here, wins at the largest BitNet shapes"),
     (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
     (13, 16, 12, "x brought by the TMA to one tile of weights a warp; beats step 12, loses to part 1's step 9"),
 )
@@ -721,7 +721,7 @@ def part2_rows(bitnet_run) -> tuple:
         return PART2_ROWS
     where = (f"wins at {len(wins)} BitNet shapes, {', '.join(s.replace('x', ' × ') for s in wins)}, by "
              f"{min(wins.values()):.2f}× to {max(wins.values()):.2f}×")
-    return tuple((n, m, p, c.replace("wins at the widest BitNet shapes", where) if (n, m) == (13, 1) else c)
+    return tuple((n, m, p, c.replace("wins at the largest BitNet shapes", where) if (n, m) == (13, 1) else c)
                  for n, m, p, c in PART2_ROWS)
 
 
