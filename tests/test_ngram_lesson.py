@@ -3,6 +3,7 @@ real-text figure's axis names one corpus per tick (the shapes once per group), s
 
 import pytest
 
+from book.common import chain_factors, chain_table
 from book.ngram import figures, lesson
 from studylog import ngram
 from studylog.plotting import load_results, result_files
@@ -208,6 +209,11 @@ def _read_chain(step: int, gpu: str) -> dict:
     return out
 
 
+def _table(rows) -> str:
+    """A chain as the page draws it: the book's one chain-table renderer, the chapter's case names, µs to 0.01."""
+    return chain_table(rows, list(lesson.BOEHM_CASES), lesson.case_name, digits=2)
+
+
 def _check_chain_table(table: str, want: dict, anchors: tuple[str, str]) -> None:
     """A chain table is cumulative: the step before first (an anchor), then one row per link, each label once, the
     step itself last; each row's "× previous" is the row above's µs over its own (from ``want``, the file's), a
@@ -221,12 +227,12 @@ def _check_chain_table(table: str, want: dict, anchors: tuple[str, str]) -> None
         times, factors = r[2::2], r[3::2]
         assert times == [f"{t:,.2f}" for t in want[r[0]]], r
         if i == 0:
-            assert factors == ["(anchor)"] * len(lesson.BOEHM_CASES)
+            assert factors == ["anchor"] * len(lesson.BOEHM_CASES)
             continue
         above = want[labels[i - 1]]
         for cell, a, t in zip(factors, above, want[r[0]]):
             assert cell.split("×")[0] == f"{a / t:.2f}", (r, cell)
-            assert cell.endswith("does not pay") == (round(a / t, 2) < 1), (r, cell)
+            assert cell.endswith(", does not pay") == (round(a / t, 2) < 1), (r, cell)
         # the factor is also the ratio of the table's own µs cells (as printed), within their rounding
         for cell, a, t in zip(factors, rows[i - 1][2::2], times):
             assert float(cell.split("×")[0]) == pytest.approx(float(a.replace(",", "")) / float(t.replace(",", "")),
@@ -242,7 +248,7 @@ def test_step_6s_chain_reads_its_run():
     if run is None:
         pytest.skip("step 6 was not timed one change at a time on this card")
     rows = lesson.chain_rows(run, 6)
-    _check_chain_table(lesson.chain_table(rows), _read_chain(6, gpu), ("step 5", "step 6"))
+    _check_chain_table(_table(rows), _read_chain(6, gpu), ("step 5", "step 6"))
     assert 0 <= lesson.chain_anchor_gap(results, rows, 6) < 0.05
 
 
@@ -257,7 +263,7 @@ def test_step_7s_chain_is_committed_and_reads_its_run():
     assert (paths.lab_results("ngram", gpu) / "step07_chain.json").is_file(), \
         "run lab/ngram/step05_06_changes.py check && ... measure --step 7 --chain on the H200 and commit its JSON"
     rows = lesson.chain_rows(lesson.chain_run(7, gpu), 7)
-    _check_chain_table(lesson.chain_table(rows), _read_chain(7, gpu), ("step 6", "step 7"))
+    _check_chain_table(_table(rows), _read_chain(7, gpu), ("step 6", "step 7"))
     assert 0 <= lesson.chain_anchor_gap(results, rows, 7) < 0.05
 
 
@@ -276,8 +282,9 @@ def test_a_chain_is_whole_and_cumulative_on_any_run():
     chain = lesson.chain_rows(Results(None, {"measurements": rows}), 7)
     want = {label: [times[variant or series] * (i + 1) for i in range(3)]
             for label, _, series, variant in lesson.CHAINS[7][1]}
-    _check_chain_table(lesson.chain_table(chain), want, ("step 6", "step 7"))
-    assert [r["factor"] for r in chain][1:] == [pytest.approx([f] * 3) for f in (1.25, 8 / 9, 2.0, 1.0)]
+    _check_chain_table(_table(chain), want, ("step 6", "step 7"))
+    assert [list(x.values()) for x in chain_factors(chain).values()] == [pytest.approx([f] * 3)
+                                                                         for f in (1.25, 8 / 9, 2.0, 1.0)]
     with pytest.raises(ValueError):
         lesson.chain_rows(Results(None, {"measurements": rows[:-1]}), 7)
     assert lesson.pays_at([1.2, 1.3, 1.01]) == "pays at every case"
@@ -366,7 +373,7 @@ def test_a_bundled_steps_row_says_what_its_costly_change_buys_and_where_it_loses
     which step the entry point runs there, read from the benchmark, and only there."""
     results = load_results("ngram")
     notes = lesson.bundle_notes(results)
-    cost = lesson.chain_rows(lesson.chain_run(6), 6)[-1]["factor"]
+    cost = list(chain_factors(lesson.chain_rows(lesson.chain_run(6), 6))["6b = step 6"].values())
     changes = lesson.step05_06_changes()
     saved = [(lesson.variant_row(changes, "step05_06_changes", "6a", cfg)["host_ms"]
               - lesson.variant_row(changes, "step05_06_changes", "6", cfg)["host_ms"]) * 1e3 for cfg in lesson.BOEHM_CASES]
@@ -395,3 +402,19 @@ def test_the_page_says_rows_and_changes_not_links():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     page = "\n".join("".join(c["source"]) for c in cells)
     assert not re.search(r"\blinks?\d*\b", page, re.IGNORECASE), re.findall(r".{30}\blinks?\d*\b.{30}", page, re.I)
+
+
+def test_the_chains_use_the_books_renderer_and_note_and_6b_says_how_far_host_times_drift():
+    """Steps 6 and 7's chains: the book's one renderer and its note under each, no sentence of the chapter's own; 6b's
+    host times (its chain run) come with how far that run's step 6 sits from the benchmark's, computed."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    text = "".join("".join(c["source"]) for c in cells)
+    assert text.count("chain_table(chain") == 2 and text.count("chain_note(") == 2
+    assert "A run of its own (its anchors" not in text and "lesson.chain_table" not in text
+    assert "how_we_measure.md#a-step-timed-one-change-at-a-time" in text
+    assert "differs by up to {host_gap:.0%}" in text
+    assert not hasattr(lesson, "chain_table")

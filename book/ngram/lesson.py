@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from book.common import us
+from book.common import ChainRow, chain_factors, us
 from book.ngram.figures import case_label, clock_words, shape_label
 from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
                                 same_clock_pair)
@@ -22,7 +22,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "BUNDLED", "CHANGE_CHAIN", "STEP07_INHERITED",
            "step07_changes", "variant_row", "inherited_factor", "step05_06_changes", "chain_ms", "chain_factor",
-           "CHAINS", "chain_run", "chain_rows", "chain_table", "chain_anchor_gap", "pays_at", "bundle_notes", "boehm_table", "dispatch_table", "early_exit_share",
+           "CHAINS", "chain_run", "chain_rows", "case_name", "chain_anchor_gap", "pays_at", "bundle_notes", "boehm_table", "dispatch_table", "early_exit_share",
            "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
            "target_verdicts"]
 
@@ -308,49 +308,38 @@ def chain_run(step: int, gpu: str = "nvidia-h200"):
     return None if data is None else Results(None, data)
 
 
-def chain_rows(run, step: int, cases=BOEHM_CASES) -> list[dict]:
-    """Step ``step``'s chain in ``run`` (:func:`chain_run`): per row its ``label``, ``change``, ``ms`` at each of
-    ``cases``, and ``factor``, the row above's time over its own at each case (None for the first row; above 1 the
-    change pays). Raises where the run lacks a row: a chain is whole or not shown."""
+def chain_rows(run, step: int, cases=BOEHM_CASES) -> list[ChainRow]:
+    """Step ``step``'s chain in ``run`` (:func:`chain_run`), one :class:`book.common.ChainRow` a link: its label, its
+    change and its µs at each of ``cases`` (drawn by :func:`book.common.chain_table` with :func:`case_name`). Raises
+    where the run lacks a row: a chain is whole or not shown."""
     out = []
     for label, change, series, variant in CHAINS[step][1]:
-        ms = []
+        times = {}
         for b, s, t in cases:
             where = dict(batch=b, seq_len=s, threshold=t) | ({} if variant is None else {"variant": variant})
             rows = [r for r in run.select(series, **where) if r.get("clock") == "gpu"]
             if len(rows) != 1:
                 raise ValueError(f"step {step}'s chain: {len(rows)} rows of {label} at {(b, s, t)}")
-            ms.append(rows[0]["ms"])
-        factor = None if not out else [above / this for above, this in zip(out[-1]["ms"], ms)]
-        out.append({"label": label, "change": change, "ms": ms, "factor": factor})
+            times[(b, s, t)] = rows[0]["ms"] * 1e3
+        out.append(ChainRow(label, change, times))
     return out
 
 
-def chain_table(rows: list[dict], cases=BOEHM_CASES) -> str:
-    """Markdown: :func:`chain_rows`, a row per link: per case its µs and × previous (the row above's time over its
-    own); a factor under 1.00× says the change does not pay there."""
-    head = ["row", "the one change"]
-    for b, s, t in cases:
-        head += [f"{b}x{s}" + (", budget" if t != NO_BUDGET else "") + ": µs", "× previous"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["label"], r["change"]]
-        for i, ms in enumerate(r["ms"]):
-            f = None if r["factor"] is None else r["factor"][i]
-            cells += [f"{ms * 1e3:,.2f}", "(anchor)" if f is None else
-                      f"{f:.2f}×" + (", does not pay" if round(f, 2) < 1 else "")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def case_name(cfg: tuple[int, int, int]) -> str:
+    """A case of the tables as a chain table's column heads name it: batch x prompt length, and whether the deployed
+    budget applies."""
+    b, s, t = cfg
+    return f"{b}x{s}" + (", budget" if t != NO_BUDGET else "")
 
 
-def chain_anchor_gap(results, rows: list[dict], step: int, cases=BOEHM_CASES) -> float:
+def chain_anchor_gap(results, rows: list[ChainRow], step: int) -> float:
     """The largest gap between the chain's anchors (its first and last rows: the library's steps ``step - 1`` and
     ``step`` in the chain's run) and the same steps at the same cases in ``results`` (the table of steps' run), as a
     fraction of the latter."""
     gaps = []
     for r, number in ((rows[0], step - 1), (rows[-1], step)):
-        for ms, cfg in zip(r["ms"], cases):
-            gaps.append(abs(ms / grid_row(results, CHAPTER.step(number).series, cfg)["ms"] - 1))
+        for cfg, t in r.us.items():
+            gaps.append(abs(t / (grid_row(results, CHAPTER.step(number).series, cfg)["ms"] * 1e3) - 1))
     return max(gaps)
 
 
@@ -436,7 +425,8 @@ def bundle_notes(results, cases=BOEHM_CASES) -> dict[int, str]:
     run = chain_run(6)
     changes = step05_06_changes()
     if run is not None and changes is not None:
-        cost = chain_rows(run, 6)[-1]["factor"]
+        rows6 = chain_rows(run, 6)
+        cost = list(chain_factors(rows6)[rows6[-1].label].values())
         rows = [(variant_row(changes, "step05_06_changes", "6a", cfg), variant_row(changes, "step05_06_changes", "6",
                                                                                    cfg)) for cfg in BOEHM_CASES]
         if all(a and b and a.get("host_ms") and b.get("host_ms") for a, b in rows):
