@@ -54,6 +54,13 @@ def test_the_totals_table_sets_the_median_request_beside_the_totals():
         assert row["total"] > 0
 
 
+def _chain_table(chain) -> str:
+    """Step 2's chain as the page renders it: the book's one chain renderer, µs per output token, whole µs."""
+    from book.common import chain_table
+
+    return chain_table(lesson.step02_chain_rows(chain), [lesson.CHAIN_CASE], str, unit="µs per token", digits=0)
+
+
 def _check_chain(table: str) -> list[list[str]]:
     """A chain table's rules: each row's label once, step 1 first and step 2 last, every "× previous" the ratio of the
     row above's µs cell over its own (to the cells' rounding), "does not pay" exactly where it is below one."""
@@ -65,8 +72,8 @@ def _check_chain(table: str) -> list[list[str]]:
         us_above, us = (float(r[2].replace(",", "")) for r in (above, row))
         x = float(row[3].split("×")[0])
         assert x == pytest.approx(us_above / us, abs=0.006), row[0]
-        if x != 1.0:
-            assert ("does not pay" in row[3]) == (x < 1.0), row
+        assert ("does not pay" in row[3]) == (x < 1.0), row  # the cell's own two digits decide
+        assert row[1].startswith("+ ")
     return rows
 
 
@@ -75,7 +82,7 @@ def test_step_2s_chain_is_cumulative_and_read_from_its_run():
     the median request of its decoder and step; the anchors' gap to the chapter's run, computed."""
     results = lesson.committed()
     chain = lesson.step02_chain(results)
-    _check_chain(lesson.chain_table(chain))
+    _check_chain(_chain_table(chain))
     run = json.loads((REPO_ROOT / lesson.LAB_RESULTS / lesson.SPLIT_RUN).read_text())
     summary = run["summary"]
     assert [r["us"] for r in chain["rows"]] == pytest.approx(
@@ -96,7 +103,7 @@ def test_step_2s_chain_from_hand_made_rows_and_a_missing_run(tmp_path, monkeypat
     (tmp_path / lesson.SPLIT_RUN).write_text(json.dumps({"rows": rows, "same_tokens_in_both_variants": True}))
     monkeypatch.setattr(lesson, "LAB_RESULTS", str(tmp_path))
     chain = lesson.step02_chain(lesson.committed())
-    table = _check_chain(lesson.chain_table(chain))
+    table = _check_chain(_chain_table(chain))
     assert "does not pay" in table[2][3]  # 2b slower than 2a here: the cell says so
     assert chain["rows"][1]["us"] == pytest.approx(statistics.median(
         r["ms_per_token"] for r in rows if r["variant"] == "nine" and r["step"] == "step02") * 1e3)
@@ -174,6 +181,14 @@ def test_the_samples_are_the_first_document_of_each_kind():
     firsts = [next(d["name"] for d in requests.workload()["documents"] if d["kind"] == k) for k in kinds]
     assert [s.split(": ", 1)[0] for s in samples] == firsts
     assert all(len(s) <= 40 for s in lesson.sample_outputs(results, width=40))
+    # the page prints each sample wrapped to what a code block shows whole; the cut one ends in an ellipsis
+    for sample in samples:
+        lines = lesson.wrapped(sample, lines=4)
+        assert all(len(line) <= lesson.CODE_WIDTH for line in lines)
+        assert " ".join(x.strip() for x in lines).replace(" ", "") == sample.replace(" ", "")
+    long = "x" * 500
+    cut = lesson.wrapped(long, lines=2)
+    assert len(cut) == 2 and cut[-1].endswith("…") and all(len(line) <= lesson.CODE_WIDTH for line in cut)
     assert lesson.repeats("Kai-Kai-Kai-Kai-") and not lesson.repeats("Kai-Kai-Kai-")
 
 
@@ -193,6 +208,32 @@ def test_the_counts_the_page_states_come_from_the_rows():
         timed = [x for x in results.rows if x["series"] == "step04" and x["params"]["batch"] == r["batch"]
                  and x["params"]["workload"] == r["workload"]]
         assert r["requests"] == len(timed) > 0
+
+
+def test_the_results_batch_1_figures_are_over_the_requests_that_close_their_json():
+    """The result's one request set: at batch 1 every figure of the result table is over the requests that close
+    their JSON (all of them only in brackets), recomputed here from the rows; batch 8 keeps whole batches."""
+    from studylog.speculate import report
+
+    results = lesson.committed()
+    for r in lesson.bound_rows(results):
+        if r["batch"] != 1:
+            assert r["closed"] is None
+            continue
+        kept = report.closed_requests(results.rows, r["workload"])
+        k = r["closed"]
+        assert k["requests"] == len(kept) <= r["requests"]
+
+        def med(series):
+            return statistics.median(x["ms"] for x in results.rows if x["series"] == series
+                                     and x["params"].get("batch") == 1 and x["params"].get("workload") == r["workload"]
+                                     and x["params"]["request"] in kept)
+
+        assert k["ratio"] == pytest.approx(med("ch7_step03") / med("step04"))
+        ups = [s for s in report.speedups(lesson.closed_rows(results, r["workload"]), 1, r["workload"])]
+        assert len(ups) == len(kept) and k["max_speedup"] == pytest.approx(max(ups))
+        assert k["min_speedup"] == pytest.approx(min(ups))
+        assert lesson.closed_median_ms(results, "step04", r["workload"]) == pytest.approx(med("step04"))
 
 
 def test_a_batch_row_is_one_kind_of_document_or_one_low_copy_request():

@@ -9,6 +9,7 @@ import re
 import statistics
 from typing import Any
 
+from book.common import ChainRow
 from studylog.speculate import CHAPTER, report
 
 SERIES = ("step01", "step02", "step03", "step04")
@@ -162,7 +163,8 @@ def bound_rows(results) -> list[dict[str, Any]]:
     that close their JSON, :func:`capped`) and the requests' own ratios (median, slowest, ``max_speedup``), the
     forward ratio and the chunk-length forecast (``forecast``: each forward priced at its chunk length's measured
     time, each drafting call at its own; :func:`studylog.speculate.report.bound`); the requests timed
-    (``requests``); beside them the same ratio on the second H200 (``second_ratio``, :func:`second_run`; None
+    (``requests``); at batch 1, ``closed``: the same figures over the requests the headline keeps (:func:`closed_rows`;
+    None at batch 8, where a batch is timed whole); beside them the same ratio on the second H200 (``second_ratio``, :func:`second_run`; None
     without it) and how far the two runs are apart (``runs_apart``: the larger ratio over the smaller, less one)."""
     again = second_run()
     out = []
@@ -173,19 +175,38 @@ def bound_rows(results) -> list[dict[str, Any]]:
         out.append(r | {"ratio": ratio, "max_speedup": max(report.speedups(results.rows, b, w)),
                         "requests": len(_rows(results, b, w, "step04")),
                         "second_ratio": second,
-                        "runs_apart": max(second, ratio) / min(second, ratio) - 1 if second else None})
+                        "runs_apart": max(second, ratio) / min(second, ratio) - 1 if second else None,
+                        "closed": _closed_summary(results, w) if b == 1 else None})
     return out
+
+
+def _closed_summary(results, workload: str) -> dict[str, Any]:
+    """:func:`bound_rows`' figures at batch 1 over the requests the headline keeps (:func:`closed_rows`)."""
+    rows = closed_rows(results, workload)
+    r = next(x for x in report.summary(rows) if x["batch"] == 1 and x["workload"] == workload)
+    return r | {"ratio": closed_ratio(results, "step04", workload),
+                "max_speedup": max(report.speedups(rows, 1, workload)),
+                "requests": len(report.closed_requests(results.rows, workload))}
+
+
+def closed_rows(results, workload: str = "extraction") -> list[dict]:
+    """The run's rows with the batch-1 ``workload`` requests the headline leaves out (:func:`capped`: step 4's
+    output ran to the cap) dropped, every series alike; every other row kept (the layers' timings, batch 8)."""
+    kept = report.closed_requests(results.rows, workload)
+    return [r for r in results.rows if not (r["params"].get("batch") == 1 and r["params"].get("workload") == workload
+                                            and r["params"].get("request") not in kept)]
+
+
+def closed_median_ms(results, series: str, workload: str = "extraction") -> float:
+    """The median request's milliseconds per output token of ``series`` at batch 1, over the requests the headline
+    keeps (:func:`closed_rows`)."""
+    return report.median_ms(closed_rows(results, workload), 1, workload, series)
 
 
 def closed_ratio(results, series: str = "step04", workload: str = "extraction") -> float:
     """Chapter 07's step 3 over ``series`` at batch 1, the ratio of their median times per output token over the
     requests the headline keeps (:func:`studylog.speculate.report.closed_requests`: step 4's output closed its JSON)."""
-    kept = report.closed_requests(results.rows, workload)
-
-    def med(s: str) -> float:
-        return statistics.median(r["ms"] for r in _rows(results, 1, workload, s) if r["params"]["request"] in kept)
-
-    return med("ch7_step03") / med(series)
+    return closed_median_ms(results, "ch7_step03", workload) / closed_median_ms(results, series, workload)
 
 
 def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
@@ -195,10 +216,7 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
     "x" for a ratio, "us" for microseconds per token. The forward ratio and the chunk-length forecast are
     :func:`studylog.speculate.report.bound` on the rows of the kept requests; the time per token is
     :func:`loop_bound`."""
-    kept = report.closed_requests(results.rows, workload)
-    mine = [r for r in results.rows if not (r["params"].get("batch") == 1 and r["params"].get("workload") == workload
-                                            and r["params"].get("request") not in kept)]
-    on_kept, on_all = report.bound(mine, 1, workload), report.bound(results.rows, 1, workload)
+    on_kept, on_all = report.bound(closed_rows(results, workload), 1, workload), report.bound(results.rows, 1, workload)
     measured = closed_ratio(results, "step04", workload)
     measured_all = median_ms(results, 1, workload, "ch7_step03") / median_ms(results, 1, workload, "step04")
     loop = loop_bound(results, 1, workload)
@@ -317,9 +335,9 @@ SPLIT_RUN = "verify_layer_split.json"
 #: change it adds to the row above. ``tuned`` is the benchmark's decoder (two-token forwards on the six-launch layer);
 #: ``nine`` keeps the six-launch layer for one-token forwards only, as chapter 07's loop does. The first row is
 #: step 1 (the anchor), the last step 2 itself, both timed in the same run.
-STEP02_CHAIN = (("step 1", "tuned", "step01", "the anchor: chapter 07's loop with every position's hidden state"),
-                ("2a", "nine", "step02", "drafts cut by the grammar, verified on the nine-launch layer"),
-                ("2b = step 2", "tuned", "step02", "two-token verifying forwards on the six-launch layer"))
+STEP02_CHAIN = (("step 1", "tuned", "step01", "chapter 07's loop with every position's hidden state"),
+                ("2a", "nine", "step02", "+ drafts cut by the grammar, verified on the nine-launch layer"),
+                ("2b = step 2", "tuned", "step02", "+ two-token verifying forwards on the six-launch layer"))
 
 
 def step02_chain(results, batch: int = 1, workload: str = "extraction") -> dict[str, Any]:
@@ -346,15 +364,14 @@ def step02_chain(results, batch: int = 1, workload: str = "extraction") -> dict[
             "same_tokens": bool(run["same_tokens_in_both_variants"])}
 
 
-def chain_table(chain: dict[str, Any]) -> str:
-    """:func:`step02_chain` as a Markdown table: row | the one change | µs per token | × previous (above 1.00× the
-    change pays; below, the cell says it does not pay)."""
-    lines = ["| row | the one change | batch 1, extraction: µs per token | × previous |", "|---|---|---|---|"]
-    for r in chain["rows"]:
-        x = r["x_previous"]
-        factor = "anchor" if x is None else f"{x:.2f}×" + (", does not pay" if x < 1.0 else "")
-        lines.append(f"| {r['row']} | {r['change']} | {r['us']:,.0f} | {factor} |")
-    return "\n".join(lines)
+#: Step 2's chain table's one case, as its column names it (:func:`step02_chain_rows`).
+CHAIN_CASE = "batch 1, extraction"
+
+
+def step02_chain_rows(chain: dict[str, Any]) -> list[ChainRow]:
+    """:func:`step02_chain`'s rows for the book's chain table (:func:`book.common.chain_table`, its one case
+    :data:`CHAIN_CASE`, µs per output token)."""
+    return [ChainRow(r["row"], r["change"], {CHAIN_CASE: r["us"]}) for r in chain["rows"]]
 
 
 def prefill_probe() -> dict[str, float]:
@@ -421,8 +438,21 @@ def sample_outputs(results, batch: int = 1, width: int | None = None) -> list[st
     return out
 
 
+#: The widest line the page's code blocks show whole (characters): a sample longer than this is cut with an ellipsis.
+CODE_WIDTH = 110
+
+
 def _cut(text: str, width: int | None) -> str:
     return text if width is None or len(text) <= width else text[:width - 1] + "…"
+
+
+def wrapped(text: str, width: int = CODE_WIDTH, lines: int = 2) -> list[str]:
+    """``text`` as at most ``lines`` lines of at most ``width`` characters, broken at spaces or hyphens where it can
+    (JSON has few spaces: a long word is broken anywhere), each line after the first indented; where the text goes on
+    past the last line, that line ends in an ellipsis."""
+    import textwrap
+
+    return textwrap.wrap(text, width=width, subsequent_indent="    ", max_lines=lines, placeholder=" …") or [""]
 
 
 def repeats(text: str, times: int = 4) -> bool:
@@ -493,4 +523,5 @@ __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN
            "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
            "low_copy_counts", "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
-           "step02_chain", "chain_table"]
+           "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows",
+           "wrapped"]
