@@ -26,6 +26,7 @@ path (which follows ``_toc.yml``) and the README.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 import statistics
@@ -176,10 +177,24 @@ TERNARY_WORDS = {"step09": "the ternary kernel on tensor cores, Triton", "step10
 ONE_KERNEL = "one empty kernel, graph-replayed"
 
 
+@functools.lru_cache(maxsize=256)
+def _file_facts(path: str, mtime_ns: int, size: int) -> tuple[str, float | None]:
+    """A benchmark file's card name and empty-kernel time, parsed once per version of the file (the pages ask for
+    them hundreds of times; a file rewritten on disk has a new key)."""
+    data = json.loads(Path(path).read_text())
+    return data["device"]["name"], empty_kernel_ms(data)
+
+
+def file_facts(path: Path) -> tuple[str, float | None]:
+    """:func:`_file_facts` of the file as it is on disk now."""
+    st = Path(path).stat()
+    return _file_facts(str(path), st.st_mtime_ns, st.st_size)
+
+
 def card_empty_kernel_ms(card: Path) -> float | None:
     """The smallest empty-kernel GPU time of all the card's runs (None where none timed one): one latency floor per
     card, the least a one-launch kernel was seen to take there."""
-    times = [empty_kernel_ms(json.loads(p.read_text())) for p in sorted(Path(card).glob("*.json"))]
+    times = [file_facts(p)[1] for p in sorted(Path(card).glob("*.json"))]
     known = [t for t in times if t is not None]
     return min(known) if known else None
 
@@ -706,7 +721,7 @@ ENTRIES: tuple[Entry, ...] = (
 def card_name(card: Path) -> str:
     """The GPU's name as its files record it (the folder name where none does)."""
     for f in sorted(Path(card).glob("*.json")):
-        return json.loads(f.read_text())["device"]["name"]
+        return file_facts(f)[0]
     return Path(card).name
 
 
