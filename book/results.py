@@ -258,17 +258,16 @@ def ctc_host_bound(card: Path) -> tuple[int, int]:
     return sum(1 for c in cases if c["ours"]["host_ms"] > c["ours"]["ms"]), len(cases)
 
 
-#: The batches beside chapter 02's headline (batch 1) on the landing page: where the whole step's lead narrows.
-MASKED_HEAD_BATCHES = (64, 256)
-
-
 def masked_head_batches(card: Path) -> dict[int, float]:
-    """Chapter 02's whole step against xgrammar's path at :data:`MASKED_HEAD_BATCHES`, the headline's 1,000 random
-    allowed tokens: batch -> xgrammar's GPU time over ours (only the batches the card's file times both at)."""
+    """Chapter 02's whole step against xgrammar's path at the larger batches its page gives beside the headline
+    (:data:`book.masked_lm_head.lesson.HEADLINE_POINTS`): batch -> xgrammar's GPU time over ours (only the batches
+    the card's file times both at)."""
+    from book.masked_lm_head.lesson import HEADLINE_POINTS
+
     data = load(card, "masked_lm_head")
     out = {}
-    for batch in MASKED_HEAD_BATCHES:
-        case = {**MASKED_HEAD_CASE, "batch": batch}
+    for batch, kind, allowed in HEADLINE_POINTS[1:]:
+        case = {**MASKED_HEAD_CASE, "batch": batch, "kind": kind, "allowed": allowed}
         ours = [r for r in rows(data, "plan_bitmask", **case) if r["clock"] == "gpu"] if data else []
         theirs = [r for r in rows(data, "xgrammar_bitmask", **case) if r["clock"] == "gpu"] if data else []
         if len(ours) == 1 and len(theirs) == 1:
