@@ -201,3 +201,19 @@ def test_the_real_schemas_paragraph_says_why_llguidance_compiles_few():
     assert "keyword it does not implement" in text and '"Unimplemented keys"' in text
     assert "forced end of sequence" not in text and "passes per output token" in text
     assert prose_words(page) <= 2500
+
+
+def test_the_retokenization_counts_compare_like_with_like_and_the_page_names_its_files():
+    """Compact JSON covers the JSON schemas only, so the retokenization sentence counts both whitespaces over those
+    (tokens written, not passes); the page lists the committed files it reads."""
+    import json
+    from pathlib import Path
+
+    page = Path(__file__).parents[1] / "notebooks" / "01_fsm_compression.ipynb"
+    text = "".join("".join(c["source"]) for c in json.loads(page.read_text())["cells"])
+    sentence = text[text.index("* **Retokenization is not free.**"):text.index("Each replacement is prefill")]
+    assert "json_tokens['default']" in sentence and "json_tokens['compact']" in sentence
+    assert 'if r.kind == "json"' in text and "written['compact']" not in text
+    where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
+    for name in ("env.json", "decode.json", "realworld_cl100k_base.json", "fsm_suite.json"):
+        assert name in where
