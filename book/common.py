@@ -334,5 +334,9 @@ def chain_table(rows: list[ChainRow], cases: list, case_name=str, *, unit: str =
 def chain_note(first: str, last: str, gap: float) -> str:
     """The sentence under a chain table timed in a run of its own: how far its two anchors sit from the steps
     table (the run-to-run spread; "How we measure" says why such a table keeps its own run)."""
-    within = f"{gap:.1%}" if gap < 0.1 else f"{gap:.0%}"  # a small gap keeps a digit: "0%" would say none
-    return f"One run of its own: its {first} and {last} sit within {within} of the steps table."
+    return f"One run of its own: its {first} and {last} sit within {gap_words(gap)} of the steps table."
+
+
+def gap_words(gap: float) -> str:
+    """A relative gap as a percentage; one under 10% keeps a decimal ("0%" would say there is none)."""
+    return f"{gap:.1%}" if gap < 0.1 else f"{gap:.0%}"

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from book.common import ChainRow, chain_note, chain_table
+from book.common import ChainRow, chain_note, chain_table, gap_words
 from book.multi_item import exercises, lesson, solutions
 
 import triton.language as tl  # noqa: I001  (after studylog, which sets TRITON_INTERPRET on a CPU)
@@ -354,8 +354,7 @@ def test_step_4s_chain_on_the_committed_run():
     want = max(abs(times[f"step {n}"] / (lesson.ms(results, lesson.STEP[n].series, chain.case) * 1e3) - 1)
                for n in (3, 4))
     assert chain.gap(results) == pytest.approx(want)
-    said = f"{want:.1%}" if want < 0.1 else f"{want:.0%}"
-    assert f"within {said} of the steps table" in chain_note("step 3", "step 4", chain.gap(results))
+    assert f"within {gap_words(want)} of the steps table" in chain_note("step 3", "step 4", chain.gap(results))
 
 
 @pytest.mark.skipif(lesson.step5_chain() is None, reason="no committed step 5 chain")

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from book.common import gap_words
 from book.ternary import exercises as E
 from book.ternary import lesson as L
 from book.ternary import solutions as S
@@ -550,7 +551,7 @@ def _check_chain(step: int, table: str):
     assert "One run of its own" in table or "steps table's own run" in table
     assert rows[-1][1].endswith("as shipped") and "library's kernel" not in table
     note = table.rsplit("\n\n", 1)[1]
-    assert note.count(".") == 1 and len(note.split()) <= 25  # one short sentence, right under the table
+    assert note.endswith(".") and ". " not in note and len(note.split()) <= 25  # one short sentence, under it
     assert not re.search(r"20\d\d-\d\d", table)  # no dates
 
 
@@ -561,7 +562,7 @@ def test_each_chain_table_is_cumulative_and_read_from_one_run(results, step):
     ch = L.chain(step, results)
     for (label, _, times, factors), (_, _, times_above, _) in zip(ch["rows"][1:], ch["rows"]):
         assert factors == pytest.approx([a / b for a, b in zip(times_above, times)])
-    assert f"within {ch['gap']:.0%} of the steps table" in table or ch["run"] is None
+    assert f"within {gap_words(ch['gap'])} of the steps table" in table or ch["run"] is None
 
 
 def test_step_11s_chain_reads_its_run_and_fails_loudly_without_it(results):
