@@ -141,7 +141,7 @@ def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         if host is None or host <= b["median_ms"]:
             continue
         found = {"number": b["number"], "card": _short(b["card"]), "host_ms": host, "gpu_ms": b["median_ms"],
-                 "at": "4096 × 14336" if llama else "its kernel alone" if alone else "",
+                 "at": "4096 × 14336" if llama else "its kernel alone (not the headline)" if alone else "",
                  "rival_gpu_ms": b.get("rival_ms")}
         if llama and b.get("rival_series"):
             data = load_file(folders[b["card"]], "ternary")
@@ -196,7 +196,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
                 "ratio holds for calls made one after another too.")
     return "\n".join([
-        "Some headline calls take longer on the host than on the GPU. Their ratios hold only where calls are replayed "
+        "Calls whose host time exceeds their GPU time. Their ratios hold only where calls are replayed "
         "in a CUDA graph or otherwise overlap the host's work: made one at a time from Python, such a call waits on "
         "the host ([How we measure](how_we_measure.md)). Called eagerly, a call takes the longer of its two times.",
         "", "| headline | host per call (µs) | GPU (µs) | called eagerly, one call at a time |", "|---|---|---|---|",
@@ -362,13 +362,16 @@ def part_one_answer(card: Path) -> dict[str, Any] | None:
     if data is None:
         return None
     run, triton = Results(None, data), [SERIES[9]]
-    ratios, failed = {}, []
+    ratios, failed, eager = {}, [], {}
     for peer in rows(data, GEMLITE, m=1):
         shape = peer["params"]["shape"]
         check = accuracy_check(data, GEMLITE, {"shape": shape, "m": 1})
         best, _ = fastest(run, triton, shape=shape, m=1)
         if peer["clock"] == "gpu" and check is not None and check["passed"] and best is not None:
             ratios[shape] = peer["ms"] / best["ms"]
+            if best.get("host_ms") is not None and peer.get("host_ms") is not None:
+                # called eagerly, one call at a time, a call takes the longer of its host and GPU times
+                eager[shape] = (max(peer["host_ms"], peer["ms"]) / max(best["host_ms"], best["ms"]), peer["host_ms"])
         elif peer["clock"] == "gpu" and check is not None and not check["passed"]:
             failed.append(shape)
     case = {"shape": "4096x14336", "m": 1}
@@ -376,7 +379,7 @@ def part_one_answer(card: Path) -> dict[str, Any] | None:
     cublas, _ = fastest(run, [CUBLAS], **case)
     if not ratios or best is None or cublas is None:
         return None
-    return {"ratios": ratios, "cublas": cublas["ms"] / best["ms"], "failed": failed}
+    return {"ratios": ratios, "cublas": cublas["ms"] / best["ms"], "failed": failed, "eager": eager}
 
 
 def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
@@ -398,9 +401,11 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             notes[name], comparable[name] = [], True
             if entry.number == 1:  # counted on the host, the same on every card: written out once
                 ratios[name], text, brief[name] = fsm_line(suite)
-                cells[name] = text if ratios[name] is None else f"**{ratios[name]:.1%}** fewer forward passes, exact"
+                cells[name] = (text if ratios[name] is None else
+                               f"**{ratios[name]:.1%}** fewer forward passes, output unchanged (a count over the "
+                               "chapter's suite, the same on any card)")
                 if len(cells) > 1 and suite is not None:
-                    cells[name] = "the same (counted on the host, not on a GPU)"
+                    cells[name] = "the same (a count, not a GPU time)"
                 elif suite is not None:
                     notes[name].append(text.replace(f"**{ratios[name]:.1%}**", f"{ratios[name]:.1%}"))
                 continue
@@ -448,7 +453,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 brief[name] += " (cuBLAS logits, then its mask), the whole step at batch 1"
                 wider = masked_head_batches(card)
                 if wider:
-                    brief[name] += " (" + ", ".join(f"{x:.2f}× at {b}" for b, x in wider.items()) + ")"
+                    brief[name] += (" (" + ", ".join(f"even at {b}" if round(x, 2) == 1 else f"{x:.2f}× at {b}"
+                                                     for b, x in wider.items())
+                                    + f"; {MASKED_HEAD_CASE['allowed']:,} allowed a sequence)")
                 alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
                 if alone is not None:
@@ -506,7 +513,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 bound = decode_bound(card)
                 if bound is not None:
                     notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
-                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} on an 8B-shaped cost model"
+                    brief[name] = (f"{row['vs_rival']:.2f}× {entry.rival_short} on an 8B-shaped cost model (random "
+                                   "weights, one layer's weights read by all 32 layers)")
                 if row.get("real_ratio") is not None:
                     notes[name].append(f"{name}: on a real model, SmolLM2-135M, over its {row['real_requests']} "
                                        f"requests at batch 1, {row['real_ratio']:.2f}× (the ratio of the two median "
@@ -830,6 +838,17 @@ def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, An
     return out
 
 
+def eager_words(eager: dict[str, tuple[float, float]], shapes: int) -> str:
+    """Part 1's eager clause for the landing page (:func:`part_one_answer`'s ``eager``: per shape GemLite's eager time
+    over ours and GemLite's host time per call): where ours stays ahead, one call at a time. Empty without host times."""
+    if len(eager) != shapes:
+        return ""
+    slower = sum(1 for x, _ in eager.values() if x < 1)
+    hosts = [h for _, h in eager.values()]
+    said = "ours stays ahead at all of them" if not slower else f"ours is the slower at {slower} of them"
+    return f"; called eagerly, {said} (GemLite's host time {us(min(hosts))}–{us(max(hosts))} µs a call)"
+
+
 def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, str]:
     """The landing page's one number for the pages that are no chapter's headline, on ``card``: chapter 00's two
     ceilings (the empty kernel and the copy bandwidth of the card's environment run) and part 1 of chapter 05's
@@ -849,7 +868,8 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, s
         out["notebooks/05_ternary_1_triton.ipynb"] = (
             f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite (step 9, one row of x) at the {len(r)} shapes "
             "where GemLite passes our check" + (f"; GemLite fails it at the other {len(part_one['failed'])}"
-                                                if part_one["failed"] else ""))
+                                                if part_one["failed"] else "")
+            + eager_words(part_one["eager"], len(r)))
     return out
 
 
@@ -886,9 +906,8 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         number, _, eager = number.partition("; called eagerly, ")  # the caveat in a column of its own
         number = number.replace(", under CUDA-graph replay", "")
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {eager or '–'} | {with_code} min |")
-    lines += ["", "The answers time calls replayed in a CUDA graph; the next column says where a call made from "
-              "Python, one at a time, waits on the host instead. Reading time: the prose and the code the page shows; "
-              "the listings folded under its steps, running the code and the exercises come on top."]
+    lines += ["", "Reading time: the prose and the code the page shows; the listings folded under its steps, running "
+              "the code and the exercises come on top."]
     return "\n".join(lines)
 
 
@@ -898,5 +917,5 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
            "part_one_line", "CTC_STEPS_WORDS", "ctc_cases", "ctc_series", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
-       "reading_path_markdown", "summary_markdown", "other_answers",
+       "reading_path_markdown", "summary_markdown", "other_answers", "eager_words",
            "bitnet_range", "bitnet_eager"]

@@ -482,9 +482,9 @@ def _ternary_llama(data):
     series, rival = min(passing, key=lambda p: p[1]["ms"]) if passing else ("gemlite_w2", gemlite)
     label = {"gemlite_w2": "GemLite 2-bit", "cublas_bf16": "cuBLAS bf16 (the matrix stored densely)"}[series]
     gem_failed = checks["gemlite_w2"] is not None and not checks["gemlite_w2"]["passed"]
-    if series == "cublas_bf16" and gem_failed:  # the strongest rival that runs this shape and passes the check
-        label = ("cuBLAS bf16 on the matrix stored densely (GemLite, faster, fails our float64 check here; BitNet's "
-                 "kernel is not built for this shape: the notes)")
+    if series == "cublas_bf16" and gem_failed and gemlite is not None:  # the strongest rival that passes the check
+        label = (f"cuBLAS bf16 on the matrix stored densely (GemLite takes {us(gemlite['ms'])} µs here but fails our "
+                 "float64 check; BitNet's kernel is not built for this shape: the notes)")
     read = one(data, "read_weights", **TERNARY_CASE)
     latency, what = _one_kernel(data)
     notes = ()
@@ -789,9 +789,8 @@ TAIL_SERIES: dict[int, tuple[str, dict[str, Any]]] = {
     6: ("multi_item_attention", {"shape": "8 prompts, mixed"}),
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
-TAIL_NOTE = ("p99 of replays: the 99th percentile of the per-call means of {samples} replays (CUDA graphs of at "
-             "least {calls} calls) in a run of its own, given over that run's median: how far a re-measurement can "
-             "land above the median, not how slow one call can be")
+TAIL_NOTE = ("p99 of replays: over {samples} replays, each a CUDA graph of at least {calls} calls, in a run of its "
+             "own")
 
 
 def tail(card: Path, number: int) -> dict[str, Any] | None:
@@ -954,7 +953,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     p99 = f"p99 of replays over its run's median (the {' and the '.join(have)} only) | " if have else ""
     times = ["**Time, and the strongest rival**", "",
              f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
-             "strongest rival (µs) | ours × rival |", "|" + "---|" * (8 if p99 else 7)]
+             "strongest rival (µs) | speedup (rival ÷ ours) |", "|" + "---|" * (8 if p99 else 7)]
     floors = ["**Floors, and how close the median is to them**", "",
               "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
               "the case's floor (the largest), its kind | % of the floor |", "|" + "---|" * 8]

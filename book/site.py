@@ -66,7 +66,7 @@ def _questions() -> dict[str, tuple[str, str]]:
             texts = {text for card, text in h["brief"].items() if h["ratios"].get(card) is not None}
             if len(texts) == 1:
                 text = texts.pop()
-                measured = [f"{text[0].upper()}{text[1:]}, counted on the host"]
+                measured = [f"{text[0].upper()}{text[1:]}: a count over the chapter's suite, the same on any card"]
         # one line per card (a hard line break between them), so that no card's clause runs into another's
         out[h["notebook"]] = (h["question"], "  \n".join(measured) if measured else "not measured yet")
     answers = other_answers()

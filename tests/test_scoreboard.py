@@ -318,7 +318,7 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
     lines = [ln for ln in times.splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
     no_run = [ln for ln in lines if not any(f"| {sb._short_card(sb.card_name(c))} |" in ln for c in tails)]
     assert no_run and all(ln.split(" | ")[5].strip() == "–" for ln in no_run)
-    assert table.count("99th percentile of the per-call means") == 1
+    assert table.count("p99 of replays: over ") == 1 and "99th percentile" not in table  # the meaning: above
 
 
 def test_chapter_seven_headline_is_one_case_and_one_statistic_everywhere():
@@ -349,7 +349,7 @@ def test_chapter_one_line_is_one_statistic():
     (line,) = [h for h in summary.headlines() if h["number"] == 1]
     first, *others = line["cells"].values()
     assert "fewer forward passes" in first and "per output token" not in first
-    assert all(text.startswith("the same (counted on the host") for text in others)  # written out once
+    assert all(text.startswith("the same (a count, not a GPU time") for text in others)  # written out once
 
 
 def test_the_end_to_end_comparison_shows_our_end_to_end_time():

@@ -94,4 +94,14 @@ def headline(results) -> list[dict]:
                                  kernel_label=label(series),
                                  baseline_label="torch._int_mm W8A8 (int8 weights, rows padded to 17)",
                                  shape=shape, m=1))
+    # part 1's answer: its last Triton step against GemLite, the Triton peer, at every shape where GemLite's output
+    # passed our check
+    triton = SERIES[9]
+    for peer in view.select(GEMLITE, m=1):
+        shape = peer["params"]["shape"]
+        bad = any(c["name"].startswith(f"{GEMLITE} ") and not c["passed"] and c["params"].get("shape") == shape
+                  and c["params"].get("m", 1) == 1 for c in results.data.get("checks", []))
+        if not bad and view.select(triton, shape=shape, m=1):
+            rows.append(headline_row(view, triton, GEMLITE, case(shape, 1), kernel_label=label(triton),
+                                     baseline_label="GemLite 2-bit (bf16 x, its autotune)", shape=shape, m=1))
     return rows
