@@ -205,7 +205,8 @@ def test_the_result_table_compares_each_shape_with_the_kernel_that_runs_it():
     table = lesson.result_table(results, [report.FLASHINFER, STEP5, report.STEP06.series]).splitlines()
     flashinfer, step5, step6 = table[2:]
     assert flashinfer.endswith("| 600.0 (1.50×) |") and "| 540.0 (0.90×) |" in flashinfer  # 0.9 x 0.6 on MIXED
-    assert step5.endswith("| 500.0 (1.25×) |") and step6.endswith("| **400.0** |")
+    # ours has one ratio per cell's meaning: step 6's own cell gives its factor over step 5, step 5's cell there none
+    assert step5.endswith("| 500.0 |") and step6.endswith("| **400.0** (1.25× step 5) |")
     assert step6.count("–") == 2  # step 6 runs on the shared-head shape only
 
 
@@ -276,11 +277,12 @@ def test_the_steps_table_of_a_current_file_and_of_none():
     results = _current_file()
     table = lesson.steps_table(results)
     shape = report.bench_shapes()[0][0].split(",")[0]
-    assert table.splitlines()[0] == f"| step | the one change | {shape}: µs | × previous | × floor |"
+    assert table.splitlines()[0] == (f"| step | the one change | {shape}: µs | × previous | × floor | "
+                                     f"8 prompts, 32 heads: µs | × previous | × floor |")
     # one row a numbered step: step 5 is the library's default order, over step 4 (absent from this file)
     assert [r[0] for r in _rows(table)] == ["", "1", "2", "3", "4", "5", "6"]
     assert "| 5 | " in table and "| 200.0 | – | 2.0× |" in table
-    # the folded table of every shape holds the mixed batch too
+    # the folded table of every shape: this file's two
     assert lesson.steps_table(results, None).splitlines()[0].count("µs") == 2
     assert lesson.steps_table(None) == "pending"
 
@@ -296,10 +298,16 @@ def test_the_steps_table_on_the_committed_file_has_one_row_a_step():
     rows = {r[0]: r for r in _rows(table)[1:]}
     long_, gqa = lesson.MAIN_SHAPES
     assert table.splitlines()[0].count("µs") == 2
+    # one layout in the columns: the mixed batch with 32 heads, as every step's prose and step 5's chain
+    assert gqa == report.MIXED_SHAPE and "8 prompts, 32 heads: µs" in table.splitlines()[0]
     t5 = lesson.ms(results, STEP5, gqa) * 1e3
     t4 = lesson.ms(results, report.STEP04_PER_PROMPT, gqa) * 1e3
     assert rows["5"][5] == f"{t5:,.1f}" and rows["5"][6] == f"{t4 / t5:.2f}×"  # no blank: over step 4 per prompt
-    assert rows["6"][2] == "–" and rows["6"][5] != "–"  # step 6 runs on the grouped-query batch only
+    # step 6 runs on the grouped-query batch only: its cells are blank, its numbers in its change cell
+    assert set(rows["6"][2:]) == {"–"}
+    g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
+    assert rows["6"][1].endswith(f"8 KV heads {g6:,.1f} µs, {g5 / g6:.2f}× step 5's {g5:,.1f} µs there")
+    assert "in step 5's section above" in rows["5"][1] and "below" not in table
     assert rows["5"][2] == f"{lesson.ms(results, STEP5, long_) * 1e3:,.1f}"
 
 
@@ -339,22 +347,29 @@ def test_a_chain_table_is_cumulative_and_names_a_loss():
         _check_chain(broken, 5)
 
 
-@pytest.mark.skipif(lesson.step4_chain() is None, reason="no committed step_changes.json")
-def test_step_4s_chain_on_the_committed_run():
+@pytest.mark.skipif(lesson.step4_same_config() is None, reason="no committed step_changes.json")
+def test_step_4_is_one_change_on_the_committed_run():
+    """Step 4's larger set of configurations picks, on the long-prefix prompt, the one step 4's kernel runs fastest at
+    within step 3's two: the same kernel at the same configuration, so the page gives step 4 no chain (one change)."""
     results = plotting.load_results("multi_item")
-    chain = lesson.step4_chain()
-    _check_chain(chain, 4)
-    assert [r.label for r in chain.rows] == ["step 3", "4a", "step 4"]
-    # the larger set picks step 3's best configuration here: its chain row times the same kernel again, and the main
-    # table's row keeps it out of the step's change (one clause, not a second change)
-    assert chain.rows[-1].remeasure and "the same kernel timed again" in chain.rows[-1].change
+    assert lesson.step4_same_config() is True
     cell = {r[0]: r for r in _rows(lesson.steps_table(results))}["4"][1]
-    assert cell.startswith("key tiles no row sees never loaded (") and "changes" not in cell
-    times = chain.times
-    want = max(abs(times[f"step {n}"] / (lesson.ms(results, lesson.STEP[n].series, chain.case) * 1e3) - 1)
-               for n in (3, 4))
-    assert chain.gap(results) == pytest.approx(want)
-    assert f"within {gap_words(want)} of the steps table" in chain_note("step 3", "step 4", chain.gap(results))
+    assert cell.startswith("key tiles no row sees never loaded") and "changes" not in cell and "tuner" not in cell
+
+
+def test_step_4s_configuration_check_reads_the_tuners_pick(monkeypatch):
+    shape = lesson.MAIN_SHAPES[0]
+    few = lambda ms, config: {"series": "step_changes", "ms": ms, "config": None,  # noqa: E731
+                              "params": {"shape": shape, "step": 4, "config": config, "in_sets": ["FEW_GPU_CONFIGS"]}}
+    data = {"measurements": [few(0.2, "64 x 64"), few(0.3, "128 x 64"),
+                             {"series": lesson.STEP[4].series, "config": "64 x 64", "params": {"shape": shape}}]}
+    monkeypatch.setattr(lesson, "lab_or_none", lambda chapter, name, gpu="nvidia-h200": data)
+    assert lesson.step4_same_config() is True
+    data["measurements"][-1]["config"] = "128 x 128"  # the larger set picks another tile: no longer one change
+    assert lesson.step4_same_config() is False
+    data["measurements"].pop()
+    with pytest.raises(LookupError):
+        lesson.step4_same_config()
 
 
 @pytest.mark.skipif(lesson.step5_chain() is None, reason="no committed step 5 chain")
@@ -363,9 +378,16 @@ def test_step_5s_chain_on_the_committed_run_starts_at_step_4():
     _check_chain(chain, 5)
     # the page quotes 5a against step 4 from this run: step 4 launched per prompt is its first anchor
     assert [r.label for r in chain.rows] == ["step 4", "5a", "5b", "step 5"]
-    # the chain runs the mixed batch with 32 heads; the main table's batch has 8 KV heads: the column says which
+    # the chain runs the mixed batch with 32 heads, as the main table: the column says which layout
     assert _table(chain).splitlines()[0].startswith(f"| row | the one change | {lesson.MIXED_LABEL}: µs |")
     assert "32 heads" in lesson.MIXED_LABEL
+    results = plotting.load_results("multi_item")
+    times = chain.times
+    want = max(abs(times[label] / (lesson.ms(results, series, chain.case) * 1e3) - 1)
+               for label, series in chain.anchors.items())
+    assert chain.gap(results) == pytest.approx(want)
+    assert f"within {gap_words(want)} of the steps table" in chain_note("step 4", "step 5", chain.gap(results))
+    assert chain.rows[1].change.startswith("+ prerequisite: ")  # 5a exists for the orders after it
 
 
 def test_step_5s_chain_reads_step_4s_anchor_where_the_run_has_it(monkeypatch):

@@ -16,9 +16,11 @@ __all__ = ["COLOURS", "approaches", "colour", "figures", "series_label", "shape_
 
 def series_label(series: str) -> str:
     """A series' legend label (``CHAPTER.label``): a step's name, or the baseline's description. Step 5 is the
-    shipped kernel in its default order, as the page's tables, the results and the landing pages call it."""
-    if series == STEP05.series:
-        return f"step 5 ({STEP05.name})"
+    shipped kernel in its default order, as the page's tables, the results and the landing pages call it; step 6
+    likewise."""
+    if series in (STEP05.series, STEP06.series):
+        step = STEP05 if series == STEP05.series else STEP06
+        return f"step {step.number} ({step.name})"
     return CHAPTER.label(series)
 
 
@@ -114,7 +116,8 @@ def times_figure(results, columns: int = 2):
         # "1k", "2k": thousands in four digits would run into each other at this panel width
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v >= 1000 else f"{v:,.0f}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlim(left, max(widths) * 2.2)  # room for the slowest bar's value
+        # room for the slowest bar's value: a fixed share of the log axis, so a narrow panel does not clip it
+        ax.set_xlim(left, max(widths) * (max(widths) / left) ** 0.3)
         ax.set_title(shape, fontsize=10)
         ax.set_xlabel("µs per call (median, log scale)", fontsize=9)
         ax.grid(True, axis="x", which="both", alpha=0.3)

@@ -10,7 +10,8 @@ Nothing here times anything.
 * :func:`amdahl`: attention's share of a whole scoring pass of a model, before and after.
 * :func:`steps_table`: the lesson's one table of steps, one row a numbered step: the one change, µs, × the previous
   step, × the compute floor, on the long-prefix prompt and the grouped-query batch (or every shape, folded).
-* :func:`step4_chain`, :func:`step5_chain`: the two bundled steps one change at a time (:class:`Chain`, one run).
+* :func:`step5_chain`: the bundled step one change at a time (:class:`Chain`, one run); :func:`step4_same_config`:
+  whether step 4's larger set of configurations changes nothing on the long-prefix prompt.
 * :func:`step_table`: some steps' times against the compute floor, shape by shape.
 * :func:`result_table`, :func:`peers_table`, :func:`peer_settings`: the result against the baselines and the
   peers, and a table of which of a peer's settings won on each shape and card.
@@ -222,29 +223,30 @@ def step_table(results, numbers: list[int]) -> str:
 
 
 #: The lesson's steps as the table lists them, one row a numbered step: (label, the one change, the series per
-#: shape; a dict maps a shape to its series, "" every other shape). Steps 4 and 5 bundle changes, taken one at a time
-#: in their chain tables (:func:`step4_chain`, :func:`step5_chain`).
+#: shape; a dict maps a shape to its series, "" every other shape). Step 5 bundles changes, taken one at a time in
+#: its chain table (:func:`step5_chain`).
 def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
     return [
         ("1", "the dense boolean mask handed to PyTorch's SDPA (the batch padded to its longest prompt)",
          report.SDPA_DENSE),
         ("2", "a Triton flash-attention forward that reads the mask", STEP[2].series),
         ("3", "the mask computed from the prefix length and item positions", STEP[3].series),
-        ("4", "key tiles no row sees never loaded (the tuner's larger set of configurations picks step 3's tile "
-              "here: below). A batch: a launch per prompt",
+        ("4", "key tiles no row sees never loaded. A batch: a launch per prompt",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5", "every prompt in one launch, its programs in an order that keeps the keys in L2 (three changes: "
-              "below)", STEP[5].series),
-        ("6", "a key/value head's query heads in one tile (grouped-query layout only)", STEP[6].series),
+        ("5", "every prompt in one launch, its programs in an order that keeps the keys in L2 (three changes: in "
+              "step 5's section above)", STEP[5].series),
+        ("6", "a key/value head's query heads in one tile (only where query heads share key/value heads)",
+         STEP[6].series),
     ]
 
 
 #: The mixed batch in the multi-head layout as the tables name it, told apart from the grouped-query one (GQA_SHAPE)
 MIXED_LABEL = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS} heads"
 
-#: The main table's cases: the long-prefix prompt (steps 1 to 5) and the mixed batch in the model's own layout
-#: (steps 1, 4, 5 and 6); :func:`steps_table` with ``shapes=None`` gives every shape (the lesson folds it).
-MAIN_SHAPES = ("prefix 2048, 32 items x 32", GQA_SHAPE)
+#: The main table's cases: the long-prefix prompt (steps 1 to 5) and the mixed batch with 32 heads (steps 1, 4 and 5),
+#: the layout of every step's prose and chain; step 6, which needs shared key/value heads, gives its row the
+#: grouped-query batch's numbers in words. :func:`steps_table` with ``shapes=None`` gives every shape (folded).
+MAIN_SHAPES = ("prefix 2048, 32 items x 32", report.MIXED_SHAPE)
 
 
 def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
@@ -263,6 +265,7 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
     lines.append("| | the compute floor (µs): the visible pairs at the measured matmul rate | "
                  + " | ".join(floor_cells) + " |")
     previous: dict[str, float | None] = {s: None for s in shapes}
+    before_gqa = None  # the previous row's time on the grouped-query batch, for a row that runs only there
     for label, change, series in step_rows():
         cells = [label, change]
         for s in shapes:
@@ -275,12 +278,19 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
                 cells += [f"{t * 1e3:,.1f}", "–" if before is None else f"{before / t:.2f}×",
                           "–" if floor is None else f"{t / floor:.1f}×"]
             previous[s] = t
+        gqa = ms(results, series if isinstance(series, str) else series.get(GQA_SHAPE, series[""]), GQA_SHAPE)
+        if set(cells[2:]) == {"–"} and GQA_SHAPE not in shapes and gqa is not None and before_gqa is not None:
+            # a step that runs only on the grouped-query batch: its numbers in its cell, the columns kept to one layout
+            cells[1] += (f"; on the mixed batch with {report.BENCH_HEADS // report.GQA_GROUP} KV heads "
+                         f"{gqa * 1e3:,.1f} µs, {before_gqa / gqa:.2f}× step {int(label) - 1}'s "
+                         f"{before_gqa * 1e3:,.1f} µs there")
+        before_gqa = gqa
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
-# Steps 4 and 5, one change at a time (lab/multi_item/step_changes.py)
+# Step 5, one change at a time, and step 4's configurations (lab/multi_item/step_changes.py)
 # ---------------------------------------------------------------------------------------------
 
 @dataclass
@@ -322,31 +332,24 @@ def _row(data: dict, series: str, shape: str, **params) -> float:
     return found[0]
 
 
-def step4_chain(gpu: str = "nvidia-h200") -> Chain | None:
-    """Step 3, then step 4's kernel autotuned over step 3's two configurations (the tile skipping alone), then step
-    4 as the library runs it (the larger set): ``step_changes.json``, one run, on the long-prefix prompt."""
+def step4_same_config(gpu: str = "nvidia-h200") -> bool | None:
+    """Whether step 4's larger set of autotuning configurations picks, on the long-prefix prompt, the configuration
+    that is fastest for step 4's kernel within step 3's two (``step_changes.json``, one run): then step 4 differs
+    from step 3 by its tile skipping alone, and the page says so in a clause instead of a chain of one change.
+    ``None`` where the run is not committed; a run without those rows raises."""
     data = lab_or_none("multi_item", "step_changes", gpu)
     if data is None:
         return None
     shape = MAIN_SHAPES[0]
-    few = [(r["ms"] * 1e3, r["params"].get("config")) for r in data["measurements"] if r["series"] == "step_changes"
+    few = [(r["ms"], r["params"].get("config")) for r in data["measurements"] if r["series"] == "step_changes"
            and r["params"]["shape"] == shape and r["params"].get("step") == 4
            and "FEW_GPU_CONFIGS" in r["params"].get("in_sets", [])]
-    if not few:
-        raise LookupError(f"no row of step 4 at a configuration of step 3's set on {shape!r}")
-    best, best_config = min(few)
     chosen = [r.get("config") for r in data["measurements"] if r["series"] == STEP[4].series
               and r["params"]["shape"] == shape]
-    # "no change" only where the larger set's tuner chose the configuration that was already best in step 3's set
-    same = chosen == [best_config] and best_config is not None
-    # where the tuner picks 4a's configuration, step 4 is 4a's kernel timed again (no change, no ratio that pays)
-    last = ("+ the larger set of ten configurations: the tuner picks 4a's, the same kernel timed again" if same
-            else "+ the larger set of ten configurations")
-    return Chain(shape, [
-        ChainRow("step 3", "the mask computed from the metadata", {shape: _row(data, STEP[3].series, shape)}),
-        ChainRow("4a", "+ key tiles no row sees never loaded (step 3's two configurations)", {shape: best}),
-        ChainRow("step 4", last, {shape: _row(data, STEP[4].series, shape)}, remeasure=same)],
-        {"step 3": STEP[3].series, "step 4": STEP[4].series})
+    if not few or len(chosen) != 1:
+        raise LookupError(f"no row of step 4 at step 3's configurations, or not one of step 4, on {shape!r}")
+    best_config = min(few, key=lambda row: row[0])[1]
+    return best_config is not None and chosen == [best_config]
 
 
 def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
@@ -361,7 +364,8 @@ def step5_chain(gpu: str = "nvidia-h200") -> Chain | None:
     if any(r["series"] == report.STEP04_PER_PROMPT for r in data["measurements"]):
         rows.append(ChainRow("step 4", "a launch per prompt", {shape: _row(data, report.STEP04_PER_PROMPT, shape)}))
         anchors["step 4"] = report.STEP04_PER_PROMPT
-    rows += [ChainRow("5a", ("+ " if rows else "") + "every prompt in one launch, its programs in tail-first order",
+    rows += [ChainRow("5a", ("+ prerequisite: " if rows else "")
+                      + "every prompt in one launch, its programs in tail-first order",
                       {shape: _row(data, first, shape)}),
              ChainRow("5b", "+ the heads in groups whose keys and values fit in L2",
                       {shape: _row(data, "step_changes", shape, order="head groups only")}),
@@ -377,11 +381,13 @@ def entry_series(results, shape: str) -> str:
 
 def result_table(results, series_list: list[str] | None = None) -> str:
     """Every approach (or those of ``series_list``) on every shape: µs per call (median) and how much faster the
-    chapter's kernel on that shape (:func:`entry_series`, in bold) is than it."""
+    chapter's kernel on that shape (:func:`entry_series`, in bold) is than it. Where that kernel is step 6, its own
+    cell gives its factor over step 5, and step 5's cell there holds only its time (one ratio per row's meaning)."""
     if results is None:
         return PENDING
     shapes = shape_names(results)
-    lines = ["| approach | " + " | ".join(f"{s}: µs (ours faster by)" for s in shapes) + " |",
+    named = {report.MIXED_SHAPE: MIXED_LABEL}  # the multi-head layout named beside the grouped-query one
+    lines = ["| approach | " + " | ".join(f"{named.get(s, s)}: µs (ours faster by)" for s in shapes) + " |",
              "|---|" + "---|" * len(shapes)]
     for series in series_list or approaches():
         cells = []
@@ -390,8 +396,13 @@ def result_table(results, series_list: list[str] | None = None) -> str:
             t, mine = ms(results, series, shape), ms(results, final, shape)
             if t is None:
                 cells.append("–")
+            elif series == final and final == STEP[6].series:  # step 6 against the step it builds on, named
+                before = ms(results, STEP[5].series, shape)
+                cells.append(f"**{t * 1e3:,.1f}**" + ("" if before is None else f" ({before / t:.2f}× step 5)"))
             elif series == final:
                 cells.append(f"**{t * 1e3:,.1f}**")
+            elif series == STEP[5].series:  # ours on a shape where step 6 runs: step 6's row gives the ratio
+                cells.append(f"{t * 1e3:,.1f}")
             else:
                 cells.append(f"{t * 1e3:,.1f} ({t / mine:.2f}×)")
         if set(cells) != {"–"}:
