@@ -480,8 +480,14 @@ def test_the_main_table_has_no_lettered_rows_and_names_the_bundled_steps():
     labels = [r[0] for r in rows]
     assert not any(label[:1].isdigit() and label[-1:].isalpha() for label in labels)
     cells = {r[0]: r[1] for r in rows}
-    assert cells["7"].endswith("(four changes: below)") and cells["8"].endswith("(two changes: below)")
-    assert "changes: below" not in "".join(v for k, v in cells.items() if k not in ("7", "8"))
+    assert cells["7"].endswith("(four changes: in step 7's section)")
+    assert cells["8"].endswith("(two changes: in step 8's section)")
+    assert "changes:" not in "".join(v for k, v in cells.items() if k not in ("7", "8"))
+    # step 7's cell names its four changes in the chain's order, and nothing that reads as the opposite of 7a
+    order = ["gradient a pass of its own", "no softmax written", "one warp per direction",
+             "alpha and beta side by side"]
+    assert [cells["7"].index(w) for w in order] == sorted(cells["7"].index(w) for w in order)
+    assert "fused gradient" not in cells["7"] and "below" not in lesson.boehm_table(results)
 
 
 def test_step_8s_chain_is_cumulative_from_its_committed_run():
@@ -525,7 +531,7 @@ def test_the_page_says_once_why_the_losing_changes_stay():
     """One sentence each, said once: why the warp recursion stays where it does not pay, and why flush-to-zero stays;
     no step 7d, and no change left only in a note."""
     text = " ".join("".join("".join(c["source"]) for c in _page_cells()).split())
-    assert text.count("it stays because steps 8 to 10 build on it") == 1
+    assert text.count("a prerequisite: steps 8 to 10 build on it") == 1
     assert text.count("it stays because it pays elsewhere") == 1
     assert "7d" not in text and "a loss, kept" not in text and "timed alone" not in text
     folds = [c["metadata"].get("mystnb", {}).get("code_prompt_show") for c in _page_cells()]
@@ -543,13 +549,19 @@ def test_every_folded_cell_says_what_it_folds():
             assert "code cell" not in prompts["code_prompt_show"], i
 
 
-def test_step_7_opens_on_its_kept_loss_and_chains_use_the_books_note():
-    """The first thing under step 7's heading says why 7c, a loss, stays; steps 2 to 5 share one section without
-    sub-headings; each chain's note is the book's (:func:`book.common.chain_note`), not a sentence of its own; the
+def test_bundled_steps_open_on_their_effect_and_chains_use_the_books_note():
+    """Steps 7 and 8 open with one sentence naming the idea and its measured effect, and 7c is called a
+    prerequisite; steps 2 to 5 share one section without sub-headings, and steps 4 and 5 each have a diff against
+    the step before; each chain's note is the book's (:func:`book.common.chain_note`), not a sentence of its own; the
     page names the committed files it reads."""
     cells = _page_cells()
-    heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 7:")]
-    assert len(heads) == 1 and "steps 8 to 10 build on it" in "".join(cells[heads[0] + 1]["source"])
+    for n, effect in ((7, "fused_vs_rows"), (8, "branch_free")):
+        heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith(f"## Step {n}:")]
+        opening = "".join(cells[heads[0] + 1]["source"])
+        assert len(heads) == 1 and f"Step {n} " in opening and effect in opening, n
+    folds = [c["metadata"].get("mystnb", {}).get("code_prompt_show", "") for c in cells]
+    assert "Show step 4's diff: the alpha kernel, step 3 to step 4" in folds
+    assert "Show step 5's diff: the alpha kernel, step 4 to step 5" in folds
     text = "".join("".join(c["source"]) for c in cells)
     assert not any(f"### Step {n}" in text for n in (2, 3, 4, 5))
     assert text.count("chain_note(") == 2 and "its step times may differ" not in text

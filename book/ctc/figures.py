@@ -29,12 +29,18 @@ def main_clock(results) -> str:
     return clock_of(results, CHAPTER.final.series) or "gpu"
 
 
+#: A bundled step's words in the table of steps and the legends where the library's title does not name each change
+#: of its chain in order (step 7's names three of four, and its "fused gradient" reads as the opposite of 7a).
+TABLE_TITLES = {7: "the gradient a pass of its own, no softmax written, one warp per direction, alpha and beta side "
+                   "by side"}
+
+
 def step_words(series: str) -> str:
-    """A step's series in the words of the lesson's table of steps (``step 7: no softmax written: ...``); any
+    """A step's series in the words of the lesson's table of steps (``step 8: the warp recursion without ...``); any
     other series as it is."""
     for step in CHAPTER.steps:
         if step.series == series:
-            return f"step {step.number}: {step.title}"
+            return f"step {step.number}: {TABLE_TITLES.get(step.number, step.title)}"
     return series
 
 

@@ -14,7 +14,7 @@ import statistics
 from typing import Iterable
 
 from book.common import PENDING, ChainRow, floor_ms, lab_or_none, us
-from book.ctc.figures import clock_words, grain_sweep
+from book.ctc.figures import TABLE_TITLES, clock_words, grain_sweep
 from studylog import paths
 from studylog.ctc import CHAPTER
 from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
@@ -675,9 +675,10 @@ def boehm_table(results) -> str:
 
     def bundled(number: int) -> str:
         links = CHAINS.get(number)
-        return f" ({NUMBER_WORDS[len(links) - 1]} changes: below)" if links else ""
+        return f" ({NUMBER_WORDS[len(links) - 1]} changes: in step {number}'s section)" if links else ""
 
-    entries = [(str(s.number), code(s.title) + bundled(s.number), s.series) for s in CHAPTER.steps]
+    entries = [(str(s.number), code(TABLE_TITLES.get(s.number, s.title)) + bundled(s.number), s.series)
+               for s in CHAPTER.steps]
     entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 8 or step 10 by the activations' shape "
                     "(in brackets, the step it ran), timed as its own series", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
@@ -810,7 +811,8 @@ STEP07_CHAIN = (
     ("5", "library step 5", "step 5"),
     ("7a", "7a", "the gradient a pass of its own, a block per frame (the softmax still written)"),
     ("7b", "7b", "no softmax written: the first pass keeps each frame's log-sum-exp and the target's emissions"),
-    ("7c", "7c", "one warp per direction: positions in registers, a neighbour's by `__shfl_up_sync`, no barrier"),
+    ("7c", "7c", "prerequisite: one warp per direction, positions in registers, a neighbour's by `__shfl_up_sync`, "
+     "no barrier"),
     ("7", "step 7", "alpha and beta side by side, two warps: the chain of 2T frames becomes T"),
 )
 STEP08_CHAIN = (
