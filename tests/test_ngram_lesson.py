@@ -93,8 +93,31 @@ def test_every_multi_part_diff_is_folded_under_a_line_naming_its_idea():
     assert len(shown) >= 3
     for i in shown:
         assert "hide-output" in cells[i]["metadata"].get("tags", []), i
-        above = next(c for c in reversed(cells[:i]) if c["cell_type"] == "markdown")
-        assert "folded" in "".join(above["source"]).splitlines()[-1], i
+        above = next(c for c in reversed(cells[:i]) if c["cell_type"] == "markdown" or "say(" in "".join(c["source"]))
+        assert "folded" in "".join(above["source"]).strip().strip('")').splitlines()[-1], i
+
+
+def test_the_cores_of_steps_4_and_7_show_open_and_step_7_says_where_its_changes_serve():
+    """Steps 4 and 7 show their diff's core unfolded (at most about 40 lines, each side from its step's kernel),
+    the whole diff folded; step 7 says once that its changes are for long haystacks and that the entry point runs
+    step 6 at the small case, with the numbers computed."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    for step in (4, 7):
+        at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
+        assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
+        assert "".join(cells[at[0] + 1]["source"]).startswith(f"parts({step - 1}, {step})"), step
+        d = lesson.core_diff(step)
+        assert len(d.lines) <= 45 and d.added and d.removed, step
+    text = " ".join("".join("".join(c["source"]) for c in cells).split())
+    assert text.count("Its four changes are for long haystacks") == 1
+    assert 'so `ngram_match` runs step {ngram.CHAPTER.step(six_small["step"]).number} there' in text
+    results = load_results("ngram")
+    entry = lesson.entry_row(results, {"batch": 32, "seq_len": 512, "threshold": 128, "corpus": None})
+    assert ngram.CHAPTER.step(entry["step"]).number == 6
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
@@ -184,7 +207,7 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
         assert labels == [str(s.number) for s in ngram.CHAPTER.steps] + ["entry point"]
         rows = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(table)}
         for step, words in lesson.BUNDLED.items():
-            assert f"({words}: below)" in rows[str(step)]
+            assert f"({words}: in step {step}'s section)" in rows[str(step)] and "below" not in rows[str(step)]
             assert len(lesson.CHAINS[step][1]) - 1 == {"two changes": 2, "four changes": 4}[words]  # anchor aside
     assert "(headline)" in lesson.boehm_table(results).splitlines()[0]
 
@@ -416,5 +439,5 @@ def test_the_chains_use_the_books_renderer_and_note_and_6b_says_how_far_host_tim
     assert text.count("chain_table(chain") == 2 and text.count("chain_note(") == 2
     assert "A run of its own (its anchors" not in text and "lesson.chain_table" not in text
     assert "how_we_measure.md#a-step-timed-one-change-at-a-time" in text
-    assert "differs by up to {host_gap:.0%}" in text
+    assert "two runs of step 6 differ by up to {host_gap:.0%}" in text
     assert not hasattr(lesson, "chain_table")

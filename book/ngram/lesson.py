@@ -463,7 +463,7 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     previous = [None] * len(cases)  # (µs, clock) of the previous step measured at each case
     notes = bundle_notes(results, cases)
     entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
-                + (f" ({BUNDLED[st.number]}: below)" if st.number in BUNDLED else "")
+                + (f" ({BUNDLED[st.number]}: in step {st.number}'s section)" if st.number in BUNDLED else "")
                 + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
     entries.append(("entry point", "`ngram_match`: step 6 or step 7, by a rule on the batch's shapes", "ngram_match"))
     for number, title, series in entries:
@@ -488,6 +488,33 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
                 previous[i] = (t, row.get("clock"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+#: The core of a step's diff, shown open under its section (the whole diff stays folded): per step, the lines of the
+#: step before's kernel and of its own between two markers each (first line containing, last line containing).
+CORE_DIFFS = {
+    4: (("walk_budget(NGRAM_KERNEL_ARGS", "return drafted;"),
+        ("const int active = p.kind == SLOT_ACTIVE;", "else if (b == first)"), "phase 2"),
+    7: (("for (i64 tile = first_end;; tile += tile_len)", "s_stop = next > last_end"),
+        ("for (;;) {", "if (*(volatile int *)&s_refused) break;"), "the tile loop"),
+}
+
+
+def core_diff(step: int):
+    """The core of step ``step``'s diff (:data:`CORE_DIFFS`): the lines of the step before's kernel and of the step's
+    between their markers, diffed, each side named by its step; short enough to read unfolded (about 40 lines)."""
+    from studylog.source import show_diff, source_of
+
+    def cut(number: int, first: str, last: str) -> str:
+        st = CHAPTER.step(number)
+        lines = source_of(st.source, st.source_function)[0].splitlines()
+        i = next(k for k, ln in enumerate(lines) if first in ln)
+        j = next(k for k in range(i, len(lines)) if last in lines[k])
+        return "\n".join(lines[i:j + 1]) + "\n"
+
+    (old_first, old_last), (new_first, new_last), what = CORE_DIFFS[step]
+    return show_diff(cut(step - 1, old_first, old_last), cut(step, new_first, new_last),
+                     names=(f"step {step - 1}: {what}", f"step {step}: {what}"))
 
 
 def step2_excerpt():
