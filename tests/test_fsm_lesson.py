@@ -68,11 +68,14 @@ def test_no_two_labels_of_a_drawing_overlap(classifier, level, compressed):
 
 def test_steps_table_reads_the_pass_counts():
     class Row:
-        def __init__(self, ws, none, token, char):
-            self.whitespace, self.passes = ws, {"none": none, "token": token, "char": char}
+        def __init__(self, name, ws, none, token, char):
+            self.name, self.whitespace, self.passes = name, ws, {"none": none, "token": token, "char": char}
 
-    rows = [Row("default", 100, 80, 50), Row("compact", 10, 10, 1)]
+    rows = [Row("a", "default", 60, 50, 30), Row("b", "default", 40, 30, 20), Row("b", "compact", 10, 10, 1)]
     table = lesson.steps_table(rows)
+    # each pass column names the suite it covers: the compact one only the JSON schemas
+    assert "default whitespace (all 2 entries)" in table.splitlines()[0]
+    assert "compact JSON (the 1 JSON schemas)" in table.splitlines()[0]
     lines = table.splitlines()[2:]
     assert len(lines) == len(fsm.CHAPTER.steps)
     assert lines[0].endswith("| 100 | 0.0% | 10 | 0.0% |")
@@ -80,7 +83,7 @@ def test_steps_table_reads_the_pass_counts():
     assert lines[2].endswith("| 50 | 50.0% | 1 | 90.0% |")
 
 
-def test_exercise_2_accepts_the_answer_and_rejects_wrong_loops(capsys):
+def test_exercise_4_accepts_the_answer_and_rejects_wrong_loops(capsys):
     """The held-back loop's check passes the chapter's answer and refuses step 3 (retokenizes), step 2 (token
     jumps only) and a loop that appends the forced string's whole split (nothing held back)."""
     from book.fsm import exercises, solutions
@@ -217,3 +220,19 @@ def test_the_retokenization_counts_compare_like_with_like_and_the_page_names_its
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
     for name in ("env.json", "decode.json", "realworld_cl100k_base.json", "fsm_suite.json"):
         assert name in where
+
+
+def test_the_exercises_come_in_an_order_each_can_be_done_in():
+    """An exercise that uses another's function comes after it (the held-back loop runs with ``ff_tokens``), and the
+    numbers on the page run 1, 2, 3, 4."""
+    import json
+    import re
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in cells["cells"])
+    numbers = [int(m) for m in re.findall(r"^\*\*(\d)\. ", text, re.M)]
+    assert numbers == [1, 2, 3, 4]
+    assert text.index("def ff_tokens(") < text.index("def my_ff_decode(")
+    for m in re.finditer(r"exercise (\d)'s `(\w+)`", text):
+        assert text.index(f"**{m[1]}. ") < m.start() and f"def {m[2]}(" in text

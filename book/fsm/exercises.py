@@ -7,11 +7,11 @@ case agrees. The chapter's answers live in :mod:`book.fsm.solutions`, which the 
 loads them only to compare.
 
 1. :func:`check_token_jumps`: the token-level jump table of an automaton (step 2's precompute).
-2. :func:`check_ff_decode`: step 1's loop with llguidance's rule: forced strings appended as their safe
-   fast-forward tokens, nothing retokenized.
-3. :func:`check_replaced_tokens`: what a retokenization costs the KV cache (step 3).
-4. :func:`check_ff_tokens`: llguidance's safe fast-forward tokens: a forced string's tokens, with the last
+2. :func:`check_replaced_tokens`: what a retokenization costs the KV cache (step 3).
+3. :func:`check_ff_tokens`: llguidance's safe fast-forward tokens: a forced string's tokens, with the last
    ones held back where a longer token could span the end of the string.
+4. :func:`check_ff_decode`: step 1's loop with llguidance's rule: forced strings appended as their safe
+   fast-forward tokens (exercise 3's), nothing retokenized.
 """
 
 from __future__ import annotations
@@ -170,9 +170,9 @@ def check_token_jumps(fn: Callable[[Transitions, frozenset[int]], Mapping], *, c
     return _report("check_token_jumps", failures, len(inputs), verbose)
 
 
-# --- 2. step 2's decode loop ------------------------------------------------------------------------------------
+# --- step 2's decode loop, and 4. the held-back loop --------------------------------------------------------------
 
-#: Regexes of the second exercise, indexed over :func:`small_vocabulary`.
+#: Regexes of the jump-decoding exercises, indexed over :func:`small_vocabulary`.
 SMALL_REGEXES: tuple[str, ...] = (
     '("true"|"false"|"NA")',
     r'\{"name":"[a-z]{1,6}","age":[0-9]{1,2}\}',
@@ -213,11 +213,11 @@ def _ids_and_passes(got: Any) -> tuple[list[int] | None, int | None, str | None]
 
 
 def check_jump_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool = True) -> bool:
-    """Exercise 2. ``fn(next_logits, fsm, max_tokens=...)`` is step 2: greedy constrained decoding that
-    appends the chain of ``fsm.token_jumps`` where one starts instead of calling ``next_logits``. It returns
-    an object with ``ids`` and ``forward_passes`` (a :class:`~studylog.fsm.DecodeResult`) or a tuple
-    ``(ids, forward_passes)``. Checked under deterministic toy models (several seeds) on the regexes of
-    :data:`SMALL_REGEXES` and several ``max_tokens``: the ids must be step 1's, the passes step 2's."""
+    """Step 2 as an exercise (not on chapter 1's page). ``fn(next_logits, fsm, max_tokens=...)`` is step 2:
+    greedy constrained decoding that appends the chain of ``fsm.token_jumps`` where one starts instead of calling
+    ``next_logits``. It returns an object with ``ids`` and ``forward_passes`` (a
+    :class:`~studylog.fsm.DecodeResult`) or a tuple ``(ids, forward_passes)``. Checked under deterministic toy
+    models (several seeds) on the regexes of :data:`SMALL_REGEXES` and several ``max_tokens``: the ids must be step 1's, the passes step 2's."""
     failures, cases = [], 0
     for regex in SMALL_REGEXES:
         fsm = small_fsm(regex)
@@ -243,7 +243,7 @@ def check_jump_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool 
 
 
 def check_ff_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool = True) -> bool:
-    """Exercise 2. ``fn(next_logits, fsm, ff, max_tokens=...)`` is step 1's loop with llguidance's rule: in a
+    """Exercise 4. ``fn(next_logits, fsm, ff, max_tokens=...)`` is step 1's loop with llguidance's rule: in a
     state with forced bytes (``fsm.char_jumps[state].data``) it appends ``ff(data)`` (the safe fast-forward
     tokens; the check passes the chapter's rule) without a pass, never replacing a token already written, and
     calls the model where nothing is forced or ``ff`` returns no token. It returns an object with ``ids`` and
@@ -272,13 +272,13 @@ def check_ff_decode(fn: Callable[..., Any], *, seeds: int = 12, verbose: bool = 
     return _report("check_ff_decode", failures, cases, verbose)
 
 
-# --- 3. what a retokenization costs ---------------------------------------------------------------------------
+# --- 2. what a retokenization costs ---------------------------------------------------------------------------
 
 
 
 def check_replaced_tokens(fn: Callable[[list[int], list[int]], tuple[int, int]], *, cases: int = 300, seed: int = 0,
                           verbose: bool = True) -> bool:
-    """Exercise 3. ``fn(emitted, retokenized)`` gets the ids written before a character-level jump and the
+    """Exercise 2. ``fn(emitted, retokenized)`` gets the ids written before a character-level jump and the
     ids of the text after it, re-encoded by the tokenizer, and returns ``(replaced, fed)``: how many emitted
     tokens have to leave the KV cache, and how many tokens the next forward pass takes as its chunk."""
     rng = random.Random(seed)
@@ -306,7 +306,7 @@ def check_replaced_tokens(fn: Callable[[list[int], list[int]], tuple[int, int]],
     return _report("check_replaced_tokens", failures, len(inputs), verbose)
 
 
-# --- 4. llguidance's safe fast-forward tokens --------------------------------------------------------------------
+# --- 3. llguidance's safe fast-forward tokens --------------------------------------------------------------------
 
 
 
@@ -325,7 +325,7 @@ FF_SMALL_CASES: tuple[bytes, ...] = (b'12', b'yes!', b'00-', b'{"name":"', b'"]'
 
 
 def check_ff_tokens(fn: Callable[[bytes, TokenVocabulary], Sequence[int]], *, verbose: bool = True) -> bool:
-    """Exercise 4. ``fn(forced, vocab)`` gets a forced string (bytes every valid continuation starts with) and
+    """Exercise 3. ``fn(forced, vocab)`` gets a forced string (bytes every valid continuation starts with) and
     the vocabulary (``vocab.encode``, ``vocab.decode``, ``vocab.token_bytes``) and returns the tokens that are
     safe to append without a pass: the tokenizer's split of ``forced`` with the last tokens held back when a
     token longer than the rest of ``forced`` starts with that rest (look at most four tokens back). Checked on

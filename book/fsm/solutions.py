@@ -28,7 +28,7 @@ def reference_token_jumps(transitions: Transitions,
 
 
 def reference_ff_decode(next_logits: NextLogits, fsm: ConstrainedFSM, ff, *, max_tokens: int = 256) -> DecodeResult:
-    """The chapter's answer to exercise 2: step 1's loop with llguidance's rule. In a state whose next bytes are
+    """The chapter's answer to exercise 4: step 1's loop with llguidance's rule. In a state whose next bytes are
     forced (``fsm.char_jumps``), append ``ff(forced bytes)``, the tokens that are safe to append (the tokenizer's
     split with the last ones held back), cut at ``max_tokens``; tokens already written are never replaced. Where
     nothing is forced or ``ff`` holds everything back, a forward pass picks the masked argmax."""
@@ -57,7 +57,7 @@ def reference_ff_decode(next_logits: NextLogits, fsm: ConstrainedFSM, ff, *, max
 
 
 def reference_replaced_tokens(emitted: Sequence[int], retokenized: Sequence[int]) -> tuple[int, int]:
-    """The chapter's answer to exercise 3: ``(replaced, fed)``. The tokens of ``emitted`` from the first
+    """The chapter's answer to exercise 2: ``(replaced, fed)``. The tokens of ``emitted`` from the first
     position where the two differ on are replaced (their KV-cache entries are recomputed), and the tokens of
     ``retokenized`` from there on are fed to the next forward pass."""
     keep = 0
@@ -73,7 +73,7 @@ def _proper_prefixes(vocab: TokenVocabulary) -> frozenset[bytes]:
 
 
 def reference_ff_tokens(forced: bytes, vocab: TokenVocabulary, max_tokens: int = 4) -> list[int]:
-    """The chapter's answer to exercise 4, llguidance's rule without its grammar check (the conservative form
+    """The chapter's answer to exercise 3, llguidance's rule without its grammar check (the conservative form
     its notes describe): tokenize ``forced``; look at its last ``max_tokens`` tokens and find the first byte
     position among them from which some longer token starts with the rest of ``forced`` (a token that could
     span the end of the forced string); drop the tokens that reach past that position."""
