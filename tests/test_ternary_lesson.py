@@ -410,22 +410,44 @@ def _sections(path) -> dict[int, str]:
     return out
 
 
-#: Part 2's change that carries each step: its section leads with it, in bold, and its heading names it.
+#: Part 2's change that carries each step (its largest gain at the chain's first case) and the words its heading
+#: names it by.
 CARRIERS = {10: ("10b", "K split"), 11: ("11b", "share K"), 12: ("12b", "x quantised in the kernel"),
             13: ("13b", "x brought by the TMA")}
 
 
 def test_each_bundled_steps_prose_meets_its_changes_in_the_chain_tables_order():
     """The prose introduces a bundled step's lettered changes in the order its chain adds them (a decode is not
-    met before the layout it decodes, or the other way round, on one page and in its table); part 2's sections
-    lead with the change that carries the step, then meet the others in the chain's order."""
+    met before the layout it decodes, or the other way round, on one page and in its table), on both pages."""
     sections = {**_sections(LESSONS[0]), **_sections(LESSONS[1])}
     for step, (_, _, spec) in L.CHAINS.items():
         letters = [label for label, _, _ in spec[1:] if label[-1].isalpha()]
-        if step in CARRIERS:
-            letters = [CARRIERS[step][0]] + [x for x in letters if x != CARRIERS[step][0]]
         met = list(dict.fromkeys(re.findall(rf"\b{step}[a-e]\b", sections[step])))
         assert met == letters, (step, met)
+
+
+def _openings(path) -> dict[int, str]:
+    """Each numbered step's opening: the source of the first cell after its heading."""
+    cells = json.loads(path.read_text())["cells"]
+    out = {}
+    for cell, after in zip(cells, cells[1:]):
+        head = re.match(r"#+ Step (\d+):", "".join(cell["source"])) if cell["cell_type"] == "markdown" else None
+        if head:
+            out[int(head[1])] = "".join(after["source"]) if after["cell_type"] == "code" else ""
+    return out
+
+
+def test_each_bundled_step_opens_with_its_idea_and_its_measured_effect():
+    """A bundled step's section opens with one computed sentence, in bold: the step's idea and its time against the
+    step before; its heading is the idea alone (no verdict in parentheses)."""
+    for path, steps in ((LESSONS[0], (4, 9)), (LESSONS[1], (10, 11, 12, 13))):
+        openings, sections = _openings(path), _sections(path)
+        for step in steps:
+            said = re.findall(r'"([^"]*)"', openings[step].partition("say(")[2])
+            assert "say(" in openings[step] and said[0].startswith(f"**Step {step} "), openings[step][:80]
+            assert openings[step].count("say(") == 1
+            assert f"us({step}" in openings[step] and "faster than step" in openings[step]
+            assert "(" not in sections[step].splitlines()[0], sections[step].splitlines()[0]
 
 
 def test_part_1s_steps_run_1_to_9_down_the_page_and_in_its_table(results):
@@ -458,24 +480,25 @@ def test_step_9s_row_names_the_changes_it_ships_at_a_loss(results):
     assert "lesson.losing_changes(9, results)" in code
 
 
-def test_part_2_leads_each_step_with_its_carrying_change_and_says_where_step_13_wins(results):
-    """No paragraph on how steps are built: each step's section opens with the change that carries it (the largest
-    gain at the chain's first case), in bold; step 13's heading and rows say where it loses and where it wins."""
+def test_part_2_walks_each_chain_in_order_names_its_prerequisites_and_says_where_step_13_wins(results):
+    """Each part 2 step's heading names the change that carries it (its largest gain at the chain's first case); the
+    chain's changes that come before it and do not pay alone are called prerequisites; step 13's opening says where
+    it loses and where it wins."""
     from book.ternary import results as tables
 
     alone = L.first_changes(results)
     assert list(alone) == ["10a", "11a", "12a", "13a"] and all(v < 1 for v in alone.values())
-    cells = json.loads(LESSONS[1].read_text())["cells"]
-    assert not any("How each step is built" in "".join(c["source"]) for c in cells)
     sections = _sections(LESSONS[1])
     for step, (label, words) in CARRIERS.items():
         rows = [r for r in L.chain(step, results)["rows"][1:] if r[0][-1].isalpha()]
         assert max(rows, key=lambda r: r[3][0])[0] == label, step
         head, body = sections[step].split("\n", 1)
         assert words in head, head
-        assert body.strip().startswith(f"**{label}"), body[:80]
-    head13 = sections[13].splitlines()[0]
-    assert "loses to step 12 at one row" in head13 and "step 9 at 16" in head13 and "wins" in head13
+        before = [r for r in rows[:[r[0] for r in rows].index(label)] if round(r[3][0], 2) < 1]
+        for r in before:
+            assert re.search(rf"\*\*{r[0]}, prerequisite", body), (step, r[0])
+    opening13 = _openings(LESSONS[1])[13]
+    assert "step 12" in opening13 and "step 9" in opening13 and "wins only at" in opening13
     assert L.us(results, T.SERIES[13]) > L.us(results, T.SERIES[12])
     assert L.us(results, T.SERIES[13], L.MAIN, 16) > L.us(results, T.SERIES[9], L.MAIN, 16)
     run = tables.bitnet_results(results)
@@ -511,7 +534,10 @@ def test_a_page_folds_its_long_listings(path):
             assert not folded or c["metadata"].get("mystnb", {}).get("code_prompt_show", "").startswith("Show ")
             continue
         assert '"group_mma")' not in src and "Little's law" not in src and "core_diff(11)" not in src, src[:80]
-        assert "show_diff(" not in src or "diff_parts(" in src, src[:80]
+        assert "show_diff(" not in src or "def show(" in src, src[:80]  # part 1's one diff helper
+        for old, new in re.findall(r"^show\((\d+), (\d+)\)", src, flags=re.M):  # a diff shown whole, unfolded
+            diff = T.CHAPTER.show_diff(int(old), int(new))
+            assert sum(line[:1] in "+-" for line in diff.lines[2:]) <= 50, (old, new)
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -548,10 +574,16 @@ def _check_chain(step: int, table: str):
             assert ("does not pay" in cell) == (row[0][-1].isalpha() and factor < 1), cell
             assert "–" not in cell
     assert all(row[2 + n + i] == "anchor" for row in rows[:1] for i in range(n))
-    assert "One run of its own" in table or "steps table's own run" in table
-    assert rows[-1][1].endswith("as shipped") and "library's kernel" not in table
-    note = table.rsplit("\n\n", 1)[1]
-    assert note.endswith(".") and ". " not in note and len(note.split()) <= 25  # one short sentence, under it
+    name = L.CHAINS[step][0]
+    assert ("One run of its own" in table) == (name is not None)  # no note where the chain is the steps table's run
+    assert "as shipped" not in table and "library's kernel" not in table and "steps table's own run" not in table
+    if labels[-1].isdigit():  # the library's step after its lettered twin: said in words
+        assert rows[-1][1] == f"step {step}: the same code{' and tile' if step == 4 else ''} as {labels[-2]}, timed again"
+    else:
+        assert rows[-1][1].endswith(f"step {step}")
+    if name is not None:
+        note = table.rsplit("\n\n", 1)[1]
+        assert note.endswith(".") and ". " not in note and len(note.split()) <= 25  # one short sentence, under it
     assert not re.search(r"20\d\d-\d\d", table)  # no dates
 
 
@@ -860,3 +892,54 @@ def test_the_steps_figure_draws_times_from_zero_and_crosses_out_failed_peer_time
         failed & {ax.get_title().replace(" × ", "x") for ax in panels})
     for fig in figs.values():
         plt.close(fig)
+
+
+def test_a_steps_table_cell_says_truly_where_its_chain_is(results):
+    """The chains sit in each step's section, above the steps table: a cell that points to one says so."""
+    for rows in (L.PART1_ROWS, L.PART2_ROWS):
+        for number, _, _, change in rows:
+            assert "below" not in change, change
+            if "changes:" in change:
+                assert f"changes: in step {number}'s section, above" in change, change
+
+
+def test_part_1s_steps_table_shows_every_step_at_one_row(results):
+    """Steps 5, 7, 8 and 9 are built for several rows of x, but every step is timed at one row too: the one-row
+    table has all nine, the 16-row table the four."""
+    assert [n for n, m, _, _ in L.PART1_ROWS if m == 1] == list(range(1, 10))
+    assert [n for n, m, _, _ in L.PART1_ROWS if m == 16] == [5, 7, 8, 9]
+    table = L.boehm_table(results, L.PART1_ROWS)
+    assert "pending" not in table
+
+
+def test_gemlites_table_holds_exactly_the_shapes_where_it_passes(results):
+    gem = L.gemlite_check(results)
+    if gem is None:
+        pytest.skip("no GemLite check in the committed file")
+    rows = _chain_rows(L.gemlite_table(results))
+    assert sorted(r[0] for r in rows) == sorted(L.shape_words(s) for s in gem["passed_at"])
+    assert not set(gem["failed"]) & set(gem["passed_at"]) and gem["failed"]
+    ratios = [float(r[3].rstrip("×")) for r in rows]
+    assert ratios == sorted(ratios)
+    for shape_, gemlite, ours, ratio in rows:
+        assert abs(float(ratio.rstrip("×")) - float(gemlite) / float(ours)) <= 0.02, shape_
+    code = "".join("".join(c["source"]) for c in json.loads(LESSONS[0].read_text())["cells"])
+    assert "lesson.gemlite_table(results)" in code and "gem['failed']" in code
+
+
+def test_bitnets_table_gives_our_time_beside_its_own(results):
+    from book.ternary import results as tables
+
+    run = tables.bitnet_results(results)
+    if run is None:
+        pytest.skip("no committed run with BitNet's kernel")
+    table = tables.bitnet_table(run)
+    head, _, *lines = table["table"].splitlines()
+    assert "| ours, step 12 (µs) |" in head
+    for line, (_, peer, ours, _, _) in zip(lines, table["rows"]):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[1]) == round(peer * 1e3, 1) and float(cells[2]) == round(ours * 1e3, 1)
+
+
+def test_the_and_list_reads_as_words():
+    assert [L.and_list(x) for x in ([], ["a"], ["a", "b"], ["a", "b", "c"])] == ["", "a", "a and b", "a, b and c"]

@@ -661,7 +661,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "PART1_ROWS", "PART2_ROWS", "part2_rows", "step13_wins", "CHAINS", "chain", "chain_rows", "chain_table", "losing_changes", "undone_table", "further_run", "run_source", "lab_file",
+           "PART1_ROWS", "PART2_ROWS", "gemlite_table", "shape_words", "and_list", "part2_rows", "step13_wins", "CHAINS", "chain", "chain_rows", "chain_table", "losing_changes", "undone_table", "further_run", "run_source", "lab_file",
            "bench_file", "provenance", "step10_changes", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
@@ -672,29 +672,32 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
 # ----------------------------------------------------------------------------------------------
 
 #: Part 1's rows: (step, rows of x, the step it is measured against, the one change). Steps 5, 7, 8 and 9 are
-#: built for several rows of x, so they are measured at M = 16 against step 5, and step 5 also at M = 1.
+#: built for several rows of x, so they are measured at M = 16 against step 5, and at M = 1 too.
 PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
     (2, 1, 1, "int8 weights"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
-    (4, 1, 3, "an AND decode and 8 rows a program (two changes: below)"),
+    (4, 1, 3, "an AND decode and 8 rows a program (two changes: in step 4's section, above)"),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
     (6, 1, 4, "tried, did not pay: 1.6-bit weights (base 3, a table lookup a byte)"),
-    (9, 1, 4, "the `2bit_mma` layout: its decoded words are the MMA's operand (built for several rows)"),
+    (7, 1, 5, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
+    (8, 1, 5, "tried, did not pay: int8 activations on the int8 tensor cores"),
+    (9, 1, 4, "the `2bit_mma` layout with its packed decode: its decoded words are the MMA's operand (built for "
+              "several rows)"),
     (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
     (7, 16, 5, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
     (8, 16, 5, "tried, did not pay: int8 activations on the int8 tensor cores"),
-    (9, 16, 5, "the `2bit_mma` layout: a word's two halves are neighbours along K, decoded straight into the "
-               "MMA's operand (five changes: below; 9b, 9c and 9e ship though each loses at 2560 × 6912)"),
+    (9, 16, 5, "the `2bit_mma` layout with its packed decode (five changes: in step 9's section, above; 9b, 9c "
+               "and 9e ship though each loses at 2560 × 6912)"),
 )
 
 #: Part 2's rows, as :data:`PART1_ROWS`.
 PART2_ROWS = (
     (9, 1, None, "part 1's last Triton step"),
-    (10, 1, 9, "K split across blocks, on a hand-written `mma.sync` loop (three changes: below)"),
-    (11, 1, 10, "the warps share K, fed by a TMA ring (four changes: below)"),
-    (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (two changes: below)"),
-    (13, 1, 12, "x brought by the TMA to one tile of weights a warp (two changes: below); loses to step 12 "
+    (10, 1, 9, "K split across blocks, on a hand-written `mma.sync` loop (three changes: in step 10's section, above)"),
+    (11, 1, 10, "the warps share K, fed by a TMA ring (four changes: in step 11's section, above)"),
+    (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (two changes: in step 12's section, above)"),
+    (13, 1, 12, "x brought by the TMA to one tile of weights a warp (two changes: in step 13's section, above); loses to step 12 "
                 "here, wins at the largest BitNet shapes"),
     (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
     (13, 16, 12, "x brought by the TMA to one tile of weights a warp; beats step 12, loses to part 1's step 9"),
@@ -1077,6 +1080,33 @@ def gemlite_check(results, shape: str = MAIN) -> Optional[dict]:
             "partials": None if block_k is None else -(-k // (2 * int(block_k[1])))}
 
 
+def and_list(items) -> str:
+    """Items in words: "a", "a and b", "a, b and c"."""
+    items = list(items)
+    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + (items[-1] if items else "")
+
+
+def shape_words(shape: str) -> str:
+    """A shape "NxK" written N × K, the transpose of the main shape marked so."""
+    n, k = shape.split("x")
+    return f"{n} × {k}" + (" (transposed)" if f"{k}x{n}" == MAIN else "")
+
+
+def gemlite_table(results, step: int = 9) -> Optional[str]:
+    """Markdown: GemLite's 2-bit kernel against step ``step`` at one row of x, a row for each shape where GemLite's
+    output passes our float64 check (:func:`gemlite_check`), in order of GemLite's time over ours (above 1.00×,
+    ours is the faster): GemLite's µs, ours, the ratio. None without the checks."""
+    gem = gemlite_check(results)
+    if gem is None:
+        return None
+    rows = [(s, us(results, GEMLITE, s, 1), us(results, SERIES[step], s, 1)) for s in gem["passed_at"]]
+    rows.sort(key=lambda r: (ratio(r[1], r[2]) or 0.0))
+    lines = [f"| N × K (M = 1) | GemLite (µs) | step {step} (µs) | GemLite / step {step} |", "|---|---|---|---|"]
+    lines += [f"| {shape_words(s)} | {fmt(g, '.1f')} | {fmt(o, '.1f')} | {fmt(ratio(g, o), '.2f', '×')} |"
+              for s, g, o in rows]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------
 # Chains: a bundled step one change at a time, cumulative, between its two anchors
 # ----------------------------------------------------------------------------------------------
@@ -1090,7 +1120,7 @@ CHAINS = {
         ("3", "step 3", (SERIES[3], None)),
         ("4a", "the exponent-AND decode: one AND and one FMA a weight", ("step04_changes", "+a")),
         ("4b", "8 rows a program, one load of x for the 8", ("step04_changes", "+a+b")),
-        ("4", "step 4 as shipped", (SERIES[4], None)))),
+        ("4", "step 4: the same code and tile as 4b, timed again", (SERIES[4], None)))),
     9: ("bundled_steps", ((MAIN, 16), (MAIN, 1), ("2560x6912", 1)), (
         ("5", "step 5", (SERIES[5], None)),
         ("9a", "step 9's configs", ("step09_changes", "step05@9")),
@@ -1098,14 +1128,14 @@ CHAINS = {
         ("9c", "step 9's masks: rows clamped, x unmasked below K", ("step09_changes", "+a+m")),
         ("9d", "the `2bit_mma` layout", ("step09_changes", "+a+m+b")),
         ("9e", "K split through the workspace, no memset", ("step09_changes", "+a+m+b+c")),
-        ("9", "step 9 as shipped", (SERIES[9], None)))),
+        ("9", "step 9: the same code as 9e, timed again", (SERIES[9], None)))),
     10: ("step10_changes", ((MAIN, 1), ("2560x6912", 1)), (
         ("9", "step 9", (SERIES[9], None)),
         ("10a", "the loop by hand on `mma.sync`, loads two groups ahead, the `2bit_tiles` layout; one slice of K, "
                 "x read from L2", ("step10_changes", "step10-b-c")),
         ("10b", "K split across blocks, a fixed-order sum of the slices", ("step10_changes", "step10-b")),
         ("10c", "x copied once into shared memory", ("step10_changes", "step10")),
-        ("10", "step 10 as shipped", (SERIES[10], None)))),
+        ("10", "step 10: the same code as 10c, timed again", (SERIES[10], None)))),
     11: ("step11_chain", ((MAIN, 1), ("2560x6912", 1)), (
         ("10", "step 10", (SERIES[10], None)),
         ("11a", "the TMA ring alone: K still split, one copy a warp, the constant rebuilt",
@@ -1114,18 +1144,18 @@ CHAINS = {
          ("step11_changes", "step11-a-c")),
         ("11c", "one copy a stage and tile of 16 rows, not one a warp", ("step11_changes", "step11-c")),
         ("11d", "the decode's constant kept in a register", ("step11_changes", "step11")),
-        ("11", "step 11 as shipped", (SERIES[11], None)))),
+        ("11", "step 11: the same code as 11d, timed again", (SERIES[11], None)))),
     12: (None, ((MAIN, 1), ("2560x6912", 1)), (
         ("11", "step 11", (SERIES[11], None)),
         ("12a", "int8 x on the int8 tensor cores, x quantised by a kernel of its own",
          (W2A8_PLACE_SERIES["separate"], None)),
-        ("12b", "x quantised in the kernel: step 12 as shipped", (SERIES[12], None)))),
+        ("12b", "x quantised in the kernel: step 12", (SERIES[12], None)))),
     13: ("step13_changes", ((MAIN, 16), ("2560x6912", 16), (MAIN, 1)), (
         ("12", "step 12", (SERIES[12], None)),
         ("13a", "one tile a warp, a slice of K a block; x loaded by the warps as step 12 loads it",
          ("step13_changes", "step13-x")),
         ("13b", "x brought by the TMA", ("step13_changes", "step13")),
-        ("13", "step 13 as shipped", (SERIES[13], None)))),
+        ("13", "step 13: the same code as 13b, timed again", (SERIES[13], None)))),
 }
 
 
@@ -1185,7 +1215,7 @@ def _case(case) -> str:
 
 def chain_rows(step: int, results, data: Optional[dict] = None) -> list[ChainRow]:
     """Step ``step``'s chain (:func:`chain`) as the shared renderer's rows: each lettered row a change, the last
-    row, where it is the step as shipped (the same kernel as the row above), marked as timed again."""
+    row, where it is the library's step timed again (the same code as the row above), marked so."""
     ch = chain(step, results, data)
     return [ChainRow(label, change, dict(zip(ch["cases"], times)), remeasure=i > 0 and not label[-1].isalpha())
             for i, (label, change, times, _) in enumerate(ch["rows"])]
@@ -1193,14 +1223,14 @@ def chain_rows(step: int, results, data: Optional[dict] = None) -> list[ChainRow
 
 def chain_table(step: int, results, data: Optional[dict] = None) -> str:
     """Markdown: "Step N, one change at a time", the shared chain table (every case's µs, then every case's
-    × previous), then the line on its run: its two anchors' largest gap to the steps table, computed."""
+    × previous), then, where the chain has a run of its own, the line on it: its two anchors' largest gap to the
+    steps table, computed."""
     ch = chain(step, results, data)
     table = common_chain_table(chain_rows(step, results, data), ch["cases"], _case, grouped=True)
-    if ch["run"] is None:
-        note = "Every row is from the steps table's own run."
-    else:
-        note = chain_note(f"step {ch['rows'][0][0]}", f"step {step}", ch["gap"])
-    return f"**Step {step}, one change at a time**\n\n{table}\n\n{note}"
+    head = f"**Step {step}, one change at a time**\n\n{table}"
+    if ch["run"] is None:  # the steps table's own run: no second run to tell apart
+        return head
+    return head + "\n\n" + chain_note(f"step {ch['rows'][0][0]}", f"step {step}", ch["gap"])
 
 
 def losing_changes(step: int, results) -> dict[str, list]:
