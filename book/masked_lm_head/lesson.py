@@ -30,7 +30,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
            "RIVAL_ROWS", "boehm_table",
            "rotation", "counts_words", "STEP05_CHAIN", "STEP05_KNOBS", "STEP05_WORDS", "step05_variant",
-           "step05_chain", "step05_chain_rows", "step05_case_name", "fill_first_loss", "HEADLINE_POINTS", "other_runs", "chain_anchor_gap", "step05_undone",
+           "step05_chain", "step05_chain_rows", "step05_case_name", "fill_first_loss", "HEADLINE_POINTS", "TIE", "headline_words", "other_runs", "chain_anchor_gap", "step05_undone",
            "step05_undone_table", "lab_rotation", "CAPPED", "capped", "page_capped_key",
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
            "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step07_changes",
@@ -125,6 +125,28 @@ RIVAL_WORDS = {"index_select": "`index_select` + matmul", "dense_mask": "dense +
 HEADLINE_POINTS = ((1, "random", 1000), (64, "random", 1000), (256, "random", 1000))
 
 
+#: Two times within this fraction of each other are said as a tie, with both times, not as a ratio of 1.0×.
+TIE = 0.01
+
+
+def headline_words(times: dict[int, tuple[float, float]]) -> tuple[str, str]:
+    """The headline from ``times`` (batch -> our time, xgrammar's path's, ms), in two parts: the batches where ours
+    is faster by more than :data:`TIE` (``10.6× at batch 1 and 1.9× at batch 64``), then the others, each with both
+    times (``; at batch 256 the two tie (ours 474.2 µs, xgrammar's path 473.1)``, or ours slower)."""
+    faster, rest = [], []
+    for batch, (ours, theirs) in times.items():
+        x = theirs / ours
+        both = f"(ours {ours * 1e3:,.1f} µs, xgrammar's path {theirs * 1e3:,.1f})"
+        if x > 1 + TIE:
+            faster.append(f"{x:.1f}× at batch {batch}")
+        elif x >= 1 - TIE:
+            rest.append(f"at batch {batch} the two tie {both}")
+        else:
+            rest.append(f"at batch {batch} ours is {1 / x:.2f}× slower {both}")
+    said = ", ".join(faster[:-1]) + (" and " if len(faster) > 1 else "") + (faster[-1] if faster else "")
+    return said, "".join(f"; {r}" for r in rest)
+
+
 def prose_numbers(results) -> dict[str, Any]:
     """Every number the lesson's prose quotes, by glue key, read from ``results`` (``pending`` where the file
     lacks the series)."""
@@ -177,14 +199,16 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_step06_vs_step05_1"] = _change(_b1(results, s[5], 1), _b1(results, s[6], 1))
     n["mlh_step06_vs_step05_8"] = _change(_b1(results, s[5], 8), _b1(results, s[6], 8))
     n["mlh_step06_floor_1"] = _us(_floor(results, 1, "random", 1), 2)
-    # step 7: the union of a batch, read once
-    b64 = dict(batch=64, kind="random", allowed=100)
+    # step 7: the union of a batch, read once, at the table of steps' point (the headline's batch 64)
+    b64 = STEP_CASES[7][0]
     row7 = _row(results, s[7], **b64)
+    n["mlh_b64_allowed"] = f"{b64['allowed']:,}"
     n["mlh_b64_union"] = f"{row7['union']:,}" if row7 else PENDING
-    n["mlh_b64_sum"] = f"{64 * 100:,}"
-    n["mlh_step07_b64"] = _us(_ms(results, s[7], **b64))
+    n["mlh_b64_sum"] = f"{b64['batch'] * b64['allowed']:,}"
+    n["mlh_step07_b64"] = PENDING if row7 is None else f"{us(row7['ms'])} µs"  # the table of steps' digits
     n["mlh_step07_b64_vs_dense"] = _change(_ms(results, "dense_mask", **b64), _ms(results, s[7], **b64))
     n["mlh_step07_b64_vs_index"] = _change(_ms(results, "index_select", **b64), _ms(results, s[7], **b64))
+    n["mlh_step07_b64_vs_step03"] = _change(_ms(results, s[3], **b64), _ms(results, s[7], **b64))
     big = dict(batch=64, kind="random", allowed=10_000)
     n["mlh_step07_b64_big_vs_step03"] = _change(_ms(results, s[3], **big), _ms(results, s[7], **big))
     row_big = _row(results, s[7], **big)
@@ -242,24 +266,22 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_plan_1000"] = _us(plan_1000)
     n["mlh_dispatch_1000"] = _us(_b1(results, s[9], 1000))
     # against the practitioners' path
-    for key, batch, allowed in (("b1", 1, 1000), ("b64", 64, 100)):
+    for key, batch, allowed in (("b1", 1, 1000), ("b64", 64, 1000)):
         mine = _ms(results, PLAN, batch=batch, kind="random", allowed=allowed)
         theirs = _ms(results, XGRAMMAR, batch=batch, kind="random", allowed=allowed)
         n[f"mlh_plan_vs_xgr_{key}"] = _x(_ratio(theirs, mine), 1)
         n[f"mlh_xgr_{key}"] = _us(theirs)
-    # the headline with its range: the whole step against xgrammar's path at each batch of HEADLINE_POINTS
-    speed = {b: _ratio(_ms(results, XGRAMMAR, batch=b, kind=k, allowed=a), _ms(results, PLAN, batch=b, kind=k,
-                                                                               allowed=a))
+    # the headline with its range: the whole step against xgrammar's path at each batch of HEADLINE_POINTS, a
+    # point within TIE of parity said as a tie with both times
+    times = {b: (_ms(results, PLAN, batch=b, kind=k, allowed=a), _ms(results, XGRAMMAR, batch=b, kind=k, allowed=a))
              for b, k, a in HEADLINE_POINTS}
-    if all(speed.values()):
-        (b1, x1), *rest = speed.items()
-        n["mlh_headline"] = (f"{x1:.1f}× at batch {b1} (" + ", ".join(
-            f"{x:.1f}× at {'batch ' if i == 0 else ''}{b}" for i, (b, x) in enumerate(rest)) + ")")
+    if all(all(pair) for pair in times.values()):
+        n["mlh_headline"], n["mlh_headline_rest"] = headline_words(times)
     else:
-        n["mlh_headline"] = PENDING
+        n["mlh_headline"], n["mlh_headline_rest"] = PENDING, ""
     (_, _, first), *others = HEADLINE_POINTS
-    n["mlh_headline_points"] = f"{first:,} allowed tokens per sequence" + "".join(
-        f" ({a:,} at batch {b})" for b, _, a in others if a != first)
+    n["mlh_headline_points"] = (f"{first:,} allowed tokens per sequence" if all(a == first for _, _, a in others)
+                                else PENDING)  # the page states one count for every batch
     n["mlh_xgr_bf16_b1"] = _change(_ms(results, XGRAMMAR, batch=1, kind="random", allowed=1000),
                                    _ms(results, XGRAMMAR_BF16, batch=1, kind="random", allowed=1000))
     pairs = []
@@ -270,7 +292,10 @@ def prose_numbers(results) -> dict[str, Any]:
             pairs.append((theirs / r["ms"], p))
     if pairs:
         low, p = min(pairs, key=lambda q: q[0])
-        n["mlh_plan_vs_xgr_worst"] = f"{low:.2f}× (batch {p['batch']}, {p['kind']} masks, {p['allowed']:,} allowed)"
+        where = f"batch {p['batch']}, {p['allowed']:,} {p['kind']} per sequence"
+        n["mlh_plan_vs_xgr_worst"] = (f"{where}, {low:.2f}×" if abs(low - 1) > TIE else
+                                      f"{where}, the headline's tie" if (p["batch"], p["kind"], p["allowed"])
+                                      in HEADLINE_POINTS else f"{where}, a tie")
     else:
         n["mlh_plan_vs_xgr_worst"] = PENDING
     # where we lose
@@ -366,7 +391,7 @@ def capped_key(rot: dict[str, Any] | None) -> str | None:
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
 #: one token to every token, a real grammar's mask, and one point per larger batch up to where the paths meet.
 PRACTITIONER_POINTS = ((1, "random", 1), (1, "random", 1000), (1, "random", 10_000), (1, "random", VOCAB),
-                       (1, "real", 1000), (8, "random", 1000), (64, "random", 100), (256, "random", 1000))
+                       (1, "real", 1000), (8, "random", 1000), (64, "random", 1000), (256, "random", 1000))
 
 
 def practitioners_table(results, points=None) -> str:
@@ -527,10 +552,11 @@ def tried_table(results, candidates: dict | None) -> str:
 # The chapter's one table of steps
 # --------------------------------------------------------------------------------------
 
-#: Where each step is measured (the case its idea is about) and the step it builds on: the row above, except step 7
-#: (its base, step 4, takes one sequence; its rival is a row of :data:`RIVAL_ROWS`), step 8 (its diff starts from
-#: step 3) and step 9 (it runs step 5 there); None for step 0 (the first). The table's ``× previous`` is always the
-#: row above's (:func:`boehm_table`); a base that is not the row above is named, with its ratio, in the change cell.
+#: Where each step is measured (the case its idea is about) and the step it is compared with there: the one it builds
+#: on, the step numbered before it, except step 7 (steps 4 to 6 take one sequence: it is compared with step 3, the
+#: last step that multiplies a batch, at the headline's batch-64 point), step 8 (its diff starts from step 3) and
+#: step 9 (it runs step 5 there); None for step 0 (the first). Every base has a time at its step's point, so every
+#: row of :func:`boehm_table` has a ratio.
 STEP_CASES = {
     0: (dict(batch=1, kind="random", allowed=1000), None),
     1: (dict(batch=1, kind="random", allowed=1000), 0),
@@ -539,16 +565,15 @@ STEP_CASES = {
     4: (dict(batch=1, kind="random", allowed=1000), 3),
     5: (dict(batch=1, kind="random", allowed=1000), 4),
     6: (dict(batch=1, kind="random", allowed=1), 5),
-    7: (dict(batch=64, kind="random", allowed=100), 4),
+    7: (dict(batch=64, kind="random", allowed=1000), 3),
     8: (dict(batch=1, kind="real", allowed=1000), 3),
     9: (dict(batch=1, kind="random", allowed=1000), 5),
 }
-#: The change cell's words for a step whose base (:data:`STEP_CASES`) is not the row above: how the base relates,
-#: before its ratio at the step's point (none for step 7, whose base takes one sequence).
-BASE_WORDS = {7: "builds on step 4, which takes one sequence: the `index_select` rival below is its comparison",
-              8: "over step 3, its diff's base", 9: "over step 5, which it runs here"}
-#: The rivals, in rows of their own under the steps (never a step's ``× previous``): the series, the step that
-#: faces it at that step's point, and its words.
+#: The "compared with" cell of a step whose base (:data:`STEP_CASES`) is not the step numbered before it.
+BASE_WORDS = {7: "step 3, the last step that multiplies a batch (steps 4 to 6 take one sequence)",
+              8: "step 3, its diff's base", 9: "step 5, which it runs here"}
+#: The rivals, in rows of their own under the steps (never a step's base): the series, the step that faces it at
+#: that step's point, and its words.
 RIVAL_ROWS = (("dense_mask", 0, "torch's dense logits, then `masked_fill` (bf16)"),
               ("index_select", 7, "torch's `index_select` of the union's rows, then a matmul"))
 
@@ -565,9 +590,9 @@ def _case(p: dict) -> str:
 #: (:func:`step05_chain`), and that it keeps one that loses (:func:`boehm_table` adds the measured loss); step 7's
 #: names both halves of its one idea (the union pays only multiplied on the tensor cores: its ablation is the page's
 #: note, not a row).
-BOEHM_CHANGES = {3: "did not pay: step 2 rewritten for [V, D] (row tiles, a transposed dot)",
-                 5: "three changes, one at a time in step 5's section: one wait per row, the fill programs first, "
-                    "an L2 evict-first hint",
+BOEHM_CHANGES = {3: "did not pay: a row-tile kernel for [V, D], no gain over step 2",
+                 5: "three changes, one at a time in step 5's section above: one wait per row, the fill programs "
+                    "first, an L2 evict-first hint",
                  7: "the union of the batch's allowed sets, each block of its rows read once and multiplied with "
                     "every sequence's hidden state on the tensor cores (`tl.dot`)",
                  8: "did not pay: the vocabulary reordered so that allowed tokens cluster"}
@@ -626,50 +651,46 @@ def _floor_cells(results, row: dict, params: dict) -> str:
 
 
 def boehm_table(results) -> str:
-    """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, ``× previous`` (the
-    row above's time over this step's, both at this step's point; ``– (step N not run here)`` where the row above
-    has no time there), the floor of the masked call at that point (:func:`floor_ms`, which of its two parts binds)
-    and the time over it: one floor a row (a dense head's floor, for step 0, is the prose's). Where the step a row
-    builds on is not the row above (:data:`STEP_CASES`), its change cell names it with its ratio
-    (:data:`BASE_WORDS`). Then the rivals (:data:`RIVAL_ROWS`), each in a row of its own at the point of the step
-    that faces it, whose cell says how much faster that step is: a rival is never a step's ``× previous``. A time
-    whose rotation was capped carries :data:`CAPPED`. One row per numbered step: step 5's changes are its section's
-    chain (:func:`step05_chain`), not rows here; its cell gives the loss it keeps (:func:`fill_first_loss`). Every
-    ratio is of medians, flagged by :func:`book.results.caveat` where either side's repetitions spread past its
-    threshold, the rule of every page (dense + mask's batch-1 repetitions may fall in two clusters,
-    :func:`dense_clusters`: its median then carries the flag)."""
-    lines = ["| step | the one change | measured at | µs | × previous | "
+    """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the step it is
+    compared with (:data:`STEP_CASES`: the step numbered before it, or :data:`BASE_WORDS`) and that step's time over
+    this one's, both at this step's point, the floor of the masked call at that point (:func:`floor_ms`, which of
+    its two parts binds) and the time over it: one floor a row (a dense head's floor, for step 0, is the prose's).
+    Then the rivals (:data:`RIVAL_ROWS`), each in a row of its own at the point of the step that faces it, whose
+    cell says how much faster that step is: a rival is never a step's base. A time whose rotation was capped
+    carries :data:`CAPPED`. One row per numbered step: step 5's changes are its section's chain
+    (:func:`step05_chain`), not rows here; its cell gives the loss it keeps (:func:`fill_first_loss`). Every ratio
+    is of medians, flagged by :func:`book.results.caveat` where either side's repetitions spread past its threshold,
+    the rule of every page (dense + mask's batch-1 repetitions may fall in two clusters, :func:`dense_clusters`: its
+    median then carries the flag). A base with no time at its step's point is an error, not a blank cell."""
+    lines = ["| step | the one change | measured at | µs | compared with | × that step | "
              "floor of the masked call: its bytes, or an empty kernel where larger (µs) | × floor |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     shown = {}
     chain = step05_chain()
-    above = None
     for step in CHAPTER.steps:
         params, base = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
         if row is None:
             continue
         shown[step.number] = row
-        if above is None:
-            vs = "–"
+        if base is None:
+            against = vs = "–"
         else:
-            previous = _row(results, step_series(above), **params)
-            vs = _vs(row, previous) if previous is not None else f"– (step {above} not run here)"
+            reference = _row(results, step_series(base), **params)
+            if reference is None:
+                raise ValueError(f"step {step.number}'s base, step {base}, has no time at {_case(params)}")
+            against, vs = BASE_WORDS.get(step.number, f"step {base}"), _vs(row, reference)
         change = BOEHM_CHANGES.get(step.number, step.title)
         if step.number == 5 and chain is not None:  # the shipped kernel keeps 5b, measured as a loss at this point
             n = params["allowed"]
             change = change.replace("the fill programs first", f"the fill programs first (kept, a measured "
                                     f"{fill_first_loss(chain, n):.1%} loss at {n:,} allowed)")
-        if base is not None and base != above:  # the step it builds on, named with its ratio at this point
-            reference = _row(results, step_series(base), **params)
-            change += f"; {BASE_WORDS[step.number]}" + ("" if reference is None else f": {_vs(row, reference)}")
         if step.number == 8:  # did not pay: step 5, which step 9 runs there, is faster on the same mask
             five = _row(results, step_series(5), **params)
             if five is not None:
                 change += f", but step 5 is {row['ms'] / five['ms']:.2f}× as fast on this mask"
-        lines.append(f"| {step.number} | {change} | {_case(params)} | {us(row['ms'])}{capped(row)} | {vs} | "
-                     f"{_floor_cells(results, row, params)} |")
-        above = step.number
+        lines.append(f"| {step.number} | {change} | {_case(params)} | {us(row['ms'])}{capped(row)} | {against} | "
+                     f"{vs} | {_floor_cells(results, row, params)} |")
     for series, faces, words in RIVAL_ROWS:
         params = STEP_CASES[faces][0]
         rival = _row(results, series, **params)
@@ -677,7 +698,8 @@ def boehm_table(results) -> str:
             continue
         ratio, _, flag = _vs(shown[faces], rival).partition(" ")  # the flag, if any, after the sentence
         lines.append(f"| rival | {words}; step {faces} is {ratio} as fast here{' ' + flag if flag else ''} | "
-                     f"{_case(params)} | {us(rival['ms'])}{capped(rival)} | – | {_floor_cells(results, rival, params)} |")
+                     f"{_case(params)} | {us(rival['ms'])}{capped(rival)} | – | – | "
+                     f"{_floor_cells(results, rival, params)} |")
     return "\n".join(lines)
 
 
@@ -868,8 +890,6 @@ STEP05_KNOBS = tuple(knob for _, knob, _ in STEP05_CHAIN)
 #: Each change in a few words, as the prose and the folded table name it.
 STEP05_WORDS = {"one_wait": "one wait per row", "fill_first": "the fill programs first",
                 "evict_first": "the evict-first hint"}
-#: The chain's last row: step 5 itself, the library's kernel (the lab's variant with every knob on has its PTX).
-STEP05_LAST = "the library's step 5, timed in this run"
 
 
 def step05_variant(on) -> str:
@@ -901,13 +921,13 @@ def step05_chain(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
         return {"label": label, "change": change, "knobs": frozenset(knobs),
                 "ms": {n: found[n]["ms"] for n in counts}, "capped": {n: bool(capped(found[n])) for n in counts}}
 
-    out = [row("step 4", "the library's step 4, timed in this run", (),
+    out = [row("step 4", "the anchor: each row read in chunks, each chunk reduced with `tl.sum`", (),
                {n: library[("step04", n)] for n in counts})]
     for i, (label, knob, text) in enumerate(STEP05_CHAIN):
         on = STEP05_KNOBS[:i + 1]
         if len(on) == len(STEP05_KNOBS):  # the last: step 5 itself, whose frozen twin the run timed too
             assert all((step05_variant(on), n) in lab for n in counts)
-            out.append(row(f"{label} = step 5", f"{text}: {STEP05_LAST}", on,
+            out.append(row(f"{label} = step 5", text, on,
                            {n: library[("step05", n)] for n in counts}))
         else:
             out.append(row(label, text, on, {n: lab[(step05_variant(on), n)] for n in counts}))
@@ -1061,9 +1081,8 @@ def other_runs(results) -> list[tuple[Any, str]]:
             continue
         other = Results(path, json.loads(path.read_text()))
         gpu = other.data["device"]["name"]
-        out.append((path, f"a run on an {gpu} that replayed one copy of the head, so the allowed rows may stay in L2 "
-                          "between calls: not comparable with this page's times, left out" if rotation(other) is None
-                    else f"a run on an {gpu}, set up as this page's, not shown here"))
+        out.append((path, f"an {gpu} run that replayed one copy of the head, whose rows may then come from L2"
+                    if rotation(other) is None else f"an {gpu} run, set up as this page's"))
     return out
 
 
