@@ -704,3 +704,21 @@ def test_the_headline_says_at_first_mention_that_its_output_is_steered():
     assert "steered" in first and 'cases[("smollm2", 1)][\'ratio\']' in first
     assert "how much faster does" not in text[0]
     assert sum(t.count("does not pay at the 8B shape") for t in text) == 1
+
+
+def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_model():
+    """Forwards saved: per output token everywhere, chapter 01's count related to it once; 3a's host times name the
+    chain's own run; the headline's sentence says what the cost model is (random weights, one layer read by all)."""
+    import json
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    page = "\n".join(text)
+    assert page.count("ch1_saved_token") == 1 and "ch1_saved_char" not in page and "fsm_suite" not in page
+    assert "This page counts forwards per output token." in page
+    host = next(t for t in text if "anchor['host_us']" in t)
+    assert "in the chain's own run" in " ".join(host.split())
+    headline = next(t for t in text if "The headline, the 8B-shaped cost model" in t)
+    assert "random weights, one layer's weights read by all" in " ".join(headline.split())
