@@ -320,3 +320,24 @@ def test_the_page_names_the_low_copy_point_and_counts_the_near_ties():
     assert not any("the file's note" in t for t in text)
     at = next(i for i, t in enumerate(text) if t.startswith("## The result, against chapter 07"))
     assert 'closed_ratio(results, "step03")' in text[at + 1] and "share a loop" in text[at + 1]
+
+
+def test_each_statistic_names_its_basis_and_the_files_are_listed_once():
+    """Accepted per draft is given on both bases at its first use, where the output cap is defined; the samples sit in
+    a labelled fold; the headline says what step 4 costs against step 3, computed on both bases; the files are listed
+    in "Where the numbers come from", before the further reading."""
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    first = next(t for t in text if "mean_accepted" in t)
+    assert "b1['closed']['mean_accepted']" in first and "**output cap** of {cap['cap']} tokens" in first
+    samples = next(c for c in cells if "lesson.sample_outputs(results)" in "".join(c["source"]))
+    assert "hide-output" in samples["metadata"]["tags"] and samples["metadata"]["mystnb"]["code_prompt_show"]
+    assert not any("wrapped(sample" in t and "loop['output']" in t for t in text)  # the looping one is not folded
+    headline = next(t for t in text if "the headline takes it" in t)
+    assert 'closed_median_ms(results, "step04") / lesson.closed_median_ms(results, "step03")' in headline
+    assert "gate_cost_all" in headline
+    at = next(i for i, t in enumerate(text) if t.startswith("## Where the numbers come from"))
+    assert text[at + 1].startswith("## Further reading")
+    for name in ("assets/bench/nvidia-h200/speculate.json", f"{lesson.LAB_RESULTS}/{lesson.SPLIT_RUN}",
+                 f"{lesson.LAB_RESULTS}/prefill_probe.json", "assets/bench/nvidia-h200/decode.json"):
+        assert name in text[at], name
