@@ -476,8 +476,8 @@ def test_bench_sweep_caps_the_copies_at_its_budget():
 
 
 def test_headline_reads_the_new_series_and_the_old_file(tmp_path):
-    """On a file of the new bench (fake times) the headline has the plan against xgrammar's path at batch 1
-    and 64; on the committed file (older, do_bench) it gives the rows that file can, on one clock each."""
+    """On a file of the new bench (fake times) the headline has the plan against xgrammar's path at batch 1,
+    64 and 256 first; on the committed file (older, do_bench) it gives the rows that file can, on one clock each."""
     from studylog import plotting
     from studylog.plotting import Results
 
@@ -485,7 +485,7 @@ def test_headline_reads_the_new_series_and_the_old_file(tmp_path):
     for series, role, ms in (("step09", "kernel", 0.01), ("dense_mask", "baseline", 0.2),
                              ("index_select", "baseline", 0.05), (mlh.report.PLAN, "kernel", 0.012),
                              (mlh.report.XGRAMMAR, "peer", 0.21)):
-        for batch, allowed in ((1, 1000), (1, 10_000), (64, 100)):
+        for batch, allowed in ((1, 1000), (1, 10_000), (64, 100), (64, 1000), (256, 1000)):
             params = {"batch": batch, "kind": "random", "allowed": allowed}
             if role == "kernel":
                 params["layout"] = "vd"
@@ -493,8 +493,10 @@ def test_headline_reads_the_new_series_and_the_old_file(tmp_path):
                          "spread_ms": [ms, ms, ms], "host_ms": 0.009})
     fake = Results(tmp_path / "x.json", {"measurements": rows, "ceilings": {"empty_launch_host_ms": 0.008}})
     heads = mlh.headline(fake)
-    assert len(heads) == 5 and all(h["clock"] == "gpu" for h in heads)
-    assert heads[2]["speedup"] == pytest.approx(0.21 / 0.012) and "xgrammar" in heads[2]["baseline"]
+    assert len(heads) == 6 and all(h["clock"] == "gpu" for h in heads)
+    # the whole step against xgrammar's path leads, at batches 1, 64 and 256 (1,000 allowed a sequence)
+    assert all(h["speedup"] == pytest.approx(0.21 / 0.012) and "xgrammar" in h["baseline"] for h in heads[:3])
+    assert [h["case"].split(", ")[1] for h in heads[:3]] == ["batch 1", "batch 64", "batch 256"]
     if plotting.result_files("masked_lm_head"):
         for h in mlh.headline(plotting.load_results("masked_lm_head")):
             assert h["speedup"] > 0 and h["clock"]
