@@ -34,7 +34,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "step05_undone_table", "lab_rotation", "CAPPED", "capped", "page_capped_key",
            "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
            "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step07_changes",
-           "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "step09_path", "plan_step", "PATH_STEPS"]
+           "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties", "ties_words", "step09_path", "plan_step", "PATH_STEPS"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
@@ -125,22 +125,28 @@ RIVAL_WORDS = {"index_select": "`index_select` + matmul", "dense_mask": "dense +
 HEADLINE_POINTS = ((1, "random", 1000), (64, "random", 1000), (256, "random", 1000))
 
 
-#: Two times within this fraction of each other are said as a tie, with both times, not as a ratio of 1.0×.
+#: Two times within this fraction of each other (the larger over the smaller) are a tie, said with both times, not
+#: as a ratio of 1.0×, and not counted as a loss: one rule for the whole page (:func:`tied`).
 TIE = 0.01
+
+
+def tied(a: float, b: float) -> bool:
+    """Whether times ``a`` and ``b`` are a tie (:data:`TIE`)."""
+    return max(a, b) <= min(a, b) * (1 + TIE)
 
 
 def headline_words(times: dict[int, tuple[float, float]]) -> tuple[str, str]:
     """The headline from ``times`` (batch -> our time, xgrammar's path's, ms), in two parts: the batches where ours
     is faster by more than :data:`TIE` (``10.6× at batch 1 and 1.9× at batch 64``), then the others, each with both
-    times (``; at batch 256 the two tie (ours 474.2 µs, xgrammar's path 473.1)``, or ours slower)."""
+    times (``; at batch 256 the two tie, within 1% (ours 474.2 µs, xgrammar's path 473.1)``, or ours slower)."""
     faster, rest = [], []
     for batch, (ours, theirs) in times.items():
         x = theirs / ours
         both = f"(ours {ours * 1e3:,.1f} µs, xgrammar's path {theirs * 1e3:,.1f})"
         if x > 1 + TIE:
             faster.append(f"{x:.1f}× at batch {batch}")
-        elif x >= 1 - TIE:
-            rest.append(f"at batch {batch} the two tie {both}")
+        elif tied(ours, theirs):  # the page's first tie: its rule said here, once
+            rest.append(f"at batch {batch} the two tie, within {TIE:.0%} {both}")
         else:
             rest.append(f"at batch {batch} ours is {1 / x:.2f}× slower {both}")
     said = ", ".join(faster[:-1]) + (" and " if len(faster) > 1 else "") + (faster[-1] if faster else "")
@@ -248,7 +254,8 @@ def prose_numbers(results) -> dict[str, Any]:
     n["mlh_dispatch_worst"] = (f"{worst[0]:.2f}× the time (batch {worst[1]['batch']}, {worst[1]['allowed']:,} "
                                f"{worst[1]['kind']} per sequence)") if worst else PENDING
     # and against every rival the losses table lists (index_select returns only the union's logits)
-    lost9 = [(q["mine"]["ms"] / q["rival"]["ms"], q) for q in _losses(results) if q["mine"]["series"] == s[9]]
+    lost9 = [(q["mine"]["ms"] / q["rival"]["ms"], q) for q in _losses(results)
+             if q["mine"]["series"] == s[9] and not is_tie(q)]
     if lost9:
         ratio, q = max(lost9, key=lambda x: x[0])
         p = q["params"]
@@ -293,7 +300,7 @@ def prose_numbers(results) -> dict[str, Any]:
     if pairs:
         low, p = min(pairs, key=lambda q: q[0])
         where = f"batch {p['batch']}, {p['allowed']:,} {p['kind']} per sequence"
-        n["mlh_plan_vs_xgr_worst"] = (f"{where}, {low:.2f}×" if abs(low - 1) > TIE else
+        n["mlh_plan_vs_xgr_worst"] = (f"{where}, {low:.2f}×" if not tied(low, 1) else
                                       f"{where}, the headline's tie" if (p["batch"], p["kind"], p["allowed"])
                                       in HEADLINE_POINTS else f"{where}, a tie")
     else:
@@ -384,8 +391,8 @@ def capped_key(rot: dict[str, Any] | None) -> str | None:
         return None
     n = rot["capped_union"]
     union = "A union of one row" if n == 1 else f"A union of at most {n:,} rows"
-    return (f"{CAPPED} {union}: the {rot['max_copies']} copies of the head that memory holds read less than four "
-            "times L2 together, so part of what it reads may come from L2.")
+    return (f"{CAPPED} {union}: too few rows to flush L2 even across the {rot['max_copies']} copies of the head that "
+            "fit in memory, so some reads may come from L2.")
 
 
 #: The points of the practitioners' table the page shows unfolded (batch, masks, allowed per sequence): batch 1 from
@@ -451,13 +458,39 @@ def _losses(results) -> list[dict]:
     return out
 
 
+def is_tie(q: dict) -> bool:
+    """Whether a row of :func:`_losses` is a tie (ours within :data:`TIE` of the rival), said as such on the page and
+    not counted as a loss."""
+    return tied(q["mine"]["ms"], q["rival"]["ms"])
+
+
+def ties(results) -> list[dict]:
+    """The rows of :func:`_losses` that are ties (:func:`is_tie`), by batch, masks and allowed count."""
+    return sorted((q for q in _losses(results) if is_tie(q)),
+                  key=lambda q: (q["params"]["batch"], q["params"]["kind"], q["params"]["allowed"]))
+
+
+def ties_words(results) -> str:
+    """The ties, one clause each with both times: ``batch 4, 10 random per sequence (step 9 at 8.6 µs, `index_select`
+    + matmul at 8.5)``; empty where there is none."""
+    said = []
+    for q in ties(results):
+        p, mine, rival = q["params"], q["mine"], q["rival"]
+        ours = "the whole step" if mine["series"] == PLAN else "step 9"
+        theirs = RIVAL_WORDS.get(rival["series"], "xgrammar's path")
+        said.append(f"batch {p['batch']}, {p['allowed']:,} {p['kind']} per sequence ({ours} at {mine['ms'] * 1e3:,.1f} "
+                    f"µs, {theirs} at {rival['ms'] * 1e3:,.1f})")
+    return "; ".join(said)
+
+
 def loss_counts(results) -> dict[str, Any]:
-    """How :func:`_losses` counts: ``rows`` (one per rival faster than ours at a point), ``points`` (each point of
-    a series of ours counted once, however many rivals beat it there), ``by_series`` (points per series) and
-    ``min_batch`` (the smallest batch with a loss; None where there is none), ``clean_batches`` (the batches
-    measured below it, where nothing of ours loses) and ``shared`` (the params of each point that more than one rival
-    beats, so that the losses table has more rows than points, with ``ours``: "step 9" or "the whole step")."""
-    lost = _losses(results)
+    """How :func:`_losses` counts, ties (:func:`is_tie`) left out: ``rows`` (one per rival faster than ours at a
+    point), ``points`` (each point of a series of ours counted once, however many rivals beat it there),
+    ``by_series`` (points per series) and ``min_batch`` (the smallest batch with a loss; None where there is none),
+    ``clean_batches`` (the batches measured below it, where nothing of ours loses), ``shared`` (the params of each
+    point that more than one rival beats, so that the losses table has more rows than points, with ``ours``: "step 9"
+    or "the whole step") and ``ties`` (how many rows are ties)."""
+    lost = [q for q in _losses(results) if not is_tie(q)]
     keys = [(q["mine"]["series"], tuple(sorted(q["params"].items()))) for q in lost]
     points = set(keys)
     shared = [dict(key[1]) | {"ours": "step 9" if key[0] == step_series(9) else "the whole step"}
@@ -468,13 +501,14 @@ def loss_counts(results) -> dict[str, Any]:
     low = min((q["params"]["batch"] for q in lost), default=None)
     measured = {r["params"]["batch"] for r in results.select(step_series(9)) + results.select(PLAN)}
     return {"rows": len(lost), "points": len(points), "by_series": by_series, "min_batch": low,
-            "clean_batches": sorted(b for b in measured if low is None or b < low), "shared": shared}
+            "clean_batches": sorted(b for b in measured if low is None or b < low), "shared": shared,
+            "ties": len(ties(results))}
 
 
 def losses_table(results) -> str:
-    """Where a series of ours is slower than a rival, with the union and the fp32 output's share of the call's
-    bytes."""
-    lost = _losses(results)
+    """Where a series of ours is slower than a rival by more than a tie (:func:`is_tie`), with the union and the fp32
+    output's share of the call's bytes."""
+    lost = [q for q in _losses(results) if not is_tie(q)]
     if not lost:
         return "No measured point where a series of ours is slower than its rival."
     label = CHAPTER.label
@@ -589,13 +623,15 @@ def _case(p: dict) -> str:
 #: says by how much); step 5 says it bundles three changes, timed one at a time in its own section
 #: (:func:`step05_chain`), and that it keeps one that loses (:func:`boehm_table` adds the measured loss); step 7's
 #: names both halves of its one idea (the union pays only multiplied on the tensor cores: its ablation is the page's
-#: note, not a row).
+#: note, not a row); step 9's names its two ideas, the dispatch this row times and the plan the headline times.
 BOEHM_CHANGES = {3: "did not pay: a row-tile kernel for [V, D], no gain over step 2",
                  5: "three changes, one at a time in step 5's section above: one wait per row, the fill programs "
                     "first, an L2 evict-first hint",
                  7: "the union of the batch's allowed sets, each block of its rows read once and multiplied with "
                     "every sequence's hidden state on the tensor cores (`tl.dot`)",
-                 8: "did not pay: the vocabulary reordered so that allowed tokens cluster"}
+                 8: "did not pay: the vocabulary reordered so that allowed tokens cluster",
+                 9: "two ideas: a dispatch by shape (timed here), and a plan that runs the whole step from the bitmask "
+                    "(the headline times it: its section below)"}
 
 
 def fill_first_loss(chain: dict[str, Any], n: int) -> float:
