@@ -113,7 +113,8 @@ def test_the_cores_of_steps_4_and_7_show_open_and_step_7_says_where_its_changes_
         d = lesson.core_diff(step)
         assert len(d.lines) <= 45 and d.added and d.removed, step
     text = " ".join("".join("".join(c["source"]) for c in cells).split())
-    assert text.count("Its four changes are for long haystacks") == 1
+    assert text.count("Step 7 is for long haystacks") == 1
+    assert "## Step 7: every warp streams its own tiles, plus three tunings" in text
     assert 'so `ngram_match` runs step {ngram.CHAPTER.step(six_small["step"]).number} there' in text
     results = load_results("ngram")
     entry = lesson.entry_row(results, {"batch": 32, "seq_len": 512, "threshold": 128, "corpus": None})
@@ -413,6 +414,27 @@ def test_a_bundled_steps_row_says_what_its_costly_change_buys_and_where_it_loses
             if seven > six:
                 assert f"{said} {ngram.CHAPTER.step(entry['step']).number}" in rows["7"]
     assert "slower than step 6 at 32 × 512, where `ngram_match` runs step 6" in notes[7]
+    # step 7's row names its idea (7a) and counts the rest of its chain as tunings, as its chain table labels them
+    row7 = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(lesson.boehm_table(results))}["7"]
+    assert row7.startswith(" every warp streams its own tiles") and "plus three tunings" in row7
+    assert [c.startswith("tuning: ") for _, c, _, _ in lesson.CHAINS[7][1][2:]] == [True] * 3
+
+
+def test_where_we_lose_names_the_dispatch_guess_and_the_real_text_acceptance():
+    """"Where we lose" says the entry point's rule is a guess between the measured shapes (its thresholds read from
+    the library) and how few drafted tokens real text accepts (computed from the benchmark), after "On real text"."""
+    import json
+
+    from studylog import paths
+
+    cells = ["".join(c["source"]) for c in
+             json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
+    lose, real = cells.index("## Where we lose"), next(i for i, t in enumerate(cells) if t.startswith("## On real"))
+    assert real < lose
+    body = cells[lose + 1]
+    assert "a threshold between the measured shapes" in body and "kernels.STREAM_MIN_TOKENS" in body
+    assert "{accepted:,} of {drafted:,} drafted tokens" in body
+    assert "{accepted:,}" not in "".join(cells[real:lose])  # said once, in Where we lose
 
 
 def test_the_page_says_rows_and_changes_not_links():

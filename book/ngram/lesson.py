@@ -20,7 +20,7 @@ from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
-__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "BUNDLED", "CHANGE_CHAIN", "STEP07_INHERITED",
+__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "BUNDLED", "TABLE_TITLES", "CHANGE_CHAIN", "STEP07_INHERITED",
            "step07_changes", "variant_row", "inherited_factor", "step05_06_changes", "chain_ms", "chain_factor",
            "CHAINS", "chain_run", "chain_rows", "case_name", "chain_anchor_gap", "pays_at", "bundle_notes", "boehm_table", "dispatch_table", "early_exit_share",
            "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
@@ -234,6 +234,9 @@ HEADLINE = (128, 32768, 128)
 #: The numbered steps that bundle several changes: their row in the table of steps says how many, and their section
 #: times them one at a time (:data:`CHAINS`).
 BUNDLED = {6: "two changes", 7: "four changes"}
+#: A bundled step's cell in the table of steps where it names its idea and counts the rest, not the library's title.
+TABLE_TITLES = {7: "every warp streams its own tiles (no barrier in the loop), plus three tunings: 16-byte loads, an "
+                   "evict-first hint, no search for slots the budget refuses"}
 
 
 #: Steps 5 and 6 one change at a time (``lab/ngram``'s ``step05_06_changes`` series): per change, the variant without
@@ -292,9 +295,9 @@ CHAINS = {
         ("step 6", "the step before: each slot split over blocks, phase 2 in the last one", "step06", None),
         ("7a", "no barrier in the loop: each thread publishes its own candidates and reads the slot's key a tile",
          "step07_chain", "7a"),
-        ("7b", "16-byte loads, two tokens each", "step07_chain", "7b"),
-        ("7c", "an L2 evict-first hint on the haystack loads", "step07_chain", "7c"),
-        ("7d = step 7", "slots the budget refuses skip their search", "step07", None))),
+        ("7b", "tuning: 16-byte loads, two tokens each", "step07_chain", "7b"),
+        ("7c", "tuning: an L2 evict-first hint on the haystack loads", "step07_chain", "7c"),
+        ("7d = step 7", "tuning: slots the budget refuses skip their search", "step07", None))),
 }
 
 
@@ -462,7 +465,7 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     lines.append("| | the floor | " + " | ".join(floor_cells) + " |")
     previous = [None] * len(cases)  # (µs, clock) of the previous step measured at each case
     notes = bundle_notes(results, cases)
-    entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
+    entries = [(str(st.number), TABLE_TITLES.get(st.number, st.title).replace("<<<1, 1>>>", "`<<<1, 1>>>`")
                 + (f" ({BUNDLED[st.number]}: in step {st.number}'s section)" if st.number in BUNDLED else "")
                 + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
     entries.append(("entry point", "`ngram_match`: step 6 or step 7, by a rule on the batch's shapes", "ngram_match"))
