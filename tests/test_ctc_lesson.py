@@ -480,14 +480,34 @@ def test_the_main_table_has_no_lettered_rows_and_names_the_bundled_steps():
     labels = [r[0] for r in rows]
     assert not any(label[:1].isdigit() and label[-1:].isalpha() for label in labels)
     cells = {r[0]: r[1] for r in rows}
-    assert cells["7"].endswith("(four changes: in step 7's section)")
-    assert cells["8"].endswith("(two changes: in step 8's section)")
+    assert "(four changes: in step 7's section)" in cells["7"]
+    assert "(two changes: in step 8's section)" in cells["8"]
     assert "changes:" not in "".join(v for k, v in cells.items() if k not in ("7", "8"))
-    # step 7's cell names its four changes in the chain's order, and nothing that reads as the opposite of 7a
-    order = ["gradient a pass of its own", "no softmax written", "one warp per direction",
-             "alpha and beta side by side"]
+    # step 7's cell names its idea's three changes, then its prerequisite; step 8's its idea, then its tuning; and
+    # nothing that reads as the opposite of 7a
+    order = ["a new structure", "gradient a pass of its own", "no softmax written", "alpha and beta side by side",
+             "plus a prerequisite, one warp per direction"]
     assert [cells["7"].index(w) for w in order] == sorted(cells["7"].index(w) for w in order)
+    assert cells["8"].index("without its divergent branch") < cells["8"].index("plus one tuning, flush-to-zero")
     assert "fused gradient" not in cells["7"] and "below" not in lesson.boehm_table(results)
+
+
+def test_the_rows_of_steps_7_and_8_say_what_their_kept_losses_cost():
+    """Step 7's row gives where its prerequisite (7c) costs time in its chain and the most of step 7's time that
+    taking it back saves (the folded table's "block recursion" row); step 8's, where flush-to-zero costs time. All
+    computed from the committed runs: the words must follow the numbers."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    cells = {r[0]: r[1] for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
+                                  if line.startswith("| "))}
+    x7c = chain_factors(lesson.step07_chain()["rows"])["7c"]
+    lost = [x for x in x7c.values() if round(x, 2) < 1]
+    assert lost and all(f"{x:.2f}×" in cells["7"] for x in lost)
+    assert {A for (A, _), x in x7c.items() if round(x, 2) < 1} == {5000} and "at A = 5,000 (" in cells["7"]
+    saved = 1 - min(r for _, r in lesson.step07_changes()["rows"]["block recursion"].values())
+    assert f"taken back, step 7 takes up to {saved:.0%} less time" in cells["7"] and saved > 0.2
+    x8 = chain_factors(lesson.step08_chain()["rows"])["8"]
+    lost8 = {case: x for case, x in x8.items() if round(x, 2) < 1}
+    assert lost8 and all(f"A = {A:,}, N = {N} ({x:.2f}×)" in cells["8"] for (A, N), x in lost8.items())
 
 
 def test_step_8s_chain_is_cumulative_from_its_committed_run():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable
 
-from book.common import PENDING, ChainRow, floor_ms, lab_or_none, us
+from book.common import PENDING, ChainRow, chain_factors, floor_ms, lab_or_none, us
 from book.ctc.figures import TABLE_TITLES, clock_words, grain_sweep
 from studylog import paths
 from studylog.ctc import CHAPTER
@@ -654,6 +654,49 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
     return parts
 
 
+def _losses(factors: dict) -> str:
+    """Where a change's factors are below 1.00× (as the tables round them), in a few words: "at A = 28, N = 1
+    (0.98×)", "at A = 5,000 (0.78×, 0.92×)" where one alphabet holds every loss; empty where it pays everywhere."""
+    lost = [(A, N, x) for (A, N), x in factors.items() if round(x, 2) < 1]
+    if not lost:
+        return ""
+    if len(lost) == 1:
+        A, N, x = lost[0]
+        return f"at A = {A:,}, N = {N} ({x:.2f}×)"
+    if len({A for A, _, _ in lost}) == 1:
+        return f"at A = {lost[0][0]:,} (" + ", ".join(f"{x:.2f}×" for _, _, x in lost) + ")"
+    return ", ".join(f"{x:.2f}× at A = {A:,}, N = {N}" for A, N, x in lost)
+
+
+#: Steps 7 and 8 in the table of steps: the step's idea, then what it counts besides (step 7's prerequisite, step
+#: 8's tuning), in the chain's words.
+BUNDLE_IDEAS = {7: ("a new structure: the gradient a pass of its own, no softmax written, alpha and beta side by "
+                    "side; plus a prerequisite, one warp per direction", "the prerequisite"),
+                8: ("the warp recursion without its divergent branch, plus one tuning, flush-to-zero `ex2`/`lg2`",
+                    "flush-to-zero")}
+
+
+def bundle_notes() -> dict[int, str]:
+    """What the rows of steps 7 and 8 in the table of steps say after their changes, computed: where step 7's
+    prerequisite (7c) and step 8's tuning (flush-to-zero) cost time in their chains (:func:`step07_chain`,
+    :func:`step08_chain`), and how much of step 7's time taking the prerequisite back saves at most
+    (:func:`step07_changes`). Empty where a run is not committed."""
+    try:
+        x7, x8 = chain_factors(step07_chain()["rows"]), chain_factors(step08_chain()["rows"])
+    except FileNotFoundError:
+        return {}
+    notes = {}
+    for number, factors in ((7, x7["7c"]), (8, x8["8"])):
+        if _losses(factors):
+            notes[number] = f"{BUNDLE_IDEAS[number][1]} costs time {_losses(factors)}"
+    changes = step07_changes()
+    if 7 in notes and changes is not None:
+        x = min(ratio for _, ratio in changes["rows"]["block recursion"].values())
+        if x < 1:
+            notes[7] += f": taken back, step 7 takes up to {1 - x:.0%} less time"
+    return notes
+
+
 def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
     change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the previous step, × the case's one
@@ -677,8 +720,10 @@ def boehm_table(results) -> str:
         links = CHAINS.get(number)
         return f" ({NUMBER_WORDS[len(links) - 1]} changes: in step {number}'s section)" if links else ""
 
-    entries = [(str(s.number), code(TABLE_TITLES.get(s.number, s.title)) + bundled(s.number), s.series)
-               for s in CHAPTER.steps]
+    notes = bundle_notes()
+    entries = [(str(s.number), (BUNDLE_IDEAS[s.number][0] if s.number in BUNDLE_IDEAS
+                                else code(TABLE_TITLES.get(s.number, s.title))) + bundled(s.number)
+                + (f"; {notes[s.number]}" if s.number in notes else ""), s.series) for s in CHAPTER.steps]
     entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 8 or step 10 by the activations' shape "
                     "(in brackets, the step it ran), timed as its own series", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
