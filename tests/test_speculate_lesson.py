@@ -333,7 +333,7 @@ def test_each_statistic_names_its_basis_and_the_files_are_listed_once():
     samples = next(c for c in cells if "lesson.sample_outputs(results)" in "".join(c["source"]))
     assert "hide-output" in samples["metadata"]["tags"] and samples["metadata"]["mystnb"]["code_prompt_show"]
     assert not any("wrapped(sample" in t and "loop['output']" in t for t in text)  # the looping one is not folded
-    headline = next(t for t in text if "the headline takes it" in t)
+    headline = next(t for t in text if "the headline ships step 4" in t)
     assert 'closed_median_ms(results, "step04") / lesson.closed_median_ms(results, "step03")' in headline
     assert "gate_cost_all" in headline
     at = next(i for i, t in enumerate(text) if t.startswith("## Where the numbers come from"))

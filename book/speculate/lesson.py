@@ -197,6 +197,19 @@ def closed_rows(results, workload: str = "extraction") -> list[dict]:
                                             and r["params"].get("request") not in kept)]
 
 
+def kept_results(results, workload: str = "extraction"):
+    """``results`` with only the batch-1 ``workload`` requests the headline keeps (:func:`closed_rows`), as a results
+    object: the steps', drafts' and time breakdown's tables read it, so the page's loop numbers have one basis."""
+    from studylog.plotting import Results
+
+    return Results(results.path, {**results.data, "measurements": closed_rows(results, workload)})
+
+
+def kept_requests(results, workload: str = "extraction") -> set[str]:
+    """The names of the batch-1 ``workload`` requests the headline keeps (those that close their JSON)."""
+    return set(report.closed_requests(results.rows, workload))
+
+
 def closed_median_ms(results, series: str, workload: str = "extraction") -> float:
     """The median request's milliseconds per output token of ``series`` at batch 1, over the requests the headline
     keeps (:func:`closed_rows`)."""
@@ -340,17 +353,20 @@ STEP02_CHAIN = (("step 1", "tuned", "step01", "chapter 07's loop with every posi
                 ("2b = step 2", "tuned", "step02", "+ two-token verifying forwards on the six-launch layer"))
 
 
-def step02_chain(results, batch: int = 1, workload: str = "extraction") -> dict[str, Any]:
+def step02_chain(results, batch: int = 1, workload: str = "extraction",
+                 requests: set[str] | None = None) -> dict[str, Any]:
     """Step 2's chain (:data:`STEP02_CHAIN`) from :data:`SPLIT_RUN`, which times it on the extraction requests at
     batch 1 (raises ``FileNotFoundError`` where the run is not committed: the page has no other source). ``rows``:
     per link its label, change, the median request's µs per output token and its ratio to the row above's
     (``x_previous``, None on the anchor); ``requests``; ``gap``: the larger of the two anchors' gaps to the same
     steps in the chapter's run (:func:`steps_table`, the same statistic), as a fraction of the chapter's time, and
-    ``gap_step``, which anchor; ``same_tokens``: whether the two decoders wrote the same tokens."""
+    ``gap_step``, which anchor; ``same_tokens``: whether the two decoders wrote the same tokens. ``requests``: only
+    those requests of the run (the headline's, with ``results`` from :func:`kept_results`); None: every one."""
     run = _lab_file(SPLIT_RUN)
+    taken = [r for r in run["rows"] if requests is None or r["request"] in requests]
     rows, prev = [], None
     for label, variant, step, change in STEP02_CHAIN:
-        ms = [r["ms_per_token"] for r in run["rows"] if r["variant"] == variant and r["step"] == step]
+        ms = [r["ms_per_token"] for r in taken if r["variant"] == variant and r["step"] == step]
         if not ms:
             raise ValueError(f"{SPLIT_RUN} lacks {variant} {step}")
         us = statistics.median(ms) * 1e3
@@ -360,7 +376,7 @@ def step02_chain(results, batch: int = 1, workload: str = "extraction") -> dict[
     gaps = [(abs(rows[i]["us"] / own[CHAPTER.step(s).name] - 1), rows[i]["row"])
             for i, s in ((0, "step01"), (-1, "step02"))]
     gap, where = max(gaps)
-    return {"rows": rows, "requests": len({r["request"] for r in run["rows"]}), "gap": gap, "gap_step": where,
+    return {"rows": rows, "requests": len({r["request"] for r in taken}), "gap": gap, "gap_step": where,
             "same_tokens": bool(run["same_tokens_in_both_variants"])}
 
 
@@ -523,5 +539,5 @@ __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN
            "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
            "low_copy_counts", "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
-           "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows",
+           "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows", "kept_results", "kept_requests",
            "wrapped"]
