@@ -469,8 +469,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             if entry.number == 2:  # one headline, the whole step; the kernel alone against its rival in a note
                 brief[name] += " (cuBLAS logits, then its mask), the whole step at batch 1"
                 wider = masked_head_batches(card)
-                if wider:
-                    brief[name] += (" (" + ", ".join(f"a tie at {b}" if round(x, 2) == 1 else f"{x:.2f}× at {b}"
+                if wider:  # a tie within 1%, chapter 02's rule
+                    brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
                                                      for b, x in wider.items())
                                     + f"; {MASKED_HEAD_CASE['allowed']:,} allowed a sequence)")
                 alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
