@@ -661,7 +661,7 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "PART1_ROWS", "PART2_ROWS", "gemlite_table", "shape_words", "and_list", "part2_rows", "step13_wins", "CHAINS", "chain", "chain_rows", "chain_table", "losing_changes", "undone_table", "further_run", "run_source", "lab_file",
+           "PART1_ROWS", "PART2_ROWS", "BUNDLES", "PREREQUISITES", "kept_losses", "every_block_gains", "gemlite_table", "shape_words", "and_list", "part2_rows", "step13_wins", "CHAINS", "chain", "chain_rows", "chain_table", "losing_changes", "undone_table", "further_run", "run_source", "lab_file",
            "bench_file", "provenance", "step10_changes", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
@@ -671,37 +671,74 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
 # One steps table a page
 # ----------------------------------------------------------------------------------------------
 
+#: Each bundled step in the words its heading gives after "Step N: ": its idea (or its two ideas), then its other
+#: changes counted as prerequisites (a change that exists only to make a later one possible) or tunings. Its chain,
+#: in its section, names each change.
+BUNDLES = {
+    4: "two ideas, an AND decode and 8 rows a program",
+    9: "the `2bit_mma` layout and its packed decode, plus three tunings",
+    10: "K split across blocks, on its prerequisite, a loop written by hand, plus one tuning",
+    11: "the warps share K, on its prerequisite, a TMA ring, plus two tunings",
+    12: "x quantised in the kernel, on its prerequisite, W2A8 on the int8 tensor cores",
+    13: "two ideas, one tile of weights a warp and x brought by the TMA",
+}
+#: The chains' prerequisites: a loss where each is added is expected, and not a kept loss.
+PREREQUISITES = ("10a", "11a", "12a")
+#: Where a steps-table cell points to a bundled step's chain; :func:`boehm_table` adds its kept losses before ")".
+CHAIN_AT = " (its chain: in step {}'s section, above)"
+
+
+def _bundled(step: int) -> str:
+    return BUNDLES[step] + CHAIN_AT.format(step)
+
+
 #: Part 1's rows: (step, rows of x, the step it is measured against, the one change). Steps 5, 7, 8 and 9 are
 #: built for several rows of x, so they are measured at M = 16 against step 5, and at M = 1 too.
 PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
     (2, 1, 1, "int8 weights"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
-    (4, 1, 3, "an AND decode and 8 rows a program (two changes: in step 4's section, above)"),
+    (4, 1, 3, _bundled(4)),
     (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
     (6, 1, 4, "tried, did not pay: 1.6-bit weights (base 3, a table lookup a byte)"),
     (7, 1, 5, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
     (8, 1, 5, "tried, did not pay: int8 activations on the int8 tensor cores"),
-    (9, 1, 4, "the `2bit_mma` layout with its packed decode: its decoded words are the MMA's operand (built for "
-              "several rows)"),
+    (9, 1, 4, _bundled(9)),
     (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
     (7, 16, 5, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
     (8, 16, 5, "tried, did not pay: int8 activations on the int8 tensor cores"),
-    (9, 16, 5, "the `2bit_mma` layout with its packed decode (five changes: in step 9's section, above; 9b, 9c "
-               "and 9e ship though each loses at 2560 × 6912)"),
+    (9, 16, 5, BUNDLES[9] + ", 16 rows of x"),
 )
 
 #: Part 2's rows, as :data:`PART1_ROWS`.
 PART2_ROWS = (
     (9, 1, None, "part 1's last Triton step"),
-    (10, 1, 9, "K split across blocks, on a hand-written `mma.sync` loop (three changes: in step 10's section, above)"),
-    (11, 1, 10, "the warps share K, fed by a TMA ring (four changes: in step 11's section, above)"),
-    (12, 1, 11, "int8 x on the int8 tensor cores, x quantised in the kernel (two changes: in step 12's section, above)"),
-    (13, 1, 12, "x brought by the TMA to one tile of weights a warp (two changes: in step 13's section, above); loses to step 12 "
-                "here, wins at the largest BitNet shapes"),
+    (10, 1, 9, _bundled(10)),
+    (11, 1, 10, _bundled(11)),
+    (12, 1, 11, _bundled(12)),
+    (13, 1, 12, _bundled(13) + "; loses to step 12 here, wins at the largest BitNet shapes"),
     (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
-    (13, 16, 12, "x brought by the TMA to one tile of weights a warp; beats step 12, loses to part 1's step 9"),
+    (13, 16, 12, "step 13 at 16 rows of x; beats step 12, loses to part 1's step 9"),
 )
+
+
+def kept_losses(step: int, results) -> str:
+    """The changes of step ``step``'s chain that cost time where they are added (× previous below 1.00) and are not
+    prerequisites, each with its factor and case, as "; kept losses: 9b 0.99×, 9c 0.90× and 9e 0.99× at 2560 ×
+    6912, M = 1"; "" where there is none."""
+    ch = chain(step, results)
+    lost = {label: [(f, c) for f, c in zip(factors, ch["cases"]) if round(f, 2) < 1]
+            for label, _, _, factors in ch["rows"][1:] if label[-1].isalpha() and label not in PREREQUISITES}
+    lost = {label: where for label, where in lost.items() if where}
+    if not lost:
+        return ""
+    cases = {c for where in lost.values() for _, c in where}
+    if len(cases) == 1 and all(len(where) == 1 for where in lost.values()):
+        said = and_list(f"{label} {where[0][0]:.2f}×" for label, where in lost.items()) + f" at {_case(cases.pop())}"
+    else:
+        said = "; ".join(f"{label} " + and_list(f"{f:.2f}× at {_case(c)}" for f, c in where)
+                         for label, where in lost.items())
+    return f"; kept loss{'es' if len(lost) > 1 else ''}: {said}"
 
 
 def step13_wins(bitnet_run) -> dict[str, float]:
@@ -767,6 +804,9 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
              "|---|---|---|---|---|" + ("---|" if read_only else "")]
     reader = us(results, "read_weights", shape, 1) if read_only else None
     for number, m, previous, change in rows:
+        pointer = CHAIN_AT.format(number)
+        if pointer in change:  # a bundled step: its kept losses, computed, where its chain is named
+            change = change.replace(pointer, pointer[:-1] + kept_losses(number, results) + ")")
         t = us(results, SERIES[number], shape, m)
         floor = floor_us(results, shape, m, "2bit")
         own = (f" (its 1.6-bit floor: {fmt(ratio(t, floor_us(results, shape, m, 'base3')), '.1f')})"
@@ -1093,18 +1133,36 @@ def shape_words(shape: str) -> str:
 
 
 def gemlite_table(results, step: int = 9) -> Optional[str]:
-    """Markdown: GemLite's 2-bit kernel against step ``step`` at one row of x, a row for each shape where GemLite's
-    output passes our float64 check (:func:`gemlite_check`), in order of GemLite's time over ours (above 1.00×,
-    ours is the faster): GemLite's µs, ours, the ratio. None without the checks."""
+    """Markdown: GemLite's 2-bit kernel against step ``step`` at one row of x, a row for each shape of its float64
+    check (:func:`gemlite_check`): where its output passes, in order of GemLite's time over ours (above 1.00×, ours
+    is the faster), GemLite's µs, ours, the ratio; then where it fails, its time as measured, ours, and in place of
+    a ratio ✗ with its error against the tolerance. None without the checks."""
     gem = gemlite_check(results)
     if gem is None:
         return None
+    checks = {c["params"]["shape"]: c for c in results.data["checks"]
+              if c["name"].startswith("gemlite_w2 within") and c["params"].get("m") == 1}
     rows = [(s, us(results, GEMLITE, s, 1), us(results, SERIES[step], s, 1)) for s in gem["passed_at"]]
     rows.sort(key=lambda r: (ratio(r[1], r[2]) or 0.0))
     lines = [f"| N × K (M = 1) | GemLite (µs) | step {step} (µs) | GemLite / step {step} |", "|---|---|---|---|"]
     lines += [f"| {shape_words(s)} | {fmt(g, '.1f')} | {fmt(o, '.1f')} | {fmt(ratio(g, o), '.2f', '×')} |"
               for s, g, o in rows]
+    lines += [f"| {shape_words(s)} | {fmt(us(results, GEMLITE, s, 1), '.1f')} | "
+              f"{fmt(us(results, SERIES[step], s, 1), '.1f')} | {FAILS} error {checks[s]['relative_error']:.2%}, "
+              f"{checks[s]['tolerance']:.2%} allowed |" for s in gem["failed"]]
     return "\n".join(lines)
+
+
+def every_block_gains(results, shapes) -> dict[str, float]:
+    """Step 12 at one row of x with x quantised in every block (``quantize="every block"``) against its default at
+    each of ``shapes``: shape -> the default's time over every block's (above 1, every block is the faster). Shapes
+    without both times are left out."""
+    out = {}
+    for s in shapes:
+        default, every = us(results, SERIES[12], s, 1), us(results, W2A8_PLACE_SERIES["every block"], s, 1)
+        if default and every:
+            out[s] = default / every
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
