@@ -445,8 +445,8 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 cpu = next((b for b in board if b["number"] == 3 and _short(b["card"]) == name and not b["lead"]
                             and b.get("ours_end_to_end_ms") is not None and b.get("vs_rival") is not None), None)
                 if cpu is not None:
-                    brief[name] = (f"{cpu['vs_rival']:.2f}× the CPU loop it replaces, end to end; "
-                                   f"{row['vs_rival']:.2f}× {entry.rival_short} on the GPU")
+                    brief[name] = (f"{row['vs_rival']:.2f}× {entry.rival_short} on the GPU; "
+                                   f"{cpu['vs_rival']:.2f}× the CPU loop it replaces, end to end")
             if entry.number == 3 and wait is not None and (wait.get("rival_gpu_ms") or 0) > wait["host_ms"]:
                 brief[name] += (f"; called eagerly, it waits on the host ({us(wait['host_ms'])} µs a call) and stays "
                                 "ahead")
@@ -924,8 +924,8 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         number, _, eager = number.partition("; called eagerly, ")  # the caveat in a column of its own
         number = number.replace(", under CUDA-graph replay", "")
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {eager or '–'} | {with_code} min |")
-    lines += ["", "Reading time: the prose and the code the page shows; the listings folded under its steps, running "
-              "the code and the exercises come on top."]
+    lines += ["", "Reading time: the prose and the code the page shows; its tables, the listings folded under its "
+              "steps, running the code and the exercises come on top."]
     return "\n".join(lines)
 
 
