@@ -298,7 +298,7 @@ def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
 def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
     """The chapters' files keep no samples; the tails run does. The p99 column shows its numbers on the cards that
     have it and "not measured" elsewhere, as a multiple of its own run's median; the page defines the columns once
-    (the dropdown above the tables), not again under them."""
+    (the list above the tables), not again under them."""
     table = sb.scoreboard_markdown()
     assert "fastest, median and slowest of a few" not in table and "**% of the floor**" not in table
     page = (ROOT / "scoreboard.md").read_text()
