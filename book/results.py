@@ -177,11 +177,13 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         at = "" if not r["at"] else f", {r['at']}" if r["at"].startswith("its ") else f" at {r['at']}"
         lines.append(f"| chapter {r['number']:02d} on the {r['card']}{at}"
                      + f" | {us(r['host_ms'])} | {us(r['gpu_ms'])} | {eager} |")
+    def span(xs: list[float]) -> str:
+        return f"{us(min(xs))}–{us(max(xs))}"
+
     for folder in cards(root):  # chapter 05's headline rows, BitNet's included: its eager call is cheaper
         pairs = bitnet_rows(folder)
         if not pairs:
             continue
-        span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
         eager, said = bitnet_eager(folder), "ours stays the faster"
         if eager and eager["slower_eager"]:
             n, of = eager["slower_eager"], len(eager["rows"])
@@ -197,11 +199,10 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         eager = (part_one or {}).get("eager") or {}
         if not eager or len(eager) != len(part_one["ratios"]) or all(e["host_ms"] <= e["ms"] for e in eager.values()):
             continue
-        span = lambda xs: f"{us(min(xs))}–{us(max(xs))}"  # noqa: E731
         lines.append(f"| chapter 05 part 1 on the {_short(card_name(folder))}, step 9 at GemLite's {len(eager)} "
                      f"shapes | {span([e['host_ms'] for e in eager.values()])} | "
                      f"{span([e['ms'] for e in eager.values()])} | "
-                     f"{eager_words(eager, len(eager), lead='')} |")
+                     f"{eager_words(eager, len(eager))} |")
     if not lines:
         return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
                 "ratio holds for calls made one after another too.")
@@ -277,7 +278,7 @@ def masked_head_batches(card: Path) -> dict[int, float]:
     data = load(card, "masked_lm_head")
     out = {}
     for batch, kind, allowed in HEADLINE_POINTS[1:]:
-        case = {**MASKED_HEAD_CASE, "batch": batch, "kind": kind, "allowed": allowed}
+        case = {"batch": batch, "kind": kind, "allowed": allowed}
         ours = [r for r in rows(data, "plan_bitmask", **case) if r["clock"] == "gpu"] if data else []
         theirs = [r for r in rows(data, "xgrammar_bitmask", **case) if r["clock"] == "gpu"] if data else []
         if len(ours) == 1 and len(theirs) == 1:
@@ -298,7 +299,7 @@ def bitnet_eager(card: Path) -> dict[str, Any] | None:
 
 
 def bitnet_eager_words(card: Path) -> str:
-    """The clause chapter 05's landing line adds where, called eagerly, BitNet's own call is the faster at some of
+    """The eager-call clause of chapter 05's landing line where, called eagerly, BitNet's own call is the faster at some of
     its shapes on ``card`` (:func:`bitnet_eager`): the ratio holds under CUDA-graph replay only. Empty where the
     card's run does not show that."""
     eager = bitnet_eager(card)
@@ -306,7 +307,7 @@ def bitnet_eager_words(card: Path) -> str:
         return ""
     n, of = eager["slower_eager"], len(eager["rows"])
     at = "at every one of its" if n == of else f"at {n} of its"
-    return f"; called eagerly, BitNet's is faster {at} {of} shapes (less host time)"
+    return f"BitNet's is faster {at} {of} shapes (less host time)"
 
 
 def decode_bound(card: Path) -> float | None:
@@ -406,6 +407,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     out = []
     for entry in ENTRIES:
         cells, ratios, brief, notes, comparable = {}, {}, {}, {}, {}
+        eager: dict[str, str] = {}  # per card, what a call made eagerly, one at a time, does (landing's column)
         leads = {}
         for card in cards(root):
             name = _short(card_name(card))
@@ -448,8 +450,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     brief[name] = (f"{row['vs_rival']:.2f}× {entry.rival_short} on the GPU; "
                                    f"{cpu['vs_rival']:.2f}× the CPU loop it replaces, end to end")
             if entry.number == 3 and wait is not None and (wait.get("rival_gpu_ms") or 0) > wait["host_ms"]:
-                brief[name] += (f"; called eagerly, it waits on the host ({us(wait['host_ms'])} µs a call) and stays "
-                                "ahead")
+                eager[name] = f"it waits on the host ({us(wait['host_ms'])} µs a call) and stays ahead"
             if entry.number == 6:  # the deployment-fair layout (Llama 3.1 8B's grouped-query heads) leads where a
                 # card measured it; 32 heads, the layout every card measures, second (its ratio compares the cards)
                 grouped = next((b for b in board if b["number"] == 6 and _short(b["card"]) == name and not b["lead"]
@@ -496,9 +497,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     lo, hi, shapes = beaten
                     ratios[name] = lo
                     cells[name] = f"**{lo:.2f}–{hi:.2f}×** BitNet's W2A8 kernel, at its {shapes} shapes"
-                    brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's kernel (2-bit weights, 8-bit x) at its {shapes} decode shapes, "
-                                   "under CUDA-graph replay"
-                                   + bitnet_eager_words(card))
+                    brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's kernel (2-bit weights, 8-bit x) at its {shapes} "
+                                   "decode shapes")
+                    eager[name] = bitnet_eager_words(card)
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
                 else:
@@ -523,9 +524,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                        f"({ctc_which(card)}), {lo:.2f}× ({lo_at}) to {hi:.2f}× ({hi_at})")
                     slow, of = ctc_host_bound(card)
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
-                                   f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']}), under CUDA-graph replay"
-                                   + (f"; called eagerly, about {slow} of the {of} cases wait on the host (host "
-                                      "times are noisy)" if slow else ""))
+                                   f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
+                    if slow:
+                        eager[name] = f"about {slow} of the {of} cases wait on the host (host times are noisy)"
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 bound = decode_bound(card)
                 if bound is not None:
@@ -565,9 +566,14 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         differs = ""
         if len(set(steps.values())) > 1:  # the cards' headlines time different steps: which
             differs = "the cards time different steps: " + "; ".join(f"the {n} {k}" for n, k in steps.items())
+        eager = {n: e for n, e in eager.items() if e and ratios.get(n) is not None}
+        # the answer's clock said before its eager clause, unless the answer names a clock per ratio (chapter 03)
+        replay = "" if entry.number == 3 else ", under CUDA-graph replay"
+        full = {n: a + (f"{replay}; called eagerly, {eager[n]}" if n in eager else "") for n, a in brief.items()}
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
                     "question": entry.question, "what": entry.headline, "cells": cells, "notes": notes,
-                    "ratios": ratios, "brief": brief, "comparable": comparable, "differs": differs})
+                    "ratios": ratios, "brief": full, "answer": brief, "eager": eager, "comparable": comparable,
+                    "differs": differs})
     return out
 
 
@@ -855,7 +861,7 @@ def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, An
     return out
 
 
-def eager_words(eager: dict[str, dict[str, float]], shapes: int, lead: str = "; called eagerly, ") -> str:
+def eager_words(eager: dict[str, dict[str, float]], shapes: int) -> str:
     """Part 1's eager clause (:func:`part_one_answer`'s ``eager``: per shape GemLite's eager time over ours,
     ``ratio``, and GemLite's host time per call): where ours stays ahead, one call at a time. Empty without host
     times."""
@@ -864,14 +870,15 @@ def eager_words(eager: dict[str, dict[str, float]], shapes: int, lead: str = "; 
     slower = sum(1 for e in eager.values() if e["ratio"] < 1)
     hosts = [e["rival_host_ms"] for e in eager.values()]
     said = "ours stays ahead at all of them" if not slower else f"ours is the slower at {slower} of them"
-    return f"{lead}{said} (GemLite's host time {us(min(hosts))}–{us(max(hosts))} µs a call)"
+    return f"{said} (GemLite's host time {us(min(hosts))}–{us(max(hosts))} µs a call)"
 
 
-def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, str]:
+def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool = True) -> dict[str, str]:
     """The landing page's one number for the pages that are no chapter's headline, on ``card``: chapter 00's two
     ceilings (the empty kernel and the copy bandwidth of the card's environment run) and part 1 of chapter 05's
     answer (:func:`part_one_answer`): its fastest Triton step against GemLite where GemLite passes our check, a
-    loss shown as a loss (cuBLAS bf16, a weaker baseline, stays in the chapter)."""
+    loss shown as a loss (cuBLAS bf16, a weaker baseline, stays in the chapter), with its eager-call clause
+    (:func:`eager_words`) unless ``eager`` is false (:func:`other_eager` gives it alone)."""
     folder = next((c for c in cards(root) if _short(card_name(c)) == card), None)
     out: dict[str, str] = {}
     env = load(folder, "env") if folder else None
@@ -882,13 +889,21 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, s
     part_one = part_one_answer(folder) if folder else None
     if part_one:
         r = part_one["ratios"]
-        lost = sum(1 for v in r.values() if v < 1)
+        clause = eager_words(part_one["eager"], len(r)) if eager else ""
         out["notebooks/05_ternary_1_triton.ipynb"] = (
             f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite (step 9, one row of x) at the {len(r)} shapes "
             "where GemLite passes our check" + (f"; GemLite fails it at the other {len(part_one['failed'])}"
                                                 if part_one["failed"] else "")
-            + eager_words(part_one["eager"], len(r)))
+            + (f"; called eagerly, {clause}" if clause else ""))
     return out
+
+
+def other_eager(root: Path = BENCH_RESULTS, card: str = "H200") -> dict[str, str]:
+    """The eager-call clause of the pages :func:`other_answers` covers, where one has it (part 1 of chapter 05)."""
+    folder = next((c for c in cards(root) if _short(card_name(c)) == card), None)
+    part_one = part_one_answer(folder) if folder else None
+    clause = eager_words(part_one["eager"], len(part_one["ratios"])) if part_one else ""
+    return {"notebooks/05_ternary_1_triton.ipynb": clause} if clause else {}
 
 
 def reading_order(root: Path = REPO_ROOT) -> list[str]:
@@ -909,11 +924,12 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
     by_notebook = {h["notebook"]: h for h in headlines(root)}
     lines = [f"| page | the question | the answer ({card}; × is how many times faster than) | called eagerly, one "
              "call at a time | reading time |", "|---|---|---|---|---|"]
-    others = other_answers(root, card)
+    others, others_eager = other_answers(root, card, eager=False), other_eager(root, card)
     for notebook in reading_order():
         stem = Path(notebook).stem
         h = by_notebook.get(notebook)
-        number = h["brief"].get(card, "–") if h else others.get(notebook, "–")
+        number = h["answer"].get(card, "–") if h else others.get(notebook, "–")
+        eager = h["eager"].get(card) if h else others_eager.get(notebook)
         question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
         if h is None:  # a part of a chapter whose headline is on another page shares its title, not its number
             h = next((v for k, v in by_notebook.items() if Path(k).stem[:2] == stem[:2]), None)
@@ -921,8 +937,6 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
         if stem.startswith("05_"):
             title += " (Triton)" if "triton" in stem else " (CUDA C++)"
         _, with_code = reading_minutes(notebook)
-        number, _, eager = number.partition("; called eagerly, ")  # the caveat in a column of its own
-        number = number.replace(", under CUDA-graph replay", "")
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {eager or '–'} | {with_code} min |")
     lines += ["", "Reading time: the prose and the code the page shows; its tables, the listings folded under its "
               "steps, running the code and the exercises come on top."]
@@ -935,5 +949,5 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
            "part_one_line", "CTC_STEPS_WORDS", "ctc_cases", "ctc_series", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
-       "reading_path_markdown", "summary_markdown", "other_answers", "eager_words",
+       "reading_path_markdown", "summary_markdown", "other_answers", "other_eager", "eager_words",
            "bitnet_range", "bitnet_eager"]
