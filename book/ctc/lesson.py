@@ -34,7 +34,6 @@ CUDNN_SET = "cudnn-set "
 OUTCOMES = ("utterances", "impossible", "infinite", "nan", "finite_wrong", "far", "right")
 
 
-
 def bank_ways(grain: int, blocked: bool, threads: int = 128) -> int:
     """Shared-memory bank conflicts of one warp-wide access to the rows of steps 4 to 6 (a model).
 
@@ -251,26 +250,6 @@ def kernel_table(results) -> str:
                 parts[_kernel_role(kernel)] += device_us
             lines.append(f"| {A} | {N} | {name} | {parts['first pass']:.1f} | {parts['recursion']:.1f} | "
                          f"{parts['last pass']:.1f} | {us(timed)} |")
-    return "\n".join(lines)
-
-
-def accuracy_table(results) -> str:
-    """Every series against float64 on every benchmark input: worst errors over the utterances it did not lose,
-    utterances lost (infinite loss; finite loss with a NaN gradient) and silently wrong ones."""
-    lines = ["| series | worst loss error | worst gradient error | infinite loss | NaN gradient | silently wrong |",
-             "|---|---|---|---|---|---|"]
-    for series in ["torch-cuDNN", "torch-native"] + [s.series for s in CHAPTER.steps]:
-        rows = results.select(series, T=BENCH_T)
-        if not rows:
-            continue
-        infinite = sum(r.get("infinite_losses", 0) for r in rows)
-        nan_only = sum(r.get("mismatched", 0) for r in rows) - infinite
-        total = sum(r["params"]["N"] for r in rows)
-        silent = (str(sum(r["silently_wrong"] for r in rows)) if all("silently_wrong" in r for r in rows)
-                  else PENDING)
-        name = series if series.startswith("torch") else CHAPTER.label(series)
-        lines.append(f"| {name} | {max(r['loss_rel'] for r in rows):.1e} | {max(r['grad_rel'] for r in rows):.1e} | "
-                     f"{infinite} of {total} | {nan_only} | {silent} |")
     return "\n".join(lines)
 
 

@@ -416,10 +416,6 @@ def _launch(series: str) -> str:
 # What was tried and did not help
 # ----------------------------------------------------------------------------------------------
 
-def _lab(name: str, gpu: str):
-    data = plotting.load_lab("ternary", name, gpu)
-    return data["results"] if isinstance(data, dict) and "results" in data else data
-
 
 def _best(rows, key="graph_us"):
     rows = [r for r in rows if key in r]
@@ -763,10 +759,6 @@ def part2_rows(bitnet_run) -> tuple:
              f"{min(wins.values()):.2f}× to {max(wins.values()):.2f}×")
     return tuple((n, m, p, c.replace("wins at the largest BitNet shapes", where) if (n, m) == (13, 1) else c)
                  for n, m, p, c in PART2_ROWS)
-
-
-def _factor(a: Optional[float], b: Optional[float]) -> str:
-    return fmt(ratio(a, b), ".2f")
 
 
 def step10_changes(shape: str = MAIN, gpu: str = H200) -> dict[str, float]:
