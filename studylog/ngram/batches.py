@@ -224,7 +224,7 @@ def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Te
 
 def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> dict:
     """Which branches of the search a batch takes (budget ignored but for the skip rule): ``searching_slots``
-    (active, with room and a long enough pattern), ``refused_slots`` (of those, the ones step 7 skips),
+    (active, with room and a long enough pattern), ``refused_slots`` (of those, the ones step 11 skips),
     ``top_n_matches`` / ``shorter_matches`` / ``no_match`` (only a top-n match lets a scan stop early),
     ``newest_token_hits_per_1k`` (where the inner comparison loop runs), ``early_exit_fraction`` (what a perfect
     early exit reads over the floor's bytes)."""

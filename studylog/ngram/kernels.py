@@ -1,10 +1,11 @@
 """Chapter 3's steps (each launches its own kernels, in place), :class:`NgramMatcher` (a step bound to one batch's
-buffers) and :func:`ngram_match` (step 6 or 7, by the batch's shapes: :func:`final_step`).
+buffers) and :func:`ngram_match` (step 7 or 11, by the batch's shapes: :func:`final_step`).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Callable
 
 import torch
@@ -26,16 +27,19 @@ TILE = THREADS * ITEMS
 SIGNATURE = ["ptr", "ptr", "i64", "ptr", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64",
              "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
 
-#: Step 7's loads in flight per thread per tile (``LOADS`` of ``ngram_stream``).
+#: Loads in flight per thread per tile in steps 8 to 11 (``LOADS`` of ``ngram_stream``).
 STREAM_LOADS = 4
-#: Step 7's compiled instances, ``ngram_stream<LOADS, VEC, BUDGET_SKIP, CACHE>`` for each load width
-#: (``VEC`` tokens per load, :func:`stream_vec`); 2 and 2 are ``SKIP_LAZY`` and ``CACHE_EVICT_FIRST``.
-STREAM_INSTANCES = tuple(f"ngram_stream<{STREAM_LOADS}, {vec}, 2, 2>" for vec in (2, 1))
+#: The instances of ``ngram_stream<LOADS, VEC, EVICT_FIRST, SKIP_REFUSED>`` that steps 8 to 11 launch (``VEC``
+#: tokens per load, :func:`stream_vec`; step 8 loads one token, and so does each later step where a row is not
+#: 16-byte aligned).
+STREAM_INSTANCES = tuple(f"ngram_stream<{STREAM_LOADS}, {vec}, {evict_first}, {skip}>"
+                         for evict_first, skip in (("false", "false"), ("true", "false"), ("true", "true"))
+                         for vec in (2, 1))
 cuda.declare_instances("ngram_stream", STREAM_INSTANCES)
 
 
 def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
-    """Haystack positions per block of step 6: about eight blocks per SM, at most 8 tiles of TILE positions per
+    """Haystack positions per block of steps 6 and 7: about eight blocks per SM, at most 8 tiles of TILE positions per
     block (``chunk_tiles`` overrides)."""
     if chunk_tiles is None:
         tiles = batch * (-(-prompt_width // TILE) + -(-gen_width // TILE))
@@ -53,8 +57,8 @@ def stream_vec(*haystacks: Tensor) -> int:
 
 def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *,
                      chunk_len: int | None = None) -> int:
-    """Haystack positions per block of step 7: whole tiles of ``tile`` positions, about four blocks per SM, 2 to 8
-    tiles per block (the benchmark's chunk sweep; ``chunk_len`` overrides, rounded up to whole tiles)."""
+    """Haystack positions per block of steps 8 to 11: whole tiles of ``tile`` positions, about four blocks per SM,
+    2 to 8 tiles per block (the benchmark's chunk sweep; ``chunk_len`` overrides, rounded up to whole tiles)."""
     if chunk_len is None:
         tiles = batch * (-(-prompt_width // tile) + -(-gen_width // tile))
         chunk_len = max(2, min(8, tiles // (4 * runtime.sm_count()))) * tile
@@ -62,6 +66,51 @@ def stream_chunk_len(batch: int, prompt_width: int, gen_width: int, tile: int, *
     while -(-prompt_width // chunk_len) + -(-gen_width // chunk_len) > 65535:  # gridDim.y limit
         chunk_len *= 2
     return chunk_len
+
+
+#: The functions of ``ngram_stream.cu`` that :func:`stream_source` shows, in the file's order, and the knob an
+#: instance needs on to call each (None: every instance calls it).
+_STREAM_SHOWN = (("evict_first_policy", "EVICT_FIRST"), ("load_tokens", None), ("load_tile", None),
+                 ("budget_bound_part", "SKIP_REFUSED"), ("add_bound_part", "SKIP_REFUSED"), ("ngram_stream", None))
+
+
+def stream_source(*, vec: int | None, evict_first: bool, skip_refused: bool) -> str:
+    """What an instance of ``ngram_stream`` (steps 8 to 11) compiles, as text: the functions it calls, each
+    ``if constexpr`` on a knob replaced by the branch the knob takes (``vec=None``: both load widths, as a step that
+    picks its width by the rows keeps them). The page diffs one step's text against the next."""
+    from studylog.source import source_of
+
+    knobs = {"VEC": vec, "EVICT_FIRST": evict_first, "SKIP_REFUSED": skip_refused}
+    texts = [source_of("ngram_stream.cu", name)[0] for name, needs in _STREAM_SHOWN if needs is None or knobs[needs]]
+    return "\n".join("\n".join(_resolve_constexpr(text.splitlines(), knobs)) + "\n" for text in texts)
+
+
+def _resolve_constexpr(lines: list[str], knobs: dict) -> list[str]:
+    """``lines`` with every ``if constexpr (cond) { ... } [else { ... }]`` whose condition names only known knobs
+    replaced by the branch it takes, dedented one level (blocks are written with braces, closed at their indent)."""
+    out, i = [], 0
+    while i < len(lines):
+        m = re.fullmatch(r"(\s*)if constexpr \((.+)\) \{", lines[i])
+        if not m:
+            out.append(lines[i])
+            i += 1
+            continue
+        indent, cond = m.groups()
+        close = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(indent + "}"))
+        end = close
+        if lines[close] == indent + "} else {":
+            end = next(j for j in range(close + 1, len(lines)) if lines[j] == indent + "}")
+        names = re.findall(r"[A-Za-z_]\w*", cond)
+        if any(knobs.get(n) is None for n in names):  # undecided: kept, its branches resolved inside
+            out += [lines[i], *_resolve_constexpr(lines[i + 1:close], knobs)]
+            if end != close:
+                out += [lines[close], *_resolve_constexpr(lines[close + 1:end], knobs)]
+            out.append(lines[end])
+        else:
+            taken = lines[i + 1:close] if eval(cond, {}, dict(knobs)) else lines[close + 1:end]
+            out += _resolve_constexpr([line[4:] if line.startswith(indent + "    ") else line for line in taken], knobs)
+        i = end + 1
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,7 +126,7 @@ _BOUND_FIELDS = ("prompt_ids", "prompt_lens", "generated_ids", "step_idx", "draf
 
 
 class NgramMatcher:
-    """One step bound to its buffers: ``NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time)``
+    """One step bound to its buffers: ``NgramMatcher(step11_skip_refused, inputs, draft_tokens, seq_lens_this_time)``
     validates once, then each call runs the step in place with nothing checked (the benchmark times only the work).
     The scratch buffers are the matcher's; the GPU steps leave them ready for the next call.
 
@@ -88,8 +137,8 @@ class NgramMatcher:
     ``seq_lens_decoder == 0``). Values are checked only when built (``check_values``) and by :meth:`check`: out of
     the ranges :func:`~studylog.ngram.formats.validate` states, the kernels read out of bounds.
 
-    Options: ``chunk_tiles`` (step 6) and ``chunk_len`` (step 7), the haystack positions a block scans; ``vec``
-    (step 7) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
+    Options: ``chunk_tiles`` (steps 6 and 7) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
+    scans; ``vec`` (steps 9 to 11) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
     """
 
     def __init__(self, step: Callable, inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor, *,
@@ -122,8 +171,8 @@ class NgramMatcher:
             raise ValueError(f"{name} runs on the GPU; prompt_ids is on {device}")
         self.device = torch.cuda.current_device()  # the device whose loaded kernels the step launches
         prompt_width, gen_width = inputs.prompt_ids.shape[1], inputs.generated_ids.shape[1]
-        if step is step07_stream:
-            auto_vec = stream_vec(inputs.prompt_ids, inputs.generated_ids)
+        if step in STREAM_STEPS:
+            auto_vec = stream_vec(inputs.prompt_ids, inputs.generated_ids) if "vec" in _OPTIONS[step] else 1
             if vec not in (None, 1, 2) or (vec == 2 and auto_vec == 1):
                 raise ValueError(f"vec must be None, 1, or 2 with 16-byte aligned rows of even width, got {vec!r}")
             self.vec = vec or auto_vec
@@ -225,12 +274,26 @@ def step05_one_pass(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draf
     return draft_tokens, seq_lens_this_time
 
 
-def step06_one_pass_fused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+def step06_one_pass_split(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                           seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
                           chunk_tiles: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
-    """Step 6: step 5 split over many blocks per slot (``chunk_tiles`` tiles each, :func:`fused_chunk_len`
-    by default) with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``), in place."""
-    m = bound or NgramMatcher(step06_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config,
+    """Step 6: step 5 split over many blocks per slot (``ngram_one_pass_split``, ``chunk_tiles`` tiles each,
+    :func:`fused_chunk_len` by default), then step 4's budget scan as a second launch that also resets the keys for
+    the next call (``ngram_budget_scan_reset``), in place."""
+    m = bound or NgramMatcher(step06_one_pass_split, inputs, draft_tokens, seq_lens_this_time, config=config,
+                              chunk_tiles=chunk_tiles)
+    if m.batch:
+        _kernel("ngram_one_pass", "ngram_one_pass_split", m.device)((m.batch, m.prompt_chunks + m.gen_chunks),
+                                                                   (THREADS,), *m.args)
+        _kernel("ngram_one_pass", "ngram_budget_scan_reset", m.device)((1,), (SCAN_THREADS,), *m.args)
+    return draft_tokens, seq_lens_this_time
+
+
+def step07_one_pass_fused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                          seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                          chunk_tiles: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
+    """Step 7: step 6 with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``), in place."""
+    m = bound or NgramMatcher(step07_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_tiles=chunk_tiles)
     if m.batch:
         _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)((m.batch, m.prompt_chunks + m.gen_chunks),
@@ -238,38 +301,82 @@ def step06_one_pass_fused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batc
     return draft_tokens, seq_lens_this_time
 
 
-def step07_stream(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+def step08_stream(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                   seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                  chunk_len: int | None = None, vec: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
-    """Step 7: step 6 without barriers in its loop, with 16-byte evict-first loads where the rows allow
-    (``vec``), skipping the slots the budget refuses (``ngram_stream``), in place. ``chunk_len``:
-    haystack positions per block (:func:`stream_chunk_len` by default)."""
-    m = bound or NgramMatcher(step07_stream, inputs, draft_tokens, seq_lens_this_time, config=config,
+                  chunk_len: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
+    """Step 8: step 7 without barriers in its loop, every warp streaming its own tiles of 8-byte loads
+    (``ngram_stream``), in place. ``chunk_len``: haystack positions per block (:func:`stream_chunk_len` by
+    default)."""
+    m = bound or NgramMatcher(step08_stream, inputs, draft_tokens, seq_lens_this_time, config=config,
+                              chunk_len=chunk_len)
+    if m.batch:
+        _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(
+            (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
+    return draft_tokens, seq_lens_this_time
+
+
+def step09_wide_loads(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                      seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                      chunk_len: int | None = None, vec: int | None = None,
+                      bound: NgramMatcher | None = None) -> Drafts:
+    """Step 9: step 8 with 16-byte loads (``vec`` = 2 tokens a load) where the rows allow, in place."""
+    m = bound or NgramMatcher(step09_wide_loads, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_len=chunk_len, vec=vec)
     if m.batch:
-        _kernel("ngram_stream", STREAM_INSTANCES[0 if m.vec == 2 else 1], m.device)(
+        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, false, false>", m.device)(
+            (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
+    return draft_tokens, seq_lens_this_time
+
+
+def step10_evict_first(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                       seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                       chunk_len: int | None = None, vec: int | None = None,
+                       bound: NgramMatcher | None = None) -> Drafts:
+    """Step 10: step 9 with an L2 evict-first hint on the haystack loads, in place."""
+    m = bound or NgramMatcher(step10_evict_first, inputs, draft_tokens, seq_lens_this_time, config=config,
+                              chunk_len=chunk_len, vec=vec)
+    if m.batch:
+        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, false>", m.device)(
+            (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
+    return draft_tokens, seq_lens_this_time
+
+
+def step11_skip_refused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                        seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                        chunk_len: int | None = None, vec: int | None = None,
+                        bound: NgramMatcher | None = None) -> Drafts:
+    """Step 11: step 10 where the slots the batch budget refuses whatever the searches find skip their search, in
+    place."""
+    m = bound or NgramMatcher(step11_skip_refused, inputs, draft_tokens, seq_lens_this_time, config=config,
+                              chunk_len=chunk_len, vec=vec)
+    if m.batch:
+        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, true>", m.device)(
             (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
 #: The step functions and the keyword options each takes (what :class:`NgramMatcher` accepts).
 _OPTIONS = {step01_cpu_path: (), step02_serial: (), step03_two_phase: (), step04_two_phase_scan: (),
-            step05_one_pass: (), step06_one_pass_fused: ("chunk_tiles",), step07_stream: ("chunk_len", "vec")}
+            step05_one_pass: (), step06_one_pass_split: ("chunk_tiles",), step07_one_pass_fused: ("chunk_tiles",),
+            step08_stream: ("chunk_len",), step09_wide_loads: ("chunk_len", "vec"),
+            step10_evict_first: ("chunk_len", "vec"), step11_skip_refused: ("chunk_len", "vec")}
+#: The steps that launch ``ngram_stream`` (split by :func:`stream_chunk_len`).
+STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_skip_refused)
 
 
-#: The rule of :func:`final_step`: step 7's fewer, larger blocks with no barriers pay once a call scans many long
-#: rows; on fewer or shorter rows step 6's finer split keeps more of the GPU busy. The thresholds must keep the
-#: entry point within the spread of the faster step at every case of the committed benchmarks (step06, step07).
+#: The rule of :func:`final_step`: step 11's fewer, larger blocks with no barriers pay once a call scans many long
+#: rows; on fewer or shorter rows step 7's finer split keeps more of the GPU busy. The thresholds must keep the
+#: entry point within the spread of the faster step at every case of the committed benchmarks (step07, step11).
 STREAM_MIN_WIDTH = 32_768
 STREAM_MIN_TOKENS = 1 << 21
 
 
 def step_for_shape(batch: int, prompt_width: int) -> Callable:
-    """:func:`step07_stream` where the prompts are at least :data:`STREAM_MIN_WIDTH` wide and a call scans at least
-    :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width), else :func:`step06_one_pass_fused`."""
+    """:func:`step11_skip_refused` where the prompts are at least :data:`STREAM_MIN_WIDTH` wide and a call scans at
+    least :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width), else :func:`step07_one_pass_fused`."""
     if prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS:
-        return step07_stream
-    return step06_one_pass_fused
+        return step11_skip_refused
+    return step07_one_pass_fused
 
 
 def final_step(inputs: NgramInputs) -> Callable:
@@ -286,7 +393,9 @@ def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_wi
     return final_step(inputs)(inputs, draft_tokens, seq_lens_this_time, config=config)
 
 
-__all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "fused_chunk_len", "stream_vec",
-           "stream_chunk_len", "NgramMatcher", "step01_cpu_path", "step02_serial", "step03_two_phase",
-           "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_fused", "step07_stream", "STREAM_MIN_TOKENS",
-           "STREAM_MIN_WIDTH", "step_for_shape", "final_step", "ngram_match"]
+__all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "STREAM_STEPS",
+           "fused_chunk_len", "stream_vec", "stream_chunk_len", "stream_source", "NgramMatcher", "step01_cpu_path",
+           "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_split",
+           "step07_one_pass_fused", "step08_stream", "step09_wide_loads", "step10_evict_first",
+           "step11_skip_refused", "STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "step_for_shape", "final_step",
+           "ngram_match"]

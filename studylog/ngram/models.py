@@ -1,5 +1,5 @@
 """The GPU algorithms in plain Python, so that the tests and the notebook check each against the reference on any
-machine: step 5's one-pass search (:func:`model_one_pass_keys`) and step 7's skip rule (:func:`model_budget_refused`).
+machine: step 5's one-pass search (:func:`model_one_pass_keys`) and step 11's skip rule (:func:`model_budget_refused`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
 
 
 def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor) -> list[bool]:
-    """Step 7's skip rule (``budget_bound_part`` in ``ngram_stream.cu``): an active slot is refused whatever the
+    """Step 11's skip rule (``budget_bound_part`` in ``ngram_stream.cu``): an active slot is refused whatever the
     searches find when the smallest running total (every slot so far at its base) plus ``left`` reaches
     ``threshold - 1``."""
     lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),

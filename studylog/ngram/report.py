@@ -14,7 +14,7 @@ from studylog.bench import Timing
 from studylog.ngram.batches import branch_stats, corpus_batch, draft_acceptance, haystack_bytes, make_batch
 from studylog.ngram.cpu_path import cpu_path_inplace
 from studylog.ngram.formats import NgramConfig, NgramInputs, same_state, validate
-from studylog.ngram.kernels import NgramMatcher, final_step, step02_serial, step06_one_pass_fused, step07_stream
+from studylog.ngram.kernels import NgramMatcher, final_step, step02_serial, step07_one_pass_fused, step11_skip_refused
 from studylog.ngram.reference import reference_ngram_match
 
 NO_BUDGET = 1 << 30  # a threshold the batch never reaches: every active slot drafts
@@ -28,7 +28,7 @@ CORPORA = ("text", "code", "synthetic")
 REAL_SHAPES = [(32, 4096, 128), (32, 4096, NO_BUDGET), (16, 32768, NO_BUDGET)]
 QUICK_REAL_SHAPES = [(32, 4096, 128)]
 BENCH_DEVICE = "cuda"  # a test runs the bookkeeping on the CPU
-REAL_STEPS = (1, 5, 6, 7)
+REAL_STEPS = (1, 5, 7, 11)
 SERIAL_LIMIT_MS = 50.0     # skip the one-thread kernel where it would take longer than this per call
 SLOW_CALL_MS = 0.2         # calls longer than this: fewer calls per graph replay (GRAPH_BUDGET_MS of GPU work)
 GRAPH_BUDGET_MS = 20.0
@@ -36,16 +36,16 @@ SYNCED_BUDGET_MS = 50.0    # end-to-end host timing: about this much wall time p
 MAX_COPIES = 512           # rotated copies of a batch at most (small batches would ask for more)
 #: Steps 1 to 3 are the deployed path and the public pull request's two GPU ports (recorded as baselines).
 FIRST_OWN_STEP = 4
-SYNCED_SERIES = "synced_step07"
+SYNCED_SERIES = "synced_step11"
 ENTRY_SERIES = "ngram_match"  # the step final_step picks per case; the row's ``step`` says which
-SYNCED_DESCRIPTION = ("step07_stream's call followed by torch.cuda.synchronize(), wall time per call (host clock, "
-                      "end to end): what a loop that waits for the drafts observes, the CPU path's clock")
+SYNCED_DESCRIPTION = ("step11_skip_refused's call followed by torch.cuda.synchronize(), wall time per call (host "
+                      "clock, end to end): what a loop that waits for the drafts observes, the CPU path's clock")
 CLOCK_NOTE = ("Clocks: the GPU steps are timed on the GPU clock (their call replayed in a CUDA graph over rotated "
               "copies of the batch, three independent repetitions; host_ms beside it is the host time per call, "
               "back to back, no sync). The CPU path (step01) cannot be captured in a graph: it copies the batch to "
               "the host, waits for the GPU and runs its loop there; it is timed on the host clock, end to end "
               "(clock host_e2e: the call followed by torch.cuda.synchronize(), wall time per call). The headlines "
-              f"compare that same end-to-end host time for both sides: {SYNCED_SERIES} is step07_stream's call "
+              f"compare that same end-to-end host time for both sides: {SYNCED_SERIES} is step11_skip_refused's call "
               "followed by the same sync (what a serving loop that waits for the drafts observes); the kernel's GPU "
               "time is kept beside it (kernel_gpu_ms). A GPU row's rotated_copies says over how many copies of the "
               f"batch its graph rotates (enough to exceed four times the L2, at most {MAX_COPIES}: on the smallest "
@@ -71,8 +71,8 @@ def sweep_series(step) -> str:
 
 
 #: Step -> the option its chunk sweep sets, and the values (haystack positions per block come out of each).
-CHUNK_SWEEPS = {step06_one_pass_fused: ("chunk_tiles", (1, 2, 4, 8, 16)),
-                step07_stream: ("chunk_len", (2048, 4096, 8192, 16384, 32768, 65536))}
+CHUNK_SWEEPS = {step07_one_pass_fused: ("chunk_tiles", (1, 2, 4, 8, 16)),
+                step11_skip_refused: ("chunk_len", (2048, 4096, 8192, 16384, 32768, 65536))}
 
 
 def gen_width_for(seq_len: int) -> int:
@@ -95,8 +95,8 @@ def real_batch(corpus: str, batch: int, seq_len: int, *, device=None):
 
 def _sweeps_of(cfg) -> list:
     batch, seq_len, _ = cfg
-    return ([step07_stream] if batch * seq_len >= 16 * 131072 else []) + \
-        ([step06_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
+    return ([step11_skip_refused] if batch * seq_len >= 16 * 131072 else []) + \
+        ([step07_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
 
 
 def _matchers(step, inputs, state0, config, copies, **options) -> list:
@@ -266,7 +266,7 @@ def bench(run) -> None:
     run.note("Real text: rows with a 'corpus' parameter. 'text' and 'code' are windows of the Python standard "
              "library's docstrings and source in cl100k tokens (assets/data/ngram_corpus.npz, built by "
              "python -m studylog.ngram corpus), with the grid's slot plan and no planted repeats; 'synthetic' is "
-             "the grid's generator at the same shape. On the step-7 row, 'drafts' counts the drafts the batch got "
+             "the grid's generator at the same shape. On the step-11 row, 'drafts' counts the drafts the batch got "
              "(identical for every step: each is checked bit-identical to the CPU path) and how many of them the "
              "document's true continuation accepts (the longest prefix equal to the tokens that follow, as a "
              "greedy verifier accepts them; on synthetic batches those tokens are random, so acceptance there is "

@@ -158,12 +158,12 @@ __device__ __forceinline__ i64 block_inclusive_scan(i64 v, i64 *s_warp, i64 *tot
     return result;
 }
 
-// Phase 2, exact and parallel (steps 4 to 7). Until the first slot where the budget bites,
+// Phase 2, exact and parallel (steps 4 to 11). Until the first slot where the budget bites,
 // every slot keeps its tentative count, so an exclusive prefix sum of tentative counts is the
 // true running sum; that first slot gets what room is left; every active slot after it gets
 // no drafts (the notebook proves both). One block walks the batch blockDim.x slots at a time,
 // carrying the running sums between chunks. With reset_keys, it also leaves match_keys as
-// NONE_KEY for the next call (the fused kernel's scratch).
+// NONE_KEY for the next call (the split search's scratch, steps 6 to 11).
 __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
     __shared__ i64 s_warp[32];
     __shared__ int s_first;
@@ -226,7 +226,7 @@ __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
     }
 }
 
-// The end of a fused launch (steps 6 and 7): the last block to finish runs phase 2, once every
+// The end of a fused launch (steps 7 to 11): the last block to finish runs phase 2, once every
 // block has counted itself done (all keys are final then). `s_last` is the caller's shared flag.
 __device__ __forceinline__ void last_block_budget(int &s_last, NGRAM_KERNEL_PARAMS) {
     __syncthreads();

@@ -1,4 +1,4 @@
-// Steps 5 and 6: one pass over each haystack for every n at once.
+// Steps 5 to 7: one pass over each haystack for every n at once.
 // A window of size n that ends at position e matches the last n generated tokens exactly when
 // hay[.. e] and the generated tokens share a common suffix of length >= n. So a thread looks at
 // an end position e, measures that suffix (one comparison in almost every position: the newest
@@ -8,11 +8,13 @@
 //   step 5, ngram_search_one_pass <<<batch, 256>>>: one block per slot, every tile of both haystacks,
 //       no barrier in the loop; phase 2 is still ngram_budget_scan (a second launch). (Stopping once
 //       nothing left can beat the best key costs two barriers a tile here, more than the bytes it
-//       saves; step 7 stops with one load a tile instead.)
-//   step 6, ngram_one_pass_fused <<<(batch, chunks), 256>>>: each slot's haystacks are split into
+//       saves; steps 8 to 11 stop with one load a tile instead.)
+//   step 6, ngram_one_pass_split <<<(batch, chunks), 256>>>: each slot's haystacks are split into
 //       chunks, one block each, so a few long slots still fill the GPU; blocks publish their best
-//       key with a global atomicMin and skip what can no longer win; the last block to finish
-//       runs phase 2, so the whole step is one launch.
+//       key with a global atomicMin and skip what can no longer win. Phase 2 is a second launch,
+//       ngram_budget_scan_reset <<<1, 1024>>>, which also leaves the keys ready for the next call.
+//   step 7, ngram_one_pass_fused <<<(batch, chunks), 256>>>: step 6's kernel, whose last block to
+//       finish runs phase 2, so the whole step is one launch.
 #include "ngram_common.cuh"
 
 #define ITEMS 4  // end positions per thread per tile: independent loads in flight
@@ -70,6 +72,62 @@ extern "C" __global__ void ngram_search_one_pass(NGRAM_KERNEL_PARAMS) {
         __syncthreads();  // every atomicMin is done before thread 0 reads s_best
     }
     if (threadIdx.x == 0) match_keys[b] = s_best;
+}
+
+extern "C" __global__ void ngram_one_pass_split(NGRAM_KERNEL_PARAMS) {
+    const int b = blockIdx.x;
+    const int chunk = blockIdx.y;
+    const int src = chunk >= prompt_chunks;  // 0: a prompt chunk, 1: a chunk of generated tokens
+    __shared__ i64 s_pattern[NGRAM_MAX];
+    __shared__ u64 s_best;
+    __shared__ int s_stop;
+    if (b < batch) {  // uniform over the block
+        const SlotPlan p = plan_slot(b, SLOT_ARGS);
+        const int step = step_idx[b];
+        const int top = min(max_ngram, step);
+        const i64 *gen = generated_ids + (i64)b * gen_width;
+        const i64 *hay = src ? gen : prompt_ids + (i64)b * prompt_width;
+        const i64 first_end = (i64)(src ? chunk - prompt_chunks : chunk) * chunk_len;
+        const i64 hay_last_end = (src ? (i64)step : (i64)prompt_lens[b]) - 2;  // keeps a token after
+        const i64 last_end = min64(first_end + chunk_len - 1, hay_last_end);
+        if (p.kind == SLOT_ACTIVE && p.cap >= 1 && top >= min_ngram && first_end <= last_end) {
+            // Thread 0 reads the slot's global key while the pattern loads: another block may
+            // already hold a match this chunk cannot beat.
+            u64 seen = NONE_KEY;
+            if (threadIdx.x == 0) seen = load_shared_key(match_keys + b);
+            if ((int)threadIdx.x < top) s_pattern[threadIdx.x] = gen[step - (int)threadIdx.x];
+            if (threadIdx.x == 0) {
+                s_best = NONE_KEY;
+                s_stop = seen <= tile_floor_key(top, src, first_end);
+            }
+            __syncthreads();
+            u64 published = NONE_KEY;  // thread 0: the best key this block has made global
+            const i64 tile_len = (i64)blockDim.x * ITEMS;
+            for (i64 tile = first_end;; tile += tile_len) {
+                if (s_stop) break;  // thread 0 rewrites s_stop only after the next barrier
+                if (threadIdx.x == 0) seen = load_shared_key(match_keys + b);  // in flight with the tile's loads
+                const u64 mine = scan_tile(hay, tile, last_end, s_pattern, top, min_ngram, src);
+                if (mine != NONE_KEY) atomicMin(&s_best, mine);
+                __syncthreads();  // s_best is final for this tile, and everyone has read s_stop
+                if (threadIdx.x == 0) {
+                    if (s_best < published) {
+                        atomicMin(match_keys + b, s_best);  // lets the slot's other blocks stop early
+                        published = s_best;
+                    }
+                    const i64 next = tile + tile_len;
+                    const u64 floor_key = tile_floor_key(top, src, next);
+                    s_stop = next > last_end || s_best <= floor_key || seen <= floor_key;
+                }
+                __syncthreads();
+            }
+        }
+    }
+}
+
+// Step 6's phase 2, a launch of its own: step 4's budget scan, the keys reset for the next call (the
+// split search lowers each slot's global key from where the last call left it).
+extern "C" __global__ void ngram_budget_scan_reset(NGRAM_KERNEL_PARAMS) {
+    budget_scan_block(NGRAM_KERNEL_ARGS, /*reset_keys=*/1);
 }
 
 extern "C" __global__ void ngram_one_pass_fused(NGRAM_KERNEL_PARAMS) {

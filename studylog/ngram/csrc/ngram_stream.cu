@@ -1,22 +1,21 @@
-// Step 7: the fused one-pass kernel, streamed (ngram_stream <<<(batch, chunks), 256>>>).
-// Step 6 reads each haystack at most once in one launch, but its loop is not a streaming read.
-// What changes here:
-//   * No barrier in the loop. In step 6 every tile ends with two __syncthreads (a shared best key,
-//     then a shared stop flag), so each warp waits for the block's slowest load before its next
-//     loads go out, and the memory pipe drains once per tile. Here every thread runs on its own:
-//     it publishes a candidate itself (a global atomicMin, rare: only where the newest token
-//     matches) and reads the slot's global key with each tile to know when to stop.
-//   * LOADS loads of VEC tokens per thread per tile (16-byte loads when the rows are 16-byte
-//     aligned), and no shared pattern: the only token the loop compares with is in a register.
-//   * Haystack lines are loaded evict-first, so a scan that reads each byte once does not push out
-//     of L2 what other work still needs.
-//   * A slot the batch budget refuses whatever the searches find is not searched (the serial loop
-//     never searched it either). The bound needs only per-slot facts.
-// BUDGET_SKIP and CACHE name those last two choices; the library compiles one value of each.
+// Steps 8 to 11: the fused one-pass kernel, streamed (ngram_stream <<<(batch, chunks), 256>>>).
+// Step 7 reads each haystack at most once in one launch, but its loop is not a streaming read.
+// One template, ngram_stream<LOADS, VEC, EVICT_FIRST, SKIP_REFUSED>; each step is an instance that
+// turns one more knob on:
+//   step 8, <4, 1, false, false>: no barrier in the loop. In step 7 every tile ends with two
+//     __syncthreads (a shared best key, then a shared stop flag), so each warp waits for the block's
+//     slowest load before its next loads go out, and the memory pipe drains once per tile. Here every
+//     thread runs on its own: it publishes a candidate itself (a global atomicMin, rare: only where
+//     the newest token matches) and reads the slot's global key with each tile to know when to stop.
+//     LOADS loads of one token per thread per tile, and no shared pattern: the only token the loop
+//     compares with is in a register.
+//   step 9, <4, VEC, false, false>: VEC = 2 tokens a load (16 bytes) where every row is 16-byte
+//     aligned.
+//   step 10, <4, VEC, true, false>: haystack lines are loaded evict-first, so a scan that reads each
+//     byte once does not push out of L2 what other work still needs.
+//   step 11, <4, VEC, true, true>: a slot the batch budget refuses whatever the searches find is not
+//     searched (the serial loop never searched it either). The bound needs only per-slot facts.
 #include "ngram_common.cuh"
-
-// How the scan loads haystack tokens (the CACHE template parameter).
-#define CACHE_EVICT_FIRST 2  // ld.global.nc with an L2 evict-first cache policy (createpolicy)
 
 // An L2 policy that marks every line it loads as the first to evict.
 __device__ __forceinline__ u64 evict_first_policy() {
@@ -27,30 +26,36 @@ __device__ __forceinline__ u64 evict_first_policy() {
 
 // VEC consecutive tokens from hay[e ..] (16-byte aligned when VEC == 2). Lines loaded evict-first
 // replace each other in L2 rather than lines other work still needs (or must write back first).
-template <int VEC>
+template <int VEC, bool EVICT_FIRST>
 __device__ __forceinline__ void load_tokens(const i64 *__restrict__ hay, i64 e, i64 *out) {
-    const u64 policy = evict_first_policy();
-    if constexpr (VEC == 2)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.s64 {%0, %1}, [%2], %3;"
-                     : "=l"(out[0]), "=l"(out[1]) : "l"(hay + e), "l"(policy));
-    else
-        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.s64 %0, [%1], %2;"
-                     : "=l"(out[0]) : "l"(hay + e), "l"(policy));
+    if constexpr (EVICT_FIRST) {
+        const u64 policy = evict_first_policy();
+        if constexpr (VEC == 2) {
+            asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.s64 {%0, %1}, [%2], %3;"
+                         : "=l"(out[0]), "=l"(out[1]) : "l"(hay + e), "l"(policy));
+        } else {
+            asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.s64 %0, [%1], %2;"
+                         : "=l"(out[0]) : "l"(hay + e), "l"(policy));
+        }
+    } else {
+        if constexpr (VEC == 2) {
+            const longlong2 v = __ldg(reinterpret_cast<const longlong2 *>(hay + e));
+            out[0] = v.x, out[1] = v.y;
+        } else {
+            out[0] = __ldg(hay + e);
+        }
+    }
 }
 
 // One tile of this thread's tokens: LOADS loads of VEC tokens, those starting after `last` skipped.
-template <int LOADS, int VEC>
+template <int LOADS, int VEC, bool EVICT_FIRST>
 __device__ __forceinline__ void load_tile(const i64 *__restrict__ hay, i64 tile, i64 last, i64 *token) {
 #pragma unroll
     for (int u = 0; u < LOADS; ++u) {
         const i64 e = tile + ((i64)u * blockDim.x + threadIdx.x) * VEC;
-        if (e <= last) load_tokens<VEC>(hay, e, token + u * VEC);
+        if (e <= last) load_tokens<VEC, EVICT_FIRST>(hay, e, token + u * VEC);
     }
 }
-
-// How slots the budget refuses skip their search (the BUDGET_SKIP template parameter).
-#define SKIP_LAZY 2   // the warps search at once; the last warp to add its part of the bound raises a
-                      // flag if the slot is refused, and every warp stops at the end of its tile
 
 // Slot b (active) gets no drafts whatever the searches find when the bound below reaches
 // threshold - 1. The reference refuses it when sum + left >= threshold - 1, with sum the tokens of
@@ -69,10 +74,12 @@ __device__ __forceinline__ i64 budget_bound_part(int b, NGRAM_KERNEL_PARAMS) {
     return v;
 }
 
-// SKIP_LAZY: one 64-bit shared word holds the sum of the warps' parts (low 40 bits; each part is
-// clamped below 2^32, which keeps every decision since threshold < 2^31) and, above them, how many
-// warps have added theirs. The warp that completes the count decides; no barrier.
 #define LAZY_COUNT_SHIFT 40
+// The warps search at once; the last warp to add its part of the bound raises a flag if the slot is
+// refused, and every warp stops at the end of its tile. One 64-bit shared word holds the sum of the
+// warps' parts (low LAZY_COUNT_SHIFT = 40 bits; each part is clamped below 2^32, which keeps every
+// decision since threshold < 2^31) and, above them, how many warps have added theirs. The warp that
+// completes the count decides; no barrier.
 __device__ __forceinline__ void add_bound_part(int b, unsigned long long *s_lazy, volatile int *s_refused,
                                                NGRAM_KERNEL_PARAMS) {
     const i64 part = min64(budget_bound_part(b, NGRAM_KERNEL_ARGS), 0xffffffffll);
@@ -85,17 +92,18 @@ __device__ __forceinline__ void add_bound_part(int b, unsigned long long *s_lazy
     }
 }
 
-template <int LOADS, int VEC, int BUDGET_SKIP, int CACHE>
+template <int LOADS, int VEC, bool EVICT_FIRST, bool SKIP_REFUSED>
 __global__ void __launch_bounds__(256) ngram_stream(NGRAM_KERNEL_PARAMS) {
-    static_assert(BUDGET_SKIP == SKIP_LAZY && CACHE == CACHE_EVICT_FIRST, "the other values are lab variants");
     const int b = blockIdx.x;
     const int chunk = blockIdx.y;
     const int src = chunk >= prompt_chunks;  // 0: a prompt chunk, 1: a chunk of generated tokens
     __shared__ int s_last;
-    __shared__ unsigned long long s_lazy;
-    __shared__ int s_refused;
-    if (threadIdx.x == 0) s_lazy = 0, s_refused = 0;
-    __syncthreads();
+    __shared__ unsigned long long s_lazy;  // SKIP_REFUSED: the bound's parts and count
+    __shared__ int s_refused;              // SKIP_REFUSED: the slot is refused
+    if constexpr (SKIP_REFUSED) {
+        if (threadIdx.x == 0) s_lazy = 0, s_refused = 0;
+        __syncthreads();
+    }
     if (b < batch) {  // uniform over the block, as is everything `search` depends on
         const SlotPlan p = plan_slot(b, SLOT_ARGS);
         const int step = step_idx[b];
@@ -114,9 +122,11 @@ __global__ void __launch_bounds__(256) ngram_stream(NGRAM_KERNEL_PARAMS) {
             u64 mine = NONE_KEY;  // the best this thread found
             i64 tile = first_end;
             i64 token[LOADS * VEC];
-            load_tile<LOADS, VEC>(hay, tile, last_end, token);
-            // the bound's loads (L2 hits) overlap the first tile's
-            add_bound_part(b, &s_lazy, &s_refused, NGRAM_KERNEL_ARGS);
+            load_tile<LOADS, VEC, EVICT_FIRST>(hay, tile, last_end, token);
+            if constexpr (SKIP_REFUSED) {
+                // the bound's loads (L2 hits) overlap the first tile's
+                add_bound_part(b, &s_lazy, &s_refused, NGRAM_KERNEL_ARGS);
+            }
             for (;;) {
                 seen = load_shared_key(match_keys + b);  // in flight with the tile's loads
                 u64 best = NONE_KEY;
@@ -142,12 +152,14 @@ __global__ void __launch_bounds__(256) ngram_stream(NGRAM_KERNEL_PARAMS) {
                 seen = mine < seen ? mine : seen;
                 tile += tile_len;
                 if (tile > last_end || seen <= tile_floor_key(top, src, tile)) break;
-                if (*(volatile int *)&s_refused) break;
-                load_tile<LOADS, VEC>(hay, tile, last_end, token);
+                if constexpr (SKIP_REFUSED) {
+                    if (*(volatile int *)&s_refused) break;
+                }
+                load_tile<LOADS, VEC, EVICT_FIRST>(hay, tile, last_end, token);
             }
             if (mine != NONE_KEY) __threadfence();  // published before this block counts itself done
         }
     }
-    // The last block to finish runs phase 2, as in step 6.
+    // The last block to finish runs phase 2, as in step 7.
     last_block_budget(s_last, NGRAM_KERNEL_ARGS);
 }
