@@ -279,11 +279,11 @@ NGRAM_CASE = {"batch": 128, "seq_len": 32768, "threshold": 128, "corpus": None}
 
 
 def _ngram(data):
-    series = "ngram_match" if rows(data, "ngram_match") else "step07"
+    series = "ngram_match" if rows(data, "ngram_match") else "step11"
     ours = one(data, series, **NGRAM_CASE)
     if ours is None:
         return None
-    cpu, synced = one(data, "step01", **NGRAM_CASE), one(data, "synced_step07", **NGRAM_CASE)
+    cpu, synced = one(data, "step01", **NGRAM_CASE), one(data, "synced_step11", **NGRAM_CASE)
     ratio = cpu["ms"] / synced["ms"] if cpu and synced else None
     latency, what = _one_kernel(data)
     label = _entry_label("the GPU drafter", series, ours)

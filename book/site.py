@@ -144,9 +144,9 @@ class PostsDirective(SphinxDirective):
 PLAIN_NAMES = {
     "MaskedHeadPlan (step 9 from the packed bitmask)": "the whole masked step from the packed bitmask (step 9)",
     "step09_dispatch": "the masked head's dispatching entry point, allowed ids given (step 9)",
-    "n-gram matching, step07_stream": "the GPU drafter (step 7)",
+    "n-gram matching, step11_skip_refused": "the GPU drafter (step 11)",
+    "n-gram matching, ngram_match (step11)": "the GPU drafter's entry point (running step 11)",
     "n-gram matching, ngram_match (step07)": "the GPU drafter's entry point (running step 7)",
-    "n-gram matching, ngram_match (step06)": "the GPU drafter's entry point (running step 6)",
     "step10_warps_per_direction (CUDA C++)": "the fused CTC kernel (step 10, CUDA C++)",
     "step08_branch_free (CUDA C++)": "the fused CTC kernel (step 8, CUDA C++)",
     "ctc_loss (step10, CUDA C++)": "the CTC entry point (running step 10, CUDA C++)",
@@ -424,12 +424,12 @@ def headline_rival_rows(markdown: str) -> str:
                     "batch 1, 1,000 of 128,256 tokens allowed, the kernel alone", ours, rival)]
         data = load(folder, "ngram")
         if data is not None:
-            series = "ngram_match" if rows(data, "ngram_match") else "step07"
+            series = "ngram_match" if rows(data, "ngram_match") else "step11"
             ours, rival = one(data, series, **NGRAM_CASE), one(data, "step04", **NGRAM_CASE)
             if ours is not None and rival is not None and ours["clock"] == rival["clock"]:
                 step = re.search(r"\d+", ours.get("step") or "")
                 label = (f"the GPU drafter's entry point (running step {int(step.group(0))})" if step
-                         else "the GPU drafter (step 7)")
+                         else "the GPU drafter (step 11)")
                 extra[("ngram", gpu)] = [_pair_line(
                     label, "our corrected port of FastDeploy's revised GPU n-gram kernel, made exact (step 4)",
                     "128 slots x 32768 tokens, budget 128", ours, rival)]
