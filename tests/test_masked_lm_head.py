@@ -98,7 +98,7 @@ def test_block_skip_leaves_no_block_unwritten_when_everything_is_skipped(rng):
 
 
 # ------------------------------------------------------------------------------------------
-# Steps 4-6 (compacted ids, batch 1) and step 7 (batched union)
+# Steps 4-8 (compacted ids, batch 1) and steps 9-10 (a batch's union)
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
@@ -111,32 +111,46 @@ def test_step04_compact(kind, tiles, rng):
 
 @pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
 @pytest.mark.parametrize("kind", MASK_KINDS)
-def test_step05_stream(kind, tiles, rng):
+@pytest.mark.parametrize("step", [5, 6, 7])
+def test_one_wait_steps(step, kind, tiles, rng):
+    """Steps 5 (one wait per row), 6 (the fill programs first) and 7 (the evict-first hint)."""
     h, weight, allowed = inputs(rng, 1, kind=kind)
-    out = mlh.step05_stream(h, weight, allowed, out=poisoned(1), tiles=tiles)
+    out = STEP[step](h, weight, allowed, out=poisoned(1), tiles=tiles)
     assert_logits(out, h, weight, allowed)
+
+
+@pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
+def test_steps_5_to_7_differ_in_no_sum(tiles, rng):
+    """Steps 6 and 7 change the order of the programs and the L2 policy, not a sum: at the same tiles their logits
+    are step 5's bit for bit. Step 4 adds its chunks in another order: not the same bits (the check can fail)."""
+    h, weight, allowed = inputs(rng, 1, vocab=211, hidden=300)
+    five = mlh.step05_one_wait(h, weight, allowed, out=poisoned(1, 211), tiles=tiles)
+    for step in (6, 7):
+        assert torch.equal(STEP[step](h, weight, allowed, out=poisoned(1, 211), tiles=tiles), five), step
+    chunks = mlh.formats.Tiles(block_b=1, block_v=4, block_d=32, fill_block=64, num_warps=4, num_stages=1)
+    assert not torch.equal(mlh.step04_compact(h, weight, allowed, out=poisoned(1, 211), tiles=chunks), five)
 
 
 @pytest.mark.parametrize("ids", [[], [0], [V - 1], [1, 16, 17, 32], list(range(V - 8, V))],
                          ids=["none", "first", "last", "aligned", "eight"])
 @pytest.mark.parametrize("tiles", [SMALL_ROWS, None], ids=["small", "default"])
-def test_step06_few_ids(ids, tiles, rng):
+def test_step08_few_ids(ids, tiles, rng):
     h, weight, _ = inputs(rng, 1)
     allowed = mlh.AllowedTokens.from_ids([ids], V, device=DEV)
     assert allowed.few_ids == tuple(sorted(ids))
-    out = mlh.step06_few_ids(h, weight, allowed, out=poisoned(1), tiles=tiles)
+    out = mlh.step08_few_ids(h, weight, allowed, out=poisoned(1), tiles=tiles)
     assert_logits(out, h, weight, allowed)
 
 
-def test_step06_refuses_more_than_its_slots(rng):
+def test_step08_refuses_more_than_its_slots(rng):
     h, weight, _ = inputs(rng, 1)
     allowed = mlh.AllowedTokens.from_ids([np.arange(mlh.FEW_IDS_MAX + 1)], V, device=DEV)
     assert allowed.few_ids is None
     with pytest.raises(ValueError, match=f"at most {mlh.FEW_IDS_MAX} allowed ids"):
-        mlh.step06_few_ids(h, weight, allowed)
+        mlh.step08_few_ids(h, weight, allowed)
 
 
-@pytest.mark.parametrize("step", [5, 6])
+@pytest.mark.parametrize("step", [5, 6, 7, 8])
 def test_batch1_steps_odd_hidden_size(step, rng):
     h, weight, allowed = inputs(rng, 1, vocab=97, hidden=1100, kind="few")  # D padded to 2048 in the tile
     out = STEP[step](h, weight, allowed, out=poisoned(1, 97))
@@ -145,9 +159,9 @@ def test_batch1_steps_odd_hidden_size(step, rng):
 
 def test_batch1_steps_refuse_a_batch(rng):
     h, weight, allowed = inputs(rng, 2, kind="few")
-    for fn in (mlh.step04_compact, mlh.step05_stream, mlh.step06_few_ids):
+    for step in (4, 5, 6, 7, 8):
         with pytest.raises(ValueError, match="one sequence"):
-            fn(h, weight, allowed)
+            STEP[step](h, weight, allowed)
 
 
 def test_step04_odd_hidden_size(rng):
@@ -161,31 +175,48 @@ SMALL_UNION = mlh.formats.Tiles(block_b=16, block_v=16, block_d=32, fill_block=1
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("batch", [1, 5, 33])
-def test_step07_batched(batch, kind, rng):
+@pytest.mark.parametrize("step", [9, 10])
+def test_union_steps(step, batch, kind, rng):
+    """Step 9 (the union, a reduction per sequence) and step 10 (the union on the tensor cores); at batch 33 the
+    last block of sequences holds one, so step 9's loop stops at the sequences that exist."""
     h, weight, allowed = inputs(rng, batch, kind=kind)
-    out = mlh.step07_batched(h, weight, allowed, out=poisoned(batch), tiles=SMALL_UNION)
+    out = STEP[step](h, weight, allowed, out=poisoned(batch), tiles=SMALL_UNION)
     assert_logits(out, h, weight, allowed)
 
 
-def test_step07_sequences_keep_their_own_masks(rng):
+@pytest.mark.parametrize("step", [9, 10])
+def test_union_steps_keep_each_sequences_own_mask(step, rng):
     """Sequence 0 allows token 7 only, sequence 1 everything but 7: the union is the whole
     vocabulary, yet each row must see only its own set."""
     h = torch.randn(2, D, generator=rng).to(torch.bfloat16).to(DEV)
     weight = torch.randn(V, D, generator=rng).to(torch.bfloat16).to(DEV)
     allowed = mlh.AllowedTokens.from_ids([[7], [i for i in range(V) if i != 7]], V, device=DEV)
-    out = mlh.step07_batched(h, weight, allowed, out=poisoned(2), tiles=SMALL_UNION)
+    out = STEP[step](h, weight, allowed, out=poisoned(2), tiles=SMALL_UNION)
     assert_logits(out, h, weight, allowed)
     assert torch.isfinite(out[0, 7]) and out[1, 7] == float("-inf")
 
 
-def test_step07_default_tiles_fp16(rng):
+@pytest.mark.parametrize("step", [9, 10])
+def test_union_steps_default_tiles_fp16(step, rng):
     h, weight, allowed = inputs(rng, 9, vocab=150, hidden=200, dtype=torch.float16)
-    out = mlh.step07_batched(h, weight, allowed, out=poisoned(9, 150))
+    out = STEP[step](h, weight, allowed, out=poisoned(9, 150))
     assert_logits(out, h, weight, allowed)
 
 
+def test_step09_sums_each_row_once_per_sequence(rng):
+    """Step 9's logit of a sequence is its own reduction: within the bound for one reduction per logit ("row"),
+    and the same bits whether the sequence is alone or in a batch (the other sequences change no sum)."""
+    h, weight, allowed = inputs(rng, 5, vocab=V, hidden=130)
+    out = mlh.step09_union(h, weight, allowed, out=poisoned(5), tiles=SMALL_UNION)
+    assert mlh.check_logits(out, h, weight, allowed, summation="row")["passed"]
+    alone = mlh.AllowedTokens.from_mask(allowed.mask[2:3])
+    one = mlh.step09_union(h[2:3].contiguous(), weight, alone, out=poisoned(1), tiles=SMALL_UNION)
+    seen = alone.mask[0]
+    assert torch.equal(one[0][seen], out[2][seen])
+
+
 # ------------------------------------------------------------------------------------------
-# Step 8: reordering
+# Step 11: reordering
 # ------------------------------------------------------------------------------------------
 
 def test_cluster_order_is_a_permutation_that_makes_small_sets_contiguous():
@@ -212,12 +243,12 @@ def test_active_blocks_counts_distinct_blocks():
 
 @pytest.mark.parametrize("kind", ["random", "few", "all", "last"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_step08_reordered_writes_original_order(batch, kind, rng):
+def test_step11_reordered_writes_original_order(batch, kind, rng):
     h, weight, allowed = inputs(rng, batch, kind=kind)
     gen = np.random.default_rng(rng.seed_value)
     order = mlh.cluster_order(mlh.masks.grammar_like_sets(10, V, gen, n_classes=12), V)
     head = mlh.ReorderedHead.build(weight, mlh.reorder.VocabOrder(order.perm.to(DEV)))
-    out = mlh.step08_reordered(h, head, allowed.permuted(head.order), out=poisoned(batch), tiles=SMALL)
+    out = mlh.step11_reordered(h, head, allowed.permuted(head.order), out=poisoned(batch), tiles=SMALL)
     assert_logits(out, h, weight, allowed)
 
 
@@ -327,7 +358,7 @@ def test_bad_input(mutate, error, match):
     if runtime.mode() == "gpu":
         pytest.skip("these inputs are built on the CPU; the GPU run has its own device check")
     h, w, a = mutate(*_good())
-    for fn in (mlh.masked_logits, mlh.step01_block_skip, mlh.step03_row_skip, mlh.step07_batched):
+    for fn in (mlh.masked_logits, mlh.step01_block_skip, mlh.step03_row_skip, mlh.step09_union, mlh.step10_batched):
         with pytest.raises(error, match=match):
             fn(h, w, a)
 
@@ -410,26 +441,31 @@ def test_full_size_every_step(batch, kind, full_head, rng):
         "step01_vd": lambda out: mlh.step01_block_skip(h, weight, allowed, out=out),
         "step02_vd": lambda out: mlh.step02_column_skip(h, weight, allowed, out=out),
         "step03": lambda out: mlh.step03_row_skip(h, weight, allowed, out=out),
-        "step07": lambda out: mlh.step07_batched(h, weight, allowed, out=out),
+        "step10": lambda out: mlh.step10_batched(h, weight, allowed, out=out),
         "cublas": lambda out: mlh.cublas_masked(h, weight, allowed, out=out),
-        "step09": lambda out: mlh.step09_dispatch(h, weight, allowed, out=out),
+        "step12": lambda out: mlh.step12_dispatch(h, weight, allowed, out=out),
         "masked_logits": lambda out: mlh.masked_logits(h, weight, allowed, out=out),
     }
     if batch == 1:
-        runs["step04"] = lambda out: mlh.step04_compact(h, weight, allowed, out=out)
-        runs["step05"] = lambda out: mlh.step05_stream(h, weight, allowed, out=out)
+        for step in (4, 5, 6, 7):
+            runs[f"step{step:02d}"] = lambda out, step=step: STEP[step](h, weight, allowed, out=out)
         if allowed.few_ids is not None:
-            runs["step06"] = lambda out: mlh.step06_few_ids(h, weight, allowed, out=out)
+            runs["step08"] = lambda out: mlh.step08_few_ids(h, weight, allowed, out=out)
+    if batch <= 8 and allowed.union_count <= 20_000:  # step 9 reduces each row once per sequence: milliseconds
+        runs["step09"] = lambda out: mlh.step09_union(h, weight, allowed, out=out)
+    outs = {}
     for name, fn in runs.items():
-        out = fn(torch.full((batch, mlh.VOCAB), float("nan"), device="cuda"))
+        out = outs[name] = fn(torch.full((batch, mlh.VOCAB), float("nan"), device="cuda"))
         torch.cuda.synchronize()
         res = mlh.check_logits(out, h, weight, allowed)
         assert res["passed"], f"{name}: {res}"
+    if batch == 1:  # steps 6 and 7 change the grid's order and the L2 policy, no sum: step 5's bits
+        assert torch.equal(outs["step06"], outs["step05"]) and torch.equal(outs["step07"], outs["step05"])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 8])
-def test_full_size_step08(batch, full_head, rng):
+def test_full_size_step11(batch, full_head, rng):
     weight, _ = full_head
     gen = np.random.default_rng(rng.seed_value)
     data = mlh.masks.structured_sets()
@@ -438,8 +474,8 @@ def test_full_size_step08(batch, full_head, rng):
     h = torch.randn(batch, mlh.HIDDEN, generator=rng).to(torch.bfloat16).cuda()
     chosen = gen.choice(len(data.sets), batch)
     allowed = mlh.AllowedTokens.from_ids([data.sets[i] for i in chosen], mlh.VOCAB, device="cuda")
-    out = mlh.step08_reordered(h, head, allowed.permuted(head.order),
-                              out=torch.full((batch, mlh.VOCAB), float("nan"), device="cuda"))
+    out = mlh.step11_reordered(h, head, allowed.permuted(head.order),
+                               out=torch.full((batch, mlh.VOCAB), float("nan"), device="cuda"))
     torch.cuda.synchronize()
     res = mlh.check_logits(out, h, weight, allowed)
     assert res["passed"], res

@@ -1,4 +1,4 @@
-"""Masked LM head (chapter 2), around the kernels: step 9's dispatch and the rule it reads from the committed
+"""Masked LM head (chapter 2), around the kernels: step 12's dispatch and the rule it reads from the committed
 results, the packed bitmask and xgrammar's path on the CPU, the capturable MaskedHeadPlan, and the benchmark's
 logic at toy size (a stub timer). The helpers and the GPU fixture come from test_masked_lm_head.py."""
 
@@ -13,7 +13,7 @@ from test_masked_lm_head import D, DEV, V, assert_logits, full_head, inputs, poi
 
 
 # ------------------------------------------------------------------------------------------
-# Step 9: dispatch, and the rule it reads from the committed results
+# Step 12: dispatch, and the rule it reads from the committed results
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fraction, dense, batch, kind, path", [
@@ -25,7 +25,7 @@ def test_dispatch_paths(fraction, dense, batch, kind, path, rng):
     rule = mlh.DispatchRule({1: fraction}, {1: dense}, mlh.FEW_IDS_MAX, "test")
     h, weight, allowed = inputs(rng, batch, kind=kind)
     assert mlh.choose_path(batch, V, allowed.union_count, rule) == path
-    out = mlh.step09_dispatch(h, weight, allowed, out=poisoned(batch), rule=rule)
+    out = mlh.step12_dispatch(h, weight, allowed, out=poisoned(batch), rule=rule)
     assert_logits(out, h, weight, allowed)
 
 
@@ -50,20 +50,24 @@ def _row(series, batch, allowed, union, ms, kind="random"):
 
 def test_rule_from_results_follows_its_documented_rule():
     """Batch 1: the compacted kernel wins at unions 1, 3, 100 and loses at 1,000 (and wins again at
-    5,000, which does not count); step 6 wins at 1 and loses at 3. Batch 4 never loses, and cuBLAS is
+    5,000, which does not count); step 8 wins at 1 and loses at 3. Batch 4 never loses, and cuBLAS is
     the cheaper dense path there."""
     from studylog.plotting import Results
 
-    s = {n: mlh.CHAPTER.step(n).series for n in range(10)}
+    s = {n: mlh.CHAPTER.step(n).series for n in range(14)}
     rows = []
     for allowed, stream, few, dense in ((1, 5.0, 4.0, 9.0), (3, 5.0, 6.0, 9.0), (100, 6.0, None, 9.0),
                                         (1000, 10.0, None, 9.0), (5000, 8.0, None, 9.0)):
-        rows += [_row(s[5], 1, allowed, allowed, stream), _row(s[3], 1, allowed, allowed, dense),
+        rows += [_row(s[7], 1, allowed, allowed, stream), _row(s[3], 1, allowed, allowed, dense),
                  _row("cublas_fp32_mask", 1, allowed, allowed, dense + 1)]
         if few is not None:
-            rows.append(_row(s[6], 1, allowed, allowed, few))
+            rows.append(_row(s[8], 1, allowed, allowed, few))
+        # steps 5 and 6 are not compacted paths of the dispatch: their (faster) times must not move the rule
+        rows += [_row(s[5], 1, allowed, allowed, 0.1), _row(s[6], 1, allowed, allowed, 0.1)]
     for allowed in (10, 10_000):
-        rows += [_row(s[7], 4, allowed, 2 * allowed, 1.0), _row(s[3], 4, allowed, 2 * allowed, 3.0),
+        # nor step 9's at batch 4 (slower than every dense path)
+        rows += [_row(s[10], 4, allowed, 2 * allowed, 1.0), _row(s[3], 4, allowed, 2 * allowed, 3.0),
+                 _row(s[9], 4, allowed, 2 * allowed, 50.0),
                  _row("cublas_fp32_mask", 4, allowed, 2 * allowed, 2.0)]
     results = Results(None, {"device": {"name": "stub"}, "date": "2000-01-01T00:00:00", "git_commit": "abc",
                              "measurements": rows})
@@ -172,6 +176,24 @@ def test_plan_refills_its_buffers_and_switches_buckets(batch, rng):
     assert len(seen) >= 3, seen
 
 
+@pytest.mark.parametrize("batch", [1, 4])
+def test_step13_runs_the_whole_step_from_a_host_bitmask(batch, rng):
+    """Step 13 is the plan's decode step from the grammar's packed bitmask: each call copies a new host bitmask in
+    (the bits past V left 0, as pack_bitmask leaves them) and gives the float64 logits of those sets, the count a
+    bound above the union; its series is the benchmark's plan series."""
+    assert mlh.CHAPTER.step(13).function is mlh.step13_plan and mlh.CHAPTER.step(13).series == mlh.report.PLAN
+    gen = np.random.default_rng(rng.seed_value)
+    weight = torch.randn(V, D, generator=rng).to(torch.bfloat16).to(DEV)
+    plan = mlh.MaskedHeadPlan(weight, batch)
+    plan.h.copy_(torch.randn(batch, D, generator=rng).to(torch.bfloat16))
+    for kind, slack in (("some", 0), ("few", 7), ("all", 0), ("empty", 0)):
+        allowed = mlh.AllowedTokens.from_ids(_plan_sets(kind, batch, gen), V, device="cpu")
+        plan.out.fill_(float("nan"))
+        out = mlh.step13_plan(plan, mlh.pack_bitmask(allowed.mask), allowed.union_count + slack)
+        assert out is plan.out
+        assert_logits(out, plan.h, weight, mlh.AllowedTokens.from_mask(allowed.mask.to(DEV)))
+
+
 def test_plan_union_ids_built_on_the_device(rng):
     weight = torch.randn(V, D, generator=rng).to(torch.bfloat16).to(DEV)
     compact = mlh.DispatchRule({1: 1.0, 2: 1.0}, {1: "row_skip", 2: "row_skip"}, 8, "test: always compacted")
@@ -185,15 +207,15 @@ def test_plan_union_ids_built_on_the_device(rng):
 
 
 def test_plan_takes_the_dense_bitmask_path_where_the_rule_says_compacted_loses(rng):
-    """A rule measured where the compacted kernel lost above 20% of V at batch 4: the plan (and step 9)
+    """A rule measured where the compacted kernel lost above 20% of V at batch 4: the plan (and step 12)
     take the dense path there (cuBLAS logits + the bitmask applied), and stay compacted below."""
     from studylog.plotting import Results
 
-    s = {n: mlh.CHAPTER.step(n).series for n in range(10)}
+    s = {n: mlh.CHAPTER.step(n).series for n in range(14)}
     rows = []
     for allowed, union, compact, dense in ((10, 40, 1.0, 5.0), (1000, 20_000, 4.0, 5.0), (10_000, 60_000, 9.0, 5.0)):
-        rows += [_row(s[7], 4, allowed, union, compact), _row("cublas_fp32_mask", 4, allowed, union, dense),
-                 _row(s[5], 1, allowed, allowed, 1.0), _row("cublas_fp32_mask", 1, allowed, allowed, 5.0)]
+        rows += [_row(s[10], 4, allowed, union, compact), _row("cublas_fp32_mask", 4, allowed, union, dense),
+                 _row(s[7], 1, allowed, allowed, 1.0), _row("cublas_fp32_mask", 1, allowed, allowed, 5.0)]
     results = Results(None, {"device": {"name": "stub"}, "date": "2000-01-01T00:00:00", "measurements": rows})
     rule = mlh.dispatch.rule_from_results(results, vocab=100_000)
     assert rule.compact_max_fraction[4] == 0.2 and rule.dense_path[4] == "cublas"
@@ -247,20 +269,24 @@ def test_fast_launch_key_follows_tritons_specialisation():
 @pytest.mark.parametrize("batch", [1, 4, 64])
 def test_plan_captured_once_replayed_over_changing_sets(batch, full_head, rng):
     """The decode loop: every bucket's graph captured once, then each step changes only the buffers (h and
-    the bitmask, copied from pinned host memory) and replays; every step matches float64."""
+    the bitmask, copied from pinned host memory by step 13, every other step by hand) and replays; every step
+    matches float64."""
     weight, _ = full_head
     gen = np.random.default_rng(rng.seed_value)
     plan = mlh.MaskedHeadPlan(weight, batch)
     plan.capture()
     graphs = dict(plan._graphs) if hasattr(plan, "_graphs") else None
-    for n in (1, 7, 900, 1000, 20_000, mlh.VOCAB, 0, 300):
+    for i, n in enumerate((1, 7, 900, 1000, 20_000, mlh.VOCAB, 0, 300)):
         sets = [gen.choice(mlh.VOCAB, size=n, replace=False) for _ in range(batch)]
         allowed = mlh.AllowedTokens.from_ids(sets, mlh.VOCAB, device="cuda")
         host = mlh.pack_bitmask(allowed.mask.cpu()).pin_memory()
         plan.h.copy_(torch.randn(batch, mlh.HIDDEN, generator=rng).to(torch.bfloat16))
-        plan.bitmask.copy_(host, non_blocking=True)
         plan.out.fill_(float("nan"))
-        out = plan.step(mlh.plan.union_count(host))
+        if i % 2:
+            out = mlh.step13_plan(plan, host, mlh.plan.union_count(host))
+        else:
+            plan.bitmask.copy_(host, non_blocking=True)
+            out = plan.step(mlh.plan.union_count(host))
         torch.cuda.synchronize()
         res = mlh.check_logits(out, plan.h, weight, allowed)
         assert res["passed"], (n, plan.bucket(allowed.union_count), res)
@@ -298,7 +324,8 @@ def test_fast_launch_matches_the_jit_launch(full_head, rng):
     h = torch.randn(1, mlh.HIDDEN, generator=rng).to(torch.bfloat16).cuda()
     for ids in ([5], list(range(3, 20)), list(range(0, 128_000, 128))):
         allowed = mlh.AllowedTokens.from_ids([ids], mlh.VOCAB, device="cuda")
-        for fn in (mlh.step04_compact, mlh.step05_stream, mlh.step09_dispatch):
+        for fn in (mlh.step04_compact, mlh.step05_one_wait, mlh.step06_fill_first, mlh.step07_stream,
+                   mlh.step12_dispatch):
             first = fn(h, weight, allowed)
             second = fn(h, weight, allowed)
             torch.cuda.synchronize()
@@ -418,7 +445,7 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
     assert all("host_ms" in r for r in run.rows if r["role"] != "baseline")
     assert any(n.startswith("crossover batch=1") for n in run.notes)
     assert_rotated(run, head_bytes=150 * 40 * 2, row_bytes=40 * 2)
-    for rotated in (mlh.report.PLAN, "reordered_in_sample", "step08", "step06", "index_select"):
+    for rotated in (mlh.report.PLAN, "reordered_in_sample", "step11", "step08", "step09", "index_select"):
         assert any(r["copies"] > 1 for r in run.rows if r["series"] == rotated), rotated
     results = Results(tmp_path / "x.json", {
         "chapter": "masked_lm_head", "device": {"name": "stub"}, "date": "2000-01-01T00:00:00",
@@ -469,7 +496,7 @@ def test_bench_sweep_caps_the_copies_at_its_budget():
                          copy_budget=3 * 150 * 40 * 2)
     assert run.checks and all(c["passed"] for c in run.checks)
     by_series = {r["series"]: r for r in run.rows}
-    assert by_series["step06"]["copies"] == 3 and by_series["step06"]["rotation_capped"]
+    assert by_series["step08"]["copies"] == 3 and by_series["step08"]["rotation_capped"]
     assert by_series["dense_mask"]["copies"] == 1 and not by_series["dense_mask"]["rotation_capped"]
     assert_rotated(run, head_bytes=150 * 40 * 2, row_bytes=40 * 2)
     assert any("Rotation:" in n and "3 heads" in n for n in run.notes)
@@ -482,7 +509,7 @@ def test_headline_reads_the_new_series_and_the_old_file(tmp_path):
     from studylog.plotting import Results
 
     rows = []
-    for series, role, ms in (("step09", "kernel", 0.01), ("dense_mask", "baseline", 0.2),
+    for series, role, ms in (("step12", "kernel", 0.01), ("dense_mask", "baseline", 0.2),
                              ("index_select", "baseline", 0.05), (mlh.report.PLAN, "kernel", 0.012),
                              (mlh.report.XGRAMMAR, "peer", 0.21)):
         for batch, allowed in ((1, 1000), (1, 10_000), (64, 100), (64, 1000), (256, 1000)):

@@ -37,7 +37,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties", "ties_words", "step09_path", "plan_step", "PATH_STEPS"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
-CANDIDATES_FILE, CANDIDATES_GPU = "step05_candidates_do_bench", "nvidia-h200"
+CANDIDATES_FILE, CANDIDATES_GPU = "candidates_do_bench", "nvidia-h200"
 #: The first run of the benchmark on the GPU clock (an H100), kept in ``lab/``.
 FIRST_ONE_CLOCK_FILE = "first_one_clock_run"
 #: Batch-1 allowed counts the steps table shows.
@@ -813,7 +813,7 @@ def target_report(results) -> str:
     """The targets with the ratios measured in one run (the clock each row is on is the file's), as a
     Markdown table, and the points where we lose."""
     label = CHAPTER.label
-    dispatch = step_series(9)
+    dispatch = step_series(12)
     clock = results.rows[0]["clock"] if results.rows else "–"
     lines = [f"Clock: {clock}.", "", "| target | measured | met |", "|---|---|---|"]
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import triton
 import triton.language as tl
 
-from studylog.masked_lm_head.compact import compact_rows_kernel, compact_stream_kernel
+from studylog.masked_lm_head.compact import compact_rows_kernel, one_wait_kernel
 from studylog.masked_lm_head.dense import block_skip_kernel, column_skip_kernel, dense_matmul_kernel, row_skip_kernel
 from studylog.masked_lm_head.formats import HIDDEN, LAYOUTS, default_tiles, need_layout
 
@@ -87,7 +87,7 @@ def _row_load_groups_here(step: int, rows: int) -> list[int]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel = {4: compact_rows_kernel, 5: compact_stream_kernel}[step]
+    kernel = {4: compact_rows_kernel, 5: one_wait_kernel}[step]
     raw = getattr(kernel, "fn", kernel)
     fn = _compilable(kernel)
     # the source lines of the statement that loads the weight rows ("w = tl.load(...)", 1-2 lines)
@@ -95,8 +95,7 @@ def _row_load_groups_here(step: int, rows: int) -> list[int]:
     start = next(i for i, text in enumerate(lines) if text.strip().startswith("w = tl.load("))
     w_lines = {first + start, first + start + 1}
     constexprs = {"D": HIDDEN, "BLOCK_V": rows, "FILL_BLOCK": 4096}
-    constexprs |= {"BLOCK_D": 1024} if step == 4 else {"D_POW2": triton.next_power_of_2(HIDDEN),
-                                                       "EVICTION": "evict_first"}
+    constexprs |= {"BLOCK_D": 1024} if step == 4 else {"D_POW2": triton.next_power_of_2(HIDDEN)}
     types = dict(h_ptr="*bf16", w_ptr="*bf16", out_ptr="*fp32", allowed_ptr="*u8", ids_ptr="*i32", n_ids="i32",
                  V="i32", n_compute="i32", n_fill="i32", stride_wv="i32")
     signature = {name: ("constexpr" if name in constexprs else types[name]) for name in fn.arg_names}

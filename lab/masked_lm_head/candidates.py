@@ -24,14 +24,14 @@ sys.path.insert(0, str(HERE))  # the frozen variants beside this script
 from studylog import bench as harness  # noqa: E402
 from studylog import paths  # noqa: E402
 from studylog.masked_lm_head import (CHAPTER, HIDDEN, VOCAB, AllowedTokens, step03_row_skip,  # noqa: E402
-                                     step04_compact, step05_stream, step06_few_ids, step07_batched)
+                                     step04_compact, step07_stream, step08_few_ids, step10_batched)
 from studylog.masked_lm_head.formats import Tiles, batch_tile  # noqa: E402
 from studylog.masked_lm_head.masks import clustered_sets, random_sets  # noqa: E402
 from variants import eviction, persistent  # noqa: E402
 
 
 def main(quick: bool) -> Path:
-    S = {n: CHAPTER.step(n).series for n in range(10)}
+    S = {n: CHAPTER.step(n).series for n in range(14)}
     run = harness.BenchRun("masked_lm_head", command="python lab/masked_lm_head/candidates.py"
                            + (" --quick" if quick else ""), quick=quick)
     vocab, hidden, dev = VOCAB, HIDDEN, torch.device("cuda")
@@ -57,24 +57,24 @@ def main(quick: bool) -> Path:
                                                            run.empty_launch_ms), **extra)
 
     h1 = torch.randn(1, hidden, device=dev).to(torch.bfloat16)
-    # batch 1 candidates, each measured on the same set as steps 4 and 5
+    # batch 1 candidates, each measured on the same set as steps 4 and 7
     for count in [1, 3, 8, 1000, 10_000] if quick else [1, 3, 8, 100, 1000, 3000, 10_000, 44_026]:
         for kind in ("random", "clustered") if count == 10_000 else ("random",):
             sets = (random_sets if kind == "random" else clustered_sets)(count, vocab, 1, gen)
             a = AllowedTokens.from_ids(sets, vocab, device=dev)
             p = {"batch": 1, "kind": kind, "allowed": count}
             cands = {f"cand_{S[4]}": lambda out: step04_compact(h1, weight, a, out=out),
-                     f"cand_{S[5]}": lambda out: step05_stream(h1, weight, a, out=out),
-                     f"cand_{S[5]}_no_hint": lambda out: eviction.stream(h1, weight, a, eviction="", out=out)}
+                     f"cand_{S[7]}": lambda out: step07_stream(h1, weight, a, out=out),
+                     f"cand_{S[7]}_no_hint": lambda out: eviction.stream(h1, weight, a, eviction="", out=out)}
             if a.few_ids is not None:
-                cands[f"cand_{S[6]}"] = lambda out: step06_few_ids(h1, weight, a, out=out)
-                cands[f"cand_{S[6]}_no_hint"] = lambda out: eviction.few_ids(h1, weight, a, eviction="", out=out)
+                cands[f"cand_{S[8]}"] = lambda out: step08_few_ids(h1, weight, a, out=out)
+                cands[f"cand_{S[8]}_no_hint"] = lambda out: eviction.few_ids(h1, weight, a, eviction="", out=out)
             for series, fn in cands.items():
                 measure(series, fn, p, h1, a)
-            if a.few_ids is not None:  # step 6's launch shape: fewer warps, smaller fill chunks
+            if a.few_ids is not None:  # step 8's launch shape: fewer warps, smaller fill chunks
                 for warps, fill in ((1, 1024), (2, 1024), (2, 2048), (4, 1024), (4, 2048), (8, 8192)):
                     t = Tiles(block_b=1, block_v=1, fill_block=fill, num_warps=warps, num_stages=1)
-                    measure(f"{S[6]}_tiles", lambda out, t=t: step06_few_ids(h1, weight, a, out=out, tiles=t),
+                    measure(f"{S[8]}_tiles", lambda out, t=t: step08_few_ids(h1, weight, a, out=out, tiles=t),
                             p | {"num_warps": warps, "fill_block": fill}, h1, a)
             run.record("cand_index_select", run.time(lambda: torch.matmul(h1, weight.index_select(0, a.union_ids).t()),
                                                       **times), params=p, role="baseline")
@@ -90,20 +90,20 @@ def main(quick: bool) -> Path:
         for rows in (1, 2, 4):
             for warps in (2, 4, 8):
                 t = Tiles(block_b=1, block_v=rows, fill_block=4096, num_warps=warps, num_stages=1)
-                measure(f"{S[5]}_tiles", lambda out, t=t: step05_stream(h1, weight, a, out=out, tiles=t),
+                measure(f"{S[7]}_tiles", lambda out, t=t: step07_stream(h1, weight, a, out=out, tiles=t),
                         p | {"rows": rows, "num_warps": warps}, h1, a)
         for rows in (1, 2, 4, 8):
             for warps in (4, 8):
                 t = Tiles(block_b=1, block_v=rows, block_d=1024, fill_block=4096, num_warps=warps, num_stages=1)
                 measure(f"{S[4]}_tiles", lambda out, t=t: step04_compact(h1, weight, a, out=out, tiles=t),
                         p | {"rows": rows, "num_warps": warps}, h1, a)
-    for batch, count in ((8, 10), (64, 128)):  # step 7 at a small union and at 0.1% of V per sequence
+    for batch, count in ((8, 10), (64, 128)):  # step 10 at a small union and at 0.1% of V per sequence
         hb = torch.randn(batch, hidden, device=dev).to(torch.bfloat16)
         a = AllowedTokens.from_ids(random_sets(count, vocab, batch, gen), vocab, device=dev)
         for block_v, block_d, stages in ((16, 256, 3), (16, 128, 4), (32, 128, 4), (64, 64, 4)):
             t = Tiles(block_b=batch_tile(batch), block_v=block_v, block_d=block_d, fill_block=4096, num_warps=4,
                       num_stages=stages)
-            measure(f"{S[7]}_tiles", lambda out, t=t: step07_batched(hb, weight, a, out=out, tiles=t),
+            measure(f"{S[10]}_tiles", lambda out, t=t: step10_batched(hb, weight, a, out=out, tiles=t),
                     {"batch": batch, "kind": "random", "allowed": count, "block_v": block_v, "block_d": block_d,
                      "num_stages": stages}, hb, a, union=a.union_count)
     a = AllowedTokens.from_ids([np.arange(vocab)], vocab, device=dev)

@@ -1,11 +1,11 @@
-"""The Python cost of the chapter's entry point (step 9), with the kernel launch itself stubbed out: what the
+"""The Python cost of the chapter's entry point (step 12), with the kernel launch itself stubbed out: what the
 wrapper spends around the launch (argument checks, tiles, the specialisation key, allocations), on any machine.
 
     PYTHONPATH=$PWD python lab/masked_lm_head/host_profile.py
 
 Runs on the CPU (Triton's interpreter is never entered: the launcher call is replaced by one that works out the
 specialisation key and looks it up, as on the GPU, and launches nothing). Prints µs per call and the torch
-operations each call dispatches (an allocation shows as ``empty``), then a cProfile of step 9. The GPU run's
+operations each call dispatches (an allocation shows as ``empty``), then a cProfile of step 12. The GPU run's
 ``host_ms`` adds the launcher itself (a few µs) to these.
 """
 
@@ -61,10 +61,10 @@ def main() -> None:
     for n in (1, 1000, 10_000):
         allowed = mlh.AllowedTokens.from_ids([np.sort(gen.choice(vocab, n, replace=False))], vocab, device="cpu")
         allowed.mask_u8, allowed.kernel_ids  # made once per allowed set, as in a decode loop
-        # Step 9 alone launches through the compiled launchers (the steps before it use kernel[grid], whose
+        # Step 12 alone launches through the compiled launchers (the steps before it use kernel[grid], whose
         # host time is Triton's own), so it is the entry point whose wrapper cost this profile isolates.
-        calls = {"step09_dispatch(out=)": lambda: mlh.step09_dispatch(h, weight, allowed, out=out),
-                 "step09_dispatch()": lambda: mlh.step09_dispatch(h, weight, allowed)}
+        calls = {"step12_dispatch(out=)": lambda: mlh.step12_dispatch(h, weight, allowed, out=out),
+                 "step12_dispatch()": lambda: mlh.step12_dispatch(h, weight, allowed)}
         for name, fn in calls.items():
             with Ops() as ops:
                 fn()
@@ -73,7 +73,7 @@ def main() -> None:
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(20_000):
-        mlh.step09_dispatch(h, weight, allowed, out=out)
+        mlh.step12_dispatch(h, weight, allowed, out=out)
     profile.disable()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(8)

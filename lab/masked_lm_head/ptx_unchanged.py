@@ -36,17 +36,24 @@ from studylog import runtime  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 MATMUL = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, DOT_DTYPE=tl.bfloat16)
-STREAM = dict(D=3072, D_POW2=4096, BLOCK_V=1, FILL_BLOCK=4096, EVICTION="evict_first")
-BATCHED = dict(D=3072, BLOCK_B=16, BLOCK_V=64, BLOCK_D=128, FILL_BLOCK=4096, DOT_DTYPE=tl.bfloat16)
+ROW = dict(D=3072, D_POW2=4096, BLOCK_V=1, FILL_BLOCK=4096)
+STREAM = ROW | dict(EVICTION="evict_first")
+UNION = dict(D=3072, BLOCK_B=16, BLOCK_V=64, BLOCK_D=128, FILL_BLOCK=4096)
+BATCHED = UNION | dict(DOT_DTYPE=tl.bfloat16)
 #: Pointer parameters by name (every other runtime parameter is an i32).
 POINTERS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32", "allowed_ptr": "*u8", "perm_ptr": "*i32",
             "h_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "ids_ptr": "*i32", "union_ptr": "*i32",
             "bitmask_ptr": "*i32", "count_ptr": "*i32", "mask_ptr": "*u8"}
 #: Kernel name -> its constexprs, for every kernel a module may define.
 KERNELS = {"dense_matmul_kernel": MATMUL, "block_skip_kernel": MATMUL, "column_skip_kernel": MATMUL,
-           "row_skip_kernel": MATMUL, "reordered_rows_kernel": MATMUL, "compact_stream_kernel": STREAM,
-           "stream_count_kernel": STREAM, "batched_union_kernel": BATCHED, "batched_count_kernel": BATCHED,
-           "compact_rows_kernel": dict(D=3072, BLOCK_V=1, BLOCK_D=1024, FILL_BLOCK=4096)}
+           "row_skip_kernel": MATMUL, "reordered_rows_kernel": MATMUL,
+           "compact_rows_kernel": dict(D=3072, BLOCK_V=1, BLOCK_D=1024, FILL_BLOCK=4096),
+           "one_wait_kernel": ROW, "fill_first_kernel": ROW, "compact_stream_kernel": STREAM,
+           "few_ids_kernel": dict(D=3072, D_POW2=4096, FILL_BLOCK=1024, EVICTION="evict_first"),
+           "union_sums_kernel": UNION, "batched_union_kernel": BATCHED,
+           "stream_count_kernel": STREAM, "batched_count_kernel": BATCHED,
+           "union_ids_kernel": dict(BLOCK_W=32, BLOCK_B=16), "apply_bitmask_kernel": dict(FILL_BLOCK=4096),
+           "unpack_bitmask_kernel": dict(FILL_BLOCK=4096)}
 
 
 def load(path: str, name: str) -> types.ModuleType:
@@ -77,7 +84,7 @@ def main(modules: list[str]) -> int:
             f.write(subprocess.run(["git", "show", f"HEAD:{rel}"], capture_output=True, text=True, check=True).stdout)
         old, new = load(old_path, f"old_{len(sys.modules)}"), load(rel, f"new_{len(sys.modules)}")
         for kernel, constexprs in KERNELS.items():
-            if hasattr(old, kernel):
+            if hasattr(old, kernel) and hasattr(new, kernel):
                 ok = ptx(getattr(old, kernel), constexprs) == ptx(getattr(new, kernel), constexprs)
                 same &= ok
                 print(f"{rel:45s} {kernel:28s} PTX {'same' if ok else 'DIFFERS'}")

@@ -45,7 +45,7 @@ def tile_offsets(pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
 
 @triton.jit
 def store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask):
-    """The tile's logits where its mask allows them, ``-inf`` elsewhere (steps 1-3 and 8)."""
+    """The tile's logits where its mask allows them, ``-inf`` elsewhere (steps 1-3 and 11)."""
     # reload the mask tile (an L1/L2 hit) rather than hold it in registers through the loop
     allowed = tl.load(allowed_ptr + offs_m[:, None] * stride_allowed_m + offs_n[None, :], mask=c_mask, other=0)
     tl.store(c_ptrs, tl.where(allowed != 0, acc, float("-inf")), mask=c_mask)

@@ -1,4 +1,4 @@
-"""Step 9: one function that picks the path from the batch size and the allowed count, and the chapter's entry
+"""Step 12: one function that picks the path from the batch size and the allowed count, and the chapter's entry
 point :func:`masked_logits`. The thresholds come from the committed benchmark results
 (:func:`rule_from_results`), else :data:`FALLBACK_RULE`; choosing needs no device round trip.
 """
@@ -31,7 +31,7 @@ class DispatchRule:
     """The thresholds of :func:`choose_path`. ``compact_max_fraction``: batch size -> the largest fraction of the
     vocabulary (the union's rows) that takes a compacted kernel; ``dense_path``: batch size -> the dense path above
     it. A batch above 1 never takes batch 1's entries (measured on other kernels): with keys {1, 4},
-    batch 2 takes key 4's. ``few_max``: batch-1 sets of at most this many ids take step 6.
+    batch 2 takes key 4's. ``few_max``: batch-1 sets of at most this many ids take step 8.
     """
 
     compact_max_fraction: Mapping[int, float]
@@ -59,7 +59,7 @@ class DispatchRule:
 
 
 #: The rule without committed results: at batch 1 a compacted kernel never reads more than a dense path; above
-#: it, step 7's gathered tiles lose as the union nears the whole vocabulary, so the switch is put at half of it.
+#: it, step 10's gathered tiles lose as the union nears the whole vocabulary, so the switch is put at half of it.
 FALLBACK_RULE = DispatchRule({1: 1.0, 2: 0.5}, {1: "row_skip", 2: "row_skip"}, FEW_IDS_MAX,
                              "fallback rule (no committed benchmark results)")
 
@@ -75,7 +75,7 @@ def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[d
     """(batch, mask kind) -> one point per measured allowed count, sorted by union: ``compact`` (the fastest
     compacted step), ``dense`` (the faster dense path), and each of ``row_skip``, ``cublas``, ``few`` and ``stream``
     (None where not measured), in ms, on ``[V, D]``."""
-    compact_b1, few, batched, row = (step_series(n) for n in (5, 6, 7, 3))
+    compact_b1, few, batched, row = (step_series(n) for n in (7, 8, 10, 3))
     by_case: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         p = r["params"]
@@ -106,8 +106,8 @@ def win_range(points: list[tuple[int, bool]]) -> tuple[int | None, int | None]:
 def rule_from_results(results, vocab: int = VOCAB) -> DispatchRule:
     """The dispatch thresholds measured in one benchmark run, per batch size over all its mask kinds: a compacted
     kernel up to the largest union where it was no slower than the best dense path with no slower point below; the
-    dense path with the smaller total time where both were measured; step 6 up to the largest batch-1 count where
-    it was no slower than step 5 with no slower count below (all its slots if it never lost).
+    dense path with the smaller total time where both were measured; step 8 up to the largest batch-1 count where
+    it was no slower than step 7 with no slower count below (all its slots if it never lost).
     """
     points = crossover_points(results.rows)
     if not points:
@@ -162,8 +162,8 @@ def _for_batch(table: Mapping[int, Any], batch: int) -> Any:
 
 
 def choose_path(batch: int, vocab: int, union_count: int, rule: DispatchRule | None = None) -> str:
-    """The path :func:`step09_dispatch` takes: ``"few_ids"`` (step 6), ``"stream"`` (step 5), ``"batched"``
-    (step 7), ``"row_skip"`` (step 3) or ``"cublas"``."""
+    """The path :func:`step12_dispatch` takes: ``"few_ids"`` (step 8), ``"stream"`` (step 7), ``"batched"``
+    (step 10), ``"row_skip"`` (step 3) or ``"cublas"``."""
     rule = rule or dispatch_rule()
     max_union, dense = rule.limits(batch, vocab)
     if union_count <= max_union:
@@ -205,7 +205,7 @@ def dense_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], out: Flo
 _MM_OUT_DTYPE: bool | None = None
 
 
-# Step 9's host time is its lesson: it launches the kernels of steps 3, 5, 6 and 7 through their compiled
+# Step 12's host time is its lesson: it launches the kernels of steps 3, 7, 8 and 10 through their compiled
 # launchers (:mod:`.launch`), with the grids and arguments those steps show.
 _ROW_SKIP, _STREAM, _FEW, _BATCHED = (FastKernel(k) for k in (row_skip_kernel, compact_stream_kernel, few_ids_kernel,
                                                                batched_union_kernel))
@@ -220,10 +220,10 @@ def launch_constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> d
         if path == "row_skip":  # step 3
             c = {"BLOCK_M": t.block_b, "BLOCK_N": t.block_v, "BLOCK_K": t.block_d, "GROUP_M": t.group,
                  "DOT_DTYPE": dot_dtype(dtype)}
-        elif path == "batched":  # step 7
+        elif path == "batched":  # step 10
             c = {"D": hidden, "BLOCK_B": t.block_b, "BLOCK_V": t.block_v, "BLOCK_D": t.block_d,
                  "FILL_BLOCK": t.fill_block, "DOT_DTYPE": dot_dtype(dtype)}
-        else:  # steps 5 and 6
+        else:  # steps 7 and 8
             c = {"D": hidden, "D_POW2": triton.next_power_of_2(hidden), "FILL_BLOCK": t.fill_block,
                  "EVICTION": EVICTION} | ({"BLOCK_V": t.block_v} if path == "stream" else {})
         hit = _LAUNCH_CONSTEXPRS[key] = (t, c | {"num_warps": t.num_warps, "num_stages": t.num_stages})
@@ -233,27 +233,28 @@ def launch_constexprs(path: str, t: Tiles, hidden: int, dtype: torch.dtype) -> d
 _LAUNCH_CONSTEXPRS: dict[tuple, tuple] = {}
 
 
-def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
+def step12_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                     out: Float[Tensor, "b v"] | None = None, rule: DispatchRule | None = None) -> Float[Tensor, "b v"]:
-    """Step 9: the fastest path for this batch size and allowed count, by :func:`choose_path`.
+    """Step 12: the fastest path for this batch size and allowed count, by :func:`choose_path`.
 
-    A CUDA graph of a call replays only the *same* ``allowed``: the path, the grid and (step 6) the ids are
+    A CUDA graph of a call replays only the *same* ``allowed``: the path, the grid and (step 8) the ids are
     launch arguments fixed at capture; :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan` captures once."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, "vd", out)
     n = allowed.union_count
     path = choose_path(batch, vocab, n, rule)
     out = output(out, batch, vocab, h.device)
-    if path == "few_ids":  # step 6
+    if path == "few_ids":  # step 8
         t, ids = few_tiles(), allowed.few_ids
         _FEW(len(ids) + -(-vocab // t.fill_block), (h, weight, out, len(ids), *ids, *NO_IDS[len(ids):], vocab,
                                                     weight.stride(0)), launch_constexprs(path, t, hidden, h.dtype))
-    elif path == "stream":  # step 5
+    elif path == "stream":  # step 7
         t = stream_tiles(n)
-        n_fill = -(-vocab // t.fill_block)
-        _STREAM(n_fill + -(-n // t.block_v), (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n, vocab, n_fill,
-                                              weight.stride(0)), launch_constexprs(path, t, hidden, h.dtype))
-    elif path == "batched":  # step 7
-        t = default_tiles(7, batch, n)
+        n_compute = -(-n // t.block_v)
+        _STREAM(n_compute + -(-vocab // t.fill_block), (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n, vocab,
+                                                        n_compute, weight.stride(0)),
+                launch_constexprs(path, t, hidden, h.dtype))
+    elif path == "batched":  # step 10
+        t = default_tiles(10, batch, n)
         n_compute = -(-n // t.block_v) * -(-batch // t.block_b)
         _BATCHED(n_compute + -(-(batch * vocab) // t.fill_block),
                  (h, weight, out, allowed.mask_u8, allowed.kernel_ids, n, batch, vocab, n_compute, h.stride(0),
@@ -271,8 +272,8 @@ def step09_dispatch(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allow
 
 def masked_logits(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                   out: Float[Tensor, "b v"] | None = None) -> Float[Tensor, "b v"]:
-    """Masked LM head: fp32 logits where ``allowed``, ``-inf`` elsewhere, by step 9; ``weight`` is PyTorch's
+    """Masked LM head: fp32 logits where ``allowed``, ``-inf`` elsewhere, by step 12; ``weight`` is PyTorch's
     ``lm_head.weight``, ``[V, D]``, bf16 or fp16. In a CUDA graph, see
     :class:`~studylog.masked_lm_head.plan.MaskedHeadPlan`.
     """
-    return step09_dispatch(h, weight, allowed, out=out)
+    return step12_dispatch(h, weight, allowed, out=out)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 VOCAB = 128_256
 HIDDEN = 3072
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
-#: Allowed sets up to this size also keep their ids on the host, for step 6's launch-argument slots.
+#: Allowed sets up to this size also keep their ids on the host, for step 8's launch-argument slots.
 FEW_IDS_MAX = 8
 #: The weight layouts: ``"vd"`` is ``[V, D]`` (PyTorch's ``lm_head.weight``), ``"dv"`` the post's ``[D, V]``.
 LAYOUTS = ("vd", "dv")
@@ -178,7 +178,7 @@ def unpack_bitmask(bitmask: Int[Tensor, "b w"], vocab_size: int) -> Bool[Tensor,
 class Tiles:
     """Block sizes (powers of two) and launch options of one kernel call: ``block_b`` sequences (at least 16
     wherever ``tl.dot`` is used), ``block_v`` tokens and ``block_d`` hidden features per program step;
-    ``fill_block``: outputs a fill program sets to ``-inf`` (steps 4 to 7).
+    ``fill_block``: outputs a fill program sets to ``-inf`` (steps 4 to 10).
     """
 
     block_b: int = 16
@@ -212,11 +212,11 @@ def _tiles_for(step: int, block_b: int, rows_class: int) -> Tiles:
     if step == 4:  # one to four whole rows per program: few rows keep every SM busy when little is allowed
         return Tiles(block_b=1, block_v=(1, 2, 4)[rows_class], block_d=1024, fill_block=4096, num_warps=4,
                      num_stages=1)
-    if step == 5:
+    if step in (5, 6, 7):
         return _STREAM_TILES[rows_class == 2]
-    if step == 6:
+    if step == 8:
         return _FEW_TILES
-    if step == 7:
+    if step in (9, 10):
         if rows_class == 0:  # few rows: many small programs with wide chunks, so no program walks D in tiny steps
             return Tiles(block_b=block_b, block_v=16, block_d=256, fill_block=4096, num_warps=4, num_stages=3)
         return Tiles(block_b=block_b, block_v=64, block_d=128 if block_b <= 16 else 64, fill_block=4096,
@@ -227,12 +227,12 @@ def _tiles_for(step: int, block_b: int, rows_class: int) -> Tiles:
 
 
 def stream_tiles(allowed_rows: int) -> Tiles:
-    """Step 5's tiles: one row per program up to 16,384 rows, two above."""
+    """Steps 5 to 7's tiles: one row per program up to 16,384 rows, two above."""
     return _STREAM_TILES[allowed_rows > 16384]
 
 
 def few_tiles() -> Tiles:
-    """Step 6's launch: one row per program, fill programs of 1,024 outputs (smaller than step 5's)."""
+    """Step 8's launch: one row per program, fill programs of 1,024 outputs (smaller than step 7's)."""
     return _FEW_TILES
 
 
@@ -329,7 +329,7 @@ def need_layout(step: str, layout: str) -> None:
 
 def need_batch1(step: str, batch: int) -> None:
     if batch != 1:
-        raise ValueError(f"{step} handles one sequence; h has batch {batch} (use step07_batched or masked_logits)")
+        raise ValueError(f"{step} handles one sequence; h has batch {batch} (use step10_batched or masked_logits)")
 
 
 # The float64 reference
@@ -346,7 +346,7 @@ FP32_UNIT_ROUNDOFF = 2.0**-24
 
 
 #: How a path adds the products of a logit: ``"dot"`` through ``tl.dot`` or cuBLAS, ``"row"`` as one program's
-#: reduction of whole rows (steps 4-6, and the plan's batch-1 kernel).
+#: reduction of rows per logit (steps 4-9, and the plan's batch-1 kernel).
 SUMMATIONS = ("dot", "row")
 
 
@@ -358,7 +358,8 @@ def accumulation_depth(hidden: int, summation: str = "dot") -> int:
     accumulations in a chain, at most 4 levels inside one instruction, and tensor cores may truncate when they
     align the addends (``2u`` instead of ``u``): ``k = 2 (ceil(D / 16) + 4)``. ``"row"``: 128 threads reduce at
     most two whole rows padded to ``D' = next_power_of_2(D)``, each thread a chain of at most ``2 D' / 128``
-    values, then a tree of 7 levels, rounding to nearest: ``k = 2 D' / 128 + 7`` (step 4's chunks add fewer).
+    values, then a tree of 7 levels, rounding to nearest: ``k = 2 D' / 128 + 7`` (step 4's and step 9's chunks
+    of the row add fewer at the chapter's tiles).
     """
     if summation == "row":
         return 2 * -(-triton.next_power_of_2(int(hidden)) // 128) + 7

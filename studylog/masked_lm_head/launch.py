@@ -1,4 +1,4 @@
-"""Launching Triton kernels with little host time (step 9 and the plan, where host time is the lesson).
+"""Launching Triton kernels with little host time (steps 12 and 13, where host time is the lesson).
 
 ``kernel[grid](...)`` works out how each argument specialises the kernel and hashes that into a cache key before
 calling the launcher: for a kernel of a few microseconds, longer than the kernel. :class:`FastKernel` reduces the

@@ -99,13 +99,13 @@ def _masked_logits(h: Tensor, weight: Tensor, bitmask: Tensor, max_allowed: int 
         BLOCK_B=min(UNION_BLOCK_B, triton.next_power_of_2(batch)), num_warps=4)
     if path == "stream":
         t = stream_tiles(capacity)
-        n_fill = triton.cdiv(vocab, t.fill_block)
-        wrap_triton(stream_count_kernel)[(n_fill + triton.cdiv(capacity, t.block_v),)](
-            h, weight, out, bitmask, ids, count, vocab, n_fill, hidden, D=hidden,
+        n_compute = triton.cdiv(capacity, t.block_v)
+        wrap_triton(stream_count_kernel)[(n_compute + triton.cdiv(vocab, t.fill_block),)](
+            h, weight, out, bitmask, ids, count, vocab, n_compute, hidden, D=hidden,
             D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block, EVICTION=EVICTION,
             num_warps=t.num_warps, num_stages=t.num_stages)
         return out
-    t = default_tiles(7, batch, capacity)
+    t = default_tiles(10, batch, capacity)
     n_compute = triton.cdiv(capacity, t.block_v) * triton.cdiv(batch, t.block_b)
     wrap_triton(batched_count_kernel)[(n_compute + batch * triton.cdiv(vocab, t.fill_block),)](
         h, weight, out, bitmask, ids, count, batch, vocab, n_compute, hidden, hidden, vocab, words, D=hidden,

@@ -1,8 +1,9 @@
-"""The masked LM head in a decode loop that a CUDA graph captures once: :class:`MaskedHeadPlan`.
+"""Step 13: the masked LM head in a decode loop that a CUDA graph captures once, :class:`MaskedHeadPlan`, and one
+decode step of it from the grammar's packed bitmask, :func:`step13_plan`.
 
 A graph keeps the launch arguments it was captured with, so nothing that changes from step to step may be one
 (the ids, their count, the path). The plan keeps them in device buffers: the packed int32 bitmask the caller
-copies in, the union's ids and count built from it on the device, and step 5's and 7's kernels with the count
+copies in, the union's ids and count built from it on the device, and step 7's and 10's kernels with the count
 loaded rather than passed, their grid sized for a capacity (programs past the count store nothing). It keeps one
 graph per **bucket**: the path for the count, the capacity rounded up to a power of two (at least 16).
 """
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import runtime
@@ -58,19 +59,19 @@ def union_ids_kernel(
     tl.store(ids_ptr + base + tl.cumsum(flag, axis=0) - 1, tok, mask=flag != 0)
 
 
-# Step 5's kernel with the count on the device and the mask as bits. The id buffer holds the grid's whole
+# Step 7's kernel with the count on the device and the mask as bits. The id buffer holds the grid's whole
 # capacity, so the id is loaded unmasked, beside the count: the row load waits for both at once. A program past
 # the count (a bucket's spare capacity) returns as soon as the count arrives.
 
 @triton.jit
 def stream_count_kernel(
-    h_ptr, w_ptr, out_ptr, bitmask_ptr, ids_ptr, count_ptr, V, n_fill, stride_wv,
+    h_ptr, w_ptr, out_ptr, bitmask_ptr, ids_ptr, count_ptr, V, n_compute, stride_wv,
     D: tl.constexpr, D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, FILL_BLOCK: tl.constexpr,
     EVICTION: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if pid >= n_fill:
-        first = (pid - n_fill) * BLOCK_V
+    if pid < n_compute:
+        first = pid * BLOCK_V
         slots = first + tl.arange(0, BLOCK_V)
         rows = tl.load(ids_ptr + slots)
         n = tl.load(count_ptr)
@@ -83,14 +84,14 @@ def stream_count_kernel(
                         mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION).to(tl.float32)
             tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
     else:
-        offs = pid * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+        offs = (pid - n_compute) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
         inside = offs < V
         word = tl.load(bitmask_ptr + offs // 32, mask=inside, other=-1)
         keep = (word >> (offs % 32)) & 1
         tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
 
 
-# Step 7's kernel with the count on the device and the masks as bits. A program whose block of the union starts
+# Step 10's kernel with the count on the device and the masks as bits. A program whose block of the union starts
 # past the count returns before its loop over D. A fill program takes a block of one sequence's outputs.
 
 @triton.jit
@@ -309,12 +310,12 @@ class MaskedHeadPlan:
                   "num_warps": 4})
         if path == "stream":
             t = stream_tiles(capacity)
-            n_fill = -(-vocab // t.fill_block)
-            return [union, (_STREAM_COUNT, n_fill + -(-capacity // t.block_v),
-                            (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, vocab, n_fill,
+            n_compute = -(-capacity // t.block_v)
+            return [union, (_STREAM_COUNT, n_compute + -(-vocab // t.fill_block),
+                            (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, vocab, n_compute,
                              self.weight.stride(0)),
                             launch_constexprs("stream", t, hidden, self.weight.dtype))]
-        t = default_tiles(7, batch, capacity)
+        t = default_tiles(10, batch, capacity)
         n_compute = -(-capacity // t.block_v) * -(-batch // t.block_b)
         return [union, (_BATCHED_COUNT, n_compute + batch * -(-vocab // t.fill_block),
                         (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, batch, vocab, n_compute,
@@ -385,3 +386,11 @@ class MaskedHeadPlan:
         self._set_count = allowed.union_count
         return allowed.union_count
 
+
+def step13_plan(plan: MaskedHeadPlan, bitmask: Int[Tensor, "b w"], count: int) -> Float[Tensor, "b v"]:
+    """Step 13: one decode step from the grammar's packed bitmask. The bitmask (``[B, ceil(V / 32)]`` int32, best in
+    pinned host memory) is copied into ``plan.bitmask`` without waiting, then the graph of ``count``'s bucket replays:
+    the union's ids and count built on the device, then step 7's or step 10's kernel reading the count (or a dense
+    path). ``count`` is the union's token count, or a bound above it. Returns ``plan.out``."""
+    plan.bitmask.copy_(bitmask, non_blocking=True)
+    return plan.step(count)

@@ -1,4 +1,4 @@
-"""Step 8: step 3 on a vocabulary reordered so that tokens allowed together sit together (fewer active
+"""Step 11: step 3 on a vocabulary reordered so that tokens allowed together sit together (fewer active
 blocks), writing the logits back in the original order; and the reordering itself (built once, offline).
 """
 
@@ -19,7 +19,7 @@ from studylog import runtime  # noqa: F401  (selects GPU or interpreter before k
 from studylog.masked_lm_head.dense import grouped_tile, store_allowed, tile_offsets
 from studylog.masked_lm_head.formats import AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype, output
 
-# Step 8: step 3 on a reordered vocabulary. Row j of the weight is token perm[j]; the masks are
+# Step 11: step 3 on a reordered vocabulary. Row j of the weight is token perm[j]; the masks are
 # in the same order; the logits go back to their tokens' original positions.
 
 @triton.jit
@@ -124,16 +124,16 @@ class ReorderedHead:
         return cls(weight.index_select(0, perm).contiguous(), VocabOrder(perm.to(torch.int32)))
 
 
-def step08_reordered(h: Float[Tensor, "b d"], head: ReorderedHead, allowed_reordered: AllowedTokens, *,
+def step11_reordered(h: Float[Tensor, "b d"], head: ReorderedHead, allowed_reordered: AllowedTokens, *,
                       out: Float[Tensor, "b v"] | None = None, tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
-    """Step 8: step 3 on a reordered vocabulary (``allowed_reordered = allowed.permuted(head.order)``, once per
+    """Step 11: step 3 on a reordered vocabulary (``allowed_reordered = allowed.permuted(head.order)``, once per
     FSM state); logits come out in the original token order."""
     if not isinstance(head, ReorderedHead):
         raise TypeError(f"head must be a ReorderedHead, got {type(head).__name__}")
     batch, vocab, hidden = check_inputs(h, head.weight, allowed_reordered, "vd", out)
     if head.order.perm.device != h.device:
         raise ValueError(f"head.order is on {head.order.perm.device}, h on {h.device}")
-    t = tiles or default_tiles(8, batch)
+    t = tiles or default_tiles(11, batch)
     out = output(out, batch, vocab, h.device)
     grid = (triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)
     reordered_rows_kernel[grid](

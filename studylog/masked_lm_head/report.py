@@ -19,25 +19,30 @@ from studylog.masked_lm_head.formats import (HIDDEN, VOCAB, AllowedTokens, compa
                                              pack_bitmask)
 from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, \
     structured_sets
-from studylog.masked_lm_head.plan import MaskedHeadPlan
+from studylog.masked_lm_head.plan import MaskedHeadPlan, step13_plan
 from studylog.masked_lm_head.reorder import ReorderedHead, VocabOrder, active_blocks, cluster_order, \
-    step08_reordered
+    step11_reordered
 
-#: Step 8 measured with a vocabulary order fitted on every mask, the measured one included (the best case).
+#: Step 11 measured with a vocabulary order fitted on every mask, the measured one included (the best case).
 IN_SAMPLE = "reordered_in_sample"
-#: Ours, whole decode step from the packed bitmask: copy in, union built on the device, dispatch.
-PLAN = "plan_bitmask"
+#: Step 13's series (``CHAPTER.step(13).series``): the whole decode step from the packed bitmask, copy in, union
+#: built on the device, the bucket's kernels (:func:`~studylog.masked_lm_head.plan.step13_plan`).
+PLAN = "step13"
 #: The practitioners' path: the bitmask copied in, cuBLAS fp32 logits, xgrammar's apply_token_bitmask_inplace.
 XGRAMMAR = "xgrammar_bitmask"
 #: The same with bf16 logits (the cheapest form of that path; not our output contract).
 XGRAMMAR_BF16 = "xgrammar_bitmask_bf16"
 #: Batch sizes of the full run: 4 is in the dispatch's branch for batches 2-7.
 BATCHES = (1, 4, 8, 64, 256)
-#: Steps whose logit is one program's reduction of whole rows (``"row"`` summation of :func:`error_bound`).
-ROW_STEPS = (4, 5, 6)
+#: Steps whose logit is one program's reduction of a row (``"row"`` summation of :func:`error_bound`).
+ROW_STEPS = (4, 5, 6, 7, 8, 9)
+#: Where step 9 is measured above batch 1 (random masks): up to this batch, and up to this many allowed tokens in all
+#: (batch x allowed per sequence). It reduces each union row once per sequence: at batch 64 with 1,000 allowed each,
+#: a call takes milliseconds.
+UNION_MAX_BATCH, UNION_MAX_ALLOWED = 64, 64_000
 #: The most bytes of copies of a head (itself counted) one measurement rotates among: room is left on an 80 GB card.
 COPY_BUDGET = 48 * 2**30
-#: Step 9's paths that compute every logit (they read the whole head).
+#: Step 12's paths that compute every logit (they read the whole head).
 DENSE_PATHS = ("cublas", "dense")
 
 
@@ -104,12 +109,13 @@ def cases(vocab: int, *, quick: bool, third_kind: str, batches: Sequence[int] = 
 
 
 def steps_at(batch: int, kind: str, count: int, third_kind: str, few: bool) -> list[int]:
-    """The steps measured at a case, in order (``few``: the union fits step 6's slots; step 8 is apart)."""
+    """The steps measured at a case, in order (``few``: the union fits step 8's slots; steps 11 and 13 are apart)."""
     random, target = kind == "random", count in (1000, 10_000)
     if batch > 1:
-        return [3, 7, 9] if random and target else [7, 9]
+        union = random and batch <= UNION_MAX_BATCH and batch * count <= UNION_MAX_ALLOWED
+        return [n for n, on in ((3, random and target), (9, union), (10, True), (12, True)) if on]
     return [n for n, on in ((0, random and target), (1, kind != third_kind), (2, random and count >= 100), (3, True),
-                            (4, random), (5, True), (6, few), (9, True)) if on]
+                            (4, random), (5, random), (6, random), (7, True), (8, few), (12, True)) if on]
 
 
 def _pick_structured(sets: list[np.ndarray], target: int, batch: int, gen: np.random.Generator) -> list[int] | None:
@@ -147,7 +153,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
               peer: Callable | None = None, copy_budget: int = COPY_BUDGET) -> None:
     """The benchmark body, sizes as arguments (a CPU test runs it at toy sizes); ``only`` replaces :func:`cases`,
     ``peer`` xgrammar's ``apply_token_bitmask_inplace``."""
-    S = {n: step_series(n) for n in range(10)}
+    S = {n: step_series(n) for n in range(14)}
     dtype = torch.bfloat16
     dev = torch.device(device)
     gen = np.random.default_rng(1234)
@@ -166,24 +172,27 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
     apply_bitmask, peer_version = (peer, "given") if peer is not None else _xgrammar()
 
     run.note(f"weights: V={vocab}, D={hidden}, {dtype}; third mask kind {third_kind!r}: {data.source}, "
-             f"{len(set(data.groups))} grammars. {S[8]} uses a vocabulary order fitted on the other half of the "
+             f"{len(set(data.groups))} grammars. {S[11]} uses a vocabulary order fitted on the other half of the "
              "grammars (two-fold cross-fitting, a schema and its [compact] variant together); "
-             f"{IN_SAMPLE} is {S[8]} with an order fitted on every mask, the measured mask included.")
+             f"{IN_SAMPLE} is {S[11]} with an order fitted on every mask, the measured mask included.")
     run.note("Clock: every series is GPU time (CUDA-graph replay, three repetitions, min/median/max kept); "
              "host_ms is the host time per call of the public entry point, called back to back with a "
              "preallocated out. The steps take their allowed sets precomputed per FSM state (AllowedTokens); "
-             f"{PLAN} and {XGRAMMAR} time the whole step from the packed int32 bitmask in pinned host memory.")
+             f"{PLAN} and {XGRAMMAR} time the whole step from the packed int32 bitmask in pinned host memory: on "
+             f"the GPU clock, {PLAN} is what the plan's graph of the bucket holds (the copy, then plan.launch), "
+             "captured in the benchmark's graph; its host_ms is step13_plan's (the copy, then the plan's graph "
+             "replayed).")
     run.note("Rotation: each GPU-clock row replays its call on copies of the head in turn (exact clones; the "
              "output is checked on the first), so that the rows a call reads come from DRAM: enough copies that "
              "the bytes one call reads, times the copies, exceed four times L2 (BenchRun.rotation). A call reads "
              "the union's rows (union x D x 2 bytes: what any path that reads only allowed rows reads, so a path "
              "that reads more, step 1's whole active blocks or the [D, V] layout's 32-byte sectors, gets more "
              "copies than it needs, never fewer) or, for a path that computes "
-             f"every logit ({S[0]}, dense_mask, cublas_fp32_mask, the xgrammar paths, {S[9]} and {PLAN} on a dense "
+             f"every logit ({S[0]}, dense_mask, cublas_fp32_mask, the xgrammar paths, {S[12]} and {PLAN} on a dense "
              f"path), the whole head: one copy. At most {copy_budget / 2**30:g} GiB of copies "
              f"({max(1, copy_budget // whole)} heads); where that binds, the row's rotation_capped is true: its "
              "copies read less than four times L2 together, so some of its rows may be read from L2. Rows keep "
-             f"copies and read_bytes. {PLAN} rotates over one MaskedHeadPlan per copy (h shared); {S[8]} over "
+             f"copies and read_bytes. {PLAN} rotates over one MaskedHeadPlan per copy (h shared); {S[11]} over "
              "copies of its reordered head; the [D, V] rows over copies of that layout. host_ms is timed on one copy.")
     run.note("Baselines get their cheapest form: dense_mask = (h @ W.T).masked_fill_(~mask, -inf) in bf16 "
              "(our kernels write fp32); index_select = h @ W.index_select(0, union_ids).T, without scattering "
@@ -200,8 +209,11 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
         run.note(f"xgrammar is not installed here ({peer_version}): {XGRAMMAR} not measured.")
     else:
         run.note(f"xgrammar {peer_version}")
-    run.note(f"{S[9]} dispatches by the rule {rule.source}: compacted up to {dict(rule.compact_max_fraction)} "
-             f"of V by batch, dense path {dict(rule.dense_path)}, {S[6]} up to {rule.few_max} ids.")
+    run.note(f"{S[12]} dispatches by the rule {rule.source}: compacted up to {dict(rule.compact_max_fraction)} "
+             f"of V by batch, dense path {dict(rule.dense_path)}, {S[8]} up to {rule.few_max} ids.")
+    run.note(f"{S[9]} (each union row reduced against each sequence in turn) is measured above batch 1 on random masks "
+             f"up to batch {UNION_MAX_BATCH} and {UNION_MAX_ALLOWED:,} allowed tokens in all (batch x allowed per "
+             f"sequence), beside {S[10]}.")
 
     w64 = weight.double()
     reference: dict[int, tuple[Tensor, Tensor]] = {}  # batch -> (float64 logits, sum |h_i w_i|) of the current h
@@ -288,31 +300,33 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
                 step = _chapter().step(n).function
                 kw = {"floor": floor} if n else {}
                 nbytes = union_bytes if n else whole
-                if n == 9:
+                if n == 12:
                     path = choose_path(batch, vocab, n_union, rule)
                     kw |= {"summation": "row" if path in ("few_ids", "stream") else "dot", "path": path}
                     nbytes = whole if path in DENSE_PATHS else union_bytes
                 elif n in ROW_STEPS:
                     kw["summation"] = "row"
                 ours(S[n], lambda w, out, step=step: step(h, w, allowed, out=out), weight, nbytes, h, allowed, vd,
-                     long=n <= 3, **kw, **extra)
+                     long=n <= 3 or n == 9, **kw, **extra)
             if batch == 1 and first and count in (1000, 10_000):  # the post's [D, V] layout
                 for n in (1, 2):
                     step = _chapter().step(n).function
                     ours(S[n], lambda w, out, step=step: step(h, w, allowed, layout="dv", out=out), weight_dv,
                          union_bytes, h, allowed, params | {"layout": "dv"}, floor=floor, long=True, **extra)
-            if kind == third_kind and batch == 1:  # step 8: the same set on a reordered vocabulary, built here
-                block = default_tiles(8, batch).block_v
+            if kind == third_kind and batch == 1:  # step 11: the same set on a reordered vocabulary, built here
+                block = default_tiles(11, batch).block_v
                 other = 1 - fold[picked[0]]  # the order fitted on the other fold's grammars
-                for series, order in ((S[8], orders[other]), (IN_SAMPLE, in_sample)):
+                for series, order in ((S[11], orders[other]), (IN_SAMPLE, in_sample)):
                     on_device = VocabOrder(order.perm.to(dev))
                     permuted = allowed.permuted(on_device)
-                    ours(series, lambda head, out, permuted=permuted: step08_reordered(h, head, permuted, out=out),
+                    ours(series, lambda head, out, permuted=permuted: step11_reordered(h, head, permuted, out=out),
                          ReorderedHead.build(weight, on_device), union_bytes, h, allowed, vd, floor=floor, long=True,
                          **extra, grammar=data.groups[picked[0]], active_blocks=active_blocks(sets[0], block, order),
                          active_blocks_original=active_blocks(sets[0], block))
 
-            # the whole step from the packed bitmask: ours (the plan) and the practitioners' path
+            # the whole step from the packed bitmask: ours (step 13, the plan) and the practitioners' path. On the GPU
+            # clock, what the plan's graph of the bucket holds, captured in the benchmark's graph (a graph is not
+            # replayed inside another's capture); on the host clock, step13_plan itself, which replays that graph
             def plan_step(p: MaskedHeadPlan) -> Tensor:
                 p.bitmask.copy_(host_bitmask, non_blocking=True)
                 return p.launch(n_union)
@@ -322,7 +336,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
             check(PLAN, plan_step(plan), h, allowed, vd, "row" if bucket[0] == "stream" else "dot")
             measure(PLAN, plan_step, weight, whole if bucket[0] == "dense" else union_bytes, vd, prepare=plans,
                     floor=floor, long=bucket[0] == "dense",
-                    host=lambda: (plan.bitmask.copy_(host_bitmask, non_blocking=True), plan.step(n_union)),
+                    host=lambda: step13_plan(plan, host_bitmask, n_union),
                     bucket=f"{bucket[0]} {bucket[1]}", **extra)
             if apply_bitmask is not None:
                 def xgrammar_step(w: Tensor, out: Tensor = logits) -> Tensor:
@@ -360,17 +374,17 @@ def _same_masked(a: Tensor, b: Tensor) -> bool:
 
 
 def losses(rows: list[dict]) -> list[str]:
-    """Every measured point where step 9 or the plan is slower than a rival, as sentences."""
+    """Every measured point where step 12 or step 13 (the plan) is slower than a rival, as sentences."""
     by_point: dict[tuple, dict[str, float]] = {}
     for r in rows:
         p = r["params"]
         if p.get("layout", "vd") != "vd" or "kind" not in p:
             continue
         by_point.setdefault((p["batch"], p["kind"], p["allowed"]), {})[r["series"]] = r["ms"]
-    s9 = step_series(9)
+    s12 = step_series(12)
     out = []
     for (batch, kind, allowed), t in sorted(by_point.items()):
-        for mine, rival in ((s9, "index_select"), (s9, "dense_mask"), (s9, "cublas_fp32_mask"), (PLAN, XGRAMMAR)):
+        for mine, rival in ((s12, "index_select"), (s12, "dense_mask"), (s12, "cublas_fp32_mask"), (PLAN, XGRAMMAR)):
             if mine in t and rival in t and t[mine] > t[rival]:
                 out.append(f"we lose: batch {batch}, {kind} masks, {allowed:,} allowed: {mine} {t[mine] * 1e3:.1f} µs "
                            f"against {rival} {t[rival] * 1e3:.1f} µs ({t[mine] / t[rival]:.2f}x)")
@@ -378,21 +392,21 @@ def losses(rows: list[dict]) -> list[str]:
 
 
 def headline(results) -> list[dict]:
-    """The book's headline rows: step 9 against torch, the whole step from the bitmask against xgrammar's path
-    (the rows the file holds)."""
+    """The book's headline rows: step 13 (the whole step from the bitmask) against xgrammar's path, step 12 (the
+    kernel alone, allowed ids given) against torch (the rows the file holds)."""
     from studylog.plotting import headline_row
 
     label = _chapter().label
-    plan_label = "MaskedHeadPlan (step 9 from the packed bitmask)"
+    plan_label = "MaskedHeadPlan (step 13: the whole step from the packed bitmask)"
     peer_label = "xgrammar: cuBLAS logits + apply_token_bitmask_inplace"
-    s9 = step_series(9)
+    s12 = step_series(12)
     # the whole step against xgrammar's path first (the headline, at each batch the landing page gives), then the
     # kernel alone against torch's paths
     points = [(PLAN, XGRAMMAR, b, 1000, f"whole step from the bitmask, batch {b}, 1,000 allowed"
                + (" per sequence" if b > 1 else ""), plan_label, peer_label) for b in (1, 64, 256)]
-    points += [(s9, "index_select", 1, 10_000, "batch 1, 10,000 allowed", None, "torch index_select"),
-               (s9, "dense_mask", 1, 1000, "batch 1, 1,000 of 128,256 tokens allowed", None, "torch dense_mask"),
-               (s9, "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (each row its own allowed set)", None,
+    points += [(s12, "index_select", 1, 10_000, "batch 1, 10,000 allowed", None, "torch index_select"),
+               (s12, "dense_mask", 1, 1000, "batch 1, 1,000 of 128,256 tokens allowed", None, "torch dense_mask"),
+               (s12, "dense_mask", 64, 100, "batch 64, 100 allowed per sequence (each row its own allowed set)", None,
                 "torch dense_mask")]
     rows = []
     for kernel, baseline, batch, allowed, case, k_label, b_label in points:

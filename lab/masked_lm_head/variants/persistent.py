@@ -1,7 +1,8 @@
-"""A candidate for step 5 (``step05_stream``) that was measured and not kept: a persistent grid.
+"""A candidate for the batch-1 streaming kernel (``step07_stream``) that was measured and not kept: a persistent
+grid.
 
 Frozen from ``studylog/masked_lm_head.py`` at commit 69a3b83 (where it was ``compact_persistent_kernel`` and
-``step4_persistent``, step 5 being "step 4b"). The kernel is unchanged; the wrapper takes the SM count from
+``step4_persistent``, the streaming kernel being "step 4b"). The kernel is unchanged; the wrapper takes the SM count from
 ``studylog.runtime.sm_count()`` and, for tests, an explicit ``programs``. See ``lab/masked_lm_head/README.md``.
 """
 
@@ -19,10 +20,10 @@ EVICTIONS = ("evict_first", "", "evict_last")
 
 
 # --------------------------------------------------------------------------------------------
-# A candidate the bench measured next to step 4b (now step 5): a persistent grid. A fixed number of programs
-# loop over the blocks of ids; each issues the next block's row loads (and the ids of the block
-# after it) before it reduces the current one, so a program always has a block of rows in flight
-# and h is loaded once per program instead of once per block.
+# A candidate the bench measured next to the streaming kernel (step 7, "step 4b" then): a persistent
+# grid. A fixed number of programs loop over the blocks of ids; each issues the next block's row loads
+# (and the ids of the block after it) before it reduces the current one, so a program always has a
+# block of rows in flight and h is loaded once per program instead of once per block.
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
