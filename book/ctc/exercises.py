@@ -10,9 +10,9 @@ import.
 3. :func:`check_gradient`: the gradient with respect to the activations (softmax included), from alpha
    and beta.
 4. :func:`check_bank_ways`: the shared-memory bank model of step 4's two layouts (the odd-grain advice).
-5. :func:`check_dispatcher`: a rule that picks step 9 or step 10 from a batch's shape, judged against the
+5. :func:`check_dispatcher`: a rule that picks step 13 or step 14 from a batch's shape, judged against the
    committed measurements of both (and, on a GPU, timed by the reader).
-6. :func:`check_unrolled`: a change to step 8's kernel (its frame update no longer unrolled), compiled with NVRTC
+6. :func:`check_unrolled`: a change to step 12's kernel (its frame update no longer unrolled), compiled with NVRTC
    on any machine and read in ptxas' report and the PTX; run against the reference on a GPU.
 """
 
@@ -31,7 +31,7 @@ from studylog.ctc.targets import BLANK, min_frames
 from studylog.ctc.warpctc import GRAIN_SIZES
 
 __all__ = ["check_min_frames", "check_forward", "check_gradient", "check_bank_ways", "check_dispatcher",
-           "check_unrolled", "step8_source", "step8_with", "extended", "logsumexp"]
+           "check_unrolled", "step12_source", "step12_with", "extended", "logsumexp"]
 
 #: Inputs per check; small shapes, so that a reader's plain-Python loop is quick.
 CASES = 40
@@ -163,34 +163,34 @@ def check_bank_ways(fn: Callable[[int, bool], int]) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# 5. A dispatcher between step 9 and step 10
+# 5. A dispatcher between step 13 and step 14
 # --------------------------------------------------------------------------------------
 
 @guarded
 def check_dispatcher(fn: Callable[[int, int, int], int], results=None, tolerance: float = 0.03) -> bool:
-    """``fn(A, N, positions) -> 9 or 10``: which step to run for ``N`` utterances over ``A`` classes whose longest
+    """``fn(A, N, positions) -> 13 or 14``: which step to run for ``N`` utterances over ``A`` classes whose longest
     extended target has ``positions`` = 2L + 1 positions. Judged on the committed benchmark file (or
     ``results``): at every measured shape, the chosen step's time must be within ``tolerance`` of the faster of
-    steps 9 and 10. Prints the worst point."""
+    steps 13 and 14. Prints the worst point."""
     from studylog.plotting import load_results
 
     results = results or load_results("ctc")
     points, worst = 0, (1.0, None)
-    for row in results.select("step10"):
+    for row in results.select("step14"):
         p = row["params"]
-        nine = results.select("step09", **p)
-        if not nine or "max_positions" not in row:
+        thirteen = results.select("step13", **p)
+        if not thirteen or "max_positions" not in row:
             continue
-        times = {9: nine[0]["ms"], 10: row["ms"]}
+        times = {13: thirteen[0]["ms"], 14: row["ms"]}
         choice = fn(p["A"], p["N"], row["max_positions"])
         if choice not in times:
-            return report("check_dispatcher", False, f"A = {p['A']}, N = {p['N']}: returned {choice!r}, not 9 or 10",
+            return report("check_dispatcher", False, f"A = {p['A']}, N = {p['N']}: returned {choice!r}, not 13 or 14",
                           points + 1)
         points += 1
         over = times[choice] / min(times.values())
         if over > worst[0]:
             worst = (over, f"A = {p['A']}, N = {p['N']}, {row['max_positions']} positions: step {choice} takes "
-                           f"{times[choice] * 1e3:.1f} µs, step {19 - choice} {times[19 - choice] * 1e3:.1f} µs")
+                           f"{times[choice] * 1e3:.1f} µs, step {27 - choice} {times[27 - choice] * 1e3:.1f} µs")
     if worst[0] > 1 + tolerance:
         return report("check_dispatcher", False, f"{worst[0]:.2f}x the faster step at {worst[1]}", points)
     print(f"check_dispatcher: within {100 * (worst[0] - 1):.1f}% of the faster step at all {points} measured shapes")
@@ -201,18 +201,18 @@ def check_dispatcher(fn: Callable[[int, int, int], int], results=None, tolerance
 # 6. Change a kernel: what full unrolling buys a register array
 # --------------------------------------------------------------------------------------
 
-#: Step 8's recursion file (a file stem in ``studylog/ctc/csrc``).
-STEP8_FILE = "ctc_step08_branch_free"
+#: Step 12's recursion file (a file stem in ``studylog/ctc/csrc``; step 11's too, with another template flag).
+STEP12_FILE = "ctc_step11_12_branch_free"
 
 
-def step8_source() -> str:
-    """Step 8's recursion file (``ctc_step08_branch_free.cu``), as text: what exercise 6 starts from."""
+def step12_source() -> str:
+    """Step 12's recursion file (``ctc_step11_12_branch_free.cu``), as text: what exercise 6 starts from."""
     from studylog import cuda
 
-    return cuda.read_source(STEP8_FILE)
+    return cuda.read_source(STEP12_FILE)
 
 
-def _step8_instance() -> str:
+def _step12_instance() -> str:
     """The recursion instance the benchmark runs at T = 150 (its positions per lane, the default options)."""
     from studylog.ctc import BENCH_T
     from studylog.ctc.fused import recursion_name, warp_grain
@@ -225,31 +225,31 @@ def _compiled_facts(text: str, name: str) -> dict:
     accesses (``ld.local``/``st.local``: an array the compiler could not keep in registers)."""
     from studylog import cuda
 
-    compiled = cuda.compile_source(text, arch=cuda.DEFAULT_ARCH, name=f"{STEP8_FILE}.cu", name_expressions=[name])
+    compiled = cuda.compile_source(text, arch=cuda.DEFAULT_ARCH, name=f"{STEP12_FILE}.cu", name_expressions=[name])
     ptx = compiled.ptx_function(name)
     facts = dict(compiled.ptxas_report().get(compiled.lowered_names[name], {}))
     facts["local accesses"] = ptx.count("ld.local") + ptx.count("st.local")
     return facts
 
 
-def step8_with(source: str):
-    """``fn(x, batch) -> (loss, grad)``: step 8 (:func:`studylog.ctc.fused.step08_branch_free`) with its recursion
-    compiled from ``source`` instead of the chapter's file (GPU only; the first and last passes are step 8's)."""
+def step12_with(source: str):
+    """``fn(x, batch) -> (loss, grad)``: step 12 (:func:`studylog.ctc.fused.step12_flush_to_zero`) with its recursion
+    compiled from ``source`` instead of the chapter's file (GPU only; the first and last passes are step 12's)."""
     from studylog import cuda
     from studylog.ctc import fused
 
     def run(x, batch):
-        fused.step08_branch_free(x, batch)  # loads step 8's three kernels for this shape
-        v, _ = fused.launch_shape(8, batch.max_positions)
+        fused.step12_flush_to_zero(x, batch)  # loads step 12's three kernels for this shape
+        v, _ = fused.launch_shape(12, batch.max_positions)
         name = fused.recursion_name(v)
         kernel = cuda.load(source, name_expressions=(name,)).kernel(name, fused.SIGNATURES["ctc_branchless_recursion"])
-        keys = [k for k in fused._LAUNCH if k[:2] == (8, v)]
+        keys = [k for k in fused._LAUNCH if k[:2] == (12, v)]
         saved = {k: fused._LAUNCH[k] for k in keys}
         try:
             for k in keys:
                 first, _, last = saved[k]
                 fused._LAUNCH[k] = (first, kernel, last)
-            return fused.step08_branch_free(x, batch)
+            return fused.step12_flush_to_zero(x, batch)
         finally:
             fused._LAUNCH.update(saved)
     return run
@@ -257,18 +257,18 @@ def step8_with(source: str):
 
 @guarded
 def check_unrolled(fn: Callable[[str], str]) -> bool:
-    """Exercise 6. ``fn(source)`` -> step 8's recursion file (:func:`step8_source`) with the forward direction's
+    """Exercise 6. ``fn(source)`` -> step 12's recursion file (:func:`step12_source`) with the forward direction's
     frame update (the loop ``for (int i = V - 1; i >= 0; --i)``) no longer unrolled (``#pragma unroll 1``).
 
     On any machine NVRTC compiles both files for the benchmark's instance and the check prints ptxas' report
     (registers, stack frame, spills) and the PTX's local-memory accesses side by side: yours must put the
-    lane's positions in local memory, where step 8 keeps them in registers. On a GPU your kernel then runs on
+    lane's positions in local memory, where step 12 keeps them in registers. On a GPU your kernel then runs on
     random batches against the float64 reference; without one that part is skipped (it says so)."""
-    name = _step8_instance()
-    original = step8_source()
+    name = _step12_instance()
+    original = step12_source()
     text = fn(original)
     if not isinstance(text, str) or text == original:
-        return report("check_unrolled", False, "fn returned step 8's source unchanged: return the changed text", 1)
+        return report("check_unrolled", False, "fn returned step 12's source unchanged: return the changed text", 1)
     try:
         mine = _compiled_facts(text, name)
     except Exception as exc:  # the compile log says where
@@ -277,9 +277,9 @@ def check_unrolled(fn: Callable[[str], str]) -> bool:
     keys = ("registers", "stack_bytes", "spill_stores", "spill_loads", "local accesses")
     print(f"{name}, compiled with NVRTC for sm_90:")
     for key in keys:
-        print(f"  {key:>15}: step 8 {theirs.get(key, '?')}, yours {mine.get(key, '?')}")
+        print(f"  {key:>15}: step 12 {theirs.get(key, '?')}, yours {mine.get(key, '?')}")
     if mine["local accesses"] <= theirs["local accesses"] and mine.get("stack_bytes", 0) <= theirs.get("stack_bytes", 0):
-        return report("check_unrolled", False, "your kernel uses no more local memory than step 8's: the frame "
+        return report("check_unrolled", False, "your kernel uses no more local memory than step 12's: the frame "
                       "update's loop still unrolls (or the change is elsewhere)", 1)
     if not torch.cuda.is_available():
         print("check_unrolled: your change is in the machine code; no GPU, so your kernel was compiled, not run "
@@ -288,7 +288,7 @@ def check_unrolled(fn: Callable[[str], str]) -> bool:
     from studylog.ctc import prepare_targets, random_targets, padded
     from studylog.ctc.reference import wrong_utterances
 
-    run = step8_with(text)
+    run = step12_with(text)
     gen = torch.Generator().manual_seed(0)
     cases = 0
     for T, N, A in ((40, 3, 11), (150, 4, 28), (150, 2, 300)):

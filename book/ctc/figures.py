@@ -13,13 +13,15 @@ from studylog.ctc.warpctc import default_grain
 COLOURS = {
     "torch-cuDNN": "#222222", "torch-native": "#8c8c8c", "torch-best": "#222222",
     "step01": "#1f77b4", "step02": "#6baed6", "step03": "#9ecae1", "step04": "#17becf", "step05": "#2ca02c",
-    "step06": "#d62728", "step07": "#ff7f0e", "step08": "#bcbd22", "step09": "#9467bd", "step10": "#8c564b",
+    "step06": "#d62728", "step07": "#ff7f0e", "step08": "#ffbb78", "step09": "#c5b0d5", "step10": "#e377c2",
+    "step11": "#dbdb8d", "step12": "#bcbd22", "step13": "#9467bd", "step14": "#8c564b",
 }
 #: Series of the times figure: torch's two paths, the warp-ctc design before and after its best change, the
-#: first fused step and the last step (every step's time is in the step tables of the notebook).
-TIMES_SERIES = ("torch-cuDNN", "torch-native", "step01", "step05", "step07", "step10")
-#: Steps drawn against torch in the speedup figure.
-SPEEDUP_STEPS = (7, 8, 9, 10)
+#: first three-pass step and the last step (every step's time is in the table of steps of the notebook).
+TIMES_SERIES = ("torch-cuDNN", "torch-native", "step01", "step05", "step07", "step14")
+#: Steps drawn against torch in the speedup figure: the first three-pass step, the first with alpha and beta side by
+#: side, the two the entry point chooses between and the step before its choice.
+SPEEDUP_STEPS = (7, 10, 12, 13, 14)
 #: Font size of legends and labels at the saved size (figures are saved about 9 inches wide).
 FONT = 10
 
@@ -29,18 +31,12 @@ def main_clock(results) -> str:
     return clock_of(results, CHAPTER.final.series) or "gpu"
 
 
-#: A bundled step's words in the table of steps and the legends where the library's title does not name each change
-#: of its chain in order (step 7's names three of four, and its "fused gradient" reads as the opposite of 7a).
-TABLE_TITLES = {7: "the gradient a pass of its own, no softmax written, one warp per direction, alpha and beta side "
-                   "by side"}
-
-
 def step_words(series: str) -> str:
-    """A step's series in the words of the lesson's table of steps (``step 8: the warp recursion without ...``); any
-    other series as it is."""
+    """A step's series in the words of the lesson's table of steps (``step 11: the warp recursion without ...``);
+    any other series as it is."""
     for step in CHAPTER.steps:
         if step.series == series:
-            return f"step {step.number}: {TABLE_TITLES.get(step.number, step.title)}"
+            return f"step {step.number}: {step.title}"
     return series
 
 
@@ -162,8 +158,8 @@ def _shared_legend(fig, axes, ncol: int) -> None:
 
 
 def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
-    """``times`` (torch's paths and four of our steps against the floor), ``speedup`` (steps 7 to 10 over the
-    faster torch call, linear axis, with the range of the repetitions) and ``grain`` (step 4's grain sweep),
+    """``times`` (torch's paths and four of our steps against the floor), ``speedup`` (steps of
+    :data:`SPEEDUP_STEPS` over the faster torch call, linear axis, with the range of the repetitions) and ``grain`` (step 4's grain sweep),
     two panels each (A = 28 and 5000); each series in its colour of :data:`COLOURS`."""
     import matplotlib.pyplot as plt
 
@@ -184,7 +180,8 @@ def figures(results) -> dict[str, "matplotlib.figure.Figure"]:  # noqa: F821
         _shared_legend(fig, axes, ncol=1)
         base = clock_words(clock_of(results, "torch-best"))
         bars = "; bars: min–max over repetitions" if any("spread_ms" in r for r in results.rows) else ""
-        fig.suptitle(f"Speedup of steps 7 to 10 over the faster torch call ({base}{bars})", fontsize=FONT + 1)
+        steps = ", ".join(str(k) for k in SPEEDUP_STEPS[:-1]) + f" and {SPEEDUP_STEPS[-1]}"
+        fig.suptitle(f"Speedup of steps {steps} over the faster torch call ({base}{bars})", fontsize=FONT + 1)
         figs["speedup"] = fig
     sweep = grain_sweep(results)
     if sweep:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import statistics
 from typing import Iterable
 
-from book.common import PENDING, ChainRow, chain_factors, floor_ms, lab_or_none, us
-from book.ctc.figures import TABLE_TITLES, clock_words, grain_sweep
+from book.common import PENDING, floor_ms, us
+from book.ctc.figures import clock_words, grain_sweep
 from studylog import paths
 from studylog.ctc import CHAPTER
 from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
@@ -24,10 +24,10 @@ from studylog.ctc.results import clock_of
 from studylog.plotting import Results, load_lab
 from studylog.tails import CTC_FLOOR_SERIES
 
-#: The experiment file of ``lab/ctc`` (recursion options, step 10's other grain, the blocked layout).
+#: The experiment file of ``lab/ctc`` (recursion options, step 14's other grain, the blocked layout).
 OPTIONS_FILE = "options_and_layouts"
 #: The step whose recursion options were compared (an experiment: lab/ctc).
-OPTIONS_STEP = 9
+OPTIONS_STEP = 13
 #: Rows of the comparison on the stress set: ours in probability space, ours in log space, torch's calls.
 CUDNN_SET = "cudnn-set "
 #: Outcome counts of a row (see :func:`studylog.ctc.reference.outcomes`).
@@ -220,16 +220,20 @@ def torch_best_words(results) -> str:
     return words
 
 
+#: The first passes of steps 7 to 14 (every other kernel of theirs is a recursion or a last pass).
+FIRST_PASSES = ("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_stats_softmax")
+
+
 def _kernel_role(name: str) -> str:
     if "recursion" in name:
         return "recursion"
-    return "first pass" if "stats" in name else "last pass"
+    return "first pass" if name in FIRST_PASSES else "last pass"
 
 
 def kernel_table(results) -> str:
-    """Device time of each kernel of steps 7 to 10 at the profiled points (torch.profiler, no L2 flush): the
+    """Device time of each kernel of steps 7 to 14 at the profiled points (torch.profiler, no L2 flush): the
     first pass over the activations, the recursion and the last pass; torch's calls as one total."""
-    steps = [CHAPTER.step(k) for k in (7, 8, 9, 10)]
+    steps = [CHAPTER.step(k) for k in range(7, 15)]
     cases = sorted({(r["params"]["A"], r["params"]["N"]) for s in steps for r in results.select(f"{s.series} kernels")})
     if not cases:
         return f"Per-kernel times: {PENDING}."
@@ -258,7 +262,7 @@ def kernel_table(results) -> str:
 # --------------------------------------------------------------------------------------
 
 def load_options():
-    """The experiment of ``lab/ctc`` (recursion options, step 10's grain 2, the blocked layout)."""
+    """The experiment of ``lab/ctc`` (recursion options, step 14's grain 2, the blocked layout)."""
     path = paths.lab_results("ctc", "nvidia-h200") / f"{OPTIONS_FILE}.json"
     return Results(path, load_lab("ctc", OPTIONS_FILE, "nvidia-h200"))
 
@@ -274,19 +278,19 @@ def _change(ratios: list[float]) -> str:
 
 #: What each option of the experiment is, in the table's words.
 TRIED = {
-    "branch-free": "the straight-line recursion of steps 8 and 9 without flush-to-zero `ex2`/`lg2` "
+    "branch-free": "step 13's recursion without flush-to-zero `ex2`/`lg2`, as step 11's "
                    "(`recursion=\"branch-free\"`)",
     "+ redux max": "the row maximum as one `redux.sync` instead of shuffles (`recursion=\"+ redux max\"`)",
     "+ prefetch 8": "`redux.sync` and emissions prefetched eight frames ahead instead of four "
                     "(`recursion=\"+ prefetch 8\"`)",
-    "grain 2": "step 10 with two positions per thread instead of four (`grain=2`)",
+    "grain 2": "step 14 with two positions per thread instead of four (`grain=2`)",
 }
 
 
 def recursion_series() -> list[tuple[str, str]]:
-    """(series, label) of every recursion measured between step 9's two passes in the experiment kept in
-    ``lab/ctc`` (the branch-free warp's options, and step 10's block of warps at both grains)."""
-    nine, ten = CHAPTER.step(OPTIONS_STEP), CHAPTER.step(10)
+    """(series, label) of every recursion measured between step 13's two passes in the experiment kept in
+    ``lab/ctc`` (the branch-free warp's options, and step 14's block of warps at both grains)."""
+    nine, ten = CHAPTER.step(OPTIONS_STEP), CHAPTER.step(14)
     out = []
     for option in RECURSION_OPTIONS:
         series = nine.series + ("" if option == DEFAULT_RECURSION else f" recursion {option}")
@@ -301,11 +305,11 @@ def tried_table(options, results) -> str:
     """One line per option that no step keeps: what it is, its measured effect on the time (against the
     default in the same file), and where the details are."""
     lines = ["| what | time against the default | details |", "|---|---|---|"]
-    defaults = {CHAPTER.step(9).series, CHAPTER.step(10).series}
+    defaults = {CHAPTER.step(OPTIONS_STEP).series, CHAPTER.step(14).series}
     for series, _ in recursion_series():
         if series in defaults:
             continue
-        default = CHAPTER.step(10 if series.startswith(CHAPTER.step(10).series) else 9).series
+        default = CHAPTER.step(14 if series.startswith(CHAPTER.step(14).series) else OPTIONS_STEP).series
         ratios = [1 / r for r in _ratios(options, default, series, _all_points())]
         option = series.removeprefix(default).strip().removeprefix("recursion ")
         lines.append(f"| {TRIED.get(option, option)} | {_change(ratios)} | `lab/ctc/README.md` |")
@@ -447,13 +451,21 @@ def cudnn_verdict(results) -> dict | None:
 # The numbers the prose quotes
 # --------------------------------------------------------------------------------------
 
+def losing(results, number: int, points: Iterable[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+    """The grid's (A, N) points (``points``: those only) where step ``number`` is slower than the step it builds on,
+    as the tables round it (below 1.00×)."""
+    step, before = CHAPTER.step(number), CHAPTER.step(PREVIOUS.get(number, number - 1))
+    return [p for p in (_all_points() if points is None else points)
+            if [r for r in _ratios(results, before.series, step.series, [p]) if round(r, 2) < 1]]
+
+
 def prose_numbers(results) -> dict[str, str]:
     """Every measured number notebook 04's prose quotes, formatted, by glue name; ``pending`` where the file
     does not have it."""
-    s = {k: CHAPTER.step(k).series for k in range(1, 11)}
+    s = {step.number: step.series for step in CHAPTER.steps}
     out: dict[str, str] = {}
     big, small = max(BENCH_A), min(BENCH_A)
-    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else s[10]  # the entry point, where timed
+    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else s[14]  # the entry point, where timed
     last = _row(results, final, T=BENCH_T, A=big, N=max(BENCH_N))
     floor = case_floor(results, big, max(BENCH_N))[0] * 1e-3 if last else None  # ms: the case's one floor
     out["floor_big"] = f"{floor * 1e3:.0f} µs" if floor else PENDING
@@ -472,20 +484,23 @@ def prose_numbers(results) -> dict[str, str]:
         out["prob_lost"] = f"{lost} of {sum(r['params']['N'] for r in rows6)}"
     else:
         out["prob_lost"] = PENDING
-    out["fused_vs_rows"] = _times(_ratios(results, s[5], s[7], _lesson_points()))
-    out["branch_free"] = _times(_ratios(results, s[7], s[8], _all_points()))
-    nine = _ratios(results, s[8], s[9], [(big, max(BENCH_N))])
-    out["two_passes_big"] = _times(nine)
-    cost = [1 / r - 1 for r in _ratios(results, s[8], s[9], _all_points(small))]
+    out["gradient_pass"] = _times(_ratios(results, s[5], s[7], _lesson_points()))
+    for key, k in (("no_softmax", 8), ("one_warp", 9), ("side_by_side", 10), ("branch_free", 11), ("ftz", 12)):
+        out[key] = _times(_ratios(results, s[k - 1], s[k], _all_points()))
+        slower = losing(results, k)
+        out[f"{key}_slower"] = cases_words(slower) if slower else ""
+    thirteen = _ratios(results, s[12], s[13], [(big, max(BENCH_N))])
+    out["two_passes_big"] = _times(thirteen)
+    cost = [1 / r - 1 for r in _ratios(results, s[12], s[13], _all_points(small))]
     out["two_passes_small_cost"] = _percent(max(cost)) if cost else PENDING
-    gain = _ratios(results, s[9], s[10], _all_points(ns=[n for n in BENCH_N if 2 <= n <= 64]))
+    gain = _ratios(results, s[13], s[14], _all_points(ns=[n for n in BENCH_N if 2 <= n <= 64]))
     out["warps_gain"] = _times(gain)
-    one = _ratios(results, s[9], s[10], [(small, min(BENCH_N))])
+    one = _ratios(results, s[13], s[14], [(small, min(BENCH_N))])
     out["warps_small_one"] = _percent(1 / one[0] - 1) if one else PENDING
     for A, key in ((small, "final_small"), (big, "final_big")):
         same = clock_of(results, "torch-best") == clock_of(results, final)
         out[key] = _times(_ratios(results, "torch-best", final, _all_points(A))) if same else PENDING
-    out["clock"] = clock_words(clock_of(results, s[10])) or PENDING
+    out["clock"] = clock_words(clock_of(results, s[14])) or PENDING
     return out
 
 
@@ -493,7 +508,7 @@ def speedup_minima(results) -> dict | None:
     """The smallest speedup of the entry point over ``torch-best`` (same clock) over the whole grid and per
     alphabet, and the largest over the grid, each with where it is: ``{"all": (ratio, A, N), "max": (ratio, A, N),
     A: (ratio, A, N), ...}``; None without the rows."""
-    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.step(10).series
+    final = "ctc_loss" if results.select("ctc_loss", T=BENCH_T) else CHAPTER.final.series
     if clock_of(results, "torch-best") != clock_of(results, final):
         return None
     points = [(b / a, A, N) for A, N in _all_points()
@@ -509,8 +524,12 @@ def speedup_minima(results) -> dict | None:
     return out
 
 
+#: The steps the entry point chooses between (12, 14) and the step before its choice (13).
+DISPATCH_STEPS = (12, 13, 14)
+
+
 def dispatch_rows(results) -> list[dict]:
-    """The entry point's rule on one card's grid: per (A, N) at the benchmark's T where steps 8, 9 and 10 were all
+    """The entry point's rule on one card's grid: per (A, N) at the benchmark's T where steps 12, 13 and 14 were all
     timed on the GPU clock, their µs, the step :func:`~studylog.ctc.fused.final_step` picks, and its time over the
     fastest step timed there."""
     from studylog.ctc.fused import final_step
@@ -524,30 +543,30 @@ def dispatch_rows(results) -> list[dict]:
                 rows = [r for r in results.select(s.series, **where) if set(r["params"]) == set(where)]
                 if rows and rows[0].get("clock") == "gpu":
                     ms[s.number] = rows[0]["ms"]
-            if not {8, 9, 10} <= set(ms):
+            if not set(DISPATCH_STEPS) <= set(ms):
                 continue
             picked = final_step(BENCH_T, N, A)
-            out.append({"A": A, "N": N, "us": {k: ms[k] * 1e3 for k in (8, 9, 10)}, "picked": picked,
+            out.append({"A": A, "N": N, "us": {k: ms[k] * 1e3 for k in DISPATCH_STEPS}, "picked": picked,
                         "over_fastest": ms[picked] / min(ms.values())})
     return out
 
 
 def dispatch_table(results) -> str:
-    """Markdown of :func:`dispatch_rows`: per (N, A), steps 8, 9 and 10 (GPU clock), the step ``ctc_loss`` runs and
-    its time over the fastest step there."""
-    lines = ["| N | A | step 8 (µs) | step 9 (µs) | step 10 (µs) | `ctc_loss` runs | its time / the fastest step |",
-             "|---|---|---|---|---|---|---|"]
+    """Markdown of :func:`dispatch_rows`: per (N, A), steps 12, 13 and 14 (GPU clock), the step ``ctc_loss`` runs
+    and its time over the fastest step there."""
+    lines = ["| N | A | " + " | ".join(f"step {k} (µs)" for k in DISPATCH_STEPS)
+             + " | `ctc_loss` runs | its time / the fastest step |", "|---|---|---|---|---|---|---|"]
     for r in dispatch_rows(results):
-        cells = " | ".join(f"{r['us'][k]:,.1f}" for k in (8, 9, 10))
+        cells = " | ".join(f"{r['us'][k]:,.1f}" for k in DISPATCH_STEPS)
         lines.append(f"| {r['N']} | {r['A']:,} | {cells} | step {r['picked']} | {r['over_fastest']:.2f} |")
-    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file times steps 8 to 10 nowhere)"
+    return "\n".join(lines) if len(lines) > 2 else f"({PENDING}: this file times steps 12 to 14 nowhere)"
 
 
 #: The two cases of the table of steps: one utterance of the small alphabet, where the recursion's chain of frames
 #: is the time, and a full batch of the large one, where the bytes are.
 BOEHM_CASES = ((28, 1), (5000, 256))
 #: The columns of the table of steps: :data:`BOEHM_CASES` with a mid-size batch of the large alphabet between them,
-#: where step 10's several warps per direction apply (the longest target needs more than one warp) and every step
+#: where step 14's several warps per direction apply (the longest target needs more than one warp) and every step
 #: of the bench is timed.
 TABLE_CASES = (BOEHM_CASES[0], (5000, 16), BOEHM_CASES[1])
 
@@ -582,7 +601,7 @@ def chain_floor_us(results, frames: int) -> float | None:
     """The recursion's latency floor at the small case of :data:`BOEHM_CASES` (A = 28, N = 1), in µs: the tails run,
     on the same card as ``results``, of a kernel that runs only ``frames`` dependent frames (a log-sum-exp and a warp
     shuffle each, no memory) over that utterance's positions. ``T`` frames for steps that run alpha and beta side by
-    side (7 to 10), ``2 T`` for steps that run them one after the other (1 to 6). None where the card has no such
+    side (10 to 14), ``2 T`` for steps that run them one after the other (1 to 9). None where the card has no such
     run."""
     row = _chain_row(results, frames)
     return None if row is None else row["ms"] * 1e3
@@ -591,7 +610,7 @@ def chain_floor_us(results, frames: int) -> float | None:
 def longest_target(results, A: int, N: int) -> int | None:
     """Positions (2 L + 1) of the longest extended target of the benchmark's batch at (A, N), as the fused steps'
     rows record it; None where no such row says."""
-    for number in (7, 8, 9, 10):
+    for number in range(7, 15):
         row = _row(results, CHAPTER.step(number).series, T=BENCH_T, A=A, N=N)
         if row and row.get("max_positions"):
             return row["max_positions"]
@@ -633,55 +652,17 @@ def kernel_parts_us(results, series: str, A: int, N: int) -> dict[str, float] | 
     return parts
 
 
-def _losses(factors: dict) -> str:
-    """Where a change's factors are below 1.00× (as the tables round them), in a few words: "at A = 28, N = 1
-    (0.98×)", "at A = 5,000 (0.78×, 0.92×)" where one alphabet holds every loss; empty where it pays everywhere."""
-    lost = [(A, N, x) for (A, N), x in factors.items() if round(x, 2) < 1]
-    if not lost:
-        return ""
-    if len(lost) == 1:
-        A, N, x = lost[0]
-        return f"at A = {A:,}, N = {N} ({x:.2f}×)"
-    if len({A for A, _, _ in lost}) == 1:
-        return f"at A = {lost[0][0]:,} (" + ", ".join(f"{x:.2f}×" for _, _, x in lost) + ")"
-    return ", ".join(f"{x:.2f}× at A = {A:,}, N = {N}" for A, N, x in lost)
-
-
-#: Steps 7 and 8 in the table of steps: the step's idea, then what it counts besides (step 7's prerequisite, step
-#: 8's tuning), in the chain's words.
-BUNDLE_IDEAS = {7: ("a new structure: the gradient a pass of its own, no softmax written, alpha and beta side by "
-                    "side; plus a prerequisite, one warp per direction", "the prerequisite"),
-                8: ("the warp recursion without its divergent branch, plus one tuning, flush-to-zero `ex2`/`lg2`",
-                    "flush-to-zero")}
-
-
-def bundle_notes() -> dict[int, str]:
-    """What the rows of steps 7 and 8 in the table of steps say after their changes, computed: where step 7's
-    prerequisite (7c) and step 8's tuning (flush-to-zero) cost time in their chains (:func:`step07_chain`,
-    :func:`step08_chain`), and how much of step 7's time taking the prerequisite back saves at most
-    (:func:`step07_changes`). Empty where a run is not committed."""
-    try:
-        x7, x8 = chain_factors(step07_chain()["rows"]), chain_factors(step08_chain()["rows"])
-    except FileNotFoundError:
-        return {}
-    notes = {}
-    for number, factors in ((7, x7["7c"]), (8, x8["8"])):
-        if _losses(factors):
-            notes[number] = f"{BUNDLE_IDEAS[number][1]} costs time {_losses(factors)}"
-    changes = step07_changes()
-    if 7 in notes and changes is not None:
-        x = min(ratio for _, ratio in changes["rows"]["block recursion"].values())
-        if x < 1:
-            notes[7] += f": taken back, step 7 takes up to {1 - x:.0%} less time"
-    return notes
+#: Steps kept although they cost time somewhere: what builds on them (said in the table of steps where they lose).
+PREREQUISITES = {9: "a prerequisite: steps 10 to 14 build on the warp"}
 
 
 def boehm_table(results) -> str:
     """Markdown, one row per step and one for the entry point (``ctc_loss``) and torch's faster call: the one
-    change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the previous step, × the case's one
-    floor (:func:`case_floor`). No sub-rows: a step that bundles changes (:data:`CHAINS`) says how many in its cell,
-    and its section's chain table (:func:`chain`, drawn by :func:`book.common.chain_table`) times them one at a time. The entry point's row, right under step 10's, names the step it ran in each case and compares with step
-    9, the last step before its choice between steps 8 and 10, so the table ends on the chapter's result."""
+    change, then per case of :data:`TABLE_CASES` the GPU-clock time in µs, × the step it builds on (:data:`PREVIOUS`,
+    else the step before), × the case's one floor (:func:`case_floor`). A step of :data:`PREREQUISITES` that is
+    slower somewhere says so, and why it is kept. The entry point's row, right under step 14's, names the step it ran
+    in each case and compares with step 13, the last step before its choice between steps 12 and 14, so the table
+    ends on the chapter's result."""
     head = ["step", "the one change"]
     for A, N in TABLE_CASES:
         head += [f"A = {A:,}, N = {N}: µs", "× previous", "× floor"]
@@ -693,51 +674,49 @@ def boehm_table(results) -> str:
     floors = [f for f, _ in floors]
 
     def code(title: str) -> str:
-        return title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
+        for word in ("__restrict__", "__ldg", "ex2", "lg2"):
+            title = title.replace(word, f"`{word}`")
+        return title
 
-    def bundled(number: int) -> str:
-        links = CHAINS.get(number)
-        return f" ({NUMBER_WORDS[len(links) - 1]} changes: in step {number}'s section)" if links else ""
+    def kept(number: int) -> str:
+        slower = losing(results, number, TABLE_CASES) if number in PREREQUISITES else []
+        return f" ({PREREQUISITES[number]}; slower at {cases_words(slower)})" if slower else ""
 
-    notes = bundle_notes()
-    entries = [(str(s.number), (BUNDLE_IDEAS[s.number][0] if s.number in BUNDLE_IDEAS
-                                else code(TABLE_TITLES.get(s.number, s.title))) + bundled(s.number)
-                + (f"; {notes[s.number]}" if s.number in notes else ""), s.series) for s in CHAPTER.steps]
-    entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 8 or step 10 by the activations' shape "
+    entries = [(str(s.number), code(s.title) + kept(s.number), s.series) for s in CHAPTER.steps]
+    entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 12 or step 14 by the activations' shape "
                     "(in brackets, the step it ran), timed as its own series", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
     entries.append(("torch", "`torch-best`, the faster of torch's CTC calls on the GPU clock"
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
-    previous = [None] * len(TABLE_CASES)
-    before_choice = [None] * len(TABLE_CASES)  # step 9's time: what the entry point's choice is compared with
+    before_choice = CHAPTER.step(DISPATCH_STEPS[1])  # what the entry point's choice is compared with
+    times: dict[str, list] = {}
     for number, title, series in entries:
         cells = [number, title]
+        times[series] = [None] * len(TABLE_CASES)
         for i, (A, N) in enumerate(TABLE_CASES):
             row = _row(results, series, T=BENCH_T, A=A, N=N)
             if row is None:
                 cells += ["–", "–", "–"]
                 continue
-            t = row["ms"] * 1e3
+            t = times[series][i] = row["ms"] * 1e3
             time_cell = f"{t:,.1f}"
+            against = ""
             if series == "ctc_loss":
-                prev, against = before_choice[i], f"vs step {CHAPTER.step(9).number}"
+                prev, against = times[before_choice.series][i], f"vs step {before_choice.number}"
                 if row.get("step"):
                     time_cell += f" (step {CHAPTER.step(row['step']).number})"
-            elif series == "torch-best":
-                prev, against = None, ""
+            elif series == "torch-best" or number == "1":
+                prev = None
             else:  # step 6 is a side branch: step 7 builds on step 5
-                prev = previous[i]
-                against = "vs step 5" if series == CHAPTER.step(7).series else ""
+                before = PREVIOUS.get(int(number), int(number) - 1)
+                prev = times[CHAPTER.step(before).series][i]
+                against = f"vs step {before}" if before != int(number) - 1 else ""
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
-            if series not in ("ctc_loss", "torch-best", CHAPTER.step(6).series):
-                previous[i] = t
-            if series == CHAPTER.step(9).series:
-                before_choice[i] = t
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("\"× previous\": the step before over this step (above 1.00×, the step pays); the entry point's is over "
-            "step 9, the last step before its choice.")
+    note = ("\"× previous\": the step it builds on over this step (above 1.00×, the step pays); the entry point's is "
+            f"over step {before_choice.number}, the last step before its choice.")
     return "\n".join(lines) + "\n\n" + note
 
 
@@ -772,138 +751,6 @@ def tuning_table(results, numbers: Iterable[int] = (2, 3, 4, 5)) -> str:
         title = step.title.replace("__restrict__", "`__restrict__`").replace("__ldg", "`__ldg`")
         lines.append(f"| {number} | {title} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-#: lab/ctc/step07_changes.py's variants, in the folded table's order: step 7, then step 7 with one change taken back.
-STEP07_CHANGES = (("step 7", "step 7 (all its changes), in this table's run"),
-                  ("softmax written", "the log-softmax written, then read, taken back"),
-                  ("block recursion", "a block per direction, a barrier per frame (step 5's), taken back"),
-                  ("directions in turn", "alpha, then beta, in one warp, taken back"),
-                  ("library step 5", "step 5, for reference, in this table's run"))
-#: lab/ctc/step08_changes.py's rows, in the folded table's order: step 8, step 8 with one change taken back, step 8
-#: with an option its default leaves off, and step 7.
-STEP08_CHANGES = (("library step 8", "step 8 (both changes), in this table's run"),
-                  ("branch put back", "step 7's branch between the two- and three-term sums, taken back"),
-                  ("exp2f and __log2f", "`exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`, taken back"),
-                  ("+ redux max", "not in step 8: the row maximum by one `redux.sync`"),
-                  ("+ prefetch 8", "not in step 8: that, and emissions prefetched 8 frames ahead, not 4"),
-                  ("library step 7", "step 7, for reference, in this table's run"))
-
-
-def lab_changes(name: str, anchor: str, variants, gpu: str = "nvidia-h200") -> dict | None:
-    """One run of a ``lab/ctc`` ablation (``<name>.json``): per variant of ``variants`` ((key, label) pairs) and case
-    (A, N), µs and the ratio to the ``anchor`` variant's time in the same run; the run's failed checks. None where the
-    run is not committed."""
-    data = lab_or_none("ctc", name, gpu)
-    if data is None:
-        return None
-    rows = {(r["params"]["variant"], r["params"]["A"], r["params"]["N"]): r["ms"] * 1e3 for r in data["measurements"]}
-    cases = sorted({(a, n) for _, a, n in rows})
-    base = {c: rows[(anchor, *c)] for c in cases}
-    table = {v: {c: (rows[(v, *c)], rows[(v, *c)] / base[c]) for c in cases} for v, _ in variants}
-    return {"cases": cases, "rows": table, "labels": dict(variants), "anchor": anchor,
-            "failed": [c for c in data["checks"] if not c["passed"]]}
-
-
-def step07_changes(gpu: str = "nvidia-h200") -> dict | None:
-    """Step 7 with one change undone at a time (``lab/ctc/step07_changes.py``): :func:`lab_changes`."""
-    return lab_changes("step07_changes", "step 7", STEP07_CHANGES, gpu)
-
-
-def step08_changes(gpu: str = "nvidia-h200") -> dict | None:
-    """Step 8 with one change undone, or one option added, at a time (``lab/ctc/step08_changes.py``):
-    :func:`lab_changes`, ratios to the library's step 8 in the same run."""
-    return lab_changes("step08_changes", "library step 8", STEP08_CHANGES, gpu)
-
-
-def changes_table(changes: dict) -> str:
-    """Markdown: µs per call and × the anchor's time for each variant of :func:`lab_changes`, one column per case."""
-    head = " | ".join(f"A = {a:,}, N = {n}" for a, n in changes["cases"])
-    lines = [f"| variant | {head} |", "|---|" + "---|" * len(changes["cases"])]
-    for key, label in changes["labels"].items():
-        cells = [f"{t:,.1f} ({x:.2f}×)" for t, x in (changes["rows"][key][c] for c in changes["cases"])]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-#: The chains of the steps that bundle changes: (row, the lab run's variant, the one change the row adds to the row
-#: above). The first row is the step before (the anchor), the last the step itself, each row one change more than the
-#: row above. Step 7's order after 7a is a choice (lab/ctc/step07_changes.py, ``CHAIN``): the memory change first,
-#: then the recursion's grain, then its two directions side by side. Step 8's run has both orders' middle rows; the
-#: branch-free sum, the change its title names, comes first.
-STEP07_CHAIN = (
-    ("5", "library step 5", "step 5"),
-    ("7a", "7a", "the gradient a pass of its own, a block per frame (the softmax still written)"),
-    ("7b", "7b", "no softmax written: the first pass keeps each frame's log-sum-exp and the target's emissions"),
-    ("7c", "7c", "prerequisite: one warp per direction, positions in registers, a neighbour's by `__shfl_up_sync`, "
-     "no barrier"),
-    ("7", "step 7", "alpha and beta side by side, two warps: the chain of 2T frames becomes T"),
-)
-STEP08_CHAIN = (
-    ("7", "library step 7", "step 7"),
-    ("8a", "exp2f and __log2f", "the skip a value, not a path: a label always takes the three-term sum"),
-    ("8", "library step 8", "flush-to-zero `ex2`/`lg2` instead of `exp2f`/`__log2f`"),
-)
-CHAINS = {7: STEP07_CHAIN, 8: STEP08_CHAIN}
-NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
-#: The library's steps a chain's run times as its anchors, by their variant names there, and the benchmark's series.
-CHAIN_ANCHORS = {"library step 5": "step05", "library step 7": "step07", "library step 8": "step08"}
-
-
-def chain(data: dict, links) -> dict:
-    """A chain of ``links`` (:data:`CHAINS`) from one lab run (``data``): its cases (those of :data:`TABLE_CASES`
-    where the run times every link), ``rows`` (:class:`book.common.ChainRow`, µs by case), the run's ``anchors`` {variant: {case:
-    µs}}, ``identical`` {variant: whether the run found it bit-identical to step 7 at every case, None where it does
-    not say} and the run's ``failed`` checks."""
-    ms, same = {}, {}
-    for r in data["measurements"]:
-        key = (r["params"]["variant"], r["params"]["A"], r["params"]["N"])
-        ms[key] = r["ms"] * 1e3
-        same[key] = r.get("bit_identical_to_step07")
-    cases = [c for c in TABLE_CASES if all((v, *c) in ms for _, v, _ in links)]
-    if not cases:
-        raise ValueError("the run times no case of the table of steps at every link of the chain")
-    rows = [ChainRow(label, change, {c: ms[(v, *c)] for c in cases}) for label, v, change in links]
-    anchors = {v: {c: ms[(v, *c)] for c in cases} for v in CHAIN_ANCHORS if all((v, *c) in ms for c in cases)}
-    identical = {}
-    for _, v, _ in links:
-        flags = [same[(v, *c)] for c in cases]
-        identical[v] = None if None in flags else all(flags)
-    return {"cases": cases, "rows": rows, "anchors": anchors, "identical": identical,
-            "failed": [c for c in data["checks"] if not c["passed"]]}
-
-
-def step07_chain(gpu: str = "nvidia-h200", root=None) -> dict:
-    """Step 7's chain, step 5 to step 7 one change at a time (``lab/ctc/step07_changes.py measure --chain``, its
-    ``step07_chain`` run; ``root``: another ``lab`` folder): :func:`chain`. Raises FileNotFoundError where the run is
-    not committed: the page has no step 7 section without it."""
-    from studylog.plotting import load_lab
-
-    return chain(load_lab("ctc", "step07_chain", gpu, root=root), STEP07_CHAIN)
-
-
-def step08_chain(gpu: str = "nvidia-h200", root=None) -> dict:
-    """Step 8's chain, step 7 to step 8 one change at a time, from the run that times step 8's changes
-    (``lab/ctc/step08_changes.py``): :func:`chain`. Raises FileNotFoundError where the run is not committed."""
-    from studylog.plotting import load_lab
-
-    return chain(load_lab("ctc", "step08_changes", gpu, root=root), STEP08_CHAIN)
-
-
-def case_name(case: tuple[int, int]) -> str:
-    """A case of the tables, (A, N), as a chain table's column heads name it (:func:`book.common.chain_table`)."""
-    A, N = case
-    return f"A = {A:,}, N = {N}"
-
-
-def anchor_gap(results, ch: dict) -> float:
-    """The largest relative gap between an anchor of a chain's run (:data:`CHAIN_ANCHORS`) and the same step at the
-    same case in ``results`` (the table of steps): how far the chain's step times may sit from that table's."""
-    gaps = [abs(t / (_ms(results, CHAIN_ANCHORS[v], T=BENCH_T, A=A, N=N) * 1e3) - 1)
-            for v, times in ch["anchors"].items() for (A, N), t in times.items()]
-    if not gaps:
-        raise ValueError("the chain's run has no anchor the table of steps times")
-    return max(gaps)
 
 
 #: The cards' short names, for prose.
@@ -971,7 +818,7 @@ def host_noise(gpu: str = "nvidia-h200") -> dict | None:
 
 def plan_host(gpu: str = "nvidia-h200") -> dict | None:
     """What :class:`studylog.ctc.CTCPlan` does to the host-bound cases of :func:`host_bound` on one card: its host
-    time per call (the ``step10 plan`` series: targets set once, workspace allocated once, the kernels only) per
+    time per call (the final step's ``plan`` series: targets set once, workspace allocated once, the kernels only) per
     case, ``plan_us`` {(A, N): µs}; ``cases``, those of :func:`host_bound`'s cases where even the plan's host time is
     above our call's GPU time, (A, N, plan host µs, GPU µs). None where the card's run has no plan series."""
     from studylog.plotting import load_results
@@ -980,7 +827,8 @@ def plan_host(gpu: str = "nvidia-h200") -> dict | None:
     if bound is None:
         return None
     results = load_results("ctc", gpu)
-    plan = {(r["params"]["A"], r["params"]["N"]): r["ms"] * 1e3 for r in results.select("step10 plan", T=BENCH_T)}
+    plan = {(r["params"]["A"], r["params"]["N"]): r["ms"] * 1e3
+            for r in results.select(f"{CHAPTER.final.series} plan", T=BENCH_T)}
     if not plan:
         return None
     still = [(A, N, plan[A, N], g) for A, N, _, g in bound["cases"] if (A, N) in plan and plan[A, N] > g]

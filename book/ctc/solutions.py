@@ -69,13 +69,13 @@ def bank_conflict_ways(grain: int, blocked: bool, threads: int = 128) -> int:
 
 
 def dispatcher(A: int, N: int, positions: int) -> int:
-    """Exercise 5: step 10's block of warps pays only when one warp at four positions per lane cannot hold the
+    """Exercise 5: step 14's block of warps pays only when one warp at four positions per lane cannot hold the
     longest extended target (more than 32 x 4 positions); otherwise a barrier per frame costs more than it saves.
     Read off the committed grid (T = 150, A of 28 and 5,000)."""
-    return 9 if positions <= 32 * 4 else 10
+    return 13 if positions <= 32 * 4 else 14
 
 
-#: The forward direction's frame update in step 8's recursion, and the same loop left rolled.
+#: The forward direction's frame update in step 12's recursion, and the same loop left rolled.
 UNROLLED = "#pragma unroll\n            for (int i = V - 1; i >= 0; --i) {"
 ROLLED = "#pragma unroll 1\n            for (int i = V - 1; i >= 0; --i) {"
 
@@ -86,9 +86,9 @@ def not_unrolled(source: str) -> str:
     positions to local memory (a stack frame, ``ld.local``/``st.local`` in the PTX: a round trip through the L1
     cache at every position of every frame, on the recursion's dependent chain), and the loop's counter and
     branch come back. Unrolled, every index is a constant and the V positions are V registers; that is what
-    register blocking (step 4's grain, step 7's lanes) rests on. On a GPU the cost should show most at A = 28 and
+    register blocking (step 4's grain, step 9's lanes) rests on. On a GPU the cost should show most at A = 28 and
     N = 1, where the recursion is the whole time (an expectation: this change was compiled, not timed, for the
     chapter)."""
     if source.count(UNROLLED) != 1:
-        raise ValueError("step 8's forward frame update was not found once")
+        raise ValueError("step 12's forward frame update was not found once")
     return source.replace(UNROLLED, ROLLED)

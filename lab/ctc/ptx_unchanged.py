@@ -4,7 +4,8 @@ Compiles every kernel the library launches from ``studylog/ctc/csrc`` and ``stud
 template instance the chapters launch), and lab/ngram's frozen stream variants (they include
 ``ngram_common.cuh``; notebook 03 compiles them), twice with the library's compiler options: the sources of a
 git revision (``--base``, HEAD by default) and those of the working tree. For each kernel it compares the PTX
-(``.file``/``.loc`` lines left out: they name the source, not the code) and, when ``nvdisasm`` is found (Triton's
+(``.file``/``.loc`` lines left out: they name the source, not the code; branch labels ``$L__BB<i>_<j>`` without
+the kernel's index ``i`` in its module, which moves when a kernel is added before it) and, when ``nvdisasm`` is found (Triton's
 wheel ships one), the SASS, the machine code that runs (branch labels renumbered per kernel); for each source,
 the whole PTX module as well. Identical PTX from the same NVRTC gives identical SASS, so the SASS column is a
 second look; it also tells an edit that only reorders a few PTX instructions (ptxas schedules them back) from
@@ -52,9 +53,9 @@ def ctc_sources() -> dict[str, list[str]]:
             for blocked in ((False,) if step <= 3 else (False, True)):
                 for name in warpctc.kernel_names(step, grain, blocked):
                     names.setdefault(warpctc.SOURCES[step], []).append(name if "<" in name else "")
-    for step in (7, 8, 9, 10):
-        grains = fused.BLOCK_GRAINS if step == 10 else fused.WARP_GRAINS
-        options = fused.RECURSION_OPTIONS if step in (8, 9) else (None,)
+    for step in range(7, 15):
+        grains = {7: fused.THREAD_GRAINS, 8: fused.THREAD_GRAINS, 14: fused.BLOCK_GRAINS}.get(step, fused.WARP_GRAINS)
+        options = fused.RECURSION_OPTIONS if step in (12, 13) else (None,)
         for v in grains:
             for option in options:
                 for name in fused.fused_kernel_names(step, v, option):
@@ -100,7 +101,8 @@ def checkout(rev: str) -> Path:
 
 
 def code_only(ptx: str) -> str:
-    return "\n".join(line for line in ptx.splitlines() if not re.match(r"\s*\.(file|loc)\b", line))
+    lines = "\n".join(line for line in ptx.splitlines() if not re.match(r"\s*\.(file|loc)\b", line))
+    return re.sub(r"\$L__BB\d+_", "$L__BB_", lines)
 
 
 def code_of(sass_lines: list[str]) -> list[str]:

@@ -2,9 +2,11 @@
 
 Activations (pre-softmax logits) ``(T, N, A)``, one target label sequence per utterance, input and target lengths,
 blank = 0; out come ``loss[N]`` and the gradient of ``loss.sum()`` with respect to the activations (softmax
-included). Ten steps ``stepNN_<slug>`` with the same arguments: steps 1 to 6 (``warpctc``) follow warp-ctc's
-design, step 6 being the probability-space counterexample; steps 7 to 10 (``fused``) never write the softmax out
-and run alpha and beta side by side. :func:`ctc_loss` runs step 8 or 10, as ``fused.final_step`` picks.
+included). Fourteen steps ``stepNN_<slug>`` with the same arguments: steps 1 to 6 (``warpctc``) follow warp-ctc's
+design, step 6 being the probability-space counterexample; steps 7 to 14 (``fused``) make the gradient a pass of its
+own, then stop writing the softmax (8), run the recursion on warps (9, 14), its two directions side by side (10),
+and tune the warp's frame update (11, 12) and the passes (13). :func:`ctc_loss` runs step 12 or 14, as
+``fused.final_step`` picks.
 
 Every log-space step renormalises its rows by their maximum at every frame and divides each frame's posterior by
 its own sum: plain float32 log space loses about 1e-4 of relative accuracy in the gradient at T = 150, the whole
@@ -18,8 +20,9 @@ from studylog.chapter import Chapter, Step
 from studylog.paths import chapter_csrc
 from studylog.ctc import report, results
 from studylog.ctc.compiled import compile_step
-from studylog.ctc.fused import (DEFAULT_RECURSION, ctc_loss, recursion_name, step07_fused_softmax, step08_branch_free,
-                                step09_two_passes, step10_warps_per_direction, warp_grain)
+from studylog.ctc.fused import (DEFAULT_RECURSION, ctc_loss, recursion_name, step07_gradient_pass, step08_fused_softmax,
+                                step09_one_warp, step10_side_by_side, step11_branch_free, step12_flush_to_zero,
+                                step13_two_passes, step14_warps_per_direction, warp_grain)
 from studylog.ctc.peers import padded, takes_cudnn_path
 from studylog.ctc.plan import CTCPlan
 from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, errors, probability_space_ctc,
@@ -39,18 +42,26 @@ _TITLES = {
     step04_register_blocking: "a thread's positions, labels and skips in registers (grain size)",
     step05_shared_rows: "the alpha kernel's two live rows in shared memory",
     step06_probability_space: "probabilities rescaled every frame instead of logs (the counterexample)",
-    step07_fused_softmax: "no softmax written: emissions, one warp per direction, fused gradient",
-    step08_branch_free: "the warp recursion without its divergent branch",
-    step09_two_passes: "softmax written by the first pass, target's classes corrected in place",
-    step10_warps_per_direction: "the recursion over several warps per direction",
+    step07_gradient_pass: "the gradient a pass of its own, a block per frame, after alpha and beta",
+    step08_fused_softmax: "no softmax written: the first pass keeps each frame's log-sum-exp and the target's emissions",
+    step09_one_warp: "one warp per direction: positions in registers, neighbours by shuffles, no barrier",
+    step10_side_by_side: "alpha's warp and beta's side by side",
+    step11_branch_free: "the warp recursion without its divergent branch",
+    step12_flush_to_zero: "flush-to-zero ex2/lg2 in the recursion",
+    step13_two_passes: "softmax written by the first pass, target's classes corrected in place",
+    step14_warps_per_direction: "the recursion over several warps per direction",
 }
-#: Each step's ``.cu`` file (in ``csrc``) and the kernel (or device function) of it that the lesson shows.
+#: Each step's source file (in ``csrc``) and the kernel (or device function) of it that the lesson shows.
 _SHOWN = {
-    1: ("ctc_step01_baseline", "ctc_alpha_step1"), 2: ("ctc_step02_03_restrict_ldg", "ctc_alpha_restrict"),
-    3: ("ctc_step02_03_restrict_ldg", "ctc_beta_grad_restrict"), 4: ("ctc_step04_05_blocked", "ctc_alpha_step4"),
-    5: ("ctc_step04_05_blocked", "ctc_alpha_step5"), 6: ("ctc_step06_probability", "ctc_alpha_step6"),
-    7: ("ctc_step07_fused_softmax", "FrameUpdate"), 8: ("ctc_step08_branch_free", "FrameUpdate"),
-    9: ("ctc_step09_two_passes", "ctc_target_grad"), 10: ("ctc_step10_warps", "ctc_warps_direction"),
+    1: ("ctc_step01_baseline.cu", "ctc_alpha_step1"), 2: ("ctc_step02_03_restrict_ldg.cu", "ctc_alpha_restrict"),
+    3: ("ctc_step02_03_restrict_ldg.cu", "ctc_beta_grad_restrict"), 4: ("ctc_step04_05_blocked.cu", "ctc_alpha_step4"),
+    5: ("ctc_step04_05_blocked.cu", "ctc_alpha_step5"), 6: ("ctc_step06_probability.cu", "ctc_alpha_step6"),
+    7: ("ctc_step07_10_three_passes.cu", "ctc_grad_from_log_softmax"),
+    8: ("ctc_step07_10_three_passes.cu", "ctc_fused_grad"),
+    9: ("ctc_warp_recursion.cuh", "warp_recursion_direction"),
+    10: ("ctc_step07_10_three_passes.cu", "ctc_fused_recursion"),
+    11: ("ctc_step11_12_branch_free.cu", "FrameUpdate"), 12: ("ctc_branch_free.cuh", "pow2"),
+    13: ("ctc_step13_two_passes.cu", "ctc_target_grad"), 14: ("ctc_step14_warps.cu", "ctc_warps_direction"),
 }
 
 
@@ -58,7 +69,7 @@ def _step(function, title: str) -> Step:
     """The step of ``function`` (``stepNN_<slug>``: its number and slug) with its title and shown kernel."""
     number, slug = function.__name__.removeprefix("step").split("_", 1)
     source, kernel = _SHOWN[int(number)]
-    return Step(int(number), slug, title, "cuda", function, chapter_csrc("ctc") / f"{source}.cu", kernel)
+    return Step(int(number), slug, title, "cuda", function, chapter_csrc("ctc") / source, kernel)
 
 
 CHAPTER = Chapter(
@@ -81,8 +92,9 @@ CHAPTER = Chapter(
 __all__ = [
     "CHAPTER", "ops", "ctc_loss", "CTCPlan",
     "step01_baseline", "step02_restrict", "step03_ldg", "step04_register_blocking", "step05_shared_rows",
-    "step06_probability_space", "step07_fused_softmax", "step08_branch_free", "step09_two_passes",
-    "step10_warps_per_direction",
+    "step06_probability_space", "step07_gradient_pass", "step08_fused_softmax", "step09_one_warp",
+    "step10_side_by_side", "step11_branch_free", "step12_flush_to_zero", "step13_two_passes",
+    "step14_warps_per_direction",
     # formats and checks
     "BLANK", "MAX_TARGET_LENGTH", "CTCTargets", "prepare_targets", "min_frames",
     # yardsticks

@@ -11,20 +11,21 @@ from studylog.ctc import fused, warpctc
 def compile_step(step: int, *, grains: Sequence[int] = (), layouts: Sequence[bool] = (False,),
                  recursions: Sequence[str | None] = (None,), arch: str = cuda.DEFAULT_ARCH) -> cuda.CompiledSource:
     """NVRTC output (PTX, cubin, ptxas report) of the ``.cu`` file that holds step ``step``'s own kernels, with the
-    requested ``grains`` of steps 4 to 10 (``layouts`` of steps 4 to 6, ``recursions`` of steps 8 and 9)."""
+    requested ``grains`` of steps 4 to 14 (``layouts`` of steps 4 to 6, ``recursions`` of steps 12 and 13). Step 12's
+    own code is step 11's file with another template flag; step 13's file holds its two passes."""
     if step in (1, 2, 3):  # steps 2 and 3: both instances of the file's templates
         names = [n for s in ((2, 3) if step > 1 else (1,)) for n in warpctc.kernel_names(s) if "<" in n]
         return cuda.compile_source(warpctc.SOURCES[step], arch=arch, name_expressions=names)
     if step in (4, 5, 6):
         names = [n for vt in grains for b in layouts for n in warpctc.kernel_names(step, vt, b)]
         return cuda.compile_source(warpctc.SOURCES[step], arch=arch, name_expressions=list(dict.fromkeys(names)))
-    if step in (7, 8, 9, 10):
+    if step in range(7, 15):
         names = [fused.fused_kernel_names(step, v, option)[1] for v in grains
-                 for option in (recursions if step in (8, 9) else (None,))]
-        source = fused.source_of(fused.fused_kernel_names(step, 10 if step != 10 else 4)[2 if step == 9 else 1])
+                 for option in (recursions if step in (12, 13) else (None,))]
+        source = fused.source_of(fused.fused_kernel_names(step, 4)[2 if step == 13 else 1])
         return cuda.compile_source(source, arch=arch,
                                    name_expressions=[n for n in dict.fromkeys(names) if fused.source_of(n) == source])
-    raise ValueError(f"step must be one of 1 to 10, got {step!r}")
+    raise ValueError(f"step must be one of 1 to 14, got {step!r}")
 
 
 __all__ = ["compile_step"]

@@ -12,7 +12,7 @@ from torch import Tensor
 from studylog import checks
 from studylog.ctc.launch import kernels
 
-#: States (positions of the extended target) per thread, as steps 8 and 10 hold them at S <= 128.
+#: States (positions of the extended target) per thread, as steps 12 and 14 hold them at S <= 128.
 CHAIN_GRAIN = 4
 #: Warps of the one block (1024 threads): at most CHAIN_GRAIN x 1024 states.
 MAX_CHAIN_WARPS = 32

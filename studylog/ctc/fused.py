@@ -1,6 +1,9 @@
-"""Steps 7 to 10 of chapter 4: a first pass writes each frame's log-sum-exp and the target's emissions, alpha and
-beta run side by side (a warp, or for step 10 a block of warps, per direction), and a last pass writes ``softmax -
-posterior`` (steps 9 and 10: corrects the softmax the first pass wrote)."""
+"""Steps 7 to 14 of chapter 4: a first pass over the activations, the recursions, and a last pass that writes the
+gradient, a pass of its own. Step 7 writes the log-softmax and runs alpha, then beta, on a block per utterance, as
+step 5 does; step 8 writes only each frame's log-sum-exp and the target's emissions; step 9 runs the recursion on one
+warp; step 10 runs alpha's warp and beta's side by side; steps 11 and 12 change the warp's frame update; step 13
+writes the softmax in the first pass and corrects the target's classes in the last; step 14 spreads each direction
+over a block of warps."""
 
 from __future__ import annotations
 
@@ -12,10 +15,13 @@ from torch import Tensor
 from studylog import checks, cuda
 from studylog.ctc.launch import kernels, prepare_call, workspace_addresses, workspace_bytes
 from studylog.ctc.targets import CTCTargets
+from studylog.ctc.warpctc import block_threads, default_grain
 
-#: Positions per lane compiled for step 7's warp recursion (even: a lane starts on a blank).
+#: Positions per lane compiled for the warp recursions of steps 9 to 13 (even: a lane starts on a blank).
 WARP_GRAINS = (2, 4, 6, 8, 10, 12, 16, 20, 24, 32)
-#: Template options of the branch-free recursion of steps 8 and 9:
+#: Positions per thread compiled for the block recursion of steps 7 and 8: step 5's grain sizes.
+THREAD_GRAINS = (1, 2, 3, 4, 5, 6, 7, 8)
+#: Template options of the branch-free recursion of steps 11 to 13:
 #: (frames of emissions prefetched, flush-to-zero ex2/lg2, warp maximum with redux.sync).
 RECURSION_OPTIONS: dict[str, tuple[int, bool, bool]] = {
     "branch-free": (4, False, False),
@@ -23,23 +29,32 @@ RECURSION_OPTIONS: dict[str, tuple[int, bool, bool]] = {
     "+ redux max": (4, True, True),
     "+ prefetch 8": (8, True, True),
 }
-#: The options steps 8 and 9 use unless told otherwise (flush-to-zero is exact enough for log-probabilities).
+#: Step 11's recursion: the branch-free update alone.
+BRANCH_FREE = "branch-free"
+#: The options steps 12 and 13 use unless told otherwise: step 11's plus flush-to-zero, exact enough for
+#: log-probabilities. The other two options are experiments (lab/ctc).
 DEFAULT_RECURSION = "+ ftz ex2/lg2"
-#: Positions per thread compiled for step 10's block recursion, and the one it uses by default.
+#: Positions per thread compiled for step 14's block recursion, and the one it uses by default.
 BLOCK_GRAINS = (2, 4)
 DEFAULT_BLOCK_GRAIN = 4
-#: Most warps one direction of step 10 may use (the kernel's shared exchange has this many slots).
+#: Most warps one direction of step 14 may use (the kernel's shared exchange has this many slots).
 MAX_RECURSION_WARPS = 16
-#: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 10.
-SOURCES = {"ctc_fused_stats": "ctc_step07_fused_softmax", "ctc_fused_recursion": "ctc_step07_fused_softmax",
-           "ctc_fused_grad": "ctc_step07_fused_softmax", "ctc_branchless_recursion": "ctc_step08_branch_free",
-           "ctc_stats_softmax": "ctc_step09_two_passes", "ctc_target_grad": "ctc_step09_two_passes",
-           "ctc_warps_recursion": "ctc_step10_warps"}
+#: Steps whose recursion runs alpha, then beta, on one block (7, 8) or one warp (9) per utterance: grid (N, 1).
+IN_TURN = (7, 8, 9)
+#: The ``.cu`` file (in ``studylog/ctc/csrc``) of each kernel of steps 7 to 14.
+SOURCES = {**dict.fromkeys(("ctc_log_softmax_frames", "ctc_fused_stats", "ctc_block_recursion",
+                            "ctc_warp_recursion_in_turn", "ctc_fused_recursion", "ctc_grad_from_log_softmax",
+                            "ctc_fused_grad"), "ctc_step07_10_three_passes"),
+           "ctc_branchless_recursion": "ctc_step11_12_branch_free",
+           "ctc_stats_softmax": "ctc_step13_two_passes", "ctc_target_grad": "ctc_step13_two_passes",
+           "ctc_warps_recursion": "ctc_step14_warps"}
 
 _SIG_RECURSION = ["ptr"] * 6 + ["i32"] * 3
 #: Signature of each kernel, by name without template arguments.
-SIGNATURES = {"ctc_fused_stats": ["ptr"] * 6 + ["i32"] * 5, "ctc_fused_recursion": _SIG_RECURSION,
-              "ctc_branchless_recursion": _SIG_RECURSION, "ctc_fused_grad": ["ptr"] * 13 + ["i32"] * 8,
+SIGNATURES = {"ctc_log_softmax_frames": ["ptr"] * 3 + ["i32"] * 3, "ctc_fused_stats": ["ptr"] * 6 + ["i32"] * 5,
+              "ctc_block_recursion": _SIG_RECURSION + ["i32"], "ctc_warp_recursion_in_turn": _SIG_RECURSION,
+              "ctc_fused_recursion": _SIG_RECURSION, "ctc_branchless_recursion": _SIG_RECURSION,
+              "ctc_grad_from_log_softmax": ["ptr"] * 12 + ["i32"] * 8, "ctc_fused_grad": ["ptr"] * 13 + ["i32"] * 8,
               "ctc_stats_softmax": ["ptr"] * 7 + ["i32"] * 5, "ctc_target_grad": ["ptr"] * 13 + ["i32"] * 7,
               "ctc_warps_recursion": _SIG_RECURSION}
 
@@ -50,7 +65,7 @@ def source_of(kernel: str) -> str:
 
 
 def warp_grain(max_positions: int) -> int:
-    """Positions per lane for steps 7 to 9: the smallest compiled V with 32 V >= 2 L_max + 1."""
+    """Positions per lane for steps 9 to 13: the smallest compiled V with 32 V >= 2 L_max + 1."""
     for v in WARP_GRAINS:
         if 32 * v >= max_positions:
             return v
@@ -62,29 +77,37 @@ def check_recursion(recursion: str | None) -> str | None:
 
 
 def recursion_name(v: int, option: str | None = None) -> str:
-    """Name expression of the branch-free recursion (steps 8 and 9) with ``v`` positions per lane."""
+    """Name expression of the branch-free recursion (steps 11 to 13) with ``v`` positions per lane; ``option``: a key
+    of ``RECURSION_OPTIONS``, ``DEFAULT_RECURSION`` (step 12's) when None."""
     prefetch, ftz, redux = RECURSION_OPTIONS[check_recursion(option) or DEFAULT_RECURSION]
     checks.check_choice("positions per lane", v, WARP_GRAINS)
     return f"ctc_branchless_recursion<{v}, {prefetch}, {str(ftz).lower()}, {str(redux).lower()}>"
 
 
 def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple[str, str, str]:
-    """(first pass, recursion, last pass) of steps 7 to 10 with ``v`` positions per lane (thread)."""
-    if step == 10:
-        if recursion is not None:
-            raise ValueError("step 10 has one recursion; recursion options apply to steps 8 and 9")
+    """(first pass, recursion, last pass) of steps 7 to 14 with ``v`` positions per thread (steps 7, 8 and 14) or
+    lane; ``recursion``: the recursion option of steps 12 and 13."""
+    if recursion is not None and step not in (12, 13):
+        raise ValueError(f"step {step} has one recursion; recursion options apply to steps 12 and 13")
+    if step in (7, 8):  # step 5's block, ``v`` positions per thread; step 7 gathers from the log-softmax
+        checks.check_choice("positions per thread", v, THREAD_GRAINS)
+        if step == 7:
+            return "ctc_log_softmax_frames", f"ctc_block_recursion<{v}, true>", "ctc_grad_from_log_softmax"
+        return "ctc_fused_stats", f"ctc_block_recursion<{v}, false>", "ctc_fused_grad"
+    if step == 14:
         if v not in BLOCK_GRAINS:
-            raise ValueError(f"step 10 takes {BLOCK_GRAINS} positions per thread, got {v!r}")
+            raise ValueError(f"step 14 takes {BLOCK_GRAINS} positions per thread, got {v!r}")
         return "ctc_stats_softmax", f"ctc_warps_recursion<{v}>", "ctc_target_grad"
-    if step == 7:
-        if recursion is not None:
-            raise ValueError("step 7 has one recursion; recursion options apply to steps 8 and 9")
-        return "ctc_fused_stats", f"ctc_fused_recursion<{v}>", "ctc_fused_grad"
-    if step == 8:
-        return "ctc_fused_stats", recursion_name(v, recursion), "ctc_fused_grad"
+    checks.check_choice("positions per lane", v, WARP_GRAINS)
     if step == 9:
+        return "ctc_fused_stats", f"ctc_warp_recursion_in_turn<{v}>", "ctc_fused_grad"
+    if step == 10:
+        return "ctc_fused_stats", f"ctc_fused_recursion<{v}>", "ctc_fused_grad"
+    if step in (11, 12):
+        return "ctc_fused_stats", recursion_name(v, BRANCH_FREE if step == 11 else recursion), "ctc_fused_grad"
+    if step == 13:
         return "ctc_stats_softmax", recursion_name(v, recursion), "ctc_target_grad"
-    raise ValueError(f"steps 7 to 10 have fused kernels; got step {step!r}")
+    raise ValueError(f"steps 7 to 14 have fused kernels; got step {step!r}")
 
 
 def _load(names) -> list:
@@ -96,14 +119,14 @@ def _load(names) -> list:
 
 
 def preload_fused(step: int, grains, recursions=(None,)) -> None:
-    """Compile ``grains`` of steps 7 to 10 (with the ``recursions`` of steps 8 and 9), one NVRTC call per source."""
+    """Compile ``grains`` of steps 7 to 14 (with the ``recursions`` of steps 12 and 13), one NVRTC call per source."""
     names = list(dict.fromkeys(n for v in grains for option in recursions for n in fused_kernel_names(step, v, option)))
     for source in dict.fromkeys(source_of(n) for n in names):
         kernels(source, [(n, SIGNATURES[n.split("<")[0]]) for n in names if source_of(n) == source])
 
 
 def recursion_warps(max_positions: int, grain: int) -> int:
-    """Warps per direction of step 10: enough for ``max_positions`` at ``grain`` positions per thread."""
+    """Warps per direction of step 14: enough for ``max_positions`` at ``grain`` positions per thread."""
     warps = math.ceil(max_positions / (32 * grain))
     if warps > MAX_RECURSION_WARPS:
         raise ValueError(f"{max_positions} positions need {warps} warps at {grain} per thread; "
@@ -115,27 +138,32 @@ _LAUNCH: dict[tuple[int, int, str | None], list] = {}
 
 
 def launch_shape(step: int, max_positions: int, grain: int | None = None) -> tuple[int, int]:
-    """(positions per lane or thread ``v``, threads of one direction's recursion) of steps 7 to 10."""
-    if step == 10:  # a block of warps per direction, ``v`` positions per thread
+    """(positions per lane or thread ``v``, threads of one direction's recursion) of steps 7 to 14."""
+    if step in (7, 8):  # step 5's block: warp-ctc's grain rule, about 128 threads an utterance
+        v = default_grain(max_positions)
+        return v, block_threads(max_positions, v)
+    if step == 14:  # a block of warps per direction, ``v`` positions per thread
         v = DEFAULT_BLOCK_GRAIN if grain is None else grain
         return v, 32 * recursion_warps(max_positions, v)
     return warp_grain(max_positions), 32  # one warp per direction, ``v`` positions per lane
 
 
-def scratch_sizes(T: int, N: int, label_stride: int, row_stride: int) -> list[int]:
-    """Bytes of each scratch array of steps 7 to 10: row log-sum-exps, emissions, both directions' rows, offsets."""
-    return [T * N * 4, N * T * (label_stride + 1) * 4, 2 * N * T * row_stride * 4, 2 * N * T * 8]
+def scratch_sizes(step: int, T: int, N: int, A: int, label_stride: int, row_stride: int) -> list[int]:
+    """Bytes of each scratch array of step ``step`` (7 to 14): step 7's log-softmax, or the other steps' row
+    log-sum-exps and emissions; then both directions' rows and their offsets."""
+    rows = [2 * N * T * row_stride * 4, 2 * N * T * 8]
+    return ([T * N * A * 4] if step == 7 else [T * N * 4, N * T * (label_stride + 1) * 4]) + rows
 
 
-def scratch_bytes(step: int, T: int, N: int, label_stride: int, grain: int | None = None) -> int:
-    """Bytes of a preallocated workspace for step ``step`` (7 to 10; see :class:`studylog.ctc.CTCPlan`)."""
+def scratch_bytes(step: int, T: int, N: int, A: int, label_stride: int, grain: int | None = None) -> int:
+    """Bytes of a preallocated workspace for step ``step`` (7 to 14; see :class:`studylog.ctc.CTCPlan`)."""
     v, threads = launch_shape(step, 2 * label_stride + 1, grain)
-    return workspace_bytes(scratch_sizes(T, N, label_stride, threads * v))
+    return workspace_bytes(scratch_sizes(step, T, N, A, label_stride, threads * v))
 
 
 def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infinity: bool, step: int,
            recursion: str | None, grain: int | None = None, scratch: Tensor | None = None) -> None:
-    """Launch step ``step`` (7 to 10) on checked inputs (nothing here is checked again)."""
+    """Launch step ``step`` (7 to 14) on checked inputs (nothing here is checked again)."""
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
     v, recursion_threads = launch_shape(step, smax, grain)
@@ -144,87 +172,124 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     launch = _LAUNCH.get(key)
     if launch is None:
         launch = _LAUNCH[key] = _load(fused_kernel_names(step, v, recursion))
-    first, warp_recursion, last = launch
+    first, recursion_kernel, last = launch
     vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
     threads = 64 if A <= 512 else 256  # a frame of A activations per block
-    buffer, (row_lse, emissions, rows, row_shift) = workspace_addresses(
-        x.device, scratch_sizes(T, N, lmax, row_stride), scratch)
+    buffer, addresses = workspace_addresses(x.device, scratch_sizes(step, T, N, A, lmax, row_stride), scratch)
     labels, input_lengths, target_lengths = batch.labels, batch.input_lengths, batch.target_lengths
-    if step >= 9:  # the softmax goes out with the statistics; the last pass corrects the target's classes
+    slots = (batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots)
+    grid = (N, 1) if step in IN_TURN else (N, 2)  # alpha, then beta; or alpha's warp (block) and beta's side by side
+    if step == 7:  # the log-softmax written whole: the recursion gathers its emissions from it, the last pass reads it
+        log_probs, rows, row_shift = addresses
+        first((T * N,), (threads,), x, input_lengths, log_probs, N, A, vectorised)
+        recursion_kernel(grid, (recursion_threads,), log_probs, labels, input_lengths, target_lengths, rows,
+                         row_shift, T, N, lmax, A)
+        last((T * N,), (threads,), log_probs, rows, row_shift, input_lengths, target_lengths, labels, *slots, grad,
+             loss, T, N, A, lmax, umax, row_stride, vectorised, int(zero_infinity))
+        del buffer  # queued: the memory may be reused by the next allocation on this stream
+        return
+    row_lse, emissions, rows, row_shift = addresses
+    if step >= 13:  # the softmax goes out with the statistics; the last pass corrects the target's classes
         first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, grad,
               T, N, A, lmax, vectorised)
     else:
         first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, T, N, A, lmax,
               vectorised)
-    warp_recursion((N, 2), (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows, row_shift,
-                   T, N, lmax)
-    if step >= 9:
+    block_recursion = (A,) if step == 8 else ()  # step 8's kernel is step 7's, reading the emissions instead
+    recursion_kernel(grid, (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows, row_shift,
+                     T, N, lmax, *block_recursion)
+    if step >= 13:
         last((T * N,), (64 if smax <= 256 else 128,), x, row_lse, emissions, rows, row_shift, input_lengths,
-             target_lengths, batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad, loss,
-             T, N, A, lmax, umax, row_stride, int(zero_infinity))
+             target_lengths, *slots, grad, loss, T, N, A, lmax, umax, row_stride, int(zero_infinity))
     else:
-        last((T * N,), (threads,), x, row_lse, emissions, rows, row_shift, input_lengths, target_lengths,
-             batch.slot_class, batch.slot_start, batch.slot_members, batch.num_slots, grad, loss,
-             T, N, A, lmax, umax, row_stride, vectorised, int(zero_infinity))
+        last((T * N,), (threads,), x, row_lse, emissions, rows, row_shift, input_lengths, target_lengths, *slots,
+             grad, loss, T, N, A, lmax, umax, row_stride, vectorised, int(zero_infinity))
     del buffer  # queued: the memory may be reused by the next allocation on this stream
 
 
-def step07_fused_softmax(
+def _run(step: int, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
+         recursion: str | None = None, grain: int | None = None):
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    launch(activations, batch, loss, grad, zero_infinity, step, recursion, grain)
+    return loss, grad
+
+
+def step07_gradient_pass(
     activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
     out_grad: Float[Tensor, "t n a"] | None = None,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
-    """Step 7: the softmax is never written out; one warp per utterance and direction runs alpha and beta at the
-    same time, rows in registers. Arguments as :func:`step01_baseline`."""
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, zero_infinity, 7, None)
-    return loss, grad
+    """Step 7: the gradient a pass of its own, a block per frame, after the recursions; those run alpha, then beta,
+    on a block per utterance (step 5's grain and block size) and write every row. The first pass writes the
+    log-softmax, as steps 1 to 6 do. Arguments as :func:`step01_baseline`."""
+    return _run(7, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
-def step08_branch_free(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
-                       recursion: str | None = None, out_loss=None, out_grad=None):
-    """Step 8: step 7's warp recursion without its divergent branch; ``recursion`` (a key of
-    ``RECURSION_OPTIONS``, ``DEFAULT_RECURSION`` when None) picks its template options."""
-    recursion = check_recursion(recursion)
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, zero_infinity, 8, recursion)
-    return loss, grad
+def step08_fused_softmax(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                         out_loss=None, out_grad=None):
+    """Step 8: step 7 with no softmax written: the first pass keeps each frame's log-sum-exp and the target's
+    emissions, the last pass recomputes the softmax from the activations. Arguments as :func:`step01_baseline`."""
+    return _run(8, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
-def step09_two_passes(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+def step09_one_warp(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                    out_loss=None, out_grad=None):
+    """Step 9: step 8's recursion on one warp per utterance, a lane's positions in registers, a neighbour's by a
+    shuffle, no barrier; alpha, then beta. Arguments as :func:`step01_baseline`."""
+    return _run(9, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+
+
+def step10_side_by_side(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                        out_loss=None, out_grad=None):
+    """Step 10: step 9 with alpha's warp and beta's side by side. Arguments as :func:`step01_baseline`."""
+    return _run(10, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+
+
+def step11_branch_free(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                       out_loss=None, out_grad=None):
+    """Step 11: step 10's warp recursion without its divergent branch. Arguments as :func:`step01_baseline`."""
+    return _run(11, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
+
+
+def step12_flush_to_zero(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
+                         recursion: str | None = None, out_loss=None, out_grad=None):
+    """Step 12: step 11's recursion with flush-to-zero ``ex2``/``lg2``. ``recursion`` (a key of ``RECURSION_OPTIONS``,
+    ``DEFAULT_RECURSION`` when None) picks the branch-free recursion's template options: the others are experiments."""
+    return _run(12, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
+                check_recursion(recursion))
+
+
+def step13_two_passes(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                       recursion: str | None = None, out_loss=None, out_grad=None):
-    """Step 9: the first pass also writes the softmax as the gradient, the last only corrects the target's
-    classes in place: the activations cross DRAM once. Arguments as :func:`step08_branch_free`."""
-    recursion = check_recursion(recursion)
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, zero_infinity, 9, recursion)
-    return loss, grad
+    """Step 13: the first pass also writes the softmax as the gradient, the last only corrects the target's
+    classes in place: the activations cross DRAM once. Arguments as :func:`step12_flush_to_zero`."""
+    return _run(13, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
+                check_recursion(recursion))
 
 
-def step10_warps_per_direction(activations, targets, input_lengths=None, target_lengths=None, *,
+def step14_warps_per_direction(activations, targets, input_lengths=None, target_lengths=None, *,
                                zero_infinity=False, grain: int | None = None, out_loss=None, out_grad=None):
-    """Step 10: step 9 with the recursion spread over a block of warps per direction, ``grain`` positions per
+    """Step 14: step 13 with the recursion spread over a block of warps per direction, ``grain`` positions per
     thread (one of ``BLOCK_GRAINS``, ``DEFAULT_BLOCK_GRAIN`` when None)."""
     if grain is not None and grain not in BLOCK_GRAINS:
-        raise ValueError(f"grain must be one of {BLOCK_GRAINS} for step 10, got {grain!r}")
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, zero_infinity, 10, None, grain)
-    return loss, grad
+        raise ValueError(f"grain must be one of {BLOCK_GRAINS} for step 14, got {grain!r}")
+    return _run(14, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
+                grain=grain)
 
 
-#: :func:`final_step`'s rule: step 10's warps per direction pay where many classes or a mid-size batch keep the GPU
+#: :func:`final_step`'s rule: step 14's warps per direction pay where many classes or a mid-size batch keep the GPU
 #: busy; with few classes one utterance leaves them waiting on each other, and a full batch (FULL_BATCH or more)
-#: keeps step 8's one warp per direction as busy. It must keep ``ctc_loss`` within the spread of the fastest step.
+#: keeps step 12's one warp per direction as busy. It must keep ``ctc_loss`` within the spread of the fastest step.
 SMALL_ALPHABET = 1024
 FULL_BATCH = 256
 
 
 def final_step(max_time: int, batch_size: int, num_classes: int) -> int:
-    """The step :func:`ctc_loss` runs for activations of this shape: 8 for a small alphabet with one utterance or a
-    full batch, 10 otherwise (shapes only: no device synchronisation)."""
+    """The step :func:`ctc_loss` runs for activations of this shape: 12 for a small alphabet with one utterance or a
+    full batch, 14 otherwise (shapes only: no device synchronisation)."""
     if num_classes <= SMALL_ALPHABET and (batch_size == 1 or batch_size >= FULL_BATCH):
-        return 8
-    return 10
+        return 12
+    return 14
 
 
 def ctc_loss(
@@ -232,17 +297,19 @@ def ctc_loss(
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
     out_grad: Float[Tensor, "t n a"] | None = None,
 ) -> tuple[Float[Tensor, " n"], Float[Tensor, "t n a"]]:
-    """The chapter's CTC loss: step 8 or step 10 with their defaults, as :func:`final_step` picks for the shape.
+    """The chapter's CTC loss: step 12 or step 14 with their defaults, as :func:`final_step` picks for the shape.
 
     Loss per utterance ``(N,)`` and the gradient of its sum w.r.t. the activations ``(T, N, A)``, softmax included.
     Arguments as :func:`step01_baseline`. With prepared targets a call can be captured in a CUDA graph; to replay
     one graph over batches whose targets change, use :class:`CTCPlan`.
     """
-    shape = tuple(getattr(activations, "shape", ()))  # a bad shape goes on to step 10, whose checks name it
-    step = step08_branch_free if len(shape) == 3 and final_step(*shape) == 8 else step10_warps_per_direction
+    shape = tuple(getattr(activations, "shape", ()))  # a bad shape goes on to step 14, whose checks name it
+    step = step12_flush_to_zero if len(shape) == 3 and final_step(*shape) == 12 else step14_warps_per_direction
     return step(activations, targets, input_lengths, target_lengths, zero_infinity=zero_infinity, out_loss=out_loss,
                 out_grad=out_grad)
 
 
+cuda.declare_instances(SOURCES["ctc_block_recursion"], [n for step in (7, 8, 9, 10) for n in fused_kernel_names(step, 2)
+                                                        if "<" in n])
 cuda.declare_instances(SOURCES["ctc_branchless_recursion"], [recursion_name(10, o) for o in RECURSION_OPTIONS])
 cuda.declare_instances(SOURCES["ctc_warps_recursion"], [f"ctc_warps_recursion<{v}>" for v in BLOCK_GRAINS])

@@ -1,6 +1,6 @@
 """Chapter 4's entry point as a differentiable PyTorch operator: ``torch.ops.studylog.ctc_loss``.
 
-It returns the loss and the gradient of its sum from step 10's kernels; its backward scales that gradient by each
+It returns the loss and the gradient of its sum from step 14's kernels; its backward scales that gradient by each
 utterance's incoming gradient, so nothing is computed twice. The targets are the packed int32 tensors
 (:func:`target_tensors`), so a call reads nothing back to the host. On CPU tensors it runs the float64 reference.
 """
@@ -18,7 +18,7 @@ from studylog.ctc.reference import reference_ctc
 from studylog.ctc.targets import MAX_TARGET_LENGTH, CTCTargets
 
 #: The step the operator runs on the GPU: the chapter's final one, as :func:`~studylog.ctc.fused.ctc_loss`.
-STEP = 10
+STEP = 14
 
 
 def target_tensors(targets: CTCTargets) -> tuple[Tensor, ...]:

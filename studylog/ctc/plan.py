@@ -70,8 +70,8 @@ class CTCPlan:
         if self.step <= 6:
             nbytes = warpctc.scratch_bytes(T, N, A, positions)
         else:
-            grain = how.get("grain") if self.step == 10 else None
-            nbytes = fused.scratch_bytes(self.step, T, N, self.label_stride, grain)
+            grain = how.get("grain") if self.step == 14 else None
+            nbytes = fused.scratch_bytes(self.step, T, N, A, self.label_stride, grain)
         self.workspace = torch.empty((nbytes,), dtype=torch.uint8, device=self.device)
         empty = [np.zeros(0, np.int64)] * N
         self.targets: CTCTargets = self._write(empty, np.full(N, T, np.int64), np.zeros(N, np.int64))
@@ -80,17 +80,17 @@ class CTCPlan:
             torch.cuda.synchronize(self.device)
 
     def _check_options(self) -> None:
-        allowed = {**{k: ("grain", "blocked") for k in (4, 5, 6)}, 8: ("recursion",), 9: ("recursion",),
-                   10: ("grain",)}.get(self.step, ())
+        allowed = {**{k: ("grain", "blocked") for k in (4, 5, 6)}, 12: ("recursion",), 13: ("recursion",),
+                   14: ("grain",)}.get(self.step, ())
         unknown = sorted(set(self.how) - set(allowed))
         if unknown:
             raise TypeError(f"step {self.step} takes no option {unknown} (it takes {list(allowed) or 'none'})")
         if self.step in (4, 5, 6):
             warpctc.check_grain(self.how.get("grain"))
-        if self.step in (8, 9):
+        if self.step in (12, 13):
             fused.check_recursion(self.how.get("recursion"))
-        if self.step == 10 and self.how.get("grain") not in (None, *fused.BLOCK_GRAINS):
-            raise ValueError(f"grain must be one of {fused.BLOCK_GRAINS} for step 10, got {self.how['grain']!r}")
+        if self.step == 14 and self.how.get("grain") not in (None, *fused.BLOCK_GRAINS):
+            raise ValueError(f"grain must be one of {fused.BLOCK_GRAINS} for step 14, got {self.how['grain']!r}")
 
     def _write(self, lists, inputs: np.ndarray, lengths: np.ndarray) -> CTCTargets:
         parts = np.concatenate(pack(lists, inputs, lengths, self.label_stride, self.slot_stride))

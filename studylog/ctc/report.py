@@ -15,7 +15,7 @@ from torch import Tensor
 
 from studylog.bench import Timing
 from studylog.ctc import peers
-from studylog.ctc.fused import DEFAULT_BLOCK_GRAIN, ctc_loss, final_step, preload_fused, recursion_warps, warp_grain
+from studylog.ctc.fused import DEFAULT_BLOCK_GRAIN, ctc_loss, final_step, launch_shape, preload_fused, recursion_warps
 from studylog.ctc.peers import concatenated, padded
 from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, errors, outcomes,
                                     reference_ctc, wrong_utterances)
@@ -38,7 +38,7 @@ STRESS_A, STRESS_N = 28, 8
 LONG_T = (1100,)
 LONG_N = 6
 BENCH_DEVICE = "cuda"
-#: (A, N) where the benchmark also records the device time of every kernel of steps 7 to 10 and torch.
+#: (A, N) where the benchmark also records the device time of every kernel of steps 7 to 14 and torch.
 PROFILE_CASES = ((28, 1), (28, 256), (5000, 2), (5000, 256))
 #: GPU clock: a graph replay holds at least GRAPH_REPLAY_MS of calls (at least 2), replayed GRAPH_REPS times; host
 #: time over about HOST_BUDGET_MS of calls; activations rotated among at most MAX_COPIES copies. SPAN_REPS:
@@ -310,8 +310,9 @@ def bench(run) -> None:
     for series, (ok, why) in capture.items():
         run.note(f"CUDA-graph capture of {series} ({peers.TORCH_SERIES[series]}): "
                  f"{'captured' if ok else 'not capturable'}; {why}")
-    for number, grains in ((7, (4, 6, 8, 10)), (8, (4, 6, 8, 10)), (9, (4, 6, 8, 10)), (10, (DEFAULT_BLOCK_GRAIN,))):
-        preload_fused(number, grains)
+    for number in range(7, 15):  # the grains the grid's targets need (T = 150: at most 301 positions)
+        preload_fused(number, (1, 2, 3) if number in (7, 8) else (DEFAULT_BLOCK_GRAIN,) if number == 14 else
+                      (4, 6, 8, 10))
     profile_points: list = []
     checked: set[int] = set()
     for A, N in run.progress(grid["main"], "T = 150 grid"):
@@ -332,13 +333,10 @@ def bench(run) -> None:
                        note="the faster of torch's calls timed on the GPU clock in this run")
         spans = [r for r in rows.values() if r["clock"] == "kernel"]
         batch = _prepared(lists, T, A, device)
-        shape = {"max_positions": batch.max_positions, "positions_per_lane": warp_grain(batch.max_positions)}
-        block_shape = {"max_positions": batch.max_positions, "positions_per_lane": DEFAULT_BLOCK_GRAIN,
-                       "warps": recursion_warps(batch.max_positions, DEFAULT_BLOCK_GRAIN)}
         for s in CHAPTER.steps:
             if s.number > 6 or (A, N) in grid["lesson"]:
                 _time_step(run, s.number, x, batch, ref, params, floor_ms=floor,
-                           extra=block_shape if s.number == 10 else shape if s.number >= 7 else None)
+                           extra=recursion_shape(s.number, batch.max_positions) if s.number >= 7 else None)
         _time_entry(run, x, batch, ref, params, floor)
         if spans and (N in LESSON_N or not on_gpu):  # one clock with the torch calls a graph cannot capture
             _timed(run, f"{final.series} span", lambda: _call(final.number, x, batch), params, host=False)
@@ -377,11 +375,25 @@ def bench(run) -> None:
         _profile_point(run, x, batch, lists, params)
     run.note("Our calls take prepared targets (CTCTargets on the GPU, from prepare_targets); torch's calls get "
              "their lengths as tuples, torch-cuDNN (torch._cudnn_ctc_loss) as int32 device tensors.")
-    run.note(f"Steps 8 and 9 run their default recursion, step 10 {DEFAULT_BLOCK_GRAIN} positions per thread; "
-             "the other recursion options and grains are experiments, measured in lab/ctc.")
+    run.note(f"Steps 12 and 13 run their default recursion, step 14 {DEFAULT_BLOCK_GRAIN} positions per thread, "
+             "steps 7 and 8 step 5's grain and block size; the other recursion options and grains are experiments, "
+             "measured in lab/ctc.")
     run.note("Torch calls that a CUDA graph cannot capture are timed on the kernel clock (profiler span, L2 flushed); "
              "'<step> span' and 'torch-cuDNN span' are the same clock for comparing with them.")
     run.note(f"The ctc benchmark took {time.perf_counter() - started:.0f} s.")
+
+
+def recursion_shape(step: int, max_positions: int) -> dict:
+    """What a row of step ``step`` (7 to 14) records of its recursion's launch: the longest extended target, the
+    positions per lane (per thread for steps 7, 8 and 14) and the threads of one direction (steps 7 and 8: step 5's
+    block, as ``threads``; step 14: its ``warps``)."""
+    v, threads = launch_shape(step, max_positions)
+    shape = {"max_positions": max_positions, "positions_per_lane": v}
+    if step in (7, 8):
+        shape["threads"] = threads
+    if step == 14:
+        shape["warps"] = recursion_warps(max_positions, DEFAULT_BLOCK_GRAIN)
+    return shape
 
 
 def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
@@ -397,7 +409,7 @@ def _plan_host(run, step: int, x: Tensor, lists, params: dict) -> None:
 
 
 def _stress_case(run, name: str, x: Tensor, lists) -> None:
-    """Steps 5 to 10 on one input of the stress set, then torch's calls and steps 6 and 10 on the utterances
+    """Steps 5 to 14 on one input of the stress set, then torch's calls and steps 6 and 14 on the utterances
     torch's cuDNN path takes, each counted against float64 (:func:`outcomes`)."""
     from studylog.ctc import CHAPTER
 
@@ -405,7 +417,7 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
     lengths = tuple(len(l) for l in lists)
     batch, ref = _prepared(lists, T, A, x.device), _reference(x, lists)
     params = {"T": T, "N": N, "A": A, "inputs": name.split()[0]}
-    for number in (5, 6, 7, 8, 9, 10):
+    for number in range(5, 15):
         _time_step(run, number, x, batch, ref, params, series=f"stress {step_of(number).series}", host=False,
                    counted=True, reps=STRESS_REPS)
     keep = np.flatnonzero(peers.cudnn_eligible((T,) * N, lengths, T))
@@ -438,9 +450,9 @@ def _stress_case(run, name: str, x: Tensor, lists) -> None:
 
 
 def _profile_point(run, x: Tensor, batch: CTCTargets, lists, params: dict) -> None:
-    """Per-kernel device times (profiler, no L2 flush) of steps 7 to 10 and torch's calls at one point."""
+    """Per-kernel device times (profiler, no L2 flush) of steps 7 to 14 and torch's calls at one point."""
     calls = {"torch-cuDNN": peers.cudnn_direct(x, lists), "torch-native": peers.functional(x, lists, "native")}
-    calls.update({step_of(k).series: (lambda k=k: _call(k, x, batch)) for k in (7, 8, 9, 10)})
+    calls.update({step_of(k).series: (lambda k=k: _call(k, x, batch)) for k in range(7, 15)})
     for series, fn in calls.items():
         try:
             kernels = kernel_times_us(fn)

@@ -1,15 +1,16 @@
-// The branch-free log-sum-exp of step 8 of chapter 4 and its options (also used by step 10).
+// The branch-free log-sum-exp of steps 11 and 12 of chapter 4 and its options (also used by steps 13 and 14).
 #pragma once
 
 #include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
 
-// Step 7's choice between the two- and three-term log-sum-exp of a label depends on the lane's skip bit: a
-// divergent branch per label position, which serialises a lane's V positions. Here a label always takes the
-// three-term form, its s -/+ 2 term -inf where the skip is not allowed: the same value, straight-line code.
-// Two options, template flags the benchmark measures:
-//   FTZ    ex2/lg2 with flush-to-zero (no subnormal guards); a term 2^-126 below the largest of its sum
-//          changes nothing, so flushing it is exact to float32 here.
-//   REDUX  the warp maximum as one redux.sync on an order-preserving integer image of the floats.
+// Step 10's choice between the two- and three-term log-sum-exp of a label depends on the lane's skip bit: a
+// divergent branch per label position, which serialises a lane's V positions. Here (step 11) a label always
+// takes the three-term form, its s -/+ 2 term -inf where the skip is not allowed: the same value, straight-line
+// code. Two template flags:
+//   FTZ    step 12: ex2/lg2 with flush-to-zero (no subnormal guards); a term 2^-126 below the largest of its
+//          sum changes nothing, so flushing it is exact to float32 here.
+//   REDUX  an option no step takes (lab/ctc measures it): the warp maximum as one redux.sync on an
+//          order-preserving integer image of the floats.
 __device__ __forceinline__ float ex2_ftz(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -4,7 +4,7 @@
 // Every frame of alpha (or beta) needs the whole previous frame at s, s - 1 and s - 2, so frames cannot
 // overlap. This kernel is one frame's update, laid out as the final steps lay it out: CHAIN_V positions per
 // thread in registers, the left neighbour by a warp shuffle and, past one warp, the warps' boundary values
-// through shared memory with one barrier per frame; each position takes step 8's branch-free log-sum-exp and
+// through shared memory with one barrier per frame; each position takes step 12's branch-free log-sum-exp and
 // adds a per-state constant (standing in for the emission, so nothing can be hoisted out of the loop).
 // Left out, so the time is a lower bound: the emissions, the passes around the recursion, the rows' stores,
 // the per-frame maximum, the skip and validity selects and the -inf guard (all values stay finite).
@@ -76,7 +76,7 @@ __device__ __forceinline__ void chain_frames(float* __restrict__ out, int frames
 }
 
 // grid (1), block 32 W (W = ceil(states / 128) warps, at most CHAIN_MAX_WARPS). out[s] for s < states: the
-// values after `frames` frames from all zeros. One warp (step 8's form) exchanges by shuffles only; the
+// values after `frames` frames from all zeros. One warp (step 12's form) exchanges by shuffles only; the
 // choice is made once, outside the frame loop.
 extern "C" __global__ void __launch_bounds__(32 * CHAIN_MAX_WARPS) ctc_chain_floor(
     float* __restrict__ out, int frames, int states) {

@@ -1,5 +1,5 @@
-// What the fused kernels of steps 7 to 10 of chapter 4 share: block-wide reductions, and the pieces of the
-// first and last passes.
+// What the kernels of steps 7 to 14 of chapter 4 share: block-wide reductions, and the pieces of the first and
+// last passes.
 #pragma once
 
 #include "ctc_common.cuh"  // NEG_INF, FULL_MASK, warp_max, warp_sum
@@ -75,7 +75,7 @@ __device__ __forceinline__ void online_lse(float& m, float& s, float v) {
     }
 }
 
-// Pieces of the first and last passes (steps 7 and 9): one block per frame (t, n).
+// Pieces of the first and last passes (steps 7 to 14): one block per frame (t, n).
 // Log-sum-exp (natural log) of a frame's A activations xr: an online maximum and sum, with 16-byte loads
 // when vectorised (A % 4 == 0 and xr 16-byte aligned).
 __device__ __forceinline__ float frame_lse(const float* xr, int A, int vectorised, float* scratch) {
@@ -110,6 +110,35 @@ __device__ __forceinline__ void write_softmax(float* g, const float* xr, int A, 
     }
 }
 
+// The log-softmax x - lse of a frame's A activations xr, written to lp (16-byte loads and stores when vectorised):
+// step 7's first pass, what steps 1 to 6 write.
+__device__ __forceinline__ void write_log_softmax(float* lp, const float* xr, int A, int vectorised, float lse) {
+    if (vectorised) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* lp4 = reinterpret_cast<float4*>(lp);
+        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
+            const float4 v = __ldg(x4 + k);
+            lp4[k] = make_float4(v.x - lse, v.y - lse, v.z - lse, v.w - lse);
+        }
+    } else {
+        for (int k = threadIdx.x; k < A; k += blockDim.x) lp[k] = __ldg(xr + k) - lse;
+    }
+}
+
+// The softmax exp(lp) of a frame's log-softmax lp, written to g (as write_softmax, from lp): step 7's last pass.
+__device__ __forceinline__ void write_softmax_lp(float* g, const float* lp, int A, int vectorised) {
+    if (vectorised) {
+        const float4* l4 = reinterpret_cast<const float4*>(lp);
+        float4* g4 = reinterpret_cast<float4*>(g);
+        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
+            const float4 v = __ldg(l4 + k);
+            g4[k] = make_float4(__expf(v.x), __expf(v.y), __expf(v.z), __expf(v.w));
+        }
+    } else {
+        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = __expf(__ldg(lp + k));
+    }
+}
+
 // The emissions of a frame of utterance n: the base-2 log-probabilities of the blank (em[0]) and of the
 // target's L labels (em[j], j = 1 .. L), from the frame's activations xr and their log-sum-exp lse.
 __device__ __forceinline__ void write_emissions(float* em, const float* xr, const int* labels, int n, int Lmax, int L,
@@ -129,6 +158,31 @@ __device__ __forceinline__ float2 frame_posterior(float* post, float* scratch, c
     float local = NEG_INF;
     for (int s = threadIdx.x; s < S; s += blockDim.x) {
         const float v = __ldg(ra + s) + __ldg(rb + s) - __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0));
+        post[s] = v;
+        local = fmaxf(local, v);
+    }
+    top = block_max(local, scratch);  // also orders the writes to post
+    float total = 0.0f, blank = 0.0f;
+    if (top != NEG_INF) {
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            const float p = exp2f(post[s] - top);
+            post[s] = p;
+            total += p;
+            if (!(s & 1)) blank += p;
+        }
+    }
+    return block_sum2(total, blank, scratch);  // orders the writes to post again
+}
+
+// frame_posterior with the emissions read from the frame's log-softmax lp (step 7's last pass): the blank's for
+// even s, label (s + 1) / 2's for odd s (lab: the utterance's labels), scaled to base 2 as the first pass of step 8
+// scales them.
+__device__ __forceinline__ float2 frame_posterior_lp(float* post, float* scratch, const float* ra, const float* rb,
+                                                     const float* lp, const int* lab, int S, float& top) {
+    float local = NEG_INF;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const int cls = (s & 1) ? __ldg(lab + (s >> 1)) : 0;
+        const float v = __ldg(ra + s) + __ldg(rb + s) - __fmul_rn(__ldg(lp + cls), LOG2E);
         post[s] = v;
         local = fmaxf(local, v);
     }

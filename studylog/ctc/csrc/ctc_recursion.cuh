@@ -1,18 +1,19 @@
-// One direction of the recursion of steps 7, 8 and 10 of chapter 4: what those steps share around the update
-// of a frame. A lane (step 10: a thread) holds V consecutive positions of the extended target in registers.
+// One direction of the recursion of steps 9 to 14 of chapter 4: what those steps share around the update of a
+// frame. A lane (step 14: a thread) holds V consecutive positions of the extended target in registers.
 #pragma once
 
 #include "ctc_common.cuh"  // NEG_INF
 
-// The arguments of the recursion kernels of steps 7, 8 and 10, in the order studylog.ctc.fused passes them: the
-// emissions (N, T, Lmax + 1), the labels and lengths, then what they write, the rows and the rows' offsets.
+// The arguments of the recursion kernels of steps 7 to 14, in the order studylog.ctc.fused passes them: the
+// emissions (N, T, Lmax + 1; step 7's: the log-softmax, (T, N, A)), the labels and lengths, then what they write,
+// the rows and the rows' offsets.
 #define RECURSION_PARAMS                                                                                        \
     const float* __restrict__ emissions, const int* __restrict__ labels, const int* __restrict__ input_lengths, \
         const int* __restrict__ target_lengths, float* __restrict__ rows, double* __restrict__ row_shift, int T, \
         int N, int Lmax
 #define RECURSION_ARGS emissions, labels, input_lengths, target_lengths, rows, row_shift, T, N, Lmax
 
-// The emissions lane `lane` (step 10: thread) needs of one frame (e: the frame's Lmax + 1 emissions): the
+// The emissions lane `lane` (step 14: thread) needs of one frame (e: the frame's Lmax + 1 emissions): the
 // blank's, and those of its H labels lane H + 1 .. lane H + H (-inf past the target's L labels).
 template <int H>
 __device__ __forceinline__ void frame_emissions(const float* e, int lane, int L, float& eb, float (&el)[H]) {

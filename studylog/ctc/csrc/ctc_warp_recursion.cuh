@@ -1,5 +1,5 @@
-// One direction of the recursion on one warp, steps 7 and 8 of chapter 4: everything but the update of a frame,
-// which each step brings (Update::frame).
+// One direction of the recursion on one warp, steps 9 to 13 of chapter 4: everything but the update of a frame,
+// which steps 9 and 11 bring (Update::frame).
 #pragma once
 
 #include "ctc_common.cuh"       // NEG_INF

@@ -1,11 +1,12 @@
-// CTC loss, step 8 of chapter 4: step 7's warp recursion without the divergent branch at every label position
-// (why and how: ctc_branch_free.cuh), between step 7's first and last passes.
+// CTC loss, steps 11 and 12 of chapter 4: step 10's warp recursion without the divergent branch at every label
+// position (step 11; why and how: ctc_branch_free.cuh), then with flush-to-zero ex2/lg2 (step 12, FTZ), between
+// step 10's first and last passes.
 
 #include "ctc_common.cuh"          // NEG_INF, FULL_MASK
 #include "ctc_branch_free.cuh"     // lse2_select, lse3_select
 #include "ctc_warp_recursion.cuh"  // warp_recursion: the recursion on a warp per direction, but its update
 
-// The update of a frame, as step 7's but that a label always takes the three-term sum (its third term -inf where
+// The update of a frame, as step 10's but that a label always takes the three-term sum (its third term -inf where
 // the skip is not allowed); FTZ: flush-to-zero ex2/lg2.
 template <bool FTZ>
 struct FrameUpdate {
@@ -48,7 +49,7 @@ struct FrameUpdate {
     }
 };
 
-// grid (N, 2), block 32, as step 7; PREFETCH_FRAMES and REDUX: ctc_branch_free.cuh.
+// grid (N, 2), block 32, as step 10; FTZ (step 12), PREFETCH_FRAMES and REDUX: ctc_branch_free.cuh.
 template <int V, int PREFETCH_FRAMES, bool FTZ, bool REDUX>
 __global__ void __launch_bounds__(32) ctc_branchless_recursion(RECURSION_PARAMS) {
     warp_recursion<FrameUpdate<FTZ>, V, PREFETCH_FRAMES, REDUX>(RECURSION_ARGS);

@@ -1,5 +1,5 @@
-// CTC loss, step 10 of chapter 4: the recursion over several warps per direction (step 9's two passes
-// around it, ctc_step09_two_passes.cu).
+// CTC loss, step 14 of chapter 4: the recursion over several warps per direction (step 13's two passes
+// around it, ctc_step13_two_passes.cu).
 
 #include "ctc_common.cuh"       // NEG_INF, FULL_MASK, warp_max
 #include "ctc_branch_free.cuh"  // lse2_select, lse3_select

@@ -1,5 +1,5 @@
-// CTC loss, step 9 of chapter 4: two passes over the activations instead of three (step 8's recursion
-// between them). Step 7's gradient pass reads every activation again to write the softmax, although only the
+// CTC loss, step 13 of chapter 4: two passes over the activations instead of three (step 12's recursion
+// between them). Step 12's gradient pass reads every activation again to write the softmax, although only the
 // target's L + 1 classes need the recursions. Here the first pass writes the softmax as the gradient while it
 // holds the frame in registers, and the last pass only corrects the target's classes in place: the
 // activations cross DRAM once, the gradient once, plus L + 1 entries per frame.
@@ -66,8 +66,8 @@ extern "C" __global__ void ctc_stats_softmax(
     write_softmax(g, xr, A, vectorised, lse);  // each thread re-reads exactly the float4s it reduced above
 }
 
-// Pass 3 of step 9: one block per frame (t, n); only the target's classes are corrected, in place (the whole
-// frame is filled for an utterance without any alignment). x and row_lse stay in the signature of step 7's
+// Pass 3 of step 13: one block per frame (t, n); only the target's classes are corrected, in place (the whole
+// frame is filled for an utterance without any alignment). x and row_lse stay in the signature of step 12's
 // pass for the diff.
 extern "C" __global__ void ctc_target_grad(
     const float* __restrict__ x, const float* __restrict__ row_lse, const float* __restrict__ emissions,
