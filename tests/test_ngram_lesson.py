@@ -3,7 +3,6 @@ real-text figure's axis names one corpus per tick (the shapes once per group), s
 
 import pytest
 
-from book.common import chain_factors, chain_table
 from book.ngram import figures, lesson
 from studylog import ngram
 from studylog.plotting import load_results, result_files
@@ -97,28 +96,54 @@ def test_every_multi_part_diff_is_folded_under_a_line_naming_its_idea():
         assert "folded" in "".join(above["source"]).strip().strip('")').splitlines()[-1], i
 
 
-def test_the_cores_of_steps_4_and_7_show_open_and_step_7_says_where_its_changes_serve():
-    """Steps 4 and 7 show their diff's core unfolded (at most about 40 lines, each side from its step's kernel),
-    the whole diff folded; step 7 says once that its changes are for long haystacks and that the entry point runs
-    step 6 at the small case, with the numbers computed."""
+def test_the_cores_of_steps_4_and_8_show_open_and_step_11_says_where_the_entry_point_runs_step_7():
+    """Steps 4 and 8 show their diff's core unfolded (at most about 40 lines, each side from its step's kernel), the
+    whole diff folded; step 11 says once that `ngram_match` runs another step at the small case, computed."""
     import json
 
     from studylog import paths
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
-    for step in (4, 7):
+    for step in (4, 8):
         at = [i for i, c in enumerate(cells) if "".join(c["source"]).strip() == f"lesson.core_diff({step})"]
         assert len(at) == 1 and "hide-output" not in cells[at[0]]["metadata"].get("tags", []), step
         assert "".join(cells[at[0] + 1]["source"]).startswith(f"parts({step - 1}, {step})"), step
         d = lesson.core_diff(step)
         assert len(d.lines) <= 45 and d.added and d.removed, step
     text = " ".join("".join("".join(c["source"]) for c in cells).split())
-    assert text.count("Step 7 is for long haystacks") == 1
-    assert "## Step 7: every warp streams its own tiles, plus three tunings" in text
-    assert 'so `ngram_match` runs step {ngram.CHAPTER.step(six_small["step"]).number} there' in text
+    assert text.count('`ngram_match` runs step {ngram.CHAPTER.step(six_small["step"]).number} instead') == 1
     results = load_results("ngram")
     entry = lesson.entry_row(results, {"batch": 32, "seq_len": 512, "threshold": 128, "corpus": None})
-    assert ngram.CHAPTER.step(entry["step"]).number == 6
+    assert ngram.CHAPTER.step(entry["step"]).number == 7
+
+
+def test_every_step_has_its_section_with_its_diff_and_its_number():
+    """One section a step, in order, headed "## Step N: <the one idea>" (no bundle words); each from step 3 on shows
+    a diff (open or folded) and says a computed number; a diff shown open changes at most about 40 lines."""
+    import json
+    import re
+
+    from studylog import paths
+
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    heads = [(int(m[1]), i) for i, t in enumerate(text) for m in [re.match(r"## Step (\d+): (.+)", t)] if m]
+    assert [n for n, _ in heads] == [s.number for s in ngram.CHAPTER.steps]
+    for n, i in heads:
+        title = text[i].splitlines()[0]
+        assert not re.search(r"\bplus\b|changes\)|prerequisite|tunings?", title), title
+    ends = [i for _, i in heads[1:]] + [next(i for i, t in enumerate(text) if t.startswith("## The steps, measured"))]
+    for (n, start), end in zip(heads, ends):
+        if n < 3:
+            continue
+        body = text[start:end]
+        assert any(re.search(r"show_diff|parts\(|core_diff", t) for t in body), n
+        assert any("say(f" in t and "{" in t for t in body), n
+        for t in body:
+            m = re.fullmatch(r"ngram\.CHAPTER\.show_diff\((\d+), (\d+)\)", t.strip())
+            if m:
+                d = ngram.CHAPTER.show_diff(int(m[1]), int(m[2]))
+                assert int(m[2]) == n and len(d.added) + len(d.removed) <= 40, (n, len(d.added), len(d.removed))
 
 
 def test_the_floor_is_the_scoreboards_on_every_card():
@@ -194,7 +219,8 @@ def test_the_early_exit_share_is_the_share_of_bytes_before_the_first_longest_mat
 
 def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step():
     """The headline's case is a column of the table of steps; the table has one row per numbered step (no lettered
-    row), and a bundled step says in its cell how many changes it makes, which its section times one at a time."""
+    row), each naming its step's one change (the library's title), and each "× previous" is the step it builds on
+    over it, read here from the committed file itself."""
     import re
 
     from studylog.ngram.report import HEADLINE_CASES
@@ -206,151 +232,103 @@ def test_the_table_of_steps_has_the_headline_case_and_one_row_per_numbered_step(
         labels = [r.split("|")[1].strip() for r in _step_rows(table)]
         assert not [label for label in labels if re.fullmatch(r"\d+[a-z]", label)], labels
         assert labels == [str(s.number) for s in ngram.CHAPTER.steps] + ["entry point"]
-        rows = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(table)}
-        for step, words in lesson.BUNDLED.items():
-            assert f"({words}: in step {step}'s section)" in rows[str(step)] and "below" not in rows[str(step)]
-            assert len(lesson.CHAINS[step][1]) - 1 == {"two changes": 2, "four changes": 4}[words]  # anchor aside
+        rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in _step_rows(table)}
+        for step in ngram.CHAPTER.steps:
+            assert rows[str(step.number)][1].startswith(step.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")), step
+            if step.number < 3:
+                continue
+            for cell, cfg in zip(rows[str(step.number)][3::3], cases):
+                before = _file_ms(results, step.number - 1, cfg)
+                want = "–" if before is None else f"{before / _file_ms(results, step.number, cfg):.2f}×"
+                assert cell == want, (step.number, cfg, cell)
     assert "(headline)" in lesson.boehm_table(results).splitlines()[0]
 
 
-def _read_chain(step: int, gpu: str) -> dict:
-    """Step ``step``'s chain read from its committed file itself: per row label, its µs at each case of the table of
-    steps (the anchors from their own series, each lettered link from its variant)."""
+def _file_ms(results, number: int, cfg) -> float | None:
+    """Step ``number``'s GPU-clock time at grid case ``cfg``, read from the committed file's rows directly; None where
+    the benchmark skipped it (step 2, the one-thread kernel, on the long rows)."""
     import json
 
-    from studylog import paths
-
-    name, rows = lesson.CHAINS[step]
-    measured = json.loads((paths.lab_results("ngram", gpu) / f"{name}.json").read_text())["measurements"]
-    out = {}
-    for label, _, series, variant in rows:
-        out[label] = []
-        for cfg in lesson.BOEHM_CASES:
-            [row] = [r for r in measured if r["series"] == series and r["clock"] == "gpu"
-                     and (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == cfg
-                     and r["params"].get("variant") == variant]
-            out[label].append(row["ms"] * 1e3)
-    return out
+    rows = [r for r in json.loads(results.path.read_text())["measurements"]
+            if r["series"] == f"step{number:02d}" and "corpus" not in r["params"]
+            and (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == cfg]
+    assert len(rows) == 1 or (number == 2 and not rows), (number, cfg)
+    return rows[0]["ms"] if rows else None
 
 
-def _table(rows) -> str:
-    """A chain as the page draws it: the book's one chain-table renderer, the chapter's case names, µs to 0.01."""
-    return chain_table(rows, list(lesson.BOEHM_CASES), lesson.case_name, digits=2)
-
-
-def _check_chain_table(table: str, want: dict, anchors: tuple[str, str]) -> None:
-    """A chain table is cumulative: the step before first (an anchor), then one row per link, each label once, the
-    step itself last; each row's "× previous" is the row above's µs over its own (from ``want``, the file's), a
-    factor under 1.00× says "does not pay", and no cell is "–"."""
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
-    labels = [r[0] for r in rows]
-    assert labels == list(want) and len(set(labels)) == len(labels)
-    assert labels[0] == anchors[0] and labels[-1].endswith(anchors[1])
-    assert not any(c == "–" for r in rows for c in r)
-    for i, r in enumerate(rows):
-        times, factors = r[2::2], r[3::2]
-        assert times == [f"{t:,.2f}" for t in want[r[0]]], r
-        if i == 0:
-            assert factors == ["anchor"] * len(lesson.BOEHM_CASES)
-            continue
-        above = want[labels[i - 1]]
-        for cell, a, t in zip(factors, above, want[r[0]]):
-            assert cell.split("×")[0] == f"{a / t:.2f}", (r, cell)
-            assert cell.endswith(", does not pay") == (round(a / t, 2) < 1), (r, cell)
-        # the factor is also the ratio of the table's own µs cells (as printed), within their rounding
-        for cell, a, t in zip(factors, rows[i - 1][2::2], times):
-            assert float(cell.split("×")[0]) == pytest.approx(float(a.replace(",", "")) / float(t.replace(",", "")),
-                                                              abs=0.006)
-
-
-def test_step_6s_chain_reads_its_run():
-    """Step 6's chain: step 5 -> 6a -> 6b = step 6, every number from one run (the library's steps 5 and 6 as its
-    anchors), read here from the committed file itself; the anchors lie within a few percent of the table of steps'."""
-    results = load_results("ngram")
-    gpu = results.path.parent.name
-    run = lesson.chain_run(6, gpu)
-    if run is None:
-        pytest.skip("step 6 was not timed one change at a time on this card")
-    rows = lesson.chain_rows(run, 6)
-    _check_chain_table(_table(rows), _read_chain(6, gpu), ("step 5", "step 6"))
-    assert 0 <= lesson.chain_anchor_gap(results, rows, 6) < 0.05
-
-
-def test_step_7s_chain_is_committed_and_reads_its_run():
-    """Step 7's chain: step 6 -> 7a -> 7b -> 7c -> 7d = step 7, every number from one run (the library's steps 6 and
-    7 as its anchors), written by ``lab/ngram/step05_06_changes.py measure --step 7 --chain``. Fails until that run is
-    committed for the H200: the page shows no chain table without it."""
-    from studylog import paths
-
-    results = load_results("ngram")
-    gpu = results.path.parent.name
-    assert (paths.lab_results("ngram", gpu) / "step07_chain.json").is_file(), \
-        "run lab/ngram/step05_06_changes.py check && ... measure --step 7 --chain on the H200 and commit its JSON"
-    rows = lesson.chain_rows(lesson.chain_run(7, gpu), 7)
-    _check_chain_table(_table(rows), _read_chain(7, gpu), ("step 6", "step 7"))
-    assert 0 <= lesson.chain_anchor_gap(results, rows, 7) < 0.05
-
-
-def test_a_chain_is_whole_and_cumulative_on_any_run():
-    """On a made-up run with the chain file's schema: the table's factors are the row above over the row, a link
-    missing at a case raises (no "–" row), and the words for where a change pays follow the rounded factors."""
-    from studylog.plotting import Results
-
-    def row(series, ms, cfg, variant=None):
-        params = dict(zip(("batch", "seq_len", "threshold"), cfg)) | ({"variant": variant} if variant else {})
-        return {"series": series, "params": params, "ms": ms, "clock": "gpu"}
-
-    times = {"step06": 10.0, "7a": 8.0, "7b": 9.0, "7c": 4.5, "step07": 4.5}
-    rows = [row(series if variant is None else "step07_chain", times[variant or series] * (i + 1) / 1e3, cfg, variant)
-            for i, cfg in enumerate(lesson.BOEHM_CASES) for _, _, series, variant in lesson.CHAINS[7][1]]
-    chain = lesson.chain_rows(Results(None, {"measurements": rows}), 7)
-    want = {label: [times[variant or series] * (i + 1) for i in range(3)]
-            for label, _, series, variant in lesson.CHAINS[7][1]}
-    _check_chain_table(_table(chain), want, ("step 6", "step 7"))
-    assert [list(x.values()) for x in chain_factors(chain).values()] == [pytest.approx([f] * 3)
-                                                                         for f in (1.25, 8 / 9, 2.0, 1.0)]
-    with pytest.raises(ValueError):
-        lesson.chain_rows(Results(None, {"measurements": rows[:-1]}), 7)
+def test_where_a_change_pays_in_words():
     assert lesson.pays_at([1.2, 1.3, 1.01]) == "pays at every case"
     assert lesson.pays_at([0.9, 0.5, 0.99]) == "does not pay at any case"
     assert lesson.pays_at([0.95, 1.0, 1.2]) == "pays at 256 × 131072; breaks even at 128 × 32768; does not pay at 32 × 512"
 
 
-def test_the_lab_script_writes_the_chain_the_page_reads():
-    """The lab script's step 7 chain: the file, series and variants :data:`lesson.CHAINS` reads."""
-    from studylog import paths
-
-    text = (paths.REPO_ROOT / "lab" / "ngram" / "step05_06_changes.py").read_text()
-    name, rows = lesson.CHAINS[7]
-    assert f'NAME_CHAIN = "{name}"' in text
-    links = tuple(variant for _, _, series, variant in rows if variant is not None)
-    assert all(series == name for _, _, series, variant in rows if variant is not None)
-    assert f"CHAIN7 = {links[:3] + ('7d',)!r}".replace("'", '"') in text
-
-
-def test_the_inherited_changes_are_read_from_step_7s_variants():
-    """The early exit (5b) and the fused phase 2 (6b) in step 7: step 7 without the change over step 7 with it, on the
-    GPU clock and in host time per eager call, read here from the committed file itself; the frozen copy of step 7
-    times within 2% of the library's step 7 in the same run."""
+def test_the_early_exit_is_read_from_its_lab_runs():
+    """The early exit added to step 5 (5b) and taken back from step 11: the run's variant without it over the
+    variant with it, on the GPU clock and in host time per eager call, read here from the committed files
+    themselves; each frozen copy times within 2% of the library's step in the same run."""
     import json
 
     from studylog import paths
 
-    results = load_results("ngram")
-    path = paths.lab_results("ngram", results.path.parent.name) / "step07_changes.json"
-    if not path.is_file():
-        pytest.skip("step 7's inherited changes were not timed on this card")
-    measured = json.loads(path.read_text())["measurements"]
-    changes = lesson.step07_changes(results.path.parent.name)
-    for cfg in lesson.BOEHM_CASES:
-        b, s, t = cfg
-        at = [r for r in measured if (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == cfg]
-        by = {r["params"].get("variant", r["series"]): r for r in at}
-        assert abs(by["7"]["ms"] / by["step07"]["ms"] - 1) < 0.02, cfg
-        for label, without in (("5b", "7 no exit"), ("6b", "7 unfused")):
+    gpu = load_results("ngram").path.parent.name
+    for name, (series, without, with_) in lesson.EXIT_RUNS.items():
+        path = paths.lab_results("ngram", gpu) / f"{name}.json"
+        if not path.is_file():
+            pytest.skip(f"{name} was not run on this card")
+        measured = json.loads(path.read_text())["measurements"]
+        run = lesson.lab_run(name, gpu)
+        anchor = {"step05_changes": "step05", "step11_changes": "step11"}[name]
+        # the variant divided by is the one with the exit, by the run's own knob
+        knobs = {r["params"]["variant"]: r["params"].get("early_exit") for r in measured if "variant" in r["params"]}
+        assert knobs[without] is False and knobs[with_] is True, name
+        for cfg in lesson.BOEHM_CASES:
+            at = [r for r in measured if (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == cfg]
+            by = {r["params"].get("variant", r["series"]): r for r in at}
+            frozen = "5" if name == "step05_changes" else "11"
+            assert abs(by[frozen]["ms"] / by[anchor]["ms"] - 1) < 0.02, (name, cfg)
             for clock in ("ms", "host_ms"):
-                assert lesson.inherited_factor(changes, label, cfg, clock) == \
-                    pytest.approx(by[without][clock] / by["7"][clock]), (cfg, label, clock)
+                assert lesson.exit_factor(run, name, cfg, clock) == pytest.approx(by[without][clock] / by[with_][clock])
+    assert lesson.exit_factor(None, "step05_changes", lesson.BOEHM_CASES[0]) is None
+
+
+def test_the_lab_script_writes_the_runs_the_page_reads():
+    """``lab/ngram/step05_11_changes.py`` writes each file of :data:`lesson.EXIT_RUNS` under its series, with both
+    variants the page divides."""
+    import importlib.util
+
+    from studylog import paths
+
+    spec = importlib.util.spec_from_file_location("step05_11_changes",
+                                                  paths.REPO_ROOT / "lab" / "ngram" / "step05_11_changes.py")
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    written = {name: variants for variants, _, name in lab.RUNS.values()}
+    for name, (series, without, with_) in lesson.EXIT_RUNS.items():
+        assert series == name and {without, with_} <= set(written[name]), name
+
+
+def test_the_notes_of_the_table_of_steps_say_what_a_losing_step_buys():
+    """Step 7's row gives its GPU cost against step 6 (a range) and the host time per eager call of each; a later step
+    slower than the one it builds on at a case says where, and why it stays there; read from the benchmark."""
+    results = load_results("ngram")
+    notes = lesson.step_notes(results)
+    cost = lesson.step_factors(results, 7)
+    host6, host7 = ([lesson.host_us(results, n, cfg) for cfg in lesson.BOEHM_CASES] for n in (6, 7))
+    span = lambda xs, d: f"{min(xs):,.{d}f}–{max(xs):,.{d}f}" if f"{min(xs):,.{d}f}" != f"{max(xs):,.{d}f}" \
+        else f"{min(xs):,.{d}f}"  # noqa: E731
+    assert f"({span(cost, 2)}×)" in notes[7]
+    assert f"for {span(host7, 0)} µs of host time per eager call against step 6's {span(host6, 0)}" in notes[7]
+    one = lesson.step_notes(results, lesson.BOEHM_CASES[2:])[7]  # one case: one value, not a range of one
+    assert f"({cost[2]:.2f}×)" in one and "–" not in one
+    assert max(cost) < 1 and max(host7) < min(host6)  # the committed run: one launch costs GPU time, saves host time
+    for number in range(8, ngram.CHAPTER.final.number + 1):
+        slower = [cfg for cfg, f in zip(lesson.BOEHM_CASES, lesson.step_factors(results, number)) if round(f, 2) < 1]
+        assert (number in notes) == bool(slower), number
+        for b, s, t in slower:
+            assert f"{b} × {s}" in notes[number], (number, b, s)
+    for cases in (lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
+        rows = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(lesson.boehm_table(results, cases))}
+        assert lesson.step_notes(results, cases)[7] in rows["7"]
 
 
 def test_the_page_names_its_result_files_once_at_the_end():
@@ -365,59 +343,22 @@ def test_the_page_names_its_result_files_once_at_the_end():
     at = next(i for i, t in enumerate(text) if t.startswith("## Where the numbers come from"))
     assert text[at + 1].startswith("## Further reading")
     assert not [i for i, t in enumerate(text) if i != at and ("lab/ngram/results" in t or ".json`" in t)]
-    for name in ("assets/bench/nvidia-h200/ngram.json", "step05_06_changes.json", "step07_changes.json",
-                 "step07_chain.json"):
+    for name in ("assets/bench/nvidia-h200/ngram.json", "step05_changes.json", "step11_changes.json"):
         assert name in text[at], name
 
 
-def test_the_page_tells_no_run_history_and_shows_each_chain_under_its_step():
-    """No run history in the prose (a separate, further or second run, a date); each bundled step's section shows its
-    chain table ("Step N, one change at a time") after the step's heading and before the next step's."""
+def test_the_page_tells_no_run_history_and_shows_no_chain_table():
+    """No run history in the prose (a separate, further or second run, a date), and no table timing a step's changes
+    one at a time: the table of steps is the chain."""
     import json
     import re
 
     from studylog import paths
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
-    text = ["".join(c["source"]) for c in cells]
-    page = "\n".join(text)
+    page = "\n".join("".join(c["source"]) for c in cells)
     assert not re.search(r"(separate|further|second|another) run|20\d\d-\d\d-\d\d|percent or two", page)
-    heads = {int(m[1]): i for i, t in enumerate(text) for m in [re.match(r"## Step (\d+)", t)] if m}
-    after = sorted(heads.values()) + [len(text)]
-    for step in lesson.BUNDLED:
-        start = heads[step]
-        end = next(i for i in after if i > start)
-        assert any(f"Step {step}, one change at a time" in t for t in text[start:end]), step
-
-
-
-def test_a_bundled_steps_row_says_what_its_costly_change_buys_and_where_it_loses():
-    """Step 6's row gives its fused budget's GPU cost (6b's factors in its chain run, as a range) and the host time it
-    saves per eager call (6a's copy over step 6's, the same run); step 7's row says where it is slower than step 6 and
-    which step the entry point runs there, read from the benchmark, and only there."""
-    results = load_results("ngram")
-    notes = lesson.bundle_notes(results)
-    cost = list(chain_factors(lesson.chain_rows(lesson.chain_run(6), 6))["6b = step 6"].values())
-    changes = lesson.step05_06_changes()
-    saved = [(lesson.variant_row(changes, "step05_06_changes", "6a", cfg)["host_ms"]
-              - lesson.variant_row(changes, "step05_06_changes", "6", cfg)["host_ms"]) * 1e3 for cfg in lesson.BOEHM_CASES]
-    assert f"({min(cost):.2f}–{max(cost):.2f}×)" in notes[6] and f"{min(saved):.0f}–{max(saved):.0f} µs" in notes[6]
-    assert max(cost) < 1 and min(saved) > 0  # the committed run: 6b costs GPU time everywhere, and saves host time
-    for cases in (lesson.BOEHM_CASES[:2], lesson.BOEHM_CASES[2:]):
-        rows = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(lesson.boehm_table(results, cases))}
-        assert notes[6] in rows["6"]
-        for b, s, t in cases:
-            six, seven = (lesson.grid_row(results, ngram.CHAPTER.step(n).series, (b, s, t))["ms"] for n in (6, 7))
-            entry = lesson.entry_row(results, {"batch": b, "seq_len": s, "threshold": t, "corpus": None})
-            said = f"slower than step 6 at {b} × {s}, where `ngram_match` runs step"
-            assert (said in rows["7"]) == (seven > six), (b, s)
-            if seven > six:
-                assert f"{said} {ngram.CHAPTER.step(entry['step']).number}" in rows["7"]
-    assert "slower than step 6 at 32 × 512, where `ngram_match` runs step 6" in notes[7]
-    # step 7's row names its idea (7a) and counts the rest of its chain as tunings, as its chain table labels them
-    row7 = {r.split("|")[1].strip(): r.split("|")[2] for r in _step_rows(lesson.boehm_table(results))}["7"]
-    assert row7.startswith(" every warp streams its own tiles") and "plus three tunings" in row7
-    assert [c.startswith("tuning: ") for _, c, _, _ in lesson.CHAINS[7][1][2:]] == [True] * 3
+    assert "chain_table" not in page and "one change at a time" not in page and not re.search(r"\b\d[a-d]\b", page)
 
 
 def test_where_we_lose_names_the_dispatch_guess_and_the_real_text_acceptance():
@@ -447,19 +388,3 @@ def test_the_page_says_rows_and_changes_not_links():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     page = "\n".join("".join(c["source"]) for c in cells)
     assert not re.search(r"\blinks?\d*\b", page, re.IGNORECASE), re.findall(r".{30}\blinks?\d*\b.{30}", page, re.I)
-
-
-def test_the_chains_use_the_books_renderer_and_note_and_6b_says_how_far_host_times_drift():
-    """Steps 6 and 7's chains: the book's one renderer and its note under each, no sentence of the chapter's own; 6b's
-    host times (its chain run) come with how far that run's step 6 sits from the benchmark's, computed."""
-    import json
-
-    from studylog import paths
-
-    cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
-    text = "".join("".join(c["source"]) for c in cells)
-    assert text.count("chain_table(chain") == 2 and text.count("chain_note(") == 2
-    assert "A run of its own (its anchors" not in text and "lesson.chain_table" not in text
-    assert "how_we_measure.md#a-step-timed-one-change-at-a-time" in text
-    assert "two runs of step 6 differ by up to {host_gap:.0%}" in text
-    assert not hasattr(lesson, "chain_table")

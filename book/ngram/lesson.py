@@ -1,9 +1,9 @@
 """What notebook 03 reads from a results file besides the figures: a grid case's row (the prose's numbers), the
-tables of steps against the one-pass floor, the summary of every step, the real-text table, and the targets'
-verdicts; and the model of the published BlockScan budget that the notebook shows departing from the sequential
-rule (:func:`published_blockscan_counts`). Every results function takes a :class:`studylog.plotting.Results` and reads it through the lookups the
-figures use (:mod:`book.ngram.results`); a file older than a series gives ``–`` (or leaves the
-line out) where it lacks one.
+table of steps (each against the step it builds on and the floor), the summary of every step, the real-text table,
+and the targets' verdicts; the lab runs step 5's section cites; and the model of the published BlockScan budget that
+the notebook shows departing from the sequential rule (:func:`published_blockscan_counts`). Every results function
+takes a :class:`studylog.plotting.Results` and reads it through the lookups the figures use
+(:mod:`book.ngram.results`); a file older than a series gives ``–`` (or leaves the line out) where it lacks one.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from book.common import ChainRow, chain_factors, us
+from book.common import us
 from book.ngram.figures import case_label, clock_words, shape_label
 from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
                                 same_clock_pair)
@@ -20,11 +20,10 @@ from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
-__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "BUNDLED", "TABLE_TITLES", "CHANGE_CHAIN", "STEP07_INHERITED",
-           "step07_changes", "variant_row", "inherited_factor", "step05_06_changes", "chain_ms", "chain_factor",
-           "CHAINS", "chain_run", "chain_rows", "case_name", "chain_anchor_gap", "pays_at", "bundle_notes", "boehm_table", "dispatch_table", "early_exit_share",
-           "entry_row", "floor_us", "grid_row", "result_table", "step_table", "real_text_table", "summary_table",
-           "target_verdicts"]
+__all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
+           "exit_factor", "pays_at", "step_factors", "host_us", "step_notes", "boehm_table", "core_diff",
+           "dispatch_table", "early_exit_share", "entry_row", "floor_us", "grid_row", "result_table", "step_table",
+           "real_text_table", "summary_table", "target_verdicts"]
 
 
 def published_blockscan_counts(inputs: NgramInputs, keys: list[int], seq_lens_this_time: Tensor,
@@ -204,23 +203,24 @@ def target_verdicts(results) -> str:
 
 
 def dispatch_table(results) -> str:
-    """The entry point's rule on one card's grid: per case, steps 6 and 7 (GPU clock) and the step
+    """The entry point's rule on one card's grid: per case, steps 7 and 11 (GPU clock) and the step
     :func:`~studylog.ngram.kernels.final_step` picks. The rule was fitted on this grid, so on these shapes it picks
     the faster step by construction: the table shows the rule, not a test of it."""
-    from studylog.ngram.kernels import step07_stream, step_for_shape
+    from studylog.ngram.kernels import step_for_shape
 
-    lines = ["| slots × prompt width | step 6 (µs) | step 7 (µs) | `ngram_match` runs |", "|---|---|---|---|"]
+    fused, stream = CHAPTER.step(7), CHAPTER.final
+    lines = [f"| slots × prompt width | step 7 (µs) | step {stream.number} (µs) | `ngram_match` runs |",
+             "|---|---|---|---|"]
     seen = set()
-    for r in sorted(results.select("step06"), key=lambda r: (r["params"]["batch"] * r["params"]["seq_len"])):
+    for r in sorted(results.select(fused.series), key=lambda r: (r["params"]["batch"] * r["params"]["seq_len"])):
         p = r["params"]
         key = (p["batch"], p["seq_len"])
-        other = results.select("step07", **p)
+        other = results.select(stream.series, **p)
         if key in seen or not other or r.get("clock") != "gpu":
             continue
         seen.add(key)
-        six, seven = r["ms"], other[0]["ms"]
-        picked = "step 7" if step_for_shape(p["batch"], p["seq_len"]) is step07_stream else "step 6"
-        lines.append(f"| {p['batch']} × {p['seq_len']:,} | {us(six)} | {us(seven)} | {picked} |")
+        picked = CHAPTER.step(step_for_shape(p["batch"], p["seq_len"]).__name__).number
+        lines.append(f"| {p['batch']} × {p['seq_len']:,} | {us(r['ms'])} | {us(other[0]['ms'])} | step {picked} |")
     return "\n".join(lines)
 
 
@@ -231,119 +231,40 @@ BOEHM_CASES = ((32, 512, 128), (128, 32768, 128), (256, 131072, NO_BUDGET))
 #: The case the chapter's headline is quoted at (a column of the table of steps).
 HEADLINE = (128, 32768, 128)
 
-#: The numbered steps that bundle several changes: their row in the table of steps says how many, and their section
-#: times them one at a time (:data:`CHAINS`).
-BUNDLED = {6: "two changes", 7: "four changes"}
-#: A bundled step's cell in the table of steps where it names its idea and counts the rest, not the library's title.
-TABLE_TITLES = {7: "every warp streams its own tiles (no barrier in the loop), plus three tunings: 16-byte loads, an "
-                   "evict-first hint, no search for slots the budget refuses"}
+#: The lab runs the page cites in step 5's section (``lab/ngram/step05_11_changes.py``): an early exit added to step 5
+#: (``5b`` over ``5``, a frozen copy of step 5) and step 11 without the early exit it inherits (``11 no exit`` over
+#: ``11``, a frozen copy of step 11): file -> (series, variant without the exit, variant with it).
+EXIT_RUNS = {"step05_changes": ("step05_changes", "5", "5b"), "step11_changes": ("step11_changes", "11 no exit", "11")}
 
 
-#: Steps 5 and 6 one change at a time (``lab/ngram``'s ``step05_06_changes`` series): per change, the variant without
-#: it and the variant with it. The chain is step 4 -> 5a -> 6a -> 6: ``5a`` and ``6`` are copies of the library's
-#: steps 5 and 6, and ``step04`` is the library's step 4, timed beside them; ``5`` is step 5 with the early exit
-#: behind two barriers a tile (5b), measured and not kept.
-CHANGE_CHAIN = {"5a": ("step04", "5a"), "5b": ("5a", "5"), "6a": ("5a", "6a"), "6b": ("6a", "6")}
-#: The two changes step 7 inherits from steps 5 and 6, each taken back in ``lab/ngram``'s ``step07_changes`` series:
-#: change -> the variant of step 7 without it. "7" is a copy of the library's step 7, timed beside them.
-STEP07_INHERITED = {"5b": "7 no exit", "6b": "7 unfused"}
-
-
-def step05_06_changes(gpu: str = "nvidia-h200"):
-    """Steps 5 and 6 one change at a time (``lab/ngram/results/<gpu>/step05_06_changes.json``), as
-    :class:`~studylog.plotting.Results`; None where the run is not committed."""
+def lab_run(name: str, gpu: str = "nvidia-h200"):
+    """A lab run of :data:`EXIT_RUNS` (``lab/ngram/results/<gpu>/<name>.json``), as
+    :class:`~studylog.plotting.Results`; None where it is not committed for ``gpu``."""
     from book.common import lab_or_none
     from studylog.plotting import Results
 
-    data = lab_or_none("ngram", "step05_06_changes", gpu)
+    data = lab_or_none("ngram", name, gpu)
     return None if data is None else Results(None, data)
 
 
-def chain_ms(changes, variant: str, cfg: tuple[int, int, int]) -> float | None:
-    """The time in ms at grid case ``cfg`` of a link of :data:`CHANGE_CHAIN` in ``changes``
-    (:func:`step05_06_changes`): ``"step04"``, or a variant ``"5a"``, ``"5"``, ``"6a"``, ``"6"``; None where not
-    measured."""
-    if changes is None:
+def variant_row(run, series: str, variant: str, cfg: tuple[int, int, int]) -> dict | None:
+    """The row of ``variant`` (a variant of ``series`` in ``run``) at grid case ``cfg``; None where not measured."""
+    if run is None:
         return None
     b, s, t = cfg
-    where = dict(batch=b, seq_len=s, threshold=t)
-    rows = changes.select(variant, **where) if variant.startswith("step") else \
-        changes.select("step05_06_changes", variant=variant, **where)
-    return rows[0]["ms"] if rows else None
+    rows = run.select(series, variant=variant, batch=b, seq_len=s, threshold=t)
+    return rows[0] if rows else None
 
 
-def chain_factor(changes, label: str, cfg: tuple[int, int, int]) -> float | None:
-    """How much faster the chain is with change ``label`` ("5a", "5b", "6a", "6b") than without it at ``cfg``: the
-    link without it over the link with it (:data:`CHANGE_CHAIN`), both in ``changes``. Above 1 the change pays, below
-    1 it costs."""
-    without, with_ = (chain_ms(changes, v, cfg) for v in CHANGE_CHAIN[label])
-    return None if without is None or with_ is None else without / with_
-
-
-#: Each bundled step's chain, one change a row, every row from one lab run (its file's name, then the rows): the
-#: step before (an anchor, the library's step timed in that run), a row per lettered change, each adding one change
-#: to the row above, and the step itself (the library's step, the other anchor): (label, the one change, series,
-#: variant of that series or None for an anchor's own series).
-CHAINS = {
-    6: ("step05_06_changes", (
-        ("step 5", "the step before: one pass over each haystack for every n", "step05", None),
-        ("6a", "each slot split over a column of blocks, each publishing its best key with a global atomicMin; "
-               "phase 2 still a second launch", "step05_06_changes", "6a"),
-        ("6b = step 6", "phase 2 fused: the last block to finish (a ticket) applies the budget, one launch", "step06",
-         None))),
-    7: ("step07_chain", (
-        ("step 6", "the step before: each slot split over blocks, phase 2 in the last one", "step06", None),
-        ("7a", "no barrier in the loop: each thread publishes its own candidates and reads the slot's key a tile",
-         "step07_chain", "7a"),
-        ("7b", "tuning: 16-byte loads, two tokens each", "step07_chain", "7b"),
-        ("7c", "tuning: an L2 evict-first hint on the haystack loads", "step07_chain", "7c"),
-        ("7d = step 7", "tuning: slots the budget refuses skip their search", "step07", None))),
-}
-
-
-def chain_run(step: int, gpu: str = "nvidia-h200"):
-    """The lab run that times step ``step``'s chain (:data:`CHAINS`), as :class:`~studylog.plotting.Results`; None
-    where it is not committed for ``gpu``."""
-    from book.common import lab_or_none
-    from studylog.plotting import Results
-
-    data = lab_or_none("ngram", CHAINS[step][0], gpu)
-    return None if data is None else Results(None, data)
-
-
-def chain_rows(run, step: int, cases=BOEHM_CASES) -> list[ChainRow]:
-    """Step ``step``'s chain in ``run`` (:func:`chain_run`), one :class:`book.common.ChainRow` a link: its label, its
-    change and its µs at each of ``cases`` (drawn by :func:`book.common.chain_table` with :func:`case_name`). Raises
-    where the run lacks a row: a chain is whole or not shown."""
-    out = []
-    for label, change, series, variant in CHAINS[step][1]:
-        times = {}
-        for b, s, t in cases:
-            where = dict(batch=b, seq_len=s, threshold=t) | ({} if variant is None else {"variant": variant})
-            rows = [r for r in run.select(series, **where) if r.get("clock") == "gpu"]
-            if len(rows) != 1:
-                raise ValueError(f"step {step}'s chain: {len(rows)} rows of {label} at {(b, s, t)}")
-            times[(b, s, t)] = rows[0]["ms"] * 1e3
-        out.append(ChainRow(label, change, times))
-    return out
-
-
-def case_name(cfg: tuple[int, int, int]) -> str:
-    """A case of the tables as a chain table's column heads name it: batch x prompt length, and whether the deployed
-    budget applies."""
-    b, s, t = cfg
-    return f"{b}x{s}" + (", budget" if t != NO_BUDGET else "")
-
-
-def chain_anchor_gap(results, rows: list[ChainRow], step: int) -> float:
-    """The largest gap between the chain's anchors (its first and last rows: the library's steps ``step - 1`` and
-    ``step`` in the chain's run) and the same steps at the same cases in ``results`` (the table of steps' run), as a
-    fraction of the latter."""
-    gaps = []
-    for r, number in ((rows[0], step - 1), (rows[-1], step)):
-        for cfg, t in r.us.items():
-            gaps.append(abs(t / (grid_row(results, CHAPTER.step(number).series, cfg)["ms"] * 1e3) - 1))
-    return max(gaps)
+def exit_factor(run, name: str, cfg: tuple[int, int, int], clock: str = "ms") -> float | None:
+    """How much faster the early exit makes its kernel at ``cfg`` in the lab run ``name`` of :data:`EXIT_RUNS`
+    (``run``, :func:`lab_run`): the variant without it over the variant with it, on the GPU clock (``"ms"``) or in
+    host time per eager call (``"host_ms"``). Above 1 the exit pays."""
+    series, without, with_ = EXIT_RUNS[name]
+    a, b = (variant_row(run, series, v, cfg) for v in (without, with_))
+    if a is None or b is None or a.get(clock) is None or b.get(clock) is None:
+        return None
+    return a[clock] / b[clock]
 
 
 def pays_at(factors: list[float], cases=BOEHM_CASES) -> str:
@@ -359,34 +280,21 @@ def pays_at(factors: list[float], cases=BOEHM_CASES) -> str:
     return "; ".join(f"{words} {' and '.join(at)}" for words, at in parts if at)
 
 
-def step07_changes(gpu: str = "nvidia-h200"):
-    """Step 7 with the early exit or the fused phase 2 taken back (``lab/ngram/results/<gpu>/step07_changes.json``),
-    as :class:`~studylog.plotting.Results`; None where the run is not committed."""
-    from book.common import lab_or_none
-    from studylog.plotting import Results
-
-    data = lab_or_none("ngram", "step07_changes", gpu)
-    return None if data is None else Results(None, data)
-
-
-def variant_row(changes, series: str, variant: str, cfg: tuple[int, int, int]) -> dict | None:
-    """The row of ``variant`` (a variant of ``series`` in ``changes``) at grid case ``cfg``; None where not measured."""
-    if changes is None:
-        return None
-    b, s, t = cfg
-    rows = changes.select(series, variant=variant, batch=b, seq_len=s, threshold=t)
-    return rows[0] if rows else None
+def step_factors(results, number: int, cases=BOEHM_CASES, clock: str = "ms") -> list[float | None]:
+    """Step ``number``'s "× previous" at each of ``cases``: the step it builds on (``number - 1``) over it, on the
+    GPU clock (``"ms"``) or in host time per eager call (``"host_ms"``); None where either row is missing."""
+    out = []
+    for cfg in cases:
+        before, row = (grid_row(results, CHAPTER.step(n).series, cfg) for n in (number - 1, number))
+        ok = before and row and before.get(clock) and row.get(clock)
+        out.append(before[clock] / row[clock] if ok else None)
+    return out
 
 
-def inherited_factor(changes7, label: str, cfg: tuple[int, int, int], clock: str = "ms") -> float | None:
-    """How much faster step 7 is with change ``label`` (``"5b"``, the early exit; ``"6b"``, phase 2 fused) than
-    without it at ``cfg``, on the GPU clock (``clock="ms"``) or in host time per eager call (``"host_ms"``), from
-    :func:`step07_changes`. Above 1 the change pays."""
-    without = variant_row(changes7, "step07_changes", STEP07_INHERITED[label], cfg)
-    with_ = variant_row(changes7, "step07_changes", "7", cfg)
-    if without is None or with_ is None or without.get(clock) is None or with_.get(clock) is None:
-        return None
-    return without[clock] / with_[clock]
+def host_us(results, number: int, cfg: tuple[int, int, int]) -> float | None:
+    """Step ``number``'s host time per eager call at ``cfg``, in µs (the launches back to back, no sync)."""
+    row = grid_row(results, CHAPTER.step(number).series, cfg)
+    return None if row is None or row.get("host_ms") is None else row["host_ms"] * 1e3
 
 
 def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
@@ -418,43 +326,46 @@ def early_exit_share(results, cfg: tuple[int, int, int]) -> float:
     return early_exit_bytes(inputs, this_time, config) / nbytes
 
 
-def bundle_notes(results, cases=BOEHM_CASES) -> dict[int, str]:
-    """What a bundled step's row in the table of steps says besides its changes, computed: for step 6, what its fused
-    budget (6b) costs on the GPU clock in its chain run (:func:`chain_rows`, the range over :data:`BOEHM_CASES`) and
-    the host time per eager call it saves there (6a's over step 6's copy, the same run); for step 7, the cases of
-    ``cases`` where it is slower than step 6 in ``results`` and the step the entry point runs there. A note is left
-    out where its run or rows are not committed (or, for step 7, where it loses nowhere in ``cases``)."""
+def step_notes(results, cases=BOEHM_CASES) -> dict[int, str]:
+    """What a step's row in the table of steps says besides its change, computed from ``results``: for step 7, what
+    its one launch costs on the GPU clock against step 6's two and the host time per eager call it saves; for each
+    later step slower than the step it builds on at a case of ``cases``, where, and why it stays (the entry point runs
+    step 7 there, or no budget refuses a slot for step 11 to skip). A note is left out where its rows are missing."""
+    def span(values, digits):  # "lo–hi", or one value where they round alike
+        lo, hi = f"{min(values):,.{digits}f}", f"{max(values):,.{digits}f}"
+        return lo if lo == hi else f"{lo}–{hi}"
+
     notes = {}
-    run = chain_run(6)
-    changes = step05_06_changes()
-    if run is not None and changes is not None:
-        rows6 = chain_rows(run, 6)
-        cost = list(chain_factors(rows6)[rows6[-1].label].values())
-        rows = [(variant_row(changes, "step05_06_changes", "6a", cfg), variant_row(changes, "step05_06_changes", "6",
-                                                                                   cfg)) for cfg in BOEHM_CASES]
-        if all(a and b and a.get("host_ms") and b.get("host_ms") for a, b in rows):
-            saved = [(a["host_ms"] - b["host_ms"]) * 1e3 for a, b in rows]
-            notes[6] = (f"the fused budget costs GPU time ({min(cost):.2f}–{max(cost):.2f}×) and saves "
-                        f"{min(saved):.0f}–{max(saved):.0f} µs of host time per eager call")
-    slower = []
-    for b, s, t in cases:
-        six, seven = (grid_row(results, CHAPTER.step(n).series, (b, s, t)) for n in (6, 7))
-        entry = entry_row(results, {"batch": b, "seq_len": s, "threshold": t, "corpus": None})
-        if six and seven and seven["ms"] > six["ms"] and entry and entry.get("step"):
-            slower.append(f"slower than step 6 at {b} × {s}, where `ngram_match` runs step "
-                          f"{CHAPTER.step(entry['step']).number}")
-    if slower:
-        notes[7] = "; ".join(slower)
+    cost = [f for f in step_factors(results, 7, cases) if f is not None]
+    hosts = [(host_us(results, 6, cfg), host_us(results, 7, cfg)) for cfg in cases]
+    if cost and all(a and b for a, b in hosts):
+        notes[7] = (f"slower on the GPU clock ({span(cost, 2)}×), for {span([b for _, b in hosts], 0)} µs of host "
+                    f"time per eager call against step 6's {span([a for a, _ in hosts], 0)}")
+    for number in range(8, CHAPTER.final.number + 1):
+        where = []
+        for (b, s, t), f in zip(cases, step_factors(results, number, cases)):
+            if f is None or round(f, 2) >= 1:
+                continue
+            entry = entry_row(results, {"batch": b, "seq_len": s, "threshold": t, "corpus": None})
+            runs = CHAPTER.step(entry["step"]).number if entry and entry.get("step") else None
+            if runs is not None and runs < 8:
+                why = f"where `ngram_match` runs step {runs}"
+            elif number == CHAPTER.final.number and t == NO_BUDGET:
+                why = "no budget: no slot is refused, only the check is left"
+            else:
+                why = None
+            where.append(f"{b} × {s}" + (f" ({why})" if why else ""))
+        if where:
+            notes[number] = "slower than step " + f"{number - 1} at " + " and ".join(where)
     return notes
 
 
 def boehm_table(results, cases=BOEHM_CASES) -> str:
-    """Markdown, one row per numbered step and one for the entry point: the one change (a bundled step, of
-    :data:`BUNDLED`, says how many and that its section times them, then its :func:`bundle_notes`), then per case of
-    ``cases`` (of
-    :data:`BOEHM_CASES`) the time in µs, × the previous step and × the floor (:func:`floor_us`). Step 1 is timed end
-    to end on the host (its cells say so), the kernels on the GPU clock: a row is compared with the previous one only
-    when both are on the same clock, and with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
+    """Markdown, one row per numbered step and one for the entry point: the step's one change (its title, then its
+    :func:`step_notes`), then per case of ``cases`` (of :data:`BOEHM_CASES`) the time in µs, × the previous step (the
+    one it builds on) and × the floor (:func:`floor_us`). Step 1 is timed end to end on the host (its cells say so),
+    the kernels on the GPU clock: a row is compared with the previous one only when both are on the same clock, and
+    with the floor only on the GPU clock, the floor's own (``–`` otherwise)."""
     head = ["step", "the one change"]
     for b, s, t in cases:
         name = f"{b}x{s}" + (", budget" if t != NO_BUDGET else "") + (" (headline)" if (b, s, t) == HEADLINE else "")
@@ -464,11 +375,12 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     floor_cells = [cell for f in floors for cell in ((f"{f:,.2f}" if f else "–"), "", "")]
     lines.append("| | the floor | " + " | ".join(floor_cells) + " |")
     previous = [None] * len(cases)  # (µs, clock) of the previous step measured at each case
-    notes = bundle_notes(results, cases)
-    entries = [(str(st.number), TABLE_TITLES.get(st.number, st.title).replace("<<<1, 1>>>", "`<<<1, 1>>>`")
-                + (f" ({BUNDLED[st.number]}: in step {st.number}'s section)" if st.number in BUNDLED else "")
+    notes = step_notes(results, cases)
+    entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
                 + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
-    entries.append(("entry point", "`ngram_match`: step 6 or step 7, by a rule on the batch's shapes", "ngram_match"))
+    final = CHAPTER.final
+    entries.append(("entry point", f"`ngram_match`: step 7 or step {final.number}, by a rule on the batch's shapes",
+                    "ngram_match"))
     for number, title, series in entries:
         cells = [number, title]
         for i, cfg in enumerate(cases):
@@ -477,9 +389,9 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
                 cells += ["skipped (too slow)" if series == CHAPTER.step(2).series else "–", "–", "–"]
                 continue
             t = row["ms"] * 1e3
-            if series == "ngram_match":  # the entry point against step 7, which it runs or beats
-                seven = grid_row(results, CHAPTER.step(7).series, cfg)
-                prev = (seven["ms"] * 1e3, seven.get("clock"))
+            if series == "ngram_match":  # the entry point against the last step, which it runs or beats
+                last = grid_row(results, final.series, cfg)
+                prev = (last["ms"] * 1e3, last.get("clock")) if last else None
             else:
                 prev = previous[i]
             same_clock = prev is not None and prev[1] == row.get("clock")
@@ -498,8 +410,8 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
 CORE_DIFFS = {
     4: (("walk_budget(NGRAM_KERNEL_ARGS", "return drafted;"),
         ("const int active = p.kind == SLOT_ACTIVE;", "else if (b == first)"), "phase 2"),
-    7: (("for (i64 tile = first_end;; tile += tile_len)", "s_stop = next > last_end"),
-        ("for (;;) {", "if (*(volatile int *)&s_refused) break;"), "the tile loop"),
+    8: (("for (i64 tile = first_end;; tile += tile_len)", "s_stop = next > last_end"),
+        ("for (;;) {", "load_tile<LOADS, VEC, EVICT_FIRST>(hay, tile, last_end, token);"), "the tile loop"),
 }
 
 

@@ -1,19 +1,19 @@
-// Step 7 of chapter 3 (the library's ngram_stream.cu), with two compile-time knobs that take back
-// the two changes it inherits from steps 5 and 6, so that step 7 can be timed without them:
+// Step 11 of chapter 3 (the library's ngram_stream.cu), with two compile-time knobs that take back
+// two changes it inherits, so that step 11 can be timed without them:
 //
 //   stream_changes<LOADS, VEC, SKIP_LAZY, CACHE_EVICT_FIRST, EXIT, FUSED> <<<(batch, chunks), 256>>>
 //     EXIT:  each thread reads the slot's global key with every tile and stops once no later window
-//            can beat it (in step 7 this costs one load a tile and no barrier; in step 5 the exit
-//            cost two barriers a tile). false: a block scans its whole chunk (a block whose chunk
+//            can beat it (step 8's loop: one load a tile and no barrier; added to step 5 the exit
+//            costs two barriers a tile). false: a block scans its whole chunk (a block whose chunk
 //            cannot beat the key when it starts still skips it: that check is step 6's split).
-//     FUSED: the last block to finish runs phase 2 (a ticket after a fence). false: phase 2 is
-//            budget_scan_reset <<<1, 1024>>>, a second launch, keys reset as the last block resets them.
+//     FUSED: the last block to finish runs phase 2 (a ticket after a fence: step 7). false: phase 2
+//            is budget_scan_reset <<<1, 1024>>>, a second launch, keys reset as in step 6.
 //
-// At EXIT = FUSED = true the kernel compiles to the library's ngram_stream<LOADS, VEC, 2, 2> (the lab
-// script checks the PTX, names aside): the knobs change nothing else.
+// At EXIT = FUSED = true the kernel compiles to the library's ngram_stream<LOADS, VEC, true, true>
+// (the lab script checks the PTX, names aside): the knobs change nothing else.
 #include "ngram_common.cuh"
 
-// How the scan loads haystack tokens (the CACHE template parameter; the variants had 0 and 1).
+// How the scan loads haystack tokens (the CACHE template parameter).
 #define CACHE_EVICT_FIRST 2  // ld.global.nc with an L2 evict-first cache policy (createpolicy)
 
 // An L2 policy that marks every line it loads as the first to evict.
@@ -46,8 +46,7 @@ __device__ __forceinline__ void load_tile(const i64 *__restrict__ hay, i64 tile,
     }
 }
 
-// How slots the budget refuses skip their search (the BUDGET_SKIP template parameter; the variants
-// had 0, no skip, and 1, the block sums the bound before searching, behind two barriers).
+// How slots the budget refuses skip their search (the BUDGET_SKIP template parameter).
 #define SKIP_LAZY 2   // the warps search at once; the last warp to add its part of the bound raises a
                       // flag if the slot is refused, and every warp stops at the end of its tile
 
@@ -86,7 +85,7 @@ __device__ __forceinline__ void add_bound_part(int b, unsigned long long *s_lazy
 
 template <int LOADS, int VEC, int BUDGET_SKIP, int CACHE, bool EXIT, bool FUSED>
 __global__ void __launch_bounds__(256) stream_changes(NGRAM_KERNEL_PARAMS) {
-    static_assert(BUDGET_SKIP == SKIP_LAZY && CACHE == CACHE_EVICT_FIRST, "the other values are lab variants");
+    static_assert(BUDGET_SKIP == SKIP_LAZY && CACHE == CACHE_EVICT_FIRST, "step 11's values only");
     const int b = blockIdx.x;
     const int chunk = blockIdx.y;
     const int src = chunk >= prompt_chunks;  // 0: a prompt chunk, 1: a chunk of generated tokens
@@ -148,7 +147,7 @@ __global__ void __launch_bounds__(256) stream_changes(NGRAM_KERNEL_PARAMS) {
             if (mine != NONE_KEY) __threadfence();  // published before this block counts itself done
         }
     }
-    // The last block to finish runs phase 2, as in step 6. Unfused: phase 2 is budget_scan_reset, launched after.
+    // The last block to finish runs phase 2, as in step 7. Unfused: phase 2 is budget_scan_reset, launched after.
     if constexpr (FUSED) last_block_budget(s_last, NGRAM_KERNEL_ARGS);
 }
 
