@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from book.common import chain_factors, chain_table
 from book.ctc import exercises, lesson, solutions
 from studylog import ctc, plotting
 
@@ -60,7 +59,7 @@ def test_the_checks_reject_a_planted_mistake_and_say_where(check, wrong, says, c
 
 
 def test_the_kernel_exercise_compiles_the_answer_and_rejects_non_answers(capsys):
-    """Exercise 6 on a CPU: NVRTC compiles the reader's step 8 and the check reads ptxas' report and the PTX (the
+    """Exercise 6 on a CPU: NVRTC compiles the reader's step 12 and the check reads ptxas' report and the PTX (the
     GPU part says it was skipped); an unchanged source, a comment, or a source that does not compile fail."""
     assert exercises.check_unrolled(solutions.not_unrolled)
     out = capsys.readouterr().out
@@ -80,13 +79,14 @@ def test_prose_numbers_and_tables_on_the_new_benchmark(tmp_path):
     results = new_results(tmp_path, cudnn_loses=False)
     numbers = lesson.prose_numbers(results)
     assert numbers["clock"] == "GPU clock"
-    # the synthetic file: step k takes 0.05 sqrt(N) (11 - k) ms, torch-best 0.2 sqrt(N)
+    # the synthetic file: step k takes 0.05 sqrt(N) (15 - k) ms, torch-best 0.2 sqrt(N)
     assert numbers["final_small"] == numbers["final_big"] == "4.0×"
-    assert numbers["branch_free"] == f"{4 / 3:.2f}×"
+    assert numbers["branch_free"] == f"{5 / 4:.2f}×" and numbers["gradient_pass"] == f"{10 / 8:.2f}×"
+    assert numbers["ftz"] == f"{4 / 3:.2f}×" and numbers["ftz_slower"] == numbers["one_warp_slower"] == ""
     table = lesson.results_table(results)
     assert "(kernel clock" not in table and "torch-native: kernel clock" in table
     assert "(3.8" in table  # the speedup's range over the repetitions: 0.98 x 0.2 / (1.03 x 0.05) ...
-    for k in range(1, 11):
+    for k in range(1, 15):
         assert ctc.CHAPTER.step(k).name in lesson.step_table(results, k)
     assert lesson.kernel_table(results).endswith(f"{lesson.PENDING}.")
 
@@ -115,9 +115,9 @@ def test_the_dispatcher_exercise_judges_by_the_committed_grid(capsys):
     if not result_files("ctc"):
         pytest.skip("no committed CTC results")
     assert exercises.check_dispatcher(solutions.dispatcher)
-    assert not exercises.check_dispatcher(lambda A, N, positions: 10)  # step 10 loses at one short utterance
-    assert not exercises.check_dispatcher(lambda A, N, positions: 8)
-    assert "not 9 or 10" in capsys.readouterr().out
+    assert not exercises.check_dispatcher(lambda A, N, positions: 14)  # step 14 loses at one short utterance
+    assert not exercises.check_dispatcher(lambda A, N, positions: 12)
+    assert "not 13 or 14" in capsys.readouterr().out
 
 
 def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
@@ -128,8 +128,8 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
     table = lesson.boehm_table(load_results("ctc"))
     rows = [r for r in table.splitlines()[3:] if r.startswith("|")]
     labels = [r.split("|")[1].strip() for r in rows]
-    assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 11)]
-    assert labels[:10] == [str(n) for n in range(1, 11)]  # one row per numbered step, no lettered sub-rows
+    assert [x for x in labels if x.isdigit()] == [str(n) for n in range(1, 15)]
+    assert labels[:14] == [str(n) for n in range(1, 15)]  # one row per numbered step, no lettered sub-rows
     assert "`__restrict__`" in table and " __restrict__" not in table.replace("`__restrict__`", "")
     for row, label in zip(rows, labels):
         if label[-1:].isalpha() and label[:1].isdigit():
@@ -142,7 +142,7 @@ def test_the_table_of_steps_reads_every_step_against_a_floor_it_does_not_beat():
 def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_runs():
     """The recursion's latency floor is the H200 tails run's chain kernel (T frames below 2T, both below the entry
     point's time; none on a card without that run); the speedup's extremes bracket the large alphabet's smallest;
-    step 7's profile splits into its first pass, recursion and last pass where it was profiled."""
+    each fused step's profile splits into its first pass, recursion and last pass where it was profiled."""
     results = plotting.load_results("ctc", "nvidia-h200")
     T = ctc.BENCH_T
     one, two = lesson.chain_floor_us(results, T), lesson.chain_floor_us(results, 2 * T)
@@ -150,13 +150,14 @@ def test_the_chain_floor_the_grid_range_and_the_kernel_parts_read_the_committed_
     assert lesson.chain_floor_us(plotting.load_results("ctc", "nvidia-h100-80gb-hbm3"), T) is None
     mins = lesson.speedup_minima(results)
     assert mins["all"][0] <= mins[max(ctc.BENCH_A)][0] <= mins["max"][0]
-    parts = lesson.kernel_parts_us(results, "step07", 28, 1)
-    assert set(parts) == {"first pass", "recursion", "last pass"} and min(parts.values()) > 0
+    for k in range(7, 15):
+        parts = lesson.kernel_parts_us(results, ctc.CHAPTER.step(k).series, 28, 1)
+        assert set(parts) == {"first pass", "recursion", "last pass"} and min(parts.values()) > 0, k
     assert lesson.kernel_parts_us(results, "step07", 28, 2) is None
 
 
 # --------------------------------------------------------------------------------------
-# What the page says about its own rows (the entry point, torch-best, step 10, the null steps)
+# What the page says about its own rows (the entry point, torch-best, step 14, the null steps)
 # --------------------------------------------------------------------------------------
 
 def _raw(series, A, N):
@@ -184,21 +185,21 @@ def test_the_entry_point_row_is_its_own_series_beside_the_step_it_ran():
     assert lesson.entry_point(results, 28, 3) is None  # no such point
 
 
-def test_the_entry_point_row_sits_under_step_10_with_the_step_it_ran_and_its_factor_over_step_9():
-    """Step 10's row shows its own factors, plain (a loss where one warp holds the target included); the entry
-    point's row follows it at once, each case's time naming the step it ran there and its factor over step 9."""
+def test_the_entry_point_row_sits_under_step_14_with_the_step_it_ran_and_its_factor_over_step_13():
+    """Step 14's row shows its own factors, plain (a loss where one warp holds the target included); the entry
+    point's row follows it at once, each case's time naming the step it ran there and its factor over step 13."""
     results = plotting.load_results("ctc", "nvidia-h200")
     lines = lesson.boehm_table(results).splitlines()
-    at = next(i for i, r in enumerate(lines) if r.startswith("| 10 |"))
-    ten, entry = ([c.strip() for c in lines[k].split("|")[1:-1]] for k in (at, at + 1))
+    at = next(i for i, r in enumerate(lines) if r.startswith("| 14 |"))
+    last, entry = ([c.strip() for c in lines[k].split("|")[1:-1]] for k in (at, at + 1))
     assert entry[0] == "entry point" and "`ctc_loss`" in entry[1]
     for i, (A, N) in enumerate(lesson.TABLE_CASES):
-        step10, step9, row = _raw("step10", A, N), _raw("step09", A, N), _raw("ctc_loss", A, N)
-        assert ten[3 + 3 * i] == f"{step9['ms'] / step10['ms']:.2f}×", (A, N)
+        step14, step13, row = _raw("step14", A, N), _raw("step13", A, N), _raw("ctc_loss", A, N)
+        assert last[3 + 3 * i] == f"{step13['ms'] / step14['ms']:.2f}×", (A, N)
         ran = int(row["step"].removeprefix("step"))
-        assert entry[2 + 3 * i] == f"{row['ms'] * 1e3:,.1f} (step {ran})", (A, N)
-        assert entry[3 + 3 * i] == f"{step9['ms'] / row['ms']:.2f}× (vs step 9)", (A, N)
-    assert any(_raw("step10", A, N)["warps"] == 1 for A, N in lesson.TABLE_CASES)  # a column where it loses
+        assert ran in (12, 14) and entry[2 + 3 * i] == f"{row['ms'] * 1e3:,.1f} (step {ran})", (A, N)
+        assert entry[3 + 3 * i] == f"{step13['ms'] / row['ms']:.2f}× (vs step 13)", (A, N)
+    assert any(_raw("step14", A, N)["warps"] == 1 for A, N in lesson.TABLE_CASES)  # a column where it loses
     assert "†" not in "\n".join(lines)
 
 
@@ -236,34 +237,6 @@ def test_the_host_bound_cases_are_the_rows_whose_host_time_exceeds_their_gpu_tim
     assert bold == {(A, N) for A, N, _, _ in lesson.host_bound("nvidia-h200")["cases"]}
     words = lesson.cases_words([(28, 1, 0, 0), (28, 2, 0, 0), (5000, 1, 0, 0)])
     assert words == "A = 28 at N = 1 and 2; A = 5,000 at N = 1"
-
-
-def test_a_chains_anchor_gap_is_the_largest_gap_between_its_runs_steps_and_the_benchmarks():
-    """The sentence under a chain table states how far the chain's run's steps sit from the table of steps: the
-    largest gap over every anchor and case, computed from both files."""
-    results = plotting.load_results("ctc", "nvidia-h200")
-    ch = lesson.step08_chain()
-    gaps = [abs(t / (results.select(lesson.CHAIN_ANCHORS[v], T=ctc.BENCH_T, A=A, N=N)[0]["ms"] * 1e3) - 1)
-            for v, times in ch["anchors"].items() for (A, N), t in times.items()]
-    assert set(ch["anchors"]) == {"library step 7", "library step 8"} and len(gaps) == 2 * len(ch["cases"])
-    assert lesson.anchor_gap(results, ch) == pytest.approx(max(gaps))
-    for changes in (lesson.step07_changes(), lesson.step08_changes()):
-        assert all("in this table's run" in label for key, label in changes["labels"].items()
-                   if key.startswith(("library", "step ")))
-
-def test_step_7_states_what_was_measured_and_presents_no_unmeasured_alternative_as_a_number():
-    """Change 2's ratios are the lab run's block-recursion row over its step 7 row; the page says the alternative is
-    not measured and computes no time for it."""
-    here = Path(__file__).resolve().parent.parent / "lab" / "ctc" / "results" / "nvidia-h200"
-    data = json.loads((here / "step07_changes.json").read_text())
-    ms = {(r["params"]["variant"], r["params"]["A"], r["params"]["N"]): r["ms"] for r in data["measurements"]}
-    changes = lesson.step07_changes()
-    for (a, n), (t, x) in changes["rows"]["block recursion"].items():
-        assert t == pytest.approx(ms[("block recursion", a, n)] * 1e3)
-        assert x == pytest.approx(ms[("block recursion", a, n)] / ms[("step 7", a, n)])
-    page = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "04_ctc_loss.ipynb").read_text())
-    text = " ".join("".join("".join(c["source"]) for c in page["cells"]).split())
-    assert "no block version of them was built" in text and "needed_cut" not in text and not hasattr(lesson, "warp_layout_bar")
 
 
 def test_the_results_caption_names_torch_best_at_every_point_and_the_kernel_clock_bias():
@@ -344,37 +317,6 @@ def test_the_dispatch_rows_pick_by_the_rule_and_compare_with_the_fastest_step():
     assert lesson.dispatch_table(results).count("\n") == len(rows) + 1
 
 
-def test_step_8_changes_read_the_lab_run_or_say_nothing(monkeypatch):
-    """Without the lab run the page gets None (and says the change is not measured alone); with one, each row's
-    ratio is its time over step 8's in the same run."""
-    monkeypatch.setattr(lesson, "lab_or_none", lambda *a, **k: None)
-    assert lesson.step08_changes() is None
-    times = {"library step 8": 40.0, "branch put back": 50.0, "exp2f and __log2f": 44.0, "+ redux max": 41.0,
-             "+ prefetch 8": 39.0, "library step 7": 80.0}
-    measurements = [{"params": {"variant": v, "A": A, "N": N}, "ms": t * k / 1e3}
-                    for k, (A, N) in enumerate([(28, 1), (5000, 256)], 1) for v, t in times.items()]
-    fake = {"measurements": measurements, "checks": [{"passed": True}, {"passed": False, "name": "x"}]}
-    monkeypatch.setattr(lesson, "lab_or_none", lambda *a, **k: fake)
-    got = lesson.step08_changes()
-    assert got["cases"] == [(28, 1), (5000, 256)] and len(got["failed"]) == 1
-    assert got["rows"]["branch put back"][(5000, 256)] == pytest.approx((100.0, 1.25))
-    table = lesson.changes_table(got)
-    assert "| step 8 (both changes), in this table's run | 40.0 (1.00×) | 80.0 (1.00×) |" in table
-    assert "`exp2f`/`__log2f` instead of flush-to-zero `ex2`/`lg2`, taken back" in table and "(2.00×)" in table
-
-
-def test_the_page_shows_no_flush_to_zero_number_from_another_clock():
-    from book.common import prose_words
-    from studylog import paths
-
-    page = paths.REPO_ROOT / "notebooks" / "04_ctc_loss.ipynb"
-    cells = json.loads(page.read_text())["cells"]
-    text = "".join("".join(c["source"]) for c in cells)
-    assert "ftz_effect" not in text and "do_bench" not in text
-    assert "lesson.step08_chain()" in text and "lesson.step07_chain()" in text
-    assert prose_words(page) <= 2500
-
-
 def test_the_floor_is_the_scoreboards_on_every_card():
     """One floor a card on every page: the bytes at the run's copy bandwidth, or the card's fastest empty kernel (the
     smallest of all its committed runs, as the scoreboard takes it) where that is larger."""
@@ -427,135 +369,71 @@ def test_every_case_has_one_floor_on_the_page():
     assert f"{chain:,.1f} (chain of T frames)" in small
 
 
-def _fake_step07_chain(folder: Path) -> Path:
-    """A step07_chain.json written under ``folder`` (a ``lab`` folder outside the repository) with the run's schema:
-    the rows of the committed one-at-a-time run that the chain shares (steps 5 and 7, and 7c, whose knobs are
-    "directions in turn"), and made-up times for 7a and 7b."""
-    here = Path(__file__).resolve().parent.parent / "lab" / "ctc" / "results" / "nvidia-h200"
-    data = json.loads((here / "step07_changes.json").read_text())
-    rows = []
-    for m in data["measurements"]:
-        v = m["params"]["variant"]
-        if v in ("library step 5", "library step 7", "step 7"):
-            rows.append(m)
-        if v == "directions in turn":
-            rows.append(m | {"params": m["params"] | {"variant": "7c"}})
-        if v == "library step 5":
-            rows += [m | {"params": m["params"] | {"variant": k}, "ms": m["ms"] * f, "bit_identical_to_step07": True}
-                     for k, f in (("7a", 0.5), ("7b", 0.3))]
-    out = folder / "ctc" / "results" / "nvidia-h200" / "step07_chain.json"
-    out.parent.mkdir(parents=True)
-    out.write_text(json.dumps(data | {"measurements": rows}))
-    return folder
-
-
 def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.split("|")[1:-1]]
 
 
-def _table(ch: dict) -> str:
-    """A chain as the page draws it: the book's one chain-table renderer, the chapter's case names."""
-    return chain_table(ch["rows"], ch["cases"], lesson.case_name)
-
-
-def _assert_cumulative(table: str, links) -> None:
-    """A chain table: one row per link, each label once, in the chain's order; the first row the anchor; each
-    "× previous" the row above's µs over this row's, "does not pay" exactly where it is below 1.00×; no "–"."""
-    lines = table.splitlines()
-    assert _cells(lines[0])[:4] == ["row", "the one change", "A = 28, N = 1: µs", "× previous"]
-    rows = [_cells(line) for line in lines[2:]]
-    assert [r[0] for r in rows] == [label for label, _, _ in links]
-    assert len({r[0] for r in rows}) == len(rows) and "–" not in table
-    assert all(cell == "anchor" for cell in rows[0][3::2])
-    for above, row in zip(rows, rows[1:]):
-        for i in range(2, len(row), 2):
-            x = float(above[i].replace(",", "")) / float(row[i].replace(",", ""))
-            assert row[i + 1].startswith(f"{x:.2f}×"), (row[0], row[i + 1], x)
-            assert row[i + 1].endswith(", does not pay") == (round(x, 2) < 1), row
-
-
-def test_the_main_table_has_no_lettered_rows_and_names_the_bundled_steps():
+def test_each_step_is_one_row_against_the_step_it_builds_on():
+    """The table of steps is the chain: one row per step, its library title (code words marked), and every
+    "× previous" the step it builds on over this step, read straight from the JSON: step 7 against step 5 (step 6 is
+    a side branch, said in the cell), every other step against the one before. No row bundles changes."""
     results = plotting.load_results("ctc", "nvidia-h200")
-    rows = [_cells(line) for line in lesson.boehm_table(results).splitlines()[3:] if line.startswith("|")]
-    labels = [r[0] for r in rows]
-    assert not any(label[:1].isdigit() and label[-1:].isalpha() for label in labels)
-    cells = {r[0]: r[1] for r in rows}
-    assert "(four changes: in step 7's section)" in cells["7"]
-    assert "(two changes: in step 8's section)" in cells["8"]
-    assert "changes:" not in "".join(v for k, v in cells.items() if k not in ("7", "8"))
-    # step 7's cell names its idea's three changes, then its prerequisite; step 8's its idea, then its tuning; and
-    # nothing that reads as the opposite of 7a
-    order = ["a new structure", "gradient a pass of its own", "no softmax written", "alpha and beta side by side",
-             "plus a prerequisite, one warp per direction"]
-    assert [cells["7"].index(w) for w in order] == sorted(cells["7"].index(w) for w in order)
-    assert cells["8"].index("without its divergent branch") < cells["8"].index("plus one tuning, flush-to-zero")
-    assert "fused gradient" not in cells["7"] and "below" not in lesson.boehm_table(results)
+    rows = {r[0]: r for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
+                              if line.startswith("| "))}
+    for step in ctc.CHAPTER.steps:
+        row = rows[str(step.number)]
+        title = step.title
+        for word in ("__restrict__", "__ldg", "ex2", "lg2"):
+            title = title.replace(word, f"`{word}`")
+        assert row[1].startswith(title), step.number
+        assert not any(w in row[1] for w in ("plus", "changes:", "tuning", "and a prerequisite")), row[1]
+        if step.number == 1:
+            continue
+        before = 5 if step.number == 7 else step.number - 1
+        for i, (A, N) in enumerate(lesson.TABLE_CASES):
+            want = f"{_raw(f'step{before:02d}', A, N)['ms'] / _raw(step.series, A, N)['ms']:.2f}×"
+            assert row[3 + 3 * i] == want + (" (vs step 5)" if step.number == 7 else ""), (step.number, A, N)
 
 
-def test_the_rows_of_steps_7_and_8_say_what_their_kept_losses_cost():
-    """Step 7's row gives where its prerequisite (7c) costs time in its chain and the most of step 7's time that
-    taking it back saves (the folded table's "block recursion" row); step 8's, where flush-to-zero costs time. All
-    computed from the committed runs: the words must follow the numbers."""
+def test_the_prerequisite_says_where_it_costs_time_in_the_table():
+    """Step 9 (one warp per direction) stays for what builds on it; its row says so, with the table's cases where it is
+    slower than step 8, exactly those (from the JSON), and no other row carries such a note."""
     results = plotting.load_results("ctc", "nvidia-h200")
-    cells = {r[0]: r[1] for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
-                                  if line.startswith("| "))}
-    x7c = chain_factors(lesson.step07_chain()["rows"])["7c"]
-    lost = [x for x in x7c.values() if round(x, 2) < 1]
-    assert lost and all(f"{x:.2f}×" in cells["7"] for x in lost)
-    assert {A for (A, _), x in x7c.items() if round(x, 2) < 1} == {5000} and "at A = 5,000 (" in cells["7"]
-    saved = 1 - min(r for _, r in lesson.step07_changes()["rows"]["block recursion"].values())
-    assert f"taken back, step 7 takes up to {saved:.0%} less time" in cells["7"] and saved > 0.2
-    x8 = chain_factors(lesson.step08_chain()["rows"])["8"]
-    lost8 = {case: x for case, x in x8.items() if round(x, 2) < 1}
-    assert lost8 and all(f"A = {A:,}, N = {N} ({x:.2f}×)" in cells["8"] for (A, N), x in lost8.items())
+    rows = {r[0]: r[1] for r in (_cells(line) for line in lesson.boehm_table(results).splitlines()[3:]
+                                 if line.startswith("| "))}
+    slower = [(A, N) for A, N in lesson.TABLE_CASES
+              if round(_raw("step08", A, N)["ms"] / _raw("step09", A, N)["ms"], 2) < 1]
+    assert ("a prerequisite: steps 10 to 14 build on the warp" in rows["9"]) == bool(slower)
+    if slower:
+        assert rows["9"].endswith(f"slower at {lesson.where(slower, lesson.TABLE_CASES)})")
+    assert all("prerequisite" not in cell for k, cell in rows.items() if k != "9")
+    assert lesson.where([(28, 1), (5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape"
+    assert lesson.where([(28, 1), (5000, 16), (5000, 32)]) == "A = 28, N = 1; A = 5,000, N = 16 and 32"
 
 
-def test_step_8s_chain_is_cumulative_from_its_committed_run():
-    """Step 7 -> 8a (step 7 with the branch-free sum) -> step 8, all from one run, each row one change more."""
-    ch = lesson.step08_chain()
-    assert ch["cases"] == list(lesson.TABLE_CASES) and not ch["failed"]
-    _assert_cumulative(_table(ch), lesson.STEP08_CHAIN)
-    x = chain_factors(ch["rows"])
-    raw = lesson.step08_changes()["rows"]
-    for case in lesson.TABLE_CASES:  # 8a is "exp2f and __log2f" (step 8 without flush-to-zero)
-        assert x["8"][case] == pytest.approx(raw["exp2f and __log2f"][case][1])
+def test_the_prose_numbers_of_the_new_steps_read_their_two_series():
+    """Each of steps 7 to 12 gets one measured number, its speedup range over the step it builds on (step 7: at the six
+    points where steps 1 to 6 ran; the others: the whole grid), and where it is slower."""
+    results = plotting.load_results("ctc", "nvidia-h200")
+    numbers = lesson.prose_numbers(results)
+    points = {7: [(A, N) for A in ctc.BENCH_A for N in ctc.report.LESSON_N]}
+    grid = [(A, N) for A in ctc.BENCH_A for N in ctc.BENCH_N]
+    for key, k in (("gradient_pass", 7), ("no_softmax", 8), ("one_warp", 9), ("side_by_side", 10),
+                   ("branch_free", 11), ("ftz", 12)):
+        before = 5 if k == 7 else k - 1
+        ratios = [_raw(f"step{before:02d}", A, N)["ms"] / _raw(f"step{k:02d}", A, N)["ms"]
+                  for A, N in points.get(k, grid)]
+        lo, hi = min(ratios), max(ratios)
+        fmt = lambda x: f"{x:.2f}×" if x < 3 else f"{x:.1f}×"  # noqa: E731
+        assert numbers[key] == (fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)} to {fmt(hi)}"), key
+        if k > 7:
+            slower = [p for p, r in zip(grid, ratios) if round(r, 2) < 1]
+            assert numbers[f"{key}_slower"] == lesson.where(slower), key
 
-
-def test_step_7s_chain_reads_its_run_and_is_cumulative(tmp_path):
-    """Against a run written outside the repository with the chain's schema: cumulative rows, the anchors found,
-    bit identity read from the rows; no run, a loud error (the page has no step 7 section without it)."""
-    with pytest.raises(FileNotFoundError):
-        lesson.step07_chain(root=tmp_path)
-    ch = lesson.step07_chain(root=_fake_step07_chain(tmp_path / "lab"))
-    assert ch["cases"] == list(lesson.TABLE_CASES)
-    assert set(ch["anchors"]) == {"library step 5", "library step 7"}
-    assert all(ch["identical"][v] for _, v, _ in lesson.STEP07_CHAIN[1:])
-    table = _table(ch)
-    _assert_cumulative(table, lesson.STEP07_CHAIN)
-    assert ", does not pay" in table  # 7c at A = 28: the committed run's "directions in turn" over made-up 7b
-
-
-def test_step_7s_chain_run_is_committed():
-    """The page reads lab/ctc/results/nvidia-h200/step07_chain.json (lab/ctc/step07_changes.py measure --chain on a
-    GPU): until it is committed this fails, as the page does."""
-    ch = lesson.step07_chain()
-    assert not ch["failed"] and ch["cases"] == list(lesson.TABLE_CASES)
-    assert all(ch["identical"][v] for _, v, _ in lesson.STEP07_CHAIN[1:])
-    _assert_cumulative(_table(ch), lesson.STEP07_CHAIN)
 
 def _page_cells():
     return json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "04_ctc_loss.ipynb").read_text())["cells"]
 
-
-def test_the_page_says_once_why_the_losing_changes_stay():
-    """One sentence each, said once: why the warp recursion stays where it does not pay, and why flush-to-zero stays;
-    no step 7d, and no change left only in a note."""
-    text = " ".join("".join("".join(c["source"]) for c in _page_cells()).split())
-    assert text.count("a prerequisite: steps 8 to 10 build on it") == 1
-    assert text.count("it stays because it pays elsewhere") == 1
-    assert "7d" not in text and "a loss, kept" not in text and "timed alone" not in text
-    folds = [c["metadata"].get("mystnb", {}).get("code_prompt_show") for c in _page_cells()]
-    assert "Show each change taken back from step 7" in folds and "Show each change taken back from step 8" in folds
 
 def test_every_folded_cell_says_what_it_folds():
     """A hidden cell's toggle names its contents (myst-nb's per-cell code_prompt_show / code_prompt_hide), not
@@ -569,23 +447,36 @@ def test_every_folded_cell_says_what_it_folds():
             assert "code cell" not in prompts["code_prompt_show"], i
 
 
-def test_bundled_steps_open_on_their_effect_and_chains_use_the_books_note():
-    """Steps 7 and 8 open with one sentence naming the idea and its measured effect, and 7c is called a
-    prerequisite; steps 2 to 5 share one section without sub-headings, and steps 4 and 5 each have a diff against
-    the step before; each chain's note is the book's (:func:`book.common.chain_note`), not a sentence of its own; the
-    page names the committed files it reads."""
+#: Each step from 7 on: the glued number its section quotes (a key of ``lesson.prose_numbers`` or the step's own
+#: computed ratio).
+SECTION_NUMBERS = {7: "N['gradient_pass']", 8: "N['no_softmax']", 9: "N['one_warp']", 10: "N['side_by_side']",
+                   11: "N['branch_free']", 12: "N['ftz']", 13: "N['two_passes_big']", 14: "at[13]['ms'] / at[14]['ms']"}
+
+
+def test_each_step_has_one_section_with_its_code_and_its_number():
+    """Steps 7 to 14: one heading "## Step N: ..." each, in order, naming one idea (no "plus", no lettered
+    sub-steps); under it a folded cell with the step's code or diff, and a sentence glued from the JSON with the
+    step's measured number. Steps 2 to 5 share one section, each step one change; the page cites no chain of a lab
+    run and names the committed files it reads."""
     cells = _page_cells()
-    for n, effect in ((7, "fused_vs_rows"), (8, "branch_free")):
-        heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith(f"## Step {n}:")]
-        opening = "".join(cells[heads[0] + 1]["source"])
-        assert len(heads) == 1 and f"Step {n} " in opening and effect in opening, n
-    folds = [c["metadata"].get("mystnb", {}).get("code_prompt_show", "") for c in cells]
-    assert "Show step 4's diff: the alpha kernel, step 3 to step 4" in folds
-    assert "Show step 5's diff: the alpha kernel, step 4 to step 5" in folds
     text = "".join("".join(c["source"]) for c in cells)
-    assert not any(f"### Step {n}" in text for n in (2, 3, 4, 5))
-    assert text.count("chain_note(") == 2 and "its step times may differ" not in text
-    assert "how_we_measure.md#a-step-timed-one-change-at-a-time" in text
+    heads = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Step")]
+    numbered = [int("".join(cells[i]["source"]).split(":")[0].removeprefix("## Step ")) for i in heads
+                if "".join(cells[i]["source"]).startswith("## Step ")]
+    assert numbered == [1, 6, 7, 8, 9, 10, 11, 12, 13, 14] and "## Steps 2 to 5:" in text
+    heads = [i for i in heads if "".join(cells[i]["source"]).startswith("## Step ")]
+    for number, i in zip(numbered[2:], heads[2:]):
+        title = "".join(cells[i]["source"]).splitlines()[0]
+        assert not any(w in title for w in (" plus ", "changes", "tuning")), title
+        section = cells[i + 1:(heads + [len(cells)])[heads.index(i) + 1]]
+        folded = [c for c in section if "hide-output" in c["metadata"].get("tags", [])]
+        assert folded and all(c["metadata"]["mystnb"]["code_prompt_show"].startswith("Show step") for c in folded[:1])
+        said = "".join("".join(c["source"]) for c in section if c["cell_type"] == "code")
+        assert SECTION_NUMBERS[number] in said, number
+    assert not any(w in text for w in ("7a", "7b", "7c", "8a", "chain_table(", "chain_note(", "step07_chain",
+                                       "step08_changes", "taken back"))
+    assert text.count("no block version of them was built") == 1
     where = text[text.index("## Where the numbers come from"):text.index("## Further reading")]
-    for name in ("ctc.json", "tails.json", "step07_chain.json", "step07_changes.json", "step08_changes.json"):
+    for name in ("nvidia-h200/ctc.json", "tails.json", "env.json", "nvidia-h100-80gb-hbm3/ctc.json"):
         assert name in where
+    assert "lab/ctc" not in where

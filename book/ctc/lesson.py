@@ -451,6 +451,20 @@ def cudnn_verdict(results) -> dict | None:
 # The numbers the prose quotes
 # --------------------------------------------------------------------------------------
 
+def where(cases: list[tuple[int, int]], among: Iterable[tuple[int, int]] | None = None) -> str:
+    """(A, N) cases in words, grouped by alphabet ("A = 28, N = 1; A = 5,000, N = 16 and 32"), "every shape" where
+    they are all of ``among`` (the grid's points by default); empty for none."""
+    if not cases:
+        return ""
+    if set(cases) == set(_all_points() if among is None else among):
+        return "every shape" + (" of the grid" if among is None else "")
+    by_a: dict[int, list[int]] = {}
+    for A, N in cases:
+        by_a.setdefault(A, []).append(N)
+    return "; ".join(f"A = {A:,}, N = " + (str(ns[0]) if len(ns) == 1 else ", ".join(map(str, ns[:-1])) + f" and {ns[-1]}")
+                     for A, ns in by_a.items())
+
+
 def losing(results, number: int, points: Iterable[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
     """The grid's (A, N) points (``points``: those only) where step ``number`` is slower than the step it builds on,
     as the tables round it (below 1.00×)."""
@@ -486,9 +500,9 @@ def prose_numbers(results) -> dict[str, str]:
         out["prob_lost"] = PENDING
     out["gradient_pass"] = _times(_ratios(results, s[5], s[7], _lesson_points()))
     for key, k in (("no_softmax", 8), ("one_warp", 9), ("side_by_side", 10), ("branch_free", 11), ("ftz", 12)):
-        out[key] = _times(_ratios(results, s[k - 1], s[k], _all_points()))
-        slower = losing(results, k)
-        out[f"{key}_slower"] = cases_words(slower) if slower else ""
+        ratios = _ratios(results, s[k - 1], s[k], _all_points())
+        out[key] = _times(ratios)
+        out[f"{key}_slower"] = where(losing(results, k)) if ratios else PENDING
     thirteen = _ratios(results, s[12], s[13], [(big, max(BENCH_N))])
     out["two_passes_big"] = _times(thirteen)
     cost = [1 / r - 1 for r in _ratios(results, s[12], s[13], _all_points(small))]
@@ -680,7 +694,7 @@ def boehm_table(results) -> str:
 
     def kept(number: int) -> str:
         slower = losing(results, number, TABLE_CASES) if number in PREREQUISITES else []
-        return f" ({PREREQUISITES[number]}; slower at {cases_words(slower)})" if slower else ""
+        return f" ({PREREQUISITES[number]}; slower at {where(slower, TABLE_CASES)})" if slower else ""
 
     entries = [(str(s.number), code(s.title) + kept(s.number), s.series) for s in CHAPTER.steps]
     entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 12 or step 14 by the activations' shape "
