@@ -11,7 +11,7 @@ from studylog.ngram.models import SCAN_THREADS, decode_key, slot_plan
 
 def model_budget_scan(inputs: NgramInputs, keys: list[int], draft_tokens: Tensor, seq_lens_this_time: Tensor,
                       config: NgramConfig, *, chunk: int = SCAN_THREADS) -> tuple[Tensor, Tensor]:
-    """Phase 2 of steps 4 to 7 in plain Python, chunk by chunk as ``budget_scan_block`` walks the
+    """Phase 2 of steps 4 to 11 in plain Python, chunk by chunk as ``budget_scan_block`` walks the
     batch: an exclusive prefix sum of tentative counts, the first slot where the budget bites,
     and no drafts for any active slot after it."""
     prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()

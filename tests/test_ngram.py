@@ -243,7 +243,7 @@ def test_one_pass_keys_match_the_per_n_search(seeds):
 
 
 def test_budget_scan_matches_the_sequential_rule(seeds):
-    """Phase 2 of steps 4 to 7 from prefix sums, walked in chunks of any size, is exact."""
+    """Phase 2 of steps 4 to 11 from prefix sums, walked in chunks of any size, is exact."""
     for seed in seeds[:60]:
         inputs, draft, this_time, config = random_case(seed, max_batch=30)
         expected = run_ref(inputs, draft, this_time, config)

@@ -182,7 +182,7 @@ def test_the_result_table_times_the_entry_point_as_the_headline_does():
         step = int(head["kernel"].split("(step")[1][:2])
         assert cells[4] == f"{head['kernel_ms'] * 1e3:,.1f} (runs step {step})", cells
         assert cells[6] == f"{head['speedup']:,.2f}×", (cells, head["speedup"])
-        # the end-to-end column times step 7: where the entry point runs another step, its cell says so
+        # the end-to-end column times step 11: where the entry point runs another step, its cell says so
         assert ("the entry point runs step" in cells[2]) == (step != ngram.CHAPTER.final.number), cells
 
 
