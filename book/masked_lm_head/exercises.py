@@ -12,11 +12,11 @@ to compare.
 3. :func:`check_masked_logits`: a masked LM head of your own (torch, or a Triton kernel run in the
    interpreter) that honours the chapter's contract: fp32 logits for allowed tokens, ``-inf`` elsewhere,
    fp32 accumulation, every element of ``out`` written.
-4. :func:`check_compact_threshold`: step 9's threshold from measurements: up to which union a compacted kernel
+4. :func:`check_compact_threshold`: step 12's threshold from measurements: up to which union a compacted kernel
    is used.
-5. :func:`check_rows_first` (the page's exercise 6): step 5's kernel with its row programs first in the grid (a
-   change of the kernel's text, :func:`step05_source`), checked on the interpreter against step 5 bit for bit;
-   :func:`step05_matcher` launches it as step 5 is launched, for timing on a GPU.
+5. :func:`check_rows_first` (the page's exercise 6): step 6's kernel with its row programs first in the grid again
+   (a change of the kernel's text, :func:`step06_source`), checked on the interpreter against step 6 bit for bit;
+   :func:`step06_matcher` launches it as step 6 is launched, for timing on a GPU.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from book.common import guarded, report
 from studylog.masked_lm_head.formats import AllowedTokens, check_logits, pack_bitmask
 
 __all__ = ["check_active_fraction", "check_union_ids", "check_masked_logits", "check_compact_threshold",
-           "step05_source", "step05_matcher", "check_rows_first"]
+           "step06_source", "step06_matcher", "check_rows_first"]
 
 
 def _solutions():
@@ -156,7 +156,7 @@ def check_masked_logits(fn: Callable[[Tensor, Tensor, AllowedTokens, Tensor], Te
 
 
 # --------------------------------------------------------------------------------------
-# 4. Step 9's threshold from measurements
+# 4. Step 12's threshold from measurements
 # --------------------------------------------------------------------------------------
 
 
@@ -191,24 +191,24 @@ def check_compact_threshold(fn: Callable[[list[tuple[int, float, float]], int], 
 
 
 # --------------------------------------------------------------------------------------
-# 5. Step 5 with its row programs first
+# 5. Step 6 with its row programs first again
 # --------------------------------------------------------------------------------------
 
-#: The kernel of step 5 that exercise 5 changes (its name in the text the reader returns).
-STEP05_KERNEL = "compact_stream_kernel"
+#: The kernel of step 6 that exercise 5 changes (its name in the text the reader returns).
+STEP06_KERNEL = "fill_first_kernel"
 
 
-def step05_source() -> str:
-    """The text of step 5's kernel (``@triton.jit`` and the function), as the library defines it."""
+def step06_source() -> str:
+    """The text of step 6's kernel (``@triton.jit`` and the function), as the library defines it."""
     import inspect
 
     from studylog.masked_lm_head import compact
 
-    return inspect.getsource(getattr(compact, STEP05_KERNEL).fn)
+    return inspect.getsource(getattr(compact, STEP06_KERNEL).fn)
 
 
 def _kernel_from(source: str):
-    """The kernel named :data:`STEP05_KERNEL` defined by ``source`` (a module of its own, written to a temporary
+    """The kernel named :data:`STEP06_KERNEL` defined by ``source`` (a module of its own, written to a temporary
     file: Triton reads a kernel's text from its file)."""
     import importlib.util
     import tempfile
@@ -220,16 +220,15 @@ def _kernel_from(source: str):
     spec = importlib.util.spec_from_file_location(f"mlh_exercise_{folder.name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return getattr(module, STEP05_KERNEL)
+    return getattr(module, STEP06_KERNEL)
 
 
-def step05_matcher(source: str, h: Tensor, weight: Tensor, allowed: AllowedTokens, tiles=None):
-    """A call of the kernel in ``source`` with step 5's grid and arguments (those of
-    :func:`~studylog.masked_lm_head.step05_stream`: as many programs, the fill count ``n_fill`` passed as there, the
-    same tiles), writing one output made for it (NaN until a call writes it): call it to run the kernel."""
+def step06_matcher(source: str, h: Tensor, weight: Tensor, allowed: AllowedTokens, tiles=None):
+    """A call of the kernel in ``source`` with step 6's grid and arguments (those of
+    :func:`~studylog.masked_lm_head.step06_fill_first`: as many programs, the fill count ``n_fill`` passed as there,
+    the same tiles), writing one output made for it (NaN until a call writes it): call it to run the kernel."""
     import triton
 
-    from studylog.masked_lm_head.compact import EVICTION
     from studylog.masked_lm_head.formats import stream_tiles
 
     kernel = _kernel_from(source)
@@ -239,7 +238,7 @@ def step05_matcher(source: str, h: Tensor, weight: Tensor, allowed: AllowedToken
     fills = triton.cdiv(vocab, t.fill_block)
     grid = (fills + triton.cdiv(n_ids, t.block_v),)
     meta = dict(D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block,
-                EVICTION=EVICTION, num_warps=t.num_warps, num_stages=t.num_stages)
+                num_warps=t.num_warps, num_stages=t.num_stages)
 
     out = torch.full((1, vocab), float("nan"), dtype=torch.float32, device=h.device)
 
@@ -253,17 +252,17 @@ def step05_matcher(source: str, h: Tensor, weight: Tensor, allowed: AllowedToken
 
 @guarded
 def check_rows_first(fn: Callable[[str], str], cases: int = 8) -> bool:
-    """``fn(source) -> source``: step 5's kernel text (:func:`step05_source`) with the row programs first: the
-    programs below ``tl.cdiv(n_ids, BLOCK_V)`` read rows, the rest write ``-inf``. The launch stays step 5's
-    (:func:`step05_matcher`). Checked on the CPU (Triton's interpreter) or a GPU at sizes that are multiples of no
-    block, with empty, full, single-id and random sets: the output must equal step 5's bit for bit (the same
+    """``fn(source) -> source``: step 6's kernel text (:func:`step06_source`) with the row programs first: the
+    programs below ``tl.cdiv(n_ids, BLOCK_V)`` read rows, the rest write ``-inf``. The launch stays step 6's
+    (:func:`step06_matcher`). Checked on the CPU (Triton's interpreter) or a GPU at sizes that are multiples of no
+    block, with empty, full, single-id and random sets: the output must equal step 6's bit for bit (the same
     products, summed in the same order)."""
-    from studylog.masked_lm_head import step05_stream
+    from studylog.masked_lm_head import step06_fill_first
 
-    original = step05_source()
+    original = step06_source()
     text = fn(original)
     if not isinstance(text, str) or text == original:
-        return report("check_rows_first", False, "fn returned step 5's source unchanged: return the changed text", 1)
+        return report("check_rows_first", False, "fn returned step 6's source unchanged: return the changed text", 1)
     if text.replace(" ", "").count("pid>=n_fill") or "pid - n_fill" in text:
         return report("check_rows_first", False, "the programs still test n_fill: the fill programs come first", 1)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -279,13 +278,13 @@ def check_rows_first(fn: Callable[[str], str], cases: int = 8) -> bool:
         h = torch.randn(1, hidden, generator=gen).to(torch.bfloat16).to(device)
         weight = torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16).to(device)
         try:
-            got = step05_matcher(text, h, weight, allowed)()
+            got = step06_matcher(text, h, weight, allowed)()
         except Exception as exc:  # a syntax error, a renamed kernel, a launch that fails: say which
             return report("check_rows_first", False, f"V={vocab}, D={hidden}, {kind} set: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}", i + 1)
-        want = step05_stream(h, weight, allowed)
+        want = step06_fill_first(h, weight, allowed)
         if not torch.equal(got, want):
             differ = int((got != want).sum())  # a position left unwritten is NaN, which equals nothing
             return report("check_rows_first", False, f"V={vocab}, D={hidden}, {kind} set ({len(ids)} ids): {differ} "
-                          "of the outputs differ from step 5's", i + 1)
+                          "of the outputs differ from step 6's", i + 1)
     return report("check_rows_first", True, None, cases)

@@ -26,16 +26,17 @@ def _s(number: int) -> str:
 #: One colour per series across the chapter's figures (steps by number, then the baselines and the peer).
 SERIES_COLORS: dict[str, str] = {
     "step00": "#7f7f7f", "step01": "#bcbd22", "step02": "#17becf", "step03": "#9467bd", "step04": "#ff7f0e",
-    "step05": "#d62728", "step06": "#e377c2", "step07": "#2ca02c", "step08": "#ff9896", "step09": "#1f77b4",
+    "step05": "#8c564b", "step06": "#c7c7c7", "step07": "#d62728", "step08": "#e377c2", "step09": "#98df8a",
+    "step10": "#2ca02c", "step11": "#ff9896", "step12": "#1f77b4", "step13": "#08306b",
     "dense_mask": "#000000", "cublas_fp32_mask": "#555555", "index_select": "#a0522d",
-    "reordered_in_sample": "#c49c94", "plan_bitmask": "#08306b", "xgrammar_bitmask": "#f5a623",
-    "xgrammar_bitmask_bf16": "#f8cf86", "floor": "#000000",
+    "reordered_in_sample": "#c49c94", "xgrammar_bitmask": "#f5a623", "xgrammar_bitmask_bf16": "#f8cf86",
+    "floor": "#000000",
 }
 #: Markers, so that series stay apart in grey print too.
 SERIES_MARKERS: dict[str, str] = {
-    "step00": "x", "step01": "v", "step02": "^", "step03": "D", "step04": "s", "step05": "o", "step06": "P",
-    "step07": "o", "step08": "h", "step09": "*", "dense_mask": "s", "cublas_fp32_mask": "D", "index_select": "X",
-    "plan_bitmask": "*", "xgrammar_bitmask": "s",
+    "step00": "x", "step01": "v", "step02": "^", "step03": "D", "step04": "s", "step05": "<", "step06": ">",
+    "step07": "o", "step08": "P", "step09": "d", "step10": "o", "step11": "h", "step12": "*", "step13": "*",
+    "dense_mask": "s", "cublas_fp32_mask": "D", "index_select": "X", "xgrammar_bitmask": "s",
 }
 #: Text sizes at the saved size (the book shows figures at about their saved width).
 FONT = 9
@@ -86,7 +87,7 @@ def figures(results) -> dict[str, Any]:
         figs["speedup_b1"] = _speedup_figure(results, caption)
     if results.select(_s(2), batch=1, layout="dv"):
         figs["layout"] = _layout_figure(results, caption)
-    if results.select(_s(7), kind="random"):
+    if results.select(_s(10), kind="random"):
         figs["batched"] = _batched_figure(results, caption)
     if results.select(XGRAMMAR):
         figs["practitioners"] = _practitioners_figure(results, caption)
@@ -99,23 +100,24 @@ def figures(results) -> dict[str, Any]:
 PLAIN_NAMES: dict[str, str] = {
     "step00": "step 0: the tutorial's matmul, then the mask", "step01": "step 1: skip blocks with nothing allowed",
     "step02": "step 2: skip disallowed columns too", "step03": "step 3: step 2 written for [V, D] rows",
-    "step04": "step 4: only the allowed ids", "step05": "step 5: one burst of loads per row",
-    "step06": "step 6: a few ids as launch arguments",
-    "step08": "step 8: vocabulary reordered (real grammar masks)", "step09": "step 9: the dispatch (picks a path)",
+    "step04": "step 4: only the allowed ids", "step05": "step 5: one wait per row",
+    "step06": "step 6: the fill programs first", "step07": "step 7: an L2 evict-first hint",
+    "step08": "step 8: a few ids as launch arguments",
+    "step11": "step 11: vocabulary reordered (real grammar masks)", "step12": "step 12: the dispatch (picks a path)",
     "index_select": "torch: index_select, then a matmul",
 }
 
 
 def _speedup_figure(results, caption: str):
     """Batch 1, [V, D]: every step's speedup over dense + mask against the allowed count on a log axis, random
-    masks (step 8 on the real grammar masks it is measured on, against dense + mask on the same masks), and
-    ``index_select``'s; step 9 drawn wide and pale under the step it picks. Step 7 runs only above batch 1
-    (the batched figure)."""
+    masks (step 11 on the real grammar masks it is measured on, against dense + mask on the same masks), and
+    ``index_select``'s; step 12 drawn wide and pale under the step it picks. Steps 9 and 10 run above batch 1
+    (step 10 is in the batched figure)."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.6, 4.8))
-    for series in [_s(n) for n in (0, 1, 2, 3, 4, 5, 6, 8, 9)] + ["index_select"]:
-        kind = "real" if series == _s(8) else "random"
+    for series in [_s(n) for n in (0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12)] + ["index_select"]:
+        kind = "real" if series == _s(11) else "random"
         base = {r["params"]["allowed"]: r for r in results.select("dense_mask", batch=1, kind=kind)}
         rows = sorted((r for r in results.select(series, batch=1, kind=kind)
                        if r["params"].get("layout", "vd") == "vd" and r["params"]["allowed"] in base),
@@ -126,13 +128,14 @@ def _speedup_figure(results, caption: str):
         ys = [base[x]["ms"] / r["ms"] for x, r in zip(xs, rows)]
         lo = [y - base[x]["ms"] / r["spread_ms"][2] if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
         hi = [base[x]["ms"] / r["spread_ms"][0] - y if r.get("spread_ms") else 0 for x, y, r in zip(xs, ys, rows)]
-        # step 9 wide and pale under the step it picks; step 2 thick with open markers under step 3, which
-        # nearly equals it on [V, D]
-        under = {_s(9): dict(ms=11, lw=5, alpha=0.35, zorder=1), _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2,
-                                                                             mfc="none", mew=1.5)}
+        # step 12 wide and pale under the step it picks; step 2 thick with open markers under step 3, which
+        # nearly equals it on [V, D]; steps 5 and 6 thin under step 7, which they nearly equal
+        under = {_s(12): dict(ms=11, lw=5, alpha=0.35, zorder=1), _s(2): dict(ms=10, lw=3.5, alpha=0.8, zorder=2,
+                                                                              mfc="none", mew=1.5),
+                 _s(5): dict(ms=7, lw=2.5, alpha=0.6, zorder=2), _s(6): dict(ms=7, lw=2.5, alpha=0.6, zorder=2)}
         style = under.get(series, dict(ms=5, lw=1.3, zorder=3))
         ax.errorbar(xs, ys, yerr=[lo, hi], capsize=2, elinewidth=1, color=series_color(series),
-                    marker=SERIES_MARKERS.get(series, "o"), ls="--" if series in (_s(8), "index_select") else "-",
+                    marker=SERIES_MARKERS.get(series, "o"), ls="--" if series in (_s(11), "index_select") else "-",
                     label=PLAIN_NAMES.get(series, series), **style)
     ax.axhline(1.0, color="k", lw=1, ls=":")
     _style(ax, "allowed tokens (batch 1, log scale)", "speedup over dense + mask (×, log scale)", logy=True)
@@ -142,8 +145,8 @@ def _speedup_figure(results, caption: str):
     ax.set_title(f"Each step's speedup over torch's dense logits + masked_fill, {results.gpu.replace('NVIDIA ', '')}",
                  fontsize=FONT + 1)
     ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results) + "; random masks except step 8's (real grammar "
-             "masks); step 7 runs above batch 1 only", fontsize=FONT - 1, va="top")
+    fig.text(0.01, -0.02, caption + "\n" + _spread_words(results) + "; random masks except step 11's (real grammar "
+             "masks); steps 9 and 10 run above batch 1", fontsize=FONT - 1, va="top")
     fig.tight_layout()
     return fig
 
@@ -181,13 +184,13 @@ def _layout_figure(results, caption: str):
 
 def _batched_figure(results, caption: str):
     """Time against allowed tokens per sequence at (up to) three batch sizes, random masks: the dense paths,
-    index_select (the union's logits only), steps 3, 7 and 9, and the floor (``lesson.floor_ms``)."""
+    index_select (the union's logits only), steps 3, 10 and 12, and the floor (``lesson.floor_ms``)."""
     import matplotlib.pyplot as plt
 
-    batches = sorted({r["params"]["batch"] for r in results.select(_s(7), kind="random")})
+    batches = sorted({r["params"]["batch"] for r in results.select(_s(10), kind="random")})
     batches = [b for b in (8, 64, 256) if b in batches] or batches[-3:]
     fig, axes = plt.subplots(1, len(batches), figsize=(3.4 * len(batches) + 0.6, 4.0), squeeze=False, sharey=True)
-    series = ["dense_mask", "cublas_fp32_mask", "index_select", _s(3), _s(7), _s(9)]
+    series = ["dense_mask", "cublas_fp32_mask", "index_select", _s(3), _s(10), _s(12)]
     for ax, batch in zip(axes[0], batches):
         for x in series:
             rows = sorted((r for r in results.select(x, batch=batch, kind="random")
@@ -195,9 +198,9 @@ def _batched_figure(results, caption: str):
             if rows:
                 _errorbar(ax, [r["params"]["allowed"] for r in rows], rows, lambda ms: ms * 1e3,
                           color=series_color(x), marker=SERIES_MARKERS.get(x, "o"), ms=4,
-                          lw=2.2 if x == _s(9) else 1.0, label=_legend_label(x))
+                          lw=2.2 if x == _s(12) else 1.0, label=_legend_label(x))
         floor = sorted((r["params"]["allowed"], floor_ms(results, batch, r["union"]) * 1e3)
-                       for r in results.select(_s(9), batch=batch, kind="random") if "union" in r)
+                       for r in results.select(_s(12), batch=batch, kind="random") if "union" in r)
         if floor:
             ax.plot([p[0] for p in floor], [p[1] for p in floor], "k--", lw=1, label="floor: union rows + fp32 output")
         _style(ax, "allowed tokens per sequence", "time (µs)" if batch == batches[0] else "", logy=True)
@@ -260,12 +263,12 @@ def _practitioners_figure(results, caption: str):
 def _host_figure(results, caption: str):
     """Host time per call of each public entry point at batch 1 (random masks): bars at the median over the
     run's counts, error bars from the fastest to the slowest count; the empty Triton launch of the same run and
-    step 9's GPU time as lines."""
+    step 12's GPU time as lines."""
     import matplotlib.pyplot as plt
 
     label = CHAPTER.label
-    short = {PLAN: "MaskedHeadPlan (from the bitmask)", XGRAMMAR: "xgrammar's path (cuBLAS + bitmask)"}
-    entries = [x for x in [_s(n) for n in (4, 5, 6, 9)] + [PLAN, XGRAMMAR]
+    short = {PLAN: f"{label(PLAN)} (MaskedHeadPlan, from the bitmask)", XGRAMMAR: "xgrammar's path (cuBLAS + bitmask)"}
+    entries = [x for x in [_s(n) for n in (4, 7, 8, 12)] + [PLAN, XGRAMMAR]
                if any("host_ms" in r for r in results.select(x, batch=1, kind="random"))]
     fig, ax = plt.subplots(figsize=(8, 3.8))
     for i, x in enumerate(entries):
@@ -279,10 +282,10 @@ def _host_figure(results, caption: str):
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
     if empty:
         ax.axvline(empty * 1e3, color="k", ls="--", lw=1, label="an empty Triton launch from Python (host)")
-    gpu = sorted(r["ms"] * 1e3 for r in results.select(_s(9), batch=1, kind="random"))
+    gpu = sorted(r["ms"] * 1e3 for r in results.select(_s(12), batch=1, kind="random"))
     if gpu:
-        ax.axvline(gpu[len(gpu) // 2], color=series_color(_s(9)), ls=":", lw=1.5,
-                   label=f"{label(_s(9))}: GPU time, median over the counts")
+        ax.axvline(gpu[len(gpu) // 2], color=series_color(_s(12)), ls=":", lw=1.5,
+                   label=f"{label(_s(12))}: GPU time, median over the counts")
     ax.set_xlabel("host time per call (µs): median over the allowed counts, bars from fastest to slowest",
                   fontsize=FONT)
     ax.tick_params(axis="x", labelsize=FONT)

@@ -25,18 +25,15 @@ from studylog.masked_lm_head.report import PLAN, XGRAMMAR, XGRAMMAR_BF16, losses
 from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
-           "clock_of",
-           "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table", "tried_table",
-           "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
-           "RIVAL_ROWS", "boehm_table",
-           "rotation", "counts_words", "STEP05_CHAIN", "STEP05_KNOBS", "STEP05_WORDS", "step05_variant",
-           "step05_chain", "step05_chain_rows", "step05_case_name", "fill_first_loss", "HEADLINE_POINTS", "TIE", "headline_words", "other_runs", "chain_anchor_gap", "step05_undone",
-           "step05_undone_table", "lab_rotation", "CAPPED", "capped", "page_capped_key",
-           "PRACTITIONER_POINTS", "html_table", "folded", "plan_timeline", "plan_timeline_table",
-           "plan_parts_capped", "TIMELINE_PARTS", "timeline_idle", "step07_changes",
-           "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties", "ties_words", "step09_path", "plan_step", "PATH_STEPS"]
+           "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
+           "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
+           "RIVAL_ROWS", "boehm_table", "step_factor", "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
+           "TIE", "headline_words", "other_runs", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
+           "html_table", "folded", "plan_timeline", "plan_timeline_table", "TIMELINE_PARTS", "timeline_idle",
+           "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties", "ties_words",
+           "dispatch_step", "plan_step", "PATH_STEPS"]
 
-#: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with step 5's candidates.
+#: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with the streaming kernel's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "candidates_do_bench", "nvidia-h200"
 #: The first run of the benchmark on the GPU clock (an H100), kept in ``lab/``.
 FIRST_ONE_CLOCK_FILE = "first_one_clock_run"
@@ -81,7 +78,7 @@ def clock_of(results) -> str:
 
 
 def _floor(results, batch: int, kind: str, allowed: int) -> float | None:
-    for series in (step_series(9), "dense_mask"):
+    for series in (step_series(12), "dense_mask"):
         row = _row(results, series, batch=batch, kind=kind, allowed=allowed)
         if row is not None and "union" in row:
             return floor_ms(results, batch, row["union"])
@@ -102,20 +99,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _change(before: float | None, after: float | None) -> str:
-    """``after`` against ``before`` in words: ``2.4× faster``, ``3% faster`` (under 1.1×), ``9% slower``."""
+    """``after`` against ``before`` in words: ``2.4× faster``, ``3% faster`` (under 1.1×), ``9% slower``, ``24.94×
+    slower`` (from 2×)."""
     if before is None or after is None:
         return PENDING
     if after <= before:
         ratio = before / after  # two decimals, as the table of steps prints the same ratio
         return f"{ratio:.2f}× faster" if ratio >= 1.1 else f"{100 * (ratio - 1):.0f}% faster"
-    return f"{100 * (after / before - 1):.0f}% slower"
+    return f"{after / before:.2f}× slower" if after >= 2 * before else f"{100 * (after / before - 1):.0f}% slower"
 
 
 def _b1(results, series: str, allowed: int, layout: str = "vd", kind: str = "random") -> float | None:
     return _ms(results, series, layout, batch=1, kind=kind, allowed=allowed)
 
 
-#: Step 9's rivals as the prose names them.
+#: Step 12's rivals as the prose names them.
 RIVAL_WORDS = {"index_select": "`index_select` + matmul", "dense_mask": "dense + mask",
                "cublas_fp32_mask": "cuBLAS with fp32 output, then `masked_fill`"}
 
@@ -156,7 +154,7 @@ def headline_words(times: dict[int, tuple[float, float]]) -> tuple[str, str]:
 def prose_numbers(results) -> dict[str, Any]:
     """Every number the lesson's prose quotes, by glue key, read from ``results`` (``pending`` where the file
     lacks the series)."""
-    s = {n: step_series(n) for n in range(10)}
+    s = {n: step_series(n) for n in range(14)}
     n: dict[str, Any] = {"mlh_gpu": results.gpu, "mlh_date": results.date, "mlh_clock": clock_of(results)}
     bandwidth = results.data["ceilings"]["copy_bandwidth_gbs"]
     n["mlh_bandwidth"] = f"{bandwidth:,.0f} GB/s"  # the unit of the figures' captions
@@ -192,44 +190,47 @@ def prose_numbers(results) -> dict[str, Any]:
     # step 4: compacted ids
     n["mlh_step04_vs_step03"] = _change(_b1(results, s[3], 1000), _b1(results, s[4], 1000))
     n["mlh_step04_1000"] = _us(_b1(results, s[4], 1000))
-    for c in (1000, 10_000):
-        n[f"mlh_step04_floor_{c}"] = _x(_ratio(_b1(results, s[4], c), _floor(results, 1, "random", c)))
-        n[f"mlh_step05_floor_{c}"] = _x(_ratio(_b1(results, s[5], c), _floor(results, 1, "random", c)))
-    # step 5: one burst per row, fill first, evict-first
-    for c in (1, 1000, 10_000):
-        n[f"mlh_step05_vs_step04_{c}"] = _change(_b1(results, s[4], c), _b1(results, s[5], c))
-    n["mlh_step05_10000"] = _us(_b1(results, s[5], 10_000))
+    # steps 5 to 7, each against the step it builds on (step 7 on step 5: step 6 did not pay), at every batch-1 count
+    # the table of steps' point is one of
+    for step, base in ((5, 4), (6, 5), (7, 5)):
+        for c in STEP_COUNTS:
+            n[f"mlh_step{step:02d}_vs_step{base:02d}_{c}"] = _change(_b1(results, s[base], c), _b1(results, s[step], c))
+        n[f"mlh_step{step:02d}_{STEP_CASES[step][0]['allowed']}"] = _us(_b1(results, s[step],
+                                                                          STEP_CASES[step][0]["allowed"]))
     n["mlh_floor_10000"] = _us(_floor(results, 1, "random", 10_000))
-    # step 6: ids as launch arguments
-    n["mlh_step06_1"] = _us(_b1(results, s[6], 1), 2)
-    n["mlh_step06_vs_step05_1"] = _change(_b1(results, s[5], 1), _b1(results, s[6], 1))
-    n["mlh_step06_vs_step05_8"] = _change(_b1(results, s[5], 8), _b1(results, s[6], 8))
-    n["mlh_step06_floor_1"] = _us(_floor(results, 1, "random", 1), 2)
-    # step 7: the union of a batch, read once, at the table of steps' point (the headline's batch 64)
-    b64 = STEP_CASES[7][0]
-    row7 = _row(results, s[7], **b64)
+    # step 8: ids as launch arguments
+    n["mlh_step08_1"] = _us(_b1(results, s[8], 1), 2)
+    n["mlh_step08_vs_step07_1"] = _change(_b1(results, s[7], 1), _b1(results, s[8], 1))
+    n["mlh_step08_vs_step07_8"] = _change(_b1(results, s[7], 8), _b1(results, s[8], 8))
+    # steps 9 and 10: the union of a batch, read once, at the table of steps' point (batch 64)
+    b64 = STEP_CASES[10][0]
+    row10 = _row(results, s[10], **b64)
     n["mlh_b64_allowed"] = f"{b64['allowed']:,}"
-    n["mlh_b64_union"] = f"{row7['union']:,}" if row7 else PENDING
+    n["mlh_b64_union"] = f"{row10['union']:,}" if row10 else PENDING
     n["mlh_b64_sum"] = f"{b64['batch'] * b64['allowed']:,}"
-    n["mlh_step07_b64"] = PENDING if row7 is None else f"{us(row7['ms'])} µs"  # the table of steps' digits
-    n["mlh_step07_b64_vs_dense"] = _change(_ms(results, "dense_mask", **b64), _ms(results, s[7], **b64))
-    n["mlh_step07_b64_vs_step03"] = _change(_ms(results, s[3], **b64), _ms(results, s[7], **b64))
+    for step in (9, 10):
+        row = _row(results, s[step], **b64)
+        n[f"mlh_step{step:02d}_b64"] = PENDING if row is None else f"{us(row['ms'])} µs"  # the table's digits
+    n["mlh_step09_b64_vs_step03"] = _change(_ms(results, s[3], **b64), _ms(results, s[9], **b64))
+    n["mlh_step10_b64_vs_step09"] = _change(_ms(results, s[9], **b64), _ms(results, s[10], **b64))
+    n["mlh_step10_b64_vs_dense"] = _change(_ms(results, "dense_mask", **b64), _ms(results, s[10], **b64))
+    n["mlh_step10_b64_vs_step03"] = _change(_ms(results, s[3], **b64), _ms(results, s[10], **b64))
     big = dict(batch=64, kind="random", allowed=10_000)
-    n["mlh_step07_b64_big_vs_step03"] = _change(_ms(results, s[3], **big), _ms(results, s[7], **big))
-    row_big = _row(results, s[7], **big)
+    n["mlh_step10_b64_big_vs_step03"] = _change(_ms(results, s[3], **big), _ms(results, s[10], **big))
+    row_big = _row(results, s[10], **big)
     n["mlh_b64_big_union"] = f"{row_big['union'] / VOCAB:.0%}" if row_big else PENDING
-    # step 8: a reordered vocabulary, on the real masks
-    real = [r for r in results.select(s[8], batch=1) if r["params"]["allowed"] == 1000]
+    # step 11: a reordered vocabulary, on the real masks
+    real = [r for r in results.select(s[11], batch=1) if r["params"]["allowed"] == 1000]
     if real:
-        r8 = real[0]
-        p = r8["params"]
-        n["mlh_step08_blocks"] = f"{r8['active_blocks_original']:,} → {r8['active_blocks']:,}"
-        n["mlh_step08_vs_step03"] = _change(_ms(results, s[3], **p), r8["ms"])
-        n["mlh_step05_vs_step08"] = _change(r8["ms"], _ms(results, s[5], **p))
+        r11 = real[0]
+        p = r11["params"]
+        n["mlh_step11_blocks"] = f"{r11['active_blocks_original']:,} → {r11['active_blocks']:,}"
+        n["mlh_step11_vs_step03"] = _change(_ms(results, s[3], **p), r11["ms"])
+        n["mlh_step07_vs_step11"] = _change(r11["ms"], _ms(results, s[7], **p))
     else:
-        n["mlh_step08_blocks"] = n["mlh_step08_vs_step03"] = n["mlh_step05_vs_step08"] = PENDING
-    # step 9: the dispatch against torch
-    small = [(r["ms"] / d["ms"], r) for r in results.select(s[9], batch=1) if r["params"]["allowed"] <= 1000
+        n["mlh_step11_blocks"] = n["mlh_step11_vs_step03"] = n["mlh_step07_vs_step11"] = PENDING
+    # step 12: the dispatch against torch
+    small = [(r["ms"] / d["ms"], r) for r in results.select(s[12], batch=1) if r["params"]["allowed"] <= 1000
              for d in [_row(results, "dense_mask", batch=1, kind=r["params"]["kind"], allowed=r["params"]["allowed"])]
              if d is not None]
     n["mlh_dispatch_min_vs_dense"] = f"{min(1 / q for q, _ in small):.0f}×" if small else PENDING
@@ -238,25 +239,25 @@ def prose_numbers(results) -> dict[str, Any]:
         n["mlh_dispatch_min_at"] = f"{p['allowed']:,} allowed on {p['kind']} masks"
     else:
         n["mlh_dispatch_min_at"] = PENDING
-    n["mlh_dispatch_1000_vs_dense"] = _x(_ratio(dense[1000], _b1(results, s[9], 1000)), 0)
-    d1000, k1000 = (_row(results, x, batch=1, kind="random", allowed=1000) for x in ("dense_mask", s[9]))
+    n["mlh_dispatch_1000_vs_dense"] = _x(_ratio(dense[1000], _b1(results, s[12], 1000)), 0)
+    d1000, k1000 = (_row(results, x, batch=1, kind="random", allowed=1000) for x in ("dense_mask", s[12]))
     if d1000 is not None and k1000 is not None:  # dense + mask's two speeds may put its median in the slow one
         flag = _vs(k1000, d1000).partition(" ")[2]  # the caveat after the ratio, if either side spreads
         n["mlh_dispatch_1000_vs_dense"] += f" {flag}" if flag else ""
-    n["mlh_dispatch_vs_index_10000"] = _x(_ratio(_b1(results, "index_select", 10_000), _b1(results, s[9], 10_000)))
+    n["mlh_dispatch_vs_index_10000"] = _x(_ratio(_b1(results, "index_select", 10_000), _b1(results, s[12], 10_000)))
     # the kernel alone against the fastest same-shape rival, at the headline's point (the scoreboard's second row)
     n["mlh_index_1000"] = _us(_b1(results, "index_select", 1000))
-    n["mlh_dispatch_vs_index_1000"] = _x(_ratio(_b1(results, "index_select", 1000), _b1(results, s[9], 1000)))
-    worst = max(((r["ms"] / d["ms"], r["params"]) for r in results.select(s[9])
+    n["mlh_dispatch_vs_index_1000"] = _x(_ratio(_b1(results, "index_select", 1000), _b1(results, s[12], 1000)))
+    worst = max(((r["ms"] / d["ms"], r["params"]) for r in results.select(s[12])
                  for d in [_row(results, "dense_mask", batch=r["params"]["batch"], kind=r["params"]["kind"],
                                 allowed=r["params"]["allowed"])] if d is not None), default=None, key=lambda q: q[0])
     n["mlh_dispatch_worst"] = (f"{worst[0]:.2f}× the time (batch {worst[1]['batch']}, {worst[1]['allowed']:,} "
                                f"{worst[1]['kind']} per sequence)") if worst else PENDING
     # and against every rival the losses table lists (index_select returns only the union's logits)
-    lost9 = [(q["mine"]["ms"] / q["rival"]["ms"], q) for q in _losses(results)
-             if q["mine"]["series"] == s[9] and not is_tie(q)]
-    if lost9:
-        ratio, q = max(lost9, key=lambda x: x[0])
+    lost12 = [(q["mine"]["ms"] / q["rival"]["ms"], q) for q in _losses(results)
+              if q["mine"]["series"] == s[12] and not is_tie(q)]
+    if lost12:
+        ratio, q = max(lost12, key=lambda x: x[0])
         p = q["params"]
         n["mlh_dispatch_worst_any"] = (f"{ratio:.2f}× the time of {RIVAL_WORDS[q['rival']['series']]} (batch "
                                        f"{p['batch']}, {p['allowed']:,} {p['kind']} per sequence)")
@@ -264,13 +265,13 @@ def prose_numbers(results) -> dict[str, Any]:
         n["mlh_dispatch_worst_any"] = PENDING
     # host time and the plan
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
-    hosts = sorted(r["host_ms"] for r in results.select(s[9], batch=1) if "host_ms" in r)
+    hosts = sorted(r["host_ms"] for r in results.select(s[12], batch=1) if "host_ms" in r)
     n["mlh_host_dispatch"] = _us(hosts[len(hosts) // 2]) if hosts else PENDING
     n["mlh_host_empty"] = _us(empty) if empty else PENDING
     n["mlh_host_ratio"] = _x(hosts[len(hosts) // 2] / empty, 1) if hosts and empty else PENDING
     plan_1000 = _b1(results, PLAN, 1000)
     n["mlh_plan_1000"] = _us(plan_1000)
-    n["mlh_dispatch_1000"] = _us(_b1(results, s[9], 1000))
+    n["mlh_dispatch_1000"] = _us(_b1(results, s[12], 1000))
     # against the practitioners' path
     for key, batch, allowed in (("b1", 1, 1000), ("b64", 64, 1000)):
         mine = _ms(results, PLAN, batch=batch, kind="random", allowed=allowed)
@@ -308,7 +309,7 @@ def prose_numbers(results) -> dict[str, Any]:
     counts = loss_counts(results)
     have = results.select(PLAN) or counts["rows"]
     n["mlh_losses"] = f"{counts['points']}" if have else PENDING
-    n["mlh_losses_step09"] = f"{counts['by_series'].get(s[9], 0)}" if have else PENDING
+    n["mlh_losses_step12"] = f"{counts['by_series'].get(s[12], 0)}" if have else PENDING
     n["mlh_losses_plan"] = f"{counts['by_series'].get(PLAN, 0)}" if have else PENDING
     for batch in (64, 256):
         n[f"mlh_output_b{batch}"] = _us(byte_floor_ms(results, batch, 0))
@@ -334,7 +335,7 @@ def steps_table(results, counts=STEP_COUNTS) -> str:
     floors = [_floor(results, 1, "random", c) for c in counts]
     lines.append("| floor: allowed rows read + fp32 output written, or an empty kernel where larger | "
                  + " | ".join(us(f) for f in floors) + " |")
-    for series in ["dense_mask", "index_select"] + [step_series(k) for k in (0, 1, 2, 3, 4, 5, 6, 9)]:
+    for series in ["dense_mask", "index_select"] + [step_series(k) for k in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12)]:
         cells = [_cell(results, series, 1, "random", c) for c in counts]
         if any(c != "–" for c in cells):
             lines.append(f"| {label(series)} | " + " | ".join(cells) + " |")
@@ -342,24 +343,25 @@ def steps_table(results, counts=STEP_COUNTS) -> str:
 
 
 def batch_table(results) -> str:
-    """Batches above 1, random masks: the dense paths, ``index_select`` (the union's logits only), steps 3, 7
-    and 9 (with the path it took), µs, and the floor (:func:`floor_ms`)."""
+    """Batches above 1, random masks: the dense paths, ``index_select`` (the union's logits only), steps 3, 9, 10
+    and 12 (with the path it took), µs, and the floor (:func:`floor_ms`)."""
     label = CHAPTER.label
-    series = ["dense_mask", "cublas_fp32_mask", "index_select", step_series(3), step_series(7), step_series(9)]
+    s12 = step_series(12)
+    series = ["dense_mask", "cublas_fp32_mask", "index_select"] + [step_series(k) for k in (3, 9, 10, 12)]
     head = ["batch", "allowed per sequence", "union", "floor (µs)"] + [f"{label(x)} (µs)" for x in series]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     points = sorted({(r["params"]["batch"], r["params"]["allowed"])
-                     for r in results.select(step_series(7), kind="random")})
+                     for r in results.select(step_series(10), kind="random")})
     for batch, allowed in points:
         p = dict(batch=batch, kind="random", allowed=allowed)
-        row9 = _row(results, step_series(9), **p)
+        row12 = _row(results, s12, **p)
         cells = []
         for x in series:
             text = us(_ms(results, x, **p))
-            if x == step_series(9) and row9 is not None and row9.get("path"):
-                text += f" ({row9['path']})"
+            if x == s12 and row12 is not None and row12.get("path"):
+                text += f" ({row12['path']})"
             cells.append(text)
-        union = row9["union"] if row9 else None
+        union = row12["union"] if row12 else None
         floor = floor_ms(results, batch, union) if union is not None else None
         lines.append(f"| {batch} | {allowed:,} | {'–' if union is None else f'{union:,}'} | "
                      f"{us(floor)} | " + " | ".join(cells) + " |")
@@ -444,12 +446,12 @@ def folded(summary: str, markdown: str) -> str:
 def _losses(results) -> list[dict]:
     """Every point where a series of ours is slower than a rival (the benchmark's own list, as rows)."""
     out = []
-    s9 = step_series(9)
-    for r in results.select(s9) + results.select(PLAN):
+    s12 = step_series(12)
+    for r in results.select(s12) + results.select(PLAN):
         p = {k: v for k, v in r["params"].items() if k != "layout"}
         if r["params"].get("layout", "vd") != "vd":
             continue
-        rivals = ("index_select", "dense_mask", "cublas_fp32_mask") if r["series"] == s9 else (XGRAMMAR,)
+        rivals = ("index_select", "dense_mask", "cublas_fp32_mask") if r["series"] == s12 else (XGRAMMAR,)
         for rival in rivals:
             other = _row(results, rival, **p)
             if other is not None and other["ms"] < r["ms"]:
@@ -470,12 +472,12 @@ def ties(results) -> list[dict]:
 
 
 def ties_words(results) -> str:
-    """The ties, one clause each with both times: ``batch 4, 10 random per sequence (step 9 at 8.6 µs, `index_select`
-    + matmul at 8.5)``; empty where there is none."""
+    """The ties, one clause each with both times: ``batch 4, 10 random per sequence (step 12 at 8.6 µs,
+    `index_select` + matmul at 8.5)``; empty where there is none."""
     said = []
     for q in ties(results):
         p, mine, rival = q["params"], q["mine"], q["rival"]
-        ours = "the whole step" if mine["series"] == PLAN else "step 9"
+        ours = "step 13" if mine["series"] == PLAN else "step 12"
         theirs = RIVAL_WORDS.get(rival["series"], "xgrammar's path")
         said.append(f"batch {p['batch']}, {p['allowed']:,} {p['kind']} per sequence ({ours} at {mine['ms'] * 1e3:,.1f} "
                     f"µs, {theirs} at {rival['ms'] * 1e3:,.1f})")
@@ -487,18 +489,18 @@ def loss_counts(results) -> dict[str, Any]:
     point), ``points`` (each point of a series of ours counted once, however many rivals beat it there),
     ``by_series`` (points per series) and ``min_batch`` (the smallest batch with a loss; None where there is none),
     ``clean_batches`` (the batches measured below it, where nothing of ours loses), ``shared`` (the params of each
-    point that more than one rival beats, so that the losses table has more rows than points, with ``ours``: "step 9"
-    or "the whole step") and ``ties`` (how many rows are ties)."""
+    point that more than one rival beats, so that the losses table has more rows than points, with ``ours``: "step 12"
+    or "step 13") and ``ties`` (how many rows are ties)."""
     lost = [q for q in _losses(results) if not is_tie(q)]
     keys = [(q["mine"]["series"], tuple(sorted(q["params"].items()))) for q in lost]
     points = set(keys)
-    shared = [dict(key[1]) | {"ours": "step 9" if key[0] == step_series(9) else "the whole step"}
+    shared = [dict(key[1]) | {"ours": "step 12" if key[0] == step_series(12) else "step 13"}
               for key in sorted(points) if keys.count(key) > 1]
     by_series: dict[str, int] = {}
     for series, _ in points:
         by_series[series] = by_series.get(series, 0) + 1
     low = min((q["params"]["batch"] for q in lost), default=None)
-    measured = {r["params"]["batch"] for r in results.select(step_series(9)) + results.select(PLAN)}
+    measured = {r["params"]["batch"] for r in results.select(step_series(12)) + results.select(PLAN)}
     return {"rows": len(lost), "points": len(points), "by_series": by_series, "min_batch": low,
             "clean_batches": sorted(b for b in measured if low is None or b < low), "shared": shared,
             "ties": len(ties(results))}
@@ -529,7 +531,7 @@ def losses_table(results) -> str:
 def tried_table(results, candidates: dict | None) -> str:
     """What was tried and did not help: one line each, the measured effect, where the details are.
     ``candidates`` is :data:`CANDIDATES_FILE` (``studylog.plotting.load_lab``), or None when absent."""
-    s = {k: step_series(k) for k in range(10)}
+    s = {k: step_series(k) for k in range(14)}
     rows = []
 
     def b1(series, allowed, layout="vd", kind="random"):
@@ -541,6 +543,9 @@ def tried_table(results, candidates: dict | None) -> str:
     rows.append(("column masking on the post's [D, V] layout (step 2)",
                  f"{_change(b1(s[1], 1000, 'dv'), b1(s[2], 1000, 'dv'))} than step 1 on [D, V] at 1,000 allowed; "
                  "the PTX above shows why", "step 2, above"))
+    rows.append(("the fill programs first in the grid (step 6)",
+                 f"{_change(b1(s[5], 1000), b1(s[6], 1000))} than step 5 at 1,000 allowed, "
+                 f"{_change(b1(s[5], 1), b1(s[6], 1))} at 1: step 7 keeps step 5's order", "step 6, above"))
     if candidates is not None:
         from studylog.plotting import Results
 
@@ -551,30 +556,29 @@ def tried_table(results, candidates: dict | None) -> str:
             return min(r["ms"] for r in rows_) if rows_ else None
 
         step4 = fastest("cand_step04", 10_000)
-        rows.append(("each row in one burst of loads, without the L2 hint (step 5's first change alone)",
-                     f"{_change(step4, fastest('cand_step05_no_hint', 10_000))} than step 4 at 10,000 allowed; with "
-                     f"the hint, {_change(step4, fastest('cand_step05', 10_000))} (do_bench clock, {cand.gpu})",
-                     "`lab/masked_lm_head/variants/eviction.py`"))
+        persistent = {n: fastest("cand_persistent", n) for n in (8, 10_000)}
         rows.append(("a persistent grid that prefetches the next block of rows",
-                     f"{_change(fastest('cand_step05', 10_000), fastest('cand_persistent', 10_000))} than step 5 at "
-                     f"10,000 allowed, {_change(fastest('cand_step06', 8), fastest('cand_persistent', 8))} than step 6 "
-                     f"at 8 (best of three shapes; do_bench clock, {cand.gpu})", "`lab/masked_lm_head/variants/persistent.py`"))
+                     f"{_change(fastest('cand_step07', 10_000), persistent[10_000])} than the streaming kernel at "
+                     f"10,000 allowed, {_change(fastest('cand_step08', 8), persistent[8])} than step 8 at 8 (best of "
+                     f"three shapes; do_bench clock, {cand.gpu})",
+                     "`lab/masked_lm_head/variants/persistent.py`"))
         tiles = [r["ms"] for r in cand.select("step04_tiles", batch=1, allowed=10_000)]
         if tiles:
             rows.append(("other rows per program and warps for step 4",
                          f"the fastest of {len(tiles)} shapes is {_change(step4, min(tiles))} than "
                          f"the default at 10,000 allowed (do_bench clock, {cand.gpu})",
                          "`lab/masked_lm_head/candidates.py`"))
-    r8 = [r for r in results.select(s[8], batch=1) if r["params"]["allowed"] == 1000]
-    if r8:
-        p = r8[0]["params"]
-        rows.append(("reordering the vocabulary so that block skipping touches fewer blocks (step 8)",
-                     f"{_change(_ms(results, s[3], **p), r8[0]['ms'])} than step 3 on a real mask of about 1,000 "
-                     f"tokens, yet step 5 is {_change(r8[0]['ms'], _ms(results, s[5], **p))} than it", "step 8, above"))
+    r11 = [r for r in results.select(s[11], batch=1) if r["params"]["allowed"] == 1000]
+    if r11:
+        p = r11[0]["params"]
+        rows.append(("reordering the vocabulary so that block skipping touches fewer blocks (step 11)",
+                     f"{_change(_ms(results, s[3], **p), r11[0]['ms'])} than step 3 on a real mask of about 1,000 "
+                     f"tokens, yet step 7 is {_change(r11[0]['ms'], _ms(results, s[7], **p))} than it",
+                     "step 11, above"))
     big = dict(batch=64, kind="random", allowed=10_000)
-    rows.append(("step 7's gathered tiles on a union of most of the vocabulary",
-                 f"{_change(_ms(results, s[3], **big), _ms(results, s[7], **big))} than step 3 at batch 64 with "
-                 "10,000 allowed per sequence: the dispatch sends such unions to a dense path", "step 9, below"))
+    rows.append(("step 10's gathered tiles on a union of most of the vocabulary",
+                 f"{_change(_ms(results, s[3], **big), _ms(results, s[10], **big))} than step 3 at batch 64 with "
+                 "10,000 allowed per sequence: the dispatch sends such unions to a dense path", "step 12, below"))
     rows.append(("the first wrappers (argument checks one by one, tiles built per call, `kernel[grid]`)",
                  "a host time per call several times the kernel's at batch 1", "`lab/masked_lm_head/host_profile.py`"))
     return "\n".join(["| what | measured effect | details |", "|---|---|---|"]
@@ -586,10 +590,11 @@ def tried_table(results, candidates: dict | None) -> str:
 # --------------------------------------------------------------------------------------
 
 #: Where each step is measured (the case its idea is about) and the step it is compared with there: the one it builds
-#: on, the step numbered before it, except step 7 (steps 4 to 6 take one sequence: it is compared with step 3, the
-#: last step that multiplies a batch, at the headline's batch-64 point), step 8 (its diff starts from step 3) and
-#: step 9 (it runs step 5 there); None for step 0 (the first). Every base has a time at its step's point, so every
-#: row of :func:`boehm_table` has a ratio.
+#: on. That is the step numbered before it, except step 7 (step 6 did not pay: step 7 builds on step 5, at 10,000
+#: allowed, where a hint on rows read once can matter), step 9 (steps 4 to 8 take one sequence: it is compared with
+#: step 3, the last step that multiplies a batch, at the batch-64 point), step 11 (its diff starts from step 3),
+#: step 12 (it runs step 7 there) and step 13 (the plan runs step 12's kernels from the bitmask); None for step 0.
+#: Every base has a time at its step's point, so every row of :func:`boehm_table` has a ratio.
 STEP_CASES = {
     0: (dict(batch=1, kind="random", allowed=1000), None),
     1: (dict(batch=1, kind="random", allowed=1000), 0),
@@ -597,20 +602,28 @@ STEP_CASES = {
     3: (dict(batch=1, kind="random", allowed=1000), 2),
     4: (dict(batch=1, kind="random", allowed=1000), 3),
     5: (dict(batch=1, kind="random", allowed=1000), 4),
-    6: (dict(batch=1, kind="random", allowed=1), 5),
-    7: (dict(batch=64, kind="random", allowed=1000), 3),
-    8: (dict(batch=1, kind="real", allowed=1000), 3),
-    9: (dict(batch=1, kind="random", allowed=1000), 5),
+    6: (dict(batch=1, kind="random", allowed=1000), 5),
+    7: (dict(batch=1, kind="random", allowed=10_000), 5),
+    8: (dict(batch=1, kind="random", allowed=1), 7),
+    9: (dict(batch=64, kind="random", allowed=1000), 3),
+    10: (dict(batch=64, kind="random", allowed=1000), 9),
+    11: (dict(batch=1, kind="real", allowed=1000), 3),
+    12: (dict(batch=1, kind="random", allowed=1000), 7),
+    13: (dict(batch=1, kind="random", allowed=1000), 12),
 }
 #: The "compared with" cell of a step whose base (:data:`STEP_CASES`) is not the step numbered before it.
-BASE_WORDS = {7: "step 3, the last step that multiplies a batch (steps 4 to 6 take one sequence)",
-              8: "step 3, its diff's base", 9: "step 5, which it runs here"}
+BASE_WORDS = {7: "step 5 (step 6 did not pay)",
+              9: "step 3, the last step that multiplies a batch (steps 4 to 8 take one sequence)",
+              11: "step 3, its diff's base", 12: "step 7, which it runs here",
+              13: "step 12, which is given the allowed ids ready (step 13 copies the bitmask in and builds them)"}
 #: The rivals, in rows of their own under the steps (never a step's base): the series, the step that faces it at
 #: that step's point, and its words.
-RIVAL_ROWS = ((("dense_mask",), 0), (("dense_mask", "index_select"), 7))
+RIVAL_ROWS = ((("dense_mask",), 0), (("dense_mask", "index_select"), 10), ((XGRAMMAR,), 13))
 #: A rival row's words, by series; at a point with several rivals the table shows the fastest there.
 RIVAL_WORDS_ROW = {"dense_mask": "torch's dense logits, then `masked_fill` (bf16)",
-                   "index_select": "torch's `index_select` of the union's rows, then a matmul"}
+                   "index_select": "torch's `index_select` of the union's rows, then a matmul",
+                   XGRAMMAR: "xgrammar's path: the bitmask copied in, cuBLAS fp32 logits, then its "
+                             "`apply_token_bitmask_inplace`"}
 
 
 def _case(p: dict) -> str:
@@ -618,53 +631,41 @@ def _case(p: dict) -> str:
     return f"batch {p['batch']}, {p['allowed']:,} {p['kind']}{per}"
 
 
-#: The table of steps' words for a step whose title alone would mislead there: steps 3 and 8 stay numbered (the
-#: library keeps them: step 3's form is the dispatch's dense path) but say first that they did not pay (step 3 gains
-#: nothing over step 2; step 8 beats step 3, its diff's base, but loses to step 5, which step 9 runs there: its cell
-#: says by how much); step 5 says it bundles three changes, timed one at a time in its own section
-#: (:func:`step05_chain`), and that it keeps one that loses (:func:`boehm_table` adds the measured loss); step 7's
-#: names both halves of its one idea (the union pays only multiplied on the tensor cores: its ablation is the page's
-#: note, not a row); step 9's names its two ideas, the dispatch this row times and the plan the headline times.
-BOEHM_CHANGES = {3: "did not pay: a row-tile kernel for [V, D], no gain over step 2",
-                 5: "three changes, one at a time in step 5's section above: one wait per row, the fill programs "
-                    "first, an L2 evict-first hint",
-                 7: "the union of the batch's allowed sets, each block of its rows read once and multiplied with "
-                    "every sequence's hidden state on the tensor cores (`tl.dot`)",
-                 8: "did not pay: the vocabulary reordered so that allowed tokens cluster",
-                 9: "two ideas: a dispatch by shape (timed here), and a plan that runs the whole step from the bitmask "
-                    "(the headline times it: its section below)"}
+#: The table of steps' words for a step, where its title alone would not say enough there. Steps 3, 6, 9 and 11 stay
+#: numbered though they do not pay: :func:`boehm_table` says so from the run (:func:`paid_words`), then these words
+#: say what the step is and why it is kept (step 3's form is the dispatch's dense path; step 6 is left out of the
+#: steps after it; step 9 is what step 10 multiplies on the tensor cores; step 11 loses to step 7 on its mask).
+BOEHM_CHANGES = {3: "a row-tile kernel for [V, D]; its form is the dispatch's dense path",
+                 6: "the fill programs first in the grid; step 7 keeps step 5's order",
+                 9: "the union of the batch's allowed sets, each row read once for every sequence, reduced once per "
+                    "sequence; step 10 multiplies it on the tensor cores",
+                 10: "the union's rows multiplied with every sequence's hidden state at once, on the tensor cores "
+                     "(`tl.dot`)",
+                 11: "the vocabulary reordered so that allowed tokens cluster",
+                 12: "a dispatch by shape: the fastest measured path for the batch size and the allowed count",
+                 13: "the whole step from the packed bitmask: copied in, the union built on the device, one CUDA graph "
+                     "per bucket (the headline)"}
+#: Steps that stay numbered though they did not pay (see :data:`BOEHM_CHANGES`): their cell starts with
+#: :func:`paid_words`.
+NOT_PAID = (3, 6, 9)
 
 
-def fill_first_loss(chain: dict[str, Any], n: int) -> float:
-    """What step 5 loses by keeping the fill programs first (5b in :func:`step05_chain`) at ``n`` allowed: the
-    time 5b adds over the row above, as a fraction (above 0: a loss)."""
-    return 1 / common.chain_factors(step05_chain_rows(chain))["5b"][n] - 1
-
-
-def step07_changes(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
-    """Step 7's ablation (``lab/masked_lm_head/step07_changes.py``), the page's note under step 7: ``batch`` and, per
-    allowed count per sequence, ``ms`` of ``union`` (step 7's kernel with ``dot`` off: the union without
-    ``tl.dot``), ``step 7`` (``dot`` on), ``per sequence`` (step 5 launched once per sequence on its own set: no
-    union) and ``index_select``, all from one run. None where the run is not committed."""
-    data = lab_or_none("masked_lm_head", "step07_changes", gpu)
-    if data is None:
+def step_factor(results, number: int) -> float | None:
+    """Step ``number``'s "× that step": its base's time over its own, both at its point (:data:`STEP_CASES`);
+    None for step 0 or where either time is missing."""
+    params, base = STEP_CASES[number]
+    if base is None:
         return None
-    names = {"step05_per_sequence": "per sequence", "index_select": "index_select"}
-    ms: dict[int, dict[str, float]] = {}
-    batches = set()
-    for r in data["measurements"]:
-        p = r["params"]
-        if r["series"] == "step07_changes":
-            name = "step 7" if p["dot"] else "union"
-        elif r["series"] in names:
-            name = names[r["series"]]
-        else:
-            continue
-        batches.add(p["batch"])
-        ms.setdefault(p["allowed"], {})[name] = r["ms"]
-    if len(batches) != 1:  # the ratios below compare rows of one batch
-        raise ValueError(f"step07_changes: one batch expected, found {sorted(batches)}")
-    return {"batch": batches.pop(), "ms": ms}
+    mine, theirs = _ms(results, step_series(number), **params), _ms(results, step_series(base), **params)
+    return None if mine is None or theirs is None else theirs / mine
+
+
+def paid_words(factor: float) -> str:
+    """What a step's factor over its base says: ``did not pay`` (slower, beyond a tie), ``no gain`` (a tie, within
+    :data:`TIE`), else ``paid``."""
+    if tied(factor, 1.0):
+        return "no gain"
+    return "did not pay" if factor < 1 else "paid"
 
 
 def _vs(row: dict, reference: dict | None) -> str:
@@ -689,13 +690,13 @@ def _floor_cells(results, row: dict, params: dict) -> str:
 
 def boehm_table(results) -> str:
     """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the step it is
-    compared with (:data:`STEP_CASES`: the step numbered before it, or :data:`BASE_WORDS`) and that step's time over
-    this one's, both at this step's point, the floor of the masked call at that point (:func:`floor_ms`, which of
-    its two parts binds) and the time over it: one floor a row (a dense head's floor, for step 0, is the prose's).
-    Then the rivals (:data:`RIVAL_ROWS`), each in a row of its own at the point of the step that faces it, whose
-    cell says how much faster that step is: a rival is never a step's base. A time whose rotation was capped
-    carries :data:`CAPPED`. One row per numbered step: step 5's changes are its section's chain
-    (:func:`step05_chain`), not rows here; its cell gives the loss it keeps (:func:`fill_first_loss`). Every ratio
+    compared with (:data:`STEP_CASES`: the step it builds on, :data:`BASE_WORDS` where that is not the step numbered
+    before it) and that step's time over this one's, both at this step's point, the floor of the masked call at that
+    point (:func:`floor_ms`, which of its two parts binds) and the time over it: one floor a row (a dense head's floor,
+    for step 0, is the prose's; step 13's leaves out its copy from host memory). Then the rivals (:data:`RIVAL_ROWS`),
+    each in a row of its own at the point of the step that faces it, whose cell says how much faster that step is: a
+    rival is never a step's base. A step of :data:`NOT_PAID` starts its cell with :func:`paid_words` of its factor;
+    step 11's says how step 7 does on its mask. A time whose rotation was capped carries :data:`CAPPED`. Every ratio
     is of medians, flagged by :func:`book.results.caveat` where either side's repetitions spread past its threshold,
     the rule of every page (dense + mask's batch-1 repetitions may fall in two clusters, :func:`dense_clusters`: its
     median then carries the flag). A base with no time at its step's point is an error, not a blank cell."""
@@ -703,7 +704,6 @@ def boehm_table(results) -> str:
              "floor of the masked call: its bytes, or an empty kernel where larger (µs) | × floor |",
              "|---|---|---|---|---|---|---|---|"]
     shown = {}
-    chain = step05_chain()
     for step in CHAPTER.steps:
         params, base = STEP_CASES[step.number]
         row = _row(results, step.series, **params)
@@ -718,14 +718,13 @@ def boehm_table(results) -> str:
                 raise ValueError(f"step {step.number}'s base, step {base}, has no time at {_case(params)}")
             against, vs = BASE_WORDS.get(step.number, f"step {base}"), _vs(row, reference)
         change = BOEHM_CHANGES.get(step.number, step.title)
-        if step.number == 5 and chain is not None:  # the shipped kernel keeps 5b, measured as a loss at this point
-            n = params["allowed"]
-            change = change.replace("the fill programs first", f"the fill programs first (kept, a measured "
-                                    f"{fill_first_loss(chain, n):.1%} loss at {n:,} allowed)")
-        if step.number == 8:  # did not pay: step 5, which step 9 runs there, is faster on the same mask
-            five = _row(results, step_series(5), **params)
-            if five is not None:
-                change += f", but step 5 is {row['ms'] / five['ms']:.2f}× as fast on this mask"
+        if step.number in NOT_PAID:
+            change = f"{paid_words(step_factor(results, step.number))}: {change}"
+        if step.number == 11:  # against step 3 it may gain; step 7, which step 12 runs there, is the test
+            seven = _row(results, step_series(7), **params)
+            if seven is not None:
+                change = (f"{'did not pay' if seven['ms'] < row['ms'] else 'paid'}: {change}; step 7 is "
+                          f"{row['ms'] / seven['ms']:.2f}× as fast on this mask")
         lines.append(f"| {step.number} | {change} | {_case(params)} | {us(row['ms'])}{capped(row)} | {against} | "
                      f"{vs} | {_floor_cells(results, row, params)} |")
     for candidates, faces in RIVAL_ROWS:
@@ -795,10 +794,10 @@ def host_table(results) -> str:
 
 
 def our_kernels() -> list[str]:
-    """Series that count as "our kernel" in the targets: steps 1-9. Left out: step 0 (dense, the
-    tutorial's), cublas_fp32_mask (torch's) and reordered_in_sample (its vocabulary order was fitted on
-    the very mask it is measured on)."""
-    return [s.series for s in CHAPTER.steps if s.number >= 1]
+    """Series that count as "our kernel" in the targets: steps 1-12. Left out: step 0 (dense, the
+    tutorial's), step 13 (the whole step, its copy from host memory included), cublas_fp32_mask (torch's) and
+    reordered_in_sample (its vocabulary order was fitted on the very mask it is measured on)."""
+    return [s.series for s in CHAPTER.steps if 1 <= s.number <= 12]
 
 
 def _best(results, batch: int, kind: str, allowed: int) -> dict | None:
@@ -833,7 +832,7 @@ def target_report(results) -> str:
             add(f"best kernel ≤ 1.3× the floor (bytes, or the card's fastest empty kernel where larger), batch 1, "
                 f"{kind} masks, worst count",
                 f"{worst[0]:.2f}× at {worst[1]:,} allowed ({worst[2]})", worst[0] <= 1.3)
-    # step 9 (the dispatch) >= 10x dense + mask at <= 1,000 allowed, batch 1
+    # step 12 (the dispatch) >= 10x dense + mask at <= 1,000 allowed, batch 1
     ratios = []
     for r in results.select("dense_mask", batch=1):
         mine = _row(results, dispatch, batch=1, kind=r["params"]["kind"], allowed=r["params"]["allowed"])
@@ -906,169 +905,6 @@ def target_report(results) -> str:
     return "\n".join(lines)
 
 
-#: The plan's step at batch 1 split into its parts (the same file's ``decode_split`` series).
-PLAN_PARTS = (("whole", "the whole step: the copy, then the plan's three kernels"),
-              ("copy", "the bitmask's host-to-device copy alone"),
-              ("count_zero", "the union's count zeroed alone"),
-              ("union_kernel", "the union kernel alone"),
-              ("row_kernel", "the plan's row kernel alone"))
-
-
-def _lab_rows(gpu: str = "nvidia-h200") -> list[dict] | None:
-    data = lab_or_none("masked_lm_head", "step05_changes", gpu)
-    return None if data is None else data["measurements"]
-
-
-#: Step 5's three changes in the order its chain adds them to step 4 (a choice: the one that pays most comes first),
-#: each with its knob in ``lab/masked_lm_head/step05_changes.py`` and its words in the chain table.
-STEP05_CHAIN = (("5a", "one_wait", "one wait per row: the whole row loaded as one tile and reduced once"),
-                ("5b", "fill_first", "the fill programs first in the grid"),
-                ("5c", "evict_first", "an L2 evict-first hint on the rows, which are read once"))
-#: The knobs as the lab run names them, in the chain's order.
-STEP05_KNOBS = tuple(knob for _, knob, _ in STEP05_CHAIN)
-#: Each change in a few words, as the prose and the folded table name it.
-STEP05_WORDS = {"one_wait": "one wait per row", "fill_first": "the fill programs first",
-                "evict_first": "the evict-first hint"}
-
-
-def step05_variant(on) -> str:
-    """The lab run's ``variant`` name for step 4 with the changes ``on``: ``step 4 + <change>`` for at most one,
-    ``step 5 - <change>`` for the one left out (``step05_changes.label``'s names)."""
-    on = set(on)
-    if len(on) <= 1:
-        return "step 4" + "".join(f" + {k}" for k in STEP05_KNOBS if k in on)
-    return "step 5" + "".join(f" - {k}" for k in STEP05_KNOBS if k not in on)
-
-
-def step05_chain(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
-    """Step 5, one change at a time, from one lab run (``step05_changes.json``): ``counts`` (the allowed counts at
-    batch 1 where step 4's and step 5's tiles agree, so a row differs from the one above by one change only: the
-    run times step 4's tiles apart where they differ) and ``rows``, cumulative: the library's step 4 (the anchor),
-    then each change of :data:`STEP05_CHAIN` added to the row above (the lab's frozen variant with the changes up
-    to it), the last the library's step 5, the other anchor. Each row: ``label``, ``change``, ``knobs`` (the changes
-    it has), ``ms`` and ``capped`` per count. None where the run is not committed."""
-    rows = _lab_rows(gpu)
-    if rows is None:
-        return None
-    lab = {(r["params"]["variant"], r["params"]["allowed"]): r for r in rows
-           if r["series"] == "step05_changes" and r["params"].get("tiles") == "step05"}
-    own_tiles = {r["params"]["allowed"] for r in rows if r["params"].get("tiles") == "step04"}
-    counts = sorted({n for _, n in lab} - own_tiles)
-    library = {(r["series"], r["params"]["allowed"]): r for r in rows if r["series"] in ("step04", "step05")}
-
-    def row(label, change, knobs, found):
-        return {"label": label, "change": change, "knobs": frozenset(knobs),
-                "ms": {n: found[n]["ms"] for n in counts}, "capped": {n: bool(capped(found[n])) for n in counts}}
-
-    out = [row("step 4", "the anchor: each row read in chunks, each chunk reduced with `tl.sum`", (),
-               {n: library[("step04", n)] for n in counts})]
-    for i, (label, knob, text) in enumerate(STEP05_CHAIN):
-        on = STEP05_KNOBS[:i + 1]
-        if len(on) == len(STEP05_KNOBS):  # the last: step 5 itself, whose frozen twin the run timed too
-            assert all((step05_variant(on), n) in lab for n in counts)
-            out.append(row(f"{label} = step 5", text, on,
-                           {n: library[("step05", n)] for n in counts}))
-        else:
-            out.append(row(label, text, on, {n: lab[(step05_variant(on), n)] for n in counts}))
-    return {"counts": counts, "rows": out}
-
-
-def step05_chain_rows(chain: dict[str, Any]) -> list[common.ChainRow]:
-    """:func:`step05_chain`'s rows for the book's chain table (:func:`book.common.chain_table`), times in µs: the
-    first, step 4, is the anchor; the last, step 5 itself, closes the chain."""
-    return [common.ChainRow(r["label"], r["change"], {n: r["ms"][n] * 1e3 for n in chain["counts"]})
-            for r in chain["rows"]]
-
-
-def step05_case_name(chain: dict[str, Any]):
-    """The chain table's column heading for a count: ``1,000 allowed``, with :data:`CAPPED` where every row's
-    rotation was capped at that count (the shared table marks a column, not a cell: a count capped in some rows
-    only is refused)."""
-    marked = {}
-    for n in chain["counts"]:
-        flags = {r["capped"][n] for r in chain["rows"]}
-        if len(flags) > 1:
-            raise ValueError(f"step 5's chain: the rotation was capped in some rows only at {n:,} allowed")
-        marked[n] = CAPPED if flags.pop() else ""
-    return lambda n: f"{n:,} allowed{marked[n]}"
-
-
-def chain_anchor_gap(chain: dict[str, Any], results) -> float:
-    """The largest gap between the chain's anchors (the library's steps 4 and 5 in the lab run) and the same steps
-    at the same points in ``results`` (the table of steps' run), as a fraction of the latter."""
-    anchors = {"step 4": step_series(4), f"{STEP05_CHAIN[-1][0]} = step 5": step_series(5)}
-    gaps = [abs(r["ms"][n] / _b1(results, anchors[r["label"]], n) - 1)
-            for r in chain["rows"] if r["label"] in anchors for n in chain["counts"]]
-    return max(gaps)
-
-
-def step05_undone(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
-    """Step 5 with each change taken back (the lab's frozen variants, step 5's tiles, the same run as the chain):
-    ``counts``, ``ms`` by variant name (``step 5``, ``step 5 - <change>``) and count, and ``capped`` (the (variant,
-    count) pairs whose rotation was capped). None where the run is not committed."""
-    rows = _lab_rows(gpu)
-    if rows is None:
-        return None
-    names = ["step 5"] + [f"step 5 - {k}" for k in STEP05_KNOBS]
-    ms: dict[str, dict[int, float]] = {}
-    marked = set()
-    for r in rows:
-        p = r["params"]
-        if r["series"] == "step05_changes" and p.get("tiles") == "step05" and p["variant"] in names:
-            ms.setdefault(p["variant"], {})[p["allowed"]] = r["ms"]
-            if capped(r):
-                marked.add((p["variant"], p["allowed"]))
-    return {"counts": sorted(ms["step 5"]), "ms": {name: ms[name] for name in names}, "capped": marked}
-
-
-def step05_undone_table(undone: dict[str, Any]) -> str:
-    """Markdown: :func:`step05_undone`, µs and the time over step 5's at each count (above 1.00×: the change taken
-    back paid in step 5)."""
-    counts, ms = undone["counts"], undone["ms"]
-    lines = ["| variant | " + " | ".join(f"{n:,} allowed: µs (× step 5's time)" for n in counts) + " |",
-             "|---|" + "---|" * len(counts)]
-    for name, time in ms.items():
-        knob = name.removeprefix("step 5 - ")
-        label = "step 5 (all three changes)" if name == "step 5" else f"step 5 without {STEP05_WORDS[knob]}"
-        mark = lambda n: CAPPED if (name, n) in undone.get("capped", ()) else ""  # noqa: E731
-        lines.append(f"| {label} | " + " | ".join(f"{time[n] * 1e3:.2f}{mark(n)} ({time[n] / ms['step 5'][n]:.2f}×)"
-                                                 for n in counts) + " |")
-    return "\n".join(lines)
-
-
-def plan_parts(gpu: str = "nvidia-h200") -> dict[int, dict[str, float]] | None:
-    """The plan's step at batch 1, part by part (µs), per allowed count; None where the run is not committed."""
-    rows = _lab_rows(gpu)
-    if rows is None:
-        return None
-    out: dict[int, dict[str, float]] = {}
-    for r in rows:
-        if r["series"] == "decode_split":
-            out.setdefault(r["params"]["allowed"], {})[r["params"]["part"]] = r["ms"] * 1e3
-    return out
-
-
-def plan_parts_capped(gpu: str = "nvidia-h200") -> set[tuple[int, str]]:
-    """(allowed, part) of :func:`plan_parts` whose rotation over copies of the head was capped."""
-    return {(r["params"]["allowed"], r["params"]["part"]) for r in _lab_rows(gpu) or ()
-            if r["series"] == "decode_split" and r.get("rotation_capped")}
-
-
-def plan_parts_table(parts: dict[int, dict[str, float]], marked: set[tuple[int, str]] = frozenset()) -> str:
-    """Markdown: :func:`plan_parts`, one column per allowed count, and what the parts alone leave unexplained; the
-    times of ``marked`` (:func:`plan_parts_capped`) carry :data:`CAPPED`."""
-    counts = sorted(parts)
-    lines = ["| part, batch 1 | " + " | ".join(f"{n:,} allowed (µs)" for n in counts) + " |",
-             "|---|" + "---|" * len(counts)]
-    for key, label in PLAN_PARTS:
-        lines.append(f"| {label} | " + " | ".join(f"{parts[n][key]:.1f}{CAPPED if (n, key) in marked else ''}"
-                                                 for n in counts) + " |")
-    rest = [parts[n]["whole"] - parts[n]["copy"] - parts[n]["launch"] for n in counts]
-    lines.append("| in no part alone (whole − copy − the three kernels) | "
-                 + " | ".join(f"{r:.1f}" for r in rest) + " |")
-    return "\n".join(lines)
-
-
 #: The plan's step's activities on the timeline (``lab/masked_lm_head/plan_timeline.py``), in the order a call
 #: enqueues them, as the page names them.
 TIMELINE_PARTS = (("copy", "the bitmask's host-to-device copy"), ("count_zero", "the union's count zeroed"),
@@ -1105,7 +941,7 @@ def plan_timeline_table(data: dict) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# How the run replays the head, and what step 5's changes did one at a time
+# How the run replays the head
 # --------------------------------------------------------------------------------------
 
 def other_runs(results) -> list[tuple[Any, str]]:
@@ -1149,40 +985,25 @@ def counts_words(counts) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def lab_rotation(gpu: str = "nvidia-h200") -> dict[str, Any] | None:
-    """:func:`rotation` of the lab run of step 5's changes (None where it is not committed or replayed one copy)."""
-    data = lab_or_none("masked_lm_head", "step05_changes", gpu)
-    if data is None:
-        return None
-    from studylog.plotting import Results
-
-    return rotation(Results(None, data))
+def page_capped_key(results) -> str | None:
+    """:func:`capped_key` once for the whole page (the tables of the chapter's run mark their capped rows alike);
+    None where the run marks no row."""
+    return capped_key(rotation(results))
 
 
-def page_capped_key(results, gpu: str = "nvidia-h200") -> str | None:
-    """:func:`capped_key` once for the whole page: the tables of the chapter's run (``results``) and of the lab run
-    of step 5's changes mark their capped rows alike, so the key names the largest capped union of either and the
-    fewer copies; None where neither marks a row."""
-    rots = [r for r in (rotation(results), lab_rotation(gpu)) if r is not None and r["capped_union"] is not None]
-    if not rots:
-        return None
-    return capped_key({"capped_union": max(r["capped_union"] for r in rots),
-                       "max_copies": min(r["max_copies"] for r in rots)})
+#: The step whose kernel each path of step 12 (and of the plan's buckets) runs.
+PATH_STEPS = {"few_ids": 8, "stream": 7, "batched": 10, "row_skip": 3}
 
 
-#: The step whose kernel each path of step 9 (and of the plan's buckets) runs.
-PATH_STEPS = {"few_ids": 6, "stream": 5, "batched": 7, "row_skip": 3}
-
-
-def step09_path(results, allowed: int) -> str | None:
-    """The step whose kernel step 9 runs at batch 1 on random masks of ``allowed`` ids in ``results`` (``step 6``,
-    ``step 5``...), from the path its row records; None where the row is not there."""
-    row = _row(results, step_series(9), batch=1, kind="random", allowed=allowed)
+def dispatch_step(results, allowed: int) -> str | None:
+    """The step whose kernel step 12 runs at batch 1 on random masks of ``allowed`` ids in ``results`` (``step 8``,
+    ``step 7``...), from the path its row records; None where the row is not there."""
+    row = _row(results, step_series(12), batch=1, kind="random", allowed=allowed)
     return None if row is None or row.get("path") is None else _path_step(row["path"])
 
 
 def plan_step(results, **params) -> str | None:
-    """The step whose kernel the plan's graph replays at a point of ``results`` (``step 5`` at batch 1), from the
+    """The step whose kernel the plan's graph replays at a point of ``results`` (``step 7`` at batch 1), from the
     bucket its row records (``stream 1024``: the path, then the capacity); None where the row is not there."""
     row = _row(results, PLAN, **params)
     return None if row is None or not row.get("bucket") else _path_step(row["bucket"].split()[0])

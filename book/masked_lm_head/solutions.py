@@ -62,14 +62,14 @@ def compact_threshold(points: Sequence[tuple[int, float, float]], vocab: int) ->
 
 
 def rows_first(source: str) -> str:
-    """Exercise 6: step 5's kernel with the row programs first. The launch is step 5's (as many programs, ``n_fill``
-    passed as there), so the kernel counts its row programs itself, ``tl.cdiv(n_ids, BLOCK_V)``, and numbers the
-    fill programs after them."""
+    """Exercise 6: step 6's kernel with the row programs first again. The launch is step 6's (as many programs,
+    ``n_fill`` passed as there), so the kernel counts its row programs itself, ``tl.cdiv(n_ids, BLOCK_V)``, and
+    numbers the fill programs after them."""
     edits = (("    if pid >= n_fill:\n", "    n_rows = tl.cdiv(n_ids, BLOCK_V)\n    if pid < n_rows:\n"),
              ("slots = (pid - n_fill) * BLOCK_V", "slots = pid * BLOCK_V"),
              ("offs = pid * FILL_BLOCK", "offs = (pid - n_rows) * FILL_BLOCK"))
     for old, new in edits:
         if source.count(old) != 1:
-            raise ValueError(f"step 5's kernel changed: {old.strip()!r} is not there once")
+            raise ValueError(f"step 6's kernel changed: {old.strip()!r} is not there once")
         source = source.replace(old, new)
     return source

@@ -2,7 +2,8 @@
 a CUDA-graph replay.
 
 The chapter times ``MaskedHeadPlan``'s whole step from the packed bitmask (step 13: the host-to-device copy of the
-bitmask, then the plan's kernels); timed alone, its parts added up to less than the whole step. This script replays the whole step in a CUDA graph under ``torch.profiler``, whose
+bitmask, then the plan's kernels); timed alone, its parts added up to less than the whole step. This script replays
+the whole step in a CUDA graph under ``torch.profiler``, whose
 CUPTI records each kernel and copy inside a graph replay with the device's own timestamps, and writes, for every
 call of every replay, each activity's start and end relative to the call's first activity (the bitmask's copy),
 the gaps between consecutive activities, and the time from one call's copy to the next call's.
@@ -10,8 +11,8 @@ the gaps between consecutive activities, and the time from one call's copy to th
 Inputs are the chapter's benchmark's (``studylog.masked_lm_head.report.run_sweep``): the same seed, head
 (V = 128,256, D = 3,072, bf16), batch-1 hidden state and random set of 1,000 ids (drawn in its order); the bitmask
 packed in pinned host memory and copied ``non_blocking``, then ``plan.launch(count)``, as the benchmark's
-``step13`` row does on the GPU clock. As there, a graph holds :data:`CALLS` calls rotated over exact copies of the head, one
-plan per copy, enough copies that the union's rows over all of them exceed four times L2.
+``step13`` row does on the GPU clock. As there, a graph holds :data:`CALLS` calls rotated over exact copies of the
+head, one plan per copy, enough copies that the union's rows over all of them exceed four times L2.
 
     PYTHONPATH=$PWD python lab/masked_lm_head/plan_timeline.py check     # CPU (interpreter) or GPU
     PYTHONPATH=$PWD python lab/masked_lm_head/plan_timeline.py measure   # GPU -> results/<gpu>/plan_timeline.json

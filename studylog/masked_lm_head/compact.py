@@ -88,6 +88,8 @@ def fill_first_kernel(
     if pid >= n_fill:
         offs_d = tl.arange(0, D_POW2)[None, :]
         in_d = offs_d < D
+        # h as a [1, D] tile: already in the rows' layout (a 1-D h would be converted through
+        # shared memory, with barriers that hold back the row loads until h has arrived)
         h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
         slots = (pid - n_fill) * BLOCK_V + tl.arange(0, BLOCK_V)
         live = slots < n_ids

@@ -2,8 +2,8 @@
 grid.
 
 Frozen from ``studylog/masked_lm_head.py`` at commit 69a3b83 (where it was ``compact_persistent_kernel`` and
-``step4_persistent``, the streaming kernel being "step 4b"). The kernel is unchanged; the wrapper takes the SM count from
-``studylog.runtime.sm_count()`` and, for tests, an explicit ``programs``. See ``lab/masked_lm_head/README.md``.
+``step4_persistent``, the streaming kernel being "step 4b"). The kernel is unchanged; the wrapper takes the SM count
+from ``studylog.runtime.sm_count()`` and, for tests, an explicit ``programs``. See ``lab/masked_lm_head/README.md``.
 """
 
 from __future__ import annotations
