@@ -11,9 +11,8 @@
 //   pass 3   a block per frame (t, n): the posterior from the two rows, normalised over the frame, then
 //            grad = softmax - posterior, from the log-softmax (step 7: ctc_grad_from_log_softmax) or from the
 //            activations and the frame's log-sum-exp (steps 8 to 12: ctc_fused_grad).
-// Traffic in T N A floats: steps 1 to 6 make four passes, step 7 five (the log-softmax written, read by the last
-// pass, and the activations read twice to write it), steps 8 to 12 three (activations read twice, gradient
-// written once).
+// Traffic in T N A floats: steps 1 to 7 make four passes (the activations read, the log-softmax written and read
+// back, the gradient written), steps 8 to 12 three (the activations read twice, the gradient written once).
 
 #include "ctc_common.cuh"          // NEG_INF, FULL_MASK, slot_posterior
 #include "ctc_fused.cuh"           // frame_lse, write_emissions, frame_posterior, loss_of_frame, write_softmax, ...
