@@ -279,7 +279,7 @@ def masked_head_batches(card: Path) -> dict[int, float]:
     out = {}
     for batch, kind, allowed in HEADLINE_POINTS[1:]:
         case = {"batch": batch, "kind": kind, "allowed": allowed}
-        ours = [r for r in rows(data, "plan_bitmask", **case) if r["clock"] == "gpu"] if data else []
+        ours = [r for r in rows(data, "step13", **case) if r["clock"] == "gpu"] if data else []
         theirs = [r for r in rows(data, "xgrammar_bitmask", **case) if r["clock"] == "gpu"] if data else []
         if len(ours) == 1 and len(theirs) == 1:
             out[batch] = theirs[0]["ms"] / ours[0]["ms"]

@@ -237,32 +237,32 @@ MASKED_HEAD_CASE = {"batch": 1, "kind": "random", "allowed": 1000}
 
 def _masked_lm_head(data):
     """Two rows: the whole step from the grammar's packed bitmask against xgrammar's path (the chapter's headline),
-    and step 9's kernel alone, from the allowed ids, against torch's index_select of the allowed rows."""
+    and step 12's kernel alone, from the allowed ids, against torch's index_select of the allowed rows."""
     out = []
-    plan = one(data, "plan_bitmask", **MASKED_HEAD_CASE)
+    plan = one(data, "step13", **MASKED_HEAD_CASE)
     latency, what = _one_kernel(data)
     if plan is not None:
-        out.append(_row("the whole masked step from the packed bitmask (step 9)",
+        out.append(_row("the whole masked step from the packed bitmask (step 13)",
                         "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
                         "xgrammar (cuBLAS logits, then its mask kernel)",
                         one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=plan.get("floor_ms"),
                         latency_floor_ms=None, latency_what="not measured for a step with a host copy",
-                        short="step 9, whole step",
+                        short="step 13, whole step",
                         no_pct_why="its byte floor leaves out the copy from host memory, whose floor is not measured",
-                        floor_notes=("step 9, whole step: it copies the bitmask from host memory and launches three "
+                        floor_notes=("step 13, whole step: it copies the bitmask from host memory and launches three "
                                      "kernels; one empty kernel is no floor for that, and a floor for the copy is not "
                                      "measured, so no percentage is given",),
                         gaps=("a latency floor of the whole step from the bitmask: a floor for its copy from host "
                               "memory is not measured",)) | {"latency_missing_why": "not measured for a step with "
                                                                "a host copy and three launches"})
-    kernel = one(data, "step09", **MASKED_HEAD_CASE, layout="vd")
+    kernel = one(data, "step12", **MASKED_HEAD_CASE, layout="vd")
     if kernel is not None:
-        out.append(_row("the masked head's kernel alone, allowed ids given (step 9)",
+        out.append(_row("the masked head's kernel alone, allowed ids given (step 12)",
                         "batch 1, 1,000 of 128,256 tokens allowed", kernel["clock"], kernel,
                         "torch index_select, then a matmul",
                         one(data, "index_select", **MASKED_HEAD_CASE), byte_floor_ms=kernel.get("floor_ms"),
-                        latency_floor_ms=latency, latency_what=what, short="step 9, kernel alone",
-                        rival_notes=("index_select returns only the allowed logits; step 9 writes the whole [B, V] "
+                        latency_floor_ms=latency, latency_what=what, short="step 12, kernel alone",
+                        rival_notes=("index_select returns only the allowed logits; step 12 writes the whole [B, V] "
                                      "output, masked",)))
     once = replayed_one_copy(data)
     return [r | {"one_copy": once} for r in out] or None
@@ -317,7 +317,7 @@ CTC_SMALL_CASE = {"T": 150, "A": 28, "N": 1}
 
 
 #: The step chapter 04's entry point runs at the small alphabet (its measured rule), timed alone on every card.
-CTC_SMALL_STEP = "step08"
+CTC_SMALL_STEP = "step12"
 
 
 #: The tails run's kernel that does only the recursion's chain of frames (``studylog.ctc.floor.chain_floor``).
@@ -325,13 +325,13 @@ CTC_CHAIN = "ctc recursion chain (latency floor)"
 
 
 def _ctc(data):
-    """Two rows of the chapter's final entry point, ``ctc_loss`` (it picks step 8 or step 10 by a measured rule),
-    on every card whose file times it, else of step 10 alone: the headline shape (an alphabet of 5,000, bound by
+    """Two rows of the chapter's final entry point, ``ctc_loss`` (it picks step 12 or step 14 by a measured rule),
+    on every card whose file times it, else of step 14 alone: the headline shape (an alphabet of 5,000, bound by
     its bytes), then the small alphabet at batch 1, where the recursion's chain of frames, not the bytes, sets the
     pace. The small case's latency floor is the card's tails run of a kernel that does only that chain, T frames
     (steps 7 to 10 run the forward and backward chains side by side), where the card has one."""
-    series = "ctc_loss" if rows(data, "ctc_loss") else "step10"
-    # the entry point runs step 8 at the small alphabet: a run without the entry point is shown at that step there,
+    series = "ctc_loss" if rows(data, "ctc_loss") else "step14"
+    # the entry point runs step 12 at the small alphabet: a run without the entry point is shown at that step there,
     # so both cards time the same kernel
     small = "ctc_loss" if series == "ctc_loss" else CTC_SMALL_STEP
     chain = one(data.get("tails_run") or {"measurements": []}, CTC_CHAIN, **CTC_SMALL_CASE, frames=CTC_SMALL_CASE["T"])

@@ -142,14 +142,14 @@ class PostsDirective(SphinxDirective):
 
 #: Plain names for the series ids the benchmark files use, on the results page (the step number kept).
 PLAIN_NAMES = {
-    "MaskedHeadPlan (step 9 from the packed bitmask)": "the whole masked step from the packed bitmask (step 9)",
-    "step09_dispatch": "the masked head's dispatching entry point, allowed ids given (step 9)",
+    "MaskedHeadPlan (step 13: the whole step from the packed bitmask)": "the whole masked step from the packed bitmask (step 13)",
+    "step12_dispatch": "the masked head's dispatching entry point, allowed ids given (step 12)",
     "n-gram matching, step11_skip_refused": "the GPU drafter (step 11)",
     "n-gram matching, ngram_match (step11)": "the GPU drafter's entry point (running step 11)",
     "n-gram matching, ngram_match (step07)": "the GPU drafter's entry point (running step 7)",
-    "step10_warps_per_direction (CUDA C++)": "the fused CTC kernel (step 10, CUDA C++)",
-    "step08_branch_free (CUDA C++)": "the fused CTC kernel (step 8, CUDA C++)",
-    "ctc_loss (step10, CUDA C++)": "the CTC entry point (running step 10, CUDA C++)",
+    "step14_warps_per_direction (CUDA C++)": "the fused CTC kernel (step 14, CUDA C++)",
+    "step12_flush_to_zero (CUDA C++)": "the fused CTC kernel (step 12, CUDA C++)",
+    "ctc_loss (step14, CUDA C++)": "the CTC entry point (running step 14, CUDA C++)",
     "step11_tma (CUDA C++)": "the ternary kernel with TMA copies (step 11, CUDA C++)",
     "step09_mma (Triton)": "the ternary kernel on tensor cores (step 9, Triton)",
     "step12_w2a8 (CUDA C++)": "the ternary kernel with int8 activations (step 12, CUDA C++)",
@@ -415,11 +415,11 @@ def headline_rival_rows(markdown: str) -> str:
     for gpu, folder in folders.items():
         data = load(folder, "masked_lm_head")
         if data is not None:
-            ours, rival = one(data, "step09", **MASKED_HEAD_CASE, layout="vd"), one(data, "index_select",
+            ours, rival = one(data, "step12", **MASKED_HEAD_CASE, layout="vd"), one(data, "index_select",
                                                                                   **MASKED_HEAD_CASE)
             if ours is not None and rival is not None:
                 extra[("masked_lm_head", gpu)] = [_pair_line(
-                    "the masked head's kernel alone, allowed ids given (step 9)",
+                    "the masked head's kernel alone, allowed ids given (step 12)",
                     "torch index_select of the allowed rows, then a matmul",
                     "batch 1, 1,000 of 128,256 tokens allowed, the kernel alone", ours, rival)]
         data = load(folder, "ngram")

@@ -118,7 +118,7 @@ def _masked_head(run, rep: int):
     n, capped = heads.count(weight, nbytes)
     plans = [plan] + [MaskedHeadPlan(w, 1, h=plan.h, rule=plan.rule) for w in heads.of(weight, n)[1:]]
 
-    def step(p):  # the chapter's plan_bitmask: the bitmask copied in, then the plan's kernels, on one head copy
+    def step(p):  # the chapter's step 13 (step13_plan): the bitmask copied in, then the plan's kernels, on one head copy
         p.bitmask.copy_(bitmask, non_blocking=True)
         return p.launch(count)
     return ([lambda p=p: step(p) for p in plans],

@@ -85,7 +85,7 @@ CHAPTER_CALLS = textwrap.dedent('''
         want = ngram.reference_ngram_match(inputs, draft.clone(), this_time.clone())
         got = ngram.step01_cpu_path(inputs, draft.clone(), this_time.clone())   # compiles csrc/ngram_cpu_path.c
         assert ngram.same_state(want, got)
-        assert "ngram_stream" in ngram.CHAPTER.show_source(7).text
+        assert "ngram_stream" in ngram.CHAPTER.show_source(11).text
         ngram.corpus_batch("text", 2, 64, 32)       # the committed corpus
 
     def ctc():
@@ -94,7 +94,7 @@ CHAPTER_CALLS = textwrap.dedent('''
         x = torch.randn(6, 2, 5, generator=g)
         loss, grad = ctc.reference_ctc(x, torch.tensor([[1, 2], [3, 0]]), [6, 4], [2, 1])
         assert bool(torch.isfinite(loss).all())
-        assert "ctc_warps_direction" in ctc.CHAPTER.show_source(10).text
+        assert "ctc_warps_direction" in ctc.CHAPTER.show_source(14).text
         ctc.compile_step(7, grains=(4,))           # NVRTC over csrc/*.cu and its headers
 
     def ternary():

@@ -167,12 +167,12 @@ def test_masked_head_headline_is_against_xgrammar_not_dense_then_mask():
     """Chapter 2 leads with the fair comparison: the whole step from the bitmask against xgrammar's path."""
     data = _raw(H200, "masked_lm_head")
     case = {"batch": 1, "kind": "random", "allowed": 1000}
-    plan, xgr = _find(data, "plan_bitmask", **case), _find(data, "xgrammar_bitmask", **case)
+    plan, xgr = _find(data, "step13", **case), _find(data, "xgrammar_bitmask", **case)
     dense = _find(data, "dense_mask", **case)
-    step9 = _find(data, "step09", **case)
+    step12 = _find(data, "step12", **case)
     (line,) = [h for h in summary.headlines() if h["number"] == 2]
     assert line["ratios"]["H200"] == pytest.approx(xgr["ms"] / plan["ms"])
-    assert line["ratios"]["H200"] != pytest.approx(dense["ms"] / step9["ms"], rel=0.05)
+    assert line["ratios"]["H200"] != pytest.approx(dense["ms"] / step12["ms"], rel=0.05)
     assert f"**{xgr['ms'] / plan['ms']:.2f}×**" in summary.summary_markdown()
 
 
@@ -277,7 +277,7 @@ def test_a_peer_check_is_read_not_assumed(bench_copy):
 
 def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
     def drop_final(data):
-        data["measurements"] = [r for r in data["measurements"] if r["series"] not in ("plan_bitmask", "step09")]
+        data["measurements"] = [r for r in data["measurements"] if r["series"] not in ("step13", "step12")]
 
     def drop_gemlite(data):  # and cuBLAS bf16: no rival is left at the shape
         data["measurements"] = [r for r in data["measurements"] if r["series"] not in ("gemlite_w2", "cublas_bf16")]
@@ -363,17 +363,17 @@ def test_the_end_to_end_comparison_shows_our_end_to_end_time():
 
 def test_ctc_rows_are_the_final_entry_point_where_a_card_times_it():
     """The H200's file times ctc_loss (the dispatching entry point): its rows are ctc_loss, at both shapes, with the
-    step it ran; a card whose file does not time it shows step 10 and, at the small alphabet, step 8."""
+    step it ran; a card whose file does not time it shows step 14 and, at the small alphabet, step 12."""
     rows_ = [r for r in sb.scoreboard() if r["number"] == 4 and "missing" not in r]
     h200_name = json.loads((H200 / "ctc.json").read_text())["device"]["name"]
     h200 = [r for r in rows_ if r["card"] == h200_name]
     assert len(h200) == 2 and all(r["ours_long"].startswith("the fused CTC kernel, its entry point (running step")
                                   for r in h200)
     others = [r for r in rows_ if r["card"] != h200_name]
-    # without the entry point: step 10 at the headline shape, and at the small alphabet the step the entry point
-    # runs there (step 8), so both cards time the same kernel
-    assert [r["ours_long"] for r in others] == ["the fused CTC kernel (step 10)", "the fused CTC kernel (step 8)"]
-    assert h200[1]["ours_long"].endswith("(running step 8)")
+    # without the entry point: step 14 at the headline shape, and at the small alphabet the step the entry point
+    # runs there (step 12), so both cards time the same kernel
+    assert [r["ours_long"] for r in others] == ["the fused CTC kernel (step 14)", "the fused CTC kernel (step 12)"]
+    assert h200[1]["ours_long"].endswith("(running step 12)")
     assert len({r["shape"] for r in rows_}) == 2
 
 
@@ -484,9 +484,9 @@ def test_the_latency_floor_is_the_cards_fastest_empty_kernel_and_the_masked_step
     times = [json.loads(p.read_text()).get("ceilings", {}).get("empty_launch_gpu_ms") for p in H200.glob("*.json")]
     fastest = min(x for x in times if x is not None)
     name = _raw(H200, "masked_lm_head")["device"]["name"]
-    (kernel,) = [r for r in board if r["number"] == 2 and r["card"] == name and r["ours"] == "step 9, kernel alone"]
+    (kernel,) = [r for r in board if r["number"] == 2 and r["card"] == name and r["ours"] == "step 12, kernel alone"]
     assert kernel["latency_floor_ms"] == pytest.approx(fastest)
-    (step,) = [r for r in board if r["number"] == 2 and r["card"] == name and r["ours"] == "step 9, whole step"]
+    (step,) = [r for r in board if r["number"] == 2 and r["card"] == name and r["ours"] == "step 13, whole step"]
     assert step["pct_of_floor"] is None and step["latency_floor_ms"] is None
     table = sb.scoreboard_markdown()
     assert "× the chapter's floor" not in table and "– (its byte floor leaves out the copy from host memory, whose floor is not measured)" in table
@@ -662,7 +662,7 @@ def test_a_tails_run_on_fewer_copies_than_the_chapter_is_said_in_the_cell_and_th
         assert (cell in table) == said, (entry.title, theirs, mine)
         if said:
             assert f"rotates over {mine} copies" in table
-    chapter2 = _find(_raw(H200, "masked_lm_head"), "plan_bitmask", batch=1, kind="random", allowed=1000)
+    chapter2 = _find(_raw(H200, "masked_lm_head"), "step13", batch=1, kind="random", allowed=1000)
     tails2 = _find(_raw(H200, sb.TAILS), "MaskedHeadPlan", batch=1, kind="random", allowed=1000)
     if chapter2.get("copies", 1) > tails2.get("rotated_copies", chapter2.get("copies", 1)):
         assert "Chapter 2, Masked LM head: notes" in table and "over 1 copy of its input" in table
@@ -769,7 +769,7 @@ def test_every_floor_names_its_kind_and_the_page_keeps_no_lab_notes():
     # its rows are out of the tables, with no fold of their numbers
     one_copy = not any("copies" in r for r in _raw(H100, "masked_lm_head")["measurements"])
     rotated = any("copies" in r for r in _raw(H200, "masked_lm_head")["measurements"])
-    rows_ = [ln for ln in table.splitlines() if "| H100 | step 9, kernel alone" in ln]
+    rows_ = [ln for ln in table.splitlines() if "| H100 | step 12, kernel alone" in ln]
     assert bool(rows_) == (not (one_copy and rotated))
     assert "An earlier" not in table
 
