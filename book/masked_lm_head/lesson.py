@@ -99,14 +99,19 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _change(before: float | None, after: float | None) -> str:
-    """``after`` against ``before`` in words: ``2.4× faster``, ``3% faster`` (under 1.1×), ``9% slower``, ``24.94×
-    slower`` (from 2×)."""
+    """``after`` against ``before`` in words: ``2.4× faster``, ``3% faster`` (under 1.1×), ``0.4% slower``, ``9%
+    slower``, ``24.94× slower`` (from 2×)."""
     if before is None or after is None:
         return PENDING
     if after <= before:
         ratio = before / after  # two decimals, as the table of steps prints the same ratio
-        return f"{ratio:.2f}× faster" if ratio >= 1.1 else f"{100 * (ratio - 1):.0f}% faster"
-    return f"{after / before:.2f}× slower" if after >= 2 * before else f"{100 * (after / before - 1):.0f}% slower"
+        return f"{ratio:.2f}× faster" if ratio >= 1.1 else f"{_pct(ratio - 1)} faster"
+    return f"{after / before:.2f}× slower" if after >= 2 * before else f"{_pct(after / before - 1)} slower"
+
+
+def _pct(fraction: float) -> str:
+    """``3%``; under 1%, one decimal (``0.4%``), so that a small difference does not read as none."""
+    return f"{100 * fraction:.0f}%" if fraction >= 0.01 else f"{100 * fraction:.1f}%"
 
 
 def _b1(results, series: str, allowed: int, layout: str = "vd", kind: str = "random") -> float | None:
