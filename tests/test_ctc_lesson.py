@@ -405,10 +405,13 @@ def test_the_prerequisite_says_where_it_costs_time_in_the_table():
               if round(_raw("step08", A, N)["ms"] / _raw("step09", A, N)["ms"], 2) < 1]
     assert ("a prerequisite: steps 10 to 14 build on the warp" in rows["9"]) == bool(slower)
     if slower:
-        assert rows["9"].endswith(f"slower at {lesson.where(slower, lesson.TABLE_CASES)})")
+        assert rows["9"].endswith(f"slower at {lesson.where(slower, lesson.TABLE_CASES, complement=False)})")
     assert all("prerequisite" not in cell for k, cell in rows.items() if k != "9")
     assert lesson.where([(28, 1), (5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape"
+    assert lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES) == "every shape but A = 28, N = 1"
+    assert lesson.where([(5000, 16), (5000, 256)], lesson.TABLE_CASES, complement=False) == "A = 5,000, N = 16 and 256"
     assert lesson.where([(28, 1), (5000, 16), (5000, 32)]) == "A = 28, N = 1; A = 5,000, N = 16 and 32"
+    assert lesson.where([]) == ""
 
 
 def test_the_prose_numbers_of_the_new_steps_read_their_two_series():
@@ -429,6 +432,8 @@ def test_the_prose_numbers_of_the_new_steps_read_their_two_series():
         if k > 7:
             slower = [p for p, r in zip(grid, ratios) if round(r, 2) < 1]
             assert numbers[f"{key}_slower"] == lesson.where(slower), key
+            A, N = grid[ratios.index(max(ratios))]
+            assert numbers[f"{key}_most"] == f"A = {A:,}, N = {N}", key
 
 
 def _page_cells():

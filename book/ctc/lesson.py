@@ -451,18 +451,37 @@ def cudnn_verdict(results) -> dict | None:
 # The numbers the prose quotes
 # --------------------------------------------------------------------------------------
 
-def where(cases: list[tuple[int, int]], among: Iterable[tuple[int, int]] | None = None) -> str:
-    """(A, N) cases in words, grouped by alphabet ("A = 28, N = 1; A = 5,000, N = 16 and 32"), "every shape" where
-    they are all of ``among`` (the grid's points by default); empty for none."""
+def where(cases: list[tuple[int, int]], among: Iterable[tuple[int, int]] | None = None, *,
+          complement: bool = True) -> str:
+    """(A, N) cases in words, grouped by alphabet ("A = 28, N = 1; A = 5,000, N = 16 and 32"); where they are more
+    than half of ``among`` (the grid's points by default) and ``complement``, by the ones they leave out ("every
+    shape but A = 28, N = 1", "every shape" for all of them); empty for none."""
+    among = list(_all_points() if among is None else among)
     if not cases:
         return ""
-    if set(cases) == set(_all_points() if among is None else among):
-        return "every shape" + (" of the grid" if among is None else "")
-    by_a: dict[int, list[int]] = {}
-    for A, N in cases:
-        by_a.setdefault(A, []).append(N)
-    return "; ".join(f"A = {A:,}, N = " + (str(ns[0]) if len(ns) == 1 else ", ".join(map(str, ns[:-1])) + f" and {ns[-1]}")
-                     for A, ns in by_a.items())
+
+    def listed(points):
+        by_a: dict[int, list[int]] = {}
+        for A, N in points:
+            by_a.setdefault(A, []).append(N)
+        return "; ".join(f"A = {A:,}, N = " + (str(ns[0]) if len(ns) == 1 else
+                                              ", ".join(map(str, ns[:-1])) + f" and {ns[-1]}") for A, ns in by_a.items())
+
+    left = [p for p in among if p not in set(cases)]
+    if 2 * len(cases) <= len(among) or not complement:
+        return listed(cases)
+    return "every shape" + (f" but {listed(left)}" if left else "")
+
+
+def most(results, number: int) -> str:
+    """Where on the grid step ``number`` gains most over the step it builds on: "A = 28, N = 1" (``pending`` without
+    both series)."""
+    step, before = CHAPTER.step(number), CHAPTER.step(PREVIOUS.get(number, number - 1))
+    gains = {p: r for p in _all_points() for r in _ratios(results, before.series, step.series, [p])}
+    if not gains:
+        return PENDING
+    A, N = max(gains, key=gains.get)
+    return f"A = {A:,}, N = {N}"
 
 
 def losing(results, number: int, points: Iterable[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
@@ -503,6 +522,7 @@ def prose_numbers(results) -> dict[str, str]:
         ratios = _ratios(results, s[k - 1], s[k], _all_points())
         out[key] = _times(ratios)
         out[f"{key}_slower"] = where(losing(results, k)) if ratios else PENDING
+        out[f"{key}_most"] = most(results, k)
     thirteen = _ratios(results, s[12], s[13], [(big, max(BENCH_N))])
     out["two_passes_big"] = _times(thirteen)
     cost = [1 / r - 1 for r in _ratios(results, s[12], s[13], _all_points(small))]
@@ -694,7 +714,7 @@ def boehm_table(results) -> str:
 
     def kept(number: int) -> str:
         slower = losing(results, number, TABLE_CASES) if number in PREREQUISITES else []
-        return f" ({PREREQUISITES[number]}; slower at {where(slower, TABLE_CASES)})" if slower else ""
+        return f" ({PREREQUISITES[number]}; slower at {where(slower, TABLE_CASES, complement=False)})" if slower else ""
 
     entries = [(str(s.number), code(s.title) + kept(s.number), s.series) for s in CHAPTER.steps]
     entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 12 or step 14 by the activations' shape "
