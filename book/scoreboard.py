@@ -329,7 +329,7 @@ def _ctc(data):
     on every card whose file times it, else of step 14 alone: the headline shape (an alphabet of 5,000, bound by
     its bytes), then the small alphabet at batch 1, where the recursion's chain of frames, not the bytes, sets the
     pace. The small case's latency floor is the card's tails run of a kernel that does only that chain, T frames
-    (steps 7 to 10 run the forward and backward chains side by side), where the card has one."""
+    (steps 10 to 14 run the forward and backward chains side by side), where the card has one."""
     series = "ctc_loss" if rows(data, "ctc_loss") else "step14"
     # the entry point runs step 12 at the small alphabet: a run without the entry point is shown at that step there,
     # so both cards time the same kernel

@@ -7,7 +7,8 @@ sample. So ``p99_ms`` is the tail of *repeated measurements* (a replay's mean ov
 how far a re-measurement can land above the median. Percentiles interpolate linearly (numpy's default).
 
 Chapter 4's latency floor comes after its row: :func:`studylog.ctc.floor.chain_floor`, only the recursion's chain of
-dependent frames at T = 150, A = 28, N = 1, over 2T frames (alpha then beta, steps 1 to 6) and T (side by side).
+dependent frames at T = 150, A = 28, N = 1, over 2T frames (alpha then beta, steps 1 to 9) and T (side by side, steps
+10 to 14).
 """
 
 from __future__ import annotations
