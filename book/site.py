@@ -69,11 +69,11 @@ def _questions() -> dict[str, tuple[str, str]]:
                 measured = [f"{text[0].upper()}{text[1:]}: a count over the chapter's suite, the same on any card"]
         # one line per card (a hard line break between them), so that no card's clause runs into another's
         out[h["notebook"]] = (h["question"], "  \n".join(measured) if measured else "not measured yet")
-    answers = other_answers()
+    answers = {card: other_answers(card=card) for card in ("H200", "H100")}
     for notebook, question in OTHER_PAGES.items():
         if notebook not in out and "?" in question:
-            answer = answers.get(notebook, "")
-            out[notebook] = (question, f"H200: {answer}" if answer else "")
+            lines = [f"{card}: {found[notebook]}" for card, found in answers.items() if found.get(notebook)]
+            out[notebook] = (question, "  \n".join(lines))
     return out
 
 
