@@ -91,8 +91,8 @@ FIGURE_ALT = {
                                                     "tokens",
     "assets/figures/ngram_latency.png": "Time per call of every n-gram matching step against the CPU path and the "
                                         "byte floor, for several batch sizes and prompt lengths",
-    "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7 to 10 over the faster of torch's CTC "
-                                      "calls, against the number of utterances, for two alphabet sizes",
+    "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7, 10, 12, 13 and 14 over the faster of "
+                                      "torch's CTC calls, against the number of utterances, for two alphabet sizes",
     "assets/figures/ternary_steps.png": "GPU time of each Triton step of the ternary matmul on the Llama weight "
                                         "shapes, one row of activations",
     "assets/figures/ternary_speedup.png": "On the H200, one row of activations: each ternary kernel's speedup "
