@@ -21,7 +21,8 @@ from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "pays_at", "step_factors", "host_us", "step_notes", "boehm_table", "core_diff",
+           "exit_factor", "pays_at", "step_factors", "host_us", "launches", "eager_host", "step_notes", "boehm_table",
+           "DIFF_CONTEXT", "step_diff", "core_diff",
            "dispatch_table", "early_exit_share", "entry_row", "floor_us", "grid_row", "result_table", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
@@ -297,6 +298,39 @@ def host_us(results, number: int, cfg: tuple[int, int, int]) -> float | None:
     return None if row is None or row.get("host_ms") is None else row["host_ms"] * 1e3
 
 
+def launches(number: int) -> int:
+    """How many kernels a call of step ``number`` launches, counted in its step function's source (the launches of
+    :mod:`studylog.ngram.kernels`, each through ``_kernel(...)``, each with the same arguments, ``*m.args``)."""
+    import inspect
+
+    from studylog.ngram import kernels
+
+    source = inspect.getsource(getattr(kernels, CHAPTER.step(number).name))
+    if source.count("_kernel(") != source.count("*m.args)"):
+        raise ValueError(f"step {number} launches a kernel with other arguments than the matcher's")
+    return source.count("_kernel(")
+
+
+def eager_host(results, cfg: tuple[int, int, int] = HEADLINE) -> dict:
+    """What an eager caller of the entry point pays on the host at ``cfg``, in µs, from the benchmark: ``entry_host``
+    and ``entry_gpu`` (``ngram_match``'s host time per eager call, back to back, and its GPU-clock time), ``steps``
+    (the host time per eager call of steps 7 to the last) and ``same_launch``: ``(case, entry point µs, last step
+    µs)`` at the case of :data:`BOEHM_CASES` where the entry point runs the last step and the two host times of that
+    one step's launch (timed twice in one run) differ most."""
+    where = {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None}
+    entry = entry_row(results, where)
+    final = CHAPTER.final
+    pairs = []
+    for case in BOEHM_CASES:
+        row = entry_row(results, dict(zip(("batch", "seq_len", "threshold"), case), corpus=None))
+        own = host_us(results, final.number, case)
+        if row and row.get("step") == final.series and row.get("host_ms") and own:
+            pairs.append((case, row["host_ms"] * 1e3, own))
+    return {"entry_host": entry["host_ms"] * 1e3, "entry_gpu": entry["ms"] * 1e3,
+            "steps": {n: host_us(results, n, cfg) for n in range(7, final.number + 1)},
+            "same_launch": max(pairs, key=lambda p: abs(p[1] - p[2])) if pairs else None}
+
+
 def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
     """The least time a call can take at ``cfg``, in µs (the book's floor, :func:`book.common.floor_ms`): the larger
     of the active slots' haystacks read once at the copy bandwidth (bytes read plus written per second) and the
@@ -405,6 +439,16 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     return "\n".join(lines)
 
 
+#: Lines of context the page shows around each change of a diff: one, an anchor each side, so a long diff shows the
+#: step's own lines rather than the braces and ``#pragma unroll`` around them.
+DIFF_CONTEXT = 1
+
+
+def step_diff(old: int, new: int):
+    """The diff from step ``old`` to step ``new`` as the page shows it: :data:`DIFF_CONTEXT` lines of context."""
+    return CHAPTER.show_diff(old, new, context=DIFF_CONTEXT)
+
+
 #: The core of a step's diff, shown open under its section (the whole diff stays folded): per step, the lines of the
 #: step before's kernel and of its own between two markers each (first line containing, last line containing).
 CORE_DIFFS = {
@@ -428,7 +472,7 @@ def core_diff(step: int):
         return "\n".join(lines[i:j + 1]) + "\n"
 
     (old_first, old_last), (new_first, new_last), what = CORE_DIFFS[step]
-    return show_diff(cut(step - 1, old_first, old_last), cut(step, new_first, new_last),
+    return show_diff(cut(step - 1, old_first, old_last), cut(step, new_first, new_last), context=DIFF_CONTEXT,
                      names=(f"step {step - 1}: {what}", f"step {step}: {what}"))
 
 
