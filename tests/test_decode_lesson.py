@@ -654,6 +654,7 @@ def test_the_jump_counts_count_two_ways():
     assert jc["fwd_base"] == pytest.approx(21 / 20)
     assert jc["saved_token"] == pytest.approx(1 - (27 / 30) / (21 / 20))
     assert jc["ch1_saved_token"] == pytest.approx(1 - 49 / 53)
+    assert (jc["passes_token"], jc["passes_base"]) == (49, 53)  # the sums chapter 01's page prints beside its share
     assert jc["ch1_saved_char"] == pytest.approx(1 - 17 / 53)
     assert lesson.jump_counts(Results("decode.json", {"measurements": rows[:3]})) is None
 
@@ -722,3 +723,28 @@ def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_mo
     assert "in the chain's own run" in " ".join(host.split())
     headline = next(t for t in text if "The headline, the 8B-shaped cost model" in t)
     assert "random weights, one layer's weights read by all" in " ".join(headline.split())
+
+
+def test_step3_over_step2_says_why_it_passes_the_heads_bound_where_it_first_appears():
+    """Step 3's 1.23× over step 2 passes the 1.21× that chapter 02's head alone can buy at the 1B shape: the
+    reason, the host's own work that the bound holds fixed and step 3 cuts, is given with its numbers in the
+    sentence that first prints the ratio, read from the same breakdown as the result section's."""
+    import json
+
+    from studylog import paths
+
+    shown = lesson.committed() or lesson.earlier_run()
+    past = lesson.step03_past_head_bound(shown, "1b", 1)
+    assert past is not None
+    assert past["ratio"] == pytest.approx(lesson.steps_rows(shown, "1b", 1)[2]["x_previous"])
+    share = lesson.model_config("1b").head_share()
+    assert past["bound"] == pytest.approx(1 / (1 - share))
+    assert f"{past['bound']:.2f}×" == lesson.prose_numbers(lesson.committed(), lesson.earlier_run())["dec_head_bound_1b"]
+    assert past["ratio"] > past["bound"] and past["host_step3_us"] < past["host_step2_us"]
+    # the host's own work in step 3 is the one the result section's sentence reads
+    assert past["host_step3_us"] == pytest.approx(lesson.bound_excess(shown, "1b", 1)["host_step3_us"])
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    first = next(t for t in text if "{s3['x_previous']:.2f}×" in t)
+    assert "step03_past_head_bound" in first and "past['host_step2_us']" in first and "past['host_step3_us']" in first
+    assert "past['bound']" in first
