@@ -477,3 +477,22 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
     # the rule is chosen on the GPU clock: at the headline case it runs step 11, the faster there
     assert step_for_shape(*lesson.HEADLINE[:2]) is step11_skip_refused
     assert host("step11", lesson.HEADLINE)["ms"] < host("step07", lesson.HEADLINE)["ms"]
+
+
+def test_split_wins_are_every_grid_case_where_step6_beats_the_entry_point():
+    """The page's count of shapes where step 6's two launches beat the entry point on the GPU clock covers every
+    synthetic case that times both, not only the steps table's columns, and each ratio is the file's own."""
+    from studylog.plotting import load_results
+
+    results = load_results("ngram", gpu="nvidia-h200")
+    wins, timed = lesson.split_wins(results)
+    raw = {}
+    for r in results.rows:
+        p = r["params"]
+        if r.get("clock") == "gpu" and p.get("corpus") is None and r["series"] in ("step06", "ngram_match"):
+            raw.setdefault((p["batch"], p["seq_len"], p["threshold"]), {})[r["series"]] = r["ms"]
+    both = {k: v for k, v in raw.items() if len(v) == 2}
+    assert timed == len(both)
+    want = sorted((k + (v["ngram_match"] / v["step06"],) for k, v in both.items() if v["step06"] < v["ngram_match"]),
+                  key=lambda w: -w[3])
+    assert wins == want

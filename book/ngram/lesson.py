@@ -509,13 +509,31 @@ def entry_row(results, where: dict) -> dict | None:
     return None
 
 
+def split_wins(results) -> tuple[list[tuple[int, int, int, float]], int]:
+    """Where step 6 (two launches) beats the entry point on the GPU clock, over every synthetic case of the grid that
+    times both: ``[(batch, seq_len, threshold, entry ÷ step 6)]``, slowest-for-us first, and how many cases time both."""
+    wins, both = [], 0
+    for r in results.select(CHAPTER.step(6).series):
+        p = r["params"]
+        if r.get("clock") != "gpu" or p.get("corpus") is not None:
+            continue
+        entry = entry_row(results, dict(p, corpus=None))
+        if entry is None or entry["series"] != "ngram_match":
+            continue
+        both += 1
+        if r["ms"] < entry["ms"]:
+            wins.append((p["batch"], p["seq_len"], p["threshold"], entry["ms"] / r["ms"]))
+    return sorted(wins, key=lambda w: -w[3]), both
+
+
 def result_table(results, headline_rows) -> str:
-    """The result table: per headline case, the CPU path and step 7 end to end on the host (the call, then a sync;
-    step 7 is the series the benchmark times that way) and their ratio; then, on the GPU clock, the entry point
+    """The result table: per headline case, the CPU path and the last step end to end on the host (the call, then a
+    sync; the last step is the series the benchmark times that way) and their ratio; then, on the GPU clock, the entry point
     ``ngram_match`` (:func:`entry_row`, as the chapter's headline times it; the last step on a file without it)
     beside step 3 (our port of the pull request's first, two-phase kernel) and step 4 (our corrected port of the
     pull request's revision: its block-scan phase 2, made exact), with the ratios. Where the entry point runs another
-    step than step 7, the end-to-end cell says that it times step 7 all the same (the header says so for every row)."""
+    step than the last, the end-to-end cell says that it times the last step all the same (the header says so for
+    every row)."""
     final = f"step {CHAPTER.final.number}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
     lines = [f"| case | CPU loop, call + sync (µs) | {final} in every row, call + sync (µs) | CPU loop ÷ {final} "
