@@ -25,7 +25,7 @@ from studylog.decode.model import model_config
 
 __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "amdahl_table",
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
-           "bound_excess", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
+           "bound_excess", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
            "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
@@ -657,6 +657,22 @@ def _case(results, model: str, batch: int) -> dict | None:
             "requests": len(three),
             "slowest": min(ratios) if ratios else None, "fastest": max(ratios) if ratios else None,
             "bound": bound}
+
+
+def range_top(results, model: str, batch: int) -> dict | None:
+    """The JSON schema at the top of a case's per-schema range of step 1 over step 3 (the result table's "most"):
+    its name (``schema``), the ratio, its output tokens and the forwards step 1 and step 3 spend on them
+    (``forwards_step1``, ``forwards_step3``). A request's time per output token is its whole time, the prompt's
+    prefill included, over its output tokens, so the shortest outputs give the extremes. None where the case is not
+    measured."""
+    top = None
+    for r3 in _json_rows(results, "masked_head", model, batch):
+        base = report.rows_of(results.rows, model=model, batch=batch, config="baseline", whitespace="compact",
+                              schema=r3["params"]["schema"])
+        if base and (top is None or base[0]["ms"] / r3["ms"] > top["ratio"]):
+            top = {"schema": r3["params"]["schema"], "ratio": base[0]["ms"] / r3["ms"], "tokens": base[0]["tokens"],
+                   "forwards_step1": base[0]["forwards"], "forwards_step3": r3["forwards"]}
+    return top
 
 
 def bound_excess(results, model: str, batch: int) -> dict | None:
