@@ -1,5 +1,5 @@
 """Chapter 3's steps (each launches its own kernels, in place), :class:`NgramMatcher` (a step bound to one batch's
-buffers) and :func:`ngram_match` (step 7 or 11, by the batch's shapes: :func:`final_step`).
+buffers) and :func:`ngram_match` (step 6, 7 or 11, by the batch's shapes: :func:`final_step`).
 """
 
 from __future__ import annotations
@@ -372,19 +372,25 @@ _OPTIONS = {step01_cpu_path: (), step02_serial: (), step03_two_phase: (), step04
 STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_skip_refused)
 
 
-#: The rule of :func:`final_step`: step 11's fewer, larger blocks with no barriers pay once a call scans many long
-#: rows; on fewer or shorter rows step 7's finer split keeps more of the GPU busy. The thresholds must keep the
-#: entry point within the spread of the faster step at every case of the committed benchmarks (step07, step11).
+#: The rule of :func:`final_step`, on the GPU clock (a decoding loop captures the call): a call that scans at least
+#: STREAM_MIN_TOKENS prompt positions (slots × prompt width) in rows at least STREAM_MIN_WIDTH wide runs step 11,
+#: whose fewer, larger blocks with no barriers pay once there is that much to stream; one slot runs step 7, whose
+#: phase 2 over one slot costs its last block almost nothing; every other batch runs step 6, whose phase 2 is a
+#: launch of its own: step 7's kernel carries phase 2's code (more registers a thread, fewer blocks an SM while it
+#: searches) and runs it in one block of THREADS threads instead of SCAN_THREADS. A captured second launch costs
+#: little; an eager caller pays it on the host. The thresholds must keep the entry point within the spread of the
+#: fastest of steps 6 to 11 at every case of the committed benchmarks.
 STREAM_MIN_WIDTH = 32_768
-STREAM_MIN_TOKENS = 1 << 21
+STREAM_MIN_TOKENS = 1 << 22
 
 
 def step_for_shape(batch: int, prompt_width: int) -> Callable:
     """:func:`step11_skip_refused` where the prompts are at least :data:`STREAM_MIN_WIDTH` wide and a call scans at
-    least :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width), else :func:`step07_one_pass_fused`."""
+    least :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width), else :func:`step07_one_pass_fused` for
+    one slot and :func:`step06_one_pass_split` for more."""
     if prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS:
         return step11_skip_refused
-    return step07_one_pass_fused
+    return step07_one_pass_fused if batch == 1 else step06_one_pass_split
 
 
 def final_step(inputs: NgramInputs) -> Callable:
