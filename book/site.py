@@ -148,6 +148,7 @@ PLAIN_NAMES = {
     "n-gram matching, step11_skip_refused": "the GPU drafter (step 11)",
     "n-gram matching, ngram_match (step11)": "the GPU drafter's entry point (running step 11)",
     "n-gram matching, ngram_match (step07)": "the GPU drafter's entry point (running step 7)",
+    "n-gram matching, ngram_match (step06)": "the GPU drafter's entry point (running step 6)",
     "step14_warps_per_direction (CUDA C++)": "the fused CTC kernel (step 14, CUDA C++)",
     "step12_flush_to_zero (CUDA C++)": "the fused CTC kernel (step 12, CUDA C++)",
     "ctc_loss (step14, CUDA C++)": "the CTC entry point (running step 14, CUDA C++)",

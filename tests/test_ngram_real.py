@@ -449,5 +449,5 @@ def test_quick_bench_stays_small():
     full, quick = _estimated_calls(report.BENCH_GRID, report.REAL_SHAPES), _estimated_calls(report.QUICK_GRID,
                                                                                             report.QUICK_REAL_SHAPES)
     assert quick["gpu_clock"] <= full["gpu_clock"] // 2
-    assert full["gpu_clock"] <= 110 and full["sweep_points"] <= 40  # every step at every grid case
+    assert full["gpu_clock"] <= 120 and full["sweep_points"] <= 40  # every step at every grid case
     assert len(ngram.report.real_cases(quick=True)) == len(ngram.report.CORPORA)

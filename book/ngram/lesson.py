@@ -23,7 +23,7 @@ from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "pays_at", "step_factors", "host_us", "launches", "eager_host", "step_notes", "boehm_table",
            "DIFF_CONTEXT", "step_diff", "core_diff",
-           "dispatch_table", "early_exit_share", "entry_row", "floor_us", "grid_row", "result_table", "step_table",
+           "RULE_SPREAD", "rule_misses", "early_exit_share", "entry_row", "floor_us", "grid_row", "result_table", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
 
@@ -200,28 +200,6 @@ def target_verdicts(results) -> str:
         else:
             verdict = "met" if top_us < target else "missed"
             lines.append(f"- {b}x{s} under {what}: {verdict}; {name} takes {top_us:.1f} µs ({clock})")
-    return "\n".join(lines)
-
-
-def dispatch_table(results) -> str:
-    """The entry point's rule on one card's grid: per case, steps 7 and 11 (GPU clock) and the step
-    :func:`~studylog.ngram.kernels.final_step` picks. The rule was fitted on this grid, so on these shapes it picks
-    the faster step by construction: the table shows the rule, not a test of it."""
-    from studylog.ngram.kernels import step_for_shape
-
-    fused, stream = CHAPTER.step(7), CHAPTER.final
-    lines = [f"| slots × prompt width | step 7 (µs) | step {stream.number} (µs) | `ngram_match` runs |",
-             "|---|---|---|---|"]
-    seen = set()
-    for r in sorted(results.select(fused.series), key=lambda r: (r["params"]["batch"] * r["params"]["seq_len"])):
-        p = r["params"]
-        key = (p["batch"], p["seq_len"])
-        other = results.select(stream.series, **p)
-        if key in seen or not other or r.get("clock") != "gpu":
-            continue
-        seen.add(key)
-        picked = CHAPTER.step(step_for_shape(p["batch"], p["seq_len"]).__name__).number
-        lines.append(f"| {p['batch']} × {p['seq_len']:,} | {us(r['ms'])} | {us(other[0]['ms'])} | step {picked} |")
     return "\n".join(lines)
 
 
@@ -509,21 +487,30 @@ def entry_row(results, where: dict) -> dict | None:
     return None
 
 
-def split_wins(results) -> tuple[list[tuple[int, int, int, float]], int]:
-    """Where step 6 (two launches) beats the entry point on the GPU clock, over every synthetic case of the grid that
-    times both: ``[(batch, seq_len, threshold, entry ÷ step 6)]``, slowest-for-us first, and how many cases time both."""
-    wins, both = [], 0
-    for r in results.select(CHAPTER.step(6).series):
+#: How much slower than the fastest of steps 6 to 11 the entry point may be at a case before the page names it.
+RULE_SPREAD = 1.03
+
+
+def rule_misses(results) -> tuple[list[tuple], int]:
+    """Where the entry point is slower than the fastest of steps 6 to 11 by more than :data:`RULE_SPREAD` on the GPU
+    clock, over every case (synthetic and real text) that times the entry point and one of those steps:
+    ``[(corpus, batch, seq_len, threshold, fastest step's number, entry ÷ fastest)]``, worst first, and how many cases
+    were compared."""
+    misses, compared = [], 0
+    rivals = [CHAPTER.step(n) for n in range(6, CHAPTER.final.number + 1)]
+    for r in results.select("ngram_match"):
         p = r["params"]
-        if r.get("clock") != "gpu" or p.get("corpus") is not None:
+        if r.get("clock") != "gpu":
             continue
-        entry = entry_row(results, dict(p, corpus=None))
-        if entry is None or entry["series"] != "ngram_match":
+        timed = [(row["ms"], st.number) for st in rivals for row in results.select(st.series, **p)
+                 if row.get("clock") == "gpu" and row["params"].get("corpus") == p.get("corpus")]
+        if not timed:
             continue
-        both += 1
-        if r["ms"] < entry["ms"]:
-            wins.append((p["batch"], p["seq_len"], p["threshold"], entry["ms"] / r["ms"]))
-    return sorted(wins, key=lambda w: -w[3]), both
+        compared += 1
+        ms, number = min(timed)
+        if r["ms"] > RULE_SPREAD * ms:
+            misses.append((p.get("corpus"), p["batch"], p["seq_len"], p["threshold"], number, r["ms"] / ms))
+    return sorted(misses, key=lambda m: -m[5]), compared
 
 
 def result_table(results, headline_rows) -> str:
