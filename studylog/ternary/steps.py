@@ -14,8 +14,9 @@ from studylog.paths import chapter_csrc
 from studylog.ternary.cuda_steps import (step15_cuda_mma, step16_split_k, step17_x_smem, step18_tma_ring,
                                          step19_shared_k, step20_tile_copies, step21_magic_reg)
 from studylog.ternary.formats import PackedTernary, Scale
+from studylog.ternary.sources import cuda_step_source, triton_step_source
 from studylog.ternary.triton_mma import (DOT_MMA_CONFIGS_FEW, DOT_MMA_CONFIGS_MANY, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
-                                         W2A8_DOT_CONFIGS, pair_dot_kernel, step09_w2a8_dot, step09_w2a8_dot_kernel,
+                                         W2A8_DOT_CONFIGS, _pair_step, pair_dot_kernel, step09_w2a8_dot, step09_w2a8_dot_kernel,
                                          step10_dot_configs, step11_pair_decode, step12_unmasked, step13_mma_layout,
                                          step14_workspace, step14_workspace_kernel)
 from studylog.ternary.triton_steps import (BASE3_DOT_CONFIGS_FEW, BASE3_DOT_CONFIGS_MANY, BASE3_GEMV_CONFIGS,
@@ -49,7 +50,25 @@ def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.
     return (step05_gemv if one_row else step06_dot)(x, w, scale, out=out)
 
 
-_MMA_CU, _BULK_CU, _W2A8_CU = CSRC / "ternary_mma.cu", CSRC / "ternary_bulk.cu", CSRC / "ternary_w2a8.cu"
+_MMA_CU, _BULK_CU, _W2A8_CU = "ternary_mma.cu", "ternary_bulk.cu", "ternary_w2a8.cu"
+
+
+def _pair(knobs: dict, launch) -> str:
+    """Steps 11 to 13: pair_dot_kernel and its tile at the step's knobs, then its launch."""
+    return triton_step_source((pair_dot_kernel, _pair_step), knobs, launch)
+
+
+def _mma(x_smem: bool, launch) -> str:
+    """Steps 15 to 17: cuda_mma_kernel at X_SMEM, then its launch."""
+    return cuda_step_source(_MMA_CU, "cuda_mma_kernel", {"X_SMEM": x_smem}, launch,
+                            helpers=() if x_smem else ("load_x_group_global",))
+
+
+def _ring(warp_copies: bool, magic_reg: bool, launch) -> str:
+    """Steps 18 to 21: tma_kernel at WARP_COPIES and MAGIC_REG, then its launch."""
+    return cuda_step_source(_BULK_CU, "tma_kernel", {"WARP_COPIES": warp_copies, "MAGIC_REG": magic_reg}, launch,
+                            helpers=("fill_per_warp",) if warp_copies else ())
+
 
 STEPS = (
     Step(1, "sign", "dense weights, sign selection instead of a multiply", "triton", step01_sign,
@@ -66,34 +85,36 @@ STEPS = (
     Step(9, "w2a8_dot", "int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores", "triton",
          step09_w2a8_dot, step09_w2a8_dot_kernel),
     Step(10, "dot_configs", "step 6's tl.dot at configs made for the tensor cores", "triton", step10_dot_configs,
-         step06_dot_kernel),
+         triton_step_source((step06_dot_kernel,), {}, step10_dot_configs)),
     Step(11, "pair_decode", "two weights an AND and a packed FMA, on the 2bit layout", "triton",
-         step11_pair_decode, pair_dot_kernel),
+         step11_pair_decode, _pair({"NO_MASK": False, "MMA_LAYOUT": False}, step11_pair_decode)),
     Step(12, "unmasked", "no masks in the loop: rows clamped, x unmasked below K", "triton", step12_unmasked,
-         pair_dot_kernel),
+         _pair({"NO_MASK": True, "MMA_LAYOUT": False}, step12_unmasked)),
     Step(13, "mma_layout", "the 2bit_mma layout: a word's two halves are K-neighbours", "triton", step13_mma_layout,
-         pair_dot_kernel),
+         _pair({"NO_MASK": True, "MMA_LAYOUT": True}, step13_mma_layout)),
     Step(14, "workspace", "split K through a zeroed workspace, no memset", "triton", step14_workspace,
          step14_workspace_kernel),
     Step(15, "cuda_mma", "the loop by hand in CUDA C++ on mma.sync, loads two groups ahead", "cuda",
-         step15_cuda_mma, _MMA_CU, "cuda_mma_kernel"),
+         step15_cuda_mma, _mma(False, step15_cuda_mma)),
     Step(16, "split_k", "K split across blocks, the slices summed in a fixed order", "cuda", step16_split_k,
-         _MMA_CU, "cuda_mma_kernel"),
-    Step(17, "x_smem", "x copied once into shared memory", "cuda", step17_x_smem, _MMA_CU, "cuda_mma_kernel"),
+         _mma(False, step16_split_k)),
+    Step(17, "x_smem", "x copied once into shared memory", "cuda", step17_x_smem, _mma(True, step17_x_smem)),
     Step(18, "tma_ring", "the weights brought by the copy engine (TMA) into a ring, a producer warp", "cuda",
-         step18_tma_ring, _BULK_CU, "tma_kernel"),
+         step18_tma_ring, _ring(True, False, step18_tma_ring)),
     Step(19, "shared_k", "the warps of a block share its K, their sums meet in shared memory", "cuda",
-         step19_shared_k, _BULK_CU, "tma_kernel"),
-    Step(20, "tile_copies", "one copy a stage and tile, not one a warp", "cuda", step20_tile_copies, _BULK_CU,
-         "tma_kernel"),
-    Step(21, "magic_reg", "the decode's constant kept in a register", "cuda", step21_magic_reg, _BULK_CU,
-         "tma_kernel"),
+         step19_shared_k, _ring(True, False, step19_shared_k)),
+    Step(20, "tile_copies", "one copy a stage and tile, not one a warp", "cuda", step20_tile_copies,
+         _ring(False, False, step20_tile_copies)),
+    Step(21, "magic_reg", "the decode's constant kept in a register", "cuda", step21_magic_reg,
+         _ring(False, True, step21_magic_reg)),
     Step(22, "w2a8", "W2A8 on the int8 tensor cores, x quantised by a kernel of its own", "cuda", step22_w2a8,
-         _W2A8_CU, "w2a8_kernel"),
-    Step(23, "w2a8_fused", "x quantised inside the matmul", "cuda", step23_w2a8_fused, _W2A8_CU, "w2a8_kernel"),
+         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, step22_w2a8)),
+    Step(23, "w2a8_fused", "x quantised inside the matmul", "cuda", step23_w2a8_fused,
+         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, step23_w2a8_fused)),
     Step(24, "w2a8_tiles", "several rows of x: one tile of weights a warp, a slice of K a block", "cuda",
-         step24_w2a8_tiles, _W2A8_CU, "w2a8_tiles_kernel"),
-    Step(25, "x_tma", "x brought by the copy engine (TMA)", "cuda", step25_x_tma, _W2A8_CU, "w2a8_tiles_kernel"),
+         step24_w2a8_tiles, cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": False}, step24_w2a8_tiles)),
+    Step(25, "x_tma", "x brought by the copy engine (TMA)", "cuda", step25_x_tma,
+         cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": True}, step25_x_tma)),
 )
 
 #: Where the series live: step number -> its benchmark series.
