@@ -25,7 +25,7 @@ SERIES_COLOURS = {
                 "#17becf", "#9467bd", "#d62728", "#e377c2"))),
     # the steps that split a change out, paler or darker kin of the step they lead to
     **dict(zip((SERIES[n] for n in (4, 10, 11, 12, 13, 15, 16, 18, 19, 20, 22, 24)),
-               ("#6baed6", "#a1d99b", "#74c476", "#41ab5d", "#238b45", "#9ecae1", "#6baed6", "#bcbddc", "#9e9ac8",
+               ("#6baed6", "#a1d99b", "#74c476", "#41ab5d", "#238b45", "#9ecae1", "#4292c6", "#bcbddc", "#9e9ac8",
                 "#807dba", "#c49c94", "#f4a6c8"))),
     W2A8_PLACE_SERIES["every block"]: "#ff9896", W2A8_PLACE_SERIES["staged"]: "#fdd0a2",
 }
