@@ -790,3 +790,43 @@ def test_bitnets_table_gives_our_time_beside_its_own(results):
 
 def test_the_and_list_reads_as_words():
     assert [L.and_list(x) for x in ([], ["a"], ["a", "b"], ["a", "b", "c"])] == ["", "a", "a and b", "a, b and c"]
+
+
+def test_the_verdict_says_where_a_step_pays_and_where_it_loses(monkeypatch):
+    """A step's sentence says, computed, where it pays over the step it builds on and where it loses (× previous
+    rounded to two places against 1.00), and nothing where a time is missing."""
+    times = {(T.SERIES[11], L.MAIN, 16): 10.0, (T.SERIES[10], L.MAIN, 16): 12.0,
+             (T.SERIES[11], L.MAIN, 1): 13.0, (T.SERIES[10], L.MAIN, 1): 12.0}
+    monkeypatch.setattr(L, "us", lambda res, s, shape=L.MAIN, m=1: times.get((s, shape, m)))
+    assert L.verdict(None, 11, 10) == "it loses at 4096 × 14336, M = 1 and pays at 4096 × 14336, M = 16"
+    times[(T.SERIES[11], L.MAIN, 1)] = 11.0
+    assert L.verdict(None, 11, 10) == "it pays at both cases"
+    times[(T.SERIES[11], L.MAIN, 1)] = 12.04  # 0.997x rounds to 1.00: not a loss
+    assert L.verdict(None, 11, 10) == "it pays at both cases"
+    times[(T.SERIES[11], L.MAIN, 16)], times[(T.SERIES[11], L.MAIN, 1)] = 13.0, 14.0
+    assert L.verdict(None, 11, 10) == "it loses at both cases"
+    del times[(T.SERIES[10], L.MAIN, 1)]
+    assert L.verdict(None, 11, 10) == ""
+
+
+def test_a_step_that_shares_its_kernel_shows_its_one_change():
+    """Steps whose kernel is one template (or one Triton kernel) with knobs show it at their knobs, so the diff from
+    the step before is the change the step makes, and a change of launch alone shows as the launch."""
+    def changed(old, new):
+        d = T.CHAPTER.show_diff(old, new)
+        return d.added, d.removed
+
+    added, removed = changed(11, 12)
+    assert any("rows_in = tl.minimum(rows, N - 1)" in line for line in added)
+    added, removed = changed(12, 13)
+    assert any("r_k = (r // 32) * 256 + r % 32" in line for line in added)
+    added, removed = changed(15, 16)  # the launch alone: K split
+    assert all(line.lstrip().startswith("//") for line in added + removed) and any("whole_k=False" in a for a in added)
+    added, removed = changed(16, 17)
+    assert any("copy_x_slice(" in line for line in added) and any("load_x_group_global" in line for line in removed)
+    added, removed = changed(19, 20)
+    assert any("ring.fill(c, policy);" in line for line in added) and any("fill_per_warp(" in line for line in removed)
+    added, removed = changed(20, 21)
+    assert any("group_mma<BF16, MT, RT, true>" in line for line in added)
+    added, removed = changed(24, 25)
+    assert any("mbarrier_wait(x_full, 0);" in line for line in added) and any("load_xq_slice(" in line for line in removed)

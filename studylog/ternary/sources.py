@@ -18,19 +18,21 @@ def _resolve_cuda(lines: list[str], knobs: dict[str, bool]) -> list[str]:
     argument, a condition) read as their values, the template's parameter line aside."""
     out, i = [], 0
     while i < len(lines):
-        m = re.fullmatch(r"(\s*)if constexpr \((!?)(\w+)\) \{", lines[i])
+        m = re.fullmatch(r"(\s*)if constexpr \((!?)(\w+)\) \{\s*(?://.*)?", lines[i])
         if not m or m.group(3) not in knobs:
             line = lines[i]
-            if not line.lstrip().startswith("template <"):
+            if not line.lstrip().startswith(("template <", "//")):
+                code, sep, comment = line.partition("//")  # a knob in a comment keeps its name
                 for name, value in knobs.items():
-                    line = re.sub(rf"\b{name}\b", "true" if value else "false", line)
+                    code = re.sub(rf"\b{name}\b", "true" if value else "false", code)
+                line = code + sep + comment
             out.append(line)
             i += 1
             continue
         indent, negate, name = m.groups()
         close = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(indent + "}"))
         end = close
-        if lines[close] == indent + "} else {":
+        if re.fullmatch(re.escape(indent) + r"\} else \{\s*(?://.*)?", lines[close]):
             end = next(j for j in range(close + 1, len(lines)) if lines[j] == indent + "}")
         taken = knobs[name] != bool(negate)
         body = lines[i + 1:close] if taken else lines[close + 1:end]
