@@ -567,6 +567,9 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         if len(set(steps.values())) > 1:  # the cards' headlines time different steps: which
             differs = "the cards time different steps: " + "; ".join(f"the {n} {k}" for n, k in steps.items())
         eager = {n: e for n, e in eager.items() if e and ratios.get(n) is not None}
+        if entry.number == 6 and notes:  # the peer's label names its setting, which each card's run picks
+            notes[list(notes)[-1]].append("FlashInfer's back end and page size are the fastest of those the benchmark "
+                                          "tries on each card, so they may differ between cards")
         # the answer's clock said before its eager clause, unless the answer names a clock per ratio (chapter 03)
         replay = "" if entry.number == 3 else ", under CUDA-graph replay"
         full = {n: a + (f"{replay}; called eagerly, {eager[n]}" if n in eager else "") for n, a in brief.items()}
@@ -583,10 +586,13 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
     card has the answer."""
     cells: dict[str, str] = {}
     notes: dict[str, list[str]] = {}
+    passed: dict[str, frozenset] = {}
     for card in cards(root):
         name = _short(card_name(card))
         answer = part_one_answer(card)
         notes[name] = []
+        if answer is not None:
+            passed[name] = frozenset(answer["ratios"])
         if answer is None:
             cells[name] = VOID
             notes[name].append(f"{name}: not measured on this card")
@@ -604,6 +610,12 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
                            "baseline")
     if all(c == VOID for c in cells.values()):
         return None
+    if len(set(passed.values())) > 1:  # the same inputs on every card: GemLite's own launch differs by card
+        last = list(passed)[-1]
+        notes[last].append("GemLite passes our check at different shapes on each card, on the same inputs: it adds "
+                           "partial sums into its bf16 output by atomic adds, each rounded to bf16, so its error "
+                           "grows with K and sits near the tolerance at the larger shapes (part 2 of chapter 05 "
+                           "gives its error on each card)")
     return {"notebook": "notebooks/05_ternary_1_triton.ipynb", "cells": cells, "notes": notes,
             "question": OTHER_PAGES["notebooks/05_ternary_1_triton.ipynb"].replace(" (part 1 of 2)", ""),
             "what": "step 14, one row of x, against GemLite where it passes our float64 check"}
@@ -882,8 +894,8 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
     folder = next((c for c in cards(root) if _short(card_name(c)) == card), None)
     out: dict[str, str] = {}
     env = load(folder, "env") if folder else None
-    if env:
-        c = env["ceilings"]
+    c = env.get("ceilings", {}) if env else {}
+    if "empty_launch_gpu_ms" in c and "copy_bandwidth_gbs" in c:  # an older card's run may lack the GPU-clock one
         out["notebooks/00_how_to_read.ipynb"] = (f"an empty kernel {c['empty_launch_gpu_ms'] * 1e3:.2f} µs; copies at "
                                                  f"{c['copy_bandwidth_gbs'] / 1e3:.2f} TB/s")
     part_one = part_one_answer(folder) if folder else None
@@ -892,8 +904,8 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
         clause = eager_words(part_one["eager"], len(r)) if eager else ""
         out["notebooks/05_ternary_1_triton.ipynb"] = (
             f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite (step 9, one row of x) at the {len(r)} shapes "
-            "where GemLite passes our check" + (f"; GemLite fails it at the other {len(part_one['failed'])}"
-                                                if part_one["failed"] else "")
+            "where GemLite passes our check" + (f"; GemLite fails it at {len(part_one['failed'])} of the "
+                                                f"{len(r) + len(part_one['failed'])}" if part_one["failed"] else "")
             + (f"; called eagerly, {clause}" if clause else ""))
     return out
 

@@ -508,7 +508,8 @@ def _ternary_llama(data):
              "rival_also": (f"cuBLAS bf16 on the matrix stored densely: {us(cublas['ms'])}, ours "
                             f"{cublas['ms'] / spread(ours)[1]:.2f}× faster"
                             if series == "gemlite_w2" and cublas is not None else
-                            f"GemLite 2-bit: {us(gemlite['ms'])}, faster but it fails our float64 check (no ratio)"
+                            f"GemLite 2-bit: {us(gemlite['ms'])}, faster than cuBLAS but it fails our float64 check "
+                            "(no ratio)"
                             if series == "cublas_bf16" and gem_failed and gemlite is not None else None)}
     return extra | _row(f"{TERNARY_WORDS.get(ours['series'], 'the ternary kernel')} ({_step_words(ours['series'])})",
                 "one row of x (M = 1); the weight shape N x K in the kernel column", ours["clock"], ours,

@@ -60,7 +60,8 @@ def _questions() -> dict[str, tuple[str, str]]:
     out = {}
     for h in headlines():
         # a card whose run is not comparable with the other's (one copy of the input, an unpadded head) is left out
-        measured = [f"{card}: {text}" for card, text in h["brief"].items()
+        # the landing's table card (the H200) first, as on chapter 05 part 1's card below
+        measured = [f"{card}: {text}" for card, text in sorted(h["brief"].items(), key=lambda kv: kv[0] != "H200")
                     if h["ratios"].get(card) is not None and h["comparable"].get(card, True)]
         if h["number"] == 1 and measured:  # the count of forward passes does not depend on the card
             texts = {text for card, text in h["brief"].items() if h["ratios"].get(card) is not None}
@@ -69,11 +70,11 @@ def _questions() -> dict[str, tuple[str, str]]:
                 measured = [f"{text[0].upper()}{text[1:]}: a count over the chapter's suite, the same on any card"]
         # one line per card (a hard line break between them), so that no card's clause runs into another's
         out[h["notebook"]] = (h["question"], "  \n".join(measured) if measured else "not measured yet")
-    answers = other_answers()
+    answers = {card: other_answers(card=card) for card in ("H200", "H100")}
     for notebook, question in OTHER_PAGES.items():
         if notebook not in out and "?" in question:
-            answer = answers.get(notebook, "")
-            out[notebook] = (question, f"H200: {answer}" if answer else "")
+            lines = [f"{card}: {found[notebook]}" for card, found in answers.items() if found.get(notebook)]
+            out[notebook] = (question, "  \n".join(lines))
     return out
 
 
@@ -91,8 +92,8 @@ FIGURE_ALT = {
                                                     "tokens",
     "assets/figures/ngram_latency.png": "Time per call of every n-gram matching step against the CPU path and the "
                                         "byte floor, for several batch sizes and prompt lengths",
-    "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7 to 10 over the faster of torch's CTC "
-                                      "calls, against the number of utterances, for two alphabet sizes",
+    "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7, 10, 12, 13 and 14 over the faster of "
+                                      "torch's CTC calls, against the number of utterances, for two alphabet sizes",
     "assets/figures/ternary_steps.png": "GPU time of each Triton step of the ternary matmul on the Llama weight "
                                         "shapes, one row of activations",
     "assets/figures/ternary_speedup.png": "On the H200, one row of activations: each ternary kernel's speedup "

@@ -654,6 +654,7 @@ def test_the_jump_counts_count_two_ways():
     assert jc["fwd_base"] == pytest.approx(21 / 20)
     assert jc["saved_token"] == pytest.approx(1 - (27 / 30) / (21 / 20))
     assert jc["ch1_saved_token"] == pytest.approx(1 - 49 / 53)
+    assert (jc["passes_token"], jc["passes_base"]) == (49, 53)  # the sums chapter 01's page prints beside its share
     assert jc["ch1_saved_char"] == pytest.approx(1 - 17 / 53)
     assert lesson.jump_counts(Results("decode.json", {"measurements": rows[:3]})) is None
 
@@ -706,19 +707,99 @@ def test_the_headline_says_at_first_mention_that_its_output_is_steered():
     assert sum(t.count("does not pay at the 8B shape") for t in text) == 1
 
 
-def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_model():
-    """Forwards saved: per output token everywhere, chapter 01's count related to it once; 3a's host times name the
-    chain's own run; the headline's sentence says what the cost model is (random weights, one layer read by all)."""
+def _page_cells() -> list[str]:
     import json
 
     from studylog import paths
 
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
-    text = ["".join(c["source"]) for c in cells]
+    return ["".join(c["source"]) for c in cells]
+
+
+def test_forwards_saved_are_counted_one_way_and_the_headline_defines_its_cost_model():
+    """Forwards saved: per output token everywhere; chapter 01 carries the reconciliation of its own count with this
+    page's, so this page only points there, in the sentence that gives the share; the headline's sentence says what
+    the cost model is (random weights, one layer read by all)."""
+    text = _page_cells()
     page = "\n".join(text)
-    assert page.count("ch1_saved_token") == 1 and "ch1_saved_char" not in page and "fsm_suite" not in page
-    assert "This page counts forwards per output token." in page
-    host = next(t for t in text if "anchor['host_us']" in t)
-    assert "in the chain's own run" in " ".join(host.split())
+    assert "ch1_saved" not in page and "jump_counts" not in page and "fsm_suite" not in page
+    assert "This page counts forwards per output token" not in page
+    saved = next(t for t in text if "{n['dec_fwd_saved']} fewer**" in t)
+    assert "(01_fsm_compression.ipynb) counts them its own way" in " ".join(saved.split())
     headline = next(t for t in text if "The headline, the 8B-shaped cost model" in t)
     assert "random weights, one layer's weights read by all" in " ".join(headline.split())
+
+
+def test_step3_over_step2_says_why_it_passes_the_heads_bound_where_it_first_appears():
+    """Step 3's 1.23× over step 2 passes the 1.21× that chapter 02's head alone can buy at the 1B shape: the
+    reason, the host's own work that the bound holds fixed and step 3 cuts, is given with its numbers in the
+    sentence that first prints the ratio, read from the same breakdown as the result section's."""
+    import json
+
+    from studylog import paths
+
+    shown = lesson.committed() or lesson.earlier_run()
+    past = lesson.step03_past_head_bound(shown, "1b", 1)
+    assert past is not None
+    assert past["ratio"] == pytest.approx(lesson.steps_rows(shown, "1b", 1)[2]["x_previous"])
+    share = lesson.model_config("1b").head_share()
+    assert past["bound"] == pytest.approx(1 / (1 - share))
+    assert f"{past['bound']:.2f}×" == lesson.prose_numbers(lesson.committed(), lesson.earlier_run())["dec_head_bound_1b"]
+    assert past["ratio"] > past["bound"] and past["host_step3_us"] < past["host_step2_us"]
+    # the host's own work in step 3 is the one the result section's sentence reads
+    assert past["host_step3_us"] == pytest.approx(lesson.bound_excess(shown, "1b", 1)["host_step3_us"])
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "07_constrained_decoding.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    first = next(t for t in text if "{s3['x_previous']:.2f}×" in t)
+    assert "step03_past_head_bound" in first and "past['host_step2_us']" in first and "past['host_step3_us']" in first
+    assert "past['bound']" in first
+
+
+def test_the_page_gives_one_host_work_pair_for_steps_2_to_3():
+    """The host's own work appears once per step, from the steps table's run (the chapter's benchmark, one
+    breakdown): step 2 → step 3 in the sentence that first prints step 3's ratio over step 2, and the result
+    section names step 1's and step 3's, the latter printed as the former sentence prints it. The chain's run
+    (a run of its own) gives no host-work pair of its own."""
+    text = _page_cells()
+    page = "\n".join(text)
+    assert "host_us" not in page  # the chain's own host-work numbers are not on the page
+    assert page.count("past['host_step2_us']") == 1 and page.count("past['host_step3_us']") == 1
+    assert "{past['host_step2_us']:.0f} to {past['host_step3_us']:.0f} µs a token" in " ".join(page.split())
+    lands = next(t for t in text if "exc = lesson.bound_excess" in t)
+    assert "step 1's {exc['host_step1_us']:.0f} µs a token, falls to step 3's {exc['host_step3_us']:.0f}" in lands
+    assert "host_step2_us" not in lands
+    # the two sentences read one breakdown: at the 1B shape both give step 3 the same number
+    shown = lesson.committed() or lesson.earlier_run()
+    past, exc = lesson.step03_past_head_bound(shown, "1b", 1), lesson.bound_excess(shown, "1b", 1)
+    assert f"{past['host_step3_us']:.0f}" == f"{exc['host_step3_us']:.0f}"
+    parts = decode_results.breakdown(shown.rows, "1b", 1)
+    assert past["host_step2_us"] == pytest.approx(parts["jump_forward"]["host"] * 1e3)
+    assert exc["host_step1_us"] == pytest.approx(parts["baseline"]["host"] * 1e3)
+
+
+def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top():
+    """Where the page first gives a time per output token it says the prompt's prefill is in it; the headline's
+    per-schema range names the schema at its top with its output tokens and forwards, read from the rows."""
+    text = _page_cells()
+    first = next(t for t in text if "per output token" in t and "s1['us']" in t)
+    assert not any("µs** per output token" in t for t in text[:text.index(first)])
+    assert "prefill included" in " ".join(first.split())
+    headline = next(t for t in text if "The headline, the 8B-shaped cost model" in t)
+    assert 'lesson.range_top(shown, "8b", 1)' in headline
+    for key in ("schema", "tokens", "forwards_step1", "forwards_step3"):
+        assert f"top['{key}']" in headline
+    # hand-made rows: the top is the largest ratio, with step 1's tokens and both steps' forwards
+    names = ("classifier", "weather_call", "tool_call")
+    times = {"baseline": (6.0, 4.8, 4.6), "masked_head": (3.0, 4.3, 4.0)}
+    forwards = {"baseline": (4, 21, 34), "masked_head": (2, 20, 31)}
+    rows = [{"series": c, "ms": t, "tokens": f - 1, "forwards": f,
+             "params": {"model": "8b", "batch": 1, "schema": n, "config": c, "whitespace": "compact"}}
+            for c in times for n, t, f in zip(names, times[c], forwards[c])]
+    top = lesson.range_top(Results("decode.json", {"measurements": rows}), "8b", 1)
+    assert top == {"schema": "classifier", "ratio": pytest.approx(2.0), "tokens": 3, "forwards_step1": 4,
+                   "forwards_step3": 2}
+    assert lesson.range_top(Results("decode.json", {"measurements": rows[:3]}), "8b", 1) is None
+    # on the committed run the top is the result table's "most"
+    shown = lesson.committed() or lesson.earlier_run()
+    case = {(r["model"], r["batch"]): r for r in lesson.result_rows(shown)}[("8b", 1)]
+    assert lesson.range_top(shown, "8b", 1)["ratio"] == pytest.approx(case["fastest"])

@@ -236,3 +236,26 @@ def test_the_exercises_come_in_an_order_each_can_be_done_in():
     assert text.index("def ff_tokens(") < text.index("def my_ff_decode(")
     for m in re.finditer(r"exercise (\d)'s `(\w+)`", text):
         assert text.index(f"**{m[1]}. ") < m.start() and f"def {m[2]}(" in text
+
+
+def test_chapter_07s_share_says_what_it_counts_beside_chapter_07s_own():
+    """Chapter 07's loop counted chapter 01's way (passes summed over its documents, no pass on a forced EOS) gives
+    a smaller share than the one chapter 07 quotes (per output token, medians, a pass on that EOS); the page prints
+    the sums behind its share and chapter 07's share with the reason, all read from chapter 07's results."""
+    import json
+    from pathlib import Path
+
+    from book.decode import lesson as decode_lesson
+    from studylog.plotting import load_results, result_files
+
+    if not any(p.parent.name == "nvidia-h200" for p in result_files("decode")):
+        pytest.skip("no committed decode results")
+    ch7 = decode_lesson.jump_counts(load_results("decode", gpu="nvidia-h200"))
+    assert ch7["ch1_saved_token"] == pytest.approx(1 - ch7["passes_token"] / ch7["passes_base"])
+    assert ch7["ch1_saved_token"] < ch7["saved_token"]  # the two counts differ: the page must say why
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    cell = next("".join(c["source"]) for c in cells["cells"] if "ch1_saved_token" in "".join(c["source"]))
+    flat = " ".join(cell.split())
+    for field in ("ch7['passes_token']", "ch7['passes_base']", "ch7['saved_token']", "ch7['documents']"):
+        assert field in flat, field
+    assert "Chapter 07 quotes" in flat and "counts passes per output token" in flat and "EOS the grammar forces" in flat

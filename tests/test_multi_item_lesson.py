@@ -463,3 +463,25 @@ def test_the_page_names_orders_not_their_history_and_folds_step_2s_helpers():
     assert "listing(mi.CHAPTER.show_source(2))" in "".join(
         next(c for c in cells if "show_source(2)" in "".join(c["source"]))["source"])
     assert prose_words(page) <= 2500
+
+
+@pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
+def test_the_matmul_rate_is_named_this_runs_beside_chapter_00s():
+    """The compute floors' matmul rate is this run's own (recovered from a floor), and the sentence that prints it says
+    so and prints chapter 00's rate at the same side beside it, so the two pages do not seem to disagree."""
+    import json
+
+    from studylog import paths
+
+    results = plotting.load_results("multi_item")
+    rate = lesson.matmul_rate(results, lesson.layouts(results))
+    card = lesson.card_matmul_rate(results)
+    env = plotting.load_results("env", gpu=results.path.parent.name)
+    row = next(r for r in env.rows if r["series"] == "matmul_bfloat16" and r["params"]["n"] == report.CEILING_MATMUL_N)
+    assert card == pytest.approx(row["tflops"] * 1e12)
+    assert f"{rate / 1e12:,.0f}" != f"{card / 1e12:,.0f}"  # two runs, two numbers: the page must say whose is whose
+    cells = json.loads((paths.REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text())["cells"]
+    cell = next("".join(c["source"]) for c in cells if "lesson.matmul_rate(results, lays)" in "".join(c["source"]))
+    flat = " ".join(cell.split())
+    assert "this run's own bf16 matmul rate" in flat and "lesson.card_matmul_rate(results)" in flat
+    assert "chapter 00's run measured {card / 1e12:,.0f} TFLOP/s at that side" in flat

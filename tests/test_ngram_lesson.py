@@ -137,12 +137,12 @@ def test_every_step_has_its_section_with_its_diff_and_its_number():
         if n < 3:
             continue
         body = text[start:end]
-        assert any(re.search(r"show_diff|parts\(|core_diff", t) for t in body), n
+        assert any(re.search(r"show_diff|step_diff|parts\(|core_diff", t) for t in body), n
         assert any("say(f" in t and "{" in t for t in body), n
         for t in body:
-            m = re.fullmatch(r"ngram\.CHAPTER\.show_diff\((\d+), (\d+)\)", t.strip())
+            m = re.fullmatch(r"lesson\.step_diff\((\d+), (\d+)\)", t.strip())
             if m:
-                d = ngram.CHAPTER.show_diff(int(m[1]), int(m[2]))
+                d = lesson.step_diff(int(m[1]), int(m[2]))
                 assert int(m[2]) == n and len(d.added) + len(d.removed) <= 40, (n, len(d.added), len(d.removed))
 
 
@@ -388,3 +388,111 @@ def test_the_page_says_rows_and_changes_not_links():
     cells = json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]
     page = "\n".join("".join(c["source"]) for c in cells)
     assert not re.search(r"\blinks?\d*\b", page, re.IGNORECASE), re.findall(r".{30}\blinks?\d*\b.{30}", page, re.I)
+
+
+def _context_runs(diff) -> list[int]:
+    """The lengths of the runs of unchanged lines a diff shows between its hunk headers and changed lines."""
+    runs, run = [], 0
+    for line in diff.lines[2:]:
+        if line[:1] in ("+", "-") or line.startswith("@@"):
+            runs.append(run)
+            run = 0
+        else:
+            run += 1
+    return [r for r in runs + [run] if r]
+
+
+def test_every_diff_on_the_page_shows_one_line_of_context():
+    """Each step's diff shows its own lines and one line of context each side (:data:`lesson.DIFF_CONTEXT`), not the
+    braces and ``#pragma unroll`` around them: every diff on the page goes through it, and no run of unchanged lines
+    in a shown diff is longer than the context of the two changes it separates."""
+    import json
+
+    from book.common import diff_parts
+    from studylog import paths
+    from studylog.source import show_diff
+
+    assert lesson.DIFF_CONTEXT == 1
+    cells = ["".join(c["source"]) for c in
+             json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
+    code = "\n".join(cells)
+    assert "CHAPTER.show_diff(" not in code  # the steps' diffs go through lesson.step_diff
+    for cell in cells:
+        if "show_diff(" in cell:
+            assert "context=lesson.DIFF_CONTEXT" in cell, cell
+    shown = [lesson.step_diff(old, new) for old, new in ((2, 3), (3, 4), (5, 6), (6, 7), (7, 8), (8, 9), (9, 10),
+                                                         (10, 11))]
+    shown += [show_diff("ngram_two_phase.cu", "ngram_one_pass.cu", old_function="ngram_search_per_n",
+                        new_function="ngram_search_one_pass", context=lesson.DIFF_CONTEXT)]
+    shown += [lesson.core_diff(4), lesson.core_diff(8)]
+    for d in shown + [p for d in shown for p in diff_parts(d)]:
+        assert max(_context_runs(d), default=0) <= 2 * lesson.DIFF_CONTEXT, d.new_name
+    # three lines of context (the default) would show runs of up to six unchanged lines
+    assert max(r for old, new in ((7, 8), (10, 11))
+               for r in _context_runs(ngram.CHAPTER.show_diff(old, new))) > 2 * lesson.DIFF_CONTEXT
+
+
+def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
+    """"Where we lose" gives the entry point's host time per eager call at the headline case against its GPU time
+    (computed by :func:`lesson.eager_host`, read here from the file itself), says that steps 9 to 11 raise the
+    measured host time yet add no host work (one launch a call with the matcher's arguments from step 7 on, two in
+    step 6, read from the step functions), and shows the launch's own swing: the same step's launch timed as the entry
+    point and as itself. The dispatch rule is said to be chosen on the GPU clock, and it picks the step faster there
+    at the headline case."""
+    import json
+
+    from studylog import paths
+    from studylog.ngram.kernels import step11_skip_refused, step_for_shape
+
+    cells = ["".join(c["source"]) for c in
+             json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
+    body = cells[cells.index("## Where we lose") + 1]
+    for text in ("eager = lesson.eager_host(results)", "{eager['entry_host']:.1f} µs of\n  host time a call",
+                 "{eager['entry_gpu']:.1f} µs on the GPU clock", "Steps 9 to 11 raise the measured host time",
+                 "but add no host work", "{len(kernels.SIGNATURE)} arguments", "chosen on\n  the GPU clock"):
+        assert text in body, text
+    results = load_results("ngram")
+    rows = json.loads(results.path.read_text())["measurements"]
+
+    def host(series, cfg):
+        at = [r for r in rows if r["series"] == series and "corpus" not in r["params"] and r.get("clock") == "gpu"
+              and (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == cfg]
+        return at[0]
+
+    eager = lesson.eager_host(results)
+    entry = host("ngram_match", lesson.HEADLINE)
+    assert eager["entry_host"] == pytest.approx(entry["host_ms"] * 1e3)
+    assert eager["entry_gpu"] == pytest.approx(entry["ms"] * 1e3)
+    assert eager["entry_host"] > eager["entry_gpu"]  # the bullet's title: eagerly, the host sets the pace
+    for n in range(7, ngram.CHAPTER.final.number + 1):
+        assert eager["steps"][n] == pytest.approx(host(f"step{n:02d}", lesson.HEADLINE)["host_ms"] * 1e3), n
+    later = [eager["steps"][n] for n in range(9, ngram.CHAPTER.final.number + 1)]
+    assert min(later) > eager["steps"][8]  # "raise the measured host time"
+    assert lesson.launches(6) == 2 and all(lesson.launches(n) == 1 for n in range(7, ngram.CHAPTER.final.number + 1))
+    case, as_entry, as_step = eager["same_launch"]
+    assert host("ngram_match", case)["step"] == ngram.CHAPTER.final.series
+    assert as_entry == pytest.approx(host("ngram_match", case)["host_ms"] * 1e3)
+    assert as_step == pytest.approx(host(ngram.CHAPTER.final.series, case)["host_ms"] * 1e3)
+    assert abs(as_entry - as_step) > (min(later) - eager["steps"][8]) / 2  # a swing of the rise's order, same code
+    # the rule is chosen on the GPU clock: at the headline case it runs step 11, the faster there
+    assert step_for_shape(*lesson.HEADLINE[:2]) is step11_skip_refused
+    assert host("step11", lesson.HEADLINE)["ms"] < host("step07", lesson.HEADLINE)["ms"]
+
+
+def test_split_wins_are_every_grid_case_where_step6_beats_the_entry_point():
+    """The page's count of shapes where step 6's two launches beat the entry point on the GPU clock covers every
+    synthetic case that times both, not only the steps table's columns, and each ratio is the file's own."""
+    from studylog.plotting import load_results
+
+    results = load_results("ngram", gpu="nvidia-h200")
+    wins, timed = lesson.split_wins(results)
+    raw = {}
+    for r in results.rows:
+        p = r["params"]
+        if r.get("clock") == "gpu" and p.get("corpus") is None and r["series"] in ("step06", "ngram_match"):
+            raw.setdefault((p["batch"], p["seq_len"], p["threshold"]), {})[r["series"]] = r["ms"]
+    both = {k: v for k, v in raw.items() if len(v) == 2}
+    assert timed == len(both)
+    want = sorted((k + (v["ngram_match"] / v["step06"],) for k, v in both.items() if v["step06"] < v["ngram_match"]),
+                  key=lambda w: -w[3])
+    assert wins == want

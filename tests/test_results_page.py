@@ -191,3 +191,29 @@ def test_landing_lines_say_one_headline_and_the_eager_caveats():
     ratio = (statistics.median(r["ms"] for r in real if r["series"] == "step01")
              / statistics.median(r["ms"] for r in real if r["series"] == "step03"))
     assert f"{ratio:.2f}× on a real model, SmolLM2-135M" in lines[7]["brief"]["H200"]
+
+
+def test_part_one_answer_on_every_card_that_has_one():
+    """Chapter 05 part 1's card on the landing gives each card's answer, as the chapters' cards do, and the results
+    page says once why GemLite passes our check at different shapes on each card when it does."""
+    from book.scoreboard import card_name, cards
+    from book.site import _questions
+
+    answer = _questions()["notebooks/05_ternary_1_triton.ipynb"][1]
+    passed = {}
+    for folder in cards(BENCH_RESULTS):
+        short = results._short(card_name(folder))
+        part_one = results.part_one_answer(folder)
+        if part_one is not None:
+            passed[short] = frozenset(part_one["ratios"])
+            n = len(part_one["ratios"])
+            assert f"{short}: " in answer and f"at the {n} shapes where GemLite passes" in answer
+    line = results.part_one_line()
+    said = [n for notes in line["notes"].values() for n in notes if "different shapes on each card" in n]
+    assert len(said) == (1 if len(set(passed.values())) > 1 else 0)
+
+
+def test_flashinfer_setting_said_once_on_chapter_six():
+    (six,) = [h for h in results.headlines() if h["number"] == 6]
+    said = [n for notes in six["notes"].values() for n in notes if "page size" in n]
+    assert len(said) == 1

@@ -341,3 +341,18 @@ def test_each_statistic_names_its_basis_and_the_files_are_listed_once():
     for name in ("assets/bench/nvidia-h200/speculate.json", f"{lesson.LAB_RESULTS}/{lesson.SPLIT_RUN}",
                  f"{lesson.LAB_RESULTS}/prefill_probe.json", "assets/bench/nvidia-h200/decode.json"):
         assert name in text[at], name
+
+
+def test_the_four_token_layers_in_prose_are_the_tables_numbers():
+    """At four tokens the prose quotes the layer table's own row (one decimal, † where the start-up timing gave the
+    number), not the start-up timing of both layers, so the prose and the table read the same numbers."""
+    results = lesson.committed()
+    four = next(d for d in lesson.layer_table(results, 1) if d["chunk"] == 4)
+    assert four["gemv"] > four["cublas"]  # the nine-launch layer wins there, as the prose says
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    cell = next(t for t in text if "at four" in " ".join(t.split()))
+    assert "tuned_layers(results)[4]" not in cell
+    assert 'four = next(d for d in layers if d["chunk"] == 4)' in cell
+    assert "{quoted(four, 'gemv')} against {quoted(four, 'cublas')}" in cell
+    assert '{d[layer]:,.1f}' in cell  # the table's own digits

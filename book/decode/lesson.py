@@ -25,7 +25,7 @@ from studylog.decode.model import model_config
 
 __all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "amdahl_table",
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
-           "bound_excess", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
+           "bound_excess", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
            "steps_rows", "steps_table", "padding_table", "prose_numbers", "real_model_table",
            "results_table", "shapes_table", "targets_by_card", "tried_table", "public_shapes"]
@@ -617,7 +617,9 @@ def jump_counts(results, model: str = "1b", batch: int = 1) -> dict[str, float] 
     (``ch1_saved_token``, ``ch1_saved_char``): forwards summed over the documents, and the baseline's forwards
     that pick EOS where nothing else is allowed left out (its forwards beyond one per token): chapter 01's step 1
     never spends them, and the jump configurations stop there without one. ``eos_forwards``: how many those are;
-    ``documents``: one per schema. None where a configuration is missing."""
+    ``documents``: one per schema; ``passes_base``, ``passes_token``: chapter 01's sums behind ``ch1_saved_token``
+    (the baseline's forwards less ``eos_forwards``, and the token jumps' forwards). None where a configuration is
+    missing."""
     rows = {c: _json_rows(results, c, model, batch) for c in ("baseline", "jump_forward", "char_jump")}
     if not all(rows.values()):
         return None
@@ -630,7 +632,7 @@ def jump_counts(results, model: str = "1b", batch: int = 1) -> dict[str, float] 
             "saved_token": 1 - per_token["jump_forward"] / per_token["baseline"],
             "saved_char": 1 - per_token["char_jump"] / per_token["baseline"],
             "ch1_saved_token": 1 - total["jump_forward"] / passes, "ch1_saved_char": 1 - total["char_jump"] / passes,
-            "eos_forwards": eos, "documents": len(base)}
+            "eos_forwards": eos, "documents": len(base), "passes_base": passes, "passes_token": total["jump_forward"]}
 
 
 def _case(results, model: str, batch: int) -> dict | None:
@@ -657,6 +659,22 @@ def _case(results, model: str, batch: int) -> dict | None:
             "bound": bound}
 
 
+def range_top(results, model: str, batch: int) -> dict | None:
+    """The JSON schema at the top of a case's per-schema range of step 1 over step 3 (the result table's "most"):
+    its name (``schema``), the ratio, its output tokens and the forwards step 1 and step 3 spend on them
+    (``forwards_step1``, ``forwards_step3``). A request's time per output token is its whole time, the prompt's
+    prefill included, over its output tokens, so the shortest outputs give the extremes. None where the case is not
+    measured."""
+    top = None
+    for r3 in _json_rows(results, "masked_head", model, batch):
+        base = report.rows_of(results.rows, model=model, batch=batch, config="baseline", whitespace="compact",
+                              schema=r3["params"]["schema"])
+        if base and (top is None or base[0]["ms"] / r3["ms"] > top["ratio"]):
+            top = {"schema": r3["params"]["schema"], "ratio": base[0]["ms"] / r3["ms"], "tokens": base[0]["tokens"],
+                   "forwards_step1": base[0]["forwards"], "forwards_step3": r3["forwards"]}
+    return top
+
+
 def bound_excess(results, model: str, batch: int) -> dict | None:
     """Why a case's measurement can pass its bound: how many of its requests beat their own bound, and the host's
     own work (the loop's ``host`` component, µs per output token, median of the requests) in step 1 and step 3,
@@ -675,6 +693,21 @@ def bound_excess(results, model: str, batch: int) -> dict | None:
     host = {c: parts[c]["host"] * 1e3 for c in ("baseline", "masked_head")}
     return {"above": above, "requests": len(bounds), "host_step1_us": host["baseline"],
             "host_step3_us": host["masked_head"]}
+
+
+def step03_past_head_bound(results, model: str = "1b", batch: int = 1) -> dict | None:
+    """Why step 3 over step 2 (the steps table's ``× previous``) can pass the most chapter 02's head can buy,
+    ``1 / (1 - s)`` for the head's share ``s`` of the bytes: that bound holds the host's own work fixed, and step 3
+    also shortens it. ``ratio``: the steps table's step 3 over step 2; ``bound``: the head's bound at ``model``;
+    ``host_step2_us``, ``host_step3_us``: the loop's ``host`` component (µs per output token, median of the
+    requests, as :func:`bound_excess` reads it). None where a step is not measured."""
+    rows = {r["step"]: r for r in steps_rows(results, model, batch)}
+    parts = breakdown(results.rows, model, batch, kind="json")
+    two, three = report.series_label("jump_forward"), report.series_label("masked_head")
+    if two not in rows or three not in rows or "jump_forward" not in parts or "masked_head" not in parts:
+        return None
+    return {"ratio": rows[three]["x_previous"], "bound": 1 / (1 - model_config(model).head_share()),
+            "host_step2_us": parts["jump_forward"]["host"] * 1e3, "host_step3_us": parts["masked_head"]["host"] * 1e3}
 
 
 #: The cases of the result table: (label, model, batch).

@@ -24,6 +24,7 @@ def figures(results) -> dict:
     right.set_title("torch matmul (cuBLAS), random inputs", fontsize=10)
     for i, r in enumerate(mm):
         right.text(i, r["tflops"], f"{r['tflops']:.0f}", ha="center", va="bottom", fontsize=9)
+    right.set_ylim(0, 1.12 * max((r["tflops"] for r in mm), default=1))  # room for the tallest bar's label
     fig.suptitle(results.caption(), fontsize=8, y=0.02)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return {"ceilings": fig}

@@ -29,9 +29,9 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
            "RIVAL_ROWS", "boehm_table", "step_factor", "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "other_runs", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
-           "html_table", "folded", "plan_timeline", "plan_timeline_table", "TIMELINE_PARTS", "timeline_idle",
-           "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties", "ties_words",
-           "dispatch_step", "plan_step", "PATH_STEPS"]
+           "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
+           "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties",
+           "ties_words", "dispatch_step", "plan_step", "PATH_STEPS"]
 
 #: ``lab/masked_lm_head/results/<gpu>/<name>.json``: the first (do_bench) run, with the streaming kernel's candidates.
 CANDIDATES_FILE, CANDIDATES_GPU = "candidates_do_bench", "nvidia-h200"
@@ -140,14 +140,15 @@ def tied(a: float, b: float) -> bool:
 
 def headline_words(times: dict[int, tuple[float, float]]) -> tuple[str, str]:
     """The headline from ``times`` (batch -> our time, xgrammar's path's, ms), in two parts: the batches where ours
-    is faster by more than :data:`TIE` (``10.6× at batch 1 and 1.9× at batch 64``), then the others, each with both
-    times (``; at batch 256 the two tie, within 1% (ours 474.2 µs, xgrammar's path 473.1)``, or ours slower)."""
+    is faster by more than :data:`TIE` (``10.58× at batch 1 and 1.92× at batch 64``: two decimals, as the landing
+    page and the results page print them), then the others, each with both times (``; at batch 256 the two tie,
+    within 1% (ours 474.2 µs, xgrammar's path 473.1)``, or ours slower)."""
     faster, rest = [], []
     for batch, (ours, theirs) in times.items():
         x = theirs / ours
         both = f"(ours {ours * 1e3:,.1f} µs, xgrammar's path {theirs * 1e3:,.1f})"
         if x > 1 + TIE:
-            faster.append(f"{x:.1f}× at batch {batch}")
+            faster.append(f"{x:.2f}× at batch {batch}")
         elif tied(ours, theirs):  # the page's first tie: its rule said here, once
             rest.append(f"at batch {batch} the two tie, within {TIE:.0%} {both}")
         else:
@@ -244,11 +245,18 @@ def prose_numbers(results) -> dict[str, Any]:
         n["mlh_dispatch_min_at"] = f"{p['allowed']:,} allowed on {p['kind']} masks"
     else:
         n["mlh_dispatch_min_at"] = PENDING
-    n["mlh_dispatch_1000_vs_dense"] = _x(_ratio(dense[1000], _b1(results, s[12], 1000)), 0)
-    d1000, k1000 = (_row(results, x, batch=1, kind="random", allowed=1000) for x in ("dense_mask", s[12]))
-    if d1000 is not None and k1000 is not None:  # dense + mask's two speeds may put its median in the slow one
-        flag = _vs(k1000, d1000).partition(" ")[2]  # the caveat after the ratio, if either side spreads
-        n["mlh_dispatch_1000_vs_dense"] += f" {flag}" if flag else ""
+    # dense + mask's repetitions may fall in two speeds (dense_clusters), its median in the slow one: the same
+    # "at least" against its fastest repetition, and the point that gives it
+    fastest = [(d["spread_ms"][0] / r["ms"], r["params"]) for r in results.select(s[12], batch=1)
+               if r["params"]["allowed"] <= 1000 and r["params"].get("layout", "vd") == "vd"
+               for d in [_row(results, "dense_mask", batch=1, kind=r["params"]["kind"],
+                              allowed=r["params"]["allowed"])] if d is not None and d.get("spread_ms")]
+    if fastest:
+        low, p = min(fastest, key=lambda q: q[0])
+        n["mlh_dispatch_min_vs_dense_fastest"] = f"{low:.0f}×"
+        n["mlh_dispatch_min_fastest_at"] = f"{p['allowed']:,} allowed on {p['kind']} masks"
+    else:
+        n["mlh_dispatch_min_vs_dense_fastest"] = n["mlh_dispatch_min_fastest_at"] = PENDING
     n["mlh_dispatch_vs_index_10000"] = _x(_ratio(_b1(results, "index_select", 10_000), _b1(results, s[12], 10_000)))
     # the kernel alone against the fastest same-shape rival, at the headline's point (the scoreboard's second row)
     n["mlh_index_1000"] = _us(_b1(results, "index_select", 1000))
@@ -281,7 +289,7 @@ def prose_numbers(results) -> dict[str, Any]:
     for key, batch, allowed in (("b1", 1, 1000), ("b64", 64, 1000)):
         mine = _ms(results, PLAN, batch=batch, kind="random", allowed=allowed)
         theirs = _ms(results, XGRAMMAR, batch=batch, kind="random", allowed=allowed)
-        n[f"mlh_plan_vs_xgr_{key}"] = _x(_ratio(theirs, mine), 1)
+        n[f"mlh_plan_vs_xgr_{key}"] = _x(_ratio(theirs, mine))  # two decimals, as the headline
         n[f"mlh_xgr_{key}"] = _us(theirs)
     # the headline with its range: the whole step against xgrammar's path at each batch of HEADLINE_POINTS, a
     # point within TIE of parity said as a tie with both times
@@ -598,7 +606,10 @@ def tried_table(results, candidates: dict | None) -> str:
 #: on. That is the step numbered before it, except step 7 (step 6 did not pay: step 7 builds on step 5, at 10,000
 #: allowed, where a hint on rows read once can matter), step 9 (steps 4 to 8 take one sequence: it is compared with
 #: step 3, the last step that multiplies a batch, at the batch-64 point), step 11 (its diff starts from step 3),
-#: step 12 (it runs step 7 there) and step 13 (the plan runs step 12's kernels from the bitmask); None for step 0.
+#: step 12 (it runs step 7 there) and step 13; None for step 0. Step 13 has another contract than the steps before
+#: it (the whole step from the grammar's packed bitmask: its copy to the device and the union's build included, where
+#: step 12 is given the ids ready), so its base is the rival with that same contract, xgrammar's path (a series name,
+#: not a step number): a ratio to step 12 would price the copy and the union build as a slowdown.
 #: Every base has a time at its step's point, so every row of :func:`boehm_table` has a ratio.
 STEP_CASES = {
     0: (dict(batch=1, kind="random", allowed=1000), None),
@@ -614,15 +625,17 @@ STEP_CASES = {
     10: (dict(batch=64, kind="random", allowed=1000), 9),
     11: (dict(batch=1, kind="real", allowed=1000), 3),
     12: (dict(batch=1, kind="random", allowed=1000), 7),
-    13: (dict(batch=1, kind="random", allowed=1000), 12),
+    13: (dict(batch=1, kind="random", allowed=1000), XGRAMMAR),
 }
 #: The "compared with" cell of a step whose base (:data:`STEP_CASES`) is not the step numbered before it.
 BASE_WORDS = {7: "step 5 (step 6 did not pay)",
               9: "step 3, the last step that multiplies a batch (steps 4 to 8 take one sequence)",
               11: "step 3, its diff's base", 12: "step 7, which it runs here",
-              13: "step 12, which is given the allowed ids ready (step 13 copies the bitmask in and builds them)"}
-#: The rivals, in rows of their own under the steps (never a step's base): the series, the step that faces it at
-#: that step's point, and its words.
+              13: "xgrammar's path, the rival with step 13's contract (the whole step from the same bitmask, its copy "
+                  "included); not step 12, which is given the ids ready: a ratio to it would count the bitmask's copy "
+                  "and the union's build as a slowdown"}
+#: The rivals, in rows of their own under the steps, with their own times and floors: the series, the step that faces
+#: it at that step's point, and its words. Only xgrammar's path is also a step's base (step 13's, :data:`STEP_CASES`).
 RIVAL_ROWS = ((("dense_mask",), 0), (("dense_mask", "index_select"), 10), ((XGRAMMAR,), 13))
 #: A rival row's words, by series; at a point with several rivals the table shows the fastest there.
 RIVAL_WORDS_ROW = {"dense_mask": "torch's dense logits, then `masked_fill` (bf16)",
@@ -648,11 +661,16 @@ BOEHM_CHANGES = {3: "a row-tile kernel for [V, D]; its form is the dispatch's de
                      "(`tl.dot`)",
                  11: "the vocabulary reordered so that allowed tokens cluster",
                  12: "a dispatch by shape: the fastest measured path for the batch size and the allowed count",
-                 13: "the whole step from the packed bitmask: copied in, the union built on the device, one CUDA graph "
-                     "per bucket (the headline)"}
+                 13: "the whole step, from the grammar's packed bitmask to the logits, captured in CUDA graphs (the "
+                     "headline)"}
 #: Steps that stay numbered though they did not pay (see :data:`BOEHM_CHANGES`): their cell starts with
 #: :func:`paid_words`.
 NOT_PAID = (3, 6, 9)
+
+
+def _base_series(base: int | str) -> str:
+    """The series of a base of :data:`STEP_CASES`: a step's number, or a rival's series (step 13's)."""
+    return base if isinstance(base, str) else step_series(base)
 
 
 def step_factor(results, number: int) -> float | None:
@@ -661,7 +679,7 @@ def step_factor(results, number: int) -> float | None:
     params, base = STEP_CASES[number]
     if base is None:
         return None
-    mine, theirs = _ms(results, step_series(number), **params), _ms(results, step_series(base), **params)
+    mine, theirs = _ms(results, step_series(number), **params), _ms(results, _base_series(base), **params)
     return None if mine is None or theirs is None else theirs / mine
 
 
@@ -685,23 +703,32 @@ def _vs(row: dict, reference: dict | None) -> str:
                                                           else None)
 
 
-def _floor_cells(results, row: dict, params: dict) -> str:
-    """A row's floor of the masked call at its point (which part binds) and its time over it, two cells."""
+#: Steps whose call starts from the bitmask in host memory: the masked call's floor leaves out that copy, whose own
+#: floor is not measured, so their time over it is not given (the scoreboard's rule for the same row).
+FROM_HOST = (13,)
+
+
+def _floor_cells(results, row: dict, params: dict, *, from_host: bool = False) -> str:
+    """A row's floor of the masked call at its point (which part binds) and its time over it, two cells; with
+    ``from_host`` (:data:`FROM_HOST`) the second says why it is not given."""
     union = row.get("union", params["allowed"])
     floor = floor_ms(results, params["batch"], union)
     binds = "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
+    if from_host:
+        return f"{floor * 1e3:.2f} ({binds}) | – (the floor leaves out the bitmask's copy from host memory)"
     return f"{floor * 1e3:.2f} ({binds}) | {row['ms'] / floor:.1f}×"
 
 
 def boehm_table(results) -> str:
     """One row per step, ``[V, D]``: the one change, where it is measured, µs on the GPU clock, the step it is
     compared with (:data:`STEP_CASES`: the step it builds on, :data:`BASE_WORDS` where that is not the step numbered
-    before it) and that step's time over this one's, both at this step's point, the floor of the masked call at that
-    point (:func:`floor_ms`, which of its two parts binds) and the time over it: one floor a row (a dense head's floor,
-    for step 0, is the prose's; step 13's leaves out its copy from host memory). Then the rivals (:data:`RIVAL_ROWS`),
-    each in a row of its own at the point of the step that faces it, whose cell says how much faster that step is: a
-    rival is never a step's base. A step of :data:`NOT_PAID` starts its cell with :func:`paid_words` of its factor;
-    step 11's says how step 7 does on its mask. A time whose rotation was capped carries :data:`CAPPED`. Every ratio
+    before it; for step 13, whose contract starts from the bitmask, the rival with that contract) and that time over
+    this one's, both at this step's point, the floor of the masked call at that point (:func:`floor_ms`, which of its
+    two parts binds) and the time over it: one floor a row (a dense head's floor, for step 0, is the prose's; step
+    13's leaves out its copy from host memory). Then the rivals (:data:`RIVAL_ROWS`), each in a row of its own at the
+    point of the step that faces it, whose cell says how much faster that step is: only step 13 has a rival for its
+    base. A step of :data:`NOT_PAID` starts its cell with :func:`paid_words` of its factor; step 11's says how step 7
+    does on its mask. A time whose rotation was capped carries :data:`CAPPED`. Every ratio
     is of medians, flagged by :func:`book.results.caveat` where either side's repetitions spread past its threshold,
     the rule of every page (dense + mask's batch-1 repetitions may fall in two clusters, :func:`dense_clusters`: its
     median then carries the flag). A base with no time at its step's point is an error, not a blank cell."""
@@ -718,9 +745,9 @@ def boehm_table(results) -> str:
         if base is None:
             against = vs = "–"
         else:
-            reference = _row(results, step_series(base), **params)
+            reference = _row(results, _base_series(base), **params)
             if reference is None:
-                raise ValueError(f"step {step.number}'s base, step {base}, has no time at {_case(params)}")
+                raise ValueError(f"step {step.number}'s base, {_base_series(base)}, has no time at {_case(params)}")
             against, vs = BASE_WORDS.get(step.number, f"step {base}"), _vs(row, reference)
         change = BOEHM_CHANGES.get(step.number, step.title)
         if step.number in NOT_PAID:
@@ -731,7 +758,7 @@ def boehm_table(results) -> str:
                 change = (f"{'did not pay' if seven['ms'] < row['ms'] else 'paid'}: {change}; step 7 is "
                           f"{row['ms'] / seven['ms']:.2f}× as fast on this mask")
         lines.append(f"| {step.number} | {change} | {_case(params)} | {us(row['ms'])}{capped(row)} | {against} | "
-                     f"{vs} | {_floor_cells(results, row, params)} |")
+                     f"{vs} | {_floor_cells(results, row, params, from_host=step.number in FROM_HOST)} |")
     for candidates, faces in RIVAL_ROWS:
         params = STEP_CASES[faces][0]
         found = [(r, s) for s in candidates if (r := _row(results, s, **params)) is not None]
@@ -742,7 +769,7 @@ def boehm_table(results) -> str:
         ratio, _, flag = _vs(shown[faces], rival).partition(" ")  # the flag, if any, after the sentence
         lines.append(f"| rival | {words}; step {faces} is {ratio} as fast here{' ' + flag if flag else ''} | "
                      f"{_case(params)} | {us(rival['ms'])}{capped(rival)} | – | – | "
-                     f"{_floor_cells(results, rival, params)} |")
+                     f"{_floor_cells(results, rival, params, from_host=faces in FROM_HOST)} |")
     return "\n".join(lines)
 
 
@@ -929,6 +956,17 @@ def timeline_idle(data: dict) -> dict[str, float]:
     last = TIMELINE_PARTS[-1][0]
     return {**{key: s["gap_before_us"][key] for key, _ in TIMELINE_PARTS[1:]},
             "next": s["period_us"] - s["start_us"][last] - s["duration_us"][last]}
+
+
+def plan_parts(data: dict) -> dict[str, float]:
+    """Step 13's parts, each with its own time, from :func:`plan_timeline`'s medians, in µs: each activity of
+    :data:`TIMELINE_PARTS` (its start to its end), ``span`` (one call: the copy's start to the row kernel's end),
+    ``period`` (one call's copy to the next call's), ``busy`` (the four activities' sum) and ``idle`` (the period less
+    ``busy``)."""
+    s = data["summary"]
+    parts = {key: s["duration_us"][key] for key, _ in TIMELINE_PARTS}
+    busy = sum(parts.values())
+    return {**parts, "span": s["span_us"], "period": s["period_us"], "busy": busy, "idle": s["period_us"] - busy}
 
 
 def plan_timeline_table(data: dict) -> str:

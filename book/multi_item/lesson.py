@@ -116,6 +116,24 @@ def matmul_rate(results, lays: dict[str, Layout]) -> float | None:
     return None
 
 
+def card_matmul_rate(results, n: int = report.CEILING_MATMUL_N) -> float | None:
+    """The bf16 matmul rate (FLOP/s) at side ``n`` that chapter 00's run of the card's ceilings measured on the card
+    of ``results`` (its table shows it); :func:`matmul_rate`, this chapter's own run's rate at the same side,
+    differs from it by run-to-run noise. None where that run or that size is not committed."""
+    from studylog import plotting
+
+    if results is None:
+        return None
+    try:
+        env = plotting.load_results("env", gpu=results.path.parent.name)
+    except FileNotFoundError:
+        return None
+    for r in env.rows:
+        if r.get("series") == "matmul_bfloat16" and r.get("params", {}).get("n") == n and "tflops" in r:
+            return r["tflops"] * 1e12
+    return None
+
+
 def bounds_table(results, lays: dict[str, Layout]) -> str:
     """Pairs per shape (dense, causal, visible), the bytes of q, k, v and the output, and both floors."""
     lines = ["| shape | tokens | dense pairs | causal pairs | visible pairs | visible / causal | q, k, v, out | "

@@ -77,7 +77,7 @@ def figures(results) -> dict:
     xs = list(range(len(configs)))
     figs = {}
 
-    fig, ax = plt.subplots(figsize=(9, 5.2))
+    fig, ax = plt.subplots(figsize=(11, 5.2))
     drawn = [s for s in CHAPTER.steps if any(grid_select(results, s.series, c) for c in configs)]
     synced = any(grid_select(results, SYNCED_SERIES, c) for c in configs)
     n_series = len(drawn) + synced
@@ -105,13 +105,14 @@ def figures(results) -> dict:
         ax.hlines([f for _, f in floors], [i - 0.42 for i, _ in floors], [i + 0.42 for i, _ in floors],
                   colors=series_color("floor"), linestyles="--", lw=1,
                   label="floor: the haystacks read once, or an empty kernel where larger")
-    ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT)
+    ax.set_xticks(xs, [case_label(c) for c in configs], fontsize=FONT, rotation=30, ha="right")
     ax.tick_params(labelsize=FONT)
     ax.set_yscale("log")
     ax.set_ylabel("µs per call (median; bars: min–max)", fontsize=FONT)
     ax.set_xlabel("batch x prompt length (separate cases)", fontsize=FONT)
     ax.grid(True, which="major", axis="y", alpha=0.3)
-    ax.legend(fontsize=FONT, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+    # beside the axes, not under them: a legend of every step below the plot ran into the axis label
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title("N-gram matching: every step against the CPU path and the floor", fontsize=FONT + 1)
     fig.text(0.5, 0.005, caption(results), ha="center", fontsize=FONT)
     fig.tight_layout(rect=(0, 0.03, 1, 1))

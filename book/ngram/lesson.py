@@ -21,7 +21,8 @@ from studylog.ngram.models import decode_key, slot_plan
 from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
-           "exit_factor", "pays_at", "step_factors", "host_us", "step_notes", "boehm_table", "core_diff",
+           "exit_factor", "pays_at", "step_factors", "host_us", "launches", "eager_host", "step_notes", "boehm_table",
+           "DIFF_CONTEXT", "step_diff", "core_diff",
            "dispatch_table", "early_exit_share", "entry_row", "floor_us", "grid_row", "result_table", "step_table",
            "real_text_table", "summary_table", "target_verdicts"]
 
@@ -297,6 +298,39 @@ def host_us(results, number: int, cfg: tuple[int, int, int]) -> float | None:
     return None if row is None or row.get("host_ms") is None else row["host_ms"] * 1e3
 
 
+def launches(number: int) -> int:
+    """How many kernels a call of step ``number`` launches, counted in its step function's source (the launches of
+    :mod:`studylog.ngram.kernels`, each through ``_kernel(...)``, each with the same arguments, ``*m.args``)."""
+    import inspect
+
+    from studylog.ngram import kernels
+
+    source = inspect.getsource(getattr(kernels, CHAPTER.step(number).name))
+    if source.count("_kernel(") != source.count("*m.args)"):
+        raise ValueError(f"step {number} launches a kernel with other arguments than the matcher's")
+    return source.count("_kernel(")
+
+
+def eager_host(results, cfg: tuple[int, int, int] = HEADLINE) -> dict:
+    """What an eager caller of the entry point pays on the host at ``cfg``, in µs, from the benchmark: ``entry_host``
+    and ``entry_gpu`` (``ngram_match``'s host time per eager call, back to back, and its GPU-clock time), ``steps``
+    (the host time per eager call of steps 7 to the last) and ``same_launch``: ``(case, entry point µs, last step
+    µs)`` at the case of :data:`BOEHM_CASES` where the entry point runs the last step and the two host times of that
+    one step's launch (timed twice in one run) differ most."""
+    where = {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None}
+    entry = entry_row(results, where)
+    final = CHAPTER.final
+    pairs = []
+    for case in BOEHM_CASES:
+        row = entry_row(results, dict(zip(("batch", "seq_len", "threshold"), case), corpus=None))
+        own = host_us(results, final.number, case)
+        if row and row.get("step") == final.series and row.get("host_ms") and own:
+            pairs.append((case, row["host_ms"] * 1e3, own))
+    return {"entry_host": entry["host_ms"] * 1e3, "entry_gpu": entry["ms"] * 1e3,
+            "steps": {n: host_us(results, n, cfg) for n in range(7, final.number + 1)},
+            "same_launch": max(pairs, key=lambda p: abs(p[1] - p[2])) if pairs else None}
+
+
 def floor_us(results, cfg: tuple[int, int, int]) -> float | None:
     """The least time a call can take at ``cfg``, in µs (the book's floor, :func:`book.common.floor_ms`): the larger
     of the active slots' haystacks read once at the copy bandwidth (bytes read plus written per second) and the
@@ -405,6 +439,16 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     return "\n".join(lines)
 
 
+#: Lines of context the page shows around each change of a diff: one, an anchor each side, so a long diff shows the
+#: step's own lines rather than the braces and ``#pragma unroll`` around them.
+DIFF_CONTEXT = 1
+
+
+def step_diff(old: int, new: int):
+    """The diff from step ``old`` to step ``new`` as the page shows it: :data:`DIFF_CONTEXT` lines of context."""
+    return CHAPTER.show_diff(old, new, context=DIFF_CONTEXT)
+
+
 #: The core of a step's diff, shown open under its section (the whole diff stays folded): per step, the lines of the
 #: step before's kernel and of its own between two markers each (first line containing, last line containing).
 CORE_DIFFS = {
@@ -428,7 +472,7 @@ def core_diff(step: int):
         return "\n".join(lines[i:j + 1]) + "\n"
 
     (old_first, old_last), (new_first, new_last), what = CORE_DIFFS[step]
-    return show_diff(cut(step - 1, old_first, old_last), cut(step, new_first, new_last),
+    return show_diff(cut(step - 1, old_first, old_last), cut(step, new_first, new_last), context=DIFF_CONTEXT,
                      names=(f"step {step - 1}: {what}", f"step {step}: {what}"))
 
 
@@ -465,13 +509,31 @@ def entry_row(results, where: dict) -> dict | None:
     return None
 
 
+def split_wins(results) -> tuple[list[tuple[int, int, int, float]], int]:
+    """Where step 6 (two launches) beats the entry point on the GPU clock, over every synthetic case of the grid that
+    times both: ``[(batch, seq_len, threshold, entry ÷ step 6)]``, slowest-for-us first, and how many cases time both."""
+    wins, both = [], 0
+    for r in results.select(CHAPTER.step(6).series):
+        p = r["params"]
+        if r.get("clock") != "gpu" or p.get("corpus") is not None:
+            continue
+        entry = entry_row(results, dict(p, corpus=None))
+        if entry is None or entry["series"] != "ngram_match":
+            continue
+        both += 1
+        if r["ms"] < entry["ms"]:
+            wins.append((p["batch"], p["seq_len"], p["threshold"], entry["ms"] / r["ms"]))
+    return sorted(wins, key=lambda w: -w[3]), both
+
+
 def result_table(results, headline_rows) -> str:
-    """The result table: per headline case, the CPU path and step 7 end to end on the host (the call, then a sync;
-    step 7 is the series the benchmark times that way) and their ratio; then, on the GPU clock, the entry point
+    """The result table: per headline case, the CPU path and the last step end to end on the host (the call, then a
+    sync; the last step is the series the benchmark times that way) and their ratio; then, on the GPU clock, the entry point
     ``ngram_match`` (:func:`entry_row`, as the chapter's headline times it; the last step on a file without it)
     beside step 3 (our port of the pull request's first, two-phase kernel) and step 4 (our corrected port of the
     pull request's revision: its block-scan phase 2, made exact), with the ratios. Where the entry point runs another
-    step than step 7, the end-to-end cell says that it times step 7 all the same (the header says so for every row)."""
+    step than the last, the end-to-end cell says that it times the last step all the same (the header says so for
+    every row)."""
     final = f"step {CHAPTER.final.number}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
     lines = [f"| case | CPU loop, call + sync (µs) | {final} in every row, call + sync (µs) | CPU loop ÷ {final} "

@@ -82,7 +82,15 @@ def stream_source(*, vec: int | None, evict_first: bool, skip_refused: bool) -> 
 
     knobs = {"VEC": vec, "EVICT_FIRST": evict_first, "SKIP_REFUSED": skip_refused}
     texts = [source_of("ngram_stream.cu", name)[0] for name, needs in _STREAM_SHOWN if needs is None or knobs[needs]]
-    return "\n".join("\n".join(_resolve_constexpr(text.splitlines(), knobs)) + "\n" for text in texts)
+    return "\n".join("\n".join(_drop_unused(_resolve_constexpr(text.splitlines(), knobs), knobs)) + "\n"
+                     for text in texts)
+
+
+def _drop_unused(lines: list[str], knobs: dict) -> list[str]:
+    """``lines`` without the declarations that only a knob's branch uses (a line commented ``// KNOB: ...``) where
+    that knob is off: the instance declares them but never touches them."""
+    off = {name for name, value in knobs.items() if value is False}
+    return [line for line in lines if not any(re.search(rf"//\s*{name}:", line) for name in off)]
 
 
 def _resolve_constexpr(lines: list[str], knobs: dict) -> list[str]:

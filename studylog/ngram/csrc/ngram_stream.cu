@@ -98,8 +98,7 @@ __global__ void __launch_bounds__(256) ngram_stream(NGRAM_KERNEL_PARAMS) {
     const int chunk = blockIdx.y;
     const int src = chunk >= prompt_chunks;  // 0: a prompt chunk, 1: a chunk of generated tokens
     __shared__ int s_last;
-    __shared__ unsigned long long s_lazy;  // SKIP_REFUSED: the bound's parts and count
-    __shared__ int s_refused;              // SKIP_REFUSED: the slot is refused
+    __shared__ unsigned long long s_lazy; __shared__ int s_refused;  // SKIP_REFUSED: the bound so far; refused?
     if constexpr (SKIP_REFUSED) {
         if (threadIdx.x == 0) s_lazy = 0, s_refused = 0;
         __syncthreads();
