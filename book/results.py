@@ -194,12 +194,12 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         lines.append(f"| chapter 05 on the {_short(card_name(folder))} at BitNet's {len(pairs)} shapes | "
                      f"{span([o['host_ms'] for _, _, o, _ in pairs])} | {span([o['ms'] for _, _, o, _ in pairs])} | "
                      f"{said} |")
-    for folder in cards(root):  # chapter 05 part 1's answer, step 9 against GemLite where GemLite passes our check
+    for folder in cards(root):  # chapter 05 part 1's answer, step 14 against GemLite where GemLite passes our check
         part_one = part_one_answer(folder)
         eager = (part_one or {}).get("eager") or {}
         if not eager or len(eager) != len(part_one["ratios"]) or all(e["host_ms"] <= e["ms"] for e in eager.values()):
             continue
-        lines.append(f"| chapter 05 part 1 on the {_short(card_name(folder))}, step 9 at GemLite's {len(eager)} "
+        lines.append(f"| chapter 05 part 1 on the {_short(card_name(folder))}, step 14 at GemLite's {len(eager)} "
                      f"shapes | {span([e['host_ms'] for e in eager.values()])} | "
                      f"{span([e['ms'] for e in eager.values()])} | "
                      f"{eager_words(eager, len(eager))} |")
@@ -360,7 +360,7 @@ VOID = "–"
 
 
 def part_one_answer(card: Path) -> dict[str, Any] | None:
-    """Chapter 05 part 1's answer on ``card``, one row of x: its last Triton step, step 9, against GemLite (the Triton
+    """Chapter 05 part 1's answer on ``card``, one row of x: its last Triton step, step 14, against GemLite (the Triton
     peer) at every shape where GemLite passes our float64 check (``ratios``: shape -> GemLite's time over ours), and
     against cuBLAS bf16 at the chapter's headline shape, 4096 x 14336 (``cublas``); None where the file lacks them."""
     from studylog.plotting import Results
@@ -372,7 +372,7 @@ def part_one_answer(card: Path) -> dict[str, Any] | None:
     data = load(card, "ternary")
     if data is None:
         return None
-    run, triton = Results(None, data), [SERIES[9]]
+    run, triton = Results(None, data), [SERIES[14]]
     ratios, failed, eager = {}, [], {}
     for peer in rows(data, GEMLITE, m=1):
         shape = peer["params"]["shape"]
@@ -508,7 +508,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if llama is not None and llama.get("dense_ratio") is not None:
                     # where GemLite fails the check, cuBLAS is the strongest rival at that shape (the scoreboard's
                     # row); where GemLite passes, cuBLAS is the weaker of the two
-                    step = "{} ({})".format(*llama["ours"].split(";")[0].split(", ", 1))  # "step 11 (bf16 x)"
+                    step = "{} ({})".format(*llama["ours"].split(";")[0].split(", ", 1))  # "step 21 (bf16 x)"
                     notes[name].append(f"{name}: at 4096 × 14336, a Llama shape BitNet's kernel is not built for, "
                                        f"{step} runs {llama['dense_ratio']:.2f}× faster than cuBLAS bf16 on the "
                                        "dense matrix, " + (
@@ -600,7 +600,7 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
         r = answer["ratios"]
         lost = sorted(k for k, v in r.items() if v < 1)
         cells[name] = f"**{min(r.values()):.2f}–{max(r.values()):.2f}×** GemLite, at {len(r)} shapes"
-        notes[name].append(f"{name}: step 9 against GemLite at the {len(r)} shapes where GemLite passes our float64 "
+        notes[name].append(f"{name}: step 14 against GemLite at the {len(r)} shapes where GemLite passes our float64 "
                            "check" + (f"; slower than GemLite at {len(lost)} of them ("
                                       + ", ".join(k.replace("x", " × ") for k in lost) + ")" if lost else "")
                            + (f"; GemLite fails the check at the other {len(answer['failed'])} ("
@@ -618,7 +618,7 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
                            "gives its error on each card)")
     return {"notebook": "notebooks/05_ternary_1_triton.ipynb", "cells": cells, "notes": notes,
             "question": OTHER_PAGES["notebooks/05_ternary_1_triton.ipynb"].replace(" (part 1 of 2)", ""),
-            "what": "step 9, one row of x, against GemLite where it passes our float64 check"}
+            "what": "step 14, one row of x, against GemLite where it passes our float64 check"}
 
 
 #: The card the one-line summary gives: every chapter is measured on it, with the course's current code.
@@ -839,7 +839,7 @@ OTHER_PAGES = {
 
 
 def bitnet_range(card: Path) -> tuple[float, float, int] | None:
-    """Chapter 05's one-row W2A8 kernel (step 12) against BitNet's W2A8 kernel on ``card`` (the run the chapter reads):
+    """Chapter 05's one-row W2A8 kernel (step 23) against BitNet's W2A8 kernel on ``card`` (the run the chapter reads):
     (lowest, highest ratio, how many shapes), or None where the card has no such run."""
     from book.scoreboard import bitnet_run
     from book.ternary import results as ternary
@@ -851,7 +851,7 @@ def bitnet_range(card: Path) -> tuple[float, float, int] | None:
 
 
 def bitnet_rows(card: Path) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
-    """Chapter 05's one-row W2A8 kernel (step 12) against BitNet's W2A8 kernel on ``card`` at every shape of
+    """Chapter 05's one-row W2A8 kernel (step 23) against BitNet's W2A8 kernel on ``card`` at every shape of
     :func:`book.ternary.results.bitnet_table`, as the folded tables list them: (our step's label, the case, our row,
     BitNet's row), both on the GPU clock with their spreads; empty where the card has no such run."""
     from book.scoreboard import bitnet_run

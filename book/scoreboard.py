@@ -169,8 +169,8 @@ def _entry_short(series: str, ours: dict[str, Any]) -> str:
 
 
 #: The ternary steps that take bf16 x, in words.
-TERNARY_WORDS = {"step09": "the ternary kernel on tensor cores, Triton", "step10": "the ternary CUDA kernel",
-                 "step11": "the ternary kernel with TMA copies"}
+TERNARY_WORDS = {"step14": "the ternary kernel on tensor cores, Triton", "step17": "the ternary CUDA kernel",
+                 "step21": "the ternary kernel with TMA copies"}
 
 
 #: The latency floor of a single kernel: the fastest empty kernel timed on the card.
@@ -368,7 +368,7 @@ def _ctc(data):
 #: Chapter 05's headline: one row of bf16 x times a 4096 x 14336 ternary matrix (a Llama 3 8B MLP projection).
 TERNARY_CASE = {"shape": "4096x14336", "m": 1}
 #: The chapter's kernels that take bf16 x, the product GemLite computes (the W2A8 steps quantise x first).
-TERNARY_BF16_X = ("step09", "step10", "step11")
+TERNARY_BF16_X = ("step14", "step17", "step21")
 
 
 def accuracy_check(data: dict[str, Any], series: str, params: dict[str, Any]) -> dict[str, Any] | None:
@@ -389,7 +389,7 @@ def _check_words(check: dict[str, Any] | None) -> str:
 
 def _ternary(data):
     """Chapter 05's rows, the headline first: where the card has the chapter's BitNet run, its one-row W2A8 kernel
-    (step 12) against BitNet's own W2A8 kernel at the one of that kernel's shapes where our lead is smallest
+    (step 23) against BitNet's own W2A8 kernel at the one of that kernel's shapes where our lead is smallest
     (:func:`_ternary_bitnet`);
     then its fastest bf16-x step at 4096 x 14336 against the fastest rival that passes our float64 check in the same
     run (:func:`_ternary_llama`)."""
@@ -400,9 +400,9 @@ def _ternary(data):
     return ([bitnet] if bitnet is not None else []) + [llama]
 
 
-#: Our W2A8 kernel set against BitNet's (x quantised inside the call): step 12 alone, the one-row kernel. BitNet's
+#: Our W2A8 kernel set against BitNet's (x quantised inside the call): step 23 alone, the one-row kernel. BitNet's
 #: kernel runs one row of x only, and a deployer calls one kernel, not the faster of two picked per shape.
-TERNARY_W2A8 = ("step12",)
+TERNARY_W2A8 = ("step23",)
 #: BitNet's kernel's series (its float64 check's name too).
 BITNET = "bitnet_w2a8"
 
@@ -705,7 +705,7 @@ ENTRIES: tuple[Entry, ...] = (
           rival_short="cuDNN"),
     Entry(5, "Ternary matmul", "notebooks/05_ternary_2_cuda.ipynb",
           "How fast can weights in {-1, 0, +1} be multiplied when a decode step reads them all?", "ternary",
-          _ternary, headline="step 12, one row of x, against BitNet's W2A8 kernel at the shapes it is built for",
+          _ternary, headline="step 23, one row of x, against BitNet's W2A8 kernel at the shapes it is built for",
           rival_short="BitNet's own W2A8 kernel"),
     Entry(6, "Multi-item attention", "notebooks/06_multi_item_attention.ipynb",
           "How do you score many items against one prompt in one attention call?", "multi_item", _multi_item,

@@ -152,10 +152,10 @@ PLAIN_NAMES = {
     "step14_warps_per_direction (CUDA C++)": "the fused CTC kernel (step 14, CUDA C++)",
     "step12_flush_to_zero (CUDA C++)": "the fused CTC kernel (step 12, CUDA C++)",
     "ctc_loss (step14, CUDA C++)": "the CTC entry point (running step 14, CUDA C++)",
-    "step11_tma (CUDA C++)": "the ternary kernel with TMA copies (step 11, CUDA C++)",
-    "step09_mma (Triton)": "the ternary kernel on tensor cores (step 9, Triton)",
-    "step12_w2a8 (CUDA C++)": "the ternary kernel with int8 activations (step 12, CUDA C++)",
-    "step13_w2a8_tiles (CUDA C++)": "the W2A8 kernel for several rows of x, one tile a warp (step 13, CUDA C++)",
+    "step21_magic_reg (CUDA C++)": "the ternary kernel with TMA copies (step 21, CUDA C++)",
+    "step14_workspace (Triton)": "the ternary kernel on tensor cores (step 14, Triton)",
+    "step23_w2a8_fused (CUDA C++)": "the ternary kernel with int8 activations (step 23, CUDA C++)",
+    "step25_x_tma (CUDA C++)": "the W2A8 kernel for several rows of x, one tile a warp (step 25, CUDA C++)",
     "step05_batched (Triton, tile skipping, one launch)": "the batched attention kernel (step 5, Triton, tile "
                                                           "skipping, one launch)",
     "step03_masked_head": "the loop with chapters 01 and 02 (step 3)",
@@ -398,7 +398,7 @@ def _pair_line(ours_label: str, rival_label: str, case: str, ours: dict[str, Any
 
 
 #: The folded tables' label of chapter 05's step 12 at its default place to quantise x (the chapter times it).
-W2A8_DEFAULT = "step12_w2a8 (CUDA C++)"
+W2A8_DEFAULT = "step23_w2a8_fused (CUDA C++)"
 
 
 def headline_rival_rows(markdown: str) -> str:
@@ -450,10 +450,10 @@ def headline_rival_rows(markdown: str) -> str:
         m = re.match(r"^\*\*(\w+)\*\* — (.+?), \d{4}-", line)
         if m:
             key = (m.group(1), m.group(2))
-        if key[0] == "ternary" and line.startswith("| step12_w2a8, quantize="):  # the chapter's default place
+        if key[0] == "ternary" and line.startswith("| step23_w2a8_fused, quantize="):  # the chapter's default place
             data = load(folders[key[1]], "ternary") if key[1] in folders else None
             cells = line.split(" | ")
-            ours = one(data, "step12", shape="4096x14336", m=1) if data else None
+            ours = one(data, "step23", shape="4096x14336", m=1) if data else None
             rival = one(data, "torch_int_mm", shape="4096x14336", m=1) if data else None
             if ours is not None and rival is not None and ours["clock"] == rival["clock"] == "gpu":
                 line = _pair_line(W2A8_DEFAULT, cells[1], cells[2], ours, rival)

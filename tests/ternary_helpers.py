@@ -24,8 +24,10 @@ def weights_for(kind, w):
 
 
 def x_for(step_or_fmt, x):
-    """Steps 9 to 13 take bf16 or fp16 x (the tensor cores' types); the other steps any float x."""
-    half_only = ("step09_mma", "2bit_mma", "2bit_tiles")  # steps 9 to 13
+    """Steps 11 to 25 take bf16 or fp16 x (the tensor cores' types, the pair decode's); the other steps any float
+    x."""
+    half_only = ("step11_pair_decode", "step12_unmasked", "step13_mma_layout", "step14_workspace", "2bit_mma",
+                 "2bit_tiles")
     return x.to(torch.bfloat16) if step_or_fmt in half_only and x.dtype == torch.float32 else x
 
 

@@ -1,4 +1,4 @@
-"""Chapter 5, ternary matmul: formats, the Triton steps (1 to 9), bad input (steps 10 to 13, CUDA C++, and the
+"""Chapter 5, ternary matmul: formats, the Triton steps (1 to 14), bad input (steps 15 to 25, CUDA C++, and the
 chapter's results: test_ternary_cuda.py; the first attempt's bugs: lab/ternary/first_attempt.py).
 
 In the interpreter the kernels run at small, awkward sizes: K and N are not multiples of the
@@ -71,7 +71,7 @@ def test_2bit_mma_layout_is_the_documented_one():
 
 
 def test_the_pair_decode_bit_by_bit():
-    # The decode of step 9 on the CPU: for every field f < 4 of each half, (word | exponent) & mask is a
+    # The pair decode of steps 11 to 14 on the CPU: for every field f < 4 of each half, (word | exponent) & mask is a
     # 16-bit float equal to 0.5 + code 2^(2f-8) (bf16) or 1 + code 2^(2f-10) (fp16), exactly
     codes = torch.cartesian_prod(*[torch.arange(3)] * 4)  # (81, 4): fields 0..3 of a half
     half = (codes << (2 * torch.arange(4))).sum(1)
@@ -175,29 +175,37 @@ STEPS = {
     "step01_sign": (T.step01_sign, "dense", T.DENSE_CONFIGS),
     "step02_int8": (T.step02_int8, "int8", T.DENSE_CONFIGS),
     "step03_2bit": (T.step03_2bit, "2bit", T.TWO_BIT_CONFIGS),
-    "step04_gemv": (T.step04_gemv, "2bit", T.GEMV_CONFIGS),
-    "step05_dot": (T.step05_dot, "2bit", T.DOT_CONFIGS_FEW + T.DOT_CONFIGS_MANY),
-    "step06_base3_gemv": (T.step06_base3_gemv, "base3", T.BASE3_GEMV_CONFIGS),
-    "step07_base3_dot": (T.step07_base3_dot, "base3", T.BASE3_DOT_CONFIGS_FEW + T.BASE3_DOT_CONFIGS_MANY),
-    "step09_mma": (T.step09_mma, "2bit_mma", T.MMA_CONFIGS_FEW + T.MMA_CONFIGS_MANY),
+    "step04_and_decode": (T.step04_and_decode, "2bit", T.TWO_BIT_CONFIGS),
+    "step05_gemv": (T.step05_gemv, "2bit", T.GEMV_CONFIGS),
+    "step06_dot": (T.step06_dot, "2bit", T.DOT_CONFIGS_FEW + T.DOT_CONFIGS_MANY),
+    "step07_base3_gemv": (T.step07_base3_gemv, "base3", T.BASE3_GEMV_CONFIGS),
+    "step08_base3_dot": (T.step08_base3_dot, "base3", T.BASE3_DOT_CONFIGS_FEW + T.BASE3_DOT_CONFIGS_MANY),
+    "step10_dot_configs": (T.step10_dot_configs, "2bit", T.DOT_MMA_CONFIGS_FEW + T.DOT_MMA_CONFIGS_MANY),
+    "step11_pair_decode": (T.step11_pair_decode, "2bit", T.DOT_MMA_CONFIGS_FEW + T.DOT_MMA_CONFIGS_MANY),
+    "step12_unmasked": (T.step12_unmasked, "2bit", T.DOT_MMA_CONFIGS_FEW + T.DOT_MMA_CONFIGS_MANY),
+    "step13_mma_layout": (T.step13_mma_layout, "2bit_mma", T.DOT_MMA_CONFIGS_FEW + T.DOT_MMA_CONFIGS_MANY),
+    "step14_workspace": (T.step14_workspace, "2bit_mma", T.MMA_CONFIGS_FEW + T.MMA_CONFIGS_MANY),
 }
-DOT_STEPS = ("step05_dot", "step07_base3_dot")  # tl.dot: made for several rows of x
-ROW_STEPS = ("step01_sign", "step02_int8", "step03_2bit", "step04_gemv", "step06_base3_gemv")  # a program a row of x
+DOT_STEPS = ("step06_dot", "step08_base3_dot")  # tl.dot: made for several rows of x
+#: Steps 10 to 14: tl.dot at the tensor cores' configs (their many-rows configs choose BLOCK_M themselves).
+MMA_STEPS = ("step10_dot_configs", "step11_pair_decode", "step12_unmasked", "step13_mma_layout", "step14_workspace")
+ROW_STEPS = ("step01_sign", "step02_int8", "step03_2bit", "step04_and_decode", "step05_gemv",
+             "step07_base3_gemv")  # a program a row of x
 CASES = [(step, i) for step, (_, _, configs) in STEPS.items() for i in range(len(configs))]
 
 
 def test_the_table_of_steps_names_every_wrapper():
     for name, (fn, _, _) in STEPS.items():
         assert fn is T.CHAPTER.step(name).function
-    assert set(STEPS) | {"step08_w2a8_dot"} == {s.name for s in T.CHAPTER.steps if s.language == "triton"}
-    assert set(DOT_STEPS) | set(ROW_STEPS) | {"step09_mma"} == set(STEPS)
+    assert set(STEPS) | {"step09_w2a8_dot"} == {s.name for s in T.CHAPTER.steps if s.language == "triton"}
+    assert set(DOT_STEPS) | set(ROW_STEPS) | set(MMA_STEPS) == set(STEPS)
 
 
 @pytest.mark.parametrize("step, config_index", CASES, ids=[f"{s}-cfg{i}" for s, i in CASES])
 def test_every_step_every_config(step, config_index, rng):
     fn, kind, configs = STEPS[step]
     config = T.config_dict(configs[config_index])
-    m = 3 if step in DOT_STEPS else 2
+    m = 3 if step in DOT_STEPS + MMA_STEPS else 2
     n, k = 37, 300
     x = x_for(step, torch.randn(m, k, generator=rng).to(DEV))
     w = ternary(n, k, rng)
@@ -208,7 +216,9 @@ def test_every_step_every_config(step, config_index, rng):
     assert_matches(z, x, w.to(DEV), scale)
 
 
-@pytest.mark.parametrize("step", ["step04_gemv", "step05_dot", "step06_base3_gemv", "step07_base3_dot", "step09_mma"])
+@pytest.mark.parametrize("step", ["step04_and_decode", "step05_gemv", "step06_dot", "step07_base3_gemv",
+                                  "step08_base3_dot", "step10_dot_configs", "step11_pair_decode", "step12_unmasked",
+                                  "step13_mma_layout", "step14_workspace"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_activations(step, x_dtype, rng):
     fn, kind, _ = STEPS[step]
@@ -219,7 +229,9 @@ def test_half_precision_activations(step, x_dtype, rng):
     assert_matches(z, x, w.to(DEV), 1.5)
 
 
-@pytest.mark.parametrize("step", ["step01_sign", "step04_gemv", "step05_dot", "step06_base3_gemv", "step07_base3_dot", "step09_mma"])
+@pytest.mark.parametrize("step", ["step01_sign", "step04_and_decode", "step05_gemv", "step06_dot", "step07_base3_gemv",
+                                  "step08_base3_dot", "step11_pair_decode", "step12_unmasked", "step13_mma_layout",
+                                  "step14_workspace"])
 def test_per_channel_scales_from_absmean(step, rng):
     fn, kind, _ = STEPS[step]
     n, k = 23, 333
@@ -289,7 +301,7 @@ def test_vector_input_and_the_dispatcher(rng):
     for fmt in T.FORMATS:
         x = x_for(fmt, torch.randn(k, generator=rng).to(DEV))
         packed = T.PackedTernary.pack(w.to(DEV), fmt)
-        if fmt == "2bit_tiles" and not runtime.has_gpu():  # step 10 is CUDA C++
+        if fmt == "2bit_tiles" and not runtime.has_gpu():  # steps 17 and 21 are CUDA C++
             with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
                 T.ternary_matmul(x, packed, 2.0)
             continue
@@ -301,7 +313,7 @@ def test_vector_input_and_the_dispatcher(rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# Step 9: one kernel for every M, split-K through a self-cleaning workspace
+# Steps 12 to 14: the pair decode's masks, its layout, and split-K through a self-cleaning workspace
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("m, config_index", [(1, 0), (17, 5), (40, 8), (130, 7)])
@@ -313,7 +325,7 @@ def test_mma_more_row_blocks_and_tiles(m, config_index, rng):
     n, k = 67, 777
     x = torch.randn(m, k, generator=rng).to(DEV, torch.bfloat16)
     w = ternary(n, k, rng)
-    z = T.step09_mma(x, weights_for("2bit_mma", w), 0.8, out=poisoned(m, n),
+    z = T.step14_workspace(x, weights_for("2bit_mma", w), 0.8, out=poisoned(m, n),
                           config=T.config_dict(configs[config_index]))
     assert_matches(z, x, w.to(DEV), 0.8)
 
@@ -324,7 +336,7 @@ def test_mma_edge_shapes(n, k, rng):
         x = torch.randn(m, k, generator=rng).to(DEV, dtype)
         w = ternary(n, k, rng)
         for config in (T.MMA_CONFIGS_FEW[0], T.MMA_CONFIGS_FEW[-1]):
-            z = T.step09_mma(x, weights_for("2bit_mma", w), 1.0, out=poisoned(m, n), config=T.config_dict(config))
+            z = T.step14_workspace(x, weights_for("2bit_mma", w), 1.0, out=poisoned(m, n), config=T.config_dict(config))
             assert_matches(z, x, w.to(DEV))
 
 
@@ -335,10 +347,10 @@ def test_mma_split_workspace_is_left_clean(rng):
     packed = weights_for("2bit_mma", w)
     split = T.config_dict(T.MMA_CONFIGS_FEW[-1])
     assert split["SPLIT_K"] > 1
-    first = T.step09_mma(x, packed, 1.0, config=split)
+    first = T.step14_workspace(x, packed, 1.0, config=split)
     sums, counts = T.SPLIT_WORKSPACE.get(x.device, 3, n)
     assert (sums == 0).all() and (counts == 0).all()
-    again = T.step09_mma(x, packed, 1.0, config=split)  # a second call sees zeros again
+    again = T.step14_workspace(x, packed, 1.0, config=split)  # a second call sees zeros again
     assert_matches(first, x, w.to(DEV))
     torch.testing.assert_close(again, first, rtol=1e-6, atol=1e-6 * first.abs().max().item())
 
@@ -353,7 +365,7 @@ def test_rows_of_zero_weights_give_exact_zeros(rng):
 
 
 # ------------------------------------------------------------------------------------------------
-# Step 6: BitNet scales, W2A8
+# BitNet's scales, W2A8 (step 9)
 # ------------------------------------------------------------------------------------------------
 
 def test_quantize_absmean_follows_bitnet(rng):
@@ -384,7 +396,7 @@ def test_w2a8_is_exact_integer_math(config_index, per_channel, rng):
     x = torch.randn(m, k, generator=rng).to(DEV)
     w, w_scale = T.quantize_absmean(torch.randn(n, k, generator=rng).to(DEV), per_channel=per_channel)
     xq, x_scale = T.quantize_activations(x)
-    z = T.step08_w2a8_dot(xq, x_scale, T.PackedTernary.pack(w), w_scale, out=poisoned(m, n),
+    z = T.step09_w2a8_dot(xq, x_scale, T.PackedTernary.pack(w), w_scale, out=poisoned(m, n),
                       config=T.config_dict(T.W2A8_DOT_CONFIGS[config_index]))
     exact = (xq.long() @ w.long().T).double()  # integers: no rounding at all
     ws = w_scale.double() if per_channel else w_scale.double().reshape(1)
@@ -404,28 +416,34 @@ def test_bad_inputs_raise_clear_errors(rng):
     p3 = T.PackedTernary.pack(w, "base3")
     x = torch.randn(2, k).to(DEV)
     cases = [
-        (lambda: T.step04_gemv(x.to(torch.float64), p2), TypeError, "x must be one of"),
-        (lambda: T.step04_gemv(x.to(torch.int32), p2), TypeError, "x must be one of"),
-        (lambda: T.step04_gemv(torch.randn(2, k + 1).to(DEV), p2), ValueError, "K=65 but the weights have K=64"),
-        (lambda: T.step05_dot(torch.randn(k, 2).to(DEV).T, p2), ValueError, "contiguous"),
-        (lambda: T.step05_dot(torch.randn(1, 2, k).to(DEV), p2), ValueError, "1-D"),
-        (lambda: T.step04_gemv(x, w), TypeError, "PackedTernary"),
-        (lambda: T.step04_gemv(x, p3), ValueError, "2bit format"),
-        (lambda: T.step07_base3_dot(x, p2), ValueError, "base3 format"),
-        (lambda: T.step09_mma(x.to(torch.bfloat16), p2), ValueError, "2bit_mma format"),
-        (lambda: T.step09_mma(x, T.PackedTernary.pack(w, "2bit_mma")), TypeError, "x must be one of"),
-        (lambda: T.step04_gemv(x, p2, 0.0), ValueError, "nonzero"),
-        (lambda: T.step04_gemv(x, p2, float("inf")), ValueError, "finite"),
-        (lambda: T.step04_gemv(x, p2, torch.ones(n + 1).to(DEV)), ValueError, r"\(8,\)"),
-        (lambda: T.step04_gemv(x, p2, torch.ones(n, dtype=torch.float64).to(DEV)), TypeError, "float32"),
-        (lambda: T.step04_gemv(x, p2, "2"), TypeError, "scale"),
-        (lambda: T.step04_gemv(x, p2, out=torch.empty(2, n + 1).to(DEV)), ValueError, "out"),
-        (lambda: T.step04_gemv(x, p2, out=torch.empty(2, n, dtype=torch.float16).to(DEV)), TypeError, "out"),
+        (lambda: T.step05_gemv(x.to(torch.float64), p2), TypeError, "x must be one of"),
+        (lambda: T.step05_gemv(x.to(torch.int32), p2), TypeError, "x must be one of"),
+        (lambda: T.step05_gemv(torch.randn(2, k + 1).to(DEV), p2), ValueError, "K=65 but the weights have K=64"),
+        (lambda: T.step06_dot(torch.randn(k, 2).to(DEV).T, p2), ValueError, "contiguous"),
+        (lambda: T.step06_dot(torch.randn(1, 2, k).to(DEV), p2), ValueError, "1-D"),
+        (lambda: T.step05_gemv(x, w), TypeError, "PackedTernary"),
+        (lambda: T.step05_gemv(x, p3), ValueError, "2bit format"),
+        (lambda: T.step08_base3_dot(x, p2), ValueError, "base3 format"),
+        (lambda: T.step14_workspace(x.to(torch.bfloat16), p2), ValueError, "2bit_mma format"),
+        (lambda: T.step14_workspace(x, T.PackedTernary.pack(w, "2bit_mma")), TypeError, "x must be one of"),
+        (lambda: T.step04_and_decode(x, p3), ValueError, "2bit format"),
+        (lambda: T.step10_dot_configs(x, T.PackedTernary.pack(w, "2bit_mma")), ValueError, "2bit format"),
+        (lambda: T.step11_pair_decode(x, p2), TypeError, "x must be one of"),
+        (lambda: T.step12_unmasked(x.to(torch.bfloat16), T.PackedTernary.pack(w, "2bit_mma")), ValueError,
+         "2bit format"),
+        (lambda: T.step13_mma_layout(x.to(torch.bfloat16), p2), ValueError, "2bit_mma format"),
+        (lambda: T.step05_gemv(x, p2, 0.0), ValueError, "nonzero"),
+        (lambda: T.step05_gemv(x, p2, float("inf")), ValueError, "finite"),
+        (lambda: T.step05_gemv(x, p2, torch.ones(n + 1).to(DEV)), ValueError, r"\(8,\)"),
+        (lambda: T.step05_gemv(x, p2, torch.ones(n, dtype=torch.float64).to(DEV)), TypeError, "float32"),
+        (lambda: T.step05_gemv(x, p2, "2"), TypeError, "scale"),
+        (lambda: T.step05_gemv(x, p2, out=torch.empty(2, n + 1).to(DEV)), ValueError, "out"),
+        (lambda: T.step05_gemv(x, p2, out=torch.empty(2, n, dtype=torch.float16).to(DEV)), TypeError, "out"),
         (lambda: T.step01_sign(x, w), TypeError, "w must be one of"),
         (lambda: T.step02_int8(x, w[:, :32].contiguous()), ValueError, "K=64 but the weights have K=32"),
         (lambda: T.step02_int8(x, w.to(torch.int16)), TypeError, "w must be one of"),
-        (lambda: T.step08_w2a8_dot(x, torch.ones(2).to(DEV), p2), TypeError, "xq must be one of"),
-        (lambda: T.step08_w2a8_dot(x.to(torch.int8), torch.ones(3).to(DEV), p2), ValueError, "x_scale"),
+        (lambda: T.step09_w2a8_dot(x, torch.ones(2).to(DEV), p2), TypeError, "xq must be one of"),
+        (lambda: T.step09_w2a8_dot(x.to(torch.int8), torch.ones(3).to(DEV), p2), ValueError, "x_scale"),
         (lambda: T.quantize_absmean(w), TypeError, "floating-point"),
     ]
     for call, error, match in cases:
@@ -444,8 +462,9 @@ def full_size_config(step, m):
     """One config per step for the full-size tests (every config runs in test_gpu_every_config; the
     autotuned path runs, checked, in the benchmark): split-K where there is one, the MMA configs for M."""
     configs = STEPS[step][2]
-    if step == "step09_mma":
-        configs = T.MMA_CONFIGS_FEW if T.block_m_for(m) <= 32 else T.MMA_CONFIGS_MANY
+    if step in MMA_STEPS:
+        few = len(T.MMA_CONFIGS_FEW)
+        configs = configs[:few] if T.block_m_for(m) <= 32 else configs[few:]
     elif step in DOT_STEPS:
         configs = configs[:3] if T.block_m_for(m) <= 32 else configs[3:]
     split = [c for c in configs if c.kwargs.get("SPLIT_K", 1) > 1]
@@ -461,9 +480,9 @@ def test_gpu_full_size(n, k, m):
     w, scale = T.quantize_absmean(w_float, per_channel=True)
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     packed = {fmt: T.PackedTernary.pack(w, fmt) for fmt in T.FORMATS}
-    steps = ["step05_dot", "step07_base3_dot", "step09_mma"]
+    steps = ["step06_dot", "step08_base3_dot", *MMA_STEPS]
     if m == 1:
-        steps += ["step01_sign", "step02_int8", "step03_2bit", "step04_gemv", "step06_base3_gemv"]
+        steps += list(ROW_STEPS)
     weights = {"dense": w.to(torch.bfloat16), "int8": w, **packed}
     for step in steps:
         fn, kind, _ = STEPS[step]
@@ -471,12 +490,12 @@ def test_gpu_full_size(n, k, m):
         assert not torch.isnan(z).any(), step
         ratio = T.error_ratio(z, x, w, scale)
         assert ratio <= TOL, f"{step}: {ratio:.2e}"
-    if m == 16:  # step 9 decodes fp16 weights for fp16 x
+    if m == 16:  # step 14 decodes fp16 weights for fp16 x
         xh = x.half()
-        z = T.step09_mma(xh, packed["2bit_mma"], scale, out=poisoned(m, n))
+        z = T.step14_workspace(xh, packed["2bit_mma"], scale, out=poisoned(m, n))
         assert T.error_ratio(z, xh, w, scale) <= TOL
     xq, x_scale = T.quantize_activations(x)
-    z = T.step08_w2a8_dot(xq, x_scale, packed["2bit"], scale, out=poisoned(m, n))
+    z = T.step09_w2a8_dot(xq, x_scale, packed["2bit"], scale, out=poisoned(m, n))
     expected = (xq.double() @ w.double().T) / (x_scale.double()[:, None] * scale.double())
     torch.testing.assert_close(z.double(), expected, rtol=1e-6, atol=1e-6 * expected.abs().max().item())
 
@@ -490,7 +509,7 @@ def test_gpu_every_config(step, config_index):
     # kernels), but not of any block, of the 256-weight groups or of the 80-weight base-3 groups.
     # (test_gpu_full_size runs N = 4099, K = 14335.)
     n, k, m = 4112, 3344, 1 if step in ROW_STEPS else 17
-    if step == "step09_mma" and config_index >= len(T.MMA_CONFIGS_FEW):
+    if step in MMA_STEPS and config_index >= len(T.MMA_CONFIGS_FEW):
         m = 130  # the many-rows configs: 64- and 128-row blocks, two or three blocks of x rows
     x = torch.randn(m, k, generator=gen).to(DEV, torch.bfloat16)
     w = ternary(n, k, gen)
@@ -519,14 +538,14 @@ def test_a_wrong_out_says_what_it_was(rng):
     packed = T.PackedTernary.pack(w.to(DEV), "2bit")
     with pytest.raises(TypeError, match=r"out must be a float32 tensor of 2 x 5 = 10 elements \(any shape\), "
                                          r"contiguous, on \w+(:\d)?; got a float64 tensor of shape \(2, 5\) on "):
-        T.step05_dot(x, packed, out=torch.empty(2, 5, dtype=torch.float64, device=DEV))
+        T.step06_dot(x, packed, out=torch.empty(2, 5, dtype=torch.float64, device=DEV))
     with pytest.raises(ValueError, match=r"got a float32 tensor of shape \(2, 4\) on "):
-        T.step05_dot(x, packed, out=torch.empty(2, 4, device=DEV))
+        T.step06_dot(x, packed, out=torch.empty(2, 4, device=DEV))
     with pytest.raises(ValueError, match=r"got a float32 tensor of shape \(5, 2\) on \w+(:\d)?, not contiguous"):
-        T.step05_dot(x, packed, out=torch.empty(2, 5, device=DEV).t())
+        T.step06_dot(x, packed, out=torch.empty(2, 5, device=DEV).t())
     with pytest.raises(TypeError, match=r"out must be .*; got a list"):
-        T.step05_dot(x, packed, out=[0.0] * 10)
-    assert_matches(T.step05_dot(x, packed, out=torch.empty(10, device=DEV)).view(2, 5), x, w)  # any shape of 10
+        T.step06_dot(x, packed, out=[0.0] * 10)
+    assert_matches(T.step06_dot(x, packed, out=torch.empty(10, device=DEV)).view(2, 5), x, w)  # any shape of 10
 
 
 def test_int_mm_plan_refuses_weights_of_another_shape():
@@ -540,7 +559,7 @@ def test_int_mm_plan_refuses_weights_of_another_shape():
 
 
 def test_a_timeline_refuses_a_launch_its_trace_cannot_hold():
-    """Step 12's timeline gives each block 64 slots below quantize_x's at 120000: a launch of more blocks (an LM
+    """Step 23's timeline gives each block 64 slots below quantize_x's at 120000: a launch of more blocks (an LM
     head's N) would write over those, then past the trace."""
     from studylog.ternary.w2a8 import TIMELINE_BLOCKS, check_timeline_grid
 

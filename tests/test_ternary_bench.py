@@ -31,7 +31,7 @@ def test_cases_cover_every_step_the_targets_and_the_peers():
         family = next(f for f, n_, k_, m in every if (n_, k_, m) == (n, k, 1))
         assert R.BITNET in T.bench_series(family, n, k, 1) and R.BITNET in T.bench_series("bitnet", n, k, 1, True)
         if ("bitnet", n, k) not in T.BENCH_SHAPES:
-            assert T.bench_series("bitnet", n, k, 1) == ["cublas_bf16", T.SERIES[12], T.SERIES[13], "read_weights",
+            assert T.bench_series("bitnet", n, k, 1) == ["cublas_bf16", T.SERIES[23], T.SERIES[25], "read_weights",
                                                          R.BITNET]
     assert not any(R.BITNET in T.bench_series(f, n, k, m) for f, n, k, m in every if m > 1)
     measured = {name for f, n, k, m in cases for name in T.bench_series(f, n, k, m)}
@@ -39,13 +39,19 @@ def test_cases_cover_every_step_the_targets_and_the_peers():
     for family, n, k, m in cases:
         names = T.bench_series(family, n, k, m)
         assert names[0] == "cublas_bf16" and T.INT_MM in names and len(set(names)) == len(names)
+        # the steps that split a change out: at the steps tables' cases only (4096 x 14336, M = 1 and 16;
+        # 2560 x 6912, M = 1), each beside the step it builds on
+        split_here = m in R.SPLIT_CASES.get((n, k), ())
+        assert ({T.SERIES[i] for i in R.SPLIT_STEPS} & set(names) != set()) == split_here
         if m == 1:  # the peers' targets are at every M = 1 shape
             assert {T.GEMLITE, T.INT_MM_MATMUL, "read_weights"} <= set(names)
-            assert {T.SERIES[i] for i in range(4, 14)} <= set(names)
+            assert {T.SERIES[i] for i in range(5, 26) if i not in R.SPLIT_STEPS} <= set(names)
+            assert ({T.SERIES[i] for i in R.SPLIT_STEPS} <= set(names)) == split_here
             assert (T.SERIES[1] in names) == (family == "llama")  # steps 1-3: the step figure's shapes
         else:
             assert (T.GEMLITE in names) == ((n, k) in R.GEMLITE_BATCH_SHAPES)
-            assert [s for s in names if s.startswith("step")] == [T.SERIES[i] for i in R.BATCH_STEPS]
+            assert [s for s in names if s.startswith("step")] == [
+                T.SERIES[i] for i in R.BATCH_STEPS if i not in R.SPLIT_STEPS or split_here]
     for shape, m, _ in tables.CUBLAS_TARGETS:
         n, k = map(int, shape.split("x"))
         assert ("llama", n, k, m) in T.bench_cases(quick=True)
@@ -55,7 +61,9 @@ def test_cases_cover_every_step_the_targets_and_the_peers():
     assert all(not T.place_series(n, k, m, quick=True) and not T.probe_series(f, m, quick=True) for f, n, k, m in quick)
     total = sum(len(T.bench_series(f, n, k, m)) + len(T.place_series(n, k, m)) + len(T.probe_series(f, m))
                 for f, n, k, m in every)
-    assert total <= 300 + 5 * len(R.BITNET_EXTRA_SHAPES) + len(BITNET_SHAPES)  # each a few graph captures and a few hundred replays: see the chapter's bench budget
+    # each a few graph captures and a few hundred replays: see the chapter's bench budget (the steps that split a
+    # change out add their series at their cases only; step 23's place "separate" is step 22, timed there only)
+    assert total <= 310 + 5 * len(R.BITNET_EXTRA_SHAPES) + len(BITNET_SHAPES)
 
 
 def test_timing_plan_keeps_slow_calls_short():
@@ -118,11 +126,11 @@ def test_one_shape_of_the_bench_on_the_cpu(monkeypatch):
     """The whole loop over one (small) shape at M = 1 and 3: every series built, checked against its reference,
     timed over rotated copies with fresh x, and recorded on the GPU clock with its host time, floor and config;
     the W2A8 baseline and the peers among them (GemLite where it is installed)."""
-    for name in ("step10_cuda_mma", "step11_tma"):
+    for name in ("step17_x_smem", "step21_magic_reg"):
         monkeypatch.setattr(R, name, _reference_step())
-    for name in ("step12_w2a8", "step13_w2a8_tiles"):
+    for name in ("step23_w2a8_fused", "step25_x_tma"):
         monkeypatch.setattr(R, name, _reference_step(w2a8=True))
-    for name in ("step11_probe", "step12_probe"):
+    for name in ("step21_probe", "step23_probe"):
         monkeypatch.setattr(R, name, lambda x, w, scale, probe: (lambda: None))
     monkeypatch.setattr(R, "read_only", lambda data: (lambda: None))
     # (GemLite's own kernels run on the CPU only with its device queries answered: test_ternary_peers.py)
@@ -181,18 +189,18 @@ def _results(rows, checks=({"name": "c", "passed": True, "params": {}},)):
 def test_targets_and_headline_on_the_gpu_clock():
     """Targets: the fastest of ours against cuBLAS on the GPU clock (a miss says by how much and why), against
     GemLite at every M = 1 shape, and W2A8 against torch._int_mm; the headline through plotting.headline_row."""
-    rows = [_row("cublas_bf16", 32.0, "baseline", bytes=117.5e6), _row(T.SERIES[11], 9.8, floor=3.5),
-            _row(T.SERIES[12], 8.5, floor=3.5), _row("read_weights", 5.3, "baseline"),
+    rows = [_row("cublas_bf16", 32.0, "baseline", bytes=117.5e6), _row(T.SERIES[21], 9.8, floor=3.5),
+            _row(T.SERIES[23], 8.5, floor=3.5), _row("read_weights", 5.3, "baseline"),
             _row(T.GEMLITE, 20.0, "peer"), _row(T.INT_MM, 40.0, "baseline"), _row(T.INT_MM_MATMUL, 21.0, "baseline"),
-            _row("cublas_bf16", 20.0, "baseline", shape="2560x2560"), _row(T.SERIES[4], 6.0, shape="2560x2560"),
-            _row(T.GEMLITE, 5.0, "peer", shape="2560x2560"), _row(T.SERIES[12], 5.0, shape="2560x2560"),
+            _row("cublas_bf16", 20.0, "baseline", shape="2560x2560"), _row(T.SERIES[5], 6.0, shape="2560x2560"),
+            _row(T.GEMLITE, 5.0, "peer", shape="2560x2560"), _row(T.SERIES[23], 5.0, shape="2560x2560"),
             _row(T.INT_MM, 12.0, "baseline", shape="2560x2560"),
-            _row("cublas_bf16", 33.0, "baseline", m=16), _row(T.SERIES[9], 15.0, m=16)]
+            _row("cublas_bf16", 33.0, "baseline", m=16), _row(T.SERIES[14], 15.0, m=16)]
     checks = {c["target"]: c for c in tables.target_checks(_results(rows))}
     first = checks["M=1, 4096x14336: >= 4x faster than cuBLAS bf16"]
     assert first["met"] is False and first["short_by"] == pytest.approx(4 / (32 / 8.5))
-    assert "step12_w2a8 8.5 µs against 32.0 µs: 3.76x" in first["detail"]
-    assert "with bf16 x, step11_tma 9.8 µs: 3.27x" in first["detail"] and "bound by bandwidth" in first["detail"]
+    assert "step23_w2a8_fused 8.5 µs against 32.0 µs: 3.76x" in first["detail"]
+    assert "with bf16 x, step21_magic_reg 9.8 µs: 3.27x" in first["detail"] and "bound by bandwidth" in first["detail"]
     assert checks["M=1, 8192x28672: >= 6x faster than cuBLAS bf16"]["met"] is None
     assert checks["M=16, 4096x14336: >= 3x faster than cuBLAS bf16"]["met"] is False
     floor = checks["M=1, 4096x14336: within 2x of the 2-bit floor"]
@@ -201,16 +209,16 @@ def test_targets_and_headline_on_the_gpu_clock():
     assert gem["met"] is False and "2560x2560 0.83x" in gem["detail"] and gem["short_by"] == pytest.approx(1.2)
     assert checks["M=1, 4096x14336: >= 1.5x faster than GemLite"]["met"] is True
     mm = checks["M=1: W2A8 >= 1.5x faster than torch._int_mm (x quantised, rows padded) at every shape"]
-    assert mm["met"] is True and "4096x14336 4.71x (step12_w2a8; 2.47x the int8 GEMM alone)" in mm["detail"]
+    assert mm["met"] is True and "4096x14336 4.71x (step23_w2a8_fused; 2.47x the int8 GEMM alone)" in mm["detail"]
     heads = T.headline(_results(rows))
     assert [(h["kernel"], h["baseline"].split(" (")[0], h["case"]) for h in heads] == [
-        ("step11_tma (CUDA C++)", "cuBLAS bf16", "M = 1, N x K = 4096 x 14336, bf16 x"),
-        ("step09_mma (Triton)", "cuBLAS bf16", "M = 16, N x K = 4096 x 14336, bf16 x"),
-        ("step11_tma (CUDA C++)", "GemLite 2-bit", "M = 1, N x K = 4096 x 14336, bf16 x"),
-        ("step12_w2a8 (CUDA C++)", "torch._int_mm W8A8", "M = 1, N x K = 4096 x 14336, x quantised to int8 in the call")]
+        ("step21_magic_reg (CUDA C++)", "cuBLAS bf16", "M = 1, N x K = 4096 x 14336, bf16 x"),
+        ("step14_workspace (Triton)", "cuBLAS bf16", "M = 16, N x K = 4096 x 14336, bf16 x"),
+        ("step21_magic_reg (CUDA C++)", "GemLite 2-bit", "M = 1, N x K = 4096 x 14336, bf16 x"),
+        ("step23_w2a8_fused (CUDA C++)", "torch._int_mm W8A8", "M = 1, N x K = 4096 x 14336, x quantised to int8 in the call")]
     assert all(h["clock"] == "gpu" and "kernel_spread_ms" in h and h["host_ms"] == 0.03 for h in heads)
     assert heads[0]["speedup"] == pytest.approx(32 / 9.8)
-    assert "| 1 | 4096x14336 | 9.8 (step11_tma) | 20.0 | **2.04×** |" in tables.peers_table(_results(rows))
+    assert "| 1 | 4096x14336 | 9.8 (step21_magic_reg) | 20.0 | **2.04×** |" in tables.peers_table(_results(rows))
     # where GemLite's output failed our check at the shape, no headline stands against it
     failing = _results(rows)
     failing.data["checks"] = [{"name": f"{T.GEMLITE} within bf16 rounding of float64", "passed": False,
@@ -221,10 +229,10 @@ def test_targets_and_headline_on_the_gpu_clock():
 def test_figures_from_a_fresh_file():
     import matplotlib
     matplotlib.use("Agg")
-    rows = [_row("cublas_bf16", 32.0, "baseline", bytes=1e8), _row(T.SERIES[11], 9.8, floor=3.5),
+    rows = [_row("cublas_bf16", 32.0, "baseline", bytes=1e8), _row(T.SERIES[21], 9.8, floor=3.5),
             _row(T.SERIES[1], 300.0, floor=30.0), _row(T.GEMLITE, 20.0, "peer", floor=4.0),
-            _row(T.INT_MM, 40.0, "baseline", floor=15.0), _row(T.SERIES[12], 8.5, floor=3.5),
-            _row("cublas_bf16", 33.0, "baseline", m=16), _row(T.SERIES[9], 15.0, m=16)]
+            _row(T.INT_MM, 40.0, "baseline", floor=15.0), _row(T.SERIES[23], 8.5, floor=3.5),
+            _row("cublas_bf16", 33.0, "baseline", m=16), _row(T.SERIES[14], 15.0, m=16)]
     figs = figures.figures(_results(rows))
     assert {"speedup", "peers", "floor", "steps"} <= set(figs)
     matplotlib.pyplot.close("all")

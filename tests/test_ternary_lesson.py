@@ -98,7 +98,7 @@ def _gemv_codes(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, 
 
 def test_the_kernel_check_accepts_the_solution_and_step_4_and_rejects_planted_mistakes(capsys):
     assert E.check_gemv_kernel(S.gemv_shifts_kernel, time_it=False) is True
-    assert E.check_gemv_kernel(T.step04_gemv_kernel, time_it=False) is True  # the kernel the reader copies
+    assert E.check_gemv_kernel(T.step05_gemv_kernel, time_it=False) is True  # the kernel the reader copies
     for wrong in (_gemv_low_half_twice, _gemv_codes):
         capsys.readouterr()
         assert E.check_gemv_kernel(wrong, time_it=False) is False
@@ -154,14 +154,14 @@ def test_amdahl_view_is_a_fraction_and_bounded(results):
         assert 1.0 < view["end_to_end"] < min(view["speedup"], view["limit"])
 
 
-def test_part_1s_amdahl_view_uses_step_9_only(results):
-    """Part 1's opening prices the model's layers with its own last step (step 9), never part 2's kernels."""
-    only9, every = L.amdahl(results, [T.SERIES[9]]), L.amdahl(results)
-    if only9["speedup"] is not None:
-        assert {series for _, series in only9["per_shape"].values()} == {T.SERIES[9]}
-        assert only9["speedup"] <= every["speedup"]
-        table = L.amdahl_layers_table(results, [T.SERIES[9]])
-        assert "step11" not in table and "step10" not in table
+def test_part_1s_amdahl_view_uses_step_14_only(results):
+    """Part 1's opening prices the model's layers with its own last step (step 14), never part 2's kernels."""
+    only14, every = L.amdahl(results, [T.SERIES[14]]), L.amdahl(results)
+    if only14["speedup"] is not None:
+        assert {series for _, series in only14["per_shape"].values()} == {T.SERIES[14]}
+        assert only14["speedup"] <= every["speedup"]
+        table = L.amdahl_layers_table(results, [T.SERIES[14]])
+        assert "step21" not in table and "step17" not in table
         kv = next(line for line in table.splitlines() if line.startswith("| k, v "))
         if L.layer_run(results) is None:  # the k, v row and the caption say where k and v were not run
             assert "estimate" in kv and "estimate" in table.splitlines()[0]
@@ -190,25 +190,25 @@ def test_amdahl_times_every_layer_at_its_own_shape_where_the_lab_run_is_committe
             if found:
                 return found[0]
 
-    view = L.amdahl(results, [T.SERIES[11]])
+    view = L.amdahl(results, [T.SERIES[21]])
     assert view["measured"] and "640x2560" in view["per_shape"] and L.layers_note(view).startswith("every layer")
     assert view["separate"] == ["640x2560"] and L.layers_note(view) == "every layer at its own shape"
-    assert "separate run" not in L.amdahl_layers_table(results, [T.SERIES[11]])  # the page's provenance says it once
+    assert "separate run" not in L.amdahl_layers_table(results, [T.SERIES[21]])  # the page's provenance says it once
     base = sum(c * ms("cublas_bf16", n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
-    ours = sum(c * ms(T.SERIES[11], n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
+    ours = sum(c * ms(T.SERIES[21], n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
     assert view["speedup"] == pytest.approx(base / ours, rel=1e-12)
 
 
-def test_the_result_table_can_keep_to_one_launch_of_step_12(results):
-    table = L.result_table(results, cases=((L.MAIN, 1), (L.MAIN, 16)), w2a8=(T.SERIES[12], T.SERIES[13]))
-    assert "quantised" not in table  # no other place to quantise x than step 12's default
+def test_the_result_table_can_keep_to_one_launch_of_step_23(results):
+    table = L.result_table(results, cases=((L.MAIN, 1), (L.MAIN, 16)), w2a8=(T.SERIES[23], T.SERIES[25]))
+    assert "quantised" not in table  # no other place to quantise x than step 23's default
     row = next(line for line in table.splitlines() if line.startswith(f"| {L.MAIN}, 1 |"))
-    assert f"{L.us(results, T.SERIES[12]):.1f} (" in row
+    assert f"{L.us(results, T.SERIES[23]):.1f} (" in row
 
 
 @pytest.mark.parametrize("step, needs", [
-    (11, ("mbarrier_wait(&empty", "mbarrier_expect_bytes", "bulk_copy(", "mbarrier_wait(&full", "mbarrier_arrive")),
-    (12, ("w2a8_sum(", "w2a8_z(", "sum - x_sum")),
+    (18, ("mbarrier_wait(&empty", "mbarrier_expect_bytes", "bulk_copy(", "mbarrier_wait(&full", "mbarrier_arrive")),
+    (22, ("w2a8_sum(", "w2a8_z(", "sum - x_sum")),
 ])
 def test_each_cuda_steps_excerpt_is_short_real_code_and_carries_its_idea(step, needs):
     """A listing the page shows unfolded: the source's own lines (comments and pragmas kept, no stub saying what was
@@ -226,17 +226,17 @@ def test_each_cuda_steps_excerpt_is_short_real_code_and_carries_its_idea(step, n
 
 
 def test_step_table_says_pending_where_the_file_has_no_gpu_clock(results):
-    table = L.step_table(results, [1, 12])
-    assert "`step01_sign`" in table and "`step12_w2a8`" in table
+    table = L.step_table(results, [1, 23])
+    assert "`step01_sign`" in table and "`step23_w2a8_fused`" in table
     if L.us(results, T.SERIES[1]) is None:
         assert L.PENDING in table.split("`step01_sign`")[1].splitlines()[0]
-    assert L.step_table(None, [12]).count(L.PENDING) == 3 * 2
+    assert L.step_table(None, [23]).count(L.PENDING) == 3 * 2
 
 
 def test_probe_table_uses_one_clock_for_the_step_and_its_probes(results):
-    table, clock = L.probe_table(results, 11)
+    table, clock = L.probe_table(results, 21)
     assert clock == "GPU clock"
-    whole = L.probe_us(results, 11, None)
+    whole = L.probe_us(results, 21, None)
     assert f"{whole:.1f}" in table.splitlines()[2]
 
 
@@ -254,9 +254,9 @@ def test_in_flight_follows_littles_law():
 def test_sass_counts_show_what_each_step_removes():
     if L.cuobjdump() is None:
         pytest.skip("no cuobjdump to read SASS with")
-    c10, c11, c12 = (L.sass_counts(s) for s in (10, 11, 12))
-    assert c10["magic moves"] > 0 and c11["magic moves"] == 0  # step 11 keeps the magic in a register
-    assert c12["IMMA"] == 8 and c12["HMMA"] == 0 and c12["HFMA2"] == 0  # step 12: no float decode
+    c17, c20, c21, c23 = (L.sass_counts(s) for s in (17, 20, 21, 23))
+    assert c17["magic moves"] > 0 and c20["magic moves"] > 0 and c21["magic moves"] == 0  # step 21: in a register
+    assert c23["IMMA"] == 8 and c23["HMMA"] == 0 and c23["HFMA2"] == 0  # steps 22 and 23: no float decode
 
 
 def test_figures_give_each_series_one_colour(results):
@@ -319,8 +319,8 @@ def test_the_boehm_table_has_one_row_a_step(results):
     wide = L.boehm_table(results, L.PART2_ROWS, read_only=True)
     assert wide.count("| × the 2-bit floor | × read-only |") == len({m for _, m, _, _ in L.PART2_ROWS})
     reader = L.us(results, "read_weights")
-    row12 = next(line for line in wide.splitlines() if line.startswith("| 12 |"))
-    assert row12.rstrip(" |").endswith(f"{L.us(results, T.SERIES[12]) / reader:.1f}")
+    row23 = next(line for line in wide.splitlines() if line.startswith("| 23 |"))
+    assert row23.rstrip(" |").endswith(f"{L.us(results, T.SERIES[23]) / reader:.1f}")
 
 
 def test_the_chapter_lists_both_lessons():
@@ -340,56 +340,23 @@ def test_a_lesson_shows_its_listings_uncut(path):
     assert "short_comments" not in code and not hasattr(L, "short_comments")
 
 
-def test_step_12s_places_table_bolds_the_default_time(results):
+def test_step_23s_places_table_bolds_the_default_time(results):
     table = L.w2a8_places_table(results)
     staged = next(line for line in table.splitlines() if line.startswith("| staged |"))
-    assert f"**{L.us(results, T.SERIES[12]):.1f}**" in staged  # one row of x: staged is step 12's default
+    assert f"**{L.us(results, T.SERIES[23]):.1f}**" in staged  # one row of x: staged is step 23's default
     assert table.count("**") == 2 * 2  # one default a column of rows of x
 
 
-def test_step_13s_undone_ratio_reads_the_lab_run(monkeypatch):
-    rows = [{"series": series, "ms": ms, "params": {"variant": variant, "shape": L.MAIN, "m": 16}}
-            for series, variant, ms in (("step13_changes", "step13", 0.016), ("step13_changes", "step13-x", 0.020))]
-    monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: {"measurements": rows, "checks": []})
-    assert L.step13_undone_ratio() == pytest.approx((20.0, 16.0))
-    monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: None)
-    assert L.step13_undone_ratio() == (None, None)
-
-
-def test_the_undone_tables_hold_ratios_only():
-    for step in (4, 9):
-        changes = L.step_changes(step)
-        if changes is None:
-            pytest.skip("no committed run of the bundled steps")
-        table = L.undone_table(step, changes)
-        assert "[" not in table and "µs" not in table
-    table = L.step11_changes()
-    if table is not None:
-        assert "[" not in table and "µs" not in table and "| step 11 | 1.00× |" in table
-
-
 def test_the_main_tables_have_no_lettered_rows(results):
-    """One row a numbered step: a bundled step's changes live in its chain table, not in the main table."""
+    """One row a numbered step, no lettered rows: each change is a step of its own."""
     for rows in (L.PART1_ROWS, L.PART2_ROWS):
         table = L.boehm_table(results, rows)
         assert not re.search(r"^\| \d+[a-z] \|", table, flags=re.M), table
         assert "added" not in table and "undone" not in table and "alone (vs" not in table
-    for number in (6, 7, 8):  # tried and slower than the step it builds on: said in the cell
+    for number in (7, 8, 9):  # tried and slower than the step it builds on: said in the cell
         number_, m, previous, change = next(r for r in L.PART1_ROWS if r[0] == number)
         assert L.us(results, T.SERIES[previous], L.MAIN, m) < L.us(results, T.SERIES[number], L.MAIN, m)
         assert "did not pay" in change
-
-
-def test_step_4s_configs_are_a_clause_not_a_chain_row_where_they_change_nothing(results):
-    """Step 4's configs (which may split K) time the same as the chain's 4b at the chain's cases: they are no
-    change there, so the chain is 4a and 4b, and the page says in one clause that the configs are a no-op here."""
-    assert [label for label, _, _, _ in L.chain(4, results)["rows"]] == ["3", "4a", "4b", "4"]
-    changes = L.step_changes(4)
-    assert changes is not None, "lab/ternary/results/nvidia-h200/bundled_steps.json is not committed"
-    for case in changes["cases"]:
-        with_configs, without = changes["us"][("+a+b+c", *case)], changes["us"][("+a+b", *case)]
-        assert round(without / with_configs, 2) == 1.00, case
-    assert "no-op at these shapes" in _sections(LESSONS[0])[4]
 
 
 def _sections(path) -> dict[int, str]:
@@ -410,22 +377,6 @@ def _sections(path) -> dict[int, str]:
     return out
 
 
-#: Part 2's change that carries each step (its largest gain at the chain's first case) and the words its heading
-#: names it by.
-CARRIERS = {10: ("10b", "K split"), 11: ("11b", "share K"), 12: ("12b", "x quantised in the kernel"),
-            13: ("13b", "x brought by the TMA")}
-
-
-def test_each_bundled_steps_prose_meets_its_changes_in_the_chain_tables_order():
-    """The prose introduces a bundled step's lettered changes in the order its chain adds them (a decode is not
-    met before the layout it decodes, or the other way round, on one page and in its table), on both pages."""
-    sections = {**_sections(LESSONS[0]), **_sections(LESSONS[1])}
-    for step, (_, _, spec) in L.CHAINS.items():
-        letters = [label for label, _, _ in spec[1:] if label[-1].isalpha()]
-        met = list(dict.fromkeys(re.findall(rf"\b{step}[a-e]\b", sections[step])))
-        assert met == letters, (step, met)
-
-
 def _openings(path) -> dict[int, str]:
     """Each numbered step's opening: the source of the first cell after its heading."""
     cells = json.loads(path.read_text())["cells"]
@@ -437,79 +388,21 @@ def _openings(path) -> dict[int, str]:
     return out
 
 
-def test_each_bundled_step_opens_with_its_idea_and_its_measured_effect():
-    """A bundled step's section opens with one computed sentence, in bold: the step's idea and its time against the
-    step before; its heading is the idea alone (no verdict in parentheses)."""
-    for path, steps in ((LESSONS[0], (4, 9)), (LESSONS[1], (10, 11, 12, 13))):
-        openings, sections = _openings(path), _sections(path)
-        for step in steps:
-            said = re.findall(r'"([^"]*)"', openings[step].partition("say(")[2])
-            assert "say(" in openings[step] and said[0].startswith(f"**Step {step} "), openings[step][:80]
-            assert openings[step].count("say(") == 1
-            assert f"us({step}" in openings[step] and "faster than step" in openings[step]
-            assert "(" not in sections[step].splitlines()[0], sections[step].splitlines()[0]
-
-
-def test_part_1s_steps_run_1_to_9_down_the_page_and_in_its_table(results):
-    """Steps 6 to 8 (tried, did not pay) sit in their numeric place, before step 9, each heading saying so; step 9's
-    section names step 5 as the step it builds on; each steps table's rows run upward."""
+def test_part_1s_steps_run_1_to_14_down_the_page_and_in_its_table(results):
+    """Steps 7 to 9 (tried, did not pay) sit in their numeric place, before step 10, each heading saying so; step
+    10's section names step 6 as the step steps 10 to 14 build on; each steps table's rows run upward."""
     cells = json.loads(LESSONS[0].read_text())["cells"]
     heads = [("".join(c["source"]).splitlines() or [""])[0] for c in cells if c["cell_type"] == "markdown"]
     numbered = [(h, int(re.match(r"## Step (\d+):", h)[1])) for h in heads if re.match(r"## Step \d+:", h)]
-    assert [n for _, n in numbered] == list(range(1, 10))
-    assert all(("did not pay" in h) == (n in (6, 7, 8)) for h, n in numbered)
+    assert [n for _, n in numbered] == list(range(1, 15))
+    assert all(("did not pay" in h) == (n in (7, 8, 9)) for h, n in numbered)
     assert not any(h.startswith("## Tried") for h in heads)
-    assert "builds on step 5" in _sections(LESSONS[0])[9]
+    assert "build on step 6" in _sections(LESSONS[0])[10]
     for m in (1, 16):
         steps = [n for n, rows_of_x, _, _ in L.PART1_ROWS if rows_of_x == m]
         assert steps == sorted(steps)
     for number, m, previous, change in L.PART1_ROWS:
-        assert change.startswith("tried, did not pay") == (number in (6, 7, 8))
-
-
-def test_each_bundled_steps_row_names_its_kept_losses(results):
-    """A bundled step's row in the steps table names every change of its chain that costs time where it is added
-    and is not a prerequisite, with its factor, and no other; step 9's page says why it stays, from the same data."""
-    for rows in (L.PART1_ROWS, L.part2_rows(None)):
-        table = L.boehm_table(results, rows)
-        for step in L.BUNDLES:
-            if not any(n == step and "its chain:" in c for n, _, _, c in rows):
-                continue  # step 9 on part 2's table is the anchor, not a bundle
-            line = next(x for x in table.splitlines() if x.startswith(f"| {step} |") and "its chain:" in x)
-            ch = L.chain(step, results)
-            lost = {label: [f for f in factors if round(f, 2) < 1] for label, _, _, factors in ch["rows"][1:]
-                    if label[-1].isalpha() and label not in L.PREREQUISITES}
-            for label, factors in lost.items():
-                assert (f"{label} " in line) == bool(factors), (step, label, line)
-                for f in factors:
-                    assert f"{f:.2f}×" in line, (step, label, line)
-            assert ("kept loss" in line) == any(lost.values()), line
-    assert "9b" in L.kept_losses(9, results) and "13a" in L.kept_losses(13, results)
-    assert L.kept_losses(10, results) == "" == L.kept_losses(4, results)  # 10a is a prerequisite; 4's both pay
-    code = "".join("".join(c["source"]) for c in json.loads(LESSONS[0].read_text())["cells"])
-    assert "lesson.losing_changes(9, results)" in code
-
-
-def test_a_bundled_steps_heading_and_row_say_the_same_idea_and_count(results):
-    """Each bundled step's heading is "Step N: " and its words (its idea, then its other changes counted as
-    prerequisites or tunings); its steps-table row opens with the same words; each prerequisite is called so in its
-    bullet, each tuning too; no heading calls a step "one idea"."""
-    for path, steps in ((LESSONS[0], (4, 9)), (LESSONS[1], (10, 11, 12, 13))):
-        sections = _sections(path)
-        rows = L.PART1_ROWS if path == LESSONS[0] else L.PART2_ROWS
-        for step in steps:
-            assert sections[step].splitlines()[0] == f"## Step {step}: {L.BUNDLES[step]}"
-            pointing = [c for n, _, _, c in rows if n == step and "its chain:" in c]
-            assert len(pointing) == 1 and pointing[0].startswith(L.BUNDLES[step]), step
-            body = sections[step]
-            count = re.search(r"plus (one|two|three) tunings?", L.BUNDLES[step])
-            tunings = re.findall(rf"\*\*{step}[a-e], tuning", body)
-            assert len(tunings) == ({"one": 1, "two": 2, "three": 3}[count[1]] if count else 0), (step, tunings)
-            prerequisites = re.findall(rf"\*\*({step}[a-e]), prerequisite", body)
-            assert prerequisites == [p for p in L.PREREQUISITES if p.startswith(str(step))], step
-            assert ("its prerequisite" in L.BUNDLES[step]) == bool(prerequisites)
-        openings = "".join(_openings(path).values())
-        assert "one idea" not in openings and "one idea" not in "".join(sections.values())
+        assert change.startswith("tried, did not pay") == (number in (7, 8, 9))
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -533,37 +426,6 @@ def test_part_2_says_where_to_quantise_x_at_bitnets_shapes(results):
     assert gains["4800x3200"] > 1 and L.every_block_gains(results, [L.MAIN])[L.MAIN] < 1
     code = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
     assert "lesson.every_block_gains(results" in code and 'quantize=\\"every block\\"' in code
-
-
-def test_part_2_walks_each_chain_in_order_names_its_prerequisites_and_says_where_step_13_wins(results):
-    """Each part 2 step's heading names the change that carries it (its largest gain at the chain's first case); the
-    chain's changes that come before it and do not pay alone are called prerequisites; step 13's opening says where
-    it loses and where it wins."""
-    from book.ternary import results as tables
-
-    alone = L.first_changes(results)
-    assert list(alone) == ["10a", "11a", "12a", "13a"] and all(v < 1 for v in alone.values())
-    sections = _sections(LESSONS[1])
-    for step, (label, words) in CARRIERS.items():
-        rows = [r for r in L.chain(step, results)["rows"][1:] if r[0][-1].isalpha()]
-        assert max(rows, key=lambda r: r[3][0])[0] == label, step
-        head, body = sections[step].split("\n", 1)
-        assert words in head, head
-        before = [r for r in rows[:[r[0] for r in rows].index(label)] if round(r[3][0], 2) < 1]
-        for r in before:
-            assert re.search(rf"\*\*{r[0]}, prerequisite", body), (step, r[0])
-    opening13 = _openings(LESSONS[1])[13]
-    assert "step 12" in opening13 and "step 9" in opening13 and "wins only at" in opening13
-    assert L.us(results, T.SERIES[13]) > L.us(results, T.SERIES[12])
-    assert L.us(results, T.SERIES[13], L.MAIN, 16) > L.us(results, T.SERIES[9], L.MAIN, 16)
-    run = tables.bitnet_results(results)
-    wins = L.step13_wins(run)
-    assert wins and all(v > 1 for v in wins.values())
-    size = lambda shape: int(shape.split("x")[0]) * int(shape.split("x")[1])  # noqa: E731
-    shapes = sorted(dict.fromkeys(r["params"]["shape"] for r in run.select("bitnet_w2a8", m=1)), key=size)
-    assert set(wins) == set(shapes[-len(wins):]), "the page calls the shapes where step 13 wins BitNet's largest"
-    row = next(c for n, m, _, c in L.part2_rows(run) if (n, m) == (13, 1))
-    assert f"wins at {len(wins)} BitNet shapes" in row and f"{max(wins.values()):.2f}×" in row
 
 
 def test_part_2s_result_opens_with_bitnet_and_the_eager_caveat_and_it_ends_with_a_choice():
@@ -600,7 +462,6 @@ def test_a_lesson_has_no_internal_words_or_unclear_it(path, results):
     cells = json.loads(path.read_text())["cells"]
     text = " ".join("".join(c["source"]) if c["cell_type"] == "markdown" else " ".join(_literal_text("".join(c["source"])))
                     for c in cells)
-    text += " ".join(L.chain_table(s, results) for s in L.CHAINS)
     for word in (r"\blinks?\b", r"\bfrozen\b", r"lab's copy", r"\bit fails\b", r"library's kernel"):
         assert not re.search(word, text), word
 
@@ -610,78 +471,8 @@ def _chain_rows(table: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[1:]]
 
 
-def _check_chain(step: int, table: str):
-    """Each row's label once, the anchors first and last, each × previous the ratio of its own µs cells."""
-    _, cases, spec = L.CHAINS[step]
-    rows = _chain_rows(table)
-    labels = [r[0] for r in rows]
-    assert labels == [label for label, _, _ in spec] and len(set(labels)) == len(labels)
-    assert labels[0].isdigit() and labels[-1].startswith(str(step))  # the anchors: the step before, the step
-    assert all(label[:-1] == str(step) and label[-1].isalpha() for label in labels[1:-1])  # one change each
-    n = len(cases)
-    for above, row in zip(rows, rows[1:]):
-        for i in range(n):
-            a, b = float(above[2 + i]), float(row[2 + i])
-            cell = row[2 + n + i]
-            factor = float(cell.split("×")[0])
-            # the µs cells are rounded to 0.1: their ratio matches the factor within that rounding
-            assert abs(factor - a / b) <= a / b * (0.05 / a + 0.05 / b) + 0.005, (row, cell, a / b)
-            assert ("does not pay" in cell) == (row[0][-1].isalpha() and factor < 1), cell
-            assert "–" not in cell
-    assert all(row[2 + n + i] == "anchor" for row in rows[:1] for i in range(n))
-    name = L.CHAINS[step][0]
-    assert ("One run of its own" in table) == (name is not None)  # no note where the chain is the steps table's run
-    assert "as shipped" not in table and "library's kernel" not in table and "steps table's own run" not in table
-    if labels[-1].isdigit():  # the library's step after its lettered twin: said in words
-        assert rows[-1][1] == f"step {step}: the same code{' and tile' if step == 4 else ''} as {labels[-2]}, timed again"
-    else:
-        assert rows[-1][1].endswith(f"step {step}")
-    if name is not None:
-        note = table.rsplit("\n\n", 1)[1]
-        assert note.endswith(".") and ". " not in note and len(note.split()) <= 25  # one short sentence, under it
-    assert not re.search(r"20\d\d-\d\d", table)  # no dates
-
-
-@pytest.mark.parametrize("step", [4, 9, 10, 12, 13])
-def test_each_chain_table_is_cumulative_and_read_from_one_run(results, step):
-    table = L.chain_table(step, results)
-    _check_chain(step, table)
-    ch = L.chain(step, results)
-    for (label, _, times, factors), (_, _, times_above, _) in zip(ch["rows"][1:], ch["rows"]):
-        assert factors == pytest.approx([a / b for a, b in zip(times_above, times)])
-    assert f"within {gap_words(ch['gap'])} of the steps table" in table or ch["run"] is None
-
-
-def test_step_11s_chain_reads_its_run_and_fails_loudly_without_it(results):
-    """Step 11's chain needs lab/ternary's `step11_changes.py measure --chain` (step11_chain.json): the page must
-    not skip it silently. The table is checked against the committed run, and its code against a copy with the
-    schema the script writes (the chain's rows, fed in as ``data``)."""
-    data = L.lab_or_none("ternary", "step11_chain", L.H200)
-    assert data is not None, "lab/ternary/results/nvidia-h200/step11_chain.json is not committed yet"
-    _check_chain(11, L.chain_table(11, results))
-
-
-def test_step_11s_chain_code_reads_the_scripts_schema(results, monkeypatch):
-    from lab.ternary import step11_changes as lab11
-
-    rows = [{"series": T.SERIES[10], "ms": 0.0116, "params": {"variant": T.SERIES[10], "shape": s, "m": 1}}
-            for s in (L.MAIN, "2560x6912")]
-    for place, (name, _) in enumerate(lab11.CHAIN, 1):
-        rows += [{"series": "step11_changes", "ms": 0.020 / place, "params": {"variant": name, "shape": s, "m": 1,
-                                                                             "chain": place}}
-                 for s in (L.MAIN, "2560x6912")]
-    rows += [{"series": T.SERIES[11], "ms": 0.0096, "params": {"variant": T.SERIES[11], "shape": s, "m": 1}}
-             for s in (L.MAIN, "2560x6912")]
-    assert [v for _, _, (_, v) in L.CHAINS[11][2][1:-1]] == [name for name, _ in lab11.CHAIN]
-    _check_chain(11, L.chain_table(11, results, data={"measurements": rows}))
-    monkeypatch.setattr(L, "lab_or_none", lambda *a, **k: None)
-    with pytest.raises(FileNotFoundError):
-        L.chain(11, results)
-
-
 #: The lab runs each page reads beside the benchmark (by page: part 1, part 2), each listed once at the page's end.
-PAGE_RUNS = ((L.LAYER_RUN, L.CHAINS[4][0]),
-             (L.LAYER_RUN, *(L.CHAINS[s][0] for s in (10, 11, 13)), "step11_changes", "w2a8_tiles_ncu_m16.txt"))
+PAGE_RUNS = ((L.LAYER_RUN,), (L.LAYER_RUN, "w2a8_tiles_ncu_m16.txt"))
 CLOSING = "## Where the numbers come from"
 #: A path or file name of a committed result, which the prose and the notes under tables leave to the closing list.
 RESULT_PATH = re.compile(r"lab/|assets/bench|results/nvidia|\.json\b|\.txt\b|\.csv\b")
@@ -734,8 +525,6 @@ def test_the_notes_under_tables_say_where_their_numbers_come_from_without_a_path
     layers = L.lab_or_none("ternary", L.LAYER_RUN, gpu)
     if layers is not None:
         notes.append(L.amdahl_layers_table(results).splitlines()[-1])
-    for step in (4, 9, 10, 12, 13):
-        notes.append(L.chain_table(step, results).splitlines()[-1])
     run = tables.bitnet_results(results)
     if run is not None:
         notes.append(L.provenance(results, 2, run.data))
@@ -949,20 +738,11 @@ def test_the_steps_figure_draws_times_from_zero_and_crosses_out_failed_peer_time
         plt.close(fig)
 
 
-def test_a_steps_table_cell_says_truly_where_its_chain_is(results):
-    """The chains sit in each step's section, above the steps table: a cell that points to one says so."""
-    for rows in (L.PART1_ROWS, L.PART2_ROWS):
-        for number, _, _, change in rows:
-            assert "below" not in change, change
-            if "chain:" in change:
-                assert f"its chain: in step {number}'s section, above" in change, change
-
-
 def test_part_1s_steps_table_shows_every_step_at_one_row(results):
-    """Steps 5, 7, 8 and 9 are built for several rows of x, but every step is timed at one row too: the one-row
-    table has all nine, the 16-row table the four."""
-    assert [n for n, m, _, _ in L.PART1_ROWS if m == 1] == list(range(1, 10))
-    assert [n for n, m, _, _ in L.PART1_ROWS if m == 16] == [5, 7, 8, 9]
+    """Steps 6 and 8 to 14 are built for several rows of x, but every step is timed at one row too: the one-row
+    table has all fourteen, the 16-row table those eight."""
+    assert [n for n, m, _, _ in L.PART1_ROWS if m == 1] == list(range(1, 15))
+    assert [n for n, m, _, _ in L.PART1_ROWS if m == 16] == [6, 8, 9, 10, 11, 12, 13, 14]
     table = L.boehm_table(results, L.PART1_ROWS)
     assert "pending" not in table
 
@@ -1002,7 +782,7 @@ def test_bitnets_table_gives_our_time_beside_its_own(results):
         pytest.skip("no committed run with BitNet's kernel")
     table = tables.bitnet_table(run)
     head, _, *lines = table["table"].splitlines()
-    assert "| ours, step 12 (µs) |" in head
+    assert "| ours, step 23 (µs) |" in head
     for line, (_, peer, ours, _, _) in zip(lines, table["rows"]):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert float(cells[1]) == round(peer * 1e3, 1) and float(cells[2]) == round(ours * 1e3, 1)
@@ -1010,3 +790,43 @@ def test_bitnets_table_gives_our_time_beside_its_own(results):
 
 def test_the_and_list_reads_as_words():
     assert [L.and_list(x) for x in ([], ["a"], ["a", "b"], ["a", "b", "c"])] == ["", "a", "a and b", "a, b and c"]
+
+
+def test_the_verdict_says_where_a_step_pays_and_where_it_loses(monkeypatch):
+    """A step's sentence says, computed, where it pays over the step it builds on and where it loses (× previous
+    rounded to two places against 1.00), and nothing where a time is missing."""
+    times = {(T.SERIES[11], L.MAIN, 16): 10.0, (T.SERIES[10], L.MAIN, 16): 12.0,
+             (T.SERIES[11], L.MAIN, 1): 13.0, (T.SERIES[10], L.MAIN, 1): 12.0}
+    monkeypatch.setattr(L, "us", lambda res, s, shape=L.MAIN, m=1: times.get((s, shape, m)))
+    assert L.verdict(None, 11, 10) == "it loses at 4096 × 14336, M = 1 and pays at 4096 × 14336, M = 16"
+    times[(T.SERIES[11], L.MAIN, 1)] = 11.0
+    assert L.verdict(None, 11, 10) == "it pays at both cases"
+    times[(T.SERIES[11], L.MAIN, 1)] = 12.04  # 0.997x rounds to 1.00: not a loss
+    assert L.verdict(None, 11, 10) == "it pays at both cases"
+    times[(T.SERIES[11], L.MAIN, 16)], times[(T.SERIES[11], L.MAIN, 1)] = 13.0, 14.0
+    assert L.verdict(None, 11, 10) == "it loses at both cases"
+    del times[(T.SERIES[10], L.MAIN, 1)]
+    assert L.verdict(None, 11, 10) == ""
+
+
+def test_a_step_that_shares_its_kernel_shows_its_one_change():
+    """Steps whose kernel is one template (or one Triton kernel) with knobs show it at their knobs, so the diff from
+    the step before is the change the step makes, and a change of launch alone shows as the launch."""
+    def changed(old, new):
+        d = T.CHAPTER.show_diff(old, new)
+        return d.added, d.removed
+
+    added, removed = changed(11, 12)
+    assert any("rows_in = tl.minimum(rows, N - 1)" in line for line in added)
+    added, removed = changed(12, 13)
+    assert any("r_k = (r // 32) * 256 + r % 32" in line for line in added)
+    added, removed = changed(15, 16)  # the launch alone: K split
+    assert all(line.lstrip().startswith("//") for line in added + removed) and any("whole_k=False" in a for a in added)
+    added, removed = changed(16, 17)
+    assert any("copy_x_slice(" in line for line in added) and any("load_x_group_global" in line for line in removed)
+    added, removed = changed(19, 20)
+    assert any("ring.fill(c, policy);" in line for line in added) and any("fill_per_warp(" in line for line in removed)
+    added, removed = changed(20, 21)
+    assert any("group_mma<BF16, MT, RT, true>" in line for line in added)
+    added, removed = changed(24, 25)
+    assert any("mbarrier_wait(x_full, 0);" in line for line in added) and any("load_xq_slice(" in line for line in removed)

@@ -1,6 +1,6 @@
 """Chapter 5's peers (studylog/ternary/peers.py) on the CPU: GemLite holds our ternary weights exactly and its
 M = 1 kernel (its GEMV, in Triton's interpreter) gives our product within bf16 rounding; the torch._int_mm path
-computes the W2A8 product exactly as steps 12 and 13 define it; and the benchmark's bookkeeping around them."""
+computes the W2A8 product exactly as steps 22 to 25 define it; and the benchmark's bookkeeping around them."""
 
 import contextlib
 import importlib.util
@@ -100,7 +100,7 @@ def test_int_mm_rows_and_plan_refusals():
 @pytest.mark.parametrize("m", [1, 5, 20])
 def test_int_mm_plan_computes_the_w2a8_product(m, rng):
     """The padded torch._int_mm path: exact int32 sums of the quantised x (the bits quantize_activations gives,
-    as steps 12 and 13 use), divided in float32; the padding rows stay zero call after call."""
+    as steps 22 to 25 use), divided in float32; the padding rows stay zero call after call."""
     n, k, scale = 40, 264, 0.8
     w = ternary(n, k, rng).to(DEV)
     plan = P.IntMMPlan(w, scale, m)

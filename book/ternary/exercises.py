@@ -12,17 +12,17 @@ Lesson 1 (Triton):
 2. :func:`check_field_float`: the bit pattern that turns a 2-bit field into a float with one AND.
 3. :func:`check_base3`: five weights in one byte, and back.
 4. :func:`check_absmean`: BitNet b1.58's absmean quantisation of a weight matrix.
-6. :func:`check_gemv_kernel`: a copy of step 4's Triton kernel with one change (its decode by shifts and a mask),
-   run in Triton's interpreter on awkward sizes and, on a GPU, timed against step 4.
+6. :func:`check_gemv_kernel`: a copy of step 5's Triton kernel with one change (its decode by shifts and a mask),
+   run in Triton's interpreter on awkward sizes and, on a GPU, timed against step 5.
 
 Lesson 2 (CUDA C++):
 
 7. :func:`check_mma_position`: where weight k of a group sits in the MMA-order words.
-8. :func:`check_w2a8_sum`: the four int8 accumulators of step 12 back to ``sum x w``.
+8. :func:`check_w2a8_sum`: the four int8 accumulators of steps 22 to 25 back to ``sum x w``.
 9. :func:`check_round_int8`: BitNet's int8 rounding of x, as the kernels must match it.
 10. :func:`check_ring_waits`: which stage and which mbarrier phase a ring of stages waits on.
 
-Exercises 5 (step 9's tile) and 11 (step 13's tiles) change a kernel's launch and time it on a GPU
+Exercises 5 (step 14's tile) and 11 (step 25's tiles) change a kernel's launch and time it on a GPU
 (:func:`book.common.gpu_us`); on a CPU, exercise 5 checks the reader's tile in Triton's interpreter.
 """
 
@@ -148,7 +148,7 @@ def check_absmean(fn: Callable[[Tensor], tuple[Tensor, Tensor]], cases: int = 30
 
 
 # --------------------------------------------------------------------------------------
-# 6. Step 4's kernel with one change (a Triton kernel of the reader's)
+# 6. Step 5's kernel with one change (a Triton kernel of the reader's)
 # --------------------------------------------------------------------------------------
 
 #: Sizes of the interpreter run: K and N not multiples of a group (256 weights), of a tile or of BLOCK_N, one row
@@ -158,7 +158,7 @@ GEMV_TILES = ({"BLOCK_N": 8, "BLOCK_KW": 32, "SPLIT_K": 1}, {"BLOCK_N": 4, "BLOC
 
 
 def run_gemv(kernel, x: Tensor, packed: PackedTernary, scale: Tensor, tile: dict) -> Tensor:
-    """Launch a kernel with step 4's arguments (:func:`studylog.ternary.step04_gemv_kernel`'s signature) on one
+    """Launch a kernel with step 5's arguments (:func:`studylog.ternary.step05_gemv_kernel`'s signature) on one
     tile ``{"BLOCK_N", "BLOCK_KW", "SPLIT_K"}`` (and optionally ``num_warps``); returns z, zeroed first because
     split-K programs add into it."""
     import triton
@@ -176,14 +176,14 @@ def run_gemv(kernel, x: Tensor, packed: PackedTernary, scale: Tensor, tile: dict
 
 @guarded
 def check_gemv_kernel(kernel, time_it: bool = True) -> bool:
-    """``kernel``: a ``@triton.jit`` kernel with step 4's signature, run by :func:`run_gemv` on random ternary
+    """``kernel``: a ``@triton.jit`` kernel with step 5's signature, run by :func:`run_gemv` on random ternary
     weights packed as ``"2bit"``, random x and per-row scales, at the sizes of :data:`GEMV_CASES` and the tiles of
     :data:`GEMV_TILES`, against the float64 product (:func:`~studylog.ternary.formats.error_ratio` within
     ``FP32_TOLERANCE``). In Triton's interpreter on a CPU; on a GPU the same sizes compile for it, and then (with
-    ``time_it``) it is timed against step 4's kernel at 4096 x 14336, one row, on step 4's configs."""
+    ``time_it``) it is timed against step 5's kernel at 4096 x 14336, one row, on step 5's configs."""
     if "NotImplementedError" in getattr(getattr(getattr(kernel, "fn", kernel), "__code__", None), "co_names", ()):
         raise NotImplementedError  # the page's stub (a kernel that raises): a note, not a launch
-    from studylog.ternary.triton_steps import GEMV_CONFIGS, config_dict, step04_gemv_kernel
+    from studylog.ternary.triton_steps import GEMV_CONFIGS, config_dict, step05_gemv_kernel
 
     dev = runtime.device()
     gen = torch.Generator().manual_seed(58)
@@ -207,7 +207,7 @@ def check_gemv_kernel(kernel, time_it: bool = True) -> bool:
     if time_it:
         if runtime.mode() != "gpu":
             print("check_gemv_kernel: no timing here: Triton's interpreter checks what a kernel computes, not how "
-                  "fast (on a GPU this cell also times it against step 4)")
+                  "fast (on a GPU this cell also times it against step 5)")
         else:
             n, k = 4096, 14336
             x = torch.randn(1, k, device=dev).to(torch.bfloat16)
@@ -215,9 +215,9 @@ def check_gemv_kernel(kernel, time_it: bool = True) -> bool:
             scale = torch.ones(n, device=dev)
             for config in (config_dict(c) for c in GEMV_CONFIGS):
                 yours = gpu_us(lambda: run_gemv(kernel, x, packed, scale, config))
-                step4 = gpu_us(lambda: run_gemv(step04_gemv_kernel, x, packed, scale, config))
+                step5 = gpu_us(lambda: run_gemv(step05_gemv_kernel, x, packed, scale, config))
                 tile = {key: v for key, v in config.items() if key.isupper()}
-                print(f"{tile}: yours {yours:,.1f} µs, step 4 {step4:,.1f} µs ({yours / step4:.2f}x)")
+                print(f"{tile}: yours {yours:,.1f} µs, step 5 {step5:,.1f} µs ({yours / step5:.2f}x)")
     return True
 
 
@@ -247,12 +247,12 @@ def check_mma_position(fn: Callable[[int], tuple[int, int]], cases: int = 20) ->
 
 
 # --------------------------------------------------------------------------------------
-# 8. Step 12's four accumulators
+# 8. The four accumulators of steps 22 to 25
 # --------------------------------------------------------------------------------------
 
 @guarded
 def check_w2a8_sum(fn: Callable[[Sequence[int], int], int], cases: int = 300) -> bool:
-    """``fn(acc, x_sum) -> sum x w`` on random rows: 4 x 64 weights, int8 x, the accumulators built as step 12's
+    """``fn(acc, x_sum) -> sum x w`` on random rows: 4 x 64 weights, int8 x, the accumulators built as step 22's
     int8 MMAs build them (the AND with ``0x03030303 << 2p`` leaves ``code << 2p`` in a byte)."""
     gen = torch.Generator().manual_seed(56)
     for _ in range(cases):

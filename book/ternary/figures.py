@@ -20,10 +20,14 @@ CARD = "nvidia-h200"
 SERIES_COLOURS = {
     CUBLAS: "#404040", "read_weights": "#a0a0a0", GEMLITE: "#8c564b", INT_MM: "#bcbd22", INT_MM_MATMUL: "#dbdb8d",
     BITNET: "#393b79",
-    **dict(zip((SERIES[n] for n in range(1, 14)),
+    **dict(zip((SERIES[n] for n in (1, 2, 3, 5, 6, 7, 8, 9, 14, 17, 21, 23, 25)),
                ("#aec7e8", "#ffbb78", "#98df8a", "#1f77b4", "#ff7f0e", "#9edae5", "#c5b0d5", "#f7b6d2", "#2ca02c",
                 "#17becf", "#9467bd", "#d62728", "#e377c2"))),
-    W2A8_PLACE_SERIES["every block"]: "#ff9896", W2A8_PLACE_SERIES["separate"]: "#c49c94",
+    # the steps that split a change out, paler or darker kin of the step they lead to
+    **dict(zip((SERIES[n] for n in (4, 10, 11, 12, 13, 15, 16, 18, 19, 20, 22, 24)),
+               ("#6baed6", "#a1d99b", "#74c476", "#41ab5d", "#238b45", "#9ecae1", "#4292c6", "#bcbddc", "#9e9ac8",
+                "#807dba", "#c49c94", "#f4a6c8"))),
+    W2A8_PLACE_SERIES["every block"]: "#ff9896", W2A8_PLACE_SERIES["staged"]: "#fdd0a2",
 }
 #: Text sizes of the figures (points at the saved size).
 FONT, SMALL = 10, 9
@@ -37,7 +41,7 @@ def _short(series: str) -> str:
     """A legend entry: the step's name, or the baseline's or peer's short name."""
     return {CUBLAS: "cuBLAS bf16", "read_weights": "only reading the 2-bit weights", GEMLITE: "GemLite 2-bit (peer)",
             BITNET: "BitNet's W2A8 kernel (peer)", INT_MM: "torch._int_mm W8A8 (peer)", INT_MM_MATMUL: "torch._int_mm, the GEMM alone"}.get(
-        series, series_label(series).split(" (")[0].replace("step12_w2a8, x quantised at ", "step12_w2a8, "))
+        series, series_label(series).split(" (")[0].replace("step23_w2a8_fused, x quantised at ", "step23_w2a8_fused, "))
 
 
 def _ratio_err(base: dict, mine: dict):
@@ -127,9 +131,9 @@ def _legend_below(fig, axes, ncol=3):
                frameon=False, bbox_to_anchor=(0.5, 0.0))
 
 
-#: The W2A8 kernels a peer's bar divides by: step 12 at its default place to quantise x, and step 13 (the
+#: The W2A8 kernels a peer's bar divides by: step 23 at its default place to quantise x, and step 25 (the
 #: launches the pages quote).
-W2A8_DEFAULTS = [SERIES[12], SERIES[13]]
+W2A8_DEFAULTS = [SERIES[23], SERIES[25]]
 
 
 #: How a peer's time whose output fails our float64 check is drawn in the steps figure (a red cross instead of a
@@ -138,7 +142,8 @@ FAILED_MARKER = "X"
 
 
 def _steps_dots(view, shapes, series, failed, card: str, caption: str):
-    """Part 1's steps figure: one panel a shape, one row a kernel (cuBLAS, steps 1 to 9, GemLite), its median GPU
+    """Part 1's steps figure: one panel a shape, one row a kernel (cuBLAS, the Triton steps timed at every Llama
+    shape: 1 to 3, 5 to 9 and 14, GemLite), its median GPU
     time as a dot on a linear axis that starts at zero (whiskers: the repetitions' range) and the value written
     beside it; cuBLAS's time a dashed line across the panel; a peer whose output fails our float64 check at that
     shape and one row drawn as a red cross, with one legend entry."""
@@ -194,7 +199,7 @@ def figures(results, bitnet=None) -> dict:
     at M = 16 and 128; floor: M = 1, time over the 2-bit floor; steps: M = 1, the time of part 1's Triton steps
     (1 to 9) on the Llama shapes beside cuBLAS and GemLite, dots on linear axes (:func:`_steps_dots`); peers: our fastest over GemLite and torch._int_mm, and
     with ``bitnet`` (the run with BitNet's kernel beside ours, ``Results``) a first panel of BitNet's W2A8 kernel
-    over step 12 (the one-row W2A8 kernel) of that same run at its shapes, M = 1 (then the M = 128 panel is left out)."""
+    over step 23 (the one-row W2A8 kernel) of that same run at its shapes, M = 1 (then the M = 128 panel is left out)."""
     import matplotlib.pyplot as plt
 
     view = on_gpu_clock(results)
@@ -211,7 +216,7 @@ def figures(results, bitnet=None) -> dict:
         return value
 
     def panel_series(m):
-        wanted = [SERIES[n] for n in ((4, 6, 9, 10, 11, 12, 13) if m == 1 else (5, 7, 8, 9, 10, 11, 12, 13))]
+        wanted = [SERIES[n] for n in ((5, 7, 14, 17, 21, 23, 25) if m == 1 else (6, 8, 9, 14, 17, 21, 23, 25))]
         return [s for s in wanted + [GEMLITE, INT_MM] if view.select(s, m=m)]
 
     if 1 in ms_present and view.select(CUBLAS, m=1):
@@ -239,12 +244,12 @@ def figures(results, bitnet=None) -> dict:
         _legend_below(fig, list(axes[0]), ncol=4)
         figs["speedup_batched"] = fig
 
-    floor_series = [s for s in [SERIES[n] for n in (4, 6, 9, 10, 11, 12, 13)] + ["read_weights", GEMLITE, CUBLAS]
+    floor_series = [s for s in [SERIES[n] for n in (5, 7, 14, 17, 21, 23, 25)] + ["read_weights", GEMLITE, CUBLAS]
                     if any("floor_ms" in r for r in view.select(s, m=1))]
     if floor_series:
         def over_floor(s, shape):
             rows = [r for r in view.select(s, shape=shape, m=1) if "floor_ms" in r]
-            floor = next((r["floor_ms"] for r in view.select(SERIES[11], shape=shape, m=1) if "floor_ms" in r), None)
+            floor = next((r["floor_ms"] for r in view.select(SERIES[21], shape=shape, m=1) if "floor_ms" in r), None)
             floor = floor or next((r["floor_ms"] for r in view.select("read_weights", shape=shape, m=1)), None)
             if not rows or not floor:
                 return None
@@ -265,7 +270,7 @@ def figures(results, bitnet=None) -> dict:
         figs["floor"] = fig
 
     llama = [s for s in shapes if view.select(CUBLAS, shape=s, family="llama", m=1)]
-    steps = [s for s in [CUBLAS] + [SERIES[n] for n in range(1, 10)] + [GEMLITE] if view.select(s, m=1)]
+    steps = [s for s in [CUBLAS] + [SERIES[n] for n in (1, 2, 3, 5, 6, 7, 8, 9, 14)] + [GEMLITE] if view.select(s, m=1)]
     if llama and steps:
         figs["steps"] = _steps_dots(view, llama, steps, failed_peer_checks(results.data), card, caption)
 
@@ -304,7 +309,7 @@ def figures(results, bitnet=None) -> dict:
     if bit_view is not None:  # the chapter's headline alone: the landing page's figure
         fig, ax = plt.subplots(figsize=(9, 4.6))
         _bitnet_panel(ax, bit_view, card, bitnet.data.get("quick"))
-        _head(fig, "BitNet's W2A8 kernel's time over step 12's (above 1: step 12 is faster; whiskers: BitNet's "
+        _head(fig, "BitNet's W2A8 kernel's time over step 23's (above 1: step 23 is faster; whiskers: BitNet's "
               "repetitions)\n" + bitnet.caption())
         fig.tight_layout(rect=(0, 0, 1, 0.86))
         figs["bitnet"] = fig
@@ -312,7 +317,7 @@ def figures(results, bitnet=None) -> dict:
 
 
 def _bitnet_panel(ax, bit_view, card: str, quick: bool) -> None:
-    """BitNet's W2A8 kernel's time over step 12's (the one-row W2A8 kernel), M = 1, at the shapes it is built for."""
+    """BitNet's W2A8 kernel's time over step 23's (the one-row W2A8 kernel), M = 1, at the shapes it is built for."""
     bit_shapes = [s for s in shapes_in(bit_view) if bit_view.select(BITNET, shape=s, m=1)]
 
     def over_bitnet(peer, shape):
@@ -321,7 +326,7 @@ def _bitnet_panel(ax, bit_view, card: str, quick: bool) -> None:
         return _own_err(p[0], row) if p and row is not None else None
     _bars(ax, bit_shapes, [BITNET], over_bitnet)
     ax.axhline(1.0, color="k", lw=1)
-    ax.set_ylabel("BitNet's time / step 12's", fontsize=FONT)
+    ax.set_ylabel("BitNet's time / step 23's", fontsize=FONT)
     apart = "; a separate run on the same card" if quick else ""
     ax.set_title(f"{card}, M = 1, the {len(bit_shapes)} shapes BitNet's kernel is built for (W2A8, both{apart})",
                  fontsize=FONT + 1)

@@ -17,8 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from book.common import PENDING, ChainRow, chain_note, fmt, lab_or_none, latency_floor_ms
-from book.common import chain_table as common_chain_table
+from book.common import PENDING, fmt, lab_or_none, latency_floor_ms
 from book.ternary.results import failed_peer_checks, series_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
@@ -88,7 +87,7 @@ def floor_us(results, shape: str = MAIN, m: int = 1, fmt: str = "2bit") -> Optio
     """The bandwidth floor of a format at one case (µs), as the bench wrote it beside a series of that format."""
     if results is None:
         return None
-    series = {"2bit": [SERIES[n] for n in (4, 5, 9, 10, 11, 12, 13, 3)], "base3": [SERIES[6], SERIES[7]],
+    series = {"2bit": [SERIES[n] for n in (5, 6, 14, 17, 21, 23, 25, 3)], "base3": [SERIES[7], SERIES[8]],
               "int8": [SERIES[2]], "bf16": [CUBLAS, SERIES[1]]}[fmt]
     for s in series:
         rows = [r for r in results.select(s, shape=shape, m=m) if "floor_ms" in r]
@@ -217,7 +216,7 @@ def amdahl(results, series=FLOAT_X_SERIES) -> dict[str, Any]:
     """The share of a BitNet b1.58 2B4T decode step (one token, a full context of KV cache) that its ternary
     layers take when they are bf16 matmuls, by bytes moved (a bandwidth model: at M = 1 every part is
     memory-bound), and what the measured speedup of the fastest of ``series`` (our bf16-x kernels unless told;
-    part 1 passes step 9 alone) over cuBLAS bf16 at the model's own shapes (GPU clock) buys end to end."""
+    part 1 passes step 14 alone) over cuBLAS bf16 at the model's own shapes (GPU clock) buys end to end."""
     c = BITNET_2B4T
     head_dim = c["hidden"] // c["heads"]
     linear = c["layers"] * sum(n * k * count for _, n, k, count, _ in BITNET_LAYERS)  # weights
@@ -339,14 +338,14 @@ def _spread(row: dict) -> str:
 
 def step_table(results, numbers, shapes=(MAIN, BIG), m: int = 1) -> str:
     """Markdown: each step's GPU-clock time (min–max of the repetitions where the file has them), its multiple
-    of the 2-bit floor (1.6-bit for steps 6 and 7) and its speedup over cuBLAS bf16, per shape; "pending"
+    of the 2-bit floor (1.6-bit for steps 7 and 8) and its speedup over cuBLAS bf16, per shape; "pending"
     where the file has no GPU-clock time for it."""
     lines = ["| step | N x K, M | GPU clock (µs) | × its floor | × faster than cuBLAS bf16 |", "|---|---|---|---|---|"]
     for number in numbers:
         step = STEPS[number - 1]
         for shape in shapes:
             row = gpu_row(results, step.series, shape, m)
-            floor = floor_us(results, shape, m, "base3" if number in (6, 7) else "2bit")
+            floor = floor_us(results, shape, m, "base3" if number in (7, 8) else "2bit")
             base = us(results, CUBLAS, shape, m)
             if row is None:
                 lines.append(f"| `{step.name}` | {shape}, {m} | {PENDING} | {PENDING} | {PENDING} |")
@@ -364,7 +363,7 @@ def step_table(results, numbers, shapes=(MAIN, BIG), m: int = 1) -> str:
 def result_table(results, cases=((MAIN, 1), (BIG, 1), ("14336x4096", 1), ("2560x2560", 1), (MAIN, 16),
                                  (MAIN, 128), (BIG, 128)), w2a8=W2A8_SERIES) -> str:
     """Markdown, GPU clock, µs: per case, cuBLAS bf16, our fastest with bf16 x and the fastest of ``w2a8`` (each with
-    its step; every launch of step 12 unless told), the peers (GemLite, torch._int_mm) and the binding floor (the
+    its step; every launch of step 23 unless told), the peers (GemLite, torch._int_mm) and the binding floor (the
     larger of the 2-bit weights' time at the copy bandwidth and the card's latency floor, an empty kernel); speedups
     over cuBLAS in brackets; a peer's time is marked where its output fails its float64 check there (:data:`FAILS`).
     The W2A8 columns' headers say that their product is another one: x rounded to int8 a
@@ -405,7 +404,7 @@ FAILS_NOTE = (f"\n\n{FAILS}: the peer's output fails our float64 check at this c
 
 def _launch(series: str) -> str:
     """A series as a table names it: the step's name, and where it is one of the step's other launches (the place
-    x is quantised), that place: "`step12_w2a8`, x quantised in every block"."""
+    x is quantised), that place: "`step23_w2a8_fused`, x quantised in every block"."""
     name, _, option = series_label(series).split(" (")[0].partition(", x quantised at quantize=")
     place = {"every block": "in every block", "separate": "by a kernel of its own"}.get(option.strip("'"),
                                                                                          option.strip("'"))
@@ -464,9 +463,10 @@ def sass(source: str, instance: str, arch: str = "sm_90") -> Optional[str]:
 
 #: One instance of each CUDA C++ step at one tile of 16 weight rows and one of 8 rows of x (bf16 x):
 #: its kernel handles one group of 256 weights a row per iteration of its main loop.
-SASS_INSTANCES = {10: ("ternary_mma", "step10_cuda_mma_kernel<true, 1, 1, 2>"),
-                  11: ("ternary_bulk", "step11_tma_kernel<true, 1, 1, 4, 1>"),
-                  12: ("ternary_w2a8", "step12_w2a8_kernel<0, true, 1, 1, 4, 1>")}
+SASS_INSTANCES = {17: ("ternary_mma", "cuda_mma_kernel<true, 1, 1, 2, true>"),
+                  20: ("ternary_bulk", "tma_kernel<true, 1, 1, 4, 1, false, false>"),
+                  21: ("ternary_bulk", "tma_kernel<true, 1, 1, 4, 1, false, true>"),
+                  23: ("ternary_w2a8", "w2a8_kernel<0, true, 1, 1, 4, 1>")}
 
 
 def sass_counts(step: int) -> Optional[dict[str, int]]:
@@ -498,7 +498,7 @@ def cards() -> dict[str, Any]:
     return out
 
 
-def cards_table(cards_: dict, series=(CUBLAS, SERIES[11], SERIES[12], "read_weights"),
+def cards_table(cards_: dict, series=(CUBLAS, SERIES[21], SERIES[23], "read_weights"),
                 cases=((MAIN, 1), (BIG, 1), (MAIN, 16))) -> str:
     """Markdown, GPU clock, µs: the same series on each card; and how close cuBLAS runs to each card's copy
     bandwidth."""
@@ -530,7 +530,7 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
     lines = [f"| series ({card(results)}) | N x K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
     for shape, m in cases:
-        for s in [CUBLAS] + [SERIES[n] for n in (4, 9, 10, 11, 12, 13)] + [GEMLITE, INT_MM]:
+        for s in [CUBLAS] + [SERIES[n] for n in (5, 14, 17, 21, 23, 25)] + [GEMLITE, INT_MM]:
             row = gpu_row(results, s, shape, m)
             if row is None or "host_ms" not in row:
                 continue
@@ -547,7 +547,7 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
 # The CUDA C++ steps: what each buys, from the compiler's output and the probes
 # ----------------------------------------------------------------------------------------------
 
-def sass_table(steps=(10, 11, 12)) -> Optional[str]:
+def sass_table(steps=(17, 20, 21, 23)) -> Optional[str]:
     """Markdown: per group of 256 weights a row (one tile of 16 rows, one of 8 rows of x), the instructions of each
     step's arithmetic in its SASS: MMAs, packed FMAs of the float decode, and the moves that rebuild the magic."""
     lines = ["| step | MMAs a group | HFMA2 (float decode) a group | moves of the magic constant a group |",
@@ -563,7 +563,7 @@ def sass_table(steps=(10, 11, 12)) -> Optional[str]:
 
 
 def in_flight(n: int = 4096, k: int = 14336, bandwidth_gbs: float = 3000.0) -> dict[str, float]:
-    """Step 10's weights in flight at M = 1 (its default launch): each thread holds ``stages`` groups of its
+    """Step 17's weights in flight at M = 1 (its default launch): each thread holds ``stages`` groups of its
     ``row_tiles`` tiles in registers, 16 bytes of each of the two halves of a group; and the DRAM latency that much
     in flight covers at ``bandwidth_gbs`` (Little's law: bytes in flight = bandwidth x latency)."""
     from studylog.ternary.cuda_steps import cuda_mma_config
@@ -577,7 +577,7 @@ def in_flight(n: int = 4096, k: int = 14336, bandwidth_gbs: float = 3000.0) -> d
 
 
 def ring_in_flight(n: int = 4096, k: int = 14336) -> dict[str, float]:
-    """Step 11's weights in flight at M = 1 (its default launch): every stage of every block's ring, a stage
+    """Step 21's weights in flight at M = 1 (its default launch): every stage of every block's ring, a stage
     holding ``warps x row_tiles x chunk`` groups of 1 KiB (16 rows x 256 weights x 2 bits)."""
     from studylog.ternary.cuda_steps import tma_config
 
@@ -635,7 +635,7 @@ def probe_table(results, step: int, shapes=(MAIN, BIG)) -> tuple[str, str]:
 
 
 def ncu_table(names=("w2a8_tiles_ncu_m1.txt", "w2a8_tiles_ncu_m16.txt"), rows_of_x=(1, 16)) -> str:
-    """Markdown: Nsight Compute's counters of step 13 at 4096 x 14336 (lab/ternary/results/nvidia-h200)."""
+    """Markdown: Nsight Compute's counters of step 25 at 4096 x 14336 (lab/ternary/results/nvidia-h200)."""
     labels = ("Duration", "Elapsed Cycles", "SM Active Cycles", "DRAM Throughput", "Eligible Warps Per Scheduler",
               "Issued Warp Per Scheduler")
 
@@ -657,8 +657,8 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
            "first_attempt_excerpt", "bounds_table", "issue_budget", "step_table",
            "result_table", "first_attempt", "cuobjdump", "sass",
            "SASS_INSTANCES", "sass_counts", "cards", "cards_table", "bandwidth_share",
-           "PART1_ROWS", "PART2_ROWS", "BUNDLES", "PREREQUISITES", "kept_losses", "every_block_gains", "gemlite_table", "shape_words", "and_list", "part2_rows", "step13_wins", "CHAINS", "chain", "chain_rows", "chain_table", "losing_changes", "undone_table", "further_run", "run_source", "lab_file",
-           "bench_file", "provenance", "step10_changes", "layer_source",
+           "PART1_ROWS", "PART2_ROWS", "verdict", "every_block_gains", "gemlite_table", "shape_words", "and_list", "part2_rows", "step25_wins", "further_run", "run_source", "lab_file",
+           "bench_file", "provenance", "layer_source",
            "host_table", "sass_table", "in_flight", "ring_in_flight", "ncu_metrics", "probe_clock", "probe_us",
            "probe_table", "ncu_table"]
 
@@ -667,119 +667,83 @@ __all__ = ["H100", "H200", "MAIN", "BIG", "PENDING", "load", "caption", "gpu_row
 # One steps table a page
 # ----------------------------------------------------------------------------------------------
 
-#: Each bundled step in the words its heading gives after "Step N: ": its idea (or its two ideas), then its other
-#: changes counted as prerequisites (a change that exists only to make a later one possible) or tunings. Its chain,
-#: in its section, names each change.
-BUNDLES = {
-    4: "two ideas, an AND decode and 8 rows a program",
-    9: "the `2bit_mma` layout and its packed decode, plus three tunings",
-    10: "K split across blocks, on its prerequisite, a loop written by hand, plus one tuning",
-    11: "the warps share K, on its prerequisite, a TMA ring, plus two tunings",
-    12: "x quantised in the kernel, on its prerequisite, W2A8 on the int8 tensor cores",
-    13: "two ideas, one tile of weights a warp and x brought by the TMA",
-}
-#: The chains' prerequisites: a loss where each is added is expected, and not a kept loss.
-PREREQUISITES = ("10a", "11a", "12a")
-#: Where a steps-table cell points to a bundled step's chain; :func:`boehm_table` adds its kept losses before ")".
-CHAIN_AT = " (its chain: in step {}'s section, above)"
-
-
-def _bundled(step: int) -> str:
-    return BUNDLES[step] + CHAIN_AT.format(step)
-
-
-#: Part 1's rows: (step, rows of x, the step it is measured against, the one change). Steps 5, 7, 8 and 9 are
-#: built for several rows of x, so they are measured at M = 16 against step 5, and at M = 1 too.
+#: Part 1's rows: (step, rows of x, the step it is measured against, the one change). Steps 6 and 8 to 14 are
+#: built for several rows of x, so they are measured at M = 16 against the step they build on, and at M = 1 too.
 PART1_ROWS = (
     (1, 1, None, "dense float weights, a sign choice instead of a multiply"),
     (2, 1, 1, "int8 weights"),
     (3, 1, 2, "2-bit weights, decoded with shifts and masks"),
-    (4, 1, 3, _bundled(4)),
-    (5, 1, 4, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
-    (6, 1, 4, "tried, did not pay: 1.6-bit weights (base 3, a table lookup a byte)"),
-    (7, 1, 5, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
-    (8, 1, 5, "tried, did not pay: int8 activations on the int8 tensor cores"),
-    (9, 1, 4, _bundled(9)),
-    (5, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
-    (7, 16, 5, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
-    (8, 16, 5, "tried, did not pay: int8 activations on the int8 tensor cores"),
-    (9, 16, 5, BUNDLES[9] + ", 16 rows of x"),
+    (4, 1, 3, "the decode in one AND: a field under a float exponent"),
+    (5, 1, 4, "8 rows a program, one load of x for the 8"),
+    (6, 1, 5, "decoded weights into `tl.dot` (built for several rows; at one row it loses)"),
+    (7, 1, 5, "tried, did not pay: 1.6-bit weights (base 3, a table lookup a byte)"),
+    (8, 1, 6, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
+    (9, 1, 6, "tried, did not pay: int8 activations on the int8 tensor cores"),
+    (10, 1, 6, "step 6 at configs made for the tensor cores"),
+    (11, 1, 10, "two weights an AND and a packed FMA, on the `2bit` layout"),
+    (12, 1, 11, "no masks in the loop: rows clamped, x unmasked below K"),
+    (13, 1, 12, "the `2bit_mma` layout: a word's halves are neighbours along K"),
+    (14, 1, 13, "split K through a zeroed workspace, no memset"),
+    (6, 16, None, "decoded weights into `tl.dot`, 16 rows of x"),
+    (8, 16, 6, "tried, did not pay: 1.6-bit weights with `tl.dot`"),
+    (9, 16, 6, "tried, did not pay: int8 activations on the int8 tensor cores"),
+    (10, 16, 6, "step 6 at configs made for the tensor cores"),
+    (11, 16, 10, "two weights an AND and a packed FMA, on the `2bit` layout"),
+    (12, 16, 11, "no masks in the loop"),
+    (13, 16, 12, "the `2bit_mma` layout"),
+    (14, 16, 13, "split K through a zeroed workspace, no memset"),
 )
 
-#: Part 2's rows, as :data:`PART1_ROWS`.
+#: Part 2's rows, as :data:`PART1_ROWS`. A prerequisite (a change that exists to make the next one possible) says
+#: so: it may lose on its own.
 PART2_ROWS = (
-    (9, 1, None, "part 1's last Triton step"),
-    (10, 1, 9, _bundled(10)),
-    (11, 1, 10, _bundled(11)),
-    (12, 1, 11, _bundled(12)),
-    (13, 1, 12, _bundled(13) + "; loses to step 12 here, wins at the largest BitNet shapes"),
-    (12, 16, 9, "step 12 at 16 rows of x, against part 1's step 9"),
-    (13, 16, 12, "step 13 at 16 rows of x; beats step 12, loses to part 1's step 9"),
+    (14, 1, None, "part 1's last Triton step"),
+    (15, 1, 14, "the loop by hand on `mma.sync`, loads two groups ahead; K in one slice (a prerequisite of step 16)"),
+    (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
+    (17, 1, 16, "x copied once into shared memory"),
+    (18, 1, 17, "the weights by the TMA into a ring, K still split (a prerequisite of step 19)"),
+    (19, 1, 18, "the warps of a block share its K, sums in shared memory"),
+    (20, 1, 19, "one copy a stage and tile, not one a warp"),
+    (21, 1, 20, "the decode's constant kept in a register"),
+    (22, 1, 21, "int8 x on the int8 tensor cores, x quantised by a kernel of its own (a prerequisite of step 23)"),
+    (23, 1, 22, "x quantised inside the matmul"),
+    (24, 1, 23, "one tile of weights a warp, a slice of K a block, x loaded by the warps"),
+    (25, 1, 24, "x brought by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
+    (23, 16, 14, "step 23 at 16 rows of x (there x is quantised by a kernel of its own), against part 1's step 14"),
+    (24, 16, 23, "one tile of weights a warp, a slice of K a block, x loaded by the warps"),
+    (25, 16, 24, "x brought by the TMA; beats step 23, loses to part 1's step 14"),
 )
 
 
-def kept_losses(step: int, results) -> str:
-    """The changes of step ``step``'s chain that cost time where they are added (× previous below 1.00) and are not
-    prerequisites, each with its factor and case, as "; kept losses: 9b 0.99×, 9c 0.90× and 9e 0.99× at 2560 ×
-    6912, M = 1"; "" where there is none."""
-    ch = chain(step, results)
-    lost = {label: [(f, c) for f, c in zip(factors, ch["cases"]) if round(f, 2) < 1]
-            for label, _, _, factors in ch["rows"][1:] if label[-1].isalpha() and label not in PREREQUISITES}
-    lost = {label: where for label, where in lost.items() if where}
-    if not lost:
-        return ""
-    cases = {c for where in lost.values() for _, c in where}
-    if len(cases) == 1 and all(len(where) == 1 for where in lost.values()):
-        said = and_list(f"{label} {where[0][0]:.2f}×" for label, where in lost.items()) + f" at {_case(cases.pop())}"
-    else:
-        said = "; ".join(f"{label} " + and_list(f"{f:.2f}× at {_case(c)}" for f, c in where)
-                         for label, where in lost.items())
-    return f"; kept loss{'es' if len(lost) > 1 else ''}: {said}"
-
-
-def step13_wins(bitnet_run) -> dict[str, float]:
-    """The shapes of BitNet's run (one row of x) where step 13 is faster than step 12: shape -> step 12's time
-    over step 13's. Empty without the run."""
+def step25_wins(bitnet_run) -> dict[str, float]:
+    """The shapes of BitNet's run (one row of x) where step 25 is faster than step 23: shape -> step 23's time
+    over step 25's. Empty without the run."""
     if bitnet_run is None:
         return {}
     out = {}
     for shape in dict.fromkeys(r["params"]["shape"] for r in bitnet_run.select("bitnet_w2a8", m=1)):
-        t13, t12 = (bitnet_run.select(SERIES[n], shape=shape, m=1) for n in (13, 12))
-        if t13 and t12 and t13[0]["ms"] < t12[0]["ms"]:
-            out[shape] = t12[0]["ms"] / t13[0]["ms"]
+        t25, t23 = (bitnet_run.select(SERIES[n], shape=shape, m=1) for n in (25, 23))
+        if t25 and t23 and t25[0]["ms"] < t23[0]["ms"]:
+            out[shape] = t23[0]["ms"] / t25[0]["ms"]
     return out
 
 
 def part2_rows(bitnet_run) -> tuple:
-    """:data:`PART2_ROWS`, step 13's one-row cell saying where it wins, computed from BitNet's run."""
-    wins = step13_wins(bitnet_run)
+    """:data:`PART2_ROWS`, step 25's one-row cell saying where it wins, computed from BitNet's run."""
+    wins = step25_wins(bitnet_run)
     if not wins:
         return PART2_ROWS
     where = (f"wins at {len(wins)} BitNet shapes, {', '.join(s.replace('x', ' × ') for s in wins)}, by "
              f"{min(wins.values()):.2f}× to {max(wins.values()):.2f}×")
-    return tuple((n, m, p, c.replace("wins at the largest BitNet shapes", where) if (n, m) == (13, 1) else c)
+    return tuple((n, m, p, c.replace("wins at the largest BitNet shapes", where) if (n, m) == (25, 1) else c)
                  for n, m, p, c in PART2_ROWS)
-
-
-def step10_changes(shape: str = MAIN, gpu: str = H200) -> dict[str, float]:
-    """Step 10's changes (``lab/ternary/results/<gpu>/step10_changes.json``) at ``shape``, M = 1: variant -> µs
-    (``step09`` and ``step10 (library)``: the library's steps in the same run; ``step10``: its frozen copy;
-    ``step10-b``: x from global memory; ``step10-c``: K in one slice; ``step10-b-c``: both; ``step10-depth1``: loads
-    one group ahead). Empty without the run."""
-    data = lab_or_none("ternary", "step10_changes", gpu)
-    if data is None:
-        return {}
-    # the library's step 10 is keyed "step10 (library)": "step10" is its frozen copy among the variants
-    return {r["params"]["variant"] if r["series"] == "step10_changes" else
-            r["series"] + (" (library)" if r["series"] == SERIES[10] else ""): r["ms"] * 1e3
-            for r in data["measurements"] if r["params"]["shape"] == shape}
 
 
 def boehm_table(results, rows, shape: str = MAIN, read_only: bool = False) -> str:
     """Markdown, one table for each number of rows of x (one row a step, SGEMM-worklog style), each under a caption
     that names the rows of x, the card and the clock: the one change, its GPU-clock time at ``shape`` (µs), its
     speedup over the step it is measured against (named, > 1 is faster) and its multiple of the 2-bit weights'
-    bandwidth floor (steps 6 and 7 also over their own 1.6-bit floor); with ``read_only``, also its multiple of the time of
+    bandwidth floor (steps 7 and 8 also over their own 1.6-bit floor); with ``read_only``, also its multiple of the time of
     a kernel that only reads the same 2-bit weights (``read_weights``, timed at one row of x); "pending" where the
     file has no time."""
     tables = []
@@ -796,13 +760,10 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
              "|---|---|---|---|---|" + ("---|" if read_only else "")]
     reader = us(results, "read_weights", shape, 1) if read_only else None
     for number, m, previous, change in rows:
-        pointer = CHAIN_AT.format(number)
-        if pointer in change:  # a bundled step: its kept losses, computed, where its chain is named
-            change = change.replace(pointer, pointer[:-1] + kept_losses(number, results) + ")")
         t = us(results, SERIES[number], shape, m)
         floor = floor_us(results, shape, m, "2bit")
         own = (f" (its 1.6-bit floor: {fmt(ratio(t, floor_us(results, shape, m, 'base3')), '.1f')})"
-               if number in (6, 7) else "")
+               if number in (7, 8) else "")
         before = None if previous is None else us(results, SERIES[previous], shape, m)
         speed = "–" if previous is None else f"{fmt(ratio(before, t), '.2f')} (vs {previous})"
         extra = f" {fmt(ratio(t, reader), '.1f')} |" if read_only else ""
@@ -843,9 +804,9 @@ def _region(text: str, start: str, stop: str) -> str:
 #: Each CUDA C++ step's core change, as (old step, new step, (start, stop) in the old kernel, (start, stop) in the
 #: new one): the lines that carry the step's idea, the rest of its diff folded on the page.
 CORE_REGIONS = {
-    11: (10, ("float acc[2][RT][MT][4]", "group_mma<BF16, MT, RT>(acc, a, xv);"),
-         ("if (warp == warps) {", "group_mma<BF16, MT, RT, true>(acc, a[cg], xv, magic);")),
-    13: (12, ("int acc[4][RT][MT][4]", "});"), ("int acc[4][TILES][MT][4]", "w2a8_z(sum, __ldcg(&row_sum[m])")),
+    18: (17, ("float acc[2][RT][MT][4]", "group_mma<BF16, MT, RT>(acc, a, xv);"),
+         ("if (warp == warps) {", "group_mma<BF16, MT, RT, false>(acc, a[cg], xv, magic);")),
+    24: (23, ("int acc[4][RT][MT][4]", "});"), ("int acc[4][TILES][MT][4]", "w2a8_z(sum, __ldcg(&row_sum[m])")),
 }
 
 
@@ -864,12 +825,12 @@ def core_diff(step: int):
 
 
 #: The lines of a CUDA C++ step that the page shows as a listing beside its diffs, as (file, (start, stop) markers,
-#: ...): step 11's ring (the producer's fill and the consumers' take, on the two mbarriers of a stage, which
-#: exercise 10 asks about) and step 12's four accumulators brought to one sum (exercise 8).
+#: ...): step 18's ring (the producer's fill and the consumers' take, on the two mbarriers of a stage, which
+#: exercise 10 asks about) and step 22's four accumulators brought to one sum (exercise 8).
 EXCERPTS = {
-    11: ("ternary_ring.cuh", ("// The producer: chunk c into stage", "                      w + ((size_t)min(tile0"),
+    18: ("ternary_ring.cuh", ("// The producer: chunk c into stage", "                      w + ((size_t)min(tile0"),
          ("    __device__ int take_from(", "return ng;")),
-    12: ("ternary_w2a8.cu", ("// acc[p'] counts code p' four^p' times", "return (float)(sum - x_sum)")),
+    22: ("ternary_w2a8.cu", ("// acc[p'] counts code p' four^p' times", "return (float)(sum - x_sum)")),
 }
 
 
@@ -900,8 +861,8 @@ def excerpt(step: int):
         # dedent by the code's common indent; preprocessor lines stay at column 0
         cut = min(len(line) - len(line.lstrip()) for line in lines if line.strip() and not line.startswith("#"))
         parts.append("\n".join(line if line.startswith("#") else line[cut:] for line in lines))
-    titles = {11: "step 11: the ring's fill (the producer) and take (a consumer warp), from ternary_ring.cuh",
-              12: "step 12: the four accumulators' sum, from ternary_w2a8.cu"}
+    titles = {18: "step 18: the ring's fill (the producer) and take (a consumer warp), from ternary_ring.cuh",
+              22: "step 22: the four accumulators' sum, from ternary_w2a8.cu"}
     return source.Code("\n// ...\n".join(parts), "cuda", titles[step])
 
 
@@ -943,75 +904,11 @@ def first_attempt_excerpt() -> str:
     return "\n".join(out).replace(", X_ALONG_N: tl.constexpr", "")
 
 
-#: lab/ternary/bundled_steps.py's variants, in the page's order: the cumulative chain, then one change undone.
-STEP_CHANGES = {
-    4: {"chain": (("step03", "step 3"), ("+a", "+ the exponent-AND decode"), ("+a+b", "+ 8 rows a program, one x load "
-                  "for the 8"), ("+a+b+c", "+ split K where the autotuner takes it (step 4)")),
-        "undone": (("step04-a", "step 4 with step 3's decode"), ("step04-b", "step 4 on step 3's tile"),
-                   ("step04-d", "step 4 reducing every tile"), ("step04+split", "step 4 with K split in 4"))},
-    9: {"chain": (("step05", "step 5"), ("step05@9", "step 5 with step 9's configs"),
-                  ("+a", "+ two weights per AND and HFMA2"), ("+a+m", "+ step 9's masks (rows clamped, x unmasked)"),
-                  ("+a+m+b", "+ the 2bit_mma layout"), ("+a+m+b+c", "+ split K without a memset (step 9)")),
-        "undone": (("step09-b", "step 9 on the 2bit layout"), ("step09-m", "step 9 with step 5's masks"))},
-}
-
-
-def step_changes(step: int, gpu: str = "nvidia-h200") -> Optional[dict]:
-    """Step 4's or step 9's changes one at a time (``lab/ternary/bundled_steps.py``, one run): per variant and case
-    (shape, M) the GPU time in µs; None where the run is not committed."""
-    data = lab_or_none("ternary", "bundled_steps", gpu)
-    if data is None:
-        return None
-    rows = [r for r in data["measurements"] if r["series"] == f"step{step:02d}_changes"]
-    cases = list(dict.fromkeys((r["params"]["shape"], r["params"]["m"]) for r in rows))
-    us_ = {(r["params"]["variant"], r["params"]["shape"], r["params"]["m"]): r["ms"] * 1e3 for r in rows}
-    return {"cases": cases, "us": us_, "failed": [c for c in data["checks"] if not c["passed"]]}
-
-
-def undone_table(step: int, changes: dict) -> str:
-    """Markdown: each change taken back alone from step 4 or 9 (``STEP_CHANGES[step]["undone"]``), its time over
-    the step's frozen copy in the same run, one column a case: the folded table beside the step's chain."""
-    cases = changes["cases"]
-    final = STEP_CHANGES[step]["chain"][-1][0]
-    lines = [f"| step {step} with | " + " | ".join(f"{_case(c)}: × step {step}'s time" for c in cases) + " |",
-             "|---|" + "---|" * len(cases)]
-    for key, label in STEP_CHANGES[step]["undone"]:
-        cells = [f"{changes['us'][(key, *c)] / changes['us'][(final, *c)]:.2f}×" for c in cases]
-        lines.append(f"| {label.replace(f'step {step} ', '', 1)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-#: lab/ternary/step11_changes.py's variants: step 11, then one side change undone at a time, then all three.
-STEP11_CHANGES = (("step11", "step 11"), ("step11-c", "the magic constant rebuilt before each LOP3, as in step 10"),
-                  ("step11-a", "one 1 KiB copy per warp instead of one per tile"),
-                  ("step11-b", "K split across 8 blocks, partial sums through L2 (8× the blocks)"),
-                  ("step11-a-b-c", "all three undone"))
-
-
-def step11_changes(gpu: str = "nvidia-h200") -> Optional[str]:
-    """Markdown: step 11 with each of its three side changes undone (``lab/ternary/step11_changes.py``, one run,
-    M = 1), each as its time over step 11's in that run; ratios only (the run is apart from the benchmark's, and the
-    steps table gives step 11 against step 10 from the benchmark, so the page shows that ratio once). None where
-    the run is not committed."""
-    data = lab_or_none("ternary", "step11_changes", gpu)
-    if data is None:
-        return None
-    rows = data["measurements"]
-    shapes = list(dict.fromkeys(r["params"]["shape"] for r in rows))
-    at = {(r["params"]["variant"], r["params"]["shape"]): r["ms"] * 1e3 for r in rows
-          if r["series"] in ("step11_changes", SERIES[10])}
-    lines = ["| step 11 with | " + " | ".join(f"{s.replace('x', ' × ')}, M = 1: × step 11's time" for s in shapes)
-             + " |", "|---|" + "---|" * len(shapes)]
-    for key, label in STEP11_CHANGES:
-        lines.append(f"| {label} | " + " | ".join(f"{at[(key, s)] / at[('step11', s)]:.2f}×" for s in shapes) + " |")
-    return "\n".join(lines)
-
-
 # ----------------------------------------------------------------------------------------------
-# Step 12: where x is quantised (the designs beside the default)
+# Step 23: where x is quantised (the designs beside the default)
 # ----------------------------------------------------------------------------------------------
 
-#: Step 12's places to quantise x and what each does.
+#: The places to quantise x (step 22's, then step 23's) and what each does.
 W2A8_PLACES = (("staged", "the copy engine brings the block's rows of bf16 x first; the consumers quantise them in "
                 "shared memory while the weights stream in behind"),
                ("every block", "the consumers quantise the block's rows of x from global memory; the producer "
@@ -1021,7 +918,7 @@ W2A8_PLACES = (("staged", "the copy engine brings the block's rows of bf16 x fir
 
 
 def _default_rows(place: str, n: int, k: int, sms: int) -> str:
-    """The rows of x (1 to 16) for which ``place`` is step 12's default (``w2a8_default_quantize``), as "2 to 8"."""
+    """The rows of x (1 to 16) for which ``place`` is step 23's default (``w2a8_default_quantize``), as "2 to 8"."""
     from studylog.ternary.w2a8 import w2a8_default_quantize
 
     ms = [m for m in range(1, 17) if w2a8_default_quantize(m, n, k, sms=sms) == place]
@@ -1031,8 +928,8 @@ def _default_rows(place: str, n: int, k: int, sms: int) -> str:
 
 
 def w2a8_places_table(results, shape: str = MAIN, rows_of_x=(1, 16)) -> str:
-    """Markdown, GPU clock, µs: step 12 at each place it can quantise x, at ``shape`` and each of ``rows_of_x`` (the
-    default place's time is step 12's row, the others' their ``W2A8_PLACE_SERIES`` rows), bold where it is the
+    """Markdown, GPU clock, µs: the W2A8 kernel at each place it can quantise x, at ``shape`` and each of
+    ``rows_of_x`` (the default place's time is step 23's row, the others' their ``W2A8_PLACE_SERIES`` rows), bold where it is the
     default; "–" where a place is not run at that case."""
     from studylog.ternary.w2a8 import w2a8_default_quantize
 
@@ -1041,31 +938,15 @@ def w2a8_places_table(results, shape: str = MAIN, rows_of_x=(1, 16)) -> str:
     n, k = (int(v) for v in shape.split("x"))
     sms = device(results).get("sm_count", 132)
     head = " | ".join(f"M = {m} (µs)" for m in rows_of_x)
-    lines = [f"| x quantised | how | step 12's default at M = | {head} |", "|---|---|---|" + "---|" * len(rows_of_x)]
+    lines = [f"| x quantised | how | step 23's default at M = | {head} |", "|---|---|---|" + "---|" * len(rows_of_x)]
     for place, how in W2A8_PLACES:
         cells = []
         for m in rows_of_x:
             default = w2a8_default_quantize(m, n, k, sms=sms) == place
-            t = us(results, SERIES[12] if default else W2A8_PLACE_SERIES[place], shape, m)
+            t = us(results, SERIES[23] if default else W2A8_PLACE_SERIES[place], shape, m)
             cells.append("–" if t is None else f"**{t:.1f}**" if default else f"{t:.1f}")
         lines.append(f"| {place} | {how} | {_default_rows(place, n, k, sms)} | " + " | ".join(cells) + " |")
     return _with_legend("\n".join(lines))
-
-
-# ----------------------------------------------------------------------------------------------
-# Step 13: its copy of x by the TMA undone alone (lab/ternary/step13_changes.py)
-# ----------------------------------------------------------------------------------------------
-
-STEP13_CHANGES = (("step13", "step 13"), ("step13-x", "x loaded by the consumer warps, as step 12 loads it"))
-
-
-def step13_undone_ratio(shape: str = MAIN, m: int = 16, gpu: str = "nvidia-h200") -> tuple:
-    """(µs of step 13 with x loaded by the consumer warps, µs of step 13) in the same run at one case, or
-    (None, None) where the run or the case is missing."""
-    data = lab_or_none("ternary", "step13_changes", gpu)
-    at = {} if data is None else {r["params"]["variant"]: r["ms"] * 1e3 for r in data["measurements"]
-                                  if (r["params"]["shape"], r["params"]["m"]) == (shape, m)}
-    return at.get("step13-x"), at.get("step13")
 
 
 def widest_spread(results, series=W2A8_SERIES, m: int = 16) -> Optional[dict]:
@@ -1124,7 +1005,7 @@ def shape_words(shape: str) -> str:
     return f"{n} × {k}" + (" (transposed)" if f"{k}x{n}" == MAIN else "")
 
 
-def gemlite_table(results, step: int = 9) -> Optional[str]:
+def gemlite_table(results, step: int = 14) -> Optional[str]:
     """Markdown: GemLite's 2-bit kernel against step ``step`` at one row of x, a row for each shape of its float64
     check (:func:`gemlite_check`): where its output passes, in order of GemLite's time over ours (above 1.00×, ours
     is the faster), GemLite's µs, ours, the ratio; then where it fails, its time as measured, ours, and in place of
@@ -1146,147 +1027,29 @@ def gemlite_table(results, step: int = 9) -> Optional[str]:
 
 
 def every_block_gains(results, shapes) -> dict[str, float]:
-    """Step 12 at one row of x with x quantised in every block (``quantize="every block"``) against its default at
+    """Step 23 at one row of x with x quantised in every block (``quantize="every block"``) against its default at
     each of ``shapes``: shape -> the default's time over every block's (above 1, every block is the faster). Shapes
     without both times are left out."""
     out = {}
     for s in shapes:
-        default, every = us(results, SERIES[12], s, 1), us(results, W2A8_PLACE_SERIES["every block"], s, 1)
+        default, every = us(results, SERIES[23], s, 1), us(results, W2A8_PLACE_SERIES["every block"], s, 1)
         if default and every:
             out[s] = default / every
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Chains: a bundled step one change at a time, cumulative, between its two anchors
-# ----------------------------------------------------------------------------------------------
-
-#: Each bundled step's chain, in the page's order: the run that times it (a lab run's name, or None for the
-#: benchmark's own file), its cases (N x K, rows of x), and its rows as (label, the one change, (series, variant)).
-#: The first row is the step before (the library's, the anchor) and the last the library's step itself; each row
-#: between adds one change to the row above. A variant of None is the library's kernel of that series.
-CHAINS = {
-    4: ("bundled_steps", ((MAIN, 1), ("2560x6912", 1)), (
-        ("3", "step 3", (SERIES[3], None)),
-        ("4a", "the exponent-AND decode: one AND and one FMA a weight", ("step04_changes", "+a")),
-        ("4b", "8 rows a program, one load of x for the 8", ("step04_changes", "+a+b")),
-        ("4", "step 4: the same code and tile as 4b, timed again", (SERIES[4], None)))),
-    9: ("bundled_steps", ((MAIN, 16), (MAIN, 1), ("2560x6912", 1)), (
-        ("5", "step 5", (SERIES[5], None)),
-        ("9a", "step 9's configs", ("step09_changes", "step05@9")),
-        ("9b", "two weights an AND and a packed FMA, on the `2bit` layout", ("step09_changes", "+a")),
-        ("9c", "step 9's masks: rows clamped, x unmasked below K", ("step09_changes", "+a+m")),
-        ("9d", "the `2bit_mma` layout", ("step09_changes", "+a+m+b")),
-        ("9e", "K split through the workspace, no memset", ("step09_changes", "+a+m+b+c")),
-        ("9", "step 9: the same code as 9e, timed again", (SERIES[9], None)))),
-    10: ("step10_changes", ((MAIN, 1), ("2560x6912", 1)), (
-        ("9", "step 9", (SERIES[9], None)),
-        ("10a", "the loop by hand on `mma.sync`, loads two groups ahead, the `2bit_tiles` layout; one slice of K, "
-                "x read from L2", ("step10_changes", "step10-b-c")),
-        ("10b", "K split across blocks, a fixed-order sum of the slices", ("step10_changes", "step10-b")),
-        ("10c", "x copied once into shared memory", ("step10_changes", "step10")),
-        ("10", "step 10: the same code as 10c, timed again", (SERIES[10], None)))),
-    11: ("step11_chain", ((MAIN, 1), ("2560x6912", 1)), (
-        ("10", "step 10", (SERIES[10], None)),
-        ("11a", "the TMA ring alone: K still split, one copy a warp, the constant rebuilt",
-         ("step11_changes", "step11-a-b-c")),
-        ("11b", "K in one slice: the block's warps share it, sums meet in shared memory",
-         ("step11_changes", "step11-a-c")),
-        ("11c", "one copy a stage and tile of 16 rows, not one a warp", ("step11_changes", "step11-c")),
-        ("11d", "the decode's constant kept in a register", ("step11_changes", "step11")),
-        ("11", "step 11: the same code as 11d, timed again", (SERIES[11], None)))),
-    12: (None, ((MAIN, 1), ("2560x6912", 1)), (
-        ("11", "step 11", (SERIES[11], None)),
-        ("12a", "int8 x on the int8 tensor cores, x quantised by a kernel of its own",
-         (W2A8_PLACE_SERIES["separate"], None)),
-        ("12b", "x quantised in the kernel: step 12", (SERIES[12], None)))),
-    13: ("step13_changes", ((MAIN, 16), ("2560x6912", 16), (MAIN, 1)), (
-        ("12", "step 12", (SERIES[12], None)),
-        ("13a", "one tile a warp, a slice of K a block; x loaded by the warps as step 12 loads it",
-         ("step13_changes", "step13-x")),
-        ("13b", "x brought by the TMA", ("step13_changes", "step13")),
-        ("13", "step 13: the same code as 13b, timed again", (SERIES[13], None)))),
-}
-
-
-def chain(step: int, results, data: Optional[dict] = None) -> dict:
-    """Step ``step``'s chain (:data:`CHAINS`) from its one run: ``rows`` of (label, the one change, µs per case,
-    × previous per case: the row above's time over this row's, None on the first row), ``cases``, the ``run``'s
-    name (None: the benchmark's own file) and ``gap``, the largest relative difference between the run's anchors
-    and the same kernels in ``results`` (0 where the run is the benchmark's). ``data`` stands in for the lab run's
-    file. Raises FileNotFoundError where the run is not committed, KeyError where it lacks a row of the chain."""
-    name, cases, spec = CHAINS[step]
-    if name is None:
-        at = {(s, v, c): us(results, s, *c) for _, _, (s, v) in spec for c in cases}
-    else:
-        data = data if data is not None else lab_or_none("ternary", name, H200)
-        if data is None:
-            raise FileNotFoundError(f"step {step}'s chain needs {lab_file(name)} (run lab/ternary's script for it)")
-        at = {}
-        for r in data["measurements"]:
-            p = r["params"]
-            variant = p.get("variant") if r["series"].endswith("_changes") else None
-            at[(r["series"], variant, (p["shape"], p["m"]))] = r["ms"] * 1e3
-    rows, previous = [], None
-    for label, change, (series, variant) in spec:
-        times = []
-        for c in cases:
-            t = at.get((series, variant, c))
-            if t is None:
-                raise KeyError(f"step {step}'s chain: {series} {variant or ''} not timed at {c} in its run")
-            times.append(t)
-        factors = None if previous is None else [a / b for a, b in zip(previous, times)]
-        rows.append((label, change, times, factors))
-        previous = times
-    gap = 0.0
-    if name is not None:
-        for (_, _, times, _), (_, _, (series, _)) in ((rows[0], spec[0]), (rows[-1], spec[-1])):
-            for t, c in zip(times, cases):
-                main = us(results, series, *c)
-                gap = max(gap, abs(t / main - 1)) if main else gap
-    return {"rows": rows, "cases": cases, "run": name, "gap": gap}
-
-
-def first_changes(results, steps=(10, 11, 12, 13), case=(MAIN, 1)) -> dict[str, float]:
-    """Each step's first change alone at ``case``: its chain's first lettered row -> × previous (the step before's
-    time over that row's, in the chain's run). Below 1 the change loses on its own."""
-    out = {}
-    for step in steps:
-        ch = chain(step, results)
-        label, _, _, factors = ch["rows"][1]
-        out[label] = factors[ch["cases"].index(case)]
-    return out
-
-
-def _case(case) -> str:
-    shape, m = case
-    return f"{shape.replace('x', ' × ')}, M = {m}"
-
-
-def chain_rows(step: int, results, data: Optional[dict] = None) -> list[ChainRow]:
-    """Step ``step``'s chain (:func:`chain`) as the shared renderer's rows: each lettered row a change, the last
-    row, where it is the library's step timed again (the same code as the row above), marked so."""
-    ch = chain(step, results, data)
-    return [ChainRow(label, change, dict(zip(ch["cases"], times)), remeasure=i > 0 and not label[-1].isalpha())
-            for i, (label, change, times, _) in enumerate(ch["rows"])]
-
-
-def chain_table(step: int, results, data: Optional[dict] = None) -> str:
-    """Markdown: "Step N, one change at a time", the shared chain table (every case's µs, then every case's
-    × previous), then, where the chain has a run of its own, the line on it: its two anchors' largest gap to the
-    steps table, computed."""
-    ch = chain(step, results, data)
-    table = common_chain_table(chain_rows(step, results, data), ch["cases"], _case, grouped=True)
-    head = f"**Step {step}, one change at a time**\n\n{table}"
-    if ch["run"] is None:  # the steps table's own run: no second run to tell apart
-        return head
-    return head + "\n\n" + chain_note(f"step {ch['rows'][0][0]}", f"step {step}", ch["gap"])
-
-
-def losing_changes(step: int, results) -> dict[str, list]:
-    """Each lettered change of step ``step``'s chain that costs time at some case: label -> the cases where its
-    × previous rounds below 1.00 (the rule of the table's "does not pay")."""
-    ch = chain(step, results)
-    return {label: [c for c, f in zip(ch["cases"], factors) if round(f, 2) < 1]
-            for label, _, _, factors in ch["rows"][1:-1]
-            if any(round(f, 2) < 1 for f in factors)}
+def verdict(results, new: int, old: int, cases=((MAIN, 16), (MAIN, 1))) -> str:
+    """Whether step ``new`` pays over step ``old`` at each of ``cases`` (its × previous rounded to two places
+    against 1.00), in words for the page: "it pays at both", "it loses at 4096 × 14336, M = 1 and pays at ...";
+    "" where a time is missing."""
+    factors = {case: ratio(us(results, SERIES[old], *case), us(results, SERIES[new], *case)) for case in cases}
+    if any(f is None for f in factors.values()):
+        return ""
+    words = lambda cs: and_list(f"{shape_words(s)}, M = {m}" for s, m in cs)  # noqa: E731
+    losing = [c for c, f in factors.items() if round(f, 2) < 1]
+    paying = [c for c in cases if c not in losing]
+    if not losing:
+        return "it pays at " + ("both cases" if len(cases) == 2 else words(paying))
+    if not paying:
+        return "it loses at " + ("both cases" if len(cases) == 2 else words(losing))
+    return f"it loses at {words(losing)} and pays at {words(paying)}"

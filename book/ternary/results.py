@@ -1,5 +1,5 @@
 """Chapter 5's result tables from the committed benchmark file (``assets/bench/<gpu>/ternary.json``), on the GPU
-clock: each step's speedup over cuBLAS bf16 per shape, our fastest against the peers; and step 12's timeline
+clock: each step's speedup over cuBLAS bf16 per shape, our fastest against the peers; and step 23's timeline
 figure from the in-kernel timestamps of ``lab/ternary/w2a8_timeline.py``; the chapter's targets
 (:func:`target_checks`)."""
 
@@ -14,24 +14,25 @@ from studylog.plotting import Results
 from studylog.ternary import CHAPTER
 from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL, W2A8_SERIES,
                                       fastest, on_gpu_clock)
+from studylog.ternary.report import BATCH_STEPS
 from studylog.ternary.steps import SERIES
 
 __all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table", "bitnet_host", "bitnet_results", "BITNET_OURS",
            "series_label", "shapes_in", "failed_peer_checks", "target_checks"]
 
-#: what BitNet's kernel (one row of x only) is compared with: step 12, the one-row W2A8 kernel, at its default
-#: launch. One kernel, as a deployer calls it, not the faster of steps 12 and 13 picked per shape after the fact.
-BITNET_OURS = SERIES[12]
+#: what BitNet's kernel (one row of x only) is compared with: step 23, the one-row W2A8 kernel, at its default
+#: launch. One kernel, as a deployer calls it, not the faster of steps 23 and 25 picked per shape after the fact.
+BITNET_OURS = SERIES[23]
 #: the lab's run with BitNet's W2A8 kernel beside ours (``lab/ternary/results/nvidia-h200/``; lab/ternary/README.md),
 #: read where the chapter's own run has no BitNet rows (:func:`bitnet_results`)
 BITNET_RUN = "ternary_bitnet_quick"
 #: Series timed at M = 1 (every step), and at M > 1 (the steps made for several rows of x).
-M1_SERIES = [SERIES[n] for n in range(1, 14)]
-BATCH_SERIES = [SERIES[n] for n in (5, 7, 8, 9, 10, 11, 12, 13)]
+M1_SERIES = [SERIES[n] for n in range(1, 26)]
+BATCH_SERIES = [SERIES[n] for n in BATCH_STEPS]
 
 
 def series_label(series: str) -> str:
-    """A series' legend: its step's name (``step12_w2a8``), or what a baseline or peer is."""
+    """A series' legend: its step's name (``step23_w2a8_fused``), or what a baseline or peer is."""
     return CHAPTER.label(series)
 
 
@@ -73,7 +74,7 @@ def speedup_table(results, m: int) -> str:
         for s in ours + peers:
             t = series_ms(view, s, shape=shape, m=m)
             cells.append("–" if t is None else f"{t * 1e3:.1f} ({base / t:.1f}×)")
-        floors = [r["floor_ms"] for s in (SERIES[4], SERIES[5], SERIES[9], SERIES[11])
+        floors = [r["floor_ms"] for s in (SERIES[5], SERIES[6], SERIES[14], SERIES[21])
                   for r in view.select(s, shape=shape, m=m) if "floor_ms" in r]
         cells.append(us(floors[0]) if floors else "–")
         lines.append("| " + " | ".join(cells) + " |")
@@ -106,9 +107,9 @@ def peers_table(results) -> str:
     return "\n".join(lines)
 
 
-def timeline_figure(timeline: dict, title: str = "Step 12 at M = 1: where a block's time goes (in-kernel "
+def timeline_figure(timeline: dict, title: str = "Step 23 at M = 1: where a block's time goes (in-kernel "
                                                    "timestamps)"):
-    """Step 12's blocks over time, from lab/ternary/w2a8_timeline.py's output (``plotting.load_lab``): for each
+    """Step 23's blocks over time, from lab/ternary/w2a8_timeline.py's output (``plotting.load_lab``): for each
     case the median (over blocks) of when a block has read x, has quantised it, has taken its last weights and
     has ended, from the first block's start (the last of the script's repetitions), and when the last block
     ended."""
@@ -150,11 +151,11 @@ def _card(results) -> str:
 
 
 def prefill(results, m: int = 128, series=None) -> dict:
-    """At ``m`` rows of x (prefill), per shape, cuBLAS bf16 against ``series`` (ours, default the W2A8 steps 12
+    """At ``m`` rows of x (prefill), per shape, cuBLAS bf16 against ``series`` (ours, default the W2A8 steps 23
     and 13 and the fastest of all ours): ``{"rows": [(shape, cuBLAS ms, {series: ms})], "ratio": {series: (lowest,
     highest)} of cuBLAS time over ours, "table": markdown}`` on the GPU clock."""
     view = on_gpu_clock(results)
-    series = list(series or (SERIES[12], SERIES[13]))
+    series = list(series or (SERIES[23], SERIES[25]))
     rows, ratios = [], {s: [] for s in series + ["fastest"]}
     for shape in shapes_in(view):
         base = series_ms(view, CUBLAS, shape=shape, m=m)
@@ -180,7 +181,7 @@ def prefill(results, m: int = 128, series=None) -> dict:
             "table": "\n".join(lines) if rows else f"(no GPU-clock times at M = {m} in this file)"}
 
 
-def host_over_gpu(results, m: int = 1, series=(SERIES[12], SERIES[13])) -> tuple[float, float] | None:
+def host_over_gpu(results, m: int = 1, series=(SERIES[23], SERIES[25])) -> tuple[float, float] | None:
     """The lowest and highest host time per call (eager, back-to-back) over GPU time of ``series`` at ``m`` rows,
     over every shape of the file: how many times longer the Python call takes than the kernel it launches."""
     view = on_gpu_clock(results)
@@ -201,7 +202,7 @@ def bitnet_results(results) -> Optional[Results]:
 
 
 def bitnet_table(results) -> dict:
-    """Ours (step 12, :data:`BITNET_OURS`, x quantised inside the call) against BitNet's W2A8 kernel (x already int8) at
+    """Ours (step 23, :data:`BITNET_OURS`, x quantised inside the call) against BitNet's W2A8 kernel (x already int8) at
     M = 1, at every (N, K) its kernel is compiled for: ``{"rows": [(shape, BitNet ms, ours ms, our series)],
     "worst"/"best": the lowest/highest BitNet / ours, "table": markdown, "checks"/"passed": how many float64 checks
     of BitNet's output the file has, and how many passed}``; ``None`` where the file has no BitNet rows."""
@@ -214,7 +215,7 @@ def bitnet_table(results) -> dict:
             rows.append((shape, peer, row["ms"], s, series_ms(view, CUBLAS, shape=shape, m=1)))
     if not rows:
         return None
-    lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8 (µs) | ours, step 12 (µs) | BitNet / step 12 |",
+    lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8 (µs) | ours, step 23 (µs) | BitNet / step 23 |",
              "|---|---|---|---|"]
     lines += [f"| {shape.replace('x', ' × ')} | {us(peer)} | {us(ours)} | **{peer / ours:.2f}×** |"
               for shape, peer, ours, _, _ in rows]
@@ -245,7 +246,7 @@ def bitnet_host(results) -> Optional[dict]:
             rows.append((shape, peer[0]["host_ms"], peer_ms, ours[0]["host_ms"], ours_ms, s))
     if not rows:
         return None
-    lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8: host per call (µs) | step 12: host per call (µs) |",
+    lines = [f"| N × K ({_card(results)}M = 1) | BitNet W2A8: host per call (µs) | step 23: host per call (µs) |",
              "|---|---|---|"]
     lines += [f"| {shape.replace('x', ' × ')} | {us(bh)} | {us(oh)} |" for shape, bh, _, oh, _, _ in rows]
     # each host time is a median of repetitions; how far ours spread at one shape says how much of the range

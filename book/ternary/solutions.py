@@ -55,9 +55,9 @@ def absmean(w: Tensor) -> tuple[Tensor, Tensor]:
 @triton.jit
 def gemv_shifts_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
                        BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
-    """Exercise 6: step 4's kernel with the decode step 4 replaced, a shift and a mask a field and an int to float
+    """Exercise 6: step 5's kernel with the decode of step 4 replaced, a shift and a mask a field and an int to float
     conversion (``((words >> 2f) & 3) - 1``), as step 3 decodes, instead of one AND under a float exponent. The rest
-    (tiles, x loaded once for BLOCK_N rows, split K, masks) is step 4's."""
+    (tiles, x loaded once for BLOCK_N rows, split K, masks) is step 5's."""
     pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
     kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
     offs_w = tl.arange(0, BLOCK_KW)
@@ -85,7 +85,7 @@ def mma_position(k: int) -> tuple[int, int]:
 
 
 def w2a8_sum(acc: Sequence[int], x_sum: int) -> int:
-    """Exercise 8: ``sum_k x_k w_k`` from step 12's accumulators. ``acc[p]`` sums ``x_k`` times the
+    """Exercise 8: ``sum_k x_k w_k`` from step 22's accumulators. ``acc[p]`` sums ``x_k`` times the
     byte ``code_k << 2p`` over the weights k held at code position p of their byte, with ``code = w + 1``;
     ``x_sum`` is ``sum_k x_k`` over all of them."""
     return acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6) - x_sum
@@ -108,16 +108,17 @@ def ring_waits(c: int, stages: int) -> tuple[int, int, Optional[int]]:
 
 #: Exercises 5, 6 and 11 time a changed kernel on a GPU; what to look for.
 MEASURED = {
-    5: "Step 9 at one row has no reuse of a decoded weight: a smaller tile (BLOCK_N 32) gives more programs, so more "
+    5: "Step 14 at one row has no reuse of a decoded weight: a smaller tile (BLOCK_N 32) gives more programs, so more "
        "loads in flight across the SMs, and more split K does the same for a short N; the autotuner's configs for "
        "M = 1 split K. At 16 rows each decoded tile feeds 16 rows of x, so a larger tile decodes "
        "fewer times per row and waits on fewer MMAs per weight: the same small tile that helps at M = 1 costs "
        "there. No tile removes the wait on each MMA before the next decode, which is part 2's subject.",
     6: "Per weight the shift decode is a shift, an AND, a subtraction and an int-to-float conversion, where step "
        "4's is one AND and one subtraction (the float's exponent does the conversion); both are then one FMA. Equal "
-       "times on step 4's configs would mean the kernel waits on its loads and the decode hides behind them. The "
-       "table under step 4 has this very kernel (its row 'step 4 with step 3's decode'): the gap is large, so the "
-       "decode is on the critical path, the more so where a program has more words in flight (the wider tiles).",
+       "times on step 5's configs would mean the kernel waits on its loads and the decode hides behind them. The "
+       "steps table has the same change the other way round on step 3's tile (step 4 against step 3): there the "
+       "AND decode pays, so the decode is on the critical path, the more so where a program has more words in "
+       "flight (step 5's wider tiles).",
     11: "The default (4 warps of one tile, 4 stages of 2 groups, split K to fill the GPU once) was the best of the "
         "H200 sweep at 4096 x 14336 for M = 1 and 16 (lab/ternary/results/nvidia-h200/w2a8_tiles_sweep_tma.json). "
         "Two tiles a warp read x once for both but measured about a quarter slower "

@@ -3,7 +3,7 @@
 Chapter 5's Amdahl estimate of a decode step weighs each ternary layer's time, cuBLAS bf16 against our kernels, at
 one row of x. The benchmark has no 640 x 2560 case (k and v), so the chapter charged k and v q's time. This run
 times all four shapes of the layer (q and o 2560 x 2560, k and v 640 x 2560, gate and up fused 13824 x 2560, down
-2560 x 6912) with cuBLAS bf16 and our bf16-x steps 4, 9, 10 and 11 (and step 12, W2A8, beside them), the benchmark's
+2560 x 6912) with cuBLAS bf16 and our bf16-x steps 5, 14, 17 and 21 (and step 23, W2A8, beside them), the benchmark's
 weights (``quantize_absmean(randn)``, one scale), rotation and GPU clock, each output checked against float64 first.
 Writes ``results/<gpu>/amdahl_shapes.json`` (rows as the benchmark's: series, ``params`` shape/n/k/m, ``ms``), which
 ``book.ternary.lesson.amdahl`` reads where it is committed. Run from the repository root on a GPU machine:
@@ -27,16 +27,16 @@ NAME = "amdahl_shapes"
 #: (N, K) of BitNet b1.58 2B4T's ternary layers: q and o, k and v, gate and up (fused), down.
 SHAPES = ((2560, 2560), (640, 2560), (13824, 2560), (2560, 6912))
 #: Our steps timed, by series: (function, the weights' format, whether x is rounded to int8 first).
-STEPS = {"step04": (T.step04_gemv, "2bit", False), "step09": (T.step09_mma, "2bit_mma", False),
-         "step10": (T.step10_cuda_mma, "2bit_tiles", False), "step11": (T.step11_tma, "2bit_tiles", False),
-         "step12": (T.step12_w2a8, "2bit_tiles", True)}
+STEPS = {"step04": (T.step05_gemv, "2bit", False), "step09": (T.step14_workspace, "2bit_mma", False),
+         "step10": (T.step17_x_smem, "2bit_tiles", False), "step11": (T.step21_magic_reg, "2bit_tiles", False),
+         "step12": (T.step23_w2a8_fused, "2bit_tiles", True)}
 
 
 def main() -> int:
     run = BenchRun("ternary", command=" ".join(sys.argv))
     run.note("Clock: GPU time (CUDA-graph replay, weights rotated among copies past L2, x in L2; median of 3 "
              "repetitions with fresh x). Weights: quantize_absmean(randn(N, K)), one scale; x: randn(1, K) bf16. "
-             "cublas_bf16 is x @ W.T on the ternary matrix in bf16; steps 4, 9, 10, 11 take bf16 x, step 12 int8 "
+             "cublas_bf16 is x @ W.T on the ternary matrix in bf16; steps 5, 14, 17, 21 take bf16 x, step 23 int8 "
              "(W2A8, x quantised inside the call). Each step checked against float64 before it is timed.")
     failed = 0
     for n, k in SHAPES:

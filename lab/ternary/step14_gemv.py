@@ -1,18 +1,18 @@
-"""Experiment (GPU): a candidate step 14 for one row of x, measured and not kept.
+"""Experiment (GPU): a candidate step after step 23 for one row of x (a dp4a GEMV; its functions and series are named step14 after the numbering of its time), measured and not kept.
 
-Step 12 feeds the int8 tensor cores from a TMA ring. At one row of x the tensor cores do 1/8 useful work, so this
+Step 23 feeds the int8 tensor cores from a TMA ring. At one row of x the tensor cores do 1/8 useful work, so this
 candidate (``variants/step14_gemv.cu``, ``step14_w2a8_gemv_kernel<BF16, R, CH, WARPS, UNITS>``) drops both: each warp
 owns R weight rows (the "2bit_mma" format), issues all of its loads at the start (CH 16-byte loads a lane a row), then
-quantises x into shared memory as step 12 does and sums with one AND and one dp4a per 4 weights. It is bit-equal to
-step 12 (same exact int32 sums, same epilogue).
+quantises x into shared memory as step 23 does and sums with one AND and one dp4a per 4 weights. It is bit-equal to
+step 23 (same exact int32 sums, same epilogue).
 
 ``check`` (GPU): awkward sizes (N, K not multiples of 16 or 256, K not of 8) and the three benchmark shapes, bf16
-and fp16, against the float64 W2A8 reference, and bit-equal to step 12 where K is a multiple of 8. ``measure``
-(GPU): the candidate at several (R, CH, WARPS, UNITS) beside step 12, cuBLAS bf16 and the read-only floor
+and fp16, against the float64 W2A8 reference, and bit-equal to step 23 where K is a multiple of 8. ``measure``
+(GPU): the candidate at several (R, CH, WARPS, UNITS) beside step 23, cuBLAS bf16 and the read-only floor
 (``read_weights``) at 4096 x 14336, 2560 x 6912 and 8192 x 28672, M = 1, the benchmark's weights, rotation and GPU
 clock; writes ``results/<gpu>/step14_gemv.json``. Run from the repository root on a GPU machine:
 ``PYTHONPATH=$PWD python lab/ternary/step14_gemv.py`` (both, about 80 s on an H200). ``profile``: one call each of
-the two fastest candidates and step 12 at 4096 x 14336 inside cudaProfilerStart/Stop, for Nsight Compute:
+the two fastest candidates and step 23 at 4096 x 14336 inside cudaProfilerStart/Stop, for Nsight Compute:
 ``ncu --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis
 --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --csv --page details
 python lab/ternary/step14_gemv.py profile > results/nvidia-h200/step14_gemv_ncu.csv``.
@@ -106,10 +106,10 @@ def check(kern: dict) -> int:
             ratio = error_ratio_from(z.float(), *w2a8_reference(x, w, 0.7))
             same = None
             if k % 8 == 0:
-                same = bool(torch.equal(z.view(-1), T.step12_w2a8(x, PackedTernary.pack(w, "2bit_tiles"), 0.7).view(-1)))
+                same = bool(torch.equal(z.view(-1), T.step23_w2a8_fused(x, PackedTernary.pack(w, "2bit_tiles"), 0.7).view(-1)))
             ok = ratio <= FP32_TOLERANCE and same is not False
             bad += not ok
-            print(f"check n={n} k={k} cfg={cfg} {dtype}: error {ratio:.2e}, bit-equal to step 12: {same}",
+            print(f"check n={n} k={k} cfg={cfg} {dtype}: error {ratio:.2e}, bit-equal to step 23: {same}",
                   "OK" if ok else "FAIL", flush=True)
     return bad
 
@@ -128,7 +128,7 @@ def measure(kern: dict) -> Path:
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         series = [("cublas_bf16", lambda x_, w_: (lambda: torch.matmul(x_, w_.t())), dense),
                   ("read_weights", lambda x_, w_: read_only(w_.data), tiles),
-                  ("step12", lambda x_, w_: (lambda: T.step12_w2a8(x_, w_, scale)), tiles)]
+                  ("step12", lambda x_, w_: (lambda: T.step23_w2a8_fused(x_, w_, scale)), tiles)]
         series += [(f"step14 {c}", lambda x_, w_, c=c: (lambda: step14(kern, x_, w_, scale, c)), mma) for c in cfgs]
         for name, make, weights in series:
             t = time_series(run, name, make, weights, x, {"n": n, "k": k, "m": 1})
@@ -143,7 +143,7 @@ def profile(kern: dict) -> None:
     mma, tiles = PackedTernary.pack(w_t, "2bit_mma"), PackedTernary.pack(w_t, "2bit_tiles")
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     calls = [lambda c=c: step14(kern, x, mma, float(scale_t), c) for c in CONFIGS[(n, k)][:2]]
-    calls.append(lambda: T.step12_w2a8(x, tiles, float(scale_t)))
+    calls.append(lambda: T.step23_w2a8_fused(x, tiles, float(scale_t)))
     for call in calls:  # compiled and warm before the profiled calls
         call()
     torch.cuda.synchronize()

@@ -1,5 +1,5 @@
 """Experiment (GPU): how fast the SMs read N bytes (the copy engine into shared memory, plain 16-byte loads;
-blocks an SM, chunk sizes, stages), and steps 11 and 12 over their compiled configs at the M = 1 targets.
+blocks an SM, chunk sizes, stages), and steps 21 and 23 over their compiled configs at the M = 1 targets.
 read_only (studylog/csrc/read_only.cu) keeps the fastest. PYTHONPATH=$PWD python lab/ternary/stream_read_sweep.py"""
 import itertools, json, os, sys, time
 from pathlib import Path
@@ -42,7 +42,7 @@ for nbytes in (4096 * 14336 // 4, 8192 * 28672 // 4):
         r = dict(kind="ldg", bytes=nbytes, u=u, threads=threads, bps=bps, layout=layout, us=us, gbs=nbytes / us / 1e3)
         results["stream"].append(r); print(r, flush=True)
 
-# Steps 11 and 12 over their compiled configs at the M = 1 targets
+# Steps 21 and 23 over their compiled configs at the M = 1 targets
 for n, k in ((4096, 14336), (8192, 28672)):
     w = T.quantize_absmean(torch.randn(n, k, device="cuda"))[0]
     scale = 0.7
@@ -51,7 +51,7 @@ for n, k in ((4096, 14336), (8192, 28672)):
     for shape, warps in itertools.product(T.TMA_SHAPES, (4, 8, 16)):
         cfg = T.TmaConfig(*shape[:1], warps=warps, stages=shape[1], chunk=shape[2])
         try:
-            fn = lambda: T.step11_tma(x, pw, scale, config=cfg)
+            fn = lambda: T.step21_magic_reg(x, pw, scale, config=cfg)
             fn()
             r = dict(step=11, n=n, k=k, cfg=repr(cfg), us=kt(fn), bench_us=run.time(fn) * 1e3)
         except Exception as e:
@@ -60,7 +60,7 @@ for n, k in ((4096, 14336), (8192, 28672)):
     for q, shape, warps in itertools.product(("separate", "every block"), T.W2A8_SHAPES, (4, 8)):
         cfg = T.W2A8Config(*shape[:1], warps=warps, stages=shape[1], chunk=shape[2])
         try:
-            fn = lambda: T.step12_w2a8(x, pw, scale, config=cfg, quantize=q)
+            fn = lambda: T.step23_w2a8_fused(x, pw, scale, config=cfg, quantize=q)
             fn()
             r = dict(step=12, q=q, n=n, k=k, cfg=repr(cfg), us=kt(fn), bench_us=run.time(fn) * 1e3)
         except Exception as e:

@@ -1,6 +1,6 @@
-"""Experiment (GPU): step 12 over its compiled configs x where x is quantised x splits of K, per M; the sweep
+"""Experiment (GPU): step 23 over its compiled configs x where x is quantised x splits of K, per M; the sweep
 behind w2a8_config. Each config: profiler kernel time (us), do_bench (bench_us) and CUDA-graph replay over rotated
-weight copies (graph_us, BenchRun.graph_time); per shape also cuBLAS, steps 9 and 11, the default and a kernel that
+weight copies (graph_us, BenchRun.graph_time); per shape also cuBLAS, steps 14 and 21, the default and a kernel that
 only reads the weights, by the same clocks.
 PYTHONPATH=$PWD python lab/ternary/w2a8_config_sweep.py [--quantize "every block",staged] [--warps 8] [--m 1,16]
     [--slices 1,2,4] [--shapes 4096x14336] [--name sweep]  (writes $OUT/NAME.json)"""
@@ -36,7 +36,7 @@ shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split
 
 def launcher(x, pw, cfg, q):
     out = torch.empty(x.shape[0], pw.n, device="cuda")
-    return lambda: T.step12_w2a8(x, pw, 0.7, out=out, config=cfg, quantize=q)
+    return lambda: T.step23_w2a8_fused(x, pw, 0.7, out=out, config=cfg, quantize=q)
 
 
 for n, k in shapes:
@@ -49,17 +49,17 @@ for n, k in shapes:
     for m in [int(v) for v in args.m.split(",")]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         row = dict(n=n, k=k, m=m, cublas_us=run.kernel_time(lambda: x @ wd.T) * 1e3,
-                   step11_us=run.kernel_time(lambda: T.step11_tma(x, pw, scale)) * 1e3,
-                   step9_us=run.kernel_time(lambda: T.step09_mma(x, pm, scale)) * 1e3,
-                   default=str(T.w2a8_config(m, n, k)), default_us=run.kernel_time(lambda: T.step12_w2a8(x, pw, scale)) * 1e3,
+                   step11_us=run.kernel_time(lambda: T.step21_magic_reg(x, pw, scale)) * 1e3,
+                   step9_us=run.kernel_time(lambda: T.step14_workspace(x, pm, scale)) * 1e3,
+                   default=str(T.w2a8_config(m, n, k)), default_us=run.kernel_time(lambda: T.step23_w2a8_fused(x, pw, scale)) * 1e3,
                    cublas_graph_us=run.graph_time([lambda c=c: x @ c.T for c in run.rotated(wd)]) * 1e3,
-                   default_graph_us=run.graph_time([lambda c=c: T.step12_w2a8(x, c, scale) for c in rotation]) * 1e3)
+                   default_graph_us=run.graph_time([lambda c=c: T.step23_w2a8_fused(x, c, scale) for c in rotation]) * 1e3)
         if m == 1:
             row["quantize_x_us"] = run.kernel_time(lambda: T.w2a8_quantize(x)) * 1e3
             row["read_weights_graph_us"] = run.graph_time([lambda c=c: read_only(c.data)() for c in rotation]) * 1e3
         print(row, flush=True)
         res.append(row)
-        ref = T.step12_w2a8(x, pw, 0.7, quantize="separate")
+        ref = T.step23_w2a8_fused(x, pw, 0.7, quantize="separate")
         plans = []
         for shape, warps in itertools.product(T.W2A8Config.compiled_shapes(), warp_counts):
             cfg = T.W2A8Config(shape[0], warps=warps, stages=shape[1], chunk=shape[2])

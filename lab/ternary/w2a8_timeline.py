@@ -1,7 +1,7 @@
-"""Experiment (GPU): a timeline of step 12's blocks (notebook 05, "x queued behind the weights", "x first, by the
+"""Experiment (GPU): a timeline of step 23's blocks (notebook 05, "x queued behind the weights", "x first, by the
 copy engine"): per block, when it starts, has read x, has quantised it, takes each chunk, and ends; per producer,
 when it asks for each chunk. The stamps are the library kernel's own, built with -DW2A8_TIMELINE=1
-(studylog.ternary.step12_timeline; the slots are listed in studylog/ternary/csrc/ternary_w2a8.cu).
+(studylog.ternary.step23_timeline; the slots are listed in studylog/ternary/csrc/ternary_w2a8.cu).
 Run on a GPU machine: PYTHONPATH=$PWD python lab/ternary/w2a8_timeline.py [CASE ...] (writes
 $OUT/w2a8_timeline.json); a case is N,K,place[,row_tiles,stages], e.g. "4096,14336,staged,2,8" (default: both
 Llama M = 1 shapes, every place, the default launch)."""
@@ -35,8 +35,8 @@ for n, k, q, shape in cases:
         chosen = dataclasses.replace(T.w2a8_config(1, n, k, sms, quantize=q), row_tiles=shape[0], stages=shape[1])
     quant, cfg = T.w2a8_choose(1, n, k, chosen, q, sms)
     per_slice, grid = T.w2a8_grid(1, n, k, cfg, fused=quant != T.Quant.SEPARATE)
-    call = T.step12_timeline(x, pw, 0.7, trace, config=chosen, quantize=q)
-    assert torch.equal(call(), T.step12_w2a8(x, pw, 0.7, config=chosen, quantize=q))
+    call = T.step23_timeline(x, pw, 0.7, trace, config=chosen, quantize=q)
+    assert torch.equal(call(), T.step23_w2a8_fused(x, pw, 0.7, config=chosen, quantize=q))
     kt = run.kernel_time(call) * 1e3
     blocks = grid[0] * grid[1] * grid[2]
     runs = []

@@ -1,5 +1,5 @@
 """Chapter 5: ternary (-1/0/+1) matmul, ``z = x @ W.T / scale`` (W an ``nn.Linear`` weight, (N, K); x (M, K) or
-(K,); z float32), in Triton (steps 1 to 9) then CUDA C++ (steps 10 to 13). ``CHAPTER.steps`` lists the steps,
+(K,); z float32), in Triton (steps 1 to 14) then CUDA C++ (steps 15 to 25). ``CHAPTER.steps`` lists the steps,
 each with its function ``stepNN_<slug>`` and benchmark series ``stepNN``."""
 
 from __future__ import annotations
@@ -9,16 +9,19 @@ from typing import Any
 
 from studylog.chapter import Chapter
 from studylog.ternary import ops, peers  # ops: the entry point as a torch.library operator (torch.ops.studylog)
-from studylog.ternary.cuda_steps import step10_cuda_mma, step11_tma
+from studylog.ternary.cuda_steps import (step15_cuda_mma, step16_split_k, step17_x_smem, step18_tma_ring,
+                                         step19_shared_k, step20_tile_copies, step21_magic_reg)
 from studylog.ternary.formats import (FP32_TOLERANCE, PackedTernary, error_ratio, quantize_absmean,
                                       quantize_activations, reference)
 from studylog.ternary.report import bench
 from studylog.ternary.results import BASELINES, headline
 from studylog.ternary.steps import STEPS, ternary_matmul
-from studylog.ternary.triton_mma import step08_w2a8_dot, step09_mma
-from studylog.ternary.triton_steps import (step01_sign, step02_int8, step03_2bit, step04_gemv, step05_dot,
-                                           step06_base3_gemv, step07_base3_dot)
-from studylog.ternary.w2a8 import step12_w2a8, step13_w2a8_tiles, w2a8_choose, w2a8_grid
+from studylog.ternary.triton_mma import (step09_w2a8_dot, step10_dot_configs, step11_pair_decode, step12_unmasked,
+                                         step13_mma_layout, step14_workspace)
+from studylog.ternary.triton_steps import (step01_sign, step02_int8, step03_2bit, step04_and_decode, step05_gemv,
+                                           step06_dot, step07_base3_gemv, step08_base3_dot)
+from studylog.ternary.w2a8 import (step22_w2a8, step23_w2a8_fused, step24_w2a8_tiles, step25_x_tma, w2a8_choose,
+                                   w2a8_grid)
 
 CHAPTER = Chapter(
     name="ternary",
@@ -48,9 +51,11 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CHAPTER", "ternary_matmul", "ops",
     # the steps
-    "step01_sign", "step02_int8", "step03_2bit", "step04_gemv", "step05_dot", "step06_base3_gemv",
-    "step07_base3_dot", "step08_w2a8_dot", "step09_mma", "step10_cuda_mma", "step11_tma", "step12_w2a8",
-    "step13_w2a8_tiles",
+    "step01_sign", "step02_int8", "step03_2bit", "step04_and_decode", "step05_gemv", "step06_dot",
+    "step07_base3_gemv", "step08_base3_dot", "step09_w2a8_dot", "step10_dot_configs", "step11_pair_decode",
+    "step12_unmasked", "step13_mma_layout", "step14_workspace", "step15_cuda_mma", "step16_split_k",
+    "step17_x_smem", "step18_tma_ring", "step19_shared_k", "step20_tile_copies", "step21_magic_reg",
+    "step22_w2a8", "step23_w2a8_fused", "step24_w2a8_tiles", "step25_x_tma",
     # the weights' formats, BitNet's quantisation, the reference
     "PackedTernary", "quantize_absmean", "quantize_activations", "reference", "error_ratio", "FP32_TOLERANCE",
     # the launches of the W2A8 steps (where x is quantised and the config a call takes; its grid)

@@ -1,11 +1,12 @@
-"""Chapter 5, steps 10 and 11: step 9's words and decode in CUDA C++ on ``mma.sync`` (``ternary_mma.cu``), then
-the weights brought by the TMA (``ternary_bulk.cu``). Both read ``2bit_tiles`` weights and bf16 or fp16 x, on a
-GPU only (on the CPU the wrappers check their inputs, then say so)."""
+"""Chapter 5, steps 15 to 21: step 14's words and decode in CUDA C++ on ``mma.sync`` (``ternary_mma.cu``, steps 15
+to 17, one template), then the weights brought by the TMA (``ternary_bulk.cu``, steps 18 to 21, one template).
+All read ``2bit_tiles`` weights and bf16 or fp16 x, on a GPU only (on the CPU the wrappers check their inputs,
+then say so)."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -18,11 +19,11 @@ from studylog.checks import check_choice
 from studylog.ternary.formats import (GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace,
                                       check_packed_call)
 
-# Step 10: the same layout and decode in CUDA C++, on mma.sync
+# Steps 15 to 17: the same layout and decode in CUDA C++, on mma.sync
 
 @dataclass(frozen=True)
 class CudaMmaConfig:
-    """A launch of step 10: ``row_tiles`` tiles of 16 weight rows a warp, ``warps`` a block, ``stages`` groups
+    """A launch of steps 15 to 17: ``row_tiles`` tiles of 16 weight rows a warp, ``warps`` a block, ``stages`` groups
     a row in flight per thread, K cut into ``slices`` (more when a slice of x would not fit in shared memory)."""
 
     row_tiles: int = 2
@@ -44,13 +45,15 @@ class CudaMmaConfig:
         return 16 * self.row_tiles * self.warps
 
 
-def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int) -> str:
-    return f"step10_cuda_mma_kernel<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}>"
+def _cuda_mma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int, x_smem: bool) -> str:
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    return f"cuda_mma_kernel<{b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {b(x_smem)}>"
 
 
-#: The instances step 10 launches: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp,
-#: 2 groups in flight.
-CUDA_MMA_INSTANCES = tuple(_cuda_mma_instance(b, mt, rt, 2) for b in (True, False) for mt in (1, 2) for rt in (1, 2))
+#: The instances steps 15 to 17 launch: bf16 and fp16 x, 8 or 16 rows of x a block, 1 or 2 row tiles a warp,
+#: 2 groups in flight; x read from L2 (steps 15 and 16) or from the block's copy in shared memory (step 17).
+CUDA_MMA_INSTANCES = tuple(_cuda_mma_instance(b, mt, rt, 2, xs) for xs in (True, False) for b in (True, False)
+                           for mt in (1, 2) for rt in (1, 2))
 CUDA_MMA_SIGNATURE = ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
 cuda.declare_instances("ternary_mma", CUDA_MMA_INSTANCES)
 
@@ -63,7 +66,7 @@ def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.Cu
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
-    """Step 10's launch for an (M, N, K) problem. Up to 8 rows of x: 8 warps x 2 row tiles a block, K cut
+    """The launch of steps 16 and 17 for an (M, N, K) problem (step 15's keeps K whole). Up to 8 rows of x: 8 warps x 2 row tiles a block, K cut
     until there are about two blocks an SM. More: one row tile a warp, K cut only as far as x needs."""
     sms = sms or runtime.sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
@@ -74,12 +77,12 @@ def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMm
     return CudaMmaConfig(row_tiles=1, stages=2, warps=8, slices=1)
 
 
-#: Shared memory a block of step 10 may take for its copy of x (the most without opting in).
+#: Shared memory a block of step 17 may take for its copy of x (the most without opting in).
 CUDA_MMA_SMEM_LIMIT = 48 * 1024
 
 
 def cuda_mma_smem_bytes(x_rows: int, groups_per_slice: int) -> int:
-    """Shared memory of a step-10 block: x_rows rows of x over one slice of K, 64 bytes of padding a row."""
+    """Shared memory of a step-17 block: x_rows rows of x over one slice of K, 64 bytes of padding a row."""
     return x_rows * (groups_per_slice * 32 + 4) * 16
 
 
@@ -88,12 +91,12 @@ def cuda_mma_max_groups_per_slice(x_rows: int) -> int:
     return max(1, (CUDA_MMA_SMEM_LIMIT // (16 * x_rows) - 4) // 32)
 
 
-CUDA_WORKSPACE = SplitWorkspace()  # not step 9's: its sums must stay zeros, these need not
+CUDA_WORKSPACE = SplitWorkspace()  # not step 14's: its sums must stay zeros, these need not
 
 
 def cuda_call_args(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, config_type: type,
                    what: str) -> tuple:
-    """Checks shared by steps 10 to 13 (on the CPU too), then x in rows that start on 16-byte boundaries:
+    """Checks shared by steps 15 to 25 (on the CPU too), then x in rows that start on 16-byte boundaries:
     (x2, vector, w, scale tensor, its stride, z)."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_tiles", dtypes=MMA_X_DTYPES)
     if w.data.data_ptr() % 16:
@@ -118,32 +121,57 @@ def padded_to_8(x2: Tensor) -> Tensor:
     return padded
 
 
-def step10_cuda_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
-                    out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 10: step 9's words and decode in CUDA C++ on ``mma.sync`` (GPU only), ``2bit_tiles`` weights. Built
-    for few rows of x (larger M re-decodes the weights once per 16 rows)."""
+def _cuda_mma_launch(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[CudaMmaConfig],
+                     step: int, x_smem: bool, whole_k: bool) -> Tensor:
+    """Steps 15 to 17: checks, then ``cuda_mma_kernel`` at ``x_smem`` on ``config`` (None: :func:`cuda_mma_config`,
+    its K in one slice where ``whole_k``)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, CudaMmaConfig,
-                                                   "step 10 (CUDA C++ step10_cuda_mma_kernel)")
+                                                   f"step {step} (CUDA C++ cuda_mma_kernel)")
     m, k = x2.shape
     cfg = config or cuda_mma_config(m, w.n, k)
+    if config is None and whole_k:
+        cfg = replace(cfg, slices=1)
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     col_tiles = 1 if m <= 8 else 2
-    per_slice = min(triton.cdiv(groups, cfg.slices), cuda_mma_max_groups_per_slice(min(m, 8 * col_tiles)))
-    slices = triton.cdiv(groups, per_slice)  # (more slices than asked when x's slice would not fit)
+    per_slice = triton.cdiv(groups, cfg.slices)
+    if x_smem:  # (more slices than asked when x's slice would not fit in shared memory)
+        per_slice = min(per_slice, cuda_mma_max_groups_per_slice(min(m, 8 * col_tiles)))
+    slices = triton.cdiv(groups, per_slice)
     grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
-    name = _cuda_mma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages)
+    name = _cuda_mma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages, x_smem)
     kernel = _cuda_mma_kernel(name, x2.device.index or 0, CUDA_MMA_INSTANCES)
     kernel(grid, (32 * cfg.warps,), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0), s_stride,
-           per_slice, shared_mem=cuda_mma_smem_bytes(min(m, 8 * col_tiles), per_slice))
+           per_slice, shared_mem=cuda_mma_smem_bytes(min(m, 8 * col_tiles), per_slice) if x_smem else 0)
     return z[0] if vector else z
 
 
-# Step 11: step 10's decode and MMAs, the weights brought into shared memory by the TMA
+def step15_cuda_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                    out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 15: step 14's words and decode in CUDA C++ on ``mma.sync`` (GPU only), ``2bit_tiles`` weights: each
+    thread loads its weights two groups ahead of its decode, every warp reads x from L2, K in one slice. Built
+    for few rows of x (larger M re-decodes the weights once per 16 rows)."""
+    return _cuda_mma_launch(x, w, scale, out, config, 15, x_smem=False, whole_k=True)
+
+
+def step16_split_k(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                   out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 16: step 15 with K split across blocks (:func:`cuda_mma_config`'s slices, about two blocks an SM), the
+    slices' partial sums added in a fixed order by the last block of a tile to arrive."""
+    return _cuda_mma_launch(x, w, scale, out, config, 16, x_smem=False, whole_k=False)
+
+
+def step17_x_smem(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                  out: Optional[Tensor] = None, config: Optional[CudaMmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 17: step 16 with the block's slice of x copied once into shared memory, where its warps read it."""
+    return _cuda_mma_launch(x, w, scale, out, config, 17, x_smem=True, whole_k=False)
+
+
+# Steps 18 to 21: step 17's decode and MMAs, the weights brought into shared memory by the TMA
 
 @dataclass(frozen=True)
 class RingConfig:
-    """What the launches of steps 11 to 13 share: ``warps`` consumer warps a block (plus a producer), tiles of 16
+    """What the launches of steps 18 to 25 share: ``warps`` consumer warps a block (plus a producer), tiles of 16
     weight rows (the field named ``TILES``), ``stages`` stages of ``chunk`` groups (1 KiB each) per warp and tile
     in flight, ``slices`` of K. Checked against the compiled instances (``compiled_shapes()``, ``WARPS``)."""
 
@@ -168,7 +196,7 @@ class RingConfig:
 
 @dataclass(frozen=True)
 class TmaConfig(RingConfig):
-    """A launch of step 11: a block owns ``row_tiles`` tiles of 16 weight rows; its warps split its K."""
+    """A launch of steps 18 to 21: a block owns ``row_tiles`` tiles of 16 weight rows; its warps split its K."""
 
     row_tiles: int = 1
     warps: int = 8
@@ -186,19 +214,29 @@ class TmaConfig(RingConfig):
         return 16 * self.row_tiles
 
 
-#: (row_tiles, stages, chunk) of the compiled step-11 instances. CHUNK = 4 or 8, or RT = 2 with CHUNK = 4,
+#: (row_tiles, stages, chunk) of the compiled step-21 instances. CHUNK = 4 or 8, or RT = 2 with CHUNK = 4,
 #: would make ptxas spill.
 TMA_SHAPES = ((1, 4, 1), (1, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 4, 2))
+#: Steps 18 to 20, the ring before its last change: the shapes :func:`tma_config` picks, 8 rows of x a block
+#: (more run in more blocks).
+TMA_RING_SHAPES = ((1, 4, 1), (2, 4, 1))
+#: (WARP_COPIES, MAGIC_REG) of ``tma_kernel`` at each step of the ring.
+TMA_KNOBS = {18: (True, False), 19: (True, False), 20: (False, False), 21: (False, True)}
 
 
-def _tma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
-    return f"step11_tma_kernel<{'true' if bf16 else 'false'}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+def _tma_instance(bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int, step: int = 21) -> str:
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    copies, magic = TMA_KNOBS[step]
+    return f"tma_kernel<{b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}, {b(copies)}, {b(magic)}>"
 
 
 TMA_INSTANCES = tuple(_tma_instance(b, mt, *shape) for b in (True, False) for mt in (1, 2) for shape in TMA_SHAPES)
-cuda.declare_instances("ternary_bulk", TMA_INSTANCES)
+#: Steps 18 and 19 (one knob setting) and 20.
+TMA_RING_INSTANCES = tuple(_tma_instance(b, 1, *shape, step=step) for step in (19, 20) for b in (True, False)
+                           for shape in TMA_RING_SHAPES)
+cuda.declare_instances("ternary_bulk", TMA_INSTANCES + TMA_RING_INSTANCES)
 
-#: Dynamic shared memory of a step-11 block: its mbarriers, the stages and x (the H100/H200 allow 227 KiB
+#: Dynamic shared memory of a block of steps 18 to 21: its mbarriers, the stages and x (the H100/H200 allow 227 KiB
 #: a block, static shared memory included; finish_split has a little).
 SMEM_LIMIT = 224 * 1024
 RING_BARRIER_BYTES = 512  # RING_BARRIER_BYTES in ternary_ring.cuh
@@ -223,7 +261,7 @@ def _tma_kernel(name: str, device_index: int, instances: tuple, options: tuple =
 
 
 def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
-    """Step 11's launch for an (M, N, K) problem, 4 stages of 1 group a warp and tile: one tile a block, 8 warps
+    """The launch of steps 19 to 21 for an (M, N, K) problem (step 18's splits K as step 17 does), 4 stages of 1 group a warp and tile: one tile a block, 8 warps
     for K > 8192 (else 4); two tiles and 4 warps where there are more than two tiles an SM and K is long (each
     block copies x once for two tiles); above 8 rows of x, two tiles and 8 warps."""
     sms = sms or runtime.sm_count()
@@ -235,21 +273,51 @@ def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
     return TmaConfig(row_tiles=1, warps=8 if k > 8192 else 4, stages=4, chunk=1, slices=1)
 
 
-def step11_tma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
-                out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 11: step 10 with the weights copied into shared memory by the TMA (``cp.async.bulk``, a producer warp
-    and mbarriers; Hopper GPUs and later)."""
+def _tma_step(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[TmaConfig], step: int) -> Tensor:
+    """Steps 18 to 21: checks, then ``tma_kernel`` at the step's knobs (:data:`TMA_KNOBS`) on ``config`` (None:
+    :func:`tma_config`, with step 17's slices of K at step 18)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, TmaConfig,
-                                                   "step 11 (CUDA C++ step11_tma_kernel)")
+                                                   f"step {step} (CUDA C++ tma_kernel)")
     m, k = x2.shape
-    require_hopper(x2.device, 11)
+    require_hopper(x2.device, step)
     cfg = config or tma_config(m, w.n, k)
-    _launch_tma(_pad_k_to_8(x2), w, s, s_stride, z, cfg, probe=0)
+    if config is None and step == 18:
+        cfg = replace(cfg, slices=cuda_mma_config(m, w.n, k).slices)
+    _launch_tma(_pad_k_to_8(x2), w, s, s_stride, z, cfg, probe=0, step=step)
     return z[0] if vector else z
 
 
+def step18_tma_ring(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                    out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 18: step 17 with the weights copied into a ring of shared-memory stages by the TMA (``cp.async.bulk``,
+    a producer warp and mbarriers; Hopper GPUs and later), one copy a stage, tile and consumer warp; K still split
+    across blocks as step 17 splits it."""
+    return _tma_step(x, w, scale, out, config, 18)
+
+
+def step19_shared_k(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                    out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 19: step 18 with K in one slice: the consumer warps of a block share its K, and their sums meet in
+    shared memory (no round trip through L2)."""
+    return _tma_step(x, w, scale, out, config, 19)
+
+
+def step20_tile_copies(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                       out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 20: step 19 with one copy a stage and tile of 16 rows (the warps' groups are consecutive in
+    ``2bit_tiles``), not one a warp."""
+    return _tma_step(x, w, scale, out, config, 20)
+
+
+def step21_magic_reg(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                     out: Optional[Tensor] = None, config: Optional[TmaConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 21: step 20 with the decode's magic constant read once from shared memory, so that it stays in one
+    register (no rebuild of it before each LOP3)."""
+    return _tma_step(x, w, scale, out, config, 21)
+
+
 def require_hopper(device: torch.device, step: int) -> None:
-    """Steps 11 to 13 use the Tensor Memory Accelerator (cp.async.bulk): a Hopper GPU or later."""
+    """Steps 18 to 25 use the Tensor Memory Accelerator (cp.async.bulk): a Hopper GPU or later."""
     if torch.cuda.get_device_capability(device)[0] < 9:
         raise RuntimeError(f"step {step} uses the Tensor Memory Accelerator (cp.async.bulk): it needs a Hopper GPU "
                            f"or later (compute capability 9.0+), not {torch.cuda.get_device_name(device)}")
@@ -260,29 +328,32 @@ def _pad_k_to_8(x2: Tensor) -> Tensor:
     return x2 if x2.shape[1] % 8 == 0 else padded_to_8(x2)
 
 
-#: The probe builds of steps 11 and 12 (BULK_PROBE, W2A8_PROBE; PROBE_* in ternary_common.cuh), the kernel with
+#: The probe builds of steps 21 and 23 (BULK_PROBE, W2A8_PROBE; PROBE_* in ternary_common.cuh), the kernel with
 #: parts left out, to time what limits it: 1 copies weights and x only, 2 decodes and multiplies whatever shared
 #: memory holds, 3 returns at once.
 PROBES = {1: "copies only", 2: "arithmetic only", 3: "launch only"}
 
 
-def step11_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
+def step21_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
                  config: Optional[TmaConfig] = None) -> Callable[[], Tensor]:
-    """A step-11 launch with parts left out (a number of :data:`PROBES`), as a function to time (its output
+    """A step-21 launch with parts left out (a number of :data:`PROBES`), as a function to time (its output
     means nothing)."""
     check_choice("probe", probe, PROBES)
-    x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-11 probe")
+    x2, _, w, s, s_stride, z = cuda_call_args(x, w, scale, None, config, TmaConfig, "a step-21 probe")
     cfg = config or tma_config(x2.shape[0], w.n, x2.shape[1])
     x2 = _pad_k_to_8(x2)
     return lambda: _launch_tma(x2, w, s, s_stride, z, cfg, probe=probe)
 
 
 def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor, cfg: TmaConfig,
-                probe: int) -> Tensor:
-    """Launch step 11 on checked arguments; a ``probe`` other than 0 launches that BULK_PROBE build of the .cu."""
+                probe: int, step: int = 21) -> Tensor:
+    """Launch step ``step`` (18 to 21) on checked arguments; a ``probe`` other than 0 launches that BULK_PROBE build
+    of step 21."""
     m, k = x2.shape
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
-    col_tiles = 1 if m <= 8 else 2
+    col_tiles = 1 if m <= 8 or step < 21 else 2
+    if step < 21 and (cfg.row_tiles, cfg.stages, cfg.chunk) not in TMA_RING_SHAPES:
+        raise ValueError(f"{cfg}: step {step} is compiled for (row_tiles, stages, chunk) in {TMA_RING_SHAPES} only")
     x_rows = min(m, 8 * col_tiles)
     if RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + cuda_mma_smem_bytes(x_rows, 1) > SMEM_LIMIT:
         raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
@@ -294,9 +365,10 @@ def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tenso
     slices = triton.cdiv(groups, per_slice)
     grid = (triton.cdiv(w.n, cfg.rows), slices, triton.cdiv(m, 8 * col_tiles))
     sums, counts = CUDA_WORKSPACE.get(x2.device, slices * m, w.n) if slices > 1 else (None, None)
-    name = _tma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
+    name = _tma_instance(x2.dtype == torch.bfloat16, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk, step)
     options = (f"-DBULK_PROBE={int(probe)}",) if probe else ()
-    kernel = _tma_kernel(name, x2.device.index or 0, (name,) if probe else TMA_INSTANCES, options)
+    kernel = _tma_kernel(name, x2.device.index or 0, (name,) if probe else TMA_INSTANCES + TMA_RING_INSTANCES,
+                         options)
     kernel(grid, (32 * (cfg.warps + 1),), x2, w.data, z, s, sums, counts, m, w.n, k, groups, x2.stride(0),
            s_stride, per_slice, shared_mem=tma_smem_bytes(cfg, x_rows, per_slice))
     return z

@@ -2,16 +2,16 @@
 checks every step's wrapper runs. Each layout is a small transpose, so that one decode step over a tile of words
 yields weights whose activations are contiguous in memory (one vector load of x serves a whole field):
 
-* **2-bit** (``"2bit"``, steps 3 to 8): each row's K weights are cut into groups of 256, stored as 16 int32
+* **2-bit** (``"2bit"``, steps 3 to 12): each row's K weights are cut into groups of 256, stored as 16 int32
   words. Word ``t`` of a group holds weights ``16 j + t`` (j = 0..15) in bits ``2j, 2j+1``, as the code
   ``w + 1``.
-* **base 3** (``"base3"``, steps 6 and 7): groups of 80 weights stored as 16 bytes. Byte ``t`` of a group
+* **base 3** (``"base3"``, steps 7 and 8): groups of 80 weights stored as 16 bytes. Byte ``t`` of a group
   holds weights ``16 d + t`` (d = 0..4) as the number ``sum_d (w + 1) 3^d`` (0..242).
-* **2-bit, MMA order** (``"2bit_mma"``, step 9): groups of 256 weights in 16 int32 words again, but word
+* **2-bit, MMA order** (``"2bit_mma"``, steps 13 and 14): groups of 256 weights in 16 int32 words again, but word
   ``t`` holds weights ``32 p + 2 t + h`` (p = 0..7, h = 0, 1) in bits ``16 h + 2 p``: the low half holds an
   even weight and the high half the next one. Field p of both halves of words 0..15 is then the 32
   consecutive weights ``32 p .. 32 p + 31``, pair by pair, which is how the MMA wants its A operand.
-* **2-bit tiles** (``"2bit_tiles"``, steps 10 to 13): the MMA-order words reordered so that what one warp
+* **2-bit tiles** (``"2bit_tiles"``, steps 15 to 25): the MMA-order words reordered so that what one warp
   loads for one group of a tile of 16 rows is 1 KiB of consecutive memory (:func:`pack_2bit_tiles`).
 
 Padding (K up to a whole group) holds zero weights, so every row starts aligned and loads stay vectorised.
@@ -135,7 +135,7 @@ def unpack_2bit_mma(packed: Int32[Tensor, "n kw"], k: int) -> Int8[Tensor, "n k"
 
 
 def pack_2bit_tiles(w: Shaped[Tensor, "n k"]) -> Int32[Tensor, "tiles kt"]:
-    """Step 10's layout: the words of :func:`pack_2bit_mma` in tiles of 16 rows (the last padded with zero
+    """Step 15's layout: the words of :func:`pack_2bit_mma` in tiles of 16 rows (the last padded with zero
     weights), tile i row i of the result, a group holding [half h][row g][word 4 t + i] for the tile's row
     8 h + g: lane 4 g + t reads words 4 t .. 4 t + 3 of rows g and 8 + g with two 16-byte loads."""
     words = pack_2bit_mma(w)
@@ -440,7 +440,7 @@ def weights_k(w: Any) -> Optional[int]:
 
 
 class SplitWorkspace:
-    """Split-K scratch on one device: float32 partial sums (step 9 keeps them zeros) and one arrival counter per
+    """Split-K scratch on one device: float32 partial sums (step 14 keeps them zeros) and one arrival counter per
     output tile (zeros), restored by the last slice of a tile, so it is zeroed once. Launches that share it
     must not overlap: one stream at a time, like a cuBLAS workspace."""
 

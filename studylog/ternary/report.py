@@ -15,20 +15,26 @@ from studylog.bench import read_only
 from studylog.ternary import peers as P
 from studylog.ternary.bitnet import (BITNET_ENV, BITNET_SHAPES, bitnet_checkout, bitnet_library, bitnet_linear,
                                      bitnet_pack, bitnet_scales)
-from studylog.ternary.cuda_steps import PROBES, cuda_mma_config, step10_cuda_mma, step11_probe, step11_tma, tma_config
+from studylog.ternary.cuda_steps import (PROBES, cuda_mma_config, step15_cuda_mma, step16_split_k, step17_x_smem,
+                                         step18_tma_ring, step19_shared_k, step20_tile_copies, step21_magic_reg,
+                                         step21_probe, tma_config)
 from studylog.ternary.formats import FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean, quantize_activations
 from studylog.ternary.results import (BITNET, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES,
                                       W2A8_PLACE_SERIES)
 from studylog.ternary.steps import SERIES, STEPS
-from studylog.ternary.triton_mma import (step08_w2a8_dot, step08_w2a8_dot_tuned_few, step08_w2a8_dot_tuned_many,
-                                         step09_mma, step09_mma_tuned_few, step09_mma_tuned_many)
+from studylog.ternary.triton_mma import (pair_dot_tuned_few, pair_dot_tuned_many, step09_w2a8_dot,
+                                         step09_w2a8_dot_tuned_few, step09_w2a8_dot_tuned_many, step10_dot_configs,
+                                         step10_dot_configs_tuned_few, step10_dot_configs_tuned_many,
+                                         step11_pair_decode, step12_unmasked, step13_mma_layout, step14_workspace,
+                                         step14_workspace_tuned_few, step14_workspace_tuned_many)
 from studylog.ternary.triton_steps import (block_m_for, step01_sign, step01_sign_tuned, step02_int8,
-                                           step02_int8_tuned, step03_2bit, step03_2bit_tuned, step04_gemv,
-                                           step04_gemv_tuned, step05_dot, step05_dot_tuned_few, step05_dot_tuned_many,
-                                           step06_base3_gemv, step06_base3_gemv_tuned, step07_base3_dot,
-                                           step07_base3_dot_tuned_few, step07_base3_dot_tuned_many)
-from studylog.ternary.w2a8 import (step12_probe, step12_w2a8, step13_w2a8_tiles, w2a8_config, w2a8_default_quantize,
-                                   w2a8_takes, w2a8_tiles_config)
+                                           step02_int8_tuned, step03_2bit, step03_2bit_tuned, step04_and_decode,
+                                           step04_and_decode_tuned, step05_gemv, step05_gemv_tuned, step06_dot,
+                                           step06_dot_tuned_few, step06_dot_tuned_many, step07_base3_gemv,
+                                           step07_base3_gemv_tuned, step08_base3_dot, step08_base3_dot_tuned_few,
+                                           step08_base3_dot_tuned_many)
+from studylog.ternary.w2a8 import (step22_w2a8, step23_probe, step23_w2a8_fused, step24_w2a8_tiles, step25_x_tma,
+                                   w2a8_config, w2a8_default_quantize, w2a8_takes, w2a8_tiles_config)
 
 # What is measured
 
@@ -44,11 +50,15 @@ QUICK_CASES = (("llama", 4096, 14336, (1, 16)), ("llama", 8192, 28672, (1,)),
 #: BitNet's kernel's shapes that BENCH_SHAPES lacks: measured at M = 1 against our W2A8 steps and cuBLAS only.
 BITNET_EXTRA_SHAPES = tuple((n, k) for n, k in BITNET_SHAPES if ("bitnet", n, k) not in BENCH_SHAPES)
 #: What a shape measured only for BitNet's kernel times.
-BITNET_ONLY_STEPS = (12, 13)
+BITNET_ONLY_STEPS = (23, 25)
 #: GemLite above one row of x only here: its autotune compiles some twenty configs a shape for each batched kernel.
 GEMLITE_BATCH_SHAPES = ((4096, 14336),)
-#: The steps made for several rows of x, timed at M > 1.
-BATCH_STEPS = (5, 7, 8, 9, 10, 11, 12, 13)
+#: The steps made for several rows of x, timed at M > 1 (steps 10 to 13 and 24 only where SPLIT_CASES says).
+BATCH_STEPS = (6, 8, 9, 10, 11, 12, 13, 14, 17, 21, 23, 24, 25)
+#: The steps that make one change each on the way to the next shipped kernel (the steps tables' rows; steps 5,
+#: 14, 17, 21, 23 and 25 are the entry point's): timed only at the cases those tables use, (N, K) -> rows of x.
+SPLIT_STEPS = (4, 10, 11, 12, 13, 15, 16, 18, 19, 20, 22, 24)
+SPLIT_CASES = {(4096, 14336): (1, 16), (2560, 6912): (1,)}
 
 
 def bench_cases(quick: bool = False) -> list[tuple[str, int, int, int]]:
@@ -65,11 +75,13 @@ def bench_series(family: str, n: int, k: int, m: int, quick: bool = False) -> li
     if (quick and family == "bitnet") or (n, k) in BITNET_EXTRA_SHAPES:  # measured for BitNet's kernel only
         return [CUBLAS, *(SERIES[i] for i in BITNET_ONLY_STEPS), "read_weights", *bitnet]
     if quick:
-        steps = (9, 10, 11, 12, 13)
+        steps = (14, 17, 21, 23, 25)
     elif m == 1:
-        steps = range(1, 14) if family == "llama" else range(4, 14)  # steps 1-3: the step figure's shapes only
+        steps = range(1, 26) if family == "llama" else range(4, 26)  # steps 1-3: the step figure's shapes only
     else:
         steps = BATCH_STEPS
+    split_here = m in SPLIT_CASES.get((n, k), ())
+    steps = [i for i in steps if i not in SPLIT_STEPS or (split_here and (m == 1 or i in BATCH_STEPS))]
     out = [CUBLAS, *(SERIES[i] for i in steps)]
     if m == 1:
         out.append("read_weights")
@@ -82,16 +94,17 @@ def bench_series(family: str, n: int, k: int, m: int, quick: bool = False) -> li
 
 
 def place_series(n: int, k: int, m: int, quick: bool = False) -> dict[str, str]:
-    """Step 12 with x quantised at each other place that takes the problem, at M = 1: {place: series}."""
+    """Step 23 with x quantised at each other place in the matmul that takes the problem, at M = 1: {place: series}
+    ("separate" is step 22, a series of the steps)."""
     if quick or m != 1:
         return {}
     default = w2a8_default_quantize(m, n, k)
     return {where: series for where, series in W2A8_PLACE_SERIES.items()
-            if where != default and w2a8_takes(m, n, k, where)}
+            if where not in (default, "separate") and w2a8_takes(m, n, k, where)}
 
 
 def probe_series(family: str, m: int, quick: bool = False) -> dict[tuple[int, int], str]:
-    """The probe builds of steps 11 and 12 (what limits them), at M = 1 on the Llama shapes."""
+    """The probe builds of steps 21 and 23 (what limits them), at M = 1 on the Llama shapes."""
     return {} if quick or m != 1 or family != "llama" else dict(PROBE_SERIES)
 
 
@@ -155,11 +168,13 @@ def _tuned_config(series: str, m: int) -> str:
     few = block_m_for(m) <= 32
     tuner = {
         SERIES[1]: step01_sign_tuned, SERIES[2]: step02_int8_tuned, SERIES[3]: step03_2bit_tuned,
-        SERIES[4]: step04_gemv_tuned, SERIES[6]: step06_base3_gemv_tuned,
-        SERIES[5]: step05_dot_tuned_few if few else step05_dot_tuned_many,
-        SERIES[7]: step07_base3_dot_tuned_few if few else step07_base3_dot_tuned_many,
-        SERIES[8]: step08_w2a8_dot_tuned_few if few else step08_w2a8_dot_tuned_many,
-        SERIES[9]: step09_mma_tuned_few if few else step09_mma_tuned_many,
+        SERIES[4]: step04_and_decode_tuned, SERIES[5]: step05_gemv_tuned, SERIES[7]: step07_base3_gemv_tuned,
+        SERIES[6]: step06_dot_tuned_few if few else step06_dot_tuned_many,
+        SERIES[8]: step08_base3_dot_tuned_few if few else step08_base3_dot_tuned_many,
+        SERIES[9]: step09_w2a8_dot_tuned_few if few else step09_w2a8_dot_tuned_many,
+        SERIES[10]: step10_dot_configs_tuned_few if few else step10_dot_configs_tuned_many,
+        **{SERIES[i]: pair_dot_tuned_few if few else pair_dot_tuned_many for i in (11, 12, 13)},
+        SERIES[14]: step14_workspace_tuned_few if few else step14_workspace_tuned_many,
     }.get(series)
     return str(getattr(tuner, "best_config", "") or "")
 
@@ -190,17 +205,21 @@ def _notes(run, gemlite: Any) -> None:
              "peers or launches of a step with another option (CHAPTER.baselines).")
     run.note("Weights: quantize_absmean(randn(N, K)), one scale per tensor; x: randn(M, K) in bf16. Baseline: cuBLAS "
              "bf16 x @ W.T on the same ternary matrix stored densely (bf16 out, no scale). Ours: float32 out, divided "
-             f"by the scale. {s[8]} ({name[8]}) times the matmul alone, x already quantised to int8. {s[1]} and {s[2]} "
+             f"by the scale. {s[9]} ({name[9]}) times the matmul alone, x already quantised to int8. {s[1]} and {s[2]} "
              "in the graph skip their check of the dense weights (check_values=False: the check waits for the GPU); "
              "their host time is of the default call, check included.")
     run.note("floor_ms = max(bytes moved / copy bandwidth of this run, 2MNK / measured matmul peak of the MMA the "
              "kernel uses); bytes = weights + x + z.")
-    run.note(f"{s[12]} ({name[12]}) and {s[13]}: W2A8 from bf16 x, x quantised inside the call as quantize_activations "
-             "does; checked against float64 of the quantised x. At M = 1 also step 12 at each other place to quantise x "
-             f"that fits ({', '.join(W2A8_PLACE_SERIES.values())}); {s[11]}_probe_* and {s[12]}_probe_* are builds with "
-             "parts left out (copies only, arithmetic only, launch only), on the Llama shapes.")
+    run.note(f"{s[22]} to {s[25]} ({name[22]} to {name[25]}): W2A8 from bf16 x, x quantised inside the call as "
+             "quantize_activations does; checked against float64 of the quantised x. At M = 1 also step 23 at each "
+             f"other place in the matmul to quantise x that fits ({W2A8_PLACE_SERIES['every block']}, "
+             f"{W2A8_PLACE_SERIES['staged']}); {s[21]}_probe_* and {s[23]}_probe_* are builds with parts left out "
+             "(copies only, arithmetic only, launch only), on the Llama shapes. Steps "
+             f"{', '.join(str(i) for i in SPLIT_STEPS)} (one change each on the way to the next kernel the entry "
+             "point ships) are timed only at " + ", ".join(f"{n}x{k}, M = {' and '.join(map(str, ms))}"
+                                                           for (n, k), ms in SPLIT_CASES.items()) + ".")
     run.note(f"{INT_MM}: the W2A8 product by torch._int_mm (cuBLASLt int8 x int8 -> int32): x quantised to int8 in "
-             "the call (quantize_activations, eager torch: the bits steps 12 and 13 use), copied into a buffer of "
+             "the call (quantize_activations, eager torch: the bits steps 22 to 25 use), copied into a buffer of "
              f"max(M, {P.INT_MM_MIN_ROWS}) rows (cuBLASLt takes more than 16; the padding stays zero), int8 weights "
              f"(N, K) as its column-major operand, then divided by both scales in float32. {INT_MM_MATMUL}: the int8 "
              "GEMM alone on x already quantised and padded (int32 out), at M = 1.")
@@ -308,9 +327,9 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
                 "int32": (xq64 @ w64.T, None), "scale": scale}
 
         def quantized(x, w):
-            """Step 8: x quantised beforehand (not timed)."""
+            """Step 9: x quantised beforehand (not timed)."""
             q, qs = quantize_activations(x)
-            return lambda: step08_w2a8_dot(q, qs, w, scale)
+            return lambda: step09_w2a8_dot(q, qs, w, scale)
 
         def int_mm(x, w):
             plan = P.IntMMPlan(w, scale, m)
@@ -328,17 +347,27 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
             SERIES[1]: Series(w_bf16, call(step01_sign, check_values=False), n * k * 2, host=call(step01_sign)),
             SERIES[2]: Series(w_t, call(step02_int8, check_values=False), n * k, host=call(step02_int8)),
             **{SERIES[i]: Series(packed[fmt], call(fn), packed[fmt].nbytes, mma=mma) for i, fn, fmt, mma in (
-                (3, step03_2bit, "2bit", None), (4, step04_gemv, "2bit", None), (5, step05_dot, "2bit", "bf16"),
-                (6, step06_base3_gemv, "base3", None), (7, step07_base3_dot, "base3", "bf16"),
-                (9, step09_mma, "2bit_mma", "bf16"))},
-            SERIES[8]: Series(packed["2bit"], quantized, packed["2bit"].nbytes, "w2a8", "int8", in_bytes=m * k + m * 4),
-            SERIES[10]: Series(pt, call(step10_cuda_mma), pt.nbytes, mma="bf16",
-                               config=lambda: str(cuda_mma_config(m, n, k))),
-            SERIES[11]: Series(pt, call(step11_tma), pt.nbytes, mma="bf16", config=lambda: str(tma_config(m, n, k))),
-            SERIES[12]: Series(pt, call(step12_w2a8), pt.nbytes, "w2a8", "int8",
+                (3, step03_2bit, "2bit", None), (4, step04_and_decode, "2bit", None), (5, step05_gemv, "2bit", None),
+                (6, step06_dot, "2bit", "bf16"), (7, step07_base3_gemv, "base3", None),
+                (8, step08_base3_dot, "base3", "bf16"), (10, step10_dot_configs, "2bit", "bf16"),
+                (11, step11_pair_decode, "2bit", "bf16"), (12, step12_unmasked, "2bit", "bf16"),
+                (13, step13_mma_layout, "2bit_mma", "bf16"), (14, step14_workspace, "2bit_mma", "bf16"))},
+            SERIES[9]: Series(packed["2bit"], quantized, packed["2bit"].nbytes, "w2a8", "int8", in_bytes=m * k + m * 4),
+            SERIES[15]: Series(pt, call(step15_cuda_mma), pt.nbytes, mma="bf16",
+                               config=lambda: f"{cuda_mma_config(m, n, k)}, one slice of K"),
+            **{SERIES[i]: Series(pt, call(fn), pt.nbytes, mma="bf16", config=lambda: str(cuda_mma_config(m, n, k)))
+               for i, fn in ((16, step16_split_k), (17, step17_x_smem))},
+            SERIES[18]: Series(pt, call(step18_tma_ring), pt.nbytes, mma="bf16",
+                               config=lambda: f"{tma_config(m, n, k)}, slices of K {cuda_mma_config(m, n, k).slices}"),
+            **{SERIES[i]: Series(pt, call(fn), pt.nbytes, mma="bf16", config=lambda: str(tma_config(m, n, k)))
+               for i, fn in ((19, step19_shared_k), (20, step20_tile_copies), (21, step21_magic_reg))},
+            SERIES[22]: Series(pt, call(step22_w2a8), pt.nbytes, "w2a8", "int8",
+                               config=lambda: f"{w2a8_config(m, n, k, quantize='separate')}, quantize='separate'"),
+            SERIES[23]: Series(pt, call(step23_w2a8_fused), pt.nbytes, "w2a8", "int8",
                                config=lambda: f"{w2a8_config(m, n, k, quantize=default)}, quantize={default!r}"),
-            SERIES[13]: Series(pt, call(step13_w2a8_tiles), pt.nbytes, "w2a8", "int8",
-                               config=lambda: str(w2a8_tiles_config(m, n, k))),
+            **{SERIES[i]: Series(pt, call(fn), pt.nbytes, "w2a8", "int8",
+                                 config=lambda: str(w2a8_tiles_config(m, n, k)))
+               for i, fn in ((24, step24_w2a8_tiles), (25, step25_x_tma))},
             "read_weights": Series(pt, lambda x, w: read_only(w.data), pt.nbytes, None, role="baseline",
                                    in_bytes=0, out_bytes=0, host_time=False),
             INT_MM: Series(w_t, int_mm, n * k, "w2a8", "int8", "baseline", in_bytes=m * k * 2),
@@ -363,11 +392,11 @@ def _bench_shape(run, family: str, n: int, k: int, ms_list, peak: dict, gemlite:
                                    in_bytes=k + 2, out_bytes=n * 2)
         names = [name for name in bench_series(family, n, k, m, run.quick) if name in specs]
         for where, series in place_series(n, k, m, run.quick).items():
-            specs[series] = Series(pt, call(step12_w2a8, quantize=where), pt.nbytes, "w2a8", "int8",
+            specs[series] = Series(pt, call(step23_w2a8_fused, quantize=where), pt.nbytes, "w2a8", "int8",
                                    config=lambda q=where: f"{w2a8_config(m, n, k, quantize=q)}")
             names.append(series)
         for (step, probe), series in probe_series(family, m, run.quick).items():
-            make_probe, config = {11: (step11_probe, tma_config), 12: (step12_probe, w2a8_config)}[step]
+            make_probe, config = {21: (step21_probe, tma_config), 23: (step23_probe, w2a8_config)}[step]
             specs[series] = Series(pt, lambda x, w, f=make_probe, p=probe: f(x, w, scale, p), pt.nbytes, None,
                                    config=lambda c=config, p=probe: f"{c(m, n, k)}; {PROBES[p]}", floor=False,
                                    host_time=False)

@@ -9,10 +9,12 @@ from studylog.ternary.cuda_steps import PROBES
 from studylog.ternary.steps import SERIES, STEPS
 from studylog.ternary.w2a8 import W2A8_QUANTIZE
 
-#: Step 12 with x quantised at each place, a series of its own at M = 1 where it is not the default.
-W2A8_PLACE_SERIES = {where: f"{SERIES[12]}_{where.replace(' ', '_')}" for where in W2A8_QUANTIZE}
-#: Each probe build of steps 11 and 12: its series.
-PROBE_SERIES = {(step, probe): f"{SERIES[step]}_probe_{probe}" for step in (11, 12) for probe in PROBES}
+#: The W2A8 matmul with x quantised at each place: "separate" is step 22; the others are step 23 at that place, a
+#: series of its own at M = 1 where it is not step 23's default.
+W2A8_PLACE_SERIES = {where: SERIES[22] if where == "separate" else f"{SERIES[23]}_{where.replace(' ', '_')}"
+                     for where in W2A8_QUANTIZE}
+#: Each probe build of steps 21 and 23: its series.
+PROBE_SERIES = {(step, probe): f"{SERIES[step]}_probe_{probe}" for step in (21, 23) for probe in PROBES}
 #: The peers (studylog/ternary/peers.py).
 GEMLITE = "gemlite_w2"
 INT_MM = "torch_int_mm"
@@ -30,16 +32,17 @@ BASELINES = {
     "peak_bf16_matmul": "a dense 8192^3 bf16 matmul (cuBLAS): the MMA peak of this run",
     "peak_int8_matmul": "a dense 8192^3 int8 matmul (torch._int_mm): the int8 MMA peak of this run",
     "read_weights": "a kernel that only reads the 2-bit weights (read_only.cu): the floor a kernel meets",
-    **{series: f"{STEPS[11].name}, x quantised at quantize={where!r}" for where, series in W2A8_PLACE_SERIES.items()},
+    **{series: f"{STEPS[22].name}, x quantised at quantize={where!r}" for where, series in W2A8_PLACE_SERIES.items()
+       if series != SERIES[22]},
     **{series: f"{STEPS[step - 1].name}, {what} (a probe build)" for (step, probe), series in PROBE_SERIES.items()
        for what in [PROBES[probe]]},
 }
 
 #: Ours with bf16 x, the product cuBLAS and GemLite compute.
-FLOAT_X_SERIES = [SERIES[n] for n in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11)]
-#: Ours computing the W2A8 product from bf16 x, x quantised inside the call (step 8 takes x already
+FLOAT_X_SERIES = [SERIES[n] for n in range(1, 22) if n != 9]
+#: Ours computing the W2A8 product from bf16 x, x quantised inside the call (step 9 takes x already
 #: quantised, so it is not among them).
-W2A8_SERIES = [SERIES[12], SERIES[13], *W2A8_PLACE_SERIES.values()]
+W2A8_SERIES = list(dict.fromkeys([SERIES[22], SERIES[23], SERIES[24], SERIES[25], *W2A8_PLACE_SERIES.values()]))
 
 
 def on_gpu_clock(results):
@@ -96,7 +99,7 @@ def headline(results) -> list[dict]:
                                  shape=shape, m=1))
     # part 1's answer: its last Triton step against GemLite, the Triton peer, at every shape where GemLite's output
     # passed our check
-    triton = SERIES[9]
+    triton = SERIES[14]
     for peer in view.select(GEMLITE, m=1):
         shape = peer["params"]["shape"]
         bad = any(c["name"].startswith(f"{GEMLITE} ") and not c["passed"] and c["params"].get("shape") == shape

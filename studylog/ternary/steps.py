@@ -11,17 +11,22 @@ from torch import Tensor
 
 from studylog.chapter import Step
 from studylog.paths import chapter_csrc
-from studylog.ternary.cuda_steps import step10_cuda_mma, step11_tma
+from studylog.ternary.cuda_steps import (step15_cuda_mma, step16_split_k, step17_x_smem, step18_tma_ring,
+                                         step19_shared_k, step20_tile_copies, step21_magic_reg)
 from studylog.ternary.formats import PackedTernary, Scale
-from studylog.ternary.triton_mma import (MMA_CONFIGS_FEW, MMA_CONFIGS_MANY, W2A8_DOT_CONFIGS, step08_w2a8_dot,
-                                         step08_w2a8_dot_kernel, step09_mma, step09_mma_kernel)
+from studylog.ternary.sources import cuda_step_source, triton_step_source
+from studylog.ternary.triton_mma import (DOT_MMA_CONFIGS_FEW, DOT_MMA_CONFIGS_MANY, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
+                                         W2A8_DOT_CONFIGS, _pair_step, pair_dot_kernel, step09_w2a8_dot, step09_w2a8_dot_kernel,
+                                         step10_dot_configs, step11_pair_decode, step12_unmasked, step13_mma_layout,
+                                         step14_workspace, step14_workspace_kernel)
 from studylog.ternary.triton_steps import (BASE3_DOT_CONFIGS_FEW, BASE3_DOT_CONFIGS_MANY, BASE3_GEMV_CONFIGS,
                                            DENSE_CONFIGS, DOT_CONFIGS_FEW, DOT_CONFIGS_MANY, GEMV_CONFIGS,
                                            TWO_BIT_CONFIGS, step01_sign, step01_sign_kernel, step02_int8,
-                                           step02_int8_kernel, step03_2bit, step03_2bit_kernel, step04_gemv,
-                                           step04_gemv_kernel, step05_dot, step05_dot_kernel, step06_base3_gemv,
-                                           step06_base3_gemv_kernel, step07_base3_dot, step07_base3_dot_kernel)
-from studylog.ternary.w2a8 import step12_w2a8, step13_w2a8_tiles
+                                           step02_int8_kernel, step03_2bit, step03_2bit_kernel, step04_and_decode,
+                                           step04_and_decode_kernel, step05_gemv, step05_gemv_kernel, step06_dot,
+                                           step06_dot_kernel, step07_base3_gemv, step07_base3_gemv_kernel,
+                                           step08_base3_dot, step08_base3_dot_kernel)
+from studylog.ternary.w2a8 import step22_w2a8, step23_w2a8_fused, step24_w2a8_tiles, step25_x_tma
 
 #: The chapter's CUDA C++ sources.
 CSRC = chapter_csrc("ternary")
@@ -29,20 +34,40 @@ CSRC = chapter_csrc("ternary")
 def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                    out: Optional[Tensor] = None) -> Float[Tensor, "*m n"]:
     """The chapter's general entry point: ``x @ W.T / scale`` for packed ternary ``W``, by the step made for its
-    format. ``2bit_tiles``: step 11 up to 8 rows of x (its compiled shapes) on Hopper GPUs and later, else step
-    10; ``2bit_mma``: step 9; ``base3``: step 6 for one row of x, else 7; ``2bit``: step 4 for one row, else 5.
-    (The W2A8 steps 8, 12 and 13 compute another product, of x quantised to int8: call them by name.)"""
+    format. ``2bit_tiles``: step 21 up to 8 rows of x (its compiled shapes) on Hopper GPUs and later, else step
+    17; ``2bit_mma``: step 14; ``base3``: step 7 for one row of x, else 8; ``2bit``: step 5 for one row, else 6.
+    (The W2A8 steps 9 and 22 to 25 compute another product, of x quantised to int8: call them by name.)"""
     if isinstance(w, PackedTernary) and w.fmt == "2bit_tiles":
         few = isinstance(x, Tensor) and (x.ndim == 1 or (x.ndim == 2 and x.shape[0] <= 8))
         if few and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9:
-            return step11_tma(x, w, scale, out=out)
-        return step10_cuda_mma(x, w, scale, out=out)
+            return step21_magic_reg(x, w, scale, out=out)
+        return step17_x_smem(x, w, scale, out=out)
     if isinstance(w, PackedTernary) and w.fmt == "2bit_mma":
-        return step09_mma(x, w, scale, out=out)
+        return step14_workspace(x, w, scale, out=out)
     one_row = isinstance(x, Tensor) and (x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1))
     if isinstance(w, PackedTernary) and w.fmt == "base3":
-        return (step06_base3_gemv if one_row else step07_base3_dot)(x, w, scale, out=out)
-    return (step04_gemv if one_row else step05_dot)(x, w, scale, out=out)
+        return (step07_base3_gemv if one_row else step08_base3_dot)(x, w, scale, out=out)
+    return (step05_gemv if one_row else step06_dot)(x, w, scale, out=out)
+
+
+_MMA_CU, _BULK_CU, _W2A8_CU = "ternary_mma.cu", "ternary_bulk.cu", "ternary_w2a8.cu"
+
+
+def _pair(knobs: dict, launch) -> str:
+    """Steps 11 to 13: pair_dot_kernel and its tile at the step's knobs, then its launch."""
+    return triton_step_source((pair_dot_kernel, _pair_step), knobs, launch)
+
+
+def _mma(x_smem: bool, launch) -> str:
+    """Steps 15 to 17: cuda_mma_kernel at X_SMEM, then its launch."""
+    return cuda_step_source(_MMA_CU, "cuda_mma_kernel", {"X_SMEM": x_smem}, launch,
+                            helpers=() if x_smem else ("load_x_group_global",))
+
+
+def _ring(warp_copies: bool, magic_reg: bool, launch) -> str:
+    """Steps 18 to 21: tma_kernel at WARP_COPIES and MAGIC_REG, then its launch."""
+    return cuda_step_source(_BULK_CU, "tma_kernel", {"WARP_COPIES": warp_copies, "MAGIC_REG": magic_reg}, launch,
+                            helpers=("fill_per_warp",) if warp_copies else ())
 
 
 STEPS = (
@@ -50,24 +75,46 @@ STEPS = (
          step01_sign_kernel),
     Step(2, "int8", "int8 weights", "triton", step02_int8, step02_int8_kernel),
     Step(3, "2bit", "2-bit packing, decoded with shifts and masks", "triton", step03_2bit, step03_2bit_kernel),
-    Step(4, "gemv", "M = 1 made fast: wide tiles, split-K, a two-instruction decode", "triton", step04_gemv,
-         step04_gemv_kernel),
-    Step(5, "dot", "batched x (M > 1): decoded weights into tl.dot", "triton", step05_dot, step05_dot_kernel),
-    Step(6, "base3_gemv", "1.6-bit packing (base 3, a table), the M = 1 kernel", "triton", step06_base3_gemv,
-         step06_base3_gemv_kernel),
-    Step(7, "base3_dot", "1.6-bit packing, tl.dot", "triton", step07_base3_dot, step07_base3_dot_kernel),
-    Step(8, "w2a8_dot", "int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores", "triton",
-         step08_w2a8_dot, step08_w2a8_dot_kernel),
-    Step(9, "mma", "a 2-bit layout for the MMA: two weights an AND and a packed FMA", "triton", step09_mma,
-         step09_mma_kernel),
-    Step(10, "cuda_mma", "the same bits in CUDA C++ on mma.sync, scheduled by hand", "cuda", step10_cuda_mma,
-         CSRC / "ternary_mma.cu", "step10_cuda_mma_kernel"),
-    Step(11, "tma", "the weights brought by the copy engine (TMA), a producer warp", "cuda", step11_tma,
-         CSRC / "ternary_bulk.cu", "step11_tma_kernel"),
-    Step(12, "w2a8", "W2A8 on the int8 tensor cores, x quantised in the matmul", "cuda", step12_w2a8,
-         CSRC / "ternary_w2a8.cu", "step12_w2a8_kernel"),
-    Step(13, "w2a8_tiles", "W2A8 for several rows of x, one tile a warp", "cuda", step13_w2a8_tiles,
-         CSRC / "ternary_w2a8.cu", "step13_w2a8_tiles_kernel"),
+    Step(4, "and_decode", "the decode in one AND: a field under a float exponent", "triton", step04_and_decode,
+         step04_and_decode_kernel),
+    Step(5, "gemv", "M = 1: 8 rows a program, one load of x for the 8", "triton", step05_gemv, step05_gemv_kernel),
+    Step(6, "dot", "batched x (M > 1): decoded weights into tl.dot", "triton", step06_dot, step06_dot_kernel),
+    Step(7, "base3_gemv", "1.6-bit packing (base 3, a table), the M = 1 kernel", "triton", step07_base3_gemv,
+         step07_base3_gemv_kernel),
+    Step(8, "base3_dot", "1.6-bit packing, tl.dot", "triton", step08_base3_dot, step08_base3_dot_kernel),
+    Step(9, "w2a8_dot", "int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores", "triton",
+         step09_w2a8_dot, step09_w2a8_dot_kernel),
+    Step(10, "dot_configs", "step 6's tl.dot at configs made for the tensor cores", "triton", step10_dot_configs,
+         triton_step_source((step06_dot_kernel,), {}, step10_dot_configs)),
+    Step(11, "pair_decode", "two weights an AND and a packed FMA, on the 2bit layout", "triton",
+         step11_pair_decode, _pair({"NO_MASK": False, "MMA_LAYOUT": False}, step11_pair_decode)),
+    Step(12, "unmasked", "no masks in the loop: rows clamped, x unmasked below K", "triton", step12_unmasked,
+         _pair({"NO_MASK": True, "MMA_LAYOUT": False}, step12_unmasked)),
+    Step(13, "mma_layout", "the 2bit_mma layout: a word's two halves are K-neighbours", "triton", step13_mma_layout,
+         _pair({"NO_MASK": True, "MMA_LAYOUT": True}, step13_mma_layout)),
+    Step(14, "workspace", "split K through a zeroed workspace, no memset", "triton", step14_workspace,
+         step14_workspace_kernel),
+    Step(15, "cuda_mma", "the loop by hand in CUDA C++ on mma.sync, loads two groups ahead", "cuda",
+         step15_cuda_mma, _mma(False, step15_cuda_mma)),
+    Step(16, "split_k", "K split across blocks, the slices summed in a fixed order", "cuda", step16_split_k,
+         _mma(False, step16_split_k)),
+    Step(17, "x_smem", "x copied once into shared memory", "cuda", step17_x_smem, _mma(True, step17_x_smem)),
+    Step(18, "tma_ring", "the weights brought by the copy engine (TMA) into a ring, a producer warp", "cuda",
+         step18_tma_ring, _ring(True, False, step18_tma_ring)),
+    Step(19, "shared_k", "the warps of a block share its K, their sums meet in shared memory", "cuda",
+         step19_shared_k, _ring(True, False, step19_shared_k)),
+    Step(20, "tile_copies", "one copy a stage and tile, not one a warp", "cuda", step20_tile_copies,
+         _ring(False, False, step20_tile_copies)),
+    Step(21, "magic_reg", "the decode's constant kept in a register", "cuda", step21_magic_reg,
+         _ring(False, True, step21_magic_reg)),
+    Step(22, "w2a8", "W2A8 on the int8 tensor cores, x quantised by a kernel of its own", "cuda", step22_w2a8,
+         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, step22_w2a8)),
+    Step(23, "w2a8_fused", "x quantised inside the matmul", "cuda", step23_w2a8_fused,
+         cuda_step_source(_W2A8_CU, "w2a8_kernel", {}, step23_w2a8_fused)),
+    Step(24, "w2a8_tiles", "several rows of x: one tile of weights a warp, a slice of K a block", "cuda",
+         step24_w2a8_tiles, cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": False}, step24_w2a8_tiles)),
+    Step(25, "x_tma", "x brought by the copy engine (TMA)", "cuda", step25_x_tma,
+         cuda_step_source(_W2A8_CU, "w2a8_tiles_kernel", {"X_TMA": True}, step25_x_tma)),
 )
 
 #: Where the series live: step number -> its benchmark series.
@@ -75,6 +122,8 @@ SERIES = {s.number: s.series for s in STEPS}
 
 #: The configs of each Triton step (their ``config=`` argument: ``config_dict(one of them)``; the tests and the
 #: notebook run every one).
-STEP_CONFIGS = {1: DENSE_CONFIGS, 2: DENSE_CONFIGS, 3: TWO_BIT_CONFIGS, 4: GEMV_CONFIGS,
-                5: DOT_CONFIGS_FEW + DOT_CONFIGS_MANY, 6: BASE3_GEMV_CONFIGS,
-                7: BASE3_DOT_CONFIGS_FEW + BASE3_DOT_CONFIGS_MANY, 8: W2A8_DOT_CONFIGS, 9: MMA_CONFIGS_FEW + MMA_CONFIGS_MANY}
+STEP_CONFIGS = {1: DENSE_CONFIGS, 2: DENSE_CONFIGS, 3: TWO_BIT_CONFIGS, 4: TWO_BIT_CONFIGS, 5: GEMV_CONFIGS,
+                6: DOT_CONFIGS_FEW + DOT_CONFIGS_MANY, 7: BASE3_GEMV_CONFIGS,
+                8: BASE3_DOT_CONFIGS_FEW + BASE3_DOT_CONFIGS_MANY, 9: W2A8_DOT_CONFIGS,
+                **{n: DOT_MMA_CONFIGS_FEW + DOT_MMA_CONFIGS_MANY for n in (10, 11, 12, 13)},
+                14: MMA_CONFIGS_FEW + MMA_CONFIGS_MANY}

@@ -1,9 +1,10 @@
-"""Chapter 5, steps 8 and 9 (Triton): int8 activations on the tensor cores (step 8), then a 2-bit layout made
-for them (step 9, ``"2bit_mma"``: two weights decoded a 32-bit op, split-K without a memset)."""
+"""Chapter 5, steps 9 to 14 (Triton): int8 activations on the tensor cores (step 9), then, on step 6's tl.dot,
+configs made for the tensor cores (step 10), two weights decoded a 32-bit op (step 11), no masks in the loop
+(step 12), a 2-bit layout made for the MMA (step 13, ``"2bit_mma"``) and split-K without a memset (step 14)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import triton
@@ -14,7 +15,7 @@ from torch import Tensor
 from studylog import runtime
 from studylog.ternary.formats import MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace, check_device, check_packed_call
 from studylog.ternary.triton_steps import (TL_DTYPES, autotune, block_m_for, dot_program, k_slice, launch_tuned,
-                                           store_tile, triton_config)
+                                           _dot_types, step06_dot_kernel, store_tile, triton_config)
 
 W2A8_DOT_CONFIGS_FEW = [
     triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=2),
@@ -25,10 +26,10 @@ W2A8_DOT_CONFIGS_MANY = [  # int8 MMA steps over 32 k: BLOCK_KW >= 32
     triton_config(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
 ]
 def _mma_cfg(**kw) -> triton.Config:
-    return triton_config(zero_output=False, **kw)  # step 9 reduces split-K itself: z needs no zeroing
+    return triton_config(zero_output=False, **kw)  # step 14 reduces split-K itself: z needs no zeroing
 
 
-# Step 9. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma. Each dot waits for its wgmma before
+# Steps 10 to 14. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma. Each dot waits for its wgmma before
 # the next decode, so the SM hides that wait with other programs: small tiles let several share an SM, and K
 # is split so that N = 4096 still makes 256-512 programs (a split costs a few atomics, not a launch).
 MMA_CONFIGS_FEW = [
@@ -51,9 +52,14 @@ MMA_CONFIGS_MANY = [
 
 
 W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + W2A8_DOT_CONFIGS_MANY
+#: Steps 10 to 13: the same tiles, K split by atomics into z, which each config's pre_hook zeroes first.
+DOT_MMA_CONFIGS_FEW = [triton_config(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                       for c in MMA_CONFIGS_FEW]
+DOT_MMA_CONFIGS_MANY = [triton_config(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                        for c in MMA_CONFIGS_MANY]
 
 
-# Step 8: int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores, scales at the end
+# Step 9: int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores, scales at the end
 
 @triton.jit
 def _field_to_int8(words, f: tl.constexpr):
@@ -61,7 +67,7 @@ def _field_to_int8(words, f: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])
-def step08_w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
+def step09_w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
                            scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
                            BLOCK_M: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
@@ -85,11 +91,11 @@ def step08_w2a8_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, x_scale_ptr, M, N, K,
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
 
 
-step08_w2a8_dot_tuned_few = autotune(W2A8_DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step08_w2a8_dot_kernel)
-step08_w2a8_dot_tuned_many = autotune(W2A8_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step08_w2a8_dot_kernel)
+step09_w2a8_dot_tuned_few = autotune(W2A8_DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step09_w2a8_dot_kernel)
+step09_w2a8_dot_tuned_many = autotune(W2A8_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step09_w2a8_dot_kernel)
 
 
-# Step 9: a layout for the tensor cores. Two weights a 32-bit op, decoded straight into the MMA's A operand.
+# Steps 11 to 14: two weights a 32-bit op, decoded straight into the MMA's A operand.
 
 #: Exponent bits OR-ed into both 16-bit halves of a word before the decode (see pair_weights): bf16 0.5; fp16's
 #: are 1.0, 0x3C003C00 (the kernels spell them out: Triton kernels read only constexpr globals).
@@ -128,6 +134,96 @@ def pair_weights(src, f: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.conste
     return tl.join(lo, hi)
 
 
+# Step 10: step 6's kernel, launched with the configs below (made for the tensor cores: 64-row tiles, K split)
+
+step10_dot_configs_tuned_few = autotune(DOT_MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step06_dot_kernel)
+step10_dot_configs_tuned_many = autotune(DOT_MMA_CONFIGS_MANY, key=["N", "K", "M"])(step06_dot_kernel)
+
+
+# Steps 11 to 13: one kernel, each step a setting of its knobs: NO_MASK (step 12) and MMA_LAYOUT (step 13).
+
+@triton.jit
+def _pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+               MASK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               MMA_LAYOUT: tl.constexpr):
+    # One tile of BLOCK_KW words a row: 8 dots, one a field of both halves, each over 2 * BLOCK_KW weights. r_k:
+    # the k of column r of a dot from the tile's start, for field 0. "2bit_mma": field p is k + 32 p (a run of 32
+    # a group); "2bit": field j of the low half is k + 16 j, and the high half's column sits 128 further (in r_k).
+    for q in tl.static_range(2):
+        src = _with_pair_exponent(words, q, MAGIC)
+        for f in tl.static_range(4):
+            a = tl.reshape(pair_weights(src, f, MAGIC, DOT_DTYPE), (BLOCK_N, 2 * BLOCK_KW))
+            if MMA_LAYOUT:
+                k = kw0 * 16 + r_k + 32 * (4 * q + f)
+            else:
+                k = kw0 * 16 + r_k + 16 * (4 * q + f)
+            if MASK_K:
+                xt = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & col_mask[None, :], other=0.0)
+            else:
+                xt = tl.load(x_cols + k[:, None], mask=col_mask[None, :], other=0.0)
+            acc = tl.dot(a, xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+                    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    NO_MASK: tl.constexpr, MMA_LAYOUT: tl.constexpr):
+    # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K (added into z, zeroed
+    # by the config's pre_hook), in tiles of BLOCK_KW words a row.
+    tl.static_assert(BLOCK_KW % 16 == 0)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    if NO_MASK:
+        rows_in = tl.minimum(rows, N - 1)  # rows past N read row N-1 (no mask, no select) and are not stored
+    else:
+        rows_in = rows
+    cols = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_mask = cols < M
+    p_rows = p_ptr + rows_in.to(tl.int64)[:, None] * stride_pn
+    x_cols = x_ptr + cols.to(tl.int64)[None, :] * stride_xm
+    kw_start, kw_end = k_slice(pid_k, KW, SPLIT_K, BLOCK_KW)
+    offs_w = tl.arange(0, BLOCK_KW)
+    r = tl.arange(0, 2 * BLOCK_KW)
+    if MMA_LAYOUT:
+        r_k = (r // 32) * 256 + r % 32  # column r of a pair's dot: word r // 2, half r % 2, K-neighbours
+    else:
+        r_k = ((r // 2) // 16) * 256 + (r // 2) % 16 + 128 * (r % 2)  # the "2bit" layout's halves: 128 apart
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if NO_MASK:
+        # Tiles whose k all lie below K need no mask on x: every tile but the last one or two.
+        full_end = tl.minimum(kw_end, (K // (16 * BLOCK_KW)) * BLOCK_KW)
+        for kw0 in range(kw_start, full_end, BLOCK_KW):
+            words = tl.load(p_rows + (kw0 + offs_w)[None, :])
+            acc = _pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
+                             DOT_PRECISION, MMA_LAYOUT)
+        for kw0 in range(tl.maximum(kw_start, full_end), kw_end, BLOCK_KW):
+            kw = kw0 + offs_w
+            words = tl.load(p_rows + kw[None, :], mask=(kw < kw_end)[None, :], other=0x55555555)
+            acc = _pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
+                             DOT_PRECISION, MMA_LAYOUT)
+        scale = tl.load(scale_ptr + rows_in * scale_stride)
+    else:
+        for kw0 in range(kw_start, kw_end, BLOCK_KW):
+            kw = kw0 + offs_w
+            words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
+            acc = _pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
+                             DOT_PRECISION, MMA_LAYOUT)
+        scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = acc / scale[:, None]
+    store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
+
+
+pair_dot_tuned_few = autotune(DOT_MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M", "NO_MASK", "MMA_LAYOUT"])(pair_dot_kernel)
+pair_dot_tuned_many = autotune(DOT_MMA_CONFIGS_MANY, key=["N", "K", "M", "NO_MASK", "MMA_LAYOUT"])(pair_dot_kernel)
+
+
+# Step 14: K split through a zeroed workspace, no memset
+
 @triton.jit
 def _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
               MASK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -147,7 +243,7 @@ def _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit(do_not_specialize=["M"])
-def step09_mma_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
+def step14_workspace_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
                       scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
                       BLOCK_M: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K, in tiles
@@ -201,15 +297,15 @@ def step09_mma_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K
             tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed")
 
 
-step09_mma_tuned_few = autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step09_mma_kernel)
-step09_mma_tuned_many = autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(step09_mma_kernel)  # BLOCK_M is tuned too
+step14_workspace_tuned_few = autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step14_workspace_kernel)
+step14_workspace_tuned_many = autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(step14_workspace_kernel)  # BLOCK_M is tuned too
 
 
 # The wrappers
 
-def step08_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: PackedTernary, scale: Scale = 1.0, *,
+def step09_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 8: ``z = (xq @ W.T) / (x_scale[:, None] * scale)`` with int8 activations (from
+    """Step 9: ``z = (xq @ W.T) / (x_scale[:, None] * scale)`` with int8 activations (from
     :func:`quantize_activations`), 2-bit weights and exact int32 sums on the tensor cores."""
     m = xq.shape[0] if isinstance(xq, Tensor) and xq.ndim == 2 else 1
     if not isinstance(x_scale, Tensor) or x_scale.dtype != torch.float32:
@@ -224,17 +320,17 @@ def step08_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: P
     args = (x2, w.data, z, s, x_scale, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0),
             s_stride)
     grid = lambda meta: (triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, block_m))  # noqa: E731
-    kernel = step08_w2a8_dot_tuned_few if block_m <= 32 else step08_w2a8_dot_tuned_many
+    kernel = step09_w2a8_dot_tuned_few if block_m <= 32 else step09_w2a8_dot_tuned_many
     launch_tuned(kernel, grid, args, config, {"BLOCK_M": block_m})
     return z[0] if vector else z
 
 
-#: Step 9's split-K workspace (its sums must stay zeros between launches: see step09_mma_kernel).
+#: Step 14's split-K workspace (its sums must stay zeros between launches: see step14_workspace_kernel).
 SPLIT_WORKSPACE = SplitWorkspace()
 
 
 def _mma_types(x_dtype: torch.dtype) -> tuple:
-    """(MAGIC, DOT_DTYPE, DOT_PRECISION) of step 9: the weights decoded in x's type, the dot in x's type on the
+    """(MAGIC, DOT_DTYPE, DOT_PRECISION) of steps 11 to 14: the weights decoded in x's type, the dot in x's type on the
     GPU, in float32 in the interpreter (its bf16 arithmetic is wrong)."""
     magic = TL_DTYPES[x_dtype]
     if runtime.mode() == "interpreter":
@@ -242,24 +338,78 @@ def _mma_types(x_dtype: torch.dtype) -> tuple:
     return magic, magic, "tf32"  # the precision argument only matters for float32 operands
 
 
-def step09_mma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
-               out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 9: weights in the MMA-order 2-bit format (``PackedTernary.pack(w, "2bit_mma")``), decoded two at a
-    time into the tensor cores' operand; one kernel for every M. x is bf16 or fp16."""
-    x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_mma", dtypes=MMA_X_DTYPES)
+def _tensor_core_launch(kernel_few, kernel_many, x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor,
+                        config: Optional[dict], meta: dict, extra: tuple = (), zero_output: bool = True) -> None:
+    """Launch one of steps 10 to 14 on checked arguments: 16 or 32 rows of x a program up to 32 rows (the few-rows
+    configs), above that the many-rows configs choose 64 or 128 (a config given without BLOCK_M takes the few
+    rows' choice). ``extra``: the arguments between the scale and M (step 14's workspace)."""
     m, k = x2.shape
-    sums, counts = SPLIT_WORKSPACE.get(x2.device, m, w.n)
-    few = block_m_for(m) <= 32  # 16 or 32 rows of x a program (above, the configs choose 64 or 128)
-    magic, dot_dtype, precision = _mma_types(x2.dtype)
-    meta = {"MAGIC": magic, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision}
+    few = block_m_for(m) <= 32
+    meta = dict(meta)
     if (config is None and few) or (config is not None and "BLOCK_M" not in config):
-        meta["BLOCK_M"] = block_m_for(m)  # (the many-rows configs choose their own)
-    args = (x2, w.data, z, s, sums, counts, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0),
-            z.stride(0), s_stride)
+        meta["BLOCK_M"] = block_m_for(m)
+    args = (x2, w.data, z, s, *extra, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0),
+            s_stride)
 
     def grid(meta):
         return triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, meta["BLOCK_M"])
 
-    kernel = step09_mma_tuned_few if few else step09_mma_tuned_many
-    launch_tuned(kernel, grid, args, config, meta, zero_output=False)
+    launch_tuned(kernel_few if few else kernel_many, grid, args, config, meta, zero_output=zero_output)
+
+
+def step10_dot_configs(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                       out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 10: step 6's kernel at the configs made for the tensor cores (64-row tiles, K split into 2 to 8
+    slices added into z, rows of x a program tuned above 32)."""
+    x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit")
+    dot_dtype, precision = _dot_types(x2.dtype)
+    _tensor_core_launch(step10_dot_configs_tuned_few, step10_dot_configs_tuned_many, x2, w, s, s_stride, z, config,
+                        {"DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision})
+    return z[0] if vector else z
+
+
+def _pair_dot(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[dict], fmt: str,
+              no_mask: bool, mma_layout: bool) -> Tensor:
+    """Steps 11 to 13: the pair decode at their knobs (``fmt``: the layout step 13 makes, "2bit_mma")."""
+    x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, fmt, dtypes=MMA_X_DTYPES)
+    magic, dot_dtype, precision = _mma_types(x2.dtype)
+    _tensor_core_launch(pair_dot_tuned_few, pair_dot_tuned_many, x2, w, s, s_stride, z, config,
+                        {"MAGIC": magic, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision, "NO_MASK": no_mask,
+                         "MMA_LAYOUT": mma_layout})
+    return z[0] if vector else z
+
+
+def step11_pair_decode(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                       out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 11: step 10 with two weights decoded by one AND and one packed multiply-add into the MMA's 16-bit
+    operand, on the ``"2bit"`` layout (a word's two halves are weights 128 apart along K, so x is gathered).
+    x is bf16 or fp16."""
+    return _pair_dot(x, w, scale, out, config, "2bit", no_mask=False, mma_layout=False)
+
+
+def step12_unmasked(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                    out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 12: step 11 with no masks in its loop: rows past N read row N - 1 (and are not stored), and the tiles
+    whose k all lie below K load x unmasked (a second loop takes the last tiles)."""
+    return _pair_dot(x, w, scale, out, config, "2bit", no_mask=True, mma_layout=False)
+
+
+def step13_mma_layout(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 13: step 12 on the ``"2bit_mma"`` layout (``PackedTernary.pack(w, "2bit_mma")``): a word's two halves
+    are K-neighbours, so the decoded pair is the MMA's operand and a field's x is a run of 32 consecutive k."""
+    return _pair_dot(x, w, scale, out, config, "2bit_mma", no_mask=True, mma_layout=True)
+
+
+def step14_workspace(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                     out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 14: step 13 with K split through a workspace that stays zeros between launches (the last slice of a
+    tile stores z and restores the zeros): no memset before a call, one plain store of z. ``"2bit_mma"`` weights,
+    bf16 or fp16 x; one kernel for every M."""
+    x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_mma", dtypes=MMA_X_DTYPES)
+    sums, counts = SPLIT_WORKSPACE.get(x2.device, x2.shape[0], w.n)
+    magic, dot_dtype, precision = _mma_types(x2.dtype)
+    _tensor_core_launch(step14_workspace_tuned_few, step14_workspace_tuned_many, x2, w, s, s_stride, z, config,
+                        {"MAGIC": magic, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision}, extra=(sums, counts),
+                        zero_output=False)
     return z[0] if vector else z

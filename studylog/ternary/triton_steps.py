@@ -1,4 +1,4 @@
-"""Chapter 5, steps 1 to 7 in Triton: ``z = x @ W.T / scale`` (float32) for ternary ``W`` (N, K) and x (M, K)
+"""Chapter 5, steps 1 to 8 in Triton: ``z = x @ W.T / scale`` (float32) for ternary ``W`` (N, K) and x (M, K)
 or (K,), from dense weights to packed ones (:mod:`studylog.ternary.formats`). Each step's kernel sits next to
 the previous one, so that the diff is the lesson."""
 
@@ -26,7 +26,7 @@ def _zero_output(nargs):
 
 def triton_config(num_warps: int = 4, num_stages: int = 3, zero_output: bool = True, **meta) -> triton.Config:
     """A config of the autotuned kernels; split-K ones (``SPLIT_K`` > 1) zero z first unless ``zero_output`` is
-    False (step 9 reduces its slices itself)."""
+    False (step 14 reduces its slices itself)."""
     hook = _zero_output if zero_output and meta.get("SPLIT_K", 1) > 1 else None
     return triton.Config(meta, num_warps=num_warps, num_stages=num_stages, pre_hook=hook)
 
@@ -42,10 +42,10 @@ def config_dict(config: triton.Config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-# Steps 1 to 3: many rows a program is fine, the kernels are memory-bound on 1-2 bytes a weight.
+# Steps 1 to 4: many rows a program is fine, the kernels are memory-bound on 1-2 bytes a weight.
 DENSE_CONFIGS = [triton_config(BLOCK_N=16, BLOCK_K=256), triton_config(BLOCK_N=64, BLOCK_K=64)]
 TWO_BIT_CONFIGS = [triton_config(BLOCK_N=16), triton_config(BLOCK_N=4)]
-# M=1 kernels (steps 4 and 6): 8 rows a program, all in each thread (x is loaded once for the 8), and 4 words
+# M=1 kernels (steps 5 and 7): 8 rows a program, all in each thread (x is loaded once for the 8), and 4 words
 # (or 4 bytes) a thread along K; BLOCK_KW = 128 x num_warps keeps every warp on different words. The tiles:
 # (words or bytes of a row a tile, slices of K, warps).
 _GEMV_TILES = ((512, 1, 4), (256, 1, 2), (128, 4, 1))
@@ -53,7 +53,7 @@ GEMV_CONFIGS = [triton_config(BLOCK_N=8, BLOCK_KW=kw, SPLIT_K=split, num_warps=w
                 for kw, split, warps in _GEMV_TILES]
 BASE3_GEMV_CONFIGS = [triton_config(BLOCK_N=8, BLOCK_KB=kb, SPLIT_K=split, num_warps=warps)
                       for kb, split, warps in _GEMV_TILES]
-# tl.dot kernels (steps 5 and 7). Few rows of x (BLOCK_M <= 32): pipelined loads, and split K (N = 4096 in
+# tl.dot kernels (steps 6 and 8). Few rows of x (BLOCK_M <= 32): pipelined loads, and split K (N = 4096 in
 # blocks of 64 rows is 64 programs); many: no pipelining, or the 16 x-tiles a step would not fit in shared memory.
 DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KW=kw, SPLIT_K=split, num_stages=2)
                    for kw, split in ((64, 1), (32, 4), (32, 8))]
@@ -117,7 +117,7 @@ step01_sign_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step01_sign_kernel)
 step02_int8_tuned = autotune(DENSE_CONFIGS, key=["N", "K"])(step02_int8_kernel)
 
 
-# Steps 3 and 4: 2-bit packing. First the direct decode, then a kernel built for M=1.
+# Steps 3 to 5: 2-bit packing. First the direct decode, then a decode in one AND, then a kernel built for M=1.
 
 @triton.jit
 def step03_2bit_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
@@ -164,8 +164,48 @@ def _field_to_float(src, f: tl.constexpr):
 
 
 @triton.jit
+def _fields_to_float(src, f8):
+    # _field_to_float for the 8 fields f8 = 0..7 at once, [n, t] words -> [n, f, t] weights: the masks and the
+    # constants are vectors made once before the loop, so a weight still costs one AND and one subtract.
+    mask = ((150 - 2 * f8) << 23) | (3 << (2 * f8))
+    bias = ((150 - 2 * f8) << 23).to(tl.float32, bitcast=True) + 1.0  # 2^(23-2f) + 1, exact
+    bits = src[:, None, :] & mask[None, :, None]
+    return bits.to(tl.float32, bitcast=True) - bias[None, :, None]
+
+
+@triton.jit
+def step04_and_decode_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm,
+                             scale_stride, BLOCK_N: tl.constexpr):
+    # Step 3's program (BLOCK_N outputs for one row of x, one group a step), step 4's decode: no shift by 2j,
+    # no compare, no select; one AND and one multiply-add a weight.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    p_rows = p_ptr + rows.to(tl.int64)[:, None] * stride_pn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    word = tl.arange(0, 16)  # word t of a group
+    f8 = tl.arange(0, 8)  # field f of the low half of a word (weight 16 f + t), f + 8 of the high half
+    acc_lo = tl.zeros([BLOCK_N, 8, 16], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_N, 8, 16], dtype=tl.float32)
+    for g in range(0, KW // 16):
+        words = tl.load(p_rows + g * 16 + word[None, :], mask=row_mask[:, None], other=0x55555555)
+        offs_k = g * 256 + f8[:, None] * 16 + word[None, :]  # [f, t]: fields 0..7, in order
+        x_lo = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :, :]
+        x_hi = tl.load(x_row + offs_k + 128, mask=offs_k + 128 < K, other=0.0).to(tl.float32)[None, :, :]
+        acc_lo += _fields_to_float(_with_exponent(words), f8) * x_lo
+        acc_hi += _fields_to_float(_with_exponent(words >> 16), f8) * x_hi
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
+    z = (tl.sum(tl.sum(acc_lo, axis=2), axis=1) + tl.sum(tl.sum(acc_hi, axis=2), axis=1)) / scale
+    tl.store(z_ptr + m.to(tl.int64) * stride_zm + rows, z, mask=row_mask)
+
+
+step04_and_decode_tuned = autotune(TWO_BIT_CONFIGS, key=["N", "K"])(step04_and_decode_kernel)
+
+
+@triton.jit
 def gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr):
-    # A program of the M = 1 kernels (steps 4 and 6; grid: N blocks, K slices, M): its slice of K, its row of
+    # A program of the M = 1 kernels (steps 5 and 7; grid: N blocks, K slices, M): its slice of K, its row of
     # x, its BLOCK_N weight rows and their mask, and pointers to those rows of W and to its row of x.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -196,7 +236,7 @@ def store_row(z_ptr, z, m, stride_zm, rows, row_mask, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def step04_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+def step05_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
                        BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
     pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
@@ -222,14 +262,14 @@ def step04_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, N, K, KW, stride_xm, stri
     store_row(z_ptr, z, m, stride_zm, rows, row_mask, SPLIT_K)
 
 
-step04_gemv_tuned = autotune(GEMV_CONFIGS, key=["N", "K"])(step04_gemv_kernel)
+step05_gemv_tuned = autotune(GEMV_CONFIGS, key=["N", "K"])(step05_gemv_kernel)
 
 
-# Step 5: batched activations, decoded weights into tl.dot
+# Step 6: batched activations, decoded weights into tl.dot
 
 @triton.jit
 def dot_program(x_ptr, p_ptr, M, N, stride_xm, stride_pn, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    # A program of the tl.dot kernels (steps 5, 7 and 8; grid: N blocks, K slices, M blocks), a BLOCK_N x BLOCK_M
+    # A program of the tl.dot kernels (steps 6, 8, 9 and 10; grid: N blocks, K slices, M blocks), a BLOCK_N x BLOCK_M
     # tile of z transposed: its slice of K, its weight rows and rows of x (z's columns), their masks and pointers.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -254,7 +294,7 @@ def store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K: tl.
 
 
 @triton.jit(do_not_specialize=["M"])
-def step05_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
+def step06_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm, scale_stride,
                       BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                       DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K. The
@@ -284,14 +324,14 @@ def step05_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, st
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
 
 
-step05_dot_tuned_few = autotune(DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step05_dot_kernel)
-step05_dot_tuned_many = autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step05_dot_kernel)
+step06_dot_tuned_few = autotune(DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step06_dot_kernel)
+step06_dot_tuned_many = autotune(DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step06_dot_kernel)
 
 
-# Steps 6 and 7: 1.6-bit packing, 5 weights a byte in base 3
+# Steps 7 and 8: 1.6-bit packing, 5 weights a byte in base 3
 
 @triton.jit
-def step06_base3_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, stride_xm, stride_pn, stride_zm,
+def step07_base3_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB, stride_xm, stride_pn, stride_zm,
                              scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr):
     # One program: BLOCK_N outputs for one row of x, over one of SPLIT_K slices of K.
     pid_k, m, rows, row_mask, p_rows, x_row = gemv_program(x_ptr, p_ptr, N, stride_xm, stride_pn, BLOCK_N)
@@ -304,7 +344,7 @@ def step06_base3_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB
         # A wide tile of packed bytes, BLOCK_N x BLOCK_KB of 5 weights each (121: five zeros).
         v = tl.load(p_rows + kb[None, :], mask=row_mask[:, None] & (kb < kb_end)[None, :], other=121)
         # One table lookup a byte gives its 5 digits as 2-bit fields under the float exponent,
-        # ready for the same two-instruction decode as the 2-bit format. (The 1 KB table stays in L1.)
+        # ready for step 4's two-instruction decode. (The 1 KB table stays in L1.)
         fields = tl.load(table_ptr + v.to(tl.int32))
         offs_k = kb0 * 5 + x_of_byte
         for d in tl.static_range(5):
@@ -316,7 +356,7 @@ def step06_base3_gemv_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, N, K, KB
 
 
 @triton.jit(do_not_specialize=["M"])
-def step07_base3_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, KB, stride_xm, stride_pn, stride_zm,
+def step08_base3_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, KB, stride_xm, stride_pn, stride_zm,
                             scale_stride, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, SPLIT_K: tl.constexpr,
                             BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K.
@@ -340,9 +380,9 @@ def step07_base3_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, table_ptr, M, N, K, 
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
 
 
-step06_base3_gemv_tuned = autotune(BASE3_GEMV_CONFIGS, key=["N", "K"])(step06_base3_gemv_kernel)
-step07_base3_dot_tuned_few = autotune(BASE3_DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step07_base3_dot_kernel)
-step07_base3_dot_tuned_many = autotune(BASE3_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step07_base3_dot_kernel)
+step07_base3_gemv_tuned = autotune(BASE3_GEMV_CONFIGS, key=["N", "K"])(step07_base3_gemv_kernel)
+step08_base3_dot_tuned_few = autotune(BASE3_DOT_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step08_base3_dot_kernel)
+step08_base3_dot_tuned_many = autotune(BASE3_DOT_CONFIGS_MANY, key=["N", "K", "BLOCK_M"])(step08_base3_dot_kernel)
 
 
 # The wrappers: check, allocate, launch (nothing waits for the GPU but steps 1 and 2's check of their weights)
@@ -364,7 +404,7 @@ def launch_tuned(kernel, grid: Callable, args: tuple, config: Optional[dict], me
 def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict],
              dense_dtypes: Optional[tuple] = None, fmt: Optional[str] = None, split: bool = False,
              check_values: bool = False):
-    """Launch a kernel with one program column per row of x (steps 1-3 and the M=1 kernels); ``check_values``:
+    """Launch a kernel with one program column per row of x (steps 1-4 and the M=1 kernels); ``check_values``:
     dense weights checked to be -1, 0 or +1 (a pass that waits for the GPU)."""
     x2, vector = check_x(x, weights_k(w))
     m, k = x2.shape
@@ -412,17 +452,23 @@ def step03_2bit(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, 
     return _rowwise(step03_2bit_tuned, x, w, scale, out, config, fmt="2bit")
 
 
-def step04_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
-                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 4, built for M = 1: 2-bit weights, wide tiles, the two-instruction decode, split-K.
-    (Any M works; each row of x re-reads the weights.)"""
-    return _rowwise(step04_gemv_tuned, x, w, scale, out, config, fmt="2bit", split=True)
-
-
-def step06_base3_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+def step04_and_decode(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 6: step 4 on base-3 (1.6-bit) weights (``PackedTernary.pack(w, "base3")``), built for M = 1."""
-    return _rowwise(step06_base3_gemv_tuned, x, w, scale, out, config, fmt="base3", split=True)
+    """Step 4: step 3's program and 2-bit weights, each weight decoded by one AND under a float exponent."""
+    return _rowwise(step04_and_decode_tuned, x, w, scale, out, config, fmt="2bit")
+
+
+def step05_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 5, built for M = 1: step 4's decode on wide tiles, 8 rows a program and one load of x for the 8
+    (its configs split K where the autotuner takes it). (Any M works; each row of x re-reads the weights.)"""
+    return _rowwise(step05_gemv_tuned, x, w, scale, out, config, fmt="2bit", split=True)
+
+
+def step07_base3_gemv(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+    """Step 7: step 5 on base-3 (1.6-bit) weights (``PackedTernary.pack(w, "base3")``), built for M = 1."""
+    return _rowwise(step07_base3_gemv_tuned, x, w, scale, out, config, fmt="base3", split=True)
 
 
 def block_m_for(m: int) -> int:
@@ -443,7 +489,7 @@ def _dot_types(x_dtype: torch.dtype) -> tuple:
 
 
 def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict], fmt: str):
-    """Launch step 5's or step 7's tl.dot kernel (``kernels``: its autotuners for few and many rows of x)."""
+    """Launch step 6's or step 8's tl.dot kernel (``kernels``: its autotuners for few and many rows of x)."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, fmt)
     (m, k), block_m = x2.shape, block_m_for(x2.shape[0])
     dot_dtype, precision = _dot_types(x2.dtype)
@@ -455,13 +501,13 @@ def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor]
     return z[0] if vector else z
 
 
-def step05_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+def step06_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 5: 2-bit weights decoded in registers and multiplied with ``tl.dot`` (for M > 1)."""
-    return _dotwise((step05_dot_tuned_few, step05_dot_tuned_many), x, w, scale, out, config, "2bit")
+    """Step 6: 2-bit weights decoded in registers and multiplied with ``tl.dot`` (for M > 1)."""
+    return _dotwise((step06_dot_tuned_few, step06_dot_tuned_many), x, w, scale, out, config, "2bit")
 
 
-def step07_base3_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+def step08_base3_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
-    """Step 7: step 5 on base-3 (1.6-bit) weights (for M > 1)."""
-    return _dotwise((step07_base3_dot_tuned_few, step07_base3_dot_tuned_many), x, w, scale, out, config, "base3")
+    """Step 8: step 6 on base-3 (1.6-bit) weights (for M > 1)."""
+    return _dotwise((step08_base3_dot_tuned_few, step08_base3_dot_tuned_many), x, w, scale, out, config, "base3")

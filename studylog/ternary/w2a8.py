@@ -1,6 +1,7 @@
-"""Chapter 5, steps 12 and 13 (``csrc/ternary_w2a8.cu``): W2A8, x quantised to int8 as BitNet b1.58 does it,
-exact int32 sums of 2-bit weights on the int8 tensor cores, fed by the TMA as in step 11. Step 12 quantises x
-where ``quantize`` says (:class:`Quant`); step 13 takes several rows of x, one tile of weights a warp."""
+"""Chapter 5, steps 22 to 25 (``csrc/ternary_w2a8.cu``): W2A8, x quantised to int8 as BitNet b1.58 does it,
+exact int32 sums of 2-bit weights on the int8 tensor cores, fed by the TMA as in step 21. Step 22 quantises x in
+a kernel of its own first; step 23 inside the matmul, where ``quantize`` says (:class:`Quant`); steps 24 and 25
+take several rows of x, one tile of weights a warp (x loaded by the warps, then by the TMA)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,18 @@ from studylog.ternary.cuda_steps import (CUDA_WORKSPACE, PROBES, RING_BARRIER_BY
                                          aligned_rows, cuda_call_args, require_hopper)
 from studylog.ternary.formats import GROUP_WEIGHTS_2BIT, MMA_X_DTYPES, PackedTernary, Scale, check_x
 
-# Step 12: x quantised to int8, then step 11's plumbing with the int8 MMA, one AND per 4 weights
+# Steps 22 and 23: x quantised to int8, then step 21's plumbing with the int8 MMA, one AND per 4 weights
 
 @dataclass(frozen=True)
 class W2A8Config(TmaConfig):
-    """A launch of step 12: a :class:`~studylog.ternary.cuda_steps.TmaConfig` of step 12's compiled shapes."""
+    """A launch of steps 22 and 23: a :class:`~studylog.ternary.cuda_steps.TmaConfig` of their compiled shapes."""
 
     @staticmethod
     def compiled_shapes() -> tuple:
         return W2A8_SHAPES + tuple(s for s in W2A8_STAGED_SHAPES if s not in W2A8_SHAPES)
 
 
-#: (row_tiles, stages, chunk) of the compiled step-12 instances.
+#: (row_tiles, stages, chunk) of the compiled instances of steps 22 and 23.
 W2A8_SHAPES = ((1, 4, 1), (2, 4, 1), (4, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1))
 #: (row_tiles, stages, chunk) of the compiled "staged" instances: deeper rings where shared memory allows (x
 #: is copied ahead of the weights, so a deep ring no longer delays it).
@@ -40,21 +41,21 @@ W2A8_STAGED_SHAPES = ((1, 4, 1), (1, 8, 1), (2, 3, 1), (2, 4, 1), (4, 4, 1), (2,
 
 
 class Quant(IntEnum):
-    """Where step 12 quantises x: its QUANT in ternary_w2a8.cu (QUANT_* there, the same numbers)."""
+    """Where steps 22 and 23 quantise x: its QUANT in ternary_w2a8.cu (QUANT_* there, the same numbers)."""
 
     SEPARATE = 0  # in a kernel of its own before the matmul (quantize_x, the matmul launched early)
     EVERY_BLOCK = 1  # in every block of the matmul, from global memory (up to 8 rows of x, all of K in shared memory)
     STAGED = 2  # in every block, from a copy the copy engine brought into shared memory ahead of the weights
 
 
-#: The places to quantise x by the name step 12's ``quantize`` takes.
+#: The places to quantise x by the name step 23's ``quantize`` takes.
 W2A8_QUANTIZE = {"separate": Quant.SEPARATE, "every block": Quant.EVERY_BLOCK, "staged": Quant.STAGED}
 _PLACE_NAMES = {quant: name for name, quant in W2A8_QUANTIZE.items()}
 
 
 def _w2a8_instance(quant: Quant, bf16: bool, col_tiles: int, row_tiles: int, stages: int, chunk: int) -> str:
     b = lambda v: "true" if v else "false"  # noqa: E731
-    return f"step12_w2a8_kernel<{int(quant)}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
+    return f"w2a8_kernel<{int(quant)}, {b(bf16)}, {col_tiles}, {row_tiles}, {stages}, {chunk}>"
 
 
 W2A8_QUANTIZE_INSTANCES = ("quantize_x<true>", "quantize_x<false>")
@@ -67,14 +68,14 @@ W2A8_INSTANCES = tuple(_w2a8_instance(Quant.SEPARATE, True, mt, *shape) for mt i
 cuda.declare_instances("ternary_w2a8", W2A8_QUANTIZE_INSTANCES + W2A8_INSTANCES)
 W2A8_SIGNATURE = ["ptr"] * 9 + ["i32"] * 7
 W2A8_QUANTIZE_SIGNATURE = ["ptr"] * 4 + ["i32"] * 3
-#: The longest K step 12 takes: its int32 sums and their float32 conversion stay exact below it
+#: The longest K steps 22 to 25 take: its int32 sums and their float32 conversion stay exact below it
 #: (|sum_k x_k w_k| <= 128 K <= 2^24).
 W2A8_MAX_K = 1 << 17
 
 
 def w2a8_smem_bytes(cfg: RingConfig, x_rows: int, groups_per_slice: int,
                     staged: bool = False) -> int:
-    """Dynamic shared memory of a step-12 or step-13 block: mbarriers, stages and its int8 x (``staged``: its
+    """Dynamic shared memory of a block of steps 22 to 25: mbarriers, stages and its int8 x (``staged``: its
     16-bit x, 512 bytes a group, which the int8 bytes then overwrite)."""
     x_bytes = x_rows * groups_per_slice * 512 if staged else x_rows * (groups_per_slice * 256 + 64)
     return RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + x_bytes
@@ -108,9 +109,9 @@ def _w2a8_kernels(device_index: int, options: tuple = ()) -> tuple:
     return quantize, kernels
 
 
-#: The build of ternary_w2a8.cu that stamps times into a trace (step12_timeline).
+#: The build of ternary_w2a8.cu that stamps times into a trace (step23_timeline).
 TIMELINE_OPTION = "-DW2A8_TIMELINE=1"
-#: Slots of a step-12 timeline's trace (64 a block, then quantize_x's two at 120000).
+#: Slots of a step-23 timeline's trace (64 a block, then quantize_x's two at 120000).
 TIMELINE_SLOTS = 1 << 17
 #: Blocks a trace has slots for: 64 each, below quantize_x's at 120000 (ternary_w2a8.cu).
 TIMELINE_BLOCKS = 120000 // 64
@@ -130,7 +131,7 @@ SM_SMEM_BYTES = 228 * 1024
 
 
 def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Optional[str] = None) -> W2A8Config:
-    """Step 12's launch for an (M, N, K) problem, 4 stages of 1 group a warp and tile. Every block: one tile and
+    """The launch of steps 22 and 23 for an (M, N, K) problem, 4 stages of 1 group a warp and tile. Every block: one tile and
     8 warps while there are at most two tiles an SM, else two tiles (4 warps for K <= 8192). Staged: the fewest
     row tiles that give 3/4 of the SMs or more one block, where x fits. Separate: the fewest tiles a block that
     run in one wave; above 8 rows of x, 2 tiles and 8 warps."""
@@ -163,7 +164,7 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
 
 
 def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
-    """Step-12 blocks one SM holds at once, by shared memory (1 KiB more a block) and by registers (96 a thread
+    """Blocks of steps 22 and 23 one SM holds at once, by shared memory (1 KiB more a block) and by registers (96 a thread
     below four row tiles, where the launch bounds ask for two blocks an SM, else 136; a test checks it)."""
     smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
     registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
@@ -171,10 +172,10 @@ def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> i
 
 
 def w2a8_quantize(x: Float[Tensor, "*m k"]) -> tuple[Int8[Tensor, "m kp"], Float[Tensor, " m"], Int32[Tensor, " m"]]:
-    """Step 12's quantize_x on (M, K) or (K,) bf16/fp16 x: (xq, x_scale, row_sum), xq int8 (M, K padded to 256)
+    """Step 22's quantize_x on (M, K) or (K,) bf16/fp16 x: (xq, x_scale, row_sum), xq int8 (M, K padded to 256)
     in ternary_w2a8.cu's order, bit for bit what ``quantize_activations`` gives; row_sum = sum_k xq[m, k]."""
     x2, _ = check_x(x, None, dtypes=MMA_X_DTYPES)
-    runtime.require_gpu("step 12's quantisation (CUDA C++ quantize_x)")
+    runtime.require_gpu("step 22's quantisation (CUDA C++ quantize_x)")
     return _quantize_x(aligned_rows(x2))
 
 
@@ -191,29 +192,37 @@ def _quantize_x(x2: Tensor, options: tuple = (), trace: Optional[Tensor] = None)
     return xq, x_scale, row_sum
 
 
-def step12_w2a8(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
-                out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
-                quantize: Optional[str] = None) -> Float[Tensor, "*m n"]:
-    """Step 12 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
-    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU, exact int32 sums of ``2bit_tiles`` weights
-    and int8 x on the tensor cores. ``quantize`` (None: :func:`w2a8_default_quantize`): "staged" (the copy
-    engine brings each block's rows of x ahead of the weights, the block quantises them; up to 8 rows, K <=
-    4096 x warps), "every block" (each block quantises x from global memory; up to 8 rows whose whole K fits
-    in shared memory) or "separate" (quantize_x, then the matmul launched early)."""
-    return _step12_call(x, w, scale, out, config, quantize)()
+def step22_w2a8(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                out: Optional[Tensor] = None, config: Optional[W2A8Config] = None) -> Float[Tensor, "*m n"]:
+    """Step 22 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
+    ``x_q, x_scale = quantize_activations(x)`` computed on the GPU by a kernel of its own (quantize_x), then step
+    21's ring with exact int32 sums of ``2bit_tiles`` weights and int8 x on the tensor cores, the matmul launched
+    early."""
+    return _w2a8_call(x, w, scale, out, config, "separate", step=22)()
 
 
-def _step12_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
-                 build: tuple = (), trace: Optional[Tensor] = None) -> Callable[[], Tensor]:
-    """Step 12's checks and launch, as a function to call; ``build``: the .cu's options of a probe or the
-    timeline (then ``trace`` is the timeline's)."""
+def step23_w2a8_fused(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                      out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
+                      quantize: Optional[str] = None) -> Float[Tensor, "*m n"]:
+    """Step 23: step 22's product with x quantised inside the matmul, where it fits. ``quantize`` (None:
+    :func:`w2a8_default_quantize`): "staged" (the copy engine brings each block's rows of x ahead of the
+    weights, the block quantises them; up to 8 rows, K <= 4096 x warps), "every block" (each block quantises x
+    from global memory; up to 8 rows whose whole K fits in shared memory) or "separate" (step 22's launch: the
+    default above 8 rows of x)."""
+    return _w2a8_call(x, w, scale, out, config, quantize)()
+
+
+def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
+               build: tuple = (), trace: Optional[Tensor] = None, step: int = 23) -> Callable[[], Tensor]:
+    """The checks and launch of steps 22 and 23, as a function to call; ``build``: the .cu's options of a probe
+    or the timeline (then ``trace`` is the timeline's)."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8Config,
-                                                   "step 12 (CUDA C++ step12_w2a8_kernel)")
+                                                   f"step {step} (CUDA C++ w2a8_kernel)")
     m, k = x2.shape
     if quantize is not None:
         check_choice("quantize", quantize, W2A8_QUANTIZE)
-    check_w2a8_k(k, 12)
-    require_hopper(x2.device, 12)
+    check_w2a8_k(k, step)
+    require_hopper(x2.device, step)
     quant, cfg = w2a8_choose(m, w.n, k, config, quantize, runtime.sm_count())
     per_slice, grid = w2a8_grid(m, w.n, k, cfg, fused=quant != Quant.SEPARATE)
     if trace is not None:
@@ -242,7 +251,7 @@ def _step12_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any,
 
 
 def check_w2a8_k(k: int, step: int) -> None:
-    """Steps 12 and 13 take K <= W2A8_MAX_K: their int32 sums stay exact below it."""
+    """Steps 22 to 25 take K <= W2A8_MAX_K: their int32 sums stay exact below it."""
     if k > W2A8_MAX_K:
         raise ValueError(f"step {step} takes K <= {W2A8_MAX_K} (its int32 sums stay exact below it), got K={k}")
 
@@ -250,7 +259,7 @@ def check_w2a8_k(k: int, step: int) -> None:
 @functools.lru_cache(maxsize=256)
 def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig,
               fused: bool = False) -> tuple[int, tuple[int, int, int]]:
-    """(groups of K a block, grid) of a step-12 or step-13 launch: K cut into ``cfg.slices`` (more where x would
+    """(groups of K a block, grid) of a launch of steps 22 to 25: K cut into ``cfg.slices`` (more where x would
     not fit beside the stages; never when ``fused``: every block holds all of K); 8 rows of x a block (16 above
     8). Cached: on the host triton.cdiv costs more than a launch."""
     groups, col_tiles = triton.cdiv(k, GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
@@ -259,26 +268,26 @@ def w2a8_grid(m: int, n: int, k: int, cfg: RingConfig,
     return per_slice, (triton.cdiv(n, cfg.rows), triton.cdiv(groups, per_slice), triton.cdiv(m, 8 * col_tiles))
 
 
-def step12_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
+def step23_probe(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, probe: int, *,
                  config: Optional[W2A8Config] = None) -> Callable[[], Tensor]:
-    """As :func:`~studylog.ternary.cuda_steps.step11_probe`, for step 12 (x's quantisation kept in full)."""
+    """As :func:`~studylog.ternary.cuda_steps.step21_probe`, for step 23 (x's quantisation kept in full)."""
     check_choice("probe", probe, PROBES)
-    return _step12_call(x, w, scale, None, config, build=(f"-DW2A8_PROBE={int(probe)}",))
+    return _w2a8_call(x, w, scale, None, config, build=(f"-DW2A8_PROBE={int(probe)}",))
 
 
-def step12_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, trace: Tensor, *,
+def step23_timeline(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale, trace: Tensor, *,
                     config: Optional[W2A8Config] = None, quantize: Optional[str] = None) -> Callable[[], Tensor]:
-    """Step 12 built with its timeline (``W2A8_TIMELINE`` in ternary_w2a8.cu), as a function to call: the same
+    """Step 23 built with its timeline (``W2A8_TIMELINE`` in ternary_w2a8.cu), as a function to call: the same
     result, and stamps of every block in ``trace`` (int64, ``TIMELINE_SLOTS`` elements, on x's device)."""
     check_tensor("trace", trace, dtype=torch.int64, shape=(TIMELINE_SLOTS,), contiguous=True,
                  like=x if isinstance(x, Tensor) else None)
-    return _step12_call(x, w, scale, None, config, quantize, build=(TIMELINE_OPTION,), trace=trace)
+    return _w2a8_call(x, w, scale, None, config, quantize, build=(TIMELINE_OPTION,), trace=trace)
 
 
-# Where step 12 quantises x and its config: the defaults, and what a launch can take
+# Where step 23 quantises x and its config: the defaults, and what a launch can take
 
 def w2a8_refusal(m: int, k: int, quant: Quant, cfg: W2A8Config) -> Optional[str]:
-    """Why step 12 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant``, or None where it
+    """Why steps 22 and 23 cannot launch ``cfg`` on M rows of x and K with x quantised at ``quant``, or None where it
     can: shared memory, the launch bounds, a row of x in the consumers' registers (staged), the instances."""
     where = _PLACE_NAMES[quant]
     if quant != Quant.SEPARATE and m > 8:
@@ -289,7 +298,7 @@ def w2a8_refusal(m: int, k: int, quant: Quant, cfg: W2A8Config) -> Optional[str]
         return (f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in {SMEM_LIMIT} "
                 "bytes of shared memory")
     if cfg.warps > 8:
-        return f"{cfg}: step 12 runs at most 8 consumer warps a block (its launch bounds)"
+        return f"{cfg}: steps 22 and 23 run at most 8 consumer warps a block (their launch bounds)"
     smem_x = w2a8_smem_bytes(cfg, x_rows, groups, staged)
     if quant != Quant.SEPARATE and smem_x > SMEM_LIMIT:
         what = f"quantize={where!r} needs all of K in shared memory, as 16-bit x," if staged else \
@@ -302,20 +311,20 @@ def w2a8_refusal(m: int, k: int, quant: Quant, cfg: W2A8Config) -> Optional[str]
         return f"{cfg}: quantize={where!r} is compiled for (row_tiles, stages, chunk) in {W2A8_STAGED_SHAPES} only"
     name = _w2a8_instance(quant, True, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
     if name not in W2A8_INSTANCES:  # (bf16 and fp16 x have the same compiled shapes)
-        return (f"{cfg}: step 12 has no compiled instance for it with quantize={where!r} and M = {m} ({name}); "
+        return (f"{cfg}: steps 22 and 23 have no compiled instance for it with quantize={where!r} and M = {m} ({name}); "
                 f"compiled: {W2A8_INSTANCES}")
     return None
 
 
 def w2a8_takes(m: int, n: int, k: int, quantize: str, config: Optional[W2A8Config] = None,
                sms: Optional[int] = None) -> bool:
-    """Whether step 12 takes the problem with x quantised at ``quantize``, with ``config`` (None: its own)."""
+    """Whether step 23 takes the problem with x quantised at ``quantize``, with ``config`` (None: its own)."""
     cfg = config or w2a8_config(m, n, k, sms, quantize=quantize)
     return w2a8_refusal(m, k, W2A8_QUANTIZE[check_choice("quantize", quantize, W2A8_QUANTIZE)], cfg) is None
 
 
 def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, staged: bool = True) -> str:
-    """Where step 12 quantises x by default: "staged" for one row of x where it fits (unless ``staged=False``),
+    """Where step 23 quantises x by default: "staged" for one row of x where it fits (unless ``staged=False``),
     else "every block" where it fits, else "separate"."""
     if staged and m == 1 and w2a8_takes(m, n, k, "staged", sms=sms):
         return "staged"
@@ -325,7 +334,7 @@ def w2a8_default_quantize(m: int, n: int, k: int, sms: Optional[int] = None, sta
 @functools.lru_cache(maxsize=256)
 def w2a8_choose(m: int, n: int, k: int, config: Optional[W2A8Config] = None, quantize: Optional[str] = None,
                 sms: Optional[int] = None) -> tuple[Quant, W2A8Config]:
-    """(Quant, config) of step 12 for one shape: ``quantize`` and ``config`` as asked, else the defaults (a
+    """(Quant, config) of step 23 for one shape: ``quantize`` and ``config`` as asked, else the defaults (a
     config given that cannot stage x falls back to the next place). Cached, so that a call only launches; a
     ValueError says why a config or a place does not take the problem."""
     sms = sms or runtime.sm_count()
@@ -342,11 +351,11 @@ def w2a8_choose(m: int, n: int, k: int, config: Optional[W2A8Config] = None, qua
     return quant, cfg
 
 
-# Step 13: W2A8 for several rows of x, one tile of 16 weight rows a warp over a slice of K
+# Steps 24 and 25: W2A8 for several rows of x, one tile of 16 weight rows a warp over a slice of K
 
 @dataclass(frozen=True)
 class W2A8TilesConfig(RingConfig):
-    """A launch of step 13: each warp owns ``tiles`` tiles of 16 weight rows."""
+    """A launch of steps 24 and 25: each warp owns ``tiles`` tiles of 16 weight rows."""
 
     warps: int = 4
     tiles: int = 1
@@ -365,24 +374,25 @@ class W2A8TilesConfig(RingConfig):
         return W2A8_TILES_SHAPES
 
 
-#: (tiles a warp, stages, chunk) of the compiled step-13 instances, the preferred first.
+#: (tiles a warp, stages, chunk) of the compiled instances of steps 24 and 25, the preferred first.
 W2A8_TILES_SHAPES = ((1, 4, 2), (1, 2, 8), (1, 4, 4), (2, 4, 2))  # (2 tiles of 16 rows of x in 4 KiB stages spill)
 
 
-def _w2a8_tiles_instance(col_tiles: int, warps: int, tiles: int, stages: int, chunk: int) -> str:
-    return f"step13_w2a8_tiles_kernel<{col_tiles}, {warps}, {tiles}, {stages}, {chunk}>"
+def _w2a8_tiles_instance(col_tiles: int, warps: int, tiles: int, stages: int, chunk: int, x_tma: bool = True) -> str:
+    return f"w2a8_tiles_kernel<{col_tiles}, {warps}, {tiles}, {stages}, {chunk}, {'true' if x_tma else 'false'}>"
 
 
-#: 8 or 16 rows of x a block (grid.z: more), 4 or 8 warps, each compiled shape.
-W2A8_TILES_INSTANCES = tuple(_w2a8_tiles_instance(mt, warps, *shape) for mt in (1, 2) for warps in (4, 8)
-                             for shape in W2A8_TILES_SHAPES)
+#: 8 or 16 rows of x a block (grid.z: more), 4 or 8 warps, each compiled shape; x brought by the TMA (step 25)
+#: or loaded by the consumer warps (step 24).
+W2A8_TILES_INSTANCES = tuple(_w2a8_tiles_instance(mt, warps, *shape, x_tma) for x_tma in (True, False)
+                             for mt in (1, 2) for warps in (4, 8) for shape in W2A8_TILES_SHAPES)
 cuda.declare_instances("ternary_w2a8", W2A8_TILES_INSTANCES)
 W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
 
 
 @functools.lru_cache(maxsize=256)
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
-    """Step 13's launch for an (M, N, K) problem: 4 warps, the first compiled shape that needs the fewest waves,
+    """The launch of steps 24 and 25 for an (M, N, K) problem: 4 warps, the first compiled shape that needs the fewest waves,
     with the slices of K that fill the GPU once (more where x would not fit beside the stages)."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
@@ -401,21 +411,35 @@ def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8
     return best[1]
 
 
-def step13_w2a8_tiles(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+def step24_w2a8_tiles(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                       out: Optional[Tensor] = None, config: Optional[W2A8TilesConfig] = None) -> Float[Tensor, "*m n"]:
-    """Step 13 (W2A8, Hopper GPUs and later): step 12's product for 2 to 16 rows of x (more run in blocks of
-    16): quantize_x, then the matmul launched early, each warp a tile of 16 weight rows over a slice of K."""
+    """Step 24 (W2A8, Hopper GPUs and later): step 22's product for 2 to 16 rows of x (more run in blocks of
+    16): quantize_x, then the matmul launched early, each warp a tile of 16 weight rows over a slice of K, the
+    block's slice of x loaded by its warps."""
+    return _w2a8_tiles_call(x, w, scale, out, config, 24, x_tma=False)
+
+
+def step25_x_tma(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
+                 out: Optional[Tensor] = None, config: Optional[W2A8TilesConfig] = None) -> Float[Tensor, "*m n"]:
+    """Step 25: step 24 with the block's slice of int8 x brought into shared memory by the TMA (a second producer
+    thread), off the consumer warps. The same bits as step 24."""
+    return _w2a8_tiles_call(x, w, scale, out, config, 25, x_tma=True)
+
+
+def _w2a8_tiles_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[W2A8TilesConfig],
+                     step: int, x_tma: bool) -> Tensor:
+    """Steps 24 and 25: checks, quantize_x, then ``w2a8_tiles_kernel`` at ``x_tma``."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8TilesConfig,
-                                                   "step 13 (CUDA C++ step13_w2a8_tiles_kernel)")
+                                                   f"step {step} (CUDA C++ w2a8_tiles_kernel)")
     m, k = x2.shape
-    check_w2a8_k(k, 13)
-    require_hopper(x2.device, 13)
+    check_w2a8_k(k, step)
+    require_hopper(x2.device, step)
     cfg = config or w2a8_tiles_config(m, w.n, k, runtime.sm_count())
     per_slice, grid = w2a8_grid(m, w.n, k, cfg)
     groups, col_tiles = -(-k // GROUP_WEIGHTS_2BIT), 1 if m <= 8 else 2
     smem = w2a8_smem_bytes(cfg, min(m, 8 * col_tiles), per_slice)
     kernel = _w2a8_kernels(x2.device.index or 0)[1][
-        _w2a8_tiles_instance(col_tiles, cfg.warps, cfg.tiles, cfg.stages, cfg.chunk)]
+        _w2a8_tiles_instance(col_tiles, cfg.warps, cfg.tiles, cfg.stages, cfg.chunk, x_tma)]
     sums, counts = CUDA_WORKSPACE.get(x2.device, grid[1] * m, w.n) if grid[1] > 1 else (None, None)
     partials = sums.view(torch.int32) if sums is not None else None
     xq, x_scale, row_sum = _quantize_x(x2)

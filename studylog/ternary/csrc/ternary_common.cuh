@@ -1,4 +1,4 @@
-// Shared by steps 10 and 11 (ternary_mma.cu, ternary_bulk.cu): the decode of step 9's 2-bit words
+// Shared by steps 15 to 21 (ternary_mma.cu, ternary_bulk.cu): the decode of step 14's 2-bit words
 // into the tensor cores' A operand, the mma.sync itself, and one group of 256 weights a row.
 #pragma once
 
@@ -18,7 +18,7 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// The probe builds of steps 11 and 12 (-DBULK_PROBE, -DW2A8_PROBE; PROBES in cuda_steps.py, the same numbers):
+// The probe builds of steps 21 and 23 (-DBULK_PROBE, -DW2A8_PROBE; PROBES in cuda_steps.py, the same numbers):
 // the kernel itself, or with parts left out: the copies only, the arithmetic only, or nothing.
 enum Probe { PROBE_NONE = 0, PROBE_COPIES_ONLY = 1, PROBE_ARITHMETIC_ONLY = 2, PROBE_LAUNCH_ONLY = 3 };
 
@@ -56,8 +56,8 @@ __device__ __forceinline__ u32 decode_pair(u32 src, int p) {
     return decode_fma<BF16>(src & ((0x00030003u << (2 * p)) | (BF16 ? 0x43004300u : 0x64006400u)), p);
 }
 
-// Step 11's decode of pair p (< 4) of both halves of a word: the same value, with the magic bits ORed
-// in by the same LOP3 that keeps the codes, (src & mask) | magic. Written that way in step 10, ptxas
+// Step 21's decode of pair p (< 4) of both halves of a word: the same value, with the magic bits ORed
+// in by the same LOP3 that keeps the codes, (src & mask) | magic. Written that way in steps 15 to 20, ptxas
 // rematerializes the 32-bit constant into a fresh register (an IMAD.MOV) for every LOP3; here
 // `magic` comes from shared memory, so its value is unknown to ptxas and stays in one register.
 template <bool BF16>
@@ -103,14 +103,14 @@ __device__ __forceinline__ u32 part(const uint4 &v, int i) { return i == 0 ? v.x
 // x[32 p + 8 t .. + 7] of x row 8 j + g. Step (p, i2) multiplies pair p of words 2 i2 (a0, a1) and
 // 2 i2 + 1 (a2, a3): their activations are neighbours, so b0 and b1 are two halves of one 8-byte
 // piece of xv[j][p], an aligned register pair that the MMA takes without a move.
-// MAGIC_REG (step 11): decode with decode_pair_reg and the magic in a register (`magic`), instead of
+// MAGIC_REG (step 21): decode with decode_pair_reg and the magic in a register (`magic`), instead of
 // ORing it into the words first.
 template <bool BF16, int MT, int RT, bool MAGIC_REG = false>
 __device__ __forceinline__ void group_mma(float (&acc)[2][RT][MT][4], const uint4 (&a)[RT][2], const uint4 (&xv)[MT][8],
                                           u32 magic = 0) {
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
-        u32 src[2][4][2];  // [row g / g + 8][word][pairs 0..3 / 4..7], magic OR-ed in (step 10)
+        u32 src[2][4][2];  // [row g / g + 8][word][pairs 0..3 / 4..7], magic OR-ed in (steps 15 to 20)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -190,7 +190,7 @@ __device__ __forceinline__ void store_warp_sums(const float (&acc)[2][RT][MT][4]
 // of output tile `tile` (rows n_base .., x rows m0 .. m0 + cols) to arrive adds the partial sums
 // slice by slice (a fixed order, so the result is deterministic), hands each total to
 // store(m, n, sum), and resets arrivals[tile] to 0 for the next launch. Every thread of the block
-// calls it. (T: float in steps 10 and 11, int in step 12.)
+// calls it. (T: float in steps 16 to 21, int in steps 22 to 25.)
 template <typename T, typename Store>
 __device__ __forceinline__ void finish_split_with(u32 *arrivals, u32 tile, int slices, const T *partials, int M,
                                                   int N, int n_base, int rows, int m0, int cols, Store store) {

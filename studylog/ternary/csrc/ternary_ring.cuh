@@ -1,4 +1,4 @@
-// Shared by steps 11 and 12 (ternary_bulk.cu, ternary_w2a8.cu): the ring of shared-memory stages through
+// Shared by steps 18 to 25 (ternary_bulk.cu, ternary_w2a8.cu): the ring of shared-memory stages through
 // which the copy engine brings a block's weights, and the sums of the block's warps at the end.
 #pragma once
 #include "bulk_copy.cuh"
@@ -59,7 +59,7 @@ struct WeightRing {
     __device__ int group(int c, int warp) const { return g_begin + c * per_chunk + warp * CHUNK; }
 
     // Consumer warp `warp`: waits for chunk c (unless !wait: a probe without copies), loads its groups
-    // into a (words 4 t .. 4 t + 3 of rows g and g + 8 of each tile, as step 10), and frees the stage.
+    // into a (words 4 t .. 4 t + 3 of rows g and g + 8 of each tile, as step 15), and frees the stage.
     // Returns how many groups it got.
     __device__ int take(int c, int warp, int lane, uint4 (&a)[CHUNK][RT][2], bool wait) const {
         return take_from<RT>(c, warp * CHUNK * 64, group(c, warp), lane, a, wait);

@@ -1,5 +1,5 @@
-// Step 12: W2A8. The weights of steps 10 and 11 ("2bit_tiles"), x quantised to int8 as BitNet b1.58
-// does it (one absmax scale a row of x), and exact int32 sums on the tensor cores' int8 MMA. Step 11 spends
+// Steps 22 and 23: W2A8. The weights of steps 15 to 21 ("2bit_tiles"), x quantised to int8 as BitNet b1.58
+// does it (one absmax scale a row of x), and exact int32 sums on the tensor cores' int8 MMA. Step 21 spends
 // two instructions to turn 2 weights into bf16; with int8 activations the tensor cores take the weights'
 // codes as they lie in the words, 4 at a time:
 //   * a 2bit_tiles word holds a code (weight + 1, in {0, 1, 2}) at bits 2 p' of each of its 4 bytes
@@ -13,8 +13,8 @@
 //   * which 32 weights of a row form one MMA step is ours to choose, as long as x matches: the
 //     quantisation writes x's bytes in the order the B fragments want them (below), so that a
 //     thread's B registers for a whole group are 4 conflict-free 16-byte loads from shared memory.
-// The TMA ring, the sums across warps and the split of K are step 11's; x is not: it must come before the
-// weights flood DRAM (see the kernel). Step 13, for several rows of x, is at the end of this file.
+// The TMA ring, the sums across warps and the split of K are step 21's; x is not: it must come before the
+// weights flood DRAM (see the kernel). Steps 24 and 25, for several rows of x, are at the end of this file.
 #include "ternary_common.cuh"
 #include "ternary_ring.cuh"
 
@@ -247,7 +247,7 @@ __device__ __forceinline__ float w2a8_z(int sum, int x_sum, float x_scale, float
 }
 
 // One group (256 weights a row) of RT row tiles against MT tiles of 8 x rows. a[r][h] holds words
-// 4 t .. 4 t + 3 of row 8 h + g of tile r (step 10's load); xv[j][p'] holds thread t's B registers of
+// 4 t .. 4 t + 3 of row 8 h + g of tile r (step 15's load); xv[j][p'] holds thread t's B registers of
 // x row 8 j + g for code p'. Step (p', q): A = code p' of words 4 t + 2 q (columns 4 t ..) and
 // 4 t + 2 q + 1 (columns 16 + 4 t ..) of rows g and g + 8; B = registers 2 q and 2 q + 1 of xv[j][p'].
 template <int MT, int RT>
@@ -292,17 +292,17 @@ __device__ __forceinline__ void load_xq_slice(uint4 *xs, const uint4 *xq, int m0
     }
 }
 
-// Probes (compiled with -DW2A8_PROBE=...), as step 11's (PROBE_* in ternary_common.cuh).
+// Probes (compiled with -DW2A8_PROBE=...), as step 21's (PROBE_* in ternary_common.cuh).
 #ifndef W2A8_PROBE
 #define W2A8_PROBE PROBE_NONE
 #endif
 
-// Where step 12 quantises x, its QUANT (Quant in w2a8.py, the same numbers; the comment below says how).
+// Where w2a8_kernel quantises x (step 22: QUANT_SEPARATE; step 23: the others), its QUANT (Quant in w2a8.py, the same numbers; the comment below says how).
 enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 2 };
 
 // z[m, n] = (sum_k xq[m, k] W[n, k]) / (x_scale[m] scale[n * scale_stride]), xq from quantize_x (its
 // order, rows of `groups` x 256 bytes), W in the "2bit_tiles" format. Blocks, warps, stages and the
-// split of K as step 11 (step11_tma_kernel <<<(row tiles / RT, K slices, M blocks), 32 (warps + 1)>>>);
+// split of K as step 21 (tma_kernel <<<(row tiles / RT, K slices, M blocks), 32 (warps + 1)>>>);
 // split K leaves int32 partial sums in `partials`. Dynamic shared memory: RING_BARRIER_BYTES, STAGES
 // stages of warps x RT x CHUNK groups (1 KiB each), then x (x rows of groups_per_slice x 256 bytes
 // + 64 of padding, so that the 8 lanes of a quarter warp reading 2 rows hit 8 different banks).
@@ -322,7 +322,7 @@ enum Quant { QUANT_SEPARATE = 0, QUANT_EVERY_BLOCK = 1, QUANT_STAGED = 2 };
 // Below four tiles the launch bounds ask for two blocks an SM, which keeps ptxas to 96 registers a thread
 // (w2a8_blocks_per_sm counts on it; a test checks it).
 template <int QUANT, bool BF16, int MT, int RT, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
+__global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) w2a8_kernel(
     uint4 *__restrict__ xq, const unsigned short *__restrict__ x, const uint4 *__restrict__ w, float *__restrict__ z,
     const float *__restrict__ scale, float *__restrict__ x_scale, int *__restrict__ row_sum,
     int *__restrict__ partials, u32 *__restrict__ arrivals, int M, int N, int K, int groups, int x_stride,
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
     }
     __syncthreads();
 
-    if (warp == warps) {  // the producer (its lane 0): the weights, as in step 11
+    if (warp == warps) {  // the producer (its lane 0): the weights, as in step 21
         const u64 policy = evict_first_policy();
         if (STAGED && lane == 0) {  // x first: row r of x at 16-byte piece r x 32 groups of xs
             const u32 bytes = (u32)(K & ~7) * 2u;
@@ -478,16 +478,18 @@ __global__ void __launch_bounds__(288, RT * MT >= 4 ? 1 : 2) step12_w2a8_kernel(
     }
 }
 
-// Step 13: several rows of x (up to 16 a block). Step 12's warps share a block's K, so every block needs its
+// Steps 24 and 25: several rows of x (up to 16 a block). Step 23's warps share a block's K, so every block needs its
 // rows of x over all of its K (16 rows of K = 14336 are more than shared memory). Here the warps share the
 // rows instead: consumer warp w owns TILES tiles of the block's WARPS x TILES, a block covers 16 WARPS TILES
 // weight rows over a slice of K (grid.y), and its x is that slice only. Each warp sums its own tiles: no sums
 // across warps, only across the slices of K (finish_split_with). A stage of the ring holds CHUNK groups of
-// each tile. x comes from quantize_x (the matmul launched early) in step 12's order, so the arithmetic is
-// group_w2a8; a second producer thread has the copy engine bring it once quantize_x is done (the consumers'
-// own loads would queue in L2 behind the weights).
-template <int MT, int WARPS, int TILES, int STAGES, int CHUNK>
-__global__ void __launch_bounds__(32 * (WARPS + 1), 1) step13_w2a8_tiles_kernel(
+// each tile. x comes from quantize_x (the matmul launched early) in step 23's order, so the arithmetic is
+// group_w2a8. Step 24 (X_TMA = false): the consumer warps load the block's slice of x themselves, as step 22
+// does (load_xq_slice), then meet at a barrier. Step 25 (X_TMA): a second producer thread has the copy engine
+// bring it once quantize_x is done (the consumers' own loads would queue in L2 behind the weights); the same
+// bytes in the same places, so both steps give the same bits.
+template <int MT, int WARPS, int TILES, int STAGES, int CHUNK, bool X_TMA>
+__global__ void __launch_bounds__(32 * (WARPS + 1), 1) w2a8_tiles_kernel(
     const uint4 *__restrict__ xq, const uint4 *__restrict__ w, float *__restrict__ z, const float *__restrict__ scale,
     const float *__restrict__ x_scale, const int *__restrict__ row_sum, int *__restrict__ partials,
     u32 *__restrict__ arrivals, int M, int N, int groups, int scale_stride, int groups_per_slice) {
@@ -509,7 +511,7 @@ __global__ void __launch_bounds__(32 * (WARPS + 1), 1) step13_w2a8_tiles_kernel(
         if (lane == 0) {  // the weights (they need nothing from quantize_x), every chunk as soon as its stage is free
             const u64 policy = evict_first_policy();
             for (int c = 0; c < chunks; ++c) ring.fill(c, policy);
-        } else if (lane == 1) {  // x's rows of the slice, once quantize_x has written them
+        } else if (X_TMA && lane == 1) {  // x's rows of the slice, once quantize_x has written them
             asm volatile("griddepcontrol.wait;" ::: "memory");
             const u32 bytes = (u32)(ring.g_end - ring.g_begin) * 256u;
             mbarrier_expect_bytes(x_full, bytes * x_rows);
@@ -521,7 +523,14 @@ __global__ void __launch_bounds__(32 * (WARPS + 1), 1) step13_w2a8_tiles_kernel(
         __syncwarp();
     } else {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // quantize_x's x_scale and row_sum (the epilogue)
-        mbarrier_wait(x_full, 0);
+        if constexpr (X_TMA) {
+            mbarrier_wait(x_full, 0);
+        } else {  // step 22's loads: the consumers bring the block's slice of x themselves
+            const int rot = (blockIdx.x % (ring.g_end - ring.g_begin)) * 16;
+            load_xq_slice(xs, xq, m0, x_rows, groups, ring.g_begin, ring.g_end, xs_stride, rot, threadIdx.x,
+                          WARPS * 32);
+            consumer_barrier(WARPS);
+        }
         int acc[4][TILES][MT][4] = {};
         for (int c = 0; c < chunks; ++c) {
             uint4 a[CHUNK][TILES][2];

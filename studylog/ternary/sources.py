@@ -1,0 +1,87 @@
+"""What a page shows of a step whose kernel it shares with its neighbours (one CUDA C++ template, or one Triton
+kernel, whose compile-time knobs are the steps' changes): the kernel with each knob's branch taken, then the
+step's launch (its Python function). ``CHAPTER.show_diff(n - 1, n)`` then shows the one change of step n."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import textwrap
+from typing import Any, Callable
+
+from studylog.source import source_of
+
+
+def _resolve_cuda(lines: list[str], knobs: dict[str, bool]) -> list[str]:
+    """``lines`` with every ``if constexpr (KNOB) { ... } [else { ... }]`` on a knob replaced by the branch it takes,
+    dedented one level (blocks written with braces, closed at their indent); the knobs' other uses (a template
+    argument, a condition) read as their values, the template's parameter line aside."""
+    out, i = [], 0
+    while i < len(lines):
+        m = re.fullmatch(r"(\s*)if constexpr \((!?)(\w+)\) \{\s*(?://.*)?", lines[i])
+        if not m or m.group(3) not in knobs:
+            line = lines[i]
+            if not line.lstrip().startswith(("template <", "//")):
+                code, sep, comment = line.partition("//")  # a knob in a comment keeps its name
+                for name, value in knobs.items():
+                    code = re.sub(rf"\b{name}\b", "true" if value else "false", code)
+                line = code + sep + comment
+            out.append(line)
+            i += 1
+            continue
+        indent, negate, name = m.groups()
+        close = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(indent + "}"))
+        end = close
+        if re.fullmatch(re.escape(indent) + r"\} else \{\s*(?://.*)?", lines[close]):
+            end = next(j for j in range(close + 1, len(lines)) if lines[j] == indent + "}")
+        taken = knobs[name] != bool(negate)
+        body = lines[i + 1:close] if taken else lines[close + 1:end]
+        out += [line[4:] if line.startswith(indent + "    ") else line for line in _resolve_cuda(body, knobs)]
+        i = end + 1
+    return out
+
+
+def _resolve_python(lines: list[str], knobs: dict[str, bool]) -> list[str]:
+    """``lines`` with every ``if KNOB:`` (and its ``else:``) on a knob replaced by the branch it takes, dedented."""
+    out, i = [], 0
+    while i < len(lines):
+        m = re.fullmatch(r"(\s*)if (\w+):", lines[i])
+        if not m or m.group(2) not in knobs:
+            out.append(lines[i])
+            i += 1
+            continue
+        indent = m.group(1)
+        inner = lambda j: j < len(lines) and (not lines[j].strip() or lines[j].startswith(indent + " "))  # noqa: E731
+        j = i + 1
+        while inner(j):
+            j += 1
+        body, other, end = lines[i + 1:j], [], j
+        if j < len(lines) and lines[j] == indent + "else:":
+            end = j + 1
+            while inner(end):
+                end += 1
+            other = lines[j + 1:end]
+        taken = body if knobs[m.group(2)] else other
+        out += [line[4:] if line.startswith(indent + "    ") else line for line in _resolve_python(taken, knobs)]
+        i = end
+    return out
+
+
+def _launch(fn: Callable) -> str:
+    return textwrap.dedent(inspect.getsource(fn))
+
+
+def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Callable,
+                     helpers: tuple[str, ...] = ()) -> str:
+    """The text of a CUDA C++ step: ``helpers`` (device functions of ``file`` that only some knob settings call,
+    shown where the step calls them), the ``kernel`` of ``file`` at ``knobs``, then its launch as comments."""
+    parts = [source_of(file, name)[0] for name in helpers] + [source_of(file, kernel)[0]]
+    body = "\n\n".join("\n".join(_resolve_cuda(part.splitlines(), knobs)) for part in parts)
+    return body + "\n\n// its launch (Python):\n" + "\n".join(f"// {line}".rstrip() for line in _launch(launch).splitlines())
+
+
+def triton_step_source(kernels: tuple[Any, ...], knobs: dict[str, bool], launch: Callable) -> str:
+    """The text of a Triton step: ``kernels`` (the kernel and the helpers its knobs reach) at ``knobs``, then its
+    launch."""
+    parts = ["\n".join(_resolve_python(source_of(k)[0].splitlines(), knobs)) for k in kernels]
+    return "\n\n".join(parts + ["# its launch:\n" + _launch(launch)])
