@@ -359,6 +359,10 @@ def _step_of(label: str) -> str:
 VOID = "–"
 
 
+#: Chapter 05 part 1's last Triton step: the kernel its answer quotes.
+PART_ONE_STEP = 14
+
+
 def part_one_answer(card: Path) -> dict[str, Any] | None:
     """Chapter 05 part 1's answer on ``card``, one row of x: its last Triton step, step 14, against GemLite (the Triton
     peer) at every shape where GemLite passes our float64 check (``ratios``: shape -> GemLite's time over ours), and
@@ -372,7 +376,7 @@ def part_one_answer(card: Path) -> dict[str, Any] | None:
     data = load(card, "ternary")
     if data is None:
         return None
-    run, triton = Results(None, data), [SERIES[14]]
+    run, triton = Results(None, data), [SERIES[PART_ONE_STEP]]
     ratios, failed, eager = {}, [], {}
     for peer in rows(data, GEMLITE, m=1):
         shape = peer["params"]["shape"]
@@ -903,7 +907,7 @@ def other_answers(root: Path = BENCH_RESULTS, card: str = "H200", *, eager: bool
         r = part_one["ratios"]
         clause = eager_words(part_one["eager"], len(r)) if eager else ""
         out["notebooks/05_ternary_1_triton.ipynb"] = (
-            f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite (step 9, one row of x) at the {len(r)} shapes "
+            f"{min(r.values()):.2f}–{max(r.values()):.2f}× GemLite (step {PART_ONE_STEP}, one row of x) at the {len(r)} shapes "
             "where GemLite passes our check" + (f"; GemLite fails it at {len(part_one['failed'])} of the "
                                                 f"{len(r) + len(part_one['failed'])}" if part_one["failed"] else "")
             + (f"; called eagerly, {clause}" if clause else ""))

@@ -391,7 +391,7 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
                 + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
     final = CHAPTER.final
-    entries.append(("entry point", f"`ngram_match`: step 7 or step {final.number}, by a rule on the batch's shapes",
+    entries.append(("entry point", f"`ngram_match`: step 6, 7 or {final.number}, by a rule on the batch's shapes",
                     "ngram_match"))
     for number, title, series in entries:
         cells = [number, title]
@@ -533,7 +533,7 @@ def result_table(results, headline_rows) -> str:
         other = runs is not None and CHAPTER.step(runs).number != CHAPTER.final.number
         synced = us(hd["kernel_ms"]) + (f" ({final}; the entry point runs step {CHAPTER.step(runs).number} here)"
                                         if other else "")
-        cells = [hd["case"], us(hd["baseline_ms"]), synced, f"{hd['speedup']:,.1f}×"]
+        cells = [hd["case"], us(hd["baseline_ms"]), synced, f"{hd['speedup']:,.2f}×"]
         if ours is None:
             cells.append("–")
         elif ours["series"] == "ngram_match" and "step" in ours:
