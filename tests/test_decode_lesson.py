@@ -263,7 +263,8 @@ def test_one_colour_per_configuration(earlier):
     handles, labels = fig.axes[0].get_legend_handles_labels()
     colours = {label: matplotlib.colors.to_hex(h.patches[0].get_facecolor()) for h, label in zip(handles, labels)
                if hasattr(h, "patches")}
-    assert colours == {report.series_label(c): figures.CONFIG_COLORS[c] for c in ("jump_forward", "masked_head")}
+    assert colours == {lesson.STEP_LABELS[c]: figures.CONFIG_COLORS[c] for c in ("jump_forward", "masked_head")}
+    assert "step01_baseline" not in fig.axes[0].get_ylabel()
     plt.close(fig)
 
 
@@ -405,6 +406,7 @@ def test_an_unwritten_exercise_gets_a_note_not_a_traceback(capsys):
 def test_the_steps_table_is_its_own_ratios(earlier):
     rows = lesson.steps_rows(earlier, "1b", 1)
     assert [r["step"] for r in rows] == ["step01_baseline", "step02_jump_forward", "step03_masked_head"]
+    assert [r["label"] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "step 3: the masked head"]
     for a, b in zip(rows, rows[1:]):
         assert b["x_previous"] == pytest.approx(a["us"] / b["us"])
     assert all(r["x_floor"] == pytest.approx(r["us"] / r["floor_us"]) for r in rows)
@@ -568,7 +570,9 @@ def test_the_steps_table_has_one_row_per_step_and_no_lettered_rows():
         if results is None:
             continue
         rows = _table_rows(lesson.steps_table(results, "1b", 1))
-        assert [r[0] for r in rows] == ["`step01_baseline`", "`step02_jump_forward`", "`step03_masked_head`"]
+        # the reader's labels, "step N: short name", as the sections are titled: no library function names
+        assert [r[0] for r in rows] == ["step 1: the baseline loop", "step 2: jump forward", "step 3: the masked head"]
+        assert "`step0" not in lesson.steps_table(results, "1b", 1)
         assert not any(re.fullmatch(r"\d+[a-z]", r[0].strip("`")) for r in rows)
 
 
@@ -671,8 +675,8 @@ def test_the_breakdown_bars_put_3a_before_step_3():
     parts = {c: dict(part) for c in ("baseline", "jump_forward", "masked_head", "automaton_mask", "char_jump")}
     ax = decode_figures.plot_breakdown(parts)
     labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert labels == [report.series_label("baseline"), report.series_label("jump_forward"), "3a: automaton_mask",
-                      report.series_label("masked_head"), "char_jump"]
+    assert labels == ["step 1: the baseline loop", "step 2: jump forward", "3a: the automaton's masks",
+                      "step 3: the masked head", "character-level jumps"]
     plt.close(ax.figure)
 
 
@@ -703,6 +707,8 @@ def test_the_headline_says_at_first_mention_that_its_output_is_steered():
     text = ["".join(c["source"]) for c in cells]
     first = next(t for t in text if "headline" in t.lower())
     assert "steered" in first and 'cases[("smollm2", 1)][\'ratio\']' in first
+    # why the 8B-shaped model leads, with its own ratio computed beside the real model's
+    assert "shape real deployments run" in " ".join(first.split()) and 'cases[("8b", 1)][\'ratio\']' in first
     assert "how much faster does" not in text[0]
     assert sum(t.count("does not pay at the 8B shape") for t in text) == 1
 

@@ -120,6 +120,13 @@ def test_the_main_table_has_one_row_per_step():
                                          "step03_forced_draft", "step04_gated_draft"]
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = "\n".join("".join(c["source"]) for c in cells)
+    # the reader's labels, "step N: short name", in all three step tables; the library's names stay out of them
+    labels = ["chapter 07, step 3", "step 1: every hidden state", "step 2: n-gram drafts", "step 3: forced chains",
+              "step 4: the draft gate"]
+    assert [r["label"] for r in rows] == labels
+    assert [d["label"] for d in lesson.drafts_table(lesson.committed())] == labels[2:]
+    assert [r["step"] for r in lesson.breakdown_table(lesson.committed())] == [labels[0], labels[1], labels[4]]
+    assert '"step": r["label"]' in text and '"step": d["label"]' in text and '"step": r["step"]' not in text
     assert '"step": "2a"' not in text and '"step": "2b"' not in text
     assert "A second run" not in text and "another H200" not in text
 
@@ -356,3 +363,31 @@ def test_the_four_token_layers_in_prose_are_the_tables_numbers():
     assert 'four = next(d for d in layers if d["chunk"] == 4)' in cell
     assert "{quoted(four, 'gemv')} against {quoted(four, 'cublas')}" in cell
     assert '{d[layer]:,.1f}' in cell  # the table's own digits
+
+
+def test_the_headline_keys_its_brackets_and_the_exceptions_follow_the_result():
+    """Where the headline's "1.52× (1.56×)" is first printed, the same sentence says what the bracket holds; the
+    capped requests, the one capped only under drafting and the low-copy point sit in one exceptions list after the
+    result (before "Where we lose"), one line each, and not in the workload section."""
+    cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    first = next(i for i, t in enumerate(text) if "b1['ratio']:.2f}×)" in t)
+    words = " ".join(text[first].split())
+    assert "the headline ships step 4" in words and "in brackets, over all {cap['requests']}" in words
+    at = next(i for i, t in enumerate(text) if t.startswith("## The result, against chapter 07"))
+    lose = next(i for i, t in enumerate(text) if t.startswith("## Where we lose"))
+    assert first == at + 1
+    exc = [i for i, t in enumerate(text) if "**Exceptions.**" in t]
+    assert len(exc) == 1 and at < exc[0] < lose
+    listed = text[exc[0]]
+    for key in ("for r in both", "for o in only", "for l in same_forwards", "ratio_with_drafting_only",
+                "sits above the diagonal", "prefill_probe()"):
+        assert key in listed, key
+    # nowhere else: the workload section and the result's paragraphs no longer carry them
+    for i, t in enumerate(text):
+        if i != exc[0]:
+            assert "ratio_with_drafting_only" not in t and "prefill_probe()" not in t and "for o in only" not in t, i
+    # the committed run's exceptions, as the list counts them: four capped in both loops, one only under drafting
+    results = lesson.committed()
+    cap = lesson.capped(results)
+    assert sum(r["in_both"] for r in cap["rows"]) == 4 and sum(not r["in_both"] for r in cap["rows"]) == 1

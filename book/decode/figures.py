@@ -8,7 +8,8 @@ from typing import Any, Sequence
 
 from studylog.decode.loop import COMPONENTS
 from book.decode.results import breakdown
-from studylog.decode.report import rows_of, series_label
+from book.decode.lesson import STEP_LABELS
+from studylog.decode.report import rows_of
 
 #: Each component's legend label and colour in the stacked bars.
 LABELS = {"body": "model body", "mask_wait": "mask (host, not hidden)", "head": "LM head",
@@ -23,8 +24,9 @@ CONFIG_COLORS = {"baseline": "#4d4d4d", "jump_forward": "#1b9e77", "masked_head"
 #: The bars' order: the steps, step 3's first change alone (3a, ``automaton_mask``) just before step 3, as the page
 #: lists step 3's changes, then chapter 01's character-level jumps, which are not a step.
 BAR_ORDER = ("baseline", "jump_forward", "automaton_mask", "masked_head", "char_jump")
-#: A bar's label where it is not a step's name: the change's label in the steps table beside its configuration.
-BAR_LABELS = {"automaton_mask": "3a: automaton_mask"}
+#: Each bar's label: a step's as the steps table gives it ("step N: short name"), step 3's first change as its chain
+#: table labels it, and chapter 01's character-level jumps, which are not a step.
+BAR_LABELS = {**STEP_LABELS, "automaton_mask": "3a: the automaton's masks", "char_jump": "character-level jumps"}
 #: How figure titles name the cost models' shapes (each a body of a public model's shape and a head of chapter 01's
 #: ``cl100k_base`` vocabulary).
 SHAPES = {"1b": "1B-shaped body, cl100k head", "8b": "8B-shaped body, cl100k head"}
@@ -61,7 +63,7 @@ def plot_breakdown(parts: dict[str, dict[str, float]], ax=None, title: str = "",
         ax.hlines(wall, i - 0.4, i + 0.4, color="black", lw=2.0, label=TICK_LABEL if i == 0 else None)
         ax.annotate(f"{wall:.3g}", (i, max(bottom, wall)), xytext=(0, 2), textcoords="offset points", ha="center",
                     va="bottom", fontsize=FONT)
-    ax.set_xticks(range(len(names)), [BAR_LABELS.get(n, series_label(n)) for n in names], rotation=25, ha="right", fontsize=FONT)
+    ax.set_xticks(range(len(names)), [BAR_LABELS.get(n, n) for n in names], rotation=25, ha="right", fontsize=FONT)
     ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylabel(f"time per output token ({unit})", fontsize=FONT)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
@@ -147,12 +149,12 @@ def speedup_figure(rows: Sequence[dict], caption: str, model: str = "1b", batch:
             ys.append(y)
             lo.append(max(y - bs[0] / ms[-1], 0.0))
             hi.append(max(bs[-1] / ms[0] - y, 0.0))
-        ax.bar(xs, ys, width, color=CONFIG_COLORS[config], label=series_label(config),
+        ax.bar(xs, ys, width, color=CONFIG_COLORS[config], label=BAR_LABELS[config],
                yerr=[lo, hi], capsize=2, error_kw={"elinewidth": 0.8})
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=FONT)
     ax.tick_params(axis="y", labelsize=FONT)
-    ax.set_ylabel("speedup over step01_baseline\n(end to end, per output token)", fontsize=FONT)
+    ax.set_ylabel("speedup over step 1\n(end to end, per output token)", fontsize=FONT)
     ax.set_title(f"{what}{SHAPES.get(model, model + ' shape')}, batch {batch}: each of the {len(names)} JSON schemas, steps 2 and 3 "
                  f"against step 1\n{caption}",
                  fontsize=FONT)

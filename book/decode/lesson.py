@@ -23,7 +23,7 @@ from studylog.decode import report
 from studylog.decode.grammar import suite_names
 from studylog.decode.model import model_config
 
-__all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "amdahl_table",
+__all__ = ["PENDING", "CHAIN_CASES", "EARLIER_FILE", "EARLIER_GPU", "EARLIER_WHAT", "STEP03_CHAIN", "STEP_LABELS", "amdahl_table",
            "body_table", "chain_anchor_gap", "step03_chain", "step03_chain_rows", "step03_chain_run",
            "bound_excess", "range_top", "step03_past_head_bound", "committed", "components_table", "earlier_run", "forwards_per_token", "gemv_findings",
            "head_share_table", "jump_counts", "measurement_findings", "step03_changes_rows", "step03_changes_table",
@@ -572,6 +572,9 @@ def prose_numbers(current, earlier) -> dict[str, str]:
 STEP_CONFIGS = ("baseline", "jump_forward", "masked_head")
 #: What each step changes, for the steps table (step 3 bundles three changes, timed one at a time in
 #: :func:`step03_chain_rows`).
+#: Each step's row label in the steps table: its number and a short name, as its section is titled.
+STEP_LABELS = {"baseline": "step 1: the baseline loop", "jump_forward": "step 2: jump forward",
+               "masked_head": "step 3: the masked head"}
 STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per token",
                 "jump_forward": "forced tokens appended without a forward (chapter 01)",
                 "masked_head": "chapter 02's masked head and what it needs: three changes, 3a to 3c, timed one "
@@ -579,10 +582,10 @@ STEP_CHANGES = {"baseline": "dense head, xgrammar's bitmask, one forward per tok
 
 
 def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
-    """One row per step at ``model`` and ``batch``: the median over the JSON schemas of the time per output token
-    (µs), its ratio to the previous row's (``x_previous``: the ratio of the table's own column), and its ratio to
-    the step's floor (its forwards per output token, each reading the body's weights, and the head's for a dense
-    head, once at the run's copy bandwidth)."""
+    """One row per step at ``model`` and ``batch`` (``label``: "step N: short name", the table's row label): the
+    median over the JSON schemas of the time per output token (µs), its ratio to the previous row's (``x_previous``:
+    the ratio of the table's own column), and its ratio to the step's floor (its forwards per output token, each
+    reading the body's weights, and the head's for a dense head, once at the run's copy bandwidth)."""
     rows, prev = [], None
     for config in STEP_CONFIGS:
         ms = _median(r["ms"] for r in _json_rows(results, config, model, batch))
@@ -590,7 +593,8 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
             continue
         fwd = forwards_per_token(results, config, model, batch)
         floor = fwd * _floor_ms(results, model, head=config != "masked_head")
-        rows.append({"step": report.series_label(config), "change": STEP_CHANGES[config], "us": ms * 1e3,
+        rows.append({"step": report.series_label(config), "label": STEP_LABELS[config], "change": STEP_CHANGES[config],
+                     "us": ms * 1e3,
                      "x_previous": prev / ms if prev else None, "x_floor": ms / floor, "floor_us": floor * 1e3,
                      "forwards": fwd})
         prev = ms
@@ -604,7 +608,7 @@ def steps_table(results, model: str = "1b", batch: int = 1) -> str:
              "|---|---|---|---|---|"]
     for r in steps_rows(results, model, batch):
         prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
-        lines.append(f"| `{r['step']}` | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
+        lines.append(f"| {r['label']} | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
     if len(lines) == 2:
         return f"({PENDING}: this file holds no decode series)"
     return "\n".join(lines)

@@ -39,12 +39,20 @@ def two_digits(text: str) -> str:
     return re.sub(r"\b([Cc]hapter) (\d)\b", r"\1 0\2", text)
 
 
+#: Each row's label in the page's tables: the step's number and a short name, as its section is titled (the library's
+#: series and step names stay in ``step``).
+START_LABEL = "chapter 07, step 3"
+STEP_LABELS = {"step01": "step 1: every hidden state", "step02": "step 2: n-gram drafts",
+               "step03": "step 3: forced chains", "step04": "step 4: the draft gate"}
+
+
 def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
-    """One row per step: what changed, the median over requests of the ms per output token, the previous step's
+    """One row per step (``label``: "step N: short name", the tables' row label): what changed, the median over
+    requests of the ms per output token, the previous step's
     median over this step's and chapter 07's step 3 median over this step's (ratios of the table's own times, so
     they multiply), forwards per output token, accepted tokens per verified draft."""
     ref = "ch7_step03"
-    out = [{"step": "chapter 07, step 3", "change": "the loop chapter 08 starts from",
+    out = [{"step": START_LABEL, "label": START_LABEL, "change": "the loop chapter 08 starts from",
             "ms_per_token": median_ms(results, batch, workload, ref), "x_previous": None, "x_ch7_step03": 1.0,
             "forwards_per_token": _forwards(results, batch, workload, ref), "accepted": None}]
     prev = ref
@@ -53,7 +61,7 @@ def steps_table(results, batch: int = 1, workload: str = "extraction") -> list[d
         rows = _rows(results, batch, workload, s)
         drafts = sum(r["drafts"] for r in rows)
         ms = median_ms(results, batch, workload, s)
-        out.append({"step": step.name, "change": two_digits(step.title), "ms_per_token": ms,
+        out.append({"step": step.name, "label": STEP_LABELS[s], "change": two_digits(step.title), "ms_per_token": ms,
                     "x_previous": median_ms(results, batch, workload, prev) / ms,
                     "x_ch7_step03": median_ms(results, batch, workload, ref) / ms,
                     "forwards_per_token": _forwards(results, batch, workload, s),
@@ -68,14 +76,16 @@ def _forwards(results, batch, workload, series) -> float:
 
 
 def drafts_table(results, batch: int = 1, workload: str = "extraction") -> list[dict[str, Any]]:
-    """Per drafting step, summed over the workload's requests: tokens the matcher proposed, those the grammar cut,
+    """Per drafting step (``label`` as in :func:`steps_table`), summed over the workload's requests: tokens the
+    matcher proposed, those the grammar cut,
     forced tokens that joined drafts, draft tokens verified and accepted, and accepted tokens per verified draft."""
     out = []
     for s in SERIES[1:]:
         rows = _rows(results, batch, workload, s)
         total = {k: sum(r[k] for r in rows) for k in ("proposed", "cut", "forced_drafted", "verified", "accepted",
                                                      "drafts")}
-        out.append({"step": CHAPTER.step(s).name, **total, "accepted_per_draft": total["accepted"] / total["drafts"]
+        out.append({"step": CHAPTER.step(s).name, "label": STEP_LABELS[s], **total,
+                    "accepted_per_draft": total["accepted"] / total["drafts"]
                     if total["drafts"] else None})
     return out
 
@@ -91,8 +101,7 @@ def breakdown_table(results, batch: int = 1, workload: str = "extraction") -> li
     instrumented runs' time over all the tokens (long requests weigh more); ``median``, the median request's time
     per output token in the timed runs (the steps table's statistic), sits beside it."""
     out = []
-    for s, name in (("ch7_step03", "chapter 07, step 3"), ("step01", CHAPTER.step("step01").name),
-                    ("step04", CHAPTER.step("step04").name)):
+    for s, name in (("ch7_step03", START_LABEL), ("step01", STEP_LABELS["step01"]), ("step04", STEP_LABELS["step04"])):
         rows = _rows(results, batch, workload, s)
         tokens = sum(r["tokens"] for r in rows)
 
@@ -535,7 +544,7 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
     return min(report.speedups(results.rows, batch, workload, series))
 
 
-__all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "agreement", "batch_makeup", "bound_rows",
+__all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "START_LABEL", "STEP_LABELS", "agreement", "batch_makeup", "bound_rows",
            "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
            "low_copy_counts", "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
