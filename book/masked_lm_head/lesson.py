@@ -653,7 +653,9 @@ def _case(p: dict) -> str:
 #: numbered though they do not pay: :func:`boehm_table` says so from the run (:func:`paid_words`), then these words
 #: say what the step is and why it is kept (step 3's form is the dispatch's dense path; step 6 is left out of the
 #: steps after it; step 9 is what step 10 multiplies on the tensor cores; step 11 loses to step 7 on its mask).
-BOEHM_CHANGES = {3: "a row-tile kernel for [V, D]; its form is the dispatch's dense path",
+BOEHM_CHANGES = {2: "inside an active block, disallowed columns are not loaded (every row of this table is on [V, D], "
+                    "torch's layout; on the post's [D, V] this step is slower: its section says why)",
+                 3: "a row-tile kernel for [V, D]; its form is the dispatch's dense path",
                  6: "the fill programs first in the grid; step 7 keeps step 5's order",
                  9: "the union of the batch's allowed sets, each row read once for every sequence, reduced once per "
                     "sequence; step 10 multiplies it on the tensor cores",
