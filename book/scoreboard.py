@@ -397,7 +397,26 @@ def _ternary(data):
     if llama is None:
         return None
     bitnet = _ternary_bitnet(data)
-    return ([bitnet] if bitnet is not None else []) + [llama]
+    part_one = _ternary_part_one(data)
+    return ([bitnet] if bitnet is not None else []) + [llama] + ([part_one] if part_one is not None else [])
+
+
+#: Chapter 05 part 1 (Triton), a page of its own: its row on the scoreboard links there.
+PART_ONE_NOTEBOOK = "notebooks/05_ternary_1_triton.ipynb"
+
+
+def _ternary_part_one(data):
+    """Chapter 05 part 1's row: its last Triton step (:data:`book.results.PART_ONE_STEP`) at the chapter's headline
+    shape, 4096 x 14336, against the same rival as part 2's row there (GemLite where it passes our float64 check in
+    this run, else cuBLAS bf16), the rule of :func:`book.results.part_one_answer`; None where the file lacks it."""
+    from book.results import PART_ONE_STEP
+
+    series = f"step{PART_ONE_STEP:02d}"
+    row = _ternary_llama(data, steps=(series,),
+                         ours_label=f"part 1's last kernel, on tensor cores in Triton ({_step_words(series)})")
+    if row is None:
+        return None
+    return row | {"ternary_case": "part1", "tail_row": False, "part_notebook": PART_ONE_NOTEBOOK}
 
 
 #: Our W2A8 kernel set against BitNet's (x quantised inside the call): step 23 alone, the one-row kernel. BitNet's
@@ -468,8 +487,8 @@ def _ternary_bitnet(data):
                      "results page gives all ten"))
 
 
-def _ternary_llama(data):
-    mine = [r for s in TERNARY_BF16_X for r in rows(data, s, **TERNARY_CASE) if r["clock"] == "gpu"]
+def _ternary_llama(data, steps: tuple[str, ...] = TERNARY_BF16_X, ours_label: str = ""):
+    mine = [r for s in steps for r in rows(data, s, **TERNARY_CASE) if r["clock"] == "gpu"]
     if not mine:
         return None
     ours = min(mine, key=lambda r: r["ms"])
@@ -498,6 +517,8 @@ def _ternary_llama(data):
         peer_notes.append("cuBLAS bf16 on the same matrix stored densely " + _check_words(checks["cublas_bf16"]))
     check = checks.get(series)
     extra = {"ternary_case": "llama", "tail_row": True, "rival_series": series,
+             # named beside the ratio: the cards' rivals at this shape can differ (GemLite passes on one card only)
+             "rival_name": {"gemlite_w2": "GemLite 2-bit", "cublas_bf16": "cuBLAS bf16"}[series],
              "rival_check": None if check is None else ("passes" if check["passed"] else "misses"),
              "gemlite_fails_check": gem_check is not None and not gem_check["passed"],
              "gemlite_check_error": None if gem_check is None else gem_check["relative_error"],
@@ -511,7 +532,7 @@ def _ternary_llama(data):
                             f"GemLite 2-bit: {us(gemlite['ms'])}, faster than cuBLAS but it fails our float64 check "
                             "(no ratio)"
                             if series == "cublas_bf16" and gem_failed and gemlite is not None else None)}
-    return extra | _row(f"{TERNARY_WORDS.get(ours['series'], 'the ternary kernel')} ({_step_words(ours['series'])})",
+    return extra | _row(ours_label or f"{TERNARY_WORDS.get(ours['series'], 'the ternary kernel')} ({_step_words(ours['series'])})",
                 "one row of x (M = 1); the weight shape N x K in the kernel column", ours["clock"], ours,
                 label, rival, byte_floor_ms=ours.get("floor_mem_ms", ours.get("floor_ms")),
                 compute_floor_ms=ours.get("floor_compute_ms"), latency_floor_ms=latency, latency_what=what,
@@ -793,8 +814,10 @@ TAIL_SERIES: dict[int, tuple[str, dict[str, Any]]] = {
     6: ("multi_item_attention", {"shape": "8 prompts, mixed"}),
 }
 #: What the p99 column holds, said once under the tables (the counts come from the tails run's rows).
-TAIL_NOTE = ("p99 of replays: over {samples} replays, each a CUDA graph of at least {calls} calls, in a run of its "
-             "own")
+TAIL_NOTE = ("p99 ÷ median: the 99th percentile over {samples} replays, each a CUDA graph of at least {calls} "
+             "calls, over the median of the same replays, timed apart from the median column")
+#: The p99 column's header (the cards that have a tails run follow it in parentheses).
+P99_HEADER = "p99 ÷ median"
 
 
 def tail(card: Path, number: int) -> dict[str, Any] | None:
@@ -881,17 +904,16 @@ def _ctc_small_case_words(root: Path) -> str | None:
 
 def not_comparable(board: list[dict[str, Any]]) -> dict[tuple[int, str], str]:
     """The runs of a chapter on one card whose setup differs from another card's, so that their numbers may not stand
-    beside that card's: (chapter number, the card's full name) -> why, in a few words. A run that replayed one copy
-    of the head where another card's run rotated copies; a run whose head is not padded as real models ship it."""
+    beside that card's: (chapter number, the card's full name) -> why, one clause for a reader (what differs on that
+    card, and what it does to the numbers). A run that replayed one copy of the head where another card's run
+    rotated copies; a run whose head is not padded as real models ship it."""
     rotated = {b["number"] for b in board if b.get("one_copy") is False}
     out = {}
     for b in board:
         if b.get("one_copy") and b["number"] in rotated:
-            out[(b["number"], b["card"])] = ("its run replayed one copy of the head, so the rows a call reads could "
-                                             "stay in L2 between calls; the other card's run rotates copies")
+            out[(b["number"], b["card"])] = "every call reads the same copy of the head, which can stay in L2"
         elif b.get("unpadded_head"):
-            out[(b["number"], b["card"])] = ("its run's head is not padded as real models ship it, which slows the "
-                                             "dense baseline")
+            out[(b["number"], b["card"])] = "the head is not padded as real models ship it, which slows the dense rival"
     return out
 
 
@@ -954,7 +976,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     tails = {(r["number"], r["card"]): tail(folders[r["card"]], r["number"]) for r in board
              if r.get("lead") and "missing" not in r}
     have = sorted({_short_card(c) for (_, c), t in tails.items() if t})
-    p99 = f"p99 of replays over its run's median (the {' and the '.join(have)} only) | " if have else ""
+    p99 = f"{P99_HEADER} ({', '.join(have)}) | " if have else ""
     times = ["**Time, and the strongest rival**", "",
              f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
              "strongest rival (µs) | speedup (rival ÷ ours) |", "|" + "---|" * (8 if p99 else 7)]
@@ -1004,6 +1026,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             ours += f", {first.split(':')[0]}"
             if ":" in first:
                 note(r, first, every_card=True)
+        if r.get("part_notebook"):  # a part of the chapter with a page of its own: the cell links it
+            ours = f"[part 1]({link(r['part_notebook'])}): {ours}"
         rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
         if r.get("rival_check"):
             rival += f" ({r['rival_check']} our float64 check)"
@@ -1018,6 +1042,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         for extra in r["notes"][2:]:
             note(r, extra)
         vs = f"{r['vs_rival']:.2f}×" if r["vs_rival"] is not None else NOT_MEASURED
+        if r.get("rival_name") and r["vs_rival"] is not None:  # the rival in the ratio's own cell
+            vs += f" vs {r['rival_name']}"
         if r["ratio_note"] and r["rival_clock"] == r["clock"]:
             note(r, r["ratio_note"])
         median, slowest = f"**{us(r['median_ms'])}**", us(r["slowest_ms"])
@@ -1064,7 +1090,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         # (as the page promises), and the notes say what is missing
         if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
             binding, pct = "–", f"– ({r['no_pct_why']})"
-        floors.append(f"| {named} | {card} | {r['ours']} | {byte} | "
+        kernel = f"[part 1]({link(r['part_notebook'])}): {r['ours']}" if r.get("part_notebook") else r["ours"]
+        floors.append(f"| {named} | {card} | {kernel} | {byte} | "
                       f"{_floor(r['compute_floor_ms'], missing='–')} | {latency} | {binding} | {pct} |")
     llama = [b for b in board if b.get("ternary_case") == "llama" and b.get("gemlite_check_error") is not None]
     if len({b["gemlite_fails_check"] for b in llama}) > 1:  # GemLite passes on one card and fails on the other
@@ -1089,7 +1116,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
     if samples:
         definitions.append(TAIL_NOTE.format(samples=samples[0].get("samples", "its"),
                                             calls=samples[0].get("min_calls_per_replay", "many"))
-                           .replace("p99 of replays: t", "The p99 column: t", 1) + ".")
+                           .replace("p99 ÷ median: ", "The p99 ÷ median column: ", 1) + ".")
     folds = []
     for entry in ENTRIES:
         said = notes.get(entry.number)
@@ -1103,13 +1130,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         folds.append("")
     for (number, card), why in sorted(apart.items()):  # said per chapter and card, not as a catch-all
         r = next(b for b in every if b["number"] == number)
-        under.append(f"The {_short_card(card)}'s run of [{number:02d}. {r['title']}]({link(r['notebook'])}) is left "
-                     f"out: {why}.")
+        others = " and the ".join(_short_card(b["card"]) for b in board if b["number"] == number and b["lead"]
+                                  and "missing" not in b)
+        under.append(f"[{number:02d}. {r['title']}]({link(r['notebook'])}) has no {_short_card(card)} row: there "
+                     f"{why}, so its numbers do not compare with the {others or 'other card'}'s.")
     times += [""] + [u + "  " for u in under] if under else []
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
-__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs", "tail_ratio"]

@@ -297,12 +297,15 @@ def test_a_missing_series_or_ceiling_reads_not_measured(bench_copy):
 
 def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
     """The chapters' files keep no samples; the tails run does. The p99 column shows its numbers on the cards that
-    have it and "not measured" elsewhere, as a multiple of its own run's median; the page defines the columns once
-    (the list above the tables), not again under them."""
+    have it and "not measured" elsewhere, as a multiple of its own run's median, under a header a reader gets at
+    once ("p99 ÷ median (H200)"); the page defines the columns once (the list above the tables), not again under
+    them."""
     table = sb.scoreboard_markdown()
     assert "fastest, median and slowest of a few" not in table and "**% of the floor**" not in table
     page = (ROOT / "scoreboard.md").read_text()
-    assert page.count("over a few independent runs") == 1 and page.count("over that run's own median") == 1
+    assert page.count("over a few independent runs") == 1
+    # the short list says in one bullet what the p99 cell means
+    assert page.split("```")[0].count("- **p99 ÷ median**: ") == 1
     tails = [c for c in sb.cards() if (c / f"{sb.TAILS}.json").is_file()]
     if not tails:
         assert "p99" not in table
@@ -312,13 +315,14 @@ def test_the_p99_column_is_filled_from_the_tails_run_where_a_card_has_one():
     assert row["p99_ms"] >= row["ms"]
     assert f"| {row['p99_ms'] / row['ms']:.2f}× |" in table
     # the header names the cards that have the run, once; other cards' cells are a plain dash
-    names = " and the ".join(sorted(sb._short_card(sb.card_name(c)) for c in tails))
-    assert f"p99 of replays over its run's median (the {names} only)" in table
+    names = ", ".join(sorted(sb._short_card(sb.card_name(c)) for c in tails))
+    assert f"| p99 ÷ median ({names}) |" in table and "p99 of replays over its run's median" not in table
     times = table.split("**Floors")[0]
     lines = [ln for ln in times.splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
     no_run = [ln for ln in lines if not any(f"| {sb._short_card(sb.card_name(c))} |" in ln for c in tails)]
     assert no_run and all(ln.split(" | ")[5].strip() == "–" for ln in no_run)
-    assert table.count("p99 of replays: over ") == 1 and "99th percentile" not in table  # the meaning: above
+    # how it is measured: one line under the tables
+    assert table.count("The p99 ÷ median column: the 99th percentile over ") == 1 and "p99 of replays" not in table
 
 
 def test_chapter_seven_headline_is_one_case_and_one_statistic_everywhere():
@@ -801,3 +805,94 @@ def test_host_bound_rows_name_the_rival_and_the_dense_baseline_where_it_wins_eag
         if max(dense["host_ms"], dense["ms"]) * 1e3 < ours_host:
             assert "cuBLAS bf16" in row and "would be faster" in row, row
         assert "ours stays the faster" not in row  # chapter 5's rows name their rival
+
+
+# ----------------------------------------------------------------------------------------------
+# What a reader needs first, and what is folded
+# ----------------------------------------------------------------------------------------------
+
+def test_how_to_read_is_a_few_short_bullets_and_the_definitions_fold_under_the_tables():
+    """Before the first table the page gives about five short bullets (what each column means); the full definitions
+    and the words the tables use are in a folded "Definitions" block after the tables."""
+    page = (ROOT / "scoreboard.md").read_text()
+    cell = page.index("```{code-cell}")
+    head = page[page.index("**How to read a row**"):cell]
+    bullets = [ln for ln in head.splitlines() if ln.startswith("- **")]
+    assert 4 <= len(bullets) <= 6, bullets
+    assert len(head.split()) <= 180, f"{len(head.split())} words before the first table"
+    for word in ("**GQA**", "**W2A8**", "**step N**", "**slots, budget**", "Words the tables use", "float32"):
+        assert word not in head, word
+    fold = page.index(":::{dropdown} Definitions")
+    assert fold > cell
+    definitions = page[fold:]
+    for word in ("**GQA**", "**W2A8**", "**step N**", "**part 1**", "**T, A, N**", "float64 reference",
+                 "a yardstick, not a law", "not measured"):
+        assert word in definitions, word
+
+
+def test_a_chapter_measured_differently_on_one_card_is_said_for_a_reader():
+    """A run left off the tables (:func:`book.scoreboard.not_comparable`) is said in one line under the first table,
+    as what differs on that card and that its numbers do not compare, with no history of the runs."""
+    table = sb.scoreboard_markdown()
+    times = table.split("**Floors")[0]
+    apart = sb.not_comparable(sb.scoreboard())
+    for (number, card), why in apart.items():
+        entry = next(e for e in sb.ENTRIES if e.number == number)
+        (line,) = [ln for ln in times.splitlines() if ln.startswith(f"[{number:02d}. {entry.title}](")
+                   and "has no row" not in ln]
+        assert f"has no {sb._short_card(card)} row: there {why}, so its numbers do not compare with the" in line
+        assert len(why.split()) <= 16, why  # one short clause
+    for said in ("is left out", "its run ", "replayed", "the other card's run", "rotates copies"):
+        assert said not in times, said
+
+
+def test_part_one_of_chapter_five_has_a_row_recomputed_from_the_raw_file():
+    """Chapter 05's part 1 (its last Triton step, book.results.PART_ONE_STEP) has a row on each card at 4096 x 14336,
+    linked to its own page, against GemLite where GemLite passes our float64 check there, else cuBLAS bf16 (the rule
+    of part 1's answer), with the same columns: no p99 (the tails run does not time it), its floors and % of floor."""
+    from book.results import PART_ONE_STEP, part_one_answer
+
+    series = f"step{PART_ONE_STEP:02d}"
+    table = sb.scoreboard_markdown()
+    times, floors = table.split("**Floors")
+    board = sb.scoreboard()
+    for card in (H100, H200):
+        data = _raw(card, "ternary")
+        shape = {"shape": "4096x14336", "m": 1}
+        ours = _find(data, series, **shape)
+        (check,) = [c for c in data["checks"] if c["name"].startswith("gemlite_w2 within")
+                    and all(c["params"].get(k) == v for k, v in shape.items())]
+        rival = _find(data, "gemlite_w2" if check["passed"] else "cublas_bf16", **shape)
+        ratio = rival["ms"] / ours["ms"]
+        row = _ternary_row(board, card, "part1")
+        assert row["vs_rival"] == pytest.approx(ratio) and row["median_ms"] == ours["ms"]
+        answer = part_one_answer(card)
+        assert ratio == pytest.approx(answer["ratios"]["4096x14336"] if check["passed"] else answer["cublas"])
+        short = sb._short_card(data["device"]["name"])
+        prefix = f"|  | {short} | [part 1]({sb.PART_ONE_NOTEBOOK}): step {PART_ONE_STEP}, bf16 x; 4096 x 14336 |"
+        (line,) = [ln for ln in times.splitlines() if ln.startswith(prefix)]
+        cells = [c.strip() for c in line.split(" | ")]
+        assert cells[3] == f"**{ours['ms'] * 1e3:,.1f}**" and cells[5] == "–"
+        assert cells[-1].rstrip(" |").startswith(f"{ratio:.2f}×")
+        floor = max(ours["floor_mem_ms"], ours["floor_compute_ms"], sb.card_empty_kernel_ms(card))
+        (fline,) = [ln for ln in floors.splitlines() if ln.startswith(prefix)]
+        assert f"**{100 * floor / ours['ms']:.0f}%**" in fline
+
+
+def test_chapter_five_speedup_cells_name_their_rival():
+    """The cards' rivals at 4096 x 14336 can differ (GemLite passes our check on one card only): each such speedup
+    cell names the rival it is against, recomputed from the raw file's check."""
+    table = sb.scoreboard_markdown().split("**Floors")[0]
+    for card in (H100, H200):
+        data = _raw(card, "ternary")
+        shape = {"shape": "4096x14336", "m": 1}
+        (check,) = [c for c in data["checks"] if c["name"].startswith("gemlite_w2 within")
+                    and all(c["params"].get(k) == v for k, v in shape.items())]
+        rival = _find(data, "gemlite_w2" if check["passed"] else "cublas_bf16", **shape)
+        name = "GemLite 2-bit" if check["passed"] else "cuBLAS bf16"
+        ours = min((r for s in sb.TERNARY_BF16_X for r in data["measurements"] if r["series"] == s
+                    and all(r["params"].get(k) == v for k, v in shape.items()) and r["clock"] == "gpu"),
+                   key=lambda r: r["ms"])
+        short = sb._short_card(data["device"]["name"])
+        (line,) = [ln for ln in table.splitlines() if f"| {short} | step {int(ours['series'][4:])}, bf16 x; " in ln]
+        assert line.endswith(f"| {rival['ms'] / ours['ms']:.2f}× vs {name} |"), line
