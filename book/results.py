@@ -477,12 +477,11 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     cells[name] += ", 32 heads (grouped-query heads not measured on this card)"
                     brief[name] += " (32 heads)"
             if entry.number == 2:  # one headline, the whole step; the kernel alone against its rival in a note
-                brief[name] += " (cuBLAS logits, then its mask), the whole step at batch 1"
+                brief[name] += " at batch 1"
                 wider = masked_head_batches(card)
                 if wider:  # a tie within 1%, chapter 02's rule
                     brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
-                                                     for b, x in wider.items())
-                                    + f"; {MASKED_HEAD_CASE['allowed']:,} allowed a sequence)")
+                                                     for b, x in wider.items()) + ")")
                 alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
                 if alone is not None:
@@ -540,13 +539,12 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 bound = decode_bound(card)
                 if bound is not None:
                     notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
-                    brief[name] = (f"{row['vs_rival']:.2f}× {entry.rival_short} on an 8B-shaped cost model (random "
-                                   "weights, one layer's weights read by all 32 layers)")
+                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} on an 8B-shaped cost model"
                 if row.get("real_ratio") is not None:
                     notes[name].append(f"{name}: on a real model, SmolLM2-135M, over its {row['real_requests']} "
                                        f"requests at batch 1, {row['real_ratio']:.2f}× (the ratio of the two median "
                                        "times)")
-                    brief[name] += f"; {row['real_ratio']:.2f}× on a real model, SmolLM2-135M"
+                    brief[name] += f"; {row['real_ratio']:.2f}× on SmolLM2-135M"
             if row.get("unpadded_head"):  # a run whose dense baseline is slowed: its ratio is not compared
                 ratios[name], comparable[name] = None, False
                 cells[name] = VOID
