@@ -193,7 +193,7 @@ def test_amdahl_times_every_layer_at_its_own_shape_where_the_lab_run_is_committe
     view = L.amdahl(results, [T.SERIES[21]])
     assert view["measured"] and "640x2560" in view["per_shape"] and L.layers_note(view).startswith("every layer")
     assert view["separate"] == ["640x2560"] and L.layers_note(view) == "every layer at its own shape"
-    assert "separate run" not in L.amdahl_layers_table(results, [T.SERIES[21]])  # the page's provenance says it once
+    assert "The k, v row comes from a separate run" in L.amdahl_layers_table(results, [T.SERIES[21]])
     base = sum(c * ms("cublas_bf16", n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
     ours = sum(c * ms(T.SERIES[21], n, k) for _, n, k, c, _ in L.BITNET_LAYERS)
     assert view["speedup"] == pytest.approx(base / ours, rel=1e-12)
@@ -455,6 +455,9 @@ def test_a_page_folds_its_long_listings(path):
         for old, new in re.findall(r"^show\((\d+), (\d+)\)", src, flags=re.M):  # a diff shown whole, unfolded
             diff = T.CHAPTER.show_diff(int(old), int(new))
             assert sum(line[:1] in "+-" for line in diff.lines[2:]) <= 50, (old, new)
+        for step, core in re.findall(r"^show\((\d+)(, region=lesson.DEVICE_CORE\[\d+\])?\)$", src, flags=re.M):
+            diff = L.device_diff(int(step), region=L.DEVICE_CORE[int(step)] if core else None)  # part 2's
+            assert len(diff.added) + len(diff.removed) <= 40, step
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -830,3 +833,113 @@ def test_a_step_that_shares_its_kernel_shows_its_one_change():
     assert any("group_mma<BF16, MT, RT, true>" in line for line in added)
     added, removed = changed(24, 25)
     assert any("mbarrier_wait(x_full, 0);" in line for line in added) and any("load_xq_slice(" in line for line in removed)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a fresh reader found: the diffs show device code, labels name steps, numbers back the words
+# ------------------------------------------------------------------------------------------------
+
+#: For each CUDA C++ step whose change is a flag (a knob, or a choice of its launch): lines of device code its diff
+#: must add and remove, the code the flag turns on and off.
+DEVICE_CHANGES = {
+    16: (("finish_split(arrivals", "(int)blockIdx.y"), ()),
+    19: (("z[(size_t)m * N + n] = sum / scale",), ("finish_split(arrivals", "partials[((size_t)blockIdx.y")),
+    20: (("bulk_copy(stages + s * stage_pieces", "ring.fill(c, policy);"), ("fill_per_warp(",)),
+    21: (("lop3.b32", "decode_pair_reg<BF16>(word, p, magic)"), ("with_magic<BF16>(part(a[r][h], i))",)),
+    23: (("mbarrier_wait(x_full, 0);", "quantize(StagedRow{"), ("load_xq_slice(",)),
+    25: (("} else if (lane == 1) {", "bulk_copy(xs + r * xs_stride, xq"), ("load_xq_slice(",)),
+}
+
+
+@pytest.mark.parametrize("step", sorted(DEVICE_CHANGES))
+def test_a_flag_steps_diff_shows_the_device_code_it_turns_on(step):
+    """Steps 16 to 25 that flip a flag show the kernel with the flag resolved, diffed against the step before: the
+    code it turns on and off is in the diff, and no Python launcher (no `// def` lines)."""
+    added, removed = DEVICE_CHANGES[step]
+    for diff in (L.device_diff(step), L.device_diff(step, region=L.DEVICE_CORE.get(step))):
+        text = str(diff)
+        assert "// def " not in text and "its launch (Python)" not in text and " false && " not in text
+    diff = L.device_diff(step)
+    assert all(any(a in line for line in diff.added) for a in added), [a for a in added if not any(a in x for x in diff.added)]
+    assert all(any(r in line for line in diff.removed) for r in removed), step
+
+
+def test_every_cuda_diff_on_part_2_is_device_code():
+    """Part 2 shows no diff of a step's text with its Python launcher: every diff is of device code."""
+    code = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"] if c["cell_type"] == "code")
+    assert "CHAPTER.show_diff(" not in code and "def show(step" in code
+    for step in range(16, 26):
+        assert "// def " not in str(L.device_diff(step, helpers=step != 22))
+
+
+def test_fold_labels_name_the_steps_as_numbered_now():
+    """group_mma serves steps 15 to 21: its fold says so (the chapter was renumbered; it once said step 10)."""
+    for path in LESSONS:
+        for c in json.loads(path.read_text())["cells"]:
+            for k, v in c["metadata"].get("mystnb", {}).items():
+                if "group_mma" in v:
+                    assert "steps 15 to 21" in v and "step 10" not in v, v
+
+
+def test_step_11_and_13_say_one_thing_about_step_11():
+    """Step 11 pays at one row by 1.01x: its section says barely, and why it stays (step 13 needs it); step 13 no
+    longer says that step 11 does not pay."""
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[0].read_text())["cells"]}
+    assert "a prerequisite of step 13" in cells["2fa5e252"] and "round(one_row, 2) < 1.03" in cells["2fa5e252"]
+    assert "does not pay alone" not in cells["46a9996e"]
+
+
+def test_part_1s_figure_names_the_steps_it_shows(results):
+    """The steps figure shows the Triton steps timed at every Llama shape, says which are left out, and labels
+    each row "step N: what it is"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = figures(results)["steps"]
+    title = fig._suptitle.get_text()
+    assert "timed at every Llama shape" in title and "steps 4 and 10 to 13: only in the steps table" in title
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    steps = [label for label in labels if label.startswith("step")]
+    assert steps and all(re.fullmatch(r"step \d+: .+", label) for label in steps), labels
+    assert not any(re.search(r"step\d\d_", label) for label in labels)
+    plt.close("all")
+
+
+def test_tables_name_steps_by_number_and_what_they_are(results):
+    """The peers and prefill tables say "step N: ..." where they name our kernel, never `stepNN_slug`."""
+    from book.ternary import results as tables
+
+    for text in (L.result_table(results, w2a8=(T.SERIES[23], T.SERIES[25])), tables.prefill(results)["table"],
+                 tables.prefill(results, series=(T.SERIES[14],))["table"]):
+        assert not re.search(r"step\d\d_", text), text
+        assert re.search(r"step \d+: ", text)
+
+
+def test_steps_18_and_20_give_both_cases_numbers(results):
+    text = L.case_ratios(results, 18, 17)
+    assert len(re.findall(r"\d\.\d\d×", text)) == 2 and "4096 × 14336" in text and "2560 × 6912" in text
+    code = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
+    assert "lesson.case_ratios(results, 18, 17)" in code and "lesson.case_ratios(results, 20, 19)" in code
+
+
+def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
+    """Step 22 lists its five changes and says no run times them apart; step 23 lists its own, says the rounding
+    was step 22's already, and quotes the place of quantisation, which the benchmark times apart."""
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
+    assert "five changes" in cells["c05f0206"] and "5. the matmul launched early" in cells["c05f0206"]
+    assert "No run times " in cells["a586196e"]
+    assert "already rounds so" in cells["07088276"] and "3. the place is picked" in cells["07088276"]
+    assert "only the place is timed apart" in cells["03d4f2ed"] and "No run times the rounding apart" in cells["03d4f2ed"]
+    assert L.place_us(results, "staged") == L.us(results, T.SERIES[23])  # the default at one row
+    assert L.place_us(results, "separate") == L.us(results, T.SERIES[22])
+
+
+def test_part_2_says_why_step_23s_default_stays(results):
+    """The default (x staged) was measured on the Llama shapes, where it is the faster; at BitNet's shapes it is a
+    loss, said so."""
+    gains = L.every_block_gains(results, [L.MAIN, L.BIG])
+    assert all(g < 1 for g in gains.values())
+    code = "".join("".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"])
+    assert "a rule measured on the Llama shapes" in code and "the rule loses" in code

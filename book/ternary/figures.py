@@ -4,12 +4,13 @@ repetitions' spread where the file has it."""
 
 from __future__ import annotations
 
-from book.ternary.results import BITNET_OURS, bitnet_results, failed_peer_checks, series_label, shapes_in
+from book.ternary.results import (BITNET_OURS, bitnet_results, failed_peer_checks, series_label, shapes_in,
+                                  step_label)
 from studylog.ternary.results import (BITNET, CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, INT_MM_MATMUL,
                                       W2A8_PLACE_SERIES, fastest, on_gpu_clock)
 from studylog.ternary.steps import SERIES
 
-__all__ = ["CARD", "FONT", "SERIES_COLOURS", "SMALL", "W2A8_DEFAULTS", "figures", "series_colour"]
+__all__ = ["CARD", "EVERY_SHAPE_STEPS", "FONT", "SERIES_COLOURS", "SMALL", "W2A8_DEFAULTS", "figures", "series_colour"]
 
 #: The card both lessons of the chapter read (its results folder): the one whose run also has BitNet's kernel and
 #: the Nsight Compute profile beside ours, so that every number on a page comes from one card.
@@ -41,7 +42,19 @@ def _short(series: str) -> str:
     """A legend entry: the step's name, or the baseline's or peer's short name."""
     return {CUBLAS: "cuBLAS bf16", "read_weights": "only reading the 2-bit weights", GEMLITE: "GemLite 2-bit (peer)",
             BITNET: "BitNet's W2A8 kernel (peer)", INT_MM: "torch._int_mm W8A8 (peer)", INT_MM_MATMUL: "torch._int_mm, the GEMM alone"}.get(
-        series, series_label(series).split(" (")[0].replace("step23_w2a8_fused, x quantised at ", "step23_w2a8_fused, "))
+        series, _step_short(series))
+
+
+def _step_short(series: str) -> str:
+    """A step's legend entry, "step 23: W2A8, x quantised inside", with the place x is quantised where the series
+    is one of step 23's other launches."""
+    name, _, option = series_label(series).split(" (")[0].partition(", x quantised at quantize=")
+    step = next((n for n, s in SERIES.items() if name.startswith(s + "_")), None)
+    if option:  # one of step 23's other launches: the place it quantises x
+        where = {"every block": "x quantised in every block", "staged": "x staged by the TMA"}.get(
+            option.strip("'"), f"x quantised at {option}")
+        return f"step {step}, {where}"
+    return name if step is None else step_label(step)
 
 
 def _ratio_err(base: dict, mine: dict):
@@ -141,9 +154,26 @@ W2A8_DEFAULTS = [SERIES[23], SERIES[25]]
 FAILED_MARKER = "X"
 
 
+#: Part 1's Triton steps that the benchmark times at every Llama shape and one row of x (the steps figure); the
+#: others (4, the AND decode, and 10 to 13, each one change on the way to 14) are timed at the steps table's cases.
+EVERY_SHAPE_STEPS = (1, 2, 3, 5, 6, 7, 8, 9, 14)
+
+
+def _ranges(numbers) -> str:
+    """Numbers in words, runs as ranges: [4, 10, 11, 12, 13] -> "4 and 10 to 13"."""
+    runs = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    words = [str(a) if a == b else f"{a} and {b}" if b == a + 1 else f"{a} to {b}" for a, b in runs]
+    return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + (words[-1] if words else "")
+
+
 def _steps_dots(view, shapes, series, failed, card: str, caption: str):
     """Part 1's steps figure: one panel a shape, one row a kernel (cuBLAS, the Triton steps timed at every Llama
-    shape: 1 to 3, 5 to 9 and 14, GemLite), its median GPU
+    shape, :data:`EVERY_SHAPE_STEPS`, labelled "step N: what it is", GemLite), its median GPU
     time as a dot on a linear axis that starts at zero (whiskers: the repetitions' range) and the value written
     beside it; cuBLAS's time a dashed line across the panel; a peer whose output fails our float64 check at that
     shape and one row drawn as a red cross, with one legend entry."""
@@ -184,7 +214,9 @@ def _steps_dots(view, shapes, series, failed, card: str, caption: str):
     if marked:
         handles.append(Line2D([], [], marker=FAILED_MARKER, color=FAILED_EDGE, linestyle="none", ms=8,
                               label="GemLite's output fails our float64 check there"))
-    fig.suptitle(f"{card}, one row of x (M = 1): part 1's Triton steps on the Llama shapes (linear axes from 0)",
+    left = _ranges([n for n in range(1, 15) if n not in EVERY_SHAPE_STEPS])
+    fig.suptitle(f"{card}, one row of x (M = 1): the Triton steps timed at every Llama shape"
+                 + (f" (step{'s' if ' ' in left else ''} {left}: only in the steps table)" if left else ""),
                  fontsize=FONT + 1, y=0.93)
     _head(fig, caption)
     fig.tight_layout(rect=(0, 0.07, 1, 0.91))
@@ -197,7 +229,7 @@ def figures(results, bitnet=None) -> dict:
     """GPU clock, one colour per series (:data:`SERIES_COLOURS`), legends below the panels, spread where the file
     has it, the card in every title. speedup: M = 1, speedup over cuBLAS bf16 per shape; speedup_batched: the same
     at M = 16 and 128; floor: M = 1, time over the 2-bit floor; steps: M = 1, the time of part 1's Triton steps
-    (1 to 9) on the Llama shapes beside cuBLAS and GemLite, dots on linear axes (:func:`_steps_dots`); peers: our fastest over GemLite and torch._int_mm, and
+    timed at every Llama shape (:data:`EVERY_SHAPE_STEPS`) beside cuBLAS and GemLite, dots on linear axes (:func:`_steps_dots`); peers: our fastest over GemLite and torch._int_mm, and
     with ``bitnet`` (the run with BitNet's kernel beside ours, ``Results``) a first panel of BitNet's W2A8 kernel
     over step 23 (the one-row W2A8 kernel) of that same run at its shapes, M = 1 (then the M = 128 panel is left out)."""
     import matplotlib.pyplot as plt
@@ -270,7 +302,7 @@ def figures(results, bitnet=None) -> dict:
         figs["floor"] = fig
 
     llama = [s for s in shapes if view.select(CUBLAS, shape=s, family="llama", m=1)]
-    steps = [s for s in [CUBLAS] + [SERIES[n] for n in (1, 2, 3, 5, 6, 7, 8, 9, 14)] + [GEMLITE] if view.select(s, m=1)]
+    steps = [s for s in [CUBLAS] + [SERIES[n] for n in EVERY_SHAPE_STEPS] + [GEMLITE] if view.select(s, m=1)]
     if llama and steps:
         figs["steps"] = _steps_dots(view, llama, steps, failed_peer_checks(results.data), card, caption)
 

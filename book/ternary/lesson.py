@@ -14,11 +14,12 @@ import re
 import shutil
 import subprocess
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
 from book.common import PENDING, fmt, lab_or_none, latency_floor_ms
-from book.ternary.results import failed_peer_checks, series_label
+from book.ternary.results import failed_peer_checks, series_label, step_label
 from studylog import plotting
 from studylog.ternary.formats import packed_cols
 from studylog.ternary.results import (CUBLAS, FLOAT_X_SERIES, GEMLITE, INT_MM, W2A8_PLACE_SERIES, W2A8_SERIES,
@@ -281,8 +282,10 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
                  f"**{base / ours:.2f}** |")
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
     if apart:  # only the shapes the benchmark lacks are read from the layer run
-        lines.append("\nThe k, v row (the benchmark has no 640 × 2560): " + apart[0].lower() + apart[1:]
-                     + " The other rows: the chapter's benchmark.")
+        gpu = Path(results.path).parent.name
+        lines.append(f"\nThe k, v row comes from a separate run (the benchmark has no 640 × 2560), on the same "
+                     f"{gpu.split('-')[1].upper() if '-' in gpu else gpu}, which times {RUN_WORDS[LAYER_RUN]}; the "
+                     "other rows, from the chapter's benchmark.")
     return "\n".join(lines)
 
 
@@ -408,7 +411,8 @@ def _launch(series: str) -> str:
     name, _, option = series_label(series).split(" (")[0].partition(", x quantised at quantize=")
     place = {"every block": "in every block", "separate": "by a kernel of its own"}.get(option.strip("'"),
                                                                                          option.strip("'"))
-    return f"`{name}`" + (f", x quantised {place}" if option else "")
+    number = int(name[4:6]) if re.fullmatch(r"step\d\d_\w+", name) else None
+    return (step_label(number) if number else name) + (f", x quantised {place}" if option else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -820,8 +824,8 @@ def core_diff(step: int):
     import textwrap
 
     return source.show_diff(textwrap.dedent(_region(text(old), a0, a1)), textwrap.dedent(_region(text(step), b0, b1)),
-                            names=(f"{_STEPS[old - 1].name} (its main loop)",
-                                   f"{_STEPS[step - 1].name} (the core of the change)"))
+                            names=(f"step {old}: {_STEPS[old - 1].title} (its main loop)",
+                                   f"step {step}: {_STEPS[step - 1].title} (the core of the change)"))
 
 
 #: The lines of a CUDA C++ step that the page shows as a listing beside its diffs, as (file, (start, stop) markers,
@@ -1053,3 +1057,229 @@ def verdict(results, new: int, old: int, cases=((MAIN, 16), (MAIN, 1))) -> str:
     if not paying:
         return "it loses at " + ("both cases" if len(cases) == 2 else words(losing))
     return f"it loses at {words(losing)} and pays at {words(paying)}"
+
+
+# ----------------------------------------------------------------------------------------------
+# The device code a CUDA C++ step turns on: its kernel with every choice of its launch read as a constant
+# ----------------------------------------------------------------------------------------------
+
+#: Where each CUDA C++ step's code lives: (file, kernel, its compile-time knobs, where x is quantised or None).
+_DEVICE = {**{n: ("ternary_mma.cu", "cuda_mma_kernel", {"X_SMEM": n == 17}) for n in (15, 16, 17)},
+           **{n: ("ternary_bulk.cu", "tma_kernel", {"WARP_COPIES": n < 20, "MAGIC_REG": n == 21})
+              for n in (18, 19, 20, 21)},
+           22: ("ternary_w2a8.cu", "w2a8_kernel", {}), 23: ("ternary_w2a8.cu", "w2a8_kernel", {}),
+           **{n: ("ternary_w2a8.cu", "w2a8_tiles_kernel", {"X_TMA": n == 25}) for n in (24, 25)}}
+
+
+def split_k(step: int, m: int = 1, shape: str = MAIN, sms: int = 132) -> bool:
+    """Whether CUDA C++ step ``step`` (15 to 21) splits K across blocks (``gridDim.y > 1``) at its default launch
+    for ``shape`` and ``m`` rows of x: step 15 keeps K whole, 16 to 18 take :func:`cuda_mma_config`'s slices, 19 to
+    21 :func:`tma_config`'s."""
+    from studylog.ternary.cuda_steps import cuda_mma_config, tma_config
+
+    n, k = (int(v) for v in shape.split("x"))
+    if step == 15:
+        return False
+    return (cuda_mma_config if step <= 18 else tma_config)(m, n, k, sms=sms).slices > 1
+
+
+def quant_place(step: int, m: int = 1, shape: str = MAIN, sms: int = 132) -> str:
+    """Where step 22 or 23 quantises x at its default launch: step 22 "separate"; step 23 its default there."""
+    from studylog.ternary.w2a8 import w2a8_default_quantize
+
+    n, k = (int(v) for v in shape.split("x"))
+    return "separate" if step == 22 else w2a8_default_quantize(m, n, k, sms=sms)
+
+
+_QUANT = {"separate": 0, "every block": 1, "staged": 2}
+
+
+def _statement_end(lines: list[str], i: int) -> int:
+    """The last line of the statement that starts on line ``i`` (a block's closing brace, or the line where its
+    brackets balance and it ends with ';')."""
+    depth = 0
+    for j in range(i, len(lines)):
+        code = lines[j].split("//")[0]
+        depth += code.count("(") + code.count("{") + code.count("[") - code.count(")") - code.count("}") - code.count("]")
+        if depth <= 0 and code.rstrip().endswith((";", "}")):
+            return j
+    return len(lines) - 1
+
+
+def _constant(cond: str):
+    """A condition with literal ``true``/``false`` in it reduced: True or False where that decides it, else the
+    condition without its ``true &&`` terms (``!true`` reads false)."""
+    cond = re.sub(r"!\s*true\b", "false", re.sub(r"!\s*false\b", "true", cond.strip()))
+    if "||" in cond and "&&" not in cond:
+        terms = [t.strip() for t in cond.split("||")]
+        return True if "true" in terms else (False if all(t == "false" for t in terms) else cond)
+    if "||" not in cond:
+        terms = [t.strip() for t in cond.split("&&")]
+        if "false" in terms:
+            return False
+        rest = [t for t in terms if t != "true"]
+        return True if not rest else " && ".join(rest)
+    return cond
+
+
+def _ternary(line: str) -> str:
+    """``line`` with each ``true ? a : b`` or ``false ? a : b`` replaced by the value it takes."""
+    while True:
+        m = re.search(r"\b(true|false) \? ", line)
+        if not m:
+            return line
+        depth, j, colon = 0, m.end(), None
+        while j < len(line):
+            ch = line[j]
+            if ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif depth == 0 and line.startswith(" : ", j) and colon is None:
+                colon = j
+                j += 2
+            elif depth == 0 and ch in ",;" and colon is not None:
+                break
+            j += 1
+        if colon is None:
+            return line
+        taken = line[m.end():colon] if m.group(1) == "true" else line[colon + 3:j]
+        line = line[:m.start()] + taken + line[j:]
+
+
+def _simplify(lines: list[str]) -> list[str]:
+    """``lines`` with every ``if``, ``if constexpr`` and ``else if`` whose condition is a constant replaced by the
+    branch it takes (dedented), ``true && c`` read as ``c`` and ``c ? a : b`` on a constant as the value taken."""
+    out, i = [], 0
+    while i < len(lines):
+        line = _ternary(lines[i])
+        if line.lstrip().startswith("static_assert(") and re.search(r"\b(true|false)\b", line):
+            i += 1
+            continue
+        m = re.fullmatch(r"(\s*)(\} else )?if (?:constexpr )?\((.+?)\)( \{)?\s*(//.*)?", line)
+        one = None if m else re.fullmatch(r"(\s*)if \(((?:[^()]|\([^()]*\))+)\) (\S.*;)\s*(//.*)?", line)
+        value = _constant(m.group(3)) if m else _constant(one.group(2)) if one else None
+        if isinstance(value, str):  # a condition with literal terms: the terms go, the test stays
+            cond = m.group(3) if m else one.group(2)
+            line = line.replace(f"({cond})", f"({value})", 1)
+            value = None
+        if value is None:
+            out.append(line)
+            i += 1
+            continue
+        if one:  # "if (constant) statement;" on one line
+            if value:
+                out.append(one.group(1) + one.group(3) + (f"  {one.group(4)}" if one.group(4) else ""))
+            i += 1
+            continue
+        indent, chained, _, brace, _ = m.groups()
+        if brace:  # a block: its body to the closing brace at the same indent, then perhaps an else block
+            close = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(indent + "}"))
+            body = lines[i + 1:close]
+            other, end = [], close
+            if re.fullmatch(re.escape(indent) + r"\} else \{\s*(//.*)?", lines[close]):
+                end = next(j for j in range(close + 1, len(lines)) if lines[j] == indent + "}")
+                other = lines[close + 1:end]
+            elif chained:  # "} else if (constant) {": only that link of the chain goes
+                out += (["".join((indent, "} else {"))] + _simplify(body)) if value else []
+                i = close
+                continue
+        else:  # one statement, perhaps followed by "else" and one statement
+            close = _statement_end(lines, i + 1)
+            body, other, end = lines[i + 1:close + 1], [], close
+            if close + 1 < len(lines) and lines[close + 1].strip() == "else":
+                end = _statement_end(lines, close + 2)
+                other = lines[close + 2:end + 1]
+        taken = body if value else other
+        out += _simplify([t[4:] if t.startswith(indent + "    ") else t for t in taken])
+        i = end + 1
+    return out
+
+
+def _read_as(lines: list[str], values: dict[str, str]) -> list[str]:
+    """``lines`` with each name of ``values`` read as its value outside comments, a declaration of one dropped."""
+    out = []
+    for line in lines:
+        code, sep, comment = line.partition("//")
+        if any(re.search(rf"\b(const|constexpr) (bool|int) {re.escape(name)} =", code) for name in values):
+            continue
+        if not line.lstrip().startswith(("template <", "//")):
+            for name, value in values.items():
+                code = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w(])", value, code)
+        out.append(code + sep + comment)
+    return out
+
+
+def device_source(step: int, helpers: bool = True) -> str:
+    """The device code CUDA C++ step ``step`` runs at 4096 × 14336 and one row of x: its kernel with its
+    compile-time knobs and the choices of its launch (K split across blocks or not, where x is quantised) read as
+    constants and every branch on them resolved; with ``helpers``, the device functions whose use changes from one
+    step to the next (the ring's fill, the decode, the split's sum) beside it."""
+    from studylog.source import source_of
+    from studylog.ternary.sources import _resolve_cuda
+
+    file, kernel, knobs = _DEVICE[step]
+    values = {name: "true" if v else "false" for name, v in knobs.items()}
+    if step <= 21:
+        split = "true" if split_k(step) else "false"
+        values.update({"gridDim.y > 1": split, "split": split})
+    if step in (22, 23):
+        q = _QUANT[quant_place(step)]
+        values.update({"QUANT == QUANT_SEPARATE": str(q == 0).lower(), "QUANT == QUANT_EVERY_BLOCK": str(q == 1).lower(),
+                       "QUANT == QUANT_STAGED": str(q == 2).lower(), "STAGED": str(q == 2).lower(),
+                       "FUSED": str(q > 0).lower()})
+    parts = []
+    if helpers and 18 <= step <= 21:
+        parts.append(source_of(file, "fill_per_warp")[0] if step < 20 else
+                     textwrap.dedent(source_of("ternary_ring.cuh", "fill")[0]))
+    if helpers and 15 <= step <= 21:
+        magic = {"MAGIC_REG": "true" if step == 21 else "false"}
+        group = source_of("ternary_common.cuh", "group_mma")[0]
+        parts.append(source_of("ternary_common.cuh", "decode_pair_reg" if step == 21 else "decode_pair")[0])
+        parts.append("\n".join(_simplify(_read_as(group.splitlines(), magic))))
+    text = source_of(file, kernel)[0]
+    lines = _resolve_cuda(text.splitlines(), knobs)
+    lines = _simplify(_read_as(lines, {k: v for k, v in values.items() if " " in k}))
+    lines = _simplify(_read_as(lines, {k: v for k, v in values.items() if " " not in k}))
+    parts.append("\n".join(lines))
+    if helpers and step <= 21 and values["split"] == "true":
+        finish = source_of("ternary_common.cuh", "finish_split")[0].splitlines()
+        parts.append("\n".join(line for line in finish if not line.startswith("//")))  # its comment: an old numbering
+    return "\n\n".join(p.strip("\n") for p in parts) + "\n"
+
+
+def device_diff(step: int, helpers: bool = True, region: Optional[tuple[str, str]] = None):
+    """The diff of :func:`device_source` from step ``step - 1`` to step ``step``: the device code the step's change
+    turns on and off, no Python launcher; with ``region`` (start, stop), only the lines of both from the first that
+    contains ``start`` to the first after it that contains ``stop`` (:data:`DEVICE_CORE`)."""
+    from studylog import source
+    from studylog.ternary.steps import STEPS as _STEPS
+
+    texts = [device_source(n, helpers) for n in (step - 1, step)]
+    if region is not None:
+        texts = [textwrap.dedent(_region(t, *region)) for t in texts]
+    what = lambda n: f"step {n}: {_STEPS[n - 1].title}" + ("" if region is None else " (the core)")  # noqa: E731
+    return source.show_diff(*texts, names=(what(step - 1), what(step)))
+
+
+#: The lines of a long device-code diff the page shows open (the whole diff folded beside it).
+DEVICE_CORE = {23: ("const int tid = threadIdx.x;", "consumer_barrier(warps);")}
+
+
+def case_ratios(results, new: int, old: int, cases=((MAIN, 1), ("2560x6912", 1))) -> str:
+    """Step ``new``'s speed over step ``old``'s at each of ``cases`` (one row of x), in words for the page:
+    "0.57× (4096 × 14336) and 0.89× (2560 × 6912)"."""
+    return and_list(f"{fmt(ratio(us(results, SERIES[old], s, m), us(results, SERIES[new], s, m)), '.2f', '×')} "
+                    f"({shape_words(s)}{'' if m == 1 else f', M = {m}'})" for s, m in cases)
+
+
+def place_us(results, place: str, shape: str = MAIN, m: int = 1) -> Optional[float]:
+    """The W2A8 kernel's GPU-clock time (µs) with x quantised at ``place`` ("separate" is step 22; step 23's
+    default place is step 23's own row, the others their ``W2A8_PLACE_SERIES`` rows)."""
+    from studylog.ternary.w2a8 import w2a8_default_quantize
+
+    n, k = (int(v) for v in shape.split("x"))
+    default = w2a8_default_quantize(m, n, k, sms=device(results).get("sm_count", 132)) == place
+    return us(results, SERIES[23] if default and place != "separate" else W2A8_PLACE_SERIES[place], shape, m)

@@ -18,7 +18,7 @@ from studylog.ternary.report import BATCH_STEPS
 from studylog.ternary.steps import SERIES
 
 __all__ = ["speedup_table", "peers_table", "timeline_figure", "prefill", "host_over_gpu", "bitnet_table", "bitnet_host", "bitnet_results", "BITNET_OURS",
-           "series_label", "shapes_in", "failed_peer_checks", "target_checks"]
+           "series_label", "step_label", "STEP_SHORT", "shapes_in", "failed_peer_checks", "target_checks"]
 
 #: what BitNet's kernel (one row of x only) is compared with: step 23, the one-row W2A8 kernel, at its default
 #: launch. One kernel, as a deployer calls it, not the faster of steps 23 and 25 picked per shape after the fact.
@@ -29,6 +29,23 @@ BITNET_RUN = "ternary_bitnet_quick"
 #: Series timed at M = 1 (every step), and at M > 1 (the steps made for several rows of x).
 M1_SERIES = [SERIES[n] for n in range(1, 26)]
 BATCH_SERIES = [SERIES[n] for n in BATCH_STEPS]
+
+
+#: What each step is, in a few words: the label "step N: ..." that tables and figures give it (:func:`step_label`).
+STEP_SHORT = {1: "sign selection", 2: "int8 weights", 3: "2 bits, shift and mask", 4: "the AND decode",
+              5: "8 rows a program", 6: "tl.dot", 7: "base 3, one row", 8: "base 3, tl.dot", 9: "W2A8 in Triton",
+              10: "tensor-core configs", 11: "two weights an AND", 12: "no masks", 13: "the 2bit_mma layout",
+              14: "split K, no memset", 15: "mma.sync by hand", 16: "K split across blocks",
+              17: "x in shared memory", 18: "the TMA ring", 19: "the warps share K", 20: "one copy a tile",
+              21: "the constant in a register", 22: "W2A8, separate quantise", 23: "W2A8, fused quantise",
+              24: "a tile a warp", 25: "x by the TMA"}
+
+
+def step_label(step) -> str:
+    """A step (its number or its series) as the page names it: "step 21: the constant in a register"; any other
+    series as :func:`series_label` names it."""
+    number = step if isinstance(step, int) else next((n for n, s in SERIES.items() if s == step), None)
+    return series_label(step) if number is None else f"step {number}: {STEP_SHORT[number]}"
 
 
 def series_label(series: str) -> str:
@@ -168,14 +185,14 @@ def prefill(results, m: int = 128, series=None) -> dict:
         for s, t in times.items():
             if t is not None:
                 ratios[s].append(base / t)
-    head = [f"shape ({_card(results)}M = {m})", "cuBLAS bf16 (µs)"] + [f"{series_label(s)} (µs, × cuBLAS)" for s in series] + \
+    head = [f"shape ({_card(results)}M = {m})", "cuBLAS bf16 (µs)"] + [f"{step_label(s)} (µs, × cuBLAS)" for s in series] + \
         ["fastest of ours (µs, × cuBLAS)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape, base, times, name in rows:
         cells = [shape, us(base)] + [("–" if times[s] is None else f"{us(times[s])} ({base / times[s]:.2f}×)")
                                      for s in series]
         t = times["fastest"]
-        cells.append("–" if t is None else f"{us(t)} ({base / t:.2f}×, {series_label(name)})")
+        cells.append("–" if t is None else f"{us(t)} ({base / t:.2f}×, {step_label(name)})")
         lines.append("| " + " | ".join(cells) + " |")
     return {"rows": rows, "ratio": {s: (min(r), max(r)) if r else None for s, r in ratios.items()},
             "table": "\n".join(lines) if rows else f"(no GPU-clock times at M = {m} in this file)"}
