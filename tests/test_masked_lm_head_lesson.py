@@ -758,3 +758,16 @@ def test_step13_gets_no_time_over_a_floor_that_leaves_out_its_copy():
     others = [r for r in rows if r.startswith("| ") and r.split("|")[1].strip().isdigit()
               and int(r.split("|")[1]) not in lesson.FROM_HOST]
     assert others and all(r.rstrip(" |").endswith("×") for r in others)
+
+
+def test_dense_mask_two_speeds_are_set_beside_cublas_fp32_and_not_explained_away():
+    """Where dense + mask's repetitions fall in two clusters, the page says a point's repetitions land on either for
+    the same work, gives cuBLAS with fp32 output (the same read) beside them, and says the cause was not traced."""
+    results = plotting.load_results("masked_lm_head")
+    two = lesson.dense_clusters(results)
+    cell = next("".join(c["source"]) for c in _notebook_cells() if "lesson.dense_clusters(results)" in "".join(c["source"]))
+    assert "for the same work" in cell and "{two['fp32_ms'] * 1e3:.0f} µs" in cell and "did not\ntrace why" in cell
+    if two is not None:
+        rows = results.select("cublas_fp32_mask", batch=1)
+        assert min(r["ms"] for r in rows) <= two["fp32_ms"] <= max(r["ms"] for r in rows)
+        assert two["fast_ms"] < two["slow_ms"]
