@@ -94,8 +94,8 @@ FIGURE_ALT = {
                                         "byte floor, for several batch sizes and prompt lengths",
     "assets/figures/ctc_speedup.png": "Speedup of the CTC kernels of steps 7, 10, 12, 13 and 14 over the faster of "
                                       "torch's CTC calls, against the number of utterances, for two alphabet sizes",
-    "assets/figures/ternary_steps.png": "GPU time of each Triton step of the ternary matmul on the Llama weight "
-                                        "shapes, one row of activations",
+    "assets/figures/ternary_steps.png": "GPU time of the Triton steps of the ternary matmul timed at every Llama "
+                                        "weight shape, one row of activations, beside cuBLAS and GemLite",
     "assets/figures/ternary_speedup.png": "On the H200, one row of activations: each ternary kernel's speedup "
                                           "over cuBLAS in bf16 at each weight shape it times, beside GemLite's "
                                           "and torch._int_mm's",

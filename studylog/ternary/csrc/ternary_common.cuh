@@ -231,7 +231,7 @@ __device__ __forceinline__ void finish_split_with(u32 *arrivals, u32 tile, int s
     if (threadIdx.x == 0) arrivals[tile] = 0;
 }
 
-// Steps 10 and 11: z = (sum of the slices) / scale.
+// The steps that split K across blocks (from step 16): z = (sum of the slices) / scale.
 __device__ __forceinline__ void finish_split(u32 *arrivals, u32 tile, int slices, const float *partials, float *z,
                                              const float *scale, int scale_stride, int M, int N, int n_base,
                                              int rows, int m0, int cols) {

@@ -65,7 +65,7 @@ struct WeightRing {
         return take_from<RT>(c, warp * CHUNK * 64, group(c, warp), lane, a, wait);
     }
 
-    // Step 13 (a ring made with warps = 1: a stage holds CHUNK groups of each of the RT tiles): a consumer
+    // Steps 24 and 25 (a ring made with warps = 1: a stage holds CHUNK groups of each of the RT tiles): a consumer
     // warp owns the TILES tiles from tile r on. Waits for chunk c, loads their groups and frees the stage.
     template <int TILES>
     __device__ int take_tiles(int c, int r, int lane, uint4 (&a)[CHUNK][TILES][2]) const {

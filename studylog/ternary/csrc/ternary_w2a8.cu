@@ -205,7 +205,7 @@ __device__ __forceinline__ void quantize_row(const Row &row, int groups, RowShar
     sync();  // warp_max and warp_sum are free for the next row
 }
 
-// Step 12's own quantisation kernel, one block a row of x: the row's bytes, its scale and the sum of
+// Step 22's own quantisation kernel, one block a row of x: the row's bytes, its scale and the sum of
 // its q. It lets the matmul launch at once (griddepcontrol): the weights need nothing from here.
 template <bool BF16>
 __global__ void __launch_bounds__(1024) quantize_x(const unsigned short *__restrict__ x, uint4 *__restrict__ xq,
