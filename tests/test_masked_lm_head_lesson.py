@@ -771,3 +771,20 @@ def test_dense_mask_two_speeds_are_set_beside_cublas_fp32_and_not_explained_away
         rows = results.select("cublas_fp32_mask", batch=1)
         assert min(r["ms"] for r in rows) <= two["fp32_ms"] <= max(r["ms"] for r in rows)
         assert two["fast_ms"] < two["slow_ms"]
+
+
+def test_one_progression_gives_every_step_timed_at_the_common_case_in_order():
+    """Under the steps table, one row reads every step at batch 1 with 1,000 random allowed, in step order, each time
+    the file's own; the steps that run only elsewhere (a few ids, a batch, real masks) are left out, not blank."""
+    results = plotting.load_results("masked_lm_head")
+    head, _, times = lesson.progression_table(results).splitlines()
+    steps = [int(c) for c in head.split("|")[2:-1]]
+    cells = [c.strip() for c in times.split("|")[2:-1]]
+    want = [(s.number, r) for s in mlh.CHAPTER.steps
+            if (r := results.select(s.series, layout="vd", **lesson.PROGRESSION_CASE))]
+    assert steps == [n for n, _ in want] and steps == sorted(steps) and 0 in steps and 13 in steps
+    assert not {9, 10} & set(steps)  # batch-only steps
+    for cell, (_, rows) in zip(cells, want):
+        assert cell.startswith(f"{rows[0]['ms'] * 1e3:,.1f}")
+    source = "".join("".join(c["source"]) for c in _notebook_cells())
+    assert source.index("lesson.boehm_table(results)") < source.index("lesson.progression_table(results)")

@@ -27,7 +27,7 @@ from studylog.masked_lm_head.formats import HIDDEN, VOCAB
 __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE", "call_bytes", "byte_floor_ms",
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
-           "RIVAL_ROWS", "boehm_table", "step_factor", "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
+           "RIVAL_ROWS", "boehm_table", "PROGRESSION_CASE", "progression_table", "step_factor", "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
            "TIE", "headline_words", "other_runs", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
            "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties",
@@ -773,6 +773,22 @@ def boehm_table(results) -> str:
                      f"{_case(params)} | {us(rival['ms'])}{capped(rival)} | – | – | "
                      f"{_floor_cells(results, rival, params, from_host=faces in FROM_HOST)} |")
     return "\n".join(lines)
+
+
+#: The one case every batch-1 step of the steps table can run at: the progression reads down it.
+PROGRESSION_CASE = {"batch": 1, "kind": "random", "allowed": 1000}
+
+
+def progression_table(results) -> str:
+    """Markdown, one row: every step's time at :data:`PROGRESSION_CASE` (GPU clock, µs), steps as columns, for the
+    steps the file times there (steps for one id, for a batch or for real masks only are left out), so that the
+    steps table's hops between cases read against one progression."""
+    cells = [(step.number, row) for step in CHAPTER.steps
+             if (row := _row(results, step.series, **PROGRESSION_CASE)) is not None]
+    head = "| step | " + " | ".join(str(n) for n, _ in cells) + " |"
+    line = "|" + "---|" * (len(cells) + 1)
+    times = "| µs | " + " | ".join(f"{us(row['ms'])}{capped(row)}" for _, row in cells) + " |"
+    return "\n".join([head, line, times])
 
 
 def dense_clusters(results, batch: int = 1, gap: float = 0.05) -> dict[str, Any] | None:
