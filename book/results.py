@@ -141,7 +141,7 @@ def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         if host is None or host <= b["median_ms"]:
             continue
         found = {"number": b["number"], "card": _short(b["card"]), "host_ms": host, "gpu_ms": b["median_ms"],
-                 "at": "4096 × 14336" if llama else "its kernel alone (not the headline)" if alone else "",
+                 "at": "4096 × 14336" if llama else "its kernel alone" if alone else "",
                  "rival_gpu_ms": b.get("rival_ms")}
         if llama and b.get("rival_series"):
             data = load_file(folders[b["card"]], "ternary")
@@ -210,7 +210,7 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         "Calls whose host time exceeds their GPU time. Their ratios hold only where calls are replayed "
         "in a CUDA graph or otherwise overlap the host's work: made one at a time from Python, such a call waits on "
         "the host ([How we measure](how_we_measure.md)). Called eagerly, a call takes the longer of its two times.",
-        "", "| headline | host per call (µs) | GPU (µs) | called eagerly, one call at a time |", "|---|---|---|---|",
+        "", "| case | host per call (µs) | GPU (µs) | called eagerly, one call at a time |", "|---|---|---|---|",
         *lines])
 
 

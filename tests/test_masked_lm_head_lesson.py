@@ -693,18 +693,6 @@ def test_the_loss_count_says_which_point_two_rivals_beat():
     assert lost["rows"] - lost["points"] == sum(keys.count(k) - 1 for k in twice)
 
 
-def test_other_cards_runs_are_named_with_why_they_are_left_out():
-    """Every other card's benchmark file of the chapter is listed once, and one that replayed a single copy of the head
-    says so (its rows may come from L2); the page's own card is not listed."""
-    results = plotting.load_results("masked_lm_head", "nvidia-h200")
-    listed = lesson.other_runs(results)
-    files = [f for f in plotting.result_files("masked_lm_head") if f.parent.name != "nvidia-h200"]
-    assert [p for p, _ in listed] == files
-    for path, words in listed:
-        one_copy = lesson.rotation(plotting.Results(path, json.loads(path.read_text()))) is None
-        assert ("replayed one copy of the head" in words) == one_copy, words
-
-
 def test_step_12_against_dense_is_given_over_its_median_and_its_fastest_repetition():
     """Dense + mask's repetitions fall in two speeds, its median in the slow one at some points: the prose gives step
     12's smallest ratio up to 1,000 allowed at batch 1 over dense + mask's median and over its fastest repetition,
@@ -788,3 +776,14 @@ def test_one_progression_gives_every_step_timed_at_the_common_case_in_order():
         assert cell.startswith(f"{rows[0]['ms'] * 1e3:,.1f}")
     source = "".join("".join(c["source"]) for c in _notebook_cells())
     assert source.index("lesson.boehm_table(results)") < source.index("lesson.progression_table(results)")
+
+
+def test_where_we_lose_in_short_names_both_rivals_that_beat_us():
+    """The summary at the top names both kinds of loss the losses table holds: `index_select` + matmul where the union
+    is small, dense + mask where it nears the vocabulary (batch 256, the dispatch's cuBLAS path)."""
+    results = plotting.load_results("masked_lm_head")
+    table = lesson.losses_table(results)
+    assert "index_select" in table and "masked_fill" in table
+    cell = next("".join(c["source"]) for c in _notebook_cells() if "**Where we lose, in short.**" in "".join(c["source"]))
+    words = " ".join(cell.split())
+    assert "`index_select` + matmul where the union is small" in words and "dense + mask where it nears" in words

@@ -28,7 +28,7 @@ __all__ = ["PENDING", "CANDIDATES_FILE", "CANDIDATES_GPU", "FIRST_ONE_CLOCK_FILE
            "clock_of", "prose_numbers", "steps_table", "batch_table", "practitioners_table", "losses_table",
            "tried_table", "target_report", "host_table", "our_kernels", "floor_ms", "STEP_CASES", "BASE_WORDS",
            "RIVAL_ROWS", "boehm_table", "PROGRESSION_CASE", "progression_table", "step_factor", "paid_words", "rotation", "counts_words", "HEADLINE_POINTS",
-           "TIE", "headline_words", "other_runs", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
+           "TIE", "headline_words", "CAPPED", "capped", "page_capped_key", "PRACTITIONER_POINTS",
            "html_table", "folded", "plan_timeline", "plan_parts", "plan_timeline_table", "TIMELINE_PARTS",
            "timeline_idle", "RIVAL_WORDS", "dense_clusters", "capped_key", "loss_counts", "tied", "is_tie", "ties",
            "ties_words", "dispatch_step", "plan_step", "PATH_STEPS"]
@@ -1004,23 +1004,6 @@ def plan_timeline_table(data: dict) -> str:
 # --------------------------------------------------------------------------------------
 # How the run replays the head
 # --------------------------------------------------------------------------------------
-
-def other_runs(results) -> list[tuple[Any, str]]:
-    """The chapter's benchmark files on other cards than ``results``'s, each with why the page leaves it out: a run
-    that replayed one copy of the head (:func:`rotation` None) times rows that may stay in L2, so its times are not
-    this page's kind; any other is named as a run of its own."""
-    from studylog.plotting import Results, result_files
-
-    out = []
-    for path in result_files(CHAPTER.name):
-        if path.parent.name == results.path.parent.name:
-            continue
-        other = Results(path, json.loads(path.read_text()))
-        gpu = other.data["device"]["name"]
-        out.append((path, f"an {gpu} run that replayed one copy of the head, whose rows may then come from L2"
-                    if rotation(other) is None else f"an {gpu} run, set up as this page's"))
-    return out
-
 
 def rotation(results) -> dict[str, Any] | None:
     """How the run's GPU-clock rows replayed the head, read from the rows: None where no row records ``copies``
