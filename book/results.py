@@ -746,8 +746,9 @@ def code_lines(notebook: str | Path, root: Path = REPO_ROOT) -> int:
     return count
 
 
-#: The calls that print a listing or a diff on a page (``studylog.source``'s, and ``book.common.step_diff``).
-LISTING_CALLS = ("show_source", "show_diff", "step_diff")
+#: The calls that print a listing or a diff on a page (``studylog.source``'s, ``book.common.step_diff`` and the chapters'
+#: lesson functions that return a diff of a step's core or its device code).
+LISTING_CALLS = ("show_source", "show_diff", "step_diff", "core_diff", "device_diff")
 
 
 def _mentions(node: ast.AST, names: set[str]) -> bool:

@@ -260,3 +260,14 @@ def test_landing_answers_are_short_and_part_one_says_where_a_failing_gemlite_is_
     if h200 and h200["failed_faster"]:
         text = res.other_answers()["notebooks/05_ternary_1_triton.ipynb"]
         assert f"and is faster than ours at {len(h200['failed_faster'])} of those" in text
+
+
+def test_reading_time_counts_the_diffs_a_chapter_prints_through_its_lesson():
+    """A page whose diffs come from its lesson module (chapter 05 part 2's device_diff, chapter 03's core_diff) has
+    those lines counted in its reading time, as a page that calls show_diff directly does."""
+    from book import results as res
+
+    shown, failed = res.listing_lines("notebooks/05_ternary_2_cuda.ipynb", folded=False)
+    assert not failed and shown > 100
+    prose, with_code = res.reading_minutes("notebooks/05_ternary_2_cuda.ipynb")
+    assert with_code >= prose + shown // res.CODE_LINES_PER_MINUTE
