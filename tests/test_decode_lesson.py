@@ -809,3 +809,15 @@ def test_time_per_output_token_includes_the_prefill_and_the_range_names_its_top(
     shown = lesson.committed() or lesson.earlier_run()
     case = {(r["model"], r["batch"]): r for r in lesson.result_rows(shown)}[("8b", 1)]
     assert lesson.range_top(shown, "8b", 1)["ratio"] == pytest.approx(case["fastest"])
+
+
+def test_the_steps_table_sets_the_headline_shape_beside_the_explained_one():
+    """The page's steps table gives the 1B shape (the steps' explanations) and the 8B shape (the headline) side by
+    side, each column group its own ratios; each 8B time is the steps_rows median."""
+    results = lesson.committed()
+    assert any('lesson.steps_table(shown, "1b", 1, also="8b")' in t for t in _page_cells())
+    table = lesson.steps_table(results, "1b", 1, also="8b")
+    head = table.splitlines()[0]
+    assert head.count("µs per token") == 2 and "8B shape (the headline)" in head
+    for row, want in zip(_table_rows(table), lesson.steps_rows(results, "8b", 1)):
+        assert row[5] == f"{want['us']:,.0f}"

@@ -601,16 +601,34 @@ def steps_rows(results, model: str = "1b", batch: int = 1) -> list[dict]:
     return rows
 
 
-def steps_table(results, model: str = "1b", batch: int = 1) -> str:
+#: How the steps table heads a shape's columns.
+STEPS_TABLE_SHAPES = {"1b": "1B shape", "8b": "8B shape (the headline)"}
+
+
+def steps_table(results, model: str = "1b", batch: int = 1, also: str | None = None) -> str:
     """:func:`steps_rows` as the page's one steps table (Markdown): one row per step, no sub-rows (step 3's changes
-    have their own table, :func:`step03_chain_rows`)."""
-    lines = ["| step | what changes | µs per token | × previous | × floor (its forwards' weight bytes) |",
-             "|---|---|---|---|---|"]
-    for r in steps_rows(results, model, batch):
-        prev = "–" if r["x_previous"] is None else f"{r['x_previous']:.2f}×"
-        lines.append(f"| {r['label']} | {r['change']} | {r['us']:,.0f} | {prev} | {r['x_floor']:.2f}× |")
-    if len(lines) == 2:
+    have their own table, :func:`step03_chain_rows`). ``also``: a second model whose three columns follow, each
+    group headed by its shape (the page's headline shape beside the shape its steps are explained on)."""
+    cols = "µs per token | × previous | × floor (its forwards' weight bytes)"
+    shapes = [model] + ([also] if also else [])
+    rows = {m: steps_rows(results, m, batch) for m in shapes}
+    if also:
+        head = " | ".join(f"{STEPS_TABLE_SHAPES.get(m, m)}: {cols}" for m in shapes)
+    else:
+        head = cols
+    lines = [f"| step | what changes | {head} |", "|---|---|" + "---|---|---|" * len(shapes)]
+    if not rows[model]:
         return f"({PENDING}: this file holds no decode series)"
+    for i, r in enumerate(rows[model]):
+        cells = [r["label"], r["change"]]
+        for m in shapes:
+            if i >= len(rows[m]):
+                cells += ["–", "–", "–"]
+                continue
+            x = rows[m][i]
+            cells += [f"{x['us']:,.0f}", "–" if x["x_previous"] is None else f"{x['x_previous']:.2f}×",
+                      f"{x['x_floor']:.2f}×"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
