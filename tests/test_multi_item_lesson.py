@@ -485,3 +485,19 @@ def test_the_matmul_rate_is_named_this_runs_beside_chapter_00s():
     flat = " ".join(cell.split())
     assert "this run's own bf16 matmul rate" in flat and "lesson.card_matmul_rate(results)" in flat
     assert "chapter 00's run measured {card / 1e12:,.0f} TFLOP/s at that side" in flat
+
+
+@pytest.mark.skipif(not plotting.result_files("multi_item"), reason="no committed results")
+def test_the_page_steps_table_gives_step_6_its_own_cells_on_the_grouped_query_batch():
+    """The page's table (PAGE_SHAPES) adds the mixed batch with 8 KV heads: step 6's row there has its time, its
+    factor over step 5 on that batch and its floor multiple as cells, not words; the page calls it so."""
+    results = plotting.load_results("multi_item")
+    table = lesson.steps_table(results, lesson.PAGE_SHAPES)
+    assert table.splitlines()[0].count("µs") == 3
+    rows = {r[0]: r for r in _rows(table)[1:]}
+    g5, g6 = (lesson.ms(results, s, lesson.GQA_SHAPE) * 1e3 for s in (STEP5, report.STEP06.series))
+    assert rows["6"][8:10] == [f"{g6:,.1f}", f"{g5 / g6:.2f}×"] and "µs there" not in rows["6"][1]
+    from studylog.paths import REPO_ROOT
+
+    page = (REPO_ROOT / "notebooks" / "06_multi_item_attention.ipynb").read_text()
+    assert "lesson.steps_table(results, lesson.PAGE_SHAPES)" in page

@@ -267,6 +267,11 @@ MIXED_LABEL = f"{report.MIXED_SHAPE}, {report.BENCH_HEADS} heads"
 MAIN_SHAPES = ("prefix 2048, 32 items x 32", report.MIXED_SHAPE)
 
 
+#: The page's steps table: the long prefix, the mixed batch with 32 heads, and with Llama 3.1 8B's 8 KV heads (the only
+#: layout step 6 runs on).
+PAGE_SHAPES = (*MAIN_SHAPES, GQA_SHAPE)
+
+
 def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
     """Markdown: the lesson's one table of steps (:func:`step_rows`), one row a numbered step, a row of compute
     floors first, then per shape (``shapes``, or every shape of the file) the time (µs), the previous step's time
