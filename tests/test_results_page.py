@@ -271,3 +271,30 @@ def test_reading_time_counts_the_diffs_a_chapter_prints_through_its_lesson():
     assert not failed and shown > 100
     prose, with_code = res.reading_minutes("notebooks/05_ternary_2_cuda.ipynb")
     assert with_code >= prose + shown // res.CODE_LINES_PER_MINUTE
+
+
+def test_host_bound_table_covers_chapters_3_and_4_headline_cases_beyond_the_scoreboard():
+    """The results page's host-time table lists every chapter 03 and 04 headline case (not only the scoreboard's) whose
+    eager host time exceeds its GPU time, read from the chapter's file, with the rival's own times from the same file."""
+    import json
+
+    from book import results as res
+    from studylog import paths
+
+    found = res.host_bound()
+    data = json.loads((paths.BENCH_RESULTS / "nvidia-h200" / "ngram.json").read_text())["measurements"]
+    (entry,) = [r for r in data if r["series"] == "ngram_match" and r["clock"] == "gpu" and "corpus" not in r["params"]
+                and (r["params"]["batch"], r["params"]["seq_len"], r["params"]["threshold"]) == (32, 512, 128)]
+    if entry["host_ms"] > entry["ms"]:
+        (row,) = [r for r in found if r["number"] == 3 and r["card"] == "H200" and "32 slots" in r["at"]]
+        assert row["host_ms"] == entry["host_ms"] and row["gpu_ms"] == entry["ms"] and row["rival"] == "step 3"
+    ctc = json.loads((paths.BENCH_RESULTS / "nvidia-h200" / "ctc.json").read_text())["measurements"]
+    slow = [r for r in ctc if r["series"] == "ctc_loss" and r["clock"] == "gpu" and r["params"].get("A") == 28
+            and r.get("host_ms", 0) > r["ms"]]
+    headline_n = [h for h in res._committed_headlines() if h["chapter"] == "ctc" and "A = 28" in h["case"]
+                  and h["gpu"].startswith("NVIDIA H200")]
+    for h in headline_n:
+        n = int(re.search(r"N = (\d+)", h["case"]).group(1))
+        if any(r["params"]["N"] == n for r in slow):
+            assert any(r["number"] == 4 and r["card"] == "H200" and f"N = {n}" in r["at"] for r in found)
+    assert len({(r["number"], r["card"], round(r["gpu_ms"], 9)) for r in found}) == len(found)  # none repeated
