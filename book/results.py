@@ -156,50 +156,29 @@ def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     return out + _grid_host_bound(out)
 
 
-#: The headline cases beyond the scoreboard's that :func:`host_bound` also reads, per chapter: how to find the case's
-#: parameters in a headline row's words, our series (a function of the chapter's file and those parameters) and the
-#: rival's series, with the rival's short name.
-GRID_HOST_CASES = {
-    "ngram": (3, re.compile(r"(?P<batch>\d+) slots x (?P<seq_len>\d+) tokens, (?:budget (?P<threshold>\d+)|no budget)"),
-              lambda data, p: "ngram_match" if rows(data, "ngram_match") else "step11", "step03", "step 3"),
-    "ctc": (4, re.compile(r"T = (?P<T>\d+), A = (?P<A>\d+), N = (?P<N>\d+)"),
-            lambda data, p: ctc_series(data, p), "torch-cuDNN", "cuDNN"),
-}
+#: The chapters whose other headline cases (beyond the scoreboard's) :func:`host_bound` also reads: the chapter's
+#: number and its headline rival's short name.
+GRID_HOST_CHAPTERS = {"ngram": (3, "step 3"), "ctc": (4, "cuDNN")}
 
 
-def _grid_host_bound(listed: list[dict[str, Any]], root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
-    """Chapters 03 and 04's other headline cases (every card's headline rows, :data:`GRID_HOST_CASES`) where our call's
-    host time exceeds its GPU time, with the rival's own host and GPU time from the same file; a case already in
-    ``listed`` (the same chapter, card and GPU time) is not repeated."""
-    from book.scoreboard import load as load_file
-
-    from studylog.ngram.report import NO_BUDGET
-
-    folders = {card_name(c): c for c in cards(root)}
-    out = []
+def _grid_host_bound(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chapters 03 and 04's other headline rows (:data:`GRID_HOST_CHAPTERS`, every card) where our call's host time
+    exceeds its GPU time, with the rival's own host and GPU time from the same row; a case already in ``listed`` (the
+    same chapter, card and GPU time) is not repeated."""
+    out: list[dict[str, Any]] = []
     for h in _committed_headlines():
-        if h["chapter"] not in GRID_HOST_CASES or h["gpu"] not in folders or h.get("clock", "gpu") != "gpu":
+        if h["chapter"] not in GRID_HOST_CHAPTERS or h.get("clock") != "gpu" or h.get("host_ms") is None \
+                or h["host_ms"] <= h["kernel_ms"]:
             continue
-        number, pattern, ours, rival, rival_name = GRID_HOST_CASES[h["chapter"]]
-        m = pattern.search(h["case"])
-        data = load_file(folders[h["gpu"]], h["chapter"])
-        if m is None or data is None:
-            continue
-        params = {k: int(v) for k, v in m.groupdict().items() if v is not None}
-        if h["chapter"] == "ngram":
-            params.setdefault("threshold", NO_BUDGET)
-        mine = [r for r in rows(data, ours(data, params), **params) if r["clock"] == "gpu" and "corpus" not in r["params"]]
-        theirs = [r for r in rows(data, rival, **params) if r["clock"] == "gpu" and "corpus" not in r["params"]]
-        if len(mine) != 1 or not mine[0].get("host_ms") or mine[0]["host_ms"] <= mine[0]["ms"]:
-            continue
+        number, rival = GRID_HOST_CHAPTERS[h["chapter"]]
         card = _short(h["gpu"])
-        if any(r["number"] == number and r["card"] == card and math.isclose(r["gpu_ms"], mine[0]["ms"], rel_tol=1e-6)
+        if any(r["number"] == number and r["card"] == card and math.isclose(r["gpu_ms"], h["kernel_ms"], rel_tol=1e-6)
                for r in listed + out):
             continue
-        found = {"number": number, "card": card, "host_ms": mine[0]["host_ms"], "gpu_ms": mine[0]["ms"],
-                 "at": h["case"].split(" (")[0].replace(" x ", " × "), "rival_gpu_ms": h.get("baseline_ms")}
-        if len(theirs) == 1 and theirs[0].get("host_ms") is not None:
-            found |= {"rival": rival_name, "rival_ms": theirs[0]["ms"], "rival_host_ms": theirs[0]["host_ms"]}
+        found = {"number": number, "card": card, "host_ms": h["host_ms"], "gpu_ms": h["kernel_ms"],
+                 "at": h["case"].split(" (")[0].replace(" x ", " × "), "rival_gpu_ms": h["baseline_ms"]}
+        if h.get("baseline_host_ms") is not None:
+            found |= {"rival": rival, "rival_ms": h["baseline_ms"], "rival_host_ms": h["baseline_host_ms"]}
         out.append(found)
     return out
 

@@ -119,7 +119,7 @@ def headline_row(results: Results, kernel: str, baseline: str, case: str, *, ker
                  baseline_label: str | None = None, **params: Any) -> dict[str, Any]:
     """One headline of a chapter: ``kernel``'s and ``baseline``'s rows at ``params`` (one row each), the
     speedup (baseline median over kernel median), and what the headline page shows beside it: the clock,
-    both times with their spread, the kernel's host time per call and the empty launch's of the same run.
+    both times with their spread, both sides' host time per call and the empty launch's of the same run.
     Both rows must be on the same clock."""
     k, b = results.select(kernel, **params), results.select(baseline, **params)
     if len(k) != 1 or len(b) != 1:
@@ -135,6 +135,8 @@ def headline_row(results: Results, kernel: str, baseline: str, case: str, *, ker
             row[key] = source["spread_ms"]
     if "host_ms" in k:
         row["host_ms"] = k["host_ms"]
+    if "host_ms" in b:
+        row["baseline_host_ms"] = b["host_ms"]
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
     if empty is not None:
         row["empty_launch_host_ms"] = empty
