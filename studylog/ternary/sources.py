@@ -12,7 +12,7 @@ from typing import Any, Callable
 from studylog.source import source_of
 
 
-def _resolve_cuda(lines: list[str], knobs: dict[str, bool]) -> list[str]:
+def resolve_cuda(lines: list[str], knobs: dict[str, bool]) -> list[str]:
     """``lines`` with every ``if constexpr (KNOB) { ... } [else { ... }]`` on a knob replaced by the branch it takes,
     dedented one level (blocks written with braces, closed at their indent); the knobs' other uses (a template
     argument, a condition) read as their values, the template's parameter line aside."""
@@ -36,7 +36,7 @@ def _resolve_cuda(lines: list[str], knobs: dict[str, bool]) -> list[str]:
             end = next(j for j in range(close + 1, len(lines)) if lines[j] == indent + "}")
         taken = knobs[name] != bool(negate)
         body = lines[i + 1:close] if taken else lines[close + 1:end]
-        out += [line[4:] if line.startswith(indent + "    ") else line for line in _resolve_cuda(body, knobs)]
+        out += [line[4:] if line.startswith(indent + "    ") else line for line in resolve_cuda(body, knobs)]
         i = end + 1
     return out
 
@@ -76,7 +76,7 @@ def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Cal
     """The text of a CUDA C++ step: ``helpers`` (device functions of ``file`` that only some knob settings call,
     shown where the step calls them), the ``kernel`` of ``file`` at ``knobs``, then its launch as comments."""
     parts = [source_of(file, name)[0] for name in helpers] + [source_of(file, kernel)[0]]
-    body = "\n\n".join("\n".join(_resolve_cuda(part.splitlines(), knobs)) for part in parts)
+    body = "\n\n".join("\n".join(resolve_cuda(part.splitlines(), knobs)) for part in parts)
     return body + "\n\n// its launch (Python):\n" + "\n".join(f"// {line}".rstrip() for line in _launch(launch).splitlines())
 
 
