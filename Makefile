@@ -15,11 +15,21 @@ THREADS ?= $(shell $(PYTHON) -c "import os; print(max(1, (os.cpu_count() or 1) /
 
 install: $(STAMP)
 
+# A dropped connection mid-download (Triton's wheel is about 290 MB) should not fail a fresh install: pip resumes a
+# partial download (--resume-retries) and the whole step is tried three times before it fails.
+PIP_NET := --retries 10 --timeout 60
+EXTRAS  := .[test,book,peers]
+define with_retries
+ok=0; for try in 1 2 3; do $(1) && { ok=1; break; }; echo "install failed (try $$try of 3); trying again"; \
+	sleep 10; done; [ $$ok = 1 ]
+endef
+
 $(STAMP): pyproject.toml tools/install_torch.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python tools/install_torch.py
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[test,book,peers]"
+	$(call with_retries,$(BIN)/python -m pip install --quiet $(PIP_NET) --upgrade pip)
+	$(call with_retries,PIP_RETRIES=10 PIP_TIMEOUT=60 $(BIN)/python tools/install_torch.py)
+	$(call with_retries,$(BIN)/python -m pip install --quiet --no-compile $(PIP_NET) --resume-retries 20 \
+		-e "$(EXTRAS)")
 	touch $(STAMP)
 
 # The book build executes every notebook (a cell that raises fails it), so the notebooks run once, there, beside
