@@ -404,7 +404,7 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     # the real-text cases: every corpus, the CPU path and steps 5, 7 and 11, drafts and branches on step 11's row
     real = [r for r in rows if "corpus" in r["params"]]
     assert {r["params"]["corpus"] for r in real} == set(ngram.report.CORPORA)
-    final = [r for r in real if r["series"] == steps[-1].series]
+    final = [r for r in real if r["series"] == ngram.CHAPTER.step(report.SYNCED_STEP).series]
     assert len(final) == len(ngram.report.CORPORA)
     for r in final:
         assert set(r["drafts"]) >= {"drafted_tokens", "accepted_tokens"} and "early_exit_fraction" in r["branches"]
@@ -449,5 +449,5 @@ def test_quick_bench_stays_small():
     full, quick = _estimated_calls(report.BENCH_GRID, report.REAL_SHAPES), _estimated_calls(report.QUICK_GRID,
                                                                                             report.QUICK_REAL_SHAPES)
     assert quick["gpu_clock"] <= full["gpu_clock"] // 2
-    assert full["gpu_clock"] <= 120 and full["sweep_points"] <= 40  # every step at every grid case
+    assert full["gpu_clock"] <= 140 and full["sweep_points"] <= 40  # every step at every grid case (about 70 s)
     assert len(ngram.report.real_cases(quick=True)) == len(ngram.report.CORPORA)

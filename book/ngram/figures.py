@@ -7,14 +7,14 @@ from __future__ import annotations
 from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
                                 row_bytes)
 from studylog.ngram import CHAPTER
-from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIES, sweep_series
+from studylog.ngram.report import CHUNK_SWEEPS, CORPORA, NO_BUDGET, SYNCED_SERIES, SYNCED_STEP, sweep_series
 
 #: Colour and marker of each step's series, by step number: one colour per series across the chapter's figures.
 STYLE = {1: ("#7f7f7f", "s"), 2: ("#bcbd22", "v"), 3: ("#1f77b4", "o"), 4: ("#2ca02c", "o"),
          5: ("#ff7f0e", "D"), 6: ("#e377c2", "D"), 7: ("#d62728", "D"), 8: ("#ff9896", "^"), 9: ("#98df8a", "^"),
-         10: ("#c5b0d5", "^"), 11: ("#9467bd", "*")}
+         10: ("#c5b0d5", "^"), 11: ("#9467bd", "*"), 12: ("#8c564b", "P")}
 #: Colours of the series that are not steps (the end-to-end series, the floor, the drafts).
-OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c94", "accepted": "#8c564b"}
+OTHER_COLORS = {SYNCED_SERIES: "#17becf", "floor": "#000000", "drafted": "#c49c94", "accepted": "#7b4173"}
 FONT = 9  # points, at the saved size: every label, tick and legend of the chapter's figures
 
 
@@ -95,7 +95,7 @@ def figures(results) -> dict:
         pts = [(i, rows[0]) for i, rows in pts if rows]
         _errorbar(ax, [i + (n_series - 1) / 2 * dodge for i, _ in pts], [r for _, r in pts], 1e3, marker="*",
                   color=series_color(SYNCED_SERIES), ms=7, markeredgecolor="k", markeredgewidth=0.5,
-                  label=f"{CHAPTER.final.name}, call + sync ({clock_words(clock_of(results, SYNCED_SERIES))})")
+                  label=f"{CHAPTER.step(SYNCED_STEP).name}, call + sync ({clock_words(clock_of(results, SYNCED_SERIES))})")
     floors = []
     for i, c in enumerate(configs):
         floor = floor_ms(results, c)
@@ -186,8 +186,8 @@ def _real_text_figure(results, cases):
     xs = list(range(len(cases)))
     fig, (ax_t, ax_d) = plt.subplots(2, 1, figsize=(10, 7.4), sharex=True)
     shown = [(CHAPTER.steps[0].series, CHAPTER.steps[0].name, "s"),
-             (SYNCED_SERIES, f"{CHAPTER.final.name}, call + sync", "*"),
-             (CHAPTER.final.series, CHAPTER.final.name, "*")]
+             (SYNCED_SERIES, f"{CHAPTER.step(SYNCED_STEP).name}, call + sync", "*"),
+             (CHAPTER.step(SYNCED_STEP).series, CHAPTER.step(SYNCED_STEP).name, "*")]
     for k, (series, name, marker) in enumerate(shown):
         rows = [(x + (k - 1) * 0.18, real_row(results, series, c)) for x, c in zip(xs, cases)]
         rows = [(x, r) for x, r in rows if r]
@@ -198,7 +198,7 @@ def _real_text_figure(results, cases):
     ax_t.set_yscale("log")
     ax_t.set_ylabel("µs per call (median; bars: min–max)", fontsize=FONT)
     ax_t.set_title("Real text and code against synthetic ids", fontsize=FONT + 1)
-    drafts = [((real_row(results, CHAPTER.final.series, c) or {}).get("drafts") or {}) for c in cases]
+    drafts = [((real_row(results, CHAPTER.step(SYNCED_STEP).series, c) or {}).get("drafts") or {}) for c in cases]
     ax_d.bar([x - 0.2 for x in xs], [d.get("drafted_tokens", float("nan")) for d in drafts], 0.4,
              color=series_color("drafted"), label="drafted")
     ax_d.bar([x + 0.2 for x in xs], [d.get("accepted_tokens", float("nan")) for d in drafts], 0.4,

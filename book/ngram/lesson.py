@@ -15,10 +15,10 @@ from book.common import us
 from book.ngram.figures import case_label, clock_words, shape_label
 from book.ngram.results import (clock_of, floor_of, grid_configs, grid_select, own_series, real_cases_in, real_row,
                                 same_clock_pair)
-from studylog.ngram import CHAPTER
+from studylog.ngram import CHAPTER, step11_skip_refused, step12_early_phase2
 from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
 from studylog.ngram.models import decode_key, slot_plan
-from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES
+from studylog.ngram.report import NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 __all__ = ["published_blockscan_counts", "BOEHM_CASES", "HEADLINE", "EXIT_RUNS", "lab_run", "variant_row",
            "exit_factor", "pays_at", "step_factors", "host_us", "launches", "eager_host", "step_notes", "boehm_table",
@@ -105,17 +105,18 @@ def step_table(results, steps, configs=None) -> str:
 
 
 def real_text_table(results) -> str:
-    """Markdown: per real-text case, the CPU path (host clock, end to end), step 7 (GPU clock, and end to
+    """Markdown: per real-text case, the CPU path (host clock, end to end), step 11 (GPU clock, and end to
     end), the drafts found and accepted, and the branches the search took. Empty when the file has none."""
     cases = real_cases_in(results)
     if not cases:
         return ""
     head = ["corpus", "shape", f"{CHAPTER.steps[0].name} µs (host, end to end)",
-            f"{CHAPTER.final.name} µs (GPU)", f"{CHAPTER.final.name} µs (host, end to end)", "slots drafting",
+            f"{CHAPTER.step(SYNCED_STEP).name} µs (GPU)", f"{CHAPTER.step(SYNCED_STEP).name} µs (host, end to end)",
+            "slots drafting",
             "drafted", "accepted", "3-gram / shorter / no match", "newest-token hits per 1k", "early exit reads"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in cases:
-        cpu, final = real_row(results, CHAPTER.steps[0].series, case), real_row(results, CHAPTER.final.series, case)
+        cpu, final = real_row(results, CHAPTER.steps[0].series, case), real_row(results, CHAPTER.step(SYNCED_STEP).series, case)
         synced = real_row(results, SYNCED_SERIES, case)
         d, b = (final or {}).get("drafts", {}), (final or {}).get("branches", {})
         accepted = (f"{d['accepted_tokens']} ({d['accepted_tokens'] / d['drafted_tokens']:.0%})"
@@ -259,12 +260,21 @@ def pays_at(factors: list[float], cases=BOEHM_CASES) -> str:
     return "; ".join(f"{words} {' and '.join(at)}" for words, at in parts if at)
 
 
+#: Steps that build on another step than the one before them: step -> the step it changes.
+BUILDS_ON = {12: 6}
+
+
+def builds_on(number: int) -> int:
+    """The step that step ``number`` changes: its "× previous" is that step's time over its own."""
+    return BUILDS_ON.get(number, number - 1)
+
+
 def step_factors(results, number: int, cases=BOEHM_CASES, clock: str = "ms") -> list[float | None]:
-    """Step ``number``'s "× previous" at each of ``cases``: the step it builds on (``number - 1``) over it, on the
+    """Step ``number``'s "× previous" at each of ``cases``: the step it builds on (:func:`builds_on`) over it, on the
     GPU clock (``"ms"``) or in host time per eager call (``"host_ms"``); None where either row is missing."""
     out = []
     for cfg in cases:
-        before, row = (grid_row(results, CHAPTER.step(n).series, cfg) for n in (number - 1, number))
+        before, row = (grid_row(results, CHAPTER.step(n).series, cfg) for n in (builds_on(number), number))
         ok = before and row and before.get(clock) and row.get(clock)
         out.append(before[clock] / row[clock] if ok else None)
     return out
@@ -284,7 +294,7 @@ def launches(number: int) -> int:
     from studylog.ngram import kernels
 
     source = inspect.getsource(getattr(kernels, CHAPTER.step(number).name))
-    if source.count("_kernel(") != source.count("*m.args)"):
+    if source.count("_kernel(") != source.count("*m.args"):
         raise ValueError(f"step {number} launches a kernel with other arguments than the matcher's")
     return source.count("_kernel(")
 
@@ -297,7 +307,7 @@ def eager_host(results, cfg: tuple[int, int, int] = HEADLINE) -> dict:
     one step's launch (timed twice in one run) differ most."""
     where = {"batch": cfg[0], "seq_len": cfg[1], "threshold": cfg[2], "corpus": None}
     entry = entry_row(results, where)
-    final = CHAPTER.final
+    final = CHAPTER.step(SYNCED_STEP)
     pairs = []
     for case in BOEHM_CASES:
         row = entry_row(results, dict(zip(("batch", "seq_len", "threshold"), case), corpus=None))
@@ -305,7 +315,7 @@ def eager_host(results, cfg: tuple[int, int, int] = HEADLINE) -> dict:
         if row and row.get("step") == final.series and row.get("host_ms") and own:
             pairs.append((case, row["host_ms"] * 1e3, own))
     return {"entry_host": entry["host_ms"] * 1e3, "entry_gpu": entry["ms"] * 1e3,
-            "steps": {n: host_us(results, n, cfg) for n in range(7, final.number + 1)},
+            "steps": {n: host_us(results, n, cfg) for n in range(7, CHAPTER.final.number + 1)},
             "same_launch": max(pairs, key=lambda p: abs(p[1] - p[2])) if pairs else None}
 
 
@@ -362,13 +372,13 @@ def step_notes(results, cases=BOEHM_CASES) -> dict[int, str]:
             runs = CHAPTER.step(entry["step"]).number if entry and entry.get("step") else None
             if runs is not None and runs < 8:
                 why = f"where `ngram_match` runs step {runs}"
-            elif number == CHAPTER.final.number and t == NO_BUDGET:
+            elif number == SYNCED_STEP and t == NO_BUDGET:
                 why = "no budget: no slot is refused, only the check is left"
             else:
                 why = None
             where.append(f"{b} × {s}" + (f" ({why})" if why else ""))
         if where:
-            notes[number] = "slower than step " + f"{number - 1} at " + " and ".join(where)
+            notes[number] = "slower than step " + f"{builds_on(number)} at " + " and ".join(where)
     return notes
 
 
@@ -391,8 +401,8 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
     entries = [(str(st.number), st.title.replace("<<<1, 1>>>", "`<<<1, 1>>>`")
                 + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
     final = CHAPTER.final
-    entries.append(("entry point", f"`ngram_match`: step 6, 7 or {final.number}, by a rule on the batch's shapes",
-                    "ngram_match"))
+    rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
+    entries.append(("entry point", f"`ngram_match`: step {rule}, by a rule on the batch's shapes", "ngram_match"))
     for number, title, series in entries:
         cells = [number, title]
         for i, cfg in enumerate(cases):
@@ -404,6 +414,9 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
             if series == "ngram_match":  # the entry point against the last step, which it runs or beats
                 last = grid_row(results, final.series, cfg)
                 prev = (last["ms"] * 1e3, last.get("clock")) if last else None
+            elif number.isdigit() and int(number) in BUILDS_ON:  # it builds on another step than the row above
+                base = grid_row(results, CHAPTER.step(builds_on(int(number))).series, cfg)
+                prev = (base["ms"] * 1e3, base.get("clock")) if base else None
             else:
                 prev = previous[i]
             same_clock = prev is not None and prev[1] == row.get("clock")
@@ -480,19 +493,19 @@ def step2_excerpt():
 def entry_row(results, where: dict) -> dict | None:
     """The GPU-clock row the headline quotes at ``where``: the entry point ``ngram_match`` (its ``step`` field says
     which step its rule ran), or the last step on a file that does not time the entry point. None where neither is."""
-    for series in ("ngram_match", CHAPTER.final.series):
+    for series in ("ngram_match", CHAPTER.step(SYNCED_STEP).series):
         rows = [r for r in results.select(series, **where) if r.get("clock") == "gpu"]
         if rows:
             return rows[0]
     return None
 
 
-#: How much slower than the fastest of steps 6 to 11 the entry point may be at a case before the page names it.
+#: How much slower than the fastest of steps 6 to 12 the entry point may be at a case before the page names it.
 RULE_SPREAD = 1.03
 
 
 def rule_misses(results) -> tuple[list[tuple], int]:
-    """Where the entry point is slower than the fastest of steps 6 to 11 by more than :data:`RULE_SPREAD` on the GPU
+    """Where the entry point is slower than the fastest of steps 6 to 12 by more than :data:`RULE_SPREAD` on the GPU
     clock, over every case (synthetic and real text) that times the entry point and one of those steps:
     ``[(corpus, batch, seq_len, threshold, fastest step's number, entry ÷ fastest)]``, worst first, and how many cases
     were compared."""
@@ -521,7 +534,7 @@ def result_table(results, headline_rows) -> str:
     pull request's revision: its block-scan phase 2, made exact), with the ratios. Where the entry point runs another
     step than the last, the end-to-end cell says that it times the last step all the same (the header says so for
     every row)."""
-    final = f"step {CHAPTER.final.number}"
+    final = f"step {SYNCED_STEP}"
     ours_name = "`ngram_match`" if results.select("ngram_match") else final
     lines = [f"| case | CPU loop, call + sync (µs) | {final} in every row, call + sync (µs) | CPU loop ÷ {final} "
              f"| {ours_name}, GPU clock (µs) | step 3, GPU clock (µs) | step 3 ÷ {ours_name} "
@@ -530,7 +543,7 @@ def result_table(results, headline_rows) -> str:
         where = hd.get("where")
         ours = entry_row(results, where) if where else None
         runs = ours.get("step") if ours is not None and ours["series"] == "ngram_match" else None
-        other = runs is not None and CHAPTER.step(runs).number != CHAPTER.final.number
+        other = runs is not None and CHAPTER.step(runs).number != SYNCED_STEP
         synced = us(hd["kernel_ms"]) + (f" ({final}; the entry point runs step {CHAPTER.step(runs).number} here)"
                                         if other else "")
         cells = [hd["case"], us(hd["baseline_ms"]), synced, f"{hd['speedup']:,.2f}×"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from book.common import floor_ms
 from studylog.ngram import CHAPTER
-from studylog.ngram.report import FIRST_OWN_STEP, HEADLINE_CASES, NO_BUDGET, SYNCED_SERIES
+from studylog.ngram.report import FIRST_OWN_STEP, HEADLINE_CASES, NO_BUDGET, SYNCED_SERIES, SYNCED_STEP
 
 #: The real-text case the lesson's end-to-end table quotes: Python source, the deployed budget.
 HEADLINE_REAL_CASE = ("code", 32, 4096, 128)
@@ -82,13 +82,13 @@ def floor_of(results, row) -> float | None:
 
 
 def same_clock_pair(results, cfg):
-    """(CPU path row, kernel row, kernel label) on one clock at a grid config: the final step end to end
+    """(CPU path row, kernel row, kernel label) on one clock at a grid config: step 11 end to end
     (:data:`SYNCED_SERIES`) where the file has it, else (files measured before it, where every row is a
     do_bench time) the fastest of the chapter's kernels. None when either is missing."""
     cpu = grid_select(results, CHAPTER.steps[0].series, cfg)
     synced = grid_select(results, SYNCED_SERIES, cfg)
     if cpu and synced:
-        return cpu[0], synced[0], f"{CHAPTER.final.name}, call + sync"
+        return cpu[0], synced[0], f"{CHAPTER.step(SYNCED_STEP).name}, call + sync"
     kernels = [r for s in own_series() for r in grid_select(results, s, cfg)]
     kernels = [r for r in kernels if r.get("clock", "do_bench") == (cpu[0].get("clock", "do_bench") if cpu else None)]
     if cpu and kernels:
@@ -105,7 +105,7 @@ def headline(results) -> list[dict]:
     from studylog.plotting import headline_row
 
     cpu = CHAPTER.steps[0]
-    final = CHAPTER.final
+    final = CHAPTER.step(SYNCED_STEP)
     out = []
     cases = [(None, *c) for c in HEADLINE_CASES] + [HEADLINE_REAL_CASE]
     for corpus, batch, seq_len, threshold in cases:

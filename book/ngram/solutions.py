@@ -71,7 +71,7 @@ def refused_bound(threshold: int, kinds: Sequence[str], counted: Sequence[bool],
     return refused
 
 
-#: Step 6's per-lane publication of a tile's candidates (``ngram_one_pass_split``), and exercise 6's replacement.
+#: Step 6's per-lane publication of a tile's candidates (in ``search_chunk``, its search), and exercise 6's replacement.
 STEP6_PUBLISH = ("                if (mine != NONE_KEY) atomicMin(&s_best, mine);\n"
                  "                __syncthreads();  // s_best is final for this tile")
 WARP_MIN = """                // The warp's smallest key first: redux.sync works on 32 bits, so the high words, then the low
@@ -86,7 +86,8 @@ WARP_MIN = """                // The warp's smallest key first: redux.sync works
 
 
 def warp_min_step6(source: str) -> str:
-    """Exercise 6's answer: in ``ngram_one_pass_split`` only, each warp takes the minimum of its lanes' keys with two
+    """Exercise 6's answer: in step 6's search (``search_chunk``, which steps 7 and 12 share), each warp takes the
+    minimum of its lanes' keys with two
     32-bit ``__reduce_min_sync`` (``redux.sync.min.u32`` on sm_80 and later: the high words, then the low words
     among the lanes holding the smallest high word), and lane 0 alone updates the block's ``s_best``. A lane without
     a candidate holds ``NONE_KEY``, the largest key, so it never wins; the key a warp publishes is the smallest of
@@ -94,10 +95,10 @@ def warp_min_step6(source: str) -> str:
     times fewer shared 64-bit atomics, for two warp reductions every tile: expect it to pay where candidates are
     dense (a small vocabulary: most lanes match the newest token) and to cost a little on uniform ids, where few
     lanes hold one (an expectation: this change was compiled, not timed, for the chapter)."""
-    start = source.index("__global__ void ngram_one_pass_split(")
+    start = source.index("__device__ __forceinline__ void search_chunk(")
     end = source.find('extern "C"', start)
     end = len(source) if end < 0 else end
     kernel = source[start:end]
     if kernel.count(STEP6_PUBLISH) != 1:
-        raise ValueError("step 6's publication line was not found once in ngram_one_pass_split")
+        raise ValueError("step 6's publication line was not found once in search_chunk")
     return source[:start] + kernel.replace(STEP6_PUBLISH, WARP_MIN) + source[end:]

@@ -3,7 +3,7 @@
 Every decoding step, each active slot of a batch looks up its last ``n`` generated tokens in its prompt, then in
 its earlier generated tokens, and proposes the tokens that followed the leftmost earlier occurrence as drafts,
 under a batch-wide token budget. :func:`reference_ngram_match` is the specification, which every step reproduces
-bit for bit: step 1 is the deployed CPU path (C), steps 2 to 11 CUDA C++ kernels in ``csrc/``. :func:`ngram_match`
+bit for bit: step 1 is the deployed CPU path (C), steps 2 to 12 CUDA C++ kernels in ``csrc/``. :func:`ngram_match`
 is the chapter's result under the operator's name; :class:`NgramMatcher` binds a step to one batch's buffers.
 """
 
@@ -16,7 +16,7 @@ from studylog.ngram.formats import NGRAM_MAX, NgramConfig, NgramInputs, same_sta
 from studylog.ngram.kernels import (NgramMatcher, ngram_match, step01_cpu_path, step02_serial, step03_two_phase,
                                     step04_two_phase_scan, step05_one_pass, step06_one_pass_split,
                                     step07_one_pass_fused, step08_stream, step09_wide_loads, step10_evict_first,
-                                    step11_skip_refused, stream_source)
+                                    step11_skip_refused, step12_early_phase2, one_pass_source, stream_source)
 from studylog.ngram.models import SCAN_THREADS, match_key, model_budget_refused, model_one_pass_keys
 from studylog.ngram.reference import reference_ngram_match
 from studylog.ngram.report import (NO_BUDGET, SYNCED_DESCRIPTION, SYNCED_SERIES, bench, gen_width_for, gpu_headline,
@@ -40,10 +40,11 @@ CHAPTER = Chapter(
              _CSRC / "ngram_common.cuh", "budget_scan_block"),
         Step(5, "one_pass", "one pass over each haystack for every n", "cuda", step05_one_pass,
              _CSRC / "ngram_one_pass.cu", "ngram_search_one_pass"),
+        # steps 6, 7 and 12 share the search of one chunk (search_chunk): each shows it with its own kernels
         Step(6, "one_pass_split", "each slot split over many blocks; phase 2 a second launch", "cuda",
-             step06_one_pass_split, _CSRC / "ngram_one_pass.cu", "ngram_one_pass_split"),
+             step06_one_pass_split, one_pass_source("search_chunk", "ngram_one_pass_split", "ngram_budget_scan_reset")),
         Step(7, "one_pass_fused", "phase 2 in the last block to finish: one launch", "cuda", step07_one_pass_fused,
-             _CSRC / "ngram_one_pass.cu", "ngram_one_pass_fused"),
+             one_pass_source("search_chunk", "ngram_one_pass_fused")),
         # steps 8 to 11 are instances of one template: each shows the code its instance compiles (stream_source)
         Step(8, "stream", "every warp streams its own tiles: no barrier in the loop", "cuda", step08_stream,
              stream_source(vec=1, evict_first=False, skip_refused=False)),
@@ -53,6 +54,8 @@ CHAPTER = Chapter(
              stream_source(vec=None, evict_first=True, skip_refused=False)),
         Step(11, "skip_refused", "slots the budget refuses skip their search", "cuda", step11_skip_refused,
              stream_source(vec=None, evict_first=True, skip_refused=True)),
+        Step(12, "early_phase2", "step 6 with phase 2 launched before the search ends", "cuda", step12_early_phase2,
+             one_pass_source("search_chunk", "ngram_one_pass_split_early", "ngram_budget_scan_early")),
     ),
     bench=bench,
     headline=gpu_headline,
@@ -68,7 +71,7 @@ __all__ = [
     # the steps, the chapter's result under the operator's name, and a step bound to one batch's buffers
     "step01_cpu_path", "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass",
     "step06_one_pass_split", "step07_one_pass_fused", "step08_stream", "step09_wide_loads", "step10_evict_first",
-    "step11_skip_refused", "ngram_match", "NgramMatcher",
+    "step11_skip_refused", "step12_early_phase2", "ngram_match", "NgramMatcher",
     # formats and the specification
     "NgramInputs", "NgramConfig", "validate", "same_state", "NGRAM_MAX", "reference_ngram_match",
     # the models of the GPU algorithms

@@ -1,5 +1,5 @@
 """Chapter 3's steps (each launches its own kernels, in place), :class:`NgramMatcher` (a step bound to one batch's
-buffers) and :func:`ngram_match` (step 6, 7 or 11, by the batch's shapes: :func:`final_step`).
+buffers) and :func:`ngram_match` (step 11 or 12, by the batch's shapes: :func:`final_step`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ cuda.declare_instances("ngram_stream", STREAM_INSTANCES)
 
 
 def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
-    """Haystack positions per block of steps 6 and 7: about eight blocks per SM, at most 8 tiles of TILE positions per
+    """Haystack positions per block of steps 6, 7 and 12: about eight blocks per SM, at most 8 tiles of TILE positions per
     block (``chunk_tiles`` overrides)."""
     if chunk_tiles is None:
         tiles = batch * (-(-prompt_width // TILE) + -(-gen_width // TILE))
@@ -84,6 +84,14 @@ def stream_source(*, vec: int | None, evict_first: bool, skip_refused: bool) -> 
     texts = [source_of("ngram_stream.cu", name)[0] for name, needs in _STREAM_SHOWN if needs is None or knobs[needs]]
     return "\n".join("\n".join(_drop_unused(_resolve_constexpr(text.splitlines(), knobs), knobs)) + "\n"
                      for text in texts)
+
+
+def one_pass_source(*functions: str) -> str:
+    """What a step of ``ngram_one_pass.cu`` compiles, as text: ``functions`` of the file in the order given (steps 6,
+    7 and 12 share the search of one chunk, ``search_chunk``, and differ in the kernels around it)."""
+    from studylog.source import source_of
+
+    return "\n".join(source_of("ngram_one_pass.cu", name)[0].rstrip("\n") + "\n" for name in functions)
 
 
 def _drop_unused(lines: list[str], knobs: dict) -> list[str]:
@@ -145,7 +153,7 @@ class NgramMatcher:
     ``seq_lens_decoder == 0``). Values are checked only when built (``check_values``) and by :meth:`check`: out of
     the ranges :func:`~studylog.ngram.formats.validate` states, the kernels read out of bounds.
 
-    Options: ``chunk_tiles`` (steps 6 and 7) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
+    Options: ``chunk_tiles`` (steps 6, 7 and 12) and ``chunk_len`` (steps 8 to 11), the haystack positions a block
     scans; ``vec`` (steps 9 to 11) the tokens per load, 1 or 2 (16-byte loads; the default where the rows allow).
     """
 
@@ -363,35 +371,47 @@ def step11_skip_refused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch 
     return draft_tokens, seq_lens_this_time
 
 
+def step12_early_phase2(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
+                        seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
+                        chunk_tiles: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
+    """Step 12: step 6 with its phase 2 launched early (``ngram_budget_scan_early``, a programmatic dependent
+    launch): its block is scheduled once every search block (``ngram_one_pass_split_early``) has started and waits
+    for the search to finish, so the gap between the two launches goes; in place."""
+    m = bound or NgramMatcher(step12_early_phase2, inputs, draft_tokens, seq_lens_this_time, config=config,
+                              chunk_tiles=chunk_tiles)
+    if m.batch:
+        _kernel("ngram_one_pass", "ngram_one_pass_split_early", m.device)((m.batch, m.prompt_chunks + m.gen_chunks),
+                                                                         (THREADS,), *m.args)
+        _kernel("ngram_one_pass", "ngram_budget_scan_early", m.device)((1,), (SCAN_THREADS,), *m.args, early=True)
+    return draft_tokens, seq_lens_this_time
+
+
 #: The step functions and the keyword options each takes (what :class:`NgramMatcher` accepts).
 _OPTIONS = {step01_cpu_path: (), step02_serial: (), step03_two_phase: (), step04_two_phase_scan: (),
             step05_one_pass: (), step06_one_pass_split: ("chunk_tiles",), step07_one_pass_fused: ("chunk_tiles",),
             step08_stream: ("chunk_len",), step09_wide_loads: ("chunk_len", "vec"),
-            step10_evict_first: ("chunk_len", "vec"), step11_skip_refused: ("chunk_len", "vec")}
+            step10_evict_first: ("chunk_len", "vec"), step11_skip_refused: ("chunk_len", "vec"),
+            step12_early_phase2: ("chunk_tiles",)}
 #: The steps that launch ``ngram_stream`` (split by :func:`stream_chunk_len`).
 STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_skip_refused)
 
 
 #: The rule of :func:`final_step`, on the GPU clock (a decoding loop captures the call): a call that scans at least
 #: STREAM_MIN_TOKENS prompt positions (slots × prompt width) in rows at least STREAM_MIN_WIDTH wide runs step 11,
-#: whose fewer, larger blocks with no barriers pay once there is that much to stream; one slot runs step 7, whose
-#: phase 2 over one slot costs its last block almost nothing; every other batch runs step 6, whose phase 2 is a
-#: launch of its own: step 7's kernel carries phase 2's code (more registers a thread, fewer blocks an SM while it
-#: searches) and runs it in one block of THREADS threads instead of SCAN_THREADS. A captured second launch costs
-#: little; an eager caller pays it on the host. The thresholds must keep the entry point within the spread of the
-#: fastest of steps 6 to 11 at every synthetic grid case of the committed benchmarks (real text under a budget can
-#: favour step 7 at a shape where synthetic tokens tie: the rule reads shapes only).
+#: whose fewer, larger blocks with no barriers pay once there is that much to stream; every other call runs step 12,
+#: step 6's split search with phase 2 launched early (step 7's fused phase 2 costs its search kernel registers and
+#: runs on THREADS threads instead of SCAN_THREADS). The thresholds must keep the entry point within the spread of
+#: the fastest of steps 6 to 12 at every case of the committed benchmark, synthetic and real text.
 STREAM_MIN_WIDTH = 32_768
 STREAM_MIN_TOKENS = 1 << 22
 
 
 def step_for_shape(batch: int, prompt_width: int) -> Callable:
     """:func:`step11_skip_refused` where the prompts are at least :data:`STREAM_MIN_WIDTH` wide and a call scans at
-    least :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width), else :func:`step07_one_pass_fused` for
-    one slot and :func:`step06_one_pass_split` for more."""
+    least :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width), else :func:`step12_early_phase2`."""
     if prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS:
         return step11_skip_refused
-    return step07_one_pass_fused if batch == 1 else step06_one_pass_split
+    return step12_early_phase2
 
 
 def final_step(inputs: NgramInputs) -> Callable:
@@ -409,8 +429,8 @@ def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_wi
 
 
 __all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "STREAM_STEPS",
-           "fused_chunk_len", "stream_vec", "stream_chunk_len", "stream_source", "NgramMatcher", "step01_cpu_path",
+           "fused_chunk_len", "stream_vec", "stream_chunk_len", "stream_source", "one_pass_source", "NgramMatcher", "step01_cpu_path",
            "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_split",
            "step07_one_pass_fused", "step08_stream", "step09_wide_loads", "step10_evict_first",
-           "step11_skip_refused", "STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "step_for_shape", "final_step",
+           "step11_skip_refused", "step12_early_phase2", "STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "step_for_shape", "final_step",
            "ngram_match"]

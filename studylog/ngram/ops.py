@@ -27,7 +27,7 @@ def _ngram_match(prompt_ids: Tensor, prompt_lens: Tensor, generated_ids: Tensor,
                  draft_token_num: Tensor, max_dec_len: Tensor, seq_lens_encoder: Tensor, seq_lens_decoder: Tensor,
                  draft_tokens: Tensor, seq_lens_this_time: Tensor, max_ngram_size: int = 3, min_ngram_size: int = 1,
                  threshold: int = DEFAULT_THRESHOLD, hybrid: bool = False, max_draft_tokens: int = 10) -> None:
-    """Drafts in place into ``draft_tokens``, ``seq_lens_this_time`` (CUDA: step 6, 7 or 11 by final_step; CPU: step 1)."""
+    """Drafts in place into ``draft_tokens``, ``seq_lens_this_time`` (CUDA: step 11 or 12 by final_step; CPU: step 1)."""
     inputs, config = _parts(**locals())
     cpu_path_inplace(inputs, draft_tokens, seq_lens_this_time, config)
 

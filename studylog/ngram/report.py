@@ -28,7 +28,7 @@ CORPORA = ("text", "code", "synthetic")
 REAL_SHAPES = [(32, 4096, 128), (32, 4096, NO_BUDGET), (16, 32768, NO_BUDGET)]
 QUICK_REAL_SHAPES = [(32, 4096, 128)]
 BENCH_DEVICE = "cuda"  # a test runs the bookkeeping on the CPU
-REAL_STEPS = (1, 5, 6, 7, 11)
+REAL_STEPS = (1, 5, 6, 7, 11, 12)
 SERIAL_LIMIT_MS = 50.0     # skip the one-thread kernel where it would take longer than this per call
 SLOW_CALL_MS = 0.2         # calls longer than this: fewer calls per graph replay (GRAPH_BUDGET_MS of GPU work)
 GRAPH_BUDGET_MS = 20.0
@@ -36,6 +36,9 @@ SYNCED_BUDGET_MS = 50.0    # end-to-end host timing: about this much wall time p
 MAX_COPIES = 512           # rotated copies of a batch at most (small batches would ask for more)
 #: Steps 1 to 3 are the deployed path and the public pull request's two GPU ports (recorded as baselines).
 FIRST_OWN_STEP = 4
+#: The step also timed end to end on the host (the call, then a sync), against the CPU path: the one the entry
+#: point runs at the headline's large cases. On real text its rows carry the drafts and the branches taken.
+SYNCED_STEP = 11
 SYNCED_SERIES = "synced_step11"
 ENTRY_SERIES = "ngram_match"  # the step final_step picks per case; the row's ``step`` says which
 SYNCED_DESCRIPTION = ("step11_skip_refused's call followed by torch.cuda.synchronize(), wall time per call (host "
@@ -170,7 +173,7 @@ def _measure_step(run, step, inputs, state0, config, expected, *, params, role, 
 
 
 def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference_check=False, real=False):
-    """One case: every step of ``steps`` checked and timed, the final step also end to end, then the entry point.
+    """One case: every step of ``steps`` checked and timed, :data:`SYNCED_STEP` also end to end, then the entry point.
     ``speed`` carries the one-thread kernel's slowest time per window so far (to skip it where too slow)."""
     validate(inputs, draft0, this0, config)
     nbytes = haystack_bytes(inputs, this0, config)
@@ -184,7 +187,7 @@ def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference
     drafts = draft_acceptance(host, this0.cpu(), *expected, config)
     extra = {"haystack_bytes": nbytes, "windows_compared_by_cpu_loop": windows,
              "drafted_tokens": drafts["drafted_tokens"]}
-    final = _chapter().final
+    final = _chapter().step(SYNCED_STEP)
     for step in steps:
         role = "baseline" if step.number < FIRST_OWN_STEP else "kernel"
         if step.number == 1:
@@ -283,7 +286,7 @@ def gpu_headline(results) -> list[dict]:
     from studylog.plotting import headline_row
 
     chapter = _chapter()
-    final, two_phase = chapter.final, chapter.step(3)
+    final, two_phase = chapter.step(SYNCED_STEP), chapter.step(3)
     ours = ENTRY_SERIES if results.select(ENTRY_SERIES) else final.series
     out = []
     for batch, seq_len, threshold in HEADLINE_CASES:
