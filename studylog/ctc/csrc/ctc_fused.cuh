@@ -95,48 +95,35 @@ __device__ __forceinline__ float frame_lse(const float* xr, int A, int vectorise
     return block_lse(m, s, scratch);
 }
 
-// The softmax of a frame's A activations xr, given their log-sum-exp lse, written to g (16-byte loads and stores
-// when vectorised: A % 4 == 0 and xr, g 16-byte aligned).
+// out[k] = f(in[k]) for a frame's A values (16-byte loads and stores when vectorised: A % 4 == 0 and in, out
+// 16-byte aligned).
+template <class F>
+__device__ __forceinline__ void map_frame(float* out, const float* in, int A, int vectorised, F f) {
+    if (vectorised) {
+        const float4* in4 = reinterpret_cast<const float4*>(in);
+        float4* out4 = reinterpret_cast<float4*>(out);
+        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
+            const float4 v = __ldg(in4 + k);
+            out4[k] = make_float4(f(v.x), f(v.y), f(v.z), f(v.w));
+        }
+    } else {
+        for (int k = threadIdx.x; k < A; k += blockDim.x) out[k] = f(__ldg(in + k));
+    }
+}
+
+// The softmax of a frame's A activations xr, given their log-sum-exp lse, written to g (map_frame).
 __device__ __forceinline__ void write_softmax(float* g, const float* xr, int A, int vectorised, float lse) {
-    if (vectorised) {
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
-        float4* g4 = reinterpret_cast<float4*>(g);
-        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
-            const float4 v = __ldg(x4 + k);
-            g4[k] = make_float4(__expf(v.x - lse), __expf(v.y - lse), __expf(v.z - lse), __expf(v.w - lse));
-        }
-    } else {
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = __expf(__ldg(xr + k) - lse);
-    }
+    map_frame(g, xr, A, vectorised, [lse](float x) { return __expf(x - lse); });
 }
 
-// The log-softmax x - lse of a frame's A activations xr, written to lp (16-byte loads and stores when vectorised):
-// step 7's first pass, what steps 1 to 6 write.
+// The log-softmax x - lse of a frame's A activations xr, written to lp: step 7's first pass, what steps 1 to 6 write.
 __device__ __forceinline__ void write_log_softmax(float* lp, const float* xr, int A, int vectorised, float lse) {
-    if (vectorised) {
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
-        float4* lp4 = reinterpret_cast<float4*>(lp);
-        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
-            const float4 v = __ldg(x4 + k);
-            lp4[k] = make_float4(v.x - lse, v.y - lse, v.z - lse, v.w - lse);
-        }
-    } else {
-        for (int k = threadIdx.x; k < A; k += blockDim.x) lp[k] = __ldg(xr + k) - lse;
-    }
+    map_frame(lp, xr, A, vectorised, [lse](float x) { return x - lse; });
 }
 
-// The softmax exp(lp) of a frame's log-softmax lp, written to g (as write_softmax, from lp): step 7's last pass.
+// The softmax exp(lp) of a frame's log-softmax lp, written to g: step 7's last pass.
 __device__ __forceinline__ void write_softmax_lp(float* g, const float* lp, int A, int vectorised) {
-    if (vectorised) {
-        const float4* l4 = reinterpret_cast<const float4*>(lp);
-        float4* g4 = reinterpret_cast<float4*>(g);
-        for (int k = threadIdx.x; k < (A >> 2); k += blockDim.x) {
-            const float4 v = __ldg(l4 + k);
-            g4[k] = make_float4(__expf(v.x), __expf(v.y), __expf(v.z), __expf(v.w));
-        }
-    } else {
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = __expf(__ldg(lp + k));
-    }
+    map_frame(g, lp, A, vectorised, [](float x) { return __expf(x); });
 }
 
 // The emissions of a frame of utterance n: the base-2 log-probabilities of the blank (em[0]) and of the
@@ -149,18 +136,11 @@ __device__ __forceinline__ void write_emissions(float* em, const float* xr, cons
     }
 }
 
-// The posterior of each position of a frame from its two rows (ra: alpha, rb: beta; base-2 log space, each
-// relative to its row's offset) and its emissions em: post[s] = alpha beta / y relative to the frame's largest,
-// whose log2 goes to top; returns the block's sums of post (x: every position, y: the blanks). top is -inf when
-// no alignment passes through the frame (P = 0): post then keeps its logs and the sums are 0.
-__device__ __forceinline__ float2 frame_posterior(float* post, float* scratch, const float* ra, const float* rb,
-                                                  const float* em, int S, float& top) {
-    float local = NEG_INF;
-    for (int s = threadIdx.x; s < S; s += blockDim.x) {
-        const float v = __ldg(ra + s) + __ldg(rb + s) - __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0));
-        post[s] = v;
-        local = fmaxf(local, v);
-    }
+// The second half of frame_posterior: post[s] holds the log2 of position s's alpha beta / y and local this
+// thread's largest of them; the block's largest goes to top, post[s] becomes the posterior relative to it, and the
+// block's sums of post are returned (x: every position, y: the blanks). top is -inf when no alignment passes
+// through the frame (P = 0): post then keeps its logs and the sums are 0.
+__device__ __forceinline__ float2 posterior_sums(float* post, float* scratch, float local, int S, float& top) {
     top = block_max(local, scratch);  // also orders the writes to post
     float total = 0.0f, blank = 0.0f;
     if (top != NEG_INF) {
@@ -172,6 +152,20 @@ __device__ __forceinline__ float2 frame_posterior(float* post, float* scratch, c
         }
     }
     return block_sum2(total, blank, scratch);  // orders the writes to post again
+}
+
+// The posterior of each position of a frame from its two rows (ra: alpha, rb: beta; base-2 log space, each
+// relative to its row's offset) and its emissions em: post[s] = alpha beta / y relative to the frame's largest,
+// whose log2 goes to top; returns the block's sums of post (posterior_sums).
+__device__ __forceinline__ float2 frame_posterior(float* post, float* scratch, const float* ra, const float* rb,
+                                                  const float* em, int S, float& top) {
+    float local = NEG_INF;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const float v = __ldg(ra + s) + __ldg(rb + s) - __ldg(em + ((s & 1) ? (s + 1) >> 1 : 0));
+        post[s] = v;
+        local = fmaxf(local, v);
+    }
+    return posterior_sums(post, scratch, local, S, top);
 }
 
 // frame_posterior with the emissions read from the frame's log-softmax lp (step 7's last pass): the blank's for
@@ -186,17 +180,7 @@ __device__ __forceinline__ float2 frame_posterior_lp(float* post, float* scratch
         post[s] = v;
         local = fmaxf(local, v);
     }
-    top = block_max(local, scratch);  // also orders the writes to post
-    float total = 0.0f, blank = 0.0f;
-    if (top != NEG_INF) {
-        for (int s = threadIdx.x; s < S; s += blockDim.x) {
-            const float p = exp2f(post[s] - top);
-            post[s] = p;
-            total += p;
-            if (!(s & 1)) blank += p;
-        }
-    }
-    return block_sum2(total, blank, scratch);  // orders the writes to post again
+    return posterior_sums(post, scratch, local, S, top);
 }
 
 // The loss -ln P of utterance n from its frame t: top and total from frame_posterior, and the offsets of the
@@ -206,4 +190,21 @@ __device__ __forceinline__ float loss_of_frame(float top, float total, const dou
     const double log2_p = (double)top + log2((double)total) + __ldg(row_shift + (size_t)n * T + t) +
                           __ldg(row_shift + (size_t)(N + n) * T + t);
     return top == NEG_INF ? (zero_infinity ? 0.0f : __int_as_float(0x7f800000)) : (float)(-log2_p * LN2);
+}
+
+// A frame's A gradient entries g set to value (the whole block).
+__device__ __forceinline__ void fill_frame(float* g, int A, float value) {
+    for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = value;
+}
+
+// After frame_posterior in a last pass (steps 7 to 14): utterance n's loss from its frame 0 (thread 0), and where
+// no alignment passes through the frame (top = -inf, P = 0) its gradient g filled: NaN, or zero with
+// zero_infinity. Returns true then: the block has nothing left to do.
+__device__ __forceinline__ bool no_alignment_in_frame(float* g, float* loss, float top, float total,
+                                                      const double* row_shift, int t, int n, int T, int N, int A,
+                                                      int zero_infinity) {
+    const bool infinite = top == NEG_INF;
+    if (t == 0 && threadIdx.x == 0) loss[n] = loss_of_frame(top, total, row_shift, t, n, T, N, zero_infinity);
+    if (infinite) fill_frame(g, A, zero_infinity ? 0.0f : __int_as_float(0x7fc00000));
+    return infinite;
 }

@@ -259,7 +259,7 @@ extern "C" __global__ void ctc_grad_from_log_softmax(
     float* g = grad + (size_t)row * A;
     const float* lp = log_probs + (size_t)row * A;
     if (t >= __ldg(input_lengths + n)) {  // past the input: no gradient (the whole block)
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = 0.0f;
+        fill_frame(g, A, 0.0f);
         return;
     }
     const int S = 2 * __ldg(target_lengths + n) + 1;
@@ -268,13 +268,7 @@ extern "C" __global__ void ctc_grad_from_log_softmax(
 
     float top;  // log2 of the frame's largest alpha beta / y, up to the rows' offsets
     const float2 sums = frame_posterior_lp(post, scratch, ra, rb, lp, labels + n * Lmax, S, top);
-    const bool infinite = top == NEG_INF;  // no alignment passes through this frame: P = 0
-    if (t == 0 && threadIdx.x == 0) loss[n] = loss_of_frame(top, sums.x, row_shift, t, n, T, N, zero_infinity);
-    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
-        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = fill;
-        return;
-    }
+    if (no_alignment_in_frame(g, loss, top, sums.x, row_shift, t, n, T, N, A, zero_infinity)) return;
     const float inv_total = 1.0f / sums.x;
     write_softmax_lp(g, lp, A, vectorised);
     __syncthreads();  // the softmax is written before the target's classes are overwritten
@@ -301,7 +295,7 @@ extern "C" __global__ void ctc_fused_grad(
     float* g = grad + (size_t)row * A;
     const float* xr = x + (size_t)row * A;
     if (t >= __ldg(input_lengths + n)) {  // past the input: no gradient (the whole block)
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = 0.0f;
+        fill_frame(g, A, 0.0f);
         return;
     }
     const int S = 2 * __ldg(target_lengths + n) + 1;
@@ -311,13 +305,7 @@ extern "C" __global__ void ctc_fused_grad(
 
     float top;  // log2 of the frame's largest alpha beta / y, up to the rows' offsets
     const float2 sums = frame_posterior(post, scratch, ra, rb, em, S, top);
-    const bool infinite = top == NEG_INF;  // no alignment passes through this frame: P = 0
-    if (t == 0 && threadIdx.x == 0) loss[n] = loss_of_frame(top, sums.x, row_shift, t, n, T, N, zero_infinity);
-    if (infinite) {  // no alignment: the gradient is undefined (NaN), or zero with zero_infinity
-        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = fill;
-        return;
-    }
+    if (no_alignment_in_frame(g, loss, top, sums.x, row_shift, t, n, T, N, A, zero_infinity)) return;
     const float inv_total = 1.0f / sums.x;
     const float lse = __ldg(row_lse + row);
     write_softmax(g, xr, A, vectorised, lse);

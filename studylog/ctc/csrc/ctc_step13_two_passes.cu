@@ -20,7 +20,7 @@ extern "C" __global__ void ctc_stats_softmax(
     const float* xr = x + (size_t)row * A;
     float* g = grad + (size_t)row * A;
     if (t >= __ldg(input_lengths + n)) {  // past the input: no gradient (the whole block)
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = 0.0f;
+        fill_frame(g, A, 0.0f);
         return;
     }
     const int L = __ldg(target_lengths + n);
@@ -88,13 +88,7 @@ extern "C" __global__ void ctc_target_grad(
 
     float top;
     const float2 sums = frame_posterior(post, scratch, ra, rb, em, S, top);
-    const bool infinite = top == NEG_INF;
-    if (t == 0 && threadIdx.x == 0) loss[n] = loss_of_frame(top, sums.x, row_shift, t, n, T, N, zero_infinity);
-    if (infinite) {  // no alignment: the whole frame is NaN, or zero with zero_infinity
-        const float fill = zero_infinity ? 0.0f : __int_as_float(0x7fc00000);
-        for (int k = threadIdx.x; k < A; k += blockDim.x) g[k] = fill;
-        return;
-    }
+    if (no_alignment_in_frame(g, loss, top, sums.x, row_shift, t, n, T, N, A, zero_infinity)) return;
     const float inv_total = 1.0f / sums.x;
     const int U = __ldg(num_slots + n);
     for (int u = threadIdx.x; u < U; u += blockDim.x) {
