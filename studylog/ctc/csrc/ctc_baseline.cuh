@@ -12,11 +12,7 @@ template <bool LDG>
 __device__ __forceinline__ void alpha_baseline(
     const float* log_probs, const int* labels, const int* input_lengths, const int* target_lengths,
     float* alphas, double* log_likelihood, int T, int N, int A, int Lmax) {
-    const int n = blockIdx.x;
-    const int Tn = read<LDG>(input_lengths, n);
-    const int S = 2 * read<LDG>(target_lengths, n) + 1;
-    const int Smax = 2 * Lmax + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const auto [n, Tn, S, Smax, warp, lane, nwarps] = utterance<LDG>(input_lengths, target_lengths, Lmax);
     __shared__ float warp_maxima[2][32];
     float* a = alphas + (size_t)n * T * Smax;
     double shift = 0.0;       // log alpha_t(s) = a[t][s] + shift

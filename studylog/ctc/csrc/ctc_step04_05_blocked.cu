@@ -9,11 +9,7 @@
 // the VT updates of a frame are independent instructions. Layout of a thread's positions: ctc_blocked.cuh.
 template <int VT, bool BLOCKED>
 __global__ void ctc_alpha_step4(ALPHA_PARAMS(log_probs)) {
-    const int n = blockIdx.x;
-    const int Tn = __ldg(input_lengths + n);
-    const int S = 2 * __ldg(target_lengths + n) + 1;
-    const int Smax = 2 * Lmax + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const auto [n, Tn, S, Smax, warp, lane, nwarps] = utterance<true>(input_lengths, target_lengths, Lmax);
     __shared__ float warp_maxima[2][32];
     int label[VT];
     bool skip[VT];  // position s may also be reached from s - 2
@@ -62,11 +58,7 @@ __global__ void ctc_beta_grad_step4(BETA_POINTERS(log_probs), BETA_SIZES) {
     extern __shared__ float shared[];  // beta rows [2][Smax], then the posterior of each position [Smax]
     __shared__ float warp_maxima[2][32];
     __shared__ float warp_top[32], warp_total[32], warp_blank[32];
-    const int n = blockIdx.x;
-    const int Tn = __ldg(input_lengths + n);
-    const int S = 2 * __ldg(target_lengths + n) + 1;
-    const int Smax = 2 * Lmax + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const auto [n, Tn, S, Smax, warp, lane, nwarps] = utterance<true>(input_lengths, target_lengths, Lmax);
     float* post = shared + 2 * Smax;
     if (no_alignment(__ldg(log_likelihood + n), loss, grad, zero_infinity, Tn, T, n, N, A)) return;
     int label[VT];
@@ -124,11 +116,7 @@ __global__ void ctc_beta_grad_step4(BETA_POINTERS(log_probs), BETA_SIZES) {
 template <int VT, bool BLOCKED>
 __global__ void ctc_alpha_step5(ALPHA_PARAMS(log_probs)) {
     extern __shared__ float rows[];  // [2][Smax]: row t - 1 and row t
-    const int n = blockIdx.x;
-    const int Tn = __ldg(input_lengths + n);
-    const int S = 2 * __ldg(target_lengths + n) + 1;
-    const int Smax = 2 * Lmax + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const auto [n, Tn, S, Smax, warp, lane, nwarps] = utterance<true>(input_lengths, target_lengths, Lmax);
     __shared__ float warp_maxima[2][32];
     int label[VT];
     bool skip[VT];  // position s may also be reached from s - 2

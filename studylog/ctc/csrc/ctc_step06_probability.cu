@@ -22,11 +22,7 @@
 template <int VT, bool BLOCKED>
 __global__ void ctc_alpha_step6(ALPHA_PARAMS(probs)) {
     extern __shared__ float rows[];  // [2][Smax]: row t - 1 and row t
-    const int n = blockIdx.x;
-    const int Tn = __ldg(input_lengths + n);
-    const int S = 2 * __ldg(target_lengths + n) + 1;
-    const int Smax = 2 * Lmax + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const auto [n, Tn, S, Smax, warp, lane, nwarps] = utterance<true>(input_lengths, target_lengths, Lmax);
     __shared__ float warp_sums[2][32];
     int label[VT];
     bool skip[VT];  // position s may also be reached from s - 2
@@ -89,11 +85,7 @@ __global__ void ctc_beta_grad_step6(BETA_POINTERS(probs), float* __restrict__ er
     extern __shared__ float shared[];  // beta rows [2][Smax], then the posterior of each position [Smax]
     __shared__ float warp_sums[2][32];
     __shared__ float warp_total[32], warp_blank[32], warp_lost[32];
-    const int n = blockIdx.x;
-    const int Tn = __ldg(input_lengths + n);
-    const int S = 2 * __ldg(target_lengths + n) + 1;
-    const int Smax = 2 * Lmax + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const auto [n, Tn, S, Smax, warp, lane, nwarps] = utterance<true>(input_lengths, target_lengths, Lmax);
     float* post = shared + 2 * Smax;
     const double ll = __ldg(log_likelihood + n);
     const bool infinite = ll == NEG_INF_D;

@@ -27,6 +27,24 @@ __device__ __forceinline__ T read(const T* p, I... i) {
     else return p[(... + i)];
 }
 
+// What utterance<LDG> returns.
+struct Utterance {
+    int n, Tn, S, Smax, warp, lane, nwarps;
+};
+
+// What a block of steps 1 to 6 (one block per utterance) knows of its utterance n = blockIdx.x and of itself: the
+// input length Tn, the S = 2 L + 1 positions of the extended target, the row length Smax = 2 Lmax + 1, and this
+// thread's warp and lane of the block's nwarps. The lengths are read as read<LDG> reads.
+template <bool LDG>
+__device__ __forceinline__ Utterance utterance(const int* input_lengths, const int* target_lengths, int Lmax) {
+    const int n = blockIdx.x;
+    const int Tn = read<LDG>(input_lengths, n);
+    const int S = 2 * read<LDG>(target_lengths, n) + 1;
+    const int Smax = 2 * Lmax + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    return {n, Tn, S, Smax, warp, lane, nwarps};
+}
+
 // The rows of the recursions.
 // Each warp's maximum of a row (this thread's share: local_max) goes to row_maxima, for the next frame.
 __device__ __forceinline__ void publish_row_max(float local_max, float* row_maxima, int warp, int lane) {
