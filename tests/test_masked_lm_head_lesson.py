@@ -47,7 +47,7 @@ def test_rows_first_keeps_step_6s_launch_and_changes_only_the_order():
 
 def _fill_programs_shifted(source):
     """A planted mistake: rows first, but the fill programs numbered one block too far (the first block unwritten)."""
-    return solutions.rows_first(source).replace("(pid - n_rows) * FILL_BLOCK", "(pid - n_rows + 1) * FILL_BLOCK")
+    return solutions.rows_first(source).replace("allowed_ptr, pid, n_rows, V", "allowed_ptr, pid + 1, n_rows, V")
 
 
 def test_the_library_passes_the_checks_too(capsys):

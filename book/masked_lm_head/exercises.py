@@ -216,7 +216,9 @@ def _kernel_from(source: str):
 
     folder = Path(tempfile.mkdtemp(prefix="mlh_exercise_"))
     path = folder / "rows_first.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source)
+    # the jit helpers step 6's kernel calls, as the library defines them
+    path.write_text("import triton\nimport triton.language as tl\n\n"
+                    "from studylog.masked_lm_head.compact import fill_disallowed, one_wait_rows\n\n\n" + source)
     spec = importlib.util.spec_from_file_location(f"mlh_exercise_{folder.name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

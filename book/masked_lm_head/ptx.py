@@ -17,7 +17,7 @@ from typing import Sequence
 import triton
 import triton.language as tl
 
-from studylog.masked_lm_head.compact import compact_rows_kernel, one_wait_kernel
+from studylog.masked_lm_head.compact import compact_rows_kernel, one_wait_kernel, one_wait_rows
 from studylog.masked_lm_head.dense import block_skip_kernel, column_skip_kernel, dense_matmul_kernel, row_skip_kernel
 from studylog.masked_lm_head.formats import HIDDEN, LAYOUTS, default_tiles, need_layout
 
@@ -90,8 +90,10 @@ def _row_load_groups_here(step: int, rows: int) -> list[int]:
     kernel = {4: compact_rows_kernel, 5: one_wait_kernel}[step]
     raw = getattr(kernel, "fn", kernel)
     fn = _compilable(kernel)
-    # the source lines of the statement that loads the weight rows ("w = tl.load(...)", 1-2 lines)
-    lines, first = inspect.getsourcelines(raw)
+    # the source lines of the statement that loads the weight rows ("w = tl.load(...)", 1-2 lines): in step 4's
+    # kernel, in step 5's row helper (inlined: its PTX lines name the helper's lines)
+    loader = {4: compact_rows_kernel, 5: one_wait_rows}[step]
+    lines, first = inspect.getsourcelines(getattr(loader, "fn", loader))
     start = next(i for i, text in enumerate(lines) if text.strip().startswith("w = tl.load("))
     w_lines = {first + start, first + start + 1}
     constexprs = {"D": HIDDEN, "BLOCK_V": rows, "FILL_BLOCK": 4096}

@@ -66,8 +66,8 @@ def rows_first(source: str) -> str:
     ``n_fill`` passed as there), so the kernel counts its row programs itself, ``tl.cdiv(n_ids, BLOCK_V)``, and
     numbers the fill programs after them."""
     edits = (("    if pid >= n_fill:\n", "    n_rows = tl.cdiv(n_ids, BLOCK_V)\n    if pid < n_rows:\n"),
-             ("slots = (pid - n_fill) * BLOCK_V", "slots = pid * BLOCK_V"),
-             ("offs = pid * FILL_BLOCK", "offs = (pid - n_rows) * FILL_BLOCK"))
+             ("n_ids, pid, n_fill, stride_wv", "n_ids, pid, 0, stride_wv"),  # the row programs from 0 on
+             ("allowed_ptr, pid, 0, V", "allowed_ptr, pid, n_rows, V"))  # the fill programs from n_rows on
     for old, new in edits:
         if source.count(old) != 1:
             raise ValueError(f"step 6's kernel changed: {old.strip()!r} is not there once")

@@ -26,39 +26,41 @@ from studylog.masked_lm_head.reorder import ReorderedHead, cluster_order, reorde
 from studylog.masked_lm_head.report import bench, headline
 from studylog.masked_lm_head import ops  # the entry point as a torch.library operator (torch.ops.studylog)
 
+#: Each step's function: what its page shows (its kernel; step 12: its rule) and what it changes. Its number and
+#: slug are the function's name (``stepNN_<slug>``).
+_STEPS = {
+    step00_dense: (dense_matmul_kernel, "the Triton matmul tutorial's structure, all logits, then masked_fill"),
+    step01_block_skip: (block_skip_kernel, "a program whose block of tokens has nothing allowed returns at once"),
+    step02_column_skip: (column_skip_kernel, "inside an active block, disallowed columns are not loaded"),
+    step03_row_skip: (row_skip_kernel, "the same on the [V, D] layout, where a token is one contiguous row"),
+    step04_compact: (compact_rows_kernel, "programs walk the list of allowed ids: no empty programs, no wasted rows"),
+    step05_one_wait: (one_wait_kernel, "each row loaded as one tile and reduced once: one wait for memory per row"),
+    step06_fill_first: (fill_first_kernel,
+                        "the fill programs first in the grid, so their -inf stores do not trail the launch"),
+    step07_stream: (compact_stream_kernel, "the weight rows read with an L2 evict-first hint: each row is read once"),
+    step08_few_ids: (few_ids_kernel,
+                     "up to eight ids passed as launch arguments: nothing to look up before the row read"),
+    step09_union: (union_sums_kernel,
+                   "B sequences with their own masks: each row of the batch's union read once for all of them"),
+    step10_batched: (batched_union_kernel,
+                     "the union's rows multiplied with every sequence's hidden state on the tensor cores"),
+    step11_reordered: (reordered_rows_kernel,
+                       "step 3 on a vocabulary reordered so that tokens allowed together sit together"),
+    step12_dispatch: (choose_path, "one function that picks the path from the batch size and the allowed count"),
+    step13_plan: (stream_count_kernel, "the whole step from the grammar's packed bitmask: the union built on the "
+                                       "device, the step replayed as one CUDA graph"),
+}
+
+
+def _step(function, shown, title: str) -> Step:
+    number, slug = function.__name__.removeprefix("step").split("_", 1)
+    return Step(int(number), slug, title, "python" if function is step12_dispatch else "triton", function, shown)
+
+
 CHAPTER = Chapter(
     name="masked_lm_head", number=2, notebooks=("02_masked_lm_head",),
     title="Masked LM head: logits only for the tokens a grammar allows",
-    steps=(
-        Step(0, "dense", "the Triton matmul tutorial's structure, all logits, then masked_fill", "triton",
-             step00_dense, dense_matmul_kernel),
-        Step(1, "block_skip", "a program whose block of tokens has nothing allowed returns at once", "triton",
-             step01_block_skip, block_skip_kernel),
-        Step(2, "column_skip", "inside an active block, disallowed columns are not loaded", "triton",
-             step02_column_skip, column_skip_kernel),
-        Step(3, "row_skip", "the same on the [V, D] layout, where a token is one contiguous row", "triton",
-             step03_row_skip, row_skip_kernel),
-        Step(4, "compact", "programs walk the list of allowed ids: no empty programs, no wasted rows", "triton",
-             step04_compact, compact_rows_kernel),
-        Step(5, "one_wait", "each row loaded as one tile and reduced once: one wait for memory per row", "triton",
-             step05_one_wait, one_wait_kernel),
-        Step(6, "fill_first", "the fill programs first in the grid, so their -inf stores do not trail the launch",
-             "triton", step06_fill_first, fill_first_kernel),
-        Step(7, "stream", "the weight rows read with an L2 evict-first hint: each row is read once", "triton",
-             step07_stream, compact_stream_kernel),
-        Step(8, "few_ids", "up to eight ids passed as launch arguments: nothing to look up before the row read",
-             "triton", step08_few_ids, few_ids_kernel),
-        Step(9, "union", "B sequences with their own masks: each row of the batch's union read once for all of them",
-             "triton", step09_union, union_sums_kernel),
-        Step(10, "batched", "the union's rows multiplied with every sequence's hidden state on the tensor cores",
-             "triton", step10_batched, batched_union_kernel),
-        Step(11, "reordered", "step 3 on a vocabulary reordered so that tokens allowed together sit together",
-             "triton", step11_reordered, reordered_rows_kernel),
-        Step(12, "dispatch", "one function that picks the path from the batch size and the allowed count",
-             "python", step12_dispatch, choose_path),
-        Step(13, "plan", "the whole step from the grammar's packed bitmask: the union built on the device, the "
-             "step replayed as one CUDA graph", "triton", step13_plan, stream_count_kernel),
-    ),
+    steps=tuple(_step(function, *shown_title) for function, shown_title in _STEPS.items()),
     bench=bench,
     headline=headline,
     baselines={

@@ -16,6 +16,38 @@ from studylog import runtime  # noqa: F401  (selects GPU or interpreter before k
 from studylog.masked_lm_head.formats import (FEW_IDS_MAX, AllowedTokens, Tiles, check_inputs, default_tiles,
                                              dot_dtype, few_tiles, need_batch1, need_layout, output, stream_tiles)
 
+# Steps 4-7 share their fill programs, and steps 5-7 their row programs: two jit helpers, inlined where called.
+# Each takes the program id and the first id of its kind and subtracts them itself: a difference computed before
+# the call would be scheduled earlier, and the kernel's PTX would change.
+
+@triton.jit
+def fill_disallowed(out_ptr, allowed_ptr, pid, first_pid, V, FILL_BLOCK: tl.constexpr):
+    """Fill program ``pid`` of steps 4-7 (the fill programs start at ``first_pid``): ``-inf`` over the outputs of its
+    block of FILL_BLOCK that the mask disallows."""
+    offs = (pid - first_pid) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+    inside = offs < V
+    keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
+    tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
+
+
+@triton.jit
+def one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, first_pid, stride_wv, D: tl.constexpr,
+                  D_POW2: tl.constexpr, BLOCK_V: tl.constexpr, EVICTION: tl.constexpr):
+    """Row program ``pid`` of steps 5-7 (the row programs start at ``first_pid``): its BLOCK_V allowed ids, each
+    row loaded as one [1, D_POW2] tile (with the L2 policy ``EVICTION``; ``""``: the default) and reduced once."""
+    offs_d = tl.arange(0, D_POW2)[None, :]
+    in_d = offs_d < D
+    # h as a [1, D] tile: already in the rows' layout (a 1-D h would be converted through
+    # shared memory, with barriers that hold back the row loads until h has arrived)
+    h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
+    slots = (pid - first_pid) * BLOCK_V + tl.arange(0, BLOCK_V)
+    live = slots < n_ids
+    rows = tl.load(ids_ptr + slots, mask=live, other=0)
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
+                mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION).to(tl.float32)
+    tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
+
+
 # Step 4: compacted ids, batch 1. Programs [0, n_compute) each take BLOCK_V allowed ids and read
 # their whole rows; the programs after them write -inf over the disallowed part of the output.
 
@@ -39,10 +71,7 @@ def compact_rows_kernel(
             acc += tl.sum(w * h[None, :], axis=1)
         tl.store(out_ptr + rows, acc, mask=live)
     else:
-        offs = (pid - n_compute) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
-        inside = offs < V
-        keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
-        tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
+        fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
 
 # Step 5: one wait per row. The whole row is one tile ([BLOCK_V, D rounded up to a power of two], the
@@ -57,22 +86,9 @@ def one_wait_kernel(
 ):
     pid = tl.program_id(0)
     if pid < n_compute:
-        offs_d = tl.arange(0, D_POW2)[None, :]
-        in_d = offs_d < D
-        # h as a [1, D] tile: already in the rows' layout (a 1-D h would be converted through
-        # shared memory, with barriers that hold back the row loads until h has arrived)
-        h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
-        slots = pid * BLOCK_V + tl.arange(0, BLOCK_V)
-        live = slots < n_ids
-        rows = tl.load(ids_ptr + slots, mask=live, other=0)
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
-                    mask=live[:, None] & in_d, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
+        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, 0, stride_wv, D, D_POW2, BLOCK_V, "")
     else:
-        offs = (pid - n_compute) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
-        inside = offs < V
-        keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
-        tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
+        fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
 
 # Step 6: the fill programs first in the grid. Dispatched last, their mask-load -> store chain could be the
@@ -86,22 +102,9 @@ def fill_first_kernel(
 ):
     pid = tl.program_id(0)
     if pid >= n_fill:
-        offs_d = tl.arange(0, D_POW2)[None, :]
-        in_d = offs_d < D
-        # h as a [1, D] tile: already in the rows' layout (a 1-D h would be converted through
-        # shared memory, with barriers that hold back the row loads until h has arrived)
-        h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
-        slots = (pid - n_fill) * BLOCK_V + tl.arange(0, BLOCK_V)
-        live = slots < n_ids
-        rows = tl.load(ids_ptr + slots, mask=live, other=0)
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
-                    mask=live[:, None] & in_d, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
+        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, n_fill, stride_wv, D, D_POW2, BLOCK_V, "")
     else:
-        offs = pid * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
-        inside = offs < V
-        keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
-        tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
+        fill_disallowed(out_ptr, allowed_ptr, pid, 0, V, FILL_BLOCK)
 
 
 # Step 7: step 5 with the weight rows read under an L2 evict-first policy: they are used once, so they
@@ -115,22 +118,9 @@ def compact_stream_kernel(
 ):
     pid = tl.program_id(0)
     if pid < n_compute:
-        offs_d = tl.arange(0, D_POW2)[None, :]
-        in_d = offs_d < D
-        # h as a [1, D] tile: already in the rows' layout (a 1-D h would be converted through
-        # shared memory, with barriers that hold back the row loads until h has arrived)
-        h = tl.load(h_ptr + offs_d, mask=in_d, other=0.0).to(tl.float32)
-        slots = pid * BLOCK_V + tl.arange(0, BLOCK_V)
-        live = slots < n_ids
-        rows = tl.load(ids_ptr + slots, mask=live, other=0)
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wv + offs_d,
-                    mask=live[:, None] & in_d, other=0.0, eviction_policy=EVICTION).to(tl.float32)
-        tl.store(out_ptr + rows, tl.sum(w * h, axis=1), mask=live)
+        one_wait_rows(h_ptr, w_ptr, out_ptr, ids_ptr, n_ids, pid, 0, stride_wv, D, D_POW2, BLOCK_V, EVICTION)
     else:
-        offs = (pid - n_compute) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
-        inside = offs < V
-        keep = tl.load(allowed_ptr + offs, mask=inside, other=1)
-        tl.store(out_ptr + offs, tl.full((FILL_BLOCK,), float("-inf"), tl.float32), mask=inside & (keep == 0))
+        fill_disallowed(out_ptr, allowed_ptr, pid, n_compute, V, FILL_BLOCK)
 
 
 # Step 8: a handful of ids (a grammar state that forces one token, or allows a few) travel as
@@ -188,6 +178,43 @@ def gathered_sums(h_ptr, w_ptr, rows, live, first_b, B, stride_hb, stride_wv, D:
 
 
 @triton.jit
+def union_block(pid, union_ptr, n_union, B, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Row program ``pid`` of steps 9 and 10: its block of the batch (``pid_b``; the sequences ``offs_b``, those
+    that exist ``in_b``) and its ids of the union (``rows``; those that exist ``live``)."""
+    num_pid_b = tl.cdiv(B, BLOCK_B)
+    pid_v = pid // num_pid_b  # neighbouring programs share rows: the second read hits L2
+    pid_b = pid % num_pid_b
+    slots = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    live = slots < n_union
+    rows = tl.load(union_ptr + slots, mask=live, other=0)
+    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    in_b = offs_b < B
+    return pid_b, rows, live, offs_b, in_b
+
+
+@triton.jit
+def store_union_tile(out_ptr, allowed_ptr, acc, rows, live, offs_b, in_b, stride_ob, stride_allowed_b):
+    """Steps 9 and 10: the tile's logits, each stored only where its sequence allows its token."""
+    tile = in_b[:, None] & live[None, :]
+    allowed = tl.load(allowed_ptr + offs_b[:, None] * stride_allowed_b + rows[None, :], mask=tile, other=0)
+    tl.store(out_ptr + offs_b[:, None] * stride_ob + rows[None, :], acc, mask=tile & (allowed != 0))
+
+
+@triton.jit
+def fill_disallowed_batch(out_ptr, allowed_ptr, pid, first_pid, B, V, stride_ob, stride_allowed_b,
+                          FILL_BLOCK: tl.constexpr):
+    """Fill program ``pid`` of steps 9 and 10 (the fill programs start at ``first_pid``): ``-inf`` over the outputs
+    of its block of the flat ``[B, V]`` output that their sequence does not allow."""
+    offs = (pid - first_pid) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)
+    inside = offs < B * V
+    seq = offs // V
+    tok = offs - seq * V
+    keep = tl.load(allowed_ptr + seq * stride_allowed_b + tok, mask=inside, other=1)
+    tl.store(out_ptr + seq * stride_ob + tok, tl.full((FILL_BLOCK,), float("-inf"), tl.float32),
+             mask=inside & (keep == 0))
+
+
+@triton.jit
 def union_sums_kernel(
     h_ptr, w_ptr, out_ptr, allowed_ptr, union_ptr, n_union, B, V, n_compute,
     stride_hb, stride_wv, stride_ob, stride_allowed_b,
@@ -196,27 +223,12 @@ def union_sums_kernel(
 ):
     pid = tl.program_id(0)
     if pid < n_compute:
-        num_pid_b = tl.cdiv(B, BLOCK_B)
-        pid_v = pid // num_pid_b  # neighbouring programs share rows: the second read hits L2
-        pid_b = pid % num_pid_b
-        slots = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        live = slots < n_union
-        rows = tl.load(union_ptr + slots, mask=live, other=0)
-        offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-        in_b = offs_b < B
+        pid_b, rows, live, offs_b, in_b = union_block(pid, union_ptr, n_union, B, BLOCK_B, BLOCK_V)
         acc = gathered_sums(h_ptr, w_ptr, rows, live, pid_b * BLOCK_B, B, stride_hb, stride_wv, D, BLOCK_B, BLOCK_V,
                             BLOCK_D)
-        tile = in_b[:, None] & live[None, :]
-        allowed = tl.load(allowed_ptr + offs_b[:, None] * stride_allowed_b + rows[None, :], mask=tile, other=0)
-        tl.store(out_ptr + offs_b[:, None] * stride_ob + rows[None, :], acc, mask=tile & (allowed != 0))
+        store_union_tile(out_ptr, allowed_ptr, acc, rows, live, offs_b, in_b, stride_ob, stride_allowed_b)
     else:
-        offs = (pid - n_compute) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)  # over the flat [B, V] output
-        inside = offs < B * V
-        seq = offs // V
-        tok = offs - seq * V
-        keep = tl.load(allowed_ptr + seq * stride_allowed_b + tok, mask=inside, other=1)
-        tl.store(out_ptr + seq * stride_ob + tok, tl.full((FILL_BLOCK,), float("-inf"), tl.float32),
-                 mask=inside & (keep == 0))
+        fill_disallowed_batch(out_ptr, allowed_ptr, pid, n_compute, B, V, stride_ob, stride_allowed_b, FILL_BLOCK)
 
 
 # Step 10: step 9 with the block of union rows multiplied with the block's BLOCK_B hidden states
@@ -250,27 +262,12 @@ def batched_union_kernel(
 ):
     pid = tl.program_id(0)
     if pid < n_compute:
-        num_pid_b = tl.cdiv(B, BLOCK_B)
-        pid_v = pid // num_pid_b  # neighbouring programs share rows: the second read hits L2
-        pid_b = pid % num_pid_b
-        slots = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        live = slots < n_union
-        rows = tl.load(union_ptr + slots, mask=live, other=0)
-        offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-        in_b = offs_b < B
+        pid_b, rows, live, offs_b, in_b = union_block(pid, union_ptr, n_union, B, BLOCK_B, BLOCK_V)
         acc = gathered_dot(h_ptr, w_ptr, rows, live, offs_b, in_b, stride_hb, stride_wv, D, BLOCK_B, BLOCK_V, BLOCK_D,
                            DOT_DTYPE)
-        tile = in_b[:, None] & live[None, :]
-        allowed = tl.load(allowed_ptr + offs_b[:, None] * stride_allowed_b + rows[None, :], mask=tile, other=0)
-        tl.store(out_ptr + offs_b[:, None] * stride_ob + rows[None, :], acc, mask=tile & (allowed != 0))
+        store_union_tile(out_ptr, allowed_ptr, acc, rows, live, offs_b, in_b, stride_ob, stride_allowed_b)
     else:
-        offs = (pid - n_compute) * FILL_BLOCK + tl.arange(0, FILL_BLOCK)  # over the flat [B, V] output
-        inside = offs < B * V
-        seq = offs // V
-        tok = offs - seq * V
-        keep = tl.load(allowed_ptr + seq * stride_allowed_b + tok, mask=inside, other=1)
-        tl.store(out_ptr + seq * stride_ob + tok, tl.full((FILL_BLOCK,), float("-inf"), tl.float32),
-                 mask=inside & (keep == 0))
+        fill_disallowed_batch(out_ptr, allowed_ptr, pid, n_compute, B, V, stride_ob, stride_allowed_b, FILL_BLOCK)
 
 
 
@@ -280,23 +277,34 @@ EVICTION = "evict_first"
 NO_IDS = (-1,) * FEW_IDS_MAX
 
 
+def _rows_and_fill(kernel, name: str, h, weight, allowed: AllowedTokens, layout: str, out, tiles: Tiles | None, *,
+                   chunked: bool = False, fill_first: bool = False, **constexprs) -> Tensor:
+    """Steps 4-7 (batch 1; their kernels take the same arguments): one grid of row programs, ``block_v`` allowed
+    ids each, and fill programs, the row programs first (``fill_first``: after the fill programs, step 6). The
+    kernel gets the count of the programs that come first. ``chunked``: step 4's rows, read ``BLOCK_D`` at a time;
+    otherwise a row is one tile of ``D_POW2``."""
+    need_layout(name, layout)
+    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
+    need_batch1(name, batch)
+    out = output(out, batch, vocab, h.device)
+    n_ids = allowed.union_count
+    t = tiles or (default_tiles(4, 1, n_ids) if chunked else stream_tiles(n_ids))
+    n_rows, n_fill = triton.cdiv(n_ids, t.block_v), triton.cdiv(vocab, t.fill_block)
+    d_pow2 = triton.next_power_of_2(hidden)
+    constexprs |= dict(BLOCK_D=min(t.block_d, d_pow2)) if chunked else dict(D_POW2=d_pow2)
+    kernel[(n_rows + n_fill,)](
+        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_fill if fill_first else n_rows,
+        weight.stride(0), D=hidden, BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block, num_warps=t.num_warps,
+        num_stages=t.num_stages, **constexprs)
+    return out
+
+
 def step04_compact(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                    layout: str = "vd", out: Float[Tensor, "1 v"] | None = None,
                    tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
     """Step 4 (batch 1): programs run only over the allowed ids, reading whole rows; the rest of
     the grid writes ``-inf`` over the disallowed outputs, in the same launch."""
-    need_layout("step04_compact", layout)
-    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
-    need_batch1("step04_compact", batch)
-    out = output(out, batch, vocab, h.device)
-    n_ids = allowed.union_count
-    t = tiles or default_tiles(4, 1, n_ids)
-    n_compute = triton.cdiv(n_ids, t.block_v)  # row programs first, then the fill programs
-    compact_rows_kernel[(n_compute + triton.cdiv(vocab, t.fill_block),)](
-        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_compute, weight.stride(0),
-        D=hidden, BLOCK_V=t.block_v, BLOCK_D=min(t.block_d, triton.next_power_of_2(hidden)),
-        FILL_BLOCK=t.fill_block, num_warps=t.num_warps, num_stages=t.num_stages)
-    return out
+    return _rows_and_fill(compact_rows_kernel, "step04_compact", h, weight, allowed, layout, out, tiles, chunked=True)
 
 
 def step05_one_wait(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
@@ -304,18 +312,7 @@ def step05_one_wait(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allow
                     tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
     """Step 5 (batch 1): step 4 with each row loaded as one tile and reduced once, so a program waits for
     memory once per row."""
-    need_layout("step05_one_wait", layout)
-    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
-    need_batch1("step05_one_wait", batch)
-    out = output(out, batch, vocab, h.device)
-    n_ids = allowed.union_count
-    t = tiles or stream_tiles(n_ids)
-    n_compute = triton.cdiv(n_ids, t.block_v)  # row programs first, then the fill programs
-    one_wait_kernel[(n_compute + triton.cdiv(vocab, t.fill_block),)](
-        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_compute, weight.stride(0),
-        D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block,
-        num_warps=t.num_warps, num_stages=t.num_stages)
-    return out
+    return _rows_and_fill(one_wait_kernel, "step05_one_wait", h, weight, allowed, layout, out, tiles)
 
 
 def step06_fill_first(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
@@ -323,18 +320,8 @@ def step06_fill_first(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], all
                       tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
     """Step 6 (batch 1): step 5 with the fill programs first in the grid (it did not pay: steps 7 and 8 build on
     step 5)."""
-    need_layout("step06_fill_first", layout)
-    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
-    need_batch1("step06_fill_first", batch)
-    out = output(out, batch, vocab, h.device)
-    n_ids = allowed.union_count
-    t = tiles or stream_tiles(n_ids)
-    n_fill = triton.cdiv(vocab, t.fill_block)  # fill programs first, then the row programs
-    fill_first_kernel[(n_fill + triton.cdiv(n_ids, t.block_v),)](
-        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_fill, weight.stride(0),
-        D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block,
-        num_warps=t.num_warps, num_stages=t.num_stages)
-    return out
+    return _rows_and_fill(fill_first_kernel, "step06_fill_first", h, weight, allowed, layout, out, tiles,
+                          fill_first=True)
 
 
 def step07_stream(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
@@ -342,18 +329,8 @@ def step07_stream(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed
                   tiles: Tiles | None = None) -> Float[Tensor, "1 v"]:
     """Step 7 (batch 1): step 5 with the weight rows read under an L2 evict-first policy (:data:`EVICTION`: each
     row is read once)."""
-    need_layout("step07_stream", layout)
-    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
-    need_batch1("step07_stream", batch)
-    out = output(out, batch, vocab, h.device)
-    n_ids = allowed.union_count
-    t = tiles or stream_tiles(n_ids)
-    n_compute = triton.cdiv(n_ids, t.block_v)  # row programs first, then the fill programs
-    compact_stream_kernel[(n_compute + triton.cdiv(vocab, t.fill_block),)](
-        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_ids, vocab, n_compute, weight.stride(0),
-        D=hidden, D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block,
-        EVICTION=EVICTION, num_warps=t.num_warps, num_stages=t.num_stages)
-    return out
+    return _rows_and_fill(compact_stream_kernel, "step07_stream", h, weight, allowed, layout, out, tiles,
+                          EVICTION=EVICTION)
 
 
 def step08_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
@@ -376,23 +353,31 @@ def step08_few_ids(h: Float[Tensor, "1 d"], weight: Float[Tensor, "v d"], allowe
     return out
 
 
+def _union_and_fill(kernel, name: str, step: int, h, weight, allowed: AllowedTokens, layout: str, out,
+                    tiles: Tiles | None, *, dot: bool = False) -> Tensor:
+    """Steps 9 and 10 (their kernels take the same arguments; ``dot``: step 10's, which takes ``DOT_DTYPE`` too): row
+    programs over blocks of the union and of the batch, then fill programs over the flat ``[B, V]`` output, in one
+    grid."""
+    need_layout(name, layout)
+    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
+    out = output(out, batch, vocab, h.device)
+    n_union = allowed.union_count
+    t = tiles or default_tiles(step, batch, n_union)
+    n_compute = triton.cdiv(n_union, t.block_v) * triton.cdiv(batch, t.block_b)  # then the fill programs
+    kernel[(n_compute + triton.cdiv(batch * vocab, t.fill_block),)](
+        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_union, batch, vocab, n_compute,
+        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0),
+        D=hidden, BLOCK_B=t.block_b, BLOCK_V=t.block_v, BLOCK_D=t.block_d, FILL_BLOCK=t.fill_block,
+        num_warps=t.num_warps, num_stages=t.num_stages, **(dict(DOT_DTYPE=dot_dtype(h.dtype)) if dot else {}))
+    return out
+
+
 def step09_union(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
                  layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                  tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
     """Step 9: any batch, each sequence its own allowed set; every row of the union is read once, and reduced
     against each sequence in turn."""
-    need_layout("step09_union", layout)
-    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
-    out = output(out, batch, vocab, h.device)
-    n_union = allowed.union_count
-    t = tiles or default_tiles(9, batch, n_union)
-    n_compute = triton.cdiv(n_union, t.block_v) * triton.cdiv(batch, t.block_b)  # then the fill programs
-    union_sums_kernel[(n_compute + triton.cdiv(batch * vocab, t.fill_block),)](
-        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_union, batch, vocab, n_compute,
-        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0),
-        D=hidden, BLOCK_B=t.block_b, BLOCK_V=t.block_v, BLOCK_D=t.block_d, FILL_BLOCK=t.fill_block,
-        num_warps=t.num_warps, num_stages=t.num_stages)
-    return out
+    return _union_and_fill(union_sums_kernel, "step09_union", 9, h, weight, allowed, layout, out, tiles)
 
 
 def step10_batched(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,
@@ -400,15 +385,4 @@ def step10_batched(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowe
                    tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
     """Step 10: step 9 with each block of union rows multiplied with the batch's hidden states on the tensor cores
     (``tl.dot``)."""
-    need_layout("step10_batched", layout)
-    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
-    out = output(out, batch, vocab, h.device)
-    n_union = allowed.union_count
-    t = tiles or default_tiles(10, batch, n_union)
-    n_compute = triton.cdiv(n_union, t.block_v) * triton.cdiv(batch, t.block_b)  # then the fill programs
-    batched_union_kernel[(n_compute + triton.cdiv(batch * vocab, t.fill_block),)](
-        h, weight, out, allowed.mask_u8, allowed.kernel_ids, n_union, batch, vocab, n_compute,
-        h.stride(0), weight.stride(0), out.stride(0), allowed.mask.stride(0),
-        D=hidden, BLOCK_B=t.block_b, BLOCK_V=t.block_v, BLOCK_D=t.block_d, FILL_BLOCK=t.fill_block,
-        DOT_DTYPE=dot_dtype(h.dtype), num_warps=t.num_warps, num_stages=t.num_stages)
-    return out
+    return _union_and_fill(batched_union_kernel, "step10_batched", 10, h, weight, allowed, layout, out, tiles, dot=True)

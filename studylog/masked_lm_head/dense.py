@@ -20,7 +20,7 @@ from studylog.masked_lm_head.formats import (AllowedTokens, Tiles, check_inputs,
 @triton.jit
 def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """This program's output tile (pid_m, pid_n) in the matmul tutorial's grouped order: GROUP_M row tiles
-    walk the column tiles together, so the B tiles they share are read from L2. Steps 0-3 and 8 use it."""
+    walk the column tiles together, so the B tiles they share are read from L2. Steps 0-3 and 11 use it."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -52,6 +52,28 @@ def store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_
 
 
 @triton.jit
+def dot_kn(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, wanted,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """The tile's fp32 products, the tutorial's loop over K (steps 0-2): A's rows ``offs_m`` times B's columns
+    ``offs_n``, B read in [BLOCK_K, BLOCK_N] tiles; where ``wanted`` is given (step 2), only its columns are read."""
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+        b_mask = (offs_k[:, None] < k_left) & (offs_n[None, :] < N)
+        if wanted is not None:  # step 2: only the columns that some sequence of the tile allows
+            b_mask = b_mask & wanted[None, :]
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
 def dense_matmul_kernel(
     a_ptr, b_ptr, c_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -63,17 +85,8 @@ def dense_matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
-        acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = dot_kn(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 None, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -97,17 +110,8 @@ def block_skip_kernel(
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
         return
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
-        acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = dot_kn(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 None, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
@@ -131,24 +135,34 @@ def column_skip_kernel(
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
         return
     column_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows it
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N) & column_wanted[None, :],
-                    other=0.0)
-        acc = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = dot_kn(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 column_wanted, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)
 
 
 # Step 3: the [V, D] layout written as rows: a token is one contiguous row of the weight
+
+@triton.jit
+def dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_bn, row_wanted, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """The tile's fp32 products, B read as rows of the ``[V, D]`` weight (those not ``row_wanted`` not read): the
+    loop of steps 3 and 11."""
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]: rows
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_n[:, None] < N) & row_wanted[:, None] & (offs_k[None, :] < k_left),
+                    other=0.0)
+        acc = tl.dot(a.to(DOT_DTYPE), tl.trans(b.to(DOT_DTYPE)), acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    return acc
+
 
 @triton.jit
 def row_skip_kernel(
@@ -166,18 +180,8 @@ def row_skip_kernel(
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
         return
     row_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows this token
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]: rows
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_n[:, None] < N) & row_wanted[:, None] & (offs_k[None, :] < k_left),
-                    other=0.0)
-        acc = tl.dot(a.to(DOT_DTYPE), tl.trans(b.to(DOT_DTYPE)), acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+    acc = dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_bn, row_wanted, BLOCK_M, BLOCK_N,
+                   BLOCK_K, DOT_DTYPE)
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
     store_allowed(c_ptrs, acc, allowed_ptr, offs_m, offs_n, stride_allowed_m, c_mask)

@@ -16,7 +16,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
-from studylog.masked_lm_head.dense import grouped_tile, store_allowed, tile_offsets
+from studylog.masked_lm_head.dense import dot_rows, grouped_tile, store_allowed, tile_offsets
 from studylog.masked_lm_head.formats import AllowedTokens, Tiles, check_inputs, default_tiles, dot_dtype, output
 
 # Step 11: step 3 on a reordered vocabulary. Row j of the weight is token perm[j]; the masks are
@@ -39,18 +39,8 @@ def reordered_rows_kernel(
         tl.store(c_ptrs, tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32), mask=c_mask)
         return
     row_wanted = tl.max(allowed.to(tl.int32), axis=0) != 0  # some sequence of the tile allows this token
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]: rows
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_n[:, None] < N) & row_wanted[:, None] & (offs_k[None, :] < k_left),
-                    other=0.0)
-        acc = tl.dot(a.to(DOT_DTYPE), tl.trans(b.to(DOT_DTYPE)), acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+    acc = dot_rows(a_ptr, b_ptr, offs_m, offs_n, offs_k, M, N, K, stride_am, stride_bn, row_wanted, BLOCK_M, BLOCK_N,
+                   BLOCK_K, DOT_DTYPE)
 
     tokens = tl.load(perm_ptr + offs_n, mask=offs_n < N, other=0)  # original id of each reordered row
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + tokens[None, :]
