@@ -16,9 +16,10 @@ from studylog.ternary.cuda_steps import (step15_cuda_mma, step16_split_k, step17
 from studylog.ternary.formats import PackedTernary, Scale
 from studylog.ternary.sources import cuda_step_source, triton_step_source
 from studylog.ternary.triton_mma import (DOT_MMA_CONFIGS_FEW, DOT_MMA_CONFIGS_MANY, MMA_CONFIGS_FEW, MMA_CONFIGS_MANY,
-                                         W2A8_DOT_CONFIGS, _pair_step, pair_dot_kernel, step09_w2a8_dot, step09_w2a8_dot_kernel,
-                                         step10_dot_configs, step11_pair_decode, step12_unmasked, step13_mma_layout,
-                                         step14_workspace, step14_workspace_kernel)
+                                         W2A8_DOT_CONFIGS, pair_dot_kernel, pair_step, step09_w2a8_dot,
+                                         step09_w2a8_dot_kernel, step10_dot_configs, step11_pair_decode,
+                                         step12_unmasked, step13_mma_layout, step14_workspace,
+                                         step14_workspace_kernel)
 from studylog.ternary.triton_steps import (BASE3_DOT_CONFIGS_FEW, BASE3_DOT_CONFIGS_MANY, BASE3_GEMV_CONFIGS,
                                            DENSE_CONFIGS, DOT_CONFIGS_FEW, DOT_CONFIGS_MANY, GEMV_CONFIGS,
                                            TWO_BIT_CONFIGS, step01_sign, step01_sign_kernel, step02_int8,
@@ -55,7 +56,7 @@ _MMA_CU, _BULK_CU, _W2A8_CU = "ternary_mma.cu", "ternary_bulk.cu", "ternary_w2a8
 
 def _pair(knobs: dict, launch) -> str:
     """Steps 11 to 13: pair_dot_kernel and its tile at the step's knobs, then its launch."""
-    return triton_step_source((pair_dot_kernel, _pair_step), knobs, launch)
+    return triton_step_source((pair_dot_kernel, pair_step), knobs, launch)
 
 
 def _mma(x_smem: bool, launch) -> str:
@@ -93,7 +94,7 @@ STEPS = (
     Step(13, "mma_layout", "the 2bit_mma layout: a word's two halves are K-neighbours", "triton", step13_mma_layout,
          _pair({"NO_MASK": True, "MMA_LAYOUT": True}, step13_mma_layout)),
     Step(14, "workspace", "split K through a zeroed workspace, no memset", "triton", step14_workspace,
-         step14_workspace_kernel),
+         triton_step_source((step14_workspace_kernel, pair_step), {"MMA_LAYOUT": True}, step14_workspace)),
     Step(15, "cuda_mma", "the loop by hand in CUDA C++ on mma.sync, loads two groups ahead", "cuda",
          step15_cuda_mma, _mma(False, step15_cuda_mma)),
     Step(16, "split_k", "K split across blocks, the slices summed in a fixed order", "cuda", step16_split_k,

@@ -14,8 +14,8 @@ from torch import Tensor
 
 from studylog import runtime
 from studylog.ternary.formats import MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace, check_device, check_packed_call
-from studylog.ternary.triton_steps import (TL_DTYPES, autotune, block_m_for, dot_program, k_slice, launch_tuned,
-                                           _dot_types, step06_dot_kernel, store_tile, triton_config)
+from studylog.ternary.triton_steps import (TL_DTYPES, autotune, block_m_for, dot_program, dot_types, k_slice,
+                                           launch_tuned, step06_dot_kernel, store_tile, triton_config)
 
 W2A8_DOT_CONFIGS_FEW = [
     triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=2),
@@ -140,12 +140,13 @@ step10_dot_configs_tuned_few = autotune(DOT_MMA_CONFIGS_FEW, key=["N", "K", "BLO
 step10_dot_configs_tuned_many = autotune(DOT_MMA_CONFIGS_MANY, key=["N", "K", "M"])(step06_dot_kernel)
 
 
-# Steps 11 to 13: one kernel, each step a setting of its knobs: NO_MASK (step 12) and MMA_LAYOUT (step 13).
+# Steps 11 to 13: one kernel, each step a setting of its knobs: NO_MASK (step 12) and MMA_LAYOUT (step 13). Step 14
+# decodes its tiles with pair_step at MMA_LAYOUT, as step 13 does.
 
 @triton.jit
-def _pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-               MASK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               MMA_LAYOUT: tl.constexpr):
+def pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+              MASK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              MMA_LAYOUT: tl.constexpr):
     # One tile of BLOCK_KW words a row: 8 dots, one a field of both halves, each over 2 * BLOCK_KW weights. r_k:
     # the k of column r of a dot from the tile's start, for field 0. "2bit_mma": field p is k + 32 p (a run of 32
     # a group); "2bit": field j of the low half is k + 16 j, and the high half's column sits 128 further (in r_k).
@@ -199,20 +200,20 @@ def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stri
         full_end = tl.minimum(kw_end, (K // (16 * BLOCK_KW)) * BLOCK_KW)
         for kw0 in range(kw_start, full_end, BLOCK_KW):
             words = tl.load(p_rows + (kw0 + offs_w)[None, :])
-            acc = _pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
-                             DOT_PRECISION, MMA_LAYOUT)
+            acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
+                            DOT_PRECISION, MMA_LAYOUT)
         for kw0 in range(tl.maximum(kw_start, full_end), kw_end, BLOCK_KW):
             kw = kw0 + offs_w
             words = tl.load(p_rows + kw[None, :], mask=(kw < kw_end)[None, :], other=0x55555555)
-            acc = _pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
-                             DOT_PRECISION, MMA_LAYOUT)
+            acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
+                            DOT_PRECISION, MMA_LAYOUT)
         scale = tl.load(scale_ptr + rows_in * scale_stride)
     else:
         for kw0 in range(kw_start, kw_end, BLOCK_KW):
             kw = kw0 + offs_w
             words = tl.load(p_rows + kw[None, :], mask=row_mask[:, None] & (kw < kw_end)[None, :], other=0x55555555)
-            acc = _pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
-                             DOT_PRECISION, MMA_LAYOUT)
+            acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
+                            DOT_PRECISION, MMA_LAYOUT)
         scale = tl.load(scale_ptr + rows * scale_stride, mask=row_mask, other=1.0)
     z = acc / scale[:, None]
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
@@ -223,24 +224,6 @@ pair_dot_tuned_many = autotune(DOT_MMA_CONFIGS_MANY, key=["N", "K", "M", "NO_MAS
 
 
 # Step 14: K split through a zeroed workspace, no memset
-
-@triton.jit
-def _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-              MASK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # One tile of BLOCK_KW words a row: 8 dots, one per pair p, each over the tile's 2 * BLOCK_KW
-    # weights of that pair. Their activations are runs of 32 consecutive k (r_k), loaded as is.
-    for q in tl.static_range(2):
-        src = _with_pair_exponent(words, q, MAGIC)
-        for f in tl.static_range(4):
-            a = tl.reshape(pair_weights(src, f, MAGIC, DOT_DTYPE), (BLOCK_N, 2 * BLOCK_KW))
-            k = kw0 * 16 + r_k + 32 * (4 * q + f)
-            if MASK_K:
-                xt = tl.load(x_cols + k[:, None], mask=(k < K)[:, None] & col_mask[None, :], other=0.0)
-            else:
-                xt = tl.load(x_cols + k[:, None], mask=col_mask[None, :], other=0.0)
-            acc = tl.dot(a, xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
-    return acc
-
 
 @triton.jit(do_not_specialize=["M"])
 def step14_workspace_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
@@ -268,13 +251,13 @@ def step14_workspace_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for kw0 in range(kw_start, full_end, BLOCK_KW):
         words = tl.load(p_rows + (kw0 + offs_w)[None, :])
-        acc = _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
-                        DOT_PRECISION)
+        acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, False, MAGIC, DOT_DTYPE,
+                        DOT_PRECISION, True)
     for kw0 in range(tl.maximum(kw_start, full_end), kw_end, BLOCK_KW):
         kw = kw0 + offs_w
         words = tl.load(p_rows + kw[None, :], mask=(kw < kw_end)[None, :], other=0x55555555)
-        acc = _mma_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
-                        DOT_PRECISION)
+        acc = pair_step(acc, words, x_cols, kw0, K, col_mask, r_k, BLOCK_N, BLOCK_KW, True, MAGIC, DOT_DTYPE,
+                        DOT_PRECISION, True)
     scale = tl.load(scale_ptr + rows_in * scale_stride)
     z = acc / scale[:, None]
     out_mask = row_mask[:, None] & col_mask[None, :]
@@ -362,7 +345,7 @@ def step10_dot_configs(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale 
     """Step 10: step 6's kernel at the configs made for the tensor cores (64-row tiles, K split into 2 to 8
     slices added into z, rows of x a program tuned above 32)."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit")
-    dot_dtype, precision = _dot_types(x2.dtype)
+    dot_dtype, precision = dot_types(x2.dtype)
     _tensor_core_launch(step10_dot_configs_tuned_few, step10_dot_configs_tuned_many, x2, w, s, s_stride, z, config,
                         {"DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision})
     return z[0] if vector else z

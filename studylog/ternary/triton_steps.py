@@ -480,7 +480,7 @@ def block_m_for(m: int) -> int:
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _dot_types(x_dtype: torch.dtype) -> tuple:
+def dot_types(x_dtype: torch.dtype) -> tuple:
     """(operand dtype, input_precision) of the tl.dot kernels: float32 x "ieee", not TF32, which would round x;
     the interpreter computes bf16 tl.dot wrongly, so there bf16 operands are widened to float32 (exactly)."""
     if x_dtype == torch.float32 or (x_dtype == torch.bfloat16 and runtime.mode() == "interpreter"):
@@ -492,7 +492,7 @@ def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor]
     """Launch step 6's or step 8's tl.dot kernel (``kernels``: its autotuners for few and many rows of x)."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, fmt)
     (m, k), block_m = x2.shape, block_m_for(x2.shape[0])
-    dot_dtype, precision = _dot_types(x2.dtype)
+    dot_dtype, precision = dot_types(x2.dtype)
     table = (base3_table(str(x2.device)),) if fmt == "base3" else ()
     args = (x2, w.data, z, s, *table, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0), s_stride)
     grid = lambda meta: (triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, block_m))  # noqa: E731

@@ -164,12 +164,10 @@ __device__ __forceinline__ void load_x_group(uint4 (&xv)[MT][8], const uint4 *xs
         for (int q = 0; q < 8; ++q) xv[j][q] = xs[min(8 * j + g, x_rows - 1) * xs_stride + gl * 32 + 4 * q + t];
 }
 
-// A warp's results, from its C fragments (rows n = row0 + 16 r + 8 h + g, columns m = m0 + 8 j + 2 t
-// + e): z = sum / scale, or, when K is split (slice >= 0), the partial sum into partials[slice][m][n].
-template <int MT, int RT>
-__device__ __forceinline__ void store_warp_sums(const float (&acc)[2][RT][MT][4], int row0, int m0, int g, int t,
-                                                int M, int N, int slice, float *z, const float *scale,
-                                                int scale_stride, float *partials) {
+// out(r, j, c, n, m) for each value c of a warp's C fragments (RT tiles of 16 weight rows by MT of 8 x rows) that
+// lies in z: row n = row0 + 16 r + 8 h + g, column m = m0 + 8 j + 2 t + e, where c = 2 h + e; n < N and m < M.
+template <int MT, int RT, typename Out>
+__device__ __forceinline__ void for_each_output(int row0, int m0, int g, int t, int M, int N, Out out) {
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -178,12 +176,23 @@ __device__ __forceinline__ void store_warp_sums(const float (&acc)[2][RT][MT][4]
             for (int c = 0; c < 4; ++c) {
                 const int n = row0 + 16 * r + 8 * (c >> 1) + g, m = m0 + 8 * j + 2 * t + (c & 1);
                 if (n >= N || m >= M) continue;
-                const float sum = acc[0][r][j][c] + acc[1][r][j][c];
-                if (slice >= 0)
-                    partials[((size_t)slice * M + m) * N + n] = sum;
-                else
-                    z[(size_t)m * N + n] = sum / scale[(size_t)n * scale_stride];
+                out(r, j, c, n, m);
             }
+}
+
+// A warp's results, from its C fragments: z = sum / scale, or, when K is split (slice >= 0), the partial sum
+// into partials[slice][m][n].
+template <int MT, int RT>
+__device__ __forceinline__ void store_warp_sums(const float (&acc)[2][RT][MT][4], int row0, int m0, int g, int t,
+                                                int M, int N, int slice, float *z, const float *scale,
+                                                int scale_stride, float *partials) {
+    for_each_output<MT, RT>(row0, m0, g, t, M, N, [&](int r, int j, int c, int n, int m) {
+        const float sum = acc[0][r][j][c] + acc[1][r][j][c];
+        if (slice >= 0)
+            partials[((size_t)slice * M + m) * N + n] = sum;
+        else
+            z[(size_t)m * N + n] = sum / scale[(size_t)n * scale_stride];
+    });
 }
 
 // Split K, after every thread of the block stored its partial sums: the last of the `slices` blocks

@@ -547,23 +547,16 @@ __global__ void __launch_bounds__(32 * (WARPS + 1), 1) w2a8_tiles_kernel(
                     group_w2a8<MT, TILES>(acc, a[cg], xv);
                 }
         }
-        // the warp's tiles: rows n of W (C fragment rows g, g + 8), columns m of x (2 t, 2 t + 1 of each 8)
-#pragma unroll
-        for (int i = 0; i < TILES; ++i)
-#pragma unroll
-            for (int j = 0; j < MT; ++j)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const int n = (ring.tile0 + warp * TILES + i) * 16 + 8 * (c >> 1) + g;
-                    const int m = m0 + 8 * j + 2 * t + (c & 1);
-                    if (n >= N || m >= M) continue;
-                    const int sum = w2a8_sum(acc[0][i][j][c], acc[1][i][j][c], acc[2][i][j][c], acc[3][i][j][c]);
-                    if (gridDim.y > 1)
-                        partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
-                    else
-                        z[(size_t)m * N + n] =
-                            w2a8_z(sum, __ldcg(&row_sum[m]), __ldcg(&x_scale[m]), scale[(size_t)n * scale_stride]);
-                }
+        // the warp's TILES tiles, from weight row 16 (tile0 + warp TILES): z, or the partial sums of the block's slice
+        for_each_output<MT, TILES>((ring.tile0 + warp * TILES) * 16, m0, g, t, M, N,
+                                   [&](int i, int j, int c, int n, int m) {
+            const int sum = w2a8_sum(acc[0][i][j][c], acc[1][i][j][c], acc[2][i][j][c], acc[3][i][j][c]);
+            if (gridDim.y > 1)
+                partials[((size_t)blockIdx.y * M + m) * N + n] = sum;
+            else
+                z[(size_t)m * N + n] =
+                    w2a8_z(sum, __ldcg(&row_sum[m]), __ldcg(&x_scale[m]), scale[(size_t)n * scale_stride]);
+        });
     }
     if (gridDim.y > 1) {
         asm volatile("griddepcontrol.wait;" ::: "memory");  // the producer's threads may store too
