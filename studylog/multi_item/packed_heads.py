@@ -7,29 +7,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from studylog.multi_item.config import (
-    GPU_CONFIGS,
-    LaunchInfo,
-    find_config,
-    size_bucket,
-    strides,
-    tuned,
-)
-from studylog.multi_item.formats import DEFAULT_RULE, ITEM_KEYS_FROM, MultiItemBatch
+from studylog.multi_item.config import GPU_CONFIGS, LaunchInfo, tuned
+from studylog.multi_item.formats import DEFAULT_RULE, MultiItemBatch
 from studylog.multi_item.steps import (
     QKV,
     attend_visible_tiles,
-    batched_result,
     item_row_start,
-    launch,
-    prepare_launch,
+    launch_scheduled,
     scheduled_tile,
     softmax_start,
     store_rows,
-    tile_count_buffer,
-    tile_heights,
 )
-from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, schedule_table
+from studylog.multi_item.tiles import DEFAULT_ORDER
+
 
 @tuned(GPU_CONFIGS, key=("HEAD_DIM", "size_bucket"))
 @triton.jit
@@ -81,25 +71,5 @@ def step06_packed_heads(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_sca
 
     Takes what step 5 takes; ``BLOCK_M`` must be at least ``KV_GROUP``. ``count_tiles`` counts per token tile
     (``LaunchInfo.block_m`` stays the kernel's ``BLOCK_M``, in rows)."""
-    qk_scale, out, common = prepare_launch("step06_packed_heads", q, k, v, batch, sm_scale, out, blocks, rule,
-                                     one_prompt=False)
-    if order not in SCHEDULE_ORDERS:
-        raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
-    cfg = find_config(config, blocks)
-    group = common["KV_GROUP"]
-    kv_heads, _, head_dim = k.shape
-    heights = tile_heights(cfg, blocks)
-    if group > min(heights):
-        raise ValueError(f"step06_packed_heads puts a token's {group} query heads (q's heads over k's) in one tile: "
-                         f"BLOCK_M must be at least {group}, got {min(heights)} (pass blocks or config)")
-    # the programs' heads are key/value heads: a key and a value per token each
-    kv_bytes = 2 * head_dim * q.element_size()
-    table, programs = schedule_table(batch, kv_heads, order, heights, kv_bytes, rule, rows_per_token=group)
-    counts, max_tiles = tile_count_buffer(batch, min(heights) // group, count_tiles, q.device)  # token tiles
-    grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
-    args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles,
-            *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
-    common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
-    block_m, block_n, name = launch(attn_fwd_packed_heads, grid, args, common, blocks, cfg)
-    return batched_result(6, out, counts if count_tiles else None, batch, max_tiles, block_m // group,
-                          (block_m, block_n, name), return_info)
+    return launch_scheduled(6, attn_fwd_packed_heads, q, k, v, batch, sm_scale, out, blocks, config, rule,
+                            count_tiles, order, return_info, pack_heads=True)

@@ -117,31 +117,29 @@ def tile_count_buffer(batch: MultiItemBatch, tile_tokens: int, count_tiles: bool
     return torch.full((batch.batch_size * max_tiles,), -1, dtype=torch.int32, device=device), max_tiles
 
 
-def batched_result(number: int, out: Tensor, counts: Tensor | None, batch: MultiItemBatch, max_tiles: int,
-                   tile_tokens: int, launched: tuple[int, int, str],
-                   return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
-    """``out``, or ``(out, LaunchInfo)`` with per-prompt tile counts, one per query tile of ``tile_tokens``."""
+def step_result(number: int, out: Tensor, launched: tuple[int, int, str], return_info: bool, batch: MultiItemBatch,
+                counts: Tensor | None = None, max_tiles: int = 0,
+                rows_per_token: int = 1) -> QKV | tuple[QKV, LaunchInfo]:
+    """``out``, or ``(out, LaunchInfo)``; with ``counts`` (``max_tiles`` entries a prompt), per prompt the key
+    tiles each query tile of ``BLOCK_M // rows_per_token`` tokens visited."""
     if not return_info:
         return out
+    block_m, block_n, name = launched
     tile_counts = None
     if counts is not None:
         rows = counts.view(batch.batch_size, max_tiles).tolist()
-        tile_counts = [row[: triton.cdiv(s, tile_tokens)] for row, s in zip(rows, batch.seq_lens)]
-    block_m, block_n, name = launched
+        tile_counts = [row[: triton.cdiv(s, block_m // rows_per_token)] for row, s in zip(rows, batch.seq_lens)]
     return out, LaunchInfo(number, block_m, block_n, tile_counts, name)
 
 
 def _one_prompt(number: int, kernel, q: Tensor, out: Tensor, batch: MultiItemBatch, args: list,
-                common: dict[str, Any], blocks: tuple[int, int] | None, config, counts: Tensor | None,
+                common: dict[str, Any], blocks: tuple[int, int] | None, config: str | None, counts: Tensor | None,
                 return_info: bool) -> QKV | tuple[QKV, LaunchInfo]:
-    """Launch one of steps 2 to 4 over a grid of (query tile, head)."""
+    """Launch one of steps 2 to 4 over a grid of (query tile, head); ``counts`` as :func:`tile_count_buffer`'s."""
     seq_len = batch.seq_lens[0]
     grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), q.shape[0])  # noqa: E731
-    block_m, block_n, name = launch(kernel, grid, args, common, blocks, config)
-    if not return_info:
-        return out
-    tile_counts = None if counts is None else [counts[: triton.cdiv(seq_len, block_m)].tolist()]
-    return out, LaunchInfo(number, block_m, block_n, tile_counts, name)
+    launched = launch(kernel, grid, args, common, blocks, find_config(config, blocks))
+    return step_result(number, out, launched, return_info, batch, counts, triton.cdiv(seq_len, 16))
 
 
 def launch(kernel, grid, args: list, constexprs: dict, blocks: tuple[int, int] | None,
@@ -228,6 +226,13 @@ def softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def masked_update(acc, l_i, m_i, q, k, v, visible, qk_scale, DOT_PRECISION: tl.constexpr):
+    """Steps 2 and 3's key tile: its scores, -inf where not ``visible``, into the online softmax."""
+    qk = tl.where(visible, tl.dot(q, k, input_precision=DOT_PRECISION), float("-inf"))
+    return softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
+
+
+@triton.jit
 def store_rows(Out, off_h, offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok):
     """The normalised output tile; a row that saw no key is written 0 (FlashInfer's convention), not 0/0."""
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -256,9 +261,7 @@ def attn_fwd_dense_mask(
         k, v = load_key_tile(k_base, v_base, cols, seq_len, offs_d, stride_kt, stride_vt)
         mask_tile = Mask + offs_m[:, None].to(tl.int64) * seq_len + cols[None, :]
         visible = tl.load(mask_tile, mask=row_ok[:, None] & (cols < seq_len)[None, :], other=0) != 0
-        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
-        qk = tl.where(visible, qk, float("-inf"))
-        acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
+        acc, l_i, m_i = masked_update(acc, l_i, m_i, q, k, v, visible, qk_scale, DOT_PRECISION)
     store_rows(Out, off_h, offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok)
 
 
@@ -270,8 +273,7 @@ def step02_dense_mask(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale
                                      one_prompt=True)
     mask = dense_mask(batch, 0, rule).view(torch.uint8)  # same bytes as bool, a type Triton loads everywhere
     args = [q, k, v, out, mask, *strides(q, k, v, out), batch.seq_lens[0], qk_scale]
-    return _one_prompt(2, attn_fwd_dense_mask, q, out, batch, args, common, blocks, find_config(config, blocks),
-                       None, return_info)
+    return _one_prompt(2, attn_fwd_dense_mask, q, out, batch, args, common, blocks, config, None, return_info)
 
 
 # Step 3: the mask from the metadata
@@ -297,9 +299,7 @@ def attn_fwd_mask_on_the_fly(
         # keys past seq_len pass this test only for rows past seq_len, which are never stored
         keys = cols[None, :]
         visible = (keys <= offs_m[:, None]) & ((keys < prefix_len) | (keys >= row_start[:, None]))
-        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
-        qk = tl.where(visible, qk, float("-inf"))
-        acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
+        acc, l_i, m_i = masked_update(acc, l_i, m_i, q, k, v, visible, qk_scale, DOT_PRECISION)
     store_rows(Out, off_h, offs_m, offs_d, stride_oh, stride_ot, acc, l_i, row_ok)
 
 
@@ -313,8 +313,7 @@ def step03_mask_on_the_fly(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_
     common["SKIP_DELIMITER"] = ITEM_KEYS_FROM[rule]
     args = [q, k, v, out, batch.token_pos[0], *strides(q, k, v, out), batch.seq_lens[0], batch.prefix_lens[0],
             qk_scale]
-    return _one_prompt(3, attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, find_config(config, blocks),
-                       None, return_info)
+    return _one_prompt(3, attn_fwd_mask_on_the_fly, q, out, batch, args, common, blocks, config, None, return_info)
 
 
 # Step 4: tile skipping
@@ -422,12 +421,11 @@ def step04_tile_skip(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale:
     qk_scale, out, common = prepare_launch("step04_tile_skip", q, k, v, batch, sm_scale, out, blocks, rule,
                                      one_prompt=True)
     seq_len = batch.seq_lens[0]
-    counts = (torch.full((triton.cdiv(seq_len, 16),), -1, dtype=torch.int32, device=q.device) if count_tiles
-              else no_counts(q.device))
+    counts, _ = tile_count_buffer(batch, 16, count_tiles, q.device)
     args = [q, k, v, out, batch.token_pos[0], counts, *strides(q, k, v, out), seq_len, batch.prefix_lens[0],
             qk_scale, size_bucket(seq_len)]
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
-    return _one_prompt(4, attn_fwd_tile_skip, q, out, batch, args, common, blocks, find_config(config, blocks),
+    return _one_prompt(4, attn_fwd_tile_skip, q, out, batch, args, common, blocks, config,
                        counts if count_tiles else None, return_info)
 
 
@@ -480,24 +478,38 @@ def step05_batched(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: f
                    return_info: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
     """Step 5: every prompt of the batch in one launch, programs in the order the host planned (``order``, one
     of :data:`~studylog.multi_item.tiles.SCHEDULE_ORDERS`); ``count_tiles`` as in step 4, per prompt."""
-    qk_scale, out, common = prepare_launch("step05_batched", q, k, v, batch, sm_scale, out, blocks, rule,
-                                     one_prompt=False)
+    return launch_scheduled(5, attn_fwd_batched, q, k, v, batch, sm_scale, out, blocks, config, rule, count_tiles,
+                            order, return_info)
+
+
+def launch_scheduled(number: int, kernel, q: Any, k: Any, v: Any, batch: Any, sm_scale: float | None, out: Any,
+                     blocks: Any, config: str | None, rule: Any, count_tiles: bool, order: str, return_info: bool, *,
+                     pack_heads: bool = False) -> QKV | tuple[QKV, LaunchInfo]:
+    """Steps 5 and 6: plan the program table (cached on the batch) and launch ``kernel`` over it, a program per
+    (prompt, query tile, head); with ``pack_heads`` (step 6) a program per (prompt, token tile, key/value head)."""
+    qk_scale, out, common = prepare_launch(f"step{number:02d}", q, k, v, batch, sm_scale, out, blocks, rule,
+                                           one_prompt=False)
     if order not in SCHEDULE_ORDERS:
         raise ValueError(f"order must be one of {SCHEDULE_ORDERS}, got {order!r}")
     cfg = find_config(config, blocks)
-    heads, _, head_dim = q.shape
     heights = tile_heights(cfg, blocks)
-    # the keys and values one query head reads, per token: a group of query heads shares them
-    kv_bytes = 2 * head_dim * q.element_size() // common["KV_GROUP"]
-    table, programs = schedule_table(batch, heads, order, heights, kv_bytes, rule)
-    counts, max_tiles_16 = tile_count_buffer(batch, 16, count_tiles, q.device)  # 16: the lowest tile
+    group = common["KV_GROUP"]
+    rows_per_token = group if pack_heads else 1  # step 6's BLOCK_M rows: the group's heads of BLOCK_M // group tokens
+    if rows_per_token > min(heights):
+        raise ValueError(f"step06_packed_heads puts a token's {group} query heads (q's heads over k's) in one tile: "
+                         f"BLOCK_M must be at least {group}, got {min(heights)} (pass blocks or config)")
+    # the keys and values one program reads, per token: step 5's programs of a group of query heads share them
+    kv_bytes = 2 * q.shape[-1] * q.element_size() // (1 if pack_heads else group)
+    heads = k.shape[0] if pack_heads else q.shape[0]
+    table, programs = schedule_table(batch, heads, order, heights, kv_bytes, rule, rows_per_token=rows_per_token)
+    counts, max_tiles = tile_count_buffer(batch, min(heights) // rows_per_token, count_tiles, q.device)
     grid = lambda meta: (programs[meta["BLOCK_M"]],)  # noqa: E731
-    args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles_16,
+    args = [q, k, v, out, table, table.stride(0), batch.token_pos, batch.token_pos.stride(0), counts, max_tiles,
             *strides(q, k, v, out), qk_scale, size_bucket(batch.total_tokens)]
     common.update(SKIP_DELIMITER=ITEM_KEYS_FROM[rule], COUNT_TILES=count_tiles)
-    block_m, block_n, name = launch(attn_fwd_batched, grid, args, common, blocks, cfg)
-    return batched_result(5, out, counts if count_tiles else None, batch, max_tiles_16, block_m,
-                          (block_m, block_n, name), return_info)
+    launched = launch(kernel, grid, args, common, blocks, cfg)
+    return step_result(number, out, launched, return_info, batch, counts if count_tiles else None, max_tiles,
+                       rows_per_token)
 
 
 def multi_item_attention(q: QKV, k: QKV, v: QKV, batch: MultiItemBatch, *, sm_scale: float | None = None,
