@@ -905,15 +905,33 @@ def _ctc_small_case_words(root: Path) -> str | None:
 def not_comparable(board: list[dict[str, Any]]) -> dict[tuple[int, str], str]:
     """The runs of a chapter on one card whose setup differs from another card's, so that their numbers may not stand
     beside that card's: (chapter number, the card's full name) -> why, one clause for a reader (what differs on that
-    card, and what it does to the numbers). A run that replayed one copy of the head where another card's run
-    rotated copies; a run whose head is not padded as real models ship it."""
+    card, and what it does to the numbers), in the present tense: how that card's benchmark times the case, not what
+    happened in a run. A benchmark that reads one copy of the head where another card's rotates copies; one whose
+    head is not padded as real models ship it."""
     rotated = {b["number"] for b in board if b.get("one_copy") is False}
     out = {}
     for b in board:
         if b.get("one_copy") and b["number"] in rotated:
-            out[(b["number"], b["card"])] = "every call reads the same copy of the head, which can stay in L2"
+            out[(b["number"], b["card"])] = "each call reads one copy of the head, which can stay in L2"
         elif b.get("unpadded_head"):
             out[(b["number"], b["card"])] = "the head is not padded as real models ship it, which slows the dense rival"
+    return out
+
+
+def part_one_rival_words(board: list[dict[str, Any]], link: Callable[[str], str] | None = None) -> list[str]:
+    """One line per card whose chapter 05 part 1 row is against another rival than GemLite (the Triton library part
+    1's page asks about) because GemLite fails our float64 check at the row's shape on that card."""
+    link = link or (lambda nb: nb)
+    out = []
+    for b in board:
+        if b.get("ternary_case") != "part1" or "missing" in b or not b.get("gemlite_fails_check"):
+            continue
+        if b.get("rival_series") == "gemlite_w2":
+            continue
+        shape = b["ours"].split("; ")[-1]
+        out.append(f"On the {_short_card(b['card'])}, the rival of [05. {b['title']}, part 1]"
+                   f"({link(b.get('part_notebook', PART_ONE_NOTEBOOK))}) is {b.get('rival_name') or b['rival']}, not "
+                   f"GemLite: GemLite fails our float64 check at {shape} on that card.")
     return out
 
 
@@ -1132,13 +1150,16 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         r = next(b for b in every if b["number"] == number)
         others = " and the ".join(_short_card(b["card"]) for b in board if b["number"] == number and b["lead"]
                                   and "missing" not in b)
-        under.append(f"[{number:02d}. {r['title']}]({link(r['notebook'])}) has no {_short_card(card)} row: there "
-                     f"{why}, so its numbers do not compare with the {others or 'other card'}'s.")
+        card_ = _short_card(card)
+        under.append(f"[{number:02d}. {r['title']}]({link(r['notebook'])}) has no {card_} row: the {card_}'s benchmark "
+                     f"does not time this case the way the {others or 'other card'}'s does (on the {card_} {why}).")
+    under += part_one_rival_words(board, link)
     times += [""] + [u + "  " for u in under] if under else []
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
 __all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
-           "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable", "replayed_one_copy",
+           "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable",
+           "part_one_rival_words", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",
            "spread", "tail", "tail_copies", "tail_differs", "tail_ratio"]
