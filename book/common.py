@@ -126,7 +126,7 @@ def prose_words(path: str | Path) -> int:
     return sum(len(re.findall(r"[^\W_](?:[\w'’.,-]*[^\W_])?", _prose(p))) for p in pieces)
 
 
-def _without_docstrings(text: str) -> str:
+def without_docstrings(text: str) -> str:
     """Python source without its docstrings (a step's diff shows what the code does differently)."""
     try:
         tree = ast.parse(text)
@@ -176,7 +176,7 @@ def step_diff(chapter, old, new, *, docstrings: bool = False, context: int = 3):
     a, b = chapter.step(old), chapter.step(new)
     texts = [source.source_of(s.source, s.source_function)[0] for s in (a, b)]
     if not docstrings:
-        texts = [_without_docstrings(t) for t in texts]
+        texts = [without_docstrings(t) for t in texts]
     return source.show_diff(texts[0], texts[1], context=context, names=(a.name, b.name))
 
 

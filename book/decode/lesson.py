@@ -909,9 +909,9 @@ def _function_body(fn) -> list[str]:
     import inspect
     import textwrap
 
-    from book.common import _without_docstrings
+    from book.common import without_docstrings
 
-    return _without_docstrings(textwrap.dedent(inspect.getsource(fn))).splitlines()
+    return without_docstrings(textwrap.dedent(inspect.getsource(fn))).splitlines()
 
 
 def _between(lines: list[str], first: str, last: str) -> list[str]:
