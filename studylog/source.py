@@ -65,6 +65,47 @@ def source_of(obj: Any, function: str | None = None) -> tuple[str, str]:
     return textwrap.dedent(inspect.getsource(_unwrap(obj))), "python"
 
 
+def resolve_constexpr(lines: list[str], knobs: dict[str, Any], *, read_values: bool = False) -> list[str]:
+    """CUDA C++ ``lines`` as one instance of a template compiles them: every ``if constexpr (cond) { ... } [else
+    { ... }]`` whose condition names only knobs with a value replaced by the branch it takes, dedented one level
+    (blocks written with braces, closed at their indent). A knob whose value is None is undecided: its blocks stay,
+    their insides resolved. With ``read_values``, a knob's other uses in code (a template argument, a condition)
+    read as its value, the template's parameter line and comments aside. A step that is one instance of a shared
+    kernel shows this text, so the diff between two steps is the one change."""
+    out, i = [], 0
+    while i < len(lines):
+        m = re.fullmatch(r"(\s*)if constexpr \((.+)\) \{\s*(?://.*)?", lines[i])
+        names = re.findall(r"[A-Za-z_]\w*", m.group(2)) if m else []
+        if not m or not set(names) <= set(knobs):
+            line = lines[i]
+            if read_values and not line.lstrip().startswith(("template <", "//")):
+                code, sep, comment = line.partition("//")  # a knob in a comment keeps its name
+                for name, value in knobs.items():
+                    if isinstance(value, bool):
+                        code = re.sub(rf"\b{name}\b", "true" if value else "false", code)
+                line = code + sep + comment
+            out.append(line)
+            i += 1
+            continue
+        indent, cond = m.group(1), m.group(2)
+        close = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(indent + "}"))
+        end = close
+        if re.fullmatch(re.escape(indent) + r"\} else \{\s*(?://.*)?", lines[close]):
+            end = next(j for j in range(close + 1, len(lines)) if lines[j] == indent + "}")
+        if any(knobs[n] is None for n in names):  # undecided: kept, its branches resolved inside
+            out += [lines[i], *resolve_constexpr(lines[i + 1:close], knobs, read_values=read_values)]
+            if end != close:
+                out += [lines[close], *resolve_constexpr(lines[close + 1:end], knobs, read_values=read_values)]
+            out.append(lines[end])
+        else:
+            python = re.sub(r"!(?!=)", " not ", cond.replace("&&", " and ").replace("||", " or "))
+            taken = lines[i + 1:close] if eval(python, {}, dict(knobs)) else lines[close + 1:end]
+            out += resolve_constexpr([ln[4:] if ln.startswith(indent + "    ") else ln for ln in taken], knobs,
+                                     read_values=read_values)
+        i = end + 1
+    return out
+
+
 class Code:
     """Highlighted source that renders in notebooks and the book."""
 

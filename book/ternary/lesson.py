@@ -1218,7 +1218,7 @@ def device_source(step: int, helpers: bool = True) -> str:
     constants and every branch on them resolved; with ``helpers``, the device functions whose use changes from one
     step to the next (the ring's fill, the decode, the split's sum) beside it."""
     from studylog.source import source_of
-    from studylog.ternary.sources import resolve_cuda
+    from studylog.source import resolve_constexpr
 
     file, kernel, knobs = _DEVICE[step]
     values = {name: "true" if v else "false" for name, v in knobs.items()}
@@ -1240,7 +1240,7 @@ def device_source(step: int, helpers: bool = True) -> str:
         parts.append(source_of("ternary_common.cuh", "decode_pair_reg" if step == 21 else "decode_pair")[0])
         parts.append("\n".join(_simplify(_read_as(group.splitlines(), magic))))
     text = source_of(file, kernel)[0]
-    lines = resolve_cuda(text.splitlines(), knobs)
+    lines = resolve_constexpr(text.splitlines(), knobs, read_values=True)
     lines = _simplify(_read_as(lines, {k: v for k, v in values.items() if " " in k}))
     lines = _simplify(_read_as(lines, {k: v for k, v in values.items() if " " not in k}))
     parts.append("\n".join(lines))

@@ -78,11 +78,11 @@ def stream_source(*, vec: int | None, evict_first: bool, skip_refused: bool) -> 
     """What an instance of ``ngram_stream`` (steps 8 to 11) compiles, as text: the functions it calls, each
     ``if constexpr`` on a knob replaced by the branch the knob takes (``vec=None``: both load widths, as a step that
     picks its width by the rows keeps them). The page diffs one step's text against the next."""
-    from studylog.source import source_of
+    from studylog.source import resolve_constexpr, source_of
 
     knobs = {"VEC": vec, "EVICT_FIRST": evict_first, "SKIP_REFUSED": skip_refused}
     texts = [source_of("ngram_stream.cu", name)[0] for name, needs in _STREAM_SHOWN if needs is None or knobs[needs]]
-    return "\n".join("\n".join(_drop_unused(_resolve_constexpr(text.splitlines(), knobs), knobs)) + "\n"
+    return "\n".join("\n".join(_drop_unused(resolve_constexpr(text.splitlines(), knobs), knobs)) + "\n"
                      for text in texts)
 
 
@@ -99,34 +99,6 @@ def _drop_unused(lines: list[str], knobs: dict) -> list[str]:
     that knob is off: the instance declares them but never touches them."""
     off = {name for name, value in knobs.items() if value is False}
     return [line for line in lines if not any(re.search(rf"//\s*{name}:", line) for name in off)]
-
-
-def _resolve_constexpr(lines: list[str], knobs: dict) -> list[str]:
-    """``lines`` with every ``if constexpr (cond) { ... } [else { ... }]`` whose condition names only known knobs
-    replaced by the branch it takes, dedented one level (blocks are written with braces, closed at their indent)."""
-    out, i = [], 0
-    while i < len(lines):
-        m = re.fullmatch(r"(\s*)if constexpr \((.+)\) \{", lines[i])
-        if not m:
-            out.append(lines[i])
-            i += 1
-            continue
-        indent, cond = m.groups()
-        close = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(indent + "}"))
-        end = close
-        if lines[close] == indent + "} else {":
-            end = next(j for j in range(close + 1, len(lines)) if lines[j] == indent + "}")
-        names = re.findall(r"[A-Za-z_]\w*", cond)
-        if any(knobs.get(n) is None for n in names):  # undecided: kept, its branches resolved inside
-            out += [lines[i], *_resolve_constexpr(lines[i + 1:close], knobs)]
-            if end != close:
-                out += [lines[close], *_resolve_constexpr(lines[close + 1:end], knobs)]
-            out.append(lines[end])
-        else:
-            taken = lines[i + 1:close] if eval(cond, {}, dict(knobs)) else lines[close + 1:end]
-            out += _resolve_constexpr([line[4:] if line.startswith(indent + "    ") else line for line in taken], knobs)
-        i = end + 1
-    return out
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,36 +9,7 @@ import re
 import textwrap
 from typing import Any, Callable
 
-from studylog.source import source_of
-
-
-def resolve_cuda(lines: list[str], knobs: dict[str, bool]) -> list[str]:
-    """``lines`` with every ``if constexpr (KNOB) { ... } [else { ... }]`` on a knob replaced by the branch it takes,
-    dedented one level (blocks written with braces, closed at their indent); the knobs' other uses (a template
-    argument, a condition) read as their values, the template's parameter line aside."""
-    out, i = [], 0
-    while i < len(lines):
-        m = re.fullmatch(r"(\s*)if constexpr \((!?)(\w+)\) \{\s*(?://.*)?", lines[i])
-        if not m or m.group(3) not in knobs:
-            line = lines[i]
-            if not line.lstrip().startswith(("template <", "//")):
-                code, sep, comment = line.partition("//")  # a knob in a comment keeps its name
-                for name, value in knobs.items():
-                    code = re.sub(rf"\b{name}\b", "true" if value else "false", code)
-                line = code + sep + comment
-            out.append(line)
-            i += 1
-            continue
-        indent, negate, name = m.groups()
-        close = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(indent + "}"))
-        end = close
-        if re.fullmatch(re.escape(indent) + r"\} else \{\s*(?://.*)?", lines[close]):
-            end = next(j for j in range(close + 1, len(lines)) if lines[j] == indent + "}")
-        taken = knobs[name] != bool(negate)
-        body = lines[i + 1:close] if taken else lines[close + 1:end]
-        out += [line[4:] if line.startswith(indent + "    ") else line for line in resolve_cuda(body, knobs)]
-        i = end + 1
-    return out
+from studylog.source import resolve_constexpr, source_of
 
 
 def _resolve_python(lines: list[str], knobs: dict[str, bool]) -> list[str]:
@@ -76,7 +47,7 @@ def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Cal
     """The text of a CUDA C++ step: ``helpers`` (device functions of ``file`` that only some knob settings call,
     shown where the step calls them), the ``kernel`` of ``file`` at ``knobs``, then its launch as comments."""
     parts = [source_of(file, name)[0] for name in helpers] + [source_of(file, kernel)[0]]
-    body = "\n\n".join("\n".join(resolve_cuda(part.splitlines(), knobs)) for part in parts)
+    body = "\n\n".join("\n".join(resolve_constexpr(part.splitlines(), knobs, read_values=True)) for part in parts)
     return body + "\n\n// its launch (Python):\n" + "\n".join(f"// {line}".rstrip() for line in _launch(launch).splitlines())
 
 
