@@ -322,6 +322,17 @@ def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in head_dim (stride 1 on its last dimension), "
                              f"got strides {x.stride()}")
+    check_heads(q, k, v)
+    if q.shape[1] != batch.total_tokens:
+        raise ValueError(f"mismatched batch metadata: q has {q.shape[1]} tokens but the batch layout describes "
+                         f"{batch.total_tokens} ({batch.describe()})")
+    if out is not None:
+        check_out("out", out, shape=q.shape, dtype=q.dtype, device=q.device, contiguous=False)
+
+
+def check_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """``q``, ``k``, ``v`` of one dtype and shape but for the heads (``q``'s a multiple of ``k``'s and ``v``'s),
+    at a head dim the kernels compile for."""
     if k.shape != v.shape or k.shape[1:] != q.shape[1:]:
         raise ValueError(f"q, k and v must have one shape (k and v may have fewer heads), got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -330,13 +341,8 @@ def check_qkv(q: Any, k: Any, v: Any, batch: Any, out: Any) -> None:
                          "key/value head serves a group of query heads")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.shape[1] != batch.total_tokens:
-        raise ValueError(f"mismatched batch metadata: q has {q.shape[1]} tokens but the batch layout describes "
-                         f"{batch.total_tokens} ({batch.describe()})")
     if q.shape[2] not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[2]}")
-    if out is not None:
-        check_out("out", out, shape=q.shape, dtype=q.dtype, device=q.device, contiguous=False)
 
 
 def score_items(hidden: Float[Tensor, "t d_model"], lm_head: Float[Tensor, "vocab d_model"],

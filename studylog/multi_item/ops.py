@@ -15,14 +15,14 @@ from torch import Tensor
 
 from studylog import runtime
 from studylog.checks import check_tensor
-from studylog.multi_item.config import INTERPRETER_BLOCKS, size_bucket, strides
-from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS,
-                                         MultiItemBatch, check_rule)
-from studylog.multi_item.steps import GPU_BLOCK_MS, LOG2E, attn_fwd_batched
+from studylog.multi_item.config import size_bucket, strides
+from studylog.multi_item.formats import (DEFAULT_RULE, ITEM_KEYS_FROM, SUPPORTED_DTYPES, MultiItemBatch,
+                                         check_heads, check_rule)
+from studylog.multi_item.steps import LOG2E, attn_fwd_batched, launch, tile_heights
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, schedule_table
 
 #: The tile heights the operator's launch may take: every height the autotuner may pick, or the interpreter's.
-HEIGHTS = GPU_BLOCK_MS if runtime.mode() == "gpu" else (INTERPRETER_BLOCKS[0],)
+HEIGHTS = tile_heights(None, None)
 
 
 def layout(batch: MultiItemBatch, q: Tensor, rule: str = DEFAULT_RULE,
@@ -42,13 +42,7 @@ def _check(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Tensor,
     """Metadata checks only (the tables' values are the layout's, planned and checked on the host)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, dtype=SUPPORTED_DTYPES, ndim=3, like=q, last_dim_contiguous=True)
-    if k.shape != v.shape or k.shape[1:] != q.shape[1:] or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k and v must have one shape (k and v may have fewer heads) and dtype, got "
-                         f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}")
-    if k.shape[0] < 1 or q.shape[0] % k.shape[0]:
-        raise ValueError(f"q's heads ({q.shape[0]}) must be a multiple of k's and v's heads ({k.shape[0]})")
-    if q.shape[2] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[2]}")
+    check_heads(q, k, v)
     check_tensor("schedule", schedule, dtype=torch.int32, shape=(len(SCHEDULE_BLOCK_MS), None, 8), contiguous=True,
                  like=q)
     check_tensor("token_pos", token_pos, dtype=torch.int32, ndim=2, like=q, last_dim_contiguous=True)
@@ -82,16 +76,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, schedule: Tensor, token_pos: Ten
     constexprs = {"HEAD_DIM": head_dim, "KV_GROUP": q.shape[0] // k.shape[0],
                   "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
                   "SKIP_DELIMITER": ITEM_KEYS_FROM[rule], "COUNT_TILES": False}
-    if runtime.mode() != "gpu":
-        block_m, block_n = INTERPRETER_BLOCKS
-        attn_fwd_batched[(programs[SCHEDULE_BLOCK_MS.index(block_m)],)](*args, **constexprs, BLOCK_M=block_m,
-                                                                         BLOCK_N=block_n)
-        return out
-
-    def grid(meta):
-        return (programs[SCHEDULE_BLOCK_MS.index(meta["BLOCK_M"])],)
-
-    attn_fwd_batched[grid](*args, **constexprs)
+    grid = lambda meta: (programs[SCHEDULE_BLOCK_MS.index(meta["BLOCK_M"])],)  # noqa: E731
+    launch(attn_fwd_batched, grid, args, constexprs, None)  # autotuned on the GPU
     return out
 
 

@@ -24,7 +24,7 @@ from studylog.multi_item.formats import (
     MultiItemBatch,
     check_rule,
 )
-from studylog.multi_item.steps import LOG2E, attn_fwd_batched, no_counts, step05_batched
+from studylog.multi_item.steps import LOG2E, attn_fwd_batched, launch, no_counts, step05_batched
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_BLOCK_MS, SCHEDULE_ORDERS, schedule_table
 
 
@@ -131,14 +131,11 @@ class MultiItemPlan:
             _, info = step05_batched(q[:, :n], k[:, :n], v[:, :n], self.batch, sm_scale=self.sm_scale,
                                      out=out[:, :n], rule=self.rule, order=self.order, return_info=True)
             self._pin(info.config)
-        kernel = attn_fwd_batched.fn if isinstance(attn_fwd_batched, triton.runtime.Autotuner) else attn_fwd_batched
-        extra = {"num_warps": self._cfg.num_warps, "num_stages": self._cfg.num_stages} if self._cfg else {}
         # the table has one row: the kernel's row for BLOCK_M times a stride of 0
-        kernel[(self.programs,)](
-            q, k, v, out, self._table, 0, self._pos, self._pos.stride(0), no_counts(q.device), 0,
-            *strides(q, k, v, out), self.sm_scale * LOG2E, 0,
-            HEAD_DIM=self.head_dim, KV_GROUP=self.heads // self.kv_heads,
-            DOT_PRECISION="ieee" if self.dtype == torch.float32 else "tf32",
-            SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False,
-            BLOCK_M=self.block_m, BLOCK_N=self.block_n, **extra)
+        args = [q, k, v, out, self._table, 0, self._pos, self._pos.stride(0), no_counts(q.device), 0,
+                *strides(q, k, v, out), self.sm_scale * LOG2E, 0]
+        constexprs = dict(HEAD_DIM=self.head_dim, KV_GROUP=self.heads // self.kv_heads,
+                          DOT_PRECISION="ieee" if self.dtype == torch.float32 else "tf32",
+                          SKIP_DELIMITER=ITEM_KEYS_FROM[self.rule], COUNT_TILES=False)
+        launch(attn_fwd_batched, (self.programs,), args, constexprs, (self.block_m, self.block_n), self._cfg)
         return out

@@ -21,11 +21,7 @@ from studylog.multi_item.steps import STEPS, step01_dense_sdpa
 from studylog.multi_item.tiles import DEFAULT_ORDER, SCHEDULE_ORDERS, TileStats, planned_key_tiles, tile_stats
 
 
-def _step(number: int):
-    return next(s for s in STEPS if s.number == number)
-
-
-STEP04, STEP05, STEP06 = _step(4), _step(5), _step(6)
+STEP04, STEP05, STEP06 = STEPS[3:6]
 #: the baselines: PyTorch over the same rule, and the approach the chapter replaces
 SDPA_DENSE = "SDPA, dense mask"
 SDPA_CAUSAL = "causal SDPA (superset)"
