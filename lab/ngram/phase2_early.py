@@ -3,10 +3,14 @@
 Step 6 runs phase 2 (the budget scan) as a second launch; step 7 fuses it into the search's last block, which costs
 the search kernel registers. On the GPU clock step 6 wins on synthetic batches and step 7 on real text under a
 budget (about half a microsecond at 32 x 4096): what step 6 pays there is the gap between two dependent kernels.
-``variants/phase2_early.cu`` launches phase 2 early instead (``griddepcontrol.wait`` before it reads the keys):
+Both variants launch phase 2 early (``ngram_budget_scan_early``: ``griddepcontrol.wait`` before it reads the keys):
 
-* ``6 early``: step 6's search kernel unchanged (its blocks let phase 2 launch as they exit), phase 2 early;
-* ``6 trigger``: step 6's search kernel with ``griddepcontrol.launch_dependents`` first, phase 2 early.
+* ``6 early``: step 6's search kernel unchanged (its blocks let phase 2 launch as they exit);
+* ``6 trigger``: the search kernel with ``griddepcontrol.launch_dependents`` first, ``ngram_one_pass_split_early``:
+  what the library kept as step 12 (``step12_early_phase2``).
+
+The kernels are the library's (``ngram_one_pass.cu``); when this was measured they were a frozen copy in this folder,
+the same code.
 
 Each variant takes the arguments, grid, split and scratch of the library's step 6 bound to the same batch
 (``NgramMatcher(step06_one_pass_split, ...)``).
@@ -37,9 +41,8 @@ from studylog.ngram import SCAN_THREADS, NgramConfig, NgramInputs, NgramMatcher
 from studylog.ngram.kernels import SIGNATURE, THREADS
 from studylog.ngram.report import BENCH_GRID, MAX_COPIES, gen_width_for, real_batch, real_cases
 
-SOURCE = Path(__file__).resolve().parent / "variants" / "phase2_early.cu"
 #: Variant -> its search kernel (None: the library's step 6 or 7 through its matcher) and what changed.
-VARIANTS = {"6": None, "7": None, "6 early": "ngram_one_pass_split", "6 trigger": "ngram_one_pass_split_trigger"}
+VARIANTS = {"6": None, "7": None, "6 early": "ngram_one_pass_split", "6 trigger": "ngram_one_pass_split_early"}
 CHANGES = {"6": "step 6 (library)", "7": "step 7 (library)",
            "6 early": "step 6, phase 2 launched early (griddepcontrol.wait), search unchanged",
            "6 trigger": "step 6, phase 2 launched early, the search lets it launch at its start"}
@@ -48,7 +51,7 @@ STEPS = {"6": ngram.step06_one_pass_split, "7": ngram.step07_one_pass_fused}
 
 @functools.lru_cache(maxsize=None)
 def kernel(name: str, device: int) -> cuda.CudaKernel:
-    return cuda.load(SOURCE, device=device).kernel(name, SIGNATURE)
+    return cuda.load("ngram_one_pass", device=device).kernel(name, SIGNATURE)
 
 
 def bind(variant: str, inputs: NgramInputs, draft, this_time, config: NgramConfig):
@@ -58,7 +61,7 @@ def bind(variant: str, inputs: NgramInputs, draft, this_time, config: NgramConfi
     if VARIANTS[variant] is None:
         return m, m
     dev = torch.cuda.current_device()
-    search, phase2 = kernel(VARIANTS[variant], dev), kernel("ngram_budget_scan_reset_wait", dev)
+    search, phase2 = kernel(VARIANTS[variant], dev), kernel("ngram_budget_scan_early", dev)
     grid = (m.batch, m.prompt_chunks + m.gen_chunks)
 
     def call():
