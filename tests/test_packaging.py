@@ -238,10 +238,10 @@ def test_package_data_names_every_chapters_sources():
 def _makefile_extras() -> tuple[set[str], set[str]]:
     """The extras the Makefile installs into .venv (the install target) and what `make lab` adds."""
     text = (ROOT / "Makefile").read_text()
-    recipes = re.findall(r'pip install[^\n]*-e "\.\[([^\]]*)\]"', text)
-    assert len(recipes) == 2, recipes  # the install target and the lab target
-    install, lab = (set(r.split(",")) for r in recipes)
-    return install, lab
+    (extras,) = re.findall(r"^EXTRAS\s*:=\s*\.\[([^\]]*)\]$", text, re.M)  # the install target's, in a variable
+    assert re.search(r'pip install[^"]*-e "\$\(EXTRAS\)"', text), "the install target must install $(EXTRAS)"
+    (lab,) = re.findall(r'pip install[^\n]*-e "\.\[([^\]]*)\]"', text)  # what `make lab` adds
+    return set(extras.split(",")), set(lab.split(","))
 
 
 def _install_torch():
