@@ -509,7 +509,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
             wait = waits.get((entry.number, name))
             landing[name] = brief[name]
             if entry.number == 3:  # "our corrected port", said where the reader first meets it
-                landing[name] += " (our port of it, fixed to match the CPU operator exactly)"
+                landing[name] += " (ported, then fixed to match the CPU operator exactly)"
             if entry.number == 3:  # the chapter's question is the CPU loop: its end-to-end ratio leads the landing
                 cpu = next((b for b in board if b["number"] == 3 and _short(b["card"]) == name and not b["lead"]
                             and b.get("ours_end_to_end_ms") is not None and b.get("vs_rival") is not None), None)
@@ -595,7 +595,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     slow, of = ctc_host_bound(card)
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
                                    f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
-                    landing[name] = f"{lo:.2f}–{hi:.2f}× cuDNN over {len(ctc_cases(card))} alphabets and batches"
+                    landing[name] = f"{lo:.2f}–{hi:.2f}× cuDNN over {len(ctc_cases(card))} cases of alphabet and batch"
                     if slow:
                         eager[name] = f"about {slow} of the {of} cases wait on the host (host times are noisy)"
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
@@ -1047,7 +1047,7 @@ def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str]
             title += " (Triton)" if "triton" in stem else " (CUDA C++)"
         if eager:
             number += f" {EAGER_MARK}"
-            eager_notes.append(f"- {title}: {eager}.")
+            eager_notes.append(f"- {title.replace('. ', ', ', 1)}: {eager}.")  # "03. x" would read as a list
         _, with_code = reading_minutes(notebook)
         lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {with_code} min |")
     if eager_notes:

@@ -912,7 +912,7 @@ def not_comparable(board: list[dict[str, Any]]) -> dict[tuple[int, str], str]:
     out = {}
     for b in board:
         if b.get("one_copy") and b["number"] in rotated:
-            out[(b["number"], b["card"])] = "each call reads one copy of the head, which can stay in L2"
+            out[(b["number"], b["card"])] = "every call reads one copy of the head, whose rows it reads can stay in L2"
         elif b.get("unpadded_head"):
             out[(b["number"], b["card"])] = "the head is not padded as real models ship it, which slows the dense rival"
     return out

@@ -146,6 +146,7 @@ PLAIN_NAMES = {
     "MaskedHeadPlan (step 13: the whole step from the packed bitmask)": "the whole masked step from the packed bitmask (step 13)",
     "step12_dispatch": "the masked head's dispatching entry point, allowed ids given (step 12)",
     "n-gram matching, step11_skip_refused": "the GPU drafter (step 11)",
+    "n-gram matching, ngram_match (step12)": "the GPU drafter's entry point (running step 12)",
     "n-gram matching, ngram_match (step11)": "the GPU drafter's entry point (running step 11)",
     "n-gram matching, ngram_match (step07)": "the GPU drafter's entry point (running step 7)",
     "n-gram matching, ngram_match (step06)": "the GPU drafter's entry point (running step 6)",

@@ -579,6 +579,7 @@ def test_the_results_page_rows_are_named_in_words_and_its_lists_folded():
     rows_ = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| ours")
              and not ln.startswith("|---")]
     assert rows_ and not any(ln.split(" | ")[0].lstrip("| ").strip() in PLAIN_NAMES for ln in rows_)
+    assert not [ln for ln in rows_ if re.search(r"\(step\d{2}\)", ln.split(" | ")[0])], "a series id, not words"
     assert text.count("the CPU loop it replaces, end to end") == len(ngram)
     assert not re.search(r"^- ", text, re.MULTILINE), "a list of where the cards differ is not folded"
     assert text.count("<details>") == headline_markdown().count("Where the cards differ")
