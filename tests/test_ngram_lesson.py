@@ -56,6 +56,10 @@ def test_the_steps_figure_draws_the_tables_floor():
     expected = sorted({round(lesson.floor_us(results, c), 6) for c in grid_configs(results)
                        if lesson.floor_us(results, c) is not None})
     assert drawn == expected
+    # the figure draws the steps that make the chapter's argument, not all twelve (the table has them all)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    shown = [n for n in range(1, ngram.CHAPTER.final.number + 1) if any(t.startswith(f"step{n:02d}_") for t in labels)]
+    assert shown == list(figures.FIGURE_STEPS)
     for fig in figs.values():
         plt.close(fig)
 
