@@ -199,20 +199,32 @@ def card_empty_kernel_ms(card: Path) -> float | None:
     return min(known) if known else None
 
 
+def _run_words(stem: str) -> str:
+    """A benchmark file named for a reader: ``decode`` -> ``chapter 07's``, ``tails`` -> ``the tails'``."""
+    from studylog.chapter import get
+
+    try:
+        return f"chapter {get(stem).number:02d}'s"
+    except (KeyError, ValueError, ImportError):
+        return f"the {stem}'"
+
+
 def latency_floor_words(root: Path = BENCH_RESULTS) -> str:
     """One sentence, said once on the scoreboard and on How we measure: the one-launch latency floor of each card
     (:func:`card_empty_kernel_ms`, the smallest of its runs), the range its runs recorded, and why the smallest is
     used: the empty kernel drifts from run to run with the card's state, and a floor is the least a call can take."""
     said, widest = [], 1.0
     for card in cards(root):
-        times = [t for p in sorted(Path(card).glob("*.json"))
-                 if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None]
-        if not times:
+        runs = [(t, p.stem) for p in sorted(Path(card).glob("*.json"))
+                if (t := empty_kernel_ms(json.loads(p.read_text()))) is not None]
+        if not runs:
             continue
-        lo, hi = min(times) * 1e3, max(times) * 1e3
+        lo, hi = min(t for t, _ in runs) * 1e3, max(t for t, _ in runs) * 1e3
         widest = max(widest, hi / lo)
+        least = [_run_words(name) for t, name in runs if f"{t * 1e3:.2f}" == f"{lo:.2f}"]  # where the floor comes from
         said.append(f"{lo:.2f} µs on the {_short_card(card_name(card))}"
-                    + (f" (its runs recorded {lo:.2f} to {hi:.2f} µs)" if f"{lo:.2f}" != f"{hi:.2f}" else ""))
+                    + (f" (from {' and '.join(least)} run{'s' if len(least) > 1 else ''}; its runs recorded "
+                       f"{lo:.2f} to {hi:.2f} µs)" if f"{lo:.2f}" != f"{hi:.2f}" else ""))
     if not said:
         return ""
     return ("The latency floor of a one-launch kernel is the card's fastest empty kernel (graph-replayed) over all "

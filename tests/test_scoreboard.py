@@ -922,3 +922,18 @@ def test_chapter_five_speedup_cells_name_their_rival():
         short = sb._short_card(data["device"]["name"])
         (line,) = [ln for ln in table.splitlines() if f"| {short} | step {int(ours['series'][4:])}, bf16 x; " in ln]
         assert line.endswith(f"| {rival['ms'] / ours['ms']:.2f}× vs {name} |"), line
+
+
+def test_the_latency_floor_says_which_runs_it_comes_from():
+    """The floor is the smallest empty kernel over a card's runs: the sentence names the chapter whose run gave it,
+    since the card's other runs recorded more (a reader checking one chapter's file finds another number)."""
+    from studylog.chapter import get
+
+    words = sb.latency_floor_words()
+    for card in sb.cards():
+        runs = [(t, p.stem) for p in sorted(Path(card).glob("*.json"))
+                if (t := sb.empty_kernel_ms(json.loads(p.read_text()))) is not None]
+        if len({f"{t * 1e3:.2f}" for t, _ in runs}) < 2:
+            continue
+        least = min(runs)[1]
+        assert f"chapter {get(least).number:02d}'s" in words, (card, least)
