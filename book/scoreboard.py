@@ -361,10 +361,11 @@ def _ctc(data):
             latency = chain["ms"]
             what = (f"the recursion's {chain['params']['frames']} dependent frames alone over "
                     f"{chain['params']['states']} states (a log-sum-exp and a warp shuffle each), graph-replayed")
-        elif case is CTC_SMALL_CASE:  # an empty kernel is a loose floor here, the chain of frames the one that binds
-            latency = None
+        else:  # the chain of frames is the chapter's latency floor on every card that times it: an empty kernel
+            latency = None  # would put another quantity in the same column
             what = "the recursion's chain of frames alone is not timed on this card"
-            gaps = ("the latency floor of the recursion at the small alphabet (the chain of frames alone)",)
+            if case is CTC_SMALL_CASE:  # there it is the floor that binds
+                gaps = ("the latency floor of the recursion at the small alphabet (the chain of frames alone)",)
         label = f"torch {rival.get('picked', 'best').replace('torch-', '')}" if rival else "torch"
         used = series if case is CTC_CASE else small
         row = _row(_entry_label("the fused CTC kernel", used, ours), shape, ours["clock"], ours, label, rival,

@@ -937,3 +937,15 @@ def test_the_latency_floor_says_which_runs_it_comes_from():
             continue
         least = min(runs)[1]
         assert f"chapter {get(least).number:02d}'s" in words, (card, least)
+
+
+def test_chapter_4s_latency_floor_is_the_chain_of_frames_on_every_card_or_none():
+    """Chapter 04's latency column holds one quantity on every card: the recursion's chain of frames timed alone,
+    or nothing where a card does not time it (an empty kernel would be another floor in the same column)."""
+    rows = [r for r in sb.scoreboard() if r["number"] == 4 and "missing" not in r]
+    assert rows
+    for r in rows:
+        if r.get("latency_floor_ms") is None:
+            assert "not timed on this card" in r["latency_what"], r["card"]
+        else:
+            assert "dependent frames alone" in r["latency_what"], r["card"]
