@@ -372,8 +372,10 @@ def _ctc(data):
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
                    rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)), gaps=gaps,
                    short=_entry_short(used, ours) + ("" if case is CTC_CASE else "; A = 28, N = 1"))
-        if case is CTC_SMALL_CASE and latency is None:  # the floor that binds here is not measured: no percentage
-            row |= {"binding": None, "binding_floor_ms": None, "pct_of_floor": None, "latency_missing_why": what}
+        if latency is None:
+            row["latency_missing_why"] = what
+            if case is CTC_SMALL_CASE:  # the floor that binds here is not measured: no percentage
+                row |= {"binding": None, "binding_floor_ms": None, "pct_of_floor": None}
         out.append(row)
     return out or None
 

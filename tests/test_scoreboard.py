@@ -946,6 +946,6 @@ def test_chapter_4s_latency_floor_is_the_chain_of_frames_on_every_card_or_none()
     assert rows
     for r in rows:
         if r.get("latency_floor_ms") is None:
-            assert "not timed on this card" in r["latency_what"], r["card"]
+            assert "not timed on this card" in r["latency_what"] == r["latency_missing_why"], r["card"]
         else:
             assert "dependent frames alone" in r["latency_what"], r["card"]
