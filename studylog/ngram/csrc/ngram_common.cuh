@@ -163,7 +163,7 @@ __device__ __forceinline__ i64 block_inclusive_scan(i64 v, i64 *s_warp, i64 *tot
 // true running sum; that first slot gets what room is left; every active slot after it gets
 // no drafts (the notebook proves both). One block walks the batch blockDim.x slots at a time,
 // carrying the running sums between chunks. With reset_keys, it also leaves match_keys as
-// NONE_KEY for the next call (the split search's scratch, steps 6 to 11).
+// NONE_KEY for the next call (the split search's scratch, steps 6 to 12).
 __device__ void budget_scan_block(NGRAM_KERNEL_PARAMS, int reset_keys) {
     __shared__ i64 s_warp[32];
     __shared__ int s_first;
