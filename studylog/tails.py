@@ -135,8 +135,9 @@ def _ngram(run, rep: int):
     nbytes = (inputs.prompt_ids.numel() + inputs.generated_ids.numel()) * 8
     copies = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone() for f in dataclasses.fields(inputs)})
                          for _ in range(max(1, min(run.rotation(nbytes), MAX_COPIES)) - 1)]
-    step = final_step(inputs)
-    return ([NgramMatcher(step, c, drafts.clone(), lengths.clone(), config=NgramConfig(threshold=128),
+    config = NgramConfig(threshold=128)
+    step = final_step(inputs, config)
+    return ([NgramMatcher(step, c, drafts.clone(), lengths.clone(), config=config,
                           check_values=False) for c in copies], {"step": series_of(step)})
 
 

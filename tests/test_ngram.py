@@ -798,7 +798,7 @@ def test_a_gpu_matcher_refuses_a_check_of_tensors_it_does_not_read():
 
 
 def test_the_final_step_is_never_slower_than_steps_6_to_12_on_a_measured_case():
-    """ngram_match's rule (kernels.step_for_shape) against every committed GPU file: at each case, synthetic grid
+    """ngram_match's rule (kernels.step_for_shape, shapes and budget) against every committed GPU file: at each case, synthetic grid
     and real text, where the step it picks and another of steps 6 to 12 were timed, the picked step is the fastest
     or within 3% of it (the target: never slower than any step). A file that predates a step (the H100's has no step
     6 to 10 or 12) checks what it times."""
@@ -819,8 +819,8 @@ def test_the_final_step_is_never_slower_than_steps_6_to_12_on_a_measured_case():
                 p = r["params"]
                 case = (p["batch"], p["seq_len"], p.get("threshold"), p.get("corpus"))
                 cases.setdefault(case, {})[r["series"]] = r["ms"]
-        for (batch, seq_len, _, _), ms in cases.items():
-            picked = CHAPTER.step(step_for_shape(batch, seq_len).__name__).series
+        for (batch, seq_len, threshold, _), ms in cases.items():
+            picked = CHAPTER.step(step_for_shape(batch, seq_len, NgramConfig(threshold=threshold)).__name__).series
             if picked not in ms or len(ms) < 2:
                 continue
             assert ms[picked] <= 1.03 * min(ms.values()), (f.parent.name, batch, seq_len, ms, picked)

@@ -373,7 +373,7 @@ def test_where_we_lose_names_the_dispatch_guess_and_the_real_text_acceptance():
     lose, real = cells.index("## Where we lose"), next(i for i, t in enumerate(cells) if t.startswith("## On real"))
     assert real < lose
     body = cells[lose + 1]
-    assert "The rule reads shapes only" in body and "kernels.STREAM_MIN_TOKENS" in body
+    assert "The rule reads the shapes and the budget" in body and "kernels.STREAM_MIN_TOKENS" in body
     assert "{accepted:,} of {drafted:,} drafted tokens" in body
     assert "{accepted:,}" not in "".join(cells[real:lose])  # said once, in Where we lose
 
@@ -442,6 +442,7 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
     import json
 
     from studylog import paths
+    from studylog.ngram import NgramConfig
     from studylog.ngram.kernels import step11_skip_refused, step_for_shape
 
     cells = ["".join(c["source"]) for c in
@@ -475,7 +476,7 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
     assert as_step == pytest.approx(host("step11", case)["host_ms"] * 1e3)
     assert max(later) < 1.1 * eager["steps"][8]  # "add no host work": within 10% of step 8's one launch
     # the rule is chosen on the GPU clock: at the headline case it runs step 11, the faster there
-    assert step_for_shape(*lesson.HEADLINE[:2]) is step11_skip_refused
+    assert step_for_shape(*lesson.HEADLINE[:2], NgramConfig(threshold=lesson.HEADLINE[2])) is step11_skip_refused
     assert host("step11", lesson.HEADLINE)["ms"] < host("step07", lesson.HEADLINE)["ms"]
 
 

@@ -414,7 +414,8 @@ def test_bench_records_every_series_on_its_clock_without_a_gpu(monkeypatch):
     entry = [r for r in rows if r["series"] == report.ENTRY_SERIES]
     assert len(entry) == len(report.BENCH_GRID) + len(real) // len({r["series"] for r in real})
     for r in entry:
-        picked = ngram.kernels.step_for_shape(r["params"]["batch"], r["params"]["seq_len"])
+        picked = ngram.kernels.step_for_shape(r["params"]["batch"], r["params"]["seq_len"],
+                                              ngram.NgramConfig(threshold=r["params"]["threshold"]))
         assert r["step"] == report.series_of(picked) and r["clock"] == "gpu"
     assert any("Clocks:" in note for note in run.notes)
     # what the book draws from such a file: the headline on one clock, the figures and tables

@@ -1,5 +1,5 @@
 """Chapter 3's steps (each launches its own kernels, in place), :class:`NgramMatcher` (a step bound to one batch's
-buffers) and :func:`ngram_match` (step 11 or 12, by the batch's shapes: :func:`final_step`).
+buffers) and :func:`ngram_match` (step 11 or 12, by the batch's shapes and budget: :func:`final_step`).
 """
 
 from __future__ import annotations
@@ -369,40 +369,50 @@ STREAM_STEPS = (step08_stream, step09_wide_loads, step10_evict_first, step11_ski
 
 
 #: The rule of :func:`final_step`, on the GPU clock (a decoding loop captures the call): a call that scans at least
-#: STREAM_MIN_TOKENS prompt positions (slots × prompt width) in rows at least STREAM_MIN_WIDTH wide runs step 11,
-#: whose fewer, larger blocks with no barriers pay once there is that much to stream; every other call runs step 12,
-#: step 6's split search with phase 2 launched early (step 7's fused phase 2 costs its search kernel registers and
-#: runs on THREADS threads instead of SCAN_THREADS). The thresholds must keep the entry point within the spread of
-#: the fastest of steps 6 to 12 at every case of the committed benchmark, synthetic and real text.
+#: STREAM_MIN_TOKENS prompt positions (slots × prompt width) in rows at least STREAM_MIN_WIDTH wide, under a budget
+#: that can refuse slots, runs step 11, whose fewer, larger blocks with no barriers pay once there is that much to
+#: stream and whose refused slots skip their search; every other call runs step 12, step 6's split search with
+#: phase 2 launched early (step 7's fused phase 2 costs its search kernel registers and runs on THREADS threads
+#: instead of SCAN_THREADS). The thresholds must keep the entry point within the spread of the fastest of steps 6
+#: to 12 at every case of the committed benchmark, synthetic and real text.
 STREAM_MIN_WIDTH = 32_768
 STREAM_MIN_TOKENS = 1 << 22
 
 
-def step_for_shape(batch: int, prompt_width: int) -> Callable:
-    """:func:`step11_skip_refused` where the prompts are at least :data:`STREAM_MIN_WIDTH` wide and a call scans at
-    least :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width), else :func:`step12_early_phase2`."""
-    if prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS:
+def budget_can_refuse(batch: int, config: NgramConfig) -> bool:
+    """Whether the batch budget (``config.threshold``) can refuse a slot: no slot counts more than
+    ``max_draft_tokens + 1`` tokens, so a budget of at least that many per slot never binds."""
+    return config.threshold < batch * (config.max_draft_tokens + 1)
+
+
+def step_for_shape(batch: int, prompt_width: int, config: NgramConfig = NgramConfig()) -> Callable:
+    """:func:`step11_skip_refused` where the prompts are at least :data:`STREAM_MIN_WIDTH` wide, a call scans at
+    least :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width) and the budget can refuse slots
+    (:func:`budget_can_refuse`), else :func:`step12_early_phase2`."""
+    if (prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS
+            and budget_can_refuse(batch, config)):
         return step11_skip_refused
     return step12_early_phase2
 
 
-def final_step(inputs: NgramInputs) -> Callable:
-    """The step the entry point runs on ``inputs``, by shapes only (no sync): a serving loop picks once per batch
-    shape and builds an :class:`NgramMatcher` over it."""
-    return step_for_shape(*inputs.prompt_ids.shape)
+def final_step(inputs: NgramInputs, config: NgramConfig = NgramConfig()) -> Callable:
+    """The step the entry point runs on ``inputs`` under ``config``, by shapes only (no sync): a serving loop picks
+    once per batch shape and builds an :class:`NgramMatcher` over it."""
+    return step_for_shape(*inputs.prompt_ids.shape, config)
 
 
 def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
                 seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
     """The chapter's operator: drafts proposed in place by the step :func:`final_step` picks; returns
     ``(draft_tokens, seq_lens_this_time)``. It checks values (a sync) and allocates scratch, so a decoding loop
-    captures an :class:`NgramMatcher` of ``final_step(inputs)`` instead (:meth:`NgramMatcher.capture`)."""
-    return final_step(inputs)(inputs, draft_tokens, seq_lens_this_time, config=config)
+    captures an :class:`NgramMatcher` of ``final_step(inputs, config)`` instead (:meth:`NgramMatcher.capture`)."""
+    return final_step(inputs, config)(inputs, draft_tokens, seq_lens_this_time, config=config)
 
 
 __all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "STREAM_STEPS",
            "fused_chunk_len", "stream_vec", "stream_chunk_len", "stream_source", "one_pass_source", "NgramMatcher", "step01_cpu_path",
            "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_split",
            "step07_one_pass_fused", "step08_stream", "step09_wide_loads", "step10_evict_first",
-           "step11_skip_refused", "step12_early_phase2", "STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "step_for_shape", "final_step",
+           "step11_skip_refused", "step12_early_phase2", "STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "budget_can_refuse",
+           "step_for_shape", "final_step",
            "ngram_match"]

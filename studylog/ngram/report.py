@@ -216,7 +216,7 @@ def _case(run, inputs, draft0, this0, config, params, steps, speed, *, reference
             run.check("bit-identical after the end-to-end calls", _same(made[:3], expected),
                       params=params | {"step": step.name})
         del made
-    picked = final_step(inputs)  # the entry point as a reader calls it
+    picked = final_step(inputs, config)  # the entry point as a reader calls it
     _measure_step(run, picked, inputs, (draft0, this0), config, expected, params=params, role="kernel", floor=floor,
                   extra=extra | {"step": series_of(picked)}, series=ENTRY_SERIES)
     return expected, floor

@@ -42,7 +42,7 @@ class NgramDrafter:
                                   decoder)
         self.draft_tokens = torch.zeros(batch, draft_len + 1, dtype=torch.int64, **dev)
         self.seq_lens_this_time = torch.zeros(batch, dtype=torch.int32, **dev)
-        step = ngram_kernels.final_step(self.inputs) if cuda else ngram_kernels.step01_cpu_path
+        step = ngram_kernels.final_step(self.inputs, config) if cuda else ngram_kernels.step01_cpu_path
         self._draft_host = self.draft_tokens.cpu().pin_memory() if cuda else self.draft_tokens
         self._this_time_host = self.seq_lens_this_time.cpu().pin_memory() if cuda else self.seq_lens_this_time
         self.matcher = NgramMatcher(step, self.inputs, self.draft_tokens, self.seq_lens_this_time, config=config,
