@@ -11,18 +11,13 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
 from torch import Tensor
 
 from studylog import runtime
 from studylog.checks import check_tensor
-from studylog.masked_lm_head.compact import EVICTION
-from studylog.masked_lm_head.dense import row_skip_kernel
 from studylog.masked_lm_head.dispatch import dispatch_rule
-from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words, default_tiles, dot_dtype, stream_tiles
-from studylog.masked_lm_head.plan import (APPLY_BLOCK, APPLY_WARPS, UNION_BLOCK_B, UNION_BLOCK_W, apply_bitmask_kernel,
-                                          batched_count_kernel, bucket_for, stream_count_kernel, union_ids_kernel,
-                                          unpack_bitmask_kernel)
+from studylog.masked_lm_head.formats import WEIGHT_DTYPES, bitmask_words
+from studylog.masked_lm_head.plan import bucket_for, bucket_launches
 
 #: Whether the operator is a ``triton_op`` (Inductor sees its kernels) rather than an opaque ``custom_op``.
 TRITON_OP = runtime.mode() == "gpu" and os.environ.get("STUDYLOG_OPAQUE_OPS") != "1"
@@ -73,44 +68,19 @@ def _masked_logits(h: Tensor, weight: Tensor, bitmask: Tensor, max_allowed: int 
     """fp32 ``h @ weight.T`` ``[B, V]``, ``-inf`` where ``bitmask``'s bit is 0; ``max_allowed`` bounds the union."""
     max_allowed = int(max_allowed)  # a traced SymInt is specialised: the bound picks the path and the grid
     batch, vocab, hidden = _check(h, weight, bitmask, max_allowed)
-    path, capacity = _bucket(batch, vocab, max_allowed)
-    words = int(bitmask.shape[1])  # every tensor here is contiguous: a row stride is the row's length
-    if path == "dense":
+    bucket = _bucket(batch, vocab, max_allowed)
+    if bucket[0] == "dense":
         out = _dense_logits(h, weight)
-        wrap_triton(apply_bitmask_kernel)[(batch * triton.cdiv(vocab, APPLY_BLOCK),)](
-            out, bitmask, vocab, words, vocab, words, FILL_BLOCK=APPLY_BLOCK, num_warps=APPLY_WARPS)
-        return out
-    out = torch.empty(batch, vocab, dtype=torch.float32, device=h.device)
-    if path == "row_skip":
-        mask = torch.empty(batch, vocab, dtype=torch.uint8, device=h.device)
-        wrap_triton(unpack_bitmask_kernel)[(batch * triton.cdiv(vocab, APPLY_BLOCK),)](
-            bitmask, mask, vocab, words, vocab, FILL_BLOCK=APPLY_BLOCK, num_warps=4)
-        t = default_tiles(3, batch)
-        wrap_triton(row_skip_kernel)[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
-            h, weight, out, mask, batch, vocab, hidden, hidden, hidden, vocab, vocab,
-            BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group,
-            DOT_DTYPE=dot_dtype(weight.dtype), num_warps=t.num_warps, num_stages=t.num_stages)
-        return out
-    # the union of the batch's sets as ids and a count, on the device; the compacted kernels read the count
-    ids = torch.zeros(vocab + 64, dtype=torch.int32, device=h.device)
-    count = torch.zeros(1, dtype=torch.int32, device=h.device)
-    wrap_triton(union_ids_kernel)[(triton.cdiv(words, UNION_BLOCK_W),)](
-        bitmask, ids, count, batch, vocab, words, words, BLOCK_W=UNION_BLOCK_W,
-        BLOCK_B=min(UNION_BLOCK_B, triton.next_power_of_2(batch)), num_warps=4)
-    if path == "stream":
-        t = stream_tiles(capacity)
-        n_compute = triton.cdiv(capacity, t.block_v)
-        wrap_triton(stream_count_kernel)[(n_compute + triton.cdiv(vocab, t.fill_block),)](
-            h, weight, out, bitmask, ids, count, vocab, n_compute, hidden, D=hidden,
-            D_POW2=triton.next_power_of_2(hidden), BLOCK_V=t.block_v, FILL_BLOCK=t.fill_block, EVICTION=EVICTION,
-            num_warps=t.num_warps, num_stages=t.num_stages)
-        return out
-    t = default_tiles(10, batch, capacity)
-    n_compute = triton.cdiv(capacity, t.block_v) * triton.cdiv(batch, t.block_b)
-    wrap_triton(batched_count_kernel)[(n_compute + batch * triton.cdiv(vocab, t.fill_block),)](
-        h, weight, out, bitmask, ids, count, batch, vocab, n_compute, hidden, hidden, vocab, words, D=hidden,
-        BLOCK_B=t.block_b, BLOCK_V=t.block_v, BLOCK_D=t.block_d, FILL_BLOCK=t.fill_block,
-        DOT_DTYPE=dot_dtype(weight.dtype), num_warps=t.num_warps, num_stages=t.num_stages)
+    else:
+        out = torch.empty(batch, vocab, dtype=torch.float32, device=h.device)
+    # the buffers the path writes: the row-skip path's mask, the compacted paths' union ids and count
+    mask = torch.empty(batch, vocab, dtype=torch.uint8, device=h.device) if bucket[0] == "row_skip" else None
+    ids = count = None
+    if bucket[0] in ("stream", "batched"):
+        ids = torch.zeros(vocab + 64, dtype=torch.int32, device=h.device)
+        count = torch.zeros(1, dtype=torch.int32, device=h.device)
+    for kernel, grid, args, constexprs in bucket_launches(bucket, h, weight, out, bitmask, ids, count, mask):
+        wrap_triton(kernel)[(grid,)](*args, **constexprs)
     return out
 
 

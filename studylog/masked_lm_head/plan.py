@@ -160,13 +160,6 @@ def unpack_bitmask_kernel(bitmask_ptr, mask_ptr, V, stride_bm, stride_mask, FILL
     tl.store(mask_ptr + seq * stride_mask + tok, ((word >> (tok % 32)) & 1).to(tl.uint8), mask=inside)
 
 
-_UNION = FastKernel(union_ids_kernel)
-_ROW_SKIP = FastKernel(row_skip_kernel)
-_UNPACK = FastKernel(unpack_bitmask_kernel)
-_STREAM_COUNT = FastKernel(stream_count_kernel)
-_BATCHED_COUNT = FastKernel(batched_count_kernel)
-_APPLY = FastKernel(apply_bitmask_kernel)
-
 #: Words of the bitmask per program of :func:`union_ids_kernel` (1,024 tokens), and sequences per load.
 UNION_BLOCK_W = 32
 UNION_BLOCK_B = 16
@@ -185,6 +178,46 @@ def bucket_for(batch: int, vocab: int, count: int, rule: DispatchRule) -> tuple[
     if path in ("few_ids", "stream", "batched"):
         return ("stream" if batch == 1 else "batched"), min(vocab, max(MIN_CAPACITY, 1 << max(n - 1, 0).bit_length()))
     return ("row_skip" if path == "row_skip" else "dense"), vocab
+
+
+def bucket_launches(bucket: tuple[str, int], h: Tensor, weight: Tensor, out: Tensor, bitmask: Tensor,
+                    ids: Tensor | None = None, count: Tensor | None = None,
+                    mask: Tensor | None = None) -> list[tuple]:
+    """A bucket's kernel launches, the plan's and the operator's: (kernel, grid, arguments, constexprs). The dense
+    path applies the bitmask to the logits already in ``out``; the row-skip path unpacks it into ``mask`` for step
+    3's kernel; a compacted path builds the union's ``ids`` and ``count`` on the device for step 7's or step 10's
+    kernel. Every tensor is contiguous, so a row stride is the row's length (plain ints: a traced SymInt is
+    specialised)."""
+    path, capacity = bucket
+    batch, vocab, hidden, words = (int(n) for n in (*out.shape, weight.shape[1], bitmask.shape[1]))
+    if path == "dense":
+        return [(apply_bitmask_kernel, batch * -(-vocab // APPLY_BLOCK), (out, bitmask, vocab, words, vocab, words),
+                 {"FILL_BLOCK": APPLY_BLOCK, "num_warps": APPLY_WARPS})]
+    if path == "row_skip":
+        t = default_tiles(3, batch)
+        return [(unpack_bitmask_kernel, batch * -(-vocab // APPLY_BLOCK), (bitmask, mask, vocab, words, vocab),
+                 {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4}),
+                (row_skip_kernel, -(-batch // t.block_b) * -(-vocab // t.block_v),
+                 (h, weight, out, mask, batch, vocab, hidden, hidden, hidden, vocab, vocab),
+                 launch_constexprs("row_skip", t, hidden, weight.dtype))]
+    union = (union_ids_kernel, -(-words // UNION_BLOCK_W), (bitmask, ids, count, batch, vocab, words, words),
+             {"BLOCK_W": UNION_BLOCK_W, "BLOCK_B": min(UNION_BLOCK_B, triton.next_power_of_2(batch)), "num_warps": 4})
+    if path == "stream":
+        t = stream_tiles(capacity)
+        n_compute = -(-capacity // t.block_v)
+        return [union, (stream_count_kernel, n_compute + -(-vocab // t.fill_block),
+                        (h, weight, out, bitmask, ids, count, vocab, n_compute, hidden),
+                        launch_constexprs("stream", t, hidden, weight.dtype))]
+    t = default_tiles(10, batch, capacity)
+    n_compute = -(-capacity // t.block_v) * -(-batch // t.block_b)
+    return [union, (batched_count_kernel, n_compute + batch * -(-vocab // t.fill_block),
+                    (h, weight, out, bitmask, ids, count, batch, vocab, n_compute, hidden, hidden, vocab, words),
+                    launch_constexprs("batched", t, hidden, weight.dtype))]
+
+
+#: The plan's launchers of the kernels :func:`bucket_launches` names (:mod:`.launch`: little host time).
+_FAST = {k: FastKernel(k) for k in (union_ids_kernel, row_skip_kernel, unpack_bitmask_kernel, stream_count_kernel,
+                                    batched_count_kernel, apply_bitmask_kernel)}
 
 
 def union_count(bitmask: np.ndarray | Tensor) -> int:
@@ -280,47 +313,15 @@ class MaskedHeadPlan:
             kernel(grid, args, constexprs)
 
     def _plan_launches(self, bucket: tuple[str, int]) -> list[tuple]:
-        """The kernel launches of a bucket, worked out once: (kernel, grid, arguments, constexprs)."""
-        path, capacity = bucket
-        batch, vocab, hidden = self.batch, self.vocab, self.hidden
-        if path == "dense":
+        """The kernel launches of a bucket, worked out once: (launcher, grid, arguments, constexprs)."""
+        if bucket[0] == "dense":
             peer = self._xgrammar_apply() if self.use_xgrammar else None
             if peer is not None:  # the same work as the practitioners' path, by their own kernel
                 return [(lambda grid, args, constexprs: peer(*args), 0, (self.out, self.bitmask), {})]
-            return [(_APPLY, batch * -(-vocab // APPLY_BLOCK),
-                     (self.out, self.bitmask, vocab, self.bitmask.shape[1], self.out.stride(0),
-                      self.bitmask.stride(0)),
-                     {"FILL_BLOCK": APPLY_BLOCK, "num_warps": APPLY_WARPS})]
-        if path == "row_skip":
-            if self._mask is None:
-                self._mask = torch.zeros(batch, vocab, dtype=torch.uint8, device=self.weight.device)
-            t = default_tiles(3, batch)
-            m = self._mask
-            return [(_UNPACK, batch * -(-vocab // APPLY_BLOCK), (self.bitmask, m, vocab, self.bitmask.stride(0),
-                                                               m.stride(0)),
-                     {"FILL_BLOCK": APPLY_BLOCK, "num_warps": 4}),
-                    (_ROW_SKIP, -(-batch // t.block_b) * -(-vocab // t.block_v),
-                     (self.h, self.weight, self.out, m, batch, vocab, hidden, self.h.stride(0), self.weight.stride(0),
-                      self.out.stride(0), m.stride(0)),
-                     launch_constexprs("row_skip", t, hidden, self.weight.dtype))]
-        words = self.bitmask.shape[1]
-        union = (_UNION, -(-words // UNION_BLOCK_W),
-                 (self.bitmask, self.ids, self.count, batch, vocab, words, self.bitmask.stride(0)),
-                 {"BLOCK_W": UNION_BLOCK_W, "BLOCK_B": min(UNION_BLOCK_B, triton.next_power_of_2(batch)),
-                  "num_warps": 4})
-        if path == "stream":
-            t = stream_tiles(capacity)
-            n_compute = -(-capacity // t.block_v)
-            return [union, (_STREAM_COUNT, n_compute + -(-vocab // t.fill_block),
-                            (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, vocab, n_compute,
-                             self.weight.stride(0)),
-                            launch_constexprs("stream", t, hidden, self.weight.dtype))]
-        t = default_tiles(10, batch, capacity)
-        n_compute = -(-capacity // t.block_v) * -(-batch // t.block_b)
-        return [union, (_BATCHED_COUNT, n_compute + batch * -(-vocab // t.fill_block),
-                        (self.h, self.weight, self.out, self.bitmask, self.ids, self.count, batch, vocab, n_compute,
-                         self.h.stride(0), self.weight.stride(0), self.out.stride(0), self.bitmask.stride(0)),
-                        launch_constexprs("batched", t, hidden, self.weight.dtype))]
+        if bucket[0] == "row_skip" and self._mask is None:
+            self._mask = torch.zeros(self.batch, self.vocab, dtype=torch.uint8, device=self.weight.device)
+        return [(_FAST[kernel], grid, args, constexprs) for kernel, grid, args, constexprs in
+                bucket_launches(bucket, self.h, self.weight, self.out, self.bitmask, self.ids, self.count, self._mask)]
 
     def _xgrammar_apply(self):
         """xgrammar's ``apply_token_bitmask_inplace`` on the GPU when installed (its CPU one writes past the row's
