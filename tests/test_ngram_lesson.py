@@ -434,8 +434,8 @@ def test_every_diff_on_the_page_shows_one_line_of_context():
 
 def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
     """"Where we lose" gives the entry point's host time per eager call at the headline case against its GPU time
-    (computed by :func:`lesson.eager_host`, read here from the file itself), says that steps 9 to 11 raise the
-    measured host time yet add no host work (one launch a call with the matcher's arguments from step 7 on, two in
+    (computed by :func:`lesson.eager_host`, read here from the file itself), says that steps 8 to 11 add no host
+    work to one another (one launch a call with the matcher's arguments from step 7 on, two in
     step 6, read from the step functions), and shows the launch's own swing: the same step's launch timed as the entry
     point and as itself. The dispatch rule is said to rank the steps on the GPU clock, and it picks the step faster there
     at the headline case."""
@@ -449,8 +449,8 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
              json.loads((paths.REPO_ROOT / "notebooks" / "03_ngram_matching.ipynb").read_text())["cells"]]
     body = cells[cells.index("## Where we lose") + 1]
     for text in ("eager = lesson.eager_host(results)", "{eager['entry_host']:.1f} µs of\n  host time a call",
-                 "{eager['entry_gpu']:.1f} µs on the GPU clock", "Steps 9 to 11 raise the measured host time",
-                 "but add no host work", "{len(kernels.SIGNATURE)} arguments", "as the GPU clock ranks them"):
+                 "{eager['entry_gpu']:.1f} µs on the GPU clock", "Steps 8 to 11 measure",
+                 "add no host work to one another", "{len(kernels.SIGNATURE)} arguments", "as the GPU clock ranks them"):
         assert text in body, text
     results = load_results("ngram")
     rows = json.loads(results.path.read_text())["measurements"]
@@ -467,14 +467,13 @@ def test_where_we_lose_gives_the_eager_host_time_and_the_rules_clock():
     assert eager["entry_host"] > eager["entry_gpu"]  # the bullet's title: eagerly, the host sets the pace
     for n in range(7, ngram.CHAPTER.final.number + 1):
         assert eager["steps"][n] == pytest.approx(host(f"step{n:02d}", lesson.HEADLINE)["host_ms"] * 1e3), n
-    later = [eager["steps"][n] for n in (9, 10, 11)]
-    assert min(later) > eager["steps"][8]  # "raise the measured host time"
+    later = [eager["steps"][n] for n in (8, 9, 10, 11)]
     assert lesson.launches(6) == lesson.launches(12) == 2 and all(lesson.launches(n) == 1 for n in range(7, 12))
     case, as_entry, as_step = eager["same_launch"]
     assert host("ngram_match", case)["step"] == "step11"
     assert as_entry == pytest.approx(host("ngram_match", case)["host_ms"] * 1e3)
     assert as_step == pytest.approx(host("step11", case)["host_ms"] * 1e3)
-    assert max(later) < 1.1 * eager["steps"][8]  # "add no host work": within 10% of step 8's one launch
+    assert max(later) < 1.25 * min(later)  # one launch each: within the host's spread
     # the rule is chosen on the GPU clock: at the headline case it runs step 11, the faster there
     assert step_for_shape(*lesson.HEADLINE[:2], NgramConfig(threshold=lesson.HEADLINE[2])) is step11_skip_refused
     assert host("step11", lesson.HEADLINE)["ms"] < host("step07", lesson.HEADLINE)["ms"]
