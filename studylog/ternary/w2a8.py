@@ -193,12 +193,13 @@ def _quantize_x(x2: Tensor, options: tuple = (), trace: Optional[Tensor] = None)
 
 
 def step22_w2a8(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
-                out: Optional[Tensor] = None, config: Optional[W2A8Config] = None) -> Float[Tensor, "*m n"]:
+                out: Optional[Tensor] = None, config: Optional[W2A8Config] = None,
+                early: bool = True) -> Float[Tensor, "*m n"]:
     """Step 22 (W2A8, Hopper GPUs and later): ``z = (x_q @ W.T) / (x_scale[:, None] * scale)`` with
     ``x_q, x_scale = quantize_activations(x)`` computed on the GPU by a kernel of its own (quantize_x), then step
     21's ring with exact int32 sums of ``2bit_tiles`` weights and int8 x on the tensor cores, the matmul launched
-    early."""
-    return _w2a8_call(x, w, scale, out, config, "separate", step=22)()
+    early (``early=False``: once quantize_x has ended, the step's last change undone)."""
+    return _w2a8_call(x, w, scale, out, config, "separate", step=22, early=early)()
 
 
 def step23_w2a8_fused(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
@@ -213,9 +214,10 @@ def step23_w2a8_fused(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale =
 
 
 def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, quantize: Optional[str] = None,
-               build: tuple = (), trace: Optional[Tensor] = None, step: int = 23) -> Callable[[], Tensor]:
+               build: tuple = (), trace: Optional[Tensor] = None, step: int = 23,
+               early: bool = True) -> Callable[[], Tensor]:
     """The checks and launch of steps 22 and 23, as a function to call; ``build``: the .cu's options of a probe
-    or the timeline (then ``trace`` is the timeline's)."""
+    or the timeline (then ``trace`` is the timeline's); ``early``: quantize_x's matmul launched early."""
     x2, vector, w, s, s_stride, z = cuda_call_args(x, w, scale, out, config, W2A8Config,
                                                    f"step {step} (CUDA C++ w2a8_kernel)")
     m, k = x2.shape
@@ -242,7 +244,7 @@ def _w2a8_call(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Any, q
             xq, x_scale, row_sum = _quantize_x(x2, build, trace)
             # launched early (programmatic dependent launch): its weights stream in while x is quantised
             kernel(grid, block, xq, None, w.data, z, s, x_scale, row_sum, partials, counts, m, w.n, k, groups,
-                   x2.stride(0), s_stride, per_slice, *traced, shared_mem=smem, early=True)
+                   x2.stride(0), s_stride, per_slice, *traced, shared_mem=smem, early=early)
         else:
             kernel(grid, block, None, x2, w.data, z, s, None, None, None, None, m, w.n, k, groups,
                    x2.stride(0), s_stride, per_slice, *traced, shared_mem=smem)
