@@ -188,35 +188,25 @@ def row_skip_kernel(
 
 
 
-def matmul_strides(weight: Tensor, layout: str) -> tuple[int, int]:
-    """(stride along D, stride along V) of the weight, i.e. of the [D, V] matrix 'B' in C = A @ B."""
-    return (weight.stride(1), weight.stride(0)) if layout == "vd" else (weight.stride(0), weight.stride(1))
-
-
 def step00_dense(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
                  allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                  tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
     """Step 0: every logit (tutorial matmul), then torch's ``masked_fill`` writes the ``-inf``."""
-    batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
-    t = tiles or default_tiles(0, batch)
-    out = output(out, batch, vocab, h.device)
-    s_bk, s_bn = matmul_strides(weight, layout)
-    dense_matmul_kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
-        h, weight, out, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn, out.stride(0), out.stride(1),
-        BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages)
+    out = _tiled_matmul(dense_matmul_kernel, h, weight, allowed, layout, out, tiles, 0)
     return out.masked_fill_(allowed.disallowed, float("-inf"))
 
 
-def _masked_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
-    """Steps 1 and 2 (their kernels take the same arguments): one program per output tile, grouped."""
+def _tiled_matmul(kernel, h, weight, allowed, layout, out, tiles, step):
+    """Steps 0 to 2: one program per output tile, grouped; steps 1 and 2's kernels also read the mask."""
     batch, vocab, hidden = check_inputs(h, weight, allowed, layout, out)
     t = tiles or default_tiles(step, batch)
     out = output(out, batch, vocab, h.device)
-    s_bk, s_bn = matmul_strides(weight, layout)
+    # the weight's strides along D and along V: those of the [D, V] matrix 'B' in C = A @ B
+    s_bk, s_bn = (weight.stride(1), weight.stride(0)) if layout == "vd" else (weight.stride(0), weight.stride(1))
+    mask, mask_stride = ((allowed.mask_u8,), (allowed.mask.stride(0),)) if step else ((), ())
     kernel[(triton.cdiv(batch, t.block_b) * triton.cdiv(vocab, t.block_v),)](
-        h, weight, out, allowed.mask_u8, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
-        out.stride(0), out.stride(1), allowed.mask.stride(0),
+        h, weight, out, *mask, batch, vocab, hidden, h.stride(0), h.stride(1), s_bk, s_bn,
+        out.stride(0), out.stride(1), *mask_stride,
         BLOCK_M=t.block_b, BLOCK_N=t.block_v, BLOCK_K=t.block_d, GROUP_M=t.group, DOT_DTYPE=dot_dtype(h.dtype),
         num_warps=t.num_warps, num_stages=t.num_stages)
     return out
@@ -226,14 +216,14 @@ def step01_block_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Fl
                       allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                       tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
     """Step 1: blocks without an allowed token are skipped; active blocks mask their output."""
-    return _masked_matmul(block_skip_kernel, h, weight, allowed, layout, out, tiles, 1)
+    return _tiled_matmul(block_skip_kernel, h, weight, allowed, layout, out, tiles, 1)
 
 
 def step02_column_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"] | Float[Tensor, "d v"],
                        allowed: AllowedTokens, *, layout: str = "vd", out: Float[Tensor, "b v"] | None = None,
                        tiles: Tiles | None = None) -> Float[Tensor, "b v"]:
     """Step 2: step 1, and inside an active block the disallowed columns are not loaded."""
-    return _masked_matmul(column_skip_kernel, h, weight, allowed, layout, out, tiles, 2)
+    return _tiled_matmul(column_skip_kernel, h, weight, allowed, layout, out, tiles, 2)
 
 
 def step03_row_skip(h: Float[Tensor, "b d"], weight: Float[Tensor, "v d"], allowed: AllowedTokens, *,

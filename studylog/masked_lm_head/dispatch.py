@@ -71,19 +71,23 @@ def step_series(number: int) -> str:
     return CHAPTER.step(number).series
 
 
+def rows_by_case(rows: list[dict[str, Any]]) -> dict[tuple[int, str, int], dict[str, dict[str, Any]]]:
+    """(batch, mask kind, allowed per sequence) -> series -> row, for the rows on ``[V, D]`` with a mask kind."""
+    by_case: dict[tuple[int, str, int], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        p = r["params"]
+        if p.get("layout", "vd") == "vd" and "kind" in p:
+            by_case.setdefault((p["batch"], p["kind"], p["allowed"]), {})[r["series"]] = r
+    return by_case
+
+
 def crossover_points(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
     """(batch, mask kind) -> one point per measured allowed count, sorted by union: ``compact`` (the fastest
     compacted step), ``dense`` (the faster dense path), and each of ``row_skip``, ``cublas``, ``few`` and ``stream``
     (None where not measured), in ms, on ``[V, D]``."""
     compact_b1, few, batched, row = (step_series(n) for n in (7, 8, 10, 3))
-    by_case: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        p = r["params"]
-        if "union" not in r or p.get("layout", "vd") != "vd" or "kind" not in p:
-            continue
-        by_case.setdefault((p["batch"], p["kind"], p["allowed"]), {})[r["series"]] = r
     out: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for (batch, kind, _), series in by_case.items():
+    for (batch, kind, _), series in rows_by_case([r for r in rows if "union" in r]).items():
         compact = [series[s]["ms"] for s in ((compact_b1, few) if batch == 1 else (batched,)) if s in series]
         dense = [series[s]["ms"] for s in (row, "cublas_fp32_mask") if s in series]
         if not compact or not dense:

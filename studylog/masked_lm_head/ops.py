@@ -57,22 +57,17 @@ def _bucket(batch: int, vocab: int, max_allowed: int) -> tuple[str, int]:
     return bucket_for(batch, vocab, vocab if max_allowed < 0 else max_allowed, dispatch_rule())
 
 
-def _dense_logits(h: Tensor, weight: Tensor) -> Tensor:
-    """``h @ weight.T`` in fp32 (cuBLAS with fp32 output where torch has it; else the operands widened, exact)."""
-    if h.is_cuda and hasattr(torch.ops.aten.mm, "dtype"):
-        return torch.ops.aten.mm.dtype(h, weight.t(), torch.float32)
-    return torch.mm(h.float(), weight.float().t())
-
-
 def _masked_logits(h: Tensor, weight: Tensor, bitmask: Tensor, max_allowed: int = -1) -> Tensor:
     """fp32 ``h @ weight.T`` ``[B, V]``, ``-inf`` where ``bitmask``'s bit is 0; ``max_allowed`` bounds the union."""
     max_allowed = int(max_allowed)  # a traced SymInt is specialised: the bound picks the path and the grid
-    batch, vocab, hidden = _check(h, weight, bitmask, max_allowed)
+    batch, vocab, _ = _check(h, weight, bitmask, max_allowed)
     bucket = _bucket(batch, vocab, max_allowed)
-    if bucket[0] == "dense":
-        out = _dense_logits(h, weight)
-    else:
+    if bucket[0] != "dense":
         out = torch.empty(batch, vocab, dtype=torch.float32, device=h.device)
+    elif h.is_cuda and hasattr(torch.ops.aten.mm, "dtype"):  # fp32 h @ weight.T: cuBLAS with fp32 output
+        out = torch.ops.aten.mm.dtype(h, weight.t(), torch.float32)
+    else:  # where torch has no such mm, the operands widened (exact)
+        out = torch.mm(h.float(), weight.float().t())
     # the buffers the path writes: the row-skip path's mask, the compacted paths' union ids and count
     mask = torch.empty(batch, vocab, dtype=torch.uint8, device=h.device) if bucket[0] == "row_skip" else None
     ids = count = None

@@ -227,6 +227,20 @@ def union_count(bitmask: np.ndarray | Tensor) -> int:
     return int(np.bitwise_count(np.bitwise_or.reduce(words, axis=0)).sum())
 
 
+def xgrammar_peer():
+    """xgrammar's ``apply_token_bitmask_inplace`` and its version, or None and the reason it is missing."""
+    try:
+        import xgrammar
+        from importlib.metadata import version
+    except Exception as exc:  # ImportError, or a broken install: the peer is optional
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        found = version("xgrammar")
+    except Exception:
+        found = getattr(xgrammar, "__version__", "unknown")
+    return xgrammar.apply_token_bitmask_inplace, found
+
+
 class MaskedHeadPlan:
     """A masked LM head for a decode loop captured in a CUDA graph. ``weight`` is ``[V, D]``, bf16 or fp16; ``h``
     an existing ``[batch, D]`` buffer the model writes into (else a new one). Each step::
@@ -314,25 +328,16 @@ class MaskedHeadPlan:
 
     def _plan_launches(self, bucket: tuple[str, int]) -> list[tuple]:
         """The kernel launches of a bucket, worked out once: (launcher, grid, arguments, constexprs)."""
-        if bucket[0] == "dense":
-            peer = self._xgrammar_apply() if self.use_xgrammar else None
-            if peer is not None:  # the same work as the practitioners' path, by their own kernel
+        if bucket[0] == "dense" and self.use_xgrammar and self.weight.is_cuda:
+            # xgrammar's GPU kernel (its CPU one writes past the row's end for 0 bits past V): the same work as the
+            # practitioners' path, by their own kernel; else ours does it
+            peer = xgrammar_peer()[0]
+            if peer is not None:
                 return [(lambda grid, args, constexprs: peer(*args), 0, (self.out, self.bitmask), {})]
         if bucket[0] == "row_skip" and self._mask is None:
             self._mask = torch.zeros(self.batch, self.vocab, dtype=torch.uint8, device=self.weight.device)
         return [(_FAST[kernel], grid, args, constexprs) for kernel, grid, args, constexprs in
                 bucket_launches(bucket, self.h, self.weight, self.out, self.bitmask, self.ids, self.count, self._mask)]
-
-    def _xgrammar_apply(self):
-        """xgrammar's ``apply_token_bitmask_inplace`` on the GPU when installed (its CPU one writes past the row's
-        end for 0 bits past V), else None."""
-        if not self.weight.is_cuda:
-            return None
-        try:
-            from xgrammar import apply_token_bitmask_inplace
-        except Exception:  # not installed, or broken: our kernel does the same work
-            return None
-        return apply_token_bitmask_inplace
 
     # -- the work, in CUDA graphs ----------------------------------------------------------
     def capture(self, buckets: Sequence[tuple[str, int]] | None = None) -> None:

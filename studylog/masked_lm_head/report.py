@@ -14,12 +14,12 @@ import torch
 from torch import Tensor
 
 from studylog.masked_lm_head.dispatch import (choose_path, crossover_points, cublas_masked, dense_logits, dispatch_rule,
-                                              step_series, win_range)
+                                              rows_by_case, step_series, win_range)
 from studylog.masked_lm_head.formats import (HIDDEN, VOCAB, AllowedTokens, compare_logits, default_tiles, fp32_gamma,
                                              pack_bitmask)
 from studylog.masked_lm_head.masks import StructuredSets, clustered_sets, cross_fit_orders, random_sets, \
     structured_sets
-from studylog.masked_lm_head.plan import MaskedHeadPlan, step13_plan
+from studylog.masked_lm_head.plan import MaskedHeadPlan, step13_plan, xgrammar_peer
 from studylog.masked_lm_head.reorder import ReorderedHead, VocabOrder, active_blocks, cluster_order, \
     step11_reordered
 
@@ -129,20 +129,6 @@ def _pick_structured(sets: list[np.ndarray], target: int, batch: int, gen: np.ra
     return [int(i) for i in gen.choice(near, size=batch, replace=True)]
 
 
-def _xgrammar():
-    """xgrammar's ``apply_token_bitmask_inplace`` and its version, or None and the reason it is missing."""
-    try:
-        import xgrammar
-        from importlib.metadata import version
-    except Exception as exc:  # ImportError, or a broken install: the peer is optional
-        return None, f"{type(exc).__name__}: {exc}"
-    try:
-        found = version("xgrammar")
-    except Exception:
-        found = getattr(xgrammar, "__version__", "unknown")
-    return xgrammar.apply_token_bitmask_inplace, found
-
-
 def bench(run) -> None:  # run: studylog.bench.BenchRun
     """The chapter's sweep at the size of the post's head (V = 128,256, D = 3,072, bf16), batches :data:`BATCHES`."""
     run_sweep(run, vocab=VOCAB, hidden=HIDDEN, device="cuda", batches=BATCHES)
@@ -169,7 +155,7 @@ def run_sweep(run, *, vocab: int, hidden: int, device: str, batches: Sequence[in
     orders, fold = cross_fit_orders(data, vocab)
     in_sample = cluster_order(data.sets, vocab)
     rule = dispatch_rule()
-    apply_bitmask, peer_version = (peer, "given") if peer is not None else _xgrammar()
+    apply_bitmask, peer_version = (peer, "given") if peer is not None else xgrammar_peer()
 
     run.note(f"weights: V={vocab}, D={hidden}, {dtype}; third mask kind {third_kind!r}: {data.source}, "
              f"{len(set(data.groups))} grammars. {S[11]} uses a vocabulary order fitted on the other half of the "
@@ -375,15 +361,10 @@ def _same_masked(a: Tensor, b: Tensor) -> bool:
 
 def losses(rows: list[dict]) -> list[str]:
     """Every measured point where step 12 or step 13 (the plan) is slower than a rival, as sentences."""
-    by_point: dict[tuple, dict[str, float]] = {}
-    for r in rows:
-        p = r["params"]
-        if p.get("layout", "vd") != "vd" or "kind" not in p:
-            continue
-        by_point.setdefault((p["batch"], p["kind"], p["allowed"]), {})[r["series"]] = r["ms"]
     s12 = step_series(12)
     out = []
-    for (batch, kind, allowed), t in sorted(by_point.items()):
+    for (batch, kind, allowed), series in sorted(rows_by_case(rows).items()):
+        t = {name: r["ms"] for name, r in series.items()}
         for mine, rival in ((s12, "index_select"), (s12, "dense_mask"), (s12, "cublas_fp32_mask"), (PLAN, XGRAMMAR)):
             if mine in t and rival in t and t[mine] > t[rival]:
                 out.append(f"we lose: batch {batch}, {kind} masks, {allowed:,} allowed: {mine} {t[mine] * 1e3:.1f} µs "
