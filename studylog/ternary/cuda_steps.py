@@ -66,8 +66,9 @@ def _cuda_mma_kernel(name: str, device_index: int, instances: tuple) -> "cuda.Cu
 
 
 def cuda_mma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> CudaMmaConfig:
-    """The launch of steps 16 and 17 for an (M, N, K) problem (step 15's keeps K whole). Up to 8 rows of x: 8 warps x 2 row tiles a block, K cut
-    until there are about two blocks an SM. More: one row tile a warp, K cut only as far as x needs."""
+    """The launch of steps 16 and 17 for an (M, N, K) problem (step 15's keeps K whole). Up to 8 rows of x: 8 warps
+    x 2 row tiles a block, K cut until there are about two blocks an SM. More: one row tile a warp, K cut only as far
+    as x needs."""
     sms = sms or runtime.sm_count()
     groups = triton.cdiv(k, GROUP_WEIGHTS_2BIT)
     if m <= 8:
@@ -261,9 +262,10 @@ def _tma_kernel(name: str, device_index: int, instances: tuple, options: tuple =
 
 
 def tma_config(m: int, n: int, k: int, sms: Optional[int] = None) -> TmaConfig:
-    """The launch of steps 19 to 21 for an (M, N, K) problem (step 18's splits K as step 17 does), 4 stages of 1 group a warp and tile: one tile a block, 8 warps
-    for K > 8192 (else 4); two tiles and 4 warps where there are more than two tiles an SM and K is long (each
-    block copies x once for two tiles); above 8 rows of x, two tiles and 8 warps."""
+    """The launch of steps 19 to 21 for an (M, N, K) problem (step 18's splits K as step 17 does), 4 stages of 1
+    group a warp and tile: one tile a block, 8 warps for K > 8192 (else 4); two tiles and 4 warps where there are
+    more than two tiles an SM and K is long (each block copies x once for two tiles); above 8 rows of x, two tiles and
+    8 warps."""
     sms = sms or runtime.sm_count()
     tiles = triton.cdiv(n, 16)
     if m > 8:

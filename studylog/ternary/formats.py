@@ -240,8 +240,8 @@ class PackedTernary:
     @classmethod
     def pack(cls, w: Shaped[Tensor, "n k"], fmt: str = "2bit") -> "PackedTernary":
         check_choice("fmt", fmt, FORMATS)
-        data = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma, "2bit_tiles": pack_2bit_tiles}[fmt](w)
-        return cls(data, int(w.shape[0]), int(w.shape[1]), fmt)
+        pack = {"2bit": pack_2bit, "base3": pack_base3, "2bit_mma": pack_2bit_mma, "2bit_tiles": pack_2bit_tiles}[fmt]
+        return cls(pack(w), int(w.shape[0]), int(w.shape[1]), fmt)
 
     def unpack(self) -> Int8[Tensor, "n k"]:
         unpack = {"2bit": unpack_2bit, "base3": unpack_base3, "2bit_mma": unpack_2bit_mma,

@@ -13,26 +13,22 @@ from torch import Tensor
 from studylog import runtime
 from studylog.bench import read_only
 from studylog.ternary import peers as P
+from studylog.ternary import triton_mma as TM
+from studylog.ternary import triton_steps as TS
 from studylog.ternary.bitnet import (BITNET_ENV, BITNET_SHAPES, bitnet_checkout, bitnet_library, bitnet_linear,
                                      bitnet_pack, bitnet_scales)
 from studylog.ternary.cuda_steps import (PROBES, cuda_mma_config, step15_cuda_mma, step16_split_k, step17_x_smem,
                                          step18_tma_ring, step19_shared_k, step20_tile_copies, step21_magic_reg,
                                          step21_probe, tma_config)
-from studylog.ternary.formats import FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean, quantize_activations
+from studylog.ternary.formats import (FP32_TOLERANCE, PackedTernary, error_ratio_from, quantize_absmean,
+                                      quantize_activations)
 from studylog.ternary.results import (BITNET, CUBLAS, GEMLITE, INT_MM, INT_MM_MATMUL, PROBE_SERIES,
                                       W2A8_PLACE_SERIES)
 from studylog.ternary.steps import SERIES, STEPS
-from studylog.ternary.triton_mma import (pair_dot_tuned_few, pair_dot_tuned_many, step09_w2a8_dot,
-                                         step09_w2a8_dot_tuned_few, step09_w2a8_dot_tuned_many, step10_dot_configs,
-                                         step10_dot_configs_tuned_few, step10_dot_configs_tuned_many,
-                                         step11_pair_decode, step12_unmasked, step13_mma_layout, step14_workspace,
-                                         step14_workspace_tuned_few, step14_workspace_tuned_many)
-from studylog.ternary.triton_steps import (block_m_for, step01_sign, step01_sign_tuned, step02_int8,
-                                           step02_int8_tuned, step03_2bit, step03_2bit_tuned, step04_and_decode,
-                                           step04_and_decode_tuned, step05_gemv, step05_gemv_tuned, step06_dot,
-                                           step06_dot_tuned_few, step06_dot_tuned_many, step07_base3_gemv,
-                                           step07_base3_gemv_tuned, step08_base3_dot, step08_base3_dot_tuned_few,
-                                           step08_base3_dot_tuned_many)
+from studylog.ternary.triton_mma import (step09_w2a8_dot, step10_dot_configs, step11_pair_decode, step12_unmasked,
+                                         step13_mma_layout, step14_workspace)
+from studylog.ternary.triton_steps import (block_m_for, step01_sign, step02_int8, step03_2bit, step04_and_decode,
+                                           step05_gemv, step06_dot, step07_base3_gemv, step08_base3_dot)
 from studylog.ternary.w2a8 import (step22_w2a8, step23_probe, step23_w2a8_fused, step24_w2a8_tiles, step25_x_tma,
                                    w2a8_config, w2a8_default_quantize, w2a8_takes, w2a8_tiles_config)
 
@@ -167,14 +163,14 @@ def _tuned_config(series: str, m: int) -> str:
     """The config a Triton step's autotuner chose for this case ("" for the other series)."""
     few = block_m_for(m) <= 32
     tuner = {
-        SERIES[1]: step01_sign_tuned, SERIES[2]: step02_int8_tuned, SERIES[3]: step03_2bit_tuned,
-        SERIES[4]: step04_and_decode_tuned, SERIES[5]: step05_gemv_tuned, SERIES[7]: step07_base3_gemv_tuned,
-        SERIES[6]: step06_dot_tuned_few if few else step06_dot_tuned_many,
-        SERIES[8]: step08_base3_dot_tuned_few if few else step08_base3_dot_tuned_many,
-        SERIES[9]: step09_w2a8_dot_tuned_few if few else step09_w2a8_dot_tuned_many,
-        SERIES[10]: step10_dot_configs_tuned_few if few else step10_dot_configs_tuned_many,
-        **{SERIES[i]: pair_dot_tuned_few if few else pair_dot_tuned_many for i in (11, 12, 13)},
-        SERIES[14]: step14_workspace_tuned_few if few else step14_workspace_tuned_many,
+        SERIES[1]: TS.step01_sign_tuned, SERIES[2]: TS.step02_int8_tuned, SERIES[3]: TS.step03_2bit_tuned,
+        SERIES[4]: TS.step04_and_decode_tuned, SERIES[5]: TS.step05_gemv_tuned, SERIES[7]: TS.step07_base3_gemv_tuned,
+        SERIES[6]: TS.step06_dot_tuned_few if few else TS.step06_dot_tuned_many,
+        SERIES[8]: TS.step08_base3_dot_tuned_few if few else TS.step08_base3_dot_tuned_many,
+        SERIES[9]: TM.step09_w2a8_dot_tuned_few if few else TM.step09_w2a8_dot_tuned_many,
+        SERIES[10]: TM.step10_dot_configs_tuned_few if few else TM.step10_dot_configs_tuned_many,
+        **{SERIES[i]: TM.pair_dot_tuned_few if few else TM.pair_dot_tuned_many for i in (11, 12, 13)},
+        SERIES[14]: TM.step14_workspace_tuned_few if few else TM.step14_workspace_tuned_many,
     }.get(series)
     return str(getattr(tuner, "best_config", "") or "")
 
@@ -227,9 +223,10 @@ def _notes(run, gemlite: Any) -> None:
         run.note(f"{GEMLITE}: not measured: {gemlite}")
     else:
         types = {m: P.gemlite_matmul_type(m) for m in BENCH_MS}
-        run.note(f"{GEMLITE}: GemLite {getattr(gemlite, '__version__', '?')} with 2-bit weights and bf16 x (codes w + 1, "
-                 "zero 1, one float32 scale 1/scale a row, applied after the sum; the layout of its BitNet processor "
-                 "A16W158_INT, checked by decoding its packed words back to our weights); bf16 out. Its kernels: "
+        version = getattr(gemlite, "__version__", "?")
+        run.note(f"{GEMLITE}: GemLite {version} with 2-bit weights and bf16 x (codes w + 1, zero 1, one float32 scale "
+                 "1/scale a row, applied after the sum; the layout of its BitNet processor A16W158_INT, checked by "
+                 "decoding its packed words back to our weights); bf16 out. Its kernels: "
                  + ", ".join(f"M = {m}: {t} (autotune {P.gemlite_autotune_setting(t)!r})" for m, t in types.items())
                  + "; the config its autotune chose is each row's config. Checked against float64 within bf16 "
                  f"rounding (norm of the error <= {P.BF16_NORM_TOLERANCE} of the reference's). Above M = 1 only at "

@@ -76,37 +76,31 @@ def headline(results) -> list[dict]:
         where = next((f", quantize={q!r}" for q, s in W2A8_PLACE_SERIES.items() if s == series), "")
         return f"{step.name}{where} ({'CUDA C++' if step.language == 'cuda' else 'Triton'})"
 
-    def case(shape, m, what="bf16 x"):
+    def add(series, baseline, baseline_label, shape, m, what="bf16 x"):
         n, k = shape.split("x")
-        return f"M = {m}, N x K = {n} x {k}, {what}"
+        rows.append(headline_row(view, series, baseline, f"M = {m}, N x K = {n} x {k}, {what}",
+                                 kernel_label=label(series), baseline_label=baseline_label, shape=shape, m=m))
+
+    def gemlite_failed(shape):  # no headline against a wrong answer
+        return any(c["name"].startswith(f"{GEMLITE} ") and not c["passed"] and c["params"].get("shape") == shape
+                   and c["params"].get("m", 1) == 1 for c in results.data.get("checks", []))
 
     for shape, m in (("4096x14336", 1), ("4096x14336", 16), ("8192x28672", 1)):
         row, series = fastest(view, FLOAT_X_SERIES, shape=shape, m=m)
-        if row is None or not view.select(CUBLAS, shape=shape, m=m):
-            continue
-        rows.append(headline_row(view, series, CUBLAS, case(shape, m), kernel_label=label(series),
-                                 baseline_label="cuBLAS bf16 (torch x @ W.T, both in a CUDA graph)", shape=shape, m=m))
+        if row is not None and view.select(CUBLAS, shape=shape, m=m):
+            add(series, CUBLAS, "cuBLAS bf16 (torch x @ W.T, both in a CUDA graph)", shape, m)
     shape = "4096x14336"  # the peers, at the shape of their targets
     row, series = fastest(view, FLOAT_X_SERIES, shape=shape, m=1)
-    failed = any(c["name"].startswith(f"{GEMLITE} ") and not c["passed"] and c["params"].get("shape") == shape
-                 and c["params"].get("m", 1) == 1 for c in results.data.get("checks", []))
-    if row is not None and view.select(GEMLITE, shape=shape, m=1) and not failed:  # no headline against a wrong answer
-        rows.append(headline_row(view, series, GEMLITE, case(shape, 1), kernel_label=label(series),
-                                 baseline_label="GemLite 2-bit (bf16 x, its autotune)", shape=shape, m=1))
+    if row is not None and view.select(GEMLITE, shape=shape, m=1) and not gemlite_failed(shape):
+        add(series, GEMLITE, "GemLite 2-bit (bf16 x, its autotune)", shape, 1)
     row, series = fastest(view, W2A8_SERIES, shape=shape, m=1)
     if row is not None and view.select(INT_MM, shape=shape, m=1):
-        rows.append(headline_row(view, series, INT_MM, case(shape, 1, "x quantised to int8 in the call"),
-                                 kernel_label=label(series),
-                                 baseline_label="torch._int_mm W8A8 (int8 weights, rows padded to 17)",
-                                 shape=shape, m=1))
+        add(series, INT_MM, "torch._int_mm W8A8 (int8 weights, rows padded to 17)", shape, 1,
+            "x quantised to int8 in the call")
     # part 1's answer: its last Triton step against GemLite, the Triton peer, at every shape where GemLite's output
     # passed our check
-    triton = SERIES[14]
     for peer in view.select(GEMLITE, m=1):
         shape = peer["params"]["shape"]
-        bad = any(c["name"].startswith(f"{GEMLITE} ") and not c["passed"] and c["params"].get("shape") == shape
-                  and c["params"].get("m", 1) == 1 for c in results.data.get("checks", []))
-        if not bad and view.select(triton, shape=shape, m=1):
-            rows.append(headline_row(view, triton, GEMLITE, case(shape, 1), kernel_label=label(triton),
-                                     baseline_label="GemLite 2-bit (bf16 x, its autotune)", shape=shape, m=1))
+        if not gemlite_failed(shape) and view.select(SERIES[14], shape=shape, m=1):
+            add(SERIES[14], GEMLITE, "GemLite 2-bit (bf16 x, its autotune)", shape, 1)
     return rows

@@ -48,7 +48,8 @@ def cuda_step_source(file: str, kernel: str, knobs: dict[str, bool], launch: Cal
     shown where the step calls them), the ``kernel`` of ``file`` at ``knobs``, then its launch as comments."""
     parts = [source_of(file, name)[0] for name in helpers] + [source_of(file, kernel)[0]]
     body = "\n\n".join("\n".join(resolve_constexpr(part.splitlines(), knobs, read_values=True)) for part in parts)
-    return body + "\n\n// its launch (Python):\n" + "\n".join(f"// {line}".rstrip() for line in _launch(launch).splitlines())
+    launch_lines = "\n".join(f"// {line}".rstrip() for line in _launch(launch).splitlines())
+    return body + "\n\n// its launch (Python):\n" + launch_lines
 
 
 def triton_step_source(kernels: tuple[Any, ...], knobs: dict[str, bool], launch: Callable) -> str:

@@ -14,17 +14,15 @@ from torch import Tensor
 
 from studylog import runtime
 from studylog.ternary.formats import MMA_X_DTYPES, PackedTernary, Scale, SplitWorkspace, check_device, check_packed_call
-from studylog.ternary.triton_steps import (TL_DTYPES, autotune, block_m_for, dot_program, dot_types, k_slice,
-                                           launch_tuned, step06_dot_kernel, store_tile, triton_config)
+from studylog.ternary.triton_steps import (DOT_CONFIGS_MANY, TL_DTYPES, autotune, dot_program, dot_step, k_slice,
+                                           launch_dot, step06_dot_kernel, store_tile, triton_config)
 
-W2A8_DOT_CONFIGS_FEW = [
-    triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=2),
-    triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=2),
-]
-W2A8_DOT_CONFIGS_MANY = [  # int8 MMA steps over 32 k: BLOCK_KW >= 32
-    triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=1, num_stages=1),
-    triton_config(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=1, num_stages=1, num_warps=8),
-]
+#: Step 9's tiles: int8 MMA steps over 32 k, so BLOCK_KW >= 32 (many rows of x: step 6's tiles).
+W2A8_DOT_CONFIGS_FEW = [triton_config(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=split, num_stages=2) for split in (1, 4)]
+W2A8_DOT_CONFIGS_MANY = DOT_CONFIGS_MANY
+W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + W2A8_DOT_CONFIGS_MANY
+
+
 def _mma_cfg(**kw) -> triton.Config:
     return triton_config(zero_output=False, **kw)  # step 14 reduces split-K itself: z needs no zeroing
 
@@ -50,8 +48,6 @@ MMA_CONFIGS_MANY = [
     _mma_cfg(BLOCK_N=128, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3, num_warps=8),
 ]
 
-
-W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + W2A8_DOT_CONFIGS_MANY
 #: Steps 10 to 13: the same tiles, K split by atomics into z, which each config's pre_hook zeroes first.
 DOT_MMA_CONFIGS_FEW = [triton_config(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
                        for c in MMA_CONFIGS_FEW]
@@ -219,16 +215,18 @@ def pair_dot_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, M, N, K, KW, stride_xm, stri
     store_tile(z_ptr, z, rows, row_mask, cols, col_mask, stride_zm, SPLIT_K)
 
 
-pair_dot_tuned_few = autotune(DOT_MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M", "NO_MASK", "MMA_LAYOUT"])(pair_dot_kernel)
+pair_dot_tuned_few = autotune(DOT_MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M", "NO_MASK", "MMA_LAYOUT"])(
+    pair_dot_kernel)
 pair_dot_tuned_many = autotune(DOT_MMA_CONFIGS_MANY, key=["N", "K", "M", "NO_MASK", "MMA_LAYOUT"])(pair_dot_kernel)
 
 
 # Step 14: K split through a zeroed workspace, no memset
 
 @triton.jit(do_not_specialize=["M"])
-def step14_workspace_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn, stride_zm,
-                      scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
-                      BLOCK_M: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def step14_workspace_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M, N, K, KW, stride_xm, stride_pn,
+                            stride_zm, scale_stride, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+                            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, MAGIC: tl.constexpr,
+                            DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # One program: a BLOCK_N x BLOCK_M tile of z transposed, over one of SPLIT_K slices of K, in tiles
     # of BLOCK_KW words a row (whole groups: the activations of a pair are runs of 32 k).
     tl.static_assert(BLOCK_KW % 16 == 0)
@@ -281,13 +279,14 @@ def step14_workspace_kernel(x_ptr, p_ptr, z_ptr, scale_ptr, ws_ptr, count_ptr, M
 
 
 step14_workspace_tuned_few = autotune(MMA_CONFIGS_FEW, key=["N", "K", "BLOCK_M"])(step14_workspace_kernel)
-step14_workspace_tuned_many = autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(step14_workspace_kernel)  # BLOCK_M is tuned too
+# (many rows of x: BLOCK_M is tuned too)
+step14_workspace_tuned_many = autotune(MMA_CONFIGS_MANY, key=["N", "K", "M"])(step14_workspace_kernel)
 
 
 # The wrappers
 
 def step09_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: PackedTernary, scale: Scale = 1.0, *,
-                     out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
+                    out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 9: ``z = (xq @ W.T) / (x_scale[:, None] * scale)`` with int8 activations (from
     :func:`quantize_activations`), 2-bit weights and exact int32 sums on the tensor cores."""
     m = xq.shape[0] if isinstance(xq, Tensor) and xq.ndim == 2 else 1
@@ -299,12 +298,7 @@ def step09_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: P
                          f"got shape {tuple(x_scale.shape)}")
     check_device(x_scale, "x_scale")
     x2, vector, w, s, s_stride, z = check_packed_call(xq, w, scale, out, "2bit", dtypes=(torch.int8,), x_name="xq")
-    (m, k), block_m = x2.shape, block_m_for(x2.shape[0])
-    args = (x2, w.data, z, s, x_scale, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0),
-            s_stride)
-    grid = lambda meta: (triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, block_m))  # noqa: E731
-    kernel = step09_w2a8_dot_tuned_few if block_m <= 32 else step09_w2a8_dot_tuned_many
-    launch_tuned(kernel, grid, args, config, {"BLOCK_M": block_m})
+    launch_dot((step09_w2a8_dot_tuned_few, step09_w2a8_dot_tuned_many), x2, w, s, s_stride, z, config, {}, (x_scale,))
     return z[0] if vector else z
 
 
@@ -312,53 +306,28 @@ def step09_w2a8_dot(xq: Int8[Tensor, "*m k"], x_scale: Float[Tensor, " m"], w: P
 SPLIT_WORKSPACE = SplitWorkspace()
 
 
-def _mma_types(x_dtype: torch.dtype) -> tuple:
-    """(MAGIC, DOT_DTYPE, DOT_PRECISION) of steps 11 to 14: the weights decoded in x's type, the dot in x's type on the
-    GPU, in float32 in the interpreter (its bf16 arithmetic is wrong)."""
+def mma_meta(x_dtype: torch.dtype) -> dict:
+    """MAGIC, DOT_DTYPE and DOT_PRECISION of steps 11 to 14: the weights decoded in x's type, the dot in x's type
+    on the GPU, in float32 in the interpreter (its bf16 arithmetic is wrong)."""
     magic = TL_DTYPES[x_dtype]
     if runtime.mode() == "interpreter":
-        return magic, tl.float32, "ieee"
-    return magic, magic, "tf32"  # the precision argument only matters for float32 operands
-
-
-def _tensor_core_launch(kernel_few, kernel_many, x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor,
-                        config: Optional[dict], meta: dict, extra: tuple = (), zero_output: bool = True) -> None:
-    """Launch one of steps 10 to 14 on checked arguments: 16 or 32 rows of x a program up to 32 rows (the few-rows
-    configs), above that the many-rows configs choose 64 or 128 (a config given without BLOCK_M takes the few
-    rows' choice). ``extra``: the arguments between the scale and M (step 14's workspace)."""
-    m, k = x2.shape
-    few = block_m_for(m) <= 32
-    meta = dict(meta)
-    if (config is None and few) or (config is not None and "BLOCK_M" not in config):
-        meta["BLOCK_M"] = block_m_for(m)
-    args = (x2, w.data, z, s, *extra, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0),
-            s_stride)
-
-    def grid(meta):
-        return triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, meta["BLOCK_M"])
-
-    launch_tuned(kernel_few if few else kernel_many, grid, args, config, meta, zero_output=zero_output)
+        return {"MAGIC": magic, "DOT_DTYPE": tl.float32, "DOT_PRECISION": "ieee"}
+    return {"MAGIC": magic, "DOT_DTYPE": magic, "DOT_PRECISION": "tf32"}  # the precision only matters for float32
 
 
 def step10_dot_configs(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                        out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 10: step 6's kernel at the configs made for the tensor cores (64-row tiles, K split into 2 to 8
     slices added into z, rows of x a program tuned above 32)."""
-    x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit")
-    dot_dtype, precision = dot_types(x2.dtype)
-    _tensor_core_launch(step10_dot_configs_tuned_few, step10_dot_configs_tuned_many, x2, w, s, s_stride, z, config,
-                        {"DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision})
-    return z[0] if vector else z
+    return dot_step((step10_dot_configs_tuned_few, step10_dot_configs_tuned_many), x, w, scale, out, config, "2bit")
 
 
 def _pair_dot(x: Any, w: Any, scale: Any, out: Optional[Tensor], config: Optional[dict], fmt: str,
               no_mask: bool, mma_layout: bool) -> Tensor:
     """Steps 11 to 13: the pair decode at their knobs (``fmt``: the layout step 13 makes, "2bit_mma")."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, fmt, dtypes=MMA_X_DTYPES)
-    magic, dot_dtype, precision = _mma_types(x2.dtype)
-    _tensor_core_launch(pair_dot_tuned_few, pair_dot_tuned_many, x2, w, s, s_stride, z, config,
-                        {"MAGIC": magic, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision, "NO_MASK": no_mask,
-                         "MMA_LAYOUT": mma_layout})
+    launch_dot((pair_dot_tuned_few, pair_dot_tuned_many), x2, w, s, s_stride, z, config,
+               {**mma_meta(x2.dtype), "NO_MASK": no_mask, "MMA_LAYOUT": mma_layout})
     return z[0] if vector else z
 
 
@@ -391,8 +360,6 @@ def step14_workspace(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 
     bf16 or fp16 x; one kernel for every M."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, "2bit_mma", dtypes=MMA_X_DTYPES)
     sums, counts = SPLIT_WORKSPACE.get(x2.device, x2.shape[0], w.n)
-    magic, dot_dtype, precision = _mma_types(x2.dtype)
-    _tensor_core_launch(step14_workspace_tuned_few, step14_workspace_tuned_many, x2, w, s, s_stride, z, config,
-                        {"MAGIC": magic, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision}, extra=(sums, counts),
-                        zero_output=False)
+    launch_dot((step14_workspace_tuned_few, step14_workspace_tuned_many), x2, w, s, s_stride, z, config,
+               mma_meta(x2.dtype), (sums, counts), zero_output=False)
     return z[0] if vector else z

@@ -480,34 +480,46 @@ def block_m_for(m: int) -> int:
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def dot_types(x_dtype: torch.dtype) -> tuple:
-    """(operand dtype, input_precision) of the tl.dot kernels: float32 x "ieee", not TF32, which would round x;
-    the interpreter computes bf16 tl.dot wrongly, so there bf16 operands are widened to float32 (exactly)."""
+def dot_meta(x_dtype: torch.dtype) -> dict:
+    """DOT_DTYPE and DOT_PRECISION of the tl.dot kernels: float32 x "ieee", not TF32, which would round x; the
+    interpreter computes bf16 tl.dot wrongly, so there bf16 operands are widened to float32 (exactly)."""
     if x_dtype == torch.float32 or (x_dtype == torch.bfloat16 and runtime.mode() == "interpreter"):
-        return tl.float32, "ieee"
-    return TL_DTYPES[x_dtype], "tf32"  # the precision argument only matters for float32 operands
+        return {"DOT_DTYPE": tl.float32, "DOT_PRECISION": "ieee"}
+    return {"DOT_DTYPE": TL_DTYPES[x_dtype], "DOT_PRECISION": "tf32"}  # the precision only matters for float32
 
 
-def _dotwise(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict], fmt: str):
-    """Launch step 6's or step 8's tl.dot kernel (``kernels``: its autotuners for few and many rows of x)."""
+def launch_dot(kernels: tuple, x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tensor,
+               config: Optional[dict], meta: dict, extra: tuple = (), zero_output: bool = True) -> None:
+    """Launch a tl.dot kernel (steps 6 and 8 to 14) on checked arguments, by ``kernels``: its autotuners for few
+    rows of x (up to 32) and for more. BLOCK_M is ``block_m_for(M)`` unless the config (the one given, or the
+    autotuner's) tunes it. ``extra``: the arguments between the scale and M (step 8's table, step 14's workspace)."""
+    m, k = x2.shape
+    kernel = kernels[0] if block_m_for(m) <= 32 else kernels[1]
+    if "BLOCK_M" not in (kernel.configs[0].kwargs if config is None else config):
+        meta = {**meta, "BLOCK_M": block_m_for(m)}
+    args = (x2, w.data, z, s, *extra, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0), s_stride)
+
+    def grid(meta):
+        return triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, meta["BLOCK_M"])
+
+    launch_tuned(kernel, grid, args, config, meta, zero_output=zero_output)
+
+
+def dot_step(kernels: tuple, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config: Optional[dict], fmt: str):
+    """Steps 6, 8 and 10: ``kernels`` (:func:`launch_dot`) on ``fmt`` weights, the dot in x's type."""
     x2, vector, w, s, s_stride, z = check_packed_call(x, w, scale, out, fmt)
-    (m, k), block_m = x2.shape, block_m_for(x2.shape[0])
-    dot_dtype, precision = dot_types(x2.dtype)
     table = (base3_table(str(x2.device)),) if fmt == "base3" else ()
-    args = (x2, w.data, z, s, *table, m, w.n, k, w.data.shape[1], x2.stride(0), w.data.stride(0), z.stride(0), s_stride)
-    grid = lambda meta: (triton.cdiv(w.n, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(m, block_m))  # noqa: E731
-    launch_tuned(kernels[0] if block_m <= 32 else kernels[1], grid, args, config,
-                 {"BLOCK_M": block_m, "DOT_DTYPE": dot_dtype, "DOT_PRECISION": precision})
+    launch_dot(kernels, x2, w, s, s_stride, z, config, dot_meta(x2.dtype), table)
     return z[0] if vector else z
 
 
 def step06_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 6: 2-bit weights decoded in registers and multiplied with ``tl.dot`` (for M > 1)."""
-    return _dotwise((step06_dot_tuned_few, step06_dot_tuned_many), x, w, scale, out, config, "2bit")
+    return dot_step((step06_dot_tuned_few, step06_dot_tuned_many), x, w, scale, out, config, "2bit")
 
 
 def step08_base3_dot(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                      out: Optional[Tensor] = None, config: Optional[dict] = None) -> Float[Tensor, "*m n"]:
     """Step 8: step 6 on base-3 (1.6-bit) weights (for M > 1)."""
-    return _dotwise((step08_base3_dot_tuned_few, step08_base3_dot_tuned_many), x, w, scale, out, config, "base3")
+    return dot_step((step08_base3_dot_tuned_few, step08_base3_dot_tuned_many), x, w, scale, out, config, "base3")
