@@ -925,15 +925,25 @@ def test_steps_18_and_20_give_both_cases_numbers(results):
 
 
 def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
-    """Step 22 lists its five changes and says no run times them apart; step 23 lists its own, says the rounding
-    was step 22's already, and quotes the place of quantisation, which the benchmark times apart."""
+    """Step 22 lists its changes (the three that run only together as one) and quotes the run that times the other
+    two apart; step 23 lists its own and quotes the place of quantisation, which the benchmark times apart."""
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
-    assert "five changes" in cells["c05f0206"] and "5. the matmul launched early" in cells["c05f0206"]
-    assert "No run times " in cells["a586196e"]
-    assert "already rounds so" in cells["07088276"] and "3. the place is picked" in cells["07088276"]
+    assert "none runs\n   without the others" in cells["c05f0206"] and "3. the matmul launched early" in cells["c05f0206"]
+    assert 'load_lab("ternary", "step22_parts")' in cells["a586196e"] and "Timed apart" in cells["a586196e"]
+    assert "3. the place is picked" in cells["07088276"]
     assert "only the place is timed apart" in cells["03d4f2ed"] and "No run times the rounding apart" in cells["03d4f2ed"]
     assert L.place_us(results, "staged") == L.us(results, T.SERIES[23])  # the default at one row
     assert L.place_us(results, "separate") == L.us(results, T.SERIES[22])
+    # the parts' run: its checks passed, every part at every case, and the parts add up as the page says
+    from studylog.plotting import load_lab
+
+    parts = load_lab("ternary", "step22_parts")
+    assert parts["checks"] and all(c["passed"] for c in parts["checks"])
+    one = {r["params"]["variant"]: r["ms"] for r in parts["measurements"]
+           if (r["params"]["n"], r["params"]["k"], r["params"]["m"]) == (4096, 14336, 1)}
+    assert set(one) == {"step 21", "quantize_x", "step 22, launched after", "step 22"}
+    assert one["quantize_x"] < one["step 22"] < one["step 22, launched after"]  # early launch hides part of it
+    assert one["step 22, launched after"] - one["quantize_x"] < one["step 21"]  # the matmul alone beats step 21
 
 
 def test_part_2_says_why_step_23s_default_stays(results):
