@@ -402,7 +402,7 @@ def boehm_table(results, cases=BOEHM_CASES) -> str:
                 + (f"; {notes[st.number]}" if st.number in notes else ""), st.series) for st in CHAPTER.steps]
     final = CHAPTER.final
     rule = " or ".join(str(CHAPTER.step(f.__name__).number) for f in (step11_skip_refused, step12_early_phase2))
-    entries.append(("entry point", f"`ngram_match`: step {rule}, by a rule on the batch's shapes", "ngram_match"))
+    entries.append(("entry point", f"`ngram_match`: step {rule}, by a rule on the batch's shapes and budget", "ngram_match"))
     for number, title, series in entries:
         cells = [number, title]
         for i, cfg in enumerate(cases):

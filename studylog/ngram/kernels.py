@@ -396,8 +396,8 @@ def step_for_shape(batch: int, prompt_width: int, config: NgramConfig = NgramCon
 
 
 def final_step(inputs: NgramInputs, config: NgramConfig = NgramConfig()) -> Callable:
-    """The step the entry point runs on ``inputs`` under ``config``, by shapes only (no sync): a serving loop picks
-    once per batch shape and builds an :class:`NgramMatcher` over it."""
+    """The step the entry point runs on ``inputs`` under ``config``, by its shapes and budget only (no value read,
+    no sync): a serving loop picks once per batch shape and builds an :class:`NgramMatcher` over it."""
     return step_for_shape(*inputs.prompt_ids.shape, config)
 
 
