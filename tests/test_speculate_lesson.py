@@ -340,7 +340,7 @@ def test_each_statistic_names_its_basis_and_the_files_are_listed_once():
     samples = next(c for c in cells if "lesson.sample_outputs(results)" in "".join(c["source"]))
     assert "hide-output" in samples["metadata"]["tags"] and samples["metadata"]["mystnb"]["code_prompt_show"]
     assert not any("wrapped(sample" in t and "loop['output']" in t for t in text)  # the looping one is not folded
-    headline = next(t for t in text if "the headline ships step 4" in t)
+    headline = next(t for t in text if "the loop the headline ships" in t)
     assert 'closed_median_ms(results, "step04") / lesson.closed_median_ms(results, "step03")' in headline
     assert "gate_cost_all" in headline
     at = next(i for i, t in enumerate(text) if t.startswith("## Where the numbers come from"))
@@ -366,14 +366,15 @@ def test_the_four_token_layers_in_prose_are_the_tables_numbers():
 
 
 def test_the_headline_keys_its_brackets_and_the_exceptions_follow_the_result():
-    """Where the headline's "1.52× (1.56×)" is first printed, the same sentence says what the bracket holds; the
-    capped requests, the one capped only under drafting and the low-copy point sit in one exceptions list after the
-    result (before "Where we lose"), one line each, and not in the workload section."""
+    """Where the headline's all-requests ratio is printed (once), the same sentence says the table's brackets hold
+    it; the capped requests, the one capped only under drafting and the low-copy point sit in one exceptions list
+    after the result (before "Where we lose"), one line each, and not in the workload section."""
     cells = json.loads((REPO_ROOT / "notebooks" / "08_speculation_under_a_grammar.ipynb").read_text())["cells"]
     text = ["".join(c["source"]) for c in cells]
-    first = next(i for i, t in enumerate(text) if "b1['ratio']:.2f}×)" in t)
+    first = next(i for i, t in enumerate(text) if "{b1['ratio']:.2f}×" in t)
     words = " ".join(text[first].split())
-    assert "the headline ships step 4" in words and "in brackets, over all {cap['requests']}" in words
+    assert "the loop the headline ships" in words and "gives that basis in brackets" in words
+    assert sum("b1['ratio']" in t for t in text) == 1  # the all-requests basis is given once, in that sentence
     at = next(i for i, t in enumerate(text) if t.startswith("## The result, against chapter 07"))
     lose = next(i for i, t in enumerate(text) if t.startswith("## Where we lose"))
     assert first == at + 1
