@@ -46,17 +46,12 @@ def chain_reference(frames: int, states: int) -> list[float]:
     return r
 
 
-def _check(frames, states) -> tuple[int, int]:
-    frames = checks.check_int("frames", frames, low=1, high=2**31 - 1)
-    states = checks.check_int("states", states, low=1, high=MAX_CHAIN_STATES)
-    return frames, states
-
-
 def chain_floor(frames: int, states: int, *, device="cuda", out: Tensor | None = None) -> Tensor:
     """Run ``frames`` dependent frames of the recursion over ``states`` (<= :data:`MAX_CHAIN_STATES`) states in one
     block; returns ``out`` (float32, ``(states,)``), the values after the last frame. With ``out`` given a call
     allocates nothing and never synchronises (graph-safe)."""
-    frames, states = _check(frames, states)
+    frames = checks.check_int("frames", frames, low=1, high=2**31 - 1)
+    states = checks.check_int("states", states, low=1, high=MAX_CHAIN_STATES)
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device (the floor is a GPU kernel), got {device}")

@@ -110,19 +110,16 @@ def fused_kernel_names(step: int, v: int, recursion: str | None = None) -> tuple
     raise ValueError(f"steps 7 to 14 have fused kernels; got step {step!r}")
 
 
-def _load(names) -> list:
-    out = []
-    for name in names:
-        (kernel,) = kernels(source_of(name), [(name, SIGNATURES[name.split("<")[0]])])
-        out.append(kernel)
-    return out
+def _wanted(names) -> list[tuple[str, list[str]]]:
+    """``names`` with their signatures, as :func:`~studylog.ctc.launch.kernels` takes them."""
+    return [(n, SIGNATURES[n.split("<")[0]]) for n in names]
 
 
 def preload_fused(step: int, grains, recursions=(None,)) -> None:
     """Compile ``grains`` of steps 7 to 14 (with the ``recursions`` of steps 12 and 13), one NVRTC call per source."""
     names = list(dict.fromkeys(n for v in grains for option in recursions for n in fused_kernel_names(step, v, option)))
     for source in dict.fromkeys(source_of(n) for n in names):
-        kernels(source, [(n, SIGNATURES[n.split("<")[0]]) for n in names if source_of(n) == source])
+        kernels(source, _wanted(n for n in names if source_of(n) == source))
 
 
 def recursion_warps(max_positions: int, grain: int) -> int:
@@ -169,10 +166,9 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     v, recursion_threads = launch_shape(step, smax, grain)
     row_stride = recursion_threads * v
     key = (step, v, recursion)
-    launch = _LAUNCH.get(key)
-    if launch is None:
-        launch = _LAUNCH[key] = _load(fused_kernel_names(step, v, recursion))
-    first, recursion_kernel, last = launch
+    if key not in _LAUNCH:
+        _LAUNCH[key] = [kernels(source_of(n), _wanted([n]))[0] for n in fused_kernel_names(step, v, recursion)]
+    first, recursion_kernel, last = _LAUNCH[key]
     vectorised = int(A % 4 == 0 and x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
     threads = 64 if A <= 512 else 256  # a frame of A activations per block
     buffer, addresses = workspace_addresses(x.device, scratch_sizes(step, T, N, A, lmax, row_stride), scratch)
@@ -182,28 +178,22 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, zero_infini
     if step == 7:  # the log-softmax written whole: the recursion gathers its emissions from it, the last pass reads it
         log_probs, rows, row_shift = addresses
         first((T * N,), (threads,), x, input_lengths, log_probs, N, A, vectorised)
-        recursion_kernel(grid, (recursion_threads,), log_probs, labels, input_lengths, target_lengths, rows,
-                         row_shift, T, N, lmax, A)
-        last((T * N,), (threads,), log_probs, rows, row_shift, input_lengths, target_lengths, labels, *slots, grad,
-             loss, T, N, A, lmax, umax, row_stride, vectorised, int(zero_infinity))
-        del buffer  # queued: the memory may be reused by the next allocation on this stream
-        return
-    row_lse, emissions, rows, row_shift = addresses
-    if step >= 13:  # the softmax goes out with the statistics; the last pass corrects the target's classes
-        first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, grad,
-              T, N, A, lmax, vectorised)
+        emissions, last_reads = log_probs, (log_probs, rows, row_shift, input_lengths, target_lengths, labels)
     else:
-        first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, T, N, A, lmax,
-              vectorised)
-    block_recursion = (A,) if step == 8 else ()  # step 8's kernel is step 7's, reading the emissions instead
+        row_lse, emissions, rows, row_shift = addresses
+        softmax = (grad,) if step >= 13 else ()  # the softmax goes out with the statistics from step 13 on
+        first((T * N,), (threads,), x, labels, input_lengths, target_lengths, row_lse, emissions, *softmax,
+              T, N, A, lmax, vectorised)
+        last_reads = (x, row_lse, emissions, rows, row_shift, input_lengths, target_lengths)
+    block_recursion = (A,) if step in (7, 8) else ()  # their block recursion: step 7's gathers from the log-softmax
     recursion_kernel(grid, (recursion_threads,), emissions, labels, input_lengths, target_lengths, rows, row_shift,
                      T, N, lmax, *block_recursion)
-    if step >= 13:
-        last((T * N,), (64 if smax <= 256 else 128,), x, row_lse, emissions, rows, row_shift, input_lengths,
-             target_lengths, *slots, grad, loss, T, N, A, lmax, umax, row_stride, int(zero_infinity))
+    if step >= 13:  # the last pass corrects the target's classes in the softmax the first wrote
+        last((T * N,), (64 if smax <= 256 else 128,), *last_reads, *slots, grad, loss, T, N, A, lmax, umax, row_stride,
+             int(zero_infinity))
     else:
-        last((T * N,), (threads,), x, row_lse, emissions, rows, row_shift, input_lengths, target_lengths, *slots,
-             grad, loss, T, N, A, lmax, umax, row_stride, vectorised, int(zero_infinity))
+        last((T * N,), (threads,), *last_reads, *slots, grad, loss, T, N, A, lmax, umax, row_stride, vectorised,
+             int(zero_infinity))
     del buffer  # queued: the memory may be reused by the next allocation on this stream
 
 

@@ -3,7 +3,6 @@ makes before any launch."""
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -31,9 +30,11 @@ def workspace_bytes(parts: Sequence[int]) -> int:
     return max(sum(-(-size // 256) * 256 for size in parts), 1)
 
 
-def _segments(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None) -> tuple[Tensor, list[int]]:
-    """A new scratch allocation, or the caller's ``buffer`` (checked), and the offsets of its 256-byte aligned
-    segments of ``nbytes`` bytes."""
+def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None = None
+                        ) -> tuple[Tensor, list[int]]:
+    """Scratch memory as the device addresses of 256-byte aligned segments of ``nbytes`` bytes (tensor views
+    cost microseconds of Python per call) in one new allocation, or in the caller's preallocated ``buffer``
+    (checked). The caller keeps the returned buffer alive until the launches are queued."""
     total = workspace_bytes(nbytes)
     if buffer is None:
         buffer = torch.empty((total,), dtype=torch.uint8, device=device)
@@ -41,25 +42,8 @@ def _segments(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None
         raise ValueError(f"workspace must be a contiguous uint8 tensor of at least {total} bytes on {device}")
     elif buffer.data_ptr() % 256:
         raise ValueError("workspace must be 256-byte aligned")
-    offsets = [sum(-(-size // 256) * 256 for size in nbytes[:i]) for i in range(len(nbytes))]
-    return buffer, offsets
-
-
-def workspace(device: torch.device, parts: Sequence[tuple[tuple[int, ...], torch.dtype]],
-              buffer: Tensor | None = None) -> list[Tensor]:
-    """Scratch tensors carved out of one allocation, or out of ``buffer`` when the caller preallocated one."""
-    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in parts]
-    buffer, offsets = _segments(device, sizes, buffer)
-    return [buffer[o:o + size].view(dtype).view(shape) for o, size, (shape, dtype) in zip(offsets, sizes, parts)]
-
-
-def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Tensor | None = None
-                        ) -> tuple[Tensor, list[int]]:
-    """:func:`workspace` as device addresses (tensor views cost microseconds of Python per call). The caller keeps
-    the buffer alive until the launches are queued."""
-    buffer, offsets = _segments(device, nbytes, buffer)
     base = buffer.data_ptr()
-    return buffer, [base + o for o in offsets]
+    return buffer, [base + sum(-(-size // 256) * 256 for size in nbytes[:i]) for i in range(len(nbytes))]
 
 
 def prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad

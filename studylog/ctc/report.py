@@ -15,7 +15,7 @@ from torch import Tensor
 
 from studylog.bench import Timing
 from studylog.ctc import peers
-from studylog.ctc.fused import DEFAULT_BLOCK_GRAIN, ctc_loss, final_step, launch_shape, preload_fused, recursion_warps
+from studylog.ctc.fused import DEFAULT_BLOCK_GRAIN, ctc_loss, final_step, launch_shape, preload_fused
 from studylog.ctc.peers import concatenated, padded
 from studylog.ctc.reference import (FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE, errors, outcomes,
                                     reference_ctc, wrong_utterances)
@@ -392,7 +392,7 @@ def recursion_shape(step: int, max_positions: int) -> dict:
     if step in (7, 8):
         shape["threads"] = threads
     if step == 14:
-        shape["warps"] = recursion_warps(max_positions, DEFAULT_BLOCK_GRAIN)
+        shape["warps"] = threads // 32
     return shape
 
 

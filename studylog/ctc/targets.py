@@ -161,32 +161,27 @@ def pack(lists: Sequence[np.ndarray], inputs: np.ndarray, lengths: np.ndarray, l
     the slots (classes, starts, members) and their number. The strides are the buffer's capacity: at least the
     longest target and its distinct classes plus the blank."""
     batch = len(lists)
-    slots = []
-    for labels in lists:
-        classes, first = np.unique(labels, return_index=True)
-        order = np.argsort(first, kind="stable")  # slots in order of first occurrence
-        classes = classes[order]
-        members = [np.flatnonzero(labels == c) + 1 for c in classes]  # 1-based target positions
-        slots.append((classes, members))
-    if batch and (max(len(l) for l in lists) > label_stride or max(len(c) + 1 for c, _ in slots) > slot_stride):
-        raise ValueError(f"targets need more room than the buffer's {label_stride} labels and {slot_stride} slots")
-
     labels_pad = np.zeros((batch, label_stride), np.int32)
     slot_class = np.zeros((batch, slot_stride), np.int32)  # slot 0 = blank = class 0
-    slot_members = np.zeros((batch, label_stride), np.int32)
-    num_slots = np.zeros(batch, np.int32)
-    for i, (labels, (classes, members)) in enumerate(zip(lists, slots)):
-        labels_pad[i, :labels.size] = labels
-        slot_class[i, 1:len(classes) + 1] = classes
-        if members:
-            slot_members[i, :labels.size] = np.concatenate(members)
-        num_slots[i] = len(classes) + 1
     # slot u's members are slot_members[slot_start[u]:slot_start[u + 1]]; the blank (u = 0) lists none
     slot_start = np.zeros((batch, slot_stride + 1), np.int32)
-    for i, (classes, members) in enumerate(slots):
+    slot_members = np.zeros((batch, label_stride), np.int32)
+    num_slots = np.zeros(batch, np.int32)
+    for i, labels in enumerate(lists):
+        classes, first = np.unique(labels, return_index=True)
+        classes = classes[np.argsort(first, kind="stable")]  # slots in order of first occurrence
+        if len(labels) > label_stride or len(classes) + 1 > slot_stride:
+            raise ValueError(f"targets need more room than the buffer's {label_stride} labels and {slot_stride} "
+                             "slots")
+        members = [np.flatnonzero(labels == c) + 1 for c in classes]  # 1-based target positions
+        labels_pad[i, :labels.size] = labels
+        slot_class[i, 1:len(classes) + 1] = classes
         offsets = np.cumsum([0] + [m.size for m in members])
         slot_start[i, 1:len(offsets) + 1] = offsets
         slot_start[i, len(offsets) + 1:] = offsets[-1]
+        if members:
+            slot_members[i, :labels.size] = np.concatenate(members)
+        num_slots[i] = len(classes) + 1
     return [labels_pad.ravel(), inputs.astype(np.int32), lengths.astype(np.int32), slot_class.ravel(),
             slot_start.ravel(), slot_members.ravel(), num_slots]
 

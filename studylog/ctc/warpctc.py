@@ -13,7 +13,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from studylog import checks, cuda
-from studylog.ctc.launch import kernels, prepare_call, workspace, workspace_bytes
+from studylog.ctc.launch import kernels, prepare_call, workspace_addresses, workspace_bytes
 from studylog.ctc.reference import UNDERFLOW_TOLERANCE, untrusted
 from studylog.ctc.targets import CTCTargets
 
@@ -69,15 +69,15 @@ def block_threads(max_positions: int, grain: int) -> int:
     return 32 * math.ceil(math.ceil(max_positions / grain) / 32)
 
 
-def scratch_parts(T: int, N: int, A: int, max_positions: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Scratch of steps 1 to 6: log-probabilities (probabilities for step 6), the alpha matrix, log-likelihoods."""
-    return [((T, N, A), torch.float32), ((N, T, max_positions), torch.float32), ((N,), torch.float64)]
+def scratch_sizes(T: int, N: int, A: int, max_positions: int) -> list[int]:
+    """Bytes of each scratch array of steps 1 to 6: the log-probabilities (T, N, A) (probabilities for step 6), the
+    alpha matrix (N, T, max_positions), both float32, and the float64 log-likelihoods (N,)."""
+    return [T * N * A * 4, N * T * max_positions * 4, N * 8]
 
 
 def scratch_bytes(T: int, N: int, A: int, max_positions: int) -> int:
     """Bytes of a preallocated workspace for steps 1 to 6 (see :class:`studylog.ctc.CTCPlan`)."""
-    parts = scratch_parts(T, N, A, max_positions)
-    return workspace_bytes([math.prod(shape) * dtype.itemsize for shape, dtype in parts])
+    return workspace_bytes(scratch_sizes(T, N, A, max_positions))
 
 
 def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, zero_infinity: bool,
@@ -86,27 +86,26 @@ def launch(x: Tensor, batch: CTCTargets, loss: Tensor, grad: Tensor, step: int, 
     T, N, A = x.shape
     smax, lmax, umax = batch.max_positions, batch.label_stride, batch.slot_stride
     rows = T * N
-    probs, alphas, log_likelihood = workspace(x.device, scratch_parts(T, N, A, smax), scratch)
+    buffer, (probs, alphas, log_likelihood) = workspace_addresses(x.device, scratch_sizes(T, N, A, smax), scratch)
     (softmax,) = kernels(SOFTMAX_SOURCE, [("ctc_softmax_rows" if step == 6 else "ctc_log_softmax_rows",
                                            _SIG_SOFTMAX)])
     softmax(((rows + 7) // 8,), (256,), x, probs, rows, A)
     if step <= 3:
         threads, alpha_smem = 128, 0
-        alpha_name, beta_name = kernel_names(step)
     else:
         grain = default_grain(smax) if grain is None else grain
-        alpha_name, beta_name = kernel_names(step, grain, blocked)
         threads = block_threads(smax, grain)
         if threads > 1024:
             raise ValueError(f"grain {grain} needs {threads} threads for {smax} positions; use a larger grain")
         alpha_smem = 0 if step == 4 else 2 * smax * 4
-    alpha, beta = kernels(SOURCES[step], _signatures(step, [alpha_name, beta_name]))
+    alpha, beta = kernels(SOURCES[step], _signatures(step, kernel_names(step, grain, blocked)))
     alpha((N,), (threads,), probs, batch.labels, batch.input_lengths, batch.target_lengths, alphas, log_likelihood,
           T, N, A, lmax, shared_mem=alpha_smem)
     outputs = (grad, loss) if estimate is None else (grad, loss, estimate)
     beta((N,), (threads,), probs, batch.labels, batch.input_lengths, batch.target_lengths, batch.slot_class,
          batch.slot_start, batch.slot_members, batch.num_slots, alphas, log_likelihood, *outputs,
          T, N, A, lmax, umax, int(zero_infinity), shared_mem=3 * smax * 4)
+    del buffer  # queued: the memory may be reused by the next allocation on this stream
 
 
 def check_grain(grain: int | None) -> int | None:
@@ -120,6 +119,13 @@ def untrusted_answers(loss: Tensor, estimate: Tensor, batch: CTCTargets) -> Tens
     return untrusted(estimate, judged, batch.input_lengths_host, batch.label_lists)
 
 
+def _run(step: int, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
+         grain: int | None = None, blocked: bool = False):
+    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
+    launch(activations, batch, loss, grad, step, zero_infinity, grain, blocked)
+    return loss, grad
+
+
 def step01_baseline(
     activations: Float[Tensor, "t n a"], targets: Int[Tensor, "..."] | CTCTargets, input_lengths=None,
     target_lengths=None, *, zero_infinity: bool = False, out_loss: Float[Tensor, " n"] | None = None,
@@ -131,44 +137,34 @@ def step01_baseline(
     call); ``out_loss`` / ``out_grad``: the caller's output buffers. Every step takes these arguments. With
     prepared targets a call can be captured in a CUDA graph after one eager call (which compiles the kernels).
     """
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, 1, zero_infinity, None, False)
-    return loss, grad
+    return _run(1, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step02_restrict(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                     out_loss=None, out_grad=None):
     """Step 2: step 1's kernels with every pointer ``__restrict__`` (arguments as :func:`step01_baseline`)."""
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, 2, zero_infinity, None, False)
-    return loss, grad
+    return _run(2, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step03_ldg(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                out_loss=None, out_grad=None):
     """Step 3: step 2 with read-only loads through ``__ldg`` (arguments as :func:`step01_baseline`)."""
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, 3, zero_infinity, None, False)
-    return loss, grad
+    return _run(3, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad)
 
 
 def step04_register_blocking(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                              grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
     """Step 4: each thread keeps ``grain`` positions (labels, skip flags) in registers (one of ``GRAIN_SIZES``;
     :func:`default_grain` when None); ``blocked`` lays a thread's positions out consecutively."""
-    grain = check_grain(grain)
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, 4, zero_infinity, grain, blocked)
-    return loss, grad
+    return _run(4, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
+                check_grain(grain), blocked)
 
 
 def step05_shared_rows(activations, targets, input_lengths=None, target_lengths=None, *, zero_infinity=False,
                        grain: int | None = None, blocked: bool = False, out_loss=None, out_grad=None):
     """Step 5: step 4 with the alpha kernel's two live rows in shared memory."""
-    grain = check_grain(grain)
-    batch, loss, grad = prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad)
-    launch(activations, batch, loss, grad, 5, zero_infinity, grain, blocked)
-    return loss, grad
+    return _run(5, activations, targets, input_lengths, target_lengths, zero_infinity, out_loss, out_grad,
+                check_grain(grain), blocked)
 
 
 def step06_probability_space(activations, targets, input_lengths=None, target_lengths=None, *,
