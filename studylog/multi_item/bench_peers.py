@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from studylog.multi_item.report import (FLASHINFER, FLEX, STEP05, flashinfer_variants, flex_variants,
-                                        graph_calls_for)
+from studylog.multi_item.report import FLASHINFER, FLEX, STEP05, flex_variants, graph_calls_for
 
 
 def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated) -> None:
@@ -46,12 +45,13 @@ def bench_flex(run, batch, q, k, v, sm_scale, check, measure, rotated) -> None:
 
 def bench_flashinfer(run, module, batch, q, k, v, ours_out, sm_scale, check, measure, rotated, params) -> None:
     """FlashInfer at each (backend, page size), also checked against our output; the best one measured."""
-    from studylog.multi_item.peers import flashinfer_inputs, flashinfer_prefill
+    from studylog.multi_item.peers import flashinfer_backends, flashinfer_inputs, flashinfer_prefill
 
     heads = q.shape[0]
     workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=q.device)
     sweep, setups = {}, {}
-    for backend, page in flashinfer_variants(module, run.quick):
+    backends = flashinfer_backends(module)  # its default backend, one-token pages, in a quick run
+    for backend, page in [(backends[0], 1)] if run.quick else [(b, p) for b in backends for p in (1, 16)]:
         key = f"{backend}, page {page}"
         try:
             inputs = flashinfer_inputs(q, k, v, batch, page)

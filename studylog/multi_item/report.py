@@ -100,14 +100,6 @@ def flex_variants(quick: bool):
     return FLEX_VARIANTS[:1] if quick else FLEX_VARIANTS
 
 
-def flashinfer_variants(module, quick: bool) -> list[tuple[str, int]]:
-    """FlashInfer's ``(backend, page size)`` settings to try (its default backend, one-token pages, if quick)."""
-    from studylog.multi_item.peers import flashinfer_backends
-
-    backends = flashinfer_backends(module)
-    return [(backends[0], 1)] if quick else [(b, p) for b in backends for p in (1, 16)]
-
-
 def graph_calls_for(ms_per_call: float) -> int:
     """How many calls one graph replay holds: about 8 ms of work, at least 4 calls and at most 60."""
     return int(min(60, max(4, math.ceil(8.0 / max(ms_per_call, 1e-3)))))
@@ -120,17 +112,6 @@ def pinned_configs(results) -> dict[tuple[str, str], str]:
     names = set(config_names())
     return {(r["series"], r["params"]["shape"]): r["config"] for r in results.rows
             if r.get("config_source") and r.get("config") in names and "shape" in r["params"]}
-
-
-def _committed(run):
-    """This GPU's committed results of the chapter, or None."""
-    from studylog.bench import gpu_slug
-    from studylog.plotting import load_results
-
-    try:
-        return load_results("multi_item", gpu=gpu_slug(run.device["name"]))
-    except FileNotFoundError:
-        return None
 
 
 def _naive_inputs(q: Tensor, k: Tensor, v: Tensor, batch: MultiItemBatch, rule: str = DEFAULT_RULE):
@@ -168,7 +149,9 @@ def _dynamo_limits():
 def bench(run) -> None:
     """Steps 2 to 6 and step 5's variants against SDPA, one pass per item and the peers, on the GPU clock; every
     output is checked against the float32 reference first."""
+    from studylog.bench import gpu_slug
     from studylog.multi_item.peers import flashinfer_module
+    from studylog.plotting import load_results
 
     dev = runtime.device()
     # the compute ceiling in this run: a large bf16 matmul (a long kernel, where do_bench is the GPU's time)
@@ -185,8 +168,12 @@ def bench(run) -> None:
 
     run.note("clock: every series is GPU time (CUDA-graph replay, inputs rotated past L2, 3 repetitions); steps 4 "
              "and 5 are also timed by do_bench, beside its 256 MB memset and the host time per call")
-    retune = os.environ.get("STUDYLOG_RETUNE") == "1"
-    pins = {} if retune else pinned_configs(_committed(run))
+    pins = {}
+    if os.environ.get("STUDYLOG_RETUNE") != "1":  # else every step tunes on every shape
+        try:  # this GPU's committed results
+            pins = pinned_configs(load_results("multi_item", gpu=gpu_slug(run.device["name"])))
+        except FileNotFoundError:
+            pass
     run.note("tile configs: " + (f"{len(pins)} (step, shape) configs pinned from this GPU's committed results"
                                  if pins else "autotuned on each shape in this run") +
              " (config_source in each row; STUDYLOG_RETUNE=1 re-tunes)")
@@ -233,15 +220,14 @@ def _bench_shape(run, name: str, prefixes: list[int], items: list[list[int]], kv
         return run.check(f"{label} matches the float32 reference ({DEFAULT_RULE} rule)", bad == 0, params=params,
                          max_abs_err=float(err.max()), bad_elements=bad)
 
-    def rotated_qkv() -> list[tuple[Tensor, Tensor, Tensor]]:
-        """Fresh q, k, v, and copies of them enough to exceed L2 together."""
-        qkv = torch.randn((heads + 2 * kv_heads) * T * head_dim, dtype=dtype, device=dev)
-        return [tuple(x.view(-1, T, head_dim) for x in c.split([heads * T * head_dim, kv_heads * T * head_dim,
-                                                              kv_heads * T * head_dim])) for c in run.rotated(qkv)]
-
     def rotated(make_call: Callable) -> Callable[[], list]:
-        """Calls over fresh rotated inputs, ``make_call(q, k, v)`` building each."""
-        return lambda: [make_call(*qkv) for qkv in rotated_qkv()]
+        """Calls over fresh q, k, v and copies of them enough to exceed L2 together, ``make_call(q, k, v)`` building
+        each."""
+        def calls() -> list:
+            qkv = torch.randn((heads + 2 * kv_heads) * T * head_dim, dtype=dtype, device=dev)
+            sizes = [heads * T * head_dim, kv_heads * T * head_dim, kv_heads * T * head_dim]
+            return [make_call(*(x.view(-1, T, head_dim) for x in c.split(sizes))) for c in run.rotated(qkv)]
+        return calls
 
     def measure(series: str, make_calls: Callable[[], list], role: str, *, host: Callable | None = None,
                 stats: TileStats | None = None, **extra: Any) -> dict:
