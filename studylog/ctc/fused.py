@@ -1,9 +1,5 @@
 """Steps 7 to 14 of chapter 4: a first pass over the activations, the recursions, and a last pass that writes the
-gradient, a pass of its own. Step 7 writes the log-softmax and runs alpha, then beta, on a block per utterance, as
-step 5 does; step 8 writes only each frame's log-sum-exp and the target's emissions; step 9 runs the recursion on one
-warp; step 10 runs alpha's warp and beta's side by side; steps 11 and 12 change the warp's frame update; step 13
-writes the softmax in the first pass and corrects the target's classes in the last; step 14 spreads each direction
-over a block of warps."""
+gradient, a pass of its own (each step's function says what it changes)."""
 
 from __future__ import annotations
 
