@@ -4,7 +4,7 @@ blocks), writing the logits back in the original order; and the reordering itsel
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
 
@@ -54,10 +54,10 @@ class VocabOrder:
     """A vocabulary permutation: reordered position ``j`` holds original token ``perm[j]``."""
 
     perm: Int[Tensor, " v"]
-    vocab_size: int = field(init=False)
 
-    def __post_init__(self):
-        object.__setattr__(self, "vocab_size", self.perm.numel())
+    @property
+    def vocab_size(self) -> int:
+        return self.perm.numel()
 
     @classmethod
     def identity(cls, vocab_size: int) -> "VocabOrder":

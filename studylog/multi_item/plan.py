@@ -48,18 +48,17 @@ class MultiItemPlan:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
+        self.kv_heads = heads if kv_heads is None else kv_heads
+        self.max_width = max_tokens if max_width is None else max_width
         for name, value in (("heads", heads), ("max_tokens", max_tokens), ("max_prompts", max_prompts),
-                            ("max_width", max_tokens if max_width is None else max_width),
-                            ("kv_heads", heads if kv_heads is None else kv_heads)):
+                            ("max_width", self.max_width), ("kv_heads", self.kv_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        self.kv_heads = heads if kv_heads is None else kv_heads
         if heads % self.kv_heads:
             raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({self.kv_heads}): each key/value head "
                              "serves a group of query heads")
         self.heads, self.head_dim, self.dtype = heads, head_dim, dtype
         self.max_tokens, self.max_prompts = max_tokens, max_prompts
-        self.max_width = max_tokens if max_width is None else max_width
         self.rule, self.order = rule, order
         self.sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
         device = torch.device(device) if device is not None else runtime.device()
