@@ -92,15 +92,10 @@ def bitnet_pack(w: Int8[Tensor, "n k"]) -> Int8[Tensor, "n k4"]:
     tiles = codes.view(n // 16, 16, k // 32, 32).permute(0, 2, 1, 3)  # [N/16, K/32, 16, 32]
     flat = tiles.reshape(n // 16, k // 32, 16 * 32)
     permuted = flat[:, :, mapping[..., 0] * 32 + mapping[..., 1]]  # [N/16, K/32, 16, 32]
-    groups = permuted.reshape(n // 16, k // 32, 16, 8, 4)  # four codes a byte
-    packed = sum(groups[..., j] << (2 * j) for j in range(4))  # [.., 8] bytes, values 0..255
-    words = packed.reshape(n // 16, k // 32, 16, 2, 4)  # four bytes a 32-bit word, little-endian
-    word = sum(words[..., b].to(torch.int64) << (8 * b) for b in range(4))  # the 16 codes of a word
-    interleaved = torch.zeros_like(word)
-    for offset in range(16):  # code `offset` of the word moves to bits (offset % 4) * 8 + (offset // 4) * 2
-        shift = (offset % 4) * 8 + (offset // 4) * 2
-        interleaved |= ((word >> (2 * offset)) & 3) << shift
-    out = torch.stack([(interleaved >> (8 * b)) & 0xFF for b in range(4)], dim=-1)
+    # 16 codes a 32-bit word, code o in bits (o % 4) * 8 + (o // 4) * 2; the words' bytes little-endian
+    shifts = torch.tensor([(o % 4) * 8 + (o // 4) * 2 for o in range(16)], device=w.device)
+    words = (permuted.reshape(n // 16, k // 32, 32, 16).to(torch.int64) << shifts).sum(dim=-1)  # disjoint: an OR
+    out = torch.stack([(words >> (8 * b)) & 0xFF for b in range(4)], dim=-1)
     return out.to(torch.uint8).view(torch.int8).reshape(n, k // 4)
 
 

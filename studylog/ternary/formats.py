@@ -309,10 +309,8 @@ def reference(x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1.0) -> Tensor
 
 def error_ratio(z: Tensor, x: Tensor, w: Tensor, scale: Union[float, Tensor] = 1.0) -> float:
     """``max |z - reference| / (sum_k |x_k||w_nk| / |scale_n|)``; a NaN anywhere counts as infinite."""
-    s = as_scale64(scale, x.device)
-    ref = (x.double() @ w.double().T) / s
-    magnitude = (x.double().abs() @ w.double().abs().T) / s.abs()
-    return error_ratio_from(z, ref, magnitude)
+    magnitude = (x.double().abs() @ w.double().abs().T) / as_scale64(scale, x.device).abs()
+    return error_ratio_from(z, reference(x, w, scale), magnitude)
 
 
 def error_ratio_from(z: Tensor, ref: Tensor, magnitude: Tensor) -> float:

@@ -102,10 +102,7 @@ BF16_HALF_BITS = 0x3F003F00
 def _with_pair_exponent(words, q: tl.constexpr, MAGIC: tl.constexpr):
     # Byte q of each 16-bit half (pairs 4q..4q+3) moved to the bottom of the half, under the exponent
     # bits of the decode. The other byte's bits stay: every decode AND clears them.
-    if MAGIC == tl.float16:
-        return (words >> (8 * q)) | 0x3C003C00
-    else:
-        return (words >> (8 * q)) | 0x3F003F00
+    return (words >> (8 * q)) | (0x3C003C00 if MAGIC == tl.float16 else 0x3F003F00)
 
 
 @triton.jit
@@ -115,10 +112,7 @@ def pair_weights(src, f: tl.constexpr, MAGIC: tl.constexpr, DOT_DTYPE: tl.conste
     # exponent bits: in bf16 each half then reads 0.5 + code * 2^(2f-8) exactly (for f = 3 the code's
     # high bit is the exponent's lowest, and 0.5, 0.75, 1.0 are still 0.5 + code / 4); in fp16,
     # 1 + code * 2^(2f-10). One fused multiply-add on the pair (HFMA2) turns that into code - 1.
-    if MAGIC == tl.float16:
-        bits = src & ((0x00030003 << (2 * f)) | 0x3C003C00)
-    else:
-        bits = src & ((0x00030003 << (2 * f)) | 0x3F003F00)
+    bits = src & ((0x00030003 << (2 * f)) | (0x3C003C00 if MAGIC == tl.float16 else 0x3F003F00))
     lo = bits.to(tl.int16).to(MAGIC, bitcast=True).to(DOT_DTYPE)
     hi = (bits >> 16).to(tl.int16).to(MAGIC, bitcast=True).to(DOT_DTYPE)
     if MAGIC == tl.float16:
