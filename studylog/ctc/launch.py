@@ -8,8 +8,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from studylog import cuda
-from studylog.ctc.targets import CTCTargets, batch_of, check_activations, check_device, output
+from studylog import checks, cuda
+from studylog.ctc.targets import CTCTargets, prepare_targets
 
 _KERNELS: dict[tuple[str, str], cuda.CudaKernel] = {}
 
@@ -46,16 +46,45 @@ def workspace_addresses(device: torch.device, nbytes: Sequence[int], buffer: Ten
     return buffer, [base + sum(-(-size // 256) * 256 for size in nbytes[:i]) for i in range(len(nbytes))]
 
 
+def output(out: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """A caller's output buffer, checked, or a new one."""
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32, device=like.device)
+    return checks.check_out(name, out, shape=shape, dtype=torch.float32, device=like.device)
+
+
 def prepare_call(activations, targets, input_lengths, target_lengths, out_loss, out_grad
                  ) -> tuple[CTCTargets, Tensor, Tensor]:
-    """Every step's checks, before any launch: the prepared targets and the (checked) output buffers."""
-    batch = batch_of(activations, targets, input_lengths, target_lengths)
-    check_activations(activations, batch)
+    """Every step's checks, before any launch: the prepared targets (raw targets and their lengths are validated
+    and prepared now) and the output buffers (the caller's, checked, or new ones)."""
+    if isinstance(targets, CTCTargets):
+        if input_lengths is not None or target_lengths is not None:
+            raise ValueError("pass either prepared targets or targets with their lengths, not both")
+        batch = targets
+    elif not isinstance(activations, Tensor) or activations.ndim != 3:
+        raise ValueError("activations must be a (T, N, A) tensor")
+    else:
+        T, N, A = activations.shape
+        batch = prepare_targets(targets, input_lengths, target_lengths, num_classes=A, max_time=T,
+                                device=activations.device, batch_size=N)
+    checks.check_tensor("activations", activations, dtype=torch.float32)
+    if activations.ndim != 3:
+        raise ValueError(f"activations must be (T, N, A), got shape {tuple(activations.shape)}")
+    checks.check_tensor("activations", activations, contiguous=True)
     T, N, A = activations.shape
+    if N != batch.batch:
+        raise ValueError(f"activations hold N = {N} utterances but the targets {batch.batch}")
+    if A != batch.num_classes:
+        raise ValueError(f"activations have A = {A} classes but the targets were prepared for {batch.num_classes}")
+    if max(batch.input_lengths_host, default=0) > T:
+        raise ValueError(f"input_lengths go up to {max(batch.input_lengths_host)} but activations have T = {T}")
     loss = output(out_loss, "out_loss", (N,), activations)
     grad = output(out_grad, "out_grad", (T, N, A), activations)
     if grad.untyped_storage().data_ptr() == activations.untyped_storage().data_ptr():
         raise ValueError("out_grad must not share memory with activations (the kernels read them after "
                          "writing the gradient)")
-    check_device(activations, batch)
+    if activations.device.type != "cuda":
+        raise ValueError(f"activations must be on a CUDA device, got {activations.device}")
+    if batch.device != activations.device:
+        raise ValueError(f"targets were prepared on {batch.device} but activations are on {activations.device}")
     return batch, loss, grad

@@ -1,5 +1,4 @@
-"""Chapter 4's formats and checks: targets validated and packed for the kernels (once per batch), and the checks
-every step makes of its activations and output buffers."""
+"""Chapter 4's targets, validated and packed for the kernels once per batch."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from studylog import checks, runtime
+from studylog import runtime
 
 BLANK = 0
 #: Longest target the kernels accept (2 L + 1 <= 1023 positions: one warp holds 32 x 32 of them).
@@ -215,45 +214,3 @@ def min_frames(labels: Sequence[int] | np.ndarray) -> int:
     """Fewest frames that can emit ``labels``: one per label plus a blank between repeats."""
     labels = np.asarray(labels)
     return int(labels.size + (labels[1:] == labels[:-1]).sum()) if labels.size else 0
-
-
-def check_activations(activations: Tensor, batch: CTCTargets) -> None:
-    """float32, contiguous ``(T, N, A)`` activations that match the prepared targets."""
-    checks.check_tensor("activations", activations, dtype=torch.float32)
-    if activations.ndim != 3:
-        raise ValueError(f"activations must be (T, N, A), got shape {tuple(activations.shape)}")
-    checks.check_tensor("activations", activations, contiguous=True)
-    T, N, A = activations.shape
-    if N != batch.batch:
-        raise ValueError(f"activations hold N = {N} utterances but the targets {batch.batch}")
-    if A != batch.num_classes:
-        raise ValueError(f"activations have A = {A} classes but the targets were prepared for {batch.num_classes}")
-    if max(batch.input_lengths_host, default=0) > T:
-        raise ValueError(f"input_lengths go up to {max(batch.input_lengths_host)} but activations have T = {T}")
-
-
-def check_device(activations: Tensor, batch: CTCTargets) -> None:
-    """The kernels run on a CUDA device, with the targets prepared on the same one."""
-    if activations.device.type != "cuda":
-        raise ValueError(f"activations must be on a CUDA device, got {activations.device}")
-    if batch.device != activations.device:
-        raise ValueError(f"targets were prepared on {batch.device} but activations are on {activations.device}")
-
-
-def output(out: Tensor | None, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """A caller's output buffer, checked, or a new one."""
-    if out is None:
-        return torch.empty(shape, dtype=torch.float32, device=like.device)
-    return checks.check_out(name, out, shape=shape, dtype=torch.float32, device=like.device)
-
-
-def batch_of(activations, targets, input_lengths, target_lengths) -> CTCTargets:
-    """Prepared targets as given, or raw targets and lengths validated and prepared now."""
-    if isinstance(targets, CTCTargets):
-        if input_lengths is not None or target_lengths is not None:
-            raise ValueError("pass either prepared targets or targets with their lengths, not both")
-        return targets
-    if not isinstance(activations, Tensor) or activations.ndim != 3:
-        raise ValueError("activations must be a (T, N, A) tensor")
-    return prepare_targets(targets, input_lengths, target_lengths, num_classes=activations.shape[2],
-                           max_time=activations.shape[0], device=activations.device, batch_size=activations.shape[1])
