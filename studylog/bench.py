@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import gc
+import importlib.metadata
 import json
 import time as _time
 import os
@@ -78,19 +79,15 @@ def git_commit() -> str:
     machine may carry no ``.git``, or a stale one), else git, else ``"unknown"``."""
     if os.environ.get("STUDYLOG_COMMIT"):
         return os.environ["STUDYLOG_COMMIT"]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        if out.returncode == 0:
-            dirty = subprocess.run(
-                ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True, text=True, timeout=10,
-            ).stdout.strip()
-            return out.stdout.strip() + ("-dirty" if dirty else "")
+        return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
+        return "unknown"
 
 
 def device_info() -> dict[str, Any]:
@@ -126,12 +123,8 @@ def versions() -> dict[str, str]:
         "triton": triton.__version__,
         "studylog": studylog.__version__,
     }
-    try:
-        from importlib.metadata import version
-
-        out["cuda-bindings"] = version("cuda-bindings")
-    except Exception:
-        pass
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        out["cuda-bindings"] = importlib.metadata.version("cuda-bindings")
     return out
 
 
@@ -202,17 +195,19 @@ class BenchRun:
     def __init__(self, chapter: str, *, command: str, quick: bool = False):
         if not torch.cuda.is_available():
             raise NoGPUError(CPU_REFUSAL)
-        self.chapter = chapter
-        self.command = command
-        self.quick = quick
+        self.chapter, self.command, self.quick = chapter, command, quick
         self.rows: list[dict[str, Any]] = []
         self.checks: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.started = _dt.datetime.now(_dt.timezone.utc)
         self.device = device_info()
-        self.copy_bandwidth_gbs = measure_copy_bandwidth_gbs()
-        self.empty_launch_ms = measure_empty_launch_ms()
+        # the ceilings: device-to-device copy bandwidth (bytes read plus bytes written, 1 GiB) and an empty launch
+        src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").uniform_()
+        dst = torch.empty_like(src)
+        self.copy_bandwidth_gbs = 2 * src.nbytes / (self.time(lambda: dst.copy_(src), rep=200) * 1e-3) / 1e9
+        del src, dst
         launch = empty_launch()
+        self.empty_launch_ms = self.time(launch)
         self.empty_launch_host = self.host_time(launch)
         #: An empty kernel's GPU time (graph-replayed): the least any kernel costs on the GPU clock, the floor
         #: under a kernel that moves few bytes.
@@ -220,10 +215,8 @@ class BenchRun:
 
     # -- timing --------------------------------------------------------------------------
     def time(self, fn: Callable[[], Any], *, warmup: int = 25, rep: int = 100) -> float:
-        """Median time of ``fn()`` in milliseconds (``triton.testing.do_bench``).
-
-        ``warmup`` and ``rep`` are in milliseconds, as do_bench takes them.
-        """
+        """Median time of ``fn()`` in milliseconds (``triton.testing.do_bench``, whose ``warmup`` and ``rep`` are
+        milliseconds too)."""
         import triton.testing
 
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
@@ -314,14 +307,9 @@ class BenchRun:
         """The headline clock: :meth:`graph_time` in ``repeats`` independent repetitions, each with the
         calls ``make_calls()`` returns (build fresh inputs, and their rotated copies, in it) and a graph
         of its own. Returns the minimum, median and maximum of the repetitions' medians."""
-        if repeats < 1:
-            raise ValueError(f"repeats must be at least 1, got {repeats}")
-        samples = []
-        for _ in range(repeats):
-            calls = make_calls()
-            samples.append(self.graph_time(calls, min_calls=min_calls, reps=reps))
-            del calls
-        return Timing.of(samples, clock="gpu")
+        # one repetition's calls (and their inputs) are freed before the next one's are made
+        return Timing.of([self.graph_time(make_calls(), min_calls=min_calls, reps=reps) for _ in range(repeats)],
+                         clock="gpu")
 
     def host_time(self, fn: Callable[[], Any], *, calls: int = 200, repeats: int = 3) -> "Timing":
         """Host time per call, in milliseconds: ``calls`` back-to-back Python calls of ``fn`` with no
@@ -434,27 +422,12 @@ class BenchRun:
         }
 
     def save(self, out_dir: Path = DEFAULT_OUT) -> Path:
-        folder = Path(out_dir) / gpu_slug(self.device["name"])
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{self.chapter}.json"
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        return path
+        return write_lab_output(out_dir, self.device["name"], self.chapter, self.to_json())
 
 
-# Ceilings, measured in every run
-
-def measure_copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
-    import triton.testing
-
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    del src, dst
-    return 2 * nbytes / (ms * 1e-3) / 1e9
-
-
-def _empty_kernel():
+def empty_launch() -> Callable[[], None]:
+    """A launch of a Triton kernel that does nothing (one program), compiled: the least a Python call of a
+    Triton kernel can cost the host."""
     import triton
     import triton.language as tl
 
@@ -464,23 +437,9 @@ def _empty_kernel():
         if pid < 0:  # never true: the kernel does no work
             tl.store(x_ptr + pid, n)
 
-    return empty_kernel
-
-
-def empty_launch() -> Callable[[], None]:
-    """A launch of a Triton kernel that does nothing (one program), compiled: the least a Python call of a
-    Triton kernel can cost the host."""
-    kernel = _empty_kernel()
     x = torch.empty(1, device="cuda")
-    kernel[(1,)](x, 0)
-    return lambda: kernel[(1,)](x, 0)
-
-
-def measure_empty_launch_ms() -> float:
-    """Median do_bench time of launching a Triton kernel that does nothing (one program)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(empty_launch(), warmup=25, rep=100, return_mode="median"))
+    empty_kernel[(1,)](x, 0)
+    return lambda: empty_kernel[(1,)](x, 0)
 
 
 def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[], None]:
@@ -488,7 +447,7 @@ def read_only(t: torch.Tensor, sink: torch.Tensor | None = None) -> Callable[[],
     reads them takes, the floor under any kernel that must read them once (setup and the first bytes'
     latency included, which the bandwidth floor leaves out). The kernel writes ``sink[0]`` (an int32)
     only where a thread's XOR of its 16-byte pieces is 0x9E3779B9 (a test plants one)."""
-    from . import cuda, runtime
+    from studylog import cuda
 
     if not t.is_cuda or not t.is_contiguous() or t.numel() * t.element_size() % 16 or t.data_ptr() % 16:
         raise ValueError("read_only takes a contiguous CUDA tensor of a multiple of 16 bytes, 16-byte aligned")

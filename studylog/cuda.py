@@ -23,7 +23,6 @@ from typing import Sequence
 
 import torch
 
-from studylog.paths import SHARED_CSRC as CSRC
 from studylog.paths import csrc_folders
 
 #: The architecture to compile for when no GPU is visible (Hopper: H100/H200).
@@ -33,10 +32,6 @@ DEFAULT_ARCH = "sm_90"
 def cu_sources() -> list[Path]:
     """Every ``.cu`` file shipped in the package (the shared ``csrc`` and each chapter's), sorted by name."""
     return sorted((p for folder in csrc_folders() for p in folder.glob("*.cu")), key=lambda p: p.name)
-
-
-def _headers() -> list[Path]:
-    return sorted((p for folder in csrc_folders() for p in folder.glob("*.cuh")), key=lambda p: p.name)
 
 
 #: Template instances each source is launched with (file stem -> C++ name expressions). A source
@@ -98,13 +93,9 @@ class CompiledSource:
         report: dict[str, dict[str, int]] = {}
         current = None
         for line in self.log.splitlines():
-            m = re.search(r"Function properties for (\S+)", line)
+            m = re.search(r"Function properties for (\S+)|Compiling entry function '(\S+)'", line)
             if m:
-                current = report.setdefault(m.group(1), {})
-                continue
-            m = re.search(r"Compiling entry function '(\S+)'", line)
-            if m:
-                current = report.setdefault(m.group(1), {})
+                current = report.setdefault(m.group(1) or m.group(2), {})
                 continue
             if current is None:
                 continue
@@ -157,9 +148,8 @@ def _include_dirs() -> list[str]:
         dirs.append(str(Path(rt.__path__[0]) / "include"))
     except Exception:
         pass
-    for root in (Path("/usr/local/cuda/include"),):
-        if root.is_dir():
-            dirs.append(str(root))
+    if Path("/usr/local/cuda/include").is_dir():
+        dirs.append("/usr/local/cuda/include")
     return dirs
 
 
@@ -219,13 +209,15 @@ def _cache_file(text: str, name: str, arch: str, options: Sequence[str], name_ex
         return None
     digest = hashlib.sha256()
     version = _check_nvrtc(_nvrtc().nvrtcVersion(), "version")
+    headers = sorted((p for folder in csrc_folders() for p in folder.glob("*.cuh")), key=lambda p: p.name)
     for part in (text, name, arch, repr(tuple(options)), repr(tuple(name_expressions)), repr(_include_dirs()),
-                 repr(version), *(h.read_text() for h in _headers())):
+                 repr(version), *(h.read_text() for h in headers)):
         digest.update(part.encode() + b"\0")
     return folder / f"{digest.hexdigest()}.json"
 
 
-def _compile(text: str, name: str, arch: str, options: Sequence[str], name_expressions: Sequence[str]) -> CompiledSource:
+def _compile(text: str, name: str, arch: str, options: Sequence[str],
+             name_expressions: Sequence[str]) -> CompiledSource:
     nvrtc = _nvrtc()
     prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "create")
     try:
@@ -238,9 +230,8 @@ def _compile(text: str, name: str, arch: str, options: Sequence[str], name_expre
         opts += list(options)
         encoded = [o.encode() for o in opts]
         (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
-        # NVRTC writes into the buffers it is given: they must be mutable and our own. (b" " * size was
-        # neither: for an empty log, size 1, it is Python's shared b" ", which NVRTC then turned into b"\0"
-        # for the whole process, and outlines-core lost the space token.)
+        # NVRTC writes into the buffers it is given: they must be mutable and our own (b" " * 1 is Python's
+        # shared b" ", which NVRTC would overwrite for the whole process)
         size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
         log = bytearray(size)
         _check_nvrtc((nvrtc.nvrtcGetProgramLog(prog, log)[0], None), "log")
@@ -264,23 +255,10 @@ def _compile(text: str, name: str, arch: str, options: Sequence[str], name_expre
     return CompiledSource(name, arch, ptx.decode().rstrip("\x00"), cubin, log_text, lowered)
 
 
-def ptx(source: str | Path, *, arch: str = DEFAULT_ARCH, options: Sequence[str] = ()) -> str:
-    """PTX text of a source (works without a GPU)."""
-    return compile_source(source, arch=arch, options=options).ptx
-
-
 # Loading and launching on the GPU
 
-#: Argument kinds a kernel signature may use, with the ctypes type each is passed as.
-ARG_TYPES = {
-    "ptr": ctypes.c_void_p,
-    "i32": ctypes.c_int32,
-    "u32": ctypes.c_uint32,
-    "i64": ctypes.c_int64,
-    "u64": ctypes.c_uint64,
-    "f32": ctypes.c_float,
-    "f64": ctypes.c_double,
-}
+#: Argument kinds a kernel signature may use, with the ``struct`` format each is packed as (8 bytes a slot).
+ARG_TYPES = {"ptr": "Q", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "f32": "f4x", "f64": "d"}
 
 
 def _driver():
@@ -310,17 +288,13 @@ def _ensure_context(device_index: int) -> None:
     torch.cuda.init()
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")  # forces torch to create its context
-    driver = _driver()
-    _check_cu(driver.cuInit(0), "cuInit")
+    _check_cu(_driver().cuInit(0), "cuInit")
 
 
 def _current_stream_handle() -> int:
     """Torch's current stream as a raw handle; the private call Triton also uses is a few microseconds
     cheaper per launch than building a ``torch.cuda.Stream`` object."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(torch.cuda.current_device())
-    return torch.cuda.current_stream().cuda_stream
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
 
 
 class CudaKernel:
@@ -328,18 +302,17 @@ class CudaKernel:
     once per kernel and a launch only packs values into it (a launch's host cost matters for kernels of a few
     microseconds); the driver copies the arguments during ``cuLaunchKernel``, so reusing the block is safe."""
 
-    _FORMATS = {"ptr": "Q", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "f32": "f4x", "f64": "d"}
-
     def __init__(self, module: "CudaModule", name: str, function, signature: Sequence[str]):
         unknown = [s for s in signature if s not in ARG_TYPES]
         if unknown:
             raise ValueError(f"unknown argument kinds {unknown}; use {sorted(ARG_TYPES)}")
         self.module, self.name, self.function, self.signature = module, name, function, tuple(signature)
         self._pointer_slots = [i for i, kind in enumerate(self.signature) if kind == "ptr"]
-        self._struct = struct.Struct("<" + "".join(self._FORMATS[k] for k in self.signature))  # 8 bytes a slot
+        self._struct = struct.Struct("<" + "".join(ARG_TYPES[k] for k in self.signature))
         self._block = ctypes.create_string_buffer(max(self._struct.size, 8))
         base = ctypes.addressof(self._block)
-        self._params = (ctypes.c_void_p * max(len(self.signature), 1))(*[base + 8 * i for i in range(len(self.signature))])
+        n = len(self.signature)
+        self._params = (ctypes.c_void_p * max(n, 1))(*[base + 8 * i for i in range(n)])
         self._params_address = ctypes.addressof(self._params)
         self._streams: dict[int, object] = {}
         self._launch_configs: dict[tuple, object] = {}
@@ -425,15 +398,14 @@ class CudaModule:
     """A compiled source loaded into torch's CUDA context."""
 
     def __init__(self, compiled: CompiledSource):
-        driver = _driver()
         self.compiled = compiled
-        self.handle = _check_cu(driver.cuModuleLoadData(compiled.cubin), f"cuModuleLoadData({compiled.name})")
+        self.handle = _check_cu(_driver().cuModuleLoadData(compiled.cubin), f"cuModuleLoadData({compiled.name})")
 
     def kernel(self, name: str, signature: Sequence[str]) -> CudaKernel:
         """The kernel ``name`` (an ``extern "C"`` name or a name expression given to :func:`load`)."""
         lowered = self.compiled.lowered_names.get(name, name)
-        driver = _driver()
-        function = _check_cu(driver.cuModuleGetFunction(self.handle, lowered.encode()), f"cuModuleGetFunction({name})")
+        function = _check_cu(_driver().cuModuleGetFunction(self.handle, lowered.encode()),
+                             f"cuModuleGetFunction({name})")
         return CudaKernel(self, name, function, signature)
 
 
