@@ -98,10 +98,7 @@ class Chapter:
 
     def label(self, series: str) -> str:
         """The legend label of a benchmark series: a step's name, or a baseline's description."""
-        for s in self.steps:
-            if series == s.series:
-                return s.name
-        return self.baselines.get(series, series)
+        return next((s.name for s in self.steps if s.series == series), self.baselines.get(series, series))
 
     def show_source(self, key: int | str, title: str | None = None) -> "Code":
         """The source of one step (its kernel, or its function of a ``.cu`` file)."""
@@ -120,10 +117,8 @@ class Chapter:
 
     def steps_table(self) -> str:
         """The chapter's table of steps (Markdown): number, name, language, what changed."""
-        lines = ["| step | name | language | what changed |", "|---|---|---|---|"]
-        for s in self.steps:
-            lines.append(f"| {s.number} | `{s.name}` | {s.language} | {s.title} |")
-        return "\n".join(lines)
+        rows = [f"| {s.number} | `{s.name}` | {s.language} | {s.title} |" for s in self.steps]
+        return "\n".join(["| step | name | language | what changed |", "|---|---|---|---|", *rows])
 
 
 #: chapter name -> the package (or module) that defines ``CHAPTER``. The order is the course's.
@@ -178,8 +173,7 @@ def select(names: list[str] | tuple[str, ...], *, need: str | None = None) -> li
     ``"headline"``), ``"all"`` keeps those that declare it and a named chapter
     without it is an error. A name of :data:`BENCHMARKS` gives a :class:`Benchmark`."""
     if list(names) == ["all"]:
-        picked = chapters()
-        return [c for c in picked if need is None or getattr(c, need) is not None]
+        return [c for c in chapters() if need is None or getattr(c, need) is not None]
     out = []
     for name in names:
         if name in BENCHMARKS:  # not a chapter: only its bench

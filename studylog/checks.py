@@ -84,22 +84,16 @@ def check_out(name: str, out: Any, *, shape: Sequence[int], dtype: torch.dtype, 
     as many elements. The error says what is expected and what was passed: a ``TypeError`` for something that
     is not a tensor or has another dtype, a ``ValueError`` for a wrong shape, device or layout."""
     if isinstance(out, Tensor) and out.dtype == dtype:
-        if any_shape:
-            fits = out.numel() == math.prod(shape)
-        else:
-            fits = out.shape == tuple(shape)
-        want = torch.device(device) if not isinstance(device, torch.device) else device
+        fits = out.numel() == math.prod(shape) if any_shape else out.shape == tuple(shape)
+        want = torch.device(device)
         laid_out = out.is_contiguous() if contiguous else (out.ndim == 0 or out.stride(-1) == 1 or out.shape[-1] <= 1)
         if fits and laid_out and out.device.type == want.type and (want.index is None or out.device == want):
             return out
     shape = tuple(int(s) for s in shape)
-    if any_shape:
-        sizes = " x ".join(map(str, shape))
-        what = f"a {_dtype_name(dtype)} tensor of {sizes} = {math.prod(shape)} elements (any shape)"
-    else:
-        what = f"a {_dtype_name(dtype)} tensor of shape {shape}"
+    size = f"{' x '.join(map(str, shape))} = {math.prod(shape)} elements (any shape)" if any_shape else f"shape {shape}"
     layout = "contiguous" if contiguous else "with a unit stride on its last dimension"
-    message = f"{name} must be {what}, {layout}, on {torch.device(device)}; got {describe(out)}"
+    message = (f"{name} must be a {_dtype_name(dtype)} tensor of {size}, {layout}, on {torch.device(device)}; "
+               f"got {describe(out)}")
     raise (ValueError if isinstance(out, Tensor) and out.dtype == dtype else TypeError)(message)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from studylog.paths import DATA
+
 MASKS_FILE = DATA / "fsm_masks.npz"
 
 
@@ -40,15 +41,6 @@ class MaskSet:
 
     def counts(self) -> np.ndarray:
         return np.diff(self.offsets)
-
-    def dense(self, i: int, vocab_size: int | None = None) -> np.ndarray:
-        """Mask ``i`` as a boolean vector of ``vocab_size`` (default: its own vocabulary)."""
-        v = vocab_size or self.vocab_size
-        if v < self.vocab_size:
-            raise ValueError(f"vocab_size {v} is smaller than the masks' vocabulary ({self.vocab_size})")
-        out = np.zeros(v, dtype=bool)
-        out[self.allowed(i)] = True
-        return out
 
 
 def save_masks(path: Path, masks: list[np.ndarray], states: list[int], sources: list[str], vocab_size: int,

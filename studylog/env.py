@@ -57,7 +57,6 @@ CHAPTER = Chapter(
     notebooks=("00_how_to_read",),
     steps=(),
     bench=bench,
-    headline=None,
     baselines={
         "copy": "device-to-device copy (torch)",
         "matmul_bfloat16": "torch matmul, bf16 (cuBLAS)",

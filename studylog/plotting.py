@@ -44,24 +44,12 @@ class Results:
 
     def select(self, series: str | None = None, role: str | None = None, **params: Any) -> list[dict[str, Any]]:
         """Rows matching a series name, a role and parameter values."""
-        out = []
-        for row in self.rows:
-            if series is not None and row["series"] != series:
-                continue
-            if role is not None and row["role"] != role:
-                continue
-            if any(row["params"].get(k) != v for k, v in params.items()):
-                continue
-            out.append(row)
-        return out
+        return [row for row in self.rows if series in (None, row["series"]) and role in (None, row["role"])
+                and all(row["params"].get(k) == v for k, v in params.items())]
 
     def series(self, role: str | None = None) -> list[str]:
         """Series names in the order they were first recorded."""
-        seen: dict[str, None] = {}
-        for row in self.rows:
-            if role is None or row["role"] == role:
-                seen.setdefault(row["series"], None)
-        return list(seen)
+        return list(dict.fromkeys(row["series"] for row in self.rows if role in (None, row["role"])))
 
     def ms(self, series: str, **params: Any) -> float:
         """The time of exactly one matching row."""
@@ -130,13 +118,10 @@ def headline_row(results: Results, kernel: str, baseline: str, case: str, *, ker
         raise ValueError(f"headline {kernel} ({clock_k}) vs {baseline} ({clock_b}): not the same clock")
     row = {"kernel": kernel_label or kernel, "baseline": baseline_label or baseline, "case": case,
            "speedup": b["ms"] / k["ms"], "clock": clock_k, "kernel_ms": k["ms"], "baseline_ms": b["ms"]}
-    for key, source in (("kernel_spread_ms", k), ("baseline_spread_ms", b)):
-        if "spread_ms" in source:
-            row[key] = source["spread_ms"]
-    if "host_ms" in k:
-        row["host_ms"] = k["host_ms"]
-    if "host_ms" in b:
-        row["baseline_host_ms"] = b["host_ms"]
+    for key, source, field in (("kernel_spread_ms", k, "spread_ms"), ("baseline_spread_ms", b, "spread_ms"),
+                               ("host_ms", k, "host_ms"), ("baseline_host_ms", b, "host_ms")):
+        if field in source:
+            row[key] = source[field]
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
     if empty is not None:
         row["empty_launch_host_ms"] = empty

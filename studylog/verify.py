@@ -14,12 +14,9 @@ from typing import Any
 
 from studylog.paths import BENCH_RESULTS as DEFAULT_OUT
 
+
 def _row_key(row: dict[str, Any]) -> tuple:
     return (row["series"], row["role"], row["clock"], json.dumps(row["params"], sort_keys=True))
-
-
-def _headline_key(row: dict[str, Any]) -> tuple:
-    return (row["kernel"], row["baseline"], row["case"])
 
 
 def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: float = 0.15) -> dict[str, Any]:
@@ -70,22 +67,20 @@ def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: f
         }
         declared = registry.get(chapter_name)
         if declared.headline is not None:
-            before = {_headline_key(r): r for r in declared.headline(committed)}
+            key = ("kernel", "baseline", "case")
+            before = {tuple(r[k] for k in key): r for r in declared.headline(committed)}
             for row in declared.headline(fresh):
-                old_row = before.get(_headline_key(row))
+                headline = {k: row[k] for k in key}
+                old_row = before.get(tuple(headline.values()))
                 if old_row is None:
-                    entry["headlines"].append({**_headline_summary(row), "committed_speedup": None, "holds": None})
-                    continue
-                ratio = row["speedup"] / old_row["speedup"]
-                entry["headlines"].append({**_headline_summary(row), "committed_speedup": old_row["speedup"],
-                                           "fresh_speedup": row["speedup"], "ratio": ratio,
-                                           "holds": abs(ratio - 1) <= tolerance})
+                    headline.update(committed_speedup=None, holds=None)
+                else:
+                    ratio = row["speedup"] / old_row["speedup"]
+                    headline.update(committed_speedup=old_row["speedup"], fresh_speedup=row["speedup"], ratio=ratio,
+                                    holds=abs(ratio - 1) <= tolerance)
+                entry["headlines"].append(headline)
         report["files"].append(entry)
     return report
-
-
-def _headline_summary(row: dict[str, Any]) -> dict[str, Any]:
-    return {"kernel": row["kernel"], "baseline": row["baseline"], "case": row["case"]}
 
 
 def verify_markdown(report: dict[str, Any]) -> str:
@@ -93,7 +88,7 @@ def verify_markdown(report: dict[str, Any]) -> str:
     tol = report["tolerance"]
     lines = [f"# bench verify: {report['fresh_root']} against the committed results (±{tol:.0%})", ""]
     for f in report["files"]:
-        if f.get("committed") is None and "rows_compared" not in f:
+        if "rows_compared" not in f:  # no committed file to compare with
             lines += [f"## {f['chapter']} ({f['gpu']})", "", "No committed results to compare with.", ""]
             continue
         where = "the same GPU" if f["same_gpu"] else f"another GPU ({f['committed_gpu']})"
@@ -114,7 +109,8 @@ def verify_markdown(report: dict[str, Any]) -> str:
                                  f"{h['fresh_speedup']:.2f}× | {'yes' if h['holds'] else '**no**'} |")
             lines.append("")
         if f["moved"]:
-            lines += ["| series | clock | params | committed (µs) | fresh (µs) | fresh / committed |", "|---|---|---|---|---|---|"]
+            lines += ["| series | clock | params | committed (µs) | fresh (µs) | fresh / committed |",
+                      "|---|---|---|---|---|---|"]
             for m in f["moved"][:40]:
                 params = ", ".join(f"{k}={v}" for k, v in m["params"].items())
                 lines.append(f"| {m['series']} | {m['clock']} | {params} | {m['committed_ms'] * 1e3:.1f} | "
