@@ -129,8 +129,7 @@ class Code:
 
 def show_source(obj: Any, function: str | None = None, title: str | None = None) -> Code:
     """Display a kernel's source (Triton/Python function, or ``.cu`` file [+ function name])."""
-    text, language = source_of(obj, function)
-    return Code(text, language, title)
+    return Code(*source_of(obj, function), title)
 
 
 class Diff:
@@ -178,11 +177,8 @@ def show_diff(old: Any, new: Any, *, old_function: str | None = None, new_functi
     For two functions with different names, the name in the ``def``/``__global__`` line is part
     of the diff; that is on purpose, since the reader sees which step is which.
     """
-    old_text, _ = source_of(old, old_function)
-    new_text, _ = source_of(new, new_function)
-    if names is None:
-        names = (_label(old, old_function), _label(new, new_function))
-    return Diff(old_text, new_text, names[0], names[1], context)
+    names = names or (_label(old, old_function), _label(new, new_function))
+    return Diff(source_of(old, old_function)[0], source_of(new, new_function)[0], *names, context)
 
 
 def _label(obj: Any, function: str | None) -> str:

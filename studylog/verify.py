@@ -28,7 +28,7 @@ def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: f
     of the two, and every headline (``CHAPTER.headline``) with its committed and fresh speedup and whether
     it holds (the fresh speedup within ``tolerance`` of the committed one)."""
     from studylog import chapter as registry
-    from studylog.plotting import Results, load_results
+    from studylog.plotting import load_results, result_files
 
     fresh_root, committed_root = Path(fresh_root), Path(committed_root)
     files = sorted(fresh_root.glob("*/*.json"))
@@ -40,14 +40,12 @@ def verify(fresh_root: Path, committed_root: Path = DEFAULT_OUT, *, tolerance: f
         if chapter_name not in registry.CHAPTERS:
             continue
         fresh = load_results(chapter_name, gpu=gpu, root=fresh_root)
-        try:
-            committed, same_gpu = load_results(chapter_name, gpu=gpu, root=committed_root), True
-        except FileNotFoundError:
-            try:
-                committed, same_gpu = load_results(chapter_name, root=committed_root), False
-            except FileNotFoundError:
-                report["files"].append({"chapter": chapter_name, "gpu": gpu, "committed": None})
-                continue
+        committed_gpus = [f.parent.name for f in result_files(chapter_name, committed_root)]
+        if not committed_gpus:
+            report["files"].append({"chapter": chapter_name, "gpu": gpu, "committed": None})
+            continue
+        same_gpu = gpu in committed_gpus
+        committed = load_results(chapter_name, gpu=gpu if same_gpu else None, root=committed_root)
         old = {_row_key(r): r for r in committed.rows}
         new = {_row_key(r): r for r in fresh.rows}
         moved = []

@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import studylog
@@ -35,9 +36,5 @@ def test_require_gpu_message():
     if torch.cuda.is_available():
         runtime.require_gpu("this")
     else:
-        try:
+        with pytest.raises(RuntimeError, match="the ngram kernel needs a CUDA GPU"):
             runtime.require_gpu("the ngram kernel")
-        except RuntimeError as exc:
-            assert "the ngram kernel needs a CUDA GPU" in str(exc)
-        else:
-            raise AssertionError("require_gpu did not raise on a machine without a GPU")
