@@ -92,19 +92,13 @@ def git_commit() -> str:
 
 def device_info() -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
-    info: dict[str, Any] = {
-        "name": props.name,
-        "sm_count": props.multi_processor_count,
-        "compute_capability": f"{props.major}.{props.minor}",
-        "memory_bytes": props.total_memory,
-        "l2_cache_bytes": getattr(props, "L2_cache_size", None),
-        "cuda_runtime": torch.version.cuda,
-    }
+    info: dict[str, Any] = {"name": props.name, "sm_count": props.multi_processor_count,
+                            "compute_capability": f"{props.major}.{props.minor}", "memory_bytes": props.total_memory,
+                            "l2_cache_bytes": getattr(props, "L2_cache_size", None),
+                            "cuda_runtime": torch.version.cuda}
     try:
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
-        )
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
         driver, max_sm, max_mem = [s.strip() for s in smi.stdout.splitlines()[0].split(",")]
         info.update(driver=driver, max_sm_clock=max_sm, max_mem_clock=max_mem)
     except Exception:
@@ -117,12 +111,8 @@ def versions() -> dict[str, str]:
 
     import studylog
 
-    out = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "studylog": studylog.__version__,
-    }
+    out = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+           "studylog": studylog.__version__}
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         out["cuda-bindings"] = importlib.metadata.version("cuda-bindings")
     return out
@@ -334,18 +324,9 @@ class BenchRun:
         return nbytes / (self.copy_bandwidth_gbs * 1e9) * 1e3
 
     # -- recording -----------------------------------------------------------------------
-    def record(
-        self,
-        series: str,
-        ms: "float | Timing",
-        *,
-        params: dict[str, Any],
-        role: str = "kernel",
-        floor_ms: float | None = None,
-        clock: str | None = None,
-        host: "Timing | None" = None,
-        **extra: Any,
-    ) -> dict[str, Any]:
+    def record(self, series: str, ms: "float | Timing", *, params: dict[str, Any], role: str = "kernel",
+               floor_ms: float | None = None, clock: str | None = None, host: "Timing | None" = None,
+               **extra: Any) -> dict[str, Any]:
         """Record one timing: ``ms`` on ``clock`` (``"do_bench"`` unless said), or a :class:`Timing` (its median, and
         its spread as ``spread_ms``); ``host``: the call's host time, kept beside it. ``role``: ``"kernel"`` (ours),
         ``"baseline"`` or ``"peer"`` (another library)."""
@@ -362,8 +343,7 @@ class BenchRun:
                 raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
             row = {"series": series, "role": role, "params": dict(params), "ms": float(ms), "clock": clock}
         if host is not None:
-            row["host_ms"] = host.median
-            row["host_spread_ms"] = host.spread
+            row.update(host_ms=host.median, host_spread_ms=host.spread)
         if floor_ms is not None:
             row["floor_ms"] = float(floor_ms)
         row.update(extra)
@@ -400,25 +380,14 @@ class BenchRun:
     # -- output --------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
-            "chapter": self.chapter,
-            "device": self.device,
-            "versions": versions(),
-            "date": self.started.isoformat(timespec="seconds"),
-            "git_commit": git_commit(),
-            "command": self.command,
-            "quick": self.quick,
-            "schema": SCHEMA,
-            "clocks": CLOCKS,
-            "ceilings": {
-                "copy_bandwidth_gbs": self.copy_bandwidth_gbs,
-                "empty_launch_ms": self.empty_launch_ms,
-                "empty_launch_host_ms": self.empty_launch_host.median,
-                "empty_launch_host_spread_ms": self.empty_launch_host.spread,
-                "empty_launch_gpu_ms": self.empty_launch_gpu.median,
-            },
-            "measurements": self.rows,
-            "checks": self.checks,
-            "notes": self.notes,
+            "chapter": self.chapter, "device": self.device, "versions": versions(),
+            "date": self.started.isoformat(timespec="seconds"), "git_commit": git_commit(), "command": self.command,
+            "quick": self.quick, "schema": SCHEMA, "clocks": CLOCKS,
+            "ceilings": {"copy_bandwidth_gbs": self.copy_bandwidth_gbs, "empty_launch_ms": self.empty_launch_ms,
+                         "empty_launch_host_ms": self.empty_launch_host.median,
+                         "empty_launch_host_spread_ms": self.empty_launch_host.spread,
+                         "empty_launch_gpu_ms": self.empty_launch_gpu.median},
+            "measurements": self.rows, "checks": self.checks, "notes": self.notes,
         }
 
     def save(self, out_dir: Path = DEFAULT_OUT) -> Path:

@@ -20,18 +20,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def check_tensor(
-    name: str,
-    t: Any,
-    *,
-    dtype: torch.dtype | Sequence[torch.dtype] | None = None,
-    ndim: int | Sequence[int] | None = None,
-    shape: Sequence[int | None] | None = None,
-    device: str | torch.device | None = None,
-    like: Tensor | None = None,
-    contiguous: bool = False,
-    last_dim_contiguous: bool = False,
-) -> Tensor:
+def check_tensor(name: str, t: Any, *, dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+                 ndim: int | Sequence[int] | None = None, shape: Sequence[int | None] | None = None,
+                 device: str | torch.device | None = None, like: Tensor | None = None, contiguous: bool = False,
+                 last_dim_contiguous: bool = False) -> Tensor:
     """Check ``t`` and return it.
 
     ``dtype`` and ``ndim`` take one value or several; ``shape`` gives each dimension's size, ``None``

@@ -123,10 +123,8 @@ def _nvrtc():
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:  # pragma: no cover - dependency missing
-        raise ImportError(
-            "compiling CUDA C++ needs NVRTC through the 'cuda-bindings' package "
-            "(pip install cuda-bindings nvidia-cuda-nvrtc)"
-        ) from exc
+        raise ImportError("compiling CUDA C++ needs NVRTC through the 'cuda-bindings' package "
+                          "(pip install cuda-bindings nvidia-cuda-nvrtc)") from exc
     return nvrtc
 
 
@@ -153,14 +151,8 @@ def _include_dirs() -> list[str]:
     return dirs
 
 
-def compile_source(
-    source: str | Path,
-    *,
-    arch: str = DEFAULT_ARCH,
-    options: Sequence[str] = (),
-    name_expressions: Sequence[str] = (),
-    name: str | None = None,
-) -> CompiledSource:
+def compile_source(source: str | Path, *, arch: str = DEFAULT_ARCH, options: Sequence[str] = (),
+                   name_expressions: Sequence[str] = (), name: str | None = None) -> CompiledSource:
     """Compile CUDA C++ with NVRTC.
 
     ``source`` is source text, or a path / name of a file in ``studylog/csrc``.
@@ -412,13 +404,8 @@ class CudaModule:
 _MODULES: dict[tuple, CudaModule] = {}
 
 
-def load(
-    source: str | Path,
-    *,
-    options: Sequence[str] = (),
-    name_expressions: Sequence[str] = (),
-    device: torch.device | int | None = None,
-) -> CudaModule:
+def load(source: str | Path, *, options: Sequence[str] = (), name_expressions: Sequence[str] = (),
+         device: torch.device | int | None = None) -> CudaModule:
     """Compile ``source`` for the current GPU and load it (cached per source text and options)."""
     if not torch.cuda.is_available():
         raise RuntimeError("launching a CUDA C++ kernel needs a CUDA GPU, and torch sees none; "

@@ -71,9 +71,8 @@ def load_results(chapter: str, gpu: str | None = None, root: Path = DEFAULT_OUT)
     if gpu is not None:
         files = [f for f in files if f.parent.name == gpu]
     if not files:
-        raise FileNotFoundError(
-            f"no benchmark results for {chapter!r} under {root}; run `python -m studylog bench {chapter}` on a GPU"
-        )
+        raise FileNotFoundError(f"no benchmark results for {chapter!r} under {root}; "
+                                f"run `python -m studylog bench {chapter}` on a GPU")
     loaded = [Results(f, json.loads(f.read_text())) for f in files]
     return max(loaded, key=lambda r: r.data["date"])
 

@@ -17,11 +17,8 @@ _HAS_GPU = torch.cuda.is_available()
 
 if not _HAS_GPU:
     if os.environ.get("TRITON_INTERPRET", "1") != "1":
-        warnings.warn(
-            "TRITON_INTERPRET is set to something other than 1 but no GPU is visible; "
-            "studylog switches Triton to its interpreter so kernels can still run on the CPU.",
-            stacklevel=2,
-        )
+        warnings.warn("TRITON_INTERPRET is set to something other than 1 but no GPU is visible; studylog switches "
+                      "Triton to its interpreter so kernels can still run on the CPU.", stacklevel=2)
     os.environ["TRITON_INTERPRET"] = "1"
 
 #: ``"gpu"``: Triton compiles kernels for the GPU.  ``"interpreter"``: Triton runs them on the
@@ -59,16 +56,12 @@ def describe() -> str:
     """One line a reader can print to see how kernels will run."""
     if MODE == "gpu":
         props = torch.cuda.get_device_properties(0)
-        return (
-            f"GPU mode: {props.name} ({props.multi_processor_count} SMs, "
-            f"compute capability {props.major}.{props.minor}); Triton kernels are compiled; "
-            "CUDA C++ kernels are compiled with NVRTC and launched."
-        )
+        return (f"GPU mode: {props.name} ({props.multi_processor_count} SMs, compute capability "
+                f"{props.major}.{props.minor}); Triton kernels are compiled; CUDA C++ kernels are compiled with "
+                "NVRTC and launched.")
     where = "on a GPU machine (TRITON_INTERPRET=1 was set)" if _HAS_GPU else "no GPU visible"
-    return (
-        f"Interpreter mode ({where}): Triton kernels run on the CPU through Triton's interpreter; "
-        "CUDA C++ kernels can be compiled to PTX but not run. Timings here mean nothing."
-    )
+    return (f"Interpreter mode ({where}): Triton kernels run on the CPU through Triton's interpreter; "
+            "CUDA C++ kernels can be compiled to PTX but not run. Timings here mean nothing.")
 
 
 def reason() -> str:
