@@ -69,9 +69,8 @@ class CTCPlan:
         positions = 2 * self.label_stride + 1
         if self.step <= 6:
             nbytes = warpctc.scratch_bytes(T, N, A, positions)
-        else:
-            grain = how.get("grain") if self.step == 14 else None
-            nbytes = fused.scratch_bytes(self.step, T, N, A, self.label_stride, grain)
+        else:  # only step 14 takes a grain
+            nbytes = fused.scratch_bytes(self.step, T, N, A, self.label_stride, how.get("grain"))
         self.workspace = torch.empty((nbytes,), dtype=torch.uint8, device=self.device)
         empty = [np.zeros(0, np.int64)] * N
         self.targets: CTCTargets = self._write(empty, np.full(N, T, np.int64), np.zeros(N, np.int64))
