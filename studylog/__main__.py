@@ -90,22 +90,22 @@ def _parser() -> _Parser:
     return parser
 
 
-def _check_chapters(names: list[str], need: str) -> list[str]:
-    """The chapter names of a command line, checked: each a chapter that declares ``need``, or 'all' alone."""
+def _check_chapters(names: list[str]) -> None:
+    """The chapter names of a bench command line, checked: each a chapter with a benchmark, or a benchmark
+    that is not a chapter, or 'all' alone."""
     from studylog import chapter as registry
 
     if "all" in names:
         if len(names) > 1:
             raise UsageError("'all' takes no other chapter names")
-        return names
+        return
     for name in names:
-        if name not in registry.CHAPTERS and not (need == "bench" and name in registry.BENCHMARKS):
+        if name not in registry.CHAPTERS and name not in registry.BENCHMARKS:
             raise UsageError(f"unknown chapter {name!r}; choose from {', '.join(registry.CHAPTERS)} or 'all'")
     try:
-        registry.select(names, need=need)
+        registry.select(names, need="bench")
     except ValueError as exc:  # a chapter without a benchmark
         raise UsageError(str(exc)) from None
-    return names
 
 
 # info: what runs here
@@ -123,9 +123,7 @@ def _nvrtc_version() -> str:
         from cuda.bindings import nvrtc
 
         err, major, minor = nvrtc.nvrtcVersion()
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            return f"unusable ({err!r})"
-        return f"{major}.{minor}"
+        return f"{major}.{minor}" if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else f"unusable ({err!r})"
     except ImportError:
         return "not installed (pip install cuda-bindings nvidia-cuda-nvrtc)"
     except Exception as exc:  # the library is looked for when first used
@@ -191,7 +189,7 @@ def _bench(args, argv: list[str] | None) -> int:
         broken = any(h.get("holds") is False for f in report["files"] for h in f.get("headlines", []))
         return 3 if broken or any(f.get("rows_compared") == 0 for f in report["files"]) else 0
 
-    _check_chapters(args.chapters, "bench")
+    _check_chapters(args.chapters)
     if args.out is None and not paths.CHECKOUT:
         raise UsageError("studylog is installed from a wheel here, with no assets/bench to write to: "
                          "pass --out DIR")
