@@ -87,9 +87,9 @@ def cuda_mma_smem_bytes(x_rows: int, groups_per_slice: int) -> int:
     return x_rows * (groups_per_slice * 32 + 4) * 16
 
 
-def cuda_mma_max_groups_per_slice(x_rows: int) -> int:
-    """The longest slice of K (in groups of 256) whose copy of x fits CUDA_MMA_SMEM_LIMIT."""
-    return max(1, (CUDA_MMA_SMEM_LIMIT // (16 * x_rows) - 4) // 32)
+def cuda_mma_max_groups_per_slice(x_rows: int, room: int = CUDA_MMA_SMEM_LIMIT) -> int:
+    """The longest slice of K (in groups of 256) whose copy of x (:func:`cuda_mma_smem_bytes`) fits in ``room``."""
+    return max(1, (room // (16 * x_rows) - 4) // 32)
 
 
 CUDA_WORKSPACE = SplitWorkspace()  # not step 14's: its sums must stay zeros, these need not
@@ -249,8 +249,7 @@ def tma_smem_bytes(cfg: TmaConfig, x_rows: int, groups_per_slice: int) -> int:
 
 def tma_max_groups_per_slice(cfg: TmaConfig, x_rows: int) -> int:
     """The longest slice of K (in groups of 256) whose copy of x fits beside the stages."""
-    room = SMEM_LIMIT - RING_BARRIER_BYTES - cfg.stages * cfg.stage_bytes
-    return max(1, (room // (16 * x_rows) - 4) // 32)
+    return cuda_mma_max_groups_per_slice(x_rows, SMEM_LIMIT - RING_BARRIER_BYTES - cfg.stages * cfg.stage_bytes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -357,7 +356,7 @@ def _launch_tma(x2: Tensor, w: PackedTernary, s: Tensor, s_stride: int, z: Tenso
     if step < 21 and (cfg.row_tiles, cfg.stages, cfg.chunk) not in TMA_RING_SHAPES:
         raise ValueError(f"{cfg}: step {step} is compiled for (row_tiles, stages, chunk) in {TMA_RING_SHAPES} only")
     x_rows = min(m, 8 * col_tiles)
-    if RING_BARRIER_BYTES + cfg.stages * cfg.stage_bytes + cuda_mma_smem_bytes(x_rows, 1) > SMEM_LIMIT:
+    if tma_smem_bytes(cfg, x_rows, 1) > SMEM_LIMIT:
         raise ValueError(f"{cfg}: its stages ({cfg.stages} x {cfg.stage_bytes} bytes) leave no room for x in "
                          f"{SMEM_LIMIT} bytes of shared memory")
     if cfg.warps > 8 and cfg.row_tiles * col_tiles > 1:

@@ -10,7 +10,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from studylog.chapter import Step
-from studylog.paths import chapter_csrc
 from studylog.ternary.cuda_steps import (step15_cuda_mma, step16_split_k, step17_x_smem, step18_tma_ring,
                                          step19_shared_k, step20_tile_copies, step21_magic_reg)
 from studylog.ternary.formats import PackedTernary, Scale
@@ -29,8 +28,6 @@ from studylog.ternary.triton_steps import (BASE3_DOT_CONFIGS_FEW, BASE3_DOT_CONF
                                            step08_base3_dot, step08_base3_dot_kernel)
 from studylog.ternary.w2a8 import step22_w2a8, step23_w2a8_fused, step24_w2a8_tiles, step25_x_tma
 
-#: The chapter's CUDA C++ sources.
-CSRC = chapter_csrc("ternary")
 
 def ternary_matmul(x: Float[Tensor, "*m k"], w: PackedTernary, scale: Scale = 1.0, *,
                    out: Optional[Tensor] = None) -> Float[Tensor, "*m n"]:

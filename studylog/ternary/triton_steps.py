@@ -415,8 +415,7 @@ def _rowwise(kernel, x: Any, w: Any, scale: Scale, out: Optional[Tensor], config
         n, data, extra = w.shape[0], w, ()
     else:
         w = check_packed(w, fmt, k, x2)
-        n, data = w.n, w.data
-        extra = (data.shape[1],)
+        n, data, extra = w.n, w.data, (w.data.shape[1],)
     s, s_stride = check_scale(scale, n, x2)
     z = prepare_out(out, m, n, x2)
     table = (base3_table(str(x2.device)),) if fmt == "base3" else ()
