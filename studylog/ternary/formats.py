@@ -179,12 +179,9 @@ def unpack_base3(packed: UInt8[Tensor, "n kb"], k: int) -> Int8[Tensor, "n k"]:
 def base3_table_values() -> list[int]:
     """The kernels' decode table: entry ``v`` holds the 5 base-3 digits of ``v`` as 2-bit fields (digit d in
     bits 2d, 2d+1) under the float exponent bits of the 2-bit decode; entries 243..255 decode to zeros."""
-    out = []
-    for v in range(256):
-        u = v if v < 243 else ZERO_BYTE
-        fields = sum(((u // 3**d) % 3) << (2 * d) for d in range(5))
-        out.append(_as_int32_bits(torch.tensor(0x7F800000 | fields)).item())
-    return out
+    codes = [v if v < 243 else ZERO_BYTE for v in range(256)]
+    fields = torch.tensor([sum(((u // 3**d) % 3) << (2 * d) for d in range(5)) for u in codes])
+    return _as_int32_bits(fields | 0x7F800000).tolist()
 
 
 @functools.lru_cache(maxsize=8)
