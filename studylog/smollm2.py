@@ -303,20 +303,17 @@ class Tokenizer:
         self.merges: tuple[tuple[str, str], ...] = tuple(merges)
         #: Control tokens by name (``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>``, ...).
         self.special_ids: dict[str, int] = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k == _CONTROL}
-        text = {_NORMAL, _BYTE}
         #: The bytes of each id; None for control and other non-text tokens.
         self.token_bytes: tuple[Optional[bytes], ...] = tuple(
-            _token_bytes(t) if k in text else None for t, k in zip(tokens, types))
+            _token_bytes(t) if k in (_NORMAL, _BYTE) else None for t, k in zip(tokens, types))
         self._lengths = [0 if b is None else len(b) for b in self.token_bytes]
-        singles = {b[0] for b in self.token_bytes if b is not None and len(b) == 1}
-        self._has_byte = [b in singles for b in range(256)]
+        self._single_bytes = {b[0] for b in self.token_bytes if b is not None and len(b) == 1}
         self.bos_id, self.eos_id = ckpt.bos_id, ckpt.eos_id
         self.chat_template = ckpt.chat_template
-        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False)
-        tok = HFTokenizer(bpe)
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-        self._tok = tok
+        self._tok = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+        self._tok.pre_tokenizer = pre_tokenizers.Sequence([  # every digit alone, then GPT-2's byte-level split
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
         self._special_re = re.compile("|".join(re.escape(s) for s in sorted(self.special_ids, key=len, reverse=True)))
 
     @property
@@ -332,7 +329,7 @@ class Tokenizer:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if sum(self._lengths[i] for i in ids) != len(text.encode("utf-8")):
             # the BPE drops bytes it has no token for; say which characters rather than lose them
-            bad = sorted({c for c in text if any(not self._has_byte[b] for b in c.encode("utf-8"))})
+            bad = sorted({c for c in text if any(b not in self._single_bytes for b in c.encode("utf-8"))})
             raise ValueError(f"SmolLM2's vocabulary has no token for a byte of {bad!r}: it cannot write "
                              f"{len(bad)} character(s) of this text")
         return ids
