@@ -23,36 +23,32 @@ W2A8_DOT_CONFIGS_MANY = DOT_CONFIGS_MANY
 W2A8_DOT_CONFIGS = W2A8_DOT_CONFIGS_FEW + W2A8_DOT_CONFIGS_MANY
 
 
-def _mma_cfg(**kw) -> triton.Config:
-    return triton_config(zero_output=False, **kw)  # step 14 reduces split-K itself: z needs no zeroing
-
-
 # Steps 10 to 14. BLOCK_N = 64 rows and 4 warps: one warpgroup, Hopper's wgmma. Each dot waits for its wgmma before
 # the next decode, so the SM hides that wait with other programs: small tiles let several share an SM, and K
 # is split so that N = 4096 still makes 256-512 programs (a split costs a few atomics, not a launch).
-MMA_CONFIGS_FEW = [
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=2, num_stages=3),
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=3),
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=8, num_stages=2),
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=1, num_stages=3),
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, num_stages=3),
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=8, num_stages=3),
-    _mma_cfg(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=8, num_stages=3, num_warps=8),
+MMA_TILES_FEW = [
+    dict(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=2, num_stages=3),
+    dict(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=4, num_stages=3),
+    dict(BLOCK_N=64, BLOCK_KW=32, SPLIT_K=8, num_stages=2),
+    dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=1, num_stages=3),
+    dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, num_stages=3),
+    dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=8, num_stages=3),
+    dict(BLOCK_N=128, BLOCK_KW=32, SPLIT_K=8, num_stages=3, num_warps=8),
 ]
 # Many rows: the rows of x a program covers are tuned too (a 64-row block decodes the weights twice
 # for M = 128, but takes half the shared memory of a 128-row one).
-MMA_CONFIGS_MANY = [
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=128, num_stages=2),
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3),
-    _mma_cfg(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, BLOCK_M=64, num_stages=3),
-    _mma_cfg(BLOCK_N=128, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3, num_warps=8),
+MMA_TILES_MANY = [
+    dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=128, num_stages=2),
+    dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3),
+    dict(BLOCK_N=64, BLOCK_KW=16, SPLIT_K=4, BLOCK_M=64, num_stages=3),
+    dict(BLOCK_N=128, BLOCK_KW=16, SPLIT_K=2, BLOCK_M=64, num_stages=3, num_warps=8),
 ]
-
-#: Steps 10 to 13: the same tiles, K split by atomics into z, which each config's pre_hook zeroes first.
-DOT_MMA_CONFIGS_FEW = [triton_config(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
-                       for c in MMA_CONFIGS_FEW]
-DOT_MMA_CONFIGS_MANY = [triton_config(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
-                        for c in MMA_CONFIGS_MANY]
+#: Steps 10 to 13 split K by atomics into z, which each config's pre_hook zeroes first; step 14 reduces its slices
+#: itself, so z needs no zeroing.
+DOT_MMA_CONFIGS_FEW = [triton_config(**tile) for tile in MMA_TILES_FEW]
+DOT_MMA_CONFIGS_MANY = [triton_config(**tile) for tile in MMA_TILES_MANY]
+MMA_CONFIGS_FEW = [triton_config(zero_output=False, **tile) for tile in MMA_TILES_FEW]
+MMA_CONFIGS_MANY = [triton_config(zero_output=False, **tile) for tile in MMA_TILES_MANY]
 
 
 # Step 9: int8 activations (W2A8): int8 x int8 -> int32 on the tensor cores, scales at the end
