@@ -42,7 +42,8 @@ INSTANCES: dict[str, tuple[str, ...]] = {}
 
 def declare_instances(source: str, name_expressions: Sequence[str]) -> None:
     """Record the template instances a chapter launches from ``source`` (a file stem in ``csrc``)."""
-    INSTANCES[source.removesuffix(".cu")] = tuple(dict.fromkeys(INSTANCES.get(source, ()) + tuple(name_expressions)))
+    key = source.removesuffix(".cu")  # the same entry whether the file is named with its suffix or not
+    INSTANCES[key] = tuple(dict.fromkeys(INSTANCES.get(key, ()) + tuple(name_expressions)))
 
 
 def source_path(name: str) -> Path:
