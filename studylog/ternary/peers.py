@@ -4,7 +4,6 @@ baseline of the W2A8 steps. GemLite is imported by :func:`import_gemlite` only."
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -70,11 +69,6 @@ def gemlite_weights(layer: Any) -> tuple[Tensor, Tensor, Tensor]:
     zeros = layer.zeros.detach().reshape(-1)
     w = codes.reshape(words.shape[0], -1) - zeros.to(torch.int64)
     return w.to(torch.int8), layer.scales.detach().reshape(-1).float(), zeros
-
-
-def gemlite_copies(layer: Any, count: int) -> list:
-    """``layer`` and ``count - 1`` copies of it, each with weights of its own (to rotate in a benchmark)."""
-    return [layer] + [copy.deepcopy(layer) for _ in range(count - 1)]
 
 
 def gemlite_matmul_type(m: int) -> str:

@@ -3,6 +3,7 @@ how each series is built, checked and timed (by the harness's policy, ``studylog
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -453,9 +454,10 @@ def _bench_series(run, name: str, spec: Series, x: Tensor, params: dict, refs: d
 
     def make_calls():  # fresh x, and the weights with copies of them together past L2 (a GemLite layer deep-copied)
         fresh, w = torch.randn_like(x), spec.weights
-        ws = run.rotated(w) if isinstance(w, (Tensor, PackedTernary)) else \
-            P.gemlite_copies(w, run.rotation(w.W_q.numel() * w.W_q.element_size()))
-        return [spec.make(fresh, copy) for copy in ws]
+        if isinstance(w, (Tensor, PackedTernary)):
+            return [spec.make(fresh, one) for one in run.rotated(w)]
+        count = run.rotation(w.W_q.numel() * w.W_q.element_size())
+        return [spec.make(fresh, one) for one in [w] + [copy.deepcopy(w) for _ in range(count - 1)]]
 
     host = (spec.host or spec.make)(x, spec.weights) if spec.host_time else None
     row = run.measure(name, make_calls, params=params, role=spec.role, host=host, min_calls=plan["min_calls"],
