@@ -44,8 +44,8 @@ class Results:
 
     def select(self, series: str | None = None, role: str | None = None, **params: Any) -> list[dict[str, Any]]:
         """Rows matching a series name, a role and parameter values."""
-        return [row for row in self.rows if series in (None, row["series"]) and (role is None or row["role"] == role)
-                and all(row["params"].get(k) == v for k, v in params.items())]
+        return [row for row in self.rows if (series is None or row["series"] == series)
+                and (role is None or row["role"] == role) and all(row["params"].get(k) == v for k, v in params.items())]
 
     def series(self, role: str | None = None) -> list[str]:
         """Series names in the order they were first recorded."""
