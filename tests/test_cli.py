@@ -5,9 +5,11 @@ tools; ``--version``; ``info`` reports what runs here (versions, the GPU, the ke
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -55,11 +57,54 @@ def test_a_bad_chapter_name_says_which_names_exist(capsys):
     assert code == 2 and "'nope'" in err and all(name in err for name in CHAPTERS)
 
 
-def test_no_traceback_from_the_shell():
-    for argv in (["studylog", "bench", "nope"], ["book", "plot", "nope"]):
-        out = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 2, out
-        assert out.stderr.startswith("error: unknown chapter 'nope'") and "Traceback" not in out.stderr, out.stderr
+#: Run by a fresh interpreter: each command line as ``python -m MODULE ARGS...`` runs it (``runpy`` with
+#: ``run_name="__main__"``, so the module's ``if __name__ == "__main__"`` exit is what decides the status), its
+#: output captured; an exception that escapes is printed with its traceback and gives status 1, as the shell's
+#: ``python -m`` does. One interpreter for every command: each start imports torch.
+SHELL_RUNNER = textwrap.dedent('''
+    import contextlib, io, json, runpy, sys, traceback
+
+    results = []
+    for argv in json.loads(sys.argv[1]):
+        out, err = io.StringIO(), io.StringIO()
+        sys.argv = [argv[0], *argv[1:]]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if not isinstance(exc.code, (int, type(None))):
+                    print(exc.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+        results.append({"argv": argv, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+    print(json.dumps(results))
+''')
+
+#: What the shell runs: a bad chapter name for each command line, and each chapter tool's help.
+SHELL_COMMANDS = [["studylog", "bench", "nope"], ["book", "plot", "nope"],
+                  *[[module, "--help"] for module in sorted(CHAPTER_TOOLS)]]
+
+
+@pytest.fixture(scope="module")
+def shell():
+    """``python -m`` of every command of :data:`SHELL_COMMANDS` in one fresh interpreter (away from this process's
+    imports and its sys.argv): ``" ".join(argv)`` -> (exit status, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-c", SHELL_RUNNER, json.dumps(SHELL_COMMANDS)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stdout + proc.stderr
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["argv"] for r in results] == SHELL_COMMANDS
+    return {" ".join(r["argv"]): (r["code"], r["stdout"], r["stderr"]) for r in results}
+
+
+def test_no_traceback_from_the_shell(shell):
+    for argv in ("studylog bench nope", "book plot nope"):
+        code, out, err = shell[argv]
+        assert code == 2, (argv, code, out, err)
+        assert err.startswith("error: unknown chapter 'nope'") and "Traceback" not in err, err
 
 
 def test_help_is_plain_text_and_lists_the_chapters_and_their_tools(capsys):
@@ -79,10 +124,10 @@ def test_help_is_plain_text_and_lists_the_chapters_and_their_tools(capsys):
 
 
 @pytest.mark.parametrize("module", sorted(CHAPTER_TOOLS))
-def test_the_help_names_every_command_of_each_chapter_tool(module):
-    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    assert "Traceback" not in text, text
+def test_the_help_names_every_command_of_each_chapter_tool(shell, module):
+    code, out, err = shell[f"{module} --help"]
+    text = out + err
+    assert code == 0 and "Traceback" not in text, (code, text)
     choices = re.search(r"\{([\w,-]+)\}", text)
     commands = choices.group(1).split(",") if choices else [re.search(rf"{module} (\S+)", text).group(1)]
     listed = CHAPTER_TOOLS[module][0]
