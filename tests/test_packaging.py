@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -140,6 +141,26 @@ CHAPTER_CALLS = textwrap.dedent('''
             print(f"FAILED {call.__name__}", flush=True)
         else:
             print(f"ok {call.__name__}", flush=True)
+
+    def command_line(*argv):
+        """``python -m studylog ARGV`` as the shell runs it (its ``__main__``, its exit status), in this interpreter
+        (a second one would import torch again): (exit status, stdout, stderr). An exception that escapes it ends
+        this script with its traceback."""
+        import contextlib, io, runpy
+
+        out, err = io.StringIO(), io.StringIO()
+        sys.argv = ["studylog", *argv]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_module("studylog", run_name="__main__", alter_sys=True)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code
+        return code, out.getvalue(), err.getvalue()
+
+    import json
+
+    print("COMMANDS " + json.dumps({" ".join(a): command_line(*a) for a in (["info"], ["bench", "env"])}), flush=True)
 ''')
 
 
@@ -212,12 +233,12 @@ def test_the_wheel_carries_every_source_and_runs_each_chapter_away_from_the_repo
     for name in CHAPTERS:
         assert f"ok {name}" in out.stdout, report
 
-    cli = subprocess.run([python, "-m", "studylog", "info"], cwd=run_dir, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert cli.returncode == 0 and "an installed package" in cli.stdout, cli.stdout + cli.stderr
-    cli = subprocess.run([python, "-m", "studylog", "bench", "env"], cwd=run_dir, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert cli.returncode == 2 and cli.stderr.startswith("error: ") and "--out" in cli.stderr, cli.stderr
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("COMMANDS ")]
+    commands = json.loads(line.removeprefix("COMMANDS "))
+    code, stdout, stderr = commands["info"]
+    assert code == 0 and "an installed package" in stdout, stdout + stderr
+    code, stdout, stderr = commands["bench env"]
+    assert code == 2 and stderr.startswith("error: ") and "--out" in stderr, stderr
 
 
 def test_package_data_names_every_chapters_sources():
