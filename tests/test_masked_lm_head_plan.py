@@ -340,11 +340,12 @@ def test_fast_launch_matches_the_jit_launch(full_head, rng):
 class StubRun:
     """Just enough of BenchRun to run the sweep: every call runs once, 'times' are placeholders. Its L2 is
     :attr:`l2` bytes (``rotation`` as BenchRun's), so toy calls rotate over several copies; :attr:`seen` keeps,
-    per measured row, the weight each call read and each call's output."""
+    per measured row, the weight each call read and each call's output. A host closure runs the first time its
+    code is timed (it must run; its later cases make the calls the GPU clock's copies have already made, and
+    their output is never read), so that the interpreter's launches go to the checked and rotated calls."""
 
     quick = False
     empty_launch_ms = 0.004
-    l2 = 1000
 
     @property
     def empty_launch_gpu(self):
@@ -352,8 +353,10 @@ class StubRun:
 
         return Timing.of([0.002], clock="gpu")
 
-    def __init__(self):
+    def __init__(self, l2: int = 1000):
+        self.l2 = l2
         self.rows, self.checks, self.notes, self.seen = [], [], [], []
+        self.host_codes = set()
 
     def measure(self, *args, **kwargs):
         from studylog.bench import BenchRun
@@ -377,7 +380,9 @@ class StubRun:
     def host_time(self, fn, **_):
         from studylog.bench import Timing
 
-        fn()
+        if fn.__code__ not in self.host_codes:
+            self.host_codes.add(fn.__code__)
+            fn()
         return Timing.of([0.01, 0.01, 0.01], clock="host")
 
     def floor_ms(self, nbytes):
@@ -431,20 +436,27 @@ def test_bench_sweep_runs_and_checks_at_toy_size(tmp_path):
         pytest.skip("the stub sweep is for the interpreter; the GPU runs the real benchmark")
     from studylog.plotting import Results
 
-    run = StubRun()
+    # V = 70 (not a multiple of a bitmask word; 1,000 allowed is the whole vocabulary: the dense dispatch), D = 40;
+    # steps 5 to 7 run one program per allowed row, so the interpreter's time goes with the unions. An L2 of 400
+    # bytes: the unions of at most 16 rows of 80 bytes (steps 8, 9 and 11, index_select, the plan) rotate over two
+    # to five copies, the larger ones and the whole head stay on one.
+    vocab, hidden = 70, 40
+    run = StubRun(l2=400)
     gen = np.random.default_rng(0)
-    sets = mlh.masks.grammar_like_sets(12, 150, gen, n_classes=20)
-    only = [(1, "random", 8), (1, "random", 1000), (1, "grammar", 8), (1, "clustered", 100), (3, "random", 10),
-            (3, "grammar", 40)]
-    mlh.report.run_sweep(run, vocab=150, hidden=40, device="cpu", batches=(1, 3), only=only, peer=_cpu_peer(),
-                  structured=mlh.masks.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic"))
+    sets = mlh.masks.grammar_like_sets(12, vocab, gen, n_classes=20)
+    only = [(1, "random", 8), (1, "random", 1000), (1, "grammar", 8), (1, "clustered", 30), (3, "random", 5),
+            (3, "grammar", 24)]
+    mlh.report.run_sweep(run, vocab=vocab, hidden=hidden, device="cpu", batches=(1, 3), only=only, peer=_cpu_peer(),
+                         structured=mlh.masks.StructuredSets(sets, [f"g{i % 4}" for i in range(12)], "synthetic"))
     assert run.checks and all(c["passed"] for c in run.checks), [c for c in run.checks if not c["passed"]]
     series = {r["series"] for r in run.rows}
     assert {s.series for s in mlh.CHAPTER.steps} | set(mlh.CHAPTER.baselines) == series
     assert all(r["clock"] == "gpu" and "spread_ms" in r for r in run.rows)
     assert all("host_ms" in r for r in run.rows if r["role"] != "baseline")
+    assert len(run.host_codes) >= 3  # ours, the plan's step 13 and xgrammar's path each ran its host closure
     assert any(n.startswith("crossover batch=1") for n in run.notes)
-    assert_rotated(run, head_bytes=150 * 40 * 2, row_bytes=40 * 2)
+    assert_rotated(run, head_bytes=vocab * hidden * 2, row_bytes=hidden * 2)
+    assert {(r["params"]["batch"], r["params"]["kind"]) for r in run.rows} == {(b, k) for b, k, _ in only}
     for rotated in (mlh.report.PLAN, "reordered_in_sample", "step11", "step08", "step09", "index_select"):
         assert any(r["copies"] > 1 for r in run.rows if r["series"] == rotated), rotated
     results = Results(tmp_path / "x.json", {
