@@ -602,7 +602,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 bound = decode_bound(card)
                 if bound is not None:
                     notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
-                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} on an 8B-shaped cost model"
+                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} on an 8B-shaped model"
                     landing[name] = brief[name]
                 if row.get("real_ratio") is not None:
                     notes[name].append(f"{name}: on a real model, SmolLM2-135M, over its {row['real_requests']} "

@@ -100,7 +100,7 @@ FIGURE_ALT = {
                                           "over cuBLAS in bf16 at each weight shape it times, beside GemLite's "
                                           "and torch._int_mm's",
     "assets/figures/ternary_bitnet.png": "On the H200, one row of activations: BitNet's own W2A8 kernel's time over "
-                                         "step 12's at the ten shapes BitNet's kernel is built for",
+                                         "step 23's at the ten shapes BitNet's kernel is built for",
     "assets/figures/multi_item_times.png": "Time per call of every multi-item attention approach, from a dense "
                                            "mask in SDPA to the batched kernel and FlashInfer, per prompt shape",
     "assets/figures/decode_breakdown_8b.png": "Where each step of the decode loop spends its time per output token at "

@@ -13,9 +13,11 @@ def clock_of(results, series: str) -> str:
 
 
 def headline(results) -> list[dict]:
-    """The headline rows: the entry point (or last step measured) against ``torch-best`` on the same clock, at the
+    """The headline rows: the entry point (in a file from before it, the step its rule picks at each case, else the
+    last step measured) against ``torch-best`` on the same clock, at the
     smallest speedup over N for each alphabet and at the largest batch of the large alphabet."""
     from studylog.ctc import CHAPTER
+    from studylog.ctc.fused import final_step
     from studylog.plotting import headline_row
 
     measured = [s for s in reversed(CHAPTER.steps) if results.select(s.series, T=BENCH_T)]
@@ -24,10 +26,20 @@ def headline(results) -> list[dict]:
     step = measured[0]
     entry = bool(results.select("ctc_loss", T=BENCH_T))  # the entry point, where the file times it
     kernel = "ctc_loss" if entry else step.series
-    if clock_of(results, "torch-best") != clock_of(results, kernel):  # no torch call on the GPU clock: spans
+    span = clock_of(results, "torch-best") != clock_of(results, kernel)
+    if span:  # no torch call on the GPU clock: spans
         kernel = f"{step.series} span"
         if clock_of(results, kernel) != clock_of(results, "torch-best"):
             return []
+
+    def kernel_at(A: int, N: int) -> str:
+        """The series timing what the entry point runs at (A, N): itself, else the step its rule picks there where
+        the file times it (a file from before the entry point), else the last step."""
+        if entry or span:
+            return kernel
+        picked = f"step{final_step(BENCH_T, N, A):02d}"
+        return picked if results.select(picked, T=BENCH_T, A=A, N=N) else kernel
+
     native = results.select("torch-native")
     if clock_of(results, "torch-best") == "gpu" and native and not all(r.get("clock") == "gpu" for r in native):
         baseline = "torch cuDNN (graph-timed; torch's native path cannot be captured in a CUDA graph)"
@@ -37,8 +49,9 @@ def headline(results) -> list[dict]:
         baseline = "faster of torch cuDNN / native"
     rows = []
     for A in BENCH_A:
-        ratios = {r["params"]["N"]: r["ms"] / results.ms(kernel, **r["params"])
-                  for r in results.select("torch-best", A=A, T=BENCH_T) if results.select(kernel, **r["params"])}
+        ratios = {r["params"]["N"]: r["ms"] / results.ms(kernel_at(A, r["params"]["N"]), **r["params"])
+                  for r in results.select("torch-best", A=A, T=BENCH_T)
+                  if results.select(kernel_at(A, r["params"]["N"]), **r["params"])}
         if not ratios:
             continue
         worst = min(ratios, key=ratios.get)
@@ -48,7 +61,7 @@ def headline(results) -> list[dict]:
             picks.append((f"T = {BENCH_T}, A = {A}, N = {max(ratios)}", max(ratios)))
         for case, n in picks:
             label = (f"ctc_loss ({results.select('ctc_loss', T=BENCH_T, A=A, N=n)[0].get('step')}, CUDA C++)"
-                     if entry else f"{step.name} (CUDA C++)")
-            rows.append(headline_row(results, kernel, "torch-best", case, kernel_label=label,
+                     if entry else f"{CHAPTER.step(kernel_at(A, n).split()[0]).name} (CUDA C++)")
+            rows.append(headline_row(results, kernel_at(A, n), "torch-best", case, kernel_label=label,
                                      baseline_label=baseline, T=BENCH_T, A=A, N=n))
     return rows[:3]
