@@ -4,8 +4,8 @@ results files. GPU: a plan and ctc_loss captured in a CUDA graph and replayed ov
 paths as the benchmark assumes them."""
 
 import json
-import re
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
