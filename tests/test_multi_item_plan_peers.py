@@ -324,8 +324,9 @@ def test_flashinfer_is_optional():
 
 
 class FakeRun:
-    """BenchRun's interface on the CPU: every call is made (so the benchmark's control flow, closures and checks
-    run), every clock reads a constant."""
+    """BenchRun's interface on the CPU: every call is made once (so the benchmark's control flow, closures and
+    checks run; a repetition would remake the same call, whose output no clock reads), every clock reads a
+    constant."""
 
     def __init__(self, quick):
         from studylog.bench import BenchRun, Timing
@@ -344,9 +345,8 @@ class FakeRun:
         return 0.5
 
     def gpu_time(self, make_calls, repeats=3, **_):
-        for _ in range(repeats):
-            for call in make_calls():
-                call()
+        for call in make_calls():
+            call()
         return self._timing.of([0.9, 1.0, 1.1][:repeats], "gpu")
 
     def host_time(self, fn, **_):
