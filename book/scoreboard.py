@@ -731,7 +731,8 @@ ENTRIES: tuple[Entry, ...] = (
                    "tokens allowed",
           rival_short="xgrammar's path"),
     Entry(3, "N-gram matching", "notebooks/03_ngram_matching.ipynb",
-          "Can the drafter of speculative decoding leave the CPU?", "ngram", _ngram,
+          "How much faster than FastDeploy's GPU kernel can the n-gram drafter of speculative decoding run?",
+          "ngram", _ngram,
           headline="the GPU drafter against our corrected port of FastDeploy's GPU kernel, 128 slots of 32,768 "
                    "tokens",
           rival_short="our corrected port of FastDeploy's GPU kernel"),
