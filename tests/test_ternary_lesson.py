@@ -926,13 +926,15 @@ def test_steps_18_and_20_give_both_cases_numbers(results):
 
 def test_steps_22_and_23_list_their_changes_and_what_is_timed_apart(results):
     """Step 22 lists its changes (the three that run only together as one) and quotes the run that times the other
-    two apart; step 23 lists its own and quotes the place of quantisation, which the benchmark times apart."""
+    two apart; step 23 lists its own, says its rounding is step 22's, and quotes the places of quantisation, which
+    the benchmark times apart."""
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(LESSONS[1].read_text())["cells"]}
     assert "none runs\n   without the others" in cells["c05f0206"]
     assert "3. the matmul launched early" in cells["c05f0206"]
     assert 'load_lab("ternary", "step22_parts")' in cells["a586196e"] and "Timed apart" in cells["a586196e"]
     assert "3. the place is picked" in cells["07088276"]
-    assert "only the place is timed apart" in cells["03d4f2ed"] and "No run times the rounding apart" in cells["03d4f2ed"]
+    assert "Its changes are timed apart" in cells["03d4f2ed"] and "the rule that picks between them" in cells["03d4f2ed"]
+    assert "It is step 22's rounding" in cells["07088276"]
     assert L.place_us(results, "staged") == L.us(results, T.SERIES[23])  # the default at one row
     assert L.place_us(results, "separate") == L.us(results, T.SERIES[22])
     # the parts' run: its checks passed, every part at every case, and the parts add up as the page says
