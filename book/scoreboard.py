@@ -305,6 +305,8 @@ def _ngram(data):
                ratio_note="end to end on the host (the call, then a sync) on both sides")
     row["ours_end_to_end_ms"] = synced["ms"] if synced else None
     row["ours_end_to_end_slowest_ms"] = (synced.get("spread_ms") or [None] * 3)[-1] if synced else None
+    row["ours_end_to_end_spread_ms"] = synced.get("spread_ms") if synced else None
+    row["rival_spread_ms"] = cpu.get("spread_ms") if cpu else None
     # the strongest rival is the faster of our ports of the pull request's GPU kernel on the GPU clock like ours:
     # its first version (step 3) or its revision's block-wide prefix sums, made exact (step 4); it leads, the
     # other stands in the notes, and the CPU loop the chapter's question is about stands beside it

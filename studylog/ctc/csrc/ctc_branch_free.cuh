@@ -9,8 +9,8 @@
 // code. Two template flags:
 //   FTZ    step 12: ex2/lg2 with flush-to-zero (no subnormal guards); a term 2^-126 below the largest of its
 //          sum changes nothing, so flushing it is exact to float32 here.
-//   REDUX  an option no step takes (lab/ctc measures it): the warp maximum as one redux.sync on an
-//          order-preserving integer image of the floats.
+//   REDUX  off by default (steps 12 and 13 take recursion="+ redux max"): the warp maximum as one redux.sync
+//          on an order-preserving integer image of the floats.
 __device__ __forceinline__ float ex2_ftz(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
