@@ -1054,9 +1054,8 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         card = _short_card(r["card"])
         ours = r["ours"]
         lead_shape = next((b.get("shape") for b in board if b["number"] == r["number"] and b["lead"]), None)
-        if r["ours_long"] != ours and not r.get("floors_as_above"):  # the short label's full name, in the notes
-            other = f", at {r['shape']}" if r.get("shape") != lead_shape else ""
-            note(r, f"{ours}: {r['ours_long']}{other}")
+        if r["ours_long"] != ours and not r.get("floors_as_above") and r.get("shape") != lead_shape:
+            note(r, f"{ours}: {r['ours_long']}, at {r['shape']}")  # a row off the lead shape says what it times
         if r["clock"] != "gpu":  # the clock in a few words in the cell, the details in the chapter's notes
             first = r["notes"][0] if r["notes"] else f"{r['clock']} clock"
             ours += f", {first.split(':')[0]}"
@@ -1065,10 +1064,11 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         if r.get("part_notebook"):  # a part of the chapter with a page of its own: the cell links it
             ours = f"[part 1]({link(r['part_notebook'])}): {ours}"
         rival = f"{r['rival']}: {us(r['rival_ms'], missing=NOT_MEASURED)}"
-        if r.get("rival_check"):
-            rival += f" ({r['rival_check']} our float64 check)"
-        if r.get("rival_also"):
-            rival += f"; {r['rival_also']}"
+        if r.get("rival_check"):  # the cell names one rival and its time; its check and the others go to the notes
+            note(r, f"{r['rival']} {r['rival_check']} our float64 check")
+        also = r.get("rival_also")
+        if also and not any(n.startswith(also.split(":")[0] + " ") for n in r["rival_notes"]):  # said there already
+            note(r, also)
         if r["rival_clock"] not in (None, r["clock"]):
             rival += " (end to end, as our time in this row)"
             note(r, f"against {r['rival']}: it is timed {r['ratio_note'] or 'on another clock'}; the ratio compares our call timed "
