@@ -20,7 +20,6 @@ tolerance of the float64 W2A8 reference.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -44,7 +43,7 @@ def call_of(variant: str, x, w):
 
 
 def main() -> Path:
-    from studylog.bench import BenchRun, gpu_slug, write_lab_output
+    from studylog.bench import BenchRun, write_lab_output
 
     run = BenchRun("ternary", command=" ".join(["python", *sys.argv]))
     run.note("Series step22_parts: step 21, quantize_x alone, step 22 with its matmul launched after quantize_x "
@@ -76,12 +75,9 @@ def main() -> Path:
                         weight_bytes=w.data.numel() * w.data.element_size())
         del w8, w
         torch.cuda.empty_cache()
-    data = run.to_json()
-    out = paths.lab_results("ternary", gpu_slug(run.device["name"])) / "step22_parts.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
-    if os.environ.get("OUT"):
-        write_lab_output(Path(os.environ["OUT"]), run.device["name"], "step22_parts", data)
+    data = run.to_json()  # into lab/ternary/results/<gpu>/, and under $OUT where the run is on a lent machine
+    for folder in [paths.LAB / "ternary" / "results"] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else []):
+        out = write_lab_output(folder, run.device["name"], "step22_parts", data)
     bad = [c for c in run.checks if not c["passed"]]
     print(f"{len(run.rows)} measurements, {len(run.checks)} checks ({len(bad)} failed) -> {out}")
     for r in run.rows:
