@@ -239,7 +239,8 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
                 ours, theirs = r.get("ours_end_to_end_spread_ms"), r.get("rival_spread_ms")
 
                 def timed(ms: float, spread) -> str:  # as the rows above: the median, then the repetitions' range
-                    return f"{ms * 1e3:,.1f}" + (f" ({spread[0] * 1e3:,.1f}–{spread[2] * 1e3:,.1f})" if spread else "")
+                    return f"{ms * 1e3:,.1f}" + (f" ({spread[0] * 1e3:,.1f}–{spread[2] * 1e3:,.1f})"
+                                                 if spread else "")
 
                 out.append(f"| the GPU drafter, end to end (the call, then a sync) | the CPU loop it replaces, end to "
                            f"end | {r['shape']} (the chapter's question) | **{r['vs_rival']:.2f}×**"

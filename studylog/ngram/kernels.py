@@ -410,9 +410,8 @@ def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_wi
 
 
 __all__ = ["THREADS", "ITEMS", "TILE", "SIGNATURE", "STREAM_LOADS", "STREAM_INSTANCES", "STREAM_STEPS",
-           "fused_chunk_len", "stream_vec", "stream_chunk_len", "stream_source", "one_pass_source", "NgramMatcher", "step01_cpu_path",
-           "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass", "step06_one_pass_split",
-           "step07_one_pass_fused", "step08_stream", "step09_wide_loads", "step10_evict_first",
+           "fused_chunk_len", "stream_vec", "stream_chunk_len", "stream_source", "one_pass_source", "NgramMatcher",
+           "step01_cpu_path", "step02_serial", "step03_two_phase", "step04_two_phase_scan", "step05_one_pass",
+           "step06_one_pass_split", "step07_one_pass_fused", "step08_stream", "step09_wide_loads", "step10_evict_first",
            "step11_skip_refused", "step12_early_phase2", "STREAM_MIN_TOKENS", "STREAM_MIN_WIDTH", "budget_can_refuse",
-           "step_for_shape", "final_step",
-           "ngram_match"]
+           "step_for_shape", "final_step", "ngram_match"]

@@ -43,7 +43,8 @@ def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec
       threshold=DEFAULT_THRESHOLD, hybrid=False, max_draft_tokens=10) -> None:
     inputs, config = _parts(**locals())
     # the values are not read (that would wait for the GPU): they must stay in the ranges validate states
-    NgramMatcher(final_step(inputs, config), inputs, draft_tokens, seq_lens_this_time, config=config, check_values=False)()
+    NgramMatcher(final_step(inputs, config), inputs, draft_tokens, seq_lens_this_time, config=config,
+                 check_values=False)()
 
 
 @ngram_match.register_fake

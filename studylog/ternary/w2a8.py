@@ -131,10 +131,10 @@ SM_SMEM_BYTES = 228 * 1024
 
 
 def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Optional[str] = None) -> W2A8Config:
-    """The launch of steps 22 and 23 for an (M, N, K) problem, 4 stages of 1 group a warp and tile. Every block: one tile and
-    8 warps while there are at most two tiles an SM, else two tiles (4 warps for K <= 8192). Staged: the fewest
-    row tiles that give 3/4 of the SMs or more one block, where x fits. Separate: the fewest tiles a block that
-    run in one wave; above 8 rows of x, 2 tiles and 8 warps."""
+    """The launch of steps 22 and 23 for an (M, N, K) problem, 4 stages of 1 group a warp and tile. Every block:
+    one tile and 8 warps while there are at most two tiles an SM, else two tiles (4 warps for K <= 8192). Staged:
+    the fewest row tiles that give 3/4 of the SMs or more one block, where x fits. Separate: the fewest tiles a
+    block that run in one wave; above 8 rows of x, 2 tiles and 8 warps."""
     if quantize is not None:
         check_choice("quantize", quantize, W2A8_QUANTIZE)
     sms = sms or runtime.sm_count()
@@ -164,8 +164,8 @@ def w2a8_config(m: int, n: int, k: int, sms: Optional[int] = None, quantize: Opt
 
 
 def w2a8_blocks_per_sm(cfg: W2A8Config, x_rows: int, groups_per_slice: int) -> int:
-    """Blocks of steps 22 and 23 one SM holds at once, by shared memory (1 KiB more a block) and by registers (96 a thread
-    below four row tiles, where the launch bounds ask for two blocks an SM, else 136; a test checks it)."""
+    """Blocks of steps 22 and 23 one SM holds at once, by shared memory (1 KiB more a block) and by registers (96 a
+    thread below four row tiles, where the launch bounds ask for two blocks an SM, else 136; a test checks it)."""
     smem = SM_SMEM_BYTES // (w2a8_smem_bytes(cfg, x_rows, groups_per_slice) + 1024)
     registers = 65536 // ((96 if cfg.row_tiles <= 2 else 136) * 32 * (cfg.warps + 1))
     return min(smem, registers)
@@ -313,8 +313,8 @@ def w2a8_refusal(m: int, k: int, quant: Quant, cfg: W2A8Config) -> Optional[str]
         return f"{cfg}: quantize={where!r} is compiled for (row_tiles, stages, chunk) in {W2A8_STAGED_SHAPES} only"
     name = _w2a8_instance(quant, True, col_tiles, cfg.row_tiles, cfg.stages, cfg.chunk)
     if name not in W2A8_INSTANCES:  # (bf16 and fp16 x have the same compiled shapes)
-        return (f"{cfg}: steps 22 and 23 have no compiled instance for it with quantize={where!r} and M = {m} ({name}); "
-                f"compiled: {W2A8_INSTANCES}")
+        return (f"{cfg}: steps 22 and 23 have no compiled instance for it with quantize={where!r} and M = {m} "
+                f"({name}); compiled: {W2A8_INSTANCES}")
     return None
 
 
@@ -394,8 +394,8 @@ W2A8_TILES_SIGNATURE = ["ptr"] * 8 + ["i32"] * 5
 
 @functools.lru_cache(maxsize=256)
 def w2a8_tiles_config(m: int, n: int, k: int, sms: Optional[int] = None) -> W2A8TilesConfig:
-    """The launch of steps 24 and 25 for an (M, N, K) problem: 4 warps, the first compiled shape that needs the fewest waves,
-    with the slices of K that fill the GPU once (more where x would not fit beside the stages)."""
+    """The launch of steps 24 and 25 for an (M, N, K) problem: 4 warps, the first compiled shape that needs the fewest
+    waves, with the slices of K that fill the GPU once (more where x would not fit beside the stages)."""
     sms = sms or runtime.sm_count()
     groups, x_rows = triton.cdiv(k, GROUP_WEIGHTS_2BIT), min(m, 16)
     best = None
