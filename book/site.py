@@ -214,8 +214,6 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
     table, and each "where the cards differ" list folded into a collapsed block."""
     from html import escape
 
-    from book.results import caveat, spread as share
-
     out: list[str] = []
     lines = markdown.splitlines()
     i, section = 0, ""
@@ -236,17 +234,10 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
             card = section.split(" — ", 1)[1].split(",")[0]
             r = end_to_end.get(card)
             if r and r.get("ours_end_to_end_ms") and r.get("rival_ms"):
-                ours, theirs = r.get("ours_end_to_end_spread_ms"), r.get("rival_spread_ms")
-
-                def timed(ms: float, spread) -> str:  # as the rows above: the median, then the repetitions' range
-                    return f"{ms * 1e3:,.1f}" + (f" ({spread[0] * 1e3:,.1f}–{spread[2] * 1e3:,.1f})"
-                                                 if spread else "")
-
-                out.append(f"| the GPU drafter, end to end (the call, then a sync) | the CPU loop it replaces, end to "
-                           f"end | {r['shape']} (the chapter's question) | **{r['vs_rival']:.2f}×**"
-                           f"{caveat(share(*ours) if ours else None, share(*theirs) if theirs else None)} | "
-                           f"{timed(r['ours_end_to_end_ms'], ours)} | "
-                           f"{timed(r['rival_ms'], theirs)} | – |")
+                out.append(_pair_line("the GPU drafter, end to end (the call, then a sync)",
+                                      "the CPU loop it replaces, end to end", f"{r['shape']} (the chapter's question)",
+                                      {"ms": r["ours_end_to_end_ms"], "spread_ms": r.get("ours_end_to_end_spread_ms")},
+                                      {"ms": r["rival_ms"], "spread_ms": r.get("rival_spread_ms")}))
         if line.startswith("Where the cards differ"):
             items = []
             while i + 1 < len(lines) and (lines[i + 1].startswith("- ") or not lines[i + 1].strip()):
