@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import fields
 from typing import Callable
 
 import torch
@@ -39,8 +40,8 @@ cuda.declare_instances("ngram_stream", STREAM_INSTANCES)
 
 
 def fused_chunk_len(batch: int, prompt_width: int, gen_width: int, *, chunk_tiles: int | None = None) -> int:
-    """Haystack positions per block of steps 6, 7 and 12: about eight blocks per SM, at most 8 tiles of TILE positions per
-    block (``chunk_tiles`` overrides)."""
+    """Haystack positions per block of steps 6, 7 and 12: about eight blocks per SM, at most 8 tiles of TILE
+    positions per block (``chunk_tiles`` overrides)."""
     if chunk_tiles is None:
         tiles = batch * (-(-prompt_width // TILE) + -(-gen_width // TILE))
         chunk_tiles = max(1, min(8, tiles // (8 * runtime.sm_count())))
@@ -109,8 +110,7 @@ def _kernel(source: str, name: str, device_index: int) -> cuda.CudaKernel:
     return module.kernel(name, SIGNATURE)
 
 
-_BOUND_FIELDS = ("prompt_ids", "prompt_lens", "generated_ids", "step_idx", "draft_token_num", "max_dec_len",
-                 "seq_lens_encoder", "seq_lens_decoder")
+_BOUND_FIELDS = tuple(f.name for f in fields(NgramInputs))
 
 
 class NgramMatcher:
@@ -170,6 +170,7 @@ class NgramMatcher:
             self.chunk_len = fused_chunk_len(self.batch, prompt_width, gen_width, chunk_tiles=chunk_tiles)
         self.prompt_chunks = -(-prompt_width // self.chunk_len)
         self.gen_chunks = -(-gen_width // self.chunk_len)
+        self.grid = (self.batch, self.prompt_chunks + self.gen_chunks)  # the split searches: a block per slot and chunk
         self.match_keys = torch.full((max(self.batch, 1),), -1, dtype=torch.int64, device=device)  # all NONE_KEY
         self.blocks_done = torch.zeros(1, dtype=torch.int32, device=device)
         c = config
@@ -201,12 +202,13 @@ class NgramMatcher:
         return runtime.cuda_graph(self)[0]
 
 
-Drafts = tuple[Int64[Tensor, "batch draft_width"], Int32[Tensor, " batch"]]
+DraftTokens = Int64[Tensor, "batch draft_width"]
+SeqLens = Int32[Tensor, " batch"]
+Drafts = tuple[DraftTokens, SeqLens]
 
 
-def step01_cpu_path(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                    seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                    bound: NgramMatcher | None = None) -> Drafts:
+def step01_cpu_path(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                    config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
     """Step 1, the deployed path: copy to the host, run the serial C loop (``csrc/ngram_cpu_path.c``), copy the
     drafts back (on CPU tensors: only the loop), in place; not capturable in a CUDA graph. ``bound``, in every
     step: an :class:`NgramMatcher` of this step already bound to these buffers (no checks, no allocation)."""
@@ -216,9 +218,8 @@ def step01_cpu_path(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draf
     return draft_tokens, seq_lens_this_time
 
 
-def step02_serial(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                  seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                  bound: NgramMatcher | None = None) -> Drafts:
+def step02_serial(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                  config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
     """Step 2: the CPU loop as a one-thread GPU kernel (``ngram_serial``), in place."""
     m = bound or NgramMatcher(step02_serial, inputs, draft_tokens, seq_lens_this_time, config=config)
     if m.batch:
@@ -226,9 +227,8 @@ def step02_serial(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_
     return draft_tokens, seq_lens_this_time
 
 
-def step03_two_phase(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                     seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                     bound: NgramMatcher | None = None) -> Drafts:
+def step03_two_phase(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                     config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
     """Step 3: a parallel search per slot and ``n`` (``ngram_search_per_n``, a block per slot), then the budget on
     one thread (``ngram_budget_serial``), in place."""
     m = bound or NgramMatcher(step03_two_phase, inputs, draft_tokens, seq_lens_this_time, config=config)
@@ -238,9 +238,8 @@ def step03_two_phase(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch dra
     return draft_tokens, seq_lens_this_time
 
 
-def step04_two_phase_scan(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                          seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                          bound: NgramMatcher | None = None) -> Drafts:
+def step04_two_phase_scan(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                          config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
     """Step 4: step 3's search, then the exact budget from block-wide prefix sums (``ngram_budget_scan``, one
     block), in place."""
     m = bound or NgramMatcher(step04_two_phase_scan, inputs, draft_tokens, seq_lens_this_time, config=config)
@@ -250,9 +249,8 @@ def step04_two_phase_scan(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batc
     return draft_tokens, seq_lens_this_time
 
 
-def step05_one_pass(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                    seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                    bound: NgramMatcher | None = None) -> Drafts:
+def step05_one_pass(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                    config: NgramConfig = NgramConfig(), bound: NgramMatcher | None = None) -> Drafts:
     """Step 5: one pass over each haystack for every ``n`` (``ngram_search_one_pass``, a block per slot, no barrier
     in its loop), then step 4's budget scan, in place."""
     m = bound or NgramMatcher(step05_one_pass, inputs, draft_tokens, seq_lens_this_time, config=config)
@@ -262,98 +260,88 @@ def step05_one_pass(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draf
     return draft_tokens, seq_lens_this_time
 
 
-def step06_one_pass_split(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                          seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                          chunk_tiles: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
+def step06_one_pass_split(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                          config: NgramConfig = NgramConfig(), chunk_tiles: int | None = None,
+                          bound: NgramMatcher | None = None) -> Drafts:
     """Step 6: step 5 split over many blocks per slot (``ngram_one_pass_split``, ``chunk_tiles`` tiles each,
     :func:`fused_chunk_len` by default), then step 4's budget scan as a second launch that also resets the keys for
     the next call (``ngram_budget_scan_reset``), in place."""
     m = bound or NgramMatcher(step06_one_pass_split, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_tiles=chunk_tiles)
     if m.batch:
-        _kernel("ngram_one_pass", "ngram_one_pass_split", m.device)((m.batch, m.prompt_chunks + m.gen_chunks),
-                                                                   (THREADS,), *m.args)
+        _kernel("ngram_one_pass", "ngram_one_pass_split", m.device)(m.grid, (THREADS,), *m.args)
         _kernel("ngram_one_pass", "ngram_budget_scan_reset", m.device)((1,), (SCAN_THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
-def step07_one_pass_fused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                          seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                          chunk_tiles: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
+def step07_one_pass_fused(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                          config: NgramConfig = NgramConfig(), chunk_tiles: int | None = None,
+                          bound: NgramMatcher | None = None) -> Drafts:
     """Step 7: step 6 with phase 2 in the last block to finish: one launch (``ngram_one_pass_fused``), in place."""
     m = bound or NgramMatcher(step07_one_pass_fused, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_tiles=chunk_tiles)
     if m.batch:
-        _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)((m.batch, m.prompt_chunks + m.gen_chunks),
-                                                                   (THREADS,), *m.args)
+        _kernel("ngram_one_pass", "ngram_one_pass_fused", m.device)(m.grid, (THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
-def step08_stream(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                  seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                  chunk_len: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
+def step08_stream(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                  config: NgramConfig = NgramConfig(), chunk_len: int | None = None,
+                  bound: NgramMatcher | None = None) -> Drafts:
     """Step 8: step 7 without barriers in its loop, every warp streaming its own tiles of 8-byte loads
     (``ngram_stream``), in place. ``chunk_len``: haystack positions per block (:func:`stream_chunk_len` by
     default)."""
     m = bound or NgramMatcher(step08_stream, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_len=chunk_len)
     if m.batch:
-        _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(
-            (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
+        _kernel("ngram_stream", "ngram_stream<4, 1, false, false>", m.device)(m.grid, (THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
-def step09_wide_loads(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                      seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                      chunk_len: int | None = None, vec: int | None = None,
+def step09_wide_loads(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                      config: NgramConfig = NgramConfig(), chunk_len: int | None = None, vec: int | None = None,
                       bound: NgramMatcher | None = None) -> Drafts:
     """Step 9: step 8 with 16-byte loads (``vec`` = 2 tokens a load) where the rows allow, in place."""
     m = bound or NgramMatcher(step09_wide_loads, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_len=chunk_len, vec=vec)
     if m.batch:
-        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, false, false>", m.device)(
-            (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
+        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, false, false>", m.device)(m.grid, (THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
-def step10_evict_first(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                       seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                       chunk_len: int | None = None, vec: int | None = None,
+def step10_evict_first(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                       config: NgramConfig = NgramConfig(), chunk_len: int | None = None, vec: int | None = None,
                        bound: NgramMatcher | None = None) -> Drafts:
     """Step 10: step 9 with an L2 evict-first hint on the haystack loads, in place."""
     m = bound or NgramMatcher(step10_evict_first, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_len=chunk_len, vec=vec)
     if m.batch:
-        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, false>", m.device)(
-            (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
+        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, false>", m.device)(m.grid, (THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
-def step11_skip_refused(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                        seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                        chunk_len: int | None = None, vec: int | None = None,
+def step11_skip_refused(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                        config: NgramConfig = NgramConfig(), chunk_len: int | None = None, vec: int | None = None,
                         bound: NgramMatcher | None = None) -> Drafts:
     """Step 11: step 10 where the slots the batch budget refuses whatever the searches find skip their search, in
     place."""
     m = bound or NgramMatcher(step11_skip_refused, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_len=chunk_len, vec=vec)
     if m.batch:
-        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, true>", m.device)(
-            (m.batch, m.prompt_chunks + m.gen_chunks), (THREADS,), *m.args)
+        _kernel("ngram_stream", f"ngram_stream<4, {m.vec}, true, true>", m.device)(m.grid, (THREADS,), *m.args)
     return draft_tokens, seq_lens_this_time
 
 
-def step12_early_phase2(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                        seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig(),
-                        chunk_tiles: int | None = None, bound: NgramMatcher | None = None) -> Drafts:
+def step12_early_phase2(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                        config: NgramConfig = NgramConfig(), chunk_tiles: int | None = None,
+                        bound: NgramMatcher | None = None) -> Drafts:
     """Step 12: step 6 with its phase 2 launched early (``ngram_budget_scan_early``, a programmatic dependent
     launch): its block is scheduled once every search block (``ngram_one_pass_split_early``) has started and waits
     for the search to finish, so the gap between the two launches goes; in place."""
     m = bound or NgramMatcher(step12_early_phase2, inputs, draft_tokens, seq_lens_this_time, config=config,
                               chunk_tiles=chunk_tiles)
     if m.batch:
-        _kernel("ngram_one_pass", "ngram_one_pass_split_early", m.device)((m.batch, m.prompt_chunks + m.gen_chunks),
-                                                                         (THREADS,), *m.args)
+        _kernel("ngram_one_pass", "ngram_one_pass_split_early", m.device)(m.grid, (THREADS,), *m.args)
         _kernel("ngram_one_pass", "ngram_budget_scan_early", m.device)((1,), (SCAN_THREADS,), *m.args, early=True)
     return draft_tokens, seq_lens_this_time
 
@@ -401,8 +389,8 @@ def final_step(inputs: NgramInputs, config: NgramConfig = NgramConfig()) -> Call
     return step_for_shape(*inputs.prompt_ids.shape, config)
 
 
-def ngram_match(inputs: NgramInputs, draft_tokens: Int64[Tensor, "batch draft_width"],
-                seq_lens_this_time: Int32[Tensor, " batch"], *, config: NgramConfig = NgramConfig()) -> Drafts:
+def ngram_match(inputs: NgramInputs, draft_tokens: DraftTokens, seq_lens_this_time: SeqLens, *,
+                config: NgramConfig = NgramConfig()) -> Drafts:
     """The chapter's operator: drafts proposed in place by the step :func:`final_step` picks; returns
     ``(draft_tokens, seq_lens_this_time)``. It checks values (a sync) and allocates scratch, so a decoding loop
     captures an :class:`NgramMatcher` of ``final_step(inputs, config)`` instead (:meth:`NgramMatcher.capture`)."""

@@ -102,12 +102,19 @@ def _sweeps_of(cfg) -> list:
         ([step07_one_pass_fused] if (batch, seq_len) in ((16, 131072), (256, 131072)) else [])
 
 
-def _matchers(step, inputs, state0, config, copies, **options) -> list:
-    """Matchers of ``step`` over ``copies`` copies of the batch, each with its own state."""
-    batches = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone() for f in fields(inputs)})
-                          for _ in range(copies - 1)]
-    return [NgramMatcher(step, c, state0[0].clone(), state0[1].clone(), config=config, check_values=False, **options)
-            for c in batches]
+def _make_calls(step, inputs, state0, config, copies, **options):
+    """(make_calls, made) for the GPU clock: each repetition makes matchers of ``step`` over ``copies`` copies of the
+    batch, each with its own state; ``made`` holds the last repetition's (to check their drafts)."""
+    made = []
+
+    def make_calls() -> list:
+        batches = [inputs] + [NgramInputs(**{f.name: getattr(inputs, f.name).clone() for f in fields(inputs)})
+                              for _ in range(copies - 1)]
+        made[:] = [NgramMatcher(step, c, state0[0].clone(), state0[1].clone(), config=config, check_values=False,
+                                **options) for c in batches]
+        return list(made)
+
+    return make_calls, made
 
 
 def _copies_for(run, inputs: NgramInputs, limit: int) -> int:
@@ -152,20 +159,12 @@ def _measure_step(run, step, inputs, state0, config, expected, *, params, role, 
     slow = first_ms > SLOW_CALL_MS
     per_replay = max(1, int(GRAPH_BUDGET_MS / first_ms)) if slow else None
     copies = _copies_for(run, inputs, per_replay or MAX_COPIES)
-    made = []
-
-    def make_calls():
-        made[:] = _matchers(step, inputs, state0, config, copies)
-        return list(made)
-
-    name, extra = series or series_of(step), extra | {"rotated_copies": copies}
-    if not slow:
-        row = run.measure(name, make_calls, params=params, role=role, host=matcher, floor_ms=floor, **extra)
-    else:
-        timing = run.gpu_time(make_calls, min_calls=per_replay, reps=5)
-        host = run.host_time(matcher, calls=max(3, min(per_replay, 50)), repeats=3)
-        row = run.record(name, timing, params=params, role=role, floor_ms=floor, host=host, graph_calls=per_replay,
-                         **extra)
+    make_calls, made = _make_calls(step, inputs, state0, config, copies)
+    # a slow call: about GRAPH_BUDGET_MS of work per replay, five replays per repetition, fewer host calls
+    policy = dict(min_calls=per_replay, reps=5, host_calls=max(3, min(per_replay, 50)), graph_calls=per_replay) \
+        if slow else {}
+    row = run.measure(series or series_of(step), make_calls, params=params, role=role, host=matcher, floor_ms=floor,
+                      **policy, **extra, rotated_copies=copies)
     torch.cuda.synchronize()
     run.check("bit-identical after graph replays", _same((made[0], made[-1]), expected) and same_state(state, expected),
               params=where)
@@ -238,12 +237,8 @@ def bench(run) -> None:
         for step in _sweeps_of((batch, seq_len, threshold)) if not run.quick else ():
             option, values = CHUNK_SWEEPS[step]
             for value in values:
-                made, copies = [], _copies_for(run, inputs, MAX_COPIES)
-
-                def make_calls(step=step, option=option, value=value, copies=copies, made=made):
-                    made[:] = _matchers(step, inputs, (draft0, this0), config, copies, **{option: value})
-                    return list(made)
-
+                make_calls, made = _make_calls(step, inputs, (draft0, this0), config,
+                                               _copies_for(run, inputs, MAX_COPIES), **{option: value})
                 timing = run.gpu_time(make_calls, repeats=1)
                 torch.cuda.synchronize()
                 chunk_len = made[0].chunk_len
