@@ -297,6 +297,29 @@ def test_the_final_step_is_the_entry_point():
     assert {ctc.fused.final_step(150, n, a) for n in (1, 2, 256) for a in (28, 5000)} == {12, 14}
 
 
+def test_entry_series_names_the_step_the_entry_point_dispatches_to(monkeypatch):
+    """The results files' rule (results.entry_series) against ctc_loss's own dispatch: each step the entry point may
+    run is replaced by a recorder, so a change to either side that makes them disagree fails here."""
+    from studylog.ctc.results import entry_series
+
+    ran = []
+    for step in (ctc.step12_flush_to_zero, ctc.step14_warps_per_direction):
+        number = ctc.CHAPTER.step(step.__name__[:6]).number
+        monkeypatch.setattr(ctc.fused, step.__name__, lambda *args, number=number, **kwargs: ran.append(number))
+    for T in (2, 150):
+        for N in (1, 2, 8, 255, 256):
+            for A in (2, 28, 1024, 1025, 5000):
+                ctc.ctc_loss(torch.empty(T, N, A), torch.ones(N, 1, dtype=torch.long))
+                series = entry_series(T=T, N=N, A=A, entry_timed=False)
+                assert series == f"step{ran[-1]:02d}", (T, N, A)
+                assert ctc.fused.launch_shape(ctc.CHAPTER.step(series).number, 3)  # a step of the fused family
+                assert entry_series(T=T, N=N, A=A, entry_timed=True) == "ctc_loss"
+    assert set(ran) == {12, 14}
+    for name, bad in (("T", 0), ("N", 1.5), ("A", True)):
+        with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+            entry_series(**({"T": 150, "N": 1, "A": 28} | {name: bad}), entry_timed=False)
+
+
 def test_each_step_from_7_on_changes_one_kernel_of_the_step_it_builds_on():
     """Steps 7 to 14 as (first pass, recursion, last pass): step 8 changes both passes and where the recursion reads
     its emissions (one template flag of step 7's kernel), every later step one kernel of the three (step 13 both

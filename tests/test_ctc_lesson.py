@@ -217,7 +217,7 @@ def test_the_host_bound_cases_are_the_rows_whose_host_time_exceeds_their_gpu_tim
     """Each card's host-bound cases are its grid's rows (the entry point, or the step the entry point picks where the
     card's run does not time it) with host time per call above GPU time, as the landing page counts them; the page's
     card marks them in bold in its result table."""
-    from studylog.ctc.fused import final_step
+    from studylog.ctc.results import entry_series
 
     for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
         bound = lesson.host_bound(gpu)
@@ -226,8 +226,8 @@ def test_the_host_bound_cases_are_the_rows_whose_host_time_exceeds_their_gpu_tim
         data = json.loads(plotting.load_results("ctc", gpu).path.read_text())
         entry = any(r["series"] == "ctc_loss" for r in data["measurements"])
         rows = [r for r in data["measurements"] if r["params"].get("T") == ctc.BENCH_T and r.get("host_ms") is not None
-                and r["series"] == ("ctc_loss" if entry else
-                                    f"step{final_step(ctc.BENCH_T, r['params']['N'], r['params']['A']):02d}")]
+                and r["series"] == entry_series(T=ctc.BENCH_T, N=r["params"]["N"], A=r["params"]["A"],
+                                                entry_timed=entry)]
         assert bound["of"] == len(rows) == len(ctc.BENCH_A) * len(ctc.BENCH_N)
         assert {(A, N) for A, N, _, _ in bound["cases"]} == {(r["params"]["A"], r["params"]["N"]) for r in rows
                                                              if r["host_ms"] > r["ms"]}

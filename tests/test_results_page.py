@@ -202,7 +202,7 @@ def test_runs_set_up_differently_are_left_out_with_no_fold():
 def test_chapter_4_tables_time_the_entry_points_step_at_each_case():
     """Each chapter 4 row of the folded tables times, at its case, the step the entry point picks there, so that its
     "smallest speedup" rows are the range's ends in the headline table's notes (recomputed from the raw file)."""
-    from studylog.ctc.fused import final_step
+    from studylog.ctc.results import entry_series
 
     page = headlines_page_markdown()
     chapter = page.split(":::{dropdown} Chapter 4:")[1].split("\n:::")[0]
@@ -214,15 +214,15 @@ def test_chapter_4_tables_time_the_entry_points_step_at_each_case():
             for rival in [r for r in rows if r["series"] == "torch-best" and r["clock"] == "gpu"
                           and r["params"]["A"] == a]:
                 p = rival["params"]
-                series = "ctc_loss" if entry else f"step{final_step(p['T'], p['N'], p['A']):02d}"
+                series = entry_series(T=p["T"], N=p["N"], A=p["A"], entry_timed=entry)
                 ratios.append(rival["ms"] / _find(rows, series, **p)["ms"])
             assert f"A = {a}, N = " in chapter and f"**{min(ratios):.2f}×**" in chapter
 
 
 def test_chapter_4_grid_times_one_kernel_per_case_on_every_card():
     """Each card's range over chapter 4's grid times, at each case, the step its entry point runs there: the entry
-    point where the file times it, else the step the entry point's rule picks, read here from the raw file."""
-    from studylog.ctc.fused import final_step
+    point where the file times it, else the step the entry point's rule picks (entry_series), read here from the raw file."""
+    from studylog.ctc.results import entry_series
 
     for path in BENCH_RESULTS.glob("*/ctc.json"):
         rows = json.loads(path.read_text())["measurements"]
@@ -230,7 +230,7 @@ def test_chapter_4_grid_times_one_kernel_per_case_on_every_card():
         ratios = []
         for rival in [r for r in rows if r["series"] == "torch-best" and r["clock"] == "gpu"]:
             p = rival["params"]
-            series = "ctc_loss" if entry else f"step{final_step(p['T'], p['N'], p['A']):02d}"
+            series = entry_series(T=p["T"], N=p["N"], A=p["A"], entry_timed=entry)
             ours = _find(rows, series, **p)
             ratios.append(rival["ms"] / ours["ms"])
         (lo, _), (hi, _) = results.ctc_grid(path.parent)

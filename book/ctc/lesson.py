@@ -20,7 +20,7 @@ from studylog.ctc import CHAPTER
 from studylog.ctc.fused import BLOCK_GRAINS, DEFAULT_BLOCK_GRAIN, DEFAULT_RECURSION, RECURSION_OPTIONS
 from studylog.ctc.reference import FAR_GRAD, FAR_LOSS, GRAD_TOLERANCE, LOSS_TOLERANCE
 from studylog.ctc.report import BENCH_A, BENCH_N, BENCH_T, LESSON_N
-from studylog.ctc.results import clock_of
+from studylog.ctc.results import clock_of, entry_series
 from studylog.plotting import Results, load_lab
 from studylog.tails import CTC_FLOOR_SERIES
 
@@ -796,9 +796,8 @@ def host_bound(gpu: str = "nvidia-h200") -> dict | None:
     """The grid's cases on one card where our call, made eagerly, takes longer on the host than on the GPU (its host
     time per call above its GPU time): ``cases``, (A, N, host µs, GPU µs) in the grid's order; ``of``, the cases with
     a host time; ``card``, the card's short name. Our call is the entry point's row where the card's run times it,
-    else the step the entry point picks for the case (:func:`studylog.ctc.fused.final_step`), as on the landing
+    else the step the entry point picks for the case (:func:`studylog.ctc.results.entry_series`), as on the landing
     page. None where the card has no run."""
-    from studylog.ctc.fused import final_step
     from studylog.plotting import load_results
 
     try:
@@ -808,7 +807,7 @@ def host_bound(gpu: str = "nvidia-h200") -> dict | None:
     entry = bool(results.select("ctc_loss", T=BENCH_T))
     cases, of = [], 0
     for A, N in _all_points():
-        row = _row(results, "ctc_loss" if entry else f"step{final_step(BENCH_T, N, A):02d}", T=BENCH_T, A=A, N=N)
+        row = _row(results, entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry), T=BENCH_T, A=A, N=N)
         if row is None or row.get("host_ms") is None:
             continue
         of += 1
@@ -823,7 +822,6 @@ def host_noise(gpu: str = "nvidia-h200") -> dict | None:
     ``span`` {A: (µs, µs)}, and whether those medians rise with N, ``ordered`` {A: bool}; and ``fragile``, the
     host-bound cases (median host time above the GPU time) whose fastest repetition is not above it. None where the
     card's rows carry no host repetitions."""
-    from studylog.ctc.fused import final_step
     from studylog.plotting import load_results
 
     bound = host_bound(gpu)
@@ -833,7 +831,7 @@ def host_noise(gpu: str = "nvidia-h200") -> dict | None:
     entry = bool(results.select("ctc_loss", T=BENCH_T))
     widest, medians = None, {}
     for A, N in _all_points():
-        row = _row(results, "ctc_loss" if entry else f"step{final_step(BENCH_T, N, A):02d}", T=BENCH_T, A=A, N=N)
+        row = _row(results, entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry), T=BENCH_T, A=A, N=N)
         if row is None or not row.get("host_spread_ms"):
             continue
         lo, med, hi = row["host_spread_ms"]
@@ -844,7 +842,7 @@ def host_noise(gpu: str = "nvidia-h200") -> dict | None:
         return None
     fragile = []
     for A, N, _, gpu_us in bound["cases"]:
-        row = _row(results, "ctc_loss" if entry else f"step{final_step(BENCH_T, N, A):02d}", T=BENCH_T, A=A, N=N)
+        row = _row(results, entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry), T=BENCH_T, A=A, N=N)
         if row.get("host_spread_ms") and row["host_spread_ms"][0] * 1e3 <= gpu_us:
             fragile.append((A, N))
     return {"widest": widest, "span": {A: (min(m), max(m)) for A, m in medians.items()},

@@ -1,9 +1,24 @@
-"""Chapter 4's headline from a results file, and the clock of a series; a file that predates a series gives the rows
-it can."""
+"""Chapter 4's headline from a results file, the clock of a series, and the series that times what the entry point
+runs at a case; a file that predates a series gives the rows it can."""
 
 from __future__ import annotations
 
+from studylog.ctc.fused import final_step
 from studylog.ctc.report import BENCH_A, BENCH_T
+
+
+def entry_series(*, T: int, N: int, A: int, entry_timed: bool) -> str:
+    """The series of a results file that times what :func:`~studylog.ctc.ctc_loss` runs on activations of shape
+    ``(T, N, A)``: ``"ctc_loss"`` where the file times the entry point itself (``entry_timed``), else ``"stepNN"``,
+    the step the entry point dispatches to there (:func:`~studylog.ctc.fused.final_step`), timed directly.
+
+    Every reader of a chapter 4 results file (the headline, the results pages, the scoreboard, the chapter's page)
+    asks this, so that each card's numbers time the same kernel at the same case.
+    """
+    for name, value in (("T", T), ("N", N), ("A", A)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return "ctc_loss" if entry_timed else f"step{final_step(T, N, A):02d}"
 
 
 def clock_of(results, series: str) -> str:
@@ -17,7 +32,6 @@ def headline(results) -> list[dict]:
     last step measured) against ``torch-best`` on the same clock, at the
     smallest speedup over N for each alphabet and at the largest batch of the large alphabet."""
     from studylog.ctc import CHAPTER
-    from studylog.ctc.fused import final_step
     from studylog.plotting import headline_row
 
     measured = [s for s in reversed(CHAPTER.steps) if results.select(s.series, T=BENCH_T)]
@@ -33,11 +47,10 @@ def headline(results) -> list[dict]:
             return []
 
     def kernel_at(A: int, N: int) -> str:
-        """The series timing what the entry point runs at (A, N): itself, else the step its rule picks there where
-        the file times it (a file from before the entry point), else the last step."""
-        if entry or span:
+        """:func:`entry_series` at (A, N) where the file times it there, else the last step measured."""
+        if span:
             return kernel
-        picked = f"step{final_step(BENCH_T, N, A):02d}"
+        picked = entry_series(T=BENCH_T, N=N, A=A, entry_timed=entry)
         return picked if results.select(picked, T=BENCH_T, A=A, N=N) else kernel
 
     native = results.select("torch-native")
