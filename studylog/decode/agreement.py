@@ -26,15 +26,11 @@ from studylog.decode.generation import STEER, Generation, gumbel_noise
 U = 2.0 ** -24
 
 
-def gamma(hidden: int) -> float:
-    """``gamma_k`` for ``k = 2 D + 1`` (module docstring): fp32 sums of ``D`` products, in any order."""
-    ku = (2 * hidden + 1) * U
-    return ku / (1 - ku)
-
-
 def logit_bound(h: Tensor, rows: Tensor) -> Tensor:
-    """The rounding bound of each logit ``h . rows[j]`` computed in fp32 (float64 inputs of the exact values)."""
-    return gamma(h.shape[-1]) * (h.abs() @ rows.abs().t())
+    """The rounding bound of each logit ``h . rows[j]`` computed in fp32 (float64 inputs of the exact values):
+    ``gamma_k sum_i |h_i w_i|``, ``k = 2 D + 1`` (module docstring)."""
+    ku = (2 * h.shape[-1] + 1) * U
+    return ku / (1 - ku) * (h.abs() @ rows.abs().t())
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:
@@ -89,4 +85,4 @@ def compare(reference: Generation, other: Generation, weight: Tensor) -> dict[st
             "divergences": divergences, "all_inside": all(d["inside"] for d in divergences)}
 
 
-__all__ = ["U", "compare", "gamma", "logit_bound"]
+__all__ = ["U", "compare", "logit_bound"]

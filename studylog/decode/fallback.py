@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from studylog.decode import pieces
-from studylog.decode.grammar import continues_utf8, packed_bits
+from studylog.decode.grammar import byte_tokens, continues_utf8, packed_bits
 
 #: Matchers kept, each at a state: up to this many sequences that went apart advance one ``accept_token`` a token;
 #: past it, a sequence's matcher is walked again from the start.
@@ -84,13 +84,9 @@ def _after(vocab: pieces.TokenVocabulary, pending: bytes) -> tuple[np.ndarray, n
 @functools.lru_cache(maxsize=1024)
 def _witness(vocab: pieces.TokenVocabulary, pending: bytes) -> int:
     """A one-byte token that keeps ``pending`` valid UTF-8 (-1 where the vocabulary has none)."""
-    for c in range(0x80, 0xC0):
-        if continues_utf8(pending + bytes([c]), 1):
-            try:
-                return vocab.token_id(bytes([c]))
-            except KeyError:
-                pass
-    return -1
+    singles = byte_tokens(vocab)
+    return next((singles[c] for c in range(0x80, 0xC0) if c in singles and continues_utf8(pending + bytes([c]), 1)),
+                -1)
 
 
 class MatcherAutomaton:

@@ -120,7 +120,8 @@ def packed_bits(ids: Sequence[int], V: int) -> np.ndarray:
     return np.packbits(row, bitorder="little")
 
 
-def _byte_tokens(vocab: pieces.TokenVocabulary) -> dict[int, int]:
+@functools.lru_cache(maxsize=4)
+def byte_tokens(vocab: pieces.TokenVocabulary) -> dict[int, int]:
     """byte -> the id of the token that is that byte alone, for the bytes that have one."""
     out = {}
     for b in range(256):
@@ -275,7 +276,7 @@ class Grammar:
         auto, vocab = self.automaton, self.vocab
         matcher = xgr.GrammarMatcher(self.xgrammar, max_rollback_tokens=-1)
         bitmask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
-        byte_ids = _byte_tokens(vocab)
+        byte_ids = byte_tokens(vocab)
         # tokens holding a byte that is no token by itself: the only ones a walk over single bytes cannot follow
         odd = [i for i, b in enumerate(vocab.token_bytes) if b and any(c not in byte_ids for c in b)]
 
@@ -442,5 +443,5 @@ class Writer:
             return self.vocab.token_bytes.index(self.target[n:n + 1])
 
 
-__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "packed_bits", "schema_regex",
+__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "byte_tokens", "packed_bits", "schema_regex",
            "suite_names", "suite_sample"]

@@ -23,6 +23,16 @@ from studylog.decode.grammar import Grammar, Writer, continues_utf8
 from studylog.decode.model import LlamaModel, dense_logits
 from studylog.runtime import cuda_graph
 
+
+def staged(*shape: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """A zeroed host buffer and its device twin: on a GPU the host one is pinned, so that copies between the two
+    run asynchronously on the stream; on a CPU one tensor is both."""
+    if device.type != "cuda":
+        both = torch.zeros(shape, dtype=dtype, device=device)
+        return both, both
+    return torch.zeros(shape, dtype=dtype, pin_memory=True), torch.zeros(shape, dtype=dtype, device=device)
+
+
 class _Row:
     def __init__(self, prompt: list[int], grammar: Grammar, cfg: DecodeConfig, target: str | None):
         self.prompt = prompt
@@ -39,6 +49,11 @@ class _Row:
         """Tokens not in the cache yet (after the prefill: the token sampled last and the forced ones after it)."""
         n = len(self.prompt)
         return self.ids[self.kv_len - n:] if self.kv_len >= n else self.prompt[self.kv_len:] + self.ids
+
+    def steer(self) -> int:
+        """The token the writer favours next (-1: none)."""
+        tok = self.writer.next_token(bytes(self.text)) if self.writer is not None and not self.finished else None
+        return -1 if tok is None else tok
 
 
 class Marks:
@@ -116,17 +131,12 @@ class Decoder:
         self.batch, self.max_seq, self.V = batch, max_seq, V
         C = self.max_chunk = self.chunk_sizes[-1]
         self.cache = self.model.new_cache(batch, max_seq + C)
-        words = (V + 31) // 32
-        pin = dict(pin_memory=True) if cuda else {}
         #: per sequence: chunk tokens [0, C), then start, last, steered token, tokens written so far
-        self._inp_host = torch.zeros(batch, C + 4, dtype=torch.int64, **pin)
-        self._inp = self._inp_host if not cuda else torch.zeros_like(self._inp_host, device=self.device)
+        self._inp_host, self._inp = staged(batch, C + 4, dtype=torch.int64, device=self.device)
         self._inp_np = self._inp_host.numpy()  # the same memory
-        self._bits_host = torch.zeros(batch, words, dtype=torch.int32, **pin)
-        self._bits = self._bits_host if not cuda else torch.zeros_like(self._bits_host, device=self.device)
+        self._bits_host, self._bits = staged(batch, (V + 31) // 32, dtype=torch.int32, device=self.device)
         self._logits = torch.empty(batch, V, dtype=torch.float32, device=self.device)
-        self._tok = torch.zeros(batch, dtype=torch.int64, device=self.device)
-        self._tok_host = self._tok if not cuda else torch.zeros(batch, dtype=torch.int64, **pin)
+        self._tok_host, self._tok = staged(batch, dtype=torch.int64, device=self.device)
         self._vocab_ids = torch.arange(V, device=self.device, dtype=torch.int64)
         self._graphs: dict[int, tuple[Any, Tensor]] = {}
         self._pool = None
@@ -137,9 +147,7 @@ class Decoder:
     every_position = False
 
     def _body_eager(self, T: int) -> Tensor:
-        C = self.max_chunk
-        return self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache,
-                          every=self.every_position)
+        return self.body_call(T)()
 
     def _graph(self, T: int) -> tuple[Any, Tensor]:
         """The body for chunk length ``T`` in a CUDA graph (captured on first use), reading the static ``_inp``."""
@@ -150,12 +158,12 @@ class Decoder:
         return self._graphs[T]
 
     def body_call(self, T: int = 1, fused: bool | None = None, gemv: bool | None = None):
-        """A graph-safe call of the body on the static input buffers at chunk length ``T`` (timed alone)."""
+        """A graph-safe call of the body on the static input buffers at chunk length ``T``."""
         if T > self.max_chunk:
             raise ValueError(f"T must be at most the largest chunk size {self.max_chunk}, got {T}")
         C = self.max_chunk
-        return lambda: self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache, fused=fused,
-                                  gemv=gemv)
+        return lambda: self.model(self._inp[:, :T], self._inp[:, C], self._inp[:, C + 1], self.cache,
+                                  every=self.every_position, fused=fused, gemv=gemv)
 
     def prepare(self, grammar: Grammar, config: DecodeConfig | str = "masked_head") -> None:
         """Build every state's allowed set and compile the head's and the sampler's launch variants now, not
@@ -183,17 +191,19 @@ class Decoder:
             for T in self.chunk_sizes:
                 self._graph(T)
 
-    def _body(self, chunks: list[list[int]], starts: list[int], extra: list[tuple[int, int]]) -> Tensor:
-        """One forward of the body on a chunk per sequence; returns the hidden state ``[B, D]``."""
+    def _body(self, rows: list[_Row], chunks: list[list[int]], steers: list[int] | None = None) -> Tensor:
+        """One forward of the body on a chunk per sequence, a finished one riding along (one dummy token after its
+        end); returns the hidden state ``[B, D]`` (every position's, ``[B, T, D]``, with :attr:`every_position`)."""
         T = max(len(c) for c in chunks)
         C = self.max_chunk
         # a numpy store into the pinned buffer (far cheaper than torch's __setitem__); the previous step's copy
         # from it has finished, since its token was waited for
         host = self._inp_np
-        for b, c in enumerate(chunks):
+        for b, (r, c) in enumerate(zip(rows, chunks)):
             if T <= C:
                 host[b, :len(c)] = c
-            host[b, C:C + 4] = (starts[b], len(c) - 1, *extra[b])
+            host[b, C:C + 4] = ((min(r.kv_len, self.max_seq), 0, -1, 0) if r.finished else
+                                (r.kv_len, len(c) - 1, steers[b] if steers else -1, len(r.ids)))
         if self._inp is not self._inp_host:
             self._inp.copy_(self._inp_host, non_blocking=True)
         if T > C:  # a long prompt: eager, at its exact length
@@ -289,20 +299,11 @@ class Decoder:
         forwards = 0
         while not all(r.finished for r in rows):
             t_step = time.perf_counter()
-            chunks, starts, extra = [], [], []
-            for r in rows:
-                if r.finished:  # a finished sequence rides along: one dummy token after its end
-                    chunks.append([0])
-                    starts.append(min(r.kv_len, self.max_seq))
-                    extra.append((-1, 0))
-                    continue
-                chunks.append(r.pending())
-                starts.append(r.kv_len)
-                steer = r.writer.next_token(bytes(r.text)) if r.writer is not None else None
-                extra.append((-1 if steer is None else steer, len(r.ids)))
+            chunks = [r.pending() if not r.finished else [0] for r in rows]
+            steers = [r.steer() for r in rows]
             chunk_lengths.append(max(len(c) for c in chunks))
             marks()
-            hidden = self._body(chunks, starts, extra)
+            hidden = self._body(rows, chunks, steers)
             marks()
             t0 = time.perf_counter()
             active = [b for b, r in enumerate(rows) if not r.finished]
@@ -337,7 +338,7 @@ class Decoder:
             if records is not None:
                 kept = hidden.detach().double().cpu()
                 for b in active:
-                    records[b][extra[b][1]] = (kept[b], tokens[b], extra[b][0])
+                    records[b][len(rows[b].ids)] = (kept[b], tokens[b], steers[b])
             for b in active:
                 r = rows[b]
                 r.kv_len += len(chunks[b])

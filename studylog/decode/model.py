@@ -384,8 +384,9 @@ def config_from_hf(hf: dict[str, Any], name: str = "checkpoint") -> ModelConfig:
         raise ValueError(f"config.json has no {exc.args[0]!r}") from None
 
 
-def state_dict_hf(model: LlamaModel) -> dict[str, Tensor]:
-    """The model's weights under Hugging Face Llama names (q/k/v and gate/up split again)."""
+def _hf_views(model: LlamaModel) -> dict[str, Tensor]:
+    """The model's weights under Hugging Face Llama names: q/k/v and gate/up as row blocks of the fused weights,
+    views that share their memory (a copy into one writes the model)."""
     c = model.config
     if c.shared_layers:
         raise ValueError(f"config {c.name!r} shares one layer's weights (a cost model); it has no Llama checkpoint")
@@ -399,15 +400,20 @@ def state_dict_hf(model: LlamaModel) -> dict[str, Tensor]:
         gate, up = w.gate_up.chunk(2)
         for key, t in zip(_LAYER_KEYS, (w.input_norm, q, k, v, w.o, w.post_norm, gate, up, w.down)):
             out[p + key] = t
-    return {k: t.detach().contiguous() for k, t in out.items()}
+    return {k: t.detach() for k, t in out.items()}
+
+
+def state_dict_hf(model: LlamaModel) -> dict[str, Tensor]:
+    """The model's weights under Hugging Face Llama names (q/k/v and gate/up split again)."""
+    return {k: t.contiguous() for k, t in _hf_views(model).items()}
 
 
 @torch.no_grad()
 def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str = "the checkpoint") -> LlamaModel:
     """Copy Hugging Face Llama tensors into ``model``; a missing, unexpected or mis-shaped tensor is an error."""
-    c = model.config
-    want = {k: tuple(t.shape) for k, t in state_dict_hf(model).items()}
-    optional = {"lm_head.weight"} if c.tie_embeddings else set()
+    views = _hf_views(model)
+    want = {k: tuple(t.shape) for k, t in views.items()}
+    optional = {"lm_head.weight"} if model.config.tie_embeddings else set()
     missing = sorted(set(want) - set(tensors))
     unexpected = sorted(set(tensors) - set(want) - optional - {k for k in tensors if k.endswith("rotary_emb.inv_freq")})
     if missing:
@@ -419,19 +425,8 @@ def load_state_dict_hf(model: LlamaModel, tensors: dict[str, Tensor], where: str
     for k, shape in want.items():
         if tuple(tensors[k].shape) != shape:
             raise ValueError(f"{where}: tensor {k} has shape {tuple(tensors[k].shape)}, the config says {shape}")
-    model.embed_tokens.copy_(tensors["model.embed_tokens.weight"])
-    model.norm.copy_(tensors["model.norm.weight"])
-    if not c.tie_embeddings:
-        model.lm_head.copy_(tensors["lm_head.weight"])
-    for i, w in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        t = {key: tensors[p + key] for key in _LAYER_KEYS}
-        w.input_norm.copy_(t["input_layernorm.weight"])
-        w.qkv.copy_(torch.cat([t[f"self_attn.{x}_proj.weight"] for x in "qkv"]))
-        w.o.copy_(t["self_attn.o_proj.weight"])
-        w.post_norm.copy_(t["post_attention_layernorm.weight"])
-        w.gate_up.copy_(torch.cat([t["mlp.gate_proj.weight"], t["mlp.up_proj.weight"]]))
-        w.down.copy_(t["mlp.down_proj.weight"])
+    for k, view in views.items():
+        view.copy_(tensors[k])
     return model
 
 

@@ -78,7 +78,8 @@ def hf_model(model: LlamaModel, *, attn_implementation: str | None = None):
     return hf.eval()
 
 
-def _check_hf(hf: Any):
+def _request(hf: Any, grammar: Any, prompt_ids: Any, max_new_tokens: Any, eos_id: Any) -> tuple[list[int], int]:
+    """The checked prompt ids and EOS id of one request of ``hf`` under ``grammar``."""
     transformers = _transformers()
     if not isinstance(hf, transformers.PreTrainedModel) or not hasattr(hf, "generate"):
         raise TypeError(f"hf must be a transformers causal LM (hf_model(model) builds one), got {type(hf).__name__}"
@@ -87,10 +88,7 @@ def _check_hf(hf: Any):
     head = hf.get_output_embeddings()
     if head is None:
         raise TypeError(f"{type(hf).__name__} has no LM head (get_output_embeddings() is None)")
-    return hf, head.weight.shape[0]
-
-
-def _check_grammar(grammar: Any, rows: int) -> Grammar:
+    rows = head.weight.shape[0]
     if not isinstance(grammar, Grammar):
         raise TypeError(f"grammar must be a studylog.decode.Grammar, got {type(grammar).__name__}")
     V = grammar.xgrammar.tokenizer_info.vocab_size
@@ -100,15 +98,10 @@ def _check_grammar(grammar: Any, rows: int) -> Grammar:
             f"model's LM head has {rows} rows: they must match (a grammar of another vocabulary allows other ids; "
             "and over a head padded past the vocabulary, xgrammar's processor masks only the first "
             f"{V} logits and leaves the padded ids allowed)")
-    return grammar
-
-
-def _prompt(prompt_ids: Any, rows: int) -> list[int]:
+    if isinstance(prompt_ids, torch.Tensor) and prompt_ids.ndim == 1 and not prompt_ids.is_floating_point():
+        prompt_ids = prompt_ids.tolist()
     if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
-        if isinstance(prompt_ids, torch.Tensor) and prompt_ids.ndim == 1 and not prompt_ids.is_floating_point():
-            prompt_ids = prompt_ids.tolist()
-        else:
-            raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}")
+        raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}")
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: generate needs at least one token to start from")
     for i, t in enumerate(prompt_ids):
@@ -116,7 +109,11 @@ def _prompt(prompt_ids: Any, rows: int) -> list[int]:
             raise TypeError(f"prompt_ids holds {t!r} ({type(t).__name__}) at position {i}; token ids are ints")
         if not 0 <= t < rows:
             raise ValueError(f"prompt_ids holds token id {t} at position {i}, outside the vocabulary [0, {rows})")
-    return list(prompt_ids)
+    _positive("max_new_tokens", max_new_tokens)
+    eos_id = grammar.vocab.eos_id if eos_id is None else eos_id
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < rows:
+        raise ValueError(f"eos_id must be a token id in [0, {rows}), got {eos_id!r}")
+    return list(prompt_ids), eos_id
 
 
 def _positive(name: str, v: Any) -> int:
@@ -129,13 +126,7 @@ def hf_generate(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_toke
                 eos_id: int | None = None) -> list[int]:
     """The greedy constrained output ids of ``hf`` for one prompt, EOS excluded (a new xgrammar processor per
     call: it holds the matchers' state); ``eos_id`` defaults to the grammar's vocabulary's EOS."""
-    hf, rows = _check_hf(hf)
-    grammar = _check_grammar(grammar, rows)
-    ids = _prompt(prompt_ids, rows)
-    max_new_tokens = _positive("max_new_tokens", max_new_tokens)
-    eos_id = grammar.vocab.eos_id if eos_id is None else eos_id
-    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < rows:
-        raise ValueError(f"eos_id must be a token id in [0, {rows}), got {eos_id!r}")
+    ids, eos_id = _request(hf, grammar, prompt_ids, max_new_tokens, eos_id)
     return _generate(hf, grammar, ids, max_new_tokens, eos_id)
 
 
@@ -175,12 +166,8 @@ def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: 
     processor built before the clock): a warm-up, then ``repeats`` timed with Python's collector paused."""
     from studylog.bench import collector_paused
 
-    hf, rows = _check_hf(hf)
-    grammar = _check_grammar(grammar, rows)
-    ids = _prompt(prompt_ids, rows)
-    max_new_tokens = _positive("max_new_tokens", max_new_tokens)
-    repeats = _positive("repeats", repeats)
-    eos_id = grammar.vocab.eos_id if eos_id is None else eos_id
+    ids, eos_id = _request(hf, grammar, prompt_ids, max_new_tokens, eos_id)
+    _positive("repeats", repeats)
     cuda = next(hf.parameters()).device.type == "cuda"
     if warmup:
         hf_generate(hf, grammar, ids, max_new_tokens=max_new_tokens, eos_id=eos_id)

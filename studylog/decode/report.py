@@ -62,17 +62,21 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
 
     for shape in shapes:
         real = shape == REAL_MODEL
+        hf = None
         if real:  # the real model answers real requests on its own: no steering
             from studylog import smollm2
+            from studylog.decode import peers
             from studylog.decode.model import load_smollm2
 
             model, vocab, tokenizer = load_smollm2(device=device, dtype=dtype), smollm2.vocabulary(), smollm2.tokenizer()
             cfg = model.config
-            hf = hf_twin(run, model)
+            try:
+                hf = peers.hf_model(model)  # the Hugging Face copy hf_peer runs
+            except ImportError as exc:  # transformers is in the peers extra
+                run.note(f"hf_generate skipped: {exc}")
         else:
             cfg = model_config(shape)
             model, vocab, tokenizer = LlamaModel(cfg, device=device, dtype=dtype, seed=0), None, None
-            hf = None
         run.note(f"model {shape}: {describe(cfg)}")
         for batch in batches:
             decoder = Decoder(model, vocab, batch=batch, max_seq=REAL_MAX_SEQ if real else max_seq,
@@ -141,17 +145,6 @@ AMBIGUOUS_REGEXES = (r"(-(?:[1-9]|[1-3][0-9]|40)|(?:[0-9]|[1-9][0-9]|1[01][0-9]|
                      r"([1-9]|1[0-9])( items)?")
 
 
-def hf_twin(run, model: LlamaModel):
-    """The Hugging Face copy of ``model`` that :func:`hf_peer` runs, or None (with a note) without transformers."""
-    from studylog.decode import peers
-
-    try:
-        return peers.hf_model(model)
-    except ImportError as exc:  # transformers is in the peers extra
-        run.note(f"hf_generate skipped: {exc}")
-        return None
-
-
 def hf_peer(run, hf, grammar: Grammar, prompt: list[int], step01: Generation, *, max_new_tokens: int,
             repeats: int, params: dict) -> None:
     """Hugging Face ``generate`` with xgrammar's processor on the same request, and whether it wrote step 1's tokens."""
@@ -180,11 +173,8 @@ def near_ties(run, decoder: Decoder, grammar: Grammar, prompts, *, max_new_token
 
 #: Allowed counts per sequence at which the masked head is timed alone (a forced token; a key; a number or a string).
 HEAD_COUNTS = (1, 48, 6000)
-
-
-def body_floor_ms(run, cfg, dtype: torch.dtype = torch.bfloat16) -> float:
-    """The least time a forward of the body can take: its weights read once at the run's copy bandwidth."""
-    return run.floor_ms(cfg.parameter_counts()["body"] * torch.finfo(dtype).bits // 8)
+#: The bodies timed alone: series, ``fused`` and ``gemv`` of :meth:`Decoder.body_call`.
+BODIES = (("body", True, None), ("body_cublas", True, False), ("body_unfused", False, None))
 
 
 def count_kernels(fn) -> dict[str, int]:
@@ -212,7 +202,7 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
         cfg = model_config(shape)
         model = LlamaModel(cfg, device=device, dtype=dtype, seed=0)
         decoder = Decoder(model, batch=1, max_seq=64)
-        for series, fused, gemv in (("body", True, None), ("body_cublas", True, False), ("body_unfused", False, None)):
+        for series, fused, gemv in BODIES:
             n = sum(count_kernels(decoder.body_call(1, fused=fused, gemv=gemv)).values())
             for row in run.rows:
                 if row["series"] == series and row["params"] == {"model": shape, "batch": 1, "chunk": 1}:
@@ -232,14 +222,13 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
     B, V = decoder.batch, decoder.V
     model = decoder.model
     base = {"model": shape, "batch": B}
-    floor = body_floor_ms(run, model.config, model.dtype)
+    floor = run.floor_ms(model.config.parameter_counts()["body"] * model.dtype.itemsize)  # the weights read once
     hidden = torch.randn(B, model.config.hidden, device=decoder.device, dtype=model.dtype)
     logits = torch.randn(B, V, device=decoder.device, dtype=torch.float32)
     bits = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=decoder.device)
     chunks = sorted(set(chunks or (1, 8, decoder.max_chunk)) & set(decoder.chunk_sizes))
-    bodies = [("body", True, None, chunks), ("body_cublas", True, False, (1,)), ("body_unfused", False, None, (1,))]
-    for series, fused, gemv, lengths in bodies:
-        for T in lengths:
+    for series, fused, gemv in BODIES:
+        for T in chunks if series == "body" else (1,):
             call = decoder.body_call(T, fused=fused, gemv=gemv)
             timing = run.gpu_time(lambda call=call: [call], repeats=3, min_calls=10, reps=5)
             run.record(series, timing, params={**base, "chunk": T}, role="baseline", floor_ms=floor)
@@ -345,23 +334,22 @@ def headline(results) -> list[dict]:
     for model, batch in (("1b", 1), ("1b", 8), ("8b", 1), ("8b", 8), ("smollm2", 1), ("smollm2", 8)):
         real = model == "smollm2"
         for config in ("masked_head", "jump_forward"):
-            ratios, mine, theirs, host = [], [], [], []
+            mine, theirs, host = [], [], []
             for r in rows_of(compact, model=model, batch=batch, config=config):
                 base = baselines.get((model, batch, r["params"]["schema"]))
                 if base and (real or r["params"]["schema"] in json_names):
-                    ratios.append(base["ms"] / r["ms"])
                     mine.append(r["ms"])
                     theirs.append(base["ms"])
                     parts = r.get("breakdown_ms_per_token") or {}
                     if "host" in parts:  # the step's time outside every timed part: host overhead, per token
                         host.append(parts["host"])
-            if ratios:
+            if mine:
                 rows = _head_rows(results, model)
                 what = (f"SmolLM2-135M-Instruct, real requests, batch {batch}, end to end per output token, median "
-                        f"of {len(ratios)} requests" if real else
+                        f"of {len(mine)} requests" if real else
                         f"{model} shape{f' (head of {rows:,} rows)' if rows else ''}, batch {batch}, end to end per "
                         f"output token, median "
-                        f"of {len(ratios)} JSON schemas (compact whitespace)")
+                        f"of {len(mine)} JSON schemas (compact whitespace)")
                 out.append({"kernel": series_label(config), "baseline": series_label("baseline"), "clock": "wall",
                             "case": what, "speedup": statistics.median(theirs) / statistics.median(mine),
                             "kernel_ms": statistics.median(mine),
@@ -370,5 +358,5 @@ def headline(results) -> list[dict]:
     return out
 
 
-__all__ = ["HEAD_COUNTS", "ORDER", "bench", "body_floor_ms", "body_kernels", "components", "count_kernels",
+__all__ = ["BODIES", "COMPONENTS", "HEAD_COUNTS", "ORDER", "bench", "body_kernels", "components", "count_kernels",
            "headline", "measure", "plan", "requests", "rows_of", "series_label", "series_of", "sweep"]

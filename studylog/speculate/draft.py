@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from studylog.checks import check_int
+from studylog.decode.loop import staged
 from studylog.runtime import cuda_graph
 from studylog.ngram import NgramConfig, NgramInputs, NgramMatcher
 from studylog.ngram import kernels as ngram_kernels
@@ -27,24 +28,18 @@ class NgramDrafter:
                         ("draft_len", draft_len)):
             check_int(name, v, low=1)
         self.batch, self.draft_len, self.device = batch, draft_len, torch.device(device)
-        cuda = self.device.type == "cuda"
-        pin = dict(pin_memory=True) if cuda else {}
-        dev = dict(device=self.device)
         # host buffers written with numpy; the int32 lengths live in one [6, B] buffer (one copy per call)
-        self._out_host = torch.zeros(batch, output_width, dtype=torch.int64, **pin)
-        self._lens_host = torch.zeros(6, batch, dtype=torch.int32, **pin)
+        self._out_host, self._out = staged(batch, output_width, dtype=torch.int64, device=self.device)
+        self._lens_host, self._lens = staged(6, batch, dtype=torch.int32, device=self.device)
         self._out_np, self._lens_np = self._out_host.numpy(), self._lens_host.numpy()
-        self._out = self._out_host if not cuda else torch.zeros_like(self._out_host, **dev)
-        self._lens = self._lens_host if not cuda else torch.zeros_like(self._lens_host, **dev)
-        self._prompt = torch.zeros(batch, prompt_width, dtype=torch.int64, **dev)
+        self._prompt = torch.zeros(batch, prompt_width, dtype=torch.int64, device=self.device)
         prompt_lens, step_idx, draft_num, max_dec, encoder, decoder = self._lens
         self.inputs = NgramInputs(self._prompt, prompt_lens, self._out, step_idx, draft_num, max_dec, encoder,
                                   decoder)
-        self.draft_tokens = torch.zeros(batch, draft_len + 1, dtype=torch.int64, **dev)
-        self.seq_lens_this_time = torch.zeros(batch, dtype=torch.int32, **dev)
-        step = ngram_kernels.final_step(self.inputs, config) if cuda else ngram_kernels.step01_cpu_path
-        self._draft_host = self.draft_tokens.cpu().pin_memory() if cuda else self.draft_tokens
-        self._this_time_host = self.seq_lens_this_time.cpu().pin_memory() if cuda else self.seq_lens_this_time
+        self._draft_host, self.draft_tokens = staged(batch, draft_len + 1, dtype=torch.int64, device=self.device)
+        self._this_time_host, self.seq_lens_this_time = staged(batch, dtype=torch.int32, device=self.device)
+        step = (ngram_kernels.final_step(self.inputs, config) if self.device.type == "cuda"
+                else ngram_kernels.step01_cpu_path)
         self.matcher = NgramMatcher(step, self.inputs, self.draft_tokens, self.seq_lens_this_time, config=config,
                                     check_values=False)
         self._graph = None

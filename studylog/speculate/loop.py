@@ -24,7 +24,7 @@ from studylog.checks import check_int
 from studylog.decode import kernels, pieces
 from studylog.decode.generation import CONFIGS as DECODE_CONFIGS, DecodeConfig, Generation, hashed_uniform
 from studylog.decode.grammar import Grammar
-from studylog.decode.loop import Decoder, Marks
+from studylog.decode.loop import Decoder, Marks, staged
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
 from studylog.speculate.draft import DRAFT_NGRAM, DraftGate, NgramDrafter, walk_draft
 from studylog.runtime import cuda_graph
@@ -111,15 +111,10 @@ class SpeculativeDecoder(Decoder):
             if drafter is None else None
         self.drafter = drafter or self.ngram.propose
         R = batch * self.max_chunk  # verified rows at most: every position of every chunk
-        self._rows_host = torch.zeros(R, dtype=torch.int64, **(dict(pin_memory=True) if self.device.type == "cuda"
-                                                                  else {}))
-        self._rows = self._rows_host if self.device.type != "cuda" else torch.zeros_like(self._rows_host,
-                                                                                         device=self.device)
+        self._rows_host, self._rows = staged(R, dtype=torch.int64, device=self.device)
         self._rows_np = self._rows_host.numpy()
         self._vlogits = torch.empty(R, self.V, dtype=torch.float32, device=self.device)
-        self._vtok = torch.zeros(3, R, dtype=torch.int64, device=self.device)
-        self._vtok_host = self._vtok if self.device.type != "cuda" else torch.zeros(3, R, dtype=torch.int64,
-                                                                                    pin_memory=True)
+        self._vtok_host, self._vtok = staged(3, R, dtype=torch.int64, device=self.device)
         self._no_steer = torch.full((R,), -1, dtype=torch.int64, device=self.device)
 
     @property
@@ -235,23 +230,13 @@ class SpeculativeDecoder(Decoder):
                 walked.append(w)
             t_draft = time.perf_counter()
             # 3. the body on pending + draft
-            chunks, starts, extra, verify_states, row_index = [], [], [], [], []
-            for b, r in enumerate(rows):
-                if r.finished:
-                    chunks.append([0])
-                    starts.append(min(r.kv_len, self.max_seq))
-                    extra.append((-1, 0))
-                    continue
-                chunks.append(pend[b] + walked[b].tokens)
-                starts.append(r.kv_len)
-                extra.append((-1, len(r.ids)))
-            T = max(len(c) for c in chunks)
-            chunk_lengths.append(T)
+            chunks = [pend[b] + walked[b].tokens if not r.finished else [0] for b, r in enumerate(rows)]
+            chunk_lengths.append(max(len(c) for c in chunks))
             marks()
-            hidden = self._body(chunks, starts, extra)
+            hidden = self._body(rows, chunks)
             marks()
             Tg = hidden.shape[1]
-            owners = []
+            verify_states, row_index, owners = [], [], []
             for b, r in enumerate(rows):
                 if r.finished:
                     continue
