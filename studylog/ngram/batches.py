@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from studylog.ngram.formats import NONE_KEY, NgramConfig, NgramInputs
-from studylog.ngram.models import decode_key, match_key, model_budget_refused, slot_plan
+from studylog.ngram.models import decode_key, match_key, model_budget_refused, slot_plans
 
 #: How a slot's match is placed: early / late in the prompt, only in the generated tokens, only
 #: a short (1-gram) match, none at all, or not a decoding slot.
@@ -160,25 +160,28 @@ def haystack_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: Ngra
 
 def _searching_slots(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig):
     """(slot, step_idx, prompt length) of each slot that searches this step: active, with room for a draft."""
-    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
-    prompt_lens = inputs.prompt_lens.tolist()
-    for b in range(inputs.batch):
-        kind, _, _, cap = slot_plan(b, config, *lists)
+    step_idx, prompt_lens = inputs.step_idx.tolist(), inputs.prompt_lens.tolist()
+    for b, (kind, _, _, cap) in enumerate(slot_plans(inputs, config, seq_lens_this_time)):
         if kind == "active" and cap >= 1:
-            yield b, lists[0][b], prompt_lens[b]
+            yield b, step_idx[b], prompt_lens[b]
+
+
+def _pattern_slots(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig):
+    """(slot, step_idx, top n, haystacks) of each searching slot whose pattern reaches ``min_ngram_size``; the
+    haystacks are (row, length) of the prompt, then of the generated tokens."""
+    for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
+        top = min(config.max_ngram_size, step)
+        if top >= config.min_ngram_size:
+            yield b, step, top, ((inputs.prompt_ids[b], prompt_len), (inputs.generated_ids[b], step))
 
 
 def early_exit_bytes(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramConfig) -> int:
     """Bytes a perfect early exit reads (budget ignored): each haystack up to the end of its first top-n window
     with a token after it, else all of it (only a top-n match lets the scan stop)."""
     total = 0
-    for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
-        top = min(config.max_ngram_size, step)
-        if top < config.min_ngram_size:
-            continue
+    for b, step, top, haystacks in _pattern_slots(inputs, seq_lens_this_time, config):
         pattern = inputs.generated_ids[b, step + 1 - top: step + 1]
-        for hay, hay_len in ((inputs.prompt_ids[b], prompt_len), (inputs.generated_ids[b], step)):
+        for hay, hay_len in haystacks:
             windows = hay[: max(hay_len - 1, 0)].unfold(0, top, 1) if hay_len - 1 >= top else None
             hits = (windows == pattern).all(1).nonzero() if windows is not None else torch.empty(0)
             if len(hits):
@@ -205,15 +208,11 @@ def search_keys(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Te
     """Each slot's match key, as :func:`~studylog.ngram.models.model_one_pass_keys` gives it, from whole-haystack
     tensor operations (fast enough for benchmark-sized batches)."""
     keys = [NONE_KEY] * inputs.batch
-    for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
-        top = min(config.max_ngram_size, step)
-        if top < config.min_ngram_size:
-            continue
-        gen_row = inputs.generated_ids[b]
-        for source, hay, hay_len in ((0, inputs.prompt_ids[b], prompt_len), (1, gen_row, step)):
+    for b, step, top, haystacks in _pattern_slots(inputs, seq_lens_this_time, config):
+        for source, (hay, hay_len) in enumerate(haystacks):
             if hay_len < 2:
                 continue
-            length = _suffix_lengths(hay, hay_len - 1, gen_row, step, top)  # ends keep a token after
+            length = _suffix_lengths(hay, hay_len - 1, inputs.generated_ids[b], step, top)  # ends keep a token after
             n = int(length.max())
             if n < config.min_ngram_size:
                 continue
@@ -232,10 +231,7 @@ def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramC
     refused = model_budget_refused(inputs, config, seq_lens_this_time)
     searching = top = shorter = none = refused_n = 0
     hits = positions = 0
-    for b, step, prompt_len in _searching_slots(inputs, seq_lens_this_time, config):
-        n_top = min(config.max_ngram_size, step)
-        if n_top < config.min_ngram_size:
-            continue
+    for b, step, n_top, haystacks in _pattern_slots(inputs, seq_lens_this_time, config):
         searching += 1
         refused_n += refused[b]
         if keys[b] == NONE_KEY:
@@ -245,7 +241,7 @@ def branch_stats(inputs: NgramInputs, seq_lens_this_time: Tensor, config: NgramC
         else:
             shorter += 1
         newest = inputs.generated_ids[b, step]
-        for hay, hay_len in ((inputs.prompt_ids[b], prompt_len), (inputs.generated_ids[b], step)):
+        for hay, hay_len in haystacks:
             if hay_len >= 2:
                 hits += int((hay[:hay_len - 1] == newest).sum())
                 positions += hay_len - 1
@@ -261,14 +257,11 @@ def draft_acceptance(inputs: NgramInputs, before: Tensor, draft_tokens: Tensor, 
     """How many drafts a batch got (``before``: ``seq_lens_this_time`` before the call) and how many a greedy
     verifier accepts: the longest prefix equal to ``generated_ids[b, step_idx[b] + 1:]`` (the document's
     continuation on a :func:`corpus_batch`, random on a :func:`make_batch`); past the buffer's end, rejected."""
-    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), before.tolist())
-    after = seq_lens_this_time.tolist()
+    step_idx, after = inputs.step_idx.tolist(), seq_lens_this_time.tolist()
     drafts, gen = draft_tokens.cpu(), inputs.generated_ids
     gen_width = gen.shape[1]
     active = with_drafts = drafted_total = accepted_total = with_accepted = 0
-    for b in range(inputs.batch):
-        kind, _, base, _ = slot_plan(b, config, *lists)
+    for b, (kind, _, base, _) in enumerate(slot_plans(inputs, config, before)):
         if kind != "active":
             continue
         active += 1
@@ -277,7 +270,7 @@ def draft_acceptance(inputs: NgramInputs, before: Tensor, draft_tokens: Tensor, 
             continue
         with_drafts += 1
         drafted_total += drafted
-        step = lists[0][b]
+        step = step_idx[b]
         truth = gen[b, step + 1: min(step + 1 + drafted, gen_width)].cpu()
         proposed = drafts[b, base: base + len(truth)]
         wrong = (proposed != truth).nonzero()

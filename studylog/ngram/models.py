@@ -40,18 +40,22 @@ def slot_plan(b: int, config: NgramConfig, step_idx, draft_token_num, max_dec_le
     return kind, decoder[b] > 0, ori, min(room, dec_room)
 
 
+def slot_plans(inputs: NgramInputs, config: NgramConfig, seq_lens_this_time: Tensor | None = None) -> list[tuple]:
+    """:func:`slot_plan` of every slot (``seq_lens_this_time`` None: all 0)."""
+    this_time = seq_lens_this_time.tolist() if seq_lens_this_time is not None else [0] * inputs.batch
+    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
+             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), this_time)
+    return [slot_plan(b, config, *lists) for b in range(inputs.batch)]
+
+
 def model_one_pass_keys(inputs: NgramInputs, config: NgramConfig,
                         seq_lens_this_time: Tensor | None = None) -> list[int]:
     """Phase 1 of step 5: for every end e of each haystack, the common suffix of ``hay[:e+1]`` and the generated
     tokens (up to the top n) names the best candidate ending there; the smallest key over all ends wins."""
     prompt, gen = inputs.prompt_ids.tolist(), inputs.generated_ids.tolist()
     prompt_lens, step_idx = inputs.prompt_lens.tolist(), inputs.step_idx.tolist()
-    this_time = seq_lens_this_time.tolist() if seq_lens_this_time is not None else [0] * inputs.batch
-    lists = (step_idx, inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), this_time)
     keys = []
-    for b in range(inputs.batch):
-        kind, _, _, cap = slot_plan(b, config, *lists)
+    for b, (kind, _, _, cap) in enumerate(slot_plans(inputs, config, seq_lens_this_time)):
         step = step_idx[b]
         top = min(config.max_ngram_size, step)
         best = NONE_KEY
@@ -71,9 +75,7 @@ def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this
     """Step 11's skip rule (``budget_bound_part`` in ``ngram_stream.cu``): an active slot is refused whatever the
     searches find when the smallest running total (every slot so far at its base) plus ``left`` reaches
     ``threshold - 1``."""
-    lists = (inputs.step_idx.tolist(), inputs.draft_token_num.tolist(), inputs.max_dec_len.tolist(),
-             inputs.seq_lens_encoder.tolist(), inputs.seq_lens_decoder.tolist(), seq_lens_this_time.tolist())
-    plans = [slot_plan(b, config, *lists) for b in range(inputs.batch)]
+    plans = slot_plans(inputs, config, seq_lens_this_time)
     left = sum(p[1] for p in plans)
     smallest_total = 0
     refused = []
@@ -84,4 +86,5 @@ def model_budget_refused(inputs: NgramInputs, config: NgramConfig, seq_lens_this
     return refused
 
 
-__all__ = ["SCAN_THREADS", "match_key", "decode_key", "slot_plan", "model_one_pass_keys", "model_budget_refused"]
+__all__ = ["SCAN_THREADS", "match_key", "decode_key", "slot_plan", "slot_plans", "model_one_pass_keys",
+           "model_budget_refused"]
