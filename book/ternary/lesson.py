@@ -702,16 +702,18 @@ PART1_ROWS = (
 #: so: it may lose on its own.
 PART2_ROWS = (
     (14, 1, None, "part 1's last Triton step"),
-    (15, 1, 14, "the loop by hand on `mma.sync`, loads two groups ahead; K in one slice (a prerequisite of step 16)"),
+    (15, 1, 14, "the loop by hand on `mma.sync`, loads two groups ahead; K in one slice "
+                "(did not pay alone; step 16 builds on it)"),
     (16, 1, 15, "K split across blocks, the slices summed in a fixed order"),
     (17, 1, 16, "x copied once into shared memory"),
-    (18, 1, 17, "the weights by the TMA into a ring, K still split (a prerequisite of step 19)"),
+    (18, 1, 17, "the weights by the TMA into a ring, K still split (did not pay alone; step 19 builds on it)"),
     (19, 1, 18, "the warps of a block share its K, sums in shared memory"),
     (20, 1, 19, "one copy a stage and tile, not one a warp"),
     (21, 1, 20, "the decode's constant kept in a register"),
-    (22, 1, 21, "int8 x on the int8 tensor cores, x quantised by a kernel of its own (a prerequisite of step 23)"),
+    (22, 1, 21, "int8 x on the int8 tensor cores, x quantised by a kernel of its own "
+                "(did not pay alone; step 23 builds on it)"),
     (23, 1, 22, "x quantised inside the matmul"),
-    (24, 1, 23, "one tile of weights a warp, a slice of K a block, x loaded by the warps"),
+    (24, 1, 23, "one tile of weights a warp, a slice of K a block (built for 16 rows; at one row it loses)"),
     (25, 1, 24, "x brought by the TMA; loses to step 23 here, wins at the largest BitNet shapes"),
     (23, 16, 14, "step 23 at 16 rows of x (there x is quantised by a kernel of its own), against part 1's step 14"),
     (24, 16, 23, "one tile of weights a warp, a slice of K a block, x loaded by the warps"),
@@ -779,15 +781,13 @@ def _boehm_rows(results, rows, shape: str, read_only: bool = False) -> str:
 # Short listings: the core of a step's diff, the first attempt's bugs
 # ----------------------------------------------------------------------------------------------
 
-#: Lines a core diff leaves out: the probe builds' branch (copies only) and the timeline's marks, which the
-#: folded full diff shows.
-_NOT_CORE = (("PROBE_COPIES_ONLY) {", "continue;"), ("W2A8_AT(", "W2A8_AT("),
-             ("Past K the weights are zeros", "make_uint4(0, 0, 0, 0);"))
+#: Lines a core diff leaves out: the consumers' zeroing of x past K, which the folded full diff shows.
+_NOT_CORE = (("Past K the weights are zeros", "make_uint4(0, 0, 0, 0);"),)
 
 
 def _region(text: str, start: str, stop: str) -> str:
     """The lines of ``text`` from the first that contains ``start`` to the first after it that contains ``stop``,
-    without the lines of :data:`_NOT_CORE` (a probe's branch loses its closing brace too)."""
+    without the lines of :data:`_NOT_CORE`."""
     lines = text.splitlines()
     i = next(n for n, line in enumerate(lines) if start in line)
     j = next(n for n in range(i, len(lines)) if stop in lines[n])
@@ -798,11 +798,32 @@ def _region(text: str, start: str, stop: str) -> str:
             kept.append(lines[n])
             n += 1
             continue
-        end = next(e for e in range(n, j + 1) if cut in lines[e])
-        n = end + 1 + (cut == "continue;")  # a probe's branch: its closing brace too
-        if kept and kept[-1].strip() == "#pragma unroll" and cut == "continue;":
-            kept.pop()
+        n = next(e for e in range(n, j + 1) if cut in lines[e]) + 1
     return "\n".join(kept)
+
+
+def _probe_test(m: re.Match) -> str:
+    """``BULK_PROBE == PROBE_X`` (or ``!=``, or W2A8_PROBE) as the default build reads it: the probe is PROBE_NONE."""
+    return "true" if (m.group(2) == "NONE") == (m.group(1) == "==") else "false"
+
+
+def without_instrumentation(text: str) -> str:
+    """CUDA C++ ``text`` as the default build compiles it, for a listing: the probe builds' tests (``BULK_PROBE``,
+    ``W2A8_PROBE``) read as PROBE_NONE and their branches resolved, the timeline's marks (``W2A8_START``,
+    ``W2A8_AT``, ``W2A8_END``, its ``trace`` parameter, ``#if W2A8_TIMELINE`` blocks) gone. The kernel files keep
+    both; the page says so once."""
+    lines, skip = [], False
+    for line in text.splitlines():
+        code = line.strip()
+        if code == "#if W2A8_TIMELINE":
+            skip = True
+        elif skip:
+            skip = code != "#endif"
+        elif not re.fullmatch(r"W2A8_(START|END);|W2A8_AT\(.*\);", code):
+            line = line.replace(" W2A8_TRACE_PARAM", "")
+            line = re.sub(r"\b(?:BULK|W2A8)_PROBE (==|!=) PROBE_(\w+)", _probe_test, line)
+            lines.append(re.sub(r"\btrue && | && true\b", "", line) if "for (" in line else line)
+    return "\n".join(_simplify(lines)) + "\n"
 
 
 #: Each CUDA C++ step's core change, as (old step, new step, (start, stop) in the old kernel, (start, stop) in the
@@ -820,7 +841,8 @@ def core_diff(step: int):
     from studylog.ternary.steps import STEPS as _STEPS
 
     old, (a0, a1), (b0, b1) = CORE_REGIONS[step]
-    text = lambda number: source.source_of(_STEPS[number - 1].source, _STEPS[number - 1].source_function)[0]  # noqa: E731
+    text = lambda number: without_instrumentation(  # noqa: E731
+        source.source_of(_STEPS[number - 1].source, _STEPS[number - 1].source_function)[0])
     import textwrap
 
     return source.show_diff(textwrap.dedent(_region(text(old), a0, a1)), textwrap.dedent(_region(text(step), b0, b1)),
@@ -1212,6 +1234,18 @@ def _read_as(lines: list[str], values: dict[str, str]) -> list[str]:
     return out
 
 
+def _rejoined(lines: list[str]) -> list[str]:
+    """``lines`` with an assignment broken after its ``=`` put back on one line where it now fits in 120 characters
+    (a resolved condition leaves its value alone on the next line)."""
+    out = []
+    for line in lines:
+        if out and out[-1].endswith(" =") and len(out[-1]) + len(line.strip()) < 120:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out
+
+
 def device_source(step: int, helpers: bool = True) -> str:
     """The device code CUDA C++ step ``step`` runs at 4096 × 14336 and one row of x: its kernel with its
     compile-time knobs and the choices of its launch (K split across blocks or not, where x is quantised) read as
@@ -1239,11 +1273,11 @@ def device_source(step: int, helpers: bool = True) -> str:
         group = source_of("ternary_common.cuh", "group_mma")[0]
         parts.append(source_of("ternary_common.cuh", "decode_pair_reg" if step == 21 else "decode_pair")[0])
         parts.append("\n".join(_simplify(_read_as(group.splitlines(), magic))))
-    text = source_of(file, kernel)[0]
+    text = without_instrumentation(source_of(file, kernel)[0])
     lines = resolve_constexpr(text.splitlines(), knobs, read_values=True)
     lines = _simplify(_read_as(lines, {k: v for k, v in values.items() if " " in k}))
     lines = _simplify(_read_as(lines, {k: v for k, v in values.items() if " " not in k}))
-    parts.append("\n".join(lines))
+    parts.append("\n".join(_rejoined(lines)))
     if helpers and step <= 21 and values["split"] == "true":
         finish = source_of("ternary_common.cuh", "finish_split")[0].splitlines()
         parts.append("\n".join(line for line in finish if not line.startswith("//")))  # its comment: an old numbering
