@@ -247,6 +247,14 @@ def _one_kernel(data: dict[str, Any]) -> tuple[float | None, str]:
 MASKED_HEAD_CASE = {"batch": 1, "kind": "random", "allowed": 1000}
 
 
+def _masked_head_bytes(data: dict[str, Any], row: dict[str, Any]) -> float | None:
+    """Chapter 02's byte floor at ``row``: its file's ``floor_ms`` is the larger of the bytes at the copy bandwidth
+    and that run's own empty kernel (the chapter's floor); where the empty kernel is the larger, the bytes' floor is
+    not in the file (None), and the scoreboard's latency column holds the card's fastest empty kernel instead."""
+    floor = row.get("floor_ms")
+    return None if floor is None or floor == empty_kernel_ms(data) else floor
+
+
 def _masked_lm_head(data):
     """Two rows: the whole step from the grammar's packed bitmask against xgrammar's path (the chapter's headline),
     and step 12's kernel alone, from the allowed ids, against torch's index_select of the allowed rows."""
@@ -257,7 +265,7 @@ def _masked_lm_head(data):
         out.append(_row("the whole masked step from the packed bitmask (step 13)",
                         "batch 1, 1,000 of 128,256 tokens allowed", plan["clock"], plan,
                         "xgrammar (cuBLAS logits, then its mask kernel)",
-                        one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=plan.get("floor_ms"),
+                        one(data, "xgrammar_bitmask", **MASKED_HEAD_CASE), byte_floor_ms=_masked_head_bytes(data, plan),
                         latency_floor_ms=None, latency_what="not measured for a step with a host copy",
                         short="step 13, whole step",
                         no_pct_why="its byte floor leaves out the copy from host memory, whose floor is not measured",
@@ -272,7 +280,7 @@ def _masked_lm_head(data):
         out.append(_row("the masked head's kernel alone, allowed ids given (step 12)",
                         "batch 1, 1,000 of 128,256 tokens allowed", kernel["clock"], kernel,
                         "torch index_select, then a matmul",
-                        one(data, "index_select", **MASKED_HEAD_CASE), byte_floor_ms=kernel.get("floor_ms"),
+                        one(data, "index_select", **MASKED_HEAD_CASE), byte_floor_ms=_masked_head_bytes(data, kernel),
                         latency_floor_ms=latency, latency_what=what, short="step 12, kernel alone",
                         rival_notes=("index_select returns only the allowed logits; step 12 writes the whole [B, V] "
                                      "output, masked",)))
@@ -976,11 +984,17 @@ def _sentence(text: str) -> str:
     return text[0].upper() + text[1:] if re.match(r"[a-z]+\b(?!_)", text) else text
 
 
+#: The card of the scoreboard's lead table: every chapter is measured on it, with the course's current code.
+LEAD_CARD = "H200"
+
+
 def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None) -> str:
-    """The scoreboard as two Markdown tables, a row per chapter and card (one row for a chapter that no card
-    measures, saying why): first our time and the strongest rival's, then the floors and how close our median is to
-    the binding one; then the definitions the columns need, once, and each chapter's notes folded under its title
-    (the kernels' full names among them), and the per-run empty kernels folded. A caveat that holds for one card is written in its cell.
+    """The scoreboard as Markdown tables: our time and the strongest rival's, first one row per chapter (its final
+    kernel at its headline shape on :data:`LEAD_CARD`), then every other row (the other card, the chapters' other
+    cases), with a line for a chapter or card that has no row, saying why; then the floors and how close our median
+    is to the binding one (a case whose binding floor its card does not time gets a line under the table, not a row
+    of "not measured"); then the definitions the columns need, once, and each chapter's notes folded under its
+    title (the kernels' full names among them). A caveat that holds for one card is written in its cell.
     ``link(notebook)`` gives a chapter's link target (default: the notebook's path)."""
     from html import escape
 
@@ -1013,14 +1027,28 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
              if r.get("lead") and "missing" not in r}
     have = sorted({_short_card(c) for (_, c), t in tails.items() if t})
     p99 = f"{P99_HEADER} ({', '.join(have)}) | " if have else ""
-    times = ["**Time, and the strongest rival**", "",
-             f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
-             "strongest rival (µs) | speedup (rival ÷ ours) |", "|" + "---|" * (8 if p99 else 7)]
+    header = [f"| chapter, headline shape | card | final kernel | median (µs) | slowest run (µs) | {p99}"
+              "strongest rival (µs) | speedup (rival ÷ ours) |", "|" + "---|" * (8 if p99 else 7)]
+    # the lead table: one row per chapter, its final kernel at its headline shape on the lead card (every chapter is
+    # measured there) against its strongest rival; every other row (the other card, a chapter's other cases) below
+    lead_card = next((card_name(c) for c in cards(root) if _short_card(card_name(c)) == LEAD_CARD), None)
+    leads: dict[int, dict[str, Any]] = {}
+    for r in board:
+        if "missing" not in r and (r["card"] == lead_card or r["number"] not in leads):
+            if r["number"] not in leads or leads[r["number"]]["card"] != lead_card:
+                leads[r["number"]] = r
+    chapter_shape = {}  # the chapter cell's shape: its first measured row's, the headline's
+    for r in board:
+        if "missing" not in r:
+            chapter_shape.setdefault(r["number"], r.get("shape"))
+    times_rows: list[tuple[dict[str, Any], str]] = []  # (row, its cells after the chapter's)
     floors = ["**Floors, and how close the median is to them**", "",
               "| chapter | card | kernel | byte floor (µs) | compute floor (µs) | latency floor (µs) | "
               "the case's floor (the largest), its kind | % of the floor |", "|" + "---|" * 8]
     shown: set[int] = set()
     under: list[str] = []
+    under_lead: list[str] = []
+    under_floors: list[str] = []
     empties: dict[str, list[float]] = {}
     for r in board:
         if r.get("latency_what") == ONE_KERNEL and r.get("latency_floor_ms") is not None:
@@ -1043,10 +1071,10 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             why = NOT_MEASURED if r["missing"] == "not measured on this card" else r["missing"]
             if one_reason:  # a chapter no card can time (no GPU kernel): a line under the table, not a row of dashes
                 head, _, rest = why.partition(": ")
-                under.append(f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])}) has no row ({head})"
+                under_lead.append(f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])}) has no row ({head})"
                              + (f": {rest}." if rest else "."))
                 continue
-            times.append(f"| {chapter} | {card} | {why} |" + " – |" * (5 if p99 else 4))
+            times_rows.append((r, f" | {card} | {why} |" + " – |" * (5 if p99 else 4)))
             if r["number"] != 1:  # chapter 01 has no GPU kernel, so no floor: its one line above says so
                 floors.append(f"| {named} | {card} |" + " – |" * 6)
             continue
@@ -1084,7 +1112,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             note(r, r["ratio_note"])
         median, slowest = f"**{us(r['median_ms'])}**", us(r["slowest_ms"])
         if r.get("ours_end_to_end_ms") is not None:  # the ratio compares end-to-end times: one clock in the row
-            ours += ", end to end (its GPU time: the row above)"
+            ours += f", end to end (its GPU time: the {card}'s {ours} row)"  # that row may be in the lead table
             median = f"**{us(r['ours_end_to_end_ms'])}**"
             slowest = us(r.get("ours_end_to_end_slowest_ms"), missing="–")
         t = tails.get((r["number"], r["card"])) if r.get("tail_row", r["lead"]) else None
@@ -1097,7 +1125,7 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             if fewer:  # said in the cell in a few words, in the chapter's notes in full
                 note(r, fewer)
                 tail_cell = f"{tail_ratio(t)} ({_copies(t['rotated_copies'])}) | "
-        times.append(f"| {chapter} | {card} | {ours} | {median} | {slowest} | {tail_cell}{rival} | {vs} |")
+        times_rows.append((r, f" | {card} | {ours} | {median} | {slowest} | {tail_cell}{rival} | {vs} |"))
         if r.get("floors_as_above"):
             continue
         latency = _floor(r["latency_floor_ms"])
@@ -1122,8 +1150,15 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
             binding, pct = "– (no floor: a loop bound by its launches; its forecast time per token is in the notes)", "–"
             note(r, f"the loop's forecast time per token ({_floor(r['loop_bound_ms'])} µs) is "
                     f"{100 * r['loop_bound_ms'] / r['median_ms']:.0f}% of our median")
-        # where the floor that binds is not measured on this card the row still stands, its cells "not measured"
-        # (as the page promises), and the notes say what is missing
+        if (r["binding"] is None and not r["no_pct_why"] and r.get("loop_bound_ms") is None
+                and r.get("latency_missing_why")):
+            # the floor that binds is not measured on this card: a row of "not measured" cells would say nothing,
+            # so a line under the floors table names what is missing (its time is in the tables above)
+            under_floors.append(f"{_short_card(r['card'])}, [{r['number']:02d}. {r['title']}]({link(r['notebook'])}) "
+                                f"at {r['shape']} ({r['ours']}): no floors row. Its floor is the latency floor, and "
+                                f"{r['latency_missing_why']}, so no percentage is given (its byte floor, "
+                                f"{_floor(r['byte_floor_ms'])} µs, is not the floor that binds).")
+            continue
         if r["no_pct_why"]:  # no floor covers all of the call's work: a percentage of a partial one would mislead
             binding, pct = "–", f"– ({r['no_pct_why']})"
         kernel = f"[part 1]({link(r['part_notebook'])}): {r['ours']}" if r.get("part_notebook") else r["ours"]
@@ -1172,11 +1207,31 @@ def scoreboard_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] |
         under.append(f"[{number:02d}. {r['title']}]({link(r['notebook'])}) has no {card_} row: the {card_}'s benchmark "
                      f"does not time this case the way the {others or 'other card'}'s does (on the {card_} {why}).")
     under += part_one_rival_words(board, link)
-    times += [""] + [u + "  " for u in under] if under else []
+    lead_rows = [id(r) for r in leads.values()]
+
+    def table(title: str, picked: list[tuple[dict[str, Any], str]], lines_under: list[str]) -> list[str]:
+        named: set[int] = set()
+        out = [title, ""] + header
+        for r, cells in picked:
+            chapter = "" if r["number"] in named else (
+                f"[{r['number']:02d}. {r['title']}]({link(r['notebook'])})"
+                + (f": {chapter_shape[r['number']]}" if chapter_shape.get(r["number"]) else ""))
+            named.add(r["number"])
+            out.append(f"| {chapter}{cells}")
+        return out + ([""] + [u + "  " for u in lines_under] if lines_under else [])
+
+    first = [t for t in times_rows if id(t[0]) in lead_rows]
+    rest = [t for t in times_rows if id(t[0]) not in lead_rows]
+    lead_title = (f"**Each chapter's final kernel at its headline shape against its strongest rival, on the "
+                  f"{LEAD_CARD}**")
+    times = table(lead_title, first, under_lead)
+    if rest:
+        times += [""] + table("**Every other row: the other card, and each chapter's other cases**", rest, under)
+    floors += [""] + [u + "  " for u in under_floors] if under_floors else []
     return "\n".join(times + [""] + floors + [""] + [d + "  " for d in definitions] + [""] + folds).rstrip() + "\n"
 
 
-__all__ = ["ENTRIES", "Entry", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
+__all__ = ["ENTRIES", "Entry", "LEAD_CARD", "NOT_MEASURED", "P99_HEADER", "PART_ONE_NOTEBOOK", "TAIL_NOTE", "TAIL_SERIES", "TAILS",
            "card_empty_kernel_ms", "card_name", "latency_floor_words", "cards", "faster_rivals", "floor_kind", "not_comparable",
            "part_one_rival_words", "replayed_one_copy",
            "accuracy_check", "bitnet_run", "run_label", "run_words", "load", "missing", "one", "rows", "scoreboard", "scoreboard_markdown",

@@ -81,13 +81,15 @@ def test_the_page_table_lists_every_chapter_and_card():
     for card in sb.cards():
         short = sb._short_card(sb.card_name(card))
         assert f"| {short} |" in table, f"no row for the {short}"
-    times, floors = (part.split("\n\n")[1] for part in table.split("**Floors"))
+    times, floors = table.split("**Floors")
+    floors = floors.split("\n\n")[1]
     body = [ln for ln in times.splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
     board = sb.scoreboard()
     apart = sb.not_comparable(board)
     measured = [r for r in board if "missing" not in r and (r["number"], r["card"]) not in apart]
     assert len(body) >= len(measured), "each measured row is in the times table"
     # a row's floors are shown unless they are the row above's, or the floor that binds is not measured on its card
+    # (a line under the floors table says so: see the next test)
     shown = [r for r in measured if not r.get("floors_as_above") and not (
         r["pct_of_floor"] is None and r["binding"] is None and r.get("latency_missing_why") and not r["no_pct_why"]
         and r.get("loop_bound_ms") is None)]
@@ -101,6 +103,37 @@ def test_the_page_table_lists_every_chapter_and_card():
     assert "An earlier" not in table
     # a card with nothing measured for a chapter has no row of dashes
     assert not re.search(r"\| not measured \|( – \|)+$", table, re.MULTILINE)
+
+
+def test_the_lead_table_holds_one_row_per_chapter_and_the_others_follow():
+    """The first table is one row per chapter (its final kernel at its headline shape on the lead card, against its
+    strongest rival); every other measured row (the other card, the chapters' other cases) is in the second."""
+    table = sb.scoreboard_markdown()
+    lead, rest = table.split("**Floors")[0].split("**Every other row")
+    lead_rows = [ln for ln in lead.splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
+    assert all(ln.startswith("| [") and f"| {sb.LEAD_CARD} |" in ln for ln in lead_rows)
+    numbers = [int(ln[3:5]) for ln in lead_rows]
+    board = sb.scoreboard()
+    apart = sb.not_comparable(board)
+    measured = [r for r in board if "missing" not in r and (r["number"], r["card"]) not in apart]
+    assert sorted(numbers) == sorted({r["number"] for r in measured})  # each chapter once
+    others = [ln for ln in rest.splitlines() if ln.startswith("| [") or ln.startswith("|  |")]
+    assert len(lead_rows) + len(others) == len(measured)
+
+
+def test_a_row_whose_binding_floor_is_not_measured_is_a_line_under_the_floors_table():
+    """A case whose floor that binds is not timed on its card (chapter 04's small alphabet without the chain of
+    frames) has no row of "not measured" cells in the floors table: one line under it names the card, the case and
+    what is missing."""
+    table = sb.scoreboard_markdown()
+    floors = table.split("**Floors")[1].split("\n\n")[1]
+    assert not re.search(r"\| not measured \| not measured \|$", floors, re.MULTILINE)
+    for r in sb.scoreboard():
+        if ("missing" not in r and r["binding"] is None and not r["no_pct_why"] and r.get("loop_bound_ms") is None
+                and r.get("latency_missing_why")):
+            assert (f"{sb._short_card(r['card'])}, [{r['number']:02d}. {r['title']}]({r['notebook']}) at {r['shape']} "
+                    f"({r['ours']}): no floors row. Its floor is the latency floor, and {r['latency_missing_why']}, so "
+                    "no percentage is given") in table
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,7 +394,7 @@ def test_the_end_to_end_comparison_shows_our_end_to_end_time():
     (row,) = [r for r in sb.scoreboard() if r["number"] == 3 and r["card"] == name and r.get("ours_end_to_end_ms")]
     assert not row["lead"] and row["rival"] == "the CPU loop it replaces"
     shown = sb.scoreboard_markdown()
-    assert f"end to end (its GPU time: the row above) | **{row['ours_end_to_end_ms'] * 1e3:,.1f}** |" in shown
+    assert f"end to end (its GPU time: the H200's step 11 row) | **{row['ours_end_to_end_ms'] * 1e3:,.1f}** |" in shown
     assert " on the GPU; **" not in shown  # one clock in a cell
 
 
