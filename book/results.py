@@ -282,22 +282,30 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         *rows, "", ":::"])
 
 
+def ctc_series(data: dict[str, Any], params: dict[str, Any]) -> str:
+    """The series that times chapter 04's final code at one case of ``data``: the entry point (``ctc_loss``) where the
+    file times it, else the step the entry point's rule (:func:`studylog.ctc.fused.final_step`) picks for the case,
+    timed directly, so that every card's grid times the same kernel at the same case."""
+    if rows(data, "ctc_loss"):
+        return "ctc_loss"
+    from studylog.ctc.fused import final_step
+
+    return f"step{final_step(params['T'], params['N'], params['A']):02d}"
+
+
 def ctc_cases(card: Path) -> list[dict[str, Any]]:
     """Chapter 04's grid on one card, one dict per case its file times on the GPU clock against torch's faster call:
-    ``ratio`` (torch's time over ours), ``case`` in words, our row (``ours``: ``ms``, ``host_ms``) and its series
-    (:func:`studylog.ctc.results.entry_series`: what the entry point runs there); empty where the card has no file."""
-    from studylog.ctc.results import entry_series
-
+    ``ratio`` (torch's time over ours), ``case`` in words, our row (``ours``: ``ms``, ``host_ms``) and its series;
+    empty where the card has no file."""
     data = load(card, "ctc")
     if data is None:
         return []
-    entry = bool(rows(data, "ctc_loss"))
     out = []
     for rival in rows(data, "torch-best"):
         if rival["clock"] != "gpu":
             continue
         p = rival["params"]
-        series = entry_series(T=p["T"], N=p["N"], A=p["A"], entry_timed=entry)
+        series = ctc_series(data, p)
         ours = [r for r in rows(data, series, **p) if r["clock"] == "gpu"]
         if len(ours) == 1:
             out.append({"ratio": rival["ms"] / ours[0]["ms"], "case": f"alphabet {p['A']:,}, batch {p['N']}",
@@ -1081,6 +1089,6 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "ctc_grid", "decode_bound", "bitnet_rows", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
-           "part_one_line", "CTC_STEPS_WORDS", "ctc_cases", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
+           "part_one_line", "CTC_STEPS_WORDS", "ctc_cases", "ctc_series", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
        "reading_path_markdown", "EAGER_MARK", "summary_markdown", "other_answers", "other_eager", "eager_words",
            "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses"]
