@@ -14,12 +14,12 @@ from studylog.ngram.kernels import NgramMatcher, final_step
 
 
 def _parts(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
-           seq_lens_decoder, max_ngram_size, min_ngram_size, threshold, hybrid, max_draft_tokens,
-           **outputs) -> tuple[NgramInputs, NgramConfig]:
-    """(inputs, config) of the operator's arguments (called with ``**locals()`` of a signature of the operator;
-    ``int`` of a traced SymInt specialises it: each value is its own kernel launch)."""
+           seq_lens_decoder, draft_tokens, seq_lens_this_time, max_ngram_size=3, min_ngram_size=1,
+           threshold=DEFAULT_THRESHOLD, hybrid=False, max_draft_tokens=10) -> tuple:
+    """(inputs, draft_tokens, seq_lens_this_time, config) of the operator's arguments, as its callers pass them
+    (``int`` of a traced SymInt specialises it: each value is its own kernel launch)."""
     return (NgramInputs(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len,
-                        seq_lens_encoder, seq_lens_decoder),
+                        seq_lens_encoder, seq_lens_decoder), draft_tokens, seq_lens_this_time,
             NgramConfig(int(max_ngram_size), int(min_ngram_size), int(threshold), bool(hybrid), int(max_draft_tokens)))
 
 
@@ -27,9 +27,8 @@ def _ngram_match(prompt_ids: Tensor, prompt_lens: Tensor, generated_ids: Tensor,
                  draft_token_num: Tensor, max_dec_len: Tensor, seq_lens_encoder: Tensor, seq_lens_decoder: Tensor,
                  draft_tokens: Tensor, seq_lens_this_time: Tensor, max_ngram_size: int = 3, min_ngram_size: int = 1,
                  threshold: int = DEFAULT_THRESHOLD, hybrid: bool = False, max_draft_tokens: int = 10) -> None:
-    """Drafts in place into ``draft_tokens``, ``seq_lens_this_time`` (CUDA: step 11 or 12 by final_step; CPU: step 1)."""
-    inputs, config = _parts(**locals())
-    cpu_path_inplace(inputs, draft_tokens, seq_lens_this_time, config)
+    """Drafts in place into ``draft_tokens``, ``seq_lens_this_time`` (CUDA: the step final_step picks; CPU: step 1)."""
+    cpu_path_inplace(*_parts(**locals()))
 
 
 ngram_match = torch.library.custom_op("studylog::ngram_match", _ngram_match,
@@ -38,21 +37,16 @@ ngram_match.__doc__ = _ngram_match.__doc__
 
 
 @ngram_match.register_kernel("cuda")
-def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
-      seq_lens_decoder, draft_tokens, seq_lens_this_time, max_ngram_size=3, min_ngram_size=1,
-      threshold=DEFAULT_THRESHOLD, hybrid=False, max_draft_tokens=10) -> None:
-    inputs, config = _parts(**locals())
+def _(*args, **kwargs) -> None:
+    inputs, draft_tokens, seq_lens_this_time, config = _parts(*args, **kwargs)
     # the values are not read (that would wait for the GPU): they must stay in the ranges validate states
     NgramMatcher(final_step(inputs, config), inputs, draft_tokens, seq_lens_this_time, config=config,
                  check_values=False)()
 
 
 @ngram_match.register_fake
-def _(prompt_ids, prompt_lens, generated_ids, step_idx, draft_token_num, max_dec_len, seq_lens_encoder,
-      seq_lens_decoder, draft_tokens, seq_lens_this_time, max_ngram_size=3, min_ngram_size=1,
-      threshold=DEFAULT_THRESHOLD, hybrid=False, max_draft_tokens=10) -> None:
-    inputs, config = _parts(**locals())
-    validate(inputs, draft_tokens, seq_lens_this_time, config, check_values=False)
+def _(*args, **kwargs) -> None:
+    validate(*_parts(*args, **kwargs), check_values=False)
 
 
 def arguments(inputs: NgramInputs, draft_tokens: Tensor, seq_lens_this_time: Tensor,
