@@ -20,12 +20,6 @@ class EntryResult:
     name: str
     kind: str
     whitespace: str
-    regex_chars: int
-    states: int
-    build_seconds: float
-    precompute_seconds: float
-    token_forced_states: int
-    char_forced_states: int
     samples: int
     tokens: int                     # canonical tokens of the samples (EOS not counted)
     passes: dict[str, int]          # forward passes per mode
@@ -71,9 +65,8 @@ def measure_entry(entry, vocab: TokenVocabulary, whitespace: str = "default", n_
             if mode == "char":
                 retok += out.retokenized
                 noncanonical += out.ids != canon
-    result = EntryResult(entry.name, entry.kind, whitespace, len(regex), len(fsm.states), fsm.build_seconds,
-                         fsm.precompute_seconds, len(fsm.token_jumps), len(fsm.char_jumps), n_samples, tokens,
-                         passes, jumped, retok, noncanonical, visited)
+    result = EntryResult(entry.name, entry.kind, whitespace, n_samples, tokens, passes, jumped, retok, noncanonical,
+                         visited)
     return result, fsm
 
 
