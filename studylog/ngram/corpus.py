@@ -53,9 +53,9 @@ def docstrings(source: str) -> str:
     return "\n\n".join(d for d in (ast.get_docstring(n, clean=True) for n in nodes) if d)
 
 
-def corpus_documents(stdlib: Path | None = None) -> tuple[dict[str, list[str]], dict[str, str]]:
+def corpus_documents() -> tuple[dict[str, list[str]], dict[str, str]]:
     """The documents of each kind (one per file of :data:`CORPUS_FILES`, in order) and each file's SHA-256."""
-    folder = stdlib_folder() if stdlib is None else Path(stdlib)
+    folder = stdlib_folder()
     docs: dict[str, list[str]] = {kind: [] for kind in KINDS}
     digests = {}
     for name in CORPUS_FILES:
@@ -80,7 +80,7 @@ def window_starts(stream_len: int, windows: int = WINDOWS, window: int = WINDOW)
     return [i * (stream_len - window) // (windows - 1) for i in range(windows)]
 
 
-def build_corpus(stdlib: Path | None = None) -> dict:
+def build_corpus() -> dict:
     """Tokenize the documents and cut the windows: ``{"text": int32 [WINDOWS, WINDOW], "code": ...,
     "meta": {...}}``. Needs ``bpe-openai``."""
     try:
@@ -89,7 +89,7 @@ def build_corpus(stdlib: Path | None = None) -> dict:
         raise ImportError("building the n-gram corpus needs the tokenizer package bpe-openai "
                           "(pip install bpe-openai); loading the committed corpus does not") from exc
     encoding = bpe_openai.get_encoding(TOKENIZER)
-    docs, digests = corpus_documents(stdlib)
+    docs, digests = corpus_documents()
     out: dict = {}
     meta = {"python": ".".join(map(str, sys.version_info[:3])), "tokenizer": TOKENIZER,
             "bpe_openai": getattr(bpe_openai, "__version__", "unknown"), "files": list(CORPUS_FILES),
@@ -107,9 +107,9 @@ def build_corpus(stdlib: Path | None = None) -> dict:
     return out
 
 
-def write_corpus(path: Path = CORPUS_PATH, stdlib: Path | None = None) -> Path:
+def write_corpus(path: Path = CORPUS_PATH) -> Path:
     """Build the corpus and write it as a compressed ``.npz`` (ids as int32, the metadata as JSON)."""
-    corpus = build_corpus(stdlib)
+    corpus = build_corpus()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(path, **{k: corpus[k] for k in KINDS}, meta=np.array(json.dumps(corpus["meta"], indent=1)))
@@ -144,10 +144,10 @@ def load_corpus(path: Path = CORPUS_PATH) -> Corpus:
     return Corpus(tokens, meta)
 
 
-def stdlib_differences(meta: dict, stdlib: Path | None = None) -> list[str]:
+def stdlib_differences(meta: dict) -> list[str]:
     """The corpus files that differ from (or are missing in) this Python's standard library: a rebuild reproduces
     the committed ids only when there are none."""
-    folder = stdlib_folder() if stdlib is None else Path(stdlib)
+    folder = stdlib_folder()
     differ = []
     for name, digest in meta["sha256"].items():
         path = folder / name
