@@ -277,7 +277,7 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
         base, ours = base + count * b, ours + count * t
         timed = shape.replace("x", " × ") + ("" if shape == f"{n}x{k}" else " (estimate: q's time)")
         lines.append(f"| {name} ({n} × {k}) | {timed} | {count} | {b:.1f} | {t:.1f} "
-                     f"(`{series_label(series_).split(',')[0]}`) | {b / t:.2f} |")
+                     f"({step_label(series_).split(':')[0]}) | {b / t:.2f} |")
     lines.append(f"| **a transformer layer's ternary matmuls** | | | **{base:.1f}** | **{ours:.1f}** | "
                  f"**{base / ours:.2f}** |")
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
@@ -532,17 +532,17 @@ def host_table(results, cases=((MAIN, 1), ("2560x2560", 1))) -> str:
     if results is None:
         return PENDING
     empty = results.data.get("ceilings", {}).get("empty_launch_host_ms")
-    lines = [f"| series ({card(results)}) | N x K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
+    lines = [f"| kernel ({card(results)}) | N x K, M | GPU time | host time per call | host / GPU |", "|---|---|---|---|---|"]
     for shape, m in cases:
         for s in [CUBLAS] + [SERIES[n] for n in (5, 14, 17, 21, 23, 25)] + [GEMLITE, INT_MM]:
             row = gpu_row(results, s, shape, m)
             if row is None or "host_ms" not in row:
                 continue
-            lines.append(f"| {series_label(s).split(' (')[0].split(':')[0]} | {shape}, {m} | {row['ms'] * 1e3:.1f} | "
+            name = step_label(s) if s in SERIES.values() else series_label(s).split(' (')[0].split(':')[0]
+            lines.append(f"| {name} | {shape}, {m} | {row['ms'] * 1e3:.1f} | "
                          f"{row['host_ms'] * 1e3:.1f} | {row['host_ms'] / row['ms']:.1f} |")
     if empty is not None:
-        lines.append(f"| an empty Triton kernel, launched from Python (host time only; a host time is per run, so "
-                     "other chapters' runs give their own) | – | – | "
+        lines.append(f"| an empty Triton kernel launched from Python (host time only, this run's) | – | – | "
                      f"{empty * 1e3:.1f} | – |")
     return "\n".join(lines)
 
