@@ -41,8 +41,8 @@ def select_masks(counts: Sequence[tuple[str, int, int]], per_bin: int = 24, max_
     return picked
 
 
-def export_masks(path: Optional[Path] = None, n_samples: int = 8, seed: int = 0, per_bin: int = 24,
-                 max_ids: int = 450_000, ascii_digits: bool = COMMITTED_MASKS_ASCII_DIGITS) -> Path:
+def export_masks(path: Optional[Path] = None, n_samples: int = 8,
+                 ascii_digits: bool = COMMITTED_MASKS_ASCII_DIGITS) -> Path:
     """Write the masks of the states the suite visits (cl100k_base) in ``studylog.data``'s format,
     deterministically."""
     from studylog import data
@@ -58,8 +58,8 @@ def export_masks(path: Optional[Path] = None, n_samples: int = 8, seed: int = 0,
             all_counts.append((res.source, s, n))
             grabbed[(res.source, s)] = fsm.allowed_array(s).astype(np.int32)
 
-    run_suite(vocab, n_samples=n_samples, seed=seed, keep=keep, ascii_digits=ascii_digits)
-    picked = select_masks(all_counts, per_bin=per_bin, max_ids=max_ids, seed=seed)
+    run_suite(vocab, n_samples=n_samples, keep=keep, ascii_digits=ascii_digits)
+    picked = select_masks(all_counts)
     masks = [grabbed[(src, s)] for src, s, _ in picked]
     return data.save_masks(path, masks, [s for _, s, _ in picked], [src for src, _, _ in picked],
                            vocab.vocab_size, vocab.name)

@@ -110,8 +110,6 @@ def savings_table(results: Sequence[EntryResult]) -> str:
     """A Markdown table of the suite: per entry and whitespace pattern, the passes of the three steps and the share
     steps 2 and 3 save; totals last."""
     wss = list(dict.fromkeys(r.whitespace for r in results))
-    rows = {(r.name, r.whitespace): r for r in results}
-    names = list(dict.fromkeys(r.name for r in results))
     head = "| entry | " + " | ".join(f"{ws} whitespace: passes, step 1 / 2 / 3 | saved by step 2 / 3" for ws in wss)
     lines = [head + " |", "|---|" + "---|---|" * len(wss)]
 
@@ -122,11 +120,8 @@ def savings_table(results: Sequence[EntryResult]) -> str:
         return [f"{p['none']} / {p['token']} / {p['char']}",
                 f"{100 * (1 - p['token'] / p['none']):.1f}% / {100 * (1 - p['char'] / p['none']):.1f}%"]
 
-    for n in names:
-        out = [n]
-        for ws in wss:
-            r = rows.get((n, ws))
-            out += cells([r] if r is not None else [])
+    for name in dict.fromkeys(r.name for r in results):  # an entry measured once per whitespace pattern
+        out = [name] + [c for ws in wss for c in cells([r for r in results if (r.name, r.whitespace) == (name, ws)])]
         lines.append("| " + " | ".join(out) + " |")
     total = ["**all**"]
     for ws in wss:
