@@ -374,9 +374,7 @@ def budget_can_refuse(batch: int, config: NgramConfig) -> bool:
 
 
 def step_for_shape(batch: int, prompt_width: int, config: NgramConfig = NgramConfig()) -> Callable:
-    """:func:`step11_skip_refused` where the prompts are at least :data:`STREAM_MIN_WIDTH` wide, a call scans at
-    least :data:`STREAM_MIN_TOKENS` prompt positions (slots × prompt width) and the budget can refuse slots
-    (:func:`budget_can_refuse`), else :func:`step12_early_phase2`."""
+    """The step the rule above picks for ``batch`` prompts of ``prompt_width`` tokens under ``config``'s budget."""
     if (prompt_width >= STREAM_MIN_WIDTH and batch * prompt_width >= STREAM_MIN_TOKENS
             and budget_can_refuse(batch, config)):
         return step11_skip_refused
