@@ -378,3 +378,24 @@ def test_host_bound_table_covers_chapters_3_and_4_headline_cases_beyond_the_scor
         if any(r["params"]["N"] == n for r in slow):
             assert any(r["number"] == 4 and r["card"] == "H200" and f"N = {n}" in r["at"] for r in found)
     assert len({(r["number"], r["card"], round(r["gpu_ms"], 9)) for r in found}) == len(found)  # none repeated
+
+
+def test_a_card_left_out_of_a_chapters_fold_is_said_at_its_top():
+    """A chapter whose run on one card is set up differently from the other card's has that card's tables left out
+    of its fold on the results page; the fold opens with a sentence naming the card and why, and the README keeps the
+    table under a line saying it is not compared."""
+    import re
+
+    from book.plotting import readme_headlines
+    from book.scoreboard import card_name, cards
+
+    moved = results.not_comparable_runs()
+    page = results.headline_tables_markdown()
+    readme = readme_headlines()
+    names = [card_name(c) for c in cards()]
+    for (number, card), why in moved.items():
+        fold = re.search(rf":::\{{dropdown\}} {number:02d}\. [^\n]+\n\n([^\n]+)", page)
+        assert fold, number
+        others = [n for n in names if (number, n) not in moved]
+        assert fold.group(1) == results.left_out_words(card, why, others)
+        assert f"on the {card.replace('NVIDIA ', '').replace(' 80GB HBM3', '')} {why}." in readme
