@@ -338,28 +338,26 @@ CTC_CASE = {"T": 150, "A": 5000, "N": 8}
 CTC_SMALL_CASE = {"T": 150, "A": 28, "N": 1}
 
 
-#: The step chapter 04's entry point runs at the small alphabet (its measured rule), timed alone on every card.
-CTC_SMALL_STEP = "step12"
-
-
 #: The tails run's kernel that does only the recursion's chain of frames (``studylog.ctc.floor.chain_floor``).
 CTC_CHAIN = "ctc recursion chain (latency floor)"
 
 
 def _ctc(data):
     """Two rows of the chapter's final entry point, ``ctc_loss`` (it picks step 12 or step 14 by a measured rule),
-    on every card whose file times it, else of step 14 alone: the headline shape (an alphabet of 5,000, bound by
-    its bytes), then the small alphabet at batch 1, where the recursion's chain of frames, not the bytes, sets the
-    pace. The small case's latency floor is the card's tails run of a kernel that does only that chain, T frames
-    (steps 10 to 14 run the forward and backward chains side by side), where the card has one."""
-    series = "ctc_loss" if rows(data, "ctc_loss") else "step14"
-    # the entry point runs step 12 at the small alphabet: a run without the entry point is shown at that step there,
-    # so both cards time the same kernel
-    small = "ctc_loss" if series == "ctc_loss" else CTC_SMALL_STEP
+    on every card whose file times it, else of the step it runs at each case: the headline shape (an alphabet of
+    5,000, bound by its bytes), then the small alphabet at batch 1, where the recursion's chain of frames, not the
+    bytes, sets the pace. The small case's latency floor is the card's tails run of a kernel that does only that
+    chain, T frames (steps 10 to 14 run the forward and backward chains side by side), where the card has one."""
+    from studylog.ctc.results import entry_series
+
+    # a run without the entry point is shown, at each case, at the step the entry point runs there, so that every
+    # card times the same kernel
+    entry = bool(rows(data, "ctc_loss"))
     chain = one(data.get("tails_run") or {"measurements": []}, CTC_CHAIN, **CTC_SMALL_CASE, frames=CTC_SMALL_CASE["T"])
     out = []
     for case, shape in ((CTC_CASE, "T = 150, A = 5,000, N = 8"), (CTC_SMALL_CASE, "T = 150, A = 28, N = 1")):
-        ours = one(data, series if case is CTC_CASE else small, **case)
+        used = entry_series(**case, entry_timed=entry)
+        ours = one(data, used, **case)
         if ours is None:
             continue
         rival = one(data, "torch-best", **case)
@@ -377,7 +375,6 @@ def _ctc(data):
             if case is CTC_SMALL_CASE:  # there it is the floor that binds
                 gaps = ("the latency floor of the recursion at the small alphabet (the chain of frames alone)",)
         label = f"torch {rival.get('picked', 'best').replace('torch-', '')}" if rival else "torch"
-        used = series if case is CTC_CASE else small
         row = _row(_entry_label("the fused CTC kernel", used, ours), shape, ours["clock"], ours, label, rival,
                    byte_floor_ms=ours.get("floor_ms"), latency_floor_ms=latency, latency_what=what,
                    rival_notes=faster_rivals(data, ours, rival, case, skip=("torch-cuDNN",)), gaps=gaps,
