@@ -90,15 +90,12 @@ def regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None, *, 
     ``whitespace_pattern``: whitespace between JSON tokens (None: outlines' ``[ ]?``; ``""``: none).
     ``ascii_digits`` applies :func:`ascii_digit_classes` (else ``"206\\U0001E4F2-02-04"``, with a Nag Mundari
     digit, is a valid date); ``integer_bounds`` keeps integers' bounds (:mod:`studylog.fsm.ranges`)."""
+    import jsonschema
     from outlines_core.json_schema import build_regex_from_schema
 
     text, parsed = schema_json(schema)
     try:
-        import jsonschema
-
         jsonschema.validators.validator_for(parsed).check_schema(parsed)
-    except ImportError:  # pragma: no cover - outlines depends on jsonschema
-        pass
     except jsonschema.SchemaError as exc:
         raise ValueError(f"invalid JSON schema: {exc.message}") from exc
     try:

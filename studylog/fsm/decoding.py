@@ -168,8 +168,6 @@ def step03_char_jumps(next_logits: NextLogits, fsm: ConstrainedFSM, *, max_token
             try:
                 new_ids = vocab.encode((text + jump.data).decode("utf-8"))
             except UnicodeDecodeError:  # the model stopped inside a multi-byte character
-                new_ids = None
-            if new_ids is None:
                 res.skipped_jumps += 1
             else:
                 cut = len(new_ids) > max_tokens
