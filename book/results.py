@@ -786,14 +786,23 @@ def not_comparable_runs(root: Path = BENCH_RESULTS) -> dict[tuple[int, str], str
     return not_comparable(scoreboard(root))
 
 
+def left_out_words(card: str, why: str, others: list[str]) -> str:
+    """The sentence that stands where a chapter's run on ``card`` (full name) is left out of the results page's
+    tables because it is set up differently from the other cards' (``why``: :func:`not_comparable_runs`'s clause)."""
+    short, rest = _short(card), " and the ".join(_short(o) for o in others) or "other card"
+    return (f"The {short}'s run of this chapter is not shown: on the {short} {why}, so its times and ratios would not "
+            f"stand beside the {rest}'s. The tables here are the {rest}'s alone.")
+
+
 #: Under a chapter 04 table of a card whose file times the steps directly (no row of the entry point itself).
 CTC_STEPS_WORDS = "On this card each row times the step the entry point picks at its case."
 
 
 def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
     """The results page's folded tables (:func:`book.site.headlines_page_markdown`), without the tables of a card
-    whose run is not comparable with the other card's (:func:`not_comparable_runs`) and without the cards'
-    differences that would compare them; under a chapter 04 table whose file times the steps directly, a line that
+    whose run is not comparable with the other card's (:func:`not_comparable_runs`; a sentence at the top of the
+    chapter's fold says which and why, :func:`left_out_words`) and without the cards' differences that would compare
+    them; under a chapter 04 table whose file times the steps directly, a line that
     says so (:data:`CTC_STEPS_WORDS`)."""
     from book.site import headlines_page_markdown
 
@@ -805,7 +814,16 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
         m = re.match(r":::\{dropdown\} Chapter (\d+): (.+)", line)
         if m:  # titled as the table above titles its lines: "02. Masked LM head"
             chapter, title, card = int(m.group(1)), m.group(2), ""
-            line = f":::{{dropdown}} {chapter:02d}. {title}"
+            out += [f":::{{dropdown}} {chapter:02d}. {title}", ""]
+            for (number, name), why in sorted(moved.items()):  # a card left out is said, not silently missing
+                if number == chapter:
+                    out += [left_out_words(name, why, [f for f in folders if (number, f) not in moved]), ""]
+            bench = next((e.bench for e in ENTRIES if e.number == chapter), None)
+            unrun = [_short(f) for f, c in folders.items() if bench and load(c, bench) is None]
+            if unrun:  # a card with no run of the chapter at all
+                out += [f"The {' and the '.join(unrun)} {'has' if len(unrun) == 1 else 'have'} no run of this "
+                        "chapter.", ""]
+            continue
         elif line == ":::":
             chapter, card = 0, ""
         else:
@@ -1081,6 +1099,6 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "ctc_grid", "decode_bound", "bitnet_rows", "FLAG_ABOVE", "caveat", "host_bound", "host_bound_markdown",
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
-           "part_one_line", "CTC_STEPS_WORDS", "ctc_cases", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
+           "part_one_line", "left_out_words", "CTC_STEPS_WORDS", "ctc_cases", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
        "reading_path_markdown", "EAGER_MARK", "summary_markdown", "other_answers", "other_eager", "eager_words",
            "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses"]
