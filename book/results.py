@@ -553,6 +553,11 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 if wider:  # a tie within 1%, chapter 02's rule
                     brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
                                                      for b, x in wider.items()) + ")")
+                    # the lead narrows as the batch grows: said beside the batch-1 headline, not left to the fold
+                    notes[name].append(f"{name}: the same whole step at larger batches, as many tokens allowed "
+                                       "per sequence: " + ", ".join(
+                                           f"a tie at batch {b} ({x:.2f}×)" if abs(x - 1) < 0.01
+                                           else f"{x:.2f}× at batch {b}" for b, x in wider.items()))
                 alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
                 if alone is not None:
