@@ -470,7 +470,7 @@ def test_step_12s_worst_point_is_given_against_dense_and_against_every_rival():
     numbers = lesson.prose_numbers(results)
     table = lesson.losses_table(results)
     ratios = [float(r.split("|")[7].strip().rstrip("×")) for r in table.splitlines()[2:]
-              if "step12" in r.split("|")[5]]
+              if "step 12" in r.split("|")[5]]
     assert numbers["mlh_dispatch_worst_any"].startswith(f"{max(ratios):.2f}× the time of ")
     assert "dense" not in numbers["mlh_dispatch_worst"]  # the page names the rival in the sentence
 
@@ -633,12 +633,17 @@ def _trace(calls=3, replays=2):
                         "span_us": 14.5, "period_us": 19.0, "calls": calls * replays}}
 
 
-def test_the_timeline_table_reads_the_medians():
-    rows = lesson.plan_timeline_table(_trace()).splitlines()
-    assert len(rows) == 2 + len(lesson.TIMELINE_PARTS) + 1
-    copy, zero = ([c.strip() for c in r.split("|")[1:-1]] for r in rows[2:4])
-    assert copy[1:] == ["0.0", "1.5", "–"] and zero[1:] == ["6.0", "1.0", "4.5"]
-    assert [c.strip() for c in rows[-1].split("|")[1:-1]][1:] == ["19.0", "", "4.5"]  # 19.0 - (10.5 + 4.0)
+def test_the_timeline_table_chains_step_13s_three_parts():
+    """One row per part of step 13 (the copy, the union built, the bucket's graph), each with its traced time, the
+    idle time before it and when it ends; then the wait for the next call, and last the step's own time."""
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in lesson.plan_timeline_table(_trace(), 20.25).splitlines()]
+    assert len(rows) == 2 + 3 + 2
+    copy, union, kernel, wait, step = rows[2:]
+    assert copy[2:] == ["1.5", "–", "1.5"]
+    assert union[2:] == ["3.5", "5.0", "10.0"]  # 1.0 + 2.5 taken; 4.5 + 0.5 idle; 7.5 + 2.5
+    assert kernel[2:] == ["4.0", "0.5", "14.5"]
+    assert wait[3:] == ["4.5", "19.0"]  # 19.0 - (10.5 + 4.0)
+    assert step[0] == "**the step**" and step[2] == "**20.2**"
 
 
 def test_plan_parts_give_each_part_its_own_time():
@@ -657,8 +662,9 @@ def test_plan_parts_give_each_part_its_own_time():
 
 def test_step_13s_section_names_its_one_idea_and_times_each_part():
     """Step 13's section opens on what it does (the whole step captured from the bitmask) and says that its three
-    changes are timed together, and there, not in a later section, quotes each part's traced time (the copy, the
-    count zeroed, the union kernel, the row kernel), the call's span and period, and shows the traced call's table."""
+    changes are timed together, and there, not in a later section, gives the step's own time (the benchmark's) and
+    chains its parts' traced times (the copy, the count zeroed, the union kernel, the row kernel, the idle rest of the
+    period between calls) in the traced call's table."""
     cells = _notebook_cells()
     start = next(k for k, c in enumerate(cells) if "".join(c["source"]).startswith("## Step 13"))
     end = next(k for k in range(start + 1, len(cells)) if "".join(cells[k]["source"]).startswith("## "))
@@ -668,9 +674,9 @@ def test_step_13s_section_names_its_one_idea_and_times_each_part():
     assert "in a CUDA graph" in opening.split(". ")[0] and "three changes, timed together" in opening
     code = "\n".join(section[1:])
     assert "lesson.plan_parts(trace)" in code
-    for key in [k for k, _ in lesson.TIMELINE_PARTS] + ["span", "period"]:
+    for key in [k for k, _ in lesson.TIMELINE_PARTS] + ["idle", "period"]:
         assert f"part['{key}']" in code, key
-    assert "lesson.plan_timeline_table(trace)" in code
+    assert "lesson.plan_timeline_table(trace, step_us)" in code and "N['mlh_plan_1000']" in code
     rest = "\n".join("".join(c["source"]) for k, c in enumerate(cells) if not start <= k < end)
     assert "plan_timeline_table" not in rest and "plan_parts" not in rest
 

@@ -525,7 +525,10 @@ def losses_table(results) -> str:
     lost = [q for q in _losses(results) if not is_tie(q)]
     if not lost:
         return "No measured point where a series of ours is slower than its rival."
-    label = CHAPTER.label
+    def label(series: str) -> str:  # "step 12", or the rival as the prose names it
+        step = next((st for st in CHAPTER.steps if st.series == series), None)
+        return f"step {step.number}" if step else RIVAL_WORDS.get(series, CHAPTER.label(series))
+
     head = ["batch", "masks", "allowed per sequence", "union", "ours", "rival", "ours / rival",
             "fp32 output's share of the call's bytes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -533,7 +536,7 @@ def losses_table(results) -> str:
         p, mine, rival = q["params"], q["mine"], q["rival"]
         union = mine.get("union")
         share = "–" if union is None else f"{call_bytes(p['batch'], 0) / call_bytes(p['batch'], union):.0%}"
-        ours = label(mine["series"]) + (f" ({mine['path']})" if mine.get("path") else "")
+        ours = label(mine["series"]) + (f" ({mine['path']} path)" if mine.get("path") else "")
         lines.append(f"| {p['batch']} | {p['kind']} | {p['allowed']:,} | {'–' if union is None else f'{union:,}'} | "
                      f"{ours}: {mine['ms'] * 1e3:,.1f} µs{capped(mine)} | "
                      f"{label(rival['series'])}: {rival['ms'] * 1e3:,.1f} µs{capped(rival)} | "
@@ -631,9 +634,8 @@ STEP_CASES = {
 BASE_WORDS = {7: "step 5 (step 6 did not pay)",
               9: "step 3, the last step that multiplies a batch (steps 4 to 8 take one sequence)",
               11: "step 3, its diff's base", 12: "step 7, which it runs here",
-              13: "xgrammar's path, the rival with step 13's contract (the whole step from the same bitmask, its copy "
-                  "included); not step 12, which is given the ids ready: a ratio to it would count the bitmask's copy "
-                  "and the union's build as a slowdown"}
+              13: "xgrammar's path, the rival with step 13's contract (from the bitmask, its copy included); not "
+                  "step 12, which is given the union ready"}
 #: The rivals, in rows of their own under the steps, with their own times and floors: the series, the step that faces
 #: it at that step's point, and its words. Only xgrammar's path is also a step's base (step 13's, :data:`STEP_CASES`).
 RIVAL_ROWS = ((("dense_mask",), 0), (("dense_mask", "index_select"), 10), ((XGRAMMAR,), 13))
@@ -653,12 +655,12 @@ def _case(p: dict) -> str:
 #: numbered though they do not pay: :func:`boehm_table` says so from the run (:func:`paid_words`), then these words
 #: say what the step is and why it is kept (step 3's form is the dispatch's dense path; step 6 is left out of the
 #: steps after it; step 9 is what step 10 multiplies on the tensor cores; step 11 loses to step 7 on its mask).
-BOEHM_CHANGES = {2: "inside an active block, disallowed columns are not loaded (every row of this table is on [V, D], "
-                    "torch's layout; on the post's [D, V] this step is slower: its section says why)",
+BOEHM_CHANGES = {2: "inside an active block, disallowed columns are not loaded (on the post's [D, V] this step is "
+                    "slower: its section says why)",
                  3: "a row-tile kernel for [V, D]; its form is the dispatch's dense path",
                  6: "the fill programs first in the grid; step 7 keeps step 5's order",
-                 9: "the union of the batch's allowed sets, each row read once for every sequence, reduced once per "
-                    "sequence; step 10 multiplies it on the tensor cores",
+                 9: "the batch's union, each row read once and reduced once per sequence; step 10 puts it on the "
+                    "tensor cores",
                  10: "the union's rows multiplied with every sequence's hidden state at once, on the tensor cores "
                      "(`tl.dot`)",
                  11: "the vocabulary reordered so that allowed tokens cluster",
@@ -735,7 +737,7 @@ def boehm_table(results) -> str:
     the rule of every page (dense + mask's batch-1 repetitions may fall in two clusters, :func:`dense_clusters`: its
     median then carries the flag). A base with no time at its step's point is an error, not a blank cell."""
     lines = ["| step | the one change | measured at | µs | compared with | × that step | "
-             "floor of the masked call: its bytes, or an empty kernel where larger (µs) | × floor |",
+             "floor (µs): bytes, or an empty kernel where larger | × floor |",
              "|---|---|---|---|---|---|---|---|"]
     shown = {}
     for step in CHAPTER.steps:
@@ -987,17 +989,26 @@ def plan_parts(data: dict) -> dict[str, float]:
     return {**parts, "span": s["span_us"], "period": s["period_us"], "busy": busy, "idle": s["period_us"] - busy}
 
 
-def plan_timeline_table(data: dict) -> str:
-    """Markdown: one call of :func:`plan_timeline`'s medians: each activity's start after the copy's start, its
-    duration and the idle time before it (after the previous activity ended), then the next call's copy."""
+def plan_timeline_table(data: dict, step_us: float) -> str:
+    """Markdown: step 13's three parts as one call of :func:`plan_timeline` runs them, each with its traced median
+    time, the idle time before it and when it ends (µs after the copy starts): the bitmask's copy, the union built
+    from it (the count zeroed, then the union kernel) and the bucket's graph (the row kernel); then the idle time
+    until the next call's copy, and last the step's own time, ``step_us``: the benchmark's median, timed without the
+    profiler (the number the steps table and the headline quote)."""
     s = data["summary"]
-    lines = ["| activity, batch 1 | starts (µs after the copy starts) | takes (µs) | idle before it (µs) |",
-             "|---|---|---|---|"]
-    for key, label in TIMELINE_PARTS:
-        gap = s["gap_before_us"].get(key)
-        lines.append(f"| {label} | {s['start_us'][key]:.1f} | {s['duration_us'][key]:.1f} | "
-                     f"{'–' if gap is None else f'{gap:.1f}'} |")
-    lines.append(f"| the next call's copy | {s['period_us']:.1f} | | {timeline_idle(data)['next']:.1f} |")
+    took, start, gap = s["duration_us"], s["start_us"], s["gap_before_us"]
+    union = took["count_zero"] + took["union_kernel"]
+    rows = [("1. the bitmask to the device", "its host-to-device copy", took["copy"], "–", took["copy"]),
+            ("2. the union from the bitmask", f"the count zeroed ({took['count_zero']:.1f}), then the union kernel "
+             f"({took['union_kernel']:.1f})", union, f"{gap['count_zero'] + gap['union_kernel']:.1f}",
+             start["union_kernel"] + took["union_kernel"]),
+            ("3. the bucket's graph", "the row kernel (step 7's)", took["row_kernel"], f"{gap['row_kernel']:.1f}",
+             start["row_kernel"] + took["row_kernel"])]
+    lines = ["| part of one call | what runs | takes (µs) | idle before it (µs) | done at (µs after the copy starts) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {part} | {what} | {t:.1f} | {idle} | {end:.1f} |" for part, what, t, idle, end in rows]
+    lines.append(f"| until the next call's copy | | | {timeline_idle(data)['next']:.1f} | {s['period_us']:.1f} |")
+    lines.append(f"| **the step** | the benchmark's median, no profiler | **{step_us:.1f}** | | |")
     return "\n".join(lines)
 
 
