@@ -518,6 +518,9 @@ def prose_numbers(results) -> dict[str, str]:
     else:
         out["prob_lost"] = PENDING
     out["gradient_pass"] = _times(_ratios(results, s[5], s[7], _lesson_points()))
+    # where step 5's one block writes all of an utterance's gradient, and where a frame's gradient is a few entries
+    out["gradient_pass_one_block"] = _times(_ratios(results, s[5], s[7], [(big, 1)]))
+    out["gradient_pass_small"] = _times(_ratios(results, s[5], s[7], _lesson_points(small)))
     for key, k in (("no_softmax", 8), ("one_warp", 9), ("side_by_side", 10), ("branch_free", 11), ("ftz", 12)):
         ratios = _ratios(results, s[k - 1], s[k], _all_points())
         out[key] = _times(ratios)
