@@ -698,8 +698,8 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
                    for k in answer["failed_faster"] if k in t]
         if losses:
             cells[name] += "; slower than GemLite at " + " and at ".join(losses)
-        notes[name].append(f"{name}: step {PART_ONE_STEP} against GemLite at the {len(r)} shapes where GemLite passes "
-                           "our float64 check, the range's shapes")
+        notes[name].append(f"{name}: the range is step {PART_ONE_STEP} against GemLite at the {len(r)} shapes where "
+                           "GemLite passes our float64 check")
         if answer["failed"]:
             notes[name].append(f"{name}: GemLite fails the check at the other {len(answer['failed'])} ("
                                + ", ".join(k.replace("x", " × ") for k in answer["failed"]) + "), so they are not "
