@@ -753,8 +753,8 @@ def boehm_table(results) -> str:
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("\"× previous\": the step it builds on over this step (above 1.00×, the step pays); the entry point's is "
-            "the step it ran, timed as that step, over the entry point: what choosing costs (about 1.00×).")
+    note = ("\"× previous\": the time of the step this one builds on over this step's (above 1.00×, the step pays); "
+            "for the entry point, the time of the step it ran over its own: what choosing costs (about 1.00×).")
     return "\n".join(lines) + "\n\n" + note
 
 
