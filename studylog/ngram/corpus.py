@@ -184,6 +184,3 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = ["CORPUS_FILES", "KINDS", "WINDOW", "WINDOWS", "TOKENIZER", "CORPUS_PATH", "stdlib_folder", "docstrings",
            "corpus_documents", "window_starts", "build_corpus", "write_corpus", "Corpus", "load_corpus",
            "stdlib_differences", "main"]
-
-if __name__ == "__main__":
-    raise SystemExit(main())
