@@ -659,6 +659,8 @@ class FakeBenchRun(LocalRun):
     def measure(self, series, make_calls, *, params, role="kernel", host=None, floor_ms=None, **extra):
         for key in ("repeats", "min_calls", "reps", "host_calls"):
             extra.pop(key, None)
+        if floor_ms is not None:
+            extra["floor_ms"] = floor_ms
         row = self.record(series, self.gpu_time(make_calls), params=params, role=role, **extra)
         if host is not None:
             row["host_ms"] = self.host_time(host).median

@@ -443,5 +443,5 @@ class Writer:
             return self.vocab.token_bytes.index(self.target[n:n + 1])
 
 
-__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "byte_tokens", "packed_bits", "schema_regex",
-           "suite_names", "suite_sample"]
+__all__ = ["ENGINES", "JSON_WHITESPACE", "Grammar", "Writer", "ascii_regex", "byte_tokens", "packed_bits",
+           "schema_regex", "suite_names", "suite_sample"]

@@ -243,7 +243,7 @@ def _dot_type(x: Tensor):
     return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
 
 
-def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = None, out: Tensor | None = None,
+def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = None,
                  last: Tensor | None = None) -> Tensor:
     """``out = weight * rms_norm(x (+ add))`` row by row over ``x [..., D]`` (``x += add`` in place); with
     ``last [B]``, only row ``last[b]`` of each sequence, into ``out [B, D]``, ``x`` left as it is."""
@@ -251,10 +251,10 @@ def add_rms_norm(x: Tensor, weight: Tensor, eps: float, *, add: Tensor | None = 
     rows = x.numel() // D
     if last is not None:
         B = last.shape[0]
-        out = x.new_empty(B, D) if out is None else out
+        out = x.new_empty(B, D)
         grid, T = (B,), rows // B
     else:
-        out = torch.empty_like(x) if out is None else out
+        out = torch.empty_like(x)
         grid, T = (rows,), 1
     block = triton.next_power_of_2(D)
     add_rms_norm_kernel[grid](x, add if add is not None else x, weight, out, last if last is not None else x,
@@ -296,11 +296,11 @@ def attention(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, start: Tensor, head
     return out
 
 
-def silu_mul(gate_up: Tensor, out: Tensor | None = None) -> Tensor:
+def silu_mul(gate_up: Tensor) -> Tensor:
     """``silu(gate) * up`` of ``gate_up [..., 2I]`` (gate first), ``[..., I]``."""
     I = gate_up.shape[-1] // 2
     rows = gate_up.numel() // (2 * I)
-    out = gate_up.new_empty(*gate_up.shape[:-1], I) if out is None else out
+    out = gate_up.new_empty(*gate_up.shape[:-1], I)
     block = min(1024, triton.next_power_of_2(I))
     silu_mul_kernel[(rows, triton.cdiv(I, block))](gate_up, out, I, BLOCK=block, num_warps=4)
     return out

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from studylog.decode import kernels
+from studylog.masked_lm_head.dispatch import dense_logits as chapter2_dense_logits
 
 
 @dataclass(frozen=True)
@@ -307,14 +308,9 @@ class LlamaModel(nn.Module):
         return dense_logits(hidden, self.lm_head, out=out)
 
 
-#: Whether this torch's CUDA ``torch.mm`` takes ``out_dtype`` (found on first use).
-_MM_OUT_DTYPE: bool | None = None
-
-
 def dense_logits(hidden: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
-    """``hidden @ weight.T`` in fp32: on a GPU one cuBLAS GEMM with bf16 inputs and an fp32 output; on a
-    CPU in fp32 (a bf16 CPU matmul would round the logits to bf16, which makes ties)."""
-    global _MM_OUT_DTYPE
+    """``hidden @ weight.T`` in fp32: on a GPU chapter 2's dense path (one cuBLAS GEMM with bf16 inputs and an
+    fp32 output); on a CPU in fp32 (a bf16 CPU matmul would round the logits to bf16, which makes ties)."""
     B, V = hidden.shape[0], weight.shape[0]
     if out is None:
         out = torch.empty(B, V, device=hidden.device, dtype=torch.float32)
@@ -322,17 +318,9 @@ def dense_logits(hidden: Tensor, weight: Tensor, out: Tensor | None = None) -> T
         raise ValueError(f"out must be float32 of shape ({B}, {V}) (hidden's rows, the head's rows); got "
                          f"{out.dtype} of shape {tuple(out.shape)}")
     if hidden.device.type != "cuda" or weight.dtype == torch.float32:
-        return torch.mm(hidden.float(), weight.float().t() if weight.dtype != torch.float32 else weight.t(), out=out)
-    if _MM_OUT_DTYPE is not False:
-        try:
-            torch.mm(hidden, weight.t(), out_dtype=torch.float32, out=out)
-            _MM_OUT_DTYPE = True
-            return out
-        except (RuntimeError, TypeError):
-            if _MM_OUT_DTYPE:
-                raise
-            _MM_OUT_DTYPE = False  # this torch has no fp32-output mm: the logits are rounded to bf16 first
-    return out.copy_(torch.mm(hidden, weight.t()))
+        return torch.mm(hidden.float(), weight.float().t(), out=out)
+    chapter2_dense_logits(hidden, weight, out)
+    return out
 
 
 # Checkpoints: the Hugging Face Llama layout (config.json + model.safetensors)

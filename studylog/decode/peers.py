@@ -37,7 +37,7 @@ def _rope_theta(config: Any) -> float | None:
 
 
 @torch.no_grad()
-def hf_model(model: LlamaModel, *, attn_implementation: str | None = None):
+def hf_model(model: LlamaModel):
     """A ``transformers.LlamaForCausalLM`` with a copy of ``model``'s weights and config, on its device and dtype,
     in eval mode, built as ``from_pretrained`` builds one and loaded strictly."""
     model = check_model(model)
@@ -52,8 +52,6 @@ def hf_model(model: LlamaModel, *, attn_implementation: str | None = None):
                            f"the model has {cfg.rope_theta}")
     major = int(transformers.__version__.split(".")[0])
     kwargs = {"dtype" if major >= 5 else "torch_dtype": model.dtype}  # renamed in transformers 5
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # older transformers: random initialisation, overwritten below
@@ -161,7 +159,7 @@ class HFTiming(NamedTuple):
 
 
 def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: int, repeats: int = 3,
-            eos_id: int | None = None, warmup: bool = True) -> HFTiming:
+            eos_id: int | None = None) -> HFTiming:
     """Milliseconds per output token of :func:`hf_generate`, as ``Generation.ms_per_token`` (prefill included, the
     processor built before the clock): a warm-up, then ``repeats`` timed with Python's collector paused."""
     from studylog.bench import collector_paused
@@ -169,8 +167,7 @@ def time_hf(hf, grammar: Grammar, prompt_ids: Sequence[int], *, max_new_tokens: 
     ids, eos_id = _request(hf, grammar, prompt_ids, max_new_tokens, eos_id)
     _positive("repeats", repeats)
     cuda = next(hf.parameters()).device.type == "cuda"
-    if warmup:
-        hf_generate(hf, grammar, ids, max_new_tokens=max_new_tokens, eos_id=eos_id)
+    hf_generate(hf, grammar, ids, max_new_tokens=max_new_tokens, eos_id=eos_id)  # a warm-up
     per_repeat, outputs = [], []
     with collector_paused():
         for _ in range(repeats):

@@ -211,7 +211,7 @@ def body_kernels(run, shapes: Sequence[str], device: str | torch.device = "cuda"
         torch.cuda.empty_cache()
 
 
-def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | None = None) -> None:
+def components(run, decoder: Decoder, shape: str) -> None:
     """Each component alone on the GPU clock: the bodies (the fused one with its floor), both heads (with their
     host time per call), the bitmask's application and both samplings (the masked ones checked)."""
     import numpy as np
@@ -226,12 +226,12 @@ def components(run, decoder: Decoder, shape: str, *, chunks: Sequence[int] | Non
     hidden = torch.randn(B, model.config.hidden, device=decoder.device, dtype=model.dtype)
     logits = torch.randn(B, V, device=decoder.device, dtype=torch.float32)
     bits = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=decoder.device)
-    chunks = sorted(set(chunks or (1, 8, decoder.max_chunk)) & set(decoder.chunk_sizes))
+    chunks = sorted({1, 8, decoder.max_chunk} & set(decoder.chunk_sizes))
     for series, fused, gemv in BODIES:
         for T in chunks if series == "body" else (1,):
             call = decoder.body_call(T, fused=fused, gemv=gemv)
-            timing = run.gpu_time(lambda call=call: [call], repeats=3, min_calls=10, reps=5)
-            run.record(series, timing, params={**base, "chunk": T}, role="baseline", floor_ms=floor)
+            run.measure(series, lambda call=call: [call], params={**base, "chunk": T}, role="baseline", floor_ms=floor,
+                        min_calls=10, reps=5)
     dense = lambda: dense_logits(hidden, model.lm_head, out=logits)  # noqa: E731
     run.measure("dense_head", lambda: [dense], params=base, role="baseline", host=dense, host_calls=100)
     if decoder.vocab.name.startswith("cl100k_base") and V > CL100K_SIZE:

@@ -22,8 +22,7 @@ class NgramDrafter:
     """Chapter 3's matcher over ``batch`` sequences of prompts up to ``prompt_width`` tokens and outputs up to
     ``output_width`` tokens, proposing up to ``draft_len`` tokens per call."""
 
-    def __init__(self, batch: int, prompt_width: int, output_width: int, draft_len: int, device, *,
-                 config: NgramConfig = DRAFT_NGRAM):
+    def __init__(self, batch: int, prompt_width: int, output_width: int, draft_len: int, device):
         for name, v in (("batch", batch), ("prompt_width", prompt_width), ("output_width", output_width),
                         ("draft_len", draft_len)):
             check_int(name, v, low=1)
@@ -38,10 +37,10 @@ class NgramDrafter:
                                   decoder)
         self._draft_host, self.draft_tokens = staged(batch, draft_len + 1, dtype=torch.int64, device=self.device)
         self._this_time_host, self.seq_lens_this_time = staged(batch, dtype=torch.int32, device=self.device)
-        step = (ngram_kernels.final_step(self.inputs, config) if self.device.type == "cuda"
+        step = (ngram_kernels.final_step(self.inputs, DRAFT_NGRAM) if self.device.type == "cuda"
                 else ngram_kernels.step01_cpu_path)
-        self.matcher = NgramMatcher(step, self.inputs, self.draft_tokens, self.seq_lens_this_time, config=config,
-                                    check_values=False)
+        self.matcher = NgramMatcher(step, self.inputs, self.draft_tokens, self.seq_lens_this_time,
+                                    config=DRAFT_NGRAM, check_values=False)
         self._graph = None
         self.admit([[]] * batch)
 

@@ -26,7 +26,7 @@ from studylog.decode.generation import CONFIGS as DECODE_CONFIGS, DecodeConfig, 
 from studylog.decode.grammar import Grammar
 from studylog.decode.loop import Decoder, Marks, staged
 from studylog.decode.model import GEMV_MAX_TOKENS, LlamaModel
-from studylog.speculate.draft import DRAFT_NGRAM, DraftGate, NgramDrafter, walk_draft
+from studylog.speculate.draft import DraftGate, NgramDrafter, walk_draft
 from studylog.runtime import cuda_graph
 
 
@@ -93,8 +93,8 @@ class SpeculativeDecoder(Decoder):
 
     def __init__(self, model: LlamaModel, vocab: pieces.TokenVocabulary | None = None, *, batch: int = 1,
                  max_seq: int = 512, draft_len: int = 8, chunk_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
-                 graphs: bool | None = None, head_impl: str | None = None, ngram=DRAFT_NGRAM,
-                 drafter: Callable | None = None, min_accepted: float | None = None):
+                 graphs: bool | None = None, head_impl: str | None = None, drafter: Callable | None = None,
+                 min_accepted: float | None = None):
         super().__init__(model, vocab, batch=batch, max_seq=max_seq, chunk_sizes=chunk_sizes, graphs=graphs,
                          head_impl=head_impl)
         check_int("draft_len", draft_len, low=1)
@@ -107,8 +107,7 @@ class SpeculativeDecoder(Decoder):
         self._derived_min_accepted = 0.5
         #: Chunk lengths whose verifying forward runs the six-launch layer (:meth:`tune` measures them).
         self.gemv_chunks = frozenset(T for T in self.chunk_sizes if batch * T == 1)
-        self.ngram = NgramDrafter(batch, max_seq, max_seq, draft_len, self.device, config=ngram) \
-            if drafter is None else None
+        self.ngram = NgramDrafter(batch, max_seq, max_seq, draft_len, self.device) if drafter is None else None
         self.drafter = drafter or self.ngram.propose
         R = batch * self.max_chunk  # verified rows at most: every position of every chunk
         self._rows_host, self._rows = staged(R, dtype=torch.int64, device=self.device)

@@ -153,9 +153,8 @@ def costs(run, decoder: SpeculativeDecoder, batch: int) -> None:
     for T in decoder.chunk_sizes:  # the layer the loop runs at each chunk length, and the other where it has one
         for gemv in sorted({T in decoder.gemv_chunks, False} if batch * T <= GEMV_MAX_TOKENS else {False}):
             call = decoder.verify_call(T, gemv)
-            run.record("verify", run.gpu_time(lambda call=call: [call], repeats=3, min_calls=10, reps=5),
-                       params={**base, "chunk": T, "layer": "gemv" if gemv else "cublas"}, role="baseline",
-                       used=gemv == (T in decoder.gemv_chunks))
+            run.measure("verify", lambda call=call: [call], params={**base, "chunk": T, "layer": "gemv" if gemv
+                        else "cublas"}, role="baseline", min_calls=10, reps=5, used=gemv == (T in decoder.gemv_chunks))
     d = decoder.ngram
     prompt = list(range(11, 611))
     d.admit([prompt] * batch)
