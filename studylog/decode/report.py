@@ -53,9 +53,8 @@ def measure(decoder: Decoder, grammar: Grammar, config: str, prompts, targets, *
 
 
 def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Sequence[int],
-          schemas: Sequence[str], configs: Sequence[str] = ORDER, repeats: int = 3, max_new_tokens: int = 160,
-          max_seq: int = 512, dtype: torch.dtype = torch.bfloat16, head_impl: str | None = None,
-          whitespaces: Sequence[str] = ("compact",), both_whitespaces_at: tuple[str, int] | None = None) -> None:
+          schemas: Sequence[str], repeats: int = 3, max_new_tokens: int = 160, max_seq: int = 512,
+          dtype: torch.dtype = torch.bfloat16, whitespaces: Sequence[str] = ("compact",), both_whitespaces_at: tuple[str, int] | None = None) -> None:
     """Decode every schema in every configuration and record it with ``run`` (any recorder with ``record``,
     ``check`` and ``note``); ``both_whitespaces_at`` = ``(shape, batch)`` adds the other whitespace there."""
     from studylog.bench import Timing
@@ -79,8 +78,7 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
             model, vocab, tokenizer = LlamaModel(cfg, device=device, dtype=dtype, seed=0), None, None
         run.note(f"model {shape}: {describe(cfg)}")
         for batch in batches:
-            decoder = Decoder(model, vocab, batch=batch, max_seq=REAL_MAX_SEQ if real else max_seq,
-                              head_impl=head_impl)
+            decoder = Decoder(model, vocab, batch=batch, max_seq=REAL_MAX_SEQ if real else max_seq)
             decoder.capture()
             if torch.device(device).type == "cuda":
                 components(run, decoder, shape)
@@ -96,7 +94,7 @@ def sweep(run, *, device: str | torch.device, shapes: Sequence[str], batches: Se
                 else:
                     prompts, targets = requests(name, batch, decoder, ws)
                 first = None
-                for config in configs:
+                for config in ORDER:
                     runs, timed = measure(decoder, grammar, config, prompts, targets,
                                           max_new_tokens=max_new_tokens, repeats=repeats)
                     first = first or timed
