@@ -89,19 +89,6 @@ def ternary_inputs(n: int, k: int, m: int, *, seed: int, device="cuda"):
     return torch.randn(m, k, device=device, dtype=torch.bfloat16), PackedTernary.pack(w, "2bit_tiles"), float(scale)
 
 
-def multi_item_inputs(prefixes, items, heads: int, head_dim: int, *, device="cuda"):
-    """Chapter 6: the batch layout, and q, k, v ([heads, tokens, head_dim] bf16) as views of one flat tensor."""
-    from studylog.multi_item import MultiItemBatch
-
-    batch = MultiItemBatch.from_item_lens(prefixes, items, device=device)
-    flat = torch.randn(3 * heads * batch.total_tokens * head_dim, dtype=torch.bfloat16, device=device)
-    return batch, flat
-
-
-def qkv_views(flat: torch.Tensor, heads: int, head_dim: int):
-    return tuple(part.view(heads, -1, head_dim) for part in flat.chunk(3))
-
-
 # -- the calls of one repetition: (graph-safe calls over rotated copies, what the row adds) ---------------
 
 def _masked_head(run, rep: int):
@@ -188,24 +175,44 @@ def _ternary(run, rep: int):
     return [lambda wi=wi: ternary_matmul(x, wi, scale) for wi in run.rotated(w)], {}
 
 
-def _multi_item(run, rep: int):
-    from studylog.bench import gpu_slug
-    from studylog.multi_item import multi_item_attention
-    from studylog.multi_item.report import BENCH_HEAD_DIM, BENCH_HEADS, bench_shapes, pinned_configs
-    from studylog.plotting import load_results
+def _ternary_w2a8(n: int, k: int):
+    """Chapter 5's one-row W2A8 kernel (step 23, x quantised to int8 inside the call) at one of BitNet's shapes."""
+    def calls(run, rep: int):
+        from studylog.ternary import step23_w2a8_fused
 
-    name, prefixes, items = bench_shapes()[-1]
-    batch, flat = multi_item_inputs(prefixes, items, BENCH_HEADS, BENCH_HEAD_DIM)
-    try:  # the tile config the chapter's row ran at: pinned from this GPU's committed results
-        config = pinned_configs(load_results("multi_item", gpu=gpu_slug(run.device["name"]))).get(("step05", name))
-    except FileNotFoundError:
-        config = None  # autotuned by the first call, before the capture
-    scale = 1.0 / math.sqrt(BENCH_HEAD_DIM)
+        x, w, scale = ternary_inputs(n, k, 1, seed=rep)
+        return [lambda wi=wi: step23_w2a8_fused(x, wi, scale) for wi in run.rotated(w)], {}
+    return calls
 
-    def call(q, k, v):
-        out = torch.empty_like(q)
-        return lambda: multi_item_attention(q, k, v, batch, sm_scale=scale, out=out, config=config)
-    return [call(*qkv_views(c, BENCH_HEADS, BENCH_HEAD_DIM)) for c in run.rotated(flat)], {"config": config}
+
+def _multi_item(kv_heads: int | None = None, *, device="cuda"):
+    """Chapter 6's mixed batch through its entry point: 32 query heads, each with its own key/value head (step 5),
+    or ``kv_heads`` of them shared by groups of query heads (grouped-query attention: step 6)."""
+    def calls(run, rep: int):
+        from studylog.bench import gpu_slug
+        from studylog.multi_item import MultiItemBatch, multi_item_attention
+        from studylog.multi_item.report import BENCH_HEAD_DIM, BENCH_HEADS, bench_shapes, gqa_shapes, pinned_configs
+        from studylog.plotting import load_results
+
+        name, prefixes, items = bench_shapes()[-1]
+        kv, series = (BENCH_HEADS, "step05") if kv_heads is None else (kv_heads, "step06")
+        if kv_heads is not None:
+            name = gqa_shapes()[0][0]
+        batch = MultiItemBatch.from_item_lens(prefixes, items, device=device)
+        sizes = [h * batch.total_tokens * BENCH_HEAD_DIM for h in (BENCH_HEADS, kv, kv)]
+        flat = torch.randn(sum(sizes), dtype=torch.bfloat16, device=device)
+        try:  # the tile config the chapter's row ran at: pinned from this GPU's committed results
+            config = pinned_configs(load_results("multi_item", gpu=gpu_slug(run.device["name"]))).get((series, name))
+        except FileNotFoundError:
+            config = None  # autotuned by the first call, before the capture
+        scale = 1.0 / math.sqrt(BENCH_HEAD_DIM)
+
+        def call(c):
+            q, k, v = (part.view(-1, batch.total_tokens, BENCH_HEAD_DIM) for part in c.split(sizes))
+            out = torch.empty_like(q)
+            return lambda: multi_item_attention(q, k, v, batch, sm_scale=scale, out=out, config=config)
+        return [call(c) for c in run.rotated(flat)], {"config": config}
+    return calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,9 +226,10 @@ class Case:
 
 def cases() -> list[Case]:
     from studylog.multi_item import MultiItemBatch
-    from studylog.multi_item.report import bench_shapes
+    from studylog.multi_item.report import BENCH_HEADS, bench_shapes, gqa_shapes
 
     name, prefixes, items = bench_shapes()[-1]
+    tokens = MultiItemBatch.from_item_lens(prefixes, items, device="cpu").total_tokens
     T, states = CTC_FLOOR_CASE["T"], ctc_floor_states(CTC_FLOOR_CASE["T"], CTC_FLOOR_CASE["A"])
     return [
         Case("masked_lm_head", "MaskedHeadPlan", {"batch": 1, "kind": "random", "allowed": 1000, "layout": "vd"},
@@ -232,8 +240,12 @@ def cases() -> list[Case]:
                _ctc_chain(frames, states), role="baseline") for frames in (2 * T, T)),
         Case("ternary", "ternary_matmul", {"shape": "4096x14336", "family": "llama", "n": 4096, "k": 14336, "m": 1},
              _ternary),
-        Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens":
-             MultiItemBatch.from_item_lens(prefixes, items, device="cpu").total_tokens}, _multi_item),
+        Case("ternary", "step23_w2a8_fused", {"shape": "4800x3200", "family": "bitnet", "n": 4800, "k": 3200, "m": 1},
+             _ternary_w2a8(4800, 3200)),
+        Case("multi_item", "multi_item_attention", {"shape": name, "prompts": len(prefixes), "tokens": tokens},
+             _multi_item()),
+        Case("multi_item", "multi_item_attention", {"shape": gqa_shapes()[0][0], "prompts": len(prefixes),
+             "tokens": tokens, "heads": BENCH_HEADS, "kv_heads": gqa_shapes()[0][3]}, _multi_item(gqa_shapes()[0][3])),
     ]
 
 

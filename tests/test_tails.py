@@ -22,14 +22,18 @@ from studylog.__main__ import main
 
 H200 = bench.DEFAULT_OUT / "nvidia-h200"
 
-#: chapter -> (the scoreboard's headline case, the series of the chapter's JSON holding the same call at that case)
-HEADLINES = {
-    "masked_lm_head": (scoreboard.MASKED_HEAD_CASE, "step13"),
-    "ngram": (scoreboard.NGRAM_CASE, "ngram_match"),
-    "ctc": (scoreboard.CTC_CASE, "ctc_loss"),
-    "ternary": (scoreboard.TERNARY_CASE, "step21"),  # what ternary_matmul runs at M = 1 on the H200
-    "multi_item": (scoreboard.MULTI_ITEM_CASE, "step05"),
-}
+#: Each entry case in order: (chapter, the scoreboard's case, the series of the chapter's JSON holding the same call
+#: at that case). Chapters 5 and 6 have two: step 21 (bf16 x) and step 23 (W2A8, at BitNet's shape where our
+#: lead is smallest); the mixed batch with a key/value head per query head and under grouped-query attention.
+HEADLINES = [
+    ("masked_lm_head", scoreboard.MASKED_HEAD_CASE, "step13"),
+    ("ngram", scoreboard.NGRAM_CASE, "ngram_match"),
+    ("ctc", scoreboard.CTC_CASE, "ctc_loss"),
+    ("ternary", scoreboard.TERNARY_CASE, "step21"),  # what ternary_matmul runs at M = 1 on the H200
+    ("ternary", {"shape": "4800x3200", "m": 1}, "step23"),
+    ("multi_item", scoreboard.MULTI_ITEM_CASE, "step05"),
+    ("multi_item", {"shape": "8 prompts, mixed, 8 KV heads"}, "step06"),  # what the entry point runs under GQA
+]
 
 
 # -- percentiles --------------------------------------------------------------------------------
@@ -70,16 +74,16 @@ def test_percentile_refuses_nonsense(samples, q):
 ENTRY_CASES = [c for c in tails.cases() if c.role == "kernel"]
 
 
-def test_one_case_per_chapter_with_a_gpu_kernel():
-    assert [c.chapter for c in ENTRY_CASES] == list(HEADLINES)
+def test_every_chapter_with_a_gpu_kernel_has_its_cases():
+    assert [c.chapter for c in ENTRY_CASES] == [chapter for chapter, _, _ in HEADLINES]
     assert {c.role for c in tails.cases()} <= set(bench.ROLES)
 
 
-@pytest.mark.parametrize("case", ENTRY_CASES, ids=lambda c: c.chapter)
-def test_case_is_the_scoreboards_headline_case(case):
+@pytest.mark.parametrize("case, headline", list(zip(ENTRY_CASES, HEADLINES)), ids=lambda c: getattr(c, "chapter", ""))
+def test_case_is_the_scoreboards_headline_case(case, headline):
     """The params contain the scoreboard's case (a None there: the key is absent), and the chapter's committed
     file holds one row of its headline call with exactly these params."""
-    want, series = HEADLINES[case.chapter]
+    _, want, series = headline
     for key, value in want.items():
         assert case.params.get(key) == value, (key, case.params)
     data = json.loads((H200 / f"{case.chapter}.json").read_text())
@@ -270,13 +274,35 @@ def test_ternary_inputs():
     assert (w.n, w.k, w.fmt) == (16, 256, "2bit_tiles") and isinstance(scale, float) and scale > 0
 
 
-def test_multi_item_inputs():
-    batch, flat = tails.multi_item_inputs([4, 3], [[2, 1], [3]], 2, 16, device="cpu")
+class RotatedRun:
+    """What the ternary and multi-item cases ask of a BenchRun: copies of the large input, and the card's name."""
+
+    device = {"name": "a card with no committed results"}
+
+    def rotated(self, x):
+        return [x, x.clone() if isinstance(x, torch.Tensor) else x]
+
+
+@pytest.mark.parametrize("kv_heads", [None, 8])
+def test_multi_item_case_splits_q_k_v_by_heads(monkeypatch, kv_heads):
+    """Chapter 6's case: q with the benchmark's 32 heads, k and v with 32 or with the GQA layout's 8; each call
+    into its own output through the entry point (which runs step 5, or step 6 under GQA)."""
+    from studylog import multi_item
+    from studylog.multi_item import report
+
+    seen = []
+    monkeypatch.setattr(report, "bench_shapes", lambda: [("tiny, mixed", [4, 3], [[2, 1], [3]])])
+    monkeypatch.setattr(report, "gqa_shapes", lambda: [("tiny, mixed, 8 KV heads", [4, 3], [[2, 1], [3]], 8)])
+    monkeypatch.setattr(multi_item, "multi_item_attention", lambda q, k, v, batch, **kw: seen.append(
+        (q.shape, k.shape, v.shape, batch.total_tokens, kw["out"].shape)))
+    calls, extra = tails._multi_item(kv_heads, device="cpu")(RotatedRun(), 0)
+    for call in calls:
+        call()
     tokens = (4 + 2 + 1 + 3) + (3 + 3 + 2)  # prefix, items, and a delimiter before each item and after the last
-    assert batch.total_tokens == tokens and flat.dtype == torch.bfloat16
-    q, k, v = tails.qkv_views(flat, 2, 16)
-    assert q.shape == k.shape == v.shape == (2, tokens, 16)
-    assert q.data_ptr() != k.data_ptr() != v.data_ptr()
+    kv = kv_heads or report.BENCH_HEADS
+    d = report.BENCH_HEAD_DIM
+    assert seen == [((32, tokens, d), (kv, tokens, d), (kv, tokens, d), tokens, (32, tokens, d))] * 2
+    assert extra == {"config": None}
 
 
 class RotatingRun:
