@@ -122,6 +122,21 @@ def test_the_kernel_check_says_it_does_not_time_on_a_cpu(capsys):
     assert "no timing here" in capsys.readouterr().out
 
 
+def test_the_cuda_kernel_exercise_compiles_the_answer_and_rejects_non_answers(capsys):
+    """Exercise 12 on a CPU: NVRTC compiles the reader's step 21 and the check counts the SASS's moves of the
+    constant (the GPU part says it was skipped); an unchanged source, a comment, or a source that does not compile
+    fail."""
+    assert E.check_magic_literal(S.magic_literal)
+    out = capsys.readouterr().out
+    assert "magic moves" in out and ("no Hopper GPU" in out) is not (runtime.has_gpu()
+                                                                     and torch.cuda.get_device_capability()[0] >= 9)
+    for wrong, says in ((lambda s: s, "unchanged"),
+                        (lambda s: s.replace("// see decode_pair_reg", "// the constant"), "no more moves"),
+                        (lambda s: s + "\nnot C++\n", "does not compile")):
+        assert not E.check_magic_literal(wrong)
+        assert says in capsys.readouterr().out
+
+
 def test_a_check_survives_a_function_that_returns_the_wrong_shape(capsys):
     assert E.check_unpack_2bit(lambda ws: [0] * 255) is False
     assert "255 weights" in capsys.readouterr().out

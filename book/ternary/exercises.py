@@ -21,6 +21,8 @@ Lesson 2 (CUDA C++):
 8. :func:`check_w2a8_sum`: the four int8 accumulators of steps 22 to 25 back to ``sum x w``.
 9. :func:`check_round_int8`: BitNet's int8 rounding of x, as the kernels must match it.
 10. :func:`check_ring_waits`: which stage and which mbarrier phase a ring of stages waits on.
+12. :func:`check_magic_literal`: step 21's kernel file with its decode's constant written as a literal, compiled by
+    NVRTC and its SASS counted against steps 20 and 21 (on a Hopper GPU, also run against step 21).
 
 Exercises 5 (step 14's tile) and 11 (step 25's tiles) change a kernel's launch and time it on a GPU
 (:func:`book.common.gpu_us`); on a CPU, exercise 5 checks the reader's tile in Triton's interpreter.
@@ -39,7 +41,8 @@ from studylog.ternary.formats import (FP32_TOLERANCE, PackedTernary, error_ratio
                                       quantize_absmean, quantize_activations)
 
 __all__ = ["check_unpack_2bit", "check_field_float", "check_base3", "check_absmean", "check_gemv_kernel",
-           "check_mma_position", "check_w2a8_sum", "check_round_int8", "check_ring_waits"]
+           "check_mma_position", "check_w2a8_sum", "check_round_int8", "check_ring_waits", "check_magic_literal",
+           "step21_source", "step21_with"]
 
 
 def _u32(v: int) -> int:
@@ -325,3 +328,102 @@ def check_ring_waits(fn: Callable[[int, int], tuple[int, int, Optional[int]]]) -
                 return report("check_ring_waits", False, f"chunk {c} of a ring of {stages}: got {got}, want "
                                f"{(s, want_full, want_empty)} (stage, full parity, empty parity)", cases)
     return report("check_ring_waits", True, None, cases)
+
+
+# --------------------------------------------------------------------------------------
+# 12. Change a kernel: step 21's constant as a literal
+# --------------------------------------------------------------------------------------
+
+#: Step 21's kernel file (a file stem in ``studylog/ternary/csrc``; steps 18 to 20 are other instances of it).
+STEP21_FILE = "ternary_bulk"
+#: The instances the page's SASS counts read (``book.ternary.lesson.SASS_INSTANCES``): one tile of 16 weight rows,
+#: bf16 x, 4 stages of one group; the last template flag is step 21's (the constant in a register).
+STEP21_INSTANCE = "tma_kernel<true, 1, 1, 4, 1, false, true>"
+STEP20_INSTANCE = "tma_kernel<true, 1, 1, 4, 1, false, false>"
+
+
+def step21_source() -> str:
+    """Step 21's kernel file (``ternary_bulk.cu``), as text: what exercise 12 starts from."""
+    from studylog import cuda
+
+    return cuda.read_source(STEP21_FILE)
+
+
+def step21_with(source: str) -> Callable[[Tensor, PackedTernary], Tensor]:
+    """``fn(x, w) -> z``: step 21 at one row of bf16 x (K a multiple of 8) with its kernel compiled from ``source``,
+    launched as :func:`studylog.ternary.step21_magic_reg` launches it at 4096 x 14336 (one tile of 16 rows a block, 8
+    consumer warps, 4 stages of one group, K in one slice). Hopper GPUs only."""
+    import triton
+
+    from studylog import cuda
+    from studylog.ternary import cuda_steps as C
+
+    cfg = C.TmaConfig(row_tiles=1, warps=8, stages=4, chunk=1, slices=1)
+    kernel = cuda.load(source, name_expressions=(STEP21_INSTANCE,)).kernel(STEP21_INSTANCE, C.CUDA_MMA_SIGNATURE)
+    kernel.set_max_dynamic_shared_memory(C.SMEM_LIMIT)
+
+    def run(x: Tensor, w: PackedTernary) -> Tensor:
+        x2, _, w, s, s_stride, z = C.cuda_call_args(x, w, 1.0, None, None, C.TmaConfig, "exercise 12")
+        m, k = x2.shape
+        if m != 1 or x2.dtype != torch.bfloat16 or k % 8:
+            raise ValueError(f"x must be one row of bf16 with K a multiple of 8, got {tuple(x2.shape)} {x2.dtype}")
+        groups = triton.cdiv(k, 256)
+        if groups > C.tma_max_groups_per_slice(cfg, 1):
+            raise ValueError(f"K = {k}: x does not fit beside the stages in one slice")
+        kernel((triton.cdiv(w.n, cfg.rows), 1, 1), (32 * (cfg.warps + 1),), x2, w.data, z, s, None, None, m, w.n, k,
+               groups, x2.stride(0), s_stride, groups, shared_mem=C.tma_smem_bytes(cfg, 1, groups))
+        return z
+    return run
+
+
+def _counts(text: str, instance: str) -> dict[str, int]:
+    from book.ternary.lesson import count_sass, sass
+
+    return count_sass(sass(text, instance))
+
+
+@guarded
+def check_magic_literal(fn: Callable[[str], str]) -> bool:
+    """Exercise 12. ``fn(source)`` -> step 21's kernel file (:func:`step21_source`) with the decode's constant no
+    longer read from shared memory but written as a literal (``0x43004300u`` for bf16 x).
+
+    On any machine NVRTC compiles the file for :data:`STEP21_INSTANCE`, and the check prints the SASS's counts
+    beside steps 20 and 21 (all instructions, LOP3s, and the moves that build ``0x43004300`` in a register). Yours
+    must have more of those moves than step 21. On a Hopper GPU your kernel then runs at 4096 x 14336 against step
+    21, bit for bit; without one that part is skipped (it says so)."""
+    from book.ternary.lesson import cuobjdump
+    from studylog import cuda
+
+    original = step21_source()
+    text = fn(original)
+    if not isinstance(text, str) or text == original:
+        return report("check_magic_literal", False, "fn returned step 21's source unchanged: return the changed text",
+                      1)
+    if cuobjdump() is None:
+        return report("check_magic_literal", False, "no cuobjdump here to read the SASS (Triton's wheel carries one)",
+                      1)
+    try:
+        mine = _counts(text, STEP21_INSTANCE)
+    except cuda.CudaCompileError as exc:  # the compile log says where
+        return report("check_magic_literal", False, f"your source does not compile to {STEP21_INSTANCE}: {exc}", 1)
+    rows = {"step 20": _counts(original, STEP20_INSTANCE), "step 21": _counts(original, STEP21_INSTANCE),
+            "yours": mine}
+    print(f"SASS for sm_90 of {STEP21_INSTANCE} (step 20's: its last flag false):")
+    for key in ("instructions", "LOP3", "magic moves"):
+        print(f"  {key:>12}: " + ", ".join(f"{who} {c[key]}" for who, c in rows.items()))
+    if mine["magic moves"] <= rows["step 21"]["magic moves"]:
+        return report("check_magic_literal", False, "no more moves of 0x43004300 than step 21's: ptxas still cannot "
+                      "see the constant's value (or the change is elsewhere)", 1)
+    if not (runtime.has_gpu() and torch.cuda.get_device_capability()[0] >= 9):
+        print("check_magic_literal: your change is in the machine code; no Hopper GPU, so your kernel was compiled, "
+              "not run (on one this check also runs it against step 21)")
+        return True
+    from studylog.ternary import step21_magic_reg
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 14336, generator=gen).to("cuda", torch.bfloat16)
+    w = PackedTernary.pack(_ternary(gen, 4096, 14336).cuda(), "2bit_tiles")
+    if not torch.equal(step21_with(text)(x, w), step21_magic_reg(x, w)):
+        return report("check_magic_literal", False, "your kernel's output differs from step 21's at 4096 x 14336", 1)
+    print("check_magic_literal: your kernel's output equals step 21's at 4096 x 14336")
+    return True

@@ -478,8 +478,11 @@ def sass_counts(step: int) -> Optional[dict[str, int]]:
     int8), the LOP3s, the packed FMAs of the float decode, and the moves that rebuild the decode's magic
     constant in a register (``IMAD.MOV ... 0x43004300``)."""
     text = sass(*SASS_INSTANCES[step])
-    if text is None:
-        return None
+    return None if text is None else count_sass(text)
+
+
+def count_sass(text: str) -> dict[str, int]:
+    """:func:`sass_counts` of a disassembly (``cuobjdump -sass``'s text)."""
     lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
     return {"instructions": len(lines),
             "HMMA": sum("HMMA" in line for line in lines),
