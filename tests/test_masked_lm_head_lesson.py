@@ -318,9 +318,9 @@ def test_every_step_is_compared_with_the_step_it_builds_on_at_its_own_point():
     table = lesson.boehm_table(results)
     assert _base_problems(results, table) == [] and "not run here" not in table
     rows = {r.split("|")[1].strip(): r for r in table.splitlines()[2:]}
-    assert "| step 7, which it runs here |" in rows["12"] and "| step 3, its diff's base |" in rows["11"]
-    assert "| step 3, the last step that multiplies a batch" in rows["9"] and "| step 9 |" in rows["10"]
-    assert "| step 5 (step 6 did not pay) |" in rows["7"] and "| xgrammar's path, the rival with" in rows["13"]
+    assert "| step 7 (what it runs here) |" in rows["12"] and "| step 3 (its diff's base) |" in rows["11"]
+    assert "| step 3 (steps 4 to 8 take one sequence)" in rows["9"] and "| step 9 |" in rows["10"]
+    assert "| step 5 (6 did not pay) |" in rows["7"] and "| xgrammar's path (same contract" in rows["13"]
     assert [s.number for s in mlh.CHAPTER.steps if lesson.STEP_CASES[s.number][0]["batch"] > 1] == [9, 10]
     lines = table.splitlines()
     six = next(k for k, line in enumerate(lines) if line.startswith("| 6 |"))
@@ -748,7 +748,7 @@ def test_step13_gets_no_time_over_a_floor_that_leaves_out_its_copy():
     table = lesson.boehm_table(load_results("masked_lm_head", gpu="nvidia-h200"))
     rows = [r for r in table.splitlines()[2:]]
     thirteen = [r for r in rows if r.startswith("| 13 |")]
-    assert len(thirteen) == 1 and thirteen[0].rstrip(" |").endswith("leaves out the bitmask's copy from host memory)")
+    assert len(thirteen) == 1 and thirteen[0].rstrip(" |").endswith("– (no host copy in the floor)")
     others = [r for r in rows if r.startswith("| ") and r.split("|")[1].strip().isdigit()
               and int(r.split("|")[1]) not in lesson.FROM_HOST]
     assert others and all(r.rstrip(" |").endswith("×") for r in others)

@@ -631,23 +631,20 @@ STEP_CASES = {
     13: (dict(batch=1, kind="random", allowed=1000), XGRAMMAR),
 }
 #: The "compared with" cell of a step whose base (:data:`STEP_CASES`) is not the step numbered before it.
-BASE_WORDS = {7: "step 5 (step 6 did not pay)",
-              9: "step 3, the last step that multiplies a batch (steps 4 to 8 take one sequence)",
-              11: "step 3, its diff's base", 12: "step 7, which it runs here",
-              13: "xgrammar's path, the rival with step 13's contract (from the bitmask, its copy included); not "
-                  "step 12, which is given the union ready"}
+BASE_WORDS = {7: "step 5 (6 did not pay)", 9: "step 3 (steps 4 to 8 take one sequence)",
+              11: "step 3 (its diff's base)", 12: "step 7 (what it runs here)",
+              13: "xgrammar's path (same contract: copy and union included; not step 12)"}
 #: The rivals, in rows of their own under the steps, with their own times and floors: the series, the step that faces
 #: it at that step's point, and its words. Only xgrammar's path is also a step's base (step 13's, :data:`STEP_CASES`).
 RIVAL_ROWS = ((("dense_mask",), 0), (("dense_mask", "index_select"), 10), ((XGRAMMAR,), 13))
 #: A rival row's words, by series; at a point with several rivals the table shows the fastest there.
-RIVAL_WORDS_ROW = {"dense_mask": "torch's dense logits, then `masked_fill` (bf16)",
-                   "index_select": "torch's `index_select` of the union's rows, then a matmul",
-                   XGRAMMAR: "xgrammar's path: the bitmask copied in, cuBLAS fp32 logits, then its "
-                             "`apply_token_bitmask_inplace`"}
+RIVAL_WORDS_ROW = {"dense_mask": "torch's dense logits + `masked_fill` (bf16)",
+                   "index_select": "torch's `index_select` of the union's rows + a matmul",
+                   XGRAMMAR: "xgrammar's path (bitmask copy, fp32 logits, its mask kernel)"}
 
 
 def _case(p: dict) -> str:
-    per = "" if p["batch"] == 1 else " per sequence"
+    per = "" if p["batch"] == 1 else " each"
     return f"batch {p['batch']}, {p['allowed']:,} {p['kind']}{per}"
 
 
@@ -655,18 +652,20 @@ def _case(p: dict) -> str:
 #: numbered though they do not pay: :func:`boehm_table` says so from the run (:func:`paid_words`), then these words
 #: say what the step is and why it is kept (step 3's form is the dispatch's dense path; step 6 is left out of the
 #: steps after it; step 9 is what step 10 multiplies on the tensor cores; step 11 loses to step 7 on its mask).
-BOEHM_CHANGES = {2: "inside an active block, disallowed columns are not loaded (on the post's [D, V] this step is "
-                    "slower: its section says why)",
-                 3: "a row-tile kernel for [V, D]; its form is the dispatch's dense path",
-                 6: "the fill programs first in the grid; step 7 keeps step 5's order",
-                 9: "the batch's union, each row read once and reduced once per sequence; step 10 puts it on the "
-                    "tensor cores",
-                 10: "the union's rows multiplied with every sequence's hidden state at once, on the tensor cores "
-                     "(`tl.dot`)",
+BOEHM_CHANGES = {0: "the Triton tutorial's matmul, all logits, then `masked_fill`",
+                 1: "blocks with nothing allowed return at once",
+                 2: "disallowed columns not loaded (slower on the post's [D, V])",
+                 3: "a row-tile kernel for [V, D], the dispatch's dense path",
+                 4: "programs walk the list of allowed ids",
+                 5: "each row one tile, one wait for memory",
+                 6: "the fill programs first; step 7 keeps step 5's order",
+                 7: "an L2 evict-first hint on the rows",
+                 8: "up to eight ids as launch arguments",
+                 9: "the batch's union, each row read once, reduced per sequence",
+                 10: "the union's rows against every sequence at once (`tl.dot`)",
                  11: "the vocabulary reordered so that allowed tokens cluster",
-                 12: "a dispatch by shape: the fastest measured path for the batch size and the allowed count",
-                 13: "the whole step, from the grammar's packed bitmask to the logits, captured in CUDA graphs (the "
-                     "headline)"}
+                 12: "a dispatch by shape: the fastest measured path",
+                 13: "the whole step from the packed bitmask, in CUDA graphs (the headline)"}
 #: Steps that stay numbered though they did not pay (see :data:`BOEHM_CHANGES`): their cell starts with
 #: :func:`paid_words`.
 NOT_PAID = (3, 6, 9)
@@ -719,7 +718,7 @@ def _floor_cells(results, row: dict, params: dict, *, from_host: bool = False) -
     floor = floor_ms(results, params["batch"], union)
     binds = "bytes" if byte_floor_ms(results, params["batch"], union) >= floor else "empty kernel"
     if from_host:
-        return f"{floor * 1e3:.2f} ({binds}) | – (the floor leaves out the bitmask's copy from host memory)"
+        return f"{floor * 1e3:.2f} ({binds}) | – (no host copy in the floor)"
     return f"{floor * 1e3:.2f} ({binds}) | {row['ms'] / floor:.1f}×"
 
 
@@ -736,8 +735,7 @@ def boehm_table(results) -> str:
     is of medians, flagged by :func:`book.results.caveat` where either side's repetitions spread past its threshold,
     the rule of every page (dense + mask's batch-1 repetitions may fall in two clusters, :func:`dense_clusters`: its
     median then carries the flag). A base with no time at its step's point is an error, not a blank cell."""
-    lines = ["| step | the one change | measured at | µs | compared with | × that step | "
-             "floor (µs): bytes, or an empty kernel where larger | × floor |",
+    lines = ["| step | the one change | measured at | µs | against | × | floor (µs) | × floor |",
              "|---|---|---|---|---|---|---|---|"]
     shown = {}
     for step in CHAPTER.steps:
