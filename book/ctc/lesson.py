@@ -702,12 +702,11 @@ def boehm_table(results) -> str:
     chapter's result."""
     head = ["step", "the one change"]
     for A, N in TABLE_CASES:
-        head += [f"A = {A:,}, N = {N}: µs", "× previous", "× floor"]
+        head += [f"A = {A:,}, N = {N}: µs", "× prev.", "× floor"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floors = [case_floor(results, A, N) for A, N in TABLE_CASES]
     floor_cells = [cell for f, kind in floors for cell in (f"{f:,.1f} ({FLOOR_KIND[kind]})", "", "")]
-    lines.append("| | floor: the larger of the bytes (the activations read and the gradient written once) and the "
-                 "chain of T dependent frames | " + " | ".join(floor_cells) + " |")
+    lines.append("| | floor: the bytes or the chain of T frames, the larger | " + " | ".join(floor_cells) + " |")
     floors = [f for f, _ in floors]
 
     def code(title: str) -> str:
@@ -720,11 +719,10 @@ def boehm_table(results) -> str:
         return f" ({PREREQUISITES[number]}; slower at {where(slower, TABLE_CASES, complement=False)})" if slower else ""
 
     entries = [(str(s.number), code(s.title) + kept(s.number), s.series) for s in CHAPTER.steps]
-    entries.append(("entry point", "`ctc_loss`, the chapter's operator: step 12 or step 14 by the activations' shape "
-                    "(in brackets, the step it ran), timed as its own series", "ctc_loss"))
+    entries.append(("entry point", "`ctc_loss`: step 12 or 14 by shape (the step it ran in brackets)", "ctc_loss"))
     picked = [(_row(results, "torch-best", T=BENCH_T, A=A, N=N) or {}).get("picked") for A, N in TABLE_CASES]
     picked_words = ", ".join(dict.fromkeys(p for p in picked if p))
-    entries.append(("torch", "`torch-best`, the faster of torch's CTC calls on the GPU clock"
+    entries.append(("torch", "torch's faster CTC call"
                     + (f" ({picked_words} here)" if picked_words else ""), "torch-best"))
     before_choice = CHAPTER.step(DISPATCH_STEPS[1])  # a file without the step the entry point ran: the step before
     times: dict[str, list] = {}
@@ -753,8 +751,10 @@ def boehm_table(results) -> str:
             versus = (f"{prev / t:.2f}×" + (f" ({against})" if against else "")) if prev else "–"
             cells += [time_cell, versus, f"{t / floors[i]:,.1f}×"]
         lines.append("| " + " | ".join(cells) + " |")
-    note = ("\"× previous\": the time of the step this one builds on over this step's (above 1.00×, the step pays); "
-            "for the entry point, the time of the step it ran over its own: what choosing costs (about 1.00×).")
+    note = ("\"× prev.\": the time of the step this one builds on over this step's (above 1.00×, the step pays); "
+            "for the entry point, timed as its own series, the time of the step it ran over its own: what choosing "
+            "costs (about 1.00×). The floor is the larger of the bytes (the activations read and the gradient "
+            "written once) and the chain of T dependent frames.")
     return "\n".join(lines) + "\n\n" + note
 
 
