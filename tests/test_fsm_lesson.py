@@ -238,24 +238,50 @@ def test_the_exercises_come_in_an_order_each_can_be_done_in():
         assert text.index(f"**{m[1]}. ") < m.start() and f"def {m[2]}(" in text
 
 
-def test_chapter_07s_share_says_what_it_counts_beside_chapter_07s_own():
-    """Chapter 07's loop counted chapter 01's way (passes summed over its documents, no pass on a forced EOS) gives
-    a smaller share than the one chapter 07 quotes (per output token, medians, a pass on that EOS); the page prints
-    the sums behind its share and chapter 07's share with the reason, all read from chapter 07's results."""
+def test_step_2s_saving_is_one_number_and_chapter_07s_count_is_a_pointer():
+    """The page gives step 2's saving once, over its own suite; chapter 07's count of the same jumps (other
+    documents, passes per output token) is a one-line pointer to that chapter, not a second share here."""
     import json
     from pathlib import Path
 
-    from book.decode import lesson as decode_lesson
-    from studylog.plotting import load_results, result_files
-
-    if not any(p.parent.name == "nvidia-h200" for p in result_files("decode")):
-        pytest.skip("no committed decode results")
-    ch7 = decode_lesson.jump_counts(load_results("decode", gpu="nvidia-h200"))
-    assert ch7["ch1_saved_token"] == pytest.approx(1 - ch7["passes_token"] / ch7["passes_base"])
-    assert ch7["ch1_saved_token"] < ch7["saved_token"]  # the two counts differ: the page must say why
     cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
-    cell = next("".join(c["source"]) for c in cells["cells"] if "ch1_saved_token" in "".join(c["source"]))
-    flat = " ".join(cell.split())
-    for field in ("ch7['passes_token']", "ch7['passes_base']", "ch7['saved_token']", "ch7['documents']"):
-        assert field in flat, field
-    assert "Chapter 07 quotes" in flat and "counts passes per output token" in flat and "EOS the grammar forces" in flat
+    text = "\n".join("".join(c["source"]) for c in cells["cells"])
+    assert "jump_counts" not in text and "ch7[" not in text
+    flat = " ".join(text.split())
+    assert "[Chapter 07](07_constrained_decoding.ipynb) counts step 2's saving on its own documents" in flat
+
+
+def test_the_page_says_where_it_loses_to_llguidance_from_the_measured_rows():
+    """The stronger peer policy is said plainly: a "Where we lose" section before the exercises and the opening
+    paragraph both read llguidance's saving from the compared rows (:func:`lesson.policy_totals`), never typed."""
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_fsm_compression.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in cells["cells"]]
+    lose = next(i for i, s in enumerate(sources) if s.startswith("## Where we lose"))
+    assert lose < next(i for i, s in enumerate(sources) if s.startswith("## Exercises"))
+    assert "ff['saved']" in sources[lose + 1] and "step2['saved']" in sources[lose + 1]
+    opening = next(i for i, s in enumerate(sources) if "lesson.policy_totals(peer_rows)" in s)
+    assert opening == 1 and "ff['saved']" in sources[opening] and "Where we lose" in sources[opening]
+
+
+def test_policy_totals_are_the_peers_tables_totals_row():
+    """The prose's totals and the table's last row add up the same cells."""
+    from types import SimpleNamespace
+
+    def row(entry, library, passes, noncanonical):
+        return SimpleNamespace(entry=entry, library=library, passes=passes, picked=passes, out_tokens=passes,
+                               noncanonical=noncanonical,
+                               saved=lambda policy, base, p=passes: 1 - p[policy] / base.passes["none"])
+
+    rows = [row("a", "ours", {"none": 10, "tokens": 9, "bytes": 6}, {"none": 0, "tokens": 0, "bytes": 2}),
+            row("a", "llguidance", {"tokens": 7}, {"tokens": 0}),
+            row("b", "ours", {"none": 30, "tokens": 27, "bytes": 20}, {"none": 0, "tokens": 0, "bytes": 1}),
+            row("b", "llguidance", {"tokens": 21}, {"tokens": 1})]
+    totals = lesson.policy_totals(rows)
+    assert totals[("llguidance", "tokens")] == {"passes": 28, "saved": pytest.approx(0.3), "entries": 2,
+                                                "noncanonical": 1}
+    assert totals[("ours", "bytes")]["noncanonical"] == 3 and ("xgrammar", "bytes") not in totals
+    last = lesson.peers_table(rows).splitlines()[-1]
+    assert "**28 (30.0%)**" in last and "**36 (10.0%)**" in last

@@ -14,7 +14,7 @@ from book.fsm.peers import LIBRARIES, PeerRow
 
 __all__ = ["MASKBENCH_LLGUIDANCE_MASK_US", "step_floor_ms", "chunk_body_ms", "amdahl_bound", "MODES", "suite_passes",
            "saved_share", "steps_table", "step_helpers",
-           "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "agreement_table", "timing_table", "plot_peers",
+           "plot_mask_counts", "FORCED_COLUMNS", "peers_table", "policy_totals", "agreement_table", "timing_table", "plot_peers",
            "ENGINE_NAMES", "cpu_name"]
 
 #: Published reference point: llguidance's average time to compute one mask on MaskBench, in microseconds
@@ -212,6 +212,23 @@ def peers_table(rows: Sequence[PeerRow]) -> str:
     cells += [f"**{total[h][0]:,} ({100 * (1 - total[h][0] / max(total['none'], 1)):.1f}%)**" for *_, h in cols]
     lines.append("| " + " | ".join(cells) + " | **" + " / ".join(f"{total[h][3]:,}" for *_, h in split_cols) + "** |")
     return "\n".join(lines)
+
+
+def policy_totals(rows: Sequence[PeerRow]) -> dict[tuple[str, str], dict[str, float]]:
+    """Per ``(library, policy)`` of :data:`FORCED_COLUMNS`, summed over the entries that library compiled: the
+    passes, the share of the passes without jumps it saves, and the documents it wrote in another split than the
+    tokenizer's (the totals row of :func:`peers_table`, for prose)."""
+    table = _by_entry(rows)
+    totals = {}
+    for lib, policy, _ in FORCED_COLUMNS:
+        entries = [libs for libs in table.values() if lib in libs]
+        if not entries:
+            continue
+        passes = sum(libs[lib].passes[policy] for libs in entries)
+        none = sum(libs["ours"].passes["none"] for libs in entries)
+        totals[(lib, policy)] = {"passes": passes, "saved": 1 - passes / max(none, 1), "entries": len(entries),
+                                 "noncanonical": sum(libs[lib].noncanonical[policy] for libs in entries)}
+    return totals
 
 
 def agreement_table(rows: Sequence[PeerRow]) -> str:
