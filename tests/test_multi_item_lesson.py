@@ -277,8 +277,8 @@ def test_the_steps_table_of_a_current_file_and_of_none():
     results = _current_file()
     table = lesson.steps_table(results)
     shape = report.bench_shapes()[0][0].split(",")[0]
-    assert table.splitlines()[0] == (f"| step | the one change | {shape}: µs | × previous | × floor | "
-                                     f"8 prompts, 32 heads: µs | × previous | × floor |")
+    assert table.splitlines()[0] == (f"| step | the one change | {shape}: µs | × prev. | × floor | "
+                                     f"8 prompts, 32 heads: µs | × prev. | × floor |")
     # one row a numbered step: step 5 is the library's default order, over step 4 (absent from this file)
     assert [r[0] for r in _rows(table)] == ["", "1", "2", "3", "4", "5", "6"]
     assert "| 5 | " in table and "| 200.0 | – | 2.0× |" in table

@@ -245,16 +245,13 @@ def step_table(results, numbers: list[int]) -> str:
 #: its chain table (:func:`step5_chain`).
 def step_rows() -> list[tuple[str, str, dict[str, str] | str]]:
     return [
-        ("1", "the dense boolean mask handed to PyTorch's SDPA (the batch padded to its longest prompt)",
-         report.SDPA_DENSE),
-        ("2", "a Triton flash-attention forward that reads the mask", STEP[2].series),
-        ("3", "the mask computed from the prefix length and item positions", STEP[3].series),
-        ("4", "key tiles no row sees never loaded. A batch: a launch per prompt",
+        ("1", "SDPA with the dense mask (a batch padded)", report.SDPA_DENSE),
+        ("2", "a Triton flash attention that reads the mask", STEP[2].series),
+        ("3", "the mask computed from the metadata", STEP[3].series),
+        ("4", "key tiles no row sees never loaded (a batch: a launch per prompt)",
          {"": STEP[4].series, report.MIXED_SHAPE: report.STEP04_PER_PROMPT, GQA_SHAPE: report.STEP04_PER_PROMPT}),
-        ("5", "every prompt in one launch, its programs in an order that keeps the keys in L2 (three changes: in "
-              "step 5's section above)", STEP[5].series),
-        ("6", "a key/value head's query heads in one tile (only where query heads share key/value heads)",
-         STEP[6].series),
+        ("5", "one launch, keys kept in L2 (three changes: in step 5's section above)", STEP[5].series),
+        ("6", "a key/value head's query heads in one tile (shared key/value heads only)", STEP[6].series),
     ]
 
 
@@ -282,10 +279,10 @@ def steps_table(results, shapes: tuple[str, ...] | None = MAIN_SHAPES) -> str:
     short = {s: s.split(",")[0] + (", " + s.split(", ")[-1] if s == GQA_SHAPE else "") for s in shapes}
     if report.MIXED_SHAPE in short:  # the multi-head layout named, as the grouped-query one is
         short[report.MIXED_SHAPE] += f", {report.BENCH_HEADS} heads"
-    head = ["step", "the one change"] + [c for s in shapes for c in (f"{short[s]}: µs", "× previous", "× floor")]
+    head = ["step", "the one change"] + [c for s in shapes for c in (f"{short[s]}: µs", "× prev.", "× floor")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     floor_cells = [c for s in shapes for c in (_whole_us(floors(results, s)[1]), "", "")]
-    lines.append("| | the compute floor (µs): the visible pairs at the measured matmul rate | "
+    lines.append("| | the compute floor | "
                  + " | ".join(floor_cells) + " |")
     previous: dict[str, float | None] = {s: None for s in shapes}
     before_gqa = None  # the previous row's time on the grouped-query batch, for a row that runs only there
@@ -402,6 +399,10 @@ def entry_series(results, shape: str) -> str:
     return STEP[6].series if ms(results, STEP[6].series, shape) is not None else STEP[5].series
 
 
+#: The result table's names for our two kernels: a step's number and what it does.
+RESULT_LABELS = {STEP[5].series: "step 5: every prompt in one launch", STEP[6].series: "step 6: query heads packed"}
+
+
 def result_table(results, series_list: list[str] | None = None) -> str:
     """Every approach (or those of ``series_list``) on every shape: µs per call (median) and how much faster the
     chapter's kernel on that shape (:func:`entry_series`, in bold) is than it. Where that kernel is step 6, its own
@@ -410,7 +411,8 @@ def result_table(results, series_list: list[str] | None = None) -> str:
         return PENDING
     shapes = shape_names(results)
     named = {report.MIXED_SHAPE: MIXED_LABEL}  # the multi-head layout named beside the grouped-query one
-    lines = ["| approach | " + " | ".join(f"{named.get(s, s)}: µs (ours faster by)" for s in shapes) + " |",
+    lines = ["| approach | " + " | ".join(f"{named.get(s, s).replace(' x ', ' × ')}: µs (ours faster by)"
+                                          for s in shapes) + " |",
              "|---|" + "---|" * len(shapes)]
     for series in series_list or approaches():
         cells = []
@@ -429,7 +431,7 @@ def result_table(results, series_list: list[str] | None = None) -> str:
             else:
                 cells.append(f"{t * 1e3:,.1f} ({t / mine:.2f}×)")
         if set(cells) != {"–"}:
-            lines.append(f"| {series_label(series)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {RESULT_LABELS.get(series, series_label(series))} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
