@@ -933,7 +933,7 @@ def loop_code(step: int):
 
     if step == 2:
         lines = _between(_function_body(Decoder._settle), "def _settle", "continue")
-        return Code("\n".join(lines), "python", "loop.py: Decoder._settle, what jump=\"token\" turns on")
+        return Code("\n".join(lines), "python", "Step 2's branch of the loop: forced tokens appended without a forward")
     if step == 3:
         mask = _between(_function_body(Decoder._host_mask), "def _host_mask", "self.device)")
         run = _function_body(Decoder._run)
@@ -941,9 +941,9 @@ def loop_code(step: int):
         head = textwrap.dedent("\n".join([run[run.index(head[0]) - 1]] + head)).splitlines()
         sample = textwrap.dedent("\n".join(_between(_function_body(Decoder._sample), "if temperature == 0 and",
                                                     "return"))).splitlines()
-        text = "\n".join(mask + ["    ...", "", "# in Decoder._run, every step:"] + head
-                         + ["", "# in Decoder._sample:"] + sample)
-        return Code(text, "python", "loop.py: what head=\"masked\", mask=\"automaton\" turns on")
+        text = "\n".join(mask + ["    ...", "", "# every step, after the body:"] + head
+                         + ["", "# where the token is picked:"] + sample)
+        return Code(text, "python", "Step 3 in the loop: the allowed set, the masked head, the argmax over allowed ids")
     raise ValueError(f"step 2 or 3 turn code on; step {step} is the loop itself")
 
 
