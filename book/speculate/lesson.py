@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from book.common import ChainRow
-from studylog.speculate import CHAPTER, report
+from studylog.speculate import CHAPTER, report, requests
 
 SERIES = ("step01", "step02", "step03", "step04")
 
@@ -253,6 +253,14 @@ def forecasts(results, workload: str = "extraction") -> list[dict[str, Any]]:
              "measured": loop["measured_us"], "measured_all": None,
              "assumes": f"step 4's forwards per token, each at a one-token forward's GPU time "
                         f"({loop['one_token_us']:.1f} µs); drafting and the host's work cost nothing"}]
+
+
+def request_words(name: str) -> str:
+    """A request as the prose names it: an extraction document by what it is and its number (``contact_2``:
+    ``contact card 2``), any other request by its schema's name in words (``the weather call request``)."""
+    if name in requests.document_names():
+        return f"{requests.document(name)['what']} {name.rsplit('_', 1)[1]}"
+    return f"the {name.replace('_', ' ')} request"
 
 
 def low_copy_counts(results, batch: int = 1) -> dict[str, int]:
@@ -546,7 +554,7 @@ def slowest(results, batch: int, workload: str, series: str) -> float:
 
 __all__ = ["LAB_RESULTS", "RUNS_APART", "SPLIT_RUN", "STEP02_CHAIN", "SECOND_RUN", "START_LABEL", "STEP_LABELS", "agreement", "batch_makeup", "bound_rows",
            "breakdown_table", "capped", "closed_ratio", "committed", "forecasts", "draft_cost", "drafts_table", "layer_table", "loop_bound", "losses",
-           "low_copy_counts", "markdown_table", "median_ms", "prefill_probe", "repeats", "sample_outputs",
+           "low_copy_counts", "markdown_table", "request_words", "median_ms", "prefill_probe", "repeats", "sample_outputs",
            "second_machine", "second_run", "slowest", "steps_table", "tuned_layers", "two_digits", "validity",
            "step02_chain", "step02_chain_rows", "CHAIN_CASE", "closed_median_ms", "closed_rows", "kept_results", "kept_requests",
            "wrapped"]
