@@ -140,7 +140,7 @@ def lab_file(name: str, gpu: str = H200) -> str:
 
 
 #: What each lab run times, in the words a table's note gives it (the files are listed once, at the end of a page).
-RUN_WORDS = {LAYER_RUN: "every kernel it compares at BitNet's own layer shapes"}
+RUN_WORDS = {LAYER_RUN: "every kernel the table compares"}
 
 
 def run_source(name: str, gpu: str = H200) -> str:
@@ -153,7 +153,7 @@ def run_source(name: str, gpu: str = H200) -> str:
         return ""
     card_name = gpu.split("-")[1].upper() if "-" in gpu else gpu
     what = RUN_WORDS.get(name, "one change at a time and every kernel it compares")
-    return f"A run of its own on the same {card_name}, which times {what}."
+    return f"Timed outside the benchmark on the same {card_name}, with {what}."
 
 
 def bench_file(results) -> str:
@@ -181,8 +181,8 @@ def provenance(results, part: int, bitnet_run=None) -> str:
     fill (:func:`further_run`)."""
     if results is None or bitnet_run is None or not bitnet_run.get("quick") or part != 2:
         return ""
-    return (f"BitNet's comparison is a run of its own on the same {card(results)} (the target shapes and BitNet's "
-            "own, ours timed in it beside BitNet's kernel).")
+    return (f"BitNet's comparison was timed outside the benchmark on the same {card(results)}, ours beside BitNet's "
+            "kernel at BitNet's shapes.")
 
 
 def layer_run(results):
@@ -283,9 +283,8 @@ def amdahl_layers_table(results, series=FLOAT_X_SERIES) -> str:
     apart = further_run(results, LAYER_RUN) if layers is not None else ""
     if apart:  # only the shapes the benchmark lacks are read from the layer run
         gpu = Path(results.path).parent.name
-        lines.append(f"\nThe k, v row comes from a separate run (the benchmark has no 640 × 2560), on the same "
-                     f"{gpu.split('-')[1].upper() if '-' in gpu else gpu}, which times {RUN_WORDS[LAYER_RUN]}; the "
-                     "other rows, from the chapter's benchmark.")
+        lines.append(f"\nk and v (640 × 2560) were timed outside the benchmark, which lacks that shape, on the same "
+                     f"{gpu.split('-')[1].upper() if '-' in gpu else gpu} with {RUN_WORDS[LAYER_RUN]}.")
     return "\n".join(lines)
 
 
@@ -1064,6 +1063,34 @@ def every_block_gains(results, shapes) -> dict[str, float]:
         default, every = us(results, SERIES[23], s, 1), us(results, W2A8_PLACE_SERIES["every block"], s, 1)
         if default and every:
             out[s] = default / every
+    return out
+
+
+def place_waves(results, shapes) -> dict[str, dict]:
+    """Step 23 at one row of x, staged (its default there) against quantised in every block, at each of ``shapes``
+    (N x K): both times (µs) and, for each place's launch (:func:`studylog.ternary.w2a8.w2a8_config`), its blocks,
+    the blocks one SM holds (the shared memory of the place's x beside the ring's stages, and registers) and the
+    waves they run in on the card's SMs. Shapes without both times are left out."""
+    import triton
+
+    from studylog.ternary import w2a8 as W
+
+    sms = device(results).get("sm_count", 132)
+    out = {}
+    for s, gain in every_block_gains(results, shapes).items():
+        n, k = map(int, s.split("x"))
+        groups = triton.cdiv(k, 256)
+        row = {"staged_us": us(results, SERIES[23], s, 1), "gain": gain}
+        for place in ("staged", "every block"):
+            cfg = W.w2a8_config(1, n, k, sms, quantize=place)
+            smem = W.w2a8_smem_bytes(cfg, 1, groups, staged=place == "staged")
+            per_sm = min(W.w2a8_blocks_per_sm(cfg, 1, groups), W.SM_SMEM_BYTES // (smem + 1024))
+            blocks = triton.cdiv(triton.cdiv(n, 16), cfg.row_tiles)
+            row[place] = {"row_tiles": cfg.row_tiles, "warps": cfg.warps, "smem": smem, "x_bytes": k * (2 if place == "staged" else 1),
+                          "stage_bytes": cfg.stages * cfg.stage_bytes, "per_sm": per_sm, "blocks": blocks,
+                          "waves": triton.cdiv(blocks, sms * per_sm)}
+        row["every_us"] = row["staged_us"] / gain
+        out[s] = row
     return out
 
 
