@@ -49,7 +49,66 @@ def fsm_line(summary: dict[str, Any] | None) -> tuple[float | None, str, str]:
             + (f" ({c['token']:.1%} on compact JSON)" if c else "")
             + f"; {chars[0]:.1%}" + (f" to {chars[-1]:.1%}" if len(chars) > 1 else "")
             + " if the output may be retokenized (character jumps)")
-    return d["token"], cell, f"{d['token']:.1%} fewer forward passes (output unchanged)"
+    return d["token"], cell, f"{d['token']:.1%} fewer forward passes with token jumps, output unchanged"
+
+
+#: Chapter 01's peers on the same suite (xgrammar's jump-forward string, llguidance's fast-forward tokens), the totals
+#: its landing line sets beside ours: written by :func:`write_fsm_peers`.
+FSM_PEERS = DATA / "fsm_peers.json"
+
+
+def fsm_peer_totals(peer_rows: list[Any]) -> dict[str, Any]:
+    """Chapter 01's peer table's last row (:func:`book.fsm.lesson.peers_table`) as numbers: the passes without jumps
+    (``none``), the documents, and per ``library/policy`` the passes and the documents written in another split than
+    the tokenizer's (``noncanonical``)."""
+    from book.fsm.lesson import FORCED_COLUMNS
+
+    ours = [r for r in peer_rows if r.library == "ours"]
+    out: dict[str, Any] = {"none": sum(r.passes["none"] for r in ours), "policies": {}}
+    for lib, policy, _ in FORCED_COLUMNS:
+        mine = [r for r in peer_rows if r.library == lib]
+        out["policies"][f"{lib}/{policy}"] = {"passes": sum(r.passes[policy] for r in mine),
+                                              "noncanonical": sum(r.noncanonical[policy] for r in mine)}
+    return out
+
+
+def write_fsm_peers(path: Path = FSM_PEERS, n_samples: int = 8) -> dict[str, Any]:
+    """Run chapter 01's comparison with xgrammar and llguidance (:func:`book.fsm.peers.compare_peers`, the suite's
+    documents, seed 0) and write its totals (:func:`fsm_peer_totals`) to ``path``; needs the peers
+    (``pip install -e '.[peers]'``)."""
+    import datetime
+    import json
+
+    from book.fsm import peers
+
+    totals = fsm_peer_totals(peers.compare_peers(n_samples=n_samples, seed=0))
+    record = {"command": "python -c 'from book.results import write_fsm_peers; write_fsm_peers()'",
+              "date": datetime.date.today().isoformat(), "samples": n_samples, "seed": 0,
+              "versions": peers.peer_versions(), "totals": totals}
+    Path(path).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def fsm_peers(path: Path = FSM_PEERS) -> dict[str, Any] | None:
+    """:func:`write_fsm_peers`'s totals, or None where the file is missing."""
+    import json
+
+    return json.loads(Path(path).read_text())["totals"] if Path(path).is_file() else None
+
+
+#: The peer policy chapter 01 calls the strongest: llguidance's fast-forward tokens.
+FSM_PEER = "llguidance/tokens"
+
+
+def fsm_peer_words(totals: dict[str, Any] | None) -> str:
+    """llguidance's fast-forward tokens on chapter 01's suite, in words: the share of passes they save and whether
+    they keep the tokenizer's own split; empty without the file."""
+    if not totals or FSM_PEER not in totals["policies"]:
+        return ""
+    p = totals["policies"][FSM_PEER]
+    split = ("also with the tokenizer's own tokens" if not p["noncanonical"]
+             else f"with {p['noncanonical']} documents in another split than the tokenizer's")
+    return f"llguidance's fast-forward tokens save {1 - p['passes'] / totals['none']:.1%}, {split}"
 
 
 #: A ratio is flagged where either side's repetitions spread (slowest less fastest, over the median) by more than
@@ -141,6 +200,7 @@ def host_bound(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         if host is None or host <= b["median_ms"]:
             continue
         found = {"number": b["number"], "card": _short(b["card"]), "host_ms": host, "gpu_ms": b["median_ms"],
+                 "step": _step_of(b["ours"]),
                  "at": "4096 × 14336" if llama else "its kernel alone" if alone else "",
                  "rival_gpu_ms": b.get("rival_ms")}
         if llama and b.get("rival_series"):
@@ -190,7 +250,9 @@ def _grid_host_bound(listed: list[dict[str, Any]], root: Path = BENCH_RESULTS) -
                for r in listed + out):
             continue
         rival = GRID_HOST_CHAPTERS.get(h["chapter"]) or h["baseline"].split(" (")[0]
+        step = re.search(r"step ?0*(\d+)", h["kernel"])
         row = {"number": number, "card": card, "host_ms": h["host_ms"], "gpu_ms": h["kernel_ms"],
+               "step": f"step {step.group(1)}" if step else "",
                "at": re.sub(r"(?<=\w) x (?=\w)", " × ", h["case"].split(" (")[0]), "rival_gpu_ms": h["baseline_ms"],
                "order": _committed_headlines().index(h)}
         if h.get("baseline_host_ms") is not None:
@@ -207,8 +269,14 @@ TIE_WITHIN = 0.03
 
 
 #: The host-time table's scope, its first words: every case of the page's tables, not only the chapters' leads.
-HOST_BOUND_TITLE = ("Every case on this page, in the table above or in the folded tables below, whose host time per "
-                    "call exceeds its GPU time.")
+HOST_BOUND_TITLE = ("These are the cases on this page, in the table above or in the folded tables below, whose host "
+                    "time per call exceeds their GPU time.")
+
+
+def case_label(number: int, step: str, part: int = 0) -> str:
+    """A host-time row's name: its chapter, chapter 05's part, and the step it times (``chapter 05 part 2 (step
+    21)``)."""
+    return f"chapter {number:02d}" + (f" part {part}" if part else "") + (f" ({step})" if step else "")
 
 
 def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
@@ -233,8 +301,11 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
                 eager += (f"; cuBLAS bf16 on the dense matrix would be faster than ours ({us(r['dense'][0])} µs of "
                           f"host time a call, {us(r['dense'][1])} µs on the GPU)")
         at = "" if not r["at"] else f", {r['at']}" if r["at"].startswith("its ") else f" at {r['at']}"
-        lines.append(((r["number"], 2 if r["number"] == 5 else 0, r["card"]),
-                      f"| chapter {r['number']:02d} on the {r['card']}{at}"
+        part = 0
+        if r["number"] == 5 and r.get("step"):
+            part = 1 if int(r["step"].split()[-1]) <= PART_ONE_STEP else 2
+        lines.append(((r["number"], part, r["card"]),
+                      f"| {case_label(r['number'], r.get('step', ''), part)} on the {r['card']}{at}"
                       + f" | {us(r['host_ms'])} | {us(r['gpu_ms'])} | {eager} |"))
     def span(xs: list[float]) -> str:
         return f"{us(min(xs))}–{us(max(xs))}"
@@ -251,7 +322,8 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
                     + f" (its host time {us(eager['bitnet'][0])}–{us(eager['bitnet'][1])} µs: ours quantises x in "
                     "the call, its x comes quantised)")
         lines.append(((5, 2, _short(card_name(folder))),
-                      f"| chapter 05 on the {_short(card_name(folder))} at BitNet's {len(pairs)} shapes | "
+                      f"| {case_label(5, _step_of(pairs[0][0].replace('step', 'step ')), 2)} on the {_short(card_name(folder))} at "
+                      f"BitNet's {len(pairs)} shapes | "
                       f"{span([o['host_ms'] for _, _, o, _ in pairs])} | {span([o['ms'] for _, _, o, _ in pairs])} | "
                       f"{said} |"))
     for folder in cards(root):  # chapter 05 part 1's answer, step 14 against GemLite where GemLite passes our check
@@ -260,23 +332,25 @@ def host_bound_markdown(root: Path = BENCH_RESULTS) -> str:
         if not eager or len(eager) != len(part_one["ratios"]) or all(e["host_ms"] <= e["ms"] for e in eager.values()):
             continue
         lines.append(((5, 1, _short(card_name(folder))),  # part 1 before part 2, as the book reads
-                      f"| chapter 05 part 1 on the {_short(card_name(folder))}, step 14 at GemLite's {len(eager)} "
-                      f"shapes | {span([e['host_ms'] for e in eager.values()])} | "
+                      f"| {case_label(5, f'step {PART_ONE_STEP}', 1)} on the {_short(card_name(folder))} at "
+                      f"GemLite's {len(eager)} shapes | {span([e['host_ms'] for e in eager.values()])} | "
                       f"{span([e['ms'] for e in eager.values()])} | "
                       f"{eager_words(eager, len(eager))} |"))
     if not lines:
         return ("Every headline on the GPU clock takes longer on the GPU than its call takes on the host, so its "
                 "ratio holds for calls made one after another too.")
     rows = [text for _, text in sorted(lines, key=lambda kv: kv[0])]
-    loses = [row.split(" | ")[0].lstrip("| ") for row in rows if "would be faster" in row]
+    loses = [row.split(" | ")[0].lstrip("| ") + ": " + next(
+        part.split(" would be faster")[0] for part in row.split(" | ")[3].split("; ") if "would be faster" in part)
+        + " is faster" for row in rows if "would be faster" in row]
     ties = sum(" | a tie with " in row for row in rows)
     return "\n".join([
         HOST_BOUND_TITLE + " Their ratios hold only where calls are replayed "
         "in a CUDA graph or otherwise overlap the host's work: made one at a time from Python, such a call waits on "
         "the host ([How we measure](how_we_measure.md)). Called eagerly, a call takes the longer of its two times. "
         f"Of these {len(rows)} cases, ours stays ahead in {len(rows) - len(loses) - ties}"
-        + (f", ties in {ties}" if ties else "") + f" and loses in {len(loses)}"
-        + (": " + "; ".join(loses) + "." if loses else "."),
+        + (f", ties in {ties}" if ties else "") + f" and loses in {len(loses)}" + (":" if loses else "."),
+        *([""] + [f"- {case[0].upper()}{case[1:]}" for case in loses] if loses else []),
         "", f":::{{dropdown}} The {len(rows)} cases", "",
         "| case | host per call (µs) | GPU (µs) | called eagerly, one call at a time |", "|---|---|---|---|",
         *rows, "", ":::"])
@@ -311,6 +385,21 @@ def ctc_grid(card: Path) -> tuple[tuple[float, str], tuple[float, str]] | None:
     case in words; None where the file has no such pair."""
     grid = [(c["ratio"], c["case"]) for c in ctc_cases(card)]
     return (min(grid), max(grid)) if grid else None
+
+
+def ctc_case_words(card: Path) -> str:
+    """Why chapter 04's headline case, in a clause: where our lead over the large alphabet's batches is smallest (or,
+    where it is not, that it is one case of the grid), and the whole grid's range, on ``card``; empty without it."""
+    cases = ctc_cases(card)
+    grid = ctc_grid(card)
+    if not cases or grid is None:
+        return ""
+    big = [c for c in cases if c["case"].startswith(f"alphabet {CTC_CASE['A']:,},")]
+    head = next((c for c in big if c["case"] == f"alphabet {CTC_CASE['A']:,}, batch {CTC_CASE['N']}"), None)
+    why = ("the large alphabet at the batch where our lead is smallest" if head and head is min(big, key=lambda c: c["ratio"])
+           else "one case of the grid")
+    (lo, _), (hi, _) = grid
+    return f" ({why}; over all {len(cases)} cases of the grid, {lo:.2f}–{hi:.2f}×)"
 
 
 def ctc_which(card: Path) -> str:
@@ -380,6 +469,31 @@ def decode_bound(card: Path) -> float | None:
     return None if data is None else median_bound(data["measurements"], "8b", 1)
 
 
+def synthetic_words(card: Path) -> str:
+    """Chapter 07's headline model in words: synthetic (random weights), 8B-shaped, with the size of the cl100k head
+    its run on ``card`` records (the file's ``model 8b`` note)."""
+    data = load(card, "decode") or {}
+    note = next((n for n in data.get("notes", []) if n.startswith("model 8b: ")), "")
+    head = re.search(r"'vocab_size': (\d+)", note)
+    rows_said = f" of {int(head.group(1)):,} rows" if head else ""
+    return f"a synthetic 8B-shaped model (random weights, a cl100k head{rows_said})"
+
+
+#: The landing table's rival column: whose code each answer is measured against, a library's, a published kernel or
+#: the course's own (where no library runs the same work), by chapter number ("5t": chapter 05's Triton part).
+RIVALS = {
+    2: "xgrammar's path, a library (it computes every logit, then masks); the kernel alone against torch's "
+       "index_select and a matmul",
+    3: "our own port of FastDeploy's GPU kernel, fixed to match the CPU operator exactly (no library has one)",
+    4: "cuDNN, through torch",
+    "5t": "GemLite, a library",
+    5: "BitNet's own W2A8 kernel, published",
+    6: "FlashInfer, a library",
+    7: "our own loop: a dense head and xgrammar's mask (no serving engine measured)",
+    8: "our own loop, chapter 07's (no serving engine measured)",
+}
+
+
 def replayed_one_copy(card: Path, chapter: str) -> bool | None:
     """Whether a card's run of ``chapter`` replayed each call on one copy of its input: True where no row records
     ``copies`` (what a call reads could stay in L2 between calls), False where its rows rotate over copies, None
@@ -403,6 +517,12 @@ def one_copy_words(number: int, name: str, rotated: list[str], row: dict[str, An
     return (f"; L2-favoured: the {name}'s run replayed one copy of {what} (the rows a call reads could stay in L2), "
             f"the {' and '.join(rotated)}'s rotated copies, so the cards' times for {small}{included}, are not "
             "comparable")
+
+
+def _card(root: Path, short: str) -> Path:
+    """The card folder whose short name is ``short`` (the last card where none is)."""
+    found = cards(root)
+    return next((c for c in found if _short(card_name(c)) == short), found[-1])
 
 
 def _short(card: str) -> str:
@@ -476,6 +596,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
     steps."""
     board = scoreboard(root)
     suite = fsm_suite()
+    peer = fsm_peer_words(fsm_peers())
     waits = {(r["number"], r["card"]): r for r in host_bound(root) if not r["at"]}  # host time over GPU time
     out = []
     for entry in ENTRIES:
@@ -491,6 +612,11 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 cells[name] = (text if ratios[name] is None else
                                f"**{ratios[name]:.1%}** fewer forward passes, output unchanged (a count over the "
                                "chapter's suite, the same on any card)")
+                if ratios[name] is not None:
+                    landing[name] = brief[name]
+                if peer and ratios[name] is not None:  # the strongest peer beside ours, in the line itself
+                    cells[name] += f"; {peer}"
+                    brief[name] += f"; {peer}"
                 if len(cells) > 1 and suite is not None:
                     cells[name] = "the same (a count, not a GPU time)"
                 elif suite is not None:
@@ -517,15 +643,20 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                 cells[name] = f"**{row['vs_rival']:.2f}×** ({us(ours)} against {us(theirs)} µs)"
             cells[name] += row_caveat(row)
             wait = waits.get((entry.number, name))
-            landing[name] = brief[name]
-            if entry.number == 3:  # "our corrected port", said where the reader first meets it
-                landing[name] += " (ported, then fixed to match the CPU operator exactly)"
+            landing[name] = f"{row['vs_rival']:.2f}×"
             if entry.number == 3:  # the chapter's question is the CPU loop: its end-to-end ratio leads the landing
                 cpu = next((b for b in board if b["number"] == 3 and _short(b["card"]) == name and not b["lead"]
                             and b.get("ours_end_to_end_ms") is not None and b.get("vs_rival") is not None), None)
                 if cpu is not None:
+                    notes[name].append(f"{name}: end to end, against the CPU loop it replaces, "
+                                       f"{cpu['vs_rival']:.2f}×")
                     brief[name] = (f"{row['vs_rival']:.2f}× {entry.rival_short} on the GPU; "
                                    f"{cpu['vs_rival']:.2f}× the CPU loop it replaces, end to end")
+            if entry.number == 3:
+                landing[name] += " on the GPU"
+            if entry.number == 8:
+                landing[name] += " per output token, on SmolLM2-135M"
+                brief[name] = f"{row['vs_rival']:.2f}× our own loop, chapter 07's, on SmolLM2-135M"
             if entry.number == 3 and wait is not None and (wait.get("rival_gpu_ms") or 0) > wait["host_ms"]:
                 eager[name] = f"ours waits on the host ({us(wait['host_ms'])} µs a call) and stays ahead"
             if entry.number == 6:  # the deployment-fair layout (Llama 3.1 8B's grouped-query heads) leads where a
@@ -539,16 +670,16 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                    f"{row_caveat(row)}")
                     brief[name] = (f"{grouped['vs_rival']:.2f}× {entry.rival_short} with Llama 3.1 8B's grouped-query "
                                    f"heads (step 6); {row['vs_rival']:.2f}× with 32 heads (step 5)")
-                    landing[name] = f"{grouped['vs_rival']:.2f}× {entry.rival_short} with Llama 3.1 8B's grouped-query heads"
+                    landing[name] = f"{grouped['vs_rival']:.2f}× with Llama 3.1 8B's grouped-query heads"
                     notes[name].append(f"{name}: with 32 heads (every card's layout), step 5, {us(ours)} against "
                                        f"{us(theirs)} µs")
                 else:
                     cells[name] += ", 32 heads (grouped-query heads not measured on this card)"
                     brief[name] += " (32 heads)"
-                    landing[name] = brief[name]
+                    landing[name] += " (32 heads)"
             if entry.number == 2:  # one headline, the whole step; the kernel alone against its rival in a note
                 brief[name] += " at batch 1"
-                landing[name] = brief[name]
+                landing[name] += " at batch 1, the whole step"
                 wider = masked_head_batches(card)
                 if wider:  # a tie within 1%, chapter 02's rule
                     brief[name] += (" (" + ", ".join(f"a tie at {b}" if abs(x - 1) < 0.01 else f"{x:.2f}× at {b}"
@@ -560,10 +691,14 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                                            else f"{x:.2f}× at batch {b}" for b, x in wider.items()))
                 alone = next((b for b in board if b["number"] == 2 and _short(b["card"]) == name and not b["lead"]
                               and "missing" not in b and b.get("vs_rival") is not None), None)
-                if alone is not None:
-                    notes[name].append(f"{name}: the kernel alone, given the allowed ids, {alone['vs_rival']:.2f}× "
-                                       "torch's gather of the allowed rows and a matmul (which returns only the "
-                                       "allowed logits; ours writes the whole row, masked)")
+                if alone is not None:  # the kernel against a rival that reads only the allowed rows too
+                    landing[name] += f" (the kernel alone: {alone['vs_rival']:.2f}×)"
+                    brief[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× torch's index_select of the allowed "
+                                    "rows and a matmul")
+                    cells[name] += (f"; the kernel alone {alone['vs_rival']:.2f}× torch's index_select of the "
+                                     "allowed rows and a matmul")
+                    notes[name].append(f"{name}: the kernel alone is given the allowed ids, as torch's gather is "
+                                       "(which returns only the allowed logits; ours writes the whole row, masked)")
             if entry.number == 5:  # BitNet's own kernel, a peer that passes our check, at the shapes it is built for
                 beaten = bitnet_range(card)
                 llama = next((b for b in board if b["number"] == 5 and _short(b["card"]) == name
@@ -583,7 +718,7 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     cells[name] = f"**{lo:.2f}–{hi:.2f}×** BitNet's W2A8 kernel, at its {shapes} shapes"
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× BitNet's kernel (2-bit weights, 8-bit x) at its {shapes} "
                                    "decode shapes")
-                    landing[name] = brief[name]
+                    landing[name] = f"{lo:.2f}–{hi:.2f}× at its {shapes} decode shapes"
                     eager[name] = bitnet_eager_words(card)
                     if row.get("run_label"):  # the range is the cell's; where its rows come from is not
                         notes[name].append(f"{name}: BitNet's rows are from {row['run_label']}")
@@ -610,20 +745,21 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
                     slow, of = ctc_host_bound(card)
                     brief[name] = (f"{lo:.2f}–{hi:.2f}× cuDNN ({row['vs_rival']:.2f}× at alphabet "
                                    f"{CTC_CASE['A']:,}, batch {CTC_CASE['N']})")
-                    landing[name] = f"{lo:.2f}–{hi:.2f}× cuDNN over {len(ctc_cases(card))} cases of alphabet and batch"
+                    landing[name] = f"{lo:.2f}–{hi:.2f}× over {len(ctc_cases(card))} cases of alphabet and batch"
                     if slow:
                         eager[name] = f"about {slow} of the {of} cases wait on the host (host times are noisy)"
             if entry.number == 7:  # the two chapters' bound beside the ratio it caps
                 bound = decode_bound(card)
+                synthetic = synthetic_words(card)
+                landing[name] += f" on {synthetic}"
+                brief[name] = f"{row['vs_rival']:.2f}× our own loop with {entry.rival_short}, on {synthetic}"
                 if bound is not None:
                     notes[name].append(f"{name}: the Amdahl forecast from chapters 01 and 02's savings, {bound:.2f}×")
-                    brief[name] = f"{row['vs_rival']:.2f}× {entry.rival_short} on an 8B-shaped model"
-                    landing[name] = brief[name]
                 if row.get("real_ratio") is not None:
                     notes[name].append(f"{name}: on a real model, SmolLM2-135M, over its {row['real_requests']} "
                                        f"requests at batch 1, {row['real_ratio']:.2f}× (the ratio of the two median "
                                        "times)")
-                    brief[name] += f"; {row['real_ratio']:.2f}× on SmolLM2-135M"
+                    brief[name] += f"; {row['real_ratio']:.2f}× on SmolLM2-135M, a real model"
             if row.get("unpadded_head"):  # a run whose dense baseline is slowed: its ratio is not compared
                 ratios[name], comparable[name] = None, False
                 cells[name] = VOID
@@ -659,8 +795,18 @@ def headlines(root: Path = BENCH_RESULTS) -> list[dict[str, Any]]:
         # the answer's clock said before its eager clause, unless the answer names a clock per ratio (chapter 03)
         replay = "" if entry.number == 3 else ", under CUDA-graph replay"
         full = {n: a + (f"{replay}; called eagerly, {eager[n]}" if n in eager else "") for n, a in brief.items()}
+        what = entry.headline
+        if entry.number == 1 and peer:
+            what = f"{what}; beside it the strongest peer, llguidance's fast-forward tokens"
+        elif entry.number == 7:  # the rival is the course's own loop, and the model is a cost model: both said
+            what = ("the loop with chapters 01 and 02 against our own loop with a dense head and xgrammar's mask (no "
+                    f"serving engine measured), per output token, on {synthetic_words(_card(root, SUMMARY_CARD))}, batch 1")
+        elif entry.number == 4:  # why this case, and the grid it sits in
+            what = f"{what}{ctc_case_words(_card(root, SUMMARY_CARD))}"
+        elif entry.number == 8:
+            what = what.replace("chapter 07's loop", "our own loop, chapter 07's (no serving engine measured)")
         out.append({"number": entry.number, "title": entry.title, "notebook": entry.notebook,
-                    "question": entry.question, "what": entry.headline, "cells": cells, "notes": notes,
+                    "question": entry.question, "what": what, "cells": cells, "notes": notes,
                     "ratios": ratios, "brief": full, "answer": {n: landing[n] if n in landing and ratios.get(n) is not None
                                                      else b for n, b in brief.items()},
                     "eager": eager, "comparable": comparable,
@@ -691,13 +837,15 @@ def part_one_line(root: Path = BENCH_RESULTS) -> dict[str, Any] | None:
         # every shape where GemLite is faster is said in the cell with both times, the ones where it fails our
         # check too: a range over the passing shapes alone would hide a loss the chapter's table shows
         t = answer["times"]
+        # each shape in a clause of its own, so that "fails our check" cannot be read as said of a passing shape
         losses = [f"{k.replace('x', ' × ')} ({us(t[k]['ms'])} against {us(t[k]['rival_ms'])} µs)" for k in lost]
-        losses += [f"{k.replace('x', ' × ')} ({us(t[k]['ms'])} against {us(t[k]['rival_ms'])} µs), where GemLite "
-                   f"fails our check" + (f" ({t[k]['error']:.2%} error, tolerance {t[k]['tolerance']:.2%})"
-                                         if t[k]["error"] is not None and t[k]["tolerance"] is not None else "")
-                   for k in answer["failed_faster"] if k in t]
         if losses:
-            cells[name] += "; slower than GemLite at " + " and at ".join(losses)
+            cells[name] += "; slower than GemLite at " + " and at ".join(losses) + ", where GemLite passes"
+        cells[name] += "".join(
+            f"; at {k.replace('x', ' × ')} GemLite is faster ({us(t[k]['rival_ms'])} against {us(t[k]['ms'])} µs) "
+            "but fails our check" + (f" ({t[k]['error']:.2%} error, tolerance {t[k]['tolerance']:.2%})"
+                                     if t[k]["error"] is not None and t[k]["tolerance"] is not None else "")
+            for k in answer["failed_faster"] if k in t)
         notes[name].append(f"{name}: the range is step {PART_ONE_STEP} against GemLite at the {len(r)} shapes where "
                            "GemLite passes our float64 check")
         if answer["failed"]:
@@ -799,6 +947,17 @@ def left_out_words(card: str, why: str, others: list[str]) -> str:
             f"stand beside the {rest}'s. The tables here are the {rest}'s alone.")
 
 
+#: At the top of chapters 07's and 08's folds: why their rows carry no spread, by chapter number.
+LOOP_WORDS = {
+    7: "These rows time whole decode loops on the wall clock, each a median over the JSON schemas of each schema's "
+       "own median, so no spread of repeated runs stands beside it: the range of the schemas' own ratios is in the "
+       "notes under the first table. The 1b and 8b shapes are synthetic models (random weights, Llama's layer "
+       "shapes) with a head of the cl100k vocabulary, chapter 01's, not Llama's own.",
+    8: "These rows time whole decode loops on the wall clock, each a median over requests, so no spread of repeated "
+       "runs stands beside it: the range of the requests' own ratios is in the notes under the first table. This "
+       "run does not time the host's share apart, so that column is empty.",
+}
+
 #: Under a chapter 04 table of a card whose file times the steps directly (no row of the entry point itself).
 CTC_STEPS_WORDS = "On this card each row times the step the entry point picks at its case."
 
@@ -828,6 +987,8 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
             if unrun:  # a card with no run of the chapter at all
                 out += [f"The {' and the '.join(unrun)} {'has' if len(unrun) == 1 else 'have'} no run of this "
                         "chapter.", ""]
+            if chapter in LOOP_WORDS:
+                out += [LOOP_WORDS[chapter], ""]
             continue
         elif line == ":::":
             chapter, card = 0, ""
@@ -844,7 +1005,9 @@ def headline_tables_markdown(root: Path = BENCH_RESULTS) -> str:
         if (line.startswith("Ours: the fused CTC kernel (step") and card in folders
                 and ctc_which(folders[card]) != "the entry point"):
             out += ["", CTC_STEPS_WORDS]
-    return "\n".join(re.sub(r"\n{3,}", "\n\n", "\n".join(out)).splitlines())
+    text = re.sub(r"(?:(?<=[\dNK])|(?<=slots)|(?<=items)|(?<=heads)) x (?=[\dNK])", " × ",
+                  "\n".join(out))  # shapes read 4096 × 14336
+    return "\n".join(re.sub(r"\n{3,}", "\n\n", text).splitlines())
 
 
 #: Lines of code a reader gets through in a minute: the code cells a page shows and the listings and diffs they print.
@@ -962,7 +1125,8 @@ def folded_minutes(notebook: str | Path, root: Path = REPO_ROOT) -> int:
 
 #: What a lesson that is no chapter's headline page is for, by notebook (the reading path's question column).
 OTHER_PAGES = {
-    "notebooks/00_how_to_read.ipynb": "How every chapter is built, tested and measured; the card's ceilings.",
+    "notebooks/00_how_to_read.ipynb": "How fast can this card launch a kernel and copy memory, the ceilings every "
+                                      "chapter is measured against?",
     "notebooks/05_ternary_1_triton.ipynb": "Can a Triton kernel for weights in {-1, 0, +1} keep up with GemLite, "
                                            "a Triton library of low-bit matmuls? (part 1 of 2)",
 }
@@ -1062,40 +1226,71 @@ def reading_order(root: Path = REPO_ROOT) -> list[str]:
 EAGER_MARK = "†"
 
 
+#: A short route through the course for a reader with an afternoon: the conventions, the simplest kernel, then the
+#: longest chain of dependent work (notebooks, in reading order).
+SHORT_ROUTE = ("notebooks/00_how_to_read.ipynb", "notebooks/02_masked_lm_head.ipynb", "notebooks/04_ctc_loss.ipynb")
+
+
+def page_titles(root: Path = BENCH_RESULTS) -> dict[str, str]:
+    """Each lesson's name as the landing table and the chapter cards give it, by notebook: its number and the
+    chapter's short title (``05. Ternary matmul (Triton)`` for a chapter in two parts)."""
+    by_number = {e.number: e.title for e in ENTRIES}
+    out = {}
+    for notebook in reading_order():
+        stem = Path(notebook).stem
+        title = f"{stem[:2]}. " + by_number.get(int(stem[:2]), "How to read this course")
+        if stem.startswith("05_"):
+            title += " (Triton)" if "triton" in stem else " (CUDA C++)"
+        out[notebook] = title
+    return out
+
+
 def reading_path_markdown(root: Path = BENCH_RESULTS, link: Callable[[str], str] | None = None,
                           card: str = "H200") -> str:
     """The landing page's table: each page in reading order with its question, one answer (the fair headline on
-    ``card`` as one ratio or range and one clause; :func:`other_answers` for the pages that are no headline) and its
-    reading time, of the prose and with code and listings. Under it, one note gathers what a call made eagerly, one
-    at a time, does on the pages whose answer carries :data:`EAGER_MARK`; then, once, how the times are counted."""
+    ``card`` as one ratio or range and one clause; :func:`other_answers` for the pages that are no headline), whose
+    code the answer is measured against (:data:`RIVALS`: a library's, a published kernel or the course's own) and
+    its reading time, of the prose and with code and listings. Under it, one note gathers what a call made eagerly,
+    one at a time, does on the pages whose answer carries :data:`EAGER_MARK`; then how the times are counted, the
+    whole course's and a short route's (:data:`SHORT_ROUTE`)."""
     link = link or (lambda nb: nb)
     by_notebook = {h["notebook"]: h for h in headlines(root)}
-    lines = [f"| page | the question | the answer ({card}; × is how many times faster than) | reading time |",
-             "|---|---|---|---|"]
+    lines = [f"| page | the question | the answer ({card}; × is how many times faster than) | against | "
+             "reading time |", "|---|---|---|---|---|"]
     others, others_eager = other_answers(root, card, eager=False), other_eager(root, card)
+    titles = page_titles(root)
+    peer = fsm_peer_words(fsm_peers())
     eager_notes: list[str] = []
+    minutes = {}
     for notebook in reading_order():
         stem = Path(notebook).stem
         h = by_notebook.get(notebook)
         number = h["answer"].get(card, "–") if h else others.get(notebook, "–")
         eager = h["eager"].get(card) if h else others_eager.get(notebook)
         question = OTHER_PAGES.get(notebook) or (h["question"] if h else "–")
-        if h is None:  # a part of a chapter whose headline is on another page shares its title, not its number
-            h = next((v for k, v in by_notebook.items() if Path(k).stem[:2] == stem[:2]), None)
-        title = f"{stem[:2]}" + (f". {h['title']}" if h else ". How to read this course")
-        if stem.startswith("05_"):
-            title += " (Triton)" if "triton" in stem else " (CUDA C++)"
+        rival = RIVALS.get("5t" if stem.startswith("05_") and "triton" in stem else int(stem[:2]), "–")
+        if stem.startswith("01_"):  # the strongest peer saves more than ours: its number stands beside ours
+            rival = peer.replace(" save ", " (a library) save ", 1) if peer else "decoding every token"
+        title = titles[notebook]
         if eager:
             number += f" {EAGER_MARK}"
             eager_notes.append(f"- {title.replace('. ', ', ', 1)}: {eager}.")  # "03. x" would read as a list
-        _, with_code = reading_minutes(notebook)
-        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {with_code} min |")
+        _, minutes[notebook] = reading_minutes(notebook)
+        lines.append(f"| [{title}]({link(notebook)}) | {question} | {number} | {rival} | {minutes[notebook]} min |")
     if eager_notes:
         lines += ["", f"{EAGER_MARK} The answers are for calls replayed in a CUDA graph. Called eagerly, one call at "
                   "a time from Python, a call takes the longer of its GPU time and its *host time* (the time the CPU "
                   "spends issuing it, measured apart):", "", *eager_notes]
-    lines += ["", "Reading time: the prose and the code the page shows; its tables, the listings folded under its "
-              "steps, running the code and the exercises come on top."]
+
+    def hours(m: int) -> str:
+        return f"{m // 60} h {m % 60} min" if m >= 60 else f"{m} min"
+
+    route = [n for n in SHORT_ROUTE if n in minutes]
+    lines += ["", f"Reading time: the prose and the code the page shows, {hours(sum(minutes.values()))} for the "
+              "whole course; its tables, the listings folded under its steps, running the code and the exercises "
+              "come on top. A short route: " + ", then ".join(titles[n] for n in route)
+              + f" ({hours(sum(minutes[n] for n in route))}): how a chapter is measured, the simplest kernel, and "
+              "the longest chain of dependent work."]
     return "\n".join(lines)
 
 
@@ -1105,5 +1300,6 @@ __all__ = ["CODE_LINES_PER_MINUTE", "OTHER_PAGES", "reading_order", "WORDS_PER_M
            "row_caveat", "spread", "ROTATED", "one_copy_words", "replayed_one_copy",
            "reading_minutes", "folded_minutes", "headline_tables_markdown", "not_comparable_runs",
            "part_one_line", "left_out_words", "CTC_STEPS_WORDS", "ctc_cases", "ctc_which", "ctc_host_bound", "bitnet_eager_words",
-       "reading_path_markdown", "EAGER_MARK", "summary_markdown", "other_answers", "other_eager", "eager_words",
+       "reading_path_markdown", "EAGER_MARK", "page_titles", "SHORT_ROUTE", "RIVALS", "synthetic_words",
+           "fsm_peers", "fsm_peer_words", "fsm_peer_totals", "write_fsm_peers", "FSM_PEERS", "FSM_PEER", "summary_markdown", "other_answers", "other_eager", "eager_words",
            "bitnet_range", "bitnet_eager", "HOST_BOUND_TITLE", "GRID_HOST_CHAPTERS", "clauses"]

@@ -118,14 +118,17 @@ class PostsDirective(SphinxDirective):
         posts = load_posts(Path(self.env.srcdir))
         self.env.note_dependency(str(Path(self.env.srcdir) / POSTS_FILE))
         asks = _questions()
+        from book.results import page_titles
+
+        names = page_titles()  # the landing table's names, so a card and its row are named alike
         lines: list[str] = []
         for post in posts:
             doc = post["notebook"]
             tags = " ".join(f"`{t}`" for t in post["tags"])
             lines += [
-                f"### [{post['title']}]({doc})",
+                f"### [{names.get(doc, post['title'])}]({doc})",
                 "",
-                tags,
+                f"*{post['title']}*  \n{tags}",
                 "",
             ]
             if doc in asks:  # the card leads with the chapter's question and its measured answer
@@ -207,6 +210,31 @@ def folded_by_chapter(markdown: str) -> str:
     return "\n".join(out)
 
 
+def difference_cells(item: str) -> tuple[str, str, str, dict[str, str]] | None:
+    """One "where the cards differ" line (``ours (step 21, CUDA C++) against rival (its setting) (case): 4.51× on the
+    NVIDIA H100 80GB HBM3, 3.36× on the NVIDIA H200.``) as table cells: our step, the rival without its setting, the
+    case, and each card's short name -> its ratio; None where the line does not read so."""
+    head, sep, tail = item.rstrip(".").rpartition("): ")
+    if not sep or " against " not in head:
+        return None
+    depth, i = 1, len(head)  # inside the case's parentheses, whose ")" the split took
+    while i > 0 and depth:  # the case may hold parentheses of its own
+        i -= 1
+        depth += {")": 1, "(": -1}.get(head[i], 0)
+    if depth:
+        return None
+    pair, case = head[:i].rstrip(), head[i + 1:]
+    ours, _, rival = pair.partition(" against ")
+    step = re.search(r"\((step \d+[^)]*)\)", ours)
+    ratios = {}
+    for part in tail.split(", "):
+        ratio, _, card = part.partition(" on the ")
+        if not card:
+            return None
+        ratios[card.replace("NVIDIA ", "").replace(" 80GB HBM3", "")] = ratio
+    return (step.group(1) if step else ours), rival.split(" (")[0], case, ratios
+
+
 def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | None = None) -> str:
     """The results page's table of every headline row, for readers: each row's first two cells named in plain words
     beside the series id (:data:`PLAIN_NAMES`), chapter 03's comparison with the CPU loop its question is about (end
@@ -248,8 +276,18 @@ def readable_headlines(markdown: str, end_to_end: dict[str, dict[str, Any]] | No
                     break
             names = re.compile("|".join(re.escape(k) for k in sorted(PLAIN_NAMES, key=len, reverse=True)))
             items = [names.sub(lambda m: PLAIN_NAMES[m.group(0)], t) for t in items]
-            out[-1] = (f"<details><summary>{escape(line.rstrip(':'))} ({len(items)} rows)</summary><ul>"
-                       + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul></details>")
+            parsed = [difference_cells(t) for t in items]
+            if all(parsed):  # one compact table: step, rival, case, then each card's ratio
+                cards = list(dict.fromkeys(c for row in parsed for c in row[3]))
+                head = "".join(f"<th>{escape(c)}</th>" for c in ("ours", "against", "case", *cards))
+                body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row[:3])
+                               + "".join(f"<td>{escape(row[3].get(c, '–'))}</td>" for c in cards) + "</tr>"
+                               for row in parsed)
+                listed = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            else:
+                listed = "<ul>" + "".join(f"<li>{escape(t)}</li>" for t in items) + "</ul>"
+            out[-1] = (f"<details><summary>{escape(line.rstrip(':'))} ({len(items)} rows)</summary>{listed}"
+                       "</details>")
             out.append("")
         i += 1
     return "\n".join(out)
@@ -605,7 +643,8 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
     depth = pagename.count("/")
     href = "../" * depth + FEED_FILE
     context["metatags"] = context.get("metatags", "") + (
-        f'\n<link rel="alternate" type="application/atom+xml" title="studylog" href="{href}" />')
+        f'\n<link rel="alternate" type="application/atom+xml" title="{escape(app.config.html_title or "studylog")}" '
+        f'href="{href}" />')
 
 
 def _write_feed(app, exception) -> None:

@@ -90,7 +90,7 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
     from book.scoreboard import card_name, cards
 
     text = results.host_bound_markdown()
-    assert text.startswith(results.HOST_BOUND_TITLE) and results.HOST_BOUND_TITLE.startswith("Every case on this page")
+    assert text.startswith(results.HOST_BOUND_TITLE) and results.HOST_BOUND_TITLE.startswith("These are the cases on")
     found = results.host_bound()
     apart = {(n, results._short(c)) for n, c in results.not_comparable_runs()}
     numbers = {e.bench: e.number for e in results.ENTRIES if e.bench}
@@ -108,16 +108,21 @@ def test_host_bound_table_lists_every_case_of_the_page_whose_host_time_exceeds_g
         assert listed or in_span, (row["chapter"], card, row["case"])
         if listed and not in_span:
             assert f"| {row['host_ms'] * 1e3:,.1f} | {row['kernel_ms'] * 1e3:,.1f} |" in text
-    for r in results.host_bound():
-        assert r["host_ms"] > r["gpu_ms"]
-        assert f"chapter {r['number']:02d} on the {r['card']}" in text
+    for r in results.host_bound():  # every row names its chapter, its step (and chapter 05's part) and its card
+        assert r["host_ms"] > r["gpu_ms"] and r["step"].startswith("step ")
+        assert re.search(rf"^\| chapter {r['number']:02d}( part [12])? \({r['step']}\) on the {r['card']}", text, re.M)
+    rows = [ln for ln in text.splitlines() if ln.startswith("| chapter")]
+    assert rows and all(re.match(r"\| chapter \d\d( part [12])? \(step \d+\) on the ", ln) for ln in rows), rows
+    assert all(" part " in ln for ln in rows if ln.startswith("| chapter 05"))
+    losses = [ln for ln in text.split(":::")[0].splitlines() if ln.startswith("- ")]  # a loss a bullet, not a run-on
+    assert len(losses) == sum("would be faster" in ln for ln in rows)
     # ternary step 21 at 4096 x 14336 on either card: its host time per call, from the folded rows, is above its GPU
     # time, whichever rival it leads against there
     for row in headline_rows():
         if (row["chapter"] == "ternary" and "4096 x 14336" in row["case"] and "M = 1" in row["case"]
                 and "step21" in row["kernel"] and row["host_ms"] > row["kernel_ms"]):
             card = row["gpu"].replace("NVIDIA ", "").replace(" 80GB HBM3", "")
-            assert f"chapter 05 on the {card} at 4096 × 14336" in text
+            assert f"chapter 05 part 2 (step 21) on the {card} at 4096 × 14336" in text
 
 
 def test_landing_table_still_renders():
@@ -125,29 +130,43 @@ def test_landing_table_still_renders():
     assert table.count("\n| [") >= 9
 
 
-def _landing_cells() -> dict[str, str]:
+def _landing_cells(column: int = 2) -> dict[str, str]:
+    """The landing table's cells of one column (2: the answer, 3: whose code it is against), by page name."""
     table = results.reading_path_markdown()
     rows = [ln for ln in table.splitlines() if ln.startswith("| [")]
-    return {ln.split("](")[0][3:]: [c.strip() for c in ln.split(" | ")][2] for ln in rows}
+    return {ln.split("](")[0][3:]: [c.strip() for c in ln.split(" | ")][column] for ln in rows}
 
 
 def test_landing_answers_are_one_ratio_and_one_clause_with_the_eager_caveats_in_one_note():
-    """Each answer cell of the landing table is one ratio (or range) and at most one clause; what a call made eagerly
-    does is no column but one note under the table, which says what host time is; the cells it covers carry its
-    mark; a term a cell uses ("corrected port") is defined in the cell."""
+    """Each answer cell of the landing table is one ratio (or range) and at most one clause (chapter 02's adds its
+    kernel alone, in parentheses); what a call made eagerly does is no column but one note under the table, which
+    says what host time is; the cells it covers carry its mark. The column beside it says whose code each answer is
+    against: the course's own for chapters 03, 07 and 08, and llguidance's number beside chapter 01's."""
     table = results.reading_path_markdown()
     header = table.splitlines()[0]
-    assert "called eagerly" not in header and header.count(" | ") == 3
+    assert "called eagerly" not in header and header.count(" | ") == 4 and "| against |" in header
     cells = _landing_cells()
     ratio = re.compile(r"\d[\d.,]*(?:–\d[\d.,]*)?[×%]")
     for title, cell in cells.items():
         if title.startswith("00.") or cell == "–":
             continue
-        assert len(ratio.findall(cell)) == 1, (title, cell)
+        assert len(ratio.findall(cell)) == (2 if title.startswith("02.") else 1), (title, cell)
         assert ";" not in cell and cell.count("(") <= 1 and "called eagerly" not in cell, (title, cell)
         assert "entry point" not in cell and "host time" not in cell, (title, cell)
-        if "corrected port" in cell:
-            assert "(ported, then fixed to match the CPU operator exactly)" in cell, cell
+    (two,) = [c for t, c in cells.items() if t.startswith("02.")]
+    assert re.search(r"\(the kernel alone: \d+\.\d\d×\)", two), two
+    rivals = _landing_cells(3)
+    for title, rival in rivals.items():
+        own = title[:3] in ("03.", "07.", "08.")
+        assert rival.startswith("our own") == own, (title, rival)
+        if own and not title.startswith("03."):
+            assert "no serving engine measured" in rival, (title, rival)
+    (one,) = [r for t, r in rivals.items() if t.startswith("01.")]
+    peer = results.fsm_peers()
+    if peer:  # the strongest peer's saving, from the committed totals, beside our 5.1%
+        saved = 1 - peer["policies"][results.FSM_PEER]["passes"] / peer["none"]
+        assert one.startswith("llguidance's fast-forward tokens") and f"{saved:.1%}" in one, one
+    assert "synthetic" in next(c for t, c in cells.items() if t.startswith("07."))
     note = table.split(f"\n\n{results.EAGER_MARK} ", 1)
     marked = [t for t, c in cells.items() if c.endswith(results.EAGER_MARK)]
     eager = {h["notebook"]: h["eager"].get("H200") for h in results.headlines()} | results.other_eager()
@@ -308,7 +327,8 @@ def test_the_intro_speaks_of_the_cards_not_of_runs_left_out():
 
 def test_landing_answers_are_short_and_part_one_says_where_a_failing_gemlite_is_faster():
     """The landing's answer cells give the ratio and its rival, their qualifiers on the chapter's page: chapter 02's
-    no longer carries the allowed count, 07's no longer the cost model's definition. Chapter 05 part 1's answer says
+    no longer carries the allowed count; 07's says in a few words that its model is synthetic, with the head's rows
+    read from the file. Chapter 05 part 1's answer says
     at how many of the shapes where GemLite fails our check it is faster than ours all the same, counted from the
     file (GemLite's time below step 14's at a failed shape)."""
     import json
@@ -318,7 +338,11 @@ def test_landing_answers_are_short_and_part_one_says_where_a_failing_gemlite_is_
 
     lines = {h["number"]: h for h in res.headlines()}
     assert "allowed a sequence" not in lines[2]["brief"]["H200"]
-    assert "random weights" not in lines[7]["brief"]["H200"]
+    card = res._card(paths.BENCH_RESULTS, "H200")
+    head = re.search(r"'vocab_size': (\d+)", next(n for n in json.loads((card / "decode.json").read_text())["notes"]
+                                                 if n.startswith("model 8b: ")))
+    assert f"synthetic 8B-shaped model (random weights, a cl100k head of {int(head.group(1)):,} rows)" in \
+        lines[7]["brief"]["H200"]
     for card in res.cards(paths.BENCH_RESULTS):
         answer = res.part_one_answer(card)
         if answer is None:
@@ -336,10 +360,12 @@ def test_landing_answers_are_short_and_part_one_says_where_a_failing_gemlite_is_
         text = res.other_answers()["notebooks/05_ternary_1_triton.ipynb"]
         assert "faster than ours" not in text and "fails" not in text
         (line,) = [ln for ln in res.summary_markdown().splitlines() if "part 1 (Triton)](" in ln]
-        for shape in h200["failed_faster"]:  # the headline line itself states the loss, with both times
+        for shape in h200["failed_faster"]:  # the headline line states the loss with both times, in its own clause
             t = h200["times"][shape]
-            assert (f"{shape.replace('x', ' × ')} ({res.us(t['ms'])} against {res.us(t['rival_ms'])} µs), where "
-                    "GemLite fails our check") in line
+            assert (f"; at {shape.replace('x', ' × ')} GemLite is faster ({res.us(t['rival_ms'])} against "
+                    f"{res.us(t['ms'])} µs) but fails our check") in line
+        for shape in [k for k, v in h200["ratios"].items() if v < 1]:  # a loss where GemLite passes says so
+            assert re.search(rf"{shape.replace('x', ' × ')} \([^)]*\), where GemLite passes", line), line
 
 
 def test_reading_time_counts_the_diffs_a_chapter_prints_through_its_lesson():
@@ -399,3 +425,81 @@ def test_a_card_left_out_of_a_chapters_fold_is_said_at_its_top():
         others = [n for n in names if (number, n) not in moved]
         assert fold.group(1) == results.left_out_words(card, why, others)
         assert f"on the {card.replace('NVIDIA ', '').replace(' 80GB HBM3', '')} {why}." in readme
+
+
+def test_chapter_one_peer_file_is_the_chapters_comparison():
+    """The llguidance totals the landing and results lines quote are chapter 01's peer comparison, rerun here on the
+    suite (needs the peers: pip install -e '.[peers]')."""
+    import pytest
+
+    from book.fsm import matchers
+
+    if any(v is None for v in matchers.peer_versions().values()):
+        pytest.skip("xgrammar or llguidance is not installed")
+    from book.fsm import peers
+
+    committed = results.fsm_peers()
+    assert committed is not None, "assets/data/fsm_peers.json is missing: run write_fsm_peers()"
+    assert committed == results.fsm_peer_totals(peers.compare_peers(n_samples=8, seed=0))
+    assert committed["none"] == results.fsm_suite()["default"]["passes"]["none"]  # the same documents as the suite
+
+
+def test_chapter_one_line_sets_the_strongest_peer_beside_ours():
+    """Chapter 01's results line and card give llguidance's fast-forward saving beside ours, from the committed file;
+    without the file they say nothing of it."""
+    peer = results.fsm_peers()
+    (one,) = [h for h in results.headlines() if h["number"] == 1]
+    words = results.fsm_peer_words(peer)
+    first = next(iter(one["cells"].values()))  # a count, written out on the first card, "the same" on the others
+    assert words and words in first and words in one["brief"]["H200"]
+    (line,) = [ln for ln in results.summary_markdown().splitlines() if "01. FSM compression](" in ln]
+    assert words in line
+    assert "strongest peer" in one["what"]
+    assert results.fsm_peer_words(None) == ""
+
+
+def test_results_page_says_why_its_headline_case_and_shows_no_plumbing():
+    """Chapter 04's line says why its case (the large alphabet's smallest lead, checked against the grid) and the
+    grid's range; the page's prose names no benchmark-file field; the decode loops' folds say why they show no
+    spread; every shape in the page's tables is written with ×."""
+    from pathlib import Path
+
+    (four,) = [h for h in results.headlines() if h["number"] == 4]
+    card = results._card(BENCH_RESULTS, "H200")
+    big = [c for c in results.ctc_cases(card) if c["case"].startswith("alphabet 5,000,")]
+    if min(big, key=lambda c: c["ratio"])["case"] == "alphabet 5,000, batch 8":
+        assert "the batch where our lead is smallest" in four["what"]
+    (lo, _), (hi, _) = results.ctc_grid(card)
+    assert f"{lo:.2f}–{hi:.2f}×" in four["what"]
+    page = (Path(__file__).resolve().parents[1] / "results.md").read_text()
+    assert "floor_ms" not in page and "when the page is built" not in page
+    folds = results.headline_tables_markdown()
+    for number, words in results.LOOP_WORDS.items():
+        fold = folds.split(f":::{{dropdown}} {number:02d}. ")[1].split("\n:::")[0]
+        assert words in fold
+    text = folds + results.summary_markdown() + results.host_bound_markdown()
+    assert not re.search(r"\d x \d|N x K|slots x|items x|heads x", text)
+
+
+def test_the_cards_differences_read_as_a_table():
+    from book.site import difference_cells
+
+    item = ("the ternary kernel with TMA copies (step 21, CUDA C++) against cuBLAS bf16 (torch x @ W.T, both in a "
+            "CUDA graph) (M = 1, N × K = 4096 × 14336, bf16 x): 4.51× on the NVIDIA H100 80GB HBM3, 3.36× on the "
+            "NVIDIA H200.")
+    assert difference_cells(item) == ("step 21, CUDA C++", "cuBLAS bf16", "M = 1, N × K = 4096 × 14336, bf16 x",
+                                      {"H100": "4.51×", "H200": "3.36×"})
+    assert difference_cells("no pair here") is None
+
+
+def test_landing_names_its_pages_as_the_cards_do_and_asks_a_question_on_every_row():
+    """The landing table's names are the cards' (page_titles), every row asks a question without an apostrophe (the
+    site test finds questions in the page's text, where an apostrophe may turn curly), and the note under it gives
+    the whole course's reading time and a short route."""
+    table = results.reading_path_markdown()
+    titles = results.page_titles()
+    for notebook, title in titles.items():
+        assert f"| [{title}]({notebook}) |" in table
+    questions = [ln.split(" | ")[1] for ln in table.splitlines() if ln.startswith("| [")]
+    assert all("?" in q and "'" not in q and "’" not in q for q in questions), questions
+    assert "for the whole course" in table and "A short route: 00. " in table
